@@ -1,0 +1,68 @@
+"""Driver side of a micro-batch: turn the collected partial rows into one store commit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from catalog import Catalog
+from store import BatchCommit, PaneData, PanePartial, ValueStats
+
+
+def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[list[PanePartial], dict[str, int]]:
+    """Map positional slots back to field names; return the partials and the newest event
+    time per stream."""
+    partials: list[PanePartial] = []
+    max_event: dict[str, int] = {}
+    for row in rows:
+        stream = catalog.streams.get(row["stream"])
+        if stream is None:  # a stream removed from the configuration: its records are skipped
+            continue
+        values = {}
+        for i, name in enumerate(stream.values):
+            n = row[f"n_{i}"]
+            if n:
+                values[name] = ValueStats(n, row[f"sum_{i}"], row[f"min_{i}"], row[f"max_{i}"], _bytes(row[f"kll_{i}"]))
+        distincts = {
+            name: _bytes(row[f"hll_{j}"])
+            for j, name in enumerate(stream.distinct_fields)
+            if row[f"hll_{j}"] is not None
+        }
+        dims = dict(zip(stream.dimensions, row["dims"] or [], strict=False))
+        start = row["pane_start"]
+        partials.append(
+            PanePartial(stream.name, start, start + stream.pane, dims, PaneData(row["count"], values, distincts))
+        )
+        max_event[stream.name] = max(max_event.get(stream.name, row["max_event_time"]), row["max_event_time"])
+    return partials, max_event
+
+
+def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]], catalog: Catalog,
+                 end_offsets: Mapping[str, Mapping[int, int]]) -> BatchCommit:
+    partials, max_event = rows_to_partials(rows, catalog)
+    return BatchCommit(
+        pipeline=pipeline,
+        batch_id=batch_id,
+        partials=partials,
+        events_read=sum(p.data.count for p in partials),
+        max_event_ms=max_event,
+        end_offsets=end_offsets,
+    )
+
+
+def checkpointed_end_offsets(checkpoint_dir: str | Path, batch_id: int) -> dict[str, dict[int, int]]:
+    """The end offsets Spark logged for a batch before running it (its offset log, format
+    'v1' / metadata / one JSON line per source). Empty when unreadable."""
+    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        offsets = json.loads(lines[2])
+    except (OSError, IndexError, ValueError):
+        return {}
+    return {stream: {int(p): int(o) for p, o in parts.items()} for stream, parts in offsets.items()}
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)

@@ -1,0 +1,1 @@
+"""Alert rules, evaluation and notifiers (to come)."""

@@ -1,0 +1,1 @@
+"""The HTTP API: ingest, queries, progress."""

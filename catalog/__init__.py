@@ -1,0 +1,10 @@
+"""Stream and metric definitions loaded from configuration (the lowest layer: no I/O but reading the file)."""
+
+from catalog.durations import format_duration_ms, parse_duration_ms
+from catalog.loader import ConfigError, load_catalog, parse_catalog
+from catalog.model import Catalog, MetricDef, StreamDef
+
+__all__ = [
+    "Catalog", "ConfigError", "MetricDef", "StreamDef",
+    "format_duration_ms", "load_catalog", "parse_catalog", "parse_duration_ms",
+]

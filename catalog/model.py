@@ -1,0 +1,180 @@
+"""Stream and metric definitions: what events look like and what is computed from them.
+
+A stream declares its fields by role. Every pane of a stream stores a count, per value
+field n/sum/min/max and a KLL sketch, and per distinct field an HLL sketch; a metric is
+a named view over those (a value field and/or a distinct field), so adding a metric
+over declared fields needs no code change and no reprocessing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+
+from catalog.durations import format_duration_ms, parse_duration_ms
+
+NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+_QUANTILE_STAT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
+
+# Serialised as text ("10s"), so a dumped catalog parses back to the same values.
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str)]
+FieldName = Annotated[str, Field(pattern=NAME_RE)]
+
+# Stats every metric answers, and those that need a value or a distinct field.
+COUNT_STATS = ("count", "rate")
+VALUE_STATS = ("sum", "avg", "min", "max")
+DISTINCT_STATS = ("distinct",)
+
+
+class CatalogReferenceError(ValueError):
+    """A cross-reference problem, carrying the config path it is about (for line numbers)."""
+
+    def __init__(self, path: tuple, message: str):
+        super().__init__(f"{'.'.join(map(str, path))}: {message}")
+        self.path = path
+
+
+class StreamDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: FieldName
+    description: str = ""
+    time_field: FieldName = "time"
+    key_field: FieldName | None = None
+    dimensions: tuple[FieldName, ...] = ()
+    values: tuple[FieldName, ...] = ()
+    distinct: tuple[FieldName, ...] | None = None  # default: (key_field,) when there is one
+    pane: DurationMs = 10_000
+    allowed_lateness: DurationMs = 30_000
+    partitions: int = Field(default=4, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> StreamDef:
+        if self.pane < 1_000 or 86_400_000 % self.pane != 0:
+            raise ValueError("pane must be at least 1s and divide one day evenly (e.g. 1s, 10s, 1m, 5m, 1h)")
+        roles: dict[str, str] = {}
+        for role, names in (
+            ("time_field", (self.time_field,)),
+            ("dimensions", self.dimensions),
+            ("values", self.values),
+        ):
+            for name in names:
+                if name in roles:
+                    raise ValueError(f"field {name!r} is declared twice (in {roles[name]} and {role})")
+                roles[name] = role
+        for name in self.distinct_fields:
+            if roles.get(name) in ("values", "time_field"):
+                raise ValueError(f"distinct field {name!r} is also a {roles[name]} field")
+        return self
+
+    @property
+    def distinct_fields(self) -> tuple[str, ...]:
+        if self.distinct is not None:
+            return self.distinct
+        return (self.key_field,) if self.key_field else ()
+
+    @property
+    def string_fields(self) -> tuple[str, ...]:
+        """Fields stored as strings: dimensions, distinct fields and the key, each once."""
+        seen: dict[str, None] = {}
+        for name in (*self.dimensions, *self.distinct_fields, *((self.key_field,) if self.key_field else ())):
+            seen.setdefault(name, None)
+        return tuple(seen)
+
+
+class MetricDef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: FieldName
+    stream: FieldName
+    description: str = ""
+    value: FieldName | None = None
+    distinct: FieldName | None = None
+    unit: str = ""
+
+    def stats(self) -> tuple[str, ...]:
+        """The stats this metric answers ("pNN" stands for any percentile)."""
+        out: list[str] = list(COUNT_STATS)
+        if self.value:
+            out += [*VALUE_STATS, "pNN"]
+        if self.distinct:
+            out += list(DISTINCT_STATS)
+        return tuple(out)
+
+    def check_stat(self, stat: str) -> float | None:
+        """Validate a stat name; return the quantile in [0, 1] for pNN stats, else None."""
+        match = _QUANTILE_STAT.match(stat)
+        if match:
+            if not self.value:
+                raise ValueError(f"metric {self.name!r} has no value field, so it has no percentiles")
+            return float(match.group(1)) / 100.0
+        if stat in COUNT_STATS:
+            return None
+        if stat in VALUE_STATS:
+            if not self.value:
+                raise ValueError(f"metric {self.name!r} has no value field, so it has no {stat}")
+            return None
+        if stat in DISTINCT_STATS:
+            if not self.distinct:
+                raise ValueError(f"metric {self.name!r} declares no distinct field")
+            return None
+        raise ValueError(f"unknown stat {stat!r}; this metric answers: {', '.join(self.stats())} (e.g. p50, p99, p99.9)")
+
+
+class Catalog(BaseModel):
+    """All streams and metrics, cross-checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    streams: dict[str, StreamDef]
+    metrics: dict[str, MetricDef] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names_from_keys(cls, data: object) -> object:
+        if isinstance(data, dict):
+            data = dict(data)
+            for section in ("streams", "metrics"):
+                entries = data.get(section)
+                if isinstance(entries, dict):
+                    data[section] = {
+                        key: ({"name": key, **value} if isinstance(value, dict) else value)
+                        for key, value in entries.items()
+                    }
+        return data
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Catalog:
+        if not self.streams:
+            raise ValueError("at least one stream must be declared")
+        for name, metric in self.metrics.items():
+            stream = self.streams.get(metric.stream)
+            if stream is None:
+                raise CatalogReferenceError(("metrics", name, "stream"), f"unknown stream {metric.stream!r}")
+            if metric.value and metric.value not in stream.values:
+                raise CatalogReferenceError(
+                    ("metrics", name, "value"),
+                    f"{metric.value!r} is not a value field of stream {stream.name!r}"
+                    f" (values: {', '.join(stream.values) or 'none'})"
+                )
+            if metric.distinct and metric.distinct not in stream.distinct_fields:
+                raise CatalogReferenceError(
+                    ("metrics", name, "distinct"),
+                    f"{metric.distinct!r} is not a distinct field of stream {stream.name!r}"
+                    f" (distinct: {', '.join(stream.distinct_fields) or 'none'})"
+                )
+        return self
+
+    def stream(self, name: str) -> StreamDef:
+        try:
+            return self.streams[name]
+        except KeyError:
+            raise KeyError(f"unknown stream {name!r}; defined: {', '.join(sorted(self.streams))}") from None
+
+    def metric(self, name: str) -> MetricDef:
+        try:
+            return self.metrics[name]
+        except KeyError:
+            raise KeyError(f"unknown metric {name!r}; defined: {', '.join(sorted(self.metrics))}") from None

@@ -1,0 +1,1 @@
+"""The browser dashboard: static assets served by the API."""

@@ -1,0 +1,190 @@
+"""The event model: validate raw JSON events against a stream's definition.
+
+Each stream gets a pydantic model built from its declared fields. Validation is strict
+about types (a latency of "12" or true is an error, not a guess) and turns the event
+time into epoch milliseconds. Undeclared fields are kept as they are ("extra"), so a
+later definition can use them when the log is reprocessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
+
+from catalog import StreamDef
+
+MAX_STRING_LENGTH = 1024
+# Numbers at or above this are epoch milliseconds, below it epoch seconds:
+# 1e11 s is the year 5138, 1e11 ms is 1973, so the two ranges cannot be confused for real data.
+EPOCH_MS_THRESHOLD = 100_000_000_000
+MAX_EVENT_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
+def parse_event_time_ms(value: Any) -> int:
+    """Epoch ms, epoch s (int or float) or an RFC 3339 string with a zone -> epoch ms."""
+    if isinstance(value, bool):
+        raise ValueError("event time must be a number or an RFC 3339 string, not a boolean")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError("event time must be finite")
+        ms = int(value) if abs(value) >= EPOCH_MS_THRESHOLD else int(round(value * 1000))
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"event time {value!r} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
+        if parsed.tzinfo is None:
+            raise ValueError(f"event time {value!r} has no time zone; add 'Z' or an offset like +01:00")
+        ms = int(round(parsed.timestamp() * 1000))
+    else:
+        raise ValueError("event time must be epoch ms, epoch seconds or an RFC 3339 string")
+    if not 0 <= ms <= MAX_EVENT_TIME_MS:
+        raise ValueError(f"event time {value!r} is outside 1970..9999")
+    return ms
+
+
+def _to_label(value: Any) -> str:
+    # Integers and booleans are accepted as labels (status: 200), like Prometheus label values.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+EventTime = Annotated[int, BeforeValidator(parse_event_time_ms)]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A validated event, ready for the log."""
+
+    event_time_ms: int
+    key: str | None
+    strings: dict[str, str | None]  # dimensions ("" when missing), distinct fields, key
+    numbers: dict[str, float | None]  # value fields (None when missing)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    index: int
+    reason: str
+
+
+class EventValidator:
+    """Validates raw events for one stream; keeps the accepted ones and explains the rest."""
+
+    def __init__(self, stream: StreamDef):
+        self.stream = stream
+        fields: dict[str, Any] = {stream.time_field: (EventTime, ...)}
+        for name in stream.string_fields:
+            required = name == stream.key_field
+            fields[name] = (
+                StrictStr | StrictInt | bool | None,
+                ... if required else None,
+            )
+        for name in stream.values:
+            fields[name] = (StrictFloat | StrictInt | None, None)
+        self._model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+            f"Event_{stream.name}",
+            __config__=ConfigDict(extra="allow"),
+            **fields,
+        )
+        self._adapter = TypeAdapter(self._model)
+
+    def validate(self, raw: Any) -> Event:
+        """Validate one raw event; raise ValueError with a readable reason."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"an event must be a JSON object, got {type(raw).__name__}")
+        try:
+            model = self._adapter.validate_python(raw)
+        except ValidationError as exc:
+            raise ValueError(self._describe(exc)) from None
+        stream = self.stream
+        data = model.__dict__
+        strings: dict[str, str | None] = {}
+        for name in stream.string_fields:
+            value = data.get(name)
+            if value is None:
+                if name == stream.key_field:
+                    raise ValueError(f"{name}: key field must not be null")
+                strings[name] = "" if name in stream.dimensions else None
+                continue
+            label = _to_label(value)
+            if len(label) > MAX_STRING_LENGTH:
+                raise ValueError(f"{name}: longer than {MAX_STRING_LENGTH} characters")
+            strings[name] = label
+        numbers: dict[str, float | None] = {}
+        for name in stream.values:
+            value = data.get(name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name}: value must be a finite number")
+            numbers[name] = None if value is None else float(value)
+        return Event(
+            event_time_ms=data[stream.time_field],
+            key=strings.get(stream.key_field) if stream.key_field else None,
+            strings=strings,
+            numbers=numbers,
+            extra=dict(model.__pydantic_extra__ or {}),
+        )
+
+    def _describe(self, exc: ValidationError) -> str:
+        # One reason per field, in words a producer can act on (union errors are noisy).
+        stream = self.stream
+        reasons: dict[str, str] = {}
+        for error in exc.errors(include_url=False):
+            name = str(error["loc"][0]) if error["loc"] else "event"
+            if name in reasons:
+                continue
+            if error["type"] == "missing":
+                reasons[name] = "required field is missing"
+            elif name == stream.time_field:
+                reasons[name] = error["msg"].removeprefix("Value error, ")
+            elif name in stream.values:
+                reasons[name] = f"must be a number, got {_json_type(error.get('input'))}"
+            elif name in stream.string_fields:
+                reasons[name] = f"must be a string or an integer, got {_json_type(error.get('input'))}"
+            else:
+                reasons[name] = error["msg"]
+        return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+
+    def validate_many(self, raws: list[Any]) -> tuple[list[Event], list[Rejection]]:
+        accepted: list[Event] = []
+        rejected: list[Rejection] = []
+        for index, raw in enumerate(raws):
+            try:
+                accepted.append(self.validate(raw))
+            except ValueError as exc:
+                rejected.append(Rejection(index, str(exc)))
+        return accepted, rejected
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,1 @@
+"""The composition root: settings, wiring and the command line."""

@@ -1,0 +1,18 @@
+"""The serving store: panes of mergeable sketches, the change feed, batch ids, progress."""
+
+from store.base import (
+    BatchCommit,
+    Change,
+    CommitResult,
+    PanePartial,
+    PaneStore,
+    PipelineProgress,
+    StreamProgress,
+)
+from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key, pane_start
+from store.sqlite import SqlitePaneStore
+
+__all__ = [
+    "BatchCommit", "Change", "CommitResult", "Pane", "PaneData", "PaneKey", "PanePartial", "PaneStore",
+    "PipelineProgress", "SqlitePaneStore", "StreamProgress", "ValueStats", "dims_key", "pane_start",
+]

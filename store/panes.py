@@ -1,0 +1,108 @@
+"""Panes: the event-time granules every metric is stored in, and how two of them merge.
+
+A pane holds, for one stream, one pane interval and one combination of dimension values,
+everything needed to answer any stat over any window made of panes: the event count,
+per value field n/sum/min/max and a KLL sketch, per distinct field an HLL sketch.
+Merging is associative and commutative, so batches, stragglers and query-time roll-ups
+are all the same operation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sketches import HllSketch, KllSketch
+
+
+def dims_key(dims: Mapping[str, str]) -> str:
+    """Canonical text of a dimension combination (sorted keys), used as part of the pane key."""
+    return json.dumps(dict(sorted(dims.items())), separators=(",", ":"), ensure_ascii=False)
+
+
+def pane_start(event_time_ms: int, pane_ms: int) -> int:
+    """The start of the pane an event time falls in (floor, also for times before 1970)."""
+    return event_time_ms - (event_time_ms % pane_ms)
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    n: int  # events that carried the value
+    sum: float
+    min: float | None
+    max: float | None
+    kll: bytes | None = None
+
+    def merge(self, other: ValueStats) -> ValueStats:
+        return ValueStats(
+            n=self.n + other.n,
+            sum=self.sum + other.sum,
+            min=_opt(min, self.min, other.min),
+            max=_opt(max, self.max, other.max),
+            kll=_merge_sketch(KllSketch, self.kll, other.kll),
+        )
+
+    def to_json(self) -> dict:
+        return {"n": self.n, "sum": self.sum, "min": self.min, "max": self.max}
+
+
+@dataclass(frozen=True)
+class PaneData:
+    count: int
+    values: Mapping[str, ValueStats] = field(default_factory=dict)
+    distincts: Mapping[str, bytes] = field(default_factory=dict)  # HLL bytes per distinct field
+
+    def merge(self, other: PaneData) -> PaneData:
+        values = dict(self.values)
+        for name, stats in other.values.items():
+            values[name] = values[name].merge(stats) if name in values else stats
+        distincts = dict(self.distincts)
+        for name, hll in other.distincts.items():
+            distincts[name] = _merge_sketch(HllSketch, distincts.get(name), hll)
+        return PaneData(count=self.count + other.count, values=values, distincts=distincts)
+
+
+@dataclass(frozen=True)
+class PaneKey:
+    stream: str
+    start_ms: int
+    dims: str  # dims_key(...)
+
+    def dims_dict(self) -> dict[str, str]:
+        return json.loads(self.dims)
+
+
+@dataclass(frozen=True)
+class Pane:
+    """A stored pane: its data plus bookkeeping (revision counts committed changes, from 1)."""
+
+    key: PaneKey
+    end_ms: int
+    data: PaneData
+    revision: int
+    updated_at_ms: int
+    last_batch: int
+
+
+def merge_all(parts: Iterable[PaneData]) -> PaneData:
+    out = PaneData(count=0)
+    for part in parts:
+        out = out.merge(part)
+    return out
+
+
+def _opt(fn, a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return fn(a, b)
+
+
+def _merge_sketch(kind, a: bytes | None, b: bytes | None) -> bytes | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return kind.merge_all([a, b]).to_bytes()

@@ -1,0 +1,267 @@
+"""Embedded serving store: one SQLite file (WAL) holding panes, sketches, the change feed,
+committed batch ids, watermarks and pipeline offsets.
+
+Exactly-once: a batch's pane merges, its change-feed rows, its offsets and its batch id are
+written in one transaction, and a batch id already present is skipped, so Spark replaying
+a batch after a crash changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+
+from store.base import BatchCommit, Change, CommitResult, PaneStore, PipelineProgress, StreamProgress
+from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS panes (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    end_ms INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    revision INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, start_ms, dims)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pane_sketches (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    field TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, start_ms, dims, field, kind)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    batch_id INTEGER NOT NULL,
+    count_added INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    committed_at_ms INTEGER NOT NULL,
+    events_read INTEGER NOT NULL,
+    panes_new INTEGER NOT NULL,
+    panes_updated INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, batch_id)
+);
+CREATE TABLE IF NOT EXISTS stream_progress (
+    stream TEXT PRIMARY KEY,
+    watermark_ms INTEGER,
+    max_event_ms INTEGER,
+    events_aggregated INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS pipeline_offsets (
+    pipeline TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    end_offset INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, stream, partition)
+);
+"""
+
+
+class SqlitePaneStore(PaneStore):
+    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.executescript(_SCHEMA)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+        conn = self._conn
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = self._commit_locked(commit, lateness_ms, now_ms)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("ROLLBACK" if not result.committed else "COMMIT")
+            return result
+
+    def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+        conn = self._conn
+        seen = conn.execute(
+            "SELECT 1 FROM batches WHERE pipeline = ? AND batch_id = ?", (commit.pipeline, commit.batch_id)
+        ).fetchone()
+        if seen:
+            return CommitResult(committed=False)
+        new = updated = 0
+        first_seq = last_seq = None
+        aggregated: dict[str, int] = defaultdict(int)
+        for partial in commit.partials:
+            key = dims_key(partial.dims)
+            row = conn.execute(
+                "SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
+                (partial.stream, partial.start_ms, key),
+            ).fetchone()
+            if row is None:
+                merged, revision = partial.data, 1
+                new += 1
+            else:
+                stored = self._load_data(partial.stream, partial.start_ms, key, row[0], row[1], sketches=True)
+                merged, revision = stored.merge(partial.data), row[2] + 1
+                updated += 1
+            self._save(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision, now_ms, commit.batch_id)
+            cursor = conn.execute(
+                "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (partial.stream, partial.start_ms, key, revision, commit.batch_id, partial.data.count, now_ms),
+            )
+            first_seq = first_seq or cursor.lastrowid
+            last_seq = cursor.lastrowid
+            aggregated[partial.stream] += partial.data.count
+        for stream in set(aggregated) | set(commit.max_event_ms):
+            max_event = commit.max_event_ms.get(stream)
+            # The watermark never goes backwards: MAX() against the stored value.
+            watermark = None if max_event is None else max_event - lateness_ms.get(stream, 0)
+            conn.execute(
+                "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
+                " watermark_ms = MAX(COALESCE(watermark_ms, excluded.watermark_ms), COALESCE(excluded.watermark_ms, watermark_ms)),"
+                " max_event_ms = MAX(COALESCE(max_event_ms, excluded.max_event_ms), COALESCE(excluded.max_event_ms, max_event_ms)),"
+                " events_aggregated = events_aggregated + excluded.events_aggregated",
+                (stream, watermark, max_event, aggregated.get(stream, 0)),
+            )
+        for stream, partitions in commit.end_offsets.items():
+            conn.executemany(
+                "INSERT INTO pipeline_offsets (pipeline, stream, partition, end_offset) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
+                [(commit.pipeline, stream, p, o) for p, o in partitions.items()],
+            )
+        conn.execute(
+            "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
+        )
+        return CommitResult(True, new, updated, first_seq, last_seq)
+
+    def _save(self, stream: str, start_ms: int, end_ms: int, key: str, data: PaneData, revision: int,
+              now_ms: int, batch_id: int) -> None:
+        stats = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
+        self._conn.execute(
+            "INSERT INTO panes (stream, start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, start_ms, dims) DO UPDATE SET"
+            " count = excluded.count, stats = excluded.stats, revision = excluded.revision,"
+            " updated_at_ms = excluded.updated_at_ms, last_batch = excluded.last_batch",
+            (stream, start_ms, key, end_ms, data.count, stats, revision, now_ms, batch_id),
+        )
+        rows = [(stream, start_ms, key, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
+        rows += [(stream, start_ms, key, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
+        self._conn.executemany(
+            "INSERT INTO pane_sketches (stream, start_ms, dims, field, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (stream, start_ms, dims, field, kind) DO UPDATE SET data = excluded.data",
+            rows,
+        )
+
+    def _load_data(self, stream: str, start_ms: int, key: str, count: int, stats: str, *, sketches: bool) -> PaneData:
+        klls: dict[str, bytes] = {}
+        hlls: dict[str, bytes] = {}
+        if sketches:
+            for name, kind, blob in self._conn.execute(
+                "SELECT field, kind, data FROM pane_sketches WHERE stream = ? AND start_ms = ? AND dims = ?",
+                (stream, start_ms, key),
+            ):
+                (klls if kind == "kll" else hlls)[name] = bytes(blob)
+        values = {
+            name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
+            for name, v in json.loads(stats).items()
+        }
+        return PaneData(count=count, values=values, distincts=hlls)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def last_batch_id(self, pipeline: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(batch_id) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
+        return row[0]
+
+    def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
+                   distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM panes"
+                " WHERE stream = ? AND start_ms >= ? AND start_ms < ? ORDER BY start_ms",
+                (stream, start_ms, end_ms),
+            ).fetchall()
+            sketches: dict[tuple[int, str, str, str], bytes] = {}
+            wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f]
+            if with_sketches and wanted:
+                for field_name, kind in wanted:
+                    for s, d, blob in self._conn.execute(
+                        "SELECT start_ms, dims, data FROM pane_sketches"
+                        " WHERE stream = ? AND start_ms >= ? AND start_ms < ? AND field = ? AND kind = ?",
+                        (stream, start_ms, end_ms, field_name, kind),
+                    ):
+                        sketches[(s, d, field_name, kind)] = bytes(blob)
+        panes = []
+        for s, d, e, count, stats, revision, updated, batch in rows:
+            values = {
+                name: ValueStats(v["n"], v["sum"], v["min"], v["max"], sketches.get((s, d, name, "kll")))
+                for name, v in json.loads(stats).items()
+            }
+            distincts = {f: sketches[(s, d, f, "hll")] for f, k in wanted if k == "hll" and (s, d, f, "hll") in sketches}
+            panes.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
+        return panes
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms FROM changes"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (seq, limit),
+            ).fetchall()
+        return [Change(*row) for row in rows]
+
+    def watermarks(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT stream, watermark_ms FROM stream_progress WHERE watermark_ms IS NOT NULL"
+            ).fetchall()
+        return dict(rows)
+
+    def progress(self, pipeline: str) -> PipelineProgress:
+        with self._lock:
+            last_id, last_at, batches, events = self._conn.execute(
+                "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)"
+                " FROM batches WHERE pipeline = ?",
+                (pipeline,),
+            ).fetchone()
+            offsets: dict[str, dict[int, int]] = defaultdict(dict)
+            for stream, partition, end in self._conn.execute(
+                "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = ?", (pipeline,)
+            ):
+                offsets[stream][partition] = end
+            pane_counts = dict(self._conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
+            streams = {
+                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0))
+                for stream, wm, mx, agg in self._conn.execute(
+                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated FROM stream_progress"
+                )
+            }
+        return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
