@@ -31,7 +31,8 @@ class HllSketch:
         union = ds.hll_union(lg_k)
         for part in parts:
             union.update(part._sketch if isinstance(part, HllSketch) else ds.hll_sketch.deserialize(bytes(part)))
-        return cls(_sketch=union.get_result(ds.tgt_hll_type.HLL_4))
+        # HLL_8 merges about twice as fast as HLL_4 at twice the size (4 KiB at lg_k 12).
+        return cls(_sketch=union.get_result(ds.tgt_hll_type.HLL_8))
 
     @property
     def lg_k(self) -> int:

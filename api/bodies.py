@@ -1,0 +1,59 @@
+"""Reading an ingest body: size-capped, JSON array or NDJSON, with errors that say where."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import HTTPException, Request
+
+
+async def read_capped(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to exceed the limit (before reading it all)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class MalformedLine:
+    """An NDJSON line that is not JSON: rejected as that one event, the others still count."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def parse_events(body: bytes, content_type: str) -> list[Any]:
+    """A JSON array (malformed -> 400 for the whole body), or NDJSON: one JSON value per
+    line, blank lines ignored, a malformed line rejected on its own (MalformedLine)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"body is not UTF-8 (byte {exc.start})") from None
+    stripped = text.lstrip()
+    if not stripped:
+        raise HTTPException(400, "body is empty; send a JSON array or NDJSON of events")
+    ndjson = "ndjson" in content_type or "jsonl" in content_type or not stripped.startswith("[")
+    if not ndjson:
+        try:
+            events = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HTTPException(400, f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        if not isinstance(events, list):
+            raise HTTPException(400, "the body must be a JSON array of events or NDJSON")
+        return events
+    events = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            events.append(MalformedLine(f"malformed JSON on line {lineno}, column {exc.colno}: {exc.msg}"))
+    return events

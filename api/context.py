@@ -1,0 +1,32 @@
+"""What the API's routes need, built once by the composition root (or by a test)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from catalog import Catalog
+from ingest.events import EventValidator
+from ingest.log import EventLog
+from store import PaneStore
+
+
+@dataclass
+class ApiContext:
+    catalog: Catalog
+    log: EventLog
+    store: PaneStore
+    pipeline_name: str = "main"
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_events_per_request: int = 100_000
+    query_max_points: int = 11_000
+    clock: Callable[[], float] = time.time
+    validators: dict[str, EventValidator] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, stream in self.catalog.streams.items():
+            self.validators.setdefault(name, EventValidator(stream))
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)

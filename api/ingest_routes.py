@@ -1,0 +1,72 @@
+"""POST /api/v1/events: validate, then append the accepted events to the log atomically."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.bodies import MalformedLine, parse_events, read_capped
+from api.context import ApiContext
+from ingest.events import Rejection
+
+
+class RejectedEvent(BaseModel):
+    index: int = Field(description="position of the event in the body (0-based; NDJSON: non-blank line number - 1)")
+    reason: str
+
+
+class IngestAnswer(BaseModel):
+    stream: str
+    accepted: int
+    rejected: list[RejectedEvent]
+    ingest_time_ms: int = Field(description="the ingest time stamped on every accepted event")
+    partitions: dict[int, tuple[int, int]] = Field(description="partition -> (first offset, records written)")
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    r = APIRouter(prefix="/api/v1", tags=["ingest"])
+
+    @r.post(
+        "/events",
+        response_model=IngestAnswer,
+        responses={
+            400: {"description": "malformed body (not UTF-8, not JSON, not an array)"},
+            404: {"description": "unknown stream"},
+            413: {"description": "body or event count over the configured limit"},
+            422: {"description": "atomic=true and some events were invalid: nothing was written"},
+        },
+        summary="Send events to a stream (JSON array or NDJSON)",
+    )
+    async def post_events(
+        request: Request,
+        stream: str = Query(..., description="the stream the events belong to"),
+        atomic: bool = Query(False, description="all-or-nothing: reject the whole request if any event is invalid"),
+    ) -> IngestAnswer:
+        if stream not in ctx.catalog.streams:
+            raise HTTPException(404, f"unknown stream {stream!r}; defined: {', '.join(sorted(ctx.catalog.streams))}")
+        body = await read_capped(request, ctx.max_body_bytes)
+        raws = parse_events(body, request.headers.get("content-type", ""))
+        if len(raws) > ctx.max_events_per_request:
+            raise HTTPException(413, f"{len(raws)} events exceed the limit of {ctx.max_events_per_request} per request")
+        validator = ctx.validators[stream]
+        accepted, rejected = [], []
+        for index, raw in enumerate(raws):
+            if isinstance(raw, MalformedLine):
+                rejected.append(Rejection(index, raw.reason))
+                continue
+            try:
+                accepted.append(validator.validate(raw))
+            except ValueError as exc:
+                rejected.append(Rejection(index, str(exc)))
+        answer_rejected = [RejectedEvent(index=r.index, reason=r.reason) for r in rejected]
+        if atomic and rejected:
+            raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",
+                                      "rejected": [r.model_dump() for r in answer_rejected]})
+        now = ctx.now_ms()
+        # The append waits on SQLite (and fsync): keep it off the event loop.
+        result = await run_in_threadpool(ctx.log.append, ctx.catalog.streams[stream], accepted, now)
+        return IngestAnswer(stream=stream, accepted=len(accepted), rejected=answer_rejected,
+                            ingest_time_ms=now, partitions=result.ranges)
+
+    return r

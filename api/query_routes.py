@@ -1,0 +1,174 @@
+"""GET /api/v1/streams, /api/v1/metrics and /api/v1/query: what is defined, and series of it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.context import ApiContext
+from api.timeparams import default_step_ms, parse_instant_ms
+from catalog import format_duration_ms, parse_duration_ms
+from store.rollup import RollupError, align_range, rollup
+
+
+class ErrorBoundOut(BaseModel):
+    kind: str = Field(description="'hll' (distinct) or 'kll' (percentile)")
+    lower: float
+    upper: float
+    relative_error: float | None = Field(None, description="hll: relative standard error (1 sigma)")
+    rank_error: float | None = Field(None, description="kll: normalized rank error (99 % confidence)")
+
+
+class PointOut(BaseModel):
+    t: int = Field(description="window start, epoch ms; the window is [t, t + window)")
+    value: float | None = Field(description="null where the stat is undefined for an empty window")
+    count: int = Field(description="events in the window")
+    final: bool = Field(description="the watermark has passed the window's end")
+    revision: int = Field(description="highest revision of the panes in the window (0: none)")
+    error: ErrorBoundOut | None = Field(None, description="bounds of a sketch estimate; null when exact")
+
+
+class SeriesOut(BaseModel):
+    group: dict[str, str]
+    points: list[PointOut]
+
+
+class QueryAnswer(BaseModel):
+    metric: str
+    stream: str
+    stat: str
+    unit: str
+    start: int
+    end: int
+    step_ms: int
+    window_ms: int
+    watermark_ms: int | None
+    series: list[SeriesOut]
+
+
+def _bad(message: str) -> HTTPException:
+    return HTTPException(400, message)
+
+
+def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in filters:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise _bad(f"filter {item!r} must look like dimension=value")
+        if name not in dimensions:
+            raise _bad(f"unknown dimension {name!r} in filter; dimensions: {', '.join(dimensions) or 'none'}")
+        out[name] = value
+    return out
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    r = APIRouter(prefix="/api/v1", tags=["query"])
+
+    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets")
+    def streams() -> dict:
+        out = []
+        for stream in ctx.catalog.streams.values():
+            offsets = ctx.log.offsets(stream.name)
+            out.append({
+                **stream.model_dump(mode="json"),
+                "distinct": list(stream.distinct_fields),
+                "partitions_offsets": {p: {"start": o.start, "end": o.end} for p, o in offsets.items()},
+                "events_in_log": sum(o.end - o.start for o in offsets.values()),
+            })
+        return {"streams": out}
+
+    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers")
+    def metrics() -> dict:
+        out = []
+        for metric in ctx.catalog.metrics.values():
+            stream = ctx.catalog.streams[metric.stream]
+            out.append({
+                **metric.model_dump(mode="json"),
+                "stats": list(metric.stats()),
+                "dimensions": list(stream.dimensions),
+                "pane": format_duration_ms(stream.pane),
+            })
+        return {"metrics": out}
+
+    @r.get(
+        "/query",
+        response_model=QueryAnswer,
+        responses={400: {"description": "bad parameters"}, 404: {"description": "unknown metric"}},
+        summary="A metric's series over a time range",
+    )
+    async def query(
+        metric: str = Query(..., description="metric name (see /api/v1/metrics)"),
+        stat: str = Query("count", description="count, rate, sum, avg, min, max, pNN (e.g. p99, p99.9), distinct"),
+        start: str = Query("now-1h", alias="from", description="'now-1h', RFC 3339, epoch ms or s"),
+        end: str = Query("now", alias="to"),
+        step: str | None = Query(None, description="point spacing, a multiple of the pane (default: ~300 points)"),
+        window: str | None = Query(None, description="window length >= step (hopping/sliding); default: step"),
+        group_by: list[str] = Query([], description="dimensions to group by (repeat or comma-separate)"),
+        filter: list[str] = Query([], description="dimension=value equality filters (repeatable)"),
+    ) -> QueryAnswer:
+        try:
+            definition = ctx.catalog.metric(metric)
+        except KeyError as exc:
+            raise HTTPException(404, str(exc.args[0])) from None
+        stream = ctx.catalog.streams[definition.stream]
+        try:
+            quantile = definition.check_stat(stat)
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+        now = ctx.now_ms()
+        try:
+            start_ms, end_ms = parse_instant_ms(start, now), parse_instant_ms(end, now)
+            step_ms = parse_duration_ms(step) if step else default_step_ms(max(end_ms - start_ms, 1), stream.pane)
+            window_ms = parse_duration_ms(window) if window else step_ms
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+        if end_ms <= start_ms:
+            raise _bad(f"'to' ({end}) must be after 'from' ({start})")
+        groups = [g.strip() for item in group_by for g in item.split(",") if g.strip()]
+        for g in groups:
+            if g not in stream.dimensions:
+                raise _bad(f"unknown dimension {g!r} in group_by; dimensions: {', '.join(stream.dimensions) or 'none'}")
+        filters = _parse_filters(filter, stream.dimensions)
+        watermark = ctx.store.watermarks().get(stream.name)
+
+        try:
+            lo, hi = align_range(start_ms, end_ms, step_ms)
+        except RollupError as exc:
+            raise _bad(str(exc)) from None
+        if (hi - lo) // step_ms > ctx.query_max_points:
+            raise _bad(f"{(hi - lo) // step_ms} points per series exceed the limit of {ctx.query_max_points};"
+                       " use a larger step or a shorter range")
+
+        def compute():
+            panes = ctx.store.read_panes(
+                stream.name, lo, hi + max(window_ms - step_ms, 0),
+                value_field=definition.value, distinct_field=definition.distinct,
+                with_sketches=quantile is not None or stat == "distinct",
+            )
+            series = rollup(
+                panes, stat=stat, quantile=quantile, value_field=definition.value, distinct_field=definition.distinct,
+                start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=stream.pane,
+                group_by=groups, filters=filters, watermark_ms=watermark, max_points=ctx.query_max_points,
+            )
+            return series
+
+        try:
+            series = await run_in_threadpool(compute)
+        except RollupError as exc:
+            raise _bad(str(exc)) from None
+        return QueryAnswer(
+            metric=metric, stream=stream.name, stat=stat, unit=definition.unit, start=lo, end=hi,
+            step_ms=step_ms, window_ms=window_ms, watermark_ms=watermark,
+            series=[
+                SeriesOut(group=s.group, points=[
+                    PointOut(t=p.t_ms, value=p.value, count=p.count, final=p.final, revision=p.revision,
+                             error=None if p.error is None else ErrorBoundOut(**p.error.__dict__))
+                    for p in s.points
+                ])
+                for s in series
+            ],
+        )
+
+    return r

@@ -1,0 +1,1 @@
+"""Benchmarks: throughput of the pieces and of the running service."""

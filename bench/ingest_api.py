@@ -1,0 +1,161 @@
+"""Measure the ingest API's throughput (events/s) against a running service.
+
+Events come from DemoTraffic and are serialised to JSON bodies before the clock starts,
+so the number measures the service (parse, validate, append to the log), not this
+client. `concurrency` threads, each with its own httpx.Client (keep-alive), post the
+bodies from a shared queue.
+
+    python -m bench.ingest_api --url http://127.0.0.1:8000 --events 200000 --batch 1000 --concurrency 4
+
+Events are stamped when generated, so on a long run the last ones are older than the
+stream's allowed lateness; if the service rejects late events it shows as `rejected`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from catalog import ConfigError, load_catalog
+from ingest.demo import DEFAULT_CONFIG, INGEST_PATH, DemoTraffic
+
+
+@dataclass
+class BenchResult:
+    events: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    failed_requests: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+    first_problem: str | None = None
+
+    def percentile_ms(self, q: float) -> float:
+        if not self.latencies_s:
+            return float("nan")
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+
+
+def prepare_bodies(traffic: DemoTraffic, stream: str, events: int, batch: int) -> list[tuple[int, bytes]]:
+    """(event count, JSON body) per request, generated and serialised up front."""
+    bodies: list[tuple[int, bytes]] = []
+    left = events
+    while left > 0:
+        chunk = traffic.generate_stream(stream, min(batch, left))
+        bodies.append((len(chunk), json.dumps(chunk, separators=(",", ":")).encode()))
+        left -= len(chunk)
+    return bodies
+
+
+def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrency: int) -> BenchResult:
+    """Post every body once from `concurrency` threads; time from first send to last answer."""
+    work: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
+    for item in bodies:
+        work.put(item)
+    result = BenchResult()
+    lock = threading.Lock()  # guards result: workers merge their tallies at the end
+
+    def worker() -> None:
+        local = BenchResult()
+        headers = {"content-type": "application/json"}
+        with httpx.Client(base_url=url.rstrip("/"), timeout=30.0) as client:
+            while True:
+                try:
+                    count, body = work.get_nowait()
+                except queue.Empty:
+                    break
+                local.events += count
+                started = time.perf_counter()
+                try:
+                    resp = client.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
+                except httpx.TransportError as exc:
+                    local.failed_requests += 1
+                    local.first_problem = local.first_problem or f"{type(exc).__name__}: {exc}"
+                    continue
+                local.latencies_s.append(time.perf_counter() - started)
+                local.requests += 1
+                local.statuses[resp.status_code] += 1
+                if resp.status_code != 200:
+                    local.failed_requests += 1
+                    local.first_problem = local.first_problem or f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    continue
+                answer = resp.json()
+                rejected = answer.get("rejected") or []
+                local.accepted += int(answer.get("accepted", count - len(rejected)))
+                local.rejected += len(rejected)
+                if rejected and not local.first_problem:
+                    local.first_problem = f"rejected: {rejected[0]}"
+        with lock:
+            result.events += local.events
+            result.accepted += local.accepted
+            result.rejected += local.rejected
+            result.failed_requests += local.failed_requests
+            result.requests += local.requests
+            result.latencies_s += local.latencies_s
+            result.statuses.update(local.statuses)
+            result.first_problem = result.first_problem or local.first_problem
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, concurrency))]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest_api", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=1_000, help="events per request")
+    parser.add_argument("--concurrency", type=int, default=4, help="parallel connections")
+    parser.add_argument("--stream", default="http_requests")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    args = parser.parse_args(argv)
+    try:
+        catalog = load_catalog(args.config)
+        catalog.stream(args.stream)
+    except (ConfigError, KeyError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+
+    prep = time.perf_counter()
+    bodies = prepare_bodies(DemoTraffic(catalog, seed=args.seed), args.stream, args.events, args.batch)
+    megabytes = sum(len(b) for _, b in bodies) / 1e6
+    print(
+        f"prepared {args.events} {args.stream} events in {len(bodies)} bodies ({megabytes:.1f} MB)"
+        f" in {time.perf_counter() - prep:.1f} s; posting to {args.url} with concurrency {args.concurrency}",
+        flush=True,
+    )
+    r = run_bench(args.url, args.stream, bodies, args.concurrency)
+    secs = max(r.seconds, 1e-9)
+    print(f"total events     {r.events}")
+    print(f"accepted         {r.accepted}")
+    print(f"rejected         {r.rejected}")
+    print(f"failed requests  {r.failed_requests}  (statuses: {dict(r.statuses)})")
+    print(f"seconds          {r.seconds:.2f}")
+    print(f"events/s         {r.accepted / secs:,.0f} accepted  ({r.events / secs:,.0f} sent)")
+    print(f"requests/s       {r.requests / secs:,.1f}")
+    print(f"latency          p50 {r.percentile_ms(0.50):.1f} ms, p99 {r.percentile_ms(0.99):.1f} ms")
+    if r.first_problem:
+        print(f"first problem    {r.first_problem}")
+    return 0 if r.failed_requests == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

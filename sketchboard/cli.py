@@ -1,0 +1,220 @@
+"""`sketchboard`: run everything together (up) or each part alone."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from catalog import ConfigError
+from sketchboard.settings import Settings
+
+log = logging.getLogger("sketchboard")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {}
+    for name in ("data_dir", "streams_config", "host", "port"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    return Settings(**overrides)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from sketchboard.wiring import open_catalog
+
+    settings = _settings(args)
+    catalog = open_catalog(settings)
+    print(f"{settings.streams_config}: {len(catalog.streams)} streams, {len(catalog.metrics)} metrics - OK")
+    for name, metric in catalog.metrics.items():
+        print(f"  {name} ({metric.stream}): {', '.join(metric.stats())}")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sketchboard.wiring import build_api
+
+    settings = _settings(args)
+    app, ctx = build_api(settings)
+    stop = threading.Event()
+
+    def retention_loop() -> None:
+        # The API process owns the log's writes, so it also trims it.
+        while not stop.wait(60):
+            dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
+            if dropped:
+                log.info("retention dropped %d records", dropped)
+
+    threading.Thread(target=retention_loop, name="retention", daemon=True).start()
+    log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        stop.set()
+    return 0
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from sketchboard.javacheck import check_java
+    from sketchboard.wiring import build_pipeline
+
+    check_java()
+    settings = _settings(args)
+    pipeline = build_pipeline(settings)
+    if args.once:
+        pipeline.run_until_drained()
+        return 0
+    query = pipeline.start()
+    log.info("pipeline %r running (checkpoints in %s)", settings.pipeline_name, settings.checkpoint_dir)
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stopping.is_set() and query.isActive:
+        stopping.wait(1)
+    if query.exception():
+        log.error("pipeline failed: %s", query.exception())
+        return 1
+    query.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ingest import demo
+
+    settings = _settings(args)
+    argv = ["--url", args.url or settings.base_url, "--rate", str(args.rate or settings.demo_rate),
+            "--config", str(settings.streams_config)]
+    if args.duration:
+        argv += ["--duration", str(args.duration)]
+    return demo.main(argv) or 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """API, pipeline and demo producer as child processes; when one exits, all stop."""
+    from sketchboard.javacheck import check_java
+
+    check_java()
+    settings = _settings(args)
+    Settings.model_validate(settings.model_dump())  # fail here, not in three children
+    from sketchboard.wiring import open_catalog
+
+    open_catalog(settings)
+    env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir), "SKETCHBOARD_HOST": settings.host,
+           "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
+    exe = [sys.executable, "-m", "sketchboard.cli"]
+    parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
+    if not args.no_demo:
+        parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate)]))
+    children: dict[str, subprocess.Popen] = {}
+    print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
+    try:
+        for name, command in parts:
+            children[name] = subprocess.Popen(command, env=env)
+            if name == "api":
+                _wait_healthy(settings.base_url, children[name])
+        while True:
+            for name, child in children.items():
+                code = child.poll()
+                if code is not None:
+                    print(f"sketchboard: {name} exited with {code}; stopping the others", file=sys.stderr)
+                    return code or 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children.values():
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def _wait_healthy(base_url: str, child: subprocess.Popen, timeout_s: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise SystemExit(f"sketchboard: the API exited with {child.returncode} while starting")
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"sketchboard: the API did not answer on {base_url} within {timeout_s:.0f} s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sketchboard",
+        description="Stream analytics from mergeable sketches. Settings: SKETCHBOARD_* environment variables"
+        " or a YAML file (sketchboard.yaml, or the path in SKETCHBOARD_SETTINGS_FILE).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--data-dir", dest="data_dir", type=Path, help="where the log, store and checkpoints live")
+        p.add_argument("--config", dest="streams_config", type=Path, help="streams and metrics YAML")
+        p.add_argument("--host", help="API bind address (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="API port (default 8000)")
+        return p
+
+    up = common(sub.add_parser("up", help="run the API, the pipeline and the demo producer together"))
+    up.add_argument("--no-demo", action="store_true", help="do not start the demo producer")
+    up.add_argument("--rate", type=float, help="demo events per second")
+    up.set_defaults(func=cmd_up)
+    common(sub.add_parser("api", help="run the HTTP API alone")).set_defaults(func=cmd_api)
+    pipe = common(sub.add_parser("pipeline", help="run the Spark aggregation pipeline alone"))
+    pipe.add_argument("--once", action="store_true", help="process what is in the log now, then exit")
+    pipe.set_defaults(func=cmd_pipeline)
+    demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
+    demo.add_argument("--url", help="API base URL (default from settings)")
+    demo.add_argument("--rate", type=float, help="events per second before the daily shape")
+    demo.add_argument("--duration", type=float, help="seconds to run (default: until stopped)")
+    demo.set_defaults(func=cmd_demo)
+    common(sub.add_parser("check-config", help="validate the streams configuration")).set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from sketchboard.javacheck import JavaError
+
+    try:
+        return args.func(args)
+    except (ConfigError, JavaError, FileNotFoundError) as exc:
+        print(f"sketchboard: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"sketchboard: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

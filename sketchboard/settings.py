@@ -1,0 +1,77 @@
+"""Service settings: defaults that work on a laptop, overridden by a YAML settings file and
+then by SKETCHBOARD_* environment variables (highest priority)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from catalog import parse_duration_ms
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
+SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
+
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SKETCHBOARD_", extra="forbid", validate_default=True)
+
+    # Where things live
+    data_dir: Path = Field(Path("data"), description="log, store and checkpoints go here")
+    streams_config: Path = Field(DEFAULT_STREAMS, description="the YAML file declaring streams and metrics")
+
+    # API
+    host: str = Field("127.0.0.1", description="bind address; loopback unless you mean to expose it")
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="larger POST bodies get 413")
+    max_events_per_request: int = Field(100_000, ge=1)
+    query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
+
+    # Log
+    log_retention: DurationMs = Field(7 * 86_400_000, description="records older than this are dropped")
+    log_retention_bytes: int = Field(1 << 30, ge=1 << 20, description="per partition")
+    log_sync: Literal["NORMAL", "FULL"] = Field("NORMAL", description="FULL also survives power loss")
+
+    # Pipeline
+    pipeline_name: str = "main"
+    spark_master: str = "local[2]"
+    spark_driver_memory: str = "2g"
+    trigger_interval: str = "1 second"
+    max_records_per_batch: int = Field(1_000_000, ge=1)
+    max_records_per_task: int = Field(250_000, ge=1)
+
+    # Demo producer
+    demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "log.db"
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "store.db"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.data_dir / "checkpoints" / self.pipeline_name
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get(SETTINGS_FILE_ENV, "sketchboard.yaml")
+        if Path(path).is_file():
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        elif SETTINGS_FILE_ENV in os.environ:
+            raise FileNotFoundError(f"{SETTINGS_FILE_ENV}={path}: no such settings file")
+        return tuple(sources)

@@ -1,0 +1,394 @@
+"""Query-time roll-up of stored panes into windowed series: pure, no I/O, no clock.
+
+Panes are stored once, at one fine granularity, and every query (any step, any sliding
+window, any stat, any group-by) is answered by merging them; that is why a new metric or
+a new dashboard resolution never needs reprocessing. Merging is associative and
+commutative, so the work is split in two passes that keep the costly part, sketch
+merges, few:
+
+1. Every pane goes to a (group, bucket) accumulator. A bucket is gcd(step, window) long,
+   so every window is a whole number of buckets (with window == step a bucket *is* a
+   window). Sketch bytes are merged once per bucket; sketches the stat does not need are
+   never deserialized.
+2. Windows slide over the buckets with the two-stacks technique, so each bucket is merged
+   a bounded number of times whatever window/step is: a 1-day window at a 1-minute step
+   costs about what a tumbling one does.
+
+Window semantics are Spark's window(time, windowDuration, slideDuration): a point's t_ms is
+its window start, and it covers the panes whose start lies in [t, t + window).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sketches import HllSketch, KllSketch
+from store.panes import Pane
+
+__all__ = [
+    "DEFAULT_MAX_POINTS",
+    "ErrorBound",
+    "Point",
+    "RollupError",
+    "Series",
+    "align_range",
+    "rollup",
+    "window_points",
+]
+
+DEFAULT_MAX_POINTS = 11_000
+_COUNT_STATS = ("count", "rate")
+_VALUE_STATS = ("sum", "avg", "min", "max")
+_PERCENTILE = re.compile(r"^p\d+(?:\.\d+)?$")
+
+
+class RollupError(ValueError):
+    """A query the roll-up cannot answer as asked; the API turns it into an HTTP 400."""
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """How far an estimated value may be off; attached to sketch-based values only."""
+
+    kind: str  # "hll" or "kll"
+    lower: float  # hll: 2-sigma lower bound; kll: value at rank q - rank_error
+    upper: float
+    relative_error: float | None = None  # hll: 1-sigma relative standard error (fraction)
+    rank_error: float | None = None  # kll: normalized rank error (fraction, 99 % confidence)
+
+
+@dataclass(frozen=True)
+class Point:
+    t_ms: int  # window start
+    value: float | None  # None where the stat is undefined for the window (avg/min/max/pNN of nothing)
+    count: int  # events in the window
+    final: bool  # the watermark has passed the window's end: no more late data can change it
+    revision: int  # max revision of the panes in the window, 0 when none
+    error: ErrorBound | None
+
+
+@dataclass(frozen=True)
+class Series:
+    group: dict[str, str]  # group-by dimension -> value ({} when not grouped)
+    points: list[Point]
+
+
+def window_points(start_ms: int, end_ms: int, step_ms: int) -> range:
+    """The window starts of a query: start, start + step, ... while < end."""
+    return range(start_ms, end_ms, step_ms)
+
+
+def align_range(start_ms: int, end_ms: int, step_ms: int) -> tuple[int, int]:
+    """Floor start and ceil end to multiples of step (also for times before 1970)."""
+    if step_ms <= 0:
+        raise RollupError(f"step_ms must be positive, got {step_ms}")
+    return start_ms - start_ms % step_ms, end_ms + (-end_ms) % step_ms
+
+
+def rollup(
+    panes: Iterable[Pane],
+    *,
+    stat: str,
+    quantile: float | None,
+    value_field: str | None,
+    distinct_field: str | None,
+    start_ms: int,
+    end_ms: int,
+    step_ms: int,
+    window_ms: int | None,
+    pane_ms: int,
+    group_by: Sequence[str] = (),
+    filters: Mapping[str, str] | None = None,
+    watermark_ms: int | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> list[Series]:
+    """One series per group of `stat` over windows of `window_ms` (default: step) every `step_ms`.
+
+    Panes outside the queried windows and panes not matching `filters` are skipped; with
+    `group_by`, only groups that have a pane inside the queried windows get a series.
+    """
+    window_ms = step_ms if window_ms is None else window_ms
+    kind = _check(stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms, pane_ms, max_points)
+    group_by = tuple(group_by)
+    filters = dict(filters or {})
+
+    bucket_ms = math.gcd(step_ms, window_ms)
+    stride, width = step_ms // bucket_ms, window_ms // bucket_ms  # in buckets
+    n_points = len(window_points(start_ms, end_ms, step_ms))
+    span_ms = ((n_points - 1) * stride + width) * bucket_ms  # the last window may reach past end_ms
+
+    buckets = _fill_buckets(
+        panes, kind, value_field or "", distinct_field or "", start_ms, span_ms, bucket_ms, group_by, filters
+    )
+    if not group_by and not buckets:
+        buckets[()] = {}  # ungrouped queries always answer one series, empty or not
+
+    combine = _combiner(kind)
+    out: list[Series] = []
+    for group in sorted(buckets):
+        items = sorted(buckets[group].items())
+        for _, acc in items:
+            _close_bucket(acc, kind)
+        windows = _slide(items, n_points, stride, width, combine)
+        points = [
+            _point(t, acc, stat, kind, quantile, window_ms, watermark_ms)
+            for t, acc in zip(window_points(start_ms, end_ms, step_ms), windows)
+        ]
+        out.append(Series(group=dict(zip(group_by, group)), points=points))
+    return out
+
+
+def _check(
+    stat: str,
+    quantile: float | None,
+    value_field: str | None,
+    distinct_field: str | None,
+    start_ms: int,
+    end_ms: int,
+    step_ms: int,
+    window_ms: int,
+    pane_ms: int,
+    max_points: int,
+) -> str:
+    """Validate a query; return the kind of work the stat needs: count, value, kll or hll."""
+    if pane_ms <= 0:
+        raise RollupError(f"pane_ms must be positive, got {pane_ms}")
+    if step_ms <= 0 or step_ms % pane_ms:
+        raise RollupError(f"step_ms must be a positive multiple of the pane size {pane_ms} ms, got {step_ms}")
+    if window_ms <= 0 or window_ms % pane_ms:
+        raise RollupError(f"window_ms must be a positive multiple of the pane size {pane_ms} ms, got {window_ms}")
+    if window_ms < step_ms:
+        raise RollupError(f"window_ms must be at least step_ms ({step_ms}), got {window_ms}")
+    if start_ms % step_ms:
+        raise RollupError(f"start_ms must be a multiple of step_ms ({step_ms}), got {start_ms}; align the range first")
+    if end_ms <= start_ms:
+        raise RollupError(f"end_ms must be after start_ms ({start_ms}), got {end_ms}")
+    n_points = len(window_points(start_ms, end_ms, step_ms))
+    if n_points > max_points:
+        raise RollupError(
+            f"the query asks for {n_points} points, more than the limit of {max_points}; use a larger step or a shorter range"
+        )
+
+    if stat in _COUNT_STATS:
+        return "count"
+    if stat in _VALUE_STATS:
+        if not value_field:
+            raise RollupError(f"stat {stat!r} needs a value field")
+        return "value"
+    if stat == "distinct":
+        if not distinct_field:
+            raise RollupError("stat 'distinct' needs a distinct field")
+        return "hll"
+    if _PERCENTILE.match(stat):
+        if not value_field:
+            raise RollupError(f"stat {stat!r} needs a value field")
+        if quantile is None or not 0.0 <= quantile <= 1.0:
+            raise RollupError(f"stat {stat!r} needs a quantile within [0, 1], got {quantile}")
+        return "kll"
+    raise RollupError(
+        f"unknown stat {stat!r}; expected one of count, rate, sum, avg, min, max, distinct or pNN (e.g. p99)"
+    )
+
+
+class _Acc:
+    """Everything one bucket (or one window) needs for the stat asked, nothing more."""
+
+    __slots__ = ("count", "revision", "n", "total", "lo", "hi", "sketch", "sums", "blobs")
+
+    def __init__(self, count: int = 0, revision: int = 0, n: int = 0, total: float = 0.0,
+                 lo: float | None = None, hi: float | None = None, sketch: KllSketch | HllSketch | None = None):
+        self.count = count
+        self.revision = revision
+        self.n = n
+        self.total = total
+        self.lo = lo
+        self.hi = hi
+        self.sketch = sketch
+        self.sums: list[float] | None = None  # per-pane sums, until the bucket is closed
+        self.blobs: list[bytes] | None = None  # per-pane sketch bytes, until the bucket is closed
+
+
+_UNSEEN: tuple[str, ...] = ("<unseen>",)  # compared by identity, so no real group can collide
+
+
+def _fill_buckets(
+    panes: Iterable[Pane],
+    kind: str,
+    value_field: str,
+    distinct_field: str,
+    start_ms: int,
+    span_ms: int,
+    bucket_ms: int,
+    group_by: tuple[str, ...],
+    filters: dict[str, str],
+) -> dict[tuple[str, ...], dict[int, _Acc]]:
+    """Pass 1: group -> bucket index -> accumulator, touching only what the stat needs."""
+    buckets: dict[tuple[str, ...], dict[int, _Acc]] = {}
+    group_of: dict[str, tuple[str, ...] | None] = {}  # dims text -> group, None when filtered out: parse once
+    for pane in panes:
+        key = pane.key
+        offset = key.start_ms - start_ms
+        if offset < 0 or offset >= span_ms:
+            continue
+        group = group_of.get(key.dims, _UNSEEN)
+        if group is _UNSEEN:
+            dims = key.dims_dict()
+            matches = all(dims.get(name, "") == want for name, want in filters.items())
+            group = group_of[key.dims] = tuple(dims.get(name, "") for name in group_by) if matches else None
+        if group is None:
+            continue
+        per_group = buckets.get(group)
+        if per_group is None:
+            per_group = buckets[group] = {}
+        idx = offset // bucket_ms
+        acc = per_group.get(idx)
+        if acc is None:
+            acc = per_group[idx] = _Acc()
+        data = pane.data
+        acc.count += data.count
+        if pane.revision > acc.revision:
+            acc.revision = pane.revision
+        if kind == "value":
+            stats = data.values.get(value_field)
+            if stats is not None and stats.n:
+                acc.n += stats.n
+                if acc.sums is None:
+                    acc.sums = []
+                acc.sums.append(stats.sum)
+                if stats.min is not None and (acc.lo is None or stats.min < acc.lo):
+                    acc.lo = stats.min
+                if stats.max is not None and (acc.hi is None or stats.max > acc.hi):
+                    acc.hi = stats.max
+        elif kind != "count":
+            if kind == "kll":
+                stats = data.values.get(value_field)
+                blob = stats.kll if stats is not None else None
+            else:
+                blob = data.distincts.get(distinct_field)
+            if blob:
+                if acc.blobs is None:
+                    acc.blobs = []
+                acc.blobs.append(blob)
+    return buckets
+
+
+def _close_bucket(acc: _Acc, kind: str) -> None:
+    # fsum is exactly rounded, so a bucket's sum does not depend on the order panes came in.
+    if acc.sums is not None:
+        acc.total = math.fsum(acc.sums)
+        acc.sums = None
+    if acc.blobs is not None:
+        acc.sketch = (KllSketch if kind == "kll" else HllSketch).merge_all(acc.blobs)
+        acc.blobs = None
+
+
+def _combiner(kind: str) -> Callable[[_Acc | None, _Acc | None], _Acc | None]:
+    """The merge of two accumulators for this kind of stat; never mutates its inputs."""
+    sketch_kind = KllSketch if kind == "kll" else HllSketch
+
+    def combine(a: _Acc | None, b: _Acc | None) -> _Acc | None:
+        # Returning the other side as is makes tumbling windows and empty buckets free.
+        if a is None:
+            return b
+        if b is None:
+            return a
+        if a.sketch is None or b.sketch is None:
+            sketch = a.sketch if b.sketch is None else b.sketch
+        else:
+            sketch = sketch_kind.merge_all([a.sketch, b.sketch])
+        return _Acc(
+            count=a.count + b.count,
+            revision=max(a.revision, b.revision),
+            n=a.n + b.n,
+            total=a.total + b.total,
+            lo=b.lo if a.lo is None else a.lo if b.lo is None else min(a.lo, b.lo),
+            hi=b.hi if a.hi is None else a.hi if b.hi is None else max(a.hi, b.hi),
+            sketch=sketch,
+        )
+
+    return combine
+
+
+def _slide(
+    items: list[tuple[int, _Acc]],
+    n_points: int,
+    stride: int,
+    width: int,
+    combine: Callable[[_Acc | None, _Acc | None], _Acc | None],
+) -> list[_Acc | None]:
+    """Pass 2: for each point i, the merge of the items with index in [i*stride, i*stride + width).
+
+    Two stacks make a queue with O(1) amortized merges per item: new items go on the back,
+    which keeps a running merge; expiring items leave from the front, which holds suffix
+    merges and is refilled by flipping the back when it runs dry. Only non-empty buckets
+    are items, so sparse data costs little.
+    """
+    out: list[_Acc | None] = []
+    front: list[tuple[int, _Acc | None]] = []  # (index, merge of it and all newer front items); oldest last
+    back: list[tuple[int, _Acc]] = []
+    back_merged: _Acc | None = None
+    j = 0
+    for i in range(n_points):
+        lo = i * stride
+        hi = lo + width
+        while front or back:  # evict what the window left behind
+            oldest = front[-1][0] if front else back[0][0]
+            if oldest >= lo:
+                break
+            if not front:
+                merged: _Acc | None = None
+                for idx, acc in reversed(back):
+                    merged = combine(acc, merged)
+                    front.append((idx, merged))
+                back.clear()
+                back_merged = None
+            front.pop()
+        while j < len(items) and items[j][0] < hi:  # admit what the window reached
+            back.append(items[j])
+            back_merged = combine(back_merged, items[j][1])
+            j += 1
+        out.append(combine(front[-1][1] if front else None, back_merged))
+    return out
+
+
+def _point(
+    t_ms: int,
+    acc: _Acc | None,
+    stat: str,
+    kind: str,
+    quantile: float | None,
+    window_ms: int,
+    watermark_ms: int | None,
+) -> Point:
+    acc = acc or _Acc()
+    value: float | None
+    error: ErrorBound | None = None
+    if stat == "count":
+        value = float(acc.count)
+    elif stat == "rate":
+        value = acc.count * 1000.0 / window_ms
+    elif stat == "sum":
+        value = acc.total
+    elif stat == "avg":
+        value = acc.total / acc.n if acc.n else None
+    elif stat == "min":
+        value = acc.lo
+    elif stat == "max":
+        value = acc.hi
+    elif kind == "hll":
+        value = 0.0
+        if acc.sketch is not None:
+            est = acc.sketch.estimate(2)
+            value = est.estimate
+            error = ErrorBound("hll", lower=est.lower, upper=est.upper, relative_error=est.relative_error)
+    else:  # kll percentile
+        value = None
+        q = acc.sketch.quantile(quantile) if acc.sketch is not None else None
+        if q is not None:
+            value = q.value
+            error = ErrorBound("kll", lower=q.lower, upper=q.upper, rank_error=q.rank_error)
+    final = watermark_ms is not None and t_ms + window_ms <= watermark_ms
+    return Point(t_ms=t_ms, value=value, count=acc.count, final=final, revision=acc.revision, error=error)

@@ -1,0 +1,254 @@
+"""Demo traffic: shape of the generated events, and the producer against a tiny local HTTP server."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import statistics
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from catalog import Catalog, load_catalog, parse_catalog
+from ingest.demo import (
+    MAX_JITTER_MS,
+    RATE_MAX,
+    RATE_MIN,
+    SLOW_ENDPOINT,
+    DemoProducer,
+    DemoTraffic,
+)
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
+NOW = 1_700_000_000.0  # a fixed clock: 2023-11-14T22:13:20Z
+
+
+class FakeClock:
+    def __init__(self, t: float = NOW):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def sample(catalog: Catalog) -> dict[str, list[dict]]:
+    return DemoTraffic(catalog, seed=7, clock=FakeClock()).generate(20_000)
+
+
+def _check_types(stream, events: list[dict]) -> None:
+    declared = {stream.time_field, *stream.string_fields, *stream.values}
+    for event in events:
+        assert set(event) == declared
+        assert json.loads(json.dumps(event)) == event
+        assert type(event[stream.time_field]) is int
+        for name in stream.string_fields:
+            assert type(event[name]) is str and event[name]
+        for name in stream.values:
+            assert type(event[name]) in (int, float)
+
+
+def test_events_carry_exactly_the_declared_fields_with_json_types(catalog, sample):
+    assert set(sample) == {"http_requests", "orders"}
+    assert len(sample["http_requests"]) == 20_000
+    assert 250 <= len(sample["orders"]) <= 550  # ~2 % of the requests
+    for name, events in sample.items():
+        _check_types(catalog.stream(name), events)
+    assert all(type(e["response_bytes"]) is int for e in sample["http_requests"])
+    assert all(type(e["items"]) is int and 1 <= e["items"] <= 8 for e in sample["orders"])
+    assert all(e["amount"] > 0 and round(e["amount"], 2) == e["amount"] for e in sample["orders"])
+
+
+def test_times_are_near_the_clock_and_some_out_of_order(sample):
+    times = [e["time"] for e in sample["http_requests"]]
+    now_ms = int(NOW * 1000)
+    assert all(now_ms - MAX_JITTER_MS <= t <= now_ms for t in times)
+    assert times != sorted(times)
+    assert sum(a > b for a, b in zip(times, times[1:])) > len(times) // 10
+
+
+def test_search_is_clearly_slower_than_other_endpoints(sample):
+    latency: dict[str, list[float]] = {}
+    for e in sample["http_requests"]:
+        latency.setdefault(e["endpoint"], []).append(e["latency_ms"])
+    assert len(latency) == 8
+    search = statistics.median(latency.pop(SLOW_ENDPOINT))
+    assert search > 3 * max(statistics.median(v) for v in latency.values())
+
+
+def test_statuses_are_mostly_200_with_some_404_and_302(sample):
+    status = Counter(e["status"] for e in sample["http_requests"])
+    total = sum(status.values())
+    assert status["200"] / total > 0.85
+    assert status["404"] > 0 and status["302"] > 0
+
+
+def test_users_are_skewed(sample):
+    users = Counter(e["user_id"] for e in sample["http_requests"])
+    top = users.most_common(max(1, len(users) // 100))
+    assert sum(n for _, n in top) / len(sample["http_requests"]) > 0.2
+    assert len(users) > 1_000  # skewed, but still a broad population
+
+
+def test_same_seed_same_events(catalog):
+    a = DemoTraffic(catalog, seed=3, clock=FakeClock()).generate(500)
+    b = DemoTraffic(catalog, seed=3, clock=FakeClock()).generate(500)
+    c = DemoTraffic(catalog, seed=4, clock=FakeClock()).generate(500)
+    assert a == b and a != c
+
+
+def test_rate_at_stays_in_range_with_a_daily_shape_and_bursts(catalog):
+    traffic = DemoTraffic(catalog, seed=1)
+    day = 1_699_920_000.0  # a UTC midnight
+    rates = [traffic.rate_at(day + s) for s in range(0, 86_400, 5)]
+    assert all(RATE_MIN - 1e-9 <= r <= RATE_MAX + 1e-9 for r in rates)
+    assert any(r > 1.3 + 1e-9 for r in rates)  # bursts happen within a day
+    # Deterministic, and afternoon is busier than night (medians ignore the bursts).
+    assert traffic.rate_at(day + 123.4) == DemoTraffic(catalog, seed=1).rate_at(day + 123.4)
+    afternoon = statistics.median(traffic.rate_at(day + 15 * 3600 + s) for s in range(0, 600, 10))
+    night = statistics.median(traffic.rate_at(day + 3 * 3600 + s) for s in range(0, 600, 10))
+    assert afternoon > 1.2 and night < 0.5
+
+
+def test_error_burst_makes_one_endpoint_return_5xx(catalog):
+    clock = FakeClock()
+    traffic = DemoTraffic(catalog, seed=5, clock=clock)
+    burst_at = next(t for t in range(int(NOW), int(NOW) + 7_200) if traffic.error_burst_at(t))
+    failing = traffic.error_burst_at(burst_at)
+    clock.t = burst_at
+    events = traffic.generate(5_000)["http_requests"]
+    hit = [e["status"] for e in events if e["endpoint"] == failing]
+    rest = [e["status"] for e in events if e["endpoint"] != failing]
+    assert sum(s in ("500", "503") for s in hit) / len(hit) > 0.5
+    assert sum(s in ("500", "503") for s in rest) / len(rest) < 0.02
+    # Bursts last seconds, not minutes.
+    assert not traffic.error_burst_at(burst_at + 30)
+
+
+def test_other_streams_get_generic_events():
+    catalog = parse_catalog(
+        "streams:\n"
+        "  clicks:\n"
+        "    key_field: session\n"
+        "    time_field: ts\n"
+        "    dimensions: [page, device]\n"
+        "    values: [dwell_ms]\n"
+        "    distinct: [session, visitor]\n"
+    )
+    events = DemoTraffic(catalog, seed=2, clock=FakeClock()).generate(2_000)
+    assert set(events) == {"clicks"}
+    _check_types(catalog.stream("clicks"), events["clicks"])
+    assert len({e["page"] for e in events["clicks"]}) <= 6
+    sessions = Counter(e["session"] for e in events["clicks"])
+    assert sessions.most_common(1)[0][1] > 20  # Zipf: some keys repeat a lot
+
+
+# -- the producer against a real HTTP server on loopback ----------------------------------
+
+
+class _Recorder(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int):
+        self.posts: list[tuple[str, str | None, object, str | None]] = []  # path, stream, body, content type
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        url = urlsplit(self.path)
+        self.server.posts.append((url.path, parse_qs(url.query).get("stream", [None])[0], body, self.headers["Content-Type"]))
+        reply = json.dumps({"accepted": len(body), "rejected": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(port: int) -> _Recorder:
+    server = _Recorder(port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def test_producer_posts_json_arrays_per_stream(catalog):
+    server = _serve(_free_port())
+    try:
+        out = io.StringIO()
+        traffic = DemoTraffic(catalog, seed=1)
+        producer = DemoProducer(
+            f"http://127.0.0.1:{server.server_address[1]}", traffic, rate=500.0, progress_every_s=0.5, out=out
+        )
+        summary = producer.run(duration_s=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.posts
+    for path, stream, body, content_type in server.posts:
+        assert path == "/api/v1/events"
+        assert stream in ("http_requests", "orders")
+        assert content_type == "application/json"
+        assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
+        _check_types(catalog.stream(stream), body)
+    posted = sum(len(body) for _, _, body, _ in server.posts)
+    # 500/s x the daily shape (0.4..3.9) for ~1 s, less the first tick.
+    assert 100 <= posted <= 4_500
+    assert summary["sent"] == summary["accepted"] == posted
+    assert summary["errors"] == 0 and summary["rejected"] == 0
+    assert "demo: sent " in out.getvalue() and "errors 0" in out.getvalue()
+
+
+def test_producer_retries_until_the_service_is_up(catalog):
+    port = _free_port()
+    out = io.StringIO()
+    producer = DemoProducer(f"http://127.0.0.1:{port}", DemoTraffic(catalog, seed=1), rate=500.0, out=out)
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(producer.run(duration_s=2.0)))
+    worker.start()
+    time.sleep(0.5)
+    server = _serve(port)
+    try:
+        worker.join(timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not worker.is_alive()
+    assert result["errors"] >= 1          # the refused connections were counted...
+    assert result["accepted"] > 0         # ...and the events got through once it was up
+    assert server.posts
+    assert "cannot reach" in out.getvalue() and "connected" in out.getvalue()
+
+
+def test_producer_stops_on_event(catalog):
+    stop = threading.Event()
+    producer = DemoProducer(f"http://127.0.0.1:{_free_port()}", DemoTraffic(catalog), out=io.StringIO())
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    summary = producer.run(stop=stop)  # nothing listens: it must still stop promptly
+    assert time.monotonic() - started < 2.0
+    assert summary["sent"] == 0 and summary["errors"] >= 1
