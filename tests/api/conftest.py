@@ -1,0 +1,95 @@
+"""Fixtures for the HTTP API: the real demo catalog, a real SQLite log and pane store in a
+temporary directory, a fake clock, and a TestClient over create_app(ctx). No Spark."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():
+    # Starlette 1.x warns that its TestClient's httpx transport is deprecated; it still works.
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.context import ApiContext
+from catalog import load_catalog
+from ingest.log import SqliteEventLog
+from store import SqlitePaneStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG = REPO_ROOT / "config" / "streams.yaml"
+
+NOW_S = 1_800_000_000.0  # 2027-01-15T08:00:00Z, a multiple of one minute
+NOW_MS = int(NOW_S * 1000)
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_EVENTS = 1000
+
+
+class FakeClock:
+    """A clock tests can set: returns epoch seconds, like time.time."""
+
+    def __init__(self, now: float = NOW_S):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def catalog():
+    return load_catalog(CONFIG)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def ctx(tmp_path, catalog, clock):
+    log = SqliteEventLog(tmp_path / "log.db")
+    for stream in catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db")
+    context = ApiContext(
+        catalog=catalog,
+        log=log,
+        store=store,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_events_per_request=MAX_EVENTS,
+        clock=clock,
+    )
+    yield context
+    store.close()
+    log.close()
+
+
+@pytest.fixture
+def client(ctx):
+    with TestClient(create_app(ctx)) as c:
+        yield c
+
+
+@pytest.fixture
+def now_ms(clock) -> int:
+    return int(clock.now * 1000)
+
+
+@pytest.fixture
+def snapshot(ctx):
+    """A callable returning everything a failed request must leave as it was: every
+    stream's log offsets, and the store's progress, change feed and watermarks."""
+
+    def take() -> dict:
+        return {
+            "log": {name: dict(ctx.log.offsets(name)) for name in ctx.catalog.streams},
+            "progress": ctx.store.progress(ctx.pipeline_name),
+            "changes": ctx.store.changes_since(0),
+            "watermarks": ctx.store.watermarks(),
+        }
+
+    return take

@@ -1,0 +1,222 @@
+"""Health, readiness, pipeline progress and lag, Prometheus metrics, OpenAPI and the index page."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from store import BatchCommit, PaneData, PanePartial, pane_start
+
+NOW_MS = 1_800_000_000_000  # the fake clock of conftest
+EVENT_MS = NOW_MS - 45_000
+
+
+@pytest.fixture
+def ingested(client, ctx):
+    """12 events in http_requests and 3 in orders, written through the API."""
+    r = client.post("/api/v1/events", params={"stream": "http_requests"},
+                    json=[{"time": EVENT_MS, "user_id": f"u{i}"} for i in range(12)])
+    assert r.status_code == 200 and r.json()["accepted"] == 12, r.text
+    r = client.post("/api/v1/events", params={"stream": "orders"},
+                    json=[{"time": EVENT_MS, "customer_id": f"c{i}", "amount": 9.5} for i in range(3)])
+    assert r.status_code == 200 and r.json()["accepted"] == 3, r.text
+    return {"http_requests": 12, "orders": 3}
+
+
+def log_ends(ctx) -> dict[str, dict[int, int]]:
+    return {name: {p: o.end for p, o in ctx.log.offsets(name).items()} for name in ctx.catalog.streams}
+
+
+def commit(ctx, batch_id: int, end_offsets: dict, counts: dict[str, int], now_ms: int = NOW_MS):
+    start = pane_start(EVENT_MS, 10_000)
+    partials = [PanePartial(stream, start, start + 10_000, {}, PaneData(count=n)) for stream, n in counts.items() if n]
+    lateness = {name: s.allowed_lateness for name, s in ctx.catalog.streams.items()}
+    result = ctx.store.commit_batch(
+        BatchCommit(ctx.pipeline_name, batch_id, partials, sum(counts.values()),
+                    {stream: EVENT_MS for stream, n in counts.items() if n}, end_offsets),
+        lateness_ms=lateness, now_ms=now_ms,
+    )
+    assert result.committed
+
+
+def metric_samples(text: str) -> dict[str, list]:
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+# -- liveness and readiness -----------------------------------------------------------
+
+
+def test_healthz(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok"}
+
+
+def test_readyz(client):
+    r = client.get("/readyz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ready", "checks": {"log": "ok", "store": "ok"}}
+
+
+def test_readyz_is_503_when_the_store_fails(client, ctx):
+    ctx.store.close()
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "not ready"
+    assert body["checks"]["log"] == "ok"
+    assert body["checks"]["store"].startswith("error:")
+
+
+# -- pipeline progress ----------------------------------------------------------------
+
+
+def test_pipeline_before_any_batch(client, ctx):
+    status = client.get("/api/v1/pipeline").json()
+    assert status["pipeline"] == "main"
+    assert status["last_batch_id"] is None and status["last_commit_ms"] is None
+    assert status["seconds_since_last_commit"] is None
+    assert status["batches"] == 0 and status["events_read"] == 0 and status["lag_events"] == 0
+    assert set(status["streams"]) == {"http_requests", "orders"}
+    assert len(status["streams"]["http_requests"]["partitions"]) == 4
+    assert len(status["streams"]["orders"]["partitions"]) == 2
+
+
+def test_pipeline_lag_is_the_log_before_any_commit(client, ctx, ingested):
+    status = client.get("/api/v1/pipeline").json()
+    assert status["lag_events"] == 15
+    assert status["batches"] == 0
+    ends = log_ends(ctx)
+    for name, n in ingested.items():
+        s = status["streams"][name]
+        assert s["events_in_log"] == n
+        assert s["lag_events"] == n
+        assert s["events_aggregated"] == 0 and s["panes"] == 0
+        assert s["watermark_ms"] is None and s["max_event_ms"] is None
+        for p, part in s["partitions"].items():
+            end = ends[name][int(p)]
+            assert part == {"log_start": 0, "log_end": end, "committed": 0, "lag_events": end}
+
+
+def test_pipeline_lag_is_zero_after_committing_up_to_the_log_ends(client, ctx, ingested, clock):
+    commit(ctx, 0, log_ends(ctx), ingested)
+    clock.now += 5
+    status = client.get("/api/v1/pipeline").json()
+    assert status["lag_events"] == 0
+    assert status["last_batch_id"] == 0
+    assert status["batches"] == 1
+    assert status["events_read"] == 15
+    assert status["last_commit_ms"] == NOW_MS
+    assert status["seconds_since_last_commit"] == 5.0
+    for name, n in ingested.items():
+        s = status["streams"][name]
+        assert s["lag_events"] == 0
+        assert s["events_in_log"] == n
+        assert s["events_aggregated"] == n
+        assert s["panes"] == 1
+        assert s["max_event_ms"] == EVENT_MS
+        assert s["watermark_ms"] == EVENT_MS - ctx.catalog.streams[name].allowed_lateness
+        for p, part in s["partitions"].items():
+            assert part["committed"] == part["log_end"]
+            assert part["lag_events"] == 0
+
+
+def test_pipeline_lag_counts_what_the_committed_offsets_leave(client, ctx, ingested):
+    ends = log_ends(ctx)
+    partition, end = next((p, e) for p, e in ends["http_requests"].items() if e > 0)
+    commit(ctx, 0, {"http_requests": {partition: end}}, {"http_requests": end})
+    status = client.get("/api/v1/pipeline").json()
+    assert status["streams"]["http_requests"]["lag_events"] == 12 - end
+    assert status["streams"]["http_requests"]["partitions"][str(partition)]["lag_events"] == 0
+    assert status["streams"]["orders"]["lag_events"] == 3
+    assert status["lag_events"] == 15 - end
+
+    # new events after the commit show up as lag again
+    r = client.post("/api/v1/events", params={"stream": "orders"},
+                    json=[{"time": EVENT_MS, "customer_id": "c9"}])
+    assert r.status_code == 200
+    assert client.get("/api/v1/pipeline").json()["streams"]["orders"]["lag_events"] == 4
+
+
+def test_pipeline_lag_ignores_events_dropped_by_retention(client, ctx, ingested):
+    dropped = ctx.log.apply_retention(now_ms=NOW_MS + 7_200_000, max_age_ms=3_600_000, max_bytes_per_partition=1 << 30)
+    assert dropped == 15
+    status = client.get("/api/v1/pipeline").json()
+    assert status["lag_events"] == 0
+    for name in ingested:
+        s = status["streams"][name]
+        assert s["events_in_log"] == 0 and s["lag_events"] == 0
+        for part in s["partitions"].values():
+            assert part["log_start"] == part["log_end"] == part["committed"]
+
+
+# -- Prometheus -----------------------------------------------------------------------
+
+
+def test_prometheus_metrics_before_commit(client, ctx, ingested):
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    families = metric_samples(r.text)
+
+    log_events = {s.labels["stream"]: s.value for s in families["sketchboard_log_events"]}
+    assert log_events == {"http_requests": 12.0, "orders": 3.0}
+
+    lag = {(s.labels["stream"], s.labels["partition"]): s.value for s in families["sketchboard_lag_events"]}
+    ends = log_ends(ctx)
+    assert lag == {(name, str(p)): float(e) for name, parts in ends.items() for p, e in parts.items()}
+    assert len(lag) == 4 + 2
+
+    aggregated = {s.labels["stream"]: s.value for s in families["sketchboard_events_aggregated"]}
+    assert aggregated == {"http_requests": 0.0, "orders": 0.0}
+    assert [s.value for s in families["sketchboard_batches_committed"]] == [0.0]
+    assert families["sketchboard_watermark_seconds"] == []  # no watermark yet
+
+
+def test_prometheus_metrics_after_commit(client, ctx, ingested):
+    commit(ctx, 0, log_ends(ctx), ingested)
+    families = metric_samples(client.get("/metrics").text)
+    assert all(s.value == 0.0 for s in families["sketchboard_lag_events"])
+    assert len(families["sketchboard_lag_events"]) == 6
+    assert [s.value for s in families["sketchboard_batches_committed"]] == [1.0]
+    aggregated = {s.labels["stream"]: s.value for s in families["sketchboard_events_aggregated"]}
+    assert aggregated == {"http_requests": 12.0, "orders": 3.0}
+    watermarks = {s.labels["stream"]: s.value for s in families["sketchboard_watermark_seconds"]}
+    assert watermarks == {"http_requests": (EVENT_MS - 30_000) / 1000, "orders": (EVENT_MS - 60_000) / 1000}
+
+
+def test_prometheus_metrics_with_an_empty_log(client):
+    families = metric_samples(client.get("/metrics").text)
+    assert {s.labels["stream"]: s.value for s in families["sketchboard_log_events"]} == {
+        "http_requests": 0.0, "orders": 0.0}
+    assert len(families["sketchboard_lag_events"]) == 6
+
+
+# -- documentation and the index page ------------------------------------------------
+
+
+def test_openapi_lists_the_api(client):
+    r = client.get("/openapi.json")
+    assert r.status_code == 200
+    paths = r.json()["paths"]
+    for path in ("/api/v1/events", "/api/v1/query", "/api/v1/streams", "/api/v1/metrics", "/api/v1/pipeline"):
+        assert path in paths
+    assert "post" in paths["/api/v1/events"]
+    assert "get" in paths["/api/v1/query"]
+    names = {p["name"] for p in paths["/api/v1/query"]["get"]["parameters"]}
+    assert {"metric", "stat", "from", "to", "step", "window", "group_by", "filter"} <= names
+    assert "/" not in paths  # the index page is not part of the API
+
+
+def test_docs_page(client):
+    r = client.get("/docs")
+    assert r.status_code == 200
+    assert "text/html" in r.headers["content-type"]
+
+
+def test_index_is_html(client):
+    r = client.get("/")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/html")
+    assert "<html" in r.text and "Sketchboard" in r.text
+    assert "/api/v1/query" in r.text

@@ -1,0 +1,84 @@
+"""`sketchboard up` as a user runs it: real processes, real HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def running_service(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log_file = open(tmp_path / "up.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sketchboard.cli", "up", "--no-demo", "--port", str(port), "--data-dir",
+         str(tmp_path / "data")],
+        env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "up.log").read_text()
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log_file.close()
+
+
+def test_post_events_then_query_their_metrics_a_few_seconds_later(running_service, tmp_path):
+    base, proc = running_service
+    now_ms = int(time.time() * 1000)
+    events = [
+        {"time": now_ms - i * 10, "endpoint": "/api/cart", "status": 200, "region": "eu",
+         "latency_ms": float(i % 100), "user_id": f"u{i % 37}"}
+        for i in range(500)
+    ]
+    ndjson = "\n".join(json.dumps(e) for e in events)
+    answer = httpx.post(f"{base}/api/v1/events?stream=http_requests", content=ndjson,
+                        headers={"content-type": "application/x-ndjson"}, timeout=10)
+    assert answer.status_code == 200 and answer.json()["accepted"] == 500
+
+    # The pipeline (a separate Spark process) picks them up; poll the query API like a user would.
+    deadline = time.monotonic() + 120
+    total = 0
+    while time.monotonic() < deadline:
+        q = httpx.get(f"{base}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-5m",
+                                                      "to": "now+1m", "step": "1m"}, timeout=10).json()
+        total = sum(p["value"] or 0 for s in q["series"] for p in s["points"])
+        if total >= 500:
+            break
+        assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+        time.sleep(1)
+    assert total == 500, (tmp_path / "up.log").read_text()[-3000:]
+    start = (now_ms - 5_000) // 10_000 * 10_000  # one 1-minute window holds all 500 events
+    q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
+                                                  "to": start + 60_000, "step": "1m"}, timeout=10).json()
+    assert q["series"][0]["points"][0]["value"] == pytest.approx(37, abs=1)

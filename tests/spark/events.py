@@ -1,0 +1,47 @@
+"""A known, reproducible event set with out-of-order times, and exact answers computed with pandas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+T0 = 1_794_999_600_000  # a fixed epoch ms, aligned to an hour (so to every step the tests use)
+ENDPOINTS = ["/", "/api/cart", "/api/search"]
+REGIONS = ["eu", "us", "ap"]
+
+
+def http_events(n: int, seed: int, span_ms: int = 300_000, users: int = 20_000) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    times = T0 + rng.integers(0, span_ms, n)  # uniformly spread: arrive out of order
+    endpoints = rng.choice(ENDPOINTS, n, p=[0.5, 0.3, 0.2])
+    regions = rng.choice(REGIONS, n)
+    latency = np.round(rng.lognormal(3.5, 0.8, n), 3)
+    user = rng.integers(0, users, n)
+    return [
+        {"time": int(t), "endpoint": str(e), "method": "GET", "status": 200, "region": str(r),
+         "latency_ms": float(v), "response_bytes": 512, "user_id": f"u{u}"}
+        for t, e, r, v, u in zip(times, endpoints, regions, latency, user, strict=True)
+    ]
+
+
+def frame(events: list[dict], pane_ms: int = 10_000) -> pd.DataFrame:
+    df = pd.DataFrame(events)
+    df["pane"] = df["time"] - df["time"] % pane_ms
+    return df
+
+
+def exact_panes(df: pd.DataFrame) -> pd.DataFrame:
+    """count, sum, min, max of latency per (pane, endpoint, region)."""
+    return (
+        df.groupby(["pane", "endpoint", "region"])["latency_ms"]
+        .agg(["count", "sum", "min", "max"])
+        .reset_index()
+    )
+
+
+def rank_interval(sorted_values: np.ndarray, value: float) -> tuple[float, float]:
+    """The normalized ranks a value occupies in the data (ties make it an interval)."""
+    n = len(sorted_values)
+    below = np.searchsorted(sorted_values, value, side="left")
+    through = np.searchsorted(sorted_values, value, side="right")
+    return below / n, through / n
