@@ -36,10 +36,17 @@ def parse_events(body: bytes, content_type: str) -> list[Any]:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HTTPException(400, f"body is not UTF-8 (byte {exc.start})") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark is not content
     stripped = text.lstrip()
     if not stripped:
         raise HTTPException(400, "body is empty; send a JSON array or NDJSON of events")
-    ndjson = "ndjson" in content_type or "jsonl" in content_type or not stripped.startswith("[")
+    media = content_type.split(";")[0].strip().lower()
+    if media in ("application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"):
+        ndjson = True
+    elif media == "application/json":
+        ndjson = False
+    else:  # no or another content type: an array is JSON, anything else is read as NDJSON
+        ndjson = not stripped.startswith("[")
     if not ndjson:
         try:
             events = json.loads(text)
@@ -49,7 +56,8 @@ def parse_events(body: bytes, content_type: str) -> list[Any]:
             raise HTTPException(400, "the body must be a JSON array of events or NDJSON")
         return events
     events = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Split on \n only: str.splitlines() would also split at U+2028 etc., which JSON strings may hold.
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

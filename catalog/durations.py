@@ -13,6 +13,8 @@ def parse_duration_ms(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):
+        if text != text or text in (float("inf"), float("-inf")):
+            raise ValueError(f"not a duration: {text!r} (must be finite)")
         if text < 0:
             raise ValueError(f"duration must not be negative: {text!r}")
         return int(round(text * 1000))

@@ -18,6 +18,10 @@ class ConfigError(ValueError):
 def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Any:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        try:
+            yaml.SafeLoader("").flatten_mapping(node)  # resolves "<<: *anchor" merge keys
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"line {node.start_mark.line + 1}: {getattr(exc, 'problem', exc)}") from None
         out: dict = {}
         for key_node, value_node in node.value:
             key = yaml.safe_load(yaml.serialize(key_node))

@@ -91,18 +91,25 @@ class EventValidator:
 
     def __init__(self, stream: StreamDef):
         self.stream = stream
-        fields: dict[str, Any] = {stream.time_field: (EventTime, ...)}
+        # Internal attribute names with the declared names as aliases: a field may then be
+        # called anything the catalog allows (even "_x" or "model_config") without
+        # colliding with pydantic's own attributes.
+        self._attr: dict[str, str] = {}
+        fields: dict[str, Any] = {}
+
+        def declare(name: str, annotation: Any, default: Any) -> None:
+            attr = f"f{len(self._attr)}"
+            self._attr[name] = attr
+            fields[attr] = (annotation, Field(default, alias=name))
+
+        declare(stream.time_field, EventTime, ...)
         for name in stream.string_fields:
-            required = name == stream.key_field
-            fields[name] = (
-                StrictStr | StrictInt | bool | None,
-                ... if required else None,
-            )
+            declare(name, StrictStr | StrictInt | bool | None, ... if name == stream.key_field else None)
         for name in stream.values:
-            fields[name] = (StrictFloat | StrictInt | None, None)
+            declare(name, StrictFloat | StrictInt | None, None)
         self._model: type[BaseModel] = create_model(  # type: ignore[call-overload]
             f"Event_{stream.name}",
-            __config__=ConfigDict(extra="allow"),
+            __config__=ConfigDict(extra="allow", populate_by_name=False, protected_namespaces=()),
             **fields,
         )
         self._adapter = TypeAdapter(self._model)
@@ -117,9 +124,10 @@ class EventValidator:
             raise ValueError(self._describe(exc)) from None
         stream = self.stream
         data = model.__dict__
+        attr = self._attr
         strings: dict[str, str | None] = {}
         for name in stream.string_fields:
-            value = data.get(name)
+            value = data.get(attr[name])
             if value is None:
                 if name == stream.key_field:
                     raise ValueError(f"{name}: key field must not be null")
@@ -131,12 +139,12 @@ class EventValidator:
             strings[name] = label
         numbers: dict[str, float | None] = {}
         for name in stream.values:
-            value = data.get(name)
+            value = data.get(attr[name])
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name}: value must be a finite number")
             numbers[name] = None if value is None else float(value)
         return Event(
-            event_time_ms=data[stream.time_field],
+            event_time_ms=data[attr[stream.time_field]],
             key=strings.get(stream.key_field) if stream.key_field else None,
             strings=strings,
             numbers=numbers,

@@ -65,15 +65,48 @@ def project(batch: pa.RecordBatch, stream: StreamDef) -> pa.RecordBatch:
     schema = segment_schema(stream)
     n = batch.num_rows
     names = set(batch.schema.names)
+    extras: list[dict] | None = None
     columns = []
     for field in schema:
         if field.name in names:
             column = batch.column(field.name)
             if column.type != field.type:
-                column = column.cast(field.type, safe=False)
-        elif field.name in stream.dimensions:
-            column = pa.array([""] * n, pa.string())
+                column = _cast_or_null(column, field.type)
         else:
-            column = pa.nulls(n, field.type)
+            # Declared after these records were written: the value may be among their extra fields.
+            if extras is None:
+                extras = [json.loads(x) if x else {} for x in batch.column(EXTRA).to_pylist()] if EXTRA in names else []
+            column = _from_extras(extras, field.name, field.type, n)
+            if field.name in stream.dimensions:
+                column = column.fill_null("")
         columns.append(column)
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _cast_or_null(column: pa.Array, target: pa.DataType) -> pa.Array:
+    """A field whose role changed (say, a dimension became a value): what converts, converts;
+    the rest reads as null rather than failing every read of the old segments."""
+    try:
+        return column.cast(target, safe=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.array([_coerce(v, target) for v in column.to_pylist()], target)
+
+
+def _from_extras(extras: list[dict], name: str, target: pa.DataType, n: int) -> pa.Array:
+    if not extras or not any(name in e for e in extras):
+        return pa.nulls(n, target)
+    return pa.array([_coerce(e.get(name), target) for e in extras], target)
+
+
+def _coerce(value, target: pa.DataType):
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if pa.types.is_string(target):
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None

@@ -167,9 +167,10 @@ class SqliteEventLog(EventLog):
                     (stream, partition),
                 ).fetchall()
                 kept_bytes, cut = 0, None
-                for base, count, max_ingest, size in rows:
+                for i, (base, count, max_ingest, size) in enumerate(rows):
                     kept_bytes += size
-                    if max_ingest < now_ms - max_age_ms or kept_bytes > max_bytes_per_partition:
+                    too_big = kept_bytes > max_bytes_per_partition and i > 0  # the newest segment stays
+                    if max_ingest < now_ms - max_age_ms or too_big:
                         cut = base + count  # everything below this offset goes
                         break
                 if cut is None:

@@ -51,10 +51,10 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def ctx(tmp_path, catalog, clock):
-    log = SqliteEventLog(tmp_path / "log.db")
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # durability is not under test
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
-    store = SqlitePaneStore(tmp_path / "store.db")
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
     context = ApiContext(
         catalog=catalog,
         log=log,

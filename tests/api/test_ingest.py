@@ -181,13 +181,6 @@ def test_ndjson_malformed_line_rejected_others_accepted(client, ctx, now_ms):
     assert sorted(row["user_id"] for row in log_rows(ctx)) == ["u0", "u1", "u2"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api/bodies.py parse_events splits NDJSON with str.splitlines(), which also breaks on "
-    "U+2028/U+2029/U+0085 (and \\v, \\f, \\x1c-\\x1e); a valid JSON string may contain U+2028/U+0085 "
-    "unescaped, so such an event is rejected as 'malformed JSON' and a phantom second line is rejected too. "
-    "NDJSON lines are separated by \\n (optionally \\r\\n) only.",
-)
 @pytest.mark.parametrize("char", ["\u2028", "\u0085"])
 def test_ndjson_string_with_unicode_line_separator(client, ctx, now_ms, char):
     line = json.dumps(event(now_ms, 0, endpoint=f"/a{char}b"), ensure_ascii=False)
@@ -317,13 +310,6 @@ def test_truncated_json_array_is_400(client, ctx, now_ms, seeded, snapshot):
     assert snapshot() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api/bodies.py parse_events treats every body that does not start with '[' as NDJSON, "
-    "even with Content-Type: application/json, so a JSON object body is never refused: a one-line object is "
-    "accepted as one event (200) and a pretty-printed object yields 200 with one 'malformed JSON' rejection per "
-    "line. The 400 'the body must be a JSON array of events or NDJSON' branch is unreachable.",
-)
 @pytest.mark.parametrize("indent", [None, 2], ids=["one-line", "pretty"])
 def test_non_array_json_object_is_400(client, ctx, now_ms, seeded, snapshot, indent):
     before = snapshot()

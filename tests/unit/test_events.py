@@ -332,42 +332,20 @@ def test_names_shadowing_basemodel_attributes_work(role: str, name: str) -> None
     _field_round_trip(role, name)
 
 
-@pytest.mark.xfail(
-    reason="BUG: ingest/events.py EventValidator.__init__: create_model() treats declared fields whose names"
-    " start with '_' (allowed by catalog NAME_RE) as private attributes, so the field is silently dropped:"
-    " a dimension '_region' reads as '' and a value '_v' as None, the sent value ends up in Event.extra",
-    strict=True,
-)
 @pytest.mark.parametrize("role", ["dimensions", "values"])
 def test_underscore_field_names(role: str) -> None:
     _field_round_trip(role, "_f")
 
 
-@pytest.mark.xfail(
-    reason="BUG: ingest/events.py EventValidator.validate: a time_field starting with '_' (e.g. '_t') is dropped"
-    " by create_model, so validate() raises KeyError('_t') (not ValueError), which validate_many does not catch",
-    strict=True,
-)
 def test_underscore_time_field() -> None:
     v = EventValidator(StreamDef(name="s", time_field="_t"))
     assert v.validate({"_t": T_MS}).event_time_ms == T_MS
 
 
-@pytest.mark.xfail(
-    reason="BUG: ingest/events.py EventValidator.__init__: a field named 'model_config' is taken by"
-    " create_model() as the model's config, not as a field: the dimension silently reads as ''",
-    strict=True,
-)
 def test_field_named_model_config() -> None:
     _field_round_trip("dimensions", "model_config")
 
 
-@pytest.mark.xfail(
-    reason="BUG: ingest/events.py EventValidator.__init__: a field named like a BaseModel method in the 'model_'"
-    " namespace (e.g. 'model_dump'), accepted by the catalog, makes EventValidator() raise ValueError"
-    " ('conflicts with member ... of protected namespace')",
-    strict=True,
-)
 @pytest.mark.parametrize("name", ["model_dump", "model_validate"])
 def test_field_named_like_a_model_method(name: str) -> None:
     _field_round_trip("values", name)

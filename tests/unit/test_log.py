@@ -344,7 +344,7 @@ def test_retention_applies_per_partition_and_stream(tmp_path: Path) -> None:
 # -- schema evolution -----------------------------------------------------------------
 
 
-def test_field_added_later_reads_as_null_or_empty(path: Path, log: SqliteEventLog) -> None:
+def test_field_added_later_reads_from_extras_or_as_null_or_empty(path: Path, log: SqliteEventLog) -> None:
     old = [
         EventValidator(STREAM).validate({"time": T0 + i, "user": "u", "page": "/a", "ms": i, "region": "eu"})
         for i in range(3)
@@ -361,7 +361,8 @@ def test_field_added_later_reads_as_null_or_empty(path: Path, log: SqliteEventLo
     p = partition_for("u", 4)
     table = read_table(log, newer, p, 0, 100)
     assert table.schema.names == [OFFSET, *segment_schema(newer).names]
-    assert table.column("region").to_pylist() == ["", "", ""]  # dimension added later: ""
+    # A dimension declared later reads from the old events' extra fields where they sent it.
+    assert table.column("region").to_pylist() == ["eu", "eu", "eu"]
     assert table.column("bytes").to_pylist() == [None, None, None]  # value added later: null
     assert table.column("session").to_pylist() == [None, None, None]  # distinct-only field: null
     assert table.column("ms").to_pylist() == [0.0, 1.0, 2.0]
@@ -369,7 +370,7 @@ def test_field_added_later_reads_as_null_or_empty(path: Path, log: SqliteEventLo
     # new events under the new definition sit next to the old ones
     log.append(newer, [EventValidator(newer).validate({"time": T0, "user": "u", "region": "us", "bytes": 7})], T0)
     table = read_table(log, newer, p, 0, 100)
-    assert table.column("region").to_pylist() == ["", "", "", "us"]
+    assert table.column("region").to_pylist() == ["eu", "eu", "eu", "us"]
     assert table.column("bytes").to_pylist() == [None, None, None, 7.0]
     assert table.column("page").to_pylist() == ["/a", "/a", "/a", ""]
     # and the old definition drops the columns it does not know
@@ -399,14 +400,16 @@ def test_value_field_becoming_a_dimension_reads_as_text() -> None:
     assert project(events_to_batch(as_value, [e], T0), as_dim).column("x").to_pylist() == ["1.5"]
 
 
-@pytest.mark.xfail(
-    reason="BUG: ingest/log/records.py project(): when a field moves from dimensions to values, the stored"
-    " string column is cast to float64 with cast(safe=False), which still raises ArrowInvalid for"
-    " non-numeric text ('abc'), so every read of older segments fails instead of yielding null",
-    strict=True,
-)
 def test_dimension_becoming_a_value_does_not_break_reads() -> None:
     as_dim = StreamDef(name="s", dimensions=("x",))
     as_value = StreamDef(name="s", values=("x",))
     e = EventValidator(as_dim).validate({"time": T0, "x": "abc"})
     assert project(events_to_batch(as_dim, [e], T0), as_value).column("x").to_pylist() == [None]
+
+
+def test_dimension_added_later_that_old_events_lacked_reads_empty(path: Path, log: SqliteEventLog) -> None:
+    old = [EventValidator(STREAM).validate({"time": T0 + i, "user": "u", "page": "/a", "ms": i}) for i in range(2)]
+    log.append(STREAM, old, T0)
+    newer = StreamDef(name="clicks", key_field="user", dimensions=("page", "region"), values=("ms",), partitions=4)
+    table = read_table(log, newer, partition_for("u", 4), 0, 100)
+    assert table.column("region").to_pylist() == ["", ""]

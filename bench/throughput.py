@@ -1,0 +1,141 @@
+"""Benchmark: sustained log -> store throughput of the pipeline, and the ingest API's events/s.
+
+    python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
+
+1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
+2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
+   batch to the last commit (Spark's start-up excluded: it is paid once per process).
+3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
+   with bench.ingest_api (concurrent clients), reporting accepted events/s.
+Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from catalog import load_catalog
+from ingest.demo import DemoTraffic
+from ingest.events import EventValidator
+from ingest.log import SqliteEventLog
+from sketchboard.settings import DEFAULT_STREAMS
+from store import SqlitePaneStore
+
+
+def fill_log(log: SqliteEventLog, catalog, events: int, chunk: int = 50_000) -> float:
+    """Append N demo events (validated like the API does) in chunks; returns seconds spent appending."""
+    traffic = DemoTraffic(catalog, seed=7)
+    validators = {name: EventValidator(s) for name, s in catalog.streams.items()}
+    spent, done = 0.0, 0
+    while done < events:
+        generated = traffic.generate(min(chunk, events - done))
+        for name, raws in generated.items():
+            valid = [validators[name].validate(r) for r in raws]
+            started = time.perf_counter()
+            log.append(catalog.streams[name], valid, int(time.time() * 1000))
+            spent += time.perf_counter() - started
+            done += len(valid)
+        print(f"  log: {done:,} / {events:,} events appended", flush=True)
+    return spent
+
+
+def bench_pipeline(root: Path, catalog, events: int, batch_records: int) -> None:
+    from aggregates.pipeline import Pipeline, PipelineConfig
+    from aggregates.spark import build_spark
+
+    log = SqliteEventLog(root / "log.db")
+    for stream in catalog.streams.values():
+        log.ensure_topic(stream)
+    print(f"filling the log with {events:,} demo events ...", flush=True)
+    append_s = fill_log(log, catalog, events)
+    total = sum(o.end for name in catalog.streams for o in log.offsets(name).values())
+    print(f"log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
+
+    spark = build_spark("local[2]")
+    store = SqlitePaneStore(root / "store.db")
+    config = PipelineConfig("bench", root / "log.db", root / "checkpoints", max_records_per_batch=batch_records)
+    pipeline = Pipeline(spark, catalog, store, config)
+    marks: list[tuple[float, int]] = []
+    original = pipeline.process_batch
+
+    def timed(batch, batch_id):
+        if not marks:
+            marks.append((time.perf_counter(), 0))  # first batch handed to us: the query is planned
+        result = original(batch, batch_id)
+        marks.append((time.perf_counter(), store.progress("bench").events_read))
+        print(f"  batch {batch_id}: {marks[-1][1]:,} events committed so far", flush=True)
+        return result
+
+    pipeline.process_batch = timed
+    started = time.perf_counter()
+    pipeline.run_until_drained()
+    wall = time.perf_counter() - started
+    done = store.progress("bench").events_read
+    # Sustained rate: from the end of the first batch to the end of the last, so query
+    # start-up and the first batch's JIT warm-up do not count.
+    if len(marks) >= 3:
+        (t1, n1), (t2, n2) = marks[1], marks[-1]
+        sustained = (n2 - n1) / (t2 - t1)
+    else:
+        sustained = done / wall
+    print(f"pipeline log -> store: {done:,} events, {len(marks) - 1} batches of <= {batch_records:,}")
+    print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
+    print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
+    spark.stop()
+
+
+def bench_api(root: Path, catalog, events: int, concurrency: int) -> None:
+    import uvicorn
+
+    from bench.ingest_api import prepare_bodies, run_bench
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(data_dir=root / "api", port=port, streams_config=DEFAULT_STREAMS)
+    app, _ = build_api(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, 1000)
+    result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency)
+    server.should_exit = True
+    thread.join(10)
+    print(f"ingest API: {result.accepted:,} events accepted in {result.seconds:.1f} s ="
+          f" {result.accepted / result.seconds:,.0f} events/s ({result.requests} requests of 1000,"
+          f" {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms, p99 {result.percentile_ms(0.99):.0f} ms)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=2_000_000, help="events in the log for the pipeline run")
+    parser.add_argument("--batch-records", type=int, default=1_000_000, help="max records per micro-batch")
+    parser.add_argument("--api-events", type=int, default=200_000, help="events posted to the ingest API")
+    parser.add_argument("--concurrency", type=int, default=4, help="concurrent API clients")
+    parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument("--skip-api", action="store_true")
+    args = parser.parse_args(argv)
+    catalog = load_catalog(DEFAULT_STREAMS)
+    root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-"))
+    try:
+        if not args.skip_pipeline:
+            bench_pipeline(root, catalog, args.events, args.batch_records)
+        if not args.skip_api:
+            bench_api(root, catalog, args.api_events, args.concurrency)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
