@@ -10,7 +10,6 @@ query aggregates all streams.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -220,6 +219,3 @@ def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, 
         "max_records_per_task": str(max_records_per_task),
     }
 
-
-def offsets_to_json(offsets: Offsets) -> str:
-    return json.dumps(offsets, sort_keys=True)
