@@ -109,8 +109,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
 
     check_java()
-    settings = _settings(args)
-    Settings.model_validate(settings.model_dump())  # fail here, not in three children
+    settings = _settings(args)  # validated here, and the catalog too: fail once, not in three children
     from sketchboard.wiring import open_catalog
 
     open_catalog(settings)

@@ -41,9 +41,6 @@ class HllSketch:
     def update(self, value: str | int | float) -> None:
         self._sketch.update(value)
 
-    def merge(self, other: HllSketch | bytes) -> HllSketch:
-        return HllSketch.merge_all([self, other], lg_k=max(self.lg_k, DEFAULT_LG_K))
-
     def is_empty(self) -> bool:
         return self._sketch.is_empty()
 

@@ -48,9 +48,6 @@ class KllSketch:
     def update(self, value: float) -> None:
         self._sketch.update(float(value))
 
-    def merge(self, other: KllSketch | bytes) -> KllSketch:
-        return KllSketch.merge_all([self, other], k=min(self.k, DEFAULT_K) if self.k else DEFAULT_K)
-
     def quantile(self, q: float) -> QuantileEstimate | None:
         """The value at rank q, with the value range its rank error allows; None when empty."""
         if not 0.0 <= q <= 1.0:

@@ -91,7 +91,8 @@ class SqliteEventLog(EventLog):
             return AppendResult({})
         by_partition: dict[int, list[Event]] = defaultdict(list)
         for event in events:
-            self._round_robin += 1
+            if event.key is None:  # only keyless events are spread round-robin
+                self._round_robin += 1
             by_partition[partition_for(event.key, stream.partitions, self._round_robin)].append(event)
         # Encode outside the lock: it is the expensive part and touches no shared state.
         encoded: dict[int, list[tuple[int, bytes]]] = {}
