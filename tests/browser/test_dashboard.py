@@ -68,14 +68,16 @@ def test_dashboard_shows_live_points_offline_without_errors(live, watched_page, 
     page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
     page.wait_for_function("Number(document.querySelector('#chart-main').dataset.nonEmptyPoints || 0) > 0",
                            timeout=15_000)
-    assert page.locator("#chart-main .scatterlayer .trace").count() == 2  # one per endpoint
+    page.wait_for_function("document.querySelectorAll('#chart-main .scatterlayer .trace').length === 2",
+                           timeout=5_000)  # one per endpoint
     assert total_count(page, "main") == 200
     renders = int(page.get_attribute("#chart-main", "data-renders"))
 
     # New events through the API, committed: they appear without a reload.
     commit(server, ctx, [ev(now - 5_000, endpoint="/api/checkout", latency=80.0, user=f"v{i}") for i in range(30)])
     page.wait_for_function("window.sketchboard.charts.get('main').totalCount() === 230", timeout=15_000)
-    assert page.locator("#chart-main .scatterlayer .trace").count() == 3
+    page.wait_for_function("document.querySelectorAll('#chart-main .scatterlayer .trace').length === 3",
+                           timeout=5_000)  # rendering is throttled: the model leads the DOM a little
     assert int(page.get_attribute("#chart-main", "data-renders")) > renders
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # never reloaded
 
@@ -139,7 +141,8 @@ def test_url_state_theme_corrections_and_lag_panels(live, watched_page, artifact
     assert page.evaluate("window.sketchboard.charts.get('main').corrections.length") == 1
     page.wait_for_selector("#lag-status[data-status=WARN]", timeout=10_000)
     assert page.text_content("#lag-reason") == "lag grew for 3 checks"
-    assert page.locator("#lag-chart-events .scatterlayer .trace").count() == 2
+    page.wait_for_function("document.querySelectorAll('#lag-chart-events .scatterlayer .trace').length === 2",
+                           timeout=5_000)
 
     page.click("#theme-toggle")
     assert page.evaluate("document.documentElement.dataset.theme") == "dark"
