@@ -399,7 +399,7 @@ class Hub:
             series = changed_points(self.store, rq, affected, watermark, self.config.max_points)
             if not series:
                 continue
-            batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark})
+            batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
             self.stats.points_messages += len(members)
             out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
         return out
