@@ -30,7 +30,7 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
         sender = asyncio.create_task(_send_loop(websocket, client, hub))
         try:
             while True:
-                receive = asyncio.ensure_future(websocket.receive_text())
+                receive = asyncio.ensure_future(websocket.receive())
                 done, _ = await asyncio.wait({receive, sender}, return_when=asyncio.FIRST_COMPLETED)
                 if sender in done:  # the sender gave up (client gone or too slow): stop reading too
                     receive.cancel()
@@ -38,10 +38,15 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                         await receive
                     break
                 try:
-                    text = receive.result()
-                except (WebSocketDisconnect, RuntimeError, KeyError):
-                    # Disconnect, or a binary frame (receive_text raises KeyError on 'bytes').
+                    message = receive.result()
+                except (WebSocketDisconnect, RuntimeError):
                     break
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    _reply(client, error("binary frames are not accepted: send JSON text frames"))
+                    continue
                 await _handle(text, client, hub, ctx)
         finally:
             sender.cancel()

@@ -216,6 +216,8 @@ def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
             ws.send(text)
             msg = recv_until(ws, lambda m: m["type"] == "error")
             assert msg["id"] == err_id and reason in msg["reason"], (text, msg)
+        ws.send(b"\x00\x01binary")
+        assert "binary frames" in recv_until(ws, lambda m: m["type"] == "error")["reason"]
         ws.send(json.dumps({"type": "ping"}))
         assert recv_until(ws, lambda m: m["type"] in ("pong", "error"))["type"] == "pong"
         snap = subscribe(ws, "ok", metric="latency", stat="p99")
