@@ -1,38 +1,67 @@
-"""The FastAPI application: ingest, queries, status, and the dashboard at /."""
+"""The FastAPI application: ingest, queries, status, the websocket hub, and the dashboard at /."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from collections.abc import Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
 
-from api import ingest_routes, query_routes, status_routes
+import plotly
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse
+
+from api import ingest_routes, query_routes, status_routes, ws_routes
 from api.context import ApiContext
+from api.feeds import FeedRegistry, PipelineFeed
+from api.ws_hub import Hub, HubConfig
 
-_INDEX = """<!doctype html><html><head><meta charset="utf-8"><title>Sketchboard</title></head>
-<body style="font-family: system-ui, sans-serif; max-width: 48rem; margin: 3rem auto">
-<h1>Sketchboard</h1>
-<p>The API is up. The live dashboard comes with its own issue; meanwhile:</p>
-<ul>
-<li><a href="/docs">API documentation (OpenAPI)</a></li>
-<li><a href="/api/v1/metrics">/api/v1/metrics</a> &middot; <a href="/api/v1/streams">/api/v1/streams</a></li>
-<li><a href="/api/v1/query?metric=latency&amp;stat=p99&amp;from=now-15m">/api/v1/query?metric=latency&amp;stat=p99&amp;from=now-15m</a></li>
-<li><a href="/api/v1/pipeline">/api/v1/pipeline</a> &middot; <a href="/metrics">/metrics</a></li>
-</ul></body></html>"""
+DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
+PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+_ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml"}
 
 
-def create_app(ctx: ApiContext) -> FastAPI:
+def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
+    """`feeds`: extra broadcast feeds for the websocket (objects with `topic` and `poll()`),
+    besides the built-in `pipeline` feed; more can be added later with app.state.hub.add_feed."""
+    registry = FeedRegistry([PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock)])
+    for feed in feeds:
+        registry.add(feed)
+    hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        hub.stop()
+
     app = FastAPI(
         title="Sketchboard",
         version="1",
-        description="Event-time windowed metrics from mergeable sketches. Send events, query series.",
+        description="Event-time windowed metrics from mergeable sketches. Send events, query series;"
+        " live updates over WS /api/v1/ws (see the README for the protocol).",
+        lifespan=lifespan,
     )
     app.include_router(ingest_routes.router(ctx))
     app.include_router(query_routes.router(ctx))
     app.include_router(status_routes.router(ctx))
+    app.include_router(ws_routes.router(ctx, hub))
 
     @app.get("/", include_in_schema=False)
-    def index() -> HTMLResponse:
-        return HTMLResponse(_INDEX)
+    def index() -> FileResponse:
+        return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html",
+                            headers={"Cache-Control": "no-cache"})
+
+    @app.get("/static/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> FileResponse:
+        # Served from the installed plotly package: the dashboard works with no internet.
+        return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def asset(name: str) -> FileResponse:
+        path = DASHBOARD_DIR / name
+        if "/" in name or name.startswith(".") or path.suffix not in _ASSET_TYPES or not path.is_file():
+            raise HTTPException(404, f"no asset {name!r}")
+        return FileResponse(path, media_type=_ASSET_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
     app.state.ctx = ctx
+    app.state.hub = hub
     return app

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     max_records_per_batch: int = Field(1_000_000, ge=1)
     max_records_per_task: int = Field(250_000, ge=1)
 
+    # Websocket hub (live dashboard)
+    ws_poll_interval: float = Field(0.2, gt=0, le=10, description="seconds between reads of the store's change feed")
+    ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
+    ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
+    ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
+
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")
 

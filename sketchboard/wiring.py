@@ -26,6 +26,7 @@ def open_store(settings: Settings) -> SqlitePaneStore:
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
+    from api.ws_hub import HubConfig
 
     catalog = open_catalog(settings)
     ctx = ApiContext(
@@ -37,7 +38,14 @@ def build_api(settings: Settings):
         max_events_per_request=settings.max_events_per_request,
         query_max_points=settings.query_max_points,
     )
-    return create_app(ctx), ctx
+    hub_config = HubConfig(
+        poll_interval_s=settings.ws_poll_interval,
+        heartbeat_interval_s=settings.ws_heartbeat_interval,
+        queue_size=settings.ws_queue_size,
+        max_subscriptions=settings.ws_max_subscriptions,
+        max_points=settings.query_max_points,
+    )
+    return create_app(ctx, hub_config=hub_config), ctx
 
 
 def build_pipeline(settings: Settings, spark=None):

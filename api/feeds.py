@@ -1,0 +1,85 @@
+"""Broadcast feeds for the websocket hub, and their registry.
+
+A feed is any object with a `topic: str` and a `poll() -> list[dict]` returning the
+messages new since its previous call (JSON-able, each with its "type"). The hub calls
+poll() from its tailer thread, never on the event loop. Other packages provide feeds
+(`corrections`, `lag`); this module provides `pipeline`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from catalog import Catalog
+from ingest.log import EventLog
+from store import PaneStore
+
+
+class FeedRegistry:
+    """The feeds an API process broadcasts, by topic (one feed per topic)."""
+
+    def __init__(self, feeds: Iterable = ()):
+        self._feeds: dict[str, object] = {}
+        for feed in feeds:
+            self.add(feed)
+
+    def add(self, feed) -> None:
+        topic = getattr(feed, "topic", None)
+        if not isinstance(topic, str) or not callable(getattr(feed, "poll", None)):
+            raise TypeError(f"{feed!r} is not a feed: it needs a 'topic' string and a poll() method")
+        if topic in self._feeds:
+            raise ValueError(f"a feed for topic {topic!r} is already registered")
+        self._feeds[topic] = feed
+
+    def topics(self) -> list[str]:
+        return list(self._feeds)
+
+    def __iter__(self):
+        return iter(self._feeds.values())
+
+    def __len__(self) -> int:
+        return len(self._feeds)
+
+
+class PipelineFeed:
+    """`pipeline` messages from the store's progress and the log's end offsets, at most one
+    per `interval_s`: last batch, events/s into the log and into panes, lag in events."""
+
+    topic = "pipeline"
+
+    def __init__(self, store: PaneStore, log: EventLog, catalog: Catalog, pipeline: str = "main",
+                 clock: Callable[[], float] | None = None, interval_s: float = 1.0):
+        self.store = store
+        self.log = log
+        self.catalog = catalog
+        self.pipeline = pipeline
+        self.clock = clock or time.time
+        self.interval_s = interval_s
+        self._last: tuple[float, int, int] | None = None  # (monotonic s, events in log, events aggregated)
+
+    def poll(self) -> list[dict]:
+        now = time.monotonic()
+        if self._last is not None and now - self._last[0] < self.interval_s:
+            return []
+        progress = self.store.progress(self.pipeline)
+        log_end = lag = 0
+        for name in self.catalog.streams:
+            committed = progress.end_offsets.get(name, {})
+            for p, o in self.log.offsets(name).items():
+                log_end += o.end
+                lag += max(0, o.end - max(committed.get(p, o.start), o.start))
+        aggregated = sum(s.events_aggregated for s in progress.streams.values())
+        rate_in = rate_agg = None
+        if self._last is not None and now > self._last[0]:
+            dt = now - self._last[0]
+            rate_in = round(max(0, log_end - self._last[1]) / dt, 1)
+            rate_agg = round(max(0, aggregated - self._last[2]) / dt, 1)
+        self._last = (now, log_end, aggregated)
+        return [{
+            "type": "pipeline", "at_ms": int(self.clock() * 1000), "pipeline": self.pipeline,
+            "last_batch_id": progress.last_batch_id, "last_commit_ms": progress.last_commit_ms,
+            "events_in_per_second": rate_in, "events_aggregated_per_second": rate_agg,
+            "lag_events": lag, "query": None,
+            "watermarks": {s: p.watermark_ms for s, p in progress.streams.items()},
+        }]

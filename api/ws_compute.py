@@ -1,0 +1,131 @@
+"""Points of a resolved subscription, computed with the same store read and roll-up as
+GET /api/v1/query, optionally restricted to a few windows; and which windows a changed
+pane or an advanced watermark touches. Pure except for the one store read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from api.ws_protocol import ResolvedQuery
+from store import PaneStore
+from store.rollup import Point, rollup
+
+
+def point_json(p: Point) -> dict[str, Any]:
+    """The REST API's point object (PointOut)."""
+    return {
+        "t": p.t_ms, "value": p.value, "count": p.count, "final": p.final, "revision": p.revision,
+        "error": None if p.error is None else {
+            "kind": p.error.kind, "lower": p.error.lower, "upper": p.error.upper,
+            "relative_error": p.error.relative_error, "rank_error": p.error.rank_error,
+        },
+    }
+
+
+def compute_series(store: PaneStore, rq: ResolvedQuery, lo: int, hi: int, watermark_ms: int | None,
+                   max_points: int) -> list[dict[str, Any]]:
+    """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step)."""
+    panes = store.read_panes(
+        rq.stream, lo, hi + max(rq.window_ms - rq.step_ms, 0),
+        value_field=rq.value_field, distinct_field=rq.distinct_field, with_sketches=rq.needs_sketches,
+    )
+    out = []
+    for stat, quantile in zip(rq.stats, rq.quantiles):
+        for s in rollup(
+            panes, stat=stat, quantile=quantile, value_field=rq.value_field, distinct_field=rq.distinct_field,
+            start_ms=lo, end_ms=hi, step_ms=rq.step_ms, window_ms=rq.window_ms, pane_ms=rq.pane_ms,
+            group_by=rq.group_by, filters=dict(rq.filters), watermark_ms=watermark_ms, max_points=max_points,
+        ):
+            out.append({"stat": stat, "group": s.group, "points": [point_json(p) for p in s.points]})
+    return out
+
+
+def snapshot_result(store: PaneStore, rq: ResolvedQuery, now_ms: int, watermark_ms: int | None,
+                    max_points: int) -> dict[str, Any]:
+    """The body of GET /api/v1/query for this subscription (plus `stats`, and `stat` per series)."""
+    lo, hi = rq.range_at(now_ms)
+    return {
+        "metric": rq.metric, "stream": rq.stream, "stat": rq.stats[0], "stats": list(rq.stats), "unit": rq.unit,
+        "start": lo, "end": hi, "step_ms": rq.step_ms, "window_ms": rq.window_ms, "watermark_ms": watermark_ms,
+        "series": compute_series(store, rq, lo, hi, watermark_ms, max_points),
+    }
+
+
+def windows_containing(pane_start_ms: int, rq: ResolvedQuery, lo: int, hi: int) -> range:
+    """Starts t (multiples of step in [lo, hi)) of the windows [t, t + window) holding the pane start."""
+    first = pane_start_ms - rq.window_ms + 1
+    first += (-first) % rq.step_ms
+    return range(max(first, lo), min(pane_start_ms + 1, hi), rq.step_ms)
+
+
+def windows_finalized(old_wm: int | None, new_wm: int, rq: ResolvedQuery, lo: int, hi: int) -> range:
+    """Starts of the windows whose end passed from after old_wm to at-or-before new_wm."""
+    last = new_wm - rq.window_ms  # t + window <= new_wm
+    last -= last % rq.step_ms
+    if old_wm is None:
+        first = lo
+    else:
+        first = old_wm - rq.window_ms + 1  # t + window > old_wm
+        first += (-first) % rq.step_ms
+    return range(max(first, lo), min(last + 1, hi), rq.step_ms)
+
+
+ALL_GROUPS = None  # in an affected map: every group of that window changed
+
+
+def affected_windows(
+    rq: ResolvedQuery,
+    changed: Iterable[tuple[int, Mapping[str, str]]],
+    watermark_move: tuple[int | None, int] | None,
+    lo: int,
+    hi: int,
+) -> dict[int, set[tuple[str, ...]] | None]:
+    """window start -> the groups whose point there changed (ALL_GROUPS: every group)."""
+    out: dict[int, set[tuple[str, ...]] | None] = {}
+    filters = rq.filters
+    for start_ms, dims in changed:
+        if any(dims.get(name, "") != value for name, value in filters):
+            continue
+        group = tuple(dims.get(g, "") for g in rq.group_by)
+        for t in windows_containing(start_ms, rq, lo, hi):
+            groups = out.get(t, set())
+            if groups is not ALL_GROUPS:
+                groups.add(group)
+                out[t] = groups
+    if watermark_move is not None:
+        for t in windows_finalized(*watermark_move, rq, lo, hi):
+            out[t] = ALL_GROUPS
+    return out
+
+
+def runs(times: Iterable[int], step_ms: int, max_gap_points: int = 8) -> list[tuple[int, int]]:
+    """Sorted window starts as [lo, hi) spans, splitting where more than max_gap_points are skipped."""
+    spans: list[tuple[int, int]] = []
+    for t in sorted(times):
+        if spans and t - spans[-1][1] <= max_gap_points * step_ms:
+            spans[-1] = (spans[-1][0], t + step_ms)
+        else:
+            spans.append((t, t + step_ms))
+    return spans
+
+
+def changed_points(store: PaneStore, rq: ResolvedQuery, affected: dict[int, set | None], watermark_ms: int | None,
+                   max_points: int) -> list[dict[str, Any]]:
+    """Recompute only the affected windows; keep the points of the groups that changed there."""
+    merged: dict[tuple[str, tuple], dict[str, Any]] = {}
+    for lo, hi in runs(affected, rq.step_ms):
+        for s in compute_series(store, rq, lo, hi, watermark_ms, max_points):
+            group = tuple(s["group"].get(g, "") for g in rq.group_by)
+            points = []
+            for p in s["points"]:
+                groups = affected.get(p["t"], ())
+                if groups is ALL_GROUPS or group in groups:
+                    points.append(p)
+            if points:
+                key = (s["stat"], group)
+                if key in merged:
+                    merged[key]["points"].extend(points)
+                else:
+                    merged[key] = {"stat": s["stat"], "group": s["group"], "points": points}
+    return list(merged.values())

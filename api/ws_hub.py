@@ -1,0 +1,427 @@
+"""The websocket hub: one tailer thread follows the store's change feed and the watermarks,
+recomputes only the points that changed for each distinct subscription shape (computed once,
+shared by every client with that shape), polls the broadcast feeds, and hands messages to
+the clients' bounded queues on the event loop.
+
+Per client, a bounded queue (`queue_size` messages): when it is full, points messages are
+coalesced per subscription (the newer point wins) and topic messages dropped; the client is
+then told `{"type": "dropped", "count": n}`. Memory per client is therefore bounded by
+queue_size messages plus one points map per subscription, whatever the client's speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from api.ws_compute import affected_windows, changed_points, snapshot_result
+from api.ws_protocol import TOPICS, ResolvedQuery
+from store import PaneStore
+
+log = logging.getLogger("sketchboard.ws")
+
+
+class Feed(Protocol):
+    """A broadcast topic: poll() returns the messages new since its previous call."""
+
+    topic: str
+
+    def poll(self) -> list[dict]: ...
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str)
+
+
+# -- what a client's queue holds -----------------------------------------------------------
+
+
+@dataclass
+class Subscription:
+    id: str
+    query: ResolvedQuery
+    token: int  # distinguishes a re-subscription under the same id
+    ready: bool = False  # its snapshot is queued: points may follow
+
+
+class PointsBatch:
+    """Changed points of one subscription shape in one tick; shared by all its subscribers,
+    encoded to JSON once."""
+
+    __slots__ = ("series", "extra", "_tail")
+
+    def __init__(self, series: list[dict], extra: dict):
+        self.series = series
+        self.extra = extra  # start, end, watermark_ms
+        self._tail: str | None = None
+
+    def tail(self) -> str:
+        if self._tail is None:
+            self._tail = _dumps({"series": self.series, **self.extra})[1:]
+        return self._tail
+
+    def merged(self, newer: PointsBatch) -> PointsBatch:
+        """Coalesce: this batch's points overridden by newer ones (by stat, group, t)."""
+        table: dict[tuple, dict] = {}
+        for batch in (self, newer):
+            for s in batch.series:
+                key = (s["stat"], tuple(sorted(s["group"].items())))
+                entry = table.setdefault(key, {"stat": s["stat"], "group": s["group"], "points": {}})
+                for p in s["points"]:
+                    entry["points"][p["t"]] = p
+        series = [{**e, "points": [e["points"][t] for t in sorted(e["points"])]} for e in table.values()]
+        return PointsBatch(series, dict(newer.extra))
+
+
+@dataclass
+class QueuedPoints:
+    sub: Subscription
+    batch: PointsBatch
+
+    def text(self) -> str:
+        return '{"type":"points","id":' + _dumps(self.sub.id) + "," + self.batch.tail()
+
+
+@dataclass
+class QueuedMessage:
+    msg: dict
+    droppable: bool  # topic messages and heartbeats may be dropped when the client is slow
+    encoded: str | None = None
+
+    def text(self) -> str:
+        return self.encoded if self.encoded is not None else _dumps(self.msg)
+
+
+class ClientQueue:
+    """A client's outgoing messages. Used on the event loop thread only."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.items: deque[QueuedPoints | QueuedMessage] = deque()
+        self.pending: dict[int, QueuedPoints] = {}  # sub token -> points waiting for the snapshot
+        self.dropped = 0  # not yet reported to the client
+        self.dropped_total = 0
+        self.high_water = 0
+        self._wakeup = asyncio.Event()
+
+    def put(self, item: QueuedPoints | QueuedMessage) -> None:
+        if isinstance(item, QueuedPoints) and not item.sub.ready:
+            held = self.pending.get(item.sub.token)
+            self.pending[item.sub.token] = item if held is None else QueuedPoints(item.sub, held.batch.merged(item.batch))
+            return
+        if len(self.items) >= self.bound:
+            self._compact()
+        if len(self.items) >= self.bound:
+            if isinstance(item, QueuedPoints) or not item.droppable:
+                self.items.popleft()  # only possible with more subscriptions than the bound allows
+            else:
+                self._count_dropped(1)
+                return
+        self.items.append(item)
+        self.high_water = max(self.high_water, len(self.items))
+        self._wakeup.set()
+
+    def _compact(self) -> None:
+        """Coalesce points per subscription (into the first one queued) and drop topic messages."""
+        kept: deque = deque()
+        by_token: dict[int, int] = {}
+        removed = 0
+        for item in self.items:
+            if isinstance(item, QueuedPoints):
+                at = by_token.get(item.sub.token)
+                if at is not None:
+                    first = kept[at]
+                    kept[at] = QueuedPoints(first.sub, first.batch.merged(item.batch))
+                    removed += 1
+                    continue
+                by_token[item.sub.token] = len(kept)
+            elif item.droppable:
+                removed += 1
+                continue
+            kept.append(item)
+        self.items = kept
+        self._count_dropped(removed)
+
+    def _count_dropped(self, n: int) -> None:
+        self.dropped += n
+        self.dropped_total += n
+
+    def release(self, sub: Subscription) -> None:
+        """The snapshot of `sub` is queued: the points computed meanwhile may follow it."""
+        sub.ready = True
+        held = self.pending.pop(sub.token, None)
+        if held is not None:
+            self.put(held)
+
+    def forget(self, sub: Subscription) -> None:
+        self.pending.pop(sub.token, None)
+        self.items = deque(i for i in self.items if not (isinstance(i, QueuedPoints) and i.sub.token == sub.token))
+
+    async def get(self, timeout: float) -> str | None:
+        """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle."""
+        if not self.items and not self.dropped:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                return None
+        if self.dropped:
+            n, self.dropped = self.dropped, 0
+            return _dumps({"type": "dropped", "count": n})
+        if not self.items:
+            return None
+        return self.items.popleft().text()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Client:
+    """One websocket connection's state in the hub."""
+
+    def __init__(self, queue_size: int, max_subscriptions: int):
+        self.queue = ClientQueue(queue_size)
+        self.subs: dict[str, Subscription] = {}
+        self.topics: set[str] = set(TOPICS)
+        self.max_subscriptions = max_subscriptions
+
+
+# -- the hub -----------------------------------------------------------------------------
+
+
+@dataclass
+class HubConfig:
+    poll_interval_s: float = 0.2
+    heartbeat_interval_s: float = 10.0
+    queue_size: int = 256
+    max_subscriptions: int = 32
+    feed_interval_s: float = 0.5
+    max_changes_per_tick: int = 50_000
+    max_points: int = 11_000
+    send_timeout_s: float = 60.0  # a client that accepts nothing for this long is disconnected
+
+
+@dataclass
+class HubStats:
+    ticks: int = 0
+    changes: int = 0
+    points_messages: int = 0
+    last_tick_ms: float = 0.0
+    errors: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Hub:
+    def __init__(self, store: PaneStore, clock: Callable[[], float], config: HubConfig | None = None,
+                 feeds: list[Feed] | None = None):
+        self.store = store
+        self.clock = clock
+        self.config = config or HubConfig()
+        self.feeds: list[Feed] = list(feeds or [])
+        self.stats = HubStats()
+        self._clients: set[Client] = set()
+        self._lock = threading.Lock()  # guards _clients and their subs (event loop <-> tailer)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._token = 0
+        self._seq: int | None = None
+        self._watermarks: dict[str, int] = {}
+        self._last_feed_poll = 0.0
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- lifecycle (event loop side) --
+
+    def ensure_started(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ws-hub-tailer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._thread = None
+
+    def add_feed(self, feed: Feed) -> None:
+        self.feeds.append(feed)
+
+    def connect(self) -> Client:
+        client = Client(self.config.queue_size, self.config.max_subscriptions)
+        with self._lock:
+            self._clients.add(client)
+        return client
+
+    def disconnect(self, client: Client) -> None:
+        with self._lock:
+            self._clients.discard(client)
+            client.subs.clear()
+
+    def subscribe(self, client: Client, sub_id: str, query: ResolvedQuery) -> Subscription:
+        with self._lock:
+            old = client.subs.pop(sub_id, None)
+            if old is not None:
+                client.queue.forget(old)
+            if len(client.subs) >= client.max_subscriptions:
+                raise ValueError(f"a client may hold at most {client.max_subscriptions} subscriptions")
+            self._token += 1
+            sub = Subscription(sub_id, query, self._token)
+            client.subs[sub_id] = sub
+        return sub
+
+    def unsubscribe(self, client: Client, sub_id: str) -> bool:
+        with self._lock:
+            sub = client.subs.pop(sub_id, None)
+        if sub is not None:
+            client.queue.forget(sub)
+        return sub is not None
+
+    def snapshot(self, query: ResolvedQuery) -> dict:
+        """The subscription's full result now (run it off the event loop: it reads the store)."""
+        watermark = self.store.watermarks().get(query.stream)
+        return snapshot_result(self.store, query, self.now_ms(), watermark, self.config.max_points)
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    # -- the tailer thread --
+
+    def _run(self) -> None:
+        try:
+            self._seq = self._last_seq()
+            self._watermarks = self.store.watermarks()
+        except Exception:
+            log.exception("websocket hub could not read the store; retrying")
+            self._seq = None
+        while not self._stop.wait(self.config.poll_interval_s):
+            try:
+                if self._seq is None:
+                    self._seq = self._last_seq()
+                    self._watermarks = self.store.watermarks()
+                self.tick()
+            except Exception:  # keep tailing: one bad tick must not end live updates
+                self.stats.errors += 1
+                log.exception("websocket hub tick failed")
+
+    def _last_seq(self) -> int:
+        """The change feed's newest seq, found with O(log n) probes of changes_since."""
+        lo, step = 0, 1024
+        while self.store.changes_since(lo + step, limit=1):
+            lo += step
+            step *= 2
+        hi = lo + step  # no change above hi; is there one above lo?
+        if not self.store.changes_since(lo, limit=1):
+            return lo
+        while hi - lo > 1:  # invariant: a change > lo exists, none > hi
+            mid = (lo + hi) // 2
+            if self.store.changes_since(mid, limit=1):
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def tick(self) -> None:
+        """One pass: read new changes and watermarks, push changed points, poll feeds."""
+        started = time.perf_counter()
+        changed: dict[str, dict[tuple[int, str], None]] = {}
+        seq = self._seq or 0
+        total = 0
+        while total < self.config.max_changes_per_tick:
+            batch = self.store.changes_since(seq, limit=5000)
+            if not batch:
+                break
+            for c in batch:
+                changed.setdefault(c.stream, {})[(c.start_ms, c.dims)] = None
+            seq = batch[-1].seq
+            total += len(batch)
+            if len(batch) < 5000:
+                break
+        self._seq = seq
+        watermarks = self.store.watermarks()
+        moved = {s: (self._watermarks.get(s), w) for s, w in watermarks.items() if w != self._watermarks.get(s)}
+        self._watermarks = watermarks
+
+        with self._lock:
+            subs = [(client, sub) for client in self._clients for sub in client.subs.values()]
+        deliveries: list[tuple[Client, QueuedPoints | QueuedMessage]] = []
+        if changed or moved:
+            deliveries += self._points(subs, changed, moved, watermarks)
+        now = time.monotonic()
+        if self.feeds and now - self._last_feed_poll >= self.config.feed_interval_s:
+            self._last_feed_poll = now
+            deliveries += self._broadcasts()
+        if deliveries and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, deliveries)
+            except RuntimeError:  # the loop closed: the app is shutting down
+                self._stop.set()
+        self.stats.ticks += 1
+        self.stats.changes += total
+        self.stats.last_tick_ms = (time.perf_counter() - started) * 1000
+
+    def _points(self, subs, changed, moved, watermarks):
+        dims_cache: dict[str, dict[str, str]] = {}
+
+        def dims_of(text: str) -> dict[str, str]:
+            d = dims_cache.get(text)
+            if d is None:
+                d = dims_cache[text] = json.loads(text)
+            return d
+
+        by_shape: dict[tuple, list[tuple[Client, Subscription]]] = {}
+        for client, sub in subs:
+            by_shape.setdefault(sub.query.shape_key(), []).append((client, sub))
+        now_ms = self.now_ms()
+        out = []
+        for members in by_shape.values():
+            rq = members[0][1].query
+            if rq.stream not in changed and rq.stream not in moved:
+                continue
+            lo, hi = rq.range_at(now_ms)
+            panes = ((start, dims_of(d)) for start, d in changed.get(rq.stream, ()))
+            affected = affected_windows(rq, panes, moved.get(rq.stream), lo, hi)
+            if not affected:
+                continue
+            watermark = watermarks.get(rq.stream)
+            series = changed_points(self.store, rq, affected, watermark, self.config.max_points)
+            if not series:
+                continue
+            batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
+            self.stats.points_messages += len(members)
+            out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
+        return out
+
+    def _broadcasts(self):
+        out = []
+        with self._lock:
+            clients = list(self._clients)
+        for feed in self.feeds:
+            try:
+                messages = feed.poll()
+            except Exception:
+                self.stats.errors += 1
+                log.exception("feed %r failed", getattr(feed, "topic", feed))
+                continue
+            for msg in messages:
+                text = _dumps(msg)
+                out += [(c, QueuedMessage(msg, True, text)) for c in clients if feed.topic in c.topics]
+        return out
+
+    def _deliver(self, deliveries) -> None:
+        for client, item in deliveries:
+            if isinstance(item, QueuedPoints) and client.subs.get(item.sub.id) is not item.sub:
+                continue  # unsubscribed meanwhile
+            client.queue.put(item)

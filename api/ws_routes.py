@@ -1,0 +1,113 @@
+"""WS /api/v1/ws: subscribe to queries and topics, receive snapshots, changed points,
+corrections, lag and pipeline status. One reader loop and one sender task per connection;
+the hub (api/ws_hub.py) does the tailing and the per-client queueing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.concurrency import run_in_threadpool
+
+from api.context import ApiContext
+from api.ws_hub import Client, Hub, QueuedMessage
+from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
+from store.rollup import RollupError
+
+log = logging.getLogger("sketchboard.ws")
+
+
+def router(ctx: ApiContext, hub: Hub) -> APIRouter:
+    r = APIRouter()
+
+    @r.websocket("/api/v1/ws")
+    async def ws(websocket: WebSocket) -> None:
+        await websocket.accept()
+        hub.ensure_started()
+        client = hub.connect()
+        sender = asyncio.create_task(_send_loop(websocket, client, hub))
+        try:
+            while True:
+                receive = asyncio.ensure_future(websocket.receive())
+                done, _ = await asyncio.wait({receive, sender}, return_when=asyncio.FIRST_COMPLETED)
+                if sender in done:  # the sender gave up (client gone or too slow): stop reading too
+                    receive.cancel()
+                    with contextlib.suppress(BaseException):
+                        await receive
+                    break
+                try:
+                    message = receive.result()
+                except (WebSocketDisconnect, RuntimeError):
+                    break
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    _reply(client, error("binary frames are not accepted: send JSON text frames"))
+                    continue
+                await _handle(text, client, hub, ctx)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+            hub.disconnect(client)
+
+    return r
+
+
+def _reply(client: Client, msg: dict) -> None:
+    client.queue.put(QueuedMessage(msg, droppable=False))
+
+
+async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
+    try:
+        msg = parse_message(text)
+    except ProtocolError as exc:
+        _reply(client, error(exc.reason, exc.id))
+        return
+    if isinstance(msg, Ping):
+        _reply(client, {"type": "pong", "at_ms": hub.now_ms()})
+    elif isinstance(msg, Topics):
+        client.topics = set(msg.topics)
+        _reply(client, {"type": "topics", "topics": sorted(client.topics)})
+    elif isinstance(msg, Unsubscribe):
+        if hub.unsubscribe(client, msg.id):
+            _reply(client, {"type": "unsubscribed", "id": msg.id})
+        else:
+            _reply(client, error(f"no subscription with id {msg.id!r}", msg.id))
+    elif isinstance(msg, Subscribe):
+        try:
+            query = resolve_query(msg.query, ctx.catalog, hub.now_ms(), ctx.query_max_points)
+            sub = hub.subscribe(client, msg.id, query)
+        except (ProtocolError, ValueError) as exc:
+            _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+            return
+        try:
+            result = await run_in_threadpool(hub.snapshot, query)
+        except RollupError as exc:
+            hub.unsubscribe(client, msg.id)
+            _reply(client, error(str(exc), msg.id))
+            return
+        if client.subs.get(msg.id) is not sub:
+            return  # unsubscribed or replaced while the snapshot was computed
+        _reply(client, {"type": "snapshot", "id": msg.id, "result": result})
+        client.queue.release(sub)
+
+
+async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
+    config = hub.config
+    while True:
+        text = await client.queue.get(config.heartbeat_interval_s)
+        if text is None:
+            text = '{"type":"heartbeat","at_ms":%d}' % hub.now_ms()
+        try:
+            await asyncio.wait_for(websocket.send_text(text), config.send_timeout_s)
+        except TimeoutError:
+            log.info("websocket client accepted nothing for %.0f s: closing", config.send_timeout_s)
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1008, reason="too slow")
+            return
+        except Exception:  # the connection is gone
+            return

@@ -1,0 +1,310 @@
+"""Freshness and websocket fan-out of a running Sketchboard (API + real Spark pipeline).
+
+Starts `sketchboard up --no-demo` on a free loopback port with a fresh data directory, then:
+
+1. Freshness: posts demo http_requests traffic at --rate events/s through POST /api/v1/events
+   (--producers threads, bodies of --batch events) while one websocket client subscribes to
+   the request count over an absolute range covering the run. For each POST, the time from
+   its response ("event accepted") to the first websocket message after which the pushed
+   counts add up to at least every event accepted so far (so this POST's events are in a
+   pushed point). Prints p50/p95/p99/max.
+2. Fan-out: with background traffic at --ramp-rate, ramps up websocket clients (each one
+   subscription, the dashboard's "request rate by endpoint, last 15 m, 10 s step") and
+   measures per-update delivery (client receive time - the hub's at_ms on the message). A
+   level passes while p99 delivery <= 1 s, every client got updates about every second,
+   and no connection failed. Prints one line per level and the largest level that passed.
+
+    python -m bench.freshness --rate 20000 --duration 60 --levels 50,100,200,400,800
+
+Run by hand: it prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from catalog import load_catalog
+from ingest.demo import DEFAULT_CONFIG, DemoTraffic
+
+STREAM = "http_requests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+class Service:
+    def __init__(self, data_dir: Path, env: dict[str, str]):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = open(data_dir / "service.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sketchboard.cli", "up", "--no-demo", "--port", str(self.port),
+             "--data-dir", str(data_dir / "data")],
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the service did not start; see {self.log.name}")
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+
+    def wait_pipeline(self, timeout_s: float = 180) -> None:
+        """Until the pipeline has committed a batch (the JVM and the first batch are slow)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{self.base}/api/v1/pipeline", timeout=10).json()
+            if r["last_batch_id"] is not None and r["lag_events"] == 0:
+                return
+            time.sleep(0.5)
+        raise SystemExit("the pipeline committed nothing in time")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+class Producer:
+    """Posts demo http_requests events at `rate`/s from `threads` threads; records, per POST,
+    (response time, events accepted in total so far)."""
+
+    def __init__(self, base: str, rate: float, batch: int, threads: int):
+        self.base, self.rate, self.batch, self.threads = base, rate, batch, threads
+        self.catalog = load_catalog(DEFAULT_CONFIG)
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.accepted = 0
+        self.posts: list[tuple[float, int]] = []
+        self.errors = 0
+        self.request_s: list[float] = []
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.workers = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.threads)]
+        for w in self.workers:
+            w.start()
+
+    def _run(self, index: int) -> None:
+        traffic = DemoTraffic(self.catalog, seed=index)
+        per_thread = self.rate / self.threads
+        interval = self.batch / per_thread
+        next_at = time.monotonic() + index * interval / self.threads
+        with httpx.Client(timeout=30) as client:
+            while not self.stop_event.is_set():
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                next_at = max(next_at + interval, time.monotonic() - 1.0)  # no unbounded catch-up
+                body = json.dumps(traffic.generate_stream(STREAM, self.batch))
+                t0 = time.monotonic()
+                try:
+                    r = client.post(f"{self.base}/api/v1/events", params={"stream": STREAM}, content=body,
+                                    headers={"content-type": "application/json"})
+                except httpx.HTTPError:
+                    self.errors += 1
+                    continue
+                t1 = time.monotonic()
+                if r.status_code != 200:
+                    self.errors += 1
+                    continue
+                with self.lock:
+                    self.accepted += r.json()["accepted"]
+                    self.posts.append((time.time(), self.accepted))
+                    self.request_s.append(t1 - t0)
+
+    def stop(self) -> float:
+        self.stop_event.set()
+        for w in self.workers:
+            w.join(30)
+        return self.accepted / (time.monotonic() - self.started)
+
+
+def freshness(service: Service, args) -> None:
+    from websockets.sync.client import connect
+
+    start_ms = int(time.time() * 1000)
+    query = {"metric": "requests", "stat": "count", "step": "10s",
+             "from": str(start_ms - 120_000), "to": str(start_ms + int(args.duration * 1000) + 180_000)}
+    counts: dict[int, float] = {}
+    seen: list[tuple[float, float]] = []  # (receive time, total pushed so far)
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def reader():
+        with connect(service.base.replace("http", "ws") + "/api/v1/ws", max_size=None) as ws:
+            ws.send(json.dumps({"type": "topics", "topics": []}))
+            ws.send(json.dumps({"type": "subscribe", "id": "f", "query": query}))
+            while not stop.is_set():
+                try:
+                    msg = json.loads(ws.recv(timeout=0.5))
+                except TimeoutError:
+                    continue
+                now = time.time()
+                if msg["type"] == "snapshot":
+                    for p in msg["result"]["series"][0]["points"]:
+                        counts[p["t"]] = p["value"]
+                    ready.set()
+                elif msg["type"] == "points":
+                    for s in msg["series"]:
+                        for p in s["points"]:
+                            counts[p["t"]] = p["value"]
+                    seen.append((now, sum(counts.values())))
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    ready.wait(30)
+    producer = Producer(service.base, args.rate, args.batch, args.producers)
+    producer.start()
+    time.sleep(args.duration)
+    achieved = producer.stop()
+    time.sleep(args.drain)
+    stop.set()
+    thread.join(5)
+
+    latencies, missing = [], 0
+    j = 0
+    for accepted_at, cumulative in producer.posts:  # in response order; cumulative grows
+        while j < len(seen) and (seen[j][1] < cumulative or seen[j][0] < accepted_at):
+            if seen[j][1] >= cumulative:  # pushed before this POST was answered: counts as ~0
+                break
+            j += 1
+        if j == len(seen):
+            missing += 1
+            continue
+        latencies.append(max(0.0, seen[j][0] - accepted_at))
+    print(f"freshness: {len(producer.posts)} POSTs of {args.batch} events, target {args.rate:.0f} ev/s,"
+          f" achieved {achieved:.0f} ev/s, {producer.errors} failed requests,"
+          f" POST p50 {pct(producer.request_s, .5) * 1000:.0f} ms p99 {pct(producer.request_s, .99) * 1000:.0f} ms")
+    print(f"freshness: accepted -> pushed on the websocket: p50 {pct(latencies, .5):.2f} s,"
+          f" p95 {pct(latencies, .95):.2f} s, p99 {pct(latencies, .99):.2f} s, max {max(latencies or [0]):.2f} s"
+          f" ({missing} POSTs never seen pushed within {args.drain:.0f} s after the run)")
+
+
+async def _client(url: str, query: dict, box: dict, updates: list, errors: list, stop: asyncio.Event, idx: int):
+    from websockets.asyncio.client import connect
+
+    try:
+        async with connect(url, max_size=None, open_timeout=30) as ws:
+            await ws.send(json.dumps({"type": "topics", "topics": []}))
+            await ws.send(json.dumps({"type": "subscribe", "id": "c", "query": query}))
+            while not stop.is_set():
+                try:
+                    text = await asyncio.wait_for(ws.recv(), 0.5)
+                except TimeoutError:
+                    continue
+                if '"type":"points"' in text[:40]:
+                    at = json.loads(text)["at_ms"]
+                    box["delays"].append(time.time() - at / 1000)
+                    updates[idx] += 1
+    except Exception as exc:  # a failed or dropped connection fails the level
+        errors.append(repr(exc))
+
+
+async def ramp(service: Service, args) -> None:
+    url = service.base.replace("http", "ws") + "/api/v1/ws"
+    query = {"metric": "requests", "stat": "rate", "group_by": "endpoint", "from": "now-15m", "to": "now", "step": "10s"}
+    tasks, best = [], 0
+    stop = asyncio.Event()
+    box: dict[str, list[float]] = {"delays": []}  # every client appends here; reset per level
+    updates: list[int] = []
+    errors: list[str] = []
+    for level in [int(x) for x in args.levels.split(",")]:
+        first_new = len(updates)
+        updates.extend([0] * (level - len(updates)))
+        for i in range(first_new, level):
+            tasks.append(asyncio.create_task(_client(url, query, box, updates, errors, stop, i)))
+        await asyncio.sleep(args.settle)  # connect and snapshot
+        for i in range(level):
+            updates[i] = 0
+        box["delays"] = delays = []
+        await asyncio.sleep(args.hold)
+        per_client = [updates[i] / args.hold for i in range(level)]
+        p50, p99 = pct(delays, .5), pct(delays, .99)
+        slow = sum(1 for u in per_client if u < 0.5)
+        ok = not errors and p99 <= 1.0 and slow == 0
+        print(f"fan-out: {level:5d} clients: {len(delays)} updates delivered, delivery p50 {p50 * 1000:.0f} ms"
+              f" p99 {p99 * 1000:.0f} ms, updates/client/s min {min(per_client):.2f} mean"
+              f" {statistics.mean(per_client):.2f}, errors {len(errors)} -> {'ok' if ok else 'over the line'}", flush=True)
+        if not ok:
+            break
+        best = level
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    print(f"fan-out: one API process served {best} websocket clients with updates every second"
+          f" (p99 delivery <= 1 s, no errors)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=20_000, help="events/s posted in the freshness phase")
+    p.add_argument("--duration", type=float, default=60, help="seconds of traffic in the freshness phase")
+    p.add_argument("--drain", type=float, default=10, help="seconds to wait for the last points after it")
+    p.add_argument("--batch", type=int, default=1000, help="events per POST")
+    p.add_argument("--producers", type=int, default=4, help="posting threads")
+    p.add_argument("--ramp-rate", type=float, default=2000, help="events/s of background traffic while ramping")
+    p.add_argument("--levels", default="25,50,100,200,400,800,1600", help="websocket clients per ramp level")
+    p.add_argument("--hold", type=float, default=10, help="seconds measured per level")
+    p.add_argument("--settle", type=float, default=5, help="seconds for a level's clients to connect")
+    p.add_argument("--skip-ramp", action="store_true")
+    p.add_argument("--trigger", default=None, help="pipeline trigger interval (SKETCHBOARD_TRIGGER_INTERVAL)")
+    args = p.parse_args(argv)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many sockets, here and in the service
+    env = {"SKETCHBOARD_TRIGGER_INTERVAL": args.trigger} if args.trigger else {}
+    with tempfile.TemporaryDirectory(prefix="sketchboard-freshness-") as tmp:
+        service = Service(Path(tmp), env)
+        try:
+            print(f"service on {service.base}; warming the pipeline up", flush=True)
+            httpx.post(f"{service.base}/api/v1/events", params={"stream": STREAM},
+                       json=DemoTraffic(load_catalog(DEFAULT_CONFIG)).generate_stream(STREAM, 100), timeout=10)
+            service.wait_pipeline()
+            freshness(service, args)
+            if not args.skip_ramp:
+                producer = Producer(service.base, args.ramp_rate, min(args.batch, 500), 1)
+                producer.start()
+                try:
+                    asyncio.run(ramp(service, args))
+                finally:
+                    producer.stop()
+        finally:
+            service.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""WS /api/v1/ws over a real uvicorn server on loopback: subscribe, ingest through the API,
+commit to the store (the in-process stand-in for Spark), receive the changed points; errors
+for malformed messages with the socket still usable; heartbeats; topic feeds; a client that
+never reads stays within its queue bound."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from websockets.sync.client import connect
+
+from api.app import create_app
+from api.ws_hub import ClientQueue, HubConfig, PointsBatch, QueuedMessage, QueuedPoints, Subscription
+from api.ws_protocol import QueryIn, resolve_query
+from tests.api.conftest import NOW_MS
+from tests.api.test_ws_support import drain_log_into_store
+
+STREAM = "http_requests"
+
+
+class Server:
+    """uvicorn serving an app on 127.0.0.1, port 0, in a thread."""
+
+    def __init__(self, app):
+        self.app = app
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.sock = sock
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/api/v1/ws"
+
+
+class ListFeed:
+    """A feed that broadcasts the messages put into it (as a producer module's feed would)."""
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.pending: list[dict] = []
+        self.lock = threading.Lock()
+
+    def put(self, msg: dict) -> None:
+        with self.lock:
+            self.pending.append(msg)
+
+    def poll(self) -> list[dict]:
+        with self.lock:
+            out, self.pending = self.pending, []
+        return out
+
+
+@pytest.fixture
+def corrections_feed():
+    return ListFeed("corrections")
+
+
+@pytest.fixture
+def server(ctx, corrections_feed):
+    config = HubConfig(poll_interval_s=0.05, heartbeat_interval_s=0.5, queue_size=16, feed_interval_s=0.05,
+                       send_timeout_s=5)
+    app = create_app(ctx, feeds=[corrections_feed], hub_config=config)
+    with Server(app) as s:
+        yield s
+
+
+def recv_until(ws, predicate, timeout: float = 10.0) -> dict:
+    """Messages are read (and ignored) until one matches; fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no matching message within {timeout} s; got types {[m['type'] for m in seen]}"
+        try:
+            msg = json.loads(ws.recv(timeout=left))
+        except TimeoutError:
+            continue
+        if predicate(msg):
+            return msg
+        seen.append(msg)
+
+
+def post(server, events, stream=STREAM):
+    r = httpx.post(f"{server.http}/api/v1/events", params={"stream": stream}, json=events, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.json()["accepted"] == len(events)
+
+
+def ev(t_ms: int, endpoint: str = "/api/cart", latency: float = 10.0, user: str = "u1", region: str = "eu") -> dict:
+    return {"time": t_ms, "endpoint": endpoint, "method": "GET", "status": 200, "region": region,
+            "latency_ms": latency, "user_id": user}
+
+
+def subscribe(ws, sub_id: str, **query) -> dict:
+    ws.send(json.dumps({"type": "subscribe", "id": sub_id, "query": query}))
+    return recv_until(ws, lambda m: m["type"] in ("snapshot", "error") and m.get("id") == sub_id)
+
+
+def test_subscribe_ingest_commit_then_changed_points_are_pushed(server, ctx, now_ms):
+    with connect(server.ws) as ws:
+        snap = subscribe(ws, "a", metric="latency", stats=["count", "p50", "avg"], **{"from": "now-5m"},
+                         step="1m", group_by="endpoint")
+        assert snap["result"]["metric"] == "latency" and snap["result"]["series"] == []
+        assert snap["result"]["step_ms"] == 60_000 and snap["result"]["stats"] == ["count", "p50", "avg"]
+
+        t0 = now_ms - 90_000  # the window [now-2m, now-1m)
+        post(server, [ev(t0 + i, "/api/cart", latency=float(i)) for i in range(10)])
+        post(server, [ev(t0 + 5, "/api/search", latency=300.0)])
+        assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 11
+
+        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a")
+        got = {(s["stat"], s["group"]["endpoint"]): s["points"] for s in msg["series"]}
+        window = t0 - t0 % 60_000
+        # The changed window, plus the (empty) windows the first watermark made final; not the whole range.
+        cart = {p["t"]: p for p in got[("count", "/api/cart")]}
+        assert window in cart and all(p["final"] and p["value"] == 0 for t, p in cart.items() if t != window)
+        assert all(t + 60_000 <= msg["watermark_ms"] for t in cart if t != window)
+        assert cart[window]["value"] == 10.0 and cart[window]["revision"] == 1 and cart[window]["final"] is False
+        assert [p for p in got[("avg", "/api/cart")] if p["t"] == window][0]["value"] == pytest.approx(4.5)
+        assert [p for p in got[("count", "/api/search")] if p["t"] == window][0]["value"] == 1.0
+        p50 = [p for p in got[("p50", "/api/cart")] if p["t"] == window][0]
+        assert p50["error"]["kind"] == "kll" and p50["error"]["lower"] <= p50["value"] <= p50["error"]["upper"]
+        assert msg["start"] <= window < msg["end"]
+
+        # A second commit to the same pane: a new point value for that window and group only.
+        post(server, [ev(t0 + 20, "/api/cart", latency=100.0)])
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a")
+        got = {(s["stat"], s["group"]["endpoint"]): s["points"] for s in msg["series"]}
+        assert set(got) == {("count", "/api/cart"), ("p50", "/api/cart"), ("avg", "/api/cart")}
+        assert [p["t"] for p in got[("count", "/api/cart")]] == [window]  # the watermark did not move
+        assert got[("count", "/api/cart")][0]["value"] == 11.0
+        assert got[("count", "/api/cart")][0]["revision"] == 2
+
+        # The same query again over REST answers the same values.
+        rest = httpx.get(f"{server.http}/api/v1/query", params={
+            "metric": "latency", "stat": "count", "from": "now-5m", "step": "1m", "group_by": "endpoint"}).json()
+        by_group = {s["group"]["endpoint"]: s["points"] for s in rest["series"]}
+        assert [p for p in by_group["/api/cart"] if p["t"] == window][0]["value"] == 11.0
+
+
+def test_filters_keep_other_panes_out_and_watermark_flips_are_pushed(server, ctx, now_ms):
+    with connect(server.ws) as ws:
+        subscribe(ws, "eu", metric="requests", stat="count", **{"from": "now-10m"}, step="10s",
+                  filter=["region=eu"])
+        t_old = now_ms - 300_000
+        post(server, [ev(t_old, region="us")])
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        post(server, [ev(t_old, region="eu")])
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        t_win = t_old - t_old % 10_000
+        msg = recv_until(ws, lambda m: m["type"] == "points" and any(
+            p["t"] == t_win for s in m["series"] for p in s["points"]))
+        (series,) = msg["series"]
+        (point,) = [p for p in series["points"] if p["t"] == t_win]
+        assert point["value"] == 1.0 and point["final"] is False  # the 'us' event is filtered out
+
+        # A newer event moves the watermark past that window: the point is re-sent as final.
+        post(server, [ev(now_ms - 10_000, region="us")])
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        msg = recv_until(ws, lambda m: m["type"] == "points" and any(
+            p["t"] == t_old - t_old % 10_000 and p["final"] for s in m["series"] for p in s["points"]))
+        assert msg["watermark_ms"] == now_ms - 10_000 - 30_000
+
+
+def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
+    with connect(server.ws) as ws:
+        cases = [
+            ("not json", None, "not JSON"),
+            ("[1, 2]", None, "JSON object"),
+            (json.dumps({"type": "dance"}), None, "unknown message type"),
+            (json.dumps({"type": "subscribe", "id": "x"}), "x", "query"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "nope"}}), "x", "nope"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "requests", "stat": "p99"}}), "x",
+             "percentiles"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "step": "7s"}}), "x",
+             "multiple of the pane"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "group_by": "planet"}}),
+             "x", "unknown dimension"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "from": "now",
+                                                                   "to": "now-1h"}}), "x", "must be after"),
+            (json.dumps({"type": "topics", "topics": ["weather"]}), None, "unknown topics"),
+            (json.dumps({"type": "unsubscribe", "id": "never"}), "never", "no subscription"),
+        ]
+        for text, err_id, reason in cases:
+            ws.send(text)
+            msg = recv_until(ws, lambda m: m["type"] == "error")
+            assert msg["id"] == err_id and reason in msg["reason"], (text, msg)
+        ws.send(b"\x00\x01binary")
+        assert "binary frames" in recv_until(ws, lambda m: m["type"] == "error")["reason"]
+        ws.send(json.dumps({"type": "ping"}))
+        assert recv_until(ws, lambda m: m["type"] in ("pong", "error"))["type"] == "pong"
+        snap = subscribe(ws, "ok", metric="latency", stat="p99")
+        assert snap["type"] == "snapshot"
+        ws.send(json.dumps({"type": "unsubscribe", "id": "ok"}))
+        assert recv_until(ws, lambda m: m["type"] == "unsubscribed")["id"] == "ok"
+
+
+def test_heartbeats_and_topic_feeds(server, ctx, corrections_feed, now_ms):
+    with connect(server.ws) as ws:
+        beat = recv_until(ws, lambda m: m["type"] == "heartbeat", timeout=5)
+        assert beat["at_ms"] == NOW_MS
+        pipeline = recv_until(ws, lambda m: m["type"] == "pipeline", timeout=5)
+        assert pipeline["pipeline"] == "main" and pipeline["lag_events"] == 0
+        corrections_feed.put({"type": "correction", "id": 1, "stream": STREAM})
+        assert recv_until(ws, lambda m: m["type"] == "correction")["id"] == 1
+        # Only the topics asked for: corrections no more.
+        ws.send(json.dumps({"type": "topics", "topics": ["pipeline"]}))
+        recv_until(ws, lambda m: m["type"] == "topics")
+        corrections_feed.put({"type": "correction", "id": 2, "stream": STREAM})
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                msg = json.loads(ws.recv(timeout=0.1))
+            except TimeoutError:
+                continue
+            assert msg["type"] != "correction"
+
+
+class NeverReadingClient:
+    """A websocket client on a raw socket with a tiny receive buffer that, after the
+    handshake and its subscribe frames, never reads: the server's sends block."""
+
+    def __init__(self, port: int):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET /api/v1/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                           ).encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send_text(self, text: str) -> None:
+        payload = text.encode()
+        mask = os.urandom(4)
+        n = len(payload)
+        header = bytes([0x81]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack("!H", n))
+        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_client_that_never_reads_stays_within_its_queue_bound(server, ctx, now_ms):
+    """A real socket that subscribes, then never reads: the server's queue for it stays at its
+    bound (16 here), points coalesce per subscription, the rest is dropped and counted."""
+    hub = server.app.state.hub
+    client_sock = NeverReadingClient(server.port)
+    try:
+        for i in range(3):
+            client_sock.send_text(json.dumps({"type": "subscribe", "id": f"s{i}", "query": {
+                "metric": "latency", "stats": ["count", "p99"], "from": "now-30m", "step": "10s",
+                "group_by": "endpoint"}}))
+        time.sleep(0.5)
+        # Flood: many commits, each changing many windows and groups, while pipeline messages
+        # keep coming; the client reads nothing, its socket buffers fill, and its queue must hold.
+        for round_ in range(30):
+            events = [ev(now_ms - 1_700_000 + (i * 997) % 1_690_000, endpoint=f"/e{i % 40}", latency=float(i),
+                         user=f"u{i}") for i in range(round_ * 400, round_ * 400 + 400)]
+            post(server, events)
+            drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+            time.sleep(0.1)
+        time.sleep(0.5)
+        (client,) = list(hub._clients)
+        assert client.queue.dropped_total > 0  # the sends did block: coalesced or dropped, and counted
+        assert client.queue.high_water <= 16
+        assert len(client.queue) <= 16
+        # Coalesced points hold at most one point per (subscription, stat, group, window).
+        for item in client.queue.items:
+            if hasattr(item, "batch"):
+                assert sum(len(s["points"]) for s in item.batch.series) <= 2 * 40 * 180
+    finally:
+        client_sock.close()
+    deadline = time.monotonic() + 10  # the server notices the closed socket and forgets the client
+    while hub.clients and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert hub.clients == 0
+
+
+def test_queue_bound_coalescing_and_dropped_notice():
+    """The per-client queue alone: bounded, points coalesce per subscription keeping the
+    newest value of each point, topic messages are dropped, and the count is reported."""
+
+    async def scenario():
+        q = ClientQueue(bound=4)
+        from catalog import load_catalog
+        from tests.api.conftest import CONFIG
+        rq = resolve_query(QueryIn(metric="latency"), load_catalog(CONFIG), NOW_MS, 1000)
+        sub_a, sub_b = Subscription("a", rq, 1, ready=True), Subscription("b", rq, 2, ready=True)
+
+        def points(sub, t, value):
+            return QueuedPoints(sub, PointsBatch([{"stat": "count", "group": {}, "points": [
+                {"t": t, "value": value}]}], {"start": 0, "end": 1, "watermark_ms": None}))
+
+        for i in range(1000):
+            q.put(points(sub_a, i % 7, float(i)))
+            q.put(points(sub_b, 0, float(i)))
+            q.put(QueuedMessage({"type": "pipeline", "n": i}, droppable=True))
+            assert len(q) <= 4
+        texts = []
+        while (text := await q.get(0.01)) is not None:
+            texts.append(json.loads(text))
+        assert texts[0]["type"] == "dropped" and texts[0]["count"] > 2000
+        last_a = {}
+        for m in texts:
+            if m["type"] == "points" and m["id"] == "a":
+                for p in m["series"][0]["points"]:
+                    last_a[p["t"]] = p["value"]
+        assert last_a == {t: float(max(i for i in range(1000) if i % 7 == t)) for t in range(7)}
+        assert max(m["series"][0]["points"][0]["value"] for m in texts if m.get("id") == "b") == 999.0
+
+        # Points for a subscription whose snapshot is not queued yet wait, then follow it.
+        sub_c = Subscription("c", rq, 3)
+        q.put(points(sub_c, 0, 1.0))
+        assert await q.get(0.01) is None
+        q.put(QueuedMessage({"type": "snapshot", "id": "c"}, droppable=False))
+        q.release(sub_c)
+        assert json.loads(await q.get(0.01))["type"] == "snapshot"
+        assert json.loads(await q.get(0.01))["type"] == "points"
+
+    asyncio.run(scenario())

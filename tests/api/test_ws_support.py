@@ -1,0 +1,64 @@
+"""A tiny in-process stand-in for the Spark pipeline, for websocket and browser tests: read
+what the API appended to the log since the last committed offsets, aggregate it into pane
+partials (exact count/n/sum/min/max, real KLL and HLL sketches) and commit one batch to the
+store, as the real pipeline's foreachBatch does. No tests here."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from catalog import Catalog
+from ingest.log import EventLog
+from ingest.log.records import EVENT_TIME
+from sketches import HllSketch, KllSketch
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats, pane_start
+
+
+def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_ms: int,
+                         pipeline: str = "main") -> int:
+    """Commit everything in the log beyond the committed offsets as one batch; events committed."""
+    progress = store.progress(pipeline)
+    partials: list[PanePartial] = []
+    end_offsets: dict[str, dict[int, int]] = {}
+    max_event: dict[str, int] = {}
+    total = 0
+    for stream in catalog.streams.values():
+        groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
+        for partition, offsets in log.offsets(stream.name).items():
+            start = progress.end_offsets.get(stream.name, {}).get(partition, offsets.start)
+            if start >= offsets.end:
+                continue
+            end_offsets.setdefault(stream.name, {})[partition] = offsets.end
+            for batch in log.read(stream, partition, start, offsets.end):
+                for row in batch.to_pylist():
+                    t = row[EVENT_TIME]
+                    max_event[stream.name] = max(max_event.get(stream.name, t), t)
+                    dims = tuple((d, row.get(d) or "") for d in stream.dimensions)
+                    groups[(pane_start(t, stream.pane), dims)].append(row)
+        for (start, dims), rows in groups.items():
+            values = {}
+            for field in stream.values:
+                xs = [r[field] for r in rows if r.get(field) is not None]
+                if xs:
+                    kll = KllSketch()
+                    for x in xs:
+                        kll.update(x)
+                    values[field] = ValueStats(len(xs), math.fsum(xs), min(xs), max(xs), kll.to_bytes())
+            distincts = {}
+            for field in stream.distinct_fields:
+                hll = HllSketch()
+                for r in rows:
+                    if r.get(field):
+                        hll.update(r[field])
+                distincts[field] = hll.to_bytes()
+            partials.append(PanePartial(stream.name, start, start + stream.pane, dict(dims),
+                                        PaneData(len(rows), values, distincts)))
+            total += len(rows)
+    if not end_offsets:
+        return 0
+    batch_id = 0 if progress.last_batch_id is None else progress.last_batch_id + 1
+    lateness = {name: s.allowed_lateness for name, s in catalog.streams.items()}
+    store.commit_batch(BatchCommit(pipeline, batch_id, partials, total, max_event, end_offsets),
+                       lateness_ms=lateness, now_ms=now_ms)
+    return total

@@ -1,0 +1,160 @@
+"""The dashboard in a real headless Chromium against the real app on loopback (uvicorn in a
+thread; the test commits batches into the store itself, as the pipeline would): charts fill
+and update without a reload, the page asks nothing of any host but 127.0.0.1, logs no console
+error, keeps its state in the URL, shows corrections and lag from their feeds."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from api.app import create_app
+from api.ws_hub import HubConfig
+from tests.api.test_ws import ListFeed, Server, ev, post
+from tests.api.test_ws_support import drain_log_into_store
+
+pytestmark = pytest.mark.browser
+
+
+class LiveClock:
+    """Wall time: the page computes 'now' from the browser's clock, so the server must agree."""
+
+    def __call__(self) -> float:
+        return time.time()
+
+
+@pytest.fixture
+def live(tmp_path, demo_catalog):
+    catalog = demo_catalog
+    from api.context import ApiContext
+    from ingest.log import SqliteEventLog
+    from store import SqlitePaneStore
+
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    ctx = ApiContext(catalog=catalog, log=log, store=store, clock=LiveClock())
+    feeds = {"corrections": ListFeed("corrections"), "lag": ListFeed("lag")}
+    app = create_app(ctx, feeds=list(feeds.values()),
+                     hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2, feed_interval_s=0.2))
+    with Server(app) as server:
+        yield server, ctx, feeds
+    store.close()
+    log.close()
+
+
+def commit(server, ctx, events):
+    post(server, events)
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(time.time() * 1000))
+
+
+def points_of(page, chart_id: str) -> int:
+    return int(page.get_attribute(f"#{chart_id}", "data-non-empty-points") or 0)
+
+
+def total_count(page, chart: str) -> float:
+    return page.evaluate(f"window.sketchboard.charts.get('{chart}').totalCount()")
+
+
+def test_dashboard_shows_live_points_offline_without_errors(live, watched_page, artifacts):
+    server, ctx, feeds = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 60_000 + i * 100, endpoint=("/api/cart", "/api/search")[i % 2],
+                            latency=float(5 + i % 50), user=f"u{i}", region=("eu", "us")[i % 2]) for i in range(200)])
+
+    page, watch = watched_page(server.http, "/?metric=requests&stat=count&group_by=endpoint&range=15m")
+    page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    page.wait_for_function("Number(document.querySelector('#chart-main').dataset.nonEmptyPoints || 0) > 0",
+                           timeout=15_000)
+    page.wait_for_function("document.querySelectorAll('#chart-main .scatterlayer .trace').length === 2",
+                           timeout=5_000)  # one per endpoint
+    assert total_count(page, "main") == 200
+    renders = int(page.get_attribute("#chart-main", "data-renders"))
+
+    # New events through the API, committed: they appear without a reload.
+    commit(server, ctx, [ev(now - 5_000, endpoint="/api/checkout", latency=80.0, user=f"v{i}") for i in range(30)])
+    page.wait_for_function("window.sketchboard.charts.get('main').totalCount() === 230", timeout=15_000)
+    page.wait_for_function("document.querySelectorAll('#chart-main .scatterlayer .trace').length === 3",
+                           timeout=5_000)  # rendering is throttled: the model leads the DOM a little
+    assert int(page.get_attribute("#chart-main", "data-renders")) > renders
+    assert page.evaluate("performance.getEntriesByType('navigation').length") == 1  # never reloaded
+
+    # The overview charts fill too; the pipeline feed drives the status strip.
+    page.wait_for_function("Number(document.querySelector('#chart-latency').dataset.nonEmptyPoints || 0) > 0",
+                           timeout=10_000)
+    page.wait_for_function("document.querySelector('#status-last-batch').textContent.startsWith('batch 1')",
+                           timeout=10_000)
+    page.wait_for_timeout(600)
+    page.screenshot(path=str(artifacts / "dashboard-dark.png"), full_page=True)
+
+    assert watch.errors == []
+    assert watch.foreign == [], watch.foreign
+    assert any(u.endswith("/static/plotly.min.js") for u in watch.requests)
+
+
+def test_url_state_theme_corrections_and_lag_panels(live, watched_page, artifacts):
+    server, ctx, feeds = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 30_000 + i, latency=float(i), user=f"u{i}") for i in range(50)])
+
+    page, watch = watched_page(server.http, "/", color_scheme="light")
+    page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    assert page.evaluate("document.documentElement.dataset.theme") == "light"
+    assert page.text_content("#lag-status") == "waiting for data"
+    assert page.text_content("#corrections-empty") == "waiting for data"
+
+    # Choosing a view puts it in the URL; reloading that URL restores it.
+    page.select_option("#metric", "latency")
+    page.select_option("#stat", "p99")
+    page.select_option("#group-by", "region")
+    page.select_option("#range", "1h")
+    assert "metric=latency" in page.url and "stat=p99" in page.url and "group_by=region" in page.url
+    assert "range=1h" in page.url
+    page.wait_for_function("Number(document.querySelector('#chart-main').dataset.nonEmptyPoints || 0) > 0",
+                           timeout=10_000)
+    page.reload()
+    page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    assert page.input_value("#metric") == "latency" and page.input_value("#stat") == "p99"
+    assert page.input_value("#group-by") == "region" and page.input_value("#range") == "1h"
+    page.wait_for_function("Number(document.querySelector('#chart-main').dataset.nonEmptyPoints || 0) > 0",
+                           timeout=10_000)
+
+    # Feeds: a correction is listed and marks the chart; a lag message sets the badge and charts.
+    pane = now - 30_000 - (now - 30_000) % 10_000
+    feeds["corrections"].put({
+        "type": "correction", "id": 1, "stream": "http_requests", "pane_start_ms": pane, "pane_end_ms": pane + 10_000,
+        "dims": {"endpoint": "/api/cart", "method": "GET", "status": "200", "region": "eu"}, "revision_from": 1,
+        "revision_to": 2, "batch_id": 3, "events_added": 2, "at_ms": now,
+        "old": {"count": 50, "values": {}, "distinct": {}}, "new": {"count": 52, "values": {}, "distinct": {}}})
+    feeds["lag"].put({
+        "type": "lag", "at_ms": now, "pipeline": "main", "status": "WARN", "reason": "lag grew for 3 checks",
+        "lag_events": 1200, "lag_seconds": 3.4,
+        "streams": {"http_requests": {"status": "WARN", "reason": "x", "lag_events": 1200, "lag_seconds": 3.4,
+                                      "partitions": {"0": {"log_end": 10, "committed": 5, "lag_events": 700,
+                                                           "lag_seconds": 3.4, "status": "WARN", "reason": "x"},
+                                                     "1": {"log_end": 10, "committed": 5, "lag_events": 500,
+                                                           "lag_seconds": 1.0, "status": "OK", "reason": ""}}}}})
+    page.wait_for_selector("#corrections-list li", timeout=10_000)
+    assert "rev 1→2" in page.text_content("#corrections-list li")
+    assert page.evaluate("window.sketchboard.charts.get('main').corrections.length") == 1
+    page.wait_for_selector("#lag-status[data-status=WARN]", timeout=10_000)
+    assert page.text_content("#lag-reason") == "lag grew for 3 checks"
+    page.wait_for_function("document.querySelectorAll('#lag-chart-events .scatterlayer .trace').length === 2",
+                           timeout=5_000)
+
+    page.click("#theme-toggle")
+    assert page.evaluate("document.documentElement.dataset.theme") == "dark"
+    page.wait_for_timeout(600)
+    page.screenshot(path=str(artifacts / "dashboard-feeds.png"), full_page=True)
+    assert watch.errors == []
+    assert watch.foreign == []
+
+
+def test_bad_explorer_input_shows_the_servers_reason(live, watched_page):
+    server, ctx, feeds = live
+    page, watch = watched_page(server.http, "/?metric=latency&stat=avg&filter=planet%3Dmars")
+    page.wait_for_selector("#chart-main[data-state=error]", timeout=15_000)
+    assert "unknown dimension 'planet'" in page.text_content("#chart-main")
+    assert watch.errors == []
