@@ -46,6 +46,11 @@ class Settings(BaseSettings):
     max_records_per_batch: int = Field(1_000_000, ge=1)
     max_records_per_task: int = Field(250_000, ge=1)
 
+    # Consumer lag and pipeline health
+    lag_sample_interval: DurationMs = Field(2000, ge=10, description="how often the API samples consumer lag")
+    lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
+    lag_retention: DurationMs = Field(86_400_000, ge=60_000, description="lag samples and Spark progress kept")
+
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")
 
