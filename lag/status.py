@@ -10,7 +10,7 @@ ERR first for what cannot be judged):
 2. REWIND the committed offset went backwards between two samples of the window.
 3. OK     any sample in the window has zero lag (the pipeline caught up at some point).
 4. STOP   lag > 0 and the pipeline's newest commit is older than window_ms (or it never
-          committed and the window has watched it for window_ms).
+          committed and the window is full, or has watched it for window_ms).
 5. OK     fewer samples than the window: "not enough samples" (a single sample is OK
           unless rules 1-4 already decided; OK rather than ERR because it is a normal
           state for the first window after start, not a fault).
@@ -58,10 +58,12 @@ def evaluate_partition(samples: Sequence[LagSample], *, now_ms: int, window: int
             return Verdict(LagStatus.OK, "caught up: lag 0")
         return Verdict(LagStatus.OK, f"lag {lag} events, caught up {_secs(now_ms - zero.at_ms)} ago")
     if last.last_commit_ms is None:
-        if now_ms - first.at_ms >= window_ms:
+        if len(w) >= window or now_ms - first.at_ms >= window_ms:
             return Verdict(LagStatus.STOP, f"no batch committed yet while lag is {lag} events"
                                            f" (watched for {_secs(now_ms - first.at_ms)})")
-    elif now_ms - last.last_commit_ms > window_ms:
+        return Verdict(LagStatus.OK, f"not enough samples to judge ({len(w)} of {window}); lag {lag} events,"
+                                     " no batch committed yet")
+    if now_ms - last.last_commit_ms > window_ms:
         return Verdict(LagStatus.STOP, f"no commit for {_secs(now_ms - last.last_commit_ms)}"
                                        f" (window {_secs(window_ms)}) while lag is {lag} events")
     if len(w) < window:
