@@ -245,3 +245,19 @@ def test_samples_round_trip(parts):
     s = LagSample("main", "orders", 1, 5, 0, 10, None, None, None)
     lag_store.write([s])
     assert lag_store.recent("main", 5) == {("orders", 1): [s]}
+
+
+def test_lag_settings_defaults_and_durations(tmp_path, monkeypatch):
+    from sketchboard.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("SKETCHBOARD_SETTINGS_FILE", "SKETCHBOARD_LAG_SAMPLE_INTERVAL", "SKETCHBOARD_LAG_WINDOW",
+                 "SKETCHBOARD_LAG_RETENTION", "SKETCHBOARD_LOG_RETENTION"):
+        monkeypatch.delenv(name, raising=False)
+    s = Settings()
+    # Duration defaults are spelled with units: a bare number would be read as seconds.
+    assert (s.lag_sample_interval, s.lag_window, s.lag_retention) == (2_000, 10, 86_400_000)
+    assert s.log_retention == 7 * 86_400_000
+    assert Settings(lag_sample_interval="500ms").lag_sample_interval == 500
+    with pytest.raises(ValueError):
+        Settings(lag_window=0)
