@@ -36,11 +36,8 @@ class LagMonitor:
 
     def report(self, stream: str | None = None) -> PipelineLag:
         now_ms = int(self.clock() * 1000)
-        samples = self.store.recent(self.pipeline, self.window)
-        wanted = list(self.partitions())
-        if stream is not None:
-            samples = {k: v for k, v in samples.items() if k[0] == stream}
-            wanted = [k for k in wanted if k[0] == stream]
+        wanted = [k for k in self.partitions() if stream is None or k[0] == stream]
+        samples = self.store.recent(self.pipeline, self.window, wanted)
         return evaluate(self.pipeline, samples, now_ms=now_ms, window=self.window, window_ms=self.window_ms,
                         partitions=wanted)
 

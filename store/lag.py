@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lag.model import LagSample
@@ -29,7 +28,7 @@ CREATE TABLE IF NOT EXISTS lag_samples (
     lag_ms INTEGER,                  -- age of the oldest unprocessed record; NULL: unknown
     PRIMARY KEY (pipeline, stream, partition, at_ms)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (at_ms);
+CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
 """
 
 _COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
@@ -63,28 +62,37 @@ class SqliteLagStore:
                     [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
                       s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
                 )
-                pruned = self._conn.execute(
-                    "DELETE FROM lag_samples WHERE at_ms < ?", (newest - self.retention_ms,)
-                ).rowcount
+                pruned = sum(
+                    self._conn.execute("DELETE FROM lag_samples WHERE pipeline = ? AND at_ms < ?",
+                                       (pipeline, newest - self.retention_ms)).rowcount
+                    for pipeline in {s.pipeline for s in samples}
+                )
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
         return pruned
 
-    def recent(self, pipeline: str, per_partition: int) -> dict[tuple[str, int], list[LagSample]]:
-        """The newest `per_partition` samples of every partition, oldest first."""
+    def recent(self, pipeline: str, per_partition: int,
+               partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], list[LagSample]]:
+        """The newest `per_partition` samples of every partition (or of the given ones), oldest
+        first. Given partitions cost one index range each; without, every stored partition is
+        found by a scan (slower with a full retention of samples)."""
         with self._lock:
-            rows = self._conn.execute(
-                f"SELECT {_COLUMNS} FROM (SELECT *, ROW_NUMBER() OVER"
-                " (PARTITION BY stream, partition ORDER BY at_ms DESC) AS n FROM lag_samples WHERE pipeline = ?)"
-                " WHERE n <= ? ORDER BY stream, partition, at_ms",
-                (pipeline, per_partition),
-            ).fetchall()
-        out: dict[tuple[str, int], list[LagSample]] = defaultdict(list)
-        for row in rows:
-            out[(row[1], row[2])].append(LagSample(*row))
-        return dict(out)
+            if partitions is None:
+                partitions = self._conn.execute(
+                    "SELECT DISTINCT stream, partition FROM lag_samples WHERE pipeline = ?", (pipeline,)
+                ).fetchall()
+            out: dict[tuple[str, int], list[LagSample]] = {}
+            for stream, partition in partitions:
+                rows = self._conn.execute(
+                    f"SELECT {_COLUMNS} FROM lag_samples WHERE pipeline = ? AND stream = ? AND partition = ?"
+                    " ORDER BY at_ms DESC LIMIT ?",
+                    (pipeline, stream, partition, per_partition),
+                ).fetchall()
+                if rows:
+                    out[(stream, partition)] = [LagSample(*row) for row in reversed(rows)]
+        return out
 
     def newest_at_ms(self, pipeline: str) -> int | None:
         with self._lock:
