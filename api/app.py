@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import plotly
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
-from api import ingest_routes, query_routes, status_routes, ws_routes
+from api import http_metrics, ingest_routes, lag_routes, query_routes, status_routes, ws_routes
 from api.context import ApiContext
 from api.feeds import FeedRegistry, PipelineFeed
 from api.ws_hub import Hub, HubConfig
+from lag.feed import LagFeed, query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
@@ -23,7 +25,12 @@ _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/htm
 def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
     """`feeds`: extra broadcast feeds for the websocket (objects with `topic` and `poll()`),
     besides the built-in `pipeline` feed; more can be added later with app.state.hub.add_feed."""
-    registry = FeedRegistry([PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock)])
+    # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
+    query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
+    registry = FeedRegistry([PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock,
+                                          query_health=query)])
+    if ctx.lag is not None:
+        registry.add(LagFeed(ctx.lag))
     for feed in feeds:
         registry.add(feed)
     hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry))
@@ -44,6 +51,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(query_routes.router(ctx))
     app.include_router(status_routes.router(ctx))
     app.include_router(ws_routes.router(ctx, hub))
+    app.include_router(lag_routes.router(ctx))
+    http_metrics.install(app)
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

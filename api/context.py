@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from catalog import Catalog
 from ingest.events import EventValidator
@@ -23,6 +24,10 @@ class ApiContext:
     query_max_points: int = 11_000
     clock: Callable[[], float] = time.time
     validators: dict[str, EventValidator] = field(default_factory=dict)
+    # Consumer lag (lag.report.LagMonitor) and Spark query health (store.health.SqliteHealthStore);
+    # None where not wired (then /api/v1/lag answers 503 and the pipeline's health is null).
+    lag: Any = None
+    health: Any = None
 
     def __post_init__(self) -> None:
         for name, stream in self.catalog.streams.items():

@@ -49,8 +49,10 @@ class PipelineFeed:
     topic = "pipeline"
 
     def __init__(self, store: PaneStore, log: EventLog, catalog: Catalog, pipeline: str = "main",
-                 clock: Callable[[], float] | None = None, interval_s: float = 1.0):
+                 clock: Callable[[], float] | None = None, interval_s: float = 1.0,
+                 query_health: Callable[[int], dict | None] | None = None):
         self.store = store
+        self.query_health = query_health  # now_ms -> the Spark query's health (lag.feed.query_health)
         self.log = log
         self.catalog = catalog
         self.pipeline = pipeline
@@ -76,10 +78,11 @@ class PipelineFeed:
             rate_in = round(max(0, log_end - self._last[1]) / dt, 1)
             rate_agg = round(max(0, aggregated - self._last[2]) / dt, 1)
         self._last = (now, log_end, aggregated)
+        at_ms = int(self.clock() * 1000)
         return [{
-            "type": "pipeline", "at_ms": int(self.clock() * 1000), "pipeline": self.pipeline,
+            "type": "pipeline", "at_ms": at_ms, "pipeline": self.pipeline,
             "last_batch_id": progress.last_batch_id, "last_commit_ms": progress.last_commit_ms,
             "events_in_per_second": rate_in, "events_aggregated_per_second": rate_agg,
-            "lag_events": lag, "query": None,
+            "lag_events": lag, "query": self.query_health(at_ms) if self.query_health else None,
             "watermarks": {s: p.watermark_ms for s, p in progress.streams.items()},
         }]

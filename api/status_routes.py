@@ -4,8 +4,36 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
+from api import http_metrics
 from api.context import ApiContext
+from lag.feed import query_health
+from lag.model import LagStatus
+
+# Keys another issue may add to a stream's pipeline_status for dead-lettered events.
+_DEAD_LETTER_KEYS = ("events_dead_lettered", "dead_lettered", "dead_letters")
+
+
+def dead_lettered(stream_status: dict) -> int:
+    for key in _DEAD_LETTER_KEYS:
+        value = stream_status.get(key)
+        if isinstance(value, dict):  # per reason
+            return int(sum(v for v in value.values() if isinstance(v, (int, float))))
+        if isinstance(value, (int, float)):
+            return int(value)
+    return 0
+
+
+def health_status(ctx: ApiContext) -> dict:
+    """The `health` section of GET /api/v1/pipeline: Spark's view of the query, and the lag status."""
+    now = ctx.now_ms()
+    lag = None
+    if ctx.lag is not None:
+        report = ctx.lag.report()
+        lag = {"status": report.verdict.status.value, "reason": report.verdict.reason,
+               "lag_events": report.lag_events, "lag_seconds": report.lag_seconds}
+    return {"query": query_health(ctx.health, ctx.pipeline_name, now), "lag": lag}
 
 
 def pipeline_status(ctx: ApiContext) -> dict:
@@ -46,9 +74,10 @@ def pipeline_status(ctx: ApiContext) -> dict:
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter()
 
-    @r.get("/api/v1/pipeline", tags=["status"], summary="Pipeline progress: batches, watermarks, offsets, lag")
+    @r.get("/api/v1/pipeline", tags=["status"],
+           summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)")
     def pipeline() -> dict:
-        return pipeline_status(ctx)
+        return {**pipeline_status(ctx), "health": health_status(ctx)}
 
     @r.get("/healthz", tags=["status"], summary="The API process is alive")
     def healthz() -> dict:
@@ -73,8 +102,9 @@ def router(ctx: ApiContext) -> APIRouter:
         # A fresh registry per scrape: the values are read from the store and log, not kept here.
         registry = CollectorRegistry()
         status = pipeline_status(ctx)
+        registry.register(_StoredMetrics(ctx, status))
+        registry.register(_ProcessRegistry(http_metrics.REGISTRY))
         in_log = Gauge("sketchboard_log_events", "Events retained in the log", ["stream"], registry=registry)
-        aggregated = Gauge("sketchboard_events_aggregated", "Events merged into panes", ["stream"], registry=registry)
         lag = Gauge("sketchboard_lag_events", "Events in the log not yet aggregated", ["stream", "partition"],
                     registry=registry)
         watermark = Gauge("sketchboard_watermark_seconds", "Event-time watermark", ["stream"], registry=registry)
@@ -82,7 +112,6 @@ def router(ctx: ApiContext) -> APIRouter:
         batches.set(status["batches"])
         for name, s in status["streams"].items():
             in_log.labels(name).set(s["events_in_log"])
-            aggregated.labels(name).set(s["events_aggregated"])
             if s["watermark_ms"] is not None:
                 watermark.labels(name).set(s["watermark_ms"] / 1000)
             for p, part in s["partitions"].items():
@@ -90,3 +119,90 @@ def router(ctx: ApiContext) -> APIRouter:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return r
+
+
+class _ProcessRegistry:
+    """Exposes a process-level registry (HTTP request metrics) in the per-scrape one."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self):
+        return self.registry.collect()
+
+
+class _StoredMetrics:
+    """Counters and gauges read from the store on each scrape: events in (appended to the
+    log: the sum of its end offsets, which are never reused), aggregated and dead-lettered;
+    lag per partition (events, seconds, status) from the lag monitor; Spark's last batch."""
+
+    def __init__(self, ctx: ApiContext, status: dict):
+        self.ctx = ctx
+        self.status = status
+
+    def collect(self):
+        ctx, status = self.ctx, self.status
+        events_in = CounterMetricFamily("sketchboard_events_in", "Events accepted into the log", labels=["stream"])
+        aggregated = CounterMetricFamily("sketchboard_events_aggregated", "Events merged into panes",
+                                         labels=["stream"])
+        dead = CounterMetricFamily("sketchboard_events_dead_lettered", "Events sent to the dead-letter table",
+                                   labels=["stream"])
+        for name, s in status["streams"].items():
+            events_in.add_metric([name], sum(p["log_end"] for p in s["partitions"].values()))
+            aggregated.add_metric([name], s["events_aggregated"])
+            dead.add_metric([name], dead_lettered(s))
+        yield from (events_in, aggregated, dead)
+        if ctx.lag is not None:
+            yield from self._lag()
+        yield from self._query()
+
+    def _lag(self):
+        report = self.ctx.lag.report()
+        seconds = GaugeMetricFamily("sketchboard_lag_seconds", "Age of the oldest record not yet aggregated",
+                                    labels=["stream", "partition"])
+        sampled = GaugeMetricFamily("sketchboard_lag_sampled_events",
+                                    "Lag in events at the newest lag sample", labels=["stream", "partition"])
+        states = [s.value for s in LagStatus]
+        part_status = StateSetMetricFamily("sketchboard_lag_status", "Lag status of a partition (Burrow's rules)",
+                                           labels=["stream", "partition"])
+        stream_status = StateSetMetricFamily("sketchboard_stream_lag_status", "Worst lag status of a stream",
+                                             labels=["stream"])
+        pipe_status = StateSetMetricFamily("sketchboard_pipeline_lag_status", "Worst lag status of the pipeline",
+                                           labels=["pipeline"])
+        code = GaugeMetricFamily("sketchboard_pipeline_lag_status_code",
+                                 "Pipeline lag status as a number: 0 OK, 1 WARN, 2 STALL, 3 STOP, 4 REWIND, 5 ERR",
+                                 labels=["pipeline"])
+        for name, stream in report.streams.items():
+            stream_status.add_metric([name], {v: stream.verdict.status.value == v for v in states})
+            for p, part in stream.partitions.items():
+                labels = [name, str(p)]
+                if part.lag_seconds is not None:
+                    seconds.add_metric(labels, part.lag_seconds)
+                sampled.add_metric(labels, part.lag_events)
+                part_status.add_metric(labels, {v: part.verdict.status.value == v for v in states})
+        pipe_status.add_metric([report.pipeline], {v: report.verdict.status.value == v for v in states})
+        code.add_metric([report.pipeline], report.verdict.status.severity)
+        yield from (seconds, sampled, part_status, stream_status, pipe_status, code)
+
+    def _query(self):
+        q = query_health(self.ctx.health, self.ctx.pipeline_name, self.ctx.now_ms()) if self.ctx.health else None
+        running = GaugeMetricFamily("sketchboard_query_running", "1 while Spark reports the pipeline query running")
+        running.add_metric([], 1 if q and q["running"] else 0)
+        yield running
+        if not q or q["batch_id"] is None:
+            return
+        duration = GaugeMetricFamily("sketchboard_batch_duration_seconds", "Duration of the newest micro-batch")
+        duration.add_metric([], (q["batch_duration_ms"] or 0) / 1000)
+        parts = GaugeMetricFamily("sketchboard_batch_duration_part_seconds",
+                                  "Parts of the newest micro-batch's duration (Spark's durationMs)", labels=["part"])
+        for part, ms in sorted((q["duration_ms"] or {}).items()):
+            parts.add_metric([part], ms / 1000)
+        rates = GaugeMetricFamily("sketchboard_query_rows_per_second", "Spark's input and processed rows per second",
+                                  labels=["kind"])
+        for kind in ("input", "processed"):
+            value = q[f"{kind}_rows_per_second"]
+            if value is not None:
+                rates.add_metric([kind], value)
+        batch = GaugeMetricFamily("sketchboard_query_last_batch_id", "Id of the newest micro-batch Spark reported")
+        batch.add_metric([], q["batch_id"])
+        yield from (duration, parts, rates, batch)

@@ -57,6 +57,8 @@ def cmd_api(args: argparse.Namespace) -> int:
                 log.info("retention dropped %d records", dropped)
 
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
+    if ctx.lag is not None and ctx.lag.sampler is not None:
+        ctx.lag.sampler.start()  # lag is sampled here: it must be visible while the pipeline is down
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")

@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
     # Log
-    log_retention: DurationMs = Field(7 * 86_400_000, description="records older than this are dropped")
+    log_retention: DurationMs = Field("7d", description="records older than this are dropped")
     log_retention_bytes: int = Field(1 << 30, ge=1 << 20, description="per partition")
     log_sync: Literal["NORMAL", "FULL"] = Field("NORMAL", description="FULL also survives power loss")
 
@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
     ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
+    # Consumer lag and pipeline health
+    lag_sample_interval: DurationMs = Field("2s", ge=10, description="how often the API samples consumer lag")
+    lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
+    lag_retention: DurationMs = Field("24h", ge=60_000, description="lag samples and Spark progress kept")
 
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")

@@ -23,20 +23,59 @@ def open_store(settings: Settings) -> SqlitePaneStore:
     return SqlitePaneStore(settings.store_path, synchronous=settings.log_sync)
 
 
+def open_lag_store(settings: Settings):
+    from store.lag import SqliteLagStore
+
+    # Same file as the pane store, own connection and tables (store/lag.py).
+    return SqliteLagStore(settings.store_path, retention_ms=settings.lag_retention, synchronous=settings.log_sync)
+
+
+def open_health_store(settings: Settings):
+    from store.health import SqliteHealthStore
+
+    return SqliteHealthStore(settings.store_path, retention_ms=settings.lag_retention, synchronous=settings.log_sync)
+
+
+def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock=None):
+    """The lag sampler (not started: the API process starts it) and the monitor reading it."""
+    import time
+
+    from lag.report import LagMonitor
+    from lag.sampler import LagSampler
+    from lag.sources import EventLogLagSource, StoreCommitted
+
+    clock = clock or time.time
+    source = EventLogLagSource(log)
+    lag_store = open_lag_store(settings)
+    interval_s = settings.lag_sample_interval / 1000
+    sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name), lag_store,
+                         pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,
+                         clock=clock)
+
+    def partitions():
+        return [(name, p) for name in catalog.streams for p in source.end_offsets(name)]
+
+    return LagMonitor(lag_store, settings.pipeline_name, partitions, window=settings.lag_window,
+                      interval_s=interval_s, clock=clock, sampler=sampler)
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
     from api.ws_hub import HubConfig
 
     catalog = open_catalog(settings)
+    log, store = open_log(settings, catalog), open_store(settings)
     ctx = ApiContext(
         catalog=catalog,
-        log=open_log(settings, catalog),
-        store=open_store(settings),
+        log=log,
+        store=store,
         pipeline_name=settings.pipeline_name,
         max_body_bytes=settings.max_body_bytes,
         max_events_per_request=settings.max_events_per_request,
         query_max_points=settings.query_max_points,
+        lag=build_lag_monitor(settings, catalog, log, store),
+        health=open_health_store(settings),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
@@ -63,4 +102,10 @@ def build_pipeline(settings: Settings, spark=None):
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
     )
-    return Pipeline(spark, catalog, open_store(settings), config)
+    pipeline = Pipeline(spark, catalog, open_store(settings), config)
+    from aggregates.progress import register
+
+    # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
+    pipeline.progress_recorder = register(spark, open_health_store(settings), settings.pipeline_name,
+                                          f"sketchboard-{settings.pipeline_name}")
+    return pipeline

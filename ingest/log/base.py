@@ -53,5 +53,10 @@ class EventLog(ABC):
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
         """Drop whole segments older than max_age or beyond the size budget; return records dropped."""
 
+    def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
+        """When the record at this offset was appended (epoch ms), or None where the backend
+        cannot tell cheaply or the offset is not retained. Used for lag in seconds."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...

@@ -155,6 +155,19 @@ class SqliteEventLog(EventLog):
                 [offsets, *batch.columns], schema=batch.schema.insert(0, pa.field(OFFSET, pa.int64(), nullable=False))
             )
 
+    def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
+        # Every segment is one append with one ingest time, so the segment holding the offset
+        # knows it exactly, without decoding the batch (one index lookup).
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT base_offset, record_count, max_ingest_ms FROM segments"
+                " WHERE stream = ? AND partition = ? AND base_offset <= ? ORDER BY base_offset DESC LIMIT 1",
+                (stream, partition, offset),
+            ).fetchone()
+        if row is None or offset >= row[0] + row[1]:
+            return None
+        return row[2]
+
     # -- retention ----------------------------------------------------------------------
 
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:

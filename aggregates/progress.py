@@ -1,0 +1,108 @@
+"""Recording Spark's own view of the pipeline query (StreamingQueryListener) into the store,
+so the API process can serve input/processed rows/s, batch durations, the watermark and the
+last error while the pipeline runs in another process.
+
+PySpark 4 calls Python listeners registered with `spark.streams.addListener` from the
+listener bus (through Py4J's callback server in classic mode): callbacks must be quick and
+must never raise, or Spark logs and drops them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger("sketchboard.progress")
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Writes the events of the query named `query_name` into a health store
+    (store.health.SqliteHealthStore); events of other queries are ignored."""
+
+    def __init__(self, health_store, pipeline: str, query_name: str, *, clock: Callable[[], float] = time.time):
+        super().__init__()
+        self.health = health_store
+        self.pipeline = pipeline
+        self.query_name = query_name
+        self.clock = clock
+        self._runs: set[str] = set()  # run ids of our query (terminated events carry no name)
+        self._lock = threading.Lock()
+        # A process that exits after query.stop() may not live to see onQueryTerminated (the
+        # listener bus is asynchronous): record the stop on the way out too.
+        atexit.register(self._exiting)
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def onQueryStarted(self, event) -> None:
+        if event.name != self.query_name:
+            return
+        with self._lock:
+            self._runs.add(str(event.runId))
+        self._safely(self.health.started, self.pipeline, str(event.id), str(event.runId), event.name,
+                     _iso_ms(event.timestamp) or self._now_ms())
+
+    def onQueryProgress(self, event) -> None:
+        progress = event.progress
+        if progress.name != self.query_name:
+            return
+        run_id = str(progress.runId)
+        with self._lock:
+            self._runs.add(run_id)
+        self._safely(self.health.progress, self.pipeline, run_id, progress.batchId, json.loads(progress.json),
+                     self._now_ms())
+
+    def onQueryIdle(self, event) -> None:
+        run_id = str(event.runId)
+        if run_id in self._runs:
+            self._safely(self.health.idle, self.pipeline, run_id, self._now_ms())
+
+    def onQueryTerminated(self, event) -> None:
+        run_id = str(event.runId)
+        if run_id not in self._runs:
+            return
+        error = event.exception
+        if error and event.errorClassOnException:
+            error = f"[{event.errorClassOnException}] {error}"
+        self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())
+        with self._lock:
+            self._runs.discard(run_id)
+
+    def stopped(self, error: str | None = None) -> None:
+        """Record that every run of ours ended (called on shutdown; idempotent)."""
+        with self._lock:
+            runs, self._runs = list(self._runs), set()
+        for run_id in runs:
+            self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())
+
+    def _exiting(self) -> None:
+        self.stopped()
+
+    def _safely(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # never let the listener bus see an exception
+            log.warning("recording query progress failed: %s", exc)
+
+
+def register(spark, health_store, pipeline: str, query_name: str, **kwargs) -> ProgressRecorder:
+    recorder = ProgressRecorder(health_store, pipeline, query_name, **kwargs)
+    spark.streams.addListener(recorder)
+    return recorder
+
+
+def _iso_ms(text: str | None) -> int | None:
+    """Spark's event timestamps ('2026-11-21T06:30:00.123Z') as epoch ms."""
+    if not text:
+        return None
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None

@@ -1,0 +1,100 @@
+"""Sampling lag on an interval: committed offsets (store), end offsets and ingest times
+(log), one `LagSample` per partition, written to the lag store.
+
+Lag in seconds is the age of the oldest record not yet processed: now - ingest time of the
+record at the pipeline's position (exact, one index lookup in the embedded log). Where the
+source cannot tell ingest times (Kafka), it is interpolated from (log end, time) samples.
+
+Runs as a background thread in the API process: lag must be visible while the pipeline is
+stopped, which is exactly when the pipeline process cannot report it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from lag.model import LagSample
+from lag.sources import CommittedReader, LagSource, OffsetTimeTable
+
+log = logging.getLogger("sketchboard.lag")
+
+
+class LagSampler:
+    def __init__(self, source: LagSource, committed: CommittedReader, sink, *, pipeline: str,
+                 streams: Sequence[str], interval_s: float = 2.0, clock: Callable[[], float] = time.time):
+        if interval_s <= 0:
+            raise ValueError(f"lag sample interval must be positive, got {interval_s} s")
+        self.source = source
+        self.committed = committed
+        self.sink = sink  # anything with write(samples), e.g. store.lag.SqliteLagStore
+        self.pipeline = pipeline
+        self.streams = list(streams)
+        self.interval_s = interval_s
+        self.clock = clock
+        self.last_error: str | None = None
+        self.rounds = 0
+        self._tables: dict[tuple[str, int], OffsetTimeTable] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> list[LagSample]:
+        """One round: read (committed first, then the log: the log only grows, so its end read
+        afterwards is never behind a committed offset) and build the samples."""
+        committed = self.committed.committed()
+        now_ms = int(self.clock() * 1000)
+        samples = []
+        for stream in self.streams:
+            stream_committed = committed.offsets.get(stream, {})
+            for partition, offsets in sorted(self.source.end_offsets(stream).items()):
+                table = self._tables.setdefault((stream, partition), OffsetTimeTable())
+                table.add(offsets.end, now_ms)
+                sample = LagSample(self.pipeline, stream, partition, now_ms, offsets.start, offsets.end,
+                                   stream_committed.get(partition), committed.last_commit_ms)
+                samples.append(_with_lag_ms(sample, self.source, table, now_ms))
+        return samples
+
+    def sample_and_store(self) -> list[LagSample]:
+        samples = self.sample()
+        self.sink.write(samples)
+        self.rounds += 1
+        return samples
+
+    # -- the background thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_and_store()
+                self.last_error = None
+            except Exception as exc:  # keep sampling: a locked or missing file may come back
+                if self.last_error != str(exc):
+                    log.warning("lag sampling failed: %s", exc)
+                self.last_error = str(exc)
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+def _with_lag_ms(sample: LagSample, source: LagSource, table: OffsetTimeTable, now_ms: int) -> LagSample:
+    if sample.lag_events == 0:
+        lag_ms: int | None = 0
+    else:
+        written = source.ingest_time_ms(sample.stream, sample.partition, sample.position)
+        lag_ms = max(0, now_ms - written) if written is not None else table.lag_ms(sample.position, sample.log_end,
+                                                                                   now_ms)
+    return LagSample(sample.pipeline, sample.stream, sample.partition, sample.at_ms, sample.log_start,
+                     sample.log_end, sample.committed, sample.last_commit_ms, lag_ms)

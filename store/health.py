@@ -1,0 +1,161 @@
+"""Spark's view of the pipeline query (StreamingQueryListener events), stored so that the API
+process can serve it while the pipeline runs in another process.
+
+In the pane store's SQLite file, with its own connection: `query_health` holds one row per
+pipeline (the latest state), `query_progress` the per-batch StreamingQueryProgress JSON,
+pruned past the retention on every write.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS query_health (
+    pipeline TEXT PRIMARY KEY,
+    query_id TEXT,
+    run_id TEXT,
+    name TEXT,
+    running INTEGER NOT NULL,
+    started_at_ms INTEGER,
+    updated_at_ms INTEGER NOT NULL,  -- the newest listener event of any kind (a liveness beat)
+    last_progress_ms INTEGER,
+    last_progress TEXT,              -- StreamingQueryProgress.json of the newest batch
+    last_idle_ms INTEGER,
+    terminated_at_ms INTEGER,
+    last_error TEXT
+);
+CREATE TABLE IF NOT EXISTS query_progress (
+    pipeline TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    batch_id INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    progress TEXT NOT NULL,
+    PRIMARY KEY (pipeline, at_ms, batch_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS query_progress_by_time ON query_progress (at_ms);
+"""
+
+
+@dataclass(frozen=True)
+class QueryHealth:
+    pipeline: str
+    query_id: str | None
+    run_id: str | None
+    name: str | None
+    running: bool
+    started_at_ms: int | None
+    updated_at_ms: int
+    last_progress_ms: int | None
+    last_progress: dict | None
+    last_idle_ms: int | None
+    terminated_at_ms: int | None
+    last_error: str | None
+
+
+class SqliteHealthStore:
+    def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
+                 busy_timeout_s: float = 30.0):
+        if retention_ms <= 0:
+            raise ValueError(f"progress retention must be positive, got {retention_ms} ms")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.retention_ms = retention_ms
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.executescript(_SCHEMA)
+
+    # -- writing (the pipeline process's listener) ----------------------------------------
+
+    def started(self, pipeline: str, query_id: str, run_id: str, name: str | None, at_ms: int) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO query_health (pipeline, query_id, run_id, name, running, started_at_ms, updated_at_ms,"
+                " terminated_at_ms, last_error) VALUES (?, ?, ?, ?, 1, ?, ?, NULL, NULL)"
+                " ON CONFLICT (pipeline) DO UPDATE SET query_id = excluded.query_id, run_id = excluded.run_id,"
+                " name = excluded.name, running = 1, started_at_ms = excluded.started_at_ms,"
+                " updated_at_ms = excluded.updated_at_ms, terminated_at_ms = NULL, last_error = NULL",
+                (pipeline, query_id, run_id, name, at_ms, at_ms),
+            )
+
+    def progress(self, pipeline: str, run_id: str, batch_id: int, progress: dict, at_ms: int) -> None:
+        text = json.dumps(progress, separators=(",", ":"))
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO query_progress (pipeline, at_ms, batch_id, run_id, progress)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (pipeline, at_ms, batch_id, run_id, text),
+                )
+                self._conn.execute("DELETE FROM query_progress WHERE at_ms < ?", (at_ms - self.retention_ms,))
+                self._upsert_beat(pipeline, run_id, at_ms,
+                                  "last_progress_ms = ?, last_progress = ?", (at_ms, text))
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def idle(self, pipeline: str, run_id: str, at_ms: int) -> None:
+        with self._lock:
+            self._upsert_beat(pipeline, run_id, at_ms, "last_idle_ms = ?", (at_ms,))
+
+    def terminated(self, pipeline: str, run_id: str | None, error: str | None, at_ms: int) -> None:
+        """The query stopped (error None) or failed. A run_id other than the stored one is an
+        older run: ignored, so a late event cannot mark a newer run as stopped."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE query_health SET running = 0, terminated_at_ms = ?, updated_at_ms = ?,"
+                " last_error = COALESCE(?, last_error) WHERE pipeline = ? AND (? IS NULL OR run_id = ?) AND running = 1",
+                (at_ms, at_ms, error, pipeline, run_id, run_id),
+            )
+
+    def _upsert_beat(self, pipeline: str, run_id: str, at_ms: int, sets: str, args: tuple) -> None:
+        # A progress or idle event of the current run; if the started event was missed
+        # (listener registered late), the row is created from this one.
+        self._conn.execute(
+            "INSERT INTO query_health (pipeline, run_id, running, updated_at_ms) VALUES (?, ?, 1, ?)"
+            " ON CONFLICT (pipeline) DO NOTHING",
+            (pipeline, run_id, at_ms),
+        )
+        self._conn.execute(
+            f"UPDATE query_health SET {sets}, updated_at_ms = MAX(updated_at_ms, ?) WHERE pipeline = ? AND run_id = ?",
+            (*args, at_ms, pipeline, run_id),
+        )
+
+    # -- reading (the API process) -----------------------------------------------------
+
+    def state(self, pipeline: str) -> QueryHealth | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT pipeline, query_id, run_id, name, running, started_at_ms, updated_at_ms, last_progress_ms,"
+                " last_progress, last_idle_ms, terminated_at_ms, last_error FROM query_health WHERE pipeline = ?",
+                (pipeline,),
+            ).fetchone()
+        if row is None:
+            return None
+        values = list(row)
+        values[4] = bool(values[4])
+        values[8] = json.loads(values[8]) if values[8] else None
+        return QueryHealth(*values)
+
+    def history(self, pipeline: str, from_ms: int, to_ms: int, limit: int = 1000) -> list[dict]:
+        """Stored StreamingQueryProgress objects with from_ms <= at < to_ms (the newest `limit`)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT progress FROM (SELECT at_ms, batch_id, progress FROM query_progress"
+                " WHERE pipeline = ? AND at_ms >= ? AND at_ms < ? ORDER BY at_ms DESC LIMIT ?) ORDER BY at_ms, batch_id",
+                (pipeline, from_ms, to_ms, limit),
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,120 @@
+"""The lag sample time series, in the pane store's SQLite file with its own connection.
+
+Kept out of store/sqlite.py on purpose: samples are written by the API process's sampler
+every few seconds and must not contend with the pane store's code paths. Retention is
+bounded: every write prunes samples older than the retention.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from lag.model import LagSample
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS lag_samples (
+    pipeline TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    log_start INTEGER NOT NULL,
+    log_end INTEGER NOT NULL,
+    committed INTEGER,               -- NULL: the pipeline never committed this partition
+    last_commit_ms INTEGER,          -- the pipeline's newest batch commit (any partition)
+    lag_events INTEGER NOT NULL,
+    lag_ms INTEGER,                  -- age of the oldest unprocessed record; NULL: unknown
+    PRIMARY KEY (pipeline, stream, partition, at_ms)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
+"""
+
+_COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
+
+
+class SqliteLagStore:
+    def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
+                 busy_timeout_s: float = 30.0):
+        if retention_ms <= 0:
+            raise ValueError(f"lag sample retention must be positive, got {retention_ms} ms")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.retention_ms = retention_ms
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.executescript(_SCHEMA)
+
+    def write(self, samples: Sequence[LagSample]) -> int:
+        """Store one round of samples and prune those past the retention; return rows pruned."""
+        if not samples:
+            return 0
+        newest = max(s.at_ms for s in samples)
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(
+                    f"INSERT OR REPLACE INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
+                      s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
+                )
+                pruned = sum(
+                    self._conn.execute("DELETE FROM lag_samples WHERE pipeline = ? AND at_ms < ?",
+                                       (pipeline, newest - self.retention_ms)).rowcount
+                    for pipeline in {s.pipeline for s in samples}
+                )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+        return pruned
+
+    def recent(self, pipeline: str, per_partition: int,
+               partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], list[LagSample]]:
+        """The newest `per_partition` samples of every partition (or of the given ones), oldest
+        first. Given partitions cost one index range each; without, every stored partition is
+        found by a scan (slower with a full retention of samples)."""
+        with self._lock:
+            if partitions is None:
+                partitions = self._conn.execute(
+                    "SELECT DISTINCT stream, partition FROM lag_samples WHERE pipeline = ?", (pipeline,)
+                ).fetchall()
+            out: dict[tuple[str, int], list[LagSample]] = {}
+            for stream, partition in partitions:
+                rows = self._conn.execute(
+                    f"SELECT {_COLUMNS} FROM lag_samples WHERE pipeline = ? AND stream = ? AND partition = ?"
+                    " ORDER BY at_ms DESC LIMIT ?",
+                    (pipeline, stream, partition, per_partition),
+                ).fetchall()
+                if rows:
+                    out[(stream, partition)] = [LagSample(*row) for row in reversed(rows)]
+        return out
+
+    def newest_at_ms(self, pipeline: str) -> int | None:
+        with self._lock:
+            return self._conn.execute(
+                "SELECT MAX(at_ms) FROM lag_samples WHERE pipeline = ?", (pipeline,)
+            ).fetchone()[0]
+
+    def series(self, pipeline: str, from_ms: int, to_ms: int, *, stream: str | None = None,
+               limit: int = 100_000) -> list[LagSample]:
+        """Samples with from_ms <= at_ms < to_ms, by time (at most `limit`, the newest kept)."""
+        query = f"SELECT {_COLUMNS} FROM lag_samples WHERE pipeline = ? AND at_ms >= ? AND at_ms < ?"
+        args: list = [pipeline, from_ms, to_ms]
+        if stream is not None:
+            query += " AND stream = ?"
+            args.append(stream)
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT * FROM ({query} ORDER BY at_ms DESC LIMIT ?) ORDER BY at_ms, stream, partition",
+                (*args, limit),
+            ).fetchall()
+        return [LagSample(*row) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

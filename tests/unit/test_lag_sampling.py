@@ -1,0 +1,263 @@
+"""Lag sampling over a real SQLite log and pane store, the lag and health stores, the
+kafka-lag-exporter interpolation, the lag feed and the query health object."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.events import EventValidator
+from ingest.log import SqliteEventLog
+from lag.feed import LagFeed, query_health
+from lag.model import LagSample, LagStatus
+from lag.report import LagMonitor
+from lag.sampler import LagSampler
+from lag.sources import EventLogLagSource, OffsetTimeTable, StoreCommitted
+from store import BatchCommit, SqlitePaneStore
+from store.health import SqliteHealthStore
+from store.lag import SqliteLagStore
+
+T0_S = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = T0_S):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def parts(tmp_path, demo_catalog):
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    lag_store = SqliteLagStore(tmp_path / "store.db", retention_ms=60_000, synchronous="OFF")
+    clock = Clock()
+    sampler = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
+                         streams=list(demo_catalog.streams), interval_s=1.0, clock=clock)
+    monitor = LagMonitor(lag_store, "main", lambda: [(n, p) for n in demo_catalog.streams
+                                                      for p in log.offsets(n)],
+                         window=3, interval_s=1.0, clock=clock, sampler=sampler)
+    yield log, store, lag_store, sampler, monitor, clock
+    lag_store.close()
+    store.close()
+    log.close()
+
+
+def append(log, catalog, n: int, now_ms: int, stream="orders"):
+    validator = EventValidator(catalog.streams[stream])
+    events = [validator.validate({"time": now_ms, "customer_id": f"c{i}"}) for i in range(n)]
+    return log.append(catalog.streams[stream], events, now_ms)
+
+
+def test_ingest_time_at_an_offset(tmp_path, demo_catalog):
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(demo_catalog.streams["orders"])
+    validator = EventValidator(demo_catalog.streams["orders"])
+    stream = demo_catalog.streams["orders"]
+    log.append(stream, [validator.validate({"time": 1, "customer_id": "same"})] * 3, 1_000)
+    log.append(stream, [validator.validate({"time": 1, "customer_id": "same"})] * 2, 2_000)
+    (p,) = [p for p, o in log.offsets("orders").items() if o.end]
+    assert [log.ingest_time_ms("orders", p, o) for o in range(6)] == [1_000] * 3 + [2_000] * 2 + [None]
+    assert log.ingest_time_ms("orders", 1 - p, 0) is None
+    log.close()
+
+
+def test_sampler_measures_lag_in_events_and_exact_seconds(parts, demo_catalog):
+    log, store, lag_store, sampler, monitor, clock = parts
+    t0 = int(clock.now * 1000)
+    append(log, demo_catalog, 10, t0 - 5_000)
+    append(log, demo_catalog, 6, t0 - 1_000)
+    samples = sampler.sample_and_store()
+    assert len(samples) == 4 + 2
+    orders = [s for s in samples if s.stream == "orders"]
+    assert sum(s.lag_events for s in orders) == 16
+    for s in orders:
+        assert s.committed is None and s.last_commit_ms is None and s.at_ms == t0
+        # the oldest unprocessed record of a partition with data is 5 s old (exact ingest time)
+        assert s.lag_ms == (5_000 if s.lag_events else 0)
+
+    ends = {p: o.end for p, o in log.offsets("orders").items()}
+    store.commit_batch(BatchCommit("main", 0, [], 16, {}, {"orders": ends}), lateness_ms={}, now_ms=t0)
+    clock.now += 1
+    after = [s for s in sampler.sample_and_store() if s.stream == "orders"]
+    assert all(s.lag_events == 0 and s.lag_ms == 0 and s.committed == ends[s.partition] for s in after)
+    assert all(s.last_commit_ms == t0 for s in after)
+
+
+def test_lag_store_window_series_and_retention(parts, demo_catalog):
+    log, store, lag_store, sampler, monitor, clock = parts
+    for _ in range(5):
+        append(log, demo_catalog, 3, int(clock.now * 1000))
+        sampler.sample_and_store()
+        clock.now += 1
+    recent = lag_store.recent("main", 3)
+    assert set(recent) == {("orders", 0), ("orders", 1)} | {("http_requests", p) for p in range(4)}
+    assert all(len(v) == 3 for v in recent.values())
+    assert [s.at_ms for s in recent[("orders", 0)]] == [int((T0_S + i) * 1000) for i in (2, 3, 4)]
+    series = lag_store.series("main", int(T0_S * 1000), int((T0_S + 10) * 1000), stream="orders")
+    assert len(series) == 10 and {s.stream for s in series} == {"orders"}
+    assert lag_store.series("main", 0, 1) == []
+    # The growing, never-committed lag with a full window: STOP.
+    report = monitor.report()
+    assert report.streams["orders"].verdict.status == LagStatus.STOP
+    assert report.streams["orders"].lag_events == 15
+    # Retention: a round 2 minutes later prunes everything older than 60 s.
+    clock.now += 120
+    sampler.sample_and_store()
+    assert {len(v) for v in lag_store.recent("main", 10).values()} == {1}
+
+
+def test_monitor_status_is_err_when_the_sampler_stopped(parts, demo_catalog):
+    log, store, lag_store, sampler, monitor, clock = parts
+    sampler.sample_and_store()
+    assert monitor.report().verdict.status == LagStatus.OK
+    clock.now += 10
+    report = monitor.report()
+    assert report.verdict.status == LagStatus.ERR and "sampler is not running" in report.verdict.reason
+
+
+def test_lag_feed_sends_one_message_per_round(parts, demo_catalog):
+    log, store, lag_store, sampler, monitor, clock = parts
+    feed = LagFeed(monitor)
+    assert feed.topic == "lag" and feed.poll() == []
+    append(log, demo_catalog, 4, int(clock.now * 1000) - 2_000)
+    sampler.sample_and_store()
+    (message,) = feed.poll()
+    assert message["type"] == "lag" and message["pipeline"] == "main"
+    assert message["lag_events"] == 4 and message["lag_seconds"] == 2.0
+    assert message["status"] == "OK" and message["streams"]["orders"]["lag_events"] == 4
+    assert set(message["streams"]["orders"]["partitions"]) == {"0", "1"}
+    assert feed.poll() == []
+    clock.now += 1
+    sampler.sample_and_store()
+    assert len(feed.poll()) == 1
+
+
+def test_sampler_thread_samples_on_its_interval_and_survives_errors(parts, demo_catalog):
+    log, store, lag_store, sampler, monitor, clock = parts
+    import time
+
+    sampler.interval_s = 0.05
+    sampler.clock = time.time
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while sampler.rounds < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sampler.rounds >= 3
+    store.close()  # the committed offsets cannot be read now
+    time.sleep(0.2)
+    sampler.stop()
+    assert sampler.last_error and "closed" in sampler.last_error
+
+
+# -- interpolation (backends without ingest times) -------------------------------------
+
+
+def test_offset_time_table_interpolates_like_kafka_lag_exporter():
+    t = OffsetTimeTable()
+    assert t.written_at_ms(5) is None and t.lag_ms(0, 10, 1_000) is None
+    t.add(100, 10_000)
+    t.add(100, 11_000)  # no new records: the first time the end was 100 is kept
+    t.add(200, 20_000)
+    assert t.points[0] == (100, 10_000)
+    assert t.written_at_ms(149) == 15_000  # record 149 is the 50th of 100 written in [10 s, 20 s]
+    assert t.written_at_ms(199) == 20_000
+    assert t.written_at_ms(50) == 10_000  # before the first point: a lower bound on its age
+    assert t.lag_ms(149, 200, 25_000) == 10_000
+    assert t.lag_ms(200, 200, 25_000) == 0
+    t.add(50, 30_000)  # the log went back: start over
+    assert list(t.points) == [(50, 30_000)]
+
+
+class NoIngestTimes:
+    """A backend that knows end offsets only (as Kafka would, without fetching records)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def end_offsets(self, stream):
+        return self.log.offsets(stream)
+
+    def ingest_time_ms(self, stream, partition, offset):
+        return None
+
+
+def test_sampler_interpolates_when_the_source_has_no_ingest_times(parts, demo_catalog):
+    log, store, lag_store, _, monitor, clock = parts
+    sampler = LagSampler(NoIngestTimes(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
+                         streams=["orders"], interval_s=1.0, clock=clock)
+    sampler.sample_and_store()  # empty log at t0
+    append(log, demo_catalog, 10, int(clock.now * 1000))
+    clock.now += 10
+    samples = sampler.sample_and_store()
+    busy = [s for s in samples if s.lag_events]
+    assert busy and all(s.lag_ms is not None and 0 < s.lag_ms <= 10_000 for s in busy)
+
+
+# -- Spark progress in the health store ---------------------------------------------
+
+
+def test_health_store_lifecycle_and_query_health(tmp_path):
+    health = SqliteHealthStore(tmp_path / "store.db", retention_ms=60_000, synchronous="OFF")
+    t = 1_800_000_000_000
+    assert health.state("main") is None and query_health(health, "main", t) is None
+    health.started("main", "q1", "r1", "sketchboard-main", t)
+    progress = {"batchId": 3, "numInputRows": 500, "inputRowsPerSecond": 250.0, "processedRowsPerSecond": 1000.0,
+                "batchDuration": 500, "durationMs": {"addBatch": 400, "triggerExecution": 500},
+                "eventTime": {}, "stateOperators": []}
+    health.progress("main", "r1", 3, progress, t + 1_000)
+    q = query_health(health, "main", t + 2_000)
+    assert q["running"] and not q["stale"] and q["batch_id"] == 3
+    assert q["input_rows_per_second"] == 250.0 and q["processed_rows_per_second"] == 1000.0
+    assert q["batch_duration_ms"] == 500 and q["duration_ms"]["addBatch"] == 400
+    assert q["watermark"] is None and q["rows_dropped_by_watermark"] == 0 and q["last_error"] is None
+    # silent for longer than the staleness limit: not running (a killed process sends nothing)
+    assert query_health(health, "main", t + 60_000)["running"] is False
+    health.idle("main", "r1", t + 59_000)
+    assert query_health(health, "main", t + 60_000)["running"] is True
+    # a late terminated event of an older run changes nothing
+    health.terminated("main", "r0", "old failure", t + 59_500)
+    assert health.state("main").running
+    health.terminated("main", "r1", "[BOOM] it failed", t + 60_000)
+    q = query_health(health, "main", t + 61_000)
+    assert q["running"] is False and q["last_error"] == "[BOOM] it failed" and q["terminated_at_ms"] == t + 60_000
+    # a new run clears the error
+    health.started("main", "q1", "r2", "sketchboard-main", t + 70_000)
+    assert query_health(health, "main", t + 70_000)["last_error"] is None
+    assert [p["batchId"] for p in health.history("main", 0, t + 100_000)] == [3]
+    health.progress("main", "r2", 4, {**progress, "batchId": 4}, t + 200_000)  # prunes batch 3 (retention 60 s)
+    assert [p["batchId"] for p in health.history("main", 0, t + 300_000)] == [4]
+    health.close()
+
+
+def test_retention_must_be_positive(tmp_path):
+    with pytest.raises(ValueError):
+        SqliteLagStore(tmp_path / "x.db", retention_ms=0)
+    with pytest.raises(ValueError):
+        LagSampler(None, None, None, pipeline="main", streams=[], interval_s=0)
+
+
+def test_samples_round_trip(parts):
+    _, _, lag_store, _, _, _ = parts
+    s = LagSample("main", "orders", 1, 5, 0, 10, None, None, None)
+    lag_store.write([s])
+    assert lag_store.recent("main", 5) == {("orders", 1): [s]}
+
+
+def test_lag_settings_defaults_and_durations(tmp_path, monkeypatch):
+    from sketchboard.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("SKETCHBOARD_SETTINGS_FILE", "SKETCHBOARD_LAG_SAMPLE_INTERVAL", "SKETCHBOARD_LAG_WINDOW",
+                 "SKETCHBOARD_LAG_RETENTION", "SKETCHBOARD_LOG_RETENTION"):
+        monkeypatch.delenv(name, raising=False)
+    s = Settings()
+    # Duration defaults are spelled with units: a bare number would be read as seconds.
+    assert (s.lag_sample_interval, s.lag_window, s.lag_retention) == (2_000, 10, 86_400_000)
+    assert s.log_retention == 7 * 86_400_000
+    assert Settings(lag_sample_interval="500ms").lag_sample_interval == 500
+    with pytest.raises(ValueError):
+        Settings(lag_window=0)
