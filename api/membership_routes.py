@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -62,15 +64,14 @@ def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str
         else:
             have.merge_in(bloom)
     yes = any(key in bloom for bloom in merged.values())
-    miss_all = 1.0
-    for bloom in merged.values():
-        miss_all *= 1.0 - bloom.false_positive_probability()
+    # P(some shape answers yes for a key never seen) = 1 - prod(1 - fpp), kept precise for tiny fpp.
+    log_miss_all = sum(math.log1p(-bloom.false_positive_probability()) for bloom in merged.values())
     fill = None
     if merged:
         fill = sum(b.bits_set for b in merged.values()) / sum(b.m for b in merged.values())
     return MembershipAnswer(
         stream=stream.name, key=key, start=lo, end=end_ms, bucket=format_duration_ms(decl.bucket),
-        answer="probably_yes" if yes else "no", false_positive_probability=1.0 - miss_all,
+        answer="probably_yes" if yes else "no", false_positive_probability=-math.expm1(log_miss_all),
         buckets=len(filters), fill_ratio=fill, watermark_ms=ctx.store.watermarks().get(stream.name),
     )
 

@@ -56,3 +56,10 @@ def build_pipeline(settings: Settings, spark=None):
         trigger_interval=settings.trigger_interval,
     )
     return Pipeline(spark, catalog, open_store(settings), config)
+
+
+def build_session_pipelines(settings: Settings, pipeline) -> list:
+    """The session-window queries (one per stream declaring `sessions`), on the main pipeline's Spark."""
+    from aggregates.sessions import session_pipelines
+
+    return session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings), pipeline.config)
