@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.firstseen import BloomFeatures
 from aggregates.partials import partial_aggregates
 from catalog import Catalog
 from ingest.spark_source import SOURCE_NAME, source_options
@@ -41,6 +42,7 @@ class Pipeline:
         self.config = config
         self.clock = clock
         self.last_result: CommitResult | None = None
+        self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
 
     def stream(self) -> DataFrame:
         c = self.config
@@ -62,6 +64,8 @@ class Pipeline:
                                                        kll_k=self.config.kll_k).collect()]
         commit = build_commit(self.config.name, batch_id, rows, self.catalog,
                               checkpointed_end_offsets(self.config.checkpoint_dir, batch_id))
+        if self.bloom.enabled:
+            commit = replace(commit, bloom=self.bloom.process(batch))
         lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
         result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000))
         log.info(

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import partial
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import plotly
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
-from api import http_metrics, ingest_routes, lag_routes, query_routes, status_routes, ws_routes
+from api import http_metrics, ingest_routes, lag_routes, membership_routes, query_routes, status_routes, ws_routes
 from api.context import ApiContext
 from api.feeds import FeedRegistry, PipelineFeed
 from api.ws_hub import Hub, HubConfig
@@ -53,6 +53,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(ws_routes.router(ctx, hub))
     app.include_router(lag_routes.router(ctx))
     http_metrics.install(app)
+    app.include_router(membership_routes.router(ctx))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

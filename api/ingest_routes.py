@@ -45,6 +45,9 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> IngestAnswer:
         if stream not in ctx.catalog.streams:
             raise HTTPException(404, f"unknown stream {stream!r}; defined: {', '.join(sorted(ctx.catalog.streams))}")
+        if ctx.catalog.streams[stream].derived_from:
+            raise HTTPException(400, f"stream {stream!r} is derived from {ctx.catalog.streams[stream].derived_from!r}"
+                                     " by the pipeline; it cannot receive events")
         body = await read_capped(request, ctx.max_body_bytes)
         raws = parse_events(body, request.headers.get("content-type", ""))
         if len(raws) > ctx.max_events_per_request:

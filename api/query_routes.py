@@ -9,15 +9,17 @@ from starlette.concurrency import run_in_threadpool
 from api.context import ApiContext
 from api.timeparams import default_step_ms, parse_instant_ms
 from catalog import format_duration_ms, parse_duration_ms
+from store.bloom import bloom_store_for, overlay_first_seen
 from store.rollup import RollupError, align_range, rollup
 
 
 class ErrorBoundOut(BaseModel):
-    kind: str = Field(description="'hll' (distinct) or 'kll' (percentile)")
+    kind: str = Field(description="'hll' (distinct), 'kll' (percentile) or 'bloom' (first_seen: true value in [lower, upper])")
     lower: float
     upper: float
     relative_error: float | None = Field(None, description="hll: relative standard error (1 sigma)")
     rank_error: float | None = Field(None, description="kll: normalized rank error (99 % confidence)")
+    expected_undercount: float | None = Field(None, description="bloom: expected new keys hidden by false positives")
 
 
 class PointOut(BaseModel):
@@ -131,6 +133,9 @@ def router(ctx: ApiContext) -> APIRouter:
             if g not in stream.dimensions:
                 raise _bad(f"unknown dimension {g!r} in group_by; dimensions: {', '.join(stream.dimensions) or 'none'}")
         filters = _parse_filters(filter, stream.dimensions)
+        first_seen = stat in ("first_seen", "first-seen")
+        if first_seen and (groups or filters):
+            raise _bad("first_seen is counted per stream, not per dimension: group_by and filter do not apply")
         watermark = ctx.store.watermarks().get(stream.name)
 
         try:
@@ -148,10 +153,13 @@ def router(ctx: ApiContext) -> APIRouter:
                 with_sketches=quantile is not None or stat == "distinct",
             )
             series = rollup(
-                panes, stat=stat, quantile=quantile, value_field=definition.value, distinct_field=definition.distinct,
+                panes, stat="count" if first_seen else stat, quantile=quantile, value_field=definition.value, distinct_field=definition.distinct,
                 start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=stream.pane,
                 group_by=groups, filters=filters, watermark_ms=watermark, max_points=ctx.query_max_points,
             )
+            if first_seen:  # the window's panes give count/final/revision; the first_seen table the value
+                rows = bloom_store_for(ctx.store.path).first_seen_rows(stream.name, lo, hi + max(window_ms - step_ms, 0))
+                series[0] = type(series[0])(group={}, points=overlay_first_seen(series[0].points, rows, window_ms))
             return series
 
         try:

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
 from catalog.durations import format_duration_ms, parse_duration_ms
+from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _QUANTILE_STAT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
@@ -49,6 +50,16 @@ class StreamDef(BaseModel):
     pane: DurationMs = 10_000
     allowed_lateness: DurationMs = 30_000
     partitions: int = Field(default=4, ge=1, le=256)
+    # Bloom-filter and session features (catalog/features.py); derived_from: set on generated streams.
+    first_seen: FirstSeenDef | None = None
+    membership: MembershipDef | None = None
+    sessions: SessionsDef | None = None
+    derived_from: FieldName | None = None
+
+    @model_validator(mode="after")
+    def _check_features(self) -> StreamDef:
+        check_stream(self)
+        return self
 
     @model_validator(mode="after")
     def _check_roles(self) -> StreamDef:
@@ -93,6 +104,7 @@ class MetricDef(BaseModel):
     value: FieldName | None = None
     distinct: FieldName | None = None
     unit: str = ""
+    first_seen: bool = False  # answers stat first_seen (the stream must declare first_seen)
 
     def stats(self) -> tuple[str, ...]:
         """The stats this metric answers ("pNN" stands for any percentile)."""
@@ -101,6 +113,8 @@ class MetricDef(BaseModel):
             out += [*VALUE_STATS, "pNN"]
         if self.distinct:
             out += list(DISTINCT_STATS)
+        if self.first_seen:
+            out.append("first_seen")
         return tuple(out)
 
     def check_stat(self, stat: str) -> float | None:
@@ -111,6 +125,10 @@ class MetricDef(BaseModel):
                 raise ValueError(f"metric {self.name!r} has no value field, so it has no percentiles")
             return float(match.group(1)) / 100.0
         if stat in COUNT_STATS:
+            return None
+        if stat in ("first_seen", "first-seen"):
+            if not self.first_seen:
+                raise ValueError(f"metric {self.name!r} does not declare first_seen")
             return None
         if stat in VALUE_STATS:
             if not self.value:
@@ -146,6 +164,11 @@ class Catalog(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _derived_streams(self) -> Catalog:
+        expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
+        return self
+
+    @model_validator(mode="after")
     def _check_references(self) -> Catalog:
         if not self.streams:
             raise ValueError("at least one stream must be declared")
@@ -165,6 +188,7 @@ class Catalog(BaseModel):
                     f"{metric.distinct!r} is not a distinct field of stream {stream.name!r}"
                     f" (distinct: {', '.join(stream.distinct_fields) or 'none'})"
                 )
+        check_catalog(self)
         return self
 
     def stream(self, name: str) -> StreamDef:

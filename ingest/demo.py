@@ -160,6 +160,8 @@ class DemoTraffic:
         """
         out: dict[str, list[dict]] = {}
         for name in self.catalog.streams:
+            if self.catalog.streams[name].derived_from:  # e.g. <stream>_sessions: made by the pipeline
+                continue
             count = int(self._rng.binomial(n, ORDER_RATIO)) if name == "orders" else n
             out[name] = self.generate_stream(name, count)
         return out

@@ -69,15 +69,19 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
-    from sketchboard.wiring import build_pipeline
+    from sketchboard.wiring import build_pipeline, build_session_pipelines
 
     check_java()
     settings = _settings(args)
     pipeline = build_pipeline(settings)
+    sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
     if args.once:
         pipeline.run_until_drained()
+        for session in sessions:
+            session.run_until_drained()
         return 0
     query = pipeline.start()
+    session_queries = [session.start() for session in sessions]
     log.info("pipeline %r running (checkpoints in %s)", settings.pipeline_name, settings.checkpoint_dir)
     stopping = threading.Event()
 
@@ -86,12 +90,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    while not stopping.is_set() and query.isActive:
+    while not stopping.is_set() and query.isActive and all(q.isActive for q in session_queries):
         stopping.wait(1)
-    if query.exception():
-        log.error("pipeline failed: %s", query.exception())
-        return 1
-    query.stop()
+    for q in (query, *session_queries):
+        if q.exception():
+            log.error("pipeline failed: %s", q.exception())
+            return 1
+    for q in (query, *session_queries):
+        q.stop()
     return 0
 
 

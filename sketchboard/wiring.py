@@ -109,3 +109,10 @@ def build_pipeline(settings: Settings, spark=None):
     pipeline.progress_recorder = register(spark, open_health_store(settings), settings.pipeline_name,
                                           f"sketchboard-{settings.pipeline_name}")
     return pipeline
+
+
+def build_session_pipelines(settings: Settings, pipeline) -> list:
+    """The session-window queries (one per stream declaring `sessions`), on the main pipeline's Spark."""
+    from aggregates.sessions import session_pipelines
+
+    return session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings), pipeline.config)

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from store.bloom import BloomCommit
 from store.panes import Pane, PaneData
 
 
@@ -32,6 +33,8 @@ class BatchCommit:
     max_event_ms: Mapping[str, int] = field(default_factory=dict)
     # Per stream and partition: the log offset up to which this batch read (exclusive).
     end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # Bloom filter bits and first-seen counts (store/bloom.py), saved in the same transaction.
+    bloom: BloomCommit | None = None
 
 
 @dataclass(frozen=True)

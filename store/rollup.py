@@ -58,6 +58,7 @@ class ErrorBound:
     upper: float
     relative_error: float | None = None  # hll: 1-sigma relative standard error (fraction)
     rank_error: float | None = None  # kll: normalized rank error (fraction, 99 % confidence)
+    expected_undercount: float | None = None  # bloom (first_seen): expected false positives hidden in the value
 
 
 @dataclass(frozen=True)

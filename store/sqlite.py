@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
+from store import bloom as bloom_store
 from store.base import BatchCommit, Change, CommitResult, PaneStore, PipelineProgress, StreamProgress
 from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key
 
@@ -85,6 +86,7 @@ class SqlitePaneStore(PaneStore):
         self._lock = threading.Lock()
         with self._lock:
             self._conn.executescript(_SCHEMA)
+            bloom_store.create_schema(self._conn)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -150,6 +152,8 @@ class SqlitePaneStore(PaneStore):
                 " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
                 [(commit.pipeline, stream, p, o) for p, o in partitions.items()],
             )
+        if commit.bloom is not None:
+            bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",

@@ -195,6 +195,8 @@ def test_metrics_lists_the_configured_metrics_and_their_stats(client):
             expected += ["sum", "avg", "min", "max", "pNN"]
         if spec.get("distinct"):
             expected += ["distinct"]
+        if spec.get("first_seen"):
+            expected += ["first_seen"]
         assert m["stats"] == expected
     assert metrics["requests"]["stats"] == ["count", "rate", "distinct"]
     assert metrics["latency"]["stats"] == ["count", "rate", "sum", "avg", "min", "max", "pNN"]

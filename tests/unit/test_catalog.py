@@ -68,7 +68,8 @@ def test_shipped_config_loads() -> None:
     orders = catalog.stream("orders")
     assert orders.allowed_lateness == 60_000
     assert orders.partitions == 2
-    assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items"}
+    assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items",
+                                    "new_users"}
     for metric in catalog.metrics.values():
         assert metric.stream in catalog.streams
     assert catalog.metric("latency").value == "latency_ms"

@@ -1,0 +1,167 @@
+"""Per-stream Bloom-filter and session features: first-seen keys, membership lookups, sessions.
+
+    first_seen:  {field: user_id, capacity: 1000000, fpp: 0.01, seed: 0}
+    membership:  {field: user_id, bucket: 1h, capacity: 100000, fpp: 0.01, seed: 0}
+    sessions:    {key: user_id, gap: 30m}
+
+The fields must be ones the pipeline's source carries: a `distinct` field or a dimension.
+A `sessions` declaration generates a derived stream `<stream>_sessions` (panes of session
+start times, values `duration_ms` and `events`, distinct `<key>`) and three metrics:
+`<stream>_sessions`, `<stream>_session_duration` and `<stream>_session_events`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+
+from catalog.durations import format_duration_ms, parse_duration_ms
+
+if TYPE_CHECKING:
+    from catalog.model import Catalog, StreamDef
+
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+_Duration = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str)]
+_Field = Annotated[str, Field(pattern=_NAME)]
+_Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+SESSION_VALUES = ("duration_ms", "events")
+SESSION_TIME_FIELD = "session_start"
+
+
+class FirstSeenDef(BaseModel):
+    """A long-lived Bloom filter of the keys seen so far; counts keys not yet in it per pane."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: _Field
+    capacity: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
+    fpp: float = Field(default=0.01, gt=0.0, lt=1.0)
+    seed: _Seed = 0
+
+
+class MembershipDef(BaseModel):
+    """Bloom filters of the keys seen per coarse event-time bucket, OR-ed at query time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: _Field
+    bucket: _Duration = 3_600_000
+    capacity: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    fpp: float = Field(default=0.01, gt=0.0, lt=1.0)
+    seed: _Seed = 0
+
+    @model_validator(mode="after")
+    def _check_bucket(self) -> MembershipDef:
+        if self.bucket < 60_000 or (86_400_000 % self.bucket and self.bucket % 86_400_000):
+            raise ValueError("membership.bucket must be at least 1m and divide one day evenly or be whole days")
+        return self
+
+
+class SessionsDef(BaseModel):
+    """Per-key sessions ended by `gap` of inactivity (Spark's session_window)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: _Field
+    gap: _Duration = 1_800_000
+
+    @model_validator(mode="after")
+    def _check_gap(self) -> SessionsDef:
+        if self.gap < 1_000:
+            raise ValueError("sessions.gap must be at least 1s")
+        return self
+
+
+def source_field(stream: StreamDef, name: str) -> tuple[str, int]:
+    """Where the pipeline's source carries a string field: ('ids', i) or ('dims', i)."""
+    if name in stream.distinct_fields:
+        return "ids", stream.distinct_fields.index(name)
+    if name in stream.dimensions:
+        return "dims", stream.dimensions.index(name)
+    raise ValueError(
+        f"field {name!r} must be a distinct field or a dimension of stream {stream.name!r}"
+        f" (distinct: {', '.join(stream.distinct_fields) or 'none'}; dimensions: {', '.join(stream.dimensions) or 'none'})"
+    )
+
+
+def check_stream(stream: StreamDef) -> None:
+    """Validate a stream's feature declarations (raises ValueError naming the problem)."""
+    for role, decl, attr in (("first_seen", stream.first_seen, "field"), ("membership", stream.membership, "field"),
+                             ("sessions", stream.sessions, "key")):
+        if decl is not None:
+            try:
+                source_field(stream, getattr(decl, attr))
+            except ValueError as exc:
+                raise ValueError(f"{role}.{attr}: {exc}") from None
+    if stream.derived_from and (stream.first_seen or stream.membership or stream.sessions):
+        raise ValueError("a derived stream cannot declare first_seen, membership or sessions")
+
+
+def sessions_stream_name(stream: str) -> str:
+    return f"{stream}_sessions"
+
+
+def expand_derived(catalog: Catalog) -> None:
+    """Add the derived session streams and their metrics to a validated catalog (idempotent:
+    a catalog dumped and parsed again already has them)."""
+    from catalog.model import CatalogReferenceError, MetricDef, StreamDef
+
+    for name, stream in list(catalog.streams.items()):
+        if stream.sessions is None or stream.derived_from:
+            continue
+        derived = sessions_stream_name(name)
+        spec = StreamDef(
+            name=derived,
+            description=f"Sessions of {name} per {stream.sessions.key} (gap {format_duration_ms(stream.sessions.gap)}),"
+                        " by session start",
+            time_field=SESSION_TIME_FIELD,
+            values=SESSION_VALUES,
+            distinct=(stream.sessions.key,),
+            # Durations as text: a bare number would be read as seconds.
+            pane=format_duration_ms(stream.pane),
+            # Sessions close when the watermark passes their last event + gap.
+            allowed_lateness=format_duration_ms(stream.allowed_lateness + stream.sessions.gap),
+            partitions=1,
+            derived_from=name,
+        )
+        existing = catalog.streams.get(derived)
+        if existing is not None and existing != spec:
+            raise CatalogReferenceError(
+                ("streams", name, "sessions"), f"the derived stream name {derived!r} is already declared"
+            )
+        catalog.streams[derived] = spec
+        metrics = (
+            MetricDef(name=f"{name}_sessions", stream=derived, distinct=stream.sessions.key,
+                      description=f"Sessions started on {name} (count) and distinct {stream.sessions.key} with a session"),
+            MetricDef(name=f"{name}_session_duration", stream=derived, value="duration_ms", unit="ms",
+                      description=f"Session duration on {name}: last event - first event"),
+            MetricDef(name=f"{name}_session_events", stream=derived, value="events",
+                      description=f"Events per session on {name}"),
+        )
+        for metric in metrics:
+            have = catalog.metrics.get(metric.name)
+            if have is not None and have != metric:
+                raise CatalogReferenceError(
+                    ("metrics", metric.name), f"this name is taken by the metrics generated for {name}.sessions"
+                )
+            catalog.metrics[metric.name] = metric
+
+
+def check_catalog(catalog: Catalog) -> None:
+    from catalog.model import CatalogReferenceError
+
+    for name, metric in catalog.metrics.items():
+        if metric.first_seen:
+            stream = catalog.streams.get(metric.stream)
+            if stream is not None and stream.first_seen is None:
+                raise CatalogReferenceError(
+                    ("metrics", name, "first_seen"),
+                    f"stream {stream.name!r} declares no first_seen (add first_seen: {{field: ...}} to it)",
+                )
+
+
+def base_streams(catalog: Catalog) -> dict[str, StreamDef]:
+    """The streams read from the log (not derived)."""
+    return {n: s for n, s in catalog.streams.items() if not s.derived_from}

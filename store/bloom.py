@@ -1,0 +1,257 @@
+"""Bloom filters and first-seen counts in the serving store (SQLite).
+
+A filter is stored as a header row (its shape and the number of bits set) plus 4 KiB chunks
+(32768 bits, the bucket of Spark's bitmap_construct_agg), so a batch rewrites only the
+chunks it touched. Filters are keyed by (stream, kind, bucket_ms, m, k, seed): kind is
+'first_seen' (one long-lived filter per stream, bucket_ms 0) or 'membership' (one per
+coarse event-time bucket); a configuration change of shape starts a new filter instead of
+corrupting an old one.
+
+`apply_bloom_commit` runs inside SqlitePaneStore's batch transaction (same connection), so
+the filter bits and first-seen counts are saved exactly once with the panes and the batch id.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sketches.bloom import CHUNK_BYTES, BloomFilter
+
+FIRST_SEEN = "first_seen"
+MEMBERSHIP = "membership"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS bloom_filters (
+    stream TEXT NOT NULL,
+    kind TEXT NOT NULL,              -- 'first_seen' or 'membership'
+    bucket_ms INTEGER NOT NULL,      -- membership: start of the event-time bucket; first_seen: 0
+    m INTEGER NOT NULL,
+    k INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    bits_set INTEGER NOT NULL,
+    updated_batch INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bloom_chunks (
+    stream TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    bucket_ms INTEGER NOT NULL,
+    m INTEGER NOT NULL,
+    k INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed, chunk)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS first_seen (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    end_ms INTEGER NOT NULL,
+    new_keys INTEGER NOT NULL,       -- keys whose earliest event is in this pane, not in the filter before
+    tested INTEGER NOT NULL,         -- keys tested against the filter for this pane
+    positives INTEGER NOT NULL,      -- of those, answered "seen before" (some may be false positives)
+    expected_fp REAL NOT NULL,       -- sum over batches of tested * fpp: expected false positives
+    bound INTEGER NOT NULL,          -- sum over batches of the per-batch undercount bound
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, start_ms)
+) WITHOUT ROWID;
+"""
+
+
+@dataclass(frozen=True)
+class FilterUpdate:
+    """Bits to OR into one stored filter (created empty when missing)."""
+
+    stream: str
+    kind: str
+    bucket_ms: int
+    m: int
+    k: int
+    seed: int
+    chunks: Mapping[int, bytes]  # chunk index -> up to 4 KiB of bits (Spark bitmap layout)
+
+
+@dataclass(frozen=True)
+class FirstSeenPartial:
+    """One batch's first-seen result for one pane of one stream."""
+
+    stream: str
+    start_ms: int
+    end_ms: int
+    new_keys: int
+    tested: int
+    positives: int
+    expected_fp: float
+    bound: int
+
+
+@dataclass(frozen=True)
+class BloomCommit:
+    """What a batch writes for Bloom filters, inside the batch's one transaction."""
+
+    filters: Sequence[FilterUpdate] = field(default_factory=tuple)
+    first_seen: Sequence[FirstSeenPartial] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class FirstSeenRow:
+    stream: str
+    start_ms: int
+    end_ms: int
+    new_keys: int
+    tested: int
+    positives: int
+    expected_fp: float
+    bound: int
+    last_batch: int
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+
+
+def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: int, now_ms: int) -> None:
+    """OR the filter chunks in and add the first-seen counts; the caller owns the transaction."""
+    for update in bloom.filters:
+        shape = (update.stream, update.kind, update.bucket_ms, update.m, update.k, update.seed)
+        n_chunks = -(-update.m // (CHUNK_BYTES * 8))
+        row = conn.execute(
+            "SELECT bits_set FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
+            " AND seed = ?", shape,
+        ).fetchone()
+        bits_set = row[0] if row else 0
+        for index, incoming in update.chunks.items():
+            if not 0 <= index < n_chunks:
+                raise ValueError(f"chunk {index} is outside a filter of {update.m} bits ({update.stream}, {update.kind})")
+            size = min(CHUNK_BYTES, update.m // 8 - index * CHUNK_BYTES)
+            new = np.frombuffer(bytes(incoming), dtype=np.uint8)[:size]
+            if len(new) < size:
+                new = np.pad(new, (0, size - len(new)))
+            old_row = conn.execute(
+                "SELECT data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
+                " AND seed = ? AND chunk = ?", (*shape, index),
+            ).fetchone()
+            if old_row is not None:
+                old = np.frombuffer(old_row[0], dtype=np.uint8)
+                merged = np.bitwise_or(old, new)
+                bits_set += int(np.bitwise_count(merged).sum()) - int(np.bitwise_count(old).sum())
+            else:
+                merged = new
+                bits_set += int(np.bitwise_count(merged).sum())
+            conn.execute(
+                "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk) DO UPDATE SET data = excluded.data",
+                (*shape, index, merged.tobytes()),
+            )
+        conn.execute(
+            "INSERT INTO bloom_filters (stream, kind, bucket_ms, m, k, seed, bits_set, updated_batch, updated_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, kind, bucket_ms, m, k, seed) DO UPDATE SET"
+            " bits_set = excluded.bits_set, updated_batch = excluded.updated_batch, updated_at_ms = excluded.updated_at_ms",
+            (*shape, bits_set, batch_id, now_ms),
+        )
+    conn.executemany(
+        "INSERT INTO first_seen (stream, start_ms, end_ms, new_keys, tested, positives, expected_fp, bound,"
+        " updated_at_ms, last_batch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, start_ms) DO UPDATE SET"
+        " new_keys = new_keys + excluded.new_keys, tested = tested + excluded.tested,"
+        " positives = positives + excluded.positives, expected_fp = expected_fp + excluded.expected_fp,"
+        " bound = bound + excluded.bound, updated_at_ms = excluded.updated_at_ms, last_batch = excluded.last_batch",
+        [(p.stream, p.start_ms, p.end_ms, p.new_keys, p.tested, p.positives, p.expected_fp, p.bound, now_ms, batch_id)
+         for p in bloom.first_seen],
+    )
+
+
+class BloomStore:
+    """Reads filters and first-seen counts from the store file, on its own connection (WAL:
+    readers see the last committed batch while the pipeline writes)."""
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0):
+        self.path = Path(path)
+        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._lock = threading.Lock()
+        with self._lock:
+            create_schema(self._conn)
+
+    def _filter(self, stream: str, kind: str, bucket_ms: int, m: int, k: int, seed: int) -> BloomFilter:
+        bloom = BloomFilter(m, k, seed)
+        for index, data in self._conn.execute(
+            "SELECT chunk, data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
+            " AND seed = ?", (stream, kind, bucket_ms, m, k, seed),
+        ):
+            bloom.or_chunk(index, data)
+        return bloom
+
+    def first_seen_filter(self, stream: str) -> BloomFilter | None:
+        """The stream's long-lived first-seen filter (the most recently updated shape), or None."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT m, k, seed FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms = 0"
+                " ORDER BY updated_batch DESC LIMIT 1", (stream, FIRST_SEEN),
+            ).fetchone()
+            return None if row is None else self._filter(stream, FIRST_SEEN, 0, *row)
+
+    def membership_filters(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[int, BloomFilter]]:
+        """(bucket start, filter) for the membership buckets starting in [start_ms, end_ms)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT bucket_ms, m, k, seed FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms >= ?"
+                " AND bucket_ms < ? ORDER BY bucket_ms", (stream, MEMBERSHIP, start_ms, end_ms),
+            ).fetchall()
+            return [(b, self._filter(stream, MEMBERSHIP, b, m, k, seed)) for b, m, k, seed in rows]
+
+    def first_seen_rows(self, stream: str, start_ms: int, end_ms: int) -> list[FirstSeenRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT stream, start_ms, end_ms, new_keys, tested, positives, expected_fp, bound, last_batch"
+                " FROM first_seen WHERE stream = ? AND start_ms >= ? AND start_ms < ? ORDER BY start_ms",
+                (stream, start_ms, end_ms),
+            ).fetchall()
+        return [FirstSeenRow(*row) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+_readers: dict[Path, BloomStore] = {}
+_readers_lock = threading.Lock()
+
+
+def bloom_store_for(path: str | Path) -> BloomStore:
+    """One shared reader per store file (the API and the pipeline driver each open one)."""
+    key = Path(path).resolve()
+    with _readers_lock:
+        reader = _readers.get(key)
+        if reader is None:
+            reader = _readers[key] = BloomStore(key)
+        return reader
+
+
+def overlay_first_seen(points: Sequence, rows: Sequence[FirstSeenRow], window_ms: int) -> list:
+    """Points of a `count` roll-up (t, count, final, revision) with the value replaced by the
+    first-seen keys of the window and an error bound: the true count lies in [value, value + bound]
+    (a false positive can only hide a new key), expected_undercount = sum of tested * fpp."""
+    from store.rollup import ErrorBound, Point
+
+    starts = np.array([r.start_ms for r in rows], dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    starts = starts[order]
+    new = np.concatenate([[0], np.cumsum([rows[i].new_keys for i in order])])
+    bound = np.concatenate([[0], np.cumsum([rows[i].bound for i in order])])
+    expected = np.concatenate([[0.0], np.cumsum([rows[i].expected_fp for i in order])])
+    out = []
+    for p in points:
+        lo, hi = np.searchsorted(starts, p.t_ms, "left"), np.searchsorted(starts, p.t_ms + window_ms, "left")
+        value = float(new[hi] - new[lo])
+        error = ErrorBound("bloom", lower=value, upper=value + float(bound[hi] - bound[lo]),
+                           expected_undercount=float(expected[hi] - expected[lo]))
+        out.append(Point(t_ms=p.t_ms, value=value, count=p.count, final=p.final, revision=p.revision, error=error))
+    return out

@@ -1,0 +1,159 @@
+"""First-seen keys and membership filters with real Spark: positions agree with Python, counts
+match an exact computation within the reported bound, a replayed batch adds nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+from pyspark.sql import functions as F
+
+from aggregates.firstseen import with_positions
+from aggregates.pipeline import Pipeline, PipelineConfig
+from api.app import create_app
+from api.context import ApiContext
+from catalog import parse_catalog
+from ingest.log import SqliteEventLog
+from sketches.bloom import BloomFilter
+from store import SqlitePaneStore
+from store.bloom import BloomStore
+from tests.spark.events import T0
+
+pytestmark = pytest.mark.spark
+
+CONFIG = """
+streams:
+  visits:
+    key_field: user_id
+    dimensions: [page]
+    values: [ms]
+    distinct: [user_id]
+    pane: 10s
+    allowed_lateness: 1m
+    partitions: 2
+    # Deliberately small: the filter overfills, so false positives happen and the bound matters.
+    first_seen: {field: user_id, capacity: 3000, fpp: 0.05, seed: 11}
+    membership: {field: user_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 5}
+metrics:
+  new_visitors: {stream: visits, first_seen: true}
+"""
+
+
+class Service:
+    def __init__(self, root: Path, spark):
+        self.root, self.spark = root, spark
+        self.catalog = parse_catalog(CONFIG)
+        self.log = SqliteEventLog(root / "log.db")
+        for stream in self.catalog.streams.values():
+            self.log.ensure_topic(stream)
+        self.store = SqlitePaneStore(root / "store.db")
+        self.ctx = ApiContext(catalog=self.catalog, log=self.log, store=self.store,
+                              clock=lambda: (T0 + 3_600_000) / 1000)
+        self.client = TestClient(create_app(self.ctx))
+
+    def post(self, events: list[dict]) -> None:
+        for i in range(0, len(events), 5000):
+            answer = self.client.post("/api/v1/events?stream=visits", content=json.dumps(events[i:i + 5000]))
+            assert answer.status_code == 200 and answer.json()["rejected"] == [], answer.text
+
+    def pipeline(self) -> Pipeline:
+        config = PipelineConfig(name="main", log_path=self.root / "log.db",
+                                checkpoint_dir=self.root / "checkpoints" / "main", max_records_per_task=20_000)
+        return Pipeline(self.spark, self.catalog, SqlitePaneStore(self.root / "store.db"), config)
+
+
+def visit_events(n: int, seed: int, start_ms: int, span_ms: int, users: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    times = start_ms + rng.integers(0, span_ms, n)
+    user = rng.integers(0, users, n)
+    return [{"time": int(t), "page": "/", "ms": 1.0, "user_id": f"user-{u}"} for t, u in zip(times, user, strict=True)]
+
+
+def test_spark_positions_equal_python_positions(spark):
+    keys = ["", "a", "user-1", "é€😀", "a much longer key, longer than one XXH64 stripe of 32 bytes"] + \
+        [f"k{i}" for i in range(200)]
+    for m, k, seed in ((9592, 7, 0), (1 << 20, 3, -5), (64, 1, 2**63 - 1)):
+        df = spark.createDataFrame([(key,) for key in keys], "key string")
+        got = with_positions(df, F.lit(seed), F.lit(m).cast("bigint"), F.lit(k)).collect()
+        expected = BloomFilter(m, k, seed).positions(keys)
+        assert [list(r["pos"]) for r in got] == expected.tolist()
+
+
+def test_first_seen_counts_are_exact_minus_at_most_the_bound_and_a_replay_adds_nothing(tmp_path, spark):
+    service = Service(tmp_path, spark)
+    # Three batches (one per pipeline run), each a few minutes of traffic with returning users.
+    chunks = [visit_events(6000, seed=i, start_ms=T0 + i * 120_000, span_ms=180_000, users=6000) for i in range(3)]
+    seen: set[str] = set()
+    exact: dict[int, int] = {}
+    for chunk in chunks:
+        service.post(chunk)
+        service.pipeline().run_until_drained()
+        df = pd.DataFrame(chunk)
+        first = df.groupby("user_id")["time"].min()
+        new = first[~first.index.isin(seen)]
+        for pane, count in (new - new % 10_000).value_counts().items():
+            exact[int(pane)] = exact.get(int(pane), 0) + int(count)
+        seen.update(first.index)
+
+    reader = BloomStore(tmp_path / "store.db")
+    rows = {r.start_ms: r for r in reader.first_seen_rows("visits", 0, 2**62)}
+    assert set(rows) == set(exact)
+    total_bound = 0
+    for pane, want in exact.items():
+        row = rows[pane]
+        assert row.new_keys <= want, pane  # a false positive can only make a new key look old
+        assert want - row.new_keys <= row.bound, (pane, want, row)
+        total_bound += row.bound
+    undercount = sum(exact.values()) - sum(r.new_keys for r in rows.values())
+    assert undercount > 0, "the overfilled filter should have produced some false positives"
+    assert sum(r.expected_fp for r in rows.values()) > 0
+
+    # The stored filter holds every key (no false negatives) and answers like one built in Python.
+    stored = reader.first_seen_filter("visits")
+    built = BloomFilter(stored.m, stored.k, stored.seed)
+    built.add_many(sorted(seen))
+    assert stored == built
+
+    # Through the API: stat first_seen, each point with its bound.
+    answer = service.client.get("/api/v1/query", params={
+        "metric": "new_visitors", "stat": "first_seen", "from": T0, "to": T0 + 600_000, "step": "1m"}).json()
+    points = answer["series"][0]["points"]
+    for p in points:
+        want = sum(v for pane, v in exact.items() if p["t"] <= pane < p["t"] + 60_000)
+        assert p["value"] <= want <= p["error"]["upper"]
+        assert p["error"]["kind"] == "bloom" and p["error"]["lower"] == p["value"]
+    assert sum(p["value"] for p in points) == sum(r.new_keys for r in rows.values())
+
+    # Membership: every key seen answers "probably_yes" in its minute; a key never sent answers "no".
+    df = pd.DataFrame([e for chunk in chunks for e in chunk])
+    for user, t in df.groupby("user_id")["time"].min().head(50).items():
+        got = service.client.get("/api/v1/membership", params={"stream": "visits", "key": user,
+                                                                "from": t, "to": t + 1}).json()
+        assert got["answer"] == "probably_yes", got
+        assert 0 < got["false_positive_probability"] < 0.05 and got["buckets"] == 1
+    got = service.client.get("/api/v1/membership", params={"stream": "visits", "key": "user-1",
+                                                            "from": T0 - 7_200_000, "to": T0 - 3_600_000}).json()
+    assert got == {**got, "answer": "no", "buckets": 0}
+    nos = 0
+    for i in range(200):
+        got = service.client.get("/api/v1/membership", params={"stream": "visits", "key": f"stranger-{i}",
+                                                                "from": T0, "to": T0 + 600_000}).json()
+        nos += got["answer"] == "no"
+    assert nos >= 190  # 10 one-minute buckets OR-ed: fpp well under 5 %
+
+    # Replay the last batch, as Spark does after a crash between our commit and its own: nothing changes.
+    before_rows = reader.first_seen_rows("visits", 0, 2**62)
+    before_filter = reader.first_seen_filter("visits")
+    last = service.store.last_batch_id("main")
+    commit_log = tmp_path / "checkpoints" / "main" / "commits" / str(last)
+    commit_log.unlink()
+    commit_log.with_name(f".{last}.crc").unlink(missing_ok=True)
+    pipeline = service.pipeline()
+    pipeline.run_until_drained()
+    assert pipeline.last_result is not None and pipeline.last_result.committed is False
+    assert reader.first_seen_rows("visits", 0, 2**62) == before_rows
+    assert reader.first_seen_filter("visits") == before_filter

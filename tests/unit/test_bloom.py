@@ -1,0 +1,125 @@
+"""The Bloom filter: no false negatives, merge = union, measured false-positive rate, bytes, shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sketches.bloom import (
+    BloomFilter,
+    BloomFormatError,
+    BloomShapeError,
+    CHUNK_BYTES,
+    optimal_shape,
+    undercount_bound,
+)
+
+keys = st.lists(st.text(max_size=40), max_size=300)
+seeds = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(added=keys, seed=seeds, capacity=st.integers(1, 500), fpp=st.floats(0.001, 0.5))
+def test_never_answers_no_for_an_added_key(added, seed, capacity, fpp):
+    bloom = BloomFilter.for_capacity(capacity, fpp, seed)
+    bloom.add_many(added)
+    assert bloom.contains_many(added).all()
+    for key in added[:20]:
+        assert key in bloom
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=keys, b=keys, probes=keys, seed=seeds)
+def test_merge_answers_like_one_filter_that_saw_both_sets(a, b, probes, seed):
+    left, right, both = (BloomFilter.for_capacity(200, 0.05, seed) for _ in range(3))
+    left.add_many(a)
+    right.add_many(b)
+    both.add_many(a + b)
+    merged = left.merge(right)
+    assert merged == both
+    everything = a + b + probes
+    if everything:
+        assert (merged.contains_many(everything) == both.contains_many(everything)).all()
+    # Merging is commutative and leaves its inputs alone.
+    assert right.merge(left) == merged
+    assert left.merge(BloomFilter.for_capacity(200, 0.05, seed)) == left
+
+
+@pytest.mark.parametrize("capacity, fpp", [(100_000, 0.01), (20_000, 0.05), (50_000, 0.001)])
+def test_false_positive_rate_over_a_million_held_out_keys_is_at_most_1_5_times_the_target(capacity, fpp):
+    bloom = BloomFilter.for_capacity(capacity, fpp, seed=7)
+    bloom.add_many([f"user-{i}" for i in range(capacity)])  # filled to capacity: the worst configured case
+    held_out = [f"other-{i}" for i in range(1_000_000)]
+    measured = bloom.contains_many(held_out).mean()
+    assert measured <= 1.5 * fpp, (measured, fpp)
+    # The filter's own estimate of its false-positive probability is close to what it measures.
+    assert bloom.false_positive_probability() == pytest.approx(measured, rel=0.25)
+    assert bloom.approx_count() == pytest.approx(capacity, rel=0.02)
+
+
+@settings(max_examples=30, deadline=None)
+@given(added=keys, seed=seeds)
+def test_bytes_round_trip(added, seed):
+    bloom = BloomFilter.for_capacity(300, 0.02, seed)
+    bloom.add_many(added)
+    back = BloomFilter.from_bytes(bloom.to_bytes())
+    assert back == bloom and back.shape == bloom.shape
+
+
+def test_merge_of_different_shapes_is_a_clear_error():
+    with pytest.raises(BloomShapeError, match="different shapes.*seed=1.*seed=2"):
+        BloomFilter.for_capacity(100, 0.01, 1).merge(BloomFilter.for_capacity(100, 0.01, 2))
+    with pytest.raises(BloomShapeError, match="m="):
+        BloomFilter.for_capacity(100, 0.01, 1).merge(BloomFilter.for_capacity(1000, 0.01, 1))
+
+
+def test_bad_bytes_are_clear_errors():
+    good = BloomFilter.for_capacity(100, 0.01).to_bytes()
+    with pytest.raises(BloomFormatError, match="header"):
+        BloomFilter.from_bytes(b"abc")
+    with pytest.raises(BloomFormatError, match="magic"):
+        BloomFilter.from_bytes(b"XXXX" + good[4:])
+    with pytest.raises(BloomFormatError, match="bytes of bits"):
+        BloomFilter.from_bytes(good[:-1])
+    with pytest.raises(BloomFormatError, match="version"):
+        BloomFilter.from_bytes(good[:4] + b"\x09\x00" + good[6:])
+
+
+def test_shape_validation():
+    assert optimal_shape(1000, 0.01) == (9592, 7)
+    with pytest.raises(ValueError, match="capacity"):
+        optimal_shape(0, 0.01)
+    with pytest.raises(ValueError, match="fpp"):
+        optimal_shape(10, 1.0)
+    with pytest.raises(ValueError, match="limit"):
+        optimal_shape(10**12, 1e-9)
+
+
+def test_fill_and_chunks():
+    bloom = BloomFilter.for_capacity(10_000, 0.01, seed=3)
+    assert bloom.fill_ratio == 0 and bloom.false_positive_probability() == 0
+    other = BloomFilter(bloom.m, bloom.k, bloom.seed)
+    other.add_many([f"k{i}" for i in range(500)])
+    for i in range(other.chunks):
+        bloom.or_chunk(i, other.chunk(i))
+    assert bloom == other
+    assert 0 < bloom.fill_ratio < 0.1
+    assert len(bloom.chunk(0)) == min(CHUNK_BYTES, bloom.m // 8)
+    with pytest.raises(ValueError, match="out of range"):
+        bloom.or_chunk(bloom.chunks, b"\x00")
+
+
+def test_undercount_bound():
+    assert undercount_bound(1000, 0, 0.01) == 0  # nothing answered "seen": nothing can be false
+    assert undercount_bound(1000, 5, 0.0) == 0
+    assert undercount_bound(1000, 3, 0.5) == 3  # never more than the positives
+    bound = undercount_bound(10_000, 10_000, 0.01)  # lambda = 100
+    assert 130 < bound < 160
+    # The bound holds for simulated false positives far more often than 1 - 1e-6 would need.
+    rng = np.random.default_rng(1)
+    draws = rng.binomial(10_000, 0.01, 100_000)
+    assert (draws <= bound).all()
+    with pytest.raises(ValueError):
+        undercount_bound(1, 2, 0.1)

@@ -1,0 +1,59 @@
+"""Catalog declarations of first_seen, membership and sessions: validation and generated streams."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog import Catalog, ConfigError, parse_catalog
+
+BASE = """
+streams:
+  s:
+    key_field: user_id
+    dimensions: [page]
+    values: [v]
+"""
+
+
+def test_declarations_parse_and_sessions_generate_a_stream_and_metrics():
+    catalog = parse_catalog(BASE + """    first_seen: {field: user_id, capacity: 1000, fpp: 0.02, seed: 4}
+    membership: {field: page, bucket: 1d}
+    sessions: {key: user_id, gap: 30m}
+metrics:
+  new_users: {stream: s, first_seen: true}
+""")
+    s = catalog.stream("s")
+    assert (s.first_seen.capacity, s.first_seen.fpp, s.first_seen.seed) == (1000, 0.02, 4)
+    assert s.membership.bucket == 86_400_000 and s.membership.field == "page"
+    derived = catalog.stream("s_sessions")
+    assert derived.derived_from == "s" and derived.values == ("duration_ms", "events")
+    assert derived.distinct_fields == ("user_id",) and derived.pane == s.pane
+    assert derived.allowed_lateness == s.allowed_lateness + 1_800_000
+    assert catalog.metric("s_session_duration").value == "duration_ms"
+    assert catalog.metric("new_users").stats() == ("count", "rate", "first_seen")
+    # A dumped catalog parses back to the same one (what the Spark source does with it).
+    assert Catalog.model_validate_json(catalog.model_dump_json()) == catalog
+
+
+@pytest.mark.parametrize("decl, message", [
+    ("first_seen: {field: nope}", "line 4: streams.s: first_seen.field: field 'nope' must be a distinct field"),
+    ("first_seen: {field: user_id, fpp: 0}", "first_seen.fpp"),
+    ("first_seen: {field: user_id, capacity: 0}", "first_seen.capacity"),
+    ("membership: {field: user_id, bucket: 7m}", "divide one day"),
+    ("membership: {field: user_id, bucket: 10s}", "at least 1m"),
+    ("sessions: {key: user_id, gap: 500ms}", "at least 1s"),
+    ("sessions: {key: v}", "sessions.key: field 'v' must be a distinct field or a dimension"),
+    ("sessions: {user: user_id}", "sessions.user"),
+])
+def test_bad_declarations_name_the_line_and_the_problem(decl, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_catalog(BASE + "    " + decl + "\n")
+
+
+def test_first_seen_metric_needs_the_stream_declaration_and_names_collide_clearly():
+    with pytest.raises(ConfigError, match="declares no first_seen"):
+        parse_catalog(BASE + "metrics:\n  m: {stream: s, first_seen: true}\n")
+    with pytest.raises(ConfigError, match="already declared"):
+        parse_catalog(BASE + "    sessions: {key: user_id}\n  s_sessions:\n    key_field: x\n")
+    with pytest.raises(ConfigError, match="taken by the metrics generated"):
+        parse_catalog(BASE + "    sessions: {key: user_id}\nmetrics:\n  s_sessions: {stream: s}\n")
