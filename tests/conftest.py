@@ -35,3 +35,19 @@ def service_factory(tmp_path):
     for service in made:
         service.close()
 
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The real-process lag scenario costs a Spark start-up (two, with the restart): when its
+    browser variant (which runs the same scenario and checks the dashboard as well) is selected
+    and not skipped, the process-only variant is skipped instead of paying for it twice."""
+    from tests.e2e.lag_scenario import BROWSER_TEST, PROCESS_TEST
+
+    def runs(item) -> bool:
+        return item.name == BROWSER_TEST and item.get_closest_marker("skip") is None
+
+    if any(runs(item) for item in items):
+        skip = pytest.mark.skip(reason=f"the same scenario runs in {BROWSER_TEST} (tests/browser), with the dashboard")
+        for item in items:
+            if item.name == PROCESS_TEST:
+                item.add_marker(skip)

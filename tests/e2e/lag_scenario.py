@@ -1,5 +1,6 @@
-"""The consumer-lag scenario with real processes, for tests/e2e/test_lag.py (HTTP and /metrics)
-and for a browser test that runs the same scenario with the dashboard open.
+"""The consumer-lag scenario with real processes, shared by tests/e2e/test_lag.py (HTTP and
+/metrics only) and tests/browser/test_lag_e2e.py (the same, plus the dashboard in Chromium),
+so one run pays for the Spark start-ups once.
 
 The API samples lag while the pipeline (a separate Spark process) runs, is stopped while a
 producer keeps sending over HTTP, and is started again. `observe(phase, **data)` is called at

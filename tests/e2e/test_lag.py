@@ -1,7 +1,9 @@
 """Consumer lag with real processes: the API samples lag while the pipeline (a separate
 Spark process) is stopped and started again, and a producer keeps sending over HTTP.
 
-The scenario lives in tests/e2e/lag_scenario.py, so that a browser test can run it too."""
+The scenario lives in tests/e2e/lag_scenario.py; tests/browser/test_lag_e2e.py runs it too,
+with the dashboard open, and when that one is selected (Chromium present) this one is skipped
+(tests/conftest.py) so the suite starts Spark for it only once."""
 
 from __future__ import annotations
 
