@@ -15,3 +15,39 @@ DEMO_CONFIG = REPO_ROOT / "config" / "streams.yaml"
 @pytest.fixture(scope="session")
 def demo_catalog() -> Catalog:
     return load_catalog(DEMO_CONFIG)
+
+
+@pytest.fixture
+def service_factory(tmp_path):
+    """service_factory(**settings) -> a real-process tests.procs.Service (nothing started yet);
+    all are closed at the end. For tests/e2e and tests/browser."""
+    from tests.procs import Service
+
+    made: list[Service] = []
+
+    def make(**settings) -> Service:
+        root = tmp_path / f"service{len(made)}"
+        root.mkdir()
+        made.append(Service(root, settings))
+        return made[-1]
+
+    yield make
+    for service in made:
+        service.close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The real-process lag scenario costs a Spark start-up (two, with the restart): when its
+    browser variant (which runs the same scenario and checks the dashboard as well) is selected
+    and not skipped, the process-only variant is skipped instead of paying for it twice."""
+    from tests.e2e.lag_scenario import BROWSER_TEST, PROCESS_TEST
+
+    def runs(item) -> bool:
+        return item.name == BROWSER_TEST and item.get_closest_marker("skip") is None
+
+    if any(runs(item) for item in items):
+        skip = pytest.mark.skip(reason=f"the same scenario runs in {BROWSER_TEST} (tests/browser), with the dashboard")
+        for item in items:
+            if item.name == PROCESS_TEST:
+                item.add_marker(skip)

@@ -324,6 +324,25 @@
     $("status-aggregated").textContent = `${fmtNum(m.events_aggregated_per_second)} ev/s aggregated`;
     $("status-lag-events").textContent = `lag ${fmtNum(m.lag_events)} events`;
     updateLastBatch();
+    updateQuery(m.query);
+  }
+  function updateQuery(q) { // the Spark query's health (lag.feed.query_health), null before it ever started
+    const el = $("status-query");
+    let st, text;
+    if (!q) { st = "none"; text = "query not started"; }
+    else if (q.running) {
+      st = "running";
+      text = "query running" + (q.batch_duration_ms !== null && q.batch_duration_ms !== undefined
+        ? ` · batch ${fmtNum(q.batch_duration_ms)} ms` : "") +
+        (q.processed_rows_per_second !== null && q.processed_rows_per_second !== undefined
+          ? ` · ${fmtNum(q.processed_rows_per_second)} rows/s` : "");
+    } else if (q.stale) { st = "stale"; text = `query silent for ${Math.round(q.seconds_since_last_event)} s`; }
+    else if (q.last_error) { st = "failed"; text = "query failed"; }
+    else { st = "stopped"; text = "query stopped" + (q.terminated_at_ms ? ` at ${fmtTime(q.terminated_at_ms)}` : ""); }
+    el.dataset.state = st;
+    el.textContent = text;
+    el.title = q && q.last_error ? `last error: ${q.last_error}` :
+      "the pipeline's Spark query, as its listener reports it" + (q && q.batch_id !== null && q.batch_id !== undefined ? ` (batch ${q.batch_id})` : "");
   }
   function updateLastBatch() {
     const m = lastPipeline;

@@ -1,71 +1,21 @@
 """Consumer lag with real processes: the API samples lag while the pipeline (a separate
-Spark process) is stopped and started again, and a producer keeps sending over HTTP."""
+Spark process) is stopped and started again, and a producer keeps sending over HTTP.
+
+The scenario lives in tests/e2e/lag_scenario.py; tests/browser/test_lag_e2e.py runs it too,
+with the dashboard open, and when that one is selected (Chromium present) this one is skipped
+(tests/conftest.py) so the suite starts Spark for it only once."""
 
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import Producer
+from tests.e2e.lag_scenario import PROCESS_TEST, SETTINGS, run_lag_scenario
 
 pytestmark = pytest.mark.e2e
 
-WINDOW = 6
-INTERVAL_S = 0.5  # window = 3 s
-
 
 def test_lag_grows_and_stops_while_the_pipeline_is_down_and_drains_when_it_is_back(service_factory):
-    service = service_factory(lag_sample_interval="500ms", lag_window=WINDOW, spark_driver_memory="1g")
-    service.start_api()
-    producer = Producer(service.base).start()
-    try:
-        service.start_pipeline()
+    run_lag_scenario(service_factory(**SETTINGS))
 
-        # Running: Spark reports the query, batches commit and the lag status is OK.
-        def running_and_ok():
-            pipeline = service.get("/api/v1/pipeline")
-            lag = service.get("/api/v1/lag", **{"from": "now-10s"})
-            query = pipeline["health"]["query"]
-            return (query and query["running"] and query["batch_id"] is not None and pipeline["batches"] > 0
-                    and lag["status"] == "OK" and lag["streams"]["orders"]["status"] == "OK")
 
-        service.wait_for(running_and_ok, 120, "the pipeline to run and the lag status to be OK")
-        assert service.get("/api/v1/pipeline")["health"]["query"]["processed_rows_per_second"] is not None
-
-        # Stop the pipeline; the producer keeps sending.
-        assert service.stop("pipeline") == 0
-        stopped = service.wait_for(
-            lambda: (lag := service.get("/api/v1/lag", stream="orders"))["status"] == "STOP" and lag,
-            WINDOW * INTERVAL_S + 15, "the lag status to become STOP")
-        assert "no commit for" in stopped["reason"]
-        # ... and the lag keeps growing, in events and in seconds, a few samples later.
-        later = service.wait_for(
-            lambda: ((lag := service.get("/api/v1/lag", stream="orders"))["lag_events"] > stopped["lag_events"]
-                     and lag["lag_seconds"] > stopped["lag_seconds"] + 1 and lag),
-            10, "the lag to grow while the pipeline is stopped")
-        assert later["status"] == "STOP"
-        assert later["lag_seconds"] >= WINDOW * INTERVAL_S
-        series = later["series"]["streams"]["orders"]
-        assert series[-1]["lag_events"] > series[0]["lag_events"]
-        query = service.get("/api/v1/pipeline")["health"]["query"]
-        assert query["running"] is False and query["last_error"] is None and query["terminated_at_ms"]
-        families = {f.name: f for f in text_string_to_metric_families(service.http.get("/metrics").text)}
-        states = {(s.labels["stream"], s.labels["partition"]) for s in families["sketchboard_lag_status"].samples
-                  if s.value == 1 and s.labels["sketchboard_lag_status"] == "STOP"}
-        assert states and all(stream == "orders" for stream, _ in states)
-        assert max(s.value for s in families["sketchboard_lag_seconds"].samples) > 0
-
-        # Start it again: once it commits, stop the producer; the lag drains and the status is OK.
-        batches = service.get("/api/v1/pipeline")["batches"]
-        service.start_pipeline()
-        service.wait_for(lambda: service.get("/api/v1/pipeline")["batches"] > batches, 120,
-                         "the restarted pipeline to commit")
-        producer.stop()
-        drained = service.wait_for(
-            lambda: (lag := service.get("/api/v1/lag"))["lag_events"] == 0 and lag["status"] == "OK" and lag,
-            60, "the lag to drain and the status to return to OK")
-        assert drained["lag_seconds"] == 0.0
-        assert service.get("/api/v1/pipeline")["health"]["query"]["running"] is True
-        assert not producer.errors, producer.errors[:3]
-    finally:
-        producer.stop()
+assert test_lag_grows_and_stops_while_the_pipeline_is_down_and_drains_when_it_is_back.__name__ == PROCESS_TEST

@@ -1,7 +1,8 @@
 """Real processes for end-to-end tests: the API and the pipeline as separate `sketchboard`
 processes on a free loopback port, with a settings file under tmp_path; the pipeline can be
-stopped (SIGTERM) and started again while the API keeps serving. Extend freely (a browser
-test can point at `service.base`)."""
+stopped (SIGTERM) and started again while the API keeps serving. Shared by tests/e2e and
+tests/browser: the `service_factory` fixture is in tests/conftest.py, a browser test points
+its page at `service.base`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
 
@@ -137,19 +137,3 @@ class Producer:
                 except httpx.HTTPError as exc:
                     self.errors.append(str(exc))
                 self._stop.wait(self.every_s)
-
-
-@pytest.fixture
-def service_factory(tmp_path):
-    """service_factory(**settings) -> a Service (nothing started yet); all are closed at the end."""
-    made: list[Service] = []
-
-    def make(**settings) -> Service:
-        root = tmp_path / f"service{len(made)}"
-        root.mkdir()
-        made.append(Service(root, settings))
-        return made[-1]
-
-    yield make
-    for service in made:
-        service.close()
