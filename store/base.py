@@ -142,9 +142,13 @@ class PipelineProgress:
 
 class PaneStore(ABC):
     @abstractmethod
-    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
+                     retention_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Merge a batch's partials into the stored panes and record the batch id, in one
-        transaction; a batch id already recorded for the pipeline changes nothing."""
+        transaction with its corrections (merges into panes already final by the watermark
+        stored before this batch), dead letters, counters, watermark and offsets; a batch id
+        already recorded for the pipeline changes nothing. With retention_ms and the commit's
+        batch_now_ms, panes wholly before now - retention are dropped."""
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...
