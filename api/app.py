@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from api import ingest_routes, query_routes, status_routes
+from api import corrections_routes, ingest_routes, query_routes, status_routes
 from api.context import ApiContext
 
 _INDEX = """<!doctype html><html><head><meta charset="utf-8"><title>Sketchboard</title></head>
@@ -29,6 +29,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(ingest_routes.router(ctx))
     app.include_router(query_routes.router(ctx))
     app.include_router(status_routes.router(ctx))
+    app.include_router(corrections_routes.router(ctx))
 
     @app.get("/", include_in_schema=False)
     def index() -> HTMLResponse:
