@@ -43,7 +43,7 @@ def _event(rng, t: int) -> dict:
             "response_bytes": 512, "user_id": f"u{rng.integers(0, 5000)}"}
 
 
-def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 24_000, seed: int = 11,
+def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 16_000, seed: int = 11,
                         chunk: int = 400) -> StragglerLog:
     """Events over 5 minutes of event time from base_ms, appended in arrival order (ingest
     time = arrival): most arrive within ~1 s, 6 % are 40..150 s late (past the 30 s allowed
@@ -72,7 +72,7 @@ def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 
         assert not rejected, rejected[:1]
         log.append(stream, good, max(a for a, _ in part))
         out.records += len(good)
-        if i == chunk * 20:
+        if i == chunk * 15:
             out.unparseable |= _inject_bad_records(path, stream, max(a for a, _ in part))
             out.records += 4
     log.close()
