@@ -14,6 +14,7 @@ says why (null for good rows); the pipeline dead-letters them as `unparseable`.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -141,6 +142,8 @@ def read_slice(log: SqliteEventLog, stream: StreamDef, partition: int, start: in
                     pos = out.column(2)[-1].as_py() + 1
                 yield out
             return
+        except (sqlite3.Error, OSError, MemoryError):
+            raise  # the log itself is unreadable right now: fail the batch (Spark retries it), lose nothing
         except Exception as exc:  # a corrupt segment: report its offsets, read on after it
             bounds = log.segment_at(stream.name, partition, pos)
             if bounds is None or bounds[0] >= end:

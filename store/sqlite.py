@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_by_offset ON dead_letters (pipeline, stream, partition, "offset");
 CREATE INDEX IF NOT EXISTS dead_letters_by_reason ON dead_letters (stream, reason, id);
+CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (stream, at_ms);
 CREATE TABLE IF NOT EXISTS corrections (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     stream TEXT NOT NULL,
