@@ -265,3 +265,27 @@ def test_watermark_in_the_store_never_decreases_and_corrections_match_the_rule(t
     assert len(store.corrections(limit=10_000)) == expected
     assert {p.key.start_ms: p.revision for p in store.read_panes("s", 0, 2**62)} == revisions
     store.close()
+
+
+@pytest.mark.parametrize(("step", "window"), [(PANE, PANE), (PANE, 3 * PANE), (2 * PANE, 4 * PANE)])
+def test_a_correction_changes_every_window_covering_the_pane_and_no_other(store, step, window):
+    from store.rollup import rollup
+
+    starts = [T0 + i * PANE for i in range(12)]
+    store.commit_batch(commit(0, [part(s, [1.0, 2.0]) for s in starts], max_event=T0 + 200_000),
+                       lateness_ms=LATENESS, now_ms=1)
+
+    def points():
+        series = rollup(store.read_panes("s", T0, T0 + 200_000), stat="sum", quantile=None, value_field="v",
+                        distinct_field=None, start_ms=T0, end_ms=T0 + 120_000, step_ms=step, window_ms=window,
+                        pane_ms=PANE, watermark_ms=store.watermarks()["s"])
+        return {p.t_ms: p for p in series[0].points}
+
+    before = points()
+    corrected = T0 + 5 * PANE
+    store.commit_batch(commit(1, [part(corrected, [100.0])]), lateness_ms=LATENESS, now_ms=2)
+    after = points()
+    for t, p in after.items():
+        covers = t <= corrected < t + window
+        assert p.value == before[t].value + (100.0 if covers else 0.0)
+        assert p.revision == (2 if covers else 1) and p.final
