@@ -43,23 +43,25 @@ def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tup
 
 
 def rows_to_dead_letters(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> list[DeadLetter]:
-    """The dead-lettered records of a batch (one aggregate row each), in log order."""
+    """The dead-lettered records of a batch (listed in the per-reason rows), in log order."""
     out = []
     for row in rows:
         stream = catalog.streams.get(row["stream"])
         if stream is None or row.get("dead_reason") is None:
             continue
-        dims = row.get("dead_dims")
-        out.append(DeadLetter(
-            stream=stream.name,
-            partition=int(row["dead_partition"]),
-            offset=int(row["dead_offset"]),
-            reason=row["dead_reason"],
-            event_time_ms=row.get("dead_event_time"),
-            ingest_time_ms=row.get("dead_ingest_time"),
-            error=row.get("dead_error"),
-            dims=dict(zip(stream.dimensions, dims, strict=False)) if dims else None,
-        ))
+        for rec in row.get("dead_records") or ():
+            rec = rec.asDict() if hasattr(rec, "asDict") else rec
+            dims = rec.get("dims")
+            out.append(DeadLetter(
+                stream=stream.name,
+                partition=int(rec["partition"]),
+                offset=int(rec["offset"]),
+                reason=row["dead_reason"],
+                event_time_ms=rec.get("event_time"),
+                ingest_time_ms=rec.get("ingest_time"),
+                error=rec.get("error"),
+                dims=dict(zip(stream.dimensions, dims, strict=False)) if dims else None,
+            ))
     out.sort(key=lambda d: (d.stream, d.partition, d.offset))
     return out
 

@@ -5,9 +5,10 @@ rule of `aggregates.eventtime`). Good rows are assigned to their event-time pane
 by (stream, pane start, dimension values); per group: the count, the newest event time, and
 per value slot n/sum/min/max plus a KLL sketch, per distinct slot an HLL sketch (Spark's
 native DataSketches aggregates, whose bytes the `datasketches` package reads). Dead rows go
-through the same aggregation, one group per record (keyed by partition and offset), so a
-batch is one Spark job and one collect; their values are nulled first, so they cost no
-sketch updates and cannot move the watermark. No state is kept between batches: the store
+through the same aggregation, one group per (stream, reason): its count is the per-reason
+count, computed on the executors, and a collect_list carries the (few) dead records to the
+driver. So a batch is one Spark job and one collect, and dead records cannot move the
+watermark (their newest event time belongs to their own group, which is no pane). No state is kept between batches: the store
 merges the partials, so Spark needs no state store.
 """
 
@@ -51,40 +52,32 @@ def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
 
 def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
                        kll_k: int = DEFAULT_K) -> DataFrame:
-    """One row per (stream, pane, dims) of good records (dead_reason null) and one row per
-    dead-lettered record (dead_reason set, with its partition, offset, times, error, dims)."""
+    """One row per (stream, pane, dims) of good records (dead_reason null), and one row per
+    (stream, dead_reason) whose `count` is the number of records dead-lettered for that reason
+    and whose `dead_records` lists them (partition, offset, event_time, ingest_time, error, dims)."""
     width_vals = max((len(s.values) for s in catalog.streams.values()), default=0)
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
     pane_ms = pane_ms_column(catalog)
     rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
     good = F.col("dead_reason").isNull()
-    dead = F.col("dead_reason").isNotNull()
-    rows = rows.select(
-        "stream",
-        "dead_reason",
-        F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms)).alias("pane_start"),
-        F.when(good, F.col("dims")).alias("g_dims"),
-        F.when(dead, F.col("partition")).alias("dead_partition"),
-        F.when(dead, F.col("offset")).alias("dead_offset"),
-        F.when(good, F.col("event_time")).alias("good_event_time"),
-        F.when(dead, F.col("event_time")).alias("dead_event_time"),
-        F.when(dead, F.col("ingest_time")).alias("dead_ingest_time"),
-        F.when(dead, F.col("error")).alias("dead_error"),
-        F.when(dead, F.col("dims")).alias("dead_dims"),
-        # get() yields null past the end of a shorter stream's array (no ANSI error).
-        *[F.when(good, F.get(F.col("vals"), i)).alias(f"v_{i}") for i in range(width_vals)],
-        *[F.when(good, F.get(F.col("ids"), j)).alias(f"id_{j}") for j in range(width_ids)],
-    )
+    rows = rows.withColumns({
+        "pane_start": F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms)),
+        "g_dims": F.when(good, F.col("dims")),
+    })
+    # Dead records sit in their own groups (their reason is part of the key), so they add to
+    # no pane and to no pane's newest event time: the watermark ignores them.
     aggs = [
         F.count(F.lit(1)).alias("count"),
-        F.max("good_event_time").alias("max_event_time"),
-        F.max("dead_event_time").alias("dead_event_time"),
-        F.max("dead_ingest_time").alias("dead_ingest_time"),
-        F.max("dead_error").alias("dead_error"),
-        F.max("dead_dims").alias("dead_dims"),
+        F.max("event_time").alias("max_event_time"),
+        # collect_list skips nulls: empty for good groups, the (few) dead records otherwise.
+        F.collect_list(F.when(~good, F.struct(
+            F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
+            F.col("dims"),
+        ))).alias("dead_records"),
     ]
     for i in range(width_vals):
-        v = F.col(f"v_{i}")
+        # get() yields null past the end of a shorter stream's array (no ANSI error).
+        v = F.get(F.col("vals"), i)
         aggs += [
             F.count(v).alias(f"n_{i}"),
             F.sum(v).alias(f"sum_{i}"),
@@ -93,9 +86,9 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
             F.kll_sketch_agg_double(v, kll_k).alias(f"kll_{i}"),
         ]
     for j in range(width_ids):
-        aggs.append(F.hll_sketch_agg(F.col(f"id_{j}"), lg_k).alias(f"hll_{j}"))
+        aggs.append(F.hll_sketch_agg(F.get(F.col("ids"), j), lg_k).alias(f"hll_{j}"))
     return (
-        rows.groupBy("stream", "dead_reason", "pane_start", "g_dims", "dead_partition", "dead_offset")
+        rows.groupBy("stream", "dead_reason", "pane_start", "g_dims")
         .agg(*aggs)
         .withColumnRenamed("g_dims", "dims")
     )
