@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from catalog import Catalog
-from store import BatchCommit, PaneData, PanePartial, ValueStats
+from store import BatchCommit, DeadLetter, PaneData, PanePartial, ValueStats
 
 
 def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[list[PanePartial], dict[str, int]]:
     """Map positional slots back to field names; return the partials and the newest event
-    time per stream."""
+    time per stream (rows of dead-lettered records are not partials: they are skipped)."""
     partials: list[PanePartial] = []
     max_event: dict[str, int] = {}
     for row in rows:
         stream = catalog.streams.get(row["stream"])
         if stream is None:  # a stream removed from the configuration: its records are skipped
+            continue
+        if row.get("dead_reason") is not None:
             continue
         values = {}
         for i, name in enumerate(stream.values):
@@ -39,16 +42,55 @@ def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tup
     return partials, max_event
 
 
+def rows_to_dead_letters(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> list[DeadLetter]:
+    """The dead-lettered records of a batch (listed in the per-reason rows), in log order."""
+    out = []
+    for row in rows:
+        stream = catalog.streams.get(row["stream"])
+        if stream is None or row.get("dead_reason") is None:
+            continue
+        for rec in row.get("dead_records") or ():
+            rec = rec.asDict() if hasattr(rec, "asDict") else rec
+            dims = rec.get("dims")
+            out.append(DeadLetter(
+                stream=stream.name,
+                partition=int(rec["partition"]),
+                offset=int(rec["offset"]),
+                reason=row["dead_reason"],
+                event_time_ms=rec.get("event_time"),
+                ingest_time_ms=rec.get("ingest_time"),
+                error=rec.get("error"),
+                dims=dict(zip(stream.dimensions, dims, strict=False)) if dims else None,
+            ))
+    out.sort(key=lambda d: (d.stream, d.partition, d.offset))
+    return out
+
+
 def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]], catalog: Catalog,
-                 end_offsets: Mapping[str, Mapping[int, int]]) -> BatchCommit:
+                 end_offsets: Mapping[str, Mapping[int, int]], *, batch_now_ms: int | None = None) -> BatchCommit:
+    rows = list(rows)
     partials, max_event = rows_to_partials(rows, catalog)
+    dead = rows_to_dead_letters(rows, catalog)
+    # Counts come from the executors' aggregate (count per group), not from list lengths.
+    read: dict[str, int] = defaultdict(int)
+    dead_counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for row in rows:
+        if row["stream"] not in catalog.streams:
+            continue
+        read[row["stream"]] += row["count"]
+        if row.get("dead_reason") is not None:
+            dead_counts[row["stream"]][row["dead_reason"]] += row["count"]
     return BatchCommit(
         pipeline=pipeline,
         batch_id=batch_id,
         partials=partials,
-        events_read=sum(p.data.count for p in partials),
+        events_read=sum(read.values()),
         max_event_ms=max_event,
         end_offsets=end_offsets,
+        dead_letters=dead,
+        read_by_stream=dict(read),
+        dead_by_stream={s: dict(r) for s, r in dead_counts.items()},
+        batch_now_ms=batch_now_ms,
     )
 
 

@@ -1,35 +1,80 @@
-"""Per-batch partial aggregation, run on the executors.
+"""Per-batch partial aggregation and dead-letter classification, run on the executors.
 
-Every source row is assigned to its event-time pane and grouped by (stream, pane start,
-dimension values). Per group: the count, the newest event time, and per value slot
-n/sum/min/max plus a KLL sketch, per distinct slot an HLL sketch (Spark's native
-DataSketches aggregates, whose bytes the `datasketches` package reads). No state is
-kept between batches: the store merges the partials, so Spark needs no state store.
+Every source row first gets a dead-letter reason or null (`dead_letter_reason_column`, the
+rule of `aggregates.eventtime`). Good rows are assigned to their event-time pane and grouped
+by (stream, pane start, dimension values); per group: the count, the newest event time, and
+per value slot n/sum/min/max plus a KLL sketch, per distinct slot an HLL sketch (Spark's
+native DataSketches aggregates, whose bytes the `datasketches` package reads). Dead rows go
+through the same aggregation, one group per (stream, reason): its count is the per-reason
+count, computed on the executors, and a collect_list carries the (few) dead records to the
+driver. So a batch is one Spark job and one collect, and dead records cannot move the
+watermark (their newest event time belongs to their own group, which is no pane). No state is kept between batches: the store
+merges the partials, so Spark needs no state store.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from catalog import Catalog
+from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, UNPARSEABLE
+from catalog import Catalog, StreamDef
 from sketches import DEFAULT_K, DEFAULT_LG_K
+
+
+def per_stream(catalog: Catalog, value: Callable[[StreamDef], int]) -> Column:
+    """A per-stream constant of each row's stream, as a literal CASE expression."""
+    expr = None
+    for name, stream in catalog.streams.items():
+        expr = (F.when if expr is None else expr.when)(F.col("stream") == name, F.lit(value(stream)))
+    return expr.otherwise(F.lit(None)) if expr is not None else F.lit(None)
 
 
 def pane_ms_column(catalog: Catalog) -> Column:
     """The pane size of each row's stream, as a literal CASE expression."""
-    expr = None
-    for name, stream in catalog.streams.items():
-        expr = (F.when if expr is None else expr.when)(F.col("stream") == name, F.lit(stream.pane))
-    return expr.otherwise(F.lit(None)) if expr is not None else F.lit(None)
+    return per_stream(catalog, lambda s: s.pane)
 
 
-def partial_aggregates(df: DataFrame, catalog: Catalog, *, lg_k: int = DEFAULT_LG_K, kll_k: int = DEFAULT_K) -> DataFrame:
+def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
+    """Null for a row to merge, else its dead-letter reason (see aggregates.eventtime)."""
+    retention = per_stream(catalog, lambda s: s.retention)
+    skew = per_stream(catalog, lambda s: s.max_future_skew)
+    event_time, ingest_time = F.col("event_time"), F.col("ingest_time")
+    return (
+        F.when(F.col("error").isNotNull() | event_time.isNull() | ingest_time.isNull(), F.lit(UNPARSEABLE))
+        .when(event_time < F.lit(batch_now_ms) - retention, F.lit(BEYOND_RETENTION))
+        .when(event_time > ingest_time + skew, F.lit(FUTURE_SKEW))
+        .otherwise(F.lit(None).cast("string"))
+    )
+
+
+def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
+                       kll_k: int = DEFAULT_K) -> DataFrame:
+    """One row per (stream, pane, dims) of good records (dead_reason null), and one row per
+    (stream, dead_reason) whose `count` is the number of records dead-lettered for that reason
+    and whose `dead_records` lists them (partition, offset, event_time, ingest_time, error, dims)."""
     width_vals = max((len(s.values) for s in catalog.streams.values()), default=0)
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
     pane_ms = pane_ms_column(catalog)
-    rows = df.withColumn("pane_start", F.col("event_time") - F.pmod(F.col("event_time"), pane_ms))
-    aggs = [F.count(F.lit(1)).alias("count"), F.max("event_time").alias("max_event_time")]
+    rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
+    good = F.col("dead_reason").isNull()
+    rows = rows.withColumns({
+        "pane_start": F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms)),
+        "g_dims": F.when(good, F.col("dims")),
+    })
+    # Dead records sit in their own groups (their reason is part of the key), so they add to
+    # no pane and to no pane's newest event time: the watermark ignores them.
+    aggs = [
+        F.count(F.lit(1)).alias("count"),
+        F.max("event_time").alias("max_event_time"),
+        # collect_list skips nulls: empty for good groups, the (few) dead records otherwise.
+        F.collect_list(F.when(~good, F.struct(
+            F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
+            F.col("dims"),
+        ))).alias("dead_records"),
+    ]
     for i in range(width_vals):
         # get() yields null past the end of a shorter stream's array (no ANSI error).
         v = F.get(F.col("vals"), i)
@@ -42,4 +87,8 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, lg_k: int = DEFAULT_L
         ]
     for j in range(width_ids):
         aggs.append(F.hll_sketch_agg(F.get(F.col("ids"), j), lg_k).alias(f"hll_{j}"))
-    return rows.groupBy("stream", "pane_start", "dims").agg(*aggs)
+    return (
+        rows.groupBy("stream", "dead_reason", "pane_start", "g_dims")
+        .agg(*aggs)
+        .withColumnRenamed("g_dims", "dims")
+    )

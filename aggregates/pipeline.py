@@ -13,7 +13,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
-from aggregates.partials import partial_aggregates
+from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
 from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
@@ -60,18 +60,26 @@ class Pipeline:
             log.info("batch %d already committed, skipped", batch_id)
             self.last_result = CommitResult(committed=False)
             return self.last_result
-        rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, lg_k=self.config.lg_k,
-                                                       kll_k=self.config.kll_k).collect()]
+        # The clock is read once per batch and passed into the job as a literal: every
+        # executor judges retention against the same instant.
+        batch_now_ms = int(self.clock() * 1000)
+        rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
+                                                       lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
         commit = build_commit(self.config.name, batch_id, rows, self.catalog,
-                              checkpointed_end_offsets(self.config.checkpoint_dir, batch_id))
+                              checkpointed_end_offsets(self.config.checkpoint_dir, batch_id),
+                              batch_now_ms=batch_now_ms)
         if self.bloom.enabled:
-            commit = replace(commit, bloom=self.bloom.process(batch))
+            # Only the records merged into panes are keys seen: dead letters are not.
+            merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+            commit = replace(commit, bloom=self.bloom.process(merged))
         lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
-        result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000))
+        retention = {name: s.retention for name, s in self.catalog.streams.items()}
+        result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
+                                         retention_ms=retention)
         log.info(
-            "batch %d: %d events -> %d panes (%d new, %d updated) in %.0f ms",
+            "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered in %.0f ms",
             batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
-            (time.perf_counter() - started) * 1000,
+            result.corrections, result.dead_letters, (time.perf_counter() - started) * 1000,
         )
         self.last_result = result
         return result

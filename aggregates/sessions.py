@@ -66,6 +66,11 @@ class SessionPipeline:
         key = F.get(F.col(column), index)
         return (
             events.where(F.col("stream") == self.source.name)
+            # Records the pane pipeline dead-letters as unparseable or from a clock in the future
+            # stay out of sessions too (a future clock would drag this query's watermark ahead);
+            # records beyond retention are far behind the watermark, which drops them.
+            .where(F.col("error").isNull() & F.col("ingest_time").isNotNull()
+                   & (F.col("event_time") <= F.col("ingest_time") + F.lit(self.source.max_future_skew)))
             .select(key.alias("key"), F.timestamp_millis("event_time").alias("ts"), "event_time")
             .where(F.col("key").isNotNull() & (F.col("key") != ""))
             .withWatermark("ts", f"{self.source.allowed_lateness} milliseconds")
@@ -85,6 +90,7 @@ class SessionPipeline:
             F.array().cast("array<string>").alias("dims"),
             F.array((F.col("last_ms") - F.col("first_ms")).cast("double"), F.col("events").cast("double")).alias("vals"),
             F.array(F.col("key")).alias("ids"),
+            F.lit(None).cast("string").alias("error"),
         )
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
@@ -94,12 +100,15 @@ class SessionPipeline:
             self.last_result = CommitResult(committed=False)
             return self.last_result
         c = self.config
+        batch_now_ms = int(self.clock() * 1000)
         rows = [r.asDict() for r in partial_aggregates(self.as_source_rows(batch), self.derived_catalog,
-                                                       lg_k=c.lg_k, kll_k=c.kll_k).collect()]
+                                                       batch_now_ms=batch_now_ms, lg_k=c.lg_k,
+                                                       kll_k=c.kll_k).collect()]
         commit = build_commit(self.name, batch_id, rows, self.derived_catalog,
-                              checkpointed_end_offsets(self.checkpoint_dir, batch_id))
+                              checkpointed_end_offsets(self.checkpoint_dir, batch_id), batch_now_ms=batch_now_ms)
         result = self.store.commit_batch(commit, lateness_ms={self.derived.name: self.derived.allowed_lateness},
-                                         now_ms=int(self.clock() * 1000))
+                                         now_ms=batch_now_ms,
+                                         retention_ms={self.derived.name: self.derived.retention})
         log.info("%s: batch %d: %d sessions closed -> %d panes", self.name, batch_id, commit.events_read,
                  len(commit.partials))
         self.last_result = result

@@ -11,8 +11,9 @@ import plotly
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
-from api import http_metrics, ingest_routes, lag_routes, membership_routes, query_routes, status_routes, ws_routes
+from api import corrections_routes, http_metrics, ingest_routes, lag_routes, membership_routes, query_routes, status_routes, ws_routes
 from api.context import ApiContext
+from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed
 from api.ws_hub import Hub, HubConfig
 from lag.feed import LagFeed, query_health
@@ -23,16 +24,18 @@ _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/htm
 
 
 def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
-    """`feeds`: extra broadcast feeds for the websocket (objects with `topic` and `poll()`),
-    besides the built-in `pipeline` feed; more can be added later with app.state.hub.add_feed."""
+    """`feeds`: broadcast feeds for the websocket (objects with `topic` and `poll()`); each
+    replaces the built-in feed of its topic (pipeline, corrections, lag). More can be added later
+    with app.state.hub.add_feed."""
     # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
-    registry = FeedRegistry([PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock,
-                                          query_health=query)])
+    built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query),
+                CorrectionsFeed(ctx.store)]
     if ctx.lag is not None:
-        registry.add(LagFeed(ctx.lag))
-    for feed in feeds:
-        registry.add(feed)
+        built_in.append(LagFeed(ctx.lag))
+    given = list(feeds)
+    topics = {feed.topic for feed in given}
+    registry = FeedRegistry([feed for feed in built_in if feed.topic not in topics] + given)
     hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry))
 
     @asynccontextmanager
@@ -54,6 +57,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(lag_routes.router(ctx))
     http_metrics.install(app)
     app.include_router(membership_routes.router(ctx))
+    app.include_router(corrections_routes.router(ctx))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

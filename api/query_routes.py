@@ -26,8 +26,9 @@ class PointOut(BaseModel):
     t: int = Field(description="window start, epoch ms; the window is [t, t + window)")
     value: float | None = Field(description="null where the stat is undefined for an empty window")
     count: int = Field(description="events in the window")
-    final: bool = Field(description="the watermark has passed the window's end")
-    revision: int = Field(description="highest revision of the panes in the window (0: none)")
+    final: bool = Field(description="the watermark has passed the window's end (else: provisional)")
+    revision: int = Field(description="highest revision of the panes in the window (0: none;"
+                          " >1: corrected after it was final, see /api/v1/corrections)")
     error: ErrorBoundOut | None = Field(None, description="bounds of a sketch estimate; null when exact")
 
 

@@ -54,6 +54,11 @@ def pipeline_status(ctx: ApiContext) -> dict:
             "max_event_ms": s.max_event_ms if s else None,
             "events_in_log": sum(o.end - o.start for o in offsets.values()),
             "events_aggregated": s.events_aggregated if s else 0,
+            # read = aggregated + dead-lettered, always (checked in every batch's commit)
+            "events_read": s.events_read if s else 0,
+            "events_dead_lettered": s.events_dead_lettered if s else 0,
+            "dead_lettered_by_reason": dict(s.dead_lettered_by_reason) if s else {},
+            "corrections": s.corrections if s else 0,
             "panes": s.panes if s else 0,
             "lag_events": sum(p["lag_events"] for p in partitions.values()),
             "partitions": partitions,

@@ -60,11 +60,23 @@ class StreamDef(BaseModel):
     def _check_features(self) -> StreamDef:
         check_stream(self)
         return self
+    # Events older than (pipeline clock - retention) are dead-lettered, and panes that old are dropped.
+    retention: DurationMs = 7 * 86_400_000
+    # Events more than this ahead of the time we received them are dead-lettered, so a device
+    # clock gone wrong cannot drag the watermark ahead.
+    max_future_skew: DurationMs = 300_000
 
     @model_validator(mode="after")
     def _check_roles(self) -> StreamDef:
         if self.pane < 1_000 or 86_400_000 % self.pane != 0:
             raise ValueError("pane must be at least 1s and divide one day evenly (e.g. 1s, 10s, 1m, 5m, 1h)")
+        if self.retention < self.pane:
+            raise ValueError(f"retention ({format_duration_ms(self.retention)}) must be at least one pane"
+                             f" ({format_duration_ms(self.pane)})")
+        if self.retention <= self.allowed_lateness:
+            raise ValueError(f"retention ({format_duration_ms(self.retention)}) must be longer than allowed_lateness"
+                             f" ({format_duration_ms(self.allowed_lateness)}): late events inside the lateness"
+                             " must still be accepted")
         roles: dict[str, str] = {}
         for role, names in (
             ("time_field", (self.time_field,)),

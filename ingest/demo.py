@@ -7,6 +7,12 @@ slow endpoint with a heavy tail, lognormal latencies, now-and-then error bursts 
 endpoint, a daily rate shape with short spikes, Zipf-skewed users and slightly
 out-of-order event times.
 
+Stragglers (`Stragglers`, on by default in the producer's command line, off in a bare
+`DemoTraffic`): a fraction of events is sent late by an exponential delay; a smaller
+fraction later than the stream's allowed lateness (the pane is final by then: the pipeline
+publishes a correction); a few older than the stream's retention and a few from a clock far
+in the future (both dead-lettered).
+
 Run it against a running service with `python -m ingest.demo --url http://127.0.0.1:8000`.
 """
 
@@ -108,13 +114,52 @@ def _shares(pairs: tuple[tuple[Any, ...], ...]) -> np.ndarray:
     return weights / weights.sum()
 
 
+@dataclass(frozen=True)
+class Stragglers:
+    """The late and broken part of the demo traffic (fractions of all events, per stream).
+
+    delayed_fraction      sent late by an exponential delay with mean delay_mean_s (most
+                          land inside the allowed lateness: the pane is still provisional)
+    late_fraction         sent after the pane became final: delay = allowed_lateness + pane
+                          + 1 s + an exponential with mean allowed_lateness -> a correction
+    horizon_fraction      event time older than the stream's retention (by 1 min..1 day)
+                          -> dead letter `beyond_retention`
+    future_fraction       event time ahead of the clock by more than max_future_skew (by
+                          1 min..1 day more) -> dead letter `future_skew`
+    """
+
+    delayed_fraction: float = 0.05
+    delay_mean_s: float = 5.0
+    late_fraction: float = 0.005
+    horizon_fraction: float = 0.0005
+    future_fraction: float = 0.0002
+
+    def __post_init__(self) -> None:
+        fractions = (self.delayed_fraction, self.late_fraction, self.horizon_fraction, self.future_fraction)
+        if any(not 0.0 <= f <= 1.0 for f in fractions) or sum(fractions) > 1.0:
+            raise ValueError(f"straggler fractions must lie in [0, 1] and add up to at most 1, got {fractions}")
+        if not self.delay_mean_s >= 0:
+            raise ValueError(f"delay_mean_s must not be negative, got {self.delay_mean_s}")
+
+    @classmethod
+    def none(cls) -> Stragglers:
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+# What _times() made of each event (for tests and for the curious).
+ON_TIME, DELAYED, LATE, BEYOND_HORIZON, FUTURE = "on_time", "delayed", "late", "beyond_horizon", "future"
+
+
 class DemoTraffic:
     """Seeded generator of demo events; event times come from the injected clock (epoch s)."""
 
-    def __init__(self, catalog: Catalog, *, seed: int = 0, clock: Callable[[], float] = time.time):
+    def __init__(self, catalog: Catalog, *, seed: int = 0, clock: Callable[[], float] = time.time,
+                 stragglers: Stragglers | None = None):
         self.catalog = catalog
         self.seed = seed
         self.clock = clock
+        self.stragglers = stragglers or Stragglers.none()
+        self.last_kinds: list[str] = []  # per event of the last generate_stream(): ON_TIME, DELAYED, ...
         self._rng = np.random.default_rng(seed)
         # Zipf ranks map to ids through a fixed permutation, so the heavy users are not
         # simply u00001, u00002, ... (ids look arbitrary, as real ones do).
@@ -180,11 +225,31 @@ class DemoTraffic:
             self._orders(n, strings, numbers)
         return self._assemble(stream, n, now_ms, strings, numbers)
 
-    def _times(self, n: int, now_ms: int) -> list[int]:
+    def _times(self, n: int, now_ms: int, stream: StreamDef | None = None) -> list[int]:
         # Mostly a few hundred ms behind the clock, never more than MAX_JITTER_MS; the
         # random jitter is what puts events out of order.
-        jitter = np.minimum(self._rng.exponential(400.0, n), MAX_JITTER_MS)
-        return (now_ms - jitter.astype(np.int64)).tolist()
+        rng = self._rng
+        jitter = np.minimum(rng.exponential(400.0, n), MAX_JITTER_MS)
+        times = now_ms - jitter.astype(np.int64)
+        s = self.stragglers
+        kinds = np.full(n, ON_TIME, dtype=object)
+        if stream is not None and (s.delayed_fraction or s.late_fraction or s.horizon_fraction or s.future_fraction):
+            u = rng.random(n)
+            edges = np.cumsum([s.future_fraction, s.horizon_fraction, s.late_fraction, s.delayed_fraction])
+            spread = rng.integers(60_000, 86_400_000, n)  # 1 min .. 1 day past a boundary
+            late = stream.allowed_lateness + stream.pane + 1_000 + rng.exponential(max(stream.allowed_lateness, 1), n)
+            delayed = rng.exponential(s.delay_mean_s * 1000.0, n)
+            for kind, lo, hi, t in (
+                (FUTURE, 0.0, edges[0], now_ms + stream.max_future_skew + spread),
+                (BEYOND_HORIZON, edges[0], edges[1], now_ms - stream.retention - spread),
+                (LATE, edges[1], edges[2], now_ms - late.astype(np.int64)),
+                (DELAYED, edges[2], edges[3], now_ms - delayed.astype(np.int64)),
+            ):
+                pick = (u >= lo) & (u < hi)
+                times = np.where(pick, t, times)
+                kinds[pick] = kind
+        self.last_kinds = kinds.tolist()
+        return times.tolist()
 
     def _zipf_ids(self, n: int, ids: list[str], a: float) -> list[str]:
         # numpy's zipf is unbounded; ranks past the population wrap around, which adds a
@@ -267,7 +332,7 @@ class DemoTraffic:
         # Take the domain columns the stream declares (with the right kind), fill anything
         # else it declares generically, and drop what it does not declare: the events
         # carry exactly the stream's fields even if the config changes.
-        columns: dict[str, list] = {stream.time_field: self._times(n, now_ms)}
+        columns: dict[str, list] = {stream.time_field: self._times(n, now_ms, stream)}
         keyed = set(stream.distinct_fields) | ({stream.key_field} if stream.key_field else set())
         for field in stream.string_fields:
             if field not in columns:
@@ -448,13 +513,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="stream configuration (default %(default)s)")
+    d = Stragglers()
+    parser.add_argument("--delayed-fraction", type=float, default=d.delayed_fraction,
+                        help="share of events sent late by an exponential delay (default %(default)s)")
+    parser.add_argument("--delay-mean", type=float, default=d.delay_mean_s,
+                        help="mean of that delay in seconds (default %(default)s)")
+    parser.add_argument("--late-fraction", type=float, default=d.late_fraction,
+                        help="share sent after their pane became final: corrections (default %(default)s)")
+    parser.add_argument("--horizon-fraction", type=float, default=d.horizon_fraction,
+                        help="share older than the retention: dead letters (default %(default)s)")
+    parser.add_argument("--future-fraction", type=float, default=d.future_fraction,
+                        help="share from a clock far in the future: dead letters (default %(default)s)")
     args = parser.parse_args(argv)
+    try:
+        stragglers = Stragglers(args.delayed_fraction, args.delay_mean, args.late_fraction, args.horizon_fraction,
+                                args.future_fraction)
+    except ValueError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     try:
         catalog = load_catalog(args.config)
     except ConfigError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    traffic = DemoTraffic(catalog, seed=args.seed)
+    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers)
     producer = DemoProducer(args.url, traffic, rate=args.rate)
     print(
         f"demo: sending ~{args.rate:g} requests/s (x{traffic.rate_at(time.time()):.2f} now) to {args.url},"

@@ -6,15 +6,21 @@ most `max_records_per_batch` records (admission control, fair across partitions)
 each task at most `max_records_per_task`. Rows come out in one schema for every stream:
 dimensions, values and distinct fields as arrays in the stream's declared order, so one
 query aggregates all streams.
+
+The source never fails on a bad record: a record without a usable event time or ingest time,
+and every offset of a segment that cannot be decoded, come out as rows whose `error` column
+says why (null for good rows); the pipeline dead-letters them as `unparseable`.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
@@ -39,12 +45,15 @@ SOURCE_SCHEMA = pa.schema(
         pa.field("dims", _list(pa.string())),
         pa.field("vals", _list(pa.float64())),
         pa.field("ids", _list(pa.string())),
+        pa.field("error", pa.string()),
     ]
 )
 SPARK_SCHEMA = (
     "stream string, partition int, offset bigint, event_time bigint, ingest_time bigint,"
-    " dims array<string>, vals array<double>, ids array<string>"
+    " dims array<string>, vals array<double>, ids array<string>, error string"
 )
+MISSING_EVENT_TIME = "record has no valid event time"
+MISSING_INGEST_TIME = "record has no valid ingest time"
 
 Offsets = dict[str, dict[str, int]]  # JSON-friendly: partition numbers as strings
 
@@ -74,6 +83,14 @@ def _interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: 
 def to_source_batch(stream: StreamDef, partition: int, batch: pa.RecordBatch) -> pa.RecordBatch:
     """A log batch (projected onto the stream's definition) in the source's uniform schema."""
     n = batch.num_rows
+    event_time, ingest_time = batch.column(EVENT_TIME), batch.column(INGEST_TIME)
+    if event_time.null_count or ingest_time.null_count:
+        error = pc.if_else(
+            pc.is_null(event_time), pa.scalar(MISSING_EVENT_TIME),
+            pc.if_else(pc.is_null(ingest_time), pa.scalar(MISSING_INGEST_TIME), pa.scalar(None, pa.string())),
+        )
+    else:
+        error = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays(
         [
             pa.array(np.full(n, stream.name, dtype=object), pa.string()),
@@ -84,9 +101,59 @@ def to_source_batch(stream: StreamDef, partition: int, batch: pa.RecordBatch) ->
             _interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
             _interleave([batch.column(v) for v in stream.values], n, pa.float64()),
             _interleave([batch.column(f) for f in stream.distinct_fields], n, pa.string()),
+            error,
         ],
         schema=SOURCE_SCHEMA,
     )
+
+
+def error_batch(stream: str, partition: int, start: int, end: int, error: str) -> pa.RecordBatch:
+    """One row per offset in [start, end) that could not be decoded, carrying the error."""
+    n = end - start
+    empty_strings = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
+                                             type=_list(pa.string()))
+    empty_doubles = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.float64()),
+                                             type=_list(pa.float64()))
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, stream, dtype=object), pa.string()),
+            pa.array(np.full(n, partition, dtype=np.int32)),
+            pa.array(np.arange(start, end, dtype=np.int64)),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.int64()),
+            empty_strings,
+            empty_doubles,
+            empty_strings,
+            pa.array(np.full(n, error[:500], dtype=object), pa.string()),
+        ],
+        schema=SOURCE_SCHEMA,
+    )
+
+
+def read_slice(log: SqliteEventLog, stream: StreamDef, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    """The source rows of [start, end) of one partition; never raises on a bad segment: its
+    offsets come out as error rows instead and reading goes on after it."""
+    pos = start
+    while pos < end:
+        try:
+            for batch in log.read(stream, partition, pos, end):
+                out = to_source_batch(stream, partition, batch)
+                if out.num_rows:
+                    pos = out.column(2)[-1].as_py() + 1
+                yield out
+            return
+        except (sqlite3.Error, OSError, MemoryError):
+            raise  # the log itself is unreadable right now: fail the batch (Spark retries it), lose nothing
+        except Exception as exc:  # a corrupt segment: report its offsets, read on after it
+            bounds = log.segment_at(stream.name, partition, pos)
+            if bounds is None or bounds[0] >= end:
+                raise  # not a segment problem we can step over
+            lo, hi = max(bounds[0], pos), min(bounds[1], end)
+            if hi <= lo:
+                raise
+            message = f"undecodable log segment (offsets {bounds[0]}..{bounds[1] - 1}): {type(exc).__name__}: {exc}"
+            yield error_batch(stream.name, partition, lo, hi, message)
+            pos = hi
 
 
 def plan_end_offsets(start: Offsets, available: Offsets, max_rows: int | None) -> Offsets:
@@ -184,8 +251,7 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: LogSlice) -> Iterator[pa.RecordBatch]:
         stream = self.catalog.stream(partition.stream)
-        for batch in self._open().read(stream, partition.partition, partition.start, partition.end):
-            yield to_source_batch(stream, partition.partition, batch)
+        yield from read_slice(self._open(), stream, partition.partition, partition.start, partition.end)
 
     def commit(self, end: dict) -> None:
         # Retention is by age and size, independent of readers (as in Kafka): nothing to do.

@@ -1,9 +1,13 @@
 """The serving store: panes of mergeable sketches, the change feed, batch ids, progress."""
 
 from store.base import (
+    DEAD_LETTER_REASONS,
     BatchCommit,
     Change,
     CommitResult,
+    Correction,
+    DeadLetter,
+    StoredDeadLetter,
     PanePartial,
     PaneStore,
     PipelineProgress,
@@ -13,6 +17,7 @@ from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key, pane_star
 from store.sqlite import SqlitePaneStore
 
 __all__ = [
+    "DEAD_LETTER_REASONS", "Correction", "DeadLetter", "StoredDeadLetter",
     "BatchCommit", "Change", "CommitResult", "Pane", "PaneData", "PaneKey", "PanePartial", "PaneStore",
     "PipelineProgress", "SqlitePaneStore", "StreamProgress", "ValueStats", "dims_key", "pane_start",
 ]

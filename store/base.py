@@ -21,6 +21,24 @@ class PanePartial:
     data: PaneData
 
 
+# Why an event was not merged (the dead-letter reasons).
+DEAD_LETTER_REASONS = ("unparseable", "beyond_retention", "future_skew")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One log record that was not merged, and why."""
+
+    stream: str
+    partition: int
+    offset: int
+    reason: str  # one of DEAD_LETTER_REASONS
+    event_time_ms: int | None = None
+    ingest_time_ms: int | None = None
+    error: str | None = None  # the decoding error of an unparseable record
+    dims: Mapping[str, str] | None = None
+
+
 @dataclass(frozen=True)
 class BatchCommit:
     """Everything one micro-batch writes, committed atomically with its batch id."""
@@ -33,6 +51,13 @@ class BatchCommit:
     max_event_ms: Mapping[str, int] = field(default_factory=dict)
     # Per stream and partition: the log offset up to which this batch read (exclusive).
     end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # The records of this batch that were not merged (all of them), and per stream the counts:
+    # records read, and records dead-lettered per reason. read = aggregated + dead-lettered.
+    dead_letters: Sequence[DeadLetter] = ()
+    read_by_stream: Mapping[str, int] = field(default_factory=dict)
+    dead_by_stream: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # The pipeline clock at the start of the batch: panes ending before now - retention are dropped.
+    batch_now_ms: int | None = None
     # Bloom filter bits and first-seen counts (store/bloom.py), saved in the same transaction.
     bloom: BloomCommit | None = None
 
@@ -44,11 +69,14 @@ class CommitResult:
     panes_updated: int = 0
     first_change_seq: int | None = None
     last_change_seq: int | None = None
+    corrections: int = 0
+    dead_letters: int = 0
 
 
 @dataclass(frozen=True)
 class Change:
-    """One entry of the change feed: a pane reached a new revision."""
+    """One entry of the change feed: a pane changed (correction_id is set when the change
+    was a correction of a final pane)."""
 
     seq: int
     stream: str
@@ -58,6 +86,37 @@ class Change:
     batch_id: int
     count_added: int
     at_ms: int
+    correction_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Correction:
+    """A change to a pane that was already final: old and new stats, and what caused it.
+
+    Stats are {"count": n, "values": {field: {n, sum, min, max}}, "distinct": {field: estimate}}.
+    """
+
+    id: int
+    stream: str
+    pane_start_ms: int
+    pane_end_ms: int
+    dims: Mapping[str, str]
+    revision_from: int
+    revision_to: int
+    batch_id: int
+    events_added: int
+    at_ms: int
+    old: Mapping
+    new: Mapping
+
+
+@dataclass(frozen=True)
+class StoredDeadLetter:
+    id: int
+    pipeline: str
+    batch_id: int
+    at_ms: int
+    letter: DeadLetter
 
 
 @dataclass(frozen=True)
@@ -67,6 +126,10 @@ class StreamProgress:
     max_event_ms: int | None
     events_aggregated: int
     panes: int
+    events_read: int = 0
+    events_dead_lettered: int = 0
+    dead_lettered_by_reason: Mapping[str, int] = field(default_factory=dict)
+    corrections: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,9 +145,13 @@ class PipelineProgress:
 
 class PaneStore(ABC):
     @abstractmethod
-    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
+                     retention_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Merge a batch's partials into the stored panes and record the batch id, in one
-        transaction; a batch id already recorded for the pipeline changes nothing."""
+        transaction with its corrections (merges into panes already final by the watermark
+        stored before this batch), dead letters, counters, watermark and offsets; a batch id
+        already recorded for the pipeline changes nothing. With retention_ms and the commit's
+        batch_now_ms, panes wholly before now - retention are dropped."""
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...
@@ -107,6 +174,20 @@ class PaneStore(ABC):
 
     @abstractmethod
     def watermarks(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,
+                    after_id: int = 0, limit: int = 1000, newest_first: bool = False) -> list[Correction]:
+        """Correction records, filtered by stream and by pane start in [start_ms, end_ms)."""
+
+    @abstractmethod
+    def max_correction_id(self) -> int:
+        """The id of the newest correction record, 0 when there is none."""
+
+    @abstractmethod
+    def dead_letters(self, *, stream: str | None = None, reason: str | None = None,
+                     limit: int = 1000) -> list[StoredDeadLetter]:
+        """Dead-lettered records, newest first."""
 
     @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...

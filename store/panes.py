@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from sketches import HllSketch, KllSketch
 
+EMPTY_SUMMARY = {"count": 0, "values": {}, "distinct": {}}
+
 
 def dims_key(dims: Mapping[str, str]) -> str:
     """Canonical text of a dimension combination (sorted keys), used as part of the pane key."""
@@ -61,6 +63,40 @@ class PaneData:
         for name, hll in other.distincts.items():
             distincts[name] = _merge_sketch(HllSketch, distincts.get(name), hll)
         return PaneData(count=self.count + other.count, values=values, distincts=distincts)
+
+    def summary(self) -> dict:
+        """What a correction record shows: count, per value field n/sum/min/max, per distinct
+        field the HLL estimate (JSON-able)."""
+        return {
+            "count": self.count,
+            "values": {name: v.to_json() for name, v in sorted(self.values.items())},
+            "distinct": {
+                name: HllSketch.from_bytes(blob).estimate().estimate
+                for name, blob in sorted(self.distincts.items()) if blob is not None
+            },
+        }
+
+
+def advance_watermark(current: int | None, max_event_ms: int | None, lateness_ms: int) -> int | None:
+    """The watermark after seeing events up to max_event_ms: never goes backwards."""
+    if max_event_ms is None:
+        return current
+    candidate = max_event_ms - lateness_ms
+    return candidate if current is None else max(current, candidate)
+
+
+def is_final(watermark_ms: int | None, end_ms: int) -> bool:
+    """A pane (or window) is final once the watermark is at or past its end."""
+    return watermark_ms is not None and watermark_ms >= end_ms
+
+
+def next_revision(stored_revision: int | None, final: bool) -> int:
+    """The revision after a merge (see README, "Revisions"): a new pane is published at 1;
+    provisional changes keep the revision; each change to a final pane adds one. A pane born
+    final starts at 2: revision 1 was the empty final window queries already showed."""
+    if stored_revision is None:
+        return 2 if final else 1
+    return stored_revision + 1 if final else stored_revision
 
 
 @dataclass(frozen=True)

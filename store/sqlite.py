@@ -16,8 +16,28 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from store import bloom as bloom_store
-from store.base import BatchCommit, Change, CommitResult, PaneStore, PipelineProgress, StreamProgress
-from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key
+from store.base import (
+    BatchCommit,
+    Change,
+    CommitResult,
+    Correction,
+    DeadLetter,
+    PaneStore,
+    PipelineProgress,
+    StoredDeadLetter,
+    StreamProgress,
+)
+from store.panes import (
+    EMPTY_SUMMARY,
+    Pane,
+    PaneData,
+    PaneKey,
+    ValueStats,
+    advance_watermark,
+    dims_key,
+    is_final,
+    next_revision,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -49,7 +69,8 @@ CREATE TABLE IF NOT EXISTS changes (
     revision INTEGER NOT NULL,
     batch_id INTEGER NOT NULL,
     count_added INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL
+    at_ms INTEGER NOT NULL,
+    correction_id INTEGER           -- set when the change corrected a final pane
 );
 CREATE TABLE IF NOT EXISTS batches (
     pipeline TEXT NOT NULL,
@@ -64,8 +85,49 @@ CREATE TABLE IF NOT EXISTS stream_progress (
     stream TEXT PRIMARY KEY,
     watermark_ms INTEGER,
     max_event_ms INTEGER,
-    events_aggregated INTEGER NOT NULL DEFAULT 0
+    events_aggregated INTEGER NOT NULL DEFAULT 0,
+    events_read INTEGER NOT NULL DEFAULT 0,          -- = events_aggregated + events_dead_lettered
+    events_dead_lettered INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS dead_letter_counts (
+    stream TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (stream, reason)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    "offset" INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    event_time_ms INTEGER,
+    ingest_time_ms INTEGER,
+    error TEXT,
+    dims TEXT,
+    at_ms INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_by_offset ON dead_letters (pipeline, stream, partition, "offset");
+CREATE INDEX IF NOT EXISTS dead_letters_by_reason ON dead_letters (stream, reason, id);
+CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (stream, at_ms);
+CREATE TABLE IF NOT EXISTS corrections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    pane_start_ms INTEGER NOT NULL,
+    pane_end_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    revision_from INTEGER NOT NULL,
+    revision_to INTEGER NOT NULL,
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    events_added INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    old TEXT NOT NULL,              -- {"count", "values": {field: {n, sum, min, max}}, "distinct": {field: estimate}}
+    new TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS corrections_by_pane ON corrections (stream, pane_start_ms);
 CREATE TABLE IF NOT EXISTS pipeline_offsets (
     pipeline TEXT NOT NULL,
     stream TEXT NOT NULL,
@@ -87,29 +149,51 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             self._conn.executescript(_SCHEMA)
             bloom_store.create_schema(self._conn)
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Columns added after a store file may have been created (SQLite: ADD COLUMN only)."""
+        def columns(table: str) -> set[str]:
+            return {row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+
+        if "correction_id" not in columns("changes"):
+            self._conn.execute("ALTER TABLE changes ADD COLUMN correction_id INTEGER")
+        have = columns("stream_progress")
+        if "events_read" not in have:
+            self._conn.execute("ALTER TABLE stream_progress ADD COLUMN events_read INTEGER NOT NULL DEFAULT 0")
+            # Before dead letters existed, every record read was aggregated.
+            self._conn.execute("UPDATE stream_progress SET events_read = events_aggregated")
+        if "events_dead_lettered" not in have:
+            self._conn.execute(
+                "ALTER TABLE stream_progress ADD COLUMN events_dead_lettered INTEGER NOT NULL DEFAULT 0"
+            )
 
     # -- writing ------------------------------------------------------------------------
 
-    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
+                     retention_ms: Mapping[str, int] | None = None) -> CommitResult:
         conn = self._conn
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                result = self._commit_locked(commit, lateness_ms, now_ms)
+                result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {})
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("ROLLBACK" if not result.committed else "COMMIT")
             return result
 
-    def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int) -> CommitResult:
+    def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int,
+                       retention_ms: Mapping[str, int]) -> CommitResult:
         conn = self._conn
         seen = conn.execute(
             "SELECT 1 FROM batches WHERE pipeline = ? AND batch_id = ?", (commit.pipeline, commit.batch_id)
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
-        new = updated = 0
+        # "Final" is judged against the watermarks as they were before this batch.
+        watermark_before = dict(conn.execute("SELECT stream, watermark_ms FROM stream_progress").fetchall())
+        new = updated = corrections = 0
         first_seq = last_seq = None
         aggregated: dict[str, int] = defaultdict(int)
         for partial in commit.partials:
@@ -118,33 +202,72 @@ class SqlitePaneStore(PaneStore):
                 "SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
                 (partial.stream, partial.start_ms, key),
             ).fetchone()
+            final = is_final(watermark_before.get(partial.stream), partial.end_ms)
             if row is None:
-                merged, revision = partial.data, 1
+                stored, merged = None, partial.data
                 new += 1
             else:
                 stored = self._load_data(partial.stream, partial.start_ms, key, row[0], row[1], sketches=True)
-                merged, revision = stored.merge(partial.data), row[2] + 1
+                merged = stored.merge(partial.data)
                 updated += 1
+            revision = next_revision(None if row is None else row[2], final)
             self._save(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision, now_ms, commit.batch_id)
+            correction_id = None
+            if final:
+                old = stored.summary() if stored is not None else EMPTY_SUMMARY
+                correction_id = conn.execute(
+                    "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
+                    " pipeline, batch_id, events_added, at_ms, old, new) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (partial.stream, partial.start_ms, partial.end_ms, key, revision - 1, revision, commit.pipeline,
+                     commit.batch_id, partial.data.count, now_ms, _json(old), _json(merged.summary())),
+                ).lastrowid
+                corrections += 1
             cursor = conn.execute(
-                "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (partial.stream, partial.start_ms, key, revision, commit.batch_id, partial.data.count, now_ms),
+                "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (partial.stream, partial.start_ms, key, revision, commit.batch_id, partial.data.count, now_ms,
+                 correction_id),
             )
             first_seq = first_seq or cursor.lastrowid
             last_seq = cursor.lastrowid
             aggregated[partial.stream] += partial.data.count
-        for stream in set(aggregated) | set(commit.max_event_ms):
+        dead_total: dict[str, int] = defaultdict(int)
+        for stream, reasons in commit.dead_by_stream.items():
+            for reason, n in reasons.items():
+                if n:
+                    dead_total[stream] += n
+                    conn.execute(
+                        "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
+                        " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
+                        (stream, reason, n),
+                    )
+        conn.executemany(
+            "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
+            " ingest_time_ms, error, dims, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(commit.pipeline, commit.batch_id, d.stream, d.partition, d.offset, d.reason, d.event_time_ms,
+              d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
+             for d in commit.dead_letters],
+        )
+        streams = set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
+        for stream in streams:
+            read = commit.read_by_stream.get(stream, aggregated.get(stream, 0) + dead_total.get(stream, 0))
+            if read != aggregated.get(stream, 0) + dead_total.get(stream, 0):
+                raise ValueError(
+                    f"batch {commit.batch_id}, stream {stream!r}: {read} records read but"
+                    f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
+                )
             max_event = commit.max_event_ms.get(stream)
             # The watermark never goes backwards: MAX() against the stored value.
-            watermark = None if max_event is None else max_event - lateness_ms.get(stream, 0)
+            watermark = advance_watermark(None, max_event, lateness_ms.get(stream, 0))
             conn.execute(
-                "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
+                "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
+                " events_dead_lettered) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
                 " watermark_ms = MAX(COALESCE(watermark_ms, excluded.watermark_ms), COALESCE(excluded.watermark_ms, watermark_ms)),"
                 " max_event_ms = MAX(COALESCE(max_event_ms, excluded.max_event_ms), COALESCE(excluded.max_event_ms, max_event_ms)),"
-                " events_aggregated = events_aggregated + excluded.events_aggregated",
-                (stream, watermark, max_event, aggregated.get(stream, 0)),
+                " events_aggregated = events_aggregated + excluded.events_aggregated,"
+                " events_read = events_read + excluded.events_read,"
+                " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered",
+                (stream, watermark, max_event, aggregated.get(stream, 0), read, dead_total.get(stream, 0)),
             )
         for stream, partitions in commit.end_offsets.items():
             conn.executemany(
@@ -154,12 +277,24 @@ class SqlitePaneStore(PaneStore):
             )
         if commit.bloom is not None:
             bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        if commit.batch_now_ms is not None:
+            for stream, keep_ms in retention_ms.items():
+                horizon = commit.batch_now_ms - keep_ms
+                # Only panes wholly before the horizon: every event they could get is dead-lettered.
+                conn.execute(
+                    "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
+                    " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
+                    (stream, horizon, stream, horizon, horizon),
+                )
+                conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
+                             (stream, horizon, horizon))
+                conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
         )
-        return CommitResult(True, new, updated, first_seq, last_seq)
+        return CommitResult(True, new, updated, first_seq, last_seq, corrections, len(commit.dead_letters))
 
     def _save(self, stream: str, start_ms: int, end_ms: int, key: str, data: PaneData, revision: int,
               now_ms: int, batch_id: int) -> None:
@@ -232,7 +367,7 @@ class SqlitePaneStore(PaneStore):
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms FROM changes"
+                "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id FROM changes"
                 " WHERE seq > ? ORDER BY seq LIMIT ?",
                 (seq, limit),
             ).fetchall()
@@ -258,14 +393,74 @@ class SqlitePaneStore(PaneStore):
             ):
                 offsets[stream][partition] = end
             pane_counts = dict(self._conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
+            correction_counts = dict(self._conn.execute(
+                "SELECT stream, COUNT(*) FROM corrections GROUP BY stream").fetchall())
+            by_reason: dict[str, dict[str, int]] = defaultdict(dict)
+            for stream, reason, n in self._conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
+                by_reason[stream][reason] = n
             streams = {
-                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0))
-                for stream, wm, mx, agg in self._conn.execute(
-                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated FROM stream_progress"
+                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
+                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0))
+                for stream, wm, mx, agg, read, dead in self._conn.execute(
+                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered"
+                    " FROM stream_progress"
                 )
             }
         return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)
 
+    def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,
+                    after_id: int = 0, limit: int = 1000, newest_first: bool = False) -> list[Correction]:
+        where, args = ["id > ?"], [after_id]
+        if stream is not None:
+            where.append("stream = ?")
+            args.append(stream)
+        if start_ms is not None:
+            where.append("pane_start_ms >= ?")
+            args.append(start_ms)
+        if end_ms is not None:
+            where.append("pane_start_ms < ?")
+            args.append(end_ms)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to, batch_id,"
+                " events_added, at_ms, old, new FROM corrections WHERE " + " AND ".join(where)
+                + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [
+            Correction(i, s, ps, pe, json.loads(d), rf, rt, b, n, at, json.loads(old), json.loads(new))
+            for i, s, ps, pe, d, rf, rt, b, n, at, old, new in rows
+        ]
+
+    def max_correction_id(self) -> int:
+        with self._lock:
+            return self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM corrections").fetchone()[0]
+
+    def dead_letters(self, *, stream: str | None = None, reason: str | None = None,
+                     limit: int = 1000) -> list[StoredDeadLetter]:
+        where, args = [], []
+        if stream is not None:
+            where.append("stream = ?")
+            args.append(stream)
+        if reason is not None:
+            where.append("reason = ?")
+            args.append(reason)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, pipeline, batch_id, at_ms, stream, partition, \"offset\", reason, event_time_ms,"
+                " ingest_time_ms, error, dims FROM dead_letters"
+                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
+        return [
+            StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d)))
+            for i, pl, b, at, s, p, o, r, et, it, err, d in rows
+        ]
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _json(value) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)

@@ -167,6 +167,21 @@ class SqliteEventLog(EventLog):
         if row is None or offset >= row[0] + row[1]:
             return None
         return row[2]
+    def segment_at(self, stream: str, partition: int, offset: int) -> tuple[int, int] | None:
+        """(first offset, end offset) of the segment holding `offset`, or of the first segment
+        after it; None when there is none. Lets a reader step over a segment it cannot decode."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT base_offset, base_offset + record_count FROM segments"
+                " WHERE stream = ? AND partition = ? AND base_offset <= ? AND base_offset + record_count > ?"
+                " ORDER BY base_offset DESC LIMIT 1",
+                (stream, partition, offset, offset),
+            ).fetchone() or self._conn.execute(
+                "SELECT base_offset, base_offset + record_count FROM segments"
+                " WHERE stream = ? AND partition = ? AND base_offset > ? ORDER BY base_offset LIMIT 1",
+                (stream, partition, offset),
+            ).fetchone()
+        return None if row is None else (row[0], row[1])
 
     # -- retention ----------------------------------------------------------------------
 

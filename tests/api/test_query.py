@@ -450,17 +450,23 @@ def test_no_watermark_means_nothing_final(client, ctx):
 
 
 def test_revisions(client, populated):
-    """A pane's revision counts the batches that touched it; a point shows its panes' highest."""
-    batches: dict[tuple[int, str], set[int]] = defaultdict(set)
-    for batch_id, part in ((0, EVENTS[:250]), (1, EVENTS[250:])):
-        for e in part:
-            batches[(pane_start(e.t, PANE), dims_key(e.dims))].add(batch_id)
+    """A pane's revision goes up only for changes after it became final (the watermark stored
+    before the batch at or past its end; a pane born final starts at 2); a point shows its
+    panes' highest."""
+    first, second = EVENTS[:250], EVENTS[250:]
+    watermark_0 = max(e.t for e in first) - LATENESS
+    revision: dict[tuple[int, str], int] = {}
+    for e in first:
+        revision[(pane_start(e.t, PANE), dims_key(e.dims))] = 1
+    for key in {(pane_start(e.t, PANE), dims_key(e.dims)) for e in second}:
+        final = key[0] + PANE <= watermark_0
+        revision[key] = (revision[key] + 1 if key in revision else 2) if final else revision.get(key, 1)
     a = ok(client, stat="count", step="30s", from_="now-6m")
     revisions = [p["revision"] for p in a["series"][0]["points"]]
-    expected = [max((len(b) for (start, _), b in batches.items() if t <= start < t + 30_000), default=0)
+    expected = [max((r for (start, _), r in revision.items() if t <= start < t + 30_000), default=0)
                 for t in range(NOW_MS - 360_000, NOW_MS, 30_000)]
     assert revisions == expected
-    assert 2 in revisions and 0 in revisions
+    assert 0 in revisions and 1 in revisions
 
 
 # -- errors ---------------------------------------------------------------------------

@@ -189,7 +189,7 @@ def test_replay_after_reopening(path: Path) -> None:
 # -- merging into stored panes ----------------------------------------------------------
 
 
-def test_second_batch_merges_and_bumps_the_revision(store: SqlitePaneStore) -> None:
+def test_second_batch_merges_a_provisional_pane_without_a_new_revision(store: SqlitePaneStore) -> None:
     dims = {"endpoint": "/a"}
     first_values = [5.0, 1.5, 9.0, 2.0]
     second_values = [0.25, 100.0, 7.0]
@@ -205,7 +205,7 @@ def test_second_batch_merges_and_bumps_the_revision(store: SqlitePaneStore) -> N
     assert (result.panes_new, result.panes_updated) == (1, 1)
     assert (result.first_change_seq, result.last_change_seq) == (2, 3)
     pane = store.read_panes("http", T0, T0 + PANE, value_field="latency", distinct_field="user", with_sketches=True)[0]
-    assert pane.revision == 2
+    assert pane.revision == 1  # no watermark yet: provisional, so no new revision
     assert pane.last_batch == 1
     assert pane.updated_at_ms == T0 + 1
     assert pane.data.count == 7
@@ -220,13 +220,13 @@ def test_second_batch_merges_and_bumps_the_revision(store: SqlitePaneStore) -> N
     assert estimate == pytest.approx(150, rel=0.02)
     changes = store.changes_since(1)
     assert [(c.start_ms, c.revision, c.batch_id, c.count_added) for c in changes] == [
-        (T0, 2, 1, 3),
+        (T0, 1, 1, 3),
         (T0 + PANE, 1, 1, 1),
     ]
-    # a third batch: revision 3, still exact
+    # a third batch: still revision 1, still exact
     store.commit_batch(commit(2, [partial(T0, dims, make_data([-1.0]))]), lateness_ms=LATENESS, now_ms=T0 + 2)
     pane = store.read_panes("http", T0, T0 + PANE, value_field="latency", with_sketches=True)[0]
-    assert (pane.revision, pane.data.count, pane.data.values["latency"].min) == (3, 8, -1.0)
+    assert (pane.revision, pane.data.count, pane.data.values["latency"].min) == (1, 8, -1.0)
     assert KllSketch.from_bytes(pane.data.values["latency"].kll).n == 8
 
 
@@ -365,7 +365,7 @@ def test_failed_commit_leaves_the_store_unchanged(store: SqlitePaneStore, path: 
     # the batch id was not taken: a good retry commits
     good = commit(1, [partial(T0, {"e": "/a"}, make_data([6.0]))], max_event={"http": T0 + 1})
     assert store.commit_batch(good, lateness_ms=LATENESS, now_ms=T0 + 2).committed
-    assert store.read_panes("http", T0, T0 + PANE)[0].revision == 2
+    assert store.read_panes("http", T0, T0 + PANE)[0].revision == 1  # still provisional
     assert [c.seq for c in store.changes_since(0)] == [1, 2]  # the rolled-back rows left no trace in the feed
 
 

@@ -1,0 +1,28 @@
+"""Which records are merged and which are dead-lettered: the rule, as plain Python.
+
+The pipeline applies the same rule as a Spark expression on the executors
+(`aggregates.partials.dead_letter_reason_column`); this pure form documents it and is
+what tests check the Spark job against.
+"""
+
+from __future__ import annotations
+
+UNPARSEABLE = "unparseable"            # the source could not decode the record (its error says why)
+BEYOND_RETENTION = "beyond_retention"  # event_time < batch_now - retention
+FUTURE_SKEW = "future_skew"            # event_time > ingest_time + max_future_skew
+
+
+def dead_letter_reason(event_time_ms: int | None, ingest_time_ms: int | None, error: str | None, *,
+                       batch_now_ms: int, retention_ms: int, max_future_skew_ms: int) -> str | None:
+    """None when the record is merged, else why it is not (first matching rule wins).
+
+    `batch_now_ms` is the pipeline's clock at the start of the batch; future skew is judged
+    against the record's ingest time, so replaying a record classifies it the same way.
+    """
+    if error is not None or event_time_ms is None or ingest_time_ms is None:
+        return UNPARSEABLE
+    if event_time_ms < batch_now_ms - retention_ms:
+        return BEYOND_RETENTION
+    if event_time_ms > ingest_time_ms + max_future_skew_ms:
+        return FUTURE_SKEW
+    return None

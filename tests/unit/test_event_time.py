@@ -1,0 +1,291 @@
+"""Event time in the store, no JVM: watermarks, provisional vs final panes, revisions,
+correction records, dead letters and the read = aggregated + dead-lettered counters.
+Property tests (Hypothesis) for the watermark, pane assignment and merge order."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, UNPARSEABLE, dead_letter_reason
+from catalog import parse_catalog
+from sketches import HllSketch, KllSketch
+from store import BatchCommit, DeadLetter, PaneData, PanePartial, SqlitePaneStore, ValueStats, pane_start
+from store.panes import advance_watermark, is_final, merge_all, next_revision
+
+PANE = 10_000
+T0 = 1_700_000_000_000
+LATENESS = {"s": 30_000}
+
+
+def data(values=(), users=()) -> PaneData:
+    stats = {}
+    if values:
+        kll = KllSketch()
+        for v in values:
+            kll.update(v)
+        stats["v"] = ValueStats(len(values), math.fsum(values), min(values), max(values), kll.to_bytes())
+    hlls = {}
+    if users:
+        hll = HllSketch()
+        for u in users:
+            hll.update(u)
+        hlls["u"] = hll.to_bytes()
+    return PaneData(len(values), stats, hlls)
+
+
+def part(start: int, values=(1.0,), users=("a",), dims=None) -> PanePartial:
+    return PanePartial("s", start, start + PANE, dims or {"d": "x"}, data(values, users))
+
+
+def commit(batch_id: int, partials, max_event=None, dead=(), read=None, dead_counts=None, now=None) -> BatchCommit:
+    aggregated = sum(p.data.count for p in partials)
+    return BatchCommit("main", batch_id, list(partials), aggregated + len(dead),
+                       {} if max_event is None else {"s": max_event}, {}, list(dead),
+                       {} if read is None else {"s": read}, dead_counts or {}, now)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    yield s
+    s.close()
+
+
+# -- pure rules -------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(-10**13, 10**13)), max_size=30), st.integers(0, 10**9))
+def test_watermark_never_decreases(max_events, lateness):
+    wm = None
+    for m in max_events:
+        nxt = advance_watermark(wm, m, lateness)
+        if wm is not None:
+            assert nxt is not None and nxt >= wm
+        if m is not None:
+            assert nxt >= m - lateness
+        wm = nxt
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-10**13, 10**13), st.sampled_from([1_000, 10_000, 60_000, 3_600_000]))
+def test_every_event_falls_in_exactly_one_pane(t, pane_ms):
+    start = pane_start(t, pane_ms)
+    containing = [s for s in (start - pane_ms, start, start + pane_ms) if s <= t < s + pane_ms]
+    assert containing == [start] and start % pane_ms == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(-1000, 1000), min_size=0, max_size=8), min_size=1, max_size=5), st.randoms())
+def test_merging_panes_in_any_order_gives_the_same_result(groups, rnd):
+    parts = [data([float(v) for v in g], [f"u{v}" for v in g]) for g in groups]
+    reference = merge_all(parts)
+    shuffled = parts[:]
+    rnd.shuffle(shuffled)
+    other = merge_all(shuffled)
+    assert other.count == reference.count
+    assert other.summary() == reference.summary()  # integer values: sums exact; HLL estimate of the same set
+    if "v" in reference.values:
+        assert KllSketch.from_bytes(other.values["v"].kll).n == reference.values["v"].n
+
+
+def test_revision_rule():
+    assert [next_revision(None, False), next_revision(None, True)] == [1, 2]
+    assert [next_revision(3, False), next_revision(3, True)] == [3, 4]
+    assert is_final(T0 + PANE, T0 + PANE) and not is_final(T0 + PANE - 1, T0 + PANE) and not is_final(None, 0)
+
+
+def test_dead_letter_reason_rule():
+    kw = {"batch_now_ms": T0, "retention_ms": 86_400_000, "max_future_skew_ms": 300_000}
+    assert dead_letter_reason(T0, T0, None, **kw) is None
+    assert dead_letter_reason(T0, T0, "bad", **kw) == UNPARSEABLE
+    assert dead_letter_reason(None, T0, None, **kw) == UNPARSEABLE
+    assert dead_letter_reason(T0 - 86_400_000, T0, None, **kw) is None
+    assert dead_letter_reason(T0 - 86_400_001, T0, None, **kw) == BEYOND_RETENTION
+    assert dead_letter_reason(T0 + 300_000, T0, None, **kw) is None
+    assert dead_letter_reason(T0 + 300_001, T0, None, **kw) == FUTURE_SKEW
+
+
+def test_catalog_retention_and_skew_defaults_and_validation():
+    base = "streams:\n  s:\n    pane: 10s\n    allowed_lateness: 30s\n"
+    stream = parse_catalog(base).stream("s")
+    assert (stream.retention, stream.max_future_skew) == (7 * 86_400_000, 300_000)
+    stream = parse_catalog(base + "    retention: 2d\n    max_future_skew: 1h\n").stream("s")
+    assert (stream.retention, stream.max_future_skew) == (2 * 86_400_000, 3_600_000)
+    for bad, words in (("    retention: 20s\n", "longer than allowed_lateness"),
+                       ("    retention: 5s\n", "at least one pane"),
+                       ("    max_future_skew: soon\n", "not a duration"),
+                       ("    retention: -1d\n", "not a duration")):
+        with pytest.raises(ValueError, match=words):
+            parse_catalog(base + bad)
+
+
+# -- the store --------------------------------------------------------------------------
+
+
+def test_provisional_changes_keep_the_revision_final_ones_are_corrections(store):
+    store.commit_batch(commit(0, [part(T0, [1.0, 2.0], ["a"])], max_event=T0 + 5_000), lateness_ms=LATENESS, now_ms=1)
+    # watermark T0 - 25 s: the pane [T0, T0+10s) is provisional; a change keeps revision 1
+    store.commit_batch(commit(1, [part(T0, [3.0], ["b"])], max_event=T0 + 45_000), lateness_ms=LATENESS, now_ms=2)
+    [pane] = store.read_panes("s", T0, T0 + PANE)
+    assert (pane.revision, pane.data.count) == (1, 3)
+    assert store.corrections() == [] and store.max_correction_id() == 0
+    # watermark now T0 + 15 s >= pane end: final. A late event is merged and corrects it.
+    result = store.commit_batch(commit(2, [part(T0, [10.0, -1.0], ["c", "d"]), part(T0 + 60_000)],
+                                       max_event=T0 + 70_000), lateness_ms=LATENESS, now_ms=3)
+    assert result.corrections == 1
+    [pane] = store.read_panes("s", T0, T0 + PANE)
+    assert (pane.revision, pane.data.count) == (2, 5)
+    [c] = store.corrections()
+    assert (c.stream, c.pane_start_ms, c.pane_end_ms, dict(c.dims)) == ("s", T0, T0 + PANE, {"d": "x"})
+    assert (c.revision_from, c.revision_to, c.batch_id, c.events_added, c.at_ms) == (1, 2, 2, 2, 3)
+    assert c.old["count"] == 3 and c.old["values"]["v"] == {"n": 3, "sum": 6.0, "min": 1.0, "max": 3.0}
+    assert c.new["count"] == 5 and c.new["values"]["v"] == {"n": 5, "sum": 15.0, "min": -1.0, "max": 10.0}
+    assert c.old["distinct"]["u"] == pytest.approx(2, abs=0.01) and c.new["distinct"]["u"] == pytest.approx(4, abs=0.01)
+    # the change feed marks the correction; the provisional new pane is not one
+    changes = store.changes_since(0)
+    assert [(ch.batch_id, ch.revision, ch.correction_id) for ch in changes][-2:] == [(2, 2, c.id), (2, 1, None)]
+    assert store.progress("main").streams["s"].corrections == 1
+
+
+def test_a_pane_born_final_starts_at_revision_2_from_an_empty_one(store):
+    store.commit_batch(commit(0, [part(T0 + 100_000)], max_event=T0 + 100_000), lateness_ms=LATENESS, now_ms=1)
+    store.commit_batch(commit(1, [part(T0, [4.0], ["z"])]), lateness_ms=LATENESS, now_ms=2)
+    [c] = store.corrections()
+    assert (c.revision_from, c.revision_to, c.events_added) == (1, 2, 1)
+    assert c.old == {"count": 0, "values": {}, "distinct": {}}
+    assert store.read_panes("s", T0, T0 + PANE)[0].revision == 2
+
+
+def test_the_batch_own_watermark_does_not_finalise_its_panes(store):
+    # one batch advancing the watermark past a pane while adding to it: not a correction
+    store.commit_batch(commit(0, [part(T0), part(T0 + 100_000)], max_event=T0 + 100_000), lateness_ms=LATENESS, now_ms=1)
+    assert store.corrections() == []
+    assert {p.revision for p in store.read_panes("s", 0, 2**62)} == {1}
+
+
+def test_corrections_filters_and_cursor(store):
+    store.commit_batch(commit(0, [part(T0 + 200_000)], max_event=T0 + 200_000), lateness_ms=LATENESS, now_ms=1)
+    store.commit_batch(commit(1, [part(T0), part(T0 + 50_000)]), lateness_ms=LATENESS, now_ms=2)
+    store.commit_batch(commit(2, [part(T0)]), lateness_ms=LATENESS, now_ms=3)
+    everything = store.corrections()
+    assert [(c.pane_start_ms, c.revision_from, c.revision_to) for c in everything] == [
+        (T0, 1, 2), (T0 + 50_000, 1, 2), (T0, 2, 3)]
+    assert [c.id for c in store.corrections(newest_first=True)] == [c.id for c in reversed(everything)]
+    assert [c.pane_start_ms for c in store.corrections(start_ms=T0 + 10_000)] == [T0 + 50_000]
+    assert [c.pane_start_ms for c in store.corrections(end_ms=T0 + 10_000)] == [T0, T0]
+    assert store.corrections(stream="other") == []
+    assert [c.id for c in store.corrections(after_id=everything[0].id, limit=1)] == [everything[1].id]
+    assert store.max_correction_id() == everything[-1].id
+
+
+def test_replayed_batch_records_no_second_correction(store):
+    store.commit_batch(commit(0, [part(T0 + 200_000)], max_event=T0 + 200_000), lateness_ms=LATENESS, now_ms=1)
+    late = commit(1, [part(T0)], dead=[DeadLetter("s", 0, 7, FUTURE_SKEW, T0 + 10**9, T0)],
+                  read=2, dead_counts={"s": {FUTURE_SKEW: 1}})
+    assert store.commit_batch(late, lateness_ms=LATENESS, now_ms=2).committed
+    assert not store.commit_batch(late, lateness_ms=LATENESS, now_ms=3).committed
+    assert len(store.corrections()) == 1 and len(store.dead_letters()) == 1
+    s = store.progress("main").streams["s"]
+    assert (s.events_read, s.events_aggregated, s.events_dead_lettered) == (3, 2, 1)
+
+
+def test_dead_letters_and_counters(store):
+    dead = [DeadLetter("s", 1, 10, UNPARSEABLE, None, None, "undecodable log segment"),
+            DeadLetter("s", 1, 11, BEYOND_RETENTION, T0 - 10**10, T0, None, {"d": "x"}),
+            DeadLetter("s", 2, 3, FUTURE_SKEW, T0 + 10**9, T0, None, {"d": "y"})]
+    counts = {"s": {UNPARSEABLE: 1, BEYOND_RETENTION: 1, FUTURE_SKEW: 1}}
+    store.commit_batch(commit(0, [part(T0, [1.0, 2.0])], max_event=T0, dead=dead, read=5, dead_counts=counts),
+                       lateness_ms=LATENESS, now_ms=9)
+    s = store.progress("main").streams["s"]
+    assert (s.events_read, s.events_aggregated, s.events_dead_lettered) == (5, 2, 3)
+    assert s.dead_lettered_by_reason == {UNPARSEABLE: 1, BEYOND_RETENTION: 1, FUTURE_SKEW: 1}
+    stored = store.dead_letters()
+    assert [d.letter for d in stored] == list(reversed(dead)) and {d.batch_id for d in stored} == {0}
+    assert [d.letter.offset for d in store.dead_letters(reason=BEYOND_RETENTION)] == [11]
+    assert store.watermarks() == {"s": T0 - 30_000}  # dead rows carry no max_event: only the good ones count
+
+
+def test_a_commit_breaking_the_invariant_is_refused(store, tmp_path):
+    bad = commit(0, [part(T0)], max_event=T0, read=5)  # 1 aggregated + 0 dead != 5 read
+    with pytest.raises(ValueError, match="5 records read but 1 aggregated"):
+        store.commit_batch(bad, lateness_ms=LATENESS, now_ms=1)
+    assert store.last_batch_id("main") is None and store.read_panes("s", 0, 2**62) == []
+
+
+def test_panes_beyond_retention_are_dropped(store):
+    store.commit_batch(commit(0, [part(T0), part(T0 + 20_000)], max_event=T0 + 20_000), lateness_ms=LATENESS, now_ms=1)
+    store.commit_batch(commit(1, [], now=T0 + 20_000 + 86_400_000), lateness_ms=LATENESS, now_ms=2,
+                       retention_ms={"s": 86_400_000})
+    assert [p.key.start_ms for p in store.read_panes("s", 0, 2**62)] == [T0 + 20_000]
+
+
+def test_an_old_store_file_is_migrated(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE changes (seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, start_ms INTEGER NOT NULL,"
+            " dims TEXT NOT NULL, revision INTEGER NOT NULL, batch_id INTEGER NOT NULL, count_added INTEGER NOT NULL,"
+            " at_ms INTEGER NOT NULL);"
+            "CREATE TABLE stream_progress (stream TEXT PRIMARY KEY, watermark_ms INTEGER, max_event_ms INTEGER,"
+            " events_aggregated INTEGER NOT NULL DEFAULT 0);"
+            "INSERT INTO stream_progress VALUES ('s', 1, 2, 40);")
+    store = SqlitePaneStore(path)
+    s = store.progress("main").streams["s"]
+    assert (s.events_read, s.events_aggregated, s.events_dead_lettered) == (40, 40, 0)
+    store.commit_batch(commit(0, [part(T0)]), lateness_ms=LATENESS, now_ms=1)
+    assert store.changes_since(0)[0].correction_id is None
+    store.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=12))
+def test_watermark_in_the_store_never_decreases_and_corrections_match_the_rule(tmp_path_factory, batches):
+    """Random batches (newest event offset in panes, events per batch): the stored watermark
+    never goes back, and exactly the merges into panes final before their batch are corrections."""
+    store = SqlitePaneStore(tmp_path_factory.mktemp("wm") / "store.db", synchronous="OFF")
+    wm, revisions, expected = None, {}, 0
+    for batch_id, (max_pane, n_late) in enumerate(batches):
+        starts = sorted({T0 + max_pane * PANE, *(T0 + i * PANE for i in range(n_late))})
+        store.commit_batch(commit(batch_id, [part(s) for s in starts], max_event=T0 + max_pane * PANE),
+                           lateness_ms=LATENESS, now_ms=batch_id)
+        for s in starts:
+            final = is_final(wm, s + PANE)
+            expected += final
+            revisions[s] = next_revision(revisions.get(s), final)
+        new_wm = store.watermarks()["s"]
+        assert wm is None or new_wm >= wm
+        wm = new_wm
+    assert len(store.corrections(limit=10_000)) == expected
+    assert {p.key.start_ms: p.revision for p in store.read_panes("s", 0, 2**62)} == revisions
+    store.close()
+
+
+@pytest.mark.parametrize(("step", "window"), [(PANE, PANE), (PANE, 3 * PANE), (2 * PANE, 4 * PANE)])
+def test_a_correction_changes_every_window_covering_the_pane_and_no_other(store, step, window):
+    from store.rollup import rollup
+
+    starts = [T0 + i * PANE for i in range(12)]
+    store.commit_batch(commit(0, [part(s, [1.0, 2.0]) for s in starts], max_event=T0 + 200_000),
+                       lateness_ms=LATENESS, now_ms=1)
+
+    def points():
+        series = rollup(store.read_panes("s", T0, T0 + 200_000), stat="sum", quantile=None, value_field="v",
+                        distinct_field=None, start_ms=T0, end_ms=T0 + 120_000, step_ms=step, window_ms=window,
+                        pane_ms=PANE, watermark_ms=store.watermarks()["s"])
+        return {p.t_ms: p for p in series[0].points}
+
+    before = points()
+    corrected = T0 + 5 * PANE
+    store.commit_batch(commit(1, [part(corrected, [100.0])]), lateness_ms=LATENESS, now_ms=2)
+    after = points()
+    for t, p in after.items():
+        covers = t <= corrected < t + window
+        assert p.value == before[t].value + (100.0 if covers else 0.0)
+        assert p.revision == (2 if covers else 1) and p.final
