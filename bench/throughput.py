@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-records", type=int, default=1_000_000, help="max records per micro-batch")
     parser.add_argument("--api-events", type=int, default=200_000, help="events posted to the ingest API")
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent API clients")
+    parser.add_argument("--streams", type=Path, default=DEFAULT_STREAMS,
+                        help="streams configuration (default: the demo's, with first-seen and membership on)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     args = parser.parse_args(argv)
-    catalog = load_catalog(DEFAULT_STREAMS)
+    catalog = load_catalog(args.streams)
     root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-"))
     try:
         if not args.skip_pipeline:
