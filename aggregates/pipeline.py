@@ -74,12 +74,16 @@ class Pipeline:
             commit = replace(commit, bloom=self.bloom.process(merged))
         lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
         retention = {name: s.retention for name, s in self.catalog.streams.items()}
+        computed = time.perf_counter()
         result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
                                          retention_ms=retention)
+        done = time.perf_counter()
         log.info(
-            "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered in %.0f ms",
+            "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered"
+            " in %.0f ms (Spark %.0f ms, store commit %.0f ms)",
             batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
-            result.corrections, result.dead_letters, (time.perf_counter() - started) * 1000,
+            result.corrections, result.dead_letters, (done - started) * 1000, (computed - started) * 1000,
+            (done - computed) * 1000,
         )
         self.last_result = result
         return result

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import httpx
@@ -281,12 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=5, help="seconds for a level's clients to connect")
     p.add_argument("--skip-ramp", action="store_true")
     p.add_argument("--trigger", default=None, help="pipeline trigger interval (SKETCHBOARD_TRIGGER_INTERVAL)")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="run in this directory and keep it (the service's log and data) instead of a temporary one")
     args = p.parse_args(argv)
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many sockets, here and in the service
     env = {"SKETCHBOARD_TRIGGER_INTERVAL": args.trigger} if args.trigger else {}
-    with tempfile.TemporaryDirectory(prefix="sketchboard-freshness-") as tmp:
+    with (nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="sketchboard-freshness-")) as tmp:
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         service = Service(Path(tmp), env)
         try:
             print(f"service on {service.base}; warming the pipeline up", flush=True)

@@ -18,7 +18,7 @@ from catalog import StreamDef, load_catalog
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from ingest.partitioner import partition_for
-from ingest.spark_source import SOURCE_SCHEMA, plan_end_offsets, to_source_batch
+from ingest.spark_source import SOURCE_SCHEMA, LogSlice, pack_slices, plan_end_offsets, to_source_batch
 from store.panes import dims_key, pane_start
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
@@ -245,3 +245,23 @@ def test_source_batch_distinct_fields_in_declared_order(tmp_path: Path) -> None:
     assert rows[1]["ids"] == [None, "key2"]  # a missing distinct field stays null (not counted)
     assert rows[1]["vals"] == [None, 3.0]
     assert rows[1]["dims"] == [""]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=100), max_size=30), st.integers(min_value=100, max_value=400))
+def test_pack_slices_keeps_every_slice_once_in_order_within_the_task_bound(sizes: list[int], bound: int) -> None:
+    slices, pos = [], 0
+    for i, n in enumerate(sizes):
+        slices.append(LogSlice("s", i % 3, pos, pos + n))
+        pos += n
+    tasks = pack_slices(slices, bound)
+    assert [s for t in tasks for s in t.slices] == slices
+    assert all(t.slices and sum(s.end - s.start for s in t.slices) <= bound for t in tasks)
+    # Greedy: a task is only closed when the next slice does not fit in it.
+    for a, b in zip(tasks, tasks[1:]):
+        assert sum(s.end - s.start for s in a.slices) + (b.slices[0].end - b.slices[0].start) > bound
+
+
+def test_a_small_batch_over_many_partitions_is_one_task() -> None:
+    slices = [LogSlice("http_requests", p, 100, 150) for p in range(4)] + [LogSlice("orders", p, 0, 10) for p in range(2)]
+    assert len(pack_slices(slices, 250_000)) == 1
