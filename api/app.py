@@ -11,7 +11,16 @@ import plotly
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
-from api import corrections_routes, http_metrics, ingest_routes, lag_routes, membership_routes, query_routes, status_routes, ws_routes
+from api import (
+    corrections_routes,
+    http_metrics,
+    ingest_routes,
+    lag_routes,
+    membership_routes,
+    query_routes,
+    status_routes,
+    ws_routes,
+)
 from api.context import ApiContext
 from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed

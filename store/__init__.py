@@ -7,10 +7,10 @@ from store.base import (
     CommitResult,
     Correction,
     DeadLetter,
-    StoredDeadLetter,
     PanePartial,
     PaneStore,
     PipelineProgress,
+    StoredDeadLetter,
     StreamProgress,
 )
 from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key, pane_start

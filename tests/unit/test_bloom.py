@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sketches.bloom import (
+    CHUNK_BYTES,
     BloomFilter,
     BloomFormatError,
     BloomShapeError,
-    CHUNK_BYTES,
     optimal_shape,
     undercount_bound,
 )

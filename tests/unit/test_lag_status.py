@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lag.model import LagSample, LagStatus
+from lag.model import LagSample, LagStatus, Verdict
 from lag.status import evaluate, evaluate_partition, worst
-from lag.model import Verdict
 
 T0 = 1_800_000_000_000
 INTERVAL = 2_000
