@@ -11,18 +11,6 @@ from api.context import ApiContext
 from lag.feed import query_health
 from lag.model import LagStatus
 
-# Keys another issue may add to a stream's pipeline_status for dead-lettered events.
-_DEAD_LETTER_KEYS = ("events_dead_lettered", "dead_lettered", "dead_letters")
-
-
-def dead_lettered(stream_status: dict) -> int:
-    for key in _DEAD_LETTER_KEYS:
-        value = stream_status.get(key)
-        if isinstance(value, dict):  # per reason
-            return int(sum(v for v in value.values() if isinstance(v, (int, float))))
-        if isinstance(value, (int, float)):
-            return int(value)
-    return 0
 
 
 def health_status(ctx: ApiContext) -> dict:
@@ -152,11 +140,15 @@ class _StoredMetrics:
                                          labels=["stream"])
         dead = CounterMetricFamily("sketchboard_events_dead_lettered", "Events sent to the dead-letter table",
                                    labels=["stream"])
+        by_reason = CounterMetricFamily("sketchboard_events_dead_lettered_by_reason",
+                                        "Events sent to the dead-letter table, per reason", labels=["stream", "reason"])
         for name, s in status["streams"].items():
             events_in.add_metric([name], sum(p["log_end"] for p in s["partitions"].values()))
             aggregated.add_metric([name], s["events_aggregated"])
-            dead.add_metric([name], dead_lettered(s))
-        yield from (events_in, aggregated, dead)
+            dead.add_metric([name], s["events_dead_lettered"])
+            for reason, n in sorted(s["dead_lettered_by_reason"].items()):
+                by_reason.add_metric([name, reason], n)
+        yield from (events_in, aggregated, dead, by_reason)
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()

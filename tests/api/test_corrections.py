@@ -132,6 +132,17 @@ def test_pipeline_status_counts_and_the_invariant(client, corrected):
     assert (o["events_read"], o["events_dead_lettered"], o["dead_lettered_by_reason"]) == (0, 0, {})
 
 
+def test_metrics_count_dead_letters_per_stream_and_reason(client, corrected):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    total = {s.labels["stream"]: s.value for s in families["sketchboard_events_dead_lettered"].samples}
+    assert total == {STREAM: 2.0, "orders": 0.0}
+    by_reason = {(s.labels["stream"], s.labels["reason"]): s.value
+                 for s in families["sketchboard_events_dead_lettered_by_reason"].samples}
+    assert by_reason == {(STREAM, "future_skew"): 1.0, (STREAM, "unparseable"): 1.0}
+
+
 def test_query_points_say_final_and_corrected(client, corrected):
     a = client.get("/api/v1/query", params={"metric": "latency", "stat": "count", "from": str(T0),
                                             "to": str(T0 + 60_000), "step": "10s"}).json()
