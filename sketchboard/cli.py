@@ -132,6 +132,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate)]))
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
+    # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
+    # children too, not orphan them: turn it into the same orderly stop as Ctrl-C.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         for name, command in parts:
             children[name] = subprocess.Popen(command, env=env)
@@ -155,6 +158,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_healthy(base_url: str, child: subprocess.Popen, timeout_s: float = 60) -> None:

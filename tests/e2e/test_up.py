@@ -82,3 +82,36 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(running_servic
     q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
                                                   "to": start + 60_000, "step": "1m"}, timeout=10).json()
     assert q["series"][0]["points"][0]["value"] == pytest.approx(37, abs=1)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4: the parent pid
+                out.append(int(entry))
+    return out
+
+
+def test_sigterm_to_up_alone_stops_its_children(running_service):
+    base, proc = running_service
+    deadline = time.monotonic() + 30
+    while len(children := _children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the pipeline starts right after the API answers
+    assert len(children) == 2  # api and pipeline (--no-demo)
+    proc.send_signal(signal.SIGTERM)  # to `up` only, as `kill <pid>` or a service manager does
+    assert proc.wait(timeout=60) == 0
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{c}") and "zombie" not in open(f"/proc/{c}/status").read()
+              for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [c for c in children if os.path.exists(f"/proc/{c}")
+             and "zombie" not in open(f"/proc/{c}/status").read()]
+    assert alive == [], f"children left running after SIGTERM to up: {alive}"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{base}/healthz", timeout=2)
