@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sketches.bloom import CHUNK_BYTES, BloomFilter
+from store.connection import open_connection
 
 FIRST_SEEN = "first_seen"
 MEMBERSHIP = "membership"
@@ -174,8 +175,7 @@ class BloomStore:
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0):
         self.path = Path(path)
-        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn = open_connection(self.path, synchronous=None, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         with self._lock:
             create_schema(self._conn)

@@ -7,12 +7,12 @@ bounded: every write prunes samples older than the retention.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lag.model import LagSample
+from store.connection import open_connection
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lag_samples (
@@ -40,11 +40,8 @@ class SqliteLagStore:
         if retention_ms <= 0:
             raise ValueError(f"lag sample retention must be positive, got {retention_ms} ms")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.retention_ms = retention_ms
-        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         with self._lock:
             self._conn.executescript(_SCHEMA)

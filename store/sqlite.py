@@ -9,7 +9,6 @@ a batch after a crash changes nothing.
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
+from store.connection import open_connection
 from store.panes import (
     EMPTY_SUMMARY,
     Pane,
@@ -141,10 +141,7 @@ CREATE TABLE IF NOT EXISTS pipeline_offsets (
 class SqlitePaneStore(PaneStore):
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         with self._lock:
             self._conn.executescript(_SCHEMA)
