@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.timeparams import parse_instant_ms
+from api.timeparams import parse_range_ms
 from catalog import format_duration_ms
 from sketches.bloom import BloomFilter
 from store.bloom import bloom_store_for
@@ -46,11 +46,9 @@ def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str
         raise HTTPException(400, "key must not be empty")
     now = ctx.now_ms()
     try:
-        start_ms, end_ms = parse_instant_ms(start, now), parse_instant_ms(end, now)
+        start_ms, end_ms = parse_range_ms(start, end, now)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
-    if end_ms <= start_ms:
-        raise HTTPException(400, f"'to' ({end}) must be after 'from' ({start})")
     lo = start_ms - start_ms % decl.bucket
     if (end_ms - lo) // decl.bucket > MAX_BUCKETS:
         raise HTTPException(400, f"the range spans more than {MAX_BUCKETS} buckets of {format_duration_ms(decl.bucket)}")

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.timeparams import default_step_ms, parse_instant_ms
+from api.timeparams import default_step_ms, parse_range_ms
 from catalog import format_duration_ms, parse_duration_ms
 from store.bloom import bloom_store_for, overlay_first_seen
 from store.rollup import RollupError, align_range, rollup
@@ -122,13 +122,11 @@ def router(ctx: ApiContext) -> APIRouter:
             raise _bad(str(exc)) from None
         now = ctx.now_ms()
         try:
-            start_ms, end_ms = parse_instant_ms(start, now), parse_instant_ms(end, now)
+            start_ms, end_ms = parse_range_ms(start, end, now)
             step_ms = parse_duration_ms(step) if step else default_step_ms(max(end_ms - start_ms, 1), stream.pane)
             window_ms = parse_duration_ms(window) if window else step_ms
         except ValueError as exc:
             raise _bad(str(exc)) from None
-        if end_ms <= start_ms:
-            raise _bad(f"'to' ({end}) must be after 'from' ({start})")
         groups = [g.strip() for item in group_by for g in item.split(",") if g.strip()]
         for g in groups:
             if g not in stream.dimensions:

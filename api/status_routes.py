@@ -12,7 +12,6 @@ from lag.feed import query_health
 from lag.model import LagStatus
 
 
-
 def health_status(ctx: ApiContext) -> dict:
     """The `health` section of GET /api/v1/pipeline: Spark's view of the query, and the lag status."""
     now = ctx.now_ms()

@@ -31,6 +31,14 @@ def parse_instant_ms(text: str, now_ms: int) -> int:
     return parse_event_time_ms(int(number) if number.is_integer() else number)
 
 
+def parse_range_ms(start: str, end: str, now_ms: int) -> tuple[int, int]:
+    """The [from, to) of a request in epoch ms; ValueError unless `to` is after `from`."""
+    start_ms, end_ms = parse_instant_ms(start, now_ms), parse_instant_ms(end, now_ms)
+    if end_ms <= start_ms:
+        raise ValueError(f"'to' ({end}) must be after 'from' ({start})")
+    return start_ms, end_ms
+
+
 def default_step_ms(span_ms: int, pane_ms: int) -> int:
     for step in _NICE_STEPS_MS:
         if step % pane_ms == 0 and span_ms / step <= TARGET_POINTS:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from api.timeparams import _RELATIVE, default_step_ms, parse_instant_ms
+from api.timeparams import _RELATIVE, default_step_ms, parse_instant_ms, parse_range_ms
 from catalog import Catalog, parse_duration_ms
 from store.rollup import align_range
 
@@ -169,13 +169,11 @@ def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int) ->
             raise ProtocolError(str(exc)) from None
     from_text, to_text = str(q.from_), str(q.to)
     try:
-        start_ms, end_ms = parse_instant_ms(from_text, now_ms), parse_instant_ms(to_text, now_ms)
+        start_ms, end_ms = parse_range_ms(from_text, to_text, now_ms)
         step_ms = parse_duration_ms(q.step) if q.step else default_step_ms(max(end_ms - start_ms, 1), stream.pane)
         window_ms = parse_duration_ms(q.window) if q.window else step_ms
     except ValueError as exc:
         raise ProtocolError(str(exc)) from None
-    if end_ms <= start_ms:
-        raise ProtocolError(f"'to' ({to_text}) must be after 'from' ({from_text})")
     if step_ms <= 0 or step_ms % stream.pane:
         raise ProtocolError(f"step must be a positive multiple of the pane ({stream.pane} ms), got {step_ms} ms")
     if window_ms < step_ms or window_ms % stream.pane:
