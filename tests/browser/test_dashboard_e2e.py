@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,10 @@ import time
 import httpx
 import pytest
 
+from tests.procs import free_port
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
