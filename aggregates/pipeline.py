@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
@@ -45,12 +45,7 @@ class Pipeline:
         self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
 
     def stream(self) -> DataFrame:
-        c = self.config
-        return (
-            self.spark.readStream.format(SOURCE_NAME)
-            .options(**source_options(str(c.log_path), self.catalog, c.max_records_per_batch, c.max_records_per_task))
-            .load()
-        )
+        return read_log(self.spark, self.catalog, self.config)
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
@@ -90,18 +85,31 @@ class Pipeline:
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         c = self.config
-        c.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        writer = (
-            self.stream().writeStream.queryName(f"sketchboard-{c.name}")
-            .option("checkpointLocation", str(c.checkpoint_dir))
-            .foreachBatch(self.process_batch)
-        )
-        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=c.trigger_interval)
-        return writer.start()
+        return start_query(self.stream().writeStream, f"sketchboard-{c.name}", c.checkpoint_dir, self.process_batch,
+                           c.trigger_interval, available_now=available_now)
 
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
-        query = self.start(available_now=True)
-        query.awaitTermination()
-        if query.exception():
-            raise RuntimeError(f"pipeline failed: {query.exception()}")
+        drain(self.start(available_now=True), "pipeline")
+
+
+def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig) -> DataFrame:
+    """The log's streams of `catalog` as a streaming DataFrame (the source's uniform schema)."""
+    options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task)
+    return spark.readStream.format(SOURCE_NAME).options(**options).load()
+
+
+def start_query(writer: DataStreamWriter, name: str, checkpoint_dir: Path, process_batch, trigger_interval: str,
+                *, available_now: bool) -> StreamingQuery:
+    """A foreachBatch query, checkpointed, on a processing-time trigger or AvailableNow."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    writer = writer.queryName(name).option("checkpointLocation", str(checkpoint_dir)).foreachBatch(process_batch)
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger_interval)
+    return writer.start()
+
+
+def drain(query: StreamingQuery, what: str) -> None:
+    """Wait for an AvailableNow query to finish; its failure becomes an exception here."""
+    query.awaitTermination()
+    if query.exception():
+        raise RuntimeError(f"{what} failed: {query.exception()}")

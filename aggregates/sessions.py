@@ -29,10 +29,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.partials import partial_aggregates
-from aggregates.pipeline import PipelineConfig
+from aggregates.pipeline import PipelineConfig, drain, read_log, start_query
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
-from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
 
 log = logging.getLogger("sketchboard.sessions")
@@ -115,28 +114,14 @@ class SessionPipeline:
         return result
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
-        c = self.config
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        events = (
-            self.spark.readStream.format(SOURCE_NAME)
-            .options(**source_options(str(c.log_path), self.source_catalog, c.max_records_per_batch,
-                                      c.max_records_per_task))
-            .load()
-        )
-        writer = (
-            self.sessions(events).writeStream.queryName(f"sketchboard-{self.name}")
-            .outputMode("append")
-            .option("checkpointLocation", str(self.checkpoint_dir))
-            .foreachBatch(self.process_batch)
-        )
-        writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=c.trigger_interval)
-        return writer.start()
+        events = read_log(self.spark, self.source_catalog, self.config)
+        writer = self.sessions(events).writeStream.outputMode("append")  # a session is emitted once, when closed
+        return start_query(writer, f"sketchboard-{self.name}", self.checkpoint_dir, self.process_batch,
+                           self.config.trigger_interval, available_now=available_now)
 
     def run_until_drained(self) -> None:
         query = self.start(available_now=True)
-        query.awaitTermination()
-        if query.exception():
-            raise RuntimeError(f"session pipeline {self.name} failed: {query.exception()}")
+        drain(query, f"session pipeline {self.name}")
         self.last_watermark_ms = _watermark_ms(query)
 
 
