@@ -25,7 +25,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -210,11 +210,13 @@ class DemoTraffic:
     """Seeded generator of demo events; event times come from the injected clock (epoch s)."""
 
     def __init__(self, catalog: Catalog, *, seed: int = 0, clock: Callable[[], float] = time.time,
-                 stragglers: Stragglers | None = None):
+                 stragglers: Stragglers | None = None, spikes: Sequence[LatencySpike] = ()):
         self.catalog = catalog
         self.seed = seed
         self.clock = clock
         self.stragglers = stragglers or Stragglers.none()
+        self.spikes = tuple(spikes)
+        self.started_s = clock()  # what LatencySpike.start_s counts from
         self.last_kinds: list[str] = []  # per event of the last generate_stream(): ON_TIME, DELAYED, ...
         self._rng = np.random.default_rng(seed)
         # Zipf ranks map to ids through a fixed permutation, so the heavy users are not
@@ -279,7 +281,23 @@ class DemoTraffic:
             self._http_requests(n, now_ms / 1000.0, strings, numbers)
         elif name == "orders":
             self._orders(n, strings, numbers)
-        return self._assemble(stream, n, now_ms, strings, numbers)
+        events = self._assemble(stream, n, now_ms, strings, numbers)
+        if name == "http_requests" and self.spikes:
+            self._apply_spikes(stream, events)
+        return events
+
+    def _apply_spikes(self, stream: StreamDef, events: list[dict]) -> None:
+        # Applied to the assembled events, once their event times are known (stragglers
+        # included), and without drawing from the RNG: every other field, and every event
+        # outside a window, is exactly what the same seed gives without spikes.
+        if not {"endpoint", "latency_ms"} <= {*stream.string_fields, *stream.values}:
+            return  # a config whose http_requests lacks these fields has nothing to slow down
+        for spike in self.spikes:
+            start_ms, end_ms = spike.window_ms(self.started_s)
+            for event in events:
+                if event["endpoint"] == spike.endpoint and start_ms <= event[stream.time_field] < end_ms:
+                    # The generator's floor of 0.1 ms still holds for a factor below 1.
+                    event["latency_ms"] = max(round(event["latency_ms"] * spike.factor, 2), 0.1)
 
     def _times(self, n: int, now_ms: int, stream: StreamDef | None = None) -> list[int]:
         # Mostly a few hundred ms behind the clock, never more than MAX_JITTER_MS; the
