@@ -13,6 +13,11 @@ fraction later than the stream's allowed lateness (the pane is final by then: th
 publishes a correction); a few older than the stream's retention and a few from a clock far
 in the future (both dead-lettered).
 
+Latency spikes (`LatencySpike`, `--spike /api/cart:40:20s:30s`, none by default): one
+endpoint's latencies multiplied by a factor for a window of event time that starts some
+seconds after the generator does, so an alert on p99 latency has something to fire on and
+then resolve.
+
 Run it against a running service with `python -m ingest.demo --url http://127.0.0.1:8000`.
 """
 
@@ -418,6 +423,9 @@ class DemoTraffic:
         return [dict(zip(names, row)) for row in zip(*columns.values())]
 
 
+_BEFORE, _DURING, _AFTER = range(3)  # where a producer's clock stands against a spike's window
+
+
 class DemoProducer:
     """Posts DemoTraffic to the ingest API at `rate` requests/s (times the daily shape)."""
 
@@ -453,6 +461,7 @@ class DemoProducer:
         self._started = 0.0
         self._down = False
         self._reported: set[str] = set()
+        self._spike_phase = [_BEFORE] * len(traffic.spikes)
 
     def summary(self) -> dict[str, Any]:
         seconds = time.monotonic() - self._started if self._started else 0.0
@@ -483,6 +492,7 @@ class DemoProducer:
                 owed += self.rate * self.traffic.rate_at(self.traffic.clock()) * min(now - last, self.MAX_CATCHUP_S)
                 last = now
                 n, owed = int(owed), owed - int(owed)
+                self.report_spikes(self.traffic.clock())  # before sending: the line precedes the slow events
                 if n:
                     for stream, events in self.traffic.generate(n).items():
                         for i in range(0, len(events), self.batch_max):
@@ -498,6 +508,22 @@ class DemoProducer:
                     progress_at, progress_sent = now + self.progress_every_s, self.sent
                 stop.wait(max(0.0, last + self.TICK_S - time.monotonic()))
         return self.summary()
+
+    def report_spikes(self, now_s: float) -> None:
+        """Say when a latency spike starts and ends (run() calls this every tick).
+
+        Judged by the traffic's clock, the one event times come from, so the lines match the
+        window the metrics see (give or take the ~2 s of event-time jitter).
+        """
+        now_ms = round(now_s * 1000)
+        for i, spike in enumerate(self.traffic.spikes):
+            start_ms, end_ms = spike.window_ms(self.traffic.started_s)
+            phase = _AFTER if now_ms >= end_ms else _DURING if now_ms >= start_ms else _BEFORE
+            if self._spike_phase[i] == _BEFORE and phase != _BEFORE:
+                self._say(f"demo: latency spike started: {spike.endpoint} x{spike.factor:g} for {spike.duration_s:g} s")
+            if self._spike_phase[i] != _AFTER and phase == _AFTER:
+                self._say(f"demo: latency spike ended: {spike.endpoint}")
+            self._spike_phase[i] = phase
 
     def _post(
         self, client: httpx.Client, stream: str, events: list[dict],
@@ -598,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="share older than the retention: dead letters (default %(default)s)")
     parser.add_argument("--future-fraction", type=float, default=d.future_fraction,
                         help="share from a clock far in the future: dead letters (default %(default)s)")
+    parser.add_argument("--spike", type=parse_spike, action="append", default=[], metavar=SPIKE_SYNTAX,
+                        help="multiply ENDPOINT's latencies by FACTOR from START after the producer starts, for"
+                             " DURATION (event time), e.g. /api/cart:40:20s:30s; repeatable")
     args = parser.parse_args(argv)
     try:
         stragglers = Stragglers(args.delayed_fraction, args.delay_mean, args.late_fraction, args.horizon_fraction,
@@ -610,13 +639,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers)
+    # Built right before sending: spike starts count from here (DemoTraffic.started_s).
+    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike)
     producer = DemoProducer(args.url, traffic, rate=args.rate)
     print(
         f"demo: sending ~{args.rate:g} requests/s (x{traffic.rate_at(time.time()):.2f} now) to {args.url},"
         f" streams: {', '.join(catalog.streams)}; Ctrl-C to stop",
         file=sys.stderr, flush=True,
     )
+    for spike in traffic.spikes:
+        print(
+            f"demo: latency spike planned: {spike.endpoint} x{spike.factor:g} from +{spike.start_s:g} s"
+            f" for {spike.duration_s:g} s",
+            file=sys.stderr, flush=True,
+        )
     try:
         summary = producer.run(args.duration)
     except KeyboardInterrupt:
