@@ -189,6 +189,14 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
     assert firing["annotations"]["summary"] == "p99 of /api/cart is 900 ms"
     assert firing["window_end_ms"] - firing["window_start_ms"] == 10_000 and firing["revision"] == 1
 
+    # A straggler lands in the window the firing decision read: the decision stands, and says so.
+    assert firing["corrections_since"] == 0
+    straggler = [ev(firing["window_start_ms"] + 500, "/api/cart", 5.0)]
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=straggler).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+    entry = next(e for e in api.get("/api/v1/alerts").json()["history"] if e["id"] == firing["id"])
+    assert entry["corrections_since"] == 1 and entry["value"] == firing["value"] and entry["to_state"] == "firing"
+
     assert [m["event"]["to_state"] for m in feed.poll()] == ["pending", "firing", "resolved"]
     assert feed.poll() == []
     statuses = [[n.status for n in b.notices] for b in recorder.batches]
