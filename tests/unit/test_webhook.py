@@ -1,0 +1,389 @@
+"""Webhook notifier: the grouping/dedup decisions as pure functions with a fake clock, then
+the notifier against a real HTTP receiver on loopback (tests/receiver.py), with the backoff
+sleep injected so that retries cost no time."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from datetime import datetime
+
+import pytest
+
+from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan
+from alerts.states import AlertState, Notice, RuleNotices
+from alerts.webhook import NOT_ENDED, WebhookNotifier, rfc3339
+from tests.receiver import Receiver
+
+RULE = "search_p99"
+HOUR = 3600.0
+REPEAT = 4 * HOUR
+
+
+def firing(fp: str, *, starts_at_ms: int = 1_000, value: float = 300.0) -> Notice:
+    return Notice(rule=RULE, fingerprint=fp, status="firing", state=AlertState.FIRING,
+                  labels={"alertname": RULE, "severity": "page", "endpoint": f"/{fp}"},
+                  annotations={"summary": f"p99 of /{fp} is {value} ms"},
+                  starts_at_ms=starts_at_ms, value=value)
+
+
+def resolved(fp: str, *, ends_at_ms: int = 9_000) -> Notice:
+    n = firing(fp)
+    return Notice(rule=RULE, fingerprint=fp, status="resolved", state=AlertState.RESOLVED, labels=n.labels,
+                  annotations=n.annotations, starts_at_ms=n.starts_at_ms, ends_at_ms=ends_at_ms, value=120.0)
+
+
+def batch(*notices: Notice, at_ms: int = 10_000, silenced: bool = False, rule: str = RULE) -> RuleNotices:
+    return RuleNotices(rule=rule, at_ms=at_ms, notices=list(notices), silenced=silenced)
+
+
+class Group:
+    """The notifier's memory of one rule, moved forward as if every planned send succeeded."""
+
+    def __init__(self) -> None:
+        self.memory: GroupMemory | None = None
+
+    def evaluate(self, b: RuleNotices, now: float) -> Plan:
+        p = plan(b, self.memory, now, REPEAT)
+        if p.send:
+            self.memory = p.remember
+        return p
+
+
+def sent(p: Plan) -> list[tuple[str, str]]:
+    return [(n.fingerprint, n.status) for n in p.alerts]
+
+
+# -- pure decisions ------------------------------------------------------------------------
+
+
+def test_first_firing_is_sent():
+    p = Group().evaluate(batch(firing("a")), now=0)
+    assert p.send and p.why is Why.NEW
+    assert sent(p) == [("a", "firing")]
+
+
+def test_identical_repeat_is_deduplicated_until_repeat_interval():
+    g = Group()
+    g.evaluate(batch(firing("a")), now=0)
+    for now in (10, 60, REPEAT - 1):
+        p = g.evaluate(batch(firing("a", value=999.0)), now=now)  # a new value alone is no change
+        assert not p.send and p.why is Why.DUPLICATE
+    p = g.evaluate(batch(firing("a", value=999.0)), now=REPEAT)
+    assert p.why is Why.REPEAT and sent(p) == [("a", "firing")]
+    assert p.alerts[0].value == 999.0  # a repeat carries the current value
+    assert not g.evaluate(batch(firing("a")), now=REPEAT + 10).send  # the interval restarts at the repeat
+
+
+def test_a_new_instance_resends_the_whole_group():
+    g = Group()
+    g.evaluate(batch(firing("a")), now=0)
+    p = g.evaluate(batch(firing("a"), firing("b", starts_at_ms=5_000)), now=10)
+    assert p.why is Why.NEW
+    assert sent(p) == [("a", "firing"), ("b", "firing")]
+
+
+def test_resolved_is_sent_once_then_forgotten():
+    g = Group()
+    g.evaluate(batch(firing("a"), firing("b")), now=0)
+    p = g.evaluate(batch(firing("a"), resolved("b")), now=10)
+    assert p.why is Why.RESOLVED
+    assert sent(p) == [("a", "firing"), ("b", "resolved")]
+    assert p.alerts[1].ends_at_ms == 9_000
+    assert not g.evaluate(batch(firing("a")), now=20).send  # b is gone: no change
+    assert not g.evaluate(batch(firing("a"), resolved("b")), now=30).send  # b forgotten
+
+    p = g.evaluate(batch(resolved("a")), now=40)
+    assert sent(p) == [("a", "resolved")]
+    assert g.memory is None  # nothing fires: the group is forgotten
+    assert g.evaluate(batch(), now=50).why is Why.QUIET
+
+
+def test_resolved_of_a_never_sent_firing_is_not_sent():
+    g = Group()
+    p = g.evaluate(batch(resolved("a")), now=0)
+    assert not p.send and p.why is Why.QUIET
+    g.evaluate(batch(firing("b")), now=10)
+    p = g.evaluate(batch(firing("b"), resolved("a")), now=20)
+    assert not p.send and p.why is Why.DUPLICATE
+
+
+def test_silenced_sends_nothing_and_remembers_nothing():
+    g = Group()
+    for now in (0, 10, REPEAT * 2):
+        p = g.evaluate(batch(firing("a"), silenced=True), now=now)
+        assert not p.send and p.why is Why.SILENCED
+    assert g.memory is None
+    p = g.evaluate(batch(firing("a")), now=REPEAT * 2 + 10)  # the silence ended, still firing
+    assert p.why is Why.NEW and sent(p) == [("a", "firing")]
+
+
+def test_a_silence_keeps_what_was_sent_before_it():
+    g = Group()
+    g.evaluate(batch(firing("a"), firing("b")), now=0)
+    before = g.memory
+    assert not g.evaluate(batch(firing("a"), resolved("b"), silenced=True), now=10).send
+    assert g.memory is before
+    assert not g.evaluate(batch(firing("a"), silenced=True), now=20).send
+    # The silence ends: a still fires (already sent: no repeat yet); b resolved during the
+    # silence and the receiver still has it firing, so it is sent as resolved now.
+    p = g.evaluate(batch(firing("a"), at_ms=30_000), now=30)
+    assert p.why is Why.RESOLVED
+    assert sent(p) == [("a", "firing"), ("b", "resolved")]
+    assert p.alerts[1].ends_at_ms == 30_000
+
+
+def test_an_undelivered_plan_is_planned_again():
+    first = plan(batch(firing("a")), None, 0, REPEAT)
+    # The send failed, so the caller kept its memory (None): the next evaluation sends again.
+    again = plan(batch(firing("a")), None, 10, REPEAT)
+    assert first.send and again.send and sent(first) == sent(again)
+
+
+def test_coalesce_keeps_the_newer_batch_and_older_resolutions():
+    older = batch(resolved("a"), firing("b"), firing("c"), at_ms=10_000)
+    newer = batch(firing("b"), resolved("c", ends_at_ms=19_000), at_ms=20_000)
+    merged = coalesce(older, newer)
+    assert merged.at_ms == 20_000
+    assert [(n.fingerprint, n.status, n.ends_at_ms) for n in merged.notices] == [
+        ("b", "firing", None), ("c", "resolved", 19_000), ("a", "resolved", 9_000)]
+    refired = coalesce(batch(resolved("a")), batch(firing("a")))
+    assert [(n.fingerprint, n.status) for n in refired.notices] == [("a", "firing")]
+
+
+# -- the message and the notifier over real HTTP ---------------------------------------------
+
+RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+class Sleeps(list):
+    """The backoff sleep: records each delay instead of waiting."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+def notifier(url: str, **kwargs) -> WebhookNotifier:
+    kwargs.setdefault("sleep", Sleeps())
+    return WebhookNotifier(url, **{"timeout_s": 2.0, "external_url": "http://sketchboard.test:8000/", **kwargs})
+
+
+def ms_of(text: str) -> int:
+    return round(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def test_rfc3339_is_utc_with_exact_milliseconds():
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+    assert rfc3339(1_714_564_800_250) == "2024-05-01T12:00:00.250Z"
+
+
+def test_the_body_is_alertmanager_v4_json():
+    starts = 1_714_564_800_250
+    with Receiver() as rx:
+        n = notifier(rx.url)
+        n.observe(batch(firing("a", starts_at_ms=starts), firing("b", starts_at_ms=starts + 1)))
+        n.close()
+        n2 = notifier(rx.url)  # a fresh memory that only knows "a" can resolve it
+        n2.observe(batch(firing("a", starts_at_ms=starts)))
+        rx.wait_for(lambda reqs: len(reqs) == 2)  # (queued together, the two would coalesce to nothing)
+        n2.observe(batch(resolved("a", ends_at_ms=starts + 60_000)))
+        n2.close()
+        got = rx.wait_for(lambda reqs: len(reqs) == 3)
+
+    assert got[0].headers["Content-Type"] == "application/json"
+    body = json.loads(got[0].raw)  # strict JSON: no NaN
+    assert set(body) == {"version", "groupKey", "truncatedAlerts", "status", "receiver", "groupLabels",
+                         "commonLabels", "commonAnnotations", "externalURL", "alerts"}
+    assert body["version"] == "4" and body["status"] == "firing" and body["truncatedAlerts"] == 0
+    assert body["groupKey"] == '{}:{alertname="search_p99"}'
+    assert body["groupLabels"] == {"alertname": RULE}
+    assert body["commonLabels"] == {"alertname": RULE, "severity": "page"}  # endpoint differs
+    assert body["commonAnnotations"] == {}
+    assert body["externalURL"] == "http://sketchboard.test:8000/"
+    a, b = body["alerts"]
+    assert set(a) == {"status", "labels", "annotations", "startsAt", "endsAt", "generatorURL", "fingerprint", "value"}
+    assert (a["fingerprint"], a["status"], a["value"]) == ("a", "firing", 300.0)
+    assert a["labels"]["endpoint"] == "/a" and a["annotations"]["summary"] == "p99 of /a is 300.0 ms"
+    assert a["generatorURL"] == "http://sketchboard.test:8000/api/v1/alerts?rule=search_p99"
+    assert RFC3339_UTC.match(a["startsAt"]) and ms_of(a["startsAt"]) == starts
+    assert ms_of(b["startsAt"]) == starts + 1
+    assert a["endsAt"] == NOT_ENDED and RFC3339_UTC.match(NOT_ENDED)
+
+    done = got[2].body
+    assert done["status"] == "resolved" and [x["status"] for x in done["alerts"]] == ["resolved"]
+    ended = done["alerts"][0]["endsAt"]
+    assert RFC3339_UTC.match(ended) and ms_of(ended) == starts + 60_000
+
+
+@pytest.mark.parametrize("status", [503, 500, 429])
+def test_retryable_status_is_retried_with_growing_backoff(status):
+    sleeps = Sleeps()
+    with Receiver(fail_first=2, fail_status=status) as rx:
+        n = notifier(rx.url, sleep=sleeps, backoff_s=0.5, max_backoff_s=8.0)
+        n.observe(batch(firing("a")))
+        n.close()
+        got = rx.requests
+    assert [r.status for r in got] == [status, status, 200]
+    assert got[0].raw == got[2].raw  # the same message each attempt
+    assert sleeps == [0.5, 1.0]
+    stats = n.stats()
+    assert (stats["sent"], stats["retried"], stats["failed"]) == (1, 2, 0)
+    assert stats["last_error"] == f"HTTP {status}"
+
+
+def test_backoff_is_capped_and_a_give_up_is_counted_and_tried_again_later(caplog):
+    sleeps = Sleeps()
+    with Receiver(fail_first=5) as rx:
+        n = notifier(rx.url, sleep=sleeps, max_attempts=5, backoff_s=1.0, max_backoff_s=3.0)
+        n.observe(batch(firing("a")))
+        rx.wait_for(lambda reqs: len(reqs) == 5)
+        assert sleeps == [1.0, 2.0, 3.0, 3.0]
+        n.observe(batch(firing("a")))  # nothing was remembered as sent: the next evaluation sends
+        n.close()
+        assert [r.status for r in rx.requests] == [503] * 5 + [200]
+    stats = n.stats()
+    assert (stats["sent"], stats["failed"], stats["retried"]) == (1, 1, 4)
+    assert "gave up on rule 'search_p99' after 5 attempt(s): HTTP 503" in caplog.text
+
+
+def test_other_4xx_is_not_retried():
+    sleeps = Sleeps()
+    with Receiver(fail_first=1, fail_status=400) as rx:
+        n = notifier(rx.url, sleep=sleeps)
+        n.observe(batch(firing("a")))
+        n.close()
+        assert [r.status for r in rx.requests] == [400]
+    assert sleeps == []
+    assert (n.stats()["failed"], n.stats()["retried"], n.stats()["last_error"]) == (1, 0, "HTTP 400")
+
+
+def test_connection_refused_is_retried_then_given_up():
+    with Receiver() as rx:
+        url = rx.url  # a port that was free a moment ago and is closed now
+    sleeps = Sleeps()
+    n = notifier(url, sleep=sleeps, max_attempts=3)
+    n.observe(batch(firing("a")))
+    n.close()
+    assert sleeps == [0.5, 1.0]
+    stats = n.stats()
+    assert (stats["sent"], stats["failed"], stats["retried"]) == (0, 1, 2)
+    assert "ConnectError" in stats["last_error"]
+
+
+def test_a_receiver_slower_than_the_timeout_is_a_failed_attempt():
+    with Receiver(delay_s=2.0, delay_first=1) as rx:
+        n = notifier(rx.url, timeout_s=0.4)
+        n.observe(batch(firing("a")))
+        n.close()
+        assert [r.delay_s for r in rx.requests] == [2.0, 0.0]  # the first timed out, the retry went through
+    stats = n.stats()
+    assert (stats["sent"], stats["retried"], stats["failed"]) == (1, 1, 0)
+    assert "timed out after 0.4 s" in stats["last_error"]
+
+    with Receiver(delay_s=2.0) as rx:
+        n = notifier(rx.url, timeout_s=0.2, max_attempts=2)
+        started = time.monotonic()
+        n.observe(batch(firing("a")))
+        n.close()
+        assert time.monotonic() - started < 1.5  # two attempts of 0.2 s each, not the receiver's 2 s
+        assert len(rx.requests) == 2
+    assert (n.stats()["sent"], n.stats()["failed"]) == (0, 1)
+
+
+def test_many_instances_of_one_rule_in_one_evaluation_are_one_post():
+    with Receiver() as rx:
+        n = notifier(rx.url)
+        n.observe(batch(*(firing(f"fp{i:03d}", starts_at_ms=1_000 + i) for i in range(200))))
+        n.close()
+        assert len(rx.requests) == 1
+        assert [a["fingerprint"] for a in rx.delivered[0]["alerts"]] == [f"fp{i:03d}" for i in range(200)]
+
+
+def test_evaluations_queued_behind_a_retrying_send_send_no_stale_duplicates():
+    with Receiver(fail_first=2) as rx:
+        n: WebhookNotifier
+
+        def sleep_while_evaluations_arrive(seconds: float) -> None:
+            # The scheduler keeps evaluating while the worker backs off: the same firing
+            # instance again and again. Once the retry succeeds nothing new is left to send.
+            n.observe(batch(firing("a", value=301.0)))
+            n.observe(batch(firing("a", value=302.0)))
+
+        n = notifier(rx.url, sleep=sleep_while_evaluations_arrive)
+        n.observe(batch(firing("a")))
+        rx.wait_for(lambda reqs: len(reqs) == 3)  # (close() would refuse evaluations arriving after it)
+        n.close()
+        assert [r.status for r in rx.requests] == [503, 503, 200]
+    stats = n.stats()
+    assert (stats["sent"], stats["deduplicated"], stats["dropped"]) == (1, 1, 0)
+
+
+def test_a_change_queued_behind_a_retrying_send_is_sent_once_after_it():
+    with Receiver(fail_first=1) as rx:
+        n: WebhookNotifier
+
+        def sleep_while_b_starts_firing(seconds: float) -> None:
+            n.observe(batch(firing("a"), firing("b")))
+            n.observe(batch(firing("a"), firing("b"), firing("c")))  # the newest wins
+
+        n = notifier(rx.url, sleep=sleep_while_b_starts_firing)
+        n.observe(batch(firing("a")))
+        rx.wait_for(lambda reqs: len(reqs) == 2)
+        n.close()
+        fingerprints = [[a["fingerprint"] for a in body["alerts"]] for body in rx.delivered]
+    assert fingerprints == [["a"], ["a", "b", "c"]]
+
+
+def test_observe_does_not_wait_and_a_full_queue_drops():
+    backing_off, release = threading.Event(), threading.Event()
+
+    def backoff(seconds: float) -> None:
+        backing_off.set()
+        release.wait(5)
+
+    with Receiver(fail_first=1) as rx:
+        n = notifier(rx.url, queue_size=2, sleep=backoff)
+        n.observe(batch(firing("a"), rule="r0"))
+        assert backing_off.wait(5)  # the worker is busy with r0 until released
+        started = time.monotonic()
+        for i in (1, 2, 3):
+            n.observe(batch(firing("a"), rule=f"r{i}"))
+        n.observe(batch(firing("a"), firing("b"), rule="r1"))  # a rule already queued is updated, not dropped
+        assert time.monotonic() - started < 0.1
+        assert n.stats()["dropped"] == 1 and n.stats()["queued"] == 2
+        release.set()
+        n.close()
+        assert [body["groupLabels"]["alertname"] for body in rx.delivered] == ["r0", "r1", "r2"]
+        assert [a["fingerprint"] for a in rx.delivered[1]["alerts"]] == ["a", "b"]
+
+
+def test_close_flushes_the_queue():
+    with Receiver(delay_s=0.05) as rx:
+        n = notifier(rx.url)
+        for i in range(5):
+            n.observe(batch(firing("a"), rule=f"rule{i}"))
+        n.close()
+        assert len(rx.delivered) == 5  # no waiting: close() returned after the last answer
+        n.observe(batch(firing("a"), rule="late"))
+    assert n.stats()["dropped"] == 1 and n.stats()["sent"] == 5
+
+
+def test_close_gives_up_after_its_timeout():
+    release = threading.Event()
+    with Receiver(fail_first=10) as rx:
+        n = notifier(rx.url, sleep=lambda s: release.wait(5))
+        n.observe(batch(firing("a"), rule="r0"))
+        n.observe(batch(firing("a"), rule="r1"))
+        rx.wait_for(lambda reqs: len(reqs) == 1)
+        started = time.monotonic()
+        n.close(timeout_s=0.2)
+        assert time.monotonic() - started < 1.0
+        release.set()
+        # The worker wakes, sees that close() gave up on it, and sends nothing more.
+        deadline = time.monotonic() + 5
+        while n.stats()["failed"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert n.stats()["failed"] == 1
+        assert len(rx.requests) == 1
