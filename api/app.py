@@ -12,6 +12,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse
 
 from api import (
+    alert_routes,
     corrections_routes,
     http_metrics,
     ingest_routes,
@@ -35,13 +36,15 @@ _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/htm
 def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
     """`feeds`: broadcast feeds for the websocket (objects with `topic` and `poll()`); each
     replaces the built-in feed of its topic (pipeline, corrections, lag). More can be added later
-    with app.state.hub.add_feed."""
+    with app.state.hub.add_feed. With ctx.alerts, the alert routes and the `alerts` feed are added."""
     # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
     built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query),
                 CorrectionsFeed(ctx.store)]
     if ctx.lag is not None:
         built_in.append(LagFeed(ctx.lag))
+    if ctx.alerts is not None:
+        built_in.append(alert_routes.AlertsFeed(ctx.alerts.store))
     given = list(feeds)
     topics = {feed.topic for feed in given}
     registry = FeedRegistry([feed for feed in built_in if feed.topic not in topics] + given)
@@ -67,6 +70,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     http_metrics.install(app)
     app.include_router(membership_routes.router(ctx))
     app.include_router(corrections_routes.router(ctx))
+    if ctx.alerts is not None:
+        app.include_router(alert_routes.router(ctx.alerts))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

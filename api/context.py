@@ -28,6 +28,8 @@ class ApiContext:
     # None where not wired (then /api/v1/lag answers 503 and the pipeline's health is null).
     lag: Any = None
     health: Any = None
+    # Alert rules and their evaluation (alerts.service.AlertService); None: no /api/v1/alerts routes.
+    alerts: Any = None
 
     def __post_init__(self) -> None:
         for name, stream in self.catalog.streams.items():

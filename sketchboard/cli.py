@@ -37,6 +37,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{settings.streams_config}: {len(catalog.streams)} streams, {len(catalog.metrics)} metrics - OK")
     for name, metric in catalog.metrics.items():
         print(f"  {name} ({metric.stream}): {', '.join(metric.stats())}")
+    if settings.alerts_config is not None and settings.alerts_config.is_file():
+        from alerts.loader import load_rules_file
+
+        rules = load_rules_file(settings.alerts_config, catalog)
+        print(f"{settings.alerts_config}: {len(rules)} alert rules - OK")
     return 0
 
 
@@ -59,11 +64,15 @@ def cmd_api(args: argparse.Namespace) -> int:
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
     if ctx.lag is not None and ctx.lag.sampler is not None:
         ctx.lag.sampler.start()  # lag is sampled here: it must be visible while the pipeline is down
+    if ctx.alerts is not None:
+        ctx.alerts.start()  # here too: lag and absence rules matter most while the pipeline is down
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     finally:
         stop.set()
+        if ctx.alerts is not None:
+            ctx.alerts.stop()
     return 0
 
 
@@ -221,11 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from alerts.rules import RuleError
     from sketchboard.javacheck import JavaError
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError) as exc:
+    except (ConfigError, JavaError, FileNotFoundError, RuleError) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -14,6 +14,7 @@ from catalog import parse_duration_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
+DEFAULT_ALERTS = REPO_ROOT / "config" / "alerts.yaml"
 SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
@@ -55,6 +56,17 @@ class Settings(BaseSettings):
     lag_sample_interval: DurationMs = Field("2s", ge=10, description="how often the API samples consumer lag")
     lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
     lag_retention: DurationMs = Field("24h", ge=60_000, description="lag samples and Spark progress kept")
+
+    # Alerts
+    alerts_config: Path | None = Field(DEFAULT_ALERTS, description="alert rules file (read-only through the API);"
+                                       " none: rules come only from the API")
+    alert_eval_interval: DurationMs = Field("10s", ge=1_000, description="default evaluation interval of a rule")
+    alert_history_retention: DurationMs = Field("30d", ge=60_000, description="alert state changes kept")
+    alert_webhook_url: str | None = Field(None, description="POST notifications here (Alertmanager webhook JSON)")
+    alert_webhook_timeout: DurationMs = Field("5s", ge=100, description="per POST")
+    alert_webhook_max_attempts: int = Field(4, ge=1, le=20, description="tries per notification (retries back off)")
+    alert_webhook_backoff: DurationMs = Field("500ms", ge=10, description="first retry delay; doubles each retry")
+    alert_repeat_interval: DurationMs = Field("4h", ge=1_000, description="re-send a still-firing group this often")
 
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")

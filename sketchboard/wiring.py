@@ -59,6 +59,36 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
                       interval_s=interval_s, clock=clock, sampler=sampler)
 
 
+def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None):
+    """The alert evaluator (not started: the API process starts it) with the file's rules loaded
+    and the webhook notifier when a URL is set."""
+    import time
+
+    from alerts.loader import load_rules_file
+    from alerts.service import AlertService
+    from alerts.source import StoreAlertData
+    from sketchboard.settings import DEFAULT_ALERTS
+    from store.alerts import SqliteAlertStore
+
+    notifiers = []
+    if settings.alert_webhook_url:
+        from alerts.webhook import WebhookNotifier
+
+        notifiers.append(WebhookNotifier(
+            settings.alert_webhook_url, timeout_s=settings.alert_webhook_timeout / 1000,
+            max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
+            repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/"))
+    alert_store = SqliteAlertStore(settings.store_path, history_retention_ms=settings.alert_history_retention,
+                                   synchronous=settings.log_sync)
+    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
+                           default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
+                           clock=clock or time.time)
+    path = settings.alerts_config
+    if path is not None and (path.is_file() or path != DEFAULT_ALERTS):
+        service.sync_file(load_rules_file(path, catalog))  # a missing file named on purpose is an error
+    return service
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
@@ -66,6 +96,7 @@ def build_api(settings: Settings):
 
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
+    lag = build_lag_monitor(settings, catalog, log, store)
     ctx = ApiContext(
         catalog=catalog,
         log=log,
@@ -74,8 +105,9 @@ def build_api(settings: Settings):
         max_body_bytes=settings.max_body_bytes,
         max_events_per_request=settings.max_events_per_request,
         query_max_points=settings.query_max_points,
-        lag=build_lag_monitor(settings, catalog, log, store),
+        lag=lag,
         health=open_health_store(settings),
+        alerts=build_alert_service(settings, catalog, store, lag),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

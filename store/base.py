@@ -190,6 +190,10 @@ class PaneStore(ABC):
         """Dead-lettered records, newest first."""
 
     @abstractmethod
+    def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
+        """Dead letters per stream committed in [start_ms, end_ms) (what alert rules watch)."""
+
+    @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...
 
     @abstractmethod

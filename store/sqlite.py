@@ -454,6 +454,12 @@ class SqlitePaneStore(PaneStore):
             for i, pl, b, at, s, p, o, r, et, it, err, d in rows
         ]
 
+    def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
+        with self._lock:
+            return dict(self._conn.execute(
+                "SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= ? AND at_ms < ? GROUP BY stream",
+                (start_ms, end_ms)).fetchall())
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -1,0 +1,187 @@
+"""Each kind of rule turned into an `Outcome` (samples with their condition) at time `now_ms`.
+Pure: data comes through `AlertData`, time is a parameter.
+
+Metric rules (threshold, trend) read the newest *final* window: the one ending at the last
+pane boundary the watermark has passed, so late events can no longer change it except as a
+published correction. With `provisional: true` they read the window ending with the newest
+pane that has events instead (faster, may flap while it fills).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from alerts.outcome import AlertData, Outcome, Sample, WindowValue
+from alerts.rules import (
+    AbsenceRule,
+    DeadLetterRule,
+    LagRule,
+    LagStatusRule,
+    Rule,
+    ThresholdRule,
+    TrendRule,
+    against_ms,
+)
+from catalog import Catalog, format_duration_ms
+
+COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+           "==": operator.eq, "!=": operator.ne}
+
+
+def evaluate_rule(rule: Rule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
+    """The rule's outcome; a failure reading or computing becomes the Error outcome, never an exception."""
+    try:
+        if isinstance(rule, ThresholdRule):
+            return _threshold(rule, data, catalog, now_ms)
+        if isinstance(rule, TrendRule):
+            return _trend(rule, data, catalog, now_ms)
+        if isinstance(rule, AbsenceRule):
+            return _absence(rule, data, catalog, now_ms)
+        if isinstance(rule, LagRule):
+            return _lag(rule, data)
+        if isinstance(rule, LagStatusRule):
+            return _lag_status(rule, data)
+        if isinstance(rule, DeadLetterRule):
+            return _dead_letters(rule, data, catalog, now_ms)
+        return Outcome.failed(f"unknown rule kind {type(rule).__name__}")
+    except Exception as exc:  # a broken store or a bad query must show as Error, not as Normal
+        return Outcome.failed(f"{type(exc).__name__}: {exc}")
+
+
+def metric_window(rule: ThresholdRule | TrendRule, data: AlertData, catalog: Catalog,
+                  now_ms: int) -> tuple[int, int] | Outcome:
+    """[start, end) of the window the rule reads now, or the NoData outcome saying why there is none."""
+    stream = catalog.streams[catalog.metric(rule.metric).stream]
+    pane, lateness = stream.pane, stream.allowed_lateness
+    watermark = data.watermark(stream.name)
+    if watermark is None:
+        return Outcome.nodata(f"no events processed yet on stream {stream.name!r}")
+    if rule.provisional:
+        end = (watermark + lateness) // pane * pane + pane  # the pane holding the newest event
+        expected = now_ms // pane * pane + pane
+    else:
+        end = watermark // pane * pane
+        expected = (now_ms - lateness) // pane * pane
+    behind = expected - end
+    if behind > rule.stale_after:
+        return Outcome.nodata(f"the newest {'window' if rule.provisional else 'final window'} ended"
+                              f" {format_duration_ms(behind)} before expected (stale_after"
+                              f" {format_duration_ms(rule.stale_after)}): no traffic, or the pipeline is behind")
+    return end - rule.window, end
+
+
+def _threshold(rule: ThresholdRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
+    window = metric_window(rule, data, catalog, now_ms)
+    if isinstance(window, Outcome):
+        return window
+    start, end = window
+    values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters)
+    if not values:
+        return Outcome.nodata(f"no events in the window ({_span(start, end)})")
+    test = COMPARE[rule.op]
+    return Outcome([_sample(v, v.value, start, end, None if v.value is None else test(v.value, rule.threshold),
+                            None if v.value is not None else f"{rule.stat} is undefined: no values in the window")
+                    for v in values])
+
+
+def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
+    window = metric_window(rule, data, catalog, now_ms)
+    if isinstance(window, Outcome):
+        return window
+    start, end = window
+    offset = against_ms(rule)
+    now_values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters)
+    then_values = data.window_values(rule.metric, rule.stat, start - offset, end - offset, rule.group_by, rule.filters)
+    then = {tuple(sorted(v.group.items())): v for v in then_values}
+    # Like PromQL's `x / x offset 1w`: only groups present at both times get a sample.
+    pairs = [(v, then[key]) for v in now_values if (key := tuple(sorted(v.group.items()))) in then]
+    if not pairs:
+        which = "previous window" if rule.against == "previous" else f"window {rule.against} earlier"
+        return Outcome.nodata(f"no groups with data both now ({_span(start, end)}) and in the {which}")
+    test = COMPARE[rule.op]
+    samples = []
+    for current, base in pairs:
+        value, reason = _change(rule.mode, current.value, base.value, offset)
+        samples.append(_sample(current, value, start, end, None if value is None else test(value, rule.threshold),
+                               reason))
+    return Outcome(samples)
+
+
+def _change(mode: str, current: float | None, base: float | None, offset_ms: int) -> tuple[float | None, str | None]:
+    if current is None or base is None:
+        return None, "the stat is undefined in one of the two windows"
+    if mode == "diff":
+        return current - base, None
+    if mode == "rate":
+        return (current - base) / (offset_ms / 1000), None
+    if base == 0:
+        return None, "the baseline is 0, so the ratio is undefined"
+    return current / base, None
+
+
+def _absence(rule: AbsenceRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
+    stream = catalog.streams[rule.stream]
+    end = now_ms // stream.pane * stream.pane + stream.pane
+    start = (now_ms - rule.lookback) // stream.pane * stream.pane
+    seen = data.last_seen(rule.stream, start, end, rule.group_by, rule.filters)
+    if not seen:  # nothing at all within the lookback: the stream (or every group) is silent
+        return Outcome([Sample({}, rule.lookback / 1000, True, start, end,
+                               reason=f"no events in the last {format_duration_ms(rule.lookback)}")])
+    samples = []
+    for group, last_end in sorted(seen.items()):
+        silent_s = max(0, now_ms - last_end) / 1000
+        samples.append(Sample(dict(zip(rule.group_by, group)), silent_s, silent_s * 1000 >= rule.duration,
+                              start, end, reason=f"seconds since the newest event (pane ending {last_end})"))
+    return Outcome(samples)
+
+
+def _lag_views(rule: LagRule | LagStatusRule, data: AlertData):
+    views = data.lag()
+    if views is None:
+        return Outcome.failed("consumer lag is not monitored in this process")
+    if rule.stream is not None:
+        views = {rule.stream: views[rule.stream]} if rule.stream in views else {}
+    if not views:
+        return Outcome.nodata("no lag samples yet")
+    return views
+
+
+def _lag(rule: LagRule, data: AlertData) -> Outcome:
+    views = _lag_views(rule, data)
+    if isinstance(views, Outcome):
+        return views
+    test = COMPARE[rule.op]
+    return Outcome([Sample({"stream": name}, v.lag_seconds,
+                           None if v.lag_seconds is None else test(v.lag_seconds, rule.threshold),
+                           reason=None if v.lag_seconds is not None else "lag in seconds unknown")
+                    for name, v in sorted(views.items())])
+
+
+def _lag_status(rule: LagStatusRule, data: AlertData) -> Outcome:
+    views = _lag_views(rule, data)
+    if isinstance(views, Outcome):
+        return views
+    return Outcome([Sample({"stream": name}, v.status, v.status in rule.statuses, reason=v.reason)
+                    for name, v in sorted(views.items())])
+
+
+def _dead_letters(rule: DeadLetterRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
+    start = now_ms - rule.window
+    counts = data.dead_letter_counts(start, now_ms)
+    streams = [rule.stream] if rule.stream is not None else sorted(catalog.streams)
+    test = COMPARE[rule.op]
+    samples = []
+    for name in streams:
+        rate = counts.get(name, 0) / (rule.window / 1000)
+        samples.append(Sample({"stream": name}, rate, test(rate, rule.threshold), start, now_ms,
+                              reason=f"{counts.get(name, 0)} dead letters in {format_duration_ms(rule.window)}"))
+    return Outcome(samples)
+
+
+def _sample(v: WindowValue, value: float | None, start: int, end: int, condition: bool | None,
+            reason: str | None) -> Sample:
+    return Sample(v.group, value, condition, start, end, v.revision, reason)
+
+
+def _span(start: int, end: int) -> str:
+    return f"[{start}, {end}) ms"

@@ -1,0 +1,74 @@
+"""What evaluating a rule's query yields, before any state is applied; and what the
+evaluator needs to read (`AlertData`). Pure types, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One instance's reading: `condition` None means this instance has no data."""
+
+    group: dict[str, str]  # labels the instance adds to the rule's (group-by dimensions, stream)
+    value: float | str | None
+    condition: bool | None
+    window_start_ms: int | None = None
+    window_end_ms: int | None = None
+    revision: int | None = None  # highest pane revision in the window the value came from
+    reason: str | None = None  # why there is no data, or what the value is
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """All samples of one evaluation; or the rule as a whole has no data, or failed."""
+
+    samples: list[Sample] = field(default_factory=list)
+    no_data: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def nodata(cls, reason: str) -> Outcome:
+        return cls(no_data=reason)
+
+    @classmethod
+    def failed(cls, reason: str) -> Outcome:
+        return cls(error=reason)
+
+
+@dataclass(frozen=True)
+class WindowValue:
+    group: dict[str, str]
+    value: float | None  # None: the stat is undefined (e.g. p99 of no events)
+    count: int
+    final: bool
+    revision: int
+
+
+@dataclass(frozen=True)
+class StreamLagView:
+    status: str  # OK, WARN, STALL, STOP, REWIND, ERR
+    reason: str
+    lag_seconds: float | None
+
+
+class AlertData(Protocol):
+    """What rules read; the store-backed implementation is alerts.source.StoreAlertData."""
+
+    def watermark(self, stream: str) -> int | None: ...
+
+    def window_values(self, metric: str, stat: str, start_ms: int, end_ms: int,
+                      group_by: Sequence[str], filters: Mapping[str, str]) -> list[WindowValue]:
+        """The stat over the one window [start_ms, end_ms), one value per group with events."""
+
+    def last_seen(self, stream: str, start_ms: int, end_ms: int, group_by: Sequence[str],
+                  filters: Mapping[str, str]) -> dict[tuple[str, ...], int]:
+        """Per group (values in group_by order): the end of its newest pane with events in the range."""
+
+    def lag(self) -> dict[str, StreamLagView] | None:
+        """Consumer lag per stream; None where lag is not monitored in this process."""
+
+    def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
+        """Dead letters per stream written in [start_ms, end_ms)."""

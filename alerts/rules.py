@@ -1,0 +1,242 @@
+"""Alert rule definitions: their shape (pydantic, one model per kind) and their checks
+against the catalog. Pure: no I/O, so the API, the YAML loader and the tests share them.
+
+Every field that Prometheus or Grafana users know keeps its name there: `for`,
+`keep_firing_for`, `labels`, `annotations`, evaluation `interval`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from alerts.templating import check_template
+from catalog import Catalog
+from catalog.model import DurationMs
+
+NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
+LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+OPS = (">", ">=", "<", "<=", "==", "!=")
+Op = Literal[">", ">=", "<", "<=", "==", "!="]
+LAG_STATUSES = ("OK", "WARN", "STALL", "STOP", "REWIND", "ERR")
+RESERVED_LABELS = ("alertname",)
+MAX_WINDOW_MS = 7 * 86_400_000
+
+
+class RuleError(ValueError):
+    """A rule definition that cannot be accepted; the message names the field and the reason."""
+
+
+class _RuleBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits and _ . : -")
+    description: str = ""
+    for_: DurationMs = Field(0, alias="for", description="how long the condition must hold before firing")
+    keep_firing_for: DurationMs = Field(0, description="how long to keep firing after the condition stops")
+    interval: DurationMs | None = Field(None, description="evaluation interval (default: the service's)")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    # What missing data or a failed evaluation reads as: never "normal" (that would hide the problem).
+    no_data_state: Literal["nodata", "firing"] = "nodata"
+    error_state: Literal["error", "firing"] = "error"
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not LABEL_PATTERN.match(key):
+                raise ValueError(f"{key!r} is not a valid label name (letters, digits and _, not starting with a digit)")
+        return value
+
+
+class _OverMetric(_RuleBase):
+    """Rules over a metric's windowed stat: evaluated on the newest final window by default."""
+
+    metric: str
+    stat: str = "count"
+    window: DurationMs = 300_000
+    group_by: tuple[str, ...] = ()
+    filters: dict[str, str] = Field(default_factory=dict)
+    op: Op = ">"
+    threshold: float = Field(allow_inf_nan=False)
+    provisional: bool = Field(False, description="also evaluate the newest, not yet final window")
+    stale_after: DurationMs = Field(300_000, description="NoData once the newest final window is this much older"
+                                    " than expected (pipeline stopped or no traffic)")
+
+
+class ThresholdRule(_OverMetric):
+    kind: Literal["threshold"]
+
+
+class TrendRule(_OverMetric):
+    kind: Literal["trend"]
+    against: str = Field("previous", description="'previous' window, or an offset such as 1d or 1w")
+    mode: Literal["ratio", "diff", "rate"] = Field("ratio", description="ratio: now / then; diff: now - then;"
+                                                   " rate: (now - then) per second between the windows")
+
+
+class AbsenceRule(_RuleBase):
+    kind: Literal["absence"]
+    stream: str
+    duration: DurationMs = Field(description="fire when the newest event is older than this")
+    group_by: tuple[str, ...] = ()
+    filters: dict[str, str] = Field(default_factory=dict)
+    lookback: DurationMs = Field(3_600_000, description="how far back a group must have been seen to be watched")
+
+
+class LagRule(_RuleBase):
+    kind: Literal["lag"]
+    stream: str | None = None
+    op: Op = ">"
+    threshold: float = Field(allow_inf_nan=False, description="consumer lag in seconds")
+
+
+class LagStatusRule(_RuleBase):
+    kind: Literal["lag_status"]
+    stream: str | None = None
+    statuses: tuple[Literal["OK", "WARN", "STALL", "STOP", "REWIND", "ERR"], ...] = ("STALL", "STOP")
+
+
+class DeadLetterRule(_RuleBase):
+    kind: Literal["dead_letters"]
+    stream: str | None = None
+    window: DurationMs = 300_000
+    op: Op = ">"
+    threshold: float = Field(allow_inf_nan=False, description="dead letters per second over the window")
+
+
+Rule = Annotated[ThresholdRule | TrendRule | AbsenceRule | LagRule | LagStatusRule | DeadLetterRule,
+                 Field(discriminator="kind")]
+KINDS = ("threshold", "trend", "absence", "lag", "lag_status", "dead_letters")
+_ADAPTER: TypeAdapter = TypeAdapter(Rule)
+
+
+def parse_rule(data: Any, catalog: Catalog) -> Rule:
+    """Validate one definition (a dict from JSON or YAML) against its kind and the catalog."""
+    if not isinstance(data, dict):
+        raise RuleError(f"a rule must be an object, got {type(data).__name__}")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise RuleError(f"kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    try:
+        rule = _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise RuleError(_describe(exc, data)) from None
+    check_rule(rule, catalog)
+    return rule
+
+
+def check_rule(rule: Rule, catalog: Catalog) -> None:
+    """Cross-checks pydantic cannot make: names the catalog must know, windows vs panes, templates."""
+    where = f"rule {rule.name!r}"
+    for key in rule.labels:
+        if key in RESERVED_LABELS:
+            raise RuleError(f"{where}: labels: {key!r} is set from the rule's name")
+    for key, text in rule.annotations.items():
+        try:
+            check_template(text)
+        except ValueError as exc:
+            raise RuleError(f"{where}: annotations.{key}: {exc}") from None
+    if rule.keep_firing_for < 0 or rule.for_ < 0:
+        raise RuleError(f"{where}: for and keep_firing_for must not be negative")
+    if rule.interval is not None and rule.interval < 1_000:
+        raise RuleError(f"{where}: interval: must be at least 1s, got {rule.interval} ms")
+    if isinstance(rule, _OverMetric):
+        _check_metric_rule(rule, catalog, where)
+    elif isinstance(rule, AbsenceRule):
+        stream = _stream(catalog, rule.stream, where)
+        _check_dimensions(rule.group_by, rule.filters, stream.dimensions, where)
+        if rule.duration < stream.pane:
+            raise RuleError(f"{where}: duration: must be at least the stream's pane ({stream.pane // 1000}s)")
+        if rule.lookback <= rule.duration:
+            raise RuleError(f"{where}: lookback: must be longer than duration")
+    elif isinstance(rule, (LagRule, LagStatusRule, DeadLetterRule)):
+        if rule.stream is not None:
+            _stream(catalog, rule.stream, where)
+        if isinstance(rule, DeadLetterRule) and not 1_000 <= rule.window <= MAX_WINDOW_MS:
+            raise RuleError(f"{where}: window: must be between 1s and 7d")
+        if isinstance(rule, LagStatusRule) and not rule.statuses:
+            raise RuleError(f"{where}: statuses: name at least one of {', '.join(LAG_STATUSES)}")
+
+
+def against_ms(rule: TrendRule) -> int:
+    """How far back the baseline window starts: one window for 'previous', else the offset."""
+    if rule.against == "previous":
+        return rule.window
+    from catalog import parse_duration_ms
+
+    return parse_duration_ms(rule.against)
+
+
+def rule_json(rule: Rule) -> dict:
+    """The definition as the API shows it and the store keeps it (durations as text, `for` by its name)."""
+    return rule.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_metric_rule(rule: _OverMetric, catalog: Catalog, where: str) -> None:
+    try:
+        metric = catalog.metric(rule.metric)
+    except KeyError as exc:
+        raise RuleError(f"{where}: metric: {exc.args[0]}") from None
+    try:
+        metric.check_stat(rule.stat)
+    except ValueError as exc:
+        raise RuleError(f"{where}: stat: {exc}") from None
+    if rule.stat in ("first_seen", "first-seen"):
+        raise RuleError(f"{where}: stat: first_seen is not supported in alert rules; alert on count or distinct")
+    stream = catalog.streams[metric.stream]
+    if rule.window % stream.pane or not stream.pane <= rule.window <= MAX_WINDOW_MS:
+        raise RuleError(f"{where}: window: must be a multiple of the stream's pane ({stream.pane // 1000}s),"
+                        f" at most 7d; got {rule.window} ms")
+    _check_dimensions(rule.group_by, rule.filters, stream.dimensions, where)
+    if isinstance(rule, TrendRule):
+        try:
+            offset = against_ms(rule)
+        except ValueError as exc:
+            raise RuleError(f"{where}: against: 'previous' or a duration such as 1d or 1w; {exc}") from None
+        if offset < rule.window or offset % stream.pane:
+            raise RuleError(f"{where}: against: the offset must be at least the window and a multiple of the pane")
+        if offset + rule.window > stream.retention:
+            raise RuleError(f"{where}: against: the baseline window would be older than the stream's retention"
+                            f" ({stream.retention // 86_400_000}d), so it would never have data")
+    if not math.isfinite(rule.threshold):
+        raise RuleError(f"{where}: threshold: must be a finite number")
+
+
+def _stream(catalog: Catalog, name: str, where: str):
+    stream = catalog.streams.get(name)
+    if stream is None:
+        raise RuleError(f"{where}: stream: unknown stream {name!r}; defined: {', '.join(sorted(catalog.streams))}")
+    return stream
+
+
+def _check_dimensions(group_by, filters, dimensions, where: str) -> None:
+    for name in (*group_by, *filters):
+        if name not in dimensions:
+            raise RuleError(f"{where}: unknown dimension {name!r} in group_by/filters;"
+                            f" dimensions: {', '.join(dimensions) or 'none'}")
+
+
+def _describe(exc: ValidationError, data: dict) -> str:
+    """pydantic's first error as one line naming the field: 'rule x: threshold: ...'."""
+    name = data.get("name") if isinstance(data.get("name"), str) else "?"
+    parts = []
+    for error in exc.errors()[:3]:
+        loc = [str(p) for p in error["loc"]]
+        if loc and loc[0] == data.get("kind"):  # the union's tag comes first
+            loc = loc[1:]
+        field = ".".join(loc) or "rule"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif error["type"] == "missing":
+            message = "required"
+        given = error.get("input")
+        if error["type"] not in ("missing", "extra_forbidden") and not isinstance(given, (dict, list)):
+            message += f" (got {given!r})"
+        parts.append(f"{field}: {message}")
+    return f"rule {name!r}: " + "; ".join(parts)

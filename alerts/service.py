@@ -1,0 +1,235 @@
+"""The alerting service: rules from the store, evaluated on their interval, the results
+saved (instances and history in one transaction) and handed to the notifiers. The API's
+rule routes go through it too, so that every change is validated the same way.
+
+Runs as a background thread in the API process (like the lag sampler, it must keep
+watching while the pipeline is down: that is when lag and absence rules matter).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+from alerts.evaluator import Evaluation, Transition, evaluate
+from alerts.kinds import evaluate_rule
+from alerts.machine import Instance
+from alerts.outcome import AlertData, Outcome
+from alerts.rules import Rule, RuleError, parse_rule, rule_json
+from alerts.states import AlertState, Notice, RuleNotices
+from catalog import Catalog
+from store.alerts import RuleConflict, SqliteAlertStore, StoredRule
+
+log = logging.getLogger("sketchboard.alerts")
+
+__all__ = ["AlertService", "RuleConflict", "RuleError", "LoadedRule"]
+
+
+@dataclass(frozen=True)
+class LoadedRule:
+    stored: StoredRule
+    rule: Rule | None  # None: the stored definition no longer validates (e.g. its metric was removed)
+    problem: str | None = None
+
+
+class AlertService:
+    def __init__(self, catalog: Catalog, store: SqliteAlertStore, data: AlertData, *,
+                 default_interval_ms: int = 10_000, notifiers: Iterable = (), clock: Callable[[], float] = time.time):
+        self.catalog = catalog
+        self.store = store
+        self.data = data
+        self.default_interval_ms = default_interval_ms
+        self.notifiers = list(notifiers)
+        self.clock = clock
+        self.last_error: str | None = None
+        self._lock = threading.RLock()  # one evaluation or rule change at a time
+        self._cache: tuple[tuple[int, int], list[LoadedRule]] | None = None
+        self._due: dict[str, tuple[int, int]] = {}  # rule -> (its updated_ms, next due time)
+        self._firing: dict[str, list[Notice]] = {}  # rule -> notices it last reported as firing
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def rules(self) -> list[LoadedRule]:
+        version = self.store.rules_version()
+        if self._cache is None or self._cache[0] != version:
+            self._cache = (version, [self._load(stored) for stored in self.store.rules()])
+        return self._cache[1]
+
+    def create(self, definition: Mapping) -> StoredRule:
+        rule = parse_rule(dict(definition), self.catalog)
+        return self.store.create_rule(rule.name, rule_json(rule), source="api", now_ms=self.now_ms())
+
+    def replace(self, name: str, definition: Mapping) -> StoredRule | None:
+        definition = dict(definition)
+        given = definition.setdefault("name", name)
+        if given != name:
+            raise RuleError(f"name: the body names {given!r} but the path names {name!r}; a rule cannot be renamed")
+        rule = parse_rule(definition, self.catalog)
+        return self.store.replace_rule(name, rule_json(rule), now_ms=self.now_ms())
+
+    def delete(self, name: str) -> bool:
+        """Remove an API rule; its active instances end in the history as Normal ("rule deleted")
+        and what was firing is resolved at the notifiers."""
+        with self._lock:
+            stored = self.store.rule(name)
+            if stored is None:
+                return False
+            now = self.now_ms()
+            ended = [_ended(i, now) for i in self.store.instances(name)]
+            if stored.source != "file":
+                self.store.save_evaluation(name, [], ended, now_ms=now)
+            if not self.store.delete_rule(name):
+                return False
+            self._resolve_all(name, now)
+            return True
+
+    def silence(self, name: str, duration_ms: int | None) -> StoredRule | None:
+        now = self.now_ms()
+        return self.store.set_silence(name, None if duration_ms is None else now + duration_ms, now_ms=now)
+
+    def sync_file(self, rules: Mapping[str, Rule]) -> None:
+        self.store.sync_file_rules({name: rule_json(rule) for name, rule in rules.items()}, now_ms=self.now_ms())
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate_due(self, now_ms: int | None = None) -> list[Evaluation]:
+        """Evaluate every rule whose interval has come (and each new or changed rule at once)."""
+        now = self.now_ms() if now_ms is None else now_ms
+        out = []
+        for loaded in self.rules():
+            name, updated = loaded.stored.name, loaded.stored.updated_ms
+            seen_version, due = self._due.get(name, (None, 0))
+            if seen_version == updated and now < due:
+                continue
+            interval = self._interval(loaded)
+            self._due[name] = (updated, now // interval * interval + interval)  # aligned, like Prometheus groups
+            out.append(self.evaluate_rule(loaded, now))
+        self._forget_removed()
+        return out
+
+    def evaluate_all(self, now_ms: int | None = None) -> list[Evaluation]:
+        """Evaluate every rule now, due or not (tests, and the dashboard's "evaluate now")."""
+        now = self.now_ms() if now_ms is None else now_ms
+        results = [self.evaluate_rule(loaded, now) for loaded in self.rules()]
+        self._forget_removed()
+        return results
+
+    def evaluate_rule(self, loaded: LoadedRule, now_ms: int) -> Evaluation:
+        with self._lock:
+            name = loaded.stored.name
+            previous = {d["fingerprint"]: _instance(d) for d in self.store.instances(name)}
+            if loaded.rule is None:
+                rule = _stand_in(loaded.stored)
+                outcome = Outcome.failed(f"the rule's definition is no longer valid: {loaded.problem}")
+            else:
+                rule = loaded.rule
+                outcome = evaluate_rule(rule, self.data, self.catalog, now_ms)
+            result = evaluate(rule, outcome, previous, now_ms)
+            self.store.save_evaluation(name, [_instance_json(i) for i in result.instances],
+                                       [_transition_json(t) for t in result.transitions], now_ms=now_ms)
+            silenced = (loaded.stored.silenced_until_ms or 0) > now_ms
+            self._notify(RuleNotices(name, now_ms, result.notices, silenced=silenced))
+            self._firing[name] = [n for n in result.notices if n.status == "firing"]
+            return result
+
+    # -- the background thread --------------------------------------------------------------
+
+    def start(self, tick_s: float = 0.5) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(tick_s,), name="alert-evaluator", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        for notifier in self.notifiers:
+            try:
+                notifier.close()
+            except Exception as exc:  # stopping must go on whatever one notifier does
+                log.warning("closing notifier %r failed: %s", notifier, exc)
+
+    def _run(self, tick_s: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.evaluate_due()
+                self.last_error = None
+            except Exception as exc:  # keep evaluating: a locked store may come back
+                if self.last_error != str(exc):
+                    log.warning("alert evaluation failed: %s", exc)
+                self.last_error = str(exc)
+            self._stop.wait(tick_s)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _load(self, stored: StoredRule) -> LoadedRule:
+        try:
+            return LoadedRule(stored, parse_rule(stored.definition, self.catalog))
+        except RuleError as exc:
+            return LoadedRule(stored, None, str(exc))
+
+    def _interval(self, loaded: LoadedRule) -> int:
+        interval = loaded.rule.interval if loaded.rule is not None else None
+        return interval or self.default_interval_ms
+
+    def _notify(self, batch: RuleNotices) -> None:
+        for notifier in self.notifiers:
+            try:
+                notifier.observe(batch)
+            except Exception as exc:  # one broken notifier must not stop evaluation or the others
+                log.warning("notifier %r failed: %s", notifier, exc)
+
+    def _resolve_all(self, name: str, now_ms: int) -> None:
+        firing = self._firing.pop(name, [])
+        if firing:
+            resolved = [Notice(n.rule, n.fingerprint, "resolved", AlertState.NORMAL, n.labels, n.annotations,
+                               n.starts_at_ms, now_ms, n.value) for n in firing]
+            self._notify(RuleNotices(name, now_ms, resolved))
+        self._due.pop(name, None)
+
+    def _forget_removed(self) -> None:
+        present = {loaded.stored.name for loaded in self.rules()}
+        for name in [n for n in self._firing if n not in present]:  # removed from the file, say
+            self._resolve_all(name, self.now_ms())
+        for name in [n for n in self._due if n not in present]:
+            self._due.pop(name, None)
+
+
+def _instance_json(inst: Instance) -> dict:
+    return {**asdict(inst), "state": inst.state.value}
+
+
+def _instance(data: dict) -> Instance:
+    return Instance(**{**data, "state": AlertState(data["state"])})
+
+
+def _transition_json(t: Transition) -> dict:
+    return {**asdict(t), "from_state": t.from_state.value, "to_state": t.to_state.value}
+
+
+def _ended(instance: dict, now_ms: int) -> dict:
+    return {"rule": instance["rule"], "fingerprint": instance["fingerprint"], "labels": instance["labels"],
+            "annotations": instance.get("annotations", {}), "from_state": instance["state"], "to_state": "normal",
+            "value": None, "at_ms": now_ms, "window_start_ms": None, "window_end_ms": None, "revision": None,
+            "reason": "rule deleted"}
+
+
+def _stand_in(stored: StoredRule):
+    """Enough of a rule to move its instances to Error when its definition no longer validates."""
+    from alerts.rules import LagStatusRule
+
+    labels = stored.definition.get("labels")
+    labels = labels if isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()) else {}
+    return LagStatusRule.model_construct(name=stored.name, kind="lag_status", labels=labels, annotations={},
+                                         for_=0, keep_firing_for=0, no_data_state="nodata", error_state="error")

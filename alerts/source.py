@@ -1,0 +1,65 @@
+"""`AlertData` over the real parts: panes rolled up like /api/v1/query does, the lag
+monitor's report, the dead-letter table. The only I/O the evaluator reaches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from alerts.outcome import StreamLagView, WindowValue
+from catalog import Catalog
+from store import PaneStore
+from store.rollup import rollup
+
+
+class StoreAlertData:
+    def __init__(self, catalog: Catalog, store: PaneStore, lag_monitor=None):
+        self.catalog = catalog
+        self.store = store
+        self.lag_monitor = lag_monitor  # lag.report.LagMonitor, or None where lag is not sampled
+
+    def watermark(self, stream: str) -> int | None:
+        return self.store.watermarks().get(stream)
+
+    def window_values(self, metric: str, stat: str, start_ms: int, end_ms: int,
+                      group_by: Sequence[str], filters: Mapping[str, str]) -> list[WindowValue]:
+        definition = self.catalog.metric(metric)
+        stream = self.catalog.streams[definition.stream]
+        quantile = definition.check_stat(stat)
+        panes = self.store.read_panes(stream.name, start_ms, end_ms, value_field=definition.value,
+                                      distinct_field=definition.distinct,
+                                      with_sketches=quantile is not None or stat == "distinct")
+        # One point whose window is [start, end): step one pane (the start is pane-aligned), window the span.
+        series = rollup(panes, stat=stat, quantile=quantile, value_field=definition.value,
+                        distinct_field=definition.distinct, start_ms=start_ms, end_ms=start_ms + stream.pane,
+                        step_ms=stream.pane, window_ms=end_ms - start_ms, pane_ms=stream.pane,
+                        group_by=group_by, filters=filters, watermark_ms=self.watermark(stream.name))
+        out = []
+        for s in series:
+            point = s.points[0]
+            if group_by and point.count == 0:
+                continue
+            out.append(WindowValue(s.group, point.value, point.count, point.final, point.revision))
+        return out
+
+    def last_seen(self, stream: str, start_ms: int, end_ms: int, group_by: Sequence[str],
+                  filters: Mapping[str, str]) -> dict[tuple[str, ...], int]:
+        newest: dict[tuple[str, ...], int] = {}
+        for pane in self.store.read_panes(stream, start_ms, end_ms):
+            if pane.data.count <= 0:
+                continue
+            dims = pane.key.dims_dict()
+            if any(dims.get(k, "") != v for k, v in filters.items()):
+                continue
+            group = tuple(dims.get(k, "") for k in group_by)
+            newest[group] = max(newest.get(group, pane.end_ms), pane.end_ms)
+        return newest
+
+    def lag(self) -> dict[str, StreamLagView] | None:
+        if self.lag_monitor is None:
+            return None
+        report = self.lag_monitor.report()
+        return {name: StreamLagView(s.verdict.status.value, s.verdict.reason, s.lag_seconds)
+                for name, s in report.streams.items()}
+
+    def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
+        return self.store.dead_letter_counts(start_ms, end_ms)

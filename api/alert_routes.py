@@ -1,0 +1,139 @@
+"""`/api/v1/alerts`: rules (create, list, get, update, delete, silence) and alert instances
+(active now, history); and the websocket's `alerts` feed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from alerts.service import AlertService, RuleConflict, RuleError
+from alerts.states import AlertState
+from catalog import parse_duration_ms
+from store.alerts import StoredRule
+
+_SEVERITY = [AlertState.ERROR, AlertState.FIRING, AlertState.NODATA, AlertState.PENDING, AlertState.RESOLVED,
+             AlertState.NORMAL]
+
+
+def rule_out(stored: StoredRule, instances: list[dict]) -> dict:
+    states = {AlertState(i["state"]) for i in instances}
+    worst = next((s for s in _SEVERITY if s in states), AlertState.NORMAL)
+    return {**stored.definition, "source": stored.source, "silenced_until_ms": stored.silenced_until_ms,
+            "created_ms": stored.created_ms, "updated_ms": stored.updated_ms, "state": worst.value}
+
+
+def event_out(entry) -> dict:
+    return {"id": entry.id, **entry.data}
+
+
+def router(service: AlertService) -> APIRouter:
+    r = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
+
+    def by_rule(name: str | None = None) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for inst in service.store.instances(name):
+            out.setdefault(inst["rule"], []).append(inst)
+        return out
+
+    def found(stored: StoredRule | None, name: str) -> dict:
+        if stored is None:
+            raise HTTPException(404, f"no alert rule named {name!r}")
+        return rule_out(stored, by_rule(name).get(name, []))
+
+    async def body(request: Request) -> dict[str, Any]:
+        try:
+            data = json.loads(await request.body() or b"null")
+        except ValueError as exc:
+            raise HTTPException(400, f"the body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise HTTPException(400, "the body must be a JSON object")
+        return data
+
+    def guarded(call, *args):
+        try:
+            return call(*args)
+        except RuleError as exc:
+            raise HTTPException(400, str(exc)) from None
+        except RuleConflict as exc:
+            raise HTTPException(409, str(exc)) from None
+
+    @r.get("/rules", summary="Alert rules, each with its current worst state")
+    def list_rules() -> dict:
+        instances = by_rule()
+        return {"rules": [rule_out(loaded.stored, instances.get(loaded.stored.name, [])) for loaded in service.rules()]}
+
+    @r.get("/rules/{name}", summary="One alert rule", responses={404: {"description": "no such rule"}})
+    def get_rule(name: str) -> dict:
+        return found(service.store.rule(name), name)
+
+    @r.post("/rules", status_code=201, summary="Create a rule (see the README for the kinds and fields)",
+            responses={400: {"description": "invalid rule"}, 409: {"description": "name taken"}})
+    async def create_rule(request: Request) -> dict:
+        data = await body(request)
+        stored = await run_in_threadpool(guarded, service.create, data)
+        return rule_out(stored, [])
+
+    @r.put("/rules/{name}", summary="Replace a rule's definition (rules from the alerts file are read-only)",
+           responses={400: {"description": "invalid rule"}, 404: {"description": "no such rule"},
+                      409: {"description": "declared in the alerts file"}})
+    async def replace_rule(name: str, request: Request) -> dict:
+        data = await body(request)
+        stored = await run_in_threadpool(guarded, service.replace, name, data)
+        return found(stored, name)
+
+    @r.delete("/rules/{name}", status_code=204, summary="Delete a rule (rules from the alerts file are read-only)",
+              responses={404: {"description": "no such rule"}, 409: {"description": "declared in the alerts file"}})
+    async def delete_rule(name: str) -> Response:
+        if not await run_in_threadpool(guarded, service.delete, name):
+            raise HTTPException(404, f"no alert rule named {name!r}")
+        return Response(status_code=204)
+
+    @r.post("/rules/{name}/silence", summary="Silence a rule's notifications for a duration ({\"duration\": \"1h\"})",
+            responses={400: {"description": "bad duration"}, 404: {"description": "no such rule"}})
+    async def silence(name: str, request: Request) -> dict:
+        data = await body(request)
+        try:
+            duration = parse_duration_ms(data.get("duration"))
+        except (TypeError, ValueError) as exc:
+            raise HTTPException(400, f"duration: {exc}") from None
+        if not 0 < duration <= 366 * 86_400_000:
+            raise HTTPException(400, "duration: must be more than 0 and at most a year")
+        return found(service.silence(name, duration), name)
+
+    @r.delete("/rules/{name}/silence", summary="End a rule's silence")
+    def unsilence(name: str) -> dict:
+        return found(service.silence(name, None), name)
+
+    @r.get("", summary="Active alert instances and the history of state changes (newest first)")
+    def alerts(rule: str | None = Query(None, description="only this rule"),
+               limit: int = Query(100, ge=1, le=10_000, description="history entries"),
+               after_id: int = Query(0, ge=0, description="history entries after this id")) -> dict:
+        now = service.now_ms()
+        silenced = {loaded.stored.name: (loaded.stored.silenced_until_ms or 0) > now for loaded in service.rules()}
+        active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
+                  for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
+        history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
+        return {"active": active, "history": history}
+
+    return r
+
+
+class AlertsFeed:
+    """Websocket topic `alerts`: one `alert` message per new history entry."""
+
+    topic = "alerts"
+
+    def __init__(self, store, batch: int = 500):
+        self.store = store
+        self.batch = batch
+        newest = store.history(limit=1)
+        self._after = newest[0].id if newest else 0
+
+    def poll(self) -> list[dict]:
+        entries = self.store.history(after_id=self._after, limit=self.batch, newest_first=False)
+        if entries:
+            self._after = entries[-1].id
+        return [{"type": "alert", "event": event_out(e)} for e in entries]

@@ -1,0 +1,232 @@
+"""Alert rules, their instances' state and the history of state changes, in the store's
+SQLite file with its own connection (like store/lag.py).
+
+The store keeps definitions and states as JSON documents and knows nothing of their
+meaning (alerts/ does): the import arrow points from alerts to store. One evaluation's
+instances and history entries are saved in one transaction, so a restart resumes each
+instance where it was (a `for` period keeps counting, as Prometheus restores it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.connection import open_connection
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alert_rules (
+    name TEXT PRIMARY KEY,
+    definition TEXT NOT NULL,        -- the validated rule, as the API shows it
+    source TEXT NOT NULL,            -- 'file' (the alerts YAML file) or 'api'
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    silenced_until_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS alert_instances (
+    rule TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    state TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (rule, fingerprint)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alert_history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    rule TEXT NOT NULL,
+    at_ms INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alert_history_by_rule ON alert_history (rule, id);
+CREATE INDEX IF NOT EXISTS alert_history_by_time ON alert_history (at_ms);
+"""
+
+
+class RuleConflict(Exception):
+    """A rule name already taken (create), or a rule the API may not change (file rules)."""
+
+
+@dataclass(frozen=True)
+class StoredRule:
+    name: str
+    definition: dict
+    source: str
+    created_ms: int
+    updated_ms: int
+    silenced_until_ms: int | None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    id: int
+    rule: str
+    at_ms: int
+    data: dict
+
+
+class SqliteAlertStore:
+    def __init__(self, path: str | Path, *, history_retention_ms: int = 30 * 86_400_000,
+                 synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        self.path = Path(path)
+        self.history_retention_ms = history_retention_ms
+        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.executescript(_SCHEMA)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    def rules(self) -> list[StoredRule]:
+        with self._lock:
+            rows = self._conn.execute(f"SELECT {_RULE_COLUMNS} FROM alert_rules ORDER BY name").fetchall()
+        return [_rule(row) for row in rows]
+
+    def rule(self, name: str) -> StoredRule | None:
+        with self._lock:
+            row = self._conn.execute(f"SELECT {_RULE_COLUMNS} FROM alert_rules WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _rule(row)
+
+    def rules_version(self) -> tuple[int, int]:
+        """Changes whenever a rule is added, changed, silenced or removed (cheap to poll)."""
+        with self._lock:
+            return self._conn.execute("SELECT COUNT(*), COALESCE(MAX(updated_ms), 0) FROM alert_rules").fetchone()
+
+    def create_rule(self, name: str, definition: Mapping, *, source: str, now_ms: int) -> StoredRule:
+        with self._lock, self._transaction():
+            if self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (name,)).fetchone():
+                raise RuleConflict(f"a rule named {name!r} already exists; PUT /api/v1/alerts/rules/{name} changes it")
+            self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
+                               " VALUES (?, ?, ?, ?, ?)", (name, _dump(definition), source, now_ms, now_ms))
+        return self.rule(name)
+
+    def replace_rule(self, name: str, definition: Mapping, *, now_ms: int) -> StoredRule | None:
+        """Change an API rule's definition (None: no such rule); its instances carry on."""
+        with self._lock, self._transaction():
+            row = self._conn.execute("SELECT source, updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            _refuse_file_rule(name, row[0])
+            self._conn.execute("UPDATE alert_rules SET definition = ?, updated_ms = ? WHERE name = ?",
+                               (_dump(definition), max(now_ms, row[1] + 1), name))
+        return self.rule(name)
+
+    def delete_rule(self, name: str) -> bool:
+        """Remove an API rule and its instances (the history stays)."""
+        with self._lock, self._transaction():
+            row = self._conn.execute("SELECT source FROM alert_rules WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return False
+            _refuse_file_rule(name, row[0])
+            self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
+            self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
+        return True
+
+    def set_silence(self, name: str, until_ms: int | None, *, now_ms: int) -> StoredRule | None:
+        with self._lock, self._transaction():
+            row = self._conn.execute("SELECT updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            self._conn.execute("UPDATE alert_rules SET silenced_until_ms = ?, updated_ms = ? WHERE name = ?",
+                               (until_ms, max(now_ms, row[0] + 1), name))
+        return self.rule(name)
+
+    def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int) -> None:
+        """Make the file rules exactly `definitions`: the file is their source of truth (an API
+        rule of the same name becomes the file's); silences survive a reload."""
+        with self._lock, self._transaction():
+            have = {name: (definition, source, updated) for name, definition, source, updated in self._conn.execute(
+                "SELECT name, definition, source, updated_ms FROM alert_rules")}
+            for name, definition in definitions.items():
+                text = _dump(definition)
+                if name not in have:
+                    self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
+                                       " VALUES (?, ?, 'file', ?, ?)", (name, text, now_ms, now_ms))
+                elif have[name][:2] != (text, "file"):
+                    self._conn.execute("UPDATE alert_rules SET definition = ?, source = 'file', updated_ms = ?"
+                                       " WHERE name = ?", (text, max(now_ms, have[name][2] + 1), name))
+            for name, (_, source, _) in have.items():
+                if source == "file" and name not in definitions:
+                    self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
+                    self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
+
+    # -- instances and history ---------------------------------------------------------------
+
+    def instances(self, rule: str | None = None) -> list[dict]:
+        with self._lock:
+            if rule is None:
+                rows = self._conn.execute("SELECT data FROM alert_instances ORDER BY rule, fingerprint").fetchall()
+            else:
+                rows = self._conn.execute("SELECT data FROM alert_instances WHERE rule = ? ORDER BY fingerprint",
+                                          (rule,)).fetchall()
+        return [json.loads(data) for (data,) in rows]
+
+    def save_evaluation(self, rule: str, instances: Iterable[Mapping], transitions: Iterable[Mapping],
+                        *, now_ms: int) -> list[int]:
+        """Replace the rule's instances with `instances` (each with 'fingerprint' and 'state') and
+        append the transitions to the history, in one transaction; return the new history ids.
+        A rule deleted meanwhile saves nothing."""
+        ids = []
+        with self._lock, self._transaction():
+            if not self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (rule,)).fetchone():
+                return []
+            self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (rule,))
+            self._conn.executemany(
+                "INSERT INTO alert_instances (rule, fingerprint, state, data) VALUES (?, ?, ?, ?)",
+                [(rule, i["fingerprint"], i["state"], _dump(i)) for i in instances])
+            for t in transitions:
+                cur = self._conn.execute("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
+                                         (rule, t["at_ms"], _dump(t)))
+                ids.append(cur.lastrowid)
+            self._conn.execute("DELETE FROM alert_history WHERE at_ms < ?", (now_ms - self.history_retention_ms,))
+        return ids
+
+    def history(self, *, rule: str | None = None, after_id: int = 0, limit: int = 100,
+                newest_first: bool = True) -> list[HistoryEntry]:
+        where, args = ["id > ?"], [after_id]
+        if rule is not None:
+            where.append("rule = ?")
+            args.append(rule)
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, rule, at_ms, data FROM alert_history WHERE " + " AND ".join(where)
+                + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?", (*args, limit)).fetchall()
+        return [HistoryEntry(i, r, at, json.loads(d)) for i, r, at, d in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _transaction(self):
+        return _Transaction(self._conn)
+
+
+class _Transaction:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind, exc, tb):
+        self.conn.execute("ROLLBACK" if kind else "COMMIT")
+        return False
+
+
+_RULE_COLUMNS = "name, definition, source, created_ms, updated_ms, silenced_until_ms"
+
+
+def _rule(row) -> StoredRule:
+    name, definition, source, created, updated, silenced = row
+    return StoredRule(name, json.loads(definition), source, created, updated, silenced)
+
+
+def _refuse_file_rule(name: str, source: str) -> None:
+    if source == "file":
+        raise RuleConflict(f"rule {name!r} is declared in the alerts file; change it there (the file is its"
+                           " source of truth; the API may only silence it)")
+
+
+def _dump(value) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
