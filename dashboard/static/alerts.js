@@ -18,7 +18,8 @@
 
   var $ = function (id) { return document.getElementById(id); };
   var state = { rules: [], active: [], history: [], metrics: {}, streams: [], timer: null, inflight: null,
-    again: false, refreshes: 0 };
+    again: false, refreshes: 0, alertMessages: 0, editing: null };
+  var SERVER_FIELDS = ["source", "silenced_until_ms", "created_ms", "updated_ms", "state"];
 
   // ------------------------------------------------------------------ helpers
 
@@ -31,6 +32,7 @@
     return node;
   }
   function pad(n) { return String(n).padStart(2, "0"); }
+  function isZero(duration) { return !duration || /^0+(\.0*)?[a-z]*$/.test(String(duration)); }
   function hhmm(ms) { var d = new Date(ms); return pad(d.getHours()) + ":" + pad(d.getMinutes()); }
   function hhmmss(ms) { var d = new Date(ms); return hhmm(ms) + ":" + pad(d.getSeconds()); }
   function sameDay(a, b) { return new Date(a).toDateString() === new Date(b).toDateString(); }
@@ -159,6 +161,13 @@
     badge.textContent = String(firing);
     badge.dataset.count = String(firing);
     badge.dataset.status = firing ? "firing" : (state.active.length ? "pending" : "none");
+    var strip = $("status-alerts");
+    if (strip) {
+      strip.dataset.state = badge.dataset.status === "none" ? "ok" : badge.dataset.status;
+      strip.textContent = firing ? firing + " alert" + (firing === 1 ? "" : "s") + " firing" :
+        (state.active.length ? state.active.length + " alert" + (state.active.length === 1 ? "" : "s") + " pending"
+          : "no alerts firing");
+    }
     $("alerts-active-empty").textContent = "nothing firing";
     $("alerts-active-empty").hidden = state.active.length > 0;
     var order = { firing: 0, error: 1, nodata: 2, pending: 3 };
@@ -223,7 +232,7 @@
       case "lag":
         return "lag seconds" + (rule.stream ? " of " + rule.stream : "") + cmp;
       case "lag_status":
-        return "lag status in " + (rule.statuses || []).join(", ");
+        return "lag status" + (rule.stream ? " of " + rule.stream : "") + " in " + (rule.statuses || []).join(", ");
       case "dead_letters":
         return "dead letters/s" + (rule.stream ? " of " + rule.stream : "") + (rule.window ? " over " + rule.window : "") +
           (cmp || " > " + fmtValue(rule.threshold));
@@ -273,7 +282,8 @@
           el("b", { class: "alert-rule-name" }, [rule.name]), " ",
           el("span", { class: "tag rule-kind" }, [rule.kind]), " ",
           el("span", { class: "tag rule-source", "data-source": rule.source }, [rule.source]),
-          el("div", { class: "rule-what" }, [describe(rule) + (rule.for && rule.for !== "0s" ? " for " + rule.for : "")]),
+          el("div", { class: "rule-what", title: rule.description || "" },
+            [describe(rule) + (isZero(rule.for) ? "" : " for " + rule.for)]),
           controls,
           el("div", { class: "rule-message", role: "status", hidden: "" }),
         ]);
@@ -324,7 +334,9 @@
 
   // ------------------------------------------------------------------ the rule editor
 
-  var FIELDS = ["name", "kind", "metric", "stat", "stream", "window", "duration", "group_by", "filters", "against",
+  // The definition fields the form edits; others (stale_after, lookback, no_data_state, ...) are kept
+  // as they were when an API rule is edited without changing its kind.
+  var FIELDS = ["name", "kind", "description", "metric", "stat", "stream", "window", "duration", "group_by", "filters", "against",
     "mode", "op", "threshold", "statuses", "for", "keep_firing_for", "interval", "provisional", "labels", "annotations"];
 
   function fieldBox(field) { return $("rule-editor").querySelector("[data-field='" + field + "']"); }
@@ -336,7 +348,7 @@
       box.hidden = box.dataset.kinds.split(" ").indexOf(kind) < 0;
     });
     $("re-threshold-unit").textContent = THRESHOLD_UNIT[kind] || "";
-    // absence needs a stream; lag and dead_letters may watch them all
+    // absence needs a stream; lag, lag_status and dead_letters may watch them all
     var all = $("re-stream").querySelector("option[value='']");
     if (all) all.hidden = all.disabled = kind === "absence";
     if (kind === "absence" && !$("re-stream").value && $("re-stream").options.length > 1) $("re-stream").selectedIndex = 1;
@@ -380,6 +392,13 @@
   // (the server applies its defaults and says which field is wrong, if one is).
   function formBody() {
     var body = { name: $("re-name").value.trim(), kind: $("re-kind").value };
+    var was = state.editing;
+    if (was && was.kind === body.kind) {
+      Object.keys(was).forEach(function (k) {
+        if (FIELDS.indexOf(k) < 0 && SERVER_FIELDS.indexOf(k) < 0) body[k] = was[k];
+      });
+    }
+    if ($("re-description").value.trim()) body.description = $("re-description").value.trim();
     function text(field, id) { var v = $(id).value.trim(); if (shown(field) && v) body[field] = v; }
     text("metric", "re-metric");
     text("stat", "re-stat");
@@ -419,6 +438,7 @@
     form.reset(); // back to the markup's defaults
     form.dataset.mode = "create";
     delete form.dataset.editing;
+    state.editing = null;
     $("re-name").readOnly = false;
     $("rule-editor-title").textContent = "New rule";
     $("rule-editor-submit").textContent = "create rule";
@@ -434,6 +454,7 @@
     var form = $("rule-editor");
     form.dataset.mode = "edit";
     form.dataset.editing = rule.name;
+    state.editing = rule;
     $("rule-editor-title").textContent = "Edit rule " + rule.name;
     $("rule-editor-submit").textContent = "save changes";
     $("rule-editor-reset").textContent = "cancel";
@@ -448,6 +469,7 @@
       $("re-stream").append(el("option", { value: rule.stream }, [rule.stream + " (not defined)"]));
     }
     function set(id, v) { $(id).value = v === null || v === undefined ? "" : String(v); }
+    set("re-description", rule.description);
     set("re-metric", rule.metric);
     set("re-stat", rule.stat);
     set("re-stream", rule.stream || "");
@@ -462,8 +484,8 @@
     $("re-statuses").querySelectorAll("input").forEach(function (c) {
       c.checked = (rule.statuses || []).indexOf(c.value) >= 0;
     });
-    set("re-for", rule.for);
-    set("re-keep-firing-for", rule.keep_firing_for);
+    set("re-for", isZero(rule.for) ? "" : rule.for);
+    set("re-keep-firing-for", isZero(rule.keep_firing_for) ? "" : rule.keep_firing_for);
     set("re-interval", rule.interval);
     $("re-provisional").checked = !!rule.provisional;
     set("re-labels", pairsText(rule.labels, "\n"));
@@ -532,7 +554,10 @@
     applyKind();
     loadChoices();
     refresh();
-    window.addEventListener("sketchboard:alert", schedule); // app.js: one per websocket `alert` message
+    window.addEventListener("sketchboard:alert", function () { // app.js: one per websocket `alert` message
+      state.alertMessages += 1;
+      schedule();
+    });
     setInterval(refresh, REFRESH_EVERY_MS);
   }
 
