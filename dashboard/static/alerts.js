@@ -552,13 +552,34 @@
     $("re-stream").addEventListener("change", applyMetric);
     FIELDS.forEach(function (f) { if (!fieldBox(f)) console.warn("sketchboard alerts: no form field " + f); });
     applyKind();
-    loadChoices();
-    refresh();
-    window.addEventListener("sketchboard:alert", function () { // app.js: one per websocket `alert` message
-      state.alertMessages += 1;
-      schedule();
+    enabled().then(function (yes) {
+      if (!yes) { disable(); return; }
+      loadChoices();
+      refresh();
+      window.addEventListener("sketchboard:alert", function () { // app.js: one per websocket `alert` message
+        state.alertMessages += 1;
+        schedule();
+      });
+      setInterval(refresh, REFRESH_EVERY_MS);
     });
-    setInterval(refresh, REFRESH_EVERY_MS);
+  }
+
+  // An API built without the alert service (create_app with no ctx.alerts) has no /api/v1/alerts
+  // routes: ask the OpenAPI document rather than collect 404s (the browser logs each as an error).
+  function enabled() {
+    return fetch("/openapi.json").then(function (r) { return r.ok ? r.json() : null; }).then(function (doc) {
+      return !doc || !doc.paths || Object.prototype.hasOwnProperty.call(doc.paths, API + "/rules");
+    }).catch(function () { return true; });
+  }
+
+  function disable() {
+    $("alerts-panel").dataset.state = "disabled";
+    $("alerts-updated").textContent = "";
+    ["alerts-active-empty", "alerts-history-empty", "alert-rules-empty"].forEach(function (id) {
+      $(id).textContent = "alerts are not enabled on this server";
+    });
+    $("rule-editor").querySelectorAll("input, select, textarea, button").forEach(function (c) { c.disabled = true; });
+    if ($("status-alerts")) $("status-alerts").hidden = true;
   }
 
   window.SketchboardAlerts = { refresh: refresh, schedule: schedule, state: state, loadRule: loadRule, clearForm: clearForm };

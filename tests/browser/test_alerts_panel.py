@@ -280,3 +280,24 @@ def test_silence_and_a_firing_alert_live(alerting, watched_page, artifacts):
     assert (newest.get_attribute("data-from"), newest.get_attribute("data-to")) == ("firing", "resolved")
     print(f"firing alert shown {shown_after_s:.2f} s after the evaluation")
     only_expected_errors(watch, [])
+
+
+def test_without_the_alert_service_the_panel_says_so_quietly(tmp_path, demo_catalog, watched_page):
+    """The other browser tests build the app without alerts: the panel must not send them 404s
+    (Chromium logs each as a console error)."""
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    app = create_app(ApiContext(catalog=demo_catalog, log=log, store=store, clock=time.time),
+                     hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2, feed_interval_s=0.2))
+    with Server(app) as server:
+        page, watch = watched_page(server.http, "/")
+        page.wait_for_selector("#alerts-panel[data-state=disabled]", timeout=15_000)
+        assert page.text_content("#alert-rules-empty") == "alerts are not enabled on this server"
+        assert page.locator("#rule-editor-submit").is_disabled()
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        assert not any("/api/v1/alerts" in url for url in watch.requests), watch.requests
+        assert watch.errors == [] and watch.foreign == []
+    store.close()
+    log.close()
