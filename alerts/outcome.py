@@ -72,3 +72,6 @@ class AlertData(Protocol):
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         """Dead letters per stream written in [start_ms, end_ms)."""
+
+    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
+        """Corrections published after `after_ms` to panes of the stream starting in [start_ms, end_ms)."""

@@ -140,6 +140,19 @@ class AlertService:
             self._firing[name] = [n for n in result.notices if n.status == "firing"]
             return result
 
+    def corrections_since(self, event: Mapping) -> int | None:
+        """How many corrections changed the window a history entry was decided on, after the
+        decision (None where the rule reads no metric window). Decisions are not revised: this
+        only tells the reader that the value they see in the entry has since been corrected."""
+        if event.get("window_start_ms") is None:
+            return None
+        loaded = next((r for r in self.rules() if r.stored.name == event["rule"]), None)
+        metric = getattr(loaded.rule, "metric", None) if loaded is not None and loaded.rule is not None else None
+        if metric is None or metric not in self.catalog.metrics:
+            return None
+        stream = self.catalog.metrics[metric].stream
+        return self.data.corrections_after(stream, event["window_start_ms"], event["window_end_ms"], event["at_ms"])
+
     # -- the background thread --------------------------------------------------------------
 
     def start(self, tick_s: float = 0.5) -> None:

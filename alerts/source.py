@@ -63,3 +63,7 @@ class StoreAlertData:
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return self.store.dead_letter_counts(start_ms, end_ms)
+
+    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
+        found = self.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, limit=10_000)
+        return sum(1 for c in found if c.at_ms > after_ms)

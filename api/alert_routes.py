@@ -116,6 +116,8 @@ def router(service: AlertService) -> APIRouter:
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
                   for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
         history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
+        for event in history:  # see README "Alerts and corrections"
+            event["corrections_since"] = service.corrections_since(event)
         return {"active": active, "history": history}
 
     return r

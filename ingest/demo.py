@@ -13,6 +13,11 @@ fraction later than the stream's allowed lateness (the pane is final by then: th
 publishes a correction); a few older than the stream's retention and a few from a clock far
 in the future (both dead-lettered).
 
+Latency spikes (`LatencySpike`, `--spike /api/cart:40:20s:30s`, none by default): one
+endpoint's latencies multiplied by a factor for a window of event time that starts some
+seconds after the generator does, so an alert on p99 latency has something to fire on and
+then resolve.
+
 Run it against a running service with `python -m ingest.demo --url http://127.0.0.1:8000`.
 """
 
@@ -25,7 +30,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,7 +38,7 @@ from typing import Any, TextIO
 import httpx
 import numpy as np
 
-from catalog import Catalog, ConfigError, StreamDef, load_catalog
+from catalog import Catalog, ConfigError, StreamDef, load_catalog, parse_duration_ms
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "streams.yaml"
 INGEST_PATH = "/api/v1/events"
@@ -146,6 +151,62 @@ class Stragglers:
         return cls(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class LatencySpike:
+    """Latencies of one endpoint multiplied by `factor` for a while (an incident to alert on).
+
+    start_s is measured from the generator's start: the value of its injected clock when the
+    DemoTraffic was constructed (`DemoTraffic.started_s`), so `--spike /api/cart:40:20s:30s`
+    means "20 s after the producer starts, for 30 s" without the caller knowing the epoch.
+    The window is in *event time*: an event is spiked when its event time lies in
+    [start, start + duration), whenever it is sent (a delayed straggler from inside the window
+    is still slow), so the metric the alert reads sees exactly the window. Bytes and status
+    are unchanged; overlapping spikes on one endpoint multiply.
+    """
+
+    endpoint: str
+    factor: float
+    start_s: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in _PATHS:
+            raise ValueError(f"unknown demo endpoint {self.endpoint!r}; the endpoints are: {', '.join(_PATHS)}")
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise ValueError(f"spike factor must be a finite number > 0, got {self.factor!r}")
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            raise ValueError(f"spike start must be a finite number of seconds >= 0, got {self.start_s!r}")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"spike duration must be a finite number of seconds > 0, got {self.duration_s!r}")
+
+    def window_ms(self, started_s: float) -> tuple[int, int]:
+        """[start, end) in epoch ms for a generator that started at epoch second started_s."""
+        start_ms = round((started_s + self.start_s) * 1000)
+        return start_ms, start_ms + round(self.duration_s * 1000)
+
+
+SPIKE_SYNTAX = "ENDPOINT:FACTOR:START:DURATION"
+
+
+def parse_spike(text: str) -> LatencySpike:
+    """`/api/cart:40:20s:30s` -> LatencySpike("/api/cart", 40.0, 20.0, 30.0) (argparse type).
+
+    Split from the right: the durations and the factor never hold a colon, a path might.
+    """
+    parts = text.rsplit(":", 3)
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {SPIKE_SYNTAX}, e.g. /api/cart:40:20s:30s")
+    endpoint, factor, start, duration = parts
+    try:
+        number = float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: factor {factor!r} is not a number") from None
+    try:
+        return LatencySpike(endpoint, number, parse_duration_ms(start) / 1000, parse_duration_ms(duration) / 1000)
+    except ValueError as exc:  # parse_duration_ms() and the checks above say what is wrong
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 # What _times() made of each event (for tests and for the curious).
 ON_TIME, DELAYED, LATE, BEYOND_HORIZON, FUTURE = "on_time", "delayed", "late", "beyond_horizon", "future"
 
@@ -154,11 +215,13 @@ class DemoTraffic:
     """Seeded generator of demo events; event times come from the injected clock (epoch s)."""
 
     def __init__(self, catalog: Catalog, *, seed: int = 0, clock: Callable[[], float] = time.time,
-                 stragglers: Stragglers | None = None):
+                 stragglers: Stragglers | None = None, spikes: Sequence[LatencySpike] = ()):
         self.catalog = catalog
         self.seed = seed
         self.clock = clock
         self.stragglers = stragglers or Stragglers.none()
+        self.spikes = tuple(spikes)
+        self.started_s = clock()  # what LatencySpike.start_s counts from
         self.last_kinds: list[str] = []  # per event of the last generate_stream(): ON_TIME, DELAYED, ...
         self._rng = np.random.default_rng(seed)
         # Zipf ranks map to ids through a fixed permutation, so the heavy users are not
@@ -223,7 +286,23 @@ class DemoTraffic:
             self._http_requests(n, now_ms / 1000.0, strings, numbers)
         elif name == "orders":
             self._orders(n, strings, numbers)
-        return self._assemble(stream, n, now_ms, strings, numbers)
+        events = self._assemble(stream, n, now_ms, strings, numbers)
+        if name == "http_requests" and self.spikes:
+            self._apply_spikes(stream, events)
+        return events
+
+    def _apply_spikes(self, stream: StreamDef, events: list[dict]) -> None:
+        # Applied to the assembled events, once their event times are known (stragglers
+        # included), and without drawing from the RNG: every other field, and every event
+        # outside a window, is exactly what the same seed gives without spikes.
+        if not {"endpoint", "latency_ms"} <= {*stream.string_fields, *stream.values}:
+            return  # a config whose http_requests lacks these fields has nothing to slow down
+        for spike in self.spikes:
+            start_ms, end_ms = spike.window_ms(self.started_s)
+            for event in events:
+                if event["endpoint"] == spike.endpoint and start_ms <= event[stream.time_field] < end_ms:
+                    # The generator's floor of 0.1 ms still holds for a factor below 1.
+                    event["latency_ms"] = max(round(event["latency_ms"] * spike.factor, 2), 0.1)
 
     def _times(self, n: int, now_ms: int, stream: StreamDef | None = None) -> list[int]:
         # Mostly a few hundred ms behind the clock, never more than MAX_JITTER_MS; the
@@ -344,6 +423,9 @@ class DemoTraffic:
         return [dict(zip(names, row)) for row in zip(*columns.values())]
 
 
+_BEFORE, _DURING, _AFTER = range(3)  # where a producer's clock stands against a spike's window
+
+
 class DemoProducer:
     """Posts DemoTraffic to the ingest API at `rate` requests/s (times the daily shape)."""
 
@@ -379,6 +461,7 @@ class DemoProducer:
         self._started = 0.0
         self._down = False
         self._reported: set[str] = set()
+        self._spike_phase = [_BEFORE] * len(traffic.spikes)
 
     def summary(self) -> dict[str, Any]:
         seconds = time.monotonic() - self._started if self._started else 0.0
@@ -409,6 +492,7 @@ class DemoProducer:
                 owed += self.rate * self.traffic.rate_at(self.traffic.clock()) * min(now - last, self.MAX_CATCHUP_S)
                 last = now
                 n, owed = int(owed), owed - int(owed)
+                self.report_spikes(self.traffic.clock())  # before sending: the line precedes the slow events
                 if n:
                     for stream, events in self.traffic.generate(n).items():
                         for i in range(0, len(events), self.batch_max):
@@ -424,6 +508,22 @@ class DemoProducer:
                     progress_at, progress_sent = now + self.progress_every_s, self.sent
                 stop.wait(max(0.0, last + self.TICK_S - time.monotonic()))
         return self.summary()
+
+    def report_spikes(self, now_s: float) -> None:
+        """Say when a latency spike starts and ends (run() calls this every tick).
+
+        Judged by the traffic's clock, the one event times come from, so the lines match the
+        window the metrics see (give or take the ~2 s of event-time jitter).
+        """
+        now_ms = round(now_s * 1000)
+        for i, spike in enumerate(self.traffic.spikes):
+            start_ms, end_ms = spike.window_ms(self.traffic.started_s)
+            phase = _AFTER if now_ms >= end_ms else _DURING if now_ms >= start_ms else _BEFORE
+            if self._spike_phase[i] == _BEFORE and phase != _BEFORE:
+                self._say(f"demo: latency spike started: {spike.endpoint} x{spike.factor:g} for {spike.duration_s:g} s")
+            if self._spike_phase[i] != _AFTER and phase == _AFTER:
+                self._say(f"demo: latency spike ended: {spike.endpoint}")
+            self._spike_phase[i] = phase
 
     def _post(
         self, client: httpx.Client, stream: str, events: list[dict],
@@ -524,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="share older than the retention: dead letters (default %(default)s)")
     parser.add_argument("--future-fraction", type=float, default=d.future_fraction,
                         help="share from a clock far in the future: dead letters (default %(default)s)")
+    parser.add_argument("--spike", type=parse_spike, action="append", default=[], metavar=SPIKE_SYNTAX,
+                        help="multiply ENDPOINT's latencies by FACTOR from START after the producer starts, for"
+                             " DURATION (event time), e.g. /api/cart:40:20s:30s; repeatable")
     args = parser.parse_args(argv)
     try:
         stragglers = Stragglers(args.delayed_fraction, args.delay_mean, args.late_fraction, args.horizon_fraction,
@@ -536,13 +639,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers)
+    # Built right before sending: spike starts count from here (DemoTraffic.started_s).
+    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike)
     producer = DemoProducer(args.url, traffic, rate=args.rate)
     print(
         f"demo: sending ~{args.rate:g} requests/s (x{traffic.rate_at(time.time()):.2f} now) to {args.url},"
         f" streams: {', '.join(catalog.streams)}; Ctrl-C to stop",
         file=sys.stderr, flush=True,
     )
+    for spike in traffic.spikes:
+        print(
+            f"demo: latency spike planned: {spike.endpoint} x{spike.factor:g} from +{spike.start_s:g} s"
+            f" for {spike.duration_s:g} s",
+            file=sys.stderr, flush=True,
+        )
     try:
         summary = producer.run(args.duration)
     except KeyboardInterrupt:

@@ -121,6 +121,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "--future-fraction", str(settings.demo_future_fraction)]
     if args.duration:
         argv += ["--duration", str(args.duration)]
+    for spec in args.spike:
+        argv += ["--spike", spec]
     return demo.main(argv) or 0
 
 
@@ -138,7 +140,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     exe = [sys.executable, "-m", "sketchboard.cli"]
     parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
     if not args.no_demo:
-        parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate)]))
+        spikes = [arg for spec in args.spike for arg in ("--spike", spec)]
+        parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate), *spikes]))
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
     # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
@@ -189,6 +192,20 @@ def _wait_healthy(base_url: str, child: subprocess.Popen, timeout_s: float = 60)
     raise SystemExit(f"sketchboard: the API did not answer on {base_url} within {timeout_s:.0f} s")
 
 
+def _spike_spec(text: str) -> str:
+    """Check a --spike spec here, so a typo fails before anything starts; pass the text on."""
+    from ingest.demo import parse_spike  # imported only when --spike is given: numpy is slow to load
+
+    parse_spike(text)
+    return text
+
+
+def _spike_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spike", type=_spike_spec, action="append", default=[], metavar="ENDPOINT:FACTOR:START:DURATION",
+                   help="demo latency spike, e.g. /api/cart:40:20s:30s (x40 from 20 s after the demo starts,"
+                        " for 30 s); repeatable")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sketchboard",
@@ -208,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = common(sub.add_parser("up", help="run the API, the pipeline and the demo producer together"))
     up.add_argument("--no-demo", action="store_true", help="do not start the demo producer")
     up.add_argument("--rate", type=float, help="demo events per second")
+    _spike_option(up)
     up.set_defaults(func=cmd_up)
     common(sub.add_parser("api", help="run the HTTP API alone")).set_defaults(func=cmd_api)
     pipe = common(sub.add_parser("pipeline", help="run the Spark aggregation pipeline alone"))
@@ -217,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", help="API base URL (default from settings)")
     demo.add_argument("--rate", type=float, help="events per second before the daily shape")
     demo.add_argument("--duration", type=float, help="seconds to run (default: until stopped)")
+    _spike_option(demo)
     demo.set_defaults(func=cmd_demo)
     common(sub.add_parser("check-config", help="validate the streams configuration")).set_defaults(func=cmd_check_config)
     return parser

@@ -1,0 +1,238 @@
+"""`/api/v1/alerts`: rule CRUD with clear 4xx errors that change nothing, file rules being
+read-only, silences, and alerts computed from real panes in a real SQLite store (events go
+in through the ingest API and the in-process stand-in for the pipeline). No Spark."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from alerts.loader import load_rules_file
+from alerts.rules import RuleError
+from alerts.service import AlertService
+from alerts.source import StoreAlertData
+from api.alert_routes import AlertsFeed
+from api.app import create_app
+from store.alerts import SqliteAlertStore
+from tests.api.test_ws import ev
+from tests.api.test_ws_support import drain_log_into_store
+
+RULE = {"name": "cart_p99", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
+        "filters": {"endpoint": "/api/cart"}, "group_by": ["endpoint"], "op": ">", "threshold": 500,
+        "for": "20s", "labels": {"severity": "page"},
+        "annotations": {"summary": "p99 of {{ $labels.endpoint }} is {{ $value }} ms"}}
+
+
+@pytest.fixture
+def alerts(ctx, tmp_path, clock):
+    store = SqliteAlertStore(tmp_path / "store.db")
+    service = AlertService(ctx.catalog, store, StoreAlertData(ctx.catalog, ctx.store), clock=clock)
+    ctx.alerts = service
+    yield service
+    store.close()
+
+
+@pytest.fixture
+def api(ctx, alerts):
+    with TestClient(create_app(ctx)) as c:
+        yield c
+
+
+def rules(api) -> list[dict]:
+    return api.get("/api/v1/alerts/rules").json()["rules"]
+
+
+# -- CRUD ------------------------------------------------------------------------------------------
+
+def test_create_list_get_update_delete(api):
+    created = api.post("/api/v1/alerts/rules", json=RULE)
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["source"] == "api" and body["state"] == "normal" and body["for"] == "20s" and body["window"] == "1m"
+    assert [r["name"] for r in rules(api)] == ["cart_p99"]
+    assert api.get("/api/v1/alerts/rules/cart_p99").json()["threshold"] == 500
+    changed = api.put("/api/v1/alerts/rules/cart_p99", json={**RULE, "threshold": 800})
+    assert changed.status_code == 200 and changed.json()["threshold"] == 800
+    assert changed.json()["updated_ms"] > body["updated_ms"] or changed.json()["updated_ms"] == body["updated_ms"] + 1
+    assert api.delete("/api/v1/alerts/rules/cart_p99").status_code == 204
+    assert rules(api) == []
+    assert api.get("/api/v1/alerts/rules/cart_p99").status_code == 404
+    assert api.delete("/api/v1/alerts/rules/cart_p99").status_code == 404
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"metric": "latencyy"}, "metric: unknown metric 'latencyy'"),
+    ({"for": "5 parsecs"}, "for: "),
+    ({"window": "-1m"}, "window: "),
+    ({"window": "15s"}, "window: must be a multiple of the stream's pane (10s)"),
+    ({"threshold": "high"}, "threshold: "),
+    ({"threshold": float("nan")}, "threshold"),
+    ({"stat": "p999x"}, "stat: "),
+    ({"group_by": ["colour"]}, "unknown dimension 'colour'"),
+    ({"op": "=>"}, "op: "),
+    ({"kind": "thresh"}, "kind: must be one of"),
+    ({"bogus": 1}, "bogus: unknown field"),
+    ({"name": "has space"}, "name: "),
+    ({"annotations": {"summary": "{{ $valu }}"}}, "unknown placeholder"),
+    ({"labels": {"alertname": "x"}}, "'alertname' is set from the rule's name"),
+])
+def test_bad_rules_get_a_clear_400_and_change_nothing(api, change, message):
+    body = {**RULE, **change}
+    if body.get("threshold") != body.get("threshold"):  # NaN is not JSON: send it as the literal
+        response = api.post("/api/v1/alerts/rules", content=b'{"name": "x", "kind": "threshold", "metric": "latency",'
+                            b' "threshold": NaN}', headers={"content-type": "application/json"})
+    else:
+        response = api.post("/api/v1/alerts/rules", json=body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["detail"]
+    assert rules(api) == []
+
+
+def test_a_bad_update_changes_nothing(api):
+    api.post("/api/v1/alerts/rules", json=RULE)
+    before = api.get("/api/v1/alerts/rules/cart_p99").json()
+    assert api.put("/api/v1/alerts/rules/cart_p99", json={**RULE, "metric": "nope"}).status_code == 400
+    assert api.put("/api/v1/alerts/rules/cart_p99", json={**RULE, "name": "other"}).status_code == 400
+    assert api.put("/api/v1/alerts/rules/missing", json={**RULE, "name": "missing"}).status_code == 404
+    assert api.get("/api/v1/alerts/rules/cart_p99").json() == before
+
+
+def test_name_taken_and_bodies_that_are_not_objects(api):
+    assert api.post("/api/v1/alerts/rules", json=RULE).status_code == 201
+    taken = api.post("/api/v1/alerts/rules", json=RULE)
+    assert taken.status_code == 409 and "already exists" in taken.json()["detail"]
+    assert api.post("/api/v1/alerts/rules", json=[RULE]).status_code == 400
+    assert "not valid JSON" in api.post("/api/v1/alerts/rules", content=b"{").json()["detail"]
+
+
+def test_file_rules_are_read_only_but_can_be_silenced(api, alerts, catalog, tmp_path):
+    path = tmp_path / "alerts.yaml"
+    path.write_text("rules:\n  - {name: stalled, kind: lag_status, statuses: [STALL, STOP]}\n")
+    alerts.sync_file(load_rules_file(path, catalog))
+    assert rules(api)[0]["source"] == "file"
+    refused = api.put("/api/v1/alerts/rules/stalled", json={"kind": "lag_status"})
+    assert refused.status_code == 409 and "alerts file" in refused.json()["detail"]
+    assert api.delete("/api/v1/alerts/rules/stalled").status_code == 409
+    assert api.post("/api/v1/alerts/rules/stalled/silence", json={"duration": "1h"}).status_code == 200
+    path.write_text("rules: []\n")  # removed from the file: gone at the next load
+    alerts.sync_file(load_rules_file(path, catalog))
+    assert rules(api) == []
+
+
+def test_the_rules_file_reports_the_rule_at_fault(catalog, tmp_path):
+    path = tmp_path / "alerts.yaml"
+    path.write_text("rules:\n  - {name: ok, kind: lag_status}\n  - {name: bad, kind: lag, threshold: soon}\n")
+    with pytest.raises(RuleError, match=r"rules\[1\]: rule 'bad': threshold"):
+        load_rules_file(path, catalog)
+    path.write_text("rules:\n  - {name: a, kind: lag_status}\n  - {name: a, kind: lag_status}\n")
+    with pytest.raises(RuleError, match="a second rule named 'a'"):
+        load_rules_file(path, catalog)
+
+
+def test_silence_and_unsilence(api, clock, now_ms):
+    api.post("/api/v1/alerts/rules", json=RULE)
+    silenced = api.post("/api/v1/alerts/rules/cart_p99/silence", json={"duration": "1h"}).json()
+    assert silenced["silenced_until_ms"] == now_ms + 3_600_000
+    for bad in ({"duration": "forever"}, {"duration": "0s"}, {}):
+        assert api.post("/api/v1/alerts/rules/cart_p99/silence", json=bad).status_code == 400
+    assert api.post("/api/v1/alerts/rules/nope/silence", json={"duration": "1h"}).status_code == 404
+    assert api.delete("/api/v1/alerts/rules/cart_p99/silence").json()["silenced_until_ms"] is None
+
+
+# -- alerts from real panes ---------------------------------------------------------------------------
+
+class Recorder:
+    def __init__(self):
+        self.batches = []
+
+    def observe(self, batch):
+        self.batches.append(batch)
+
+    def close(self, timeout_s=5.0):
+        pass
+
+
+def send(api, ctx, clock, t_ms, latency):
+    """Events of one pane (10 s) for /api/cart and /, then the stand-in pipeline commits them."""
+    events = [ev(t_ms + i * 100, "/api/cart", latency) for i in range(50)] + [ev(t_ms + i * 100, "/", 20) for i in range(50)]
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=events).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+
+
+def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api, ctx, alerts, clock):
+    recorder = Recorder()
+    alerts.notifiers.append(recorder)
+    feed = AlertsFeed(alerts.store)
+    api.post("/api/v1/alerts/rules", json={**RULE, "window": "10s", "for": "10s", "interval": "10s"})
+    timeline = []
+    latencies = [20, 20, 900, 900, 900, 20, 20, 20]  # one 10 s pane each; the spike lasts three panes
+    for i, latency in enumerate(latencies):
+        pane = int(clock.now * 1000) // 10_000 * 10_000
+        send(api, ctx, clock, pane, latency)
+        clock.now += 10 + 30  # move past this pane's end + the allowed lateness: the pane is final
+        send(api, ctx, clock, pane + 40_000, 20)  # a later event moves the watermark past the pane
+        alerts.evaluate_all()
+        timeline.append(api.get("/api/v1/alerts/rules/cart_p99").json()["state"])
+        clock.now -= 30
+    assert timeline == ["normal", "normal", "pending", "firing", "firing", "resolved", "normal", "normal"], timeline
+
+    body = api.get("/api/v1/alerts?rule=cart_p99").json()
+    changes = [(e["from_state"], e["to_state"]) for e in reversed(body["history"])]
+    assert changes == [("normal", "pending"), ("pending", "firing"), ("firing", "resolved")]
+    firing = body["history"][1]
+    assert firing["labels"] == {"alertname": "cart_p99", "severity": "page", "endpoint": "/api/cart"}
+    assert firing["annotations"]["summary"] == "p99 of /api/cart is 900 ms"
+    assert firing["window_end_ms"] - firing["window_start_ms"] == 10_000 and firing["revision"] == 1
+
+    # A straggler lands in the window the firing decision read: the decision stands, and says so.
+    assert firing["corrections_since"] == 0
+    straggler = [ev(firing["window_start_ms"] + 500, "/api/cart", 5.0)]
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=straggler).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+    entry = next(e for e in api.get("/api/v1/alerts").json()["history"] if e["id"] == firing["id"])
+    assert entry["corrections_since"] == 1 and entry["value"] == firing["value"] and entry["to_state"] == "firing"
+
+    assert [m["event"]["to_state"] for m in feed.poll()] == ["pending", "firing", "resolved"]
+    assert feed.poll() == []
+    statuses = [[n.status for n in b.notices] for b in recorder.batches]
+    assert statuses.count(["firing"]) == 2 and statuses.count(["resolved"]) == 1
+
+
+def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
+    """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
+    alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})
+    alerts.evaluate_all()
+    [pending] = alerts.store.instances()
+    assert pending["state"] == "pending"
+    clock.now += 30
+    restarted = AlertService(ctx.catalog, SqliteAlertStore(tmp_path / "store.db"),
+                             StoreAlertData(ctx.catalog, ctx.store), clock=clock)
+    restarted.evaluate_all()
+    [firing] = restarted.store.instances()
+    assert firing["state"] == "firing" and firing["active_since_ms"] == pending["active_since_ms"]
+
+
+def test_deleting_a_firing_rule_resolves_it_and_records_why(api, alerts, clock):
+    recorder = Recorder()
+    alerts.notifiers.append(recorder)
+    api.post("/api/v1/alerts/rules", json={"name": "gone", "kind": "absence", "stream": "orders", "duration": "1m"})
+    alerts.evaluate_all()
+    assert api.get("/api/v1/alerts").json()["active"][0]["state"] == "firing"  # no orders at all
+    assert api.delete("/api/v1/alerts/rules/gone").status_code == 204
+    body = api.get("/api/v1/alerts").json()
+    assert body["active"] == []
+    assert (body["history"][0]["to_state"], body["history"][0]["reason"]) == ("normal", "rule deleted")
+    assert [n.status for n in recorder.batches[-1].notices] == ["resolved"]
+
+
+def test_a_rule_whose_metric_disappeared_reads_as_error(ctx, alerts, clock):
+    alerts.store.create_rule("orphan", {"name": "orphan", "kind": "threshold", "metric": "removed", "threshold": 1},
+                             source="api", now_ms=1)
+    alerts.evaluate_all()
+    [inst] = alerts.store.instances("orphan")
+    assert inst["state"] == "error" and "no longer valid" in inst["reason"]

@@ -1,0 +1,248 @@
+"""Each kind of rule read through a fake `AlertData` at a fixed time: which window is read
+(final by default, provisional on request, the day/week offsets), the values and
+conditions, and when the answer is NoData or Error instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.kinds import evaluate_rule
+from alerts.outcome import Outcome, StreamLagView, WindowValue
+from alerts.rules import parse_rule
+from catalog import load_catalog
+from tests.api.conftest import CONFIG
+
+NOW = 1_800_000_000_000  # a multiple of a minute
+PANE, LATENESS = 10_000, 30_000  # http_requests in the demo config
+DAY, WEEK = 86_400_000, 7 * 86_400_000
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(CONFIG)
+
+
+class FakeData:
+    """Answers from tables keyed by window; records every window asked for."""
+
+    def __init__(self, watermark=NOW - LATENESS, windows=None, seen=None, lag=None, dead=None, fail=None):
+        self.wm = watermark
+        self.windows = windows or {}  # (start, end) -> list[WindowValue]
+        self.seen = seen or {}
+        self.lag_views = lag
+        self.dead = dead or {}
+        self.fail = fail
+        self.asked: list[tuple[int, int]] = []
+
+    def watermark(self, stream):
+        if self.fail:
+            raise self.fail
+        return self.wm
+
+    def window_values(self, metric, stat, start_ms, end_ms, group_by, filters):
+        self.asked.append((start_ms, end_ms))
+        return self.windows.get((start_ms, end_ms), [])
+
+    def last_seen(self, stream, start_ms, end_ms, group_by, filters):
+        return self.seen
+
+    def lag(self):
+        return self.lag_views
+
+    def dead_letter_counts(self, start_ms, end_ms):
+        self.asked.append((start_ms, end_ms))
+        return self.dead
+
+
+def wv(value, group=None, count=10):
+    return WindowValue(group or {}, value, count, True, 1)
+
+
+def rule(catalog, **fields):
+    return parse_rule({"name": "r", **fields}, catalog)
+
+
+def threshold(catalog, **fields):
+    return rule(catalog, kind="threshold", metric="latency", stat="p99", window="1m", threshold=250, **fields)
+
+
+# -- threshold ---------------------------------------------------------------------------------------
+
+def test_threshold_reads_the_newest_final_window(catalog):
+    final_end = NOW - LATENESS  # the watermark sits on a pane boundary here
+    data = FakeData(windows={(final_end - 60_000, final_end): [wv(300.0)]})
+    outcome = evaluate_rule(threshold(catalog), data, catalog, NOW)
+    [sample] = outcome.samples
+    assert (sample.value, sample.condition) == (300.0, True)
+    assert (sample.window_start_ms, sample.window_end_ms) == (final_end - 60_000, final_end)
+
+
+def test_a_watermark_inside_a_pane_rounds_down_to_the_last_final_pane(catalog):
+    data = FakeData(watermark=NOW - LATENESS + 7_000)
+    evaluate_rule(threshold(catalog), data, catalog, NOW)
+    assert data.asked == [(NOW - LATENESS - 60_000, NOW - LATENESS)]
+
+
+def test_provisional_reads_up_to_the_pane_of_the_newest_event(catalog):
+    data = FakeData(watermark=NOW - LATENESS - 3_000)  # newest event at NOW - 3 s
+    evaluate_rule(threshold(catalog, provisional=True), data, catalog, NOW)
+    assert data.asked == [(NOW - 60_000, NOW)]
+
+
+@pytest.mark.parametrize("op,value,expected", [(">", 250, False), (">=", 250, True), ("<", 10, True),
+                                               ("<=", 251, False), ("==", 250, True), ("!=", 250, False)])
+def test_threshold_operators(catalog, op, value, expected):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(float(value))]})
+    assert evaluate_rule(threshold(catalog, op=op), data, catalog, NOW).samples[0].condition is expected
+
+
+def test_threshold_per_group(catalog):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(900.0, {"endpoint": "/api/search"}), wv(40.0, {"endpoint": "/"})]})
+    outcome = evaluate_rule(threshold(catalog, group_by=["endpoint"]), data, catalog, NOW)
+    assert {s.group["endpoint"]: s.condition for s in outcome.samples} == {"/api/search": True, "/": False}
+
+
+def test_no_watermark_is_no_data(catalog):
+    outcome = evaluate_rule(threshold(catalog), FakeData(watermark=None), catalog, NOW)
+    assert outcome.no_data and "no events processed yet" in outcome.no_data
+
+
+def test_an_empty_window_is_no_data(catalog):
+    outcome = evaluate_rule(threshold(catalog, group_by=["endpoint"]), FakeData(), catalog, NOW)
+    assert outcome.no_data and "no events in the window" in outcome.no_data
+
+
+def test_an_undefined_stat_is_no_data_for_that_instance(catalog):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(None, count=0)]})
+    [sample] = evaluate_rule(threshold(catalog), data, catalog, NOW).samples
+    assert sample.condition is None and "undefined" in sample.reason
+
+
+def test_a_stale_watermark_is_no_data(catalog):
+    data = FakeData(watermark=NOW - LATENESS - 6 * 60_000)  # the pipeline stopped 6 min ago
+    outcome = evaluate_rule(threshold(catalog), data, catalog, NOW)
+    assert outcome.no_data and "before expected" in outcome.no_data
+    data.asked.clear()
+    evaluate_rule(threshold(catalog, stale_after="10m"), data, catalog, NOW)
+    assert data.asked  # within the longer stale_after, the window is read
+
+
+def test_a_failing_read_is_an_error_outcome(catalog):
+    outcome = evaluate_rule(threshold(catalog), FakeData(fail=OSError("database is locked")), catalog, NOW)
+    assert outcome.error == "OSError: database is locked"
+
+
+# -- trend ---------------------------------------------------------------------------------------------
+
+def trend(catalog, **fields):
+    return rule(catalog, kind="trend", metric="requests", stat="count", window="1m", **fields)
+
+
+@pytest.mark.parametrize("against,offset", [("previous", 60_000), ("1d", DAY), ("1w", WEEK)])
+def test_trend_compares_with_the_previous_window_or_the_same_window_a_day_or_week_earlier(catalog, against, offset):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(300.0)],
+                             (end - 60_000 - offset, end - offset): [wv(100.0)]})
+    outcome = evaluate_rule(trend(catalog, against=against, mode="ratio", threshold=2), data, catalog, NOW)
+    assert data.asked == [(end - 60_000, end), (end - 60_000 - offset, end - offset)]
+    [sample] = outcome.samples
+    assert (sample.value, sample.condition) == (3.0, True)
+
+
+@pytest.mark.parametrize("mode,expected", [("ratio", 0.5), ("diff", -100.0), ("rate", -100.0 / 86_400)])
+def test_trend_modes(catalog, mode, expected):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(100.0)], (end - 60_000 - DAY, end - DAY): [wv(200.0)]})
+    [sample] = evaluate_rule(trend(catalog, against="1d", mode=mode, op="<", threshold=0), data, catalog, NOW).samples
+    assert sample.value == pytest.approx(expected)
+
+
+def test_trend_matches_groups_like_promql(catalog):
+    end = NOW - LATENESS
+    now_values = [wv(10.0, {"endpoint": "/a"}), wv(30.0, {"endpoint": "/new"})]
+    data = FakeData(windows={(end - 60_000, end): now_values, (end - 120_000, end - 60_000): [wv(5.0, {"endpoint": "/a"})]})
+    outcome = evaluate_rule(trend(catalog, group_by=["endpoint"], threshold=1.5), data, catalog, NOW)
+    assert [(s.group, s.value) for s in outcome.samples] == [({"endpoint": "/a"}, 2.0)]
+
+
+def test_trend_without_a_baseline_is_no_data(catalog):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(10.0)]})
+    outcome = evaluate_rule(trend(catalog, against="1w", threshold=2), data, catalog, NOW)
+    assert outcome.no_data and "1w earlier" in outcome.no_data
+
+
+def test_trend_ratio_over_a_zero_baseline_is_no_data_for_the_instance(catalog):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(10.0)], (end - 120_000, end - 60_000): [wv(0.0)]})
+    [sample] = evaluate_rule(trend(catalog, threshold=2), data, catalog, NOW).samples
+    assert sample.condition is None and "baseline is 0" in sample.reason
+
+
+# -- absence -------------------------------------------------------------------------------------------
+
+def absence(catalog, **fields):
+    return rule(catalog, kind="absence", stream="orders", duration="2m", **fields)
+
+
+def test_absence_fires_once_the_newest_event_is_older_than_the_duration(catalog):
+    fresh = evaluate_rule(absence(catalog), FakeData(seen={(): NOW - 60_000}), catalog, NOW).samples[0]
+    silent = evaluate_rule(absence(catalog), FakeData(seen={(): NOW - 180_000}), catalog, NOW).samples[0]
+    assert (fresh.value, fresh.condition) == (60.0, False)
+    assert (silent.value, silent.condition) == (180.0, True)
+
+
+def test_absence_of_anything_in_the_lookback_fires(catalog):
+    [sample] = evaluate_rule(absence(catalog), FakeData(seen={}), catalog, NOW).samples
+    assert sample.condition is True and "no events in the last 1h" in sample.reason
+
+
+def test_absence_per_group(catalog):
+    data = FakeData(seen={("DE",): NOW - 10_000, ("FR",): NOW - 300_000})
+    outcome = evaluate_rule(absence(catalog, group_by=["country"]), data, catalog, NOW)
+    assert {s.group["country"]: s.condition for s in outcome.samples} == {"DE": False, "FR": True}
+
+
+# -- pipeline rules --------------------------------------------------------------------------------------
+
+LAG = {"http_requests": StreamLagView("OK", "fine", 3.0), "orders": StreamLagView("STOP", "no commits", 95.0)}
+
+
+def test_lag_seconds_per_stream(catalog):
+    outcome = evaluate_rule(rule(catalog, kind="lag", threshold=60), FakeData(lag=LAG), catalog, NOW)
+    assert [(s.group, s.value, s.condition) for s in outcome.samples] == [
+        ({"stream": "http_requests"}, 3.0, False), ({"stream": "orders"}, 95.0, True)]
+
+
+def test_lag_of_one_stream_and_unknown_lag(catalog):
+    views = {"orders": StreamLagView("OK", "", None)}
+    [sample] = evaluate_rule(rule(catalog, kind="lag", stream="orders", threshold=60), FakeData(lag=views),
+                             catalog, NOW).samples
+    assert sample.condition is None
+
+
+def test_lag_status_in_a_set(catalog):
+    outcome = evaluate_rule(rule(catalog, kind="lag_status", statuses=["STALL", "STOP"]), FakeData(lag=LAG),
+                            catalog, NOW)
+    assert [(s.value, s.condition) for s in outcome.samples] == [("OK", False), ("STOP", True)]
+
+
+def test_lag_rules_without_a_lag_monitor_are_errors(catalog):
+    outcome = evaluate_rule(rule(catalog, kind="lag_status"), FakeData(lag=None), catalog, NOW)
+    assert outcome.error == "consumer lag is not monitored in this process"
+    assert evaluate_rule(rule(catalog, kind="lag", threshold=1), FakeData(lag={}), catalog, NOW).no_data
+
+
+def test_dead_letter_rate(catalog):
+    data = FakeData(dead={"orders": 600})
+    outcome = evaluate_rule(rule(catalog, kind="dead_letters", window="5m", threshold=1), data, catalog, NOW)
+    assert data.asked == [(NOW - 300_000, NOW)]
+    assert [(s.group["stream"], s.value, s.condition) for s in outcome.samples] == [
+        ("http_requests", 0.0, False), ("orders", 2.0, True)]
+
+
+def test_every_kind_returns_an_outcome(catalog):
+    assert isinstance(evaluate_rule(rule(catalog, kind="dead_letters", threshold=1), FakeData(), catalog, NOW), Outcome)

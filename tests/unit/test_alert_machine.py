@@ -1,0 +1,190 @@
+"""The alert state machine and one-rule evaluation, pure: fake outcomes, times as numbers.
+
+Every transition of alerts/machine.py, `for`, `keep_firing_for`, NoData and Error (and
+their "firing" mappings), group instances coming and going, history and notices."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.evaluator import evaluate, fingerprint
+from alerts.machine import Reading, step
+from alerts.outcome import Outcome, Sample
+from alerts.rules import parse_rule
+from alerts.states import AlertState
+from catalog import load_catalog
+from tests.api.conftest import CONFIG
+
+S = AlertState
+T0 = 1_800_000_000_000
+STEP = 10_000  # the evaluation interval used in these tests
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(CONFIG)
+
+
+def make_rule(catalog, **fields):
+    definition = {"name": "r", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
+                  "threshold": 100, **fields}
+    return parse_rule(definition, catalog)
+
+
+def run(rule, outcomes, start=T0):
+    """Evaluate a sequence of outcomes one interval apart; return every Evaluation."""
+    previous, results = {}, []
+    for i, outcome in enumerate(outcomes):
+        result = evaluate(rule, outcome, previous, start + i * STEP)
+        previous = {inst.fingerprint: inst for inst in result.instances}
+        results.append(result)
+    return results
+
+
+def value(v):
+    return Outcome([Sample({}, v, v > 100, T0 - 60_000, T0, 1)])
+
+
+def states(results):
+    return [r.instances[0].state if r.instances else S.NORMAL for r in results]
+
+
+# -- the machine alone ------------------------------------------------------------------------
+
+def test_step_covers_every_transition():
+    kw = dict(rule="r", fingerprint="f", labels={}, for_ms=20_000, keep_firing_for_ms=0)
+    normal = step(None, Reading.FALSE, now_ms=0, **kw)
+    assert normal.state is S.NORMAL
+    pending = step(normal, Reading.TRUE, now_ms=10_000, **kw)
+    assert (pending.state, pending.active_since_ms) == (S.PENDING, 10_000)
+    still = step(pending, Reading.TRUE, now_ms=20_000, **kw)
+    assert still.state is S.PENDING and still.active_since_ms == 10_000
+    firing = step(still, Reading.TRUE, now_ms=30_000, **kw)
+    assert (firing.state, firing.fired_at_ms, firing.active_since_ms) == (S.FIRING, 30_000, 10_000)
+    resolved = step(firing, Reading.FALSE, now_ms=40_000, **kw)
+    assert resolved.state is S.RESOLVED
+    assert step(resolved, Reading.FALSE, now_ms=50_000, **kw).state is S.NORMAL
+    assert step(resolved, Reading.TRUE, now_ms=50_000, **kw).state is S.PENDING
+    assert step(pending, Reading.FALSE, now_ms=20_000, **kw).state is S.NORMAL  # pending never fired
+    nodata = step(firing, Reading.NODATA, now_ms=40_000, **kw)
+    assert (nodata.state, nodata.active_since_ms) == (S.NODATA, 40_000)
+    assert step(nodata, Reading.NODATA, now_ms=50_000, **kw).active_since_ms == 40_000
+    assert step(nodata, Reading.FALSE, now_ms=50_000, **kw).state is S.NORMAL
+    assert step(nodata, Reading.TRUE, now_ms=50_000, **kw).state is S.PENDING
+    error = step(pending, Reading.ERROR, now_ms=30_000, **kw)
+    assert error.state is S.ERROR
+    assert step(error, Reading.FALSE, now_ms=40_000, **kw).state is S.NORMAL
+
+
+def test_for_zero_fires_at_once():
+    inst = step(None, Reading.TRUE, rule="r", fingerprint="f", labels={}, now_ms=5, for_ms=0, keep_firing_for_ms=0)
+    assert inst.state is S.FIRING and inst.fired_at_ms == 5
+
+
+# -- `for` and `keep_firing_for` over evaluations -------------------------------------------------
+
+def test_for_holds_pending_until_the_period_has_passed(catalog):
+    rule = make_rule(catalog, **{"for": "30s"})
+    results = run(rule, [value(50), value(150), value(150), value(150), value(150), value(50), value(50)])
+    assert states(results) == [S.NORMAL, S.PENDING, S.PENDING, S.PENDING, S.FIRING, S.RESOLVED, S.NORMAL]
+    firing = results[4].instances[0]
+    assert firing.fired_at_ms - firing.active_since_ms == 30_000  # pending at T0+10s, firing at T0+40s
+
+
+def test_a_dip_during_pending_starts_the_period_again(catalog):
+    rule = make_rule(catalog, **{"for": "20s"})
+    results = run(rule, [value(150), value(150), value(50), value(150), value(150), value(150)])
+    assert states(results) == [S.PENDING, S.PENDING, S.NORMAL, S.PENDING, S.PENDING, S.FIRING]
+
+
+def test_keep_firing_for_bridges_short_gaps(catalog):
+    rule = make_rule(catalog, keep_firing_for="25s")
+    results = run(rule, [value(150), value(50), value(50), value(150), value(50), value(50), value(50), value(50)])
+    # True at 0 and 30 s; false afterwards: keeps firing until 25 s after the last true reading.
+    assert states(results) == [S.FIRING, S.FIRING, S.FIRING, S.FIRING, S.FIRING, S.FIRING, S.RESOLVED, S.NORMAL]
+    assert results[6].at_ms - results[3].at_ms == 30_000
+
+
+def test_without_keep_firing_for_one_false_reading_resolves(catalog):
+    results = run(make_rule(catalog), [value(150), value(50)])
+    assert states(results) == [S.FIRING, S.RESOLVED]
+
+
+# -- NoData and Error never read as Normal -----------------------------------------------------------
+
+def test_no_data_goes_to_nodata_and_back(catalog):
+    results = run(make_rule(catalog), [Outcome.nodata("no events"), Outcome.nodata("no events"), value(50)])
+    assert states(results) == [S.NODATA, S.NODATA, S.NORMAL]
+    assert results[0].transitions[0].reason == "no events"
+    assert len(results[1].transitions) == 0  # still NoData: no new history entry
+    assert results[0].notices[0].status == "firing" and results[0].notices[0].state is S.NODATA
+    assert results[2].notices[0].status == "resolved"
+
+
+def test_error_is_a_state_of_its_own(catalog):
+    results = run(make_rule(catalog), [Outcome.failed("store locked"), value(150)])
+    assert states(results) == [S.ERROR, S.FIRING]
+    assert results[0].instances[0].reason == "store locked"
+
+
+def test_no_data_and_error_can_be_mapped_to_firing(catalog):
+    rule = make_rule(catalog, no_data_state="firing", error_state="firing", **{"for": "10s"})
+    results = run(rule, [Outcome.nodata("x"), Outcome.nodata("x"), Outcome.failed("y")])
+    assert states(results) == [S.PENDING, S.FIRING, S.FIRING]
+
+
+def test_a_firing_group_whose_data_stops_goes_to_nodata_not_resolved(catalog):
+    rule = make_rule(catalog, group_by=["endpoint"])
+    firing = Outcome([Sample({"endpoint": "/a"}, 150, True), Sample({"endpoint": "/b"}, 50, False)])
+    results = run(rule, [firing, Outcome.nodata("the pipeline stopped")])
+    [inst] = results[1].instances
+    assert inst.labels["endpoint"] == "/a" and inst.state is S.NODATA
+
+
+def test_a_group_with_an_undefined_stat_is_nodata_alone(catalog):
+    rule = make_rule(catalog, group_by=["endpoint"])
+    outcome = Outcome([Sample({"endpoint": "/a"}, None, None, reason="no values"), Sample({"endpoint": "/b"}, 150, True)])
+    [result] = run(rule, [outcome])
+    by_endpoint = {i.labels["endpoint"]: i.state for i in result.instances}
+    assert by_endpoint == {"/a": S.NODATA, "/b": S.FIRING}
+
+
+# -- instances, labels, annotations, history, notices ------------------------------------------------
+
+def test_groups_are_instances_and_a_vanished_group_resolves(catalog):
+    rule = make_rule(catalog, group_by=["endpoint"], labels={"severity": "page"},
+                     annotations={"summary": "p99 of {{ $labels.endpoint }} is {{ $value }} ms ({{ $state }})"})
+    both = Outcome([Sample({"endpoint": "/a"}, 150.5, True), Sample({"endpoint": "/b"}, 300, True)])
+    only_a = Outcome([Sample({"endpoint": "/a"}, 150.5, True)])
+    results = run(rule, [both, only_a, only_a])
+    first = {i.labels["endpoint"]: i for i in results[0].instances}
+    assert first["/b"].labels == {"alertname": "r", "severity": "page", "endpoint": "/b"}
+    assert first["/b"].annotations == {"summary": "p99 of /b is 300 ms (firing)"}
+    assert first["/a"].fingerprint == fingerprint({"alertname": "r", "severity": "page", "endpoint": "/a"})
+    assert {i.labels["endpoint"]: i.state for i in results[1].instances} == {"/a": S.FIRING, "/b": S.RESOLVED}
+    assert [(n.labels["endpoint"], n.status) for n in results[1].notices] == [("/a", "firing"), ("/b", "resolved")]
+    resolved = next(n for n in results[1].notices if n.status == "resolved")
+    assert resolved.ends_at_ms == T0 + STEP and resolved.starts_at_ms == T0
+    assert [i.labels["endpoint"] for i in results[2].instances] == ["/a"]  # /b is Normal: not kept
+
+
+def test_history_records_each_change_once(catalog):
+    rule = make_rule(catalog, **{"for": "10s"})
+    results = run(rule, [value(150), value(150), value(150), value(50), value(50)])
+    changes = [(t.from_state, t.to_state) for r in results for t in r.transitions]
+    assert changes == [(S.NORMAL, S.PENDING), (S.PENDING, S.FIRING), (S.FIRING, S.RESOLVED)]
+    firing = results[1].transitions[0]
+    assert (firing.value, firing.window_start_ms, firing.window_end_ms, firing.revision) == (150, T0 - 60_000, T0, 1)
+
+
+def test_pending_is_not_notified(catalog):
+    results = run(make_rule(catalog, **{"for": "1m"}), [value(150)])
+    assert results[0].notices == []
+
+
+def test_rule_level_no_data_instance_clears_when_groups_report(catalog):
+    rule = make_rule(catalog, group_by=["endpoint"])
+    results = run(rule, [Outcome.nodata("nothing yet"), Outcome([Sample({"endpoint": "/a"}, 50, False)])])
+    assert results[0].instances[0].labels == {"alertname": "r"}
+    assert results[1].instances == []
+    assert (results[1].transitions[0].from_state, results[1].transitions[0].to_state) == (S.NODATA, S.NORMAL)
