@@ -209,6 +209,9 @@
           el("span", { class: "alert-from", "data-state": e.from_state }, [e.from_state]), " → ",
           el("span", { class: "alert-to", "data-state": e.to_state }, [e.to_state])]), " ",
         el("span", { class: "alert-value" }, [fmtValue(e.value)]),
+        e.corrections_since ? el("span", { class: "tag alert-corrected",
+          title: "the window this was decided on was corrected since (late events); the decision stands" },
+          ["window corrected " + e.corrections_since + "×"]) : null,
         groups.length ? el("div", { class: "alert-labels" }, [groups.join(" ")]) : null,
       ]);
     });
