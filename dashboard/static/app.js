@@ -297,6 +297,7 @@
       case "pipeline": onPipeline(msg); break;
       case "lag": onLag(msg); break;
       case "correction": onCorrection(msg); break;
+      case "alert": window.dispatchEvent(new CustomEvent("sketchboard:alert", { detail: msg })); break; // alerts.js
       case "heartbeat": state.skewMs = msg.at_ms - Date.now(); break;
       case "dropped":
         state.dropped += msg.count;
