@@ -123,6 +123,34 @@ def router(service: AlertService) -> APIRouter:
     return r
 
 
+def alert_metrics(service: AlertService):
+    """For /metrics: active instances per rule and state (Prometheus' ALERTS, counted), and the
+    notifiers' delivery counters."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    active = GaugeMetricFamily("sketchboard_alerts", "Alert instances per rule and state (pending, firing,"
+                               " nodata, error)", labels=["alertname", "alertstate"])
+    counts: dict[tuple[str, str], int] = {}
+    for loaded in service.rules():
+        for state in ("pending", "firing", "nodata", "error"):
+            counts[(loaded.stored.name, state)] = 0
+    for inst in service.store.instances():
+        key = (inst["rule"], inst["state"])
+        if key in counts:
+            counts[key] += 1
+    for (rule, state), n in sorted(counts.items()):
+        active.add_metric([rule, state], n)
+    yield active
+    delivered = CounterMetricFamily("sketchboard_alert_notifications", "Webhook notifications by outcome",
+                                    labels=["outcome"])
+    for notifier in service.notifiers:
+        stats = notifier.stats() if callable(getattr(notifier, "stats", None)) else {}
+        for outcome in ("sent", "failed", "retried", "dropped", "deduplicated"):
+            if isinstance(stats.get(outcome), int):
+                delivered.add_metric([outcome], stats[outcome])
+    yield delivered
+
+
 class AlertsFeed:
     """Websocket topic `alerts`: one `alert` message per new history entry."""
 

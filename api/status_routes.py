@@ -151,6 +151,10 @@ class _StoredMetrics:
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()
+        if ctx.alerts is not None:
+            from api.alert_routes import alert_metrics
+
+            yield from alert_metrics(ctx.alerts)
 
     def _lag(self):
         report = self.ctx.lag.report()

@@ -236,3 +236,13 @@ def test_a_rule_whose_metric_disappeared_reads_as_error(ctx, alerts, clock):
     alerts.evaluate_all()
     [inst] = alerts.store.instances("orphan")
     assert inst["state"] == "error" and "no longer valid" in inst["reason"]
+
+
+def test_metrics_count_alert_instances_per_rule_and_state(api, alerts):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api.post("/api/v1/alerts/rules", json={"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m"})
+    alerts.evaluate_all()
+    families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+    samples = {(s.labels["alertname"], s.labels["alertstate"]): s.value for s in families["sketchboard_alerts"].samples}
+    assert samples[("quiet", "firing")] == 1 and samples[("quiet", "pending")] == 0
