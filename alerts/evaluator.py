@@ -95,7 +95,7 @@ def _readings(rule: Rule, outcome: Outcome, previous: dict[str, Instance]):
             out[fp] = (labels, whole, Sample({}, None, None, reason=reason))
     else:
         for sample in outcome.samples:
-            labels = {"alertname": rule.name, **rule.labels, **sample.group}
+            labels = {"alertname": rule.name, **_labels(rule, sample.value, sample.group), **sample.group}
             reading = Reading.NODATA if sample.condition is None else Reading.TRUE if sample.condition else Reading.FALSE
             out[fingerprint(labels)] = (labels, reading, sample)
     for fp, inst in previous.items():
@@ -104,8 +104,14 @@ def _readings(rule: Rule, outcome: Outcome, previous: dict[str, Instance]):
 
 
 def _rule_level(rule: Rule) -> dict[str, dict[str, str]]:
-    labels = {"alertname": rule.name, **rule.labels}
+    labels = {"alertname": rule.name, **_labels(rule, None, {})}
     return {fingerprint(labels): labels}
+
+
+def _labels(rule: Rule, value, group: dict[str, str]) -> dict[str, str]:
+    """The rule's labels, templated like Prometheus' (they are part of the instance's identity, so
+    a label using {{ $value }} makes a new instance whenever the value changes: use annotations)."""
+    return render_all(rule.labels, value=value, labels=group, rule=rule.name, state="")
 
 
 def _mapped(rule: Rule, reading: Reading) -> Reading:

@@ -136,11 +136,12 @@ def check_rule(rule: Rule, catalog: Catalog) -> None:
     for key in rule.labels:
         if key in RESERVED_LABELS:
             raise RuleError(f"{where}: labels: {key!r} is set from the rule's name")
-    for key, text in rule.annotations.items():
-        try:
-            check_template(text)
-        except ValueError as exc:
-            raise RuleError(f"{where}: annotations.{key}: {exc}") from None
+    for part, templates in (("labels", rule.labels), ("annotations", rule.annotations)):
+        for key, text in templates.items():
+            try:
+                check_template(text)
+            except ValueError as exc:
+                raise RuleError(f"{where}: {part}.{key}: {exc}") from None
     if rule.keep_firing_for < 0 or rule.for_ < 0:
         raise RuleError(f"{where}: for and keep_firing_for must not be negative")
     if rule.interval is not None and rule.interval < 1_000:

@@ -188,3 +188,9 @@ def test_rule_level_no_data_instance_clears_when_groups_report(catalog):
     assert results[0].instances[0].labels == {"alertname": "r"}
     assert results[1].instances == []
     assert (results[1].transitions[0].from_state, results[1].transitions[0].to_state) == (S.NODATA, S.NORMAL)
+
+
+def test_labels_are_templated_too(catalog):
+    rule = make_rule(catalog, group_by=["endpoint"], labels={"team": "owner-of-{{ $labels.endpoint }}"})
+    [result] = run(rule, [Outcome([Sample({"endpoint": "/a"}, 150, True)])])
+    assert result.instances[0].labels == {"alertname": "r", "team": "owner-of-/a", "endpoint": "/a"}
