@@ -44,14 +44,11 @@ class StoreAlertData:
     def last_seen(self, stream: str, start_ms: int, end_ms: int, group_by: Sequence[str],
                   filters: Mapping[str, str]) -> dict[tuple[str, ...], int]:
         newest: dict[tuple[str, ...], int] = {}
-        for pane in self.store.read_panes(stream, start_ms, end_ms):
-            if pane.data.count <= 0:
-                continue
-            dims = pane.key.dims_dict()
+        for dims, end in self.store.newest_pane_ends(stream, start_ms, end_ms):  # one row per dims combination
             if any(dims.get(k, "") != v for k, v in filters.items()):
                 continue
             group = tuple(dims.get(k, "") for k in group_by)
-            newest[group] = max(newest.get(group, pane.end_ms), pane.end_ms)
+            newest[group] = max(newest.get(group, end), end)
         return newest
 
     def lag(self) -> dict[str, StreamLagView] | None:

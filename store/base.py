@@ -170,6 +170,11 @@ class PaneStore(ABC):
         """Panes of a stream whose start lies in [start_ms, end_ms); sketches only when asked."""
 
     @abstractmethod
+    def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
+        """Per combination of dimensions with events in panes starting in [start_ms, end_ms):
+        (dims, end of its newest such pane). What absence alert rules read."""
+
+    @abstractmethod
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]: ...
 
     @abstractmethod

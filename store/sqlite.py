@@ -361,6 +361,13 @@ class SqlitePaneStore(PaneStore):
             panes.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
         return panes
 
+    def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT dims, MAX(end_ms) FROM panes WHERE stream = ? AND start_ms >= ? AND start_ms < ? AND count > 0"
+                " GROUP BY dims", (stream, start_ms, end_ms)).fetchall()
+        return [(json.loads(dims), end) for dims, end in rows]
+
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         with self._lock:
             rows = self._conn.execute(

@@ -246,3 +246,15 @@ def test_metrics_count_alert_instances_per_rule_and_state(api, alerts):
     families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
     samples = {(s.labels["alertname"], s.labels["alertstate"]): s.value for s in families["sketchboard_alerts"].samples}
     assert samples[("quiet", "firing")] == 1 and samples[("quiet", "pending")] == 0
+
+
+def test_absence_per_group_reads_the_newest_pane_of_each_group(api, ctx, alerts, clock):
+    now = int(clock.now * 1000)
+    events = [ev(now - 300_000, region="eu"), ev(now - 20_000, region="us"), ev(now - 15_000, region="us")]
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=events).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now)
+    api.post("/api/v1/alerts/rules", json={"name": "silent_region", "kind": "absence", "stream": "http_requests",
+                                           "duration": "2m", "group_by": ["region"], "filters": {"method": "GET"}})
+    alerts.evaluate_all()
+    active = api.get("/api/v1/alerts").json()["active"]
+    assert [(a["labels"]["region"], a["state"], a["value"]) for a in active] == [("eu", "firing", 290.0)]
