@@ -102,8 +102,10 @@ def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> O
     samples = []
     for current, base in pairs:
         value, reason = _change(rule.mode, current.value, base.value, offset)
-        samples.append(_sample(current, value, start, end, None if value is None else test(value, rule.threshold),
-                               reason))
+        condition = None if value is None else test(value, rule.threshold)
+        if rule.min_baseline is not None and base.value is not None and base.value < rule.min_baseline:
+            condition, reason = False, f"baseline {base.value:g} is below min_baseline {rule.min_baseline:g}"
+        samples.append(_sample(current, value, start, end, condition, reason))
     return Outcome(samples)
 
 

@@ -77,6 +77,9 @@ class TrendRule(_OverMetric):
     against: str = Field("previous", description="'previous' window, or an offset such as 1d or 1w")
     mode: Literal["ratio", "diff", "rate"] = Field("ratio", description="ratio: now / then; diff: now - then;"
                                                    " rate: (now - then) per second between the windows")
+    min_baseline: float | None = Field(None, allow_inf_nan=False,
+                                       description="condition false while the baseline is below this"
+                                       " (PromQL's `and then > N`): a near-empty baseline makes any ratio huge")
 
 
 class AbsenceRule(_RuleBase):

@@ -168,6 +168,15 @@ def test_trend_matches_groups_like_promql(catalog):
     assert [(s.group, s.value) for s in outcome.samples] == [({"endpoint": "/a"}, 2.0)]
 
 
+def test_trend_min_baseline_keeps_a_near_empty_baseline_from_firing(catalog):
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(900.0)], (end - 120_000, end - 60_000): [wv(7.0)]})
+    [quiet] = evaluate_rule(trend(catalog, threshold=2, min_baseline=100), data, catalog, NOW).samples
+    assert (quiet.condition, quiet.value) == (False, pytest.approx(900 / 7)) and "below min_baseline" in quiet.reason
+    [loud] = evaluate_rule(trend(catalog, threshold=2), data, catalog, NOW).samples
+    assert loud.condition is True
+
+
 def test_trend_without_a_baseline_is_no_data(catalog):
     end = NOW - LATENESS
     data = FakeData(windows={(end - 60_000, end): [wv(10.0)]})
