@@ -22,7 +22,7 @@ delivery leaves the old memory, so the next evaluation plans the same message ag
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
 from alerts.states import AlertState, Notice, RuleNotices
@@ -91,6 +91,17 @@ def plan(batch: RuleNotices, last: GroupMemory | None, now: float, repeat_interv
     if last is not None and now - last.sent_at >= repeat_interval_s:
         return Plan(batch.rule, Why.REPEAT, alerts, remember)
     return Plan(batch.rule, Why.DUPLICATE, remember=last)
+
+
+def memory_json(memory: GroupMemory) -> dict:
+    """What a notifier keeps across restarts (store/alerts.py saves it as a JSON document)."""
+    return {"sent_at": memory.sent_at,
+            "firing": {fp: {**asdict(n), "state": n.state.value} for fp, n in memory.firing.items()}}
+
+
+def memory_from_json(data: Mapping) -> GroupMemory:
+    firing = {fp: Notice(**{**n, "state": AlertState(n["state"])}) for fp, n in data["firing"].items()}
+    return GroupMemory(firing, float(data["sent_at"]))
 
 
 def coalesce(older: RuleNotices, newer: RuleNotices) -> RuleNotices:

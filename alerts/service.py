@@ -204,11 +204,13 @@ class AlertService:
                 log.warning("notifier %r failed: %s", notifier, exc)
 
     def _resolve_all(self, name: str, now_ms: int) -> None:
+        """The rule is gone: resolve at the notifiers what it had firing. Sent even when this process
+        knows of nothing firing (after a restart), since a notifier resolves what it remembers
+        delivering and is not mentioned."""
         firing = self._firing.pop(name, [])
-        if firing:
-            resolved = [Notice(n.rule, n.fingerprint, "resolved", AlertState.NORMAL, n.labels, n.annotations,
-                               n.starts_at_ms, now_ms, n.value) for n in firing]
-            self._notify(RuleNotices(name, now_ms, resolved))
+        resolved = [Notice(n.rule, n.fingerprint, "resolved", AlertState.NORMAL, n.labels, n.annotations,
+                           n.starts_at_ms, now_ms, n.value) for n in firing]
+        self._notify(RuleNotices(name, now_ms, resolved))
         self._due.pop(name, None)
 
     def _forget_removed(self) -> None:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import httpx
 
-from alerts.dedup import FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, plan
+from alerts.dedup import FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, memory_from_json, memory_json, plan
 from alerts.states import Notice, RuleNotices
 
 log = logging.getLogger("sketchboard.alerts.webhook")
@@ -103,7 +103,8 @@ class WebhookNotifier:
     def __init__(self, url: str, *, timeout_s: float = 5.0, max_attempts: int = 4, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, repeat_interval_s: float = 4 * 3600,
                  external_url: str = "http://127.0.0.1:8000/", queue_size: int = 1000,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 memory_store=None):
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"alert webhook url must be an http(s) URL, got {url!r}")
@@ -127,8 +128,17 @@ class WebhookNotifier:
         self._abandoned = False  # close() timed out: stop retrying, send nothing more
         self._counts = {"sent": 0, "failed": 0, "retried": 0, "dropped": 0, "deduplicated": 0}
         self._last_error: str | None = None
-        # Worker thread only: rule -> what was last delivered.
+        # Worker thread only: rule -> what was last delivered. With a memory store (e.g.
+        # store.alerts.SqliteAlertStore) it survives a restart, so an alert delivered as firing
+        # before the restart is delivered as resolved after it, and not delivered twice.
+        self._memory_store = memory_store
         self._memory: dict[str, GroupMemory] = {}
+        if memory_store is not None:
+            for rule, data in memory_store.notifier_memory(self._url).items():
+                try:
+                    self._memory[rule] = memory_from_json(data)
+                except (KeyError, TypeError, ValueError) as exc:  # a document from another version
+                    log.warning("webhook: ignoring the saved memory of rule %r: %s", rule, exc)
 
         self._thread = threading.Thread(target=self._run, name="alert-webhook", daemon=True)
         self._thread.start()
@@ -204,8 +214,17 @@ class WebhookNotifier:
                 self._memory.pop(batch.rule, None)
             else:
                 self._memory[batch.rule] = decided.remember
+            self._save_memory(batch.rule, decided.remember)
             with self._cond:
                 self._counts["sent"] += 1
+
+    def _save_memory(self, rule: str, memory: GroupMemory | None) -> None:
+        if self._memory_store is None:
+            return
+        try:
+            self._memory_store.save_notifier_memory(self._url, rule, None if memory is None else memory_json(memory))
+        except Exception as exc:  # delivered all the same; only a restart would repeat it
+            log.warning("webhook: could not save what was delivered for rule %r: %s", rule, exc)
 
     def _deliver(self, client: httpx.Client, decided: Plan) -> bool:
         body = json.dumps(alertmanager_body(decided.rule, decided.alerts, self._external_url),

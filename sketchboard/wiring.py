@@ -70,6 +70,8 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     from sketchboard.settings import DEFAULT_ALERTS
     from store.alerts import SqliteAlertStore
 
+    alert_store = SqliteAlertStore(settings.store_path, history_retention_ms=settings.alert_history_retention,
+                                   synchronous=settings.log_sync)
     notifiers = []
     if settings.alert_webhook_url:
         from alerts.webhook import WebhookNotifier
@@ -77,9 +79,8 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
         notifiers.append(WebhookNotifier(
             settings.alert_webhook_url, timeout_s=settings.alert_webhook_timeout / 1000,
             max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
-            repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/"))
-    alert_store = SqliteAlertStore(settings.store_path, history_retention_ms=settings.alert_history_retention,
-                                   synchronous=settings.log_sync)
+            repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/",
+            memory_store=alert_store))
     service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
                            clock=clock or time.time)

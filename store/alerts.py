@@ -41,6 +41,12 @@ CREATE TABLE IF NOT EXISTS alert_history (
 );
 CREATE INDEX IF NOT EXISTS alert_history_by_rule ON alert_history (rule, id);
 CREATE INDEX IF NOT EXISTS alert_history_by_time ON alert_history (at_ms);
+CREATE TABLE IF NOT EXISTS alert_notifier_memory (
+    notifier TEXT NOT NULL,          -- e.g. the webhook's URL
+    rule TEXT NOT NULL,
+    data TEXT NOT NULL,              -- what that notifier last delivered for the rule
+    PRIMARY KEY (notifier, rule)
+) WITHOUT ROWID;
 """
 
 
@@ -193,6 +199,23 @@ class SqliteAlertStore:
                 "SELECT id, rule, at_ms, data FROM alert_history WHERE " + " AND ".join(where)
                 + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?", (*args, limit)).fetchall()
         return [HistoryEntry(i, r, at, json.loads(d)) for i, r, at, d in rows]
+
+    # -- what notifiers delivered (alerts/webhook.py) ------------------------------------------
+
+    def notifier_memory(self, notifier: str) -> dict[str, dict]:
+        with self._lock:
+            rows = self._conn.execute("SELECT rule, data FROM alert_notifier_memory WHERE notifier = ?",
+                                      (notifier,)).fetchall()
+        return {rule: json.loads(data) for rule, data in rows}
+
+    def save_notifier_memory(self, notifier: str, rule: str, data: Mapping | None) -> None:
+        with self._lock:
+            if data is None:
+                self._conn.execute("DELETE FROM alert_notifier_memory WHERE notifier = ? AND rule = ?",
+                                   (notifier, rule))
+            else:
+                self._conn.execute("INSERT OR REPLACE INTO alert_notifier_memory (notifier, rule, data)"
+                                   " VALUES (?, ?, ?)", (notifier, rule, _dump(data)))
 
     def close(self) -> None:
         with self._lock:

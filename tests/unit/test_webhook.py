@@ -387,3 +387,26 @@ def test_close_gives_up_after_its_timeout():
             time.sleep(0.01)
         assert n.stats()["failed"] == 1
         assert len(rx.requests) == 1
+
+
+def test_what_was_delivered_survives_a_restart_with_a_memory_store(tmp_path):
+    """Firing delivered, the API restarts, the alert resolves: the receiver gets the resolution
+    (and no second firing). Without the store the new process would know of nothing delivered."""
+    from store.alerts import SqliteAlertStore
+
+    store = SqliteAlertStore(tmp_path / "store.db")
+    with Receiver() as rx:
+        before = notifier(rx.url, memory_store=store)
+        before.observe(batch(firing("a")))
+        before.close()
+        after = notifier(rx.url, memory_store=SqliteAlertStore(tmp_path / "store.db"))
+        after.observe(batch(firing("a"), at_ms=20_000))  # still firing: nothing new to say
+        after.observe(batch(rule="other"))
+        after.observe(batch(resolved("a"), at_ms=30_000))
+        after.close()
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved"]
+        forgetful = notifier(rx.url)
+        forgetful.observe(batch(resolved("a")))
+        forgetful.close()
+        assert len(rx.delivered) == 2
+    assert store.notifier_memory(rx.url) == {}  # resolved: forgotten in the store too
