@@ -10,12 +10,11 @@ instance where it was (a `for` period keeps counting, as Prometheus restores it)
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.connection import open_connection
+from store.connection import SideStore, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alert_rules (
@@ -72,15 +71,11 @@ class HistoryEntry:
     data: dict
 
 
-class SqliteAlertStore:
+class SqliteAlertStore(SideStore):
     def __init__(self, path: str | Path, *, history_retention_ms: int = 30 * 86_400_000,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
-        self.path = Path(path)
+        super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.history_retention_ms = history_retention_ms
-        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._conn.executescript(_SCHEMA)
 
     # -- rules ---------------------------------------------------------------------------
 
@@ -100,7 +95,7 @@ class SqliteAlertStore:
             return self._conn.execute("SELECT COUNT(*), COALESCE(MAX(updated_ms), 0) FROM alert_rules").fetchone()
 
     def create_rule(self, name: str, definition: Mapping, *, source: str, now_ms: int) -> StoredRule:
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             if self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (name,)).fetchone():
                 raise RuleConflict(f"a rule named {name!r} already exists; PUT /api/v1/alerts/rules/{name} changes it")
             self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
@@ -109,7 +104,7 @@ class SqliteAlertStore:
 
     def replace_rule(self, name: str, definition: Mapping, *, now_ms: int) -> StoredRule | None:
         """Change an API rule's definition (None: no such rule); its instances carry on."""
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             row = self._conn.execute("SELECT source, updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
@@ -120,7 +115,7 @@ class SqliteAlertStore:
 
     def delete_rule(self, name: str) -> bool:
         """Remove an API rule and its instances (the history stays)."""
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             row = self._conn.execute("SELECT source FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return False
@@ -130,7 +125,7 @@ class SqliteAlertStore:
         return True
 
     def set_silence(self, name: str, until_ms: int | None, *, now_ms: int) -> StoredRule | None:
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             row = self._conn.execute("SELECT updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
@@ -141,7 +136,7 @@ class SqliteAlertStore:
     def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int) -> None:
         """Make the file rules exactly `definitions`: the file is their source of truth (an API
         rule of the same name becomes the file's); silences survive a reload."""
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             have = {name: (definition, source, updated) for name, definition, source, updated in self._conn.execute(
                 "SELECT name, definition, source, updated_ms FROM alert_rules")}
             for name, definition in definitions.items():
@@ -174,7 +169,7 @@ class SqliteAlertStore:
         append the transitions to the history, in one transaction; return the new history ids.
         A rule deleted meanwhile saves nothing."""
         ids = []
-        with self._lock, self._transaction():
+        with self._lock, transaction(self._conn):
             if not self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (rule,)).fetchone():
                 return []
             self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (rule,))
@@ -216,25 +211,6 @@ class SqliteAlertStore:
             else:
                 self._conn.execute("INSERT OR REPLACE INTO alert_notifier_memory (notifier, rule, data)"
                                    " VALUES (?, ?, ?)", (notifier, rule, _dump(data)))
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def _transaction(self):
-        return _Transaction(self._conn)
-
-
-class _Transaction:
-    def __init__(self, conn):
-        self.conn = conn
-
-    def __enter__(self):
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind, exc, tb):
-        self.conn.execute("ROLLBACK" if kind else "COMMIT")
-        return False
 
 
 _RULE_COLUMNS = "name, definition, source, created_ms, updated_ms, silenced_until_ms"

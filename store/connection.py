@@ -1,9 +1,12 @@
 """Opening the store's SQLite file: every store module (panes, bloom filters, lag samples,
-Spark progress) uses its own connection to the same file, set up the same way."""
+Spark progress, alerts) uses its own connection to the same file, set up the same way."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -16,3 +19,31 @@ def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_time
     if synchronous is not None:
         conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any error (nothing half-written)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class SideStore:
+    """A store module with its own tables and connection in the store's file (lag samples,
+    Spark progress, alerts): the connection, the lock that guards it, the schema, close()."""
+
+    def __init__(self, path: str | Path, schema: str, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        self.path = Path(path)
+        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.executescript(schema)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

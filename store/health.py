@@ -9,11 +9,10 @@ pruned past the retention on every write.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.connection import open_connection
+from store.connection import SideStore, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS query_health (
@@ -58,17 +57,13 @@ class QueryHealth:
     last_error: str | None
 
 
-class SqliteHealthStore:
+class SqliteHealthStore(SideStore):
     def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
                  busy_timeout_s: float = 30.0):
         if retention_ms <= 0:
             raise ValueError(f"progress retention must be positive, got {retention_ms} ms")
-        self.path = Path(path)
+        super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.retention_ms = retention_ms
-        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._conn.executescript(_SCHEMA)
 
     # -- writing (the pipeline process's listener) ----------------------------------------
 
@@ -85,21 +80,14 @@ class SqliteHealthStore:
 
     def progress(self, pipeline: str, run_id: str, batch_id: int, progress: dict, at_ms: int) -> None:
         text = json.dumps(progress, separators=(",", ":"))
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO query_progress (pipeline, at_ms, batch_id, run_id, progress)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (pipeline, at_ms, batch_id, run_id, text),
-                )
-                self._conn.execute("DELETE FROM query_progress WHERE at_ms < ?", (at_ms - self.retention_ms,))
-                self._upsert_beat(pipeline, run_id, at_ms,
-                                  "last_progress_ms = ?, last_progress = ?", (at_ms, text))
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._lock, transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO query_progress (pipeline, at_ms, batch_id, run_id, progress)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (pipeline, at_ms, batch_id, run_id, text),
+            )
+            conn.execute("DELETE FROM query_progress WHERE at_ms < ?", (at_ms - self.retention_ms,))
+            self._upsert_beat(pipeline, run_id, at_ms, "last_progress_ms = ?, last_progress = ?", (at_ms, text))
 
     def idle(self, pipeline: str, run_id: str, at_ms: int) -> None:
         with self._lock:
@@ -154,6 +142,3 @@ class SqliteHealthStore:
             ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()

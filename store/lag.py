@@ -7,12 +7,11 @@ bounded: every write prunes samples older than the retention.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lag.model import LagSample
-from store.connection import open_connection
+from store.connection import SideStore, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lag_samples (
@@ -34,40 +33,30 @@ CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
 _COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
 
 
-class SqliteLagStore:
+class SqliteLagStore(SideStore):
     def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
                  busy_timeout_s: float = 30.0):
         if retention_ms <= 0:
             raise ValueError(f"lag sample retention must be positive, got {retention_ms} ms")
-        self.path = Path(path)
+        super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.retention_ms = retention_ms
-        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._conn.executescript(_SCHEMA)
 
     def write(self, samples: Sequence[LagSample]) -> int:
         """Store one round of samples and prune those past the retention; return rows pruned."""
         if not samples:
             return 0
         newest = max(s.at_ms for s in samples)
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.executemany(
-                    f"INSERT OR REPLACE INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
-                      s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
-                )
-                pruned = sum(
-                    self._conn.execute("DELETE FROM lag_samples WHERE pipeline = ? AND at_ms < ?",
-                                       (pipeline, newest - self.retention_ms)).rowcount
-                    for pipeline in {s.pipeline for s in samples}
-                )
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._lock, transaction(self._conn) as conn:
+            conn.executemany(
+                f"INSERT OR REPLACE INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
+                  s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
+            )
+            pruned = sum(
+                conn.execute("DELETE FROM lag_samples WHERE pipeline = ? AND at_ms < ?",
+                             (pipeline, newest - self.retention_ms)).rowcount
+                for pipeline in {s.pipeline for s in samples}
+            )
         return pruned
 
     def recent(self, pipeline: str, per_partition: int,
@@ -112,6 +101,3 @@ class SqliteLagStore:
             ).fetchall()
         return [LagSample(*row) for row in rows]
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
