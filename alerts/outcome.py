@@ -42,9 +42,7 @@ class Outcome:
 class WindowValue:
     group: dict[str, str]
     value: float | None  # None: the stat is undefined (e.g. p99 of no events)
-    count: int
-    final: bool
-    revision: int
+    revision: int  # highest pane revision in the window
 
 
 @dataclass(frozen=True)

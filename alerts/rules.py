@@ -7,21 +7,20 @@ Every field that Prometheus or Grafana users know keeps its name there: `for`,
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from alerts.templating import check_template
-from catalog import Catalog
+from catalog import Catalog, parse_duration_ms
 from catalog.model import DurationMs
+from lag.model import LagStatus
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 OPS = (">", ">=", "<", "<=", "==", "!=")
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
-LAG_STATUSES = ("OK", "WARN", "STALL", "STOP", "REWIND", "ERR")
 RESERVED_LABELS = ("alertname",)
 MAX_WINDOW_MS = 7 * 86_400_000
 
@@ -101,7 +100,7 @@ class LagRule(_RuleBase):
 class LagStatusRule(_RuleBase):
     kind: Literal["lag_status"]
     stream: str | None = None
-    statuses: tuple[Literal["OK", "WARN", "STALL", "STOP", "REWIND", "ERR"], ...] = ("STALL", "STOP")
+    statuses: tuple[LagStatus, ...] = (LagStatus.STALL, LagStatus.STOP)
 
 
 class DeadLetterRule(_RuleBase):
@@ -145,8 +144,6 @@ def check_rule(rule: Rule, catalog: Catalog) -> None:
                 check_template(text)
             except ValueError as exc:
                 raise RuleError(f"{where}: {part}.{key}: {exc}") from None
-    if rule.keep_firing_for < 0 or rule.for_ < 0:
-        raise RuleError(f"{where}: for and keep_firing_for must not be negative")
     if rule.interval is not None and rule.interval < 1_000:
         raise RuleError(f"{where}: interval: must be at least 1s, got {rule.interval} ms")
     if isinstance(rule, _OverMetric):
@@ -164,15 +161,13 @@ def check_rule(rule: Rule, catalog: Catalog) -> None:
         if isinstance(rule, DeadLetterRule) and not 1_000 <= rule.window <= MAX_WINDOW_MS:
             raise RuleError(f"{where}: window: must be between 1s and 7d")
         if isinstance(rule, LagStatusRule) and not rule.statuses:
-            raise RuleError(f"{where}: statuses: name at least one of {', '.join(LAG_STATUSES)}")
+            raise RuleError(f"{where}: statuses: name at least one of {', '.join(s.value for s in LagStatus)}")
 
 
 def against_ms(rule: TrendRule) -> int:
     """How far back the baseline window starts: one window for 'previous', else the offset."""
     if rule.against == "previous":
         return rule.window
-    from catalog import parse_duration_ms
-
     return parse_duration_ms(rule.against)
 
 
@@ -207,8 +202,6 @@ def _check_metric_rule(rule: _OverMetric, catalog: Catalog, where: str) -> None:
         if offset + rule.window > stream.retention:
             raise RuleError(f"{where}: against: the baseline window would be older than the stream's retention"
                             f" ({stream.retention // 86_400_000}d), so it would never have data")
-    if not math.isfinite(rule.threshold):
-        raise RuleError(f"{where}: threshold: must be a finite number")
 
 
 def _stream(catalog: Catalog, name: str, where: str):

@@ -104,7 +104,8 @@ class AlertService:
         """Evaluate every rule whose interval has come (and each new or changed rule at once)."""
         now = self.now_ms() if now_ms is None else now_ms
         out = []
-        for loaded in self.rules():
+        rules = self.rules()
+        for loaded in rules:
             name, updated = loaded.stored.name, loaded.stored.updated_ms
             seen_version, due = self._due.get(name, (None, 0))
             if seen_version == updated and now < due:
@@ -112,14 +113,15 @@ class AlertService:
             interval = self._interval(loaded)
             self._due[name] = (updated, now // interval * interval + interval)  # aligned, like Prometheus groups
             out.append(self.evaluate_rule(loaded, now))
-        self._forget_removed()
+        self._forget_removed(rules)
         return out
 
     def evaluate_all(self, now_ms: int | None = None) -> list[Evaluation]:
         """Evaluate every rule now, due or not (tests, and the dashboard's "evaluate now")."""
         now = self.now_ms() if now_ms is None else now_ms
-        results = [self.evaluate_rule(loaded, now) for loaded in self.rules()]
-        self._forget_removed()
+        rules = self.rules()
+        results = [self.evaluate_rule(loaded, now) for loaded in rules]
+        self._forget_removed(rules)
         return results
 
     def evaluate_rule(self, loaded: LoadedRule, now_ms: int) -> Evaluation:
@@ -140,18 +142,18 @@ class AlertService:
             self._firing[name] = [n for n in result.notices if n.status == "firing"]
             return result
 
-    def corrections_since(self, event: Mapping) -> int | None:
-        """How many corrections changed the window a history entry was decided on, after the
-        decision (None where the rule reads no metric window). Decisions are not revised: this
-        only tells the reader that the value they see in the entry has since been corrected."""
-        if event.get("window_start_ms") is None:
-            return None
-        loaded = next((r for r in self.rules() if r.stored.name == event["rule"]), None)
-        metric = getattr(loaded.rule, "metric", None) if loaded is not None and loaded.rule is not None else None
-        if metric is None or metric not in self.catalog.metrics:
-            return None
-        stream = self.catalog.metrics[metric].stream
-        return self.data.corrections_after(stream, event["window_start_ms"], event["window_end_ms"], event["at_ms"])
+    def with_corrections_since(self, history: list[dict]) -> list[dict]:
+        """History entries with `corrections_since`: how many corrections changed the window an
+        entry was decided on, after the decision (None where the rule reads no metric window).
+        Decisions are not revised: this only tells the reader the value has since changed."""
+        streams = {loaded.stored.name: self.catalog.metrics[loaded.rule.metric].stream
+                   for loaded in self.rules()
+                   if getattr(loaded.rule, "metric", None) in self.catalog.metrics}
+        for event in history:
+            stream = streams.get(event["rule"]) if event.get("window_start_ms") is not None else None
+            event["corrections_since"] = None if stream is None else self.data.corrections_after(
+                stream, event["window_start_ms"], event["window_end_ms"], event["at_ms"])
+        return history
 
     # -- the background thread --------------------------------------------------------------
 
@@ -213,8 +215,8 @@ class AlertService:
         self._notify(RuleNotices(name, now_ms, resolved))
         self._due.pop(name, None)
 
-    def _forget_removed(self) -> None:
-        present = {loaded.stored.name for loaded in self.rules()}
+    def _forget_removed(self, rules: list[LoadedRule]) -> None:
+        present = {loaded.stored.name for loaded in rules}
         for name in [n for n in self._firing if n not in present]:  # removed from the file, say
             self._resolve_all(name, self.now_ms())
         for name in [n for n in self._due if n not in present]:

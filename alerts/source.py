@@ -28,18 +28,14 @@ class StoreAlertData:
         panes = self.store.read_panes(stream.name, start_ms, end_ms, value_field=definition.value,
                                       distinct_field=definition.distinct,
                                       with_sketches=quantile is not None or stat == "distinct")
-        # One point whose window is [start, end): step one pane (the start is pane-aligned), window the span.
+        # One point whose window is [start, end): step one pane (the start is pane-aligned), window the
+        # span. The caller chose the window by the watermark already: no final flags needed.
         series = rollup(panes, stat=stat, quantile=quantile, value_field=definition.value,
                         distinct_field=definition.distinct, start_ms=start_ms, end_ms=start_ms + stream.pane,
                         step_ms=stream.pane, window_ms=end_ms - start_ms, pane_ms=stream.pane,
-                        group_by=group_by, filters=filters, watermark_ms=self.watermark(stream.name))
-        out = []
-        for s in series:
-            point = s.points[0]
-            if group_by and point.count == 0:
-                continue
-            out.append(WindowValue(s.group, point.value, point.count, point.final, point.revision))
-        return out
+                        group_by=group_by, filters=filters)
+        return [WindowValue(s.group, s.points[0].value, s.points[0].revision)
+                for s in series if not group_by or s.points[0].count > 0]
 
     def last_seen(self, stream: str, start_ms: int, end_ms: int, group_by: Sequence[str],
                   filters: Mapping[str, str]) -> dict[tuple[str, ...], int]:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.concurrency import run_in_threadpool
 
 from alerts.service import AlertService, RuleConflict, RuleError
@@ -116,8 +117,7 @@ def router(service: AlertService) -> APIRouter:
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
                   for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
         history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
-        for event in history:  # see README "Alerts and corrections"
-            event["corrections_since"] = service.corrections_since(event)
+        service.with_corrections_since(history)  # see README "Alerts and corrections"
         return {"active": active, "history": history}
 
     return r
@@ -126,8 +126,6 @@ def router(service: AlertService) -> APIRouter:
 def alert_metrics(service: AlertService):
     """For /metrics: active instances per rule and state (Prometheus' ALERTS, counted), and the
     notifiers' delivery counters."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
     active = GaugeMetricFamily("sketchboard_alerts", "Alert instances per rule and state (pending, firing,"
                                " nodata, error)", labels=["alertname", "alertstate"])
     counts: dict[tuple[str, str], int] = {}

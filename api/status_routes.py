@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
 from api import http_metrics
+from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from lag.feed import query_health
 from lag.model import LagStatus
@@ -152,8 +153,6 @@ class _StoredMetrics:
             yield from self._lag()
         yield from self._query()
         if ctx.alerts is not None:
-            from api.alert_routes import alert_metrics
-
             yield from alert_metrics(ctx.alerts)
 
     def _lag(self):

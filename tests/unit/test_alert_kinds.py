@@ -54,8 +54,8 @@ class FakeData:
         return self.dead
 
 
-def wv(value, group=None, count=10):
-    return WindowValue(group or {}, value, count, True, 1)
+def wv(value, group=None):
+    return WindowValue(group or {}, value, 1)
 
 
 def rule(catalog, **fields):
@@ -116,7 +116,7 @@ def test_an_empty_window_is_no_data(catalog):
 
 def test_an_undefined_stat_is_no_data_for_that_instance(catalog):
     end = NOW - LATENESS
-    data = FakeData(windows={(end - 60_000, end): [wv(None, count=0)]})
+    data = FakeData(windows={(end - 60_000, end): [wv(None)]})
     [sample] = evaluate_rule(threshold(catalog), data, catalog, NOW).samples
     assert sample.condition is None and "undefined" in sample.reason
 
