@@ -103,15 +103,9 @@ class BloomCommit:
 
 
 @dataclass(frozen=True)
-class FirstSeenRow:
-    stream: str
-    start_ms: int
-    end_ms: int
-    new_keys: int
-    tested: int
-    positives: int
-    expected_fp: float
-    bound: int
+class FirstSeenRow(FirstSeenPartial):
+    """A stored pane's first-seen counts (the batches' partials summed) and its newest batch."""
+
     last_batch: int
 
 
