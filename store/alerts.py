@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.connection import SideStore, transaction
+from store.connection import SideStore, transaction, where
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alert_rules (
@@ -185,13 +185,10 @@ class SqliteAlertStore(SideStore):
 
     def history(self, *, rule: str | None = None, after_id: int = 0, limit: int = 100,
                 newest_first: bool = True) -> list[HistoryEntry]:
-        where, args = ["id > ?"], [after_id]
-        if rule is not None:
-            where.append("rule = ?")
-            args.append(rule)
+        clause, args = where(("id > ?", after_id), ("rule = ?", rule))
         with self._lock:
             rows = self._conn.execute(
-                "SELECT id, rule, at_ms, data FROM alert_history WHERE " + " AND ".join(where)
+                "SELECT id, rule, at_ms, data FROM alert_history" + clause
                 + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?", (*args, limit)).fetchall()
         return [HistoryEntry(i, r, at, json.loads(d)) for i, r, at, d in rows]
 

@@ -33,6 +33,15 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
+def where(*conditions: tuple[str, object]) -> tuple[str, list]:
+    """" WHERE a = ? AND ..." and its arguments from (clause, value) pairs, skipping the pairs
+    whose value is None (filters the caller did not ask for); "" when none is left."""
+    kept = [(clause, value) for clause, value in conditions if value is not None]
+    if not kept:
+        return "", []
+    return " WHERE " + " AND ".join(clause for clause, _ in kept), [value for _, value in kept]
+
+
 class SideStore:
     """A store module with its own tables and connection in the store's file (lag samples,
     Spark progress, alerts): the connection, the lock that guards it, the schema, close()."""

@@ -26,7 +26,7 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
-from store.connection import open_connection
+from store.connection import open_connection, where
 from store.panes import (
     EMPTY_SUMMARY,
     Pane,
@@ -414,20 +414,12 @@ class SqlitePaneStore(PaneStore):
 
     def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,
                     after_id: int = 0, limit: int = 1000, newest_first: bool = False) -> list[Correction]:
-        where, args = ["id > ?"], [after_id]
-        if stream is not None:
-            where.append("stream = ?")
-            args.append(stream)
-        if start_ms is not None:
-            where.append("pane_start_ms >= ?")
-            args.append(start_ms)
-        if end_ms is not None:
-            where.append("pane_start_ms < ?")
-            args.append(end_ms)
+        clause, args = where(("id > ?", after_id), ("stream = ?", stream), ("pane_start_ms >= ?", start_ms),
+                             ("pane_start_ms < ?", end_ms))
         with self._lock:
             rows = self._conn.execute(
                 "SELECT id, stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to, batch_id,"
-                " events_added, at_ms, old, new FROM corrections WHERE " + " AND ".join(where)
+                " events_added, at_ms, old, new FROM corrections" + clause
                 + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?",
                 (*args, limit),
             ).fetchall()
@@ -442,18 +434,12 @@ class SqlitePaneStore(PaneStore):
 
     def dead_letters(self, *, stream: str | None = None, reason: str | None = None,
                      limit: int = 1000) -> list[StoredDeadLetter]:
-        where, args = [], []
-        if stream is not None:
-            where.append("stream = ?")
-            args.append(stream)
-        if reason is not None:
-            where.append("reason = ?")
-            args.append(reason)
+        clause, args = where(("stream = ?", stream), ("reason = ?", reason))
         with self._lock:
             rows = self._conn.execute(
                 "SELECT id, pipeline, batch_id, at_ms, stream, partition, \"offset\", reason, event_time_ms,"
                 " ingest_time_ms, error, dims FROM dead_letters"
-                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?",
+                + clause + " ORDER BY id DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
         return [
