@@ -17,6 +17,7 @@ from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
 from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
+from store.tiers import catalog_layouts
 
 log = logging.getLogger("sketchboard.pipeline")
 
@@ -43,6 +44,7 @@ class Pipeline:
         self.clock = clock
         self.last_result: CommitResult | None = None
         self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
+        configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
         return read_log(self.spark, self.catalog, self.config)
@@ -91,6 +93,15 @@ class Pipeline:
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
         drain(self.start(available_now=True), "pipeline")
+
+
+def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], float] = time.time) -> list[str]:
+    """Keep the roll-up tiers the catalog declares; a stream whose tiers changed (or a store
+    from before tiers) gets them rebuilt from its panes first, with progress in the log."""
+    rebuilt = store.configure_tiers(catalog_layouts(catalog), now_ms=int(clock() * 1000), progress=log.info)
+    for stream in rebuilt:
+        log.info("roll-up tiers of %r built from its panes", stream)
+    return rebuilt
 
 
 def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig) -> DataFrame:

@@ -29,7 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.partials import partial_aggregates
-from aggregates.pipeline import PipelineConfig, drain, read_log, start_query
+from aggregates.pipeline import PipelineConfig, configure_tiers, drain, read_log, start_query
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
 from store import CommitResult, PaneStore
@@ -58,6 +58,7 @@ class SessionPipeline:
         self.derived_catalog = Catalog(streams={self.derived.name: self.derived})
         self.last_result: CommitResult | None = None
         self.last_watermark_ms: int | None = None
+        configure_tiers(store, self.derived_catalog, clock)
 
     def sessions(self, events: DataFrame) -> DataFrame:
         """Closed sessions (append mode): key, first_ms, last_ms, events."""

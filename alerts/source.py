@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from alerts.outcome import StreamLagView, WindowValue
 from catalog import Catalog
 from store import PaneStore
-from store.rollup import rollup
+from store.series import query_series
 
 
 class StoreAlertData:
@@ -25,15 +25,12 @@ class StoreAlertData:
         definition = self.catalog.metric(metric)
         stream = self.catalog.streams[definition.stream]
         quantile = definition.check_stat(stat)
-        panes = self.store.read_panes(stream.name, start_ms, end_ms, value_field=definition.value,
-                                      distinct_field=definition.distinct,
-                                      with_sketches=quantile is not None or stat == "distinct")
         # One point whose window is [start, end): step one pane (the start is pane-aligned), window the
         # span. The caller chose the window by the watermark already: no final flags needed.
-        series = rollup(panes, stat=stat, quantile=quantile, value_field=definition.value,
-                        distinct_field=definition.distinct, start_ms=start_ms, end_ms=start_ms + stream.pane,
-                        step_ms=stream.pane, window_ms=end_ms - start_ms, pane_ms=stream.pane,
-                        group_by=group_by, filters=filters)
+        series = query_series(self.store, stream.name, stream.pane, stat=stat, quantile=quantile,
+                              value_field=definition.value, distinct_field=definition.distinct, start_ms=start_ms,
+                              end_ms=start_ms + stream.pane, step_ms=stream.pane, window_ms=end_ms - start_ms,
+                              group_by=group_by, filters=filters)
         return [WindowValue(s.group, s.points[0].value, s.points[0].revision)
                 for s in series if not group_by or s.points[0].count > 0]
 

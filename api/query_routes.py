@@ -10,7 +10,8 @@ from api.context import ApiContext
 from api.timeparams import default_step_ms, parse_range_ms
 from catalog import format_duration_ms, parse_duration_ms
 from store.bloom import bloom_store_for, overlay_first_seen
-from store.rollup import RollupError, align_range, rollup
+from store.rollup import RollupError, align_range
+from store.series import query_series
 
 
 class ErrorBoundOut(BaseModel):
@@ -146,15 +147,11 @@ def router(ctx: ApiContext) -> APIRouter:
                        " use a larger step or a shorter range")
 
         def compute():
-            panes = ctx.store.read_panes(
-                stream.name, lo, hi + max(window_ms - step_ms, 0),
-                value_field=definition.value, distinct_field=definition.distinct,
-                with_sketches=quantile is not None or stat == "distinct",
-            )
-            series = rollup(
-                panes, stat="count" if first_seen else stat, quantile=quantile, value_field=definition.value, distinct_field=definition.distinct,
-                start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=stream.pane,
-                group_by=groups, filters=filters, watermark_ms=watermark, max_points=ctx.query_max_points,
+            series = query_series(
+                ctx.store, stream.name, stream.pane, stat="count" if first_seen else stat, quantile=quantile,
+                value_field=definition.value, distinct_field=definition.distinct, start_ms=lo, end_ms=hi,
+                step_ms=step_ms, window_ms=window_ms, group_by=groups, filters=filters, watermark_ms=watermark,
+                max_points=ctx.query_max_points,
             )
             if first_seen:  # the window's panes give count/final/revision; the first_seen table the value
                 rows = bloom_store_for(ctx.store.path).first_seen_rows(stream.name, lo, hi + max(window_ms - step_ms, 0))

@@ -10,6 +10,7 @@ from typing import Any
 from api.ws_protocol import ResolvedQuery
 from store import PaneStore
 from store.rollup import Point, rollup
+from store.series import read_rows
 
 
 def point_json(p: Point) -> dict[str, Any]:
@@ -26,10 +27,10 @@ def point_json(p: Point) -> dict[str, Any]:
 def compute_series(store: PaneStore, rq: ResolvedQuery, lo: int, hi: int, watermark_ms: int | None,
                    max_points: int) -> list[dict[str, Any]]:
     """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step)."""
-    panes = store.read_panes(
-        rq.stream, lo, hi + max(rq.window_ms - rq.step_ms, 0),
-        value_field=rq.value_field, distinct_field=rq.distinct_field, with_sketches=rq.needs_sketches,
-    )
+    panes = read_rows(store, rq.stream, rq.pane_ms, start_ms=lo, end_ms=hi, step_ms=rq.step_ms,
+                      window_ms=rq.window_ms, needed=(*rq.group_by, *(name for name, _ in rq.filters)),
+                      value_field=rq.value_field, distinct_field=rq.distinct_field, sketches=rq.needs_sketches,
+                      max_points=max_points)
     out = []
     for stat, quantile in zip(rq.stats, rq.quantiles):
         for s in rollup(

@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 
 from catalog.durations import format_duration_ms, parse_duration_ms
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
+from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _QUANTILE_STAT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
@@ -65,6 +66,9 @@ class StreamDef(BaseModel):
     # Events more than this ahead of the time we received them are dead-lettered, so a device
     # clock gone wrong cannot drag the watermark ahead.
     max_future_skew: DurationMs = 300_000
+    # Roll-up tiers (catalog/tiers.py): None = the default 1m and 1h; [] = panes only.
+    tiers: tuple[TierDef, ...] | None = None
+    rollup_group_bys: tuple[tuple[FieldName, ...], ...] = ()
 
     @model_validator(mode="after")
     def _check_roles(self) -> StreamDef:
@@ -90,7 +94,13 @@ class StreamDef(BaseModel):
         for name in self.distinct_fields:
             if roles.get(name) in ("values", "time_field"):
                 raise ValueError(f"distinct field {name!r} is also a {roles[name]} field")
+        check_tiers(self)
         return self
+
+    @property
+    def tier_defs(self) -> tuple[TierDef, ...]:
+        """The coarser granules kept beside the panes (the default when none are declared)."""
+        return default_tiers(self.pane) if self.tiers is None else self.tiers
 
     @property
     def distinct_fields(self) -> tuple[str, ...]:

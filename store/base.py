@@ -6,8 +6,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from collections.abc import Callable
+
 from store.bloom import BloomCommit
 from store.panes import Pane, PaneData
+from store.tiers import TierLayout
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,23 @@ class PaneStore(ABC):
         with_sketches: bool = False,
     ) -> list[Pane]:
         """Panes of a stream whose start lies in [start_ms, end_ms); sketches only when asked."""
+
+    @abstractmethod
+    def tier_layout(self, stream: str) -> TierLayout | None:
+        """The roll-up tiers the store keeps for a stream (store/tiers.py), None when only panes."""
+
+    @abstractmethod
+    def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                  value_field: str | None = None, distinct_field: str | None = None,
+                  with_sketches: bool = False, pane_ms: int | None = None) -> list[Pane]:
+        """Rows of one tier (granule x projection) starting in [start_ms, end_ms), as Panes whose dims
+        are the projected dimensions; the pane granule with all dimensions reads the panes."""
+
+    @abstractmethod
+    def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,
+                        progress: Callable[[str], None] | None = None) -> list[str]:
+        """Keep these tiers from now on: a stream whose stored layout differs gets its tier rows
+        rebuilt from its panes (one transaction per stream); returns the streams rebuilt."""
 
     @abstractmethod
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from store import bloom as bloom_store
+from store import sqlite_tiers
 from store.base import (
     BatchCommit,
     Change,
@@ -26,7 +27,7 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
-from store.connection import open_connection, where
+from store.connection import open_connection, transaction, where
 from store.panes import (
     EMPTY_SUMMARY,
     Pane,
@@ -38,6 +39,7 @@ from store.panes import (
     is_final,
     next_revision,
 )
+from store.tiers import ALL_DIMS, TierLayout, tier_deltas
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -146,6 +148,7 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             self._conn.executescript(_SCHEMA)
             bloom_store.create_schema(self._conn)
+            sqlite_tiers.create_schema(self._conn)
             self._migrate()
 
     def _migrate(self) -> None:
@@ -193,6 +196,8 @@ class SqlitePaneStore(PaneStore):
         new = updated = corrections = 0
         first_seq = last_seq = None
         aggregated: dict[str, int] = defaultdict(int)
+        layouts = sqlite_tiers.stored_layouts(conn)
+        tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, batch's data, new revision)
         for partial in commit.partials:
             key = dims_key(partial.dims)
             row = conn.execute(
@@ -208,6 +213,8 @@ class SqlitePaneStore(PaneStore):
                 merged = stored.merge(partial.data)
                 updated += 1
             revision = next_revision(None if row is None else row[2], final)
+            if partial.stream in layouts:
+                tier_input[partial.stream].append((partial.start_ms, partial.dims, partial.data, revision))
             self._save(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision, now_ms, commit.batch_id)
             correction_id = None
             if final:
@@ -228,6 +235,9 @@ class SqlitePaneStore(PaneStore):
             first_seq = first_seq or cursor.lastrowid
             last_seq = cursor.lastrowid
             aggregated[partial.stream] += partial.data.count
+        # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
+        for stream, rows in tier_input.items():
+            sqlite_tiers.apply_deltas(conn, stream, tier_deltas(rows, layouts[stream]), now_ms, commit.batch_id)
         dead_total: dict[str, int] = defaultdict(int)
         for stream, reasons in commit.dead_by_stream.items():
             for reason, n in reasons.items():
@@ -286,6 +296,8 @@ class SqlitePaneStore(PaneStore):
                 conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                              (stream, horizon, horizon))
                 conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
+            for stream, layout in layouts.items():
+                sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
@@ -336,30 +348,75 @@ class SqlitePaneStore(PaneStore):
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM panes"
-                " WHERE stream = ? AND start_ms >= ? AND start_ms < ? ORDER BY start_ms",
-                (stream, start_ms, end_ms),
-            ).fetchall()
-            sketches: dict[tuple[int, str, str, str], bytes] = {}
-            wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f]
-            if with_sketches and wanted:
-                for field_name, kind in wanted:
-                    for s, d, blob in self._conn.execute(
-                        "SELECT start_ms, dims, data FROM pane_sketches"
-                        " WHERE stream = ? AND start_ms >= ? AND start_ms < ? AND field = ? AND kind = ?",
-                        (stream, start_ms, end_ms, field_name, kind),
-                    ):
-                        sketches[(s, d, field_name, kind)] = bytes(blob)
+            return self._read_panes_locked(stream, start_ms, end_ms, value_field, distinct_field, with_sketches)
+
+    def _read_panes_locked(self, stream: str, start_ms: int, end_ms: int, value_field: str | None = None,
+                           distinct_field: str | None = None, with_sketches: bool = False,
+                           all_sketches: bool = False) -> list[Pane]:
+        """read_panes with the lock held; all_sketches: every sketch of every field (tier rebuilds)."""
+        rows = self._conn.execute(
+            "SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM panes"
+            " WHERE stream = ? AND start_ms >= ? AND start_ms < ? ORDER BY start_ms",
+            (stream, start_ms, end_ms),
+        ).fetchall()
+        sketches: dict[tuple[int, str, str, str], bytes] = {}
+        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f]
+        span = "SELECT start_ms, dims, field, kind, data FROM pane_sketches WHERE stream = ? AND start_ms >= ? AND start_ms < ?"
+        if all_sketches:
+            found = self._conn.execute(span, (stream, start_ms, end_ms))
+        elif with_sketches and wanted:
+            found = (row for field_name, kind in wanted
+                     for row in self._conn.execute(span + " AND field = ? AND kind = ?",
+                                                   (stream, start_ms, end_ms, field_name, kind)))
+        else:
+            found = ()
+        distinct_names: set[str] = {f for f, k in wanted if k == "hll"}
+        for s, d, field_name, kind, blob in found:
+            sketches[(s, d, field_name, kind)] = bytes(blob)
+            if kind == "hll":
+                distinct_names.add(field_name)
         panes = []
         for s, d, e, count, stats, revision, updated, batch in rows:
             values = {
                 name: ValueStats(v["n"], v["sum"], v["min"], v["max"], sketches.get((s, d, name, "kll")))
                 for name, v in json.loads(stats).items()
             }
-            distincts = {f: sketches[(s, d, f, "hll")] for f, k in wanted if k == "hll" and (s, d, f, "hll") in sketches}
+            distincts = {f: sketches[(s, d, f, "hll")] for f in distinct_names if (s, d, f, "hll") in sketches}
             panes.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
         return panes
+
+    def tier_layout(self, stream: str) -> TierLayout | None:
+        with self._lock:
+            row = self._conn.execute("SELECT layout FROM tier_layouts WHERE stream = ?", (stream,)).fetchone()
+        return None if row is None else TierLayout.from_json(row[0])
+
+    def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                  value_field: str | None = None, distinct_field: str | None = None,
+                  with_sketches: bool = False, pane_ms: int | None = None) -> list[Pane]:
+        if proj == ALL_DIMS and granule_ms == pane_ms:
+            return self.read_panes(stream, start_ms, end_ms, value_field=value_field,
+                                   distinct_field=distinct_field, with_sketches=with_sketches)
+        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        with self._lock:
+            return sqlite_tiers.read_rows(self._conn, stream, granule_ms, proj, start_ms, end_ms, wanted)
+
+    def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,
+                        progress: Callable[[str], None] | None = None) -> list[str]:
+        rebuilt = []
+        for stream, layout in layouts.items():
+            with self._lock:
+                stored = sqlite_tiers.stored_layouts(self._conn).get(stream)
+            if stored == layout:
+                continue
+            with self._lock, transaction(self._conn):
+                # Read again under the write lock: another process may have rebuilt it meanwhile.
+                if sqlite_tiers.stored_layouts(self._conn).get(stream) == layout:
+                    continue
+                sqlite_tiers.rebuild(self._conn, stream, layout,
+                                     lambda st, lo, hi: self._read_panes_locked(st, lo, hi, all_sketches=True),
+                                     now_ms, progress=progress)
+            rebuilt.append(stream)
+        return rebuilt
 
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
         with self._lock:

@@ -18,6 +18,7 @@ from api.context import ApiContext
 from catalog import load_catalog
 from ingest.log import SqliteEventLog
 from store import SqlitePaneStore
+from store.tiers import catalog_layouts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "config" / "streams.yaml"
@@ -55,6 +56,7 @@ def ctx(tmp_path, catalog, clock):
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
     store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    store.configure_tiers(catalog_layouts(catalog), now_ms=int(clock() * 1000))  # as the pipeline does at start
     context = ApiContext(
         catalog=catalog,
         log=log,

@@ -1,0 +1,167 @@
+"""The tier rows of the SQLite store (store/tiers.py says what they are): their tables, the
+merge of a batch's deltas in the batch's transaction, per-tier retention, reads, and the
+rebuild from the panes when a stream's layout changes. Functions over the store's
+connection, called with its lock held (as store/bloom.py's are)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from typing import Callable
+
+from store.panes import Pane, PaneData, PaneKey, ValueStats
+from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, tier_deltas
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tier_layouts (
+    stream TEXT PRIMARY KEY,
+    layout TEXT NOT NULL            -- TierLayout.to_json(): what tier_rows holds for the stream
+);
+CREATE TABLE IF NOT EXISTS tier_rows (
+    stream TEXT NOT NULL,
+    granule_ms INTEGER NOT NULL,
+    proj TEXT NOT NULL,             -- '*' all dimensions, '' the total, 'a,b' a group-by
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,             -- dims_key of the projected dimensions
+    end_ms INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    revision INTEGER NOT NULL,      -- the highest revision of the panes it covers
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tier_sketches (
+    stream TEXT NOT NULL,
+    granule_ms INTEGER NOT NULL,
+    proj TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    field TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind)
+);
+"""
+
+_ROW_KEY = "stream = ? AND granule_ms = ? AND proj = ? AND start_ms = ? AND dims = ?"
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(SCHEMA)
+
+
+def stored_layouts(conn: sqlite3.Connection) -> dict[str, TierLayout]:
+    return {stream: TierLayout.from_json(text) for stream, text in conn.execute("SELECT stream, layout FROM tier_layouts")}
+
+
+def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey, TierDelta], now_ms: int,
+                 batch_id: int) -> None:
+    """Merge each delta into its stored tier row (creating it when new)."""
+    for key, delta in deltas.items():
+        args = (stream, key.granule_ms, key.proj, key.start_ms, key.dims)
+        row = conn.execute(f"SELECT count, stats, revision FROM tier_rows WHERE {_ROW_KEY}", args).fetchone()
+        if row is None:
+            data, revision = delta.data, delta.revision
+        else:
+            data = _load(conn, args, row[0], row[1]).merge(delta.data)
+            revision = max(row[2], delta.revision)
+        _save(conn, args, key.start_ms + key.granule_ms, data, revision, now_ms, batch_id)
+
+
+def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
+    """Per tier, the rows wholly before batch_now - keep (the tier's own retention)."""
+    for granule, keep in {(t.granule_ms, t.keep_ms) for t in layout.tiers()}:
+        horizon = batch_now_ms - keep
+        conn.execute("DELETE FROM tier_sketches WHERE stream = ? AND granule_ms = ? AND start_ms <= ?",
+                     (stream, granule, horizon - granule))
+        conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND end_ms <= ?",
+                     (stream, granule, horizon))
+
+
+def read_rows(conn: sqlite3.Connection, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int,
+              sketches: list[tuple[str, str]]) -> list[Pane]:
+    """Tier rows starting in [start_ms, end_ms) as Panes (dims: the projected dimensions), with
+    the sketches asked for ((field, kind) pairs)."""
+    where = "stream = ? AND granule_ms = ? AND proj = ? AND start_ms >= ? AND start_ms < ?"
+    args = (stream, granule_ms, proj, start_ms, end_ms)
+    rows = conn.execute(
+        f"SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM tier_rows WHERE {where}"
+        " ORDER BY start_ms", args).fetchall()
+    blobs: dict[tuple[int, str, str, str], bytes] = {}
+    for field_name, kind in sketches:
+        for s, d, blob in conn.execute(f"SELECT start_ms, dims, data FROM tier_sketches WHERE {where}"
+                                       " AND field = ? AND kind = ?", (*args, field_name, kind)):
+            blobs[(s, d, field_name, kind)] = bytes(blob)
+    out = []
+    for s, d, e, count, stats, revision, updated, batch in rows:
+        values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], blobs.get((s, d, name, "kll")))
+                  for name, v in json.loads(stats).items()}
+        distincts = {f: blobs[(s, d, f, k)] for f, k in sketches if k == "hll" and (s, d, f, k) in blobs}
+        out.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
+    return out
+
+
+def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, read_panes: Callable,
+            now_ms: int, chunk_ms: int = 6 * 3_600_000, progress: Callable[[str], None] | None = None) -> int:
+    """Replace a stream's tier rows by ones rolled up from its stored panes under `layout`
+    (None: the stream keeps no tiers) and record the layout; returns the panes read. The
+    panes are read a chunk of event time at a time (a whole number of every granule), so
+    memory stays bounded however many there are."""
+    conn.execute("DELETE FROM tier_sketches WHERE stream = ?", (stream,))
+    conn.execute("DELETE FROM tier_rows WHERE stream = ?", (stream,))
+    conn.execute("DELETE FROM tier_layouts WHERE stream = ?", (stream,))
+    if layout is None:
+        return 0
+    span = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
+    done = 0
+    if span[0] is not None:
+        chunk = max(chunk_ms, *layout.granules_ms())
+        chunk -= chunk % max(layout.granules_ms())
+        first = span[0] - span[0] % chunk
+        for lo in range(first, span[1] + 1, chunk):
+            panes = read_panes(stream, lo, lo + chunk)
+            rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
+            last_batch = max((p.last_batch for p in panes), default=0)
+            for key, delta in tier_deltas(rows, layout).items():
+                _save(conn, (stream, key.granule_ms, key.proj, key.start_ms, key.dims), key.start_ms + key.granule_ms,
+                      delta.data, delta.revision, now_ms, last_batch)
+            done += len(panes)
+            if progress is not None and panes:
+                progress(f"tiers of {stream!r}: {done} panes rolled up (to {lo + chunk} ms)")
+    conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (?, ?)", (stream, layout.to_json()))
+    return done
+
+
+def _load(conn: sqlite3.Connection, args: tuple, count: int, stats: str) -> PaneData:
+    klls: dict[str, bytes] = {}
+    hlls: dict[str, bytes] = {}
+    for name, kind, blob in conn.execute(f"SELECT field, kind, data FROM tier_sketches WHERE {_ROW_KEY}", args):
+        (klls if kind == "kll" else hlls)[name] = bytes(blob)
+    values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
+              for name, v in json.loads(stats).items()}
+    return PaneData(count=count, values=values, distincts=hlls)
+
+
+def _save(conn: sqlite3.Connection, args: tuple, end_ms: int, data: PaneData, revision: int, now_ms: int,
+          batch_id: int) -> None:
+    stats = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
+    conn.execute(
+        "INSERT INTO tier_rows (stream, granule_ms, proj, start_ms, dims, end_ms, count, stats, revision,"
+        " updated_at_ms, last_batch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (stream, granule_ms, proj, start_ms, dims) DO UPDATE SET count = excluded.count,"
+        " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
+        " last_batch = excluded.last_batch",
+        (*args, end_ms, data.count, stats, revision, now_ms, batch_id),
+    )
+    rows = [(*args, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
+    rows += [(*args, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
+    conn.executemany(
+        "INSERT INTO tier_sketches (stream, granule_ms, proj, start_ms, dims, field, kind, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, granule_ms, proj, start_ms, dims, field, kind)"
+        " DO UPDATE SET data = excluded.data", rows)
+
+
+__all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "read_rows", "rebuild",
+           "stored_layouts"]

@@ -1,0 +1,216 @@
+"""Roll-up tiers: which coarser rows a stream keeps beside its panes, and a batch's
+contribution to them. Pure: no I/O, no clock.
+
+A tier row is one granule (the pane or a coarser one) x one projection of the dimensions
+(all of them, none = the total, or a declared group-by) x one start x one value of the
+projected dimensions. It holds what a pane holds (count, n/sum/min/max and a KLL per value
+field, an HLL per distinct field) merged over the panes it covers, and the highest revision
+among them, so a query answered from it reads the same numbers, `final` flags and
+revisions as one answered from the panes (sketches: the same panes merged in another
+order, within the same bounds).
+
+The store keeps tier rows in the same transaction as the panes they cover: a batch's
+partials become deltas (this module), merged into the stored rows with the batch id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sketches import HllSketch, KllSketch
+from store.panes import PaneData, ValueStats, dims_key
+
+ALL_DIMS = "*"  # the projection that keeps every dimension
+
+
+def proj_name(dims: Sequence[str]) -> str:
+    """The stored name of a projection: '' for the total, 'a,b' for a group-by."""
+    return ",".join(dims)
+
+
+def project(dims: Mapping[str, str], proj: str) -> dict[str, str]:
+    """The dimensions of a pane as one row of `proj` keeps them (absent ones stay absent)."""
+    if proj == ALL_DIMS:
+        return dict(dims)
+    if not proj:
+        return {}
+    return {name: dims[name] for name in proj.split(",") if name in dims}
+
+
+def covers(proj: str, needed: Iterable[str]) -> bool:
+    """Whether rows of `proj` can answer a query grouping or filtering by `needed`."""
+    if proj == ALL_DIMS:
+        return True
+    have = set(proj.split(",")) if proj else set()
+    return set(needed) <= have
+
+
+@dataclass(frozen=True)
+class Tier:
+    granule_ms: int
+    proj: str
+    keep_ms: int
+
+
+@dataclass(frozen=True)
+class TierLayout:
+    """What a store keeps for one stream: the pane size, the coarser granules with how long
+    each is kept, and the projections kept at every granule besides all dimensions."""
+
+    pane_ms: int
+    retention_ms: int
+    granules: tuple[tuple[int, int], ...] = ()  # (every_ms, keep_ms), finest first
+    group_bys: tuple[str, ...] = ("",)  # projection names; '' (the total) is always kept
+
+    def tiers(self) -> list[Tier]:
+        """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not)."""
+        out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys]
+        for every, keep in self.granules:
+            out.append(Tier(every, ALL_DIMS, keep))
+            out += [Tier(every, p, keep) for p in self.group_bys]
+        return out
+
+    def granules_ms(self) -> list[int]:
+        """Every granule a query may read, finest (the pane) first."""
+        return [self.pane_ms, *(every for every, _ in self.granules)]
+
+    def projections(self) -> list[str]:
+        return [ALL_DIMS, *self.group_bys]
+
+    def to_json(self) -> str:
+        return json.dumps({"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,
+                           "granules": [list(g) for g in self.granules], "group_bys": list(self.group_bys)},
+                          separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TierLayout:
+        raw = json.loads(text)
+        return cls(raw["pane_ms"], raw["retention_ms"], tuple(tuple(g) for g in raw["granules"]),
+                   tuple(raw["group_bys"]))
+
+
+def layout_for(stream) -> TierLayout:
+    """The tier layout a catalog.StreamDef declares."""
+    order = {name: i for i, name in enumerate(stream.dimensions)}
+    group_bys = [""]
+    for group_by in stream.rollup_group_bys:
+        name = proj_name(sorted(group_by, key=order.__getitem__))
+        if name not in group_bys and len(group_by) < len(stream.dimensions):  # all dimensions: the '*' rows
+            group_bys.append(name)
+    if not stream.dimensions:
+        group_bys = []  # the total is the panes themselves
+    granules = tuple((t.every, t.keep if t.keep is not None else stream.retention) for t in stream.tier_defs)
+    return TierLayout(stream.pane, stream.retention, granules, tuple(group_bys))
+
+
+def catalog_layouts(catalog) -> dict[str, TierLayout]:
+    """The tier layout of every stream of a catalog.Catalog (what the pipeline configures)."""
+    return {name: layout_for(stream) for name, stream in catalog.streams.items()}
+
+
+@dataclass(frozen=True)
+class TierKey:
+    granule_ms: int
+    proj: str
+    start_ms: int
+    dims: str  # dims_key of the projected dimensions
+
+
+@dataclass(frozen=True)
+class TierDelta:
+    """A batch's contribution to one tier row, and the highest new revision of its panes."""
+
+    dims: Mapping[str, str]
+    data: PaneData
+    revision: int
+
+
+def merge_many(parts: Sequence[PaneData]) -> PaneData:
+    """The merge of many pane data at once: each sketch merged in one pass (DataSketches
+    union), sums added exactly rounded (fsum) so the order of parts does not matter."""
+    if len(parts) == 1:
+        return parts[0]
+    count = 0
+    values: dict[str, list] = {}
+    distincts: dict[str, list] = {}
+    for part in parts:
+        count += part.count
+        for name, v in part.values.items():
+            acc = values.get(name)
+            if acc is None:
+                acc = values[name] = [0, [], None, None, []]
+            acc[0] += v.n
+            acc[1].append(v.sum)
+            if v.min is not None and (acc[2] is None or v.min < acc[2]):
+                acc[2] = v.min
+            if v.max is not None and (acc[3] is None or v.max > acc[3]):
+                acc[3] = v.max
+            if v.kll is not None:
+                acc[4].append(v.kll)
+        for name, blob in part.distincts.items():
+            if blob is not None:
+                distincts.setdefault(name, []).append(blob)
+    return PaneData(
+        count=count,
+        values={name: ValueStats(n, math.fsum(sums), lo, hi, _merged(KllSketch, blobs))
+                for name, (n, sums, lo, hi, blobs) in values.items()},
+        distincts={name: _merged(HllSketch, blobs) for name, blobs in distincts.items()},
+    )
+
+
+def _merged(kind, blobs: list[bytes]) -> bytes | None:
+    if not blobs:
+        return None
+    if len(blobs) == 1:
+        return blobs[0]
+    return kind.merge_all(blobs).to_bytes()
+
+
+# One row of a level while deltas are derived: (start, dims, data, revision).
+_Row = tuple[int, Mapping[str, str], PaneData, int]
+
+
+def tier_deltas(pane_rows: Iterable[_Row], layout: TierLayout) -> dict[TierKey, TierDelta]:
+    """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
+    data for the pane, the pane's revision after the merge).
+
+    Each tier is derived from the smallest level already computed that can make it (a
+    finer-or-equal granule that divides it, with a projection that covers it), so a pane
+    is deserialized about once per granule rather than once per tier row."""
+    levels: list[tuple[int, str, list[_Row]]] = [(layout.pane_ms, ALL_DIMS, list(pane_rows))]
+    out: dict[TierKey, TierDelta] = {}
+    # Coarse granules and wide projections first would waste work: finest first, all dims first.
+    for tier in sorted(layout.tiers(), key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
+        sources = [lv for lv in levels if tier.granule_ms % lv[0] == 0 and _narrower(tier.proj, lv[1])]
+        _, _, rows = min(sources, key=lambda lv: len(lv[2]))
+        groups: dict[tuple[int, str], tuple[dict[str, str], list[PaneData], int]] = {}
+        g = tier.granule_ms
+        for start, dims, data, revision in rows:
+            projected = project(dims, tier.proj)
+            key = (start - start % g, dims_key(projected))
+            found = groups.get(key)
+            if found is None:
+                groups[key] = (projected, [data], revision)
+            else:
+                found[1].append(data)
+                if revision > found[2]:
+                    groups[key] = (found[0], found[1], revision)
+        level: list[_Row] = []
+        for (start, key), (projected, parts, revision) in groups.items():
+            data = merge_many(parts)
+            out[TierKey(g, tier.proj, start, key)] = TierDelta(projected, data, revision)
+            level.append((start, projected, data, revision))
+        levels.append((g, tier.proj, level))
+    return out
+
+
+def _narrower(proj: str, source: str) -> bool:
+    """Whether rows of `proj` can be made from rows of `source`."""
+    if source == ALL_DIMS:
+        return True
+    if proj == ALL_DIMS:
+        return False
+    return covers(source, proj.split(",") if proj else ())

@@ -1,0 +1,243 @@
+"""Roll-up tiers: a query answered from tier rows equals the pane-level roll-up (exact stats
+equal, sketches within bounds), with stragglers, corrections, rebuilds and per-tier retention.
+
+Written against the PaneStore interface, so the PostgreSQL backend runs them too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sketches import HllSketch, KllSketch
+from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
+from store.planner import Segment, cover, plan_read
+from store.series import query_series
+from store.tiers import ALL_DIMS, TierLayout, layout_for, tier_deltas
+
+PANE = 10_000
+MINUTE = 60_000
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000  # an hour boundary
+LATENESS = 30_000
+RETENTION = 7 * 86_400_000
+# Granules 1m and 10m; the total, a one-dimension and a two-dimension group-by besides all dimensions.
+LAYOUT = TierLayout(PANE, RETENTION, ((MINUTE, RETENTION), (10 * MINUTE, RETENTION)), ("", "a", "a,b"))
+DIMS = ("a", "b", "c")
+
+
+def store_at(path: Path, layout: TierLayout | None) -> SqlitePaneStore:
+    store = SqlitePaneStore(path, synchronous="OFF")
+    store.configure_tiers({"s": layout}, now_ms=T0)
+    return store
+
+
+def events_to_partials(events: Sequence[tuple[int, dict, float, str]]) -> list[PanePartial]:
+    """Events (time, dims, value, user) as the executors would aggregate them: real sketches."""
+    groups: dict[tuple[int, tuple], list] = defaultdict(list)
+    for t, dims, value, user in events:
+        groups[(t - t % PANE, tuple(sorted(dims.items())))].append((value, user))
+    out = []
+    for (start, dims), items in groups.items():
+        kll, hll = KllSketch(), HllSketch()
+        for value, user in items:
+            kll.update(value)
+            hll.update(user)
+        values = [v for v, _ in items]
+        data = PaneData(len(items), {"v": ValueStats(len(values), math.fsum(values), min(values), max(values),
+                                                     kll.to_bytes())}, {"u": hll.to_bytes()})
+        out.append(PanePartial("s", start, start + PANE, dict(dims), data))
+    return out
+
+
+def commit_all(store: SqlitePaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0) -> None:
+    for batch_id, events in enumerate(batches):
+        partials = events_to_partials(events)
+        max_event = {"s": max(t for t, *_ in events)} if events else {}
+        commit = BatchCommit("main", batch_id, partials, len(events), max_event, {})
+        assert store.commit_batch(commit, lateness_ms={"s": LATENESS}, now_ms=now_ms).committed
+
+
+def answer(store, *, stat, start, end, step, window, group_by=(), filters=None):
+    quantile = 0.9 if stat == "p90" else None
+    return query_series(store, "s", PANE, stat=stat, quantile=quantile, value_field="v", distinct_field="u",
+                        start_ms=start, end_ms=end, step_ms=step, window_ms=window, group_by=group_by,
+                        filters=filters or {}, watermark_ms=store.watermarks().get("s"))
+
+
+def assert_same(tiered, panes, stat):
+    assert [s.group for s in tiered] == [s.group for s in panes]
+    for a, b in zip(tiered, panes):
+        for p, q in zip(a.points, b.points, strict=True):
+            assert (p.t_ms, p.count, p.final, p.revision) == (q.t_ms, q.count, q.final, q.revision)
+            if stat == "sum":
+                assert p.value == pytest.approx(q.value, rel=1e-12, abs=1e-9)
+            else:
+                # Exact stats are equal; these sketches hold fewer than k items (KLL) and few keys
+                # (HLL coupon mode), where merging in another order gives the same answer.
+                assert p.value == q.value
+
+
+event = st.tuples(
+    st.integers(0, 3 * 3_600_000 - 1),
+    st.fixed_dictionaries({"a": st.sampled_from("xy"), "b": st.sampled_from("pqr"), "c": st.sampled_from("mn")}),
+    st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: round(v, 3)),
+    st.sampled_from([f"u{i}" for i in range(40)]),
+)
+batches = st.lists(st.lists(event, min_size=1, max_size=25), min_size=1, max_size=6)
+
+
+@st.composite
+def queries(draw):
+    step = draw(st.sampled_from([PANE, 30_000, MINUTE, 2 * MINUTE, 10 * MINUTE, 30 * MINUTE]))
+    window = step * draw(st.sampled_from([1, 1, 2, 3, 6]))
+    if draw(st.booleans()):
+        window += PANE * draw(st.integers(0, 3))  # not a multiple of the step: gcd buckets
+    start = T0 + step * draw(st.integers(-2, 3 * 3_600_000 // step))
+    start -= start % step
+    end = start + step * draw(st.integers(1, 40))
+    group_by = draw(st.lists(st.sampled_from(DIMS), unique=True, max_size=2))
+    filters = draw(st.dictionaries(st.sampled_from(DIMS), st.sampled_from("xypqrmn"), max_size=1))
+    stat = draw(st.sampled_from(["count", "rate", "sum", "avg", "min", "max", "p90", "distinct"]))
+    return dict(stat=stat, start=start, end=end, step=step, window=window, group_by=group_by, filters=filters)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=batches, asked=st.lists(queries(), min_size=1, max_size=5))
+def test_tiered_answers_equal_pane_rollups(tmp_path_factory, batches, asked):
+    root = tmp_path_factory.mktemp("tiers")
+    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+    try:
+        commit_all(tiered, batches)
+        commit_all(plain, batches)
+        for q in asked:
+            assert_same(answer(tiered, **q), answer(plain, **q), q["stat"])
+    finally:
+        tiered.close()
+        plain.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=batches, start=st.integers(0, 3 * 360 - 1), panes=st.integers(1, 400),
+       stat=st.sampled_from(["count", "sum", "min", "p90", "distinct"]), group_by=st.sampled_from([(), ("a",), ("c",)]))
+def test_one_window_with_ragged_edges_equals_panes(tmp_path_factory, batches, start, panes, stat, group_by):
+    """What alert rules ask: one window starting on any pane, read with coarse rows in the middle."""
+    root = tmp_path_factory.mktemp("edges")
+    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+    try:
+        commit_all(tiered, batches)
+        commit_all(plain, batches)
+        q = dict(stat=stat, start=T0 + start * PANE, end=T0 + start * PANE + PANE, step=PANE, window=panes * PANE,
+                 group_by=group_by)
+        assert_same(answer(tiered, **q), answer(plain, **q), stat)
+    finally:
+        tiered.close()
+        plain.close()
+
+
+def test_a_straggler_revises_its_tier_rows_and_is_a_correction(tmp_path):
+    store = store_at(tmp_path / "s.db", LAYOUT)
+    commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u1")],
+                       [(T0 + 30 * MINUTE, {"a": "x", "b": "p", "c": "m"}, 2.0, "u2")],  # watermark passes T0 + 1m
+                       [(T0 + 7_000, {"a": "y", "b": "q", "c": "n"}, 3.0, "u3")]])  # a straggler for the first pane
+    hour = answer(store, stat="count", start=T0, end=T0 + 3_600_000, step=3_600_000, window=3_600_000)
+    minute = answer(store, stat="max", start=T0, end=T0 + MINUTE, step=MINUTE, window=MINUTE)
+    assert hour[0].points[0].count == 3 and hour[0].points[0].revision == 2
+    assert minute[0].points[0].value == 3.0 and minute[0].points[0].revision == 2 and minute[0].points[0].final
+    assert len(store.corrections(stream="s")) == 1
+    store.close()
+
+
+def test_the_planner_reads_the_coarsest_rows_that_fit():
+    plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
+    assert plan.proj == "" and plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000),)
+    plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000 + 50 * MINUTE, MINUTE, 3_600_000, 1440, ("a",))
+    assert plan.proj == "a" and plan.segments == (Segment(MINUTE, T0, T0 + 86_400_000 + 50 * MINUTE),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("b",)).proj == "a,b"
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("c",)) .proj == ALL_DIMS
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+    assert plan_read(None, PANE, T0, T0 + MINUTE, MINUTE, MINUTE, 1, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+
+
+def test_cover_puts_finer_rows_only_at_the_edges():
+    start, end = T0 + PANE, T0 + 25 * MINUTE + 2 * PANE
+    assert cover(start, end, [10 * MINUTE, MINUTE, PANE]) == [
+        Segment(PANE, T0 + PANE, T0 + MINUTE), Segment(MINUTE, T0 + MINUTE, T0 + 10 * MINUTE),
+        Segment(10 * MINUTE, T0 + 10 * MINUTE, T0 + 20 * MINUTE), Segment(MINUTE, T0 + 20 * MINUTE, T0 + 25 * MINUTE),
+        Segment(PANE, T0 + 25 * MINUTE, end)]
+
+
+def test_configuring_tiers_on_existing_panes_rebuilds_them(tmp_path):
+    rng = random.Random(7)
+    batches = [[(rng.randrange(3 * 3_600_000), {"a": rng.choice("xy"), "b": rng.choice("pq"), "c": "m"},
+                 float(rng.randrange(1000)), f"u{rng.randrange(30)}") for _ in range(20)] for _ in range(5)]
+    store = store_at(tmp_path / "s.db", None)  # a store from before tiers
+    commit_all(store, batches)
+    expected = answer(store, stat="p90", start=T0, end=T0 + 3 * 3_600_000, step=10 * MINUTE, window=30 * MINUTE,
+                      group_by=("a",))
+    progress = []
+    assert store.configure_tiers({"s": LAYOUT}, now_ms=T0, progress=progress.append) == ["s"]
+    assert progress and store.tier_layout("s") == LAYOUT
+    assert store.configure_tiers({"s": LAYOUT}, now_ms=T0) == []  # unchanged: nothing to do
+    got = answer(store, stat="p90", start=T0, end=T0 + 3 * 3_600_000, step=10 * MINUTE, window=30 * MINUTE,
+                 group_by=("a",))
+    assert_same(got, expected, "p90")
+    assert store.configure_tiers({"s": None}, now_ms=T0) == ["s"] and store.tier_layout("s") is None
+    store.close()
+
+
+def test_each_tier_keeps_its_own_retention(tmp_path):
+    day = 86_400_000
+    layout = TierLayout(PANE, 2 * day, ((MINUTE, 3 * day), (3_600_000, 10 * day)), ("",))
+    store = store_at(tmp_path / "s.db", layout)
+    old = [(T0 + 5_000, {"a": "x"}, 1.0, "u1")]
+    commit_all(store, [old])
+    now = T0 + 5 * day  # past the panes' and the minutes' retention, not the hours'
+    batch = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now)
+    store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now, retention_ms={"s": 2 * day})
+    read = lambda g, p: store.read_tier("s", g, p, T0, T0 + day, pane_ms=PANE)  # noqa: E731
+    assert read(PANE, ALL_DIMS) == [] and read(PANE, "") == []
+    assert read(MINUTE, ALL_DIMS) == [] and read(MINUTE, "") == []
+    assert [r.data.count for r in read(3_600_000, ALL_DIMS)] == [1] and [r.data.count for r in read(3_600_000, "")] == [1]
+    store.close()
+
+
+def test_tier_deltas_derive_coarse_rows_from_the_finest_that_can():
+    rows = [(T0 + i * PANE, {"a": "xy"[i % 2], "b": "p", "c": "m"}, PaneData(1), 1 + (i == 7)) for i in range(12)]
+    deltas = tier_deltas(rows, LAYOUT)
+    totals = {(k.granule_ms, k.proj, k.start_ms): d for k, d in deltas.items() if k.proj == ""}
+    assert totals[(PANE, "", T0)].data.count == 1
+    assert totals[(MINUTE, "", T0)].data.count == 6 and totals[(MINUTE, "", T0)].revision == 1
+    assert totals[(MINUTE, "", T0 + MINUTE)].revision == 2
+    assert totals[(10 * MINUTE, "", T0)].data.count == 12 and totals[(10 * MINUTE, "", T0)].revision == 2
+    by_a = {k.dims: d.data.count for k, d in deltas.items() if k.proj == "a" and k.granule_ms == 10 * MINUTE}
+    assert by_a == {'{"a":"x"}': 6, '{"a":"y"}': 6}
+
+
+def test_the_catalog_declares_tiers(tmp_path):
+    from catalog import Catalog
+
+    parse_catalog = Catalog.model_validate
+    catalog = parse_catalog({"streams": {"s": {"dimensions": ["a", "b"], "rollup_group_bys": [["b"], ["a", "b"]],
+                                               "tiers": [{"every": "1m"}, {"every": "1h", "keep": "90d"}]}}})
+    layout = layout_for(catalog.streams["s"])
+    assert layout.granules == ((MINUTE, 7 * 86_400_000), (3_600_000, 90 * 86_400_000))
+    assert layout.group_bys == ("", "b")  # [a, b] is every dimension: the '*' rows
+    assert layout_for(parse_catalog({"streams": {"s": {"dimensions": ["a"]}}}).streams["s"]).granules_ms() == [
+        PANE, MINUTE, 3_600_000]
+    for bad, message in (
+        ({"tiers": [{"every": "15s"}]}, "multiple of, and coarser than, the pane"),
+        ({"tiers": [{"every": "1h"}, {"every": "1m"}]}, "coarser than, the previous tier"),
+        ({"tiers": [{"every": "7m"}]}, "divide one day"),
+        ({"tiers": [{"every": "1m", "keep": "1d"}]}, "at least the stream's retention"),
+        ({"rollup_group_bys": [["nope"]]}, "'nope' is not a dimension"),
+        ({"rollup_group_bys": [["a"], ["a"]]}, "declared twice"),
+    ):
+        with pytest.raises(Exception, match=message):
+            parse_catalog({"streams": {"s": {"dimensions": ["a", "b"], **bad}}})
