@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from collections.abc import Callable
 
 from store.bloom import BloomCommit
 from store.panes import Pane, PaneData
@@ -179,9 +178,19 @@ class PaneStore(ABC):
     @abstractmethod
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
-                  with_sketches: bool = False, pane_ms: int | None = None) -> list[Pane]:
+                  with_sketches: bool = False, pane_ms: int | None = None, with_stats: bool = True) -> list[Pane]:
         """Rows of one tier (granule x projection) starting in [start_ms, end_ms), as Panes whose dims
-        are the projected dimensions; the pane granule with all dimensions reads the panes."""
+        are the projected dimensions; the pane granule with all dimensions reads the panes.
+        with_stats=False leaves out the exact stats (value fields then carry only their KLL)."""
+
+    @abstractmethod
+    def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
+                       bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
+                       value_field: str | None = None, pane_ms: int | None = None) -> list[Pane]:
+        """The exact stats of one tier's rows starting in [start_ms, end_ms) that match `filters`,
+        summed by the store per (bucket of bucket_ms counted from origin_ms, group): count, highest
+        revision, the value field's n/sum/min/max; one Pane per bucket and group (dims: the group
+        and the filtered dimensions), ready for store.rollup."""
 
     @abstractmethod
     def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from store import bloom as bloom_store
@@ -347,43 +347,10 @@ class SqlitePaneStore(PaneStore):
 
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
+        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
         with self._lock:
-            return self._read_panes_locked(stream, start_ms, end_ms, value_field, distinct_field, with_sketches)
-
-    def _read_panes_locked(self, stream: str, start_ms: int, end_ms: int, value_field: str | None = None,
-                           distinct_field: str | None = None, with_sketches: bool = False,
-                           all_sketches: bool = False) -> list[Pane]:
-        """read_panes with the lock held; all_sketches: every sketch of every field (tier rebuilds)."""
-        rows = self._conn.execute(
-            "SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM panes"
-            " WHERE stream = ? AND start_ms >= ? AND start_ms < ? ORDER BY start_ms",
-            (stream, start_ms, end_ms),
-        ).fetchall()
-        sketches: dict[tuple[int, str, str, str], bytes] = {}
-        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f]
-        span = "SELECT start_ms, dims, field, kind, data FROM pane_sketches WHERE stream = ? AND start_ms >= ? AND start_ms < ?"
-        if all_sketches:
-            found = self._conn.execute(span, (stream, start_ms, end_ms))
-        elif with_sketches and wanted:
-            found = (row for field_name, kind in wanted
-                     for row in self._conn.execute(span + " AND field = ? AND kind = ?",
-                                                   (stream, start_ms, end_ms, field_name, kind)))
-        else:
-            found = ()
-        distinct_names: set[str] = {f for f, k in wanted if k == "hll"}
-        for s, d, field_name, kind, blob in found:
-            sketches[(s, d, field_name, kind)] = bytes(blob)
-            if kind == "hll":
-                distinct_names.add(field_name)
-        panes = []
-        for s, d, e, count, stats, revision, updated, batch in rows:
-            values = {
-                name: ValueStats(v["n"], v["sum"], v["min"], v["max"], sketches.get((s, d, name, "kll")))
-                for name, v in json.loads(stats).items()
-            }
-            distincts = {f: sketches[(s, d, f, "hll")] for f in distinct_names if (s, d, f, "hll") in sketches}
-            panes.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
-        return panes
+            return sqlite_tiers.read_rows(self._conn, "panes", "stream = ?", (stream,), start_ms, end_ms, wanted,
+                                          stream=stream)
 
     def tier_layout(self, stream: str) -> TierLayout | None:
         with self._lock:
@@ -392,13 +359,28 @@ class SqlitePaneStore(PaneStore):
 
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
-                  with_sketches: bool = False, pane_ms: int | None = None) -> list[Pane]:
-        if proj == ALL_DIMS and granule_ms == pane_ms:
-            return self.read_panes(stream, start_ms, end_ms, value_field=value_field,
-                                   distinct_field=distinct_field, with_sketches=with_sketches)
+                  with_sketches: bool = False, pane_ms: int | None = None, with_stats: bool = True) -> list[Pane]:
         wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
         with self._lock:
-            return sqlite_tiers.read_rows(self._conn, stream, granule_ms, proj, start_ms, end_ms, wanted)
+            return sqlite_tiers.read_rows(self._conn, table, where, args, start_ms, end_ms, wanted,
+                                          stats=with_stats, stream=stream)
+
+    def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
+                       bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
+                       value_field: str | None = None, pane_ms: int | None = None) -> list[Pane]:
+        table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
+        with self._lock:
+            return sqlite_tiers.aggregate(self._conn, table, where, args, start_ms=start_ms, end_ms=end_ms,
+                                          origin_ms=origin_ms, bucket_ms=bucket_ms, group_by=group_by,
+                                          filters=filters or {}, value_field=value_field)
+
+    @staticmethod
+    def _tier_table(stream: str, granule_ms: int, proj: str, pane_ms: int | None) -> tuple[str, str, tuple]:
+        """Where a tier's rows are: the panes themselves for the pane granule with all dimensions."""
+        if proj == ALL_DIMS and granule_ms == pane_ms:
+            return "panes", "stream = ?", (stream,)
+        return "tier_rows", "stream = ? AND granule_ms = ? AND proj = ?", (stream, granule_ms, proj)
 
     def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,
                         progress: Callable[[str], None] | None = None) -> list[str]:
@@ -413,7 +395,8 @@ class SqlitePaneStore(PaneStore):
                 if sqlite_tiers.stored_layouts(self._conn).get(stream) == layout:
                     continue
                 sqlite_tiers.rebuild(self._conn, stream, layout,
-                                     lambda st, lo, hi: self._read_panes_locked(st, lo, hi, all_sketches=True),
+                                     lambda st, lo, hi: sqlite_tiers.read_rows(self._conn, "panes", "stream = ?",
+                                                                               (st,), lo, hi, None, stream=st),
                                      now_ms, progress=progress)
             rebuilt.append(stream)
         return rebuilt

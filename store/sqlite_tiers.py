@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from store.panes import Pane, PaneData, PaneKey, ValueStats
+from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, tier_deltas
 
 SCHEMA = """
@@ -80,25 +80,39 @@ def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batc
                      (stream, granule, horizon))
 
 
-def read_rows(conn: sqlite3.Connection, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int,
-              sketches: list[tuple[str, str]]) -> list[Pane]:
-    """Tier rows starting in [start_ms, end_ms) as Panes (dims: the projected dimensions), with
-    the sketches asked for ((field, kind) pairs)."""
-    where = "stream = ? AND granule_ms = ? AND proj = ? AND start_ms >= ? AND start_ms < ?"
-    args = (stream, granule_ms, proj, start_ms, end_ms)
+def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
+              sketches: Sequence[tuple[str, str]] | None, *, stats: bool = True, stream: str = "") -> list[Pane]:
+    """Rows of `table` (panes or tier_rows) matching `where` that start in [start_ms, end_ms), as
+    Panes with the sketches asked for ((field, kind) pairs; None: every sketch of every field). stats=False skips the exact stats
+    (what a percentile or distinct query does not need): value fields then hold only their KLL."""
+    span = f"{where} AND start_ms >= ? AND start_ms < ?"
+    args = (*args, start_ms, end_ms)
     rows = conn.execute(
-        f"SELECT start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch FROM tier_rows WHERE {where}"
-        " ORDER BY start_ms", args).fetchall()
+        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch"
+        f" FROM {table} WHERE {span} ORDER BY start_ms", args).fetchall()
     blobs: dict[tuple[int, str, str, str], bytes] = {}
-    for field_name, kind in sketches:
-        for s, d, blob in conn.execute(f"SELECT start_ms, dims, data FROM tier_sketches WHERE {where}"
-                                       " AND field = ? AND kind = ?", (*args, field_name, kind)):
-            blobs[(s, d, field_name, kind)] = bytes(blob)
+    sketch_table = "pane_sketches" if table == "panes" else "tier_sketches"
+    if sketches is None:
+        found = conn.execute(f"SELECT start_ms, dims, field, kind, data FROM {sketch_table} WHERE {span}", args)
+    else:
+        found = (row for field_name, kind in sketches
+                 for row in conn.execute(f"SELECT start_ms, dims, field, kind, data FROM {sketch_table} WHERE {span}"
+                                         " AND field = ? AND kind = ?", (*args, field_name, kind)))
+    hlls: set[str] = set()
+    for s, d, field_name, kind, blob in found:
+        blobs[(s, d, field_name, kind)] = bytes(blob)
+        if kind == "hll":
+            hlls.add(field_name)
+    klls = [f for f, k in sketches or () if k == "kll"]
     out = []
-    for s, d, e, count, stats, revision, updated, batch in rows:
-        values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], blobs.get((s, d, name, "kll")))
-                  for name, v in json.loads(stats).items()}
-        distincts = {f: blobs[(s, d, f, k)] for f, k in sketches if k == "hll" and (s, d, f, k) in blobs}
+    for s, d, e, count, text, revision, updated, batch in rows:
+        if text is not None:
+            values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], blobs.get((s, d, name, "kll")))
+                      for name, v in json.loads(text).items()}
+        else:
+            values = {name: ValueStats(0, 0.0, None, None, blobs[(s, d, name, "kll")])
+                      for name in klls if (s, d, name, "kll") in blobs}
+        distincts = {f: blobs[(s, d, f, "hll")] for f in hlls if (s, d, f, "hll") in blobs}
         out.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
     return out
 
@@ -165,3 +179,31 @@ def _save(conn: sqlite3.Connection, args: tuple, end_ms: int, data: PaneData, re
 
 __all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "read_rows", "rebuild",
            "stored_layouts"]
+
+
+def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
+              origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
+              value_field: str | None) -> list[Pane]:
+    """Exact stats summed in SQL: one row per (bucket of `bucket_ms` from `origin_ms`, group) of
+    the rows of `table` matching `where` that start in [start_ms, end_ms) and pass `filters`,
+    with count, the highest revision and the value field's n/sum/min/max. Returned as Panes at
+    the bucket's start (dims: the group and the filtered dimensions), ready for store.rollup."""
+    names = list(dict.fromkeys((*group_by, *filters)))
+    dim = {name: f"COALESCE(json_extract(dims, '$.{name}'), '')" for name in names}  # names are identifiers
+    clauses = [where, "start_ms >= ?", "start_ms < ?", *(f"{dim[name]} = ?" for name in filters)]
+    params = [*args, start_ms, end_ms, *filters.values()]
+    value = [f"SUM(json_extract(stats, '$.{value_field}.{k}'))" if k in ("n", "sum") else
+             f"{k.upper()}(json_extract(stats, '$.{value_field}.{k}'))" for k in ("n", "sum", "min", "max")] \
+        if value_field else ["0", "0", "NULL", "NULL"]
+    sql = (f"SELECT (start_ms - ?) / ? AS bucket, {', '.join([*(dim[n] for n in names), '0'][:max(len(names), 1)])},"
+           f" SUM(count), MAX(revision), {', '.join(value)} FROM {table} WHERE {' AND '.join(clauses)}"
+           f" GROUP BY bucket{''.join(f', {i + 2}' for i in range(len(names)))}")
+    out = []
+    for row in conn.execute(sql, (origin_ms, bucket_ms, *params)):
+        bucket, dims_values = row[0], row[1:1 + max(len(names), 1)]
+        count, revision, n, total, lo, hi = row[1 + max(len(names), 1):]
+        dims = dict(zip(names, dims_values))
+        start = origin_ms + bucket * bucket_ms
+        values = {value_field: ValueStats(int(n or 0), float(total or 0.0), lo, hi)} if value_field else {}
+        out.append(Pane(PaneKey("", start, dims_key(dims)), start + bucket_ms, PaneData(count, values), revision, 0, 0))
+    return out

@@ -1,0 +1,168 @@
+"""A day of data: query latency over a day of demo-shaped events, with the roll-up tiers as
+shipped and with panes only (the baseline), side by side in one run. Prints figures;
+asserts nothing.
+
+    python -m bench.day_of_data                      # short form: 300 000 events over 24 h
+    python -m bench.day_of_data --events 3000000     # the long form (a day of 3 M events)
+    python -m bench.day_of_data --hours 168 --events 3000000 --long-queries   # a week
+
+The demo generator (ingest/demo.py) makes the events, with its endpoints, regions, users and
+latency shapes, event times spread over the last `--hours`; they are aggregated into 10 s
+panes as the executors would (real KLL and HLL sketches) and committed through the store in
+batches of `--batch` events, as a pipeline backfilling the log would. Spark is not part of
+this run: the commit figure is the store's share of log -> store. Queries go through the
+real HTTP API routes (FastAPI's in-process client: no network), each `--repeat` times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.context import ApiContext
+from catalog import Catalog, load_catalog
+from ingest.demo import DemoTraffic
+from ingest.log.sqlite import SqliteEventLog
+from sketches import HllSketch, KllSketch
+from sketchboard.settings import DEFAULT_STREAMS
+from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
+from store.tiers import catalog_layouts
+
+STREAM = "http_requests"
+HOUR = 3_600_000
+
+QUERIES = [  # (label, query string); `to=now` is the end of the generated data
+    ("24h 1m p99", "metric=latency&stat=p99&from=now-24h&step=1m"),
+    ("24h 1m distinct", "metric=requests&stat=distinct&from=now-24h&step=1m"),
+    ("24h 1m count", "metric=requests&stat=count&from=now-24h&step=1m"),
+    ("24h 1h p99", "metric=latency&stat=p99&from=now-24h&step=1h"),
+    ("1h 1m p99", "metric=latency&stat=p99&from=now-1h&step=1m"),
+    ("15m 1m p99 by endpoint", "metric=latency&stat=p99&from=now-15m&step=1m&group_by=endpoint"),
+    ("24h 1m p99 1h sliding", "metric=latency&stat=p99&from=now-24h&step=1m&window=1h"),
+    ("24h 1m count by endpoint", "metric=requests&stat=count&from=now-24h&step=1m&group_by=endpoint"),
+]
+LONG_QUERIES = [("7d 1h p99", "metric=latency&stat=p99&from=now-7d&step=1h"),
+                ("7d 1h distinct", "metric=requests&stat=distinct&from=now-7d&step=1h")]
+
+
+def demo_partials(catalog: Catalog, events: int, hours: float, end_ms: int, batch: int, seed: int = 1):
+    """Batches of pane partials for `events` demo requests spread evenly over [end - hours, end)."""
+    stream = catalog.stream(STREAM)
+    clock_s = [0.0]
+    traffic = DemoTraffic(catalog, seed=seed, clock=lambda: clock_s[0])
+    span_ms = int(hours * HOUR)
+    chunk = 20_000
+    rng = np.random.default_rng(seed)
+    pending: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    made = 0
+    while made < events:
+        n = min(chunk, events - made)
+        lo = end_ms - span_ms + span_ms * made // events
+        hi = end_ms - span_ms + span_ms * (made + n) // events
+        clock_s[0] = hi / 1000.0  # the generator's daily shape and error bursts follow its clock
+        times = np.sort(rng.integers(lo, max(hi, lo + 1), n))  # spread evenly over this slice of the span
+        for e, t in zip(traffic.generate_stream(STREAM, n), times.tolist()):
+            dims = tuple(str(e.get(d, "")) for d in stream.dimensions)
+            pending[(t - t % stream.pane, dims)].append(e)
+        made += n
+        if sum(len(v) for v in pending.values()) >= batch or made >= events:
+            yield [_partial(stream, start, dims, group) for (start, dims), group in pending.items()]
+            pending.clear()
+
+
+def _partial(stream, start: int, dims: tuple, group: list[dict]) -> PanePartial:
+    values = {}
+    for name in stream.values:
+        xs = np.array([float(e[name]) for e in group if e.get(name) is not None])
+        if len(xs):
+            kll = KllSketch()
+            kll._sketch.update(xs)  # vector update: the executors' kll_sketch_agg_double, in bulk
+            values[name] = ValueStats(len(xs), math.fsum(xs), float(xs.min()), float(xs.max()), kll.to_bytes())
+    distincts = {}
+    for name in stream.distinct_fields:
+        hll = HllSketch()
+        for e in group:
+            if e.get(name):
+                hll.update(str(e[name]))
+        distincts[name] = hll.to_bytes()
+    return PanePartial(stream.name, start, start + stream.pane, dict(zip(stream.dimensions, dims)),
+                       PaneData(len(group), values, distincts))
+
+
+def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str, list[float]]:
+    store = SqlitePaneStore(root / "store.db", synchronous="OFF")
+    store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
+    log = SqliteEventLog(root / "log.db", synchronous="OFF")
+    commit_s, events, rows = 0.0, 0, 0
+    for batch_id, partials in enumerate(demo_partials(catalog, args.events, args.hours, end_ms, args.batch)):
+        n = sum(p.data.count for p in partials)
+        commit = BatchCommit("main", batch_id, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
+                             read_by_stream={STREAM: n})
+        t = time.perf_counter()
+        store.commit_batch(commit, lateness_ms={STREAM: 30_000}, now_ms=end_ms)
+        commit_s += time.perf_counter() - t
+        events, rows = events + n, rows + len(partials)
+    disk = sum(f.stat().st_size for f in root.glob("store.db*"))
+    print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
+          f" = {events / commit_s:,.0f} events/s; store on disk {disk / 2**20:.0f} MiB")
+    ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
+    client = TestClient(create_app(ctx))
+    out: dict[str, list[float]] = {}
+    for name, query in QUERIES + (LONG_QUERIES if args.long_queries else []):
+        times = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            resp = client.get(f"/api/v1/query?{query}&to=now")
+            times.append((time.perf_counter() - t) * 1000)
+            assert resp.status_code == 200, resp.text
+        out[name] = times
+    client.close()
+    store.close()
+    log.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--batch", type=int, default=100_000, help="events per committed batch")
+    ap.add_argument("--repeat", type=int, default=20, help="runs of each query")
+    ap.add_argument("--long-queries", action="store_true", help="also 7 d at 1 h steps (use with --hours 168)")
+    ap.add_argument("--only", choices=["tiers", "panes"], help="run one configuration only")
+    args = ap.parse_args(argv)
+    shipped = load_catalog(DEFAULT_STREAMS)
+    panes_only = Catalog.model_validate({
+        "streams": {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items()
+                    if not s.derived_from},
+        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items()},
+    })
+    end_ms = int(time.time() * 1000) // 10_000 * 10_000
+    results = {}
+    for label, catalog in (("tiers", shipped), ("panes", panes_only)):
+        if args.only and args.only != label:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            results[label] = run(label, catalog, Path(tmp), args, end_ms)
+    print(f"\nGET /api/v1/query over {args.events:,} events in {args.hours:g} h, {args.repeat} runs each (ms):")
+    print(f"{'query':<28}" + "".join(f"{label + ' p50':>12}{label + ' p99':>12}" for label in results))
+    for name in results[next(iter(results))]:
+        cells = ""
+        for label in results:
+            times = sorted(results[label][name])
+            p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+            cells += f"{statistics.median(times):12.1f}{p99:12.1f}"
+        print(f"{name:<28}{cells}")
+
+
+if __name__ == "__main__":
+    main()
