@@ -48,7 +48,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     given = list(feeds)
     topics = {feed.topic for feed in given}
     registry = FeedRegistry([feed for feed in built_in if feed.topic not in topics] + given)
-    hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry))
+    hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry),
+              point_cache=ctx.point_cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -11,6 +11,7 @@ from catalog import Catalog
 from ingest.events import EventValidator
 from ingest.log import EventLog
 from store import PaneStore
+from store.point_cache import PointCache
 
 
 @dataclass
@@ -30,6 +31,8 @@ class ApiContext:
     health: Any = None
     # Alert rules and their evaluation (alerts.service.AlertService); None: no /api/v1/alerts routes.
     alerts: Any = None
+    # Final points of sketch stats kept between queries and websocket pushes (store/point_cache.py).
+    point_cache: PointCache = field(default_factory=PointCache)
 
     def __post_init__(self) -> None:
         for name, stream in self.catalog.streams.items():

@@ -9,8 +9,9 @@ from typing import Any
 
 from api.ws_protocol import ResolvedQuery
 from store import PaneStore
-from store.rollup import Point, rollup
-from store.series import read_rows
+from store.point_cache import PointCache
+from store.rollup import Point
+from store.series import query_series
 
 
 def point_json(p: Point) -> dict[str, Any]:
@@ -25,31 +26,28 @@ def point_json(p: Point) -> dict[str, Any]:
 
 
 def compute_series(store: PaneStore, rq: ResolvedQuery, lo: int, hi: int, watermark_ms: int | None,
-                   max_points: int) -> list[dict[str, Any]]:
+                   max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
     """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step)."""
-    panes = read_rows(store, rq.stream, rq.pane_ms, start_ms=lo, end_ms=hi, step_ms=rq.step_ms,
-                      window_ms=rq.window_ms, needed=(*rq.group_by, *(name for name, _ in rq.filters)),
-                      value_field=rq.value_field, distinct_field=rq.distinct_field, sketches=rq.needs_sketches,
-                      max_points=max_points)
     out = []
     for stat, quantile in zip(rq.stats, rq.quantiles):
-        for s in rollup(
-            panes, stat=stat, quantile=quantile, value_field=rq.value_field, distinct_field=rq.distinct_field,
-            start_ms=lo, end_ms=hi, step_ms=rq.step_ms, window_ms=rq.window_ms, pane_ms=rq.pane_ms,
+        for s in query_series(
+            store, rq.stream, rq.pane_ms, stat=stat, quantile=quantile, value_field=rq.value_field,
+            distinct_field=rq.distinct_field, start_ms=lo, end_ms=hi, step_ms=rq.step_ms, window_ms=rq.window_ms,
             group_by=rq.group_by, filters=dict(rq.filters), watermark_ms=watermark_ms, max_points=max_points,
+            cache=cache,
         ):
             out.append({"stat": stat, "group": s.group, "points": [point_json(p) for p in s.points]})
     return out
 
 
 def snapshot_result(store: PaneStore, rq: ResolvedQuery, now_ms: int, watermark_ms: int | None,
-                    max_points: int) -> dict[str, Any]:
+                    max_points: int, cache: PointCache | None = None) -> dict[str, Any]:
     """The body of GET /api/v1/query for this subscription (plus `stats`, and `stat` per series)."""
     lo, hi = rq.range_at(now_ms)
     return {
         "metric": rq.metric, "stream": rq.stream, "stat": rq.stats[0], "stats": list(rq.stats), "unit": rq.unit,
         "start": lo, "end": hi, "step_ms": rq.step_ms, "window_ms": rq.window_ms, "watermark_ms": watermark_ms,
-        "series": compute_series(store, rq, lo, hi, watermark_ms, max_points),
+        "series": compute_series(store, rq, lo, hi, watermark_ms, max_points, cache),
     }
 
 
@@ -112,11 +110,11 @@ def runs(times: Iterable[int], step_ms: int, max_gap_points: int = 8) -> list[tu
 
 
 def changed_points(store: PaneStore, rq: ResolvedQuery, affected: dict[int, set | None], watermark_ms: int | None,
-                   max_points: int) -> list[dict[str, Any]]:
+                   max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
     """Recompute only the affected windows; keep the points of the groups that changed there."""
     merged: dict[tuple[str, tuple], dict[str, Any]] = {}
     for lo, hi in runs(affected, rq.step_ms):
-        for s in compute_series(store, rq, lo, hi, watermark_ms, max_points):
+        for s in compute_series(store, rq, lo, hi, watermark_ms, max_points, cache):
             group = tuple(s["group"].get(g, "") for g in rq.group_by)
             points = []
             for p in s["points"]:

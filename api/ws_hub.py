@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from api.ws_compute import affected_windows, changed_points, snapshot_result
 from api.ws_protocol import TOPICS, ResolvedQuery
 from store import PaneStore
+from store.point_cache import PointCache
 
 log = logging.getLogger("sketchboard.ws")
 
@@ -220,8 +221,9 @@ class HubStats:
 
 class Hub:
     def __init__(self, store: PaneStore, clock: Callable[[], float], config: HubConfig | None = None,
-                 feeds: list[Feed] | None = None):
+                 feeds: list[Feed] | None = None, point_cache: PointCache | None = None):
         self.store = store
+        self.point_cache = point_cache  # shared with GET /api/v1/query (store/point_cache.py)
         self.clock = clock
         self.config = config or HubConfig()
         self.feeds: list[Feed] = list(feeds or [])
@@ -291,7 +293,7 @@ class Hub:
     def snapshot(self, query: ResolvedQuery) -> dict:
         """The subscription's full result now (run it off the event loop: it reads the store)."""
         watermark = self.store.watermarks().get(query.stream)
-        return snapshot_result(self.store, query, self.now_ms(), watermark, self.config.max_points)
+        return snapshot_result(self.store, query, self.now_ms(), watermark, self.config.max_points, self.point_cache)
 
     @property
     def clients(self) -> int:
@@ -396,7 +398,7 @@ class Hub:
             if not affected:
                 continue
             watermark = watermarks.get(rq.stream)
-            series = changed_points(self.store, rq, affected, watermark, self.config.max_points)
+            series = changed_points(self.store, rq, affected, watermark, self.config.max_points, self.point_cache)
             if not series:
                 continue
             batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from store.bloom import BloomCommit
 from store.panes import Pane, PaneData
+from store.rollup import BucketStats
 from store.tiers import TierLayout
 
 
@@ -186,11 +187,11 @@ class PaneStore(ABC):
     @abstractmethod
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
                        bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
-                       value_field: str | None = None, pane_ms: int | None = None) -> list[Pane]:
+                       value_field: str | None = None, pane_ms: int | None = None) -> list[BucketStats]:
         """The exact stats of one tier's rows starting in [start_ms, end_ms) that match `filters`,
         summed by the store per (bucket of bucket_ms counted from origin_ms, group): count, highest
-        revision, the value field's n/sum/min/max; one Pane per bucket and group (dims: the group
-        and the filtered dimensions), ready for store.rollup."""
+        revision, the value field's n/sum/min/max, the newest batch that changed one of its rows
+        and how many rows; what store.rollup.rollup_buckets rolls up."""
 
     @abstractmethod
     def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,

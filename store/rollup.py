@@ -30,12 +30,14 @@ from store.panes import Pane
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
+    "BucketStats",
     "ErrorBound",
     "Point",
     "RollupError",
     "Series",
     "align_range",
     "rollup",
+    "rollup_buckets",
     "window_points",
 ]
 
@@ -124,6 +126,73 @@ def rollup(
     buckets = _fill_buckets(
         panes, kind, value_field or "", distinct_field or "", start_ms, span_ms, bucket_ms, group_by, filters
     )
+    return _finish(buckets, kind, stat, quantile, start_ms, end_ms, step_ms, window_ms, group_by, watermark_ms)
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """Exact stats of one bucket of one group, summed by the store (PaneStore.aggregate_tier)."""
+
+    group: tuple[str, ...]  # the group-by values
+    bucket: int  # index of the bucket of gcd(step, window) from the query's start
+    count: int
+    revision: int
+    n: int = 0
+    sum: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    last_batch: int = 0  # the newest batch that changed a row of it
+    rows: int = 0  # stored rows summed into it
+
+
+def rollup_buckets(
+    rows: Iterable[BucketStats],
+    *,
+    stat: str,
+    value_field: str | None,
+    start_ms: int,
+    end_ms: int,
+    step_ms: int,
+    window_ms: int | None,
+    pane_ms: int,
+    group_by: Sequence[str] = (),
+    watermark_ms: int | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> list[Series]:
+    """rollup() of an exact stat (count, rate, sum, avg, min, max) from per-bucket sums the store
+    made (buckets of gcd(step, window) from start_ms; one bucket for a one-window query)."""
+    window_ms = step_ms if window_ms is None else window_ms
+    kind = _check(stat, None, value_field, None, start_ms, end_ms, step_ms, window_ms, pane_ms, max_points)
+    if kind not in ("count", "value"):
+        raise RollupError(f"stat {stat!r} needs sketches, not bucket sums")
+    buckets: dict[tuple[str, ...], dict[int, _Acc]] = {}
+    sums: dict[tuple[tuple[str, ...], int], list[float]] = {}
+    for row in rows:
+        per_group = buckets.setdefault(row.group, {})
+        acc = per_group.get(row.bucket)
+        if acc is None:
+            acc = per_group[row.bucket] = _Acc()
+        acc.count += row.count
+        acc.revision = max(acc.revision, row.revision)
+        if row.n:
+            acc.n += row.n
+            sums.setdefault((row.group, row.bucket), []).append(row.sum)
+            if row.min is not None and (acc.lo is None or row.min < acc.lo):
+                acc.lo = row.min
+            if row.max is not None and (acc.hi is None or row.max > acc.hi):
+                acc.hi = row.max
+    for (group, idx), parts in sums.items():
+        buckets[group][idx].sums = parts
+    return _finish(buckets, kind, stat, None, start_ms, end_ms, step_ms, window_ms, tuple(group_by), watermark_ms)
+
+
+def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: str, quantile: float | None,
+            start_ms: int, end_ms: int, step_ms: int, window_ms: int, group_by: tuple[str, ...],
+            watermark_ms: int | None) -> list[Series]:
+    """Pass 2 for every group: close the buckets, slide the windows, make the points."""
+    bucket_ms = math.gcd(step_ms, window_ms)
+    stride, width = step_ms // bucket_ms, window_ms // bucket_ms  # in buckets
+    n_points = len(window_points(start_ms, end_ms, step_ms))
     if not group_by and not buckets:
         buckets[()] = {}  # ungrouped queries always answer one series, empty or not
 

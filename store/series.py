@@ -5,12 +5,15 @@ websocket hub and alert rules all come through here, so they read the same numbe
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from collections.abc import Mapping, Sequence
 
 from store.base import PaneStore
 from store.panes import Pane
 from store.planner import plan_read
-from store.rollup import DEFAULT_MAX_POINTS, Series, rollup, window_points
+from store.point_cache import PointCache
+from store.rollup import DEFAULT_MAX_POINTS, BucketStats, Point, Series, rollup, rollup_buckets, window_points
 
 
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
@@ -60,29 +63,110 @@ def query_series(
     filters: Mapping[str, str] | None = None,
     watermark_ms: int | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
+    cache: PointCache | None = None,
 ) -> list[Series]:
-    """rollup()'s series of `stat` for windows starting in [start_ms, end_ms) every step_ms."""
+    """rollup()'s series of `stat` for windows starting in [start_ms, end_ms) every step_ms; with a
+    cache, final points of sketch stats whose rows did not change are reused (store/point_cache.py)."""
     window_ms = step_ms if window_ms is None else window_ms
     filters = dict(filters or {})
     needed = (*group_by, *filters)
+    plan = _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points)
     if stat in _EXACT_STATS:
         # Exact stats are summed by the store per bucket and group: few rows reach Python.
+        value = value_field if stat not in ("count", "rate") else None
+        return rollup_buckets(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, value),
+                              stat=stat, value_field=value_field, start_ms=start_ms, end_ms=end_ms, step_ms=step_ms,
+                              window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
+                              max_points=max_points)
+
+    def sketch_series(lo: int, hi: int) -> list[Series]:
         rows: list[Pane] = []
-        for seg, proj, bucket in _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed,
-                                       max_points):
-            rows += store.aggregate_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, origin_ms=start_ms,
-                                         bucket_ms=bucket, group_by=group_by, filters=filters,
-                                         value_field=value_field if stat not in ("count", "rate") else None,
-                                         pane_ms=pane_ms)
-    else:
-        rows = []
-        for seg, proj, _ in _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points):
+        for seg, proj, _ in _plan(store, stream, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
             rows += store.read_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, value_field=value_field,
                                     distinct_field=distinct_field, with_sketches=True, pane_ms=pane_ms,
                                     with_stats=False)
-    return rollup(rows, stat=stat, quantile=quantile, value_field=value_field, distinct_field=distinct_field,
-                  start_ms=start_ms, end_ms=end_ms, step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms,
-                  group_by=group_by, filters=filters, watermark_ms=watermark_ms, max_points=max_points)
+        return rollup(rows, stat=stat, quantile=quantile, value_field=value_field, distinct_field=distinct_field,
+                      start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms,
+                      group_by=group_by, filters=filters, watermark_ms=watermark_ms, max_points=max_points)
+
+    if cache is None or not plan:
+        return sketch_series(start_ms, end_ms)
+    # Windows whose fingerprint matches a cached point are not read again.
+    prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
+                           start_ms, end_ms, step_ms, window_ms)
+    groups = sorted(prints) if group_by else [()]
+    shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
+             tuple(sorted(filters.items())))
+    points: dict[tuple[tuple[str, ...], int], Point] = {}
+    missed = []
+    for group in groups:
+        fingerprints = prints.get(group) or [_NO_ROWS] * len(window_points(start_ms, end_ms, step_ms))
+        for t, fingerprint in zip(window_points(start_ms, end_ms, step_ms), fingerprints):
+            point = cache.get((shape, group, t), fingerprint)
+            if point is None:
+                missed.append(t)
+            else:
+                points[(group, t)] = point
+    if missed:
+        lo, hi = min(missed), max(missed) + step_ms
+        computed = {tuple(s.group.get(g, "") for g in group_by): s.points for s in sketch_series(lo, hi)}
+        for group in groups:
+            series_points = computed.get(group)
+            if series_points is None:  # no row of this group in the recomputed windows
+                series_points = _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, window_ms,
+                                              pane_ms, watermark_ms)
+            fingerprints = prints.get(group)
+            for p in series_points:
+                if (group, p.t_ms) not in points:
+                    points[(group, p.t_ms)] = p
+                    cache.put((shape, group, p.t_ms),
+                              fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p)
+    return [Series(group=dict(zip(group_by, group)),
+                   points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])
+            for group in groups]
+
+
+_NO_ROWS = (0, 0, 0, 0)
+
+
+def _sums(store, stream, pane_ms, plan, start_ms, group_by, filters, value_field) -> list[BucketStats]:
+    sums: list[BucketStats] = []
+    for seg, proj, bucket in plan:
+        sums += store.aggregate_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, origin_ms=start_ms,
+                                     bucket_ms=bucket, group_by=group_by, filters=filters, value_field=value_field,
+                                     pane_ms=pane_ms)
+    return sums
+
+
+def _fingerprints(sums: list[BucketStats], start_ms: int, end_ms: int, step_ms: int,
+                  window_ms: int) -> dict[tuple[str, ...], list[tuple[int, int, int, int]]]:
+    """Per group, per window, sums over its buckets of: events, rows, each bucket's newest batch and
+    highest revision. A bucket's newest batch and revision only grow, and a dropped row changes the
+    rows, so any change to a window's rows changes its fingerprint. Prefix sums: O(buckets + windows)."""
+    n_points = len(window_points(start_ms, end_ms, step_ms))
+    bucket_ms = math.gcd(step_ms, window_ms)
+    stride, width = (1, 1) if n_points == 1 else (step_ms // bucket_ms, window_ms // bucket_ms)
+    n_buckets = (n_points - 1) * stride + width
+    cells: dict[tuple[str, ...], np.ndarray] = {}
+    for b in sums:
+        cell = cells.get(b.group)
+        if cell is None:
+            cell = cells[b.group] = np.zeros((n_buckets + 1, 4), dtype=np.int64)
+        i = 1 + (0 if n_points == 1 else b.bucket)
+        cell[i] += (b.count, b.rows, b.last_batch, b.revision)
+    starts = np.arange(n_points) * stride
+    out = {}
+    for group, cell in cells.items():
+        prefix = np.cumsum(cell, axis=0)
+        out[group] = [tuple(row) for row in (prefix[starts + width] - prefix[starts]).tolist()]
+    return out
+
+
+def _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, window_ms, pane_ms,
+                  watermark_ms) -> list[Point]:
+    return rollup([], stat=stat, quantile=quantile, value_field=value_field, distinct_field=distinct_field,
+                  start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms,
+                  watermark_ms=watermark_ms)[0].points
 
 
 __all__ = ["query_series", "read_rows"]

@@ -39,6 +39,7 @@ from store.panes import (
     is_final,
     next_revision,
 )
+from store.rollup import BucketStats
 from store.tiers import ALL_DIMS, TierLayout, tier_deltas
 
 _SCHEMA = """
@@ -368,7 +369,7 @@ class SqlitePaneStore(PaneStore):
 
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
                        bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
-                       value_field: str | None = None, pane_ms: int | None = None) -> list[Pane]:
+                       value_field: str | None = None, pane_ms: int | None = None) -> list[BucketStats]:
         table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
         with self._lock:
             return sqlite_tiers.aggregate(self._conn, table, where, args, start_ms=start_ms, end_ms=end_ms,

@@ -10,7 +10,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key
+from store.panes import Pane, PaneData, PaneKey, ValueStats
+from store.rollup import BucketStats
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, tier_deltas
 
 SCHEMA = """
@@ -183,27 +184,24 @@ __all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired"
 
 def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
               origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
-              value_field: str | None) -> list[Pane]:
-    """Exact stats summed in SQL: one row per (bucket of `bucket_ms` from `origin_ms`, group) of
-    the rows of `table` matching `where` that start in [start_ms, end_ms) and pass `filters`,
-    with count, the highest revision and the value field's n/sum/min/max. Returned as Panes at
-    the bucket's start (dims: the group and the filtered dimensions), ready for store.rollup."""
-    names = list(dict.fromkeys((*group_by, *filters)))
-    dim = {name: f"COALESCE(json_extract(dims, '$.{name}'), '')" for name in names}  # names are identifiers
+              value_field: str | None) -> list[BucketStats]:
+    """Exact stats summed in SQL: per (bucket of `bucket_ms` from `origin_ms`, group) of the rows
+    of `table` matching `where` that start in [start_ms, end_ms) and pass `filters`: count, the
+    highest revision, the value field's n/sum/min/max, the newest batch and the rows summed."""
+    dim = {name: f"COALESCE(json_extract(dims, '$.{name}'), '')" for name in (*group_by, *filters)}  # identifiers
     clauses = [where, "start_ms >= ?", "start_ms < ?", *(f"{dim[name]} = ?" for name in filters)]
-    params = [*args, start_ms, end_ms, *filters.values()]
-    value = [f"SUM(json_extract(stats, '$.{value_field}.{k}'))" if k in ("n", "sum") else
-             f"{k.upper()}(json_extract(stats, '$.{value_field}.{k}'))" for k in ("n", "sum", "min", "max")] \
-        if value_field else ["0", "0", "NULL", "NULL"]
-    sql = (f"SELECT (start_ms - ?) / ? AS bucket, {', '.join([*(dim[n] for n in names), '0'][:max(len(names), 1)])},"
-           f" SUM(count), MAX(revision), {', '.join(value)} FROM {table} WHERE {' AND '.join(clauses)}"
-           f" GROUP BY bucket{''.join(f', {i + 2}' for i in range(len(names)))}")
+    if value_field:
+        path = f"'$.{value_field}"
+        value = (f"SUM(json_extract(stats, {path}.n')), SUM(json_extract(stats, {path}.sum')),"
+                 f" MIN(json_extract(stats, {path}.min')), MAX(json_extract(stats, {path}.max'))")
+    else:
+        value = "0, 0.0, NULL, NULL"
+    groups = "".join(f", {dim[name]}" for name in group_by)
+    sql = (f"SELECT (start_ms - ?) / ? AS bucket, SUM(count), MAX(revision), {value}, MAX(last_batch), COUNT(*)"
+           f"{groups} FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket{groups}")
     out = []
-    for row in conn.execute(sql, (origin_ms, bucket_ms, *params)):
-        bucket, dims_values = row[0], row[1:1 + max(len(names), 1)]
-        count, revision, n, total, lo, hi = row[1 + max(len(names), 1):]
-        dims = dict(zip(names, dims_values))
-        start = origin_ms + bucket * bucket_ms
-        values = {value_field: ValueStats(int(n or 0), float(total or 0.0), lo, hi)} if value_field else {}
-        out.append(Pane(PaneKey("", start, dims_key(dims)), start + bucket_ms, PaneData(count, values), revision, 0, 0))
+    for bucket, count, revision, n, total, lo, hi, last_batch, rows, *group in conn.execute(
+            sql, (origin_ms, bucket_ms, *args, start_ms, end_ms, *filters.values())):
+        out.append(BucketStats(tuple(group), bucket, count, revision, int(n or 0), float(total or 0.0), lo, hi,
+                               last_batch, rows))
     return out

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
 from store.planner import Segment, cover, plan_read
+from store.point_cache import PointCache
 from store.rollup import rollup
 from store.series import query_series
 from store.tiers import ALL_DIMS, TierLayout, layout_for, tier_deltas
@@ -57,20 +58,21 @@ def events_to_partials(events: Sequence[tuple[int, dict, float, str]]) -> list[P
     return out
 
 
-def commit_all(store: SqlitePaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0) -> None:
-    for batch_id, events in enumerate(batches):
+def commit_all(store: SqlitePaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0,
+               first_id: int = 0) -> None:
+    for batch_id, events in enumerate(batches, start=first_id):
         partials = events_to_partials(events)
         max_event = {"s": max(t for t, *_ in events)} if events else {}
         commit = BatchCommit("main", batch_id, partials, len(events), max_event, {})
         assert store.commit_batch(commit, lateness_ms={"s": LATENESS}, now_ms=now_ms).committed
 
 
-def answer(store, *, stat, start, end, step, window, group_by=(), filters=None):
+def answer(store, *, stat, start, end, step, window, group_by=(), filters=None, cache=None):
     """The query path as the API runs it (planner, tier rows, exact stats summed in SQL)."""
     quantile = 0.9 if stat == "p90" else None
     return query_series(store, "s", PANE, stat=stat, quantile=quantile, value_field="v", distinct_field="u",
                         start_ms=start, end_ms=end, step_ms=step, window_ms=window, group_by=group_by,
-                        filters=filters or {}, watermark_ms=store.watermarks().get("s"))
+                        filters=filters or {}, watermark_ms=store.watermarks().get("s"), cache=cache)
 
 
 def pane_rollup(store, *, stat, start, end, step, window, group_by=(), filters=None):
@@ -132,6 +134,26 @@ def test_tiered_answers_equal_pane_rollups(tmp_path_factory, batches, asked):
             expected = pane_rollup(plain, **q)
             assert_same(answer(tiered, **q), expected, q["stat"])
             assert_same(answer(plain, **q), expected, q["stat"])  # panes only: exact stats summed in SQL
+    finally:
+        tiered.close()
+        plain.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=batches, then=batches, asked=st.lists(queries(), min_size=1, max_size=4))
+def test_cached_points_are_recomputed_when_their_rows_change(tmp_path_factory, first, then, asked):
+    """Final points kept between queries equal fresh ones after more batches (stragglers included)."""
+    root = tmp_path_factory.mktemp("cache")
+    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+    cache = PointCache()
+    try:
+        for batch_list, offset in ((first, 0), (then, len(first))):
+            for store in (tiered, plain):
+                commit_all(store, batch_list, first_id=offset)
+            for q in asked:
+                expected = pane_rollup(plain, **q)
+                assert_same(answer(tiered, **q, cache=cache), expected, q["stat"])
+                assert_same(answer(tiered, **q, cache=cache), expected, q["stat"])  # from the cache, where final
     finally:
         tiered.close()
         plain.close()
