@@ -198,7 +198,7 @@ class SqlitePaneStore(PaneStore):
         first_seq = last_seq = None
         aggregated: dict[str, int] = defaultdict(int)
         layouts = sqlite_tiers.stored_layouts(conn)
-        tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, batch's data, new revision)
+        tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
         for partial in commit.partials:
             key = dims_key(partial.dims)
             row = conn.execute(
@@ -215,7 +215,7 @@ class SqlitePaneStore(PaneStore):
                 updated += 1
             revision = next_revision(None if row is None else row[2], final)
             if partial.stream in layouts:
-                tier_input[partial.stream].append((partial.start_ms, partial.dims, partial.data, revision))
+                tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
             self._save(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision, now_ms, commit.batch_id)
             correction_id = None
             if final:

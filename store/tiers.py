@@ -169,40 +169,49 @@ def _merged(kind, blobs: list[bytes]) -> bytes | None:
     return kind.merge_all(blobs).to_bytes()
 
 
-# One row of a level while deltas are derived: (start, dims, data, revision).
-_Row = tuple[int, Mapping[str, str], PaneData, int]
+# One row of a level while deltas are derived: (start, dims, dims_key(dims), data, revision).
+_Row = tuple[int, Mapping[str, str], str, PaneData, int]
 
 
-def tier_deltas(pane_rows: Iterable[_Row], layout: TierLayout) -> dict[TierKey, TierDelta]:
+def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey, TierDelta]:
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
-    data for the pane, the pane's revision after the merge).
+    data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
+    a third item when the caller has it.
 
     Each tier is derived from the smallest level already computed that can make it (a
     finer-or-equal granule that divides it, with a projection that covers it), so a pane
     is deserialized about once per granule rather than once per tier row."""
-    levels: list[tuple[int, str, list[_Row]]] = [(layout.pane_ms, ALL_DIMS, list(pane_rows))]
+    root = [row if len(row) == 5 else (row[0], row[1], dims_key(row[1]), row[2], row[3]) for row in pane_rows]
+    levels: list[tuple[int, str, list[_Row]]] = [(layout.pane_ms, ALL_DIMS, root)]
     out: dict[TierKey, TierDelta] = {}
     # Coarse granules and wide projections first would waste work: finest first, all dims first.
     for tier in sorted(layout.tiers(), key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
         sources = [lv for lv in levels if tier.granule_ms % lv[0] == 0 and _narrower(tier.proj, lv[1])]
-        _, _, rows = min(sources, key=lambda lv: len(lv[2]))
-        groups: dict[tuple[int, str], tuple[dict[str, str], list[PaneData], int]] = {}
+        _, source_proj, rows = min(sources, key=lambda lv: len(lv[2]))
         g = tier.granule_ms
-        for start, dims, data, revision in rows:
-            projected = project(dims, tier.proj)
-            key = (start - start % g, dims_key(projected))
-            found = groups.get(key)
-            if found is None:
-                groups[key] = (projected, [data], revision)
+        names = tier.proj.split(",") if tier.proj not in (ALL_DIMS, "") else []
+        groups: dict[tuple, list] = {}  # (start, projected items) -> [dims, key, parts, revision]
+        for start, dims, key, data, revision in rows:
+            if tier.proj == ALL_DIMS or tier.proj == source_proj:
+                group_key = (start - start % g, key)  # same dimensions: same key, no re-encoding
             else:
-                found[1].append(data)
-                if revision > found[2]:
-                    groups[key] = (found[0], found[1], revision)
+                group_key = (start - start % g, tuple((n, dims[n]) for n in names if n in dims))
+            found = groups.get(group_key)
+            if found is None:
+                groups[group_key] = [dims, key, [data], revision]
+            else:
+                found[2].append(data)
+                if revision > found[3]:
+                    found[3] = revision
         level: list[_Row] = []
-        for (start, key), (projected, parts, revision) in groups.items():
+        same_dims = tier.proj == ALL_DIMS or tier.proj == source_proj
+        for (start, _), (dims, key, parts, revision) in groups.items():
+            if not same_dims:
+                dims = project(dims, tier.proj)
+                key = dims_key(dims)
             data = merge_many(parts)
-            out[TierKey(g, tier.proj, start, key)] = TierDelta(projected, data, revision)
-            level.append((start, projected, data, revision))
+            out[TierKey(g, tier.proj, start, key)] = TierDelta(dims, data, revision)
+            level.append((start, dims, key, data, revision))
         levels.append((g, tier.proj, level))
     return out
 

@@ -27,6 +27,7 @@ from ingest.log import SqliteEventLog
 from store import SqlitePaneStore, dims_key
 from tests.spark.events import rank_interval
 from tests.spark.stragglers import STREAM, Oracle, oracle, write_straggler_log
+from tests.tier_checks import assert_tiers_match_panes
 
 pytestmark = pytest.mark.spark
 
@@ -75,6 +76,9 @@ def check_everything(root: Path, catalog, expected: Oracle, now_ms: int) -> dict
             assert all(a[3] == b[2] for a, b in zip(chain, chain[1:], strict=False))  # old = previous new
             assert chain[-1][3] == expected.panes[key][0] and revisions[key] == chain[-1][1]
         assert {k for k, r in revisions.items() if r > 1} == set(chains)
+
+        # the roll-up tiers: every row is the merge of the panes it covers, none missing, none extra
+        assert assert_tiers_match_panes(store, STREAM) > len(expected.panes) // 10
 
         # dead letters: exactly the records that had to go there, with reasons
         letters = store.dead_letters(limit=10**6)

@@ -23,6 +23,7 @@ from store.point_cache import PointCache
 from store.rollup import rollup
 from store.series import query_series
 from store.tiers import ALL_DIMS, TierLayout, layout_for, tier_deltas
+from tests.tier_checks import assert_tiers_match_panes
 
 PANE = 10_000
 MINUTE = 60_000
@@ -130,6 +131,7 @@ def test_tiered_answers_equal_pane_rollups(tmp_path_factory, batches, asked):
     try:
         commit_all(tiered, batches)
         commit_all(plain, batches)
+        assert_tiers_match_panes(tiered, "s")
         for q in asked:
             expected = pane_rollup(plain, **q)
             assert_same(answer(tiered, **q), expected, q["stat"])
