@@ -17,6 +17,7 @@ real HTTP API routes (FastAPI's in-process client: no network), each `--repeat` 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import tempfile
@@ -126,8 +127,97 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str
             assert resp.status_code == 200, resp.text
         out[name] = times
     client.close()
+    if args.ws:
+        out.update(under_websocket_load(catalog, store, log, args, end_ms))
     store.close()
     log.close()
+    return out
+
+
+WS_SHAPES = [  # 24 h views a dashboard keeps open (each held by several clients)
+    {"metric": "latency", "stats": ["p50", "p90", "p99"], "from": "now-24h", "step": "1m"},
+    {"metric": "latency", "stat": "p99", "from": "now-24h", "step": "1m", "group_by": "endpoint"},
+    {"metric": "requests", "stat": "distinct", "from": "now-24h", "step": "1m"},
+    {"metric": "requests", "stat": "rate", "from": "now-24h", "step": "1m", "group_by": "region"},
+    {"metric": "latency", "stat": "avg", "from": "now-24h", "step": "1h"},
+]
+
+
+def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dict[str, list[float]]:
+    """`--ws` websocket clients hold 24 h subscriptions (spread over WS_SHAPES) while a writer
+    commits a batch of current demo events every second (so every view updates every second)
+    and the REST queries are measured again, over real HTTP on loopback."""
+    import socket
+    import threading
+
+    import httpx
+    import uvicorn
+    from websockets.sync.client import connect
+
+    started = time.time()
+    clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
+    ctx = ApiContext(catalog=catalog, log=log, store=store, clock=clock)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    while not server.started:
+        time.sleep(0.05)
+    stop = threading.Event()
+    received = [0] * args.ws
+
+    def subscriber(i: int) -> None:
+        with connect(f"ws://127.0.0.1:{port}/api/v1/ws", max_size=None) as ws:
+            ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
+            while not stop.is_set():
+                try:
+                    if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
+                        received[i] += 1
+                except TimeoutError:
+                    pass
+
+    def writer() -> None:
+        batch_id = 10**6
+        traffic = DemoTraffic(catalog, seed=9, clock=clock)
+        stream = catalog.stream(STREAM)
+        while not stop.is_set():
+            now_ms = int(clock() * 1000)
+            groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
+            for e in traffic.generate_stream(STREAM, args.ws_rate):
+                t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
+                groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
+            partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
+            store.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
+                                           read_by_stream={STREAM: args.ws_rate}),
+                               lateness_ms={STREAM: 30_000}, now_ms=now_ms)
+            batch_id += 1
+            stop.wait(1.0)
+
+    threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(args.ws)]
+    threads.append(threading.Thread(target=writer, daemon=True))
+    for t in threads:
+        t.start()
+    time.sleep(5)  # snapshots sent, a few live updates
+    out: dict[str, list[float]] = {}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        for name, query in QUERIES:
+            times = []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                resp = http.get(f"/api/v1/query?{query}&to=now")
+                times.append((time.perf_counter() - t) * 1000)
+                assert resp.status_code == 200, resp.text
+            out[f"{name} (+{args.ws} ws)"] = times
+    seconds = time.time() - started
+    stop.set()
+    for t in threads:
+        t.join(10)
+    server.should_exit = True
+    serving.join(30)  # the hub's tailer stops before the store closes
+    print(f"  {args.ws} websocket clients got {sum(received)} snapshots/updates in {seconds:.0f} s"
+          f" ({sum(received) / seconds / args.ws:.2f} per client per second), with {args.ws_rate} events/s committed")
     return out
 
 
@@ -139,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=20, help="runs of each query")
     ap.add_argument("--long-queries", action="store_true", help="also 7 d at 1 h steps (use with --hours 168)")
     ap.add_argument("--only", choices=["tiers", "panes"], help="run one configuration only")
+    ap.add_argument("--ws", type=int, default=0, help="then again over HTTP with this many websocket clients"
+                    " holding 24 h views updated every second (e.g. 50)")
+    ap.add_argument("--ws-rate", type=int, default=2_000, help="events committed per second meanwhile")
     args = ap.parse_args(argv)
     shipped = load_catalog(DEFAULT_STREAMS)
     panes_only = Catalog.model_validate({

@@ -187,21 +187,30 @@ def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, 
               value_field: str | None) -> list[BucketStats]:
     """Exact stats summed in SQL: per (bucket of `bucket_ms` from `origin_ms`, group) of the rows
     of `table` matching `where` that start in [start_ms, end_ms) and pass `filters`: count, the
-    highest revision, the value field's n/sum/min/max, the newest batch and the rows summed."""
-    dim = {name: f"COALESCE(json_extract(dims, '$.{name}'), '')" for name in (*group_by, *filters)}  # identifiers
-    clauses = [where, "start_ms >= ?", "start_ms < ?", *(f"{dim[name]} = ?" for name in filters)]
+    highest revision, the value field's n/sum/min/max, the newest batch and the rows summed.
+
+    SQLite groups by the stored dimensions text (no JSON parsing per row); each distinct text is
+    parsed once here and mapped to its group. Filters are applied in SQL."""
+    clauses = [where, "start_ms >= ?", "start_ms < ?",
+               *(f"COALESCE(json_extract(dims, '$.{name}'), '') = ?" for name in filters)]  # names are identifiers
     if value_field:
         path = f"'$.{value_field}"
         value = (f"SUM(json_extract(stats, {path}.n')), SUM(json_extract(stats, {path}.sum')),"
                  f" MIN(json_extract(stats, {path}.min')), MAX(json_extract(stats, {path}.max'))")
     else:
         value = "0, 0.0, NULL, NULL"
-    groups = "".join(f", {dim[name]}" for name in group_by)
-    sql = (f"SELECT (start_ms - ?) / ? AS bucket, SUM(count), MAX(revision), {value}, MAX(last_batch), COUNT(*)"
-           f"{groups} FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket{groups}")
+    sql = (f"SELECT (start_ms - ?) / ? AS bucket, dims, SUM(count), MAX(revision), {value}, MAX(last_batch), COUNT(*)"
+           f" FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket, dims")
+    groups: dict[str, tuple[str, ...]] = {}
     out = []
-    for bucket, count, revision, n, total, lo, hi, last_batch, rows, *group in conn.execute(
+    for bucket, dims, count, revision, n, total, lo, hi, last_batch, rows in conn.execute(
             sql, (origin_ms, bucket_ms, *args, start_ms, end_ms, *filters.values())):
-        out.append(BucketStats(tuple(group), bucket, count, revision, int(n or 0), float(total or 0.0), lo, hi,
+        group = groups.get(dims)
+        if group is None:
+            parsed = json.loads(dims)
+            group = groups[dims] = tuple(parsed.get(name, "") for name in group_by)
+        out.append(BucketStats(group, bucket, count, revision, int(n or 0), float(total or 0.0), lo, hi,
                                last_batch, rows))
     return out
+
+
