@@ -117,20 +117,26 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str
           f" = {events / commit_s:,.0f} events/s; store on disk {disk / 2**20:.0f} MiB")
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
     client = TestClient(create_app(ctx))
-    out: dict[str, list[float]] = {}
-    for name, query in QUERIES + (LONG_QUERIES if args.long_queries else []):
-        times = []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            resp = client.get(f"/api/v1/query?{query}&to=now")
-            times.append((time.perf_counter() - t) * 1000)
-            assert resp.status_code == 200, resp.text
-        out[name] = times
+    out = timed_queries(client, QUERIES + (LONG_QUERIES if args.long_queries else []), args.repeat)
     client.close()
     if args.ws:
         out.update(under_websocket_load(catalog, store, log, args, end_ms))
     store.close()
     log.close()
+    return out
+
+
+def timed_queries(client, queries, repeat: int) -> dict[str, list[float]]:
+    """Milliseconds per GET /api/v1/query, `repeat` times each."""
+    out = {}
+    for name, query in queries:
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            resp = client.get(f"/api/v1/query?{query}&to=now")
+            times.append((time.perf_counter() - t) * 1000)
+            assert resp.status_code == 200, resp.text
+        out[name] = times
     return out
 
 
@@ -200,16 +206,8 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
     for t in threads:
         t.start()
     time.sleep(5)  # snapshots sent, a few live updates
-    out: dict[str, list[float]] = {}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-        for name, query in QUERIES:
-            times = []
-            for _ in range(args.repeat):
-                t = time.perf_counter()
-                resp = http.get(f"/api/v1/query?{query}&to=now")
-                times.append((time.perf_counter() - t) * 1000)
-                assert resp.status_code == 200, resp.text
-            out[f"{name} (+{args.ws} ws)"] = times
+        out = {f"{name} (+{args.ws} ws)": times for name, times in timed_queries(http, QUERIES, args.repeat).items()}
     seconds = time.time() - started
     stop.set()
     for t in threads:
