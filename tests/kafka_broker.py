@@ -7,6 +7,7 @@ on the same ports with the same data (a broker restart in the middle of a run)."
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,12 @@ STAMP = BROKER_JARS / ".resolved"  # written by `make jars` after a complete fet
 
 class BrokerJarsMissing(RuntimeError):
     pass
+
+
+def client_config(bootstrap: str, **options) -> dict:
+    """confluent-kafka settings for a test's own client: librdkafka's log lines (connection
+    refused while the broker is stopped, say) go to Python logging, not to the test's stderr."""
+    return {"bootstrap.servers": bootstrap, "logger": logging.getLogger("tests.kafka"), **options}
 
 
 def cluster_id() -> str:
@@ -106,7 +113,7 @@ class KafkaBroker:
     def _wait_ready(self, deadline: float) -> None:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(client_config(self.bootstrap))
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the Kafka broker exited with {self.proc.returncode}:\n{self.log_tail()}")

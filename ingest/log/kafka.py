@@ -123,9 +123,25 @@ class KafkaEventLog(EventLog):
             # librdkafka's own log lines (a broker disconnecting, retries) go to Python logging,
             # not straight to stderr.
             "logger": logging.getLogger("ingest.log.kafka.librdkafka"),
+            # librdkafka backs off reconnecting up to 10 s by default: after a broker restart the
+            # API would stay unavailable that much longer than the broker. 1 s is cheap on a cluster.
+            "reconnect.backoff.max.ms": 1000,
             **(options or {}),
             "bootstrap.servers": bootstrap_servers,
         }
+        try:
+            self._make_clients(common)
+        except KafkaException as exc:  # an unknown option or a bad value in the passthrough
+            raise ValueError(f"kafka_options: {exc.args[0].str()}") from None
+        self._read_lock = threading.Lock()  # one consumer, one assignment at a time
+        self._closed = False
+        self._partitions: dict[str, int] = {}  # stream -> partitions of its topic, as checked
+        self._validators: dict[str, EventValidator] = {}
+        self._ingest_times: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self._round_robin = 0
+        self.warnings: list[str] = []
+
+    def _make_clients(self, common: dict) -> None:
         self._admin = AdminClient(dict(common))
         self._producer = Producer({
             "linger.ms": 5,
@@ -134,7 +150,7 @@ class KafkaEventLog(EventLog):
             **common,
             # librdkafka reports every record by this time: a broker that is down fails the append
             # after this long instead of its 5-minute default.
-            "message.timeout.ms": produce_timeout_ms,
+            "message.timeout.ms": self.produce_timeout_ms,
             **_PRODUCER_FIXED,
         })
         self._consumer = Consumer({
@@ -145,13 +161,6 @@ class KafkaEventLog(EventLog):
             "auto.offset.reset": "earliest",
             **common,
         })
-        self._read_lock = threading.Lock()  # one consumer, one assignment at a time
-        self._closed = False
-        self._partitions: dict[str, int] = {}  # stream -> partitions of its topic, as checked
-        self._validators: dict[str, EventValidator] = {}
-        self._ingest_times: OrderedDict[tuple[str, int, int], int] = OrderedDict()
-        self._round_robin = 0
-        self.warnings: list[str] = []
 
     def topic(self, stream: str) -> str:
         return topic_name(self.topic_prefix, stream)

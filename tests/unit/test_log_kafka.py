@@ -1,0 +1,215 @@
+"""The Kafka log's own behaviour (the shared log contract is tests/unit/test_log.py): how topics
+are judged (pure), the JSON record format (pure), and against the real broker: topic creation,
+a topic with fewer partitions, a CreateTime topic, direct producers' records, client options,
+and a produce while the broker is down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+import pytest
+
+from catalog import StreamDef
+from ingest.events import EventValidator
+from ingest.log import LogUnavailable
+from ingest.log.kafka import LOG_APPEND_TIME, TopicMismatch, check_topic
+from ingest.log.records import EXTRA, OFFSET, event_to_json, json_to_event
+from ingest.partitioner import partition_for
+from tests.kafka_broker import client_config
+from tests.unit.test_log import STREAM, T0, make_events
+
+# -- pure -------------------------------------------------------------------------------
+
+
+def test_check_topic_accepts_the_configured_partitions() -> None:
+    assert check_topic("sketchboard.clicks", STREAM, 4, LOG_APPEND_TIME) == []
+
+
+def test_check_topic_with_fewer_partitions_says_what_to_do() -> None:
+    with pytest.raises(TopicMismatch) as exc:
+        check_topic("sketchboard.clicks", STREAM, 2, LOG_APPEND_TIME)
+    message = str(exc.value)
+    assert "'sketchboard.clicks' has 2 partitions, fewer than the 4 configured for stream 'clicks'" in message
+    assert "--partitions 4" in message and "partitions: 2" in message
+
+
+def test_check_topic_with_more_partitions_is_an_error_too() -> None:
+    with pytest.raises(TopicMismatch, match="has 8 partitions, more than the 4 configured.*partitions: 8"):
+        check_topic("t", STREAM, 8, LOG_APPEND_TIME)
+
+
+def test_check_topic_warns_about_create_time() -> None:
+    (warning,) = check_topic("t", STREAM, 4, "CreateTime")
+    assert "message.timestamp.type=CreateTime" in warning and "producers' clocks" in warning
+
+
+@pytest.mark.parametrize("event_time", [T0, 5_000, 0, 99_999_999_999, 100_000_000_000, 253_402_300_799_999])
+def test_json_record_reads_back_to_the_same_event(event_time: int) -> None:
+    stream = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms",),
+                       distinct=("user", "session"))
+    v = EventValidator(stream)
+    # A number below 10^11 reads as seconds: such a time is given as RFC 3339 text instead.
+    time_in = event_time if event_time >= 100_000_000_000 else _rfc3339(event_time)
+    event = v.validate({"time": time_in, "user": "ü", "status": 200, "ms": 1.5, "nested": {"a": [1, None]}})
+    assert event.event_time_ms == event_time
+    assert json_to_event(v, event_to_json(stream, event)) == event
+
+
+def _rfc3339(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (None, "no value"),
+    (b"not json", "not JSON"),
+    (b"\xff\xfe", "not JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"user": "u"}', "time: required field is missing"),
+    (b'{"time": 1, "user": "u", "ms": "12"}', "ms: must be a number"),
+])
+def test_json_record_that_is_no_event_says_why(value, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        json_to_event(EventValidator(STREAM), value)
+
+
+# -- against the real broker ------------------------------------------------------------
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def open_log(kafka_broker, prefix):
+    from ingest.log.kafka import KafkaEventLog
+
+    opened = []
+
+    def make(**kwargs):
+        opened.append(KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1, **kwargs))
+        return opened[-1]
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+@pytest.fixture
+def admin(kafka_broker):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(client_config(kafka_broker.bootstrap))
+
+
+def topic_config(admin, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    return {k: e.value for k, e in admin.describe_configs([resource])[resource].result(timeout=10).items()}
+
+
+def create_topic(admin, topic: str, partitions: int, **config: str) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=10)
+
+
+@pytest.mark.kafka
+def test_topic_is_created_with_partitions_and_log_append_time(open_log, admin, prefix) -> None:
+    log = open_log()
+    log.ensure_topic(STREAM)
+    topic = f"{prefix}clicks"
+    meta = admin.list_topics(topic=topic, timeout=10).topics[topic]
+    assert len(meta.partitions) == 4
+    assert all(len(p.replicas) == 1 for p in meta.partitions.values())
+    assert topic_config(admin, topic)["message.timestamp.type"] == "LogAppendTime"
+    log.ensure_topic(STREAM)  # idempotent
+    assert log.warnings == []
+
+
+@pytest.mark.kafka
+def test_existing_topic_with_fewer_partitions_is_a_clear_error(open_log, admin, prefix) -> None:
+    create_topic(admin, f"{prefix}clicks", 2, **{"message.timestamp.type": "LogAppendTime"})
+    with pytest.raises(TopicMismatch, match=f"'{prefix}clicks' has 2 partitions, fewer than the 4 configured"):
+        open_log().ensure_topic(STREAM)
+
+
+@pytest.mark.kafka
+def test_create_time_topic_is_accepted_with_a_warning(open_log, admin, prefix, caplog) -> None:
+    create_topic(admin, f"{prefix}clicks", 4, **{"message.timestamp.type": "CreateTime"})
+    log = open_log()
+    with caplog.at_level(logging.WARNING, logger="ingest.log.kafka"):
+        log.ensure_topic(STREAM)
+    assert "CreateTime" in caplog.text and "producers' clocks" in caplog.text
+    # The record timestamp is then what the producer (here: the API's ingest time) set.
+    result = log.append(STREAM, make_events(STREAM, 0, 3, keys=1), T0 + 42)
+    ((p, (first, _)),) = result.ranges.items()
+    assert log.ingest_time_ms("clicks", p, first) == T0 + 42
+
+
+@pytest.mark.kafka
+def test_direct_producers_records_read_like_the_apis_and_invalid_ones_leave_a_gap(open_log, kafka_broker,
+                                                                                   prefix) -> None:
+    from confluent_kafka import Producer
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    p = partition_for("alice", 4)
+    producer = Producer(client_config(kafka_broker.bootstrap))
+    values = [
+        json.dumps({"time": "2023-11-14T22:13:20Z", "user": "alice", "page": "/x", "ms": 3, "extra": True}),
+        "not json",
+        json.dumps({"time": T0, "user": "alice", "ms": "slow"}),  # a value that is no number
+        json.dumps({"time": T0 + 1, "user": "alice"}),
+    ]
+    for value in values:
+        producer.produce(f"{prefix}clicks", value.encode(), b"alice", partition=p, timestamp=1)
+    assert producer.flush(10) == 0
+    batches = list(log.read(STREAM, p, 0, 100))
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert [r[OFFSET] for r in rows] == [0, 3]
+    assert rows[0]["ms"] == 3.0 and rows[0]["page"] == "/x" and rows[0][EXTRA] == '{"extra":true}'
+    assert rows[1]["page"] == "" and rows[1]["ms"] is None
+    # LogAppendTime: the broker's clock, whatever the producer said (timestamp=1)
+    assert all(abs(r["__ingest_time"] - time.time() * 1000) < 60_000 for r in rows)
+
+
+@pytest.mark.kafka
+def test_client_options_reach_librdkafka(open_log) -> None:
+    with pytest.raises(ValueError, match="kafka_options.*no.such.option"):
+        open_log(options={"no.such.option": "1"})
+    log = open_log(options={"client.id": "sketchboard-test", "socket.keepalive.enable": "true"})
+    log.ensure_topic(STREAM)
+
+
+@pytest.mark.kafka
+def test_retention_is_the_topics(open_log) -> None:
+    log = open_log()
+    log.ensure_topic(STREAM)
+    log.append(STREAM, make_events(STREAM, 0, 5), T0)
+    assert log.apply_retention(T0 + 10**12, max_age_ms=1, max_bytes_per_partition=1 << 20) == 0
+    assert sum(o.end - o.start for o in log.offsets("clicks").values()) == 5
+
+
+@pytest.mark.kafka
+def test_append_while_the_broker_is_down_fails_clearly_and_works_again_after(open_log, kafka_broker) -> None:
+    log = open_log(produce_timeout_ms=2_000)
+    log.ensure_topic(STREAM)
+    log.append(STREAM, make_events(STREAM, 0, 10), T0)
+    kafka_broker.stop()
+    try:
+        began = time.monotonic()
+        with pytest.raises(LogUnavailable, match=r"Kafka did not acknowledge 10 of 10 records .*clicks.* at 127\.0\.0\.1"):
+            log.append(STREAM, make_events(STREAM, 10, 10), T0)
+        assert time.monotonic() - began < 15  # the produce timeout, not librdkafka's 5 minutes
+    finally:
+        kafka_broker.start()
+    result = log.append(STREAM, make_events(STREAM, 20, 10), T0)
+    assert result.count == 10
+    # Nothing that failed was written: the log holds the first and the last ten only.
+    assert sum(o.end for o in log.offsets("clicks").values()) == 20
