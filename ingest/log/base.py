@@ -23,6 +23,11 @@ class AppendResult:
         return sum(n for _, n in self.ranges.values())
 
 
+class TopicMismatch(ValueError):
+    """The log's existing partitions (a Kafka topic made by someone else, an older embedded
+    log) do not fit the stream's definition; the message says what to change."""
+
+
 class LogUnavailable(RuntimeError):
     """The log's backend did not answer or refused the request (a Kafka broker down, a
     timeout). The ingest API answers 503 with this message. An append that raised it may have

@@ -33,7 +33,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 
 from catalog import StreamDef
 from ingest.events import Event, EventValidator
-from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets
+from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.partitioner import assign_partitions
 
@@ -44,10 +44,6 @@ LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
 _READ_CHUNK = 10_000  # records per Arrow batch a read yields
-
-
-class TopicMismatch(ValueError):
-    """An existing topic does not fit the stream's definition."""
 
 
 def topic_name(prefix: str, stream: str) -> str:

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from catalog import StreamDef
 from ingest.events import Event
-from ingest.log.base import AppendResult, EventLog, PartitionOffsets
+from ingest.log.base import AppendResult, EventLog, PartitionOffsets, TopicMismatch
 from ingest.log.records import decode_segment, encode_segment, events_to_batch, project, with_offsets
 from ingest.partitioner import assign_partitions
 
@@ -70,7 +70,7 @@ class SqliteEventLog(EventLog):
         with self._lock, _transaction(self._conn):
             row = self._conn.execute("SELECT partitions FROM topics WHERE stream = ?", (stream.name,)).fetchone()
             if row and row[0] > stream.partitions:
-                raise ValueError(
+                raise TopicMismatch(
                     f"stream {stream.name!r} has {row[0]} partitions in the log; its partition count"
                     f" can grow but not shrink (configured: {stream.partitions})"
                 )

@@ -14,8 +14,8 @@ import pytest
 
 from catalog import StreamDef
 from ingest.events import EventValidator
-from ingest.log import LogUnavailable
-from ingest.log.kafka import LOG_APPEND_TIME, TopicMismatch, check_topic
+from ingest.log import LogUnavailable, TopicMismatch
+from ingest.log.kafka import LOG_APPEND_TIME, check_topic
 from ingest.log.records import EXTRA, OFFSET, event_to_json, json_to_event
 from ingest.partitioner import partition_for
 from tests.kafka_broker import client_config

@@ -1,0 +1,80 @@
+"""`log_backend: kafka` end to end through the settings and the wiring: `build_api` opens the
+Kafka log (topics created at start), POST /api/v1/events answers once the real broker
+acknowledged the events, and 503 with the reason while the broker is down."""
+
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+
+import pytest
+from pydantic import ValidationError
+
+from sketchboard.settings import Settings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+
+def test_kafka_backend_needs_bootstrap_servers(monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert Settings().log_backend == "embedded"  # the laptop default stays
+    with pytest.raises(ValidationError, match="set kafka_bootstrap_servers"):
+        Settings(log_backend="kafka")
+
+
+def test_kafka_settings_from_the_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", "b1:9092,b2:9092")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_OPTIONS", '{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}')
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_PRODUCE_TIMEOUT", "3s")
+    s = Settings()
+    assert s.kafka_bootstrap_servers == "b1:9092,b2:9092"
+    assert s.kafka_options == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+    assert s.kafka_produce_timeout == 3000 and s.kafka_topic_prefix == "sketchboard." and s.kafka_replication_factor is None
+    with pytest.raises(ValidationError, match="kafka_topic_prefix"):
+        Settings(kafka_topic_prefix="bad prefix/")
+
+
+@pytest.mark.kafka
+def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_broker, tmp_path, monkeypatch) -> None:
+    from sketchboard.wiring import build_api
+
+    monkeypatch.chdir(tmp_path)
+    prefix = f"api-{uuid.uuid4().hex[:8]}."
+    settings = Settings(data_dir=tmp_path / "data", log_backend="kafka", kafka_bootstrap_servers=kafka_broker.bootstrap,
+                        kafka_topic_prefix=prefix, kafka_replication_factor=1, kafka_produce_timeout="2s",
+                        alerts_config=None)
+    app, ctx = build_api(settings)
+    assert type(ctx.log).__name__ == "KafkaEventLog"
+    # Every stream's topic was created at start, with the stream's partition count.
+    for name, stream in ctx.catalog.streams.items():
+        assert len(ctx.log.offsets(name)) == stream.partitions
+    now = int(time.time() * 1000)
+    events = [{"time": now, "customer_id": f"c{i}", "amount": 10.0 + i} for i in range(20)]
+    with TestClient(app) as client:
+        r = client.post("/api/v1/events", params={"stream": "orders"}, json=events + [{"time": now}])
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["accepted"] == 20 and len(body["rejected"]) == 1
+        assert sum(count for _, count in body["partitions"].values()) == 20
+        ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
+        assert sum(ends.values()) == 20
+        for p, (first, count) in body["partitions"].items():
+            assert ends[int(p)] == first + count
+
+        kafka_broker.stop()
+        try:
+            r = client.post("/api/v1/events", params={"stream": "orders"}, json=events)
+            assert r.status_code == 503, r.text
+            assert "none is reported accepted" in r.json()["detail"]
+            assert "did not acknowledge 20 of 20 records" in r.json()["detail"]
+        finally:
+            kafka_broker.start()
+        r = client.post("/api/v1/events", params={"stream": "orders"}, json=events)
+        assert r.status_code == 200 and r.json()["accepted"] == 20
+    assert sum(o.end for o in ctx.log.offsets("orders").values()) == 40  # the refused request wrote nothing
+    ctx.log.close()
