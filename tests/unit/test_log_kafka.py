@@ -11,9 +11,11 @@ import time
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog import StreamDef
-from ingest.events import EventValidator
+from ingest.events import MAX_EVENT_TIME_MS, EventValidator
 from ingest.log import LogUnavailable, TopicMismatch
 from ingest.log.kafka import LOG_APPEND_TIME, check_topic
 from ingest.log.records import EXTRA, OFFSET, event_to_json, json_to_event
@@ -56,6 +58,38 @@ def test_json_record_reads_back_to_the_same_event(event_time: int) -> None:
     event = v.validate({"time": time_in, "user": "ü", "status": 200, "ms": 1.5, "nested": {"a": [1, None]}})
     assert event.event_time_ms == event_time
     assert json_to_event(v, event_to_json(stream, event)) == event
+
+
+_PROPERTY_STREAM = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms", "bytes"),
+                             distinct=("user", "session"))
+_json_leaf = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.floats(allow_nan=False, allow_infinity=False) \
+    | st.text(max_size=20)
+_label = st.text(max_size=30) | st.integers(-10**6, 10**6) | st.booleans()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    time_value=st.integers(0, MAX_EVENT_TIME_MS) | st.floats(0, 10**10, allow_nan=False),
+    user=st.text(min_size=1, max_size=40),
+    page=st.none() | _label,
+    status=st.none() | _label,
+    ms=st.none() | st.integers(-10**9, 10**9) | st.floats(allow_nan=False, allow_infinity=False),
+    session=st.none() | st.text(max_size=10),
+    extra=st.dictionaries(st.text(min_size=1, max_size=8).filter(
+        lambda k: k not in {"time", "user", "page", "status", "ms", "bytes", "session"}),
+        st.recursive(_json_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids,
+                                                                                        max_size=3), max_leaves=6),
+        max_size=3),
+)
+def test_every_valid_event_survives_its_json_record(time_value, user, page, status, ms, session, extra) -> None:
+    """Whatever the API accepted reads back from its Kafka record as the very same event."""
+    raw = {**extra, "time": time_value, "user": user, "page": page, "status": status, "ms": ms, "session": session}
+    v = EventValidator(_PROPERTY_STREAM)
+    try:
+        event = v.validate(raw)
+    except ValueError:
+        return  # not an event (an over-long label, say): the API rejects it, nothing to write
+    assert json_to_event(v, event_to_json(_PROPERTY_STREAM, event)) == event
 
 
 def _rfc3339(ms: int) -> str:
