@@ -140,7 +140,10 @@ class KafkaEventLog(EventLog):
     def _make_clients(self, common: dict) -> None:
         self._admin = AdminClient(dict(common))
         self._producer = Producer({
-            "linger.ms": 5,
+            # The API waits for the acks of each request: librdkafka's default 5 ms of batching
+            # made a 1-event append take 7.7 ms here instead of 1.4 ms; a big request's records
+            # batch anyway while they are queued (1000 events: 37 ms either way).
+            "linger.ms": 0,
             # A request may hold 100 000 events: let the local queue take a whole one.
             "queue.buffering.max.messages": 1_000_000,
             **common,
