@@ -51,6 +51,8 @@ class Settings(BaseSettings):
         " enable.idempotence are always all/true")
     kafka_produce_timeout: DurationMs = Field("10s", ge=100, description="an append the brokers did not"
                                               " acknowledge by then fails (the API answers 503)")
+    kafka_request_timeout: DurationMs = Field("10s", ge=100, description="topic metadata, offsets and topic"
+                                              " creation; past it the request fails (503)")
 
     # Pipeline
     pipeline_name: str = "main"

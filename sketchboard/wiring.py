@@ -19,7 +19,8 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
         log: EventLog = KafkaEventLog(
             settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
             replication_factor=settings.kafka_replication_factor, options=settings.kafka_options,
-            produce_timeout_ms=settings.kafka_produce_timeout)
+            produce_timeout_ms=settings.kafka_produce_timeout,
+            request_timeout_s=settings.kafka_request_timeout / 1000)
     else:
         log = SqliteEventLog(settings.log_path, synchronous=settings.log_sync)
     for stream in catalog.streams.values():

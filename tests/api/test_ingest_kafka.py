@@ -46,7 +46,7 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
     monkeypatch.chdir(tmp_path)
     prefix = f"api-{uuid.uuid4().hex[:8]}."
     settings = Settings(data_dir=tmp_path / "data", log_backend="kafka", kafka_bootstrap_servers=kafka_broker.bootstrap,
-                        kafka_topic_prefix=prefix, kafka_replication_factor=1, kafka_produce_timeout="2s",
+                        kafka_topic_prefix=prefix, kafka_replication_factor=1, kafka_produce_timeout="2s", kafka_request_timeout="2s",
                         alerts_config=None)
     app, ctx = build_api(settings)
     assert type(ctx.log).__name__ == "KafkaEventLog"
@@ -72,6 +72,8 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
             assert r.status_code == 503, r.text
             assert "none is reported accepted" in r.json()["detail"]
             assert "did not acknowledge 20 of 20 records" in r.json()["detail"]
+            r = client.get("/api/v1/streams")  # any route reading the log: 503 too, not a 500
+            assert r.status_code == 503 and "the log is unavailable" in r.json()["detail"], r.text
         finally:
             kafka_broker.start()
         r = client.post("/api/v1/events", params={"stream": "orders"}, json=events)
