@@ -80,3 +80,28 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
         assert r.status_code == 200 and r.json()["accepted"] == 20
     assert sum(o.end for o in ctx.log.offsets("orders").values()) == 40  # the refused request wrote nothing
     ctx.log.close()
+
+
+def test_pipeline_refuses_the_kafka_log_for_now(monkeypatch, tmp_path, capsys) -> None:
+    from sketchboard import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    assert cli.main(["pipeline", "--data-dir", str(tmp_path / "data")]) == 2
+    assert "pipeline reads only the embedded log so far" in capsys.readouterr().err
+
+
+def test_api_with_an_unreachable_kafka_exits_saying_so(monkeypatch, tmp_path, capsys) -> None:
+    from sketchboard import cli
+    from tests.procs import free_port
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")  # nothing listens
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_REQUEST_TIMEOUT", "1s")
+    began = time.monotonic()
+    assert cli.main(["api", "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "could not read the metadata of Kafka topic 'sketchboard." in err and "127.0.0.1:" in err, err
+    assert time.monotonic() - began < 10

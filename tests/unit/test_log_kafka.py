@@ -247,3 +247,21 @@ def test_append_while_the_broker_is_down_fails_clearly_and_works_again_after(ope
     assert result.count == 10
     # Nothing that failed was written: the log holds the first and the last ten only.
     assert sum(o.end for o in log.offsets("clicks").values()) == 20
+
+
+@pytest.mark.kafka
+def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> None:
+    """The API appends from a thread pool: each append waits for its own records' reports,
+    whichever thread's poll() serves them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+
+    def appends(worker: int) -> list[int]:
+        return [log.append(STREAM, make_events(STREAM, worker * 10_000 + i * 50, 50), T0).count for i in range(20)]
+
+    with ThreadPoolExecutor(4) as pool:
+        counts = [c for result in pool.map(appends, range(4)) for c in result]
+    assert counts == [50] * 80
+    assert sum(o.end for o in log.offsets("clicks").values()) == 4000
