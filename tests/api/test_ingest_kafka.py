@@ -65,6 +65,16 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
         assert sum(ends.values()) == 20
         for p, (first, count) in body["partitions"].items():
             assert ends[int(p)] == first + count
+        # Lag as the API samples it: end offsets from the broker, and the age of the oldest
+        # unread record from its timestamp (nothing committed yet: the partition's first record).
+        time.sleep(0.3)
+        samples = {s.partition: s for s in ctx.lag.sampler.sample() if s.stream == "orders"}
+        assert {p: s.log_end for p, s in samples.items()} == ends
+        for p, s in samples.items():
+            if s.log_end:
+                assert s.committed is None and 250 <= s.lag_ms < 30_000, s
+            else:
+                assert s.lag_ms == 0
 
         kafka_broker.stop()
         try:
