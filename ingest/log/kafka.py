@@ -43,7 +43,7 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
-_READ_CHUNK = 10_000  # records per Arrow batch a read yields
+_READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
 
 
 def topic_name(prefix: str, stream: str) -> str:
@@ -326,10 +326,16 @@ class KafkaEventLog(EventLog):
         validator = self._validators.get(stream.name)
         if validator is None or validator.stream != stream:  # a definition read before, or a new one
             validator = self._validators[stream.name] = EventValidator(stream)
-        records = self._fetch(topic, partition, lo, hi)
-        for i in range(0, len(records), _READ_CHUNK):
+        pos = lo
+        while pos < hi:
+            # A chunk at a time, the consumer's lock held only while fetching it: memory stays
+            # bounded on a long range, and offsets()/ingest_time_ms() are not blocked meanwhile.
+            records = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
+            if not records:
+                return
+            pos = records[-1].offset() + 1
             offsets, events, times = [], [], []
-            for msg in records[i : i + _READ_CHUNK]:
+            for msg in records:
                 try:
                     event = json_to_event(validator, msg.value())
                 except ValueError:

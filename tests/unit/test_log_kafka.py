@@ -265,3 +265,19 @@ def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> Non
         counts = [c for result in pool.map(appends, range(4)) for c in result]
     assert counts == [50] * 80
     assert sum(o.end for o in log.offsets("clicks").values()) == 4000
+
+
+@pytest.mark.kafka
+def test_long_reads_come_in_chunks(open_log, monkeypatch) -> None:
+    import ingest.log.kafka as kafka_log
+
+    monkeypatch.setattr(kafka_log, "_READ_CHUNK", 7)
+    log = open_log()
+    one = STREAM.model_copy(update={"partitions": 4})
+    log.ensure_topic(one)
+    log.append(one, make_events(one, 0, 30, keys=1), T0)  # all user0
+    p = partition_for("user0", 4)
+    batches = list(log.read(one, p, 2, 27))
+    assert [b.num_rows for b in batches] == [7, 7, 7, 4]
+    assert [o for b in batches for o in b.column(OFFSET).to_pylist()] == list(range(2, 27))
+    assert [int(x) for b in batches for x in b.column("ms").to_pylist()] == list(range(2, 27))
