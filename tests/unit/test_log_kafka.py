@@ -281,3 +281,15 @@ def test_long_reads_come_in_chunks(open_log, monkeypatch) -> None:
     assert [b.num_rows for b in batches] == [7, 7, 7, 4]
     assert [o for b in batches for o in b.column(OFFSET).to_pylist()] == list(range(2, 27))
     assert [int(x) for b in batches for x in b.column("ms").to_pylist()] == list(range(2, 27))
+
+
+@pytest.mark.kafka
+def test_a_topic_the_cluster_cannot_create_says_why(kafka_broker, prefix) -> None:
+    from ingest.log.kafka import KafkaEventLog
+
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=3)
+    try:
+        with pytest.raises(LogUnavailable, match=f"could not create Kafka topic '{prefix}clicks'.*[Rr]eplication factor"):
+            log.ensure_topic(STREAM)
+    finally:
+        log.close()
