@@ -84,6 +84,8 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
             assert "did not acknowledge 20 of 20 records" in r.json()["detail"]
             r = client.get("/api/v1/streams")  # any route reading the log: 503 too, not a 500
             assert r.status_code == 503 and "the log is unavailable" in r.json()["detail"], r.text
+            r = client.get("/readyz")
+            assert r.status_code == 503 and r.json()["checks"]["log"].startswith("error: could not read"), r.text
         finally:
             kafka_broker.start()
         r = client.post("/api/v1/events", params={"stream": "orders"}, json=events)
