@@ -239,7 +239,7 @@ class KafkaEventLog(EventLog):
                            f" (Kafka topic {topic!r} has {have})")
         delivery = _Delivery(len(events))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
-        for event, partition in zip(events, targets):
+        for event, partition in zip(events, targets, strict=True):
             value = event_to_json(stream, event)
             key = None if event.key is None else event.key.encode("utf-8")
             while True:

@@ -91,7 +91,7 @@ class SqliteEventLog(EventLog):
             return AppendResult({})
         by_partition: dict[int, list[Event]] = defaultdict(list)
         targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
-        for event, partition in zip(events, targets):
+        for event, partition in zip(events, targets, strict=True):
             by_partition[partition].append(event)
         # Encode outside the lock: it is the expensive part and touches no shared state.
         encoded: dict[int, list[tuple[int, bytes]]] = {}

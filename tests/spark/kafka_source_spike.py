@@ -7,7 +7,9 @@ Starts a real broker, writes 30 000 events through KafkaEventLog (3 partitions) 
 malformed records from a plain producer, then reads them with readStream.format("kafka")
 (availableNow, maxOffsetsPerTrigger), parses with from_json, appends 500 more and resumes from
 the checkpoint. Prints what it saw as JSON. Findings are in the README's development notes."""
-import json, sys, time, uuid
+import json
+import sys
+import time
 from pathlib import Path
 import pyspark
 from tests.kafka_broker import KafkaBroker, client_config
