@@ -36,7 +36,8 @@ def segment_schema(stream: StreamDef) -> pa.Schema:
 
 def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: int | Sequence[int]) -> pa.RecordBatch:
     """One ingest time for all (an embedded append) or one per event (Kafka record timestamps)."""
-    ingest = [ingest_time_ms] * len(events) if isinstance(ingest_time_ms, int) else list(ingest_time_ms)
+    # Anything but a sequence is the one time of the whole append (an int, or numpy's, say).
+    ingest = list(ingest_time_ms) if isinstance(ingest_time_ms, Sequence) else [ingest_time_ms] * len(events)
     columns: list[pa.Array] = [
         pa.array([e.event_time_ms for e in events], pa.int64()),
         pa.array(ingest, pa.int64()),
