@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# JVM jars from Maven Central, resolved from the pinned poms in jvm/<name>/pom.xml into
+# jars/<name>/ (git-ignored). A folder is fetched only when missing or when its pom changed:
+# the stamp is written last, so an interrupted fetch is redone.
+JARS := jars
+MVN ?= mvn
+BROKER_JARS := $(JARS)/kafka-broker/.resolved
+SPARK_KAFKA_JARS := $(JARS)/spark-kafka/.resolved
 
-.PHONY: run test test-fast bench install clean
+.PHONY: run test test-fast bench install clean jars
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,17 +21,28 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+$(JARS)/%/.resolved: jvm/%/pom.xml
+	@command -v $(MVN) >/dev/null || { echo "make jars needs Maven (mvn) and Java 17+: apt-get install maven" >&2; exit 1; }
+	rm -rf $(JARS)/$*
+	$(MVN) -q -B -Dstyle.color=never -f $< dependency:copy-dependencies -DincludeScope=runtime \
+		-DoutputDirectory=$(CURDIR)/$(JARS)/$*
+	@touch $@
+
+# The Kafka broker the tests start, and Spark's Kafka source (spark.jars).
+jars: $(BROKER_JARS) $(SPARK_KAFKA_JARS)
+
 run: $(STAMP)
 	$(BIN)/sketchboard up
 
-test: $(STAMP)
+test: $(STAMP) jars
 	$(BIN)/python -m pytest
 
+# No JVM at all: no Spark, no Kafka broker, no real-process tests.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not spark and not e2e"
+	$(BIN)/python -m pytest -m "not spark and not e2e and not kafka"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.throughput
 
 clean:
-	rm -rf $(VENV) data build *.egg-info
+	rm -rf $(VENV) data build *.egg-info $(JARS)

@@ -8,8 +8,8 @@ from functools import partial
 from pathlib import Path
 
 import plotly
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import FileResponse
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse
 
 from api import (
     alert_routes,
@@ -26,6 +26,7 @@ from api.context import ApiContext
 from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed
 from api.ws_hub import Hub, HubConfig
+from ingest.log import LogUnavailable
 from lag.feed import LagFeed, query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
@@ -63,6 +64,13 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         " live updates over WS /api/v1/ws (see the README for the protocol).",
         lifespan=lifespan,
     )
+
+    @app.exception_handler(LogUnavailable)
+    def log_unavailable(request: Request, exc: LogUnavailable) -> JSONResponse:
+        # Any route reading the log (stream offsets, pipeline status) while Kafka is unreachable:
+        # the service is unavailable for now, not broken.
+        return JSONResponse({"detail": f"the log is unavailable: {exc}"}, status_code=503)
+
     app.include_router(ingest_routes.router(ctx))
     app.include_router(query_routes.router(ctx))
     app.include_router(status_routes.router(ctx))

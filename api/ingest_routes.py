@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
 from ingest.events import Rejection
+from ingest.log import LogUnavailable
 
 
 class RejectedEvent(BaseModel):
@@ -35,6 +36,8 @@ def router(ctx: ApiContext) -> APIRouter:
             404: {"description": "unknown stream"},
             413: {"description": "body or event count over the configured limit"},
             422: {"description": "atomic=true and some events were invalid: nothing was written"},
+            503: {"description": "the log (Kafka) did not acknowledge the events; none is reported accepted,"
+                                 " though on Kafka some may have been written (a retry may duplicate them)"},
         },
         summary="Send events to a stream (JSON array or NDJSON)",
     )
@@ -67,8 +70,11 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",
                                       "rejected": [r.model_dump() for r in answer_rejected]})
         now = ctx.now_ms()
-        # The append waits on SQLite (and fsync): keep it off the event loop.
-        result = await run_in_threadpool(ctx.log.append, ctx.catalog.streams[stream], accepted, now)
+        # The append waits on SQLite (and fsync) or on the Kafka brokers' acks: keep it off the event loop.
+        try:
+            result = await run_in_threadpool(ctx.log.append, ctx.catalog.streams[stream], accepted, now)
+        except LogUnavailable as exc:
+            raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
         return IngestAnswer(stream=stream, accepted=len(accepted), rejected=answer_rejected,
                             ingest_time_ms=now, partitions=result.ranges)
 

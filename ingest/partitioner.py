@@ -12,3 +12,15 @@ def partition_for(key: str | None, partitions: int, fallback: int = 0) -> int:
     if key is None:
         return fallback % partitions
     return zlib.crc32(key.encode("utf-8")) % partitions
+
+
+def assign_partitions(keys: list[str | None], partitions: int, round_robin: int) -> tuple[list[int], int]:
+    """The partition of each key, in order, and the round-robin counter after them: keyed
+    events by `partition_for`, keyless ones spread round-robin. Every log backend assigns
+    partitions this way, so a key lands in the same partition whichever log holds it."""
+    out = []
+    for key in keys:
+        if key is None:
+            round_robin += 1
+        out.append(partition_for(key, partitions, round_robin))
+    return out, round_robin

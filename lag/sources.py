@@ -3,9 +3,10 @@ and the pipeline's committed offsets (the store's `pipeline_offsets`, written in
 transaction as each batch, so they are exactly what the store holds).
 
 A backend plugs in by implementing `LagSource`: the embedded log knows each record's
-ingest time (`ingest_time_ms`); a Kafka source would answer end offsets from the broker
-(AdminClient.list_offsets) and return None for ingest times, and the sampler then
-interpolates lag in seconds from its own (offset, time) samples, as kafka-lag-exporter does.
+ingest time (`ingest_time_ms`); the Kafka log answers end offsets from the brokers' watermarks
+and the ingest time from the record's timestamp (the broker's append time on the LogAppendTime
+topics Sketchboard creates). A backend answering None for ingest times gets lag in seconds
+interpolated from the sampler's own (offset, time) samples, as kafka-lag-exporter does.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class LagSource(Protocol):
 
 
 class EventLogLagSource:
-    """Any `EventLog` (the embedded SQLite log answers ingest times exactly)."""
+    """Any `EventLog` (the embedded log and Kafka answer ingest times exactly)."""
 
     def __init__(self, log: EventLog):
         self.log = log

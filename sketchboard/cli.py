@@ -250,11 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from alerts.rules import RuleError
+    from ingest.log import LogUnavailable, TopicMismatch
     from sketchboard.javacheck import JavaError
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError, RuleError) as exc:
+    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

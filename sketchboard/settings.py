@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from catalog import parse_duration_ms
@@ -38,6 +38,21 @@ class Settings(BaseSettings):
     log_retention: DurationMs = Field("7d", description="records older than this are dropped")
     log_retention_bytes: int = Field(1 << 30, ge=1 << 20, description="per partition")
     log_sync: Literal["NORMAL", "FULL"] = Field("NORMAL", description="FULL also survives power loss")
+    log_backend: Literal["embedded", "kafka"] = Field(
+        "embedded", description="embedded: a SQLite file under data_dir; kafka: one topic per stream on a Kafka cluster")
+    kafka_bootstrap_servers: str | None = Field(None, description="host:port[,host:port...]; needed for kafka")
+    kafka_topic_prefix: str = Field("sketchboard.", pattern=r"^[A-Za-z0-9._-]{0,200}$",
+                                    description="a stream's topic is <prefix><stream>")
+    kafka_replication_factor: int | None = Field(None, ge=1, description="for topics Sketchboard creates;"
+                                                 " none: the brokers' default.replication.factor")
+    kafka_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="librdkafka settings for every Kafka client Sketchboard opens"
+        " (security.protocol, sasl.mechanism, sasl.username, ssl.ca.location, ...); acks and"
+        " enable.idempotence are always all/true")
+    kafka_produce_timeout: DurationMs = Field("10s", ge=100, description="an append the brokers did not"
+                                              " acknowledge by then fails (the API answers 503)")
+    kafka_request_timeout: DurationMs = Field("10s", ge=100, description="topic metadata, offsets and topic"
+                                              " creation; past it the request fails (503)")
 
     # Pipeline
     pipeline_name: str = "main"
@@ -76,6 +91,12 @@ class Settings(BaseSettings):
     demo_late_fraction: float = Field(0.005, ge=0, le=1, description="sent after the pane is final: corrections")
     demo_horizon_fraction: float = Field(0.0005, ge=0, le=1, description="older than retention: dead letters")
     demo_future_fraction: float = Field(0.0002, ge=0, le=1, description="from a clock in the future: dead letters")
+
+    @model_validator(mode="after")
+    def _kafka_needs_servers(self) -> Settings:
+        if self.log_backend == "kafka" and not self.kafka_bootstrap_servers:
+            raise ValueError("log_backend is kafka: set kafka_bootstrap_servers (e.g. 'broker1:9092,broker2:9092')")
+        return self
 
     @property
     def log_path(self) -> Path:

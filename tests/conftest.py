@@ -36,6 +36,27 @@ def service_factory(tmp_path):
         service.close()
 
 
+@pytest.fixture(scope="session")
+def kafka_broker_session(tmp_path_factory):
+    """One real Apache Kafka broker (KRaft, single node) for the whole run, started on first
+    use (~3 s with the jars there; the JVM's start dominates) and stopped at the end."""
+    from tests.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def kafka_broker(kafka_broker_session):
+    """The session's broker, running: a test that stopped it (a restart scenario) and failed
+    before starting it again does not take the broker away from the tests after it."""
+    if not kafka_broker_session.running:
+        kafka_broker_session.start()
+    return kafka_broker_session
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """The real-process lag scenario costs a Spark start-up (two, with the restart): when its

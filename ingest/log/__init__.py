@@ -1,6 +1,6 @@
 """The durable partitioned event log: interface and backends."""
 
-from ingest.log.base import AppendResult, EventLog, PartitionOffsets
+from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
 from ingest.log.sqlite import SqliteEventLog
 
-__all__ = ["AppendResult", "EventLog", "PartitionOffsets", "SqliteEventLog"]
+__all__ = ["AppendResult", "EventLog", "LogUnavailable", "PartitionOffsets", "SqliteEventLog", "TopicMismatch"]

@@ -1,4 +1,4 @@
-"""The durable partitioned event log, as every backend (embedded SQLite, later Kafka) offers it."""
+"""The durable partitioned event log, as every backend (embedded SQLite, Kafka) offers it."""
 
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ class AppendResult:
         return sum(n for _, n in self.ranges.values())
 
 
+class TopicMismatch(ValueError):
+    """The log's existing partitions (a Kafka topic made by someone else, an older embedded
+    log) do not fit the stream's definition; the message says what to change."""
+
+
+class LogUnavailable(RuntimeError):
+    """The log's backend did not answer or refused the request (a Kafka broker down, a
+    timeout). The ingest API answers 503 with this message. An append that raised it may have
+    written part of its events on Kafka (see `EventLog.append`)."""
+
+
 @dataclass(frozen=True)
 class PartitionOffsets:
     start: int  # earliest retained offset
@@ -34,11 +45,19 @@ class EventLog(ABC):
 
     @abstractmethod
     def ensure_topic(self, stream: StreamDef) -> None:
-        """Create the stream's partitions if needed (a partition count may only grow)."""
+        """Create the stream's partitions if needed. A partition count may only grow: fewer
+        configured partitions than the log has is a ValueError. The embedded log grows its
+        partitions; Kafka does not repartition an existing topic (a ValueError too)."""
 
     @abstractmethod
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
-        """Append atomically: all events are written, or none are."""
+        """Append; return only once every event is durably written. An event's partition is
+        `partition_for(key)` (keyless ones round-robin). What the log can check beforehand (a
+        partition it lacks: KeyError) fails before anything is written. The embedded log is
+        atomic: on any error nothing is written. Kafka is not atomic across partitions: on
+        `LogUnavailable` some events may have been written, so a client retrying the request
+        may duplicate them (never the other way round: nothing is reported written that was
+        not acknowledged)."""
 
     @abstractmethod
     def offsets(self, stream: str) -> Mapping[int, PartitionOffsets]:
@@ -47,15 +66,19 @@ class EventLog(ABC):
     @abstractmethod
     def read(self, stream: StreamDef, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Records with start <= offset < end (clamped to what is retained), projected onto
-        the stream's current definition, with an offset column first."""
+        the stream's current definition, with an offset column first. Offsets may have gaps
+        where a backend holds records that are not events under that definition (Kafka:
+        a direct producer's invalid record)."""
 
     @abstractmethod
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
-        """Drop whole segments older than max_age or beyond the size budget; return records dropped."""
+        """Drop whole segments older than max_age or beyond the size budget; return records dropped.
+        (Kafka: the topic's own retention applies; this drops nothing.)"""
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         """When the record at this offset was appended (epoch ms), or None where the backend
-        cannot tell cheaply or the offset is not retained. Used for lag in seconds."""
+        cannot tell cheaply or the offset is not retained. Used for lag in seconds
+        (Kafka: the record's timestamp, the broker's append time on a LogAppendTime topic)."""
         return None
 
     @abstractmethod

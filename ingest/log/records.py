@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import pyarrow as pa
 
 from catalog import StreamDef
-from ingest.events import Event
+from ingest.events import EPOCH_MS_THRESHOLD, Event, EventValidator
 
 EVENT_TIME = "__event_time"
 INGEST_TIME = "__ingest_time"
@@ -33,10 +34,13 @@ def segment_schema(stream: StreamDef) -> pa.Schema:
     return pa.schema(fields)
 
 
-def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> pa.RecordBatch:
+def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: int | Sequence[int]) -> pa.RecordBatch:
+    """One ingest time for all (an embedded append) or one per event (Kafka record timestamps)."""
+    # Anything but a sequence is the one time of the whole append (an int, or numpy's, say).
+    ingest = list(ingest_time_ms) if isinstance(ingest_time_ms, Sequence) else [ingest_time_ms] * len(events)
     columns: list[pa.Array] = [
         pa.array([e.event_time_ms for e in events], pa.int64()),
-        pa.array([ingest_time_ms] * len(events), pa.int64()),
+        pa.array(ingest, pa.int64()),
     ]
     columns += [pa.array([e.strings.get(name) for e in events], pa.string()) for name in stream.string_fields]
     columns += [pa.array([e.numbers.get(name) for e in events], pa.float64()) for name in stream.values]
@@ -110,3 +114,44 @@ def _coerce(value, target: pa.DataType):
     except (TypeError, ValueError):
         return None
     return number if number == number and abs(number) != float("inf") else None
+
+
+# -- JSON records (Kafka) ------------------------------------------------------------------
+# On Kafka a record's value is one JSON event, exactly what a producer may send to the
+# stream's topic directly, so the API's records and a direct producer's read the same way.
+
+
+def event_to_json(stream: StreamDef, event: Event) -> bytes:
+    """The JSON record of a validated event; validating it again gives the same event."""
+    record: dict = dict(event.extra)
+    record[stream.time_field] = _time_text(event.event_time_ms)
+    record.update((k, v) for k, v in event.strings.items() if v is not None)
+    record.update((k, v) for k, v in event.numbers.items() if v is not None)
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _time_text(ms: int) -> int | str:
+    # Below 10^11 a number reads as epoch *seconds*: such times (before 1973) go as RFC 3339
+    # text, which reads back to the same millisecond; every real one stays a cheap integer.
+    if ms >= EPOCH_MS_THRESHOLD:
+        return ms
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def json_to_event(validator: EventValidator, value: bytes | None) -> Event:
+    """Decode and validate one JSON record; ValueError says why it is not an event."""
+    if value is None:
+        raise ValueError("record has no value (a tombstone), not a JSON event")
+    try:
+        raw = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"record is not JSON: {exc}") from None
+    return validator.validate(raw)
+
+
+def with_offsets(offsets: Sequence[int], batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The read format of every backend: the offset column first, then the projected columns."""
+    return pa.RecordBatch.from_arrays(
+        [pa.array(offsets, pa.int64()), *batch.columns],
+        schema=batch.schema.insert(0, pa.field(OFFSET, pa.int64(), nullable=False)),
+    )

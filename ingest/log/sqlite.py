@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from catalog import StreamDef
 from ingest.events import Event
-from ingest.log.base import AppendResult, EventLog, PartitionOffsets
-from ingest.log.records import OFFSET, decode_segment, encode_segment, events_to_batch, project
-from ingest.partitioner import partition_for
+from ingest.log.base import AppendResult, EventLog, PartitionOffsets, TopicMismatch
+from ingest.log.records import decode_segment, encode_segment, events_to_batch, project, with_offsets
+from ingest.partitioner import assign_partitions
 
 MAX_SEGMENT_RECORDS = 20_000
 
@@ -70,7 +70,7 @@ class SqliteEventLog(EventLog):
         with self._lock, _transaction(self._conn):
             row = self._conn.execute("SELECT partitions FROM topics WHERE stream = ?", (stream.name,)).fetchone()
             if row and row[0] > stream.partitions:
-                raise ValueError(
+                raise TopicMismatch(
                     f"stream {stream.name!r} has {row[0]} partitions in the log; its partition count"
                     f" can grow but not shrink (configured: {stream.partitions})"
                 )
@@ -90,10 +90,9 @@ class SqliteEventLog(EventLog):
         if not events:
             return AppendResult({})
         by_partition: dict[int, list[Event]] = defaultdict(list)
-        for event in events:
-            if event.key is None:  # only keyless events are spread round-robin
-                self._round_robin += 1
-            by_partition[partition_for(event.key, stream.partitions, self._round_robin)].append(event)
+        targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
+        for event, partition in zip(events, targets, strict=True):
+            by_partition[partition].append(event)
         # Encode outside the lock: it is the expensive part and touches no shared state.
         encoded: dict[int, list[tuple[int, bytes]]] = {}
         for partition, group in by_partition.items():
@@ -150,10 +149,7 @@ class SqliteEventLog(EventLog):
             if lo >= hi:
                 continue
             batch = project(decode_segment(data), stream).slice(lo - base, hi - lo)
-            offsets = pa.array(range(lo, hi), pa.int64())
-            yield pa.RecordBatch.from_arrays(
-                [offsets, *batch.columns], schema=batch.schema.insert(0, pa.field(OFFSET, pa.int64(), nullable=False))
-            )
+            yield with_offsets(range(lo, hi), batch)
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         # Every segment is one append with one ingest time, so the segment holding the offset

@@ -1,9 +1,16 @@
-"""ingest.log: the SQLite segment log (real files in tmp_path) and the Arrow record format."""
+"""ingest.log: the log contract, run against every backend through the `backend` fixture (the
+embedded SQLite segment log on real files in tmp_path, and Kafka on the session's real broker,
+one fresh topic prefix per test), plus the embedded log's own segments and retention and the
+Arrow record format. Kafka-only behaviour is in test_log_kafka.py."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
+import uuid
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,7 +18,7 @@ import pytest
 
 from catalog import StreamDef
 from ingest.events import Event, EventValidator
-from ingest.log import PartitionOffsets, SqliteEventLog
+from ingest.log import EventLog, PartitionOffsets, SqliteEventLog
 from ingest.log.records import (
     EVENT_TIME,
     EXTRA,
@@ -49,14 +56,14 @@ class Model:
             self.rows[partition_for(e.key, stream.partitions)].append(int(e.numbers["ms"]))
 
 
-def read_table(log: SqliteEventLog, stream: StreamDef, partition: int, start: int, end: int) -> pa.Table:
+def read_table(log: EventLog, stream: StreamDef, partition: int, start: int, end: int) -> pa.Table:
     batches = list(log.read(stream, partition, start, end))
     if not batches:
         return pa.table({OFFSET: pa.array([], pa.int64())})
     return pa.Table.from_batches(batches)
 
 
-def offsets_read(log: SqliteEventLog, stream: StreamDef, partition: int, start: int, end: int) -> list[int]:
+def offsets_read(log: EventLog, stream: StreamDef, partition: int, start: int, end: int) -> list[int]:
     return read_table(log, stream, partition, start, end).column(OFFSET).to_pylist()
 
 
@@ -67,40 +74,80 @@ def segment_rows(path: Path) -> list[tuple]:
         ).fetchall()
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "log" / "events.db"
+@dataclass
+class Backend:
+    name: str
+    open: Callable[[], EventLog]  # a new handle on the same log (same file, same topics)
+    path: Path | None  # the embedded log's SQLite file
+    grows_partitions: bool  # ensure_topic adds partitions (embedded) or refuses (Kafka)
+    stamps_ingest_time: bool  # the log sets ingest times itself (Kafka LogAppendTime), ignoring the caller's
+
+
+@pytest.fixture(params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def backend(request, tmp_path: Path):
+    opened: list[EventLog] = []
+    if request.param == "embedded":
+        path = tmp_path / "log" / "events.db"
+        factory, spec = (lambda: SqliteEventLog(path)), dict(path=path, grows_partitions=True, stamps_ingest_time=False)
+    else:
+        from ingest.log.kafka import KafkaEventLog
+
+        broker = request.getfixturevalue("kafka_broker")
+        prefix = f"test-{uuid.uuid4().hex[:10]}."  # the broker lives for the session: fresh topics per test
+        factory = lambda: KafkaEventLog(broker.bootstrap, topic_prefix=prefix, replication_factor=1)  # noqa: E731
+        spec = dict(path=None, grows_partitions=False, stamps_ingest_time=True)
+
+    def open_log() -> EventLog:
+        opened.append(factory())
+        return opened[-1]
+
+    yield Backend(request.param, open_log, **spec)
+    for log in opened:
+        log.close()
+
+
+# Tests about the embedded log's own storage (segments, SQLite rows) run on it alone.
+embedded_only = pytest.mark.parametrize("backend", ["embedded"], indirect=True)
 
 
 @pytest.fixture
-def log(path: Path):
-    log = SqliteEventLog(path)
+def path(backend: Backend) -> Path | None:
+    return backend.path
+
+
+@pytest.fixture
+def log(backend: Backend):
+    log = backend.open()
     log.ensure_topic(STREAM)
-    yield log
-    log.close()
+    return log
 
 
 # -- topics ---------------------------------------------------------------------------
 
 
-def test_ensure_topic_creates_empty_partitions(log: SqliteEventLog) -> None:
+def test_ensure_topic_creates_empty_partitions(log: EventLog) -> None:
     assert log.offsets("clicks") == {p: PartitionOffsets(0, 0) for p in range(4)}
     assert log.offsets("unknown") == {}
 
 
-def test_ensure_topic_is_idempotent_and_can_grow(log: SqliteEventLog) -> None:
+def test_ensure_topic_is_idempotent_and_can_grow(backend: Backend, log: EventLog) -> None:
     log.append(STREAM, make_events(STREAM, 0, 20), T0)
     before = dict(log.offsets("clicks"))
     log.ensure_topic(STREAM)
     assert log.offsets("clicks") == before
     grown = STREAM.model_copy(update={"partitions": 6})
-    log.ensure_topic(grown)
-    after = log.offsets("clicks")
-    assert {p: after[p] for p in range(4)} == before
-    assert after[4] == after[5] == PartitionOffsets(0, 0)
+    if backend.grows_partitions:
+        log.ensure_topic(grown)
+        after = log.offsets("clicks")
+        assert {p: after[p] for p in range(4)} == before
+        assert after[4] == after[5] == PartitionOffsets(0, 0)
+    else:  # Kafka: an operator's topic is never repartitioned by us; the error says what to do
+        with pytest.raises(ValueError, match="has 4 partitions, fewer than the 6 configured.*--partitions 6"):
+            log.ensure_topic(grown)
+        assert log.offsets("clicks") == before
 
 
-def test_shrinking_partitions_raises(log: SqliteEventLog) -> None:
+def test_shrinking_partitions_raises(log: EventLog) -> None:
     with pytest.raises(ValueError, match="can grow but not shrink"):
         log.ensure_topic(STREAM.model_copy(update={"partitions": 2}))
     assert set(log.offsets("clicks")) == {0, 1, 2, 3}
@@ -109,13 +156,13 @@ def test_shrinking_partitions_raises(log: SqliteEventLog) -> None:
 # -- appending ------------------------------------------------------------------------
 
 
-def test_empty_append(log: SqliteEventLog) -> None:
+def test_empty_append(log: EventLog) -> None:
     result = log.append(STREAM, [], T0)
     assert result.ranges == {}
     assert result.count == 0
 
 
-def test_append_ranges_are_contiguous_per_partition(log: SqliteEventLog) -> None:
+def test_append_ranges_are_contiguous_per_partition(log: EventLog) -> None:
     model = Model()
     next_offset = defaultdict(int)
     start = 0
@@ -139,7 +186,7 @@ def test_append_ranges_are_contiguous_per_partition(log: SqliteEventLog) -> None
         assert [int(x) for x in table.column("ms").to_pylist()] == model.rows[p]
 
 
-def test_same_key_same_partition(log: SqliteEventLog) -> None:
+def test_same_key_same_partition(log: EventLog) -> None:
     v = EventValidator(STREAM)
     for key in ("alice", "bob", "carol", "dave", "erin"):
         expected = partition_for(key, STREAM.partitions)
@@ -153,36 +200,56 @@ def test_same_key_same_partition(log: SqliteEventLog) -> None:
         assert all(partition_for(u, 4) == p for u in users)
 
 
-def test_keyless_events_spread_round_robin(tmp_path: Path) -> None:
+def test_keyless_events_spread_round_robin(backend: Backend) -> None:
     stream = StreamDef(name="ticks", values=("x",), partitions=3)
-    log = SqliteEventLog(tmp_path / "log.db")
+    log = backend.open()
     log.ensure_topic(stream)
     v = EventValidator(stream)
     result = log.append(stream, [v.validate({"time": T0, "x": i}) for i in range(9)], T0)
     assert {p: c for p, (_, c) in result.ranges.items()} == {0: 3, 1: 3, 2: 3}
-    log.close()
 
 
-def test_read_fields(log: SqliteEventLog) -> None:
+def assert_ingest_times(backend: Backend, got: list, given: list[int], before_ms: int, after_ms: int) -> None:
+    """The caller's ingest time, or (Kafka, LogAppendTime) the broker's clock during the append."""
+    if not backend.stamps_ingest_time:
+        assert got == given
+    else:
+        assert len(got) == len(given) and all(before_ms - 1000 <= at <= after_ms + 1000 for at in got), got
+
+
+def test_read_fields(backend: Backend, log: EventLog) -> None:
     events = make_events(STREAM, 0, 30)
+    before_ms = int(time.time() * 1000)
     log.append(STREAM, events, T0 + 99)
+    after_ms = int(time.time() * 1000)
     p = partition_for("user3", 4)
     table = read_table(log, STREAM, p, 0, 100)
     assert table.schema.names == [OFFSET, EVENT_TIME, INGEST_TIME, "page", "user", "ms", EXTRA]
     mine = [e for e in events if partition_for(e.key, 4) == p]
     assert table.column(EVENT_TIME).to_pylist() == [e.event_time_ms for e in mine]
-    assert table.column(INGEST_TIME).to_pylist() == [T0 + 99] * len(mine)
+    assert_ingest_times(backend, table.column(INGEST_TIME).to_pylist(), [T0 + 99] * len(mine), before_ms, after_ms)
     assert table.column("user").to_pylist() == [e.key for e in mine]
     assert table.column("page").to_pylist() == [e.strings["page"] for e in mine]
     assert table.column("ms").to_pylist() == [e.numbers["ms"] for e in mine]
     assert table.column(EXTRA).to_pylist() == [f'{{"note":{int(e.numbers["ms"])}}}' for e in mine]
 
 
+def test_ingest_time_of_an_offset(backend: Backend, log: EventLog) -> None:
+    before_ms = int(time.time() * 1000)
+    result = log.append(STREAM, make_events(STREAM, 0, 10, keys=1), T0 + 5)  # all user0
+    after_ms = int(time.time() * 1000)
+    ((p, (first, count)),) = result.ranges.items()
+    times = [log.ingest_time_ms("clicks", p, first + i) for i in range(count)]
+    assert_ingest_times(backend, times, [T0 + 5] * count, before_ms, after_ms)
+    assert log.ingest_time_ms("clicks", p, first + count) is None  # not written yet
+    assert log.ingest_time_ms("clicks", (p + 1) % 4, 0) is None  # an empty partition
+
+
 # -- reading ranges -------------------------------------------------------------------
 
 
 @pytest.fixture
-def segmented(log: SqliteEventLog) -> tuple[SqliteEventLog, Model, int]:
+def segmented(log: EventLog) -> tuple[EventLog, Model, int]:
     """Partition of user0 holds several segments (one per append)."""
     model = Model()
     start = 0
@@ -194,6 +261,7 @@ def segmented(log: SqliteEventLog) -> tuple[SqliteEventLog, Model, int]:
     return log, model, partition_for("user0", 4)
 
 
+@embedded_only
 def test_segments_exist(path: Path, segmented) -> None:
     log, _, p = segmented
     assert len([r for r in segment_rows(path) if r[1] == p]) == 4
@@ -233,27 +301,24 @@ def test_reads_are_batches_with_the_offset_first(segmented) -> None:
         assert not batch.schema.field(0).nullable
 
 
-def test_data_survives_reopening(path: Path, segmented) -> None:
+def test_data_survives_reopening(backend: Backend, segmented) -> None:
     log, model, _ = segmented
     offsets = dict(log.offsets("clicks"))
     before = {p: read_table(log, STREAM, p, 0, 10_000) for p in range(4)}
     log.close()
-    again = SqliteEventLog(path)
-    try:
-        assert again.offsets("clicks") == offsets
-        for p in range(4):
-            assert read_table(again, STREAM, p, 0, 10_000).equals(before[p])
-        result = again.append(STREAM, make_events(STREAM, 1000, 5, keys=1), T0)  # all user0
-        p0 = partition_for("user0", 4)
-        assert result.ranges == {p0: (offsets[p0].end, 5)}
-    finally:
-        again.close()
+    again = backend.open()
+    assert again.offsets("clicks") == offsets
+    for p in range(4):
+        assert read_table(again, STREAM, p, 0, 10_000).equals(before[p])
+    result = again.append(STREAM, make_events(STREAM, 1000, 5, keys=1), T0)  # all user0
+    p0 = partition_for("user0", 4)
+    assert result.ranges == {p0: (offsets[p0].end, 5)}
 
 
-def test_failed_append_writes_nothing(path: Path, log: SqliteEventLog) -> None:
+def test_failed_append_writes_nothing(path: Path | None, log: EventLog) -> None:
     log.append(STREAM, make_events(STREAM, 0, 12), T0)
     before = dict(log.offsets("clicks"))
-    segments_before = segment_rows(path)
+    segments_before = segment_rows(path) if path else None
     wider = STREAM.model_copy(update={"partitions": 8})  # the log has only 4 partitions
     events = make_events(wider, 100, 40, keys=40)
     targets = {partition_for(e.key, 8) for e in events}
@@ -261,7 +326,8 @@ def test_failed_append_writes_nothing(path: Path, log: SqliteEventLog) -> None:
     with pytest.raises(KeyError, match="has no partition"):
         log.append(wider, events, T0)
     assert log.offsets("clicks") == before
-    assert segment_rows(path) == segments_before
+    if path:
+        assert segment_rows(path) == segments_before
     for p in range(4):
         assert offsets_read(log, STREAM, p, 0, 10_000) == list(range(before[p].end))
     # the log still works afterwards
@@ -344,7 +410,7 @@ def test_retention_applies_per_partition_and_stream(tmp_path: Path) -> None:
 # -- schema evolution -----------------------------------------------------------------
 
 
-def test_field_added_later_reads_from_extras_or_as_null_or_empty(path: Path, log: SqliteEventLog) -> None:
+def test_field_added_later_reads_from_extras_or_as_null_or_empty(log: EventLog) -> None:
     old = [
         EventValidator(STREAM).validate({"time": T0 + i, "user": "u", "page": "/a", "ms": i, "region": "eu"})
         for i in range(3)
@@ -407,7 +473,7 @@ def test_dimension_becoming_a_value_does_not_break_reads() -> None:
     assert project(events_to_batch(as_dim, [e], T0), as_value).column("x").to_pylist() == [None]
 
 
-def test_dimension_added_later_that_old_events_lacked_reads_empty(path: Path, log: SqliteEventLog) -> None:
+def test_dimension_added_later_that_old_events_lacked_reads_empty(log: EventLog) -> None:
     old = [EventValidator(STREAM).validate({"time": T0 + i, "user": "u", "page": "/a", "ms": i}) for i in range(2)]
     log.append(STREAM, old, T0)
     newer = StreamDef(name="clicks", key_field="user", dimensions=("page", "region"), values=("ms",), partitions=4)

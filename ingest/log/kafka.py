@@ -1,0 +1,391 @@
+"""Kafka log backend: one topic per stream, records are JSON events, with confluent-kafka.
+
+Why Kafka: it is the partitioned, durable, replayable log the scale-out deployment needs
+(Spark executors on other hosts read it; producers may bypass the API). Why JSON records: a
+service producing straight to the topic sends exactly what `POST /api/v1/events` takes, so
+both kinds of record read alike (value = one JSON event, key = the stream's key field).
+
+- Topics: `<prefix><stream>` (default prefix `sketchboard.`), created when missing with the
+  stream's partition count, the configured replication factor (default: the broker's) and
+  `message.timestamp.type=LogAppendTime`, so a record's timestamp is the broker's ingest time
+  whatever a producer sets. An existing topic must have exactly the configured partition count
+  (Kafka topics are not repartitioned behind the operator's back); a `CreateTime` topic is
+  accepted with a warning: lag in seconds then trusts the producers' clocks.
+- Append: an idempotent producer with acks=all; the partition is chosen by
+  `ingest.partitioner` exactly as on the embedded log; `append` returns once the broker
+  acknowledged every record and raises `LogUnavailable` when any was not (see
+  `EventLog.append`: not atomic across partitions).
+- Offsets, reads and ingest times come from the broker (watermarks, a consumer assigned to
+  the partition, record timestamps). Retention is the topic's own (`retention.ms`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+
+import pyarrow as pa
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from catalog import StreamDef
+from ingest.events import Event, EventValidator
+from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
+from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
+from ingest.partitioner import assign_partitions
+
+log = logging.getLogger(__name__)
+
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
+# Options the backend sets itself: the guarantees `append` gives rest on them.
+_PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
+_READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
+
+
+def topic_name(prefix: str, stream: str) -> str:
+    return f"{prefix}{stream}"
+
+
+def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: str | None) -> list[str]:
+    """Judge an existing topic against its stream: raise TopicMismatch for a partition count
+    other than the configured one; return warnings (a CreateTime topic). Pure."""
+    if partitions < stream.partitions:
+        raise TopicMismatch(
+            f"Kafka topic {topic!r} has {partitions} partitions, fewer than the {stream.partitions} configured for"
+            f" stream {stream.name!r}: add partitions to the topic (kafka-topics.sh --alter --topic {topic}"
+            f" --partitions {stream.partitions}) or configure `partitions: {partitions}`; Sketchboard does not"
+            " repartition an existing topic")
+    if partitions > stream.partitions:
+        raise TopicMismatch(
+            f"Kafka topic {topic!r} has {partitions} partitions, more than the {stream.partitions} configured for"
+            f" stream {stream.name!r}: configure `partitions: {partitions}` (a stream's partition count can grow"
+            " but not shrink)")
+    if timestamp_type is not None and timestamp_type != LOG_APPEND_TIME:
+        return [f"Kafka topic {topic!r} has {TIMESTAMP_TYPE}={timestamp_type}, not {LOG_APPEND_TIME}: record"
+                " timestamps are what producers set, so lag in seconds trusts the producers' clocks"]
+    return []
+
+
+class _Delivery:
+    """Delivery reports of one append: where each record landed, or why it did not."""
+
+    def __init__(self, expected: int):
+        self.expected = expected
+        self.reported = 0
+        self.offsets: dict[int, list[int]] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+
+    def __call__(self, err, msg) -> None:  # confluent-kafka's on_delivery(err, msg)
+        with self._lock:
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                self.offsets.setdefault(msg.partition(), []).append(msg.offset())
+            self.reported += 1
+            if self.reported == self.expected:
+                self.done.set()
+
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        # First offset and count per partition. Records of concurrent appends (other API
+        # threads or replicas) may interleave, so the count is ours, the range may hold others'.
+        return {p: (min(offs), len(offs)) for p, offs in sorted(self.offsets.items())}
+
+
+class KafkaEventLog(EventLog):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        topic_prefix: str = "sketchboard.",
+        replication_factor: int | None = None,
+        options: Mapping[str, object] | None = None,
+        produce_timeout_ms: int = 10_000,
+        request_timeout_s: float = 10.0,
+    ):
+        self.bootstrap_servers = bootstrap_servers
+        self.topic_prefix = topic_prefix
+        # None: the broker's default.replication.factor (-1 asks for it, KIP-464).
+        self.replication_factor = replication_factor
+        self.timeout_s = request_timeout_s
+        self.produce_timeout_ms = produce_timeout_ms
+        # Security protocol, SASL, TLS files, any librdkafka option: passed to every client.
+        common = {
+            # librdkafka's own log lines (a broker disconnecting, retries) go to Python logging,
+            # not straight to stderr.
+            "logger": logging.getLogger("ingest.log.kafka.librdkafka"),
+            # librdkafka backs off reconnecting up to 10 s by default: after a broker restart the
+            # API would stay unavailable that much longer than the broker. 1 s is cheap on a cluster.
+            "reconnect.backoff.max.ms": 1000,
+            **(options or {}),
+            "bootstrap.servers": bootstrap_servers,
+        }
+        try:
+            self._make_clients(common)
+        except KafkaException as exc:  # an unknown option or a bad value in the passthrough
+            raise ValueError(f"kafka_options: {exc.args[0].str()}") from None
+        self._read_lock = threading.Lock()  # one consumer, one assignment at a time
+        self._closed = False
+        self._partitions: dict[str, int] = {}  # stream -> partitions of its topic, as checked
+        self._validators: dict[str, EventValidator] = {}
+        self._ingest_times: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self._round_robin = 0
+        self.warnings: list[str] = []
+
+    def _make_clients(self, common: dict) -> None:
+        self._admin = AdminClient(dict(common))
+        self._producer = Producer({
+            # The API waits for the acks of each request: librdkafka's default 5 ms of batching
+            # made a 1-event append take 7.7 ms here instead of 1.4 ms; a big request's records
+            # batch anyway while they are queued (1000 events: 37 ms either way).
+            "linger.ms": 0,
+            # A request may hold 100 000 events: let the local queue take a whole one.
+            "queue.buffering.max.messages": 1_000_000,
+            **common,
+            # librdkafka reports every record by this time: a broker that is down fails the append
+            # after this long instead of its 5-minute default.
+            "message.timeout.ms": self.produce_timeout_ms,
+            **_PRODUCER_FIXED,
+        })
+        self._consumer = Consumer({
+            "group.id": "sketchboard-log-reader",  # required by librdkafka; never joined or committed
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,  # a read knows when it reached the partition's end
+            "fetch.wait.max.ms": 20,
+            "auto.offset.reset": "earliest",
+            **common,
+        })
+
+    def topic(self, stream: str) -> str:
+        return topic_name(self.topic_prefix, stream)
+
+    # -- topics -------------------------------------------------------------------------
+
+    def ensure_topic(self, stream: StreamDef) -> None:
+        topic = self.topic(stream.name)
+        partitions = self._topic_partitions(topic)
+        if partitions is None:
+            new = NewTopic(topic, num_partitions=stream.partitions,
+                           replication_factor=self.replication_factor or -1,
+                           config={TIMESTAMP_TYPE: LOG_APPEND_TIME})
+            future = self._admin.create_topics([new], request_timeout=self.timeout_s)[topic]
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica made it: check it
+                    raise self._unavailable(f"could not create Kafka topic {topic!r}", exc) from None
+            partitions = self._wait_for_partitions(topic)
+        timestamp_type = self._config(topic).get(TIMESTAMP_TYPE)
+        for warning in check_topic(topic, stream, partitions, timestamp_type):
+            if warning not in self.warnings:
+                log.warning("%s", warning)
+                self.warnings.append(warning)
+        self._partitions[stream.name] = partitions
+
+    def _topic_partitions(self, topic: str) -> int | None:
+        try:
+            meta = self._admin.list_topics(topic=topic, timeout=self.timeout_s).topics.get(topic)
+        except KafkaException as exc:
+            raise self._unavailable(f"could not read the metadata of Kafka topic {topic!r}", exc) from None
+        if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if meta.error is not None:
+            raise LogUnavailable(f"Kafka topic {topic!r} at {self.bootstrap_servers}: {meta.error}")
+        return len(meta.partitions)
+
+    def _wait_for_partitions(self, topic: str) -> int:
+        # A new topic's metadata (and its partitions' leaders) reaches the broker's cache
+        # shortly after CreateTopics returns; producing or reading before that fails.
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            meta = self._admin.list_topics(topic=topic, timeout=self.timeout_s).topics.get(topic)
+            if meta is not None and meta.error is None and meta.partitions \
+                    and all(p.leader >= 0 for p in meta.partitions.values()):
+                return len(meta.partitions)
+            time.sleep(0.05)
+        raise LogUnavailable(f"Kafka topic {topic!r} was created but its metadata did not appear within"
+                             f" {self.timeout_s:g} s at {self.bootstrap_servers}")
+
+    def _config(self, topic: str) -> dict[str, str]:
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([resource], request_timeout=self.timeout_s)[resource].result()
+        except KafkaException as exc:
+            raise self._unavailable(f"could not read the configuration of Kafka topic {topic!r}", exc) from None
+        return {name: entry.value for name, entry in entries.items()}
+
+    def _unavailable(self, what: str, exc: Exception) -> LogUnavailable:
+        return LogUnavailable(f"{what} at {self.bootstrap_servers}: {exc}")
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
+        if not events:
+            return AppendResult({})
+        topic = self.topic(stream.name)
+        have = self._partitions.get(stream.name)
+        if have is None:
+            have = self._topic_partitions(topic) or 0
+            self._partitions[stream.name] = have
+        targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
+        missing = sorted({p for p in targets if p >= have})
+        if missing:  # checked before anything is produced, so such an append writes nothing
+            raise KeyError(f"stream {stream.name!r} has no partition {missing[0]} in the log"
+                           f" (Kafka topic {topic!r} has {have})")
+        delivery = _Delivery(len(events))
+        deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
+        for event, partition in zip(events, targets, strict=True):
+            value = event_to_json(stream, event)
+            key = None if event.key is None else event.key.encode("utf-8")
+            while True:
+                try:
+                    # The timestamp counts on a CreateTime topic; LogAppendTime replaces it.
+                    self._producer.produce(topic, value, key, partition=partition, timestamp=ingest_time_ms,
+                                           on_delivery=delivery)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    if time.monotonic() > deadline:
+                        raise LogUnavailable(f"Kafka at {self.bootstrap_servers} takes no records: the"
+                                             " producer's queue stayed full") from None
+                    self._producer.poll(0.05)
+        # Each appending thread serves delivery callbacks until its own records are all reported;
+        # librdkafka reports every record within message.timeout.ms, delivered or failed.
+        while not delivery.done.is_set():
+            self._producer.poll(0.05)
+            if time.monotonic() > deadline:
+                missing = delivery.expected - delivery.reported
+                raise LogUnavailable(f"Kafka at {self.bootstrap_servers} did not report on {missing} of"
+                                     f" {delivery.expected} records in time")
+        if delivery.errors:
+            failed = len(delivery.errors)
+            raise LogUnavailable(
+                f"Kafka did not acknowledge {failed} of {len(events)} records for topic {topic!r} at"
+                f" {self.bootstrap_servers}: {delivery.errors[0]}"
+                + ("" if failed == len(events) else f" ({len(events) - failed} were written)"))
+        return AppendResult(delivery.ranges())
+
+    # -- reading ------------------------------------------------------------------------
+
+    def offsets(self, stream: str) -> Mapping[int, PartitionOffsets]:
+        topic = self.topic(stream)
+        partitions = self._topic_partitions(topic)
+        out = {}
+        for p in range(partitions or 0):
+            out[p] = PartitionOffsets(*self._watermarks(topic, p))
+        return out
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+            except KafkaException as exc:
+                # Right after a topic is created (or a broker restarted) its leader may not be
+                # known yet: "not leader" is retriable and passes within a second.
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise self._unavailable(f"could not read the offsets of Kafka topic {topic!r}", exc) from None
+                time.sleep(0.05)
+
+    def _fetch(self, topic: str, partition: int, start: int, end: int) -> list:
+        """The records with start <= offset < end (end at most the high watermark)."""
+        records = []
+        deadline = time.monotonic() + self.timeout_s
+        with self._read_lock:
+            self._consumer.assign([TopicPartition(topic, partition, start)])
+            try:
+                while time.monotonic() < deadline:
+                    for msg in self._consumer.consume(num_messages=min(end - start, 10_000), timeout=0.5):
+                        error = msg.error()
+                        if error is not None:
+                            if error.code() == KafkaError._PARTITION_EOF:
+                                return records  # no more (retention or a compaction gap left it short)
+                            raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition}: {error}")
+                        if msg.offset() >= end:
+                            return records
+                        records.append(msg)
+                        if msg.offset() == end - 1:
+                            return records
+            finally:
+                self._consumer.unassign()
+        raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition} [{start}, {end}) at"
+                             f" {self.bootstrap_servers} did not finish within {self.timeout_s:g} s")
+
+    def read(self, stream: StreamDef, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        topic = self.topic(stream.name)
+        if partition >= (self._partitions.get(stream.name) or self._topic_partitions(topic) or 0):
+            return
+        low, high = self._watermarks(topic, partition)
+        lo, hi = max(start, low), min(end, high)
+        if lo >= hi:
+            return
+        validator = self._validators.get(stream.name)
+        if validator is None or validator.stream != stream:  # a definition read before, or a new one
+            validator = self._validators[stream.name] = EventValidator(stream)
+        pos = lo
+        while pos < hi:
+            # A chunk at a time, the consumer's lock held only while fetching it: memory stays
+            # bounded on a long range, and offsets()/ingest_time_ms() are not blocked meanwhile.
+            records = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
+            if not records:
+                return
+            pos = records[-1].offset() + 1
+            offsets, events, times = [], [], []
+            for msg in records:
+                try:
+                    event = json_to_event(validator, msg.value())
+                except ValueError:
+                    continue  # not an event under this definition: left out (the pipeline dead-letters it)
+                offsets.append(msg.offset())
+                events.append(event)
+                times.append(_timestamp(msg))
+            if events:
+                yield with_offsets(offsets, project(events_to_batch(stream, events, times), stream))
+
+    def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
+        # A record's timestamp never changes: remember the few the lag sampler keeps asking for.
+        key = (stream, partition, offset)
+        if key in self._ingest_times:
+            self._ingest_times.move_to_end(key)
+            return self._ingest_times[key]
+        records = self._fetch(self.topic(stream), partition, offset, offset + 1)
+        if not records or records[0].offset() != offset:
+            return None
+        at = _timestamp(records[0])
+        if at is not None:
+            self._ingest_times[key] = at
+            if len(self._ingest_times) > 4096:
+                self._ingest_times.popitem(last=False)
+        return at
+
+    def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
+        return 0  # the topic's retention.ms / retention.bytes apply, enforced by the brokers
+
+    def close(self) -> None:
+        with self._read_lock:
+            if self._closed:  # closing twice is harmless, as on the embedded log
+                return
+            self._closed = True
+            self._producer.flush(self.timeout_s)
+            self._consumer.close()
+
+
+# librdkafka does not flag these as retriable on watermark queries, yet they pass once the
+# partition's leader is known.
+_LEADER_ERRORS = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                  KafkaError.UNKNOWN_TOPIC_OR_PART}
+
+
+def _retriable(exc: KafkaException) -> bool:
+    error = exc.args[0]
+    return error.retriable() or error.code() in _LEADER_ERRORS
+
+
+def _timestamp(msg) -> int | None:
+    kind, at = msg.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE or at < 0 else at
+

@@ -1,0 +1,295 @@
+"""The Kafka log's own behaviour (the shared log contract is tests/unit/test_log.py): how topics
+are judged (pure), the JSON record format (pure), and against the real broker: topic creation,
+a topic with fewer partitions, a CreateTime topic, direct producers' records, client options,
+and a produce while the broker is down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog import StreamDef
+from ingest.events import MAX_EVENT_TIME_MS, EventValidator
+from ingest.log import LogUnavailable, TopicMismatch
+from ingest.log.kafka import LOG_APPEND_TIME, check_topic
+from ingest.log.records import EXTRA, OFFSET, event_to_json, json_to_event
+from ingest.partitioner import partition_for
+from tests.kafka_broker import client_config
+from tests.unit.test_log import STREAM, T0, make_events
+
+# -- pure -------------------------------------------------------------------------------
+
+
+def test_check_topic_accepts_the_configured_partitions() -> None:
+    assert check_topic("sketchboard.clicks", STREAM, 4, LOG_APPEND_TIME) == []
+
+
+def test_check_topic_with_fewer_partitions_says_what_to_do() -> None:
+    with pytest.raises(TopicMismatch) as exc:
+        check_topic("sketchboard.clicks", STREAM, 2, LOG_APPEND_TIME)
+    message = str(exc.value)
+    assert "'sketchboard.clicks' has 2 partitions, fewer than the 4 configured for stream 'clicks'" in message
+    assert "--partitions 4" in message and "partitions: 2" in message
+
+
+def test_check_topic_with_more_partitions_is_an_error_too() -> None:
+    with pytest.raises(TopicMismatch, match="has 8 partitions, more than the 4 configured.*partitions: 8"):
+        check_topic("t", STREAM, 8, LOG_APPEND_TIME)
+
+
+def test_check_topic_warns_about_create_time() -> None:
+    (warning,) = check_topic("t", STREAM, 4, "CreateTime")
+    assert "message.timestamp.type=CreateTime" in warning and "producers' clocks" in warning
+
+
+@pytest.mark.parametrize("event_time", [T0, 5_000, 0, 99_999_999_999, 100_000_000_000, 253_402_300_799_999])
+def test_json_record_reads_back_to_the_same_event(event_time: int) -> None:
+    stream = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms",),
+                       distinct=("user", "session"))
+    v = EventValidator(stream)
+    # A number below 10^11 reads as seconds: such a time is given as RFC 3339 text instead.
+    time_in = event_time if event_time >= 100_000_000_000 else _rfc3339(event_time)
+    event = v.validate({"time": time_in, "user": "ü", "status": 200, "ms": 1.5, "nested": {"a": [1, None]}})
+    assert event.event_time_ms == event_time
+    assert json_to_event(v, event_to_json(stream, event)) == event
+
+
+_PROPERTY_STREAM = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms", "bytes"),
+                             distinct=("user", "session"))
+_json_leaf = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.floats(allow_nan=False, allow_infinity=False) \
+    | st.text(max_size=20)
+_label = st.text(max_size=30) | st.integers(-10**6, 10**6) | st.booleans()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    time_value=st.integers(0, MAX_EVENT_TIME_MS) | st.floats(0, 10**10, allow_nan=False),
+    user=st.text(min_size=1, max_size=40),
+    page=st.none() | _label,
+    status=st.none() | _label,
+    ms=st.none() | st.integers(-10**9, 10**9) | st.floats(allow_nan=False, allow_infinity=False),
+    session=st.none() | st.text(max_size=10),
+    extra=st.dictionaries(st.text(min_size=1, max_size=8).filter(
+        lambda k: k not in {"time", "user", "page", "status", "ms", "bytes", "session"}),
+        st.recursive(_json_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids,
+                                                                                        max_size=3), max_leaves=6),
+        max_size=3),
+)
+def test_every_valid_event_survives_its_json_record(time_value, user, page, status, ms, session, extra) -> None:
+    """Whatever the API accepted reads back from its Kafka record as the very same event."""
+    raw = {**extra, "time": time_value, "user": user, "page": page, "status": status, "ms": ms, "session": session}
+    v = EventValidator(_PROPERTY_STREAM)
+    try:
+        event = v.validate(raw)
+    except ValueError:
+        return  # not an event (an over-long label, say): the API rejects it, nothing to write
+    assert json_to_event(v, event_to_json(_PROPERTY_STREAM, event)) == event
+
+
+def _rfc3339(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (None, "no value"),
+    (b"not json", "not JSON"),
+    (b"\xff\xfe", "not JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"user": "u"}', "time: required field is missing"),
+    (b'{"time": 1, "user": "u", "ms": "12"}', "ms: must be a number"),
+])
+def test_json_record_that_is_no_event_says_why(value, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        json_to_event(EventValidator(STREAM), value)
+
+
+# -- against the real broker ------------------------------------------------------------
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def open_log(kafka_broker, prefix):
+    from ingest.log.kafka import KafkaEventLog
+
+    opened = []
+
+    def make(**kwargs):
+        opened.append(KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1, **kwargs))
+        return opened[-1]
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+@pytest.fixture
+def admin(kafka_broker):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(client_config(kafka_broker.bootstrap))
+
+
+def topic_config(admin, topic: str) -> dict[str, str]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    return {k: e.value for k, e in admin.describe_configs([resource])[resource].result(timeout=10).items()}
+
+
+def create_topic(admin, topic: str, partitions: int, **config: str) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(timeout=10)
+
+
+@pytest.mark.kafka
+def test_topic_is_created_with_partitions_and_log_append_time(open_log, admin, prefix) -> None:
+    log = open_log()
+    log.ensure_topic(STREAM)
+    topic = f"{prefix}clicks"
+    meta = admin.list_topics(topic=topic, timeout=10).topics[topic]
+    assert len(meta.partitions) == 4
+    assert all(len(p.replicas) == 1 for p in meta.partitions.values())
+    assert topic_config(admin, topic)["message.timestamp.type"] == "LogAppendTime"
+    log.ensure_topic(STREAM)  # idempotent
+    assert log.warnings == []
+
+
+@pytest.mark.kafka
+def test_existing_topic_with_fewer_partitions_is_a_clear_error(open_log, admin, prefix) -> None:
+    create_topic(admin, f"{prefix}clicks", 2, **{"message.timestamp.type": "LogAppendTime"})
+    with pytest.raises(TopicMismatch, match=f"'{prefix}clicks' has 2 partitions, fewer than the 4 configured"):
+        open_log().ensure_topic(STREAM)
+
+
+@pytest.mark.kafka
+def test_create_time_topic_is_accepted_with_a_warning(open_log, admin, prefix, caplog) -> None:
+    create_topic(admin, f"{prefix}clicks", 4, **{"message.timestamp.type": "CreateTime"})
+    log = open_log()
+    with caplog.at_level(logging.WARNING, logger="ingest.log.kafka"):
+        log.ensure_topic(STREAM)
+    assert "CreateTime" in caplog.text and "producers' clocks" in caplog.text
+    # The record timestamp is then what the producer (here: the API's ingest time) set.
+    result = log.append(STREAM, make_events(STREAM, 0, 3, keys=1), T0 + 42)
+    ((p, (first, _)),) = result.ranges.items()
+    assert log.ingest_time_ms("clicks", p, first) == T0 + 42
+
+
+@pytest.mark.kafka
+def test_direct_producers_records_read_like_the_apis_and_invalid_ones_leave_a_gap(open_log, kafka_broker,
+                                                                                   prefix) -> None:
+    from confluent_kafka import Producer
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    p = partition_for("alice", 4)
+    producer = Producer(client_config(kafka_broker.bootstrap))
+    values = [
+        json.dumps({"time": "2023-11-14T22:13:20Z", "user": "alice", "page": "/x", "ms": 3, "extra": True}),
+        "not json",
+        json.dumps({"time": T0, "user": "alice", "ms": "slow"}),  # a value that is no number
+        json.dumps({"time": T0 + 1, "user": "alice"}),
+    ]
+    for value in values:
+        producer.produce(f"{prefix}clicks", value.encode(), b"alice", partition=p, timestamp=1)
+    assert producer.flush(10) == 0
+    batches = list(log.read(STREAM, p, 0, 100))
+    rows = [row for b in batches for row in b.to_pylist()]
+    assert [r[OFFSET] for r in rows] == [0, 3]
+    assert rows[0]["ms"] == 3.0 and rows[0]["page"] == "/x" and rows[0][EXTRA] == '{"extra":true}'
+    assert rows[1]["page"] == "" and rows[1]["ms"] is None
+    # LogAppendTime: the broker's clock, whatever the producer said (timestamp=1)
+    assert all(abs(r["__ingest_time"] - time.time() * 1000) < 60_000 for r in rows)
+
+
+@pytest.mark.kafka
+def test_client_options_reach_librdkafka(open_log) -> None:
+    with pytest.raises(ValueError, match="kafka_options.*no.such.option"):
+        open_log(options={"no.such.option": "1"})
+    log = open_log(options={"client.id": "sketchboard-test", "socket.keepalive.enable": "true"})
+    log.ensure_topic(STREAM)
+
+
+@pytest.mark.kafka
+def test_retention_is_the_topics(open_log) -> None:
+    log = open_log()
+    log.ensure_topic(STREAM)
+    log.append(STREAM, make_events(STREAM, 0, 5), T0)
+    assert log.apply_retention(T0 + 10**12, max_age_ms=1, max_bytes_per_partition=1 << 20) == 0
+    assert sum(o.end - o.start for o in log.offsets("clicks").values()) == 5
+
+
+@pytest.mark.kafka
+def test_append_while_the_broker_is_down_fails_clearly_and_works_again_after(open_log, kafka_broker) -> None:
+    log = open_log(produce_timeout_ms=2_000)
+    log.ensure_topic(STREAM)
+    log.append(STREAM, make_events(STREAM, 0, 10), T0)
+    kafka_broker.stop()
+    try:
+        began = time.monotonic()
+        with pytest.raises(LogUnavailable, match=r"Kafka did not acknowledge 10 of 10 records .*clicks.* at 127\.0\.0\.1"):
+            log.append(STREAM, make_events(STREAM, 10, 10), T0)
+        assert time.monotonic() - began < 15  # the produce timeout, not librdkafka's 5 minutes
+    finally:
+        kafka_broker.start()
+    result = log.append(STREAM, make_events(STREAM, 20, 10), T0)
+    assert result.count == 10
+    # Nothing that failed was written: the log holds the first and the last ten only.
+    assert sum(o.end for o in log.offsets("clicks").values()) == 20
+
+
+@pytest.mark.kafka
+def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> None:
+    """The API appends from a thread pool: each append waits for its own records' reports,
+    whichever thread's poll() serves them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+
+    def appends(worker: int) -> list[int]:
+        return [log.append(STREAM, make_events(STREAM, worker * 10_000 + i * 50, 50), T0).count for i in range(20)]
+
+    with ThreadPoolExecutor(4) as pool:
+        counts = [c for result in pool.map(appends, range(4)) for c in result]
+    assert counts == [50] * 80
+    assert sum(o.end for o in log.offsets("clicks").values()) == 4000
+
+
+@pytest.mark.kafka
+def test_long_reads_come_in_chunks(open_log, monkeypatch) -> None:
+    import ingest.log.kafka as kafka_log
+
+    monkeypatch.setattr(kafka_log, "_READ_CHUNK", 7)
+    log = open_log()
+    one = STREAM.model_copy(update={"partitions": 4})
+    log.ensure_topic(one)
+    log.append(one, make_events(one, 0, 30, keys=1), T0)  # all user0
+    p = partition_for("user0", 4)
+    batches = list(log.read(one, p, 2, 27))
+    assert [b.num_rows for b in batches] == [7, 7, 7, 4]
+    assert [o for b in batches for o in b.column(OFFSET).to_pylist()] == list(range(2, 27))
+    assert [int(x) for b in batches for x in b.column("ms").to_pylist()] == list(range(2, 27))
+
+
+@pytest.mark.kafka
+def test_a_topic_the_cluster_cannot_create_says_why(kafka_broker, prefix) -> None:
+    from ingest.log.kafka import KafkaEventLog
+
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=3)
+    try:
+        with pytest.raises(LogUnavailable, match=f"could not create Kafka topic '{prefix}clicks'.*[Rr]eplication factor"):
+            log.ensure_topic(STREAM)
+    finally:
+        log.close()
