@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
@@ -11,6 +13,11 @@ from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from lag.feed import query_health
 from lag.model import LagStatus
+
+
+class ReadyOut(BaseModel):
+    status: str = Field(description="'ready' or 'not ready'")
+    checks: dict[str, str] = Field(description="per component (log, store): 'ok' or 'error: ...'")
 
 
 def health_status(ctx: ApiContext) -> dict:
@@ -76,8 +83,10 @@ def router(ctx: ApiContext) -> APIRouter:
     def healthz() -> dict:
         return {"status": "ok"}
 
-    @r.get("/readyz", tags=["status"], summary="The log and the store answer")
-    def readyz(response: Response) -> dict:
+    @r.get("/readyz", tags=["status"], summary="The log and the store answer",
+           responses={503: {"model": ReadyOut, "description": "the log or the store does not answer;"
+                            " `checks` says which"}})
+    def readyz(response: Response) -> ReadyOut:
         checks = {}
         for name, probe in (("log", lambda: ctx.log.offsets(next(iter(ctx.catalog.streams)))),
                             ("store", lambda: ctx.store.last_batch_id(ctx.pipeline_name))):
@@ -88,9 +97,11 @@ def router(ctx: ApiContext) -> APIRouter:
                 checks[name] = f"error: {exc}"
         ready = all(v == "ok" for v in checks.values())
         response.status_code = 200 if ready else 503
-        return {"status": "ready" if ready else "not ready", "checks": checks}
+        return ReadyOut(status="ready" if ready else "not ready", checks=checks)
 
-    @r.get("/metrics", tags=["status"], summary="Prometheus text format")
+    @r.get("/metrics", tags=["status"], summary="Prometheus text format", response_class=PlainTextResponse,
+           responses={200: {"description": "Prometheus text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         # A fresh registry per scrape: the values are read from the store and log, not kept here.
         registry = CollectorRegistry()

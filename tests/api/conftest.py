@@ -93,3 +93,40 @@ def snapshot(ctx):
         }
 
     return take
+
+
+@pytest.fixture
+def wired_ctx(ctx, tmp_path, clock):
+    """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor
+    and the Spark-health store, all on the same real SQLite store file. For tests that must
+    reach every route (the robustness tests and the OpenAPI fuzz test)."""
+    from alerts.service import AlertService
+    from alerts.source import StoreAlertData
+    from lag.report import LagMonitor
+    from lag.sampler import LagSampler
+    from lag.sources import EventLogLagSource, StoreCommitted
+    from store.alerts import SqliteAlertStore
+    from store.health import SqliteHealthStore
+    from store.lag import SqliteLagStore
+
+    alert_store = SqliteAlertStore(tmp_path / "store.db")
+    lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
+    source = EventLogLagSource(ctx.log)
+    sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
+                         pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
+    ctx.alerts = AlertService(ctx.catalog, alert_store, StoreAlertData(ctx.catalog, ctx.store), clock=clock)
+    ctx.lag = LagMonitor(lag_store, ctx.pipeline_name,
+                         lambda: [(n, p) for n in ctx.catalog.streams for p in source.end_offsets(n)],
+                         window=3, interval_s=1.0, clock=clock, sampler=sampler)
+    health = ctx.health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
+    yield ctx
+    ctx.alerts, ctx.lag, ctx.health = None, None, None
+    for side in (alert_store, lag_store, health):
+        side.close()
+
+
+@pytest.fixture
+def wired_client(wired_ctx):
+    # raise_server_exceptions=False: a 500 is what these tests look for, not a re-raised error.
+    with TestClient(create_app(wired_ctx), raise_server_exceptions=False) as c:
+        yield c
