@@ -15,6 +15,7 @@ from alerts.service import AlertService, RuleConflict, RuleError
 from alerts.states import AlertState
 from api.bodies import loads_json, read_capped
 from api.errors import MAX_ID, bad_request, errors
+from api.responses import AlertsOut, RuleOut, RulesOut
 from catalog import parse_duration_ms
 from catalog.model import DurationMs
 from store.alerts import StoredRule
@@ -102,17 +103,21 @@ def router(service: AlertService) -> APIRouter:
         except RuleConflict as exc:
             raise HTTPException(409, str(exc)) from None
 
-    @r.get("/rules", summary="Alert rules, each with its current worst state")
+    @r.get("/rules", summary="Alert rules, each with its current worst state", response_model=None,
+           responses={200: {"model": RulesOut, "description": "the rules"}})
     def list_rules() -> dict:
         instances = by_rule()
         return {"rules": [rule_out(loaded.stored, instances.get(loaded.stored.name, [])) for loaded in service.rules()]}
 
-    @r.get("/rules/{name}", summary="One alert rule", responses=errors(404, e404="no such rule"))
+    @r.get("/rules/{name}", summary="One alert rule", response_model=None,
+           responses={200: {"model": RuleOut, "description": "the rule"}, **errors(404, e404="no such rule")})
     def get_rule(name: str) -> dict:
         return found(service.store.rule(name), name)
 
     @r.post("/rules", status_code=201, summary="Create a rule (see the README for the kinds and fields)",
-            responses=errors(400, 409, 413, e400="invalid rule", e409="name taken"),
+            response_model=None,
+            responses={201: {"model": RuleOut, "description": "the rule, created"},
+                       **errors(400, 409, 413, e400="invalid rule", e409="name taken")},
             openapi_extra=_body_schema(RULE_SCHEMA, "the rule; `kind` picks its fields"))
     async def create_rule(request: Request) -> dict:
         data = await body(request)
@@ -120,8 +125,10 @@ def router(service: AlertService) -> APIRouter:
         return rule_out(stored, [])
 
     @r.put("/rules/{name}", summary="Replace a rule's definition (rules from the alerts file are read-only)",
-           responses=errors(400, 404, 409, 413, e400="invalid rule", e404="no such rule",
-                            e409="declared in the alerts file"),
+           response_model=None,
+           responses={200: {"model": RuleOut, "description": "the rule, replaced"},
+                      **errors(400, 404, 409, 413, e400="invalid rule", e404="no such rule",
+                               e409="declared in the alerts file")},
            openapi_extra=_body_schema(RULE_SCHEMA, "the rule's new definition; its name must be the path's"))
     async def replace_rule(name: str, request: Request) -> dict:
         data = await body(request)
@@ -136,7 +143,9 @@ def router(service: AlertService) -> APIRouter:
         return Response(status_code=204)
 
     @r.post("/rules/{name}/silence", summary="Silence a rule's notifications for a duration ({\"duration\": \"1h\"})",
-            responses=errors(400, 404, 413, e400="bad duration", e404="no such rule"),
+            response_model=None,
+            responses={200: {"model": RuleOut, "description": "the rule, silenced"},
+                       **errors(400, 404, 413, e400="bad duration", e404="no such rule")},
             openapi_extra=_body_schema(SILENCE_SCHEMA, "how long"))
     async def silence(name: str, request: Request) -> dict:
         data = await body(request)
@@ -148,11 +157,14 @@ def router(service: AlertService) -> APIRouter:
             raise bad_request("duration", "duration: must be more than 0 and at most a year (366d)")
         return found(service.silence(name, duration), name)
 
-    @r.delete("/rules/{name}/silence", summary="End a rule's silence", responses=errors(404, e404="no such rule"))
+    @r.delete("/rules/{name}/silence", summary="End a rule's silence", response_model=None,
+              responses={200: {"model": RuleOut, "description": "the rule, no longer silenced"},
+                         **errors(404, e404="no such rule")})
     def unsilence(name: str) -> dict:
         return found(service.silence(name, None), name)
 
-    @r.get("", summary="Active alert instances and the history of state changes (newest first)")
+    @r.get("", summary="Active alert instances and the history of state changes (newest first)",
+           response_model=None, responses={200: {"model": AlertsOut, "description": "alerts now and their history"}})
     def alerts(rule: str | None = Query(None, description="only this rule"),
                limit: int = Query(100, ge=1, le=10_000, description="history entries"),
                after_id: int = Query(0, ge=0, le=MAX_ID, description="history entries after this id")) -> dict:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from api.context import ApiContext
 from api.errors import MAX_ID, BadParam, bad_request, errors, param_error
+from api.responses import CorrectionsOut, DeadLettersOut
 from api.timeparams import parse_instant_ms
 from catalog import Catalog, MetricDef
 from store import DEAD_LETTER_REASONS, Correction, PaneStore
@@ -92,7 +93,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/corrections",
         summary="Correction history: changes to panes after they became final",
-        responses=errors(400, 404, e404="unknown stream or metric"),
+        response_model=None,
+        responses={200: {"model": CorrectionsOut, "description": "the corrections"},
+                   **errors(400, 404, e404="unknown stream or metric")},
     )
     def corrections(
         stream: str | None = Query(None, description="only this stream"),
@@ -120,7 +123,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/dead-letters",
         summary="Records that were not aggregated, and why (newest first), with counts per reason",
-        responses=errors(400, 404, e404="unknown stream"),
+        response_model=None,
+        responses={200: {"model": DeadLettersOut, "description": "the dead letters"},
+                   **errors(400, 404, e404="unknown stream")},
     )
     def dead_letters(
         stream: str | None = Query(None, description="only this stream"),

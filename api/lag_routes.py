@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
 from api.errors import BadParam, errors, param_error
+from api.responses import LagOut
 from api.timeparams import parse_range_ms
 from lag.model import LagSample
 
@@ -48,7 +49,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/lag",
         summary="Consumer lag: status (Burrow-style, no thresholds) and its time series",
-        responses=errors(400, 404, 503, e404="unknown stream", e503="lag monitoring is not configured in this process"),
+        response_model=None,
+        responses={200: {"model": LagOut, "description": "the lag status now and its series"},
+                   **errors(400, 404, 503, e404="unknown stream", e503="lag monitoring is not configured in this process")},
     )
     async def lag(
         stream: str | None = Query(None, description="only this stream (default: all)"),

@@ -8,6 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
 from api.errors import BadParam, bad_request, errors, param_error
+from api.responses import MetricsOut, StreamsOut
 from api.timeparams import default_step_ms, parse_duration_param, parse_range_ms
 from catalog import format_duration_ms
 from store.bloom import bloom_store_for, overlay_first_seen
@@ -70,7 +71,8 @@ def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str,
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["query"])
 
-    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets")
+    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets",
+           response_model=None, responses={200: {"model": StreamsOut, "description": "the streams"}})
     def streams() -> dict:
         out = []
         for stream in ctx.catalog.streams.values():
@@ -83,7 +85,8 @@ def router(ctx: ApiContext) -> APIRouter:
             })
         return {"streams": out}
 
-    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers")
+    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers",
+           response_model=None, responses={200: {"model": MetricsOut, "description": "the metrics"}})
     def metrics() -> dict:
         out = []
         for metric in ctx.catalog.metrics.values():

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, State
 from api import http_metrics
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
+from api.responses import HealthOut, PipelineOut
 from lag.feed import query_health
 from lag.model import LagStatus
 
@@ -75,11 +76,12 @@ def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter()
 
     @r.get("/api/v1/pipeline", tags=["status"],
-           summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)")
+           summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)",
+           response_model=None, responses={200: {"model": PipelineOut, "description": "progress and health"}})
     def pipeline() -> dict:
         return {**pipeline_status(ctx), "health": health_status(ctx)}
 
-    @r.get("/healthz", tags=["status"], summary="The API process is alive")
+    @r.get("/healthz", tags=["status"], summary="The API process is alive", response_model=HealthOut)
     def healthz() -> dict:
         return {"status": "ok"}
 
