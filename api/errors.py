@@ -9,11 +9,13 @@ the parameter; the document describes both.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.routing import compile_path
 
 # SQLite's INTEGER and Spark's bigint: an id or offset above this cannot exist, and Python
 # would raise OverflowError binding it. Declared in the schema (le=) so the contract says so.
@@ -57,8 +59,28 @@ async def _render(request: Request, exc: ParamHTTPError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail, "param": exc.param}, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _method_not_allowed(request: Request, exc: HTTPException) -> JSONResponse:
+    """405 with an Allow header naming every method of the path. Starlette's names only the
+    methods of the first route that matched the path, while one path here is often several
+    routes (GET, PUT and DELETE /api/v1/alerts/rules/{name} are three functions). The methods
+    come from the OpenAPI document, the contract itself (FastAPI's routers nest the routes)."""
+    allowed = {method.upper() for pattern, methods in _path_methods(request.app) if pattern.match(request.url.path)
+               for method in methods}
+    headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))} if allowed else exc.headers
+    return JSONResponse({"detail": exc.detail}, status_code=405, headers=headers)
+
+
+def _path_methods(app) -> list[tuple[re.Pattern, list[str]]]:
+    cached = getattr(app.state, "path_methods", None)
+    if cached is None:
+        cached = app.state.path_methods = [(compile_path(path)[0], list(ops))
+                                           for path, ops in app.openapi().get("paths", {}).items()]
+    return cached
+
+
 def install(app) -> None:
     app.add_exception_handler(ParamHTTPError, _render)
+    app.add_exception_handler(405, _method_not_allowed)
 
 
 _DEFAULT_TEXT = {

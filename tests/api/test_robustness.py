@@ -133,3 +133,15 @@ def test_a_deeply_nested_ndjson_line_rejects_that_line_only(wired_client, now_ms
 def test_a_rule_body_over_its_limit_is_413(wired_client):
     r = wired_client.post("/api/v1/alerts/rules", json={**RULE, "description": "x" * 70_000})
     _error(r, 413, None, "exceeds the limit")
+
+
+@pytest.mark.parametrize("method,path,allow", [
+    ("OPTIONS", "/api/v1/alerts/rules", "GET, POST"),
+    ("PATCH", "/api/v1/alerts/rules/r1", "DELETE, GET, PUT"),
+    ("PUT", "/api/v1/alerts/rules/r1/silence", "DELETE, POST"),
+    ("POST", "/api/v1/query", "GET"),
+])
+def test_405_names_every_method_of_the_path(wired_client, method, path, allow):
+    # Starlette named only the first matching route's methods: 'GET' for the rule routes.
+    r = wired_client.request(method, path)
+    assert r.status_code == 405 and r.headers["allow"] == allow, (r.headers, r.text)
