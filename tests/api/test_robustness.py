@@ -145,3 +145,23 @@ def test_405_names_every_method_of_the_path(wired_client, method, path, allow):
     # Starlette named only the first matching route's methods: 'GET' for the rule routes.
     r = wired_client.request(method, path)
     assert r.status_code == 405 and r.headers["allow"] == allow, (r.headers, r.text)
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("time", "9" * 4000, "time: event time 999"),         # math.isfinite(int) raised OverflowError
+    ("time", "-" + "9" * 4000, "outside 1970..9999"),
+    ("latency_ms", "9" * 400, "latency_ms: value must be a finite number"),  # float(int) too
+    ("latency_ms", "-" + "9" * 4000, "latency_ms: value must be a finite number"),
+    ("latency_ms", "NaN", "latency_ms: value must be a finite number"),
+    ("latency_ms", "1e400", "latency_ms: value must be a finite number"),
+])
+def test_huge_numbers_in_an_event_reject_that_event(wired_client, snapshot, now_ms, field, value, reason):
+    event = {"time": str(now_ms), "endpoint": '"/a"', "user_id": '"u"', field: value}
+    body = "[{" + ", ".join(f'"{k}": {v}' for k, v in event.items()) + "}]"
+    before = snapshot()
+    r = wired_client.post("/api/v1/events?stream=http_requests", content=body,
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    (rejected,) = r.json()["rejected"]
+    assert reason in rejected["reason"] and len(rejected["reason"]) < 200, rejected
+    assert snapshot() == before
