@@ -1,6 +1,8 @@
 """Fuzz every operation of the API from its own OpenAPI document (schemathesis) against the
 real app: create_app over a real SQLite log and store in tmp_path, with alerts, lag and
-health wired (tests/api/conftest.py: wired ctx), called in-process through ASGI.
+health wired (tests/api/conftest.py: wired ctx), called in-process through ASGI. Besides
+schemathesis' checks, a request answered 4xx must leave the log, the store and the alert
+rules as they were.
 
 Bounded and repeatable: a fixed seed, deterministic generation, no example database, and
 SKETCHBOARD_FUZZ_EXAMPLES examples per operation and phase (default 25, ~15 s here; the
@@ -132,7 +134,17 @@ def fuzzed_app(wired_ctx):
     return app
 
 
+@pytest.fixture
+def state(wired_ctx, snapshot):
+    """What a rejected request must leave as it was: the log and pane store (conftest's
+    snapshot) and the alert rules with their silences."""
+    return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules()}
+
+
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_operation_from_the_openapi_document(case, fuzzed_app):
-    case.call_and_validate(app=fuzzed_app, checks=_checks(case))
+def test_every_operation_from_the_openapi_document(case, fuzzed_app, state):
+    before = state()
+    response = case.call_and_validate(app=fuzzed_app, checks=_checks(case))
+    if 400 <= response.status_code < 500:
+        assert state() == before, f"{case.operation.label} answered {response.status_code} but changed the state"
