@@ -79,7 +79,7 @@ def _document() -> dict:
         return create_app(ctx).openapi()
 
 
-CONFIG_ = SchemathesisConfig.from_dict({
+FUZZ_CONFIG = SchemathesisConfig.from_dict({
     "seed": 23,
     # Positive and negative cases. The coverage phase adds each schema's boundary values (2^63
     # for an id declared le=2^63-1), the fuzzing phase random ones.
@@ -104,7 +104,7 @@ CONFIG_ = SchemathesisConfig.from_dict({
         "body.stream": {"dictionary": "streams", "probability": 0.8},
     },
 })
-schema = schemathesis.openapi.from_dict(_document(), config=CONFIG_)
+schema = schemathesis.openapi.from_dict(_document(), config=FUZZ_CONFIG)
 
 
 @schemathesis.serializer("application/x-ndjson")
