@@ -234,6 +234,7 @@ def _describe(exc: ValidationError, data: dict) -> str:
             message = "required"
         given = error.get("input")
         if error["type"] not in ("missing", "extra_forbidden") and not isinstance(given, (dict, list)):
-            message += f" (got {given!r})"
+            shown = repr(given)  # a 400-digit number is not worth echoing whole
+            message += f" (got {shown if len(shown) <= 40 else shown[:37] + '...'})"
         parts.append(f"{field}: {message}")
     return f"rule {name!r}: " + "; ".join(parts)

@@ -3,17 +3,62 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, Field, TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
+from alerts.rules import Rule
 from alerts.service import AlertService, RuleConflict, RuleError
 from alerts.states import AlertState
+from api.bodies import loads_json, read_capped
+from api.errors import MAX_ID, bad_request, errors
+from api.responses import AlertsOut, RuleOut, RulesOut
 from catalog import parse_duration_ms
+from catalog.model import DurationMs
 from store.alerts import StoredRule
+
+# A rule is a few hundred bytes; 64 KiB leaves room for long annotations and refuses a
+# body that is only there to fill memory (413).
+MAX_RULE_BODY_BYTES = 64 * 1024
+MAX_SILENCE_MS = 366 * 86_400_000
+
+
+class SilenceIn(BaseModel):
+    duration: DurationMs = Field(description="how long to silence, e.g. '1h'; more than 0 and at most 366d")
+
+
+def _body_schema(model_schema: dict, description: str) -> dict:
+    """openapi_extra for a route that reads its JSON body itself (to answer 400s that name the
+    field, in the rule's own words) yet documents the body's model."""
+    return {"requestBody": {"required": True, "description": description,
+                            "content": {"application/json": {"schema": model_schema}}}}
+
+
+def _inline_defs(schema: dict) -> dict:
+    """A model's JSON Schema with its $defs inlined: openapi_extra is copied into the document
+    as is, where '#/$defs/...' would not resolve. The discriminator's mapping points into
+    $defs too, so it goes; the oneOf with each kind's `const` says the same."""
+    defs = schema.pop("$defs", {})
+    schema.pop("discriminator", None)
+
+    def resolve(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(dict(defs[ref.removeprefix("#/$defs/")]))
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+RULE_SCHEMA = _inline_defs(TypeAdapter(Rule).json_schema(by_alias=True))
+SILENCE_SCHEMA = _inline_defs(SilenceIn.model_json_schema())
 
 _SEVERITY = [AlertState.ERROR, AlertState.FIRING, AlertState.NODATA, AlertState.PENDING, AlertState.RESOLVED,
              AlertState.NORMAL]
@@ -45,73 +90,84 @@ def router(service: AlertService) -> APIRouter:
         return rule_out(stored, by_rule(name).get(name, []))
 
     async def body(request: Request) -> dict[str, Any]:
-        try:
-            data = json.loads(await request.body() or b"null")
-        except ValueError as exc:
-            raise HTTPException(400, f"the body is not valid JSON: {exc}") from None
+        data = loads_json(await read_capped(request, MAX_RULE_BODY_BYTES) or b"null")
         if not isinstance(data, dict):
-            raise HTTPException(400, "the body must be a JSON object")
+            raise bad_request(None, "the body must be a JSON object")
         return data
 
     def guarded(call, *args):
         try:
             return call(*args)
         except RuleError as exc:
-            raise HTTPException(400, str(exc)) from None
+            raise bad_request(None, str(exc)) from None
         except RuleConflict as exc:
             raise HTTPException(409, str(exc)) from None
 
-    @r.get("/rules", summary="Alert rules, each with its current worst state")
+    @r.get("/rules", summary="Alert rules, each with its current worst state", response_model=None,
+           responses={200: {"model": RulesOut, "description": "the rules"}})
     def list_rules() -> dict:
         instances = by_rule()
         return {"rules": [rule_out(loaded.stored, instances.get(loaded.stored.name, [])) for loaded in service.rules()]}
 
-    @r.get("/rules/{name}", summary="One alert rule", responses={404: {"description": "no such rule"}})
+    @r.get("/rules/{name}", summary="One alert rule", response_model=None,
+           responses={200: {"model": RuleOut, "description": "the rule"}, **errors(404, e404="no such rule")})
     def get_rule(name: str) -> dict:
         return found(service.store.rule(name), name)
 
     @r.post("/rules", status_code=201, summary="Create a rule (see the README for the kinds and fields)",
-            responses={400: {"description": "invalid rule"}, 409: {"description": "name taken"}})
+            response_model=None,
+            responses={201: {"model": RuleOut, "description": "the rule, created"},
+                       **errors(400, 409, 413, e400="invalid rule", e409="name taken")},
+            openapi_extra=_body_schema(RULE_SCHEMA, "the rule; `kind` picks its fields"))
     async def create_rule(request: Request) -> dict:
         data = await body(request)
         stored = await run_in_threadpool(guarded, service.create, data)
         return rule_out(stored, [])
 
     @r.put("/rules/{name}", summary="Replace a rule's definition (rules from the alerts file are read-only)",
-           responses={400: {"description": "invalid rule"}, 404: {"description": "no such rule"},
-                      409: {"description": "declared in the alerts file"}})
+           response_model=None,
+           responses={200: {"model": RuleOut, "description": "the rule, replaced"},
+                      **errors(400, 404, 409, 413, e400="invalid rule", e404="no such rule",
+                               e409="declared in the alerts file")},
+           openapi_extra=_body_schema(RULE_SCHEMA, "the rule's new definition; its name must be the path's"))
     async def replace_rule(name: str, request: Request) -> dict:
         data = await body(request)
         stored = await run_in_threadpool(guarded, service.replace, name, data)
         return found(stored, name)
 
     @r.delete("/rules/{name}", status_code=204, summary="Delete a rule (rules from the alerts file are read-only)",
-              responses={404: {"description": "no such rule"}, 409: {"description": "declared in the alerts file"}})
+              responses=errors(404, 409, e404="no such rule", e409="declared in the alerts file"))
     async def delete_rule(name: str) -> Response:
         if not await run_in_threadpool(guarded, service.delete, name):
             raise HTTPException(404, f"no alert rule named {name!r}")
         return Response(status_code=204)
 
     @r.post("/rules/{name}/silence", summary="Silence a rule's notifications for a duration ({\"duration\": \"1h\"})",
-            responses={400: {"description": "bad duration"}, 404: {"description": "no such rule"}})
+            response_model=None,
+            responses={200: {"model": RuleOut, "description": "the rule, silenced"},
+                       **errors(400, 404, 413, e400="bad duration", e404="no such rule")},
+            openapi_extra=_body_schema(SILENCE_SCHEMA, "how long"))
     async def silence(name: str, request: Request) -> dict:
         data = await body(request)
         try:
             duration = parse_duration_ms(data.get("duration"))
         except (TypeError, ValueError) as exc:
-            raise HTTPException(400, f"duration: {exc}") from None
-        if not 0 < duration <= 366 * 86_400_000:
-            raise HTTPException(400, "duration: must be more than 0 and at most a year")
+            raise bad_request("duration", f"duration: {exc}") from None
+        if not 0 < duration <= MAX_SILENCE_MS:
+            raise bad_request("duration", "duration: must be more than 0 and at most a year (366d)")
         return found(service.silence(name, duration), name)
 
-    @r.delete("/rules/{name}/silence", summary="End a rule's silence")
+    @r.delete("/rules/{name}/silence", summary="End a rule's silence", response_model=None,
+              responses={200: {"model": RuleOut, "description": "the rule, no longer silenced"},
+                         **errors(404, e404="no such rule")})
     def unsilence(name: str) -> dict:
         return found(service.silence(name, None), name)
 
-    @r.get("", summary="Active alert instances and the history of state changes (newest first)")
+    @r.get("", summary="Active alert instances and the history of state changes (newest first)",
+           response_model=None, responses={200: {"model": AlertsOut, "description": "alerts now and their history"}})
     def alerts(rule: str | None = Query(None, description="only this rule"),
                limit: int = Query(100, ge=1, le=10_000, description="history entries"),
-               after_id: int = Query(0, ge=0, description="history entries after this id")) -> dict:
+               after_id: int = Query(0, ge=0, le=MAX_ID, description="history entries after this id")) -> dict:
         now = service.now_ms()
         silenced = {loaded.stored.name: (loaded.stored.silenced_until_ms or 0) > now for loaded in service.rules()}
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}

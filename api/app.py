@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from api import (
     alert_routes,
     corrections_routes,
+    errors,
     http_metrics,
     ingest_routes,
     lag_routes,
@@ -77,6 +78,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(ws_routes.router(ctx, hub))
     app.include_router(lag_routes.router(ctx))
     http_metrics.install(app)
+    errors.install(app)
     app.include_router(membership_routes.router(ctx))
     app.include_router(corrections_routes.router(ctx))
     if ctx.alerts is not None:

@@ -7,6 +7,8 @@ from typing import Any
 
 from fastapi import HTTPException, Request
 
+from api.errors import bad_request
+
 
 async def read_capped(request: Request, limit: int) -> bytes:
     """The body, or 413 as soon as it is known to exceed the limit (before reading it all)."""
@@ -20,6 +22,26 @@ async def read_capped(request: Request, limit: int) -> bytes:
             raise HTTPException(413, f"body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _decode(text: str | bytes) -> Any:
+    """json.loads, with what it raises besides JSONDecodeError made a ValueError: a value nested
+    thousands deep (RecursionError) and an integer of over 4300 digits (Python's int limit,
+    a plain ValueError). Either used to escape as a 500."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def loads_json(body: bytes) -> Any:
+    """A JSON body (a rule, a silence), or 400 saying why it is not one."""
+    try:
+        return _decode(body)
+    except json.JSONDecodeError as exc:
+        raise bad_request(None, f"the body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # UnicodeDecodeError is one too
+        raise bad_request(None, f"the body is not valid JSON: {exc}") from None
 
 
 class MalformedLine:
@@ -49,9 +71,11 @@ def parse_events(body: bytes, content_type: str) -> list[Any]:
         ndjson = not stripped.startswith("[")
     if not ndjson:
         try:
-            events = json.loads(text)
+            events = _decode(text)
         except json.JSONDecodeError as exc:
             raise HTTPException(400, f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        except ValueError as exc:
+            raise HTTPException(400, f"malformed JSON: {exc}") from None
         if not isinstance(events, list):
             raise HTTPException(400, "the body must be a JSON array of events or NDJSON")
         return events
@@ -61,7 +85,9 @@ def parse_events(body: bytes, content_type: str) -> list[Any]:
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
+            events.append(_decode(line))
         except json.JSONDecodeError as exc:
             events.append(MalformedLine(f"malformed JSON on line {lineno}, column {exc.colno}: {exc.msg}"))
+        except ValueError as exc:
+            events.append(MalformedLine(f"malformed JSON on line {lineno}: {exc}"))
     return events

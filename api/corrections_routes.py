@@ -11,6 +11,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query
 
 from api.context import ApiContext
+from api.errors import MAX_ID, BadParam, bad_request, errors, param_error
+from api.responses import CorrectionsOut, DeadLettersOut
 from api.timeparams import parse_instant_ms
 from catalog import Catalog, MetricDef
 from store import DEAD_LETTER_REASONS, Correction, PaneStore
@@ -78,7 +80,7 @@ def _stream_and_metric(catalog: Catalog, stream: str | None, metric: str | None)
         except KeyError as exc:
             raise HTTPException(404, str(exc.args[0])) from None
         if stream is not None and stream != definition.stream:
-            raise HTTPException(400, f"metric {metric!r} belongs to stream {definition.stream!r}, not {stream!r}")
+            raise bad_request("stream", f"metric {metric!r} belongs to stream {definition.stream!r}, not {stream!r}")
         stream = definition.stream
     elif stream is not None and stream not in catalog.streams:
         raise HTTPException(404, f"unknown stream {stream!r}; defined: {', '.join(sorted(catalog.streams))}")
@@ -91,7 +93,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/corrections",
         summary="Correction history: changes to panes after they became final",
-        responses={400: {"description": "bad parameters"}, 404: {"description": "unknown stream or metric"}},
+        response_model=None,
+        responses={200: {"model": CorrectionsOut, "description": "the corrections"},
+                   **errors(400, 404, e404="unknown stream or metric")},
     )
     def corrections(
         stream: str | None = Query(None, description="only this stream"),
@@ -99,19 +103,19 @@ def router(ctx: ApiContext) -> APIRouter:
         start: str | None = Query(None, alias="from", description="panes starting at or after this instant"
                                   " ('now-1h', RFC 3339, epoch ms or s)"),
         end: str | None = Query(None, alias="to", description="panes starting before this instant"),
-        after_id: int | None = Query(None, ge=0, description="only ids above this one, oldest first (for tailing);"
+        after_id: int | None = Query(None, ge=0, le=MAX_ID, description="only ids above this one, oldest first (for tailing);"
                                      " without it the newest come first"),
         limit: int = Query(100, ge=1, le=MAX_LIMIT),
     ) -> dict:
         stream, definition = _stream_and_metric(ctx.catalog, stream, metric)
         now = ctx.now_ms()
         try:
-            start_ms = None if start is None else parse_instant_ms(start, now)
-            end_ms = None if end is None else parse_instant_ms(end, now)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
+            start_ms = None if start is None else parse_instant_ms(start, now, "from")
+            end_ms = None if end is None else parse_instant_ms(end, now, "to")
+        except BadParam as exc:
+            raise param_error(exc) from None
         if start_ms is not None and end_ms is not None and end_ms <= start_ms:
-            raise HTTPException(400, f"'to' ({end}) must be after 'from' ({start})")
+            raise bad_request("to", f"to: 'to' ({end}) must be after 'from' ({start})")
         rows = ctx.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, after_id=after_id or 0,
                                      limit=limit, newest_first=after_id is None)
         return {"corrections": [correction_message(c, definition) for c in rows], "count": len(rows)}
@@ -119,7 +123,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/dead-letters",
         summary="Records that were not aggregated, and why (newest first), with counts per reason",
-        responses={400: {"description": "bad parameters"}, 404: {"description": "unknown stream"}},
+        response_model=None,
+        responses={200: {"model": DeadLettersOut, "description": "the dead letters"},
+                   **errors(400, 404, e404="unknown stream")},
     )
     def dead_letters(
         stream: str | None = Query(None, description="only this stream"),
@@ -128,7 +134,7 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> dict:
         stream, _ = _stream_and_metric(ctx.catalog, stream, None)
         if reason is not None and reason not in DEAD_LETTER_REASONS:
-            raise HTTPException(400, f"unknown reason {reason!r}; reasons: {', '.join(DEAD_LETTER_REASONS)}")
+            raise bad_request("reason", f"unknown reason {reason!r}; reasons: {', '.join(DEAD_LETTER_REASONS)}")
         rows = ctx.store.dead_letters(stream=stream, reason=reason, limit=limit)
         progress = ctx.store.progress(ctx.pipeline_name).streams
         counts = {name: dict(s.dead_lettered_by_reason) for name, s in progress.items()

@@ -8,6 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
+from api.errors import errors
 from ingest.events import Rejection
 from ingest.log import LogUnavailable
 
@@ -25,6 +26,40 @@ class IngestAnswer(BaseModel):
     partitions: dict[int, tuple[int, int]] = Field(description="partition -> (first offset, records written)")
 
 
+class AtomicRejection(BaseModel):
+    message: str
+    rejected: list[RejectedEvent]
+
+
+class ValidationIssue(BaseModel):
+    """FastAPI's request-validation error entry (a missing or mistyped query parameter)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Ingest422(BaseModel):
+    """422: either `atomic=true` with invalid events (nothing was written), or a query
+    parameter outside its schema (FastAPI's list of issues)."""
+
+    detail: AtomicRejection | list[ValidationIssue]
+
+
+# The body is read by the route itself (size-capped, JSON array or NDJSON); documented here.
+# Each event is validated on its own and a bad one is rejected in the 200 answer (422 with
+# atomic=true), so the document accepts any item, and NDJSON as any text: only a body that is
+# not an array (JSON) or not UTF-8 is refused whole, with a 400.
+_EVENT = {"description": "an event: an object with the stream's time field, dimensions and values;"
+          " anything else is rejected on its own in the answer"}
+EVENTS_BODY = {"requestBody": {
+    "required": True,
+    "description": "the events: a JSON array, or NDJSON (one JSON value per line, blank lines ignored)",
+    "content": {"application/json": {"schema": {"type": "array", "items": _EVENT}},
+                "application/x-ndjson": {"schema": {"type": "string", "description": "one event per line"}}},
+}}
+
+
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["ingest"])
 
@@ -32,13 +67,14 @@ def router(ctx: ApiContext) -> APIRouter:
         "/events",
         response_model=IngestAnswer,
         responses={
-            400: {"description": "malformed body (not UTF-8, not JSON, not an array)"},
-            404: {"description": "unknown stream"},
-            413: {"description": "body or event count over the configured limit"},
-            422: {"description": "atomic=true and some events were invalid: nothing was written"},
-            503: {"description": "the log (Kafka) did not acknowledge the events; none is reported accepted,"
-                                 " though on Kafka some may have been written (a retry may duplicate them)"},
+            **errors(400, 404, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array), or a derived stream",
+                     e404="unknown stream", e413="body or event count over the configured limit",
+                     e503="the log (Kafka) did not acknowledge the events; none is reported accepted, though on"
+                          " Kafka some may have been written (a retry may duplicate them)"),
+            422: {"model": Ingest422, "description": "atomic=true and some events were invalid: nothing was written;"
+                  " or a query parameter is missing or mistyped"},
         },
+        openapi_extra=EVENTS_BODY,
         summary="Send events to a stream (JSON array or NDJSON)",
     )
     async def post_events(

@@ -8,6 +8,8 @@ from fastapi import APIRouter, HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
+from api.errors import BadParam, errors, param_error
+from api.responses import LagOut
 from api.timeparams import parse_range_ms
 from lag.model import LagSample
 
@@ -47,8 +49,9 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/lag",
         summary="Consumer lag: status (Burrow-style, no thresholds) and its time series",
-        responses={400: {"description": "bad parameters"}, 404: {"description": "unknown stream"},
-                   503: {"description": "lag monitoring is not configured in this process"}},
+        response_model=None,
+        responses={200: {"model": LagOut, "description": "the lag status now and its series"},
+                   **errors(400, 404, 503, e404="unknown stream", e503="lag monitoring is not configured in this process")},
     )
     async def lag(
         stream: str | None = Query(None, description="only this stream (default: all)"),
@@ -63,8 +66,8 @@ def router(ctx: ApiContext) -> APIRouter:
         now = ctx.now_ms()
         try:
             start_ms, end_ms = parse_range_ms(start, end, now)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
+        except BadParam as exc:
+            raise param_error(exc) from None
 
         def compute() -> dict:
             # 'to' = now must include a sample taken at this very millisecond.

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
+from api.errors import BadParam, bad_request, errors, param_error
 from api.timeparams import parse_range_ms
 from catalog import format_duration_ms
 from sketches.bloom import BloomFilter
@@ -43,15 +44,15 @@ def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str
         raise HTTPException(400, f"stream {stream_name!r} declares no membership filters"
                                  f" (streams with them: {', '.join(with_it) or 'none'})")
     if not key:
-        raise HTTPException(400, "key must not be empty")
+        raise bad_request("key", "key must not be empty")
     now = ctx.now_ms()
     try:
         start_ms, end_ms = parse_range_ms(start, end, now)
-    except ValueError as exc:
-        raise HTTPException(400, str(exc)) from None
+    except BadParam as exc:
+        raise param_error(exc) from None
     lo = start_ms - start_ms % decl.bucket
     if (end_ms - lo) // decl.bucket > MAX_BUCKETS:
-        raise HTTPException(400, f"the range spans more than {MAX_BUCKETS} buckets of {format_duration_ms(decl.bucket)}")
+        raise bad_request("from", f"the range spans more than {MAX_BUCKETS} buckets of {format_duration_ms(decl.bucket)}")
     filters = bloom_store_for(ctx.store.path).membership_filters(stream.name, lo, end_ms)
     # OR the buckets per shape (a configuration change makes a new shape; shapes cannot merge).
     merged: dict[tuple[int, int, int], BloomFilter] = {}
@@ -80,8 +81,8 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/membership",
         response_model=MembershipAnswer,
-        responses={400: {"description": "bad parameters, or the stream keeps no membership filters"},
-                   404: {"description": "unknown stream"}},
+        responses=errors(400, 404, e400="bad parameters, or the stream keeps no membership filters",
+                         e404="unknown stream"),
         summary="Was a key seen on a stream in a time range? (Bloom filters: 'no' is certain)",
     )
     async def get_membership(

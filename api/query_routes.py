@@ -10,8 +10,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.timeparams import default_step_ms, parse_range_ms
-from catalog import format_duration_ms, parse_duration_ms
+from api.errors import BadParam, bad_request, errors, param_error
+from api.responses import MetricsOut, StreamsOut
+from api.timeparams import default_step_ms, parse_duration_param, parse_range_ms
+from catalog import format_duration_ms
 from store.bloom import bloom_store_for, overlay_first_seen
 from store.rollup import Point, RollupError, align_range
 from store.series import query_series
@@ -70,8 +72,8 @@ def point_out(p: Point) -> dict:
             "error": error}
 
 
-def _bad(message: str) -> HTTPException:
-    return HTTPException(400, message)
+def _bad(message: str, param: str | None = None) -> HTTPException:
+    return bad_request(param, message)
 
 
 def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str, str]:
@@ -79,9 +81,9 @@ def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str,
     for item in filters:
         name, sep, value = item.partition("=")
         if not sep:
-            raise _bad(f"filter {item!r} must look like dimension=value")
+            raise _bad(f"filter {item!r} must look like dimension=value", "filter")
         if name not in dimensions:
-            raise _bad(f"unknown dimension {name!r} in filter; dimensions: {', '.join(dimensions) or 'none'}")
+            raise _bad(f"unknown dimension {name!r} in filter; dimensions: {', '.join(dimensions) or 'none'}", "filter")
         out[name] = value
     return out
 
@@ -89,7 +91,8 @@ def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str,
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["query"])
 
-    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets")
+    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets",
+           response_model=None, responses={200: {"model": StreamsOut, "description": "the streams"}})
     def streams() -> dict:
         out = []
         for stream in ctx.catalog.streams.values():
@@ -102,7 +105,8 @@ def router(ctx: ApiContext) -> APIRouter:
             })
         return {"streams": out}
 
-    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers")
+    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers",
+           response_model=None, responses={200: {"model": MetricsOut, "description": "the metrics"}})
     def metrics() -> dict:
         out = []
         for metric in ctx.catalog.metrics.values():
@@ -118,7 +122,7 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.get(
         "/query",
         response_model=QueryAnswer,
-        responses={400: {"description": "bad parameters"}, 404: {"description": "unknown metric"}},
+        responses=errors(400, 404, e404="unknown metric"),
         summary="A metric's series over a time range",
     )
     async def query(
@@ -126,8 +130,10 @@ def router(ctx: ApiContext) -> APIRouter:
         stat: str = Query("count", description="count, rate, sum, avg, min, max, pNN (e.g. p99, p99.9), distinct"),
         start: str = Query("now-1h", alias="from", description="'now-1h', RFC 3339, epoch ms or s"),
         end: str = Query("now", alias="to"),
-        step: str | None = Query(None, description="point spacing, a multiple of the pane (default: ~300 points)"),
-        window: str | None = Query(None, description="window length >= step (hopping/sliding); default: step"),
+        step: str | None = Query(None, description="point spacing, a multiple of the pane (default: ~300 points);"
+                                 " a duration such as '1m', at most 36500d"),
+        window: str | None = Query(None, description="window length >= step (hopping/sliding); default: step;"
+                                   " at most 36500d"),
         group_by: list[str] = Query([], description="dimensions to group by (repeat or comma-separate)"),
         filter: list[str] = Query([], description="dimension=value equality filters (repeatable)"),
     ) -> JSONResponse:
@@ -139,22 +145,24 @@ def router(ctx: ApiContext) -> APIRouter:
         try:
             quantile = definition.check_stat(stat)
         except ValueError as exc:
-            raise _bad(str(exc)) from None
+            raise _bad(str(exc), "stat") from None
         now = ctx.now_ms()
         try:
             start_ms, end_ms = parse_range_ms(start, end, now)
-            step_ms = parse_duration_ms(step) if step else default_step_ms(max(end_ms - start_ms, 1), stream.pane)
-            window_ms = parse_duration_ms(window) if window else step_ms
-        except ValueError as exc:
-            raise _bad(str(exc)) from None
+            step_ms = parse_duration_param(step, "step") if step else default_step_ms(max(end_ms - start_ms, 1),
+                                                                                       stream.pane)
+            window_ms = parse_duration_param(window, "window") if window else step_ms
+        except BadParam as exc:
+            raise param_error(exc) from None
         groups = [g.strip() for item in group_by for g in item.split(",") if g.strip()]
         for g in groups:
             if g not in stream.dimensions:
-                raise _bad(f"unknown dimension {g!r} in group_by; dimensions: {', '.join(stream.dimensions) or 'none'}")
+                raise _bad(f"unknown dimension {g!r} in group_by; dimensions: {', '.join(stream.dimensions) or 'none'}",
+                           "group_by")
         filters = _parse_filters(filter, stream.dimensions)
         first_seen = stat in ("first_seen", "first-seen")
         if first_seen and (groups or filters):
-            raise _bad("first_seen is counted per stream, not per dimension: group_by and filter do not apply")
+            raise _bad("first_seen is counted per stream, not per dimension: group_by and filter do not apply", "stat")
         watermark = ctx.store.watermarks().get(stream.name)
 
         try:
@@ -163,7 +171,7 @@ def router(ctx: ApiContext) -> APIRouter:
             raise _bad(str(exc)) from None
         if (hi - lo) // step_ms > ctx.query_max_points:
             raise _bad(f"{(hi - lo) // step_ms} points per series exceed the limit of {ctx.query_max_points};"
-                       " use a larger step or a shorter range")
+                       " use a larger step or a shorter range", "step")
 
         def compute():
             series = query_series(

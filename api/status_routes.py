@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
 from api import http_metrics
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
+from api.responses import HealthOut, PipelineOut
 from lag.feed import query_health
 from lag.model import LagStatus
+
+
+class ReadyOut(BaseModel):
+    status: str = Field(description="'ready' or 'not ready'")
+    checks: dict[str, str] = Field(description="per component (log, store): 'ok' or 'error: ...'")
 
 
 def health_status(ctx: ApiContext) -> dict:
@@ -68,16 +76,19 @@ def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter()
 
     @r.get("/api/v1/pipeline", tags=["status"],
-           summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)")
+           summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)",
+           response_model=None, responses={200: {"model": PipelineOut, "description": "progress and health"}})
     def pipeline() -> dict:
         return {**pipeline_status(ctx), "health": health_status(ctx)}
 
-    @r.get("/healthz", tags=["status"], summary="The API process is alive")
+    @r.get("/healthz", tags=["status"], summary="The API process is alive", response_model=HealthOut)
     def healthz() -> dict:
         return {"status": "ok"}
 
-    @r.get("/readyz", tags=["status"], summary="The log and the store answer")
-    def readyz(response: Response) -> dict:
+    @r.get("/readyz", tags=["status"], summary="The log and the store answer",
+           responses={503: {"model": ReadyOut, "description": "the log or the store does not answer;"
+                            " `checks` says which"}})
+    def readyz(response: Response) -> ReadyOut:
         checks = {}
         for name, probe in (("log", lambda: ctx.log.offsets(next(iter(ctx.catalog.streams)))),
                             ("store", lambda: ctx.store.last_batch_id(ctx.pipeline_name))):
@@ -88,9 +99,11 @@ def router(ctx: ApiContext) -> APIRouter:
                 checks[name] = f"error: {exc}"
         ready = all(v == "ok" for v in checks.values())
         response.status_code = 200 if ready else 503
-        return {"status": "ready" if ready else "not ready", "checks": checks}
+        return ReadyOut(status="ready" if ready else "not ready", checks=checks)
 
-    @r.get("/metrics", tags=["status"], summary="Prometheus text format")
+    @r.get("/metrics", tags=["status"], summary="Prometheus text format", response_class=PlainTextResponse,
+           responses={200: {"description": "Prometheus text exposition format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         # A fresh registry per scrape: the values are read from the store and log, not kept here.
         registry = CollectorRegistry()

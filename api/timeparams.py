@@ -1,42 +1,79 @@
-"""Time parameters of queries: absolute or relative instants, durations, a default step."""
+"""Time parameters of queries: absolute or relative instants, durations, a default step.
+
+Every parser here is bounded: an instant lies in 1970-01-01..9999-12-31 (as event times do),
+a duration is at most catalog.MAX_DURATION_MS, and anything else is a BadParam naming the
+parameter; so no arithmetic downstream can overflow a 64-bit integer or meet a float infinity.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
+from api.errors import BadParam
 from catalog import parse_duration_ms
-from ingest.events import parse_event_time_ms
+from ingest.events import MAX_EVENT_TIME_MS, parse_event_time_ms
 
 _RELATIVE = re.compile(r"^now\s*(?:([+-])\s*(.+))?$")
 # Steps a dashboard would pick, smallest first; the default is the first giving <= TARGET_POINTS.
 _NICE_STEPS_MS = [parse_duration_ms(s) for s in
                   ("1s", "5s", "10s", "15s", "30s", "1m", "2m", "5m", "10m", "15m", "30m", "1h", "2h", "3h", "6h", "12h", "1d")]
 TARGET_POINTS = 300
+MIN_TIME_MS, MAX_TIME_MS = 0, MAX_EVENT_TIME_MS
+TIME_RANGE_TEXT = "1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z"
+INSTANT_FORMS = "'now', 'now-15m', an RFC 3339 time with a zone, epoch ms or epoch s"
 
 
-def parse_instant_ms(text: str, now_ms: int) -> int:
-    """'now', 'now-15m', RFC 3339, epoch ms or epoch s."""
-    text = text.strip()
-    match = _RELATIVE.match(text)
+def _shown(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def parse_instant_ms(text: str, now_ms: int, param: str = "time") -> int:
+    """'now', 'now-15m', RFC 3339, epoch ms or epoch s -> epoch ms in the supported range;
+    BadParam(param, reason) otherwise."""
+    stripped = text.strip()
+    match = _RELATIVE.match(stripped)
     if match:
         sign, amount = match.groups()
         if not sign:
             return now_ms
-        delta = parse_duration_ms(amount)
-        return now_ms - delta if sign == "-" else now_ms + delta
-    try:
-        number = float(text)
-    except ValueError:
-        return parse_event_time_ms(text)
-    return parse_event_time_ms(int(number) if number.is_integer() else number)
+        try:
+            delta = parse_duration_ms(amount)
+        except ValueError as exc:
+            raise BadParam(param, str(exc)) from None
+        ms = now_ms - delta if sign == "-" else now_ms + delta
+    else:
+        try:
+            number: float | None = float(stripped)
+        except ValueError:
+            number = None
+        if number is not None and not math.isfinite(number):
+            raise BadParam(param, f"{_shown(text)} is not a finite number")
+        try:
+            ms = parse_event_time_ms(stripped if number is None else int(number) if number.is_integer() else number)
+        except ValueError as exc:
+            raise BadParam(param, f"{_shown(text)} is not a time in {TIME_RANGE_TEXT} ({INSTANT_FORMS}): {exc}") from None
+    if not MIN_TIME_MS <= ms <= MAX_TIME_MS:
+        raise BadParam(param, f"{_shown(text)} is outside {TIME_RANGE_TEXT}")
+    return ms
 
 
-def parse_range_ms(start: str, end: str, now_ms: int) -> tuple[int, int]:
-    """The [from, to) of a request in epoch ms; ValueError unless `to` is after `from`."""
-    start_ms, end_ms = parse_instant_ms(start, now_ms), parse_instant_ms(end, now_ms)
+def parse_range_ms(start: str, end: str, now_ms: int,
+                   params: tuple[str, str] = ("from", "to")) -> tuple[int, int]:
+    """The [from, to) of a request in epoch ms; BadParam unless both parse and `to` is after `from`."""
+    start_ms, end_ms = parse_instant_ms(start, now_ms, params[0]), parse_instant_ms(end, now_ms, params[1])
     if end_ms <= start_ms:
-        raise ValueError(f"'to' ({end}) must be after 'from' ({start})")
+        raise BadParam(params[1], f"'{params[1]}' ({end}) must be after '{params[0]}' ({start})")
     return start_ms, end_ms
+
+
+def parse_duration_param(text: str, param: str) -> int:
+    """A duration parameter (step, window): bounded by parse_duration_ms; BadParam naming it."""
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        raise BadParam(param, str(exc)) from None
 
 
 def default_step_ms(span_ms: int, pane_ms: int) -> int:

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from api.timeparams import _RELATIVE, default_step_ms, parse_instant_ms, parse_range_ms
-from catalog import Catalog, parse_duration_ms
+from api.timeparams import _RELATIVE, default_step_ms, parse_duration_param, parse_instant_ms, parse_range_ms
+from catalog import Catalog
 from store.rollup import align_range
 
 TOPICS = ("corrections", "lag", "pipeline", "alerts")
@@ -170,8 +170,9 @@ def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int) ->
     from_text, to_text = str(q.from_), str(q.to)
     try:
         start_ms, end_ms = parse_range_ms(from_text, to_text, now_ms)
-        step_ms = parse_duration_ms(q.step) if q.step else default_step_ms(max(end_ms - start_ms, 1), stream.pane)
-        window_ms = parse_duration_ms(q.window) if q.window else step_ms
+        step_ms = parse_duration_param(q.step, "step") if q.step else default_step_ms(max(end_ms - start_ms, 1),
+                                                                                         stream.pane)
+        window_ms = parse_duration_param(q.window, "window") if q.window else step_ms
     except ValueError as exc:
         raise ProtocolError(str(exc)) from None
     if step_ms <= 0 or step_ms % stream.pane:

@@ -2,29 +2,49 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+# ASCII digits only: \d would also take other scripts' digits, which the contract does not promise.
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$", re.ASCII)
+
+# No duration Sketchboard uses (a retention, window, step, silence, `for`) needs more than a
+# century. The bound keeps every `now ± duration` and `start + window` far inside 64-bit
+# integers (SQLite's, Spark's) and rejects what would otherwise overflow to a float infinity.
+MAX_DURATION_MS = 36_500 * 86_400_000
+MAX_DURATION_TEXT = "36500d (100 years)"
+
+
+def _shown(text: object) -> str:
+    """The offending value for a message, cut short: a 400-digit number is not worth echoing."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def parse_duration_ms(text: str | int | float) -> int:
-    """Parse a duration; a bare number means seconds (as in Prometheus flags)."""
+    """Parse a duration; a bare number means seconds (as in Prometheus flags). ValueError,
+    naming the value, unless it is a finite, non-negative duration of at most MAX_DURATION_MS."""
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):
-        if text != text or text in (float("inf"), float("-inf")):
+        if isinstance(text, float) and not math.isfinite(text):
             raise ValueError(f"not a duration: {text!r} (must be finite)")
         if text < 0:
-            raise ValueError(f"duration must not be negative: {text!r}")
-        return int(round(text * 1000))
-    match = _PATTERN.match(str(text))
-    if not match:
-        raise ValueError(
-            f"not a duration: {text!r} (expected a number and a unit: ms, s, m, h, d or w, e.g. '10s')"
-        )
-    number, unit = match.groups()
-    return int(round(float(number) * _UNITS_MS[unit]))
+            raise ValueError(f"duration must not be negative: {_shown(text)}")
+        ms: float | int = text * 1000
+    else:
+        match = _PATTERN.match(str(text))
+        if not match:
+            raise ValueError(
+                f"not a duration: {_shown(text)} (expected a number and a unit: ms, s, m, h, d or w, e.g. '10s')"
+            )
+        number, unit = match.groups()
+        # float() of a few hundred digits is inf, and int(inf) raises OverflowError: bound it first.
+        ms = float(number) * _UNITS_MS[unit]
+    if not ms <= MAX_DURATION_MS:
+        raise ValueError(f"duration {_shown(text)} exceeds the maximum of {MAX_DURATION_TEXT}")
+    return int(round(ms))
 
 
 def format_duration_ms(ms: int) -> str:

@@ -35,11 +35,20 @@ EPOCH_MS_THRESHOLD = 100_000_000_000
 MAX_EVENT_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
+def _shown(value: Any) -> str:
+    """A value for a message, cut short: a 4000-digit number or a 60 KB string is not worth echoing."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 def parse_event_time_ms(value: Any) -> int:
     """Epoch ms, epoch s (int or float) or an RFC 3339 string with a zone -> epoch ms."""
     if isinstance(value, bool):
         raise ValueError("event time must be a number or an RFC 3339 string, not a boolean")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        # Not through float: math.isfinite() of an int past 1.8e308 raises OverflowError.
+        ms = value if abs(value) >= EPOCH_MS_THRESHOLD else value * 1000
+    elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("event time must be finite")
         ms = int(value) if abs(value) >= EPOCH_MS_THRESHOLD else int(round(value * 1000))
@@ -48,14 +57,14 @@ def parse_event_time_ms(value: Any) -> int:
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
-            raise ValueError(f"event time {value!r} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
+            raise ValueError(f"event time {_shown(value)} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
         if parsed.tzinfo is None:
-            raise ValueError(f"event time {value!r} has no time zone; add 'Z' or an offset like +01:00")
+            raise ValueError(f"event time {_shown(value)} has no time zone; add 'Z' or an offset like +01:00")
         ms = int(round(parsed.timestamp() * 1000))
     else:
         raise ValueError("event time must be epoch ms, epoch seconds or an RFC 3339 string")
     if not 0 <= ms <= MAX_EVENT_TIME_MS:
-        raise ValueError(f"event time {value!r} is outside 1970..9999")
+        raise ValueError(f"event time {_shown(value)} is outside 1970..9999")
     return ms
 
 
@@ -140,9 +149,16 @@ class EventValidator:
         numbers: dict[str, float | None] = {}
         for name in stream.values:
             value = data.get(attr[name])
-            if value is not None and not math.isfinite(value):
+            if value is None:
+                numbers[name] = None
+                continue
+            try:
+                number = float(value)
+            except OverflowError:  # an integer of hundreds of digits: past any float
+                raise ValueError(f"{name}: value must be a finite number, got {_shown(value)}") from None
+            if not math.isfinite(number):
                 raise ValueError(f"{name}: value must be a finite number")
-            numbers[name] = None if value is None else float(value)
+            numbers[name] = number
         return Event(
             event_time_ms=data[attr[stream.time_field]],
             key=strings.get(stream.key_field) if stream.key_field else None,

@@ -4,6 +4,7 @@ temporary directory, a fake clock, and a TestClient over create_app(ctx). No Spa
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,24 +51,33 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-def ctx(tmp_path, catalog, clock):
+@contextmanager
+def context(tmp_path: Path, clock, catalog=None):
+    """An ApiContext over a real SQLite log and pane store in tmp_path (closed on exit)."""
+    catalog = catalog or load_catalog(CONFIG)
     log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # durability is not under test
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
     store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
     store.configure_tiers(catalog_layouts(catalog), now_ms=int(clock() * 1000))  # as the pipeline does at start
-    context = ApiContext(
-        catalog=catalog,
-        log=log,
-        store=store,
-        max_body_bytes=MAX_BODY_BYTES,
-        max_events_per_request=MAX_EVENTS,
-        clock=clock,
-    )
-    yield context
-    store.close()
-    log.close()
+    try:
+        yield ApiContext(
+            catalog=catalog,
+            log=log,
+            store=store,
+            max_body_bytes=MAX_BODY_BYTES,
+            max_events_per_request=MAX_EVENTS,
+            clock=clock,
+        )
+    finally:
+        store.close()
+        log.close()
+
+
+@pytest.fixture
+def ctx(tmp_path, catalog, clock):
+    with context(tmp_path, clock, catalog) as c:
+        yield c
 
 
 @pytest.fixture
@@ -95,3 +105,57 @@ def snapshot(ctx):
         }
 
     return take
+
+
+@contextmanager
+def wired(ctx: ApiContext, tmp_path: Path, clock):
+    """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor
+    and the Spark-health store, all on the same real SQLite store file."""
+    from alerts.service import AlertService
+    from alerts.source import StoreAlertData
+    from lag.report import LagMonitor
+    from lag.sampler import LagSampler
+    from lag.sources import EventLogLagSource, StoreCommitted
+    from store.alerts import SqliteAlertStore
+    from store.health import SqliteHealthStore
+    from store.lag import SqliteLagStore
+
+    alert_store = SqliteAlertStore(tmp_path / "store.db")
+    lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
+    health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
+    source = EventLogLagSource(ctx.log)
+    sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
+                         pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
+    ctx.alerts = AlertService(ctx.catalog, alert_store, StoreAlertData(ctx.catalog, ctx.store), clock=clock)
+    ctx.lag = LagMonitor(lag_store, ctx.pipeline_name,
+                         lambda: [(n, p) for n in ctx.catalog.streams for p in source.end_offsets(n)],
+                         window=3, interval_s=1.0, clock=clock, sampler=sampler)
+    ctx.health = health
+    try:
+        yield ctx
+    finally:
+        ctx.alerts, ctx.lag, ctx.health = None, None, None
+        for side in (alert_store, lag_store, health):
+            side.close()
+
+
+@contextmanager
+def wire(tmp_path: Path, clock):
+    """context() and wired() in one: a fully wired ApiContext in tmp_path."""
+    with context(tmp_path, clock) as c, wired(c, tmp_path, clock) as w:
+        yield w
+
+
+@pytest.fixture
+def wired_ctx(ctx, tmp_path, clock):
+    """ctx, fully wired (see wired()): for tests that must reach every route (the robustness
+    tests and the OpenAPI fuzz test)."""
+    with wired(ctx, tmp_path, clock) as w:
+        yield w
+
+
+@pytest.fixture
+def wired_client(wired_ctx):
+    # raise_server_exceptions=False: a 500 is what these tests look for, not a re-raised error.
+    with TestClient(create_app(wired_ctx), raise_server_exceptions=False) as c:
+        yield c

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import (
+    MAX_DURATION_MS,
     Catalog,
     ConfigError,
     MetricDef,
@@ -145,6 +146,31 @@ def test_nan_duration_is_a_value_error() -> None:
         parse_duration_ms(float("nan"))
 
 
+@pytest.mark.parametrize("value", [
+    "99999999999999999999d",   # finite as a float, but past any 64-bit millisecond count
+    "9" * 400 + "s",           # float() of 400 digits is inf: was an OverflowError
+    "36501d",
+    "5218w",
+    1e308,                     # 1e308 * 1000 is inf
+    10**30,
+    MAX_DURATION_MS // 1000 + 1,
+])
+def test_duration_over_the_maximum_is_a_value_error_naming_the_bound(value) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_duration_ms(value)
+    assert "exceeds the maximum of 36500d (100 years)" in str(info.value)
+    assert len(str(info.value)) < 120  # a 400-digit value is cut short, not echoed
+
+
+def test_the_maximum_duration_itself_is_accepted() -> None:
+    assert parse_duration_ms("36500d") == MAX_DURATION_MS == parse_duration_ms(MAX_DURATION_MS // 1000)
+
+
+def test_duration_digits_are_ascii_only() -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration_ms("\u0663s")  # ARABIC-INDIC DIGIT THREE
+
+
 def test_infinite_duration_in_yaml_is_a_config_error() -> None:
     text = GOOD.replace("    values: [v]\n", "    values: [v]\n    pane: .inf\n")
     message = config_error(text)
@@ -171,7 +197,7 @@ def test_format_duration(ms: int, text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=0, max_value=10**15))
+@given(st.integers(min_value=0, max_value=MAX_DURATION_MS))
 def test_format_then_parse_round_trips(ms: int) -> None:
     assert parse_duration_ms(format_duration_ms(ms)) == ms
 

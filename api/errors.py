@@ -1,0 +1,101 @@
+"""One error body for the 4xx answers the routes raise, and its place in the OpenAPI document.
+
+Every 4xx a route raises is `{"detail": "<what is wrong>", "param": "<the query parameter or
+body field at fault>"}` (`param` only where one parameter is at fault). FastAPI's own 422s
+(a value outside a parameter's declared schema: a missing `metric`, an `after_id` above
+2^63-1) keep FastAPI's shape, `{"detail": [{"loc", "msg", "type"}, ...]}`, whose `loc` names
+the parameter; the document describes both.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.routing import compile_path
+
+# SQLite's INTEGER and Spark's bigint: an id or offset above this cannot exist, and Python
+# would raise OverflowError binding it. Declared in the schema (le=) so the contract says so.
+MAX_ID = 2**63 - 1
+
+
+class ErrorOut(BaseModel):
+    """The body of every 4xx (but FastAPI's request-validation 422) and of 503."""
+
+    detail: str = Field(description="what is wrong, naming the parameter or field and the bound crossed")
+    param: str | None = Field(None, description="the query parameter or body field at fault, where there is one")
+
+
+class BadParam(ValueError):
+    """A parameter's value is outside its contract. Pure: the parsers raise it, the routes
+    turn it into a 400 (param_error)."""
+
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param}: {reason}")
+        self.param = param
+        self.reason = reason
+
+
+class ParamHTTPError(HTTPException):
+    """An HTTPException that also names the parameter at fault (rendered by install())."""
+
+    def __init__(self, status_code: int, param: str | None, detail: str):
+        super().__init__(status_code, detail)
+        self.param = param
+
+
+def param_error(exc: BadParam, status_code: int = 400) -> ParamHTTPError:
+    return ParamHTTPError(status_code, exc.param, str(exc))
+
+
+def bad_request(param: str | None, detail: str) -> ParamHTTPError:
+    return ParamHTTPError(400, param, detail)
+
+
+async def _render(request: Request, exc: ParamHTTPError) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail, "param": exc.param}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _method_not_allowed(request: Request, exc: HTTPException) -> JSONResponse:
+    """405 with an Allow header naming every method of the path. Starlette's names only the
+    methods of the first route that matched the path, while one path here is often several
+    routes (GET, PUT and DELETE /api/v1/alerts/rules/{name} are three functions). The methods
+    come from the OpenAPI document, the contract itself (FastAPI's routers nest the routes)."""
+    allowed = {method.upper() for pattern, methods in _path_methods(request.app) if pattern.match(request.url.path)
+               for method in methods}
+    headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(allowed))} if allowed else exc.headers
+    return JSONResponse({"detail": exc.detail}, status_code=405, headers=headers)
+
+
+def _path_methods(app) -> list[tuple[re.Pattern, list[str]]]:
+    cached = getattr(app.state, "path_methods", None)
+    if cached is None:
+        cached = app.state.path_methods = [(compile_path(path)[0], list(ops))
+                                           for path, ops in app.openapi().get("paths", {}).items()]
+    return cached
+
+
+def install(app) -> None:
+    app.add_exception_handler(ParamHTTPError, _render)
+    app.add_exception_handler(405, _method_not_allowed)
+
+
+_DEFAULT_TEXT = {
+    400: "a parameter or the body is invalid; `detail` says which and why",
+    404: "the stream, metric or rule named does not exist",
+    409: "conflicts with the current state",
+    413: "the body is over its size or event-count limit",
+    503: "a component this route needs is not configured or not ready",
+}
+
+
+def errors(*codes: int, **texts: str) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each code with the ErrorOut body. `texts` override the
+    descriptions, keyed `e404="no such rule"`."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        out[code] = {"model": ErrorOut, "description": texts.get(f"e{code}", _DEFAULT_TEXT.get(code, "error"))}
+    return out

@@ -1,0 +1,214 @@
+"""The success bodies of the routes that build them as dicts, as models for the OpenAPI
+document (`responses={200: {"model": ...}}`, no response_model: the dicts go out as they are
+and are not filtered). The fuzz test's response_schema_conformance check holds the two
+together. Objects keep `extra="allow"` where a body carries a definition's own fields (a
+stream, a metric, a rule of some kind) that the catalog or the rule's kind decides."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class HealthOut(BaseModel):
+    status: str = Field(description="'ok'")
+
+
+class OffsetsOut(BaseModel):
+    start: int
+    end: int
+
+
+class StreamOut(_Open):
+    """The stream's definition (see the configuration) plus its log."""
+
+    name: str
+    distinct: list[str]
+    partitions_offsets: dict[str, OffsetsOut] = Field(description="partition -> retained offsets [start, end)")
+    events_in_log: int
+
+
+class StreamsOut(BaseModel):
+    streams: list[StreamOut]
+
+
+class MetricOut(_Open):
+    """The metric's definition (see the configuration) plus what it answers."""
+
+    name: str
+    stream: str
+    stats: list[str]
+    dimensions: list[str]
+    pane: str
+
+
+class MetricsOut(BaseModel):
+    metrics: list[MetricOut]
+
+
+class PartitionProgressOut(BaseModel):
+    log_start: int
+    log_end: int
+    committed: int
+    lag_events: int
+
+
+class StreamProgressOut(BaseModel):
+    watermark_ms: int | None
+    max_event_ms: int | None
+    events_in_log: int
+    events_aggregated: int
+    events_read: int = Field(description="events_aggregated + events_dead_lettered, always")
+    events_dead_lettered: int
+    dead_lettered_by_reason: dict[str, int]
+    corrections: int
+    panes: int
+    lag_events: int
+    partitions: dict[str, PartitionProgressOut]
+
+
+class PipelineOut(BaseModel):
+    pipeline: str
+    last_batch_id: int | None
+    last_commit_ms: int | None
+    seconds_since_last_commit: float | None
+    batches: int
+    events_read: int
+    lag_events: int
+    streams: dict[str, StreamProgressOut]
+    health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
+                         " `lag`: the lag status (null when not wired)")
+
+
+class PartitionLagOut(BaseModel):
+    log_end: int | None
+    committed: int | None
+    lag_events: int
+    lag_seconds: float | None
+    status: str
+    reason: str
+
+
+class StreamLagOut(BaseModel):
+    status: str
+    reason: str
+    lag_events: int
+    lag_seconds: float | None
+    partitions: dict[str, PartitionLagOut]
+
+
+class LagPointOut(BaseModel):
+    t: int
+    lag_events: int
+    lag_seconds: float | None
+
+
+class LagSeriesOut(BaseModel):
+    from_ms: int
+    to_ms: int
+    truncated: bool
+    pipeline: list[LagPointOut]
+    streams: dict[str, list[LagPointOut]]
+    partitions: dict[str, dict[str, list[dict]]] = Field(
+        description="stream -> partition -> samples {t, log_end, committed, lag_events, lag_seconds}")
+
+
+class LagOut(BaseModel):
+    at_ms: int
+    pipeline: str
+    status: str = Field(description="OK, WARN, STALL, STOP, REWIND or ERR (Burrow's rules)")
+    reason: str
+    lag_events: int
+    lag_seconds: float | None
+    streams: dict[str, StreamLagOut]
+    window: dict = Field(description="the evaluation window: samples, interval_seconds, seconds")
+    sampler_error: str | None
+    series: LagSeriesOut
+
+
+class ValueStatsOut(BaseModel):
+    n: int
+    sum: float
+    min: float | None
+    max: float | None
+
+
+class PaneStatsOut(BaseModel):
+    count: int
+    values: dict[str, ValueStatsOut] = Field(description="per value field")
+    distinct: dict[str, float] = Field(description="per distinct field: the HLL estimate")
+
+
+class CorrectionOut(BaseModel):
+    type: str = Field(description="'correction'")
+    id: int
+    stream: str
+    pane_start_ms: int
+    pane_end_ms: int
+    dims: dict[str, str]
+    revision_from: int
+    revision_to: int
+    batch_id: int
+    events_added: int
+    at_ms: int
+    old: PaneStatsOut
+    new: PaneStatsOut
+
+
+class CorrectionsOut(BaseModel):
+    corrections: list[CorrectionOut]
+    count: int
+
+
+class DeadLetterOut(BaseModel):
+    id: int
+    stream: str
+    partition: int
+    offset: int
+    reason: str
+    error: str | None
+    event_time_ms: int | None
+    ingest_time_ms: int | None
+    dims: dict | None
+    batch_id: int
+    at_ms: int
+
+
+class DeadLettersOut(BaseModel):
+    dead_letters: list[DeadLetterOut]
+    count: int
+    totals_by_reason: dict[str, dict[str, int]] = Field(description="stream -> reason -> dead letters")
+
+
+class RuleOut(_Open):
+    """The rule's definition (its kind's fields, durations as text) and its state."""
+
+    name: str
+    kind: str
+    source: str = Field(description="'api' or 'file' (read-only through the API)")
+    silenced_until_ms: int | None
+    created_ms: int
+    updated_ms: int
+    state: str = Field(description="the worst state of its instances: error, firing, nodata, pending, resolved, normal")
+
+
+class RulesOut(BaseModel):
+    rules: list[RuleOut]
+
+
+class AlertInstanceOut(_Open):
+    rule: str
+    state: str
+    silenced: bool
+
+
+class AlertEventOut(_Open):
+    id: int
+
+
+class AlertsOut(BaseModel):
+    active: list[AlertInstanceOut]
+    history: list[AlertEventOut] = Field(description="state changes, newest first (oldest first after after_id)")

@@ -1,0 +1,83 @@
+"""api.timeparams: instants and duration parameters are bounded (1970..9999, at most 36500d)
+and every error is a BadParam naming the parameter. Pure: no app, no store."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.errors import BadParam
+from api.timeparams import MAX_TIME_MS, parse_duration_param, parse_instant_ms, parse_range_ms
+from api.ws_protocol import ProtocolError, QueryIn, resolve_query
+from catalog import MAX_DURATION_MS, load_catalog
+from tests.conftest import DEMO_CONFIG
+
+NOW = 1_800_000_000_000
+
+
+@pytest.mark.parametrize("text,ms", [
+    ("now", NOW), ("now-15m", NOW - 900_000), ("now + 1h", NOW + 3_600_000), ("0", 0),
+    ("1800000000", NOW), (str(NOW), NOW), ("2027-01-15T08:00:00Z", NOW),
+    (str(MAX_TIME_MS), MAX_TIME_MS), ("9999-12-31T23:59:59.999Z", MAX_TIME_MS),
+])
+def test_instants_in_range(text, ms):
+    assert parse_instant_ms(text, NOW, "from") == ms
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("now-99999999999999999999d", "exceeds the maximum of 36500d"),
+    ("now-" + "9" * 400 + "s", "exceeds the maximum of 36500d"),
+    ("now-36500d", "is outside 1970-01-01"),
+    ("1e400", "is not a finite number"),
+    ("-inf", "is not a finite number"),
+    ("9" * 400, "is not a finite number"),
+    (str(MAX_TIME_MS + 1), "outside 1970..9999"),
+    ("-1", "outside 1970"),
+    ("soon", "is not a time in 1970-01-01"),
+])
+def test_instants_out_of_range_name_the_parameter(text, fragment):
+    with pytest.raises(BadParam) as info:
+        parse_instant_ms(text, NOW, "to")
+    assert info.value.param == "to" and str(info.value).startswith("to: ") and fragment in str(info.value)
+    assert len(str(info.value)) < 250
+
+
+def test_a_range_must_go_forward():
+    with pytest.raises(BadParam, match="must be after") as info:
+        parse_range_ms("now", "now-1h", NOW)
+    assert info.value.param == "to"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60) | st.from_regex(r"now[+-][0-9]{1,40}(\.[0-9]{1,5})?(ms|s|m|h|d|w)", fullmatch=True))
+def test_any_text_is_an_instant_in_range_or_a_bad_param(text):
+    try:
+        ms = parse_instant_ms(text, NOW, "from")
+    except BadParam as exc:
+        assert exc.param == "from"
+    else:
+        assert 0 <= ms <= MAX_TIME_MS
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60) | st.from_regex(r"[0-9]{1,400}(\.[0-9]{1,5})?(ms|s|m|h|d|w)", fullmatch=True))
+def test_any_text_is_a_bounded_duration_or_a_bad_param(text):
+    try:
+        ms = parse_duration_param(text, "step")
+    except BadParam as exc:
+        assert exc.param == "step"
+    else:
+        assert 0 <= ms <= MAX_DURATION_MS
+
+
+@pytest.mark.parametrize("query,fragment", [
+    ({"step": "99999999999999999999d"}, "step: duration"),
+    ({"window": "9" * 400 + "s"}, "window: duration"),
+    ({"from": "now-99999999999d"}, "from: duration"),
+    ({"from": 10**400}, "from: "),
+])
+def test_a_websocket_subscription_is_bounded_the_same_way(query, fragment):
+    with pytest.raises(ProtocolError) as info:
+        resolve_query(QueryIn(metric="latency", **query), load_catalog(DEMO_CONFIG), NOW, 11_000)
+    assert fragment in info.value.reason
