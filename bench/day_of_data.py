@@ -119,10 +119,42 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str
     client = TestClient(create_app(ctx))
     out = timed_queries(client, QUERIES + (LONG_QUERIES if args.long_queries else []), args.repeat)
     client.close()
+    if label == "panes":
+        out.update(before_tiers(catalog, store, end_ms, args))
     if args.ws:
         out.update(under_websocket_load(catalog, store, log, args, end_ms))
     store.close()
     log.close()
+    return out
+
+
+def before_tiers(catalog: Catalog, store, end_ms: int, args) -> dict[str, list[float]]:
+    """The same queries the way they were answered before tiers: every pane of the range read
+    with its sketches and rolled up in Python (store.rollup), nothing cached. In-process, no HTTP."""
+    from urllib.parse import parse_qs
+
+    from catalog import parse_duration_ms
+    from store.rollup import align_range, rollup
+
+    out = {}
+    for name, query in QUERIES + (LONG_QUERIES if args.long_queries else []):
+        q = {k: v[0] for k, v in parse_qs(query).items()}
+        metric = catalog.metric(q["metric"])
+        quantile = metric.check_stat(q["stat"])
+        step = parse_duration_ms(q["step"])
+        window = parse_duration_ms(q.get("window", q["step"]))
+        lo, hi = align_range(end_ms - parse_duration_ms(q["from"].removeprefix("now-")), end_ms, step)
+        times = []
+        for _ in range(max(1, args.repeat // 4)):  # slow: fewer runs
+            t = time.perf_counter()
+            panes = store.read_panes(STREAM, lo, hi + window - step, value_field=metric.value,
+                                     distinct_field=metric.distinct, with_sketches=quantile is not None
+                                     or q["stat"] == "distinct")
+            rollup(panes, stat=q["stat"], quantile=quantile, value_field=metric.value, distinct_field=metric.distinct,
+                   start_ms=lo, end_ms=hi, step_ms=step, window_ms=window, pane_ms=10_000,
+                   group_by=[g for g in q.get("group_by", "").split(",") if g])
+            times.append((time.perf_counter() - t) * 1000)
+        out[name + " [before]"] = times
     return out
 
 
@@ -185,6 +217,8 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
                     pass
 
     def writer() -> None:
+        # Its own connection, as the pipeline process has: WAL lets the API read while it commits.
+        own = SqlitePaneStore(store.path, synchronous="OFF")
         batch_id = 10**6
         traffic = DemoTraffic(catalog, seed=9, clock=clock)
         stream = catalog.stream(STREAM)
@@ -195,11 +229,12 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
                 t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
                 groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
             partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
-            store.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
+            own.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
                                            read_by_stream={STREAM: args.ws_rate}),
                                lateness_ms={STREAM: 30_000}, now_ms=now_ms)
             batch_id += 1
             stop.wait(1.0)
+        own.close()
 
     threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(args.ws)]
     threads.append(threading.Thread(target=writer, daemon=True))
@@ -244,15 +279,21 @@ def main(argv: list[str] | None = None) -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             results[label] = run(label, catalog, Path(tmp), args, end_ms)
-    print(f"\nGET /api/v1/query over {args.events:,} events in {args.hours:g} h, {args.repeat} runs each (ms):")
-    print(f"{'query':<28}" + "".join(f"{label + ' p50':>12}{label + ' p99':>12}" for label in results))
-    for name in results[next(iter(results))]:
+    print(f"\nGET /api/v1/query over {args.events:,} events in {args.hours:g} h, {args.repeat} runs each (ms);"
+          " 'before': the same query as answered before tiers (every pane rolled up in Python, in-process):")
+    names = list(dict.fromkeys(n for label in results for n in results[label] if not n.endswith("[before]")))
+    before = results.get("panes", {})
+    print(f"{'query':<34}" + "".join(f"{label + ' p50':>12}{label + ' p99':>12}" for label in results)
+          + (f"{'before p50':>14}" if before else ""))
+    for name in names:
         cells = ""
         for label in results:
-            times = sorted(results[label][name])
+            times = sorted(results[label].get(name) or [math.nan])
             p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
             cells += f"{statistics.median(times):12.1f}{p99:12.1f}"
-        print(f"{name:<28}{cells}")
+        if name + " [before]" in before:
+            cells += f"{statistics.median(before[name + ' [before]']):14.1f}"
+        print(f"{name:<34}{cells}")
 
 
 if __name__ == "__main__":
