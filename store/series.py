@@ -5,9 +5,9 @@ websocket hub and alert rules all come through here, so they read the same numbe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
-from collections.abc import Mapping, Sequence
 
 from store.base import PaneStore
 from store.panes import Pane
@@ -15,24 +15,10 @@ from store.planner import plan_read
 from store.point_cache import PointCache
 from store.rollup import DEFAULT_MAX_POINTS, BucketStats, Point, Series, rollup, rollup_buckets, window_points
 
-
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
 
 
-def read_rows(store: PaneStore, stream: str, pane_ms: int, *, start_ms: int, end_ms: int, step_ms: int,
-              window_ms: int, needed: Sequence[str] = (), value_field: str | None = None,
-              distinct_field: str | None = None, sketches: bool = False,
-              max_points: int = DEFAULT_MAX_POINTS) -> list[Pane]:
-    """The stored rows (panes or tier rows) that windows starting in [start_ms, end_ms) every
-    step_ms need, grouped or filtered by the dimensions `needed`."""
-    rows: list[Pane] = []
-    for seg, proj, _ in _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points):
-        rows += store.read_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, value_field=value_field,
-                                distinct_field=distinct_field, with_sketches=sketches, pane_ms=pane_ms)
-    return rows
-
-
-def _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points):
+def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points):
     """(segment, projection, bucket) for each segment to read; nothing for a query rollup refuses."""
     if step_ms <= 0 or window_ms <= 0 or end_ms <= start_ms:
         return []
@@ -40,7 +26,7 @@ def _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, 
     if n_points > max_points:  # rollup refuses the query, with its reason
         return []
     span_end = start_ms + (n_points - 1) * step_ms + window_ms
-    plan = plan_read(store.tier_layout(stream), pane_ms, start_ms, span_end, step_ms, window_ms, n_points, needed)
+    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, n_points, needed)
     # One window: every row lands in it, whatever bucket; else rollup's buckets of gcd(step, window).
     bucket = span_end - start_ms if n_points == 1 else math.gcd(step_ms, window_ms)
     return [(seg, plan.proj, bucket) for seg in plan.segments]
@@ -70,7 +56,8 @@ def query_series(
     window_ms = step_ms if window_ms is None else window_ms
     filters = dict(filters or {})
     needed = (*group_by, *filters)
-    plan = _plan(store, stream, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points)
+    layout = store.tier_layout(stream)  # read once: the cached path plans twice
+    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points)
     if stat in _EXACT_STATS:
         # Exact stats are summed by the store per bucket and group: few rows reach Python.
         value = value_field if stat not in ("count", "rate") else None
@@ -81,7 +68,7 @@ def query_series(
 
     def sketch_series(lo: int, hi: int) -> list[Series]:
         rows: list[Pane] = []
-        for seg, proj, _ in _plan(store, stream, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
+        for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
             rows += store.read_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, value_field=value_field,
                                     distinct_field=distinct_field, with_sketches=True, pane_ms=pane_ms,
                                     with_stats=False)
@@ -169,4 +156,4 @@ def _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, 
                   watermark_ms=watermark_ms)[0].points
 
 
-__all__ = ["query_series", "read_rows"]
+__all__ = ["query_series"]
