@@ -31,9 +31,6 @@ from store.connection import open_connection, transaction, where
 from store.panes import (
     EMPTY_SUMMARY,
     Pane,
-    PaneData,
-    PaneKey,
-    ValueStats,
     advance_watermark,
     dims_key,
     is_final,
@@ -210,13 +207,15 @@ class SqlitePaneStore(PaneStore):
                 stored, merged = None, partial.data
                 new += 1
             else:
-                stored = self._load_data(partial.stream, partial.start_ms, key, row[0], row[1], sketches=True)
+                stored = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY,
+                                                (partial.stream, partial.start_ms, key), row[0], row[1])
                 merged = stored.merge(partial.data)
                 updated += 1
             revision = next_revision(None if row is None else row[2], final)
             if partial.stream in layouts:
                 tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
-            self._save(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision, now_ms, commit.batch_id)
+            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, (partial.stream, partial.start_ms, key),
+                                  partial.end_ms, merged, revision, now_ms, commit.batch_id)
             correction_id = None
             if final:
                 old = stored.summary() if stored is not None else EMPTY_SUMMARY
@@ -305,39 +304,6 @@ class SqlitePaneStore(PaneStore):
             (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
         )
         return CommitResult(True, new, updated, first_seq, last_seq, corrections, len(commit.dead_letters))
-
-    def _save(self, stream: str, start_ms: int, end_ms: int, key: str, data: PaneData, revision: int,
-              now_ms: int, batch_id: int) -> None:
-        stats = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
-        self._conn.execute(
-            "INSERT INTO panes (stream, start_ms, dims, end_ms, count, stats, revision, updated_at_ms, last_batch)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, start_ms, dims) DO UPDATE SET"
-            " count = excluded.count, stats = excluded.stats, revision = excluded.revision,"
-            " updated_at_ms = excluded.updated_at_ms, last_batch = excluded.last_batch",
-            (stream, start_ms, key, end_ms, data.count, stats, revision, now_ms, batch_id),
-        )
-        rows = [(stream, start_ms, key, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
-        rows += [(stream, start_ms, key, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
-        self._conn.executemany(
-            "INSERT INTO pane_sketches (stream, start_ms, dims, field, kind, data) VALUES (?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (stream, start_ms, dims, field, kind) DO UPDATE SET data = excluded.data",
-            rows,
-        )
-
-    def _load_data(self, stream: str, start_ms: int, key: str, count: int, stats: str, *, sketches: bool) -> PaneData:
-        klls: dict[str, bytes] = {}
-        hlls: dict[str, bytes] = {}
-        if sketches:
-            for name, kind, blob in self._conn.execute(
-                "SELECT field, kind, data FROM pane_sketches WHERE stream = ? AND start_ms = ? AND dims = ?",
-                (stream, start_ms, key),
-            ):
-                (klls if kind == "kll" else hlls)[name] = bytes(blob)
-        values = {
-            name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
-            for name, v in json.loads(stats).items()
-        }
-        return PaneData(count=count, values=values, distincts=hlls)
 
     # -- reading ------------------------------------------------------------------------
 

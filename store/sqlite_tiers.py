@@ -1,7 +1,8 @@
 """The tier rows of the SQLite store (store/tiers.py says what they are): their tables, the
 merge of a batch's deltas in the batch's transaction, per-tier retention, reads, and the
 rebuild from the panes when a stream's layout changes. Functions over the store's
-connection, called with its lock held (as store/bloom.py's are)."""
+connection, called with its lock held (as store/bloom.py's are). Rows of both tables that hold
+pane-shaped data, panes and tier_rows, are read, loaded and saved by the same functions here."""
 
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey,
         if row is None:
             data, revision = delta.data, delta.revision
         else:
-            data = _load(conn, args, row[0], row[1]).merge(delta.data)
+            data = load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]).merge(delta.data)
             revision = max(row[2], delta.revision)
-        _save(conn, args, key.start_ms + key.granule_ms, data, revision, now_ms, batch_id)
+        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, data, revision, now_ms, batch_id)
 
 
 def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
@@ -140,8 +141,8 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
             rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
             last_batch = max((p.last_batch for p in panes), default=0)
             for key, delta in tier_deltas(rows, layout).items():
-                _save(conn, (stream, key.granule_ms, key.proj, key.start_ms, key.dims), key.start_ms + key.granule_ms,
-                      delta.data, delta.revision, now_ms, last_batch)
+                save_row(conn, "tier_rows", TIER_KEY, (stream, key.granule_ms, key.proj, key.start_ms, key.dims),
+                         key.start_ms + key.granule_ms, delta.data, delta.revision, now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {lo + chunk} ms)")
@@ -149,36 +150,46 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     return done
 
 
-def _load(conn: sqlite3.Connection, args: tuple, count: int, stats: str) -> PaneData:
+# The key columns of the two tables that hold pane-shaped rows, each with its sketch table.
+PANE_KEY = ("stream", "start_ms", "dims")
+TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims")
+_SKETCHES = {"panes": "pane_sketches", "tier_rows": "tier_sketches"}
+
+
+def load_data(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, count: int,
+              stats: str) -> PaneData:
+    """A stored row's data with all its sketches (what a merge into it needs)."""
     klls: dict[str, bytes] = {}
     hlls: dict[str, bytes] = {}
-    for name, kind, blob in conn.execute(f"SELECT field, kind, data FROM tier_sketches WHERE {_ROW_KEY}", args):
+    where = " AND ".join(f"{c} = ?" for c in key_columns)
+    for name, kind, blob in conn.execute(f"SELECT field, kind, data FROM {_SKETCHES[table]} WHERE {where}", key):
         (klls if kind == "kll" else hlls)[name] = bytes(blob)
     values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
               for name, v in json.loads(stats).items()}
     return PaneData(count=count, values=values, distincts=hlls)
 
 
-def _save(conn: sqlite3.Connection, args: tuple, end_ms: int, data: PaneData, revision: int, now_ms: int,
-          batch_id: int) -> None:
+def save_row(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, end_ms: int,
+             data: PaneData, revision: int, now_ms: int, batch_id: int) -> None:
+    """Insert or replace a row of `table` (panes or tier_rows) and its sketches."""
     stats = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
+    columns = ", ".join(key_columns)
+    marks = ", ".join("?" * len(key_columns))
     conn.execute(
-        "INSERT INTO tier_rows (stream, granule_ms, proj, start_ms, dims, end_ms, count, stats, revision,"
-        " updated_at_ms, last_batch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (stream, granule_ms, proj, start_ms, dims) DO UPDATE SET count = excluded.count,"
+        f"INSERT INTO {table} ({columns}, end_ms, count, stats, revision, updated_at_ms, last_batch)"
+        f" VALUES ({marks}, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
         " last_batch = excluded.last_batch",
-        (*args, end_ms, data.count, stats, revision, now_ms, batch_id),
+        (*key, end_ms, data.count, stats, revision, now_ms, batch_id),
     )
-    rows = [(*args, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
-    rows += [(*args, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
+    rows = [(*key, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
+    rows += [(*key, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
     conn.executemany(
-        "INSERT INTO tier_sketches (stream, granule_ms, proj, start_ms, dims, field, kind, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, granule_ms, proj, start_ms, dims, field, kind)"
-        " DO UPDATE SET data = excluded.data", rows)
+        f"INSERT INTO {_SKETCHES[table]} ({columns}, field, kind, data) VALUES ({marks}, ?, ?, ?)"
+        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data", rows)
 
 
-__all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "read_rows", "rebuild",
+__all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "load_data", "read_rows", "rebuild", "save_row",
            "stored_layouts"]
 
 
