@@ -166,7 +166,6 @@ def rollup_buckets(
     if kind not in ("count", "value"):
         raise RollupError(f"stat {stat!r} needs sketches, not bucket sums")
     buckets: dict[tuple[str, ...], dict[int, _Acc]] = {}
-    sums: dict[tuple[tuple[str, ...], int], list[float]] = {}
     for row in rows:
         per_group = buckets.setdefault(row.group, {})
         acc = per_group.get(row.bucket)
@@ -175,14 +174,7 @@ def rollup_buckets(
         acc.count += row.count
         acc.revision = max(acc.revision, row.revision)
         if row.n:
-            acc.n += row.n
-            sums.setdefault((row.group, row.bucket), []).append(row.sum)
-            if row.min is not None and (acc.lo is None or row.min < acc.lo):
-                acc.lo = row.min
-            if row.max is not None and (acc.hi is None or row.max > acc.hi):
-                acc.hi = row.max
-    for (group, idx), parts in sums.items():
-        buckets[group][idx].sums = parts
+            acc.add_values(row.n, row.sum, row.min, row.max)
     return _finish(buckets, kind, stat, None, start_ms, end_ms, step_ms, window_ms, tuple(group_by), watermark_ms)
 
 
@@ -280,6 +272,17 @@ class _Acc:
         self.sums: list[float] | None = None  # per-pane sums, until the bucket is closed
         self.blobs: list[bytes] | None = None  # per-pane sketch bytes, until the bucket is closed
 
+    def add_values(self, n: int, total: float, lo: float | None, hi: float | None) -> None:
+        """One row's value stats into a bucket (its sum is kept apart until the bucket closes)."""
+        self.n += n
+        if self.sums is None:
+            self.sums = []
+        self.sums.append(total)
+        if lo is not None and (self.lo is None or lo < self.lo):
+            self.lo = lo
+        if hi is not None and (self.hi is None or hi > self.hi):
+            self.hi = hi
+
 
 _UNSEEN: tuple[str, ...] = ("<unseen>",)  # compared by identity, so no real group can collide
 
@@ -324,14 +327,7 @@ def _fill_buckets(
         if kind == "value":
             stats = data.values.get(value_field)
             if stats is not None and stats.n:
-                acc.n += stats.n
-                if acc.sums is None:
-                    acc.sums = []
-                acc.sums.append(stats.sum)
-                if stats.min is not None and (acc.lo is None or stats.min < acc.lo):
-                    acc.lo = stats.min
-                if stats.max is not None and (acc.hi is None or stats.max > acc.hi):
-                    acc.hi = stats.max
+                acc.add_values(stats.n, stats.sum, stats.min, stats.max)
         elif kind != "count":
             if kind == "kll":
                 stats = data.values.get(value_field)
