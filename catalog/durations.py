@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 # ASCII digits only: \d would also take other scripts' digits, which the contract does not promise.
@@ -54,3 +57,17 @@ def format_duration_ms(ms: int) -> str:
         if ms and ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"
+
+
+# What a duration accepts, for JSON Schema (the OpenAPI document of the alert rule bodies):
+# without it the schema would say "integer" (the parsed type) while the API takes "5m".
+DURATION_JSON_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d|w)\s*$",
+         "description": "a number and a unit (ms, s, m, h, d, w), at most 36500d"},
+        {"type": "number", "minimum": 0, "maximum": MAX_DURATION_MS // 1000, "description": "seconds"},
+    ],
+}
+# Serialised as text ("10s"), so a dumped catalog parses back to the same values.
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str),
+                       WithJsonSchema(DURATION_JSON_SCHEMA)]

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from catalog.durations import format_duration_ms, parse_duration_ms
+from catalog.durations import DurationMs, format_duration_ms
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
-_Duration = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str)]
 _Field = Annotated[str, Field(pattern=_NAME)]
 _Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
@@ -47,7 +46,7 @@ class MembershipDef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     field: _Field
-    bucket: _Duration = 3_600_000
+    bucket: DurationMs = 3_600_000
     capacity: int = Field(default=100_000, ge=1, le=1_000_000_000)
     fpp: float = Field(default=0.01, gt=0.0, lt=1.0)
     seed: _Seed = 0
@@ -65,7 +64,7 @@ class SessionsDef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: _Field
-    gap: _Duration = 1_800_000
+    gap: DurationMs = 1_800_000
 
     @model_validator(mode="after")
     def _check_gap(self) -> SessionsDef:

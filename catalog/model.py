@@ -11,27 +11,15 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from catalog.durations import MAX_DURATION_MS, format_duration_ms, parse_duration_ms
+from catalog.durations import DurationMs, format_duration_ms
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _QUANTILE_STAT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
 
-# What a duration accepts, for JSON Schema (the OpenAPI document of the alert rule bodies):
-# without it the schema would say "integer" (the parsed type) while the API takes "5m".
-DURATION_JSON_SCHEMA = {
-    "anyOf": [
-        {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d|w)\s*$",
-         "description": "a number and a unit (ms, s, m, h, d, w), at most 36500d"},
-        {"type": "number", "minimum": 0, "maximum": MAX_DURATION_MS // 1000, "description": "seconds"},
-    ],
-}
-# Serialised as text ("10s"), so a dumped catalog parses back to the same values.
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str),
-                       WithJsonSchema(DURATION_JSON_SCHEMA)]
 FieldName = Annotated[str, Field(pattern=NAME_RE)]
 
 # Stats every metric answers, and those that need a value or a distinct field.

@@ -11,16 +11,15 @@ total and the declared group-bys too (its all-dimensions rows are the panes them
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic import BaseModel, ConfigDict
 
-from catalog.durations import format_duration_ms, parse_duration_ms
+from catalog.durations import DurationMs, format_duration_ms
 
 if TYPE_CHECKING:
     from catalog.model import StreamDef
 
-_Duration = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str)]
 
 DEFAULT_GRANULES_MS = (60_000, 3_600_000)
 _DAY_MS = 86_400_000
@@ -31,8 +30,8 @@ class TierDef(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    every: _Duration
-    keep: _Duration | None = None  # default: the stream's retention
+    every: DurationMs
+    keep: DurationMs | None = None  # default: the stream's retention
 
 
 def default_tiers(pane_ms: int) -> tuple[TierDef, ...]:
