@@ -145,21 +145,25 @@ def cmd_up(args: argparse.Namespace) -> int:
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
     # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
-    # children too, not orphan them: turn it into the same orderly stop as Ctrl-C.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # children too, not orphan them. The handler only sets a flag: raising from it could interrupt
+    # Popen between fork and its return, leaving a started child that this process never learns of.
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
     try:
         for name, command in parts:
+            if stopping.is_set():
+                return 0
             children[name] = subprocess.Popen(command, env=env)
             if name == "api":
-                _wait_healthy(settings.base_url, children[name])
-        while True:
+                _wait_healthy(settings.base_url, children[name], stopping)
+        while not stopping.is_set():
             for name, child in children.items():
                 code = child.poll()
                 if code is not None:
                     print(f"sketchboard: {name} exited with {code}; stopping the others", file=sys.stderr)
                     return code or 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+            stopping.wait(0.5)
         return 0
     finally:
         for child in children.values():
@@ -170,17 +174,14 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def _wait_healthy(base_url: str, child: subprocess.Popen, timeout_s: float = 60) -> None:
+def _wait_healthy(base_url: str, child: subprocess.Popen, stopping: threading.Event, timeout_s: float = 60) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stopping.is_set():
         if child.poll() is not None:
             raise SystemExit(f"sketchboard: the API exited with {child.returncode} while starting")
         try:
@@ -188,7 +189,9 @@ def _wait_healthy(base_url: str, child: subprocess.Popen, timeout_s: float = 60)
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        stopping.wait(0.2)
+    if stopping.is_set():
+        return
     raise SystemExit(f"sketchboard: the API did not answer on {base_url} within {timeout_s:.0f} s")
 
 
