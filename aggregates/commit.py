@@ -66,8 +66,26 @@ def rows_to_dead_letters(rows: Iterable[Mapping[str, Any]], catalog: Catalog) ->
     return out
 
 
+def partition_max_events(rows: Iterable[Mapping[str, Any]], catalog: Catalog,
+                         streams: Iterable[str]) -> dict[str, dict[int, int]]:
+    """Per stream (every one of `streams`, so each gets per-partition watermarks even when the
+    batch merged nothing of it) and partition: the newest event time merged in this batch."""
+    out: dict[str, dict[int, int]] = {s: {} for s in streams if s in catalog.streams}
+    for row in rows:
+        if row["stream"] not in catalog.streams or row.get("dead_reason") is not None:
+            continue
+        newest = out.setdefault(row["stream"], {})
+        for partition, t in enumerate(row.get("partition_max_event_time") or ()):
+            if t is not None:
+                newest[partition] = max(newest.get(partition, t), t)
+    return out
+
+
 def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]], catalog: Catalog,
-                 end_offsets: Mapping[str, Mapping[int, int]], *, batch_now_ms: int | None = None) -> BatchCommit:
+                 end_offsets: Mapping[str, Mapping[int, int]], *, batch_now_ms: int | None = None,
+                 log_end_offsets: Mapping[str, Mapping[int, int]] | None = None) -> BatchCommit:
+    """The store commit of a batch; `log_end_offsets` are the log's end offsets as seen now,
+    which tell the store which partitions still have unread records (store/watermarks.py)."""
     rows = list(rows)
     partials, max_event = rows_to_partials(rows, catalog)
     dead = rows_to_dead_letters(rows, catalog)
@@ -87,6 +105,8 @@ def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]]
         events_read=sum(read.values()),
         max_event_ms=max_event,
         end_offsets=end_offsets,
+        partition_max_event_ms=partition_max_events(rows, catalog, end_offsets),
+        log_end_offsets=log_end_offsets or {},
         dead_letters=dead,
         read_by_stream=dict(read),
         dead_by_stream={s: dict(r) for s, r in dead_counts.items()},

@@ -52,11 +52,13 @@ def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
 
 def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
                        kll_k: int = DEFAULT_K) -> DataFrame:
-    """One row per (stream, pane, dims) of good records (dead_reason null), and one row per
+    """One row per (stream, pane, dims) of good records (dead_reason null), with its count, newest
+    event time overall and per log partition (`partition_max_event_time`), and one row per
     (stream, dead_reason) whose `count` is the number of records dead-lettered for that reason
     and whose `dead_records` lists them (partition, offset, event_time, ingest_time, error, dims)."""
     width_vals = max((len(s.values) for s in catalog.streams.values()), default=0)
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
+    width_parts = max((s.partitions for s in catalog.streams.values()), default=0)
     pane_ms = pane_ms_column(catalog)
     rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
     good = F.col("dead_reason").isNull()
@@ -69,6 +71,10 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
     aggs = [
         F.count(F.lit(1)).alias("count"),
         F.max("event_time").alias("max_event_time"),
+        # The newest event time per log partition (slot k = partition k), for the per-partition
+        # watermarks (store/watermarks.py): a few max() buffers, so the batch stays one job.
+        F.array(*[F.max(F.when(F.col("partition") == k, F.col("event_time"))) for k in range(width_parts)])
+        .alias("partition_max_event_time"),
         # collect_list skips nulls: empty for good groups, the (few) dead records otherwise.
         F.collect_list(F.when(~good, F.struct(
             F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),

@@ -15,6 +15,7 @@ from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
+from ingest.log import EventLog, SqliteEventLog
 from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
@@ -36,12 +37,15 @@ class PipelineConfig:
 
 class Pipeline:
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig,
-                 *, clock: Callable[[], float] = time.time):
+                 *, clock: Callable[[], float] = time.time, log: EventLog | None = None):
         self.spark = spark
         self.catalog = catalog
         self.store = store
         self.config = config
         self.clock = clock
+        # The driver's own handle on the log: its end offsets at commit say which partitions
+        # still have unread records (the per-partition watermarks, store/watermarks.py).
+        self.log = log if log is not None else SqliteEventLog(config.log_path)
         self.last_result: CommitResult | None = None
         self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
@@ -64,16 +68,17 @@ class Pipeline:
                                                        lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
         commit = build_commit(self.config.name, batch_id, rows, self.catalog,
                               checkpointed_end_offsets(self.config.checkpoint_dir, batch_id),
-                              batch_now_ms=batch_now_ms)
+                              batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets())
         if self.bloom.enabled:
             # Only the records merged into panes are keys seen: dead letters are not.
             merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
             commit = replace(commit, bloom=self.bloom.process(merged))
         lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
         retention = {name: s.retention for name, s in self.catalog.streams.items()}
+        idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
         computed = time.perf_counter()
         result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
-                                         retention_ms=retention)
+                                         retention_ms=retention, idle_timeout_ms=idle)
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered"
@@ -84,6 +89,9 @@ class Pipeline:
         )
         self.last_result = result
         return result
+
+    def log_end_offsets(self) -> dict[str, dict[int, int]]:
+        return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         c = self.config

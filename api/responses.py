@@ -54,10 +54,18 @@ class PartitionProgressOut(BaseModel):
     log_end: int
     committed: int
     lag_events: int
+    max_event_ms: int | None = Field(description="the newest event time merged from this partition")
+    watermark_ms: int | None = Field(description="this partition's watermark: max_event_ms - allowed lateness")
+    watermark_state: str | None = Field(
+        description="at the last commit: 'active' (unread records: holds the stream's watermark at its own),"
+                    " 'caught_up' (nothing unread) or 'idle' (nothing read for partition_idle_timeout: left out)")
 
 
 class StreamProgressOut(BaseModel):
-    watermark_ms: int | None
+    watermark_ms: int | None = Field(description="the minimum of the active partitions' watermarks, never"
+                                     " going back (README: Watermarks per partition)")
+    watermark_held_by_partition: int | None = Field(
+        description="the partition whose unread records hold the watermark back, null when none does")
     max_event_ms: int | None
     events_in_log: int
     events_aggregated: int

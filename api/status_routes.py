@@ -39,14 +39,20 @@ def pipeline_status(ctx: ApiContext) -> dict:
     for name in ctx.catalog.streams:
         offsets = ctx.log.offsets(name)
         committed = progress.end_offsets.get(name, {})
+        s = progress.streams.get(name)
+        lateness = ctx.catalog.streams[name].allowed_lateness
+        marks = s.partitions if s else {}
         partitions = {
             p: {"log_start": o.start, "log_end": o.end, "committed": committed.get(p, o.start),
-                "lag_events": max(0, o.end - max(committed.get(p, o.start), o.start))}
+                "lag_events": max(0, o.end - max(committed.get(p, o.start), o.start)),
+                "max_event_ms": marks[p].mark.max_event_ms if p in marks else None,
+                "watermark_ms": marks[p].mark.watermark_ms(lateness) if p in marks else None,
+                "watermark_state": marks[p].state if p in marks else None}
             for p, o in offsets.items()
         }
-        s = progress.streams.get(name)
         streams[name] = {
             "watermark_ms": s.watermark_ms if s else None,
+            "watermark_held_by_partition": s.held_by_partition if s else None,
             "max_event_ms": s.max_event_ms if s else None,
             "events_in_log": sum(o.end - o.start for o in offsets.values()),
             "events_aggregated": s.events_aggregated if s else 0,

@@ -49,6 +49,9 @@ class StreamDef(BaseModel):
     pane: DurationMs = 10_000
     allowed_lateness: DurationMs = 30_000
     partitions: int = Field(default=4, ge=1, le=256)
+    # A partition with unread records from which nothing was read for this long no longer holds
+    # the stream's watermark back (store/watermarks.py; README "Watermarks per partition").
+    partition_idle_timeout: DurationMs = 300_000
     # Bloom-filter and session features (catalog/features.py); derived_from: set on generated streams.
     first_seen: FirstSeenDef | None = None
     membership: MembershipDef | None = None

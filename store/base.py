@@ -11,6 +11,7 @@ from store.bloom import BloomCommit
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.tiers import TierLayout
+from store.watermarks import PartitionMark
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ class BatchCommit:
     max_event_ms: Mapping[str, int] = field(default_factory=dict)
     # Per stream and partition: the log offset up to which this batch read (exclusive).
     end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # Per stream and partition: the newest event time merged in this batch. A stream listed here
+    # (even with no partitions) gets per-partition watermarks (store/watermarks.py) from it, the
+    # end offsets above and the log's end offsets seen at commit; one not listed keeps the
+    # stream-wide rule (newest event - lateness).
+    partition_max_event_ms: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    log_end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     # The records of this batch that were not merged (all of them), and per stream the counts:
     # records read, and records dead-lettered per reason. read = aggregated + dead-lettered.
     dead_letters: Sequence[DeadLetter] = ()
@@ -123,6 +130,14 @@ class StoredDeadLetter:
 
 
 @dataclass(frozen=True)
+class PartitionProgress:
+    """A partition's watermark mark and its state at the last commit (store/watermarks.py)."""
+
+    mark: PartitionMark
+    state: str  # caught_up | idle | active
+
+
+@dataclass(frozen=True)
 class StreamProgress:
     stream: str
     watermark_ms: int | None
@@ -133,6 +148,8 @@ class StreamProgress:
     events_dead_lettered: int = 0
     dead_lettered_by_reason: Mapping[str, int] = field(default_factory=dict)
     corrections: int = 0
+    partitions: Mapping[int, PartitionProgress] = field(default_factory=dict)
+    held_by_partition: int | None = None  # the partition whose unread records hold the watermark back
 
 
 @dataclass(frozen=True)
@@ -149,12 +166,15 @@ class PipelineProgress:
 class PaneStore(ABC):
     @abstractmethod
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
-                     retention_ms: Mapping[str, int] | None = None) -> CommitResult:
+                     retention_ms: Mapping[str, int] | None = None,
+                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Merge a batch's partials into the stored panes and record the batch id, in one
         transaction with its corrections (merges into panes already final by the watermark
         stored before this batch), dead letters, counters, watermark and offsets; a batch id
         already recorded for the pipeline changes nothing. With retention_ms and the commit's
-        batch_now_ms, panes wholly before now - retention are dropped."""
+        batch_now_ms, panes wholly before now - retention are dropped. The watermark is per
+        partition where the commit carries partition marks (store/watermarks.advance_stream,
+        with idle_timeout_ms per stream, default DEFAULT_IDLE_TIMEOUT_MS)."""
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...

@@ -23,6 +23,7 @@ from store.base import (
     Correction,
     DeadLetter,
     PaneStore,
+    PartitionProgress,
     PipelineProgress,
     StoredDeadLetter,
     StreamProgress,
@@ -38,6 +39,7 @@ from store.panes import (
 )
 from store.rollup import BucketStats
 from store.tiers import ALL_DIMS, TierLayout, tier_deltas
+from store.watermarks import DEFAULT_IDLE_TIMEOUT_MS, PartitionMark, advance_stream, partition_state
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -128,6 +130,17 @@ CREATE TABLE IF NOT EXISTS corrections (
     new TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS corrections_by_pane ON corrections (stream, pane_start_ms);
+-- Per-partition watermarks (store/watermarks.py): each partition's mark and its state at the last commit.
+CREATE TABLE IF NOT EXISTS partition_watermarks (
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    max_event_ms INTEGER,
+    read_offset INTEGER NOT NULL,
+    log_end_offset INTEGER,
+    last_progress_ms INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (stream, partition)
+);
 CREATE TABLE IF NOT EXISTS pipeline_offsets (
     pipeline TEXT NOT NULL,
     stream TEXT NOT NULL,
@@ -165,16 +178,19 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute(
                 "ALTER TABLE stream_progress ADD COLUMN events_dead_lettered INTEGER NOT NULL DEFAULT 0"
             )
+        if "held_by_partition" not in have:
+            self._conn.execute("ALTER TABLE stream_progress ADD COLUMN held_by_partition INTEGER")
 
     # -- writing ------------------------------------------------------------------------
 
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
-                     retention_ms: Mapping[str, int] | None = None) -> CommitResult:
+                     retention_ms: Mapping[str, int] | None = None,
+                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
         conn = self._conn
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {})
+                result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -182,7 +198,7 @@ class SqlitePaneStore(PaneStore):
             return result
 
     def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int,
-                       retention_ms: Mapping[str, int]) -> CommitResult:
+                       retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
         conn = self._conn
         seen = conn.execute(
             "SELECT 1 FROM batches WHERE pipeline = ? AND batch_id = ?", (commit.pipeline, commit.batch_id)
@@ -264,17 +280,24 @@ class SqlitePaneStore(PaneStore):
                     f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
                 )
             max_event = commit.max_event_ms.get(stream)
+            held_by = None
+            if stream in commit.partition_max_event_ms:
+                watermark, held_by = self._advance_partitions(commit, stream, watermark_before.get(stream),
+                                                              lateness_ms.get(stream, 0), now_ms,
+                                                              idle_timeout_ms.get(stream, DEFAULT_IDLE_TIMEOUT_MS))
+            else:  # a commit without partition marks: the stream-wide rule
+                watermark = advance_watermark(None, max_event, lateness_ms.get(stream, 0))
             # The watermark never goes backwards: MAX() against the stored value.
-            watermark = advance_watermark(None, max_event, lateness_ms.get(stream, 0))
             conn.execute(
                 "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
-                " events_dead_lettered) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
+                " events_dead_lettered, held_by_partition) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
                 " watermark_ms = MAX(COALESCE(watermark_ms, excluded.watermark_ms), COALESCE(excluded.watermark_ms, watermark_ms)),"
                 " max_event_ms = MAX(COALESCE(max_event_ms, excluded.max_event_ms), COALESCE(excluded.max_event_ms, max_event_ms)),"
                 " events_aggregated = events_aggregated + excluded.events_aggregated,"
                 " events_read = events_read + excluded.events_read,"
-                " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered",
-                (stream, watermark, max_event, aggregated.get(stream, 0), read, dead_total.get(stream, 0)),
+                " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered,"
+                " held_by_partition = excluded.held_by_partition",
+                (stream, watermark, max_event, aggregated.get(stream, 0), read, dead_total.get(stream, 0), held_by),
             )
         for stream, partitions in commit.end_offsets.items():
             conn.executemany(
@@ -304,6 +327,29 @@ class SqlitePaneStore(PaneStore):
             (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
         )
         return CommitResult(True, new, updated, first_seq, last_seq, corrections, len(commit.dead_letters))
+
+    def _advance_partitions(self, commit: BatchCommit, stream: str, previous_ms: int | None, lateness_ms: int,
+                            now_ms: int, idle_timeout_ms: int) -> tuple[int | None, int | None]:
+        """Advance the stream's partition marks by this batch (store/watermarks.py), save them,
+        and return the stream's watermark and the partition holding it back."""
+        conn = self._conn
+        stored = {
+            p: PartitionMark(mx, read, end, progress)
+            for p, mx, read, end, progress in conn.execute(
+                "SELECT partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
+                " FROM partition_watermarks WHERE stream = ?", (stream,))
+        }
+        marks, result = advance_stream(
+            previous_ms, stored, batch_max_event_ms=commit.partition_max_event_ms.get(stream, {}),
+            read_offsets=commit.end_offsets.get(stream, {}), log_end_offsets=commit.log_end_offsets.get(stream, {}),
+            lateness_ms=lateness_ms, now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)
+        conn.executemany(
+            "INSERT OR REPLACE INTO partition_watermarks (stream, partition, max_event_ms, read_offset, log_end_offset,"
+            " last_progress_ms, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(stream, p, m.max_event_ms, m.read_offset, m.log_end_offset, m.last_progress_ms,
+              partition_state(m, now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)) for p, m in marks.items()],
+        )
+        return result.watermark_ms, result.held_by
 
     # -- reading ------------------------------------------------------------------------
 
@@ -409,12 +455,19 @@ class SqlitePaneStore(PaneStore):
             by_reason: dict[str, dict[str, int]] = defaultdict(dict)
             for stream, reason, n in self._conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
                 by_reason[stream][reason] = n
+            partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
+            for stream, p, mx, read, end, progress_ms, state in self._conn.execute(
+                "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
+                " FROM partition_watermarks"
+            ):
+                partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
             streams = {
                 stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
-                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0))
-                for stream, wm, mx, agg, read, dead in self._conn.execute(
-                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered"
-                    " FROM stream_progress"
+                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
+                                       dict(partitions.get(stream, {})), held_by)
+                for stream, wm, mx, agg, read, dead, held_by in self._conn.execute(
+                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
+                    " held_by_partition FROM stream_progress"
                 )
             }
         return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)

@@ -95,7 +95,8 @@ def test_pipeline_lag_is_the_log_before_any_commit(client, ctx, ingested):
         assert s["watermark_ms"] is None and s["max_event_ms"] is None
         for p, part in s["partitions"].items():
             end = ends[name][int(p)]
-            assert part == {"log_start": 0, "log_end": end, "committed": 0, "lag_events": end}
+            assert part == {"log_start": 0, "log_end": end, "committed": 0, "lag_events": end,
+                            "max_event_ms": None, "watermark_ms": None, "watermark_state": None}
 
 
 def test_pipeline_lag_is_zero_after_committing_up_to_the_log_ends(client, ctx, ingested, clock):
@@ -119,6 +120,34 @@ def test_pipeline_lag_is_zero_after_committing_up_to_the_log_ends(client, ctx, i
         for p, part in s["partitions"].items():
             assert part["committed"] == part["log_end"]
             assert part["lag_events"] == 0
+
+
+def test_pipeline_shows_each_partitions_watermark_and_which_one_holds_the_stream_back(client, ctx, ingested):
+    """Every partition of http_requests read to its end with newer events, but one only half-way:
+    that one holds the stream's watermark at its own (store/watermarks.py)."""
+    ends = log_ends(ctx)["http_requests"]
+    half = max(ends, key=ends.get)
+    full = next(p for p, e in ends.items() if p != half and e > 0)
+    read = sum(ends.values()) - ends[half] + 1
+    lateness = ctx.catalog.streams["http_requests"].allowed_lateness
+    start = pane_start(EVENT_MS, 10_000)
+    batch = BatchCommit(
+        ctx.pipeline_name, 0, [PanePartial("http_requests", start, start + 10_000, {}, PaneData(count=read))],
+        read, {"http_requests": EVENT_MS + 5_000},
+        end_offsets={"http_requests": {**ends, half: 1}},
+        read_by_stream={"http_requests": read},
+        partition_max_event_ms={"http_requests": {**{p: EVENT_MS + 5_000 for p, e in ends.items() if e}, half: EVENT_MS}},
+        log_end_offsets={"http_requests": ends},
+    )
+    assert ctx.store.commit_batch(batch, lateness_ms={"http_requests": lateness}, now_ms=NOW_MS).committed
+    s = client.get("/api/v1/pipeline").json()["streams"]["http_requests"]
+    assert s["max_event_ms"] == EVENT_MS + 5_000
+    assert s["watermark_ms"] == EVENT_MS - lateness  # not EVENT_MS + 5 s - lateness: `half` has unread events
+    assert s["watermark_held_by_partition"] == half
+    parts = s["partitions"]
+    assert parts[str(full)]["watermark_state"] == "caught_up"
+    assert parts[str(full)]["watermark_ms"] == EVENT_MS + 5_000 - lateness
+    assert parts[str(half)]["watermark_state"] == "active" and parts[str(half)]["watermark_ms"] == EVENT_MS - lateness
 
 
 def test_pipeline_lag_counts_what_the_committed_offsets_leave(client, ctx, ingested):

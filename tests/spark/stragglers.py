@@ -111,10 +111,18 @@ class Oracle:
 
 def oracle(log_path: Path, checkpoint_dir: Path, catalog: Catalog, batch_now_ms: int) -> Oracle:
     """Replay the batches Spark logged (checkpoints/offsets/N), classify each record with the
-    dead-letter rule, and apply the finality rule with the watermark as of each batch start."""
+    dead-letter rule, and apply the finality rule with the watermark as of each batch start.
+
+    The watermark is per partition (README: Watermarks per partition), written out here for a
+    log that was complete before the pipeline started and a clock that stands still (no
+    partition goes idle): the minimum of (newest merged event - lateness) over the partitions
+    that still have unread records, held where it is while one of those has merged nothing;
+    the newest event - lateness once none has; never backwards."""
     stream = catalog.stream(STREAM)
     log = SqliteEventLog(log_path)
     start = {p: o.start for p, o in log.offsets(STREAM).items()}
+    log_end = {p: o.end for p, o in log.offsets(STREAM).items()}
+    newest: dict[int, int] = {}  # per partition: the newest event time merged from it
     panes: dict[tuple[int, str], list[float]] = defaultdict(list)
     corrections: dict[tuple[int, int, str], int] = defaultdict(int)
     dead: dict[tuple[int, int], str] = {}
@@ -142,8 +150,13 @@ def oracle(log_path: Path, checkpoint_dir: Path, catalog: Catalog, batch_now_ms:
                     if is_final(wm, key[0] + stream.pane):
                         corrections[(batch, *key)] += 1
                     batch_max = t if batch_max is None else max(batch_max, t)
+                    newest[p] = max(newest.get(p, t), t)
             start[p] = hi
-        wm = advance_watermark(wm, batch_max, stream.allowed_lateness)
+        unread = [p for p in log_end if start.get(p, 0) < log_end[p]]
+        if not unread:
+            wm = advance_watermark(wm, max(newest.values(), default=None), stream.allowed_lateness)
+        elif all(p in newest for p in unread):
+            wm = advance_watermark(wm, min(newest[p] for p in unread), stream.allowed_lateness)
         if batch_max is not None:
             max_event = batch_max if max_event is None else max(max_event, batch_max)
         batch += 1
