@@ -85,4 +85,7 @@ class PipelineFeed:
             "events_in_per_second": rate_in, "events_aggregated_per_second": rate_agg,
             "lag_events": lag, "query": self.query_health(at_ms) if self.query_health else None,
             "watermarks": {s: p.watermark_ms for s, p in progress.streams.items()},
+            # Per stream, the partition whose unread records hold its watermark back (none: absent).
+            "watermark_held_by": {s: p.held_by_partition for s, p in progress.streams.items()
+                                  if p.held_by_partition is not None},
         }]

@@ -55,12 +55,6 @@ class BatchCommit:
     max_event_ms: Mapping[str, int] = field(default_factory=dict)
     # Per stream and partition: the log offset up to which this batch read (exclusive).
     end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-    # Per stream and partition: the newest event time merged in this batch. A stream listed here
-    # (even with no partitions) gets per-partition watermarks (store/watermarks.py) from it, the
-    # end offsets above and the log's end offsets seen at commit; one not listed keeps the
-    # stream-wide rule (newest event - lateness).
-    partition_max_event_ms: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
-    log_end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     # The records of this batch that were not merged (all of them), and per stream the counts:
     # records read, and records dead-lettered per reason. read = aggregated + dead-lettered.
     dead_letters: Sequence[DeadLetter] = ()
@@ -70,6 +64,12 @@ class BatchCommit:
     batch_now_ms: int | None = None
     # Bloom filter bits and first-seen counts (store/bloom.py), saved in the same transaction.
     bloom: BloomCommit | None = None
+    # Per stream and partition: the newest event time merged in this batch. A stream listed here
+    # (even with no partitions) gets per-partition watermarks (store/watermarks.py) from it, the
+    # end offsets above and the log's end offsets seen at commit; one not listed keeps the
+    # stream-wide rule (newest event - lateness).
+    partition_max_event_ms: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    log_end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,13 @@
     if (m.at_ms) state.skewMs = m.at_ms - Date.now();
     $("status-events-in").textContent = `${fmtNum(m.events_in_per_second)} ev/s in`;
     $("status-aggregated").textContent = `${fmtNum(m.events_aggregated_per_second)} ev/s aggregated`;
-    $("status-lag-events").textContent = `lag ${fmtNum(m.lag_events)} events`;
+    // Which partition holds a stream's watermark back, only while the lag status says the
+    // pipeline is behind: with live traffic some partition almost always has a few unread records.
+    const held = Object.entries(m.watermark_held_by || {});
+    const behind = held.length && m.lag_events > 0 && lastLagStatus && lastLagStatus !== "OK";
+    const heldText = behind ? held.map(([stream, p]) => `${stream}/${p}`).join(", ") : "";
+    $("status-lag-events").textContent = `lag ${fmtNum(m.lag_events)} events` + (heldText ? ` · watermark held by ${heldText}` : "");
+    $("status-lag-events").dataset.heldBy = heldText;
     updateLastBatch();
     updateQuery(m.query);
   }
@@ -363,7 +369,9 @@
       showlegend: false, hovermode: "closest", uirevision: "keep",
     };
   }
+  let lastLagStatus = null;
   function onLag(m) {
+    lastLagStatus = m.status;
     const badge = $("lag-status");
     badge.textContent = m.status;
     badge.dataset.status = m.status;

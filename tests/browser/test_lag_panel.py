@@ -18,7 +18,7 @@ from ingest.log import SqliteEventLog
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, StoreCommitted
-from store import SqlitePaneStore
+from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore
 from store.health import SqliteHealthStore
 from store.lag import SqliteLagStore
 from tests.api.test_ws import Server
@@ -118,3 +118,31 @@ def test_lag_panel_and_query_health_from_the_real_feeds(lagged, watched_page, ar
     page.screenshot(path=str(artifacts / "lag-panel-feeds.png"), full_page=True)
     assert watch.errors == [], watch.errors
     assert watch.foreign == [], watch.foreign
+
+
+def test_the_status_strip_names_the_partition_holding_the_watermark_while_behind(lagged, watched_page):
+    """A batch read all of orders/0 and half of orders/1: orders/1 holds the watermark back
+    (store/watermarks.py). Once the lag status says the pipeline is behind, the strip says so."""
+    server, ctx, sampler, monitor = lagged
+    now = int(time.time() * 1000)
+    r = httpx.post(f"{server.http}/api/v1/events", params={"stream": "orders"},
+                   json=[{"time": now - i, "customer_id": f"c{i}", "amount": 1.0} for i in range(40)], timeout=10)
+    assert r.status_code == 200
+    ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
+    read = {0: ends[0], 1: ends[1] // 2}
+    start = now // 10_000 * 10_000
+    commit = BatchCommit("main", 0, [PanePartial("orders", start, start + 10_000, {}, PaneData(count=sum(read.values())))],
+                         sum(read.values()), {"orders": now}, end_offsets={"orders": read},
+                         read_by_stream={"orders": sum(read.values())},
+                         partition_max_event_ms={"orders": {0: now, 1: now - 39}}, log_end_offsets={"orders": ends})
+    lateness = {name: s.allowed_lateness for name, s in ctx.catalog.streams.items()}
+    assert ctx.store.commit_batch(commit, lateness_ms=lateness, now_ms=now).committed
+
+    page, watch = watched_page(server.http, "/")
+    page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    sample_round(sampler)
+    sample_round(sampler)
+    assert monitor.report().to_message()["status"] != "OK"  # committed offsets stand still with lag
+    page.wait_for_selector("#status-lag-events[data-held-by='orders/1']", timeout=10_000)
+    assert page.text_content("#status-lag-events").endswith("· watermark held by orders/1")
+    assert watch.errors == [], watch.errors
