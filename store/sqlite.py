@@ -27,17 +27,11 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
+from store.commit_plan import StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
 from store.connection import open_connection, transaction, where
-from store.panes import (
-    EMPTY_SUMMARY,
-    Pane,
-    advance_watermark,
-    dims_key,
-    is_final,
-    next_revision,
-)
+from store.panes import Pane, dims_key
 from store.rollup import BucketStats
-from store.tiers import ALL_DIMS, TierLayout, tier_deltas
+from store.tiers import ALL_DIMS, TierLayout
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -189,65 +183,47 @@ class SqlitePaneStore(PaneStore):
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
-        # "Final" is judged against the watermarks as they were before this batch.
-        watermark_before = dict(conn.execute("SELECT stream, watermark_ms FROM stream_progress").fetchall())
-        new = updated = corrections = 0
-        first_seq = last_seq = None
-        aggregated: dict[str, int] = defaultdict(int)
+        # What the batch touches, as stored before it; then the decisions (store/commit_plan.py).
+        streams_before = {stream: StreamState(wm, mx) for stream, wm, mx in conn.execute(
+            "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
+        stored = {}
+        for pane_id in pane_ids(commit):
+            row = conn.execute("SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
+                               pane_id).fetchone()
+            if row is not None:
+                data = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, row[0], row[1])
+                stored[pane_id] = StoredPane(data, row[2])
         layouts = sqlite_tiers.stored_layouts(conn)
-        tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
-        for partial in commit.partials:
-            key = dims_key(partial.dims)
-            row = conn.execute(
-                "SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
-                (partial.stream, partial.start_ms, key),
-            ).fetchone()
-            final = is_final(watermark_before.get(partial.stream), partial.end_ms)
-            if row is None:
-                stored, merged = None, partial.data
-                new += 1
-            else:
-                stored = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY,
-                                                (partial.stream, partial.start_ms, key), row[0], row[1])
-                merged = stored.merge(partial.data)
-                updated += 1
-            revision = next_revision(None if row is None else row[2], final)
-            if partial.stream in layouts:
-                tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
-            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, (partial.stream, partial.start_ms, key),
-                                  partial.end_ms, merged, revision, now_ms, commit.batch_id)
+        plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts)
+        first_seq = last_seq = None
+        for pane in plan.panes:
+            pane_id = (pane.stream, pane.start_ms, pane.dims)
+            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, pane.end_ms, pane.data,
+                                  pane.revision, now_ms, commit.batch_id)
             correction_id = None
-            if final:
-                old = stored.summary() if stored is not None else EMPTY_SUMMARY
+            if pane.correction is not None:
+                c = pane.correction
                 correction_id = conn.execute(
                     "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
                     " pipeline, batch_id, events_added, at_ms, old, new) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (partial.stream, partial.start_ms, partial.end_ms, key, revision - 1, revision, commit.pipeline,
-                     commit.batch_id, partial.data.count, now_ms, _json(old), _json(merged.summary())),
+                    (*pane_id[:2], pane.end_ms, pane.dims, c.revision_from, c.revision_to, commit.pipeline,
+                     commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                 ).lastrowid
-                corrections += 1
             cursor = conn.execute(
                 "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (partial.stream, partial.start_ms, key, revision, commit.batch_id, partial.data.count, now_ms,
-                 correction_id),
+                (*pane_id, pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id),
             )
             first_seq = first_seq or cursor.lastrowid
             last_seq = cursor.lastrowid
-            aggregated[partial.stream] += partial.data.count
         # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
-        for stream, rows in tier_input.items():
-            sqlite_tiers.apply_deltas(conn, stream, tier_deltas(rows, layouts[stream]), now_ms, commit.batch_id)
-        dead_total: dict[str, int] = defaultdict(int)
-        for stream, reasons in commit.dead_by_stream.items():
-            for reason, n in reasons.items():
-                if n:
-                    dead_total[stream] += n
-                    conn.execute(
-                        "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
-                        " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
-                        (stream, reason, n),
-                    )
+        for stream, deltas in plan.tier_deltas.items():
+            sqlite_tiers.apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+        conn.executemany(
+            "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
+            " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
+            [(stream, reason, n) for (stream, reason), n in plan.dead_counts.items()],
+        )
         conn.executemany(
             "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
             " ingest_time_ms, error, dims, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -255,27 +231,15 @@ class SqlitePaneStore(PaneStore):
               d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
              for d in commit.dead_letters],
         )
-        streams = set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
-        for stream in streams:
-            read = commit.read_by_stream.get(stream, aggregated.get(stream, 0) + dead_total.get(stream, 0))
-            if read != aggregated.get(stream, 0) + dead_total.get(stream, 0):
-                raise ValueError(
-                    f"batch {commit.batch_id}, stream {stream!r}: {read} records read but"
-                    f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
-                )
-            max_event = commit.max_event_ms.get(stream)
-            # The watermark never goes backwards: MAX() against the stored value.
-            watermark = advance_watermark(None, max_event, lateness_ms.get(stream, 0))
-            conn.execute(
-                "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
-                " events_dead_lettered) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
-                " watermark_ms = MAX(COALESCE(watermark_ms, excluded.watermark_ms), COALESCE(excluded.watermark_ms, watermark_ms)),"
-                " max_event_ms = MAX(COALESCE(max_event_ms, excluded.max_event_ms), COALESCE(excluded.max_event_ms, max_event_ms)),"
-                " events_aggregated = events_aggregated + excluded.events_aggregated,"
-                " events_read = events_read + excluded.events_read,"
-                " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered",
-                (stream, watermark, max_event, aggregated.get(stream, 0), read, dead_total.get(stream, 0)),
-            )
+        conn.executemany(
+            "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
+            " events_dead_lettered) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
+            " watermark_ms = excluded.watermark_ms, max_event_ms = excluded.max_event_ms,"
+            " events_aggregated = events_aggregated + excluded.events_aggregated,"
+            " events_read = events_read + excluded.events_read,"
+            " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered",
+            [(u.stream, u.watermark_ms, u.max_event_ms, u.aggregated, u.read, u.dead_lettered) for u in plan.streams],
+        )
         for stream, partitions in commit.end_offsets.items():
             conn.executemany(
                 "INSERT INTO pipeline_offsets (pipeline, stream, partition, end_offset) VALUES (?, ?, ?, ?)"
@@ -284,26 +248,26 @@ class SqlitePaneStore(PaneStore):
             )
         if commit.bloom is not None:
             bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
+            # Only panes wholly before the horizon: every event they could get is dead-lettered.
+            conn.execute(
+                "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
+                " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
+                (stream, horizon, stream, horizon, horizon),
+            )
+            conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
+                         (stream, horizon, horizon))
+            conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
         if commit.batch_now_ms is not None:
-            for stream, keep_ms in retention_ms.items():
-                horizon = commit.batch_now_ms - keep_ms
-                # Only panes wholly before the horizon: every event they could get is dead-lettered.
-                conn.execute(
-                    "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
-                    " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
-                    (stream, horizon, stream, horizon, horizon),
-                )
-                conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
-                             (stream, horizon, horizon))
-                conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
             for stream, layout in layouts.items():
                 sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
+            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated),
         )
-        return CommitResult(True, new, updated, first_seq, last_seq, corrections, len(commit.dead_letters))
+        return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
+                            len(commit.dead_letters))
 
     # -- reading ------------------------------------------------------------------------
 

@@ -11,9 +11,10 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
+from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
 from store.panes import Pane, PaneData, PaneKey, ValueStats
 from store.rollup import BucketStats
-from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, tier_deltas
+from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tier_layouts (
@@ -64,18 +65,15 @@ def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey,
     for key, delta in deltas.items():
         args = (stream, key.granule_ms, key.proj, key.start_ms, key.dims)
         row = conn.execute(f"SELECT count, stats, revision FROM tier_rows WHERE {_ROW_KEY}", args).fetchone()
-        if row is None:
-            data, revision = delta.data, delta.revision
-        else:
-            data = load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]).merge(delta.data)
-            revision = max(row[2], delta.revision)
-        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, data, revision, now_ms, batch_id)
+        stored = None if row is None else StoredPane(load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]), row[2])
+        after = tier_row_after(stored, delta)
+        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, after.data, after.revision, now_ms,
+                 batch_id)
 
 
 def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
     """Per tier, the rows wholly before batch_now - keep (the tier's own retention)."""
-    for granule, keep in {(t.granule_ms, t.keep_ms) for t in layout.tiers()}:
-        horizon = batch_now_ms - keep
+    for granule, horizon in tier_horizons(layout, batch_now_ms):
         conn.execute("DELETE FROM tier_sketches WHERE stream = ? AND granule_ms = ? AND start_ms <= ?",
                      (stream, granule, horizon - granule))
         conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND end_ms <= ?",
@@ -133,19 +131,15 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     span = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
     done = 0
     if span[0] is not None:
-        chunk = max(chunk_ms, *layout.granules_ms())
-        chunk -= chunk % max(layout.granules_ms())
-        first = span[0] - span[0] % chunk
-        for lo in range(first, span[1] + 1, chunk):
-            panes = read_panes(stream, lo, lo + chunk)
-            rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
-            last_batch = max((p.last_batch for p in panes), default=0)
-            for key, delta in tier_deltas(rows, layout).items():
+        for lo, hi in rebuild_chunks(span[0], span[1], layout, chunk_ms):
+            panes = read_panes(stream, lo, hi)
+            deltas, last_batch = rebuilt_rows(panes, layout)
+            for key, delta in deltas.items():
                 save_row(conn, "tier_rows", TIER_KEY, (stream, key.granule_ms, key.proj, key.start_ms, key.dims),
                          key.start_ms + key.granule_ms, delta.data, delta.revision, now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
-                progress(f"tiers of {stream!r}: {done} panes rolled up (to {lo + chunk} ms)")
+                progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (?, ?)", (stream, layout.to_json()))
     return done
 
