@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from store import bloom as bloom_store
-from store import sqlite_tiers
+from store import row_codec, sqlite_tiers
 from store.base import (
     BatchCommit,
     Change,
@@ -278,7 +278,7 @@ class SqlitePaneStore(PaneStore):
 
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
-        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
         with self._lock:
             return sqlite_tiers.read_rows(self._conn, "panes", "stream = ?", (stream,), start_ms, end_ms, wanted,
                                           stream=stream)
@@ -291,7 +291,7 @@ class SqlitePaneStore(PaneStore):
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
                   with_sketches: bool = False, pane_ms: int | None = None, with_stats: bool = True) -> list[Pane]:
-        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
         table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
         with self._lock:
             return sqlite_tiers.read_rows(self._conn, table, where, args, start_ms, end_ms, wanted,
