@@ -113,38 +113,43 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
 
 
+def merge_chunk(update: FilterUpdate, index: int, incoming: bytes, stored: bytes | None) -> tuple[bytes, int]:
+    """A filter chunk after OR-ing a batch's bits into the stored ones, and how many bits that
+    set (what the filter's bits_set grows by). Pure: every store backend uses it."""
+    n_chunks = -(-update.m // (CHUNK_BYTES * 8))
+    if not 0 <= index < n_chunks:
+        raise ValueError(f"chunk {index} is outside a filter of {update.m} bits ({update.stream}, {update.kind})")
+    size = min(CHUNK_BYTES, update.m // 8 - index * CHUNK_BYTES)
+    new = np.frombuffer(bytes(incoming), dtype=np.uint8)[:size]
+    if len(new) < size:
+        new = np.pad(new, (0, size - len(new)))
+    if stored is None:
+        return new.tobytes(), int(np.bitwise_count(new).sum())
+    old = np.frombuffer(bytes(stored), dtype=np.uint8)
+    merged = np.bitwise_or(old, new)
+    return merged.tobytes(), int(np.bitwise_count(merged).sum()) - int(np.bitwise_count(old).sum())
+
+
 def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: int, now_ms: int) -> None:
     """OR the filter chunks in and add the first-seen counts; the caller owns the transaction."""
     for update in bloom.filters:
         shape = (update.stream, update.kind, update.bucket_ms, update.m, update.k, update.seed)
-        n_chunks = -(-update.m // (CHUNK_BYTES * 8))
         row = conn.execute(
             "SELECT bits_set FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
             " AND seed = ?", shape,
         ).fetchone()
         bits_set = row[0] if row else 0
         for index, incoming in update.chunks.items():
-            if not 0 <= index < n_chunks:
-                raise ValueError(f"chunk {index} is outside a filter of {update.m} bits ({update.stream}, {update.kind})")
-            size = min(CHUNK_BYTES, update.m // 8 - index * CHUNK_BYTES)
-            new = np.frombuffer(bytes(incoming), dtype=np.uint8)[:size]
-            if len(new) < size:
-                new = np.pad(new, (0, size - len(new)))
             old_row = conn.execute(
                 "SELECT data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
                 " AND seed = ? AND chunk = ?", (*shape, index),
             ).fetchone()
-            if old_row is not None:
-                old = np.frombuffer(old_row[0], dtype=np.uint8)
-                merged = np.bitwise_or(old, new)
-                bits_set += int(np.bitwise_count(merged).sum()) - int(np.bitwise_count(old).sum())
-            else:
-                merged = new
-                bits_set += int(np.bitwise_count(merged).sum())
+            merged, added = merge_chunk(update, index, incoming, None if old_row is None else old_row[0])
+            bits_set += added
             conn.execute(
                 "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk) DO UPDATE SET data = excluded.data",
-                (*shape, index, merged.tobytes()),
+                (*shape, index, merged),
             )
         conn.execute(
             "INSERT INTO bloom_filters (stream, kind, bucket_ms, m, k, seed, bits_set, updated_batch, updated_at_ms)"
