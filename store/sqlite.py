@@ -31,6 +31,7 @@ from store.commit_plan import StoredPane, StreamState, pane_ids, plan_batch, ret
 from store.connection import open_connection, transaction, where
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
+from store.schema_version import SCHEMA_VERSION, check_version
 from store.tiers import ALL_DIMS, TierLayout
 
 _SCHEMA = """
@@ -138,10 +139,12 @@ class SqlitePaneStore(PaneStore):
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         with self._lock:
+            check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
             self._conn.executescript(_SCHEMA)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:
         """Columns added after a store file may have been created (SQLite: ADD COLUMN only)."""

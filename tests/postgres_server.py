@@ -59,6 +59,7 @@ class PostgresServer:
             os.chown(self.root, owner.pw_uid, owner.pw_gid)
             self._as_user = ["runuser", "-u", SUPERUSER, "--"]
         self._schemas = itertools.count()
+        self._free: list[str] = []  # schemas given back by finished tests, wiped before reuse
         self.running = False
 
     def _run(self, *args: str) -> None:
@@ -83,13 +84,37 @@ class PostgresServer:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname}"
 
     def fresh_dsn(self) -> str:
-        """A DSN whose tables land in a new, empty schema (its search_path): one per test."""
+        """A DSN whose tables land in an empty schema of its own (its search_path).
+
+        A schema given back (`give_back`) is reused with its tables emptied and their identity
+        counters restarted: ~15 ms where creating the store's tables again costs ~130 ms, which
+        matters to property tests that make a store per example."""
         import psycopg
 
-        name = f"t{os.getpid()}_{next(self._schemas)}"
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {name}")
-        return f"{self.dsn()} options='-c search_path={name}'"
+            if self._free:
+                name = self._free.pop()
+                tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (name,))]
+                identities = conn.execute(
+                    "SELECT table_name, column_name FROM information_schema.columns"
+                    " WHERE table_schema = %s AND is_identity = 'YES'", (name,)).fetchall()
+                statements = [f"DELETE FROM {name}.{t}" for t in tables]
+                statements += [f"ALTER TABLE {name}.{t} ALTER COLUMN {c} RESTART" for t, c in identities]
+                if statements:
+                    conn.execute("; ".join(statements))
+            else:
+                name = f"t{os.getpid()}_{next(self._schemas)}"
+                conn.execute(f"CREATE SCHEMA {name}")
+        return self._dsn_for(name)
+
+    def _dsn_for(self, schema: str) -> str:
+        return f"{self.dsn()} options='-c search_path={schema}'"
+
+    def give_back(self, dsn: str) -> None:
+        """A schema whose stores are all closed may be handed out again by fresh_dsn."""
+        schema = dsn.rsplit("search_path=", 1)[1].rstrip("'")
+        if self._dsn_for(schema) == dsn and schema not in self._free:
+            self._free.append(schema)
 
     def stop(self) -> None:
         if self.running:
