@@ -35,8 +35,8 @@ class StoreBackend:
         """Every row of these tables, sorted: what a test compares to show nothing changed."""
         raise NotImplementedError
 
-    def execute(self, store: PaneStore, sql: str) -> None:
-        """Run one statement of plain SQL (both dialects) on the store's storage, outside the store."""
+    def set_schema_version(self, store: PaneStore, version: int) -> None:
+        """Record another schema version in the store's storage (as another Sketchboard would)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -61,9 +61,9 @@ class SqliteBackend(StoreBackend):
         with sqlite3.connect(store.path) as conn:
             return {name: sorted(conn.execute(f"SELECT * FROM {name}").fetchall()) for name in names}
 
-    def execute(self, store: PaneStore, sql: str) -> None:
+    def set_schema_version(self, store: PaneStore, version: int) -> None:
         with sqlite3.connect(store.path) as conn:
-            conn.execute(sql)
+            conn.execute(f"PRAGMA user_version = {int(version)}")
 
 
 class PostgresBackend(StoreBackend):
@@ -105,8 +105,8 @@ class PostgresBackend(StoreBackend):
         with psycopg.connect(store.dsn) as conn:
             return {name: sorted(conn.execute(f"SELECT * FROM {name}").fetchall(), key=repr) for name in names}
 
-    def execute(self, store: PaneStore, sql: str) -> None:
+    def set_schema_version(self, store: PaneStore, version: int) -> None:
         import psycopg
 
         with psycopg.connect(store.dsn, autocommit=True) as conn:
-            conn.execute(sql)
+            conn.execute("UPDATE store_meta SET value = %s WHERE key = 'schema_version'", (str(version),))
