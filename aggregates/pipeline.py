@@ -43,7 +43,7 @@ class Pipeline:
         self.config = config
         self.clock = clock
         self.last_result: CommitResult | None = None
-        self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
+        self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,27 @@ def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: i
     )
 
 
-class BloomStore:
+class BloomReader(ABC):
+    """Reads Bloom filters and first-seen counts, whatever the store backend; a pane store gives
+    its own (PaneStore.bloom_reader), so no caller needs to know where the store lives."""
+
+    @abstractmethod
+    def first_seen_filter(self, stream: str) -> BloomFilter | None:
+        """The stream's long-lived first-seen filter (the most recently updated shape), or None."""
+
+    @abstractmethod
+    def membership_filters(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[int, BloomFilter]]:
+        """(bucket start, filter) for the membership buckets starting in [start_ms, end_ms)."""
+
+    @abstractmethod
+    def first_seen_rows(self, stream: str, start_ms: int, end_ms: int) -> list[FirstSeenRow]:
+        """The first-seen counts of the panes starting in [start_ms, end_ms), by start."""
+
+    def close(self) -> None:
+        """Readers that own a connection release it."""
+
+
+class BloomStore(BloomReader):
     """Reads filters and first-seen counts from the store file, on its own connection (WAL:
     readers see the last committed batch while the pipeline writes)."""
 
@@ -218,20 +239,6 @@ class BloomStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-_readers: dict[Path, BloomStore] = {}
-_readers_lock = threading.Lock()
-
-
-def bloom_store_for(path: str | Path) -> BloomStore:
-    """One shared reader per store file (the API and the pipeline driver each open one)."""
-    key = Path(path).resolve()
-    with _readers_lock:
-        reader = _readers.get(key)
-        if reader is None:
-            reader = _readers[key] = BloomStore(key)
-        return reader
 
 
 def overlay_first_seen(points: Sequence, rows: Sequence[FirstSeenRow], window_ms: int) -> list:

@@ -138,6 +138,7 @@ class SqlitePaneStore(PaneStore):
         self.path = Path(path)
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
+        self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
             self._conn.executescript(_SCHEMA)
@@ -427,9 +428,18 @@ class SqlitePaneStore(PaneStore):
                 "SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= ? AND at_ms < ? GROUP BY stream",
                 (start_ms, end_ms)).fetchall())
 
+    def bloom_reader(self) -> bloom_store.BloomReader:
+        # Its own connection to the file, made once (WAL: it sees each batch as committed).
+        with self._lock:
+            if self._bloom is None:
+                self._bloom = bloom_store.BloomStore(self.path)
+            return self._bloom
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._bloom is not None:
+                self._bloom.close()
 
 
 def _json(value) -> str:

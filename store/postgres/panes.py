@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from store import bloom as bloom_rules
 from store.base import (
     BatchCommit,
     Change,
@@ -33,7 +32,7 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
-from store.bloom import BloomCommit
+from store.bloom import BloomReader
 from store.commit_plan import (
     StreamState,
     pane_ids,
@@ -47,6 +46,7 @@ from store.commit_plan import (
 from store.connection import where as where_clause
 from store.panes import Pane, dims_key
 from store.postgres import rows
+from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.rollup import BucketStats
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
@@ -154,7 +154,7 @@ class PostgresPaneStore(PaneStore):
                     " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
                     offsets)
         if commit.bloom is not None:
-            _apply_bloom(conn, commit.bloom, commit.batch_id, now_ms)
+            apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -302,6 +302,9 @@ class PostgresPaneStore(PaneStore):
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
                               " GROUP BY stream", (start_ms, end_ms)))
 
+    def bloom_reader(self) -> BloomReader:
+        return PostgresBloomReader(self._pool)
+
     @property
     def closed(self) -> bool:
         return self._pool.closed
@@ -356,45 +359,6 @@ def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, n
             if progress is not None and panes:
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (%s, %s)", (stream, layout.to_json()))
-
-
-def _apply_bloom(conn: psycopg.Connection, bloom: BloomCommit, batch_id: int, now_ms: int) -> None:
-    """OR the filter chunks in (store.bloom.merge_chunk) and add the first-seen counts."""
-    for update in bloom.filters:
-        shape = (update.stream, update.kind, update.bucket_ms, update.m, update.k, update.seed)
-        match = "stream = %s AND kind = %s AND bucket_ms = %s AND m = %s AND k = %s AND seed = %s"
-        row = conn.execute(f"SELECT bits_set FROM bloom_filters WHERE {match}", shape).fetchone()
-        bits_set = row[0] if row else 0
-        old = dict(conn.execute(f"SELECT chunk, data FROM bloom_chunks WHERE {match} AND chunk = ANY(%s)",
-                                (*shape, list(update.chunks))).fetchall())
-        merged = []
-        for index, incoming in update.chunks.items():
-            data, added = bloom_rules.merge_chunk(update, index, incoming, old.get(index))
-            bits_set += added
-            merged.append((*shape, index, data))
-        with conn.cursor() as cur:
-            if merged:
-                cur.executemany(
-                    "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk)"
-                    " DO UPDATE SET data = excluded.data", merged)
-        conn.execute(
-            "INSERT INTO bloom_filters (stream, kind, bucket_ms, m, k, seed, bits_set, updated_batch, updated_at_ms)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (stream, kind, bucket_ms, m, k, seed) DO UPDATE SET"
-            " bits_set = excluded.bits_set, updated_batch = excluded.updated_batch,"
-            " updated_at_ms = excluded.updated_at_ms", (*shape, bits_set, batch_id, now_ms))
-    if bloom.first_seen:
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO first_seen (stream, start_ms, end_ms, new_keys, tested, positives, expected_fp, bound,"
-                " updated_at_ms, last_batch) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (stream, start_ms) DO UPDATE SET new_keys = first_seen.new_keys + excluded.new_keys,"
-                " tested = first_seen.tested + excluded.tested, positives = first_seen.positives + excluded.positives,"
-                " expected_fp = first_seen.expected_fp + excluded.expected_fp,"
-                " bound = first_seen.bound + excluded.bound, updated_at_ms = excluded.updated_at_ms,"
-                " last_batch = excluded.last_batch",
-                [(p.stream, p.start_ms, p.end_ms, p.new_keys, p.tested, p.positives, p.expected_fp, p.bound, now_ms,
-                  batch_id) for p in bloom.first_seen])
 
 
 __all__ = ["PostgresPaneStore", "SCHEMA_LOCK", "open_pool"]
