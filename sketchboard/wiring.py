@@ -5,7 +5,7 @@ from __future__ import annotations
 from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
-from store import SqlitePaneStore
+from store import PaneStore, SqlitePaneStore
 
 
 def open_catalog(settings: Settings) -> Catalog:
@@ -28,7 +28,11 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
     return log
 
 
-def open_store(settings: Settings) -> SqlitePaneStore:
+def open_store(settings: Settings) -> PaneStore:
+    if settings.store_backend == "postgres":
+        from store.postgres import PostgresPaneStore
+
+        return PostgresPaneStore(settings.postgres_dsn, pool_size=settings.postgres_pool_size)
     return SqlitePaneStore(settings.store_path, synchronous=settings.log_sync)
 
 
