@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 
 from store.bloom import BloomCommit, BloomReader
+from store.connection import Db
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.tiers import TierLayout
@@ -230,6 +231,11 @@ class PaneStore(ABC):
 
     @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...
+
+    @abstractmethod
+    def side_db(self) -> Db:
+        """Where the side stores (store/lag.py, health.py, alerts.py) keep their tables: beside
+        this store's, on the backend's own terms; each side store closes the Db it was given."""
 
     @abstractmethod
     def bloom_reader(self) -> BloomReader:

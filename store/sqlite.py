@@ -28,7 +28,7 @@ from store.base import (
     StreamProgress,
 )
 from store.commit_plan import StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
-from store.connection import open_connection, transaction, where
+from store.connection import SqliteDb, open_connection, transaction, where
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
@@ -136,6 +136,7 @@ CREATE TABLE IF NOT EXISTS pipeline_offsets (
 class SqlitePaneStore(PaneStore):
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
         self.path = Path(path)
+        self._synchronous, self._busy_timeout_s = synchronous, busy_timeout_s
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         self._bloom: bloom_store.BloomStore | None = None
@@ -427,6 +428,10 @@ class SqlitePaneStore(PaneStore):
             return dict(self._conn.execute(
                 "SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= ? AND at_ms < ? GROUP BY stream",
                 (start_ms, end_ms)).fetchall())
+
+    def side_db(self) -> SqliteDb:
+        # A connection of its own to the file, set up as the panes' is.
+        return SqliteDb(open_connection(self.path, synchronous=self._synchronous, busy_timeout_s=self._busy_timeout_s))
 
     def bloom_reader(self) -> bloom_store.BloomReader:
         # Its own connection to the file, made once (WAL: it sees each batch as committed).

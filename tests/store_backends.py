@@ -31,6 +31,11 @@ class StoreBackend:
         """Another store over the same storage as `store` (a process restart)."""
         raise NotImplementedError
 
+    def side_db(self, store: PaneStore | None = None):
+        """A store.connection.Db for side stores (lag, health, alerts) beside `store`'s tables
+        (a new store when None); the pane store stays open until the test ends."""
+        return (store or self.create()).side_db()
+
     def tables(self, store: PaneStore, names: Sequence[str]) -> dict[str, list]:
         """Every row of these tables, sorted: what a test compares to show nothing changed."""
         raise NotImplementedError

@@ -46,6 +46,7 @@ from store.commit_plan import (
 from store.connection import where as where_clause
 from store.panes import Pane, dims_key
 from store.postgres import rows
+from store.postgres.db import PostgresDb
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.rollup import BucketStats
@@ -301,6 +302,9 @@ class PostgresPaneStore(PaneStore):
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
                               " GROUP BY stream", (start_ms, end_ms)))
+
+    def side_db(self) -> PostgresDb:
+        return PostgresDb(self._pool)
 
     def bloom_reader(self) -> BloomReader:
         return PostgresBloomReader(self._pool)
