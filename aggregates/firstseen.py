@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
 from sketches.bloom import CHUNK_BITS, SALT2, BloomFilter, optimal_shape, undercount_bound
-from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomStore, FilterUpdate, FirstSeenPartial
+from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FilterUpdate, FirstSeenPartial
 
 log = logging.getLogger("sketchboard.firstseen")
 
@@ -73,10 +73,10 @@ def with_positions(df: DataFrame, seed: Column, m: Column, k: Column) -> DataFra
 class BloomFeatures:
     """The first-seen and membership part of a micro-batch (see the module docstring)."""
 
-    def __init__(self, spark: SparkSession, catalog: Catalog, store_path):
+    def __init__(self, spark: SparkSession, catalog: Catalog, reader: BloomReader):
         self.spark = spark
         self.streams = {n: s for n, s in base_streams(catalog).items() if s.first_seen or s.membership}
-        self.reader = BloomStore(store_path) if self.streams else None
+        self.reader = reader  # the store's (PaneStore.bloom_reader): the filters as last committed
         self._warned: set[str] = set()
 
     @property

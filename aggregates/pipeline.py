@@ -47,7 +47,7 @@ class Pipeline:
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else SqliteEventLog(config.log_path)
         self.last_result: CommitResult | None = None
-        self.bloom = BloomFeatures(spark, catalog, getattr(store, "path", None))  # first-seen keys and membership filters
+        self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:

@@ -14,7 +14,6 @@ from api.errors import BadParam, bad_request, errors, param_error
 from api.timeparams import parse_range_ms
 from catalog import format_duration_ms
 from sketches.bloom import BloomFilter
-from store.bloom import bloom_store_for
 
 MAX_BUCKETS = 10_000
 
@@ -53,7 +52,7 @@ def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str
     lo = start_ms - start_ms % decl.bucket
     if (end_ms - lo) // decl.bucket > MAX_BUCKETS:
         raise bad_request("from", f"the range spans more than {MAX_BUCKETS} buckets of {format_duration_ms(decl.bucket)}")
-    filters = bloom_store_for(ctx.store.path).membership_filters(stream.name, lo, end_ms)
+    filters = ctx.store.bloom_reader().membership_filters(stream.name, lo, end_ms)
     # OR the buckets per shape (a configuration change makes a new shape; shapes cannot merge).
     merged: dict[tuple[int, int, int], BloomFilter] = {}
     for _, bloom in filters:

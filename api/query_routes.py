@@ -14,7 +14,7 @@ from api.errors import BadParam, bad_request, errors, param_error
 from api.responses import MetricsOut, StreamsOut
 from api.timeparams import default_step_ms, parse_duration_param, parse_range_ms
 from catalog import format_duration_ms
-from store.bloom import bloom_store_for, overlay_first_seen
+from store.bloom import overlay_first_seen
 from store.rollup import Point, RollupError, align_range
 from store.series import query_series
 
@@ -181,7 +181,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 max_points=ctx.query_max_points, cache=ctx.point_cache,
             )
             if first_seen:  # the window's panes give count/final/revision; the first_seen table the value
-                rows = bloom_store_for(ctx.store.path).first_seen_rows(stream.name, lo, hi + max(window_ms - step_ms, 0))
+                rows = ctx.store.bloom_reader().first_seen_rows(stream.name, lo, hi + max(window_ms - step_ms, 0))
                 series[0] = type(series[0])(group={}, points=overlay_first_seen(series[0].points, rows, window_ms))
             return series
 

@@ -5,6 +5,11 @@ asserts nothing.
     python -m bench.day_of_data                      # short form: 300 000 events over 24 h
     python -m bench.day_of_data --events 3000000     # the long form (a day of 3 M events)
     python -m bench.day_of_data --hours 168 --events 3000000 --long-queries   # a week
+    python -m bench.day_of_data --only tiers --stores sqlite,postgres          # both store backends
+
+With `--stores ...,postgres` the PostgreSQL store runs on a throwaway local server started as
+the tests start theirs (tests/postgres_server.py: Debian's postgresql, fsync off), or on
+`--postgres-dsn` (an empty database of its own for each configuration run: use with --only).
 
 The demo generator (ingest/demo.py) makes the events, with its endpoints, regions, users and
 latency shapes, event times spread over the last `--hours`; they are aggregated into 10 s
@@ -99,8 +104,37 @@ def _partial(stream, start: int, dims: tuple, group: list[dict]) -> PanePartial:
                        PaneData(len(group), values, distincts))
 
 
-def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str, list[float]]:
-    store = SqlitePaneStore(root / "store.db", synchronous="OFF")
+def open_store(kind: str, root: Path, dsn: str | None):
+    if kind == "postgres":
+        from store.postgres import PostgresPaneStore
+
+        return PostgresPaneStore(dsn)
+    return SqlitePaneStore(root / "store.db", synchronous="OFF")
+
+
+def reopen(store):
+    """Another store over the same data, as another process opens it."""
+    if hasattr(store, "dsn"):
+        from store.postgres import PostgresPaneStore
+
+        return PostgresPaneStore(store.dsn)
+    return SqlitePaneStore(store.path, synchronous="OFF")
+
+
+def store_size_mib(store, root: Path) -> float:
+    if hasattr(store, "dsn"):
+        import psycopg
+
+        with psycopg.connect(store.dsn) as conn:
+            return conn.execute("SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+                                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                                " WHERE n.nspname = current_schema() AND c.relkind = 'r'").fetchone()[0] / 2**20
+    return sum(f.stat().st_size for f in root.glob("store.db*")) / 2**20
+
+
+def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str = "sqlite",
+        dsn: str | None = None) -> dict[str, list[float]]:
+    store = open_store(kind, root, dsn)
     store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
     log = SqliteEventLog(root / "log.db", synchronous="OFF")
     commit_s, events, rows = 0.0, 0, 0
@@ -112,14 +146,15 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int) -> dict[str
         store.commit_batch(commit, lateness_ms={STREAM: 30_000}, now_ms=end_ms)
         commit_s += time.perf_counter() - t
         events, rows = events + n, rows + len(partials)
-    disk = sum(f.stat().st_size for f in root.glob("store.db*"))
+    batches = batch_id + 1
     print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
-          f" = {events / commit_s:,.0f} events/s; store on disk {disk / 2**20:.0f} MiB")
+          f" = {events / commit_s:,.0f} events/s, {commit_s / batches * 1000:.0f} ms per batch of {args.batch};"
+          f" store size {store_size_mib(store, root):.0f} MiB")
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
     client = TestClient(create_app(ctx))
     out = timed_queries(client, QUERIES + (LONG_QUERIES if args.long_queries else []), args.repeat)
     client.close()
-    if label == "panes":
+    if label.startswith("panes"):
         out.update(before_tiers(catalog, store, end_ms, args))
     if args.ws:
         out.update(under_websocket_load(catalog, store, log, args, end_ms))
@@ -218,7 +253,7 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
 
     def writer() -> None:
         # Its own connection, as the pipeline process has: WAL lets the API read while it commits.
-        own = SqlitePaneStore(store.path, synchronous="OFF")
+        own = reopen(store)
         batch_id = 10**6
         traffic = DemoTraffic(catalog, seed=9, clock=clock)
         stream = catalog.stream(STREAM)
@@ -265,7 +300,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ws", type=int, default=0, help="then again over HTTP with this many websocket clients"
                     " holding 24 h views updated every second (e.g. 50)")
     ap.add_argument("--ws-rate", type=int, default=2_000, help="events committed per second meanwhile")
+    ap.add_argument("--stores", default="sqlite", help="store backends to run, comma-separated: sqlite,postgres")
+    ap.add_argument("--postgres-dsn", help="run the postgres store here instead of on a throwaway local server")
     args = ap.parse_args(argv)
+    kinds = args.stores.split(",")
+    server = None
+    if "postgres" in kinds and not args.postgres_dsn:
+        from tests.postgres_server import PostgresServer
+
+        server = PostgresServer()
+        server.start()
     shipped = load_catalog(DEFAULT_STREAMS)
     panes_only = Catalog.model_validate({
         "streams": {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items()
@@ -274,15 +318,22 @@ def main(argv: list[str] | None = None) -> None:
     })
     end_ms = int(time.time() * 1000) // 10_000 * 10_000
     results = {}
-    for label, catalog in (("tiers", shipped), ("panes", panes_only)):
-        if args.only and args.only != label:
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            results[label] = run(label, catalog, Path(tmp), args, end_ms)
+    try:
+        for label, catalog in (("tiers", shipped), ("panes", panes_only)):
+            if args.only and args.only != label:
+                continue
+            for kind in kinds:
+                name = label if kinds == ["sqlite"] else f"{label}/{kind[:2]}"
+                dsn = (server.fresh_dsn() if server else args.postgres_dsn) if kind == "postgres" else None
+                with tempfile.TemporaryDirectory() as tmp:
+                    results[name] = run(name, catalog, Path(tmp), args, end_ms, kind, dsn)
+    finally:
+        if server is not None:
+            server.stop()
     print(f"\nGET /api/v1/query over {args.events:,} events in {args.hours:g} h, {args.repeat} runs each (ms);"
           " 'before': the same query as answered before tiers (every pane rolled up in Python, in-process):")
     names = list(dict.fromkeys(n for label in results for n in results[label] if not n.endswith("[before]")))
-    before = results.get("panes", {})
+    before = next((r for label, r in results.items() if label.startswith("panes")), {})
     print(f"{'query':<34}" + "".join(f"{label + ' p50':>12}{label + ' p99':>12}" for label in results)
           + (f"{'before p50':>14}" if before else ""))
     for name in names:

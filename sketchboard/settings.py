@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     kafka_request_timeout: DurationMs = Field("10s", ge=100, description="topic metadata, offsets and topic"
                                               " creation; past it the request fails (503)")
 
+    # Serving store
+    store_backend: Literal["sqlite", "postgres"] = Field(
+        "sqlite", description="sqlite: a file under data_dir (one machine); postgres: a PostgreSQL database the"
+        " pipeline and every API process share")
+    postgres_dsn: str | None = Field(None, description="libpq connection string or URI of the store's database,"
+                                     " e.g. 'postgresql://sketchboard@db:5432/sketchboard'; needed for postgres")
+    postgres_pool_size: int = Field(8, ge=1, le=200, description="connections each process keeps to PostgreSQL")
+
     # Pipeline
     pipeline_name: str = "main"
     spark_master: str = "local[2]"
@@ -96,6 +104,13 @@ class Settings(BaseSettings):
     def _kafka_needs_servers(self) -> Settings:
         if self.log_backend == "kafka" and not self.kafka_bootstrap_servers:
             raise ValueError("log_backend is kafka: set kafka_bootstrap_servers (e.g. 'broker1:9092,broker2:9092')")
+        return self
+
+    @model_validator(mode="after")
+    def _postgres_needs_dsn(self) -> Settings:
+        if self.store_backend == "postgres" and not self.postgres_dsn:
+            raise ValueError("store_backend is postgres: set postgres_dsn"
+                             " (e.g. 'postgresql://sketchboard@db:5432/sketchboard')")
         return self
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
-from store import SqlitePaneStore
+from store import PaneStore, SqlitePaneStore
 
 
 def open_catalog(settings: Settings) -> Catalog:
@@ -28,21 +28,25 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
     return log
 
 
-def open_store(settings: Settings) -> SqlitePaneStore:
+def open_store(settings: Settings) -> PaneStore:
+    if settings.store_backend == "postgres":
+        from store.postgres import PostgresPaneStore
+
+        return PostgresPaneStore(settings.postgres_dsn, pool_size=settings.postgres_pool_size)
     return SqlitePaneStore(settings.store_path, synchronous=settings.log_sync)
 
 
-def open_lag_store(settings: Settings):
-    from store.lag import SqliteLagStore
+def open_lag_store(settings: Settings, store: PaneStore):
+    from store.lag import LagStore
 
-    # Same file as the pane store, own connection and tables (store/lag.py).
-    return SqliteLagStore(settings.store_path, retention_ms=settings.lag_retention, synchronous=settings.log_sync)
+    # Beside the panes, with tables and a connection of its own (store/lag.py).
+    return LagStore(store.side_db(), retention_ms=settings.lag_retention)
 
 
-def open_health_store(settings: Settings):
-    from store.health import SqliteHealthStore
+def open_health_store(settings: Settings, store: PaneStore):
+    from store.health import HealthStore
 
-    return SqliteHealthStore(settings.store_path, retention_ms=settings.lag_retention, synchronous=settings.log_sync)
+    return HealthStore(store.side_db(), retention_ms=settings.lag_retention)
 
 
 def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock=None):
@@ -55,7 +59,7 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
     clock = clock or time.time
     source = EventLogLagSource(log)
-    lag_store = open_lag_store(settings)
+    lag_store = open_lag_store(settings, store)
     interval_s = settings.lag_sample_interval / 1000
     sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name), lag_store,
                          pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,
@@ -77,10 +81,9 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     from alerts.service import AlertService
     from alerts.source import StoreAlertData
     from sketchboard.settings import DEFAULT_ALERTS
-    from store.alerts import SqliteAlertStore
+    from store.alerts import AlertStore
 
-    alert_store = SqliteAlertStore(settings.store_path, history_retention_ms=settings.alert_history_retention,
-                                   synchronous=settings.log_sync)
+    alert_store = AlertStore(store.side_db(), history_retention_ms=settings.alert_history_retention)
     notifiers = []
     if settings.alert_webhook_url:
         from alerts.webhook import WebhookNotifier
@@ -116,7 +119,7 @@ def build_api(settings: Settings):
         max_events_per_request=settings.max_events_per_request,
         query_max_points=settings.query_max_points,
         lag=lag,
-        health=open_health_store(settings),
+        health=open_health_store(settings, store),
         alerts=build_alert_service(settings, catalog, store, lag),
     )
     hub_config = HubConfig(
@@ -149,11 +152,12 @@ def build_pipeline(settings: Settings, spark=None):
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
     )
-    pipeline = Pipeline(spark, catalog, open_store(settings), config)
+    store = open_store(settings)
+    pipeline = Pipeline(spark, catalog, store, config)
     from aggregates.progress import register
 
     # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
-    pipeline.progress_recorder = register(spark, open_health_store(settings), settings.pipeline_name,
+    pipeline.progress_recorder = register(spark, open_health_store(settings, store), settings.pipeline_name,
                                           f"sketchboard-{settings.pipeline_name}")
     return pipeline
 

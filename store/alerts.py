@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.connection import SideStore, transaction, where
+from store.connection import Db, SideStore, where
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alert_rules (
@@ -71,8 +71,8 @@ class HistoryEntry:
     data: dict
 
 
-class SqliteAlertStore(SideStore):
-    def __init__(self, path: str | Path, *, history_retention_ms: int = 30 * 86_400_000,
+class AlertStore(SideStore):
+    def __init__(self, path: str | Path | Db, *, history_retention_ms: int = 30 * 86_400_000,
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
         super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.history_retention_ms = history_retention_ms
@@ -95,7 +95,7 @@ class SqliteAlertStore(SideStore):
             return self._conn.execute("SELECT COUNT(*), COALESCE(MAX(updated_ms), 0) FROM alert_rules").fetchone()
 
     def create_rule(self, name: str, definition: Mapping, *, source: str, now_ms: int) -> StoredRule:
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             if self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (name,)).fetchone():
                 raise RuleConflict(f"a rule named {name!r} already exists; PUT /api/v1/alerts/rules/{name} changes it")
             self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
@@ -104,7 +104,7 @@ class SqliteAlertStore(SideStore):
 
     def replace_rule(self, name: str, definition: Mapping, *, now_ms: int) -> StoredRule | None:
         """Change an API rule's definition (None: no such rule); its instances carry on."""
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             row = self._conn.execute("SELECT source, updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
@@ -115,7 +115,7 @@ class SqliteAlertStore(SideStore):
 
     def delete_rule(self, name: str) -> bool:
         """Remove an API rule and its instances (the history stays)."""
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             row = self._conn.execute("SELECT source FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return False
@@ -125,7 +125,7 @@ class SqliteAlertStore(SideStore):
         return True
 
     def set_silence(self, name: str, until_ms: int | None, *, now_ms: int) -> StoredRule | None:
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             row = self._conn.execute("SELECT updated_ms FROM alert_rules WHERE name = ?", (name,)).fetchone()
             if row is None:
                 return None
@@ -136,7 +136,7 @@ class SqliteAlertStore(SideStore):
     def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int) -> None:
         """Make the file rules exactly `definitions`: the file is their source of truth (an API
         rule of the same name becomes the file's); silences survive a reload."""
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             have = {name: (definition, source, updated) for name, definition, source, updated in self._conn.execute(
                 "SELECT name, definition, source, updated_ms FROM alert_rules")}
             for name, definition in definitions.items():
@@ -169,7 +169,7 @@ class SqliteAlertStore(SideStore):
         append the transitions to the history, in one transaction; return the new history ids.
         A rule deleted meanwhile saves nothing."""
         ids = []
-        with self._lock, transaction(self._conn):
+        with self._lock, self._conn.transaction():
             if not self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (rule,)).fetchone():
                 return []
             self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (rule,))
@@ -177,9 +177,8 @@ class SqliteAlertStore(SideStore):
                 "INSERT INTO alert_instances (rule, fingerprint, state, data) VALUES (?, ?, ?, ?)",
                 [(rule, i["fingerprint"], i["state"], _dump(i)) for i in instances])
             for t in transitions:
-                cur = self._conn.execute("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
-                                         (rule, t["at_ms"], _dump(t)))
-                ids.append(cur.lastrowid)
+                ids.append(self._conn.insert_id("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
+                                                (rule, t["at_ms"], _dump(t))))
             self._conn.execute("DELETE FROM alert_history WHERE at_ms < ?", (now_ms - self.history_retention_ms,))
         return ids
 
@@ -206,8 +205,9 @@ class SqliteAlertStore(SideStore):
                 self._conn.execute("DELETE FROM alert_notifier_memory WHERE notifier = ? AND rule = ?",
                                    (notifier, rule))
             else:
-                self._conn.execute("INSERT OR REPLACE INTO alert_notifier_memory (notifier, rule, data)"
-                                   " VALUES (?, ?, ?)", (notifier, rule, _dump(data)))
+                self._conn.execute("INSERT INTO alert_notifier_memory (notifier, rule, data) VALUES (?, ?, ?)"
+                                   " ON CONFLICT (notifier, rule) DO UPDATE SET data = excluded.data",
+                                   (notifier, rule, _dump(data)))
 
 
 _RULE_COLUMNS = "name, definition, source, created_ms, updated_ms, silenced_until_ms"
@@ -226,3 +226,6 @@ def _refuse_file_rule(name: str, source: str) -> None:
 
 def _dump(value) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+SqliteAlertStore = AlertStore  # the name from before PostgreSQL; the same class on a file path

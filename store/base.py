@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
-from store.bloom import BloomCommit
+from store.bloom import BloomCommit, BloomReader
+from store.connection import Db
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.tiers import TierLayout
@@ -250,6 +251,16 @@ class PaneStore(ABC):
 
     @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...
+
+    @abstractmethod
+    def side_db(self) -> Db:
+        """Where the side stores (store/lag.py, health.py, alerts.py) keep their tables: beside
+        this store's, on the backend's own terms; each side store closes the Db it was given."""
+
+    @abstractmethod
+    def bloom_reader(self) -> BloomReader:
+        """The Bloom filters and first-seen counts of this store (store/bloom.py), read on the
+        backend's own terms: what the API's routes and the pipeline's Bloom features read."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,38 +114,43 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(SCHEMA)
 
 
+def merge_chunk(update: FilterUpdate, index: int, incoming: bytes, stored: bytes | None) -> tuple[bytes, int]:
+    """A filter chunk after OR-ing a batch's bits into the stored ones, and how many bits that
+    set (what the filter's bits_set grows by). Pure: every store backend uses it."""
+    n_chunks = -(-update.m // (CHUNK_BYTES * 8))
+    if not 0 <= index < n_chunks:
+        raise ValueError(f"chunk {index} is outside a filter of {update.m} bits ({update.stream}, {update.kind})")
+    size = min(CHUNK_BYTES, update.m // 8 - index * CHUNK_BYTES)
+    new = np.frombuffer(bytes(incoming), dtype=np.uint8)[:size]
+    if len(new) < size:
+        new = np.pad(new, (0, size - len(new)))
+    if stored is None:
+        return new.tobytes(), int(np.bitwise_count(new).sum())
+    old = np.frombuffer(bytes(stored), dtype=np.uint8)
+    merged = np.bitwise_or(old, new)
+    return merged.tobytes(), int(np.bitwise_count(merged).sum()) - int(np.bitwise_count(old).sum())
+
+
 def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: int, now_ms: int) -> None:
     """OR the filter chunks in and add the first-seen counts; the caller owns the transaction."""
     for update in bloom.filters:
         shape = (update.stream, update.kind, update.bucket_ms, update.m, update.k, update.seed)
-        n_chunks = -(-update.m // (CHUNK_BYTES * 8))
         row = conn.execute(
             "SELECT bits_set FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
             " AND seed = ?", shape,
         ).fetchone()
         bits_set = row[0] if row else 0
         for index, incoming in update.chunks.items():
-            if not 0 <= index < n_chunks:
-                raise ValueError(f"chunk {index} is outside a filter of {update.m} bits ({update.stream}, {update.kind})")
-            size = min(CHUNK_BYTES, update.m // 8 - index * CHUNK_BYTES)
-            new = np.frombuffer(bytes(incoming), dtype=np.uint8)[:size]
-            if len(new) < size:
-                new = np.pad(new, (0, size - len(new)))
             old_row = conn.execute(
                 "SELECT data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
                 " AND seed = ? AND chunk = ?", (*shape, index),
             ).fetchone()
-            if old_row is not None:
-                old = np.frombuffer(old_row[0], dtype=np.uint8)
-                merged = np.bitwise_or(old, new)
-                bits_set += int(np.bitwise_count(merged).sum()) - int(np.bitwise_count(old).sum())
-            else:
-                merged = new
-                bits_set += int(np.bitwise_count(merged).sum())
+            merged, added = merge_chunk(update, index, incoming, None if old_row is None else old_row[0])
+            bits_set += added
             conn.execute(
                 "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk) DO UPDATE SET data = excluded.data",
-                (*shape, index, merged.tobytes()),
+                (*shape, index, merged),
             )
         conn.execute(
             "INSERT INTO bloom_filters (stream, kind, bucket_ms, m, k, seed, bits_set, updated_batch, updated_at_ms)"
@@ -163,7 +169,27 @@ def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: i
     )
 
 
-class BloomStore:
+class BloomReader(ABC):
+    """Reads Bloom filters and first-seen counts, whatever the store backend; a pane store gives
+    its own (PaneStore.bloom_reader), so no caller needs to know where the store lives."""
+
+    @abstractmethod
+    def first_seen_filter(self, stream: str) -> BloomFilter | None:
+        """The stream's long-lived first-seen filter (the most recently updated shape), or None."""
+
+    @abstractmethod
+    def membership_filters(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[int, BloomFilter]]:
+        """(bucket start, filter) for the membership buckets starting in [start_ms, end_ms)."""
+
+    @abstractmethod
+    def first_seen_rows(self, stream: str, start_ms: int, end_ms: int) -> list[FirstSeenRow]:
+        """The first-seen counts of the panes starting in [start_ms, end_ms), by start."""
+
+    def close(self) -> None:
+        """Readers that own a connection release it."""
+
+
+class BloomStore(BloomReader):
     """Reads filters and first-seen counts from the store file, on its own connection (WAL:
     readers see the last committed batch while the pipeline writes)."""
 
@@ -213,20 +239,6 @@ class BloomStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
-
-
-_readers: dict[Path, BloomStore] = {}
-_readers_lock = threading.Lock()
-
-
-def bloom_store_for(path: str | Path) -> BloomStore:
-    """One shared reader per store file (the API and the pipeline driver each open one)."""
-    key = Path(path).resolve()
-    with _readers_lock:
-        reader = _readers.get(key)
-        if reader is None:
-            reader = _readers[key] = BloomStore(key)
-        return reader
 
 
 def overlay_first_seen(points: Sequence, rows: Sequence[FirstSeenRow], window_ms: int) -> list:

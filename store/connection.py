@@ -1,12 +1,19 @@
 """Opening the store's SQLite file: every store module (panes, bloom filters, lag samples,
-Spark progress, alerts) uses its own connection to the same file, set up the same way."""
+Spark progress, alerts) uses its own connection to the same file, set up the same way.
+
+The side stores (lag samples, Spark progress, alerts) are written once for every backend
+over `Db`: plain SQL both SQLite and PostgreSQL run (`?` parameters, ON CONFLICT upserts,
+CAST for a parameter only compared with NULL), SQLite-flavoured DDL the PostgreSQL Db
+translates, and the few spellings that differ (`greatest`, `insert_id`) asked of the Db.
+`SqliteDb` is here; `store.postgres.db.PostgresDb` is the other."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 
@@ -42,16 +49,78 @@ def where(*conditions: tuple[str, object]) -> tuple[str, list]:
     return " WHERE " + " AND ".join(clause for clause, _ in kept), [value for _, value in kept]
 
 
-class SideStore:
-    """A store module with its own tables and connection in the store's file (lag samples,
-    Spark progress, alerts): the connection, the lock that guards it, the schema, close()."""
+class Db(ABC):
+    """One store's SQL, whatever the backend (callers hold their own lock around it)."""
 
-    def __init__(self, path: str | Path, schema: str, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
-        self.path = Path(path)
-        self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+    greatest: str  # the two-argument maximum: SQLite MAX(a, b), PostgreSQL GREATEST(a, b)
+
+    @abstractmethod
+    def execute(self, sql: str, args: Sequence = ()):
+        """Run one statement; the result has fetchone(), fetchall(), iteration and rowcount."""
+
+    @abstractmethod
+    def executemany(self, sql: str, rows: Sequence[Sequence]) -> None: ...
+
+    @abstractmethod
+    def insert_id(self, sql: str, args: Sequence = ()) -> int:
+        """Run an INSERT into a table with an `id` key made by the store; the new row's id."""
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[Db]:
+        """Everything inside commits together or not at all (rolled back on any error)."""
+
+    @abstractmethod
+    def create(self, ddl: str) -> None:
+        """Create tables and indexes from SQLite-flavoured DDL (IF NOT EXISTS)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class SqliteDb(Db):
+    greatest = "MAX"
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def execute(self, sql: str, args: Sequence = ()):
+        return self.conn.execute(sql, args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence]) -> None:
+        self.conn.executemany(sql, rows)
+
+    def insert_id(self, sql: str, args: Sequence = ()) -> int:
+        return self.conn.execute(sql, args).lastrowid
+
+    def transaction(self) -> AbstractContextManager[Db]:
+        @contextmanager
+        def block() -> Iterator[Db]:
+            with transaction(self.conn):
+                yield self
+        return block()
+
+    def create(self, ddl: str) -> None:
+        self.conn.executescript(ddl)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class SideStore:
+    """A store module with its own tables beside the panes (lag samples, Spark progress,
+    alerts): its Db (a path opens a connection to that SQLite file), the lock that guards it,
+    the schema, close()."""
+
+    def __init__(self, target: str | Path | Db, schema: str, *, synchronous: str = "NORMAL",
+                 busy_timeout_s: float = 30.0):
+        if isinstance(target, Db):
+            self._conn = target
+        else:
+            self.path = Path(target)
+            self._conn = SqliteDb(open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s))
         self._lock = threading.Lock()
         with self._lock:
-            self._conn.executescript(schema)
+            self._conn.create(schema)
 
     def close(self) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.connection import SideStore, transaction
+from store.connection import Db, SideStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS query_health (
@@ -57,8 +57,8 @@ class QueryHealth:
     last_error: str | None
 
 
-class SqliteHealthStore(SideStore):
-    def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
+class HealthStore(SideStore):
+    def __init__(self, path: str | Path | Db, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
                  busy_timeout_s: float = 30.0):
         if retention_ms <= 0:
             raise ValueError(f"progress retention must be positive, got {retention_ms} ms")
@@ -80,10 +80,11 @@ class SqliteHealthStore(SideStore):
 
     def progress(self, pipeline: str, run_id: str, batch_id: int, progress: dict, at_ms: int) -> None:
         text = json.dumps(progress, separators=(",", ":"))
-        with self._lock, transaction(self._conn) as conn:
+        with self._lock, self._conn.transaction() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO query_progress (pipeline, at_ms, batch_id, run_id, progress)"
-                " VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO query_progress (pipeline, at_ms, batch_id, run_id, progress) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (pipeline, at_ms, batch_id) DO UPDATE SET run_id = excluded.run_id,"
+                " progress = excluded.progress",
                 (pipeline, at_ms, batch_id, run_id, text),
             )
             conn.execute("DELETE FROM query_progress WHERE at_ms < ?", (at_ms - self.retention_ms,))
@@ -99,7 +100,7 @@ class SqliteHealthStore(SideStore):
         with self._lock:
             self._conn.execute(
                 "UPDATE query_health SET running = 0, terminated_at_ms = ?, updated_at_ms = ?,"
-                " last_error = COALESCE(?, last_error) WHERE pipeline = ? AND (? IS NULL OR run_id = ?) AND running = 1",
+                " last_error = COALESCE(CAST(? AS TEXT), last_error) WHERE pipeline = ? AND (CAST(? AS TEXT) IS NULL OR run_id = ?) AND running = 1",
                 (at_ms, at_ms, error, pipeline, run_id, run_id),
             )
 
@@ -112,7 +113,8 @@ class SqliteHealthStore(SideStore):
             (pipeline, run_id, at_ms),
         )
         self._conn.execute(
-            f"UPDATE query_health SET {sets}, updated_at_ms = MAX(updated_at_ms, ?) WHERE pipeline = ? AND run_id = ?",
+            f"UPDATE query_health SET {sets}, updated_at_ms = {self._conn.greatest}(updated_at_ms, ?)"
+            " WHERE pipeline = ? AND run_id = ?",
             (*args, at_ms, pipeline, run_id),
         )
 
@@ -137,8 +139,11 @@ class SqliteHealthStore(SideStore):
         with self._lock:
             rows = self._conn.execute(
                 "SELECT progress FROM (SELECT at_ms, batch_id, progress FROM query_progress"
-                " WHERE pipeline = ? AND at_ms >= ? AND at_ms < ? ORDER BY at_ms DESC LIMIT ?) ORDER BY at_ms, batch_id",
+                " WHERE pipeline = ? AND at_ms >= ? AND at_ms < ? ORDER BY at_ms DESC LIMIT ?) AS newest ORDER BY at_ms, batch_id",
                 (pipeline, from_ms, to_ms, limit),
             ).fetchall()
         return [json.loads(r[0]) for r in rows]
 
+
+
+SqliteHealthStore = HealthStore  # the name from before PostgreSQL; the same class on a file path

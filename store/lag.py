@@ -1,4 +1,5 @@
-"""The lag sample time series, in the pane store's SQLite file with its own connection.
+"""The lag sample time series, beside the panes (the store's SQLite file with its own
+connection, or the PostgreSQL store's database: store.connection.Db).
 
 Kept out of store/sqlite.py on purpose: samples are written by the API process's sampler
 every few seconds and must not contend with the pane store's code paths. Retention is
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from lag.model import LagSample
-from store.connection import SideStore, transaction
+from store.connection import Db, SideStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lag_samples (
@@ -33,8 +34,8 @@ CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
 _COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
 
 
-class SqliteLagStore(SideStore):
-    def __init__(self, path: str | Path, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
+class LagStore(SideStore):
+    def __init__(self, path: str | Path | Db, *, retention_ms: int = 86_400_000, synchronous: str = "NORMAL",
                  busy_timeout_s: float = 30.0):
         if retention_ms <= 0:
             raise ValueError(f"lag sample retention must be positive, got {retention_ms} ms")
@@ -46,9 +47,12 @@ class SqliteLagStore(SideStore):
         if not samples:
             return 0
         newest = max(s.at_ms for s in samples)
-        with self._lock, transaction(self._conn) as conn:
+        with self._lock, self._conn.transaction() as conn:
             conn.executemany(
-                f"INSERT OR REPLACE INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (pipeline, stream, partition, at_ms) DO UPDATE SET log_start = excluded.log_start,"
+                " log_end = excluded.log_end, committed = excluded.committed,"
+                " last_commit_ms = excluded.last_commit_ms, lag_ms = excluded.lag_ms, lag_events = excluded.lag_events",
                 [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
                   s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
             )
@@ -96,8 +100,11 @@ class SqliteLagStore(SideStore):
             args.append(stream)
         with self._lock:
             rows = self._conn.execute(
-                f"SELECT * FROM ({query} ORDER BY at_ms DESC LIMIT ?) ORDER BY at_ms, stream, partition",
+                f"SELECT * FROM ({query} ORDER BY at_ms DESC LIMIT ?) AS newest ORDER BY at_ms, stream, partition",
                 (*args, limit),
             ).fetchall()
         return [LagSample(*row) for row in rows]
 
+
+
+SqliteLagStore = LagStore  # the name from before PostgreSQL; the same class on a file path

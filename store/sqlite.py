@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from store import bloom as bloom_store
-from store import sqlite_tiers
+from store import row_codec, sqlite_tiers
 from store.base import (
     BatchCommit,
     Change,
@@ -28,18 +28,13 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
-from store.connection import open_connection, transaction, where
-from store.panes import (
-    EMPTY_SUMMARY,
-    Pane,
-    advance_watermark,
-    dims_key,
-    is_final,
-    next_revision,
-)
+from store.commit_plan import StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
+from store.connection import SqliteDb, open_connection, transaction, where
+from store.panes import Pane, dims_key
 from store.rollup import BucketStats
-from store.tiers import ALL_DIMS, TierLayout, tier_deltas
-from store.watermarks import DEFAULT_IDLE_TIMEOUT_MS, PartitionMark, advance_stream, partition_state
+from store.schema_version import SCHEMA_VERSION, check_version
+from store.tiers import ALL_DIMS, TierLayout
+from store.watermarks import PartitionMark
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -154,13 +149,17 @@ CREATE TABLE IF NOT EXISTS pipeline_offsets (
 class SqlitePaneStore(PaneStore):
     def __init__(self, path: str | Path, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
         self.path = Path(path)
+        self._synchronous, self._busy_timeout_s = synchronous, busy_timeout_s
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
+        self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
+            check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
             self._conn.executescript(_SCHEMA)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:
         """Columns added after a store file may have been created (SQLite: ADD COLUMN only)."""
@@ -205,65 +204,53 @@ class SqlitePaneStore(PaneStore):
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
-        # "Final" is judged against the watermarks as they were before this batch.
-        watermark_before = dict(conn.execute("SELECT stream, watermark_ms FROM stream_progress").fetchall())
-        new = updated = corrections = 0
-        first_seq = last_seq = None
-        aggregated: dict[str, int] = defaultdict(int)
+        # What the batch touches, as stored before it; then the decisions (store/commit_plan.py).
+        marks: dict[str, dict[int, PartitionMark]] = defaultdict(dict)
+        for stream, p, mx, read, end, progress in conn.execute(
+                "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
+                " FROM partition_watermarks"):
+            marks[stream][p] = PartitionMark(mx, read, end, progress)
+        streams_before = {stream: StreamState(wm, mx, marks.get(stream, {})) for stream, wm, mx in conn.execute(
+            "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
+        stored = {}
+        for pane_id in pane_ids(commit):
+            row = conn.execute("SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
+                               pane_id).fetchone()
+            if row is not None:
+                data = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, row[0], row[1])
+                stored[pane_id] = StoredPane(data, row[2])
         layouts = sqlite_tiers.stored_layouts(conn)
-        tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
-        for partial in commit.partials:
-            key = dims_key(partial.dims)
-            row = conn.execute(
-                "SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
-                (partial.stream, partial.start_ms, key),
-            ).fetchone()
-            final = is_final(watermark_before.get(partial.stream), partial.end_ms)
-            if row is None:
-                stored, merged = None, partial.data
-                new += 1
-            else:
-                stored = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY,
-                                                (partial.stream, partial.start_ms, key), row[0], row[1])
-                merged = stored.merge(partial.data)
-                updated += 1
-            revision = next_revision(None if row is None else row[2], final)
-            if partial.stream in layouts:
-                tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
-            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, (partial.stream, partial.start_ms, key),
-                                  partial.end_ms, merged, revision, now_ms, commit.batch_id)
+        plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
+                          idle_timeout_ms=idle_timeout_ms)
+        first_seq = last_seq = None
+        for pane in plan.panes:
+            pane_id = (pane.stream, pane.start_ms, pane.dims)
+            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, pane.end_ms, pane.data,
+                                  pane.revision, now_ms, commit.batch_id)
             correction_id = None
-            if final:
-                old = stored.summary() if stored is not None else EMPTY_SUMMARY
+            if pane.correction is not None:
+                c = pane.correction
                 correction_id = conn.execute(
                     "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
                     " pipeline, batch_id, events_added, at_ms, old, new) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (partial.stream, partial.start_ms, partial.end_ms, key, revision - 1, revision, commit.pipeline,
-                     commit.batch_id, partial.data.count, now_ms, _json(old), _json(merged.summary())),
+                    (*pane_id[:2], pane.end_ms, pane.dims, c.revision_from, c.revision_to, commit.pipeline,
+                     commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                 ).lastrowid
-                corrections += 1
             cursor = conn.execute(
                 "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (partial.stream, partial.start_ms, key, revision, commit.batch_id, partial.data.count, now_ms,
-                 correction_id),
+                (*pane_id, pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id),
             )
             first_seq = first_seq or cursor.lastrowid
             last_seq = cursor.lastrowid
-            aggregated[partial.stream] += partial.data.count
         # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
-        for stream, rows in tier_input.items():
-            sqlite_tiers.apply_deltas(conn, stream, tier_deltas(rows, layouts[stream]), now_ms, commit.batch_id)
-        dead_total: dict[str, int] = defaultdict(int)
-        for stream, reasons in commit.dead_by_stream.items():
-            for reason, n in reasons.items():
-                if n:
-                    dead_total[stream] += n
-                    conn.execute(
-                        "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
-                        " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
-                        (stream, reason, n),
-                    )
+        for stream, deltas in plan.tier_deltas.items():
+            sqlite_tiers.apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+        conn.executemany(
+            "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
+            " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
+            [(stream, reason, n) for (stream, reason), n in plan.dead_counts.items()],
+        )
         conn.executemany(
             "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
             " ingest_time_ms, error, dims, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -271,34 +258,23 @@ class SqlitePaneStore(PaneStore):
               d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
              for d in commit.dead_letters],
         )
-        streams = set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
-        for stream in streams:
-            read = commit.read_by_stream.get(stream, aggregated.get(stream, 0) + dead_total.get(stream, 0))
-            if read != aggregated.get(stream, 0) + dead_total.get(stream, 0):
-                raise ValueError(
-                    f"batch {commit.batch_id}, stream {stream!r}: {read} records read but"
-                    f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
-                )
-            max_event = commit.max_event_ms.get(stream)
-            held_by = None
-            if stream in commit.partition_max_event_ms:
-                watermark, held_by = self._advance_partitions(commit, stream, watermark_before.get(stream),
-                                                              lateness_ms.get(stream, 0), now_ms,
-                                                              idle_timeout_ms.get(stream, DEFAULT_IDLE_TIMEOUT_MS))
-            else:  # a commit without partition marks: the stream-wide rule
-                watermark = advance_watermark(None, max_event, lateness_ms.get(stream, 0))
-            # The watermark never goes backwards: MAX() against the stored value.
-            conn.execute(
-                "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
-                " events_dead_lettered, held_by_partition) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
-                " watermark_ms = MAX(COALESCE(watermark_ms, excluded.watermark_ms), COALESCE(excluded.watermark_ms, watermark_ms)),"
-                " max_event_ms = MAX(COALESCE(max_event_ms, excluded.max_event_ms), COALESCE(excluded.max_event_ms, max_event_ms)),"
-                " events_aggregated = events_aggregated + excluded.events_aggregated,"
-                " events_read = events_read + excluded.events_read,"
-                " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered,"
-                " held_by_partition = excluded.held_by_partition",
-                (stream, watermark, max_event, aggregated.get(stream, 0), read, dead_total.get(stream, 0), held_by),
-            )
+        conn.executemany(
+            "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
+            " events_dead_lettered, held_by_partition) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
+            " watermark_ms = excluded.watermark_ms, max_event_ms = excluded.max_event_ms,"
+            " events_aggregated = events_aggregated + excluded.events_aggregated,"
+            " events_read = events_read + excluded.events_read,"
+            " events_dead_lettered = events_dead_lettered + excluded.events_dead_lettered,"
+            " held_by_partition = excluded.held_by_partition",
+            [(u.stream, u.watermark_ms, u.max_event_ms, u.aggregated, u.read, u.dead_lettered, u.held_by_partition)
+             for u in plan.streams],
+        )
+        conn.executemany(
+            "INSERT OR REPLACE INTO partition_watermarks (stream, partition, max_event_ms, read_offset, log_end_offset,"
+            " last_progress_ms, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(u.stream, p, m.max_event_ms, m.read_offset, m.log_end_offset, m.last_progress_ms, state)
+             for u in plan.streams for p, (m, state) in u.partitions.items()],
+        )
         for stream, partitions in commit.end_offsets.items():
             conn.executemany(
                 "INSERT INTO pipeline_offsets (pipeline, stream, partition, end_offset) VALUES (?, ?, ?, ?)"
@@ -307,49 +283,26 @@ class SqlitePaneStore(PaneStore):
             )
         if commit.bloom is not None:
             bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
+            # Only panes wholly before the horizon: every event they could get is dead-lettered.
+            conn.execute(
+                "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
+                " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
+                (stream, horizon, stream, horizon, horizon),
+            )
+            conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
+                         (stream, horizon, horizon))
+            conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
         if commit.batch_now_ms is not None:
-            for stream, keep_ms in retention_ms.items():
-                horizon = commit.batch_now_ms - keep_ms
-                # Only panes wholly before the horizon: every event they could get is dead-lettered.
-                conn.execute(
-                    "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
-                    " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
-                    (stream, horizon, stream, horizon, horizon),
-                )
-                conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
-                             (stream, horizon, horizon))
-                conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
             for stream, layout in layouts.items():
                 sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, new, updated),
+            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated),
         )
-        return CommitResult(True, new, updated, first_seq, last_seq, corrections, len(commit.dead_letters))
-
-    def _advance_partitions(self, commit: BatchCommit, stream: str, previous_ms: int | None, lateness_ms: int,
-                            now_ms: int, idle_timeout_ms: int) -> tuple[int | None, int | None]:
-        """Advance the stream's partition marks by this batch (store/watermarks.py), save them,
-        and return the stream's watermark and the partition holding it back."""
-        conn = self._conn
-        stored = {
-            p: PartitionMark(mx, read, end, progress)
-            for p, mx, read, end, progress in conn.execute(
-                "SELECT partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
-                " FROM partition_watermarks WHERE stream = ?", (stream,))
-        }
-        marks, result = advance_stream(
-            previous_ms, stored, batch_max_event_ms=commit.partition_max_event_ms.get(stream, {}),
-            read_offsets=commit.end_offsets.get(stream, {}), log_end_offsets=commit.log_end_offsets.get(stream, {}),
-            lateness_ms=lateness_ms, now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)
-        conn.executemany(
-            "INSERT OR REPLACE INTO partition_watermarks (stream, partition, max_event_ms, read_offset, log_end_offset,"
-            " last_progress_ms, state) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(stream, p, m.max_event_ms, m.read_offset, m.log_end_offset, m.last_progress_ms,
-              partition_state(m, now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)) for p, m in marks.items()],
-        )
-        return result.watermark_ms, result.held_by
+        return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
+                            len(commit.dead_letters))
 
     # -- reading ------------------------------------------------------------------------
 
@@ -360,7 +313,7 @@ class SqlitePaneStore(PaneStore):
 
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
-        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
         with self._lock:
             return sqlite_tiers.read_rows(self._conn, "panes", "stream = ?", (stream,), start_ms, end_ms, wanted,
                                           stream=stream)
@@ -373,7 +326,7 @@ class SqlitePaneStore(PaneStore):
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
                   with_sketches: bool = False, pane_ms: int | None = None, with_stats: bool = True) -> list[Pane]:
-        wanted = [(f, k) for f, k in ((value_field, "kll"), (distinct_field, "hll")) if f] if with_sketches else []
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
         table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
         with self._lock:
             return sqlite_tiers.read_rows(self._conn, table, where, args, start_ms, end_ms, wanted,
@@ -513,9 +466,22 @@ class SqlitePaneStore(PaneStore):
                 "SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= ? AND at_ms < ? GROUP BY stream",
                 (start_ms, end_ms)).fetchall())
 
+    def side_db(self) -> SqliteDb:
+        # A connection of its own to the file, set up as the panes' is.
+        return SqliteDb(open_connection(self.path, synchronous=self._synchronous, busy_timeout_s=self._busy_timeout_s))
+
+    def bloom_reader(self) -> bloom_store.BloomReader:
+        # Its own connection to the file, made once (WAL: it sees each batch as committed).
+        with self._lock:
+            if self._bloom is None:
+                self._bloom = bloom_store.BloomStore(self.path)
+            return self._bloom
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._bloom is not None:
+                self._bloom.close()
 
 
 def _json(value) -> str:

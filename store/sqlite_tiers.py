@@ -6,14 +6,15 @@ pane-shaped data, panes and tier_rows, are read, loaded and saved by the same fu
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from store.panes import Pane, PaneData, PaneKey, ValueStats
+from store import row_codec
+from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
+from store.panes import Pane, PaneData
 from store.rollup import BucketStats
-from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, tier_deltas
+from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tier_layouts (
@@ -64,18 +65,15 @@ def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey,
     for key, delta in deltas.items():
         args = (stream, key.granule_ms, key.proj, key.start_ms, key.dims)
         row = conn.execute(f"SELECT count, stats, revision FROM tier_rows WHERE {_ROW_KEY}", args).fetchone()
-        if row is None:
-            data, revision = delta.data, delta.revision
-        else:
-            data = load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]).merge(delta.data)
-            revision = max(row[2], delta.revision)
-        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, data, revision, now_ms, batch_id)
+        stored = None if row is None else StoredPane(load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]), row[2])
+        after = tier_row_after(stored, delta)
+        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, after.data, after.revision, now_ms,
+                 batch_id)
 
 
 def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
     """Per tier, the rows wholly before batch_now - keep (the tier's own retention)."""
-    for granule, keep in {(t.granule_ms, t.keep_ms) for t in layout.tiers()}:
-        horizon = batch_now_ms - keep
+    for granule, horizon in tier_horizons(layout, batch_now_ms):
         conn.execute("DELETE FROM tier_sketches WHERE stream = ? AND granule_ms = ? AND start_ms <= ?",
                      (stream, granule, horizon - granule))
         conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND end_ms <= ?",
@@ -100,23 +98,9 @@ def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, sta
         found = (row for field_name, kind in sketches
                  for row in conn.execute(f"SELECT start_ms, dims, field, kind, data FROM {sketch_table} WHERE {span}"
                                          " AND field = ? AND kind = ?", (*args, field_name, kind)))
-    hlls: set[str] = set()
     for s, d, field_name, kind, blob in found:
         blobs[(s, d, field_name, kind)] = bytes(blob)
-        if kind == "hll":
-            hlls.add(field_name)
-    klls = [f for f, k in sketches or () if k == "kll"]
-    out = []
-    for s, d, e, count, text, revision, updated, batch in rows:
-        if text is not None:
-            values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], blobs.get((s, d, name, "kll")))
-                      for name, v in json.loads(text).items()}
-        else:
-            values = {name: ValueStats(0, 0.0, None, None, blobs[(s, d, name, "kll")])
-                      for name in klls if (s, d, name, "kll") in blobs}
-        distincts = {f: blobs[(s, d, f, "hll")] for f in hlls if (s, d, f, "hll") in blobs}
-        out.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
-    return out
+    return row_codec.assemble(stream, rows, blobs, sketches)
 
 
 def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, read_panes: Callable,
@@ -133,19 +117,15 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     span = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
     done = 0
     if span[0] is not None:
-        chunk = max(chunk_ms, *layout.granules_ms())
-        chunk -= chunk % max(layout.granules_ms())
-        first = span[0] - span[0] % chunk
-        for lo in range(first, span[1] + 1, chunk):
-            panes = read_panes(stream, lo, lo + chunk)
-            rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
-            last_batch = max((p.last_batch for p in panes), default=0)
-            for key, delta in tier_deltas(rows, layout).items():
+        for lo, hi in rebuild_chunks(span[0], span[1], layout, chunk_ms):
+            panes = read_panes(stream, lo, hi)
+            deltas, last_batch = rebuilt_rows(panes, layout)
+            for key, delta in deltas.items():
                 save_row(conn, "tier_rows", TIER_KEY, (stream, key.granule_ms, key.proj, key.start_ms, key.dims),
                          key.start_ms + key.granule_ms, delta.data, delta.revision, now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
-                progress(f"tiers of {stream!r}: {done} panes rolled up (to {lo + chunk} ms)")
+                progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (?, ?)", (stream, layout.to_json()))
     return done
 
@@ -159,20 +139,14 @@ _SKETCHES = {"panes": "pane_sketches", "tier_rows": "tier_sketches"}
 def load_data(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, count: int,
               stats: str) -> PaneData:
     """A stored row's data with all its sketches (what a merge into it needs)."""
-    klls: dict[str, bytes] = {}
-    hlls: dict[str, bytes] = {}
     where = " AND ".join(f"{c} = ?" for c in key_columns)
-    for name, kind, blob in conn.execute(f"SELECT field, kind, data FROM {_SKETCHES[table]} WHERE {where}", key):
-        (klls if kind == "kll" else hlls)[name] = bytes(blob)
-    values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
-              for name, v in json.loads(stats).items()}
-    return PaneData(count=count, values=values, distincts=hlls)
+    return row_codec.load_data(count, stats, conn.execute(
+        f"SELECT field, kind, data FROM {_SKETCHES[table]} WHERE {where}", key))
 
 
 def save_row(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, end_ms: int,
              data: PaneData, revision: int, now_ms: int, batch_id: int) -> None:
     """Insert or replace a row of `table` (panes or tier_rows) and its sketches."""
-    stats = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
     columns = ", ".join(key_columns)
     marks = ", ".join("?" * len(key_columns))
     conn.execute(
@@ -180,13 +154,12 @@ def save_row(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
         f" VALUES ({marks}, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
         " last_batch = excluded.last_batch",
-        (*key, end_ms, data.count, stats, revision, now_ms, batch_id),
+        (*key, end_ms, data.count, row_codec.stats_text(data), revision, now_ms, batch_id),
     )
-    rows = [(*key, name, "kll", v.kll) for name, v in data.values.items() if v.kll is not None]
-    rows += [(*key, name, "hll", hll) for name, hll in data.distincts.items() if hll is not None]
     conn.executemany(
         f"INSERT INTO {_SKETCHES[table]} ({columns}, field, kind, data) VALUES ({marks}, ?, ?, ?)"
-        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data", rows)
+        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data",
+        [(*key, *sketch) for sketch in row_codec.sketch_rows(data)])
 
 
 __all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "load_data", "read_rows", "rebuild", "save_row",
@@ -212,16 +185,5 @@ def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, 
         value = "0, 0.0, NULL, NULL"
     sql = (f"SELECT (start_ms - ?) / ? AS bucket, dims, SUM(count), MAX(revision), {value}, MAX(last_batch), COUNT(*)"
            f" FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket, dims")
-    groups: dict[str, tuple[str, ...]] = {}
-    out = []
-    for bucket, dims, count, revision, n, total, lo, hi, last_batch, rows in conn.execute(
-            sql, (origin_ms, bucket_ms, *args, start_ms, end_ms, *filters.values())):
-        group = groups.get(dims)
-        if group is None:
-            parsed = json.loads(dims)
-            group = groups[dims] = tuple(parsed.get(name, "") for name in group_by)
-        out.append(BucketStats(group, bucket, count, revision, int(n or 0), float(total or 0.0), lo, hi,
-                               last_batch, rows))
-    return out
-
-
+    return row_codec.bucket_stats(conn.execute(sql, (origin_ms, bucket_ms, *args, start_ms, end_ms, *filters.values())),
+                                  group_by)

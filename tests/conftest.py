@@ -37,6 +37,32 @@ def service_factory(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server (tests/postgres_server.py) for the whole run, started on first
+    use (~1 s) and removed at the end; tests take a fresh schema from it with fresh_dsn()."""
+    from tests.postgres_server import PostgresServer
+
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_backend(request, tmp_path_factory):
+    """The serving-store backend a contract test runs against (tests/store_backends.py): every
+    test that takes it runs once on SQLite files and once on the session's PostgreSQL server."""
+    from tests.store_backends import PostgresBackend, SqliteBackend
+
+    if request.param == "postgres":
+        backend = PostgresBackend(request.getfixturevalue("postgres_server"))
+    else:
+        backend = SqliteBackend(lambda: tmp_path_factory.mktemp("store"))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
 def kafka_broker_session(tmp_path_factory):
     """One real Apache Kafka broker (KRaft, single node) for the whole run, started on first
     use (~3 s with the jars there; the JVM's start dominates) and stopped at the end."""

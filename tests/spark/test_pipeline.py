@@ -1,5 +1,6 @@
-"""Real Spark, a real log file and a real store file: events in through the API, numbers out
-through the API, compared with an exact computation over the same events."""
+"""Real Spark, a real log file and a real store (a SQLite file, or a real PostgreSQL server:
+the store_backend fixture): events in through the API, numbers out through the API, compared
+with an exact computation over the same events."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aggregates.pipeline import Pipeline, PipelineConfig
 from api.app import create_app
 from api.context import ApiContext
 from ingest.log import SqliteEventLog
-from store import SqlitePaneStore, dims_key
+from store import dims_key
 from tests.spark.events import T0, exact_panes, frame, http_events, rank_interval
 
 pytestmark = pytest.mark.spark
@@ -26,12 +27,12 @@ KLL_BOUND = 0.0133  # design.md: rank within +/- 1.33 % (k 200)
 class Service:
     """The API and the pipeline over one data directory, as `sketchboard up` wires them."""
 
-    def __init__(self, root: Path, catalog, spark):
-        self.root, self.catalog, self.spark = root, catalog, spark
+    def __init__(self, root: Path, catalog, spark, store_backend):
+        self.root, self.catalog, self.spark, self.backend = root, catalog, spark, store_backend
         self.log = SqliteEventLog(root / "log.db")
         for stream in catalog.streams.values():
             self.log.ensure_topic(stream)
-        self.store = SqlitePaneStore(root / "store.db")
+        self.store = store_backend.create()
         self.ctx = ApiContext(catalog=catalog, log=self.log, store=self.store, clock=lambda: (T0 + 600_000) / 1000)
         self.client = TestClient(create_app(self.ctx))
 
@@ -46,7 +47,8 @@ class Service:
             name="main", log_path=self.root / "log.db", checkpoint_dir=self.root / "checkpoints" / "main",
             max_records_per_batch=max_records_per_batch, max_records_per_task=20_000,
         )
-        return Pipeline(self.spark, self.catalog, SqlitePaneStore(self.root / "store.db"), config)
+        # The pipeline process's own store over the same data, as `sketchboard up` opens it.
+        return Pipeline(self.spark, self.catalog, self.backend.reopen(self.store), config)
 
     def query(self, **params) -> dict:
         answer = self.client.get("/api/v1/query", params=params)
@@ -81,8 +83,8 @@ def assert_panes_exact(service: Service, events: list[dict]) -> None:
 
 
 @pytest.fixture
-def service(tmp_path, demo_catalog, spark) -> Service:
-    return Service(tmp_path, demo_catalog, spark)
+def service(tmp_path, demo_catalog, spark, store_backend) -> Service:
+    return Service(tmp_path, demo_catalog, spark, store_backend)
 
 
 def test_api_to_pipeline_to_query_is_exact_and_within_sketch_bounds(service: Service):

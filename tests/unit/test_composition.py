@@ -101,3 +101,29 @@ def test_help_lists_every_part():
     for command in ("up", "api", "pipeline", "demo", "check-config"):
         assert command in text
     assert os.path.basename(cli.__file__) == "cli.py"
+
+
+def test_store_backend_postgres_needs_a_dsn(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert Settings().store_backend == "sqlite"
+    with pytest.raises(ValueError, match="store_backend is postgres: set postgres_dsn"):
+        Settings(store_backend="postgres")
+
+
+@pytest.mark.postgres
+def test_open_store_opens_the_configured_backend(monkeypatch, tmp_path, postgres_server):
+    from sketchboard.wiring import open_store
+    from store import SqlitePaneStore
+    from store.postgres import PostgresPaneStore
+
+    monkeypatch.chdir(tmp_path)
+    sqlite = open_store(Settings(data_dir=tmp_path / "data"))
+    assert isinstance(sqlite, SqlitePaneStore) and sqlite.path == tmp_path / "data" / "store.db"
+    sqlite.close()
+    monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "postgres")
+    monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", postgres_server.fresh_dsn())
+    store = open_store(Settings())
+    try:
+        assert isinstance(store, PostgresPaneStore) and store.last_batch_id("main") is None
+    finally:
+        store.close()

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, UNPARSEABLE, dead_letter_reason
@@ -17,6 +16,7 @@ from catalog import parse_catalog
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, SqlitePaneStore, ValueStats, pane_start
 from store.panes import advance_watermark, is_final, merge_all, next_revision
+from store.schema_version import SCHEMA_VERSION, StoreVersionError
 
 PANE = 10_000
 T0 = 1_700_000_000_000
@@ -51,10 +51,9 @@ def commit(batch_id: int, partials, max_event=None, dead=(), read=None, dead_cou
 
 
 @pytest.fixture
-def store(tmp_path: Path):
-    s = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
-    yield s
-    s.close()
+def store(store_backend):
+    """A new store of each backend (tests/store_backends.py): these are the store's contract."""
+    return store_backend.create()
 
 
 # -- pure rules -------------------------------------------------------------------------
@@ -212,7 +211,7 @@ def test_dead_letters_and_counters(store):
     assert store.watermarks() == {"s": T0 - 30_000}  # dead rows carry no max_event: only the good ones count
 
 
-def test_a_commit_breaking_the_invariant_is_refused(store, tmp_path):
+def test_a_commit_breaking_the_invariant_is_refused(store):
     bad = commit(0, [part(T0)], max_event=T0, read=5)  # 1 aggregated + 0 dead != 5 read
     with pytest.raises(ValueError, match="5 records read but 1 aggregated"):
         store.commit_batch(bad, lateness_ms=LATENESS, now_ms=1)
@@ -242,14 +241,28 @@ def test_an_old_store_file_is_migrated(tmp_path):
     store.commit_batch(commit(0, [part(T0)]), lateness_ms=LATENESS, now_ms=1)
     assert store.changes_since(0)[0].correction_id is None
     store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=12))
-def test_watermark_in_the_store_never_decreases_and_corrections_match_the_rule(tmp_path_factory, batches):
+def test_a_store_written_by_a_newer_version_is_refused_untouched(store_backend):
+    store = store_backend.create()
+    store.commit_batch(commit(0, [part(T0)], max_event=T0), lateness_ms=LATENESS, now_ms=1)
+    store.close()
+    store_backend.set_schema_version(store, SCHEMA_VERSION + 1)
+    with pytest.raises(StoreVersionError, match=f"schema version {SCHEMA_VERSION + 1}.*newer Sketchboard"):
+        store_backend.reopen(store)
+    store_backend.set_schema_version(store, SCHEMA_VERSION)
+    again = store_backend.reopen(store)
+    assert [p.data.count for p in again.read_panes("s", 0, 2**62)] == [1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=12))
+def test_watermark_in_the_store_never_decreases_and_corrections_match_the_rule(store_backend, batches):
     """Random batches (newest event offset in panes, events per batch): the stored watermark
     never goes back, and exactly the merges into panes final before their batch are corrections."""
-    store = SqlitePaneStore(tmp_path_factory.mktemp("wm") / "store.db", synchronous="OFF")
+    store = store_backend.create()
     wm, revisions, expected = None, {}, 0
     for batch_id, (max_pane, n_late) in enumerate(batches):
         starts = sorted({T0 + max_pane * PANE, *(T0 + i * PANE for i in range(n_late))})
@@ -289,3 +302,41 @@ def test_a_correction_changes_every_window_covering_the_pane_and_no_other(store,
         covers = t <= corrected < t + window
         assert p.value == before[t].value + (100.0 if covers else 0.0)
         assert p.revision == (2 if covers else 1) and p.final
+
+
+# -- watermarks per partition (store/watermarks.py) in the store's commit ---------------
+
+
+def test_a_partition_with_unread_records_holds_the_watermark_and_progress_shows_it(store_backend):
+    """Partition 0 read to the log's end up to T0 + 60 s, partition 1 only up to T0 + 20 s with
+    records left: the watermark is partition 1's, kept across a reopen, and moves on (never
+    back) once partition 1 is caught up."""
+    store = store_backend.create()
+
+    def partitioned(batch_id: int, read: dict, newest: dict, ends: dict) -> BatchCommit:
+        partial = part(pane_start(max(newest.values()), PANE))
+        return BatchCommit("main", batch_id, [partial], 1, {"s": max(newest.values())}, {"s": read},
+                           read_by_stream={"s": 1}, partition_max_event_ms={"s": newest}, log_end_offsets={"s": ends})
+
+    assert store.commit_batch(partitioned(0, {0: 50, 1: 10}, {0: T0 + 60_000, 1: T0 + 20_000}, {0: 50, 1: 40}),
+                              lateness_ms=LATENESS, now_ms=T0).committed
+    assert store.watermarks() == {"s": T0 + 20_000 - 30_000}
+    store = store_backend.reopen(store)
+    s = store.progress("main").streams["s"]
+    assert s.held_by_partition == 1 and s.max_event_ms == T0 + 60_000
+    assert {p: (pp.mark.max_event_ms, pp.mark.read_offset, pp.mark.log_end_offset, pp.state)
+            for p, pp in s.partitions.items()} == {0: (T0 + 60_000, 50, 50, "caught_up"),
+                                                   1: (T0 + 20_000, 10, 40, "active")}
+    # Partition 1 catches up with older events than partition 0's: the stream-wide newest rules.
+    assert store.commit_batch(partitioned(1, {1: 40}, {1: T0 + 30_000}, {0: 50, 1: 40}),
+                              lateness_ms=LATENESS, now_ms=T0 + 1).committed
+    assert store.watermarks() == {"s": T0 + 60_000 - 30_000}
+    assert store.progress("main").streams["s"].held_by_partition is None
+    # Idle: partition 1 gets a backlog but nothing is read from it for the timeout.
+    assert store.commit_batch(partitioned(2, {0: 60}, {0: T0 + 90_000}, {0: 60, 1: 90}),
+                              lateness_ms=LATENESS, now_ms=T0 + 2, idle_timeout_ms={"s": 1_000}).committed
+    assert store.watermarks() == {"s": T0 + 60_000 - 30_000}  # held by 1 at its own, never back
+    assert store.commit_batch(partitioned(3, {0: 70}, {0: T0 + 95_000}, {0: 70, 1: 90}),
+                              lateness_ms=LATENESS, now_ms=T0 + 2_000, idle_timeout_ms={"s": 1_000}).committed
+    assert store.watermarks() == {"s": T0 + 95_000 - 30_000}
+    assert store.progress("main").streams["s"].partitions[1].state == "idle"

@@ -12,9 +12,9 @@ from lag.model import LagSample, LagStatus
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, OffsetTimeTable, StoreCommitted
-from store import BatchCommit, SqlitePaneStore
-from store.health import SqliteHealthStore
-from store.lag import SqliteLagStore
+from store import BatchCommit
+from store.health import HealthStore
+from store.lag import LagStore
 
 T0_S = 1_800_000_000.0
 
@@ -28,12 +28,12 @@ class Clock:
 
 
 @pytest.fixture
-def parts(tmp_path, demo_catalog):
+def parts(tmp_path, demo_catalog, store_backend):
     log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
     for stream in demo_catalog.streams.values():
         log.ensure_topic(stream)
-    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
-    lag_store = SqliteLagStore(tmp_path / "store.db", retention_ms=60_000, synchronous="OFF")
+    store = store_backend.create()  # the pane and lag stores of each backend (tests/store_backends.py)
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
     clock = Clock()
     sampler = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
                          streams=list(demo_catalog.streams), interval_s=1.0, clock=clock)
@@ -42,7 +42,6 @@ def parts(tmp_path, demo_catalog):
                          window=3, interval_s=1.0, clock=clock, sampler=sampler)
     yield log, store, lag_store, sampler, monitor, clock
     lag_store.close()
-    store.close()
     log.close()
 
 
@@ -200,8 +199,8 @@ def test_sampler_interpolates_when_the_source_has_no_ingest_times(parts, demo_ca
 # -- Spark progress in the health store ---------------------------------------------
 
 
-def test_health_store_lifecycle_and_query_health(tmp_path):
-    health = SqliteHealthStore(tmp_path / "store.db", retention_ms=60_000, synchronous="OFF")
+def test_health_store_lifecycle_and_query_health(store_backend):
+    health = HealthStore(store_backend.side_db(), retention_ms=60_000)
     t = 1_800_000_000_000
     assert health.state("main") is None and query_health(health, "main", t) is None
     health.started("main", "q1", "r1", "sketchboard-main", t)
@@ -235,7 +234,7 @@ def test_health_store_lifecycle_and_query_health(tmp_path):
 
 def test_retention_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
-        SqliteLagStore(tmp_path / "x.db", retention_ms=0)
+        LagStore(tmp_path / "x.db", retention_ms=0)
     with pytest.raises(ValueError):
         LagSampler(None, None, None, pipeline="main", streams=[], interval_s=0)
 

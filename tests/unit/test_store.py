@@ -1,11 +1,10 @@
-"""store.sqlite: exactly-once batch commits into panes of mergeable sketches (real SQLite files)."""
+"""The serving store's contract: exactly-once batch commits into panes of mergeable sketches,
+on every backend (real SQLite files, a real PostgreSQL server: the store_backend fixture)."""
 
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +16,7 @@ from store import (
     Change,
     PaneData,
     PanePartial,
-    SqlitePaneStore,
+    PaneStore,
     ValueStats,
     dims_key,
 )
@@ -61,33 +60,24 @@ def commit(batch_id: int, partials: Sequence[PanePartial], *, pipeline: str = "m
     )
 
 
-def snapshot(store: SqlitePaneStore, path: Path) -> tuple:
+def snapshot(store: PaneStore, backend) -> tuple:
     """Everything observable: panes with sketches, the change feed, watermarks, progress, and every table."""
     panes = store.read_panes("http", 0, 2**62, value_field="latency", distinct_field="user", with_sketches=True)
     panes += store.read_panes("orders", 0, 2**62, value_field="latency", distinct_field="user", with_sketches=True)
-    tables = {}
-    with sqlite3.connect(path) as conn:
-        for table in ("panes", "pane_sketches", "changes", "batches", "stream_progress", "pipeline_offsets"):
-            tables[table] = sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
+    tables = backend.tables(store, ("panes", "pane_sketches", "changes", "batches", "stream_progress",
+                                    "pipeline_offsets"))
     return panes, store.changes_since(0), store.watermarks(), store.progress("main"), tables
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store" / "panes.db"
-
-
-@pytest.fixture
-def store(path: Path):
-    store = SqlitePaneStore(path)
-    yield store
-    store.close()
+def store(store_backend) -> PaneStore:
+    return store_backend.create()
 
 
 # -- first commit -----------------------------------------------------------------------
 
 
-def test_empty_store(store: SqlitePaneStore) -> None:
+def test_empty_store(store: PaneStore) -> None:
     assert store.read_panes("http", 0, 2**62) == []
     assert store.changes_since(0) == []
     assert store.watermarks() == {}
@@ -97,7 +87,7 @@ def test_empty_store(store: SqlitePaneStore) -> None:
     assert progress.end_offsets == {} and progress.streams == {}
 
 
-def test_first_commit_creates_panes(store: SqlitePaneStore) -> None:
+def test_first_commit_creates_panes(store: PaneStore) -> None:
     a = partial(T0, {"endpoint": "/a", "region": "eu"}, make_data([1.0, 2.0, 3.0], ["u1", "u2"]))
     b = partial(T0 + PANE, {"endpoint": "/b", "region": "eu"}, make_data([10.0], ["u3"]))
     result = store.commit_batch(commit(0, [a, b], max_event={"http": T0 + 15_000}), lateness_ms=LATENESS, now_ms=T0 + 20_000)
@@ -127,7 +117,7 @@ def test_first_commit_creates_panes(store: SqlitePaneStore) -> None:
     assert store.last_batch_id("main") == 0
 
 
-def test_read_panes_window_and_sketches(store: SqlitePaneStore) -> None:
+def test_read_panes_window_and_sketches(store: PaneStore) -> None:
     partials = [partial(T0 + i * PANE, {"e": "/"}, make_data([float(i)], [f"u{i}"])) for i in range(5)]
     store.commit_batch(commit(0, partials), lateness_ms=LATENESS, now_ms=T0)
     assert [p.key.start_ms for p in store.read_panes("http", T0 + PANE, T0 + 3 * PANE)] == [T0 + PANE, T0 + 2 * PANE]
@@ -144,7 +134,7 @@ def test_read_panes_window_and_sketches(store: SqlitePaneStore) -> None:
 # -- exactly once -----------------------------------------------------------------------
 
 
-def test_replayed_batch_changes_nothing(store: SqlitePaneStore, path: Path) -> None:
+def test_replayed_batch_changes_nothing(store: PaneStore, store_backend) -> None:
     batch = commit(
         7,
         [partial(T0, {"e": "/"}, make_data([1.0, 2.0], ["u1"]))],
@@ -152,18 +142,18 @@ def test_replayed_batch_changes_nothing(store: SqlitePaneStore, path: Path) -> N
         offsets={"http": {0: 2}},
     )
     assert store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0).committed
-    before = snapshot(store, path)
+    before = snapshot(store, store_backend)
     again = store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0 + 99_000)
     assert again.committed is False
     assert (again.panes_new, again.panes_updated, again.first_change_seq, again.last_change_seq) == (0, 0, None, None)
-    assert snapshot(store, path) == before
+    assert snapshot(store, store_backend) == before
     # even with different content: the batch id decides
     other = commit(7, [partial(T0, {"e": "/"}, make_data([50.0], ["u9"]))], max_event={"http": T0 + 90_000})
     assert store.commit_batch(other, lateness_ms=LATENESS, now_ms=T0 + 99_000).committed is False
-    assert snapshot(store, path) == before
+    assert snapshot(store, store_backend) == before
 
 
-def test_batch_ids_are_per_pipeline(store: SqlitePaneStore) -> None:
+def test_batch_ids_are_per_pipeline(store: PaneStore) -> None:
     p = [partial(T0, {"e": "/"}, make_data([1.0]))]
     assert store.commit_batch(commit(0, p, pipeline="a"), lateness_ms=LATENESS, now_ms=T0).committed
     assert store.commit_batch(commit(0, p, pipeline="b"), lateness_ms=LATENESS, now_ms=T0).committed
@@ -172,24 +162,20 @@ def test_batch_ids_are_per_pipeline(store: SqlitePaneStore) -> None:
     assert store.last_batch_id("c") is None
 
 
-def test_replay_after_reopening(path: Path) -> None:
+def test_replay_after_reopening(store: PaneStore, store_backend) -> None:
     batch = commit(3, [partial(T0, {"e": "/"}, make_data([1.0]))])
-    store = SqlitePaneStore(path)
     assert store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0).committed
     store.close()
-    store = SqlitePaneStore(path)
-    try:
-        assert store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0).committed is False
-        assert store.read_panes("http", T0, T0 + PANE)[0].data.count == 1
-        assert store.last_batch_id("main") == 3
-    finally:
-        store.close()
+    store = store_backend.reopen(store)
+    assert store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0).committed is False
+    assert store.read_panes("http", T0, T0 + PANE)[0].data.count == 1
+    assert store.last_batch_id("main") == 3
 
 
 # -- merging into stored panes ----------------------------------------------------------
 
 
-def test_second_batch_merges_a_provisional_pane_without_a_new_revision(store: SqlitePaneStore) -> None:
+def test_second_batch_merges_a_provisional_pane_without_a_new_revision(store: PaneStore) -> None:
     dims = {"endpoint": "/a"}
     first_values = [5.0, 1.5, 9.0, 2.0]
     second_values = [0.25, 100.0, 7.0]
@@ -230,7 +216,7 @@ def test_second_batch_merges_a_provisional_pane_without_a_new_revision(store: Sq
     assert KllSketch.from_bytes(pane.data.values["latency"].kll).n == 8
 
 
-def test_dimension_combinations_are_separate_panes(store: SqlitePaneStore) -> None:
+def test_dimension_combinations_are_separate_panes(store: PaneStore) -> None:
     parts = [
         partial(T0, {"endpoint": "/a", "region": "eu"}, make_data([1.0])),
         partial(T0, {"region": "eu", "endpoint": "/a"}, make_data([2.0])),  # same combination, other order
@@ -244,14 +230,14 @@ def test_dimension_combinations_are_separate_panes(store: SqlitePaneStore) -> No
     assert (result.panes_new, result.panes_updated) == (3, 1)
 
 
-def test_panes_of_streams_are_separate(store: SqlitePaneStore) -> None:
+def test_panes_of_streams_are_separate(store: PaneStore) -> None:
     parts = [partial(T0, {}, make_data([1.0])), partial(T0, {}, make_data([2.0, 3.0]), stream="orders")]
     store.commit_batch(commit(0, parts), lateness_ms=LATENESS, now_ms=T0)
     assert store.read_panes("http", T0, T0 + PANE)[0].data.count == 1
     assert store.read_panes("orders", T0, T0 + PANE)[0].data.count == 2
 
 
-def test_pane_without_values_merges_with_one_with_values(store: SqlitePaneStore) -> None:
+def test_pane_without_values_merges_with_one_with_values(store: PaneStore) -> None:
     store.commit_batch(commit(0, [partial(T0, {}, make_data(count=4))]), lateness_ms=LATENESS, now_ms=T0)
     store.commit_batch(commit(1, [partial(T0, {}, make_data([2.0, 4.0], ["u"]))]), lateness_ms=LATENESS, now_ms=T0)
     store.commit_batch(commit(2, [partial(T0, {}, make_data(count=1))]), lateness_ms=LATENESS, now_ms=T0)
@@ -266,7 +252,7 @@ def test_pane_without_values_merges_with_one_with_values(store: SqlitePaneStore)
 # -- watermarks and progress ------------------------------------------------------------
 
 
-def test_watermarks_never_go_backwards(store: SqlitePaneStore) -> None:
+def test_watermarks_never_go_backwards(store: PaneStore) -> None:
     p = [partial(T0, {}, make_data([1.0]))]
     store.commit_batch(commit(0, p, max_event={"http": T0 + 100_000}), lateness_ms=LATENESS, now_ms=T0)
     assert store.watermarks() == {"http": T0 + 100_000 - 30_000}
@@ -282,7 +268,7 @@ def test_watermarks_never_go_backwards(store: SqlitePaneStore) -> None:
     assert store.watermarks()["http"] == T0 + 170_000
 
 
-def test_stream_with_partials_but_no_max_event_has_no_watermark(store: SqlitePaneStore) -> None:
+def test_stream_with_partials_but_no_max_event_has_no_watermark(store: PaneStore) -> None:
     store.commit_batch(commit(0, [partial(T0, {}, make_data([1.0]))]), lateness_ms=LATENESS, now_ms=T0)
     assert store.watermarks() == {}
     assert store.progress("main").streams["http"].watermark_ms is None
@@ -290,12 +276,12 @@ def test_stream_with_partials_but_no_max_event_has_no_watermark(store: SqlitePan
     assert store.watermarks() == {"http": T0 + 10_000}
 
 
-def test_lateness_defaults_to_zero(store: SqlitePaneStore) -> None:
+def test_lateness_defaults_to_zero(store: PaneStore) -> None:
     store.commit_batch(commit(0, [], max_event={"other": T0}), lateness_ms=LATENESS, now_ms=T0)
     assert store.watermarks() == {"other": T0}
 
 
-def test_progress(store: SqlitePaneStore) -> None:
+def test_progress(store: PaneStore) -> None:
     store.commit_batch(
         commit(
             0,
@@ -340,13 +326,13 @@ def test_progress(store: SqlitePaneStore) -> None:
 # -- atomicity --------------------------------------------------------------------------
 
 
-def test_failed_commit_leaves_the_store_unchanged(store: SqlitePaneStore, path: Path) -> None:
+def test_failed_commit_leaves_the_store_unchanged(store: PaneStore, store_backend) -> None:
     store.commit_batch(
         commit(0, [partial(T0, {"e": "/a"}, make_data([1.0], ["u1"]))], max_event={"http": T0}, offsets={"http": {0: 1}}),
         lateness_ms=LATENESS,
         now_ms=T0,
     )
-    before = snapshot(store, path)
+    before = snapshot(store, store_backend)
     bad = PaneData(count=1, values={"latency": ValueStats(1, 2.0, 2.0, 2.0, b"garbage")})
     batch = commit(
         1,
@@ -360,7 +346,7 @@ def test_failed_commit_leaves_the_store_unchanged(store: SqlitePaneStore, path: 
     )
     with pytest.raises((IndexError, RuntimeError, ValueError)):  # datasketches: "Insufficient buffer size"
         store.commit_batch(batch, lateness_ms=LATENESS, now_ms=T0 + 1)
-    assert snapshot(store, path) == before
+    assert snapshot(store, store_backend) == before
     assert store.last_batch_id("main") == 0
     # the batch id was not taken: a good retry commits
     good = commit(1, [partial(T0, {"e": "/a"}, make_data([6.0]))], max_event={"http": T0 + 1})

@@ -10,14 +10,13 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sketches import HllSketch, KllSketch
-from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.planner import Segment, cover, plan_read
 from store.point_cache import PointCache
 from store.rollup import rollup
@@ -35,8 +34,9 @@ LAYOUT = TierLayout(PANE, RETENTION, ((MINUTE, RETENTION), (10 * MINUTE, RETENTI
 DIMS = ("a", "b", "c")
 
 
-def store_at(path: Path, layout: TierLayout | None) -> SqlitePaneStore:
-    store = SqlitePaneStore(path, synchronous="OFF")
+def store_at(backend, layout: TierLayout | None) -> PaneStore:
+    """A new store of the backend under test (tests/store_backends.py) keeping these tiers."""
+    store = backend.create()
     store.configure_tiers({"s": layout}, now_ms=T0)
     return store
 
@@ -59,7 +59,7 @@ def events_to_partials(events: Sequence[tuple[int, dict, float, str]]) -> list[P
     return out
 
 
-def commit_all(store: SqlitePaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0,
+def commit_all(store: PaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0,
                first_id: int = 0) -> None:
     for batch_id, events in enumerate(batches, start=first_id):
         partials = events_to_partials(events)
@@ -125,9 +125,8 @@ def queries(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=batches, asked=st.lists(queries(), min_size=1, max_size=5))
-def test_tiered_answers_equal_pane_rollups(tmp_path_factory, batches, asked):
-    root = tmp_path_factory.mktemp("tiers")
-    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+def test_tiered_answers_equal_pane_rollups(store_backend, batches, asked):
+    tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
     try:
         commit_all(tiered, batches)
         commit_all(plain, batches)
@@ -143,10 +142,9 @@ def test_tiered_answers_equal_pane_rollups(tmp_path_factory, batches, asked):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=batches, then=batches, asked=st.lists(queries(), min_size=1, max_size=4))
-def test_cached_points_are_recomputed_when_their_rows_change(tmp_path_factory, first, then, asked):
+def test_cached_points_are_recomputed_when_their_rows_change(store_backend, first, then, asked):
     """Final points kept between queries equal fresh ones after more batches (stragglers included)."""
-    root = tmp_path_factory.mktemp("cache")
-    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+    tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
     cache = PointCache()
     try:
         for batch_list, offset in ((first, 0), (then, len(first))):
@@ -164,10 +162,9 @@ def test_cached_points_are_recomputed_when_their_rows_change(tmp_path_factory, f
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=batches, start=st.integers(0, 3 * 360 - 1), panes=st.integers(1, 400),
        stat=st.sampled_from(["count", "sum", "min", "p90", "distinct"]), group_by=st.sampled_from([(), ("a",), ("c",)]))
-def test_one_window_with_ragged_edges_equals_panes(tmp_path_factory, batches, start, panes, stat, group_by):
+def test_one_window_with_ragged_edges_equals_panes(store_backend, batches, start, panes, stat, group_by):
     """What alert rules ask: one window starting on any pane, read with coarse rows in the middle."""
-    root = tmp_path_factory.mktemp("edges")
-    tiered, plain = store_at(root / "tiered.db", LAYOUT), store_at(root / "plain.db", None)
+    tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
     try:
         commit_all(tiered, batches)
         commit_all(plain, batches)
@@ -179,8 +176,8 @@ def test_one_window_with_ragged_edges_equals_panes(tmp_path_factory, batches, st
         plain.close()
 
 
-def test_a_straggler_revises_its_tier_rows_and_is_a_correction(tmp_path):
-    store = store_at(tmp_path / "s.db", LAYOUT)
+def test_a_straggler_revises_its_tier_rows_and_is_a_correction(store_backend):
+    store = store_at(store_backend, LAYOUT)
     commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u1")],
                        [(T0 + 30 * MINUTE, {"a": "x", "b": "p", "c": "m"}, 2.0, "u2")],  # watermark passes T0 + 1m
                        [(T0 + 7_000, {"a": "y", "b": "q", "c": "n"}, 3.0, "u3")]])  # a straggler for the first pane
@@ -211,11 +208,11 @@ def test_cover_puts_finer_rows_only_at_the_edges():
         Segment(PANE, T0 + 25 * MINUTE, end)]
 
 
-def test_configuring_tiers_on_existing_panes_rebuilds_them(tmp_path):
+def test_configuring_tiers_on_existing_panes_rebuilds_them(store_backend):
     rng = random.Random(7)
     batches = [[(rng.randrange(3 * 3_600_000), {"a": rng.choice("xy"), "b": rng.choice("pq"), "c": "m"},
                  float(rng.randrange(1000)), f"u{rng.randrange(30)}") for _ in range(20)] for _ in range(5)]
-    store = store_at(tmp_path / "s.db", None)  # a store from before tiers
+    store = store_at(store_backend, None)  # a store from before tiers
     commit_all(store, batches)
     expected = answer(store, stat="p90", start=T0, end=T0 + 3 * 3_600_000, step=10 * MINUTE, window=30 * MINUTE,
                       group_by=("a",))
@@ -230,10 +227,10 @@ def test_configuring_tiers_on_existing_panes_rebuilds_them(tmp_path):
     store.close()
 
 
-def test_each_tier_keeps_its_own_retention(tmp_path):
+def test_each_tier_keeps_its_own_retention(store_backend):
     day = 86_400_000
     layout = TierLayout(PANE, 2 * day, ((MINUTE, 3 * day), (3_600_000, 10 * day)), ("",))
-    store = store_at(tmp_path / "s.db", layout)
+    store = store_at(store_backend, layout)
     old = [(T0 + 5_000, {"a": "x"}, 1.0, "u1")]
     commit_all(store, [old])
     now = T0 + 5 * day  # past the panes' and the minutes' retention, not the hours'

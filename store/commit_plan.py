@@ -1,0 +1,222 @@
+"""What a batch commit decides, the same for every store backend. Pure: no I/O, no clock.
+
+A backend's commit_batch, in one transaction: skip a batch id already recorded; read the
+stored state the batch touches (the panes it merges into, each stream's watermark and newest
+event, the tier layouts); `plan_batch` here; write the plan. Which merges are corrections,
+the revisions, the watermark's advance, the tier deltas and the read = aggregated +
+dead-lettered invariant are decided here once, so SQLite and PostgreSQL cannot drift apart
+and a change of rule (per-partition watermarks, say) is made in one place.
+
+Commits are serialized by the backend (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory
+transaction lock), so the state read before planning is still the state when the plan is
+written: the plan carries absolute values (watermark, merged pane) rather than SQL MAX().
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from store.base import BatchCommit
+from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
+from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
+from store.watermarks import DEFAULT_IDLE_TIMEOUT_MS, PartitionMark, advance_stream, partition_state
+
+# A pane as the store identifies it: (stream, start_ms, dims_key).
+PaneId = tuple[str, int, str]
+
+
+@dataclass(frozen=True)
+class StoredPane:
+    """What the store holds for a pane (or tier row) a batch merges into."""
+
+    data: PaneData
+    revision: int
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """A stream's progress as stored before the batch."""
+
+    watermark_ms: int | None = None
+    max_event_ms: int | None = None
+    partitions: Mapping[int, PartitionMark] = field(default_factory=dict)  # store/watermarks.py
+
+
+@dataclass(frozen=True)
+class CorrectionRecord:
+    revision_from: int
+    revision_to: int
+    old: dict  # PaneData.summary() of the pane before the merge (EMPTY_SUMMARY when it was new)
+    new: dict
+
+
+@dataclass(frozen=True)
+class PaneWrite:
+    """One partial merged: the pane's new content, and its change-feed (and correction) entry."""
+
+    stream: str
+    start_ms: int
+    end_ms: int
+    dims: str  # dims_key
+    data: PaneData  # the merged pane
+    revision: int
+    count_added: int
+    correction: CorrectionRecord | None  # set when the pane was final before this batch
+
+
+@dataclass(frozen=True)
+class StreamUpdate:
+    """A stream's progress after the batch: absolute watermark and newest event, added counters,
+    and where the commit carries partition marks, every partition's mark and state after it."""
+
+    stream: str
+    watermark_ms: int | None
+    max_event_ms: int | None
+    aggregated: int
+    read: int
+    dead_lettered: int
+    held_by_partition: int | None = None
+    partitions: dict[int, tuple[PartitionMark, str]] = field(default_factory=dict)  # (mark, state)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    panes: list[PaneWrite]
+    panes_new: int
+    panes_updated: int
+    tier_deltas: dict[str, dict[TierKey, TierDelta]]  # per stream with a layout
+    streams: list[StreamUpdate]
+    dead_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason) -> records
+
+    @property
+    def corrections(self) -> int:
+        return sum(1 for p in self.panes if p.correction is not None)
+
+
+def pane_ids(commit: BatchCommit) -> list[PaneId]:
+    """The stored panes a batch merges into (what the backend reads before planning), each once."""
+    return list(dict.fromkeys((p.stream, p.start_ms, dims_key(p.dims)) for p in commit.partials))
+
+
+def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
+               lateness_ms: Mapping[str, int], layouts: Mapping[str, TierLayout], *, now_ms: int = 0,
+               idle_timeout_ms: Mapping[str, int] | None = None) -> BatchPlan:
+    """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist.
+    The watermark is per partition for streams whose commit carries partition marks
+    (store/watermarks.py: `now_ms` and `idle_timeout_ms` judge idle partitions), else the
+    stream-wide newest event - lateness.
+
+    A pane is final when the watermark stored before this batch is at or past its end (the
+    batch's own events never finalize the panes they land in); a merge into a final pane is
+    a correction and raises its revision (store.panes.next_revision). Two partials of one pane
+    in a batch merge in turn, as two batches would."""
+    current = dict(stored)
+    writes: list[PaneWrite] = []
+    new = updated = 0
+    aggregated: dict[str, int] = defaultdict(int)
+    tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
+    for partial in commit.partials:
+        key = dims_key(partial.dims)
+        pane_id = (partial.stream, partial.start_ms, key)
+        before = current.get(pane_id)
+        final = is_final(streams_before.get(partial.stream, StreamState()).watermark_ms, partial.end_ms)
+        if before is None:
+            merged = partial.data
+            new += 1
+        else:
+            merged = before.data.merge(partial.data)
+            updated += 1
+        revision = next_revision(None if before is None else before.revision, final)
+        current[pane_id] = StoredPane(merged, revision)
+        correction = None
+        if final:
+            old = before.data.summary() if before is not None else EMPTY_SUMMARY
+            correction = CorrectionRecord(revision - 1, revision, old, merged.summary())
+        writes.append(PaneWrite(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision,
+                                partial.data.count, correction))
+        aggregated[partial.stream] += partial.data.count
+        if partial.stream in layouts:
+            tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
+    deltas = {stream: tier_deltas(rows, layouts[stream]) for stream, rows in tier_input.items()}
+    dead_counts: dict[tuple[str, str], int] = {}
+    dead_total: dict[str, int] = defaultdict(int)
+    for stream, reasons in commit.dead_by_stream.items():
+        for reason, n in reasons.items():
+            if n:
+                dead_counts[(stream, reason)] = n
+                dead_total[stream] += n
+    updates = []
+    names = (set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
+             | set(commit.partition_max_event_ms))
+    for stream in sorted(names):
+        done = aggregated.get(stream, 0) + dead_total.get(stream, 0)
+        read = commit.read_by_stream.get(stream, done)
+        if read != done:
+            raise ValueError(
+                f"batch {commit.batch_id}, stream {stream!r}: {read} records read but"
+                f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
+            )
+        before = streams_before.get(stream, StreamState())
+        max_event = commit.max_event_ms.get(stream)
+        newest = max((t for t in (before.max_event_ms, max_event) if t is not None), default=None)
+        held_by, partitions = None, {}
+        if stream in commit.partition_max_event_ms:
+            idle = (idle_timeout_ms or {}).get(stream, DEFAULT_IDLE_TIMEOUT_MS)
+            marks, result = advance_stream(
+                before.watermark_ms, before.partitions, batch_max_event_ms=commit.partition_max_event_ms[stream],
+                read_offsets=commit.end_offsets.get(stream, {}), log_end_offsets=commit.log_end_offsets.get(stream, {}),
+                lateness_ms=lateness_ms.get(stream, 0), now_ms=now_ms, idle_timeout_ms=idle)
+            watermark, held_by = result.watermark_ms, result.held_by
+            partitions = {p: (m, partition_state(m, now_ms=now_ms, idle_timeout_ms=idle)) for p, m in marks.items()}
+        else:  # a commit without partition marks: the stream-wide rule
+            watermark = advance_watermark(before.watermark_ms, max_event, lateness_ms.get(stream, 0))
+        updates.append(StreamUpdate(stream, watermark, newest, aggregated.get(stream, 0), read,
+                                    dead_total.get(stream, 0), held_by, partitions))
+    return BatchPlan(writes, new, updated, deltas, updates, dead_counts)
+
+
+def tier_row_after(stored: StoredPane | None, delta: TierDelta) -> StoredPane:
+    """A tier row after a batch's delta merged into it: the highest revision of its panes."""
+    if stored is None:
+        return StoredPane(delta.data, delta.revision)
+    return StoredPane(stored.data.merge(delta.data), max(stored.revision, delta.revision))
+
+
+def retention_horizons(batch_now_ms: int | None, retention_ms: Mapping[str, int]) -> dict[str, int]:
+    """Per stream, the time before which panes (ending at or before it) and dead letters are
+    dropped: every event they could still get would be dead-lettered. None: no retention run."""
+    if batch_now_ms is None:
+        return {}
+    return {stream: batch_now_ms - keep for stream, keep in retention_ms.items()}
+
+
+def tier_horizons(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, int]]:
+    """(granule, horizon) per granule of a layout: its rows ending at or before the horizon
+    (its own retention) are dropped."""
+    return sorted({(t.granule_ms, batch_now_ms - t.keep_ms) for t in layout.tiers()})
+
+
+def rebuild_chunks(first_start_ms: int, last_start_ms: int, layout: TierLayout,
+                   chunk_ms: int = 6 * 3_600_000) -> list[tuple[int, int]]:
+    """The [lo, hi) spans of event time a tier rebuild reads the panes in: each a whole number
+    of every granule (no tier row is split across chunks), so memory stays bounded."""
+    chunk = max(chunk_ms, *layout.granules_ms())
+    chunk -= chunk % max(layout.granules_ms())
+    first = first_start_ms - first_start_ms % chunk
+    return [(lo, lo + chunk) for lo in range(first, last_start_ms + 1, chunk)]
+
+
+def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, TierDelta], int]:
+    """The tier rows rolled up from stored panes (store.panes.Pane), and the newest batch among them."""
+    panes = list(panes)
+    rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
+    return tier_deltas(rows, layout), max((p.last_batch for p in panes), default=0)
+
+
+__all__: Sequence[str] = [
+    "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
+    "pane_ids", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
+    "tier_row_after",
+]

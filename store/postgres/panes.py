@@ -1,0 +1,394 @@
+"""The serving store on PostgreSQL: what store/sqlite.py keeps in a file, in tables several
+processes (pipeline driver, API replicas) share.
+
+Exactly-once as in SQLite: a batch's pane merges, change-feed rows, corrections, dead
+letters, progress, offsets, tier rows, Bloom bits and its batch id are written in one
+transaction, and a batch id already present is skipped. What the commit decides comes from
+store/commit_plan.py, the same code the SQLite store runs.
+
+Commits take a transaction-level advisory lock (schema.COMMIT_LOCK) first: they are
+serialized, so the state read before planning is the state the plan is written over, and
+change-feed sequence numbers become visible in order (a reader tailing `seq > n` never
+sees 12 committed while 11 is still in flight). Reads take a pooled connection each and see
+the last committed batch."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from store.base import (
+    BatchCommit,
+    Change,
+    CommitResult,
+    Correction,
+    DeadLetter,
+    PaneStore,
+    PartitionProgress,
+    PipelineProgress,
+    StoredDeadLetter,
+    StreamProgress,
+)
+from store.bloom import BloomReader
+from store.commit_plan import (
+    StreamState,
+    pane_ids,
+    plan_batch,
+    rebuild_chunks,
+    rebuilt_rows,
+    retention_horizons,
+    tier_horizons,
+    tier_row_after,
+)
+from store.connection import where as where_clause
+from store.panes import Pane, dims_key
+from store.postgres import rows
+from store.postgres.db import PostgresDb
+from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
+from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
+from store.rollup import BucketStats
+from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
+from store.watermarks import PartitionMark
+
+
+def open_pool(dsn: str, *, max_size: int = 8, connect_timeout_s: float = 10.0) -> ConnectionPool:
+    """A pool of autocommit connections (transactions are explicit); fails fast, with the
+    server's own message, when the DSN does not reach a server."""
+    psycopg.connect(dsn, connect_timeout=int(connect_timeout_s)).close()
+    pool = ConnectionPool(dsn, min_size=1, max_size=max_size, kwargs={"autocommit": True}, open=True,
+                          name="sketchboard-store")
+    pool.wait(timeout=connect_timeout_s)
+    return pool
+
+
+def _where(*conditions: tuple[str, object]) -> tuple[str, list]:
+    clause, args = where_clause(*conditions)
+    return clause.replace("?", "%s"), args
+
+
+class PostgresPaneStore(PaneStore):
+    def __init__(self, dsn: str, *, pool_size: int = 8):
+        self.dsn = dsn
+        self._pool = open_pool(dsn, max_size=pool_size)
+        with self._pool.connection() as conn:
+            ensure_schema(conn, "the PostgreSQL store")
+
+    # -- writing ------------------------------------------------------------------------
+
+    def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
+                     retention_ms: Mapping[str, int] | None = None,
+                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+            if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
+                            (commit.pipeline, commit.batch_id)).fetchone():
+                return CommitResult(committed=False)
+            return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
+
+    def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],
+                       now_ms: int, retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
+        marks: dict[str, dict[int, PartitionMark]] = defaultdict(dict)
+        for stream, p, mx, read, end, progress in conn.execute(
+                "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
+                " FROM partition_watermarks"):
+            marks[stream][p] = PartitionMark(mx, read, end, progress)
+        streams_before = {s: StreamState(wm, mx, marks.get(s, {})) for s, wm, mx in conn.execute(
+            "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
+        stored = rows.load(conn, "panes", rows.PANE_KEY, pane_ids(commit))
+        layouts = _layouts(conn)
+        plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
+                          idle_timeout_ms=idle_timeout_ms)
+        rows.save(conn, "panes", rows.PANE_KEY,
+                  [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
+                  now_ms, commit.batch_id)
+        seqs = []
+        with conn.cursor() as cur:
+            for pane in plan.panes:
+                correction_id = None
+                if pane.correction is not None:
+                    c = pane.correction
+                    correction_id = cur.execute(
+                        "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
+                        " pipeline, batch_id, events_added, at_ms, old, new)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                        (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
+                         commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
+                    ).fetchone()[0]
+                seqs.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id, pane.count_added,
+                             now_ms, correction_id))
+            if seqs:
+                cur.executemany(
+                    "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING seq", seqs, returning=True)
+                numbers = []
+                while True:
+                    numbers.append(cur.fetchone()[0])
+                    if not cur.nextset():
+                        break
+                first_seq, last_seq = min(numbers), max(numbers)
+            else:
+                first_seq = last_seq = None
+            for stream, deltas in plan.tier_deltas.items():
+                _apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+            if plan.dead_counts:
+                cur.executemany(
+                    "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (stream, reason) DO UPDATE SET count = dead_letter_counts.count + excluded.count",
+                    [(stream, reason, n) for (stream, reason), n in plan.dead_counts.items()])
+            if commit.dead_letters:
+                cur.executemany(
+                    "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
+                    " ingest_time_ms, error, dims, at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    [(commit.pipeline, commit.batch_id, d.stream, d.partition, d.offset, d.reason, d.event_time_ms,
+                      d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
+                     for d in commit.dead_letters])
+            if plan.streams:
+                cur.executemany(
+                    "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
+                    " events_dead_lettered, held_by_partition) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (stream) DO UPDATE SET"
+                    " watermark_ms = excluded.watermark_ms, max_event_ms = excluded.max_event_ms,"
+                    " events_aggregated = stream_progress.events_aggregated + excluded.events_aggregated,"
+                    " events_read = stream_progress.events_read + excluded.events_read,"
+                    " events_dead_lettered = stream_progress.events_dead_lettered + excluded.events_dead_lettered,"
+                    " held_by_partition = excluded.held_by_partition",
+                    [(u.stream, u.watermark_ms, u.max_event_ms, u.aggregated, u.read, u.dead_lettered,
+                      u.held_by_partition) for u in plan.streams])
+            partition_rows = [(u.stream, p, m.max_event_ms, m.read_offset, m.log_end_offset, m.last_progress_ms, state)
+                              for u in plan.streams for p, (m, state) in u.partitions.items()]
+            if partition_rows:
+                cur.executemany(
+                    "INSERT INTO partition_watermarks (stream, partition, max_event_ms, read_offset, log_end_offset,"
+                    " last_progress_ms, state) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (stream, partition)"
+                    " DO UPDATE SET max_event_ms = excluded.max_event_ms, read_offset = excluded.read_offset,"
+                    " log_end_offset = excluded.log_end_offset, last_progress_ms = excluded.last_progress_ms,"
+                    " state = excluded.state", partition_rows)
+            offsets = [(commit.pipeline, stream, p, o) for stream, parts in commit.end_offsets.items()
+                       for p, o in parts.items()]
+            if offsets:
+                cur.executemany(
+                    "INSERT INTO pipeline_offsets (pipeline, stream, partition, end_offset) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
+                    offsets)
+        if commit.bloom is not None:
+            apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
+            # Only panes wholly before the horizon: every event they could get is dead-lettered.
+            conn.execute(
+                "DELETE FROM pane_sketches s USING panes p WHERE p.stream = %s AND p.start_ms < %s AND p.end_ms <= %s"
+                " AND s.stream = p.stream AND s.start_ms = p.start_ms AND s.dims = p.dims", (stream, horizon, horizon))
+            conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
+                         (stream, horizon, horizon))
+            conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
+        if commit.batch_now_ms is not None:
+            for stream, layout in layouts.items():
+                for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
+                    conn.execute("DELETE FROM tier_sketches WHERE stream = %s AND granule_ms = %s AND start_ms <= %s",
+                                 (stream, granule, horizon - granule))
+                    conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND end_ms <= %s",
+                                 (stream, granule, horizon))
+        conn.execute(
+            "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated))
+        return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
+                            len(commit.dead_letters))
+
+    def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,
+                        progress: Callable[[str], None] | None = None) -> list[str]:
+        rebuilt = []
+        for stream, layout in layouts.items():
+            if self.tier_layout(stream) == layout:
+                continue
+            with self._pool.connection() as conn, conn.transaction():
+                # Under the commit lock: no batch adds panes while the tiers are rolled up from them,
+                # and another process that rebuilt meanwhile is seen.
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+                if _layouts(conn).get(stream) == layout:
+                    continue
+                _rebuild(conn, stream, layout, now_ms, progress)
+            rebuilt.append(stream)
+        return rebuilt
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _one(self, sql: str, args: Sequence = ()) -> tuple | None:
+        with self._pool.connection() as conn:
+            return conn.execute(sql, args).fetchone()
+
+    def _all(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        with self._pool.connection() as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def last_batch_id(self, pipeline: str) -> int | None:
+        return self._one("SELECT MAX(batch_id) FROM batches WHERE pipeline = %s", (pipeline,))[0]
+
+    def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
+                   distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
+        from store import row_codec
+
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
+        with self._pool.connection() as conn:
+            return rows.read(conn, "panes", "stream = %s", (stream,), start_ms, end_ms, wanted, stream=stream)
+
+    def tier_layout(self, stream: str) -> TierLayout | None:
+        row = self._one("SELECT layout FROM tier_layouts WHERE stream = %s", (stream,))
+        return None if row is None else TierLayout.from_json(row[0])
+
+    def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                  value_field: str | None = None, distinct_field: str | None = None,
+                  with_sketches: bool = False, pane_ms: int | None = None, with_stats: bool = True) -> list[Pane]:
+        from store import row_codec
+
+        wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)
+        table, where, args = _tier_table(stream, granule_ms, proj, pane_ms)
+        with self._pool.connection() as conn:
+            return rows.read(conn, table, where, args, start_ms, end_ms, wanted, stats=with_stats, stream=stream)
+
+    def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
+                       bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
+                       value_field: str | None = None, pane_ms: int | None = None) -> list[BucketStats]:
+        table, where, args = _tier_table(stream, granule_ms, proj, pane_ms)
+        with self._pool.connection() as conn:
+            return rows.aggregate(conn, table, where, args, start_ms=start_ms, end_ms=end_ms, origin_ms=origin_ms,
+                                  bucket_ms=bucket_ms, group_by=group_by, filters=filters or {},
+                                  value_field=value_field)
+
+    def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
+        found = self._all(
+            "SELECT dims, MAX(end_ms) FROM panes WHERE stream = %s AND start_ms >= %s AND start_ms < %s AND count > 0"
+            " GROUP BY dims", (stream, start_ms, end_ms))
+        return [(json.loads(dims), end) for dims, end in found]
+
+    def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
+        found = self._all(
+            "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id FROM changes"
+            " WHERE seq > %s ORDER BY seq LIMIT %s", (seq, limit))
+        return [Change(*row) for row in found]
+
+    def watermarks(self) -> dict[str, int]:
+        return dict(self._all("SELECT stream, watermark_ms FROM stream_progress WHERE watermark_ms IS NOT NULL"))
+
+    def progress(self, pipeline: str) -> PipelineProgress:
+        with self._pool.connection() as conn, conn.transaction():  # one snapshot of every table
+            last_id, last_at, batches, events = conn.execute(
+                "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)::bigint"
+                " FROM batches WHERE pipeline = %s", (pipeline,)).fetchone()
+            offsets: dict[str, dict[int, int]] = defaultdict(dict)
+            for stream, partition, end in conn.execute(
+                    "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = %s", (pipeline,)):
+                offsets[stream][partition] = end
+            pane_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
+            correction_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM corrections GROUP BY stream").fetchall())
+            by_reason: dict[str, dict[str, int]] = defaultdict(dict)
+            for stream, reason, n in conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
+                by_reason[stream][reason] = n
+            partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
+            for stream, p, mx, read, end, progress_ms, state in conn.execute(
+                    "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
+                    " FROM partition_watermarks"):
+                partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
+            streams = {
+                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
+                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
+                                       dict(partitions.get(stream, {})), held_by)
+                for stream, wm, mx, agg, read, dead, held_by in conn.execute(
+                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
+                    " held_by_partition FROM stream_progress")
+            }
+        return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)
+
+    def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,
+                    after_id: int = 0, limit: int = 1000, newest_first: bool = False) -> list[Correction]:
+        clause, args = _where(("id > ?", after_id), ("stream = ?", stream), ("pane_start_ms >= ?", start_ms),
+                              ("pane_start_ms < ?", end_ms))
+        found = self._all(
+            "SELECT id, stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to, batch_id,"
+            " events_added, at_ms, old, new FROM corrections" + clause
+            + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT %s", (*args, limit))
+        return [Correction(i, s, ps, pe, json.loads(d), rf, rt, b, n, at, json.loads(old), json.loads(new))
+                for i, s, ps, pe, d, rf, rt, b, n, at, old, new in found]
+
+    def max_correction_id(self) -> int:
+        return self._one("SELECT COALESCE(MAX(id), 0) FROM corrections")[0]
+
+    def dead_letters(self, *, stream: str | None = None, reason: str | None = None,
+                     limit: int = 1000) -> list[StoredDeadLetter]:
+        clause, args = _where(("stream = ?", stream), ("reason = ?", reason))
+        found = self._all(
+            "SELECT id, pipeline, batch_id, at_ms, stream, partition, \"offset\", reason, event_time_ms,"
+            " ingest_time_ms, error, dims FROM dead_letters" + clause + " ORDER BY id DESC LIMIT %s", (*args, limit))
+        return [StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d)))
+                for i, pl, b, at, s, p, o, r, et, it, err, d in found]
+
+    def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
+        return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
+                              " GROUP BY stream", (start_ms, end_ms)))
+
+    def side_db(self) -> PostgresDb:
+        return PostgresDb(self._pool)
+
+    def bloom_reader(self) -> BloomReader:
+        return PostgresBloomReader(self._pool)
+
+    @property
+    def closed(self) -> bool:
+        return self._pool.closed
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _json(value) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _layouts(conn: psycopg.Connection) -> dict[str, TierLayout]:
+    return {stream: TierLayout.from_json(text) for stream, text in conn.execute("SELECT stream, layout FROM tier_layouts")}
+
+
+def _tier_table(stream: str, granule_ms: int, proj: str, pane_ms: int | None) -> tuple[str, str, tuple]:
+    """Where a tier's rows are: the panes themselves for the pane granule with all dimensions."""
+    if proj == ALL_DIMS and granule_ms == pane_ms:
+        return "panes", "stream = %s", (stream,)
+    return "tier_rows", "stream = %s AND granule_ms = %s AND proj = %s", (stream, granule_ms, proj)
+
+
+def _apply_deltas(conn: psycopg.Connection, stream: str, deltas: Mapping[TierKey, TierDelta], now_ms: int,
+                  batch_id: int) -> None:
+    """Merge each delta into its stored tier row (creating it when new): one load, one save."""
+    keys = {key: (stream, key.granule_ms, key.proj, key.start_ms, key.dims) for key in deltas}
+    stored = rows.load(conn, "tier_rows", rows.TIER_KEY, list(keys.values()))
+    after = {key: tier_row_after(stored.get(keys[key]), delta) for key, delta in deltas.items()}
+    rows.save(conn, "tier_rows", rows.TIER_KEY,
+              [(keys[key], key.start_ms + key.granule_ms, row.data, row.revision) for key, row in after.items()],
+              now_ms, batch_id)
+
+
+def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, now_ms: int,
+             progress: Callable[[str], None] | None) -> None:
+    """Replace a stream's tier rows by ones rolled up from its panes (None: no tiers)."""
+    for table in ("tier_sketches", "tier_rows", "tier_layouts"):
+        conn.execute(f"DELETE FROM {table} WHERE stream = %s", (stream,))
+    if layout is None:
+        return
+    first, last = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = %s", (stream,)).fetchone()
+    done = 0
+    if first is not None:
+        for lo, hi in rebuild_chunks(first, last, layout):
+            panes = rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None, stream=stream)
+            deltas, last_batch = rebuilt_rows(panes, layout)
+            rows.save(conn, "tier_rows", rows.TIER_KEY,
+                      [((stream, k.granule_ms, k.proj, k.start_ms, k.dims), k.start_ms + k.granule_ms, d.data,
+                        d.revision) for k, d in deltas.items()], now_ms, last_batch)
+            done += len(panes)
+            if progress is not None and panes:
+                progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
+    conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (%s, %s)", (stream, layout.to_json()))
+
+
+__all__ = ["PostgresPaneStore", "SCHEMA_LOCK", "open_pool"]

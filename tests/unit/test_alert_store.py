@@ -1,0 +1,53 @@
+"""The alert store (rules, instance state, history, what notifiers delivered) on every
+backend: what a restart resumes from, and the rules' ownership (file vs API)."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.alerts import AlertStore, RuleConflict
+
+RULE = {"name": "slow", "kind": "threshold", "stream": "http", "threshold": 5}
+
+
+def test_rules_state_and_history_survive_a_restart(store_backend):
+    panes = store_backend.create()
+    alerts = AlertStore(panes.side_db())
+    alerts.create_rule("slow", RULE, source="api", now_ms=1_000)
+    with pytest.raises(RuleConflict, match="already exists"):
+        alerts.create_rule("slow", RULE, source="api", now_ms=1_001)
+    version = alerts.rules_version()
+    alerts.replace_rule("slow", {**RULE, "threshold": 9}, now_ms=1_000)  # same clock: still a new version
+    assert alerts.rules_version() != version and alerts.rule("slow").definition["threshold"] == 9
+    alerts.set_silence("slow", 5_000, now_ms=2_000)
+    firing = {"fingerprint": "f1", "state": "firing", "since_ms": 1_500}
+    ids = alerts.save_evaluation("slow", [firing], [{"at_ms": 1_500, "to": "firing"}, {"at_ms": 1_600, "to": "x"}],
+                                 now_ms=2_000)
+    assert len(ids) == 2 and ids[0] < ids[1]
+    assert alerts.save_evaluation("gone", [firing], [{"at_ms": 1, "to": "firing"}], now_ms=2_000) == []
+    alerts.save_notifier_memory("http://hook", "slow", {"firing": ["f1"]})
+    alerts.save_notifier_memory("http://hook", "slow", {"firing": ["f1", "f2"]})
+    alerts.close()
+
+    again = AlertStore(store_backend.reopen(panes).side_db(), history_retention_ms=10_000)
+    rule = again.rule("slow")
+    assert (rule.source, rule.silenced_until_ms, rule.definition["threshold"]) == ("api", 5_000, 9)
+    assert again.instances("slow") == [firing] and again.instances() == [firing]
+    assert [h.id for h in again.history(rule="slow", newest_first=False)] == ids
+    assert again.notifier_memory("http://hook") == {"slow": {"firing": ["f1", "f2"]}}
+    # A later evaluation replaces the instances and prunes history past the retention.
+    again.save_evaluation("slow", [], [{"at_ms": 20_000, "to": "resolved"}], now_ms=20_000)
+    assert again.instances("slow") == [] and [h.data["to"] for h in again.history()] == ["resolved"]
+    assert again.delete_rule("slow") and again.rules() == [] and not again.delete_rule("slow")
+
+
+def test_file_rules_are_the_file_s(store_backend):
+    alerts = AlertStore(store_backend.side_db())
+    alerts.create_rule("mine", RULE, source="api", now_ms=1)
+    alerts.sync_file_rules({"mine": RULE, "other": {**RULE, "name": "other"}}, now_ms=2)
+    assert {r.name: r.source for r in alerts.rules()} == {"mine": "file", "other": "file"}
+    with pytest.raises(RuleConflict, match="alerts file"):
+        alerts.replace_rule("mine", RULE, now_ms=3)
+    alerts.sync_file_rules({"other": {**RULE, "name": "other"}}, now_ms=4)
+    assert [r.name for r in alerts.rules()] == ["other"]
+    alerts.close()
