@@ -12,6 +12,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
+from api.security.middleware import WS_PROTOCOL
 from api.ws_hub import Client, Hub, QueuedMessage
 from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
 from store.rollup import RollupError
@@ -24,7 +25,10 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
 
     @r.websocket("/api/v1/ws")
     async def ws(websocket: WebSocket) -> None:
-        await websocket.accept()
+        # A browser that sent its token as a subprotocol offered "sketchboard" too and fails the
+        # handshake unless one offered protocol is selected (api/security/middleware.py).
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=WS_PROTOCOL if WS_PROTOCOL in offered else None)
         hub.ensure_started()
         client = hub.connect()
         sender = asyncio.create_task(_send_loop(websocket, client, hub))

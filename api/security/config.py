@@ -1,0 +1,28 @@
+"""What the security middleware is configured with; built by the composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from api.security.origins import normalize_origin
+from api.security.token_file import TokenRegistry
+
+
+def normalize_origins(origins: Iterable[str], setting: str) -> frozenset[str]:
+    out = set()
+    for origin in origins:
+        normal = normalize_origin(origin)
+        if normal is None:
+            raise ValueError(f"{setting}: {origin!r} is not an origin (scheme://host[:port], e.g. https://example.com)")
+        out.add(normal)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    tokens: TokenRegistry = field(default_factory=TokenRegistry.open)
+    # Websocket handshakes from these origins are accepted besides the service's own (normalized).
+    allowed_origins: frozenset[str] = frozenset()
+    # Origins that get CORS headers; empty: none at all (the browser's same-origin policy holds).
+    cors_origins: tuple[str, ...] = ()

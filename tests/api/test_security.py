@@ -1,0 +1,202 @@
+"""Issue 22 over real HTTP and websockets on loopback (uvicorn in a thread, httpx and the
+websockets client): tokens with scopes, 401/403, the websocket's Origin and token checked
+before accept, 415 for writes that are not JSON/NDJSON, no CORS headers unless configured,
+the dashboard's security headers, and the OpenAPI document saying all of it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from api.app import create_app
+from api.security.config import SecurityConfig, normalize_origins
+from api.security.scopes import Scope
+from api.security.token_file import TokenRegistry, create_token, revoke_token
+from tests.api.test_ws import Server
+
+EVENTS = "/api/v1/events?stream=orders"
+RULE = {"name": "r1", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m", "threshold": 5}
+
+
+def order(now_ms: int) -> list[dict]:
+    return [{"time": now_ms, "customer_id": "c1", "amount": 3.5}]
+
+
+@pytest.fixture
+def tokens(tmp_path) -> dict:
+    path = tmp_path / "tokens.json"
+    made = {scope: create_token(path, f"t_{scope}", frozenset({Scope(scope)}), now_ms=0)
+            for scope in ("ingest", "read", "admin")}
+    return {"path": path, **made}
+
+
+def secure(ctx, tokens, **options) -> None:
+    ctx.security = SecurityConfig(tokens=TokenRegistry(path=tokens["path"], reload_every_s=0), **options)
+
+
+def auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def server(wired_ctx, tokens):
+    secure(wired_ctx, tokens, allowed_origins=normalize_origins(["http://grafana.example:3000"], "allowed_origins"))
+    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
+        s.client = http
+        yield s
+
+
+def test_without_a_token_only_the_probes_and_the_dashboard_answer(server):
+    http = server.client
+    assert http.get("/healthz").status_code == 200
+    assert http.get("/").status_code == 200 and http.get("/static/app.js").status_code == 200
+    for method, path in (("GET", "/api/v1/streams"), ("GET", "/metrics"), ("GET", "/api/v1/query?metric=latency"),
+                         ("GET", "/api/v1/alerts/rules"), ("DELETE", "/api/v1/alerts/rules/r1")):
+        r = http.request(method, path)
+        assert r.status_code == 401, (path, r.text)
+        assert r.headers["www-authenticate"] == 'Bearer realm="sketchboard"'
+        assert "sketchboard token create" in r.json()["detail"]
+    r = http.get("/api/v1/streams", headers=auth("sb_not_a_token"))
+    assert r.status_code == 401 and 'error="invalid_token"' in r.headers["www-authenticate"]
+
+
+def test_each_scope_reaches_its_routes_and_gets_403_elsewhere(server, tokens, now_ms):
+    http = server.client
+    assert http.post(EVENTS, json=order(now_ms), headers=auth(tokens["ingest"])).json()["accepted"] == 1
+    r = http.get("/api/v1/streams", headers=auth(tokens["ingest"]))
+    assert r.status_code == 403 and 'error="insufficient_scope", scope="read"' in r.headers["www-authenticate"]
+    assert http.get("/api/v1/streams", headers=auth(tokens["read"])).status_code == 200
+    assert http.get("/metrics", headers=auth(tokens["read"])).status_code == 200
+    assert http.post(EVENTS, json=order(now_ms), headers=auth(tokens["read"])).status_code == 403
+    r = http.post("/api/v1/alerts/rules", json=RULE, headers=auth(tokens["read"]))
+    assert r.status_code == 403 and "'admin'" in r.json()["detail"]
+    # admin implies the others
+    assert http.post("/api/v1/alerts/rules", json=RULE, headers=auth(tokens["admin"])).status_code == 201
+    assert http.get("/api/v1/alerts/rules/r1", headers=auth(tokens["admin"])).status_code == 200
+    assert http.post(EVENTS, json=order(now_ms), headers=auth(tokens["admin"])).status_code == 200
+
+
+def test_a_revoked_token_stops_working_without_a_restart(server, tokens):
+    assert server.client.get("/api/v1/streams", headers=auth(tokens["read"])).status_code == 200
+    revoke_token(tokens["path"], "t_read")
+    assert server.client.get("/api/v1/streams", headers=auth(tokens["read"])).status_code == 401
+
+
+def ws_status(server, **kwargs) -> int:
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(server.ws, open_timeout=5, **kwargs):
+            pass
+    return refused.value.response.status_code
+
+
+def test_websocket_from_another_origin_is_refused_before_accept(server, tokens):
+    good = {"subprotocols": ["sketchboard", f"sketchboard.token.{tokens['read']}"]}
+    assert ws_status(server, origin="http://evil.example", **good) == 403
+    assert ws_status(server, origin=f"http://127.0.0.1:{server.port + 1}", **good) == 403
+    assert ws_status(server, origin="null", **good) == 403
+    for origin in (f"http://127.0.0.1:{server.port}", "http://grafana.example:3000"):
+        with connect(server.ws, origin=origin, open_timeout=5, **good) as ws:
+            assert ws.subprotocol == "sketchboard"
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+
+
+def test_websocket_token_is_checked_before_accept(server, tokens):
+    origin = f"http://127.0.0.1:{server.port}"
+    assert ws_status(server, origin=origin) == 401
+    assert ws_status(server, origin=origin, subprotocols=["sketchboard", "sketchboard.token.sb_wrong"]) == 401
+    assert ws_status(server, origin=origin, subprotocols=["sketchboard", f"sketchboard.token.{tokens['ingest']}"]) == 403
+    # Non-browser clients may send the header instead.
+    with connect(server.ws, additional_headers=auth(tokens["read"]), open_timeout=5) as ws:
+        assert ws.subprotocol is None
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+
+
+def test_open_service_still_checks_the_websocket_origin(ctx, now_ms):
+    """Loopback with no tokens stays open, but a page on another origin still cannot read."""
+    with Server(create_app(ctx)) as server:
+        assert ws_status(server, origin="http://evil.example") == 403
+        with connect(server.ws, open_timeout=5) as ws:
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+        assert httpx.get(server.http + "/api/v1/streams").status_code == 200
+
+
+def test_writes_in_other_content_types_get_415_and_change_nothing(server, tokens, wired_ctx, now_ms):
+    http, admin = server.client, auth(tokens["admin"])
+    body = json.dumps(order(now_ms))
+    before = dict(wired_ctx.log.offsets("orders"))
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = http.post(EVENTS, content=body, headers={**admin, "content-type": ctype})
+        assert r.status_code == 415 and "application/json or application/x-ndjson" in r.json()["detail"], r.text
+        r = http.post("/api/v1/alerts/rules", content=json.dumps(RULE), headers={**admin, "content-type": ctype})
+        assert r.status_code == 415, r.text
+    assert http.post(EVENTS, content=body, headers=admin).status_code == 415  # no Content-Type at all
+    assert dict(wired_ctx.log.offsets("orders")) == before
+    assert wired_ctx.alerts.store.rules() == []
+    assert http.post(EVENTS, content=body, headers={**admin, "content-type": "application/json; charset=utf-8"}).status_code == 200
+
+
+def test_no_cors_headers_unless_cors_origins_is_set(server, tokens, wired_ctx):
+    preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}
+    r = server.client.options(EVENTS, headers=preflight)
+    assert not any(h.startswith("access-control-") for h in r.headers)
+    r = server.client.get("/api/v1/streams", headers={**auth(tokens["read"]), "Origin": "http://evil.example"})
+    assert r.status_code == 200 and not any(h.startswith("access-control-") for h in r.headers)
+
+    secure(wired_ctx, tokens, cors_origins=("http://grafana.example:3000",))
+    with Server(create_app(wired_ctx)) as cors:
+        ok = httpx.options(cors.http + EVENTS, headers={**preflight, "Origin": "http://grafana.example:3000"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://grafana.example:3000"
+        assert "authorization" in ok.headers["access-control-allow-headers"].lower()
+        bad = httpx.options(cors.http + EVENTS, headers=preflight)
+        assert "access-control-allow-origin" not in bad.headers
+
+
+def test_dashboard_security_headers(server, tokens):
+    for path in ("/", "/static/app.js", "/static/plotly.min.js"):
+        r = server.client.get(path)
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
+    assert server.client.get("/api/v1/streams", headers=auth(tokens["read"])).headers["x-content-type-options"] == "nosniff"
+    assert server.client.get("/api/v1/streams").headers["x-content-type-options"] == "nosniff"  # the 401 too
+
+
+def test_openapi_documents_scopes_and_the_401_403_415_answers(server):
+    doc = server.client.get("/openapi.json").json()
+    assert doc["components"]["securitySchemes"]["bearer"] == {**doc["components"]["securitySchemes"]["bearer"],
+                                                               "type": "http", "scheme": "bearer"}
+    paths = doc["paths"]
+    assert "security" not in paths["/healthz"]["get"] and "401" not in paths["/healthz"]["get"]["responses"]
+    for path, method, scope in (("/api/v1/events", "post", "ingest"), ("/api/v1/query", "get", "read"),
+                                ("/api/v1/alerts/rules", "post", "admin")):
+        op = paths[path][method]
+        assert op["security"] == [{"bearer": []}] and f"`{scope}`" in op["description"]
+        assert {"401", "403"} <= set(op["responses"])
+        assert "WWW-Authenticate" in op["responses"]["401"]["headers"]
+    for path, method in (("/api/v1/events", "post"), ("/api/v1/alerts/rules/{name}", "put"),
+                         ("/api/v1/alerts/rules/{name}", "delete")):
+        assert paths[path][method]["responses"]["415"]["content"]["application/json"]["schema"]["$ref"] \
+            == "#/components/schemas/ErrorOut"
+    assert "415" not in paths["/api/v1/query"]["get"]["responses"]
+
+
+def test_every_secured_operation_in_the_document_refuses_a_missing_or_bad_token(server):
+    """What schemathesis' ignored_auth would check, over real HTTP: the policy covers every
+    operation the document says needs a token, routes added later included."""
+    doc = server.client.get("/openapi.json").json()
+    secured = [(method.upper(), path.replace("{name}", "r1"))
+               for path, ops in doc["paths"].items() for method, op in ops.items() if op.get("security")]
+    assert len(secured) >= 15
+    for method, path in secured:
+        for headers in ({}, auth("sb_not_a_token")):
+            r = server.client.request(method, path, headers={**headers, "content-type": "application/json"},
+                                      content=b"{}" if method in ("POST", "PUT") else None)
+            assert r.status_code == 401, (method, path, r.status_code, r.text)

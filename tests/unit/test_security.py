@@ -1,0 +1,150 @@
+"""Pure security logic (api/security/): scopes, token hashing and lookup, origins, body media
+types, the route policy, and the token registry's reload over a real file with an injected clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.security.media import unsupported_body
+from api.security.middleware import Denied, authorize, bearer
+from api.security.origins import normalize_origin, origin_allowed
+from api.security.policy import required_scope
+from api.security.scopes import Scope, grants, parse_scopes
+from api.security.token_file import TokenFileError, TokenRegistry, create_token, read_tokens, revoke_token
+from api.security.tokens import TokenRecord, TokenSet, hash_token, new_token
+
+
+def test_admin_implies_every_scope_and_the_others_only_themselves():
+    assert all(grants({Scope.ADMIN}, s) for s in Scope)
+    assert grants({Scope.READ}, Scope.READ) and not grants({Scope.READ}, Scope.INGEST)
+    assert not grants({Scope.INGEST}, Scope.READ) and not grants({Scope.INGEST, Scope.READ}, Scope.ADMIN)
+
+
+def test_scopes_parse_repeated_or_comma_separated_and_name_a_bad_one():
+    assert parse_scopes(["ingest,read", "READ"]) == {Scope.INGEST, Scope.READ}
+    with pytest.raises(ValueError, match="unknown scope 'write'"):
+        parse_scopes(["write"])
+    with pytest.raises(ValueError, match="at least one scope"):
+        parse_scopes([])
+
+
+def test_tokens_are_random_and_only_their_hash_is_kept():
+    a, b = new_token(), new_token()
+    assert a != b and a.startswith("sb_") and len(a) > 40
+    record = TokenRecord("ci", hash_token(a), frozenset({Scope.READ}))
+    assert a not in json.dumps(record.to_dict())
+    tokens = TokenSet.of([record, TokenRecord("other", hash_token(b), frozenset({Scope.ADMIN}))])
+    assert tokens.lookup(a) is record and tokens.lookup(b).name == "other"
+    assert tokens.lookup(a[:-1]) is None and tokens.lookup("") is None
+
+
+def test_a_token_entry_must_hold_a_hash_never_the_token():
+    with pytest.raises(ValueError, match="sha256 must be 64 hex digits"):
+        TokenRecord.from_dict({"name": "x", "sha256": new_token(), "scopes": ["read"]})
+
+
+@pytest.mark.parametrize(("method", "path", "scope"), [
+    ("GET", "/healthz", None), ("GET", "/readyz", None), ("GET", "/", None), ("GET", "/static/app.js", None),
+    ("GET", "/openapi.json", None), ("POST", "/api/v1/events", Scope.INGEST), ("GET", "/api/v1/query", Scope.READ),
+    ("GET", "/metrics", Scope.READ), ("GET", "/api/v1/nope", Scope.READ), ("POST", "/api/v1/alerts/rules", Scope.ADMIN),
+    ("DELETE", "/api/v1/alerts/rules/{name}/silence", Scope.ADMIN), ("PUT", "/api/v1/alerts/rules/x", Scope.ADMIN),
+])
+def test_the_policy_names_the_scope_of_each_route(method, path, scope):
+    assert required_scope(method, path) == scope
+
+
+def test_authorize_is_401_without_or_with_a_bad_token_and_403_with_the_wrong_scope():
+    token = new_token()
+    tokens = TokenSet.of([TokenRecord("producer", hash_token(token), frozenset({Scope.INGEST}))])
+    assert authorize(False, tokens, None, Scope.ADMIN) is None  # open (loopback, no tokens)
+    assert authorize(True, tokens, None, None) is None  # an open path
+    with pytest.raises(Denied) as missing:
+        authorize(True, tokens, None, Scope.READ)
+    assert missing.value.status == 401 and missing.value.challenge == 'Bearer realm="sketchboard"'
+    with pytest.raises(Denied) as bad:
+        authorize(True, tokens, "sb_wrong", Scope.INGEST)
+    assert bad.value.status == 401 and 'error="invalid_token"' in bad.value.challenge
+    with pytest.raises(Denied) as scope:
+        authorize(True, tokens, token, Scope.READ)
+    assert scope.value.status == 403 and 'scope="read"' in scope.value.challenge and "producer" in scope.value.detail
+    assert authorize(True, tokens, token, Scope.INGEST).name == "producer"
+
+
+def test_bearer_header_parsing():
+    assert bearer({"authorization": "Bearer abc"}) == "abc"
+    assert bearer({"authorization": "bearer  abc "}) == "abc"
+    assert bearer({"authorization": "Basic abc"}) == ""  # present but unusable: 401 invalid_token
+    assert bearer({}) is None
+
+
+@pytest.mark.parametrize(("origin", "host", "allowed", "ok"), [
+    (None, "127.0.0.1:8000", frozenset(), True),  # not a browser
+    ("http://127.0.0.1:8000", "127.0.0.1:8000", frozenset(), True),
+    ("HTTP://LOCALHOST:8000", "localhost:8000", frozenset(), True),
+    ("https://sb.example.com", "sb.example.com", frozenset(), True),  # behind a TLS proxy: default port
+    ("http://evil.example", "127.0.0.1:8000", frozenset(), False),
+    ("http://127.0.0.1:9999", "127.0.0.1:8000", frozenset(), False),  # another port is another origin
+    ("null", "127.0.0.1:8000", frozenset(), False),
+    ("http://grafana.example:3000", "127.0.0.1:8000", frozenset({"http://grafana.example:3000"}), True),
+    ("http://grafana.example:3000/path", "127.0.0.1:8000", frozenset({"http://grafana.example:3000"}), False),
+])
+def test_origin_matching(origin, host, allowed, ok):
+    assert origin_allowed(origin, host, allowed) is ok
+
+
+def test_origins_normalize_default_ports_and_case():
+    assert normalize_origin("https://Example.COM") == "https://example.com:443"
+    assert normalize_origin("http://[::1]:8000") == "http://[::1]:8000"
+    assert normalize_origin("file:///etc/passwd") is None and normalize_origin("http://:80") is None
+
+
+@pytest.mark.parametrize(("method", "ctype", "body", "refused"), [
+    ("POST", "application/json", True, False), ("POST", "application/x-ndjson; charset=utf-8", True, False),
+    ("POST", "text/plain", True, True), ("POST", None, True, True), ("POST", "multipart/form-data; b=x", True, True),
+    ("PUT", "application/x-www-form-urlencoded", True, True), ("DELETE", None, False, False),
+    ("DELETE", "text/plain", False, True), ("GET", "text/plain", True, False),
+])
+def test_writes_carry_only_json_or_ndjson(method, ctype, body, refused):
+    assert (unsupported_body(method, ctype, body) is not None) is refused
+
+
+def test_token_file_create_list_revoke(tmp_path):
+    path = tmp_path / "tokens.json"
+    token = create_token(path, "ci", frozenset({Scope.READ}), now_ms=1)
+    assert token not in path.read_text() and hash_token(token) in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(TokenFileError, match="exists already"):
+        create_token(path, "ci", frozenset({Scope.READ}), now_ms=2)
+    assert [r.name for r in read_tokens(path)] == ["ci"]
+    revoke_token(path, "ci")
+    assert read_tokens(path) == []
+    with pytest.raises(TokenFileError, match="no token named 'ci'"):
+        revoke_token(path, "ci")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_registry_rereads_the_file_when_it_changes_and_stays_closed_when_emptied(tmp_path):
+    path, clock = tmp_path / "tokens.json", Clock()
+    registry = TokenRegistry(path=path, reload_every_s=1.0, clock=clock)
+    assert registry.state() == (False, TokenSet())  # no file, no tokens: open
+    token = create_token(path, "ci", frozenset({Scope.READ}), now_ms=1)
+    assert registry.state()[0] is False  # not re-read within the second
+    clock.now = 1.0
+    required, tokens = registry.state()
+    assert required and tokens.lookup(token).name == "ci"
+    revoke_token(path, "ci")
+    clock.now = 2.0
+    required, tokens = registry.state()
+    assert required and tokens.lookup(token) is None  # revoking the last token does not open the service
+    path.write_text("{broken")
+    clock.now = 3.0
+    assert registry.state() == (True, TokenSet())  # a broken file fails closed
