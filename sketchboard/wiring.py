@@ -99,11 +99,38 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     return service
 
 
+def build_security(settings: Settings, *, reload_every_s: float = 1.0):
+    """Tokens (file and settings), allowed websocket origins, CORS. Beyond loopback a token is
+    always required, even after the last one is revoked."""
+    from api.security.config import SecurityConfig, normalize_origins
+    from api.security.exposure import is_loopback
+    from api.security.token_file import TokenRegistry
+    from api.security.tokens import TokenRecord
+
+    registry = TokenRegistry([TokenRecord.from_dict(entry) for entry in settings.tokens], settings.tokens_path,
+                             force=not is_loopback(settings.host), reload_every_s=reload_every_s)
+    return SecurityConfig(tokens=registry,
+                          allowed_origins=normalize_origins(settings.allowed_origins, "allowed_origins"),
+                          cors_origins=tuple(settings.cors_origins))
+
+
+def check_exposure(settings: Settings, security=None) -> None:
+    """ConfigError when the API would listen beyond loopback with no token at all."""
+    from api.security.exposure import exposure_error
+
+    security = security or build_security(settings)
+    problem = exposure_error(settings.host, security.tokens.count())
+    if problem:
+        raise ConfigError(problem)
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
     from api.ws_hub import HubConfig
 
+    security = build_security(settings)
+    check_exposure(settings, security)  # before opening anything
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
     lag = build_lag_monitor(settings, catalog, log, store)
@@ -118,6 +145,7 @@ def build_api(settings: Settings):
         lag=lag,
         health=open_health_store(settings),
         alerts=build_alert_service(settings, catalog, store, lag),
+        security=security,
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

@@ -148,3 +148,32 @@ def test_the_registry_rereads_the_file_when_it_changes_and_stays_closed_when_emp
     path.write_text("{broken")
     clock.now = 3.0
     assert registry.state() == (True, TokenSet())  # a broken file fails closed
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("sketchboard.example.com", False),
+])
+def test_loopback_addresses(host, loopback):
+    from api.security.exposure import exposure_error, is_loopback
+
+    assert is_loopback(host) is loopback
+    assert (exposure_error(host, 0) is None) is loopback
+    assert exposure_error(host, 1) is None
+
+
+def test_settings_take_token_hashes_and_origins_and_refuse_clear_tokens(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    from sketchboard.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    entry = {"name": "compose", "sha256": hash_token("sb_x"), "scopes": ["ingest"]}
+    monkeypatch.setenv("SKETCHBOARD_TOKENS", json.dumps([entry]))
+    monkeypatch.setenv("SKETCHBOARD_ALLOWED_ORIGINS", '["https://grafana.example.com"]')
+    settings = Settings(data_dir=tmp_path / "d")
+    assert settings.tokens == [entry] and settings.tokens_path == tmp_path / "d" / "tokens.json"
+    with pytest.raises(ValidationError, match="sha256 must be 64 hex digits"):
+        Settings(tokens=[{**entry, "sha256": "sb_x"}])
+    with pytest.raises(ValidationError, match="cors_origins: 'grafana' is not an origin"):
+        Settings(cors_origins=["grafana"])
