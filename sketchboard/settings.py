@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list, description="websocket handshakes from these origins"
                                        " are accepted besides the service's own")
     cors_origins: list[str] = Field(default_factory=list, description="origins that get CORS headers; none by default")
+    rate_limit_requests: float = Field(1000, ge=0, description="requests per second per token (per client address"
+                                       " when open) to every route but the probes and the dashboard's files;"
+                                       " bursts of twice that; 0: no limit")
+    rate_limit_events: float = Field(500_000, ge=0, description="events per second per token (or address) posted to"
+                                     " /api/v1/events; bursts of one second's worth; 0: no limit")
     token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 

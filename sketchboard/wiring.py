@@ -107,11 +107,18 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
     from api.security.token_file import TokenRegistry
     from api.security.tokens import TokenRecord
 
+    from api.security.ratelimit import RateLimiter
+
     registry = TokenRegistry([TokenRecord.from_dict(entry) for entry in settings.tokens], settings.tokens_path,
                              force=not is_loopback(settings.host), reload_every_s=reload_every_s)
+    requests, events = settings.rate_limit_requests, settings.rate_limit_events
     return SecurityConfig(tokens=registry,
                           allowed_origins=normalize_origins(settings.allowed_origins, "allowed_origins"),
-                          cors_origins=tuple(settings.cors_origins))
+                          cors_origins=tuple(settings.cors_origins),
+                          request_limit=RateLimiter(requests, 2 * requests) if requests else None,
+                          # A burst of at least one request's worth of events: max_events_per_request
+                          # must stay postable (RateLimiter lets one oversized request through anyway).
+                          event_limit=RateLimiter(events, max(events, settings.max_events_per_request)) if events else None)
 
 
 def check_exposure(settings: Settings, security=None) -> None:

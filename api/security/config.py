@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from api.security.origins import normalize_origin
+from api.security.ratelimit import RateLimiter
 from api.security.token_file import TokenRegistry
 
 
@@ -26,3 +27,7 @@ class SecurityConfig:
     allowed_origins: frozenset[str] = frozenset()
     # Origins that get CORS headers; empty: none at all (the browser's same-origin policy holds).
     cors_origins: tuple[str, ...] = ()
+    # Per token (or client address when open): requests to every route but the open ones, and
+    # events posted. None: no limit (the tests' apps; settings set both).
+    request_limit: RateLimiter | None = None
+    event_limit: RateLimiter | None = None

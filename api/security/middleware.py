@@ -13,6 +13,7 @@ from api.security.config import SecurityConfig
 from api.security.media import unsupported_body
 from api.security.origins import origin_allowed
 from api.security.policy import required_scope, websocket_scope
+from api.security.ratelimit import RateLimiter, client_key, retry_after
 from api.security.scopes import Scope, grants
 from api.security.tokens import TokenRecord, TokenSet
 
@@ -25,9 +26,9 @@ WS_TOKEN_PREFIX = "sketchboard.token."
 
 
 class Denied(Exception):
-    def __init__(self, status: int, detail: str, challenge: str | None = None):
+    def __init__(self, status: int, detail: str, challenge: str | None = None, retry_after: str | None = None):
         super().__init__(detail)
-        self.status, self.detail, self.challenge = status, detail, challenge
+        self.status, self.detail, self.challenge, self.retry_after = status, detail, challenge, retry_after
 
 
 def authorize(required: bool, tokens: TokenSet, presented: str | None, needed: Scope | None) -> TokenRecord | None:
@@ -59,13 +60,43 @@ def _headers(scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
-def _body(status: int, detail: str, challenge: str | None) -> tuple[list, bytes]:
-    body = json.dumps({"detail": detail, "param": None}).encode()
+def _body(exc: Denied) -> tuple[list, bytes]:
+    body = json.dumps({"detail": exc.detail, "param": None}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"x-content-type-options", b"nosniff")]
-    if challenge:
-        headers.append((b"www-authenticate", challenge.encode()))
+    if exc.challenge:
+        headers.append((b"www-authenticate", exc.challenge.encode()))
+    if exc.retry_after:
+        headers.append((b"retry-after", exc.retry_after.encode()))
     return headers, body
+
+
+def charge(limiter: RateLimiter | None, key: str, cost: float = 1.0, what: str = "requests") -> None:
+    """Denied(429) with Retry-After when `key` is over its limit."""
+    if limiter is None:
+        return
+    wait = limiter.take(key, cost)
+    if wait > 0:
+        who = key.replace("token:", "token ", 1).replace("addr:", "client ", 1)
+        raise Denied(429, f"rate limit: {who} is over {limiter.rate:g} {what}/s (burst {limiter.burst:g});"
+                     f" retry in {wait:.1f} s", retry_after=retry_after(wait))
+
+
+def guarded(required: bool, tokens: TokenSet, presented: str | None, needed: Scope | None,
+            limiter: RateLimiter | None, client) -> tuple[TokenRecord | None, str]:
+    """authorize() then the request rate limit: (the token's record, the rate-limit key). A
+    request with a bad token is charged to its address first, so guessing tokens is rate-limited
+    too (429 instead of 401 once over)."""
+    try:
+        record = authorize(required, tokens, presented, needed)
+    except Denied as exc:
+        if exc.status == 401:
+            charge(limiter, client_key(None, client))
+        raise
+    key = client_key(record.name if record else None, client)
+    if needed is not None:  # the open paths (probes, the dashboard's files) are not limited
+        charge(limiter, key)
+    return record, key
 
 
 class SecurityMiddleware:
@@ -86,17 +117,20 @@ class SecurityMiddleware:
         method = scope["method"]
         try:
             required, tokens = self.config.tokens.state()
-            record = authorize(required, tokens, bearer(headers), required_scope(method, scope["path"]))
+            record, key = guarded(required, tokens, bearer(headers), required_scope(method, scope["path"]),
+                                  self.config.request_limit, scope.get("client"))
             has_body = headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
             why = unsupported_body(method, headers.get("content-type"), has_body)
             if why:
                 raise Denied(415, why)
         except Denied as exc:
-            response_headers, body = _body(exc.status, exc.detail, exc.challenge)
+            response_headers, body = _body(exc)
             await send({"type": "http.response.start", "status": exc.status, "headers": response_headers})
             await send({"type": "http.response.body", "body": body})
             return
-        scope.setdefault("state", {})["token"] = record  # who did it, for handlers that record changes
+        state = scope.setdefault("state", {})
+        state["token"] = record  # who did it, for handlers that record changes
+        state["rate_key"] = key  # the ingest route charges its events to the same key
 
         async def send_nosniff(message):
             if message["type"] == "http.response.start":
@@ -117,7 +151,8 @@ class SecurityMiddleware:
                 raise Denied(403, f"websocket from origin {headers.get('origin')!r} refused: only the service's own"
                              " origin and those in allowed_origins may connect")
             required, tokens = self.config.tokens.state()
-            record = authorize(required, tokens, presented, websocket_scope(scope["path"]))
+            record, _ = guarded(required, tokens, presented, websocket_scope(scope["path"]),
+                                self.config.request_limit, scope.get("client"))
         except Denied as exc:
             await self._deny(scope, receive, send, exc)
             return
@@ -132,7 +167,7 @@ class SecurityMiddleware:
             return
         if "websocket.http.response" in scope.get("extensions", {}):
             # A real HTTP answer (401 or 403 with the reason), as for any other request.
-            headers, body = _body(exc.status, exc.detail, exc.challenge)
+            headers, body = _body(exc)
             await send({"type": "websocket.http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "websocket.http.response.body", "body": body})
         else:  # a server without the extension answers a close before accept with 403

@@ -6,6 +6,7 @@ from api.security.media import ACCEPTED, WRITE_METHODS
 from api.security.policy import required_scope
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+_RETRY = {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}}
 _CHALLENGE = {"WWW-Authenticate": {"description": "Bearer challenge (RFC 6750)", "schema": {"type": "string"}}}
 
 
@@ -30,6 +31,9 @@ def document(doc: dict) -> dict:
                                              "headers": _CHALLENGE, "content": _ERROR})
                 responses.setdefault("403", {"description": f"the token lacks the `{scope}` scope",
                                              "headers": _CHALLENGE, "content": _ERROR})
+                responses.setdefault("429", {"description": "over the rate limit of the token (or of the client"
+                                             " address when no token is needed); Retry-After says when to retry",
+                                             "headers": _RETRY, "content": _ERROR})
             if method in WRITE_METHODS:
                 responses.setdefault("415", {"description": f"a body that is not {' or '.join(ACCEPTED)}",
                                              "content": _ERROR})

@@ -200,3 +200,50 @@ def test_every_secured_operation_in_the_document_refuses_a_missing_or_bad_token(
             r = server.client.request(method, path, headers={**headers, "content-type": "application/json"},
                                       content=b"{}" if method in ("POST", "PUT") else None)
             assert r.status_code == 401, (method, path, r.status_code, r.text)
+
+
+class StepClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_requests_over_the_rate_get_429_with_retry_after_per_token(wired_ctx, tokens, now_ms):
+    from api.security.ratelimit import RateLimiter
+
+    clock = StepClock()
+    secure(wired_ctx, tokens, request_limit=RateLimiter(2, 3, clock=clock),
+           event_limit=RateLimiter(10, 10, clock=clock))
+    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
+        read, ingest = auth(tokens["read"]), auth(tokens["ingest"])
+        assert [http.get("/api/v1/streams", headers=read).status_code for _ in range(3)] == [200, 200, 200]
+        limited = http.get("/api/v1/streams", headers=read)
+        assert limited.status_code == 429 and limited.headers["retry-after"] == "1"
+        assert "token t_read is over 2 requests/s" in limited.json()["detail"]
+        assert http.get("/healthz").status_code == 200  # probes are never limited
+        assert http.post(EVENTS, json=order(now_ms), headers=ingest).status_code == 200  # another token
+        clock.now = 0.5
+        assert http.get("/api/v1/streams", headers=read).status_code == 200
+
+        # Events per second, per token: 10 a second, bursts of 10 (one event already posted).
+        before = dict(wired_ctx.log.offsets("orders"))
+        assert http.post(EVENTS, json=order(now_ms) * 8, headers=ingest).status_code == 200
+        over = http.post(EVENTS, json=order(now_ms) * 5, headers=ingest)
+        assert over.status_code == 429 and over.headers["retry-after"] == "1" and "events/s" in over.json()["detail"]
+        after = dict(wired_ctx.log.offsets("orders"))
+        assert sum(p.end for p in after.values()) - sum(p.end for p in before.values()) == 8  # the 429 wrote nothing
+
+        # Guessing tokens is limited per address: 401s until the address's bucket is empty, then 429.
+        statuses = [http.get("/api/v1/streams", headers=auth(f"sb_guess{i}")).status_code for i in range(5)]
+        assert statuses[:3] == [401, 401, 401] and statuses[3:] == [429, 429]
+
+
+def test_open_service_limits_per_client_address(ctx):
+    from api.security.ratelimit import RateLimiter
+
+    ctx.security = SecurityConfig(request_limit=RateLimiter(1, 2, clock=StepClock()))
+    with Server(create_app(ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
+        assert [http.get("/api/v1/streams").status_code for _ in range(3)] == [200, 200, 429]
+        assert http.get("/").status_code == 200

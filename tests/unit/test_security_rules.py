@@ -177,3 +177,41 @@ def test_settings_take_token_hashes_and_origins_and_refuse_clear_tokens(tmp_path
         Settings(tokens=[{**entry, "sha256": "sb_x"}])
     with pytest.raises(ValidationError, match="cors_origins: 'grafana' is not an origin"):
         Settings(cors_origins=["grafana"])
+
+
+def test_rate_limiter_buckets_refill_with_time_and_are_per_key():
+    from api.security.ratelimit import RateLimiter, client_key, retry_after
+
+    clock = Clock()
+    limiter = RateLimiter(rate=2, burst=4, clock=clock)
+    assert [limiter.take("a") for _ in range(4)] == [0, 0, 0, 0]
+    assert limiter.take("a") == pytest.approx(0.5)  # one token comes back every 0.5 s
+    assert limiter.take("b") == 0  # another key has its own bucket
+    clock.now = 0.5
+    assert limiter.take("a") == 0 and limiter.take("a") > 0
+    clock.now = 100.0
+    assert [limiter.take("a") for _ in range(4)] == [0, 0, 0, 0]  # refilled, but never above the burst
+    assert limiter.take("a") > 0
+    assert retry_after(0.01) == "1" and retry_after(2.2) == "3"
+    assert client_key("ci", ("10.0.0.1", 5)) == "token:ci" and client_key(None, ("10.0.0.1", 5)) == "addr:10.0.0.1"
+
+
+def test_a_cost_above_the_burst_passes_on_a_full_bucket_and_leaves_a_debt():
+    from api.security.ratelimit import RateLimiter
+
+    clock = Clock()
+    limiter = RateLimiter(rate=10, burst=10, clock=clock)
+    assert limiter.take("k", 30) == 0  # one big request is not refused forever
+    assert limiter.take("k", 1) == pytest.approx(2.1)  # -20 tokens: 2 s to get back to 0, 0.1 s more for one
+    clock.now = 3.0
+    assert limiter.take("k", 5) == 0
+
+
+def test_the_limiter_forgets_the_least_recently_seen_keys():
+    from api.security.ratelimit import RateLimiter
+
+    limiter = RateLimiter(rate=1, burst=1, clock=Clock(), max_keys=2)
+    for key in ("a", "b", "c"):
+        assert limiter.take(key) == 0
+    assert limiter.take("a") == 0  # forgotten: full again
+    assert limiter.take("c") > 0
