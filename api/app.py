@@ -24,6 +24,8 @@ from api import (
     status_routes,
     ws_routes,
 )
+from api.audit import routes as audit_routes
+from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
 from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed
@@ -78,6 +80,9 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
 
     # Added before CORS, so CORS wraps it: a preflight (which never carries a token) is answered
     # by CORS when cors_origins is set; without it there are no CORS headers at all.
+    if ctx.audit is not None:  # inside the security middleware: it reads the token that one found
+        app.add_middleware(AuditMiddleware, store=ctx.audit, clock=ctx.clock)
+        app.include_router(audit_routes.router(ctx.audit))
     app.add_middleware(SecurityMiddleware, config=ctx.security)
     if ctx.security.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(ctx.security.cors_origins),

@@ -55,12 +55,26 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--scope: {exc}") from None
     token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
+    _audit(settings, "token.create", args.name, {"scopes": sorted(scopes)})
     # Only the token on stdout (`TOKEN=$(sketchboard token create ...)` works); the rest on stderr.
     print(token)
     print(f"sketchboard: token {args.name!r} ({', '.join(sorted(scopes))}) added to"
           f" {settings.tokens_path}; it is shown only now: keep it (clients send `Authorization: Bearer <token>`;"
           " the demo producer and bench scripts read SKETCHBOARD_TOKEN)", file=sys.stderr)
     return 0
+
+
+def _audit(settings: Settings, action: str, name: str, detail) -> None:
+    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user."""
+    import getpass
+
+    from sketchboard.wiring import open_audit_store
+
+    store = open_audit_store(settings)
+    try:
+        store.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
+    finally:
+        store.close()
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
@@ -84,6 +98,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     revoke_token(settings.tokens_path, args.name)
+    _audit(settings, "token.revoke", args.name, None)
     print(f"sketchboard: token {args.name!r} revoked; a running API stops accepting it within a second",
           file=sys.stderr)
     return 0

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
                                        " bursts of twice that; 0: no limit")
     rate_limit_events: float = Field(500_000, ge=0, description="events per second per token (or address) posted to"
                                      " /api/v1/events; bursts of one second's worth; 0: no limit")
+    audit_retention: DurationMs = Field("365d", ge=86_400_000, description="audit log entries kept")
     token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 

@@ -99,6 +99,13 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     return service
 
 
+def open_audit_store(settings: Settings):
+    from store.audit import SqliteAuditStore
+
+    # Same file as the pane store, own connection and table (store/audit.py).
+    return SqliteAuditStore(settings.store_path, retention_ms=settings.audit_retention, synchronous=settings.log_sync)
+
+
 def build_security(settings: Settings, *, reload_every_s: float = 1.0):
     """Tokens (file and settings), allowed websocket origins, CORS. Beyond loopback a token is
     always required, even after the last one is revoked."""
@@ -153,6 +160,7 @@ def build_api(settings: Settings):
         health=open_health_store(settings),
         alerts=build_alert_service(settings, catalog, store, lag),
         security=security,
+        audit=open_audit_store(settings),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

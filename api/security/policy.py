@@ -11,6 +11,7 @@ from api.security.scopes import Scope
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 OPEN_PREFIXES = ("/static/",)
 INGEST = {("POST", "/api/v1/events")}
+ADMIN_READS = frozenset({"/api/v1/audit"})  # who changed what, from where: for operators only
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -21,6 +22,8 @@ def required_scope(method: str, path: str) -> Scope | None:
         return None
     if (method, path) in INGEST:
         return Scope.INGEST
+    if path in ADMIN_READS:
+        return Scope.ADMIN
     if method in READ_METHODS:
         return Scope.READ
     return Scope.ADMIN

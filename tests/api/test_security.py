@@ -247,3 +247,24 @@ def test_open_service_limits_per_client_address(ctx):
     with Server(create_app(ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
         assert [http.get("/api/v1/streams").status_code for _ in range(3)] == [200, 200, 429]
         assert http.get("/").status_code == 200
+
+
+def test_changes_are_audited_with_the_tokens_name_and_only_admins_read_the_log(server, tokens, now_ms):
+    http, admin = server.client, auth(tokens["admin"])
+    assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
+    assert http.post("/api/v1/alerts/rules/r1/silence", json={"duration": "1h"}, headers=admin).status_code == 200
+    assert http.post("/api/v1/alerts/rules", json={**RULE, "metric": "nope"}, headers=admin).status_code == 400
+    assert http.post("/api/v1/alerts/rules", json={**RULE, "name": "r2"}, headers=auth(tokens["read"])).status_code == 403
+    assert http.delete("/api/v1/alerts/rules/r1", headers=admin).status_code == 204
+    assert http.post(EVENTS, json=order(now_ms), headers=auth(tokens["ingest"])).status_code == 200
+
+    assert http.get("/api/v1/audit", headers=auth(tokens["read"])).status_code == 403
+    log = http.get("/api/v1/audit", headers=admin).json()
+    actions = [(e["actor"], e["action"], e["status"]) for e in log["entries"]]
+    assert actions == [("t_admin", "DELETE /api/v1/alerts/rules/r1", 204),
+                       ("t_admin", "POST /api/v1/alerts/rules/r1/silence", 200),
+                       ("t_admin", "POST /api/v1/alerts/rules", 201)]  # refused changes and events are not
+    assert log["entries"][2]["detail"] == RULE and log["entries"][1]["detail"] == {"duration": "1h"}
+    assert log["entries"][0]["client"] == "127.0.0.1" and log["count"] == 3
+    tail = http.get("/api/v1/audit", params={"after_id": log["entries"][2]["id"]}, headers=admin).json()
+    assert [e["action"] for e in tail["entries"]][0] == "POST /api/v1/alerts/rules/r1/silence"  # oldest first

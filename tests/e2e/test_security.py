@@ -49,6 +49,10 @@ def test_tokens_made_by_the_cli_guard_an_exposed_api_and_the_demo_sends_its_own(
     assert http.get("/api/v1/streams").status_code == 401
     streams = http.get("/api/v1/streams", headers={"Authorization": f"Bearer {admin}"})
     assert streams.status_code == 200
+    audit = http.get("/api/v1/audit", headers={"Authorization": f"Bearer {admin}"}).json()["entries"]
+    assert [(e["action"], e["target"], e["detail"]) for e in audit] == [
+        ("token.create", "demo", {"scopes": ["ingest"]}), ("token.create", "ops", {"scopes": ["admin"]})]
+    assert audit[0]["actor"].startswith("cli:")
 
     demo = sketchboard(service, "demo", "--duration", "3", "--rate", "50", env={"SKETCHBOARD_TOKEN": ingest})
     assert demo.returncode == 0, demo.stderr

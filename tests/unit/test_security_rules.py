@@ -215,3 +215,30 @@ def test_the_limiter_forgets_the_least_recently_seen_keys():
         assert limiter.take(key) == 0
     assert limiter.take("a") == 0  # forgotten: full again
     assert limiter.take("c") > 0
+
+
+def test_what_is_audited_and_how_a_body_is_described():
+    from api.audit.entries import MAX_DETAIL_BYTES, actor, audited, detail
+
+    assert audited("POST", "/api/v1/alerts/rules") and audited("DELETE", "/api/v1/alerts/rules/x/silence")
+    assert not audited("POST", "/api/v1/events") and not audited("GET", "/api/v1/alerts/rules")
+    assert actor(None) == "anonymous" and actor("ops") == "ops"
+    assert detail(b'{"duration": "1h"}') == {"duration": "1h"} and detail(b"") is None and detail(b"x{") == "x{"
+    big = detail(b"[" + b"1," * MAX_DETAIL_BYTES + b"1]")
+    assert big["truncated"] is True and big["bytes"] > MAX_DETAIL_BYTES
+
+
+def test_the_audit_store_keeps_entries_newest_first_and_prunes_past_retention(tmp_path):
+    from store.audit import SqliteAuditStore
+
+    store = SqliteAuditStore(tmp_path / "store.db", retention_ms=1000, synchronous="OFF")
+    try:
+        first = store.record(10, "ops", "token.create", target="ci", detail={"scopes": ["read"]})
+        store.record(20, "ops", "PUT /api/v1/alerts/rules/r", target="/api/v1/alerts/rules/r", client="10.0.0.1",
+                     status=200, detail={"name": "r"})
+        assert [e.action for e in store.entries()] == ["PUT /api/v1/alerts/rules/r", "token.create"]
+        assert store.entries(after_id=first)[0].detail == {"name": "r"}
+        store.record(2000, "ops", "token.revoke", target="ci")
+        assert [e.action for e in store.entries()] == ["token.revoke"]  # older than 1 s before the newest
+    finally:
+        store.close()
