@@ -127,7 +127,9 @@ def cmd_api(args: argparse.Namespace) -> int:
         ctx.alerts.start()  # here too: lag and absence rules matter most while the pipeline is down
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                    ws_max_size=settings.ws_max_message_bytes)
     finally:
         stop.set()
         if ctx.alerts is not None:

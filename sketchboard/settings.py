@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
     ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
+    ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
+                                      " connection (1009)")
+    ws_message_rate: float = Field(20.0, gt=0, description="messages per second a websocket client may send"
+                                   " (bursts of ws_message_burst); past it the connection is closed (1008)")
+    ws_message_burst: int = Field(50, ge=1)
     # Consumer lag and pipeline health
     lag_sample_interval: DurationMs = Field("2s", ge=10, description="how often the API samples consumer lag")
     lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")

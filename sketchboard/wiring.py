@@ -167,6 +167,8 @@ def build_api(settings: Settings):
         heartbeat_interval_s=settings.ws_heartbeat_interval,
         queue_size=settings.ws_queue_size,
         max_subscriptions=settings.ws_max_subscriptions,
+        message_rate=settings.ws_message_rate,
+        message_burst=settings.ws_message_burst,
         max_points=settings.query_max_points,
     )
     return create_app(ctx, hub_config=hub_config), ctx

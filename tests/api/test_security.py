@@ -268,3 +268,38 @@ def test_changes_are_audited_with_the_tokens_name_and_only_admins_read_the_log(s
     assert log["entries"][0]["client"] == "127.0.0.1" and log["count"] == 3
     tail = http.get("/api/v1/audit", params={"after_id": log["entries"][2]["id"]}, headers=admin).json()
     assert [e["action"] for e in tail["entries"]][0] == "POST /api/v1/alerts/rules/r1/silence"  # oldest first
+
+
+def test_a_websocket_client_over_its_message_rate_is_closed(ctx):
+    from websockets.exceptions import ConnectionClosed
+
+    from api.ws_hub import HubConfig
+
+    app = create_app(ctx, hub_config=HubConfig(message_rate=0.5, message_burst=5))
+    with Server(app) as server, connect(server.ws, open_timeout=5) as ws:
+        for _ in range(5):
+            ws.send(json.dumps({"type": "ping"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+        ws.send(json.dumps({"type": "ping"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=5)
+        assert closed.value.rcvd.code == 1008 and "messages/s" in closed.value.rcvd.reason
+
+
+def test_a_websocket_client_holds_at_most_max_subscriptions(ctx):
+    from api.ws_hub import HubConfig
+
+    app = create_app(ctx, hub_config=HubConfig(max_subscriptions=2))
+    query = {"metric": "requests", "stat": "count", "from": "now-5m", "step": "10s"}
+    with Server(app) as server, connect(server.ws, open_timeout=5) as ws:
+        answers = []
+        for i in range(3):
+            ws.send(json.dumps({"type": "subscribe", "id": f"s{i}", "query": query}))
+            while True:
+                msg = json.loads(ws.recv(timeout=10))
+                if msg.get("id") == f"s{i}" and msg["type"] in ("snapshot", "error"):
+                    answers.append(msg)
+                    break
+        assert [m["type"] for m in answers] == ["snapshot", "snapshot", "error"]
+        assert "at most 2 subscriptions" in answers[2]["reason"]

@@ -73,3 +73,22 @@ def test_tokens_made_by_the_cli_guard_an_exposed_api_and_the_demo_sends_its_own(
             break
         time.sleep(0.2)
     assert status == 401
+
+
+def test_the_api_refuses_websocket_frames_over_the_limit(service_factory):
+    import json
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    service = service_factory(ws_max_message_bytes=4096)
+    service.start_api()
+    url = service.base.replace("http", "ws") + "/api/v1/ws"
+    with connect(url, open_timeout=10, max_size=None) as ws:
+        ws.send(json.dumps({"type": "ping", "pad": "x" * 3000}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "error"  # read and answered (an unknown field)
+        ws.send(json.dumps({"type": "ping", "pad": "x" * 5000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1009  # message too big, refused by the server before buffering it
