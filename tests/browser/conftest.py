@@ -68,7 +68,7 @@ def watched_page(browser):
     def open_page(base: str, path: str = "/", *, color_scheme: str = "dark", viewport=(1366, 900),
                   bypass_csp: bool = True, storage: dict | None = None):
         """bypass_csp: Playwright's string predicates (wait_for_function) are evaluated with
-        eval, which the dashboard's Content-Security-Policy forbids; tests/browser/test_security.py
+        eval, which the dashboard's Content-Security-Policy forbids; tests/browser/test_security_browser.py
         opens the dashboard under its CSP (bypass_csp=False) and checks it works there.
         storage: sessionStorage items set before the page's scripts run (an API token)."""
         context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]},
