@@ -47,6 +47,9 @@ class Settings(BaseSettings):
                                        " bursts of twice that; 0: no limit")
     rate_limit_events: float = Field(500_000, ge=0, description="events per second per token (or address) posted to"
                                      " /api/v1/events; bursts of one second's worth; 0: no limit")
+    max_json_depth: int = Field(16, ge=2, le=200, description="an ingested event nested deeper is rejected")
+    max_json_string_chars: int = Field(64 * 1024, ge=1024, description="longer strings (keys too) reject the event")
+    max_json_int_digits: int = Field(40, ge=20, le=4000, description="integers with more digits reject the event")
     audit_retention: DurationMs = Field("365d", ge=86_400_000, description="audit log entries kept")
     token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")

@@ -114,6 +114,7 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
     from api.security.token_file import TokenRegistry
     from api.security.tokens import TokenRecord
 
+    from api.security.json_limits import JsonLimits
     from api.security.ratelimit import RateLimiter
 
     registry = TokenRegistry([TokenRecord.from_dict(entry) for entry in settings.tokens], settings.tokens_path,
@@ -125,7 +126,9 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
                           request_limit=RateLimiter(requests, 2 * requests) if requests else None,
                           # A burst of at least one request's worth of events: max_events_per_request
                           # must stay postable (RateLimiter lets one oversized request through anyway).
-                          event_limit=RateLimiter(events, max(events, settings.max_events_per_request)) if events else None)
+                          event_limit=RateLimiter(events, max(events, settings.max_events_per_request)) if events else None,
+                          json_limits=JsonLimits(settings.max_json_depth, settings.max_json_string_chars,
+                                                 settings.max_json_int_digits))
 
 
 def check_exposure(settings: Settings, security=None) -> None:

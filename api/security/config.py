@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from api.security.json_limits import JsonLimits
 from api.security.origins import normalize_origin
 from api.security.ratelimit import RateLimiter
 from api.security.token_file import TokenRegistry
@@ -31,3 +32,5 @@ class SecurityConfig:
     # events posted. None: no limit (the tests' apps; settings set both).
     request_limit: RateLimiter | None = None
     event_limit: RateLimiter | None = None
+    # Bounds on each ingested event's JSON (depth, string length, integer digits).
+    json_limits: JsonLimits = field(default_factory=JsonLimits)

@@ -303,3 +303,25 @@ def test_a_websocket_client_holds_at_most_max_subscriptions(ctx):
                     break
         assert [m["type"] for m in answers] == ["snapshot", "snapshot", "error"]
         assert "at most 2 subscriptions" in answers[2]["reason"]
+
+
+def test_events_crossing_the_json_bounds_are_rejected_one_by_one_and_bodies_get_400(wired_ctx, now_ms):
+    from api.security.json_limits import JsonLimits
+
+    wired_ctx.security = SecurityConfig(json_limits=JsonLimits(max_depth=3, max_string_chars=2048, max_int_digits=20))
+    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
+        good = order(now_ms)[0]
+        events = [good, {**good, "extra": {"a": {"b": {"c": 1}}}}, {**good, "note": "x" * 3000},
+                  {**good, "big": 10**25}, {**good, "extra": {"a": ["ok"]}}]
+        answer = http.post(EVENTS, json=events).json()
+        assert answer["accepted"] == 2
+        assert [(r["index"], r["reason"]) for r in answer["rejected"]] == [
+            (1, "extra.a.b: nested deeper than max_depth (3)"),
+            (2, "note: string of 3000 characters exceeds max_string_chars (2048)"),
+            (3, "big: integer of more than 20 digits exceeds max_int_digits")]
+        deep = {"name": "r9", "kind": "threshold", "metric": "latency", "threshold": 1, "labels": {}}
+        nested = 1
+        for _ in range(40):
+            nested = [nested]
+        r = http.post("/api/v1/alerts/rules", json={**deep, "annotations": {"x": nested}})
+        assert r.status_code == 400 and "nested deeper than max_depth (16)" in r.json()["detail"]

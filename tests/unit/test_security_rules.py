@@ -242,3 +242,16 @@ def test_the_audit_store_keeps_entries_newest_first_and_prunes_past_retention(tm
         assert [e.action for e in store.entries()] == ["token.revoke"]  # older than 1 s before the newest
     finally:
         store.close()
+
+
+def test_json_limits_name_the_bound_and_where():
+    from api.security.json_limits import JsonLimits, violation
+
+    limits = JsonLimits(max_depth=3, max_string_chars=10, max_int_digits=5)
+    assert violation({"a": "x" * 10, "b": 99_999, "c": -1.5, "d": [1, {"e": None}], "f": True}, limits) is None
+    assert violation({"a": {"b": [{"c": 1}]}}, limits) == "a.b[0]: nested deeper than max_depth (3)"
+    assert violation({"a": ["ok", "x" * 11]}, limits) == "a[1]: string of 11 characters exceeds max_string_chars (10)"
+    assert violation({"k" * 11: 1}, limits).startswith("value: a key of 11 characters")
+    assert violation({"n": 100_000}, limits) == "n: integer of more than 5 digits exceeds max_int_digits"
+    assert violation({"n": [float("inf")]}, limits).startswith("n[0]: number inf is not finite")
+    assert violation("x" * 11, limits).startswith("value: string of 11")
