@@ -32,5 +32,9 @@ class SecurityConfig:
     # events posted. None: no limit (the tests' apps; settings set both).
     request_limit: RateLimiter | None = None
     event_limit: RateLimiter | None = None
+    # While no token is required, answer only requests naming a loopback Host (DNS rebinding,
+    # api/security/exposure.py). The composition root turns it on; tests' TestClient says
+    # `Host: testserver`, so the default is off.
+    loopback_host_when_open: bool = False
     # Bounds on each ingested event's JSON (depth, string length, integer digits).
     json_limits: JsonLimits = field(default_factory=JsonLimits)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from api.security.config import SecurityConfig
+from api.security.exposure import host_header_is_loopback
 from api.security.media import unsupported_body
 from api.security.origins import origin_allowed
 from api.security.policy import required_scope, websocket_scope
@@ -82,6 +83,12 @@ def charge(limiter: RateLimiter | None, key: str, cost: float = 1.0, what: str =
                      f" retry in {wait:.1f} s", retry_after=retry_after(wait))
 
 
+def check_host(required: bool, loopback_only: bool, host: str | None) -> None:
+    if loopback_only and not required and not host_header_is_loopback(host):
+        raise Denied(403, f"Host {host!r} refused: with no API tokens this service answers only loopback names"
+                     " (127.0.0.1, localhost, [::1]); create a token to serve other names")
+
+
 def guarded(required: bool, tokens: TokenSet, presented: str | None, needed: Scope | None,
             limiter: RateLimiter | None, client) -> tuple[TokenRecord | None, str]:
     """authorize() then the request rate limit: (the token's record, the rate-limit key). A
@@ -117,6 +124,7 @@ class SecurityMiddleware:
         method = scope["method"]
         try:
             required, tokens = self.config.tokens.state()
+            check_host(required, self.config.loopback_host_when_open, headers.get("host"))
             record, key = guarded(required, tokens, bearer(headers), required_scope(method, scope["path"]),
                                   self.config.request_limit, scope.get("client"))
             has_body = headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
@@ -151,6 +159,7 @@ class SecurityMiddleware:
                 raise Denied(403, f"websocket from origin {headers.get('origin')!r} refused: only the service's own"
                              " origin and those in allowed_origins may connect")
             required, tokens = self.config.tokens.state()
+            check_host(required, self.config.loopback_host_when_open, headers.get("host"))
             record, _ = guarded(required, tokens, presented, websocket_scope(scope["path"]),
                                 self.config.request_limit, scope.get("client"))
         except Denied as exc:

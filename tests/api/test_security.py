@@ -325,3 +325,29 @@ def test_events_crossing_the_json_bounds_are_rejected_one_by_one_and_bodies_get_
             nested = [nested]
         r = http.post("/api/v1/alerts/rules", json={**deep, "annotations": {"x": nested}})
         assert r.status_code == 400 and "nested deeper than max_depth (16)" in r.json()["detail"]
+
+
+def test_an_open_service_answers_only_loopback_host_names_against_dns_rebinding(ctx, tokens):
+    """A page on evil.example re-pointed at 127.0.0.1 is same-origin to the browser: Origin and
+    content types do not stop it, the Host header it sends does."""
+    ctx.security = SecurityConfig(loopback_host_when_open=True)
+    with Server(create_app(ctx)) as server:
+        rebound = {"Host": f"evil.example:{server.port}"}
+        r = httpx.get(server.http + "/api/v1/streams", headers=rebound)
+        assert r.status_code == 403 and "Host 'evil.example:" in r.json()["detail"]
+        assert httpx.get(server.http + "/", headers=rebound).status_code == 403
+        assert httpx.get(server.http + "/api/v1/streams", headers={"Host": "localhost"}).status_code == 200
+        assert httpx.get(server.http + "/api/v1/streams").status_code == 200
+        import socket
+
+        sock = socket.create_connection(("127.0.0.1", server.port))  # what evil.example resolves to
+        with pytest.raises(InvalidStatus) as refused:
+            with connect(f"ws://evil.example:{server.port}/api/v1/ws", sock=sock, open_timeout=5,
+                         origin=f"http://evil.example:{server.port}"):
+                pass
+        assert refused.value.response.status_code == 403
+    # With tokens, names are free (a proxy's, a LAN name): browsers never attach the bearer token.
+    ctx.security = SecurityConfig(tokens=TokenRegistry(path=tokens["path"]), loopback_host_when_open=True)
+    with Server(create_app(ctx)) as server:
+        headers = {"Host": "sketchboard.example", **auth(tokens["read"])}
+        assert httpx.get(server.http + "/api/v1/streams", headers=headers).status_code == 200

@@ -255,3 +255,13 @@ def test_json_limits_name_the_bound_and_where():
     assert violation({"n": 100_000}, limits) == "n: integer of more than 5 digits exceeds max_int_digits"
     assert violation({"n": [float("inf")]}, limits).startswith("n[0]: number inf is not finite")
     assert violation("x" * 11, limits).startswith("value: string of 11")
+
+
+@pytest.mark.parametrize(("host", "ok"), [
+    ("127.0.0.1:8000", True), ("localhost", True), ("localhost:8000", True), ("[::1]:8000", True), ("[::1]", True),
+    ("evil.example", False), ("evil.example:8000", False), ("10.0.0.1:8000", False), ("", False), (None, False),
+])
+def test_loopback_host_headers(host, ok):
+    from api.security.exposure import host_header_is_loopback
+
+    assert host_header_is_loopback(host) is ok
