@@ -123,7 +123,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         # FastAPI caches the document; the security part (401/403/415, scopes) is added once.
         doc = base_openapi()
         if not getattr(app.state, "security_documented", False):
-            security_openapi.document(doc)
+            security_openapi.document(doc, ctx.security.public_paths)
             app.state.security_documented = True
         return doc
 

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     allowed_origins: list[str] = Field(default_factory=list, description="websocket handshakes from these origins"
                                        " are accepted besides the service's own")
     cors_origins: list[str] = Field(default_factory=list, description="origins that get CORS headers; none by default")
+    metrics_public: bool = Field(False, description="GET /metrics without a token (for a scraper that cannot"
+                                 " send one); otherwise it needs the read scope")
     rate_limit_requests: float = Field(1000, ge=0, description="requests per second per token (per client address"
                                        " when open) to every route but the probes and the dashboard's files;"
                                        " bursts of twice that; 0: no limit")

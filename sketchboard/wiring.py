@@ -124,6 +124,7 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
                           allowed_origins=normalize_origins(settings.allowed_origins, "allowed_origins"),
                           cors_origins=tuple(settings.cors_origins),
                           loopback_host_when_open=True,
+                          public_paths=frozenset({"/metrics"}) if settings.metrics_public else frozenset(),
                           request_limit=RateLimiter(requests, 2 * requests) if requests else None,
                           # A burst of at least one request's worth of events: max_events_per_request
                           # must stay postable (RateLimiter lets one oversized request through anyway).

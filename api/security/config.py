@@ -36,5 +36,7 @@ class SecurityConfig:
     # api/security/exposure.py). The composition root turns it on; tests' TestClient says
     # `Host: testserver`, so the default is off.
     loopback_host_when_open: bool = False
+    # GET paths open without a token besides the probes and the dashboard (metrics_public: /metrics).
+    public_paths: frozenset[str] = frozenset()
     # Bounds on each ingested event's JSON (depth, string length, integer digits).
     json_limits: JsonLimits = field(default_factory=JsonLimits)

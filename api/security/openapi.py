@@ -10,7 +10,7 @@ _RETRY = {"Retry-After": {"description": "seconds", "schema": {"type": "string"}
 _CHALLENGE = {"WWW-Authenticate": {"description": "Bearer challenge (RFC 6750)", "schema": {"type": "string"}}}
 
 
-def document(doc: dict) -> dict:
+def document(doc: dict, public: frozenset[str] = frozenset()) -> dict:
     """Adds the bearer scheme, each operation's scope and its 401/403/415 answers (in place)."""
     components = doc.setdefault("components", {})
     components.setdefault("securitySchemes", {})["bearer"] = {
@@ -22,7 +22,7 @@ def document(doc: dict) -> dict:
         for method, op in ops.items():
             method = method.upper()
             responses = op.setdefault("responses", {})
-            scope = required_scope(method, path)
+            scope = required_scope(method, path, public)
             if scope is not None:
                 op["security"] = [{"bearer": []}]
                 note = f"Scope: `{scope}` (when tokens are required)."

@@ -15,10 +15,11 @@ ADMIN_READS = frozenset({"/api/v1/audit"})  # who changed what, from where: for 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def required_scope(method: str, path: str) -> Scope | None:
+def required_scope(method: str, path: str, public: frozenset[str] = frozenset()) -> Scope | None:
     """None: open. Anything not listed as open needs a token, including paths that do not
-    exist (a 404 should not tell an anonymous caller which routes there are)."""
-    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+    exist (a 404 should not tell an anonymous caller which routes there are). `public`: GET
+    paths the operator made open (/metrics with metrics_public, for a scraper without a token)."""
+    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or (method in READ_METHODS and path in public):
         return None
     if (method, path) in INGEST:
         return Scope.INGEST

@@ -351,3 +351,12 @@ def test_an_open_service_answers_only_loopback_host_names_against_dns_rebinding(
     with Server(create_app(ctx)) as server:
         headers = {"Host": "sketchboard.example", **auth(tokens["read"])}
         assert httpx.get(server.http + "/api/v1/streams", headers=headers).status_code == 200
+
+
+def test_metrics_can_be_made_public_and_the_document_says_so(ctx, tokens):
+    ctx.security = SecurityConfig(tokens=TokenRegistry(path=tokens["path"]), public_paths=frozenset({"/metrics"}))
+    with Server(create_app(ctx)) as server:
+        assert httpx.get(server.http + "/metrics").status_code == 200
+        assert httpx.get(server.http + "/api/v1/streams").status_code == 401
+        doc = httpx.get(server.http + "/openapi.json").json()
+        assert "security" not in doc["paths"]["/metrics"]["get"] and "security" in doc["paths"]["/api/v1/streams"]["get"]
