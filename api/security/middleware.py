@@ -125,8 +125,9 @@ class SecurityMiddleware:
         try:
             required, tokens = self.config.tokens.state()
             check_host(required, self.config.loopback_host_when_open, headers.get("host"))
-            record, key = guarded(required, tokens, bearer(headers), required_scope(method, scope["path"], self.config.public_paths),
-                                  self.config.request_limit, scope.get("client"))
+            needed = required_scope(method, scope["path"], self.config.public_paths)
+            record, key = guarded(required, tokens, bearer(headers), needed, self.config.request_limit,
+                                  scope.get("client"))
             has_body = headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
             why = unsupported_body(method, headers.get("content-type"), has_body)
             if why:
