@@ -127,6 +127,12 @@ def cmd_api(args: argparse.Namespace) -> int:
         ctx.alerts.start()  # here too: lag and absence rules matter most while the pipeline is down
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
+        # uvicorn's websockets-sansio protocol (its default) logs this error after any handshake
+        # refused with an HTTP answer (the security middleware's 401/403), though the client got
+        # that answer: one false ERROR line per refused connection. The ws route itself always
+        # accepts first, so the line has no other source here.
+        logging.getLogger("uvicorn.error").addFilter(
+            lambda record: "returned without completing handshake" not in record.getMessage())
         # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
                     ws_max_size=settings.ws_max_message_bytes)

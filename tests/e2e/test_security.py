@@ -92,3 +92,19 @@ def test_the_api_refuses_websocket_frames_over_the_limit(service_factory):
             while True:
                 ws.recv(timeout=10)
         assert closed.value.rcvd.code == 1009  # message too big, refused by the server before buffering it
+
+
+def test_a_refused_websocket_gets_its_status_and_leaves_no_false_error_in_the_log(service_factory):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    service = service_factory()
+    service.start_api()
+    url = service.base.replace("http", "ws") + "/api/v1/ws"
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(url, origin="http://evil.example", open_timeout=10):
+            pass
+    assert refused.value.response.status_code == 403
+    assert b"allowed_origins" in refused.value.response.body
+    time.sleep(0.5)
+    assert "without completing handshake" not in service.log_tail("api")
