@@ -9,6 +9,7 @@ from pathlib import Path
 
 import plotly
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 
 from api import (
@@ -23,9 +24,14 @@ from api import (
     status_routes,
     ws_routes,
 )
+from api.audit import routes as audit_routes
+from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
 from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed
+from api.security import openapi as security_openapi
+from api.security.headers import DASHBOARD_HEADERS
+from api.security.middleware import SecurityMiddleware
 from api.ws_hub import Hub, HubConfig
 from ingest.log import LogUnavailable
 from lag.feed import LagFeed, query_health
@@ -72,6 +78,15 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         # the service is unavailable for now, not broken.
         return JSONResponse({"detail": f"the log is unavailable: {exc}"}, status_code=503)
 
+    # Added before CORS, so CORS wraps it: a preflight (which never carries a token) is answered
+    # by CORS when cors_origins is set; without it there are no CORS headers at all.
+    if ctx.audit is not None:  # inside the security middleware: it reads the token that one found
+        app.add_middleware(AuditMiddleware, store=ctx.audit, clock=ctx.clock)
+        app.include_router(audit_routes.router(ctx.audit))
+    app.add_middleware(SecurityMiddleware, config=ctx.security)
+    if ctx.security.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(ctx.security.cors_origins),
+                           allow_methods=["GET", "POST", "PUT", "DELETE"], allow_headers=["Authorization", "Content-Type"])
     app.include_router(ingest_routes.router(ctx))
     app.include_router(query_routes.router(ctx))
     app.include_router(status_routes.router(ctx))
@@ -87,19 +102,32 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html",
-                            headers={"Cache-Control": "no-cache"})
+                            headers={"Cache-Control": "no-cache", **DASHBOARD_HEADERS})
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
         # Served from the installed plotly package: the dashboard works with no internet.
-        return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+        return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400", **DASHBOARD_HEADERS})
 
     @app.get("/static/{name}", include_in_schema=False)
     def asset(name: str) -> FileResponse:
         path = DASHBOARD_DIR / name
         if "/" in name or name.startswith(".") or path.suffix not in _ASSET_TYPES or not path.is_file():
             raise HTTPException(404, f"no asset {name!r}")
-        return FileResponse(path, media_type=_ASSET_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+        return FileResponse(path, media_type=_ASSET_TYPES[path.suffix],
+                            headers={"Cache-Control": "no-cache", **DASHBOARD_HEADERS})
+
+    base_openapi = app.openapi
+
+    def openapi() -> dict:
+        # FastAPI caches the document; the security part (401/403/415, scopes) is added once.
+        doc = base_openapi()
+        if not getattr(app.state, "security_documented", False):
+            security_openapi.document(doc, ctx.security.public_paths)
+            app.state.security_documented = True
+        return doc
+
+    app.openapi = openapi
 
     app.state.ctx = ctx
     app.state.hub = hub

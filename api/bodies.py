@@ -8,6 +8,9 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from api.errors import bad_request
+from api.security.json_limits import JsonLimits, violation
+
+BODY_LIMITS = JsonLimits()  # a rule or a silence: far inside these
 
 
 async def read_capped(request: Request, limit: int) -> bytes:
@@ -35,13 +38,18 @@ def _decode(text: str | bytes) -> Any:
 
 
 def loads_json(body: bytes) -> Any:
-    """A JSON body (a rule, a silence), or 400 saying why it is not one."""
+    """A JSON body (a rule, a silence), or 400 saying why it is not one, or which bound of
+    api/security/json_limits.py it crosses."""
     try:
-        return _decode(body)
+        value = _decode(body)
     except json.JSONDecodeError as exc:
         raise bad_request(None, f"the body is not valid JSON: {exc}") from None
     except ValueError as exc:  # UnicodeDecodeError is one too
         raise bad_request(None, f"the body is not valid JSON: {exc}") from None
+    problem = violation(value, BODY_LIMITS)
+    if problem:
+        raise bad_request(None, f"the body crosses a limit: {problem}")
+    return value
 
 
 class MalformedLine:

@@ -9,6 +9,7 @@ from typing import Any
 
 from catalog import Catalog
 from ingest.events import EventValidator
+from api.security.config import SecurityConfig
 from ingest.log import EventLog
 from store import PaneStore
 from store.point_cache import PointCache
@@ -33,6 +34,10 @@ class ApiContext:
     alerts: Any = None
     # Final points of sketch stats kept between queries and websocket pushes (store/point_cache.py).
     point_cache: PointCache = field(default_factory=PointCache)
+    # The audit log (store.audit.SqliteAuditStore); None: changes are not recorded, no /api/v1/audit.
+    audit: Any = None
+    # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
         for name, stream in self.catalog.streams.items():

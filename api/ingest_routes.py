@@ -8,7 +8,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
-from api.errors import errors
+from api.errors import ParamHTTPError, errors
+from api.security.json_limits import violation
+from api.security.middleware import Denied, charge
+from api.security.ratelimit import client_key
 from ingest.events import Rejection
 from ingest.log import LogUnavailable
 
@@ -60,6 +63,18 @@ EVENTS_BODY = {"requestBody": {
 }}
 
 
+def rate_limit_events(ctx: ApiContext, request: Request, count: int) -> None:
+    """429 when the caller (its token, or its address when open) is over its events per second,
+    charged to the same key as its requests (api/security/middleware.py)."""
+    key = getattr(request.state, "rate_key", None) or client_key(None, request.scope.get("client"))
+    try:
+        charge(ctx.security.event_limit, key, count, what="events")
+    except Denied as exc:
+        error = ParamHTTPError(429, None, exc.detail)
+        error.headers = {"Retry-After": exc.retry_after}
+        raise error from None
+
+
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["ingest"])
 
@@ -91,16 +106,26 @@ def router(ctx: ApiContext) -> APIRouter:
         raws = parse_events(body, request.headers.get("content-type", ""))
         if len(raws) > ctx.max_events_per_request:
             raise HTTPException(413, f"{len(raws)} events exceed the limit of {ctx.max_events_per_request} per request")
+        rate_limit_events(ctx, request, len(raws))
         validator = ctx.validators[stream]
+        limits = ctx.security.json_limits
         accepted, rejected = [], []
         for index, raw in enumerate(raws):
             if isinstance(raw, MalformedLine):
                 rejected.append(Rejection(index, raw.reason))
                 continue
             try:
-                accepted.append(validator.validate(raw))
+                event = validator.validate(raw)
             except ValueError as exc:
                 rejected.append(Rejection(index, str(exc)))
+                continue
+            # After the validator, whose messages about declared fields say more; the undeclared
+            # fields are kept as sent, so they are bounded here.
+            problem = violation(raw, limits)
+            if problem:
+                rejected.append(Rejection(index, problem))
+                continue
+            accepted.append(event)
         answer_rejected = [RejectedEvent(index=r.index, reason=r.reason) for r in rejected]
         if atomic and rejected:
             raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",

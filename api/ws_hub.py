@@ -207,6 +207,10 @@ class HubConfig:
     max_changes_per_tick: int = 50_000
     max_points: int = 11_000
     send_timeout_s: float = 60.0  # a client that accepts nothing for this long is disconnected
+    # Messages a client may send: a sustained rate and a burst (a dashboard subscribes to ~10
+    # queries at once on connect); past them the connection is closed (1008).
+    message_rate: float = 20.0
+    message_burst: int = 50
 
 
 @dataclass

@@ -12,6 +12,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
+from api.security.middleware import WS_PROTOCOL
+from api.security.ratelimit import RateLimiter
 from api.ws_hub import Client, Hub, QueuedMessage
 from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
 from store.rollup import RollupError
@@ -24,9 +26,13 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
 
     @r.websocket("/api/v1/ws")
     async def ws(websocket: WebSocket) -> None:
-        await websocket.accept()
+        # A browser that sent its token as a subprotocol offered "sketchboard" too and fails the
+        # handshake unless one offered protocol is selected (api/security/middleware.py).
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=WS_PROTOCOL if WS_PROTOCOL in offered else None)
         hub.ensure_started()
         client = hub.connect()
+        messages = RateLimiter(hub.config.message_rate, hub.config.message_burst, max_keys=1)
         sender = asyncio.create_task(_send_loop(websocket, client, hub))
         try:
             while True:
@@ -42,6 +48,12 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                 except (WebSocketDisconnect, RuntimeError):
                     break
                 if message["type"] == "websocket.disconnect":
+                    break
+                if messages.take("client") > 0:
+                    # A client flooding the hub with subscribe/ping messages costs every other
+                    # client: it is closed rather than throttled (a well-behaved one never gets here).
+                    with contextlib.suppress(Exception):
+                        await websocket.close(code=1008, reason=f"over {hub.config.message_rate:g} messages/s")
                     break
                 text = message.get("text")
                 if text is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import sys
 import threading
@@ -70,6 +71,9 @@ def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrenc
     def worker() -> None:
         local = BenchResult()
         headers = {"content-type": "application/json"}
+        token = os.environ.get("SKETCHBOARD_TOKEN")  # a service that requires tokens: one with the ingest scope
+        if token:
+            headers["authorization"] = f"Bearer {token}"
         with httpx.Client(base_url=url.rstrip("/"), timeout=30.0) as client:
             while True:
                 try:

@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -444,8 +445,11 @@ class DemoProducer:
         batch_max: int = 500,
         progress_every_s: float = 10.0,
         out: TextIO = sys.stderr,
+        token: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
+        # Sent as a bearer token when the service requires one (SKETCHBOARD_TOKEN, ingest scope).
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.traffic = traffic
         self.rate = rate
         self.batch_max = max(1, batch_max)
@@ -484,7 +488,7 @@ class DemoProducer:
         deadline = None if duration_s is None else self._started + duration_s
         progress_at, progress_sent = self._started + self.progress_every_s, 0
         owed = 0.0  # fractional events carried between ticks, so low rates still send
-        with httpx.Client(base_url=self.base_url, timeout=10.0) as client:
+        with httpx.Client(base_url=self.base_url, timeout=10.0, headers=self.headers) as client:
             while not stop.is_set():
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
@@ -606,7 +610,12 @@ def _detail(resp: httpx.Response) -> str:
     return str(body.get("detail", body) if isinstance(body, dict) else body)[:200]
 
 
-def main(argv: list[str] | None = None) -> int:
+TOKEN_ENV = "SKETCHBOARD_TOKEN"
+
+
+def main(argv: list[str] | None = None, token: str | None = None) -> int:
+    """`token`: the bearer token to send; default the SKETCHBOARD_TOKEN environment variable
+    (not an option: a command line is visible to every user of the machine)."""
     parser = argparse.ArgumentParser(prog="python -m ingest.demo", description="Send realistic demo traffic to Sketchboard.")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
     parser.add_argument("--rate", type=float, default=200.0, help="HTTP requests/s before the daily shape (default %(default)s)")
@@ -641,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Built right before sending: spike starts count from here (DemoTraffic.started_s).
     traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike)
-    producer = DemoProducer(args.url, traffic, rate=args.rate)
+    producer = DemoProducer(args.url, traffic, rate=args.rate, token=token or os.environ.get(TOKEN_ENV) or None)
     print(
         f"demo: sending ~{args.rate:g} requests/s (x{traffic.rate_at(time.time()):.2f} now) to {args.url},"
         f" streams: {', '.join(catalog.streams)}; Ctrl-C to stop",

@@ -45,6 +45,65 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from api.security.scopes import parse_scopes
+    from api.security.token_file import create_token
+
+    settings = _settings(args)
+    try:
+        scopes = parse_scopes(args.scope)
+    except ValueError as exc:
+        raise ConfigError(f"--scope: {exc}") from None
+    token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
+    _audit(settings, "token.create", args.name, {"scopes": sorted(scopes)})
+    # Only the token on stdout (`TOKEN=$(sketchboard token create ...)` works); the rest on stderr.
+    print(token)
+    print(f"sketchboard: token {args.name!r} ({', '.join(sorted(scopes))}) added to"
+          f" {settings.tokens_path}; it is shown only now: keep it (clients send `Authorization: Bearer <token>`;"
+          " the demo producer and bench scripts read SKETCHBOARD_TOKEN)", file=sys.stderr)
+    return 0
+
+
+def _audit(settings: Settings, action: str, name: str, detail) -> None:
+    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user."""
+    import getpass
+
+    from sketchboard.wiring import open_audit_store
+
+    store = open_audit_store(settings)
+    try:
+        store.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
+    finally:
+        store.close()
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    from api.security.token_file import read_tokens
+    from api.security.tokens import TokenRecord
+
+    settings = _settings(args)
+    rows = [(r, "settings") for r in (TokenRecord.from_dict(e) for e in settings.tokens)]
+    rows += [(r, str(settings.tokens_path)) for r in read_tokens(settings.tokens_path)]
+    if not rows:
+        print(f"no tokens ({settings.tokens_path} does not exist or is empty): the API is open on loopback"
+              " and refuses to listen elsewhere", file=sys.stderr)
+    for record, source in rows:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created_ms / 1000)) if record.created_ms else "-"
+        print(f"{record.name}\t{','.join(sorted(record.scopes))}\t{created}\t{source}")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from api.security.token_file import revoke_token
+
+    settings = _settings(args)
+    revoke_token(settings.tokens_path, args.name)
+    _audit(settings, "token.revoke", args.name, None)
+    print(f"sketchboard: token {args.name!r} revoked; a running API stops accepting it within a second",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -68,7 +127,15 @@ def cmd_api(args: argparse.Namespace) -> int:
         ctx.alerts.start()  # here too: lag and absence rules matter most while the pipeline is down
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        # uvicorn's websockets-sansio protocol (its default) logs this error after any handshake
+        # refused with an HTTP answer (the security middleware's 401/403), though the client got
+        # that answer: one false ERROR line per refused connection. The ws route itself always
+        # accepts first, so the line has no other source here.
+        logging.getLogger("uvicorn.error").addFilter(
+            lambda record: "returned without completing handshake" not in record.getMessage())
+        # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
+                    ws_max_size=settings.ws_max_message_bytes)
     finally:
         stop.set()
         if ctx.alerts is not None:
@@ -123,7 +190,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         argv += ["--duration", str(args.duration)]
     for spec in args.spike:
         argv += ["--spike", spec]
-    return demo.main(argv) or 0
+    token = settings.token.get_secret_value() if settings.token else None  # not in argv: ps would show it
+    return demo.main(argv, token=token) or 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -132,9 +200,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     check_java()
     settings = _settings(args)  # validated here, and the catalog too: fail once, not in three children
-    from sketchboard.wiring import open_catalog
+    from sketchboard.wiring import build_security, check_exposure, open_catalog
 
     open_catalog(settings)
+    security = build_security(settings)
+    check_exposure(settings, security)
+    if security.tokens.required and not args.no_demo and settings.token is None:
+        raise ConfigError("the API requires tokens, so the demo producer needs one: set SKETCHBOARD_TOKEN"
+                          " (or `token:` in the settings file) to a token with the ingest scope"
+                          " (`sketchboard token create demo --scope ingest`), or pass --no-demo")
     env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir), "SKETCHBOARD_HOST": settings.host,
            "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
     exe = [sys.executable, "-m", "sketchboard.cli"]
@@ -241,6 +315,18 @@ def build_parser() -> argparse.ArgumentParser:
     _spike_option(demo)
     demo.set_defaults(func=cmd_demo)
     common(sub.add_parser("check-config", help="validate the streams configuration")).set_defaults(func=cmd_check_config)
+    token = sub.add_parser("token", help="API tokens: create (printed once), list, revoke").add_subparsers(
+        dest="token_command", required=True, metavar="ACTION")
+    create = common(token.add_parser("create", help="make a token and print it (only this once)"))
+    create.add_argument("name", help="who or what uses it (shown in list and the audit log)")
+    create.add_argument("--scope", action="append", required=True,
+                        help="ingest, read or admin (admin implies the others); repeatable or comma-separated")
+    create.set_defaults(func=cmd_token_create)
+    common(token.add_parser("list", help="the tokens' names, scopes and creation times")).set_defaults(
+        func=cmd_token_list)
+    revoke = common(token.add_parser("revoke", help="remove a token from the tokens file"))
+    revoke.add_argument("name")
+    revoke.set_defaults(func=cmd_token_revoke)
     return parser
 
 
@@ -253,12 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from alerts.rules import RuleError
+    from api.security.token_file import TokenFileError
     from ingest.log import LogUnavailable, TopicMismatch
     from sketchboard.javacheck import JavaError
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable) as exc:
+    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from catalog import parse_duration_ms
@@ -33,6 +33,28 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="larger POST bodies get 413")
     max_events_per_request: int = Field(100_000, ge=1)
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
+
+    # Security (README: Security)
+    tokens_file: Path | None = Field(None, description="API tokens as hashes (`sketchboard token create`);"
+                                     " default <data_dir>/tokens.json")
+    tokens: list[dict[str, Any]] = Field(default_factory=list, description="more tokens, as {name, sha256, scopes}"
+                                         " (for deployments configured by environment: SKETCHBOARD_TOKENS)")
+    allowed_origins: list[str] = Field(default_factory=list, description="websocket handshakes from these origins"
+                                       " are accepted besides the service's own")
+    cors_origins: list[str] = Field(default_factory=list, description="origins that get CORS headers; none by default")
+    metrics_public: bool = Field(False, description="GET /metrics without a token (for a scraper that cannot"
+                                 " send one); otherwise it needs the read scope")
+    rate_limit_requests: float = Field(1000, ge=0, description="requests per second per token (per client address"
+                                       " when open) to every route but the probes and the dashboard's files;"
+                                       " bursts of twice that; 0: no limit")
+    rate_limit_events: float = Field(500_000, ge=0, description="events per second per token (or address) posted to"
+                                     " /api/v1/events; bursts of one second's worth; 0: no limit")
+    max_json_depth: int = Field(16, ge=2, le=200, description="an ingested event nested deeper is rejected")
+    max_json_string_chars: int = Field(64 * 1024, ge=1024, description="longer strings (keys too) reject the event")
+    max_json_int_digits: int = Field(40, ge=20, le=4000, description="integers with more digits reject the event")
+    audit_retention: DurationMs = Field("365d", ge=86_400_000, description="audit log entries kept")
+    token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
+                                    " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 
     # Log
     log_retention: DurationMs = Field("7d", description="records older than this are dropped")
@@ -75,6 +97,11 @@ class Settings(BaseSettings):
     ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
     ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
+    ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
+                                      " connection (1009)")
+    ws_message_rate: float = Field(20.0, gt=0, description="messages per second a websocket client may send"
+                                   " (bursts of ws_message_burst); past it the connection is closed (1008)")
+    ws_message_burst: int = Field(50, ge=1)
     # Consumer lag and pipeline health
     lag_sample_interval: DurationMs = Field("2s", ge=10, description="how often the API samples consumer lag")
     lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
@@ -100,6 +127,28 @@ class Settings(BaseSettings):
     demo_horizon_fraction: float = Field(0.0005, ge=0, le=1, description="older than retention: dead letters")
     demo_future_fraction: float = Field(0.0002, ge=0, le=1, description="from a clock in the future: dead letters")
 
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_are_hashes(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from api.security.tokens import TokenRecord
+
+        for entry in value:
+            TokenRecord.from_dict(entry)  # ValueError names the entry and the field
+        return value
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value):
+        return None if value == "" else value  # SKETCHBOARD_TOKEN= unsets it
+
+    @field_validator("allowed_origins", "cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str], info) -> list[str]:
+        from api.security.config import normalize_origins
+
+        normalize_origins(value, info.field_name)
+        return value
+
     @model_validator(mode="after")
     def _kafka_needs_servers(self) -> Settings:
         if self.log_backend == "kafka" and not self.kafka_bootstrap_servers:
@@ -124,6 +173,10 @@ class Settings(BaseSettings):
     @property
     def checkpoint_dir(self) -> Path:
         return self.data_dir / "checkpoints" / self.pipeline_name
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.tokens_file or self.data_dir / "tokens.json"
 
     @property
     def base_url(self) -> str:

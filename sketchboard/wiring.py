@@ -102,11 +102,57 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     return service
 
 
+def open_audit_store(settings: Settings):
+    from store.audit import SqliteAuditStore
+
+    # Same file as the pane store, own connection and table (store/audit.py).
+    return SqliteAuditStore(settings.store_path, retention_ms=settings.audit_retention, synchronous=settings.log_sync)
+
+
+def build_security(settings: Settings, *, reload_every_s: float = 1.0):
+    """Tokens (file and settings), allowed websocket origins, CORS. Beyond loopback a token is
+    always required, even after the last one is revoked."""
+    from api.security.config import SecurityConfig, normalize_origins
+    from api.security.exposure import is_loopback
+    from api.security.token_file import TokenRegistry
+    from api.security.tokens import TokenRecord
+
+    from api.security.json_limits import JsonLimits
+    from api.security.ratelimit import RateLimiter
+
+    registry = TokenRegistry([TokenRecord.from_dict(entry) for entry in settings.tokens], settings.tokens_path,
+                             force=not is_loopback(settings.host), reload_every_s=reload_every_s)
+    requests, events = settings.rate_limit_requests, settings.rate_limit_events
+    return SecurityConfig(tokens=registry,
+                          allowed_origins=normalize_origins(settings.allowed_origins, "allowed_origins"),
+                          cors_origins=tuple(settings.cors_origins),
+                          loopback_host_when_open=True,
+                          public_paths=frozenset({"/metrics"}) if settings.metrics_public else frozenset(),
+                          request_limit=RateLimiter(requests, 2 * requests) if requests else None,
+                          # A burst of at least one request's worth of events: max_events_per_request
+                          # must stay postable (RateLimiter lets one oversized request through anyway).
+                          event_limit=RateLimiter(events, max(events, settings.max_events_per_request)) if events else None,
+                          json_limits=JsonLimits(settings.max_json_depth, settings.max_json_string_chars,
+                                                 settings.max_json_int_digits))
+
+
+def check_exposure(settings: Settings, security=None) -> None:
+    """ConfigError when the API would listen beyond loopback with no token at all."""
+    from api.security.exposure import exposure_error
+
+    security = security or build_security(settings)
+    problem = exposure_error(settings.host, security.tokens.count())
+    if problem:
+        raise ConfigError(problem)
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
     from api.ws_hub import HubConfig
 
+    security = build_security(settings)
+    check_exposure(settings, security)  # before opening anything
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
     lag = build_lag_monitor(settings, catalog, log, store)
@@ -121,12 +167,16 @@ def build_api(settings: Settings):
         lag=lag,
         health=open_health_store(settings, store),
         alerts=build_alert_service(settings, catalog, store, lag),
+        security=security,
+        audit=open_audit_store(settings),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
         heartbeat_interval_s=settings.ws_heartbeat_interval,
         queue_size=settings.ws_queue_size,
         max_subscriptions=settings.ws_max_subscriptions,
+        message_rate=settings.ws_message_rate,
+        message_burst=settings.ws_message_burst,
         max_points=settings.query_max_points,
     )
     return create_app(ctx, hub_config=hub_config), ctx

@@ -248,7 +248,8 @@
 
     connect() {
       setConnState("connecting", "connecting…");
-      const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`);
+      const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`,
+                               window.SketchboardAuth ? window.SketchboardAuth.protocols() : []);
       this.ws = ws;
       ws.onopen = () => {
         this.backoff = 500;
@@ -431,6 +432,9 @@
   }
 
   // ---------------------------------------------------------------- explorer and URL state
+  // The form never submits (Enter in the filter box would reload the page); a listener, not an
+  // inline onsubmit: the CSP allows no inline script.
+  document.getElementById("explorer").addEventListener("submit", (ev) => ev.preventDefault());
 
   const controls = ["metric", "stat", "group-by", "filter", "range", "from", "to", "step"];
   function readUrl() {

@@ -109,20 +109,22 @@ def snapshot(ctx):
 
 @contextmanager
 def wired(ctx: ApiContext, tmp_path: Path, clock):
-    """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor
-    and the Spark-health store, all on the same real SQLite store file."""
+    """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor,
+    the Spark-health store and the audit log, all on the same real SQLite store file."""
     from alerts.service import AlertService
     from alerts.source import StoreAlertData
     from lag.report import LagMonitor
     from lag.sampler import LagSampler
     from lag.sources import EventLogLagSource, StoreCommitted
     from store.alerts import SqliteAlertStore
+    from store.audit import SqliteAuditStore
     from store.health import SqliteHealthStore
     from store.lag import SqliteLagStore
 
     alert_store = SqliteAlertStore(tmp_path / "store.db")
     lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
     health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
+    audit = SqliteAuditStore(tmp_path / "store.db", synchronous="OFF")
     source = EventLogLagSource(ctx.log)
     sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
                          pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
@@ -131,11 +133,12 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
                          lambda: [(n, p) for n in ctx.catalog.streams for p in source.end_offsets(n)],
                          window=3, interval_s=1.0, clock=clock, sampler=sampler)
     ctx.health = health
+    ctx.audit = audit
     try:
         yield ctx
     finally:
-        ctx.alerts, ctx.lag, ctx.health = None, None, None
-        for side in (alert_store, lag_store, health):
+        ctx.alerts, ctx.lag, ctx.health, ctx.audit = None, None, None, None
+        for side in (alert_store, lag_store, health, audit):
             side.close()
 
 

@@ -107,7 +107,8 @@ def test_name_taken_and_bodies_that_are_not_objects(api):
     taken = api.post("/api/v1/alerts/rules", json=RULE)
     assert taken.status_code == 409 and "already exists" in taken.json()["detail"]
     assert api.post("/api/v1/alerts/rules", json=[RULE]).status_code == 400
-    assert "not valid JSON" in api.post("/api/v1/alerts/rules", content=b"{").json()["detail"]
+    assert "not valid JSON" in api.post("/api/v1/alerts/rules", content=b"{",
+                                         headers={"content-type": "application/json"}).json()["detail"]
 
 
 def test_file_rules_are_read_only_but_can_be_silenced(api, alerts, catalog, tmp_path):

@@ -43,16 +43,26 @@ with warnings.catch_warnings():
     )
 
 from api.app import create_app
+from api.security.config import SecurityConfig
+from api.security.scopes import Scope
+from api.security.token_file import TokenRegistry
+from api.security.tokens import TokenRecord, hash_token
 from catalog import load_catalog
 from tests.api.conftest import CONFIG, FakeClock, wire
 
+# The app under test requires tokens (as one listening beyond loopback does): schemathesis sends
+# this admin token, and its missing_required_header check makes sure a request without it is
+# refused with 401.
+FUZZ_TOKEN = "sb_fuzz-admin-token-for-the-test-only"
 EXAMPLES = int(os.environ.get("SKETCHBOARD_FUZZ_EXAMPLES", "25"))
 # Every check schemathesis 4.32 has that applies to this app, but:
 # - positive_data_acceptance (a schema-valid request must get 2xx): the grammar of `from`,
 #   `to`, `step`, `stat` and the catalog's names is wider than JSON Schema says, so valid-looking
 #   requests are rightly refused (a `to` before `from`, a step that is no multiple of the pane,
 #   a metric that does not exist); the 400s say why, and are checked for shape instead.
-# - ignored_auth, object_level_authorization: the app under test has no tokens (loopback, open).
+# - ignored_auth: its probes go through schemathesis' requests transport, not the ASGI app;
+#   tests/api/test_security.py sends every secured operation without and with a bad token instead.
+# - object_level_authorization: there are no per-object owners (a token's scope covers a route).
 # - use_after_free, ensure_resource_availability: stateful, they need OpenAPI links and the
 #   stateful phase, which pytest's parametrize does not run.
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -81,6 +91,7 @@ def _document() -> dict:
 
 FUZZ_CONFIG = SchemathesisConfig.from_dict({
     "seed": 23,
+    "auth": {"openapi": {"bearer": {"bearer": FUZZ_TOKEN}}},
     # Positive and negative cases. The coverage phase adds each schema's boundary values (2^63
     # for an id declared le=2^63-1), the fuzzing phase random ones.
     "generation": {
@@ -128,7 +139,10 @@ def _checks(case) -> list:
 
 @pytest.fixture
 def fuzzed_app(wired_ctx):
-    """A fresh app and store per operation, with one rule for the rule routes to find."""
+    """A fresh app and store per operation, with one rule for the rule routes to find; tokens
+    required, FUZZ_TOKEN the one admin token."""
+    wired_ctx.security = SecurityConfig(tokens=TokenRegistry(
+        [TokenRecord("fuzz", hash_token(FUZZ_TOKEN), frozenset({Scope.ADMIN}))]))
     app = create_app(wired_ctx)
     wired_ctx.alerts.create(RULE)
     return app

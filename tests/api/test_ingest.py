@@ -159,11 +159,15 @@ def test_ndjson_accepted(client, ctx, now_ms):
     assert sorted(row["user_id"] for row in log_rows(ctx)) == ["u0", "u1", "u2", "u3"]
 
 
-def test_ndjson_detected_without_content_type(client, ctx, now_ms):
+def test_a_body_without_a_json_or_ndjson_content_type_is_refused(client, ctx, now_ms):
+    """No Content-Type, or text/plain (what a page on another origin can send without a CORS
+    preflight): 415, nothing written (issue 22's CSRF finding)."""
     body = ndjson([event(now_ms, i) for i in range(3)])
-    r = client.post(URL, params={"stream": STREAM}, content=body)
-    assert r.status_code == 200, r.text
-    assert r.json()["accepted"] == 3
+    for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+        r = client.post(URL, params={"stream": STREAM}, content=body, headers=headers)
+        assert r.status_code == 415, (headers, r.text)
+        assert "application/json or application/x-ndjson" in r.json()["detail"]
+    assert total_events(ctx) == 0
 
 
 def test_ndjson_malformed_line_rejected_others_accepted(client, ctx, now_ms):

@@ -65,9 +65,19 @@ class PageWatch:
 def watched_page(browser):
     pages = []
 
-    def open_page(base: str, path: str = "/", *, color_scheme: str = "dark", viewport=(1366, 900)):
+    def open_page(base: str, path: str = "/", *, color_scheme: str = "dark", viewport=(1366, 900),
+                  bypass_csp: bool = True, storage: dict | None = None):
+        """bypass_csp: Playwright's string predicates (wait_for_function) are evaluated with
+        eval, which the dashboard's Content-Security-Policy forbids; tests/browser/test_security_browser.py
+        opens the dashboard under its CSP (bypass_csp=False) and checks it works there.
+        storage: sessionStorage items set before the page's scripts run (an API token)."""
         context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]},
-                                      color_scheme=color_scheme)
+                                      color_scheme=color_scheme, bypass_csp=bypass_csp)
+        if storage:
+            import json
+
+            context.add_init_script("".join(f"sessionStorage.setItem({json.dumps(k)}, {json.dumps(v)});"
+                                            for k, v in storage.items()))
         page = context.new_page()
         watch = PageWatch(page, base)
         pages.append(context)

@@ -212,7 +212,7 @@ def test_sketchboard_demo_checks_spikes_and_passes_them_on(monkeypatch, capsys):
     args = cli.build_parser().parse_args(["demo", "--spike", "/api/cart:40:20s:30s", "--spike", "/api/login:3:1m:10s"])
     assert args.spike == ["/api/cart:40:20s:30s", "/api/login:3:1m:10s"]
     seen: list[list[str]] = []
-    monkeypatch.setattr(demo, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(demo, "main", lambda argv, token=None: seen.append(argv) or 0)
     assert cli.cmd_demo(args) == 0
     argv = seen[0]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--spike"] == args.spike

@@ -1,0 +1,45 @@
+"""Records every successful change made through the API, with the token that made it.
+
+A middleware rather than a line in each route: routes added later (dashboards, reprocessing)
+are audited without anyone remembering to, and the body recorded is the one the route read.
+It sits inside the security middleware, which puts the caller's token in the scope's state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.concurrency import run_in_threadpool
+
+from api.audit.entries import MAX_DETAIL_BYTES, actor, audited, detail
+
+
+class AuditMiddleware:
+    def __init__(self, app, store, clock: Callable[[], float]):
+        self.app, self.store, self.clock = app, store, clock
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not audited(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        status = {"code": None}
+
+        async def receive_copy():
+            message = await receive()
+            if message["type"] == "http.request" and len(body) <= MAX_DETAIL_BYTES:
+                body.extend(message.get("body", b""))
+            return message
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        await self.app(scope, receive_copy, send_status)
+        if status["code"] is not None and 200 <= status["code"] < 300:
+            token = scope.get("state", {}).get("token")
+            client = scope.get("client")
+            await run_in_threadpool(
+                self.store.record, int(self.clock() * 1000), actor(token.name if token else None),
+                f"{scope['method']} {scope['path']}", target=scope["path"], client=client[0] if client else None,
+                status=status["code"], detail=detail(bytes(body)))

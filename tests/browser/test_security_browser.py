@@ -1,0 +1,165 @@
+"""Issue 22 in a real Chromium: the dashboard runs under its Content-Security-Policy, asks for a
+token when the API requires one and works with it (REST and websocket), and a page served from
+another origin can neither read nor write a Sketchboard open on loopback."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from api.app import create_app
+from api.context import ApiContext
+from api.security.config import SecurityConfig
+from api.security.scopes import Scope
+from api.security.token_file import TokenRegistry, create_token
+from api.ws_hub import HubConfig
+from ingest.log import SqliteEventLog
+from store import SqlitePaneStore
+from tests.api.test_ws import Server, ev
+from tests.browser.test_dashboard import LiveClock, commit, live  # noqa: F401  (live: fixture)
+
+pytestmark = pytest.mark.browser
+
+# Recorded from before the page's own scripts run (an init script is injected by the browser's
+# debugging protocol, which the CSP does not govern).
+RECORD_VIOLATIONS = """
+window.__csp = [];
+document.addEventListener('securitypolicyviolation',
+  e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI + ' ' + e.sourceFile + ':' + e.lineNumber));
+"""
+HAS_POINTS = "#chart-main[data-non-empty-points]:not([data-non-empty-points='0'])"
+
+
+def some_events(now_ms: int) -> list[dict]:
+    return [ev(now_ms - 60_000 + i * 500, endpoint=("/api/cart", "/api/search")[i % 2], latency=float(5 + i),
+               user=f"u{i}") for i in range(40)]
+
+
+def test_the_dashboard_works_under_its_csp(live, browser):  # noqa: F811
+    server, ctx, _ = live
+    commit(server, ctx, some_events(int(time.time() * 1000)))
+    context = browser.new_context()  # the CSP enforced (no bypass)
+    try:
+        page = context.new_page()
+        errors = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.add_init_script(RECORD_VIOLATIONS)
+        response = page.goto(server.http + "/?metric=requests&stat=count&range=15m&theme=light")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        page.wait_for_selector(HAS_POINTS, timeout=15_000)
+        page.wait_for_selector("#chart-main .scatterlayer .trace", timeout=5_000)  # Plotly drew
+        assert page.get_attribute("html", "data-theme") == "light"  # theme.js ran
+        page.locator("#filter").press("Enter")  # the explorer form must not submit (no inline onsubmit)
+        time.sleep(0.3)
+        assert page.url.endswith("theme=light") and page.evaluate("window.__csp") == []
+        assert errors == []
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def secured(tmp_path, demo_catalog):
+    path = tmp_path / "tokens.json"
+    tokens = {scope: create_token(path, f"t_{scope}", frozenset({Scope(scope)}), now_ms=0)
+              for scope in ("ingest", "read")}
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    ctx = ApiContext(catalog=demo_catalog, log=log, store=store, clock=LiveClock(),
+                     security=SecurityConfig(tokens=TokenRegistry(path=path, reload_every_s=0)))
+    app = create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2))
+    with Server(app) as server:
+        yield server, ctx, tokens
+    store.close()
+    log.close()
+
+
+def test_the_dashboard_asks_for_a_token_and_works_with_it(secured, browser, artifacts):
+    server, ctx, tokens = secured
+    import httpx
+
+    body = some_events(int(time.time() * 1000))
+    r = httpx.post(server.http + "/api/v1/events?stream=http_requests", json=body,
+                   headers={"Authorization": f"Bearer {tokens['ingest']}"})
+    assert r.status_code == 200, r.text
+    from tests.api.test_ws_support import drain_log_into_store
+
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(time.time() * 1000))
+
+    context = browser.new_context()  # under the CSP
+    try:
+        page = context.new_page()
+        requests = []
+        page.on("request", lambda req: requests.append((req.url, req.headers.get("authorization"))))
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible", timeout=10_000)
+        assert page.get_attribute("#status-connection", "data-state") != "open"
+        page.screenshot(path=str(artifacts / "dashboard-token-prompt.png"))
+
+        page.fill("#token-input", "sb_not_a_real_token")
+        page.click("[data-testid=token-submit]")
+        dialog.wait_for(state="visible", timeout=10_000)
+        page.wait_for_selector("#token-reason:has-text('refused')", timeout=10_000)
+
+        page.fill("#token-input", tokens["read"])
+        page.click("[data-testid=token-submit]")  # kept for this tab; the page reloads with it
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)  # websocket: token accepted
+        page.wait_for_selector(HAS_POINTS, timeout=15_000)
+        assert not dialog.is_visible()
+        assert page.evaluate("sessionStorage.getItem('sketchboard.token')") == tokens["read"]
+        assert page.evaluate("localStorage.getItem('sketchboard.token')") is None
+        api_calls = [(url, auth) for url, auth in requests if "/api/v1/" in url and url.startswith("http")]
+        after = api_calls[max(i for i, (_, a) in enumerate(api_calls) if a == "Bearer sb_not_a_real_token") + 1:]
+        assert len(after) >= 2 and all(a == f"Bearer {tokens['read']}" for _, a in after), api_calls
+        assert api_calls[0][1] is None  # before the prompt: no token at all
+        page.wait_for_selector("#token-forget:not([hidden])")
+        page.screenshot(path=str(artifacts / "dashboard-with-token.png"))
+    finally:
+        context.close()
+
+
+EVIL_PAGE = """<!doctype html><html><body><script>
+window.results = {};
+const target = new URL(location.href).searchParams.get("target");
+const events = JSON.stringify([{time: Date.now(), endpoint: "/evil", method: "GET", status: 200, region: "eu",
+                               latency_ms: 1, response_bytes: 1, user_id: "evil"}]);
+// A simple request (no preflight): the browser sends it, the service must refuse it (415).
+fetch(target + "/api/v1/events?stream=http_requests", {method: "POST", mode: "no-cors",
+      headers: {"Content-Type": "text/plain"}, body: events})
+  .then(() => results.write_plain = "sent", e => results.write_plain = "failed");
+// JSON needs a preflight, which gets no CORS headers: never sent.
+fetch(target + "/api/v1/events?stream=http_requests", {method: "POST",
+      headers: {"Content-Type": "application/json"}, body: events})
+  .then(() => results.write_json = "ok", e => results.write_json = "blocked");
+// Reading: the answer is not readable without CORS headers.
+fetch(target + "/api/v1/streams").then(r => r.text()).then(() => results.read = "read", e => results.read = "blocked");
+const ws = new WebSocket(target.replace("http", "ws") + "/api/v1/ws");
+ws.onopen = () => results.ws = "open";
+ws.onclose = () => { results.ws = results.ws || "refused"; };
+</script></body></html>"""
+
+
+def test_a_page_from_another_origin_cannot_read_or_write(live, browser):  # noqa: F811
+    server, ctx, _ = live  # open: loopback, no tokens, as `make run`
+    before = {name: dict(ctx.log.offsets(name)) for name in ctx.catalog.streams}
+    evil = Starlette(routes=[Route("/", lambda request: HTMLResponse(EVIL_PAGE))])
+    with Server(evil) as other:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(f"{other.http}/?target={server.http}")
+            page.wait_for_function("['write_plain', 'write_json', 'read', 'ws'].every(k => k in window.results)",
+                                   timeout=15_000)
+            results = page.evaluate("window.results")
+        finally:
+            context.close()
+    assert results == {"write_plain": "sent", "write_json": "blocked", "read": "blocked", "ws": "refused"}
+    assert {name: dict(ctx.log.offsets(name)) for name in ctx.catalog.streams} == before  # nothing written
