@@ -34,7 +34,7 @@ class ApiContext:
     alerts: Any = None
     # Final points of sketch stats kept between queries and websocket pushes (store/point_cache.py).
     point_cache: PointCache = field(default_factory=PointCache)
-    # The audit log (store.audit.SqliteAuditStore); None: changes are not recorded, no /api/v1/audit.
+    # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)

@@ -68,12 +68,14 @@ def _audit(settings: Settings, action: str, name: str, detail) -> None:
     """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user."""
     import getpass
 
-    from sketchboard.wiring import open_audit_store
+    from sketchboard.wiring import open_audit_store, open_store
 
-    store = open_audit_store(settings)
+    store = open_store(settings)
+    audit = open_audit_store(settings, store)
     try:
-        store.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
+        audit.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
     finally:
+        audit.close()
         store.close()
 
 

@@ -102,11 +102,11 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     return service
 
 
-def open_audit_store(settings: Settings):
-    from store.audit import SqliteAuditStore
+def open_audit_store(settings: Settings, store: PaneStore):
+    from store.audit import AuditStore
 
-    # Same file as the pane store, own connection and table (store/audit.py).
-    return SqliteAuditStore(settings.store_path, retention_ms=settings.audit_retention, synchronous=settings.log_sync)
+    # Beside the panes, on the store's backend, with a table and a connection of its own (store/audit.py).
+    return AuditStore(store.side_db(), retention_ms=settings.audit_retention)
 
 
 def build_security(settings: Settings, *, reload_every_s: float = 1.0):
@@ -168,7 +168,7 @@ def build_api(settings: Settings):
         health=open_health_store(settings, store),
         alerts=build_alert_service(settings, catalog, store, lag),
         security=security,
-        audit=open_audit_store(settings),
+        audit=open_audit_store(settings, store),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

@@ -1,6 +1,7 @@
-"""The audit log: who changed what (alert rules, silences, tokens, ...), in the store's SQLite
-file with its own connection (store/connection.py's SideStore). Every write prunes entries
-older than the retention."""
+"""The audit log: who changed what (alert rules, silences, tokens, ...), beside the panes (the
+store's SQLite file with its own connection, or the PostgreSQL store's database: a
+store/connection.py Db, as the lag and alert stores). Every write prunes entries older than
+the retention."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from store.connection import SideStore, transaction
+from store.connection import Db, SideStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_log (
@@ -41,8 +42,8 @@ class AuditEntry:
         return asdict(self)
 
 
-class SqliteAuditStore(SideStore):
-    def __init__(self, path: str | Path, *, retention_ms: int = 365 * 86_400_000, synchronous: str = "NORMAL",
+class AuditStore(SideStore):
+    def __init__(self, path: str | Path | Db, *, retention_ms: int = 365 * 86_400_000, synchronous: str = "NORMAL",
                  busy_timeout_s: float = 30.0):
         if retention_ms <= 0:
             raise ValueError(f"audit retention must be positive, got {retention_ms} ms")
@@ -51,12 +52,12 @@ class SqliteAuditStore(SideStore):
 
     def record(self, at_ms: int, actor: str, action: str, *, target: str | None = None, client: str | None = None,
                status: int | None = None, detail: Any = None) -> int:
-        with self._lock, transaction(self._conn) as conn:
-            cur = conn.execute(
+        with self._lock, self._conn.transaction() as conn:
+            new_id = conn.insert_id(
                 "INSERT INTO audit_log (at_ms, actor, client, action, target, status, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (at_ms, actor, client, action, target, status, None if detail is None else json.dumps(detail)))
             conn.execute("DELETE FROM audit_log WHERE at_ms < ?", (at_ms - self.retention_ms,))
-            return cur.lastrowid
+            return new_id
 
     def entries(self, *, limit: int = 100, after_id: int | None = None) -> list[AuditEntry]:
         """Newest first; with after_id, the entries after it, oldest first (to tail the log)."""

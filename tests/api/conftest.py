@@ -117,14 +117,14 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     from lag.sampler import LagSampler
     from lag.sources import EventLogLagSource, StoreCommitted
     from store.alerts import SqliteAlertStore
-    from store.audit import SqliteAuditStore
+    from store.audit import AuditStore
     from store.health import SqliteHealthStore
     from store.lag import SqliteLagStore
 
     alert_store = SqliteAlertStore(tmp_path / "store.db")
     lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
     health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
-    audit = SqliteAuditStore(tmp_path / "store.db", synchronous="OFF")
+    audit = AuditStore(tmp_path / "store.db", synchronous="OFF")
     source = EventLogLagSource(ctx.log)
     sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
                          pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)

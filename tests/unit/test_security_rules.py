@@ -228,10 +228,10 @@ def test_what_is_audited_and_how_a_body_is_described():
     assert big["truncated"] is True and big["bytes"] > MAX_DETAIL_BYTES
 
 
-def test_the_audit_store_keeps_entries_newest_first_and_prunes_past_retention(tmp_path):
-    from store.audit import SqliteAuditStore
+def test_the_audit_store_keeps_entries_newest_first_and_prunes_past_retention(store_backend):
+    from store.audit import AuditStore
 
-    store = SqliteAuditStore(tmp_path / "store.db", retention_ms=1000, synchronous="OFF")
+    store = AuditStore(store_backend.side_db(), retention_ms=1000)  # on each store backend
     try:
         first = store.record(10, "ops", "token.create", target="ci", detail={"scopes": ["read"]})
         store.record(20, "ops", "PUT /api/v1/alerts/rules/r", target="/api/v1/alerts/rules/r", client="10.0.0.1",
