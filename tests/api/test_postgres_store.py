@@ -22,7 +22,7 @@ def test_api_serves_from_a_postgres_store(postgres_server, tmp_path, monkeypatch
                         alerts_config=DEFAULT_ALERTS)
     app, ctx = build_api(settings)
     assert type(ctx.store).__name__ == "PostgresPaneStore"
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host (DNS-rebinding check)
         assert client.get("/readyz").status_code == 200
         assert client.get("/api/v1/pipeline").json()["batches"] == 0
         rules = client.get("/api/v1/alerts/rules").json()["rules"]
