@@ -117,8 +117,12 @@ def test_the_dashboard_asks_for_a_token_and_works_with_it(secured, browser, arti
         assert page.evaluate("sessionStorage.getItem('sketchboard.token')") == tokens["read"]
         assert page.evaluate("localStorage.getItem('sketchboard.token')") is None
         api_calls = [(url, auth) for url, auth in requests if "/api/v1/" in url and url.startswith("http")]
-        after = api_calls[max(i for i, (_, a) in enumerate(api_calls) if a == "Bearer sb_not_a_real_token") + 1:]
-        assert len(after) >= 2 and all(a == f"Bearer {tokens['read']}" for _, a in after), api_calls
+        good = f"Bearer {tokens['read']}"
+        assert ("http://127.0.0.1:%d/api/v1/metrics" % server.port, "Bearer sb_not_a_real_token") in api_calls
+        # Once the read token is in, every request carries it (before, the refused one was dropped
+        # and the page's other panels may have asked without a token: all 401s).
+        after = api_calls[min(i for i, (_, a) in enumerate(api_calls) if a == good):]
+        assert len(after) >= 2 and all(a == good for _, a in after), api_calls
         assert api_calls[0][1] is None  # before the prompt: no token at all
         page.wait_for_selector("#token-forget:not([hidden])")
         page.screenshot(path=str(artifacts / "dashboard-with-token.png"))
@@ -163,3 +167,41 @@ def test_a_page_from_another_origin_cannot_read_or_write(live, browser):  # noqa
             context.close()
     assert results == {"write_plain": "sent", "write_json": "blocked", "read": "blocked", "ws": "refused"}
     assert {name: dict(ctx.log.offsets(name)) for name in ctx.catalog.streams} == before  # nothing written
+
+
+def test_a_read_token_sees_the_rules_but_the_editor_shows_the_403_and_an_admin_token_saves(tmp_path, demo_catalog,
+                                                                                             watched_page):
+    from alerts.service import AlertService
+    from alerts.source import StoreAlertData
+    from store.alerts import SqliteAlertStore
+    from tests.browser.test_alerts_panel import fill_threshold_rule, open_panel, rule_row
+
+    path = tmp_path / "tokens.json"
+    read = create_token(path, "viewer", frozenset({Scope.READ}), now_ms=0)
+    admin = create_token(path, "ops", frozenset({Scope.ADMIN}), now_ms=0)
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    alert_store = SqliteAlertStore(tmp_path / "store.db", synchronous="OFF")
+    service = AlertService(demo_catalog, alert_store, StoreAlertData(demo_catalog, store), clock=time.time)
+    ctx = ApiContext(catalog=demo_catalog, log=log, store=store, clock=time.time, alerts=service,
+                     security=SecurityConfig(tokens=TokenRegistry(path=path, reload_every_s=0)))
+    try:
+        with Server(create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2))) as server:
+            page, _ = open_panel(watched_page, server, storage={"sketchboard.token": read})
+            fill_threshold_rule(page, "viewer_rule")
+            page.click("#rule-editor-submit")
+            page.wait_for_selector("#rule-editor-error:not([hidden])", timeout=10_000)
+            assert "token 'viewer' has scopes [read]; this needs 'admin'" in page.text_content("#rule-editor-error")
+            assert service.store.rules() == []
+
+            page, _ = open_panel(watched_page, server, storage={"sketchboard.token": admin})
+            fill_threshold_rule(page, "ops_rule")
+            page.click("#rule-editor-submit")
+            rule_row(page, "ops_rule").wait_for(timeout=10_000)
+            assert [r.name for r in service.store.rules()] == ["ops_rule"]
+    finally:
+        alert_store.close()
+        store.close()
+        log.close()
