@@ -1,0 +1,71 @@
+"""Device clock offsets from the three timestamps, as plain Python (no I/O; time passed in).
+
+A device stamps an event when it happens (event time, by its clock) and again when it sends
+it (sent time, by its clock); we stamp it when we receive it (ingest time, by ours). The two
+device stamps share the device's clock error, so `received - sent` is that error plus the
+network delay, and `event time + (received - sent)` puts the event on our clock even when it
+was buffered offline for hours ("Whose clock are you using, anyway?", DDIA ch. 11).
+
+Network delay is never negative and is sometimes large (a retry, a slow link), so the
+estimate is the smallest `received - sent` seen recently, as NTP's clock filter keeps the
+sample with the least delay: an outlier can only raise a sample, never the minimum; a clock
+set forward (smaller offsets) shows at once; a clock set back shows once the older, smaller
+samples leave the window.
+
+The state is small and mergeable, so executors can build it per batch and the store can
+merge it across batches: per `bucket_ms` of receive time, the smallest offset seen in it,
+for the buckets within `window_ms` of the newest one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+DEFAULT_BUCKET_MS = 60_000
+DEFAULT_WINDOW_MS = 15 * 60_000
+
+
+@dataclass(frozen=True)
+class ClockEstimate:
+    """One device's recent smallest offsets: ((bucket start, min received - sent), ...), oldest first."""
+
+    buckets: tuple[tuple[int, int], ...] = ()
+
+    def offset_ms(self) -> int | None:
+        """The device clock's error as seen now (add it to the device's times), None when unknown."""
+        return min((o for _, o in self.buckets), default=None)
+
+    def observe(self, received_ms: int, sent_ms: int, *, bucket_ms: int = DEFAULT_BUCKET_MS,
+                window_ms: int = DEFAULT_WINDOW_MS) -> ClockEstimate:
+        return self.merge(ClockEstimate((((received_ms // bucket_ms) * bucket_ms, received_ms - sent_ms),)),
+                          window_ms=window_ms)
+
+    def merge(self, other: ClockEstimate, *, window_ms: int = DEFAULT_WINDOW_MS) -> ClockEstimate:
+        """Both estimates' samples: per bucket the smaller offset, buckets older than the window
+        (counted back from the newest bucket of either) dropped. Commutative and associative."""
+        best: dict[int, int] = {}
+        for start, offset in (*self.buckets, *other.buckets):
+            best[start] = offset if start not in best else min(best[start], offset)
+        if not best:
+            return ClockEstimate()
+        horizon = max(best) - window_ms
+        return ClockEstimate(tuple(sorted((s, o) for s, o in best.items() if s > horizon)))
+
+
+def estimate(samples: Iterable[tuple[int, int]], *, bucket_ms: int = DEFAULT_BUCKET_MS,
+             window_ms: int = DEFAULT_WINDOW_MS) -> ClockEstimate:
+    """The estimate after (received, sent) samples, in any order."""
+    out = ClockEstimate()
+    for received, sent in samples:
+        out = out.observe(received, sent, bucket_ms=bucket_ms, window_ms=window_ms)
+    return out
+
+
+def corrected_event_time(event_ms: int, offset_ms: int | None, *, tolerance_ms: int) -> int:
+    """The event time on our clock: shifted by the device's offset when that is known and larger
+    than `tolerance_ms` either way (a healthy device's offset is mostly network delay; leaving
+    it alone keeps its events' times as sent), else as the device stamped it."""
+    if offset_ms is None or abs(offset_ms) <= tolerance_ms:
+        return event_ms
+    return event_ms + offset_ms
