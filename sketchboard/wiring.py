@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from catalog import Catalog, ConfigError, load_catalog
+from catalog import Catalog, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
 from store import SqlitePaneStore
@@ -131,16 +131,22 @@ def build_api(settings: Settings):
 
 def build_pipeline(settings: Settings, spark=None):
     from aggregates.pipeline import Pipeline, PipelineConfig
-    from aggregates.spark import build_spark
+    from aggregates.spark import build_spark, kafka_connector_conf
 
     catalog = open_catalog(settings)
+    kafka = None
+    extra_conf: dict[str, str] = {}
     if settings.log_backend == "kafka":
-        # Spark's own Kafka source is the next step of issue 21; until then say so, rather than
-        # reading an empty embedded log while the events go to Kafka.
-        raise ConfigError("log_backend is kafka, but the pipeline reads only the embedded log so far;"
-                          " `sketchboard api` already writes to Kafka")
+        from ingest.kafka_source import KafkaSourceConfig
+
+        kafka = KafkaSourceConfig(
+            bootstrap_servers=settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
+            kafka_options=settings.kafka_options, source_options=settings.kafka_source_options,
+            fail_on_data_loss=settings.kafka_fail_on_data_loss)
+        extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     open_log(settings, catalog).close()  # topics exist before the source asks for offsets
-    spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory)
+    spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
+                                 extra_conf=extra_conf)
     config = PipelineConfig(
         name=settings.pipeline_name,
         log_path=settings.log_path,
@@ -148,6 +154,7 @@ def build_pipeline(settings: Settings, spark=None):
         max_records_per_batch=settings.max_records_per_batch,
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
+        kafka=kafka,
     )
     pipeline = Pipeline(spark, catalog, open_store(settings), config)
     from aggregates.progress import register

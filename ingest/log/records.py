@@ -144,7 +144,9 @@ def json_to_event(validator: EventValidator, value: bytes | None) -> Event:
         raise ValueError("record has no value (a tombstone), not a JSON event")
     try:
         raw = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:  # a value nested thousands deep: a bad record, not a crashed reader
+        raise ValueError("record is not JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise ValueError(f"record is not JSON: {exc}") from None
     return validator.validate(raw)
 

@@ -1,4 +1,5 @@
-"""Real Spark, a real log file and a real store file: events in through the API, numbers out
+"""Real Spark, a real log (the embedded file or a real Kafka broker's topics: the `log_backend`
+fixture runs each test on both) and a real store file: events in through the API, numbers out
 through the API, compared with an exact computation over the same events."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregates.pipeline import Pipeline, PipelineConfig
+from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
-from ingest.log import SqliteEventLog
 from store import SqlitePaneStore, dims_key
+from tests.spark.backends import TestLog
 from tests.spark.events import T0, exact_panes, frame, http_events, rank_interval
 
 pytestmark = pytest.mark.spark
@@ -26,11 +27,10 @@ KLL_BOUND = 0.0133  # design.md: rank within +/- 1.33 % (k 200)
 class Service:
     """The API and the pipeline over one data directory, as `sketchboard up` wires them."""
 
-    def __init__(self, root: Path, catalog, spark):
-        self.root, self.catalog, self.spark = root, catalog, spark
-        self.log = SqliteEventLog(root / "log.db")
-        for stream in catalog.streams.values():
-            self.log.ensure_topic(stream)
+    def __init__(self, log: TestLog, catalog, spark):
+        root = log.root
+        self.root, self.catalog, self.spark, self.test_log = root, catalog, spark, log
+        self.log = log.open(catalog)
         self.store = SqlitePaneStore(root / "store.db")
         self.ctx = ApiContext(catalog=catalog, log=self.log, store=self.store, clock=lambda: (T0 + 600_000) / 1000)
         self.client = TestClient(create_app(self.ctx))
@@ -42,10 +42,7 @@ class Service:
             assert answer.json()["rejected"] == []
 
     def pipeline(self, max_records_per_batch: int = 1_000_000) -> Pipeline:
-        config = PipelineConfig(
-            name="main", log_path=self.root / "log.db", checkpoint_dir=self.root / "checkpoints" / "main",
-            max_records_per_batch=max_records_per_batch, max_records_per_task=20_000,
-        )
+        config = self.test_log.pipeline_config(max_records_per_batch=max_records_per_batch, max_records_per_task=20_000)
         return Pipeline(self.spark, self.catalog, SqlitePaneStore(self.root / "store.db"), config)
 
     def query(self, **params) -> dict:
@@ -81,8 +78,10 @@ def assert_panes_exact(service: Service, events: list[dict]) -> None:
 
 
 @pytest.fixture
-def service(tmp_path, demo_catalog, spark) -> Service:
-    return Service(tmp_path, demo_catalog, spark)
+def service(tmp_path, demo_catalog, spark, log_backend):
+    service = Service(log_backend.new(tmp_path), demo_catalog, spark)
+    yield service
+    service.log.close()
 
 
 def test_api_to_pipeline_to_query_is_exact_and_within_sketch_bounds(service: Service):
