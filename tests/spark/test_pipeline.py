@@ -15,7 +15,7 @@ from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
 from store import SqlitePaneStore, dims_key
-from tests.spark.backends import TestLog
+from tests.log_backends import TestLog
 from tests.spark.events import T0, exact_panes, frame, http_events, rank_interval
 
 pytestmark = pytest.mark.spark

@@ -1,5 +1,5 @@
 """The two logs a pipeline test runs on, behind one small interface, so each Spark integration
-test is written once and parametrized over both (the `log_backend` fixture in conftest.py):
+test is written once and parametrized over both (the `log_backend` fixture in tests/conftest.py):
 
 - embedded: the SQLite log file under the test's folder, read by the embedded source;
 - kafka: topics on the session's real Kafka broker under a prefix of the test's own, read by
@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 
 from aggregates.pipeline import PipelineConfig
 from catalog import Catalog, StreamDef
@@ -28,7 +27,6 @@ from ingest.log import EventLog, SqliteEventLog
 from ingest.log.records import encode_segment, segment_schema
 from ingest.source_rows import INVALID, UNPARSEABLE
 
-BACKENDS = ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)]
 SPARK_KAFKA_JARS = Path(__file__).resolve().parents[2] / "jars" / "spark-kafka"
 
 
@@ -70,12 +68,16 @@ class TestLog:
             config = replace(config, kafka=KafkaSourceConfig(self.bootstrap, topic_prefix=self.prefix))
         return config
 
-    def env(self) -> dict[str, str]:
-        """SKETCHBOARD_* settings of a `sketchboard pipeline` process on this log."""
+    def settings(self) -> dict[str, object]:
+        """The settings of a `sketchboard` process on this log."""
         if not self.kafka:
-            return {"SKETCHBOARD_LOG_BACKEND": "embedded"}
-        return {"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-                "SKETCHBOARD_KAFKA_TOPIC_PREFIX": self.prefix, "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1"}
+            return {"log_backend": "embedded"}
+        return {"log_backend": "kafka", "kafka_bootstrap_servers": self.bootstrap, "kafka_topic_prefix": self.prefix,
+                "kafka_replication_factor": 1}
+
+    def env(self) -> dict[str, str]:
+        """The same as SKETCHBOARD_* environment variables."""
+        return {f"SKETCHBOARD_{k.upper()}": str(v) for k, v in self.settings().items()}
 
     def same_log_in(self, root: Path) -> TestLog:
         """The same records under another data folder (a fresh pipeline over the same log)."""
@@ -132,8 +134,8 @@ class LogBackend:
 def make_backend(request) -> LogBackend:
     if request.param != "kafka":
         return LogBackend("embedded")
-    if not (SPARK_KAFKA_JARS / ".resolved").exists():
-        pytest.skip("Spark's Kafka connector is not in jars/spark-kafka: run `make jars`")
+    if not (SPARK_KAFKA_JARS / ".resolved").exists():  # as the broker's jars: missing is a failure, not a skip
+        raise RuntimeError("Spark's Kafka connector is not in jars/spark-kafka: run `make jars`")
     broker = request.getfixturevalue("kafka_broker_session")
     if not broker.running:
         broker.start()
@@ -183,4 +185,4 @@ def _inject_bad_segments(path: Path, stream: StreamDef, ingest_ms: int) -> set[t
     return {(0, base + k) for k in range(4)}
 
 
-__all__ = ["BACKENDS", "MALFORMED", "LogBackend", "TestLog", "make_backend"]
+__all__ = ["MALFORMED", "LogBackend", "TestLog", "make_backend"]
