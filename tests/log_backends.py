@@ -27,7 +27,7 @@ from ingest.log import EventLog, SqliteEventLog
 from ingest.log.records import encode_segment, segment_schema
 from ingest.source_rows import INVALID, UNPARSEABLE
 
-SPARK_KAFKA_JARS = Path(__file__).resolve().parents[2] / "jars" / "spark-kafka"
+SPARK_KAFKA_JARS = Path(__file__).resolve().parents[1] / "jars" / "spark-kafka"
 
 
 @dataclass(frozen=True)
