@@ -43,7 +43,8 @@ def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
     skew = per_stream(catalog, lambda s: s.max_future_skew)
     event_time, ingest_time = F.col("event_time"), F.col("ingest_time")
     return (
-        F.when(F.col("error").isNotNull() | event_time.isNull() | ingest_time.isNull(), F.lit(UNPARSEABLE))
+        F.when(F.col("error").isNotNull(), F.coalesce(F.col("error_kind"), F.lit(UNPARSEABLE)))
+        .when(event_time.isNull() | ingest_time.isNull(), F.lit(UNPARSEABLE))
         .when(event_time < F.lit(batch_now_ms) - retention, F.lit(BEYOND_RETENTION))
         .when(event_time > ingest_time + skew, F.lit(FUTURE_SKEW))
         .otherwise(F.lit(None).cast("string"))

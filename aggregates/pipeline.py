@@ -15,6 +15,7 @@ from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
+from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, SqliteEventLog
 from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
@@ -26,13 +27,15 @@ log = logging.getLogger("sketchboard.pipeline")
 @dataclass(frozen=True)
 class PipelineConfig:
     name: str
-    log_path: Path
+    log_path: Path  # the embedded log (unused when `kafka` is set)
     checkpoint_dir: Path
     max_records_per_batch: int = 1_000_000
     max_records_per_task: int = 250_000
     trigger_interval: str = "1 second"
     lg_k: int = 12
     kll_k: int = 200
+    # Set: read the log's Kafka topics with Spark's Kafka source instead of the embedded log.
+    kafka: KafkaSourceConfig | None = None
 
 
 class Pipeline:
@@ -45,7 +48,7 @@ class Pipeline:
         self.clock = clock
         # The driver's own handle on the log: its end offsets at commit say which partitions
         # still have unread records (the per-partition watermarks, store/watermarks.py).
-        self.log = log if log is not None else SqliteEventLog(config.log_path)
+        self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
@@ -67,7 +70,7 @@ class Pipeline:
         rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                        lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
         commit = build_commit(self.config.name, batch_id, rows, self.catalog,
-                              checkpointed_end_offsets(self.config.checkpoint_dir, batch_id),
+                              batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
                               batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets())
         if self.bloom.enabled:
             # Only the records merged into panes are keys seen: dead letters are not.
@@ -113,9 +116,33 @@ def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], floa
 
 
 def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig) -> DataFrame:
-    """The log's streams of `catalog` as a streaming DataFrame (the source's uniform schema)."""
+    """The log's streams of `catalog` as a streaming DataFrame (ingest.source_rows' uniform
+    schema), from the embedded log's source or from Spark's Kafka source."""
+    if config.kafka is not None:
+        return read_kafka(spark, catalog, config.kafka, config.max_records_per_batch)
     options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task)
     return spark.readStream.format(SOURCE_NAME).options(**options).load()
+
+
+def driver_log(config: PipelineConfig) -> EventLog:
+    """The log as the driver reads its offsets: the embedded file, or the Kafka topics."""
+    if config.kafka is None:
+        return SqliteEventLog(config.log_path)
+    from ingest.log.kafka import KafkaEventLog
+
+    return KafkaEventLog(config.kafka.bootstrap_servers, topic_prefix=config.kafka.topic_prefix,
+                         options=dict(config.kafka.kafka_options))
+
+
+def batch_end_offsets(config: PipelineConfig, catalog: Catalog, checkpoint_dir: Path,
+                      batch_id: int) -> dict[str, dict[int, int]]:
+    """The end offsets of a batch per stream and partition, as the store records them with the
+    batch id: what Spark logged for the batch before running it. The embedded source's offsets
+    are per stream already; the Kafka source's are per topic."""
+    logged = checkpointed_end_offsets(checkpoint_dir, batch_id)
+    if config.kafka is None:
+        return logged
+    return stream_offsets(logged, topics_of(catalog, config.kafka.topic_prefix))
 
 
 def start_query(writer: DataStreamWriter, name: str, checkpoint_dir: Path, process_batch, trigger_interval: str,

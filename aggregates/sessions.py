@@ -27,9 +27,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.commit import build_commit
 from aggregates.partials import partial_aggregates
-from aggregates.pipeline import PipelineConfig, configure_tiers, drain, read_log, start_query
+from aggregates.pipeline import PipelineConfig, batch_end_offsets, configure_tiers, drain, read_log, start_query
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
 from store import CommitResult, PaneStore
@@ -66,7 +66,7 @@ class SessionPipeline:
         key = F.get(F.col(column), index)
         return (
             events.where(F.col("stream") == self.source.name)
-            # Records the pane pipeline dead-letters as unparseable or from a clock in the future
+            # Records the pane pipeline dead-letters as unparseable, invalid or from a clock in the future
             # stay out of sessions too (a future clock would drag this query's watermark ahead);
             # records beyond retention are far behind the watermark, which drops them.
             .where(F.col("error").isNull() & F.col("ingest_time").isNotNull()
@@ -91,6 +91,7 @@ class SessionPipeline:
             F.array((F.col("last_ms") - F.col("first_ms")).cast("double"), F.col("events").cast("double")).alias("vals"),
             F.array(F.col("key")).alias("ids"),
             F.lit(None).cast("string").alias("error"),
+            F.lit(None).cast("string").alias("error_kind"),
         )
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
@@ -105,7 +106,8 @@ class SessionPipeline:
                                                        batch_now_ms=batch_now_ms, lg_k=c.lg_k,
                                                        kll_k=c.kll_k).collect()]
         commit = build_commit(self.name, batch_id, rows, self.derived_catalog,
-                              checkpointed_end_offsets(self.checkpoint_dir, batch_id), batch_now_ms=batch_now_ms)
+                              batch_end_offsets(self.config, self.source_catalog, self.checkpoint_dir, batch_id),
+                              batch_now_ms=batch_now_ms)
         result = self.store.commit_batch(commit, lateness_ms={self.derived.name: self.derived.allowed_lateness},
                                          now_ms=batch_now_ms,
                                          retention_ms={self.derived.name: self.derived.retention})

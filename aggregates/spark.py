@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -39,3 +40,17 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(SketchboardLogSource)
     return spark
+
+
+def kafka_connector_conf(jars_dir: Path, packages: str | None = None) -> dict[str, str]:
+    """The Spark settings that put Spark's Kafka connector on the classpath: the jars `make jars`
+    resolved (jvm/spark-kafka/pom.xml) as spark.jars, or Maven coordinates as spark.jars.packages
+    (Spark downloads them at start: needs internet). FileNotFoundError says how to get the jars."""
+    if packages:
+        return {"spark.jars.packages": packages}
+    jars = sorted(Path(jars_dir).glob("*.jar"))
+    if not jars:
+        raise FileNotFoundError(
+            f"Spark's Kafka connector is not in {jars_dir}: run `make jars` (needs Maven and Java 17+), or set"
+            " spark_jars_packages to org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark version> (needs internet)")
+    return {"spark.jars": ",".join(str(j) for j in jars)}

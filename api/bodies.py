@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from api.errors import bad_request
-from api.security.json_limits import JsonLimits, violation
+from ingest.json_limits import JsonLimits, violation
 
 BODY_LIMITS = JsonLimits()  # a rule or a silence: far inside these
 
@@ -39,7 +39,7 @@ def _decode(text: str | bytes) -> Any:
 
 def loads_json(body: bytes) -> Any:
     """A JSON body (a rule, a silence), or 400 saying why it is not one, or which bound of
-    api/security/json_limits.py it crosses."""
+    ingest/json_limits.py it crosses."""
     try:
         value = _decode(body)
     except json.JSONDecodeError as exc:

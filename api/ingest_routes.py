@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
-from api.security.json_limits import violation
+from ingest.json_limits import violation
 from api.security.middleware import Denied, charge
 from api.security.ratelimit import client_key
 from ingest.events import Rejection

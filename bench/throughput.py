@@ -1,10 +1,15 @@
 """Benchmark: sustained log -> store throughput of the pipeline, and the ingest API's events/s.
 
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
+                               [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
    batch to the last commit (Spark's start-up excluded: it is paid once per process).
+   `--log both` does 1 and 2 for the embedded log and then for Kafka topics read by Spark's
+   Kafka source, in one Spark session, so the two figures come from the same run; Kafka is the
+   broker at `--kafka-bootstrap`, or else a local one started from jars/kafka-broker (`make jars`,
+   the test suite's tests/kafka_broker.py).
 3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
    with bench.ingest_api (concurrent clients), reporting accepted events/s.
 Figures are printed, never asserted.
@@ -28,7 +33,7 @@ from sketchboard.settings import DEFAULT_STREAMS
 from store import SqlitePaneStore
 
 
-def fill_log(log: SqliteEventLog, catalog, events: int, chunk: int = 50_000) -> float:
+def fill_log(log, catalog, events: int, chunk: int = 50_000) -> float:
     """Append N demo events (validated like the API does) in chunks; returns seconds spent appending."""
     traffic = DemoTraffic(catalog, seed=7)
     validators = {name: EventValidator(s) for name, s in catalog.streams.items()}
@@ -45,21 +50,34 @@ def fill_log(log: SqliteEventLog, catalog, events: int, chunk: int = 50_000) -> 
     return spent
 
 
-def bench_pipeline(root: Path, catalog, events: int, batch_records: int) -> None:
+def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None
+                   ) -> float:
+    """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s."""
     from aggregates.pipeline import Pipeline, PipelineConfig
-    from aggregates.spark import build_spark
 
-    log = SqliteEventLog(root / "log.db")
+    root.mkdir(parents=True, exist_ok=True)
+    what = "embedded log" if kafka_bootstrap is None else "Kafka (Spark's Kafka source)"
+    kafka = None
+    if kafka_bootstrap is None:
+        log = SqliteEventLog(root / "log.db")
+    else:
+        from ingest.kafka_source import KafkaSourceConfig
+        from ingest.log.kafka import KafkaEventLog
+
+        prefix = f"bench{int(time.time())}."
+        log = KafkaEventLog(kafka_bootstrap, topic_prefix=prefix, replication_factor=1)
+        kafka = KafkaSourceConfig(kafka_bootstrap, topic_prefix=prefix)
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
-    print(f"filling the log with {events:,} demo events ...", flush=True)
+    print(f"[{what}] filling the log with {events:,} demo events ...", flush=True)
     append_s = fill_log(log, catalog, events)
     total = sum(o.end for name in catalog.streams for o in log.offsets(name).values())
-    print(f"log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
+    print(f"[{what}] log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
+    log.close()
 
-    spark = build_spark("local[2]")
     store = SqlitePaneStore(root / "store.db")
-    config = PipelineConfig("bench", root / "log.db", root / "checkpoints", max_records_per_batch=batch_records)
+    config = PipelineConfig("bench", root / "log.db", root / "checkpoints", max_records_per_batch=batch_records,
+                            kafka=kafka)
     pipeline = Pipeline(spark, catalog, store, config)
     marks: list[tuple[float, int]] = []
     original = pipeline.process_batch
@@ -84,10 +102,42 @@ def bench_pipeline(root: Path, catalog, events: int, batch_records: int) -> None
         sustained = (n2 - n1) / (t2 - t1)
     else:
         sustained = done / wall
-    print(f"pipeline log -> store: {done:,} events, {len(marks) - 1} batches of <= {batch_records:,}")
+    print(f"[{what}] pipeline log -> store: {done:,} events, {len(marks) - 1} batches of <= {batch_records:,}")
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
-    spark.stop()
+    store.close()
+    return sustained
+
+
+def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: str,
+                    kafka_bootstrap: str | None) -> None:
+    from aggregates.spark import build_spark, kafka_connector_conf
+    from sketchboard.settings import Settings
+
+    broker = None
+    extra = {}
+    if logs != "embedded":
+        extra = kafka_connector_conf(Settings.model_fields["spark_kafka_jars"].default)
+        if kafka_bootstrap is None:
+            from tests.kafka_broker import KafkaBroker
+
+            broker = KafkaBroker(root / "broker", heap="1g")
+            broker.start()
+            kafka_bootstrap = broker.bootstrap
+    spark = build_spark("local[2]", extra_conf=extra)
+    rates = {}
+    try:
+        if logs in ("embedded", "both"):
+            rates["embedded"] = bench_pipeline(spark, root / "embedded", catalog, events, batch_records)
+        if logs in ("kafka", "both"):
+            rates["kafka"] = bench_pipeline(spark, root / "kafka", catalog, events, batch_records, kafka_bootstrap)
+    finally:
+        spark.stop()
+        if broker is not None:
+            broker.stop()
+    if len(rates) == 2:
+        print(f"log -> store, sustained: embedded {rates['embedded']:,.0f} events/s, Kafka {rates['kafka']:,.0f}"
+              f" events/s ({rates['kafka'] / rates['embedded']:.2f} x)", flush=True)
 
 
 def bench_api(root: Path, catalog, events: int, concurrency: int) -> None:
@@ -124,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent API clients")
     parser.add_argument("--streams", type=Path, default=DEFAULT_STREAMS,
                         help="streams configuration (default: the demo's, with first-seen and membership on)")
+    parser.add_argument("--log", choices=("embedded", "kafka", "both"), default="embedded",
+                        help="which log the pipeline reads (both: one after the other in one Spark session)")
+    parser.add_argument("--kafka-bootstrap", help="a Kafka broker to use (default: start a local one)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     args = parser.parse_args(argv)
@@ -131,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-"))
     try:
         if not args.skip_pipeline:
-            bench_pipeline(root, catalog, args.events, args.batch_records)
+            bench_pipelines(root, catalog, args.events, args.batch_records, args.log, args.kafka_bootstrap)
         if not args.skip_api:
             bench_api(root, catalog, args.api_events, args.concurrency)
     finally:

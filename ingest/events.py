@@ -122,6 +122,9 @@ class EventValidator:
             **fields,
         )
         self._adapter = TypeAdapter(self._model)
+        # Computed once: the catalog derives it on every access, which cost ~8 % of a validation
+        # (the Kafka source validates every record on the executors).
+        self._string_fields = stream.string_fields
 
     def validate(self, raw: Any) -> Event:
         """Validate one raw event; raise ValueError with a readable reason."""
@@ -135,7 +138,7 @@ class EventValidator:
         data = model.__dict__
         attr = self._attr
         strings: dict[str, str | None] = {}
-        for name in stream.string_fields:
+        for name in self._string_fields:
             value = data.get(attr[name])
             if value is None:
                 if name == stream.key_field:

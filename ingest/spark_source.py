@@ -3,13 +3,13 @@
 Offsets are {stream: {partition: next offset}}; Spark checkpoints them, so a restarted
 query resumes exactly where its last committed batch ended. Each micro-batch reads at
 most `max_records_per_batch` records (admission control, fair across partitions) and
-each task at most `max_records_per_task`. Rows come out in one schema for every stream:
-dimensions, values and distinct fields as arrays in the stream's declared order, so one
-query aggregates all streams.
+each task at most `max_records_per_task`. Rows come out in the uniform schema of
+`ingest.source_rows`, shared with the Kafka source.
 
 The source never fails on a bad record: a record without a usable event time or ingest time,
 and every offset of a segment that cannot be decoded, come out as rows whose `error` column
-says why (null for good rows); the pipeline dead-letters them as `unparseable`.
+says why (null for good rows) and whose `error_kind` is `unparseable`: the pipeline dead-letters
+them with that reason.
 """
 
 from __future__ import annotations
@@ -18,42 +18,18 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from catalog import Catalog, StreamDef
 from ingest.log import SqliteEventLog
-from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET
+from ingest.source_rows import MISSING_EVENT_TIME, SOURCE_SCHEMA, SPARK_SCHEMA, error_batch, to_source_batch
+
+__all__ = ["MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA", "SketchboardLogSource", "read_slice",
+           "source_options", "to_source_batch"]
 
 SOURCE_NAME = "sketchboard_log"
-
-def _list(value_type: pa.DataType) -> pa.DataType:
-    return pa.list_(pa.field("element", value_type))  # Spark's name for list items
-
-
-# Exactly what Spark expects for SPARK_SCHEMA (nullable fields, "element" list items).
-SOURCE_SCHEMA = pa.schema(
-    [
-        pa.field("stream", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("event_time", pa.int64()),
-        pa.field("ingest_time", pa.int64()),
-        pa.field("dims", _list(pa.string())),
-        pa.field("vals", _list(pa.float64())),
-        pa.field("ids", _list(pa.string())),
-        pa.field("error", pa.string()),
-    ]
-)
-SPARK_SCHEMA = (
-    "stream string, partition int, offset bigint, event_time bigint, ingest_time bigint,"
-    " dims array<string>, vals array<double>, ids array<string>, error string"
-)
-MISSING_EVENT_TIME = "record has no valid event time"
-MISSING_INGEST_TIME = "record has no valid ingest time"
 
 Offsets = dict[str, dict[str, int]]  # JSON-friendly: partition numbers as strings
 
@@ -64,70 +40,6 @@ class LogSlice(InputPartition):
     partition: int
     start: int
     end: int
-
-
-def _interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: str | None = None) -> pa.Array:
-    """Row i of the result is [columns[0][i], columns[1][i], ...] (vectorised, no Python loop per row)."""
-    width = len(columns)
-    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
-    if not width:
-        return pa.ListArray.from_arrays(offsets, pa.array([], value_type), type=_list(value_type))
-    flat = pa.concat_arrays([c.cast(value_type) for c in columns])
-    order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
-    values = flat.take(pa.array(order))
-    if fill is not None:
-        values = values.fill_null(fill)
-    return pa.ListArray.from_arrays(offsets, values, type=_list(value_type))
-
-
-def to_source_batch(stream: StreamDef, partition: int, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A log batch (projected onto the stream's definition) in the source's uniform schema."""
-    n = batch.num_rows
-    event_time, ingest_time = batch.column(EVENT_TIME), batch.column(INGEST_TIME)
-    if event_time.null_count or ingest_time.null_count:
-        error = pc.if_else(
-            pc.is_null(event_time), pa.scalar(MISSING_EVENT_TIME),
-            pc.if_else(pc.is_null(ingest_time), pa.scalar(MISSING_INGEST_TIME), pa.scalar(None, pa.string())),
-        )
-    else:
-        error = pa.nulls(n, pa.string())
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(np.full(n, stream.name, dtype=object), pa.string()),
-            pa.array(np.full(n, partition, dtype=np.int32)),
-            batch.column(OFFSET),
-            batch.column(EVENT_TIME),
-            batch.column(INGEST_TIME),
-            _interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
-            _interleave([batch.column(v) for v in stream.values], n, pa.float64()),
-            _interleave([batch.column(f) for f in stream.distinct_fields], n, pa.string()),
-            error,
-        ],
-        schema=SOURCE_SCHEMA,
-    )
-
-
-def error_batch(stream: str, partition: int, start: int, end: int, error: str) -> pa.RecordBatch:
-    """One row per offset in [start, end) that could not be decoded, carrying the error."""
-    n = end - start
-    empty_strings = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
-                                             type=_list(pa.string()))
-    empty_doubles = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.float64()),
-                                             type=_list(pa.float64()))
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array(np.full(n, stream, dtype=object), pa.string()),
-            pa.array(np.full(n, partition, dtype=np.int32)),
-            pa.array(np.arange(start, end, dtype=np.int64)),
-            pa.nulls(n, pa.int64()),
-            pa.nulls(n, pa.int64()),
-            empty_strings,
-            empty_doubles,
-            empty_strings,
-            pa.array(np.full(n, error[:500], dtype=object), pa.string()),
-        ],
-        schema=SOURCE_SCHEMA,
-    )
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,17 @@ class Settings(BaseSettings):
                                               " acknowledge by then fails (the API answers 503)")
     kafka_request_timeout: DurationMs = Field("10s", ge=100, description="topic metadata, offsets and topic"
                                               " creation; past it the request fails (503)")
+    kafka_source_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="extra options for the pipeline's Spark Kafka source: source options"
+        " (minPartitions, ...) or Java client settings only the JVM knows (kafka.sasl.jaas.config, ...);"
+        " kafka_options reach it too, as kafka.<key>")
+    kafka_fail_on_data_loss: bool = Field(False, description="the Spark Kafka source's failOnDataLoss: false skips"
+                                          " records the topic's retention deleted before the pipeline read them"
+                                          " (with a warning); true stops the pipeline instead")
+    spark_kafka_jars: Path = Field(REPO_ROOT / "jars" / "spark-kafka", description="Spark's Kafka connector jars"
+                                   " (`make jars`), passed as spark.jars when log_backend is kafka")
+    spark_jars_packages: str | None = Field(None, description="instead of spark_kafka_jars, Maven coordinates for"
+                                            " spark.jars.packages (Spark downloads them: needs internet)")
 
     # Serving store
     store_backend: Literal["sqlite", "postgres"] = Field(

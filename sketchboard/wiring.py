@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from catalog import Catalog, ConfigError, load_catalog
+from catalog import Catalog, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
 from store import PaneStore, SqlitePaneStore
@@ -117,7 +117,6 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
     from api.security.token_file import TokenRegistry
     from api.security.tokens import TokenRecord
 
-    from api.security.json_limits import JsonLimits
     from api.security.ratelimit import RateLimiter
 
     registry = TokenRegistry([TokenRecord.from_dict(entry) for entry in settings.tokens], settings.tokens_path,
@@ -132,8 +131,14 @@ def build_security(settings: Settings, *, reload_every_s: float = 1.0):
                           # A burst of at least one request's worth of events: max_events_per_request
                           # must stay postable (RateLimiter lets one oversized request through anyway).
                           event_limit=RateLimiter(events, max(events, settings.max_events_per_request)) if events else None,
-                          json_limits=JsonLimits(settings.max_json_depth, settings.max_json_string_chars,
-                                                 settings.max_json_int_digits))
+                          json_limits=json_limits(settings))
+
+
+def json_limits(settings: Settings):
+    """The bounds on an event's JSON, the same for the ingest API and the Kafka source."""
+    from ingest.json_limits import JsonLimits
+
+    return JsonLimits(settings.max_json_depth, settings.max_json_string_chars, settings.max_json_int_digits)
 
 
 def check_exposure(settings: Settings, security=None) -> None:
@@ -184,16 +189,22 @@ def build_api(settings: Settings):
 
 def build_pipeline(settings: Settings, spark=None):
     from aggregates.pipeline import Pipeline, PipelineConfig
-    from aggregates.spark import build_spark
+    from aggregates.spark import build_spark, kafka_connector_conf
 
     catalog = open_catalog(settings)
+    kafka = None
+    extra_conf: dict[str, str] = {}
     if settings.log_backend == "kafka":
-        # Spark's own Kafka source is the next step of issue 21; until then say so, rather than
-        # reading an empty embedded log while the events go to Kafka.
-        raise ConfigError("log_backend is kafka, but the pipeline reads only the embedded log so far;"
-                          " `sketchboard api` already writes to Kafka")
+        from ingest.kafka_source import KafkaSourceConfig
+
+        kafka = KafkaSourceConfig(
+            bootstrap_servers=settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
+            kafka_options=settings.kafka_options, source_options=settings.kafka_source_options,
+            fail_on_data_loss=settings.kafka_fail_on_data_loss, json_limits=json_limits(settings))
+        extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     open_log(settings, catalog).close()  # topics exist before the source asks for offsets
-    spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory)
+    spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
+                                 extra_conf=extra_conf)
     config = PipelineConfig(
         name=settings.pipeline_name,
         log_path=settings.log_path,
@@ -201,6 +212,7 @@ def build_pipeline(settings: Settings, spark=None):
         max_records_per_batch=settings.max_records_per_batch,
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
+        kafka=kafka,
     )
     store = open_store(settings)
     pipeline = Pipeline(spark, catalog, store, config)

@@ -27,7 +27,8 @@ class PanePartial:
 
 
 # Why an event was not merged (the dead-letter reasons).
-DEAD_LETTER_REASONS = ("unparseable", "beyond_retention", "future_skew")
+# invalid: a record produced straight to Kafka that fails the API's validation
+DEAD_LETTER_REASONS = ("unparseable", "invalid", "beyond_retention", "future_skew")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class DeadLetter:
     reason: str  # one of DEAD_LETTER_REASONS
     event_time_ms: int | None = None
     ingest_time_ms: int | None = None
-    error: str | None = None  # the decoding error of an unparseable record
+    error: str | None = None  # why an unparseable or invalid record is not an event
     dims: Mapping[str, str] | None = None
 
 

@@ -83,6 +83,18 @@ def kafka_broker(kafka_broker_session):
     return kafka_broker_session
 
 
+@pytest.fixture(scope="module", params=["embedded", pytest.param("kafka", marks=pytest.mark.kafka)])
+def log_backend(request):
+    """The log a pipeline test runs on: the embedded SQLite log, or topics on the session's real
+    Kafka broker (read by Spark's Kafka source). One fixture for every test that runs on both
+    (tests/log_backends.py). Module-scoped, so a module's shared fixtures (a drained reference
+    run) are built once per backend; each test makes its own log with `log_backend.new(root)`
+    (Kafka: topics under a prefix of its own)."""
+    from tests.log_backends import make_backend
+
+    return make_backend(request)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """The real-process lag scenario costs a Spark start-up (two, with the restart): when its
@@ -93,8 +105,12 @@ def pytest_collection_modifyitems(config, items):
     def runs(item) -> bool:
         return item.name == BROWSER_TEST and item.get_closest_marker("skip") is None
 
+    def on_the_embedded_log(item) -> bool:  # the browser test's log; the Kafka variant still runs
+        callspec = getattr(item, "callspec", None)
+        return callspec is None or callspec.params.get("log_backend", "embedded") == "embedded"
+
     if any(runs(item) for item in items):
         skip = pytest.mark.skip(reason=f"the same scenario runs in {BROWSER_TEST} (tests/browser), with the dashboard")
         for item in items:
-            if item.name == PROCESS_TEST:
+            if getattr(item, "originalname", item.name) == PROCESS_TEST and on_the_embedded_log(item):
                 item.add_marker(skip)

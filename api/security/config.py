@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from api.security.json_limits import JsonLimits
+from ingest.json_limits import JsonLimits
 from api.security.origins import normalize_origin
 from api.security.ratelimit import RateLimiter
 from api.security.token_file import TokenRegistry

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from catalog import StreamDef
+from ingest.json_limits import JsonLimits, violation
 from ingest.events import EPOCH_MS_THRESHOLD, Event, EventValidator
 
 EVENT_TIME = "__event_time"
@@ -138,15 +139,22 @@ def _time_text(ms: int) -> int | str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
-def json_to_event(validator: EventValidator, value: bytes | None) -> Event:
-    """Decode and validate one JSON record; ValueError says why it is not an event."""
+def json_to_event(validator: EventValidator, value: bytes | None, limits: JsonLimits | None = None) -> Event:
+    """Decode and validate one JSON record; ValueError says why it is not an event. With
+    `limits`, the record is bounded as the ingest API bounds an event (after the validator,
+    whose messages about declared fields say more), with the same message."""
     if value is None:
         raise ValueError("record has no value (a tombstone), not a JSON event")
     try:
         raw = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:  # a value nested thousands deep: a bad record, not a crashed reader
+        raise ValueError("record is not JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise ValueError(f"record is not JSON: {exc}") from None
-    return validator.validate(raw)
+    event = validator.validate(raw)
+    if limits is not None and (problem := violation(raw, limits)):
+        raise ValueError(problem)
+    return event
 
 
 def with_offsets(offsets: Sequence[int], batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -94,17 +94,19 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
     ctx.log.close()
 
 
-def test_pipeline_refuses_the_kafka_log_for_now(monkeypatch, tmp_path, capsys) -> None:
+def test_pipeline_without_the_kafka_connector_exits_saying_how_to_get_it(monkeypatch, tmp_path, capsys) -> None:
     from sketchboard import cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
     monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("SKETCHBOARD_SPARK_KAFKA_JARS", str(tmp_path / "no-jars"))
     assert cli.main(["pipeline", "--data-dir", str(tmp_path / "data")]) == 2
-    assert "pipeline reads only the embedded log so far" in capsys.readouterr().err
+    assert "Spark's Kafka connector is not in" in capsys.readouterr().err
 
 
-def test_api_with_an_unreachable_kafka_exits_saying_so(monkeypatch, tmp_path, capsys) -> None:
+@pytest.mark.parametrize("command", ["api", "pipeline"])
+def test_an_unreachable_kafka_exits_saying_so(command, monkeypatch, tmp_path, capsys) -> None:
     from sketchboard import cli
     from tests.procs import free_port
 
@@ -113,7 +115,7 @@ def test_api_with_an_unreachable_kafka_exits_saying_so(monkeypatch, tmp_path, ca
     monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")  # nothing listens
     monkeypatch.setenv("SKETCHBOARD_KAFKA_REQUEST_TIMEOUT", "1s")
     began = time.monotonic()
-    assert cli.main(["api", "--data-dir", str(tmp_path / "data")]) == 2
+    assert cli.main([command, "--data-dir", str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err
     assert "could not read the metadata of Kafka topic 'sketchboard." in err and "127.0.0.1:" in err, err
     assert time.monotonic() - began < 10

@@ -306,7 +306,7 @@ def test_a_websocket_client_holds_at_most_max_subscriptions(ctx):
 
 
 def test_events_crossing_the_json_bounds_are_rejected_one_by_one_and_bodies_get_400(wired_ctx, now_ms):
-    from api.security.json_limits import JsonLimits
+    from ingest.json_limits import JsonLimits
 
     wired_ctx.security = SecurityConfig(json_limits=JsonLimits(max_depth=3, max_string_chars=2048, max_int_digits=20))
     with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:

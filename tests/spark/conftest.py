@@ -1,4 +1,6 @@
-"""One SparkSession (local[2]) for the whole run: start-up costs ~10 s."""
+"""One SparkSession (local[2]) for the whole run: start-up costs ~10 s. It carries Spark's Kafka
+connector (jars/spark-kafka, from `make jars`) when present, so the Kafka variants of the
+pipeline tests (the `log_backend` fixture, tests/conftest.py) share it."""
 
 from __future__ import annotations
 
@@ -7,8 +9,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from aggregates.spark import build_spark
+    from aggregates.spark import build_spark, kafka_connector_conf
+    from sketchboard.settings import Settings
 
-    session = build_spark("local[2]", app_name="sketchboard-tests", driver_memory="1g")
+    try:
+        extra = kafka_connector_conf(Settings.model_fields["spark_kafka_jars"].default)
+    except FileNotFoundError:  # no `make jars` yet: the Kafka variants fail saying so (tests/log_backends.py)
+        extra = {}
+    session = build_spark("local[2]", app_name="sketchboard-tests", driver_memory="1g", extra_conf=extra)
     yield session
     session.stop()

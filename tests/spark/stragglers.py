@@ -1,28 +1,25 @@
 """A log with out-of-order events, stragglers past the allowed lateness, events beyond the
-retention horizon, events from a clock far in the future, a corrupt segment and a record
-without an event time, written straight into the log's SQLite file. And the oracle: what
+retention horizon, events from a clock far in the future, and four records that bypassed the
+API (embedded: a corrupt segment and a record without an event time written straight into the
+log's SQLite file; Kafka: malformed JSON produced straight to the topic). And the oracle: what
 the pipeline must make of it, computed independently of the store from Spark's own offset
-log (which records went in which batch) and the dead-letter rule."""
+log (which records went in which batch) and the dead-letter rule. Both work on either log
+(tests/log_backends.py)."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
-from aggregates.commit import checkpointed_end_offsets
 from aggregates.eventtime import dead_letter_reason
 from catalog import Catalog
 from ingest.events import EventValidator
-from ingest.log import SqliteEventLog
-from ingest.log.records import encode_segment, segment_schema
-from ingest.spark_source import read_slice
 from store import dims_key
 from store.panes import advance_watermark, is_final, pane_start
+from tests.log_backends import TestLog
 
 STREAM = "http_requests"
 DAY = 86_400_000
@@ -33,7 +30,7 @@ REGIONS = ["eu", "us", "ap"]
 @dataclass
 class StragglerLog:
     base_ms: int
-    unparseable: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
+    bypassed: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset) of records that bypassed the API
     records: int = 0
 
 
@@ -43,12 +40,12 @@ def _event(rng, t: int) -> dict:
             "response_bytes": 512, "user_id": f"u{rng.integers(0, 5000)}"}
 
 
-def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 16_000, seed: int = 11,
+def write_straggler_log(test_log: TestLog, catalog: Catalog, base_ms: int, *, n: int = 16_000, seed: int = 11,
                         chunk: int = 400) -> StragglerLog:
     """Events over 5 minutes of event time from base_ms, appended in arrival order (ingest
-    time = arrival): most arrive within ~1 s, 6 % are 40..150 s late (past the 30 s allowed
-    lateness), 25 are 8 days old, 25 come from a clock an hour ahead; mid-way, a corrupt
-    3-record segment and a record with a null event time are written into partition 0."""
+    time = arrival on the embedded log, the broker's clock on Kafka): most arrive within ~1 s,
+    6 % are 40..150 s late (past the 30 s allowed lateness), 25 are 8 days old, 25 come from a
+    clock an hour ahead; mid-way, 4 records that bypassed the API go into partition 0."""
     stream = catalog.stream(STREAM)
     rng = np.random.default_rng(seed)
     times = base_ms + rng.integers(0, 300_000, n)
@@ -63,8 +60,7 @@ def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 
         t = base_ms - 8 * DAY + int(rng.integers(0, 60_000)) if k % 2 else arrive + 3_600_000 + k
         events.insert(at, (arrive, _event(rng, t)))
     validator = EventValidator(stream)
-    log = SqliteEventLog(path)
-    log.ensure_topic(stream)
+    log = test_log.open(catalog)
     out = StragglerLog(base_ms)
     for i in range(0, len(events), chunk):
         part = events[i : i + chunk]
@@ -73,27 +69,10 @@ def write_straggler_log(path: Path, catalog: Catalog, base_ms: int, *, n: int = 
         log.append(stream, good, max(a for a, _ in part))
         out.records += len(good)
         if i == chunk * 15:
-            out.unparseable |= _inject_bad_records(path, stream, max(a for a, _ in part))
+            out.bypassed |= test_log.write_bad_records(log, stream, max(a for a, _ in part))
             out.records += 4
     log.close()
     return out
-
-
-def _inject_bad_records(path: Path, stream, ingest_ms: int) -> set[tuple[int, int]]:
-    """Bypassing the API: a segment of garbage bytes claiming 3 records, then a well-formed
-    segment whose one record has a null event time. Returns their (partition, offset)s."""
-    schema = pa.schema([pa.field(f.name, f.type) for f in segment_schema(stream)])  # nullable event time
-    record = pa.RecordBatch.from_pylist(
-        [{"__event_time": None, "__ingest_time": ingest_ms, "endpoint": "/", "latency_ms": 1.0}], schema=schema)
-    nulled = encode_segment(record)
-    with sqlite3.connect(path) as conn:
-        (base,) = conn.execute("SELECT next_offset FROM partitions WHERE stream = ? AND partition = 0",
-                               (stream.name,)).fetchone()
-        conn.execute("INSERT INTO segments VALUES (?, 0, ?, 3, ?, 11, ?)", (stream.name, base, ingest_ms, b"not arrow!!"))
-        conn.execute("INSERT INTO segments VALUES (?, 0, ?, 1, ?, ?, ?)",
-                     (stream.name, base + 3, ingest_ms, len(nulled), nulled))
-        conn.execute("UPDATE partitions SET next_offset = ? WHERE stream = ? AND partition = 0", (base + 4, stream.name))
-    return {(0, base + k) for k in range(4)}
 
 
 @dataclass
@@ -109,7 +88,7 @@ class Oracle:
     read: int
 
 
-def oracle(log_path: Path, checkpoint_dir: Path, catalog: Catalog, batch_now_ms: int) -> Oracle:
+def oracle(test_log: TestLog, checkpoint_dir: Path, catalog: Catalog, batch_now_ms: int) -> Oracle:
     """Replay the batches Spark logged (checkpoints/offsets/N), classify each record with the
     dead-letter rule, and apply the finality rule with the watermark as of each batch start.
 
@@ -119,7 +98,7 @@ def oracle(log_path: Path, checkpoint_dir: Path, catalog: Catalog, batch_now_ms:
     that still have unread records, held where it is while one of those has merged nothing;
     the newest event - lateness once none has; never backwards."""
     stream = catalog.stream(STREAM)
-    log = SqliteEventLog(log_path)
+    log = test_log.open(catalog)
     start = {p: o.start for p, o in log.offsets(STREAM).items()}
     log_end = {p: o.end for p, o in log.offsets(STREAM).items()}
     newest: dict[int, int] = {}  # per partition: the newest event time merged from it
@@ -132,14 +111,15 @@ def oracle(log_path: Path, checkpoint_dir: Path, catalog: Catalog, batch_now_ms:
     read = 0
     batch = 0
     while (checkpoint_dir / "offsets" / str(batch)).exists():
-        end = checkpointed_end_offsets(checkpoint_dir, batch).get(STREAM, {})
+        end = test_log.end_offsets(catalog, checkpoint_dir, batch).get(STREAM, {})
         batch_max = None
         for p, hi in sorted(end.items()):
-            for rows in read_slice(log, stream, p, start.get(p, 0), hi):
+            for rows in test_log.source_rows(log, catalog, stream, p, start.get(p, 0), hi):
                 for r in rows.to_pylist():
                     read += 1
                     reason = dead_letter_reason(r["event_time"], r["ingest_time"], r["error"], batch_now_ms=batch_now_ms,
-                                                retention_ms=stream.retention, max_future_skew_ms=stream.max_future_skew)
+                                                retention_ms=stream.retention, max_future_skew_ms=stream.max_future_skew,
+                                                error_kind=r["error_kind"])
                     if reason is not None:
                         dead[(p, r["offset"])] = reason
                         continue

@@ -2,12 +2,14 @@
 the pipeline drains, panes are exact over every record that was not dead-lettered, sketches are
 within their bounds, corrections exist for exactly the panes that got events after they became
 final, dead letters are exactly the records that had to go there, and read = aggregated +
-dead-lettered. Then the same after SIGKILL of a pipeline process in the middle of a batch."""
+dead-lettered. Then the same after SIGKILL of a pipeline process in the middle of a batch. Each
+runs on both logs (the `log_backend` fixture): the embedded one, and a real Kafka broker's topics
+read by Spark's Kafka source, where the records that bypassed the API are malformed JSON
+produced straight to the topic (`invalid` dead letters instead of `unparseable`)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,11 +22,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregates.pipeline import Pipeline, PipelineConfig
+from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
-from ingest.log import SqliteEventLog
 from store import SqlitePaneStore, dims_key
+from tests.log_backends import TestLog
 from tests.spark.events import rank_interval
 from tests.spark.stragglers import STREAM, Oracle, oracle, write_straggler_log
 from tests.tier_checks import assert_tiers_match_panes
@@ -48,7 +50,8 @@ def correction_set(store: SqlitePaneStore) -> dict[tuple, tuple]:
     return out
 
 
-def check_everything(root: Path, catalog, expected: Oracle, now_ms: int) -> dict:
+def check_everything(test_log: TestLog, catalog, expected: Oracle, now_ms: int) -> dict:
+    root = test_log.root
     store = SqlitePaneStore(root / "store.db")
     try:
         # exact panes over all non-dead-lettered records
@@ -84,8 +87,8 @@ def check_everything(root: Path, catalog, expected: Oracle, now_ms: int) -> dict
         letters = store.dead_letters(limit=10**6)
         assert {(d.letter.partition, d.letter.offset): d.letter.reason for d in letters} == expected.dead
         reasons = {r: sum(1 for x in expected.dead.values() if x == r) for r in set(expected.dead.values())}
-        assert reasons == {"unparseable": 4, "beyond_retention": 25, "future_skew": 25}
-        assert all(d.letter.error for d in letters if d.letter.reason == "unparseable")
+        assert reasons == {test_log.bad_reason: 4, "beyond_retention": 25, "future_skew": 25}
+        assert all(d.letter.error for d in letters if d.letter.reason == test_log.bad_reason)
 
         # the invariant, the counters and the watermark
         s = store.progress("main").streams[STREAM]
@@ -94,7 +97,7 @@ def check_everything(root: Path, catalog, expected: Oracle, now_ms: int) -> dict
         assert s.watermark_ms == expected.max_event_ms - catalog.stream(STREAM).allowed_lateness
 
         # through the API: sketches within bounds, points final and revised, the lists
-        log = SqliteEventLog(root / "log.db")
+        log = test_log.open(catalog)
         ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: now_ms / 1000)
         client = TestClient(create_app(ctx))
         status = client.get("/api/v1/pipeline").json()["streams"][STREAM]
@@ -125,17 +128,16 @@ def check_everything(root: Path, catalog, expected: Oracle, now_ms: int) -> dict
         store.close()
 
 
-def run_in_process(spark, catalog, root: Path, clock) -> None:
-    config = PipelineConfig(name="main", log_path=root / "log.db", checkpoint_dir=root / "checkpoints" / "main",
-                            max_records_per_batch=BATCH, max_records_per_task=TASK)
-    store = SqlitePaneStore(root / "store.db")
+def run_in_process(spark, catalog, test_log: TestLog, clock) -> None:
+    config = test_log.pipeline_config(max_records_per_batch=BATCH, max_records_per_task=TASK)
+    store = SqlitePaneStore(test_log.root / "store.db")
     Pipeline(spark, catalog, store, config, clock=clock).run_until_drained()
     store.close()
 
 
 @dataclass
 class Reference:
-    root: Path
+    log: TestLog
     base_ms: int
     now_ms: int
     expected: Oracle
@@ -143,28 +145,30 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_catalog, spark) -> Reference:
+def reference(tmp_path_factory, demo_catalog, spark, log_backend) -> Reference:
     """The straggler log, drained once by an in-process pipeline (shared by both tests: a
     pipeline run is the slow part). Its clock is injected: the wall clock at the start, fixed,
     since the crash test's pipeline process can only use the real one; event times sit hours
     to days from every retention and skew boundary, so both classify alike."""
-    root = tmp_path_factory.mktemp("reference")
+    test_log = log_backend.new(tmp_path_factory.mktemp("reference"))
     now_ms = int(time.time() * 1000)
     base_ms = (now_ms // 60_000) * 60_000 - 600_000
-    written = write_straggler_log(root / "log.db", demo_catalog, base_ms)
-    run_in_process(spark, demo_catalog, root, clock=lambda: now_ms / 1000)
-    expected = oracle(root / "log.db", root / "checkpoints" / "main", demo_catalog, now_ms)
-    assert expected.read == written.records and set(written.unparseable) <= set(expected.dead)
-    return Reference(root, base_ms, now_ms, expected, {})
+    written = write_straggler_log(test_log, demo_catalog, base_ms)
+    run_in_process(spark, demo_catalog, test_log, clock=lambda: now_ms / 1000)
+    expected = oracle(test_log, test_log.root / "checkpoints" / "main", demo_catalog, now_ms)
+    assert expected.read == written.records and set(written.bypassed) <= set(expected.dead)
+    return Reference(test_log, base_ms, now_ms, expected, {})
 
 
 def test_stragglers_corrections_and_dead_letters_are_exact(reference, demo_catalog):
-    reference.corrections.update(check_everything(reference.root, demo_catalog, reference.expected, reference.now_ms))
+    reference.corrections.update(check_everything(reference.log, demo_catalog, reference.expected, reference.now_ms))
 
 
-def _pipeline_process(data_dir: Path, log_file) -> subprocess.Popen:
+def _pipeline_process(test_log: TestLog, log_file) -> subprocess.Popen:
+    data_dir = test_log.root
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKETCHBOARD_")}
     env.update({
+        **test_log.env(),
         "SKETCHBOARD_DATA_DIR": str(data_dir),
         "SKETCHBOARD_STREAMS_CONFIG": str(REPO / "config" / "streams.yaml"),
         "SKETCHBOARD_MAX_RECORDS_PER_BATCH": str(BATCH),
@@ -188,16 +192,15 @@ def _store_last_batch(store_path: Path) -> int | None:
 
 def test_sigkill_mid_batch_then_restart_gives_the_same_result(tmp_path, demo_catalog, reference):
     expected = reference.expected
-    want = reference.corrections or check_everything(reference.root, demo_catalog, expected, reference.now_ms)
-    crashed = tmp_path / "crashed"
-    crashed.mkdir()
-    shutil.copy(reference.root / "log.db", crashed / "log.db")  # the same records, a fresh pipeline
+    want = reference.corrections or check_everything(reference.log, demo_catalog, expected, reference.now_ms)
+    crashed_log = reference.log.same_log_in(tmp_path / "crashed")  # the same records, a fresh pipeline
+    crashed = crashed_log.root
 
     # Kill the whole pipeline process group (driver, JVM, Python workers) while batch N runs:
     # Spark has logged offsets/N, not commits/N, and the store has not recorded batch N.
     checkpoint = crashed / "checkpoints" / "main"
     with open(tmp_path / "pipeline-1.log", "wb") as out:
-        proc = _pipeline_process(crashed, out)
+        proc = _pipeline_process(crashed_log, out)
         killed_in = None
         deadline = time.monotonic() + 300
         try:
@@ -221,12 +224,12 @@ def test_sigkill_mid_batch_then_restart_gives_the_same_result(tmp_path, demo_cat
     assert not (checkpoint / "commits" / str(killed_in)).exists()
 
     with open(tmp_path / "pipeline-2.log", "wb") as out:
-        proc = _pipeline_process(crashed, out)
+        proc = _pipeline_process(crashed_log, out)
         assert proc.wait(timeout=400) == 0, (tmp_path / "pipeline-2.log").read_text()[-3000:]
 
-    after = oracle(crashed / "log.db", checkpoint, demo_catalog, int(time.time() * 1000))
+    after = oracle(crashed_log, checkpoint, demo_catalog, int(time.time() * 1000))
     assert after.corrections == expected.corrections and after.dead == expected.dead
-    got = check_everything(crashed, demo_catalog, after, int(time.time() * 1000))
+    got = check_everything(crashed_log, demo_catalog, after, int(time.time() * 1000))
     # exactly the same correction records as the run without a crash (sums to float rounding,
     # distinct estimates to HLL merge-order noise)
     assert got.keys() == want.keys()

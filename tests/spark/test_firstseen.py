@@ -57,7 +57,8 @@ class Service:
 
     def post(self, events: list[dict]) -> None:
         for i in range(0, len(events), 5000):
-            answer = self.client.post("/api/v1/events?stream=visits", content=json.dumps(events[i:i + 5000]))
+            answer = self.client.post("/api/v1/events?stream=visits", content=json.dumps(events[i:i + 5000]),
+                                          headers={"content-type": "application/json"})
             assert answer.status_code == 200 and answer.json()["rejected"] == [], answer.text
 
     def pipeline(self) -> Pipeline:

@@ -1,5 +1,5 @@
-"""Per-partition watermarks with real Spark (issue 19): a sensor stream whose keys are skewed
-over 3 partitions, 3 % of its events 3..30 minutes late, read once as it arrives and once as a
+"""Per-partition watermarks with real Spark (issue 19), on the embedded log and on Kafka (the
+`log_backend` fixture): a sensor stream whose keys are skewed over 3 partitions, 3 % of its events 3..30 minutes late, read once as it arrives and once as a
 backlog in small fair batches. Both runs give the same panes; the catch-up run's corrections
 are those of genuinely late events only (every record merged into a final pane is late within
 its own partition), and about as many as the steady run's. With one stream-wide watermark the
@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregates.commit import checkpointed_end_offsets
-from aggregates.pipeline import Pipeline, PipelineConfig
+from aggregates.pipeline import Pipeline
 from catalog import Catalog
 from ingest.events import EventValidator
-from ingest.log import SqliteEventLog
-from ingest.spark_source import read_slice
+from ingest.log import EventLog
 from store import SqlitePaneStore, pane_start
+from tests.log_backends import TestLog
 
 pytestmark = pytest.mark.spark
 
@@ -54,7 +53,7 @@ def sensor_events(now_ms: int, seed: int = 7) -> list[tuple[int, dict]]:
                                "temp": float(np.round(rng.normal(20, 3), 2))}) for i in order]
 
 
-def append(log: SqliteEventLog, events: list[tuple[int, dict]], chunk: int = 300) -> None:
+def append(log: EventLog, events: list[tuple[int, dict]], chunk: int = 300) -> None:
     stream = CATALOG.stream(STREAM)
     validator = EventValidator(stream)
     for i in range(0, len(events), chunk):
@@ -64,10 +63,9 @@ def append(log: SqliteEventLog, events: list[tuple[int, dict]], chunk: int = 300
         log.append(stream, good, max(a for a, _ in part))
 
 
-def pipeline(spark, root: Path, now_ms: int, max_records: int) -> Pipeline:
-    config = PipelineConfig(name="main", log_path=root / "log.db", checkpoint_dir=root / "checkpoints",
-                            max_records_per_batch=max_records, max_records_per_task=20_000)
-    return Pipeline(spark, CATALOG, SqlitePaneStore(root / "store.db"), config, clock=lambda: now_ms / 1000)
+def pipeline(spark, test_log: TestLog, now_ms: int, max_records: int) -> Pipeline:
+    config = test_log.pipeline_config(max_records_per_batch=max_records, max_records_per_task=20_000)
+    return Pipeline(spark, CATALOG, SqlitePaneStore(test_log.root / "store.db"), config, clock=lambda: now_ms / 1000)
 
 
 def stored_panes(root: Path) -> dict:
@@ -89,23 +87,22 @@ def corrections_by_batch(root: Path) -> dict[tuple[int, int, str], int]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, spark):
+def runs(tmp_path_factory, spark, log_backend) -> tuple[TestLog, TestLog]:
     import time
 
     now_ms = int(time.time() * 1000)
     events = sensor_events(now_ms)
-    steady, catch_up = tmp_path_factory.mktemp("steady"), tmp_path_factory.mktemp("catch_up")
+    steady = log_backend.new(tmp_path_factory.mktemp("steady"))
+    catch_up = log_backend.new(tmp_path_factory.mktemp("catch_up"))
     # Steady: the events arrive in parts; each part is read in one batch as it lands.
-    log = SqliteEventLog(steady / "log.db")
-    log.ensure_topic(CATALOG.stream(STREAM))
+    log = steady.open(CATALOG)
     size = -(-len(events) // STEADY_PARTS)
     for i in range(0, len(events), size):
         append(log, events[i:i + size])
         pipeline(spark, steady, now_ms, 10**6).run_until_drained()
     log.close()
     # Catch-up: all of it is in the log first, then read as a backlog in small fair batches.
-    log = SqliteEventLog(catch_up / "log.db")
-    log.ensure_topic(CATALOG.stream(STREAM))
+    log = catch_up.open(CATALOG)
     append(log, events)
     log.close()
     pipeline(spark, catch_up, now_ms, CATCH_UP_BATCH).run_until_drained()
@@ -114,9 +111,9 @@ def runs(tmp_path_factory, spark):
 
 def test_steady_and_catch_up_give_the_same_panes(runs):
     steady, catch_up = runs
-    panes = stored_panes(steady)
+    panes = stored_panes(steady.root)
     assert sum(c for c, *_ in panes.values()) == EVENTS
-    assert stored_panes(catch_up) == panes
+    assert stored_panes(catch_up.root) == panes
 
 
 def test_catch_up_corrects_only_for_events_late_within_their_partition(runs):
@@ -126,16 +123,17 @@ def test_catch_up_corrects_only_for_events_late_within_their_partition(runs):
     on-time events for it would break this."""
     _, catch_up = runs
     stream = CATALOG.stream(STREAM)
-    log = SqliteEventLog(catch_up / "log.db")
-    corrected = corrections_by_batch(catch_up)
+    log = catch_up.open(CATALOG)
+    corrected = corrections_by_batch(catch_up.root)
+    checkpoints = catch_up.pipeline_config().checkpoint_dir
     assert corrected, "the late events must produce corrections"
     newest: dict[int, int] = {}
     start: dict[int, int] = defaultdict(int)
     merged_into_final: dict[tuple[int, int, str], int] = defaultdict(int)
     batch = 0
-    while (catch_up / "checkpoints" / "offsets" / str(batch)).exists():
-        for p, hi in sorted(checkpointed_end_offsets(catch_up / "checkpoints", batch).get(STREAM, {}).items()):
-            for rows in read_slice(log, stream, p, start[p], hi):
+    while (checkpoints / "offsets" / str(batch)).exists():
+        for p, hi in sorted(catch_up.end_offsets(CATALOG, checkpoints, batch).get(STREAM, {}).items()):
+            for rows in catch_up.source_rows(log, CATALOG, stream, p, start[p], hi):
                 for r in rows.to_pylist():
                     t = r["event_time"]
                     key = (batch, pane_start(t, PANE_MS), r["dims"][0])
@@ -154,6 +152,6 @@ def test_catch_up_corrects_only_for_events_late_within_their_partition(runs):
 
 def test_catch_up_publishes_about_as_many_corrections_as_the_steady_run(runs):
     steady, catch_up = runs
-    n_steady, n_catch_up = len(corrections_by_batch(steady)), len(corrections_by_batch(catch_up))
+    n_steady, n_catch_up = len(corrections_by_batch(steady.root)), len(corrections_by_batch(catch_up.root))
     assert n_steady >= 50, "3 % of 9 000 events are minutes late"
     assert n_catch_up <= 1.1 * n_steady, (n_catch_up, n_steady)

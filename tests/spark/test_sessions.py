@@ -74,7 +74,8 @@ def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_water
     for chunk in range(3):  # one run per chunk: the query restarts from its checkpoint (state restored) each time
         batch = click_events(chunk, rng)
         events += batch
-        answer = client.post("/api/v1/events?stream=clicks", content=json.dumps(batch))
+        answer = client.post("/api/v1/events?stream=clicks", content=json.dumps(batch),
+                             headers={"content-type": "application/json"})
         assert answer.status_code == 200 and answer.json()["rejected"] == []
         pipeline = SessionPipeline(spark, catalog, SqlitePaneStore(tmp_path / "store.db"), config, "clicks")
         pipeline.run_until_drained()
@@ -108,5 +109,5 @@ def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_water
         lo, hi = rank_interval(durations, answer["series"][0]["points"][0]["value"])
         assert lo - 0.0133 <= q <= hi + 0.0133
     # Nothing can be sent to the derived stream directly.
-    answer = client.post("/api/v1/events?stream=clicks_sessions", content="[]")
+    answer = client.post("/api/v1/events?stream=clicks_sessions", content="[]", headers={"content-type": "application/json"})
     assert answer.status_code == 400 and "derived" in answer.json()["detail"]

@@ -245,7 +245,7 @@ def test_the_audit_store_keeps_entries_newest_first_and_prunes_past_retention(st
 
 
 def test_json_limits_name_the_bound_and_where():
-    from api.security.json_limits import JsonLimits, violation
+    from ingest.json_limits import JsonLimits, violation
 
     limits = JsonLimits(max_depth=3, max_string_chars=10, max_int_digits=5)
     assert violation({"a": "x" * 10, "b": 99_999, "c": -1.5, "d": [1, {"e": None}], "f": True}, limits) is None

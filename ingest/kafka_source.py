@@ -1,0 +1,188 @@
+"""The log's Kafka topics read by Spark's own Kafka source (spark-sql-kafka-0-10), as the same
+rows the embedded log's source gives (`ingest.source_rows`), so the pipeline after the source
+is one and the same for both backends.
+
+- `readStream.format("kafka")` subscribes to the catalog's topics (`<prefix><stream>`); a new
+  checkpoint starts at `startingOffsets` (default `earliest`, like the embedded source: every
+  retained record is read); a checkpointed query resumes from Spark's offset log, whose end
+  offsets per batch the store records with the batch id (exactly once, as on the embedded log).
+- `maxOffsetsPerTrigger` = `max_records_per_batch`; Trigger.AvailableNow honours it.
+- `failOnDataLoss` is false by default: records the topic's retention deleted before the
+  pipeline read them are skipped with a warning in Spark's log, as the embedded log's retention
+  skips them; true stops the query instead (for operators who would rather stop than skip).
+- Each record's value is one JSON event (what `POST /api/v1/events` takes). Records that
+  bypassed the API are validated here, on the executors, by the API's own `EventValidator`
+  (mapInArrow, one Arrow batch at a time): the same rules and the same messages as the ingest
+  API. One that fails becomes an `invalid` row carrying the message, its partition and offset,
+  which the pipeline dead-letters: read = aggregated + dead-lettered still holds. The record
+  timestamp (the broker's append time on a LogAppendTime topic) is the ingest time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from catalog import Catalog
+from ingest.json_limits import JsonLimits
+from ingest.events import Event, EventValidator
+from ingest.log.kafka import topic_name
+from ingest.log.records import events_to_batch, json_to_event, with_offsets
+from ingest.source_rows import INVALID, SOURCE_SCHEMA, SPARK_SCHEMA, error_rows, to_source_batch
+
+# The columns of Spark's Kafka rows the conversion reads (timestamp as epoch ms).
+RECORD_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("ingest_time", pa.int64()),
+    pa.field("value", pa.binary()),
+])
+# Options of Spark's Kafka source that Sketchboard sets itself, and Kafka consumer settings the
+# connector refuses (it manages offsets and deserialisation itself: IllegalArgumentException).
+_OWN_OPTIONS = {"subscribe", "subscribepattern", "assign", "kafka.bootstrap.servers"}
+_REFUSED = {"auto.offset.reset", "enable.auto.commit", "key.deserializer", "value.deserializer",
+            "interceptor.classes"}
+
+
+@dataclass(frozen=True)
+class KafkaSourceConfig:
+    bootstrap_servers: str
+    topic_prefix: str = "sketchboard."
+    # Kafka client settings for the connector's consumers (without the `kafka.` prefix).
+    kafka_options: Mapping[str, object] = field(default_factory=dict)
+    # Options of the source itself, or `kafka.*` settings only the Java client knows (sasl.jaas.config).
+    source_options: Mapping[str, object] = field(default_factory=dict)
+    starting_offsets: str = "earliest"
+    fail_on_data_loss: bool = False
+    # The ingest API's bounds on an event (settings max_json_*), applied to records that bypassed it.
+    json_limits: JsonLimits = field(default_factory=JsonLimits)
+
+
+def _text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def spark_kafka_options(config: KafkaSourceConfig, topics: list[str], max_records_per_batch: int) -> dict[str, str]:
+    """The options of `readStream.format("kafka")`. Every client setting is passed as `kafka.<key>`
+    (security.protocol, sasl.mechanism, ssl.*: same names in librdkafka and the Java client; a key
+    only librdkafka knows draws a warning from the Java client, not an error) except those the
+    connector refuses; `source_options` come last and win."""
+    options = {f"kafka.{k}": _text(v) for k, v in config.kafka_options.items()
+               if k.lower() not in _REFUSED and k != "bootstrap.servers"}
+    options.update({
+        "kafka.bootstrap.servers": config.bootstrap_servers,
+        "subscribe": ",".join(topics),
+        "startingOffsets": config.starting_offsets,
+        "failOnDataLoss": _text(config.fail_on_data_loss),
+        "maxOffsetsPerTrigger": str(max_records_per_batch),
+        # Spark's default adds the topic name to the consumer group: fine; the source never
+        # commits to Kafka, offsets live in the checkpoint and the store.
+    })
+    for key, value in config.source_options.items():
+        if key.lower() in _OWN_OPTIONS:
+            raise ValueError(f"kafka_source_options: {key!r} is set by Sketchboard (from the catalog and"
+                             " kafka_bootstrap_servers)")
+        options[key] = _text(value)
+    return options
+
+
+def topics_of(catalog: Catalog, prefix: str) -> dict[str, str]:
+    """topic -> stream, for every stream of the catalog."""
+    return {topic_name(prefix, name): name for name in catalog.streams}
+
+
+def stream_offsets(offsets: Mapping[str, Mapping[int, int]], topics: Mapping[str, str]) -> dict[str, dict[int, int]]:
+    """Spark's per-topic end offsets (its offset log) as the store records them: per stream."""
+    return {topics[t]: dict(parts) for t, parts in offsets.items() if t in topics}
+
+
+class RecordConverter:
+    """Kafka records (RECORD_SCHEMA) -> source rows (SOURCE_SCHEMA). Pure: no I/O."""
+
+    def __init__(self, catalog: Catalog, topic_prefix: str, limits: JsonLimits | None = None):
+        self.streams = {t: catalog.stream(s) for t, s in topics_of(catalog, topic_prefix).items()}
+        self.limits = limits if limits is not None else JsonLimits()
+        self._validators: dict[str, EventValidator] = {}
+
+    def validator(self, stream) -> EventValidator:
+        validator = self._validators.get(stream.name)
+        if validator is None:
+            validator = self._validators[stream.name] = EventValidator(stream)
+        return validator
+
+    def convert(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        topics = batch.column("topic").to_pylist()
+        partitions = batch.column("partition").to_pylist()
+        offsets = batch.column("offset").to_pylist()
+        times = batch.column("ingest_time").to_pylist()
+        values = batch.column("value").to_pylist()
+        by_topic: dict[str, list[int]] = {}
+        for i, topic in enumerate(topics):
+            by_topic.setdefault(topic, []).append(i)
+        for topic, rows in by_topic.items():
+            stream = self.streams.get(topic)
+            if stream is None:  # not a topic of the catalog (cannot happen with `subscribe`)
+                continue
+            validator = self.validator(stream)
+            good: list[int] = []
+            events: list[Event] = []
+            bad: list[int] = []
+            reasons: list[str] = []
+            for i in rows:
+                try:
+                    events.append(json_to_event(validator, values[i], self.limits))
+                    good.append(i)
+                except ValueError as exc:
+                    bad.append(i)
+                    reasons.append(str(exc))
+            if good:
+                decoded = events_to_batch(stream, events, [times[i] for i in good])
+                yield to_source_batch(stream, pa.array([partitions[i] for i in good], pa.int32()),
+                                      with_offsets([offsets[i] for i in good], decoded))
+            if bad:
+                yield error_rows(stream.name, pa.array([partitions[i] for i in bad], pa.int32()),
+                                 pa.array([offsets[i] for i in bad], pa.int64()), reasons, INVALID,
+                                 ingest_time=pa.array([times[i] for i in bad], pa.int64()))
+
+
+def read_kafka(spark, catalog: Catalog, config: KafkaSourceConfig, max_records_per_batch: int):
+    """The catalog's topics as a streaming DataFrame of source rows (ingest.source_rows)."""
+    from pyspark.sql import functions as F
+
+    topics = sorted(topics_of(catalog, config.topic_prefix))
+    options = spark_kafka_options(config, topics, max_records_per_batch)
+    records = (
+        spark.readStream.format("kafka").options(**options).load()
+        .select("topic", "partition", "offset", F.unix_millis("timestamp").alias("ingest_time"), "value")
+    )
+    catalog_json, prefix, limits = catalog.model_dump_json(), config.topic_prefix, config.json_limits
+
+    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        converter = _converter(catalog_json, prefix, limits)
+        for batch in batches:
+            for out in converter.convert(batch):
+                if out.num_rows:
+                    yield out
+
+    return records.mapInArrow(convert, SPARK_SCHEMA)
+
+
+_CONVERTERS: dict[tuple[str, str, JsonLimits], RecordConverter] = {}
+
+
+def _converter(catalog_json: str, prefix: str, limits: JsonLimits) -> RecordConverter:
+    # Python workers are reused across tasks: build the validators (pydantic models) once per
+    # worker and catalog, not once per task.
+    key = (catalog_json, prefix, limits)
+    converter = _CONVERTERS.get(key)
+    if converter is None:
+        _CONVERTERS.clear()
+        converter = _CONVERTERS[key] = RecordConverter(Catalog.model_validate_json(catalog_json), prefix, limits)
+    return converter
+
+
+__all__ = ["RECORD_SCHEMA", "SOURCE_SCHEMA", "KafkaSourceConfig", "RecordConverter", "read_kafka",
+           "spark_kafka_options", "stream_offsets", "topics_of"]

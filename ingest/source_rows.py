@@ -1,0 +1,135 @@
+"""The rows every Spark source of the log produces, whatever the backend (pure Arrow, no Spark).
+
+One schema for every stream: dimensions, values and distinct fields as arrays in the stream's
+declared order, so one query aggregates all streams. Both sources build their rows here, so the
+projection onto a stream's definition is written once: the embedded log's source
+(`ingest.spark_source`) from its stored segments, Spark's Kafka source (`ingest.kafka_source`)
+from JSON records it validated with the API's own validator.
+
+A record that is not a usable event is a row too, never an exception: `error` says why and
+`error_kind` which dead-letter reason it gets — `unparseable` (the source could not decode it:
+a corrupt embedded segment, a record without an event or ingest time) or `invalid` (a record
+that bypassed the API, e.g. produced straight to Kafka, and fails the API's validation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog import StreamDef
+from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET
+
+UNPARSEABLE = "unparseable"
+INVALID = "invalid"
+MISSING_EVENT_TIME = "record has no valid event time"
+MISSING_INGEST_TIME = "record has no valid ingest time"
+MAX_ERROR_CHARS = 500  # an error message is kept, not a whole 1 MB record echoed back
+
+
+def _list(value_type: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.field("element", value_type))  # Spark's name for list items
+
+
+# Exactly what Spark expects for SPARK_SCHEMA (nullable fields, "element" list items).
+SOURCE_SCHEMA = pa.schema(
+    [
+        pa.field("stream", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("event_time", pa.int64()),
+        pa.field("ingest_time", pa.int64()),
+        pa.field("dims", _list(pa.string())),
+        pa.field("vals", _list(pa.float64())),
+        pa.field("ids", _list(pa.string())),
+        pa.field("error", pa.string()),
+        pa.field("error_kind", pa.string()),
+    ]
+)
+SPARK_SCHEMA = (
+    "stream string, partition int, offset bigint, event_time bigint, ingest_time bigint,"
+    " dims array<string>, vals array<double>, ids array<string>, error string, error_kind string"
+)
+
+
+def _interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: str | None = None) -> pa.Array:
+    """Row i of the result is [columns[0][i], columns[1][i], ...] (vectorised, no Python loop per row)."""
+    width = len(columns)
+    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
+    if not width:
+        return pa.ListArray.from_arrays(offsets, pa.array([], value_type), type=_list(value_type))
+    flat = pa.concat_arrays([c.cast(value_type) for c in columns])
+    order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
+    values = flat.take(pa.array(order))
+    if fill is not None:
+        values = values.fill_null(fill)
+    return pa.ListArray.from_arrays(offsets, values, type=_list(value_type))
+
+
+def _partitions(partition: int | pa.Array, n: int) -> pa.Array:
+    if isinstance(partition, pa.Array):
+        return partition.cast(pa.int32())
+    return pa.array(np.full(n, partition, dtype=np.int32))
+
+
+def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A log batch (projected onto the stream's definition, offset column first) in the source's
+    uniform schema; `partition` is one for all rows, or one per row (an array)."""
+    n = batch.num_rows
+    event_time, ingest_time = batch.column(EVENT_TIME), batch.column(INGEST_TIME)
+    if event_time.null_count or ingest_time.null_count:
+        error = pc.if_else(
+            pc.is_null(event_time), pa.scalar(MISSING_EVENT_TIME),
+            pc.if_else(pc.is_null(ingest_time), pa.scalar(MISSING_INGEST_TIME), pa.scalar(None, pa.string())),
+        )
+        kind = pc.if_else(pc.is_null(error), pa.scalar(None, pa.string()), pa.scalar(UNPARSEABLE))
+    else:
+        error = kind = pa.nulls(n, pa.string())
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, stream.name, dtype=object), pa.string()),
+            _partitions(partition, n),
+            batch.column(OFFSET),
+            batch.column(EVENT_TIME),
+            batch.column(INGEST_TIME),
+            _interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
+            _interleave([batch.column(v) for v in stream.values], n, pa.float64()),
+            _interleave([batch.column(f) for f in stream.distinct_fields], n, pa.string()),
+            error,
+            kind,
+        ],
+        schema=SOURCE_SCHEMA,
+    )
+
+
+def error_rows(stream: str, partition: int | pa.Array, offsets: pa.Array, errors: list[str], kind: str,
+               ingest_time: pa.Array | None = None) -> pa.RecordBatch:
+    """One row per record that is not an event: its place, its error and its dead-letter reason
+    (`kind`); the ingest time where the source knows it (a Kafka record's timestamp)."""
+    n = len(offsets)
+    empty_strings = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()),
+                                             type=_list(pa.string()))
+    empty_doubles = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.float64()),
+                                             type=_list(pa.float64()))
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, stream, dtype=object), pa.string()),
+            _partitions(partition, n),
+            offsets.cast(pa.int64()),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.int64()) if ingest_time is None else ingest_time.cast(pa.int64()),
+            empty_strings,
+            empty_doubles,
+            empty_strings,
+            pa.array([e[:MAX_ERROR_CHARS] for e in errors], pa.string()),
+            pa.array(np.full(n, kind, dtype=object), pa.string()),
+        ],
+        schema=SOURCE_SCHEMA,
+    )
+
+
+def error_batch(stream: str, partition: int, start: int, end: int, error: str) -> pa.RecordBatch:
+    """One `unparseable` row per offset in [start, end) that could not be decoded, carrying the error."""
+    return error_rows(stream, partition, pa.array(np.arange(start, end, dtype=np.int64)), [error] * (end - start),
+                      UNPARSEABLE)
