@@ -55,7 +55,7 @@ def test_api_writes_to_kafka_and_answers_503_while_the_broker_is_down(kafka_brok
         assert len(ctx.log.offsets(name)) == stream.partitions
     now = int(time.time() * 1000)
     events = [{"time": now, "customer_id": f"c{i}", "amount": 10.0 + i} for i in range(20)]
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host (DNS-rebinding check)
         r = client.post("/api/v1/events", params={"stream": "orders"}, json=events + [{"time": now}])
         assert r.status_code == 200, r.text
         body = r.json()
