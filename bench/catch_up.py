@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np

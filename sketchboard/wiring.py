@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from catalog import Catalog, load_catalog
+from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
 from store import PaneStore, SqlitePaneStore

@@ -3,12 +3,10 @@ as real processes, real HTTP. No Spark: only the API and the demo producer run."
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 pytestmark = pytest.mark.e2e

@@ -7,7 +7,6 @@ computation over the same events."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
