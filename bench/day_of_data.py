@@ -334,14 +334,14 @@ def main(argv: list[str] | None = None) -> None:
           " 'before': the same query as answered before tiers (every pane rolled up in Python, in-process):")
     names = list(dict.fromkeys(n for label in results for n in results[label] if not n.endswith("[before]")))
     before = next((r for label, r in results.items() if label.startswith("panes")), {})
-    print(f"{'query':<34}" + "".join(f"{label + ' p50':>12}{label + ' p99':>12}" for label in results)
+    print(f"{'query':<34}" + "".join(f"{label + ' p50':>14}{label + ' p99':>14}" for label in results)
           + (f"{'before p50':>14}" if before else ""))
     for name in names:
         cells = ""
         for label in results:
             times = sorted(results[label].get(name) or [math.nan])
             p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
-            cells += f"{statistics.median(times):12.1f}{p99:12.1f}"
+            cells += f"{statistics.median(times):14.1f}{p99:14.1f}"
         if name + " [before]" in before:
             cells += f"{statistics.median(before[name + ' [before]']):14.1f}"
         print(f"{name:<34}{cells}")

@@ -105,11 +105,12 @@ class PostgresPaneStore(PaneStore):
         rows.save(conn, "panes", rows.PANE_KEY,
                   [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
                   now_ms, commit.batch_id)
-        seqs = []
+        first_seq = last_seq = None
         with conn.cursor() as cur:
+            changes = []
             for pane in plan.panes:
                 correction_id = None
-                if pane.correction is not None:
+                if pane.correction is not None:  # few: one INSERT each, for its id
                     c = pane.correction
                     correction_id = cur.execute(
                         "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
@@ -118,20 +119,15 @@ class PostgresPaneStore(PaneStore):
                         (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
                          commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                     ).fetchone()[0]
-                seqs.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id, pane.count_added,
-                             now_ms, correction_id))
-            if seqs:
-                cur.executemany(
-                    "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING seq", seqs, returning=True)
-                numbers = []
-                while True:
-                    numbers.append(cur.fetchone()[0])
-                    if not cur.nextset():
-                        break
-                first_seq, last_seq = min(numbers), max(numbers)
-            else:
-                first_seq = last_seq = None
+                changes.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id,
+                                pane.count_added, now_ms, correction_id))
+            if changes:
+                rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims", "revision", "batch_id", "count_added",
+                                                 "at_ms", "correction_id"), changes)
+                # The rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts changes
+                # meanwhile, and the identity's sequence hands them out one by one (no cache).
+                last_seq = cur.execute("SELECT currval(pg_get_serial_sequence('changes', 'seq'))").fetchone()[0]
+                first_seq = last_seq - len(changes) + 1
             for stream, deltas in plan.tier_deltas.items():
                 _apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
             if plan.dead_counts:
