@@ -97,18 +97,15 @@ def steady_batches(log: dict[int, list[Record]], arrival: list[tuple[int, int]],
     return out
 
 
-def corrections(log: dict[int, list[Record]], batches: list[dict[int, int]], arrival: list[tuple[int, int]] | None,
-                rule: str) -> int:
-    """Corrections published over the batches under a watermark rule. With `arrival`, the log
-    grows as the batches read (the steady run): its end at each batch is what had arrived."""
+def corrections(log: dict[int, list[Record]], batches: list[dict[int, int]], rule: str, *, steady: bool) -> int:
+    """Corrections published over the batches under a watermark rule. `steady`: the log grows as
+    the batches read, each batch reading all that had arrived (its end is the log's end then);
+    else the whole log was there before the first batch (a backlog)."""
     read = dict.fromkeys(log, 0)
-    arrived = 0
     wm = None
     marks: dict = {}
     published = 0
     for n, end in enumerate(batches):
-        if arrival is not None:
-            arrived = min(len(arrival), arrived + sum(end[p] - read[p] for p in log))
         final_panes: set[tuple[int, str]] = set()
         newest_by_partition: dict[int, int] = {}
         for p, hi in end.items():
@@ -118,7 +115,7 @@ def corrections(log: dict[int, list[Record]], batches: list[dict[int, int]], arr
                     final_panes.add(key)
                 newest_by_partition[p] = max(newest_by_partition.get(p, r.time), r.time)
         published += len(final_panes)
-        log_end = {p: len(r) for p, r in log.items()} if arrival is None else dict(end)
+        log_end = dict(end) if steady else {p: len(r) for p, r in log.items()}
         if rule == "stream-wide":
             wm = advance_watermark(wm, max(newest_by_partition.values(), default=None), LATENESS_MS)
         else:
@@ -141,13 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     log, arrival = make_log(args.events, args.partitions, args.seed)
     sizes = ", ".join(f"{p}: {len(r)}" for p, r in log.items())
     print(f"{args.events} events over {args.partitions} partitions ({sizes}), catch-up batches of {args.batch}")
-    steady = steady_batches(log, arrival, args.steady_batch)
-    rows = [("steady (as they arrive)", "per partition", corrections(log, steady, arrival, "per-partition")),
-            ("steady (as they arrive)", "stream-wide", corrections(log, steady, arrival, "stream-wide"))]
+    as_arrived = steady_batches(log, arrival, args.steady_batch)
+    rows = [("steady (as they arrive)", "per partition", corrections(log, as_arrived, "per-partition", steady=True)),
+            ("steady (as they arrive)", "stream-wide", corrections(log, as_arrived, "stream-wide", steady=True))]
     for name, plan in (("catch-up, fair admission", fair_batches), ("catch-up, oldest-first", oldest_first_batches)):
         batches = plan(log, args.batch)
         for rule in ("stream-wide", "per partition"):
-            rows.append((f"{name} ({len(batches)} batches)", rule, corrections(log, batches, None, rule)))
+            rows.append((f"{name} ({len(batches)} batches)", rule, corrections(log, batches, rule, steady=False)))
     print(f"{'run':<40} {'watermark':<14} {'corrections':>11}")
     for run, rule, n in rows:
         print(f"{run:<40} {rule:<14} {n:>11}")

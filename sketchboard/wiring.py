@@ -202,7 +202,9 @@ def build_pipeline(settings: Settings, spark=None):
             kafka_options=settings.kafka_options, source_options=settings.kafka_source_options,
             fail_on_data_loss=settings.kafka_fail_on_data_loss, json_limits=json_limits(settings))
         extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
-    open_log(settings, catalog).close()  # topics exist before the source asks for offsets
+    # Topics exist before the source asks for offsets; the driver keeps this handle to read the
+    # log's end offsets at each commit (per-partition watermarks).
+    log = open_log(settings, catalog)
     spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
                                  extra_conf=extra_conf)
     config = PipelineConfig(
@@ -215,7 +217,7 @@ def build_pipeline(settings: Settings, spark=None):
         kafka=kafka,
     )
     store = open_store(settings)
-    pipeline = Pipeline(spark, catalog, store, config)
+    pipeline = Pipeline(spark, catalog, store, config, log=log)
     from aggregates.progress import register
 
     # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
