@@ -36,6 +36,10 @@ class CatalogReferenceError(ValueError):
         self.path = path
 
 
+# How long a partition may go unread before it stops holding the stream's watermark back.
+DEFAULT_PARTITION_IDLE_TIMEOUT_MS = 300_000
+
+
 class StreamDef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,7 +55,7 @@ class StreamDef(BaseModel):
     partitions: int = Field(default=4, ge=1, le=256)
     # A partition with unread records from which nothing was read for this long no longer holds
     # the stream's watermark back (store/watermarks.py; README "Watermarks per partition").
-    partition_idle_timeout: DurationMs = 300_000
+    partition_idle_timeout: DurationMs = DEFAULT_PARTITION_IDLE_TIMEOUT_MS
     # Bloom-filter and session features (catalog/features.py); derived_from: set on generated streams.
     first_seen: FirstSeenDef | None = None
     membership: MembershipDef | None = None

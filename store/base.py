@@ -176,7 +176,7 @@ class PaneStore(ABC):
         already recorded for the pipeline changes nothing. With retention_ms and the commit's
         batch_now_ms, panes wholly before now - retention are dropped. The watermark is per
         partition where the commit carries partition marks (store/watermarks.advance_stream,
-        with idle_timeout_ms per stream, default DEFAULT_IDLE_TIMEOUT_MS)."""
+        with idle_timeout_ms per stream, default the catalog's DEFAULT_PARTITION_IDLE_TIMEOUT_MS)."""
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...

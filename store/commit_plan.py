@@ -18,10 +18,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from catalog.model import DEFAULT_PARTITION_IDLE_TIMEOUT_MS
 from store.base import BatchCommit
 from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
 from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
-from store.watermarks import DEFAULT_IDLE_TIMEOUT_MS, PartitionMark, advance_stream, partition_state
+from store.watermarks import PartitionMark, advance_stream, partition_state
 
 # A pane as the store identifies it: (stream, start_ms, dims_key).
 PaneId = tuple[str, int, str]
@@ -163,7 +164,7 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         newest = max((t for t in (before.max_event_ms, max_event) if t is not None), default=None)
         held_by, partitions = None, {}
         if stream in commit.partition_max_event_ms:
-            idle = (idle_timeout_ms or {}).get(stream, DEFAULT_IDLE_TIMEOUT_MS)
+            idle = (idle_timeout_ms or {}).get(stream, DEFAULT_PARTITION_IDLE_TIMEOUT_MS)
             marks, result = advance_stream(
                 before.watermark_ms, before.partitions, batch_max_event_ms=commit.partition_max_event_ms[stream],
                 read_offsets=commit.end_offsets.get(stream, {}), log_end_offsets=commit.log_end_offsets.get(stream, {}),

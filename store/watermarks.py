@@ -30,8 +30,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_IDLE_TIMEOUT_MS = 300_000  # see catalog StreamDef.partition_idle_timeout
-
 CAUGHT_UP = "caught_up"  # nothing unread: does not hold the watermark
 IDLE = "idle"            # unread records, nothing read for idle_timeout: left out
 ACTIVE = "active"        # unread records being read: holds the watermark at its own
