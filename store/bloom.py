@@ -23,49 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from sketches.bloom import CHUNK_BYTES, BloomFilter
+from store.tables import BLOOM_TABLES
 from store.connection import open_connection
 
 FIRST_SEEN = "first_seen"
 MEMBERSHIP = "membership"
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS bloom_filters (
-    stream TEXT NOT NULL,
-    kind TEXT NOT NULL,              -- 'first_seen' or 'membership'
-    bucket_ms INTEGER NOT NULL,      -- membership: start of the event-time bucket; first_seen: 0
-    m INTEGER NOT NULL,
-    k INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
-    bits_set INTEGER NOT NULL,
-    updated_batch INTEGER NOT NULL,
-    updated_at_ms INTEGER NOT NULL,
-    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS bloom_chunks (
-    stream TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    bucket_ms INTEGER NOT NULL,
-    m INTEGER NOT NULL,
-    k INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
-    chunk INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed, chunk)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS first_seen (
-    stream TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    end_ms INTEGER NOT NULL,
-    new_keys INTEGER NOT NULL,       -- keys whose earliest event is in this pane, not in the filter before
-    tested INTEGER NOT NULL,         -- keys tested against the filter for this pane
-    positives INTEGER NOT NULL,      -- of those, answered "seen before" (some may be false positives)
-    expected_fp REAL NOT NULL,       -- sum over batches of tested * fpp: expected false positives
-    bound INTEGER NOT NULL,          -- sum over batches of the per-batch undercount bound
-    updated_at_ms INTEGER NOT NULL,
-    last_batch INTEGER NOT NULL,
-    PRIMARY KEY (stream, start_ms)
-) WITHOUT ROWID;
-"""
 
 
 @dataclass(frozen=True)
@@ -111,7 +74,7 @@ class FirstSeenRow(FirstSeenPartial):
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(SCHEMA)
+    conn.executescript(BLOOM_TABLES)
 
 
 def merge_chunk(update: FilterUpdate, index: int, incoming: bytes, stored: bytes | None) -> tuple[bytes, int]:

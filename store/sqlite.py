@@ -33,117 +33,9 @@ from store.connection import SqliteDb, open_connection, transaction, where
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
+from store.tables import PANE_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS panes (
-    stream TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    end_ms INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
-    revision INTEGER NOT NULL,
-    updated_at_ms INTEGER NOT NULL,
-    last_batch INTEGER NOT NULL,
-    PRIMARY KEY (stream, start_ms, dims)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS pane_sketches (
-    stream TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    field TEXT NOT NULL,
-    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
-    data BLOB NOT NULL,
-    PRIMARY KEY (stream, start_ms, dims, field, kind)
-);
-CREATE TABLE IF NOT EXISTS changes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    stream TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    revision INTEGER NOT NULL,
-    batch_id INTEGER NOT NULL,
-    count_added INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL,
-    correction_id INTEGER           -- set when the change corrected a final pane
-);
-CREATE TABLE IF NOT EXISTS batches (
-    pipeline TEXT NOT NULL,
-    batch_id INTEGER NOT NULL,
-    committed_at_ms INTEGER NOT NULL,
-    events_read INTEGER NOT NULL,
-    panes_new INTEGER NOT NULL,
-    panes_updated INTEGER NOT NULL,
-    PRIMARY KEY (pipeline, batch_id)
-);
-CREATE TABLE IF NOT EXISTS stream_progress (
-    stream TEXT PRIMARY KEY,
-    watermark_ms INTEGER,
-    max_event_ms INTEGER,
-    events_aggregated INTEGER NOT NULL DEFAULT 0,
-    events_read INTEGER NOT NULL DEFAULT 0,          -- = events_aggregated + events_dead_lettered
-    events_dead_lettered INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS dead_letter_counts (
-    stream TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (stream, reason)
-);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    pipeline TEXT NOT NULL,
-    batch_id INTEGER NOT NULL,
-    stream TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    "offset" INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    event_time_ms INTEGER,
-    ingest_time_ms INTEGER,
-    error TEXT,
-    dims TEXT,
-    at_ms INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_by_offset ON dead_letters (pipeline, stream, partition, "offset");
-CREATE INDEX IF NOT EXISTS dead_letters_by_reason ON dead_letters (stream, reason, id);
-CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (stream, at_ms);
-CREATE TABLE IF NOT EXISTS corrections (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    stream TEXT NOT NULL,
-    pane_start_ms INTEGER NOT NULL,
-    pane_end_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    revision_from INTEGER NOT NULL,
-    revision_to INTEGER NOT NULL,
-    pipeline TEXT NOT NULL,
-    batch_id INTEGER NOT NULL,
-    events_added INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL,
-    old TEXT NOT NULL,              -- {"count", "values": {field: {n, sum, min, max}}, "distinct": {field: estimate}}
-    new TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS corrections_by_pane ON corrections (stream, pane_start_ms);
--- Per-partition watermarks (store/watermarks.py): each partition's mark and its state at the last commit.
-CREATE TABLE IF NOT EXISTS partition_watermarks (
-    stream TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    max_event_ms INTEGER,
-    read_offset INTEGER NOT NULL,
-    log_end_offset INTEGER,
-    last_progress_ms INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    PRIMARY KEY (stream, partition)
-);
-CREATE TABLE IF NOT EXISTS pipeline_offsets (
-    pipeline TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    end_offset INTEGER NOT NULL,
-    PRIMARY KEY (pipeline, stream, partition)
-);
-"""
 
 
 class SqlitePaneStore(PaneStore):
@@ -155,7 +47,7 @@ class SqlitePaneStore(PaneStore):
         self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
-            self._conn.executescript(_SCHEMA)
+            self._conn.executescript(PANE_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()

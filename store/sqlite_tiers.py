@@ -14,45 +14,15 @@ from store import row_codec
 from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.tables import TIER_TABLES
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tier_layouts (
-    stream TEXT PRIMARY KEY,
-    layout TEXT NOT NULL            -- TierLayout.to_json(): what tier_rows holds for the stream
-);
-CREATE TABLE IF NOT EXISTS tier_rows (
-    stream TEXT NOT NULL,
-    granule_ms INTEGER NOT NULL,
-    proj TEXT NOT NULL,             -- '*' all dimensions, '' the total, 'a,b' a group-by
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,             -- dims_key of the projected dimensions
-    end_ms INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
-    revision INTEGER NOT NULL,      -- the highest revision of the panes it covers
-    updated_at_ms INTEGER NOT NULL,
-    last_batch INTEGER NOT NULL,
-    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tier_sketches (
-    stream TEXT NOT NULL,
-    granule_ms INTEGER NOT NULL,
-    proj TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    field TEXT NOT NULL,
-    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
-    data BLOB NOT NULL,
-    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind)
-);
-"""
 
 _ROW_KEY = "stream = ? AND granule_ms = ? AND proj = ? AND start_ms = ? AND dims = ?"
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(SCHEMA)
+    conn.executescript(TIER_TABLES)
 
 
 def stored_layouts(conn: sqlite3.Connection) -> dict[str, TierLayout]:
@@ -162,7 +132,7 @@ def save_row(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
         [(*key, *sketch) for sketch in row_codec.sketch_rows(data)])
 
 
-__all__ = ["ALL_DIMS", "SCHEMA", "apply_deltas", "create_schema", "drop_expired", "load_data", "read_rows", "rebuild", "save_row",
+__all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "load_data", "read_rows", "rebuild", "save_row",
            "stored_layouts"]
 
 

@@ -1,0 +1,193 @@
+"""The serving store's tables, as SQLite DDL: the one definition of every table beside the side
+stores'. The SQLite store creates them as written; the PostgreSQL store creates them through
+store.postgres.schema.translate_ddl (BIGINT for INTEGER, BYTEA for BLOB, identity keys), so a
+column added here lands in both backends. Columns added after a SQLite file may have been
+created also need their ALTER in SqlitePaneStore._migrate."""
+
+from __future__ import annotations
+
+# Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
+PANE_TABLES = """
+CREATE TABLE IF NOT EXISTS panes (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    end_ms INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    revision INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, start_ms, dims)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pane_sketches (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    field TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, start_ms, dims, field, kind)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    batch_id INTEGER NOT NULL,
+    count_added INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    correction_id INTEGER           -- set when the change corrected a final pane
+);
+CREATE TABLE IF NOT EXISTS batches (
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    committed_at_ms INTEGER NOT NULL,
+    events_read INTEGER NOT NULL,
+    panes_new INTEGER NOT NULL,
+    panes_updated INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, batch_id)
+);
+CREATE TABLE IF NOT EXISTS stream_progress (
+    stream TEXT PRIMARY KEY,
+    watermark_ms INTEGER,
+    max_event_ms INTEGER,
+    events_aggregated INTEGER NOT NULL DEFAULT 0,
+    events_read INTEGER NOT NULL DEFAULT 0,          -- = events_aggregated + events_dead_lettered
+    events_dead_lettered INTEGER NOT NULL DEFAULT 0,
+    held_by_partition INTEGER       -- the partition holding the watermark back (store/watermarks.py)
+);
+CREATE TABLE IF NOT EXISTS dead_letter_counts (
+    stream TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (stream, reason)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    "offset" INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    event_time_ms INTEGER,
+    ingest_time_ms INTEGER,
+    error TEXT,
+    dims TEXT,
+    at_ms INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_by_offset ON dead_letters (pipeline, stream, partition, "offset");
+CREATE INDEX IF NOT EXISTS dead_letters_by_reason ON dead_letters (stream, reason, id);
+CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (stream, at_ms);
+CREATE TABLE IF NOT EXISTS corrections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream TEXT NOT NULL,
+    pane_start_ms INTEGER NOT NULL,
+    pane_end_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    revision_from INTEGER NOT NULL,
+    revision_to INTEGER NOT NULL,
+    pipeline TEXT NOT NULL,
+    batch_id INTEGER NOT NULL,
+    events_added INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL,
+    old TEXT NOT NULL,              -- {"count", "values": {field: {n, sum, min, max}}, "distinct": {field: estimate}}
+    new TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS corrections_by_pane ON corrections (stream, pane_start_ms);
+-- Per-partition watermarks (store/watermarks.py): each partition's mark and its state at the last commit.
+CREATE TABLE IF NOT EXISTS partition_watermarks (
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    max_event_ms INTEGER,
+    read_offset INTEGER NOT NULL,
+    log_end_offset INTEGER,
+    last_progress_ms INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (stream, partition)
+);
+CREATE TABLE IF NOT EXISTS pipeline_offsets (
+    pipeline TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    end_offset INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, stream, partition)
+);
+"""
+
+# The roll-up tiers (store/tiers.py).
+TIER_TABLES = """
+CREATE TABLE IF NOT EXISTS tier_layouts (
+    stream TEXT PRIMARY KEY,
+    layout TEXT NOT NULL            -- TierLayout.to_json(): what tier_rows holds for the stream
+);
+CREATE TABLE IF NOT EXISTS tier_rows (
+    stream TEXT NOT NULL,
+    granule_ms INTEGER NOT NULL,
+    proj TEXT NOT NULL,             -- '*' all dimensions, '' the total, 'a,b' a group-by
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,             -- dims_key of the projected dimensions
+    end_ms INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    revision INTEGER NOT NULL,      -- the highest revision of the panes it covers
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tier_sketches (
+    stream TEXT NOT NULL,
+    granule_ms INTEGER NOT NULL,
+    proj TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL,
+    field TEXT NOT NULL,
+    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind)
+);
+"""
+
+# Bloom filter chunks and first-seen counts (store/bloom.py).
+BLOOM_TABLES = """
+CREATE TABLE IF NOT EXISTS bloom_filters (
+    stream TEXT NOT NULL,
+    kind TEXT NOT NULL,              -- 'first_seen' or 'membership'
+    bucket_ms INTEGER NOT NULL,      -- membership: start of the event-time bucket; first_seen: 0
+    m INTEGER NOT NULL,
+    k INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    bits_set INTEGER NOT NULL,
+    updated_batch INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bloom_chunks (
+    stream TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    bucket_ms INTEGER NOT NULL,
+    m INTEGER NOT NULL,
+    k INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    chunk INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (stream, kind, bucket_ms, m, k, seed, chunk)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS first_seen (
+    stream TEXT NOT NULL,
+    start_ms INTEGER NOT NULL,
+    end_ms INTEGER NOT NULL,
+    new_keys INTEGER NOT NULL,       -- keys whose earliest event is in this pane, not in the filter before
+    tested INTEGER NOT NULL,         -- keys tested against the filter for this pane
+    positives INTEGER NOT NULL,      -- of those, answered "seen before" (some may be false positives)
+    expected_fp REAL NOT NULL,       -- sum over batches of tested * fpp: expected false positives
+    bound INTEGER NOT NULL,          -- sum over batches of the per-batch undercount bound
+    updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL,
+    PRIMARY KEY (stream, start_ms)
+) WITHOUT ROWID;
+"""
+
+STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES
