@@ -36,6 +36,9 @@ class ApiContext:
     point_cache: PointCache = field(default_factory=PointCache)
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: Any = None
+    # Answers to POSTs with an Idempotency-Key (store.idempotency.IdempotencyStore); None: the
+    # header is accepted and ignored (retries append again).
+    idempotency: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

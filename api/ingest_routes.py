@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
+from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, REPLAYED_HEADER, fingerprint, guarded
 from ingest.json_limits import violation
 from api.security.middleware import Denied, charge
 from api.security.ratelimit import client_key
@@ -43,10 +44,12 @@ class ValidationIssue(BaseModel):
 
 
 class Ingest422(BaseModel):
-    """422: either `atomic=true` with invalid events (nothing was written), or a query
-    parameter outside its schema (FastAPI's list of issues)."""
+    """422: `atomic=true` with invalid events (nothing was written), a query parameter or
+    header outside its schema (FastAPI's list of issues), or an Idempotency-Key used before for
+    a different request (a message, `param` names the header)."""
 
-    detail: AtomicRejection | list[ValidationIssue]
+    detail: AtomicRejection | list[ValidationIssue] | str
+    param: str | None = None
 
 
 # The body is read by the route itself (size-capped, JSON array or NDJSON); documented here.
@@ -82,12 +85,17 @@ def router(ctx: ApiContext) -> APIRouter:
         "/events",
         response_model=IngestAnswer,
         responses={
-            **errors(400, 404, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array), or a derived stream",
+            **errors(400, 404, 409, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array), or a derived stream",
                      e404="unknown stream", e413="body or event count over the configured limit",
+                     e409=f"a request with the same {HEADER} is still being processed (Retry-After)",
                      e503="the log (Kafka) did not acknowledge the events; none is reported accepted, though on"
                           " Kafka some may have been written (a retry may duplicate them)"),
+            200: {"headers": {REPLAYED_HEADER: {
+                "description": f"`true` when this is the recorded answer of an earlier request with the same {HEADER}",
+                "schema": {"type": "string", "enum": ["true"]}}}},
             422: {"model": Ingest422, "description": "atomic=true and some events were invalid: nothing was written;"
-                  " or a query parameter is missing or mistyped"},
+                  f" or a query parameter or header is missing or mistyped; or the {HEADER} was used for a"
+                  " different request"},
         },
         openapi_extra=EVENTS_BODY,
         summary="Send events to a stream (JSON array or NDJSON)",
@@ -96,6 +104,10 @@ def router(ctx: ApiContext) -> APIRouter:
         request: Request,
         stream: str = Query(..., description="the stream the events belong to"),
         atomic: bool = Query(False, description="all-or-nothing: reject the whole request if any event is invalid"),
+        idempotency_key: str | None = Header(
+            None, alias=HEADER, min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
+            description="makes a retry safe: a request repeated with the same key (same stream, flags and body) within"
+                        " `idempotency_key_ttl` is not appended again and gets the first answer back"),
     ) -> IngestAnswer:
         if stream not in ctx.catalog.streams:
             raise HTTPException(404, f"unknown stream {stream!r}; defined: {', '.join(sorted(ctx.catalog.streams))}")
@@ -103,6 +115,13 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(400, f"stream {stream!r} is derived from {ctx.catalog.streams[stream].derived_from!r}"
                                      " by the pipeline; it cannot receive events")
         body = await read_capped(request, ctx.max_body_bytes)
+        token = getattr(request.state, "token", None)
+        scope = f"{token.name if token else 'anonymous'} {stream}"
+        request_fingerprint = fingerprint(stream, str(atomic), request.headers.get("content-type", ""), body)
+        return await guarded(ctx.idempotency, idempotency_key, scope, request_fingerprint, ctx.now_ms(),
+                             lambda: ingest(request, stream, atomic, body))
+
+    async def ingest(request: Request, stream: str, atomic: bool, body: bytes) -> IngestAnswer:
         raws = parse_events(body, request.headers.get("content-type", ""))
         if len(raws) > ctx.max_events_per_request:
             raise HTTPException(413, f"{len(raws)} events exceed the limit of {ctx.max_events_per_request} per request")

@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,7 +435,9 @@ class DemoProducer:
     MAX_CATCHUP_S = 2.0        # after a stall, send at most this much backlog, not all of it
     BACKOFF_START_S = 0.2
     BACKOFF_MAX_S = 5.0
-    RETRY_STATUSES = frozenset({429, 502, 503, 504})  # the service is busy or still starting
+    # The service is busy or still starting; 409: our own earlier try of this body is still
+    # being processed (same Idempotency-Key).
+    RETRY_STATUSES = frozenset({409, 429, 502, 503, 504})
 
     def __init__(
         self,
@@ -534,16 +537,16 @@ class DemoProducer:
         stop: threading.Event, deadline: float | None,
     ) -> None:
         body = json.dumps(events, separators=(",", ":")).encode()
+        # Every try of this body carries one key: a retry after a timeout whose first try did
+        # reach the log is answered from the service's record instead of appended twice.
+        headers = {"content-type": "application/json", "idempotency-key": uuid.uuid4().hex}
         backoff = self.BACKOFF_START_S
         while True:
             if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
                 self.dropped += len(events)
                 return
             try:
-                resp = client.post(
-                    INGEST_PATH, params={"stream": stream}, content=body,
-                    headers={"content-type": "application/json"},
-                )
+                resp = client.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
             except httpx.TransportError as exc:
                 # Connection refused while the service starts, or a timeout: wait and retry.
                 self.errors += 1

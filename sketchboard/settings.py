@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     max_json_string_chars: int = Field(64 * 1024, ge=1024, description="longer strings (keys too) reject the event")
     max_json_int_digits: int = Field(40, ge=20, le=4000, description="integers with more digits reject the event")
     audit_retention: DurationMs = Field("365d", ge=86_400_000, description="audit log entries kept")
+    idempotency_key_ttl: DurationMs = Field("24h", ge=60_000, le=30 * 86_400_000,
+                                            description="how long the answer to a POST /api/v1/events with an"
+                                            " Idempotency-Key is kept for its retries")
     token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 

@@ -109,6 +109,13 @@ def open_audit_store(settings: Settings, store: PaneStore):
     return AuditStore(store.side_db(), retention_ms=settings.audit_retention)
 
 
+def open_idempotency_store(settings: Settings, store: PaneStore):
+    from store.idempotency import IdempotencyStore
+
+    # Beside the panes, as the audit log: kept across restarts, shared by API replicas.
+    return IdempotencyStore(store.side_db(), ttl_ms=settings.idempotency_key_ttl)
+
+
 def build_security(settings: Settings, *, reload_every_s: float = 1.0):
     """Tokens (file and settings), allowed websocket origins, CORS. Beyond loopback a token is
     always required, even after the last one is revoked."""
@@ -174,6 +181,7 @@ def build_api(settings: Settings):
         alerts=build_alert_service(settings, catalog, store, lag),
         security=security,
         audit=open_audit_store(settings, store),
+        idempotency=open_idempotency_store(settings, store),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

@@ -110,7 +110,7 @@ def snapshot(ctx):
 @contextmanager
 def wired(ctx: ApiContext, tmp_path: Path, clock):
     """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor,
-    the Spark-health store and the audit log, all on the same real SQLite store file."""
+    the Spark-health store, the audit log and the idempotency keys, all on the same real SQLite store file."""
     from alerts.service import AlertService
     from alerts.source import StoreAlertData
     from lag.report import LagMonitor
@@ -119,12 +119,14 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     from store.alerts import SqliteAlertStore
     from store.audit import AuditStore
     from store.health import SqliteHealthStore
+    from store.idempotency import IdempotencyStore
     from store.lag import SqliteLagStore
 
     alert_store = SqliteAlertStore(tmp_path / "store.db")
     lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
     health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
     audit = AuditStore(tmp_path / "store.db", synchronous="OFF")
+    idempotency = IdempotencyStore(tmp_path / "store.db", synchronous="OFF")
     source = EventLogLagSource(ctx.log)
     sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
                          pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
@@ -134,10 +136,11 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
                          window=3, interval_s=1.0, clock=clock, sampler=sampler)
     ctx.health = health
     ctx.audit = audit
+    ctx.idempotency = idempotency
     try:
         yield ctx
     finally:
-        ctx.alerts, ctx.lag, ctx.health, ctx.audit = None, None, None, None
+        ctx.alerts, ctx.lag, ctx.health, ctx.audit, ctx.idempotency = None, None, None, None, None
         for side in (alert_store, lag_store, health, audit):
             side.close()
 

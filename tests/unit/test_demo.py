@@ -163,6 +163,8 @@ class _Recorder(ThreadingHTTPServer):
 
     def __init__(self, port: int):
         self.posts: list[tuple[str, str | None, object, str | None]] = []  # path, stream, body, content type
+        self.keys: list[str | None] = []  # the Idempotency-Key of each post
+        self.fail_first_try = False  # answer 503 to the first post of each key
         super().__init__(("127.0.0.1", port), _Handler)
 
 
@@ -173,6 +175,13 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         url = urlsplit(self.path)
         self.server.posts.append((url.path, parse_qs(url.query).get("stream", [None])[0], body, self.headers["Content-Type"]))
+        key = self.headers["Idempotency-Key"]
+        self.server.keys.append(key)
+        if self.server.fail_first_try and self.server.keys.count(key) == 1:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         reply = json.dumps({"accepted": len(body), "rejected": []}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -242,6 +251,27 @@ def test_producer_retries_until_the_service_is_up(catalog):
     assert result["accepted"] > 0         # ...and the events got through once it was up
     assert server.posts
     assert "cannot reach" in out.getvalue() and "connected" in out.getvalue()
+
+
+def test_producer_retries_a_body_with_the_same_idempotency_key(catalog):
+    server = _serve(_free_port())
+    server.fail_first_try = True
+    try:
+        producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", DemoTraffic(catalog, seed=1),
+                                rate=200.0, out=io.StringIO())
+        producer.BACKOFF_START_S = 0.01
+        summary = producer.run(duration_s=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    tries: dict[str, list] = {}
+    for key, (_, _, body, _) in zip(server.keys, server.posts):
+        tries.setdefault(key, []).append(body)
+    assert tries and all(key for key in tries)
+    # Every try of a key carried the same body; a body got through on its second try (the first
+    # was refused), or was dropped when the run ended first.
+    assert all(all(b == bodies[0] for b in bodies) for bodies in tries.values())
+    assert summary["accepted"] == sum(len(bodies[0]) for bodies in tries.values() if len(bodies) == 2) > 0
 
 
 def test_producer_stops_on_event(catalog):

@@ -1,0 +1,68 @@
+"""The `Idempotency-Key` header of POST /api/v1/events, over store/idempotency.py.
+
+`guarded` wraps the work of one request: without a key (or without a store) it just runs it;
+with one, the first request runs and its answer is recorded, a retry of the same request gets
+that answer back (`Idempotent-Replayed: true`), a retry while the first still runs gets 409,
+and the same key on a different request gets 422. Only an answer that wrote something (200) is
+kept: a refused request or a 503 changed nothing, so its key is released and a retry is free to
+do the work."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.errors import ParamHTTPError
+from store.idempotency import IdempotencyStore, Verdict
+
+HEADER = "Idempotency-Key"
+# RFC 9110 token-ish: visible ASCII, no spaces; long enough for a UUID or a producer's own
+# batch id, short enough to keep the table small.
+KEY_PATTERN = r"^[\x21-\x7e]+$"
+KEY_MAX_LENGTH = 255
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def fingerprint(*parts: str | bytes) -> str:
+    """A hash of everything that makes the request what it is (stream, flags, body)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+async def guarded(store: IdempotencyStore | None, key: str | None, scope: str, request_fingerprint: str,
+                  now_ms: int, work: Callable[[], Awaitable[BaseModel]]):
+    if store is None or key is None:
+        return await work()
+    decision = await run_in_threadpool(store.claim, scope, key, request_fingerprint, now_ms)
+    if decision.verdict is Verdict.REPLAY:
+        return JSONResponse(decision.record.answer, status_code=decision.record.status,
+                            headers={REPLAYED_HEADER: "true"})
+    if decision.verdict is Verdict.MISMATCH:
+        raise ParamHTTPError(422, HEADER, f"{HEADER} {key!r} was used for a different request (another stream, flags"
+                                          " or body); use a new key for new events")
+    if decision.verdict is Verdict.IN_PROGRESS:
+        error = ParamHTTPError(409, HEADER, f"a request with {HEADER} {key!r} is still being processed; retry later")
+        error.headers = {"Retry-After": "1"}
+        raise error
+    # Shielded: a client that hangs up mid-request must not leave the key claimed while the
+    # append it started still finishes in its thread; the answer is recorded either way.
+    return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, work)))
+
+
+async def _run_and_record(store: IdempotencyStore, key: str, scope: str, work: Callable[[], Awaitable[BaseModel]]):
+    try:
+        answer = await work()
+    except Exception:
+        await run_in_threadpool(store.release, scope, key)
+        raise
+    await run_in_threadpool(store.complete, scope, key, 200, answer.model_dump(mode="json"))
+    return answer

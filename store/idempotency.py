@@ -1,0 +1,132 @@
+"""Idempotency keys of POST /api/v1/events: a producer that retries a request after a timeout
+sends the same `Idempotency-Key`, and the retry returns the first answer instead of appending
+the events a second time (as Stripe's API and the IETF httpapi draft "The Idempotency-Key HTTP
+Header Field" do).
+
+A key is claimed before the log append (`in_flight`), and its answer is recorded after it
+(`done`), in a table beside the panes on the store's backend (store/connection.py Db), so
+answers are kept across restarts and shared by every API replica on one PostgreSQL. The claim
+is an `INSERT ... ON CONFLICT DO NOTHING`: of two requests with one key, at once, in one process
+or two, exactly one gets it.
+
+What to do with a key seen before is `decide`, pure and time-injected. One window stays open,
+and the README says so: a process that dies between the append and the recording of the answer
+leaves the key `in_flight`; after `in_flight_timeout_ms` a retry claims it again and appends
+again. Exactly-once for such crashes needs the events' own ids (a stream's `event_id`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from store.connection import Db, SideStore
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    scope TEXT NOT NULL,          -- who sent it and where: '<token or anonymous> <stream>'
+    idem_key TEXT NOT NULL,       -- the Idempotency-Key header as sent
+    fingerprint TEXT NOT NULL,    -- a hash of the request (query and body): a reused key is told apart
+    state TEXT NOT NULL,          -- 'in_flight' (claimed, answer not recorded yet) or 'done'
+    claimed_ms INTEGER NOT NULL,
+    status INTEGER,               -- the answer recorded ('done' only)
+    answer TEXT,                  -- its JSON body
+    PRIMARY KEY (scope, idem_key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_time ON idempotency_keys (claimed_ms);
+"""
+
+IN_FLIGHT, DONE = "in_flight", "done"
+
+
+class Verdict(Enum):
+    PROCEED = "proceed"      # the key is this request's now: do the work, then record the answer
+    REPLAY = "replay"        # the same request was answered before: return that answer
+    IN_PROGRESS = "in_progress"  # the same key is being worked on right now: 409, retry later
+    MISMATCH = "mismatch"    # the key was used for a different request: 422
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    fingerprint: str
+    state: str
+    claimed_ms: int
+    status: int | None = None
+    answer: dict | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    record: KeyRecord | None = None  # what was found (REPLAY: the answer to return)
+
+
+def decide(existing: KeyRecord | None, fingerprint: str, now_ms: int, *, ttl_ms: int,
+           in_flight_timeout_ms: int) -> Decision:
+    """What a request with a key does, given what the store holds for that key.
+
+    An expired record counts as none (the key may be used again). A claim older than the
+    in-flight timeout was left by a request that never finished (its process died): it is
+    taken over. A reused key with another request is refused even while in flight, so the
+    answer does not depend on timing."""
+    if existing is None or now_ms - existing.claimed_ms >= ttl_ms:
+        return Decision(Verdict.PROCEED)
+    if existing.fingerprint != fingerprint:
+        return Decision(Verdict.MISMATCH, existing)
+    if existing.state == DONE:
+        return Decision(Verdict.REPLAY, existing)
+    # A clock stepped back makes the age negative: that claim is young, not abandoned.
+    if now_ms - existing.claimed_ms >= in_flight_timeout_ms:
+        return Decision(Verdict.PROCEED, existing)
+    return Decision(Verdict.IN_PROGRESS, existing)
+
+
+class IdempotencyStore(SideStore):
+    def __init__(self, target: str | Path | Db, *, ttl_ms: int = 86_400_000, in_flight_timeout_ms: int = 60_000,
+                 synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        if ttl_ms <= 0 or in_flight_timeout_ms <= 0:
+            raise ValueError(f"idempotency key ttl and in-flight timeout must be positive, got {ttl_ms} and"
+                             f" {in_flight_timeout_ms} ms")
+        super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        self.ttl_ms, self.in_flight_timeout_ms = ttl_ms, in_flight_timeout_ms
+
+    def claim(self, scope: str, key: str, fingerprint: str, now_ms: int) -> Decision:
+        """Take the key for this request (PROCEED), or say why not. Prunes expired keys."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("DELETE FROM idempotency_keys WHERE claimed_ms < ?", (now_ms - self.ttl_ms,))
+            inserted = conn.execute(
+                "INSERT INTO idempotency_keys (scope, idem_key, fingerprint, state, claimed_ms) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (scope, idem_key) DO NOTHING", (scope, key, fingerprint, IN_FLIGHT, now_ms)).rowcount
+            if inserted == 1:
+                return Decision(Verdict.PROCEED)
+            row = conn.execute(
+                "SELECT fingerprint, state, claimed_ms, status, answer FROM idempotency_keys"
+                " WHERE scope = ? AND idem_key = ?", (scope, key)).fetchone()
+            existing = None if row is None else KeyRecord(
+                row[0], row[1], row[2], row[3], None if row[4] is None else json.loads(row[4]))
+            decision = decide(existing, fingerprint, now_ms, ttl_ms=self.ttl_ms,
+                              in_flight_timeout_ms=self.in_flight_timeout_ms)
+            if decision.verdict is Verdict.PROCEED:
+                # Take over what decide() judged abandoned; the claimed_ms condition makes sure
+                # nobody else took it over in between.
+                taken = conn.execute(
+                    "UPDATE idempotency_keys SET fingerprint = ?, state = ?, claimed_ms = ?, status = NULL, answer = NULL"
+                    " WHERE scope = ? AND idem_key = ? AND claimed_ms = ?",
+                    (fingerprint, IN_FLIGHT, now_ms, scope, key, existing.claimed_ms if existing else now_ms)).rowcount
+                if taken != 1:
+                    return Decision(Verdict.IN_PROGRESS, existing)
+            return decision
+
+    def complete(self, scope: str, key: str, status: int, answer: dict) -> None:
+        """Record the answer of the request that holds the key."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("UPDATE idempotency_keys SET state = ?, status = ?, answer = ? WHERE scope = ? AND idem_key = ?",
+                         (DONE, status, json.dumps(answer), scope, key))
+
+    def release(self, scope: str, key: str) -> None:
+        """Give the key back: the request changed nothing (refused, or the log did not take the
+        events), so a retry must be free to do the work."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("DELETE FROM idempotency_keys WHERE scope = ? AND idem_key = ? AND state = ?",
+                         (scope, key, IN_FLIGHT))
