@@ -11,6 +11,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from aggregates.batch_gate import BatchGate
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
@@ -50,6 +51,7 @@ class Pipeline:
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
+        self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
@@ -99,7 +101,7 @@ class Pipeline:
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         c = self.config
         return start_query(self.stream().writeStream, f"sketchboard-{c.name}", c.checkpoint_dir, self.process_batch,
-                           c.trigger_interval, available_now=available_now)
+                           c.trigger_interval, available_now=available_now, gate=self.gate)
 
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
@@ -146,10 +148,11 @@ def batch_end_offsets(config: PipelineConfig, catalog: Catalog, checkpoint_dir: 
 
 
 def start_query(writer: DataStreamWriter, name: str, checkpoint_dir: Path, process_batch, trigger_interval: str,
-                *, available_now: bool) -> StreamingQuery:
-    """A foreachBatch query, checkpointed, on a processing-time trigger or AvailableNow."""
+                *, available_now: bool, gate: BatchGate) -> StreamingQuery:
+    """A foreachBatch query, checkpointed, on a processing-time trigger or AvailableNow; its
+    batches run through `gate`, so a stop can wait for the running one (aggregates/batch_gate.py)."""
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    writer = writer.queryName(name).option("checkpointLocation", str(checkpoint_dir)).foreachBatch(process_batch)
+    writer = writer.queryName(name).option("checkpointLocation", str(checkpoint_dir)).foreachBatch(gate.wrap(process_batch))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=trigger_interval)
     return writer.start()
 

@@ -29,6 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from aggregates.commit import build_commit
 from aggregates.partials import partial_aggregates
+from aggregates.batch_gate import BatchGate
 from aggregates.pipeline import PipelineConfig, batch_end_offsets, configure_tiers, drain, read_log, start_query
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
@@ -53,6 +54,7 @@ class SessionPipeline:
         self.name = session_pipeline_name(config.name, stream)
         self.checkpoint_dir = Path(config.checkpoint_dir).parent / self.name
         self.config = config
+        self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # The source reads only this stream; the aggregation knows only the derived stream.
         self.source_catalog = Catalog(streams={stream: source.model_copy(update={"sessions": None})})
         self.derived_catalog = Catalog(streams={self.derived.name: self.derived})
@@ -120,7 +122,7 @@ class SessionPipeline:
         events = read_log(self.spark, self.source_catalog, self.config)
         writer = self.sessions(events).writeStream.outputMode("append")  # a session is emitted once, when closed
         return start_query(writer, f"sketchboard-{self.name}", self.checkpoint_dir, self.process_batch,
-                           self.config.trigger_interval, available_now=available_now)
+                           self.config.trigger_interval, available_now=available_now, gate=self.gate)
 
     def run_until_drained(self) -> None:
         query = self.start(available_now=True)

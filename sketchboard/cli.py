@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from catalog import ConfigError
+from sketchboard import parent_death
 from sketchboard.settings import Settings
 
 log = logging.getLogger("sketchboard")
@@ -147,6 +148,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
+    from aggregates.batch_gate import stop_between_batches
     from sketchboard.wiring import build_pipeline, build_session_pipelines
 
     check_java()
@@ -174,8 +176,9 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         if q.exception():
             log.error("pipeline failed: %s", q.exception())
             return 1
-    for q in (query, *session_queries):
-        q.stop()
+    log.info("stopping: letting the running batch commit first")
+    stop_between_batches(pipeline.spark, [(query, pipeline.gate), *((q, s.gate) for q, s in zip(session_queries, sessions))],
+                         listeners=[pipeline.progress_recorder])
     return 0
 
 
@@ -212,7 +215,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                           " (or `token:` in the settings file) to a token with the ingest scope"
                           " (`sketchboard token create demo --scope ingest`), or pass --no-demo")
     env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir), "SKETCHBOARD_HOST": settings.host,
-           "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
+           "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config),
+           parent_death.ENV: str(os.getpid())}  # the children stop when this process dies (even SIGKILLed)
     exe = [sys.executable, "-m", "sketchboard.cli"]
     parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
     if not args.no_demo:
@@ -333,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -63,17 +63,7 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(running_servic
     assert answer.status_code == 200 and answer.json()["accepted"] == 500
 
     # The pipeline (a separate Spark process) picks them up; poll the query API like a user would.
-    deadline = time.monotonic() + 120
-    total = 0
-    while time.monotonic() < deadline:
-        q = httpx.get(f"{base}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-5m",
-                                                      "to": "now+1m", "step": "1m"}, timeout=10).json()
-        total = sum(p["value"] or 0 for s in q["series"] for p in s["points"])
-        if total >= 500:
-            break
-        assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
-        time.sleep(1)
-    assert total == 500, (tmp_path / "up.log").read_text()[-3000:]
+    _wait_for_count(base, proc, tmp_path, 500)
     start = (now_ms - 5_000) // 10_000 * 10_000  # one 1-minute window holds all 500 events
     q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
                                                   "to": start + 60_000, "step": "1m"}, timeout=10).json()
@@ -94,20 +84,76 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_sigterm_to_up_alone_stops_its_children(running_service):
+def test_sigterm_to_up_alone_stops_its_children_cleanly(running_service, tmp_path):
     base, proc = running_service
-    deadline = time.monotonic() + 30
-    while len(children := _children(proc.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the pipeline starts right after the API answers
-    assert len(children) == 2  # api and pipeline (--no-demo)
+    children = _started_children(proc.pid)
+    # A pipeline busy with a batch: the first one (Spark's warm-up) committed, then more events,
+    # and the stop comes while their batch runs. It must commit or be left for the next start,
+    # without a Py4J traceback (aggregates/batch_gate.py).
+    _post(base, 200)
+    _wait_for_count(base, proc, tmp_path, 200)
+    _post(base, 5000)
+    time.sleep(1.5)  # one trigger interval: the batch has started
     proc.send_signal(signal.SIGTERM)  # to `up` only, as `kill <pid>` or a service manager does
     assert proc.wait(timeout=60) == 0
-    deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{c}") and "zombie" not in open(f"/proc/{c}/status").read()
-              for c in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    alive = [c for c in children if os.path.exists(f"/proc/{c}")
-             and "zombie" not in open(f"/proc/{c}/status").read()]
-    assert alive == [], f"children left running after SIGTERM to up: {alive}"
+    _assert_gone(children, "after SIGTERM to up")
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{base}/healthz", timeout=2)
+    output = (tmp_path / "up.log").read_text()
+    assert "Traceback" not in output and "Py4J" not in output, output[-3000:]
+
+
+def test_sigkill_to_up_alone_stops_its_children(running_service):
+    base, proc = running_service
+    children = _started_children(proc.pid)
+    proc.send_signal(signal.SIGKILL)  # up gets no chance to stop them: the kernel tells them (parent death)
+    proc.wait(timeout=10)
+    _assert_gone(children, "after SIGKILL to up")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{base}/healthz", timeout=2)
+
+
+def _started_children(pid: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while len(children := _children(pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the pipeline starts right after the API answers
+    assert len(children) == 2  # api and pipeline (--no-demo)
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+def _assert_gone(children: list[int], when: str) -> None:
+    deadline = time.monotonic() + 30
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [c for c in children if _alive(c)]
+    assert alive == [], f"children left running {when}: {alive}"
+
+
+def _post(base: str, n: int) -> None:
+    now_ms = int(time.time() * 1000)
+    events = [{"time": now_ms - i, "endpoint": "/api/cart", "status": 200, "region": "eu",
+               "latency_ms": float(i % 100), "user_id": f"u{i % 37}"} for i in range(n)]
+    answer = httpx.post(f"{base}/api/v1/events?stream=http_requests", json=events, timeout=30)
+    assert answer.status_code == 200 and answer.json()["accepted"] == n
+
+
+def _wait_for_count(base: str, proc, tmp_path, expected: int) -> None:
+    deadline = time.monotonic() + 180  # Spark's start and first batch: ~30 s quiet, minutes under load
+    total = 0
+    while time.monotonic() < deadline:
+        q = httpx.get(f"{base}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-5m",
+                                                      "to": "now+1m", "step": "1m"}, timeout=10).json()
+        total = sum(p["value"] or 0 for s in q["series"] for p in s["points"])
+        if total >= expected:
+            break
+        assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
+        time.sleep(1)
+    assert total == expected, (tmp_path / "up.log").read_text()[-3000:]
