@@ -32,6 +32,7 @@ class BatchGate:
         self._changed = threading.Condition()
         self._running = 0
         self._closed = False
+        self._stopping = threading.Event()
 
     def wrap(self, process_batch: Callable) -> Callable:
         def run(batch, batch_id):
@@ -51,6 +52,11 @@ class BatchGate:
     def close(self) -> None:
         with self._changed:
             self._closed = True
+        self._stopping.set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep inside a batch (a retry's back-off); True, at once, when the stop comes."""
+        return self._stopping.wait(seconds)
 
     @property
     def running(self) -> bool:

@@ -13,6 +13,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
 from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.commit_retry import commit_with_retry
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
@@ -52,6 +53,8 @@ class Pipeline:
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
+        # Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged.
+        self.health = None
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
@@ -82,8 +85,10 @@ class Pipeline:
         retention = {name: s.retention for name, s in self.catalog.streams.items()}
         idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
         computed = time.perf_counter()
-        result = self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
-                                         retention_ms=retention, idle_timeout_ms=idle)
+        result = commit_with_retry(
+            lambda: self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
+                                            retention_ms=retention, idle_timeout_ms=idle),
+            wait=self.gate.sleep, report=lambda error, attempt: self._store_error(batch_id, error, attempt))
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered"
@@ -94,6 +99,25 @@ class Pipeline:
         )
         self.last_result = result
         return result
+
+    def _store_error(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
+        """Say that the store commit fails (and is retried), or that it went through again: in
+        the log, and in the health store that the API reads, where that can still be written."""
+        at_ms = int(self.clock() * 1000)
+        if error is None:
+            log.warning("batch %d: the store took the commit after %d failed tries", batch_id, attempt)
+        else:
+            log.warning("batch %d: the store commit failed (try %d), retrying: %s: %s", batch_id, attempt + 1,
+                        type(error).__name__, error)
+        if self.health is None:
+            return
+        try:
+            if error is None:
+                self.health.store_recovered(self.config.name, at_ms)
+            else:
+                self.health.store_failing(self.config.name, f"{type(error).__name__}: {error}", at_ms)
+        except Exception as exc:  # the same full disk, most likely: the log line above says it
+            log.debug("could not record the store error: %s", exc)
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
         return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}

@@ -10,8 +10,10 @@ the parameter; the document describes both.
 from __future__ import annotations
 
 import re
+import sqlite3
 from typing import Any
 
+import psycopg
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -78,9 +80,20 @@ def _path_methods(app) -> list[tuple[re.Pattern, list[str]]]:
     return cached
 
 
+async def _storage_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """A store that cannot read or write (disk full, I/O error, a lock held past the busy
+    timeout, a PostgreSQL server gone): the service is unavailable, the request did not fail on
+    its own account. A write is one transaction, so nothing was half-written."""
+    return JSONResponse({"detail": f"the store cannot serve this request now, nothing was changed:"
+                                   f" {type(exc).__name__}: {exc}", "param": None},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
 def install(app) -> None:
     app.add_exception_handler(ParamHTTPError, _render)
     app.add_exception_handler(405, _method_not_allowed)
+    app.add_exception_handler(sqlite3.OperationalError, _storage_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _storage_unavailable)
 
 
 _DEFAULT_TEXT = {

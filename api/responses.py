@@ -88,7 +88,9 @@ class PipelineOut(BaseModel):
     lag_events: int
     streams: dict[str, StreamProgressOut]
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
-                         " `lag`: the lag status (null when not wired)")
+                         " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
+                         " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"
+                         " `total`; null before the pipeline first started)")
 
 
 class PartitionLagOut(BaseModel):

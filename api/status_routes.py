@@ -29,7 +29,8 @@ def health_status(ctx: ApiContext) -> dict:
         report = ctx.lag.report()
         lag = {"status": report.verdict.status.value, "reason": report.verdict.reason,
                "lag_events": report.lag_events, "lag_seconds": report.lag_seconds}
-    return {"query": query_health(ctx.health, ctx.pipeline_name, now), "lag": lag}
+    store = ctx.health.store_errors(ctx.pipeline_name) if ctx.health is not None else None
+    return {"query": query_health(ctx.health, ctx.pipeline_name, now), "lag": lag, "store": store}
 
 
 def pipeline_status(ctx: ApiContext) -> dict:
@@ -207,6 +208,15 @@ class _StoredMetrics:
         running = GaugeMetricFamily("sketchboard_query_running", "1 while Spark reports the pipeline query running")
         running.add_metric([], 1 if q and q["running"] else 0)
         yield running
+        store = self.ctx.health.store_errors(self.ctx.pipeline_name) if self.ctx.health else None
+        if store is not None:
+            failing = GaugeMetricFamily("sketchboard_pipeline_store_failing",
+                                        "1 while the pipeline's store commits fail (it retries with back-off)")
+            failing.add_metric([], 1 if store["failing"] else 0)
+            errors = CounterMetricFamily("sketchboard_pipeline_store_errors",
+                                         "Store commits of the pipeline that failed and were retried")
+            errors.add_metric([], store["total"])
+            yield from (failing, errors)
         if not q or q["batch_id"] is None:
             return
         duration = GaugeMetricFamily("sketchboard_batch_duration_seconds", "Duration of the newest micro-batch")

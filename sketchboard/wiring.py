@@ -229,8 +229,11 @@ def build_pipeline(settings: Settings, spark=None):
     from aggregates.progress import register
 
     # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
-    pipeline.progress_recorder = register(spark, open_health_store(settings, store), settings.pipeline_name,
-                                          f"sketchboard-{settings.pipeline_name}")
+    health = open_health_store(settings, store)
+    pipeline.progress_recorder = register(spark, health, settings.pipeline_name, f"sketchboard-{settings.pipeline_name}")
+    # Failed store commits are retried and reported there (aggregates/commit_retry.py).
+    health.reserve_store_errors(settings.pipeline_name)
+    pipeline.health = health
     return pipeline
 
 

@@ -34,10 +34,13 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # After SQLITE_FULL or an I/O error SQLite may have rolled back already; a ROLLBACK then
+        # would raise "no transaction is active" and hide the real error.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 def where(*conditions: tuple[str, object]) -> tuple[str, list]:

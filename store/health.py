@@ -38,7 +38,20 @@ CREATE TABLE IF NOT EXISTS query_progress (
     PRIMARY KEY (pipeline, at_ms, batch_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS query_progress_by_time ON query_progress (at_ms);
+CREATE TABLE IF NOT EXISTS store_errors (
+    pipeline TEXT PRIMARY KEY,
+    failing INTEGER NOT NULL DEFAULT 0,  -- the pipeline's commits fail now (it retries)
+    message TEXT,                        -- the newest error (kept after recovery)
+    since_ms INTEGER,                    -- when the current (or last) run of failures began
+    last_ms INTEGER,
+    retries INTEGER NOT NULL DEFAULT 0,  -- failed tries of the current run of failures
+    total INTEGER NOT NULL DEFAULT 0     -- failed tries ever
+);
 """
+
+# A disk-full store cannot take a new row; an update in place usually still fits in the page the
+# row was reserved in (reserve_store_errors writes it at start with a message this long).
+_MESSAGE_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,36 @@ class HealthStore(SideStore):
                 " updated_at_ms = excluded.updated_at_ms, terminated_at_ms = NULL, last_error = NULL",
                 (pipeline, query_id, run_id, name, at_ms, at_ms),
             )
+
+    def reserve_store_errors(self, pipeline: str) -> None:
+        """Make the pipeline's store-error row now, at full size, while the store can still grow."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("INSERT INTO store_errors (pipeline, message) VALUES (?, ?) ON CONFLICT (pipeline) DO NOTHING",
+                         (pipeline, " " * _MESSAGE_CHARS))
+            conn.execute("UPDATE store_errors SET message = NULL WHERE pipeline = ? AND message = ?",
+                         (pipeline, " " * _MESSAGE_CHARS))
+
+    def store_failing(self, pipeline: str, message: str, at_ms: int) -> None:
+        """A commit failed (the pipeline retries it)."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE store_errors SET since_ms = CASE WHEN failing = 1 THEN since_ms ELSE ? END, failing = 1,"
+                " message = ?, last_ms = ?, retries = retries + 1, total = total + 1 WHERE pipeline = ?",
+                (at_ms, message[:_MESSAGE_CHARS], at_ms, pipeline))
+
+    def store_recovered(self, pipeline: str, at_ms: int) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE store_errors SET failing = 0, retries = 0, last_ms = ? WHERE pipeline = ?"
+                               " AND failing = 1", (at_ms, pipeline))
+
+    def store_errors(self, pipeline: str) -> dict | None:
+        with self._lock:
+            row = self._conn.execute("SELECT failing, message, since_ms, last_ms, retries, total FROM store_errors"
+                                     " WHERE pipeline = ?", (pipeline,)).fetchone()
+        if row is None:
+            return None
+        return {"failing": bool(row[0]), "message": row[1], "since_ms": row[2], "last_ms": row[3],
+                "retries": row[4], "total": row[5]}
 
     def progress(self, pipeline: str, run_id: str, batch_id: int, progress: dict, at_ms: int) -> None:
         text = json.dumps(progress, separators=(",", ":"))

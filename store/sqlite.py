@@ -82,10 +82,13 @@ class SqlitePaneStore(PaneStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
+                conn.execute("ROLLBACK" if not result.committed else "COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                # SQLITE_FULL or an I/O error may have rolled back already (a ROLLBACK would then
+                # hide the real error); a COMMIT that failed is rolled back here.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("ROLLBACK" if not result.committed else "COMMIT")
             return result
 
     def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int,

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from catalog import StreamDef
 from ingest.events import Event
-from ingest.log.base import AppendResult, EventLog, PartitionOffsets, TopicMismatch
+from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
 from ingest.log.records import decode_segment, encode_segment, events_to_batch, project, with_offsets
 from ingest.partitioner import assign_partitions
 
@@ -100,6 +100,13 @@ class SqliteEventLog(EventLog):
                 (len(chunk), encode_segment(events_to_batch(stream, chunk, ingest_time_ms)))
                 for chunk in _chunks(group, MAX_SEGMENT_RECORDS)
             ]
+        try:
+            return self._append_encoded(stream, encoded, ingest_time_ms)
+        except sqlite3.OperationalError as exc:  # disk full, I/O error, locked past the busy timeout
+            raise LogUnavailable(f"the embedded log ({self.path}) cannot write, nothing was appended: {exc}") from exc
+
+    def _append_encoded(self, stream: StreamDef, encoded: dict[int, list[tuple[int, bytes]]],
+                        ingest_time_ms: int) -> AppendResult:
         ranges: dict[int, tuple[int, int]] = {}
         with self._lock, _transaction(self._conn):
             for partition, segments in sorted(encoded.items()):
@@ -231,7 +238,19 @@ class _transaction:
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                self.conn.execute("COMMIT")
+                return
+            except sqlite3.Error:
+                self._rollback()  # a COMMIT that failed (disk full) leaves nothing half-written either
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        # After SQLITE_FULL or an I/O error SQLite may have rolled the transaction back already.
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:

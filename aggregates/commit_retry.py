@@ -1,0 +1,53 @@
+"""A batch whose store commit fails for a reason that passes (disk full, an I/O error, a lock
+held past the busy timeout, the PostgreSQL server restarting) is retried with back-off, in the
+foreachBatch call, instead of failing the query: the store's transaction rolled back whole, and
+the batch id check makes a retry that follows a commit whose answer was lost a no-op. The error
+is reported (health, /metrics) while it lasts. Pure: the commit, the sleep and the report are
+passed in."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import psycopg
+
+T = TypeVar("T")
+
+# Errors of the storage, not of the batch: the same commit can succeed later. (A programming
+# error or a constraint violation is not among them: retrying it would only hide it.)
+TRANSIENT: tuple[type[BaseException], ...] = (sqlite3.OperationalError, psycopg.OperationalError)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after the attempt-th failure (0-based): 0.5, 1, 2, ... up to max_s."""
+        return min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
+
+
+def commit_with_retry(commit: Callable[[], T], *, wait: Callable[[float], bool],
+                      report: Callable[[BaseException | None, int], None], backoff: Backoff = Backoff()) -> T:
+    """Run commit until it succeeds. After each transient failure: report(error, attempt), then
+    wait(delay), which returns True when the pipeline is stopping (the error is raised then: the
+    batch was not recorded, and Spark replays it at the next start). After a success that
+    followed failures: report(None, attempts)."""
+    attempt = 0
+    while True:
+        try:
+            result = commit()
+        except TRANSIENT as exc:
+            report(exc, attempt)
+            if wait(backoff.delay(attempt)):
+                raise
+            attempt += 1
+            continue
+        if attempt:
+            report(None, attempt)
+        return result
