@@ -36,6 +36,9 @@ class ApiContext:
     point_cache: PointCache = field(default_factory=PointCache)
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: Any = None
+    # The leader lease of this API replica (store.lease.Leadership): who runs the alert evaluator,
+    # notifier and lag sampler; None: not wired (one process, nothing to show).
+    leadership: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

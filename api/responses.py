@@ -89,6 +89,10 @@ class PipelineOut(BaseModel):
     streams: dict[str, StreamProgressOut]
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
                          " `lag`: the lag status (null when not wired)")
+    leader: dict | None = Field(None, description="the API replica holding the leader lease (it runs the alert"
+                                " evaluator, webhook notifier and lag sampler): `holder`, `epoch` (+1 at each change"
+                                " of holder), `renewed_at_ms`, `ttl_ms`, `this_replica`, `leading` (this one);"
+                                " null when not wired")
 
 
 class PartitionLagOut(BaseModel):
