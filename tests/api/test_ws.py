@@ -28,6 +28,12 @@ from tests.api.test_ws_support import drain_log_into_store
 STREAM = "http_requests"
 
 
+@pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (where NOTIFY wakes the hub)."""
+    return store_backend.create()
+
+
 class Server:
     """uvicorn serving an app on 127.0.0.1, port 0, in a thread."""
 
@@ -276,6 +282,7 @@ class NeverReadingClient:
         self.sock.close()
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the queue's bound, not the store's
 def test_a_client_that_never_reads_stays_within_its_queue_bound(server, ctx, now_ms):
     """A real socket that subscribes, then never reads: the server's queue for it stays at its
     bound (16 here), points coalesce per subscription, the rest is dropped and counted."""
