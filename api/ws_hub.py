@@ -245,10 +245,16 @@ class Hub:
         self._seq: int | None = None
         self._watermarks: dict[str, int] = {}
         self._last_feed_poll = 0.0
-        self.listening = False  # the tailer waits on the store's commit signal, not on a poll interval
+        self._signal = None  # the store's commit signal the tailer waits on (None: it polls)
+        self._backlog = False  # the last tick stopped at max_changes_per_tick: read on without waiting
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    @property
+    def listening(self) -> bool:
+        """The tailer is woken by the store's commit notifications now (not polling the change feed)."""
+        return self._signal is not None and self._signal.listening
 
     # -- lifecycle (event loop side) --
 
@@ -320,7 +326,7 @@ class Hub:
         except Exception:
             log.exception("websocket hub could not listen for store changes; polling")
             signal = None
-        self.listening = signal is not None
+        self._signal = signal
         try:
             self._seq = self._last_seq()
             self._watermarks = self.store.watermarks()
@@ -339,7 +345,7 @@ class Hub:
                     if self._stop.is_set():
                         break
                     self.stats.notified += notified
-                    read = (notified or not signal.listening
+                    read = (notified or self._backlog or not signal.listening
                             or time.monotonic() - last_read >= self.config.fallback_poll_s)
                 try:
                     if self._seq is None:
@@ -352,6 +358,7 @@ class Hub:
                     self.stats.errors += 1
                     log.exception("websocket hub tick failed")
         finally:
+            self._signal = None
             if signal is not None:
                 signal.close()
 
@@ -390,6 +397,7 @@ class Hub:
             if len(batch) < 5000:
                 break
         self._seq = seq
+        self._backlog = total >= self.config.max_changes_per_tick
         watermarks = self.store.watermarks() if read_changes else self._watermarks
         moved = {s: (self._watermarks.get(s), w) for s, w in watermarks.items() if w != self._watermarks.get(s)}
         self._watermarks = watermarks
