@@ -46,16 +46,26 @@ class ChangeListener:
         self.notifications = 0
         self.listening = False
         self.last_error: str | None = None
-        self._woken = threading.Event()
+        # A count under a condition, not an Event: clearing an Event after wait() timed out would lose
+        # a notification that arrived between the two.
+        self._cond = threading.Condition()
+        self._pending = 0
         self._stop = threading.Event()
         self._conn: psycopg.Connection | None = None
         self._thread = threading.Thread(target=self._run, name="store-listen", daemon=True)
         self._thread.start()
 
     def wait(self, timeout: float) -> bool:
-        woken = self._woken.wait(timeout)
-        self._woken.clear()
+        with self._cond:
+            if not self._pending:
+                self._cond.wait(timeout)
+            woken, self._pending = self._pending > 0, 0
         return woken
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._pending += 1
+            self._cond.notify_all()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -64,12 +74,12 @@ class ChangeListener:
                     self._conn = conn
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.listening, self.last_error = True, None
-                    self._woken.set()  # changes may have come while not listening: read the feed once
+                    self._wake()  # changes may have come while not listening: read the feed once
                     while not self._stop.is_set():
                         # notifies() returns after `timeout` with none, so a stop is seen promptly.
                         for _ in conn.notifies(timeout=1.0):
                             self.notifications += 1
-                            self._woken.set()
+                            self._wake()
             except Exception as exc:  # the server went away: poll until the connection is back
                 if not self._stop.is_set():
                     if self.last_error != str(exc):
