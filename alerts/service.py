@@ -159,7 +159,9 @@ class AlertService:
 
     def start(self, tick_s: float = 0.5) -> None:
         if self._thread is not None:
-            return
+            if not self._stop.is_set():
+                return
+            self._thread.join()  # paused while an evaluation was still running: let it end first
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(tick_s,), name="alert-evaluator", daemon=True)
         self._thread.start()
@@ -169,7 +171,8 @@ class AlertService:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():  # else start() waits for it: never two evaluators
+                self._thread = None
 
     def resume(self, tick_s: float = 0.5) -> None:
         """This replica leads (again): the notifiers first read what the previous leader delivered,
