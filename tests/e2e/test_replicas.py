@@ -24,7 +24,7 @@ from tests.receiver import Receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-EVAL_INTERVAL_S = 3  # the test's alert_eval_interval: a takeover must come within one
+EVAL_INTERVAL_S = 4  # the test's alert_eval_interval: a takeover must come within one
 LEASE_TTL_S = 1
 PANE = 10_000
 DIMS = {"country": "DE", "payment_method": "card"}

@@ -135,7 +135,7 @@ def test_the_threads_keep_exactly_one_leader_and_fail_over(store_backend, pane_s
         time.sleep(0.02)
     took = time.monotonic() - died
     assert len(leaders) == 1 and leaders[0] != first.me
-    assert took < 1.4 + 1.0, f"takeover took {took:.2f} s"  # 1.4 ttl, plus slack for a loaded machine
+    assert took < 1.4 + 3.0, f"takeover took {took:.2f} s"  # 1.4 ttl, plus slack for a loaded machine
     for r in replicas:
         r.stop()
     assert not overlap
