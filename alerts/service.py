@@ -159,16 +159,34 @@ class AlertService:
 
     def start(self, tick_s: float = 0.5) -> None:
         if self._thread is not None:
-            return
+            if not self._stop.is_set():
+                return
+            self._thread.join()  # paused while an evaluation was still running: let it end first
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, args=(tick_s,), name="alert-evaluator", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """Stop evaluating, keep the notifiers (another replica took the lease; start() resumes)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():  # else start() waits for it: never two evaluators
+                self._thread = None
+
+    def resume(self, tick_s: float = 0.5) -> None:
+        """This replica leads (again): the notifiers first read what the previous leader delivered,
+        and every rule is evaluated at once, from the instances the store holds."""
+        for notifier in self.notifiers:
+            reload = getattr(notifier, "reload_memory", None)
+            if reload is not None:
+                reload()
+        with self._lock:
+            self._due.clear()
+        self.start(tick_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.pause(timeout_s)
         for notifier in self.notifiers:
             try:
                 notifier.close()

@@ -104,7 +104,7 @@ class WebhookNotifier:
                  max_backoff_s: float = 8.0, repeat_interval_s: float = 4 * 3600,
                  external_url: str = "http://127.0.0.1:8000/", queue_size: int = 1000,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 memory_store=None):
+                 memory_store=None, active: Callable[[], bool] | None = None):
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"alert webhook url must be an http(s) URL, got {url!r}")
@@ -126,29 +126,52 @@ class WebhookNotifier:
         self._pending: dict[str, RuleNotices] = {}
         self._closing = False
         self._abandoned = False  # close() timed out: stop retrying, send nothing more
-        self._counts = {"sent": 0, "failed": 0, "retried": 0, "dropped": 0, "deduplicated": 0}
+        self._counts = {"sent": 0, "failed": 0, "retried": 0, "dropped": 0, "deduplicated": 0, "standby": 0}
+        # With several API replicas only the lease holder notifies (sketchboard/leader.py): a replica
+        # that is not (or no longer) the leader drops what it is given, and checks again just before
+        # each delivery, so a replica that lost the lease while a batch waited does not send it.
+        self._active = active
+        self._reload = False  # reload_memory() asked: the worker reads the store's memory first
         self._last_error: str | None = None
         # Worker thread only: rule -> what was last delivered. With a memory store (e.g.
         # store.alerts.SqliteAlertStore) it survives a restart, so an alert delivered as firing
         # before the restart is delivered as resolved after it, and not delivered twice.
         self._memory_store = memory_store
         self._memory: dict[str, GroupMemory] = {}
-        if memory_store is not None:
-            for rule, data in memory_store.notifier_memory(self._url).items():
-                try:
-                    self._memory[rule] = memory_from_json(data)
-                except (KeyError, TypeError, ValueError) as exc:  # a document from another version
-                    log.warning("webhook: ignoring the saved memory of rule %r: %s", rule, exc)
+        self._load_memory()
 
         self._thread = threading.Thread(target=self._run, name="alert-webhook", daemon=True)
         self._thread.start()
 
+    def _load_memory(self) -> None:
+        """What was last delivered, as the store holds it (worker thread, or before it starts)."""
+        if self._memory_store is None:
+            return
+        memory: dict[str, GroupMemory] = {}
+        for rule, data in self._memory_store.notifier_memory(self._url).items():
+            try:
+                memory[rule] = memory_from_json(data)
+            except (KeyError, TypeError, ValueError) as exc:  # a document from another version
+                log.warning("webhook: ignoring the saved memory of rule %r: %s", rule, exc)
+        self._memory = memory
+
     # -- the scheduler's side --------------------------------------------------------------
+
+    def reload_memory(self) -> None:
+        """Read what was delivered from the store again before the next send: this replica just
+        became the leader, and the previous one delivered meanwhile (not sending it twice)."""
+        with self._cond:
+            self._reload = True
+            self._cond.notify()
 
     def observe(self, batch: RuleNotices) -> None:
         """Queue one evaluation's notices for the worker; returns at once. A rule that already
         waits in the queue is updated in place; a new rule is dropped (and counted) when
         `queue_size` rules are waiting or the notifier is closed."""
+        if not self._is_active():
+            with self._cond:
+                self._counts["standby"] += 1
+            return
         with self._cond:
             older = self._pending.get(batch.rule)
             if older is not None:
@@ -176,9 +199,13 @@ class WebhookNotifier:
                 self._pending.clear()
             log.warning("webhook: still sending after %.1f s at close; %d queued rule(s) not sent", timeout_s, left)
 
+    def _is_active(self) -> bool:
+        return self._active is None or self._active()
+
     def stats(self) -> dict:
         """sent / failed (deliveries given up) / retried (attempts repeated) / dropped (queue
-        full or closed) / deduplicated (evaluations with nothing new to send) counts, queued
+        full or closed) / deduplicated (evaluations with nothing new to send) / standby
+        (evaluations given while this replica did not lead) counts, queued
         (rules waiting now) and last_error (the latest failed attempt, or None)."""
         with self._cond:
             return {**self._counts, "queued": len(self._pending), "last_error": self._last_error}
@@ -195,14 +222,25 @@ class WebhookNotifier:
                     self._record_failure(f"{type(exc).__name__}: {exc}", gave_up=True)
 
     def _next(self) -> RuleNotices | None:
-        with self._cond:
-            while not self._pending and not self._closing:
-                self._cond.wait()
-            if not self._pending or self._abandoned:
-                return None
-            return self._pending.pop(next(iter(self._pending)))
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing and not self._reload:
+                    self._cond.wait()
+                reload, self._reload = self._reload, False
+                if not reload:
+                    if not self._pending or self._abandoned:
+                        return None
+                    return self._pending.pop(next(iter(self._pending)))
+            try:  # outside the lock: observe() must not wait on the store
+                self._load_memory()
+            except Exception as exc:  # the store is away: keep what this replica remembered
+                log.warning("webhook: could not read what was delivered: %s", exc)
 
     def _handle(self, client: httpx.Client, batch: RuleNotices) -> None:
+        if not self._is_active():  # the lease moved on while this batch waited: the new leader sends
+            with self._cond:
+                self._counts["standby"] += 1
+            return
         decided = plan(batch, self._memory.get(batch.rule), self._clock(), self._repeat_interval_s)
         if decided.why is Why.DUPLICATE:
             with self._cond:

@@ -39,6 +39,9 @@ class ApiContext:
     # Answers to POSTs with an Idempotency-Key (store.idempotency.IdempotencyStore); None: the
     # header is accepted and ignored (retries append again).
     idempotency: Any = None
+    # The leader lease of this API replica (store.lease.Leadership): who runs the alert evaluator,
+    # notifier and lag sampler; None: not wired (one process, nothing to show).
+    leadership: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

@@ -91,6 +91,10 @@ class PipelineOut(BaseModel):
                          " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"
                          " `total`; null before the pipeline first started)")
+    leader: dict | None = Field(None, description="the API replica holding the leader lease (it runs the alert"
+                                " evaluator, webhook notifier and lag sampler): `holder`, `epoch` (+1 at each change"
+                                " of holder), `renewed_at_ms`, `ttl_ms`, `this_replica`, `leading` (this one);"
+                                " null when not wired")
 
 
 class PartitionLagOut(BaseModel):

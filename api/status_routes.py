@@ -33,6 +33,18 @@ def health_status(ctx: ApiContext) -> dict:
     return {"query": query_health(ctx.health, ctx.pipeline_name, now), "lag": lag, "store": store}
 
 
+def leader_status(ctx: ApiContext) -> dict | None:
+    """The `leader` section of GET /api/v1/pipeline: which API replica holds the lease and so runs
+    the alert evaluator, notifier and lag sampler (store/lease.py), and whether it is this one."""
+    leadership = ctx.leadership
+    if leadership is None:
+        return None
+    row = leadership.holder()
+    return {"lease": row.name, "holder": row.record.holder, "epoch": row.record.epoch,
+            "acquired_at_ms": row.acquired_at_ms, "renewed_at_ms": row.renewed_at_ms, "ttl_ms": row.ttl_ms,
+            "this_replica": leadership.me, "leading": leadership.leading(), "error": leadership.last_error}
+
+
 def pipeline_status(ctx: ApiContext) -> dict:
     progress = ctx.store.progress(ctx.pipeline_name)
     now = ctx.now_ms()
@@ -86,7 +98,7 @@ def router(ctx: ApiContext) -> APIRouter:
            summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)",
            response_model=None, responses={200: {"model": PipelineOut, "description": "progress and health"}})
     def pipeline() -> dict:
-        return {**pipeline_status(ctx), "health": health_status(ctx)}
+        return {**pipeline_status(ctx), "health": health_status(ctx), "leader": leader_status(ctx)}
 
     @r.get("/healthz", tags=["status"], summary="The API process is alive", response_model=HealthOut)
     def healthz() -> dict:
@@ -174,6 +186,17 @@ class _StoredMetrics:
         yield from self._query()
         if ctx.alerts is not None:
             yield from alert_metrics(ctx.alerts)
+        if ctx.leadership is not None:
+            yield from self._leader()
+
+    def _leader(self):
+        leadership = self.ctx.leadership
+        leading = GaugeMetricFamily("sketchboard_leader", "1 while this API replica holds the leader lease (runs"
+                                    " the alert evaluator, notifier and lag sampler)", labels=["replica"])
+        leading.add_metric([leadership.me], 1 if leadership.leading() else 0)
+        epoch = GaugeMetricFamily("sketchboard_leader_epoch", "The leader lease's epoch: +1 at every change of holder")
+        epoch.add_metric([], leadership.tracker.record.epoch if leadership.tracker.record else 0)
+        yield from (leading, epoch)
 
     def _lag(self):
         report = self.ctx.lag.report()

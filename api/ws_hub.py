@@ -205,6 +205,9 @@ class HubConfig:
     max_subscriptions: int = 32
     feed_interval_s: float = 0.5
     max_changes_per_tick: int = 50_000
+    # With a store that signals commits (PostgreSQL LISTEN/NOTIFY): read the change feed this often
+    # even without a notification (a safety net; the signal normally wakes the hub at once).
+    fallback_poll_s: float = 5.0
     max_points: int = 11_000
     send_timeout_s: float = 60.0  # a client that accepts nothing for this long is disconnected
     # Messages a client may send: a sustained rate and a burst (a dashboard subscribes to ~10
@@ -220,6 +223,7 @@ class HubStats:
     points_messages: int = 0
     last_tick_ms: float = 0.0
     errors: int = 0
+    notified: int = 0  # wake-ups by a commit notification (store.change_signal)
     extra: dict = field(default_factory=dict)
 
 
@@ -241,9 +245,16 @@ class Hub:
         self._seq: int | None = None
         self._watermarks: dict[str, int] = {}
         self._last_feed_poll = 0.0
+        self._signal = None  # the store's commit signal the tailer waits on (None: it polls)
+        self._backlog = False  # the last tick stopped at max_changes_per_tick: read on without waiting
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    @property
+    def listening(self) -> bool:
+        """The tailer is woken by the store's commit notifications now (not polling the change feed)."""
+        return self._signal is not None and self._signal.listening
 
     # -- lifecycle (event loop side) --
 
@@ -306,21 +317,50 @@ class Hub:
     # -- the tailer thread --
 
     def _run(self) -> None:
+        # On PostgreSQL the store NOTIFYs each commit and one listener per process wakes this thread
+        # at once; the change feed is then read when notified (and every fallback_poll_s, in case a
+        # notification was lost), while the feeds keep their interval. Without one (SQLite), or while
+        # the listener is disconnected, the change feed is read every poll_interval_s.
+        try:
+            signal = self.store.change_signal()
+        except Exception:
+            log.exception("websocket hub could not listen for store changes; polling")
+            signal = None
+        self._signal = signal
         try:
             self._seq = self._last_seq()
             self._watermarks = self.store.watermarks()
         except Exception:
             log.exception("websocket hub could not read the store; retrying")
             self._seq = None
-        while not self._stop.wait(self.config.poll_interval_s):
-            try:
-                if self._seq is None:
-                    self._seq = self._last_seq()
-                    self._watermarks = self.store.watermarks()
-                self.tick()
-            except Exception:  # keep tailing: one bad tick must not end live updates
-                self.stats.errors += 1
-                log.exception("websocket hub tick failed")
+        last_read = time.monotonic()
+        try:
+            while True:
+                if signal is None:
+                    if self._stop.wait(self.config.poll_interval_s):
+                        break
+                    read = True
+                else:
+                    notified = signal.wait(self.config.poll_interval_s)
+                    if self._stop.is_set():
+                        break
+                    self.stats.notified += notified
+                    read = (notified or self._backlog or not signal.listening
+                            or time.monotonic() - last_read >= self.config.fallback_poll_s)
+                try:
+                    if self._seq is None:
+                        self._seq = self._last_seq()
+                        self._watermarks = self.store.watermarks()
+                    if read:
+                        last_read = time.monotonic()
+                    self.tick(read_changes=read)
+                except Exception:  # keep tailing: one bad tick must not end live updates
+                    self.stats.errors += 1
+                    log.exception("websocket hub tick failed")
+        finally:
+            self._signal = None
+            if signal is not None:
+                signal.close()
 
     def _last_seq(self) -> int:
         """The change feed's newest seq, found with O(log n) probes of changes_since."""
@@ -339,13 +379,14 @@ class Hub:
                 hi = mid
         return hi
 
-    def tick(self) -> None:
-        """One pass: read new changes and watermarks, push changed points, poll feeds."""
+    def tick(self, read_changes: bool = True) -> None:
+        """One pass: read new changes and watermarks (unless told nothing committed), push changed
+        points, poll feeds."""
         started = time.perf_counter()
         changed: dict[str, dict[tuple[int, str], None]] = {}
         seq = self._seq or 0
         total = 0
-        while total < self.config.max_changes_per_tick:
+        while read_changes and total < self.config.max_changes_per_tick:
             batch = self.store.changes_since(seq, limit=5000)
             if not batch:
                 break
@@ -356,7 +397,8 @@ class Hub:
             if len(batch) < 5000:
                 break
         self._seq = seq
-        watermarks = self.store.watermarks()
+        self._backlog = total >= self.config.max_changes_per_tick
+        watermarks = self.store.watermarks() if read_changes else self._watermarks
         moved = {s: (self._watermarks.get(s), w) for s, w in watermarks.items() if w != self._watermarks.get(s)}
         self._watermarks = watermarks
 

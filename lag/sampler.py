@@ -67,6 +67,7 @@ class LagSampler:
     def start(self) -> None:
         if self._thread is not None:
             return
+        self._stop.clear()  # started again after stop(): this replica leads again
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
         self._thread.start()
 

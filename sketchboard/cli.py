@@ -124,10 +124,9 @@ def cmd_api(args: argparse.Namespace) -> int:
                 log.info("retention dropped %d records", dropped)
 
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
-    if ctx.lag is not None and ctx.lag.sampler is not None:
-        ctx.lag.sampler.start()  # lag is sampled here: it must be visible while the pipeline is down
-    if ctx.alerts is not None:
-        ctx.alerts.start()  # here too: lag and absence rules matter most while the pipeline is down
+    # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline
+    # is down), by one replica at a time: the one holding the leader lease (sketchboard/leader.py).
+    ctx.leadership.start()
     log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
     try:
         # uvicorn's websockets-sansio protocol (its default) logs this error after any handshake
@@ -141,6 +140,7 @@ def cmd_api(args: argparse.Namespace) -> int:
                     ws_max_size=settings.ws_max_message_bytes)
     finally:
         stop.set()
+        ctx.leadership.stop()  # stops the leader's work and hands the lease over at once
         if ctx.alerts is not None:
             ctx.alerts.stop()
     return 0

@@ -98,6 +98,13 @@ class Settings(BaseSettings):
                                      " e.g. 'postgresql://sketchboard@db:5432/sketchboard'; needed for postgres")
     postgres_pool_size: int = Field(8, ge=1, le=200, description="connections each process keeps to PostgreSQL")
 
+    # API replicas on one store (README: Scale out)
+    replica_id: str | None = Field(None, max_length=200, description="this API process's name in the leader"
+                                   " lease; default <hostname>:<port>:<pid>")
+    leader_lease_ttl: DurationMs = Field("4s", ge=200, le=600_000, description="the replica running the alert"
+                                         " evaluator, notifier and lag sampler renews its lease 5 times per ttl;"
+                                         " when it stops, another takes over within ~1.4 ttl")
+
     # Pipeline
     pipeline_name: str = "main"
     spark_master: str = "local[2]"

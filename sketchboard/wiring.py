@@ -72,9 +72,11 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
                       interval_s=interval_s, clock=clock, sampler=sampler)
 
 
-def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None):
+def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,
+                        active=None):
     """The alert evaluator (not started: the API process starts it) with the file's rules loaded
-    and the webhook notifier when a URL is set."""
+    and the webhook notifier when a URL is set; `active()` says whether this replica may notify
+    (it holds the leader lease: sketchboard/leader.py), None: always."""
     import time
 
     from alerts.loader import load_rules_file
@@ -92,7 +94,7 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
             settings.alert_webhook_url, timeout_s=settings.alert_webhook_timeout / 1000,
             max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
             repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/",
-            memory_store=alert_store))
+            memory_store=alert_store, active=active))
     service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
                            clock=clock or time.time)
@@ -162,12 +164,17 @@ def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
     from api.ws_hub import HubConfig
+    from sketchboard.leader import build_leadership, lead
 
     security = build_security(settings)
     check_exposure(settings, security)  # before opening anything
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
     lag = build_lag_monitor(settings, catalog, log, store)
+    # One replica at a time evaluates alerts, notifies and samples lag (sketchboard/leader.py).
+    leadership = build_leadership(settings, store)
+    alerts = build_alert_service(settings, catalog, store, lag, active=leadership.leading)
+    lead(leadership, alerts=alerts, sampler=lag.sampler)
     ctx = ApiContext(
         catalog=catalog,
         log=log,
@@ -178,10 +185,11 @@ def build_api(settings: Settings):
         query_max_points=settings.query_max_points,
         lag=lag,
         health=open_health_store(settings, store),
-        alerts=build_alert_service(settings, catalog, store, lag),
+        alerts=alerts,
         security=security,
         audit=open_audit_store(settings, store),
         idempotency=open_idempotency_store(settings, store),
+        leadership=leadership,
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,

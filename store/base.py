@@ -263,5 +263,12 @@ class PaneStore(ABC):
         """The Bloom filters and first-seen counts of this store (store/bloom.py), read on the
         backend's own terms: what the API's routes and the pipeline's Bloom features read."""
 
+    def change_signal(self):
+        """What an API process's websocket hub waits on to learn of new commits at once, with
+        `wait(timeout) -> bool` (True: a batch committed since the previous wait), `listening`
+        (False: it cannot tell now, poll instead) and `close()`; a new one per caller. None (the
+        default, SQLite): the hub polls the change feed on its interval."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...

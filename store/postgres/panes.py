@@ -48,6 +48,7 @@ from store.connection import where as where_clause
 from store.panes import Pane, dims_key
 from store.postgres import rows
 from store.postgres.db import PostgresDb
+from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.rollup import BucketStats
@@ -76,6 +77,8 @@ class PostgresPaneStore(PaneStore):
         self._pool = open_pool(dsn, max_size=pool_size)
         with self._pool.connection() as conn:
             ensure_schema(conn, "the PostgreSQL store")
+            # Commits NOTIFY this channel: API replicas on this schema wake on it (store/postgres/notify.py).
+            self.channel = channel_for(conn.execute("SELECT current_schema()").fetchone()[0])
 
     # -- writing ------------------------------------------------------------------------
 
@@ -191,6 +194,7 @@ class PostgresPaneStore(PaneStore):
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (%s, %s, %s, %s, %s, %s)",
             (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated))
+        notify_commit(conn, self.channel, last_seq)  # delivered when this transaction commits
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))
 
@@ -330,6 +334,9 @@ class PostgresPaneStore(PaneStore):
 
     def bloom_reader(self) -> BloomReader:
         return PostgresBloomReader(self._pool)
+
+    def change_signal(self) -> ChangeListener:
+        return ChangeListener(self.dsn, self.channel)
 
     @property
     def closed(self) -> bool:

@@ -52,13 +52,16 @@ def clock() -> FakeClock:
 
 
 @contextmanager
-def context(tmp_path: Path, clock, catalog=None):
-    """An ApiContext over a real SQLite log and pane store in tmp_path (closed on exit)."""
+def context(tmp_path: Path, clock, catalog=None, store=None):
+    """An ApiContext over a real SQLite log and a pane store: `store` (its owner closes it), else a
+    SQLite one in tmp_path (closed on exit)."""
     catalog = catalog or load_catalog(CONFIG)
     log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # durability is not under test
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
-    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    owned = store is None
+    if owned:
+        store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
     store.configure_tiers(catalog_layouts(catalog), now_ms=int(clock() * 1000))  # as the pipeline does at start
     try:
         yield ApiContext(
@@ -70,13 +73,22 @@ def context(tmp_path: Path, clock, catalog=None):
             clock=clock,
         )
     finally:
-        store.close()
+        if owned:
+            store.close()
         log.close()
 
 
 @pytest.fixture
-def ctx(tmp_path, catalog, clock):
-    with context(tmp_path, clock, catalog) as c:
+def pane_store():
+    """The API's pane store; None: context() makes a SQLite one. A module whose tests hold on every
+    backend overrides this fixture with `store_backend.create()` (tests/store_backends.py), which
+    runs each of its tests on SQLite and on PostgreSQL."""
+    return None
+
+
+@pytest.fixture
+def ctx(tmp_path, catalog, clock, pane_store):
+    with context(tmp_path, clock, catalog, pane_store) as c:
         yield c
 
 

@@ -1,5 +1,5 @@
 """GET /api/v1/corrections, /api/v1/dead-letters, the per-stream counters of /api/v1/pipeline,
-and CorrectionsFeed, over a real SQLite store filled with commit_batch (no Spark)."""
+and CorrectionsFeed, over a real store (SQLite and PostgreSQL) filled with commit_batch (no Spark)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ STREAM = "http_requests"
 PANE = 10_000
 T0 = 1_800_000_000_000 - 600_000  # conftest's fake now minus 10 minutes
 DIMS = {"endpoint": "/a", "method": "GET", "status": "200", "region": "eu"}
+
+
+@pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (tests/api/conftest.py)."""
+    return store_backend.create()
 
 
 def data(values, users) -> PaneData:

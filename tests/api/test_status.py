@@ -12,6 +12,12 @@ EVENT_MS = NOW_MS - 45_000
 
 
 @pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (tests/api/conftest.py)."""
+    return store_backend.create()
+
+
+@pytest.fixture
 def ingested(client, ctx):
     """12 events in http_requests and 3 in orders, written through the API."""
     r = client.post("/api/v1/events", params={"stream": "http_requests"},

@@ -28,6 +28,12 @@ from tests.api.test_ws_support import drain_log_into_store
 STREAM = "http_requests"
 
 
+@pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (where NOTIFY wakes the hub)."""
+    return store_backend.create()
+
+
 class Server:
     """uvicorn serving an app on 127.0.0.1, port 0, in a thread."""
 
@@ -126,7 +132,7 @@ def subscribe(ws, sub_id: str, **query) -> dict:
     return recv_until(ws, lambda m: m["type"] in ("snapshot", "error") and m.get("id") == sub_id)
 
 
-def test_subscribe_ingest_commit_then_changed_points_are_pushed(server, ctx, now_ms):
+def test_subscribe_ingest_commit_then_changed_points_are_pushed(server, ctx, now_ms, store_backend):
     with connect(server.ws) as ws:
         snap = subscribe(ws, "a", metric="latency", stats=["count", "p50", "avg"], **{"from": "now-5m"},
                          step="1m", group_by="endpoint")
@@ -151,6 +157,10 @@ def test_subscribe_ingest_commit_then_changed_points_are_pushed(server, ctx, now
         p50 = [p for p in got[("p50", "/api/cart")] if p["t"] == window][0]
         assert p50["error"]["kind"] == "kll" and p50["error"]["lower"] <= p50["value"] <= p50["error"]["upper"]
         assert msg["start"] <= window < msg["end"]
+        hub = server.app.state.hub
+        # On PostgreSQL the commit's NOTIFY woke the hub (store/postgres/notify.py); SQLite is polled.
+        assert (hub.listening, hub.stats.notified >= 1) == ((True, True) if store_backend.kind == "postgres"
+                                                             else (False, False))
 
         # A second commit to the same pane: a new point value for that window and group only.
         post(server, [ev(t0 + 20, "/api/cart", latency=100.0)])
@@ -276,6 +286,7 @@ class NeverReadingClient:
         self.sock.close()
 
 
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the queue's bound, not the store's
 def test_a_client_that_never_reads_stays_within_its_queue_bound(server, ctx, now_ms):
     """A real socket that subscribes, then never reads: the server's queue for it stays at its
     bound (16 here), points coalesce per subscription, the rest is dropped and counted."""

@@ -4,12 +4,19 @@ value, so a client can undo exactly) and as a changed point with a higher revisi
 
 from __future__ import annotations
 
+import pytest
 from websockets.sync.client import connect
 
 from api.app import create_app
 from api.ws_hub import HubConfig
 from tests.api.test_ws import Server, ev, post, recv_until, subscribe
 from tests.api.test_ws_support import drain_log_into_store
+
+
+@pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (tests/api/conftest.py)."""
+    return store_backend.create()
 
 
 def test_a_straggler_into_a_final_pane_is_pushed_as_a_correction(ctx, now_ms):

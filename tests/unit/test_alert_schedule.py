@@ -66,3 +66,30 @@ def test_a_failing_notifier_does_not_stop_evaluation(service):
     [result] = service.evaluate_all(T0)
     assert result.instances[0].state.value == "firing"
     assert service.store.instances("lagging")[0]["state"] == "firing"
+
+
+def test_pause_and_resume_as_the_leader_lease_moves(service):
+    """sketchboard/leader.py: pause() when another replica leads, resume() when this one leads
+    again: the notifiers reload what was delivered, every rule is due at once, and the
+    evaluator thread runs again (one thread, never two)."""
+    import threading
+    import time
+
+    reloads = []
+    service.notifiers.append(type("Reloading", (), {"observe": lambda self, b: None, "close": lambda self: None,
+                                                    "reload_memory": lambda self: reloads.append(1)})())
+    service.create({"name": "r", "kind": "lag", "stream": "orders", "threshold": 5})
+    assert [e.rule for e in service.evaluate_due(T0)] == ["r"]
+    assert service.evaluate_due(T0 + 1) == []
+    reads = service.data.reads
+    service.resume(tick_s=0.05)
+    deadline = time.monotonic() + 10
+    while service.data.reads == reads and time.monotonic() < deadline:  # evaluated at once after resume
+        time.sleep(0.01)
+    assert service.data.reads > reads and reloads == [1]
+    service.pause()
+    assert not [t for t in threading.enumerate() if t.name == "alert-evaluator"]
+    service.resume(tick_s=0.05)
+    service.resume(tick_s=0.05)  # already running: no second thread
+    assert len([t for t in threading.enumerate() if t.name == "alert-evaluator"]) == 1
+    service.stop()

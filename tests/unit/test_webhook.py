@@ -410,3 +410,29 @@ def test_what_was_delivered_survives_a_restart_with_a_memory_store(tmp_path):
         forgetful.close()
         assert len(rx.delivered) == 2
     assert store.notifier_memory(rx.url) == {}  # resolved: forgotten in the store too
+
+
+def test_only_the_lease_holder_notifies_and_a_new_holder_continues_from_the_store(tmp_path):
+    """Two replicas' notifiers on one store (sketchboard/leader.py): the standby one sends nothing;
+    when it takes the lease it reads what the other delivered, so a still-firing alert is not
+    sent again, and its resolution is."""
+    from store.alerts import SqliteAlertStore
+
+    leader = {"name": "a"}
+    with Receiver() as rx:
+        a = notifier(rx.url, memory_store=SqliteAlertStore(tmp_path / "store.db"),
+                     active=lambda: leader["name"] == "a")
+        b = notifier(rx.url, memory_store=SqliteAlertStore(tmp_path / "store.db"),
+                     active=lambda: leader["name"] == "b")  # started before anything was delivered
+        a.observe(batch(firing("x")))
+        b.observe(batch(firing("x")))  # a follower's evaluation (e.g. a rule deleted through it): dropped
+        rx.wait_for(lambda reqs: len(reqs) == 1, 5)
+        a.close()
+        assert b.stats()["standby"] == 1
+        leader["name"] = "b"  # a died; b holds the lease now
+        b.reload_memory()
+        b.observe(batch(firing("x"), at_ms=20_000))
+        b.observe(batch(resolved("x"), at_ms=30_000))
+        b.close()
+        assert [body["status"] for body in rx.delivered] == ["firing", "resolved"]
+        assert b.stats()["sent"] == 1  # the resolution only

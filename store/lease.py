@@ -1,0 +1,180 @@
+"""The leader lease several API replicas share: a row per lease name beside the panes (the
+store's SQLite file with its own connection, or the PostgreSQL store's schema:
+store.connection.Db), and the thread that keeps it.
+
+Why a lease row rather than a PostgreSQL advisory lock: one implementation serves both
+backends (several API processes may share one SQLite file too); the row is what an operator
+reads to see who leads; it is per store schema (advisory-lock keys are per database, shared
+by every schema in it); and the holder learns it lost the lease from its own clock, without
+needing a connection that stays open (an advisory lock held by a session the network cut
+stays held until the server notices, often minutes). Decisions are store/lease_rules.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.connection import Db, SideStore
+from store.lease_rules import Action, LeaseRecord, LeaseTracker
+
+log = logging.getLogger("sketchboard.lease")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT,                     -- NULL: nobody (never taken, or released)
+    version INTEGER NOT NULL,        -- bumped by every write: writes compare-and-set on it
+    epoch INTEGER NOT NULL,          -- bumped by every change of holder
+    ttl_ms INTEGER,                  -- the holder's lease time (for operators)
+    renewed_at_ms INTEGER,           -- the holder's wall clock at its last write (for operators)
+    acquired_at_ms INTEGER           -- the holder's wall clock when it took the lease
+);
+"""
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    """A lease as stored, with what operators read."""
+
+    name: str
+    record: LeaseRecord
+    ttl_ms: int | None
+    renewed_at_ms: int | None
+    acquired_at_ms: int | None
+
+
+class LeaseStore(SideStore):
+    def __init__(self, path: str | Path | Db, *, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+
+    def read(self, name: str) -> LeaseRow:
+        """The lease's row; a lease never taken reads as free at version 0."""
+        with self._lock:
+            row = self._conn.execute("SELECT holder, version, epoch, ttl_ms, renewed_at_ms, acquired_at_ms"
+                                     " FROM leases WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            return LeaseRow(name, LeaseRecord(None, 0, 0), None, None, None)
+        return LeaseRow(name, LeaseRecord(row[0], row[1], row[2]), row[3], row[4], row[5])
+
+    def swap(self, name: str, expected: LeaseRecord, new: LeaseRecord, *, ttl_ms: int, now_ms: int) -> bool:
+        """Write `new` if the row is still at `expected.version` (compare-and-set); True when written.
+        The row is created (at version 0) the first time, by whoever gets there first."""
+        acquired = new.holder is not None and new.epoch != expected.epoch
+        with self._lock, self._conn.transaction() as db:
+            db.execute("INSERT INTO leases (name, holder, version, epoch) VALUES (?, NULL, 0, 0)"
+                       " ON CONFLICT (name) DO NOTHING", (name,))
+            written = db.execute(
+                "UPDATE leases SET holder = ?, version = ?, epoch = ?, ttl_ms = ?, renewed_at_ms = ?,"
+                " acquired_at_ms = CASE WHEN ? = 1 THEN ? ELSE acquired_at_ms END"
+                " WHERE name = ? AND version = ?",
+                (new.holder, new.version, new.epoch, ttl_ms if new.holder else None,
+                 now_ms if new.holder else None, 1 if acquired else 0, now_ms, name, expected.version)).rowcount
+        return written == 1
+
+
+class Leadership:
+    """Keeps one lease from a background thread: every `renew_s` it reads the row, decides
+    (store/lease_rules.py), writes; `on_gain()` runs when this replica becomes the leader and
+    `on_lose()` when it stops being one (lost the race, could not renew in time, or stopped).
+    Both run on this thread, one at a time."""
+
+    def __init__(self, store: LeaseStore, name: str, me: str, *, ttl_s: float, renew_s: float | None = None,
+                 on_gain: Callable[[], None] = lambda: None, on_lose: Callable[[], None] = lambda: None,
+                 monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.name = name
+        self.me = me
+        self.ttl_s = ttl_s
+        # Several writes per ttl: a slow or failed write or two does not lose the lease.
+        self.renew_s = renew_s if renew_s is not None else ttl_s / 5
+        if not 0 < self.renew_s < ttl_s:
+            raise ValueError(f"lease renew interval must be in (0, ttl = {ttl_s} s), got {self.renew_s}")
+        self.tracker = LeaseTracker(me, ttl_s)
+        self.on_gain, self.on_lose = on_gain, on_lose
+        self.monotonic, self.clock = monotonic, clock
+        self.last_error: str | None = None
+        self.transitions = 0  # gains and losses, for tests and metrics
+        self._acting = False  # on_gain ran and on_lose has not yet
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def leading(self) -> bool:
+        """This replica leads now (its last write is younger than the ttl)."""
+        return self.tracker.leading(self.monotonic())
+
+    def tick(self) -> None:
+        """One round: read, decide, write, then start or stop the leader's work as it turned out."""
+        try:
+            row = self.store.read(self.name)
+            step = self.tracker.step(row.record, self.monotonic())
+            if step.write is not None:
+                won = self.store.swap(self.name, row.record, step.write, ttl_ms=int(self.ttl_s * 1000),
+                                      now_ms=int(self.clock() * 1000))
+                self.tracker.done(step, won)
+                if won and step.action is Action.ACQUIRE:
+                    log.info("lease %r: %s leads (epoch %d)", self.name, self.me, step.write.epoch)
+            self.last_error = None
+        except Exception as exc:  # the store is away: leadership lapses on its own after ttl
+            if self.last_error != str(exc):
+                log.warning("lease %r: could not renew: %s", self.name, exc)
+            self.last_error = str(exc)
+        self._act(self.leading())
+
+    def _act(self, leading: bool) -> None:
+        if leading and not self._acting:
+            self._acting = True
+            self.transitions += 1
+            self.on_gain()
+        elif not leading and self._acting:
+            self._acting = False
+            self.transitions += 1
+            log.info("lease %r: %s no longer leads", self.name, self.me)
+            self.on_lose()
+
+    def holder(self) -> LeaseRow:
+        return self.store.read(self.name)
+
+    # -- the background thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = self.monotonic()
+            try:
+                self.tick()
+            except Exception:  # on_gain/on_lose failed: keep the lease loop alive
+                log.exception("lease %r: leader work failed to start or stop", self.name)
+            # Wake in time to stop acting before the lease lapses, even when a write was slow.
+            until = self.tracker.leader_until()
+            wait = self.renew_s - (self.monotonic() - started)
+            if until is not None and self._acting:
+                wait = min(wait, until - self.monotonic())
+            self._stop.wait(max(0.0, wait))
+
+    def stop(self, timeout_s: float = 5.0, *, release: bool = True) -> None:
+        """Stop the leader's work, then hand the lease over at once (no ttl to wait out); with
+        release=False the row stays as a crashed process leaves it (the others wait out the ttl)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        self._act(False)
+        if not release:
+            return
+        handover = self.tracker.release()
+        if handover is not None:
+            try:
+                self.store.swap(self.name, self.tracker.record, handover, ttl_ms=0, now_ms=int(self.clock() * 1000))
+            except Exception as exc:  # the others take over after ttl instead
+                log.warning("lease %r: could not release: %s", self.name, exc)
