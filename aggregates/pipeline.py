@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +23,9 @@ from store.tiers import catalog_layouts
 
 log = logging.getLogger("sketchboard.pipeline")
 
+# (batch id, end offsets per stream and partition, commit time in ms): see Pipeline.commit_listeners.
+CommitListener = Callable[[int, Mapping[str, Mapping[int, int]], int], None]
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -36,6 +39,9 @@ class PipelineConfig:
     kll_k: int = 200
     # Set: read the log's Kafka topics with Spark's Kafka source instead of the embedded log.
     kafka: KafkaSourceConfig | None = None
+    # Where a new checkpoint starts reading: the earliest retained record (a replay) or the log's
+    # end (only later records). A checkpointed query resumes from its checkpoint whatever this says.
+    starting_offsets: str = "earliest"
 
 
 class Pipeline:
@@ -50,11 +56,16 @@ class Pipeline:
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
+        # Called after each batch the store committed, with (batch id, end offsets, commit time):
+        # copies of the offsets for others to see (the consumer registry, a Kafka consumer group).
+        # Never the source of truth: a listener's failure is logged and counted, the batch stands.
+        self.commit_listeners: list[CommitListener] = []
+        self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
-        return read_log(self.spark, self.catalog, self.config)
+        return read_log(self.spark, self.catalog, self.config, self.config.checkpoint_dir)
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
@@ -91,7 +102,18 @@ class Pipeline:
             (done - computed) * 1000,
         )
         self.last_result = result
+        if result.committed:
+            self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
+
+    def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
+        for listener in self.commit_listeners:
+            try:
+                listener(batch_id, end_offsets, at_ms)
+            except Exception as exc:  # noqa: BLE001 - a copy of the offsets failed, not the batch
+                self.listener_failures += 1
+                log.warning("after batch %d: %s failed (%d failures so far): %s", batch_id,
+                            getattr(listener, "what", type(listener).__name__), self.listener_failures, exc)
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
         return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
@@ -115,12 +137,15 @@ def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], floa
     return rebuilt
 
 
-def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig) -> DataFrame:
+def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig, checkpoint_dir: Path) -> DataFrame:
     """The log's streams of `catalog` as a streaming DataFrame (ingest.source_rows' uniform
-    schema), from the embedded log's source or from Spark's Kafka source."""
+    schema), from the embedded log's source or from Spark's Kafka source, for the query
+    checkpointed in `checkpoint_dir`."""
     if config.kafka is not None:
-        return read_kafka(spark, catalog, config.kafka, config.max_records_per_batch)
-    options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task)
+        kafka = replace(config.kafka, starting_offsets=config.starting_offsets)
+        return read_kafka(spark, catalog, kafka, config.max_records_per_batch)
+    options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task,
+                             starting_offsets=config.starting_offsets, checkpoint_dir=str(checkpoint_dir))
     return spark.readStream.format(SOURCE_NAME).options(**options).load()
 
 

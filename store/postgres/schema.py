@@ -61,3 +61,19 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute(TABLES)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+
+
+def schema_dsn(dsn: str, schema: str) -> str:
+    """The DSN of one namespace's schema in the DSN's database (store/namespace.py): the schema is
+    created if missing and every connection's search_path is set to it alone, so the store's
+    unqualified table names land there (`options` the DSN already has are kept)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from store.namespace import quote_ident
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    options = conninfo_to_dict(dsn).get("options") or ""
+    # libpq splits `options` on spaces; backslash-escape any in the (quoted) name.
+    path = quote_ident(schema).replace("\\", "\\\\").replace(" ", "\\ ")
+    return make_conninfo(dsn, options=f"{options} -c search_path={path}".strip())
