@@ -4,7 +4,28 @@ truth (that is the store's transaction); a failure is logged and counted by the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+log = logging.getLogger("sketchboard.pipeline")
+
+# (batch id, end offsets per stream and partition, commit time in ms): Pipeline.commit_listeners.
+CommitListener = Callable[[int, Mapping[str, Mapping[int, int]], int], None]
+
+
+def notify(listeners: Sequence[CommitListener], batch_id: int, end_offsets: Mapping[str, Mapping[int, int]],
+           at_ms: int) -> int:
+    """Call each listener; one that fails is logged and skipped (the batch is committed and
+    stands). Returns how many failed."""
+    failed = 0
+    for listener in listeners:
+        try:
+            listener(batch_id, end_offsets, at_ms)
+        except Exception as exc:  # noqa: BLE001 - a copy of the offsets failed, not the batch
+            failed += 1
+            log.warning("after batch %d: %s failed: %s", batch_id, getattr(listener, "what", type(listener).__name__),
+                        exc)
+    return failed
 
 
 class RegistryCopy:

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.consumers import CommitListener, notify
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
@@ -22,9 +23,6 @@ from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
 
 log = logging.getLogger("sketchboard.pipeline")
-
-# (batch id, end offsets per stream and partition, commit time in ms): see Pipeline.commit_listeners.
-CommitListener = Callable[[int, Mapping[str, Mapping[int, int]], int], None]
 
 
 @dataclass(frozen=True)
@@ -107,13 +105,7 @@ class Pipeline:
         return result
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
-        for listener in self.commit_listeners:
-            try:
-                listener(batch_id, end_offsets, at_ms)
-            except Exception as exc:  # noqa: BLE001 - a copy of the offsets failed, not the batch
-                self.listener_failures += 1
-                log.warning("after batch %d: %s failed (%d failures so far): %s", batch_id,
-                            getattr(listener, "what", type(listener).__name__), self.listener_failures, exc)
+        self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
         return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}

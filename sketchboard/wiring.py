@@ -8,7 +8,7 @@ from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
 from store import PaneStore, SqlitePaneStore
-from store.namespace import ROOT, check_pipeline_name, namespace_of, postgres_schema, sqlite_store_path
+from store.namespace import ROOT, check_pipeline_name, namespace_of, sqlite_store_path
 
 logger = logging.getLogger("sketchboard.wiring")
 
@@ -43,10 +43,9 @@ def open_store(settings: Settings, namespace: str = ROOT) -> PaneStore:
     pipeline's namespace: its own SQLite file, or its own PostgreSQL schema."""
     if settings.store_backend == "postgres":
         from store.postgres import PostgresPaneStore
-        from store.postgres.schema import schema_dsn
+        from store.postgres.schema import namespace_dsn
 
-        dsn = settings.postgres_dsn if namespace == ROOT else schema_dsn(settings.postgres_dsn,
-                                                                          postgres_schema(namespace))
+        dsn = settings.postgres_dsn if namespace == ROOT else namespace_dsn(settings.postgres_dsn, namespace)
         return PostgresPaneStore(dsn, pool_size=settings.postgres_pool_size if namespace == ROOT else 2)
     return SqlitePaneStore(sqlite_store_path(settings.data_dir, namespace), synchronous=settings.log_sync)
 

@@ -7,8 +7,9 @@ writes into a namespace of its own:
   the store's root namespace, today's layout: `<data_dir>/store.db`, or the tables the
   PostgreSQL DSN reaches (its search_path, usually `public`); existing stores keep working;
 - any other named pipeline gets `<data_dir>/pipelines/<name>/store.db`, or the PostgreSQL
-  schema `sketchboard_<name>` in the same database (the same tables, reached by setting the
-  connection's search_path).
+  schema `<root schema>__<name>` (e.g. `public__audit`) in the same database: the same tables,
+  reached by setting the connection's search_path. Named after the root's schema, so two
+  deployments sharing a database under different schemas keep their pipelines apart too.
 
 A namespace holds a whole store (panes, tiers, watermarks, dead letters, batch ids and
 offsets), so a namespace is also what a versioned output of a reprocessing run (issue 16)
@@ -22,7 +23,6 @@ from pathlib import Path
 # Pipeline names end up in paths, schema names and Kafka group ids: keep them plain.
 PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 ROOT = ""  # the serving pipeline's namespace
-SCHEMA_PREFIX = "sketchboard_"
 
 
 def check_pipeline_name(name: str) -> str:
@@ -41,9 +41,14 @@ def sqlite_store_path(data_dir: Path, namespace: str) -> Path:
     return data_dir / "store.db" if namespace == ROOT else data_dir / "pipelines" / namespace / "store.db"
 
 
-def postgres_schema(namespace: str) -> str | None:
-    """The schema of a namespace; None: the root, whatever the DSN's search_path says."""
-    return None if namespace == ROOT else SCHEMA_PREFIX + namespace
+def postgres_schema(namespace: str, root_schema: str) -> str:
+    """The schema of a named pipeline's namespace beside the root's schema (the DSN's)."""
+    if namespace == ROOT:
+        return root_schema
+    schema = f"{root_schema}__{namespace}"
+    if len(schema.encode()) > 63:  # PostgreSQL would silently cut it: two names could meet
+        raise ValueError(f"schema {schema!r} is longer than PostgreSQL's 63 bytes: use a shorter pipeline name")
+    return schema
 
 
 def quote_ident(name: str) -> str:
