@@ -112,6 +112,13 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     partitions = audit["streams"]["orders"]["partitions"]
     assert {int(p): v["committed"] for p, v in partitions.items()} == half
     assert {int(p): v["lag_events"] for p, v in partitions.items()} == {p: ends[p] - half[p] for p in ends}
+    # The same in Prometheus, by pipeline label.
+    metrics = families(client.get("/metrics").text)
+    codes = {s.labels["pipeline"]: s.value for s in metrics["sketchboard_pipeline_lag_status_code"].samples}
+    assert codes == {"main": 0, "audit": 2}  # OK, STALL
+    lagging = {(s.labels["pipeline"], s.labels["partition"]): s.value
+               for s in metrics["sketchboard_consumer_lag_events"].samples if s.labels["stream"] == "orders"}
+    assert lagging == {**{("main", str(p)): 0 for p in ends}, **{("audit", str(p)): ends[p] - half[p] for p in ends}}
     registry.close()
 
 
