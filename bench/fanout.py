@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                   f" {total / both:,.0f} events/s together ({total / 2 / both:,.0f} per pipeline)", flush=True)
             if serving.listener_failures or replay.listener_failures:
                 print(f"listener failures: serving {serving.listener_failures}, replay {replay.listener_failures}")
-            log.close()
+            for handle in (log, serving.log, replay.log):  # before the broker goes: no reconnect noise
+                handle.close()
         finally:
             spark.stop()
             if broker is not None:
