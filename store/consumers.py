@@ -8,9 +8,10 @@ the serving one writes here is a copy, made right after each of its commits (and
 starts, to cover a crash between the two): at worst one batch behind, so lag is overstated for
 a moment, never understated. The serving pipeline's offsets are read from the store itself.
 
-The registry also guards the root namespace: it belongs to one pipeline name, so a second
-process started under the serving pipeline's name by mistake with another name, or a store
-whose root holds batches of another pipeline, is refused instead of double counting."""
+The registry also guards the root namespace: it belongs to one pipeline name, so a pipeline
+started against the root under another name (pipeline_name changed, or SKETCHBOARD_PIPELINE_NAME
+set for a second process instead of `--name`), or against a store whose root holds another
+pipeline's batches, is refused instead of double counting."""
 
 from __future__ import annotations
 
