@@ -90,7 +90,7 @@ class ConsumerRegistry(SideStore):
                 owner = (others[0],) if others else None
             if owner is not None:
                 raise NamespaceTaken(
-                    f"{describe(namespace)} of the store holds the output of pipeline {owner[0]!r}, not {pipeline!r}:"
+                    f"{describe(namespace)} holds the output of pipeline {owner[0]!r}, not {pipeline!r}:"
                     f" two pipelines writing one set of panes would count every event twice. Set pipeline_name to"
                     f" {owner[0]!r} for the serving pipeline, and run others with `sketchboard pipeline --name`")
             conn.execute(

@@ -56,4 +56,4 @@ def quote_ident(name: str) -> str:
 
 
 def describe(namespace: str) -> str:
-    return "the store's root" if namespace == ROOT else f"namespace {namespace!r}"
+    return "the store's root" if namespace == ROOT else f"the store's namespace {namespace!r}"

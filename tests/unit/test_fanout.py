@@ -66,7 +66,7 @@ def test_registry_records_consumers_copies_offsets_and_guards_namespaces(store_b
     assert registry.register("audit", "audit", "earliest", NOW + 2).started_from == "latest"
     with pytest.raises(NamespaceTaken, match="holds the output of pipeline 'main'"):
         registry.register("other", ROOT, "earliest", NOW)
-    with pytest.raises(NamespaceTaken, match="not namespace 'x'"):
+    with pytest.raises(NamespaceTaken, match="not the store's namespace 'x'"):
         registry.register("audit", "x", "earliest", NOW)
 
     RegistryCopy(registry, "audit")(3, {"orders": {0: 10, 1: 7}}, NOW + 5)
