@@ -74,7 +74,7 @@ def test_named_pipelines_on_one_log_replay_identical_panes_and_report_lag_per_co
     main = build_pipeline(settings, spark)  # the serving pipeline: the store's root
     main.run_until_drained()
     # Started from the latest offset before `later` arrives: finds nothing now, but its start is
-    # pinned (no batch has run), so a later run reads exactly what came after.
+    # kept (the checkpoint), so a later run reads exactly what came after.
     late = build_pipeline(settings, spark, name="late", starting_offsets="latest")
     late.run_until_drained()
     append(log, demo_catalog, later)
