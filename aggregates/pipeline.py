@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from aggregates.batch_gate import BatchGate
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
+from aggregates.consumers import CommitListener, notify
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
@@ -38,6 +39,9 @@ class PipelineConfig:
     kll_k: int = 200
     # Set: read the log's Kafka topics with Spark's Kafka source instead of the embedded log.
     kafka: KafkaSourceConfig | None = None
+    # Where a new checkpoint starts reading: the earliest retained record (a replay) or the log's
+    # end (only later records). A checkpointed query resumes from its checkpoint whatever this says.
+    starting_offsets: str = "earliest"
 
 
 class Pipeline:
@@ -55,11 +59,16 @@ class Pipeline:
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged.
         self.health = None
+        # Called after each batch the store committed, with (batch id, end offsets, commit time):
+        # copies of the offsets for others to see (the consumer registry, a Kafka consumer group).
+        # Never the source of truth: a listener's failure is logged and counted, the batch stands.
+        self.commit_listeners: list[CommitListener] = []
+        self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
-        return read_log(self.spark, self.catalog, self.config)
+        return read_log(self.spark, self.catalog, self.config, self.config.checkpoint_dir)
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
@@ -98,6 +107,8 @@ class Pipeline:
             (done - computed) * 1000,
         )
         self.last_result = result
+        if result.committed:
+            self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
 
     def _store_error(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
@@ -118,6 +129,8 @@ class Pipeline:
                 self.health.store_failing(self.config.name, f"{type(error).__name__}: {error}", at_ms)
         except Exception as exc:  # the same full disk, most likely: the log line above says it
             log.debug("could not record the store error: %s", exc)
+    def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
+        self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
         return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
@@ -141,12 +154,15 @@ def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], floa
     return rebuilt
 
 
-def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig) -> DataFrame:
+def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig, checkpoint_dir: Path) -> DataFrame:
     """The log's streams of `catalog` as a streaming DataFrame (ingest.source_rows' uniform
-    schema), from the embedded log's source or from Spark's Kafka source."""
+    schema), from the embedded log's source or from Spark's Kafka source, for the query
+    checkpointed in `checkpoint_dir`."""
     if config.kafka is not None:
-        return read_kafka(spark, catalog, config.kafka, config.max_records_per_batch)
-    options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task)
+        kafka = replace(config.kafka, starting_offsets=config.starting_offsets)
+        return read_kafka(spark, catalog, kafka, config.max_records_per_batch)
+    options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task,
+                             starting_offsets=config.starting_offsets, checkpoint_dir=str(checkpoint_dir))
     return spark.readStream.format(SOURCE_NAME).options(**options).load()
 
 

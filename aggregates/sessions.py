@@ -119,7 +119,7 @@ class SessionPipeline:
         return result
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
-        events = read_log(self.spark, self.source_catalog, self.config)
+        events = read_log(self.spark, self.source_catalog, self.config, self.checkpoint_dir)
         writer = self.sessions(events).writeStream.outputMode("append")  # a session is emitted once, when closed
         return start_query(writer, f"sketchboard-{self.name}", self.checkpoint_dir, self.process_batch,
                            self.config.trigger_interval, available_now=available_now, gate=self.gate)

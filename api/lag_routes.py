@@ -78,6 +78,7 @@ def router(ctx: ApiContext) -> APIRouter:
             body["window"] = {"samples": monitor.window, "interval_seconds": monitor.interval_s,
                               "seconds": monitor.window_ms / 1000}
             body["sampler_error"] = monitor.sampler_error
+            body["consumers"] = monitor.consumers(stream)
             body["series"] = {"from_ms": start_ms, "to_ms": end_ms, "truncated": len(samples) >= MAX_SAMPLES,
                               **series_json(samples)}
             return body

@@ -130,6 +130,23 @@ class LagSeriesOut(BaseModel):
         description="stream -> partition -> samples {t, log_end, committed, lag_events, lag_seconds}")
 
 
+class ConsumerLagOut(BaseModel):
+    name: str = Field(description="the pipeline's name")
+    serving: bool = Field(description="true for the pipeline whose output the API serves (setting pipeline_name)")
+    namespace: str | None = Field(description="where its output lives (null: the store's root)")
+    started_from: str | None = Field(description="earliest or latest: where its first run began reading")
+    registered_at_ms: int | None = Field(description="when it first started")
+    last_batch_id: int | None
+    last_commit_ms: int | None
+    group_commits_failed: int = Field(description="failed copies of its offsets to a Kafka consumer group")
+    group_commit_error: str | None = Field(description="the last such failure (null after a success)")
+    status: str = Field(description="OK, WARN, STALL, STOP, REWIND or ERR (Burrow's rules)")
+    reason: str
+    lag_events: int
+    lag_seconds: float | None
+    streams: dict[str, StreamLagOut] = Field(description="per stream and partition: committed offset, lag, status")
+
+
 class LagOut(BaseModel):
     at_ms: int
     pipeline: str
@@ -141,6 +158,9 @@ class LagOut(BaseModel):
     window: dict = Field(description="the evaluation window: samples, interval_seconds, seconds")
     sampler_error: str | None
     series: LagSeriesOut
+    consumers: list[ConsumerLagOut] = Field(description="every consumer of the log (fan-out: the serving pipeline"
+                                            " first, then every other named pipeline) with its lag; the fields"
+                                            " above are the serving pipeline's")
 
 
 class ValueStatsOut(BaseModel):

@@ -222,9 +222,25 @@ class _StoredMetrics:
                     seconds.add_metric(labels, part.lag_seconds)
                 sampled.add_metric(labels, part.lag_events)
                 part_status.add_metric(labels, {v: part.verdict.status.value == v for v in states})
+        # Fan-out: every consumer of the log by pipeline label, the serving one included.
+        consumer_events = GaugeMetricFamily("sketchboard_consumer_lag_events", "Lag in events at the newest lag"
+                                            " sample, per consumer (pipeline)", labels=["pipeline", "stream", "partition"])
+        consumer_seconds = GaugeMetricFamily("sketchboard_consumer_lag_seconds", "Age of the oldest record a consumer"
+                                             " (pipeline) has not processed", labels=["pipeline", "stream", "partition"])
+        others = [c.pipeline for c in self.ctx.lag.registry.consumers()] if self.ctx.lag.registry is not None else []
+        for consumer in [report, *(self.ctx.lag.report(pipeline=n) for n in others if n != report.pipeline)]:
+            if consumer is not report:
+                pipe_status.add_metric([consumer.pipeline], {v: consumer.verdict.status.value == v for v in states})
+                code.add_metric([consumer.pipeline], consumer.verdict.status.severity)
+            for name, stream in consumer.streams.items():
+                for p, part in stream.partitions.items():
+                    labels = [consumer.pipeline, name, str(p)]
+                    consumer_events.add_metric(labels, part.lag_events)
+                    if part.lag_seconds is not None:
+                        consumer_seconds.add_metric(labels, part.lag_seconds)
         pipe_status.add_metric([report.pipeline], {v: report.verdict.status.value == v for v in states})
         code.add_metric([report.pipeline], report.verdict.status.severity)
-        yield from (seconds, sampled, part_status, stream_status, pipe_status, code)
+        yield from (seconds, sampled, part_status, stream_status, pipe_status, code, consumer_events, consumer_seconds)
 
     def _query(self):
         q = query_health(self.ctx.health, self.ctx.pipeline_name, self.ctx.now_ms()) if self.ctx.health else None

@@ -3,7 +3,11 @@
 Offsets are {stream: {partition: next offset}}; Spark checkpoints them, so a restarted
 query resumes exactly where its last committed batch ended. Each micro-batch reads at
 most `max_records_per_batch` records (admission control, fair across partitions) and
-each task at most `max_records_per_task`. Rows come out in the uniform schema of
+each task at most `max_records_per_task`. A new query starts at the earliest retained record
+(`starting_offsets=earliest`, the default) or at the log's end (`latest`: only records appended
+after its first start; those offsets are kept in the checkpoint folder until Spark has logged a
+first batch, so a `latest` query that found nothing new does not skip what arrives before its
+next start, as Spark's Kafka source keeps its own). Rows come out in the uniform schema of
 `ingest.source_rows`, shared with the Kafka source.
 
 The source never fails on a bad record: a record without a usable event time or ingest time,
@@ -14,6 +18,8 @@ them with that reason.
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ __all__ = ["MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA",
            "source_options", "to_source_batch"]
 
 SOURCE_NAME = "sketchboard_log"
+INITIAL_OFFSETS_FILE = "sketchboard-initial-offsets.json"  # in the query's checkpoint folder
 
 Offsets = dict[str, dict[str, int]]  # JSON-friendly: partition numbers as strings
 
@@ -126,6 +133,8 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.catalog = Catalog.model_validate_json(options["catalog"])
         self.max_records_per_batch = int(options.get("max_records_per_batch", "1000000"))
         self.max_records_per_task = int(options.get("max_records_per_task", "250000"))
+        self.starting_offsets = options.get("starting_offsets", "earliest")
+        self.initial_offsets_path = options.get("initial_offsets_path")
         self._available_now: Offsets | None = None
         self._log: SqliteEventLog | None = None
 
@@ -142,8 +151,25 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         log = self._open()
+        if self.starting_offsets == "latest":
+            return self._pinned(self._available)
         # Start from the earliest retained record of every stream (Kafka's "earliest").
         return {name: {str(p): o.start for p, o in log.offsets(name).items()} for name in self.catalog.streams}
+
+    def _pinned(self, offsets) -> dict:
+        """The offsets the query's first start chose, read back on later starts until Spark's
+        own offset log takes over (it asks only when that log is empty)."""
+        path = self.initial_offsets_path
+        if path and os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        chosen = offsets()
+        if path:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                json.dump(chosen, f)
+            os.replace(path + ".tmp", path)
+        return chosen
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records_per_batch)
@@ -194,7 +220,8 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class SketchboardLogSource(DataSource):
-    """Options: log_path, catalog (the Catalog as JSON), max_records_per_batch, max_records_per_task."""
+    """Options: log_path, catalog (the Catalog as JSON), max_records_per_batch, max_records_per_task,
+    starting_offsets (earliest | latest), initial_offsets_path."""
 
     @classmethod
     def name(cls) -> str:
@@ -207,11 +234,18 @@ class SketchboardLogSource(DataSource):
         return SketchboardLogReader(self.options)
 
 
-def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, max_records_per_task: int) -> dict[str, str]:
-    return {
+def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, max_records_per_task: int,
+                   *, starting_offsets: str = "earliest", checkpoint_dir: str | None = None) -> dict[str, str]:
+    if starting_offsets not in ("earliest", "latest"):
+        raise ValueError(f"starting offsets {starting_offsets!r}: earliest or latest")
+    options = {
         "log_path": str(log_path),
         "catalog": catalog.model_dump_json(),
         "max_records_per_batch": str(max_records_per_batch),
         "max_records_per_task": str(max_records_per_task),
+        "starting_offsets": starting_offsets,
     }
+    if checkpoint_dir is not None:
+        options["initial_offsets_path"] = os.path.join(str(checkpoint_dir), INITIAL_OFFSETS_FILE)
+    return options
 

@@ -25,7 +25,10 @@ class LagFeed:
         if newest is None or newest == self._last_at_ms:
             return []
         self._last_at_ms = newest
-        return [self.monitor.report().to_message()]
+        message = self.monitor.report().to_message()
+        if self.monitor.registry is not None:  # fan-out: every consumer of the log, for the lag panel's table
+            message["consumers"] = self.monitor.consumers()
+        return [message]
 
 
 def query_health(health_store, pipeline: str, now_ms: int, *, stale_after_ms: int = STALE_AFTER_MS) -> dict | None:

@@ -22,6 +22,8 @@ class LagMonitor:
     interval_s: float = 2.0
     clock: Callable[[], float] = time.time
     sampler: object | None = None  # the LagSampler, when this process runs one (for its last error)
+    # The log's other consumers (fan-out): store.consumers.ConsumerRegistry, or None.
+    registry: object | None = None
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -34,12 +36,35 @@ class LagMonitor:
         """The window's length in time, for STOP and stale samples: window x interval."""
         return round(self.window * self.interval_s * 1000)
 
-    def report(self, stream: str | None = None) -> PipelineLag:
+    def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag:
+        """The lag of this pipeline, or of another consumer of the log."""
+        pipeline = pipeline or self.pipeline
         now_ms = int(self.clock() * 1000)
         wanted = [k for k in self.partitions() if stream is None or k[0] == stream]
-        samples = self.store.recent(self.pipeline, self.window, wanted)
-        return evaluate(self.pipeline, samples, now_ms=now_ms, window=self.window, window_ms=self.window_ms,
+        samples = self.store.recent(pipeline, self.window, wanted)
+        return evaluate(pipeline, samples, now_ms=now_ms, window=self.window, window_ms=self.window_ms,
                         partitions=wanted)
+
+    def consumers(self, stream: str | None = None) -> list[dict]:
+        """Every consumer of the log, this (serving) pipeline first: its registry record (where
+        its output lives, where it started, its Kafka group copies) and its lag report."""
+        records = {c.pipeline: c.to_json() for c in self.registry.consumers()} if self.registry is not None else {}
+        names = [self.pipeline, *(name for name in records if name != self.pipeline)]
+        out = []
+        for name in names:
+            record = records.get(name) or {"name": name, "namespace": None, "started_from": None,
+                                           "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
+                                           "group_commits_failed": 0, "group_commit_error": None}
+            lag = self.report(stream, name)
+            if record["last_commit_ms"] is None:  # the serving pipeline's: from its samples (the store's)
+                known = [p.latest.last_commit_ms for s in lag.streams.values() for p in s.partitions.values()
+                         if p.latest and p.latest.last_commit_ms is not None]
+                record = {**record, "last_commit_ms": max(known, default=None)}
+            report = lag.to_message()
+            for key in ("type", "pipeline", "at_ms"):
+                del report[key]
+            out.append({**record, "serving": name == self.pipeline, **report})
+        return out
 
     @property
     def sampler_error(self) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lag.model import LagSample
 from lag.sources import CommittedReader, LagSource, OffsetTimeTable
@@ -24,7 +24,8 @@ log = logging.getLogger("sketchboard.lag")
 
 class LagSampler:
     def __init__(self, source: LagSource, committed: CommittedReader, sink, *, pipeline: str,
-                 streams: Sequence[str], interval_s: float = 2.0, clock: Callable[[], float] = time.time):
+                 streams: Sequence[str], interval_s: float = 2.0, clock: Callable[[], float] = time.time,
+                 others: Callable[[], Mapping[str, CommittedReader]] | None = None):
         if interval_s <= 0:
             raise ValueError(f"lag sample interval must be positive, got {interval_s} s")
         self.source = source
@@ -34,6 +35,9 @@ class LagSampler:
         self.streams = list(streams)
         self.interval_s = interval_s
         self.clock = clock
+        # The log's other consumers (fan-out: named pipelines besides `pipeline`), sampled in the
+        # same round against the same end offsets; asked each round, as pipelines come and go.
+        self.others = others
         self.last_error: str | None = None
         self.rounds = 0
         self._tables: dict[tuple[str, int], OffsetTimeTable] = {}
@@ -42,18 +46,20 @@ class LagSampler:
 
     def sample(self) -> list[LagSample]:
         """One round: read (committed first, then the log: the log only grows, so its end read
-        afterwards is never behind a committed offset) and build the samples."""
-        committed = self.committed.committed()
+        afterwards is never behind a committed offset) and build the samples, for the pipeline
+        and for every other consumer."""
+        readers = {self.pipeline: self.committed, **(self.others() if self.others is not None else {})}
+        committed = {name: reader.committed() for name, reader in readers.items()}
         now_ms = int(self.clock() * 1000)
         samples = []
         for stream in self.streams:
-            stream_committed = committed.offsets.get(stream, {})
             for partition, offsets in sorted(self.source.end_offsets(stream).items()):
                 table = self._tables.setdefault((stream, partition), OffsetTimeTable())
                 table.add(offsets.end, now_ms)
-                sample = LagSample(self.pipeline, stream, partition, now_ms, offsets.start, offsets.end,
-                                   stream_committed.get(partition), committed.last_commit_ms)
-                samples.append(_with_lag_ms(sample, self.source, table, now_ms))
+                for name, c in committed.items():
+                    sample = LagSample(name, stream, partition, now_ms, offsets.start, offsets.end,
+                                       c.offsets.get(stream, {}).get(partition), c.last_commit_ms)
+                    samples.append(_with_lag_ms(sample, self.source, table, now_ms))
         return samples
 
     def sample_and_store(self) -> list[LagSample]:

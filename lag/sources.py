@@ -103,3 +103,16 @@ class OffsetTimeTable:
             return 0
         written = self.written_at_ms(position)
         return None if written is None else max(0, now_ms - written)
+
+
+class RegistryCommitted:
+    """The committed offsets of a named pipeline other than the serving one, as it copies them
+    into the consumer registry after each commit (store/consumers.py)."""
+
+    def __init__(self, registry, pipeline: str):
+        self.registry = registry
+        self.pipeline = pipeline
+
+    def committed(self) -> Committed:
+        last = next((c.last_commit_ms for c in self.registry.consumers() if c.pipeline == self.pipeline), None)
+        return Committed(self.registry.offsets(self.pipeline), last)

@@ -153,7 +153,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
     check_java()
     settings = _settings(args)
-    pipeline = build_pipeline(settings)
+    pipeline = build_pipeline(settings, name=args.name, starting_offsets=args.start)
     sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
     if args.once:
         pipeline.run_until_drained()
@@ -162,7 +162,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         return 0
     query = pipeline.start()
     session_queries = [session.start() for session in sessions]
-    log.info("pipeline %r running (checkpoints in %s)", settings.pipeline_name, settings.checkpoint_dir)
+    log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -283,6 +283,15 @@ def _spike_spec(text: str) -> str:
     return text
 
 
+def _pipeline_name(text: str) -> str:
+    from store.namespace import check_pipeline_name
+
+    try:
+        return check_pipeline_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _spike_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spike", type=_spike_spec, action="append", default=[], metavar="ENDPOINT:FACTOR:START:DURATION",
                    help="demo latency spike, e.g. /api/cart:40:20s:30s (x40 from 20 s after the demo starts,"
@@ -313,6 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(sub.add_parser("api", help="run the HTTP API alone")).set_defaults(func=cmd_api)
     pipe = common(sub.add_parser("pipeline", help="run the Spark aggregation pipeline alone"))
     pipe.add_argument("--once", action="store_true", help="process what is in the log now, then exit")
+    pipe.add_argument("--name", type=_pipeline_name, help="run this named pipeline (fan-out: several independent consumers of one log,"
+                      " each with its own checkpoint, offsets, lag and store namespace); default: the serving"
+                      " pipeline (setting pipeline_name), whose output the API serves")
+    pipe.add_argument("--from", dest="start", choices=["earliest", "latest"],
+                      help="where a pipeline's first run starts: the earliest retained record (replay) or the log's"
+                      " end; only for a first run: a pipeline with a checkpoint resumes from it (default: setting"
+                      " pipeline_start, earliest)")
     pipe.set_defaults(func=cmd_pipeline)
     demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
     demo.add_argument("--url", help="API base URL (default from settings)")

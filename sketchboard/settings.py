@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     kafka_fail_on_data_loss: bool = Field(False, description="the Spark Kafka source's failOnDataLoss: false skips"
                                           " records the topic's retention deleted before the pipeline read them"
                                           " (with a warning); true stops the pipeline instead")
+    kafka_commit_offsets: bool = Field(False, description="after each store commit, copy the pipeline's offsets"
+                                       " to a Kafka consumer group (for Burrow, kafka-lag-exporter,"
+                                       " kafka-consumer-groups.sh); never read back, a failure is logged and counted")
+    kafka_group_id: str = Field("sketchboard-{pipeline}", min_length=1, description="that consumer group;"
+                                " {pipeline} is replaced by the pipeline's name")
     spark_kafka_jars: Path = Field(REPO_ROOT / "jars" / "spark-kafka", description="Spark's Kafka connector jars"
                                    " (`make jars`), passed as spark.jars when log_backend is kafka")
     spark_jars_packages: str | None = Field(None, description="instead of spark_kafka_jars, Maven coordinates for"
@@ -106,7 +111,14 @@ class Settings(BaseSettings):
                                          " when it stops, another takes over within ~1.4 ttl")
 
     # Pipeline
-    pipeline_name: str = "main"
+    pipeline_name: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$",
+                               description="the serving pipeline: the API serves its output, kept in the store's"
+                               " root (store.db / the DSN's schema); `sketchboard pipeline --name N` runs another"
+                               " named pipeline of the same log into a namespace of its own (README: Fan-out)")
+    pipeline_start: Literal["earliest", "latest"] = Field(
+        "earliest", description="where a pipeline's first run starts reading: the earliest retained record"
+        " (replay) or the log's end; a pipeline with a checkpoint resumes from it whatever this says"
+        " (`sketchboard pipeline --from`)")
     spark_master: str = "local[2]"
     spark_driver_memory: str = "2g"
     trigger_interval: str = "1 second"
@@ -177,6 +189,13 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _group_commit_needs_kafka(self) -> Settings:
+        if self.kafka_commit_offsets and self.log_backend != "kafka":
+            raise ValueError("kafka_commit_offsets copies offsets to a Kafka consumer group: it needs log_backend"
+                             " kafka")
+        return self
+
+    @model_validator(mode="after")
     def _postgres_needs_dsn(self) -> Settings:
         if self.store_backend == "postgres" and not self.postgres_dsn:
             raise ValueError("store_backend is postgres: set postgres_dsn"
@@ -193,7 +212,11 @@ class Settings(BaseSettings):
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.data_dir / "checkpoints" / self.pipeline_name
+        return self.checkpoint_dir_of(self.pipeline_name)
+
+    def checkpoint_dir_of(self, pipeline: str) -> Path:
+        """Each named pipeline's Spark checkpoint (its offsets) in a folder of its own."""
+        return self.data_dir / "checkpoints" / pipeline
 
     @property
     def tokens_path(self) -> Path:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
 from sketchboard.settings import Settings
 from store import PaneStore, SqlitePaneStore
+from store.namespace import ROOT, check_pipeline_name, namespace_of, sqlite_store_path
+
+logger = logging.getLogger("sketchboard.wiring")
 
 
 def open_catalog(settings: Settings) -> Catalog:
@@ -28,12 +33,28 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
     return log
 
 
-def open_store(settings: Settings) -> PaneStore:
+def store_namespace(settings: Settings, pipeline: str | None = None) -> str:
+    """Where a pipeline's output lives (store/namespace.py): the root for the serving pipeline."""
+    return namespace_of(pipeline or settings.pipeline_name, settings.pipeline_name)
+
+
+def open_store(settings: Settings, namespace: str = ROOT) -> PaneStore:
+    """The store's root (the serving pipeline's output, what the API serves) or a named
+    pipeline's namespace: its own SQLite file, or its own PostgreSQL schema."""
     if settings.store_backend == "postgres":
         from store.postgres import PostgresPaneStore
+        from store.postgres.schema import namespace_dsn
 
-        return PostgresPaneStore(settings.postgres_dsn, pool_size=settings.postgres_pool_size)
-    return SqlitePaneStore(settings.store_path, synchronous=settings.log_sync)
+        dsn = settings.postgres_dsn if namespace == ROOT else namespace_dsn(settings.postgres_dsn, namespace)
+        return PostgresPaneStore(dsn, pool_size=settings.postgres_pool_size if namespace == ROOT else 2)
+    return SqlitePaneStore(sqlite_store_path(settings.data_dir, namespace), synchronous=settings.log_sync)
+
+
+def open_consumer_registry(settings: Settings, root_store: PaneStore):
+    from store.consumers import ConsumerRegistry
+
+    # In the root, beside the serving pipeline's tables, with a connection of its own.
+    return ConsumerRegistry(root_store.side_db())
 
 
 def open_lag_store(settings: Settings, store: PaneStore):
@@ -55,21 +76,28 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
     from lag.report import LagMonitor
     from lag.sampler import LagSampler
-    from lag.sources import EventLogLagSource, StoreCommitted
+    from lag.sources import EventLogLagSource, RegistryCommitted, StoreCommitted
 
     clock = clock or time.time
     source = EventLogLagSource(log)
     lag_store = open_lag_store(settings, store)
     interval_s = settings.lag_sample_interval / 1000
+    registry = open_consumer_registry(settings, store)
+
+    def others():
+        # Fan-out: every other named pipeline of the log, from the copies of its offsets.
+        return {c.pipeline: RegistryCommitted(registry, c.pipeline) for c in registry.consumers()
+                if c.pipeline != settings.pipeline_name}
+
     sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name), lag_store,
                          pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,
-                         clock=clock)
+                         clock=clock, others=others)
 
     def partitions():
         return [(name, p) for name in catalog.streams for p in source.end_offsets(name)]
 
     return LagMonitor(lag_store, settings.pipeline_name, partitions, window=settings.lag_window,
-                      interval_s=interval_s, clock=clock, sampler=sampler)
+                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry)
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,
@@ -203,11 +231,30 @@ def build_api(settings: Settings):
     return create_app(ctx, hub_config=hub_config), ctx
 
 
-def build_pipeline(settings: Settings, spark=None):
+def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None):
+    """The pipeline `name` (default: the serving pipeline, settings.pipeline_name), reading from
+    `starting_offsets` (default settings.pipeline_start) if it has no checkpoint yet."""
+    import time
+
+    from aggregates.consumers import GroupCopy, RegistryCopy
     from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.spark import build_spark, kafka_connector_conf
 
+    name = check_pipeline_name(name or settings.pipeline_name)
+    starting = starting_offsets or settings.pipeline_start
+    checkpoint_dir = settings.checkpoint_dir_of(name)
+    if has_checkpoint(checkpoint_dir):
+        if starting_offsets is not None:
+            logger.info("pipeline %r resumes from its checkpoint (%s): --from %s applies to a first run only",
+                        name, checkpoint_dir, starting_offsets)
+    namespace = store_namespace(settings, name)
     catalog = open_catalog(settings)
+    root_store = open_store(settings)
+    registry = open_consumer_registry(settings, root_store)
+    consumer = registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
+    if not has_checkpoint(checkpoint_dir) and consumer.started_from != starting:
+        logger.info("pipeline %r first started from %s; without a checkpoint it now starts from %s",
+                    name, consumer.started_from, starting)
     kafka = None
     extra_conf: dict[str, str] = {}
     if settings.log_backend == "kafka":
@@ -220,33 +267,56 @@ def build_pipeline(settings: Settings, spark=None):
         extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     # Topics exist before the source asks for offsets; the driver keeps this handle to read the
     # log's end offsets at each commit (per-partition watermarks).
-    log = open_log(settings, catalog)
+    event_log = open_log(settings, catalog)
     spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
                                  extra_conf=extra_conf)
     config = PipelineConfig(
-        name=settings.pipeline_name,
+        name=name,
         log_path=settings.log_path,
-        checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_dir=checkpoint_dir,
+        starting_offsets=starting,
         max_records_per_batch=settings.max_records_per_batch,
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
         kafka=kafka,
     )
-    store = open_store(settings)
-    pipeline = Pipeline(spark, catalog, store, config, log=log)
+    store = root_store if namespace == ROOT else open_store(settings, namespace)
+    pipeline = Pipeline(spark, catalog, store, config, log=event_log)
+    if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
+        pipeline.commit_listeners.append(RegistryCopy(registry, name))
+    if settings.kafka_commit_offsets:
+        from ingest.log.kafka_groups import GroupOffsetCommitter, group_id_for
+
+        committer = GroupOffsetCommitter(settings.kafka_bootstrap_servers, group_id_for(settings.kafka_group_id, name),
+                                         topic_prefix=settings.kafka_topic_prefix, options=settings.kafka_options,
+                                         timeout_s=settings.kafka_request_timeout / 1000)
+        pipeline.commit_listeners.append(GroupCopy(committer, registry, name))
+    # A crash between the store's commit and the copies: make them now (the batch is skipped on replay).
+    progress = store.progress(name)
+    if progress.last_batch_id is not None:
+        pipeline.notify_listeners(progress.last_batch_id, progress.end_offsets,
+                                  progress.last_commit_ms or int(time.time() * 1000))
     from aggregates.progress import register
 
     # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
     health = open_health_store(settings, store)
-    pipeline.progress_recorder = register(spark, health, settings.pipeline_name, f"sketchboard-{settings.pipeline_name}")
+    pipeline.progress_recorder = register(spark, health, name, f"sketchboard-{name}")
     # Failed store commits are retried and reported there (aggregates/commit_retry.py).
-    health.reserve_store_errors(settings.pipeline_name)
+    health.reserve_store_errors(name)
     pipeline.health = health
     return pipeline
+
+
+def has_checkpoint(checkpoint_dir) -> bool:
+    """Whether Spark logged a batch there (then the query resumes from it)."""
+    offsets = checkpoint_dir / "offsets"
+    return offsets.is_dir() and any(offsets.iterdir())
 
 
 def build_session_pipelines(settings: Settings, pipeline) -> list:
     """The session-window queries (one per stream declaring `sessions`), on the main pipeline's Spark."""
     from aggregates.sessions import session_pipelines
 
-    return session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings), pipeline.config)
+    namespace = store_namespace(settings, pipeline.config.name)  # beside the pipeline's own panes
+    return session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings, namespace),
+                             pipeline.config)

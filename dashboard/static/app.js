@@ -405,6 +405,38 @@
     Plotly.extendTraces("lag-chart-events", { x: rows.map(() => [x]), y: rows.map((r) => [r[1]]) }, idx, 600);
     Plotly.extendTraces("lag-chart-seconds", { x: rows.map(() => [x]), y: rows.map((r) => [r[2]]) }, idx, 600);
     $("lag-chart-events").dataset.updates = String(+($("lag-chart-events").dataset.updates || 0) + 1);
+    if (m.consumers) renderConsumers(m.consumers);
+  }
+
+  // Fan-out: one row per pipeline reading the log (the serving one first), with its committed
+  // offsets per partition. Built with textContent only: names come from the server.
+  function renderConsumers(consumers) {
+    const table = $("lag-consumers"), body = table.querySelector("tbody");
+    table.hidden = consumers.length < 2 && !consumers.some((c) => !c.serving);
+    const cell = (text, cls) => {
+      const td = document.createElement("td");
+      td.textContent = text;
+      if (cls) td.className = cls;
+      return td;
+    };
+    body.replaceChildren(...consumers.map((c) => {
+      const tr = document.createElement("tr");
+      tr.dataset.consumer = c.name;
+      const name = c.name + (c.serving ? " (serving)" : "") + (c.started_from ? ` · from ${c.started_from}` : "");
+      const status = document.createElement("td");
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.dataset.status = c.status;
+      badge.textContent = c.status;
+      badge.title = c.reason || "";
+      status.appendChild(badge);
+      const offsets = Object.entries(c.streams || {}).map(([stream, s]) =>
+        `${stream} ` + Object.entries(s.partitions || {}).map(([p, v]) => `${p}:${v.committed ?? "–"}`).join(" ")).join(" · ");
+      const seconds = c.lag_seconds === null || c.lag_seconds === undefined ? "–" : c.lag_seconds.toFixed(1);
+      tr.append(cell(name), status, cell(fmtNum(c.lag_events), "num"), cell(seconds, "num"), cell(offsets, "offsets"));
+      if (c.group_commit_error) tr.title = `Kafka consumer group copy failing (${c.group_commits_failed}): ${c.group_commit_error}`;
+      return tr;
+    }));
   }
 
   let corrections = 0;

@@ -61,3 +61,23 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute(TABLES)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+
+
+def namespace_dsn(dsn: str, namespace: str) -> str:
+    """The DSN of a named pipeline's namespace (store/namespace.py): the schema `<root>__<name>`
+    beside the DSN's own schema, created if missing, and every connection's search_path set to
+    it alone, so the store's unqualified table names land there (`options` the DSN already has
+    are kept; the last search_path wins)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from store.namespace import postgres_schema, quote_ident
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        root = conn.execute("SELECT current_schema()").fetchone()[0]
+        if root is None:
+            raise ValueError("the PostgreSQL DSN has no current schema (search_path names no existing schema)")
+        schema = postgres_schema(namespace, root)
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+    options = conninfo_to_dict(dsn).get("options") or ""
+    # libpq splits `options` on spaces (pipeline names have none).
+    return make_conninfo(dsn, options=f"{options} -c search_path={quote_ident(schema)}".strip())

@@ -80,6 +80,48 @@ def test_lag_grows_then_stops_then_drains(client, ctx, lagged, clock):
     assert body["streams"]["orders"]["status"] == "OK"
 
 
+def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_path):
+    """Fan-out: the serving pipeline's offsets come from its store, another named pipeline's from
+    the copies it makes in the consumer registry; each gets its own samples and status."""
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+
+    sampler = lagged
+    registry = ConsumerRegistry(tmp_path / "store.db")
+    registry.register("main", "", "earliest", NOW_MS)
+    registry.register("audit", "audit", "latest", NOW_MS)
+    sampler.others = lambda: {"audit": RegistryCommitted(registry, "audit")}
+    ctx.lag.registry = registry
+    post_orders(client, 12, NOW_MS)
+    ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
+    ctx.store.commit_batch(BatchCommit("main", 0, [], 12, {}, {"orders": ends}), lateness_ms={}, now_ms=ctx.now_ms())
+    half = {p: end // 2 for p, end in ends.items()}
+    registry.record_commit("audit", 0, NOW_MS, {"orders": half})
+    for _ in range(3):
+        sampler.sample_and_store()
+        clock.now += 1
+    body = client.get("/api/v1/lag", params={"stream": "orders"}).json()
+    assert body["pipeline"] == "main" and body["lag_events"] == 0  # the existing fields: the serving pipeline
+    main, audit = body["consumers"]
+    assert (main["name"], main["serving"], main["namespace"], main["status"]) == ("main", True, None, "OK")
+    assert main["last_commit_ms"] is not None
+    assert (audit["name"], audit["serving"], audit["namespace"], audit["started_from"]) == \
+        ("audit", False, "audit", "latest")
+    assert audit["lag_events"] == sum(ends.values()) - sum(half.values()) > 0
+    assert audit["status"] == "STALL"  # committed offsets stand still with lag, though it commits
+    partitions = audit["streams"]["orders"]["partitions"]
+    assert {int(p): v["committed"] for p, v in partitions.items()} == half
+    assert {int(p): v["lag_events"] for p, v in partitions.items()} == {p: ends[p] - half[p] for p in ends}
+    # The same in Prometheus, by pipeline label.
+    metrics = families(client.get("/metrics").text)
+    codes = {s.labels["pipeline"]: s.value for s in metrics["sketchboard_pipeline_lag_status_code"].samples}
+    assert codes == {"main": 0, "audit": 2}  # OK, STALL
+    lagging = {(s.labels["pipeline"], s.labels["partition"]): s.value
+               for s in metrics["sketchboard_consumer_lag_events"].samples if s.labels["stream"] == "orders"}
+    assert lagging == {**{("main", str(p)): 0 for p in ends}, **{("audit", str(p)): ends[p] - half[p] for p in ends}}
+    registry.close()
+
+
 def test_lag_parameters_are_checked(client, lagged):
     assert client.get("/api/v1/lag", params={"stream": "nope"}).status_code == 404
     r = client.get("/api/v1/lag", params={"from": "yesterday"})

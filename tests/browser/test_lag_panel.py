@@ -146,3 +146,40 @@ def test_the_status_strip_names_the_partition_holding_the_watermark_while_behind
     page.wait_for_selector("#status-lag-events[data-held-by='orders/1']", timeout=10_000)
     assert page.text_content("#status-lag-events").endswith("· watermark held by orders/1")
     assert watch.errors == [], watch.errors
+
+
+def test_the_lag_panel_lists_every_consumer_of_the_log(lagged, watched_page, tmp_path):
+    """Fan-out: a second named pipeline (in the consumer registry) gets a row of its own with its
+    status and committed offsets, beside the serving pipeline's."""
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+
+    server, ctx, sampler, monitor = lagged
+    registry = ConsumerRegistry(tmp_path / "store.db")
+    registry.register("main", "", "earliest", 0)
+    registry.register("audit", "audit", "latest", 1)
+    sampler.others = lambda: {"audit": RegistryCommitted(registry, "audit")}
+    monitor.registry = registry
+    now = int(time.time() * 1000)
+    r = httpx.post(f"{server.http}/api/v1/events", params={"stream": "orders"},
+                   json=[{"time": now, "customer_id": f"c{i}", "amount": 1.0} for i in range(30)], timeout=10)
+    assert r.status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now)
+    ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
+    registry.record_commit("audit", 0, now, {"orders": {0: ends[0], 1: 0}})
+
+    page, watch = watched_page(server.http, "/")
+    page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    sample_round(sampler)
+    sample_round(sampler)
+    page.wait_for_selector("#lag-consumers tr[data-consumer=audit]", timeout=10_000)
+    rows = page.evaluate("""() => Array.from(document.querySelectorAll('#lag-consumers tbody tr')).map((tr) =>
+        ({name: tr.dataset.consumer, cells: Array.from(tr.cells).map((td) => td.textContent)}))""")
+    reports = {c["name"]: c for c in monitor.consumers()}
+    assert [row["name"] for row in rows] == ["main", "audit"]
+    main, audit = (row["cells"] for row in rows)
+    assert main[0] == "main (serving) · from earliest" and main[1] == reports["main"]["status"] == "OK"
+    assert audit[0] == "audit · from latest" and audit[1] == reports["audit"]["status"]
+    assert audit[2] == str(ends[1]) and main[2] == "0"
+    assert audit[4].startswith("http_requests ") and f"orders 0:{ends[0]} 1:0" in audit[4]
+    assert watch.errors == [], watch.errors

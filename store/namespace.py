@@ -1,0 +1,59 @@
+"""Where a named pipeline's output lives (fan-out: several pipelines reading one log).
+
+Two pipelines merging into one set of panes would count every event twice, so each pipeline
+writes into a namespace of its own:
+
+- the serving pipeline (setting `pipeline_name`, default `main`: the one the API serves) keeps
+  the store's root namespace, today's layout: `<data_dir>/store.db`, or the tables the
+  PostgreSQL DSN reaches (its search_path, usually `public`); existing stores keep working;
+- any other named pipeline gets `<data_dir>/pipelines/<name>/store.db`, or the PostgreSQL
+  schema `<root schema>__<name>` (e.g. `public__audit`) in the same database: the same tables,
+  reached by setting the connection's search_path. Named after the root's schema, so two
+  deployments sharing a database under different schemas keep their pipelines apart too.
+
+A namespace holds a whole store (panes, tiers, watermarks, dead letters, batch ids and
+offsets), so a namespace is also what a versioned output of a reprocessing run (issue 16)
+will be. Pure: names in, paths and identifiers out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# Pipeline names end up in paths, schema names and Kafka group ids: keep them plain.
+PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
+ROOT = ""  # the serving pipeline's namespace
+
+
+def check_pipeline_name(name: str) -> str:
+    if not re.fullmatch(PIPELINE_NAME_PATTERN, name):
+        raise ValueError(f"pipeline name {name!r}: use 1 to 48 letters, digits, '_' or '-', starting with a letter"
+                         " or digit")
+    return name
+
+
+def namespace_of(pipeline: str, serving_pipeline: str) -> str:
+    """ROOT for the serving pipeline, else the pipeline's own name."""
+    return ROOT if pipeline == serving_pipeline else check_pipeline_name(pipeline)
+
+
+def sqlite_store_path(data_dir: Path, namespace: str) -> Path:
+    return data_dir / "store.db" if namespace == ROOT else data_dir / "pipelines" / namespace / "store.db"
+
+
+def postgres_schema(namespace: str, root_schema: str) -> str:
+    """The schema of a named pipeline's namespace beside the root's schema (the DSN's)."""
+    if namespace == ROOT:
+        return root_schema
+    schema = f"{root_schema}__{namespace}"
+    if len(schema.encode()) > 63:  # PostgreSQL would silently cut it: two names could meet
+        raise ValueError(f"schema {schema!r} is longer than PostgreSQL's 63 bytes: use a shorter pipeline name")
+    return schema
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def describe(namespace: str) -> str:
+    return "the store's root" if namespace == ROOT else f"the store's namespace {namespace!r}"

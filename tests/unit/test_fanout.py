@@ -1,0 +1,142 @@
+"""Fan-out without Spark: where a named pipeline's output lives (store/namespace.py), the consumer
+registry on both store backends (store/consumers.py), the copies made after each commit
+(aggregates/consumers.py) and the flags and settings that choose them."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from aggregates.consumers import GroupCopy, RegistryCopy, notify
+from sketchboard.cli import build_parser
+from sketchboard.settings import Settings
+from sketchboard.wiring import open_store, store_namespace
+from store import BatchCommit, PaneData, PanePartial
+from store.consumers import ConsumerRegistry, NamespaceTaken
+from store.namespace import ROOT, check_pipeline_name, namespace_of, postgres_schema, sqlite_store_path
+
+NOW = 1_800_000_000_000
+
+
+def test_the_serving_pipeline_keeps_the_root_and_others_get_their_own(tmp_path):
+    assert namespace_of("main", "main") == ROOT
+    assert namespace_of("audit", "main") == "audit"
+    assert sqlite_store_path(tmp_path, ROOT) == tmp_path / "store.db"  # today's layout
+    assert sqlite_store_path(tmp_path, "audit") == tmp_path / "pipelines" / "audit" / "store.db"
+    assert postgres_schema(ROOT, "public") == "public"
+    assert postgres_schema("audit", "public") == "public__audit"
+    with pytest.raises(ValueError, match="63 bytes"):
+        postgres_schema("a" * 48, "s" * 20)
+    for bad in ("", "../x", "a b", "-x", "x" * 49):
+        with pytest.raises(ValueError, match="pipeline name"):
+            check_pipeline_name(bad)
+    settings = Settings(data_dir=tmp_path)
+    assert store_namespace(settings) == ROOT and store_namespace(settings, "audit") == "audit"
+    assert settings.checkpoint_dir_of("audit") == tmp_path / "checkpoints" / "audit"
+
+
+def test_cli_flags_and_settings():
+    args = build_parser().parse_args(["pipeline", "--name", "audit", "--from", "latest"])
+    assert (args.name, args.start) == ("audit", "latest")
+    assert build_parser().parse_args(["pipeline"]).start is None  # the setting decides
+    for bad in (["--name", "a/b"], ["--from", "now"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["pipeline", *bad])
+    with pytest.raises(ValidationError, match="needs log_backend kafka"):
+        Settings(kafka_commit_offsets=True)
+    with pytest.raises(ValidationError, match="pipeline_name"):
+        Settings(pipeline_name="no spaces")
+
+
+def commit(pipeline: str, batch_id: int, offsets: dict) -> BatchCommit:
+    n = sum(offsets.get("orders", {}).values())
+    return BatchCommit(pipeline, batch_id, [PanePartial("orders", NOW, NOW + 10_000, {}, PaneData(count=n))], n,
+                       {"orders": NOW}, end_offsets=offsets, read_by_stream={"orders": n})
+
+
+def test_registry_records_consumers_copies_offsets_and_guards_namespaces(store_backend):
+    store = store_backend.create()
+    registry = ConsumerRegistry(store.side_db())
+    main = registry.register("main", ROOT, "earliest", NOW)
+    assert (main.pipeline, main.namespace, main.started_from, main.last_batch_id) == ("main", ROOT, "earliest", None)
+    registry.register("audit", "audit", "latest", NOW + 1)
+    # A later start keeps the first record: the checkpoint, not --from, says where it resumes.
+    assert registry.register("audit", "audit", "earliest", NOW + 2).started_from == "latest"
+    with pytest.raises(NamespaceTaken, match="holds the output of pipeline 'main'"):
+        registry.register("other", ROOT, "earliest", NOW)
+    with pytest.raises(NamespaceTaken, match="not the store's namespace 'x'"):
+        registry.register("audit", "x", "earliest", NOW)
+
+    RegistryCopy(registry, "audit")(3, {"orders": {0: 10, 1: 7}}, NOW + 5)
+    RegistryCopy(registry, "audit")(2, {"orders": {0: 4, 1: 9}}, NOW + 4)  # a late copy never moves back
+    assert registry.offsets("audit") == {"orders": {0: 10, 1: 9}}
+    audit = {c.pipeline: c for c in registry.consumers()}["audit"]
+    assert (audit.last_batch_id, audit.last_commit_ms) == (3, NOW + 5)
+    assert [c.pipeline for c in registry.consumers()] == ["main", "audit"]
+
+    registry.record_group_commit("audit", "KafkaException: down")
+    registry.record_group_commit("audit", "KafkaException: still down")
+    audit = {c.pipeline: c for c in registry.consumers()}["audit"]
+    assert (audit.group_commits_failed, audit.group_commit_error) == (2, "KafkaException: still down")
+    registry.record_group_commit("audit", None)
+    audit = {c.pipeline: c for c in registry.consumers()}["audit"]
+    assert (audit.group_commits_failed, audit.group_commit_error) == (2, None)
+    registry.close()
+
+
+def test_a_root_holding_another_pipelines_batches_is_refused(store_backend):
+    """A store from before the registry: its batches name the pipeline whose output the root holds."""
+    store = store_backend.create()
+    assert store.commit_batch(commit("main", 0, {"orders": {0: 1}}), lateness_ms={"orders": 60_000}, now_ms=NOW).committed
+    registry = ConsumerRegistry(store.side_db())
+    with pytest.raises(NamespaceTaken, match="pipeline 'main'"):
+        registry.register("renamed", ROOT, "earliest", NOW)
+    assert registry.register("main", ROOT, "earliest", NOW).namespace == ROOT
+    registry.close()
+
+
+def test_each_namespace_is_a_store_of_its_own(store_backend, tmp_path):
+    """open_store as the wiring calls it: a named pipeline's panes never land in the root's."""
+    root = store_backend.create()
+    if store_backend.kind == "postgres":
+        settings = Settings(data_dir=tmp_path, store_backend="postgres", postgres_dsn=root.dsn, postgres_pool_size=2)
+    else:
+        settings = Settings(data_dir=root.path.parent)
+    name = f"n{uuid.uuid4().hex[:8]}"
+    named = open_store(settings, name)
+    try:
+        lateness = {"orders": 60_000}
+        assert named.commit_batch(commit(name, 0, {"orders": {0: 5}}), lateness_ms=lateness, now_ms=NOW).committed
+        assert root.commit_batch(commit("main", 0, {"orders": {0: 2}}), lateness_ms=lateness, now_ms=NOW).committed
+        assert [p.data.count for p in named.read_panes("orders", 0, 2**62)] == [5]
+        assert [p.data.count for p in root.read_panes("orders", 0, 2**62)] == [2]
+        assert named.progress(name).end_offsets == {"orders": {0: 5}} and root.progress(name).end_offsets == {}
+        again = open_store(settings, name)  # a restart finds it
+        assert again.last_batch_id(name) == 0
+        again.close()
+    finally:
+        named.close()
+
+
+def test_a_failing_group_copy_is_counted_and_never_stops_the_others(tmp_path):
+    """A real Kafka admin client with nothing listening: the copy fails (recorded in the registry),
+    the registry copy after it still runs, and notify reports one failure instead of raising."""
+    import socket
+
+    from ingest.log.kafka_groups import GroupOffsetCommitter
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    registry = ConsumerRegistry(tmp_path / "store.db")
+    registry.register("audit", "audit", "earliest", NOW)
+    committer = GroupOffsetCommitter(f"127.0.0.1:{port}", "sketchboard-audit", timeout_s=1.0)
+    group = GroupCopy(committer, registry, "audit")
+    failures = notify([group, RegistryCopy(registry, "audit")], 0, {"orders": {0: 3}}, NOW)
+    assert failures == 1 and group.failures == 1
+    audit = registry.consumers()[0]
+    assert audit.group_commits_failed == 1 and "KafkaException" in audit.group_commit_error
+    assert registry.offsets("audit") == {"orders": {0: 3}}
+    registry.close()
