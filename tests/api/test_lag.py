@@ -132,7 +132,7 @@ def test_lag_parameters_are_checked(client, lagged):
 
 def test_pipeline_has_a_health_section(client, ctx, lagged, clock):
     body = client.get("/api/v1/pipeline").json()
-    assert body["health"] == {"query": None, "lag": body["health"]["lag"]}
+    assert body["health"] == {"query": None, "lag": body["health"]["lag"], "store": None}
     assert body["health"]["lag"]["status"] == "ERR"
     ctx.health.started("main", "q", "r", "sketchboard-main", NOW_MS)
     ctx.health.progress("main", "r", 7, {"batchId": 7, "inputRowsPerSecond": 10.0, "processedRowsPerSecond": 20.0,
@@ -142,7 +142,7 @@ def test_pipeline_has_a_health_section(client, ctx, lagged, clock):
 
 
 def test_pipeline_health_is_null_when_not_wired(client):
-    assert client.get("/api/v1/pipeline").json()["health"] == {"query": None, "lag": None}
+    assert client.get("/api/v1/pipeline").json()["health"] == {"query": None, "lag": None, "store": None}
 
 
 def test_metrics_parse_and_have_lag_gauges(client, ctx, lagged, clock):
