@@ -77,17 +77,25 @@ def stop_between_batches(spark, queries: Iterable[tuple[object, BatchGate]], *, 
     for _, gate in queries:
         gate.close()
     idle = all([gate.wait_idle(timeout_s) for _, gate in queries])
-    # Spark's listener bus delivers events asynchronously: to a Python process on its way out one
-    # would fail with a Py4J network error. The recorders mark their runs stopped at exit.
-    for listener in listeners:
-        spark.streams.removeListener(listener)
     # What follows is expected and harmless, and would read as failures: Spark's warnings about the
     # trigger the stop interrupts, Py4J's report of a refused (Stopping) or interrupted call.
     logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
     spark.sparkContext.setLogLevel("OFF")
     for query, _ in queries:
         query.stop()
+    remove_listeners(spark, listeners)
     if not idle:
         log.info("stopped in the middle of a batch (still running after %.0f s); it is replayed at the next start",
                  timeout_s)
     return idle
+
+
+def remove_listeners(spark, listeners: Iterable, settle_s: float = 5.0) -> None:
+    """Spark's listener bus delivers events asynchronously: one delivered to a Python process on
+    its way out fails with a Py4J network error. Let each listener see its queries end (bounded),
+    then take it off the bus; the recorders also mark their runs stopped at exit."""
+    for listener in listeners:
+        settle = getattr(listener, "settle", None)
+        if settle is not None:
+            settle(settle_s)
+        spark.streams.removeListener(listener)

@@ -34,6 +34,7 @@ class ProgressRecorder(StreamingQueryListener):
         self.clock = clock
         self._runs: set[str] = set()  # run ids of our query (terminated events carry no name)
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
         # A process that exits after query.stop() may not live to see onQueryTerminated (the
         # listener bus is asynchronous): record the stop on the way out too.
         atexit.register(self._exiting)
@@ -74,6 +75,14 @@ class ProgressRecorder(StreamingQueryListener):
         self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())
         with self._lock:
             self._runs.discard(run_id)
+            self._ended.notify_all()
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait until Spark's listener bus has told us that every run of ours ended, so the
+        process can remove this listener and exit with nothing left to deliver (a Python
+        listener called after its process shut Py4J down is a logged error)."""
+        with self._lock:
+            return self._ended.wait_for(lambda: not self._runs, timeout=timeout_s)
 
     def stopped(self, error: str | None = None) -> None:
         """Record that every run of ours ended (called on shutdown; idempotent)."""

@@ -148,7 +148,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
-    from aggregates.batch_gate import stop_between_batches
+    from aggregates.batch_gate import remove_listeners, stop_between_batches
     from sketchboard.wiring import build_pipeline, build_session_pipelines
 
     check_java()
@@ -159,6 +159,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         pipeline.run_until_drained()
         for session in sessions:
             session.run_until_drained()
+        remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
         return 0
     query = pipeline.start()
     session_queries = [session.start() for session in sessions]
