@@ -11,6 +11,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
@@ -41,6 +42,8 @@ class PipelineConfig:
 class Pipeline:
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig,
                  *, clock: Callable[[], float] = time.time, log: EventLog | None = None):
+        # Before anything else: the embedded log cannot be read by executors on other machines.
+        check_log_fits_master(spark.sparkContext.master, "embedded" if config.kafka is None else "kafka")
         self.spark = spark
         self.catalog = catalog
         self.store = store

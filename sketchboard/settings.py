@@ -97,7 +97,11 @@ class Settings(BaseSettings):
 
     # Pipeline
     pipeline_name: str = "main"
-    spark_master: str = "local[2]"
+    spark_master: str = Field("local[2]", description="local[N] (this machine), or a cluster's master: spark://host:7077"
+                              " (needs log_backend kafka; README: Scale out)")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="more Spark settings for the pipeline's"
+                                       " session: spark.executor.memory, spark.executor.cores, spark.cores.max,"
+                                       " spark.sql.shuffle.partitions, spark.driver.host, spark.pyspark.python, ...")
     spark_driver_memory: str = "2g"
     trigger_interval: str = "1 second"
     max_records_per_batch: int = Field(1_000_000, ge=1)
@@ -164,6 +168,13 @@ class Settings(BaseSettings):
     def _kafka_needs_servers(self) -> Settings:
         if self.log_backend == "kafka" and not self.kafka_bootstrap_servers:
             raise ValueError("log_backend is kafka: set kafka_bootstrap_servers (e.g. 'broker1:9092,broker2:9092')")
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_needs_kafka(self) -> Settings:
+        from aggregates.cluster import check_log_fits_master
+
+        check_log_fits_master(self.spark_master, self.log_backend)  # ClusterConfigError is a ValueError
         return self
 
     @model_validator(mode="after")

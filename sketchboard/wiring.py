@@ -206,7 +206,7 @@ def build_pipeline(settings: Settings, spark=None):
     # log's end offsets at each commit (per-partition watermarks).
     log = open_log(settings, catalog)
     spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
-                                 extra_conf=extra_conf)
+                                 extra_conf={**extra_conf, **settings.spark_conf})
     config = PipelineConfig(
         name=settings.pipeline_name,
         log_path=settings.log_path,
