@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
+from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
@@ -47,6 +48,8 @@ class PipelineConfig:
 class Pipeline:
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig,
                  *, clock: Callable[[], float] = time.time, log: EventLog | None = None):
+        # Before anything else: the embedded log cannot be read by executors on other machines.
+        check_log_fits_master(spark.sparkContext.master, "embedded" if config.kafka is None else "kafka")
         self.spark = spark
         self.catalog = catalog
         self.store = store

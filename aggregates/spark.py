@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -9,17 +10,23 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from aggregates.cluster import ExecutorEnvironmentError, driver_python_env, is_local_master, probe_executors
 from ingest.spark_source import SketchboardLogSource
+
+log = logging.getLogger("sketchboard.spark")
 
 
 def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeline",
                 shuffle_partitions: int = 2, driver_memory: str = "2g",
-                extra_conf: Mapping[str, str] | None = None) -> SparkSession:
-    # Python workers must run this interpreter (the venv), or they cannot import our packages.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+                extra_conf: Mapping[str, str] | None = None, probe_timeout_s: float = 180.0) -> SparkSession:
+    """A session on `master`. On a cluster master (aggregates/cluster.py) the executors are
+    probed right after start: ExecutorEnvironmentError if they cannot import our packages."""
+    extra_conf = dict(extra_conf or {})
+    local = is_local_master(master)
+    # Python workers must run a Python with our packages (the venv): by default this interpreter,
+    # which on a cluster means the same path on every worker (the same image or venv location).
+    driver_python_env(extra_conf)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # Bind to loopback: the embedded pipeline needs no network beyond this machine.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -28,17 +35,32 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
+    )
+    if local:
+        # Bind to loopback: the embedded pipeline needs no network beyond this machine. On a
+        # cluster, executors connect back to the driver: Spark's defaults (SPARK_LOCAL_IP, else
+        # the host's address) or spark.driver.host / spark.driver.bindAddress in spark_conf.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+    builder = (
+        builder
         # Sketch aggregates are object aggregates; the default falls back to sorting past 128
         # groups per task, which is several times slower for our (pane x dimensions) groups.
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
     )
-    for key, value in (extra_conf or {}).items():
+    for key, value in extra_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(SketchboardLogSource)
+    if not local:
+        try:
+            report = probe_executors(spark, timeout_s=probe_timeout_s)
+        except ExecutorEnvironmentError:
+            spark.stop()  # fail fast: no half-started pipeline holding the cluster's cores
+            raise
+        log.info("Spark master %s: executors run Python %s (%s) on %s and import the project", master,
+                 report["python"], report["version"], report["host"])
     return spark
 
 

@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from aggregates.cluster import ExecutorEnvironmentError
     from alerts.rules import RuleError
     from api.security.token_file import TokenFileError
     from ingest.log import LogUnavailable, TopicMismatch
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError) as exc:
+    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
+            ExecutorEnvironmentError) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -119,7 +119,11 @@ class Settings(BaseSettings):
         "earliest", description="where a pipeline's first run starts reading: the earliest retained record"
         " (replay) or the log's end; a pipeline with a checkpoint resumes from it whatever this says"
         " (`sketchboard pipeline --from`)")
-    spark_master: str = "local[2]"
+    spark_master: str = Field("local[2]", description="local[N] (this machine), or a cluster's master: spark://host:7077"
+                              " (needs log_backend kafka; README: Scale out)")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="more Spark settings for the pipeline's"
+                                       " session: spark.executor.memory, spark.executor.cores, spark.cores.max,"
+                                       " spark.sql.shuffle.partitions, spark.driver.host, spark.pyspark.python, ...")
     spark_driver_memory: str = "2g"
     trigger_interval: str = "1 second"
     max_records_per_batch: int = Field(1_000_000, ge=1)
@@ -193,6 +197,13 @@ class Settings(BaseSettings):
         if self.kafka_commit_offsets and self.log_backend != "kafka":
             raise ValueError("kafka_commit_offsets copies offsets to a Kafka consumer group: it needs log_backend"
                              " kafka")
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_needs_kafka(self) -> Settings:
+        from aggregates.cluster import check_log_fits_master
+
+        check_log_fits_master(self.spark_master, self.log_backend)  # ClusterConfigError is a ValueError
         return self
 
     @model_validator(mode="after")

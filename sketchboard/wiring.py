@@ -269,7 +269,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     # log's end offsets at each commit (per-partition watermarks).
     event_log = open_log(settings, catalog)
     spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
-                                 extra_conf=extra_conf)
+                                 extra_conf={**extra_conf, **settings.spark_conf})
     config = PipelineConfig(
         name=name,
         log_path=settings.log_path,

@@ -45,3 +45,36 @@ def rank_interval(sorted_values: np.ndarray, value: float) -> tuple[float, float
     below = np.searchsorted(sorted_values, value, side="left")
     through = np.searchsorted(sorted_values, value, side="right")
     return below / n, through / n
+
+
+def expected_panes(events: list[dict]) -> dict[tuple[int, str], tuple[int, float, float, float]]:
+    """(pane start, dimensions key) -> (count, sum, min, max) of http_requests' latency_ms, exactly."""
+    from store import dims_key
+
+    out = {}
+    for row in exact_panes(frame(events)).itertuples():
+        key = dims_key({"endpoint": row.endpoint, "method": "GET", "region": row.region, "status": "200"})
+        out[(int(row.pane), key)] = (int(row.count), row.sum, row.min, row.max)
+    return out
+
+
+def stored_panes(store) -> dict[tuple[int, str], tuple[int, float, float, float]]:
+    """The same, as a store holds them."""
+    out = {}
+    for p in store.read_panes("http_requests", 0, 2**62):
+        v = p.data.values["latency_ms"]
+        out[(p.key.start_ms, p.key.dims)] = (p.data.count, v.sum, v.min, v.max)
+    return out
+
+
+def assert_panes_exact(store, events: list[dict]) -> None:
+    """The exact-count oracle: every pane of `events` in `store`, counts/min/max equal, sums to 1e-9."""
+    import pytest
+
+    stored, expected = stored_panes(store), expected_panes(events)
+    assert stored.keys() == expected.keys()
+    for key, (count, total, lo, hi) in expected.items():
+        got = stored[key]
+        assert got[0] == count, key
+        assert got[1] == pytest.approx(total, rel=1e-9), key
+        assert (got[2], got[3]) == (lo, hi), key

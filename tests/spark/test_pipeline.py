@@ -15,9 +15,8 @@ from fastapi.testclient import TestClient
 from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
-from store import dims_key
 from tests.log_backends import TestLog
-from tests.spark.events import T0, exact_panes, frame, http_events, rank_interval
+from tests.spark.events import T0, assert_panes_exact, frame, http_events, rank_interval
 
 # The two deployments: embedded (the log file, SQLite) and scale-out (Kafka, PostgreSQL). Not
 # every pairing: each backend's own contract suite covers it alone; these tests cover the stacks.
@@ -61,31 +60,6 @@ class Service:
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    def stored_panes(self) -> dict[tuple[int, str], tuple[int, float, float, float]]:
-        panes = self.store.read_panes("http_requests", 0, 2**62)
-        out = {}
-        for p in panes:
-            v = p.data.values["latency_ms"]
-            out[(p.key.start_ms, p.key.dims)] = (p.data.count, v.sum, v.min, v.max)
-        return out
-
-
-def expected_panes(events: list[dict]) -> dict[tuple[int, str], tuple[int, float, float, float]]:
-    out = {}
-    for row in exact_panes(frame(events)).itertuples():
-        key = dims_key({"endpoint": row.endpoint, "method": "GET", "region": row.region, "status": "200"})
-        out[(int(row.pane), key)] = (int(row.count), row.sum, row.min, row.max)
-    return out
-
-
-def assert_panes_exact(service: Service, events: list[dict]) -> None:
-    stored, expected = service.stored_panes(), expected_panes(events)
-    assert stored.keys() == expected.keys()
-    for key, (count, total, lo, hi) in expected.items():
-        got = stored[key]
-        assert got[0] == count, key
-        assert got[1] == pytest.approx(total, rel=1e-9), key
-        assert (got[2], got[3]) == (lo, hi), key
 
 
 @pytest.fixture
@@ -101,7 +75,7 @@ def test_api_to_pipeline_to_query_is_exact_and_within_sketch_bounds(service: Ser
     # Several micro-batches, so panes are merged across batches as well as within one.
     service.pipeline(max_records_per_batch=15_000).run_until_drained()
 
-    assert_panes_exact(service, events)
+    assert_panes_exact(service.store, events)
     progress = service.client.get("/api/v1/pipeline").json()
     assert progress["batches"] >= 3
     assert progress["streams"]["http_requests"]["events_aggregated"] == len(events)
@@ -158,7 +132,7 @@ def test_stop_mid_stream_and_restart_from_checkpoint_loses_nothing_and_counts_no
     service.post("http_requests", second)
     service.pipeline(max_records_per_batch=1_000_000).run_until_drained()
 
-    assert_panes_exact(service, first + second)
+    assert_panes_exact(service.store, first + second)
     assert service.store.progress("main").events_read == len(first) + len(second)
 
 
@@ -181,4 +155,4 @@ def test_batch_replayed_after_a_crash_is_skipped(service: Service):
     assert pipeline.last_result is not None and pipeline.last_result.committed is False
     assert service.store.last_batch_id("main") == last
     assert len(service.store.changes_since(0, limit=10**6)) == changes_before
-    assert_panes_exact(service, events)
+    assert_panes_exact(service.store, events)

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from store.health import HealthStore
-from tests.spark.events import http_events
-from tests.spark.test_pipeline import Service, assert_panes_exact
+from tests.spark.events import assert_panes_exact, http_events
+from tests.spark.test_pipeline import Service
 
 pytestmark = [
     pytest.mark.spark,
@@ -54,7 +54,7 @@ def test_a_full_store_is_retried_reported_and_committed_once_there_is_room(tmp_p
     state = health.store_errors(pipeline.config.name)
     assert state["failing"] is False and state["total"] >= 1
     assert service.store.last_batch_id(pipeline.config.name) == 0  # one batch, committed once
-    assert_panes_exact(service, events)
+    assert_panes_exact(service.store, events)
     assert "sketchboard_pipeline_store_failing 0.0" in service.client.get("/metrics").text
     service.log.close()
 
