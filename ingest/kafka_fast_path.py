@@ -1,0 +1,174 @@
+"""The JVM-side fast path of Spark's Kafka source: records that are clearly valid events become
+source rows in Spark SQL (`from_json` with the stream's schema plus checks), without a trip
+through Python; every other record goes to the API's own validator in Python
+(`ingest.kafka_source.RecordConverter`), which accepts or rejects it with the API's message.
+
+The fast path never rejects anything: it only *vouches*. So the reasons of dead letters are the
+API's by construction, and the one property to keep is that a vouched record is one the API
+accepts, read to the same row (time, labels, numbers). Jackson (behind `from_json`) and
+Python's `json` differ at the edges, so a record is vouched for only when its text rules every
+difference out (cheap checks on the bytes, before any parse):
+
+- a flat object: optional JSON whitespace, `{`, no other brace, no backslash, `}`, whitespace.
+  Jackson ignores trailing text (`{...} x`, `{...}}`) where Python refuses it; without
+  backslashes no key is escaped (so keys are matched literally below) and no string holds an
+  escaped quote or a lone surrogate;
+- valid UTF-8 (Python refuses invalid bytes; Spark would read them as U+FFFD);
+- each declared field name appears at most once as `"name"` (Jackson and Python both keep the
+  last of duplicate keys today, but nothing promises it);
+- not near a JSON limit (ingest/json_limits.py): at most `max_string_chars` bytes (so no
+  string or key can be longer), fewer `[` than `max_depth` (so nothing nests deeper), no run
+  of 18 or more digits (nor `max_int_digits`: no integer near the limit, no float whose
+  mantissa needs care) and no exponent of three digits (Python reads 1e400 as inf, which the
+  limits refuse; Jackson skips it in an undeclared field);
+
+and then the parse says the record is a valid event of its stream: `from_json` found no
+malformed JSON (its corrupt-record column is null; `allowNonNumericNumbers` and
+`allowSingleQuotes` off, as Python's reading of values); the event time is a JSON integer
+(floats and RFC 3339 text go to Python, whose rounding and date parsing are the reference)
+inside 1970..9999; the key field is there; each label is a JSON string, integer or boolean of at
+most 1 024 characters (Spark reads any token into a string column, so the token's first
+character decides, found by a regex on the flat text); each value is a JSON number.
+"""
+
+from __future__ import annotations
+
+from catalog import Catalog, StreamDef
+from ingest.events import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS, MAX_STRING_LENGTH
+from ingest.json_limits import JsonLimits
+
+FLAT_OBJECT = r"^[ \t\n\r]*\{[^{}\\]*\}[ \t\n\r]*$"
+MAX_DIGIT_RUN = 17
+CORRUPT = "corrupt-record"  # not a catalog field name (those are identifiers): no collision
+# Jackson as Python's json reads values: no NaN/Infinity tokens, no single quotes.
+FROM_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowNonNumericNumbers": "false",
+                     "allowSingleQuotes": "false"}
+_WS = "[ \\t\\n\\r]*"
+
+
+def near_limit_pattern(limits: JsonLimits) -> str:
+    """Text that may be near a number limit: a long run of digits, or a three-digit exponent."""
+    digits = max(1, min(MAX_DIGIT_RUN + 1, limits.max_int_digits))
+    return f"[0-9]{{{digits}}}|[eE][+-]?[0-9]{{3}}"
+
+
+def token_pattern(name: str) -> str:
+    """The first character of the value of key `name` in a flat object without backslashes
+    (names are identifiers: nothing to escape)."""
+    return f'"{name}"{_WS}:{_WS}(.)'
+
+
+def has_fast_path(limits: JsonLimits) -> bool:
+    """Limits so tight that no event passes them in the obvious form go to Python entirely."""
+    return limits.max_depth >= 1 and limits.max_string_chars >= 2 and limits.max_int_digits >= 1
+
+
+def json_schema(stream: StreamDef) -> str:
+    """The stream's declared fields as from_json reads them: the time as an integer (anything else
+    is a malformed record, for Python to judge), labels as text, values as doubles."""
+    fields = [f"`{stream.time_field}` bigint"]
+    fields += [f"`{name}` string" for name in stream.string_fields]
+    fields += [f"`{name}` double" for name in stream.values]
+    return ", ".join([*fields, f"`{CORRUPT}` string"])
+
+
+def split_records(records, catalog: Catalog, topics: dict[str, str], limits: JsonLimits):
+    """(source rows of the records the JVM vouches for, the other records as they came).
+    `records` has the columns topic, partition, offset, ingest_time, value; `topics` maps topic ->
+    stream. One projection parses each record once with its stream's schema; both outputs read it."""
+    from pyspark.sql import functions as F
+
+    record_columns = records.columns
+    if not has_fast_path(limits) or not topics:
+        return None, records
+    text = F.col("value").cast("string")
+    plain = (
+        F.col("value").isNotNull()
+        & (F.octet_length("value") <= F.lit(limits.max_string_chars))
+        & F.expr("is_valid_utf8(value)")
+        & text.rlike(FLAT_OBJECT)
+        & ~text.rlike(near_limit_pattern(limits))
+        & (_count(text, "[") < F.lit(limits.max_depth))
+        & F.col("ingest_time").isNotNull()
+    )
+    parsed_columns = []
+    for topic, name in sorted(topics.items()):
+        stream = catalog.stream(name)
+        once = F.lit(True)
+        for field in _fields(stream):
+            once = once & (_count(text, f'"{field}"') <= F.lit(1))
+        parsed = F.when((F.col("topic") == topic) & plain & once,
+                        F.from_json(text, json_schema(stream), FROM_JSON_OPTIONS))
+        parsed_columns.append(parsed.alias(_parsed(name)))
+    parsed = records.select(*record_columns, text.alias("text"), *parsed_columns)
+
+    vouched = F.lit(False)
+    rows = {c: None for c in ("stream", "event_time", "dims", "vals", "ids")}
+    for topic, name in sorted(topics.items()):
+        stream = catalog.stream(name)
+        p = F.col(_parsed(name))
+        mine = F.col("topic") == topic
+        ok, event_time = _vouch(stream, p, F.col("text"))
+        vouched = F.when(mine, p.isNotNull() & ok).otherwise(vouched)
+        row = {
+            "stream": F.lit(stream.name),
+            "event_time": event_time,
+            "dims": F.array(*[F.coalesce(p[d], F.lit("")) for d in stream.dimensions]).cast("array<string>"),
+            "vals": F.array(*[p[v] for v in stream.values]).cast("array<double>"),
+            "ids": F.array(*[p[f] for f in stream.distinct_fields]).cast("array<string>"),
+        }
+        for column, value in row.items():
+            rows[column] = F.when(mine, value) if rows[column] is None else rows[column].when(mine, value)
+    judged = parsed.select(*record_columns, F.coalesce(vouched, F.lit(False)).alias("vouched"),
+                           *[value.alias(column) for column, value in rows.items()])
+    fast = judged.where("vouched").select(
+        "stream", F.col("partition").cast("int").alias("partition"), F.col("offset").cast("bigint").alias("offset"),
+        F.col("event_time").cast("bigint").alias("event_time"), F.col("ingest_time").cast("bigint").alias("ingest_time"),
+        "dims", "vals", "ids", F.lit(None).cast("string").alias("error"), F.lit(None).cast("string").alias("error_kind"))
+    return fast, judged.where(~F.col("vouched")).select(*record_columns)
+
+
+def _vouch(stream: StreamDef, p, text):
+    """(the parsed record is a valid event of `stream`, its event time in epoch ms)."""
+    from pyspark.sql import functions as F
+
+    def token(name):
+        return F.regexp_extract(text, token_pattern(name), 1)
+
+    t = p[stream.time_field]
+    event_time = F.when(F.abs(t) >= F.lit(EPOCH_MS_THRESHOLD), t).otherwise(t * F.lit(1000))
+    ok = (p[CORRUPT].isNull() & t.isNotNull() & token(stream.time_field).rlike("[-0-9]")
+          & event_time.between(0, MAX_EVENT_TIME_MS))
+    if stream.key_field:
+        ok = ok & p[stream.key_field].isNotNull()
+    for name in stream.string_fields:
+        label = p[name]
+        first = token(name)
+        kind_ok = ((first == F.lit('"'))
+                   | (first.rlike("[-0-9]") & label.rlike("^-?[0-9]+$"))
+                   | (first.isin("t", "f") & label.isin("true", "false")))
+        ok = ok & (label.isNull() | (kind_ok & (F.char_length(label) <= F.lit(MAX_STRING_LENGTH))))
+    for name in stream.values:
+        value = p[name]
+        ok = ok & (value.isNull() | (token(name).rlike("[-0-9]") & ~F.isnan(value)
+                                     & (F.abs(value) < F.lit(float("inf")))))
+    return ok, event_time
+
+
+def _fields(stream: StreamDef) -> list[str]:
+    return [stream.time_field, *stream.string_fields, *stream.values]
+
+
+def _count(text, needle: str):
+    """How many times `needle` occurs in `text` (no regex: a length difference)."""
+    from pyspark.sql import functions as F
+
+    return (F.length(text) - F.length(F.replace(text, F.lit(needle), F.lit("")))) / F.lit(len(needle))
+
+
+def _parsed(stream: str) -> str:
+    return f"parsed-{stream}"
+
+
+__all__ = ["FLAT_OBJECT", "FROM_JSON_OPTIONS", "has_fast_path", "json_schema", "near_limit_pattern",
+           "split_records", "token_pattern"]
