@@ -26,9 +26,15 @@ and then the parse says the record is a valid event of its stream: `from_json` f
 malformed JSON (its corrupt-record column is null; `allowNonNumericNumbers` and
 `allowSingleQuotes` off, as Python's reading of values); the event time is a JSON integer
 (floats and RFC 3339 text go to Python, whose rounding and date parsing are the reference)
-inside 1970..9999; the key field is there; each label is a JSON string, integer or boolean of at
-most 1 024 characters (Spark reads any token into a string column, so the token's first
-character decides, found by a regex on the flat text); each value is a JSON number.
+inside 1970..9999 (the token's first character, found by a regex on the flat text); the key
+field is there; each label is at most 1 024 characters and does not read like a float or an
+array (Spark reads any token into a string column: strings, integers and booleans read as the
+API's labels do, "12" and "true"; a float token, which the API refuses, comes out as "1.5" or
+"1.0E10", so a label that looks like that goes to Python); each value is a number (a double
+column takes JSON numbers only, and the strings "NaN"/"Infinity", which come out not finite).
+
+Every check runs on every record (in the fast and in the slow branch): they are substring
+searches and four short regexes per record, about as cheap as the parse itself.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from ingest.json_limits import JsonLimits
 
 FLAT_OBJECT = r"^[ \t\n\r]*\{[^{}\\]*\}[ \t\n\r]*$"
 MAX_DIGIT_RUN = 17
+# How Spark writes a float token or an array read into a string column (Double.toString, JSON text).
+AMBIGUOUS_LABEL = r"^(\[|-?[0-9]+[.eE])"
 CORRUPT = "corrupt-record"  # not a catalog field name (those are identifiers): no collision
 # Jackson as Python's json reads values: no NaN/Infinity tokens, no single quotes.
 FROM_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT, "allowNonNumericNumbers": "false",
@@ -96,7 +104,7 @@ def split_records(records, catalog: Catalog, topics: dict[str, str], limits: Jso
         stream = catalog.stream(name)
         once = F.lit(True)
         for field in _fields(stream):
-            once = once & (_count(text, f'"{field}"') <= F.lit(1))
+            once = once & _at_most_once(f'"{field}"')
         parsed = F.when((F.col("topic") == topic) & plain & once,
                         F.from_json(text, json_schema(stream), FROM_JSON_OPTIONS))
         parsed_columns.append(parsed.alias(_parsed(name)))
@@ -129,29 +137,28 @@ def split_records(records, catalog: Catalog, topics: dict[str, str], limits: Jso
 
 
 def _vouch(stream: StreamDef, p, text):
-    """(the parsed record is a valid event of `stream`, its event time in epoch ms)."""
+    """(the parsed record is a valid event of `stream`, its event time in epoch ms). One regex per
+    record at most (the time's token): the checks run for every record, in both branches."""
     from pyspark.sql import functions as F
-
-    def token(name):
-        return F.regexp_extract(text, token_pattern(name), 1)
 
     t = p[stream.time_field]
     event_time = F.when(F.abs(t) >= F.lit(EPOCH_MS_THRESHOLD), t).otherwise(t * F.lit(1000))
-    ok = (p[CORRUPT].isNull() & t.isNotNull() & token(stream.time_field).rlike("[-0-9]")
-          & event_time.between(0, MAX_EVENT_TIME_MS))
+    ok = (p[CORRUPT].isNull() & t.isNotNull() & event_time.between(0, MAX_EVENT_TIME_MS)
+          # An integer token, not a string Spark might read as a number: Python's date parser judges those.
+          & F.regexp_extract(text, token_pattern(stream.time_field), 1).rlike("[-0-9]"))
     if stream.key_field:
         ok = ok & p[stream.key_field].isNotNull()
     for name in stream.string_fields:
+        # Spark reads any token into a string column: a JSON string, integer or boolean reads as the
+        # API's label does ("12", "true"); a float ("1.5", "1.0E10") or an array ("[1]") is refused by
+        # the API, and a string that looks like one of those goes to Python as well.
         label = p[name]
-        first = token(name)
-        kind_ok = ((first == F.lit('"'))
-                   | (first.rlike("[-0-9]") & label.rlike("^-?[0-9]+$"))
-                   | (first.isin("t", "f") & label.isin("true", "false")))
-        ok = ok & (label.isNull() | (kind_ok & (F.char_length(label) <= F.lit(MAX_STRING_LENGTH))))
+        ok = ok & (label.isNull() | (~label.rlike(AMBIGUOUS_LABEL) & (F.char_length(label) <= F.lit(MAX_STRING_LENGTH))))
     for name in stream.values:
+        # A double column takes JSON numbers only (a string or a boolean is a malformed record), and
+        # "NaN"/"Infinity" strings, which come out not finite.
         value = p[name]
-        ok = ok & (value.isNull() | (token(name).rlike("[-0-9]") & ~F.isnan(value)
-                                     & (F.abs(value) < F.lit(float("inf")))))
+        ok = ok & (value.isNull() | (~F.isnan(value) & (F.abs(value) < F.lit(float("inf")))))
     return ok, event_time
 
 
@@ -164,6 +171,15 @@ def _count(text, needle: str):
     from pyspark.sql import functions as F
 
     return (F.length(text) - F.length(F.replace(text, F.lit(needle), F.lit("")))) / F.lit(len(needle))
+
+
+def _at_most_once(needle: str):
+    """`needle` (no quote of SQL's in it) occurs at most once in the record's text: two substring
+    searches, no copy."""
+    from pyspark.sql import functions as F
+
+    text = "cast(value AS string)"
+    return F.expr(f"locate('{needle}', {text}, instr({text}, '{needle}') + 1) = 0")
 
 
 def _parsed(stream: str) -> str:
