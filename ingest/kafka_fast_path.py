@@ -80,15 +80,21 @@ def json_schema(stream: StreamDef) -> str:
     return ", ".join([*fields, f"`{CORRUPT}` string"])
 
 
-def split_records(records, catalog: Catalog, topics: dict[str, str], limits: JsonLimits):
-    """(source rows of the records the JVM vouches for, the other records as they came).
-    `records` has the columns topic, partition, offset, ingest_time, value; `topics` maps topic ->
-    stream. One projection parses each record once with its stream's schema; both outputs read it."""
+ROW_COLUMNS = ("stream", "event_time", "dims", "vals", "ids")
+
+
+def judge_records(records, catalog: Catalog, topics: dict[str, str], limits: JsonLimits):
+    """The records with `vouched` (never null) and, where it is true, their source-row columns
+    (stream, event_time, dims, vals, ids) read by the JVM; `value` is null on vouched rows (nothing
+    left for Python to read there). `records` has the columns topic, partition, offset,
+    ingest_time, value; `topics` maps topic -> stream. Each record is parsed once, with its
+    stream's schema; one output keeps the source (Kafka) read once per batch."""
     from pyspark.sql import functions as F
 
     record_columns = records.columns
     if not has_fast_path(limits) or not topics:
-        return None, records
+        return records.select(*record_columns, F.lit(False).alias("vouched"),
+                              *[F.lit(None).alias(c) for c in ROW_COLUMNS])
     text = F.col("value").cast("string")
     plain = (
         F.col("value").isNotNull()
@@ -111,7 +117,7 @@ def split_records(records, catalog: Catalog, topics: dict[str, str], limits: Jso
     parsed = records.select(*record_columns, text.alias("text"), *parsed_columns)
 
     vouched = F.lit(False)
-    rows = {c: None for c in ("stream", "event_time", "dims", "vals", "ids")}
+    rows = {c: None for c in ROW_COLUMNS}
     for topic, name in sorted(topics.items()):
         stream = catalog.stream(name)
         p = F.col(_parsed(name))
@@ -129,11 +135,36 @@ def split_records(records, catalog: Catalog, topics: dict[str, str], limits: Jso
             rows[column] = F.when(mine, value) if rows[column] is None else rows[column].when(mine, value)
     judged = parsed.select(*record_columns, F.coalesce(vouched, F.lit(False)).alias("vouched"),
                            *[value.alias(column) for column, value in rows.items()])
+    return judged.select(*[F.when(~F.col("vouched"), F.col(c)).alias(c) if c == "value" else c
+                           for c in record_columns], "vouched", *[F.when(F.col("vouched"), F.col(c)).alias(c)
+                                                                  for c in ROW_COLUMNS])
+
+
+def split_records(records, catalog: Catalog, topics: dict[str, str], limits: JsonLimits):
+    """(source rows of the records the JVM vouches for, the other records as they came): the two
+    sides of `judge_records`, for tests and tools (the pipeline reads both sides in one pass)."""
+    from pyspark.sql import functions as F
+
+    judged = judge_records(records, catalog, topics, limits)
     fast = judged.where("vouched").select(
         "stream", F.col("partition").cast("int").alias("partition"), F.col("offset").cast("bigint").alias("offset"),
         F.col("event_time").cast("bigint").alias("event_time"), F.col("ingest_time").cast("bigint").alias("ingest_time"),
         "dims", "vals", "ids", F.lit(None).cast("string").alias("error"), F.lit(None).cast("string").alias("error_kind"))
-    return fast, judged.where(~F.col("vouched")).select(*record_columns)
+    slow = judged.where(~F.col("vouched")).select(*records.columns)
+    return fast, slow
+
+
+def vouched_batch(batch):
+    """The vouched rows of an Arrow batch of `judge_records` as source rows (vectorised)."""
+    import pyarrow as pa
+
+    from ingest.source_rows import SOURCE_SCHEMA
+
+    n = batch.num_rows
+    columns = {"partition": batch.column("partition"), "offset": batch.column("offset"),
+               "ingest_time": batch.column("ingest_time"), **{c: batch.column(c) for c in ROW_COLUMNS},
+               "error": pa.nulls(n, pa.string()), "error_kind": pa.nulls(n, pa.string())}
+    return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) for f in SOURCE_SCHEMA], schema=SOURCE_SCHEMA)
 
 
 def _vouch(stream: StreamDef, p, text):
@@ -186,5 +217,5 @@ def _parsed(stream: str) -> str:
     return f"parsed-{stream}"
 
 
-__all__ = ["FLAT_OBJECT", "FROM_JSON_OPTIONS", "has_fast_path", "json_schema", "near_limit_pattern",
-           "split_records", "token_pattern"]
+__all__ = ["FLAT_OBJECT", "FROM_JSON_OPTIONS", "has_fast_path", "json_schema", "judge_records",
+           "near_limit_pattern", "split_records", "token_pattern", "vouched_batch"]

@@ -160,7 +160,7 @@ def test_clearly_valid_records_take_the_fast_path_and_edge_cases_do_not(spark, d
                                        schema=RECORD_SCHEMA)
     python = sorted((r for b in RecordConverter(demo_catalog, PREFIX).convert(batch) for r in b.to_pylist()),
                     key=lambda r: r["offset"])
-    both = sorted((r.asDict() for r in validated_rows(frame, demo_catalog, PREFIX, JsonLimits()).collect()),
-                  key=lambda r: r["offset"])
+    both = validated_rows(frame, demo_catalog, PREFIX, JsonLimits(), fast_path=True).collect()
+    both = sorted((r.asDict() for r in both), key=lambda r: r["offset"])
     assert both == python
     assert [r["offset"] for r in python if r["error"] is None] == [0, 1, 2, 3, 4, 5, 6, 8, 10, 11]
