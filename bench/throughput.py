@@ -2,6 +2,7 @@
 
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
+                               [--kafka-jvm-validation]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -11,8 +12,12 @@
    broker at `--kafka-bootstrap`, or else a local one started from jars/kafka-broker (`make jars`,
    the test suite's tests/kafka_broker.py).
 3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
-   with bench.ingest_api (concurrent clients), reporting accepted events/s.
-Figures are printed, never asserted.
+   with bench.ingest_api (concurrent clients), reporting accepted events/s. With `--log both`
+   (or kafka) the API runs once per log: appending to the embedded log, then producing into
+   Kafka (idempotent producer, acks=all, answered once the broker acknowledged every event).
+A table at the end puts each log's figures side by side. `--kafka-jvm-validation` turns the
+Kafka source's JVM fast path on (ingest/kafka_fast_path.py; off by default, where every record
+goes through the API's validator in Python). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000) -> float:
     return spent
 
 
-def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None
-                   ) -> float:
-    """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s."""
+def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
+                   *, fast_path: bool = False, figures: dict | None = None) -> float:
+    """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
+    (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
 
     root.mkdir(parents=True, exist_ok=True)
@@ -66,7 +72,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
         prefix = f"bench{int(time.time())}."
         log = KafkaEventLog(kafka_bootstrap, topic_prefix=prefix, replication_factor=1)
-        kafka = KafkaSourceConfig(kafka_bootstrap, topic_prefix=prefix)
+        kafka = KafkaSourceConfig(kafka_bootstrap, topic_prefix=prefix, fast_path=fast_path)
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
     print(f"[{what}] filling the log with {events:,} demo events ...", flush=True)
@@ -106,41 +112,32 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
     store.close()
+    if figures is not None:
+        figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
     return sustained
 
 
-def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: str,
-                    kafka_bootstrap: str | None) -> None:
+def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
+                    kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
-    broker = None
-    extra = {}
-    if logs != "embedded":
-        extra = kafka_connector_conf(Settings.model_fields["spark_kafka_jars"].default)
-        if kafka_bootstrap is None:
-            from tests.kafka_broker import KafkaBroker
-
-            broker = KafkaBroker(root / "broker", heap="1g")
-            broker.start()
-            kafka_bootstrap = broker.bootstrap
+    extra = kafka_connector_conf(Settings.model_fields["spark_kafka_jars"].default) if "kafka" in logs else {}
     spark = build_spark("local[2]", extra_conf=extra)
-    rates = {}
     try:
-        if logs in ("embedded", "both"):
-            rates["embedded"] = bench_pipeline(spark, root / "embedded", catalog, events, batch_records)
-        if logs in ("kafka", "both"):
-            rates["kafka"] = bench_pipeline(spark, root / "kafka", catalog, events, batch_records, kafka_bootstrap)
+        for name in logs:
+            bench_pipeline(spark, root / name, catalog, events, batch_records,
+                           kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name])
     finally:
         spark.stop()
-        if broker is not None:
-            broker.stop()
-    if len(rates) == 2:
-        print(f"log -> store, sustained: embedded {rates['embedded']:,.0f} events/s, Kafka {rates['kafka']:,.0f}"
-              f" events/s ({rates['kafka'] / rates['embedded']:.2f} x)", flush=True)
+    if len(logs) == 2:
+        e, k = figures["embedded"]["sustained"], figures["kafka"]["sustained"]
+        print(f"log -> store, sustained: embedded {e:,.0f} events/s, Kafka {k:,.0f} events/s ({k / e:.2f} x)", flush=True)
 
 
-def bench_api(root: Path, catalog, events: int, concurrency: int) -> None:
+def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
+              figures: dict | None = None) -> None:
+    """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
     import uvicorn
 
     from bench.ingest_api import prepare_bodies, run_bench
@@ -150,8 +147,13 @@ def bench_api(root: Path, catalog, events: int, concurrency: int) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = Settings(data_dir=root / "api", port=port, streams_config=DEFAULT_STREAMS)
-    app, _ = build_api(settings)
+    what = "embedded log" if kafka_bootstrap is None else "Kafka"
+    log_settings = {} if kafka_bootstrap is None else {
+        "log_backend": "kafka", "kafka_bootstrap_servers": kafka_bootstrap, "kafka_replication_factor": 1,
+        "kafka_topic_prefix": f"benchapi{int(time.time())}."}
+    settings = Settings(data_dir=root / f"api-{'kafka' if kafka_bootstrap else 'embedded'}", port=port,
+                        streams_config=DEFAULT_STREAMS, **log_settings)
+    app, ctx = build_api(settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -161,9 +163,29 @@ def bench_api(root: Path, catalog, events: int, concurrency: int) -> None:
     result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency)
     server.should_exit = True
     thread.join(10)
-    print(f"ingest API: {result.accepted:,} events accepted in {result.seconds:.1f} s ="
-          f" {result.accepted / result.seconds:,.0f} events/s ({result.requests} requests of 1000,"
-          f" {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms, p99 {result.percentile_ms(0.99):.0f} ms)")
+    written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
+    ctx.log.close()
+    rate = result.accepted / result.seconds
+    print(f"ingest API -> {what}: {result.accepted:,} events accepted in {result.seconds:.1f} s = {rate:,.0f} events/s"
+          f" ({result.requests} requests of 1000, {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms,"
+          f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
+          + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
+          + ")", flush=True)
+    if figures is not None:
+        figures.update({"api": rate, "api_p50": result.percentile_ms(0.5), "api_p99": result.percentile_ms(0.99)})
+
+
+def print_table(figures: dict[str, dict]) -> None:
+    def cell(row: dict, key: str, unit: str = "") -> str:
+        return f"{row[key]:,.0f}{unit}" if key in row else "-"
+
+    print("\n| log | append, events/s | log -> store sustained, events/s | log -> store wall, events/s"
+          " | POST /api/v1/events, events/s (p50 / p99 per request) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, row in figures.items():
+        latency = f" ({row['api_p50']:.0f} / {row['api_p99']:.0f} ms)" if "api" in row else ""
+        print(f"| {name} | {cell(row, 'append')} | {cell(row, 'sustained')} | {cell(row, 'wall')}"
+              f" | {cell(row, 'api')}{latency} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,17 +199,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", choices=("embedded", "kafka", "both"), default="embedded",
                         help="which log the pipeline reads (both: one after the other in one Spark session)")
     parser.add_argument("--kafka-bootstrap", help="a Kafka broker to use (default: start a local one)")
+    parser.add_argument("--kafka-jvm-validation", action="store_true",
+                        help="the Kafka source's JVM fast path on (from_json for clearly valid records)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     args = parser.parse_args(argv)
     catalog = load_catalog(args.streams)
     root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-"))
+    logs = ["embedded", "kafka"] if args.log == "both" else [args.log]
+    figures: dict[str, dict] = {name: {} for name in logs}
+    broker = None
+    kafka_bootstrap = args.kafka_bootstrap
     try:
+        if "kafka" in logs and kafka_bootstrap is None:
+            from tests.kafka_broker import KafkaBroker
+
+            broker = KafkaBroker(root / "broker", heap="1g")
+            broker.start()
+            kafka_bootstrap = broker.bootstrap
         if not args.skip_pipeline:
-            bench_pipelines(root, catalog, args.events, args.batch_records, args.log, args.kafka_bootstrap)
+            bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
+                            fast_path=args.kafka_jvm_validation)
         if not args.skip_api:
-            bench_api(root, catalog, args.api_events, args.concurrency)
+            for name in logs:
+                bench_api(root, catalog, args.api_events, args.concurrency,
+                          kafka_bootstrap if name == "kafka" else None, figures[name])
+        print_table(figures)
     finally:
+        if broker is not None:
+            broker.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 0
 

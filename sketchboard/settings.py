@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     kafka_fail_on_data_loss: bool = Field(False, description="the Spark Kafka source's failOnDataLoss: false skips"
                                           " records the topic's retention deleted before the pipeline read them"
                                           " (with a warning); true stops the pipeline instead")
+    kafka_jvm_validation: bool = Field(False, description="the Kafka source's JVM fast path (from_json plus Spark SQL"
+                                       " checks vouch for clearly valid records; the rest go to the API's validator):"
+                                       " off, it measured slower here (README: Kafka log)")
     kafka_commit_offsets: bool = Field(False, description="after each store commit, copy the pipeline's offsets"
                                        " to a Kafka consumer group (for Burrow, kafka-lag-exporter,"
                                        " kafka-consumer-groups.sh); never read back, a failure is logged and counted")

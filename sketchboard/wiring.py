@@ -263,7 +263,8 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         kafka = KafkaSourceConfig(
             bootstrap_servers=settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
             kafka_options=settings.kafka_options, source_options=settings.kafka_source_options,
-            fail_on_data_loss=settings.kafka_fail_on_data_loss, json_limits=json_limits(settings))
+            fail_on_data_loss=settings.kafka_fail_on_data_loss, json_limits=json_limits(settings),
+            fast_path=settings.kafka_jvm_validation)
         extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     # Topics exist before the source asks for offsets; the driver keeps this handle to read the
     # log's end offsets at each commit (per-partition watermarks).

@@ -1,5 +1,6 @@
 """Session windows with real Spark: closed sessions per pane match an exact sessionization
-(pandas) of the same events, for the sessions the watermark closed."""
+(pandas) of the same events, for the sessions the watermark closed. On both logs (the
+`log_backend` fixture): the embedded log's source and Spark's Kafka source."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregates.pipeline import PipelineConfig
 from aggregates.sessions import SessionPipeline
 from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
-from ingest.log import SqliteEventLog
 from store import SqlitePaneStore
 from tests.spark.events import T0, rank_interval
 
@@ -59,15 +58,15 @@ def exact_sessions(df: pd.DataFrame, gap: int) -> pd.DataFrame:
     return out.assign(end=out["last"] + gap, duration=out["last"] - out["first"], pane=out["first"] - out["first"] % 60_000)
 
 
-def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_watermark(tmp_path: Path, spark):
+def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_watermark(tmp_path: Path, spark,
+                                                                                     log_backend):
     catalog = parse_catalog(CONFIG)
-    log = SqliteEventLog(tmp_path / "log.db")
-    for stream in catalog.streams.values():
-        log.ensure_topic(stream)
+    test_log = log_backend.new(tmp_path)
+    log = test_log.open(catalog)
     store = SqlitePaneStore(tmp_path / "store.db")
     client = TestClient(create_app(ApiContext(catalog=catalog, log=log, store=store,
                                               clock=lambda: (T0 + 7_200_000) / 1000)))
-    config = PipelineConfig(name="main", log_path=tmp_path / "log.db", checkpoint_dir=tmp_path / "checkpoints" / "main")
+    config = test_log.pipeline_config("main")
     rng = np.random.default_rng(3)
     events: list[dict] = []
     pipeline = None
@@ -111,3 +110,4 @@ def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_water
     # Nothing can be sent to the derived stream directly.
     answer = client.post("/api/v1/events?stream=clicks_sessions", content="[]", headers={"content-type": "application/json"})
     assert answer.status_code == 400 and "derived" in answer.json()["detail"]
+    log.close()
