@@ -20,6 +20,7 @@ from websockets.sync.client import connect
 
 from store import BatchCommit, PaneData, PanePartial
 from store.postgres import PostgresPaneStore
+from tests.api.test_ws import recv_until
 from tests.receiver import Receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -47,18 +48,15 @@ def commit(store: PostgresPaneStore, batch_id: int, count: int) -> int:
 
 def recv_points(ws, sub_id: str, t: int, value: float, timeout: float = 20) -> tuple[dict, float]:
     """The first points message carrying `value` at time `t`, and when it arrived (monotonic)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no point {value} at {t} within {timeout} s"
-        try:
-            msg = json.loads(ws.recv(timeout=left))
-        except TimeoutError:
-            continue
-        if msg["type"] == "points" and msg["id"] == sub_id:
-            points = {p["t"]: p for s in msg["series"] for p in s["points"]}
-            if t in points and points[t]["value"] == value:
-                return points[t], time.monotonic()
+
+    def point(msg: dict) -> dict | None:
+        if msg["type"] != "points" or msg["id"] != sub_id:
+            return None
+        points = {p["t"]: p for s in msg["series"] for p in s["points"]}
+        return points[t] if t in points and points[t]["value"] == value else None
+
+    msg = recv_until(ws, lambda m: point(m) is not None, timeout)
+    return point(msg), time.monotonic()
 
 
 def leader(service) -> dict:

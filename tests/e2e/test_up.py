@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import free_port
+from tests.procs import alive, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -121,20 +121,12 @@ def _started_children(pid: int) -> list[int]:
     return children
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" not in status.read()
-    except FileNotFoundError:
-        return False
-
-
 def _assert_gone(children: list[int], when: str) -> None:
     deadline = time.monotonic() + 30
-    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+    while any(alive(c) for c in children) and time.monotonic() < deadline:
         time.sleep(0.2)
-    alive = [c for c in children if _alive(c)]
-    assert alive == [], f"children left running {when}: {alive}"
+    left = [c for c in children if alive(c)]
+    assert left == [], f"children left running {when}: {left}"
 
 
 def _post(base: str, n: int) -> None:

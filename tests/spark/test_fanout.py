@@ -19,8 +19,7 @@ from sketchboard.wiring import build_api, build_pipeline
 from sketches import HllSketch
 from tests.conftest import DEMO_CONFIG
 from tests.log_backends import TestLog
-from tests.spark.events import T0, http_events
-from tests.spark.test_pipeline import expected_panes
+from tests.spark.events import T0, expected_panes, http_events
 
 pytestmark = pytest.mark.spark
 

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.procs import alive
+
 CHILD = textwrap.dedent("""
     import signal, sys, time
     from sketchboard import parent_death
@@ -38,27 +40,19 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" not in status.read()
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("how", ["prctl", "poll"])
 def test_a_child_gets_sigterm_when_its_parent_is_killed(tmp_path, how):
     marker = tmp_path / "marker"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(marker), how], stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
-        assert _alive(child)
+        assert alive(child)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the child outlived its killed parent"
+        assert not alive(child), "the child outlived its killed parent"
         assert marker.read_text() == "stopped by SIGTERM"
     finally:
         if parent.poll() is None:
