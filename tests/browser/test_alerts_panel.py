@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -32,22 +34,32 @@ RULE = "search_volume"
 REFUSED = re.compile(r"the server responded with a status of (400|409)")
 
 
-@pytest.fixture
-def alerting(tmp_path, demo_catalog):
+@contextmanager
+def alerting_context(tmp_path, catalog, **options) -> Iterator[ApiContext]:
+    """An ApiContext over a real log and store in tmp_path with the alert service on them
+    (`options`: more ApiContext fields); closed on exit."""
     log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    for stream in demo_catalog.streams.values():
+    for stream in catalog.streams.values():
         log.ensure_topic(stream)
     store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
     alert_store = SqliteAlertStore(tmp_path / "store.db", synchronous="OFF")
-    service = AlertService(demo_catalog, alert_store, StoreAlertData(demo_catalog, store), clock=time.time)
-    service.sync_file({FILE_RULE: load_rules_file(REPO_ROOT / "config" / "alerts.yaml", demo_catalog)[FILE_RULE]})
-    ctx = ApiContext(catalog=demo_catalog, log=log, store=store, clock=time.time, alerts=service)
-    app = create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2, feed_interval_s=0.2))
-    with Server(app) as server:
-        yield server, ctx, service
-    alert_store.close()
-    store.close()
-    log.close()
+    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store), clock=time.time)
+    try:
+        yield ApiContext(catalog=catalog, log=log, store=store, clock=time.time, alerts=service, **options)
+    finally:
+        alert_store.close()
+        store.close()
+        log.close()
+
+
+@pytest.fixture
+def alerting(tmp_path, demo_catalog):
+    with alerting_context(tmp_path, demo_catalog) as ctx:
+        service = ctx.alerts
+        service.sync_file({FILE_RULE: load_rules_file(REPO_ROOT / "config" / "alerts.yaml", demo_catalog)[FILE_RULE]})
+        app = create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2, feed_interval_s=0.2))
+        with Server(app) as server:
+            yield server, ctx, service
 
 
 def api_rules(server) -> dict[str, dict]:

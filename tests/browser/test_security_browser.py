@@ -171,37 +171,24 @@ def test_a_page_from_another_origin_cannot_read_or_write(live, browser):  # noqa
 
 def test_a_read_token_sees_the_rules_but_the_editor_shows_the_403_and_an_admin_token_saves(tmp_path, demo_catalog,
                                                                                              watched_page):
-    from alerts.service import AlertService
-    from alerts.source import StoreAlertData
-    from store.alerts import SqliteAlertStore
-    from tests.browser.test_alerts_panel import fill_threshold_rule, open_panel, rule_row
+    from tests.browser.test_alerts_panel import alerting_context, fill_threshold_rule, open_panel, rule_row
 
     path = tmp_path / "tokens.json"
     read = create_token(path, "viewer", frozenset({Scope.READ}), now_ms=0)
     admin = create_token(path, "ops", frozenset({Scope.ADMIN}), now_ms=0)
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    for stream in demo_catalog.streams.values():
-        log.ensure_topic(stream)
-    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
-    alert_store = SqliteAlertStore(tmp_path / "store.db", synchronous="OFF")
-    service = AlertService(demo_catalog, alert_store, StoreAlertData(demo_catalog, store), clock=time.time)
-    ctx = ApiContext(catalog=demo_catalog, log=log, store=store, clock=time.time, alerts=service,
-                     security=SecurityConfig(tokens=TokenRegistry(path=path, reload_every_s=0)))
-    try:
-        with Server(create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2))) as server:
-            page, _ = open_panel(watched_page, server, storage={"sketchboard.token": read})
-            fill_threshold_rule(page, "viewer_rule")
-            page.click("#rule-editor-submit")
-            page.wait_for_selector("#rule-editor-error:not([hidden])", timeout=10_000)
-            assert "token 'viewer' has scopes [read]; this needs 'admin'" in page.text_content("#rule-editor-error")
-            assert service.store.rules() == []
+    security = SecurityConfig(tokens=TokenRegistry(path=path, reload_every_s=0))
+    with alerting_context(tmp_path, demo_catalog, security=security) as ctx, \
+            Server(create_app(ctx, hub_config=HubConfig(poll_interval_s=0.1, heartbeat_interval_s=2))) as server:
+        service = ctx.alerts
+        page, _ = open_panel(watched_page, server, storage={"sketchboard.token": read})
+        fill_threshold_rule(page, "viewer_rule")
+        page.click("#rule-editor-submit")
+        page.wait_for_selector("#rule-editor-error:not([hidden])", timeout=10_000)
+        assert "token 'viewer' has scopes [read]; this needs 'admin'" in page.text_content("#rule-editor-error")
+        assert service.store.rules() == []
 
-            page, _ = open_panel(watched_page, server, storage={"sketchboard.token": admin})
-            fill_threshold_rule(page, "ops_rule")
-            page.click("#rule-editor-submit")
-            rule_row(page, "ops_rule").wait_for(timeout=10_000)
-            assert [r.name for r in service.store.rules()] == ["ops_rule"]
-    finally:
-        alert_store.close()
-        store.close()
-        log.close()
+        page, _ = open_panel(watched_page, server, storage={"sketchboard.token": admin})
+        fill_threshold_rule(page, "ops_rule")
+        page.click("#rule-editor-submit")
+        rule_row(page, "ops_rule").wait_for(timeout=10_000)
+        assert [r.name for r in service.store.rules()] == ["ops_rule"]

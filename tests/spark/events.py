@@ -78,3 +78,31 @@ def assert_panes_exact(store, events: list[dict]) -> None:
         assert got[0] == count, key
         assert got[1] == pytest.approx(total, rel=1e-9), key
         assert (got[2], got[3]) == (lo, hi), key
+
+
+def amounts_by_pane_and_country(rows, pane_ms: int):
+    """(pane start, country) -> event count and sum of amount, from (event time ms, country,
+    amount) triples: the orders stream's exact answer."""
+    from collections import Counter
+
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    for time_ms, country, amount in rows:
+        key = (time_ms - time_ms % pane_ms, country)
+        counts[key] += 1
+        sums[key] += amount
+    return counts, sums
+
+
+def stored_amounts_by_pane_and_country(store, stream: str):
+    """The same, as a store holds a stream of orders (panes per country)."""
+    import json
+    from collections import Counter
+
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    for p in store.read_panes(stream, 0, 2**62):
+        key = (p.key.start_ms, json.loads(p.key.dims)["country"])
+        counts[key] += p.data.count
+        sums[key] += p.data.values["amount"].sum
+    return counts, sums

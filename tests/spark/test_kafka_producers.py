@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -22,7 +21,7 @@ from ingest.log.records import json_to_event
 from store import SqlitePaneStore
 from tests.kafka_broker import client_config
 from tests.log_backends import LogBackend
-from tests.spark.events import T0
+from tests.spark.events import T0, amounts_by_pane_and_country, stored_amounts_by_pane_and_country
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -129,18 +128,9 @@ def test_records_produced_straight_to_the_topic_become_panes_or_invalid_dead_let
 
     # Panes: exact counts and sums over the valid records, whatever their time format.
     events = [validator.validate(json.loads(v)) for v in valid_records(601)]
-    want: Counter = Counter()
-    sums: Counter = Counter()
-    for e in events:
-        key = (e.event_time_ms - e.event_time_ms % stream.pane, e.strings["country"])
-        want[key] += 1
-        sums[key] += e.numbers["amount"]
-    by_pane: Counter = Counter()
-    by_sum: Counter = Counter()
-    for p in store.read_panes(STREAM, 0, 2**62):
-        key = (p.key.start_ms, json.loads(p.key.dims)["country"])
-        by_pane[key] += p.data.count
-        by_sum[key] += p.data.values["amount"].sum
+    want, sums = amounts_by_pane_and_country(
+        ((e.event_time_ms, e.strings["country"], e.numbers["amount"]) for e in events), stream.pane)
+    by_pane, by_sum = stored_amounts_by_pane_and_country(store, STREAM)
     assert by_pane == want
     assert all(by_sum[k] == pytest.approx(v) for k, v in sums.items())
     store.close()

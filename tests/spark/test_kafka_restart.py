@@ -23,6 +23,7 @@ from ingest.log.records import EXTRA
 from sketchboard.settings import Settings
 from store import SqlitePaneStore
 from tests.log_backends import LogBackend
+from tests.spark.events import amounts_by_pane_and_country, stored_amounts_by_pane_and_country
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -150,18 +151,8 @@ def test_broker_restart_mid_run_api_answers_503_pipeline_resumes_counts_exact(tm
     # The store: every record read, all aggregated, exact counts and sums per pane and country.
     s = store.progress("main").streams[STREAM]
     assert s.events_read == len(accepted) == s.events_aggregated and s.events_dead_lettered == 0
-    want: Counter = Counter()
-    sums: Counter = Counter()
-    for e in accepted:
-        key = (e["time"] - e["time"] % stream.pane, e["country"])
-        want[key] += 1
-        sums[key] += e["amount"]
-    got: Counter = Counter()
-    got_sums: Counter = Counter()
-    for p in store.read_panes(STREAM, 0, 2**62):
-        key = (p.key.start_ms, json.loads(p.key.dims)["country"])
-        got[key] += p.data.count
-        got_sums[key] += p.data.values["amount"].sum
+    want, sums = amounts_by_pane_and_country(((e["time"], e["country"], e["amount"]) for e in accepted), stream.pane)
+    got, got_sums = stored_amounts_by_pane_and_country(store, STREAM)
     assert got == want
     assert got_sums == sums  # integral amounts: sums are exact
     store.close()
