@@ -133,7 +133,11 @@ def store_size_mib(store, root: Path) -> float:
 
 
 def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str = "sqlite",
-        dsn: str | None = None) -> dict[str, list[float]]:
+        dsn: str | None = None, queries: list[tuple[str, str]] | None = None) -> dict[str, list[float]]:
+    """Fill a store with a day of demo partials, then time `queries` (default: QUERIES, and
+    LONG_QUERIES with --long-queries) through the API."""
+    if queries is None:
+        queries = QUERIES + (LONG_QUERIES if args.long_queries else [])
     store = open_store(kind, root, dsn)
     store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
     log = SqliteEventLog(root / "log.db", synchronous="OFF")
@@ -152,10 +156,10 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
           f" store size {store_size_mib(store, root):.0f} MiB")
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
     client = TestClient(create_app(ctx))
-    out = timed_queries(client, QUERIES + (LONG_QUERIES if args.long_queries else []), args.repeat)
+    out = timed_queries(client, queries, args.repeat)
     client.close()
     if label.startswith("panes"):
-        out.update(before_tiers(catalog, store, end_ms, args))
+        out.update(before_tiers(catalog, store, end_ms, args, queries))
     if args.ws:
         out.update(under_websocket_load(catalog, store, log, args, end_ms))
     store.close()
@@ -163,7 +167,7 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     return out
 
 
-def before_tiers(catalog: Catalog, store, end_ms: int, args) -> dict[str, list[float]]:
+def before_tiers(catalog: Catalog, store, end_ms: int, args, queries: list[tuple[str, str]]) -> dict[str, list[float]]:
     """The same queries the way they were answered before tiers: every pane of the range read
     with its sketches and rolled up in Python (store.rollup), nothing cached. In-process, no HTTP."""
     from urllib.parse import parse_qs
@@ -172,7 +176,7 @@ def before_tiers(catalog: Catalog, store, end_ms: int, args) -> dict[str, list[f
     from store.rollup import align_range, rollup
 
     out = {}
-    for name, query in QUERIES + (LONG_QUERIES if args.long_queries else []):
+    for name, query in queries:
         q = {k: v[0] for k, v in parse_qs(query).items()}
         metric = catalog.metric(q["metric"])
         quantile = metric.check_stat(q["stat"])

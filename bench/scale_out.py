@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.drain import drain_timed
+
 RESULT = "RESULT "  # a child's last line: its figures as JSON
 
 
@@ -101,24 +103,8 @@ def drain(args) -> dict:
             commits.append(time.perf_counter() - t)
 
     store.commit_batch = timed_commit  # this store object only: what the pipeline calls per batch
-    marks: list[tuple[float, int]] = []
-    process = pipeline.process_batch
-
-    def timed_batch(batch, batch_id):
-        if not marks:
-            marks.append((time.perf_counter(), 0))
-        result = process(batch, batch_id)
-        marks.append((time.perf_counter(), store.progress("bench").events_read))
-        print(f"  batch {batch_id}: {marks[-1][1]:,} events committed", file=sys.stderr, flush=True)
-        return result
-
-    pipeline.process_batch = timed_batch
-    started = time.perf_counter()
-    pipeline.run_until_drained()
-    wall = time.perf_counter() - started
-    done = store.progress("bench").events_read
-    (t1, n1), (t2, n2) = marks[1], marks[-1]
-    sustained = (n2 - n1) / (t2 - t1) if len(marks) >= 3 else done / wall
+    drained = drain_timed(pipeline, store, out=sys.stderr)
+    done, wall, sustained = drained.events, drained.wall_s, drained.sustained_per_s
     spark.stop()
     store.close()
     log.close()
@@ -152,18 +138,12 @@ def query_latency(label: str, kind: str, root: Path, args, dsn: str | None) -> d
     from sketchboard.settings import DEFAULT_STREAMS
 
     catalog = load_catalog(DEFAULT_STREAMS)
-    wanted = [q for q in QUERIES if q[0] == "24h 1m p99"]
+    wanted = [q for q in QUERIES if q[0] == "24h 1m p99"]  # only the query the issue asks about
     options = argparse.Namespace(events=args.query_events, hours=24.0, batch=args.query_batch, repeat=args.repeat,
                                  long_queries=False, ws=0)
-    import bench.day_of_data as day
-
-    saved, day.QUERIES = day.QUERIES, wanted  # only the query the issue asks about
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        end_ms = (int(time.time() * 1000) // 60_000) * 60_000
-        times = run(label, catalog, root, options, end_ms, kind=kind, dsn=dsn)["24h 1m p99"]
-    finally:
-        day.QUERIES = saved
+    root.mkdir(parents=True, exist_ok=True)
+    end_ms = (int(time.time() * 1000) // 60_000) * 60_000
+    times = run(label, catalog, root, options, end_ms, kind=kind, dsn=dsn, queries=wanted)["24h 1m p99"]
     return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}
 
 

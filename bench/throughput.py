@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.drain import drain_timed
 from catalog import load_catalog
 from ingest.demo import DemoTraffic
 from ingest.events import EventValidator
@@ -85,30 +86,9 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     config = PipelineConfig("bench", root / "log.db", root / "checkpoints", max_records_per_batch=batch_records,
                             kafka=kafka)
     pipeline = Pipeline(spark, catalog, store, config)
-    marks: list[tuple[float, int]] = []
-    original = pipeline.process_batch
-
-    def timed(batch, batch_id):
-        if not marks:
-            marks.append((time.perf_counter(), 0))  # first batch handed to us: the query is planned
-        result = original(batch, batch_id)
-        marks.append((time.perf_counter(), store.progress("bench").events_read))
-        print(f"  batch {batch_id}: {marks[-1][1]:,} events committed so far", flush=True)
-        return result
-
-    pipeline.process_batch = timed
-    started = time.perf_counter()
-    pipeline.run_until_drained()
-    wall = time.perf_counter() - started
-    done = store.progress("bench").events_read
-    # Sustained rate: from the end of the first batch to the end of the last, so query
-    # start-up and the first batch's JIT warm-up do not count.
-    if len(marks) >= 3:
-        (t1, n1), (t2, n2) = marks[1], marks[-1]
-        sustained = (n2 - n1) / (t2 - t1)
-    else:
-        sustained = done / wall
-    print(f"[{what}] pipeline log -> store: {done:,} events, {len(marks) - 1} batches of <= {batch_records:,}")
+    drained = drain_timed(pipeline, store)
+    done, wall, sustained = drained.events, drained.wall_s, drained.sustained_per_s
+    print(f"[{what}] pipeline log -> store: {done:,} events, {drained.batches} batches of <= {batch_records:,}")
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
     store.close()
