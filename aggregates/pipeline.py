@@ -132,6 +132,7 @@ class Pipeline:
                 self.health.store_failing(self.config.name, f"{type(error).__name__}: {error}", at_ms)
         except Exception as exc:  # the same full disk, most likely: the log line above says it
             log.debug("could not record the store error: %s", exc)
+
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
         self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)
 

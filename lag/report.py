@@ -38,9 +38,14 @@ class LagMonitor:
 
     def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag:
         """The lag of this pipeline, or of another consumer of the log."""
-        pipeline = pipeline or self.pipeline
+        return self._report(pipeline or self.pipeline, self._partitions(stream))
+
+    def _partitions(self, stream: str | None) -> list[tuple[str, int]]:
+        # The log's partitions: on Kafka a request to the brokers, so asked once per answer.
+        return [k for k in self.partitions() if stream is None or k[0] == stream]
+
+    def _report(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag:
         now_ms = int(self.clock() * 1000)
-        wanted = [k for k in self.partitions() if stream is None or k[0] == stream]
         samples = self.store.recent(pipeline, self.window, wanted)
         return evaluate(pipeline, samples, now_ms=now_ms, window=self.window, window_ms=self.window_ms,
                         partitions=wanted)
@@ -50,12 +55,13 @@ class LagMonitor:
         its output lives, where it started, its Kafka group copies) and its lag report."""
         records = {c.pipeline: c.to_json() for c in self.registry.consumers()} if self.registry is not None else {}
         names = [self.pipeline, *(name for name in records if name != self.pipeline)]
+        wanted = self._partitions(stream)
         out = []
         for name in names:
             record = records.get(name) or {"name": name, "namespace": None, "started_from": None,
                                            "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
                                            "group_commits_failed": 0, "group_commit_error": None}
-            lag = self.report(stream, name)
+            lag = self._report(name, wanted)
             if record["last_commit_ms"] is None:  # the serving pipeline's: from its samples (the store's)
                 known = [p.latest.last_commit_ms for s in lag.streams.values() for p in s.partitions.values()
                          if p.latest and p.latest.last_commit_ms is not None]
