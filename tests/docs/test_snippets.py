@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,12 +115,15 @@ def run_python(block: Block, host: str | None) -> None:
     exec(compile(code, block.id, "exec"), {"__name__": "docs_example"})
 
 
-def run_shell(block: Block, host: str) -> None:
+def run_shell(block: Block, host: str, work: Path) -> None:
     script = block.against(host)
     # An example's curl that gets a 4xx or 5xx fails the block instead of printing the error.
     preamble = 'set -euo pipefail\ncurl() { command curl --fail-with-body --silent --show-error --max-time 30 "$@"; }\n'
-    env = {**os.environ, "PATH": f"{REPO_ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["bash", "-c", preamble + script], cwd=REPO_ROOT, env=env, capture_output=True,
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    # In a folder of its own (what `sketchboard token create` writes goes to its data/), with the
+    # repository's config/ as the examples name it.
+    (work / "config").symlink_to(REPO_ROOT / "config")
+    done = subprocess.run(["bash", "-c", preamble + script], cwd=work, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, (f"{block.id} exited {done.returncode}\n--- script ---\n{script}"
                                   f"\n--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}")
@@ -151,7 +155,7 @@ def test_example_runs(block: Block, tmp_path, monkeypatch, request):
     kind = RUNNERS[block.language]
     host = request.getfixturevalue("api").base.removeprefix("http://") if block.needs_api else None
     if kind == "shell":
-        run_shell(block, host or "127.0.0.1:9")  # a block with no address runs offline (port 9: discard)
+        run_shell(block, host or "127.0.0.1:9", tmp_path)  # a block with no address runs offline (port 9: discard)
     elif kind == "python":
         run_python(block, host)
     elif kind == "yaml":
