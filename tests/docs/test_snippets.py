@@ -146,7 +146,10 @@ def run_json(block: Block, tmp_path: Path) -> None:
     json.loads(block.code)
 
 
-@pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
+# Examples that talk to the live API start a real process: marked e2e like the other such tests
+# (`make test-fast` runs the rest: Python, YAML, JSON and offline shell examples).
+@pytest.mark.parametrize("block", [pytest.param(block, id=block.id, marks=[pytest.mark.e2e] if block.needs_api else [])
+                                   for block in RUN])
 def test_example_runs(block: Block, tmp_path, monkeypatch, request):
     # Settings read SKETCHBOARD_* and ./sketchboard.yaml: an example must not depend on the test's.
     for name in [name for name in os.environ if name.startswith("SKETCHBOARD_")]:
@@ -164,6 +167,7 @@ def test_example_runs(block: Block, tmp_path, monkeypatch, request):
         run_json(block, tmp_path)
 
 
+@pytest.mark.e2e
 def test_every_route_is_documented(api):
     """The routes table of docs/ingest-and-api.md names every path the API serves."""
     documented = (REPO_ROOT / "docs" / "ingest-and-api.md").read_text()
