@@ -114,7 +114,7 @@ def router(service: AlertService) -> APIRouter:
     def get_rule(name: str) -> dict:
         return found(service.store.rule(name), name)
 
-    @r.post("/rules", status_code=201, summary="Create a rule (see the README for the kinds and fields)",
+    @r.post("/rules", status_code=201, summary="Create a rule (see docs/alerts.md for the kinds and fields)",
             response_model=None,
             responses={201: {"model": RuleOut, "description": "the rule, created"},
                        **errors(400, 409, 413, e400="invalid rule", e409="name taken")},
@@ -173,7 +173,7 @@ def router(service: AlertService) -> APIRouter:
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
                   for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
         history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
-        service.with_corrections_since(history)  # see README "Alerts and corrections"
+        service.with_corrections_since(history)  # see docs/alerts.md, "Alerts and corrections"
         return {"active": active, "history": history}
 
     return r
