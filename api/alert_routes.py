@@ -179,6 +179,11 @@ def router(service: AlertService) -> APIRouter:
     return r
 
 
+# The webhook notifier's counters (alerts/webhook.py WebhookNotifier.stats); `standby` counts
+# evaluations handed to a replica that did not lead, so a follower shows it is alive.
+NOTIFICATION_OUTCOMES = ("sent", "failed", "retried", "dropped", "deduplicated", "standby")
+
+
 def alert_metrics(service: AlertService):
     """For /metrics: active instances per rule and state (Prometheus' ALERTS, counted), and the
     notifiers' delivery counters."""
@@ -197,11 +202,16 @@ def alert_metrics(service: AlertService):
     yield active
     delivered = CounterMetricFamily("sketchboard_alert_notifications", "Webhook notifications by outcome",
                                     labels=["outcome"])
+    # Summed over the notifiers: one sample per outcome (two notifiers adding the same labels
+    # would be a duplicate series, which Prometheus rejects).
+    totals: dict[str, int] = {}
     for notifier in service.notifiers:
         stats = notifier.stats() if callable(getattr(notifier, "stats", None)) else {}
-        for outcome in ("sent", "failed", "retried", "dropped", "deduplicated"):
+        for outcome in NOTIFICATION_OUTCOMES:
             if isinstance(stats.get(outcome), int):
-                delivered.add_metric([outcome], stats[outcome])
+                totals[outcome] = totals.get(outcome, 0) + stats[outcome]
+    for outcome, n in totals.items():
+        delivered.add_metric([outcome], n)
     yield delivered
 
 
