@@ -10,9 +10,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import BadParam, bad_request, errors, param_error
+from api.errors import bad_request, errors, param_error
 from api.responses import MetricsOut, StreamsOut
-from api.timeparams import default_step_ms, parse_duration_param, parse_range_ms
+from catalog.times import BadParam, default_step_ms, parse_duration_param, parse_range_ms
 from catalog import format_duration_ms
 from store.bloom import overlay_first_seen
 from store.rollup import Point, RollupError, align_range

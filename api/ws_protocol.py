@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from api.timeparams import _RELATIVE, default_step_ms, parse_duration_param, parse_instant_ms, parse_range_ms
+from catalog.times import _RELATIVE, default_step_ms, parse_duration_param, parse_instant_ms, parse_range_ms
 from catalog import Catalog
 from store.rollup import align_range
 

@@ -12,15 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import StreamDef, load_catalog
-from ingest.events import (
-    EPOCH_MS_THRESHOLD,
-    MAX_EVENT_TIME_MS,
-    MAX_STRING_LENGTH,
-    Event,
-    EventValidator,
-    Rejection,
-    parse_event_time_ms,
-)
+from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS, parse_event_time_ms
+from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, Rejection
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 T_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
