@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
 from catalog.model import DurationMs
-from lag.model import LagStatus
+from store.lag import LagStatus
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -34,7 +34,8 @@ from api.security.headers import DASHBOARD_HEADERS
 from api.security.middleware import SecurityMiddleware
 from api.ws_hub import Hub, HubConfig
 from ingest.log import LogUnavailable
-from lag.feed import LagFeed, query_health
+from lag.feed import LagFeed
+from store.health import query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"

@@ -7,14 +7,14 @@ import pytest
 
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
-from lag.feed import LagFeed, query_health
-from lag.model import LagSample, LagStatus
+from lag.feed import LagFeed
+from store.health import query_health
+from store.lag import LagSample, LagStatus, LagStore
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, OffsetTimeTable, StoreCommitted
 from store import BatchCommit
 from store.health import HealthStore
-from store.lag import LagStore
 
 T0_S = 1_800_000_000.0
 

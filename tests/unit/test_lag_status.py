@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lag.model import LagSample, LagStatus, Verdict
+from lag.model import Verdict
+from store.lag import LagSample, LagStatus
 from lag.status import evaluate, evaluate_partition, worst
 
 T0 = 1_800_000_000_000
