@@ -117,7 +117,7 @@ class AlertService:
         return out
 
     def evaluate_all(self, now_ms: int | None = None) -> list[Evaluation]:
-        """Evaluate every rule now, due or not (tests, and the dashboard's "evaluate now")."""
+        """Evaluate every rule now, due or not (what evaluate_due does at a rule's first sight)."""
         now = self.now_ms() if now_ms is None else now_ms
         rules = self.rules()
         results = [self.evaluate_rule(loaded, now) for loaded in rules]

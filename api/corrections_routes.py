@@ -34,7 +34,7 @@ def _narrow(stats: dict, metric: MetricDef | None) -> dict:
 
 
 def correction_message(c: Correction, metric: MetricDef | None = None) -> dict:
-    """A correction in the websocket's message format (coordination.md), also used by the REST list."""
+    """A correction in the websocket's message format, also used by the REST list."""
     return {
         "type": "correction",
         "id": c.id,

@@ -273,9 +273,6 @@ class Hub:
             self._thread.join(timeout=10)
         self._thread = None
 
-    def add_feed(self, feed: Feed) -> None:
-        self.feeds.append(feed)
-
     def connect(self) -> Client:
         client = Client(self.config.queue_size, self.config.max_subscriptions)
         with self._lock:

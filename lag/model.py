@@ -82,7 +82,7 @@ class PipelineLag:
         return _max_or_none(s.lag_seconds for s in self.streams.values())
 
     def to_message(self) -> dict:
-        """The websocket `lag` message of coordination.md (also the body of GET /api/v1/lag)."""
+        """The websocket `lag` message (also the body of GET /api/v1/lag)."""
         return {
             "type": "lag",
             "at_ms": self.at_ms,
