@@ -305,13 +305,11 @@ def test_custom_time_field() -> None:
 
 
 def _field_round_trip(role: str, name: str) -> None:
-    """A name the catalog accepts for a role must validate into that role (or be refused by the catalog)."""
-    try:
-        stream = StreamDef(name="s", **{role: (name,)})
-    except ValueError:
-        return  # refusing the name at configuration time is fine too
+    """The catalog accepts the name for the role, and an event's field of that name validates
+    into the role, without a warning (pydantic warns when a field shadows a BaseModel attribute)."""
+    stream = StreamDef(name="s", **{role: (name,)})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("error")
         v = EventValidator(stream)
     if role == "dimensions":
         assert v.validate({"time": T_MS, name: "x"}).strings[name] == "x"
