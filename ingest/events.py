@@ -159,16 +159,6 @@ class EventValidator:
                 reasons[name] = error["msg"]
         return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
 
-    def validate_many(self, raws: list[Any]) -> tuple[list[Event], list[Rejection]]:
-        accepted: list[Event] = []
-        rejected: list[Rejection] = []
-        for index, raw in enumerate(raws):
-            try:
-                accepted.append(self.validate(raw))
-            except ValueError as exc:
-                rejected.append(Rejection(index, str(exc)))
-        return accepted, rejected
-
 
 def _json_type(value: Any) -> str:
     if value is None:

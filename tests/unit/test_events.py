@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from catalog import StreamDef, load_catalog
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS, parse_event_time_ms
 from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, Rejection
+from tests.support.events import validate_many
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 T_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
@@ -265,7 +266,7 @@ def test_validate_many(validator: EventValidator) -> None:
         event(user_id=...),
         event(status=404, region=...),
     ]
-    accepted, rejected = validator.validate_many(raws)
+    accepted, rejected = validate_many(validator, raws)
     assert [e.event_time_ms for e in accepted] == [T_MS, T_MS + 1000, T_MS]
     assert accepted[2].strings["status"] == "404"
     assert accepted[2].strings["region"] == ""
@@ -277,7 +278,7 @@ def test_validate_many(validator: EventValidator) -> None:
 
 
 def test_validate_many_empty(validator: EventValidator) -> None:
-    assert validator.validate_many([]) == ([], [])
+    assert validate_many(validator, []) == ([], [])
 
 
 # -- streams without a key, distinct fields that are not dimensions ---------------------
