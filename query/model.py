@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from catalog import Catalog, MetricDef
 from catalog.times import BadParam, default_step_ms, is_relative, parse_duration_param, parse_instant_ms, parse_range_ms
+from store.rollup import align_range
 
 FIRST_SEEN = ("first_seen", "first-seen")
 MAX_STATS = 8
@@ -62,17 +63,12 @@ class Query(Target):
         """The aligned [start, end) of the query's window starts at this instant."""
         start = parse_instant_ms(self.from_text, now_ms, "from")
         end = parse_instant_ms(self.to_text, now_ms, "to")
-        return align(start, end, self.step_ms)
+        return align_range(start, end, self.step_ms)
 
     def shape_key(self) -> tuple:
         """Two queries with the same key answer the same points: computed once."""
         return (self.metric, self.stats, self.from_text, self.to_text, self.step_ms, self.window_ms,
                 self.group_by, self.filters)
-
-
-def align(start_ms: int, end_ms: int, step_ms: int) -> tuple[int, int]:
-    """Floor start and ceil end to multiples of step (also before 1970): the window starts."""
-    return start_ms - start_ms % step_ms, end_ms + (-end_ms) % step_ms
 
 
 def split_list(value: Iterable[str] | str) -> list[str]:
@@ -160,7 +156,7 @@ def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str |
         raise QueryError(exc.param, str(exc)) from None
     q = over(target, step_ms=step_ms, window_ms=window_ms, from_text=from_text, to_text=to_text,
              relative=is_relative(from_text) or is_relative(to_text))
-    lo, hi = align(start_ms, end_ms, step_ms)
+    lo, hi = align_range(start_ms, end_ms, step_ms)
     if (hi - lo) // step_ms > max_points:
         raise QueryError("step", f"{(hi - lo) // step_ms} points per series exceed the limit of {max_points};"
                          " use a larger step or a shorter range")
