@@ -2,9 +2,9 @@
 computed against the store (query.compute), for REST, the websocket hub and alert rules."""
 
 from query.compute import StatSeries, answer_json, compute, point_json, series_json
-from query.model import FIRST_SEEN, Query, QueryError, Target, check_stat, over, parse_filters, resolve, resolve_target
+from query.model import Query, QueryError, Target, check_stat, over, parse_filters, resolve, resolve_target
 
 __all__ = [
-    "FIRST_SEEN", "Query", "QueryError", "StatSeries", "Target", "answer_json", "check_stat", "compute",
+    "Query", "QueryError", "StatSeries", "Target", "answer_json", "check_stat", "compute",
     "over", "parse_filters", "point_json", "resolve", "resolve_target", "series_json",
 ]

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from query.model import FIRST_SEEN, Query
+from catalog.model import FIRST_SEEN_STATS
+from query.model import Query
 from store import PaneStore
 from store.bloom import overlay_first_seen
 from store.point_cache import PointCache
@@ -33,7 +34,7 @@ def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int |
     """One series per (stat, group) for the windows starting in [lo, hi) (multiples of the step)."""
     out = []
     for stat, quantile in zip(q.stats, q.quantiles):
-        first_seen = stat in FIRST_SEEN
+        first_seen = stat in FIRST_SEEN_STATS
         series = query_series(
             store, q.stream, q.pane_ms, stat="count" if first_seen else stat, quantile=quantile,
             value_field=q.value_field, distinct_field=q.distinct_field, start_ms=lo, end_ms=hi, step_ms=q.step_ms,

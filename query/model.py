@@ -10,10 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from catalog import Catalog, MetricDef
+from catalog.model import FIRST_SEEN_STATS
 from catalog.times import BadParam, default_step_ms, is_relative, parse_duration_param, parse_instant_ms, parse_range_ms
 from store.rollup import align_range
 
-FIRST_SEEN = ("first_seen", "first-seen")
 MAX_STATS = 8
 
 
@@ -117,7 +117,7 @@ def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by
     for name in filters:
         if name not in stream.dimensions:
             raise QueryError("filter", f"unknown dimension {name!r} in filter; dimensions: {dimensions}")
-    if any(s in FIRST_SEEN for s in stats) and (groups or filters):
+    if any(s in FIRST_SEEN_STATS for s in stats) and (groups or filters):
         raise QueryError("stat", "first_seen is counted per stream, not per dimension: group_by and filter do not apply")
     return Target(
         metric=metric, stream=stream.name, stats=tuple(stats), quantiles=quantiles, unit=definition.unit,
