@@ -272,7 +272,7 @@ def test_metrics_sum_notification_outcomes_over_notifiers_and_include_standby(ap
     alerts.notifiers.extend(standby)
     try:
         api.post("/api/v1/alerts/rules", json={"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m"})
-        alerts.evaluate_all()
+        evaluate_every_rule(alerts)
         families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
         samples = [(s.labels["outcome"], s.value) for s in families["sketchboard_alert_notifications"].samples]
         assert len(samples) == len({outcome for outcome, _ in samples})  # no duplicate series
