@@ -36,6 +36,8 @@ class ApiContext:
     point_cache: PointCache = field(default_factory=PointCache)
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: Any = None
+    # Dashboards (dashboard.service.DashboardService); None: no /api/v1/dashboards routes.
+    dashboards: Any = None
     # Answers to POSTs with an Idempotency-Key (store.idempotency.IdempotencyStore); None: the
     # header is accepted and ignored (retries append again).
     idempotency: Any = None

@@ -113,7 +113,9 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
     while True:
         text = await client.queue.get(config.heartbeat_interval_s)
         if text is None:
-            text = '{"type":"heartbeat","at_ms":%d}' % hub.now_ms()
+            # interval_ms: the page closes a socket silent for a few intervals (a dead one).
+            text = '{"type":"heartbeat","at_ms":%d,"interval_ms":%d}' % (
+                hub.now_ms(), round(config.heartbeat_interval_s * 1000))
         try:
             await asyncio.wait_for(websocket.send_text(text), config.send_timeout_s)
         except TimeoutError:
