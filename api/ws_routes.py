@@ -80,7 +80,9 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         _reply(client, error(exc.reason, exc.id))
         return
     if isinstance(msg, Ping):
-        _reply(client, {"type": "pong", "at_ms": hub.now_ms()})
+        # The heartbeat interval: the page pings on open and closes a socket silent for a few of them.
+        _reply(client, {"type": "pong", "at_ms": hub.now_ms(),
+                        "heartbeat_interval_ms": round(hub.config.heartbeat_interval_s * 1000)})
     elif isinstance(msg, Topics):
         client.topics = set(msg.topics)
         _reply(client, {"type": "topics", "topics": sorted(client.topics)})
@@ -113,9 +115,7 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
     while True:
         text = await client.queue.get(config.heartbeat_interval_s)
         if text is None:
-            # interval_ms: the page closes a socket silent for a few intervals (a dead one).
-            text = '{"type":"heartbeat","at_ms":%d,"interval_ms":%d}' % (
-                hub.now_ms(), round(config.heartbeat_interval_s * 1000))
+            text = '{"type":"heartbeat","at_ms":%d}' % hub.now_ms()
         try:
             await asyncio.wait_for(websocket.send_text(text), config.send_timeout_s)
         except TimeoutError:

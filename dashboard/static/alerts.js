@@ -82,6 +82,11 @@
       });
     });
   }
+  // The rule editor starts on the first metric with a value (thresholds on percentiles are the
+  // common rule), whatever the configuration names it.
+  function firstValueMetric() {
+    return Object.keys(state.metrics).filter(function (n) { return state.metrics[n].value; })[0] || null;
+  }
   function ruleUrl(name) { return API + "/rules/" + encodeURIComponent(name); }
   function labelPairs(labels, skip) {
     return Object.keys(labels || {}).sort().filter(function (k) { return !skip || !skip(k, labels[k]); })
@@ -446,7 +451,7 @@
     $("rule-editor-title").textContent = "New rule";
     $("rule-editor-submit").textContent = "create rule";
     $("rule-editor-reset").textContent = "clear";
-    if ($("re-metric").options.length && state.metrics.latency) $("re-metric").value = "latency";
+    if ($("re-metric").options.length && firstValueMetric()) $("re-metric").value = firstValueMetric();
     showError("");
     applyKind();
     document.querySelectorAll("#alert-rules .alert-rule[data-editing]").forEach(function (r) { delete r.dataset.editing; });
@@ -535,7 +540,7 @@
       $("re-metric").replaceChildren.apply($("re-metric"), metrics.map(function (m) {
         return el("option", { value: m.name }, [m.name + (m.unit ? " (" + m.unit + ")" : "")]);
       }));
-      if (state.metrics.latency) $("re-metric").value = "latency";
+      if (firstValueMetric()) $("re-metric").value = firstValueMetric();
       $("re-stream").replaceChildren.apply($("re-stream"), [el("option", { value: "" }, ["(all streams)"])].concat(
         streams.map(function (s) { return el("option", { value: s.name }, [s.name]); })));
       $("rule-editor").dataset.ready = "true";
