@@ -2,7 +2,7 @@
 // (connection.js), Plotly charts updated in place (chart.js), the page's one time range
 // (timerange.js), the explorer (explorer.js), the chosen dashboard's panels (panels.js) and
 // their editor (editor.js), the status strip, lag and corrections (status.js). Page state is
-// in the URL. No external requests.
+// in the URL. Nothing is asked of any other host.
 
 import { $, call, parseDuration } from "./util.js";
 import { Connection } from "./connection.js";
