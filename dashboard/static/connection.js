@@ -3,6 +3,7 @@
 // sent on open says it) is taken for dead and reopened with a growing back-off.
 
 import { $, clock } from "./util.js";
+import { protocols } from "./auth.js";
 
 const MISSED_HEARTBEATS = 3;
 
@@ -25,9 +26,8 @@ export class Connection {
 
   connect() {
     setConnState("connecting", "connecting…");
-    const auth = window.SketchboardAuth; // auth.js: the token, as a websocket subprotocol
-    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`,
-      auth ? auth.protocols() : []);
+    // The token, if any, as a websocket subprotocol (auth.js).
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`, protocols());
     this.ws = ws;
     ws.onopen = () => {
       this.backoff = 500;

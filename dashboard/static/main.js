@@ -4,6 +4,9 @@
 // their editor (editor.js), the status strip, lag and corrections (status.js). Page state is
 // in the URL. Nothing is asked of any other host.
 
+import "./auth.js"; // first: every fetch below carries the token
+import "./membership.js";
+import "./alerts.js";
 import { $, call, parseDuration } from "./util.js";
 import { Connection } from "./connection.js";
 import { Dashboards } from "./panels.js";

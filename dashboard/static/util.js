@@ -65,7 +65,7 @@ export function autoStep(spanMs, paneMs, points = 120) {
   return fmtDuration(nice || Math.ceil(want / (paneMs || 1000)) * (paneMs || 1000));
 }
 
-export function parseList(text) { return String(text || "").split(",").map((s) => s.trim()).filter(Boolean); }
+export function parseList(text) { return String(text || "").split(/[,\n]/).map((s) => s.trim()).filter(Boolean); }
 // "k=v, k2=v2" -> {k: v, k2: v2}; throws a message naming the bad item.
 export function parsePairs(text, what) {
   const out = {};
