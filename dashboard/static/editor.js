@@ -182,9 +182,7 @@ export class Editor {
     }
     $("dashboard-form").hidden = true;
     if (mode === "settings") { this.dashboards.replaceCurrent(answer.body); return; }
-    await this.dashboards.reload(answer.body.name);
-    this.page.time.set(answer.body.range, "", "", "auto");
-    this.page.time.changed();
+    await this.dashboards.reload(answer.body.name, true); // opens with its own range
   }
 
   async deleteDashboard() { // two clicks: the first arms the button
@@ -200,7 +198,7 @@ export class Editor {
     button.textContent = "delete";
     const answer = await call("DELETE", `${API}/${encodeURIComponent(d.name)}`);
     if (!answer.ok) { $("dashboard-source").textContent = detailOf(answer.body, answer.status); return; }
-    await this.dashboards.reload(null);
+    await this.dashboards.reload(null, true);
   }
 }
 

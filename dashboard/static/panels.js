@@ -51,13 +51,13 @@ export class Dashboards {
     return this.current;
   }
 
-  async reload(preferred) {
+  async reload(preferred, resetTime = false) {
     const answer = await call("GET", API);
     this.list = answer.ok ? answer.body.dashboards : [];
     $("dashboard-select").replaceChildren(...this.list.map((d) =>
       el("option", { value: d.name }, [d.title ? `${d.title} (${d.name})` : d.name])));
     const name = this.list.some((d) => d.name === preferred) ? preferred : (this.list[0] || {}).name;
-    this.choose(name, false);
+    this.choose(name, resetTime);
   }
 
   // resetTime: a dashboard chosen from the menu opens with its own default range.
@@ -67,10 +67,11 @@ export class Dashboards {
     setUrlParams({ dashboard: name });
     if (resetTime && this.current) {
       setUrlParams({ edit: null });
-      this.page.time.set(this.current.range, "", "", "auto");
-      this.page.time.changed();
+      this.page.time.reset(this.current.range);
     }
-    if (this.ready) this.render();
+    if (!this.ready) return;
+    this.render(); // over the new range; the explorer follows it
+    if (resetTime) this.page.explorer.apply();
   }
 
   // Replace the chosen dashboard with what the API answered (after a save).

@@ -45,6 +45,8 @@ export class TimeRange {
 
   changed() { this.previous = []; this.sync(); this.onChange(); }
 
+  reset(range) { this.previous = []; this.set(range, "", "", "auto"); } // the caller redraws
+
   values() { return { range: $("range").value, from: $("from").value, to: $("to").value, step: $("step").value }; }
 
   get relative() { return $("range").value !== "custom"; }

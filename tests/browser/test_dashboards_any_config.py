@@ -77,6 +77,19 @@ def test_the_generated_dashboard_shows_a_panel_per_metric_with_data(live, watche
     assert page.get_attribute("#filter", "placeholder") == "site=…, kind=…"
     assert page.evaluate("[...document.querySelectorAll('#group-by option')].map((o) => o.value)") == ["", "site", "kind"]
     page.screenshot(path=str(artifacts / "dashboard-generated-sensors.png"), full_page=True)
+
+    # Provisioned and generated dashboards are edited as copies: duplicate, then delete the copy.
+    assert page.is_disabled("#dashboard-delete")
+    page.click("#dashboard-duplicate")
+    assert page.input_value("#df-name") == "metrics-copy"
+    page.click("#df-submit")
+    page.wait_for_selector("#dashboard-area[data-dashboard=metrics-copy]", timeout=10_000)
+    assert page.get_attribute("#dashboard-source", "data-source") == "api" and len(panels(page)) == 2
+    page.click("#dashboard-delete")
+    page.click("#dashboard-delete")  # the second click confirms
+    page.wait_for_selector("#dashboard-area[data-dashboard=metrics]", timeout=10_000)
+    assert page.get_attribute("#dashboard-source", "data-source") == "generated"
+    page.wait_for_function(HAS_DATA, arg="panel-chart-1", timeout=15_000)
     assert watch.errors == [] and watch.foreign == []
 
 
