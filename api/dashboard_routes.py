@@ -107,6 +107,9 @@ def router(service: DashboardService) -> APIRouter:
             openapi_extra=_body_schema(DUPLICATE_SCHEMA, "the copy's name and title"))
     async def duplicate_dashboard(name: str, request: Request) -> dict:
         data = await body(request)
+        unknown = sorted(set(data) - {"name", "title"})
+        if unknown:
+            raise bad_request(unknown[0], f"{unknown[0]}: unknown field; a copy takes a name and a title")
         new_name, title = data.get("name"), data.get("title")
         if not isinstance(new_name, str):
             raise bad_request("name", "name: the copy's name is required (letters, digits, _ . -)")

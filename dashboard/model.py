@@ -5,7 +5,6 @@ checks against a catalog; the store keeps the validated JSON, the API and the YA
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -129,7 +128,3 @@ def generated_dashboard(catalog: Catalog, name: str = "metrics") -> Dashboard:
 def definition(dashboard: Dashboard) -> dict:
     """The JSON the store keeps and the API shows (durations as text, defaults spelled out)."""
     return dashboard.model_dump(mode="json")
-
-
-def valid_name(name: str) -> bool:
-    return re.match(NAME_PATTERN, name) is not None

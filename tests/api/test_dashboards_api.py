@@ -105,6 +105,7 @@ def test_conflicts_and_renames_are_refused(api):
     assert api.post("/api/v1/dashboards/shop/duplicate", json={"name": "shop"}).status_code == 409
     assert api.post("/api/v1/dashboards/nope/duplicate", json={"name": "x"}).status_code == 404
     assert api.post("/api/v1/dashboards/shop/duplicate", json={}).json()["param"] == "name"
+    assert api.post("/api/v1/dashboards/shop/duplicate", json={"name": "x", "panels": []}).json()["param"] == "panels"
 
 
 def test_provisioned_dashboards_are_read_only_and_follow_their_folder(api, dashboards, ctx, tmp_path):
