@@ -8,7 +8,8 @@ import { protocols } from "./auth.js";
 const MISSED_HEARTBEATS = 3;
 
 export class Connection {
-  // onMessage(msg): every message that is not a subscription's (pipeline, lag, correction, alert, ...)
+  // onMessage(msg): every message that is not a subscription's (pipeline, lag, correction, alert, ...).
+  // Subscriptions made before connect() are sent once the socket opens.
   constructor(onMessage) {
     this.onMessage = onMessage;
     this.subs = new Map(); // id -> {query, handler}
@@ -16,7 +17,6 @@ export class Connection {
     this.ws = null;
     this.lastMessage = 0;
     this.heartbeatMs = null; // unknown until the pong says
-    this.connect();
     setInterval(() => {
       const silentFor = Date.now() - this.lastMessage;
       if (this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&

@@ -59,5 +59,11 @@ export class Explorer {
     if (v.filter) query.filter = parseList(v.filter);
     this.chart.reset(query);
     this.page.conn.subscribe(`main-${this.seq}`, query, chartHandler(this.chart));
+    // The same series over REST (one stat there: a band's p99).
+    const rest = new URLSearchParams({ metric: v.metric, stat: v.stat === "band" ? "p99" : v.stat,
+      from: query.from, to: query.to, step: query.step });
+    for (const g of query.group_by || []) rest.append("group_by", g);
+    for (const f of query.filter || []) rest.append("filter", f);
+    $("query-link").href = `/api/v1/query?${rest}`;
   }
 }

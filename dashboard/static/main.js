@@ -39,6 +39,8 @@ async function start() {
   page.editor = new Editor(page, page.dashboards);
   page.editPanel = (i) => page.editor.open(i);
   if (page.dashboards.enabled) page.editor.start();
+  // Last: "live" in the status strip says the page is set up, every chart subscribed.
+  page.conn.connect();
   setInterval(slide, 1000);
 }
 

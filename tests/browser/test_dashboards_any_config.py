@@ -76,6 +76,8 @@ def test_the_generated_dashboard_shows_a_panel_per_metric_with_data(live, watche
     assert page.input_value("#metric") == "reading_value"
     assert page.get_attribute("#filter", "placeholder") == "site=…, kind=…"
     assert page.evaluate("[...document.querySelectorAll('#group-by option')].map((o) => o.value)") == ["", "site", "kind"]
+    link = page.get_attribute("#query-link", "href")  # the explorer's series over REST
+    assert link.startswith("/api/v1/query?metric=reading_value&stat=p99&from=now-1h&to=now&step=30s"), link
     page.screenshot(path=str(artifacts / "dashboard-generated-sensors.png"), full_page=True)
 
     # Provisioned and generated dashboards are edited as copies: duplicate, then delete the copy.
