@@ -2,7 +2,7 @@
 // step (HEATMAP_STATS, with the count) and spreads each step's events over value bins between
 // them, reading the quantiles as a piecewise-linear distribution function. Pure.
 
-export const HEATMAP_QUANTILES = [["p1", 0.01], ["p10", 0.1], ["p25", 0.25], ["p50", 0.5], ["p75", 0.75],
+const HEATMAP_QUANTILES = [["p1", 0.01], ["p10", 0.1], ["p25", 0.25], ["p50", 0.5], ["p75", 0.75],
   ["p90", 0.9], ["p99", 0.99]];
 export const HEATMAP_STATS = [...HEATMAP_QUANTILES.map(([s]) => s), "count"];
 

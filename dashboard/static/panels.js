@@ -9,7 +9,7 @@ import { HEATMAP_STATS } from "./heatmap.js";
 
 const API = "/api/v1/dashboards";
 
-export function panelQuery(panel, time, paneMs) {
+function panelQuery(panel, time, paneMs) {
   const q = { metric: panel.metric, ...time.query(paneMs, panel.step) };
   if (panel.kind === "heatmap") q.stats = HEATMAP_STATS;
   else if (panel.stat === "band") q.stats = BAND;

@@ -53,7 +53,7 @@ export function parseDuration(text) { // "15m" -> 900000; null when it is not a 
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$/.exec(String(text || ""));
   return m ? Math.round(parseFloat(m[1]) * UNITS[m[2]]) : null;
 }
-export function fmtDuration(ms) { // 900000 -> "15m"
+function fmtDuration(ms) { // 900000 -> "15m"
   for (const unit of ["w", "d", "h", "m", "s"]) if (ms && ms % UNITS[unit] === 0) return `${ms / UNITS[unit]}${unit}`;
   return `${ms}ms`;
 }
