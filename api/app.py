@@ -15,6 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from api import (
     alert_routes,
     corrections_routes,
+    dashboard_routes,
     errors,
     http_metrics,
     ingest_routes,
@@ -99,6 +100,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(corrections_routes.router(ctx))
     if ctx.alerts is not None:
         app.include_router(alert_routes.router(ctx.alerts))
+    if ctx.dashboards is not None:
+        app.include_router(dashboard_routes.router(ctx.dashboards))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

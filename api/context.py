@@ -11,6 +11,7 @@ from alerts.evaluator import Evaluation
 from alerts.service import LoadedRule
 from api.security.config import SecurityConfig
 from catalog import Catalog
+from dashboard.service import DashboardService
 from ingest.events import EventValidator
 from ingest.log import EventLog
 from lag.model import PipelineLag
@@ -109,6 +110,8 @@ class ApiContext:
     point_cache: PointCache = field(default_factory=PointCache)
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: AuditLog | None = None
+    # Dashboards (dashboard.service.DashboardService); None: no /api/v1/dashboards routes.
+    dashboards: DashboardService | None = None
     # Answers to POSTs with an Idempotency-Key (store.idempotency.IdempotencyStore); None: the
     # header is accepted and ignored (retries append again).
     idempotency: IdempotencyKeys | None = None

@@ -54,7 +54,7 @@ def server(wired_ctx, tokens):
 def test_without_a_token_only_the_probes_and_the_dashboard_answer(server):
     http = server.client
     assert http.get("/healthz").status_code == 200
-    assert http.get("/").status_code == 200 and http.get("/static/app.js").status_code == 200
+    assert http.get("/").status_code == 200 and http.get("/static/main.js").status_code == 200
     for method, path in (("GET", "/api/v1/streams"), ("GET", "/metrics"), ("GET", "/api/v1/query?metric=latency"),
                          ("GET", "/api/v1/alerts/rules"), ("DELETE", "/api/v1/alerts/rules/r1")):
         r = http.request(method, path)
@@ -161,7 +161,7 @@ def test_no_cors_headers_unless_cors_origins_is_set(server, tokens, wired_ctx):
 
 
 def test_dashboard_security_headers(server, tokens):
-    for path in ("/", "/static/app.js", "/static/plotly.min.js"):
+    for path in ("/", "/static/main.js", "/static/plotly.min.js"):
         r = server.client.get(path)
         csp = r.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp

@@ -13,9 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # outside: they may import anything.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sketchboard",),  # wiring, settings, CLI
-    ("dashboard",),
     ("api",),
-    ("aggregates", "lag", "alerts"),
+    ("aggregates", "lag", "alerts", "dashboard"),  # dashboard: the dashboards resource; its static/ page talks HTTP
     ("query",),  # one resolved query, computed against the store
     ("ingest", "store"),
     ("catalog", "sketches"),
