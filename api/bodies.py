@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyarrow as pa
 from fastapi import HTTPException, Request
 
 from api.errors import bad_request
+from catalog import StreamDef
+from ingest.columnar import columnar_events, limits_allow
 from ingest.json_limits import JsonLimits, violation
 
 BODY_LIMITS = JsonLimits()  # a rule or a silence: far inside these
@@ -52,6 +55,31 @@ def loads_json(body: bytes) -> Any:
     return value
 
 
+NDJSON_MEDIA_TYPES = ("application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines")
+
+
+def read_as_ndjson(content_type: str, starts_with_bracket: bool) -> bool:
+    """NDJSON by its media type; a JSON array by application/json; with no or another content
+    type, an array is JSON and anything else is read as NDJSON."""
+    media = content_type.split(";")[0].strip().lower()
+    if media in NDJSON_MEDIA_TYPES:
+        return True
+    if media == "application/json":
+        return False
+    return not starts_with_bracket
+
+
+def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: JsonLimits) -> pa.Table | None:
+    """The body's events as validated columns when every one of them is valid and plain
+    (ingest/columnar.py), else None: `parse_events` and the per-event validator then decide,
+    with their reasons. Runs in a worker thread: Arrow's reader releases the GIL."""
+    if not limits_allow(limits):
+        return None
+    head = body.removeprefix(b"\xef\xbb\xbf").lstrip()
+    ndjson = read_as_ndjson(content_type, head.startswith(b"["))
+    return columnar_events(stream, body.removeprefix(b"\xef\xbb\xbf"), ndjson=ndjson)
+
+
 class MalformedLine:
     """An NDJSON line that is not JSON: rejected as that one event, the others still count."""
 
@@ -70,14 +98,7 @@ def parse_events(body: bytes, content_type: str) -> list[Any]:
     stripped = text.lstrip()
     if not stripped:
         raise HTTPException(400, "body is empty; send a JSON array or NDJSON of events")
-    media = content_type.split(";")[0].strip().lower()
-    if media in ("application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"):
-        ndjson = True
-    elif media == "application/json":
-        ndjson = False
-    else:  # no or another content type: an array is JSON, anything else is read as NDJSON
-        ndjson = not stripped.startswith("[")
-    if not ndjson:
+    if not read_as_ndjson(content_type, stripped.startswith("[")):
         try:
             events = _decode(text)
         except json.JSONDecodeError as exc:

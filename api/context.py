@@ -97,6 +97,7 @@ class ApiContext:
     pipeline_name: str = "main"
     max_body_bytes: int = 10 * 1024 * 1024
     max_events_per_request: int = 100_000
+    columnar_ingest: bool = True  # ingest/columnar.py for plain, valid bodies
     query_max_points: int = 11_000
     clock: Callable[[], float] = time.time
     validators: dict[str, EventValidator] = field(default_factory=dict)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.bodies import MalformedLine, parse_events, read_capped
+from api.bodies import MalformedLine, columnar_body, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
 from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, REPLAYED_HEADER, fingerprint, guarded
@@ -122,10 +122,16 @@ def router(ctx: ApiContext) -> APIRouter:
                              lambda: ingest(request, stream, atomic, body))
 
     async def ingest(request: Request, stream: str, atomic: bool, body: bytes) -> IngestAnswer:
-        raws = parse_events(body, request.headers.get("content-type", ""))
-        if len(raws) > ctx.max_events_per_request:
-            raise HTTPException(413, f"{len(raws)} events exceed the limit of {ctx.max_events_per_request} per request")
-        rate_limit_events(ctx, request, len(raws))
+        content_type = request.headers.get("content-type", "")
+        # The common case first: a body whose events are all valid and plain is parsed and
+        # checked as columns (ingest/columnar.py) and appended as such. Anything else, or
+        # anything it cannot tell, takes the per-event path below with its reasons.
+        columns = await run_in_threadpool(columnar_body, ctx.catalog.streams[stream], body, content_type,
+                                          ctx.security.json_limits) if ctx.columnar_ingest else None
+        if columns is not None:
+            return await ingest_columns(request, stream, columns)
+        raws = parse_events(body, content_type)
+        check_count(request, len(raws))
         validator = ctx.validators[stream]
         limits = ctx.security.json_limits
         accepted, rejected = [], []
@@ -149,13 +155,25 @@ def router(ctx: ApiContext) -> APIRouter:
         if atomic and rejected:
             raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",
                                       "rejected": [r.model_dump() for r in answer_rejected]})
+        return await append(stream, ctx.log.append, accepted, len(accepted), answer_rejected)
+
+    async def ingest_columns(request: Request, stream: str, columns) -> IngestAnswer:
+        check_count(request, columns.num_rows)
+        return await append(stream, ctx.log.append_columns, columns, columns.num_rows, [])
+
+    def check_count(request: Request, count: int) -> None:
+        if count > ctx.max_events_per_request:
+            raise HTTPException(413, f"{count} events exceed the limit of {ctx.max_events_per_request} per request")
+        rate_limit_events(ctx, request, count)
+
+    async def append(stream: str, write, events, count: int, answer_rejected: list[RejectedEvent]) -> IngestAnswer:
         now = ctx.now_ms()
         # The append waits on SQLite (and fsync) or on the Kafka brokers' acks: keep it off the event loop.
         try:
-            result = await run_in_threadpool(ctx.log.append, ctx.catalog.streams[stream], accepted, now)
+            result = await run_in_threadpool(write, ctx.catalog.streams[stream], events, now)
         except LogUnavailable as exc:
             raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
-        return IngestAnswer(stream=stream, accepted=len(accepted), rejected=answer_rejected,
+        return IngestAnswer(stream=stream, accepted=count, rejected=answer_rejected,
                             ingest_time_ms=now, partitions=result.ranges)
 
     return r

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 
 def partition_for(key: str | None, partitions: int, fallback: int = 0) -> int:
     """crc32 of the UTF-8 key modulo the partition count (stable across processes,
@@ -24,3 +28,25 @@ def assign_partitions(keys: list[str | None], partitions: int, round_robin: int)
             round_robin += 1
         out.append(partition_for(key, partitions, round_robin))
     return out, round_robin
+
+
+def assign_partitions_columnar(keys: pa.Array | None, rows: int, partitions: int,
+                               round_robin: int) -> tuple[np.ndarray, int]:
+    """`assign_partitions` for a column of keys (None: a keyless stream), same answers: crc32
+    computed once per distinct key, keyless rows numbered on from the round-robin counter."""
+    if keys is None:
+        turns = np.arange(round_robin + 1, round_robin + 1 + rows, dtype=np.int64)
+        return turns % partitions, round_robin + rows
+    encoded = pc.dictionary_encode(keys)
+    per_key = np.array([zlib.crc32(k.encode("utf-8")) % partitions for k in encoded.dictionary.to_pylist()],
+                       dtype=np.int64)
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.indices.null_count == 0:
+        return per_key[indices] if len(per_key) else np.zeros(rows, dtype=np.int64), round_robin
+    # Keyless rows among keyed ones (a key that may be null): round-robin in row order.
+    out = np.empty(rows, dtype=np.int64)
+    null = encoded.indices.is_null().to_numpy(zero_copy_only=False)
+    out[~null] = per_key[indices[~null].astype(np.int64)]
+    turns = np.arange(round_robin + 1, round_robin + 1 + int(null.sum()), dtype=np.int64)
+    out[null] = turns % partitions
+    return out, round_robin + int(null.sum())

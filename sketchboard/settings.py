@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="larger POST bodies get 413")
     max_events_per_request: int = Field(100_000, ge=1)
+    # Bodies whose events are all valid and plain are parsed and checked as Arrow columns
+    # (ingest/columnar.py); off: every body takes the per-event validator (same answers, slower).
+    columnar_ingest: bool = True
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
     # Security (docs/security.md)

@@ -234,6 +234,7 @@ def build_api(settings: Settings):
         pipeline_name=settings.pipeline_name,
         max_body_bytes=settings.max_body_bytes,
         max_events_per_request=settings.max_events_per_request,
+        columnar_ingest=settings.columnar_ingest,
         query_max_points=settings.query_max_points,
         lag=lag,
         health=open_health_store(settings, store),

@@ -59,6 +59,12 @@ class EventLog(ABC):
         may duplicate them (never the other way round: nothing is reported written that was
         not acknowledged)."""
 
+    def append_columns(self, stream: StreamDef, columns: pa.Table, ingest_time_ms: int) -> AppendResult:
+        """`append` for events already validated as columns (ingest/columnar.py), with the same
+        partitions and guarantees. This default turns the rows into events; a backend that can
+        write columns as they are (the embedded log) does so."""
+        return self.append(stream, events_from_columns(stream, columns), ingest_time_ms)
+
     @abstractmethod
     def offsets(self, stream: str) -> Mapping[int, PartitionOffsets]:
         """Start and end offsets of each partition of a stream."""
@@ -83,3 +89,16 @@ class EventLog(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+def events_from_columns(stream: StreamDef, columns: pa.Table) -> list[Event]:
+    """The events of a columnar body, as the per-event validator would have made them."""
+    times = columns.column(stream.time_field).to_pylist()
+    strings = {name: columns.column(name).to_pylist() for name in stream.string_fields}
+    numbers = {name: columns.column(name).to_pylist() for name in stream.values}
+    events = []
+    for i, time_ms in enumerate(times):
+        labels = {name: values[i] for name, values in strings.items()}
+        events.append(Event(event_time_ms=time_ms, key=labels.get(stream.key_field) if stream.key_field else None,
+                            strings=labels, numbers={name: values[i] for name, values in numbers.items()}))
+    return events

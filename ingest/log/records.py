@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import numpy as np
 import pyarrow as pa
 
 from catalog import StreamDef
@@ -50,6 +51,24 @@ def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: 
         pa.array([json.dumps(e.extra, separators=(",", ":")) if e.extra else None for e in events], pa.string())
     )
     return pa.RecordBatch.from_arrays(columns, schema=segment_schema(stream))
+
+
+def columns_to_batch(stream: StreamDef, columns: pa.Table, ingest_time_ms: int) -> pa.RecordBatch:
+    """The segment batch of events already in columns (ingest/columnar.py): the same layout as
+    `events_to_batch` gives for the same events (no undeclared fields: `__extra` is null)."""
+    n = columns.num_rows
+    arrays: list[pa.Array] = [
+        _array(columns.column(stream.time_field)),
+        pa.array(np.full(n, ingest_time_ms, dtype=np.int64)),
+    ]
+    arrays += [_array(columns.column(name)) for name in stream.string_fields]
+    arrays += [_array(columns.column(name)) for name in stream.values]
+    arrays.append(pa.nulls(n, pa.string()))
+    return pa.RecordBatch.from_arrays(arrays, schema=segment_schema(stream))
+
+
+def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def encode_segment(batch: pa.RecordBatch) -> bytes:

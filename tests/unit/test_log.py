@@ -5,6 +5,7 @@ Arrow record format. Kafka-only behaviour is in test_log_kafka.py."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 import uuid
@@ -479,3 +480,35 @@ def test_dimension_added_later_that_old_events_lacked_reads_empty(log: EventLog)
     newer = StreamDef(name="clicks", key_field="user", dimensions=("page", "region"), values=("ms",), partitions=4)
     table = read_table(log, newer, partition_for("u", 4), 0, 100)
     assert table.column("region").to_pylist() == ["", ""]
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+def test_append_columns_writes_what_append_writes(backend: Backend, keyed: bool) -> None:
+    """The ingest API's columnar path (ingest/columnar.py) appends columns: the same partitions,
+    offsets and records as appending the same events one by one (the default turns the columns
+    into events; the embedded log writes them as they are)."""
+    from ingest.columnar import columnar_events
+
+    def stream(name: str) -> StreamDef:
+        return StreamDef(name=name, key_field="user" if keyed else None, dimensions=("page",),
+                         distinct=None if keyed else ("user",), values=("ms",), partitions=3)
+
+    rows, columns_stream = stream("rows"), stream("columns")
+    log, other = backend.open(), backend.open()  # a round-robin counter each, both starting at 0
+    for s in (rows, columns_stream):
+        log.ensure_topic(s)
+    raws = [{"time": T0 + i, "user": f"u{i % 11}", **({"page": f"/p{i % 3}"} if i % 4 else {}), "ms": i * 1.5}
+            for i in range(200)]
+    body = "\n".join(json.dumps(r) for r in raws).encode()
+    columns = columnar_events(columns_stream, body)
+    assert columns is not None
+    validator = EventValidator(rows)
+    by_rows = log.append(rows, [validator.validate(r) for r in raws], T0 + 500)
+    by_columns = other.append_columns(columns_stream, columns, T0 + 500)
+    assert by_columns.ranges == by_rows.ranges
+    for p in range(3):
+        end = log.offsets("rows")[p].end
+        assert log.offsets("columns")[p].end == end
+        if end:
+            a, b = read_table(log, rows, p, 0, end), read_table(log, columns_stream, p, 0, end)
+            assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))

@@ -1,0 +1,174 @@
+"""The columnar ingest path (ingest/columnar.py) against the per-event one it stands in for.
+
+Property: whatever body the columnar path takes, the per-event path (api/bodies.parse_events,
+the stream's EventValidator and the JSON bounds) accepts every event of it, and both give the
+same segment batch. Whatever the columnar path leaves (None) is decided by the per-event path
+as before, so the API's answers cannot depend on which one ran. And it does take the plain
+bodies producers send, NDJSON and JSON arrays, or it would be dead weight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from api.bodies import MalformedLine, columnar_body, parse_events
+from catalog.loader import parse_catalog
+from ingest.columnar import columnar_events, limits_allow
+from ingest.events import EventValidator
+from ingest.json_limits import JsonLimits, violation
+from ingest.log.records import columns_to_batch, events_to_batch
+
+T0 = 1_795_000_000_000
+INGEST_MS = 1_795_000_100_000
+
+CATALOG = parse_catalog("""
+streams:
+  readings:
+    time_field: time
+    key_field: device
+    dimensions: [site, kind]
+    values: [temp, bytes]
+    distinct: [user]
+    pane: 10s
+    partitions: 3
+metrics:
+  temp: {stream: readings, value: temp}
+""")
+STREAM = CATALOG.streams["readings"]
+LIMITS = JsonLimits()
+
+labels = st.text(max_size=6)
+# Per field: what producers send, and what they get wrong.
+FIELD_VALUES = {
+    "time": st.one_of(st.integers(T0, T0 + 10**7), st.integers(1_795_000_000, 1_795_010_000),  # ms, s
+                      st.integers(-10**12, 10**12), st.integers(2**62, 2**64), st.floats(allow_nan=True),
+                      st.just("2026-11-23T10:00:00Z"), st.none(), st.booleans()),
+    "device": st.one_of(labels, labels, st.integers(0, 300), st.none(), st.booleans()),
+    "site": st.one_of(labels, labels, st.integers(-5, 5), st.none(), st.text(min_size=1020, max_size=1030)),
+    "kind": st.one_of(labels, st.none(), st.lists(st.integers(), max_size=2), st.dictionaries(labels, labels, max_size=1)),
+    "user": st.one_of(labels, st.none(), st.booleans()),
+    "temp": st.one_of(st.floats(-1e6, 1e6), st.integers(-10**6, 10**6), st.integers(2**53, 2**70), st.none(),
+                      st.floats(allow_nan=True, allow_infinity=True), st.just("12"), st.booleans()),
+    "bytes": st.one_of(st.integers(0, 10**6), st.none()),
+    "extra": st.one_of(st.integers(), labels, st.dictionaries(labels, st.integers(), max_size=2)),
+}
+CLEAN_VALUES = {
+    "time": st.integers(T0, T0 + 10**7),
+    "device": labels,
+    "site": labels,
+    "kind": st.one_of(labels, st.none()),
+    "user": st.one_of(labels, st.none()),
+    "temp": st.one_of(st.floats(-1e6, 1e6), st.integers(-10**6, 10**6), st.none()),
+    "bytes": st.integers(0, 10**6),
+}
+
+
+def events_from(values: dict, required: tuple[str, ...]) -> st.SearchStrategy[dict]:
+    optional = {k: v for k, v in values.items() if k not in required}
+    return st.fixed_dictionaries({k: values[k] for k in required}, optional=optional)
+
+
+any_event = st.one_of(events_from(FIELD_VALUES, ()), events_from(FIELD_VALUES, ("time", "device")),
+                      st.none(), st.integers(), st.lists(st.integers(), max_size=2))
+clean_event = events_from(CLEAN_VALUES, ("time", "device"))
+
+
+def ndjson(events: list, *, blank_lines: bool = False, two_on_a_line: bool = False, broken: bool = False) -> bytes:
+    lines = [json.dumps(e) for e in events]
+    if two_on_a_line and len(lines) > 1:
+        lines[0:2] = [lines[0] + " " + lines[1]]
+    if broken and lines:
+        lines[-1] = lines[-1][:-1]
+    if blank_lines:
+        lines.insert(len(lines) // 2, "  ")
+    return "\n".join(lines).encode()
+
+
+def per_event(body: bytes, content_type: str) -> tuple[list, list[int]]:
+    """What the per-event path makes of a body: the valid events, and the indexes it rejects."""
+    accepted, rejected = [], []
+    validator = EventValidator(STREAM)
+    for index, raw in enumerate(parse_events(body, content_type)):
+        if isinstance(raw, MalformedLine):
+            rejected.append(index)
+            continue
+        try:
+            event = validator.validate(raw)
+        except ValueError:
+            rejected.append(index)
+            continue
+        if violation(raw, LIMITS):
+            rejected.append(index)
+            continue
+        accepted.append(event)
+    return accepted, rejected
+
+
+def assert_same_as_per_event(body: bytes, content_type: str):
+    columns = columnar_body(STREAM, body, content_type, LIMITS)
+    if columns is None:
+        return None
+    accepted, rejected = per_event(body, content_type)
+    assert rejected == [], f"the columnar path took a body the per-event path rejects in part: {body[:300]!r}"
+    assert columns_to_batch(STREAM, columns, INGEST_MS).equals(events_to_batch(STREAM, accepted, INGEST_MS))
+    return columns
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(any_event, min_size=1, max_size=8), blank=st.booleans(), two=st.booleans(), broken=st.booleans())
+def test_an_ndjson_body_taken_as_columns_is_one_the_per_event_path_accepts_whole(events, blank, two, broken):
+    assert_same_as_per_event(ndjson(events, blank_lines=blank, two_on_a_line=two, broken=broken),
+                             "application/x-ndjson")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(any_event, min_size=0, max_size=8))
+def test_a_json_array_taken_as_columns_is_one_the_per_event_path_accepts_whole(events):
+    assert_same_as_per_event(json.dumps(events).encode(), "application/json")
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=st.lists(clean_event, min_size=1, max_size=30), array=st.booleans())
+def test_plain_valid_bodies_take_the_columnar_path(events, array):
+    body, content_type = (json.dumps(events).encode(), "application/json") if array else \
+        (ndjson(events), "application/x-ndjson")
+    columns = assert_same_as_per_event(body, content_type)
+    assert columns is not None and columns.num_rows == len(events)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"time": 1795000000000, "device": "d", "site": "a\xff"}',  # not UTF-8: the 400 is the per-event path's
+    b'{"time": 1795000000000, "device": "d"} {"time": 1795000000000, "device": "e"}',  # two on a line
+    b'{"time": 1795000000000, "device": "d", "device": "e"}',  # a name twice
+    b'{"time": 1795000000000, "device": "d", "temp": NaN}',
+    b'{"time": 1795000000000, "device": "d", "temp": 1e999}',
+    b'{"time": -9223372036854775808, "device": "d"}',  # abs() of it would wrap into the valid range
+    b'{"time": 1795000000000, "device": "d", "note": "undeclared fields stay JSON text"}',
+    b'{"time": 1795000000000, "device": null}',
+    b'{"time": 1795000000000.5, "device": "d"}',
+    b'{"time": 1795000000000, "device": "d", "site": "\\ud800"}',
+], ids=lambda b: b[:40].decode("utf-8", "replace"))
+def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
+    assert columnar_events(STREAM, body) is None
+
+
+def test_tighter_json_bounds_than_the_validator_turn_the_columnar_path_off():
+    assert limits_allow(JsonLimits())
+    assert not limits_allow(JsonLimits(max_string_chars=100))
+    assert not limits_allow(JsonLimits(max_int_digits=12))
+    body = ndjson([{"time": T0, "device": "d" * 200}])
+    assert columnar_body(STREAM, body, "application/x-ndjson", JsonLimits(max_string_chars=100)) is None
+    assert columnar_body(STREAM, body, "application/x-ndjson", JsonLimits()) is not None
+
+
+def test_seconds_become_milliseconds_and_big_integers_round_like_python():
+    body = ndjson([{"time": 1_795_000_000, "device": "d", "temp": 2**60 + 1}])
+    columns = assert_same_as_per_event(body, "application/x-ndjson")
+    assert columns.column("time").to_pylist() == [1_795_000_000_000]
+    assert columns.column("temp").to_pylist() == [float(2**60 + 1)]
+    assert not math.isnan(columns.column("temp")[0].as_py())
