@@ -8,9 +8,10 @@ themselves).
 Ids are remembered by ingest time, for the stream's `dedup_window`, and pruned after it. The
 pruning horizon follows what the pipeline has read, not the wall clock: per partition, the
 newest ingest time read from it (`event_id_partitions`); a partition read up to the log's end
-counts as `now` (what it gets next is appended from now on). The horizon is the oldest of
+counts as the newest of them (what it gets next is appended after that). The horizon is the oldest of
 these minus the window, so a partition that lags (a replay, a catch-up after downtime) holds
-pruning back and its later records still meet the ids of their earlier copies. (Spark's
+pruning back and its later records still meet the ids of their earlier copies; the pipeline's
+clock plays no part. (Spark's
 global watermark, by contrast, would drop the lagging partition's records.) Pure, apart from
 `apply` and `lookup`, which take a DB-API cursor and the backend's placeholder.
 """
@@ -41,22 +42,27 @@ def advance_positions(before: Mapping[int, int], batch: Mapping[int, int]) -> di
     return out
 
 
-def prune_horizon(positions: Mapping[int, int], window_ms: int, *, now_ms: int,
-                  read_offsets: Mapping[int, int], log_end_offsets: Mapping[int, int]) -> int | None:
+def prune_horizon(positions: Mapping[int, int], window_ms: int, *, read_offsets: Mapping[int, int],
+                  log_end_offsets: Mapping[int, int]) -> int | None:
     """Ids counted before this ingest time can match no record still to be read: each such
-    record has an ingest time of at least the oldest partition's position (`now_ms` for a
-    partition read to the log's end), and matches ids within `window_ms` of it. None: nothing
-    known yet (no pruning). A partition with unread records and no position holds pruning off."""
+    record has an ingest time of at least the oldest partition's position, and matches ids
+    within `window_ms` of it. A partition read to the log's end counts as the newest position
+    of all: what it gets next is appended after that. (The log's own time, never the pipeline's
+    clock: an API whose clock is behind the pipeline's must not get its retries' ids pruned.)
+    None: nothing known yet, or a partition with unread records and no position (no pruning)."""
+    if not positions:
+        return None
+    newest = max(positions.values())
     lows = []
     for p in set(positions) | set(log_end_offsets):
         end = log_end_offsets.get(p)
         if end is not None and read_offsets.get(p, 0) >= end:
-            lows.append(now_ms)  # caught up: what comes next is appended from now on
+            lows.append(newest)  # caught up
         elif p in positions:
             lows.append(positions[p])
         elif end:  # unread records of an unknown age
             return None
-    return min(lows) - window_ms if lows else None
+    return min(lows) - window_ms
 
 
 def lookup(cursor, stream: str, ids: Sequence[str], placeholder: str) -> dict[str, int]:
@@ -81,7 +87,7 @@ def duplicate_counts(cursor) -> dict[str, int]:
 
 
 def apply(cursor, commit: EventIdCommit, *, end_offsets: Mapping[str, Mapping[int, int]],
-          log_end_offsets: Mapping[str, Mapping[int, int]], now_ms: int, placeholder: str) -> None:
+          log_end_offsets: Mapping[str, Mapping[int, int]], placeholder: str) -> None:
     """Save a batch's event ids, partition positions and duplicate counts, then prune the ids
     past each stream's horizon; the caller owns the transaction."""
     q = placeholder
@@ -104,7 +110,7 @@ def apply(cursor, commit: EventIdCommit, *, end_offsets: Mapping[str, Mapping[in
             cursor.executemany(
                 f"INSERT INTO event_id_partitions (stream, partition, read_ingest_ms) VALUES ({q}, {q}, {q})"
                 " ON CONFLICT (stream, partition) DO UPDATE SET read_ingest_ms = excluded.read_ingest_ms", changed)
-        horizon = prune_horizon(positions, window, now_ms=now_ms, read_offsets=end_offsets.get(stream, {}),
+        horizon = prune_horizon(positions, window, read_offsets=end_offsets.get(stream, {}),
                                 log_end_offsets=log_end_offsets.get(stream, {}))
         if horizon is not None:
             cursor.execute(f"DELETE FROM seen_event_ids WHERE stream = {q} AND ingest_ms < {q}", (stream, horizon))

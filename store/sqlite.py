@@ -181,7 +181,7 @@ class SqlitePaneStore(PaneStore):
             bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         if commit.event_ids is not None:
             event_ids.apply(conn.cursor(), commit.event_ids, end_offsets=commit.end_offsets,
-                            log_end_offsets=commit.log_end_offsets, now_ms=now_ms, placeholder="?")
+                            log_end_offsets=commit.log_end_offsets, placeholder="?")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(

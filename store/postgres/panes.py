@@ -179,7 +179,7 @@ class PostgresPaneStore(PaneStore):
         if commit.event_ids is not None:
             with conn.cursor() as cur:
                 event_ids.apply(cur, commit.event_ids, end_offsets=commit.end_offsets,
-                                log_end_offsets=commit.log_end_offsets, now_ms=now_ms, placeholder="%s")
+                                log_end_offsets=commit.log_end_offsets, placeholder="%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(

@@ -97,17 +97,18 @@ def test_an_empty_batch_judges_nothing():
 # -- pruning ------------------------------------------------------------------------------
 
 def test_the_horizon_follows_the_oldest_partition_read_not_the_clock():
-    now = 10 * 3_600_000
+    t = 10 * 3_600_000
     # Partition 1 lags two hours behind (a catch-up): ids of its time must stay.
-    horizon = prune_horizon({0: now - MIN, 1: now - 2 * 3_600_000}, 10 * MIN, now_ms=now,
-                            read_offsets={0: 50, 1: 10}, log_end_offsets={0: 60, 1: 500})
-    assert horizon == now - 2 * 3_600_000 - 10 * MIN
-    # Both read to the log's end: what comes next is appended from now on.
-    assert prune_horizon({0: now - 3_600_000, 1: now - 2 * 3_600_000}, 10 * MIN, now_ms=now,
-                         read_offsets={0: 60, 1: 500}, log_end_offsets={0: 60, 1: 500}) == now - 10 * MIN
+    horizon = prune_horizon({0: t - MIN, 1: t - 2 * 3_600_000}, 10 * MIN, read_offsets={0: 50, 1: 10},
+                            log_end_offsets={0: 60, 1: 500})
+    assert horizon == t - 2 * 3_600_000 - 10 * MIN
+    # Both read to the log's end: what comes next is appended after the newest record read.
+    assert prune_horizon({0: t - 3_600_000, 1: t - 2 * 3_600_000}, 10 * MIN, read_offsets={0: 60, 1: 500},
+                         log_end_offsets={0: 60, 1: 500}) == t - 3_600_000 - 10 * MIN
     # A partition with unread records of unknown age holds pruning off; nothing known: none.
-    assert prune_horizon({0: now}, MIN, now_ms=now, read_offsets={}, log_end_offsets={0: 5, 1: 7}) is None
-    assert prune_horizon({}, MIN, now_ms=now, read_offsets={}, log_end_offsets={}) is None
+    assert prune_horizon({0: t}, MIN, read_offsets={}, log_end_offsets={0: 5, 1: 7}) is None
+    assert prune_horizon({0: t}, MIN, read_offsets={}, log_end_offsets={0: 5, 1: 0}) == t - MIN  # 1 is empty
+    assert prune_horizon({}, MIN, read_offsets={}, log_end_offsets={}) is None
     assert advance_positions({0: 5, 1: 9}, {1: 7, 2: 3}) == {0: 5, 1: 9, 2: 3}
 
 
@@ -196,9 +197,9 @@ def test_ids_are_pruned_once_every_partition_read_is_past_the_window(store_backe
     store.commit_batch(batch(1, [("c", T0 + 12 * MIN)], 0, {0: T0 + 12 * MIN}, end=3, log_end=50),
                        lateness_ms={}, now_ms=T0 + 99 * MIN)
     assert set(store.seen_event_ids("orders", ["a", "b", "c"])) == {"b", "c"}  # a: older than 12 - 10 minutes
-    # Read to the log's end: the horizon is the clock's.
-    store.commit_batch(batch(2, [], 0, {}, end=50, log_end=50), lateness_ms={}, now_ms=T0 + 22 * MIN + 1)
-    assert store.seen_event_ids("orders", ["a", "b", "c"]) == {}
+    # Read to the log's end: past the window of the newest record read, whatever the clock says.
+    store.commit_batch(batch(2, [], 0, {0: T0 + 21 * MIN}, end=50, log_end=50), lateness_ms={}, now_ms=T0)
+    assert store.seen_event_ids("orders", ["a", "b", "c"]) == {"c": T0 + 12 * MIN}
 
 
 def test_a_failed_commit_saves_no_id(store_backend):
