@@ -26,7 +26,8 @@ from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
 
-log = logging.getLogger("sketchboard.pipeline")
+LOGGER = "sketchboard.pipeline"
+log = logging.getLogger(LOGGER)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Pipeline:
         self.last_result: CommitResult | None = None
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # Store commits retried while the storage fails, errors reported (aggregates/store_commit.py).
-        self.committer = StoreCommitter(store, config.name, self.gate, log=log, clock=clock)
+        self.committer = StoreCommitter(store, config.name, self.gate, log=logging.getLogger(LOGGER), clock=clock)
         # Called after each batch the store committed, with (batch id, end offsets, commit time):
         # copies of the offsets for others to see (the consumer registry, a Kafka consumer group).
         # Never the source of truth: a listener's failure is logged and counted, the batch stands.

@@ -71,11 +71,11 @@ def test_each_event_id_counts_once_in_a_batch_across_batches_and_across_a_crash(
     rng = random.Random(23)
 
     def pipeline() -> Pipeline:
-        config = service.test_log.pipeline_config(max_records_per_batch=1_500, max_records_per_task=20_000)
+        config = service.test_log.pipeline_config(max_records_per_batch=100_000, max_records_per_task=20_000)
         return Pipeline(spark, catalog, store_backend.reopen(service.store), config,
                         log=service.test_log.open(catalog), clock=lambda: (T0 + 600_000) / 1000)
 
-    # 1. Copies within one request (one batch or two), and records logged without an id.
+    # 1. Copies within one batch, and records logged without an id (before the stream declared one).
     first = orders(3000, 0, rng)
     service.post("orders", with_copies(first, 300, rng))
     no_id = catalog.streams["orders"].model_copy(update={"event_id_field": None, "dedup_window": None})
@@ -89,8 +89,10 @@ def test_each_event_id_counts_once_in_a_batch_across_batches_and_across_a_crash(
     assert (s.duplicates_dropped, s.events_dead_lettered) == (300, 4)
     assert s.dead_lettered_by_reason == {("invalid" if service.test_log.kafka else "missing_event_id"): 4}
 
-    # 2. Retries of events counted in earlier batches, new events and their copies; the pipeline
-    # dies inside its first store commit, after the batch's ids were written: nothing of it stays.
+    # 2. Retries of events counted in an earlier batch, new events and their copies; the pipeline
+    # dies inside its store commit, after the batch's ids were written: nothing of it stays, and
+    # the batch Spark replays at the next start is judged afresh. (A batch replayed after its
+    # commit is skipped by its batch id before any of this: test_pipeline.py.)
     second = orders(1500, 3000, rng)
     service.post("orders", with_copies(rng.sample(first, 400) + with_copies(second, 100, rng), 0, rng))
     real_apply = store_event_ids.apply
@@ -106,16 +108,6 @@ def test_each_event_id_counts_once_in_a_batch_across_batches_and_across_a_crash(
     last = service.store.last_batch_id("main")
     pipeline().run_until_drained()  # replays the batch Spark logged but the store did not record
     assert service.store.last_batch_id("main") > last
-    assert_exact(service.store, first + second)
-
-    # 3. The batch replayed after a crash between the store's commit and Spark's: skipped.
-    done = service.store.last_batch_id("main")
-    commit_log = service.root / "checkpoints" / "main" / "commits" / str(done)
-    commit_log.unlink()
-    commit_log.with_name(f".{done}.crc").unlink(missing_ok=True)
-    again = pipeline()
-    again.run_until_drained()
-    assert again.last_result is not None and again.last_result.committed is False
     assert_exact(service.store, first + second)
 
     # The counters, in the pipeline's status and in /metrics.
