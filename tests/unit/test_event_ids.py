@@ -210,3 +210,13 @@ def test_a_failed_commit_saves_no_id(store_backend):
         store.commit_batch(bad, lateness_ms={}, now_ms=T0)
     assert store.seen_event_ids("orders", ["a"]) == {}
     assert store.last_batch_id("main") is None
+
+
+def test_the_demo_gives_every_event_its_own_id_where_the_stream_declares_one():
+    from ingest.demo import DemoTraffic
+
+    cat = Catalog(streams={"orders": stream(event_id_field="rid")})
+    events = DemoTraffic(cat, seed=1).generate_stream("orders", 500) + DemoTraffic(cat, seed=1).generate_stream("orders", 500)
+    assert len({e["rid"] for e in events}) == 1000  # the same seed twice: still no id in common
+    v = EventValidator(cat.streams["orders"])
+    assert all(v.validate(e) for e in events)
