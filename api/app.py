@@ -34,7 +34,8 @@ from api.security.headers import DASHBOARD_HEADERS
 from api.security.middleware import SecurityMiddleware
 from api.ws_hub import Hub, HubConfig
 from ingest.log import LogUnavailable
-from lag.feed import LagFeed, query_health
+from lag.feed import LagFeed
+from store.health import query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
@@ -43,8 +44,8 @@ _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/htm
 
 def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
     """`feeds`: broadcast feeds for the websocket (objects with `topic` and `poll()`); each
-    replaces the built-in feed of its topic (pipeline, corrections, lag). More can be added later
-    with app.state.hub.add_feed. With ctx.alerts, the alert routes and the `alerts` feed are added."""
+    replaces the built-in feed of its topic (pipeline, corrections, lag). With ctx.alerts, the
+    alert routes and the `alerts` feed are added."""
     # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
     built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query),
@@ -68,7 +69,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         title="Sketchboard",
         version="1",
         description="Event-time windowed metrics from mergeable sketches. Send events, query series;"
-        " live updates over WS /api/v1/ws (see the README for the protocol).",
+        " live updates over WS /api/v1/ws (see docs/websocket.md for the protocol).",
         lifespan=lifespan,
     )
 

@@ -26,6 +26,7 @@ FieldName = Annotated[str, Field(pattern=NAME_RE)]
 COUNT_STATS = ("count", "rate")
 VALUE_STATS = ("sum", "avg", "min", "max")
 DISTINCT_STATS = ("distinct",)
+FIRST_SEEN_STATS = ("first_seen", "first-seen")  # the second spelling as the contract's prose writes it
 
 
 class CatalogReferenceError(ValueError):
@@ -59,7 +60,7 @@ class StreamDef(BaseModel):
     allowed_lateness: DurationMs = 30_000
     partitions: int = Field(default=4, ge=1, le=256)
     # A partition with unread records from which nothing was read for this long no longer holds
-    # the stream's watermark back (store/watermarks.py; README "Watermarks per partition").
+    # the stream's watermark back (store/watermarks.py; docs/event-time.md, "Watermark").
     partition_idle_timeout: DurationMs = DEFAULT_PARTITION_IDLE_TIMEOUT_MS
     # Bloom-filter and session features (catalog/features.py); derived_from: set on generated streams.
     first_seen: FirstSeenDef | None = None
@@ -195,7 +196,7 @@ class MetricDef(BaseModel):
             return float(match.group(1)) / 100.0
         if stat in COUNT_STATS:
             return None
-        if stat in ("first_seen", "first-seen"):
+        if stat in FIRST_SEEN_STATS:
             if not self.first_seen:
                 raise ValueError(f"metric {self.name!r} does not declare first_seen")
             return None

@@ -20,30 +20,15 @@ from catalog import load_catalog
 from ingest.log import SqliteEventLog
 from store import SqlitePaneStore
 from store.tiers import catalog_layouts
+from tests.support.clock import NOW_S, FakeClock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "config" / "streams.yaml"
 
-NOW_S = 1_800_000_000.0  # 2027-01-15T08:00:00Z, a multiple of one minute
 NOW_MS = int(NOW_S * 1000)
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_EVENTS = 1000
-
-
-class FakeClock:
-    """A clock tests can set: returns epoch seconds, like time.time."""
-
-    def __init__(self, now: float = NOW_S):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def catalog():
-    return load_catalog(CONFIG)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from ingest.events import EventValidator
 from store import dims_key
 from store.panes import advance_watermark, is_final, pane_start
 from tests.log_backends import TestLog
+from tests.support.events import validate_many
 
 STREAM = "http_requests"
 DAY = 86_400_000
@@ -64,7 +65,7 @@ def write_straggler_log(test_log: TestLog, catalog: Catalog, base_ms: int, *, n:
     out = StragglerLog(base_ms)
     for i in range(0, len(events), chunk):
         part = events[i : i + chunk]
-        good, rejected = validator.validate_many([e for _, e in part])
+        good, rejected = validate_many(validator, [e for _, e in part])
         assert not rejected, rejected[:1]
         log.append(stream, good, max(a for a, _ in part))
         out.records += len(good)
@@ -92,7 +93,7 @@ def oracle(test_log: TestLog, checkpoint_dir: Path, catalog: Catalog, batch_now_
     """Replay the batches Spark logged (checkpoints/offsets/N), classify each record with the
     dead-letter rule, and apply the finality rule with the watermark as of each batch start.
 
-    The watermark is per partition (README: Watermarks per partition), written out here for a
+    The watermark is per partition (docs/event-time.md: Watermark), written out here for a
     log that was complete before the pipeline started and a clock that stands still (no
     partition goes idle): the minimum of (newest merged event - lateness) over the partitions
     that still have unread records, held where it is while one of those has merged nothing;
