@@ -10,6 +10,7 @@ from typing import Any
 
 from catalog import Catalog
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, ValueStats
+from store.event_ids import EventIdCommit
 
 
 def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[list[PanePartial], dict[str, int]]:
@@ -83,9 +84,12 @@ def partition_max_events(rows: Iterable[Mapping[str, Any]], catalog: Catalog,
 
 def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]], catalog: Catalog,
                  end_offsets: Mapping[str, Mapping[int, int]], *, batch_now_ms: int | None = None,
-                 log_end_offsets: Mapping[str, Mapping[int, int]] | None = None) -> BatchCommit:
+                 log_end_offsets: Mapping[str, Mapping[int, int]] | None = None,
+                 event_ids: EventIdCommit | None = None) -> BatchCommit:
     """The store commit of a batch; `log_end_offsets` are the log's end offsets as seen now,
-    which tell the store which partitions still have unread records (store/watermarks.py)."""
+    which tell the store which partitions still have unread records (store/watermarks.py).
+    `event_ids`: the batch's duplicates were taken out before `rows` were aggregated
+    (aggregates/duplicates.py); they count as read."""
     rows = list(rows)
     partials, max_event = rows_to_partials(rows, catalog)
     dead = rows_to_dead_letters(rows, catalog)
@@ -98,6 +102,8 @@ def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]]
         read[row["stream"]] += row["count"]
         if row.get("dead_reason") is not None:
             dead_counts[row["stream"]][row["dead_reason"]] += row["count"]
+    for stream, n in (event_ids.duplicates if event_ids is not None else {}).items():
+        read[stream] += n
     return BatchCommit(
         pipeline=pipeline,
         batch_id=batch_id,
@@ -111,6 +117,7 @@ def build_commit(pipeline: str, batch_id: int, rows: Iterable[Mapping[str, Any]]
         read_by_stream=dict(read),
         dead_by_stream={s: dict(r) for s, r in dead_counts.items()},
         batch_now_ms=batch_now_ms,
+        event_ids=event_ids,
     )
 
 

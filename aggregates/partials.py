@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, UNPARSEABLE
+from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
 from catalog import Catalog, StreamDef
 from sketches import DEFAULT_K, DEFAULT_LG_K
 
@@ -42,13 +42,36 @@ def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
     retention = per_stream(catalog, lambda s: s.retention)
     skew = per_stream(catalog, lambda s: s.max_future_skew)
     event_time, ingest_time = F.col("event_time"), F.col("ingest_time")
-    return (
+    reason = (
         F.when(F.col("error").isNotNull(), F.coalesce(F.col("error_kind"), F.lit(UNPARSEABLE)))
         .when(event_time.isNull() | ingest_time.isNull(), F.lit(UNPARSEABLE))
-        .when(event_time < F.lit(batch_now_ms) - retention, F.lit(BEYOND_RETENTION))
+    )
+    missing_id = event_id_missing_column(catalog)
+    if missing_id is not None:
+        reason = reason.when(missing_id, F.lit(MISSING_EVENT_ID))
+    return (
+        reason.when(event_time < F.lit(batch_now_ms) - retention, F.lit(BEYOND_RETENTION))
         .when(event_time > ingest_time + skew, F.lit(FUTURE_SKEW))
         .otherwise(F.lit(None).cast("string"))
     )
+
+
+def event_id_column(stream: StreamDef) -> Column:
+    """A row's event id (null when it has none), for a stream that declares event_id_field."""
+    return F.get(F.col("ids"), stream.source_ids.index(stream.event_id_field))
+
+
+def event_id_missing_column(catalog: Catalog) -> Column | None:
+    """True for a row of a stream with an event_id_field that carries no id; None (no
+    expression at all, so streams without event ids pay nothing) when no stream declares one."""
+    cases = [(F.col("stream") == s.name) & event_id_column(s).isNull()
+             for s in catalog.streams.values() if s.event_id_field]
+    if not cases:
+        return None
+    out = cases[0]
+    for case in cases[1:]:
+        out = out | case
+    return out
 
 
 def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,

@@ -14,10 +14,11 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
-from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
+from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.store_commit import StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, SqliteEventLog
@@ -25,7 +26,8 @@ from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
 
-log = logging.getLogger("sketchboard.pipeline")
+LOGGER = "sketchboard.pipeline"
+log = logging.getLogger(LOGGER)
 
 
 @dataclass(frozen=True)
@@ -60,15 +62,25 @@ class Pipeline:
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
-        # Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged.
-        self.health = None
+        # Store commits retried while the storage fails, errors reported (aggregates/store_commit.py).
+        self.committer = StoreCommitter(store, config.name, self.gate, log=logging.getLogger(LOGGER), clock=clock)
         # Called after each batch the store committed, with (batch id, end offsets, commit time):
         # copies of the offsets for others to see (the consumer registry, a Kafka consumer group).
         # Never the source of truth: a listener's failure is logged and counted, the batch stands.
         self.commit_listeners: list[CommitListener] = []
         self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
+        self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         configure_tiers(store, catalog, clock)
+
+    @property
+    def health(self):
+        """Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged."""
+        return self.committer.health
+
+    @health.setter
+    def health(self, health) -> None:
+        self.committer.health = health
 
     def stream(self) -> DataFrame:
         return read_log(self.spark, self.catalog, self.config, self.config.checkpoint_dir)
@@ -84,11 +96,17 @@ class Pipeline:
         # The clock is read once per batch and passed into the job as a literal: every
         # executor judges retention against the same instant.
         batch_now_ms = int(self.clock() * 1000)
+        event_ids = None
+        if self.duplicates.enabled:
+            # Copies of an event id counted before are taken out first: nothing below sees them.
+            deduped = self.duplicates.process(batch, batch_now_ms)
+            batch, event_ids = deduped.batch, deduped.commit
+        deduped_at = time.perf_counter()
         rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                        lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
         commit = build_commit(self.config.name, batch_id, rows, self.catalog,
                               batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
-                              batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets())
+                              batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(), event_ids=event_ids)
         if self.bloom.enabled:
             # Only the records merged into panes are keys seen: dead letters are not.
             merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
@@ -97,41 +115,20 @@ class Pipeline:
         retention = {name: s.retention for name, s in self.catalog.streams.items()}
         idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
         computed = time.perf_counter()
-        result = commit_with_retry(
-            lambda: self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
-                                            retention_ms=retention, idle_timeout_ms=idle),
-            wait=self.gate.sleep, report=lambda error, attempt: self._store_error(batch_id, error, attempt))
+        result = self.committer.commit(commit, lateness_ms=lateness, retention_ms=retention, idle_timeout_ms=idle)
         done = time.perf_counter()
         log.info(
-            "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered"
-            " in %.0f ms (Spark %.0f ms, store commit %.0f ms)",
+            "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"
+            " %d duplicates dropped in %.0f ms (event ids %.0f ms, Spark %.0f ms, store commit %.0f ms)",
             batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
-            result.corrections, result.dead_letters, (done - started) * 1000, (computed - started) * 1000,
+            result.corrections, result.dead_letters, sum(event_ids.duplicates.values()) if event_ids else 0,
+            (done - started) * 1000, (deduped_at - started) * 1000, (computed - deduped_at) * 1000,
             (done - computed) * 1000,
         )
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
-
-    def _store_error(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
-        """Say that the store commit fails (and is retried), or that it went through again: in
-        the log, and in the health store that the API reads, where that can still be written."""
-        at_ms = int(self.clock() * 1000)
-        if error is None:
-            log.warning("batch %d: the store took the commit after %d failed tries", batch_id, attempt)
-        else:
-            log.warning("batch %d: the store commit failed (try %d), retrying: %s: %s", batch_id, attempt + 1,
-                        type(error).__name__, error)
-        if self.health is None:
-            return
-        try:
-            if error is None:
-                self.health.store_recovered(self.config.name, at_ms)
-            else:
-                self.health.store_failing(self.config.name, f"{type(error).__name__}: {error}", at_ms)
-        except Exception as exc:  # the same full disk, most likely: the log line above says it
-            log.debug("could not record the store error: %s", exc)
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
         self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)

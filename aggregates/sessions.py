@@ -31,6 +31,7 @@ from aggregates.commit import build_commit
 from aggregates.partials import partial_aggregates
 from aggregates.batch_gate import BatchGate
 from aggregates.pipeline import PipelineConfig, batch_end_offsets, configure_tiers, drain, read_log, start_query
+from aggregates.store_commit import StoreCommitter
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
 from store import CommitResult, PaneStore
@@ -55,12 +56,24 @@ class SessionPipeline:
         self.checkpoint_dir = Path(config.checkpoint_dir).parent / self.name
         self.config = config
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
+        # Store commits retried while the storage fails, reported under the serving pipeline's name
+        # (the one the API shows) with this query's name in the message.
+        self.committer = StoreCommitter(store, self.name, self.gate, log=log, clock=clock, reported_as=config.name)
         # The source reads only this stream; the aggregation knows only the derived stream.
         self.source_catalog = Catalog(streams={stream: source.model_copy(update={"sessions": None})})
         self.derived_catalog = Catalog(streams={self.derived.name: self.derived})
         self.last_result: CommitResult | None = None
         self.last_watermark_ms: int | None = None
         configure_tiers(store, self.derived_catalog, clock)
+
+    @property
+    def health(self):
+        """Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged."""
+        return self.committer.health
+
+    @health.setter
+    def health(self, health) -> None:
+        self.committer.health = health
 
     def sessions(self, events: DataFrame) -> DataFrame:
         """Closed sessions (append mode): key, first_ms, last_ms, events."""
@@ -110,9 +123,8 @@ class SessionPipeline:
         commit = build_commit(self.name, batch_id, rows, self.derived_catalog,
                               batch_end_offsets(self.config, self.source_catalog, self.checkpoint_dir, batch_id),
                               batch_now_ms=batch_now_ms)
-        result = self.store.commit_batch(commit, lateness_ms={self.derived.name: self.derived.allowed_lateness},
-                                         now_ms=batch_now_ms,
-                                         retention_ms={self.derived.name: self.derived.retention})
+        result = self.committer.commit(commit, lateness_ms={self.derived.name: self.derived.allowed_lateness},
+                                       retention_ms={self.derived.name: self.derived.retention})
         log.info("%s: batch %d: %d sessions closed -> %d panes", self.name, batch_id, commit.events_read,
                  len(commit.partials))
         self.last_result = result

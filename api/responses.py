@@ -69,9 +69,12 @@ class StreamProgressOut(BaseModel):
     max_event_ms: int | None
     events_in_log: int
     events_aggregated: int
-    events_read: int = Field(description="events_aggregated + events_dead_lettered, always")
+    events_read: int = Field(description="events_aggregated + events_dead_lettered + duplicates_dropped, always")
     events_dead_lettered: int
     dead_lettered_by_reason: dict[str, int]
+    duplicates_dropped: int | None = Field(
+        description="events dropped as copies of an event id counted within the stream's dedup_window;"
+                    " null when the stream declares no event_id_field")
     corrections: int
     panes: int
     lag_events: int

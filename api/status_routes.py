@@ -69,10 +69,13 @@ def pipeline_status(ctx: ApiContext) -> dict:
             "max_event_ms": s.max_event_ms if s else None,
             "events_in_log": sum(o.end - o.start for o in offsets.values()),
             "events_aggregated": s.events_aggregated if s else 0,
-            # read = aggregated + dead-lettered, always (checked in every batch's commit)
+            # read = aggregated + dead-lettered + duplicates dropped, always (checked in every batch's commit)
             "events_read": s.events_read if s else 0,
             "events_dead_lettered": s.events_dead_lettered if s else 0,
             "dead_lettered_by_reason": dict(s.dead_lettered_by_reason) if s else {},
+            # null: the stream declares no event_id_field (aggregates/event_ids.py)
+            "duplicates_dropped": (s.duplicates_dropped if s else 0) if ctx.catalog.streams[name].event_id_field
+            else None,
             "corrections": s.corrections if s else 0,
             "panes": s.panes if s else 0,
             "lag_events": sum(p["lag_events"] for p in partitions.values()),
@@ -174,13 +177,18 @@ class _StoredMetrics:
                                    labels=["stream"])
         by_reason = CounterMetricFamily("sketchboard_events_dead_lettered_by_reason",
                                         "Events sent to the dead-letter table, per reason", labels=["stream", "reason"])
+        duplicates = CounterMetricFamily("sketchboard_duplicate_events_dropped",
+                                         "Events dropped as copies of an event id counted within the stream's"
+                                         " dedup_window (streams with an event_id_field)", labels=["stream"])
         for name, s in status["streams"].items():
+            if s["duplicates_dropped"] is not None:
+                duplicates.add_metric([name], s["duplicates_dropped"])
             events_in.add_metric([name], sum(p["log_end"] for p in s["partitions"].values()))
             aggregated.add_metric([name], s["events_aggregated"])
             dead.add_metric([name], s["events_dead_lettered"])
             for reason, n in sorted(s["dead_lettered_by_reason"].items()):
                 by_reason.add_metric([name, reason], n)
-        yield from (events_in, aggregated, dead, by_reason)
+        yield from (events_in, aggregated, dead, by_reason, duplicates)
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()

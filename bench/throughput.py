@@ -2,7 +2,7 @@
 
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
-                               [--kafka-jvm-validation]
+                               [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -17,7 +17,10 @@
    Kafka (idempotent producer, acks=all, answered once the broker acknowledged every event).
 A table at the end puts each log's figures side by side. `--kafka-jvm-validation` turns the
 Kafka source's JVM fast path on (ingest/kafka_fast_path.py; off by default, where every record
-goes through the API's validator in Python). Figures are printed, never asserted.
+goes through the API's validator in Python). `--event-ids` declares `event_id_field: request_id`
+on every stream and gives each event a unique one (`--duplicates`: that share of events is sent
+twice), to measure exact duplicate drops (aggregates/duplicates.py) against a run without.
+Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -39,14 +42,35 @@ from sketchboard.settings import DEFAULT_STREAMS
 from store import SqlitePaneStore
 
 
-def fill_log(log, catalog, events: int, chunk: int = 50_000) -> float:
-    """Append N demo events (validated like the API does) in chunks; returns seconds spent appending."""
+EVENT_ID_FIELD = "request_id"
+
+
+def with_event_ids(catalog):
+    """The catalog with `event_id_field: request_id` on every stream read from the log."""
+    from catalog import Catalog
+
+    streams = {name: s if s.derived_from else s.model_copy(update={"event_id_field": EVENT_ID_FIELD})
+               for name, s in catalog.streams.items()}
+    return Catalog(streams=streams, metrics=catalog.metrics)
+
+
+def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: float = 0.0) -> float:
+    """Append N demo events (validated like the API does) in chunks; returns seconds spent appending.
+    Streams with an event_id_field get a unique id per event, and `duplicates` of them a copy."""
+    import random
+
     traffic = DemoTraffic(catalog, seed=7)
     validators = {name: EventValidator(s) for name, s in catalog.streams.items()}
-    spent, done = 0.0, 0
+    spent, done, serial = 0.0, 0, 0
+    rng = random.Random(7)
     while done < events:
         generated = traffic.generate(min(chunk, events - done))
         for name, raws in generated.items():
+            if catalog.streams[name].event_id_field:
+                for raw in raws:
+                    raw[EVENT_ID_FIELD] = f"r{serial}"
+                    serial += 1
+                raws = raws + [dict(r) for r in rng.sample(raws, int(len(raws) * duplicates))]
             valid = [validators[name].validate(r) for r in raws]
             started = time.perf_counter()
             log.append(catalog.streams[name], valid, int(time.time() * 1000))
@@ -57,7 +81,7 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000) -> float:
 
 
 def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
-                   *, fast_path: bool = False, figures: dict | None = None) -> float:
+                   *, fast_path: bool = False, figures: dict | None = None, duplicates: float = 0.0) -> float:
     """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
     (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -77,7 +101,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
     print(f"[{what}] filling the log with {events:,} demo events ...", flush=True)
-    append_s = fill_log(log, catalog, events)
+    append_s = fill_log(log, catalog, events, duplicates=duplicates)
     total = sum(o.end for name in catalog.streams for o in log.offsets(name).values())
     print(f"[{what}] log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
     log.close()
@@ -91,6 +115,9 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     print(f"[{what}] pipeline log -> store: {done:,} events, {drained.batches} batches of <= {batch_records:,}")
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
+    dropped = {n: s.duplicates_dropped for n, s in store.progress("bench").streams.items() if s.duplicates_dropped}
+    if any(s.event_id_field for s in catalog.streams.values()):
+        print(f"  event ids: duplicates dropped {dropped or 0}", flush=True)
     store.close()
     if figures is not None:
         figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
@@ -98,7 +125,8 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
-                    kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False) -> None:
+                    kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False,
+                    duplicates: float = 0.0) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
@@ -107,7 +135,8 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
     try:
         for name in logs:
             bench_pipeline(spark, root / name, catalog, events, batch_records,
-                           kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name])
+                           kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name],
+                           duplicates=duplicates)
     finally:
         spark.stop()
     if len(logs) == 2:
@@ -183,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-bootstrap", help="a Kafka broker to use (default: start a local one)")
     parser.add_argument("--kafka-jvm-validation", action="store_true",
                         help="the Kafka source's JVM fast path on (from_json for clearly valid records)")
+    parser.add_argument("--event-ids", action="store_true",
+                        help=f"declare event_id_field: {EVENT_ID_FIELD} on every stream, a unique id per event")
+    parser.add_argument("--duplicates", type=float, default=0.0,
+                        help="with --event-ids: the share of events sent twice (dropped by the pipeline)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request (JSON array)")
@@ -190,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="post the same events with columnar_ingest off, then on (side by side in one run)")
     args = parser.parse_args(argv)
     catalog = load_catalog(args.streams)
+    if args.event_ids:
+        catalog = with_event_ids(catalog)
     root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-"))
     logs = ["embedded", "kafka"] if args.log == "both" else [args.log]
     figures: dict[str, dict] = {name: {} for name in logs}
@@ -204,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_bootstrap = broker.bootstrap
         if not args.skip_pipeline:
             bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
-                            fast_path=args.kafka_jvm_validation)
+                            fast_path=args.kafka_jvm_validation, duplicates=args.duplicates)
         if not args.skip_api:
             for name in logs:
                 for columnar in ((False, True) if args.api_compare else (True,)):

@@ -37,6 +37,11 @@ class CatalogReferenceError(ValueError):
         self.path = path
 
 
+# How long a copy of an event id is remembered (by ingest time): a producer's retries come
+# within seconds or minutes of the first send.
+DEFAULT_DEDUP_WINDOW_MS = 3_600_000
+MIN_DEDUP_WINDOW_MS = 1_000
+
 # How long a partition may go unread before it stops holding the stream's watermark back.
 DEFAULT_PARTITION_IDLE_TIMEOUT_MS = 300_000
 
@@ -62,6 +67,10 @@ class StreamDef(BaseModel):
     membership: MembershipDef | None = None
     sessions: SessionsDef | None = None
     derived_from: FieldName | None = None
+    # Exact duplicate drops (aggregates/event_ids.py): each value of this field is counted once
+    # per `dedup_window` of ingest time; an event without one is refused (API) or dead-lettered.
+    event_id_field: FieldName | None = None
+    dedup_window: DurationMs | None = None  # default DEFAULT_DEDUP_WINDOW_MS when event_id_field is set
 
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
@@ -100,8 +109,40 @@ class StreamDef(BaseModel):
         for name in self.distinct_fields:
             if roles.get(name) in ("values", "time_field"):
                 raise ValueError(f"distinct field {name!r} is also a {roles[name]} field")
+        self._check_event_id(roles)
         check_tiers(self)
         return self
+
+    def _check_event_id(self, roles: dict[str, str]) -> None:
+        if self.event_id_field is None:
+            if self.dedup_window is not None:
+                raise ValueError("dedup_window needs event_id_field: the field whose value identifies an event")
+            return
+        if roles.get(self.event_id_field):
+            raise ValueError(f"event_id_field {self.event_id_field!r} is also a {roles[self.event_id_field]} field"
+                             " (an event id is a string of its own, not a dimension, value or the time)")
+        window = self.dedup_window_ms
+        if window < MIN_DEDUP_WINDOW_MS:
+            raise ValueError(f"dedup_window ({format_duration_ms(window)}) must be at least"
+                             f" {format_duration_ms(MIN_DEDUP_WINDOW_MS)}")
+        if window > self.retention:
+            raise ValueError(f"dedup_window ({format_duration_ms(window)}) must not be longer than retention"
+                             f" ({format_duration_ms(self.retention)}): ids are remembered at most that long")
+
+    @property
+    def dedup_window_ms(self) -> int | None:
+        """How long an event id counted is remembered (ingest time), None without event_id_field."""
+        if self.event_id_field is None:
+            return None
+        return DEFAULT_DEDUP_WINDOW_MS if self.dedup_window is None else self.dedup_window
+
+    @property
+    def source_ids(self) -> tuple[str, ...]:
+        """The string fields the pipeline's source carries in its `ids` array: the distinct
+        fields, then the event id field when it is not one of them."""
+        if self.event_id_field is None or self.event_id_field in self.distinct_fields:
+            return self.distinct_fields
+        return (*self.distinct_fields, self.event_id_field)
 
     @property
     def tier_defs(self) -> tuple[TierDef, ...]:
@@ -116,9 +157,10 @@ class StreamDef(BaseModel):
 
     @property
     def string_fields(self) -> tuple[str, ...]:
-        """Fields stored as strings: dimensions, distinct fields and the key, each once."""
+        """Fields stored as strings: dimensions, distinct fields, the key and the event id, each once."""
         seen: dict[str, None] = {}
-        for name in (*self.dimensions, *self.distinct_fields, *((self.key_field,) if self.key_field else ())):
+        for name in (*self.dimensions, *self.distinct_fields, *((self.key_field,) if self.key_field else ()),
+                     *((self.event_id_field,) if self.event_id_field else ())):
             seen.setdefault(name, None)
         return tuple(seen)
 

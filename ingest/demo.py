@@ -414,6 +414,11 @@ class DemoTraffic:
         # else it declares generically, and drop what it does not declare: the events
         # carry exactly the stream's fields even if the config changes.
         columns: dict[str, list] = {stream.time_field: self._times(n, now_ms, stream)}
+        if stream.event_id_field:
+            # Unique per event, across runs and producers too (a random prefix per call, outside the
+            # seeded RNG, so every other field is still what the seed gives): a retry sends the same.
+            prefix = uuid.uuid4().hex[:16]
+            columns[stream.event_id_field] = [f"{prefix}-{i}" for i in range(n)]
         keyed = set(stream.distinct_fields) | ({stream.key_field} if stream.key_field else set())
         for field in stream.string_fields:
             if field not in columns:

@@ -82,7 +82,8 @@ class EventValidator:
 
         declare(stream.time_field, EventTime, ...)
         for name in stream.string_fields:
-            declare(name, StrictStr | StrictInt | bool | None, ... if name == stream.key_field else None)
+            required = name in (stream.key_field, stream.event_id_field)
+            declare(name, StrictStr | StrictInt | bool | None, ... if required else None)
         for name in stream.values:
             declare(name, StrictFloat | StrictInt | None, None)
         self._model: type[BaseModel] = create_model(  # type: ignore[call-overload]
@@ -112,6 +113,8 @@ class EventValidator:
             if value is None:
                 if name == stream.key_field:
                     raise ValueError(f"{name}: key field must not be null")
+                if name == stream.event_id_field:
+                    raise ValueError(f"{name}: event id field must not be null")
                 strings[name] = "" if name in stream.dimensions else None
                 continue
             label = _to_label(value)

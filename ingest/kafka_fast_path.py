@@ -130,7 +130,7 @@ def judge_records(records, catalog: Catalog, topics: dict[str, str], limits: Jso
             "event_time": event_time,
             "dims": F.array(*[F.coalesce(p[d], F.lit("")) for d in stream.dimensions]).cast("array<string>"),
             "vals": F.array(*[p[v] for v in stream.values]).cast("array<double>"),
-            "ids": F.array(*[p[f] for f in stream.distinct_fields]).cast("array<string>"),
+            "ids": F.array(*[p[f] for f in stream.source_ids]).cast("array<string>"),
         }
         for column, value in row.items():
             rows[column] = F.when(mine, value) if rows[column] is None else rows[column].when(mine, value)
@@ -178,8 +178,9 @@ def _vouch(stream: StreamDef, p, text):
     ok = (p[CORRUPT].isNull() & t.isNotNull() & event_time.between(0, MAX_EVENT_TIME_MS)
           # An integer token, not a string Spark might read as a number: Python's date parser judges those.
           & F.regexp_extract(text, token_pattern(stream.time_field), 1).rlike("[-0-9]"))
-    if stream.key_field:
-        ok = ok & p[stream.key_field].isNotNull()
+    for required in (stream.key_field, stream.event_id_field):
+        if required:  # missing or null: Python's validator says why (an 'invalid' dead letter)
+            ok = ok & p[required].isNotNull()
     for name in stream.string_fields:
         # Spark reads any token into a string column: a JSON string, integer or boolean reads as the
         # API's label does ("12", "true"); a float ("1.5", "1.0E10") or an array ("[1]") is refused by

@@ -95,7 +95,7 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.Reco
             batch.column(INGEST_TIME),
             _interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
             _interleave([batch.column(v) for v in stream.values], n, pa.float64()),
-            _interleave([batch.column(f) for f in stream.distinct_fields], n, pa.string()),
+            _interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
             error,
             kind,
         ],

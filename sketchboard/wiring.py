@@ -345,5 +345,8 @@ def build_session_pipelines(settings: Settings, pipeline) -> list:
     from aggregates.sessions import session_pipelines
 
     namespace = store_namespace(settings, pipeline.config.name)  # beside the pipeline's own panes
-    return session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings, namespace),
-                             pipeline.config)
+    sessions = session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings, namespace),
+                                 pipeline.config)
+    for session in sessions:  # their store errors are reported as the pipeline's (aggregates/store_commit.py)
+        session.health = pipeline.health
+    return sessions

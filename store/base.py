@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from store.bloom import BloomCommit, BloomReader
 from store.connection import Db
+from store.event_ids import EventIdCommit
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.tiers import TierLayout
@@ -28,7 +29,8 @@ class PanePartial:
 
 # Why an event was not merged (the dead-letter reasons).
 # invalid: a record produced straight to Kafka that fails the API's validation
-DEAD_LETTER_REASONS = ("unparseable", "invalid", "beyond_retention", "future_skew")
+# missing_event_id: the stream declares event_id_field and the record has none (aggregates/event_ids.py)
+DEAD_LETTER_REASONS = ("unparseable", "invalid", "beyond_retention", "future_skew", "missing_event_id")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class BatchCommit:
     # stream-wide rule (newest event - lateness).
     partition_max_event_ms: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     log_end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # Streams with an event_id_field: the ids counted, duplicates dropped (store/event_ids.py).
+    # Then read = aggregated + dead-lettered + duplicates.
+    event_ids: EventIdCommit | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,7 @@ class StreamProgress:
     corrections: int = 0
     partitions: Mapping[int, PartitionProgress] = field(default_factory=dict)
     held_by_partition: int | None = None  # the partition whose unread records hold the watermark back
+    duplicates_dropped: int = 0  # events dropped as copies of an event id counted before (event_id_field)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,11 @@ class PaneStore(ABC):
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...
+
+    @abstractmethod
+    def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
+        """Of `ids`, those a committed batch counted for `stream` and the store still remembers
+        (store/event_ids.py), with the ingest time of the copy counted."""
 
     @abstractmethod
     def read_panes(

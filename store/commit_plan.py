@@ -4,7 +4,7 @@ A backend's commit_batch, in one transaction: skip a batch id already recorded; 
 stored state the batch touches (the panes it merges into, each stream's watermark and newest
 event, the tier layouts); `plan_batch` here; write the plan. Which merges are corrections,
 the revisions, the watermark's advance, the tier deltas and the read = aggregated +
-dead-lettered invariant are decided here once, so SQLite and PostgreSQL cannot drift apart
+dead-lettered (+ duplicates dropped) invariant are decided here once, so SQLite and PostgreSQL cannot drift apart
 and a change of rule (per-partition watermarks, say) is made in one place.
 
 Commits are serialized by the backend (SQLite: BEGIN IMMEDIATE; PostgreSQL: an advisory
@@ -149,15 +149,17 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
                 dead_counts[(stream, reason)] = n
                 dead_total[stream] += n
     updates = []
+    duplicates = dict(commit.event_ids.duplicates) if commit.event_ids is not None else {}
     names = (set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
-             | set(commit.partition_max_event_ms))
+             | set(commit.partition_max_event_ms) | {s for s, n in duplicates.items() if n})
     for stream in sorted(names):
-        done = aggregated.get(stream, 0) + dead_total.get(stream, 0)
+        done = aggregated.get(stream, 0) + dead_total.get(stream, 0) + duplicates.get(stream, 0)
         read = commit.read_by_stream.get(stream, done)
         if read != done:
             raise ValueError(
                 f"batch {commit.batch_id}, stream {stream!r}: {read} records read but"
                 f" {aggregated.get(stream, 0)} aggregated + {dead_total.get(stream, 0)} dead-lettered"
+                f" + {duplicates.get(stream, 0)} duplicates dropped"
             )
         before = streams_before.get(stream, StreamState())
         max_event = commit.max_event_ms.get(stream)

@@ -28,12 +28,13 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
+from store import event_ids
 from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.tables import PANE_TABLES
+from store.tables import EVENT_ID_TABLES, PANE_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -47,7 +48,7 @@ class SqlitePaneStore(PaneStore):
         self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
-            self._conn.executescript(PANE_TABLES)
+            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -95,7 +96,7 @@ class SqlitePaneStore(PaneStore):
                        retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
         """One batch in the open transaction: skip a replay; read what the batch touches; decide
         (store/commit_plan.py); write panes with their changes, tiers, dead letters, progress and
-        offsets, Bloom bits; prune past retention; record the batch id last."""
+        offsets, Bloom bits, event ids; prune past retention; record the batch id last."""
         conn = self._conn
         seen = conn.execute(
             "SELECT 1 FROM batches WHERE pipeline = ? AND batch_id = ?", (commit.pipeline, commit.batch_id)
@@ -113,6 +114,9 @@ class SqlitePaneStore(PaneStore):
         self._write_progress(commit, plan)
         if commit.bloom is not None:
             bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        if commit.event_ids is not None:
+            event_ids.apply(conn.cursor(), commit.event_ids, end_offsets=commit.end_offsets,
+                            log_end_offsets=commit.log_end_offsets, placeholder="?")
         self._prune(commit, retention_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
@@ -316,6 +320,10 @@ class SqlitePaneStore(PaneStore):
             ).fetchall()
         return dict(rows)
 
+    def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
+        with self._lock:
+            return event_ids.lookup(self._conn.cursor(), stream, ids, "?")
+
     def progress(self, pipeline: str) -> PipelineProgress:
         with self._lock:
             last_id, last_at, batches, events = self._conn.execute(
@@ -334,6 +342,7 @@ class SqlitePaneStore(PaneStore):
             by_reason: dict[str, dict[str, int]] = defaultdict(dict)
             for stream, reason, n in self._conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
                 by_reason[stream][reason] = n
+            duplicates = event_ids.duplicate_counts(self._conn.cursor())
             partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
             for stream, p, mx, read, end, progress_ms, state in self._conn.execute(
                 "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
@@ -343,7 +352,7 @@ class SqlitePaneStore(PaneStore):
             streams = {
                 stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
                                        dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
-                                       dict(partitions.get(stream, {})), held_by)
+                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0))
                 for stream, wm, mx, agg, read, dead, held_by in self._conn.execute(
                     "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
                     " held_by_partition FROM stream_progress"

@@ -190,4 +190,25 @@ CREATE TABLE IF NOT EXISTS first_seen (
 ) WITHOUT ROWID;
 """
 
-STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES
+# Exact duplicate drops by event id (store/event_ids.py).
+EVENT_ID_TABLES = """
+CREATE TABLE IF NOT EXISTS seen_event_ids (
+    stream TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    ingest_ms INTEGER NOT NULL,     -- ingest time of the copy counted: later copies within the window are dropped
+    PRIMARY KEY (stream, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS seen_event_ids_by_time ON seen_event_ids (stream, ingest_ms);
+CREATE TABLE IF NOT EXISTS event_id_partitions (
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    read_ingest_ms INTEGER NOT NULL, -- the newest ingest time read from the partition (the pruning horizon's input)
+    PRIMARY KEY (stream, partition)
+);
+CREATE TABLE IF NOT EXISTS duplicate_counts (
+    stream TEXT PRIMARY KEY,
+    count INTEGER NOT NULL          -- events dropped as duplicates of an event id counted before
+);
+"""
+
+STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES

@@ -34,6 +34,7 @@ from store.base import (
     StreamProgress,
 )
 from store.bloom import BloomReader
+from store import event_ids
 from store.commit_plan import (
     StreamState,
     pane_ids,
@@ -175,6 +176,10 @@ class PostgresPaneStore(PaneStore):
                     offsets)
         if commit.bloom is not None:
             apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        if commit.event_ids is not None:
+            with conn.cursor() as cur:
+                event_ids.apply(cur, commit.event_ids, end_offsets=commit.end_offsets,
+                                log_end_offsets=commit.log_end_offsets, placeholder="%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -226,6 +231,10 @@ class PostgresPaneStore(PaneStore):
 
     def last_batch_id(self, pipeline: str) -> int | None:
         return self._one("SELECT MAX(batch_id) FROM batches WHERE pipeline = %s", (pipeline,))[0]
+
+    def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return event_ids.lookup(cur, stream, ids, "%s")
 
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
@@ -287,6 +296,8 @@ class PostgresPaneStore(PaneStore):
             by_reason: dict[str, dict[str, int]] = defaultdict(dict)
             for stream, reason, n in conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
                 by_reason[stream][reason] = n
+            with conn.cursor() as cur:
+                duplicates = event_ids.duplicate_counts(cur)
             partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
             for stream, p, mx, read, end, progress_ms, state in conn.execute(
                     "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
@@ -295,7 +306,7 @@ class PostgresPaneStore(PaneStore):
             streams = {
                 stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
                                        dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
-                                       dict(partitions.get(stream, {})), held_by)
+                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0))
                 for stream, wm, mx, agg, read, dead, held_by in conn.execute(
                     "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
                     " held_by_partition FROM stream_progress")

@@ -1,0 +1,57 @@
+"""The store commit of a pipeline's batch, as every pipeline (panes, session windows) makes it:
+retried with back-off while the storage fails (aggregates/commit_retry.py), each failure and
+the recovery reported in the log and in the health store the API reads (`/api/v1/pipeline`'s
+store errors, /metrics). One helper, so no pipeline fails its query on a full disk while
+another waits for the space."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from aggregates.batch_gate import BatchGate
+from aggregates.commit_retry import Backoff, commit_with_retry
+from store import BatchCommit, CommitResult, PaneStore
+
+
+class StoreCommitter:
+    def __init__(self, store: PaneStore, pipeline: str, gate: BatchGate, *, log: logging.Logger,
+                 clock: Callable[[], float] = time.time, backoff: Backoff = Backoff(), reported_as: str | None = None):
+        self.store, self.pipeline, self.gate, self.log, self.clock, self.backoff = (
+            store, pipeline, gate, log, clock, backoff)
+        # The pipeline name the errors are reported under (the API shows its serving pipeline's).
+        self.reported_as = reported_as or pipeline
+        # Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged.
+        self.health = None
+
+    def commit(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], retention_ms: Mapping[str, int],
+               idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+        """Commit until the store takes it (or the pipeline stops: the error is raised, the batch is
+        not recorded and Spark replays it at the next start). `now` is read at each try."""
+        return commit_with_retry(
+            lambda: self.store.commit_batch(commit, lateness_ms=lateness_ms, now_ms=int(self.clock() * 1000),
+                                            retention_ms=retention_ms, idle_timeout_ms=idle_timeout_ms),
+            wait=self.gate.sleep, report=lambda error, attempt: self._report(commit.batch_id, error, attempt),
+            backoff=self.backoff)
+
+    def _report(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
+        """Say that the store commit fails (and is retried), or that it went through again: in
+        the log, and in the health store that the API reads, where that can still be written."""
+        at_ms = int(self.clock() * 1000)
+        if error is None:
+            self.log.warning("%s: batch %d: the store took the commit after %d failed tries", self.pipeline, batch_id,
+                             attempt)
+        else:
+            self.log.warning("%s: batch %d: the store commit failed (try %d), retrying: %s: %s", self.pipeline,
+                             batch_id, attempt + 1, type(error).__name__, error)
+        if self.health is None:
+            return
+        try:
+            if error is None:
+                self.health.store_recovered(self.reported_as, at_ms)
+            else:
+                prefix = "" if self.reported_as == self.pipeline else f"{self.pipeline}: "
+                self.health.store_failing(self.reported_as, f"{prefix}{type(error).__name__}: {error}", at_ms)
+        except Exception as exc:  # the same full disk, most likely: the log line above says it
+            self.log.debug("could not record the store error: %s", exc)
