@@ -120,8 +120,8 @@ def _validated(stream: StreamDef, fields: dict[str, pa.Array | pa.ChunkedArray],
     columns[stream.time_field] = time_ms
     for name in stream.string_fields:
         column = _column(fields, rows, name, pa.string())
-        if column is None or (name == stream.key_field and column.null_count):
-            return None
+        if column is None or (name in (stream.key_field, stream.event_id_field) and column.null_count):
+            return None  # a key or an event id must be there: the per-event path says which
         longest = pc.max(pc.utf8_length(column)).as_py()  # None when all are null
         if longest is not None and longest > MAX_STRING_LENGTH:
             return None

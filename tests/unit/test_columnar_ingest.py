@@ -36,10 +36,17 @@ streams:
     distinct: [user]
     pane: 10s
     partitions: 3
+  orders:
+    time_field: time
+    dimensions: [country]
+    values: [amount]
+    event_id_field: request_id
+    partitions: 2
 metrics:
   temp: {stream: readings, value: temp}
 """)
 STREAM = CATALOG.streams["readings"]
+ORDERS = CATALOG.streams["orders"]  # keyless, with an event id that every event must carry
 LIMITS = JsonLimits()
 
 labels = st.text(max_size=6)
@@ -89,10 +96,10 @@ def ndjson(events: list, *, blank_lines: bool = False, two_on_a_line: bool = Fal
     return "\n".join(lines).encode()
 
 
-def per_event(body: bytes, content_type: str) -> tuple[list, list[int]]:
+def per_event(body: bytes, content_type: str, stream=STREAM) -> tuple[list, list[int]]:
     """What the per-event path makes of a body: the valid events, and the indexes it rejects."""
     accepted, rejected = [], []
-    validator = EventValidator(STREAM)
+    validator = EventValidator(stream)
     for index, raw in enumerate(parse_events(body, content_type)):
         if isinstance(raw, MalformedLine):
             rejected.append(index)
@@ -109,13 +116,13 @@ def per_event(body: bytes, content_type: str) -> tuple[list, list[int]]:
     return accepted, rejected
 
 
-def assert_same_as_per_event(body: bytes, content_type: str):
-    columns = columnar_body(STREAM, body, content_type, LIMITS)
+def assert_same_as_per_event(body: bytes, content_type: str, stream=STREAM):
+    columns = columnar_body(stream, body, content_type, LIMITS)
     if columns is None:
         return None
-    accepted, rejected = per_event(body, content_type)
+    accepted, rejected = per_event(body, content_type, stream)
     assert rejected == [], f"the columnar path took a body the per-event path rejects in part: {body[:300]!r}"
-    assert columns_to_batch(STREAM, columns, INGEST_MS).equals(events_to_batch(STREAM, accepted, INGEST_MS))
+    assert columns_to_batch(stream, columns, INGEST_MS).equals(events_to_batch(stream, accepted, INGEST_MS))
     return columns
 
 
@@ -172,3 +179,18 @@ def test_seconds_become_milliseconds_and_big_integers_round_like_python():
     assert columns.column("time").to_pylist() == [1_795_000_000_000]
     assert columns.column("temp").to_pylist() == [float(2**60 + 1)]
     assert not math.isnan(columns.column("temp")[0].as_py())
+
+
+order = st.fixed_dictionaries({"time": st.integers(T0, T0 + 10**7)},
+                              optional={"request_id": st.one_of(labels, st.none(), st.integers(0, 9)),
+                                        "country": labels, "amount": st.floats(0, 1e4)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(orders=st.lists(order, min_size=1, max_size=8), array=st.booleans())
+def test_an_event_id_is_required_on_both_paths(orders, array):
+    body, content_type = (json.dumps(orders).encode(), "application/json") if array else \
+        (ndjson(orders), "application/x-ndjson")
+    columns = assert_same_as_per_event(body, content_type, ORDERS)
+    if all(isinstance(o.get("request_id"), str) for o in orders):
+        assert columns is not None
