@@ -135,6 +135,8 @@ def test_a_stream_declares_an_event_id_with_a_default_window():
     ({"event_id_field": "rid", "dedup_window": "30d"}, "must not be longer than retention (1w)"),
     ({"event_id_field": "rid", "dedup_window": "soon"}, "not a duration"),
     ({"event_id_field": "bad-name"}, "pattern"),
+    ({"event_id_field": "rid", "sessions": {"key": "user", "gap": "5m"}},
+     "event_id_field and sessions cannot be combined yet"),
 ])
 def test_bad_declarations_say_what_is_wrong(extra, message):
     with pytest.raises(ValidationError) as err:
