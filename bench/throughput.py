@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.drain import drain_timed
 from catalog import load_catalog
-from ingest.demo import DemoTraffic
+from demo import DemoTraffic
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from sketchboard.settings import DEFAULT_STREAMS

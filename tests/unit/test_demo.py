@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from catalog import Catalog, load_catalog, parse_catalog
-from ingest.demo import (
+from demo import (
     MAX_JITTER_MS,
     RATE_MAX,
     RATE_MIN,
