@@ -16,6 +16,7 @@ from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
+from aggregates.device_clocks import DeviceClocks
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from catalog import Catalog
@@ -68,6 +69,7 @@ class Pipeline:
         self.commit_listeners: list[CommitListener] = []
         self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
+        self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -84,23 +86,42 @@ class Pipeline:
         # The clock is read once per batch and passed into the job as a literal: every
         # executor judges retention against the same instant.
         batch_now_ms = int(self.clock() * 1000)
-        rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
-                                                       lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
-        commit = build_commit(self.config.name, batch_id, rows, self.catalog,
-                              batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
-                              batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets())
-        if self.bloom.enabled:
-            # Only the records merged into panes are keys seen: dead letters are not.
-            merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-            commit = replace(commit, bloom=self.bloom.process(merged))
-        lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
-        retention = {name: s.retention for name, s in self.catalog.streams.items()}
-        idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
-        computed = time.perf_counter()
-        result = commit_with_retry(
-            lambda: self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
-                                            retention_ms=retention, idle_timeout_ms=idle),
-            wait=self.gate.sleep, report=lambda error, attempt: self._store_error(batch_id, error, attempt))
+        clocks = None
+        kept = batch.persist() if self.clocks.enabled else None
+        try:
+            if kept is not None:
+                # Read twice (the clock samples, then the aggregation): kept rather than read from the log again.
+                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
+                batch = self.clocks.apply(kept, clocks)
+            rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
+                                                           lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
+            commit = build_commit(self.config.name, batch_id, rows, self.catalog,
+                                  batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
+                                  batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets())
+            if clocks is not None:
+                commit = replace(commit, device_clocks=clocks.changed)
+            if self.bloom.enabled:
+                # Only the records merged into panes are keys seen: dead letters are not.
+                merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                commit = replace(commit, bloom=self.bloom.process(merged))
+            lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
+            retention = {name: s.retention for name, s in self.catalog.streams.items()}
+            idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
+            computed = time.perf_counter()
+            try:
+                result = commit_with_retry(
+                    lambda: self.store.commit_batch(commit, lateness_ms=lateness, now_ms=int(self.clock() * 1000),
+                                                    retention_ms=retention, idle_timeout_ms=idle),
+                    wait=self.gate.sleep,
+                    report=lambda error, attempt: self._store_error(batch_id, error, attempt))
+            except BaseException:
+                self.clocks.forget()  # committed or not: the store says which state the next batch starts from
+                raise
+            if clocks is not None and result.committed:
+                self.clocks.committed(clocks)
+        finally:
+            if kept is not None:
+                kept.unpersist()
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered"
@@ -109,6 +130,12 @@ class Pipeline:
             result.corrections, result.dead_letters, (done - started) * 1000, (computed - started) * 1000,
             (done - computed) * 1000,
         )
+        if clocks is not None:
+            shifted = sum(r.get("clock_corrected") or 0 for r in rows)
+            biggest = max(clocks.corrections.values(), key=abs, default=0)
+            log.info("batch %d: device clocks: %d events shifted by their device's offset (%d devices corrected,"
+                     " largest %+d ms), %d estimates changed", batch_id, shifted, len(clocks.corrections), biggest,
+                     sum(len(c) for c in clocks.changed.values()))
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))

@@ -43,6 +43,18 @@ class DeadLetter:
     ingest_time_ms: int | None = None
     error: str | None = None  # why an unparseable or invalid record is not an event
     dims: Mapping[str, str] | None = None
+    # What the device clock rule added to event_time_ms before judging it (None: nothing).
+    clock_correction_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceClock:
+    """One device's clock estimate (aggregates/clock_offsets.py) as a batch leaves it."""
+
+    buckets: tuple[tuple[int, int], ...]  # (receive-time bucket start, smallest received - sent); () = forget it
+    offset_ms: int = 0
+    correction_ms: int = 0
+    newest_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class BatchCommit:
     # stream-wide rule (newest event - lateness).
     partition_max_event_ms: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     log_end_offsets: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    # Per stream and device: the clock estimates this batch changed (aggregates/device_clocks.py).
+    device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -252,6 +266,10 @@ class PaneStore(ABC):
 
     @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...
+
+    @abstractmethod
+    def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
+        """The stream's device clock estimates as the last batch left them."""
 
     @abstractmethod
     def side_db(self) -> Db:
