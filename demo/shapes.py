@@ -27,6 +27,7 @@ MAX_JITTER_MS = 2_000     # events arrive up to ~2 s after they happened, in ran
 USER_POPULATION = 50_000
 CUSTOMER_POPULATION = 20_000
 ORDER_RATIO = 0.02        # orders per HTTP request
+MOBILE_RATIO = 0.25       # mobile app screen views per HTTP request (demo/devices.py)
 
 
 @dataclass(frozen=True)

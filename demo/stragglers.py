@@ -41,3 +41,4 @@ class Stragglers:
 
 # What _times() made of each event (for tests and for the curious).
 ON_TIME, DELAYED, LATE, BEYOND_HORIZON, FUTURE = "on_time", "delayed", "late", "beyond_horizon", "future"
+OFFLINE = "offline"  # mobile_app: part of a backlog a device sent after hours offline (demo/devices.py)

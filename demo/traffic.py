@@ -30,6 +30,7 @@ from demo.shapes import (
     ERROR_SLOT_S,
     FAILABLE,
     MAX_JITTER_MS,
+    MOBILE_RATIO,
     ORDER_RATIO,
     PATHS,
     PAYMENT_METHODS,
@@ -40,8 +41,9 @@ from demo.shapes import (
     shares,
     unit,
 )
+from demo.devices import DeviceFleet
 from demo.spikes import LatencySpike
-from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, ON_TIME, Stragglers
+from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, OFFLINE, ON_TIME, Stragglers
 
 
 class DemoTraffic:
@@ -62,6 +64,7 @@ class DemoTraffic:
         ids = np.random.default_rng([seed, 1]).permutation(max(USER_POPULATION, CUSTOMER_POPULATION))
         self._user_ids = [f"u{i:05d}" for i in ids[:USER_POPULATION]]
         self._customer_ids = [f"c{i:05d}" for i in ids[:CUSTOMER_POPULATION]]
+        self.fleet = DeviceFleet(seed)  # the mobile app's devices and their clocks
 
     # -- rate shape ---------------------------------------------------------------------
 
@@ -96,14 +99,15 @@ class DemoTraffic:
     def generate(self, n: int) -> dict[str, list[dict]]:
         """Events per stream for n HTTP requests' worth of traffic.
 
-        http_requests gets n events, orders ~ORDER_RATIO * n, and any other stream in the
-        catalog n generic events.
+        http_requests gets n events, orders ~ORDER_RATIO * n, mobile_app ~MOBILE_RATIO * n (plus
+        the offline backlogs that come back), and any other stream in the catalog n generic events.
         """
         out: dict[str, list[dict]] = {}
+        ratios = {"orders": ORDER_RATIO, "mobile_app": MOBILE_RATIO}
         for name in self.catalog.streams:
             if self.catalog.streams[name].derived_from:  # e.g. <stream>_sessions: made by the pipeline
                 continue
-            count = int(self._rng.binomial(n, ORDER_RATIO)) if name == "orders" else n
+            count = int(self._rng.binomial(n, ratios[name])) if name in ratios else n
             out[name] = self.generate_stream(name, count)
         return out
 
@@ -115,11 +119,18 @@ class DemoTraffic:
         now_ms = int(self.clock() * 1000)
         strings: dict[str, list[str]] = {}
         numbers: dict[str, list[float] | list[int]] = {}
+        times = sent = None
         if name == "http_requests":
             self._http_requests(n, now_ms / 1000.0, strings, numbers)
         elif name == "orders":
             self._orders(n, strings, numbers)
-        events = self._assemble(stream, n, now_ms, strings, numbers)
+        elif name == "mobile_app":
+            # Times by each device's own clock, and backlogs sent after hours offline (demo/devices.py).
+            drawn = self.fleet.events(n, now_ms)
+            strings, numbers, times, sent, n = drawn.strings, drawn.numbers, drawn.time_ms, drawn.sent_ms, len(drawn.device)
+        events = self._assemble(stream, n, now_ms, strings, numbers, times=times, sent=sent)
+        if times is not None:
+            self.last_kinds = [OFFLINE if o else ON_TIME for o in drawn.offline]
         if name == "http_requests" and self.spikes:
             self._apply_spikes(stream, events)
         return events
@@ -240,11 +251,14 @@ class DemoTraffic:
         picks = self._rng.choice(len(vocab), size=n, p=shares(tuple((v, 1.0 / (i + 1)) for i, v in enumerate(vocab))))
         return [vocab[i] for i in picks.tolist()]
 
-    def _assemble(self, stream: StreamDef, n: int, now_ms: int, strings: dict, numbers: dict) -> list[dict]:
+    def _assemble(self, stream: StreamDef, n: int, now_ms: int, strings: dict, numbers: dict, *,
+                  times: list[int] | None = None, sent: list[int] | None = None) -> list[dict]:
         # Take the domain columns the stream declares (with the right kind), fill anything
         # else it declares generically, and drop what it does not declare: the events
         # carry exactly the stream's fields even if the config changes.
-        columns: dict[str, list] = {stream.time_field: self._times(n, now_ms, stream)}
+        columns: dict[str, list] = {stream.time_field: times if times is not None else self._times(n, now_ms, stream)}
+        if stream.sent_time_field:  # by the device's clock; a stream without a device model: sent as it happens
+            columns[stream.sent_time_field] = sent if sent is not None else list(columns[stream.time_field])
         keyed = set(stream.distinct_fields) | ({stream.key_field} if stream.key_field else set())
         for field in stream.string_fields:
             if field not in columns:
