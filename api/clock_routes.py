@@ -56,6 +56,31 @@ def summarize(stream: str, clocks: Mapping[str, DeviceClock], *, threshold_ms: i
     )
 
 
+PROMETHEUS_THRESHOLDS_MS = (60_000, 3_600_000)  # "devices off by more than a minute / an hour"
+
+
+def prometheus_gauges(ctx: ApiContext, registry) -> None:
+    """The same per scrape of /metrics: devices per stream (all, and above 1m and 1h) and the
+    quantiles of their offsets, for streams that declare a sent_time_field."""
+    from prometheus_client import Gauge
+
+    names = [n for n, s in ctx.catalog.streams.items() if s.sent_time_field]
+    if not names:
+        return
+    devices = Gauge("sketchboard_device_clocks", "Devices with a clock estimate; above: those off by more than that",
+                    ["stream", "above"], registry=registry)
+    offsets = Gauge("sketchboard_device_clock_offset_seconds", "Device clock offsets (receive - sent), quantiles over"
+                    " the devices", ["stream", "quantile"], registry=registry)
+    for name in names:
+        clocks = ctx.store.device_clocks(name)
+        devices.labels(name, "0").set(len(clocks))
+        for threshold in PROMETHEUS_THRESHOLDS_MS:
+            devices.labels(name, format_duration_ms(threshold)).set(
+                summarize(name, clocks, threshold_ms=threshold, limit=0).above)
+        for q, value in summarize(name, clocks, threshold_ms=0, limit=0).offset_quantiles_ms.items():
+            offsets.labels(name, f"{int(q[1:]) / 100:g}").set(value / 1000)
+
+
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["status"])
 
