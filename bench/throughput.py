@@ -2,7 +2,7 @@
 
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
-                               [--kafka-jvm-validation]
+                               [--kafka-jvm-validation] [--sessions]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -57,7 +57,7 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000) -> float:
 
 
 def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
-                   *, fast_path: bool = False, figures: dict | None = None) -> float:
+                   *, fast_path: bool = False, figures: dict | None = None, sessions: bool = False) -> float:
     """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
     (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -91,6 +91,23 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     print(f"[{what}] pipeline log -> store: {done:,} events, {drained.batches} batches of <= {batch_records:,}")
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
+    if sessions:
+        # What `sketchboard pipeline` runs beside it: one session query per stream declaring sessions,
+        # each reading the whole log again. Timed one after the other (they share the same cores).
+        from aggregates.sessions import session_pipelines
+
+        spent = 0.0
+        for session in session_pipelines(spark, catalog, lambda: SqlitePaneStore(root / "store.db"), config):
+            started = time.perf_counter()
+            session.run_until_drained()
+            took = time.perf_counter() - started
+            spent += took
+            print(f"  session query {session.name}: the log ({total:,} events) in {took:.1f} s ="
+                  f" {total / took:,.0f} events/s", flush=True)
+        if spent:
+            print(f"  pipeline + session queries: {total / (wall + spent):,.0f} events/s (wall, all queries)", flush=True)
+            if figures is not None:
+                figures["with_sessions"] = total / (wall + spent)
     store.close()
     if figures is not None:
         figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
@@ -98,7 +115,8 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
-                    kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False) -> None:
+                    kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False,
+                    sessions: bool = False) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
@@ -107,7 +125,8 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
     try:
         for name in logs:
             bench_pipeline(spark, root / name, catalog, events, batch_records,
-                           kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name])
+                           kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name],
+                           sessions=sessions)
     finally:
         spark.stop()
     if len(logs) == 2:
@@ -181,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-bootstrap", help="a Kafka broker to use (default: start a local one)")
     parser.add_argument("--kafka-jvm-validation", action="store_true",
                         help="the Kafka source's JVM fast path on (from_json for clearly valid records)")
+    parser.add_argument("--sessions", action="store_true",
+                        help="after the pipeline, drain the session queries of streams declaring sessions (timed)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     args = parser.parse_args(argv)
@@ -199,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_bootstrap = broker.bootstrap
         if not args.skip_pipeline:
             bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
-                            fast_path=args.kafka_jvm_validation)
+                            fast_path=args.kafka_jvm_validation, sessions=args.sessions)
         if not args.skip_api:
             for name in logs:
                 bench_api(root, catalog, args.api_events, args.concurrency,

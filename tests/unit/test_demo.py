@@ -222,7 +222,7 @@ def test_producer_posts_json_arrays_per_stream(catalog):
     assert server.posts
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
-        assert stream in ("http_requests", "orders")
+        assert stream in ("http_requests", "orders", "mobile_app")
         assert content_type == "application/json"
         assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
         _check_types(catalog.stream(stream), body)
