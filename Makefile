@@ -41,7 +41,7 @@ test: $(STAMP) jars
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not e2e and not kafka"
 
-# Throughput, then the short form of the day-of-data query benchmark (README: Benchmarks).
+# Throughput, then the short form of the day-of-data query benchmark (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.day_of_data --events 100000 --repeat 10

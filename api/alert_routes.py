@@ -114,7 +114,7 @@ def router(service: AlertService) -> APIRouter:
     def get_rule(name: str) -> dict:
         return found(service.store.rule(name), name)
 
-    @r.post("/rules", status_code=201, summary="Create a rule (see the README for the kinds and fields)",
+    @r.post("/rules", status_code=201, summary="Create a rule (see docs/alerts.md for the kinds and fields)",
             response_model=None,
             responses={201: {"model": RuleOut, "description": "the rule, created"},
                        **errors(400, 409, 413, e400="invalid rule", e409="name taken")},
@@ -173,10 +173,15 @@ def router(service: AlertService) -> APIRouter:
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
                   for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
         history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
-        service.with_corrections_since(history)  # see README "Alerts and corrections"
+        service.with_corrections_since(history)  # see docs/alerts.md, "Alerts and corrections"
         return {"active": active, "history": history}
 
     return r
+
+
+# The webhook notifier's counters (alerts/webhook.py WebhookNotifier.stats); `standby` counts
+# evaluations handed to a replica that did not lead, so a follower shows it is alive.
+NOTIFICATION_OUTCOMES = ("sent", "failed", "retried", "dropped", "deduplicated", "standby")
 
 
 def alert_metrics(service: AlertService):
@@ -197,11 +202,16 @@ def alert_metrics(service: AlertService):
     yield active
     delivered = CounterMetricFamily("sketchboard_alert_notifications", "Webhook notifications by outcome",
                                     labels=["outcome"])
+    # Summed over the notifiers: one sample per outcome (two notifiers adding the same labels
+    # would be a duplicate series, which Prometheus rejects).
+    totals: dict[str, int] = {}
     for notifier in service.notifiers:
         stats = notifier.stats() if callable(getattr(notifier, "stats", None)) else {}
-        for outcome in ("sent", "failed", "retried", "dropped", "deduplicated"):
+        for outcome in NOTIFICATION_OUTCOMES:
             if isinstance(stats.get(outcome), int):
-                delivered.add_metric([outcome], stats[outcome])
+                totals[outcome] = totals.get(outcome, 0) + stats[outcome]
+    for outcome, n in totals.items():
+        delivered.add_metric([outcome], n)
     yield delivered
 
 

@@ -69,7 +69,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         title="Sketchboard",
         version="1",
         description="Event-time windowed metrics from mergeable sketches. Send events, query series;"
-        " live updates over WS /api/v1/ws (see the README for the protocol).",
+        " live updates over WS /api/v1/ws (see docs/websocket.md for the protocol).",
         lifespan=lifespan,
     )
 

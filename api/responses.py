@@ -63,7 +63,7 @@ class PartitionProgressOut(BaseModel):
 
 class StreamProgressOut(BaseModel):
     watermark_ms: int | None = Field(description="the minimum of the active partitions' watermarks, never"
-                                     " going back (README: Watermarks per partition)")
+                                     " going back (docs/event-time.md: Watermark)")
     watermark_held_by_partition: int | None = Field(
         description="the partition whose unread records hold the watermark back, null when none does")
     max_event_ms: int | None

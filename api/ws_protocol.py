@@ -3,7 +3,7 @@ subscription's query object into a resolved query, with the same parameter names
 meanings as GET /api/v1/query (metric, stat or stats, from, to, step, window, group_by,
 filter). Pure: no I/O; `now_ms` is passed in.
 
-Client -> server: subscribe, unsubscribe, topics, ping. See README "Dashboard and websocket".
+Client -> server: subscribe, unsubscribe, topics, ping. See docs/websocket.md.
 """
 
 from __future__ import annotations

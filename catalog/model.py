@@ -54,7 +54,7 @@ class StreamDef(BaseModel):
     allowed_lateness: DurationMs = 30_000
     partitions: int = Field(default=4, ge=1, le=256)
     # A partition with unread records from which nothing was read for this long no longer holds
-    # the stream's watermark back (store/watermarks.py; README "Watermarks per partition").
+    # the stream's watermark back (store/watermarks.py; docs/event-time.md, "Watermark").
     partition_idle_timeout: DurationMs = DEFAULT_PARTITION_IDLE_TIMEOUT_MS
     # Bloom-filter and session features (catalog/features.py); derived_from: set on generated streams.
     first_seen: FirstSeenDef | None = None

@@ -11,7 +11,7 @@ is one and the same for both backends.
   pipeline read them are skipped with a warning in Spark's log, as the embedded log's retention
   skips them; true stops the query instead (for operators who would rather stop than skip).
 - Each record's value is one JSON event (what `POST /api/v1/events` takes). With `fast_path`
-  (off by default: slower here, see the README's Benchmarks), records that are clearly valid
+  (off by default: slower here, see docs/benchmarks.md), records that are clearly valid
   events become source rows in the JVM (`ingest.kafka_fast_path`: `from_json` with the stream's
   schema plus Spark SQL checks, never a rejection); every other record is validated here, on the executors, by the API's own `EventValidator` (mapInArrow, one Arrow
   batch at a time): the same rules and the same messages as the ingest API. One that fails
@@ -65,7 +65,7 @@ class KafkaSourceConfig:
     # On: clearly valid records become rows in the JVM (ingest.kafka_fast_path) and only the others
     # go to the API's validator in Python. Off by default: measured here, log -> store was no faster
     # (5 300-6 400 vs 6 900-7 400 events/s) and from_json plus its checks read about half as many
-    # records/s as the Python validator (README, Benchmarks).
+    # records/s as the Python validator (docs/benchmarks.md).
     fast_path: bool = False
 
 

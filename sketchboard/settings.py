@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     max_events_per_request: int = Field(100_000, ge=1)
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
-    # Security (README: Security)
+    # Security (docs/security.md)
     tokens_file: Path | None = Field(None, description="API tokens as hashes (`sketchboard token create`);"
                                      " default <data_dir>/tokens.json")
     tokens: list[dict[str, Any]] = Field(default_factory=list, description="more tokens, as {name, sha256, scopes}"
@@ -87,7 +87,7 @@ class Settings(BaseSettings):
                                           " (with a warning); true stops the pipeline instead")
     kafka_jvm_validation: bool = Field(False, description="the Kafka source's JVM fast path (from_json plus Spark SQL"
                                        " checks vouch for clearly valid records; the rest go to the API's validator):"
-                                       " off, it measured slower here (README: Kafka log)")
+                                       " off, it measured slower here (docs/scale-out.md: Kafka log)")
     kafka_commit_offsets: bool = Field(False, description="after each store commit, copy the pipeline's offsets"
                                        " to a Kafka consumer group (for Burrow, kafka-lag-exporter,"
                                        " kafka-consumer-groups.sh); never read back, a failure is logged and counted")
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
                                      " e.g. 'postgresql://sketchboard@db:5432/sketchboard'; needed for postgres")
     postgres_pool_size: int = Field(8, ge=1, le=200, description="connections each process keeps to PostgreSQL")
 
-    # API replicas on one store (README: Scale out)
+    # API replicas on one store (docs/scale-out.md)
     replica_id: str | None = Field(None, max_length=200, description="this API process's name in the leader"
                                    " lease; default <hostname>:<port>:<pid>")
     leader_lease_ttl: DurationMs = Field("4s", ge=200, le=600_000, description="the replica running the alert"
@@ -117,13 +117,13 @@ class Settings(BaseSettings):
     pipeline_name: str = Field("main", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$",
                                description="the serving pipeline: the API serves its output, kept in the store's"
                                " root (store.db / the DSN's schema); `sketchboard pipeline --name N` runs another"
-                               " named pipeline of the same log into a namespace of its own (README: Fan-out)")
+                               " named pipeline of the same log into a namespace of its own (docs/scale-out.md: Fan-out)")
     pipeline_start: Literal["earliest", "latest"] = Field(
         "earliest", description="where a pipeline's first run starts reading: the earliest retained record"
         " (replay) or the log's end; a pipeline with a checkpoint resumes from it whatever this says"
         " (`sketchboard pipeline --from`)")
     spark_master: str = Field("local[2]", description="local[N] (this machine), or a cluster's master: spark://host:7077"
-                              " (needs log_backend kafka; README: Scale out)")
+                              " (needs log_backend kafka; docs/scale-out.md)")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="more Spark settings for the pipeline's"
                                        " session: spark.executor.memory, spark.executor.cores, spark.cores.max,"
                                        " spark.sql.shuffle.partitions, spark.driver.host, spark.pyspark.python, ...")

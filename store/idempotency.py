@@ -10,7 +10,7 @@ is an `INSERT ... ON CONFLICT DO NOTHING`: of two requests with one key, at once
 or two, exactly one gets it.
 
 What to do with a key seen before is `decide`, pure and time-injected. One window stays open,
-and the README says so: a process that dies between the append and the recording of the answer
+and docs/robustness.md says so: a process that dies between the append and the recording of the answer
 leaves the key `in_flight`; after `in_flight_timeout_ms` a retry claims it again and appends
 again. Exactly-once for such crashes needs the events' own ids (a stream's `event_id`)."""
 

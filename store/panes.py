@@ -91,7 +91,7 @@ def is_final(watermark_ms: int | None, end_ms: int) -> bool:
 
 
 def next_revision(stored_revision: int | None, final: bool) -> int:
-    """The revision after a merge (see README, "Revisions"): a new pane is published at 1;
+    """The revision after a merge (see docs/event-time.md, "Revisions"): a new pane is published at 1;
     provisional changes keep the revision; each change to a final pane adds one. A pane born
     final starts at 2: revision 1 was the empty final window queries already showed."""
     if stored_revision is None:

@@ -259,3 +259,23 @@ def test_absence_per_group_reads_the_newest_pane_of_each_group(api, ctx, alerts,
     alerts.evaluate_all()
     active = api.get("/api/v1/alerts").json()["active"]
     assert [(a["labels"]["region"], a["state"], a["value"]) for a in active] == [("eu", "firing", 290.0)]
+
+
+def test_metrics_sum_notification_outcomes_over_notifiers_and_include_standby(api, alerts):
+    """Two notifiers, one of which does not lead: one sample per outcome, standby counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from alerts.webhook import WebhookNotifier
+
+    standby = [WebhookNotifier("http://127.0.0.1:9/hook", active=lambda: False) for _ in range(2)]
+    alerts.notifiers.extend(standby)
+    try:
+        api.post("/api/v1/alerts/rules", json={"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m"})
+        alerts.evaluate_all()
+        families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+        samples = [(s.labels["outcome"], s.value) for s in families["sketchboard_alert_notifications"].samples]
+        assert len(samples) == len({outcome for outcome, _ in samples})  # no duplicate series
+        assert dict(samples)["standby"] == 2.0
+    finally:
+        for notifier in standby:
+            notifier.close()

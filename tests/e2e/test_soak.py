@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 SECONDS = float(os.environ.get("SKETCHBOARD_SOAK_SECONDS", "30"))
 RATE = 400  # events per second: 40 every 100 ms
 READERS, NEVER_READING = 90, 10
-API_RSS_BOUND_MB = 600  # measured ~180-250 MB here (the README's Robustness section)
+API_RSS_BOUND_MB = 600  # measured ~180-250 MB here (docs/robustness.md)
 
 
 class Load:

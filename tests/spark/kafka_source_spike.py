@@ -6,7 +6,7 @@ as spark.jars) read our topics under pyspark 4.3.0 with the project's SparkSessi
 Starts a real broker, writes 30 000 events through KafkaEventLog (3 partitions) plus 3
 malformed records from a plain producer, then reads them with readStream.format("kafka")
 (availableNow, maxOffsetsPerTrigger), parses with from_json, appends 500 more and resumes from
-the checkpoint. Prints what it saw as JSON. Findings are in the README's development notes."""
+the checkpoint. Prints what it saw as JSON. Findings are in docs/development.md."""
 import json
 import sys
 import time

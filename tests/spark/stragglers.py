@@ -92,7 +92,7 @@ def oracle(test_log: TestLog, checkpoint_dir: Path, catalog: Catalog, batch_now_
     """Replay the batches Spark logged (checkpoints/offsets/N), classify each record with the
     dead-letter rule, and apply the finality rule with the watermark as of each batch start.
 
-    The watermark is per partition (README: Watermarks per partition), written out here for a
+    The watermark is per partition (docs/event-time.md: Watermark), written out here for a
     log that was complete before the pipeline started and a clock that stands still (no
     partition goes idle): the minimum of (newest merged event - lateness) over the partitions
     that still have unread records, held where it is while one of those has merged nothing;
