@@ -34,12 +34,18 @@ jars: $(BROKER_JARS) $(SPARK_KAFKA_JARS)
 run: $(STAMP)
 	$(BIN)/sketchboard up
 
+# Two runs: the tests without a JVM or a real process spread over two workers (pytest-xdist, one
+# file per worker at a time, since their fixtures are module-scoped), then the Spark, Kafka and
+# real-process tests one at a time (each of them wants both cores). Both run even if the first fails.
+NO_JVM := not spark and not e2e and not kafka
 test: $(STAMP) jars
-	$(BIN)/python -m pytest
+	@$(BIN)/python -m pytest -m "$(NO_JVM)" -n 2 --dist loadfile; fast=$$?; \
+	$(BIN)/python -m pytest -m "not ($(NO_JVM))"; slow=$$?; \
+	test $$fast -eq 0 && test $$slow -eq 0
 
 # No JVM at all: no Spark, no Kafka broker, no real-process tests.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not spark and not e2e and not kafka"
+	$(BIN)/python -m pytest -m "$(NO_JVM)" -n 2 --dist loadfile
 
 # Throughput, then the short form of the day-of-data query benchmark (docs/benchmarks.md).
 bench: $(STAMP)

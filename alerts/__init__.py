@@ -1,1 +1,2 @@
-"""Alert rules, evaluation and notifiers (to come)."""
+"""Alert rules (rules, loader), their evaluation (kinds, evaluator, machine, service over
+source's data) and notifiers (webhook, with dedup and templating)."""

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
 from catalog.model import DurationMs
-from lag.model import LagStatus
+from query import QueryError, resolve_target
+from store.lag import LagStatus
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -177,21 +178,16 @@ def rule_json(rule: Rule) -> dict:
 
 
 def _check_metric_rule(rule: _OverMetric, catalog: Catalog, where: str) -> None:
+    # The metric, stat, group_by and filters are checked as every query's are (query.resolve_target).
     try:
-        metric = catalog.metric(rule.metric)
-    except KeyError as exc:
-        raise RuleError(f"{where}: metric: {exc.args[0]}") from None
-    try:
-        metric.check_stat(rule.stat)
-    except ValueError as exc:
-        raise RuleError(f"{where}: stat: {exc}") from None
-    if rule.stat in ("first_seen", "first-seen"):
-        raise RuleError(f"{where}: stat: first_seen is not supported in alert rules; alert on count or distinct")
-    stream = catalog.streams[metric.stream]
+        target = resolve_target(catalog, rule.metric, [rule.stat], rule.group_by, rule.filters)
+    except QueryError as exc:
+        field = {"filter": "filters"}.get(exc.param, exc.param)  # the rule's own field name
+        raise RuleError(f"{where}: {field}: {exc}") from None
+    stream = catalog.streams[target.stream]
     if rule.window % stream.pane or not stream.pane <= rule.window <= MAX_WINDOW_MS:
         raise RuleError(f"{where}: window: must be a multiple of the stream's pane ({stream.pane // 1000}s),"
                         f" at most 7d; got {rule.window} ms")
-    _check_dimensions(rule.group_by, rule.filters, stream.dimensions, where)
     if isinstance(rule, TrendRule):
         try:
             offset = against_ms(rule)

@@ -116,14 +116,6 @@ class AlertService:
         self._forget_removed(rules)
         return out
 
-    def evaluate_all(self, now_ms: int | None = None) -> list[Evaluation]:
-        """Evaluate every rule now, due or not (tests, and the dashboard's "evaluate now")."""
-        now = self.now_ms() if now_ms is None else now_ms
-        rules = self.rules()
-        results = [self.evaluate_rule(loaded, now) for loaded in rules]
-        self._forget_removed(rules)
-        return results
-
     def evaluate_rule(self, loaded: LoadedRule, now_ms: int) -> Evaluation:
         with self._lock:
             name = loaded.stored.name

@@ -1,5 +1,6 @@
-"""`AlertData` over the real parts: panes rolled up like /api/v1/query does, the lag
-monitor's report, the dead-letter table. The only I/O the evaluator reaches."""
+"""`AlertData` over the real parts: a metric's window computed by query.compute (as
+/api/v1/query computes its points), the lag monitor's report, the dead-letter table. The
+only I/O the evaluator reaches."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections.abc import Mapping, Sequence
 
 from alerts.outcome import StreamLagView, WindowValue
 from catalog import Catalog
+from query import compute, over, resolve_target
 from store import PaneStore
-from store.series import query_series
+from store.rollup import DEFAULT_MAX_POINTS
 
 
 class StoreAlertData:
@@ -22,15 +24,12 @@ class StoreAlertData:
 
     def window_values(self, metric: str, stat: str, start_ms: int, end_ms: int,
                       group_by: Sequence[str], filters: Mapping[str, str]) -> list[WindowValue]:
-        definition = self.catalog.metric(metric)
-        stream = self.catalog.streams[definition.stream]
-        quantile = definition.check_stat(stat)
+        target = resolve_target(self.catalog, metric, [stat], group_by, filters)
         # One point whose window is [start, end): step one pane (the start is pane-aligned), window the
         # span. The caller chose the window by the watermark already: no final flags needed.
-        series = query_series(self.store, stream.name, stream.pane, stat=stat, quantile=quantile,
-                              value_field=definition.value, distinct_field=definition.distinct, start_ms=start_ms,
-                              end_ms=start_ms + stream.pane, step_ms=stream.pane, window_ms=end_ms - start_ms,
-                              group_by=group_by, filters=filters)
+        q = over(target, step_ms=target.pane_ms, window_ms=end_ms - start_ms)
+        series = compute(self.store, q, start_ms, start_ms + target.pane_ms, watermark_ms=None,
+                         max_points=DEFAULT_MAX_POINTS)
         return [WindowValue(s.group, s.points[0].value, s.points[0].revision)
                 for s in series if not group_by or s.points[0].count > 0]
 

@@ -16,6 +16,7 @@ from api import (
     alert_routes,
     clock_routes,
     corrections_routes,
+    dashboard_routes,
     errors,
     http_metrics,
     ingest_routes,
@@ -35,7 +36,8 @@ from api.security.headers import DASHBOARD_HEADERS
 from api.security.middleware import SecurityMiddleware
 from api.ws_hub import Hub, HubConfig
 from ingest.log import LogUnavailable
-from lag.feed import LagFeed, query_health
+from lag.feed import LagFeed
+from store.health import query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
@@ -44,8 +46,8 @@ _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/htm
 
 def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig | None = None) -> FastAPI:
     """`feeds`: broadcast feeds for the websocket (objects with `topic` and `poll()`); each
-    replaces the built-in feed of its topic (pipeline, corrections, lag). More can be added later
-    with app.state.hub.add_feed. With ctx.alerts, the alert routes and the `alerts` feed are added."""
+    replaces the built-in feed of its topic (pipeline, corrections, lag). With ctx.alerts, the
+    alert routes and the `alerts` feed are added."""
     # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
     built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query),
@@ -100,6 +102,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(clock_routes.router(ctx))
     if ctx.alerts is not None:
         app.include_router(alert_routes.router(ctx.alerts))
+    if ctx.dashboards is not None:
+        app.include_router(dashboard_routes.router(ctx.dashboards))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

@@ -3,16 +3,90 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from catalog import Catalog
-from ingest.events import EventValidator
+from alerts.evaluator import Evaluation
+from alerts.service import LoadedRule
 from api.security.config import SecurityConfig
+from catalog import Catalog
+from dashboard.service import DashboardService
+from ingest.events import EventValidator
 from ingest.log import EventLog
+from lag.model import PipelineLag
 from store import PaneStore
+from store.alerts import SqliteAlertStore, StoredRule
+from store.audit import AuditEntry
+from store.consumers import ConsumerRegistry
+from store.health import QueryHealth
+from store.idempotency import Decision
+from store.lag import LagStore
+from store.lease import LeaseRow
+from store.lease_rules import LeaseTracker
 from store.point_cache import PointCache
+
+# What the routes use of each optional part, so that a test (or another backend) can hand in
+# anything that answers these, and a reader sees what the API depends on. The composition root
+# passes lag.report.LagMonitor, store.health.HealthStore, alerts.service.AlertService,
+# store.audit.AuditStore, store.idempotency.IdempotencyStore and store.lease.Leadership.
+
+
+class LagView(Protocol):
+    store: LagStore
+    pipeline: str
+    window: int
+    interval_s: float
+    registry: ConsumerRegistry | None  # None: no fan-out
+
+    @property
+    def window_ms(self) -> int: ...
+    @property
+    def sampler_error(self) -> str | None: ...
+    def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag: ...
+    def consumers(self, stream: str | None = None) -> list[dict]: ...
+
+
+class HealthView(Protocol):
+    def state(self, pipeline: str) -> QueryHealth | None: ...
+    def store_errors(self, pipeline: str) -> dict | None: ...
+
+
+class AlertsView(Protocol):
+    store: SqliteAlertStore
+    notifiers: list  # alerts.webhook.WebhookNotifier: delivery counters for /metrics
+
+    def now_ms(self) -> int: ...
+    def rules(self) -> list[LoadedRule]: ...
+    def create(self, definition: Mapping) -> StoredRule: ...
+    def replace(self, name: str, definition: Mapping) -> StoredRule | None: ...
+    def delete(self, name: str) -> bool: ...
+    def silence(self, name: str, duration_ms: int | None) -> StoredRule | None: ...
+    def evaluate_due(self, now_ms: int | None = None) -> list[Evaluation]: ...
+    def with_corrections_since(self, history: list[dict]) -> list[dict]: ...
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+
+
+class AuditLog(Protocol):
+    def record(self, at_ms: int, actor: str, action: str, **details: Any) -> None: ...
+    def entries(self, *, limit: int = 100, after_id: int | None = None) -> list[AuditEntry]: ...
+
+
+class IdempotencyKeys(Protocol):
+    def claim(self, scope: str, key: str, fingerprint: str, now_ms: int) -> Decision: ...
+    def complete(self, scope: str, key: str, status: int, answer: dict) -> None: ...
+    def release(self, scope: str, key: str) -> None: ...
+
+
+class LeadershipView(Protocol):
+    me: str
+    last_error: str | None
+    tracker: LeaseTracker
+
+    def leading(self) -> bool: ...
+    def holder(self) -> LeaseRow: ...
+    def start(self) -> None: ...
+    def stop(self, timeout_s: float = 5.0, *, release: bool = True) -> None: ...
 
 
 @dataclass
@@ -28,20 +102,22 @@ class ApiContext:
     validators: dict[str, EventValidator] = field(default_factory=dict)
     # Consumer lag (lag.report.LagMonitor) and Spark query health (store.health.SqliteHealthStore);
     # None where not wired (then /api/v1/lag answers 503 and the pipeline's health is null).
-    lag: Any = None
-    health: Any = None
+    lag: LagView | None = None
+    health: HealthView | None = None
     # Alert rules and their evaluation (alerts.service.AlertService); None: no /api/v1/alerts routes.
-    alerts: Any = None
+    alerts: AlertsView | None = None
     # Final points of sketch stats kept between queries and websocket pushes (store/point_cache.py).
     point_cache: PointCache = field(default_factory=PointCache)
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
-    audit: Any = None
+    audit: AuditLog | None = None
+    # Dashboards (dashboard.service.DashboardService); None: no /api/v1/dashboards routes.
+    dashboards: DashboardService | None = None
     # Answers to POSTs with an Idempotency-Key (store.idempotency.IdempotencyStore); None: the
     # header is accepted and ignored (retries append again).
-    idempotency: Any = None
+    idempotency: IdempotencyKeys | None = None
     # The leader lease of this API replica (store.lease.Leadership): who runs the alert evaluator,
     # notifier and lag sampler; None: not wired (one process, nothing to show).
-    leadership: Any = None
+    leadership: LeadershipView | None = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query
 
 from api.context import ApiContext
-from api.errors import MAX_ID, BadParam, bad_request, errors, param_error
+from api.errors import MAX_ID, bad_request, errors, param_error
 from api.responses import CorrectionsOut, DeadLettersOut
-from api.timeparams import parse_instant_ms
+from catalog.times import BadParam, parse_instant_ms
 from catalog import Catalog, MetricDef
 from store import DEAD_LETTER_REASONS, Correction, PaneStore
 
@@ -34,7 +34,7 @@ def _narrow(stats: dict, metric: MetricDef | None) -> dict:
 
 
 def correction_message(c: Correction, metric: MetricDef | None = None) -> dict:
-    """A correction in the websocket's message format (coordination.md), also used by the REST list."""
+    """A correction in the websocket's message format, also used by the REST list."""
     return {
         "type": "correction",
         "id": c.id,

@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.routing import compile_path
 
+from catalog.times import BadParam
+
 # SQLite's INTEGER and Spark's bigint: an id or offset above this cannot exist, and Python
 # would raise OverflowError binding it. Declared in the schema (le=) so the contract says so.
 MAX_ID = 2**63 - 1
@@ -29,16 +31,6 @@ class ErrorOut(BaseModel):
 
     detail: str = Field(description="what is wrong, naming the parameter or field and the bound crossed")
     param: str | None = Field(None, description="the query parameter or body field at fault, where there is one")
-
-
-class BadParam(ValueError):
-    """A parameter's value is outside its contract. Pure: the parsers raise it, the routes
-    turn it into a 400 (param_error)."""
-
-    def __init__(self, param: str, reason: str):
-        super().__init__(f"{param}: {reason}")
-        self.param = param
-        self.reason = reason
 
 
 class ParamHTTPError(HTTPException):

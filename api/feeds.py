@@ -32,9 +32,6 @@ class FeedRegistry:
             raise ValueError(f"a feed for topic {topic!r} is already registered")
         self._feeds[topic] = feed
 
-    def topics(self) -> list[str]:
-        return list(self._feeds)
-
     def __iter__(self):
         return iter(self._feeds.values())
 

@@ -8,10 +8,10 @@ from fastapi import APIRouter, HTTPException, Query
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import BadParam, errors, param_error
+from api.errors import errors, param_error
 from api.responses import LagOut
-from api.timeparams import parse_range_ms
-from lag.model import LagSample
+from catalog.times import BadParam, parse_range_ms
+from store.lag import LagSample
 
 MAX_SAMPLES = 100_000
 

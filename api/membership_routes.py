@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import BadParam, bad_request, errors, param_error
-from api.timeparams import parse_range_ms
+from api.errors import bad_request, errors, param_error
+from catalog.times import BadParam, parse_range_ms
 from catalog import format_duration_ms
 from sketches.bloom import BloomFilter
 

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import math
-
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import BadParam, bad_request, errors, param_error
+from api.errors import bad_request, errors, param_error
 from api.responses import MetricsOut, StreamsOut
-from api.timeparams import default_step_ms, parse_duration_param, parse_range_ms
 from catalog import format_duration_ms
-from store.bloom import overlay_first_seen
-from store.rollup import Point, RollupError, align_range
-from store.series import query_series
+from catalog.times import BadParam
+from query import QueryError, answer_json, compute, parse_filters, resolve
+from store.rollup import RollupError
 
 
 class ErrorBoundOut(BaseModel):
@@ -39,6 +36,7 @@ class PointOut(BaseModel):
 
 
 class SeriesOut(BaseModel):
+    stat: str = Field(description="the stat of these points (a websocket subscription may ask several)")
     group: dict[str, str]
     points: list[PointOut]
 
@@ -46,7 +44,8 @@ class SeriesOut(BaseModel):
 class QueryAnswer(BaseModel):
     metric: str
     stream: str
-    stat: str
+    stat: str = Field(description="the (first) stat asked")
+    stats: list[str] = Field(description="every stat asked; each series names its own")
     unit: str
     start: int
     end: int
@@ -54,38 +53,6 @@ class QueryAnswer(BaseModel):
     window_ms: int
     watermark_ms: int | None
     series: list[SeriesOut]
-
-
-def _finite(x: float | None) -> float | None:
-    return x if x is None or math.isfinite(x) else None  # JSON has no inf or NaN: null, as pydantic writes them
-
-
-def point_out(p: Point) -> dict:
-    """A PointOut as JSON."""
-    error = None
-    if p.error is not None:
-        e = p.error
-        error = {"kind": e.kind, "lower": _finite(e.lower), "upper": _finite(e.upper),
-                 "relative_error": e.relative_error, "rank_error": e.rank_error,
-                 "expected_undercount": e.expected_undercount}
-    return {"t": p.t_ms, "value": _finite(p.value), "count": p.count, "final": p.final, "revision": p.revision,
-            "error": error}
-
-
-def _bad(message: str, param: str | None = None) -> HTTPException:
-    return bad_request(param, message)
-
-
-def _parse_filters(filters: list[str], dimensions: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in filters:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise _bad(f"filter {item!r} must look like dimension=value", "filter")
-        if name not in dimensions:
-            raise _bad(f"unknown dimension {name!r} in filter; dimensions: {', '.join(dimensions) or 'none'}", "filter")
-        out[name] = value
-    return out
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -127,7 +94,8 @@ def router(ctx: ApiContext) -> APIRouter:
     )
     async def query(
         metric: str = Query(..., description="metric name (see /api/v1/metrics)"),
-        stat: str = Query("count", description="count, rate, sum, avg, min, max, pNN (e.g. p99, p99.9), distinct"),
+        stat: str = Query("count", description="count, rate, sum, avg, min, max, pNN (e.g. p99, p99.9), distinct,"
+                          " first_seen"),
         start: str = Query("now-1h", alias="from", description="'now-1h', RFC 3339, epoch ms or s"),
         end: str = Query("now", alias="to"),
         step: str | None = Query(None, description="point spacing, a multiple of the pane (default: ~300 points);"
@@ -137,64 +105,24 @@ def router(ctx: ApiContext) -> APIRouter:
         group_by: list[str] = Query([], description="dimensions to group by (repeat or comma-separate)"),
         filter: list[str] = Query([], description="dimension=value equality filters (repeatable)"),
     ) -> JSONResponse:
-        try:
-            definition = ctx.catalog.metric(metric)
-        except KeyError as exc:
-            raise HTTPException(404, str(exc.args[0])) from None
-        stream = ctx.catalog.streams[definition.stream]
-        try:
-            quantile = definition.check_stat(stat)
-        except ValueError as exc:
-            raise _bad(str(exc), "stat") from None
         now = ctx.now_ms()
         try:
-            start_ms, end_ms = parse_range_ms(start, end, now)
-            step_ms = parse_duration_param(step, "step") if step else default_step_ms(max(end_ms - start_ms, 1),
-                                                                                       stream.pane)
-            window_ms = parse_duration_param(window, "window") if window else step_ms
+            q = resolve(ctx.catalog, metric=metric, stats=[stat], start=start, end=end, step=step, window=window,
+                        group_by=group_by, filters=parse_filters(filter), now_ms=now,
+                        max_points=ctx.query_max_points)
+            lo, hi = q.range_at(now)
+        except QueryError as exc:
+            raise (HTTPException(404, str(exc)) if exc.not_found else bad_request(exc.param, str(exc))) from None
         except BadParam as exc:
             raise param_error(exc) from None
-        groups = [g.strip() for item in group_by for g in item.split(",") if g.strip()]
-        for g in groups:
-            if g not in stream.dimensions:
-                raise _bad(f"unknown dimension {g!r} in group_by; dimensions: {', '.join(stream.dimensions) or 'none'}",
-                           "group_by")
-        filters = _parse_filters(filter, stream.dimensions)
-        first_seen = stat in ("first_seen", "first-seen")
-        if first_seen and (groups or filters):
-            raise _bad("first_seen is counted per stream, not per dimension: group_by and filter do not apply", "stat")
-        watermark = ctx.store.watermarks().get(stream.name)
-
+        watermark = ctx.store.watermarks().get(q.stream)
         try:
-            lo, hi = align_range(start_ms, end_ms, step_ms)
+            series = await run_in_threadpool(compute, ctx.store, q, lo, hi, watermark_ms=watermark,
+                                              max_points=ctx.query_max_points, cache=ctx.point_cache)
         except RollupError as exc:
-            raise _bad(str(exc)) from None
-        if (hi - lo) // step_ms > ctx.query_max_points:
-            raise _bad(f"{(hi - lo) // step_ms} points per series exceed the limit of {ctx.query_max_points};"
-                       " use a larger step or a shorter range", "step")
-
-        def compute():
-            series = query_series(
-                ctx.store, stream.name, stream.pane, stat="count" if first_seen else stat, quantile=quantile,
-                value_field=definition.value, distinct_field=definition.distinct, start_ms=lo, end_ms=hi,
-                step_ms=step_ms, window_ms=window_ms, group_by=groups, filters=filters, watermark_ms=watermark,
-                max_points=ctx.query_max_points, cache=ctx.point_cache,
-            )
-            if first_seen:  # the window's panes give count/final/revision; the first_seen table the value
-                rows = ctx.store.bloom_reader().first_seen_rows(stream.name, lo, hi + max(window_ms - step_ms, 0))
-                series[0] = type(series[0])(group={}, points=overlay_first_seen(series[0].points, rows, window_ms))
-            return series
-
-        try:
-            series = await run_in_threadpool(compute)
-        except RollupError as exc:
-            raise _bad(str(exc)) from None
+            raise bad_request(None, str(exc)) from None
         # Built as plain JSON: validating a day of points through the response model cost more than
         # computing them; the model still documents the shape (tests check the two agree).
-        return JSONResponse({
-            "metric": metric, "stream": stream.name, "stat": stat, "unit": definition.unit, "start": lo, "end": hi,
-            "step_ms": step_ms, "window_ms": window_ms, "watermark_ms": watermark,
-            "series": [{"group": s.group, "points": [point_out(p) for p in s.points]} for s in series],
-        })
+        return JSONResponse(answer_json(q, lo, hi, watermark, series))
 
     return r

@@ -12,8 +12,8 @@ from api import clock_routes, http_metrics
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
-from lag.feed import query_health
-from lag.model import LagStatus
+from store.health import query_health
+from store.lag import LagStatus
 
 
 class ReadyOut(BaseModel):

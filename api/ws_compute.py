@@ -1,64 +1,40 @@
-"""Points of a resolved subscription, computed with the same store read and roll-up as
-GET /api/v1/query, optionally restricted to a few windows; and which windows a changed
-pane or an advanced watermark touches. Pure except for the one store read."""
+"""Points of a subscription, computed by the same query.compute as GET /api/v1/query,
+optionally restricted to a few windows; and which windows a changed pane or an advanced
+watermark touches. Pure except for the one store read."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from api.ws_protocol import ResolvedQuery
+from query import Query, answer_json, compute, series_json
 from store import PaneStore
 from store.point_cache import PointCache
-from store.rollup import Point
-from store.series import query_series
 
 
-def point_json(p: Point) -> dict[str, Any]:
-    """The REST API's point object (PointOut)."""
-    return {
-        "t": p.t_ms, "value": p.value, "count": p.count, "final": p.final, "revision": p.revision,
-        "error": None if p.error is None else {
-            "kind": p.error.kind, "lower": p.error.lower, "upper": p.error.upper,
-            "relative_error": p.error.relative_error, "rank_error": p.error.rank_error,
-        },
-    }
-
-
-def compute_series(store: PaneStore, rq: ResolvedQuery, lo: int, hi: int, watermark_ms: int | None,
+def compute_series(store: PaneStore, rq: Query, lo: int, hi: int, watermark_ms: int | None,
                    max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
     """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step)."""
-    out = []
-    for stat, quantile in zip(rq.stats, rq.quantiles):
-        for s in query_series(
-            store, rq.stream, rq.pane_ms, stat=stat, quantile=quantile, value_field=rq.value_field,
-            distinct_field=rq.distinct_field, start_ms=lo, end_ms=hi, step_ms=rq.step_ms, window_ms=rq.window_ms,
-            group_by=rq.group_by, filters=dict(rq.filters), watermark_ms=watermark_ms, max_points=max_points,
-            cache=cache,
-        ):
-            out.append({"stat": stat, "group": s.group, "points": [point_json(p) for p in s.points]})
-    return out
+    return [series_json(s) for s in compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points,
+                                            cache=cache)]
 
 
-def snapshot_result(store: PaneStore, rq: ResolvedQuery, now_ms: int, watermark_ms: int | None,
+def snapshot_result(store: PaneStore, rq: Query, now_ms: int, watermark_ms: int | None,
                     max_points: int, cache: PointCache | None = None) -> dict[str, Any]:
-    """The body of GET /api/v1/query for this subscription (plus `stats`, and `stat` per series)."""
+    """The body of GET /api/v1/query for this subscription."""
     lo, hi = rq.range_at(now_ms)
-    return {
-        "metric": rq.metric, "stream": rq.stream, "stat": rq.stats[0], "stats": list(rq.stats), "unit": rq.unit,
-        "start": lo, "end": hi, "step_ms": rq.step_ms, "window_ms": rq.window_ms, "watermark_ms": watermark_ms,
-        "series": compute_series(store, rq, lo, hi, watermark_ms, max_points, cache),
-    }
+    return answer_json(rq, lo, hi, watermark_ms,
+                       compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points, cache=cache))
 
 
-def windows_containing(pane_start_ms: int, rq: ResolvedQuery, lo: int, hi: int) -> range:
+def windows_containing(pane_start_ms: int, rq: Query, lo: int, hi: int) -> range:
     """Starts t (multiples of step in [lo, hi)) of the windows [t, t + window) holding the pane start."""
     first = pane_start_ms - rq.window_ms + 1
     first += (-first) % rq.step_ms
     return range(max(first, lo), min(pane_start_ms + 1, hi), rq.step_ms)
 
 
-def windows_finalized(old_wm: int | None, new_wm: int, rq: ResolvedQuery, lo: int, hi: int) -> range:
+def windows_finalized(old_wm: int | None, new_wm: int, rq: Query, lo: int, hi: int) -> range:
     """Starts of the windows whose end passed from after old_wm to at-or-before new_wm."""
     last = new_wm - rq.window_ms  # t + window <= new_wm
     last -= last % rq.step_ms
@@ -74,7 +50,7 @@ ALL_GROUPS = None  # in an affected map: every group of that window changed
 
 
 def affected_windows(
-    rq: ResolvedQuery,
+    rq: Query,
     changed: Iterable[tuple[int, Mapping[str, str]]],
     watermark_move: tuple[int | None, int] | None,
     lo: int,
@@ -109,7 +85,7 @@ def runs(times: Iterable[int], step_ms: int, max_gap_points: int = 8) -> list[tu
     return spans
 
 
-def changed_points(store: PaneStore, rq: ResolvedQuery, affected: dict[int, set | None], watermark_ms: int | None,
+def changed_points(store: PaneStore, rq: Query, affected: dict[int, set | None], watermark_ms: int | None,
                    max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
     """Recompute only the affected windows; keep the points of the groups that changed there."""
     merged: dict[tuple[str, tuple], dict[str, Any]] = {}

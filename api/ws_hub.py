@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from api.ws_compute import affected_windows, changed_points, snapshot_result
-from api.ws_protocol import TOPICS, ResolvedQuery
+from api.ws_protocol import TOPICS
+from query import Query
 from store import PaneStore
 from store.point_cache import PointCache
 
@@ -47,7 +48,7 @@ def _dumps(obj: Any) -> str:
 @dataclass
 class Subscription:
     id: str
-    query: ResolvedQuery
+    query: Query
     token: int  # distinguishes a re-subscription under the same id
     ready: bool = False  # its snapshot is queued: points may follow
 
@@ -272,9 +273,6 @@ class Hub:
             self._thread.join(timeout=10)
         self._thread = None
 
-    def add_feed(self, feed: Feed) -> None:
-        self.feeds.append(feed)
-
     def connect(self) -> Client:
         client = Client(self.config.queue_size, self.config.max_subscriptions)
         with self._lock:
@@ -286,7 +284,7 @@ class Hub:
             self._clients.discard(client)
             client.subs.clear()
 
-    def subscribe(self, client: Client, sub_id: str, query: ResolvedQuery) -> Subscription:
+    def subscribe(self, client: Client, sub_id: str, query: Query) -> Subscription:
         with self._lock:
             old = client.subs.pop(sub_id, None)
             if old is not None:
@@ -305,7 +303,7 @@ class Hub:
             client.queue.forget(sub)
         return sub is not None
 
-    def snapshot(self, query: ResolvedQuery) -> dict:
+    def snapshot(self, query: Query) -> dict:
         """The subscription's full result now (run it off the event loop: it reads the store)."""
         watermark = self.store.watermarks().get(query.stream)
         return snapshot_result(self.store, query, self.now_ms(), watermark, self.config.max_points, self.point_cache)

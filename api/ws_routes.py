@@ -80,7 +80,9 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         _reply(client, error(exc.reason, exc.id))
         return
     if isinstance(msg, Ping):
-        _reply(client, {"type": "pong", "at_ms": hub.now_ms()})
+        # The heartbeat interval: the page pings on open and closes a socket silent for a few of them.
+        _reply(client, {"type": "pong", "at_ms": hub.now_ms(),
+                        "heartbeat_interval_ms": round(hub.config.heartbeat_interval_s * 1000)})
     elif isinstance(msg, Topics):
         client.topics = set(msg.topics)
         _reply(client, {"type": "topics", "topics": sorted(client.topics)})

@@ -16,13 +16,12 @@ from pathlib import Path
 from catalog import load_catalog
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
-from lag.model import LagSample
+from store.lag import LagSample, SqliteLagStore
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, StoreCommitted
 from sketchboard.settings import DEFAULT_STREAMS
 from store import SqlitePaneStore
-from store.lag import SqliteLagStore
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:

@@ -26,6 +26,7 @@ FieldName = Annotated[str, Field(pattern=NAME_RE)]
 COUNT_STATS = ("count", "rate")
 VALUE_STATS = ("sum", "avg", "min", "max")
 DISTINCT_STATS = ("distinct",)
+FIRST_SEEN_STATS = ("first_seen", "first-seen")  # the second spelling as the contract's prose writes it
 
 
 class CatalogReferenceError(ValueError):
@@ -186,7 +187,7 @@ class MetricDef(BaseModel):
             return float(match.group(1)) / 100.0
         if stat in COUNT_STATS:
             return None
-        if stat in ("first_seen", "first-seen"):
+        if stat in FIRST_SEEN_STATS:
             if not self.first_seen:
                 raise ValueError(f"metric {self.name!r} does not declare first_seen")
             return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -27,45 +26,15 @@ from pydantic import (
 )
 
 from catalog import StreamDef
+from catalog.times import parse_event_time_ms
 
 MAX_STRING_LENGTH = 1024
-# Numbers at or above this are epoch milliseconds, below it epoch seconds:
-# 1e11 s is the year 5138, 1e11 ms is 1973, so the two ranges cannot be confused for real data.
-EPOCH_MS_THRESHOLD = 100_000_000_000
-MAX_EVENT_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def _shown(value: Any) -> str:
     """A value for a message, cut short: a 4000-digit number or a 60 KB string is not worth echoing."""
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
-
-
-def parse_event_time_ms(value: Any) -> int:
-    """Epoch ms, epoch s (int or float) or an RFC 3339 string with a zone -> epoch ms."""
-    if isinstance(value, bool):
-        raise ValueError("event time must be a number or an RFC 3339 string, not a boolean")
-    if isinstance(value, int):
-        # Not through float: math.isfinite() of an int past 1.8e308 raises OverflowError.
-        ms = value if abs(value) >= EPOCH_MS_THRESHOLD else value * 1000
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("event time must be finite")
-        ms = int(value) if abs(value) >= EPOCH_MS_THRESHOLD else int(round(value * 1000))
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            raise ValueError(f"event time {_shown(value)} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
-        if parsed.tzinfo is None:
-            raise ValueError(f"event time {_shown(value)} has no time zone; add 'Z' or an offset like +01:00")
-        ms = int(round(parsed.timestamp() * 1000))
-    else:
-        raise ValueError("event time must be epoch ms, epoch seconds or an RFC 3339 string")
-    if not 0 <= ms <= MAX_EVENT_TIME_MS:
-        raise ValueError(f"event time {_shown(value)} is outside 1970..9999")
-    return ms
 
 
 def _to_label(value: Any) -> str:
@@ -197,16 +166,6 @@ class EventValidator:
             else:
                 reasons[name] = error["msg"]
         return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
-
-    def validate_many(self, raws: list[Any]) -> tuple[list[Event], list[Rejection]]:
-        accepted: list[Event] = []
-        rejected: list[Rejection] = []
-        for index, raw in enumerate(raws):
-            try:
-                accepted.append(self.validate(raw))
-            except ValueError as exc:
-                rejected.append(Rejection(index, str(exc)))
-        return accepted, rejected
 
 
 def _json_type(value: Any) -> str:

@@ -40,7 +40,8 @@ searches and four short regexes per record, about as cheap as the parse itself.
 from __future__ import annotations
 
 from catalog import Catalog, StreamDef
-from ingest.events import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS, MAX_STRING_LENGTH
+from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
+from ingest.events import MAX_STRING_LENGTH
 from ingest.json_limits import JsonLimits
 
 FLAT_OBJECT = r"^[ \t\n\r]*\{[^{}\\]*\}[ \t\n\r]*$"

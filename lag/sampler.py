@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from lag.model import LagSample
+from store.lag import LagSample
 from lag.sources import CommittedReader, LagSource, OffsetTimeTable
 
 log = logging.getLogger("sketchboard.lag")

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from lag.model import LagSample, LagStatus, PartitionLag, PipelineLag, StreamLag, Verdict
+from lag.model import PartitionLag, PipelineLag, StreamLag, Verdict
+from store.lag import LagSample, LagStatus
 
 
 def evaluate_partition(samples: Sequence[LagSample], *, now_ms: int, window: int, window_ms: int) -> Verdict:

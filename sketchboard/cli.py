@@ -43,6 +43,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         rules = load_rules_file(settings.alerts_config, catalog)
         print(f"{settings.alerts_config}: {len(rules)} alert rules - OK")
+    from sketchboard.wiring import dashboards_folder
+
+    folder = dashboards_folder(settings)
+    if folder is not None:
+        from dashboard.provisioning import load_dashboards_dir
+
+        dashboards = load_dashboards_dir(folder, catalog)
+        print(f"{folder}: {len(dashboards)} dashboards - OK")
     return 0
 
 
@@ -365,13 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     from aggregates.cluster import ExecutorEnvironmentError
     from alerts.rules import RuleError
     from api.security.token_file import TokenFileError
+    from dashboard.model import DashboardError
     from ingest.log import LogUnavailable, TopicMismatch
     from sketchboard.javacheck import JavaError
 
     try:
         return args.func(args)
     except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
-            ExecutorEnvironmentError) as exc:
+            ExecutorEnvironmentError, DashboardError) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

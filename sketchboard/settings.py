@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
     lag_retention: DurationMs = Field("24h", ge=60_000, description="lag samples and Spark progress kept")
 
+    # Dashboards
+    dashboards_config: Path | None = Field(None, description="the folder of provisioned dashboards, one YAML file"
+                                           " each (read-only through the API); none: `dashboards/` beside the"
+                                           " streams file, when there is one")
+
     # Alerts
     alerts_config: Path | None = Field(DEFAULT_ALERTS, description="alert rules file (read-only through the API);"
                                        " none: rules come only from the API")

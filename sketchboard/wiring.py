@@ -132,6 +132,30 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     return service
 
 
+def dashboards_folder(settings: Settings):
+    """The provisioned dashboards' folder: the one named, else `dashboards/` beside the streams
+    file (the demo's config/dashboards), None when that does not exist."""
+    if settings.dashboards_config is not None:
+        return settings.dashboards_config  # named on purpose: a missing folder is an error
+    beside = settings.streams_config.parent / "dashboards"
+    return beside if beside.is_dir() else None
+
+
+def build_dashboard_service(settings: Settings, catalog: Catalog, store, *, clock=None):
+    """The dashboards: the folder's loaded (a bad file stops the start, naming it), the saved ones
+    in the store beside the panes."""
+    import time
+
+    from dashboard.provisioning import load_dashboards_dir
+    from dashboard.service import DashboardService
+    from store.dashboards import DashboardStore
+
+    service = DashboardService(catalog, DashboardStore(store.side_db()), clock=clock or time.time)
+    folder = dashboards_folder(settings)
+    service.sync_files(load_dashboards_dir(folder, catalog) if folder is not None else {})
+    return service
+
+
 def open_audit_store(settings: Settings, store: PaneStore):
     from store.audit import AuditStore
 
@@ -214,6 +238,7 @@ def build_api(settings: Settings):
         lag=lag,
         health=open_health_store(settings, store),
         alerts=alerts,
+        dashboards=build_dashboard_service(settings, catalog, store),
         security=security,
         audit=open_audit_store(settings, store),
         idempotency=open_idempotency_store(settings, store),

@@ -68,10 +68,6 @@ def optimal_shape(capacity: int, fpp: float) -> tuple[int, int]:
     return m, k
 
 
-def _to_signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def derived_seeds(seed: int) -> tuple[int, int]:
     """The XXH64 seeds Spark's xxhash64(lit(seed), key) and xxhash64(lit(seed ^ SALT2), key) use for the key."""
     s1 = xxhash.xxh64_intdigest(struct.pack("<q", seed), _SPARK_HASH_SEED)

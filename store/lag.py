@@ -1,5 +1,8 @@
-"""The lag sample time series, beside the panes (the store's SQLite file with its own
-connection, or the PostgreSQL store's database: store.connection.Db).
+"""Lag samples (one partition at one instant: the log's offsets and the pipeline's committed
+offset), the statuses the lag evaluator (lag/status.py) gives them, and their time series,
+kept beside the panes (the store's SQLite file with its own connection, or the PostgreSQL
+store's database: store.connection.Db). Here, low in the layers, because the alert rules
+name statuses and the store keeps samples: neither should reach up into `lag/`.
 
 Kept out of store/sqlite.py on purpose: samples are written by the API process's sampler
 every few seconds and must not contend with the pane store's code paths. Retention is
@@ -9,10 +12,65 @@ bounded: every write prunes samples older than the retention.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
-from lag.model import LagSample
 from store.connection import Db, SideStore
+
+
+class LagStatus(str, Enum):
+    """Burrow's partition statuses, plus ERR for "cannot be evaluated"."""
+
+    OK = "OK"
+    WARN = "WARN"  # lag growing while the pipeline moves
+    STALL = "STALL"  # committed offset not moving while lag > 0, though the pipeline commits
+    STOP = "STOP"  # no commits for longer than the window while lag > 0
+    REWIND = "REWIND"  # committed offset went backwards
+    ERR = "ERR"  # the samples cannot be evaluated
+
+    @property
+    def severity(self) -> int:
+        """Roll-ups show the worst: OK < WARN < STALL < STOP < REWIND < ERR."""
+        return _SEVERITY[self]
+
+
+_SEVERITY = {s: i for i, s in enumerate(LagStatus)}
+
+
+@dataclass(frozen=True)
+class LagSample:
+    """One partition at one instant: the log's offsets and the pipeline's committed offset.
+
+    committed is the pipeline's stored end offset (exclusive) for the partition, None before
+    its first commit; last_commit_ms is when the pipeline last committed any batch (None:
+    never). lag_ms is the age of the oldest record not yet processed (0 when caught up, None
+    when unknown)."""
+
+    pipeline: str
+    stream: str
+    partition: int
+    at_ms: int
+    log_start: int
+    log_end: int
+    committed: int | None
+    last_commit_ms: int | None = None
+    lag_ms: int | None = None
+
+    @property
+    def position(self) -> int:
+        """The next offset the pipeline will read: its committed offset, or the log start
+        when it has none or retention dropped records it never read."""
+        return max(self.log_start, self.committed if self.committed is not None else self.log_start)
+
+    @property
+    def lag_events(self) -> int:
+        return max(0, self.log_end - self.position)
+
+    @property
+    def lag_seconds(self) -> float | None:
+        return None if self.lag_ms is None else round(self.lag_ms / 1000, 3)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS lag_samples (

@@ -29,7 +29,7 @@ from store.base import (
     StoredDeadLetter,
     StreamProgress,
 )
-from store.commit_plan import StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
+from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
@@ -97,20 +97,48 @@ class SqlitePaneStore(PaneStore):
 
     def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int,
                        retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
+        """One batch in the open transaction: skip a replay; read what the batch touches; decide
+        (store/commit_plan.py); write panes with their changes, tiers, dead letters, progress and
+        offsets, Bloom bits; prune past retention; record the batch id last."""
         conn = self._conn
         seen = conn.execute(
             "SELECT 1 FROM batches WHERE pipeline = ? AND batch_id = ?", (commit.pipeline, commit.batch_id)
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
-        # What the batch touches, as stored before it; then the decisions (store/commit_plan.py).
+        layouts = sqlite_tiers.stored_layouts(conn)
+        plan = plan_batch(commit, self._stored_panes(commit), self._stream_states(), lateness_ms, layouts,
+                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)
+        first_seq, last_seq = self._write_panes(commit, plan, now_ms)
+        # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
+        for stream, deltas in plan.tier_deltas.items():
+            sqlite_tiers.apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+        self._write_dead_letters(commit, plan, now_ms)
+        self._write_progress(commit, plan)
+        if commit.bloom is not None:
+            bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+        self._prune(commit, retention_ms, layouts)
+        conn.execute(
+            "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated),
+        )
+        return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
+                            len(commit.dead_letters))
+
+    def _stream_states(self) -> dict[str, StreamState]:
+        """Every stream's watermark and partition marks, as stored before the batch."""
         marks: dict[str, dict[int, PartitionMark]] = defaultdict(dict)
-        for stream, p, mx, read, end, progress in conn.execute(
+        for stream, p, mx, read, end, progress in self._conn.execute(
                 "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
                 " FROM partition_watermarks"):
             marks[stream][p] = PartitionMark(mx, read, end, progress)
-        streams_before = {stream: StreamState(wm, mx, marks.get(stream, {})) for stream, wm, mx in conn.execute(
+        return {stream: StreamState(wm, mx, marks.get(stream, {})) for stream, wm, mx in self._conn.execute(
             "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
+
+    def _stored_panes(self, commit: BatchCommit) -> dict[PaneId, StoredPane]:
+        """The stored panes the batch merges into (new panes are absent)."""
+        conn = self._conn
         stored = {}
         for pane_id in pane_ids(commit):
             row = conn.execute("SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
@@ -118,9 +146,12 @@ class SqlitePaneStore(PaneStore):
             if row is not None:
                 data = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, row[0], row[1])
                 stored[pane_id] = StoredPane(data, row[2])
-        layouts = sqlite_tiers.stored_layouts(conn)
-        plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
-                          idle_timeout_ms=idle_timeout_ms)
+        return stored
+
+    def _write_panes(self, commit: BatchCommit, plan: BatchPlan, now_ms: int) -> tuple[int | None, int | None]:
+        """The merged panes, a change record each (and a correction for a final pane); the first
+        and last change sequence numbers."""
+        conn = self._conn
         first_seq = last_seq = None
         for pane in plan.panes:
             pane_id = (pane.stream, pane.start_ms, pane.dims)
@@ -142,9 +173,10 @@ class SqlitePaneStore(PaneStore):
             )
             first_seq = first_seq or cursor.lastrowid
             last_seq = cursor.lastrowid
-        # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
-        for stream, deltas in plan.tier_deltas.items():
-            sqlite_tiers.apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+        return first_seq, last_seq
+
+    def _write_dead_letters(self, commit: BatchCommit, plan: BatchPlan, now_ms: int) -> None:
+        conn = self._conn
         conn.executemany(
             "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (?, ?, ?)"
             " ON CONFLICT (stream, reason) DO UPDATE SET count = count + excluded.count",
@@ -162,6 +194,10 @@ class SqlitePaneStore(PaneStore):
         conn.executemany(
             "INSERT OR REPLACE INTO device_clocks (stream, device, buckets, offset_ms, correction_ms, newest_ms,"
             " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*row, now_ms) for row in keep])
+
+    def _write_progress(self, commit: BatchCommit, plan: BatchPlan) -> None:
+        """Stream watermarks and counters, partition marks, and the pipeline's log offsets."""
+        conn = self._conn
         conn.executemany(
             "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
             " events_dead_lettered, held_by_partition) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream) DO UPDATE SET"
@@ -185,8 +221,10 @@ class SqlitePaneStore(PaneStore):
                 " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
                 [(commit.pipeline, stream, p, o) for p, o in partitions.items()],
             )
-        if commit.bloom is not None:
-            bloom_store.apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
+
+    def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> None:
+        """Panes, sketches, dead letters and tier rows past their stream's retention."""
+        conn = self._conn
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -200,13 +238,6 @@ class SqlitePaneStore(PaneStore):
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
-        conn.execute(
-            "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated),
-        )
-        return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
-                            len(commit.dead_letters))
 
     # -- reading ------------------------------------------------------------------------
 

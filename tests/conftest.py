@@ -14,7 +14,14 @@ DEMO_CONFIG = REPO_ROOT / "config" / "streams.yaml"
 
 @pytest.fixture(scope="session")
 def demo_catalog() -> Catalog:
+    """The one catalog fixture: the demo configuration (config/streams.yaml), loaded once."""
     return load_catalog(DEMO_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def catalog(demo_catalog: Catalog) -> Catalog:
+    """demo_catalog, under the short name the API and alert tests use."""
+    return demo_catalog
 
 
 @pytest.fixture

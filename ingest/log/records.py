@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from catalog import StreamDef
+from catalog.times import EPOCH_MS_THRESHOLD, parse_event_time_ms
 from ingest.json_limits import JsonLimits, violation
-from ingest.events import EPOCH_MS_THRESHOLD, Event, EventValidator, parse_event_time_ms
+from ingest.events import Event, EventValidator
 
 EVENT_TIME = "__event_time"
 INGEST_TIME = "__ingest_time"

@@ -20,30 +20,15 @@ from catalog import load_catalog
 from ingest.log import SqliteEventLog
 from store import SqlitePaneStore
 from store.tiers import catalog_layouts
+from tests.support.clock import NOW_S, FakeClock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "config" / "streams.yaml"
 
-NOW_S = 1_800_000_000.0  # 2027-01-15T08:00:00Z, a multiple of one minute
 NOW_MS = int(NOW_S * 1000)
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_EVENTS = 1000
-
-
-class FakeClock:
-    """A clock tests can set: returns epoch seconds, like time.time."""
-
-    def __init__(self, now: float = NOW_S):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def catalog():
-    return load_catalog(CONFIG)
 
 
 @pytest.fixture
@@ -122,14 +107,17 @@ def snapshot(ctx):
 @contextmanager
 def wired(ctx: ApiContext, tmp_path: Path, clock):
     """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor,
-    the Spark-health store, the audit log and the idempotency keys, all on the same real SQLite store file."""
+    the Spark-health store, the audit log, the idempotency keys and the dashboards, all on the
+    same real SQLite store file."""
     from alerts.service import AlertService
+    from dashboard.service import DashboardService
     from alerts.source import StoreAlertData
     from lag.report import LagMonitor
     from lag.sampler import LagSampler
     from lag.sources import EventLogLagSource, StoreCommitted
     from store.alerts import SqliteAlertStore
     from store.audit import AuditStore
+    from store.dashboards import DashboardStore
     from store.health import SqliteHealthStore
     from store.idempotency import IdempotencyStore
     from store.lag import SqliteLagStore
@@ -139,6 +127,7 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
     audit = AuditStore(tmp_path / "store.db", synchronous="OFF")
     idempotency = IdempotencyStore(tmp_path / "store.db", synchronous="OFF")
+    dashboards = DashboardStore(tmp_path / "store.db", synchronous="OFF")
     source = EventLogLagSource(ctx.log)
     sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
                          pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
@@ -149,11 +138,13 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     ctx.health = health
     ctx.audit = audit
     ctx.idempotency = idempotency
+    ctx.dashboards = DashboardService(ctx.catalog, dashboards, clock)
     try:
         yield ctx
     finally:
         ctx.alerts, ctx.lag, ctx.health, ctx.audit, ctx.idempotency = None, None, None, None, None
-        for side in (alert_store, lag_store, health, audit):
+        ctx.dashboards = None
+        for side in (alert_store, lag_store, health, audit, dashboards):
             side.close()
 
 

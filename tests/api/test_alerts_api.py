@@ -21,6 +21,7 @@ from api.app import create_app
 from store.alerts import SqliteAlertStore
 from tests.api.test_ws import ev
 from tests.api.test_ws_support import drain_log_into_store
+from tests.support.alerts import evaluate_every_rule
 
 RULE = {"name": "cart_p99", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
         "filters": {"endpoint": "/api/cart"}, "group_by": ["endpoint"], "op": ">", "threshold": 500,
@@ -177,7 +178,7 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
         send(api, ctx, clock, pane, latency)
         clock.now += 10 + 30  # move past this pane's end + the allowed lateness: the pane is final
         send(api, ctx, clock, pane + 40_000, 20)  # a later event moves the watermark past the pane
-        alerts.evaluate_all()
+        evaluate_every_rule(alerts)
         timeline.append(api.get("/api/v1/alerts/rules/cart_p99").json()["state"])
         clock.now -= 30
     assert timeline == ["normal", "normal", "pending", "firing", "firing", "resolved", "normal", "normal"], timeline
@@ -207,13 +208,13 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
 def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
     """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
     alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})
-    alerts.evaluate_all()
+    evaluate_every_rule(alerts)
     [pending] = alerts.store.instances()
     assert pending["state"] == "pending"
     clock.now += 30
     restarted = AlertService(ctx.catalog, SqliteAlertStore(tmp_path / "store.db"),
                              StoreAlertData(ctx.catalog, ctx.store), clock=clock)
-    restarted.evaluate_all()
+    evaluate_every_rule(restarted)
     [firing] = restarted.store.instances()
     assert firing["state"] == "firing" and firing["active_since_ms"] == pending["active_since_ms"]
 
@@ -222,7 +223,7 @@ def test_deleting_a_firing_rule_resolves_it_and_records_why(api, alerts, clock):
     recorder = Recorder()
     alerts.notifiers.append(recorder)
     api.post("/api/v1/alerts/rules", json={"name": "gone", "kind": "absence", "stream": "orders", "duration": "1m"})
-    alerts.evaluate_all()
+    evaluate_every_rule(alerts)
     assert api.get("/api/v1/alerts").json()["active"][0]["state"] == "firing"  # no orders at all
     assert api.delete("/api/v1/alerts/rules/gone").status_code == 204
     body = api.get("/api/v1/alerts").json()
@@ -234,7 +235,7 @@ def test_deleting_a_firing_rule_resolves_it_and_records_why(api, alerts, clock):
 def test_a_rule_whose_metric_disappeared_reads_as_error(ctx, alerts, clock):
     alerts.store.create_rule("orphan", {"name": "orphan", "kind": "threshold", "metric": "removed", "threshold": 1},
                              source="api", now_ms=1)
-    alerts.evaluate_all()
+    evaluate_every_rule(alerts)
     [inst] = alerts.store.instances("orphan")
     assert inst["state"] == "error" and "no longer valid" in inst["reason"]
 
@@ -243,7 +244,7 @@ def test_metrics_count_alert_instances_per_rule_and_state(api, alerts):
     from prometheus_client.parser import text_string_to_metric_families
 
     api.post("/api/v1/alerts/rules", json={"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m"})
-    alerts.evaluate_all()
+    evaluate_every_rule(alerts)
     families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
     samples = {(s.labels["alertname"], s.labels["alertstate"]): s.value for s in families["sketchboard_alerts"].samples}
     assert samples[("quiet", "firing")] == 1 and samples[("quiet", "pending")] == 0
@@ -256,7 +257,7 @@ def test_absence_per_group_reads_the_newest_pane_of_each_group(api, ctx, alerts,
     drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now)
     api.post("/api/v1/alerts/rules", json={"name": "silent_region", "kind": "absence", "stream": "http_requests",
                                            "duration": "2m", "group_by": ["region"], "filters": {"method": "GET"}})
-    alerts.evaluate_all()
+    evaluate_every_rule(alerts)
     active = api.get("/api/v1/alerts").json()["active"]
     assert [(a["labels"]["region"], a["state"], a["value"]) for a in active] == [("eu", "firing", 290.0)]
 
@@ -271,7 +272,7 @@ def test_metrics_sum_notification_outcomes_over_notifiers_and_include_standby(ap
     alerts.notifiers.extend(standby)
     try:
         api.post("/api/v1/alerts/rules", json={"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m"})
-        alerts.evaluate_all()
+        evaluate_every_rule(alerts)
         families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
         samples = [(s.labels["outcome"], s.value) for s in families["sketchboard_alert_notifications"].samples]
         assert len(samples) == len({outcome for outcome, _ in samples})  # no duplicate series

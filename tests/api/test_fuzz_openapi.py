@@ -70,6 +70,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           missing_required_header]
 RULE_NAME = "fuzz_rule"
 RULE = {"name": RULE_NAME, "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m", "threshold": 1}
+# A saved dashboard of the same name: `path.name` draws from one dictionary for both.
+DASHBOARD = {"name": RULE_NAME, "panels": [{"metric": "latency", "stat": "band", "kind": "area"}]}
 
 CATALOG = load_catalog(CONFIG)
 HOSTILE = [
@@ -139,20 +141,22 @@ def _checks(case) -> list:
 
 @pytest.fixture
 def fuzzed_app(wired_ctx):
-    """A fresh app and store per operation, with one rule for the rule routes to find; tokens
+    """A fresh app and store per operation, with one rule and one dashboard for their routes to find; tokens
     required, FUZZ_TOKEN the one admin token."""
     wired_ctx.security = SecurityConfig(tokens=TokenRegistry(
         [TokenRecord("fuzz", hash_token(FUZZ_TOKEN), frozenset({Scope.ADMIN}))]))
     app = create_app(wired_ctx)
     wired_ctx.alerts.create(RULE)
+    wired_ctx.dashboards.create(DASHBOARD)
     return app
 
 
 @pytest.fixture
 def state(wired_ctx, snapshot):
     """What a rejected request must leave as it was: the log and pane store (conftest's
-    snapshot) and the alert rules with their silences."""
-    return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules()}
+    snapshot), the alert rules with their silences, and the dashboards."""
+    return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules(),
+                    "dashboards": wired_ctx.dashboards.store.dashboards()}
 
 
 @schema.parametrize()

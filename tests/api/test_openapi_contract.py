@@ -19,6 +19,8 @@ from tests.api.test_corrections import corrected  # noqa: F401  (a fixture: pane
 
 RULE = {"name": "r1", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m", "threshold": 5,
         "for": "30s", "labels": {"severity": "page"}}
+DASHBOARD = {"name": "d1", "panels": [{"metric": "latency", "stat": "band", "kind": "area"},
+                                      {"metric": "requests", "stat": "rate", "group_by": ["endpoint"], "kind": "table"}]}
 
 
 @pytest.fixture
@@ -88,13 +90,17 @@ def test_answers_over_real_data_match_the_document(app, document, corrected, wir
     with TestClient(app) as client:
         assert client.post("/api/v1/alerts/rules", json=RULE).status_code == 201
         assert client.post("/api/v1/alerts/rules/r1/silence", json={"duration": "1h"}).status_code == 200
+        created = client.post("/api/v1/dashboards", json=DASHBOARD)
+        assert created.status_code == 201, created.text
+        schema["/api/v1/dashboards"]["POST"].validate_response(created)
+        schema["/api/v1/dashboards/{name}"]["GET"].validate_response(client.get("/api/v1/dashboards/d1"))
         wired_ctx.alerts.evaluate_due()
         calls = [
             ("GET", "/api/v1/corrections", {}), ("GET", "/api/v1/corrections", {"metric": "latency"}),
             ("GET", "/api/v1/dead-letters", {}), ("GET", "/api/v1/pipeline", {}), ("GET", "/api/v1/streams", {}),
             ("GET", "/api/v1/metrics", {}), ("GET", "/api/v1/lag", {}), ("GET", "/api/v1/alerts/rules", {}),
             ("GET", "/api/v1/alerts/rules/{name}", {}), ("GET", "/api/v1/alerts", {}), ("GET", "/healthz", {}),
-            ("GET", "/readyz", {}),
+            ("GET", "/readyz", {}), ("GET", "/api/v1/dashboards", {}),
             ("GET", "/api/v1/query", {"metric": "latency", "stat": "p99", "from": "now-1d", "step": "1m"}),
         ]
         for method, path, params in calls:

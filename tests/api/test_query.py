@@ -528,3 +528,85 @@ def test_too_many_points_names_the_limit(client, ctx):
 
 def test_missing_metric_is_422(client):
     assert client.get(URL).status_code == 422
+
+
+# -- one query path: REST, the websocket and alert rules resolve and compute a query alike --
+
+FIRST_SEEN_ROWS = [(NOW_MS - 290_000, 4, 10, 1, 0.5, 2), (NOW_MS - 120_000, 6, 9, 2, 0.25, 1)]
+
+
+@pytest.fixture
+def with_first_seen(ctx, populated):
+    """The populated panes plus first_seen rows, as the pipeline commits them beside its panes."""
+    from store.bloom import BloomCommit, FirstSeenPartial
+
+    rows = [FirstSeenPartial(STREAM, start, start + PANE, *counts) for start, *counts in FIRST_SEEN_ROWS]
+    assert ctx.store.commit_batch(BatchCommit("main", 2, [], 0, bloom=BloomCommit(first_seen=rows)),
+                                  lateness_ms={}, now_ms=NOW_MS).committed
+    return populated
+
+
+def ws_snapshot(client, query: dict) -> dict:
+    with client.websocket_connect("/api/v1/ws") as ws:
+        ws.send_text(json.dumps({"type": "subscribe", "id": "s", "query": query}))
+        msg = ws.receive_json()
+        while msg["type"] not in ("snapshot", "error"):
+            msg = ws.receive_json()
+    return msg
+
+
+@pytest.mark.parametrize(("metric", "stat", "extra"), [
+    ("requests", "count", {"group_by": "region"}),
+    ("latency", "avg", {"filter": "region=eu"}),
+    ("latency", "p50", {}),
+    ("latency", "p99.9", {"group_by": "endpoint", "window": "1m"}),
+    ("requests", "distinct", {"window": "30s"}),
+    ("new_users", "first_seen", {"window": "1m"}),
+])
+def test_rest_and_websocket_answer_the_same_points(client, with_first_seen, metric, stat, extra):
+    params = {"metric": metric, "stat": stat, "from": "now-5m", "to": "now", "step": "10s", **extra}
+    rest = client.get(URL, params=params)
+    assert rest.status_code == 200, rest.text
+    snapshot = ws_snapshot(client, params)
+    assert snapshot["type"] == "snapshot", snapshot
+    assert snapshot["result"] == rest.json()
+    assert any(p["value"] for s in rest.json()["series"] for p in s["points"])  # not an empty answer
+    if stat == "first_seen":
+        values = [p["value"] for p in rest.json()["series"][0]["points"]]
+        assert sum(values) > sum(r[1] for r in FIRST_SEEN_ROWS)  # each row counted in the 1m windows it lies in
+
+
+@pytest.mark.parametrize(("metric", "stat", "group_by", "fragment"), [
+    ("requests", "p99", [], "has no value field, so it has no percentiles"),
+    ("requests", "avg", [], "has no value field, so it has no avg"),
+    ("latency", "distinct", [], "declares no distinct field"),
+    ("latency", "first_seen", [], "does not declare first_seen"),
+    ("latency", "median", [], "unknown stat 'median'"),
+    ("new_users", "first_seen", ["region"], "first_seen is counted per stream"),
+])
+def test_a_stat_a_metric_does_not_have_is_rejected_alike(client, catalog, metric, stat, group_by, fragment):
+    from alerts.rules import RuleError, parse_rule
+
+    rest = client.get(URL, params={"metric": metric, "stat": stat, "group_by": group_by})
+    assert rest.status_code == 400 and rest.json()["param"] == "stat"
+    reason = rest.json()["detail"]
+    assert fragment in reason
+    ws = ws_snapshot(client, {"metric": metric, "stat": stat, "group_by": group_by})
+    assert ws["type"] == "error" and ws["reason"] == reason
+    with pytest.raises(RuleError) as rule:
+        parse_rule({"name": "r", "kind": "threshold", "metric": metric, "stat": stat, "group_by": group_by,
+                    "threshold": 1}, catalog)
+    assert str(rule.value) == f"rule 'r': stat: {reason}"
+
+
+def test_an_alert_rule_reads_the_window_rest_answers(ctx, client, with_first_seen):
+    """alerts.source computes its one window through the same query.compute as REST."""
+    from alerts.source import StoreAlertData
+
+    data = StoreAlertData(ctx.catalog, ctx.store)
+    start, end = NOW_MS - 300_000, NOW_MS - 240_000
+    for metric, stat in (("latency", "p90"), ("requests", "distinct"), ("new_users", "first_seen")):
+        rest = client.get(URL, params={"metric": metric, "stat": stat, "from": start, "to": start + 1,
+                                       "step": "1m"}).json()
+        (value,) = data.window_values(metric, stat, start, end, (), {})
+        assert value.value == rest["series"][0]["points"][0]["value"], (metric, stat)

@@ -17,6 +17,7 @@ from api.security.config import SecurityConfig, normalize_origins
 from api.security.scopes import Scope
 from api.security.token_file import TokenRegistry, create_token, revoke_token
 from tests.api.test_ws import Server
+from tests.support.clock import FakeClock
 
 EVENTS = "/api/v1/events?stream=orders"
 RULE = {"name": "r1", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m", "threshold": 5}
@@ -53,7 +54,7 @@ def server(wired_ctx, tokens):
 def test_without_a_token_only_the_probes_and_the_dashboard_answer(server):
     http = server.client
     assert http.get("/healthz").status_code == 200
-    assert http.get("/").status_code == 200 and http.get("/static/app.js").status_code == 200
+    assert http.get("/").status_code == 200 and http.get("/static/main.js").status_code == 200
     for method, path in (("GET", "/api/v1/streams"), ("GET", "/metrics"), ("GET", "/api/v1/query?metric=latency"),
                          ("GET", "/api/v1/alerts/rules"), ("DELETE", "/api/v1/alerts/rules/r1")):
         r = http.request(method, path)
@@ -160,7 +161,7 @@ def test_no_cors_headers_unless_cors_origins_is_set(server, tokens, wired_ctx):
 
 
 def test_dashboard_security_headers(server, tokens):
-    for path in ("/", "/static/app.js", "/static/plotly.min.js"):
+    for path in ("/", "/static/main.js", "/static/plotly.min.js"):
         r = server.client.get(path)
         csp = r.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
@@ -202,18 +203,10 @@ def test_every_secured_operation_in_the_document_refuses_a_missing_or_bad_token(
             assert r.status_code == 401, (method, path, r.status_code, r.text)
 
 
-class StepClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_requests_over_the_rate_get_429_with_retry_after_per_token(wired_ctx, tokens, now_ms):
     from api.security.ratelimit import RateLimiter
 
-    clock = StepClock()
+    clock = FakeClock(0.0)
     secure(wired_ctx, tokens, request_limit=RateLimiter(2, 3, clock=clock),
            event_limit=RateLimiter(10, 10, clock=clock))
     with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
@@ -243,7 +236,7 @@ def test_requests_over_the_rate_get_429_with_retry_after_per_token(wired_ctx, to
 def test_open_service_limits_per_client_address(ctx):
     from api.security.ratelimit import RateLimiter
 
-    ctx.security = SecurityConfig(request_limit=RateLimiter(1, 2, clock=StepClock()))
+    ctx.security = SecurityConfig(request_limit=RateLimiter(1, 2, clock=FakeClock(0.0)))
     with Server(create_app(ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
         assert [http.get("/api/v1/streams").status_code for _ in range(3)] == [200, 200, 429]
         assert http.get("/").status_code == 200

@@ -1,4 +1,4 @@
-"""The dashboard's assets are served by the API itself (no CDN): the page, its script and
+"""The dashboard's assets are served by the API itself (no CDN): the page, its modules and
 style, and Plotly's JavaScript from the installed plotly package."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import plotly
 def test_page_and_assets_are_served_locally(client):
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for ref in ("/static/plotly.min.js", "/static/app.js", "/static/app.css"):
+    for ref in ("/static/plotly.min.js", "/static/main.js", "/static/app.css"):
         assert ref in page.text
     assert "http://" not in page.text.replace("http://127.0.0.1", "") and "https://" not in page.text
 
     js = client.get("/static/plotly.min.js")
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
     assert js.content == (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
-    app_js = client.get("/static/app.js")
-    assert app_js.status_code == 200 and "/api/v1/ws" in app_js.text
+    connection_js = client.get("/static/connection.js")  # imported by main.js
+    assert connection_js.status_code == 200 and "/api/v1/ws" in connection_js.text
     assert client.get("/static/app.css").headers["content-type"].startswith("text/css")
 
 

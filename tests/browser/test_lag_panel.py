@@ -1,6 +1,6 @@
 """The lag panel and the query health in the status strip, fed by the real feeds (no JVM): the
 real app on loopback with a real lag monitor and health store wired as in production, so the
-page gets `lag.feed.LagFeed`'s messages and `lag.feed.query_health`'s `query` object, not
+page gets `lag.feed.LagFeed`'s messages and `store.health.query_health`'s `query` object, not
 hand-written ones. The page must show what the API's own report says."""
 
 from __future__ import annotations

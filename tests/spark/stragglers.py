@@ -20,6 +20,7 @@ from ingest.events import EventValidator
 from store import dims_key
 from store.panes import advance_watermark, is_final, pane_start
 from tests.log_backends import TestLog
+from tests.support.events import validate_many
 
 STREAM = "http_requests"
 DAY = 86_400_000
@@ -64,7 +65,7 @@ def write_straggler_log(test_log: TestLog, catalog: Catalog, base_ms: int, *, n:
     out = StragglerLog(base_ms)
     for i in range(0, len(events), chunk):
         part = events[i : i + chunk]
-        good, rejected = validator.validate_many([e for _, e in part])
+        good, rejected = validate_many(validator, [e for _, e in part])
         assert not rejected, rejected[:1]
         log.append(stream, good, max(a for a, _ in part))
         out.records += len(good)

@@ -19,6 +19,7 @@ from ingest.events import EventValidator
 from ingest.log import EventLog
 from store import SqlitePaneStore, pane_start
 from tests.log_backends import TestLog
+from tests.support.events import validate_many
 
 pytestmark = pytest.mark.spark
 
@@ -58,7 +59,7 @@ def append(log: EventLog, events: list[tuple[int, dict]], chunk: int = 300) -> N
     validator = EventValidator(stream)
     for i in range(0, len(events), chunk):
         part = events[i:i + chunk]
-        good, rejected = validator.validate_many([e for _, e in part])
+        good, rejected = validate_many(validator, [e for _, e in part])
         assert not rejected
         log.append(stream, good, max(a for a, _ in part))
 

@@ -28,8 +28,8 @@ pytestmark = [
     ], indirect=True, scope="module", ids=["embedded", "scale-out"]),
 ]
 
-HLL_BOUND = 3 * 0.0162  # design.md: within 3 x 1.62 % (lg_k 12)
-KLL_BOUND = 0.0133  # design.md: rank within +/- 1.33 % (k 200)
+HLL_BOUND = 3 * 0.0162  # the quality bar: within 3 x 1.62 % (lg_k 12)
+KLL_BOUND = 0.0133  # the quality bar: rank within +/- 1.33 % (k 200)
 
 
 class Service:

@@ -9,17 +9,10 @@ import pytest
 from alerts.kinds import evaluate_rule
 from alerts.outcome import Outcome, StreamLagView, WindowValue
 from alerts.rules import parse_rule
-from catalog import load_catalog
-from tests.api.conftest import CONFIG
 
 NOW = 1_800_000_000_000  # a multiple of a minute
 PANE, LATENESS = 10_000, 30_000  # http_requests in the demo config
 DAY, WEEK = 86_400_000, 7 * 86_400_000
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(CONFIG)
 
 
 class FakeData:

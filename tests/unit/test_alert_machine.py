@@ -5,24 +5,15 @@ their "firing" mappings), group instances coming and going, history and notices.
 
 from __future__ import annotations
 
-import pytest
-
 from alerts.evaluator import evaluate, fingerprint
 from alerts.machine import Reading, step
 from alerts.outcome import Outcome, Sample
 from alerts.rules import parse_rule
 from alerts.states import AlertState
-from catalog import load_catalog
-from tests.api.conftest import CONFIG
 
 S = AlertState
 T0 = 1_800_000_000_000
 STEP = 10_000  # the evaluation interval used in these tests
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(CONFIG)
 
 
 def make_rule(catalog, **fields):

@@ -279,9 +279,16 @@ def test_producer_retries_a_body_with_the_same_idempotency_key(catalog):
 def test_producer_stops_on_event(catalog):
     stop = threading.Event()
     producer = DemoProducer(f"http://127.0.0.1:{_free_port()}", DemoTraffic(catalog), out=io.StringIO())
-    # 1 s: several ticks, so at least one post is tried even on a loaded machine (0.3 s, one tick, was flaky).
-    threading.Timer(1.0, stop.set).start()
-    started = time.monotonic()
+
+    def stop_after_a_failed_try():  # not on a fixed timer: a loaded machine may not have tried yet
+        deadline = time.monotonic() + 30
+        while producer.errors < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stopping[0] = time.monotonic()
+        stop.set()
+
+    stopping = [None]
+    threading.Thread(target=stop_after_a_failed_try, daemon=True).start()
     summary = producer.run(stop=stop)  # nothing listens: it must still stop promptly
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - stopping[0] < 2.0
     assert summary["sent"] == 0 and summary["errors"] >= 1

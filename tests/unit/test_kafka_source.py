@@ -5,14 +5,12 @@ own validator and becomes an `invalid` row with the validator's message."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from aggregates.eventtime import INVALID, UNPARSEABLE, dead_letter_reason
 from aggregates.spark import kafka_connector_conf
-from catalog import load_catalog
 from ingest.events import EventValidator
 from ingest.kafka_source import (
     RECORD_SCHEMA,
@@ -25,13 +23,7 @@ from ingest.kafka_source import (
 from ingest.log.records import event_to_json
 from ingest.source_rows import SOURCE_SCHEMA
 
-CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 T0 = 1_794_999_600_000
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(CONFIG)
 
 
 def test_options_subscribe_to_the_catalogs_topics_with_the_batch_limit_and_client_settings(catalog):

@@ -7,24 +7,17 @@ import pytest
 
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
-from lag.feed import LagFeed, query_health
-from lag.model import LagSample, LagStatus
+from lag.feed import LagFeed
+from store.health import query_health
+from store.lag import LagSample, LagStatus, LagStore
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, OffsetTimeTable, StoreCommitted
 from store import BatchCommit
 from store.health import HealthStore
-from store.lag import LagStore
+from tests.support.clock import FakeClock
 
 T0_S = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, now: float = T0_S):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -34,7 +27,7 @@ def parts(tmp_path, demo_catalog, store_backend):
         log.ensure_topic(stream)
     store = store_backend.create()  # the pane and lag stores of each backend (tests/store_backends.py)
     lag_store = LagStore(store.side_db(), retention_ms=60_000)
-    clock = Clock()
+    clock = FakeClock(T0_S)
     sampler = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
                          streams=list(demo_catalog.streams), interval_s=1.0, clock=clock)
     monitor = LagMonitor(lag_store, "main", lambda: [(n, p) for n in demo_catalog.streams

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from lag.model import LagSample, LagStatus, Verdict
+from lag.model import Verdict
+from store.lag import LagSample, LagStatus
 from lag.status import evaluate, evaluate_partition, worst
+from tests.support.clock import FakeClock
 
 T0 = 1_800_000_000_000
 INTERVAL = 2_000
 WINDOW = 5
 WINDOW_MS = WINDOW * INTERVAL
-
-
-class FakeClock:
-    def __init__(self, ms: int):
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def samples(ends, committed, *, commits=None, start=0, t0=T0, stream="s", partition=0):

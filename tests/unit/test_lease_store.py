@@ -13,16 +13,9 @@ import pytest
 from store.lease import Leadership, LeaseStore
 from store.lease_rules import LeaseRecord
 from tests.unit.test_store import LATENESS, T0, commit, make_data, partial
+from tests.support.clock import FakeClock
 
 NAME = "api-leader"
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -30,7 +23,7 @@ def pane_store(store_backend):
     return store_backend.create()
 
 
-def replica(store_backend, pane_store, me: str, clock: Clock, ttl_s: float = 10.0, **kw) -> Leadership:
+def replica(store_backend, pane_store, me: str, clock: FakeClock, ttl_s: float = 10.0, **kw) -> Leadership:
     """A replica's lease over its own connection(s) to the same storage."""
     other = store_backend.reopen(pane_store)
     return Leadership(LeaseStore(other.side_db()), NAME, me, ttl_s=ttl_s, monotonic=clock,
@@ -55,7 +48,7 @@ def test_compare_and_set_writes_only_over_the_version_read(store_backend, pane_s
 
 
 def test_one_replica_leads_and_another_takes_over_after_the_ttl(store_backend, pane_store):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     gained, lost = [], []
     a = replica(store_backend, pane_store, "a", clock, on_gain=lambda: gained.append("a"),
                 on_lose=lambda: lost.append("a"))
@@ -66,15 +59,15 @@ def test_one_replica_leads_and_another_takes_over_after_the_ttl(store_backend, p
     assert gained == ["a"] and a.leading() and not b.leading()
     assert b.holder().record.holder == "a"
     for _ in range(5):  # a renews every 2 s: b keeps following
-        clock.t += 2
+        clock.now += 2
         a.tick()
         b.tick()
     assert gained == ["a"] and not lost
     # a dies (no more ticks): b takes over once it saw the row unchanged for a whole ttl.
-    clock.t += 9.9
+    clock.now += 9.9
     b.tick()
     assert not b.leading()
-    clock.t += 0.1
+    clock.now += 0.1
     b.tick()
     assert b.leading() and gained == ["a", "b"]
     row = b.holder()
@@ -85,7 +78,7 @@ def test_one_replica_leads_and_another_takes_over_after_the_ttl(store_backend, p
 
 
 def test_stopping_hands_the_lease_over_at_once(store_backend, pane_store):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = replica(store_backend, pane_store, "a", clock), replica(store_backend, pane_store, "b", clock)
     a.tick()
     b.tick()

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import StreamDef
-from ingest.events import MAX_EVENT_TIME_MS, EventValidator
+from catalog.times import MAX_EVENT_TIME_MS
+from ingest.events import EventValidator
 from ingest.log import LogUnavailable, TopicMismatch
 from ingest.log.kafka import LOG_APPEND_TIME, check_topic
 from ingest.log.records import EXTRA, OFFSET, event_to_json, json_to_event

@@ -14,6 +14,7 @@ from api.security.policy import required_scope
 from api.security.scopes import Scope, grants, parse_scopes
 from api.security.token_file import TokenFileError, TokenRegistry, create_token, read_tokens, revoke_token
 from api.security.tokens import TokenRecord, TokenSet, hash_token, new_token
+from tests.support.clock import FakeClock
 
 
 def test_admin_implies_every_scope_and_the_others_only_themselves():
@@ -124,16 +125,8 @@ def test_token_file_create_list_revoke(tmp_path):
         revoke_token(path, "ci")
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_the_registry_rereads_the_file_when_it_changes_and_stays_closed_when_emptied(tmp_path):
-    path, clock = tmp_path / "tokens.json", Clock()
+    path, clock = tmp_path / "tokens.json", FakeClock(0.0)
     registry = TokenRegistry(path=path, reload_every_s=1.0, clock=clock)
     assert registry.state() == (False, TokenSet())  # no file, no tokens: open
     token = create_token(path, "ci", frozenset({Scope.READ}), now_ms=1)
@@ -182,7 +175,7 @@ def test_settings_take_token_hashes_and_origins_and_refuse_clear_tokens(tmp_path
 def test_rate_limiter_buckets_refill_with_time_and_are_per_key():
     from api.security.ratelimit import RateLimiter, client_key, retry_after
 
-    clock = Clock()
+    clock = FakeClock(0.0)
     limiter = RateLimiter(rate=2, burst=4, clock=clock)
     assert [limiter.take("a") for _ in range(4)] == [0, 0, 0, 0]
     assert limiter.take("a") == pytest.approx(0.5)  # one token comes back every 0.5 s
@@ -199,7 +192,7 @@ def test_rate_limiter_buckets_refill_with_time_and_are_per_key():
 def test_a_cost_above_the_burst_passes_on_a_full_bucket_and_leaves_a_debt():
     from api.security.ratelimit import RateLimiter
 
-    clock = Clock()
+    clock = FakeClock(0.0)
     limiter = RateLimiter(rate=10, burst=10, clock=clock)
     assert limiter.take("k", 30) == 0  # one big request is not refused forever
     assert limiter.take("k", 1) == pytest.approx(2.1)  # -20 tokens: 2 s to get back to 0, 0.1 s more for one
@@ -210,7 +203,7 @@ def test_a_cost_above_the_burst_passes_on_a_full_bucket_and_leaves_a_debt():
 def test_the_limiter_forgets_the_least_recently_seen_keys():
     from api.security.ratelimit import RateLimiter
 
-    limiter = RateLimiter(rate=1, burst=1, clock=Clock(), max_keys=2)
+    limiter = RateLimiter(rate=1, burst=1, clock=FakeClock(0.0), max_keys=2)
     for key in ("a", "b", "c"):
         assert limiter.take(key) == 0
     assert limiter.take("a") == 0  # forgotten: full again

@@ -14,6 +14,7 @@ from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from ingest.log.records import encode_segment, segment_schema
 from ingest.spark_source import MISSING_EVENT_TIME, SOURCE_SCHEMA, read_slice
+from tests.support.events import validate_many
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 T0 = 1_700_000_000_000
@@ -26,7 +27,7 @@ def test_corrupt_segment_and_null_event_time_become_error_rows(tmp_path):
     v = EventValidator(stream)
 
     def append(n):
-        good, _ = v.validate_many([{"time": T0 + i, "customer_id": "c1", "country": "DE", "payment_method": "card",
+        good, _ = validate_many(v, [{"time": T0 + i, "customer_id": "c1", "country": "DE", "payment_method": "card",
                                     "amount": 1.0, "items": 1} for i in range(n)])
         return log.append(stream, good, T0)
 

@@ -1,4 +1,4 @@
-"""api.timeparams: instants and duration parameters are bounded (1970..9999, at most 36500d)
+"""catalog.times: instants and duration parameters are bounded (1970..9999, at most 36500d)
 and every error is a BadParam naming the parameter. Pure: no app, no store."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.errors import BadParam
-from api.timeparams import MAX_TIME_MS, parse_duration_param, parse_instant_ms, parse_range_ms
+from catalog.times import BadParam, MAX_TIME_MS, parse_duration_param, parse_instant_ms, parse_range_ms
 from api.ws_protocol import ProtocolError, QueryIn, resolve_query
 from catalog import MAX_DURATION_MS, load_catalog
 from tests.conftest import DEMO_CONFIG

@@ -1,18 +1,70 @@
-"""Time parameters of queries: absolute or relative instants, durations, a default step.
+"""Time as users write it: event times (epoch ms, epoch s, RFC 3339) and the instants and
+durations of query parameters ('now-1h', a step of '1m'). The bottom layer: ingest validates
+event times with it, and queries, lag and corrections read their ranges with it.
 
 Every parser here is bounded: an instant lies in 1970-01-01..9999-12-31 (as event times do),
-a duration is at most catalog.MAX_DURATION_MS, and anything else is a BadParam naming the
-parameter; so no arithmetic downstream can overflow a 64-bit integer or meet a float infinity.
+a duration is at most MAX_DURATION_MS, and anything else is a ValueError (BadParam for a
+query parameter, naming it); so no arithmetic downstream can overflow a 64-bit integer or
+meet a float infinity.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
+from typing import Any
 
-from api.errors import BadParam
-from catalog import parse_duration_ms
-from ingest.events import MAX_EVENT_TIME_MS, parse_event_time_ms
+from catalog.durations import parse_duration_ms
+
+# Numbers at or above this are epoch milliseconds, below it epoch seconds:
+# 1e11 s is the year 5138, 1e11 ms is 1973, so the two ranges cannot be confused for real data.
+EPOCH_MS_THRESHOLD = 100_000_000_000
+MAX_EVENT_TIME_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, cut short: a 4000-digit number or a 60 KB string is not worth echoing."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def parse_event_time_ms(value: Any) -> int:
+    """Epoch ms, epoch s (int or float) or an RFC 3339 string with a zone -> epoch ms."""
+    if isinstance(value, bool):
+        raise ValueError("event time must be a number or an RFC 3339 string, not a boolean")
+    if isinstance(value, int):
+        # Not through float: math.isfinite() of an int past 1.8e308 raises OverflowError.
+        ms = value if abs(value) >= EPOCH_MS_THRESHOLD else value * 1000
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("event time must be finite")
+        ms = int(value) if abs(value) >= EPOCH_MS_THRESHOLD else int(round(value * 1000))
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"event time {_shown(value)} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
+        if parsed.tzinfo is None:
+            raise ValueError(f"event time {_shown(value)} has no time zone; add 'Z' or an offset like +01:00")
+        ms = int(round(parsed.timestamp() * 1000))
+    else:
+        raise ValueError("event time must be epoch ms, epoch seconds or an RFC 3339 string")
+    if not 0 <= ms <= MAX_EVENT_TIME_MS:
+        raise ValueError(f"event time {_shown(value)} is outside 1970..9999")
+    return ms
+
+
+class BadParam(ValueError):
+    """A parameter's value is outside its contract. Pure: the parsers raise it, the API turns
+    it into a 400 naming the parameter (api.errors.param_error)."""
+
+    def __init__(self, param: str, reason: str):
+        super().__init__(f"{param}: {reason}")
+        self.param = param
+        self.reason = reason
+
 
 _RELATIVE = re.compile(r"^now\s*(?:([+-])\s*(.+))?$")
 # Steps a dashboard would pick, smallest first; the default is the first giving <= TARGET_POINTS.
@@ -22,11 +74,6 @@ TARGET_POINTS = 300
 MIN_TIME_MS, MAX_TIME_MS = 0, MAX_EVENT_TIME_MS
 TIME_RANGE_TEXT = "1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z"
 INSTANT_FORMS = "'now', 'now-15m', an RFC 3339 time with a zone, epoch ms or epoch s"
-
-
-def _shown(text: str) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def parse_instant_ms(text: str, now_ms: int, param: str = "time") -> int:
@@ -81,3 +128,8 @@ def default_step_ms(span_ms: int, pane_ms: int) -> int:
         if step % pane_ms == 0 and span_ms / step <= TARGET_POINTS:
             return step
     return max(pane_ms, -(-span_ms // TARGET_POINTS // pane_ms) * pane_ms)
+
+
+def is_relative(text: str) -> bool:
+    """'now' or 'now-15m': the instant moves with the clock."""
+    return bool(_RELATIVE.match(text.strip()))

@@ -1,0 +1,41 @@
+"""The dashboards folder (`config/dashboards/` beside the streams file by default): one
+dashboard per YAML file, loaded at start. Provisioned dashboards are read-only through the API
+(the folder is their source of truth), as the alert rules of the alerts file are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from catalog import Catalog
+from dashboard.model import Dashboard, DashboardError, parse_dashboard
+
+
+def load_dashboards_dir(folder: Path, catalog: Catalog) -> dict[str, Dashboard]:
+    """Every `*.yaml`/`*.yml` file of the folder, validated; a file's `name` defaults to its stem.
+    A problem raises DashboardError naming the file and the field."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DashboardError(None, f"{folder}: not a folder of dashboard YAML files")
+    out: dict[str, Dashboard] = {}
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    for path in files:
+        dashboard = load_dashboard_file(path, catalog)
+        if dashboard.name in out:
+            raise DashboardError(None, f"{path}: a second dashboard named {dashboard.name!r}")
+        out[dashboard.name] = dashboard
+    return out
+
+
+def load_dashboard_file(path: Path, catalog: Catalog) -> Dashboard:
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise DashboardError(None, f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(document, dict):
+        raise DashboardError(None, f"{path}: expected a mapping (name, title, range, refresh, panels)")
+    try:
+        return parse_dashboard({"name": path.stem, **document}, catalog)
+    except DashboardError as exc:
+        raise DashboardError(None, f"{path}: {exc}") from None

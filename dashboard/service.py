@@ -1,0 +1,70 @@
+"""Dashboards as the API serves them: the store's (provisioned and saved), checked against the
+catalog on the way in; and, while there is none at all, one generated from the catalog so a
+fresh configuration opens on its own metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from catalog import Catalog
+from dashboard.model import Dashboard, DashboardError, definition, generated_dashboard, parse_dashboard
+from store.dashboards import DashboardConflict, DashboardStore, StoredDashboard
+
+GENERATED = "generated"  # the source of the dashboard made from the catalog (not stored)
+GENERATED_NAME = "metrics"
+
+
+class DashboardService:
+    def __init__(self, catalog: Catalog, store: DashboardStore, clock: Callable[[], float] = time.time):
+        self.catalog, self.store, self.clock = catalog, store, clock
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def sync_files(self, dashboards: Mapping[str, Dashboard]) -> None:
+        self.store.sync_files({name: definition(d) for name, d in dashboards.items()}, now_ms=self.now_ms())
+
+    def generated(self) -> StoredDashboard:
+        return StoredDashboard(GENERATED_NAME, definition(generated_dashboard(self.catalog, GENERATED_NAME)),
+                               GENERATED, 0, 0)
+
+    def dashboards(self) -> list[StoredDashboard]:
+        return self.store.dashboards() or [self.generated()]
+
+    def dashboard(self, name: str) -> StoredDashboard | None:
+        found = self.store.dashboard(name)
+        if found is None and name == GENERATED_NAME and not self.store.dashboards():
+            return self.generated()
+        return found
+
+    def create(self, data: Any) -> StoredDashboard:
+        dashboard = parse_dashboard(data, self.catalog)
+        return self.store.create(dashboard.name, definition(dashboard), now_ms=self.now_ms())
+
+    def replace(self, name: str, data: Any) -> StoredDashboard | None:
+        dashboard = parse_dashboard(data, self.catalog)
+        if dashboard.name != name:
+            raise DashboardError("name", f"{dashboard.name!r} is not the path's {name!r} (duplicate to rename)")
+        if self.store.dashboard(name) is None and self.dashboard(name) is not None:
+            # Saving the generated dashboard keeps it: from then on it is an ordinary saved one.
+            return self.store.create(name, definition(dashboard), now_ms=self.now_ms())
+        return self.store.replace(name, definition(dashboard), now_ms=self.now_ms())
+
+    def duplicate(self, name: str, new_name: str, title: str | None) -> StoredDashboard | None:
+        """A saved copy (editable) of any dashboard, provisioned and generated ones included."""
+        source = self.dashboard(name)
+        if source is None:
+            return None
+        data = {**source.definition, "name": new_name}
+        if title is not None:
+            data["title"] = title
+        return self.create(data)
+
+    def delete(self, name: str) -> bool:
+        if self.store.dashboard(name) is None and self.dashboard(name) is not None:
+            raise DashboardConflict(f"dashboard {name!r} is generated from the catalog while there is no other;"
+                                    " it goes away by itself once one is saved")
+        return self.store.delete(name)
+

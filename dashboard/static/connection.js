@@ -1,0 +1,92 @@
+// The one websocket (WS /api/v1/ws): subscriptions survive reconnects (re-sent on open), a
+// socket silent for three heartbeat intervals (the server's setting: the `pong` to the ping
+// sent on open says it) is taken for dead and reopened with a growing back-off.
+
+import { $, clock } from "./util.js";
+import { protocols } from "./auth.js";
+
+const MISSED_HEARTBEATS = 3;
+
+export class Connection {
+  // onMessage(msg): every message that is not a subscription's (pipeline, lag, correction, alert, ...).
+  // Subscriptions made before connect() are sent once the socket opens.
+  constructor(onMessage) {
+    this.onMessage = onMessage;
+    this.subs = new Map(); // id -> {query, handler}
+    this.backoff = 500;
+    this.ws = null;
+    this.lastMessage = 0;
+    this.heartbeatMs = null; // unknown until the pong says
+    setInterval(() => {
+      const silentFor = Date.now() - this.lastMessage;
+      if (this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&
+          silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.ws.close();
+    }, 1000);
+  }
+
+  connect() {
+    setConnState("connecting", "connecting…");
+    // The token, if any, as a websocket subprotocol (auth.js).
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`, protocols());
+    this.ws = ws;
+    ws.onopen = () => {
+      this.backoff = 500;
+      this.lastMessage = Date.now();
+      setConnState("open", "live");
+      this.send({ type: "ping" });
+      for (const [id, s] of this.subs) this.send({ type: "subscribe", id, query: s.query });
+    };
+    ws.onmessage = (ev) => {
+      this.lastMessage = Date.now();
+      let msg;
+      try { msg = JSON.parse(ev.data); } catch (e) { return; }
+      this.dispatch(msg);
+    };
+    ws.onclose = () => {
+      if (this.ws !== ws) return;
+      const wait = this.backoff;
+      this.backoff = Math.min(this.backoff * 2, 10000);
+      setConnState("closed", `disconnected · retrying in ${Math.round(wait / 1000)} s`);
+      setTimeout(() => this.connect(), wait);
+    };
+    ws.onerror = () => {}; // onclose follows and reconnects
+  }
+
+  dispatch(msg) {
+    if (msg.type === "snapshot" || msg.type === "points" || msg.type === "error") {
+      const sub = msg.id !== null && msg.id !== undefined ? this.subs.get(msg.id) : null;
+      if (sub) { sub.handler(msg); return; }
+      if (msg.type === "error") { console.warn("sketchboard:", msg.reason); return; }
+    }
+    if (msg.type === "heartbeat" || msg.type === "pong") clock.skewMs = msg.at_ms - Date.now();
+    if (msg.type === "pong" && msg.heartbeat_interval_ms > 0) this.heartbeatMs = msg.heartbeat_interval_ms;
+    this.onMessage(msg);
+  }
+
+  send(msg) { if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg)); }
+
+  subscribe(id, query, handler) {
+    this.subs.set(id, { query, handler });
+    this.send({ type: "subscribe", id, query });
+  }
+
+  unsubscribe(id) {
+    if (!this.subs.has(id)) return;
+    this.subs.delete(id);
+    this.send({ type: "unsubscribe", id });
+  }
+}
+
+export function chartHandler(chart) {
+  return (msg) => {
+    if (msg.type === "snapshot") chart.snapshot(msg.result);
+    else if (msg.type === "points") chart.points(msg);
+    else if (msg.type === "error") chart.fail(msg.reason);
+  };
+}
+
+function setConnState(stateName, text) {
+  const elem = $("status-connection");
+  elem.dataset.state = stateName;
+  elem.textContent = text;
+}

@@ -1,0 +1,130 @@
+// The dashboard area: the dashboards of GET /api/v1/dashboards (provisioned, saved, or the one
+// generated from the catalog), the chosen one's panels drawn over the page's time range, each
+// one websocket subscription. The chosen dashboard is in the URL (`dashboard=`).
+
+import { $, BAND, el, call, hasRoute, parseDuration, setUrlParams, urlParams } from "./util.js";
+import { chartHandler } from "./connection.js";
+import { LiveChart } from "./chart.js";
+import { HEATMAP_STATS } from "./heatmap.js";
+
+const API = "/api/v1/dashboards";
+
+function panelQuery(panel, time, paneMs) {
+  const q = { metric: panel.metric, ...time.query(paneMs, panel.step) };
+  if (panel.kind === "heatmap") q.stats = HEATMAP_STATS;
+  else if (panel.stat === "band") q.stats = BAND;
+  else q.stat = panel.stat;
+  if (panel.group_by && panel.group_by.length && panel.kind !== "heatmap") q.group_by = panel.group_by;
+  if (panel.filters && Object.keys(panel.filters).length) q.filters = panel.filters;
+  if (panel.window) q.window = panel.window;
+  return q;
+}
+
+export function panelTitle(panel, metric) {
+  if (panel.title) return panel.title;
+  const stat = panel.kind === "heatmap" ? "distribution" : panel.stat === "band" ? "p50 · p95 · p99" : panel.stat;
+  const by = panel.group_by && panel.group_by.length && panel.kind !== "heatmap" ? ` by ${panel.group_by.join(", ")}` : "";
+  return `${panel.metric} · ${stat}${by}${metric && metric.unit ? ` (${metric.unit})` : ""}`;
+}
+
+export class Dashboards {
+  constructor(page) {
+    this.page = page; // {metrics, panes, conn, time, charts, onZoom, onZoomOut}
+    this.list = [];
+    this.current = null; // the chosen dashboard, as the API shows it
+    this.subs = [];
+    this.enabled = false;
+    this.ready = false; // panels are drawn once the page's time range is known
+    this.listeners = []; // called after a dashboard is shown (the editor)
+  }
+
+  get editable() { return !!this.current && this.current.source !== "file"; }
+
+  async start() {
+    this.enabled = await hasRoute(API);
+    if (!this.enabled) {
+      $("dashboard-area").hidden = true;
+      return null;
+    }
+    $("dashboard-select").addEventListener("change", () => this.choose($("dashboard-select").value, true));
+    await this.reload(urlParams().get("dashboard"));
+    return this.current;
+  }
+
+  async reload(preferred, resetTime = false) {
+    const answer = await call("GET", API);
+    this.list = answer.ok ? answer.body.dashboards : [];
+    $("dashboard-select").replaceChildren(...this.list.map((d) =>
+      el("option", { value: d.name }, [d.title ? `${d.title} (${d.name})` : d.name])));
+    const name = this.list.some((d) => d.name === preferred) ? preferred : (this.list[0] || {}).name;
+    this.choose(name, resetTime);
+  }
+
+  // resetTime: a dashboard chosen from the menu opens with its own default range.
+  choose(name, resetTime) {
+    this.current = this.list.find((d) => d.name === name) || null;
+    $("dashboard-select").value = name || "";
+    setUrlParams({ dashboard: name });
+    if (resetTime && this.current) {
+      setUrlParams({ edit: null });
+      this.page.time.reset(this.current.range);
+    }
+    if (!this.ready) return;
+    this.render(); // over the new range; the explorer follows it
+    if (resetTime) this.page.explorer.apply();
+  }
+
+  // Replace the chosen dashboard with what the API answered (after a save).
+  replaceCurrent(saved) {
+    const at = this.list.findIndex((d) => d.name === saved.name);
+    if (at >= 0) this.list[at] = saved; else this.list.push(saved);
+    this.current = saved;
+    this.render();
+  }
+
+  render() {
+    for (const id of this.subs) this.page.conn.unsubscribe(id);
+    this.subs = [];
+    for (const key of [...this.page.charts.keys()]) if (key.startsWith("panel-")) this.page.charts.delete(key);
+    const d = this.current;
+    const area = $("panels");
+    area.replaceChildren();
+    $("dashboard-area").dataset.dashboard = d ? d.name : "";
+    $("dashboard-source").textContent = !d ? "no dashboard" : d.source === "file" ? "provisioned · read-only"
+      : d.source === "generated" ? "generated from the metrics" : "saved";
+    $("dashboard-source").dataset.source = d ? d.source : "";
+    $("dashboard-description").textContent = d ? d.description : "";
+    if (!d) return;
+    d.panels.forEach((panel, i) => {
+      const metric = this.page.metrics[panel.metric];
+      const chartEl = el("div", { id: `panel-chart-${i}`, class: `chart chart-small chart-${panel.kind}`, "data-testid": "panel-chart" });
+      const edit = el("button", { type: "button", class: "panel-edit", "data-testid": "panel-edit", title: "edit this panel" }, ["edit"]);
+      edit.hidden = !this.editable;
+      edit.addEventListener("click", () => this.page.editPanel(i));
+      area.append(el("div", { class: "panel dash-panel", "data-testid": "dash-panel", "data-index": String(i),
+        "data-kind": panel.kind, "data-metric": panel.metric }, [el("h3", {}, [el("span", { class: "panel-title" },
+        [panelTitle(panel, metric)]), edit]), chartEl]));
+      const chart = new LiveChart(chartEl, { kind: panel.kind, band: panel.stat === "band", errorBars: panel.stat === "distinct",
+        onZoom: this.page.onZoom, onZoomOut: this.page.onZoomOut });
+      chart.slideEveryMs = d.refresh ? parseDuration(d.refresh) : null;
+      this.page.charts.set(`panel-${i}`, chart);
+    });
+    this.subscribe();
+    for (const f of this.listeners) f(d);
+  }
+
+  subscribe() { // (again) over the page's time range
+    if (!this.current) return;
+    this.current.panels.forEach((panel, i) => {
+      const chart = this.page.charts.get(`panel-${i}`);
+      const metric = this.page.metrics[panel.metric];
+      this.seq = (this.seq || 0) + 1;
+      const id = `panel-${this.seq}-${i}`;
+      this.page.conn.unsubscribe(this.subs[i]);
+      this.subs[i] = id;
+      const query = panelQuery(panel, this.page.time, metric ? this.page.panes[metric.stream] : null);
+      chart.reset(query);
+      this.page.conn.subscribe(id, query, chartHandler(chart));
+    });
+  }
+}

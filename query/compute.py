@@ -1,0 +1,79 @@
+"""A resolved query computed against the store, and its answer as JSON: the one function
+and the one point schema that GET /api/v1/query, the websocket hub and the alert rules use.
+
+The store read and the roll-up are store/series.py's (through the tier planner); first_seen
+takes the count, final flag and revision of its windows from the panes and its value from
+the first_seen table (store/bloom.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from catalog.model import FIRST_SEEN_STATS
+from query.model import Query
+from store import PaneStore
+from store.bloom import overlay_first_seen
+from store.point_cache import PointCache
+from store.rollup import Point
+from store.series import query_series
+
+
+@dataclass(frozen=True)
+class StatSeries:
+    """The points of one stat for one group, one per window start in the computed range."""
+
+    stat: str
+    group: dict[str, str]
+    points: list[Point]
+
+
+def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int | None, max_points: int,
+            cache: PointCache | None = None) -> list[StatSeries]:
+    """One series per (stat, group) for the windows starting in [lo, hi) (multiples of the step)."""
+    out = []
+    for stat, quantile in zip(q.stats, q.quantiles):
+        first_seen = stat in FIRST_SEEN_STATS
+        series = query_series(
+            store, q.stream, q.pane_ms, stat="count" if first_seen else stat, quantile=quantile,
+            value_field=q.value_field, distinct_field=q.distinct_field, start_ms=lo, end_ms=hi, step_ms=q.step_ms,
+            window_ms=q.window_ms, group_by=q.group_by, filters=dict(q.filters), watermark_ms=watermark_ms,
+            max_points=max_points, cache=cache,
+        )
+        for s in series:
+            points = s.points
+            if first_seen:  # no group_by (resolve refuses it): one series, the stream's
+                rows = store.bloom_reader().first_seen_rows(q.stream, lo, hi + max(q.window_ms - q.step_ms, 0))
+                points = overlay_first_seen(points, rows, q.window_ms)
+            out.append(StatSeries(stat, s.group, points))
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None  # JSON has no inf or NaN: null, as pydantic writes them
+
+
+def point_json(p: Point) -> dict[str, Any]:
+    """A point as the API shows it (api.query_routes.PointOut documents it)."""
+    error = None
+    if p.error is not None:
+        e = p.error
+        error = {"kind": e.kind, "lower": _finite(e.lower), "upper": _finite(e.upper),
+                 "relative_error": e.relative_error, "rank_error": e.rank_error,
+                 "expected_undercount": e.expected_undercount}
+    return {"t": p.t_ms, "value": _finite(p.value), "count": p.count, "final": p.final, "revision": p.revision,
+            "error": error}
+
+
+def series_json(s: StatSeries) -> dict[str, Any]:
+    return {"stat": s.stat, "group": s.group, "points": [point_json(p) for p in s.points]}
+
+
+def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:
+    """The body of GET /api/v1/query and of a websocket snapshot (api.query_routes.QueryAnswer)."""
+    return {
+        "metric": q.metric, "stream": q.stream, "stat": q.stats[0], "stats": list(q.stats), "unit": q.unit,
+        "start": lo, "end": hi, "step_ms": q.step_ms, "window_ms": q.window_ms, "watermark_ms": watermark_ms,
+        "series": [series_json(s) for s in series],
+    }

@@ -1,0 +1,163 @@
+"""A query resolved against the catalog: which metric, stats, groups and filters, over which
+windows. Built once from the parameters of GET /api/v1/query, of a websocket subscription or
+of an alert rule, with the same checks and the same reasons for all of them. Pure: no I/O;
+`now_ms` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from catalog import Catalog, MetricDef
+from catalog.model import FIRST_SEEN_STATS
+from catalog.times import BadParam, default_step_ms, is_relative, parse_duration_param, parse_instant_ms, parse_range_ms
+from store.rollup import align_range
+
+MAX_STATS = 8
+
+
+class QueryError(ValueError):
+    """A query that cannot be answered as asked: `param` names the parameter at fault, the
+    message says why. `not_found`: the metric does not exist (REST answers 404)."""
+
+    def __init__(self, param: str | None, reason: str, *, not_found: bool = False):
+        super().__init__(reason)
+        self.param = param
+        self.reason = reason
+        self.not_found = not_found
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a query reads, without the time: the metric's stats, groups and filters, checked."""
+
+    metric: str
+    stream: str
+    stats: tuple[str, ...]
+    quantiles: tuple[float | None, ...]
+    unit: str
+    value_field: str | None
+    distinct_field: str | None
+    pane_ms: int
+    group_by: tuple[str, ...]
+    filters: tuple[tuple[str, str], ...]  # sorted (dimension, value) pairs
+
+
+@dataclass(frozen=True)
+class Query(Target):
+    """A resolved query: its target, and windows of window_ms every step_ms over the range
+    from_text..to_text (re-read at every instant where relative: the range slides with time)."""
+
+    from_text: str = "now-1h"
+    to_text: str = "now"
+    relative: bool = True
+    step_ms: int = 0
+    window_ms: int = 0
+
+    @property
+    def needs_sketches(self) -> bool:
+        return any(q is not None for q in self.quantiles) or "distinct" in self.stats
+
+    def range_at(self, now_ms: int) -> tuple[int, int]:
+        """The aligned [start, end) of the query's window starts at this instant."""
+        start = parse_instant_ms(self.from_text, now_ms, "from")
+        end = parse_instant_ms(self.to_text, now_ms, "to")
+        return align_range(start, end, self.step_ms)
+
+    def shape_key(self) -> tuple:
+        """Two queries with the same key answer the same points: computed once."""
+        return (self.metric, self.stats, self.from_text, self.to_text, self.step_ms, self.window_ms,
+                self.group_by, self.filters)
+
+
+def split_list(value: Iterable[str] | str) -> list[str]:
+    """Repeated or comma-separated parameter values: ['a,b', 'c'] -> ['a', 'b', 'c']."""
+    items = [value] if isinstance(value, str) else value
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+def parse_filters(items: Iterable[str] | str) -> dict[str, str]:
+    """'dimension=value' items -> {dimension: value}."""
+    out = {}
+    for item in split_list(items):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise QueryError("filter", f"filter {item!r} must look like dimension=value")
+        out[name] = value
+    return out
+
+
+def check_stat(metric: MetricDef, stat: str) -> float | None:
+    """The quantile of a pNN stat (else None), or QueryError: the one check of a stat's name."""
+    try:
+        return metric.check_stat(stat)
+    except ValueError as exc:
+        raise QueryError("stat", str(exc)) from None
+
+
+def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by: Iterable[str] | str = (),
+                   filters: Mapping[str, str] | None = None) -> Target:
+    """Check the metric, its stats, the group-by dimensions and the filters; QueryError otherwise."""
+    try:
+        definition = catalog.metric(metric)
+    except KeyError as exc:
+        raise QueryError("metric", str(exc.args[0]), not_found=True) from None
+    stream = catalog.streams[definition.stream]
+    stats = list(dict.fromkeys(stats)) or ["count"]
+    if len(stats) > MAX_STATS:
+        raise QueryError("stats", f"{len(stats)} stats exceed the limit of {MAX_STATS}")
+    quantiles = tuple(check_stat(definition, stat) for stat in stats)
+    groups = split_list(group_by)
+    filters = dict(filters or {})
+    dimensions = ", ".join(stream.dimensions) or "none"
+    for g in groups:
+        if g not in stream.dimensions:
+            raise QueryError("group_by", f"unknown dimension {g!r} in group_by; dimensions: {dimensions}")
+    for name in filters:
+        if name not in stream.dimensions:
+            raise QueryError("filter", f"unknown dimension {name!r} in filter; dimensions: {dimensions}")
+    if any(s in FIRST_SEEN_STATS for s in stats) and (groups or filters):
+        raise QueryError("stat", "first_seen is counted per stream, not per dimension: group_by and filter do not apply")
+    return Target(
+        metric=metric, stream=stream.name, stats=tuple(stats), quantiles=quantiles, unit=definition.unit,
+        value_field=definition.value, distinct_field=definition.distinct, pane_ms=stream.pane,
+        group_by=tuple(groups), filters=tuple(sorted(filters.items())),
+    )
+
+
+def over(target: Target, *, step_ms: int, window_ms: int, from_text: str = "", to_text: str = "",
+         relative: bool = False) -> Query:
+    """The target over windows of window_ms every step_ms; QueryError unless both fit the pane."""
+    pane = target.pane_ms
+    if step_ms <= 0 or step_ms % pane:
+        raise QueryError("step", f"step must be a positive multiple of the pane ({pane} ms), got {step_ms} ms")
+    if window_ms % pane:
+        raise QueryError("window", f"window must be a multiple of the pane ({pane} ms), got {window_ms} ms")
+    if window_ms < step_ms:
+        raise QueryError("window", f"window must be at least the step ({step_ms} ms), got {window_ms} ms")
+    return Query(**vars(target), from_text=from_text, to_text=to_text, relative=relative, step_ms=step_ms,
+                 window_ms=window_ms)
+
+
+def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str | int = "now-1h",
+            end: str | int = "now", step: str | None = None, window: str | None = None,
+            group_by: Iterable[str] | str = (), filters: Mapping[str, str] | None = None, now_ms: int,
+            max_points: int) -> Query:
+    """The query that GET /api/v1/query's parameters (or a subscription's) ask; QueryError otherwise."""
+    target = resolve_target(catalog, metric, stats, group_by, filters)
+    from_text, to_text = str(start), str(end)
+    try:
+        start_ms, end_ms = parse_range_ms(from_text, to_text, now_ms)
+        step_ms = parse_duration_param(step, "step") if step else default_step_ms(max(end_ms - start_ms, 1),
+                                                                                    target.pane_ms)
+        window_ms = parse_duration_param(window, "window") if window else step_ms
+    except BadParam as exc:
+        raise QueryError(exc.param, str(exc)) from None
+    q = over(target, step_ms=step_ms, window_ms=window_ms, from_text=from_text, to_text=to_text,
+             relative=is_relative(from_text) or is_relative(to_text))
+    lo, hi = align_range(start_ms, end_ms, step_ms)
+    if (hi - lo) // step_ms > max_points:
+        raise QueryError("step", f"{(hi - lo) // step_ms} points per series exceed the limit of {max_points};"
+                         " use a larger step or a shorter range")
+    return q

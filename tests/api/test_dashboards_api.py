@@ -1,0 +1,165 @@
+"""`/api/v1/dashboards`: saved dashboards (create, list, get, replace, duplicate, delete) with
+4xx answers that name the field and change nothing; provisioned ones read-only; the dashboard
+generated from the catalog while there is none. On every store backend (SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from api.app import create_app
+from dashboard.provisioning import load_dashboards_dir
+from dashboard.service import DashboardService
+from store.dashboards import DashboardStore
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SENSORS = REPO_ROOT / "tests" / "configs" / "sensors" / "streams.yaml"
+
+BOARD = {"name": "shop", "title": "Shop", "range": "30m", "refresh": "10s", "panels": [
+    {"metric": "latency", "stat": "band", "kind": "area"},
+    {"metric": "requests", "stat": "rate", "group_by": ["endpoint"], "filters": {"method": "GET"}, "window": "1m"},
+]}
+
+
+@pytest.fixture
+def pane_store(store_backend):
+    return store_backend.create()
+
+
+@pytest.fixture
+def dashboards(ctx, clock):
+    store = DashboardStore(ctx.store.side_db())
+    ctx.dashboards = DashboardService(ctx.catalog, store, clock)
+    yield ctx.dashboards
+    store.close()
+
+
+@pytest.fixture
+def api(ctx, dashboards):
+    with TestClient(create_app(ctx)) as c:
+        yield c
+
+
+def names(api) -> list[str]:
+    return [d["name"] for d in api.get("/api/v1/dashboards").json()["dashboards"]]
+
+
+def test_create_list_get_replace_duplicate_delete(api, clock):
+    created = api.post("/api/v1/dashboards", json=BOARD)
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["source"] == "api" and body["range"] == "30m" and body["refresh"] == "10s"
+    assert body["panels"][1] == {"title": "", "metric": "requests", "stat": "rate", "kind": "line",
+                                 "group_by": ["endpoint"], "filters": {"method": "GET"}, "window": "1m", "step": None}
+    assert names(api) == ["shop"]
+    assert api.get("/api/v1/dashboards/shop").json()["panels"] == body["panels"]
+
+    clock.now += 5
+    changed = api.put("/api/v1/dashboards/shop", json={**BOARD, "panels": BOARD["panels"][:1], "range": "6h"})
+    assert changed.status_code == 200, changed.text
+    assert len(changed.json()["panels"]) == 1 and changed.json()["updated_ms"] > body["updated_ms"]
+
+    copy = api.post("/api/v1/dashboards/shop/duplicate", json={"name": "shop-copy", "title": "Mine"})
+    assert copy.status_code == 201, copy.text
+    assert copy.json()["title"] == "Mine" and copy.json()["range"] == "6h" and copy.json()["source"] == "api"
+    assert names(api) == ["shop", "shop-copy"]
+
+    assert api.delete("/api/v1/dashboards/shop").status_code == 204
+    assert api.get("/api/v1/dashboards/shop").status_code == 404
+    assert api.delete("/api/v1/dashboards/shop").status_code == 404
+    assert names(api) == ["shop-copy"]
+
+
+@pytest.mark.parametrize("change, param, words", [
+    ({"panels": [{"metric": "nope"}]}, "panels[0].metric", "unknown metric 'nope'"),
+    ({"panels": [{"metric": "requests", "stat": "p99"}]}, "panels[0].stat", "no value field"),
+    ({"panels": [{"metric": "latency", "group_by": ["planet"]}]}, "panels[0].group_by", "unknown dimension 'planet'"),
+    ({"panels": [{"metric": "latency", "filters": {"planet": "mars"}}]}, "panels[0].filters", "unknown dimension"),
+    ({"panels": [{"metric": "requests", "kind": "heatmap"}]}, "panels[0].kind", "has no value"),
+    ({"panels": [{"metric": "requests", "kind": "table"}]}, "panels[0].group_by", "top groups"),
+    ({"panels": [{"metric": "latency", "stat": "band", "kind": "bar"}]}, "panels[0].stat", "band"),
+    ({"panels": [{"metric": "latency", "window": "1x"}]}, "panels[0].window", "not a duration"),
+    ({"panels": [{"metric": "latency", "colour": "red"}]}, "panels[0].colour", "Extra inputs"),
+    ({"name": "no spaces"}, "name", "pattern"),
+    ({"range": "0s"}, "range", "greater than 0"),
+])
+def test_invalid_dashboards_are_refused_naming_the_field(api, change, param, words):
+    r = api.post("/api/v1/dashboards", json={**BOARD, **change})
+    assert r.status_code == 400, r.text
+    assert r.json()["param"] == param and words in r.json()["detail"], r.json()
+    assert api.post("/api/v1/dashboards", content=b"[1]", headers={"content-type": "application/json"}).status_code == 400
+    assert all(d["source"] == "generated" for d in api.get("/api/v1/dashboards").json()["dashboards"])  # nothing saved
+
+
+def test_conflicts_and_renames_are_refused(api):
+    assert api.post("/api/v1/dashboards", json=BOARD).status_code == 201
+    assert api.post("/api/v1/dashboards", json=BOARD).status_code == 409
+    assert api.put("/api/v1/dashboards/shop", json={**BOARD, "name": "other"}).json()["param"] == "name"
+    assert api.put("/api/v1/dashboards/nope", json={**BOARD, "name": "nope"}).status_code == 404
+    assert api.post("/api/v1/dashboards/shop/duplicate", json={"name": "shop"}).status_code == 409
+    assert api.post("/api/v1/dashboards/nope/duplicate", json={"name": "x"}).status_code == 404
+    assert api.post("/api/v1/dashboards/shop/duplicate", json={}).json()["param"] == "name"
+    assert api.post("/api/v1/dashboards/shop/duplicate", json={"name": "x", "panels": []}).json()["param"] == "panels"
+
+
+def test_provisioned_dashboards_are_read_only_and_follow_their_folder(api, dashboards, ctx, tmp_path):
+    folder = tmp_path / "dashboards"
+    folder.mkdir()
+    (folder / "ops.yaml").write_text("title: Ops\nrange: 1h\npanels:\n  - {metric: latency, stat: p99}\n")
+    dashboards.sync_files(load_dashboards_dir(folder, ctx.catalog))
+    ops = api.get("/api/v1/dashboards/ops").json()
+    assert ops["source"] == "file" and ops["title"] == "Ops" and ops["panels"][0]["stat"] == "p99"
+    put = api.put("/api/v1/dashboards/ops", json={**ops, "title": "Mine"})
+    assert put.status_code == 409 and "dashboards folder" in put.json()["detail"]
+    assert api.delete("/api/v1/dashboards/ops").status_code == 409
+    # Duplicating makes an editable copy; a reload of the folder without the file removes it, not the copy.
+    assert api.post("/api/v1/dashboards/ops/duplicate", json={"name": "ops2"}).json()["source"] == "api"
+    dashboards.sync_files({})
+    assert names(api) == ["ops2"]
+
+
+def test_with_no_dashboard_one_is_generated_from_the_catalog(api, ctx):
+    (generated,) = api.get("/api/v1/dashboards").json()["dashboards"]
+    assert generated["source"] == "generated"
+    assert [p["metric"] for p in generated["panels"]] == list(ctx.catalog.metrics)
+    assert {p["stat"] for p in generated["panels"] if p["metric"] == "latency"} == {"band"}
+    assert api.get(f"/api/v1/dashboards/{generated['name']}").json() == generated
+    assert api.delete(f"/api/v1/dashboards/{generated['name']}").status_code == 409
+    # Saving it (PUT) keeps it as an ordinary dashboard; then it is no longer generated.
+    saved = api.put(f"/api/v1/dashboards/{generated['name']}", json={**generated, "panels": generated["panels"][:2]})
+    assert saved.status_code == 200 and saved.json()["source"] == "api"
+    assert [d["source"] for d in api.get("/api/v1/dashboards").json()["dashboards"]] == ["api"]
+
+
+def test_wiring_provisions_the_demo_overview_and_generates_one_for_another_configuration(tmp_path, monkeypatch):
+    from api.security.tokens import hash_token
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    monkeypatch.chdir(tmp_path)
+    tokens = [{"name": "viewer", "sha256": hash_token("sb_viewer"), "scopes": ["read"]},
+              {"name": "ops", "sha256": hash_token("sb_ops"), "scopes": ["admin"]}]
+    app, ctx = build_api(Settings(data_dir=tmp_path / "demo", alerts_config=None, tokens=tokens))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        read, admin = {"Authorization": "Bearer sb_viewer"}, {"Authorization": "Bearer sb_ops"}
+        (overview,) = client.get("/api/v1/dashboards", headers=read).json()["dashboards"]
+        assert overview["name"] == "overview" and overview["source"] == "file"
+        assert {p["kind"] for p in overview["panels"]} == {"line", "area", "stat", "bar", "heatmap", "table"}
+        # Changes need the admin scope and are audited.
+        assert client.post("/api/v1/dashboards/overview/duplicate", json={"name": "mine"}, headers=read).status_code == 403
+        assert client.post("/api/v1/dashboards/overview/duplicate", json={"name": "mine"}, headers=admin).status_code == 201
+        audit = client.get("/api/v1/audit", headers=admin).json()
+        assert any(e["action"] == "POST /api/v1/dashboards/overview/duplicate" and e["actor"] == "ops"
+                   for e in audit["entries"]), audit
+
+    app, ctx = build_api(Settings(data_dir=tmp_path / "sensors", streams_config=SENSORS, alerts_config=None))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        (generated,) = client.get("/api/v1/dashboards").json()["dashboards"]
+        assert generated["source"] == "generated"
+        assert [p["metric"] for p in generated["panels"]] == ["readings", "reading_value"]

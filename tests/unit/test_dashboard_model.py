@@ -1,0 +1,89 @@
+"""Dashboards' pure parts: a definition checked against a catalog with errors naming the field,
+the dashboard generated from a catalog, the dashboards folder's files; and the page's pure
+JavaScript (the heatmap's spreading of events between KLL quantiles, the automatic step) run
+in Node when it is installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from catalog import load_catalog
+from dashboard.model import DashboardError, definition, generated_dashboard, parse_dashboard
+from dashboard.provisioning import load_dashboards_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SENSORS = load_catalog(REPO_ROOT / "tests" / "configs" / "sensors" / "streams.yaml")
+
+
+def test_a_definition_is_checked_against_the_catalog_and_spelled_out():
+    d = parse_dashboard({"name": "plant", "range": "6h", "refresh": None, "source": "api", "updated_ms": 1,
+                         "panels": [{"metric": "reading_value", "stat": "p99.9", "group_by": ["site"],
+                                     "filters": {"kind": "temp"}, "window": "1m", "step": "10s"}]}, SENSORS)
+    out = definition(d)
+    assert out["range"] == "6h" and out["refresh"] is None and "source" not in out  # what GET adds is ignored
+    assert out["panels"][0] == {"title": "", "metric": "reading_value", "stat": "p99.9", "kind": "line",
+                                "group_by": ["site"], "filters": {"kind": "temp"}, "window": "1m", "step": "10s"}
+
+
+@pytest.mark.parametrize("panel, field, words", [
+    ({"metric": "readings", "stat": "avg"}, "panels[0].stat", "no value field"),
+    ({"metric": "readings", "stat": "band"}, "panels[0].stat", "no percentile band"),
+    ({"metric": "reading_value", "step": "1s"}, "panels[0].step", "below the stream's pane"),
+    ({"metric": "reading_value", "step": "1m", "window": "30s"}, "panels[0].window", "shorter than the step"),
+    ({"metric": "reading_value", "kind": "pie"}, "panels[0].kind", "line"),
+])
+def test_a_bad_panel_names_its_field(panel, field, words):
+    with pytest.raises(DashboardError) as err:
+        parse_dashboard({"name": "d", "panels": [panel]}, SENSORS)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_the_generated_dashboard_has_a_panel_per_metric():
+    d = generated_dashboard(SENSORS)
+    assert [(p.metric, p.stat, p.kind) for p in d.panels] == [("readings", "rate", "line"),
+                                                              ("reading_value", "band", "area")]
+    parse_dashboard(definition(d), SENSORS)  # valid as it is
+
+
+def test_the_folders_files_are_named_after_them_and_a_bad_one_names_its_file(tmp_path):
+    (tmp_path / "floor.yaml").write_text("title: Floor\npanels: [{metric: readings, group_by: [site], kind: table}]\n")
+    (tmp_path / "notes.txt").write_text("not a dashboard")
+    assert list(load_dashboards_dir(tmp_path, SENSORS)) == ["floor"]
+    (tmp_path / "broken.yml").write_text("panels: [{metric: readings, group_by: [planet]}]\n")
+    with pytest.raises(DashboardError, match=r"broken\.yml: panels\[0\]\.group_by: unknown dimension 'planet'"):
+        load_dashboards_dir(tmp_path, SENSORS)
+    with pytest.raises(DashboardError, match="not a folder"):
+        load_dashboards_dir(tmp_path / "missing", SENSORS)
+
+
+def test_the_demos_dashboards_are_valid():
+    catalog = load_catalog(REPO_ROOT / "config" / "streams.yaml")
+    assert list(load_dashboards_dir(REPO_ROOT / "config" / "dashboards", catalog)) == ["overview"]
+
+
+NODE_SCRIPT = """
+import { distribution } from "%(static)s/heatmap.js";
+const steps = [
+  {t: 0, count: 1000, values: {p1: 0, p10: 10, p25: 25, p50: 50, p75: 75, p90: 90, p99: 99}},  // uniform 0..100
+  {t: 10000, count: 0, values: {}},                                                           // an empty step
+];
+const d = distribution(steps, 10);
+console.log(JSON.stringify(d));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js to run the page's modules")
+def test_the_heatmap_spreads_a_steps_events_between_its_quantiles(tmp_path):
+    script = tmp_path / "heatmap.mjs"
+    script.write_text(NODE_SCRIPT % {"static": (REPO_ROOT / "dashboard" / "static").as_posix()})
+    out = json.loads(subprocess.run(["node", str(script)], capture_output=True, text=True, check=True).stdout)
+    assert out["x"] == [0]  # the empty step draws nothing
+    assert out["y"] == pytest.approx([4.95 + 9.9 * i for i in range(10)])  # 10 bins over p1..p99
+    events = [row[0] for row in out["z"]]
+    assert sum(events) == pytest.approx(980)  # p1..p99: the 1 % tails are left out
+    assert max(events) - min(events) < 20  # uniform in, flat out
