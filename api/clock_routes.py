@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import BadParam, errors, param_error
-from api.timeparams import parse_duration_param
+from api.errors import errors, param_error
 from catalog import format_duration_ms
+from catalog.times import BadParam, parse_duration_param
 from store import DeviceClock
 
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)
