@@ -38,6 +38,7 @@ COPY lag lag
 COPY alerts alerts
 COPY api api
 COPY dashboard dashboard
+COPY demo demo
 COPY sketchboard sketchboard
 COPY config config
 COPY --from=jars /build/jars jars

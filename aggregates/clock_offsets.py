@@ -69,3 +69,39 @@ def corrected_event_time(event_ms: int, offset_ms: int | None, *, tolerance_ms: 
     if offset_ms is None or abs(offset_ms) <= tolerance_ms:
         return event_ms
     return event_ms + offset_ms
+
+
+# Why a device's event times were or were not shifted (the rule of `clock_correction_ms`).
+CORRECTED = "corrected"                # offset known, consistent and beyond the tolerance: shifted by it
+WITHIN_TOLERANCE = "within_tolerance"  # offset known but small: mostly network delay, left alone
+INCONSISTENT = "inconsistent"          # the recent samples disagree by more than the allowed spread
+UNKNOWN = "unknown"                    # no sample in the window: nothing to go by
+
+
+def spread_ms(estimate: ClockEstimate) -> int:
+    """How far the recent buckets' smallest offsets lie apart: a clock that jumped (or a link
+    whose every sample in a bucket was slow) shows as a spread; a steady clock has next to none."""
+    offsets = [o for _, o in estimate.buckets]
+    return max(offsets) - min(offsets) if offsets else 0
+
+
+def clock_verdict(estimate: ClockEstimate, *, tolerance_ms: int, max_spread_ms: int) -> tuple[str, int]:
+    """(why, what to add to the device's event times): its offset when that is known, consistent
+    (the recent buckets agree within `max_spread_ms`) and beyond `tolerance_ms` either way; else 0.
+    An inconsistent estimate is not used: the smallest sample may be from before a jump."""
+    offset = estimate.offset_ms()
+    if offset is None:
+        return UNKNOWN, 0
+    if abs(offset) <= tolerance_ms:
+        return WITHIN_TOLERANCE, 0
+    if spread_ms(estimate) > max_spread_ms:
+        return INCONSISTENT, 0
+    return CORRECTED, offset
+
+
+def forget_stale(estimate: ClockEstimate, *, horizon_ms: int) -> ClockEstimate:
+    """The estimate, or an empty one when its newest sample is older than `horizon_ms` (a device
+    not heard from within the stream's retention): state stays bounded by the devices alive."""
+    if not estimate.buckets or estimate.buckets[-1][0] < horizon_ms:
+        return ClockEstimate()
+    return estimate

@@ -58,10 +58,13 @@ def rows_to_dead_letters(rows: Iterable[Mapping[str, Any]], catalog: Catalog) ->
                 partition=int(rec["partition"]),
                 offset=int(rec["offset"]),
                 reason=row["dead_reason"],
-                event_time_ms=rec.get("event_time"),
+                event_time_ms=rec.get("raw_event_time", rec.get("event_time")),
                 ingest_time_ms=rec.get("ingest_time"),
                 error=rec.get("error"),
                 dims=dict(zip(stream.dimensions, dims, strict=False)) if dims else None,
+                # The device clock rule (aggregates/device_clocks.py): event_time_ms is the device's
+                # own stamp, and this what was added to it before the rules judged it.
+                clock_correction_ms=rec.get("clock_correction"),
             ))
     out.sort(key=lambda d: (d.stream, d.partition, d.offset))
     return out

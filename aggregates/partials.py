@@ -84,6 +84,8 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
     width_parts = max((s.partitions for s in catalog.streams.values()), default=0)
     pane_ms = pane_ms_column(catalog)
+    if "clock_correction" not in df.columns:  # no device clock step ran (aggregates/device_clocks.py)
+        df = df.withColumns({"raw_event_time": F.col("event_time"), "clock_correction": F.lit(None).cast("bigint")})
     rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
     good = F.col("dead_reason").isNull()
     rows = rows.withColumns({
@@ -102,8 +104,10 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
         # collect_list skips nulls: empty for good groups, the (few) dead records otherwise.
         F.collect_list(F.when(~good, F.struct(
             F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
-            F.col("dims"),
+            F.col("dims"), F.col("raw_event_time"), F.col("clock_correction"),
         ))).alias("dead_records"),
+        # Records whose event time a device clock offset shifted (the batch's log line says how many).
+        F.count(F.when(F.col("clock_correction").isNotNull(), F.lit(1))).alias("clock_corrected"),
     ]
     for i in range(width_vals):
         # get() yields null past the end of a shorter stream's array (no ANSI error).

@@ -15,6 +15,7 @@ from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.consumers import CommitListener, notify
+from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
@@ -71,6 +72,7 @@ class Pipeline:
         self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
+        self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         configure_tiers(store, catalog, clock)
 
     @property
@@ -102,20 +104,40 @@ class Pipeline:
             deduped = self.duplicates.process(batch, batch_now_ms)
             batch, event_ids = deduped.batch, deduped.commit
         deduped_at = time.perf_counter()
-        rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
-                                                       lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
-        commit = build_commit(self.config.name, batch_id, rows, self.catalog,
-                              batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
-                              batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(), event_ids=event_ids)
-        if self.bloom.enabled:
-            # Only the records merged into panes are keys seen: dead letters are not.
-            merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-            commit = replace(commit, bloom=self.bloom.process(merged))
-        lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
-        retention = {name: s.retention for name, s in self.catalog.streams.items()}
-        idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
-        computed = time.perf_counter()
-        result = self.committer.commit(commit, lateness_ms=lateness, retention_ms=retention, idle_timeout_ms=idle)
+        clocks = None
+        kept = batch.persist() if self.clocks.enabled else None
+        try:
+            if kept is not None:
+                # Read twice (the clock samples, then the aggregation): kept rather than read from the log again.
+                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
+                batch = self.clocks.apply(kept, clocks)
+            rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
+                                                           lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
+            commit = build_commit(self.config.name, batch_id, rows, self.catalog,
+                                  batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
+                                  batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(),
+                                  event_ids=event_ids)
+            if clocks is not None:
+                commit = replace(commit, device_clocks=clocks.changed)
+            if self.bloom.enabled:
+                # Only the records merged into panes are keys seen: dead letters are not.
+                merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                commit = replace(commit, bloom=self.bloom.process(merged))
+            lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
+            retention = {name: s.retention for name, s in self.catalog.streams.items()}
+            idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
+            computed = time.perf_counter()
+            try:
+                result = self.committer.commit(commit, lateness_ms=lateness, retention_ms=retention,
+                                               idle_timeout_ms=idle)
+            except BaseException:
+                self.clocks.forget()  # committed or not: the store says which state the next batch starts from
+                raise
+            if clocks is not None and result.committed:
+                self.clocks.committed(clocks)
+        finally:
+            if kept is not None:
+                kept.unpersist()
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"
@@ -125,6 +147,12 @@ class Pipeline:
             (done - started) * 1000, (deduped_at - started) * 1000, (computed - deduped_at) * 1000,
             (done - computed) * 1000,
         )
+        if clocks is not None:
+            shifted = sum(r.get("clock_corrected") or 0 for r in rows)
+            biggest = max(clocks.corrections.values(), key=abs, default=0)
+            log.info("batch %d: device clocks: %d events shifted by their device's offset (%d devices corrected,"
+                     " largest %+d ms), %d estimates changed", batch_id, shifted, len(clocks.corrections), biggest,
+                     sum(len(c) for c in clocks.changed.values()))
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from api import (
     alert_routes,
+    clock_routes,
     corrections_routes,
     dashboard_routes,
     errors,
@@ -98,6 +99,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     errors.install(app)
     app.include_router(membership_routes.router(ctx))
     app.include_router(corrections_routes.router(ctx))
+    app.include_router(clock_routes.router(ctx))
     if ctx.alerts is not None:
         app.include_router(alert_routes.router(ctx.alerts))
     if ctx.dashboards is not None:

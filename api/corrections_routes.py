@@ -144,7 +144,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 {"id": d.id, "stream": d.letter.stream, "partition": d.letter.partition, "offset": d.letter.offset,
                  "reason": d.letter.reason, "error": d.letter.error, "event_time_ms": d.letter.event_time_ms,
                  "ingest_time_ms": d.letter.ingest_time_ms, "dims": d.letter.dims, "batch_id": d.batch_id,
-                 "at_ms": d.at_ms}
+                 "at_ms": d.at_ms, "clock_correction_ms": d.letter.clock_correction_ms}
                 for d in rows
             ],
             "count": len(rows),

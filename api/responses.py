@@ -212,6 +212,8 @@ class DeadLetterOut(BaseModel):
     dims: dict | None
     batch_id: int
     at_ms: int
+    clock_correction_ms: int | None = Field(None, description="added to event_time_ms (the device's own stamp) by"
+                                            " its clock offset before the rules judged it; null: not shifted")
 
 
 class DeadLettersOut(BaseModel):

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
-from api import http_metrics
+from api import clock_routes, http_metrics
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
@@ -144,6 +144,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 watermark.labels(name).set(s["watermark_ms"] / 1000)
             for p, part in s["partitions"].items():
                 lag.labels(name, str(p)).set(part["lag_events"])
+        clock_routes.prometheus_gauges(ctx, registry)  # device clock offsets (streams with a sent_time_field)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return r

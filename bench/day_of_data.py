@@ -11,7 +11,7 @@ With `--stores ...,postgres` the PostgreSQL store runs on a throwaway local serv
 the tests start theirs (tests/postgres_server.py: Debian's postgresql, fsync off), or on
 `--postgres-dsn` (an empty database of its own for each configuration run: use with --only).
 
-The demo generator (ingest/demo.py) makes the events, with its endpoints, regions, users and
+The demo generator (demo/) makes the events, with its endpoints, regions, users and
 latency shapes, event times spread over the last `--hours`; they are aggregated into 10 s
 panes as the executors would (real KLL and HLL sketches) and committed through the store in
 batches of `--batch` events, as a pipeline backfilling the log would. Spark is not part of
@@ -36,7 +36,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.context import ApiContext
 from catalog import Catalog, load_catalog
-from ingest.demo import DemoTraffic
+from demo import DemoTraffic
 from ingest.log.sqlite import SqliteEventLog
 from sketches import HllSketch, KllSketch
 from sketchboard.settings import DEFAULT_STREAMS

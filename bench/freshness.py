@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 from catalog import load_catalog
-from ingest.demo import DEFAULT_CONFIG, DemoTraffic
+from demo import DEFAULT_CONFIG, DemoTraffic
 
 STREAM = "http_requests"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from catalog import ConfigError, load_catalog
-from ingest.demo import DEFAULT_CONFIG, INGEST_PATH, DemoTraffic
+from demo import DEFAULT_CONFIG, INGEST_PATH, DemoTraffic
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
-                               [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]]
+                               [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]] [--sessions]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench.drain import drain_timed
 from catalog import load_catalog
-from ingest.demo import DemoTraffic
+from demo import DemoTraffic
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from sketchboard.settings import DEFAULT_STREAMS
@@ -81,7 +81,8 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: floa
 
 
 def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
-                   *, fast_path: bool = False, figures: dict | None = None, duplicates: float = 0.0) -> float:
+                   *, fast_path: bool = False, figures: dict | None = None, duplicates: float = 0.0,
+                   sessions: bool = False) -> float:
     """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
     (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -118,6 +119,23 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     dropped = {n: s.duplicates_dropped for n, s in store.progress("bench").streams.items() if s.duplicates_dropped}
     if any(s.event_id_field for s in catalog.streams.values()):
         print(f"  event ids: duplicates dropped {dropped or 0}", flush=True)
+    if sessions:
+        # What `sketchboard pipeline` runs beside it: one session query per stream declaring sessions,
+        # each reading the whole log again. Timed one after the other (they share the same cores).
+        from aggregates.sessions import session_pipelines
+
+        spent = 0.0
+        for session in session_pipelines(spark, catalog, lambda: SqlitePaneStore(root / "store.db"), config):
+            started = time.perf_counter()
+            session.run_until_drained()
+            took = time.perf_counter() - started
+            spent += took
+            print(f"  session query {session.name}: the log ({total:,} events) in {took:.1f} s ="
+                  f" {total / took:,.0f} events/s", flush=True)
+        if spent:
+            print(f"  pipeline + session queries: {total / (wall + spent):,.0f} events/s (wall, all queries)", flush=True)
+            if figures is not None:
+                figures["with_sessions"] = total / (wall + spent)
     store.close()
     if figures is not None:
         figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
@@ -126,7 +144,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
                     kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False,
-                    duplicates: float = 0.0) -> None:
+                    duplicates: float = 0.0, sessions: bool = False) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
@@ -136,7 +154,7 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
         for name in logs:
             bench_pipeline(spark, root / name, catalog, events, batch_records,
                            kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name],
-                           duplicates=duplicates)
+                           duplicates=duplicates, sessions=sessions)
     finally:
         spark.stop()
     if len(logs) == 2:
@@ -216,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"declare event_id_field: {EVENT_ID_FIELD} on every stream, a unique id per event")
     parser.add_argument("--duplicates", type=float, default=0.0,
                         help="with --event-ids: the share of events sent twice (dropped by the pipeline)")
+    parser.add_argument("--sessions", action="store_true",
+                        help="after the pipeline, drain the session queries of streams declaring sessions (timed)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request (JSON array)")
@@ -239,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_bootstrap = broker.bootstrap
         if not args.skip_pipeline:
             bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
-                            fast_path=args.kafka_jvm_validation, duplicates=args.duplicates)
+                            fast_path=args.kafka_jvm_validation, duplicates=args.duplicates, sessions=args.sessions)
         if not args.skip_api:
             for name in logs:
                 for columnar in ((False, True) if args.api_compare else (True,)):

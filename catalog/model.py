@@ -84,6 +84,16 @@ class StreamDef(BaseModel):
     # Roll-up tiers (catalog/tiers.py): None = the default 1m and 1h; [] = panes only.
     tiers: tuple[TierDef, ...] | None = None
     rollup_group_bys: tuple[tuple[FieldName, ...], ...] = ()
+    # Device clocks (aggregates/device_clocks.py): the time the device sent the event, by its own
+    # clock; with our receive time it gives the device's clock offset, which corrects the event
+    # time before pane assignment. device_field: whose clock (default: the key field).
+    sent_time_field: FieldName | None = None
+    device_field: FieldName | None = None
+    # An offset within this (either way) is taken for network delay and left alone.
+    clock_tolerance: DurationMs = 2_000
+    # How far back (in receive time, per device) the smallest offset is looked for; also how long
+    # a stale sample can hold a clock set back, and how far apart samples may be to agree.
+    clock_window: DurationMs = 15 * 60_000
 
     @model_validator(mode="after")
     def _check_roles(self) -> StreamDef:
@@ -110,6 +120,7 @@ class StreamDef(BaseModel):
             if roles.get(name) in ("values", "time_field"):
                 raise ValueError(f"distinct field {name!r} is also a {roles[name]} field")
         self._check_event_id(roles)
+        self._check_clock_fields(roles)
         check_tiers(self)
         return self
 
@@ -148,6 +159,28 @@ class StreamDef(BaseModel):
         if self.event_id_field is None or self.event_id_field in self.distinct_fields:
             return self.distinct_fields
         return (*self.distinct_fields, self.event_id_field)
+
+    def _check_clock_fields(self, roles: dict[str, str]) -> None:
+        if self.sent_time_field is None:
+            if self.device_field is not None:
+                raise ValueError("device_field needs sent_time_field (the device's clock is read from it)")
+            return
+        sent = self.sent_time_field
+        if sent in roles or sent in self.string_fields:
+            raise ValueError(f"sent_time_field {sent!r} is also declared as {roles.get(sent, 'a string field')}")
+        device = self.device_key_field
+        if device is None:
+            raise ValueError("sent_time_field needs a device_field or a key_field: whose clock it is")
+        if device not in self.string_fields:
+            raise ValueError(f"device_field {device!r} must be the key, a dimension or a distinct field"
+                             f" (declared strings: {', '.join(self.string_fields) or 'none'})")
+        if self.clock_window < 60_000:
+            raise ValueError("clock_window must be at least 1m (one bucket of receive time)")
+
+    @property
+    def device_key_field(self) -> str | None:
+        """Whose clock stamps the sent time: the device field, else the key field."""
+        return self.device_field or self.key_field
 
     @property
     def tier_defs(self) -> tuple[TierDef, ...]:

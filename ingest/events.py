@@ -56,6 +56,9 @@ class Event:
     strings: dict[str, str | None]  # dimensions ("" when missing), distinct fields, key
     numbers: dict[str, float | None]  # value fields (None when missing)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The stream's sent_time_field (when it declares one): when the device sent the event, by its
+    # clock, in epoch ms; None when the event does not carry it (then it gives no clock sample).
+    sent_time_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class EventValidator:
             declare(name, StrictStr | StrictInt | bool | None, ... if required else None)
         for name in stream.values:
             declare(name, StrictFloat | StrictInt | None, None)
+        if stream.sent_time_field:
+            declare(stream.sent_time_field, EventTime | None, None)
         self._model: type[BaseModel] = create_model(  # type: ignore[call-overload]
             f"Event_{stream.name}",
             __config__=ConfigDict(extra="allow", populate_by_name=False, protected_namespaces=()),
@@ -140,6 +145,7 @@ class EventValidator:
             strings=strings,
             numbers=numbers,
             extra=dict(model.__pydantic_extra__ or {}),
+            sent_time_ms=data.get(attr[stream.sent_time_field]) if stream.sent_time_field else None,
         )
 
     def _describe(self, exc: ValidationError) -> str:
@@ -154,6 +160,8 @@ class EventValidator:
                 reasons[name] = "required field is missing"
             elif name == stream.time_field:
                 reasons[name] = error["msg"].removeprefix("Value error, ")
+            elif name == stream.sent_time_field:  # a time like the event time, by the device's clock
+                reasons[name] = error["msg"].removeprefix("Value error, ").replace("event time", "sent time")
             elif name in stream.values:
                 reasons[name] = f"must be a number, got {_json_type(error.get('input'))}"
             elif name in stream.string_fields:

@@ -45,11 +45,16 @@ SOURCE_SCHEMA = pa.schema(
         pa.field("ids", _list(pa.string())),
         pa.field("error", pa.string()),
         pa.field("error_kind", pa.string()),
+        # Device clocks (catalog: sent_time_field): when the device sent the record, by its clock,
+        # and whose clock it is; null for streams that declare no sent time.
+        pa.field("sent_time", pa.int64()),
+        pa.field("device", pa.string()),
     ]
 )
 SPARK_SCHEMA = (
     "stream string, partition int, offset bigint, event_time bigint, ingest_time bigint,"
-    " dims array<string>, vals array<double>, ids array<string>, error string, error_kind string"
+    " dims array<string>, vals array<double>, ids array<string>, error string, error_kind string,"
+    " sent_time bigint, device string"
 )
 
 
@@ -98,6 +103,8 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.Reco
             _interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
             error,
             kind,
+            batch.column(stream.sent_time_field) if stream.sent_time_field else pa.nulls(n, pa.int64()),
+            batch.column(stream.device_key_field) if stream.sent_time_field else pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
     )
@@ -124,6 +131,8 @@ def error_rows(stream: str, partition: int | pa.Array, offsets: pa.Array, errors
             empty_strings,
             pa.array([e[:MAX_ERROR_CHARS] for e in errors], pa.string()),
             pa.array(np.full(n, kind, dtype=object), pa.string()),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
     )

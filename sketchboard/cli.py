@@ -192,7 +192,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ingest import demo
+    import demo
 
     settings = _settings(args)
     argv = ["--url", args.url or settings.base_url, "--rate", str(args.rate or settings.demo_rate),
@@ -286,7 +286,7 @@ def _wait_healthy(base_url: str, child: subprocess.Popen, stopping: threading.Ev
 
 def _spike_spec(text: str) -> str:
     """Check a --spike spec here, so a typo fails before anything starts; pass the text on."""
-    from ingest.demo import parse_spike  # imported only when --spike is given: numpy is slow to load
+    from demo import parse_spike  # imported only when --spike is given: numpy is slow to load
 
     parse_spike(text)
     return text

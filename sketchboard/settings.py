@@ -168,7 +168,7 @@ class Settings(BaseSettings):
 
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")
-    # Demo stragglers (see ingest.demo.Stragglers): fractions of all demo events.
+    # Demo stragglers (see demo.Stragglers): fractions of all demo events.
     demo_delayed_fraction: float = Field(0.05, ge=0, le=1, description="sent late by an exponential delay")
     demo_delay_mean: float = Field(5.0, ge=0, description="mean of that delay, seconds")
     demo_late_fraction: float = Field(0.005, ge=0, le=1, description="sent after the pane is final: corrections")

@@ -7,6 +7,7 @@ from store.base import (
     CommitResult,
     Correction,
     DeadLetter,
+    DeviceClock,
     PanePartial,
     PaneStore,
     PipelineProgress,
@@ -17,7 +18,7 @@ from store.panes import Pane, PaneData, PaneKey, ValueStats, dims_key, pane_star
 from store.sqlite import SqlitePaneStore
 
 __all__ = [
-    "DEAD_LETTER_REASONS", "Correction", "DeadLetter", "StoredDeadLetter",
+    "DEAD_LETTER_REASONS", "Correction", "DeadLetter", "DeviceClock", "StoredDeadLetter",
     "BatchCommit", "Change", "CommitResult", "Pane", "PaneData", "PaneKey", "PanePartial", "PaneStore",
     "PipelineProgress", "SqlitePaneStore", "StreamProgress", "ValueStats", "dims_key", "pane_start",
 ]

@@ -45,6 +45,18 @@ class DeadLetter:
     ingest_time_ms: int | None = None
     error: str | None = None  # why an unparseable or invalid record is not an event
     dims: Mapping[str, str] | None = None
+    # What the device clock rule added to event_time_ms before judging it (None: nothing).
+    clock_correction_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceClock:
+    """One device's clock estimate (aggregates/clock_offsets.py) as a batch leaves it."""
+
+    buckets: tuple[tuple[int, int], ...]  # (receive-time bucket start, smallest received - sent); () = forget it
+    offset_ms: int = 0
+    correction_ms: int = 0
+    newest_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class BatchCommit:
     # Streams with an event_id_field: the ids counted, duplicates dropped (store/event_ids.py).
     # Then read = aggregated + dead-lettered + duplicates.
     event_ids: EventIdCommit | None = None
+    # Per stream and device: the clock estimates this batch changed (aggregates/device_clocks.py).
+    device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -263,6 +277,10 @@ class PaneStore(ABC):
 
     @abstractmethod
     def progress(self, pipeline: str) -> PipelineProgress: ...
+
+    @abstractmethod
+    def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
+        """The stream's device clock estimates as the last batch left them."""
 
     @abstractmethod
     def side_db(self) -> Db:

@@ -22,6 +22,7 @@ from store.base import (
     CommitResult,
     Correction,
     DeadLetter,
+    DeviceClock,
     PaneStore,
     PartitionProgress,
     PipelineProgress,
@@ -31,6 +32,7 @@ from store.base import (
 from store import event_ids
 from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
 from store.connection import SqliteDb, open_connection, transaction, where
+from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
@@ -72,6 +74,8 @@ class SqlitePaneStore(PaneStore):
             )
         if "held_by_partition" not in have:
             self._conn.execute("ALTER TABLE stream_progress ADD COLUMN held_by_partition INTEGER")
+        if "clock_correction_ms" not in columns("dead_letters"):
+            self._conn.execute("ALTER TABLE dead_letters ADD COLUMN clock_correction_ms INTEGER")
 
     # -- writing ------------------------------------------------------------------------
 
@@ -184,11 +188,16 @@ class SqlitePaneStore(PaneStore):
         )
         conn.executemany(
             "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
-            " ingest_time_ms, error, dims, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " ingest_time_ms, error, dims, at_ms, clock_correction_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(commit.pipeline, commit.batch_id, d.stream, d.partition, d.offset, d.reason, d.event_time_ms,
-              d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
+              d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms, d.clock_correction_ms)
              for d in commit.dead_letters],
         )
+        forget, keep = device_clock_rows(commit)
+        conn.executemany("DELETE FROM device_clocks WHERE stream = ? AND device = ?", forget)
+        conn.executemany(
+            "INSERT OR REPLACE INTO device_clocks (stream, device, buckets, offset_ms, correction_ms, newest_ms,"
+            " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)", [(*row, now_ms) for row in keep])
 
     def _write_progress(self, commit: BatchCommit, plan: BatchPlan) -> None:
         """Stream watermarks and counters, partition marks, and the pipeline's log offsets."""
@@ -386,14 +395,20 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             rows = self._conn.execute(
                 "SELECT id, pipeline, batch_id, at_ms, stream, partition, \"offset\", reason, event_time_ms,"
-                " ingest_time_ms, error, dims FROM dead_letters"
+                " ingest_time_ms, error, dims, clock_correction_ms FROM dead_letters"
                 + clause + " ORDER BY id DESC LIMIT ?",
                 (*args, limit),
             ).fetchall()
         return [
-            StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d)))
-            for i, pl, b, at, s, p, o, r, et, it, err, d in rows
+            StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d), cc))
+            for i, pl, b, at, s, p, o, r, et, it, err, d, cc in rows
         ]
+
+    def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
+        with self._lock:
+            rows = self._conn.execute("SELECT device, buckets, offset_ms, correction_ms, newest_ms FROM device_clocks"
+                                      " WHERE stream = ?", (stream,)).fetchall()
+        return {device: device_clock(*rest) for device, *rest in rows}
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:

@@ -76,7 +76,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     ingest_time_ms INTEGER,
     error TEXT,
     dims TEXT,
-    at_ms INTEGER NOT NULL
+    at_ms INTEGER NOT NULL,
+    clock_correction_ms INTEGER     -- added to event_time_ms by the device clock rule (null: none)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_by_offset ON dead_letters (pipeline, stream, partition, "offset");
 CREATE INDEX IF NOT EXISTS dead_letters_by_reason ON dead_letters (stream, reason, id);
@@ -107,6 +108,17 @@ CREATE TABLE IF NOT EXISTS partition_watermarks (
     last_progress_ms INTEGER NOT NULL,
     state TEXT NOT NULL,
     PRIMARY KEY (stream, partition)
+);
+-- Device clock estimates (aggregates/device_clocks.py), written with the batch that changed them.
+CREATE TABLE IF NOT EXISTS device_clocks (
+    stream TEXT NOT NULL,
+    device TEXT NOT NULL,
+    buckets TEXT NOT NULL,          -- [[receive-time bucket start ms, smallest received - sent ms], ...]
+    offset_ms INTEGER NOT NULL,     -- the estimate: the smallest of the buckets'
+    correction_ms INTEGER NOT NULL, -- what the device's event times get added (0: left alone)
+    newest_ms INTEGER NOT NULL,     -- the newest bucket's start
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (stream, device)
 );
 CREATE TABLE IF NOT EXISTS pipeline_offsets (
     pipeline TEXT NOT NULL,

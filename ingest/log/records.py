@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog import StreamDef
-from catalog.times import EPOCH_MS_THRESHOLD
+from catalog.times import EPOCH_MS_THRESHOLD, parse_event_time_ms
 from ingest.json_limits import JsonLimits, violation
 from ingest.events import Event, EventValidator
 
@@ -33,6 +33,8 @@ def segment_schema(stream: StreamDef) -> pa.Schema:
     fields = [pa.field(EVENT_TIME, pa.int64(), nullable=False), pa.field(INGEST_TIME, pa.int64(), nullable=False)]
     fields += [pa.field(name, pa.string()) for name in stream.string_fields]
     fields += [pa.field(name, pa.float64()) for name in stream.values]
+    if stream.sent_time_field:  # epoch ms by the device's clock (catalog: sent_time_field)
+        fields.append(pa.field(stream.sent_time_field, pa.int64()))
     fields.append(pa.field(EXTRA, pa.string()))
     return pa.schema(fields)
 
@@ -47,6 +49,8 @@ def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: 
     ]
     columns += [pa.array([e.strings.get(name) for e in events], pa.string()) for name in stream.string_fields]
     columns += [pa.array([e.numbers.get(name) for e in events], pa.float64()) for name in stream.values]
+    if stream.sent_time_field:
+        columns.append(pa.array([e.sent_time_ms for e in events], pa.int64()))
     columns.append(
         pa.array([json.dumps(e.extra, separators=(",", ":")) if e.extra else None for e in events], pa.string())
     )
@@ -101,7 +105,8 @@ def project(batch: pa.RecordBatch, stream: StreamDef) -> pa.RecordBatch:
             # Declared after these records were written: the value may be among their extra fields.
             if extras is None:
                 extras = [json.loads(x) if x else {} for x in batch.column(EXTRA).to_pylist()] if EXTRA in names else []
-            column = _from_extras(extras, field.name, field.type, n)
+            column = (_times_from_extras(extras, field.name, n) if field.name == stream.sent_time_field
+                      else _from_extras(extras, field.name, field.type, n))
             if field.name in stream.dimensions:
                 column = column.fill_null("")
         columns.append(column)
@@ -121,6 +126,19 @@ def _from_extras(extras: list[dict], name: str, target: pa.DataType, n: int) -> 
     if not extras or not any(name in e for e in extras):
         return pa.nulls(n, target)
     return pa.array([_coerce(e.get(name), target) for e in extras], target)
+
+
+def _times_from_extras(extras: list[dict], name: str, n: int) -> pa.Array:
+    """A sent time declared after these records were written: read as the validator reads it
+    (epoch ms, epoch s or RFC 3339); a value that is not a time reads as null (no clock sample)."""
+    def parsed(value):
+        try:
+            return None if value is None else parse_event_time_ms(value)
+        except ValueError:
+            return None
+    if not extras:
+        return pa.nulls(n, pa.int64())
+    return pa.array([parsed(e.get(name)) for e in extras], pa.int64())
 
 
 def _coerce(value, target: pa.DataType):
@@ -148,6 +166,8 @@ def event_to_json(stream: StreamDef, event: Event) -> bytes:
     record[stream.time_field] = _time_text(event.event_time_ms)
     record.update((k, v) for k, v in event.strings.items() if v is not None)
     record.update((k, v) for k, v in event.numbers.items() if v is not None)
+    if stream.sent_time_field and event.sent_time_ms is not None:
+        record[stream.sent_time_field] = _time_text(event.sent_time_ms)
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

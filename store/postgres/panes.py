@@ -27,6 +27,7 @@ from store.base import (
     CommitResult,
     Correction,
     DeadLetter,
+    DeviceClock,
     PaneStore,
     PartitionProgress,
     PipelineProgress,
@@ -46,6 +47,7 @@ from store.commit_plan import (
     tier_row_after,
 )
 from store.connection import where as where_clause
+from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
 from store.postgres.db import PostgresDb
@@ -142,10 +144,21 @@ class PostgresPaneStore(PaneStore):
             if commit.dead_letters:
                 cur.executemany(
                     "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, event_time_ms,"
-                    " ingest_time_ms, error, dims, at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    " ingest_time_ms, error, dims, at_ms, clock_correction_ms)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                     [(commit.pipeline, commit.batch_id, d.stream, d.partition, d.offset, d.reason, d.event_time_ms,
-                      d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms)
-                     for d in commit.dead_letters])
+                      d.ingest_time_ms, d.error, None if d.dims is None else dims_key(d.dims), now_ms,
+                      d.clock_correction_ms) for d in commit.dead_letters])
+            forget, keep = device_clock_rows(commit)
+            if forget:
+                cur.executemany("DELETE FROM device_clocks WHERE stream = %s AND device = %s", forget)
+            if keep:
+                cur.executemany(
+                    "INSERT INTO device_clocks (stream, device, buckets, offset_ms, correction_ms, newest_ms,"
+                    " updated_at_ms) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (stream, device) DO UPDATE SET"
+                    " buckets = excluded.buckets, offset_ms = excluded.offset_ms,"
+                    " correction_ms = excluded.correction_ms, newest_ms = excluded.newest_ms,"
+                    " updated_at_ms = excluded.updated_at_ms", [(*row, now_ms) for row in keep])
             if plan.streams:
                 cur.executemany(
                     "INSERT INTO stream_progress (stream, watermark_ms, max_event_ms, events_aggregated, events_read,"
@@ -332,9 +345,16 @@ class PostgresPaneStore(PaneStore):
         clause, args = _where(("stream = ?", stream), ("reason = ?", reason))
         found = self._all(
             "SELECT id, pipeline, batch_id, at_ms, stream, partition, \"offset\", reason, event_time_ms,"
-            " ingest_time_ms, error, dims FROM dead_letters" + clause + " ORDER BY id DESC LIMIT %s", (*args, limit))
-        return [StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d)))
-                for i, pl, b, at, s, p, o, r, et, it, err, d in found]
+            " ingest_time_ms, error, dims, clock_correction_ms FROM dead_letters" + clause
+            + " ORDER BY id DESC LIMIT %s", (*args, limit))
+        return [StoredDeadLetter(i, pl, b, at, DeadLetter(s, p, o, r, et, it, err, None if d is None else json.loads(d),
+                                                          cc))
+                for i, pl, b, at, s, p, o, r, et, it, err, d, cc in found]
+
+    def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
+        rows = self._all("SELECT device, buckets, offset_ms, correction_ms, newest_ms FROM device_clocks"
+                         " WHERE stream = %s", (stream,))
+        return {device: device_clock(*rest) for device, *rest in rows}
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"

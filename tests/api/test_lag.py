@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from catalog import load_catalog
 from lag.report import LagMonitor
 from lag.sampler import LagSampler
 from lag.sources import EventLogLagSource, StoreCommitted
 from store import BatchCommit
 from store.health import SqliteHealthStore
 from store.lag import SqliteLagStore
+from tests.api.conftest import CONFIG
 
 NOW_MS = 1_800_000_000_000  # the fake clock of conftest
 
@@ -51,7 +53,7 @@ def test_lag_before_any_sample_is_err(client, lagged):
     body = client.get("/api/v1/lag").json()
     assert body["status"] == "ERR" and "no lag samples" in body["reason"]
     assert body["window"] == {"samples": 3, "interval_seconds": 1.0, "seconds": 3.0}
-    assert set(body["streams"]) == {"http_requests", "orders"}
+    assert set(body["streams"]) == set(load_catalog(CONFIG).streams)
     assert body["series"]["pipeline"] == []
 
 
@@ -156,18 +158,18 @@ def test_metrics_parse_and_have_lag_gauges(client, ctx, lagged, clock):
     text = client.get("/metrics").text
     f = families(text)
     seconds = {(s.labels["stream"], s.labels["partition"]): s.value for s in f["sketchboard_lag_seconds"].samples}
-    assert len(seconds) == 6 and max(seconds.values()) == 0.0  # sampled at the post: 0 s old then
+    assert len(seconds) == sum(s.partitions for s in ctx.catalog.streams.values()) and max(seconds.values()) == 0.0  # sampled at the post: 0 s old then
     sampled = {k: s.value for s in f["sketchboard_lag_sampled_events"].samples
                for k in [(s.labels["stream"], s.labels["partition"])]}
     assert sum(v for (stream, _), v in sampled.items() if stream == "orders") == 6
     status = [s for s in f["sketchboard_lag_status"].samples if s.value == 1]
-    assert len(status) == 6 and all(s.labels["sketchboard_lag_status"] == "OK" for s in status)
+    assert len(status) == sum(s.partitions for s in ctx.catalog.streams.values()) and all(s.labels["sketchboard_lag_status"] == "OK" for s in status)
     assert [s.value for s in f["sketchboard_pipeline_lag_status_code"].samples] == [0]
     events_in = {s.labels["stream"]: s.value for s in f["sketchboard_events_in"].samples}
-    assert events_in == {"http_requests": 0.0, "orders": 6.0}
+    assert events_in == {**{name: 0.0 for name in ctx.catalog.streams}, "orders": 6.0}
     assert f["sketchboard_events_in"].type == "counter"
     assert {s.labels["stream"]: s.value for s in f["sketchboard_events_dead_lettered"].samples} == {
-        "http_requests": 0.0, "orders": 0.0}
+        name: 0.0 for name in ctx.catalog.streams}
     assert [s.value for s in f["sketchboard_batch_duration_seconds"].samples] == [1.5]
     parts = {s.labels["part"]: s.value for s in f["sketchboard_batch_duration_part_seconds"].samples}
     assert parts == {"addBatch": 1.2, "getBatch": 0.003}
@@ -199,7 +201,7 @@ def test_app_wires_the_lag_feed_and_query_health_into_the_websocket_hub(ctx, lag
     assert set(feeds) >= {"pipeline", "lag"}
     sampler.sample_and_store()
     (lag,) = feeds["lag"].poll()
-    assert lag["type"] == "lag" and set(lag["streams"]) == {"http_requests", "orders"}
+    assert lag["type"] == "lag" and set(lag["streams"]) == set(ctx.catalog.streams)
     (pipeline,) = feeds["pipeline"].poll()
     assert pipeline["query"]["running"] and pipeline["query"]["name"] == "sketchboard-main"
     app.state.hub.stop()

@@ -83,7 +83,7 @@ def test_pipeline_before_any_batch(client, ctx):
     assert status["last_batch_id"] is None and status["last_commit_ms"] is None
     assert status["seconds_since_last_commit"] is None
     assert status["batches"] == 0 and status["events_read"] == 0 and status["lag_events"] == 0
-    assert set(status["streams"]) == {"http_requests", "orders"}
+    assert set(status["streams"]) == set(ctx.catalog.streams)  # the demo's, and the generated session streams
     assert len(status["streams"]["http_requests"]["partitions"]) == 4
     assert len(status["streams"]["orders"]["partitions"]) == 2
 
@@ -188,6 +188,15 @@ def test_pipeline_lag_ignores_events_dropped_by_retention(client, ctx, ingested)
 # -- Prometheus -----------------------------------------------------------------------
 
 
+def zeros(ctx) -> dict[str, float]:
+    """0 for every stream of the catalog (the demo's, and those its `sessions:` generate)."""
+    return {name: 0.0 for name in ctx.catalog.streams}
+
+
+def partitions(ctx) -> int:
+    return sum(s.partitions for s in ctx.catalog.streams.values())
+
+
 def test_prometheus_metrics_before_commit(client, ctx, ingested):
     r = client.get("/metrics")
     assert r.status_code == 200
@@ -195,15 +204,15 @@ def test_prometheus_metrics_before_commit(client, ctx, ingested):
     families = metric_samples(r.text)
 
     log_events = {s.labels["stream"]: s.value for s in families["sketchboard_log_events"]}
-    assert log_events == {"http_requests": 12.0, "orders": 3.0}
+    assert log_events == {**zeros(ctx), "http_requests": 12.0, "orders": 3.0}
 
     lag = {(s.labels["stream"], s.labels["partition"]): s.value for s in families["sketchboard_lag_events"]}
     ends = log_ends(ctx)
     assert lag == {(name, str(p)): float(e) for name, parts in ends.items() for p, e in parts.items()}
-    assert len(lag) == 4 + 2
+    assert len(lag) == partitions(ctx)
 
     aggregated = {s.labels["stream"]: s.value for s in families["sketchboard_events_aggregated"]}
-    assert aggregated == {"http_requests": 0.0, "orders": 0.0}
+    assert aggregated == zeros(ctx)
     assert [s.value for s in families["sketchboard_batches_committed"]] == [0.0]
     assert families["sketchboard_watermark_seconds"] == []  # no watermark yet
 
@@ -212,19 +221,18 @@ def test_prometheus_metrics_after_commit(client, ctx, ingested):
     commit(ctx, 0, log_ends(ctx), ingested)
     families = metric_samples(client.get("/metrics").text)
     assert all(s.value == 0.0 for s in families["sketchboard_lag_events"])
-    assert len(families["sketchboard_lag_events"]) == 6
+    assert len(families["sketchboard_lag_events"]) == partitions(ctx)
     assert [s.value for s in families["sketchboard_batches_committed"]] == [1.0]
     aggregated = {s.labels["stream"]: s.value for s in families["sketchboard_events_aggregated"]}
-    assert aggregated == {"http_requests": 12.0, "orders": 3.0}
+    assert aggregated == {**zeros(ctx), "http_requests": 12.0, "orders": 3.0}
     watermarks = {s.labels["stream"]: s.value for s in families["sketchboard_watermark_seconds"]}
     assert watermarks == {"http_requests": (EVENT_MS - 30_000) / 1000, "orders": (EVENT_MS - 60_000) / 1000}
 
 
-def test_prometheus_metrics_with_an_empty_log(client):
+def test_prometheus_metrics_with_an_empty_log(client, ctx):
     families = metric_samples(client.get("/metrics").text)
-    assert {s.labels["stream"]: s.value for s in families["sketchboard_log_events"]} == {
-        "http_requests": 0.0, "orders": 0.0}
-    assert len(families["sketchboard_lag_events"]) == 6
+    assert {s.labels["stream"]: s.value for s in families["sketchboard_log_events"]} == zeros(ctx)
+    assert len(families["sketchboard_lag_events"]) == partitions(ctx)
 
 
 # -- documentation and the index page ------------------------------------------------

@@ -54,7 +54,8 @@ def config_error(text: str, source: str = "streams.yaml") -> str:
 
 def test_shipped_config_loads() -> None:
     catalog = load_catalog(CONFIG)
-    assert set(catalog.streams) == {"http_requests", "orders"}
+    assert set(catalog.streams) == {"http_requests", "orders", "mobile_app",  # and the generated session streams:
+                                    "http_requests_sessions", "mobile_app_sessions"}
     http = catalog.stream("http_requests")
     assert http.name == "http_requests"
     assert http.time_field == "time"
@@ -70,7 +71,10 @@ def test_shipped_config_loads() -> None:
     assert orders.allowed_lateness == 60_000
     assert orders.partitions == 2
     assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items",
-                                    "new_users"}
+                                    "new_users", "screen_views", "screen_time"} | {
+        f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")}
+    mobile = catalog.stream("mobile_app")
+    assert (mobile.sent_time_field, mobile.device_key_field) == ("sent_at", "device_id")
     for metric in catalog.metrics.values():
         assert metric.stream in catalog.streams
     assert catalog.metric("latency").value == "latency_ms"
@@ -79,7 +83,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*http_requests, orders"):
+    with pytest.raises(KeyError, match="nope.*http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

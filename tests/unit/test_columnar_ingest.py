@@ -194,3 +194,18 @@ def test_an_event_id_is_required_on_both_paths(orders, array):
     columns = assert_same_as_per_event(body, content_type, ORDERS)
     if all(isinstance(o.get("request_id"), str) for o in orders):
         assert columns is not None
+
+
+def test_a_stream_with_a_sent_time_is_left_to_the_per_event_path():
+    catalog = parse_catalog("""
+streams:
+  taps:
+    time_field: time
+    key_field: device
+    sent_time_field: sent
+    partitions: 1
+metrics:
+  taps: {stream: taps}
+""")
+    body = ndjson([{"time": T0, "device": "d"}, {"time": T0, "device": "e", "sent": T0 + 5}])
+    assert columnar_events(catalog.streams["taps"], body) is None

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from catalog import Catalog, load_catalog, parse_catalog
-from ingest.demo import (
+from demo import (
     MAX_JITTER_MS,
     RATE_MAX,
     RATE_MIN,
@@ -48,7 +48,8 @@ def sample(catalog: Catalog) -> dict[str, list[dict]]:
 
 
 def _check_types(stream, events: list[dict]) -> None:
-    declared = {stream.time_field, *stream.string_fields, *stream.values}
+    declared = {stream.time_field, *stream.string_fields, *stream.values,
+                *([stream.sent_time_field] if stream.sent_time_field else [])}
     for event in events:
         assert set(event) == declared
         assert json.loads(json.dumps(event)) == event
@@ -60,9 +61,10 @@ def _check_types(stream, events: list[dict]) -> None:
 
 
 def test_events_carry_exactly_the_declared_fields_with_json_types(catalog, sample):
-    assert set(sample) == {"http_requests", "orders"}
+    assert set(sample) == {"http_requests", "orders", "mobile_app"}
     assert len(sample["http_requests"]) == 20_000
     assert 250 <= len(sample["orders"]) <= 550  # ~2 % of the requests
+    assert 4_500 <= len(sample["mobile_app"]) <= 8_000  # ~25 %, plus offline backlogs
     for name, events in sample.items():
         _check_types(catalog.stream(name), events)
     assert all(type(e["response_bytes"]) is int for e in sample["http_requests"])
@@ -220,7 +222,7 @@ def test_producer_posts_json_arrays_per_stream(catalog):
     assert server.posts
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
-        assert stream in ("http_requests", "orders")
+        assert stream in ("http_requests", "orders", "mobile_app")
         assert content_type == "application/json"
         assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
         _check_types(catalog.stream(stream), body)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from catalog import load_catalog
-from ingest import demo
-from ingest.demo import DELAYED, DemoProducer, DemoTraffic, LatencySpike, Stragglers, main, parse_spike
+import demo
+from demo import DELAYED, DemoProducer, DemoTraffic, LatencySpike, Stragglers, main, parse_spike
 from sketchboard import cli
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"

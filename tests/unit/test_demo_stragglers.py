@@ -10,7 +10,7 @@ import pytest
 
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, dead_letter_reason
 from catalog import load_catalog
-from ingest.demo import BEYOND_HORIZON, DELAYED, FUTURE, LATE, ON_TIME, DemoTraffic, Stragglers, main
+from demo import BEYOND_HORIZON, DELAYED, FUTURE, LATE, ON_TIME, DemoTraffic, Stragglers, main
 from store.panes import pane_start
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # outside: they may import anything.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sketchboard",),  # wiring, settings, CLI
-    ("api",),
+    ("api", "demo"),  # demo: the demo producer, a client of the API over HTTP (the CLI starts it)
     ("aggregates", "lag", "alerts", "dashboard"),  # dashboard: the dashboards resource; its static/ page talks HTTP
     ("query",),  # one resolved query, computed against the store
     ("ingest", "store"),

@@ -1,0 +1,147 @@
+"""Device clocks in the pipeline: estimate each device's clock offset and correct event times
+before they are assigned to panes (streams with a `sent_time_field`; see aggregates/clock_offsets.py).
+
+Per batch, before the partial aggregation:
+
+1. On the executors, the batch's clock samples: per (stream, device, minute of receive time) the
+   smallest `ingest_time - sent_time` (one small groupBy; only records that carry a sent time).
+2. On the driver, those merged into the estimates as the previous batch left them (the store's
+   `device_clocks` rows, kept in memory between batches), and per device a verdict: the
+   correction to add to its event times (`clock_offsets.clock_verdict`).
+3. On the executors, every record of a device with a correction gets `event_time += correction`
+   (a broadcast join on (stream, device)); `raw_event_time` keeps the device's own stamp and
+   `clock_correction` what was added. The dead-letter rules, panes and watermarks then see the
+   corrected time.
+
+The estimates a batch leaves are part of its store commit (same transaction as its panes), so a
+replayed batch starts from exactly the state its first run started from: exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from aggregates.clock_offsets import (
+    CORRECTED,
+    DEFAULT_BUCKET_MS,
+    ClockEstimate,
+    clock_verdict,
+    forget_stale,
+)
+from catalog import Catalog, StreamDef
+from store import DeviceClock, PaneStore
+
+CORRECTION_SCHEMA = "stream string, device string, correction bigint"
+
+
+@dataclass(frozen=True)
+class ClockPlan:
+    """What one batch does with device clocks: the corrections to apply, the rows to store."""
+
+    corrections: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (stream, device) -> ms, non-zero
+    changed: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)  # for BatchCommit.device_clocks
+    after: Mapping[tuple[str, str], DeviceClock] = field(default_factory=dict)  # every estimate kept after it
+
+
+def plan_batch(state: Mapping[tuple[str, str], DeviceClock], samples: Iterable[tuple[str, str, int, int]],
+               streams: Mapping[str, StreamDef], *, batch_now_ms: int) -> ClockPlan:
+    """Pure: the estimates before the batch and its samples (stream, device, bucket start,
+    smallest received - sent) -> the batch's plan. Devices not heard from within their stream's
+    retention are forgotten."""
+    estimates = {key: ClockEstimate(clock.buckets) for key, clock in state.items()}
+    for stream, device, bucket, offset in samples:
+        window = streams[stream].clock_window
+        estimates[(stream, device)] = estimates.get((stream, device), ClockEstimate()).merge(
+            ClockEstimate(((bucket, offset),)), window_ms=window)
+    corrections: dict[tuple[str, str], int] = {}
+    changed: dict[str, dict[str, DeviceClock]] = {}
+    after: dict[tuple[str, str], DeviceClock] = {}
+    for (stream, device), estimate in estimates.items():
+        s = streams.get(stream)
+        if s is None:  # a stream no longer declaring a sent time: its estimates are dropped
+            changed.setdefault(stream, {})[device] = DeviceClock(())
+            continue
+        estimate = forget_stale(estimate, horizon_ms=batch_now_ms - s.retention)
+        old = state.get((stream, device))
+        if not estimate.buckets:
+            if old is not None:
+                changed.setdefault(stream, {})[device] = DeviceClock(())
+            continue
+        verdict, correction = clock_verdict(estimate, tolerance_ms=s.clock_tolerance, max_spread_ms=s.max_future_skew)
+        clock = DeviceClock(estimate.buckets, estimate.offset_ms() or 0, correction, estimate.buckets[-1][0])
+        after[(stream, device)] = clock
+        if verdict == CORRECTED:
+            corrections[(stream, device)] = correction
+        if clock != old:
+            changed.setdefault(stream, {})[device] = clock
+    return ClockPlan(corrections, changed, after)
+
+
+class DeviceClocks:
+    """The pipeline's device clock step; disabled (no cost) when no stream declares a sent time."""
+
+    def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore):
+        self.spark = spark
+        self.store = store
+        self.streams = {name: s for name, s in catalog.streams.items() if s.sent_time_field}
+        self._state: dict[tuple[str, str], DeviceClock] | None = None  # as the last committed batch left it
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.streams)
+
+    def state(self) -> dict[tuple[str, str], DeviceClock]:
+        if self._state is None:  # first batch of this process: what the store committed last
+            self._state = {(stream, device): clock for stream in self.streams
+                           for device, clock in self.store.device_clocks(stream).items()}
+        return self._state
+
+    def samples(self, batch: DataFrame) -> list[tuple[str, str, int, int]]:
+        """The batch's clock samples, per (stream, device, bucket of receive time): the smallest
+        received - sent. Records that will be dead-lettered as unparseable or invalid give none."""
+        ingest = F.col("ingest_time")
+        rows = (
+            batch.where(F.col("stream").isin(list(self.streams)) & F.col("sent_time").isNotNull()
+                        & F.col("device").isNotNull() & ingest.isNotNull() & F.col("error").isNull())
+            .groupBy("stream", "device", (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"))
+            .agg(F.min(ingest - F.col("sent_time")).alias("offset"))
+            .collect()
+        )
+        return [(r["stream"], r["device"], int(r["bucket"]), int(r["offset"])) for r in rows]
+
+    def plan(self, batch: DataFrame, *, batch_now_ms: int) -> ClockPlan:
+        return plan_batch(self.state(), self.samples(batch), self.streams, batch_now_ms=batch_now_ms)
+
+    def committed(self, plan: ClockPlan) -> None:
+        """The batch's commit went through: its estimates are the state the next batch starts from."""
+        self._state = dict(plan.after)
+
+    def forget(self) -> None:
+        """A commit that may or may not have gone through: read the state from the store again."""
+        self._state = None
+
+    def apply(self, batch: DataFrame, plan: ClockPlan) -> DataFrame:
+        """The batch with corrected event times (see the module doc)."""
+        if not plan.corrections:
+            return with_clock_columns(batch)
+        table = self.spark.createDataFrame(
+            [(stream, device, ms) for (stream, device), ms in plan.corrections.items()], CORRECTION_SCHEMA)
+        joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
+        correction = F.col("correction")
+        return joined.select(
+            *[c for c in batch.columns if c != "event_time"],
+            F.when(correction.isNotNull() & F.col("event_time").isNotNull(), F.col("event_time") + correction)
+            .otherwise(F.col("event_time")).alias("event_time"),
+            F.col("event_time").alias("raw_event_time"),
+            F.when(F.col("event_time").isNotNull(), correction).alias("clock_correction"),
+        )
+
+
+def with_clock_columns(batch: DataFrame) -> DataFrame:
+    """The columns the partial aggregation reads, for a batch no device clock touched."""
+    return batch.withColumns({"raw_event_time": F.col("event_time"),
+                              "clock_correction": F.lit(None).cast("bigint")})

@@ -1,0 +1,152 @@
+"""Device clocks (issue 17, part 2) without a JVM: the stream declaration, the sent time through
+validation and the log's record formats, the per-batch plan (which events are shifted by how
+much, what is stored), and the store's rows on every backend."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from aggregates.clock_offsets import (
+    CORRECTED,
+    INCONSISTENT,
+    UNKNOWN,
+    WITHIN_TOLERANCE,
+    ClockEstimate,
+    clock_verdict,
+    forget_stale,
+)
+from aggregates.device_clocks import plan_batch
+from api.clock_routes import summarize
+from catalog import ConfigError, parse_catalog
+from ingest.events import EventValidator
+from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
+from ingest.source_rows import to_source_batch
+from store import BatchCommit, DeadLetter, DeviceClock
+
+MIN = 60_000
+HOUR = 3_600_000
+T0 = 1_800_000_000_000 - 1_800_000_000_000 % MIN
+
+CONFIG = """
+streams:
+  app:
+    time_field: time
+    key_field: device_id
+    dimensions: [screen]
+    values: [duration_ms]
+    sent_time_field: sent_at
+    max_future_skew: 5m
+    retention: 1d
+"""
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return parse_catalog(CONFIG).stream("app")
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def test_the_device_defaults_to_the_key_and_must_be_a_string_field(stream):
+    assert (stream.sent_time_field, stream.device_key_field, stream.clock_tolerance) == ("sent_at", "device_id", 2_000)
+    with pytest.raises(ConfigError, match="device_field 'duration_ms' must be the key, a dimension or a distinct"):
+        parse_catalog(CONFIG.replace("sent_time_field: sent_at", "sent_time_field: sent_at\n    device_field: duration_ms"))
+    with pytest.raises(ConfigError, match="sent_time_field 'screen' is also declared as dimensions"):
+        parse_catalog(CONFIG.replace("sent_time_field: sent_at", "sent_time_field: screen"))
+    with pytest.raises(ConfigError, match="sent_time_field needs a device_field or a key_field"):
+        parse_catalog(CONFIG.replace("    key_field: device_id\n", ""))
+    with pytest.raises(ConfigError, match="device_field needs sent_time_field"):
+        parse_catalog(CONFIG.replace("sent_time_field: sent_at", "device_field: screen"))
+
+
+# -- the sent time through validation and the log -------------------------------------------
+
+
+def test_the_sent_time_is_validated_like_a_time_and_kept_in_both_record_formats(stream):
+    v = EventValidator(stream)
+    event = v.validate({"time": T0, "device_id": "d1", "sent_at": "2027-01-15T08:00:00Z"})
+    assert event.sent_time_ms == int(datetime(2027, 1, 15, 8, tzinfo=UTC).timestamp() * 1000)  # epoch ms
+    assert v.validate({"time": T0, "device_id": "d1"}).sent_time_ms is None  # optional: no sample then
+    with pytest.raises(ValueError, match=r"^sent_at: sent time 'soon' is not an RFC 3339 timestamp"):
+        v.validate({"time": T0, "device_id": "d1", "sent_at": "soon"})
+    assert json_to_event(v, event_to_json(stream, event)) == event  # Kafka: the JSON record
+    rows = to_source_batch(stream, 0, with_offsets([0], events_to_batch(stream, [event], T0 + 5))).to_pylist()
+    assert (rows[0]["sent_time"], rows[0]["device"]) == (event.sent_time_ms, "d1")  # embedded: the Arrow segment
+
+
+def test_a_sent_time_declared_later_is_read_from_the_older_records_extra_fields(stream):
+    before = parse_catalog(CONFIG.replace("    sent_time_field: sent_at\n", "")).stream("app")
+    old = [EventValidator(before).validate({"time": T0, "device_id": "d1", "sent_at": s}) for s in (T0 // 1000, "x")]
+    batch = project(events_to_batch(before, old, T0), stream)
+    assert batch.column("sent_at").to_pylist() == [T0, None]  # epoch s read as a time; not a time: no sample
+
+
+# -- the plan of a batch (pure) -------------------------------------------------------------
+
+
+def test_the_verdict_says_when_an_event_is_shifted():
+    steady = ClockEstimate(((T0, -3 * HOUR + 80), (T0 + MIN, -3 * HOUR + 40)))
+    assert clock_verdict(steady, tolerance_ms=2_000, max_spread_ms=300_000) == (CORRECTED, -3 * HOUR + 40)
+    assert clock_verdict(ClockEstimate(((T0, 900),)), tolerance_ms=2_000, max_spread_ms=300_000) == (WITHIN_TOLERANCE, 0)
+    jumped = ClockEstimate(((T0, -3 * HOUR), (T0 + MIN, 40)))  # reset from 3 h ahead to right, a minute ago
+    assert clock_verdict(jumped, tolerance_ms=2_000, max_spread_ms=300_000) == (INCONSISTENT, 0)
+    assert clock_verdict(ClockEstimate(), tolerance_ms=2_000, max_spread_ms=300_000) == (UNKNOWN, 0)
+    assert forget_stale(steady, horizon_ms=T0 + 2 * MIN) == ClockEstimate()
+    assert forget_stale(steady, horizon_ms=T0) == steady
+
+
+def test_a_batch_plan_merges_its_samples_into_the_stored_estimates(stream):
+    streams = {"app": stream}
+    stored = {("app", "ahead"): DeviceClock(((T0, -HOUR + 50),), -HOUR + 50, -HOUR + 50, T0),
+              ("app", "gone"): DeviceClock(((T0 - 2 * 86_400_000, 10_000),), 10_000, 10_000, T0 - 2 * 86_400_000),
+              ("app", "fine"): DeviceClock(((T0, 300),), 300, 0, T0)}
+    samples = [("app", "ahead", T0 + MIN, -HOUR + 20), ("app", "behind", T0 + MIN, 2 * HOUR + 90)]
+    plan = plan_batch(stored, samples, streams, batch_now_ms=T0 + 2 * MIN)
+    assert plan.corrections == {("app", "ahead"): -HOUR + 20, ("app", "behind"): 2 * HOUR + 90}
+    assert plan.changed == {"app": {
+        "ahead": DeviceClock(((T0, -HOUR + 50), (T0 + MIN, -HOUR + 20)), -HOUR + 20, -HOUR + 20, T0 + MIN),
+        "behind": DeviceClock(((T0 + MIN, 2 * HOUR + 90),), 2 * HOUR + 90, 2 * HOUR + 90, T0 + MIN),
+        "gone": DeviceClock(()),  # not heard from within the retention: forgotten
+    }}  # "fine" did not change: not written again
+    assert set(plan.after) == {("app", "ahead"), ("app", "behind"), ("app", "fine")}
+    # The plan is a function of the state and the samples: a replayed batch plans the same.
+    assert plan_batch(stored, list(reversed(samples)), streams, batch_now_ms=T0 + 2 * MIN) == plan
+
+
+def test_the_clocks_answer_summarizes_the_offsets():
+    clocks = {f"d{i}": DeviceClock(((T0, o),), o, o if abs(o) > 2_000 else 0, T0)
+              for i, o in enumerate([100, 300, -HOUR, 5 * HOUR, 90_000])}
+    out = summarize("app", clocks, threshold_ms=MIN, limit=2)
+    assert (out.devices, out.corrected, out.above) == (5, 3, 3)
+    assert out.offset_quantiles_ms["p0"] == -HOUR and out.offset_quantiles_ms["p100"] == 5 * HOUR
+    assert out.offset_quantiles_ms["p50"] == 300
+    assert [(d.device, d.offset_ms) for d in out.worst] == [("d3", 5 * HOUR), ("d2", -HOUR)]
+
+
+# -- the store, every backend ---------------------------------------------------------------
+
+
+def test_estimates_and_corrections_are_stored_with_the_batch(store_backend):
+    store = store_backend.create()
+    clock = DeviceClock(((T0, -HOUR + 20), (T0 + MIN, -HOUR + 30)), -HOUR + 20, -HOUR + 20, T0 + MIN)
+    dead = DeadLetter("app", 0, 7, "future_skew", T0 + 3 * HOUR, T0, None, {"screen": "home"}, clock_correction_ms=-HOUR)
+
+    def commit(batch_id, clocks, dead_letters=()):
+        return BatchCommit("main", batch_id, [], len(dead_letters), dead_letters=list(dead_letters),
+                           read_by_stream={"app": len(dead_letters)},
+                           dead_by_stream={"app": {"future_skew": len(dead_letters)}} if dead_letters else {},
+                           device_clocks=clocks)
+
+    store.commit_batch(commit(0, {"app": {"a": clock, "b": DeviceClock(((T0, 5),), 5, 0, T0)}}, [dead]),
+                       lateness_ms={"app": 30_000}, now_ms=1)
+    assert store.device_clocks("app") == {"a": clock, "b": DeviceClock(((T0, 5),), 5, 0, T0)}
+    assert store.dead_letters()[0].letter == dead
+    store.commit_batch(commit(1, {"app": {"b": DeviceClock(())}}), lateness_ms={"app": 30_000}, now_ms=2)
+    assert store.device_clocks("app") == {"a": clock}
+    # A replayed batch changes nothing: the estimates are those of its first commit.
+    assert not store.commit_batch(commit(1, {"app": {"a": DeviceClock(())}}), lateness_ms={"app": 30_000},
+                                  now_ms=3).committed
+    assert store.device_clocks("app") == {"a": clock}
