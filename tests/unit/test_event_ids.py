@@ -215,7 +215,7 @@ def test_a_failed_commit_saves_no_id(store_backend):
 
 
 def test_the_demo_gives_every_event_its_own_id_where_the_stream_declares_one():
-    from ingest.demo import DemoTraffic
+    from demo.traffic import DemoTraffic
 
     cat = Catalog(streams={"orders": stream(event_id_field="rid")})
     events = DemoTraffic(cat, seed=1).generate_stream("orders", 500) + DemoTraffic(cat, seed=1).generate_stream("orders", 500)
