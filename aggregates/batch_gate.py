@@ -74,13 +74,15 @@ def stop_between_batches(spark, queries: Iterable[tuple[object, BatchGate]], *, 
     """Stop the queries once their running batches have committed (or at the deadline); True
     when no batch was cut short."""
     queries = list(queries)
+    # What follows is expected and harmless, and would read as failures: Spark's warnings about the
+    # trigger the stop interrupts, Py4J's report of a refused (Stopping) or interrupted call.
+    # Quieted before the gates close: a query whose next batch begins right after (the session
+    # queries trigger often) is refused at once, and its report must not reach the output.
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+    spark.sparkContext.setLogLevel("OFF")
     for _, gate in queries:
         gate.close()
     idle = all([gate.wait_idle(timeout_s) for _, gate in queries])
-    # What follows is expected and harmless, and would read as failures: Spark's warnings about the
-    # trigger the stop interrupts, Py4J's report of a refused (Stopping) or interrupted call.
-    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
-    spark.sparkContext.setLogLevel("OFF")
     for query, _ in queries:
         query.stop()
     remove_listeners(spark, listeners)

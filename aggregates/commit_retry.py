@@ -33,16 +33,17 @@ class Backoff:
 
 
 def commit_with_retry(commit: Callable[[], T], *, wait: Callable[[float], bool],
-                      report: Callable[[BaseException | None, int], None], backoff: Backoff = Backoff()) -> T:
+                      report: Callable[[BaseException | None, int], None], backoff: Backoff = Backoff(),
+                      transient: tuple[type[BaseException], ...] = TRANSIENT) -> T:
     """Run commit until it succeeds. After each transient failure: report(error, attempt), then
     wait(delay), which returns True when the pipeline is stopping (the error is raised then: the
     batch was not recorded, and Spark replays it at the next start). After a success that
-    followed failures: report(None, attempts)."""
+    followed failures: report(None, attempts). `transient`: the errors worth waiting out."""
     attempt = 0
     while True:
         try:
             result = commit()
-        except TRANSIENT as exc:
+        except transient as exc:
             report(exc, attempt)
             if wait(backoff.delay(attempt)):
                 raise

@@ -14,6 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
@@ -22,7 +23,7 @@ from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.store_commit import StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
-from ingest.log import EventLog, SqliteEventLog
+from ingest.log import EventLog, LogUnavailable, SqliteEventLog
 from ingest.spark_source import SOURCE_NAME, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
@@ -162,7 +163,19 @@ class Pipeline:
         self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
-        return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
+        """The log's end offsets now (per-partition watermarks, event-id pruning). A Kafka broker
+        that is away is waited out with back-off, as the source waits for it, instead of failing
+        the query (the batch is not recorded if the pipeline stops meanwhile)."""
+        def read() -> dict[str, dict[int, int]]:
+            return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
+
+        def report(error: BaseException | None, attempt: int) -> None:
+            if error is None:
+                log.warning("the log answers again after %d failed tries", attempt)
+            else:
+                log.warning("the log's end offsets cannot be read (try %d), retrying: %s", attempt + 1, error)
+
+        return commit_with_retry(read, wait=self.gate.sleep, report=report, transient=(LogUnavailable,))
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         c = self.config

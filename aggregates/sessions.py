@@ -99,7 +99,10 @@ class SessionPipeline:
         return sessions.select(
             F.lit(self.derived.name).alias("stream"),
             F.lit(0).cast("int").alias("partition"),
-            F.lit(0).cast("bigint").alias("offset"),
+            # A session dead-lettered (say, beyond the derived stream's retention) is stored under
+            # (pipeline, stream, partition, offset), which must be unique: one stable number per
+            # session, the same when a batch is replayed (a key opens one session per instant).
+            F.xxhash64(F.col("key"), F.col("first_ms")).alias("offset"),
             F.col("first_ms").alias("event_time"),
             F.col("first_ms").alias("ingest_time"),
             F.array().cast("array<string>").alias("dims"),

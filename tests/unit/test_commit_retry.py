@@ -83,3 +83,14 @@ def test_the_reserved_row_takes_the_error_when_the_sqlite_file_is_full(tmp_path)
     health.store_failing("main", "OperationalError: database or disk is full " + "x" * 1000, 1000)
     assert health.store_errors("main")["failing"] is True
     health.close()
+
+
+def test_other_transient_errors_can_be_named_a_broker_away_for_instance():
+    from ingest.log import LogUnavailable
+
+    unavailable = LogUnavailable("could not read the metadata of Kafka topic 'x'")
+    with pytest.raises(LogUnavailable):  # not a storage error: not retried by default
+        commit_with_retry(FlakyCommit(1, unavailable), wait=lambda s: False, report=lambda e, a: None)
+    read = FlakyCommit(2, unavailable)
+    assert commit_with_retry(read, wait=lambda s: False, report=lambda e, a: None,
+                             transient=(LogUnavailable,)) == "committed" and read.calls == 3
