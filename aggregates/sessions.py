@@ -120,7 +120,11 @@ class SessionPipeline:
             return self.last_result
         c = self.config
         batch_now_ms = int(self.clock() * 1000)
-        rows = [r.asDict() for r in partial_aggregates(self.as_source_rows(batch), self.derived_catalog,
+        # A session older than the retention comes from events the pane pipeline dead-letters as
+        # beyond_retention already (the session query's watermark is not set yet on its first
+        # batch): not dead-lettered a second time as a session.
+        kept = self.as_source_rows(batch).where(F.col("event_time") >= F.lit(batch_now_ms - self.derived.retention))
+        rows = [r.asDict() for r in partial_aggregates(kept, self.derived_catalog,
                                                        batch_now_ms=batch_now_ms, lg_k=c.lg_k,
                                                        kll_k=c.kll_k).collect()]
         commit = build_commit(self.name, batch_id, rows, self.derived_catalog,
