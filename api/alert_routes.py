@@ -13,8 +13,8 @@ from starlette.concurrency import run_in_threadpool
 from alerts.rules import Rule
 from alerts.service import AlertService, RuleConflict, RuleError
 from alerts.states import AlertState
-from api.bodies import loads_json, read_capped
-from api.errors import MAX_ID, bad_request, errors
+from api.bodies import body_schema, inline_defs, read_json_object
+from api.errors import MAX_ID, answered, bad_request, errors
 from api.responses import AlertsOut, RuleOut, RulesOut
 from catalog import parse_duration_ms
 from catalog.model import DurationMs
@@ -30,35 +30,8 @@ class SilenceIn(BaseModel):
     duration: DurationMs = Field(description="how long to silence, e.g. '1h'; more than 0 and at most 366d")
 
 
-def _body_schema(model_schema: dict, description: str) -> dict:
-    """openapi_extra for a route that reads its JSON body itself (to answer 400s that name the
-    field, in the rule's own words) yet documents the body's model."""
-    return {"requestBody": {"required": True, "description": description,
-                            "content": {"application/json": {"schema": model_schema}}}}
-
-
-def _inline_defs(schema: dict) -> dict:
-    """A model's JSON Schema with its $defs inlined: openapi_extra is copied into the document
-    as is, where '#/$defs/...' would not resolve. The discriminator's mapping points into
-    $defs too, so it goes; the oneOf with each kind's `const` says the same."""
-    defs = schema.pop("$defs", {})
-    schema.pop("discriminator", None)
-
-    def resolve(node):
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return resolve(dict(defs[ref.removeprefix("#/$defs/")]))
-            return {k: resolve(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [resolve(v) for v in node]
-        return node
-
-    return resolve(schema)
-
-
-RULE_SCHEMA = _inline_defs(TypeAdapter(Rule).json_schema(by_alias=True))
-SILENCE_SCHEMA = _inline_defs(SilenceIn.model_json_schema())
+RULE_SCHEMA = inline_defs(TypeAdapter(Rule).json_schema(by_alias=True))
+SILENCE_SCHEMA = inline_defs(SilenceIn.model_json_schema())
 
 _SEVERITY = [AlertState.ERROR, AlertState.FIRING, AlertState.NODATA, AlertState.PENDING, AlertState.RESOLVED,
              AlertState.NORMAL]
@@ -90,18 +63,10 @@ def router(service: AlertService) -> APIRouter:
         return rule_out(stored, by_rule(name).get(name, []))
 
     async def body(request: Request) -> dict[str, Any]:
-        data = loads_json(await read_capped(request, MAX_RULE_BODY_BYTES) or b"null")
-        if not isinstance(data, dict):
-            raise bad_request(None, "the body must be a JSON object")
-        return data
+        return await read_json_object(request, MAX_RULE_BODY_BYTES)
 
     def guarded(call, *args):
-        try:
-            return call(*args)
-        except RuleError as exc:
-            raise bad_request(None, str(exc)) from None
-        except RuleConflict as exc:
-            raise HTTPException(409, str(exc)) from None
+        return answered(call, *args, invalid=RuleError, conflict=RuleConflict)
 
     @r.get("/rules", summary="Alert rules, each with its current worst state", response_model=None,
            responses={200: {"model": RulesOut, "description": "the rules"}})
@@ -118,7 +83,7 @@ def router(service: AlertService) -> APIRouter:
             response_model=None,
             responses={201: {"model": RuleOut, "description": "the rule, created"},
                        **errors(400, 409, 413, e400="invalid rule", e409="name taken")},
-            openapi_extra=_body_schema(RULE_SCHEMA, "the rule; `kind` picks its fields"))
+            openapi_extra=body_schema(RULE_SCHEMA, "the rule; `kind` picks its fields"))
     async def create_rule(request: Request) -> dict:
         data = await body(request)
         stored = await run_in_threadpool(guarded, service.create, data)
@@ -129,7 +94,7 @@ def router(service: AlertService) -> APIRouter:
            responses={200: {"model": RuleOut, "description": "the rule, replaced"},
                       **errors(400, 404, 409, 413, e400="invalid rule", e404="no such rule",
                                e409="declared in the alerts file")},
-           openapi_extra=_body_schema(RULE_SCHEMA, "the rule's new definition; its name must be the path's"))
+           openapi_extra=body_schema(RULE_SCHEMA, "the rule's new definition; its name must be the path's"))
     async def replace_rule(name: str, request: Request) -> dict:
         data = await body(request)
         stored = await run_in_threadpool(guarded, service.replace, name, data)
@@ -146,7 +111,7 @@ def router(service: AlertService) -> APIRouter:
             response_model=None,
             responses={200: {"model": RuleOut, "description": "the rule, silenced"},
                        **errors(400, 404, 413, e400="bad duration", e404="no such rule")},
-            openapi_extra=_body_schema(SILENCE_SCHEMA, "how long"))
+            openapi_extra=body_schema(SILENCE_SCHEMA, "how long"))
     async def silence(name: str, request: Request) -> dict:
         data = await body(request)
         try:

@@ -80,6 +80,42 @@ def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: Jso
     return columnar_events(stream, body.removeprefix(b"\xef\xbb\xbf"), ndjson=ndjson)
 
 
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    """A route's JSON object body (a rule, a dashboard, a silence): 413 past `limit` bytes, 400
+    when it is not JSON, crosses a bound, or is not an object."""
+    data = loads_json(await read_capped(request, limit) or b"null")
+    if not isinstance(data, dict):
+        raise bad_request(None, "the body must be a JSON object")
+    return data
+
+
+def body_schema(model_schema: dict, description: str) -> dict:
+    """openapi_extra for a route that reads its JSON body itself (to answer 400s that name the
+    field, in the model's own words) yet documents the body's model."""
+    return {"requestBody": {"required": True, "description": description,
+                            "content": {"application/json": {"schema": model_schema}}}}
+
+
+def inline_defs(schema: dict) -> dict:
+    """A model's JSON Schema with its $defs inlined: openapi_extra is copied into the document
+    as is, where '#/$defs/...' would not resolve. The discriminator's mapping points into
+    $defs too, so it goes; the oneOf with each kind's `const` says the same."""
+    defs = schema.pop("$defs", {})
+    schema.pop("discriminator", None)
+
+    def resolve(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(dict(defs[ref.removeprefix("#/$defs/")]))
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
 class MalformedLine:
     """An NDJSON line that is not JSON: rejected as that one event, the others still count."""
 

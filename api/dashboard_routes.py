@@ -11,9 +11,8 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from api.alert_routes import _body_schema, _inline_defs
-from api.bodies import loads_json, read_capped
-from api.errors import bad_request, errors
+from api.bodies import body_schema, inline_defs, read_json_object
+from api.errors import answered, bad_request, errors
 from dashboard.model import NAME_PATTERN, Dashboard, DashboardError
 from dashboard.service import DashboardService
 from store.dashboards import DashboardConflict, StoredDashboard
@@ -40,8 +39,8 @@ class DuplicateIn(BaseModel):
     title: str | None = Field(None, max_length=200, description="the copy's title; none: the original's")
 
 
-DASHBOARD_SCHEMA = _inline_defs(Dashboard.model_json_schema(by_alias=True))
-DUPLICATE_SCHEMA = _inline_defs(DuplicateIn.model_json_schema())
+DASHBOARD_SCHEMA = inline_defs(Dashboard.model_json_schema(by_alias=True))
+DUPLICATE_SCHEMA = inline_defs(DuplicateIn.model_json_schema())
 
 
 def dashboard_out(stored: StoredDashboard) -> dict:
@@ -53,18 +52,10 @@ def router(service: DashboardService) -> APIRouter:
     r = APIRouter(prefix="/api/v1/dashboards", tags=["dashboards"])
 
     async def body(request: Request) -> dict[str, Any]:
-        data = loads_json(await read_capped(request, MAX_DASHBOARD_BODY_BYTES) or b"null")
-        if not isinstance(data, dict):
-            raise bad_request(None, "the body must be a JSON object")
-        return data
+        return await read_json_object(request, MAX_DASHBOARD_BODY_BYTES)
 
     def guarded(call, *args):
-        try:
-            return call(*args)
-        except DashboardError as exc:
-            raise bad_request(exc.field, str(exc)) from None
-        except DashboardConflict as exc:
-            raise HTTPException(409, str(exc)) from None
+        return answered(call, *args, invalid=DashboardError, conflict=DashboardConflict)
 
     def found(stored: StoredDashboard | None, name: str) -> dict:
         if stored is None:
@@ -85,7 +76,7 @@ def router(service: DashboardService) -> APIRouter:
     @r.post("", status_code=201, summary="Save a new dashboard", response_model=None,
             responses={201: {"model": DashboardOut, "description": "the dashboard, saved"},
                        **errors(400, 409, 413, e400="invalid dashboard", e409="name taken")},
-            openapi_extra=_body_schema(DASHBOARD_SCHEMA, "the dashboard and its panels"))
+            openapi_extra=body_schema(DASHBOARD_SCHEMA, "the dashboard and its panels"))
     async def create_dashboard(request: Request) -> dict:
         data = await body(request)
         return dashboard_out(await run_in_threadpool(guarded, service.create, data))
@@ -94,7 +85,7 @@ def router(service: DashboardService) -> APIRouter:
            responses={200: {"model": DashboardOut, "description": "the dashboard, replaced"},
                       **errors(400, 404, 409, 413, e400="invalid dashboard", e404="no such dashboard",
                                e409="provisioned from the dashboards folder")},
-           openapi_extra=_body_schema(DASHBOARD_SCHEMA, "the dashboard's new definition; its name must be the path's"))
+           openapi_extra=body_schema(DASHBOARD_SCHEMA, "the dashboard's new definition; its name must be the path's"))
     async def replace_dashboard(name: str, request: Request) -> dict:
         data = await body(request)
         return found(await run_in_threadpool(guarded, service.replace, name, data), name)
@@ -104,7 +95,7 @@ def router(service: DashboardService) -> APIRouter:
             responses={201: {"model": DashboardOut, "description": "the copy, saved (editable)"},
                        **errors(400, 404, 409, 413, e400="invalid name", e404="no such dashboard",
                                 e409="the new name is taken")},
-            openapi_extra=_body_schema(DUPLICATE_SCHEMA, "the copy's name and title"))
+            openapi_extra=body_schema(DUPLICATE_SCHEMA, "the copy's name and title"))
     async def duplicate_dashboard(name: str, request: Request) -> dict:
         data = await body(request)
         unknown = sorted(set(data) - {"name", "title"})

@@ -49,6 +49,17 @@ def bad_request(param: str | None, detail: str) -> ParamHTTPError:
     return ParamHTTPError(400, param, detail)
 
 
+def answered(call, *args, invalid: type[Exception], conflict: type[Exception]):
+    """call(*args) for a resource route (alert rules, dashboards): its refusal of the definition
+    is a 400 naming the field when the error has one (`field`), a conflict a 409."""
+    try:
+        return call(*args)
+    except invalid as exc:
+        raise bad_request(getattr(exc, "field", None), str(exc)) from None
+    except conflict as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
 async def _render(request: Request, exc: ParamHTTPError) -> JSONResponse:
     return JSONResponse({"detail": exc.detail, "param": exc.param}, status_code=exc.status_code, headers=exc.headers)
 
