@@ -13,19 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import socket
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import uvicorn
 from websockets.sync.client import connect
 
 from api.app import create_app
 from api.context import ApiContext
 from bench.day_of_data import STREAM, demo_partials
+from bench.serve import nearest_rank, serving
 from catalog import format_duration_ms, load_catalog
 from dashboard.model import BAND_STATS, Panel
 from dashboard.provisioning import load_dashboards_dir
@@ -104,32 +102,23 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.events:,} demo events over {args.hours:g} h committed in {time.perf_counter() - t:.0f} s")
         started = time.time()
         ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000 + time.time() - started)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
-        serving = threading.Thread(target=server.run, daemon=True)
-        serving.start()
-        while not server.started:
-            time.sleep(0.05)
         try:
-            print(f"\nOpening {overview.name!r} ({len(overview.panels)} panels, one websocket, every subscription"
-                  f" sent at once), {args.repeat} opens per range (ms):")
-            print(f"{'range':<8}{'cold':>10}{'warm p50':>10}{'warm p99':>10}   costliest panel, cold (its share)")
-            for range_ms in (overview.range, 86_400_000):
-                queries = [panel_query(p, range_ms, catalog.streams[catalog.metrics[p.metric].stream].pane)
-                           for p in overview.panels]
-                runs = [open_once(port, queries) for _ in range(args.repeat)]
-                cold, per_panel = runs[0]
-                warm = sorted(total for total, _ in runs[1:]) or [math.nan]
-                slowest = max(per_panel, key=per_panel.get)
-                panel = overview.panels[int(slowest[1:])]
-                p99 = warm[min(len(warm) - 1, math.ceil(0.99 * len(warm)) - 1)]
-                print(f"{format_duration_ms(range_ms):<8}{cold * 1000:10.0f}{statistics.median(warm) * 1000:10.0f}"
-                      f"{p99 * 1000:10.0f}   {panel.title} ({per_panel[slowest] * 1000:.0f})")
+            with serving(create_app(ctx)) as port:
+                print(f"\nOpening {overview.name!r} ({len(overview.panels)} panels, one websocket, every subscription"
+                      f" sent at once), {args.repeat} opens per range (ms):")
+                print(f"{'range':<8}{'cold':>10}{'warm p50':>10}{'warm p99':>10}   costliest panel, cold (its share)")
+                for range_ms in (overview.range, 86_400_000):
+                    queries = [panel_query(p, range_ms, catalog.streams[catalog.metrics[p.metric].stream].pane)
+                               for p in overview.panels]
+                    runs = [open_once(port, queries) for _ in range(args.repeat)]
+                    cold, per_panel = runs[0]
+                    warm = sorted(total for total, _ in runs[1:]) or [math.nan]
+                    slowest = max(per_panel, key=per_panel.get)
+                    panel = overview.panels[int(slowest[1:])]
+                    p99 = nearest_rank(warm, 0.99)
+                    print(f"{format_duration_ms(range_ms):<8}{cold * 1000:10.0f}{statistics.median(warm) * 1000:10.0f}"
+                          f"{p99 * 1000:10.0f}   {panel.title} ({per_panel[slowest] * 1000:.0f})")
         finally:
-            server.should_exit = True
-            serving.join(30)
             store.close()
             log.close()
 

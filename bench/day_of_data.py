@@ -35,6 +35,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.context import ApiContext
+from bench.serve import nearest_rank, serving
 from catalog import Catalog, load_catalog
 from demo import DemoTraffic
 from ingest.log.sqlite import SqliteEventLog
@@ -224,70 +225,60 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
     """`--ws` websocket clients hold 24 h subscriptions (spread over WS_SHAPES) while a writer
     commits a batch of current demo events every second (so every view updates every second)
     and the REST queries are measured again, over real HTTP on loopback."""
-    import socket
     import threading
 
     import httpx
-    import uvicorn
     from websockets.sync.client import connect
+
 
     started = time.time()
     clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=clock)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
-    while not server.started:
-        time.sleep(0.05)
-    stop = threading.Event()
-    received = [0] * args.ws
+    with serving(create_app(ctx)) as port:  # stopped before the caller closes the store
+        stop = threading.Event()
+        received = [0] * args.ws
 
-    def subscriber(i: int) -> None:
-        with connect(f"ws://127.0.0.1:{port}/api/v1/ws", max_size=None) as ws:
-            ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
+        def subscriber(i: int) -> None:
+            with connect(f"ws://127.0.0.1:{port}/api/v1/ws", max_size=None) as ws:
+                ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
+                while not stop.is_set():
+                    try:
+                        if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
+                            received[i] += 1
+                    except TimeoutError:
+                        pass
+
+        def writer() -> None:
+            # Its own connection, as the pipeline process has: WAL lets the API read while it commits.
+            own = reopen(store)
+            batch_id = 10**6
+            traffic = DemoTraffic(catalog, seed=9, clock=clock)
+            stream = catalog.stream(STREAM)
             while not stop.is_set():
-                try:
-                    if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
-                        received[i] += 1
-                except TimeoutError:
-                    pass
+                now_ms = int(clock() * 1000)
+                groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
+                for e in traffic.generate_stream(STREAM, args.ws_rate):
+                    t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
+                    groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
+                partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
+                own.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
+                                               read_by_stream={STREAM: args.ws_rate}),
+                                   lateness_ms={STREAM: 30_000}, now_ms=now_ms)
+                batch_id += 1
+                stop.wait(1.0)
+            own.close()
 
-    def writer() -> None:
-        # Its own connection, as the pipeline process has: WAL lets the API read while it commits.
-        own = reopen(store)
-        batch_id = 10**6
-        traffic = DemoTraffic(catalog, seed=9, clock=clock)
-        stream = catalog.stream(STREAM)
-        while not stop.is_set():
-            now_ms = int(clock() * 1000)
-            groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
-            for e in traffic.generate_stream(STREAM, args.ws_rate):
-                t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
-                groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
-            partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
-            own.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
-                                           read_by_stream={STREAM: args.ws_rate}),
-                               lateness_ms={STREAM: 30_000}, now_ms=now_ms)
-            batch_id += 1
-            stop.wait(1.0)
-        own.close()
-
-    threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(args.ws)]
-    threads.append(threading.Thread(target=writer, daemon=True))
-    for t in threads:
-        t.start()
-    time.sleep(5)  # snapshots sent, a few live updates
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-        out = {f"{name} (+{args.ws} ws)": times for name, times in timed_queries(http, QUERIES, args.repeat).items()}
-    seconds = time.time() - started
-    stop.set()
-    for t in threads:
-        t.join(10)
-    server.should_exit = True
-    serving.join(30)  # the hub's tailer stops before the store closes
+        threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(args.ws)]
+        threads.append(threading.Thread(target=writer, daemon=True))
+        for t in threads:
+            t.start()
+        time.sleep(5)  # snapshots sent, a few live updates
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            out = {f"{name} (+{args.ws} ws)": times for name, times in timed_queries(http, QUERIES, args.repeat).items()}
+        seconds = time.time() - started
+        stop.set()
+        for t in threads:
+            t.join(10)
     print(f"  {args.ws} websocket clients got {sum(received)} snapshots/updates in {seconds:.0f} s"
           f" ({sum(received) / seconds / args.ws:.2f} per client per second), with {args.ws_rate} events/s committed")
     return out
@@ -344,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         cells = ""
         for label in results:
             times = sorted(results[label].get(name) or [math.nan])
-            p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+            p99 = nearest_rank(times, 0.99)
             cells += f"{statistics.median(times):14.1f}{p99:14.1f}"
         if name + " [before]" in before:
             cells += f"{statistics.median(before[name + ' [before]']):14.1f}"

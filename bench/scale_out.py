@@ -38,13 +38,9 @@ import time
 from pathlib import Path
 
 from bench.drain import drain_timed
+from bench.serve import nearest_rank
 
 RESULT = "RESULT "  # a child's last line: its figures as JSON
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def drain(args) -> dict:
@@ -144,7 +140,7 @@ def query_latency(label: str, kind: str, root: Path, args, dsn: str | None) -> d
     root.mkdir(parents=True, exist_ok=True)
     end_ms = (int(time.time() * 1000) // 60_000) * 60_000
     times = run(label, catalog, root, options, end_ms, kind=kind, dsn=dsn, queries=wanted)["24h 1m p99"]
-    return {"p50_ms": percentile(times, 0.5), "p99_ms": percentile(times, 0.99)}
+    return {"p50_ms": nearest_rank(times, 0.5), "p99_ms": nearest_rank(times, 0.99)}
 
 
 def main(argv: list[str] | None = None) -> int:

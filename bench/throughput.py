@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from bench.drain import drain_timed
+from bench.serve import free_port, serving
 from catalog import load_catalog
 from demo import DemoTraffic
 from ingest.events import EventValidator
@@ -165,15 +164,11 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
 def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
               figures: dict | None = None, *, batch: int = 1000, columnar: bool = True) -> None:
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
-    import uvicorn
-
     from bench.ingest_api import prepare_bodies, run_bench
     from sketchboard.settings import Settings
     from sketchboard.wiring import build_api
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     what = "embedded log" if kafka_bootstrap is None else "Kafka"
     log_settings = {} if kafka_bootstrap is None else {
         "log_backend": "kafka", "kafka_bootstrap_servers": kafka_bootstrap, "kafka_replication_factor": 1,
@@ -181,15 +176,9 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     settings = Settings(data_dir=root / f"api-{'kafka' if kafka_bootstrap else 'embedded'}-{columnar}", port=port,
                         streams_config=DEFAULT_STREAMS, columnar_ingest=columnar, **log_settings)
     app, ctx = build_api(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
     bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, batch)
-    result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency)
-    server.should_exit = True
-    thread.join(10)
+    with serving(app, port, join_s=10):
+        result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
     rate = result.accepted / result.seconds
