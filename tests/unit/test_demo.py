@@ -10,12 +10,11 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from catalog import Catalog, load_catalog, parse_catalog
+from catalog import Catalog, parse_catalog
 from demo import (
     MAX_JITTER_MS,
     RATE_MAX,
@@ -24,27 +23,14 @@ from demo import (
     DemoProducer,
     DemoTraffic,
 )
+from tests.support.clock import FakeClock
 
-CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 NOW = 1_700_000_000.0  # a fixed clock: 2023-11-14T22:13:20Z
-
-
-class FakeClock:
-    def __init__(self, t: float = NOW):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return load_catalog(CONFIG)
 
 
 @pytest.fixture(scope="module")
 def sample(catalog: Catalog) -> dict[str, list[dict]]:
-    return DemoTraffic(catalog, seed=7, clock=FakeClock()).generate(20_000)
+    return DemoTraffic(catalog, seed=7, clock=FakeClock(NOW)).generate(20_000)
 
 
 def _check_types(stream, events: list[dict]) -> None:
@@ -104,9 +90,9 @@ def test_users_are_skewed(sample):
 
 
 def test_same_seed_same_events(catalog):
-    a = DemoTraffic(catalog, seed=3, clock=FakeClock()).generate(500)
-    b = DemoTraffic(catalog, seed=3, clock=FakeClock()).generate(500)
-    c = DemoTraffic(catalog, seed=4, clock=FakeClock()).generate(500)
+    a = DemoTraffic(catalog, seed=3, clock=FakeClock(NOW)).generate(500)
+    b = DemoTraffic(catalog, seed=3, clock=FakeClock(NOW)).generate(500)
+    c = DemoTraffic(catalog, seed=4, clock=FakeClock(NOW)).generate(500)
     assert a == b and a != c
 
 
@@ -124,11 +110,11 @@ def test_rate_at_stays_in_range_with_a_daily_shape_and_bursts(catalog):
 
 
 def test_error_burst_makes_one_endpoint_return_5xx(catalog):
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     traffic = DemoTraffic(catalog, seed=5, clock=clock)
     burst_at = next(t for t in range(int(NOW), int(NOW) + 7_200) if traffic.error_burst_at(t))
     failing = traffic.error_burst_at(burst_at)
-    clock.t = burst_at
+    clock.now = burst_at
     events = traffic.generate(5_000)["http_requests"]
     hit = [e["status"] for e in events if e["endpoint"] == failing]
     rest = [e["status"] for e in events if e["endpoint"] != failing]
@@ -148,7 +134,7 @@ def test_other_streams_get_generic_events():
         "    values: [dwell_ms]\n"
         "    distinct: [session, visitor]\n"
     )
-    events = DemoTraffic(catalog, seed=2, clock=FakeClock()).generate(2_000)
+    events = DemoTraffic(catalog, seed=2, clock=FakeClock(NOW)).generate(2_000)
     assert set(events) == {"clicks"}
     _check_types(catalog.stream("clicks"), events["clicks"])
     assert len({e["page"] for e in events["clicks"]}) <= 6

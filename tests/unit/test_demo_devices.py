@@ -5,35 +5,19 @@ hours and that send hours of offline backlog at once; and that the pipeline's de
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
-import pytest
 
 from aggregates.device_clocks import plan_batch
 from aggregates.eventtime import FUTURE_SKEW, dead_letter_reason
-from catalog import load_catalog
 from demo import DemoTraffic
 from demo.devices import DeviceFleet
 from demo.stragglers import OFFLINE, ON_TIME
+from tests.support.clock import FakeClock
 
-CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 NOW = 1_700_000_000.0
 HOUR = 3_600_000
 BUCKET = 60_000
-
-
-class FakeClock:
-    def __init__(self, t: float = NOW):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(CONFIG)
 
 
 def test_device_clocks_are_off_by_seconds_to_hours_either_way():
@@ -46,13 +30,13 @@ def test_device_clocks_are_off_by_seconds_to_hours_either_way():
 
 
 def test_mobile_app_events_carry_both_device_stamps_and_offline_backlogs(catalog):
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     traffic = DemoTraffic(catalog, seed=3, clock=clock)
     events, kinds = [], []
     for _ in range(40):  # 40 ticks, a second apart
         events += traffic.generate_stream("mobile_app", 2_000)
         kinds += traffic.last_kinds
-        clock.t += 1.0
+        clock.now += 1.0
     stream = catalog.stream("mobile_app")
     assert all(set(e) == {stream.time_field, stream.sent_time_field, *stream.string_fields, *stream.values}
                for e in events)
@@ -65,7 +49,7 @@ def test_mobile_app_events_carry_both_device_stamps_and_offline_backlogs(catalog
     assert all(20 <= n < 120 for n in by_send.values())
     assert all(HOUR <= e["sent_at"] - e["time"] <= 4 * HOUR for e in backlog)
     # generate() sends the stream about a quarter of the HTTP requests' count, plus the backlogs.
-    assert 400 < len(DemoTraffic(catalog, seed=4, clock=FakeClock()).generate(2_000)["mobile_app"]) < 700
+    assert 400 < len(DemoTraffic(catalog, seed=4, clock=FakeClock(NOW)).generate(2_000)["mobile_app"]) < 700
 
 
 def test_the_clock_rule_puts_the_demo_devices_events_back_near_when_they_happened(catalog):
@@ -73,13 +57,13 @@ def test_the_clock_rule_puts_the_demo_devices_events_back_near_when_they_happene
     within the smallest delay of its true time, or is left alone when its device is within the
     tolerance; nothing is future-skewed any more, though hundreds were by their own stamps."""
     stream = catalog.stream("mobile_app")
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     traffic = DemoTraffic(catalog, seed=5, clock=clock)
     rng = np.random.default_rng(0)
     events = []
     for _ in range(20):
         events += traffic.generate_stream("mobile_app", 3_000)
-        clock.t += 1.0
+        clock.now += 1.0
     fleet = traffic.fleet
     received = [e["sent_at"] + fleet.error_of(e["device_id"]) + int(rng.integers(20, 400)) for e in events]
     samples: dict[tuple[str, str, int], int] = {}
@@ -87,8 +71,8 @@ def test_the_clock_rule_puts_the_demo_devices_events_back_near_when_they_happene
         key = ("mobile_app", e["device_id"], r - r % BUCKET)
         samples[key] = min(samples.get(key, r - e["sent_at"]), r - e["sent_at"])
     plan = plan_batch({}, [(*k, o) for k, o in samples.items()], {"mobile_app": stream},
-                      batch_now_ms=int(clock.t * 1000))
-    skew = dict(batch_now_ms=int(clock.t * 1000), retention_ms=stream.retention, max_future_skew_ms=stream.max_future_skew)
+                      batch_now_ms=int(clock.now * 1000))
+    skew = dict(batch_now_ms=int(clock.now * 1000), retention_ms=stream.retention, max_future_skew_ms=stream.max_future_skew)
     raw_future = corrected_future = 0
     for e, r in zip(events, received, strict=True):
         error = fleet.error_of(e["device_id"])

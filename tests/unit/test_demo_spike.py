@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog import load_catalog
 import demo
 from demo import DELAYED, DemoProducer, DemoTraffic, LatencySpike, Stragglers, main, parse_spike
 from sketchboard import cli
+from tests.support.clock import FakeClock
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
 NOW = 1_700_000_000.0
@@ -22,22 +22,9 @@ N = 20_000
 CART = LatencySpike("/api/cart", factor=40.0, start_s=20.0, duration_s=30.0)  # [NOW+20 s, NOW+50 s)
 
 
-class FakeClock:
-    def __init__(self, t: float = NOW):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog(CONFIG)
-
-
 def _twins(catalog, spikes=(CART,), stragglers=None) -> tuple[FakeClock, DemoTraffic, DemoTraffic]:
     """Two generators on one clock and seed, one with the spikes: they differ only by the spike."""
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     plain = DemoTraffic(catalog, seed=7, clock=clock, stragglers=stragglers)
     spiked = DemoTraffic(catalog, seed=7, clock=clock, stragglers=stragglers, spikes=spikes)
     return clock, plain, spiked
@@ -54,11 +41,11 @@ def _p99(values: list[float]) -> float:
 @pytest.fixture(scope="module")
 def inside_and_outside(catalog):
     """http_requests from the spiked generator well inside the window and before it."""
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     traffic = DemoTraffic(catalog, seed=11, clock=clock, spikes=(CART,))
-    clock.t = NOW + 5  # before the window (events lag the clock by at most 2 s)
+    clock.now = NOW + 5  # before the window (events lag the clock by at most 2 s)
     before = traffic.generate_stream("http_requests", N)
-    clock.t = NOW + 35  # every event time in [NOW+33 s, NOW+35 s]: inside
+    clock.now = NOW + 35  # every event time in [NOW+33 s, NOW+35 s]: inside
     inside = traffic.generate_stream("http_requests", N)
     return before, inside
 
@@ -82,7 +69,7 @@ def test_inside_the_window_other_endpoints_keep_their_latencies(inside_and_outsi
 
 def test_only_latencies_of_the_spiked_endpoint_change_and_exactly_by_the_factor(catalog):
     clock, plain, spiked = _twins(catalog)
-    clock.t = NOW + 35
+    clock.now = NOW + 35
     a, b = plain.generate_stream("http_requests", 5_000), spiked.generate_stream("http_requests", 5_000)
     assert len(a) == len(b)
     for x, y in zip(a, b):
@@ -96,7 +83,7 @@ def test_only_latencies_of_the_spiked_endpoint_change_and_exactly_by_the_factor(
 @pytest.mark.parametrize("offset_s", [5.0, 19.999, 52.0, 600.0])  # event times lie in [clock - 2 s, clock]
 def test_outside_the_window_nothing_changes(catalog, offset_s):
     clock, plain, spiked = _twins(catalog)
-    clock.t = NOW + offset_s
+    clock.now = NOW + offset_s
     assert spiked.generate(3_000) == plain.generate(3_000)
 
 
@@ -107,7 +94,7 @@ def test_the_event_time_decides_not_the_send_time(catalog):
     stragglers = Stragglers(delayed_fraction=0.5, delay_mean_s=3.0, late_fraction=0.0, horizon_fraction=0.0,
                             future_fraction=0.0)
     clock, plain, spiked = _twins(catalog, stragglers=stragglers)
-    clock.t = NOW + 53
+    clock.now = NOW + 53
     a, b = plain.generate_stream("http_requests", 20_000), spiked.generate_stream("http_requests", 20_000)
     slow_kinds = []
     for x, y, kind in zip(a, b, spiked.last_kinds):
@@ -130,7 +117,7 @@ def test_start_counts_from_the_generators_clock_at_construction(catalog):
 def test_spikes_multiply_where_they_overlap(catalog):
     double = (CART, LatencySpike("/api/cart", 0.5, 30.0, 10.0))
     clock, plain, spiked = _twins(catalog, spikes=double)
-    clock.t = NOW + 35
+    clock.now = NOW + 35
     a, b = plain.generate_stream("http_requests", 2_000), spiked.generate_stream("http_requests", 2_000)
     for x, y in zip(a, b):
         if x["endpoint"] == CART.endpoint:
@@ -226,7 +213,7 @@ def test_sketchboard_demo_checks_spikes_and_passes_them_on(monkeypatch, capsys):
 
 
 def test_the_producer_says_once_when_a_spike_starts_and_when_it_ends(catalog):
-    clock = FakeClock()
+    clock = FakeClock(NOW)
     out = io.StringIO()
     traffic = DemoTraffic(catalog, clock=clock, spikes=(CART, LatencySpike("/api/login", 3.0, 30.0, 5.0)))
     producer = DemoProducer("http://127.0.0.1:9", traffic, out=out)  # never run: nothing is sent
