@@ -12,6 +12,8 @@ straight to the topic on Kafka)."""
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 import sqlite3
 import uuid
@@ -186,3 +188,12 @@ def _inject_bad_segments(path: Path, stream: StreamDef, ingest_ms: int) -> set[t
 
 
 __all__ = ["MALFORMED", "LogBackend", "TestLog", "make_backend"]
+
+
+# The two deployments the Spark tests run on: embedded (the log file, SQLite) and scale-out
+# (Kafka, PostgreSQL). Not every pairing: each backend's own contract suite covers it alone;
+# these cover the stacks. Module-scoped: a module's drained reference is shared by its tests.
+ON_BOTH_STACKS = pytest.mark.parametrize(("log_backend", "store_backend"), [
+    ("embedded", "sqlite"),
+    pytest.param("kafka", "postgres", marks=[pytest.mark.kafka, pytest.mark.postgres]),
+], indirect=True, scope="module", ids=["embedded", "scale-out"])

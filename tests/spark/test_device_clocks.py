@@ -19,13 +19,11 @@ from api.context import ApiContext
 from catalog import parse_catalog
 from ingest.events import EventValidator
 from store import dims_key
+from tests.log_backends import ON_BOTH_STACKS
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.parametrize(("log_backend", "store_backend"), [
-        ("embedded", "sqlite"),
-        pytest.param("kafka", "postgres", marks=[pytest.mark.kafka, pytest.mark.postgres]),
-    ], indirect=True, scope="module", ids=["embedded", "scale-out"]),
+    ON_BOTH_STACKS,
 ]
 
 CATALOG = parse_catalog("""

@@ -18,13 +18,11 @@ from catalog import parse_catalog
 from store import event_ids as store_event_ids
 from tests.spark.events import T0, amounts_by_pane_and_country, stored_amounts_by_pane_and_country
 from tests.spark.test_pipeline import Service
+from tests.log_backends import ON_BOTH_STACKS
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.parametrize(("log_backend", "store_backend"), [
-        ("embedded", "sqlite"),
-        pytest.param("kafka", "postgres", marks=[pytest.mark.kafka, pytest.mark.postgres]),
-    ], indirect=True, scope="module"),
+    ON_BOTH_STACKS,
 ]
 
 CONFIG = """

@@ -15,17 +15,12 @@ from fastapi.testclient import TestClient
 from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
-from tests.log_backends import TestLog
+from tests.log_backends import ON_BOTH_STACKS, TestLog
 from tests.spark.events import T0, assert_panes_exact, frame, http_events, rank_interval
 
-# The two deployments: embedded (the log file, SQLite) and scale-out (Kafka, PostgreSQL). Not
-# every pairing: each backend's own contract suite covers it alone; these tests cover the stacks.
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.parametrize(("log_backend", "store_backend"), [
-        ("embedded", "sqlite"),
-        pytest.param("kafka", "postgres", marks=[pytest.mark.kafka, pytest.mark.postgres]),
-    ], indirect=True, scope="module", ids=["embedded", "scale-out"]),
+    ON_BOTH_STACKS,
 ]
 
 HLL_BOUND = 3 * 0.0162  # the quality bar: within 3 x 1.62 % (lg_k 12)
