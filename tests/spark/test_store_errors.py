@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import pandas as pd
 import pytest
@@ -31,27 +32,12 @@ def test_a_full_store_is_retried_reported_and_committed_once_there_is_room(tmp_p
     health = HealthStore(service.store.side_db())
     health.reserve_store_errors(pipeline.config.name)
     pipeline.health = service.ctx.health = health
-    conn = pipeline.store._conn  # the pipeline's own connection to the store file: cap it
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    conn.execute(f"PRAGMA max_page_count = {pages}")
-
-    failed: list[BaseException] = []
-    worker = threading.Thread(target=lambda: _run(pipeline, failed))
-    worker.start()
-    try:
-        deadline = time.monotonic() + 240
-        while not (health.store_errors(pipeline.config.name) or {}).get("failing"):
-            assert worker.is_alive() and time.monotonic() < deadline, f"no store error reported; {failed}"
-            time.sleep(0.2)
+    with running_on_a_full_store(pipeline, health, pipeline.config.name):
         assert service.store.last_batch_id(pipeline.config.name) is None  # nothing recorded
         status = service.client.get("/api/v1/pipeline").json()["health"]["store"]
         assert status["failing"] is True and "full" in status["message"]
         metrics = service.client.get("/metrics").text
         assert "sketchboard_pipeline_store_failing 1.0" in metrics
-    finally:
-        conn.execute(f"PRAGMA max_page_count = {pages * 100_000}")  # room again
-        worker.join(240)
-    assert not worker.is_alive() and failed == []
     state = health.store_errors(pipeline.config.name)
     assert state["failing"] is False and state["total"] >= 1
     assert service.store.last_batch_id(pipeline.config.name) == 0  # one batch, committed once
@@ -60,11 +46,34 @@ def test_a_full_store_is_retried_reported_and_committed_once_there_is_room(tmp_p
     service.log.close()
 
 
-def _run(pipeline, failed: list) -> None:
+@contextmanager
+def running_on_a_full_store(pipeline, health: HealthStore, reported_as: str):
+    """Cap the pipeline's own connection to the store file at its size, drain in a thread and
+    enter once the store error is reported; at the end give room again and expect the run to
+    finish without an error."""
+    conn = pipeline.store._conn
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run_until_drained()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            failed.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
     try:
-        pipeline.run_until_drained()
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
-        failed.append(exc)
+        deadline = time.monotonic() + 240
+        while not (health.store_errors(reported_as) or {}).get("failing"):
+            assert worker.is_alive() and time.monotonic() < deadline, f"no store error reported; {failed}"
+            time.sleep(0.2)
+        yield
+    finally:
+        conn.execute(f"PRAGMA max_page_count = {pages * 100_000}")  # room again
+        worker.join(240)
+    assert not worker.is_alive() and failed == []
 
 
 def test_a_session_pipeline_retries_a_full_store_and_commits_once_there_is_room(tmp_path, spark, log_backend,
@@ -99,25 +108,10 @@ def test_a_session_pipeline_retries_a_full_store_and_commits_once_there_is_room(
     health = HealthStore(service.store.side_db())
     health.reserve_store_errors(config.name)
     pipeline.health = service.ctx.health = health
-    conn = pipeline.store._conn
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    conn.execute(f"PRAGMA max_page_count = {pages}")
-
-    failed: list[BaseException] = []
-    worker = threading.Thread(target=lambda: _run(pipeline, failed))
-    worker.start()
-    try:
-        deadline = time.monotonic() + 240
-        while not (health.store_errors(config.name) or {}).get("failing"):
-            assert worker.is_alive() and time.monotonic() < deadline, f"no store error reported; {failed}"
-            time.sleep(0.2)
+    with running_on_a_full_store(pipeline, health, config.name):
         during = service.store.last_batch_id(pipeline.name)  # the failing batch is not recorded
         status = service.client.get("/api/v1/pipeline").json()["health"]["store"]
         assert status["failing"] is True and pipeline.name in status["message"] and "full" in status["message"]
-    finally:
-        conn.execute(f"PRAGMA max_page_count = {pages * 100_000}")
-        worker.join(240)
-    assert not worker.is_alive() and failed == []
     assert health.store_errors(config.name)["failing"] is False
     assert service.store.last_batch_id(pipeline.name) > during >= before
     exact = exact_sessions(pd.DataFrame(events), GAP)
