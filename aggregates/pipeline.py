@@ -20,7 +20,7 @@ from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
-from aggregates.store_commit import StoreCommitter
+from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
@@ -49,7 +49,7 @@ class PipelineConfig:
     starting_offsets: str = "earliest"
 
 
-class Pipeline:
+class Pipeline(ReportsStoreErrors):
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig,
                  *, clock: Callable[[], float] = time.time, log: EventLog | None = None):
         # Before anything else: the embedded log cannot be read by executors on other machines.
@@ -75,15 +75,6 @@ class Pipeline:
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         configure_tiers(store, catalog, clock)
-
-    @property
-    def health(self):
-        """Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged."""
-        return self.committer.health
-
-    @health.setter
-    def health(self, health) -> None:
-        self.committer.health = health
 
     def stream(self) -> DataFrame:
         return read_log(self.spark, self.catalog, self.config, self.config.checkpoint_dir)

@@ -31,7 +31,7 @@ from aggregates.commit import build_commit
 from aggregates.partials import partial_aggregates
 from aggregates.batch_gate import BatchGate
 from aggregates.pipeline import PipelineConfig, batch_end_offsets, configure_tiers, drain, read_log, start_query
-from aggregates.store_commit import StoreCommitter
+from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from catalog.features import sessions_stream_name, source_field
 from store import CommitResult, PaneStore
@@ -43,7 +43,7 @@ def session_pipeline_name(pipeline: str, stream: str) -> str:
     return f"{pipeline}-sessions-{stream}"
 
 
-class SessionPipeline:
+class SessionPipeline(ReportsStoreErrors):
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig, stream: str,
                  *, clock: Callable[[], float] = time.time):
         source = catalog.stream(stream)
@@ -65,15 +65,6 @@ class SessionPipeline:
         self.last_result: CommitResult | None = None
         self.last_watermark_ms: int | None = None
         configure_tiers(store, self.derived_catalog, clock)
-
-    @property
-    def health(self):
-        """Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged."""
-        return self.committer.health
-
-    @health.setter
-    def health(self, health) -> None:
-        self.committer.health = health
 
     def sessions(self, events: DataFrame) -> DataFrame:
         """Closed sessions (append mode): key, first_ms, last_ms, events."""

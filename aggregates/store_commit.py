@@ -55,3 +55,19 @@ class StoreCommitter:
                 self.health.store_failing(self.reported_as, f"{prefix}{type(error).__name__}: {error}", at_ms)
         except Exception as exc:  # the same full disk, most likely: the log line above says it
             self.log.debug("could not record the store error: %s", exc)
+
+
+class ReportsStoreErrors:
+    """A pipeline (pane or session) whose `committer` reports store errors: `health` is where,
+    set by the wiring or a test on the pipeline itself."""
+
+    committer: StoreCommitter
+
+    @property
+    def health(self):
+        """Where store errors are reported (store.health.HealthStore; the wiring sets it): None, only logged."""
+        return self.committer.health
+
+    @health.setter
+    def health(self, health) -> None:
+        self.committer.health = health
