@@ -4,6 +4,7 @@ threshold, the worst ones, and what their events get added (aggregates/device_cl
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 
 from fastapi import APIRouter, HTTPException, Query
@@ -47,7 +48,7 @@ def summarize(stream: str, clocks: Mapping[str, DeviceClock], *, threshold_ms: i
     offsets = sorted(c.offset_ms for c in clocks.values())
     quantiles = {f"p{round(q * 100)}": offsets[min(len(offsets) - 1, int(q * len(offsets)))]
                  for q in QUANTILES} if offsets else {}
-    worst = sorted(clocks.items(), key=lambda kv: (-abs(kv[1].offset_ms), kv[0]))[:limit]
+    worst = heapq.nsmallest(limit, clocks.items(), key=lambda kv: (-abs(kv[1].offset_ms), kv[0]))
     return StreamClocksOut(
         stream=stream, devices=len(clocks), corrected=sum(1 for c in clocks.values() if c.correction_ms),
         above=sum(1 for o in offsets if abs(o) > threshold_ms), offset_quantiles_ms=quantiles,
@@ -73,11 +74,12 @@ def prometheus_gauges(ctx: ApiContext, registry) -> None:
                     " the devices", ["stream", "quantile"], registry=registry)
     for name in names:
         clocks = ctx.store.device_clocks(name)
-        devices.labels(name, "0").set(len(clocks))
+        summary = summarize(name, clocks, threshold_ms=0, limit=0)  # once per stream and scrape
+        devices.labels(name, "0").set(summary.devices)
         for threshold in PROMETHEUS_THRESHOLDS_MS:
             devices.labels(name, format_duration_ms(threshold)).set(
-                summarize(name, clocks, threshold_ms=threshold, limit=0).above)
-        for q, value in summarize(name, clocks, threshold_ms=0, limit=0).offset_quantiles_ms.items():
+                sum(1 for c in clocks.values() if abs(c.offset_ms) > threshold))
+        for q, value in summary.offset_quantiles_ms.items():
             offsets.labels(name, f"{int(q[1:]) / 100:g}").set(value / 1000)
 
 
