@@ -159,6 +159,9 @@ def state(wired_ctx, snapshot):
                     "dashboards": wired_ctx.dashboards.store.dashboards()}
 
 
+# One item per operation, all with the same node id: under xdist only one of them would run
+# (make test runs `serial` tests in its one-process run).
+@pytest.mark.serial
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_from_the_openapi_document(case, fuzzed_app, state):
