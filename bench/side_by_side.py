@@ -1,0 +1,173 @@
+"""Side by side, in one run on the same cores: Sketchboard end to end against a plain Structured
+Streaming job over the same events (issue 28's "ahead of the naive Spark job" bar).
+
+    python -m bench.side_by_side [--events 2000000] [--batch 1000] [--concurrency 4]
+
+The same N demo `http_requests` events (generated once, seeded) go through both:
+
+1. **Plain job** (what a user would write instead of Sketchboard): the events as NDJSON files,
+   Spark's file source with the schema given, a watermark of the stream's allowed lateness, and
+   1-minute windows x endpoint with count, sum(latency_ms), `hll_sketch_agg(user_id)` and
+   `kll_sketch_agg_double(latency_ms)` kept in Spark's state, written to the `noop` sink in update
+   mode with `Trigger.AvailableNow`. Timed from query start to its end (Spark's JVM start is
+   excluded, as it is for Sketchboard below).
+2. **Sketchboard** (`sketchboard up --no-demo`, shipped configuration: every stream, tiers,
+   first-seen and membership, sessions), after a warm-up batch has gone through (so the JVM and
+   the first query plan are not counted): the events POSTed as JSON arrays of `--batch` events by
+   `--concurrency` clients; timed from the first POST to the moment `GET /api/v1/pipeline` says
+   every event was read and committed by the pipeline (aggregated or dead-lettered).
+
+Prints both rates and their ratio; asserts nothing. Run it with nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.freshness import Service
+from bench.ingest_api import run_bench
+from catalog import load_catalog
+from demo import DEFAULT_CONFIG, DemoTraffic
+
+STREAM = "http_requests"
+SCHEMA = ("time LONG, endpoint STRING, method STRING, status STRING, region STRING, user_id STRING,"
+          " latency_ms DOUBLE, response_bytes LONG")
+
+
+def generate(events: int, batch: int, seed: int = 11) -> list[list[dict]]:
+    """The events, in request-sized chunks (the same chunks become the plain job's files)."""
+    traffic = DemoTraffic(load_catalog(DEFAULT_CONFIG), seed=seed)
+    chunks, left = [], events
+    while left > 0:
+        chunk = traffic.generate_stream(STREAM, min(batch, left))
+        chunks.append(chunk)
+        left -= len(chunk)
+    return chunks
+
+
+def write_files(chunks: list[list[dict]], folder: Path, per_file: int = 100_000) -> int:
+    """NDJSON files of about `per_file` events each; returns how many files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files, lines = 0, []
+
+    def flush() -> None:
+        nonlocal files, lines
+        (folder / f"part-{files:05d}.json").write_text("\n".join(lines) + "\n")
+        files, lines = files + 1, []
+
+    for chunk in chunks:
+        lines.extend(json.dumps(e, separators=(",", ":")) for e in chunk)
+        if len(lines) >= per_file:
+            flush()
+    if lines:
+        flush()
+    return files
+
+
+def plain_job(folder: Path, checkpoint: Path, lateness_s: int) -> float:
+    """Seconds the plain Structured Streaming job takes over every file in `folder`."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = (SparkSession.builder.master("local[2]").appName("plain-structured-streaming")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        events = (spark.readStream.schema(SCHEMA).json(str(folder))
+                  .withColumn("ts", F.timestamp_millis("time"))
+                  .withWatermark("ts", f"{lateness_s} seconds"))
+        counts = (events.groupBy(F.window("ts", "1 minute"), "endpoint")
+                  .agg(F.count(F.lit(1)).alias("n"), F.sum("latency_ms").alias("latency_sum"),
+                       F.hll_sketch_agg("user_id").alias("users"),
+                       F.kll_sketch_agg_double("latency_ms").alias("latency")))
+        started = time.perf_counter()
+        query = (counts.writeStream.outputMode("update").format("noop")
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        query.awaitTermination()
+        took = time.perf_counter() - started
+        if query.exception() is not None:
+            raise SystemExit(f"the plain job failed: {query.exception()}")
+        return took
+    finally:
+        spark.stop()
+
+
+def read_total(base: str) -> int:
+    return httpx.get(f"{base}/api/v1/pipeline", timeout=30).json()["events_read"]
+
+
+def wait_read(base: str, target: int, timeout_s: float, say_every_s: float = 10.0) -> float:
+    """Until the pipeline has read `target` events in all; returns when (perf_counter)."""
+    deadline, said = time.monotonic() + timeout_s, time.monotonic()
+    while time.monotonic() < deadline:
+        done = read_total(base)
+        if done >= target:
+            return time.perf_counter()
+        if time.monotonic() - said >= say_every_s:
+            print(f"  sketchboard: {done:,} / {target:,} events read by the pipeline", flush=True)
+            said = time.monotonic()
+        time.sleep(0.2)
+    raise SystemExit(f"the pipeline read {read_total(base):,} of {target:,} events in {timeout_s:.0f} s")
+
+
+def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: int, timeout_s: float) -> tuple[float, float]:
+    """(seconds from the first POST to every event read, seconds the POSTs alone took)."""
+    root.mkdir(parents=True, exist_ok=True)
+    service = Service(root, {})
+    try:
+        warm = [(len(c), json.dumps(c).encode()) for c in generate(2_000, 1_000, seed=5)]
+        run_bench(service.base, STREAM, warm, 1)
+        wait_read(service.base, 2_000, 300)
+        before = read_total(service.base)
+        bodies = [(len(c), json.dumps(c, separators=(",", ":")).encode()) for c in chunks]
+        events = sum(n for n, _ in bodies)
+        started = time.perf_counter()
+        result = run_bench(service.base, STREAM, bodies, concurrency)
+        posted = time.perf_counter() - started
+        if result.accepted != events:
+            raise SystemExit(f"the API accepted {result.accepted:,} of {events:,} events ({result.first_problem})")
+        done = wait_read(service.base, before + events, timeout_s)
+        return done - started, posted
+    finally:
+        service.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--batch", type=int, default=1_000, help="events per POST (and per generated chunk)")
+    parser.add_argument("--concurrency", type=int, default=4, help="concurrent API clients")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the pipeline")
+    args = parser.parse_args(argv)
+
+    lateness_s = load_catalog(DEFAULT_CONFIG).stream(STREAM).allowed_lateness // 1000
+    with tempfile.TemporaryDirectory(prefix="sketchboard-side-by-side-") as tmp:
+        root = Path(tmp)
+        print(f"generating {args.events:,} {STREAM} events ...", flush=True)
+        chunks = generate(args.events, args.batch)
+        files = write_files(chunks, root / "files")
+        print(f"plain Structured Streaming job over {files} NDJSON files ...", flush=True)
+        plain_s = plain_job(root / "files", root / "plain-checkpoint", lateness_s)
+        plain = args.events / plain_s
+        print(f"  plain job: {args.events:,} events in {plain_s:.1f} s = {plain:,.0f} events/s", flush=True)
+        print("sketchboard up --no-demo (shipped configuration), POST -> every event read by the pipeline ...",
+              flush=True)
+        e2e_s, post_s = sketchboard_end_to_end(root / "sketchboard", chunks, args.concurrency, args.timeout)
+        ours = args.events / e2e_s
+        print(f"  sketchboard: {args.events:,} events in {e2e_s:.1f} s = {ours:,.0f} events/s end to end"
+              f" (the POSTs alone: {post_s:.1f} s = {args.events / post_s:,.0f} events/s)", flush=True)
+    print(f"\n| path | events/s |\n| --- | --- |\n| plain Structured Streaming job (files -> state) | {plain:,.0f} |"
+          f"\n| Sketchboard, POST -> every event aggregated | {ours:,.0f} |\n\nratio Sketchboard / plain: {ours / plain:.2f} x"
+          " (bar: 2 x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
