@@ -157,7 +157,7 @@ class PatternDef(BaseModel):
     name: _Name
     description: str = ""
     key: _Name
-    steps: tuple[StepDef, ...] = Field(min_length=1)
+    steps: tuple[StepDef, ...]
     within: DurationMs | None = None
     not_followed_by: AbsenceDef | None = None
     after_match: Literal["skip_past_last", "no_skip"] = "skip_past_last"
@@ -300,6 +300,8 @@ def check_patterns(catalog: Catalog) -> None:
         if pattern.name in seen:
             raise CatalogReferenceError((*base, "name"), f"pattern {pattern.name!r} is declared twice")
         seen.add(pattern.name)
+        if not pattern.steps:
+            raise CatalogReferenceError((*base, "steps"), "a pattern needs at least one step")
         if all(step.min_times == 0 for step in pattern.steps):
             raise CatalogReferenceError((*base, "steps"), "every step is optional: a pattern must require at least"
                                         " one event")
