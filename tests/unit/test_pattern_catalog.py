@@ -56,7 +56,7 @@ def test_a_string_field_compares_with_a_yaml_number_as_text():
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: nowhere}\n",
      13, "patterns.0.steps.0.stream: unknown stream 'nowhere'"),
     ("  - name: p\n    key: account\n    steps:\n" + GOOD_STEP,
-     12, "patterns.0.key: key 'account' is not a string field of stream 'logins'"),
+     11, "patterns.0.key: key 'account' is not a string field of stream 'logins'"),
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {colour: red}}\n",
      13, "patterns.0.steps.0.where.colour: 'colour' is not a field of stream 'logins'"),
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {outcome: {gt: 3}}}\n",
