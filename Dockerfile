@@ -32,6 +32,7 @@ COPY catalog catalog
 COPY sketches sketches
 COPY ingest ingest
 COPY store store
+COPY patterns patterns
 COPY query query
 COPY aggregates aggregates
 COPY lag lag

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
+from catalog.patterns import PatternDef, check_patterns
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -256,6 +257,7 @@ class Catalog(BaseModel):
 
     streams: dict[str, StreamDef]
     metrics: dict[str, MetricDef] = {}
+    patterns: tuple[PatternDef, ...] = ()  # sequences of events to match (catalog/patterns.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -297,6 +299,7 @@ class Catalog(BaseModel):
                     f" (distinct: {', '.join(stream.distinct_fields) or 'none'})"
                 )
         check_catalog(self)
+        check_patterns(self)
         return self
 
     def stream(self, name: str) -> StreamDef:

@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("api", "demo"),  # demo: the demo producer, a client of the API over HTTP (the CLI starts it)
     ("aggregates", "lag", "alerts", "dashboard"),  # dashboard: the dashboards resource; its static/ page talks HTTP
     ("query",),  # one resolved query, computed against the store
-    ("ingest", "store"),
+    ("ingest", "store", "patterns"),  # patterns: the pure matcher, below the pipeline, alerts and api that use it
     ("catalog", "sketches"),
 )
 

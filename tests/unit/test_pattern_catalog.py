@@ -1,0 +1,118 @@
+"""The `patterns:` declaration: what it accepts, and a clear error with the line for each mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.loader import ConfigError, parse_catalog
+from tests.support.patterns import EXAMPLES_YAML
+
+STREAMS = """\
+streams:
+  logins:
+    key_field: user_id
+    dimensions: [outcome, ip]
+    values: [latency_ms]
+  other:
+    key_field: account
+    dimensions: [outcome]
+"""
+
+
+def declare(pattern: str) -> str:
+    return STREAMS + "patterns:\n" + pattern
+
+
+GOOD_STEP = "      - {name: fail, stream: logins, where: {outcome: failure}}\n"
+
+
+def test_the_examples_parse_with_their_quantifiers_and_measures():
+    catalog = parse_catalog(EXAMPLES_YAML)
+    stuffing = catalog.patterns[0]
+    assert stuffing.steps[0].min_times == stuffing.steps[0].max_times == 5
+    assert stuffing.within == 600_000 and stuffing.after_match == "skip_past_last"
+    assert catalog.patterns[1].not_followed_by.within == 1_800_000
+    assert catalog.patterns[3].measures["approved_amount"].field == "amount"
+
+
+def test_quantifiers():
+    text = declare("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n"
+                   "      - {name: a, stream: logins, times: [2, 4]}\n"
+                   "      - {name: b, stream: logins, one_or_more: true, contiguity: next}\n"
+                   "      - {name: c, stream: logins, optional: true}\n")
+    a, b, c = parse_catalog(text).patterns[0].steps
+    assert (a.min_times, a.max_times) == (2, 4)
+    assert (b.min_times, b.max_times, b.contiguity) == (1, None, "next")
+    assert (c.min_times, c.max_times) == (0, 1)
+
+
+def test_a_string_field_compares_with_a_yaml_number_as_text():
+    text = declare("  - name: p\n    key: user_id\n    steps:\n"
+                   "      - {name: a, stream: logins, where: {outcome: 500}}\n")
+    assert parse_catalog(text).patterns[0].steps[0].where == {"outcome": 500}
+
+
+@pytest.mark.parametrize("pattern, line, message", [
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: nowhere}\n",
+     13, "patterns.0.steps.0.stream: unknown stream 'nowhere'"),
+    ("  - name: p\n    key: account\n    steps:\n" + GOOD_STEP,
+     11, "patterns.0.key: key 'account' is not a string field of stream 'logins'"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {colour: red}}\n",
+     13, "patterns.0.steps.0.where.colour: 'colour' is not a field of stream 'logins'"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {outcome: {gt: 3}}}\n",
+     13, "gt compares numbers, and 'outcome' is a string field"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {latency_ms: fast}}\n",
+     13, "'fast' is not a number"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {ip: {like: x}}}\n",
+     13, "unknown operator 'like'"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {ip: {in: []}}}\n",
+     13, "`in` takes a non-empty list"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n" + GOOD_STEP
+     + "      - {name: b, stream: logins, where: {ip: {same_as: later.ip}}}\n",
+     15, "same_as names 'later', which is not an earlier step (earlier steps: fail)"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n" + GOOD_STEP
+     + "      - {name: b, stream: logins, where: {ip: {same_as: fail.address}}}\n",
+     15, "'address' is not a field of stream 'logins' (step 'fail')"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n" + GOOD_STEP
+     + "      - {name: b, stream: logins, where: {ip: {same_as: fail.latency_ms}}}\n",
+     15, "they can never be equal"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n" + GOOD_STEP + GOOD_STEP,
+     15, "step 'fail' is declared twice"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP,
+     14, "pattern 'p' is declared twice"),
+    ("  - name: p\n    key: user_id\n    steps: []\n", 12, "a pattern needs at least one step"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n"
+     "      - {name: a, stream: logins, optional: true}\n",
+     14, "every step is optional"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, times: 2}\n",
+     10, "`within` is required"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n      - {name: a, stream: logins, times: 0}\n",
+     14, "times must be between 1 and 1000"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n      - {name: a, stream: logins, times: [3, 2]}\n",
+     14, "times: [n, m] needs 1 <= n <= m"),
+    ("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n"
+     "      - {name: a, stream: logins, times: 2, one_or_more: true}\n",
+     14, "either `times` or `one_or_more`"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, contiguity: soon}\n",
+     13, "contiguity"),
+    ("  - name: p\n    key: user_id\n    after_match: skip_to_next\n    steps:\n" + GOOD_STEP,
+     12, "after_match"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    not_followed_by: {name: x, stream: logins}\n",
+     14, "within"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP
+     + "    not_followed_by: {name: x, stream: nowhere, within: 5m}\n",
+     14, "patterns.0.not_followed_by.stream: unknown stream 'nowhere'"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      n: {count: nobody}\n",
+     15, "'nobody' is not a step of the pattern"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      n: {sum: fail.ip}\n",
+     15, "'ip' is not a value field of stream 'logins'"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      n: {count: fail, sum: fail.x}\n",
+     15, "a measure is exactly one of"),
+])
+def test_each_mistake_is_reported_with_its_line(pattern, line, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_catalog(declare(pattern), source="streams.yaml")
+    text = str(caught.value)
+    assert message in text
+    assert f"streams.yaml: line {line}:" in text
+    assert text.count("\n") == 0, "one mistake, one message"
