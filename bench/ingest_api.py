@@ -55,6 +55,8 @@ def prepare_bodies(traffic: DemoTraffic, stream: str, events: int, batch: int) -
     left = events
     while left > 0:
         chunk = traffic.generate_stream(stream, min(batch, left))
+        if not chunk:  # the demo's clicks come only after searches: bench.search_clicks makes both
+            raise SystemExit(f"bench.ingest_api: the demo makes no {stream} events by themselves; pick another stream")
         bodies.append((len(chunk), json.dumps(chunk, separators=(",", ":")).encode()))
         left -= len(chunk)
     return bodies

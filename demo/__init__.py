@@ -6,6 +6,8 @@ it reads the catalog (which streams and fields to generate) and nothing else of 
 - `demo.shapes`: the shop's endpoints, regions, rate curve and bursts (constants, seeded draws)
 - `demo.stragglers`: the late and broken share of the traffic (delayed, late, beyond retention, future)
 - `demo.spikes`: latency spikes (`--spike /api/cart:40:20s:30s`)
+- `demo.devices`: the mobile app's devices, whose clocks cannot be trusted
+- `demo.searches`: searches and the clicks on their results, for a window join on search_id
 - `demo.traffic`: `DemoTraffic`, the pure generator (seeded RNG, injected clock, no I/O)
 - `demo.producer`: `DemoProducer`, which posts it at a rate, with retries and Idempotency-Key
 - `demo.cli`: `python -m demo --url http://127.0.0.1:8000`

@@ -28,6 +28,7 @@ USER_POPULATION = 50_000
 CUSTOMER_POPULATION = 20_000
 ORDER_RATIO = 0.02        # orders per HTTP request
 MOBILE_RATIO = 0.25       # mobile app screen views per HTTP request (demo/devices.py)
+SEARCH_RATIO = 0.05       # searches per HTTP request; ~0.7 clicks follow each (demo/searches.py)
 
 
 @dataclass(frozen=True)

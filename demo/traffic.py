@@ -37,12 +37,14 @@ from demo.shapes import (
     PAYMENT_METHODS,
     PEAK_HOUR_UTC,
     REGIONS,
+    SEARCH_RATIO,
     SLOW,
     USER_POPULATION,
     shares,
     unit,
 )
 from demo.devices import DeviceFleet
+from demo.searches import SearchClicks, run_id
 from demo.spikes import LatencySpike
 from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, OFFLINE, ON_TIME, Stragglers
 
@@ -66,6 +68,7 @@ class DemoTraffic:
         self._user_ids = [f"u{i:05d}" for i in ids[:USER_POPULATION]]
         self._customer_ids = [f"c{i:05d}" for i in ids[:CUSTOMER_POPULATION]]
         self.fleet = DeviceFleet(seed)  # the mobile app's devices and their clocks
+        self.search_clicks = self._search_model(catalog, seed)  # searches and the clicks on their results
 
     # -- rate shape ---------------------------------------------------------------------
 
@@ -101,20 +104,32 @@ class DemoTraffic:
         """Events per stream for n HTTP requests' worth of traffic.
 
         http_requests gets n events, orders ~ORDER_RATIO * n, mobile_app ~MOBILE_RATIO * n (plus
-        the offline backlogs that come back), and any other stream in the catalog n generic events.
+        the offline backlogs that come back), searches ~SEARCH_RATIO * n, clicks those on earlier
+        searches' results that are due by now (see generate_stream), and any other stream in the
+        catalog n generic events.
         """
         out: dict[str, list[dict]] = {}
         ratios = {"orders": ORDER_RATIO, "mobile_app": MOBILE_RATIO}
         for name in self.catalog.streams:
             if self.catalog.streams[name].derived_from:  # e.g. <stream>_sessions: made by the pipeline
                 continue
-            count = int(self._rng.binomial(n, ratios[name])) if name in ratios else n
+            if name == "searches":  # its own RNG: the other streams' draws are what they were before it
+                count = self.search_clicks.count(n, SEARCH_RATIO)
+            else:
+                count = int(self._rng.binomial(n, ratios[name])) if name in ratios else n
             out[name] = self.generate_stream(name, count)
         return out
 
     def generate_stream(self, name: str, n: int) -> list[dict]:
-        """n events for one stream, with exactly its declared fields."""
+        """n events for one stream, with exactly its declared fields.
+
+        Except `clicks` when it declares a `search_id` (the demo's): n is ignored, and the clicks
+        on the results of searches drawn earlier (generate_stream("searches", ...)) whose send
+        time has come by the clock are returned, possibly none (demo/searches.py).
+        """
         stream = self.catalog.stream(name)
+        if name == "clicks" and self._clicks_follow_searches(stream):
+            return self._due_clicks(stream)
         if n <= 0:
             return []
         now_ms = int(self.clock() * 1000)
@@ -125,16 +140,42 @@ class DemoTraffic:
             self._http_requests(n, now_ms / 1000.0, strings, numbers)
         elif name == "orders":
             self._orders(n, strings, numbers)
+        elif name == "searches":
+            drawn = self.search_clicks.searches(n, now_ms)
+            strings, numbers, times = drawn.strings, drawn.numbers, drawn.time_ms
         elif name == "mobile_app":
             # Times by each device's own clock, and backlogs sent after hours offline (demo/devices.py).
             drawn = self.fleet.events(n, now_ms)
             strings, numbers, times, sent, n = drawn.strings, drawn.numbers, drawn.time_ms, drawn.sent_ms, len(drawn.device)
         events = self._assemble(stream, n, now_ms, strings, numbers, times=times, sent=sent)
-        if times is not None:
+        if name == "mobile_app":
             self.last_kinds = [OFFLINE if o else ON_TIME for o in drawn.offline]
+        elif name == "searches":
+            self.last_kinds = [ON_TIME] * n
         if name == "http_requests" and self.spikes:
             self._apply_spikes(stream, events)
         return events
+
+    def _search_model(self, catalog: Catalog, seed: int) -> SearchClicks:
+        clicks = catalog.streams.get("clicks")
+        lateness, pane = (clicks.allowed_lateness, clicks.pane) if clicks else (60_000, 10_000)
+        # Search ids carry a tag of (seed, start time): a restarted demo sends new ids. Buffered
+        # clicks follow demo.stragglers' rule for events sent after their pane is final.
+        return SearchClicks(seed, run=run_id(seed, round(self.started_s * 1000)), users=self._user_ids,
+                            late_after_ms=lateness + pane + 1_000, late_spread_ms=lateness)
+
+    @staticmethod
+    def _clicks_follow_searches(stream: StreamDef) -> bool:
+        # A `clicks` stream of another configuration, without a search id, gets generic events.
+        return "search_id" in stream.string_fields
+
+    def _due_clicks(self, stream: StreamDef) -> list[dict]:
+        now_ms = int(self.clock() * 1000)
+        drawn = self.search_clicks.due_clicks(now_ms)
+        self.last_kinds = drawn.kinds  # CLICK_ON_TIME, CLICK_LATE, CLICK_UNKNOWN
+        if not drawn.time_ms:
+            return []
+        return self._assemble(stream, len(drawn.time_ms), now_ms, drawn.strings, drawn.numbers, times=drawn.time_ms)
 
     def _apply_spikes(self, stream: StreamDef, events: list[dict]) -> None:
         # Applied to the assembled events, once their event times are known (stragglers

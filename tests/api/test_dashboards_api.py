@@ -148,8 +148,9 @@ def test_wiring_provisions_the_demo_overview_and_generates_one_for_another_confi
     app, ctx = build_api(Settings(data_dir=tmp_path / "demo", alerts_config=None, tokens=tokens))
     with TestClient(app, base_url="http://127.0.0.1") as client:
         read, admin = {"Authorization": "Bearer sb_viewer"}, {"Authorization": "Bearer sb_ops"}
-        (overview,) = client.get("/api/v1/dashboards", headers=read).json()["dashboards"]
+        overview, search = client.get("/api/v1/dashboards", headers=read).json()["dashboards"]
         assert overview["name"] == "overview" and overview["source"] == "file"
+        assert search["name"] == "search" and search["source"] == "file"
         assert {p["kind"] for p in overview["panels"]} == {"line", "area", "stat", "bar", "heatmap", "table"}
         # Changes need the admin scope and are audited.
         assert client.post("/api/v1/dashboards/overview/duplicate", json={"name": "mine"}, headers=read).status_code == 403

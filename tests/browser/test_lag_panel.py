@@ -181,5 +181,5 @@ def test_the_lag_panel_lists_every_consumer_of_the_log(lagged, watched_page, tmp
     assert main[0] == "main (serving) · from earliest" and main[1] == reports["main"]["status"] == "OK"
     assert audit[0] == "audit · from latest" and audit[1] == reports["audit"]["status"]
     assert audit[2] == str(ends[1]) and main[2] == "0"
-    assert audit[4].startswith("http_requests ") and f"orders 0:{ends[0]} 1:0" in audit[4]
+    assert "http_requests " in audit[4] and f"orders 0:{ends[0]} 1:0" in audit[4]
     assert watch.errors == [], watch.errors

@@ -54,7 +54,8 @@ def config_error(text: str, source: str = "streams.yaml") -> str:
 
 def test_shipped_config_loads() -> None:
     catalog = load_catalog(CONFIG)
-    assert set(catalog.streams) == {"http_requests", "orders", "mobile_app",  # and the generated session streams:
+    assert set(catalog.streams) == {"http_requests", "orders", "mobile_app", "searches", "clicks",
+                                    # and the generated session streams:
                                     "http_requests_sessions", "mobile_app_sessions"}
     http = catalog.stream("http_requests")
     assert http.name == "http_requests"
@@ -71,10 +72,17 @@ def test_shipped_config_loads() -> None:
     assert orders.allowed_lateness == 60_000
     assert orders.partitions == 2
     assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items",
-                                    "new_users", "screen_views", "screen_time"} | {
+                                    "new_users", "screen_views", "screen_time",
+                                    "searches", "search_results", "clicks", "click_position"} | {
         f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")}
     mobile = catalog.stream("mobile_app")
     assert (mobile.sent_time_field, mobile.device_key_field) == ("sent_at", "device_id")
+    # The two sides of a window join on search_id: keyed alike, with as many partitions.
+    searches, clicks = catalog.stream("searches"), catalog.stream("clicks")
+    assert searches.key_field == clicks.key_field == "search_id"
+    assert searches.partitions == clicks.partitions
+    assert searches.dimensions == ("query_category", "platform") and searches.values == ("results",)
+    assert clicks.dimensions == ("position_bucket", "platform") and clicks.values == ("position",)
     for metric in catalog.metrics.values():
         assert metric.stream in catalog.streams
     assert catalog.metric("latency").value == "latency_ms"
@@ -83,7 +91,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders"):
+    with pytest.raises(KeyError, match="nope.*clicks, http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders, searches"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

@@ -47,10 +47,11 @@ def _check_types(stream, events: list[dict]) -> None:
 
 
 def test_events_carry_exactly_the_declared_fields_with_json_types(catalog, sample):
-    assert set(sample) == {"http_requests", "orders", "mobile_app"}
+    assert set(sample) == {"http_requests", "orders", "mobile_app", "searches", "clicks"}
     assert len(sample["http_requests"]) == 20_000
     assert 250 <= len(sample["orders"]) <= 550  # ~2 % of the requests
     assert 4_500 <= len(sample["mobile_app"]) <= 8_000  # ~25 %, plus offline backlogs
+    assert 800 <= len(sample["searches"]) <= 1_200  # ~5 %; their clicks come later (tests/unit/test_demo_searches.py)
     for name, events in sample.items():
         _check_types(catalog.stream(name), events)
     assert all(type(e["response_bytes"]) is int for e in sample["http_requests"])
@@ -208,7 +209,7 @@ def test_producer_posts_json_arrays_per_stream(catalog):
     assert server.posts
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
-        assert stream in ("http_requests", "orders", "mobile_app")
+        assert stream in ("http_requests", "orders", "mobile_app", "searches", "clicks")
         assert content_type == "application/json"
         assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
         _check_types(catalog.stream(stream), body)
