@@ -17,8 +17,8 @@ store transaction that records the batch (docs/architecture.md, "Window joins").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,7 +31,7 @@ from catalog import Catalog
 from catalog.features import source_field
 from catalog.joins import JOIN_VALUES, JoinDef
 from sketches import DEFAULT_K, KllSketch
-from store import PaneData, PanePartial, PaneStore, ValueStats
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.joins import JoinCommit, JoinEvent
 from store.panes import pane_start
 
@@ -95,6 +95,7 @@ class WindowJoins:
         self.catalog, self.store, self.kll_k = catalog, store, kll_k
         self.joins = list(catalog.joins)
         self.enabled = bool(self.joins)
+        self.names = [j.name for j in self.joins]
         self.streams = sorted({s for j in self.joins for s in (j.left.stream, j.right.stream)})
 
     def records(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
@@ -144,11 +145,16 @@ class WindowJoins:
         return advance_clock(stored, (e.time_ms for e in rights), rule.right_lateness_ms)
 
 
-def merge_into(max_event_ms: Mapping[str, int], extra: Mapping[str, int]) -> dict[str, int]:
-    out = dict(max_event_ms)
-    for stream, t in extra.items():
-        out[stream] = max(out.get(stream, t), t)
-    return out
+def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[str]) -> BatchCommit:
+    """The batch's commit with the joins' derived partials and state. A join's derived stream
+    is read from no log partition: its watermark follows the stream-wide rule (its newest left
+    time - its allowed lateness, which includes `within`), not per-partition marks."""
+    names = set(join_names)
+    max_event = dict(commit.max_event_ms)
+    for stream, t in joined.max_event_ms.items():
+        max_event[stream] = max(max_event.get(stream, t), t)
+    return replace(commit, partials=[*commit.partials, *joined.partials], joins=joined.commits, max_event_ms=max_event,
+                   partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 
 
-__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "merge_into", "side_events"]
+__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "side_events", "with_joins"]

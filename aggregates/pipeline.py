@@ -19,7 +19,7 @@ from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
-from aggregates.joins import WindowJoins, merge_into
+from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
@@ -119,8 +119,7 @@ class Pipeline(ReportsStoreErrors):
             if clocks is not None:
                 commit = replace(commit, device_clocks=clocks.changed)
             if joined is not None:  # the joins' derived panes and state, in the batch's transaction
-                commit = replace(commit, partials=[*commit.partials, *joined.partials], joins=joined.commits,
-                                 max_event_ms=merge_into(commit.max_event_ms, joined.max_event_ms))
+                commit = with_joins(commit, joined, self.joins.names)
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
