@@ -148,6 +148,11 @@ def test_the_join_equals_the_exact_join_with_late_and_early_clicks_unknown_keys_
     sizes = service.store.join_sizes()["search_clicks"]
     assert (sizes.left_rows, sizes.pending_right, sizes.pairs, sizes.unmatched_right) == (
         0, 1, len(pairs), len(unmatched))
+    status = service.client.get("/api/v1/pipeline").json()["joins"]["search_clicks"]
+    assert (status["left_rows"], status["pending_right"], status["pairs"], status["unmatched_right"]) == (
+        0, 1, len(pairs), len(unmatched))
+    metrics = service.client.get("/metrics").text
+    assert f'sketchboard_join_unmatched_right_total{{join="search_clicks"}} {float(len(unmatched))}' in metrics
     # The clicks later than the allowed lateness landed in final panes: published corrections.
     assert service.store.progress("main").streams["search_clicks"].corrections > 0
     service.log.close()
