@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from store.joins import JoinCommit, JoinEvent, JoinState
 
@@ -71,6 +71,11 @@ def in_window(left_ms: int, right_ms: int, within_ms: int) -> bool:
     return left_ms <= right_ms <= left_ms + within_ms
 
 
+def _order(e: JoinEvent) -> tuple[int, int, int]:
+    """The order a batch takes events in: time, partition, offset (a replay takes the same)."""
+    return e.time_ms, e.partition, e.offset
+
+
 def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rights: Sequence[JoinEvent]) -> JoinOutcome:
     """One batch of a join. `state` holds the stored events with the batch's keys, and every
     stored right event that expires at the clock after this batch (store.joins.lookup reads
@@ -100,7 +105,7 @@ def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rig
                                                          "latency_ms": right.time_ms - left.time_ms}))
         pairs += 1
 
-    new_lefts, new_rights = sorted(lefts), sorted(rights)
+    new_lefts, new_rights = sorted(lefts, key=_order), sorted(rights, key=_order)
     # New left events meet the stored right events (the new right events meet them below).
     for left in new_lefts:
         matched[("l", left.partition, left.offset)] = False
@@ -112,7 +117,8 @@ def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rig
     # New right events meet every left event: stored and new.
     for right in new_rights:
         matched.setdefault(("r", right.partition, right.offset), False)
-        for left in sorted(stored_left.get(right.key, ())):
+        candidates = stored_left.get(right.key, ())
+        for left in (sorted(candidates, key=_order) if len(candidates) > 1 else candidates):
             if in_window(left.time_ms, right.time_ms, rule.within_ms):
                 pair(left, right)
     unmatched = 0
@@ -126,7 +132,9 @@ def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rig
                         rows.append(DerivedRow(e.time_ms, (), {"unmatched_right": 1}))
                         unmatched += 1
                     continue
-                if is_new or now_matched != e.matched:
-                    out.append(replace(e, matched=now_matched))
+                if now_matched != e.matched:
+                    out.append(JoinEvent(e.time_ms, e.partition, e.offset, e.key, e.dims, now_matched))
+                elif is_new:
+                    out.append(e)
     commit = JoinCommit(rule.name, clock, through, keep_lefts, keep_rights, pairs, unmatched)
     return JoinOutcome(rows, commit)
