@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from aggregates.joins import WindowJoins
+from alerts.source import StoreAlertData
 from catalog import parse_catalog
 from query import compute, resolve
 from query.model import QueryError
@@ -92,6 +93,11 @@ def test_searches_and_clicks_become_pairs_ctr_latency_and_unmatched_exactly_once
     latency = query(store, catalog, "search_clicks_latency", "max")[()][T0].value
     assert latency == 19 * MIN  # s2's late click
     assert query(store, catalog, "search_clicks_latency", "p50")[()][T0].value in (2 * MIN, MIN, 10 * MIN, 19 * MIN)
+    # Alert rules read the same stat through the same query path.
+    windows = StoreAlertData(catalog, store).window_values("search_clicks_clicked", "ratio", T0, T0 + 3_600_000,
+                                                           ["query_category"], {})
+    assert {w.group["query_category"]: w.value for w in windows if w.group["query_category"]} == {
+        "books": 1.0, "toys": 0.5}
     unmatched = query(store, catalog, "search_clicks_unmatched_right", "sum")[()]
     assert unmatched[T0].value == 1 and unmatched[T0 + 3_600_000].value == 1  # at the clicks' own times
 
