@@ -28,8 +28,7 @@ from pyspark.sql import functions as F
 from aggregates.partials import dead_letter_reason_column
 from aggregates.window_join import DerivedRow, JoinRule, advance_clock, expire_through, join_batch
 from catalog import Catalog
-from catalog.features import source_field
-from catalog.joins import JOIN_VALUES, JoinDef
+from catalog.joins import JOIN_VALUES, JoinDef, key_slot
 from sketches import DEFAULT_K, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.joins import JoinCommit, JoinEvent
@@ -55,7 +54,7 @@ def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, w
     """The batch's records of one side of a join, as join events (the key read where the
     source carries it: ids or dims); a record without a key gets the key None."""
     rows = records.filter(pc.equal(records["stream"], stream))
-    kind, index = source_field(catalog.streams[stream], key)
+    kind, index = key_slot(catalog.streams[stream], key)
     keys = [None if arr is None or index >= len(arr) else arr[index] for arr in rows[kind].to_pylist()]
     dims = rows["dims"].to_pylist() if with_dims else [()] * rows.num_rows
     width = len(catalog.streams[stream].dimensions)

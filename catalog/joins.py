@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from catalog.durations import DurationMs, format_duration_ms
 
 if TYPE_CHECKING:
-    from catalog.model import Catalog
+    from catalog.model import Catalog, StreamDef
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _Name = Annotated[str, Field(pattern=_NAME)]
@@ -80,10 +80,10 @@ def join_metric_names(name: str) -> dict[str, str]:
 def expand_joins(catalog: Catalog) -> None:
     """Check each join against its streams and add its derived stream and metrics (idempotent:
     a catalog dumped and parsed again already has them)."""
-    from catalog.features import source_field
     from catalog.model import CatalogReferenceError, MetricDef, StreamDef
 
     names = [j.name for j in catalog.joins]
+    carried: dict[str, set[str]] = {}  # per stream: join keys the source must carry in `ids`
     for i, join in enumerate(catalog.joins):
         if names.count(join.name) > 1:
             raise CatalogReferenceError(("joins", i, "name"), f"join {join.name!r} is declared twice")
@@ -95,10 +95,13 @@ def expand_joins(catalog: Catalog) -> None:
             if stream.derived_from:
                 raise CatalogReferenceError(("joins", i, role, "stream"),
                                             f"stream {side.stream!r} is derived; a join reads streams from the log")
-            try:
-                source_field(stream, side.key)
-            except ValueError as exc:
-                raise CatalogReferenceError(("joins", i, role, "key"), str(exc)) from None
+            if side.key not in stream.dimensions and side.key not in stream.string_fields:
+                raise CatalogReferenceError(
+                    ("joins", i, role, "key"),
+                    f"field {side.key!r} must be the key_field, a dimension or a distinct field of stream"
+                    f" {stream.name!r} (declared strings: {', '.join(stream.string_fields) or 'none'})")
+            if side.key not in stream.dimensions:
+                carried.setdefault(stream.name, set()).add(side.key)
             sides[role] = stream
         left, right = sides["left"], sides["right"]
         spec = StreamDef(
@@ -132,6 +135,17 @@ def expand_joins(catalog: Catalog) -> None:
                 raise CatalogReferenceError(("metrics", metric_name),
                                             f"this name is taken by the metrics generated for join {join.name}")
             catalog.metrics[metric_name] = metric
+    for name, stream in list(catalog.streams.items()):
+        keys = tuple(sorted(carried.get(name, ())))
+        if stream.join_keys != keys:
+            catalog.streams[name] = stream.model_copy(update={"join_keys": keys})
+
+
+def key_slot(stream: StreamDef, key: str) -> tuple[str, int]:
+    """Where the pipeline's source carries a join key: ('dims', i) or ('ids', i)."""
+    if key in stream.dimensions:
+        return "dims", stream.dimensions.index(key)
+    return "ids", stream.source_ids.index(key)
 
 
 def join_of(catalog: Catalog, stream: str) -> JoinDef | None:

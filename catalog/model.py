@@ -73,6 +73,9 @@ class StreamDef(BaseModel):
     # per `dedup_window` of ingest time; an event without one is refused (API) or dead-lettered.
     event_id_field: FieldName | None = None
     dedup_window: DurationMs | None = None  # default DEFAULT_DEDUP_WINDOW_MS when event_id_field is set
+    # Set by the catalog from `joins:` (catalog/joins.py), never written in YAML: the join keys the
+    # source carries in `ids` because they are neither a dimension nor a distinct field.
+    join_keys: tuple[FieldName, ...] = Field(default=(), exclude=True)
 
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
@@ -157,10 +160,9 @@ class StreamDef(BaseModel):
     @property
     def source_ids(self) -> tuple[str, ...]:
         """The string fields the pipeline's source carries in its `ids` array: the distinct
-        fields, then the event id field when it is not one of them."""
-        if self.event_id_field is None or self.event_id_field in self.distinct_fields:
-            return self.distinct_fields
-        return (*self.distinct_fields, self.event_id_field)
+        fields, then the event id field and the join keys (`join_keys`) that are not among them."""
+        extra = [f for f in (self.event_id_field, *self.join_keys) if f and f not in self.distinct_fields]
+        return (*self.distinct_fields, *dict.fromkeys(extra))
 
     def _check_clock_fields(self, roles: dict[str, str]) -> None:
         if self.sent_time_field is None:

@@ -23,8 +23,8 @@ MIN = 60_000
 WITHIN = 2 * MIN
 CONFIG = """
 streams:
-  searches: {key_field: search_id, dimensions: [query_category], partitions: 2, allowed_lateness: 30s,
-             max_future_skew: 2h}
+  searches: {key_field: search_id, dimensions: [query_category], distinct: [user_id], partitions: 2,
+             allowed_lateness: 30s, max_future_skew: 2h}  # the key is no distinct field: carried for the join
   clicks: {key_field: search_id, dimensions: [position], partitions: 2, allowed_lateness: 30s, max_future_skew: 2h}
 joins:
   - name: search_clicks
@@ -43,7 +43,8 @@ def make_events(seed: int):
     n = 240
     searches = pd.DataFrame({"search_id": [f"s{i}" for i in range(n)],
                              "time": T0 + rng.integers(0, 8 * MIN, n),
-                             "query_category": rng.choice(CATEGORIES, n, p=[0.5, 0.3, 0.2])})
+                             "query_category": rng.choice(CATEGORIES, n, p=[0.5, 0.3, 0.2]),
+                             "user_id": [f"u{u}" for u in rng.integers(0, 50, n)]})
     searches["phase"] = np.where(np.arange(n) < 180, 1, 3)  # the last 60 searches are logged late
     clicks = []
     for s in searches.itertuples():
@@ -91,7 +92,7 @@ def test_the_join_equals_the_exact_join_with_late_and_early_clicks_unknown_keys_
 
     for phase in (1, 2, 3):
         if len(s := searches[searches["phase"] == phase]):
-            service.post("searches", as_events(s, ["search_id", "query_category"]))
+            service.post("searches", as_events(s, ["search_id", "query_category", "user_id"]))
         if len(c := clicks[clicks["phase"] == phase]):
             service.post("clicks", as_events(c, ["search_id", "position"]))
         if phase == 2:

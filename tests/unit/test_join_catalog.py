@@ -40,7 +40,7 @@ def test_a_join_generates_its_derived_stream_and_metrics_and_survives_a_round_tr
 @pytest.mark.parametrize("join, message", [
     (JOIN.replace("stream: clicks", "stream: nope"), "line 9: joins.0.right.stream: unknown stream 'nope'"),
     (JOIN.replace("key: search_id}\n    within", "key: session}\n    within"),
-     "joins.0.right.key: field 'session' must be a distinct field or a dimension of stream 'clicks'"),
+     "joins.0.right.key: field 'session' must be the key_field, a dimension or a distinct field of stream 'clicks'"),
     (JOIN.replace("stream: clicks", "stream: searches"), "two different streams"),
     (JOIN.replace("30m", "10ms"), "within must be at least 1s"),
     (JOIN + JOIN.replace("joins:\n", ""), "join 'search_clicks' is declared twice"),
@@ -55,3 +55,15 @@ def test_ratio_of_must_name_another_value_field():
     config = STREAMS + "metrics:\n  bad: {stream: clicks, value: nope, ratio_of: x}\n"
     with pytest.raises(ConfigError, match="is not a value field|ratio_of"):
         parse_catalog(config.replace("value: nope, ", ""))
+
+
+def test_a_key_that_is_neither_dimension_nor_distinct_is_carried_by_the_source_for_the_join():
+    streams = STREAMS.replace("allowed_lateness: 1m}", "allowed_lateness: 1m, distinct: [user_id]}")
+    catalog = parse_catalog(streams + JOIN)
+    searches = catalog.streams["searches"]
+    assert searches.distinct_fields == ("user_id",)
+    assert searches.source_ids == ("user_id", "search_id") and searches.join_keys == ("search_id",)
+    assert catalog.streams["clicks"].source_ids == ("search_id",)  # the key is its distinct field already
+    assert "join_keys" not in catalog.model_dump()["streams"]["searches"]  # never written out
+    assert parse_catalog(yaml.safe_dump(catalog.model_dump(mode="json"))) == catalog
+    assert parse_catalog(streams).streams["searches"].source_ids == ("user_id",)  # no join: nothing more
