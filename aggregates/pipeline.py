@@ -19,6 +19,7 @@ from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
+from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
@@ -74,6 +75,7 @@ class Pipeline(ReportsStoreErrors):
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
+        self.joins = WindowJoins(catalog, store, kll_k=config.kll_k)  # stream-stream window joins (catalog joins:)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -97,12 +99,17 @@ class Pipeline(ReportsStoreErrors):
             batch, event_ids = deduped.batch, deduped.commit
         deduped_at = time.perf_counter()
         clocks = None
-        kept = batch.persist() if self.clocks.enabled else None
+        # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
+        kept = batch.persist() if self.clocks.enabled or self.joins.enabled else None
+        joined = None
         try:
             if kept is not None:
-                # Read twice (the clock samples, then the aggregation): kept rather than read from the log again.
+                batch = kept
+            if self.clocks.enabled:
                 clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
                 batch = self.clocks.apply(kept, clocks)
+            if self.joins.enabled:  # after the clock step: joins see corrected event times
+                joined = self.joins.process(batch, batch_now_ms)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -111,6 +118,8 @@ class Pipeline(ReportsStoreErrors):
                                   event_ids=event_ids)
             if clocks is not None:
                 commit = replace(commit, device_clocks=clocks.changed)
+            if joined is not None:  # the joins' derived panes and state, in the batch's transaction
+                commit = with_joins(commit, joined, self.joins.names)
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
@@ -145,6 +154,9 @@ class Pipeline(ReportsStoreErrors):
             log.info("batch %d: device clocks: %d events shifted by their device's offset (%d devices corrected,"
                      " largest %+d ms), %d estimates changed", batch_id, shifted, len(clocks.corrections), biggest,
                      sum(len(c) for c in clocks.changed.values()))
+        if joined is not None:
+            log.info("batch %d: joins: %d pairs, %d right events unmatched", batch_id, joined.pairs,
+                     joined.unmatched_right)
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
 from api import clock_routes, http_metrics
+from api.join_status import join_metrics, join_status
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
@@ -91,6 +92,7 @@ def pipeline_status(ctx: ApiContext) -> dict:
         "events_read": progress.events_read,
         "lag_events": sum(s["lag_events"] for s in streams.values()),
         "streams": streams,
+        "joins": join_status(ctx),  # window joins: state sizes and counters (api/join_status.py)
     }
 
 
@@ -190,6 +192,7 @@ class _StoredMetrics:
             for reason, n in sorted(s["dead_lettered_by_reason"].items()):
                 by_reason.add_metric([name, reason], n)
         yield from (events_in, aggregated, dead, by_reason, duplicates)
+        yield from join_metrics(status["joins"])
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.patterns import PatternDef, check_patterns
+from catalog.joins import JoinDef, expand_joins
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -28,6 +29,7 @@ COUNT_STATS = ("count", "rate")
 VALUE_STATS = ("sum", "avg", "min", "max")
 DISTINCT_STATS = ("distinct",)
 FIRST_SEEN_STATS = ("first_seen", "first-seen")  # the second spelling as the contract's prose writes it
+RATIO_STATS = ("ratio",)  # sum(value) / sum(ratio_of) per window, for a metric that declares ratio_of
 
 
 class CatalogReferenceError(ValueError):
@@ -72,6 +74,9 @@ class StreamDef(BaseModel):
     # per `dedup_window` of ingest time; an event without one is refused (API) or dead-lettered.
     event_id_field: FieldName | None = None
     dedup_window: DurationMs | None = None  # default DEFAULT_DEDUP_WINDOW_MS when event_id_field is set
+    # Set by the catalog from `joins:` (catalog/joins.py), never written in YAML: the join keys the
+    # source carries in `ids` because they are neither a dimension nor a distinct field.
+    join_keys: tuple[FieldName, ...] = Field(default=(), exclude=True)
 
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
@@ -156,10 +161,9 @@ class StreamDef(BaseModel):
     @property
     def source_ids(self) -> tuple[str, ...]:
         """The string fields the pipeline's source carries in its `ids` array: the distinct
-        fields, then the event id field when it is not one of them."""
-        if self.event_id_field is None or self.event_id_field in self.distinct_fields:
-            return self.distinct_fields
-        return (*self.distinct_fields, self.event_id_field)
+        fields, then the event id field and the join keys (`join_keys`) that are not among them."""
+        extra = [f for f in (self.event_id_field, *self.join_keys) if f and f not in self.distinct_fields]
+        return (*self.distinct_fields, *dict.fromkeys(extra))
 
     def _check_clock_fields(self, roles: dict[str, str]) -> None:
         if self.sent_time_field is None:
@@ -214,6 +218,8 @@ class MetricDef(BaseModel):
     distinct: FieldName | None = None
     unit: str = ""
     first_seen: bool = False  # answers stat first_seen (the stream must declare first_seen)
+    # Another value field of the stream: stat `ratio` = sum(value) / sum(ratio_of) (e.g. a click-through rate).
+    ratio_of: FieldName | None = None
 
     def stats(self) -> tuple[str, ...]:
         """The stats this metric answers ("pNN" stands for any percentile)."""
@@ -224,6 +230,8 @@ class MetricDef(BaseModel):
             out += list(DISTINCT_STATS)
         if self.first_seen:
             out.append("first_seen")
+        if self.ratio_of:
+            out += list(RATIO_STATS)
         return tuple(out)
 
     def check_stat(self, stat: str) -> float | None:
@@ -238,6 +246,10 @@ class MetricDef(BaseModel):
         if stat in FIRST_SEEN_STATS:
             if not self.first_seen:
                 raise ValueError(f"metric {self.name!r} does not declare first_seen")
+            return None
+        if stat in RATIO_STATS:
+            if not self.ratio_of:
+                raise ValueError(f"metric {self.name!r} declares no ratio_of, so it has no ratio")
             return None
         if stat in VALUE_STATS:
             if not self.value:
@@ -258,6 +270,8 @@ class Catalog(BaseModel):
     streams: dict[str, StreamDef]
     metrics: dict[str, MetricDef] = {}
     patterns: tuple[PatternDef, ...] = ()  # sequences of events to match (catalog/patterns.py)
+    # Stream-stream window joins (catalog/joins.py): each adds a derived stream and its metrics.
+    joins: tuple[JoinDef, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -276,6 +290,7 @@ class Catalog(BaseModel):
     @model_validator(mode="after")
     def _derived_streams(self) -> Catalog:
         expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
+        expand_joins(self)  # join streams and metrics generated from `joins:` declarations
         return self
 
     @model_validator(mode="after")
@@ -290,6 +305,12 @@ class Catalog(BaseModel):
                 raise CatalogReferenceError(
                     ("metrics", name, "value"),
                     f"{metric.value!r} is not a value field of stream {stream.name!r}"
+                    f" (values: {', '.join(stream.values) or 'none'})"
+                )
+            if metric.ratio_of and (not metric.value or metric.ratio_of not in stream.values):
+                raise CatalogReferenceError(
+                    ("metrics", name, "ratio_of"),
+                    f"ratio_of needs a value field and must name another value field of stream {stream.name!r}"
                     f" (values: {', '.join(stream.values) or 'none'})"
                 )
             if metric.distinct and metric.distinct not in stream.distinct_fields:

@@ -11,12 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from catalog.model import FIRST_SEEN_STATS
+from catalog.model import FIRST_SEEN_STATS, RATIO_STATS
 from query.model import Query
 from store import PaneStore
 from store.bloom import overlay_first_seen
 from store.point_cache import PointCache
-from store.rollup import Point
+from store.rollup import Point, Series
 from store.series import query_series
 
 
@@ -34,6 +34,10 @@ def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int |
     """One series per (stat, group) for the windows starting in [lo, hi) (multiples of the step)."""
     out = []
     for stat, quantile in zip(q.stats, q.quantiles):
+        if stat in RATIO_STATS:
+            out += [StatSeries(stat, s.group, s.points)
+                    for s in ratio_series(store, q, lo, hi, watermark_ms=watermark_ms, max_points=max_points)]
+            continue
         first_seen = stat in FIRST_SEEN_STATS
         series = query_series(
             store, q.stream, q.pane_ms, stat="count" if first_seen else stat, quantile=quantile,
@@ -47,6 +51,35 @@ def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int |
                 rows = store.bloom_reader().first_seen_rows(q.stream, lo, hi + max(q.window_ms - q.step_ms, 0))
                 points = overlay_first_seen(points, rows, q.window_ms)
             out.append(StatSeries(stat, s.group, points))
+    return out
+
+
+def ratio_series(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int | None,
+                 max_points: int) -> list[Series]:
+    """Stat ratio: per window and group, sum(value) / sum(ratio_of) over the same panes (e.g. a
+    click-through rate: clicked / searches); null where the denominator is 0. Final when both
+    sums are; the revision is the higher of the two."""
+    def sums(field: str) -> list[Series]:
+        return query_series(store, q.stream, q.pane_ms, stat="sum", quantile=None, value_field=field,
+                            distinct_field=None, start_ms=lo, end_ms=hi, step_ms=q.step_ms, window_ms=q.window_ms,
+                            group_by=q.group_by, filters=dict(q.filters), watermark_ms=watermark_ms,
+                            max_points=max_points)
+
+    def key(s: Series) -> tuple:
+        return tuple(sorted(s.group.items()))
+
+    numerators = {key(s): {p.t_ms: p for p in s.points} for s in sums(q.value_field)}
+    out = []
+    for den in sums(q.ratio_of):
+        num = numerators.get(key(den), {})
+        points = []
+        for d in den.points:
+            n = num.get(d.t_ms)
+            top = (n.value if n is not None else None) or 0.0
+            value = top / d.value if d.value else None
+            points.append(Point(d.t_ms, value, d.count, d.final and (n is None or n.final),
+                                max(d.revision, n.revision if n is not None else 0), None))
+        out.append(Series(den.group, points))
     return out
 
 

@@ -42,6 +42,7 @@ class Target:
     pane_ms: int
     group_by: tuple[str, ...]
     filters: tuple[tuple[str, str], ...]  # sorted (dimension, value) pairs
+    ratio_of: str | None = None  # stat ratio: the value field summed as the denominator
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by
     return Target(
         metric=metric, stream=stream.name, stats=tuple(stats), quantiles=quantiles, unit=definition.unit,
         value_field=definition.value, distinct_field=definition.distinct, pane_ms=stream.pane,
-        group_by=tuple(groups), filters=tuple(sorted(filters.items())),
+        group_by=tuple(groups), filters=tuple(sorted(filters.items())), ratio_of=definition.ratio_of,
     )
 
 

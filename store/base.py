@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from store.bloom import BloomCommit, BloomReader
 from store.connection import Db
 from store.event_ids import EventIdCommit
+from store.joins import JoinCommit, JoinSizes, JoinState
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.tiers import TierLayout
@@ -91,6 +92,8 @@ class BatchCommit:
     event_ids: EventIdCommit | None = None
     # Per stream and device: the clock estimates this batch changed (aggregates/device_clocks.py).
     device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
+    # Per window join: its state changes (store/joins.py); its derived rows are among the partials.
+    joins: Sequence[JoinCommit] = ()
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,14 @@ class PaneStore(ABC):
     @abstractmethod
     def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
         """The stream's device clock estimates as the last batch left them."""
+
+    @abstractmethod
+    def join_state(self, join: str, keys: Sequence[str], expire_through_ms: int | None) -> JoinState:
+        """A window join's stored state that a batch with these keys touches (store/joins.py)."""
+
+    @abstractmethod
+    def join_sizes(self) -> dict[str, JoinSizes]:
+        """Every window join's state size and counters."""
 
     @abstractmethod
     def side_db(self) -> Db:

@@ -30,13 +30,14 @@ from store.base import (
     StreamProgress,
 )
 from store import event_ids
+from store import joins as join_store
 from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.tables import EVENT_ID_TABLES, PANE_TABLES
+from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -50,7 +51,7 @@ class SqlitePaneStore(PaneStore):
         self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
-            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES)
+            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -121,6 +122,8 @@ class SqlitePaneStore(PaneStore):
         if commit.event_ids is not None:
             event_ids.apply(conn.cursor(), commit.event_ids, end_offsets=commit.end_offsets,
                             log_end_offsets=commit.log_end_offsets, placeholder="?")
+        if commit.joins:
+            join_store.apply(conn.cursor(), commit.joins, "?")
         self._prune(commit, retention_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
@@ -409,6 +412,14 @@ class SqlitePaneStore(PaneStore):
             rows = self._conn.execute("SELECT device, buckets, offset_ms, correction_ms, newest_ms FROM device_clocks"
                                       " WHERE stream = ?", (stream,)).fetchall()
         return {device: device_clock(*rest) for device, *rest in rows}
+
+    def join_state(self, join: str, keys: Sequence[str], expire_through_ms: int | None) -> join_store.JoinState:
+        with self._lock:
+            return join_store.lookup(self._conn.cursor(), join, keys, expire_through_ms, "?")
+
+    def join_sizes(self) -> dict[str, join_store.JoinSizes]:
+        with self._lock:
+            return join_store.sizes(self._conn.cursor())
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:

@@ -6,6 +6,8 @@ created also need their ALTER in SqlitePaneStore._migrate."""
 
 from __future__ import annotations
 
+from store.joins import JOIN_TABLES  # window joins' state (store/joins.py)
+
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -223,4 +225,4 @@ CREATE TABLE IF NOT EXISTS duplicate_counts (
 );
 """
 
-STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES
+STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES

@@ -36,6 +36,7 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store import event_ids
+from store import joins as join_store
 from store.commit_plan import (
     StreamState,
     pane_ids,
@@ -193,6 +194,9 @@ class PostgresPaneStore(PaneStore):
             with conn.cursor() as cur:
                 event_ids.apply(cur, commit.event_ids, end_offsets=commit.end_offsets,
                                 log_end_offsets=commit.log_end_offsets, placeholder="%s")
+        if commit.joins:
+            with conn.cursor() as cur:
+                join_store.apply(cur, commit.joins, "%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -355,6 +359,14 @@ class PostgresPaneStore(PaneStore):
         rows = self._all("SELECT device, buckets, offset_ms, correction_ms, newest_ms FROM device_clocks"
                          " WHERE stream = %s", (stream,))
         return {device: device_clock(*rest) for device, *rest in rows}
+
+    def join_state(self, join: str, keys: Sequence[str], expire_through_ms: int | None) -> join_store.JoinState:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return join_store.lookup(cur, join, keys, expire_through_ms, "%s")
+
+    def join_sizes(self) -> dict[str, join_store.JoinSizes]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return join_store.sizes(cur)
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"

@@ -1,0 +1,159 @@
+"""Stream-stream window joins in the pane pipeline's micro-batch (catalog/joins.py declares them,
+aggregates/window_join.py is the rule, store/joins.py the state).
+
+Per batch, on the driver: the records of the joined streams that the batch merges (not dead
+letters) are collected once (one Arrow transfer of stream, partition, offset, event time, dims
+and ids), each join reads the stored state its keys touch (one lookup), the rule pairs them,
+and the derived rows are rolled up into pane partials of the join's derived stream here (count,
+per value n/sum/min/max, a KLL sketch of latency_ms). The partials and the state changes go
+into the batch's own store commit: the same transaction as its panes and batch id, so the join
+is exactly once across restarts and a late pair merges into its left event's pane through the
+normal late path (a correction when that pane was final).
+
+Why not Spark's stream-stream join: it drops rows behind its watermark (a click later than the
+allowed lateness would vanish silently) and keeps its state in the checkpoint, apart from the
+store transaction that records the batch (docs/architecture.md, "Window joins").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from aggregates.partials import dead_letter_reason_column
+from aggregates.window_join import DerivedRow, JoinRule, advance_clock, expire_through, join_batch
+from catalog import Catalog
+from catalog.joins import JOIN_VALUES, JoinDef, key_slot
+from sketches import DEFAULT_K, KllSketch
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
+from store.joins import JoinCommit, JoinEvent
+from store.panes import pane_start
+
+LATENCY = "latency_ms"
+
+
+@dataclass(frozen=True)
+class JoinedBatch:
+    partials: list[PanePartial] = field(default_factory=list)
+    commits: list[JoinCommit] = field(default_factory=list)
+    max_event_ms: dict[str, int] = field(default_factory=dict)  # per derived stream: its newest left time
+    pairs: int = 0
+    unmatched_right: int = 0
+
+
+def rule_of(join: JoinDef, catalog: Catalog) -> JoinRule:
+    return JoinRule(join.name, join.within, join.late_horizon, catalog.streams[join.right.stream].allowed_lateness)
+
+
+def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, with_dims: bool) -> list[JoinEvent]:
+    """The batch's records of one side of a join, as join events (the key read where the
+    source carries it: ids or dims); a record without a key gets the key None."""
+    rows = records.filter(pc.equal(records["stream"], stream))
+    kind, index = key_slot(catalog.streams[stream], key)
+    keys = [None if arr is None or index >= len(arr) else arr[index] for arr in rows[kind].to_pylist()]
+    dims = rows["dims"].to_pylist() if with_dims else [()] * rows.num_rows
+    width = len(catalog.streams[stream].dimensions)
+    return [JoinEvent(t, p, o, k, tuple((d or [])[:width]) + (None,) * (width - len(d or [])) if with_dims else ())
+            for t, p, o, k, d in zip(rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
+                                     rows["offset"].to_pylist(), keys, dims, strict=True)]
+
+
+def derived_partials(rows: Iterable[DerivedRow], stream_name: str, dimensions: tuple[str, ...], pane_ms: int,
+                     kll_k: int = DEFAULT_K) -> list[PanePartial]:
+    """The derived rows rolled up per (pane, dimension values): count = rows; per value field
+    n/sum/min/max; a KLL sketch for latency_ms (its percentiles), none for the 0/1 counters."""
+    groups: dict[tuple[int, tuple], dict] = {}
+    for row in rows:
+        start = pane_start(row.time_ms, pane_ms)
+        g = groups.setdefault((start, row.dims), {"count": 0, "values": {}, "kll": None})
+        g["count"] += 1
+        for name, v in row.values.items():
+            n, s, lo, hi = g["values"].get(name, (0, 0, None, None))
+            g["values"][name] = (n + 1, s + v, v if lo is None else min(lo, v), v if hi is None else max(hi, v))
+            if name == LATENCY:
+                if g["kll"] is None:
+                    g["kll"] = KllSketch(kll_k)
+                g["kll"].update(v)
+    out = []
+    for (start, dims), g in sorted(groups.items(), key=lambda kv: (kv[0][0], [str(d) for d in kv[0][1]])):
+        values = {name: ValueStats(n, float(s), float(lo), float(hi),
+                                   g["kll"].to_bytes() if name == LATENCY and g["kll"] is not None else None)
+                  for name, (n, s, lo, hi) in g["values"].items()}
+        dim_map = {d: v for d, v in zip(dimensions, dims) if v is not None}
+        out.append(PanePartial(stream_name, start, start + pane_ms, dim_map, PaneData(g["count"], values, {})))
+    return out
+
+
+class WindowJoins:
+    def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
+        self.catalog, self.store, self.kll_k = catalog, store, kll_k
+        self.joins = list(catalog.joins)
+        self.enabled = bool(self.joins)
+        self.names = [j.name for j in self.joins]
+        self.streams = sorted({s for j in self.joins for s in (j.left.stream, j.right.stream)})
+
+    def records(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
+        """The batch's records of the joined streams that it merges (dead letters join nothing)."""
+        return (batch.where(F.col("stream").isin(self.streams)
+                            & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                .select("stream", "partition", "offset", "event_time", "dims", "ids").toArrow())
+
+    def process(self, batch: DataFrame, batch_now_ms: int) -> JoinedBatch:
+        return self.join(self.records(batch, batch_now_ms))
+
+    def join(self, records: pa.Table) -> JoinedBatch:
+        """Every join over the batch's records (JOIN columns), with the state the store holds."""
+        out = JoinedBatch()
+        pairs = unmatched = 0
+        for join in self.joins:
+            rule = rule_of(join, self.catalog)
+            lefts = side_events(records, self.catalog, join.left.stream, join.left.key, with_dims=True)
+            rights = side_events(records, self.catalog, join.right.stream, join.right.key, with_dims=False)
+            # A record without the key can match nothing: a left one still counts as a search,
+            # a right one is unmatched at once.
+            extra = [DerivedRow(e.time_ms, e.dims, {"searches": 1}) for e in lefts if e.key is None]
+            extra += [DerivedRow(e.time_ms, (), {"unmatched_right": 1}) for e in rights if e.key is None]
+            lefts = [e for e in lefts if e.key is not None]
+            rights = [e for e in rights if e.key is not None]
+            through = expire_through(self._clock_after(join, rule, rights), rule.keep_ms)
+            state_before = self.store.join_state(join.name, sorted({e.key for e in [*lefts, *rights]}), through)
+            outcome = join_batch(rule, state_before, lefts, rights)
+            rows = [*outcome.rows, *extra]
+            commit = outcome.commit
+            keyless = sum(1 for r in extra if "unmatched_right" in r.values)
+            if keyless:
+                commit = JoinCommit(**{**commit.__dict__, "unmatched_right": commit.unmatched_right + keyless})
+            stream = self.catalog.streams[join.name]
+            out.partials.extend(derived_partials(rows, join.name, stream.dimensions, stream.pane, self.kll_k))
+            out.commits.append(commit)
+            left_times = [e.time_ms for e in lefts] + [r.time_ms for r in extra if "searches" in r.values]
+            if left_times:
+                out.max_event_ms[join.name] = max(left_times)
+            pairs += commit.pairs
+            unmatched += commit.unmatched_right
+        return JoinedBatch(out.partials, out.commits, out.max_event_ms, pairs, unmatched)
+
+    def _clock_after(self, join: JoinDef, rule: JoinRule, rights: list[JoinEvent]) -> int | None:
+        """The join's clock after this batch (the stored clock advanced by the batch's right events)."""
+        stored = self.store.join_state(join.name, [], None).clock_ms
+        return advance_clock(stored, (e.time_ms for e in rights), rule.right_lateness_ms)
+
+
+def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[str]) -> BatchCommit:
+    """The batch's commit with the joins' derived partials and state. A join's derived stream
+    is read from no log partition: its watermark follows the stream-wide rule (its newest left
+    time - its allowed lateness, which includes `within`), not per-partition marks."""
+    names = set(join_names)
+    max_event = dict(commit.max_event_ms)
+    for stream, t in joined.max_event_ms.items():
+        max_event[stream] = max(max_event.get(stream, t), t)
+    return replace(commit, partials=[*commit.partials, *joined.partials], joins=joined.commits, max_event_ms=max_event,
+                   partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
+
+
+__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "side_events", "with_joins"]

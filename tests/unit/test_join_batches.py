@@ -1,0 +1,109 @@
+"""A window join's driver side without Spark (aggregates/joins.py): the batch's records as the
+pipeline collects them -> the rule with the stored state -> derived pane partials and state in
+one store commit -> the query's sums, latency percentiles and the ratio stat (CTR), on SQLite
+and PostgreSQL."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from aggregates.joins import WindowJoins
+from alerts.source import StoreAlertData
+from catalog import parse_catalog
+from query import compute, resolve
+from query.model import QueryError
+from store import BatchCommit
+
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+MIN = 60_000
+CONFIG = """
+streams:
+  searches: {key_field: search_id, dimensions: [query_category], allowed_lateness: 30s}
+  clicks: {key_field: search_id, dimensions: [position], allowed_lateness: 30s}
+joins:
+  - name: search_clicks
+    left: {stream: searches, key: search_id}
+    right: {stream: clicks, key: search_id}
+    within: 30m
+    late_horizon: 1h
+"""
+
+
+def records(rows) -> pa.Table:
+    """(stream, partition, offset, time, dims, ids) as the pipeline collects them."""
+    cols = list(zip(*rows)) if rows else [[]] * 6
+    return pa.table({"stream": pa.array(cols[0], pa.string()), "partition": pa.array(cols[1], pa.int32()),
+                     "offset": pa.array(cols[2], pa.int64()), "event_time": pa.array(cols[3], pa.int64()),
+                     "dims": pa.array(cols[4], pa.list_(pa.string())), "ids": pa.array(cols[5], pa.list_(pa.string()))})
+
+
+def commit(store, joins, batch_id, rows) -> None:
+    joined = joins.join(records(rows))
+    c = BatchCommit(pipeline="main", batch_id=batch_id, partials=joined.partials, events_read=0,
+                    max_event_ms=joined.max_event_ms, joins=joined.commits)
+    lateness = {n: s.allowed_lateness for n, s in joins.catalog.streams.items()}
+    assert store.commit_batch(c, lateness_ms=lateness, now_ms=T0).committed
+
+
+def query(store, catalog, metric, stat, **kw):
+    q = resolve(catalog, metric=metric, stats=[stat], start=T0, end=T0 + 3 * 3_600_000, step="1h",
+                now_ms=T0 + 10 * 3_600_000, max_points=1000, **kw)
+    lo, hi = q.range_at(T0)
+    return {tuple(sorted(s.group.items())): {p.t_ms: p for p in s.points}
+            for s in compute(store, q, lo, hi, watermark_ms=store.watermarks().get(q.stream), max_points=1000)}
+
+
+def test_searches_and_clicks_become_pairs_ctr_latency_and_unmatched_exactly_once(store_backend):
+    catalog = parse_catalog(CONFIG)
+    store = store_backend.create()
+    joins = WindowJoins(catalog, store)
+    # Batch 0: four searches in two categories; a click on s1 at +2 min; a click before its search (s4).
+    commit(store, joins, 0, [("searches", 0, 0, T0, ["books"], ["s1"]), ("searches", 0, 1, T0 + MIN, ["books"], ["s2"]),
+                             ("searches", 1, 0, T0 + 2 * MIN, ["toys"], ["s3"]),
+                             ("clicks", 0, 0, T0 + 2 * MIN, ["1"], ["s1"]), ("clicks", 0, 1, T0 + 5 * MIN, ["2"], ["s4"])])
+    # Batch 1: s4's search comes late; a second click on s1; a click whose search is unknown.
+    commit(store, joins, 1, [("searches", 1, 1, T0 + 4 * MIN, ["toys"], ["s4"]),
+                             ("clicks", 1, 0, T0 + 10 * MIN, ["1"], ["s1"]), ("clicks", 1, 1, T0 + 11 * MIN, ["1"], ["zz"])])
+    # Batch 2: both streams move on 80 min (the searches' panes of the first hour become final).
+    commit(store, joins, 2, [("searches", 0, 2, T0 + 80 * MIN, ["books"], ["s5"]),
+                             ("clicks", 0, 2, T0 + 80 * MIN, ["1"], ["other"])])
+    # Batch 3: a click on s2 after the allowed lateness, within the late horizon: still a pair,
+    # merged into its search's final pane as a correction.
+    commit(store, joins, 3, [("clicks", 0, 3, T0 + 20 * MIN, ["3"], ["s2"])])
+    assert store.join_sizes()["search_clicks"].unmatched_right == 0
+    # Batch 4: the clicks' watermark moves 3 h on: what waited expires; the clicks that matched
+    # nothing (zz, other) are counted unmatched at their own times, the state is bounded.
+    commit(store, joins, 4, [("clicks", 1, 2, T0 + 3 * 3_600_000, ["1"], ["later"])])
+    sizes = store.join_sizes()["search_clicks"]
+    assert (sizes.unmatched_right, sizes.left_rows, sizes.pending_right, sizes.pairs) == (2, 0, 1, 4)
+
+    sums = {v: query(store, catalog, f"search_clicks_{v}", "sum", group_by="query_category")
+            for v in ("searches", "pairs", "clicked")}
+    books, toys = (("query_category", "books"),), (("query_category", "toys"),)
+    assert sums["searches"][books][T0].value == 2 and sums["searches"][toys][T0].value == 2
+    assert sums["pairs"][books][T0].value == 3 and sums["pairs"][toys][T0].value == 1
+    assert sums["clicked"][books][T0].value == 2 and sums["clicked"][toys][T0].value == 1
+    ctr = query(store, catalog, "search_clicks_clicked", "ratio", group_by="query_category")
+    assert ctr[books][T0].value == 1.0 and ctr[toys][T0].value == 0.5
+    assert query(store, catalog, "search_clicks_clicked", "ratio")[()][T0].value == 0.75
+    assert query(store, catalog, "search_clicks_clicked", "ratio")[()][T0 + 3_600_000].value == 0.0
+    assert query(store, catalog, "search_clicks_clicked", "ratio")[()][T0 + 2 * 3_600_000].value is None  # 0 searches
+    assert sums["pairs"][books][T0].revision > 1  # the late pair was a correction
+    latency = query(store, catalog, "search_clicks_latency", "max")[()][T0].value
+    assert latency == 19 * MIN  # s2's late click
+    assert query(store, catalog, "search_clicks_latency", "p50")[()][T0].value in (2 * MIN, MIN, 10 * MIN, 19 * MIN)
+    # Alert rules read the same stat through the same query path.
+    windows = StoreAlertData(catalog, store).window_values("search_clicks_clicked", "ratio", T0, T0 + 3_600_000,
+                                                           ["query_category"], {})
+    assert {w.group["query_category"]: w.value for w in windows if w.group["query_category"]} == {
+        "books": 1.0, "toys": 0.5}
+    unmatched = query(store, catalog, "search_clicks_unmatched_right", "sum")[()]
+    assert unmatched[T0].value == 1 and unmatched[T0 + 3_600_000].value == 1  # at the clicks' own times
+
+
+def test_the_ratio_stat_needs_a_metric_with_ratio_of():
+    catalog = parse_catalog(CONFIG)
+    with pytest.raises(QueryError, match="no ratio_of"):
+        resolve(catalog, metric="search_clicks_pairs", stats=["ratio"], now_ms=T0, max_points=100)
+    assert "ratio" in catalog.metric("search_clicks_clicked").stats()
