@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
@@ -51,6 +52,9 @@ class StreamDef(BaseModel):
 
     name: FieldName
     description: str = ""
+    # "table": a changelog table keyed by key_field (catalog/tables.py); "stream": events.
+    kind: StreamKind = "stream"
+    tombstone_retention: DurationMs | None = None  # tables: how long the log keeps a delete
     time_field: FieldName = "time"
     key_field: FieldName | None = None
     dimensions: tuple[FieldName, ...] = ()
@@ -72,9 +76,15 @@ class StreamDef(BaseModel):
     event_id_field: FieldName | None = None
     dedup_window: DurationMs | None = None  # default DEFAULT_DEDUP_WINDOW_MS when event_id_field is set
 
+    @model_validator(mode="before")
+    @classmethod
+    def _table_op(cls, data: object) -> object:
+        return with_op_dimension(data)
+
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
         check_stream(self)
+        check_table(self)
         return self
     # Events older than (pipeline clock - retention) are dead-lettered, and panes that old are dropped.
     retention: DurationMs = 7 * 86_400_000
