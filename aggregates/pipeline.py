@@ -20,6 +20,7 @@ from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.tables import TableChanges
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
@@ -74,6 +75,7 @@ class Pipeline(ReportsStoreErrors):
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
+        self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -111,6 +113,8 @@ class Pipeline(ReportsStoreErrors):
                                   event_ids=event_ids)
             if clocks is not None:
                 commit = replace(commit, device_clocks=clocks.changed)
+            if self.tables.enabled:
+                commit = replace(commit, table_changes=self.tables.process(batch))
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())

@@ -12,6 +12,7 @@ from store.connection import Db
 from store.event_ids import EventIdCommit
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.table_state import TableChange, TableRow
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
 
@@ -91,6 +92,8 @@ class BatchCommit:
     event_ids: EventIdCommit | None = None
     # Per stream and device: the clock estimates this batch changed (aggregates/device_clocks.py).
     device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
+    # Per table and key: the batch's newest change of the row (store/table_state.py).
+    table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,14 @@ class PaneStore(ABC):
     def progress(self, pipeline: str) -> PipelineProgress: ...
 
     @abstractmethod
+    def table_row(self, stream: str, key: str) -> TableRow | None:
+        """A changelog table's current row of `key` (store/table_state.py), None when it has none."""
+        raise NotImplementedError
+
+    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
+        """A changelog table's rows in key order, the first `limit` after the key `after`."""
+        raise NotImplementedError
+
     def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
         """The stream's device clock estimates as the last batch left them."""
 

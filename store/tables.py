@@ -6,6 +6,8 @@ created also need their ALTER in SqlitePaneStore._migrate."""
 
 from __future__ import annotations
 
+from store import table_state
+
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
 CREATE TABLE IF NOT EXISTS panes (
@@ -202,6 +204,8 @@ CREATE TABLE IF NOT EXISTS first_seen (
 ) WITHOUT ROWID;
 """
 
+TABLE_STATE_TABLES = table_state.DDL
+
 # Exact duplicate drops by event id (store/event_ids.py).
 EVENT_ID_TABLES = """
 CREATE TABLE IF NOT EXISTS seen_event_ids (
@@ -223,4 +227,4 @@ CREATE TABLE IF NOT EXISTS duplicate_counts (
 );
 """
 
-STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES
+STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + TABLE_STATE_TABLES
