@@ -21,6 +21,7 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.tables import TableChanges
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
@@ -76,6 +77,7 @@ class Pipeline(ReportsStoreErrors):
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         self.joins = WindowJoins(catalog, store, kll_k=config.kll_k)  # stream-stream window joins (catalog joins:)
+        self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -120,6 +122,8 @@ class Pipeline(ReportsStoreErrors):
                 commit = replace(commit, device_clocks=clocks.changed)
             if joined is not None:  # the joins' derived panes and state, in the batch's transaction
                 commit = with_joins(commit, joined, self.joins.names)
+            if self.tables.enabled:
+                commit = replace(commit, table_changes=self.tables.process(batch))
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())

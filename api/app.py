@@ -24,6 +24,7 @@ from api import (
     membership_routes,
     query_routes,
     status_routes,
+    table_routes,
     ws_routes,
 )
 from api.audit import routes as audit_routes
@@ -100,6 +101,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(membership_routes.router(ctx))
     app.include_router(corrections_routes.router(ctx))
     app.include_router(clock_routes.router(ctx))
+    app.include_router(table_routes.router(ctx))
     if ctx.alerts is not None:
         app.include_router(alert_routes.router(ctx.alerts))
     if ctx.dashboards is not None:

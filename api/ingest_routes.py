@@ -114,6 +114,8 @@ def router(ctx: ApiContext) -> APIRouter:
         if ctx.catalog.streams[stream].derived_from:
             raise HTTPException(400, f"stream {stream!r} is derived from {ctx.catalog.streams[stream].derived_from!r}"
                                      " by the pipeline; it cannot receive events")
+        if ctx.catalog.streams[stream].kind == "table":
+            raise HTTPException(400, f"stream {stream!r} is a table: send its rows to POST /api/v1/tables/{stream}")
         body = await read_capped(request, ctx.max_body_bytes)
         token = getattr(request.state, "token", None)
         scope = f"{token.name if token else 'anonymous'} {stream}"

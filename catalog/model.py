@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.patterns import PatternDef, check_patterns
 from catalog.joins import JoinDef, expand_joins
@@ -54,6 +55,9 @@ class StreamDef(BaseModel):
 
     name: FieldName
     description: str = ""
+    # "table": a changelog table keyed by key_field (catalog/tables.py); "stream": events.
+    kind: StreamKind = "stream"
+    tombstone_retention: DurationMs | None = None  # tables: how long the log keeps a delete
     time_field: FieldName = "time"
     key_field: FieldName | None = None
     dimensions: tuple[FieldName, ...] = ()
@@ -78,9 +82,15 @@ class StreamDef(BaseModel):
     # source carries in `ids` because they are neither a dimension nor a distinct field.
     join_keys: tuple[FieldName, ...] = Field(default=(), exclude=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _table_op(cls, data: object) -> object:
+        return with_op_dimension(data)
+
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
         check_stream(self)
+        check_table(self)
         return self
     # Events older than (pipeline clock - retention) are dead-lettered, and panes that old are dropped.
     retention: DurationMs = 7 * 86_400_000

@@ -33,6 +33,7 @@ from ingest.kafka_fast_path import judge_records, vouched_batch
 from ingest.events import Event, EventValidator
 from ingest.log.kafka import topic_name
 from ingest.log.records import events_to_batch, json_to_event, with_offsets
+from ingest.tables import is_table, record_event
 from ingest.source_rows import INVALID, SOURCE_SCHEMA, SPARK_SCHEMA, error_rows, to_source_batch
 
 # The columns of Spark's Kafka rows the conversion reads (timestamp as epoch ms).
@@ -42,6 +43,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("offset", pa.int64()),
     pa.field("ingest_time", pa.int64()),
     pa.field("value", pa.binary()),
+    pa.field("key", pa.binary()),  # a table's tombstone is a key with a null value
 ])
 # Options of Spark's Kafka source that Sketchboard sets itself, and Kafka consumer settings the
 # connector refuses (it manages offsets and deserialisation itself: IllegalArgumentException).
@@ -121,12 +123,16 @@ class RecordConverter:
             validator = self._validators[stream.name] = EventValidator(stream)
         return validator
 
+    def _from_json(self, validator: EventValidator, value: bytes | None) -> Event:
+        return json_to_event(validator, value, self.limits)
+
     def convert(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         topics = batch.column("topic").to_pylist()
         partitions = batch.column("partition").to_pylist()
         offsets = batch.column("offset").to_pylist()
         times = batch.column("ingest_time").to_pylist()
         values = batch.column("value").to_pylist()
+        keys = batch.column("key").to_pylist() if "key" in batch.schema.names else [None] * len(values)
         by_topic: dict[str, list[int]] = {}
         for i, topic in enumerate(topics):
             by_topic.setdefault(topic, []).append(i)
@@ -141,7 +147,7 @@ class RecordConverter:
             reasons: list[str] = []
             for i in rows:
                 try:
-                    events.append(json_to_event(validator, values[i], self.limits))
+                    events.append(record_event(stream, validator, keys[i], values[i], times[i], self._from_json))
                     good.append(i)
                 except ValueError as exc:
                     bad.append(i)
@@ -164,7 +170,8 @@ def read_kafka(spark, catalog: Catalog, config: KafkaSourceConfig, max_records_p
     options = spark_kafka_options(config, topics, max_records_per_batch)
     records = (
         spark.readStream.format("kafka").options(**options).load()
-        .select("topic", "partition", "offset", F.unix_millis("timestamp").alias("ingest_time"), "value")
+        .select("topic", "partition", "offset", F.unix_millis("timestamp").alias("ingest_time"), "value",
+                "key")
     )
     return validated_rows(records, catalog, config.topic_prefix, config.json_limits, fast_path=config.fast_path)
 
@@ -178,7 +185,9 @@ def validated_rows(records, catalog: Catalog, prefix: str, limits: JsonLimits, *
     topics = topics_of(catalog, prefix)
     record_columns = list(records.columns)
     if fast_path:
-        records = judge_records(records, catalog, topics, limits)
+        # A table's records always take the Python path: a tombstone and the `op` of an upsert are set there.
+        events_only = {t: name for t, name in topics.items() if not is_table(catalog.stream(name))}
+        records = judge_records(records, catalog, events_only, limits)
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc

@@ -130,6 +130,9 @@ def cmd_api(args: argparse.Namespace) -> int:
             dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
             if dropped:
                 log.info("retention dropped %d records", dropped)
+            compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
+            if compacted:
+                log.info("compaction dropped %d superseded records", compacted)
 
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
     # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline

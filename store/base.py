@@ -13,6 +13,7 @@ from store.event_ids import EventIdCommit
 from store.joins import JoinCommit, JoinSizes, JoinState
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.table_state import TableChange, TableRow
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
 
@@ -94,6 +95,8 @@ class BatchCommit:
     device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
     # Per window join: its state changes (store/joins.py); its derived rows are among the partials.
     joins: Sequence[JoinCommit] = ()
+    # Per table and key: the batch's newest change of the row (store/table_state.py).
+    table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,14 @@ class PaneStore(ABC):
     def progress(self, pipeline: str) -> PipelineProgress: ...
 
     @abstractmethod
+    def table_row(self, stream: str, key: str) -> TableRow | None:
+        """A changelog table's current row of `key` (store/table_state.py), None when it has none."""
+        raise NotImplementedError
+
+    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
+        """A changelog table's rows in key order, the first `limit` after the key `after`."""
+        raise NotImplementedError
+
     def device_clocks(self, stream: str) -> dict[str, DeviceClock]:
         """The stream's device clock estimates as the last batch left them."""
 

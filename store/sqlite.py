@@ -37,7 +37,8 @@ from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES
+from store import table_state
+from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -51,7 +52,7 @@ class SqlitePaneStore(PaneStore):
         self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
-            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES)
+            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -124,6 +125,7 @@ class SqlitePaneStore(PaneStore):
                             log_end_offsets=commit.log_end_offsets, placeholder="?")
         if commit.joins:
             join_store.apply(conn.cursor(), commit.joins, "?")
+        table_state.apply(conn.cursor(), commit.table_changes, commit.batch_id, now_ms, "?")
         self._prune(commit, retention_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
@@ -420,6 +422,16 @@ class SqlitePaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._lock:
             return join_store.sizes(self._conn.cursor())
+
+    def table_row(self, stream: str, key: str) -> table_state.TableRow | None:
+        with self._lock:
+            found = self._conn.execute(table_state.row_query("?"), (stream, key)).fetchone()
+        return None if found is None else table_state.to_row(found)
+
+    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+        with self._lock:
+            found = self._conn.execute(table_state.page_query("?"), (stream, after, limit)).fetchall()
+        return [table_state.to_row(r) for r in found]
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:

@@ -7,6 +7,7 @@ created also need their ALTER in SqlitePaneStore._migrate."""
 from __future__ import annotations
 
 from store.joins import JOIN_TABLES  # window joins' state (store/joins.py)
+from store import table_state
 
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
@@ -204,6 +205,8 @@ CREATE TABLE IF NOT EXISTS first_seen (
 ) WITHOUT ROWID;
 """
 
+TABLE_STATE_TABLES = table_state.DDL
+
 # Exact duplicate drops by event id (store/event_ids.py).
 EVENT_ID_TABLES = """
 CREATE TABLE IF NOT EXISTS seen_event_ids (
@@ -225,4 +228,4 @@ CREATE TABLE IF NOT EXISTS duplicate_counts (
 );
 """
 
-STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES
+STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES

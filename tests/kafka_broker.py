@@ -63,6 +63,8 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         # Topics exist because Sketchboard created them (or the test did), never by accident.
         "auto.create.topics.enable=false",
         "num.partitions=1",
+        # The log cleaner looks for compacted topics to clean every 200 ms (tests/spark/test_tables.py).
+        "log.cleaner.backoff.ms=200",
         "",
     ])
 

@@ -11,6 +11,9 @@ from api.security.scopes import Scope
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 OPEN_PREFIXES = ("/static/",)
 INGEST = {("POST", "/api/v1/events")}
+# Changelog tables' writes (POST rows, DELETE a key): a producer's, like events.
+INGEST_PREFIXES = ("/api/v1/tables/",)
+INGEST_METHODS = frozenset({"POST", "DELETE"})
 ADMIN_READS = frozenset({"/api/v1/audit"})  # who changed what, from where: for operators only
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -21,7 +24,7 @@ def required_scope(method: str, path: str, public: frozenset[str] = frozenset())
     paths the operator made open (/metrics with metrics_public, for a scraper without a token)."""
     if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or (method in READ_METHODS and path in public):
         return None
-    if (method, path) in INGEST:
+    if (method, path) in INGEST or (method in INGEST_METHODS and path.startswith(INGEST_PREFIXES)):
         return Scope.INGEST
     if path in ADMIN_READS:
         return Scope.ADMIN

@@ -81,6 +81,12 @@ class EventLog(ABC):
         """Drop whole segments older than max_age or beyond the size budget; return records dropped.
         (Kafka: the topic's own retention applies; this drops nothing.)"""
 
+    def compact(self, now_ms: int) -> int:
+        """One compaction pass over the changelog tables' partitions (kind: table): the newest
+        record per key stays, older ones and expired tombstones go, offsets never change; return
+        the records dropped. (Kafka: the broker compacts a table's topic, cleanup.policy=compact.)"""
+        return 0
+
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         """When the record at this offset was appended (epoch ms), or None where the backend
         cannot tell cheaply or the offset is not retained. Used for lag in seconds

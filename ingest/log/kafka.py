@@ -32,10 +32,12 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Kafka
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from catalog import StreamDef
+from catalog.tables import tombstone_retention_ms
 from ingest.events import Event, EventValidator
 from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.partitioner import assign_partitions
+from ingest.tables import is_table, record_event, record_value
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,19 @@ _READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time 
 
 def topic_name(prefix: str, stream: str) -> str:
     return f"{prefix}{stream}"
+
+
+CLEANUP_POLICY = "cleanup.policy"
+
+
+def topic_config(stream: StreamDef) -> dict[str, str]:
+    """The configuration of a new topic: broker append times; a table's topic is compacted (the
+    newest record per key kept, tombstones removed after the table's tombstone_retention)."""
+    config = {TIMESTAMP_TYPE: LOG_APPEND_TIME}
+    if is_table(stream):
+        config[CLEANUP_POLICY] = "compact"
+        config["delete.retention.ms"] = str(tombstone_retention_ms(stream))
+    return config
 
 
 def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: str | None) -> list[str]:
@@ -172,7 +187,7 @@ class KafkaEventLog(EventLog):
         if partitions is None:
             new = NewTopic(topic, num_partitions=stream.partitions,
                            replication_factor=self.replication_factor or -1,
-                           config={TIMESTAMP_TYPE: LOG_APPEND_TIME})
+                           config=topic_config(stream))
             future = self._admin.create_topics([new], request_timeout=self.timeout_s)[topic]
             try:
                 future.result()
@@ -240,7 +255,7 @@ class KafkaEventLog(EventLog):
         delivery = _Delivery(len(events))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
         for event, partition in zip(events, targets, strict=True):
-            value = event_to_json(stream, event)
+            value = record_value(stream, event, event_to_json)  # a table's tombstone: null
             key = None if event.key is None else event.key.encode("utf-8")
             while True:
                 try:
@@ -337,7 +352,7 @@ class KafkaEventLog(EventLog):
             offsets, events, times = [], [], []
             for msg in records:
                 try:
-                    event = json_to_event(validator, msg.value())
+                    event = record_event(stream, validator, msg.key(), msg.value(), _timestamp(msg), json_to_event)
                 except ValueError:
                     continue  # not an event under this definition: left out (the pipeline dead-letters it)
                 offsets.append(msg.offset())

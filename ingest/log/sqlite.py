@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from catalog import StreamDef
 from ingest.events import Event
 from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
+from ingest.log import sqlite_compaction as compaction
 from ingest.log.records import (
-    columns_to_batch, decode_segment, encode_segment, events_to_batch, project, with_offsets,
+    OFFSET, columns_to_batch, decode_segment, encode_segment, events_to_batch, project, with_offsets,
 )
 from ingest.partitioner import assign_partitions, assign_partitions_columnar
 
@@ -50,6 +52,12 @@ CREATE TABLE IF NOT EXISTS segments (
     data BLOB NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS segments_by_offset ON segments (stream, partition, base_offset);
+-- Changelog tables (kind: table): compacted (ingest/log/compaction.py) instead of dropped by age.
+CREATE TABLE IF NOT EXISTS compacted_topics (
+    stream TEXT PRIMARY KEY,
+    key_field TEXT NOT NULL,
+    tombstone_retention_ms INTEGER NOT NULL
+);
 """
 
 
@@ -86,6 +94,7 @@ class SqliteEventLog(EventLog):
                 "INSERT OR IGNORE INTO partitions (stream, partition) VALUES (?, ?)",
                 [(stream.name, p) for p in range(stream.partitions)],
             )
+            compaction.register(self._conn, stream)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -186,7 +195,15 @@ class SqliteEventLog(EventLog):
             lo, hi = max(start, base), min(end, base + count)
             if lo >= hi:
                 continue
-            batch = project(decode_segment(data), stream).slice(lo - base, hi - lo)
+            segment = decode_segment(data)
+            if OFFSET in segment.schema.names:  # compacted: its records keep their own offsets
+                offsets = segment.column(OFFSET)
+                inside = pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))
+                batch = project(segment, stream).filter(inside)
+                if batch.num_rows:
+                    yield with_offsets(offsets.filter(inside).to_pylist(), batch)
+                continue
+            batch = project(segment, stream).slice(lo - base, hi - lo)
             yield with_offsets(range(lo, hi), batch)
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
@@ -219,10 +236,16 @@ class SqliteEventLog(EventLog):
 
     # -- retention ----------------------------------------------------------------------
 
+    def compact(self, now_ms: int) -> int:
+        """One compaction pass over every table's partitions (ingest/log/sqlite_compaction.py)."""
+        return compaction.compact(self, now_ms)
+
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
         dropped = 0
         with self._lock, _transaction(self._conn):
-            parts = self._conn.execute("SELECT stream, partition FROM partitions").fetchall()
+            # A table's partitions are compacted, never cut by age or size: its old rows are its state.
+            parts = self._conn.execute("SELECT stream, partition FROM partitions"
+                                       " WHERE stream NOT IN (SELECT stream FROM compacted_topics)").fetchall()
             for stream, partition in parts:
                 rows = self._conn.execute(
                     "SELECT base_offset, record_count, max_ingest_ms, bytes FROM segments"

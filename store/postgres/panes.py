@@ -48,6 +48,7 @@ from store.commit_plan import (
     tier_row_after,
 )
 from store.connection import where as where_clause
+from store import table_state
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
@@ -188,6 +189,9 @@ class PostgresPaneStore(PaneStore):
                     "INSERT INTO pipeline_offsets (pipeline, stream, partition, end_offset) VALUES (%s, %s, %s, %s)"
                     " ON CONFLICT (pipeline, stream, partition) DO UPDATE SET end_offset = excluded.end_offset",
                     offsets)
+        if commit.table_changes:
+            with conn.cursor() as cur:
+                table_state.apply(cur, commit.table_changes, commit.batch_id, now_ms, "%s")
         if commit.bloom is not None:
             apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         if commit.event_ids is not None:
@@ -367,6 +371,13 @@ class PostgresPaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
+
+    def table_row(self, stream: str, key: str) -> table_state.TableRow | None:
+        found = self._one(table_state.row_query("%s"), (stream, key))
+        return None if found is None else table_state.to_row(found)
+
+    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+        return [table_state.to_row(r) for r in self._all(table_state.page_query("%s"), (stream, after, limit))]
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"

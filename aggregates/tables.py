@@ -1,0 +1,62 @@
+"""Changelog tables in the pipeline: each batch's newest change per key, for the store's table_rows.
+
+The change records of a table stream (ingest/tables.py) are aggregated into panes like any
+stream's events (their counts per `op` are the table's change stream), and besides that the
+newest change of each key in the batch is picked on the executors (max_by over the log order)
+and written with the batch (store/table_state.py): the table's current rows, exactly once.
+Every change the source could read counts, also one the panes dead-letter as too old: a table's
+rows do not expire (a compacted log keeps a row of years ago, and replaying it must give it back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from catalog import Catalog, StreamDef
+from catalog.tables import DELETE, OP_FIELD, row_columns
+from store.table_state import TableChange
+
+
+class TableChanges:
+    def __init__(self, catalog: Catalog):
+        self.tables = {name: s for name, s in catalog.streams.items() if s.kind == "table"}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tables)
+
+    def process(self, batch: DataFrame) -> dict[str, dict[str, TableChange]]:
+        """Per table and key: the batch's newest change (a Spark job over the batch's table rows)."""
+        key = None
+        for name, stream in self.tables.items():
+            at = F.col("ids")[stream.distinct_fields.index(stream.key_field)]
+            key = F.when(F.col("stream") == name, at) if key is None else key.when(F.col("stream") == name, at)
+        newest = (
+            batch.where(F.col("stream").isin(list(self.tables)) & F.col("error").isNull())
+            .select("stream", key.alias("key"), "dims", "vals", "event_time", "partition", "offset", "ingest_time")
+            .where(F.col("key").isNotNull())
+            .groupBy("stream", "key")
+            .agg(F.max_by(F.struct("dims", "vals", "event_time", "partition", "offset"),
+                          F.struct("ingest_time", "offset")).alias("last"))
+        )
+        out: dict[str, dict[str, TableChange]] = {}
+        for row in newest.collect():
+            last = row["last"]
+            out.setdefault(row["stream"], {})[row["key"]] = change_of(
+                self.tables[row["stream"]], last["dims"], last["vals"], last["event_time"], last["partition"],
+                last["offset"])
+        return out
+
+
+def change_of(stream: StreamDef, dims, vals, event_time_ms: int, partition: int, offset: int) -> TableChange:
+    """A source row of a table (dims and vals in the declared order) as the change of its key's row."""
+    by_dim: Mapping[str, str] = dict(zip(stream.dimensions, dims or (), strict=False))
+    if by_dim.get(OP_FIELD) == DELETE:
+        return TableChange(None, event_time_ms, partition, offset)
+    strings, numbers = row_columns(stream)
+    row = {name: by_dim.get(name, "") for name in strings}
+    row.update(zip(numbers, vals or (), strict=False))
+    return TableChange(row, event_time_ms, partition, offset)

@@ -1,0 +1,158 @@
+"""Changelog tables (kind: table): write rows, delete keys, read the current state.
+
+- POST /api/v1/tables/{name}: a JSON array or NDJSON of rows, each an upsert of its key's row,
+  or a delete with `"_deleted": true`; validated one by one (ingest/tables.py), the accepted
+  ones appended to the log with the key as the record key (one key, one partition, in order).
+- DELETE /api/v1/tables/{name}/{key}: one delete (a tombstone).
+- GET /api/v1/tables/{name}?key=K: the key's current row; without `key`, the rows in key
+  order, `limit` at a time, the next page after `cursor` (the last key of the page before).
+The state is what the pipeline has committed (store/table_state.py): a change shows there
+once its batch is committed, as a change shows in panes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.bodies import MalformedLine, parse_events, read_capped
+from api.context import ApiContext
+from api.errors import errors
+from api.ingest_routes import RejectedEvent, rate_limit_events
+from catalog import StreamDef
+from ingest.events import Event
+from ingest.json_limits import violation
+from ingest.log import LogUnavailable
+from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone, tombstone
+
+MAX_PAGE = 1000
+
+
+class TableWriteAnswer(BaseModel):
+    table: str
+    upserts: int = Field(description="rows accepted as upserts")
+    deletes: int = Field(description="rows accepted as deletes (tombstones)")
+    rejected: list[RejectedEvent]
+    ingest_time_ms: int
+    partitions: dict[int, tuple[int, int]] = Field(description="partition -> (first offset, records written)")
+
+
+class TableRowOut(BaseModel):
+    key: str
+    row: dict[str, Any] = Field(description="the row's columns: its dimensions (strings) and values (numbers)")
+    event_time_ms: int = Field(description="the time of the change that set the row")
+    partition: int
+    offset: int = Field(description="where that change is in the log")
+    updated_at_ms: int = Field(description="when the pipeline committed it")
+
+
+class TableRowAnswer(BaseModel):
+    table: str
+    key: str
+    row: TableRowOut
+
+
+class TablePage(BaseModel):
+    table: str
+    rows: list[TableRowOut]
+    next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null: no more rows")
+
+
+_ROWS_BODY = {"requestBody": {
+    "required": True,
+    "description": "rows: a JSON array, or NDJSON (one row per line); a row is an object with the table's key, its"
+                   f" dimensions and values (and optionally its time field); `\"{DELETED_FLAG}\": true` with the key"
+                   " deletes the row",
+    "content": {"application/json": {"schema": {"type": "array", "items": {"description": "a row"}}},
+                "application/x-ndjson": {"schema": {"type": "string", "description": "one row per line"}}},
+}}
+
+
+def router(ctx: ApiContext) -> APIRouter:
+    r = APIRouter(prefix="/api/v1/tables", tags=["tables"])
+    validators = {name: TableRowValidator(s) for name, s in ctx.catalog.streams.items() if s.kind == "table"}
+
+    def table(name: str) -> StreamDef:
+        stream = ctx.catalog.streams.get(name)
+        if stream is None or stream.kind != "table":
+            raise HTTPException(404, f"unknown table {name!r}; tables: {', '.join(sorted(validators)) or 'none'}")
+        return stream
+
+    async def append(stream: StreamDef, events: list[Event], rejected: list[RejectedEvent],
+                     now: int) -> TableWriteAnswer:
+        try:
+            result = await run_in_threadpool(ctx.log.append, stream, events, now) if events else None
+        except LogUnavailable as exc:
+            raise HTTPException(503, f"the log did not take the rows, none is reported accepted: {exc}") from None
+        deletes = sum(1 for e in events if is_tombstone(stream, e))
+        return TableWriteAnswer(table=stream.name, upserts=len(events) - deletes, deletes=deletes, rejected=rejected,
+                                ingest_time_ms=now, partitions=result.ranges if result else {})
+
+    @r.post("/{name}", response_model=TableWriteAnswer, openapi_extra=_ROWS_BODY,
+            responses=errors(400, 404, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array)",
+                             e404="unknown table", e413="body or row count over the configured limit",
+                             e503="the log did not acknowledge the rows"),
+            summary="Upsert or delete rows of a changelog table (JSON array or NDJSON)")
+    async def post_rows(request: Request, name: str) -> TableWriteAnswer:
+        stream = table(name)
+        body = await read_capped(request, ctx.max_body_bytes)
+        raws = parse_events(body, request.headers.get("content-type", ""))
+        if len(raws) > ctx.max_events_per_request:
+            raise HTTPException(413, f"{len(raws)} rows exceed the limit of {ctx.max_events_per_request} per request")
+        rate_limit_events(ctx, request, len(raws))
+        now = ctx.now_ms()
+        validator = validators[name]
+        events, rejected = [], []
+        for index, raw in enumerate(raws):
+            if isinstance(raw, MalformedLine):
+                rejected.append(RejectedEvent(index=index, reason=raw.reason))
+                continue
+            try:
+                events.append(validator.validate(raw, now))
+            except ValueError as exc:
+                rejected.append(RejectedEvent(index=index, reason=str(exc)))
+                continue
+            problem = violation(raw, ctx.security.json_limits)
+            if problem:
+                events.pop()
+                rejected.append(RejectedEvent(index=index, reason=problem))
+        return await append(stream, events, rejected, now)
+
+    @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
+              responses=errors(400, 404, 503, e400="an empty key", e404="unknown table",
+                               e503="the log did not acknowledge the delete"),
+              summary="Delete one row of a changelog table (appends a tombstone)")
+    async def delete_row(request: Request, name: str, key: str) -> TableWriteAnswer:
+        stream = table(name)
+        if not key:
+            raise HTTPException(400, "key must not be empty")
+        rate_limit_events(ctx, request, 1)
+        now = ctx.now_ms()
+        return await append(stream, [tombstone(stream, key, now)], [], now)
+
+    @r.get("/{name}", response_model=TableRowAnswer | TablePage,
+           responses=errors(400, 404, e404="unknown table, or no row with this key"),
+           summary="A changelog table's current state: one row (?key=) or a page of rows")
+    def get_rows(name: str,
+                 key: str | None = Query(None, description="the row's key: answer that row only"),
+                 limit: int = Query(100, ge=1, le=MAX_PAGE, description="rows per page"),
+                 cursor: str = Query("", description="the next_cursor of the page before")) -> TableRowAnswer | TablePage:
+        table(name)
+        if key is not None:
+            found = ctx.store.table_row(name, key)
+            if found is None:
+                raise HTTPException(404, f"table {name!r} has no row with key {key!r}")
+            return TableRowAnswer(table=name, key=key, row=_out(found))
+        rows = ctx.store.table_rows(name, after=cursor, limit=limit)
+        return TablePage(table=name, rows=[_out(row) for row in rows],
+                         next_cursor=rows[-1].key if len(rows) == limit else None)
+
+    return r
+
+
+def _out(row) -> TableRowOut:
+    return TableRowOut(key=row.key, row=row.row, event_time_ms=row.event_time_ms, partition=row.partition,
+                       offset=row.offset, updated_at_ms=row.updated_at_ms)

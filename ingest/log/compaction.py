@@ -1,0 +1,40 @@
+"""Log compaction of a changelog table's partition: which records a pass may drop. Pure, no I/O.
+
+As Kafka's log cleaner does: of each key only its newest record is kept (older ones are
+superseded: a consumer replaying the partition from its start ends with the same rows), and a
+newest record that is a tombstone is dropped too once it is older than the tombstone retention
+(so a consumer that was behind by less than that still sees the delete). Keyless records are
+kept. Offsets never change: the kept records keep theirs, and gaps are left where records went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    offset: int
+    key: str | None
+    tombstone: bool
+    ingest_time_ms: int
+
+
+def offsets_to_drop(changes: Iterable[Change], *, now_ms: int, tombstone_retention_ms: int) -> set[int]:
+    """The offsets a compaction pass may drop from a partition holding `changes` (any order)."""
+    newest: dict[str, Change] = {}
+    drop: set[int] = set()
+    for change in changes:
+        if change.key is None:
+            continue
+        held = newest.get(change.key)
+        if held is None or change.offset > held.offset:
+            if held is not None:
+                drop.add(held.offset)
+            newest[change.key] = change
+        else:
+            drop.add(change.offset)
+    horizon = now_ms - tombstone_retention_ms
+    drop.update(c.offset for c in newest.values() if c.tombstone and c.ingest_time_ms < horizon)
+    return drop

@@ -1,0 +1,101 @@
+"""The embedded log's compaction pass over changelog tables (the selection: ingest/log/compaction.py).
+
+A pass reads a table partition's segments without holding the log's write lock, decides which
+records go, then rewrites only the segments that lose records, in one short transaction: each
+keeps its base offset and offset span, its remaining records carry their offsets in an
+`__offset` column (read by SqliteEventLog.read), and a segment left empty is deleted. Appends
+only add segments above the partition's end, so they never wait on the decoding; a segment that
+changed meanwhile (retention, another pass) is left for the next pass.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from catalog import StreamDef
+from catalog.tables import DELETE, OP_FIELD, tombstone_retention_ms
+from ingest.log.compaction import Change, offsets_to_drop
+from ingest.log.records import INGEST_TIME, OFFSET, decode_segment, encode_segment
+
+if TYPE_CHECKING:
+    from ingest.log.sqlite import SqliteEventLog
+
+
+def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
+    """Inside ensure_topic's transaction: a table's partitions are compacted, an event stream's are not."""
+    if stream.kind == "table":
+        conn.execute("INSERT INTO compacted_topics (stream, key_field, tombstone_retention_ms) VALUES (?, ?, ?)"
+                     " ON CONFLICT (stream) DO UPDATE SET key_field = excluded.key_field,"
+                     " tombstone_retention_ms = excluded.tombstone_retention_ms",
+                     (stream.name, stream.key_field, tombstone_retention_ms(stream)))
+    else:
+        conn.execute("DELETE FROM compacted_topics WHERE stream = ?", (stream.name,))
+
+
+def compact(log: SqliteEventLog, now_ms: int) -> int:
+    """One pass over every compacted partition; returns the records dropped."""
+    from ingest.log.sqlite import _transaction
+
+    with log._lock:
+        tables = log._conn.execute(
+            "SELECT t.stream, t.key_field, t.tombstone_retention_ms, p.partition FROM compacted_topics t"
+            " JOIN partitions p ON p.stream = t.stream ORDER BY t.stream, p.partition").fetchall()
+    dropped = 0
+    for stream, key_field, retention_ms, partition in tables:
+        with log._lock:
+            segments = log._conn.execute(
+                "SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ? AND partition = ?"
+                " ORDER BY base_offset", (stream, partition)).fetchall()
+        decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
+        changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
+        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms)
+        if not drop:
+            continue
+        rewrites = []  # (base, old size, new data or None)
+        for base, _, size, batch in decoded:
+            offsets = _offsets(base, batch)
+            keep = ~np.isin(offsets, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+            if keep.all():
+                continue
+            if not keep.any():
+                rewrites.append((base, size, None))
+                continue
+            kept = batch.drop_columns([OFFSET]) if OFFSET in batch.schema.names else batch
+            kept = kept.filter(pa.array(keep)).append_column(OFFSET, pa.array(offsets[keep], pa.int64()))
+            rewrites.append((base, size, encode_segment(kept)))
+        with log._lock, _transaction(log._conn):
+            for base, size, data in rewrites:
+                row = log._conn.execute(
+                    "SELECT record_count, bytes, data FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
+                    (stream, partition, base)).fetchone()
+                if row is None or row[1] != size:
+                    continue  # changed since it was read: the next pass sees it again
+                before = decode_segment(row[2]).num_rows
+                if data is None:
+                    log._conn.execute("DELETE FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
+                                      (stream, partition, base))
+                    dropped += before
+                else:
+                    log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
+                                      " AND base_offset = ?", (data, len(data), stream, partition, base))
+                    dropped += before - decode_segment(data).num_rows
+    return dropped
+
+
+def _offsets(base: int, batch: pa.RecordBatch) -> np.ndarray:
+    if OFFSET in batch.schema.names:
+        return batch.column(OFFSET).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.arange(base, base + batch.num_rows, dtype=np.int64)
+
+
+def _changes(base: int, batch: pa.RecordBatch, key_field: str) -> list[Change]:
+    names = batch.schema.names
+    n = batch.num_rows
+    keys = batch.column(key_field).to_pylist() if key_field in names else [None] * n
+    ops = batch.column(OP_FIELD).to_pylist() if OP_FIELD in names else [None] * n
+    times = batch.column(INGEST_TIME).to_pylist()
+    return [Change(int(o), k, op == DELETE, t) for o, k, op, t in zip(_offsets(base, batch), keys, ops, times)]

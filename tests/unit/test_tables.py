@@ -1,0 +1,250 @@
+"""Changelog tables (kind: table) without Spark: the catalog's rules, rows and tombstones as log
+records on both record formats, the compaction selection (Hypothesis) and the embedded log's
+compaction pass (offsets kept, reads and a replay from offset 0 giving the same table)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog import Catalog, parse_catalog
+from catalog.tables import DELETE, UPSERT
+from ingest.kafka_source import RECORD_SCHEMA, RecordConverter
+from ingest.log import SqliteEventLog
+from ingest.log.compaction import Change, offsets_to_drop
+from ingest.log.kafka import topic_config
+from ingest.log.records import event_to_json, json_to_event
+from ingest.tables import TableRowValidator, is_tombstone, record_event, record_value, tombstone
+
+T0 = 1_700_000_000_000
+CONFIG = """
+streams:
+  users:
+    kind: table
+    key_field: user_id
+    dimensions: [plan, country]
+    values: [credit]
+    partitions: 2
+    tombstone_retention: 1h
+"""
+
+
+@pytest.fixture(scope="module")
+def users():
+    return parse_catalog(CONFIG).streams["users"]
+
+
+# -- catalog -------------------------------------------------------------------------------------
+
+
+def test_a_table_has_the_implicit_op_dimension_and_survives_a_round_trip(users):
+    assert users.kind == "table"
+    assert users.dimensions == ("op", "plan", "country")
+    assert users.distinct_fields == ("user_id",)
+    again = Catalog.model_validate_json(parse_catalog(CONFIG).model_dump_json())
+    assert again.streams["users"] == users
+    assert parse_catalog("streams: {s: {key_field: k}}").streams["s"].kind == "stream"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("{kind: table}", "needs key_field"),
+    ("{kind: table, key_field: u, event_id_field: e}", "cannot declare event_id_field"),
+    ("{kind: table, key_field: u, sessions: {key: u}}", "cannot declare sessions"),
+    ("{kind: table, key_field: u, sent_time_field: s}", "cannot declare sent_time_field"),
+    ("{kind: table, key_field: u, distinct: [x]}", "must include its key_field"),
+    ("{kind: table, key_field: u, values: [op]}", "implicit dimension"),
+    ("{kind: table, key_field: u, dimensions: [u]}", "cannot also be a dimension"),
+    ("{key_field: u, tombstone_retention: 1h}", "tombstone_retention is a setting of tables"),
+    ("{kind: view, key_field: u}", "kind"),
+])
+def test_what_a_table_may_not_declare_is_refused_with_its_reason(extra, message):
+    with pytest.raises(Exception, match=message):
+        parse_catalog(f"streams:\n  t: {extra}\n")
+
+
+# -- rows ----------------------------------------------------------------------------------------
+
+
+def test_rows_are_upserts_and_a_flagged_row_a_tombstone(users):
+    v = TableRowValidator(users)
+    up = v.validate({"user_id": "u1", "plan": "pro", "credit": 3}, T0)
+    assert (up.key, up.event_time_ms, up.strings["op"], up.strings["plan"], up.numbers["credit"]) == \
+        ("u1", T0, UPSERT, "pro", 3.0)
+    assert up.strings["country"] == ""
+    timed = v.validate({"user_id": "u1", "time": T0 - 5}, T0)
+    assert timed.event_time_ms == T0 - 5
+    gone = v.validate({"user_id": "u1", "_deleted": True}, T0)
+    assert is_tombstone(users, gone) and gone.key == "u1" and gone.strings["op"] == DELETE
+    assert not is_tombstone(users, up)
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ([1], "must be a JSON object"),
+    ({"plan": "pro"}, "user_id: required field is missing"),
+    ({"user_id": "u", "op": "delete"}, "op: set by Sketchboard"),
+    ({"user_id": "u", "age": 3}, "age: not a column of table 'users'"),
+    ({"user_id": "u", "_deleted": "yes"}, "_deleted: must be true or false"),
+    ({"user_id": "u", "plan": "x", "_deleted": True}, "plan: a delete carries only the key"),
+    ({"user_id": "u", "credit": "lots"}, "credit: must be a number"),
+])
+def test_bad_rows_are_refused_with_their_reason(users, row, message):
+    with pytest.raises(ValueError, match=message):
+        TableRowValidator(users).validate(row, T0)
+
+
+def test_kafka_records_a_tombstone_is_a_null_value_and_reads_back(users):
+    v = TableRowValidator(users)
+    up, gone = v.validate({"user_id": "u1", "plan": "pro"}, T0), tombstone(users, "u2", T0 + 1)
+    assert record_value(users, gone, event_to_json) is None
+    value = record_value(users, up, event_to_json)
+    back = record_event(users, v.events, b"u1", value, T0 + 9, json_to_event)
+    assert back == up
+    assert record_event(users, v.events, b"u2", None, T0 + 1, json_to_event) == gone
+    with pytest.raises(ValueError, match="without a key"):
+        record_event(users, v.events, None, None, T0, json_to_event)
+    # A direct producer's JSON row (no op) is an upsert; an event stream still refuses a null value.
+    direct = record_event(users, v.events, b"u3", b'{"user_id":"u3","time":1700000000000}', T0, json_to_event)
+    assert direct.strings["op"] == UPSERT
+    events = parse_catalog("streams: {s: {key_field: k}}").streams["s"]
+    from ingest.events import EventValidator
+
+    with pytest.raises(ValueError, match="tombstone"):
+        record_event(events, EventValidator(events), b"k", None, T0, json_to_event)
+
+
+def test_the_kafka_source_turns_a_tables_records_into_rows_tombstones_included(users):
+    catalog = parse_catalog(CONFIG)
+    up = record_value(users, TableRowValidator(users).validate({"user_id": "u1", "plan": "pro"}, T0), event_to_json)
+    batch = pa.RecordBatch.from_pylist([
+        {"topic": "p.users", "partition": 1, "offset": 7, "ingest_time": T0, "value": up, "key": b"u1"},
+        {"topic": "p.users", "partition": 1, "offset": 8, "ingest_time": T0 + 1, "value": None, "key": b"u1"},
+        {"topic": "p.users", "partition": 1, "offset": 9, "ingest_time": T0 + 2, "value": None, "key": None},
+    ], schema=RECORD_SCHEMA)
+    rows = pa.Table.from_batches(list(RecordConverter(catalog, "p.").convert(batch))).to_pylist()
+    by_offset = {r["offset"]: r for r in rows}
+    assert by_offset[7]["dims"] == ["upsert", "pro", ""] and by_offset[7]["ids"] == ["u1"]
+    assert by_offset[8]["dims"] == ["delete", "", ""] and by_offset[8]["event_time"] == T0 + 1
+    assert by_offset[9]["error_kind"] == "invalid" and "without a key" in by_offset[9]["error"]
+
+
+def test_a_tables_kafka_topic_is_compacted(users):
+    assert topic_config(users) == {"message.timestamp.type": "LogAppendTime", "cleanup.policy": "compact",
+                                   "delete.retention.ms": "3600000"}
+    events = parse_catalog("streams: {s: {key_field: k}}").streams["s"]
+    assert "cleanup.policy" not in topic_config(events)
+
+
+# -- compaction selection ------------------------------------------------------------------------
+
+changes_strategy = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.booleans(),
+                                      st.integers(0, 100)), max_size=60)
+
+
+def as_changes(raw) -> list[Change]:
+    return [Change(offset, key, dead, at) for offset, (key, dead, at) in enumerate(raw)]
+
+
+def replay(changes) -> dict[str, int]:
+    """The table a consumer builds from offset 0: key -> offset of the row's change."""
+    table: dict[str, int] = {}
+    for c in sorted(changes, key=lambda c: c.offset):
+        if c.key is None:
+            continue
+        if c.tombstone:
+            table.pop(c.key, None)
+        else:
+            table[c.key] = c.offset
+    return table
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes_strategy, st.integers(0, 150), st.integers(0, 100))
+def test_a_compacted_partition_replays_to_the_same_table(raw, now, retention):
+    changes = as_changes(raw)
+    drop = offsets_to_drop(changes, now_ms=now, tombstone_retention_ms=retention)
+    kept = [c for c in changes if c.offset not in drop]
+    assert replay(kept) == replay(changes)
+    # At most one record per key is kept; the newest one of each key always is, unless it is a
+    # tombstone past its retention; keyless records are never dropped.
+    newest = {c.key: c for c in changes if c.key is not None}
+    assert len([c for c in kept if c.key is not None]) <= len(newest)
+    for key, c in newest.items():
+        assert (c.offset in drop) == (c.tombstone and c.ingest_time_ms < now - retention), key
+    assert all(c.offset not in drop for c in changes if c.key is None)
+    # A second pass at the same time drops nothing more.
+    assert offsets_to_drop(kept, now_ms=now, tombstone_retention_ms=retention) == set()
+
+
+# -- the embedded log's compaction pass ----------------------------------------------------------
+
+
+def table_of(log, stream) -> dict[str, tuple]:
+    """Replay every partition from its start: key -> (plan, credit) of its newest row."""
+    table: dict[str, tuple] = {}
+    for partition, offsets in log.offsets(stream.name).items():
+        for batch in log.read(stream, partition, offsets.start, offsets.end):
+            for r in batch.to_pylist():
+                if r["op"] == DELETE:
+                    table.pop(r["user_id"], None)
+                else:
+                    table[r["user_id"]] = (r["plan"], r["credit"])
+    return table
+
+
+def all_offsets(log, stream) -> dict[int, list[int]]:
+    return {p: [o for b in log.read(stream, p, 0, offs.end) for o in b.column(0).to_pylist()]
+            for p, offs in log.offsets(stream.name).items()}
+
+
+def test_compaction_keeps_offsets_and_the_table_and_drops_old_tombstones(tmp_path, users):
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    v = TableRowValidator(users)
+    for round_ in range(5):  # five appends (segments) of the same 40 keys, then deletes of 10
+        log.append(users, [v.validate({"user_id": f"u{k}", "plan": f"p{round_}", "credit": round_ * k}, T0)
+                           for k in range(40)], T0 + round_)
+    log.append(users, [tombstone(users, f"u{k}", T0 + 10) for k in range(10)], T0 + 10)
+    before, offsets_before = table_of(log, users), log.offsets("users")
+    assert len(before) == 30
+
+    dropped = log.compact(T0 + 20)  # tombstones younger than their hour: kept
+    assert dropped == 40 * 4 + 10
+    assert table_of(log, users) == before
+    assert log.offsets("users") == offsets_before  # start and end offsets never change
+    kept = all_offsets(log, users)
+    assert sum(len(o) for o in kept.values()) == 40
+    for offsets in kept.values():  # per partition: its keys' last round and its tombstones, in order
+        keys = len(offsets)
+        assert offsets == sorted(offsets) and all(o >= 4 * keys - 1 for o in offsets)
+    # Reading from an offset inside a compacted segment gives the records from there on only.
+    p, offsets = next((p, o) for p, o in kept.items() if len(o) > 2)
+    assert [o for b in log.read(users, p, offsets[1], offsets_before[p].end) for o in b.column(0).to_pylist()] \
+        == offsets[1:]
+
+    assert log.compact(T0 + 20) == 0  # nothing more at the same time
+    assert log.compact(T0 + 10 + 3_600_001) == 10  # the tombstones' hour is over
+    assert table_of(log, users) == before
+    assert log.offsets("users") == offsets_before
+    # New rows after a compaction land at the end as usual, and the next pass takes the old ones.
+    log.append(users, [v.validate({"user_id": "u20", "plan": "new"}, T0)], T0 + 30)
+    assert log.compact(T0 + 10 + 3_600_001) == 1
+    assert table_of(log, users)["u20"] == ("new", None)
+    log.close()
+
+
+def test_retention_by_age_spares_tables_and_an_event_stream_is_not_compacted(tmp_path, users):
+    events = parse_catalog("streams: {clicks: {key_field: user_id, partitions: 1}}").streams["clicks"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    log.ensure_topic(events)
+    from ingest.events import EventValidator
+
+    log.append(events, [EventValidator(events).validate({"time": T0, "user_id": "a"})] * 3, T0)
+    log.append(users, [TableRowValidator(users).validate({"user_id": "a"}, T0)] * 3, T0)
+    assert log.compact(T0) == 2  # the table's two older copies only
+    assert log.apply_retention(T0 + 10 * 86_400_000, 86_400_000, 1 << 30) == 3  # the events only
+    assert sum(o.end - o.start for o in log.offsets("clicks").values()) == 0
+    assert table_of(log, users) == {"a": ("", None)}
+    log.close()
