@@ -27,6 +27,7 @@ from api import (
     table_routes,
     ws_routes,
 )
+from api import reprocess_routes
 from api.audit import routes as audit_routes
 from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
@@ -106,6 +107,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         app.include_router(alert_routes.router(ctx.alerts))
     if ctx.dashboards is not None:
         app.include_router(dashboard_routes.router(ctx.dashboards))
+    if ctx.reprocess is not None:
+        app.include_router(reprocess_routes.router(ctx.reprocess))
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

@@ -119,6 +119,9 @@ class ApiContext:
     # The leader lease of this API replica (store.lease.Leadership): who runs the alert evaluator,
     # notifier and lag sampler; None: not wired (one process, nothing to show).
     leadership: LeadershipView | None = None
+    # Definition versions and reprocessing runs (aggregates.reprocess.ReprocessService); None: no
+    # /api/v1/reprocess routes, no `definitions` in /api/v1/pipeline.
+    reprocess: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

@@ -103,6 +103,10 @@ class PipelineOut(BaseModel):
                                 " evaluator, webhook notifier and lag sampler): `holder`, `epoch` (+1 at each change"
                                 " of holder), `renewed_at_ms`, `ttl_ms`, `this_replica`, `leading` (this one);"
                                 " null when not wired")
+    definitions: dict | None = Field(None, description="per stream: `configured_version`, `serving_version` (the"
+                                     " definition its served output is built with; null before the pipeline first"
+                                     " ran) and `changed` (then the output keeps the stored meaning until a"
+                                     " reprocessing run is switched to: docs/reprocessing.md); null when not wired")
 
 
 class PartitionLagOut(BaseModel):

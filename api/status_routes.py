@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, StateSetMetricFamily
 
-from api import clock_routes, http_metrics
+from api import clock_routes, http_metrics, reprocess_routes
 from api.join_status import join_metrics, join_status
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
@@ -103,7 +103,8 @@ def router(ctx: ApiContext) -> APIRouter:
            summary="Pipeline progress: batches, watermarks, offsets, lag, and health (Spark's query progress)",
            response_model=None, responses={200: {"model": PipelineOut, "description": "progress and health"}})
     def pipeline() -> dict:
-        return {**pipeline_status(ctx), "health": health_status(ctx), "leader": leader_status(ctx)}
+        return {**pipeline_status(ctx), "health": health_status(ctx), "leader": leader_status(ctx),
+                "definitions": None if ctx.reprocess is None else reprocess_routes.definitions_status(ctx.reprocess)}
 
     @r.get("/healthz", tags=["status"], summary="The API process is alive", response_model=HealthOut)
     def healthz() -> dict:
@@ -200,6 +201,8 @@ class _StoredMetrics:
             yield from alert_metrics(ctx.alerts)
         if ctx.leadership is not None:
             yield from self._leader()
+        if ctx.reprocess is not None:
+            yield from reprocess_routes.reprocess_metrics(ctx.reprocess)
 
     def _leader(self):
         leadership = self.ctx.leadership

@@ -194,6 +194,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reprocess(args: argparse.Namespace) -> int:
+    """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
+    from sketchboard.reprocess import run_reprocess
+
+    run_reprocess(_settings(args), args.stream, run_id=args.run)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import demo
 
@@ -342,6 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
                       " end; only for a first run: a pipeline with a checkpoint resumes from it (default: setting"
                       " pipeline_start, earliest)")
     pipe.set_defaults(func=cmd_pipeline)
+    reprocess = common(sub.add_parser(
+        "reprocess", help="rebuild a stream whose definition changed: a second pipeline reads the log from its earliest"
+        " retained offset into a versioned output beside the served one"))
+    reprocess.add_argument("stream", help="the stream, with its configured definition")
+    reprocess.add_argument("--run", help="carry out this run, recorded by POST /api/v1/reprocess (the API's child)")
+    reprocess.set_defaults(func=cmd_reprocess)
     demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
     demo.add_argument("--url", help="API base URL (default from settings)")
     demo.add_argument("--rate", type=float, help="events per second before the daily shape")

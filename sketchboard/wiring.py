@@ -217,6 +217,7 @@ def build_api(settings: Settings):
     from api.context import ApiContext
     from api.ws_hub import HubConfig
     from sketchboard.leader import build_leadership, lead
+    from sketchboard.reprocess import build_reprocess_service, child_launcher
 
     security = build_security(settings)
     check_exposure(settings, security)  # before opening anything
@@ -244,6 +245,7 @@ def build_api(settings: Settings):
         audit=open_audit_store(settings, store),
         idempotency=open_idempotency_store(settings, store),
         leadership=leadership,
+        reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
@@ -257,9 +259,11 @@ def build_api(settings: Settings):
     return create_app(ctx, hub_config=hub_config), ctx
 
 
-def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None):
+def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None,
+                   catalog: Catalog | None = None):
     """The pipeline `name` (default: the serving pipeline, settings.pipeline_name), reading from
-    `starting_offsets` (default settings.pipeline_start) if it has no checkpoint yet."""
+    `starting_offsets` (default settings.pipeline_start) if it has no checkpoint yet; `catalog`:
+    the streams it reads (default: the configuration's; a reprocessing run's: one stream)."""
     import time
 
     from aggregates.consumers import GroupCopy, RegistryCopy
@@ -274,7 +278,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
             logger.info("pipeline %r resumes from its checkpoint (%s): --from %s applies to a first run only",
                         name, checkpoint_dir, starting_offsets)
     namespace = store_namespace(settings, name)
-    catalog = open_catalog(settings)
+    catalog = catalog or open_catalog(settings)
     root_store = open_store(settings)
     registry = open_consumer_registry(settings, root_store)
     consumer = registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
@@ -308,6 +312,9 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         kafka=kafka,
     )
     store = root_store if namespace == ROOT else open_store(settings, namespace)
+    from sketchboard.definitions import pin_definitions
+
+    catalog = pin_definitions(store, catalog, name)  # a changed stream: computed as stored until a switch
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
     if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
         pipeline.commit_listeners.append(RegistryCopy(registry, name))

@@ -139,12 +139,19 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     ctx.audit = audit
     ctx.idempotency = idempotency
     ctx.dashboards = DashboardService(ctx.catalog, dashboards, clock)
+    from aggregates.reprocess import ReprocessService
+    from store.consumers import ConsumerRegistry
+    from store.definitions import DefinitionStore
+
+    definitions = DefinitionStore(tmp_path / "store.db", synchronous="OFF")
+    registry = ConsumerRegistry(tmp_path / "store.db", synchronous="OFF")
+    ctx.reprocess = ReprocessService(ctx.catalog, definitions, registry, ctx.log, clock=clock)  # runs not launched
     try:
         yield ctx
     finally:
         ctx.alerts, ctx.lag, ctx.health, ctx.audit, ctx.idempotency = None, None, None, None, None
-        ctx.dashboards = None
-        for side in (alert_store, lag_store, health, audit, dashboards):
+        ctx.dashboards, ctx.reprocess = None, None
+        for side in (alert_store, lag_store, health, audit, dashboards, definitions, registry):
             side.close()
 
 

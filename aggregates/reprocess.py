@@ -1,0 +1,181 @@
+"""Reprocessing runs, the Kappa way (issue 16; docs/reprocessing.md): a second pipeline for one
+stream, with its configured (new) definition, reads the log from its earliest retained offset into
+a versioned namespace of its own, while the live pipeline goes on computing the stored (old) way.
+
+This module plans a run (what it reads, what it must reach, from when its output is complete),
+checks that one may start, and reports progress from the run's committed offsets (the consumer
+registry's copies). It imports no Spark: the API uses it; the CLI runs the pipeline
+(sketchboard/reprocess.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from catalog import Catalog
+from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
+from ingest.log import EventLog
+from store.consumers import ConsumerRegistry
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing
+
+RUN_PREFIX = "reprocess-"
+_STREAM_CHARS = 29  # "reprocess-" + 29 + "-" + 8 = 48, a pipeline name's limit (store/namespace.py)
+
+
+class DefinitionUnchanged(ValueError):
+    """The stream's output is already built with its configured definition: nothing to reprocess."""
+
+
+def run_id(stream: str, version: str) -> str:
+    """The run's id, also its pipeline's name and store namespace: reprocess-<stream>-<version8>."""
+    name = stream if len(stream) <= _STREAM_CHARS else (
+        f"{stream[:_STREAM_CHARS - 9]}-{hashlib.sha256(stream.encode()).hexdigest()[:8]}")
+    return f"{RUN_PREFIX}{name}-{short_version(version)}"
+
+
+def is_run_pipeline(pipeline: str) -> bool:
+    return pipeline.startswith(RUN_PREFIX)
+
+
+def complete_from_ms(starts: Mapping[int, int], first_ingest_ms: Mapping[int, int | None], now_ms: int,
+                     stream_retention_ms: int) -> int:
+    """From when a reprocessed output holds every event: the latest of now - the stream's
+    retention (older events are dead-lettered, as the live pipeline does) and, for each partition
+    whose oldest records are gone (its first retained offset is not 0), the time its first
+    retained record was appended (Kafka: the record's timestamp). A partition whose first record's
+    time the log cannot tell counts as dropped just now: better too late a date than a false one."""
+    bounds = [now_ms - stream_retention_ms]
+    for partition, start in starts.items():
+        if start > 0:
+            first = first_ingest_ms.get(partition)
+            bounds.append(now_ms if first is None else first)
+    return max(bounds)
+
+
+@dataclass(frozen=True)
+class PartitionProgress:
+    partition: int
+    done: int
+    to_do: int
+
+    def to_json(self) -> dict:
+        return {"partition": self.partition, "done": self.done, "to_do": self.to_do}
+
+
+@dataclass(frozen=True)
+class Progress:
+    partitions: tuple[PartitionProgress, ...]
+    events_per_s: float | None
+    eta_s: float | None
+
+    @property
+    def done(self) -> int:
+        return sum(p.done for p in self.partitions)
+
+    @property
+    def to_do(self) -> int:
+        return sum(p.to_do for p in self.partitions)
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.to_do == 0 else self.done / self.to_do
+
+    def to_json(self) -> dict:
+        return {"done": self.done, "to_do": self.to_do, "fraction": round(self.fraction, 4),
+                "events_per_s": None if self.events_per_s is None else round(self.events_per_s, 1),
+                "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+                "partitions": [p.to_json() for p in self.partitions]}
+
+
+def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int) -> Progress:
+    """Offsets done / to do per partition (from where the run started to the log's end when it
+    started), the rate since it started and the time left at that rate. Offsets, not events:
+    Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records."""
+    parts = []
+    for partition in sorted(run.target_offsets):
+        start, target = run.start_offsets.get(partition, 0), run.target_offsets[partition]
+        reached = min(max(committed.get(partition, start), start), target)
+        parts.append(PartitionProgress(partition, reached - start, target - start))
+    done, to_do = sum(p.done for p in parts), sum(p.to_do for p in parts)
+    elapsed_s = (now_ms - run.started_at_ms) / 1000
+    rate = done / elapsed_s if done and elapsed_s > 0 else None
+    eta = 0.0 if done >= to_do else (None if rate is None else (to_do - done) / rate)
+    return Progress(tuple(parts), rate, eta)
+
+
+class ReprocessService:
+    """Plans and records runs in the root store; `launch(run)` starts the pipeline for one (the CLI
+    runs it in process, the API starts `sketchboard reprocess` as a child)."""
+
+    def __init__(self, catalog: Catalog, definitions: DefinitionStore, registry: ConsumerRegistry, log: EventLog,
+                 *, launch: Callable[[ReprocessRun], None] | None = None, clock: Callable[[], float] = time.time):
+        self.catalog = catalog
+        self.definitions = definitions
+        self.registry = registry
+        self.log = log
+        self.launch = launch
+        self.clock = clock
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def changes(self) -> dict[str, tuple[str, str]]:
+        """{stream: (serving version, configured version)} for the streams whose definition changed."""
+        stored = {name: d.version for name, d in self.definitions.definitions().items()}
+        return changed_streams(self.catalog, stored)
+
+    def plan(self, stream: str) -> ReprocessRun:
+        """The run that would start now; KeyError for an unknown stream, DefinitionUnchanged when
+        the served output is built with the configured definition already, RunGoing when a run of
+        the stream is going."""
+        streams = versioned_streams(self.catalog)
+        if stream not in streams:
+            raise KeyError(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
+        definition = streams[stream]
+        version = definition_version(definition)
+        stored = self.definitions.definitions().get(stream)
+        if stored is None or stored.version == version:
+            raise DefinitionUnchanged(
+                f"stream {stream!r} is served with its configured definition (version {short_version(version)}):"
+                " change the streams configuration first, then reprocess")
+        going = [r.id for r in self.definitions.runs() if r.stream == stream and r.active]
+        if going:
+            raise RunGoing(f"reprocessing run {going[0]!r} of stream {stream!r} is still going")
+        now = self._now_ms()
+        offsets = self.log.offsets(stream)
+        starts = {p: o.start for p, o in offsets.items()}
+        first = {p: (self.log.ingest_time_ms(stream, p, o.start) if o.end > o.start else None)
+                 for p, o in offsets.items()}
+        return ReprocessRun(
+            id=run_id(stream, version), stream=stream, version=version, definition=stream_document(definition),
+            state="starting", error=None, started_at_ms=now, updated_at_ms=now,
+            complete_from_ms=complete_from_ms(starts, first, now, definition.retention),
+            start_offsets=starts, target_offsets={p: o.end for p, o in offsets.items()})
+
+    def start(self, stream: str) -> ReprocessRun:
+        run = self.definitions.start_run(self.plan(stream))
+        if self.launch is not None:
+            try:
+                self.launch(run)
+            except Exception as exc:
+                self.definitions.set_state(run.id, "failed", self._now_ms(), error=f"could not start: {exc}")
+                raise
+        return run
+
+    def runs(self) -> list[ReprocessRun]:
+        return self.definitions.runs()
+
+    def run(self, run_id_: str) -> ReprocessRun | None:
+        return self.definitions.run(run_id_)
+
+    def progress(self, run: ReprocessRun) -> Progress:
+        committed = self.registry.offsets(run.id).get(run.stream, {})
+        return run_progress(run, committed, self._now_ms())
+
+    def to_json(self, run: ReprocessRun) -> dict:
+        return {"id": run.id, "stream": run.stream, "version": run.version, "state": run.state,
+                "error": run.error, "started_at_ms": run.started_at_ms, "updated_at_ms": run.updated_at_ms,
+                "complete_from_ms": run.complete_from_ms, "namespace": run.id,
+                "progress": self.progress(run).to_json()}

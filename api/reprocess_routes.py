@@ -1,0 +1,129 @@
+"""/api/v1/reprocess: reprocessing runs (issue 16; docs/reprocessing.md) — list, one run's
+progress, and start one (admin scope, audited: api/security/policy.py, api/audit/)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, HTTPException
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from aggregates.reprocess import DefinitionUnchanged, ReprocessService
+from api.errors import ParamHTTPError, errors
+from store.definitions import RunGoing
+
+
+class ReprocessIn(BaseModel):
+    stream: str = Field(description="the stream to reprocess with its configured definition")
+
+
+class PartitionProgressOut(BaseModel):
+    partition: int
+    done: int = Field(description="offsets read and committed since the run started")
+    to_do: int = Field(description="offsets from the run's start to the log's end when it started")
+
+
+class ProgressOut(BaseModel):
+    done: int
+    to_do: int
+    fraction: float
+    events_per_s: float | None = Field(description="offsets done per second since the run started")
+    eta_s: float | None = Field(description="seconds left at that rate (0 when done, null before the first commit)")
+    partitions: list[PartitionProgressOut]
+
+
+class ReprocessRunOut(BaseModel):
+    id: str = Field(description="reprocess-<stream>-<version8>: also its pipeline's name and store namespace")
+    stream: str
+    version: str = Field(description="the definition version the run computes (catalog/versions.py)")
+    state: str = Field(description="starting | running | caught_up | failed | stopped")
+    error: str | None
+    started_at_ms: int
+    updated_at_ms: int
+    complete_from_ms: int = Field(description="the new output holds every event from this time on: older records"
+                                  " are gone from the log (its retention) or older than the stream's retention")
+    namespace: str
+    progress: ProgressOut
+
+
+class ReprocessListOut(BaseModel):
+    runs: list[ReprocessRunOut]
+    changed: dict[str, dict] = Field(description="streams whose configured definition differs from the one their"
+                                     " served output is built with: {stream: {serving_version, configured_version}}")
+
+
+def changed_json(service: ReprocessService) -> dict[str, dict]:
+    return {stream: {"serving_version": old, "configured_version": new}
+            for stream, (old, new) in sorted(service.changes().items())}
+
+
+def router(service: ReprocessService) -> APIRouter:
+    r = APIRouter(prefix="/api/v1/reprocess", tags=["reprocess"])
+
+    @r.get("", summary="Reprocessing runs with their progress, and the streams whose definition changed",
+           response_model=ReprocessListOut)
+    async def runs() -> dict:
+        def answer() -> dict:
+            return {"runs": [service.to_json(run) for run in service.runs()], "changed": changed_json(service)}
+
+        return await run_in_threadpool(answer)
+
+    @r.get("/{run_id}", summary="One reprocessing run: offsets done / to do per partition, events/s, ETA",
+           response_model=ReprocessRunOut, responses=errors(404, e404="no such run"))
+    async def run(run_id: str) -> dict:
+        def answer() -> dict:
+            found = service.run(run_id)
+            if found is None:
+                raise HTTPException(404, f"no reprocessing run {run_id!r}")
+            return service.to_json(found)
+
+        return await run_in_threadpool(answer)
+
+    @r.post("", status_code=202, response_model=ReprocessRunOut,
+            summary="Start reprocessing a stream whose definition changed (admin): a second pipeline reads the log"
+                    " from its earliest retained offset into a versioned output beside the served one",
+            responses=errors(400, 404, 409, e404="unknown stream",
+                             e409="the stream's definition is unchanged, or a run of it is going"))
+    async def start(body: ReprocessIn = Body(...)) -> dict:
+        def answer() -> dict:
+            try:
+                return service.to_json(service.start(body.stream))
+            except KeyError as exc:
+                raise ParamHTTPError(404, "stream", exc.args[0]) from None
+            except (DefinitionUnchanged, RunGoing) as exc:
+                raise ParamHTTPError(409, "stream", str(exc)) from None
+
+        return await run_in_threadpool(answer)
+
+    return r
+
+
+def definitions_status(service: ReprocessService) -> dict[str, dict]:
+    """The `definitions` section of GET /api/v1/pipeline: per stream, the version of the configured
+    definition, the one the served output is built with (null before the pipeline first ran), and
+    whether they differ (then the served output keeps the stored meaning until a switch)."""
+    from catalog.versions import catalog_versions
+
+    stored = {name: d.version for name, d in service.definitions.definitions().items()}
+    return {name: {"configured_version": version, "serving_version": stored.get(name),
+                   "changed": name in stored and stored[name] != version}
+            for name, version in sorted(catalog_versions(service.catalog).items())}
+
+
+def reprocess_metrics(service: ReprocessService):
+    """Gauges for /metrics: a changed definition per stream, and each run's progress."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    changed = GaugeMetricFamily("sketchboard_definition_changed", "1 while the stream's configured definition differs"
+                                " from the one its served output is built with (reprocess to apply it)",
+                                labels=["stream"])
+    for name, status in definitions_status(service).items():
+        changed.add_metric([name], 1 if status["changed"] else 0)
+    done = GaugeMetricFamily("sketchboard_reprocess_offsets_done", "Offsets a reprocessing run has committed",
+                             labels=["run", "stream", "state"])
+    to_do = GaugeMetricFamily("sketchboard_reprocess_offsets_to_do", "Offsets a reprocessing run has to read (to the"
+                              " log's end when it started)", labels=["run", "stream", "state"])
+    for run in service.runs():
+        progress = service.progress(run)
+        done.add_metric([run.id, run.stream, run.state], progress.done)
+        to_do.add_metric([run.id, run.stream, run.state], progress.to_do)
+    yield from (changed, done, to_do)

@@ -1,0 +1,122 @@
+"""Definition versions: a stable content hash of what shapes a stream's panes (issue 16, reprocessing).
+
+Two definitions with the same version compute the same panes from the same log; a different
+version means the stored output was built another way and only a reprocessing run over the log
+brings it in line (docs/reprocessing.md).
+
+What counts (the *shaping* part), with the values as the pipeline uses them (defaults filled in):
+
+- time_field, dimensions, values, distinct fields (the key when none are declared), pane,
+  allowed_lateness (which panes are final, which merges are corrections), retention and
+  max_future_skew (which events are dead-lettered), first_seen / membership / sessions,
+  event_id_field with its dedup_window, the device clock fields (sent_time_field, the device
+  field, clock_tolerance, clock_window).
+
+What does not count:
+
+- description; key_field itself (it only partitions the log; its part in distinct and the device
+  clock is counted through those); partitions (the log's layout, not the panes);
+  partition_idle_timeout (when panes become final in processing time: not reproducible anyway);
+  tiers and rollup_group_bys (rebuilt from the panes whenever they change: aggregates/pipeline.py
+  configure_tiers); metrics (named views over the panes: adding one needs no reprocessing);
+  derived streams (generated from their parent's `sessions`, which is in the parent's version).
+
+Dimensions, values and distinct fields are sets for the panes (stored by name), so their order
+does not change the version. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from catalog.model import Catalog, StreamDef
+
+# Bumped when the meaning of a field here changes, so every stored version differs from the new ones.
+VERSION_SCHEME = 1
+SHORT_VERSION_CHARS = 8
+
+
+def shaping_definition(stream: StreamDef) -> dict:
+    """The part of `stream` that shapes its panes, as plain JSON values (see the module doc)."""
+    def feature(decl) -> dict | None:
+        return None if decl is None else decl.model_dump(mode="json")
+
+    return {
+        "scheme": VERSION_SCHEME,
+        "time_field": stream.time_field,
+        "dimensions": sorted(stream.dimensions),
+        "values": sorted(stream.values),
+        "distinct": sorted(stream.distinct_fields),
+        "pane_ms": stream.pane,
+        "allowed_lateness_ms": stream.allowed_lateness,
+        "retention_ms": stream.retention,
+        "max_future_skew_ms": stream.max_future_skew,
+        "first_seen": feature(stream.first_seen),
+        "membership": feature(stream.membership),
+        "sessions": feature(stream.sessions),
+        "event_id_field": stream.event_id_field,
+        "dedup_window_ms": stream.dedup_window_ms,
+        "clock": None if stream.sent_time_field is None else {
+            "sent_time_field": stream.sent_time_field, "device_field": stream.device_key_field,
+            "tolerance_ms": stream.clock_tolerance, "window_ms": stream.clock_window},
+    }
+
+
+def definition_version(stream: StreamDef) -> str:
+    """The stream's definition version: sha256 (hex) of its shaping definition as canonical JSON."""
+    text = json.dumps(shaping_definition(stream), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def short_version(version: str) -> str:
+    return version[:SHORT_VERSION_CHARS]
+
+
+def versioned_streams(catalog: Catalog) -> dict[str, StreamDef]:
+    """The streams that carry a version of their own: those read from the log (not derived)."""
+    return {name: s for name, s in catalog.streams.items() if not s.derived_from}
+
+
+def catalog_versions(catalog: Catalog) -> dict[str, str]:
+    return {name: definition_version(s) for name, s in versioned_streams(catalog).items()}
+
+
+def stream_document(stream: StreamDef) -> dict:
+    """The whole declaration of a stream as JSON (what the store keeps beside the version, so the
+    live pipeline can go on computing it the old way): the fields as declared, defaults left out."""
+    return stream.model_dump(mode="json", exclude_defaults=True)
+
+
+def changed_streams(catalog: Catalog, stored_versions: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{stream: (stored version, configured version)} for each stream whose stored output was built
+    with another definition than the configuration's (streams with nothing stored are new, not changed)."""
+    current = catalog_versions(catalog)
+    return {name: (stored_versions[name], version) for name, version in current.items()
+            if name in stored_versions and stored_versions[name] != version}
+
+
+def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict]) -> Catalog:
+    """`catalog` with each stream named in `stored_docs` declared as stored there: what a pipeline
+    computes an existing output with until a switch. Metrics are kept where the stored
+    declaration still has their fields (metrics do not shape panes; the pipeline only needs them
+    to be valid); derived streams and their metrics are generated again from the stored ones."""
+    from catalog.model import Catalog as CatalogModel, StreamDef
+
+    if not stored_docs:
+        return catalog
+    streams = {name: stored_docs.get(name, stream_document(s)) for name, s in versioned_streams(catalog).items()}
+    pinned = {name: StreamDef(**doc) for name, doc in streams.items()}
+    metrics = {}
+    for name, metric in catalog.metrics.items():
+        stream = pinned.get(metric.stream)
+        if stream is None:
+            continue  # a derived stream's metric: generated again
+        if ((metric.value and metric.value not in stream.values)
+                or (metric.distinct and metric.distinct not in stream.distinct_fields)
+                or (metric.first_seen and stream.first_seen is None)):
+            continue
+        metrics[name] = metric.model_dump(mode="json", exclude_defaults=True)
+    return CatalogModel(streams=streams, metrics=metrics)

@@ -1,0 +1,118 @@
+"""`sketchboard reprocess STREAM` and the API's starter of runs (issue 16; docs/reprocessing.md).
+
+A run is one more named pipeline of the log (fan-out, store/consumers.py): the stream alone, with
+its configured definition, from the earliest retained offset, into the namespace named by the
+run's id, at full speed (AvailableNow) beside the live pipeline. Its progress is read from the
+consumer registry's copies of its committed offsets, by this command's progress bar and by the
+API alike."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import TextIO
+
+from aggregates.reprocess import Progress, ReprocessService
+from catalog import Catalog
+from catalog.versions import short_version, stream_document
+from sketchboard.settings import Settings
+from store.definitions import DefinitionStore, ReprocessRun
+
+logger = logging.getLogger("sketchboard.reprocess")
+BAR_WIDTH = 30
+
+
+def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, log, *, launch=None) -> ReprocessService:
+    from sketchboard.wiring import open_consumer_registry
+
+    return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
+                            log, launch=launch)
+
+
+def child_launcher(settings: Settings):
+    """For the API: start `sketchboard reprocess STREAM --run RUN` as a child process on the same
+    settings (its output goes to this process's; the run's state and progress to the store)."""
+    def launch(run: ReprocessRun) -> None:
+        import os
+
+        env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
+               "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
+        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id], env=env)
+
+    return launch
+
+
+def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
+    """The catalog of a run: the stream alone (derived streams generated again), with its metrics."""
+    metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
+               if m.stream == stream}
+    return Catalog(streams={stream: stream_document(catalog.streams[stream])}, metrics=metrics)
+
+
+def format_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def progress_line(run: ReprocessRun, progress: Progress) -> str:
+    """`[#######-----]  42.0%  1234/2938 offsets  5120 events/s  ETA 3s  p0 600/1000 p1 634/1938`"""
+    filled = int(round(progress.fraction * BAR_WIDTH))
+    rate = "-" if progress.events_per_s is None else f"{progress.events_per_s:.0f}"
+    eta = "-" if progress.eta_s is None else f"{progress.eta_s:.0f}s"
+    parts = " ".join(f"p{p.partition} {p.done}/{p.to_do}" for p in progress.partitions)
+    return (f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * progress.fraction:5.1f}%"
+            f"  {progress.done}/{progress.to_do} offsets  {rate} events/s  ETA {eta}  {parts}")
+
+
+def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None, spark=None,
+                  out: TextIO = sys.stderr, interval_s: float = 1.0) -> ReprocessRun:
+    """Start a run of `stream` (or carry out `run_id`, recorded by the API) and process the log up
+    to its end as it was at the start; returns the run as recorded at the end (caught_up, or
+    failed: then the error is raised)."""
+    from sketchboard.wiring import build_pipeline, open_catalog, open_log, open_store
+
+    catalog = open_catalog(settings)
+    root = open_store(settings)
+    log = open_log(settings, catalog)
+    service = build_reprocess_service(settings, catalog, root, log)
+    run = service.run(run_id) if run_id is not None else service.start(stream)
+    if run is None or run.stream != stream:
+        raise ValueError(f"no reprocessing run {run_id!r} of stream {stream!r}")
+    print(f"reprocessing {stream!r} with definition {short_version(run.version)} into {run.id!r}: the new output"
+          f" is complete from {format_time(run.complete_from_ms)} (older events are gone from the log or older than"
+          f" the stream's retention)", file=out, flush=True)
+    definitions = service.definitions
+    stop = threading.Event()
+
+    def report() -> None:
+        while not stop.wait(interval_s):
+            print("\r" + progress_line(run, service.progress(run)), end="", file=out, flush=True)
+
+    reporter = threading.Thread(target=report, name="reprocess-progress", daemon=True)
+    pipeline = None
+    try:
+        pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
+                                  catalog=stream_catalog(catalog, stream))
+        definitions.set_state(run.id, "running", int(time.time() * 1000))
+        reporter.start()
+        pipeline.run_until_drained()
+    except BaseException as exc:
+        definitions.set_state(run.id, "failed", int(time.time() * 1000), error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        stop.set()
+        if reporter.is_alive():
+            reporter.join()
+        if pipeline is not None and pipeline.store is not root:
+            pipeline.store.close()
+    definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
+    print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
+    print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
+          f" {run.id!r}", file=out, flush=True)
+    done = service.run(run.id)
+    log.close()
+    root.close()
+    return done

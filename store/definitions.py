@@ -1,0 +1,160 @@
+"""The definitions a namespace's output was built with, and the reprocessing runs (issue 16).
+
+`stream_definitions`, in every namespace: per stream, the version (catalog/versions.py) and the
+declaration as JSON that the panes there were computed with, written by the pipeline when it
+first starts on that namespace (or first meets that stream). A pipeline started later with a
+changed definition keeps computing the stream the stored way (the Kappa way: the old job runs
+on; a reprocessing run builds the new output beside it), so the stored definition changes only
+when a switch says so.
+
+`reprocess_runs`, in the root: one row per reprocessing run (its id is its pipeline's name and
+namespace), with where it started, the log's end offsets it has to reach, and its state; its
+committed offsets are the consumer registry's copies (store/consumers.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.connection import Db, SideStore
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stream_definitions (
+    stream TEXT PRIMARY KEY,
+    version TEXT NOT NULL,              -- sha256 of the shaping definition (catalog/versions.py)
+    definition TEXT NOT NULL,           -- JSON: the stream's declaration, as StreamDef reads it
+    recorded_at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reprocess_runs (
+    id TEXT PRIMARY KEY,                -- also its pipeline's name and store namespace
+    stream TEXT NOT NULL,
+    version TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    state TEXT NOT NULL,                -- starting | running | caught_up | failed | stopped
+    error TEXT,
+    started_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    complete_from_ms INTEGER NOT NULL,  -- the new output holds every event from then on (epoch ms)
+    start_offsets TEXT NOT NULL,        -- JSON {partition: first offset read}
+    target_offsets TEXT NOT NULL        -- JSON {partition: the log's end when the run started}
+);
+"""
+
+RUN_STATES = ("starting", "running", "caught_up", "failed", "stopped")
+ACTIVE_STATES = ("starting", "running")
+
+
+@dataclass(frozen=True)
+class StoredDefinition:
+    stream: str
+    version: str
+    definition: dict
+    recorded_at_ms: int
+
+
+@dataclass(frozen=True)
+class ReprocessRun:
+    id: str
+    stream: str
+    version: str
+    definition: dict
+    state: str
+    error: str | None
+    started_at_ms: int
+    updated_at_ms: int
+    complete_from_ms: int
+    start_offsets: dict[int, int]
+    target_offsets: dict[int, int]
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+_RUN_COLUMNS = ("id, stream, version, definition, state, error, started_at_ms, updated_at_ms, complete_from_ms,"
+                " start_offsets, target_offsets")
+
+
+def _offsets(text: str) -> dict[int, int]:
+    return {int(p): int(o) for p, o in json.loads(text).items()}
+
+
+def _run(row) -> ReprocessRun:
+    (id_, stream, version, definition, state, error, started, updated, complete_from, start, target) = row
+    return ReprocessRun(id_, stream, version, json.loads(definition), state, error, started, updated, complete_from,
+                        _offsets(start), _offsets(target))
+
+
+class DefinitionStore(SideStore):
+    def __init__(self, target: str | Path | Db, **kwargs):
+        super().__init__(target, _SCHEMA, **kwargs)
+
+    # -- the definitions this namespace's output was built with
+
+    def record_missing(self, definitions: Mapping[str, tuple[str, dict]], now_ms: int) -> dict[str, StoredDefinition]:
+        """Record (version, declaration) for the streams that have none yet; an existing record is
+        kept (it says how the output there was built). Returns every stored definition."""
+        rows = [(stream, version, json.dumps(doc, sort_keys=True), now_ms)
+                for stream, (version, doc) in definitions.items()]
+        with self._lock, self._conn.transaction() as conn:
+            conn.executemany("INSERT INTO stream_definitions (stream, version, definition, recorded_at_ms)"
+                             " VALUES (?, ?, ?, ?) ON CONFLICT (stream) DO NOTHING", rows)
+        return self.definitions()
+
+    def replace(self, stream: str, version: str, doc: dict, now_ms: int) -> None:
+        """The output there is now built with this definition (a switch)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO stream_definitions (stream, version, definition, recorded_at_ms) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (stream) DO UPDATE SET version = excluded.version, definition = excluded.definition,"
+                " recorded_at_ms = excluded.recorded_at_ms", (stream, version, json.dumps(doc, sort_keys=True), now_ms))
+
+    def definitions(self) -> dict[str, StoredDefinition]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT stream, version, definition, recorded_at_ms FROM stream_definitions").fetchall()
+        return {s: StoredDefinition(s, v, json.loads(d), at) for s, v, d, at in rows}
+
+    # -- reprocessing runs (kept in the root)
+
+    def start_run(self, run: ReprocessRun) -> ReprocessRun:
+        """Record a new run; ValueError when a run of that stream is going, or the id is taken
+        by one that is (a finished run of the same version is replaced: started again)."""
+        with self._lock, self._conn.transaction() as conn:
+            going = conn.execute(
+                "SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
+                (run.stream, *ACTIVE_STATES)).fetchone()
+            if going is not None:
+                raise RunGoing(f"reprocessing run {going[0]!r} of stream {run.stream!r} is still going")
+            conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run.id,))
+            conn.execute(
+                f"INSERT INTO reprocess_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.id, run.stream, run.version, json.dumps(run.definition, sort_keys=True), run.state, run.error,
+                 run.started_at_ms, run.updated_at_ms, run.complete_from_ms,
+                 json.dumps({str(p): o for p, o in run.start_offsets.items()}),
+                 json.dumps({str(p): o for p, o in run.target_offsets.items()})))
+        return run
+
+    def set_state(self, run_id: str, state: str, now_ms: int, error: str | None = None) -> None:
+        if state not in RUN_STATES:
+            raise ValueError(f"unknown run state {state!r}")
+        with self._lock:
+            self._conn.execute("UPDATE reprocess_runs SET state = ?, error = ?, updated_at_ms = ? WHERE id = ?",
+                               (state, error, now_ms, run_id))
+
+    def runs(self) -> list[ReprocessRun]:
+        with self._lock:
+            rows = self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM reprocess_runs ORDER BY started_at_ms, id").fetchall()
+        return [_run(row) for row in rows]
+
+    def run(self, run_id: str) -> ReprocessRun | None:
+        with self._lock:
+            row = self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM reprocess_runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else _run(row)
+
+
+class RunGoing(ValueError):
+    """A reprocessing run of the stream is already going."""

@@ -1,0 +1,198 @@
+"""Reprocessing without Spark: the stored definitions and runs on both store backends
+(store/definitions.py), the pipeline's pinning of a changed stream (sketchboard/definitions.py),
+a run's plan, completeness date and progress (aggregates/reprocess.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from aggregates.reprocess import DefinitionUnchanged, ReprocessService, complete_from_ms, run_id, run_progress
+from catalog import Catalog
+from catalog.versions import catalog_versions, definition_version, pinned_catalog, stream_document
+from ingest.log import SqliteEventLog
+from sketchboard.definitions import pin_definitions
+from sketchboard.reprocess import progress_line, stream_catalog
+from store.consumers import ConsumerRegistry
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing
+from store.namespace import check_pipeline_name
+
+NOW = 1_800_000_000_000
+DAY = 86_400_000
+
+OLD = {"streams": {"http": {"key_field": "user", "dimensions": ["endpoint"], "values": ["latency_ms"],
+                            "sessions": {"key": "user"}},
+                   "orders": {"key_field": "customer", "values": ["amount"]}},
+       "metrics": {"latency": {"stream": "http", "value": "latency_ms"},
+                   "amount": {"stream": "orders", "value": "amount"}}}
+
+
+def new_catalog() -> Catalog:
+    """OLD with a dimension and a value field added to http, and a metric over the new value."""
+    streams = {**OLD["streams"], "http": {**OLD["streams"]["http"], "dimensions": ["endpoint", "region"],
+                                          "values": ["latency_ms", "bytes"]}}
+    return Catalog(streams=streams, metrics={**OLD["metrics"], "bytes": {"stream": "http", "value": "bytes"}})
+
+
+def run_of(**changes) -> ReprocessRun:
+    base = dict(id="reprocess-http-01234567", stream="http", version="0123456789", definition={"name": "http"},
+                state="starting", error=None, started_at_ms=NOW, updated_at_ms=NOW, complete_from_ms=NOW - DAY,
+                start_offsets={0: 0, 1: 10}, target_offsets={0: 100, 1: 310})
+    return ReprocessRun(**{**base, **changes})
+
+
+def test_definitions_are_recorded_once_and_replaced_only_on_purpose(store_backend):
+    store = DefinitionStore(store_backend.side_db())
+    stored = store.record_missing({"http": ("v1", {"name": "http"}), "orders": ("o1", {"name": "orders"})}, NOW)
+    assert {n: d.version for n, d in stored.items()} == {"http": "v1", "orders": "o1"}
+    # A later start with a changed definition keeps the record: the output was built with v1.
+    stored = store.record_missing({"http": ("v2", {"name": "http", "pane": "1m"}), "new": ("n1", {})}, NOW + 1)
+    assert {n: (d.version, d.recorded_at_ms) for n, d in stored.items()} == {
+        "http": ("v1", NOW), "orders": ("o1", NOW), "new": ("n1", NOW + 1)}
+    assert stored["http"].definition == {"name": "http"}
+    store.replace("http", "v2", {"name": "http", "pane": "1m"}, NOW + 2)
+    assert store.definitions()["http"].definition == {"name": "http", "pane": "1m"}
+
+
+def test_runs_are_recorded_with_one_going_per_stream(store_backend):
+    store = DefinitionStore(store_backend.side_db())
+    run = store.start_run(run_of())
+    assert store.run(run.id) == run and store.runs() == [run]
+    with pytest.raises(RunGoing, match="still going"):
+        store.start_run(run_of(id="reprocess-http-89abcdef"))
+    store.start_run(run_of(id="reprocess-orders-1", stream="orders"))  # another stream may run beside it
+    store.set_state(run.id, "caught_up", NOW + 5)
+    assert store.run(run.id).state == "caught_up" and not store.run(run.id).active
+    again = store.start_run(run_of(started_at_ms=NOW + 10))  # finished: the same version may run again
+    assert store.run(run.id) == again
+    store.set_state(run.id, "failed", NOW + 11, error="boom")
+    assert (store.run(run.id).state, store.run(run.id).error) == ("failed", "boom")
+    with pytest.raises(ValueError, match="unknown run state"):
+        store.set_state(run.id, "paused", NOW)
+    assert store.run("nope") is None
+
+
+def test_run_ids_are_pipeline_names():
+    version = "f" * 64
+    assert run_id("http", version) == "reprocess-http-ffffffff"
+    long_a, long_b = "a" * 63, "a" * 62 + "b"
+    assert len(run_id(long_a, version)) <= 48 and run_id(long_a, version) != run_id(long_b, version)
+    for name in ("http", long_a, long_b):
+        check_pipeline_name(run_id(name, version))
+
+
+def test_complete_from_is_the_newest_loss():
+    # Nothing dropped from the log: only the stream's retention bounds it.
+    assert complete_from_ms({0: 0, 1: 0}, {0: NOW - 3 * DAY, 1: None}, NOW, 7 * DAY) == NOW - 7 * DAY
+    # A partition lost its oldest records: complete from its first retained record's time.
+    assert complete_from_ms({0: 0, 1: 50}, {0: NOW - 5 * DAY, 1: NOW - 2 * DAY}, NOW, 7 * DAY) == NOW - 2 * DAY
+    # The log cannot tell when: no earlier date is promised than now.
+    assert complete_from_ms({0: 5}, {0: None}, NOW, 7 * DAY) == NOW
+    # Retention shorter than what the log keeps: the retention bounds it.
+    assert complete_from_ms({0: 50}, {0: NOW - 5 * DAY}, NOW, DAY) == NOW - DAY
+
+
+def test_progress_per_partition_with_rate_and_eta():
+    run = run_of()
+    start = run_progress(run, {}, NOW)
+    assert [(p.done, p.to_do) for p in start.partitions] == [(0, 100), (0, 300)]
+    assert start.events_per_s is None and start.eta_s is None and start.fraction == 0
+    half = run_progress(run, {0: 100, 1: 110}, NOW + 10_000)  # 200 of 400 in 10 s
+    assert (half.done, half.to_do, half.fraction) == (200, 400, 0.5)
+    assert half.events_per_s == 20 and half.eta_s == 10
+    done = run_progress(run, {0: 150, 1: 400}, NOW + 20_000)  # past the target: the live head moved on
+    assert (done.done, done.to_do, done.eta_s) == (400, 400, 0.0)
+    assert done.to_json()["partitions"] == [{"partition": 0, "done": 100, "to_do": 100},
+                                            {"partition": 1, "done": 300, "to_do": 300}]
+    empty = run_progress(run_of(start_offsets={}, target_offsets={0: 0}), {}, NOW)
+    assert empty.fraction == 1.0 and empty.eta_s == 0.0
+    line = progress_line(run, half)
+    assert "50.0%" in line and "200/400 offsets" in line and "20 events/s" in line and "ETA 10s" in line
+    assert "p0 100/100 p1 100/300" in line
+
+
+def test_a_changed_stream_is_computed_as_stored_until_a_switch():
+    old, new = Catalog(**OLD), new_catalog()
+    assert catalog_versions(old)["orders"] == catalog_versions(new)["orders"]
+    pinned = pinned_catalog(new, {"http": stream_document(old.streams["http"])})
+    assert pinned.streams["http"] == old.streams["http"]
+    assert pinned.streams["http_sessions"] == old.streams["http_sessions"]  # derived again from the stored one
+    assert pinned.streams["orders"] == new.streams["orders"]
+    assert "bytes" not in pinned.metrics and {"latency", "amount"} <= set(pinned.metrics)  # its field is not there yet
+    assert pinned_catalog(new, {}) is new
+
+
+def test_the_pipeline_records_definitions_and_pins_changed_streams(tmp_path, store_backend, caplog):
+    store = store_backend.create()
+    old, new = Catalog(**OLD), new_catalog()
+    assert pin_definitions(store, old, "main", clock=lambda: NOW / 1000) == old  # first start: recorded as is
+    with caplog.at_level(logging.WARNING, logger="sketchboard.definitions"):
+        pinned = pin_definitions(store, new, "main", clock=lambda: NOW / 1000 + 60)
+    assert pinned.streams["http"] == old.streams["http"]
+    old_v, new_v = definition_version(old.streams["http"]), definition_version(new.streams["http"])
+    assert f"stream 'http': its definition changed (version {old_v[:8]} -> {new_v[:8]})" in caplog.text
+    assert "sketchboard reprocess http" in caplog.text and "'orders'" not in caplog.text
+
+
+@pytest.fixture
+def service(tmp_path, store_backend):
+    store = store_backend.create()
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    new = new_catalog()
+    for stream in new.streams.values():
+        log.ensure_topic(stream)
+    pin_definitions(store, Catalog(**OLD), "main", clock=lambda: NOW / 1000)
+    launched = []
+    svc = ReprocessService(new, DefinitionStore(store.side_db()), ConsumerRegistry(store.side_db()), log,
+                           launch=launched.append, clock=lambda: NOW / 1000)
+    svc.launched = launched
+    yield svc
+    log.close()
+
+
+def test_a_run_is_planned_from_the_logs_offsets_and_refused_when_pointless(service):
+    stream = service.catalog.stream("http")
+    events = [{"time": NOW - 1000 * i, "user": f"u{i}", "endpoint": "/", "region": "eu", "latency_ms": 1.0,
+               "bytes": 2.0} for i in range(40)]
+    from ingest.events import EventValidator
+
+    validator = EventValidator(stream)
+    service.log.append(stream, [validator.validate(e) for e in events], NOW - 5000)
+    assert service.changes() == {"http": (definition_version(Catalog(**OLD).streams["http"]),
+                                          definition_version(stream))}
+    run = service.start("http")
+    assert service.launched == [run] and run.state == "starting"
+    assert run.id == run_id("http", definition_version(stream)) and run.definition == stream_document(stream)
+    ends = {p: o.end for p, o in service.log.offsets("http").items()}
+    assert run.target_offsets == ends and sum(ends.values()) == 40 and set(run.start_offsets.values()) == {0}
+    assert run.complete_from_ms == NOW - stream.retention
+    assert service.to_json(run)["progress"]["to_do"] == 40
+    with pytest.raises(RunGoing):
+        service.start("http")
+    with pytest.raises(DefinitionUnchanged, match="served with its configured definition"):
+        service.start("orders")
+    with pytest.raises(KeyError, match="unknown stream"):
+        service.start("http_sessions")  # derived: reprocessed with its parent
+    # Progress follows the run's committed offsets (the registry's copies, as its pipeline makes them).
+    service.registry.record_commit(run.id, 0, NOW, {"http": {p: end for p, end in ends.items()}})
+    assert service.progress(run).fraction == 1.0
+
+
+def test_a_launch_that_fails_marks_the_run_failed(service):
+    def broken(run):
+        raise OSError("no such program")
+
+    service.launch = broken
+    with pytest.raises(OSError):
+        service.start("http")
+    (run,) = service.runs()
+    assert run.state == "failed" and "no such program" in run.error
+    service.launch = None
+    assert service.start("http").state == "starting"  # a failed run does not block the next
+
+
+def test_a_runs_catalog_is_its_stream_alone():
+    catalog = stream_catalog(new_catalog(), "http")
+    assert set(catalog.streams) == {"http", "http_sessions"} and "amount" not in catalog.metrics
+    assert catalog.streams["http"] == new_catalog().streams["http"]
