@@ -18,6 +18,7 @@ from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.patterns import PatternDef, check_patterns
 from catalog.joins import JoinDef, expand_joins
+from catalog.views import ViewDef, expand_views
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -282,13 +283,15 @@ class Catalog(BaseModel):
     patterns: tuple[PatternDef, ...] = ()  # sequences of events to match (catalog/patterns.py)
     # Stream-stream window joins (catalog/joins.py): each adds a derived stream and its metrics.
     joins: tuple[JoinDef, ...] = ()
+    # Table-table joins maintained as views (catalog/views.py): each adds a derived change stream.
+    views: dict[str, ViewDef] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _names_from_keys(cls, data: object) -> object:
         if isinstance(data, dict):
             data = dict(data)
-            for section in ("streams", "metrics"):
+            for section in ("streams", "metrics", "views"):
                 entries = data.get(section)
                 if isinstance(entries, dict):
                     data[section] = {
@@ -301,6 +304,7 @@ class Catalog(BaseModel):
     def _derived_streams(self) -> Catalog:
         expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
         expand_joins(self)  # join streams and metrics generated from `joins:` declarations
+        expand_views(self)  # views' change streams generated from `views:` declarations
         return self
 
     @model_validator(mode="after")
