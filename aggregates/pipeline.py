@@ -22,6 +22,7 @@ from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.tables import TableChanges
+from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
@@ -78,6 +79,7 @@ class Pipeline(ReportsStoreErrors):
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         self.joins = WindowJoins(catalog, store, kll_k=config.kll_k)  # stream-stream window joins (catalog joins:)
         self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
+        self.views = Views(catalog, store, kll_k=config.kll_k)  # table-table join views (catalog views:)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -124,6 +126,8 @@ class Pipeline(ReportsStoreErrors):
                 commit = with_joins(commit, joined, self.joins.names)
             if self.tables.enabled:
                 commit = replace(commit, table_changes=self.tables.process(batch))
+            if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
+                commit = with_views(commit, self.views.process(commit.table_changes), self.views.names)
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())

@@ -55,6 +55,8 @@ class TableEdit:
     key: str
     row: Row | None
     time_ms: int = 0
+    partition: int = -1  # where the change is in its table's log (carried into the view's changes)
+    offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class ViewChange:
     old: Row | None
     new: Row | None
     time_ms: int
+    partition: int = -1
+    offset: int = -1
 
 
 @dataclass
@@ -97,19 +101,19 @@ def apply(shape: ViewShape, state: ViewState, edit: TableEdit) -> list[ViewChang
         else:
             state.left[edit.key] = dict(edit.row)
             state.link(edit.key, shape.right_key(edit.key, edit.row))
-        return _rejoin(shape, state, [edit.key], edit.time_ms)
+        return _rejoin(shape, state, [edit.key], edit)
     if edit.row is None:
         state.right.pop(edit.key, None)
     else:
         state.right[edit.key] = dict(edit.row)
-    return _rejoin(shape, state, sorted(state.index.get(edit.key, ())), edit.time_ms)
+    return _rejoin(shape, state, sorted(state.index.get(edit.key, ())), edit)
 
 
 def apply_all(shape: ViewShape, state: ViewState, edits: Iterable[TableEdit]) -> list[ViewChange]:
     return [change for edit in edits for change in apply(shape, state, edit)]
 
 
-def _rejoin(shape: ViewShape, state: ViewState, left_keys: Iterable[str], time_ms: int) -> list[ViewChange]:
+def _rejoin(shape: ViewShape, state: ViewState, left_keys: Iterable[str], edit: TableEdit) -> list[ViewChange]:
     out = []
     for key in left_keys:
         left = state.left.get(key)
@@ -122,7 +126,7 @@ def _rejoin(shape: ViewShape, state: ViewState, left_keys: Iterable[str], time_m
             del state.rows[key]
         else:
             state.rows[key] = new
-        out.append(ViewChange(key, old, new, time_ms))
+        out.append(ViewChange(key, old, new, edit.time_ms, edit.partition, edit.offset))
     return out
 
 

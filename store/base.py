@@ -14,6 +14,7 @@ from store.joins import JoinCommit, JoinSizes, JoinState
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
+from store.view_state import ViewCommit, ViewLink
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
 
@@ -97,6 +98,8 @@ class BatchCommit:
     joins: Sequence[JoinCommit] = ()
     # Per table and key: the batch's newest change of the row (store/table_state.py).
     table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
+    # Per table-table join view: its rows the batch's table changes changed (store/view_state.py).
+    views: Sequence[ViewCommit] = ()
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,30 @@ class PaneStore(ABC):
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
         """A changelog table's rows in key order, the first `limit` after the key `after`."""
+        raise NotImplementedError
+
+    def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
+        """These keys' current rows of a changelog table (a key without one is absent)."""
+        raise NotImplementedError
+
+    def view_links(self, view: str, left_keys: Sequence[str], right_keys: Sequence[str]) -> list[ViewLink]:
+        """A view's entries of these left keys and of the left keys naming these right keys."""
+        raise NotImplementedError
+
+    def view_definition(self, view: str) -> str | None:
+        """The declaration a view's stored rows were built for; None: not built (store/view_state.py)."""
+        raise NotImplementedError
+
+    def drop_view(self, view: str) -> None:
+        """Forget a view's rows: the next batch rebuilds them from the tables."""
+        raise NotImplementedError
+
+    def view_row(self, view: str, key: str) -> TableRow | None:
+        """A view's current row of the left key `key`, None when it has none."""
+        raise NotImplementedError
+
+    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
+        """A view's rows in key order, the first `limit` after the key `after`."""
         raise NotImplementedError
 
     def device_clocks(self, stream: str) -> dict[str, DeviceClock]:

@@ -38,7 +38,9 @@ from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
 from store import table_state
+from store import view_state
 from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
+from store.tables import VIEW_STATE_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -52,7 +54,8 @@ class SqlitePaneStore(PaneStore):
         self._bloom: bloom_store.BloomStore | None = None
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
-            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES)
+            self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
+                                     + VIEW_STATE_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -126,6 +129,7 @@ class SqlitePaneStore(PaneStore):
         if commit.joins:
             join_store.apply(conn.cursor(), commit.joins, "?")
         table_state.apply(conn.cursor(), commit.table_changes, commit.batch_id, now_ms, "?")
+        view_state.apply(conn.cursor(), commit.views, commit.batch_id, now_ms, "?")
         self._prune(commit, retention_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
@@ -432,6 +436,32 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             found = self._conn.execute(table_state.page_query("?"), (stream, after, limit)).fetchall()
         return [table_state.to_row(r) for r in found]
+
+    def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
+        with self._lock:
+            return view_state.table_rows_of(self._conn.cursor(), stream, keys, "?")
+
+    def view_links(self, view: str, left_keys: Sequence[str], right_keys: Sequence[str]) -> list[view_state.ViewLink]:
+        with self._lock:
+            return view_state.lookup(self._conn.cursor(), view, left_keys, right_keys, "?")
+
+    def view_definition(self, view: str) -> str | None:
+        with self._lock:
+            return view_state.definition(self._conn.cursor(), view, "?")
+
+    def drop_view(self, view: str) -> None:
+        with self._lock, transaction(self._conn) as conn:
+            view_state.drop(conn.cursor(), view, "?")
+
+    def view_row(self, view: str, key: str) -> table_state.TableRow | None:
+        with self._lock:
+            found = self._conn.execute(view_state.row_query("?"), (view, key)).fetchone()
+        return None if found is None else view_state.to_row(found)
+
+    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+        with self._lock:
+            found = self._conn.execute(view_state.page_query("?"), (view, after, limit)).fetchall()
+        return [view_state.to_row(r) for r in found]
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:

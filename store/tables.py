@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from store.joins import JOIN_TABLES  # window joins' state (store/joins.py)
 from store import table_state
+from store import view_state
 
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
@@ -206,6 +207,7 @@ CREATE TABLE IF NOT EXISTS first_seen (
 """
 
 TABLE_STATE_TABLES = table_state.DDL
+VIEW_STATE_TABLES = view_state.DDL  # table-table join views (store/view_state.py)
 
 # Exact duplicate drops by event id (store/event_ids.py).
 EVENT_ID_TABLES = """
@@ -228,4 +230,5 @@ CREATE TABLE IF NOT EXISTS duplicate_counts (
 );
 """
 
-STORE_TABLES = PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
+STORE_TABLES = (PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
+                + VIEW_STATE_TABLES)

@@ -49,6 +49,7 @@ from store.commit_plan import (
 )
 from store.connection import where as where_clause
 from store import table_state
+from store import view_state
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
@@ -192,6 +193,9 @@ class PostgresPaneStore(PaneStore):
         if commit.table_changes:
             with conn.cursor() as cur:
                 table_state.apply(cur, commit.table_changes, commit.batch_id, now_ms, "%s")
+        if commit.views:
+            with conn.cursor() as cur:
+                view_state.apply(cur, commit.views, commit.batch_id, now_ms, "%s")
         if commit.bloom is not None:
             apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         if commit.event_ids is not None:
@@ -378,6 +382,30 @@ class PostgresPaneStore(PaneStore):
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
         return [table_state.to_row(r) for r in self._all(table_state.page_query("%s"), (stream, after, limit))]
+
+    def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return view_state.table_rows_of(cur, stream, keys, "%s")
+
+    def view_links(self, view: str, left_keys: Sequence[str], right_keys: Sequence[str]) -> list[view_state.ViewLink]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return view_state.lookup(cur, view, left_keys, right_keys, "%s")
+
+    def view_definition(self, view: str) -> str | None:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return view_state.definition(cur, view, "%s")
+
+    def drop_view(self, view: str) -> None:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+            view_state.drop(cur, view, "%s")
+
+    def view_row(self, view: str, key: str) -> table_state.TableRow | None:
+        found = self._one(view_state.row_query("%s"), (view, key))
+        return None if found is None else view_state.to_row(found)
+
+    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+        return [view_state.to_row(r) for r in self._all(view_state.page_query("%s"), (view, after, limit))]
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
