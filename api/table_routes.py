@@ -7,7 +7,9 @@
 - GET /api/v1/tables/{name}?key=K: the key's current row; without `key`, the rows in key
   order, `limit` at a time, the next page after `cursor` (the last key of the page before).
 The state is what the pipeline has committed (store/table_state.py): a change shows there
-once its batch is committed, as a change shows in panes.
+once its batch is committed, as a change shows in panes. A view (catalog/views.py: a join of two
+tables the pipeline maintains, store/view_state.py) is read by the same GET; a write to one is a
+409 naming the tables to write instead.
 """
 
 from __future__ import annotations
@@ -75,10 +77,17 @@ def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1/tables", tags=["tables"])
     validators = {name: TableRowValidator(s) for name, s in ctx.catalog.streams.items() if s.kind == "table"}
 
+    views = ctx.catalog.views
+
     def table(name: str) -> StreamDef:
+        if name in views:
+            view = views[name]
+            raise HTTPException(409, f"{name!r} is a view (a {view.kind} join of tables {view.left!r} and"
+                                     f" {view.right!r}): its rows are maintained from theirs, write to those")
         stream = ctx.catalog.streams.get(name)
         if stream is None or stream.kind != "table":
-            raise HTTPException(404, f"unknown table {name!r}; tables: {', '.join(sorted(validators)) or 'none'}")
+            raise HTTPException(404, f"unknown table {name!r}; tables: {', '.join(sorted(validators)) or 'none'}"
+                                     f"; views: {', '.join(sorted(views)) or 'none'}")
         return stream
 
     async def append(stream: StreamDef, events: list[Event], rejected: list[RejectedEvent],
@@ -92,8 +101,9 @@ def router(ctx: ApiContext) -> APIRouter:
                                 ingest_time_ms=now, partitions=result.ranges if result else {})
 
     @r.post("/{name}", response_model=TableWriteAnswer, openapi_extra=_ROWS_BODY,
-            responses=errors(400, 404, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array)",
-                             e404="unknown table", e413="body or row count over the configured limit",
+            responses=errors(400, 404, 409, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array)",
+                             e404="unknown table", e409="the name is a view: write to its tables",
+                             e413="body or row count over the configured limit",
                              e503="the log did not acknowledge the rows"),
             summary="Upsert or delete rows of a changelog table (JSON array or NDJSON)")
     async def post_rows(request: Request, name: str) -> TableWriteAnswer:
@@ -122,7 +132,8 @@ def router(ctx: ApiContext) -> APIRouter:
         return await append(stream, events, rejected, now)
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
-              responses=errors(400, 404, 503, e400="an empty key", e404="unknown table",
+              responses=errors(400, 404, 409, 503, e400="an empty key", e404="unknown table",
+                               e409="the name is a view: write to its tables",
                                e503="the log did not acknowledge the delete"),
               summary="Delete one row of a changelog table (appends a tombstone)")
     async def delete_row(request: Request, name: str, key: str) -> TableWriteAnswer:
@@ -134,19 +145,21 @@ def router(ctx: ApiContext) -> APIRouter:
         return await append(stream, [tombstone(stream, key, now)], [], now)
 
     @r.get("/{name}", response_model=TableRowAnswer | TablePage,
-           responses=errors(400, 404, e404="unknown table, or no row with this key"),
-           summary="A changelog table's current state: one row (?key=) or a page of rows")
+           responses=errors(400, 404, e404="unknown table or view, or no row with this key"),
+           summary="A changelog table's or a view's current state: one row (?key=) or a page of rows")
     def get_rows(name: str,
                  key: str | None = Query(None, description="the row's key: answer that row only"),
                  limit: int = Query(100, ge=1, le=MAX_PAGE, description="rows per page"),
                  cursor: str = Query("", description="the next_cursor of the page before")) -> TableRowAnswer | TablePage:
-        table(name)
+        is_view = name in views
+        if not is_view:
+            table(name)
         if key is not None:
-            found = ctx.store.table_row(name, key)
+            found = ctx.store.view_row(name, key) if is_view else ctx.store.table_row(name, key)
             if found is None:
-                raise HTTPException(404, f"table {name!r} has no row with key {key!r}")
+                raise HTTPException(404, f"{'view' if is_view else 'table'} {name!r} has no row with key {key!r}")
             return TableRowAnswer(table=name, key=key, row=_out(found))
-        rows = ctx.store.table_rows(name, after=cursor, limit=limit)
+        rows = (ctx.store.view_rows if is_view else ctx.store.table_rows)(name, after=cursor, limit=limit)
         return TablePage(table=name, rows=[_out(row) for row in rows],
                          next_cursor=rows[-1].key if len(rows) == limit else None)
 
