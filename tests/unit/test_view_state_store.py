@@ -14,14 +14,15 @@ from store.base import BatchCommit
 from store.table_state import TableChange
 
 T0 = 1_700_000_000_000
-CATALOG = parse_catalog("""
+YAML = """
 streams:
   users: {kind: table, key_field: user_id, dimensions: [plan_id, country], values: [credit]}
   plans: {kind: table, key_field: id, dimensions: [tier], values: [price]}
 views:
   user_plans: {left: users, right: plans, foreign_key: plan_id, kind: left}
   paying: {left: users, right: plans, foreign_key: plan_id}
-""")
+"""
+CATALOG = parse_catalog(YAML)
 LATENESS = {name: s.allowed_lateness for name, s in CATALOG.streams.items()}
 
 
@@ -96,3 +97,10 @@ def test_a_dropped_view_is_rebuilt_from_the_tables_by_the_next_batch(store_backe
     commit_batch(store, views, 11, {"plans": {"p1": TableChange(None, T0, 0, 999)}})
     for view in CATALOG.views:
         assert stored_view(store, view) == joined_tables(store, view)
+    # A changed declaration (left -> inner) is rebuilt too: its rows are those of an inner join.
+    changed = parse_catalog(YAML.replace("kind: left", "kind: inner"))
+    done = Views(changed, store).process({})
+    assert done.rebuilt == ("user_plans",)
+    store.commit_batch(with_views(BatchCommit("main", 12, [], 0), done, ["user_plans"]), lateness_ms=LATENESS,
+                       now_ms=T0)
+    assert stored_view(store, "user_plans") == stored_view(store, "paying")
