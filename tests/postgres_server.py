@@ -78,7 +78,10 @@ class PostgresServer:
             "-c unix_socket_directories=''",  # TCP on loopback only: no socket in a shared folder
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off",  # tests need no durability
             "-c max_connections=200",
-            *(["-c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"] if self.logical else []),
+            # synchronous_commit on: logical decoding reads only flushed WAL, and a test that has
+            # committed a change expects the slot to show it at once (off: up to wal_writer_delay later).
+            *(["-c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 -c synchronous_commit=on"]
+              if self.logical else []),
         ])
         self._options = options
         self._pg_ctl_start()

@@ -37,7 +37,7 @@ def json_value(text: str | None, type_oid: int):
     if type_oid in NUMBER_TYPES:
         return float(text)  # NaN and Infinity become floats the validator refuses, with the reason
     if type_oid == BOOL_TYPE:
-        return text == "t"
+        return text in ("t", "true")  # pgoutput writes t/f, a cast to text true/false
     return text
 
 
