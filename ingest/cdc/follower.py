@@ -36,13 +36,14 @@ from catalog import StreamDef
 from catalog.cdc import publication_name, resolve_dsn, slot_name
 from catalog.tables import DELETE, OP_FIELD
 from ingest.cdc.changes import ChangeMapper, Transaction, live_after, schema_report
-from ingest.cdc.pgoutput import Column, Commit, decode, lsn_to_int, lsn_to_text
+from ingest.cdc.pgoutput import Column, Commit, LogicalMessage, decode, lsn_to_int, lsn_to_text
 from ingest.log.base import EventLog
 from ingest.tables import is_tombstone, tombstone
 
 log = logging.getLogger("sketchboard.cdc")
 
 MAX_BACKOFF_S = 30.0
+HEARTBEAT_PREFIX = "sketchboard_cdc_heartbeat"
 
 
 def source_id(stream: StreamDef) -> str:
@@ -83,14 +84,16 @@ class CdcFollower:
         self.slot, self.publication = slot_name(stream), publication_name(stream)
         self.mapper = ChangeMapper(stream, self.source.key)
         self._conn: psycopg.Connection | None = None
+        self._last_heartbeat = 0.0
         self._table_oid: int | None = None
         self._columns_now: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._status: dict = {"state": "starting", "error": None, "upserts": 0, "deletes": 0, "rejected": 0,
+        # state: stopped (not running here: another replica leads), snapshotting, streaming, error
+        self._status: dict = {"state": "stopped", "error": None, "upserts": 0, "deletes": 0, "rejected": 0,
                               "last_rejection": None, "transactions": 0, "resyncs": 0, "truncates": 0,
-                              "caught_up_at_ms": None, "server_lsn": None, "slot_confirmed_lsn": None,
+                              "caught_up_at_ms": None, "caught_up_lsn": None, "server_lsn": None, "slot_confirmed_lsn": None,
                               "slot_restart_lsn": None, "slot_active": None}
 
     # -- running ------------------------------------------------------------------------
@@ -107,6 +110,7 @@ class CdcFollower:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._close()
+        self._set(state="stopped")
 
     def run(self) -> None:
         backoff = 1.0
@@ -218,18 +222,26 @@ class CdcFollower:
 
     def _follow(self, conn: psycopg.Connection, position: Position) -> bool:
         self._set(state="streaming", error=None)
+        server_lsn = self._observe(conn)  # before the peek: what an empty peek proves applied
         rows = conn.execute(
             "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s,"
-            " 'proto_version', '1', 'publication_names', %s)",
+            " 'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
             (self.slot, self.source.max_changes_per_poll, self.publication)).fetchall()
-        self._observe(conn)
         transactions: list[Transaction] = []
         pending: list = []
         current: list = []
+        # Where the slot may be confirmed once the rows are in the log: the end of each
+        # transaction read, or a heartbeat outside any (every record before it was decoded in this
+        # peek; a transaction still open then commits after it, so it is not skipped).
+        confirmable = position.lsn
         for _lsn, data in rows:
             message = decode(data)
+            if isinstance(message, LogicalMessage) and not message.transactional:
+                confirmable = max(confirmable, message.lsn)
+                continue
             current.append(message)
             if isinstance(message, Commit):
+                confirmable = max(confirmable, message.end_lsn)
                 if message.end_lsn > position.lsn:  # else: in the log already (the slot was not advanced)
                     txn = self.mapper.transaction(current, lambda events: self._live_keys([*pending, *events]))
                     transactions.append(txn)
@@ -238,18 +250,32 @@ class CdcFollower:
                     self.mapper.transaction(current, lambda events: set())  # keeps its Relation messages
                 current = []
         if not transactions:
-            self._set(caught_up_at_ms=int(self.clock() * 1000))
-            if rows:  # only transactions in the log already: confirm them to the slot
-                self._advance(conn, position.lsn)
+            # Nothing of the table's was waiting before the peek (what the status reports as
+            # applied). The slot is confirmed only up to what was decoded (`confirmable`): the
+            # server's LSN could be inside a commit record not yet flushed, which would be skipped.
+            self._set(caught_up_at_ms=int(self.clock() * 1000), caught_up_lsn=server_lsn)
+            if confirmable > lsn_to_int(self._status["slot_confirmed_lsn"] or "0/0"):
+                self._advance(conn, confirmable)
+            elif lsn_to_int(server_lsn) > confirmable:
+                self._heartbeat(conn)
             return False
         new = Position(**{**position.__dict__, "lsn": transactions[-1].end_lsn})
         now_ms = int(self.clock() * 1000)
         self.log.append_at(self.stream, pending, now_ms, source_id(self.stream), new.dump(), position.dump())
         if self.after_append is not None:
             self.after_append(new)
-        self._advance(conn, new.lsn)
+        self._advance(conn, max(new.lsn, confirmable))
         self._count(transactions)
         return True
+
+    def _heartbeat(self, conn: psycopg.Connection) -> None:
+        """A non-transactional logical message in the WAL (nothing of any table), at most once
+        per heartbeat_interval: the next peek reads it, and the slot may be confirmed up to it."""
+        now = self.clock()
+        if now - self._last_heartbeat < self.source.heartbeat_interval / 1000:
+            return
+        self._last_heartbeat = now
+        conn.execute("SELECT pg_logical_emit_message(false, %s, '')", (HEARTBEAT_PREFIX,))
 
     def _count(self, transactions: list[Transaction]) -> None:
         for txn in transactions:
@@ -308,8 +334,9 @@ class CdcFollower:
             " WHERE slot_name = %s AND database = current_database()", (self.slot,)).fetchone()
         return None if row is None else {"confirmed": row[0], "restart": row[1], "active": row[2]}
 
-    def _observe(self, conn: psycopg.Connection) -> None:
-        """The server's LSN and the slot's, for the lag (bytes of WAL the slot holds back)."""
+    def _observe(self, conn: psycopg.Connection) -> str:
+        """The server's LSN and the slot's, for the lag (bytes of WAL the slot holds back); returns
+        the server's."""
         row = conn.execute(
             "SELECT pg_current_wal_lsn()::text, s.confirmed_flush_lsn::text, s.restart_lsn::text"
             " FROM pg_replication_slots s WHERE s.slot_name = %s", (self.slot,)).fetchone()
@@ -318,6 +345,7 @@ class CdcFollower:
         # The table's columns now, to report a schema change (a column added or dropped) even
         # before a change of a row shows it.
         self._columns_now = [c.name for c in self._table_columns(conn)]
+        return row[0] if row else conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
 
     # -- status ---------------------------------------------------------------------------
 
@@ -336,6 +364,8 @@ class CdcFollower:
         position = Position.load(self.log.source_position(source_id(self.stream)))
         now_ms = int(self.clock() * 1000)
         applied = position.lsn if position else None
+        if applied is not None and s["caught_up_lsn"]:  # an empty peek proved everything before it applied
+            applied = max(applied, lsn_to_int(s["caught_up_lsn"]))
         server = lsn_to_int(s["server_lsn"]) if s["server_lsn"] else None
         restart = lsn_to_int(s["slot_restart_lsn"]) if s["slot_restart_lsn"] else None
         caught_up = s["caught_up_at_ms"]
@@ -348,6 +378,7 @@ class CdcFollower:
             "state": s["state"],
             "error": s["error"],
             "applied_lsn": lsn_to_text(applied) if applied is not None else None,
+            "logged_lsn": lsn_to_text(position.lsn) if position else None,
             "server_lsn": s["server_lsn"],
             "slot_confirmed_lsn": s["slot_confirmed_lsn"],
             "lag_bytes": max(0, server - applied) if server is not None and applied is not None else None,
@@ -363,3 +394,8 @@ class CdcFollower:
                                     position.columns if position else self._columns_now, self._columns_now)
             if self._columns_now else None,
         }
+
+
+def followers_for(streams, event_log: EventLog, **options) -> list[CdcFollower]:
+    """One follower per table stream with a `source` (none started)."""
+    return [CdcFollower(stream, event_log, **options) for stream in streams if stream.source is not None]

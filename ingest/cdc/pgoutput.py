@@ -2,7 +2,7 @@
 (https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html). Pure, no I/O.
 
 Why our own: the protocol's version 1 is small and stable (the messages below are all of it
-but Origin/Type/Message, which we skip), and the PyPI decoders are not a fit: `pypgoutput`
+but Origin/Type, which we skip), and the PyPI decoders are not a fit: `pypgoutput`
 (0.0.3, last release 2022) is tied to psycopg2's replication connection, and `pgoutput-decoder`
 (0.1.0, a single release) is a compiled backend with a replication client of its own. We read
 the messages with `pg_logical_slot_peek_binary_changes` over an ordinary psycopg 3 connection.
@@ -80,11 +80,21 @@ class Truncate:
 
 
 @dataclass(frozen=True)
+class LogicalMessage:
+    """pg_logical_emit_message's record (asked for with 'messages' 'true'): the follower's heartbeat."""
+
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+@dataclass(frozen=True)
 class Skipped:
-    kind: str  # Origin, Type, Message: nothing a table's rows depend on
+    kind: str  # Origin, Type: nothing a table's rows depend on
 
 
-Message = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Skipped
+Message = Begin | Commit | Relation | Insert | Update | Delete | Truncate | LogicalMessage | Skipped
 
 
 class PgoutputError(ValueError):
@@ -183,8 +193,16 @@ def decode(data: bytes) -> Message:
         count, options = r.take("!iB")
         oids = tuple(r.take("!I") for _ in range(count))
         return Truncate(oids, bool(options & 1), bool(options & 2))
-    if kind in ("O", "Y", "M"):
-        return Skipped({"O": "Origin", "Y": "Type", "M": "Message"}[kind])
+    if kind == "M":
+        flags, lsn = r.take("!BQ")
+        prefix = r.string()
+        size = r.take("!i")
+        content = r.data[r.pos:r.pos + size]
+        if len(content) != size:
+            raise PgoutputError("a logical message cut short")
+        return LogicalMessage(bool(flags & 1), lsn, prefix, content)
+    if kind in ("O", "Y"):
+        return Skipped({"O": "Origin", "Y": "Type"}[kind])
     raise PgoutputError(f"unknown pgoutput message {kind!r} (protocol version 1 is asked for)")
 
 

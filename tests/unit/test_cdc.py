@@ -14,7 +14,7 @@ from catalog.cdc import resolve_dsn
 from catalog.tables import DELETE, UPSERT
 from ingest.cdc.changes import ChangeMapper, live_after, schema_report
 from ingest.cdc.pgoutput import (
-    PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, PgoutputError, Relation, Truncate, Update, decode,
+    PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, LogicalMessage, PgoutputError, Relation, Truncate, Update, decode,
     lsn_to_int, lsn_to_text,
 )
 from ingest.log import SqliteEventLog
@@ -200,3 +200,6 @@ def test_struct_layout_of_a_begin_message_is_what_the_docs_say():
     # Byte1('B') Int64 final LSN, Int64 commit time (µs since 2000-01-01), Int32 xid.
     data = b"B" + struct.pack("!QqI", 5, 1_000_000, 7)
     assert decode(data) == Begin(5, PG_EPOCH_MS + 1000, 7)
+    # Byte1('M') Int8 flags (1: transactional), Int64 LSN, String prefix, Int32 length, bytes.
+    message = b"M" + struct.pack("!BQ", 0, 9) + b"beat\0" + struct.pack("!i", 2) + b"hi"
+    assert decode(message) == LogicalMessage(False, 9, "beat", b"hi")

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import psycopg
 import pytest
@@ -32,19 +33,14 @@ streams:
     values: [credit]
     partitions: 3
     source: {{postgres_dsn: "{dsn} password=${{CDC_TEST_PASSWORD}}", table: {table}, key: id, poll_interval: 50ms,
-              max_changes_per_poll: {per_poll}}}
+              max_changes_per_poll: {per_poll}, heartbeat_interval: 0s}}
 """
 ENV = {"CDC_TEST_PASSWORD": "unused"}  # trust auth: the reference is resolved, its value ignored
 
 
-@pytest.fixture(scope="module")
-def server():
-    from tests.postgres_server import PostgresServer
-
-    server = PostgresServer(logical=True)
-    server.start()
-    yield server
-    server.stop()
+@pytest.fixture
+def server(logical_postgres_server):
+    return logical_postgres_server
 
 
 _tables = iter(range(10_000))
@@ -130,7 +126,7 @@ def test_snapshot_then_live_changes_end_as_the_same_table(server, setup):
     assert log_table(log, stream) == pg_rows(server, table)
     status = follower.status()
     assert (status["upserts"], status["deletes"], status["transactions"]) == (5, 2, 5)
-    assert status["lag_bytes"] == 0 and status["applied_lsn"] == status["slot_confirmed_lsn"]
+    assert status["lag_bytes"] == 0 and status["applied_lsn"] == status["server_lsn"]
     assert status["dsn"].endswith("password=${CDC_TEST_PASSWORD}")  # the reference, never its value
     assert len(log_records(log, stream)) == 20 + 7  # each change once
 
@@ -170,7 +166,7 @@ def test_a_kill_between_append_and_advance_and_a_postgres_restart_lose_and_dupli
     with psycopg.connect(server.dsn()) as conn:
         confirmed = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                                  ("sketchboard_users",)).fetchone()[0]
-    assert f'"lsn": ' in position and len(log_records(log, stream)) == 5 + 2
+    assert '"lsn": ' in position and len(log_records(log, stream)) == 5 + 2
     sql(server, f"INSERT INTO {table} VALUES ('u9', 'pro', 9, false)")
     server.restart()  # PostgreSQL crashes and comes back
     sql(server, f"UPDATE {table} SET credit = 99 WHERE id = 'u9'")
@@ -218,11 +214,36 @@ def test_a_column_added_to_the_source_is_reported_and_errors_are_reported_not_ra
                         log, env=ENV)
     other.start()
     try:
-        import time
-
         deadline = time.time() + 30
         while other.status()["state"] != "error" and time.time() < deadline:
             time.sleep(0.05)
         assert other.status()["state"] == "error" and "no_such_table" in other.status()["error"]
     finally:
         other.stop()
+
+
+def test_a_quiet_tables_slot_is_confirmed_past_other_wal_by_heartbeats(server, setup):
+    table, make = setup
+    stream, log = make()
+    follower = CdcFollower(stream, log, env=ENV)
+    catch_up(follower)
+    sql(server, "CREATE TABLE IF NOT EXISTS other_busy (n int)",
+        *["INSERT INTO other_busy SELECT generate_series(1, 1000)"] * 5)  # WAL of a table not ours
+    with psycopg.connect(server.dsn()) as conn:
+        busy_end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    from ingest.cdc.pgoutput import lsn_to_int
+
+    # A heartbeat, flushed by the WAL writer within wal_writer_delay (it commits nothing), then
+    # the peek that reads it and confirms the slot up to it.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        follower.step()
+        status = follower.status()
+        if lsn_to_int(status["slot_confirmed_lsn"]) >= lsn_to_int(busy_end):
+            break
+        time.sleep(0.1)
+    assert lsn_to_int(status["slot_confirmed_lsn"]) >= lsn_to_int(busy_end)
+    assert status["upserts"] == status["transactions"] == 0  # the heartbeats are nobody's rows
+    sql(server, f"INSERT INTO {table} VALUES ('late', 'pro', 1, true)")  # and nothing after them is skipped
+    catch_up(follower)
+    assert log_table(log, stream) == pg_rows(server, table)
