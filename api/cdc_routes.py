@@ -5,17 +5,57 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, Field
 
 from api.context import ApiContext
+
+
+class CdcSchemaOut(BaseModel):
+    missing: list[str] = Field(description="declared columns the source table lacks")
+    ignored: list[str] = Field(description="source columns that are not the key, a dimension or a value")
+    added: list[str] = Field(description="columns added to the source table since the snapshot")
+    removed: list[str] = Field(description="columns dropped from the source table since the snapshot")
+
+
+class CdcSourceOut(BaseModel):
+    stream: str
+    table: str = Field(description="the PostgreSQL table followed")
+    dsn: str = Field(description="postgres_dsn as configured (${NAME} references, never their values)")
+    slot: str
+    publication: str
+    state: str = Field(description="stopped (another replica leads), snapshotting, streaming or error")
+    error: str | None = Field(description="why the last attempt failed (it is retried with back-off)")
+    applied_lsn: str | None = Field(description="every change of the table before it is in the log")
+    logged_lsn: str | None = Field(description="the position recorded with the last append")
+    server_lsn: str | None
+    slot_confirmed_lsn: str | None
+    lag_bytes: int | None = Field(description="server LSN minus applied LSN")
+    lag_seconds: float | None = Field(description="since the follower last found no change waiting")
+    retained_wal_bytes: int | None = Field(description="WAL the slot makes the database keep")
+    snapshot_rows: int | None
+    snapshot_lsn: str | None
+    snapshot_at_ms: int | None
+    upserts: int
+    deletes: int
+    transactions: int
+    truncates: int
+    resyncs: int = Field(description="new snapshots taken because the slot was gone")
+    rejected: int = Field(description="source changes the table refused")
+    last_rejection: str | None
+    schema_: CdcSchemaOut | None = Field(alias="schema", description="the source table's columns against the stream's")
+
+
+class CdcOut(BaseModel):
+    sources: list[CdcSourceOut]
 
 
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter()
 
-    @r.get("/api/v1/cdc", tags=["status"], response_model=None,
+    @r.get("/api/v1/cdc", tags=["status"], response_model=CdcOut, response_model_by_alias=True,
            summary="Change data capture: per CDC-fed table its slot, applied LSN, lag, snapshot and errors")
-    def cdc() -> dict:
-        return {"sources": [f.status() for f in ctx.cdc or ()]}
+    def cdc() -> CdcOut:
+        return CdcOut(sources=[CdcSourceOut.model_validate(f.status()) for f in ctx.cdc or ()])
 
     return r
 

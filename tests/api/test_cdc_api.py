@@ -54,6 +54,7 @@ def test_the_leader_follows_the_source_and_reports_it_and_producers_get_409(logi
             assert (status["stream"], status["table"], status["slot"], status["state"]) == \
                 ("plans", "plans", "sketchboard_plans", "streaming")
             assert status["snapshot_rows"] == 2 and status["upserts"] == 1 and status["error"] is None
+            assert status["schema"] == {"missing": [], "ignored": [], "added": [], "removed": []}
             metrics = client.get("/metrics").text
             assert 'sketchboard_cdc_snapshot_rows{stream="plans"} 2.0' in metrics
             assert 'sketchboard_cdc_changes_total{op="upsert",stream="plans"} 1.0' in metrics
