@@ -25,6 +25,7 @@ class CdcSourceOut(BaseModel):
     publication: str
     state: str = Field(description="stopped (another replica leads), snapshotting, streaming or error")
     error: str | None = Field(description="why the last attempt failed (it is retried with back-off)")
+    warning: str | None = Field(description="a setup problem found at the snapshot (deletes without the key)")
     applied_lsn: str | None = Field(description="every change of the table before it is in the log")
     logged_lsn: str | None = Field(description="the position recorded with the last append")
     server_lsn: str | None

@@ -94,7 +94,7 @@ class CdcFollower:
         self._status: dict = {"state": "stopped", "error": None, "upserts": 0, "deletes": 0, "rejected": 0,
                               "last_rejection": None, "transactions": 0, "resyncs": 0, "truncates": 0,
                               "caught_up_at_ms": None, "caught_up_lsn": None, "server_lsn": None, "slot_confirmed_lsn": None,
-                              "slot_restart_lsn": None, "slot_active": None}
+                              "slot_restart_lsn": None, "slot_active": None, "warning": None}
 
     # -- running ------------------------------------------------------------------------
 
@@ -194,9 +194,23 @@ class CdcFollower:
                 sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in wanted),
                 self._table_ident())
             rows = conn.execute(query).fetchall()
+            self._set(warning=self._identity_warning(conn, columns))
             conn.rollback()
         self._columns_now = [c.name for c in columns]
         return wanted, rows
+
+    def _identity_warning(self, conn: psycopg.Connection, columns: list[Column]) -> str | None:
+        """Why deletes would come without the key (REPLICA IDENTITY), or None: checked at the
+        snapshot, so the setup is fixed before the first delete is rejected."""
+        identity = conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass",
+                                (self.source.table,)).fetchone()[0]
+        primary = [c.name for c in columns if c.is_key]
+        if identity == "f" or (identity == "d" and primary == [self.source.key]):
+            return None
+        return (f"deletes of {self.source.table} will not carry the key {self.source.key!r} (REPLICA IDENTITY"
+                f" {dict(d='DEFAULT', n='NOTHING', i='USING INDEX').get(identity, identity)}, primary key"
+                f" {primary or 'none'}): make {self.source.key!r} the primary key, or ALTER TABLE"
+                f" {self.source.table} REPLICA IDENTITY FULL")
 
     def _table_columns(self, conn: psycopg.Connection) -> list[Column]:
         rows = conn.execute(
@@ -377,6 +391,7 @@ class CdcFollower:
             "publication": self.publication,
             "state": s["state"],
             "error": s["error"],
+            "warning": s["warning"],
             "applied_lsn": lsn_to_text(applied) if applied is not None else None,
             "logged_lsn": lsn_to_text(position.lsn) if position else None,
             "server_lsn": s["server_lsn"],

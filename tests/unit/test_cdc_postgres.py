@@ -197,7 +197,7 @@ def test_truncate_deletes_every_key_and_a_lost_slot_is_resynced_by_a_new_snapsho
     assert follower.status()["resyncs"] == 1
 
 
-def test_a_column_added_to_the_source_is_reported_and_errors_are_reported_not_raised(server, setup):
+def test_a_column_added_to_the_source_is_reported_and_errors_are_reported_not_raised(server, setup, tmp_path):
     table, make = setup
     sql(server, f"INSERT INTO {table} VALUES ('u1', 'free', 1, true)")
     stream, log = make()
@@ -208,6 +208,35 @@ def test_a_column_added_to_the_source_is_reported_and_errors_are_reported_not_ra
     catch_up(follower)
     assert follower.status()["schema"]["added"] == ["country"]
     assert log_table(log, stream) == pg_rows(server, table)
+    assert follower.status()["warning"] is None
+    # Keyed by a column that is not the primary key, with REPLICA IDENTITY DEFAULT: a delete would
+    # not carry it. Said at the snapshot; the delete is then rejected with the reason, not lost.
+    sql(server, "CREATE TABLE by_email (id int PRIMARY KEY, email text UNIQUE, plan text)",
+        "INSERT INTO by_email VALUES (1, 'a@x', 'free')")
+    keyed = parse_catalog(CONFIG.format(dsn=server.dsn(), table="by_email", per_poll=10)).streams["users"]
+    keyed = keyed.model_copy(update={"source": keyed.source.model_copy(update={"key": "email", "slot": "by_email",
+                                                                              "publication": "by_email"})})
+    by_email = CdcFollower(keyed, SqliteEventLog(tmp_path / "by_email.db"), env=ENV)
+    by_email.log.ensure_topic(keyed)
+    catch_up(by_email)
+    assert "REPLICA IDENTITY FULL" in by_email.status()["warning"]
+    sql(server, "DELETE FROM by_email")
+    catch_up(by_email)
+    assert by_email.status()["rejected"] == 1 and "REPLICA IDENTITY FULL" in by_email.status()["last_rejection"]
+    sql(server, "ALTER TABLE by_email REPLICA IDENTITY FULL", "INSERT INTO by_email VALUES (2, 'b@x', 'pro')",
+        "DELETE FROM by_email")
+    catch_up(by_email)
+    assert set(log_table(by_email.log, keyed)) == {"a@x"}  # b@x's delete carried the key; a@x's (rejected) did not
+    by_email._close()
+    sql(server, "SELECT pg_drop_replication_slot('by_email')", "DROP PUBLICATION by_email")
+    # A publication of that name that does not publish the table: said, not changed.
+    sql(server, "CREATE PUBLICATION not_ours FOR TABLE by_email")
+    wrong = CdcFollower(stream.model_copy(update={"source": stream.source.model_copy(
+        update={"slot": "wrong_pub", "publication": "not_ours"})}), log, env=ENV)
+    with pytest.raises(RuntimeError, match="does not publish"):
+        wrong.step()
+    wrong._close()
+    sql(server, "DROP PUBLICATION not_ours")
     # A source table that is not there: the run loop reports the error and keeps trying.
     broken = parse_catalog(CONFIG.format(dsn=server.dsn(), table="no_such_table", per_poll=10)).streams["users"]
     other = CdcFollower(broken.model_copy(update={"source": broken.source.model_copy(update={"slot": "other"})}),
