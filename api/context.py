@@ -122,6 +122,8 @@ class ApiContext:
     # Definition versions and reprocessing runs (aggregates.reprocess.ReprocessService); None: no
     # /api/v1/reprocess routes, no `definitions` in /api/v1/pipeline.
     reprocess: Any = None
+    # Change data capture followers (ingest.cdc.follower.CdcFollower), one per CDC-fed table.
+    cdc: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
 

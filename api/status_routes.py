@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, State
 from api import clock_routes, http_metrics, reprocess_routes
 from api.join_status import join_metrics, join_status
 from api.alert_routes import alert_metrics
+from api.cdc_routes import cdc_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
 from store.health import query_health
@@ -203,6 +204,8 @@ class _StoredMetrics:
             yield from self._leader()
         if ctx.reprocess is not None:
             yield from reprocess_routes.reprocess_metrics(ctx.reprocess)
+        if ctx.cdc:
+            yield from cdc_metrics(ctx.cdc)
 
     def _leader(self):
         leadership = self.ctx.leadership

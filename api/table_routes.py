@@ -90,6 +90,13 @@ def router(ctx: ApiContext) -> APIRouter:
                                      f"; views: {', '.join(sorted(views)) or 'none'}")
         return stream
 
+    def writable(name: str) -> StreamDef:
+        stream = table(name)
+        if stream.source is not None:  # a second writer would break the follower's exactly-once
+            raise HTTPException(409, f"table {name!r} is fed by change data capture from {stream.source.table}"
+                                     " (source:): change the rows in that PostgreSQL table instead")
+        return stream
+
     async def append(stream: StreamDef, events: list[Event], rejected: list[RejectedEvent],
                      now: int) -> TableWriteAnswer:
         try:
@@ -102,12 +109,13 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.post("/{name}", response_model=TableWriteAnswer, openapi_extra=_ROWS_BODY,
             responses=errors(400, 404, 409, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array)",
-                             e404="unknown table", e409="the name is a view: write to its tables",
+                             e404="unknown table",
+                             e409="a view (write to its tables), or a table fed by change data capture",
                              e413="body or row count over the configured limit",
                              e503="the log did not acknowledge the rows"),
             summary="Upsert or delete rows of a changelog table (JSON array or NDJSON)")
     async def post_rows(request: Request, name: str) -> TableWriteAnswer:
-        stream = table(name)
+        stream = writable(name)
         body = await read_capped(request, ctx.max_body_bytes)
         raws = parse_events(body, request.headers.get("content-type", ""))
         if len(raws) > ctx.max_events_per_request:
@@ -133,11 +141,11 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
               responses=errors(400, 404, 409, 503, e400="an empty key", e404="unknown table",
-                               e409="the name is a view: write to its tables",
+                               e409="a view (write to its tables), or a table fed by change data capture",
                                e503="the log did not acknowledge the delete"),
               summary="Delete one row of a changelog table (appends a tombstone)")
     async def delete_row(request: Request, name: str, key: str) -> TableWriteAnswer:
-        stream = table(name)
+        stream = writable(name)
         if not key:
             raise HTTPException(400, "key must not be empty")
         rate_limit_events(ctx, request, 1)

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from catalog.cdc import CdcSourceDef, check_source
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
@@ -59,6 +60,7 @@ class StreamDef(BaseModel):
     # "table": a changelog table keyed by key_field (catalog/tables.py); "stream": events.
     kind: StreamKind = "stream"
     tombstone_retention: DurationMs | None = None  # tables: how long the log keeps a delete
+    source: CdcSourceDef | None = None  # tables: fed by a PostgreSQL table (catalog/cdc.py), not by producers
     time_field: FieldName = "time"
     key_field: FieldName | None = None
     dimensions: tuple[FieldName, ...] = ()
@@ -92,6 +94,7 @@ class StreamDef(BaseModel):
     def _check_features(self) -> StreamDef:
         check_stream(self)
         check_table(self)
+        check_source(self)
         return self
     # Events older than (pipeline clock - retention) are dead-lettered, and panes that old are dropped.
     retention: DurationMs = 7 * 86_400_000

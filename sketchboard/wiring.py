@@ -228,6 +228,7 @@ def build_api(settings: Settings):
     leadership = build_leadership(settings, store)
     alerts = build_alert_service(settings, catalog, store, lag, active=leadership.leading)
     lead(leadership, alerts=alerts, sampler=lag.sampler)
+    cdc = follow_cdc_sources(settings, catalog, log, leadership)  # change data capture (docs/tables.md)
     ctx = ApiContext(
         catalog=catalog,
         log=log,
@@ -246,6 +247,7 @@ def build_api(settings: Settings):
         idempotency=open_idempotency_store(settings, store),
         leadership=leadership,
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
+        cdc=cdc,
     )
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
@@ -257,6 +259,33 @@ def build_api(settings: Settings):
         max_points=settings.query_max_points,
     )
     return create_app(ctx, hub_config=hub_config), ctx
+
+
+def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) -> list:
+    """A CDC follower per table stream with a `source` (ingest/cdc/), run by the leader replica
+    only (two followers of one slot would each append the changes)."""
+    from ingest.cdc.follower import followers_for
+
+    followers = followers_for(catalog.streams.values(), log)
+    if followers and settings.log_backend == "kafka":
+        raise ConfigError(f"stream {followers[0].stream.name!r} declares a source (change data capture), which"
+                          " needs the embedded log for now: it records the source's position in the append's"
+                          " own transaction (log_backend: embedded)")
+    if followers:
+        gain, lose = leadership.on_gain, leadership.on_lose
+
+        def on_gain() -> None:
+            gain()
+            for follower in followers:
+                follower.start()
+
+        def on_lose() -> None:
+            for follower in followers:
+                follower.stop()
+            lose()
+
+        leadership.on_gain, leadership.on_lose = on_gain, on_lose
+    return followers
 
 
 def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None,

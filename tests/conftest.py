@@ -55,6 +55,18 @@ def postgres_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def logical_postgres_server():
+    """A PostgreSQL server with wal_level=logical for the change data capture tests (replication
+    slots, pgoutput), apart from `postgres_server`: those tests also restart it."""
+    from tests.postgres_server import PostgresServer
+
+    server = PostgresServer(logical=True)
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_backend(request, tmp_path_factory):
     """The serving-store backend a contract test runs against (tests/store_backends.py): every

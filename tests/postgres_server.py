@@ -47,8 +47,11 @@ def find_bindir() -> Path:
 
 
 class PostgresServer:
-    def __init__(self, bindir: Path | None = None):
+    def __init__(self, bindir: Path | None = None, *, logical: bool = False):
         self.bindir = bindir or find_bindir()
+        # wal_level=logical (change data capture tests: replication slots, pgoutput); the default
+        # `replica` writes less WAL, which the other tests do not need.
+        self.logical = logical
         self.root = Path(tempfile.mkdtemp(prefix="sketchboard-pg-"))  # not under pytest's 0700 root-owned tmp
         self.data = self.root / "data"
         self.port = free_port()
@@ -75,10 +78,25 @@ class PostgresServer:
             "-c unix_socket_directories=''",  # TCP on loopback only: no socket in a shared folder
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off",  # tests need no durability
             "-c max_connections=200",
+            # synchronous_commit on: logical decoding reads only flushed WAL, and a test that has
+            # committed a change expects the slot to show it at once (off: up to wal_writer_delay later).
+            *(["-c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20 -c synchronous_commit=on"]
+              if self.logical else []),
         ])
+        self._options = options
+        self._pg_ctl_start()
+
+    def _pg_ctl_start(self) -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"),
-                  "-o", options, "-w", "-t", "60", "start")
+                  "-o", self._options, "-w", "-t", "60", "start")
         self.running = True
+
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop the server (`immediate`: as a crash, no shutdown checkpoint; `fast`: a clean stop)
+        and start it again on the same port and data: what a client sees as PostgreSQL restarting."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+        self.running = False
+        self._pg_ctl_start()
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname}"

@@ -34,6 +34,11 @@ class LogUnavailable(RuntimeError):
     written part of its events on Kafka (see `EventLog.append`)."""
 
 
+class PositionConflict(RuntimeError):
+    """`append_at` found another position than the one its writer expected: another writer
+    (a second follower of the same source) moved on; nothing was written."""
+
+
 @dataclass(frozen=True)
 class PartitionOffsets:
     start: int  # earliest retained offset
@@ -86,6 +91,19 @@ class EventLog(ABC):
         record per key stays, older ones and expired tombstones go, offsets never change; return
         the records dropped. (Kafka: the broker compacts a table's topic, cleanup.policy=compact.)"""
         return 0
+
+    def append_at(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int, source: str,
+                  position: str, expected: str | None) -> AppendResult:
+        """`append`, and record that the external `source` (change data capture: ingest/cdc/) has
+        reached `position`, atomically: both or neither. `expected`: the position this writer read
+        before (None: none yet); another one there means another writer moved on, and nothing is
+        written (PositionConflict). Only a log that can do both in one transaction offers it."""
+        raise NotImplementedError(f"the {type(self).__name__} cannot record a source's position with an append"
+                                  " atomically: change data capture needs the embedded log (log_backend: sqlite)")
+
+    def source_position(self, source: str) -> str | None:
+        """The position `append_at` recorded last for `source` (None: never)."""
+        return None
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         """When the record at this offset was appended (epoch ms), or None where the backend

@@ -20,7 +20,9 @@ import pyarrow.compute as pc
 
 from catalog import StreamDef
 from ingest.events import Event
-from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
+from ingest.log.base import (
+    AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, TopicMismatch,
+)
 from ingest.log import sqlite_compaction as compaction
 from ingest.log.records import (
     OFFSET, columns_to_batch, decode_segment, encode_segment, events_to_batch, project, with_offsets,
@@ -57,6 +59,13 @@ CREATE TABLE IF NOT EXISTS compacted_topics (
     stream TEXT PRIMARY KEY,
     key_field TEXT NOT NULL,
     tombstone_retention_ms INTEGER NOT NULL
+);
+-- Change data capture (ingest/cdc/): how far each source's changes are in the log, written in
+-- the transaction of the append that carries them (append_at).
+CREATE TABLE IF NOT EXISTS source_positions (
+    source TEXT PRIMARY KEY,
+    position TEXT NOT NULL,
+    updated_ms INTEGER NOT NULL
 );
 """
 
@@ -101,6 +110,19 @@ class SqliteEventLog(EventLog):
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
         if not events:
             return AppendResult({})
+        return self._append_events(stream, events, ingest_time_ms, None)
+
+    def append_at(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int, source: str,
+                  position: str, expected: str | None) -> AppendResult:
+        return self._append_events(stream, events, ingest_time_ms, (source, position, expected))
+
+    def source_position(self, source: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT position FROM source_positions WHERE source = ?", (source,)).fetchone()
+        return None if row is None else row[0]
+
+    def _append_events(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int,
+                       position: tuple[str, str, str | None] | None) -> AppendResult:
         by_partition: dict[int, list[Event]] = defaultdict(list)
         targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
         for event, partition in zip(events, targets, strict=True):
@@ -113,7 +135,7 @@ class SqliteEventLog(EventLog):
                 for chunk in _chunks(group, MAX_SEGMENT_RECORDS)
             ]
         try:
-            return self._append_encoded(stream, encoded, ingest_time_ms)
+            return self._append_encoded(stream, encoded, ingest_time_ms, position)
         except sqlite3.OperationalError as exc:  # disk full, I/O error, locked past the busy timeout
             raise LogUnavailable(f"the embedded log ({self.path}) cannot write, nothing was appended: {exc}") from exc
 
@@ -146,9 +168,11 @@ class SqliteEventLog(EventLog):
             raise LogUnavailable(f"the embedded log ({self.path}) cannot write, nothing was appended: {exc}") from exc
 
     def _append_encoded(self, stream: StreamDef, encoded: dict[int, list[tuple[int, bytes]]],
-                        ingest_time_ms: int) -> AppendResult:
+                        ingest_time_ms: int, position: tuple[str, str, str | None] | None = None) -> AppendResult:
         ranges: dict[int, tuple[int, int]] = {}
         with self._lock, _transaction(self._conn):
+            if position is not None:
+                self._record_position(*position, ingest_time_ms)
             for partition, segments in sorted(encoded.items()):
                 row = self._conn.execute(
                     "SELECT next_offset FROM partitions WHERE stream = ? AND partition = ?",
@@ -170,6 +194,15 @@ class SqliteEventLog(EventLog):
                 )
                 ranges[partition] = (first, offset - first)
         return AppendResult(ranges)
+
+    def _record_position(self, source: str, position: str, expected: str | None, now_ms: int) -> None:
+        row = self._conn.execute("SELECT position FROM source_positions WHERE source = ?", (source,)).fetchone()
+        if (row[0] if row else None) != expected:
+            raise PositionConflict(f"source {source!r} is at {row[0] if row else None!r} in the log, not at the"
+                                   f" expected {expected!r}: another writer follows it")
+        self._conn.execute("INSERT INTO source_positions (source, position, updated_ms) VALUES (?, ?, ?)"
+                           " ON CONFLICT (source) DO UPDATE SET position = excluded.position,"
+                           " updated_ms = excluded.updated_ms", (source, position, now_ms))
 
     # -- reading ------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Change data capture from PostgreSQL into a table stream (docs/tables.md, "Change data capture")."""

@@ -1,0 +1,176 @@
+"""Rows and changes of a PostgreSQL table as changes of a table stream. Pure, no I/O.
+
+The source table's `key` column is the stream's key_field; its columns named like the stream's
+dimensions and values fill them (others are ignored, and reported: `schema_report`). A row's
+columns arrive in their text form (the snapshot casts to text, pgoutput sends text) and become
+JSON values by their type: integer types a JSON integer, float and numeric types a number,
+booleans true/false, anything else the text as it is; a dimension takes the text (a boolean's
+"true"/"false"), a value needs a number (a text column that holds one is parsed). An upsert's time is the transaction's
+commit time (the snapshot's: the time it was taken); a change that the table's rules refuse
+(a number column that is not a number, a label over 1024 characters) is rejected with its
+reason, counted and shown by the follower, never dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from catalog import StreamDef
+from catalog.tables import OP_FIELD
+from ingest.cdc.pgoutput import UNCHANGED, Begin, Column, Commit, Delete, Insert, Relation, Truncate, Update
+from ingest.events import Event
+from ingest.tables import TableRowValidator, is_tombstone, tombstone
+
+# pg_type oids (stable since PostgreSQL 7): the types whose text form is a JSON number or boolean.
+INTEGER_TYPES = frozenset({20, 21, 23, 26})  # int8, int2, int4, oid
+NUMBER_TYPES = frozenset({700, 701, 1700})  # float4, float8, numeric
+BOOL_TYPE = 16
+
+
+def json_value(text: str | None, type_oid: int):
+    """A column's text form as the JSON value of its type."""
+    if text is None:
+        return None
+    if type_oid in INTEGER_TYPES:
+        return int(text)
+    if type_oid in NUMBER_TYPES:
+        return float(text)  # NaN and Infinity become floats the validator refuses, with the reason
+    if type_oid == BOOL_TYPE:
+        return text in ("t", "true")  # pgoutput writes t/f, a cast to text true/false
+    return text
+
+
+def number_value(text: str | None, type_oid: int):
+    """A value column: its JSON number (a text column holding a number is parsed)."""
+    value = json_value(text, type_oid)
+    return float(value) if isinstance(value, str) else value
+
+
+@dataclass
+class Transaction:
+    """What one source transaction did to the table stream."""
+
+    end_lsn: int
+    commit_time_ms: int
+    events: list[Event] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # the reason of each change refused
+    relations: list[Relation] = field(default_factory=list)  # the table's columns, as the messages said
+    truncated: bool = False
+
+
+class ChangeMapper:
+    """Turns the rows and messages of the source table into upserts and tombstones of `stream`."""
+
+    def __init__(self, stream: StreamDef, key_column: str):
+        self.stream = stream
+        self.key_column = key_column
+        self.validator = TableRowValidator(stream)
+        self.fields = {name for name in (*stream.dimensions, *stream.values) if name != OP_FIELD}
+        self.relations: dict[int, Relation] = {}
+
+    def row_event(self, columns: Sequence[Column], values: Sequence, time_ms: int) -> Event:
+        """The upsert of one row (ValueError: why it is refused)."""
+        raw: dict = {}
+        for column, text in zip(columns, values, strict=True):
+            if column.name == self.key_column:
+                if text is None or text is UNCHANGED:
+                    raise ValueError(f"{self.key_column}: the row's key is null")
+                raw[self.stream.key_field] = text
+            elif column.name in self.fields:
+                if text is UNCHANGED:
+                    raise ValueError(f"{column.name}: an unchanged TOASTed value the change does not carry"
+                                     " (over 2 kB: longer than a label may be)")
+                if column.name in self.stream.values:
+                    try:
+                        value = number_value(text, column.type_oid)
+                    except ValueError:
+                        raise ValueError(f"{column.name}: {text[:40]!r} is not a number") from None
+                else:  # a dimension is a label: the text as PostgreSQL writes it (a boolean true/false)
+                    value = json_value(text, column.type_oid) if column.type_oid == BOOL_TYPE else text
+                if value is not None:
+                    raw[column.name] = value
+        if self.stream.key_field not in raw:
+            raise ValueError(f"the source table has no key column {self.key_column!r}")
+        raw[self.stream.time_field] = time_ms
+        return self.validator.validate(raw, time_ms)
+
+    def key_of(self, columns: Sequence[Column], values: Sequence) -> str | None:
+        for column, text in zip(columns, values, strict=True):
+            if column.name == self.key_column:
+                return None if text is UNCHANGED else text
+        return None
+
+    def transaction(self, messages: Iterable, live_keys: Callable[[list[Event]], set[str]]) -> Transaction:
+        """The changes of one transaction's messages (Begin ... Commit). `live_keys(events)`: the
+        keys the table stream holds once `events` (this transaction's so far) are appended,
+        asked only for a Truncate, which deletes each of them."""
+        begin: Begin | None = None
+        txn = Transaction(end_lsn=0, commit_time_ms=0)
+        for message in messages:
+            if isinstance(message, Begin):
+                begin = message
+                txn.commit_time_ms = message.commit_time_ms
+            elif isinstance(message, Commit):
+                txn.end_lsn, txn.commit_time_ms = message.end_lsn, message.commit_time_ms
+            elif isinstance(message, Relation):
+                self.relations[message.oid] = message
+                txn.relations.append(message)
+            elif isinstance(message, (Insert, Update, Delete)):
+                time_ms = begin.commit_time_ms if begin else 0
+                try:
+                    txn.events.extend(self._change(message, time_ms))
+                except ValueError as exc:
+                    txn.rejected.append(str(exc))
+            elif isinstance(message, Truncate):
+                time_ms = begin.commit_time_ms if begin else 0
+                txn.truncated = True
+                txn.events.extend(tombstone(self.stream, key, time_ms) for key in sorted(live_keys(txn.events)))
+        return txn
+
+    def _change(self, message: Insert | Update | Delete, time_ms: int) -> list[Event]:
+        relation = self.relations.get(message.oid)
+        if relation is None:
+            raise ValueError(f"a change of relation {message.oid} before its Relation message")
+        columns = relation.columns
+        if isinstance(message, Delete):
+            key = self.key_of(columns, message.old)
+            if key is None:
+                raise ValueError(f"a delete without the key column {self.key_column!r}: make it the primary key, or"
+                                 " set REPLICA IDENTITY FULL on the table")
+            return [tombstone(self.stream, key, time_ms)]
+        new = message.new
+        events = []
+        if isinstance(message, Update) and message.old is not None:
+            old_key = self.key_of(columns, message.old)
+            if any(v is UNCHANGED for v in new):  # FULL identity: the old row has what was not resent
+                new = tuple(o if v is UNCHANGED else v for v, o in zip(new, message.old, strict=True))
+            if old_key is not None and old_key != self.key_of(columns, new):
+                events.append(tombstone(self.stream, old_key, time_ms))  # the row moved to another key
+        events.append(self.row_event(columns, new, time_ms))
+        return events
+
+
+def live_after(keys: set[str], stream: StreamDef, events: Iterable[Event]) -> set[str]:
+    """The keys holding a row after `events`, from those holding one before."""
+    keys = set(keys)
+    for event in events:
+        if is_tombstone(stream, event):
+            keys.discard(event.key)
+        else:
+            keys.add(event.key)
+    return keys
+
+
+def schema_report(declared: Iterable[str], key_column: str, at_start: Sequence[str],
+                  now: Sequence[str]) -> dict:
+    """How the source table's columns differ from the stream's and from those it had when
+    snapshotted: `missing` declared columns the table lacks (their dimension stays "", their value
+    null), `added`/`removed` columns since the snapshot (a schema change, reported, never a crash)."""
+    wanted = {*declared, key_column} - {OP_FIELD}
+    return {
+        "missing": sorted(wanted - set(now)),
+        "ignored": sorted(set(now) - wanted),
+        "added": [c for c in now if c not in at_start],
+        "removed": [c for c in at_start if c not in now],
+    }

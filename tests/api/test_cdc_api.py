@@ -1,0 +1,80 @@
+"""Change data capture in the service (sketchboard/wiring.py, api/cdc_routes.py): the leader
+replica runs a follower per CDC-fed table; GET /api/v1/cdc and /metrics show its snapshot,
+position and lag; producers' writes to such a table are refused (409) with the reason."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import psycopg
+import pytest
+import yaml
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from catalog import ConfigError
+from sketchboard.settings import Settings
+from sketchboard.wiring import build_api, follow_cdc_sources, open_catalog
+
+
+def streams(dsn: str) -> dict:
+    return {"streams": {"plans": {"kind": "table", "key_field": "plan_id", "dimensions": ["tier"],
+                                  "values": ["price"], "partitions": 2,
+                                  "source": {"postgres_dsn": dsn, "table": "plans", "key": "plan_id",
+                                             "poll_interval": "100ms"}}}}
+
+
+@pytest.mark.postgres
+def test_the_leader_follows_the_source_and_reports_it_and_producers_get_409(logical_postgres_server, tmp_path):
+    server = logical_postgres_server
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE plans (plan_id int PRIMARY KEY, tier text, price numeric)")
+        conn.execute("INSERT INTO plans VALUES (1, 'free', 0), (2, 'pro', 9.5)")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(streams(server.dsn())))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    app, ctx = build_api(settings)
+    ctx.leadership.start()  # as `sketchboard api` does: the leader starts the followers
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            def cdc() -> dict:
+                return client.get("/api/v1/cdc").json()["sources"][0]
+
+            deadline = time.time() + 60
+            while cdc()["snapshot_rows"] is None and time.time() < deadline:
+                time.sleep(0.1)
+            with psycopg.connect(server.dsn(), autocommit=True) as conn:
+                conn.execute("UPDATE plans SET price = 12 WHERE plan_id = 2")
+            while cdc()["upserts"] < 1 and time.time() < deadline:
+                time.sleep(0.1)
+            status = cdc()
+            assert (status["stream"], status["table"], status["slot"], status["state"]) == \
+                ("plans", "plans", "sketchboard_plans", "streaming")
+            assert status["snapshot_rows"] == 2 and status["upserts"] == 1 and status["error"] is None
+            assert status["schema"] == {"missing": [], "ignored": [], "added": [], "removed": []}
+            metrics = client.get("/metrics").text
+            assert 'sketchboard_cdc_snapshot_rows{stream="plans"} 2.0' in metrics
+            assert 'sketchboard_cdc_changes_total{op="upsert",stream="plans"} 1.0' in metrics
+            assert 'sketchboard_cdc_lag_bytes{stream="plans"}' in metrics
+            refused = client.post("/api/v1/tables/plans", json=[{"plan_id": "3", "tier": "x"}])
+            assert refused.status_code == 409 and "change data capture" in refused.json()["detail"]
+            assert client.delete("/api/v1/tables/plans/1").status_code == 409
+    finally:
+        ctx.leadership.stop()
+    assert ctx.cdc[0].status()["state"] == "stopped"
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot('sketchboard_plans')")
+        conn.execute("DROP PUBLICATION sketchboard_plans")
+        conn.execute("DROP TABLE plans")
+
+
+def test_change_data_capture_needs_the_embedded_log(tmp_path):
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(streams("host=db dbname=app")))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, log_backend="kafka",
+                        kafka_bootstrap_servers="127.0.0.1:1")
+    with pytest.raises(ConfigError, match="needs the embedded log"):
+        follow_cdc_sources(settings, open_catalog(settings), None, None)

@@ -1,0 +1,205 @@
+"""Change data capture without PostgreSQL: the catalog's `source:`, the pgoutput decoder (on
+messages a PostgreSQL 15 server wrote), the mapping of changes to upserts and tombstones, and
+the embedded log's append that records a source's position atomically (ingest/cdc/, catalog/cdc.py).
+The follower against a real server: tests/unit/test_cdc_postgres.py."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from catalog import parse_catalog
+from catalog.cdc import resolve_dsn
+from catalog.tables import DELETE, UPSERT
+from ingest.cdc.changes import ChangeMapper, live_after, schema_report
+from ingest.cdc.pgoutput import (
+    PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, LogicalMessage, PgoutputError, Relation, Truncate, Update, decode,
+    lsn_to_int, lsn_to_text,
+)
+from ingest.log import SqliteEventLog
+from ingest.log.base import PositionConflict
+from ingest.tables import is_tombstone, tombstone
+
+CONFIG = """
+streams:
+  users:
+    kind: table
+    key_field: user_id
+    dimensions: [plan, active]
+    values: [credit]
+    partitions: 2
+    source: {postgres_dsn: "host=db dbname=app user=cdc password=${APP_PG_PASSWORD}", table: public.users, key: id}
+"""
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def users():
+    return parse_catalog(CONFIG).streams["users"]
+
+
+# -- catalog ---------------------------------------------------------------------------------------
+
+
+def test_a_table_declares_its_postgres_source_with_default_slot_and_publication(users):
+    from catalog.cdc import publication_name, slot_name
+
+    assert users.source.table == "public.users" and users.source.key == "id"
+    assert slot_name(users) == publication_name(users) == "sketchboard_users"
+    named = parse_catalog(CONFIG.replace("key: id}", "key: id, slot: my_slot, publication: my_pub}")).streams["users"]
+    assert (slot_name(named), publication_name(named)) == ("my_slot", "my_pub")
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("{postgres_dsn: 'host=db password=hunter2', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'postgresql://cdc:hunter2@db/app', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'host=db', table: 'no such; table', key: id}", "table"),
+    ("{postgres_dsn: 'host=db', table: t}", "key"),
+    ("{postgres_dsn: 'host=db', table: t, key: id, slot: Bad-Slot}", "slot"),
+    ("{postgres_dsn: 'host=db', table: t, key: id, extra: 1}", "extra"),
+])
+def test_a_bad_source_is_refused_with_its_reason(source, message):
+    with pytest.raises(Exception, match=message):
+        parse_catalog(f"streams:\n  t: {{kind: table, key_field: k, source: {source}}}\n")
+
+
+def test_only_a_table_takes_a_source():
+    with pytest.raises(Exception, match="declare kind: table"):
+        parse_catalog("streams:\n  s: {key_field: k, source: {postgres_dsn: 'host=db', table: t, key: id}}\n")
+
+
+def test_the_dsn_takes_its_secrets_from_the_environment(users):
+    assert resolve_dsn(users.source.postgres_dsn, {"APP_PG_PASSWORD": "s3"}) == "host=db dbname=app user=cdc password=s3"
+    with pytest.raises(ValueError, match="APP_PG_PASSWORD, which is not set"):
+        resolve_dsn(users.source.postgres_dsn, {})
+    # A URL with its password from the environment is fine too.
+    assert resolve_dsn("postgresql://cdc:${P}@db/app", {"P": "x"}) == "postgresql://cdc:x@db/app"
+
+
+# -- pgoutput ----------------------------------------------------------------------------------------
+
+# Messages as a PostgreSQL 15 server sent them for: INSERT u2; UPDATE u1; DELETE u2; TRUNCATE.
+RELATION = (b"R\x00\x00@\x00public\x00users\x00d\x00\x04\x01id\x00\x00\x00\x00\x19\xff\xff\xff\xff\x00plan\x00"
+            b"\x00\x00\x00\x19\xff\xff\xff\xff\x00credit\x00\x00\x00\x06\xa4\xff\xff\xff\xff\x00active\x00\x00\x00"
+            b"\x00\x10\xff\xff\xff\xff")
+BEGIN = b"B\x00\x00\x00\x00\x01PZ\xb0\x00\x03\x03\xf4\xb7,\xd2\xfa\x00\x00\x02\xd7"
+INSERT = b"I\x00\x00@\x00N\x00\x04t\x00\x00\x00\x02u2t\x00\x00\x00\x03prot\x00\x00\x00\x012t\x00\x00\x00\x01f"
+COMMIT = b"C\x00\x00\x00\x00\x00\x01PZ\xb0\x00\x00\x00\x00\x01PZ\xe0\x00\x03\x03\xf4\xb7,\xd2\xfa"
+UPDATE = b"U\x00\x00@\x00N\x00\x04t\x00\x00\x00\x02u1t\x00\x00\x00\x01xt\x00\x00\x00\x031.5t\x00\x00\x00\x01t"
+DELETE_KEY = b"D\x00\x00@\x00K\x00\x04t\x00\x00\x00\x02u2nnn"
+TRUNCATE = b"T\x00\x00\x00\x01\x00\x00\x00@\x00"
+
+
+def test_pgoutput_messages_decode():
+    relation = decode(RELATION)
+    assert relation == Relation(16384, "public", "users", "d", (
+        Column("id", 25, True), Column("plan", 25, False), Column("credit", 1700, False), Column("active", 16, False)))
+    begin, commit = decode(BEGIN), decode(COMMIT)
+    assert isinstance(begin, Begin) and begin.xid == 727 and begin.final_lsn == lsn_to_int("0/1505AB0")
+    assert isinstance(commit, Commit) and commit.end_lsn == lsn_to_int("0/1505AE0")
+    assert commit.commit_time_ms == begin.commit_time_ms > PG_EPOCH_MS
+    assert decode(INSERT) == Insert(16384, ("u2", "pro", "2", "f"))
+    assert decode(UPDATE) == Update(16384, None, None, ("u1", "x", "1.5", "t"))
+    assert decode(DELETE_KEY) == Delete(16384, ("u2", None, None, None), "K")
+    assert decode(TRUNCATE) == Truncate((16384,), False, False)
+    # An update with its old key (the key changed) and an unchanged TOASTed column.
+    moved = b"U\x00\x00@\x00K\x00\x01t\x00\x00\x00\x02u1N\x00\x02t\x00\x00\x00\x02u9u"
+    assert decode(moved) == Update(16384, ("u1",), "K", ("u9", UNCHANGED))
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"Z", "unknown pgoutput message"),
+    (INSERT[:-3], "cut short"),
+    (b"I\x00\x00@\x00N\x00\x01b\x00\x00\x00\x01x", "unknown tuple column kind"),
+])
+def test_a_message_the_decoder_does_not_understand_is_an_error_with_its_reason(data, message):
+    with pytest.raises(PgoutputError, match=message):
+        decode(data)
+
+
+def test_lsn_text_round_trip():
+    assert lsn_to_text(lsn_to_int("16/B374D848")) == "16/B374D848"
+    assert lsn_to_int("0/0") == 0
+
+
+# -- changes -----------------------------------------------------------------------------------------
+
+
+def messages(*raw: bytes):
+    return [decode(m) for m in raw]
+
+
+def test_inserts_and_updates_are_upserts_deletes_tombstones_with_json_values(users):
+    mapper = ChangeMapper(users, "id")
+    txn = mapper.transaction(messages(BEGIN, RELATION, INSERT, UPDATE, DELETE_KEY, COMMIT), lambda events: set())
+    assert txn.end_lsn == lsn_to_int("0/1505AE0") and not txn.rejected
+    inserted, updated, deleted = txn.events
+    assert (inserted.key, inserted.strings["op"], inserted.strings["plan"], inserted.strings["active"],
+            inserted.numbers["credit"]) == ("u2", UPSERT, "pro", "false", 2.0)
+    assert inserted.event_time_ms == txn.commit_time_ms  # the commit's time
+    assert (updated.key, updated.strings["plan"], updated.numbers["credit"]) == ("u1", "x", 1.5)
+    assert is_tombstone(users, deleted) and deleted.key == "u2" and deleted.strings["op"] == DELETE
+
+
+def test_a_key_change_retracts_the_old_key_and_a_truncate_deletes_every_live_key(users):
+    mapper = ChangeMapper(users, "id")
+    moved = b"U\x00\x00@\x00K\x00\x04t\x00\x00\x00\x02u1nnnN\x00\x04t\x00\x00\x00\x02u9t\x00\x00\x00\x01xnn"
+    txn = mapper.transaction(messages(BEGIN, RELATION, moved, COMMIT), lambda events: set())
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u1", DELETE), ("u9", UPSERT)]
+    asked = []
+
+    def live(events):
+        asked.append(list(events))
+        return live_after({"a", "b"}, users, events)
+
+    txn = mapper.transaction(messages(BEGIN, INSERT, TRUNCATE, COMMIT), live)
+    assert txn.truncated and [(e.key, e.strings["op"]) for e in txn.events] == \
+        [("u2", UPSERT), ("a", DELETE), ("b", DELETE), ("u2", DELETE)]
+    assert len(asked[0]) == 1  # the keys as they are after the transaction's earlier changes
+
+
+def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(users):
+    mapper = ChangeMapper(users, "id")
+    bad = b"I\x00\x00@\x00N\x00\x04t\x00\x00\x00\x02u3nt\x00\x00\x00\x03NaNn"
+    no_key = b"D\x00\x00@\x00K\x00\x04nnnn"
+    txn = mapper.transaction(messages(BEGIN, RELATION, bad, no_key, INSERT, COMMIT), lambda events: set())
+    assert [e.key for e in txn.events] == ["u2"]
+    assert "credit" in txn.rejected[0] and "finite" in txn.rejected[0]
+    assert "REPLICA IDENTITY FULL" in txn.rejected[1]
+
+
+def test_schema_report_names_missing_ignored_added_and_removed_columns():
+    report = schema_report(("op", "plan", "country"), "id", ["id", "plan", "x"], ["id", "plan", "x", "y"])
+    assert report == {"missing": ["country"], "ignored": ["x", "y"], "added": ["y"], "removed": []}
+
+
+# -- the log's position ------------------------------------------------------------------------------
+
+
+def test_the_embedded_log_records_a_sources_position_with_the_append_or_not_at_all(tmp_path, users):
+    log = SqliteEventLog(tmp_path / "log.db")
+    log.ensure_topic(users)
+    assert log.source_position("cdc:users") is None
+    rows = [tombstone(users, "u1", T0)]
+    log.append_at(users, rows, T0, "cdc:users", "p1", None)
+    log.append_at(users, [], T0, "cdc:users", "p2", "p1")  # a position without rows (nothing of ours changed)
+    assert log.source_position("cdc:users") == "p2"
+    with pytest.raises(PositionConflict, match="another writer"):
+        log.append_at(users, rows, T0, "cdc:users", "p3", "p1")
+    assert log.source_position("cdc:users") == "p2"
+    assert sum(o.end for o in log.offsets("users").values()) == 1  # the refused append wrote nothing
+    with pytest.raises(KeyError):  # a failed append records no position either
+        log._append_encoded(users, {9: [(1, b"x")]}, T0, ("cdc:users", "p9", "p2"))
+    assert log.source_position("cdc:users") == "p2"
+    log.close()
+    assert SqliteEventLog(tmp_path / "log.db").source_position("cdc:users") == "p2"
+
+
+def test_struct_layout_of_a_begin_message_is_what_the_docs_say():
+    # Byte1('B') Int64 final LSN, Int64 commit time (µs since 2000-01-01), Int32 xid.
+    data = b"B" + struct.pack("!QqI", 5, 1_000_000, 7)
+    assert decode(data) == Begin(5, PG_EPOCH_MS + 1000, 7)
+    # Byte1('M') Int8 flags (1: transactional), Int64 LSN, String prefix, Int32 length, bytes.
+    message = b"M" + struct.pack("!BQ", 0, 9) + b"beat\0" + struct.pack("!i", 2) + b"hi"
+    assert decode(message) == LogicalMessage(False, 9, "beat", b"hi")
