@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from aggregates.joins import WindowJoins
+from aggregates.joins import WindowJoins, with_joins
 from alerts.source import StoreAlertData
 from catalog import parse_catalog
 from query import compute, resolve
@@ -39,9 +39,13 @@ def records(rows) -> pa.Table:
 
 
 def commit(store, joins, batch_id, rows) -> None:
-    joined = joins.join(records(rows))
-    c = BatchCommit(pipeline="main", batch_id=batch_id, partials=joined.partials, events_read=0,
-                    max_event_ms=joined.max_event_ms, joins=joined.commits)
+    """One batch: the joined streams' progress (their newest events: the stream-wide watermark
+    rule, one partition caught up) and the join's derived partials and state, in one commit."""
+    newest: dict[str, int] = {}
+    for stream, _, _, t, _, _ in rows:
+        newest[stream] = max(newest.get(stream, t), t)
+    base = BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0, max_event_ms=newest)
+    c = with_joins(base, joins.join(records(rows), base, now_ms=T0), joins.names)
     lateness = {n: s.allowed_lateness for n, s in joins.catalog.streams.items()}
     assert store.commit_batch(c, lateness_ms=lateness, now_ms=T0).committed
 
@@ -72,11 +76,16 @@ def test_searches_and_clicks_become_pairs_ctr_latency_and_unmatched_exactly_once
     # merged into its search's final pane as a correction.
     commit(store, joins, 3, [("clicks", 0, 3, T0 + 20 * MIN, ["3"], ["s2"])])
     assert store.join_sizes()["search_clicks"].unmatched_right == 0
-    # Batch 4: the clicks' watermark moves 3 h on: what waited expires; the clicks that matched
-    # nothing (zz, other) are counted unmatched at their own times, the state is bounded.
+    # Batch 4: the clicks' watermark moves 3 h on, the searches' does not: the join's clock
+    # waits for the searches (a click-only batch expires nothing).
     commit(store, joins, 4, [("clicks", 1, 2, T0 + 3 * 3_600_000, ["1"], ["later"])])
+    assert store.join_sizes()["search_clicks"].left_rows == 5
+    assert store.watermarks()["search_clicks"] == T0 + 80 * MIN - 30 * MIN - 30_000  # by the searches only
+    # Batch 5: the searches move 3 h on too: what waited expires; the clicks that matched
+    # nothing (zz, other) are counted unmatched at their own times, the state is bounded.
+    commit(store, joins, 5, [("searches", 1, 2, T0 + 3 * 3_600_000, ["toys"], ["s6"])])
     sizes = store.join_sizes()["search_clicks"]
-    assert (sizes.unmatched_right, sizes.left_rows, sizes.pending_right, sizes.pairs) == (2, 0, 1, 4)
+    assert (sizes.unmatched_right, sizes.left_rows, sizes.pending_right, sizes.pairs) == (2, 1, 1, 4)
 
     sums = {v: query(store, catalog, f"search_clicks_{v}", "sum", group_by="query_category")
             for v in ("searches", "pairs", "clicked")}
