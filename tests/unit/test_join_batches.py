@@ -116,3 +116,37 @@ def test_the_ratio_stat_needs_a_metric_with_ratio_of():
     with pytest.raises(QueryError, match="no ratio_of"):
         resolve(catalog, metric="search_clicks_pairs", stats=["ratio"], now_ms=T0, max_points=100)
     assert "ratio" in catalog.metric("search_clicks_clicked").stats()
+
+
+def test_a_lagging_partition_holds_the_joins_clock_so_its_clicks_still_find_their_searches(store_backend):
+    """Per-partition watermarks (store/watermarks.py): clicks' partition 0 runs 3 h ahead while
+    partition 1 still has unread records; the join's clock waits for partition 1, whose click on
+    a search of 3 h earlier is then still a pair (a stream-wide clock would have expired the search)."""
+    catalog = parse_catalog(CONFIG)
+    store = store_backend.create()
+    joins = WindowJoins(catalog, store)
+    far = T0 + 3 * 3_600_000
+
+    def batch(batch_id, rows, end_offsets, log_end_offsets):
+        newest: dict[str, dict[int, int]] = {"searches": {}, "clicks": {}}
+        for stream, partition, _, t, _, _ in rows:
+            newest[stream][partition] = max(newest[stream].get(partition, t), t)
+        base = BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0,
+                           max_event_ms={s: max(p.values()) for s, p in newest.items() if p},
+                           end_offsets=end_offsets, partition_max_event_ms=newest, log_end_offsets=log_end_offsets)
+        c = with_joins(base, joins.join(records(rows), base, now_ms=T0), joins.names)
+        lateness = {n: s.allowed_lateness for n, s in catalog.streams.items()}
+        assert store.commit_batch(c, lateness_ms=lateness, now_ms=T0).committed
+
+    # Both streams' partition 0 move 3 h on; the clicks' partition 1 has 5 records not read yet.
+    batch(0, [("searches", 0, 0, T0, ["books"], ["s1"]), ("searches", 0, 1, far, ["toys"], ["s2"]),
+              ("clicks", 0, 0, far, ["1"], ["x"])],
+          {"searches": {0: 2}, "clicks": {0: 1, 1: 0}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
+    assert store.join_sizes()["search_clicks"].clock_ms is None  # held: partition 1 cannot tell how far it reaches
+    batch(1, [("clicks", 1, 0, T0 + 5 * MIN, ["1"], ["s1"])],
+          {"searches": {0: 2}, "clicks": {0: 1, 1: 1}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
+    sizes = store.join_sizes()["search_clicks"]
+    assert (sizes.pairs, sizes.unmatched_right) == (1, 0)
+    assert sizes.clock_ms == T0 + 5 * MIN - 30_000  # partition 1's watermark: it still has unread records
+    ctr = query(store, catalog, "search_clicks_clicked", "ratio", group_by="query_category")
+    assert ctr[(("query_category", "books"),)][T0].value == 1.0
