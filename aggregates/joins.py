@@ -17,7 +17,7 @@ store transaction that records the batch (docs/architecture.md, "Window joins").
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -26,13 +26,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.partials import dead_letter_reason_column
-from aggregates.window_join import DerivedRow, JoinRule, advance_clock, expire_through, join_batch
+from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
 from catalog.joins import JOIN_VALUES, JoinDef, key_slot
 from sketches import DEFAULT_K, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.joins import JoinCommit, JoinEvent
-from store.panes import pane_start
+from store.panes import advance_watermark, pane_start
+from store.watermarks import advance_stream
 
 LATENCY = "latency_ms"
 
@@ -46,8 +47,8 @@ class JoinedBatch:
     unmatched_right: int = 0
 
 
-def rule_of(join: JoinDef, catalog: Catalog) -> JoinRule:
-    return JoinRule(join.name, join.within, join.late_horizon, catalog.streams[join.right.stream].allowed_lateness)
+def rule_of(join: JoinDef) -> JoinRule:
+    return JoinRule(join.name, join.within, join.late_horizon)
 
 
 def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, with_dims: bool) -> list[JoinEvent]:
@@ -103,15 +104,19 @@ class WindowJoins:
                             & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
                 .select("stream", "partition", "offset", "event_time", "dims", "ids").toArrow())
 
-    def process(self, batch: DataFrame, batch_now_ms: int) -> JoinedBatch:
-        return self.join(self.records(batch, batch_now_ms))
+    def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
+                idle_timeout_ms: Mapping[str, int] | None = None) -> JoinedBatch:
+        return self.join(self.records(batch, batch_now_ms), commit, now_ms=batch_now_ms, idle_timeout_ms=idle_timeout_ms)
 
-    def join(self, records: pa.Table) -> JoinedBatch:
-        """Every join over the batch's records (JOIN columns), with the state the store holds."""
+    def join(self, records: pa.Table, commit: BatchCommit, *, now_ms: int,
+             idle_timeout_ms: Mapping[str, int] | None = None) -> JoinedBatch:
+        """Every join over the batch's records (JOIN columns), with the state the store holds;
+        `commit` is the batch's own commit (its streams' progress: the join's clock)."""
         out = JoinedBatch()
         pairs = unmatched = 0
+        marks = self.watermarks_after(commit, now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)
         for join in self.joins:
-            rule = rule_of(join, self.catalog)
+            rule = rule_of(join)
             lefts = side_events(records, self.catalog, join.left.stream, join.left.key, with_dims=True)
             rights = side_events(records, self.catalog, join.right.stream, join.right.key, with_dims=False)
             # A record without the key can match nothing: a left one still counts as a search,
@@ -120,9 +125,11 @@ class WindowJoins:
             extra += [DerivedRow(e.time_ms, (), {"unmatched_right": 1}) for e in rights if e.key is None]
             lefts = [e for e in lefts if e.key is not None]
             rights = [e for e in rights if e.key is not None]
-            through = expire_through(self._clock_after(join, rule, rights), rule.keep_ms)
+            stored_clock = self.store.join_state(join.name, [], None).clock_ms
+            clock = join_clock(stored_clock, marks.get(join.left.stream), marks.get(join.right.stream))
+            through = expire_through(clock, rule.keep_ms)
             state_before = self.store.join_state(join.name, sorted({e.key for e in [*lefts, *rights]}), through)
-            outcome = join_batch(rule, state_before, lefts, rights)
+            outcome = join_batch(rule, state_before, lefts, rights, clock)
             rows = [*outcome.rows, *extra]
             commit = outcome.commit
             keyless = sum(1 for r in extra if "unmatched_right" in r.values)
@@ -138,10 +145,27 @@ class WindowJoins:
             unmatched += commit.unmatched_right
         return JoinedBatch(out.partials, out.commits, out.max_event_ms, pairs, unmatched)
 
-    def _clock_after(self, join: JoinDef, rule: JoinRule, rights: list[JoinEvent]) -> int | None:
-        """The join's clock after this batch (the stored clock advanced by the batch's right events)."""
-        stored = self.store.join_state(join.name, [], None).clock_ms
-        return advance_clock(stored, (e.time_ms for e in rights), rule.right_lateness_ms)
+    def watermarks_after(self, commit: BatchCommit, *, now_ms: int,
+                         idle_timeout_ms: Mapping[str, int] | None = None) -> dict[str, int | None]:
+        """Each joined stream's watermark once this batch is committed, by the rule the store's
+        commit applies (store/commit_plan.py): per partition where the commit carries partition
+        marks (a partition with unread records holds it back), else its newest event - lateness."""
+        before = self.store.progress(commit.pipeline).streams
+        out: dict[str, int | None] = {}
+        for name in self.streams:
+            stream, stored = self.catalog.streams[name], before.get(name)
+            previous = None if stored is None else stored.watermark_ms
+            if name in commit.partition_max_event_ms:
+                marks = {p: pp.mark for p, pp in (stored.partitions if stored is not None else {}).items()}
+                _, after = advance_stream(
+                    previous, marks, batch_max_event_ms=commit.partition_max_event_ms[name],
+                    read_offsets=commit.end_offsets.get(name, {}), log_end_offsets=commit.log_end_offsets.get(name, {}),
+                    lateness_ms=stream.allowed_lateness, now_ms=now_ms,
+                    idle_timeout_ms=(idle_timeout_ms or {}).get(name, stream.partition_idle_timeout))
+                out[name] = after.watermark_ms
+            else:
+                out[name] = advance_watermark(previous, commit.max_event_ms.get(name), stream.allowed_lateness)
+        return out
 
 
 def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[str]) -> BatchCommit:

@@ -112,8 +112,6 @@ class Pipeline(ReportsStoreErrors):
             if self.clocks.enabled:
                 clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
                 batch = self.clocks.apply(kept, clocks)
-            if self.joins.enabled:  # after the clock step: joins see corrected event times
-                joined = self.joins.process(batch, batch_now_ms)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -122,7 +120,12 @@ class Pipeline(ReportsStoreErrors):
                                   event_ids=event_ids)
             if clocks is not None:
                 commit = replace(commit, device_clocks=clocks.changed)
-            if joined is not None:  # the joins' derived panes and state, in the batch's transaction
+            idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
+            if self.joins.enabled:
+                # After the clock step (joins see corrected event times) and once the commit says
+                # how far each joined stream's watermark moves (the join's clock); the derived
+                # panes and the join's state go into the batch's own transaction.
+                joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
                 commit = with_joins(commit, joined, self.joins.names)
             if self.tables.enabled:
                 commit = replace(commit, table_changes=self.tables.process(batch))
@@ -134,7 +137,6 @@ class Pipeline(ReportsStoreErrors):
                 commit = replace(commit, bloom=self.bloom.process(merged))
             lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
             retention = {name: s.retention for name, s in self.catalog.streams.items()}
-            idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
             computed = time.perf_counter()
             try:
                 result = self.committer.commit(commit, lateness_ms=lateness, retention_ms=retention,

@@ -1,7 +1,10 @@
 """The window join's rule, per micro-batch (catalog/joins.py declares a join). Pure: the state
-before the batch and the batch's events are passed in; the derived rows and the state changes
-come out. No I/O, no clock: the join's clock is the right stream's watermark, derived from the
-batch's own right events.
+before the batch, the batch's events and the join's clock after the batch are passed in; the
+derived rows and the state changes come out. No I/O. The join's clock is the lower of its two
+streams' watermarks after the batch (`join_clock`), each by the store's per-partition rule
+(store/watermarks.py): a partition of either side that lags, with unread records, holds the clock
+back, so the events it still has find their partners instead of a state that expired without
+them; and a batch of one side only (clicks, say) cannot move the clock past the other's progress.
 
 A right event r matches a left event l when their keys are equal and l.time <= r.time <=
 l.time + within. Every event stays in the join's state until the clock passes its time + within
@@ -22,7 +25,7 @@ right event is either in a pair or counted unmatched (or still in the state).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from store.joins import JoinCommit, JoinEvent, JoinState
@@ -33,7 +36,6 @@ class JoinRule:
     name: str
     within_ms: int
     late_horizon_ms: int
-    right_lateness_ms: int  # the right stream's allowed lateness: the clock is its newest event - this
 
     @property
     def keep_ms(self) -> int:
@@ -53,12 +55,12 @@ class JoinOutcome:
     commit: JoinCommit
 
 
-def advance_clock(clock_ms: int | None, right_times_ms: Iterable[int], right_lateness_ms: int) -> int | None:
-    """The join's clock after a batch: the right stream's newest event - its lateness; never goes back."""
-    newest = max(right_times_ms, default=None)
-    if newest is None:
+def join_clock(clock_ms: int | None, left_watermark_ms: int | None, right_watermark_ms: int | None) -> int | None:
+    """The join's clock after a batch: the lower of the two streams' watermarks (None while
+    either has none: nothing expires yet); never goes back."""
+    if left_watermark_ms is None or right_watermark_ms is None:
         return clock_ms
-    candidate = newest - right_lateness_ms
+    candidate = min(left_watermark_ms, right_watermark_ms)
     return candidate if clock_ms is None else max(clock_ms, candidate)
 
 
@@ -76,11 +78,13 @@ def _order(e: JoinEvent) -> tuple[int, int, int]:
     return e.time_ms, e.partition, e.offset
 
 
-def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rights: Sequence[JoinEvent]) -> JoinOutcome:
-    """One batch of a join. `state` holds the stored events with the batch's keys, and every
-    stored right event that expires at the clock after this batch (store.joins.lookup reads
-    that): those are judged here, the others are dropped by time in the store."""
-    clock = advance_clock(state.clock_ms, (r.time_ms for r in rights), rule.right_lateness_ms)
+def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rights: Sequence[JoinEvent],
+               clock_ms: int | None) -> JoinOutcome:
+    """One batch of a join; `clock_ms` is the join's clock after it (join_clock). `state` holds
+    the stored events with the batch's keys, and every stored right event that expires at that
+    clock (store.joins.lookup reads that): those are judged here, the others are dropped by time
+    in the store."""
+    clock = state.clock_ms if clock_ms is None or (state.clock_ms is not None and clock_ms < state.clock_ms) else clock_ms
     through = expire_through(clock, rule.keep_ms)
     stored_left: dict[str, list[JoinEvent]] = defaultdict(list)
     for e in state.lefts:

@@ -92,7 +92,7 @@ class PipelineOut(BaseModel):
     streams: dict[str, StreamProgressOut]
     joins: dict[str, dict] = Field(default_factory=dict, description="per window join (configuration `joins:`):"
                                    " `left_stream`, `right_stream`, `within_ms`, `late_horizon_ms`, `clock_ms` (the"
-                                   " right stream's watermark as the join saw it), `left_rows` and `right_rows` kept in"
+                                   " lower of its two streams' watermarks as the join saw it), `left_rows` and `right_rows` kept in"
                                    " its state, `pending_right` (right events no left matched yet), `pairs`,"
                                    " `unmatched_right` (right events that left the state without a match)")
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"

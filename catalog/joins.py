@@ -67,7 +67,7 @@ class JoinDef(BaseModel):
 
     @property
     def keep_ms(self) -> int:
-        """How long past its own time an event stays in the join's state (by the right stream's watermark)."""
+        """How long past its own time an event stays in the join's state (by the join's clock: the lower of its two streams' watermarks)."""
         return self.within + self.late_horizon
 
 

@@ -1,8 +1,8 @@
 """The state of stream-stream window joins (catalog/joins.py, aggregates/window_join.py).
 
 Per join: the left events still inside their window (+ late horizon), the right events still
-inside theirs (matched or still waiting for their left), the join's clock (the right stream's
-watermark as the join saw it) and counters. Written in the batch's own store transaction, with
+inside theirs (matched or still waiting for their left), the join's clock (the lower of its two
+streams' watermarks as the join saw it) and counters. Written in the batch's own store transaction, with
 its panes and its batch id: a batch replayed after a crash is either wholly recorded (skipped by
 its batch id) or not at all, so no pair is counted twice or lost across a restart.
 
@@ -43,7 +43,7 @@ CREATE INDEX IF NOT EXISTS join_right_by_key ON join_right (join_name, join_key)
 CREATE INDEX IF NOT EXISTS join_right_by_time ON join_right (join_name, time_ms);
 CREATE TABLE IF NOT EXISTS join_progress (
     join_name TEXT PRIMARY KEY,
-    clock_ms INTEGER,               -- the right stream's watermark as the join last saw it
+    clock_ms INTEGER,               -- the lower of the two streams' watermarks as the join last saw it
     pairs INTEGER NOT NULL,         -- matched pairs counted so far
     unmatched_right INTEGER NOT NULL -- right events that expired without a left
 );

@@ -43,7 +43,7 @@ def test_the_ctr_over_rest_and_websocket_and_the_join_in_the_pipeline_status(tmp
         assert got[("ratio", "books")] == 0.5 and got[("sum", "books")] == 1.0
         status = client.get("/api/v1/pipeline").json()["joins"]["search_clicks"]
         assert status == {"left_stream": "searches", "right_stream": "clicks", "within_ms": 30 * MIN,
-                          "late_horizon_ms": 60 * MIN, "clock_ms": T0 + 3 * MIN - 30_000, "left_rows": 2,
+                          "late_horizon_ms": 60 * MIN, "clock_ms": T0 + MIN - 30_000, "left_rows": 2,
                           "right_rows": 2, "pending_right": 1, "pairs": 1, "unmatched_right": 0}
         metrics = client.get("/metrics").text
         assert 'sketchboard_join_state_rows{join="search_clicks",side="pending_right"} 1.0' in metrics

@@ -1,6 +1,7 @@
 """A tiny in-process stand-in for the Spark pipeline, for websocket and browser tests: read
 what the API appended to the log since the last committed offsets, aggregate it into pane
-partials (exact count/n/sum/min/max, real KLL and HLL sketches) and commit one batch to the
+partials (exact count/n/sum/min/max, real KLL and HLL sketches), run the catalog's window
+joins through the pipeline's own driver side (aggregates/joins.py) and commit one batch to the
 store, as the real pipeline's foreachBatch does. No tests here."""
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import pyarrow as pa
+
+from aggregates.joins import WindowJoins, with_joins
 from catalog import Catalog
 from ingest.log import EventLog
-from ingest.log.records import EVENT_TIME
+from ingest.log.records import EVENT_TIME, OFFSET
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats, pane_start
 
@@ -22,6 +26,8 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
     partials: list[PanePartial] = []
     end_offsets: dict[str, dict[int, int]] = {}
     max_event: dict[str, int] = {}
+    joined_streams = {s for j in catalog.joins for s in (j.left.stream, j.right.stream)}
+    join_records: list[tuple] = []  # (stream, partition, offset, time, dims, ids): what the pipeline collects
     total = 0
     for stream in catalog.streams.values():
         groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
@@ -36,6 +42,9 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
                     max_event[stream.name] = max(max_event.get(stream.name, t), t)
                     dims = tuple((d, row.get(d) or "") for d in stream.dimensions)
                     groups[(pane_start(t, stream.pane), dims)].append(row)
+                    if stream.name in joined_streams:
+                        join_records.append((stream.name, partition, row[OFFSET], t, [v for _, v in dims],
+                                             [row.get(f) for f in stream.source_ids]))
         for (start, dims), rows in groups.items():
             values = {}
             for field in stream.values:
@@ -59,6 +68,17 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
         return 0
     batch_id = 0 if progress.last_batch_id is None else progress.last_batch_id + 1
     lateness = {name: s.allowed_lateness for name, s in catalog.streams.items()}
-    store.commit_batch(BatchCommit(pipeline, batch_id, partials, total, max_event, end_offsets),
-                       lateness_ms=lateness, now_ms=now_ms)
+    commit = BatchCommit(pipeline, batch_id, partials, total, max_event, end_offsets)
+    if catalog.joins:
+        joins = WindowJoins(catalog, store)
+        commit = with_joins(commit, joins.join(join_table(join_records), commit, now_ms=now_ms), joins.names)
+    store.commit_batch(commit, lateness_ms=lateness, now_ms=now_ms)
     return total
+
+
+def join_table(rows: list[tuple]) -> pa.Table:
+    """The joined streams' records as the pipeline collects them (aggregates/joins.py)."""
+    cols = list(zip(*rows)) if rows else [[]] * 6
+    return pa.table({"stream": pa.array(cols[0], pa.string()), "partition": pa.array(cols[1], pa.int32()),
+                     "offset": pa.array(cols[2], pa.int64()), "event_time": pa.array(cols[3], pa.int64()),
+                     "dims": pa.array(cols[4], pa.list_(pa.string())), "ids": pa.array(cols[5], pa.list_(pa.string()))})

@@ -173,3 +173,33 @@ def test_bad_explorer_input_shows_the_servers_reason(live, watched_page):
     page.wait_for_selector("#chart-main[data-state=error]", timeout=15_000)
     assert "unknown dimension 'planet'" in page.text_content("#chart-main")
     assert watch.errors == []
+
+
+def test_the_search_dashboard_shows_the_click_through_rate_of_demo_traffic(live, watched_page, artifacts):
+    """The shipped `search_clicks` join: the demo's searches and clicks of the last 5 minutes,
+    POSTed and committed (the join by the pipeline's driver side), make the search dashboard's
+    CTR panel show per category and minute the exact sum(clicked) / sum(searches) of the events."""
+    from tests.support.search_traffic import demo_search_traffic, exact_ctr
+
+    server, ctx, _ = live
+    traffic = demo_search_traffic(ctx.catalog, seconds=300, end_s=time.time())
+    for stream, events in (("searches", traffic.searches), ("clicks", traffic.clicks)):
+        for i in range(0, len(events), 2000):
+            post(server, events[i:i + 2000], stream=stream)
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(time.time() * 1000))
+    want = {k: c / n for k, (n, c) in exact_ctr(traffic, 30 * 60_000, 60_000).items()}
+
+    page, watch = watched_page(server.http, "/?dashboard=search&range=15m")
+    page.wait_for_selector("#dashboard-area[data-dashboard=search]", timeout=15_000)
+    index = page.evaluate("""() => [...document.querySelectorAll('[data-testid=dash-panel]')]
+        .find((p) => p.dataset.metric === 'search_clicks_clicked').dataset.index""")
+    chart = f"panel-chart-{index}"
+    page.wait_for_function("(id) => Number(document.getElementById(id).dataset.nonEmptyPoints || 0) > 0",
+                           arg=chart, timeout=15_000)
+    shown = page.evaluate(f"""() => [...window.sketchboard.charts.get('panel-{index}').series.values()]
+        .flatMap((e) => [...e.points.values()].filter((p) => p.value !== null && p.count > 0)
+        .map((p) => [e.group.query_category, p.t, p.value]))""")
+    assert shown and {(cat, t): v for cat, t, v in shown} == want
+    assert 0 < min(want.values()) and max(want.values()) <= 1
+    page.screenshot(path=str(artifacts / "dashboard-search-ctr.png"), full_page=True)
+    assert watch.errors == [] and watch.foreign == []

@@ -109,9 +109,15 @@ def test_the_join_equals_the_exact_join_with_late_and_early_clicks_unknown_keys_
                 drain()
             monkeypatch.setattr(store_joins, "apply", real_apply)
         drain()
-    # A click an hour on: the join's clock passes every window + late horizon, the state empties
-    # and the clicks that matched nothing are counted unmatched at their own times.
+    # A click an hour on moves the clicks' watermark only: the join's clock is the lower of the two
+    # streams' watermarks, so nothing leaves the state on the clicks' progress alone.
     service.post("clicks", [{"time": T0 + 60 * MIN, "search_id": "last", "position": "1"}])
+    drain()
+    assert service.store.join_sizes()["search_clicks"].left_rows == len(searches)
+    # A search an hour on too: the clock passes every window + late horizon, the state empties
+    # and the clicks that matched nothing are counted unmatched at their own times.
+    service.post("searches", [{"time": T0 + 60 * MIN, "search_id": "last_search", "query_category": "books",
+                               "user_id": "u1"}])
     drain()
 
     pairs = exact(searches, clicks)
@@ -148,10 +154,10 @@ def test_the_join_equals_the_exact_join_with_late_and_early_clicks_unknown_keys_
     assert got_unmatched == {(None, m): float(n) for m, n in want_unmatched.items()}
     sizes = service.store.join_sizes()["search_clicks"]
     assert (sizes.left_rows, sizes.pending_right, sizes.pairs, sizes.unmatched_right) == (
-        0, 1, len(pairs), len(unmatched))
+        1, 1, len(pairs), len(unmatched))  # the last search and the last click wait
     status = service.client.get("/api/v1/pipeline").json()["joins"]["search_clicks"]
     assert (status["left_rows"], status["pending_right"], status["pairs"], status["unmatched_right"]) == (
-        0, 1, len(pairs), len(unmatched))
+        1, 1, len(pairs), len(unmatched))
     metrics = service.client.get("/metrics").text
     assert f'sketchboard_join_unmatched_right_total{{join="search_clicks"}} {float(len(unmatched))}' in metrics
     # The clicks later than the allowed lateness landed in final panes: published corrections.

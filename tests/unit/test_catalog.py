@@ -56,7 +56,9 @@ def test_shipped_config_loads() -> None:
     catalog = load_catalog(CONFIG)
     assert set(catalog.streams) == {"http_requests", "orders", "mobile_app", "searches", "clicks",
                                     # and the generated session streams:
-                                    "http_requests_sessions", "mobile_app_sessions"}
+                                    "http_requests_sessions", "mobile_app_sessions",
+                                    # and the derived stream of the window join `search_clicks`:
+                                    "search_clicks"}
     http = catalog.stream("http_requests")
     assert http.name == "http_requests"
     assert http.time_field == "time"
@@ -74,7 +76,8 @@ def test_shipped_config_loads() -> None:
     assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items",
                                     "new_users", "screen_views", "screen_time",
                                     "searches", "search_results", "clicks", "click_position"} | {
-        f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")}
+        f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")} | {
+        f"search_clicks_{v}" for v in ("searches", "pairs", "clicked", "latency", "unmatched_right")}
     mobile = catalog.stream("mobile_app")
     assert (mobile.sent_time_field, mobile.device_key_field) == ("sent_at", "device_id")
     # The two sides of a window join on search_id: keyed alike, with as many partitions.
@@ -83,6 +86,10 @@ def test_shipped_config_loads() -> None:
     assert searches.partitions == clicks.partitions
     assert searches.dimensions == ("query_category", "platform") and searches.values == ("results",)
     assert clicks.dimensions == ("position_bucket", "platform") and clicks.values == ("position",)
+    (join,) = catalog.joins
+    assert (join.name, join.left.stream, join.right.stream, join.within) == ("search_clicks", "searches", "clicks", 30 * 60_000)
+    assert catalog.stream("search_clicks").dimensions == searches.dimensions
+    assert catalog.metrics["search_clicks_clicked"].ratio_of == "searches"
     for metric in catalog.metrics.values():
         assert metric.stream in catalog.streams
     assert catalog.metric("latency").value == "latency_ms"
@@ -91,7 +98,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*clicks, http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders, searches"):
+    with pytest.raises(KeyError, match="nope.*clicks, http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders, search_clicks, searches"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

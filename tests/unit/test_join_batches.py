@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from aggregates.joins import WindowJoins
+from aggregates.joins import WindowJoins, with_joins
 from alerts.source import StoreAlertData
 from catalog import parse_catalog
 from query import compute, resolve
@@ -39,9 +39,13 @@ def records(rows) -> pa.Table:
 
 
 def commit(store, joins, batch_id, rows) -> None:
-    joined = joins.join(records(rows))
-    c = BatchCommit(pipeline="main", batch_id=batch_id, partials=joined.partials, events_read=0,
-                    max_event_ms=joined.max_event_ms, joins=joined.commits)
+    """One batch: the joined streams' progress (their newest events: the stream-wide watermark
+    rule, one partition caught up) and the join's derived partials and state, in one commit."""
+    newest: dict[str, int] = {}
+    for stream, _, _, t, _, _ in rows:
+        newest[stream] = max(newest.get(stream, t), t)
+    base = BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0, max_event_ms=newest)
+    c = with_joins(base, joins.join(records(rows), base, now_ms=T0), joins.names)
     lateness = {n: s.allowed_lateness for n, s in joins.catalog.streams.items()}
     assert store.commit_batch(c, lateness_ms=lateness, now_ms=T0).committed
 
@@ -72,11 +76,16 @@ def test_searches_and_clicks_become_pairs_ctr_latency_and_unmatched_exactly_once
     # merged into its search's final pane as a correction.
     commit(store, joins, 3, [("clicks", 0, 3, T0 + 20 * MIN, ["3"], ["s2"])])
     assert store.join_sizes()["search_clicks"].unmatched_right == 0
-    # Batch 4: the clicks' watermark moves 3 h on: what waited expires; the clicks that matched
-    # nothing (zz, other) are counted unmatched at their own times, the state is bounded.
+    # Batch 4: the clicks' watermark moves 3 h on, the searches' does not: the join's clock
+    # waits for the searches (a click-only batch expires nothing).
     commit(store, joins, 4, [("clicks", 1, 2, T0 + 3 * 3_600_000, ["1"], ["later"])])
+    assert store.join_sizes()["search_clicks"].left_rows == 5
+    assert store.watermarks()["search_clicks"] == T0 + 80 * MIN - 30 * MIN - 30_000  # by the searches only
+    # Batch 5: the searches move 3 h on too: what waited expires; the clicks that matched
+    # nothing (zz, other) are counted unmatched at their own times, the state is bounded.
+    commit(store, joins, 5, [("searches", 1, 2, T0 + 3 * 3_600_000, ["toys"], ["s6"])])
     sizes = store.join_sizes()["search_clicks"]
-    assert (sizes.unmatched_right, sizes.left_rows, sizes.pending_right, sizes.pairs) == (2, 0, 1, 4)
+    assert (sizes.unmatched_right, sizes.left_rows, sizes.pending_right, sizes.pairs) == (2, 1, 1, 4)
 
     sums = {v: query(store, catalog, f"search_clicks_{v}", "sum", group_by="query_category")
             for v in ("searches", "pairs", "clicked")}
@@ -107,3 +116,37 @@ def test_the_ratio_stat_needs_a_metric_with_ratio_of():
     with pytest.raises(QueryError, match="no ratio_of"):
         resolve(catalog, metric="search_clicks_pairs", stats=["ratio"], now_ms=T0, max_points=100)
     assert "ratio" in catalog.metric("search_clicks_clicked").stats()
+
+
+def test_a_lagging_partition_holds_the_joins_clock_so_its_clicks_still_find_their_searches(store_backend):
+    """Per-partition watermarks (store/watermarks.py): clicks' partition 0 runs 3 h ahead while
+    partition 1 still has unread records; the join's clock waits for partition 1, whose click on
+    a search of 3 h earlier is then still a pair (a stream-wide clock would have expired the search)."""
+    catalog = parse_catalog(CONFIG)
+    store = store_backend.create()
+    joins = WindowJoins(catalog, store)
+    far = T0 + 3 * 3_600_000
+
+    def batch(batch_id, rows, end_offsets, log_end_offsets):
+        newest: dict[str, dict[int, int]] = {"searches": {}, "clicks": {}}
+        for stream, partition, _, t, _, _ in rows:
+            newest[stream][partition] = max(newest[stream].get(partition, t), t)
+        base = BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0,
+                           max_event_ms={s: max(p.values()) for s, p in newest.items() if p},
+                           end_offsets=end_offsets, partition_max_event_ms=newest, log_end_offsets=log_end_offsets)
+        c = with_joins(base, joins.join(records(rows), base, now_ms=T0), joins.names)
+        lateness = {n: s.allowed_lateness for n, s in catalog.streams.items()}
+        assert store.commit_batch(c, lateness_ms=lateness, now_ms=T0).committed
+
+    # Both streams' partition 0 move 3 h on; the clicks' partition 1 has 5 records not read yet.
+    batch(0, [("searches", 0, 0, T0, ["books"], ["s1"]), ("searches", 0, 1, far, ["toys"], ["s2"]),
+              ("clicks", 0, 0, far, ["1"], ["x"])],
+          {"searches": {0: 2}, "clicks": {0: 1, 1: 0}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
+    assert store.join_sizes()["search_clicks"].clock_ms is None  # held: partition 1 cannot tell how far it reaches
+    batch(1, [("clicks", 1, 0, T0 + 5 * MIN, ["1"], ["s1"])],
+          {"searches": {0: 2}, "clicks": {0: 1, 1: 1}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
+    sizes = store.join_sizes()["search_clicks"]
+    assert (sizes.pairs, sizes.unmatched_right) == (1, 0)
+    assert sizes.clock_ms == T0 + 5 * MIN - 30_000  # partition 1's watermark: it still has unread records
+    ctr = query(store, catalog, "search_clicks_clicked", "ratio", group_by="query_category")
+    assert ctr[(("query_category", "books"),)][T0].value == 1.0
