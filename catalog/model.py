@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
-from catalog.patterns import PatternDef, check_patterns
+from catalog.patterns import PatternDef, check_patterns, expand_patterns
 from catalog.joins import JoinDef, expand_joins
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
@@ -301,6 +301,7 @@ class Catalog(BaseModel):
     def _derived_streams(self) -> Catalog:
         expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
         expand_joins(self)  # join streams and metrics generated from `joins:` declarations
+        expand_patterns(self)  # `<pattern>_matches` streams and metrics (catalog/patterns.py)
         return self
 
     @model_validator(mode="after")
