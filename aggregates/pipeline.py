@@ -21,6 +21,7 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.tables import TableChanges
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
@@ -78,6 +79,7 @@ class Pipeline(ReportsStoreErrors):
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
         self.joins = WindowJoins(catalog, store, kll_k=config.kll_k)  # stream-stream window joins (catalog joins:)
         self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
+        self.patterns = PatternRunner(catalog, store, kll_k=config.kll_k)  # patterns (catalog patterns:)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -102,8 +104,8 @@ class Pipeline(ReportsStoreErrors):
         deduped_at = time.perf_counter()
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
-        kept = batch.persist() if self.clocks.enabled or self.joins.enabled else None
-        joined = None
+        kept = batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled else None
+        joined = matched = None
         try:
             if kept is not None:
                 batch = kept
@@ -112,6 +114,8 @@ class Pipeline(ReportsStoreErrors):
                 batch = self.clocks.apply(kept, clocks)
             if self.joins.enabled:  # after the clock step: joins see corrected event times
                 joined = self.joins.process(batch, batch_now_ms)
+            if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
+                matched = self.patterns.process(batch, batch_now_ms)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -122,6 +126,8 @@ class Pipeline(ReportsStoreErrors):
                 commit = replace(commit, device_clocks=clocks.changed)
             if joined is not None:  # the joins' derived panes and state, in the batch's transaction
                 commit = with_joins(commit, joined, self.joins.names)
+            if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
+                commit = with_patterns(commit, matched, self.patterns.names)
             if self.tables.enabled:
                 commit = replace(commit, table_changes=self.tables.process(batch))
             if self.bloom.enabled:
@@ -161,6 +167,9 @@ class Pipeline(ReportsStoreErrors):
         if joined is not None:
             log.info("batch %d: joins: %d pairs, %d right events unmatched", batch_id, joined.pairs,
                      joined.unmatched_right)
+        if matched is not None:
+            log.info("batch %d: patterns: %d events released in order, %d matches, %d late events", batch_id,
+                     matched.released, matched.matches, matched.late)
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))

@@ -266,6 +266,9 @@ def _check_where(catalog: Catalog, pattern: PatternDef, index: int, stream: Stre
                                             f"{condition.field!r} is a {role} field but {step_name}.{field} is a"
                                             f" {other_role} field: they can never be equal")
             continue
+        if role == "string" and condition.field not in stream.dimensions and condition.field not in stream.source_ids:
+            raise CatalogReferenceError(where_path, f"{condition.field!r} of stream {stream.name!r} is not carried to"
+                                        " the pipeline: declare it as a dimension or a distinct field")
         if condition.op in COMPARISONS and role != "value":
             raise CatalogReferenceError(where_path, f"{condition.op} compares numbers, and {condition.field!r} is a"
                                         " string field (use eq, ne or in)")
@@ -350,6 +353,9 @@ def _check_key(pattern: PatternDef, stream: StreamDef, base: tuple) -> None:
         raise CatalogReferenceError((*base, "key"), f"key {pattern.key!r} is not a string field of stream"
                                     f" {stream.name!r} (the key, a dimension or a distinct field:"
                                     f" {', '.join(stream.string_fields) or 'none'})")
+    if pattern.key not in stream.dimensions and pattern.key not in stream.source_ids:
+        raise CatalogReferenceError((*base, "key"), f"key {pattern.key!r} of stream {stream.name!r} is not carried to"
+                                    " the pipeline: declare it as a dimension or a distinct field")
 
 
 def _check_measure(pattern: PatternDef, measure: MeasureDef, steps: dict[str, StreamDef], path: tuple) -> None:

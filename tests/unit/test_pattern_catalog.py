@@ -135,3 +135,13 @@ def test_a_pattern_over_a_derived_stream_is_refused():
                    + "  - name: q\n    key: user_id\n    steps:\n      - {name: a, stream: p_matches}\n")
     with pytest.raises(ConfigError, match="stream 'p_matches' is derived; a pattern reads streams from the log"):
         parse_catalog(text)
+
+
+def test_a_key_or_string_field_the_pipeline_does_not_carry_is_refused():
+    streams = "streams:\n  s:\n    key_field: user_id\n    event_id_field: eid\n    distinct: [ip]\n    dimensions: [outcome]\n"
+    with pytest.raises(ConfigError, match="key 'user_id' of stream 's' is not carried to the pipeline"):
+        parse_catalog(streams + "patterns:\n  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: s}\n")
+    with pytest.raises(ConfigError, match="'user_id' of stream 's' is not carried to the pipeline"):
+        parse_catalog(streams + "patterns:\n  - name: p\n    key: ip\n    steps:\n"
+                      "      - {name: a, stream: s, where: {user_id: u1}}\n")
+    parse_catalog(streams + "patterns:\n  - name: p\n    key: eid\n    steps:\n      - {name: a, stream: s}\n")
