@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, State
 
 from api import clock_routes, http_metrics, reprocess_routes
 from api.join_status import join_metrics, join_status
+from api.pattern_status import pattern_metrics, pattern_status
 from api.alert_routes import alert_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
@@ -93,6 +94,7 @@ def pipeline_status(ctx: ApiContext) -> dict:
         "lag_events": sum(s["lag_events"] for s in streams.values()),
         "streams": streams,
         "joins": join_status(ctx),  # window joins: state sizes and counters (api/join_status.py)
+        "patterns": pattern_status(ctx),  # patterns: state sizes and counters (api/pattern_status.py)
     }
 
 
@@ -194,6 +196,7 @@ class _StoredMetrics:
                 by_reason.add_metric([name, reason], n)
         yield from (events_in, aggregated, dead, by_reason, duplicates)
         yield from join_metrics(status["joins"])
+        yield from pattern_metrics(status["patterns"])
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()
