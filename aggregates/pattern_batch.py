@@ -45,7 +45,7 @@ def pattern_watermark(before_ms: int | None, stream_watermarks: Mapping[str, int
 
 
 def encode(event: PatternEvent) -> list:
-    return [event.stream, event.partition, event.offset, event.time, dict(event.fields)]
+    return [event.stream, event.partition, event.offset, event.time, event.fields]
 
 
 def decode(key: str, data: Sequence) -> PatternEvent:
