@@ -156,8 +156,11 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
     row = cursor.fetchone()
     in_keys, key_arg = _in_keys(q, sorted(set(keys)))
     due = -(2**62) if due_through_ms is None else due_through_ms
-    cursor.execute(f"SELECT pattern_key, state, buffered, due_ms, partial_matches FROM pattern_state"
-                   f" WHERE pattern = {q} AND ({in_keys} OR due_ms <= {q})", (pattern, key_arg, due))
+    columns = "pattern_key, state, buffered, due_ms, partial_matches"
+    # Two index lookups (by key, by due time) rather than one OR, which would scan the pattern's keys.
+    cursor.execute(f"SELECT {columns} FROM pattern_state WHERE pattern = {q} AND {in_keys}"
+                   f" UNION SELECT {columns} FROM pattern_state WHERE pattern = {q} AND due_ms <= {q}",
+                   (pattern, key_arg, pattern, due))
     found = {k: KeyState(json.loads(s), tuple(json.loads(b)), d, p) for k, s, b, d, p in cursor.fetchall()}
     return PatternLoad(None if row is None else row[0], found)
 
