@@ -17,7 +17,7 @@ store transaction that records the batch (docs/architecture.md, "Window joins").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -65,25 +65,28 @@ def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, w
 
 
 def derived_partials(rows: Iterable[DerivedRow], stream_name: str, dimensions: tuple[str, ...], pane_ms: int,
-                     kll_k: int = DEFAULT_K) -> list[PanePartial]:
+                     kll_k: int = DEFAULT_K, sketched: Collection[str] = (LATENCY,)) -> list[PanePartial]:
     """The derived rows rolled up per (pane, dimension values): count = rows; per value field
-    n/sum/min/max; a KLL sketch for latency_ms (its percentiles), none for the 0/1 counters."""
+    n/sum/min/max; a KLL sketch for the `sketched` values (latency_ms: its percentiles), none for
+    the 0/1 counters."""
     groups: dict[tuple[int, tuple], dict] = {}
     for row in rows:
         start = pane_start(row.time_ms, pane_ms)
-        g = groups.setdefault((start, row.dims), {"count": 0, "values": {}, "kll": None})
+        g = groups.setdefault((start, row.dims), {"count": 0, "values": {}, "klls": {}})
         g["count"] += 1
         for name, v in row.values.items():
             n, s, lo, hi = g["values"].get(name, (0, 0, None, None))
             g["values"][name] = (n + 1, s + v, v if lo is None else min(lo, v), v if hi is None else max(hi, v))
-            if name == LATENCY:
-                if g["kll"] is None:
-                    g["kll"] = KllSketch(kll_k)
-                g["kll"].update(v)
+            if name in sketched:
+                kll = g["klls"]
+                if name not in kll:
+                    kll[name] = KllSketch(kll_k)
+                kll[name].update(v)
     out = []
     for (start, dims), g in sorted(groups.items(), key=lambda kv: (kv[0][0], [str(d) for d in kv[0][1]])):
+        klls = g["klls"]
         values = {name: ValueStats(n, float(s), float(lo), float(hi),
-                                   g["kll"].to_bytes() if name == LATENCY and g["kll"] is not None else None)
+                                   klls[name].to_bytes() if name in klls else None)
                   for name, (n, s, lo, hi) in g["values"].items()}
         dim_map = {d: v for d, v in zip(dimensions, dims) if v is not None}
         out.append(PanePartial(stream_name, start, start + pane_ms, dim_map, PaneData(g["count"], values, {})))

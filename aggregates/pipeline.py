@@ -21,6 +21,7 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
@@ -80,6 +81,7 @@ class Pipeline(ReportsStoreErrors):
         self.joins = WindowJoins(catalog, store, kll_k=config.kll_k)  # stream-stream window joins (catalog joins:)
         self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
         self.views = Views(catalog, store, kll_k=config.kll_k)  # table-table join views (catalog views:)
+        self.patterns = PatternRunner(catalog, store, kll_k=config.kll_k)  # patterns (catalog patterns:)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -104,14 +106,16 @@ class Pipeline(ReportsStoreErrors):
         deduped_at = time.perf_counter()
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
-        kept = batch.persist() if self.clocks.enabled or self.joins.enabled else None
-        joined = None
+        kept = batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled else None
+        joined = matched = None
         try:
             if kept is not None:
                 batch = kept
             if self.clocks.enabled:
                 clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
                 batch = self.clocks.apply(kept, clocks)
+            if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
+                matched = self.patterns.process(batch, batch_now_ms)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -127,6 +131,8 @@ class Pipeline(ReportsStoreErrors):
                 # panes and the join's state go into the batch's own transaction.
                 joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
                 commit = with_joins(commit, joined, self.joins.names)
+            if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
+                commit = with_patterns(commit, matched, self.patterns.names)
             if self.tables.enabled:
                 commit = replace(commit, table_changes=self.tables.process(batch))
             if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
@@ -167,6 +173,9 @@ class Pipeline(ReportsStoreErrors):
         if joined is not None:
             log.info("batch %d: joins: %d pairs, %d right events unmatched", batch_id, joined.pairs,
                      joined.unmatched_right)
+        if matched is not None:
+            log.info("batch %d: patterns: %d events released in order, %d matches, %d late events", batch_id,
+                     matched.released, matched.matches, matched.late)
         self.last_result = result
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))

@@ -27,7 +27,7 @@ from api import (
     table_routes,
     ws_routes,
 )
-from api import cdc_routes, reprocess_routes
+from api import cdc_routes, pattern_routes, reprocess_routes
 from api.audit import routes as audit_routes
 from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
@@ -104,6 +104,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     app.include_router(clock_routes.router(ctx))
     app.include_router(table_routes.router(ctx))
     app.include_router(cdc_routes.router(ctx))
+    app.include_router(pattern_routes.router(ctx))
     if ctx.alerts is not None:
         app.include_router(alert_routes.router(ctx.alerts))
     if ctx.dashboards is not None:

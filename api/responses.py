@@ -95,6 +95,10 @@ class PipelineOut(BaseModel):
                                    " lower of its two streams' watermarks as the join saw it), `left_rows` and `right_rows` kept in"
                                    " its state, `pending_right` (right events no left matched yet), `pairs`,"
                                    " `unmatched_right` (right events that left the state without a match)")
+    patterns: dict[str, dict] = Field(default_factory=dict, description="per pattern (configuration `patterns:`):"
+                                      " `streams`, `key`, `watermark_ms` (the pattern's: events up to it were fed in"
+                                      " order), `keys_held`, `partial_matches`, `buffered_events` (waiting for the"
+                                      " watermark), `matches`, `late_events` (behind its watermark: recorded, not matched)")
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
                          " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"

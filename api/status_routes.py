@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, State
 
 from api import clock_routes, http_metrics, reprocess_routes
 from api.join_status import join_metrics, join_status
+from api.pattern_status import pattern_metrics, pattern_status
 from api.alert_routes import alert_metrics
 from api.cdc_routes import cdc_metrics
 from api.context import ApiContext
@@ -94,6 +95,7 @@ def pipeline_status(ctx: ApiContext) -> dict:
         "lag_events": sum(s["lag_events"] for s in streams.values()),
         "streams": streams,
         "joins": join_status(ctx),  # window joins: state sizes and counters (api/join_status.py)
+        "patterns": pattern_status(ctx),  # patterns: state sizes and counters (api/pattern_status.py)
     }
 
 
@@ -195,6 +197,7 @@ class _StoredMetrics:
                 by_reason.add_metric([name, reason], n)
         yield from (events_in, aggregated, dead, by_reason, duplicates)
         yield from join_metrics(status["joins"])
+        yield from pattern_metrics(status["patterns"])
         if ctx.lag is not None:
             yield from self._lag()
         yield from self._query()

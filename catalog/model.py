@@ -17,7 +17,7 @@ from catalog.cdc import CdcSourceDef, check_source
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
-from catalog.patterns import PatternDef, check_patterns
+from catalog.patterns import PatternDef, check_patterns, expand_patterns
 from catalog.joins import JoinDef, expand_joins
 from catalog.views import ViewDef, expand_views
 from catalog.tiers import TierDef, check_tiers, default_tiers
@@ -308,6 +308,7 @@ class Catalog(BaseModel):
         expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
         expand_joins(self)  # join streams and metrics generated from `joins:` declarations
         expand_views(self)  # views' change streams generated from `views:` declarations
+        expand_patterns(self)  # `<pattern>_matches` streams and metrics (catalog/patterns.py)
         return self
 
     @model_validator(mode="after")

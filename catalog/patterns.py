@@ -21,6 +21,7 @@ skip policies combine) are written down in docs/patterns.md; the matcher is patt
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -265,6 +266,9 @@ def _check_where(catalog: Catalog, pattern: PatternDef, index: int, stream: Stre
                                             f"{condition.field!r} is a {role} field but {step_name}.{field} is a"
                                             f" {other_role} field: they can never be equal")
             continue
+        if role == "string" and condition.field not in stream.dimensions and condition.field not in stream.source_ids:
+            raise CatalogReferenceError(where_path, f"{condition.field!r} of stream {stream.name!r} is not carried to"
+                                        " the pipeline: declare it as a dimension or a distinct field")
         if condition.op in COMPARISONS and role != "value":
             raise CatalogReferenceError(where_path, f"{condition.op} compares numbers, and {condition.field!r} is a"
                                         " string field (use eq, ne or in)")
@@ -337,6 +341,8 @@ def _stream(catalog: Catalog, name: str, path: tuple) -> StreamDef:
     stream = catalog.streams.get(name)
     if stream is None:
         raise CatalogReferenceError(path, f"unknown stream {name!r} (streams: {', '.join(catalog.streams)})")
+    if stream.derived_from:
+        raise CatalogReferenceError(path, f"stream {name!r} is derived; a pattern reads streams from the log")
     return stream
 
 
@@ -347,6 +353,9 @@ def _check_key(pattern: PatternDef, stream: StreamDef, base: tuple) -> None:
         raise CatalogReferenceError((*base, "key"), f"key {pattern.key!r} is not a string field of stream"
                                     f" {stream.name!r} (the key, a dimension or a distinct field:"
                                     f" {', '.join(stream.string_fields) or 'none'})")
+    if pattern.key not in stream.dimensions and pattern.key not in stream.source_ids:
+        raise CatalogReferenceError((*base, "key"), f"key {pattern.key!r} of stream {stream.name!r} is not carried to"
+                                    " the pipeline: declare it as a dimension or a distinct field")
 
 
 def _check_measure(pattern: PatternDef, measure: MeasureDef, steps: dict[str, StreamDef], path: tuple) -> None:
@@ -361,3 +370,63 @@ def _check_measure(pattern: PatternDef, measure: MeasureDef, steps: dict[str, St
     if measure.kind == "sum" and measure.field not in stream.values:
         raise CatalogReferenceError(path, f"{measure.field!r} is not a value field of stream {stream.name!r}"
                                     f" (values: {', '.join(stream.values) or 'none'})")
+
+
+# Matches as metrics: each pattern's matches are rows of a derived stream, one per match at its
+# decided_at, with the match's numeric measures as values (aggregates/patterns.py writes them).
+MATCH_TIME_FIELD = "decided_at"
+
+
+def matches_stream_name(pattern: str) -> str:
+    return f"{pattern}_matches"
+
+
+def match_metric_names(pattern: PatternDef) -> dict[str, str | None]:
+    """The metrics generated for a pattern: metric name -> value field (None: the match count)."""
+    stream = matches_stream_name(pattern.name)
+    return {stream: None, **{f"{stream}_{measure}": measure for measure in pattern.measures}}
+
+
+def expand_patterns(catalog: Catalog) -> None:
+    """Add each pattern's derived stream `<pattern>_matches` and its metrics: the count (and rate)
+    of matches per window, and each measure as a value (idempotent: a catalog dumped and parsed
+    again already has them). A pattern whose first stream is unknown is left to check_patterns."""
+    from catalog.durations import format_duration_ms
+    from catalog.model import NAME_RE, CatalogReferenceError, MetricDef, StreamDef
+
+    for i, pattern in enumerate(catalog.patterns):
+        first = catalog.streams.get(pattern.steps[0].stream) if pattern.steps else None
+        if first is None:
+            continue
+        name = matches_stream_name(pattern.name)
+        if not re.match(NAME_RE, f"{name}_{max(pattern.measures, key=len, default='')}"):
+            raise CatalogReferenceError(("patterns", i, "name"), f"pattern name {pattern.name!r} is too long for its"
+                                        f" derived stream and metric names ({name}_<measure>: at most 63 characters)")
+        spec = StreamDef(
+            name=name,
+            description=f"Matches of pattern {pattern.name} per key {pattern.key}, at the event time each was decided",
+            time_field=MATCH_TIME_FIELD,
+            values=tuple(pattern.measures),
+            distinct=(),
+            pane=format_duration_ms(first.pane),
+            # A match is decided once the pattern's watermark passes it, and that watermark is the
+            # derived stream's (aggregates/patterns.py): no match comes behind it.
+            allowed_lateness="0s",
+            retention=format_duration_ms(first.retention),
+            partitions=1,
+            tiers=first.tiers,
+            derived_from=first.name,
+        )
+        existing = catalog.streams.get(name)
+        if existing is not None and existing != spec:
+            raise CatalogReferenceError(("patterns", i, "name"), f"the derived stream name {name!r} is already declared")
+        catalog.streams[name] = spec
+        for metric_name, value in match_metric_names(pattern).items():
+            metric = MetricDef(name=metric_name, stream=name, value=value,
+                               description=f"matches of pattern {pattern.name}" if value is None
+                               else f"measure {value} of pattern {pattern.name}'s matches")
+            have = catalog.metrics.get(metric_name)
+            if have is not None and have != metric:
+                raise CatalogReferenceError(("metrics", metric_name),
+                                            f"this name is taken by the metrics generated for pattern {pattern.name}")
+            catalog.metrics[metric_name] = metric

@@ -26,6 +26,12 @@ class PlanStep:
         return stream == self.stream and all(_holds(c, fields, bindings) for c in self.conditions)
 
 
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "in": lambda a, b: a in b,
+    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+}
+
+
 def _holds(condition: Condition, fields: Mapping[str, Any], bindings: Bindings) -> bool:
     value = fields.get(condition.field)
     if value is None:
@@ -37,12 +43,8 @@ def _holds(condition: Condition, fields: Mapping[str, Any], bindings: Bindings) 
         # A reference to a step that matched nothing (optional, skipped) holds for no event, as a
         # comparison with SQL's NULL does.
         return bound is not None and bound.get(field) is not None and value == bound[field]
-    compare: dict[str, Callable[[Any, Any], bool]] = {
-        "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "in": lambda a, b: a in b,
-        "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-    }
     try:
-        return compare[op](value, target)
+        return _COMPARE[op](value, target)
     except TypeError:  # a string where a number was declared: not a match, never an error
         return False
 

@@ -11,6 +11,7 @@ from store.bloom import BloomCommit, BloomReader
 from store.connection import Db
 from store.event_ids import EventIdCommit
 from store.joins import JoinCommit, JoinSizes, JoinState
+from store.patterns import PatternCommit, PatternLoad, PatternSizes, StoredMatch
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
@@ -100,6 +101,8 @@ class BatchCommit:
     table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
     # Per table-table join view: its rows the batch's table changes changed (store/view_state.py).
     views: Sequence[ViewCommit] = ()
+    # Per pattern: its keys' state, matches and late events (store/patterns.py).
+    patterns: Sequence[PatternCommit] = ()
 
 
 @dataclass(frozen=True)
@@ -330,6 +333,23 @@ class PaneStore(ABC):
     @abstractmethod
     def join_sizes(self) -> dict[str, JoinSizes]:
         """Every window join's state size and counters."""
+
+    @abstractmethod
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> PatternLoad:
+        """A pattern's watermark and the stored keys among `keys` or due by `due_through_ms` (store/patterns.py)."""
+
+    @abstractmethod
+    def pattern_sizes(self) -> dict[str, PatternSizes]:
+        """Every pattern's state size and counters."""
+
+    @abstractmethod
+    def pattern_matches(self, pattern: str, *, key: str | None = None, start_ms: int | None = None,
+                        end_ms: int | None = None, after_id: int = 0, limit: int = 100) -> list[StoredMatch]:
+        """A pattern's matches in decided order after `after_id`, by key and decided_at in [start, end)."""
+
+    @abstractmethod
+    def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
+        """A pattern's late events, newest first."""
 
     @abstractmethod
     def side_db(self) -> Db:

@@ -41,6 +41,8 @@ from store import table_state
 from store import view_state
 from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
 from store.tables import VIEW_STATE_TABLES
+from store import patterns as pattern_store
+from store.patterns import PATTERN_TABLES
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -55,7 +57,7 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
             self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
-                                     + VIEW_STATE_TABLES)
+                                     + VIEW_STATE_TABLES + PATTERN_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -128,6 +130,8 @@ class SqlitePaneStore(PaneStore):
                             log_end_offsets=commit.log_end_offsets, placeholder="?")
         if commit.joins:
             join_store.apply(conn.cursor(), commit.joins, "?")
+        if commit.patterns:
+            pattern_store.apply(conn.cursor(), commit.patterns, commit.batch_id, now_ms, "?")
         table_state.apply(conn.cursor(), commit.table_changes, commit.batch_id, now_ms, "?")
         view_state.apply(conn.cursor(), commit.views, commit.batch_id, now_ms, "?")
         self._prune(commit, retention_ms, layouts)
@@ -426,6 +430,22 @@ class SqlitePaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._lock:
             return join_store.sizes(self._conn.cursor())
+
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> pattern_store.PatternLoad:
+        with self._lock:
+            return pattern_store.lookup(self._conn.cursor(), pattern, keys, due_through_ms, "?")
+
+    def pattern_sizes(self) -> dict[str, pattern_store.PatternSizes]:
+        with self._lock:
+            return pattern_store.sizes(self._conn.cursor())
+
+    def pattern_matches(self, pattern: str, **filters) -> list[pattern_store.StoredMatch]:
+        with self._lock:
+            return pattern_store.matches_page(self._conn.cursor(), pattern, "?", **filters)
+
+    def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
+        with self._lock:
+            return pattern_store.late_events(self._conn.cursor(), pattern, "?", limit)
 
     def table_row(self, stream: str, key: str) -> table_state.TableRow | None:
         with self._lock:

@@ -37,6 +37,7 @@ from store.base import (
 from store.bloom import BloomReader
 from store import event_ids
 from store import joins as join_store
+from store import patterns as pattern_store
 from store.commit_plan import (
     StreamState,
     pane_ids,
@@ -205,6 +206,9 @@ class PostgresPaneStore(PaneStore):
         if commit.joins:
             with conn.cursor() as cur:
                 join_store.apply(cur, commit.joins, "%s")
+        if commit.patterns:
+            with conn.cursor() as cur:
+                pattern_store.apply(cur, commit.patterns, commit.batch_id, now_ms, "%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -375,6 +379,22 @@ class PostgresPaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
+
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> pattern_store.PatternLoad:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return pattern_store.lookup(cur, pattern, keys, due_through_ms, "%s")
+
+    def pattern_sizes(self) -> dict[str, pattern_store.PatternSizes]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return pattern_store.sizes(cur)
+
+    def pattern_matches(self, pattern: str, **filters) -> list[pattern_store.StoredMatch]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return pattern_store.matches_page(cur, pattern, "%s", **filters)
+
+    def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return pattern_store.late_events(cur, pattern, "%s", limit)
 
     def table_row(self, stream: str, key: str) -> table_state.TableRow | None:
         found = self._one(table_state.row_query("%s"), (stream, key))

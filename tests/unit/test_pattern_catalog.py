@@ -116,3 +116,32 @@ def test_each_mistake_is_reported_with_its_line(pattern, line, message):
     assert message in text
     assert f"streams.yaml: line {line}:" in text
     assert text.count("\n") == 0, "one mistake, one message"
+
+
+def test_each_pattern_generates_a_matches_stream_with_a_count_metric_and_its_measures_as_values():
+    catalog = parse_catalog(EXAMPLES_YAML)
+    stream = catalog.streams["credential_stuffing_matches"]
+    assert stream.derived_from == "logins" and stream.time_field == "decided_at"
+    assert stream.values == ("first_failure", "attempts") and stream.allowed_lateness == 0
+    assert catalog.metrics["credential_stuffing_matches"].value is None  # count and rate of matches
+    assert catalog.metrics["credential_stuffing_matches_attempts"].value == "attempts"
+    assert catalog.streams["abandoned_checkout_matches"].values == ()
+    again = parse_catalog(EXAMPLES_YAML)  # a second parse generates the same (idempotent)
+    assert again.streams == catalog.streams and again.metrics == catalog.metrics
+
+
+def test_a_pattern_over_a_derived_stream_is_refused():
+    text = declare("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP
+                   + "  - name: q\n    key: user_id\n    steps:\n      - {name: a, stream: p_matches}\n")
+    with pytest.raises(ConfigError, match="stream 'p_matches' is derived; a pattern reads streams from the log"):
+        parse_catalog(text)
+
+
+def test_a_key_or_string_field_the_pipeline_does_not_carry_is_refused():
+    streams = "streams:\n  s:\n    key_field: user_id\n    event_id_field: eid\n    distinct: [ip]\n    dimensions: [outcome]\n"
+    with pytest.raises(ConfigError, match="key 'user_id' of stream 's' is not carried to the pipeline"):
+        parse_catalog(streams + "patterns:\n  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: s}\n")
+    with pytest.raises(ConfigError, match="'user_id' of stream 's' is not carried to the pipeline"):
+        parse_catalog(streams + "patterns:\n  - name: p\n    key: ip\n    steps:\n"
+                      "      - {name: a, stream: s, where: {user_id: u1}}\n")
+    parse_catalog(streams + "patterns:\n  - name: p\n    key: eid\n    steps:\n      - {name: a, stream: s}\n")

@@ -1,0 +1,166 @@
+"""Patterns (complex event processing) in the pane pipeline's micro-batch (catalog/patterns.py
+declares them, patterns/ is the matcher, aggregates/pattern_batch.py the per-batch rule,
+store/patterns.py the state).
+
+Per batch, on the driver: the records of the patterns' streams that the batch merges (not dead
+letters) are collected once (one Arrow transfer of stream, partition, offset, event time and
+the fields patterns read), each pattern reads the stored keys its events touch or that are due
+at its watermark, the rule buffers, releases in event-time order and matches, and the matches
+are rolled up into pane partials of the derived stream `<pattern>_matches`. The partials, the
+state, the matches and the late events go into the batch's own store commit: the same
+transaction as its panes and batch id, so a pattern is exactly once across restarts.
+
+Why the driver and not Spark's transformWithState: the state and the matches must be written
+in the store transaction that records the batch (a checkpointed operator state commits apart
+from it, so a crash between the two would duplicate or lose matches), the matcher is plain
+Python that the driver runs as is, and a batch touches only the keys it has events for or that
+are due, which keeps the driver's share small at the embedded service's scale
+(docs/patterns.md, "Running in the pipeline").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from aggregates.joins import derived_partials
+from aggregates.partials import dead_letter_reason_column
+from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
+from aggregates.window_join import DerivedRow
+from catalog import Catalog
+from catalog.model import StreamDef
+from catalog.patterns import PatternDef, matches_stream_name
+from patterns.events import Match, PatternEvent
+from patterns.plan import Plan, compile_pattern
+from sketches import DEFAULT_K
+from store import BatchCommit, PanePartial, PaneStore
+from store.patterns import PatternCommit
+
+
+@dataclass(frozen=True)
+class PatternsBatch:
+    partials: list[PanePartial] = field(default_factory=list)
+    commits: list[PatternCommit] = field(default_factory=list)
+    watermarks: dict[str, int] = field(default_factory=dict)  # per derived stream: its pattern's watermark
+    matches: int = 0
+    late: int = 0
+    released: int = 0
+
+
+def field_slot(stream: StreamDef, name: str) -> tuple[str, int] | None:
+    """Where the pipeline's source carries a field: ('dims', i), ('ids', i) or ('vals', i)."""
+    if name in stream.dimensions:
+        return "dims", stream.dimensions.index(name)
+    if name in stream.source_ids:
+        return "ids", stream.source_ids.index(name)
+    if name in stream.values:
+        return "vals", stream.values.index(name)
+    return None
+
+
+def read_fields(plan: Plan, pattern: PatternDef, stream: str) -> tuple[str, ...]:
+    """The fields of `stream` the pattern reads: its steps' tests, `same_as` targets, measures."""
+    names: set[str] = set()
+    steps = [*plan.steps, *((plan.absence,) if plan.absence else ())]
+    for step in steps:
+        if step.stream == stream:
+            names.update(c.field for c in step.conditions)
+    for step, kept in zip(plan.steps, plan.kept_fields):
+        if step.stream == stream:
+            names.update(kept)
+    return tuple(sorted(names))
+
+
+def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: PatternDef) -> list[PatternEvent]:
+    """The batch's records of the pattern's streams as matcher events, with the fields it reads;
+    a record without the key matches nothing and is left out."""
+    out: list[PatternEvent] = []
+    for stream_name in pattern.streams:
+        stream = catalog.streams[stream_name]
+        rows = records.filter(pc.equal(records["stream"], stream_name))
+        if rows.num_rows == 0:
+            continue
+        columns = {c: rows[c].to_pylist() for c in ("dims", "ids", "vals")}
+        key_slot = field_slot(stream, pattern.key)
+        slots = [(name, field_slot(stream, name)) for name in read_fields(plan, pattern, stream_name)]
+
+        def read(slot, i):
+            if slot is None:
+                return None
+            arr = columns[slot[0]][i]
+            return None if arr is None or slot[1] >= len(arr) else arr[slot[1]]
+
+        for i, (t, p, o) in enumerate(zip(rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
+                                          rows["offset"].to_pylist(), strict=True)):
+            key = read(key_slot, i)
+            if key is None:
+                continue
+            fields = {name: v for name, slot in slots if (v := read(slot, i)) is not None}
+            out.append(PatternEvent(stream_name, p, o, t, key, fields))
+    return out
+
+
+def match_rows(matches: Iterable[Match]) -> list[DerivedRow]:
+    """One derived row per match at its decided_at, its numeric measures as values."""
+    return [DerivedRow(m.decided_at, (), {name: v for name, v in m.measures.items()
+                                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            for m in matches]
+
+
+class PatternRunner:
+    def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
+        self.catalog, self.store, self.kll_k = catalog, store, kll_k
+        self.patterns = [(p, compile_pattern(p, catalog)) for p in catalog.patterns]
+        self.enabled = bool(self.patterns)
+        self.names = [matches_stream_name(p.name) for p in catalog.patterns]  # their derived streams
+        self.streams = sorted({s for p in catalog.patterns for s in p.streams})
+
+    def records(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
+        """The batch's records of the patterns' streams that it merges (dead letters match nothing)."""
+        return (batch.where(F.col("stream").isin(self.streams)
+                            & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                .select("stream", "partition", "offset", "event_time", "dims", "vals", "ids").toArrow())
+
+    def process(self, batch: DataFrame, batch_now_ms: int) -> PatternsBatch:
+        return self.run(self.records(batch, batch_now_ms), self.store.watermarks())
+
+    def run(self, records: pa.Table, stream_watermarks: dict[str, int]) -> PatternsBatch:
+        """Every pattern over the batch's records, with the streams' watermarks stored before it."""
+        out = PatternsBatch()
+        matches = late = released = 0
+        for pattern, plan in self.patterns:
+            events = pattern_events(records, self.catalog, plan, pattern)
+            before = self.store.pattern_state(pattern.name, [], None).watermark_ms
+            now = pattern_watermark(before, stream_watermarks, pattern.streams)
+            load = self.store.pattern_state(pattern.name, sorted({e.key for e in events}), now)
+            done = run_pattern_batch(plan, load, events, now)
+            stream = self.catalog.streams[matches_stream_name(pattern.name)]
+            out.partials.extend(derived_partials(match_rows(done.matches), stream.name, (), stream.pane, self.kll_k,
+                                                 sketched=stream.values))
+            out.commits.append(done.commit)
+            if done.commit.watermark_ms is not None:
+                out.watermarks[stream.name] = done.commit.watermark_ms
+            matches += len(done.matches)
+            late += len(done.commit.late)
+            released += done.released
+        return PatternsBatch(out.partials, out.commits, out.watermarks, matches, late, released)
+
+
+def with_patterns(commit: BatchCommit, done: PatternsBatch, derived: Iterable[str]) -> BatchCommit:
+    """The batch's commit with the patterns' derived partials, state, matches and late events.
+    A `<pattern>_matches` stream is read from no log partition: its newest time is its pattern's
+    watermark and its lateness 0, so its watermark is the pattern's (no match is decided behind it)."""
+    names = set(derived)
+    max_event = dict(commit.max_event_ms)
+    for stream, t in done.watermarks.items():
+        max_event[stream] = max(max_event.get(stream, t), t)
+    return replace(commit, partials=[*commit.partials, *done.partials], patterns=done.commits, max_event_ms=max_event,
+                   partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
+
+
+__all__ = ["PatternRunner", "PatternsBatch", "field_slot", "pattern_events", "with_patterns"]

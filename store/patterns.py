@@ -1,0 +1,247 @@
+"""The patterns' state and output in the store (catalog/patterns.py declares them, patterns/ is
+the matcher, aggregates/pattern_batch.py runs it per batch).
+
+Per pattern and key: the matcher's state of the key (its partial matches, as JSON) and the
+key's events still waiting for the watermark (buffered, so the matcher sees them in event-time
+order), with `due_ms`, the lowest watermark at which the key has something to do (release a
+buffered event, drop a partial match past `within`, decide an absence): a batch reads the keys
+its events touch and the keys that are due, never the whole state. Per pattern: the watermark
+it has advanced to and its counters. Matches and the events late for a pattern are appended.
+
+Everything is written in the batch's own store transaction, with its panes and its batch id: a
+batch replayed after a crash is either wholly recorded (skipped by its batch id) or not at all,
+so no match is emitted twice or lost across a restart. Pure, apart from the functions that take
+a DB-API cursor and the backend's placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PATTERN_TABLES = """
+CREATE TABLE IF NOT EXISTS pattern_state (
+    pattern TEXT NOT NULL,
+    pattern_key TEXT NOT NULL,
+    state TEXT NOT NULL,            -- JSON: the matcher's state of the key (last event, runs, waiting)
+    buffered TEXT NOT NULL,         -- JSON array: the key's events the watermark has not passed yet
+    due_ms INTEGER,                 -- the lowest watermark at which the key has work (NULL: none)
+    partial_matches INTEGER NOT NULL,
+    PRIMARY KEY (pattern, pattern_key)
+);
+CREATE INDEX IF NOT EXISTS pattern_state_by_due ON pattern_state (pattern, due_ms);
+CREATE TABLE IF NOT EXISTS pattern_progress (
+    pattern TEXT PRIMARY KEY,
+    watermark_ms INTEGER,           -- every event of the pattern's streams up to here was fed
+    matches INTEGER NOT NULL,
+    late_events INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pattern_matches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pattern TEXT NOT NULL,
+    pattern_key TEXT NOT NULL,
+    decided_at_ms INTEGER NOT NULL, -- event time: the last event's, or the absence's deadline
+    events TEXT NOT NULL,           -- JSON array of {step, stream, partition, offset, time}
+    measures TEXT NOT NULL,         -- JSON object
+    late INTEGER NOT NULL,          -- 1: found by re-running late events (not in this version: always 0)
+    batch_id INTEGER NOT NULL,
+    committed_at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pattern_matches_by_time ON pattern_matches (pattern, decided_at_ms);
+CREATE INDEX IF NOT EXISTS pattern_matches_by_key ON pattern_matches (pattern, pattern_key, id);
+CREATE TABLE IF NOT EXISTS pattern_late (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pattern TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    time_ms INTEGER NOT NULL,
+    watermark_ms INTEGER NOT NULL,  -- the pattern's watermark it arrived behind
+    batch_id INTEGER NOT NULL,
+    at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pattern_late_by_pattern ON pattern_late (pattern, id);
+"""
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One key's stored state: the matcher's JSON of the key, and its buffered events as JSON
+    lists [stream, partition, offset, time, fields]."""
+
+    state: dict | None = None
+    buffered: tuple[list, ...] = ()
+    due_ms: int | None = None
+    partial_matches: int = 0
+
+
+@dataclass(frozen=True)
+class StoredMatch:
+    id: int
+    pattern: str
+    key: str
+    decided_at_ms: int
+    events: list[dict]
+    measures: dict
+    late: bool
+    batch_id: int
+    committed_at_ms: int
+
+
+@dataclass(frozen=True)
+class NewMatch:
+    key: str
+    decided_at_ms: int
+    events: list[dict]
+    measures: dict
+    late: bool = False
+
+
+@dataclass(frozen=True)
+class LateEvent:
+    stream: str
+    partition: int
+    offset: int
+    time_ms: int
+    watermark_ms: int
+
+
+@dataclass(frozen=True)
+class PatternCommit:
+    """What a batch changes for one pattern, saved in its transaction: keys written (a KeyState
+    with nothing in it deletes the key), the matches decided, the late events."""
+
+    pattern: str
+    watermark_ms: int | None
+    keys: dict[str, KeyState] = field(default_factory=dict)
+    matches: Sequence[NewMatch] = ()
+    late: Sequence[LateEvent] = ()
+
+
+@dataclass(frozen=True)
+class PatternLoad:
+    """What a batch reads of a pattern: its watermark and the keys it touches or that are due."""
+
+    watermark_ms: int | None = None
+    keys: dict[str, KeyState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PatternSizes:
+    """A pattern's state size and counters, for /api/v1/pipeline and /metrics."""
+
+    watermark_ms: int | None = None
+    keys_held: int = 0
+    partial_matches: int = 0
+    buffered_events: int = 0
+    matches: int = 0
+    late_events: int = 0
+
+
+def _empty(k: KeyState) -> bool:
+    return not k.buffered and (not k.state or not (k.state.get("runs") or k.state.get("waiting")))
+
+
+def _in_keys(placeholder: str, keys: list[str]) -> tuple[str, object]:
+    if placeholder == "?":
+        return "pattern_key IN (SELECT value FROM json_each(?))", json.dumps(keys)
+    return "pattern_key = ANY(%s)", keys
+
+
+def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> PatternLoad:
+    """The pattern's watermark, and the stored keys among `keys` or due at `due_through_ms`."""
+    q = placeholder
+    cursor.execute(f"SELECT watermark_ms FROM pattern_progress WHERE pattern = {q}", (pattern,))
+    row = cursor.fetchone()
+    in_keys, key_arg = _in_keys(q, sorted(set(keys)))
+    due = -(2**62) if due_through_ms is None else due_through_ms
+    columns = "pattern_key, state, buffered, due_ms, partial_matches"
+    # Two index lookups (by key, by due time) rather than one OR, which would scan the pattern's keys.
+    cursor.execute(f"SELECT {columns} FROM pattern_state WHERE pattern = {q} AND {in_keys}"
+                   f" UNION SELECT {columns} FROM pattern_state WHERE pattern = {q} AND due_ms <= {q}",
+                   (pattern, key_arg, pattern, due))
+    found = {k: KeyState(json.loads(s), tuple(json.loads(b)), d, p) for k, s, b, d, p in cursor.fetchall()}
+    return PatternLoad(None if row is None else row[0], found)
+
+
+def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, placeholder: str) -> None:
+    """Save each pattern's batch changes; the caller owns the transaction."""
+    q = placeholder
+    for c in commits:
+        gone = [k for k, s in c.keys.items() if _empty(s)]
+        kept = [(c.pattern, k, json.dumps(s.state or {}), json.dumps(list(s.buffered)), s.due_ms, s.partial_matches)
+                for k, s in sorted(c.keys.items()) if not _empty(s)]
+        if gone:
+            in_keys, key_arg = _in_keys(q, sorted(gone))
+            cursor.execute(f"DELETE FROM pattern_state WHERE pattern = {q} AND {in_keys}", (c.pattern, key_arg))
+        if kept:
+            cursor.executemany(
+                f"INSERT INTO pattern_state (pattern, pattern_key, state, buffered, due_ms, partial_matches)"
+                f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}) ON CONFLICT (pattern, pattern_key) DO UPDATE SET"
+                " state = excluded.state, buffered = excluded.buffered, due_ms = excluded.due_ms,"
+                " partial_matches = excluded.partial_matches", kept)
+        if c.matches:
+            cursor.executemany(
+                f"INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
+                f" committed_at_ms) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
+                [(c.pattern, m.key, m.decided_at_ms, json.dumps(m.events), json.dumps(m.measures), int(m.late),
+                  batch_id, now_ms) for m in c.matches])
+        if c.late:
+            cursor.executemany(
+                f"INSERT INTO pattern_late (pattern, stream, log_partition, log_offset, time_ms, watermark_ms,"
+                f" batch_id, at_ms) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
+                [(c.pattern, e.stream, e.partition, e.offset, e.time_ms, e.watermark_ms, batch_id, now_ms)
+                 for e in c.late])
+        cursor.execute(
+            f"INSERT INTO pattern_progress (pattern, watermark_ms, matches, late_events) VALUES ({q}, {q}, {q}, {q})"
+            " ON CONFLICT (pattern) DO UPDATE SET watermark_ms = excluded.watermark_ms,"
+            " matches = pattern_progress.matches + excluded.matches,"
+            " late_events = pattern_progress.late_events + excluded.late_events",
+            (c.pattern, c.watermark_ms, len(c.matches), len(c.late)))
+
+
+def sizes(cursor) -> dict[str, PatternSizes]:
+    """Every pattern's state size and counters."""
+    out: dict[str, dict] = {}
+    cursor.execute("SELECT pattern, watermark_ms, matches, late_events FROM pattern_progress")
+    for name, watermark, matches, late in cursor.fetchall():
+        out[name] = {"watermark_ms": watermark, "matches": matches, "late_events": late}
+    cursor.execute("SELECT pattern, COUNT(*), COALESCE(SUM(partial_matches), 0) FROM pattern_state GROUP BY pattern")
+    for name, keys, partial in cursor.fetchall():
+        out.setdefault(name, {}).update(keys_held=keys, partial_matches=int(partial))
+    # Buffered events: each key's JSON array length, counted here (a few keys' worth per pattern).
+    cursor.execute("SELECT pattern, buffered FROM pattern_state WHERE buffered <> '[]'")
+    for name, buffered in cursor.fetchall():
+        entry = out.setdefault(name, {})
+        entry["buffered_events"] = entry.get("buffered_events", 0) + len(json.loads(buffered))
+    return {name: PatternSizes(**values) for name, values in out.items()}
+
+
+def matches_page(cursor, pattern: str, placeholder: str, *, key: str | None = None, start_ms: int | None = None,
+                 end_ms: int | None = None, after_id: int = 0, limit: int = 100) -> list[StoredMatch]:
+    """A pattern's matches in the order they were decided (by id), after `after_id`; filtered by
+    key and by decided_at in [start_ms, end_ms)."""
+    q = placeholder
+    clauses, args = [f"pattern = {q}", f"id > {q}"], [pattern, after_id]
+    if key is not None:
+        clauses.append(f"pattern_key = {q}")
+        args.append(key)
+    if start_ms is not None:
+        clauses.append(f"decided_at_ms >= {q}")
+        args.append(start_ms)
+    if end_ms is not None:
+        clauses.append(f"decided_at_ms < {q}")
+        args.append(end_ms)
+    cursor.execute(f"SELECT id, pattern, pattern_key, decided_at_ms, events, measures, late, batch_id, committed_at_ms"
+                   f" FROM pattern_matches WHERE {' AND '.join(clauses)} ORDER BY id LIMIT {q}", (*args, limit))
+    return [StoredMatch(i, p, k, d, json.loads(e), json.loads(m), bool(late), b, at)
+            for i, p, k, d, e, m, late, b, at in cursor.fetchall()]
+
+
+def late_events(cursor, pattern: str, placeholder: str, limit: int = 100) -> list[tuple]:
+    """A pattern's late events, newest first: (stream, partition, offset, time_ms, watermark_ms, batch_id)."""
+    q = placeholder
+    cursor.execute(f"SELECT stream, log_partition, log_offset, time_ms, watermark_ms, batch_id FROM pattern_late"
+                   f" WHERE pattern = {q} ORDER BY id DESC LIMIT {q}", (pattern, limit))
+    return [tuple(r) for r in cursor.fetchall()]

@@ -1,0 +1,133 @@
+"""One pattern run batch by batch (aggregates/pattern_batch.py), pure, the store simulated by a
+JSON round trip of what a batch commits: events arrive in any order, split into batches, each
+with the watermark its streams reached; the matches equal the brute-force definition over the
+events that were not late, late events are recorded, and nothing is left once the watermark
+passes everything."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
+from catalog.loader import parse_catalog
+from patterns.events import PatternEvent
+from patterns.plan import compile_pattern
+from store.patterns import KeyState, PatternLoad
+from tests.support.patterns import EXAMPLES_YAML
+from tests.unit.test_pattern_matcher import matched, oracle, patterns
+
+MIN = 60_000
+EXAMPLES = parse_catalog(EXAMPLES_YAML)
+
+
+class FakeStore:
+    """What store/patterns.py keeps, as JSON: the pattern's watermark and its keys with due times."""
+
+    def __init__(self):
+        self.watermark: int | None = None
+        self.keys: dict[str, str] = {}
+        self.matches: list = []
+        self.late: list = []
+
+    def load(self, keys, due_through) -> PatternLoad:
+        found = {}
+        for key, text in self.keys.items():
+            stored = KeyState(**{**json.loads(text), "buffered": tuple(json.loads(text)["buffered"])})
+            if key in keys or (due_through is not None and stored.due_ms is not None and stored.due_ms <= due_through):
+                found[key] = stored
+        return PatternLoad(self.watermark, found)
+
+    def batch(self, plan, events, stream_watermark):
+        now = pattern_watermark(self.watermark, {s.stream: stream_watermark for s in plan.steps}, [s.stream for s in plan.steps])
+        out = run_pattern_batch(plan, self.load({e.key for e in events}, now), events, now)
+        c = out.commit
+        self.watermark = c.watermark_ms
+        for key, state in c.keys.items():
+            if state.buffered or (state.state and (state.state["runs"] or state.state["waiting"])):
+                self.keys[key] = json.dumps(state.__dict__)
+            else:
+                self.keys.pop(key, None)
+        self.matches += out.matches
+        self.late += c.late
+        return out
+
+
+def test_events_wait_for_the_watermark_and_are_fed_in_event_time_order():
+    pattern = EXAMPLES.patterns[0]  # credential_stuffing: five failures then a success from the same address
+    plan = compile_pattern(pattern, EXAMPLES)
+    store = FakeStore()
+    events = [PatternEvent("logins", 0, i, i * MIN, "alice", {"outcome": "failure", "ip": "10.0.0.9"}) for i in range(5)]
+    success = PatternEvent("logins", 1, 9, 6 * MIN, "alice", {"outcome": "success", "ip": "10.0.0.9"})
+    # The success arrives first, the failures after it, in reverse: in arrival order nothing would match.
+    out = store.batch(plan, [success, *reversed(events[2:])], None)
+    assert out.matches == [] and out.released == 0 and store.watermark is None
+    assert json.loads(store.keys["alice"])["due_ms"] == 2 * MIN  # the earliest buffered event
+    out = store.batch(plan, events[:2], 3 * MIN)  # failures 0..3 released (time <= 3 min), in order
+    assert out.released == 4 and out.matches == [] and store.watermark == 3 * MIN
+    late = PatternEvent("logins", 2, 10, 3 * MIN, "alice", {"outcome": "failure", "ip": "10.0.0.9"})
+    out = store.batch(plan, [late], 6 * MIN)  # at the watermark: late, recorded, not fed
+    [match] = out.matches
+    assert [e.offset for e in match.events] == [0, 1, 2, 3, 4, 9] and match.decided_at == 6 * MIN
+    assert [(e.offset, e.time_ms, e.watermark_ms) for e in out.commit.late] == [(10, 3 * MIN, 3 * MIN)]
+    assert store.keys == {}  # nothing pending: the key is gone
+
+
+def test_the_watermark_is_the_lowest_of_the_patterns_streams_and_never_goes_back():
+    assert pattern_watermark(None, {"a": 10, "b": 5}, ["a", "b"]) == 5
+    assert pattern_watermark(None, {"a": 10}, ["a", "b"]) == 10  # b has none yet: it holds nothing back
+    assert pattern_watermark(7, {"a": 10, "b": 5}, ["a", "b"]) == 7
+    assert pattern_watermark(7, {}, ["a"]) == 7 and pattern_watermark(None, {}, ["a"]) is None
+
+
+def test_an_absence_is_decided_when_the_watermark_passes_its_deadline_and_only_due_keys_are_read():
+    pattern = EXAMPLES.patterns[1]  # abandoned_checkout: started, not completed within 30 minutes
+    plan = compile_pattern(pattern, EXAMPLES)
+    store = FakeStore()
+    store.batch(plan, [PatternEvent("checkouts", 0, 0, 0, "s1", {"stage": "started"}),
+                       PatternEvent("checkouts", 0, 1, 1 * MIN, "s2", {"stage": "started"})], 2 * MIN)
+    assert sorted(store.keys) == ["s1", "s2"]
+    assert store.load(set(), 30 * MIN).keys.keys() == {"s1"}  # s2 is due at 31 min: not read before
+    out = store.batch(plan, [PatternEvent("checkouts", 0, 2, 20 * MIN, "s2", {"stage": "completed"})], 30 * MIN)
+    assert [(m.key, m.decided_at) for m in out.matches] == [("s1", 30 * MIN)]
+    assert store.batch(plan, [], 120 * MIN).matches == [] and store.keys == {}
+
+
+@st.composite
+def arrivals(draw):
+    """Events of two keys in a random order of arrival, cut into batches, each batch with the
+    watermark its streams reached (never back), then a last batch whose watermark passes all."""
+    raw = draw(st.lists(st.tuples(st.sampled_from(["x", "x", "x", "y"]), st.integers(0, 8), st.sampled_from(["s", "t"]),
+                                  st.sampled_from(["a", "b", "c"]), st.sampled_from(["1.1.1.1", "2.2.2.2"]),
+                                  st.sampled_from([100, 600])), min_size=3, max_size=9))
+    events = []
+    for offset, (key, time, stream, kind, ip, amount) in enumerate(raw):
+        fields = {"k": key, "kind": kind} | ({"ip": ip, "amount": amount} if stream == "s" else {})
+        events.append(PatternEvent(stream, offset % 2, offset, time, key, fields))
+    events = draw(st.permutations(events))
+    batches, i, mark = [], 0, None
+    while i < len(events):
+        n = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            mark = draw(st.integers(-1 if mark is None else mark, 10))
+        batches.append((events[i:i + n], mark))
+        i += n
+    batches.append(([], 10_000))
+    return batches
+
+
+@settings(max_examples=400, deadline=None)
+@given(catalog=patterns(), batches=arrivals())
+def test_batches_in_any_order_of_arrival_match_as_the_definition_over_the_events_not_late(catalog, batches):
+    plan = compile_pattern(catalog.patterns[0], catalog)
+    store = FakeStore()
+    accepted, late = [], []
+    for events, mark in batches:
+        for e in events:
+            (late if store.watermark is not None and e.time <= store.watermark else accepted).append(e)
+        store.batch(plan, events, mark)
+    assert matched(store.matches) == oracle(plan, sorted(accepted, key=lambda e: e.order), 10_000)
+    assert sorted((e.stream, e.offset) for e in store.late) == sorted((e.stream, e.offset) for e in late)
+    assert store.keys == {}  # the watermark passed everything: no key is held

@@ -1,0 +1,72 @@
+"""The patterns' state, matches and late events in the store (store/patterns.py), the same
+contract on SQLite and PostgreSQL: saved with the batch's transaction once, read back by key and
+by due time, deleted when a key holds nothing, paged and filtered, counted for the status."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import BatchCommit
+from store.patterns import KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
+
+T0 = 1_700_000_000_000
+RUN = {"last": [T0, "logins", 0, 1], "runs": [{"taken": [], "count": 1, "blocked": [], "deadline": None}],
+       "waiting": []}
+
+
+def commit(batch_id: int, *patterns: PatternCommit) -> BatchCommit:
+    return BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0, patterns=list(patterns))
+
+
+def match(key: str, at: int, n: int = 1) -> NewMatch:
+    return NewMatch(key, at, [{"step": "a", "stream": "logins", "partition": 0, "offset": n, "time": at}], {"n": n})
+
+
+def test_pattern_state_matches_and_late_events_are_saved_with_the_batch_once(store_backend):
+    store = store_backend.create()
+    assert store.pattern_state("cs", ["alice"], T0).watermark_ms is None
+    first = PatternCommit(
+        "cs", T0,
+        keys={"alice": KeyState(RUN, (["logins", 0, 3, T0 + 50, {"outcome": "failure"}],), T0 + 50, 1),
+              "bob": KeyState(RUN, (), T0 + 600_000, 1)},
+        matches=[match("alice", T0 - 5), match("bob", T0 - 1, 2)],
+        late=[LateEvent("logins", 1, 9, T0 - 100, T0)])
+    assert store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed
+    assert not store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed  # a replay: nothing twice
+    store = store_backend.reopen(store)  # a restart reads the same state
+    # By key, or by due time: bob is not due until T0 + 10m and was not asked for.
+    load = store.pattern_state("cs", ["alice"], T0 + 100)
+    assert load.watermark_ms == T0 and sorted(load.keys) == ["alice"]
+    assert load.keys["alice"].buffered == (["logins", 0, 3, T0 + 50, {"outcome": "failure"}],)
+    assert load.keys["alice"].state == RUN
+    assert sorted(store.pattern_state("cs", [], T0 + 600_000).keys) == ["alice", "bob"]
+    assert store.pattern_state("other", ["alice"], T0).keys == {}  # patterns apart
+    assert store.pattern_sizes() == {"cs": PatternSizes(T0, keys_held=2, partial_matches=2, buffered_events=1,
+                                                        matches=2, late_events=1)}
+    page = store.pattern_matches("cs")
+    assert [(m.key, m.decided_at_ms, m.measures, m.late, m.batch_id) for m in page] == [
+        ("alice", T0 - 5, {"n": 1}, False, 0), ("bob", T0 - 1, {"n": 2}, False, 0)]
+    assert page[0].events[0]["offset"] == 1
+    assert store.pattern_late("cs") == [("logins", 1, 9, T0 - 100, T0, 0)]
+    # A later batch: alice holds nothing any more (deleted), a third match; the watermark moves.
+    second = PatternCommit("cs", T0 + 100, keys={"alice": KeyState()}, matches=[match("bob", T0 + 90, 3)])
+    assert store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed
+    assert sorted(store.pattern_state("cs", ["alice", "bob"], None).keys) == ["bob"]
+    assert store.pattern_sizes()["cs"] == PatternSizes(T0 + 100, keys_held=1, partial_matches=1, matches=3,
+                                                       late_events=1)
+    # Paging by id, filters by key and decided time.
+    ids = [m.id for m in store.pattern_matches("cs")]
+    assert len(ids) == 3 and ids == sorted(ids)
+    assert [m.id for m in store.pattern_matches("cs", after_id=ids[0], limit=1)] == [ids[1]]
+    assert [m.decided_at_ms for m in store.pattern_matches("cs", key="bob")] == [T0 - 1, T0 + 90]
+    assert [m.decided_at_ms for m in store.pattern_matches("cs", start_ms=T0 - 1, end_ms=T0 + 90)] == [T0 - 1]
+
+
+def test_a_failed_commit_saves_no_pattern_state(store_backend):
+    store = store_backend.create()
+    bad = BatchCommit(pipeline="main", batch_id=0, partials=[], events_read=0, read_by_stream={"x": 3},
+                      patterns=[PatternCommit("cs", T0, keys={"alice": KeyState(RUN, (), T0, 1)},
+                                              matches=[match("alice", T0)])])
+    with pytest.raises(ValueError):
+        store.commit_batch(bad, lateness_ms={}, now_ms=T0)
+    assert store.pattern_sizes() == {} and store.pattern_matches("cs") == []
