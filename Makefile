@@ -38,12 +38,12 @@ run: $(STAMP)
 # file per worker at a time, since their fixtures are module-scoped), then the Spark, Kafka and
 # real-process tests one at a time (each of them wants both cores), with the `serial` ones, which
 # xdist cannot run (items sharing one node id: it would run only one of them). Both runs go on
-# even if the first fails.
+# even if the first fails. The second run prints its 30 slowest tests (where the suite's time goes).
 NO_JVM := not spark and not e2e and not kafka
 PARALLEL := $(NO_JVM) and not serial
 test: $(STAMP) jars
 	@$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
-	$(BIN)/python -m pytest -m "not ($(PARALLEL))"; slow=$$?; \
+	$(BIN)/python -m pytest -m "not ($(PARALLEL))" --durations=30; slow=$$?; \
 	test $$fast -eq 0 && test $$slow -eq 0
 
 # No JVM at all: no Spark, no Kafka broker, no real-process tests.
