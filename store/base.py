@@ -14,6 +14,7 @@ from store.joins import JoinCommit, JoinSizes, JoinState
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
+from store.table_versions import EnrichmentCommit, TableVersion
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
 
@@ -97,6 +98,8 @@ class BatchCommit:
     joins: Sequence[JoinCommit] = ()
     # Per table and key: the batch's newest change of the row (store/table_state.py).
     table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
+    # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
+    enrichment: EnrichmentCommit | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class StreamProgress:
     partitions: Mapping[int, PartitionProgress] = field(default_factory=dict)
     held_by_partition: int | None = None  # the partition whose unread records hold the watermark back
     duplicates_dropped: int = 0  # events dropped as copies of an event id counted before (event_id_field)
+    enrich_misses: dict[str, int] = field(default_factory=dict)  # per table: events enriched with "" (no row)
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,11 @@ class PaneStore(ABC):
     @abstractmethod
     def table_row(self, stream: str, key: str) -> TableRow | None:
         """A changelog table's current row of `key` (store/table_state.py), None when it has none."""
+        raise NotImplementedError
+
+    def table_versions(self, stream: str) -> list[tuple[str, TableVersion]]:
+        """A changelog table's kept row versions, (key, version) in key and version order
+        (store/table_versions.py: what enrichment looks up)."""
         raise NotImplementedError
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
