@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from catalog import Catalog, ConfigError, parse_catalog
 from catalog.versions import definition_version, pinned_catalog, stream_document
+from sketchboard.reprocess import stream_catalog
 from store.base import BatchCommit
 from store.table_versions import EnrichmentCommit, TableVersion, as_of, by_key, lookup_time, prunable
 
@@ -47,6 +48,9 @@ def test_enriched_columns_are_dimensions_and_survive_a_round_trip():
     again = Catalog.model_validate_json(catalog.model_dump_json())
     assert again.streams["http_requests"] == requests
     assert pinned_catalog(catalog, {"http_requests": stream_document(requests)}).streams["http_requests"] == requests
+    # A reprocessing run of the stream reads the table it is enriched from too.
+    run = stream_catalog(catalog, "http_requests")
+    assert set(run.streams) == {"http_requests", "users"} and run.streams["http_requests"] == requests
 
 
 def test_enrichment_counts_in_the_definition_version_and_others_keep_theirs():
