@@ -80,9 +80,6 @@ def check_stream_enrichment(stream: StreamDef) -> None:
         return
     if stream.kind == "table":
         raise ValueError("enrich: a table (kind: table) cannot be enriched; enrichment is for event streams")
-    if stream.sessions is not None:
-        raise ValueError("enrich and sessions cannot be combined yet: session windows read the log on their own"
-                         " and would not see the enriched columns")
     declared = set(stream.dimensions) - set(stream.enriched_dimensions)
     strings = {*declared, *stream.distinct_fields, *((stream.key_field,) if stream.key_field else ())}
     for decl in stream.enrich:

@@ -86,13 +86,14 @@ def test_bad_enrichments_are_refused_naming_the_line(old, new, message):
     assert "line " in str(err.value)
 
 
-def test_tables_and_session_streams_cannot_be_enriched():
+def test_a_table_cannot_be_enriched_a_stream_with_sessions_can():
     with pytest.raises(ConfigError, match="a table .* cannot be enriched"):
         parse_catalog(CONFIG.replace("  http_requests:\n", "  http_requests:\n    kind: table\n")
                       .replace("dimensions: [method]", "dimensions: [method]\n    distinct: [user_id]"))
-    with pytest.raises(ConfigError, match="enrich and sessions cannot be combined"):
-        parse_catalog(CONFIG.replace("    values: [latency_ms]\n", "    values: [latency_ms]\n"
-                                     "    sessions: {key: user_id, gap: 5m}\n"))
+    # Session streams carry no dimensions of their parent: enrichment does not touch them.
+    catalog = parse_catalog(CONFIG.replace("    values: [latency_ms]\n", "    values: [latency_ms]\n"
+                                           "    sessions: {key: user_id, gap: 5m}\n"))
+    assert catalog.streams["http_requests_sessions"].dimensions == ()
 
 
 # -- the as-of lookup ----------------------------------------------------------------------------
