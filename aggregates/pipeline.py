@@ -18,6 +18,7 @@ from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks
 from aggregates.duplicates import DuplicateFilter
+from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
@@ -82,6 +83,7 @@ class Pipeline(ReportsStoreErrors):
         self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
         self.views = Views(catalog, store, kll_k=config.kll_k)  # table-table join views (catalog views:)
         self.patterns = PatternRunner(catalog, store, kll_k=config.kll_k)  # patterns (catalog patterns:)
+        self.enrichment = Enrichment(spark, catalog, store)  # stream-table joins (catalog enrich:)
         configure_tiers(store, catalog, clock)
 
     def stream(self) -> DataFrame:
@@ -106,14 +108,18 @@ class Pipeline(ReportsStoreErrors):
         deduped_at = time.perf_counter()
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
-        kept = batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled else None
-        joined = matched = None
+        kept = (batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled
+                or self.enrichment.enabled else None)
+        joined = matched = enriched = None
         try:
             if kept is not None:
                 batch = kept
             if self.clocks.enabled:
                 clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
                 batch = self.clocks.apply(kept, clocks)
+            if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
+                enriched = self.enrichment.process(batch, batch_now_ms)
+                batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
@@ -137,6 +143,8 @@ class Pipeline(ReportsStoreErrors):
                 commit = replace(commit, table_changes=self.tables.process(batch))
             if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
                 commit = with_views(commit, self.views.process(commit.table_changes), self.views.names)
+            if enriched is not None:  # the tables' new versions and the misses, in the batch's transaction
+                commit = replace(commit, enrichment=enriched.commit)
             if self.bloom.enabled:
                 # Only the records merged into panes are keys seen: dead letters are not.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
@@ -155,6 +163,8 @@ class Pipeline(ReportsStoreErrors):
         finally:
             if kept is not None:
                 kept.unpersist()
+            if enriched is not None:
+                enriched.cached.unpersist()
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"

@@ -66,6 +66,7 @@ def router(ctx: ApiContext) -> APIRouter:
             offsets = ctx.log.offsets(stream.name)
             out.append({
                 **stream.model_dump(mode="json"),
+                "dimensions": list(stream.dimensions),  # with the enriched ones (a dump leaves them out)
                 "distinct": list(stream.distinct_fields),
                 "partitions_offsets": {p: {"start": o.start, "end": o.end} for p, o in offsets.items()},
                 "events_in_log": sum(o.end - o.start for o in offsets.values()),

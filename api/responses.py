@@ -75,6 +75,9 @@ class StreamProgressOut(BaseModel):
     duplicates_dropped: int | None = Field(
         description="events dropped as copies of an event id counted within the stream's dedup_window;"
                     " null when the stream declares no event_id_field")
+    enrich_misses: dict[str, int] | None = Field(
+        default=None, description="per table: events enriched with \"\" because their key had no row at their"
+                                  " time (docs/tables.md, Enrichment); null when the stream declares no enrich")
     corrections: int
     panes: int
     lag_events: int

@@ -79,6 +79,9 @@ def pipeline_status(ctx: ApiContext) -> dict:
             # null: the stream declares no event_id_field (aggregates/event_ids.py)
             "duplicates_dropped": (s.duplicates_dropped if s else 0) if ctx.catalog.streams[name].event_id_field
             else None,
+            # null: the stream declares no enrich (catalog/enrichment.py); else events enriched with "" per table
+            "enrich_misses": ({d.table: (s.enrich_misses.get(d.table, 0) if s else 0)
+                               for d in ctx.catalog.streams[name].enrich} or None),
             "corrections": s.corrections if s else 0,
             "panes": s.panes if s else 0,
             "lag_events": sum(p["lag_events"] for p in partitions.values()),
@@ -187,7 +190,12 @@ class _StoredMetrics:
         duplicates = CounterMetricFamily("sketchboard_duplicate_events_dropped",
                                          "Events dropped as copies of an event id counted within the stream's"
                                          " dedup_window (streams with an event_id_field)", labels=["stream"])
+        misses = CounterMetricFamily("sketchboard_enrich_misses",
+                                     "Events enriched with \"\" because their key had no row of the table at their"
+                                     " time (streams with enrich)", labels=["stream", "table"])
         for name, s in status["streams"].items():
+            for table, n in sorted((s.get("enrich_misses") or {}).items()):
+                misses.add_metric([name, table], n)
             if s["duplicates_dropped"] is not None:
                 duplicates.add_metric([name], s["duplicates_dropped"])
             events_in.add_metric([name], sum(p["log_end"] for p in s["partitions"].values()))
@@ -195,7 +203,7 @@ class _StoredMetrics:
             dead.add_metric([name], s["events_dead_lettered"])
             for reason, n in sorted(s["dead_lettered_by_reason"].items()):
                 by_reason.add_metric([name, reason], n)
-        yield from (events_in, aggregated, dead, by_reason, duplicates)
+        yield from (events_in, aggregated, dead, by_reason, duplicates, misses)
         yield from join_metrics(status["joins"])
         yield from pattern_metrics(status["patterns"])
         if ctx.lag is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from catalog.cdc import CdcSourceDef, check_source
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.enrichment import (EnrichDef, check_catalog_enrichment, check_stream_enrichment, enriched_columns,
+                                with_enriched_dimensions)
 from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.patterns import PatternDef, check_patterns, expand_patterns
@@ -84,18 +86,32 @@ class StreamDef(BaseModel):
     # Set by the catalog from `joins:` (catalog/joins.py), never written in YAML: the join keys the
     # source carries in `ids` because they are neither a dimension nor a distinct field.
     join_keys: tuple[FieldName, ...] = Field(default=(), exclude=True)
+    # Stream-table join (catalog/enrichment.py): table columns added as dimensions, looked up per event.
+    enrich: tuple[EnrichDef, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _table_op(cls, data: object) -> object:
-        return with_op_dimension(data)
+        return with_enriched_dimensions(with_op_dimension(data))
 
     @model_validator(mode="after")
     def _check_features(self) -> StreamDef:
         check_stream(self)
         check_table(self)
         check_source(self)
+        check_stream_enrichment(self)
         return self
+
+    @field_serializer("dimensions")
+    def _declared_dimensions(self, dims: tuple[str, ...]) -> tuple[str, ...]:
+        # The enriched columns are added on load again (catalog/enrichment.py): a dump leaves them out.
+        enriched = set(self.enriched_dimensions)
+        return tuple(d for d in dims if d not in enriched)
+
+    @property
+    def enriched_dimensions(self) -> tuple[str, ...]:
+        """The dimensions set by enrichment (the table columns of `enrich`), in declaration order."""
+        return enriched_columns(self.enrich)
     # Events older than (pipeline clock - retention) are dead-lettered, and panes that old are dropped.
     retention: DurationMs = 7 * 86_400_000
     # Events more than this ahead of the time we received them are dead-lettered, so a device
@@ -175,8 +191,10 @@ class StreamDef(BaseModel):
     @property
     def source_ids(self) -> tuple[str, ...]:
         """The string fields the pipeline's source carries in its `ids` array: the distinct
-        fields, then the event id field and the join keys (`join_keys`) that are not among them."""
-        extra = [f for f in (self.event_id_field, *self.join_keys) if f and f not in self.distinct_fields]
+        fields, then the event id field, the join keys (`join_keys`) and the enrichment keys (`enrich`'s
+        `by`) that are not among them."""
+        extra = [f for f in (self.event_id_field, *self.join_keys, *(e.by for e in self.enrich))
+                 if f and f not in self.distinct_fields]
         return (*self.distinct_fields, *dict.fromkeys(extra))
 
     def _check_clock_fields(self, roles: dict[str, str]) -> None:
@@ -339,6 +357,7 @@ class Catalog(BaseModel):
                 )
         check_catalog(self)
         check_patterns(self)
+        check_catalog_enrichment(self)
         return self
 
     def stream(self, name: str) -> StreamDef:

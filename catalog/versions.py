@@ -10,7 +10,8 @@ What counts (the *shaping* part), with the values as the pipeline uses them (def
   allowed_lateness (which panes are final, which merges are corrections), retention and
   max_future_skew (which events are dead-lettered), first_seen / membership / sessions,
   event_id_field with its dedup_window, the device clock fields (sent_time_field, the device
-  field, clock_tolerance, clock_window).
+  field, clock_tolerance, clock_window), the enrichments (`enrich`: table, by, columns; the key is
+  only present when a stream declares one, so streams without enrichment keep their versions).
 
 What does not count:
 
@@ -44,7 +45,9 @@ def shaping_definition(stream: StreamDef) -> dict:
     def feature(decl) -> dict | None:
         return None if decl is None else decl.model_dump(mode="json")
 
-    return {
+    from catalog.enrichment import enrichment_definition
+
+    out = {
         "scheme": VERSION_SCHEME,
         "time_field": stream.time_field,
         "dimensions": sorted(stream.dimensions),
@@ -63,6 +66,9 @@ def shaping_definition(stream: StreamDef) -> dict:
             "sent_time_field": stream.sent_time_field, "device_field": stream.device_key_field,
             "tolerance_ms": stream.clock_tolerance, "window_ms": stream.clock_window},
     }
+    if stream.enrich:
+        out["enrich"] = enrichment_definition(stream)
+    return out
 
 
 def definition_version(stream: StreamDef) -> str:

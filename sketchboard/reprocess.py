@@ -47,10 +47,14 @@ def child_launcher(settings: Settings):
 
 
 def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
-    """The catalog of a run: the stream alone (derived streams generated again), with its metrics."""
+    """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
+    and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md)."""
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream == stream}
-    return Catalog(streams={stream: stream_document(catalog.streams[stream])}, metrics=metrics)
+    streams = {stream: stream_document(catalog.streams[stream])}
+    for decl in catalog.streams[stream].enrich:
+        streams.setdefault(decl.table, stream_document(catalog.streams[decl.table]))
+    return Catalog(streams=streams, metrics=metrics)
 
 
 def format_time(ms: int) -> str:

@@ -16,6 +16,7 @@ from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
 from store.view_state import ViewCommit, ViewLink
+from store.table_versions import EnrichmentCommit, TableVersion
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
 
@@ -103,6 +104,8 @@ class BatchCommit:
     views: Sequence[ViewCommit] = ()
     # Per pattern: its keys' state, matches and late events (store/patterns.py).
     patterns: Sequence[PatternCommit] = ()
+    # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
+    enrichment: EnrichmentCommit | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class StreamProgress:
     partitions: Mapping[int, PartitionProgress] = field(default_factory=dict)
     held_by_partition: int | None = None  # the partition whose unread records hold the watermark back
     duplicates_dropped: int = 0  # events dropped as copies of an event id counted before (event_id_field)
+    enrich_misses: dict[str, int] = field(default_factory=dict)  # per table: events enriched with "" (no row)
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,11 @@ class PaneStore(ABC):
     @abstractmethod
     def table_row(self, stream: str, key: str) -> TableRow | None:
         """A changelog table's current row of `key` (store/table_state.py), None when it has none."""
+        raise NotImplementedError
+
+    def table_versions(self, stream: str) -> list[tuple[str, TableVersion]]:
+        """A changelog table's kept row versions, (key, version) in key and version order
+        (store/table_versions.py: what enrichment looks up)."""
         raise NotImplementedError
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:

@@ -37,8 +37,8 @@ from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
-from store import table_state
 from store import view_state
+from store import table_state, table_versions
 from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
 from store.tables import VIEW_STATE_TABLES
 from store import patterns as pattern_store
@@ -134,6 +134,8 @@ class SqlitePaneStore(PaneStore):
             pattern_store.apply(conn.cursor(), commit.patterns, commit.batch_id, now_ms, "?")
         table_state.apply(conn.cursor(), commit.table_changes, commit.batch_id, now_ms, "?")
         view_state.apply(conn.cursor(), commit.views, commit.batch_id, now_ms, "?")
+        if commit.enrichment is not None:
+            table_versions.apply_commit(conn.cursor(), commit.enrichment, commit.batch_id, "?")
         self._prune(commit, retention_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
@@ -365,6 +367,7 @@ class SqlitePaneStore(PaneStore):
             for stream, reason, n in self._conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
                 by_reason[stream][reason] = n
             duplicates = event_ids.duplicate_counts(self._conn.cursor())
+            misses = table_versions.miss_counts(self._conn.cursor())
             partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
             for stream, p, mx, read, end, progress_ms, state in self._conn.execute(
                 "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
@@ -374,7 +377,8 @@ class SqlitePaneStore(PaneStore):
             streams = {
                 stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
                                        dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
-                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0))
+                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
+                                       misses.get(stream, {}))
                 for stream, wm, mx, agg, read, dead, held_by in self._conn.execute(
                     "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
                     " held_by_partition FROM stream_progress"
@@ -451,6 +455,11 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             found = self._conn.execute(table_state.row_query("?"), (stream, key)).fetchone()
         return None if found is None else table_state.to_row(found)
+
+    def table_versions(self, stream: str) -> list[tuple[str, table_versions.TableVersion]]:
+        with self._lock:
+            found = self._conn.execute(table_versions.versions_query("?"), (stream,)).fetchall()
+        return [table_versions.to_version(r) for r in found]
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
         with self._lock:

@@ -7,9 +7,9 @@ created also need their ALTER in SqlitePaneStore._migrate."""
 from __future__ import annotations
 
 from store.joins import JOIN_TABLES  # window joins' state (store/joins.py)
-from store import table_state
 from store import view_state
 from store.patterns import PATTERN_TABLES  # patterns' state, matches, late events (store/patterns.py)
+from store import table_state, table_versions
 
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
@@ -207,7 +207,7 @@ CREATE TABLE IF NOT EXISTS first_seen (
 ) WITHOUT ROWID;
 """
 
-TABLE_STATE_TABLES = table_state.DDL
+TABLE_STATE_TABLES = table_state.DDL + table_versions.DDL + table_versions.MISSES_DDL
 VIEW_STATE_TABLES = view_state.DDL  # table-table join views (store/view_state.py)
 
 # Exact duplicate drops by event id (store/event_ids.py).

@@ -49,8 +49,8 @@ from store.commit_plan import (
     tier_row_after,
 )
 from store.connection import where as where_clause
-from store import table_state
 from store import view_state
+from store import table_state, table_versions
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
@@ -197,6 +197,9 @@ class PostgresPaneStore(PaneStore):
         if commit.views:
             with conn.cursor() as cur:
                 view_state.apply(cur, commit.views, commit.batch_id, now_ms, "%s")
+        if commit.enrichment is not None:
+            with conn.cursor() as cur:
+                table_versions.apply_commit(cur, commit.enrichment, commit.batch_id, "%s")
         if commit.bloom is not None:
             apply_bloom_commit(conn, commit.bloom, commit.batch_id, now_ms)
         if commit.event_ids is not None:
@@ -327,6 +330,7 @@ class PostgresPaneStore(PaneStore):
                 by_reason[stream][reason] = n
             with conn.cursor() as cur:
                 duplicates = event_ids.duplicate_counts(cur)
+                misses = table_versions.miss_counts(cur)
             partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
             for stream, p, mx, read, end, progress_ms, state in conn.execute(
                     "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
@@ -335,7 +339,8 @@ class PostgresPaneStore(PaneStore):
             streams = {
                 stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
                                        dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
-                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0))
+                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
+                                       misses.get(stream, {}))
                 for stream, wm, mx, agg, read, dead, held_by in conn.execute(
                     "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
                     " held_by_partition FROM stream_progress")
@@ -399,6 +404,9 @@ class PostgresPaneStore(PaneStore):
     def table_row(self, stream: str, key: str) -> table_state.TableRow | None:
         found = self._one(table_state.row_query("%s"), (stream, key))
         return None if found is None else table_state.to_row(found)
+
+    def table_versions(self, stream: str) -> list[tuple[str, table_versions.TableVersion]]:
+        return [table_versions.to_version(r) for r in self._all(table_versions.versions_query("%s"), (stream,))]
 
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
         return [table_state.to_row(r) for r in self._all(table_state.page_query("%s"), (stream, after, limit))]

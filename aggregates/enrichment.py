@@ -1,0 +1,137 @@
+"""Enrichment (stream-table join) in the pipeline: each event of a stream with `enrich` gets its
+table columns as dimensions, looked up as of the event's time (store/table_versions.py), inside
+the batch's exactly-once commit.
+
+Per batch, on the driver: the batch's own changes of the enriching tables are collected (a table
+changes slowly: a few rows per batch) and merged with the versions the store kept, into one small
+DataFrame per table: key -> its versions in order. The lookup runs on the executors: a broadcast
+hash join of the batch with that DataFrame on the key, then per event the newest version valid at
+its lookup time (an array filter: no shuffle, no Python per event). The enriched values replace
+the stream's enriched dimension slots before the panes are aggregated, so everything downstream
+(panes, tiers, joins, queries) sees ordinary dimensions. The new versions, the pruning horizon
+and the misses (events whose key had no row then: "" and a count, never a drop) go into the
+batch's transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from aggregates.partials import dead_letter_reason_column
+from aggregates.tables import change_of
+from catalog import Catalog, StreamDef
+from catalog.tables import row_columns
+from store import PaneStore
+from store.table_versions import EnrichmentCommit, TableVersion, by_key
+
+MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
+
+_VERSIONS = T.ArrayType(T.StructType([
+    T.StructField("from_ms", T.LongType()),
+    T.StructField("found", T.BooleanType()),  # False: the key was deleted from then on
+    T.StructField("cols", T.ArrayType(T.StringType())),  # the table's string columns, in row_columns order
+]))
+
+
+@dataclass(frozen=True)
+class Enriched:
+    batch: DataFrame  # the batch with the enriched dimensions set
+    cached: DataFrame  # what `batch` reads from, persisted: unpersist when the batch is done
+    commit: EnrichmentCommit
+
+
+class Enrichment:
+    def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore):
+        self.spark = spark
+        self.catalog = catalog
+        self.store = store
+        self.streams = {name: s for name, s in catalog.streams.items() if s.enrich}
+        self.tables = {d.table: catalog.streams[d.table] for s in self.streams.values() for d in s.enrich}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.streams)
+
+    def process(self, batch: DataFrame, batch_now_ms: int) -> Enriched:
+        """`batch` (read more than once: pass it persisted) with its enriched dimensions, and what
+        the batch's commit writes."""
+        new = self.batch_versions(batch)
+        versions = {name: by_key([*self.store.table_versions(name), *new.get(name, ())]) for name in self.tables}
+        out = batch.withColumn("_at", F.least(F.col("event_time"), F.col("ingest_time")))
+        miss_columns: list[tuple[tuple[str, str], str]] = []
+        for name, stream in self.streams.items():
+            for i, decl in enumerate(stream.enrich):
+                table = self.tables[decl.table]
+                lookup = self.versions_frame(table, versions[decl.table]).withColumnRenamed("key", "_ek")
+                key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
+                out = out.withColumn("_key", key).join(F.broadcast(lookup), F.col("_key") == F.col("_ek"), "left")
+                hits = F.filter(F.col("_vs"), lambda v: v["from_ms"] <= F.col("_at"))
+                hit = F.get(hits, F.size(hits) - 1)
+                found = F.coalesce(hit["found"], F.lit(False))
+                names = row_columns(table)[0]
+                values = {c: F.when(found, F.coalesce(F.get(hit["cols"], names.index(c)), F.lit(MISSING)))
+                          .otherwise(F.lit(MISSING)) for c in decl.columns}
+                miss = f"_miss_{name}_{i}"
+                out = out.withColumns({"dims": self.with_dims(stream, values), miss: (F.col("stream") == name) & ~found})
+                out = out.drop("_key", "_ek", "_vs")
+                miss_columns.append(((name, decl.table), miss))
+        out = out.drop("_at").persist()
+        misses = self.count_misses(out, miss_columns, batch_now_ms)
+        keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
+                                              if any(d.table == name for d in s.enrich))
+                     for name in self.tables}
+        return Enriched(out.drop(*[m for _, m in miss_columns]), out,
+                        EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
+                                         keep_from, misses))
+
+    def batch_versions(self, batch: DataFrame) -> dict[str, list[tuple[str, TableVersion]]]:
+        """The enriching tables' changes in this batch, each a version valid from its append time."""
+        key = None
+        for name, table in self.tables.items():
+            at = F.get(F.col("ids"), table.distinct_fields.index(table.key_field))
+            key = F.when(F.col("stream") == name, at) if key is None else key.when(F.col("stream") == name, at)
+        rows = (batch.where(F.col("stream").isin(list(self.tables)) & F.col("error").isNull())
+                .select("stream", key.alias("key"), "dims", "vals", "event_time", "ingest_time", "partition", "offset")
+                .where(F.col("key").isNotNull() & F.col("ingest_time").isNotNull()).collect())
+        out: dict[str, list[tuple[str, TableVersion]]] = {}
+        for r in rows:
+            change = change_of(self.tables[r["stream"]], r["dims"], r["vals"], r["event_time"], r["partition"],
+                               r["offset"])
+            out.setdefault(r["stream"], []).append(
+                (r["key"], TableVersion(r["ingest_time"], r["partition"], r["offset"], change.row)))
+        return out
+
+    def versions_frame(self, table: StreamDef, versions: dict[str, list[TableVersion]]) -> DataFrame:
+        """key -> [(from_ms, found, cols)] in version order: the broadcast side of the lookup."""
+        names = row_columns(table)[0]
+        rows = [(key, [(v.valid_from_ms, v.row is not None,
+                        None if v.row is None else [_text(v.row.get(c)) for c in names]) for v in vs])
+                for key, vs in versions.items()]
+        schema = T.StructType([T.StructField("key", T.StringType()), T.StructField("_vs", _VERSIONS)])
+        return self.spark.createDataFrame(rows, schema)
+
+    @staticmethod
+    def with_dims(stream: StreamDef, values: dict[str, Column]) -> Column:
+        """The `dims` array of `stream`'s rows with the enriched slots set; other rows unchanged."""
+        slots = [values.get(d, F.get(F.col("dims"), j)) for j, d in enumerate(stream.dimensions)]
+        return F.when(F.col("stream") == stream.name, F.array(*slots)).otherwise(F.col("dims"))
+
+    def count_misses(self, enriched: DataFrame, miss_columns, batch_now_ms: int) -> dict[tuple[str, str], int]:
+        """Misses among the events merged into panes (a dead-lettered event is counted there)."""
+        if not miss_columns:
+            return {}
+        merged = enriched.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+        row = merged.agg(*[F.sum(F.col(m).cast("long")).alias(m) for _, m in miss_columns]).first()
+        out: Counter[tuple[str, str], int] = Counter()
+        for pair, m in miss_columns:
+            out[pair] += int(row[m] or 0)
+        return dict(out)
+
+
+def _text(value) -> str:
+    return MISSING if value is None else str(value)

@@ -1,0 +1,165 @@
+"""Versions of changelog tables' rows, for enrichment (stream-table join, catalog/enrichment.py).
+
+Every change of a row is kept as a version valid from the time it was appended to the log (its
+ingest time: the API's receive time, Kafka's LogAppendTime), not the table's own event time: an
+event is enriched with the row as the log knew it at the event's time (`as_of`), so an update
+that arrives later, even one that carries an older time, never rewrites what was already
+computed, and a reprocess of the same log gives the same answer (docs/tables.md, "Enrichment").
+
+`as_of` is the lookup, pure; the store keeps the versions (DDL, `apply`, `prune_query`) in the
+batch's transaction, for every backend.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DDL = """
+-- Versions of changelog tables' rows, for enrichment (store/table_versions.py).
+CREATE TABLE IF NOT EXISTS table_versions (
+    stream TEXT NOT NULL,
+    row_key TEXT NOT NULL,
+    valid_from_ms INTEGER NOT NULL, -- the change's append time: it holds for events from then on
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,    -- orders changes of one key appended in the same millisecond
+    row_json TEXT,                  -- the row's columns (JSON object); NULL: deleted from then on
+    batch_id INTEGER NOT NULL,
+    PRIMARY KEY (stream, row_key, log_partition, log_offset)
+);
+"""
+
+
+@dataclass(frozen=True)
+class TableVersion:
+    """One change of one key's row: `row` None is a delete."""
+
+    valid_from_ms: int
+    partition: int
+    offset: int
+    row: Mapping[str, Any] | None = None
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        return self.valid_from_ms, self.partition, self.offset
+
+
+def lookup_time(event_time_ms: int, ingest_time_ms: int) -> int:
+    """The instant an event is enriched as of: its event time, but never after it was appended
+    (an event stamped ahead of its arrival must not see table changes appended after it: they
+    may sit in a later batch of the live run, and a reprocess must give the same answer)."""
+    return min(event_time_ms, ingest_time_ms)
+
+
+def as_of(versions: Sequence[TableVersion], at_ms: int) -> Mapping[str, Any] | None:
+    """The row valid at `at_ms` among one key's versions (sorted by `order`): the newest version
+    appended at or before it; None when there is none or that version is a delete."""
+    i = bisect.bisect_right([v.valid_from_ms for v in versions], at_ms)
+    return None if i == 0 else versions[i - 1].row
+
+
+def by_key(versions: Iterable[tuple[str, TableVersion]]) -> dict[str, list[TableVersion]]:
+    """(key, version) pairs as each key's versions in order, duplicates (a replayed change) once."""
+    out: dict[str, dict[tuple[int, int], TableVersion]] = {}
+    for key, v in versions:
+        out.setdefault(key, {})[(v.partition, v.offset)] = v
+    return {key: sorted(vs.values(), key=lambda v: v.order) for key, vs in out.items()}
+
+
+def prunable(versions: Sequence[TableVersion], keep_from_ms: int) -> list[TableVersion]:
+    """The versions of one key no lookup at or after `keep_from_ms` can need: all older than the
+    one valid at `keep_from_ms` (that one stays, it answers every lookup until the next)."""
+    i = bisect.bisect_right([v.valid_from_ms for v in versions], keep_from_ms)
+    if i == 0:
+        return []
+    return [v for v in versions[:i - 1] if v.valid_from_ms < versions[i - 1].valid_from_ms]
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+def apply(cur, versions: Mapping[str, Sequence[tuple[str, TableVersion]]], batch_id: int, placeholder: str) -> None:
+    """Write a batch's table versions with `cur` (the batch's transaction); a version already
+    stored (same key and log position) is kept as it is."""
+    p = placeholder
+    rows = [(stream, key, v.valid_from_ms, v.partition, v.offset,
+             None if v.row is None else json.dumps(v.row, separators=(",", ":"), sort_keys=True), batch_id)
+            for stream, pairs in versions.items() for key, v in pairs]
+    if rows:
+        cur.executemany(
+            "INSERT INTO table_versions (stream, row_key, valid_from_ms, log_partition, log_offset, row_json, batch_id)"
+            f" VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p})"
+            " ON CONFLICT (stream, row_key, log_partition, log_offset) DO NOTHING", rows)
+
+
+def prune(cur, stream: str, keep_from_ms: int, placeholder: str) -> None:
+    """Drop the versions of `stream` that no lookup at or after `keep_from_ms` needs: each key's
+    versions older than its newest one valid at `keep_from_ms`."""
+    p = placeholder
+    cur.execute(
+        "DELETE FROM table_versions WHERE stream = " + p + " AND valid_from_ms < ("
+        " SELECT MAX(n.valid_from_ms) FROM table_versions n WHERE n.stream = table_versions.stream"
+        " AND n.row_key = table_versions.row_key AND n.valid_from_ms <= " + p + ")",
+        (stream, keep_from_ms))
+
+
+def versions_query(placeholder: str) -> str:
+    """Every stored version of a table: args (stream,)."""
+    return ("SELECT row_key, valid_from_ms, log_partition, log_offset, row_json FROM table_versions"
+            f" WHERE stream = {placeholder} ORDER BY row_key, valid_from_ms, log_partition, log_offset")
+
+
+def to_version(found: tuple) -> tuple[str, TableVersion]:
+    key, valid_from, partition, offset, row_json = found
+    return key, TableVersion(valid_from, partition, offset, None if row_json is None else json.loads(row_json))
+
+
+# -- enrichment misses: events whose key had no row at their time, per stream and table ----------
+
+MISSES_DDL = """
+CREATE TABLE IF NOT EXISTS enrich_misses (
+    stream TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    count INTEGER NOT NULL,         -- events enriched with "" because the key had no row at their time
+    PRIMARY KEY (stream, table_name)
+);
+"""
+
+
+def add_misses(cur, misses: Mapping[tuple[str, str], int], placeholder: str) -> None:
+    p = placeholder
+    rows = [(stream, table, n) for (stream, table), n in misses.items() if n]
+    if rows:
+        cur.executemany(f"INSERT INTO enrich_misses (stream, table_name, count) VALUES ({p}, {p}, {p})"
+                        " ON CONFLICT (stream, table_name) DO UPDATE SET count = enrich_misses.count + excluded.count",
+                        rows)
+
+
+def miss_counts(cur) -> dict[str, dict[str, int]]:
+    """{stream: {table: events enriched with "" so far}}."""
+    cur.execute("SELECT stream, table_name, count FROM enrich_misses")
+    out: dict[str, dict[str, int]] = {}
+    for stream, table, n in cur.fetchall():
+        out.setdefault(stream, {})[table] = n
+    return out
+
+
+@dataclass(frozen=True)
+class EnrichmentCommit:
+    """What a batch's enrichment writes in its transaction: the tables' new versions (per table,
+    (key, version) pairs), per table the instant from which lookups must stay answerable (older
+    versions are pruned), and the misses per (stream, table)."""
+
+    versions: Mapping[str, Sequence[tuple[str, TableVersion]]]
+    keep_from_ms: Mapping[str, int]
+    misses: Mapping[tuple[str, str], int]
+
+
+def apply_commit(cur, commit: EnrichmentCommit, batch_id: int, placeholder: str) -> None:
+    apply(cur, commit.versions, batch_id, placeholder)
+    for stream, keep_from in commit.keep_from_ms.items():
+        prune(cur, stream, keep_from, placeholder)
+    add_misses(cur, commit.misses, placeholder)

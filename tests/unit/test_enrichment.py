@@ -1,0 +1,162 @@
+"""Enrichment (stream-table join) without Spark: the catalog's `enrich` (dimensions, load errors
+naming the line, the definition version), the as-of lookup (Hypothesis against a brute force),
+and the table versions and misses the store keeps (the `store_backend` fixture: SQLite and a
+real PostgreSQL)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog import Catalog, ConfigError, parse_catalog
+from catalog.versions import definition_version, pinned_catalog, stream_document
+from sketchboard.reprocess import stream_catalog
+from store.base import BatchCommit
+from store.table_versions import EnrichmentCommit, TableVersion, as_of, by_key, lookup_time, prunable
+
+T0 = 1_700_000_000_000
+CONFIG = """
+streams:
+  users:
+    kind: table
+    key_field: user_id
+    dimensions: [plan, country]
+    values: [credit]
+  http_requests:
+    key_field: user_id
+    dimensions: [method]
+    values: [latency_ms]
+    enrich:
+      - {table: users, by: user_id, columns: [plan, country]}
+metrics:
+  requests: {stream: http_requests}
+"""
+
+
+# -- catalog -------------------------------------------------------------------------------------
+
+
+def test_enriched_columns_are_dimensions_and_survive_a_round_trip():
+    catalog = parse_catalog(CONFIG)
+    requests = catalog.streams["http_requests"]
+    assert requests.dimensions == ("method", "plan", "country")
+    assert requests.enriched_dimensions == ("plan", "country")
+    assert "user_id" in requests.source_ids
+    # A dump leaves the enriched columns out of `dimensions` (they come back from `enrich`).
+    assert stream_document(requests)["dimensions"] == ["method"]
+    again = Catalog.model_validate_json(catalog.model_dump_json())
+    assert again.streams["http_requests"] == requests
+    assert pinned_catalog(catalog, {"http_requests": stream_document(requests)}).streams["http_requests"] == requests
+    # A reprocessing run of the stream reads the table it is enriched from too.
+    run = stream_catalog(catalog, "http_requests")
+    assert set(run.streams) == {"http_requests", "users"} and run.streams["http_requests"] == requests
+
+
+def test_enrichment_counts_in_the_definition_version_and_others_keep_theirs():
+    plain = parse_catalog(CONFIG.replace("      - {table: users, by: user_id, columns: [plan, country]}\n", "")
+                          .replace("    enrich:\n", ""))
+    enriched = parse_catalog(CONFIG)
+    one_column = parse_catalog(CONFIG.replace("columns: [plan, country]", "columns: [plan]"))
+    versions = {definition_version(c.streams["http_requests"]) for c in (plain, enriched, one_column)}
+    assert len(versions) == 3
+    assert definition_version(plain.streams["users"]) == definition_version(enriched.streams["users"])
+    assert "enrich" not in __import__("catalog.versions").versions.shaping_definition(plain.streams["http_requests"])
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("table: users,", "table: nobody,", "line 13: streams.http_requests.enrich.0.table: unknown table 'nobody'"),
+    ("table: users,", "table: other,", "stream 'other' is not a table"),
+    ("columns: [plan, country]", "columns: [plan, credit]", "line 13: streams.http_requests.enrich.0.columns.1:"
+                                                              " 'credit' is not a dimension of table 'users'"),
+    ("columns: [plan, country]", "columns: [plan, op]", "'op' is not a dimension of table 'users'"),
+    ("columns: [plan, country]", "columns: [plan, method]", "column 'method' clashes with a declared field"),
+    ("columns: [plan, country]", "columns: [plan, plan]", "column 'plan' is added twice"),
+    ("columns: [plan, country]", "columns: []", "at least 1 item"),
+    ("by: user_id", "by: nowhere", "by 'nowhere' must be the key_field, a dimension or a distinct field"),
+    ("by: user_id", "by: latency_ms", "by 'latency_ms' must be the key_field"),
+    ("columns: [plan, country]}", "columns: [plan], colour: x}", "colour"),
+])
+def test_bad_enrichments_are_refused_naming_the_line(old, new, message):
+    text = CONFIG.replace(old, new) + "  other: {key_field: k, dimensions: [x]}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_catalog(text.replace("metrics:\n  requests: {stream: http_requests}\n", "")
+                      + "metrics:\n  requests: {stream: http_requests}\n")
+    assert message in str(err.value)
+    assert "line " in str(err.value)
+
+
+def test_a_table_cannot_be_enriched_a_stream_with_sessions_can():
+    with pytest.raises(ConfigError, match="a table .* cannot be enriched"):
+        parse_catalog(CONFIG.replace("  http_requests:\n", "  http_requests:\n    kind: table\n")
+                      .replace("dimensions: [method]", "dimensions: [method]\n    distinct: [user_id]"))
+    # Session streams carry no dimensions of their parent: enrichment does not touch them.
+    catalog = parse_catalog(CONFIG.replace("    values: [latency_ms]\n", "    values: [latency_ms]\n"
+                                           "    sessions: {key: user_id, gap: 5m}\n"))
+    assert catalog.streams["http_requests_sessions"].dimensions == ()
+
+
+# -- the as-of lookup ----------------------------------------------------------------------------
+
+
+def test_an_event_sees_the_row_appended_at_or_before_its_time():
+    versions = by_key([("u1", TableVersion(T0 + 10, 0, 7, {"plan": "pro"})),
+                       ("u1", TableVersion(T0, 0, 3, {"plan": "free"})),
+                       ("u1", TableVersion(T0 + 20, 0, 9, None)),
+                       ("u1", TableVersion(T0, 0, 3, {"plan": "free"}))])["u1"]  # a replayed copy once
+    assert len(versions) == 3
+    assert as_of(versions, T0 - 1) is None  # not yet in the table
+    assert as_of(versions, T0) == {"plan": "free"}
+    assert as_of(versions, T0 + 15) == {"plan": "pro"}
+    assert as_of(versions, T0 + 20) is None  # deleted
+    # An event stamped ahead of its arrival is looked up at its arrival.
+    assert lookup_time(T0 + 60_000, T0 + 5) == T0 + 5 and lookup_time(T0, T0 + 5) == T0
+
+
+changes = st.lists(st.tuples(st.integers(0, 50), st.one_of(st.none(), st.sampled_from(["a", "b", "c"]))),
+                   max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(changes, st.integers(-5, 60), st.integers(-5, 60))
+def test_as_of_is_the_newest_change_at_or_before_the_time_and_pruning_keeps_later_answers(log, at, keep_from):
+    # The log order is the offset; append times may repeat (same millisecond) but never go back.
+    times = sorted(t for t, _ in log)
+    versions = [TableVersion(t, 0, offset, None if v is None else {"plan": v})
+                for offset, (t, (_, v)) in enumerate(zip(times, log, strict=True))]
+    ordered = by_key(("k", v) for v in reversed(versions)).get("k", [])
+    brute = [v for v in versions if v.valid_from_ms <= at]
+    expected = brute[-1].row if brute else None
+    assert as_of(ordered, at) == expected
+    # Versions pruned for `keep_from` change no answer at or after it.
+    dropped = {(v.partition, v.offset) for v in prunable(ordered, keep_from)}
+    kept = [v for v in ordered if (v.partition, v.offset) not in dropped]
+    if at >= keep_from:
+        assert as_of(kept, at) == expected
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+def enrichment(batch_id, versions=(), keep_from=None, misses=None) -> BatchCommit:
+    return BatchCommit("main", batch_id, [], 0, enrichment=EnrichmentCommit(
+        {"users": list(versions)}, {} if keep_from is None else {"users": keep_from}, misses or {}))
+
+
+def test_versions_and_misses_are_kept_with_their_batch_exactly_once_and_pruned(store_backend):
+    store = store_backend.create()
+    v1, v2, v3 = (TableVersion(T0, 1, 5, {"plan": "free"}), TableVersion(T0 + 10, 1, 6, {"plan": "pro"}),
+                  TableVersion(T0 + 20, 1, 7, None))
+    store.commit_batch(enrichment(0, [("u1", v1), ("u2", TableVersion(T0, 0, 1, {"plan": "x"}))],
+                                  misses={("http_requests", "users"): 3}), lateness_ms={}, now_ms=T0)
+    store.commit_batch(enrichment(1, [("u1", v2), ("u1", v3), ("u1", v1)],
+                                  misses={("http_requests", "users"): 2}), lateness_ms={}, now_ms=T0)
+    # A replayed batch id changes nothing.
+    assert not store.commit_batch(enrichment(1, [("u9", v1)], misses={("http_requests", "users"): 5}),
+                                  lateness_ms={}, now_ms=T0).committed
+    assert store.table_versions("users") == [("u1", v1), ("u1", v2), ("u1", v3),
+                                             ("u2", TableVersion(T0, 0, 1, {"plan": "x"}))]
+    store.commit_batch(enrichment(2, keep_from=T0 + 15), lateness_ms={}, now_ms=T0)
+    # u1's first version can answer nothing at or after T0+15; u2's only one still can.
+    assert [k for k, _ in store_backend.reopen(store).table_versions("users")] == ["u1", "u1", "u2"]
+    assert store.table_versions("other") == []
