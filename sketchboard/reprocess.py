@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import TextIO
 
-from aggregates.reprocess import Progress, ReprocessService
+from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -30,7 +30,27 @@ def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, lo
     from sketchboard.wiring import open_consumer_registry
 
     return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
-                            log, launch=launch)
+                            log, launch=launch, outputs=reprocess_outputs(settings))
+
+
+def reprocess_outputs(settings: Settings) -> Outputs:
+    """Where the versioned outputs are, for switches, drops and ?version= queries."""
+    import shutil
+
+    from sketchboard.wiring import open_store
+
+    if settings.store_backend == "postgres":
+        from store.postgres.namespaces import PostgresNamespaces
+
+        storage = PostgresNamespaces(settings.postgres_dsn)
+    else:
+        from store.namespace_storage import SqliteNamespaces
+
+        storage = SqliteNamespaces(settings.data_dir)
+    return Outputs(storage=storage, open_store=lambda namespace: open_store(settings, namespace),
+                   serving_pipeline=settings.pipeline_name,
+                   remove_checkpoint=lambda pipeline: shutil.rmtree(settings.checkpoint_dir_of(pipeline),
+                                                                    ignore_errors=True))
 
 
 def child_launcher(settings: Settings):

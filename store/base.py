@@ -97,6 +97,9 @@ class BatchCommit:
     joins: Sequence[JoinCommit] = ()
     # Per table and key: the batch's newest change of the row (store/table_state.py).
     table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
+    # Per stream: the definition version the batch was computed with (catalog/versions.py); the
+    # commit is refused when the namespace's stored one differs (a switch since: store/switch.py).
+    definition_versions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
