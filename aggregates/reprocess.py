@@ -10,6 +10,7 @@ registry's copies). It imports no Spark: the API uses it; the CLI runs the pipel
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -135,6 +136,9 @@ class ReprocessService:
                  *, launch: Callable[[ReprocessRun], None] | None = None, clock: Callable[[], float] = time.time,
                  outputs: Outputs | None = None):
         self.outputs = outputs
+        self.switch_listeners: list[Callable[[str], None]] = []  # called with the stream after a switch
+        self._stores: dict[str, PaneStore] = {}  # outputs opened for ?version= queries
+        self._stores_lock = threading.Lock()
         self.catalog = catalog
         self.definitions = definitions
         self.registry = registry
@@ -231,6 +235,23 @@ class ReprocessService:
         known = ", ".join(short_version(v["version"]) for v in self.versions(stream)) or "none"
         raise KeyError(f"stream {stream!r} has no output of version {version!r} (its versions: {known})")
 
+    def output_store(self, namespace: str) -> PaneStore:
+        """The store of a versioned output (not the root), opened once and kept for later queries."""
+        outputs = self._needs_outputs()
+        with self._stores_lock:
+            store = self._stores.get(namespace)
+            if store is None:
+                store = self._stores[namespace] = outputs.open_store(namespace)
+            return store
+
+    def close_outputs(self, namespace: str | None = None) -> None:
+        with self._stores_lock:
+            names = list(self._stores) if namespace is None else [namespace]
+            for name in names:
+                store = self._stores.pop(name, None)
+                if store is not None:
+                    store.close()
+
     def _needs_outputs(self) -> Outputs:
         if self.outputs is None:
             raise SwitchRefused("this process cannot reach the reprocessing outputs")
@@ -276,6 +297,8 @@ class ReprocessService:
             state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
             complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
             target_offsets=old_offsets))
+        for listener in self.switch_listeners:
+            listener(run.stream)
         return {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
                 "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
 
@@ -290,6 +313,7 @@ class ReprocessService:
         if self.serving_version(run.stream) == run.version:
             raise SwitchRefused(f"version {short_version(run.version)} of stream {run.stream!r} is the served one:"
                                 " switch to another before dropping it")
+        self.close_outputs(run.id)
         outputs.storage.drop(run.id)
         outputs.remove_checkpoint(run.id)
         self.registry.forget(run.id)

@@ -247,6 +247,7 @@ def build_api(settings: Settings):
         leadership=leadership,
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
     )
+    ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
         heartbeat_interval_s=settings.ws_heartbeat_interval,
