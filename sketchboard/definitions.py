@@ -65,3 +65,9 @@ def apply_offset_moves(store: PaneStore, pipeline: str, checkpoint_dir, *, kafka
             definitions.moved(pipeline, stream)
     finally:
         definitions.close()
+
+
+def switched(error: BaseException | object) -> bool:
+    """Whether a query failed because a switch fenced its batch (store.switch.DefinitionSwitched):
+    Spark hands the Python error back as text inside its own exception."""
+    return "DefinitionSwitched" in str(error) or "was switched to another definition" in str(error)

@@ -132,6 +132,11 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
+    if settings.reprocess_auto_switch:
+        switched = service.switch(run.id)
+        print(f"reprocess_auto_switch: stream {stream!r} is now served from version {short_version(run.version)};"
+              f" the replaced output is kept as {switched['previous']!r} (switch to it to switch back)",
+              file=out, flush=True)
     done = service.run(run.id)
     log.close()
     root.close()

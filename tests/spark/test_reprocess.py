@@ -20,7 +20,7 @@ from aggregates.reprocess import ReprocessService
 from catalog import Catalog
 from catalog.versions import definition_version
 from ingest.events import EventValidator
-from sketchboard.reprocess import run_reprocess
+from sketchboard.reprocess import build_reprocess_service, run_reprocess
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline, open_consumer_registry, open_store
 from store.definitions import DefinitionStore
@@ -116,6 +116,30 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         progress = service.progress(service.run(run.id))
         assert progress.fraction == 1.0 and progress.to_do == len(first) + len(later)
         assert json.loads(json.dumps(service.to_json(run)))["state"] == "caught_up"
+
+        # The switch: the run's output is served; the live pipeline, still computing the old way, is
+        # fenced (its next batch is refused whole), then restarted: the new definition, from the
+        # offsets the switch moved into its checkpoint.
+        service = build_reprocess_service(settings, new_catalog, main.store, log)
+        switched = service.switch(run.id)
+        assert switched["previous"] == f"previous-http-{definition_version(Catalog(**OLD).stream('http'))[:8]}"
+        new_output = exact(first + later, ["endpoint", "region"])
+        assert stored(main.store) == new_output
+        more = events(400, rng)
+        append(more)
+        with pytest.raises(Exception, match="was switched to another definition"):  # Spark's, with ours inside
+            main.run_until_drained()
+        assert stored(main.store) == new_output  # nothing of the fenced batch
+        main.store.close()
+        main = build_pipeline(settings, spark)
+        assert main.catalog.stream("http").dimensions == ("endpoint", "region")
+        main.run_until_drained()
+        assert stored(main.store) == exact(first + later + more, ["endpoint", "region"])
+        previous = open_store(settings, switched["previous"])  # the old output, kept to switch back to
+        try:
+            assert stored(previous) == served
+        finally:
+            previous.close()
     finally:
         main.store.close()
         log.close()
