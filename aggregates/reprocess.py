@@ -319,6 +319,20 @@ class ReprocessService:
         self.registry.forget(run.id)
         self.definitions.delete_run(run.id)
 
+    def drop_unused(self, max_age_ms: int) -> list[str]:
+        """Drop every output that is neither served nor going and whose run last changed state at
+        least `max_age_ms` ago (setting reprocess_drop_after); the ids dropped."""
+        now, dropped = self._now_ms(), []
+        for run in self.runs():
+            if run.active or now - run.updated_at_ms < max_age_ms or self.serving_version(run.stream) == run.version:
+                continue
+            try:
+                self.drop(run.id)
+            except (KeyError, SwitchRefused):  # gone or switched to meanwhile (another replica)
+                continue
+            dropped.append(run.id)
+        return dropped
+
     def to_json(self, run: ReprocessRun) -> dict:
         return {"id": run.id, "stream": run.stream, "version": run.version, "state": run.state,
                 "error": run.error, "started_at_ms": run.started_at_ms, "updated_at_ms": run.updated_at_ms,

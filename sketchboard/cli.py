@@ -133,6 +133,12 @@ def cmd_api(args: argparse.Namespace) -> int:
             compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
             if compacted:
                 log.info("compaction dropped %d superseded records", compacted)
+            if settings.reprocess_drop_after and ctx.leadership.leading():  # one replica drops them
+                try:
+                    for dropped in ctx.reprocess.drop_unused(settings.reprocess_drop_after):
+                        log.info("reprocess_drop_after: dropped the unused output %r", dropped)
+                except Exception:  # the store is down: try again next time, keep trimming the log
+                    log.exception("reprocess_drop_after: dropping unused outputs failed")
 
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
     # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline

@@ -123,6 +123,10 @@ def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(sett
             service.drop(run.id)
         with pytest.raises(SwitchRefused, match="is the served one"):
             service.drop(previous)
+        # reprocess_drop_after: outputs neither served nor going, past the age, go by themselves.
+        assert service.drop_unused(3_600_000) == []  # the previous output of the new version is too young
+        assert service.drop_unused(0) == [run_id("http", new_version, "previous-")]
+        assert [r.id for r in service.runs()] == [previous]
     finally:
         for r in service.runs():
             service.outputs.storage.drop(r.id)
