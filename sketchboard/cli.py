@@ -165,59 +165,20 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
-    from aggregates.batch_gate import remove_listeners, stop_between_batches
-    from sketchboard.definitions import switched
-    from sketchboard.wiring import build_pipeline, build_session_pipelines
+    from sketchboard.live import run_pipeline
 
     check_java()
     settings = _settings(args)
-    pipeline = build_pipeline(settings, name=args.name, starting_offsets=args.start)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
         stopping.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while True:
-        sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
-        if args.once:
-            try:
-                pipeline.run_until_drained()
-                for session in sessions:
-                    session.run_until_drained()
-            except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
-                if not switched(exc):
-                    raise
-                log.warning("%s: restarting the pipeline", exc)
-                remove_listeners(pipeline.spark, [pipeline.progress_recorder])
-                pipeline = build_pipeline(settings, pipeline.spark, name=args.name, starting_offsets=args.start)
-                continue
-            remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
-            return 0
-        query = pipeline.start()
-        session_queries = [session.start() for session in sessions]
-        log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
-        while not stopping.is_set() and query.isActive and all(q.isActive for q in session_queries):
-            stopping.wait(1)
-        failures = [q.exception() for q in (query, *session_queries) if q.exception()]
-        if failures and not stopping.is_set() and all(switched(f) for f in failures):
-            # A switch (docs/reprocessing.md) fenced a batch computed the old way: start again with
-            # the new definition, from the offsets the switch moved into the checkpoint.
-            log.warning("a stream's output was switched to another definition: restarting the pipeline")
-            stop_between_batches(pipeline.spark, [(query, pipeline.gate),
-                                                  *((q, s.gate) for q, s in zip(session_queries, sessions))],
-                                 listeners=[pipeline.progress_recorder])
-            pipeline = build_pipeline(settings, pipeline.spark, name=args.name, starting_offsets=args.start)
-            continue
-        for failure in failures:
-            log.error("pipeline failed: %s", failure)
-            return 1
-        log.info("stopping: letting the running batch commit first")
-        stop_between_batches(pipeline.spark, [(query, pipeline.gate),
-                                              *((q, s.gate) for q, s in zip(session_queries, sessions))],
-                             listeners=[pipeline.progress_recorder])
-        return 0
+    if not args.once:  # --once: Ctrl-C interrupts the drain as before
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    # Restarted in process when a switch fences a batch (docs/reprocessing.md#switch).
+    return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once)
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
