@@ -50,6 +50,9 @@ class SqliteNamespaces(NamespaceStorage):
                     conn.execute(f"ATTACH DATABASE ? AS {alias}", (str(sqlite_store_path(self.data_dir, namespace)),))
                     qualifiers[namespace] = alias
                 # BEGIN IMMEDIATE on the root: the pipelines' commits wait for it, as for each other.
+                # In WAL mode SQLite commits each attached file atomically, not all of them as one:
+                # the root's part (what readers read) is atomic; a crash between the files' commits can
+                # leave the kept copy in `previous-...` incomplete, never the served output.
                 with transaction(conn):
                     yield SqliteDb(conn), qualifiers
             finally:

@@ -159,6 +159,26 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
                                                          "version": old_v}, headers=READ)  # with its declaration
             assert old_answer.status_code == 400 and "dimensions: endpoint" in old_answer.json()["detail"]
             assert groups(client, version=old_v, group_by="endpoint") == {"": 3}  # the old output, queryable
+            # The websocket's subscription takes `version` too: an output not served is one snapshot.
+            with client.websocket_connect("/api/v1/ws", headers=READ) as ws:
+                query = {"metric": "latency", "stat": "count", "from": "now-1h", "group_by": "endpoint"}
+                def answer(sub_id: str) -> dict:  # topic broadcasts may come first
+                    while True:
+                        msg = ws.receive_json()
+                        if msg.get("id") == sub_id:
+                            return msg
+
+                ws.send_json({"type": "subscribe", "id": "old", "query": {**query, "version": old_v[:8]}})
+                snap = answer("old")
+                assert snap["type"] == "snapshot" and snap["live"] is False
+                assert {s["group"]["endpoint"]: sum(p["count"] for p in s["points"])
+                        for s in snap["result"]["series"]} == {"/a": 3}
+                ws.send_json({"type": "subscribe", "id": "x", "query": {**query, "version": "deadbeef"}})
+                refused = answer("x")
+                assert refused["type"] == "error" and "no output of version 'deadbeef'" in refused["reason"]
+                ws.send_json({"type": "subscribe", "id": "new", "query": {**query, "version": new_v}})
+                served_snap = answer("new")
+                assert served_snap["type"] == "snapshot" and "live" not in served_snap  # live, as any
             again = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
             assert again.status_code == 409 and "served with version" in again.json()["detail"]
             assert client.get("/api/v1/pipeline", headers=READ).json()["definitions"]["http"]["changed"] is False
