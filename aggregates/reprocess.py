@@ -20,10 +20,10 @@ from catalog.versions import changed_streams, definition_version, short_version,
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import DefinitionStore, ReprocessRun, RunGoing
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
-from store.switch import Side, stream_offsets, switch_stream
+from store.switch import Side, SwitchConflict, stream_offsets, switch_stream
 
 RUN_PREFIX = "reprocess-"
 PREVIOUS_PREFIX = "previous-"  # the output a switch replaced, kept to switch back to (docs/reprocessing.md)
@@ -284,19 +284,23 @@ class ReprocessService:
             DefinitionStore(store.side_db()).close()  # and stream_definitions
         finally:
             store.close()
-        with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
-            previous_side = Side(qualifiers[previous], previous)
-            offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
-                                    source=Side(qualifiers[run.id], run.id), previous=previous_side, now_ms=now)
-            old_offsets = stream_offsets(db, run.stream, previous_side)
         from catalog.model import StreamDef
 
-        # The replaced output, as a finished run: switching back is a switch to it.
-        self.definitions.record_run(ReprocessRun(
-            id=previous, stream=run.stream, version=stored.version, definition=stored.definition,
-            state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
-            complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
-            target_offsets=old_offsets))
+        with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
+            previous_side = Side(qualifiers[previous], previous)
+            try:
+                offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
+                                        source=Side(qualifiers[run.id], run.id), previous=previous_side,
+                                        serving_version=stored.version, now_ms=now)
+            except SwitchConflict as exc:
+                raise SwitchRefused(str(exc)) from None
+            old_offsets = stream_offsets(db, run.stream, previous_side)
+            # The replaced output, as a finished run (in the same transaction): switching back is a switch to it.
+            insert_run(db, ReprocessRun(
+                id=previous, stream=run.stream, version=stored.version, definition=stored.definition,
+                state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
+                complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
+                target_offsets=old_offsets))
         for listener in self.switch_listeners:
             listener(run.stream)
         return {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,

@@ -138,14 +138,7 @@ class DefinitionStore(SideStore):
                 (run.stream, *ACTIVE_STATES)).fetchone()
             if going is not None:
                 raise RunGoing(f"reprocessing run {going[0]!r} of stream {run.stream!r} is still going")
-            _insert_run(conn, run)
-        return run
-
-    def record_run(self, run: ReprocessRun) -> ReprocessRun:
-        """Record (or replace) a run without the one-going-per-stream check: a previous output kept
-        by a switch is recorded as a finished run, so that switching back is a switch too."""
-        with self._lock, self._conn.transaction() as conn:
-            _insert_run(conn, run)
+            insert_run(conn, run)
         return run
 
     def delete_run(self, run_id: str) -> None:
@@ -182,7 +175,8 @@ class DefinitionStore(SideStore):
         return None if row is None else _run(row)
 
 
-def _insert_run(conn: Db, run: ReprocessRun) -> None:
+def insert_run(conn: Db, run: ReprocessRun) -> None:
+    """Record (or replace) a run in an open transaction (a switch records the output it replaces)."""
     conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run.id,))
     conn.execute(
         f"INSERT INTO reprocess_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

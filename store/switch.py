@@ -40,6 +40,10 @@ STREAM_TABLES = (
 _NUMBERED = {"dead_letters": "id", "corrections": "id"}
 
 
+class SwitchConflict(ValueError):
+    """The served output changed since the switch was decided (another switch came first)."""
+
+
 class DefinitionSwitched(RuntimeError):
     """A batch computed with a definition the namespace no longer holds (a switch happened since
     the pipeline started): not committed; the pipeline restarts with the new definition."""
@@ -104,11 +108,15 @@ def stored_version(db: Db, stream: str, side: Side) -> str | None:
     return None if row is None else row[0]
 
 
-def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side,
+def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
                   now_ms: int) -> dict[int, int]:
     """In the open transaction: the root's rows of `stream` to `previous` (emptied of them
     first), the source's into the root, an offset move for the serving pipeline and one
-    `switched` change record. Returns the serving pipeline's new offsets for the stream."""
+    `switched` change record. Returns the serving pipeline's new offsets for the stream.
+    SwitchConflict, changing nothing, unless the root still serves `serving_version` (read under
+    the lock: two switches at once must not both keep the root's rows as the same version)."""
+    if stored_version(db, stream, root) != serving_version:
+        raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
     columns = table_columns(db)
     delete_stream(db, stream, previous)
     copy_stream(db, stream, root, previous, columns)

@@ -19,7 +19,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
-from store.switch import SWITCHED_REVISION, DefinitionSwitched
+from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
 
 NOW = 1_800_000_000_000
 PANE = 10_000
@@ -91,6 +91,12 @@ def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(sett
         with pytest.raises(DefinitionSwitched, match="'http' was switched"):
             root.commit_batch(batch("main", 2, {("/a",): 1}, {0: 8}, old), **commit)
         assert counts(root)[dims_key({"endpoint": "/a", "region": "eu"})] == 3
+
+        # A switch decided on a served version that is no longer served (another came first) changes nothing.
+        with pytest.raises(SwitchConflict), service.outputs.storage.transaction([run.id, previous]) as (db, names):
+            switch_stream(db, "http", root=Side("", "main"), source=Side(names[run.id], run.id),
+                          previous=Side(names[previous], previous), serving_version=old_version, now_ms=NOW)
+        assert service.serving_version("http") == new_version and len(counts(root)) == 3
 
         # ?version=: the old output is kept in its own namespace, found by its version.
         namespace, definition = service.output("http", old_version[:8])
