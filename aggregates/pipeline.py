@@ -68,6 +68,7 @@ class Pipeline(ReportsStoreErrors):
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
+        self.definition_versions: dict[str, str] = {}  # set by the wiring: a switch fences commits (store/switch.py)
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # Store commits retried while the storage fails, errors reported (aggregates/store_commit.py).
         self.committer = StoreCommitter(store, config.name, self.gate, log=logging.getLogger(LOGGER), clock=clock)
@@ -128,6 +129,8 @@ class Pipeline(ReportsStoreErrors):
                                   batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
                                   batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(),
                                   event_ids=event_ids)
+            if self.definition_versions:
+                commit = replace(commit, definition_versions=self.definition_versions)
             if clocks is not None:
                 commit = replace(commit, device_clocks=clocks.changed)
             idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}

@@ -10,6 +10,7 @@ registry's copies). It imports no Spark: the API uses it; the CLI runs the pipel
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,9 +19,14 @@ from catalog import Catalog
 from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
-from store.definitions import DefinitionStore, ReprocessRun, RunGoing
+from store import PaneStore
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
+from store.namespace import ROOT
+from store.namespace_storage import NamespaceStorage
+from store.switch import Side, SwitchConflict, stream_offsets, switch_stream
 
 RUN_PREFIX = "reprocess-"
+PREVIOUS_PREFIX = "previous-"  # the output a switch replaced, kept to switch back to (docs/reprocessing.md)
 _STREAM_CHARS = 29  # "reprocess-" + 29 + "-" + 8 = 48, a pipeline name's limit (store/namespace.py)
 
 
@@ -28,11 +34,28 @@ class DefinitionUnchanged(ValueError):
     """The stream's output is already built with its configured definition: nothing to reprocess."""
 
 
-def run_id(stream: str, version: str) -> str:
-    """The run's id, also its pipeline's name and store namespace: reprocess-<stream>-<version8>."""
+def run_id(stream: str, version: str, prefix: str = RUN_PREFIX) -> str:
+    """The run's id, also its pipeline's name and store namespace: reprocess-<stream>-<version8>
+    (previous-<stream>-<version8> for an output a switch replaced)."""
     name = stream if len(stream) <= _STREAM_CHARS else (
         f"{stream[:_STREAM_CHARS - 9]}-{hashlib.sha256(stream.encode()).hexdigest()[:8]}")
-    return f"{RUN_PREFIX}{name}-{short_version(version)}"
+    return f"{prefix}{name}-{short_version(version)}"
+
+
+class SwitchRefused(ValueError):
+    """The switch or drop cannot be done now (the reason says why)."""
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """How the service reaches the versioned outputs (wired from settings: sketchboard/reprocess.py):
+    their storage, a store opened on one (which makes its tables), the serving pipeline's name,
+    and the removal of a pipeline's Spark checkpoint."""
+
+    storage: NamespaceStorage
+    open_store: Callable[[str], PaneStore]
+    serving_pipeline: str
+    remove_checkpoint: Callable[[str], None]
 
 
 def is_run_pipeline(pipeline: str) -> bool:
@@ -110,7 +133,12 @@ class ReprocessService:
     runs it in process, the API starts `sketchboard reprocess` as a child)."""
 
     def __init__(self, catalog: Catalog, definitions: DefinitionStore, registry: ConsumerRegistry, log: EventLog,
-                 *, launch: Callable[[ReprocessRun], None] | None = None, clock: Callable[[], float] = time.time):
+                 *, launch: Callable[[ReprocessRun], None] | None = None, clock: Callable[[], float] = time.time,
+                 outputs: Outputs | None = None):
+        self.outputs = outputs
+        self.switch_listeners: list[Callable[[str], None]] = []  # called with the stream after a switch
+        self._stores: dict[str, PaneStore] = {}  # outputs opened for ?version= queries
+        self._stores_lock = threading.Lock()
         self.catalog = catalog
         self.definitions = definitions
         self.registry = registry
@@ -174,8 +202,144 @@ class ReprocessService:
         committed = self.registry.offsets(run.id).get(run.stream, {})
         return run_progress(run, committed, self._now_ms())
 
+    # -- versions, switch, drop
+
+    def serving_version(self, stream: str) -> str | None:
+        stored = self.definitions.definitions().get(stream)
+        return None if stored is None else stored.version
+
+    def versions(self, stream: str) -> list[dict]:
+        """The outputs of a stream that can be queried (?version=): the served one (the root's) and
+        each run's or previous output whose namespace is there, newest first after the served."""
+        out = []
+        stored = self.definitions.definitions().get(stream)
+        if stored is not None:
+            out.append({"version": stored.version, "namespace": ROOT, "serving": True})
+        for run in reversed(self.runs()):
+            if run.stream == stream and (stored is None or run.version != stored.version) \
+                    and self.outputs is not None and self.outputs.storage.exists(run.id):
+                out.append({"version": run.version, "namespace": run.id, "serving": False})
+        return out
+
+    def output(self, stream: str, version: str) -> tuple[str, dict]:
+        """(namespace, declaration) of the output of `stream` built with `version` (the full
+        version or a prefix of at least 8 characters); KeyError naming the versions there are."""
+        stored = self.definitions.definitions().get(stream)
+        if len(version) >= 8:
+            if stored is not None and stored.version.startswith(version):
+                return ROOT, stored.definition
+            for run in reversed(self.runs()):
+                if run.stream == stream and run.version.startswith(version) and self.outputs is not None \
+                        and self.outputs.storage.exists(run.id):
+                    return run.id, run.definition
+        known = ", ".join(short_version(v["version"]) for v in self.versions(stream)) or "none"
+        raise KeyError(f"stream {stream!r} has no output of version {version!r} (its versions: {known})")
+
+    def output_store(self, namespace: str) -> PaneStore:
+        """The store of a versioned output (not the root), opened once and kept for later queries."""
+        outputs = self._needs_outputs()
+        with self._stores_lock:
+            store = self._stores.get(namespace)
+            if store is None:
+                store = self._stores[namespace] = outputs.open_store(namespace)
+            return store
+
+    def close_outputs(self, namespace: str | None = None) -> None:
+        with self._stores_lock:
+            names = list(self._stores) if namespace is None else [namespace]
+            for name in names:
+                store = self._stores.pop(name, None)
+                if store is not None:
+                    store.close()
+
+    def _needs_outputs(self) -> Outputs:
+        if self.outputs is None:
+            raise SwitchRefused("this process cannot reach the reprocessing outputs")
+        return self.outputs
+
+    def switch(self, run_id_: str) -> dict:
+        """Make the run's output the served one (docs/reprocessing.md): KeyError for an unknown run,
+        SwitchRefused (with why) unless it has caught up and its output is there and not served."""
+        outputs = self._needs_outputs()
+        run = self.run(run_id_)
+        if run is None:
+            raise KeyError(f"no reprocessing run {run_id_!r}")
+        stored = self.definitions.definitions().get(run.stream)
+        if stored is not None and stored.version == run.version:
+            raise SwitchRefused(f"stream {run.stream!r} is served with version {short_version(run.version)} already")
+        if run.state != "caught_up":
+            progress = self.progress(run)
+            why = f": {run.error}" if run.error else ""
+            raise SwitchRefused(
+                f"run {run.id!r} is {run.state}{why} ({progress.done}/{progress.to_do} offsets read): a switch needs"
+                " a run that has caught up with the log's end as of its start")
+        if not outputs.storage.exists(run.id):
+            raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
+        if stored is None:
+            raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
+        now = self._now_ms()
+        previous = run_id(run.stream, stored.version, PREVIOUS_PREFIX)
+        store = outputs.open_store(previous)  # makes its tables
+        try:
+            DefinitionStore(store.side_db()).close()  # and stream_definitions
+        finally:
+            store.close()
+        from catalog.model import StreamDef
+
+        with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
+            previous_side = Side(qualifiers[previous], previous)
+            try:
+                offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
+                                        source=Side(qualifiers[run.id], run.id), previous=previous_side,
+                                        serving_version=stored.version, now_ms=now)
+            except SwitchConflict as exc:
+                raise SwitchRefused(str(exc)) from None
+            old_offsets = stream_offsets(db, run.stream, previous_side)
+            # The replaced output, as a finished run (in the same transaction): switching back is a switch to it.
+            insert_run(db, ReprocessRun(
+                id=previous, stream=run.stream, version=stored.version, definition=stored.definition,
+                state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
+                complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
+                target_offsets=old_offsets))
+        for listener in self.switch_listeners:
+            listener(run.stream)
+        return {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
+                "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
+
+    def drop(self, run_id_: str) -> None:
+        """Delete a run's (or previous) output: namespace, checkpoint, registry entry, the run."""
+        outputs = self._needs_outputs()
+        run = self.run(run_id_)
+        if run is None:
+            raise KeyError(f"no reprocessing run {run_id_!r}")
+        if run.active:
+            raise SwitchRefused(f"run {run.id!r} is still going ({run.state}): let it catch up or fail first")
+        if self.serving_version(run.stream) == run.version:
+            raise SwitchRefused(f"version {short_version(run.version)} of stream {run.stream!r} is the served one:"
+                                " switch to another before dropping it")
+        self.close_outputs(run.id)
+        outputs.storage.drop(run.id)
+        outputs.remove_checkpoint(run.id)
+        self.registry.forget(run.id)
+        self.definitions.delete_run(run.id)
+
+    def drop_unused(self, max_age_ms: int) -> list[str]:
+        """Drop every output that is neither served nor going and whose run last changed state at
+        least `max_age_ms` ago (setting reprocess_drop_after); the ids dropped."""
+        now, dropped = self._now_ms(), []
+        for run in self.runs():
+            if run.active or now - run.updated_at_ms < max_age_ms or self.serving_version(run.stream) == run.version:
+                continue
+            try:
+                self.drop(run.id)
+            except (KeyError, SwitchRefused):  # gone or switched to meanwhile (another replica)
+                continue
+            dropped.append(run.id)
+        return dropped
+
     def to_json(self, run: ReprocessRun) -> dict:
         return {"id": run.id, "stream": run.stream, "version": run.version, "state": run.state,
                 "error": run.error, "started_at_ms": run.started_at_ms, "updated_at_ms": run.updated_at_ms,
                 "complete_from_ms": run.complete_from_ms, "namespace": run.id,
+                "serving": self.serving_version(run.stream) == run.version,
                 "progress": self.progress(run).to_json()}

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.errors import bad_request, errors, param_error
+from api.errors import ParamHTTPError, bad_request, errors, param_error
 from api.responses import MetricsOut, StreamsOut
 from catalog import format_duration_ms
 from catalog.times import BadParam
@@ -105,10 +105,17 @@ def router(ctx: ApiContext) -> APIRouter:
                                    " at most 36500d"),
         group_by: list[str] = Query([], description="dimensions to group by (repeat or comma-separate)"),
         filter: list[str] = Query([], description="dimension=value equality filters (repeatable)"),
+        version: str | None = Query(None, description="answer from the stream's output built with this definition"
+                                    " version (the whole sha256 or its first 8+ characters: GET /api/v1/reprocess"
+                                    " lists them); default: the served output", max_length=64),
     ) -> JSONResponse:
         now = ctx.now_ms()
+        store, catalog, cache = ctx.store, ctx.catalog, ctx.point_cache
+        if version is not None:
+            store, catalog = await run_in_threadpool(versioned_output, ctx, metric, version)
+            cache = None  # its points are keyed without the namespace
         try:
-            q = resolve(ctx.catalog, metric=metric, stats=[stat], start=start, end=end, step=step, window=window,
+            q = resolve(catalog, metric=metric, stats=[stat], start=start, end=end, step=step, window=window,
                         group_by=group_by, filters=parse_filters(filter), now_ms=now,
                         max_points=ctx.query_max_points)
             lo, hi = q.range_at(now)
@@ -116,10 +123,10 @@ def router(ctx: ApiContext) -> APIRouter:
             raise (HTTPException(404, str(exc)) if exc.not_found else bad_request(exc.param, str(exc))) from None
         except BadParam as exc:
             raise param_error(exc) from None
-        watermark = ctx.store.watermarks().get(q.stream)
+        watermark = store.watermarks().get(q.stream)
         try:
-            series = await run_in_threadpool(compute, ctx.store, q, lo, hi, watermark_ms=watermark,
-                                              max_points=ctx.query_max_points, cache=ctx.point_cache)
+            series = await run_in_threadpool(compute, store, q, lo, hi, watermark_ms=watermark,
+                                              max_points=ctx.query_max_points, cache=cache)
         except RollupError as exc:
             raise bad_request(None, str(exc)) from None
         # Built as plain JSON: validating a day of points through the response model cost more than
@@ -127,3 +134,26 @@ def router(ctx: ApiContext) -> APIRouter:
         return JSONResponse(answer_json(q, lo, hi, watermark, series))
 
     return r
+
+
+def versioned_output(ctx: ApiContext, metric: str, version: str):
+    """The store and catalog answering `?version=` (docs/reprocessing.md): the namespace whose
+    stored definitions hold that version of the metric's stream (the root, a run's or a previous
+    output's), and the catalog with that version's declaration of the stream. An unknown metric
+    is left to resolve() to refuse; an unknown version is a 404 naming the versions there are."""
+    from catalog.versions import pinned_catalog
+    from store.namespace import ROOT
+
+    found = ctx.catalog.metrics.get(metric)
+    if found is None:
+        return ctx.store, ctx.catalog
+    if ctx.reprocess is None:
+        raise ParamHTTPError(404, "version", "this API serves no versioned outputs (reprocessing is not wired)")
+    stream = ctx.catalog.streams[found.stream]
+    name = stream.derived_from or stream.name
+    try:
+        namespace, definition = ctx.reprocess.output(name, version)
+    except KeyError as exc:
+        raise ParamHTTPError(404, "version", exc.args[0]) from None
+    store = ctx.store if namespace == ROOT else ctx.reprocess.output_store(namespace)
+    return store, pinned_catalog(ctx.catalog, {name: definition})

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Body, HTTPException
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from aggregates.reprocess import DefinitionUnchanged, ReprocessService
+from aggregates.reprocess import DefinitionUnchanged, ReprocessService, SwitchRefused
 from api.errors import ParamHTTPError, errors
 from store.definitions import RunGoing
 
@@ -42,13 +42,37 @@ class ReprocessRunOut(BaseModel):
     complete_from_ms: int = Field(description="the new output holds every event from this time on: older records"
                                   " are gone from the log (its retention) or older than the stream's retention")
     namespace: str
+    serving: bool = Field(description="the served output (the store's root) is built with this run's version")
     progress: ProgressOut
+
+
+class VersionOut(BaseModel):
+    version: str
+    namespace: str = Field(description="where that output is: '' the store's root (served), else a run's or a"
+                           " previous output's namespace")
+    serving: bool
 
 
 class ReprocessListOut(BaseModel):
     runs: list[ReprocessRunOut]
+    versions: dict[str, list[VersionOut]] = Field(description="per stream, the outputs GET /api/v1/query?version="
+                                                  " can answer from: the served one first")
     changed: dict[str, dict] = Field(description="streams whose configured definition differs from the one their"
                                      " served output is built with: {stream: {serving_version, configured_version}}")
+
+
+class SwitchOut(BaseModel):
+    stream: str
+    serving_version: str
+    from_run: str = Field(description="the run (or previous output) whose rows are served now")
+    previous: str = Field(description="where the replaced output is kept: switch to it to switch back")
+    offsets: dict[str, int] = Field(description="per partition, where the serving pipeline reads the stream from"
+                                    " next (the run's end offsets), with the new definition")
+    at_ms: int
+
+
+class DropOut(BaseModel):
+    dropped: str
 
 
 def changed_json(service: ReprocessService) -> dict[str, dict]:
@@ -63,7 +87,10 @@ def router(service: ReprocessService) -> APIRouter:
            response_model=ReprocessListOut)
     async def runs() -> dict:
         def answer() -> dict:
-            return {"runs": [service.to_json(run) for run in service.runs()], "changed": changed_json(service)}
+            from catalog.versions import versioned_streams
+
+            return {"runs": [service.to_json(run) for run in service.runs()], "changed": changed_json(service),
+                    "versions": {name: service.versions(name) for name in sorted(versioned_streams(service.catalog))}}
 
         return await run_in_threadpool(answer)
 
@@ -91,6 +118,37 @@ def router(service: ReprocessService) -> APIRouter:
                 raise ParamHTTPError(404, "stream", exc.args[0]) from None
             except (DefinitionUnchanged, RunGoing) as exc:
                 raise ParamHTTPError(409, "stream", str(exc)) from None
+
+        return await run_in_threadpool(answer)
+
+    @r.post("/{run_id}/switch", response_model=SwitchOut,
+            summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
+                    " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
+            responses=errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, or"
+                             " its output is gone"))
+    async def switch(run_id: str) -> dict:
+        def answer() -> dict:
+            try:
+                return service.switch(run_id)
+            except KeyError as exc:
+                raise ParamHTTPError(404, "run_id", exc.args[0]) from None
+            except SwitchRefused as exc:
+                raise ParamHTTPError(409, "run_id", str(exc)) from None
+
+        return await run_in_threadpool(answer)
+
+    @r.post("/{run_id}/drop", response_model=DropOut,
+            summary="Delete a run's or previous output (admin): its namespace, checkpoint, registry entry and run",
+            responses=errors(404, 409, e404="no such run", e409="the run is going, or its version is the served one"))
+    async def drop(run_id: str) -> dict:
+        def answer() -> dict:
+            try:
+                service.drop(run_id)
+            except KeyError as exc:
+                raise ParamHTTPError(404, "run_id", exc.args[0]) from None
+            except SwitchRefused as exc:
+                raise ParamHTTPError(409, "run_id", str(exc)) from None
+            return {"dropped": run_id}
 
         return await run_in_threadpool(answer)
 

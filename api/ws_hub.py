@@ -26,6 +26,7 @@ from api.ws_protocol import TOPICS
 from query import Query
 from store import PaneStore
 from store.point_cache import PointCache
+from store.switch import SWITCHED_REVISION
 
 log = logging.getLogger("sketchboard.ws")
 
@@ -382,6 +383,7 @@ class Hub:
         points, poll feeds."""
         started = time.perf_counter()
         changed: dict[str, dict[tuple[int, str], None]] = {}
+        switched: set[str] = set()
         seq = self._seq or 0
         total = 0
         while read_changes and total < self.config.max_changes_per_tick:
@@ -389,6 +391,9 @@ class Hub:
             if not batch:
                 break
             for c in batch:
+                if c.revision == SWITCHED_REVISION:  # the stream's output was switched: reload, not points
+                    switched.add(c.stream)
+                    continue
                 changed.setdefault(c.stream, {})[(c.start_ms, c.dims)] = None
             seq = batch[-1].seq
             total += len(batch)
@@ -403,6 +408,10 @@ class Hub:
         with self._lock:
             subs = [(client, sub) for client in self._clients for sub in client.subs.values()]
         deliveries: list[tuple[Client, QueuedPoints | QueuedMessage]] = []
+        if switched:
+            deliveries += self._reloads(subs, switched)
+            changed = {stream: panes for stream, panes in changed.items() if stream not in switched}
+            moved = {stream: move for stream, move in moved.items() if stream not in switched}
         if changed or moved:
             deliveries += self._points(subs, changed, moved, watermarks)
         now = time.monotonic()
@@ -448,6 +457,19 @@ class Hub:
             batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
             self.stats.points_messages += len(members)
             out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
+        return out
+
+    def _reloads(self, subs, switched: set[str]):
+        """A switch replaced these streams' output (docs/reprocessing.md): each subscriber of one
+        gets a whole new snapshot (groups may have come or gone), marked `"reason": "switched"`."""
+        if self.point_cache is not None:
+            self.point_cache.clear()  # its fingerprints were of the old rows
+        out = []
+        for client, sub in subs:
+            if sub.query.stream in switched:
+                result = self.snapshot(sub.query)
+                out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
+                                                   "result": result}, False)))
         return out
 
     def _broadcasts(self):

@@ -36,6 +36,9 @@ class QueryIn(BaseModel):
     group_by: list[str] | str = Field(default_factory=list)
     filter: list[str] | str = Field(default_factory=list)
     filters: dict[str, str] | None = None  # convenience: {"region": "eu"} = filter=region=eu
+    # GET /api/v1/query's ?version= (docs/reprocessing.md): a version that is not the served one is
+    # answered with one snapshot and no live points (api/ws_routes.py).
+    version: str | None = Field(None, min_length=1, max_length=64)
 
 
 class Subscribe(BaseModel):

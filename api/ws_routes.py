@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, HTTPException, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
@@ -92,8 +92,20 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         else:
             _reply(client, error(f"no subscription with id {msg.id!r}", msg.id))
     elif isinstance(msg, Subscribe):
+        catalog = ctx.catalog
+        if msg.query.version is not None:
+            from api.query_routes import versioned_output
+
+            try:
+                store, catalog = await run_in_threadpool(versioned_output, ctx, msg.query.metric, msg.query.version)
+            except HTTPException as exc:
+                _reply(client, error(str(exc.detail), msg.id))
+                return
+            if store is not ctx.store:  # an output not served: a snapshot of it, no live points
+                await _version_snapshot(client, ctx, hub, msg, store, catalog)
+                return
         try:
-            query = resolve_query(msg.query, ctx.catalog, hub.now_ms(), ctx.query_max_points)
+            query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
             sub = hub.subscribe(client, msg.id, query)
         except (ProtocolError, ValueError) as exc:
             _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
@@ -125,3 +137,20 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
             return
         except Exception:  # the connection is gone
             return
+
+
+async def _version_snapshot(client, ctx, hub, msg, store, catalog) -> None:
+    """A subscription to an output that is not served (a run's or a previous one): its snapshot,
+    marked `"live": false`: the hub follows only the served output's change feed, and such an
+    output changes only while its run is going (subscribe again to refresh it)."""
+    from api.ws_compute import snapshot_result
+
+    try:
+        query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
+        result = await run_in_threadpool(lambda: snapshot_result(store, query, hub.now_ms(),
+                                                                 store.watermarks().get(query.stream),
+                                                                 ctx.query_max_points))
+    except (ProtocolError, ValueError, RollupError) as exc:
+        _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+        return
+    _reply(client, {"type": "snapshot", "id": msg.id, "live": False, "result": result})

@@ -133,6 +133,12 @@ def cmd_api(args: argparse.Namespace) -> int:
             compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
             if compacted:
                 log.info("compaction dropped %d superseded records", compacted)
+            if settings.reprocess_drop_after and ctx.leadership.leading():  # one replica drops them
+                try:
+                    for dropped in ctx.reprocess.drop_unused(settings.reprocess_drop_after):
+                        log.info("reprocess_drop_after: dropped the unused output %r", dropped)
+                except Exception:  # the store is down: try again next time, keep trimming the log
+                    log.exception("reprocess_drop_after: dropping unused outputs failed")
 
     threading.Thread(target=retention_loop, name="retention", daemon=True).start()
     # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline
@@ -159,39 +165,20 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
-    from aggregates.batch_gate import remove_listeners, stop_between_batches
-    from sketchboard.wiring import build_pipeline, build_session_pipelines
+    from sketchboard.live import run_pipeline
 
     check_java()
     settings = _settings(args)
-    pipeline = build_pipeline(settings, name=args.name, starting_offsets=args.start)
-    sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
-    if args.once:
-        pipeline.run_until_drained()
-        for session in sessions:
-            session.run_until_drained()
-        remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
-        return 0
-    query = pipeline.start()
-    session_queries = [session.start() for session in sessions]
-    log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
         stopping.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while not stopping.is_set() and query.isActive and all(q.isActive for q in session_queries):
-        stopping.wait(1)
-    for q in (query, *session_queries):
-        if q.exception():
-            log.error("pipeline failed: %s", q.exception())
-            return 1
-    log.info("stopping: letting the running batch commit first")
-    stop_between_batches(pipeline.spark, [(query, pipeline.gate), *((q, s.gate) for q, s in zip(session_queries, sessions))],
-                         listeners=[pipeline.progress_recorder])
-    return 0
+    if not args.once:  # --once: Ctrl-C interrupts the drain as before
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    # Restarted in process when a switch fences a batch (docs/reprocessing.md#switch).
+    return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once)
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:

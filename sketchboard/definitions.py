@@ -38,3 +38,36 @@ def pin_definitions(store: PaneStore, catalog: Catalog, pipeline: str,
             " definition %s so its output keeps one meaning: `sketchboard reprocess %s` builds the new output from"
             " the log beside it", stream, short_version(old), short_version(new), pipeline, short_version(old), stream)
     return pinned_catalog(catalog, {name: stored[name].definition for name in changes})
+
+
+def apply_offset_moves(store: PaneStore, pipeline: str, checkpoint_dir, *, kafka_prefix: str | None) -> None:
+    """Before the serving pipeline starts: the offsets a switch moved (store/switch.py) go into
+    its Spark checkpoint (aggregates/checkpoint_moves.py), so it reads each switched stream from
+    where the new output's pipeline stopped, with the new definition."""
+    from aggregates.checkpoint_moves import move_offsets
+
+    definitions = DefinitionStore(store.side_db())
+    try:
+        moves = definitions.offset_moves(pipeline)
+        if not moves:
+            return
+        if kafka_prefix is None:
+            keyed = moves
+        else:
+            from ingest.log.kafka import topic_name
+
+            keyed = {topic_name(kafka_prefix, stream): offsets for stream, offsets in moves.items()}
+        batch = move_offsets(checkpoint_dir, keyed, store.last_batch_id(pipeline))
+        for stream, offsets in sorted(moves.items()):
+            if batch is not None:
+                logger.info("stream %r was switched: pipeline %r reads it from %s on (checkpoint batch %d)", stream,
+                            pipeline, dict(sorted(offsets.items())), batch)
+            definitions.moved(pipeline, stream)
+    finally:
+        definitions.close()
+
+
+def switched(error: BaseException | object) -> bool:
+    """Whether a query failed because a switch fenced its batch (store.switch.DefinitionSwitched):
+    Spark hands the Python error back as text inside its own exception."""
+    return "DefinitionSwitched" in str(error) or "was switched to another definition" in str(error)

@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import TextIO
 
-from aggregates.reprocess import Progress, ReprocessService
+from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -30,7 +30,27 @@ def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, lo
     from sketchboard.wiring import open_consumer_registry
 
     return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
-                            log, launch=launch)
+                            log, launch=launch, outputs=reprocess_outputs(settings))
+
+
+def reprocess_outputs(settings: Settings) -> Outputs:
+    """Where the versioned outputs are, for switches, drops and ?version= queries."""
+    import shutil
+
+    from sketchboard.wiring import open_store
+
+    if settings.store_backend == "postgres":
+        from store.postgres.namespaces import PostgresNamespaces
+
+        storage = PostgresNamespaces(settings.postgres_dsn)
+    else:
+        from store.namespace_storage import SqliteNamespaces
+
+        storage = SqliteNamespaces(settings.data_dir)
+    return Outputs(storage=storage, open_store=lambda namespace: open_store(settings, namespace),
+                   serving_pipeline=settings.pipeline_name,
+                   remove_checkpoint=lambda pipeline: shutil.rmtree(settings.checkpoint_dir_of(pipeline),
+                                                                    ignore_errors=True))
 
 
 def child_launcher(settings: Settings):
@@ -116,6 +136,11 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
+    if settings.reprocess_auto_switch:
+        switched = service.switch(run.id)
+        print(f"reprocess_auto_switch: stream {stream!r} is now served from version {short_version(run.version)};"
+              f" the replaced output is kept as {switched['previous']!r} (switch to it to switch back)",
+              file=out, flush=True)
     done = service.run(run.id)
     log.close()
     root.close()

@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         "earliest", description="where a pipeline's first run starts reading: the earliest retained record"
         " (replay) or the log's end; a pipeline with a checkpoint resumes from it whatever this says"
         " (`sketchboard pipeline --from`)")
+    reprocess_auto_switch: bool = Field(False, description="a reprocessing run that has caught up switches the"
+                                        " served output to its own at once (docs/reprocessing.md); off: an admin"
+                                        " switches with POST /api/v1/reprocess/{id}/switch after comparing (?version=)")
+    reprocess_drop_after: DurationMs = Field(0, description="an output that is not served (a finished run's, or a"
+                                         " previous one kept by a switch) is dropped this long after its last change"
+                                         " of state (for a previous output: the switch); 0: never (drop by hand)")
     spark_master: str = Field("local[2]", description="local[N] (this machine), or a cluster's master: spark://host:7077"
                               " (needs log_backend kafka; docs/scale-out.md)")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="more Spark settings for the pipeline's"

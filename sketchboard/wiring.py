@@ -249,6 +249,7 @@ def build_api(settings: Settings):
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
         cdc=cdc,
     )
+    ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
         heartbeat_interval_s=settings.ws_heartbeat_interval,
@@ -344,7 +345,14 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     from sketchboard.definitions import pin_definitions
 
     catalog = pin_definitions(store, catalog, name)  # a changed stream: computed as stored until a switch
+    if namespace == ROOT:
+        from sketchboard.definitions import apply_offset_moves
+
+        apply_offset_moves(store, name, checkpoint_dir, kafka_prefix=None if kafka is None else kafka.topic_prefix)
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
+    from catalog.versions import catalog_versions
+
+    pipeline.definition_versions = catalog_versions(catalog)  # a switch fences its commits (store/switch.py)
     if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
         pipeline.commit_listeners.append(RegistryCopy(registry, name))
     if settings.kafka_commit_offsets:

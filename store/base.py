@@ -106,6 +106,9 @@ class BatchCommit:
     patterns: Sequence[PatternCommit] = ()
     # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
     enrichment: EnrichmentCommit | None = None
+    # Per stream: the definition version the batch was computed with (catalog/versions.py); the
+    # commit is refused when the namespace's stored one differs (a switch since: store/switch.py).
+    definition_versions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,12 @@ class ConsumerRegistry(SideStore):
                                  f" {describe(namespace)}: was the serving pipeline (pipeline_name) renamed?")
         return consumer
 
+    def forget(self, pipeline: str) -> None:
+        """The pipeline and its output are gone (a dropped reprocessing output): its record and offsets."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("DELETE FROM consumer_offsets WHERE pipeline = ?", (pipeline,))
+            conn.execute("DELETE FROM consumers WHERE pipeline = ?", (pipeline,))
+
     def record_commit(self, pipeline: str, batch_id: int, committed_at_ms: int | None,
                       offsets: Mapping[str, Mapping[int, int]]) -> None:
         """Copy a pipeline's committed end offsets (never moving one back: a late copy of an

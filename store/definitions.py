@@ -41,6 +41,15 @@ CREATE TABLE IF NOT EXISTS reprocess_runs (
     start_offsets TEXT NOT NULL,        -- JSON {partition: first offset read}
     target_offsets TEXT NOT NULL        -- JSON {partition: the log's end when the run started}
 );
+-- Written by a switch (store/switch.py): where the serving pipeline reads the stream from next;
+-- applied to its Spark checkpoint when it starts (sketchboard/definitions.py), then deleted.
+CREATE TABLE IF NOT EXISTS offset_moves (
+    pipeline TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    offsets TEXT NOT NULL,              -- JSON {partition: end offset}
+    at_ms INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, stream)
+);
 """
 
 RUN_STATES = ("starting", "running", "caught_up", "failed", "stopped")
@@ -129,14 +138,24 @@ class DefinitionStore(SideStore):
                 (run.stream, *ACTIVE_STATES)).fetchone()
             if going is not None:
                 raise RunGoing(f"reprocessing run {going[0]!r} of stream {run.stream!r} is still going")
-            conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run.id,))
-            conn.execute(
-                f"INSERT INTO reprocess_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run.id, run.stream, run.version, json.dumps(run.definition, sort_keys=True), run.state, run.error,
-                 run.started_at_ms, run.updated_at_ms, run.complete_from_ms,
-                 json.dumps({str(p): o for p, o in run.start_offsets.items()}),
-                 json.dumps({str(p): o for p, o in run.target_offsets.items()})))
+            insert_run(conn, run)
         return run
+
+    def delete_run(self, run_id: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run_id,))
+
+    def offset_moves(self, pipeline: str) -> dict[str, dict[int, int]]:
+        """{stream: {partition: offset}}: where a switch says `pipeline` reads each stream from next."""
+        with self._lock:
+            rows = self._conn.execute("SELECT stream, offsets FROM offset_moves WHERE pipeline = ?",
+                                      (pipeline,)).fetchall()
+        return {stream: _offsets(text) for stream, text in rows}
+
+    def moved(self, pipeline: str, stream: str) -> None:
+        """The move is in the pipeline's checkpoint now."""
+        with self._lock:
+            self._conn.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (pipeline, stream))
 
     def set_state(self, run_id: str, state: str, now_ms: int, error: str | None = None) -> None:
         if state not in RUN_STATES:
@@ -154,6 +173,17 @@ class DefinitionStore(SideStore):
         with self._lock:
             row = self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM reprocess_runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else _run(row)
+
+
+def insert_run(conn: Db, run: ReprocessRun) -> None:
+    """Record (or replace) a run in an open transaction (a switch records the output it replaces)."""
+    conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run.id,))
+    conn.execute(
+        f"INSERT INTO reprocess_runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (run.id, run.stream, run.version, json.dumps(run.definition, sort_keys=True), run.state, run.error,
+         run.started_at_ms, run.updated_at_ms, run.complete_from_ms,
+         json.dumps({str(p): o for p, o in run.start_offsets.items()}),
+         json.dumps({str(p): o for p, o in run.target_offsets.items()})))
 
 
 class RunGoing(ValueError):

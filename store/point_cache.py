@@ -45,5 +45,10 @@ class PointCache:
             while len(self._entries) > self.max_points:
                 self._entries.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every point (a switch replaced a stream's rows: store/switch.py)."""
+        with self._lock:
+            self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -39,6 +39,7 @@ from store.rollup import BucketStats
 from store.schema_version import SCHEMA_VERSION, check_version
 from store import view_state
 from store import table_state, table_versions
+from store.switch import check_definitions
 from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
 from store.tables import VIEW_STATE_TABLES
 from store import patterns as pattern_store
@@ -114,6 +115,7 @@ class SqlitePaneStore(PaneStore):
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
+        check_definitions(conn, commit.definition_versions)  # fenced by a switch (store/switch.py)
         layouts = sqlite_tiers.stored_layouts(conn)
         plan = plan_batch(commit, self._stored_panes(commit), self._stream_states(), lateness_ms, layouts,
                           now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)

@@ -58,6 +58,7 @@ from store.postgres.db import PostgresDb
 from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
+from store.switch import check_definitions
 from store.rollup import BucketStats
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 from store.watermarks import PartitionMark
@@ -97,6 +98,7 @@ class PostgresPaneStore(PaneStore):
             if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
                             (commit.pipeline, commit.batch_id)).fetchone():
                 return CommitResult(committed=False)
+            check_definitions(conn, commit.definition_versions)  # fenced by a switch (store/switch.py)
             return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
 
     def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],

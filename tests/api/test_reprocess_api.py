@@ -52,8 +52,9 @@ def test_reprocess_routes_status_and_metrics_after_a_definition_change(tmp_path)
             assert 'sketchboard_definition_changed{stream="http"} 1.0' in metrics
             assert 'sketchboard_definition_changed{stream="orders"} 0.0' in metrics
             listed = client.get("/api/v1/reprocess", headers=READ).json()
-            assert listed == {"runs": [], "changed": {"http": {"serving_version": old_versions["http"],
-                                                               "configured_version": new_versions["http"]}}}
+            assert listed["runs"] == [] and listed["changed"] == {
+                "http": {"serving_version": old_versions["http"], "configured_version": new_versions["http"]}}
+            assert listed["versions"]["http"] == [{"version": old_versions["http"], "namespace": "", "serving": True}]
 
             # Starting one needs the admin scope; refusals name the stream and why.
             assert client.post("/api/v1/reprocess", json={"stream": "http"}, headers=READ).status_code == 403
@@ -84,4 +85,115 @@ def test_reprocess_routes_status_and_metrics_after_a_definition_change(tmp_path)
             audit = client.get("/api/v1/audit", headers=ADMIN).json()["entries"]
             assert any(e["action"] == "POST /api/v1/reprocess" and e["actor"] == "ops" for e in audit)
     finally:
+        ctx.store.close()
+
+
+def test_switch_version_and_drop_routes(tmp_path, store_backend):
+    """?version= answers from either output; the switch (admin, audited) makes the run's output the
+    served one and keeps the old one queryable; drop refuses the served version. Both store backends."""
+    import time
+
+    from store.base import BatchCommit, PanePartial
+    from store.panes import PaneData
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    extra = {}
+    if store_backend.kind == "postgres":
+        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS, **extra)
+    pane = (int(time.time() * 1000) - 600_000) // 10_000 * 10_000
+    old_catalog = open_catalog(settings)
+
+    def write(store, pipeline: str, catalog, counts: dict[tuple, int]) -> None:
+        dims = catalog.streams["http"].dimensions
+        store.commit_batch(BatchCommit(
+            pipeline=pipeline, batch_id=0, events_read=sum(counts.values()), max_event_ms={"http": pane},
+            partials=[PanePartial("http", pane, pane + 10_000, dict(zip(dims, k)), PaneData(count=n))
+                      for k, n in counts.items()], end_offsets={"http": {0: sum(counts.values())}},
+            definition_versions=catalog_versions(catalog)), lateness_ms={"http": 0}, now_ms=pane)
+
+    root = open_store(settings)
+    pin_definitions(root, old_catalog, "main")
+    write(root, "main", old_catalog, {("/a",): 3})
+    root.close()
+    config.write_text(yaml.safe_dump(NEW))
+    app, ctx = build_api(settings)
+    ctx.reprocess.launch = lambda run: None
+    old_v, new_v = catalog_versions(old_catalog)["http"], catalog_versions(ctx.catalog)["http"]
+
+    def groups(client, **params) -> dict:
+        answer = client.get("/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-1h",
+                                                     "group_by": "region", **params}, headers=READ)
+        assert answer.status_code == 200, answer.text
+        return {s["group"].get("region", ""): sum(p["count"] for p in s["points"]) for s in answer.json()["series"]}
+
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            run = client.post("/api/v1/reprocess", json={"stream": "http"}, headers=ADMIN).json()
+            output = open_store(settings, run["id"])
+            pin_definitions(output, ctx.catalog, run["id"])
+            write(output, run["id"], ctx.catalog, {("/a", "eu"): 2, ("/a", "us"): 1})
+            output.close()
+            not_yet = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert not_yet.status_code == 409 and "caught up" in not_yet.json()["detail"]
+            ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
+
+            assert groups(client) == {"": 3}  # served: the old definition has no region
+            assert groups(client, version=new_v[:8]) == {"eu": 2, "us": 1}  # the run's output
+            unknown = client.get("/api/v1/query", params={"metric": "latency", "version": "deadbeef"}, headers=READ)
+            assert unknown.status_code == 404 and unknown.json()["param"] == "version"
+            assert "no output of version 'deadbeef'" in unknown.json()["detail"]
+            listed = client.get("/api/v1/reprocess", headers=READ).json()
+            assert [v["version"] for v in listed["versions"]["http"]] == [old_v, new_v]
+
+            assert client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=READ).status_code == 403
+            missing = client.post("/api/v1/reprocess/reprocess-x-00000000/switch", headers=ADMIN)
+            assert missing.status_code == 404 and missing.json()["param"] == "run_id"
+            switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert switched.status_code == 200, switched.text
+            previous = switched.json()["previous"]
+            assert previous == f"previous-http-{old_v[:8]}" and switched.json()["serving_version"] == new_v
+            assert groups(client) == {"eu": 2, "us": 1}
+            old_answer = client.get("/api/v1/query", params={"metric": "latency", "from": "now-1h", "group_by": "region",
+                                                         "version": old_v}, headers=READ)  # with its declaration
+            assert old_answer.status_code == 400 and "dimensions: endpoint" in old_answer.json()["detail"]
+            assert groups(client, version=old_v, group_by="endpoint") == {"": 3}  # the old output, queryable
+            # The websocket's subscription takes `version` too: an output not served is one snapshot.
+            with client.websocket_connect("/api/v1/ws", headers=READ) as ws:
+                query = {"metric": "latency", "stat": "count", "from": "now-1h", "group_by": "endpoint"}
+                def answer(sub_id: str) -> dict:  # topic broadcasts may come first
+                    while True:
+                        msg = ws.receive_json()
+                        if msg.get("id") == sub_id:
+                            return msg
+
+                ws.send_json({"type": "subscribe", "id": "old", "query": {**query, "version": old_v[:8]}})
+                snap = answer("old")
+                assert snap["type"] == "snapshot" and snap["live"] is False
+                assert {s["group"]["endpoint"]: sum(p["count"] for p in s["points"])
+                        for s in snap["result"]["series"]} == {"/a": 3}
+                ws.send_json({"type": "subscribe", "id": "x", "query": {**query, "version": "deadbeef"}})
+                refused = answer("x")
+                assert refused["type"] == "error" and "no output of version 'deadbeef'" in refused["reason"]
+                ws.send_json({"type": "subscribe", "id": "new", "query": {**query, "version": new_v}})
+                served_snap = answer("new")
+                assert served_snap["type"] == "snapshot" and "live" not in served_snap  # live, as any
+            again = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert again.status_code == 409 and "served with version" in again.json()["detail"]
+            assert client.get("/api/v1/pipeline", headers=READ).json()["definitions"]["http"]["changed"] is False
+            assert client.get(f"/api/v1/reprocess/{run['id']}", headers=READ).json()["serving"] is True
+
+            served = client.post(f"/api/v1/reprocess/{run['id']}/drop", headers=ADMIN)
+            assert served.status_code == 409 and "served one" in served.json()["detail"]
+            dropped = client.post(f"/api/v1/reprocess/{previous}/drop", headers=ADMIN)
+            assert dropped.status_code == 200 and dropped.json() == {"dropped": previous}
+            gone = client.get("/api/v1/query", params={"metric": "latency", "version": old_v}, headers=READ)
+            assert gone.status_code == 404
+            audit = [e["action"] for e in client.get("/api/v1/audit", headers=ADMIN).json()["entries"]]
+            assert f"POST /api/v1/reprocess/{run['id']}/switch" in audit and f"POST /api/v1/reprocess/{previous}/drop" in audit
+    finally:
+        ctx.reprocess.close_outputs()
+        for r in ctx.reprocess.runs():
+            ctx.reprocess.outputs.storage.drop(r.id)
         ctx.store.close()

@@ -365,3 +365,25 @@ def test_queue_bound_coalescing_and_dropped_notice():
         assert json.loads(await q.get(0.01))["type"] == "points"
 
     asyncio.run(scenario())
+
+
+def test_a_switched_stream_reloads_its_subscribers(server, ctx, now_ms):
+    """A switch (store/switch.py) writes one `switched` record into the change feed: each
+    subscriber of the stream gets a whole new snapshot, not points (docs/reprocessing.md)."""
+    from store.switch import SWITCHED_REVISION
+
+    with connect(server.ws) as ws:
+        subscribe(ws, "a", metric="requests", stat="count", **{"from": "now-10m"}, step="10s")
+        subscribe(ws, "other", metric="orders", stat="count", **{"from": "now-10m"}, step="10s")
+        post(server, [ev(now_ms - 60_000)])
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a")
+        db = ctx.store.side_db()
+        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (STREAM, SWITCHED_REVISION, now_ms))
+        db.close()
+        post(server, [ev(now_ms - 50_000)])  # a commit after it (on PostgreSQL its NOTIFY wakes the hub)
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        reload = recv_until(ws, lambda m: m["type"] == "snapshot" and m.get("reason") == "switched")
+        assert reload["id"] == "a" and reload["result"]["metric"] == "requests"
+        assert sum(p["count"] for s in reload["result"]["series"] for p in s["points"]) >= 1  # the served rows now

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import threading
 import time
 
 import pandas as pd
@@ -20,7 +21,8 @@ from aggregates.reprocess import ReprocessService
 from catalog import Catalog
 from catalog.versions import definition_version
 from ingest.events import EventValidator
-from sketchboard.reprocess import run_reprocess
+from sketchboard.live import run_pipeline
+from sketchboard.reprocess import build_reprocess_service, run_reprocess
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline, open_consumer_registry, open_store
 from store.definitions import DefinitionStore
@@ -64,6 +66,13 @@ def stored(store) -> dict:
     return out
 
 
+def wait_until(condition, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
 def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_path, spark, log_backend, store_backend):
     test_log = log_backend.new(tmp_path / "data")
     config = tmp_path / "streams.yaml"
@@ -92,6 +101,7 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
     config.write_text(yaml.safe_dump(NEW))
     append(later)
     main = build_pipeline(settings, spark)
+    root = main.store  # the served output: the API's view
     assert main.catalog.stream("http").dimensions == ("endpoint",)
     main.run_until_drained()
     served = stored(main.store)
@@ -116,6 +126,31 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         progress = service.progress(service.run(run.id))
         assert progress.fraction == 1.0 and progress.to_do == len(first) + len(later)
         assert json.loads(json.dumps(service.to_json(run)))["state"] == "caught_up"
+
+        # The switch, with the live pipeline running as `sketchboard pipeline` runs it: its next batch,
+        # computed the old way, is refused whole (fenced); it restarts by itself with the new
+        # definition, from the offsets the switch moved into its checkpoint.
+        stopping, outcome = threading.Event(), []
+        live = threading.Thread(target=lambda: outcome.append(run_pipeline(settings, stopping, spark=spark)))
+        live.start()
+        try:
+            wait_until(lambda: any(q.name == "sketchboard-main" for q in spark.streams.active))
+            service = build_reprocess_service(settings, new_catalog, root, log)
+            switched = service.switch(run.id)
+            assert switched["previous"] == f"previous-http-{definition_version(Catalog(**OLD).stream('http'))[:8]}"
+            assert stored(root) == exact(first + later, ["endpoint", "region"])
+            more = events(400, rng)
+            append(more)
+            wait_until(lambda: stored(root) == exact(first + later + more, ["endpoint", "region"]))
+        finally:
+            stopping.set()
+            live.join(120)
+        assert outcome == [0]
+        previous = open_store(settings, switched["previous"])  # the old output, kept to switch back to
+        try:
+            assert stored(previous) == served
+        finally:
+            previous.close()
     finally:
-        main.store.close()
+        root.close()
         log.close()

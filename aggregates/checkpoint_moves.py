@@ -1,0 +1,68 @@
+"""Moving a stream's offsets in a query's Spark checkpoint (issue 16: after a switch).
+
+A switch makes another output the served one (store/switch.py); the serving pipeline must then
+read that stream from where the new output's pipeline stopped, with the new definition, while
+its other streams go on where they were. Spark keeps one offset log per query (its sources'
+offsets per batch: `offsets/<batch>`, 'v1' / metadata / one JSON line per source, and
+`commits/<batch>` for the batches done), so the move is written there, before the query starts:
+
+- the last planned batch N is settled first: committed by the store (its batch id is there) but
+  not by Spark, it gets its Spark commit; not committed by the store, its plan is removed (Spark
+  plans it again: nothing of it was stored, so nothing is lost or counted twice);
+- then batch N + 1 is logged as planned and done, with N's offsets but the moved stream's
+  replaced: Spark plans N + 2 from there. The store never sees N + 1 (batch ids may have gaps).
+
+Works for both sources: the embedded log's offsets are keyed by stream, Kafka's by topic (the
+caller says which key the stream has). Plain files: no Spark needed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+_COMMIT = 'v1\n{"nextBatchWatermarkMs":0}'
+
+
+def _batches(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def move_offsets(checkpoint_dir: Path, moves: Mapping[str, Mapping[int, int]], store_last_batch: int | None) -> int | None:
+    """Log a batch whose offsets are the last batch's with `moves` ({source key: {partition:
+    offset}}) applied; returns its id, None when the query has no batch logged yet (its first
+    batch then starts where the source starts: the caller must not need a move)."""
+    offsets_dir, commits_dir = Path(checkpoint_dir) / "offsets", Path(checkpoint_dir) / "commits"
+    planned = _batches(offsets_dir)
+    if not planned:
+        return None
+    last = planned[-1]
+    if last not in _batches(commits_dir):
+        if store_last_batch is not None and store_last_batch >= last:
+            _write(commits_dir / str(last), _COMMIT)
+        else:
+            (offsets_dir / str(last)).unlink()
+            (offsets_dir / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the removed file
+            return move_offsets(checkpoint_dir, moves, store_last_batch)
+    lines = (offsets_dir / str(last)).read_text(encoding="utf-8").splitlines()
+    # One source here (the pipeline reads one): its offsets are the third line.
+    offsets = json.loads(lines[2])
+    for key, partitions in moves.items():
+        moved = dict(offsets.get(key, {}))
+        moved.update({str(p): int(o) for p, o in partitions.items()})
+        offsets[key] = moved
+    lines[2] = json.dumps(offsets, separators=(",", ":"), sort_keys=True)
+    batch = last + 1
+    _write(offsets_dir / str(batch), "\n".join(lines))
+    existing = sorted(p for p in commits_dir.iterdir() if p.name.isdigit()) if commits_dir.is_dir() else []
+    template = existing[-1].read_text(encoding="utf-8") if existing else _COMMIT
+    _write(commits_dir / str(batch), template)
+    return batch
+
+
+def _write(path: Path, text: str) -> None:
+    """Written whole or not at all: a crash leaves no half file for Spark to read."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,60 @@
+"""`sketchboard pipeline`'s loop: run the pipeline (and its session queries) until told to stop,
+and start it again, in the same process and Spark session, when a switch fenced one of its
+batches (docs/reprocessing.md#switch): built again, it applies the switch's offset move to its
+checkpoint and computes the stream with the new definition. Any other failure ends the loop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sketchboard.definitions import switched
+from sketchboard.settings import Settings
+
+log = logging.getLogger("sketchboard")
+
+
+def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | None = None, start: str | None = None,
+                 once: bool = False, spark=None) -> int:
+    """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
+    from aggregates.batch_gate import remove_listeners, stop_between_batches
+    from sketchboard.wiring import build_pipeline, build_session_pipelines
+
+    pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
+    while True:
+        sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
+        if once:
+            try:
+                pipeline.run_until_drained()
+                for session in sessions:
+                    session.run_until_drained()
+            except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
+                if not switched(exc):
+                    raise
+                log.warning("a stream's output was switched to another definition: restarting the pipeline")
+                remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
+                continue
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
+            return 0
+        query = pipeline.start()
+        session_queries = [session.start() for session in sessions]
+        log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
+        while not stopping.is_set() and query.isActive and all(q.isActive for q in session_queries):
+            stopping.wait(1)
+        failures = [q.exception() for q in (query, *session_queries) if q.exception()]
+        running = [(query, pipeline.gate), *((q, s.gate) for q, s in zip(session_queries, sessions))]
+        if failures and not stopping.is_set() and all(switched(f) for f in failures):
+            # A switch fenced a batch computed the old way: start again with the new definition, from
+            # the offsets the switch moved into the checkpoint.
+            log.warning("a stream's output was switched to another definition: restarting the pipeline")
+            stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
+            pipeline.store.close()
+            pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
+            continue
+        for failure in failures:
+            log.error("pipeline failed: %s", failure)
+            return 1
+        log.info("stopping: letting the running batch commit first")
+        stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
+        return 0

@@ -1,0 +1,144 @@
+"""Switching a stream's served output to another namespace's (issue 16; docs/reprocessing.md).
+
+In one transaction of the root store, under the commit lock (SQLite's BEGIN IMMEDIATE,
+PostgreSQL's COMMIT_LOCK), the stream's rows in the root are copied into the `previous`
+namespace, deleted, and replaced by the `source` namespace's (a reprocessing run's, or a
+previous output: switching back is a switch too). Readers read one transaction, so they see
+all old or all new. With the rows go:
+
+- `stream_definitions`: the root now says it is built with the source's definition, which is
+  also what fences a live pipeline still computing the old way (`check_definitions`);
+- `pipeline_offsets`: the source's end offsets for the stream become the serving pipeline's,
+  recorded as an offset move the serving pipeline applies to its Spark checkpoint when it
+  starts again (`offset_moves`, store/definitions.py);
+- one `switched` record in the change feed (revision SWITCHED_REVISION): websocket hubs
+  reload their subscribers of the stream.
+
+The change feed itself is not copied (its sequence numbers are the root's), nor the batch ids
+(per pipeline, not per stream). SQL only, over store.connection.Db, the same for both backends:
+the other namespaces are reached through a qualifier (SQLite: an ATTACHed database's alias;
+PostgreSQL: the namespace's schema)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from store.connection import Db, SqliteDb
+
+# A change-feed record that says "this stream's output was switched": no pane has this revision.
+SWITCHED_REVISION = -1
+
+# Every table whose rows belong to one stream (column `stream`): what a switch moves.
+STREAM_TABLES = (
+    "panes", "pane_sketches", "stream_progress", "dead_letter_counts", "dead_letters", "corrections",
+    "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_sketches", "bloom_filters",
+    "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
+)
+# Keys the store numbers itself: a copy gets new ones (the correction ids readers page by stay increasing).
+_NUMBERED = {"dead_letters": "id", "corrections": "id"}
+
+
+class SwitchConflict(ValueError):
+    """The served output changed since the switch was decided (another switch came first)."""
+
+
+class DefinitionSwitched(RuntimeError):
+    """A batch computed with a definition the namespace no longer holds (a switch happened since
+    the pipeline started): not committed; the pipeline restarts with the new definition."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """One namespace in the switch's transaction: how its tables are named from the root's
+    connection ('' for the root itself), and the pipeline whose offsets it holds."""
+
+    qualifier: str
+    pipeline: str
+
+    def table(self, name: str) -> str:
+        return f"{self.qualifier}.{name}" if self.qualifier else name
+
+
+def table_columns(db: Db) -> dict[str, list[str]]:
+    """The columns of every stream table, as the root has them (every namespace is made by the same code)."""
+    out = {}
+    for table in STREAM_TABLES:
+        if isinstance(db, SqliteDb):
+            out[table] = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
+        else:
+            out[table] = [row[0] for row in db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND table_name = ? ORDER BY ordinal_position", (table,)).fetchall()]
+    return out
+
+
+def copy_stream(db: Db, stream: str, source: Side, target: Side, columns: Mapping[str, list[str]]) -> None:
+    """Copy the stream's rows of every stream table, its offsets (renamed to the target's
+    pipeline) and its definition from source to target (whose rows of it must be gone)."""
+    for table in STREAM_TABLES:
+        cols = ", ".join(f'"{c}"' for c in columns[table] if c != _NUMBERED.get(table))
+        db.execute(f"INSERT INTO {target.table(table)} ({cols}) SELECT {cols} FROM {source.table(table)}"
+                   f" WHERE stream = ?", (stream,))
+    db.execute(f"INSERT INTO {target.table('pipeline_offsets')} (pipeline, stream, partition, end_offset)"
+               f" SELECT ?, stream, partition, end_offset FROM {source.table('pipeline_offsets')}"
+               f" WHERE pipeline = ? AND stream = ?", (target.pipeline, source.pipeline, stream))
+    db.execute(f"INSERT INTO {target.table('stream_definitions')} (stream, version, definition, recorded_at_ms)"
+               f" SELECT stream, version, definition, recorded_at_ms FROM {source.table('stream_definitions')}"
+               f" WHERE stream = ?", (stream,))
+
+
+def delete_stream(db: Db, stream: str, side: Side) -> None:
+    for table in STREAM_TABLES:
+        db.execute(f"DELETE FROM {side.table(table)} WHERE stream = ?", (stream,))
+    db.execute(f"DELETE FROM {side.table('pipeline_offsets')} WHERE pipeline = ? AND stream = ?",
+               (side.pipeline, stream))
+    db.execute(f"DELETE FROM {side.table('stream_definitions')} WHERE stream = ?", (stream,))
+
+
+def stream_offsets(db: Db, stream: str, side: Side) -> dict[int, int]:
+    rows = db.execute(f"SELECT partition, end_offset FROM {side.table('pipeline_offsets')}"
+                      f" WHERE pipeline = ? AND stream = ?", (side.pipeline, stream)).fetchall()
+    return {int(p): int(o) for p, o in rows}
+
+
+def stored_version(db: Db, stream: str, side: Side) -> str | None:
+    row = db.execute(f"SELECT version FROM {side.table('stream_definitions')} WHERE stream = ?", (stream,)).fetchone()
+    return None if row is None else row[0]
+
+
+def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
+                  now_ms: int) -> dict[int, int]:
+    """In the open transaction: the root's rows of `stream` to `previous` (emptied of them
+    first), the source's into the root, an offset move for the serving pipeline and one
+    `switched` change record. Returns the serving pipeline's new offsets for the stream.
+    SwitchConflict, changing nothing, unless the root still serves `serving_version` (read under
+    the lock: two switches at once must not both keep the root's rows as the same version)."""
+    if stored_version(db, stream, root) != serving_version:
+        raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
+    columns = table_columns(db)
+    delete_stream(db, stream, previous)
+    copy_stream(db, stream, root, previous, columns)
+    delete_stream(db, stream, root)
+    copy_stream(db, stream, source, root, columns)
+    offsets = stream_offsets(db, stream, root)
+    db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
+    db.execute("INSERT INTO offset_moves (pipeline, stream, offsets, at_ms) VALUES (?, ?, ?, ?)",
+               (root.pipeline, stream, json.dumps({str(p): o for p, o in sorted(offsets.items())}), now_ms))
+    db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+               " VALUES (?, 0, '{}', ?, -1, 0, ?)", (stream, SWITCHED_REVISION, now_ms))
+    return offsets
+
+
+def check_definitions(db: Db, versions: Mapping[str, str]) -> None:
+    """Inside a batch's commit: DefinitionSwitched when the namespace's stored definition of one
+    of the batch's streams is no longer the one the batch was computed with."""
+    if not versions:
+        return
+    stored = dict(db.execute("SELECT stream, version FROM stream_definitions").fetchall())
+    moved = sorted(s for s, v in versions.items() if s in stored and stored[s] != v)
+    if moved:
+        raise DefinitionSwitched(
+            f"the output of {', '.join(map(repr, moved))} was switched to another definition since this pipeline"
+            " started: the batch is not committed; the pipeline restarts with the new definition")

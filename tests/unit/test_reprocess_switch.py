@@ -1,0 +1,160 @@
+"""Switching a stream's served output to a reprocessing run's, switching back, ?version= lookups
+and dropping an output, without Spark, on both store backends (store/switch.py,
+aggregates/reprocess.py; the Spark side is tests/spark/test_reprocess.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aggregates.checkpoint_moves import move_offsets
+from aggregates.reprocess import SwitchRefused, run_id
+from catalog import Catalog
+from catalog.versions import catalog_versions, definition_version
+from sketchboard.definitions import pin_definitions
+from sketchboard.reprocess import build_reprocess_service
+from sketchboard.settings import Settings
+from sketchboard.wiring import open_log, open_store
+from store import dims_key
+from store.base import BatchCommit, PanePartial
+from store.definitions import DefinitionStore
+from store.namespace import ROOT
+from store.panes import PaneData
+from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
+
+NOW = 1_800_000_000_000
+PANE = 10_000
+OLD = {"streams": {"http": {"key_field": "user", "dimensions": ["endpoint"]},
+                   "orders": {"key_field": "customer"}},
+       "metrics": {"requests": {"stream": "http"}}}
+NEW = {**OLD, "streams": {**OLD["streams"], "http": {**OLD["streams"]["http"], "dimensions": ["endpoint", "region"]}}}
+
+
+def batch(pipeline: str, batch_id: int, counts: dict[tuple, int], offsets: dict[int, int], catalog: Catalog,
+          stream: str = "http") -> BatchCommit:
+    dims = catalog.streams[stream].dimensions
+    partials = [PanePartial(stream, NOW, NOW + PANE, dict(zip(dims, key)), PaneData(count=n))
+                for key, n in counts.items()]
+    return BatchCommit(pipeline=pipeline, batch_id=batch_id, partials=partials, events_read=sum(counts.values()),
+                       max_event_ms={stream: NOW}, end_offsets={stream: offsets},
+                       definition_versions=catalog_versions(catalog))
+
+
+def counts(store, stream: str = "http") -> dict[str, int]:
+    return {p.key.dims: p.data.count for p in store.read_panes(stream, 0, 2**62)}
+
+
+@pytest.fixture
+def settings(tmp_path, store_backend):
+    extra = {}
+    if store_backend.kind == "postgres":
+        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
+    return Settings(data_dir=tmp_path / "data", streams_config=tmp_path / "streams.yaml", alerts_config=None, **extra)
+
+
+def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(settings):
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(batch("main", 0, {("/a",): 5, ("/b",): 2}, {0: 7}, old), **commit)
+    root.commit_batch(batch("main", 1, {(): 4}, {0: 4}, old, stream="orders"), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")  # launch: none here; its pipeline's output is written below
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(batch(run.id, 0, {("/a", "eu"): 3, ("/a", "us"): 2, ("/b", "eu"): 2}, {0: 7}, new), **commit)
+    output.close()
+    old_version, new_version = (definition_version(c.streams["http"]) for c in (old, new))
+    try:
+        # Not before it has caught up, and it says why.
+        with pytest.raises(SwitchRefused, match="is starting .*0/0 offsets read.*caught up"):
+            service.switch(run.id)
+        service.definitions.set_state(run.id, "caught_up", NOW)
+        seq = max((c.seq for c in root.changes_since(0)), default=0)
+
+        switched = service.switch(run.id)
+        previous = run_id("http", old_version, "previous-")
+        assert switched["previous"] == previous and switched["offsets"] == {"0": 7}
+        assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 3,
+                                dims_key({"endpoint": "/a", "region": "us"}): 2,
+                                dims_key({"endpoint": "/b", "region": "eu"}): 2}
+        assert counts(root, "orders") == {dims_key({}): 4}  # other streams untouched
+        assert service.serving_version("http") == new_version
+        assert root.progress("main").end_offsets["http"] == {0: 7}  # the run's offsets are the root's
+        assert root.progress("main").streams["http"].events_aggregated == 7
+        (change,) = [c for c in root.changes_since(seq)]
+        assert change.stream == "http" and change.revision == SWITCHED_REVISION  # websocket hubs reload
+        # The serving pipeline is told where to read the stream from (its checkpoint is moved at start).
+        assert service.definitions.offset_moves("main") == {"http": {0: 7}}
+        # A live pipeline still computing the old way is fenced: its next commit is refused whole.
+        with pytest.raises(DefinitionSwitched, match="'http' was switched"):
+            root.commit_batch(batch("main", 2, {("/a",): 1}, {0: 8}, old), **commit)
+        assert counts(root)[dims_key({"endpoint": "/a", "region": "eu"})] == 3
+
+        # A switch decided on a served version that is no longer served (another came first) changes nothing.
+        with pytest.raises(SwitchConflict), service.outputs.storage.transaction([run.id, previous]) as (db, names):
+            switch_stream(db, "http", root=Side("", "main"), source=Side(names[run.id], run.id),
+                          previous=Side(names[previous], previous), serving_version=old_version, now_ms=NOW)
+        assert service.serving_version("http") == new_version and len(counts(root)) == 3
+
+        # ?version=: the old output is kept in its own namespace, found by its version.
+        namespace, definition = service.output("http", old_version[:8])
+        assert namespace == previous and definition["dimensions"] == ["endpoint"]
+        assert service.output("http", new_version) == (ROOT, service.definitions.definitions()["http"].definition)
+        with pytest.raises(KeyError, match="no output of version 'deadbeef'"):
+            service.output("http", "deadbeef")
+        kept = open_store(settings, previous)
+        assert counts(kept) == {dims_key({"endpoint": "/a"}): 5, dims_key({"endpoint": "/b"}): 2}
+        assert DefinitionStore(kept.side_db()).definitions()["http"].version == old_version
+        kept.close()
+        assert service.versions("http") == [{"version": new_version, "namespace": ROOT, "serving": True},
+                                            {"version": old_version, "namespace": previous, "serving": False}]
+
+        # Dropping the served version is refused; switching back is a second switch.
+        with pytest.raises(SwitchRefused, match="is the served one"):
+            service.drop(run.id)
+        back = service.switch(previous)
+        assert back["previous"] == run_id("http", new_version, "previous-")
+        assert counts(root) == {dims_key({"endpoint": "/a"}): 5, dims_key({"endpoint": "/b"}): 2}
+        assert service.serving_version("http") == old_version
+        root.commit_batch(batch("main", 3, {("/a",): 1}, {0: 8}, old), **commit)  # the old way is accepted again
+        assert counts(root)[dims_key({"endpoint": "/a"})] == 6
+
+        # Drop: the output, its run, its registry entry go; its version is no longer queryable.
+        service.drop(run.id)
+        assert service.run(run.id) is None and not service.outputs.storage.exists(run.id)
+        assert run.id not in [c.pipeline for c in service.registry.consumers()]
+        with pytest.raises(KeyError):
+            service.drop(run.id)
+        with pytest.raises(SwitchRefused, match="is the served one"):
+            service.drop(previous)
+        # reprocess_drop_after: outputs neither served nor going, past the age, go by themselves.
+        assert service.drop_unused(3_600_000) == []  # the previous output of the new version is too young
+        assert service.drop_unused(0) == [run_id("http", new_version, "previous-")]
+        assert [r.id for r in service.runs()] == [previous]
+    finally:
+        for r in service.runs():
+            service.outputs.storage.drop(r.id)
+        log.close()
+        root.close()
+
+
+def test_a_checkpoint_move_settles_the_last_batch_then_logs_the_moved_offsets(tmp_path):
+    folder = tmp_path / "cp"
+    (folder / "offsets").mkdir(parents=True)
+    (folder / "commits").mkdir()
+    meta = '{"batchWatermarkMs":0,"batchTimestampMs":1}'
+    for n, (a, b) in enumerate([(10, 5), (20, 9)]):
+        (folder / "offsets" / str(n)).write_text(f'v1\n{meta}\n{{"http":{{"0":{a}}},"orders":{{"0":{b}}}}}')
+    (folder / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    # Batch 1 planned, not in the store: its plan goes, the move is made from batch 0.
+    assert move_offsets(folder, {"http": {0: 3}}, store_last_batch=0) == 1
+    assert (folder / "offsets" / "1").read_text().splitlines()[2] == '{"http":{"0":3},"orders":{"0":5}}'
+    assert (folder / "commits" / "1").exists()
+    # Planned and stored but not committed by Spark: it gets its commit, the move comes after it.
+    (folder / "offsets" / "2").write_text(f'v1\n{meta}\n{{"http":{{"0":8}},"orders":{{"0":9}}}}')
+    assert move_offsets(folder, {"http": {0: 6}}, store_last_batch=2) == 3
+    assert (folder / "commits" / "2").exists()
+    assert (folder / "offsets" / "3").read_text().splitlines()[2] == '{"http":{"0":6},"orders":{"0":9}}'
+    assert move_offsets(tmp_path / "none", {"http": {0: 1}}, None) is None
