@@ -200,6 +200,7 @@ def test_the_search_dashboard_shows_the_click_through_rate_of_demo_traffic(live,
         .flatMap((e) => [...e.points.values()].filter((p) => p.value !== null && p.count > 0)
         .map((p) => [e.group.query_category, p.t, p.value]))""")
     assert shown and {(cat, t): v for cat, t, v in shown} == want
-    assert 0 < min(want.values()) and max(want.values()) <= 1
+    # A category's minute may have no click (CTR 0): the demo's traffic is random; some must have some.
+    assert 0 <= min(want.values()) and 0 < max(want.values()) <= 1
     page.screenshot(path=str(artifacts / "dashboard-search-ctr.png"), full_page=True)
     assert watch.errors == [] and watch.foreign == []
