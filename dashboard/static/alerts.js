@@ -211,6 +211,8 @@ function describe(rule) { // one line saying what the rule watches
     case "dead_letters":
       return "dead letters/s" + (rule.stream ? " of " + rule.stream : "") + (rule.window ? " over " + rule.window : "") +
         (cmp || " > " + fmtValue(rule.threshold));
+    case "pattern":
+      return "each match of pattern " + rule.pattern;
     default:
       return rule.kind;
   }
