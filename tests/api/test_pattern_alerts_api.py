@@ -1,6 +1,7 @@
 """Pattern alert rules through `/api/v1/alerts`: created with POST like any rule, refused with a
 clear 400 when the pattern is unknown, and a match committed by a batch shows as a firing alert
-with its events in the annotations. No Spark: the match is committed to the store directly."""
+with its events in the annotations and is POSTed once, with them, to a real webhook receiver.
+No Spark: the match is committed to the store directly."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from fastapi.testclient import TestClient
 
 from alerts.service import AlertService
 from alerts.source import StoreAlertData
+from alerts.webhook import WebhookNotifier
 from api.app import create_app
 from catalog import Catalog, parse_catalog
 from store import BatchCommit
 from store.alerts import SqliteAlertStore
 from store.patterns import NewMatch, PatternCommit
 from tests.support.alerts import evaluate_every_rule
+from tests.receiver import Receiver
 from tests.support.patterns import EXAMPLES_YAML
 
 RULE = {"name": "stuffing", "kind": "pattern", "pattern": "credential_stuffing", "keep_firing_for": "1m",
@@ -29,10 +32,19 @@ def catalog() -> Catalog:
 
 
 @pytest.fixture
-def alerts(ctx, tmp_path, clock):
+def receiver():
+    with Receiver() as rx:
+        yield rx
+
+
+@pytest.fixture
+def alerts(ctx, tmp_path, clock, receiver):
     store = SqliteAlertStore(tmp_path / "alerts.db")
-    ctx.alerts = AlertService(ctx.catalog, store, StoreAlertData(ctx.catalog, ctx.store), clock=clock)
+    hook = WebhookNotifier(receiver.url, timeout_s=2.0, clock=clock, memory_store=store)
+    ctx.alerts = AlertService(ctx.catalog, store, StoreAlertData(ctx.catalog, ctx.store), notifiers=[hook],
+                              clock=clock)
     yield ctx.alerts
+    ctx.alerts.stop()
     store.close()
 
 
@@ -42,7 +54,7 @@ def api(ctx, alerts):
         yield c
 
 
-def test_a_pattern_rule_is_created_through_the_api_and_fires_on_a_match(api, ctx, alerts, now_ms):
+def test_a_pattern_rule_is_created_through_the_api_and_fires_on_a_match(api, ctx, alerts, now_ms, receiver):
     unknown = api.post("/api/v1/alerts/rules", json={**RULE, "pattern": "nope"})
     assert unknown.status_code == 400 and "pattern: unknown pattern 'nope'" in unknown.json()["detail"]
     waiting = api.post("/api/v1/alerts/rules", json={**RULE, "for": "1m"})
@@ -62,3 +74,13 @@ def test_a_pattern_rule_is_created_through_the_api_and_fires_on_a_match(api, ctx
     assert json.loads(active["annotations"]["events"]) == found
     assert json.loads(active["annotations"]["measures"]) == {"attempts": 5}
     assert active["annotations"]["summary"] == "credential stuffing on alice"
+
+    [request] = receiver.wait_for(lambda reqs: reqs, timeout=10)
+    [alert] = request.body["alerts"]
+    assert request.body["groupLabels"] == {"alertname": "stuffing"} and alert["status"] == "firing"
+    assert alert["labels"]["key"] == "alice" and json.loads(alert["annotations"]["events"]) == found
+    evaluate_every_rule(alerts)  # nothing new: still firing (keep_firing_for), not sent again
+    assert api.get("/api/v1/alerts").json()["active"][0]["state"] == "firing"
+    [hook] = alerts.notifiers
+    hook.close()  # sends what is queued first
+    assert len(receiver.requests) == 1 and hook.stats()["deduplicated"] == 1
