@@ -49,6 +49,7 @@ class Evaluation:
     instances: list[Instance]  # every instance not Normal after this evaluation
     transitions: list[Transition]
     notices: list[Notice]  # firing now, and resolved by this evaluation
+    cursor: int | None = None  # pattern rules: the last match id read, saved with the instances
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -64,11 +65,14 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
                     for_ms=rule.for_, keep_firing_for_ms=rule.keep_firing_for)
         if sample is not None:
             inst = replace(inst, value=sample.value, window_start_ms=sample.window_start_ms,
-                           window_end_ms=sample.window_end_ms, revision=sample.revision, reason=sample.reason)
+                           window_end_ms=sample.window_end_ms, revision=sample.revision, reason=sample.reason,
+                           details=sample.details or inst.details)
         elif reading is Reading.FALSE:  # the group is gone: nothing to show but that
             inst = replace(inst, value=None, reason="no longer reported by the rule's query")
-        inst = replace(inst, annotations=render_all(rule.annotations, value=inst.value, labels=labels,
-                                                    rule=rule.name, state=inst.state.value))
+        # The data's own annotations (a match's events) stay with the instance until it resolves.
+        inst = replace(inst, annotations={**inst.details, **render_all(rule.annotations, value=inst.value,
+                                                                       labels=labels, rule=rule.name,
+                                                                       state=inst.state.value)})
         was = prev.state if prev is not None else AlertState.NORMAL
         if inst.state is not was and not (was is AlertState.RESOLVED and inst.state is AlertState.NORMAL):
             transitions.append(Transition(rule.name, fp, labels, inst.annotations, was, inst.state, inst.value,
@@ -81,7 +85,7 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
                                    ends_at_ms=now_ms))
         if inst.state is not AlertState.NORMAL:
             instances.append(inst)
-    return Evaluation(rule.name, now_ms, instances, transitions, notices)
+    return Evaluation(rule.name, now_ms, instances, transitions, notices, outcome.cursor)
 
 
 def _readings(rule: Rule, outcome: Outcome, previous: dict[str, Instance]):

@@ -9,14 +9,17 @@ pane that has events instead (faster, may flap while it fills).
 
 from __future__ import annotations
 
+import json
 import operator
+from datetime import datetime, timezone
 
-from alerts.outcome import AlertData, Outcome, Sample, WindowValue
+from alerts.outcome import AlertData, Outcome, PatternMatch, Sample, WindowValue
 from alerts.rules import (
     AbsenceRule,
     DeadLetterRule,
     LagRule,
     LagStatusRule,
+    PatternRule,
     Rule,
     ThresholdRule,
     TrendRule,
@@ -28,9 +31,13 @@ COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator
            "==": operator.eq, "!=": operator.ne}
 
 
-def evaluate_rule(rule: Rule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
-    """The rule's outcome; a failure reading or computing becomes the Error outcome, never an exception."""
+def evaluate_rule(rule: Rule, data: AlertData, catalog: Catalog, now_ms: int, *,
+                  cursor: int | None = None) -> Outcome:
+    """The rule's outcome; a failure reading or computing becomes the Error outcome, never an exception.
+    `cursor`: for pattern rules, the last match id the rule read (None: it never read any)."""
     try:
+        if isinstance(rule, PatternRule):
+            return _pattern(rule, data, cursor)
         if isinstance(rule, ThresholdRule):
             return _threshold(rule, data, catalog, now_ms)
         if isinstance(rule, TrendRule):
@@ -178,6 +185,30 @@ def _dead_letters(rule: DeadLetterRule, data: AlertData, catalog: Catalog, now_m
         samples.append(Sample({"stream": name}, rate, test(rate, rule.threshold), start, now_ms,
                               reason=f"{counts.get(name, 0)} dead letters in {format_duration_ms(rule.window)}"))
     return Outcome(samples)
+
+
+def _pattern(rule: PatternRule, data: AlertData, cursor: int | None) -> Outcome:
+    """One sample per match committed since the last evaluation, each its own instance (labelled
+    with its match id), so every match fires once. A rule reading for the first time starts after
+    the newest match: a new rule alerts on what happens from now on, not on the pattern's history."""
+    if cursor is None:
+        return Outcome([], cursor=data.newest_match_id(rule.pattern) or 0)
+    matches = data.pattern_matches(rule.pattern, cursor, rule.max_matches)
+    samples = [_match_sample(rule.pattern, m) for m in matches]
+    return Outcome(samples, cursor=matches[-1].id if matches else cursor)
+
+
+def _match_sample(pattern: str, m: PatternMatch) -> Sample:
+    times = [e["time"] for e in m.events if isinstance(e.get("time"), int)]
+    details = {"events": json.dumps(m.events, separators=(",", ":"), sort_keys=True),
+               "measures": json.dumps(m.measures, separators=(",", ":"), sort_keys=True),
+               "decided_at": datetime.fromtimestamp(m.decided_at_ms / 1000, timezone.utc).isoformat(
+                   timespec="milliseconds").replace("+00:00", "Z")}
+    if m.late:
+        details["late"] = "true"
+    return Sample({"pattern": pattern, "key": m.key, "match_id": str(m.id)}, float(len(m.events)), True,
+                  min(times, default=m.decided_at_ms), m.decided_at_ms,
+                  reason=f"match {m.id} of pattern {pattern!r} for key {m.key!r}", details=details)
 
 
 def _sample(v: WindowValue, value: float | None, start: int, end: int, condition: bool | None,

@@ -40,6 +40,7 @@ class Instance:
     window_end_ms: int | None = None
     revision: int | None = None
     reason: str | None = None
+    details: dict[str, str] = field(default_factory=dict)  # annotations from the data (a match's events)
 
 
 def step(prev: Instance | None, reading: Reading, *, rule: str, fingerprint: str, labels: dict[str, str],

@@ -19,6 +19,7 @@ class Sample:
     window_end_ms: int | None = None
     revision: int | None = None  # highest pane revision in the window the value came from
     reason: str | None = None  # why there is no data, or what the value is
+    details: dict[str, str] = field(default_factory=dict)  # annotations the data adds (a match's events)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Outcome:
     samples: list[Sample] = field(default_factory=list)
     no_data: str | None = None
     error: str | None = None
+    cursor: int | None = None  # pattern rules: the last match id read (None: unchanged)
 
     @classmethod
     def nodata(cls, reason: str) -> Outcome:
@@ -43,6 +45,18 @@ class WindowValue:
     group: dict[str, str]
     value: float | None  # None: the stat is undefined (e.g. p99 of no events)
     revision: int  # highest pane revision in the window
+
+
+@dataclass(frozen=True)
+class PatternMatch:
+    """One stored match of a pattern, as a `pattern` rule reads it."""
+
+    id: int  # ascending in the order matches were committed
+    key: str
+    decided_at_ms: int
+    events: list[dict]  # {step, stream, partition, offset, time}
+    measures: dict
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,12 @@ class AlertData(Protocol):
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         """Dead letters per stream written in [start_ms, end_ms)."""
+
+    def pattern_matches(self, pattern: str, after_id: int, limit: int) -> list[PatternMatch]:
+        """The pattern's matches with an id above `after_id`, by id, at most `limit`."""
+
+    def newest_match_id(self, pattern: str) -> int | None:
+        """The id of the pattern's newest match; None when it has none."""
 
     def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
         """Corrections published after `after_ms` to panes of the stream starting in [start_ms, end_ms)."""

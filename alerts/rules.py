@@ -112,9 +112,20 @@ class DeadLetterRule(_RuleBase):
     threshold: float = Field(allow_inf_nan=False, description="dead letters per second over the window")
 
 
-Rule = Annotated[ThresholdRule | TrendRule | AbsenceRule | LagRule | LagStatusRule | DeadLetterRule,
+class PatternRule(_RuleBase):
+    """Fires once per match of a pattern (catalog `patterns`): each match is an instance of its
+    own, firing on the evaluation that reads it and resolved on the next (or after
+    `keep_firing_for`). A match is an event, not a condition that holds, so `for` must be 0."""
+
+    kind: Literal["pattern"]
+    pattern: str
+    max_matches: int = Field(100, ge=1, le=1_000, description="matches read per evaluation at most; the rest"
+                             " are read by the next evaluations, none skipped")
+
+
+Rule = Annotated[ThresholdRule | TrendRule | AbsenceRule | LagRule | LagStatusRule | DeadLetterRule | PatternRule,
                  Field(discriminator="kind")]
-KINDS = ("threshold", "trend", "absence", "lag", "lag_status", "dead_letters")
+KINDS = ("threshold", "trend", "absence", "lag", "lag_status", "dead_letters", "pattern")
 _ADAPTER: TypeAdapter = TypeAdapter(Rule)
 
 
@@ -156,6 +167,8 @@ def check_rule(rule: Rule, catalog: Catalog) -> None:
             raise RuleError(f"{where}: duration: must be at least the stream's pane ({stream.pane // 1000}s)")
         if rule.lookback <= rule.duration:
             raise RuleError(f"{where}: lookback: must be longer than duration")
+    elif isinstance(rule, PatternRule):
+        _check_pattern_rule(rule, catalog, where)
     elif isinstance(rule, (LagRule, LagStatusRule, DeadLetterRule)):
         if rule.stream is not None:
             _stream(catalog, rule.stream, where)
@@ -198,6 +211,16 @@ def _check_metric_rule(rule: _OverMetric, catalog: Catalog, where: str) -> None:
         if offset + rule.window > stream.retention:
             raise RuleError(f"{where}: against: the baseline window would be older than the stream's retention"
                             f" ({stream.retention // 86_400_000}d), so it would never have data")
+
+
+def _check_pattern_rule(rule: PatternRule, catalog: Catalog, where: str) -> None:
+    names = [p.name for p in catalog.patterns]
+    if rule.pattern not in names:
+        raise RuleError(f"{where}: pattern: unknown pattern {rule.pattern!r};"
+                        f" defined: {', '.join(sorted(names)) or 'none (declare patterns in the catalog)'}")
+    if rule.for_:
+        raise RuleError(f"{where}: for: must be 0 for a pattern rule (each match fires once, at once; there is"
+                        " no condition that keeps holding); use keep_firing_for to keep it firing")
 
 
 def _stream(catalog: Catalog, name: str, where: str):

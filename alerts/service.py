@@ -125,10 +125,11 @@ class AlertService:
                 outcome = Outcome.failed(f"the rule's definition is no longer valid: {loaded.problem}")
             else:
                 rule = loaded.rule
-                outcome = evaluate_rule(rule, self.data, self.catalog, now_ms)
+                outcome = evaluate_rule(rule, self.data, self.catalog, now_ms, cursor=self.store.cursor(name))
             result = evaluate(rule, outcome, previous, now_ms)
             self.store.save_evaluation(name, [_instance_json(i) for i in result.instances],
-                                       [_transition_json(t) for t in result.transitions], now_ms=now_ms)
+                                       [_transition_json(t) for t in result.transitions], now_ms=now_ms,
+                                       cursor=result.cursor)
             silenced = (loaded.stored.silenced_until_ms or 0) > now_ms
             self._notify(RuleNotices(name, now_ms, result.notices, silenced=silenced))
             self._firing[name] = [n for n in result.notices if n.status == "firing"]

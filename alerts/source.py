@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from alerts.outcome import StreamLagView, WindowValue
+from alerts.outcome import PatternMatch, StreamLagView, WindowValue
 from catalog import Catalog
 from query import compute, over, resolve_target
 from store import PaneStore
@@ -52,6 +52,13 @@ class StoreAlertData:
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return self.store.dead_letter_counts(start_ms, end_ms)
+
+    def pattern_matches(self, pattern: str, after_id: int, limit: int) -> list[PatternMatch]:
+        return [PatternMatch(m.id, m.key, m.decided_at_ms, m.events, m.measures, m.late)
+                for m in self.store.pattern_matches(pattern, after_id=after_id, limit=limit)]
+
+    def newest_match_id(self, pattern: str) -> int | None:
+        return self.store.pattern_newest_match_id(pattern)
 
     def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
         found = self.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, limit=10_000)

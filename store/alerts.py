@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS alert_notifier_memory (
     data TEXT NOT NULL,              -- what that notifier last delivered for the rule
     PRIMARY KEY (notifier, rule)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alert_cursors (
+    rule TEXT PRIMARY KEY,
+    cursor INTEGER NOT NULL          -- the last pattern match id a `pattern` rule has read
+) WITHOUT ROWID;
 """
 
 
@@ -122,6 +126,7 @@ class AlertStore(SideStore):
             _refuse_file_rule(name, row[0])
             self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
             self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
+            self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
         return True
 
     def set_silence(self, name: str, until_ms: int | None, *, now_ms: int) -> StoredRule | None:
@@ -151,6 +156,7 @@ class AlertStore(SideStore):
                 if source == "file" and name not in definitions:
                     self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
                     self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
+                    self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
 
     # -- instances and history ---------------------------------------------------------------
 
@@ -163,11 +169,18 @@ class AlertStore(SideStore):
                                           (rule,)).fetchall()
         return [json.loads(data) for (data,) in rows]
 
+    def cursor(self, rule: str) -> int | None:
+        """Where the rule's reading of an append-only feed (a pattern's matches) stopped; None: never read."""
+        with self._lock:
+            row = self._conn.execute("SELECT cursor FROM alert_cursors WHERE rule = ?", (rule,)).fetchone()
+        return None if row is None else int(row[0])
+
     def save_evaluation(self, rule: str, instances: Iterable[Mapping], transitions: Iterable[Mapping],
-                        *, now_ms: int) -> list[int]:
+                        *, now_ms: int, cursor: int | None = None) -> list[int]:
         """Replace the rule's instances with `instances` (each with 'fingerprint' and 'state') and
         append the transitions to the history, in one transaction; return the new history ids.
-        A rule deleted meanwhile saves nothing."""
+        `cursor` (pattern rules: the last match id read) is saved in the same transaction, so a
+        restart neither reads a match twice nor skips one. A rule deleted meanwhile saves nothing."""
         ids = []
         with self._lock, self._conn.transaction():
             if not self._conn.execute("SELECT 1 FROM alert_rules WHERE name = ?", (rule,)).fetchone():
@@ -179,6 +192,9 @@ class AlertStore(SideStore):
             for t in transitions:
                 ids.append(self._conn.insert_id("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
                                                 (rule, t["at_ms"], _dump(t))))
+            if cursor is not None:
+                self._conn.execute("INSERT INTO alert_cursors (rule, cursor) VALUES (?, ?)"
+                                   " ON CONFLICT (rule) DO UPDATE SET cursor = excluded.cursor", (rule, cursor))
             self._conn.execute("DELETE FROM alert_history WHERE at_ms < ?", (now_ms - self.history_retention_ms,))
         return ids
 

@@ -360,6 +360,10 @@ class PaneStore(ABC):
         """A pattern's matches in decided order after `after_id`, by key and decided_at in [start, end)."""
 
     @abstractmethod
+    def pattern_newest_match_id(self, pattern: str) -> int | None:
+        """The id of the pattern's newest match, None when it has none."""
+
+    @abstractmethod
     def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
         """A pattern's late events, newest first."""
 

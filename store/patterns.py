@@ -239,6 +239,13 @@ def matches_page(cursor, pattern: str, placeholder: str, *, key: str | None = No
             for i, p, k, d, e, m, late, b, at in cursor.fetchall()]
 
 
+def newest_match_id(cursor, pattern: str, placeholder: str) -> int | None:
+    """The id of the pattern's newest match (None: none yet): where a new reader of the matches starts."""
+    cursor.execute(f"SELECT MAX(id) FROM pattern_matches WHERE pattern = {placeholder}", (pattern,))
+    row = cursor.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def late_events(cursor, pattern: str, placeholder: str, limit: int = 100) -> list[tuple]:
     """A pattern's late events, newest first: (stream, partition, offset, time_ms, watermark_ms, batch_id)."""
     q = placeholder

@@ -449,6 +449,10 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return pattern_store.matches_page(self._conn.cursor(), pattern, "?", **filters)
 
+    def pattern_newest_match_id(self, pattern: str) -> int | None:
+        with self._lock:
+            return pattern_store.newest_match_id(self._conn.cursor(), pattern, "?")
+
     def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
         with self._lock:
             return pattern_store.late_events(self._conn.cursor(), pattern, "?", limit)

@@ -211,6 +211,8 @@ function describe(rule) { // one line saying what the rule watches
     case "dead_letters":
       return "dead letters/s" + (rule.stream ? " of " + rule.stream : "") + (rule.window ? " over " + rule.window : "") +
         (cmp || " > " + fmtValue(rule.threshold));
+    case "pattern":
+      return "each match of pattern " + rule.pattern;
     default:
       return rule.kind;
   }
@@ -311,7 +313,7 @@ function onRulesClick(ev) {
 
 // The definition fields the form edits; others (stale_after, lookback, no_data_state, ...) are kept
 // as they were when an API rule is edited without changing its kind.
-const FIELDS = ["name", "kind", "description", "metric", "stat", "stream", "window", "duration", "group_by", "filters", "against",
+const FIELDS = ["name", "kind", "description", "metric", "stat", "stream", "pattern", "window", "duration", "group_by", "filters", "against",
   "mode", "op", "threshold", "statuses", "for", "keep_firing_for", "interval", "provisional", "labels", "annotations"];
 
 function fieldBox(field) { return $("rule-editor").querySelector("[data-field='" + field + "']"); }
@@ -375,6 +377,7 @@ function formBody() {
   text("metric", "re-metric");
   text("stat", "re-stat");
   text("stream", "re-stream");
+  text("pattern", "re-pattern");
   text("window", "re-window");
   text("duration", "re-duration");
   if (shown("group_by") && $("re-group-by").value.trim()) body.group_by = parseList($("re-group-by").value);
@@ -445,6 +448,7 @@ function loadRule(rule) {
   set("re-metric", rule.metric);
   set("re-stat", rule.stat);
   set("re-stream", rule.stream || "");
+  set("re-pattern", rule.pattern);
   set("re-window", rule.window);
   set("re-duration", rule.duration);
   set("re-group-by", (rule.group_by || []).join(", "));

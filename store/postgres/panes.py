@@ -399,6 +399,10 @@ class PostgresPaneStore(PaneStore):
         with self._pool.connection() as conn, conn.cursor() as cur:
             return pattern_store.matches_page(cur, pattern, "%s", **filters)
 
+    def pattern_newest_match_id(self, pattern: str) -> int | None:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return pattern_store.newest_match_id(cur, pattern, "%s")
+
     def pattern_late(self, pattern: str, limit: int = 100) -> list[tuple]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return pattern_store.late_events(cur, pattern, "%s", limit)

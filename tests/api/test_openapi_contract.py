@@ -73,7 +73,7 @@ def test_request_bodies_are_documented(document):
     assert set(events) == {"application/json", "application/x-ndjson"}
     rule = paths["/api/v1/alerts/rules"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     kinds = {option["properties"]["kind"]["const"] for option in rule["oneOf"]}
-    assert kinds == {"threshold", "trend", "absence", "lag", "lag_status", "dead_letters"}
+    assert kinds == {"threshold", "trend", "absence", "lag", "lag_status", "dead_letters", "pattern"}
     silence = paths["/api/v1/alerts/rules/{name}/silence"]["post"]["requestBody"]["content"]["application/json"]
     assert silence["schema"]["required"] == ["duration"]
 

@@ -122,7 +122,8 @@ def test_rule_editor_creates_refuses_edits_and_deletes(alerting, watched_page, a
     for kind, shown, hidden in [("threshold", ["metric", "stat", "window", "op", "threshold"], ["stream", "statuses"]),
                                 ("absence", ["stream", "duration", "group_by"], ["metric", "threshold", "op"]),
                                 ("lag_status", ["statuses", "stream"], ["metric", "window", "threshold"]),
-                                ("trend", ["against", "mode", "metric"], ["duration"])]:
+                                ("trend", ["against", "mode", "metric"], ["duration"]),
+                                ("pattern", ["pattern", "keep_firing_for"], ["metric", "stream", "window", "threshold"])]:
         page.select_option("#re-kind", kind)
         for field in shown:
             assert page.locator(f"#rule-editor [data-field={field}]").is_visible(), (kind, field)
