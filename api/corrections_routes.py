@@ -11,9 +11,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query
 
 from api.context import ApiContext
-from api.errors import MAX_ID, bad_request, errors, param_error
+from api.errors import MAX_ID, bad_request, errors, optional_range
 from api.responses import CorrectionsOut, DeadLettersOut
-from catalog.times import BadParam, parse_instant_ms
 from catalog import Catalog, MetricDef
 from store import DEAD_LETTER_REASONS, Correction, PaneStore
 
@@ -109,13 +108,7 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> dict:
         stream, definition = _stream_and_metric(ctx.catalog, stream, metric)
         now = ctx.now_ms()
-        try:
-            start_ms = None if start is None else parse_instant_ms(start, now, "from")
-            end_ms = None if end is None else parse_instant_ms(end, now, "to")
-        except BadParam as exc:
-            raise param_error(exc) from None
-        if start_ms is not None and end_ms is not None and end_ms <= start_ms:
-            raise bad_request("to", f"to: 'to' ({end}) must be after 'from' ({start})")
+        start_ms, end_ms = optional_range(start, end, now)
         rows = ctx.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, after_id=after_id or 0,
                                      limit=limit, newest_first=after_id is None)
         return {"corrections": [correction_message(c, definition) for c in rows], "count": len(rows)}

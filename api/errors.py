@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.routing import compile_path
 
-from catalog.times import BadParam
+from catalog.times import BadParam, parse_instant_ms
 
 # SQLite's INTEGER and Spark's bigint: an id or offset above this cannot exist, and Python
 # would raise OverflowError binding it. Declared in the schema (le=) so the contract says so.
@@ -47,6 +47,19 @@ def param_error(exc: BadParam, status_code: int = 400) -> ParamHTTPError:
 
 def bad_request(param: str | None, detail: str) -> ParamHTTPError:
     return ParamHTTPError(400, param, detail)
+
+
+def optional_range(start: str | None, end: str | None, now_ms: int) -> tuple[int | None, int | None]:
+    """An optional `from`/`to` pair of a listing route as epoch ms (either may be left out), with
+    the 400s of a bad instant or a `to` not after `from`."""
+    try:
+        start_ms = None if start is None else parse_instant_ms(start, now_ms, "from")
+        end_ms = None if end is None else parse_instant_ms(end, now_ms, "to")
+    except BadParam as exc:
+        raise param_error(exc) from None
+    if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+        raise bad_request("to", f"to: 'to' ({end}) must be after 'from' ({start})")
+    return start_ms, end_ms
 
 
 def answered(call, *args, invalid: type[Exception], conflict: type[Exception]):

@@ -15,9 +15,8 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from api.context import ApiContext
-from api.errors import bad_request, errors, param_error
+from api.errors import bad_request, errors, optional_range
 from catalog.patterns import match_metric_names, matches_stream_name
-from catalog.times import BadParam, parse_instant_ms
 
 MAX_PAGE = 1000
 
@@ -83,13 +82,7 @@ def router(ctx: ApiContext) -> APIRouter:
                 raise bad_request("cursor", f"cursor: {cursor!r} is not a cursor this route gave (next_cursor)")
             after = int(cursor)
         now = ctx.now_ms()
-        try:
-            start_ms = None if start is None else parse_instant_ms(start, now, "from")
-            end_ms = None if end is None else parse_instant_ms(end, now, "to")
-        except BadParam as exc:
-            raise param_error(exc) from None
-        if start_ms is not None and end_ms is not None and end_ms <= start_ms:
-            raise bad_request("to", f"to: 'to' ({end}) must be after 'from' ({start})")
+        start_ms, end_ms = optional_range(start, end, now)
         found = ctx.store.pattern_matches(name, key=key, start_ms=start_ms, end_ms=end_ms, after_id=after, limit=limit)
         return MatchesPage(pattern=name, matches=[MatchOut(id=m.id, key=m.key, decided_at_ms=m.decided_at_ms,
                                                            events=m.events, measures=m.measures, late=m.late,
