@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from catalog import Catalog
+from catalog.dependents import stream_dependents
 from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
@@ -275,6 +276,11 @@ class ReprocessService:
                 " a run that has caught up with the log's end as of its start")
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
+        dependents = stream_dependents(self.catalog, run.stream)
+        if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
+            raise SwitchRefused(
+                f"stream {run.stream!r} also feeds {', '.join(dependents)}, whose state a run does not rebuild yet:"
+                " a switch would leave it built the old way and feed it the records since the run's end again")
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         now = self._now_ms()

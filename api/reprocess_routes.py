@@ -124,8 +124,8 @@ def router(service: ReprocessService) -> APIRouter:
     @r.post("/{run_id}/switch", response_model=SwitchOut,
             summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
                     " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
-            responses=errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, or"
-                             " its output is gone"))
+            responses=errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
+                             " output is gone, or the stream feeds a join, pattern, view or enrichment"))
     async def switch(run_id: str) -> dict:
         def answer() -> dict:
             try:

@@ -133,11 +133,19 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         if pipeline is not None and pipeline.store is not root:
             pipeline.store.close()
     definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
+    switched = None
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
     if settings.reprocess_auto_switch:
-        switched = service.switch(run.id)
+        from aggregates.reprocess import SwitchRefused
+
+        try:
+            switched = service.switch(run.id)
+        except SwitchRefused as exc:  # e.g. the stream feeds a join: said, the run stays for a switch by hand
+            print(f"reprocess_auto_switch: not switched: {exc}", file=out, flush=True)
+            switched = None
+    if switched is not None:
         print(f"reprocess_auto_switch: stream {stream!r} is now served from version {short_version(run.version)};"
               f" the replaced output is kept as {switched['previous']!r} (switch to it to switch back)",
               file=out, flush=True)

@@ -35,7 +35,11 @@ STREAM_TABLES = (
     "panes", "pane_sketches", "stream_progress", "dead_letter_counts", "dead_letters", "corrections",
     "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_sketches", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
+    "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
 )
+# Not here, keyed by another name (catalog/dependents.py: a switch of a stream feeding them is
+# refused): join_*, pattern_*, view_* state, and table_versions (a table's row versions, built by
+# whichever pipeline enriches a stream from the table, not by the table's own output).
 # Keys the store numbers itself: a copy gets new ones (the correction ids readers page by stay increasing).
 _NUMBERED = {"dead_letters": "id", "corrections": "id"}
 

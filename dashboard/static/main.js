@@ -7,6 +7,7 @@
 import "./auth.js"; // first: every fetch below carries the token
 import "./membership.js";
 import "./alerts.js";
+import "./reprocess.js";
 import { $, call, parseDuration } from "./util.js";
 import { Connection } from "./connection.js";
 import { Dashboards } from "./panels.js";

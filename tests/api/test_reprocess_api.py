@@ -197,3 +197,33 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
         for r in ctx.reprocess.runs():
             ctx.reprocess.outputs.storage.drop(r.id)
         ctx.store.close()
+
+
+def test_switch_of_a_stream_feeding_a_join_is_a_409_naming_the_join(tmp_path):
+    """catalog/dependents.py: the join's state is keyed by its name; the route says so, no 500."""
+    joined = {"streams": {**OLD["streams"], "clicks": {"key_field": "user"}},
+              "joins": [{"name": "http_clicks", "left": {"stream": "http", "key": "user"},
+                         "right": {"stream": "clicks", "key": "user"}, "within": "5m"}],
+              "metrics": OLD["metrics"]}
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(joined))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    root.close()
+    config.write_text(yaml.safe_dump({**joined, "streams": {**joined["streams"], "http": NEW["streams"]["http"]}}))
+    app, ctx = build_api(settings)
+    ctx.reprocess.launch = lambda run: None
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            run = client.post("/api/v1/reprocess", json={"stream": "http"}, headers=ADMIN).json()
+            open_store(settings, run["id"]).close()  # its output is there (empty)
+            ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
+            refused = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert refused.status_code == 409 and refused.json()["param"] == "run_id"
+            assert "'http' also feeds join 'http_clicks'" in refused.json()["detail"]
+    finally:
+        ctx.reprocess.close_outputs()
+        for r in ctx.reprocess.runs():
+            ctx.reprocess.outputs.storage.drop(r.id)
+        ctx.store.close()

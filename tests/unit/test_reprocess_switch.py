@@ -4,6 +4,8 @@ aggregates/reprocess.py; the Spark side is tests/spark/test_reprocess.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from aggregates.checkpoint_moves import move_offsets
@@ -19,6 +21,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
+from store.table_versions import EnrichmentCommit
 from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
 
 NOW = 1_800_000_000_000
@@ -138,6 +141,70 @@ def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(sett
             service.outputs.storage.drop(r.id)
         log.close()
         root.close()
+
+
+def switch_fixture(settings, old: Catalog, new: Catalog, root_misses: int, run_misses: int):
+    """The root serving `old`'s http (with that many enrichment misses), a caught-up run of `new`'s."""
+    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(replace(batch("main", 0, {("/a",): 5}, {0: 5}, old),
+                              enrichment=EnrichmentCommit({}, {}, {("http", "users"): root_misses})), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(replace(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new),
+                                enrichment=EnrichmentCommit({}, {}, {("http", "users"): run_misses})), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    return root, log, service, run
+
+
+def close_fixture(root, log, service) -> None:
+    for r in service.runs():
+        service.outputs.storage.drop(r.id)
+    log.close()
+    root.close()
+
+
+def test_a_switch_moves_the_streams_enrichment_misses_with_its_panes(settings):
+    """The misses count the stream's events enriched with "": a counter of its output like the
+    dead letters, so the served one must be the run's, and the replaced one kept with its output."""
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    root, log, service, run = switch_fixture(settings, old, new, root_misses=4, run_misses=1)
+    try:
+        switched = service.switch(run.id)
+        assert root.progress("main").streams["http"].enrich_misses == {"users": 1}
+        kept = open_store(settings, switched["previous"])
+        assert kept.progress("main").streams["http"].enrich_misses == {"users": 4}
+        kept.close()
+        service.switch(switched["previous"])  # and back
+        assert root.progress("main").streams["http"].enrich_misses == {"users": 4}
+    finally:
+        close_fixture(root, log, service)
+
+
+JOINED = {"streams": {**NEW["streams"], "clicks": {"key_field": "user", "dimensions": ["button"]}},
+          "joins": [{"name": "http_clicks", "left": {"stream": "http", "key": "user"},
+                     "right": {"stream": "clicks", "key": "user"}, "within": "5m"}],
+          "metrics": NEW["metrics"]}
+
+
+def test_a_switch_of_a_stream_feeding_a_join_is_refused_and_changes_nothing(settings):
+    """The join's state and output are keyed by the join's name: a run does not rebuild them, and
+    the moved offsets would feed the join the records since the run's end a second time."""
+    old, new = Catalog(**OLD), Catalog(**JOINED)
+    root, log, service, run = switch_fixture(settings, old, new, root_misses=0, run_misses=0)
+    try:
+        with pytest.raises(SwitchRefused, match="'http' also feeds join 'http_clicks'"):
+            service.switch(run.id)
+        assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
+        assert service.serving_version("http") == definition_version(old.streams["http"])
+        assert service.definitions.offset_moves("main") == {}
+    finally:
+        close_fixture(root, log, service)
 
 
 def test_a_checkpoint_move_settles_the_last_batch_then_logs_the_moved_offsets(tmp_path):
