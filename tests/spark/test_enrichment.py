@@ -27,13 +27,10 @@ from api.context import ApiContext
 from catalog import parse_catalog
 from ingest.events import EventValidator
 from ingest.tables import TableRowValidator
+from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
 
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.parametrize(("log_backend", "store_backend"), [("embedded", "sqlite")], indirect=True,
-                            scope="module", ids=["embedded"]),
-]
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]  # the versions store on PostgreSQL: tests/unit/test_enrichment.py
 
 CONFIG = """
 streams:

@@ -14,12 +14,12 @@ from catalog import parse_catalog
 from patterns.events import PatternEvent
 from patterns.plan import compile_pattern
 from store import patterns as store_patterns
-from tests.log_backends import ON_BOTH_STACKS
+from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
 from tests.spark.test_pipeline import Service
 from tests.support.patterns import brute_force
 
-pytestmark = [pytest.mark.spark, ON_BOTH_STACKS]
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]  # the pattern store on PostgreSQL: tests/unit/test_pattern_store.py
 
 MIN = 60_000
 SPAN = 30 * MIN

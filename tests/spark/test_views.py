@@ -21,10 +21,10 @@ from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
+from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
 
-pytestmark = [pytest.mark.spark, pytest.mark.parametrize(("log_backend", "store_backend"), [("embedded", "sqlite")],
-                                                         indirect=True)]
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]  # the view store on PostgreSQL: tests/unit/test_view_state_store.py
 
 CONFIG = """
 streams:
