@@ -63,6 +63,7 @@ class DemoProducer:
         self._started = 0.0
         self._down = False
         self._reported: set[str] = set()
+        self._announced: set[str] = set()  # tables whose initial load was reported
         self._spike_phase = [_BEFORE] * len(traffic.spikes)
 
     def summary(self) -> dict[str, Any]:
@@ -98,8 +99,12 @@ class DemoProducer:
                 self.report_spikes(self.traffic.clock())  # before sending: the line precedes the slow events
                 # Table rows first (all users at the first tick): events are enriched as of their time.
                 for table, rows in self.traffic.table_changes().items():
+                    first, self._announced = table not in self._announced, self._announced | {table}
                     for i in range(0, len(rows), self.batch_max):
                         self._post(client, table, rows[i : i + self.batch_max], stop, deadline, table=True)
+                    if first:
+                        self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded;"
+                                  " changes follow every few seconds")
                 if n:
                     for stream, events in self.traffic.generate(n).items():
                         for i in range(0, len(events), self.batch_max):
