@@ -80,8 +80,7 @@ def test_shipped_config_loads() -> None:
     assert orders.partitions == 2
     assert set(catalog.metrics) == {"requests", "latency", "response_size", "orders", "order_amount", "order_items",
                                     "new_users", "screen_views", "screen_time",
-                                    "searches", "search_results", "clicks", "click_position",
-                                    "user_changes"} | {
+                                    "searches", "search_results", "clicks", "click_position"} | {
         f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")} | {
         f"search_clicks_{v}" for v in ("searches", "pairs", "clicked", "latency", "unmatched_right")}
     mobile = catalog.stream("mobile_app")
