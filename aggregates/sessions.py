@@ -59,8 +59,10 @@ class SessionPipeline(ReportsStoreErrors):
         # Store commits retried while the storage fails, reported under the serving pipeline's name
         # (the one the API shows) with this query's name in the message.
         self.committer = StoreCommitter(store, self.name, self.gate, log=log, clock=clock, reported_as=config.name)
-        # The source reads only this stream; the aggregation knows only the derived stream.
-        self.source_catalog = Catalog(streams={stream: source.model_copy(update={"sessions": None})})
+        # The source reads only this stream; the aggregation knows only the derived stream. Without
+        # its `enrich`: the tables are not in this catalog, and sessions carry no dimension of the
+        # parent (the dimensions stay, so the log's columns read the same).
+        self.source_catalog = Catalog(streams={stream: source.model_copy(update={"sessions": None, "enrich": ()})})
         self.derived_catalog = Catalog(streams={self.derived.name: self.derived})
         self.last_result: CommitResult | None = None
         self.last_watermark_ms: int | None = None

@@ -16,6 +16,7 @@ import httpx
 from demo.traffic import DemoTraffic
 
 INGEST_PATH = "/api/v1/events"
+TABLES_PATH = "/api/v1/tables"  # + /{name}: a table's rows (the demo's users, demo/users.py)
 
 
 _BEFORE, _DURING, _AFTER = range(3)  # where a producer's clock stands against a spike's window
@@ -58,9 +59,11 @@ class DemoProducer:
         self.requests = 0      # requests answered 200
         self.errors = 0        # failed requests: connection errors and non-200 answers
         self.by_stream: dict[str, int] = {}
+        self.table_rows: dict[str, int] = {}  # rows per table the service accepted (upserts)
         self._started = 0.0
         self._down = False
         self._reported: set[str] = set()
+        self._announced: set[str] = set()  # tables whose initial load was reported
         self._spike_phase = [_BEFORE] * len(traffic.spikes)
 
     def summary(self) -> dict[str, Any]:
@@ -75,6 +78,7 @@ class DemoProducer:
             "seconds": round(seconds, 3),
             "events_per_s": round(self.sent / seconds, 1) if seconds > 0 else 0.0,
             "by_stream": dict(self.by_stream),
+            "table_rows": dict(self.table_rows),
         }
 
     def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
@@ -93,6 +97,14 @@ class DemoProducer:
                 last = now
                 n, owed = int(owed), owed - int(owed)
                 self.report_spikes(self.traffic.clock())  # before sending: the line precedes the slow events
+                # Table rows first (all users at the first tick): events are enriched as of their time.
+                for table, rows in self.traffic.table_changes().items():
+                    first, self._announced = table not in self._announced, self._announced | {table}
+                    for i in range(0, len(rows), self.batch_max):
+                        self._post(client, table, rows[i : i + self.batch_max], stop, deadline, table=True)
+                    if first:
+                        self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded;"
+                                  " changes follow every few seconds")
                 if n:
                     for stream, events in self.traffic.generate(n).items():
                         for i in range(0, len(events), self.batch_max):
@@ -127,7 +139,7 @@ class DemoProducer:
 
     def _post(
         self, client: httpx.Client, stream: str, events: list[dict],
-        stop: threading.Event, deadline: float | None,
+        stop: threading.Event, deadline: float | None, table: bool = False,
     ) -> None:
         body = json.dumps(events, separators=(",", ":")).encode()
         # Every try of this body carries one key: a retry after a timeout whose first try did
@@ -139,7 +151,10 @@ class DemoProducer:
                 self.dropped += len(events)
                 return
             try:
-                resp = client.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
+                if table:
+                    resp = client.post(f"{TABLES_PATH}/{stream}", content=body, headers=headers)
+                else:
+                    resp = client.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
             except httpx.TransportError as exc:
                 # Connection refused while the service starts, or a timeout: wait and retry.
                 self.errors += 1
@@ -153,13 +168,16 @@ class DemoProducer:
                 self._down = False
                 self._say(f"demo: connected to {self.base_url}")
             if resp.status_code == 200:
-                self._count(stream, events, resp)
+                if table:
+                    self._count_rows(stream, events, resp)
+                else:
+                    self._count(stream, events, resp)
                 return
             self.errors += 1
             if resp.status_code == 413 and len(events) > 1:
                 half = len(events) // 2  # body over the limit: send it in halves
-                self._post(client, stream, events[:half], stop, deadline)
-                self._post(client, stream, events[half:], stop, deadline)
+                self._post(client, stream, events[:half], stop, deadline, table)
+                self._post(client, stream, events[half:], stop, deadline, table)
                 return
             if resp.status_code in self.RETRY_STATUSES:
                 stop.wait(backoff)
@@ -187,6 +205,21 @@ class DemoProducer:
         for item in rejected[:1]:  # the first reason of a kind tells what is wrong
             reason = item.get("reason") if isinstance(item, dict) else item
             self._say_once(f"demo: {stream}: event rejected: {reason}")
+
+    def _count_rows(self, table: str, rows: list[dict], resp: httpx.Response) -> None:
+        # Not in `sent`/`accepted` (those count events): a table's rows are changes of its state.
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        rejected = answer.get("rejected") if isinstance(answer.get("rejected"), list) else []
+        upserts = answer.get("upserts") if isinstance(answer.get("upserts"), int) else len(rows) - len(rejected)
+        self.requests += 1
+        self.table_rows[table] = self.table_rows.get(table, 0) + upserts
+        for item in rejected[:1]:
+            reason = item.get("reason") if isinstance(item, dict) else item
+            self._say_once(f"demo: table {table}: row rejected: {reason}")
 
     def _say(self, line: str) -> None:
         print(line, file=self.out, flush=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from catalog import Catalog, StreamDef
+from catalog.tables import row_columns
 from demo.shapes import (
     BURST_MAX,
     BURST_MIN,
@@ -47,6 +48,7 @@ from demo.devices import DeviceFleet
 from demo.searches import SearchClicks, run_id
 from demo.spikes import LatencySpike
 from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, OFFLINE, ON_TIME, Stragglers
+from demo.users import UserTable
 
 
 class DemoTraffic:
@@ -69,6 +71,9 @@ class DemoTraffic:
         self._customer_ids = [f"c{i:05d}" for i in ids[:CUSTOMER_POPULATION]]
         self.fleet = DeviceFleet(seed)  # the mobile app's devices and their clocks
         self.search_clicks = self._search_model(catalog, seed)  # searches and the clicks on their results
+        # The `users` table's rows and plan changes (demo/users.py), when the catalog declares it.
+        self.user_table = UserTable(seed, self._user_ids) if self._has_user_table(catalog) else None
+        self._tables_started = False
 
     # -- rate shape ---------------------------------------------------------------------
 
@@ -113,12 +118,39 @@ class DemoTraffic:
         for name in self.catalog.streams:
             if self.catalog.streams[name].derived_from:  # e.g. <stream>_sessions: made by the pipeline
                 continue
+            if self.catalog.streams[name].kind == "table":  # rows, not events: table_changes()
+                continue
             if name == "searches":  # its own RNG: the other streams' draws are what they were before it
                 count = self.search_clicks.count(n, SEARCH_RATIO)
             else:
                 count = int(self._rng.binomial(n, ratios[name])) if name in ratios else n
             out[name] = self.generate_stream(name, count)
         return out
+
+    def table_changes(self) -> dict[str, list[dict]]:
+        """Rows per table to post (POST /api/v1/tables/{name}) by the clock: on the first call every
+        user's row (the initial load), then the plan changes and sign-ups due since the last call."""
+        if self.user_table is None:
+            return {}
+        now_ms = int(self.clock() * 1000)
+        if not self._tables_started:
+            self._tables_started = True
+            rows = self.user_table.initial(now_ms)
+        else:
+            rows = self.user_table.due(now_ms)
+        fields = set(self._table_fields(self.catalog.streams["users"]))
+        return {"users": [{k: v for k, v in row.items() if k in fields} for row in rows]} if rows else {}
+
+    @staticmethod
+    def _has_user_table(catalog: Catalog) -> bool:
+        # Another configuration's `users` (not a table, or keyed otherwise) gets no rows from the demo.
+        users = catalog.streams.get("users")
+        return users is not None and users.kind == "table" and users.key_field == "user_id"
+
+    @staticmethod
+    def _table_fields(table: StreamDef) -> tuple[str, ...]:
+        dimensions, values = row_columns(table)  # without the implicit `op`, which Sketchboard sets
+        return (table.time_field, table.key_field or "", *dimensions, *values)
 
     def generate_stream(self, name: str, n: int) -> list[dict]:
         """n events for one stream, with exactly its declared fields.
@@ -307,8 +339,9 @@ class DemoTraffic:
             prefix = uuid.uuid4().hex[:16]
             columns[stream.event_id_field] = [f"{prefix}-{i}" for i in range(n)]
         keyed = set(stream.distinct_fields) | ({stream.key_field} if stream.key_field else set())
+        enriched = set(stream.enriched_dimensions)  # set by the pipeline's lookup, not sent
         for field in stream.string_fields:
-            if field not in columns:
+            if field not in columns and field not in enriched:
                 columns[field] = strings.get(field) or self._generic_strings(field, n, field in keyed)
         for field in stream.values:
             if field not in columns:

@@ -55,6 +55,8 @@ def config_error(text: str, source: str = "streams.yaml") -> str:
 def test_shipped_config_loads() -> None:
     catalog = load_catalog(CONFIG)
     assert set(catalog.streams) == {"http_requests", "orders", "mobile_app", "searches", "clicks",
+                                    # the changelog table http_requests is enriched from:
+                                    "users",
                                     # and the generated session streams:
                                     "http_requests_sessions", "mobile_app_sessions",
                                     # and the derived stream of the window join `search_clicks`:
@@ -63,13 +65,16 @@ def test_shipped_config_loads() -> None:
     assert http.name == "http_requests"
     assert http.time_field == "time"
     assert http.key_field == "user_id"
-    assert http.dimensions == ("endpoint", "method", "status", "region")
+    # with plan and country looked up in the users table (enrich):
+    assert http.dimensions == ("endpoint", "method", "status", "region", "plan", "country")
+    assert [(e.table, e.by, e.columns) for e in http.enrich] == [("users", "user_id", ("plan", "country"))]
+    assert catalog.stream("users").kind == "table" and catalog.stream("users").dimensions == ("op", "plan", "country")
     assert http.values == ("latency_ms", "response_bytes")
     assert http.distinct_fields == ("user_id",)
     assert http.pane == 10_000
     assert http.allowed_lateness == 30_000
     assert http.partitions == 4
-    assert http.string_fields == ("endpoint", "method", "status", "region", "user_id")
+    assert http.string_fields == ("endpoint", "method", "status", "region", "plan", "country", "user_id")
     orders = catalog.stream("orders")
     assert orders.allowed_lateness == 60_000
     assert orders.partitions == 2

@@ -34,13 +34,15 @@ def sample(catalog: Catalog) -> dict[str, list[dict]]:
 
 
 def _check_types(stream, events: list[dict]) -> None:
-    declared = {stream.time_field, *stream.string_fields, *stream.values,
+    # Not the enriched dimensions (http_requests' plan and country): the pipeline looks them up.
+    sent = [f for f in stream.string_fields if f not in stream.enriched_dimensions]
+    declared = {stream.time_field, *sent, *stream.values,
                 *([stream.sent_time_field] if stream.sent_time_field else [])}
     for event in events:
         assert set(event) == declared
         assert json.loads(json.dumps(event)) == event
         assert type(event[stream.time_field]) is int
-        for name in stream.string_fields:
+        for name in sent:
             assert type(event[name]) is str and event[name]
         for name in stream.values:
             assert type(event[name]) in (int, float)
@@ -202,11 +204,17 @@ def test_producer_posts_json_arrays_per_stream(catalog):
         producer = DemoProducer(
             f"http://127.0.0.1:{server.server_address[1]}", traffic, rate=500.0, progress_every_s=0.5, out=out
         )
-        summary = producer.run(duration_s=1.0)
+        summary = producer.run(duration_s=2.0)  # the users' initial load (100 bodies) first, then events
     finally:
         server.shutdown()
         server.server_close()
     assert server.posts
+    # The users table's rows come first (all users, then plan changes: demo/users.py), then events.
+    tables = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/users"]
+    assert server.posts[0][0] == "/api/v1/tables/users" and tables
+    assert all(set(row) == {"time", "user_id", "plan", "country"} for body in tables for row in body)
+    assert summary["table_rows"] == {"users": sum(len(body) for body in tables)} and len(tables[0]) == 500
+    server.posts = [p for p in server.posts if p[0] != "/api/v1/tables/users"]
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
         assert stream in ("http_requests", "orders", "mobile_app", "searches", "clicks")
@@ -214,8 +222,8 @@ def test_producer_posts_json_arrays_per_stream(catalog):
         assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
         _check_types(catalog.stream(stream), body)
     posted = sum(len(body) for _, _, body, _ in server.posts)
-    # 500/s x the daily shape (0.4..3.9) for ~1 s, less the first tick.
-    assert 100 <= posted <= 4_500
+    # 500/s x the daily shape (0.4..3.9) for ~2 s, less the first tick and the table's load.
+    assert 100 <= posted <= 9_000
     assert summary["sent"] == summary["accepted"] == posted
     assert summary["errors"] == 0 and summary["rejected"] == 0
     assert "demo: sent " in out.getvalue() and "errors 0" in out.getvalue()
@@ -246,8 +254,9 @@ def test_producer_retries_a_body_with_the_same_idempotency_key(catalog):
     server = _serve(_free_port())
     server.fail_first_try = True
     try:
-        producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", DemoTraffic(catalog, seed=1),
-                                rate=200.0, out=io.StringIO())
+        traffic = DemoTraffic(catalog, seed=1)
+        traffic.user_table = None  # events only: the users' initial load (100 bodies, each tried twice) takes the second
+        producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", traffic, rate=200.0, out=io.StringIO())
         producer.BACKOFF_START_S = 0.01
         summary = producer.run(duration_s=1.0)
     finally:
