@@ -64,7 +64,7 @@ def run_lag_scenario(service: Service, observe: Callable[..., None] = lambda pha
         series = later["series"]["streams"]["orders"]
         assert series[-1]["lag_events"] > series[0]["lag_events"]
         query = service.get("/api/v1/pipeline")["health"]["query"]
-        assert query["running"] is False and query["last_error"] is None and query["terminated_at_ms"]
+        assert query["running"] is False and query["last_error"] is None and query["terminated_at_ms"], query
         families = {f.name: f for f in text_string_to_metric_families(service.http.get("/metrics").text)}
         states = {(s.labels["stream"], s.labels["partition"]) for s in families["sketchboard_lag_status"].samples
                   if s.value == 1 and s.labels["sketchboard_lag_status"] == "STOP"}
