@@ -15,7 +15,7 @@ import warnings
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from api.app import create_app
@@ -82,6 +82,9 @@ def records_frame(spark, values: list[bytes]):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(values=values)
+# Found by a fresh-clone run: a row without `amount` beside one with 0.0 (the oracle's sort failed).
+@example(values=[b' {"time": 1794999600000, "customer_id": "0"}',
+                 b' {"time": 1794999600000, "customer_id": "0", "amount": 0.0}'])
 def test_fast_path_vouches_only_for_what_the_api_accepts_and_reads_it_alike(values, spark, tmp_path_factory,
                                                                             demo_catalog):
     stream = demo_catalog.stream(STREAM)
@@ -114,9 +117,10 @@ def test_fast_path_vouches_only_for_what_the_api_accepts_and_reads_it_alike(valu
         assert answer.status_code == 200, answer.text
         assert {r["index"]: r["reason"] for r in answer.json()["rejected"]} == {
             r["offset"]: r["error"] for r in both if r["error"] is not None}
-        api_rows = sorted(row_of(r) for p, o in log.offsets(STREAM).items()
-                          for b in read_slice(log, stream, p, o.start, o.end) for r in b.to_pylist())
-        assert api_rows == sorted(row_of(r) for r in both if r["error"] is None)
+        # Sorted by repr: a row missing a value (None) beside one with 0.0 cannot be compared as tuples.
+        api_rows = sorted((row_of(r) for p, o in log.offsets(STREAM).items()
+                           for b in read_slice(log, stream, p, o.start, o.end) for r in b.to_pylist()), key=repr)
+        assert api_rows == sorted((row_of(r) for r in both if r["error"] is None), key=repr)
     finally:
         client.close()
         store.close()
