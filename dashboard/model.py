@@ -109,9 +109,11 @@ def check_panel(panel: Panel, catalog: Catalog, where: str) -> None:
         raise DashboardError(f"{where}.window", "shorter than the step")
 
 
-def generated_dashboard(catalog: Catalog, name: str = "metrics") -> Dashboard:
+def generated_dashboards(catalog: Catalog, name: str = "metrics") -> list[Dashboard]:
     """What a configuration with no dashboard opens with: one panel per metric of the catalog,
-    the percentile band of a value, the rate of the others."""
+    the percentile band of a value, the rate of the others. A dashboard holds at most MAX_PANELS
+    panels (one websocket subscription each), so a catalog with more metrics gets more pages:
+    `metrics`, `metrics-2`, `metrics-3`... in catalog order, each titled with its page."""
     panels = []
     for metric in catalog.metrics.values():
         unit = f" ({metric.unit})" if metric.unit else ""
@@ -121,8 +123,16 @@ def generated_dashboard(catalog: Catalog, name: str = "metrics") -> Dashboard:
             panels.append(Panel(title=f"{metric.name}: first seen", metric=metric.name, stat="first_seen", kind="bar"))
         else:
             panels.append(Panel(title=f"{metric.name} (/s)", metric=metric.name, stat="rate"))
-    return Dashboard(name=name, title="All metrics", description="generated from the catalog: one panel per metric",
-                     panels=panels)
+    pages = [panels[i:i + MAX_PANELS] for i in range(0, len(panels), MAX_PANELS)] or [[]]
+    return [Dashboard(name=name if n == 1 else f"{name}-{n}",
+                      title="All metrics" if len(pages) == 1 else f"All metrics ({n}/{len(pages)})",
+                      description="generated from the catalog: one panel per metric", panels=page)
+            for n, page in enumerate(pages, start=1)]
+
+
+def generated_dashboard(catalog: Catalog, name: str = "metrics") -> Dashboard:
+    """The first page of generated_dashboards (all of it while the catalog has at most MAX_PANELS metrics)."""
+    return generated_dashboards(catalog, name)[0]
 
 
 def definition(dashboard: Dashboard) -> dict:

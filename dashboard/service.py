@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog import Catalog
-from dashboard.model import Dashboard, DashboardError, definition, generated_dashboard, parse_dashboard
+from dashboard.model import Dashboard, DashboardError, definition, generated_dashboards, parse_dashboard
 from store.dashboards import DashboardConflict, DashboardStore, StoredDashboard
 
 GENERATED = "generated"  # the source of the dashboard made from the catalog (not stored)
@@ -26,17 +26,18 @@ class DashboardService:
     def sync_files(self, dashboards: Mapping[str, Dashboard]) -> None:
         self.store.sync_files({name: definition(d) for name, d in dashboards.items()}, now_ms=self.now_ms())
 
-    def generated(self) -> StoredDashboard:
-        return StoredDashboard(GENERATED_NAME, definition(generated_dashboard(self.catalog, GENERATED_NAME)),
-                               GENERATED, 0, 0)
+    def generated(self) -> list[StoredDashboard]:
+        """The generated pages (more than one when the catalog has more metrics than a dashboard's panels)."""
+        return [StoredDashboard(d.name, definition(d), GENERATED, 0, 0)
+                for d in generated_dashboards(self.catalog, GENERATED_NAME)]
 
     def dashboards(self) -> list[StoredDashboard]:
-        return self.store.dashboards() or [self.generated()]
+        return self.store.dashboards() or self.generated()
 
     def dashboard(self, name: str) -> StoredDashboard | None:
         found = self.store.dashboard(name)
-        if found is None and name == GENERATED_NAME and not self.store.dashboards():
-            return self.generated()
+        if found is None and not self.store.dashboards():
+            return next((d for d in self.generated() if d.name == name), None)
         return found
 
     def create(self, data: Any) -> StoredDashboard:

@@ -164,3 +164,28 @@ def test_wiring_provisions_the_demo_overview_and_generates_one_for_another_confi
         (generated,) = client.get("/api/v1/dashboards").json()["dashboards"]
         assert generated["source"] == "generated"
         assert [p["metric"] for p in generated["panels"]] == ["readings", "reading_value"]
+
+
+def test_a_configuration_with_more_metrics_than_a_dashboard_holds_gets_generated_pages(tmp_path, monkeypatch):
+    """25 metrics and no dashboard answered 500 (a generated dashboard over its panel limit)."""
+    from dashboard.model import MAX_PANELS
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    monkeypatch.chdir(tmp_path)
+    metrics = "".join(f"  m{i}: {{stream: s}}\n" for i in range(MAX_PANELS + 1))
+    config = tmp_path / "many" / "streams.yaml"
+    config.parent.mkdir()
+    config.write_text(f"streams:\n  s: {{time_field: ts, dimensions: [d]}}\nmetrics:\n{metrics}")
+    app, ctx = build_api(Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        listed = client.get("/api/v1/dashboards")
+        assert listed.status_code == 200, listed.text
+        first, second = listed.json()["dashboards"]
+        assert (first["name"], second["name"]) == ("metrics", "metrics-2")
+        assert [p["metric"] for p in first["panels"] + second["panels"]] == list(ctx.catalog.metrics)
+        assert client.get("/api/v1/dashboards/metrics-2").json() == second
+        assert client.get("/api/v1/dashboards/metrics-3").status_code == 404
+        # Saving a page keeps it; from then on the saved one is all there is.
+        assert client.put("/api/v1/dashboards/metrics-2", json=second).status_code in (200, 201)
+        assert [d["name"] for d in client.get("/api/v1/dashboards").json()["dashboards"]] == ["metrics-2"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from catalog import load_catalog
-from dashboard.model import DashboardError, definition, generated_dashboard, parse_dashboard
+from catalog.loader import parse_catalog
+from dashboard.model import MAX_PANELS, DashboardError, definition, generated_dashboard, generated_dashboards, parse_dashboard
 from dashboard.provisioning import load_dashboards_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,24 @@ def test_the_generated_dashboard_has_a_panel_per_metric():
     assert [(p.metric, p.stat, p.kind) for p in d.panels] == [("readings", "rate", "line"),
                                                               ("reading_value", "band", "area")]
     parse_dashboard(definition(d), SENSORS)  # valid as it is
+
+
+def many_metrics_catalog(n: int):
+    metrics = "".join(f"  m{i}: {{stream: s, value: v}}\n" if i % 2 else f"  m{i}: {{stream: s}}\n" for i in range(n))
+    return parse_catalog("streams:\n  s: {time_field: ts, dimensions: [d], values: [v]}\nmetrics:\n" + metrics)
+
+
+@pytest.mark.parametrize("n, pages", [(MAX_PANELS, 1), (MAX_PANELS + 1, 2), (2 * MAX_PANELS + 5, 3)])
+def test_a_catalog_with_more_metrics_than_a_dashboards_panels_gets_more_generated_pages(n, pages):
+    catalog = many_metrics_catalog(n)
+    generated = generated_dashboards(catalog)
+    assert [d.name for d in generated] == ["metrics", *[f"metrics-{i}" for i in range(2, pages + 1)]]
+    assert [p.metric for d in generated for p in d.panels] == list(catalog.metrics)  # each metric once, in order
+    assert all(len(d.panels) <= MAX_PANELS for d in generated)
+    assert generated[0].title == ("All metrics" if pages == 1 else f"All metrics (1/{pages})")
+    for d in generated:
+        parse_dashboard(definition(d), catalog)  # each page valid as it is
+    assert generated_dashboard(catalog) == generated[0]
 
 
 def test_the_folders_files_are_named_after_them_and_a_bad_one_names_its_file(tmp_path):
