@@ -91,6 +91,25 @@ def progress_line(run: ReprocessRun, progress: Progress) -> str:
             f"  {progress.done}/{progress.to_do} offsets  {rate} events/s  ETA {eta}  {parts}")
 
 
+def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun, out: TextIO) -> dict | None:
+    """With `reprocess_auto_switch` on, a run that has caught up becomes the served output at once
+    (what POST /api/v1/reprocess/{id}/switch does); a refused switch is said and the run stays
+    caught up for a switch by hand. Returns the switch's answer, or None."""
+    if not settings.reprocess_auto_switch:
+        return None
+    from aggregates.reprocess import SwitchRefused
+
+    try:
+        switched = service.switch(run.id)
+    except SwitchRefused as exc:  # e.g. the stream feeds a join: said, the run stays for a switch by hand
+        print(f"reprocess_auto_switch: not switched: {exc}", file=out, flush=True)
+        return None
+    print(f"reprocess_auto_switch: stream {run.stream!r} is now served from version {short_version(run.version)};"
+          f" the replaced output is kept as {switched['previous']!r} (switch to it to switch back)",
+          file=out, flush=True)
+    return switched
+
+
 def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None, spark=None,
                   out: TextIO = sys.stderr, interval_s: float = 1.0) -> ReprocessRun:
     """Start a run of `stream` (or carry out `run_id`, recorded by the API) and process the log up
@@ -133,22 +152,10 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         if pipeline is not None and pipeline.store is not root:
             pipeline.store.close()
     definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
-    switched = None
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
-    if settings.reprocess_auto_switch:
-        from aggregates.reprocess import SwitchRefused
-
-        try:
-            switched = service.switch(run.id)
-        except SwitchRefused as exc:  # e.g. the stream feeds a join: said, the run stays for a switch by hand
-            print(f"reprocess_auto_switch: not switched: {exc}", file=out, flush=True)
-            switched = None
-    if switched is not None:
-        print(f"reprocess_auto_switch: stream {stream!r} is now served from version {short_version(run.version)};"
-              f" the replaced output is kept as {switched['previous']!r} (switch to it to switch back)",
-              file=out, flush=True)
+    auto_switch(settings, service, run, out)
     done = service.run(run.id)
     log.close()
     root.close()

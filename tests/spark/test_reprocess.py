@@ -136,7 +136,27 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         try:
             wait_until(lambda: any(q.name == "sketchboard-main" for q in spark.streams.active))
             service = build_reprocess_service(settings, new_catalog, root, log)
+            # A reader polling throughout sees the old output or the new one, never a mix.
+            old_answer, new_answer = exact(first + later, ["endpoint"]), exact(first + later, ["endpoint", "region"])
+            seen, polling = [], threading.Event()
+
+            def poll() -> None:
+                reader = open_store(settings)
+                try:
+                    while not polling.is_set():
+                        answer = stored(reader)
+                        seen.append("old" if answer == old_answer else "new" if answer == new_answer else answer)
+                finally:
+                    reader.close()
+
+            poller = threading.Thread(target=poll)
+            poller.start()
+            wait_until(lambda: len(seen) >= 3)
             switched = service.switch(run.id)
+            wait_until(lambda: seen[-1] == "new")
+            polling.set()
+            poller.join(30)
+            assert set(seen) == {"old", "new"} and seen == sorted(seen, key=["old", "new"].index), seen[:5]
             assert switched["previous"] == f"previous-http-{definition_version(Catalog(**OLD).stream('http'))[:8]}"
             assert stored(root) == exact(first + later, ["endpoint", "region"])
             more = events(400, rng)

@@ -4,6 +4,7 @@ aggregates/reprocess.py; the Spark side is tests/spark/test_reprocess.py)."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from aggregates.reprocess import SwitchRefused, run_id
 from catalog import Catalog
 from catalog.versions import catalog_versions, definition_version
 from sketchboard.definitions import pin_definitions
-from sketchboard.reprocess import build_reprocess_service
+from sketchboard.reprocess import auto_switch, build_reprocess_service
 from sketchboard.settings import Settings
 from sketchboard.wiring import open_log, open_store
 from store import dims_key
@@ -203,6 +204,29 @@ def test_a_switch_of_a_stream_feeding_a_join_is_refused_and_changes_nothing(sett
         assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
         assert service.serving_version("http") == definition_version(old.streams["http"])
         assert service.definitions.offset_moves("main") == {}
+    finally:
+        close_fixture(root, log, service)
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_reprocess_auto_switch_serves_a_caught_up_run_unless_refused(settings, joined):
+    """`reprocess_auto_switch` (what `sketchboard reprocess` and the API's runs do once caught up):
+    off, the run waits for a switch by hand; on, it is served at once; refused, it says why."""
+    old, new = Catalog(**OLD), Catalog(**(JOINED if joined else NEW))
+    root, log, service, run = switch_fixture(settings, old, new, root_misses=0, run_misses=0)
+    try:
+        out = io.StringIO()
+        assert auto_switch(settings, service, run, out) is None and out.getvalue() == ""
+        assert service.serving_version("http") == definition_version(old.streams["http"])
+        switched = auto_switch(settings.model_copy(update={"reprocess_auto_switch": True}), service, run, out)
+        if joined:
+            assert switched is None and "not switched: " in out.getvalue() and "http_clicks" in out.getvalue()
+            assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
+        else:
+            assert switched["previous"] == run_id("http", definition_version(old.streams["http"]), "previous-")
+            assert service.serving_version("http") == definition_version(new.streams["http"])
+            assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 5}
+            assert "is now served from version" in out.getvalue()
     finally:
         close_fixture(root, log, service)
 
