@@ -108,7 +108,7 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
     def write(store, pipeline: str, catalog, counts: dict[tuple, int]) -> None:
         dims = catalog.streams["http"].dimensions
         store.commit_batch(BatchCommit(
-            pipeline=pipeline, batch_id=0, events_read=sum(counts.values()), max_event_ms={"http": pane},
+            pipeline=pipeline, batch_id=0, events_read=sum(counts.values()), max_event_ms={"http": pane + 20_000},
             partials=[PanePartial("http", pane, pane + 10_000, dict(zip(dims, k)), PaneData(count=n))
                       for k, n in counts.items()], end_offsets={"http": {0: sum(counts.values())}},
             definition_versions=catalog_versions(catalog)), lateness_ms={"http": 0}, now_ms=pane)
@@ -140,6 +140,18 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
             ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
 
             assert groups(client) == {"": 3}  # served: the old definition has no region
+            # An alert rule on the stream follows the switch without a restart (it reads the served output).
+            ctx.alerts.create({"name": "by_region", "kind": "threshold", "metric": "latency", "stat": "count",
+                               "window": "20m", "group_by": ["region"], "op": ">", "threshold": 0, "stale_after": "2h"})
+
+            evaluations = iter(range(1, 10))
+
+            def firing() -> dict:  # each evaluation 2 minutes after the last: due, the panes still in its window
+                at = ctx.now_ms() + 120_000 * next(evaluations)
+                (evaluation,) = [e for e in ctx.alerts.evaluate_due(at) if e.rule == "by_region"]
+                return {i.labels.get("region", ""): i.value for i in evaluation.instances if i.state == "firing"}
+
+            assert firing() == {"": 3}
             assert groups(client, version=new_v[:8]) == {"eu": 2, "us": 1}  # the run's output
             unknown = client.get("/api/v1/query", params={"metric": "latency", "version": "deadbeef"}, headers=READ)
             assert unknown.status_code == 404 and unknown.json()["param"] == "version"
@@ -155,6 +167,7 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
             previous = switched.json()["previous"]
             assert previous == f"previous-http-{old_v[:8]}" and switched.json()["serving_version"] == new_v
             assert groups(client) == {"eu": 2, "us": 1}
+            assert firing() == {"eu": 2, "us": 1}
             old_answer = client.get("/api/v1/query", params={"metric": "latency", "from": "now-1h", "group_by": "region",
                                                          "version": old_v}, headers=READ)  # with its declaration
             assert old_answer.status_code == 400 and "dimensions: endpoint" in old_answer.json()["detail"]
