@@ -52,7 +52,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     alert routes and the `alerts` feed are added."""
     # The Spark query's health and the lag feed come from the stores the pipeline and sampler write.
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
-    built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query),
+    built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query,
+                             cdc_status=lambda: [f.status() for f in ctx.cdc or ()]),
                 CorrectionsFeed(ctx.store)]
     if ctx.lag is not None:
         built_in.append(LagFeed(ctx.lag))

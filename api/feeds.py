@@ -47,8 +47,10 @@ class PipelineFeed:
 
     def __init__(self, store: PaneStore, log: EventLog, catalog: Catalog, pipeline: str = "main",
                  clock: Callable[[], float] | None = None, interval_s: float = 1.0,
-                 query_health: Callable[[int], dict | None] | None = None):
+                 query_health: Callable[[int], dict | None] | None = None,
+                 cdc_status: Callable[[], list[dict]] | None = None):
         self.store = store
+        self.cdc_status = cdc_status  # the CDC followers' status (GET /api/v1/cdc), read at each poll
         self.query_health = query_health  # now_ms -> the Spark query's health (lag.feed.query_health)
         self.log = log
         self.catalog = catalog
@@ -85,4 +87,18 @@ class PipelineFeed:
             # Per stream, the partition whose unread records hold its watermark back (none: absent).
             "watermark_held_by": {s: p.held_by_partition for s, p in progress.streams.items()
                                   if p.held_by_partition is not None},
+            # Per enriched stream and table, the events enriched with "" (no row for their key then).
+            "enrich_misses": {s: {t: n for t, n in p.enrich_misses.items() if n}
+                              for s, p in progress.streams.items() if any(p.enrich_misses.values())},
+            "cdc": [cdc_summary(c) for c in (self.cdc_status() if self.cdc_status else ())],
         }]
+
+
+def cdc_summary(status: dict) -> dict:
+    """What the status strip shows of a CDC-fed table: its state, its lag, why it failed, and
+    whether the source table's columns changed since the snapshot (the full status: GET /api/v1/cdc)."""
+    schema = status.get("schema") or {}
+    changed = [*(f"+{c}" for c in schema.get("added", ())), *(f"-{c}" for c in schema.get("removed", ()))]
+    return {"stream": status["stream"], "table": status["table"], "state": status["state"],
+            "lag_bytes": status.get("lag_bytes"), "lag_seconds": status.get("lag_seconds"),
+            "error": status.get("error"), "schema_changed": changed}

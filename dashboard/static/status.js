@@ -42,6 +42,8 @@ export class StatusPanels {
     $("status-lag-events").dataset.heldBy = heldText;
     this.updateLastBatch();
     updateQuery(m.query);
+    updateEnrichMisses(m.enrich_misses || {});
+    updateCdc(m.cdc || []);
   }
 
   updateLastBatch() {
@@ -178,4 +180,30 @@ function renderConsumers(consumers) {
     if (c.group_commit_error) tr.title = `Kafka consumer group copy failing (${c.group_commits_failed}): ${c.group_commit_error}`;
     return tr;
   }));
+}
+
+// Enrichment misses: shown once any event was enriched with "" (its key had no row then).
+function updateEnrichMisses(misses) {
+  const el = $("status-enrich-misses");
+  const parts = [];
+  for (const [stream, tables] of Object.entries(misses)) {
+    for (const [table, n] of Object.entries(tables)) parts.push(`${stream}→${table} ${fmtNum(n)}`);
+  }
+  el.hidden = parts.length === 0;
+  el.textContent = parts.length ? `enrich misses: ${parts.join(", ")}` : "";
+}
+
+// CDC sources: state and lag per table; an error or a changed source schema stands out.
+function updateCdc(sources) {
+  const el = $("status-cdc");
+  el.hidden = sources.length === 0;
+  if (!sources.length) return;
+  const bad = sources.some((c) => c.state === "error" || c.error || (c.schema_changed || []).length);
+  el.dataset.state = bad ? "error" : sources.every((c) => c.state === "streaming") ? "ok" : "starting";
+  el.textContent = "CDC " + sources.map((c) => {
+    const lag = c.lag_bytes === null || c.lag_bytes === undefined ? "" :
+      ` lag ${fmtNum(c.lag_bytes)} B` + (c.lag_seconds === null || c.lag_seconds === undefined ? "" : ` / ${c.lag_seconds.toFixed(1)} s`);
+    const schema = (c.schema_changed || []).length ? ` · schema changed (${c.schema_changed.join(" ")})` : "";
+    return `${c.stream}: ${c.state}${lag}${schema}${c.error ? " · " + c.error : ""}`;
+  }).join(" · ");
 }

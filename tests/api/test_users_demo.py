@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from api.feeds import PipelineFeed, cdc_summary
 from demo.traffic import DemoTraffic
 from demo.users import PLAN_NAMES
 from tests.api.conftest import NOW_MS
@@ -79,3 +80,18 @@ def test_the_demo_requests_per_plan_are_the_exact_as_of_counts_and_misses_show(c
     misses = int((want["plan"] == "").sum())
     assert 0 < misses < 0.05 * len(events)
     assert client.get("/api/v1/pipeline").json()["streams"]["http_requests"]["enrich_misses"] == {"users": misses}
+    # And in the websocket's `pipeline` messages, which the dashboard's status strip shows.
+    (message,) = PipelineFeed(ctx.store, ctx.log, ctx.catalog).poll()
+    assert message["enrich_misses"] == {"http_requests": {"users": misses}} and message["cdc"] == []
+
+
+def test_the_status_strips_cdc_summary_names_state_lag_errors_and_schema_changes(ctx):
+    status = {"stream": "plans", "table": "public.plans", "state": "streaming", "lag_bytes": 120,
+              "lag_seconds": 0.4, "error": None, "dsn": "${PG}",
+              "schema": {"missing": [], "ignored": ["note"], "added": ["tier"], "removed": ["old"]}}
+    assert cdc_summary(status) == {"stream": "plans", "table": "public.plans", "state": "streaming",
+                                   "lag_bytes": 120, "lag_seconds": 0.4, "error": None,
+                                   "schema_changed": ["+tier", "-old"]}
+    assert cdc_summary({**status, "schema": None, "state": "error", "error": "connection refused"})["schema_changed"] == []
+    feed = PipelineFeed(ctx.store, ctx.log, ctx.catalog, cdc_status=lambda: [status])
+    assert feed.poll()[0]["cdc"] == [cdc_summary(status)]
