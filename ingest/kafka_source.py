@@ -88,6 +88,9 @@ def spark_kafka_options(config: KafkaSourceConfig, topics: list[str], max_record
         "startingOffsets": config.starting_offsets,
         "failOnDataLoss": _text(config.fail_on_data_loss),
         "maxOffsetsPerTrigger": str(max_records_per_batch),
+        # Change data capture appends a source's records and its position in one Kafka transaction
+        # (ingest/log/kafka_positions.py): an aborted one's records must never be aggregated.
+        "kafka.isolation.level": "read_committed",
         # Spark's default adds the topic name to the consumer group: fine; the source never
         # commits to Kafka, offsets live in the checkpoint and the store.
     })

@@ -268,10 +268,6 @@ def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) ->
     from ingest.cdc.follower import followers_for
 
     followers = followers_for(catalog.streams.values(), log)
-    if followers and settings.log_backend == "kafka":
-        raise ConfigError(f"stream {followers[0].stream.name!r} declares a source (change data capture), which"
-                          " needs the embedded log for now: it records the source's position in the append's"
-                          " own transaction (log_backend: embedded)")
     if followers:
         gain, lose = leadership.on_gain, leadership.on_lose
 

@@ -34,7 +34,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from catalog import StreamDef
 from catalog.tables import tombstone_retention_ms
 from ingest.events import Event, EventValidator
-from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, TopicMismatch
+from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, TopicMismatch
+from ingest.log.kafka_positions import SourcePositions
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.partitioner import assign_partitions
 from ingest.tables import is_table, record_event, record_value
@@ -140,6 +141,8 @@ class KafkaEventLog(EventLog):
             **(options or {}),
             "bootstrap.servers": bootstrap_servers,
         }
+        self._common = common
+        self._source_positions: SourcePositions | None = None  # made on the first CDC append
         try:
             self._make_clients(common)
         except KafkaException as exc:  # an unknown option or a bad value in the passthrough
@@ -242,6 +245,12 @@ class KafkaEventLog(EventLog):
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
         if not events:
             return AppendResult({})
+        topic, targets = self._targets(stream, events)
+        return self._produce(self._producer, stream, topic, events, targets, ingest_time_ms)
+
+    def _targets(self, stream: StreamDef, events: Sequence[Event]) -> tuple[str, list[int]]:
+        """The stream's topic and each event's partition, checked before anything is produced,
+        so an append to a partition the topic lacks (KeyError) writes nothing."""
         topic = self.topic(stream.name)
         have = self._partitions.get(stream.name)
         if have is None:
@@ -249,9 +258,14 @@ class KafkaEventLog(EventLog):
             self._partitions[stream.name] = have
         targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
         missing = sorted({p for p in targets if p >= have})
-        if missing:  # checked before anything is produced, so such an append writes nothing
+        if missing:
             raise KeyError(f"stream {stream.name!r} has no partition {missing[0]} in the log"
                            f" (Kafka topic {topic!r} has {have})")
+        return topic, targets
+
+    def _produce(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+                 targets: Sequence[int], ingest_time_ms: int) -> AppendResult:
+        """Produce the events to their partitions and wait until each is acknowledged or failed."""
         delivery = _Delivery(len(events))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
         for event, partition in zip(events, targets, strict=True):
@@ -260,18 +274,18 @@ class KafkaEventLog(EventLog):
             while True:
                 try:
                     # The timestamp counts on a CreateTime topic; LogAppendTime replaces it.
-                    self._producer.produce(topic, value, key, partition=partition, timestamp=ingest_time_ms,
+                    producer.produce(topic, value, key, partition=partition, timestamp=ingest_time_ms,
                                            on_delivery=delivery)
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     if time.monotonic() > deadline:
                         raise LogUnavailable(f"Kafka at {self.bootstrap_servers} takes no records: the"
                                              " producer's queue stayed full") from None
-                    self._producer.poll(0.05)
+                    producer.poll(0.05)
         # Each appending thread serves delivery callbacks until its own records are all reported;
         # librdkafka reports every record within message.timeout.ms, delivered or failed.
         while not delivery.done.is_set():
-            self._producer.poll(0.05)
+            producer.poll(0.05)
             if time.monotonic() > deadline:
                 missing = delivery.expected - delivery.reported
                 raise LogUnavailable(f"Kafka at {self.bootstrap_servers} did not report on {missing} of"
@@ -283,6 +297,59 @@ class KafkaEventLog(EventLog):
                 f" {self.bootstrap_servers}: {delivery.errors[0]}"
                 + ("" if failed == len(events) else f" ({len(events) - failed} were written)"))
         return AppendResult(delivery.ranges())
+
+    # -- change data capture: an append and a source's position in one transaction ------
+
+    def append_at(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int, source: str,
+                  position: str, expected: str | None, *, retry_fenced: bool = True) -> AppendResult:
+        """The events and the source's new position (a record keyed by the source in the compacted
+        positions topic) in one Kafka transaction: consumers reading committed records (Spark's
+        source is set to, librdkafka's default) see both or neither. The transactional id is the
+        source's, so a second writer of the same source fences the first (its commit fails).
+        A writer fenced once (another took over, then stopped: a leadership change) tries once
+        more with a new producer, after checking the position again: if the other moved it on,
+        that is a PositionConflict."""
+        topic, targets = self._targets(stream, events) if events else (self.topic(stream.name), [])
+        positions = self._positions()
+        producer = positions.producer(source)
+        current = positions.read().get(source)
+        if current != expected:
+            raise PositionConflict(f"source {source!r} is at {current!r} in the log, not at the expected"
+                                   f" {expected!r}: another writer follows it")
+        try:
+            producer.begin_transaction()
+            result = self._produce(producer, stream, topic, events, targets, ingest_time_ms) if events \
+                else AppendResult({})
+            positions.produce(producer, source, position, self.timeout_s)
+            producer.commit_transaction(self.timeout_s)
+            positions.committed(source, position)
+        except (KafkaException, LogUnavailable) as exc:
+            if positions.abort(source, producer, self.timeout_s):
+                raise (self._unavailable(f"could not append source {source!r}'s changes in a transaction", exc)
+                       if isinstance(exc, KafkaException) else exc) from None
+            if retry_fenced:  # the producer is gone (fenced, or fatal): a new one, the position checked again
+                return self.append_at(stream, events, ingest_time_ms, source, position, expected, retry_fenced=False)
+            raise PositionConflict(f"source {source!r}: another writer took over ({exc})") from None
+        self._await_stable(topic, result)
+        return result
+
+    def _await_stable(self, topic: str, result: AppendResult) -> None:
+        """Wait until readers of committed records see the transaction's records: its commit
+        returns before the broker has written the markers that move each partition's last stable
+        offset past them (milliseconds), and an append must be readable once it returned, as on
+        the embedded log. Past the timeout the records stay committed; they show a moment later."""
+        deadline = time.monotonic() + self.timeout_s
+        for partition, (first, count) in result.ranges.items():
+            while self._watermarks(topic, partition)[1] < first + count and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    def source_position(self, source: str) -> str | None:
+        return self._positions().read().get(source)
+
+    def _positions(self) -> SourcePositions:
+        if self._source_positions is None:
+            self._source_positions = SourcePositions(self, self._common)
+        return self._source_positions
 
     # -- reading ------------------------------------------------------------------------
 
@@ -387,6 +454,8 @@ class KafkaEventLog(EventLog):
             self._closed = True
             self._producer.flush(self.timeout_s)
             self._consumer.close()
+            if self._source_positions is not None:
+                self._source_positions.close()
 
 
 # librdkafka does not flag these as retriable on watermark queries, yet they pass once the

@@ -17,7 +17,6 @@ from ingest.cdc.pgoutput import (
     PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, LogicalMessage, PgoutputError, Relation, Truncate, Update, decode,
     lsn_to_int, lsn_to_text,
 )
-from ingest.log import SqliteEventLog
 from ingest.log.base import PositionConflict
 from ingest.tables import is_tombstone, tombstone
 
@@ -177,9 +176,12 @@ def test_schema_report_names_missing_ignored_added_and_removed_columns():
 # -- the log's position ------------------------------------------------------------------------------
 
 
-def test_the_embedded_log_records_a_sources_position_with_the_append_or_not_at_all(tmp_path, users):
-    log = SqliteEventLog(tmp_path / "log.db")
-    log.ensure_topic(users)
+def test_the_log_records_a_sources_position_with_the_append_or_not_at_all(tmp_path, users, log_backend):
+    """On both logs: the embedded one (one SQLite transaction), Kafka (one Kafka transaction with
+    the compacted positions topic)."""
+    test_log = log_backend.new(tmp_path / "log")
+    catalog = parse_catalog(CONFIG)
+    log = test_log.open(catalog)
     assert log.source_position("cdc:users") is None
     rows = [tombstone(users, "u1", T0)]
     log.append_at(users, rows, T0, "cdc:users", "p1", None)
@@ -188,12 +190,25 @@ def test_the_embedded_log_records_a_sources_position_with_the_append_or_not_at_a
     with pytest.raises(PositionConflict, match="another writer"):
         log.append_at(users, rows, T0, "cdc:users", "p3", "p1")
     assert log.source_position("cdc:users") == "p2"
-    assert sum(o.end for o in log.offsets("users").values()) == 1  # the refused append wrote nothing
-    with pytest.raises(KeyError):  # a failed append records no position either
-        log._append_encoded(users, {9: [(1, b"x")]}, T0, ("cdc:users", "p9", "p2"))
-    assert log.source_position("cdc:users") == "p2"
+    assert sum(b.num_rows for p, o in log.offsets("users").items() for b in log.read(users, p, o.start, o.end)) == 1  # the refused append wrote nothing
+    if not test_log.kafka:
+        with pytest.raises(KeyError):  # a failed append records no position either
+            log._append_encoded(users, {9: [(1, b"x")]}, T0, ("cdc:users", "p9", "p2"))
+        assert log.source_position("cdc:users") == "p2"
+
+    # A second writer of the source (another replica took over) moves it on: the first one, back,
+    # finds its expected position gone (on Kafka: its producer was fenced; a new one checks again).
+    other = test_log.open(catalog)
+    other.append_at(users, rows, T0, "cdc:users", "p3", "p2")
+    with pytest.raises(PositionConflict, match="another writer"):
+        log.append_at(users, rows, T0, "cdc:users", "p4", "p2")
+    other.close()
+    log.append_at(users, rows, T0, "cdc:users", "p4", "p3")  # the writer again, from where the other left it
     log.close()
-    assert SqliteEventLog(tmp_path / "log.db").source_position("cdc:users") == "p2"
+    again = test_log.open(catalog)
+    assert again.source_position("cdc:users") == "p4"
+    assert sum(b.num_rows for p, o in again.offsets("users").items() for b in again.read(users, p, o.start, o.end)) == 3
+    again.close()
 
 
 def test_struct_layout_of_a_begin_message_is_what_the_docs_say():

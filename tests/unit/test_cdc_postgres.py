@@ -53,11 +53,14 @@ def setup(server, tmp_path):
     sql(server, f"CREATE TABLE {table} (id text PRIMARY KEY, plan text, credit numeric, active boolean,"
                 " note text)")
 
-    def make(per_poll: int = 1000):
-        stream = parse_catalog(CONFIG.format(dsn=server.dsn(), table=table, per_poll=per_poll)).streams["users"]
+    def make(per_poll: int = 1000, test_log=None):
+        """The stream and its log: the embedded one, or `test_log`'s (a log_backend's)."""
+        catalog = parse_catalog(CONFIG.format(dsn=server.dsn(), table=table, per_poll=per_poll))
+        if test_log is not None:
+            return catalog.streams["users"], test_log.open(catalog)
         log = SqliteEventLog(tmp_path / "log.db")
-        log.ensure_topic(stream)
-        return stream, log
+        log.ensure_topic(catalog.streams["users"])
+        return catalog.streams["users"], log
 
     yield table, make
     with psycopg.connect(server.dsn(), autocommit=True) as conn:
@@ -108,10 +111,11 @@ def catch_up(follower, rounds: int = 50):
     raise AssertionError("the follower did not catch up")
 
 
-def test_snapshot_then_live_changes_end_as_the_same_table(server, setup):
+def test_snapshot_then_live_changes_end_as_the_same_table(server, setup, log_backend, tmp_path):
+    """On both logs: the embedded one (a SQLite transaction) and Kafka (a Kafka transaction)."""
     table, make = setup
     sql(server, *[f"INSERT INTO {table} VALUES ('u{i}', 'free', {i}.5, {str(i % 2 == 0).lower()})" for i in range(20)])
-    stream, log = make(per_poll=3)  # several peeks per catch-up
+    stream, log = make(per_poll=3, test_log=log_backend.new(tmp_path / "log"))  # several peeks per catch-up
     follower = CdcFollower(stream, log, env=ENV)
     catch_up(follower)
     status = follower.status()
@@ -129,6 +133,7 @@ def test_snapshot_then_live_changes_end_as_the_same_table(server, setup):
     assert status["lag_bytes"] == 0 and status["applied_lsn"] == status["server_lsn"]
     assert status["dsn"].endswith("password=${CDC_TEST_PASSWORD}")  # the reference, never its value
     assert len(log_records(log, stream)) == 20 + 7  # each change once
+    log.close()
 
 
 KILLER = """
@@ -137,8 +142,9 @@ sys.path.insert(0, {root!r})
 from catalog import parse_catalog
 from ingest.cdc.follower import CdcFollower
 from ingest.log import SqliteEventLog
+from ingest.log.kafka import KafkaEventLog
 stream = parse_catalog({config!r}).streams["users"]
-log = SqliteEventLog({path!r})
+log = {log_code}
 log.ensure_topic(stream)
 def die(position):  # the append is durable, the slot is not advanced yet
     os.kill(os.getpid(), signal.SIGKILL)
@@ -149,16 +155,20 @@ sys.exit(3)  # never killed: the changes did not come
 """
 
 
-def test_a_kill_between_append_and_advance_and_a_postgres_restart_lose_and_duplicate_nothing(server, setup, tmp_path):
+def test_a_kill_between_append_and_advance_and_a_postgres_restart_lose_and_duplicate_nothing(server, setup, tmp_path,
+                                                                                             log_backend):
     table, make = setup
     sql(server, *[f"INSERT INTO {table} VALUES ('u{i}', 'free', {i}, true)" for i in range(5)])
-    stream, log = make()
+    test_log = log_backend.new(tmp_path / "log")
+    stream, log = make(test_log=test_log)
+    log_code = (f"KafkaEventLog({test_log.bootstrap!r}, topic_prefix={test_log.prefix!r}, replication_factor=1)"
+                if test_log.kafka else f"SqliteEventLog({str(test_log.root / 'log.db')!r})")
     follower = CdcFollower(stream, log, env=ENV)
     catch_up(follower)  # the snapshot
     follower.stop()
     sql(server, f"UPDATE {table} SET plan = 'pro' WHERE id = 'u1'", f"DELETE FROM {table} WHERE id = 'u2'")
     config = CONFIG.format(dsn=server.dsn(), table=table, per_poll=1000)
-    script = textwrap.dedent(KILLER).format(root=os.getcwd(), config=config, path=str(tmp_path / "log.db"), env=ENV)
+    script = textwrap.dedent(KILLER).format(root=os.getcwd(), config=config, log_code=log_code, env=ENV)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -9, done.stderr  # killed by SIGKILL right after its append
     # The log has the two changes and their position; the slot was never told.
@@ -176,6 +186,7 @@ def test_a_kill_between_append_and_advance_and_a_postgres_restart_lose_and_dupli
     assert len(log_records(log, stream)) == 5 + 2 + 2  # nothing twice
     assert again.status()["slot_confirmed_lsn"] != confirmed
     assert again.status()["lag_bytes"] == 0
+    log.close()
 
 
 def test_truncate_deletes_every_key_and_a_lost_slot_is_resynced_by_a_new_snapshot(server, setup):

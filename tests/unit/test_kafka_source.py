@@ -40,6 +40,7 @@ def test_options_subscribe_to_the_catalogs_topics_with_the_batch_limit_and_clien
     assert options["startingOffsets"] == "earliest" and options["failOnDataLoss"] == "false"
     assert options["kafka.security.protocol"] == "SASL_SSL" and options["kafka.sasl.mechanism"] == "PLAIN"
     assert options["kafka.check.crcs"] == "true"  # booleans as Java reads them
+    assert options["kafka.isolation.level"] == "read_committed"  # CDC transactions: never an aborted record
     assert "kafka.enable.auto.commit" not in options  # the connector refuses it
     assert options["minPartitions"] == "4" and options["kafka.sasl.jaas.config"] == "x required;"
 
