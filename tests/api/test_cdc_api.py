@@ -15,9 +15,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from catalog import ConfigError
 from sketchboard.settings import Settings
-from sketchboard.wiring import build_api, follow_cdc_sources, open_catalog
+from sketchboard.wiring import build_api
 
 
 def streams(dsn: str) -> dict:
@@ -69,12 +68,3 @@ def test_the_leader_follows_the_source_and_reports_it_and_producers_get_409(logi
         conn.execute("SELECT pg_drop_replication_slot('sketchboard_plans')")
         conn.execute("DROP PUBLICATION sketchboard_plans")
         conn.execute("DROP TABLE plans")
-
-
-def test_change_data_capture_needs_the_embedded_log(tmp_path):
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(streams("host=db dbname=app")))
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, log_backend="kafka",
-                        kafka_bootstrap_servers="127.0.0.1:1")
-    with pytest.raises(ConfigError, match="needs the embedded log"):
-        follow_cdc_sources(settings, open_catalog(settings), None, None)
