@@ -107,9 +107,10 @@ WARM_STREAM = StreamDef(name="warm_up", time_field="t", key_field="k", dimension
 
 
 def warm_columnar_path() -> None:
-    """Run the columnar reader and checks once when the routes are built: their first call
-    imports pandas (pyarrow.compute looks for it) and sets up Arrow's JSON reader, ~0.3-1 s
-    that the first client would otherwise wait."""
+    """Run the columnar reader and checks once, in a worker thread, as the server starts (the
+    app's lifespan): their first call imports pandas (pyarrow.compute looks for it) and the
+    first trip to a worker thread imports anyio's backend, 0.3-1 s that the first client
+    waited (a benchmark of 200 requests counted it)."""
     columnar_events(WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1.5}\n')
     columnar_events(WARM_STREAM, b'[{"t": 1700000000000, "k": "a", "v": 1.5}]', ndjson=False)
 
@@ -225,7 +226,4 @@ def router(ctx: ApiContext) -> APIRouter:
         except LogUnavailable as exc:
             raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
         return answer_body(stream, count, answer_rejected, now, result.ranges)
-
-    if ctx.columnar_ingest:
-        warm_columnar_path()
     return r

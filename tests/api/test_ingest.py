@@ -459,3 +459,21 @@ def test_the_answer_is_the_documented_model_as_fastapi_would_send_it(client, now
     assert (len(answer["rejected"]) == 1) == (shape != "columnar")
     assert json.loads(IngestAnswer.model_validate(answer).model_dump_json()) == answer
     assert list(answer) == list(IngestAnswer.model_fields)
+
+
+def test_the_columnar_path_is_warmed_as_the_server_starts_not_by_the_first_request(ctx, monkeypatch):
+    """Its first call imports pandas and anyio's thread backend (0.3-1 s): the app's lifespan
+    pays it, in a worker thread, before any request is served."""
+    from fastapi.testclient import TestClient
+
+    from api import ingest_routes
+    from api.app import create_app
+
+    warmed = []
+    monkeypatch.setattr(ingest_routes, "warm_columnar_path", lambda: warmed.append(True))
+    app = create_app(ctx)
+    assert warmed == []
+    with TestClient(app):
+        assert warmed == [True]
+    # The real warm-up's body goes the columnar way (it would warm nothing if refused).
+    assert ingest_routes.columnar_events(ingest_routes.WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1}\n').num_rows == 1
