@@ -11,6 +11,7 @@ import plotly
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from api import (
     alert_routes,
@@ -67,6 +68,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if ctx.columnar_ingest:  # before the first request, not during it
+            await run_in_threadpool(ingest_routes.warm_columnar_path)
         yield
         hub.stop()
 

@@ -14,7 +14,6 @@ import hashlib
 from collections.abc import Awaitable, Callable
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ParamHTTPError
@@ -39,7 +38,8 @@ def fingerprint(*parts: str | bytes) -> str:
 
 
 async def guarded(store: IdempotencyStore | None, key: str | None, scope: str, request_fingerprint: str,
-                  now_ms: int, work: Callable[[], Awaitable[BaseModel]]):
+                  now_ms: int, work: Callable[[], Awaitable[dict]]):
+    """`work`'s answer is the 200 answer's JSON body (a dict), recorded as is for a replay."""
     if store is None or key is None:
         return await work()
     decision = await run_in_threadpool(store.claim, scope, key, request_fingerprint, now_ms)
@@ -58,11 +58,11 @@ async def guarded(store: IdempotencyStore | None, key: str | None, scope: str, r
     return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, work)))
 
 
-async def _run_and_record(store: IdempotencyStore, key: str, scope: str, work: Callable[[], Awaitable[BaseModel]]):
+async def _run_and_record(store: IdempotencyStore, key: str, scope: str, work: Callable[[], Awaitable[dict]]):
     try:
         answer = await work()
     except Exception:
         await run_in_threadpool(store.release, scope, key)
         raise
-    await run_in_threadpool(store.complete, scope, key, 200, answer.model_dump(mode="json"))
+    await run_in_threadpool(store.complete, scope, key, 200, answer)
     return answer

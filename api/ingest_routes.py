@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -10,6 +11,8 @@ from api.bodies import MalformedLine, columnar_body, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
 from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, REPLAYED_HEADER, fingerprint, guarded
+from catalog import StreamDef
+from ingest.columnar import columnar_events
 from ingest.json_limits import violation
 from api.security.middleware import Denied, charge
 from api.security.ratelimit import client_key
@@ -66,16 +69,50 @@ EVENTS_BODY = {"requestBody": {
 }}
 
 
+def rate_key(request: Request) -> str:
+    """Whom a request's events are charged to: the key its requests are charged to (its token,
+    or its address when open; api/security/middleware.py)."""
+    return getattr(request.state, "rate_key", None) or client_key(None, request.scope.get("client"))
+
+
 def rate_limit_events(ctx: ApiContext, request: Request, count: int) -> None:
-    """429 when the caller (its token, or its address when open) is over its events per second,
-    charged to the same key as its requests (api/security/middleware.py)."""
-    key = getattr(request.state, "rate_key", None) or client_key(None, request.scope.get("client"))
+    """429 when the caller is over its events per second."""
+    charge_events(ctx, rate_key(request), count)
+
+
+def charge_events(ctx: ApiContext, key: str, count: int) -> None:
+    """rate_limit_events for a key read before (the columnar path charges from a worker thread)."""
     try:
         charge(ctx.security.event_limit, key, count, what="events")
     except Denied as exc:
         error = ParamHTTPError(429, None, exc.detail)
         error.headers = {"Retry-After": exc.retry_after}
         raise error from None
+
+
+def answer_body(stream: str, accepted: int, rejected: list[dict], ingest_time_ms: int,
+                ranges: dict[int, tuple[int, int]]) -> dict:
+    """IngestAnswer as the JSON it is sent as (and recorded for an Idempotency-Key): built as a
+    dict, as FastAPI's validation and serialization of the model cost more than the rest of a
+    1 000-event request's Python work. tests/api/test_ingest.py pins it against the model."""
+    return {"stream": stream, "accepted": accepted, "rejected": rejected, "ingest_time_ms": ingest_time_ms,
+            "partitions": {str(p): [first, count] for p, (first, count) in ranges.items()}}
+
+
+class AnswerResponse(JSONResponse):
+    """The 200 answer (JSONResponse's compact encoding, as FastAPI's for the model)."""
+
+
+WARM_STREAM = StreamDef(name="warm_up", time_field="t", key_field="k", dimensions=("k",), values=("v",))
+
+
+def warm_columnar_path() -> None:
+    """Run the columnar reader and checks once, in a worker thread, as the server starts (the
+    app's lifespan): their first call imports pandas (pyarrow.compute looks for it) and the
+    first trip to a worker thread imports anyio's backend, 0.3-1 s that the first client
+    waited (a benchmark of 200 requests counted it)."""
+    columnar_events(WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1.5}\n')
+    columnar_events(WARM_STREAM, b'[{"t": 1700000000000, "k": "a", "v": 1.5}]', ndjson=False)
 
 
 def router(ctx: ApiContext) -> APIRouter:
@@ -108,7 +145,7 @@ def router(ctx: ApiContext) -> APIRouter:
             None, alias=HEADER, min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
             description="makes a retry safe: a request repeated with the same key (same stream, flags and body) within"
                         " `idempotency_key_ttl` is not appended again and gets the first answer back"),
-    ) -> IngestAnswer:
+    ) -> Response:
         if stream not in ctx.catalog.streams:
             raise HTTPException(404, f"unknown stream {stream!r}; defined: {', '.join(sorted(ctx.catalog.streams))}")
         if ctx.catalog.streams[stream].derived_from:
@@ -117,23 +154,31 @@ def router(ctx: ApiContext) -> APIRouter:
         if ctx.catalog.streams[stream].kind == "table":
             raise HTTPException(400, f"stream {stream!r} is a table: send its rows to POST /api/v1/tables/{stream}")
         body = await read_capped(request, ctx.max_body_bytes)
+        content_type = request.headers.get("content-type", "")
+        key = rate_key(request)
+
+        async def work() -> dict:
+            return await ingest(stream, atomic, body, content_type, key)
+
+        if ctx.idempotency is None or idempotency_key is None:
+            return AnswerResponse(await work())
+        # The body's hash only when a key asks for it: it is what tells a retry from new events.
         token = getattr(request.state, "token", None)
         scope = f"{token.name if token else 'anonymous'} {stream}"
-        request_fingerprint = fingerprint(stream, str(atomic), request.headers.get("content-type", ""), body)
-        return await guarded(ctx.idempotency, idempotency_key, scope, request_fingerprint, ctx.now_ms(),
-                             lambda: ingest(request, stream, atomic, body))
+        request_fingerprint = fingerprint(stream, str(atomic), content_type, body)
+        answer = await guarded(ctx.idempotency, idempotency_key, scope, request_fingerprint, ctx.now_ms(), work)
+        return answer if isinstance(answer, Response) else AnswerResponse(answer)
 
-    async def ingest(request: Request, stream: str, atomic: bool, body: bytes) -> IngestAnswer:
-        content_type = request.headers.get("content-type", "")
-        # The common case first: a body whose events are all valid and plain is parsed and
-        # checked as columns (ingest/columnar.py) and appended as such. Anything else, or
-        # anything it cannot tell, takes the per-event path below with its reasons.
-        columns = await run_in_threadpool(columnar_body, ctx.catalog.streams[stream], body, content_type,
-                                          ctx.security.json_limits) if ctx.columnar_ingest else None
-        if columns is not None:
-            return await ingest_columns(request, stream, columns)
+    async def ingest(stream: str, atomic: bool, body: bytes, content_type: str, rate_key: str) -> dict:
+        # The common case first: a body whose events are all valid and plain is parsed, checked
+        # as columns (ingest/columnar.py) and appended as such, in one trip to a worker thread.
+        # Anything else, or anything it cannot tell, takes the per-event path below with its reasons.
+        if ctx.columnar_ingest:
+            answer = await run_in_threadpool(ingest_columns, stream, body, content_type, rate_key)
+            if answer is not None:
+                return answer
         raws = parse_events(body, content_type)
-        check_count(request, len(raws))
+        check_count(rate_key, len(raws))
         validator = ctx.validators[stream]
         limits = ctx.security.json_limits
         accepted, rejected = [], []
@@ -153,29 +198,32 @@ def router(ctx: ApiContext) -> APIRouter:
                 rejected.append(Rejection(index, problem))
                 continue
             accepted.append(event)
-        answer_rejected = [RejectedEvent(index=r.index, reason=r.reason) for r in rejected]
+        answer_rejected = [{"index": r.index, "reason": r.reason} for r in rejected]
         if atomic and rejected:
             raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",
-                                      "rejected": [r.model_dump() for r in answer_rejected]})
-        return await append(stream, ctx.log.append, accepted, len(accepted), answer_rejected)
+                                      "rejected": answer_rejected})
+        # The append waits on SQLite or on the Kafka brokers' acks: keep it off the event loop.
+        return await run_in_threadpool(append, stream, ctx.log.append, accepted, len(accepted), answer_rejected)
 
-    async def ingest_columns(request: Request, stream: str, columns) -> IngestAnswer:
-        check_count(request, columns.num_rows)
-        return await append(stream, ctx.log.append_columns, columns, columns.num_rows, [])
+    def ingest_columns(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
+        """In a worker thread: the columnar parse (Arrow's reader releases the GIL), the count
+        checks and the append; None when the per-event path must decide."""
+        columns = columnar_body(ctx.catalog.streams[stream], body, content_type, ctx.security.json_limits)
+        if columns is None:
+            return None
+        check_count(rate_key, columns.num_rows)
+        return append(stream, ctx.log.append_columns, columns, columns.num_rows, [])
 
-    def check_count(request: Request, count: int) -> None:
+    def check_count(rate_key: str, count: int) -> None:
         if count > ctx.max_events_per_request:
             raise HTTPException(413, f"{count} events exceed the limit of {ctx.max_events_per_request} per request")
-        rate_limit_events(ctx, request, count)
+        charge_events(ctx, rate_key, count)
 
-    async def append(stream: str, write, events, count: int, answer_rejected: list[RejectedEvent]) -> IngestAnswer:
+    def append(stream: str, write, events, count: int, answer_rejected: list[dict]) -> dict:
         now = ctx.now_ms()
-        # The append waits on SQLite (and fsync) or on the Kafka brokers' acks: keep it off the event loop.
         try:
-            result = await run_in_threadpool(write, ctx.catalog.streams[stream], events, now)
+            result = write(ctx.catalog.streams[stream], events, now)
         except LogUnavailable as exc:
             raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
-        return IngestAnswer(stream=stream, accepted=count, rejected=answer_rejected,
-                            ingest_time_ms=now, partitions=result.ranges)
-
+        return answer_body(stream, count, answer_rejected, now, result.ranges)
     return r

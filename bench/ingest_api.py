@@ -49,20 +49,34 @@ class BenchResult:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
 
 
-def prepare_bodies(traffic: DemoTraffic, stream: str, events: int, batch: int) -> list[tuple[int, bytes]]:
-    """(event count, JSON body) per request, generated and serialised up front."""
+NDJSON = "application/x-ndjson"
+
+
+def content_type(body_format: str) -> str:
+    return NDJSON if body_format == "ndjson" else "application/json"
+
+
+def prepare_bodies(traffic: DemoTraffic, stream: str, events: int, batch: int,
+                   body_format: str = "json") -> list[tuple[int, bytes]]:
+    """(event count, body) per request, generated and serialised up front: a JSON array, or
+    NDJSON (one event per line) with body_format="ndjson"."""
     bodies: list[tuple[int, bytes]] = []
     left = events
     while left > 0:
         chunk = traffic.generate_stream(stream, min(batch, left))
         if not chunk:  # the demo's clicks come only after searches: bench.search_clicks makes both
             raise SystemExit(f"bench.ingest_api: the demo makes no {stream} events by themselves; pick another stream")
-        bodies.append((len(chunk), json.dumps(chunk, separators=(",", ":")).encode()))
+        if body_format == "ndjson":
+            body = "\n".join(json.dumps(event, separators=(",", ":")) for event in chunk).encode()
+        else:
+            body = json.dumps(chunk, separators=(",", ":")).encode()
+        bodies.append((len(chunk), body))
         left -= len(chunk)
     return bodies
 
 
-def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrency: int) -> BenchResult:
+def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrency: int,
+              body_format: str = "json") -> BenchResult:
     """Post every body once from `concurrency` threads; time from first send to last answer."""
     work: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
     for item in bodies:
@@ -72,7 +86,7 @@ def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrenc
 
     def worker() -> None:
         local = BenchResult()
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": content_type(body_format)}
         token = os.environ.get("SKETCHBOARD_TOKEN")  # a service that requires tokens: one with the ingest scope
         if token:
             headers["authorization"] = f"Bearer {token}"
@@ -129,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1_000, help="events per request")
     parser.add_argument("--concurrency", type=int, default=4, help="parallel connections")
+    parser.add_argument("--format", choices=("json", "ndjson"), default="json", help="JSON arrays or NDJSON bodies")
     parser.add_argument("--stream", default="http_requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -141,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     prep = time.perf_counter()
-    bodies = prepare_bodies(DemoTraffic(catalog, seed=args.seed), args.stream, args.events, args.batch)
+    bodies = prepare_bodies(DemoTraffic(catalog, seed=args.seed), args.stream, args.events, args.batch, args.format)
     megabytes = sum(len(b) for _, b in bodies) / 1e6
     print(
         f"prepared {args.events} {args.stream} events in {len(bodies)} bodies ({megabytes:.1f} MB)"
         f" in {time.perf_counter() - prep:.1f} s; posting to {args.url} with concurrency {args.concurrency}",
         flush=True,
     )
-    r = run_bench(args.url, args.stream, bodies, args.concurrency)
+    r = run_bench(args.url, args.stream, bodies, args.concurrency, args.format)
     secs = max(r.seconds, 1e-9)
     print(f"total events     {r.events}")
     print(f"accepted         {r.accepted}")

@@ -162,7 +162,8 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
 
 
 def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
-              figures: dict | None = None, *, batch: int = 1000, columnar: bool = True) -> None:
+              figures: dict | None = None, *, batch: int = 1000, columnar: bool = True,
+              body_format: str = "json") -> None:
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
     from bench.ingest_api import prepare_bodies, run_bench
     from sketchboard.settings import Settings
@@ -173,18 +174,18 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     log_settings = {} if kafka_bootstrap is None else {
         "log_backend": "kafka", "kafka_bootstrap_servers": kafka_bootstrap, "kafka_replication_factor": 1,
         "kafka_topic_prefix": f"benchapi{int(time.time())}."}
-    settings = Settings(data_dir=root / f"api-{'kafka' if kafka_bootstrap else 'embedded'}-{columnar}", port=port,
+    settings = Settings(data_dir=root / f"api-{'kafka' if kafka_bootstrap else 'embedded'}-{columnar}-{body_format}", port=port,
                         streams_config=DEFAULT_STREAMS, columnar_ingest=columnar, **log_settings)
     app, ctx = build_api(settings)
-    bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, batch)
+    bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, batch, body_format)
     with serving(app, port, join_s=10):
-        result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency)
+        result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency, body_format)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
     rate = result.accepted / result.seconds
     path = "columnar" if columnar else "per-event"
-    print(f"ingest API -> {what} ({path} validation): {result.accepted:,} events accepted in {result.seconds:.1f} s"
-          f" = {rate:,.0f} events/s ({result.requests} requests of {batch}, {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms,"
+    print(f"ingest API -> {what} ({path} validation, {body_format}): {result.accepted:,} events accepted in"
+          f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch}, {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms,"
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
           + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
           + ")", flush=True)
@@ -227,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the pipeline, drain the session queries of streams declaring sessions (timed)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
-    parser.add_argument("--api-batch", type=int, default=1000, help="events per API request (JSON array)")
+    parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")
+    parser.add_argument("--api-format", choices=("json", "ndjson", "both"), default="json",
+                        help="request bodies: JSON arrays, NDJSON, or both one after the other")
     parser.add_argument("--api-compare", action="store_true",
                         help="post the same events with columnar_ingest off, then on (side by side in one run)")
     args = parser.parse_args(argv)
@@ -251,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
                             fast_path=args.kafka_jvm_validation, duplicates=args.duplicates, sessions=args.sessions)
         if not args.skip_api:
             for name in logs:
-                for columnar in ((False, True) if args.api_compare else (True,)):
-                    bench_api(root, catalog, args.api_events, args.concurrency,
-                              kafka_bootstrap if name == "kafka" else None, figures[name],
-                              batch=args.api_batch, columnar=columnar)
+                formats = ("json", "ndjson") if args.api_format == "both" else (args.api_format,)
+                for body_format in formats:
+                    for columnar in ((False, True) if args.api_compare else (True,)):
+                        bench_api(root, catalog, args.api_events, args.concurrency,
+                                  kafka_bootstrap if name == "kafka" else None, figures[name],
+                                  batch=args.api_batch, columnar=columnar, body_format=body_format)
         print_table(figures)
     finally:
         if broker is not None:

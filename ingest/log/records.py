@@ -26,7 +26,11 @@ INGEST_TIME = "__ingest_time"
 EXTRA = "__extra"
 OFFSET = "__offset"
 
-_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+# A segment is an Arrow IPC stream in one LZ4 frame. Arrow's own IPC compression (lz4 per
+# buffer: what segments were before, still read) starts a compressor for each of a batch's ~24
+# buffers: 0.35-0.55 ms for a 250-record segment (a 1 000-event request makes four), half the
+# ingest API's work per request; one frame is ~0.03 ms, the same size, and faster to read.
+LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
 
 
 def segment_schema(stream: StreamDef) -> pa.Schema:
@@ -77,13 +81,23 @@ def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def encode_segment(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema, options=_WRITE_OPTIONS) as writer:
+    with pa.CompressedOutputStream(sink, "lz4") as frame, pa.ipc.new_stream(frame, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
 
 
 def decode_segment(data: bytes) -> pa.RecordBatch:
-    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    """A segment's batch: one LZ4 frame holding an IPC stream, or (older segments) an IPC
+    stream with lz4-compressed buffers. A corrupt frame raises ValueError, not Arrow's OSError:
+    the source steps over a segment it cannot decode but fails the batch on an I/O error
+    (ingest/spark_source.py)."""
+    source = pa.py_buffer(data)
+    if data[:4] == LZ4_FRAME_MAGIC:
+        try:
+            source = pa.CompressedInputStream(pa.BufferReader(source), "lz4").read_buffer()
+        except OSError as exc:
+            raise ValueError(f"corrupt segment frame: {exc}") from None
+    reader = pa.ipc.open_stream(source)
     batches = list(reader)
     return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 

@@ -438,3 +438,42 @@ def test_events_go_to_the_named_stream_only(client, ctx, now_ms):
     [row] = log_rows(ctx, "orders")
     assert row["customer_id"] == "c1" and row["amount"] == 12.5 and row["items"] == 2.0
     assert row["payment_method"] == ""
+
+
+# -- the answer's format ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["columnar", "per-event with rejections"])
+def test_the_answer_is_the_documented_model_as_fastapi_would_send_it(client, now_ms, shape):
+    """The 200 answer is built as JSON without FastAPI's model round trip: it must be exactly
+    what the documented IngestAnswer serializes to, on both paths."""
+    from api.ingest_routes import IngestAnswer
+
+    events = [event(now_ms, i) for i in range(6)]
+    if shape != "columnar":
+        events[2]["latency_ms"] = "slow"
+    r = post(client, events)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    answer = r.json()
+    assert (len(answer["rejected"]) == 1) == (shape != "columnar")
+    assert json.loads(IngestAnswer.model_validate(answer).model_dump_json()) == answer
+    assert list(answer) == list(IngestAnswer.model_fields)
+
+
+def test_the_columnar_path_is_warmed_as_the_server_starts_not_by_the_first_request(ctx, monkeypatch):
+    """Its first call imports pandas and anyio's thread backend (0.3-1 s): the app's lifespan
+    pays it, in a worker thread, before any request is served."""
+    from fastapi.testclient import TestClient
+
+    from api import ingest_routes
+    from api.app import create_app
+
+    warmed = []
+    monkeypatch.setattr(ingest_routes, "warm_columnar_path", lambda: warmed.append(True))
+    app = create_app(ctx)
+    assert warmed == []
+    with TestClient(app):
+        assert warmed == [True]
+    # The real warm-up's body goes the columnar way (it would warm nothing if refused).
+    assert ingest_routes.columnar_events(ingest_routes.WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1}\n').num_rows == 1

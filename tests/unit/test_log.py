@@ -512,3 +512,51 @@ def test_append_columns_writes_what_append_writes(backend: Backend, keyed: bool)
         if end:
             a, b = read_table(log, rows, p, 0, end), read_table(log, columns_stream, p, 0, end)
             assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))
+
+
+def _per_buffer_lz4_segment(batch: pa.RecordBatch) -> bytes:
+    """A segment as the log wrote them before one LZ4 frame: Arrow's IPC compression per buffer."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_segment_is_one_lz4_frame_and_older_segments_still_read() -> None:
+    batch = events_to_batch(STREAM, make_events(STREAM, 0, 300), T0)
+    new = encode_segment(batch)
+    assert new[:4] == b"\x04\x22\x4d\x18"  # the LZ4 frame magic
+    assert decode_segment(new).equals(batch)
+    old = _per_buffer_lz4_segment(batch)
+    assert old[:4] != new[:4] and decode_segment(old).equals(batch)
+    assert len(new) < len(old) * 1.1  # as small as before (smaller, measured)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "magic only"])
+def test_a_corrupt_segment_frame_is_a_value_error_not_an_io_error(damage: str) -> None:
+    """The source steps over a segment it cannot decode (error rows) but fails the batch on an
+    OSError, the log being unreadable: Arrow reports a bad frame as one (ArrowIOError)."""
+    data = encode_segment(events_to_batch(STREAM, make_events(STREAM, 0, 300), T0))
+    bad = {"truncated": data[: len(data) // 2], "garbled": data[:20] + b"x" * 64 + data[84:],
+           "magic only": data[:4]}[damage]
+    with pytest.raises(ValueError):
+        decode_segment(bad)
+
+
+def test_a_log_written_before_reads_on_with_new_segments(tmp_path: Path) -> None:
+    """A log whose older segments have per-buffer compression: reads cross from those into
+    the new ones."""
+    log = SqliteEventLog(tmp_path / "log.db")
+    log.ensure_topic(STREAM)
+    first = make_events(STREAM, 0, 40)
+    log.append(STREAM, first, T0)
+    with sqlite3.connect(tmp_path / "log.db") as conn:
+        rows = conn.execute("SELECT rowid, data FROM segments").fetchall()
+        for rowid, data in rows:
+            conn.execute("UPDATE segments SET data = ? WHERE rowid = ?",
+                         (_per_buffer_lz4_segment(decode_segment(data)), rowid))
+    second = make_events(STREAM, 40, 40)
+    log.append(STREAM, second, T0)
+    read = sum(batch.num_rows for p, o in log.offsets(STREAM.name).items() for batch in log.read(STREAM, p, o.start, o.end))
+    assert read == 80
+    log.close()
