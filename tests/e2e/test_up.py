@@ -1,4 +1,8 @@
-"""`sketchboard up` as a user runs it: real processes, real HTTP on loopback."""
+"""`sketchboard up` as a user runs it: real processes, real HTTP on loopback.
+
+Each `up` costs a Spark start-up (~20 s, minutes under load), so the module starts as few as it
+can: the query test and the SIGTERM test share one (`shared_up`: the query test only reads its
+own events back, the SIGTERM test, next in the file, ends it); the SIGKILL test has its own."""
 
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ pytestmark = pytest.mark.e2e
 
 
 
-@pytest.fixture
-def running_service(tmp_path):
+def _up(tmp_path):
+    """`sketchboard up --no-demo` on a free port, answering /healthz: yields (base, proc, its folder)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_file = open(tmp_path / "up.log", "w")
@@ -38,7 +42,9 @@ def running_service(tmp_path):
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        yield base, proc
+        else:  # say so here, not as a refused connection in the test
+            raise AssertionError(f"the API did not answer /healthz in 90 s:\n{(tmp_path / 'up.log').read_text()[-3000:]}")
+        yield base, proc, tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -49,8 +55,21 @@ def running_service(tmp_path):
         log_file.close()
 
 
-def test_post_events_then_query_their_metrics_a_few_seconds_later(running_service, tmp_path):
-    base, proc = running_service
+@pytest.fixture(scope="module")
+def shared_up(tmp_path_factory):
+    """One `up` for the tests that can share it; the last of them (SIGTERM) stops it."""
+    yield from _up(tmp_path_factory.mktemp("shared-up"))
+
+
+@pytest.fixture
+def own_up(tmp_path):
+    yield from _up(tmp_path)
+
+
+def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
+    base, proc, tmp_path = shared_up
+    assert proc.poll() is None, "the shared `up` was stopped by an earlier test"
+    before = _count(base)
     now_ms = int(time.time() * 1000)
     events = [
         {"time": now_ms - i * 10, "endpoint": "/api/cart", "status": 200, "region": "eu",
@@ -63,7 +82,7 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(running_servic
     assert answer.status_code == 200 and answer.json()["accepted"] == 500
 
     # The pipeline (a separate Spark process) picks them up; poll the query API like a user would.
-    _wait_for_count(base, proc, tmp_path, 500)
+    _wait_for_count(base, proc, tmp_path, before + 500)
     start = (now_ms - 5_000) // 10_000 * 10_000  # one 1-minute window holds all 500 events
     q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
                                                   "to": start + 60_000, "step": "1m"}, timeout=10).json()
@@ -84,14 +103,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_sigterm_to_up_alone_stops_its_children_cleanly(running_service, tmp_path):
-    base, proc = running_service
+def test_sigterm_to_up_alone_stops_its_children_cleanly(shared_up):
+    base, proc, tmp_path = shared_up
     children = _started_children(proc.pid)
     # A pipeline busy with a batch: the first one (Spark's warm-up) committed, then more events,
     # and the stop comes while their batch runs. It must commit or be left for the next start,
     # without a Py4J traceback (aggregates/batch_gate.py).
+    before = _count(base)  # the query test's events, when it ran first on this `up`
     _post(base, 200)
-    _wait_for_count(base, proc, tmp_path, 200)
+    _wait_for_count(base, proc, tmp_path, before + 200)
     _post(base, 5000)
     time.sleep(1.5)  # one trigger interval: the batch has started
     proc.send_signal(signal.SIGTERM)  # to `up` only, as `kill <pid>` or a service manager does
@@ -103,8 +123,8 @@ def test_sigterm_to_up_alone_stops_its_children_cleanly(running_service, tmp_pat
     assert "Traceback" not in output and "Py4J" not in output, output[-3000:]
 
 
-def test_sigkill_to_up_alone_stops_its_children(running_service):
-    base, proc = running_service
+def test_sigkill_to_up_alone_stops_its_children(own_up):
+    base, proc, _ = own_up
     children = _started_children(proc.pid)
     proc.send_signal(signal.SIGKILL)  # up gets no chance to stop them: the kernel tells them (parent death)
     proc.wait(timeout=10)
@@ -137,13 +157,19 @@ def _post(base: str, n: int) -> None:
     assert answer.status_code == 200 and answer.json()["accepted"] == n
 
 
-def _wait_for_count(base: str, proc, tmp_path, expected: int) -> None:
+def _count(base: str) -> float:
+    """The events of the last 30 minutes the pipeline has aggregated (wide enough that a shared
+    `up`'s earlier events stay in it)."""
+    q = httpx.get(f"{base}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-30m",
+                                                  "to": "now+1m", "step": "1m"}, timeout=10).json()
+    return sum(p["value"] or 0 for s in q["series"] for p in s["points"])
+
+
+def _wait_for_count(base: str, proc, tmp_path, expected: float) -> None:
     deadline = time.monotonic() + 180  # Spark's start and first batch: ~30 s quiet, minutes under load
     total = 0
     while time.monotonic() < deadline:
-        q = httpx.get(f"{base}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-5m",
-                                                      "to": "now+1m", "step": "1m"}, timeout=10).json()
-        total = sum(p["value"] or 0 for s in q["series"] for p in s["points"])
+        total = _count(base)
         if total >= expected:
             break
         assert proc.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
