@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     panes_only = Catalog.model_validate({
         "streams": {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items()
                     if not s.derived_from},
-        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items()},
+        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items()
+                    if not shipped.streams[m.stream].derived_from},  # derived streams are left out above
     })
     end_ms = int(time.time() * 1000) // 10_000 * 10_000
     results = {}
