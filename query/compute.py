@@ -7,6 +7,7 @@ the first_seen table (store/bloom.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,31 @@ def point_json(p: Point) -> dict[str, Any]:
 
 def series_json(s: StatSeries) -> dict[str, Any]:
     return {"stat": s.stat, "group": s.group, "points": [point_json(p) for p in s.points]}
+
+
+def answer_text(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> str:
+    """answer_json() as JSON text, the very bytes a JSONResponse renders of it (ensure_ascii off,
+    no spaces), written point by point: a day at 1-minute steps by 8 groups is 11 520 points,
+    and building a dict per point for the generic encoder cost about as much as computing them."""
+    head = _dumps(answer_json(q, lo, hi, watermark_ms, []))  # ends with its last key, '"series":[]}'
+    body = ",".join('{"stat":' + _dumps(s.stat) + ',"group":' + _dumps(s.group) + ',"points":['
+                    + ",".join(map(_point_text, s.points)) + "]}" for s in series)
+    return head[:-2] + body + "]}"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _point_text(p: Point) -> str:
+    value = p.value
+    if value is None or (type(value) is float and not math.isfinite(value)):
+        value_text = "null"
+    else:
+        value_text = float.__repr__(value) if type(value) is float else _dumps(value)
+    error = "null" if p.error is None else _dumps(point_json(p)["error"])
+    return (f'{{"t":{p.t_ms:d},"value":{value_text},"count":{p.count:d},"final":{"true" if p.final else "false"},'
+            f'"revision":{p.revision:d},"error":{error}}}')
 
 
 def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:
