@@ -118,15 +118,28 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _number(x: Any, *, finite: bool = False) -> str:
+    """A number as json.dumps writes it; finite=True: inf and NaN as null (what _finite does)."""
+    if x is None:
+        return "null"
+    if type(x) is float:
+        if math.isfinite(x):
+            return float.__repr__(x)
+        if finite:
+            return "null"
+    return _dumps(x)
+
+
 def _point_text(p: Point) -> str:
-    value = p.value
-    if value is None or (type(value) is float and not math.isfinite(value)):
-        value_text = "null"
+    e = p.error
+    if e is None:
+        error = "null"
     else:
-        value_text = float.__repr__(value) if type(value) is float else _dumps(value)
-    error = "null" if p.error is None else _dumps(point_json(p)["error"])
-    return (f'{{"t":{p.t_ms:d},"value":{value_text},"count":{p.count:d},"final":{"true" if p.final else "false"},'
-            f'"revision":{p.revision:d},"error":{error}}}')
+        error = (f'{{"kind":{_dumps(e.kind)},"lower":{_number(e.lower, finite=True)},'
+                 f'"upper":{_number(e.upper, finite=True)},"relative_error":{_number(e.relative_error)},'
+                 f'"rank_error":{_number(e.rank_error)},"expected_undercount":{_number(e.expected_undercount)}}}')
+    return (f'{{"t":{p.t_ms:d},"value":{_number(p.value, finite=True)},"count":{p.count:d},'
+            f'"final":{"true" if p.final else "false"},"revision":{p.revision:d},"error":{error}}}')
 
 
 def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:
