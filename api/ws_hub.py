@@ -199,6 +199,24 @@ class Client:
 # -- the hub -----------------------------------------------------------------------------
 
 
+class _SharedSnapshot:
+    """One snapshot computation, awaited by every identical subscription that came meanwhile."""
+
+    def __init__(self, seq: int | None):
+        self.seq = seq  # the tailer's change feed position when it started
+        self.done = threading.Event()
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+        self._text: str | None = None
+        self._lock = threading.Lock()
+
+    def text(self) -> str:
+        with self._lock:
+            if self._text is None:
+                self._text = _dumps(self.result)
+            return self._text
+
+
 @dataclass
 class HubConfig:
     poll_interval_s: float = 0.2
@@ -211,6 +229,9 @@ class HubConfig:
     # even without a notification (a safety net; the signal normally wakes the hub at once).
     fallback_poll_s: float = 5.0
     max_points: int = 11_000
+    # Snapshots computed at once (the rest wait their turn): a burst of subscriptions must leave
+    # the GIL and the store to REST queries between them. Identical ones are computed once.
+    snapshot_concurrency: int = 1
     send_timeout_s: float = 60.0  # a client that accepts nothing for this long is disconnected
     # Messages a client may send: a sustained rate and a burst (a dashboard subscribes to ~10
     # queries at once on connect); past them the connection is closed (1008).
@@ -226,6 +247,7 @@ class HubStats:
     last_tick_ms: float = 0.0
     errors: int = 0
     notified: int = 0  # wake-ups by a commit notification (store.change_signal)
+    snapshots: int = 0  # snapshots computed (identical subscriptions share one)
     extra: dict = field(default_factory=dict)
 
 
@@ -249,6 +271,9 @@ class Hub:
         self._last_feed_poll = 0.0
         self._signal = None  # the store's commit signal the tailer waits on (None: it polls)
         self._backlog = False  # the last tick stopped at max_changes_per_tick: read on without waiting
+        self._snapshots: dict[tuple, _SharedSnapshot] = {}  # computed or computing, shared by identical subscriptions
+        self._snapshots_lock = threading.Lock()
+        self._snapshot_slots = threading.BoundedSemaphore(max(1, self.config.snapshot_concurrency))
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -306,8 +331,46 @@ class Hub:
 
     def snapshot(self, query: Query) -> dict:
         """The subscription's full result now (run it off the event loop: it reads the store)."""
+        return self._shared_snapshot(query).result
+
+    def snapshot_message(self, sub_id: str, query: Query) -> QueuedMessage:
+        """The snapshot message of a subscription, its result encoded to JSON once for every
+        subscription that shares it (50 clients on one view: one computation, one encoding)."""
+        shared = self._shared_snapshot(query)
+        return QueuedMessage({"type": "snapshot", "id": sub_id, "result": shared.result}, False,
+                             '{"type":"snapshot","id":' + _dumps(sub_id) + ',"result":' + shared.text() + "}")
+
+    def _shared_snapshot(self, query: Query) -> _SharedSnapshot:
+        """Computed once for identical subscriptions (same shape, range and watermark) while the
+        tailer has read no new change: a change the computation did not see is then still ahead of
+        the tailer, which sends it to every subscriber registered by then as points. At most
+        `snapshot_concurrency` are computed at a time, in the callers' threads."""
         watermark = self.store.watermarks().get(query.stream)
-        return snapshot_result(self.store, query, self.now_ms(), watermark, self.config.max_points, self.point_cache)
+        now_ms = self.now_ms()
+        key = (query.shape_key(), query.range_at(now_ms), watermark)
+        with self._snapshots_lock:
+            seq = self._seq
+            shared = self._snapshots.get(key)
+            owner = shared is None or seq is None or shared.seq != seq or shared.error is not None
+            if owner:
+                self._snapshots = {k: v for k, v in self._snapshots.items() if v.seq == seq}  # the rest are stale
+                shared = self._snapshots[key] = _SharedSnapshot(seq)
+        if not owner:
+            shared.done.wait()
+            if shared.error is None:
+                return shared
+            return self._shared_snapshot(query)  # its computation failed: try on our own
+        try:
+            with self._snapshot_slots:
+                shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
+                                                self.point_cache)
+                self.stats.snapshots += 1
+        except BaseException as exc:
+            shared.error = exc
+            raise
+        finally:
+            shared.done.set()
+        return shared
 
     @property
     def clients(self) -> int:

@@ -111,14 +111,14 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
             _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
             return
         try:
-            result = await run_in_threadpool(hub.snapshot, query)
+            message = await run_in_threadpool(hub.snapshot_message, msg.id, query)
         except RollupError as exc:
             hub.unsubscribe(client, msg.id)
             _reply(client, error(str(exc), msg.id))
             return
         if client.subs.get(msg.id) is not sub:
             return  # unsubscribed or replaced while the snapshot was computed
-        _reply(client, {"type": "snapshot", "id": msg.id, "result": result})
+        client.queue.put(message)
         client.queue.release(sub)
 
 

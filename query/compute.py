@@ -7,6 +7,7 @@ the first_seen table (store/bloom.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,44 @@ def point_json(p: Point) -> dict[str, Any]:
 
 def series_json(s: StatSeries) -> dict[str, Any]:
     return {"stat": s.stat, "group": s.group, "points": [point_json(p) for p in s.points]}
+
+
+def answer_text(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> str:
+    """answer_json() as JSON text, the very bytes a JSONResponse renders of it (ensure_ascii off,
+    no spaces), written point by point: a day at 1-minute steps by 8 groups is 11 520 points,
+    and building a dict per point for the generic encoder cost about as much as computing them."""
+    head = _dumps(answer_json(q, lo, hi, watermark_ms, []))  # ends with its last key, '"series":[]}'
+    body = ",".join('{"stat":' + _dumps(s.stat) + ',"group":' + _dumps(s.group) + ',"points":['
+                    + ",".join(map(_point_text, s.points)) + "]}" for s in series)
+    return head[:-2] + body + "]}"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _number(x: Any, *, finite: bool = False) -> str:
+    """A number as json.dumps writes it; finite=True: inf and NaN as null (what _finite does)."""
+    if x is None:
+        return "null"
+    if type(x) is float:
+        if math.isfinite(x):
+            return float.__repr__(x)
+        if finite:
+            return "null"
+    return _dumps(x)
+
+
+def _point_text(p: Point) -> str:
+    e = p.error
+    if e is None:
+        error = "null"
+    else:
+        error = (f'{{"kind":{_dumps(e.kind)},"lower":{_number(e.lower, finite=True)},'
+                 f'"upper":{_number(e.upper, finite=True)},"relative_error":{_number(e.relative_error)},'
+                 f'"rank_error":{_number(e.rank_error)},"expected_undercount":{_number(e.expected_undercount)}}}')
+    return (f'{{"t":{p.t_ms:d},"value":{_number(p.value, finite=True)},"count":{p.count:d},'
+            f'"final":{"true" if p.final else "false"},"revision":{p.revision:d},"error":{error}}}')
 
 
 def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:

@@ -295,7 +295,8 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return sqlite_tiers.aggregate(self._conn, table, where, args, start_ms=start_ms, end_ms=end_ms,
                                           origin_ms=origin_ms, bucket_ms=bucket_ms, group_by=group_by,
-                                          filters=filters or {}, value_field=value_field)
+                                          filters=filters or {}, value_field=value_field,
+                                          one_row_per_bucket=bucket_ms == granule_ms and origin_ms % granule_ms == 0)
 
     @staticmethod
     def _tier_table(stream: str, granule_ms: int, proj: str, pane_ms: int | None) -> tuple[str, str, tuple]:

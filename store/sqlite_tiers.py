@@ -138,22 +138,29 @@ __all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "load_da
 
 def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
               origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
-              value_field: str | None) -> list[BucketStats]:
+              value_field: str | None, one_row_per_bucket: bool = False) -> list[BucketStats]:
     """Exact stats summed in SQL: per (bucket of `bucket_ms` from `origin_ms`, group) of the rows
     of `table` matching `where` that start in [start_ms, end_ms) and pass `filters`: count, the
     highest revision, the value field's n/sum/min/max, the newest batch and the rows summed.
 
     SQLite groups by the stored dimensions text (no JSON parsing per row); each distinct text is
-    parsed once here and mapped to its group. Filters are applied in SQL."""
+    parsed once here and mapped to its group. Filters are applied in SQL. With
+    one_row_per_bucket (the rows are as long as the bucket and aligned on it: a 1-minute step
+    read from 1-minute rows) each (bucket, dimensions) holds one row: the same sums without
+    the GROUP BY's sort, about half the query's time for a day of 1-minute rows."""
+    def agg(fn: str, expr: str) -> str:
+        return expr if one_row_per_bucket else f"{fn}({expr})"
+
     clauses = [where, "start_ms >= ?", "start_ms < ?",
                *(f"COALESCE(json_extract(dims, '$.{name}'), '') = ?" for name in filters)]  # names are identifiers
     if value_field:
         path = f"'$.{value_field}"
-        value = (f"SUM(json_extract(stats, {path}.n')), SUM(json_extract(stats, {path}.sum')),"
-                 f" MIN(json_extract(stats, {path}.min')), MAX(json_extract(stats, {path}.max'))")
+        value = ", ".join(agg(fn, f"json_extract(stats, {path}.{key}')")
+                          for fn, key in (("SUM", "n"), ("SUM", "sum"), ("MIN", "min"), ("MAX", "max")))
     else:
         value = "0, 0.0, NULL, NULL"
-    sql = (f"SELECT (start_ms - ?) / ? AS bucket, dims, SUM(count), MAX(revision), {value}, MAX(last_batch), COUNT(*)"
-           f" FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket, dims")
+    sql = (f"SELECT (start_ms - ?) / ? AS bucket, dims, {agg('SUM', 'count')}, {agg('MAX', 'revision')}, {value},"
+           f" {agg('MAX', 'last_batch')}, {'1' if one_row_per_bucket else 'COUNT(*)'}"
+           f" FROM {table} WHERE {' AND '.join(clauses)}{'' if one_row_per_bucket else ' GROUP BY bucket, dims'}")
     return row_codec.bucket_stats(conn.execute(sql, (origin_ms, bucket_ms, *args, start_ms, end_ms, *filters.values())),
                                   group_by)

@@ -299,7 +299,8 @@ class PostgresPaneStore(PaneStore):
         with self._pool.connection() as conn:
             return rows.aggregate(conn, table, where, args, start_ms=start_ms, end_ms=end_ms, origin_ms=origin_ms,
                                   bucket_ms=bucket_ms, group_by=group_by, filters=filters or {},
-                                  value_field=value_field)
+                                  value_field=value_field,
+                                  one_row_per_bucket=bucket_ms == granule_ms and origin_ms % granule_ms == 0)
 
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
         found = self._all(

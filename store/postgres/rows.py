@@ -126,19 +126,25 @@ def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms
 
 def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
               origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
-              value_field: str | None) -> list[BucketStats]:
+              value_field: str | None, one_row_per_bucket: bool = False) -> list[BucketStats]:
     """Exact stats summed by the server per (bucket, stored dimensions text), as
-    store/sqlite_tiers.aggregate sums them; bigint division truncates as SQLite's does."""
+    store/sqlite_tiers.aggregate sums them (one_row_per_bucket too); bigint division truncates as
+    SQLite's does."""
+    def agg(fn: str, expr: str) -> str:
+        return expr if one_row_per_bucket else f"{fn}({expr})"
+
     clauses = [where, "start_ms >= %s", "start_ms < %s", *["COALESCE(dims::jsonb ->> %s, '') = %s"] * len(filters)]
     filter_args = [x for item in filters.items() for x in item]
     if value_field:
         field = "(stats::jsonb -> %s)"
-        value = (f"SUM(({field} ->> 'n')::bigint)::bigint, SUM(({field} ->> 'sum')::float8),"
-                 f" MIN(({field} ->> 'min')::float8), MAX(({field} ->> 'max')::float8)")
+        value = ", ".join(agg(fn, f"({field} ->> '{key}')::{kind}") + cast
+                          for fn, key, kind, cast in (("SUM", "n", "bigint", "::bigint"), ("SUM", "sum", "float8", ""),
+                                                      ("MIN", "min", "float8", ""), ("MAX", "max", "float8", "")))
         value_args = [value_field] * 4
     else:
         value, value_args = "0, 0.0::float8, NULL::float8, NULL::float8", []
-    sql = (f"SELECT (start_ms - %s) / %s AS bucket, dims, SUM(count)::bigint, MAX(revision), {value},"
-           f" MAX(last_batch), COUNT(*) FROM {table} WHERE {' AND '.join(clauses)} GROUP BY bucket, dims")
+    sql = (f"SELECT (start_ms - %s) / %s AS bucket, dims, {agg('SUM', 'count')}::bigint, {agg('MAX', 'revision')},"
+           f" {value}, {agg('MAX', 'last_batch')}, {'1' if one_row_per_bucket else 'COUNT(*)'} FROM {table}"
+           f" WHERE {' AND '.join(clauses)}{'' if one_row_per_bucket else ' GROUP BY bucket, dims'}")
     return row_codec.bucket_stats(
         conn.execute(sql, (origin_ms, bucket_ms, *value_args, *args, start_ms, end_ms, *filter_args)), group_by)

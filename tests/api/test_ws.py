@@ -387,3 +387,33 @@ def test_a_switched_stream_reloads_its_subscribers(server, ctx, now_ms):
         reload = recv_until(ws, lambda m: m["type"] == "snapshot" and m.get("reason") == "switched")
         assert reload["id"] == "a" and reload["result"]["metric"] == "requests"
         assert sum(p["count"] for s in reload["result"]["series"] for p in s["points"]) >= 1  # the served rows now
+
+
+def test_identical_subscriptions_share_one_snapshot_until_the_feed_moves(server, ctx, now_ms):
+    """Many clients on one view: one snapshot computation (and one JSON encoding) while the hub has
+    read no new change; after a commit the next subscriber gets a fresh one with the new rows."""
+    post(server, [ev(now_ms - 120_000)])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+    hub = server.app.state.hub
+    view = dict(metric="requests", stat="count", **{"from": "now-10m"}, step="1m")
+    with connect(server.ws) as first:
+        deadline = time.monotonic() + 10
+        while hub._seq is None:  # the tailer has found its place in the change feed (a thread's start)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        before = hub.stats.snapshots
+        snaps = [subscribe(first, f"s{i}", **view) for i in range(3)]
+        results = [s["result"] for s in snaps]
+        assert results[0] == results[1] == results[2]
+        assert sum(p["count"] for s in results[0]["series"] for p in s["points"]) == 1
+        assert hub.stats.snapshots - before == 1  # the hub's change feed position did not move
+        with connect(server.ws) as second:
+            subscribe(second, "x", **view)
+            assert hub.stats.snapshots - before == 1
+
+            post(server, [ev(now_ms - 60_000)])
+            drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+            recv_until(first, lambda m: m["type"] == "points" and m["id"] == "s0")  # the hub read the commit
+            fresh = subscribe(second, "y", **view)["result"]
+            assert hub.stats.snapshots - before == 2
+            assert sum(p["count"] for s in fresh["series"] for p in s["points"]) == 2

@@ -1,0 +1,49 @@
+"""KllSketch.merge_all starts from its first part (copied or deserialized) instead of merging it
+into an empty sketch: the parts are left as they were, and the answer is the one an empty
+sketch merged with every part gives (exactly below k items; KLL's compactions are random above)."""
+
+from __future__ import annotations
+
+import datasketches as ds
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sketches import KllSketch
+
+parts = st.lists(st.lists(st.floats(-1e9, 1e9, allow_nan=False), max_size=60), min_size=1, max_size=5)
+
+
+def sketch_of(values: list[float], k: int = 200) -> KllSketch:
+    s = KllSketch(k)
+    for v in values:
+        s.update(v)
+    return s
+
+
+def merged_from_empty(sketches: list[KllSketch], k: int = 200) -> ds.kll_doubles_sketch:
+    out = ds.kll_doubles_sketch(k)
+    for s in sketches:
+        out.merge(s._sketch)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=parts, as_bytes=st.booleans())
+def test_merge_all_answers_as_a_merge_into_an_empty_sketch_and_changes_no_part(values, as_bytes):
+    sketches = [sketch_of(v) for v in values]
+    before = [s.to_bytes() for s in sketches]
+    got = KllSketch.merge_all([s.to_bytes() for s in sketches] if as_bytes else sketches)
+    expected = merged_from_empty(sketches)
+    assert got.n == expected.n and got.k == 200
+    ranks = [0.0, 0.1, 0.5, 0.9, 0.99, 1.0]
+    if expected.n:
+        assert list(got._sketch.get_quantiles(ranks)) == list(expected.get_quantiles(ranks))
+    assert [s.to_bytes() for s in sketches] == before
+    got.update(1.0)  # the result is a sketch of its own
+    assert [s.to_bytes() for s in sketches] == before
+
+
+def test_a_first_part_of_another_k_is_merged_into_a_sketch_of_the_asked_k():
+    got = KllSketch.merge_all([sketch_of([1.0, 2.0], k=100), sketch_of([3.0])])
+    assert got.k == 200 and got.n == 3
+    assert KllSketch.merge_all([]).is_empty()
