@@ -137,7 +137,9 @@ class PatternRunner:
             events = pattern_events(records, self.catalog, plan, pattern)
             before = self.store.pattern_state(pattern.name, [], None).watermark_ms
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
-            load = self.store.pattern_state(pattern.name, sorted({e.key for e in events}), now)
+            # The states of the keys whose events are released now; buffering an event reads nothing.
+            ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
+            load = self.store.pattern_state(pattern.name, sorted(ready), now)
             done = run_pattern_batch(plan, load, events, now)
             stream = self.catalog.streams[matches_stream_name(pattern.name)]
             out.partials.extend(derived_partials(match_rows(done.matches), stream.name, (), stream.pane, self.kll_k,
