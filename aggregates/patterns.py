@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
@@ -76,32 +77,52 @@ def read_fields(plan: Plan, pattern: PatternDef, stream: str) -> tuple[str, ...]
     return tuple(sorted(names))
 
 
-def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: PatternDef) -> list[PatternEvent]:
+def list_slot(column: pa.ChunkedArray | pa.Array, i: int) -> list:
+    """Element i of each row's list as Python values, None where the list is null or shorter:
+    one vectorized take per slot rather than every row's list turned into Python."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(arr) == 0:
+        return []
+    offsets = arr.offsets.to_numpy()
+    present = (np.diff(offsets) > i) & arr.is_valid().to_numpy(zero_copy_only=False)
+    if not present.any():
+        return [None] * len(arr)
+    taken = arr.values.take(pa.array(np.where(present, offsets[:-1] + i, 0))).to_pylist()
+    return taken if present.all() else [v if ok else None for v, ok in zip(taken, present.tolist())]
+
+
+def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: PatternDef,
+                   slots_cache: dict | None = None) -> list[PatternEvent]:
     """The batch's records of the pattern's streams as matcher events, with the fields it reads;
-    a record without the key matches nothing and is left out."""
+    a record without the key matches nothing and is left out. `slots_cache` shares the columns
+    read between the patterns of one batch."""
     out: list[PatternEvent] = []
+    cache = {} if slots_cache is None else slots_cache
     for stream_name in pattern.streams:
         stream = catalog.streams[stream_name]
-        rows = records.filter(pc.equal(records["stream"], stream_name))
+        if ("rows", stream_name) not in cache:
+            rows = records.filter(pc.equal(records["stream"], stream_name))
+            cache["rows", stream_name] = (rows, rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
+                                          rows["offset"].to_pylist())
+        rows, times, partitions, offsets = cache["rows", stream_name]
         if rows.num_rows == 0:
             continue
-        columns = {c: rows[c].to_pylist() for c in ("dims", "ids", "vals")}
-        key_slot = field_slot(stream, pattern.key)
-        slots = [(name, field_slot(stream, name)) for name in read_fields(plan, pattern, stream_name)]
 
-        def read(slot, i):
+        def column(slot):
             if slot is None:
-                return None
-            arr = columns[slot[0]][i]
-            return None if arr is None or slot[1] >= len(arr) else arr[slot[1]]
+                return [None] * rows.num_rows
+            if (stream_name, slot) not in cache:
+                cache[stream_name, slot] = list_slot(rows[slot[0]], slot[1])
+            return cache[stream_name, slot]
 
-        for i, (t, p, o) in enumerate(zip(rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
-                                          rows["offset"].to_pylist(), strict=True)):
-            key = read(key_slot, i)
+        keys = column(field_slot(stream, pattern.key))
+        names = read_fields(plan, pattern, stream_name)
+        values = [column(field_slot(stream, name)) for name in names]
+        for i, key in enumerate(keys):
             if key is None:
                 continue
-            fields = {name: v for name, slot in slots if (v := read(slot, i)) is not None}
-            out.append(PatternEvent(stream_name, p, o, t, key, fields))
+            fields = {name: v for name, col in zip(names, values) if (v := col[i]) is not None}
+            out.append(PatternEvent(stream_name, partitions[i], offsets[i], times[i], key, fields))
     return out
 
 
@@ -133,8 +154,9 @@ class PatternRunner:
         """Every pattern over the batch's records, with the streams' watermarks stored before it."""
         out = PatternsBatch()
         matches = late = released = 0
+        slots: dict = {}  # the columns the patterns read, shared
         for pattern, plan in self.patterns:
-            events = pattern_events(records, self.catalog, plan, pattern)
+            events = pattern_events(records, self.catalog, plan, pattern, slots)
             before = self.store.pattern_state(pattern.name, [], None).watermark_ms
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
