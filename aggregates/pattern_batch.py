@@ -3,9 +3,10 @@ state the batch touches, the batch's events and the watermark are passed in; the
 the state changes come out. No I/O, no clock (aggregates/patterns.py reads and writes).
 
 The matcher (patterns/) must see each key's events in event-time order. Events arrive in any
-order, so each key's events wait in a buffer until the pattern's watermark passes them; then the
-released ones are fed sorted (time, stream, partition, offset) and the matcher is advanced to
-the watermark (absences due are decided, partial matches past `within` dropped).
+order, so they wait in the pattern's buffer until its watermark passes them; then the released
+ones are fed per key sorted (time, stream, partition, offset) and the matcher is advanced to
+the watermark (absences due are decided, partial matches past `within` dropped). Buffering an
+event reads nothing: a key's state is read only when its events are released or it is due.
 
 The pattern's watermark is the lowest of its streams' watermarks as the store holds them before
 the batch (the watermark that decides which panes are final), never going back: every event of
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from patterns.events import Match, PatternEvent
 from patterns.matcher import PatternMatcher
 from patterns.plan import Plan
-from store.patterns import KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad
+from store.patterns import BufferedEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad
 
 
 @dataclass(frozen=True)
@@ -44,55 +45,60 @@ def pattern_watermark(before_ms: int | None, stream_watermarks: Mapping[str, int
     return low if before_ms is None else max(before_ms, low)
 
 
-def encode(event: PatternEvent) -> list:
-    return [event.stream, event.partition, event.offset, event.time, event.fields]
-
-
 def decode(key: str, data: Sequence) -> PatternEvent:
+    """A buffered event as a store written before pattern_buffer kept it with its key."""
     stream, partition, offset, time, fields = data
     return PatternEvent(stream, partition, offset, time, key, fields)
 
 
-def due_ms(plan: Plan, state: Mapping | None, buffered: Sequence[PatternEvent]) -> int | None:
-    """The lowest watermark at which this key has work: a buffered event to release, an absence
-    deadline to decide, a partial match that `within` drops (its start + within)."""
-    times = [e.time for e in buffered]
-    if state:
-        times += [w["deadline"] for w in state.get("waiting", ()) if w.get("deadline") is not None]
-        if plan.within is not None:
-            times += [r["taken"][0][4] + plan.within for r in state.get("runs", ()) if r.get("taken")]
+def due_ms(plan: Plan, state: Mapping | None) -> int | None:
+    """The lowest watermark at which this key's partial matches have work: an absence deadline to
+    decide, a partial match that `within` drops (its start + within). Its buffered events are
+    found by their own time (store/patterns.py)."""
+    if not state:
+        return None
+    times = [w["deadline"] for w in state.get("waiting", ()) if w.get("deadline") is not None]
+    if plan.within is not None:
+        times += [r["taken"][0][4] + plan.within for r in state.get("runs", ()) if r.get("taken")]
     return min(times, default=None)
 
 
 def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEvent],
                       watermark_ms: int | None) -> PatternBatch:
-    """Buffer the batch's events per key, release and feed those at or before `watermark_ms` (the
-    pattern's watermark for this batch: pattern_watermark), then advance the matcher to it.
-    `load` holds the pattern's watermark before the batch and the stored keys the batch's events
-    touch or that are due by `watermark_ms` (the other keys have nothing to do)."""
+    """Buffer the batch's events, release and feed those at or before `watermark_ms` (the
+    pattern's watermark for this batch: pattern_watermark) with the buffered ones it releases,
+    per key in event-time order, then advance the matcher to it. `load` holds the pattern's
+    watermark before the batch, the buffered events released (time at or before `watermark_ms`)
+    and the stored keys that the released events touch or that are due by `watermark_ms` (the
+    other keys have nothing to do). Only keys whose state changed are written back."""
     before = load.watermark_ms
     now = before if watermark_ms is None or (before is not None and watermark_ms < before) else watermark_ms
     late = [LateEvent(e.stream, e.partition, e.offset, e.time, before)
             for e in events if before is not None and e.time <= before]
-    buffers: dict[str, dict[tuple, PatternEvent]] = {}
-    for key, stored in load.keys.items():
-        buffers[key] = {(e.stream, e.partition, e.offset): e for e in (decode(key, d) for d in stored.buffered)}
-    for e in events:
-        if before is None or e.time > before:
-            buffers.setdefault(e.key, {})[(e.stream, e.partition, e.offset)] = e
-    matcher = PatternMatcher.from_state(plan, {
-        "watermark": before, "late_events": 0,
-        "keys": {key: stored.state for key, stored in load.keys.items() if stored.state}})
+    # Released per key, by place in the log (an event buffered twice is fed once); the rest buffered.
+    ready: dict[str, dict[tuple, PatternEvent]] = {}
+    buffer: list[BufferedEvent] = []
+    for e in load.released:
+        ready.setdefault(e.key, {})[(e.stream, e.partition, e.offset)] = PatternEvent(
+            e.stream, e.partition, e.offset, e.time_ms, e.key, e.fields)
+    legacy = [decode(key, d) for key, stored in load.keys.items() for d in stored.buffered]
+    for e in (*legacy, *events):
+        if before is not None and e.time <= before:
+            continue
+        if now is not None and e.time <= now:
+            ready.setdefault(e.key, {})[(e.stream, e.partition, e.offset)] = e
+        else:
+            buffer.append(BufferedEvent(e.key, e.stream, e.partition, e.offset, e.time, dict(e.fields)))
+    stored_states = {key: stored.state for key, stored in load.keys.items() if stored.state}
+    matcher = PatternMatcher.from_state(plan, {"watermark": before, "late_events": 0, "keys": stored_states})
     by_key: dict[str, list[Match]] = {}
-    kept: dict[str, list[PatternEvent]] = {}
     released = 0
-    for key in sorted(buffers):
-        pending = sorted(buffers[key].values(), key=lambda e: e.order)
-        ready = [e for e in pending if now is not None and e.time <= now]
-        kept[key] = pending[len(ready):]
-        for event in ready:
-            by_key.setdefault(key, []).extend(matcher.feed(event).matches)
-        released += len(ready)
+    for key in sorted(ready):
+        for event in sorted(ready[key].values(), key=lambda e: e.order):
+            outcome = matcher.feed(event)
+            if outcome.matches:
+                by_key.setdefault(key, []).extend(outcome.matches)
+        released += len(ready[key])
     if now is not None and now != before:
         for match in matcher.advance(now):
             by_key.setdefault(match.key, []).append(match)
@@ -100,9 +106,14 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
     matches = sorted((m for key in sorted(by_key) for m in by_key[key]), key=lambda m: m.decided_at)
     states = matcher.state()["keys"]
     keys: dict[str, KeyState] = {}
-    for key in sorted(set(buffers) | set(load.keys) | set(states)):
-        state, buffered = states.get(key), kept.get(key, [])
-        partial = len(state["runs"]) + len(state["waiting"]) if state else 0
-        keys[key] = KeyState(state, tuple(encode(e) for e in buffered), due_ms(plan, state, buffered), partial)
+    for key in sorted(set(load.keys) | set(states)):
+        state, stored = states.get(key), load.keys.get(key)
+        if stored is not None and not stored.buffered and state == (stored.state or None):
+            continue  # unchanged: not written
+        if state is None:
+            if stored is not None:
+                keys[key] = KeyState()  # nothing pending any more: deleted
+            continue
+        keys[key] = KeyState(state, (), due_ms(plan, state), len(state["runs"]) + len(state["waiting"]))
     new = [NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures)) for m in matches]
-    return PatternBatch(PatternCommit(plan.name, now, keys, new, late), matches, released)
+    return PatternBatch(PatternCommit(plan.name, now, keys, new, late, buffer), matches, released)

@@ -20,9 +20,10 @@ are due, which keeps the driver's share small at the embedded service's scale
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
@@ -34,9 +35,9 @@ from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
 from aggregates.window_join import DerivedRow
 from catalog import Catalog
 from catalog.model import StreamDef
-from catalog.patterns import PatternDef, matches_stream_name
+from catalog.patterns import Condition, PatternDef, matches_stream_name
 from patterns.events import Match, PatternEvent
-from patterns.plan import Plan, compile_pattern
+from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
 from store import BatchCommit, PanePartial, PaneStore
 from store.patterns import PatternCommit
@@ -76,32 +77,97 @@ def read_fields(plan: Plan, pattern: PatternDef, stream: str) -> tuple[str, ...]
     return tuple(sorted(names))
 
 
-def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: PatternDef) -> list[PatternEvent]:
+def slot_array(column: pa.ChunkedArray | pa.Array, i: int) -> pa.Array:
+    """Element i of each row's list, null where the list is null or shorter: one vectorized take
+    per slot rather than every row's list turned into Python."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = arr.offsets.to_numpy()
+    present = (np.diff(offsets) > i) & arr.is_valid().to_numpy(zero_copy_only=False)
+    if not present.any():
+        return pa.nulls(len(arr), arr.type.value_type)
+    taken = arr.values.take(pa.array(np.where(present, offsets[:-1] + i, 0)))
+    return taken if present.all() else pc.if_else(pa.array(present), taken, pa.scalar(None, taken.type))
+
+
+def list_slot(column: pa.ChunkedArray | pa.Array, i: int) -> list:
+    """slot_array as Python values (None where absent)."""
+    return slot_array(column, i).to_pylist()
+
+
+def condition_mask(condition: Condition, values: pa.Array) -> np.ndarray:
+    """Which rows pass a condition that reads no earlier step, vectorized: the condition is
+    decided once per distinct value (by the matcher's own rule, so exactly as it decides it)."""
+    if values.null_count == len(values):
+        return np.zeros(len(values), dtype=bool)  # a field never present passes nothing
+    encoded = pc.dictionary_encode(values)
+    distinct = encoded.dictionary.to_pylist()
+    passes = np.array([holds_alone(condition, v) for v in distinct] + [False], dtype=bool)  # last: null
+    return passes[encoded.indices.fill_null(len(distinct)).to_numpy(zero_copy_only=False)]
+
+
+def may_match(plan: Plan, stream: str, column: Callable[[str], pa.Array], rows: int) -> np.ndarray | None:
+    """Which of a stream's rows some step (or the absence step) might take: an event that every
+    step refuses whatever a run holds changes nothing the matcher decides (no run of its key
+    takes it, none is broken by it under `followed_by`, absences are decided by the next event
+    or the watermark all the same), so it need not be buffered nor fed. None: all may (a `next`
+    step makes every event of a key matter)."""
+    if plan.any_strict():
+        return None
+    steps = [s for s in (*plan.steps, *((plan.absence,) if plan.absence else ())) if s.stream == stream]
+    out = np.zeros(rows, dtype=bool)
+    for step in steps:
+        mask = np.ones(rows, dtype=bool)
+        for condition in step.unbound_conditions:
+            mask &= condition_mask(condition, column(condition.field))
+        out |= mask
+    return out
+
+
+def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: PatternDef,
+                   slots_cache: dict | None = None, late_through_ms: int | None = None) -> list[PatternEvent]:
     """The batch's records of the pattern's streams as matcher events, with the fields it reads;
-    a record without the key matches nothing and is left out."""
+    a record without the key matches nothing and is left out, and so is one that no step might
+    take (may_match) unless it is late (at or before `late_through_ms`, the pattern's
+    watermark: every late event is recorded). `slots_cache` shares the columns read between
+    the patterns of one batch."""
     out: list[PatternEvent] = []
+    cache = {} if slots_cache is None else slots_cache
     for stream_name in pattern.streams:
         stream = catalog.streams[stream_name]
-        rows = records.filter(pc.equal(records["stream"], stream_name))
+        if ("rows", stream_name) not in cache:
+            rows = records.filter(pc.equal(records["stream"], stream_name))
+            cache["rows", stream_name] = (rows, rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
+                                          rows["offset"].to_pylist())
+        rows, times, partitions, offsets = cache["rows", stream_name]
         if rows.num_rows == 0:
             continue
-        columns = {c: rows[c].to_pylist() for c in ("dims", "ids", "vals")}
-        key_slot = field_slot(stream, pattern.key)
-        slots = [(name, field_slot(stream, name)) for name in read_fields(plan, pattern, stream_name)]
 
-        def read(slot, i):
+        def array(name: str) -> pa.Array:
+            slot = field_slot(stream, name)
             if slot is None:
-                return None
-            arr = columns[slot[0]][i]
-            return None if arr is None or slot[1] >= len(arr) else arr[slot[1]]
+                return pa.nulls(rows.num_rows)
+            if ("array", stream_name, slot) not in cache:
+                cache["array", stream_name, slot] = slot_array(rows[slot[0]], slot[1])
+            return cache["array", stream_name, slot]
 
-        for i, (t, p, o) in enumerate(zip(rows["event_time"].to_pylist(), rows["partition"].to_pylist(),
-                                          rows["offset"].to_pylist(), strict=True)):
-            key = read(key_slot, i)
+        def column(name: str) -> list:
+            slot = field_slot(stream, name)
+            if ("list", stream_name, slot) not in cache:
+                cache["list", stream_name, slot] = array(name).to_pylist()
+            return cache["list", stream_name, slot]
+
+        keep = may_match(plan, stream_name, array, rows.num_rows)
+        if keep is not None and late_through_ms is not None:
+            keep |= rows["event_time"].to_numpy() <= late_through_ms
+        keys = column(pattern.key)
+        names = read_fields(plan, pattern, stream_name)
+        values = [column(name) for name in names]
+        for i in (range(rows.num_rows) if keep is None else np.flatnonzero(keep).tolist()):
+            key = keys[i]
             if key is None:
                 continue
-            fields = {name: v for name, slot in slots if (v := read(slot, i)) is not None}
-            out.append(PatternEvent(stream_name, p, o, t, key, fields))
+            fields = {name: v for name, col in zip(names, values) if (v := col[i]) is not None}
+            out.append(PatternEvent(stream_name, partitions[i], offsets[i], times[i], key, fields))
     return out
 
 
@@ -133,11 +199,14 @@ class PatternRunner:
         """Every pattern over the batch's records, with the streams' watermarks stored before it."""
         out = PatternsBatch()
         matches = late = released = 0
+        slots: dict = {}  # the columns the patterns read, shared
         for pattern, plan in self.patterns:
-            events = pattern_events(records, self.catalog, plan, pattern)
             before = self.store.pattern_state(pattern.name, [], None).watermark_ms
+            events = pattern_events(records, self.catalog, plan, pattern, slots, before)
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
-            load = self.store.pattern_state(pattern.name, sorted({e.key for e in events}), now)
+            # The states of the keys whose events are released now; buffering an event reads nothing.
+            ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
+            load = self.store.pattern_state(pattern.name, sorted(ready), now)
             done = run_pattern_batch(plan, load, events, now)
             stream = self.catalog.streams[matches_stream_name(pattern.name)]
             out.partials.extend(derived_partials(match_rows(done.matches), stream.name, (), stream.pane, self.kll_k,

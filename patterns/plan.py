@@ -25,6 +25,17 @@ class PlanStep:
     def passes(self, stream: str, fields: Mapping[str, Any], bindings: Bindings) -> bool:
         return stream == self.stream and all(_holds(c, fields, bindings) for c in self.conditions)
 
+    @property
+    def unbound_conditions(self) -> tuple[Condition, ...]:
+        """The conditions that do not depend on earlier steps' events (all but `same_as`): an event
+        failing one of them fails the step whatever a run holds."""
+        return tuple(c for c in self.conditions if c.op != "same_as")
+
+
+def holds_alone(condition: Condition, value: Any) -> bool:
+    """Whether a field holding `value` passes a condition that reads no earlier step (not same_as)."""
+    return _holds(condition, {condition.field: value}, {})
+
 
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "in": lambda a, b: a in b,
@@ -80,6 +91,10 @@ class Plan:
             if step.min_times > 0:
                 break
         return tuple(out)
+
+    def any_strict(self) -> bool:
+        """Whether a step is `next`: then every event of a key matters (it breaks runs it does not extend)."""
+        return any(s.strict for s in self.steps)
 
     def complete(self, step: int, count: int) -> bool:
         """Whether the positive part may end here: enough events for this step, the rest optional."""

@@ -1,12 +1,15 @@
 """The patterns' state and output in the store (catalog/patterns.py declares them, patterns/ is
 the matcher, aggregates/pattern_batch.py runs it per batch).
 
-Per pattern and key: the matcher's state of the key (its partial matches, as JSON) and the
-key's events still waiting for the watermark (buffered, so the matcher sees them in event-time
-order), with `due_ms`, the lowest watermark at which the key has something to do (release a
-buffered event, drop a partial match past `within`, decide an absence): a batch reads the keys
-its events touch and the keys that are due, never the whole state. Per pattern: the watermark
-it has advanced to and its counters. Matches and the events late for a pattern are appended.
+Per pattern and key with partial matches: the matcher's state of the key (as JSON), with
+`due_ms`, the lowest watermark at which the key has something to do (drop a partial match past
+`within`, decide an absence). Per pattern and event still waiting for the watermark: one row of
+`pattern_buffer` (so the matcher sees each key's events in event-time order), found by its time
+when the watermark passes it. A batch appends the events it buffers without reading anything,
+and reads only the buffered events the watermark releases, the states of their keys and the
+keys that are due, never the whole state; it writes only the keys whose state changed. Per
+pattern: the watermark it has advanced to and its counters. Matches and the events late for a
+pattern are appended.
 
 Everything is written in the batch's own store transaction, with its panes and its batch id: a
 batch replayed after a crash is either wholly recorded (skipped by its batch id) or not at all,
@@ -19,18 +22,29 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 PATTERN_TABLES = """
 CREATE TABLE IF NOT EXISTS pattern_state (
     pattern TEXT NOT NULL,
     pattern_key TEXT NOT NULL,
     state TEXT NOT NULL,            -- JSON: the matcher's state of the key (last event, runs, waiting)
-    buffered TEXT NOT NULL,         -- JSON array: the key's events the watermark has not passed yet
+    buffered TEXT NOT NULL,         -- '[]' (stores written before pattern_buffer: the key's buffered events)
     due_ms INTEGER,                 -- the lowest watermark at which the key has work (NULL: none)
     partial_matches INTEGER NOT NULL,
     PRIMARY KEY (pattern, pattern_key)
 );
 CREATE INDEX IF NOT EXISTS pattern_state_by_due ON pattern_state (pattern, due_ms);
+CREATE TABLE IF NOT EXISTS pattern_buffer (
+    pattern TEXT NOT NULL,
+    time_ms INTEGER NOT NULL,       -- event time: released when the pattern's watermark passes it
+    stream TEXT NOT NULL,
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    pattern_key TEXT NOT NULL,
+    fields TEXT NOT NULL,           -- JSON object: the fields the pattern reads
+    PRIMARY KEY (pattern, time_ms, stream, log_partition, log_offset)
+);
 CREATE TABLE IF NOT EXISTS pattern_progress (
     pattern TEXT PRIMARY KEY,
     watermark_ms INTEGER,           -- every event of the pattern's streams up to here was fed
@@ -67,13 +81,25 @@ CREATE INDEX IF NOT EXISTS pattern_late_by_pattern ON pattern_late (pattern, id)
 
 @dataclass(frozen=True)
 class KeyState:
-    """One key's stored state: the matcher's JSON of the key, and its buffered events as JSON
-    lists [stream, partition, offset, time, fields]."""
+    """One key's stored state: the matcher's JSON of the key. `buffered`: events as JSON lists
+    [stream, partition, offset, time, fields] that a store written before pattern_buffer kept
+    with the key (read, released or moved to pattern_buffer; never written again)."""
 
     state: dict | None = None
     buffered: tuple[list, ...] = ()
     due_ms: int | None = None
     partial_matches: int = 0
+
+
+class BufferedEvent(NamedTuple):
+    """An event waiting in pattern_buffer for the pattern's watermark."""
+
+    key: str
+    stream: str
+    partition: int
+    offset: int
+    time_ms: int
+    fields: dict
 
 
 @dataclass(frozen=True)
@@ -110,21 +136,27 @@ class LateEvent:
 @dataclass(frozen=True)
 class PatternCommit:
     """What a batch changes for one pattern, saved in its transaction: keys written (a KeyState
-    with nothing in it deletes the key), the matches decided, the late events."""
+    with nothing in it deletes the key; keys not named are left as they are), the events it
+    buffers, the matches decided, the late events. The buffered events at or before
+    `watermark_ms` were released by the batch (PatternLoad.released) and are deleted."""
 
     pattern: str
     watermark_ms: int | None
     keys: dict[str, KeyState] = field(default_factory=dict)
     matches: Sequence[NewMatch] = ()
     late: Sequence[LateEvent] = ()
+    buffer: Sequence[BufferedEvent] = ()
 
 
 @dataclass(frozen=True)
 class PatternLoad:
-    """What a batch reads of a pattern: its watermark and the keys it touches or that are due."""
+    """What a batch reads of a pattern: its watermark, the buffered events due (time at or before
+    the watermark asked for), and the stored keys it names, those of the released events and
+    those that are due."""
 
     watermark_ms: int | None = None
     keys: dict[str, KeyState] = field(default_factory=dict)
+    released: Sequence[BufferedEvent] = ()
 
 
 @dataclass(frozen=True)
@@ -150,11 +182,18 @@ def _in_keys(placeholder: str, keys: list[str]) -> tuple[str, object]:
 
 
 def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> PatternLoad:
-    """The pattern's watermark, and the stored keys among `keys` or due at `due_through_ms`."""
+    """The pattern's watermark, the buffered events at or before `due_through_ms`, and the stored
+    keys among `keys`, those of the released events, and those due at `due_through_ms`."""
     q = placeholder
     cursor.execute(f"SELECT watermark_ms FROM pattern_progress WHERE pattern = {q}", (pattern,))
     row = cursor.fetchone()
-    in_keys, key_arg = _in_keys(q, sorted(set(keys)))
+    released: list[BufferedEvent] = []
+    if due_through_ms is not None:
+        cursor.execute(f"SELECT pattern_key, stream, log_partition, log_offset, time_ms, fields FROM pattern_buffer"
+                       f" WHERE pattern = {q} AND time_ms <= {q}", (pattern, due_through_ms))
+        loads = json.loads
+        released = [BufferedEvent(k, s, p, o, t, loads(f)) for k, s, p, o, t, f in cursor.fetchall()]
+    in_keys, key_arg = _in_keys(q, sorted(set(keys) | {e.key for e in released}))
     due = -(2**62) if due_through_ms is None else due_through_ms
     columns = "pattern_key, state, buffered, due_ms, partial_matches"
     # Two index lookups (by key, by due time) rather than one OR, which would scan the pattern's keys.
@@ -162,7 +201,7 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
                    f" UNION SELECT {columns} FROM pattern_state WHERE pattern = {q} AND due_ms <= {q}",
                    (pattern, key_arg, pattern, due))
     found = {k: KeyState(json.loads(s), tuple(json.loads(b)), d, p) for k, s, b, d, p in cursor.fetchall()}
-    return PatternLoad(None if row is None else row[0], found)
+    return PatternLoad(None if row is None else row[0], found, released)
 
 
 def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, placeholder: str) -> None:
@@ -181,6 +220,17 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
                 f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}) ON CONFLICT (pattern, pattern_key) DO UPDATE SET"
                 " state = excluded.state, buffered = excluded.buffered, due_ms = excluded.due_ms,"
                 " partial_matches = excluded.partial_matches", kept)
+        if c.watermark_ms is not None:  # the events the batch released (lookup read them up to its watermark)
+            cursor.execute(f"DELETE FROM pattern_buffer WHERE pattern = {q} AND time_ms <= {q}",
+                           (c.pattern, c.watermark_ms))
+        if c.buffer:
+            dumps = json.dumps
+            # An event buffered twice (the same log record) is kept once, as a key's buffer always did.
+            cursor.executemany(
+                f"INSERT INTO pattern_buffer (pattern, time_ms, stream, log_partition, log_offset, pattern_key, fields)"
+                f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q})"
+                " ON CONFLICT (pattern, time_ms, stream, log_partition, log_offset) DO NOTHING",
+                [(c.pattern, e.time_ms, e.stream, e.partition, e.offset, e.key, dumps(e.fields)) for e in c.buffer])
         if c.matches:
             cursor.executemany(
                 f"INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
@@ -207,10 +257,18 @@ def sizes(cursor) -> dict[str, PatternSizes]:
     cursor.execute("SELECT pattern, watermark_ms, matches, late_events FROM pattern_progress")
     for name, watermark, matches, late in cursor.fetchall():
         out[name] = {"watermark_ms": watermark, "matches": matches, "late_events": late}
-    cursor.execute("SELECT pattern, COUNT(*), COALESCE(SUM(partial_matches), 0) FROM pattern_state GROUP BY pattern")
-    for name, keys, partial in cursor.fetchall():
-        out.setdefault(name, {}).update(keys_held=keys, partial_matches=int(partial))
-    # Buffered events: each key's JSON array length, counted here (a few keys' worth per pattern).
+    cursor.execute("SELECT pattern, COALESCE(SUM(partial_matches), 0) FROM pattern_state GROUP BY pattern")
+    for name, partial in cursor.fetchall():
+        out.setdefault(name, {}).update(partial_matches=int(partial))
+    # Keys held: those with partial matches or buffered events.
+    cursor.execute("SELECT pattern, COUNT(*) FROM (SELECT pattern, pattern_key FROM pattern_state"
+                   " UNION SELECT pattern, pattern_key FROM pattern_buffer) held GROUP BY pattern")
+    for name, keys in cursor.fetchall():
+        out.setdefault(name, {}).update(keys_held=keys)
+    cursor.execute("SELECT pattern, COUNT(*) FROM pattern_buffer GROUP BY pattern")
+    for name, buffered in cursor.fetchall():
+        out.setdefault(name, {}).update(buffered_events=buffered)
+    # Events a store written before pattern_buffer kept with their key: each key's JSON array length.
     cursor.execute("SELECT pattern, buffered FROM pattern_state WHERE buffered <> '[]'")
     for name, buffered in cursor.fetchall():
         entry = out.setdefault(name, {})

@@ -15,7 +15,7 @@ from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
 from patterns.events import PatternEvent
 from patterns.plan import compile_pattern
-from store.patterns import KeyState, PatternLoad
+from store.patterns import BufferedEvent, KeyState, PatternLoad
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_pattern_matcher import matched, oracle, patterns
 
@@ -24,25 +24,33 @@ EXAMPLES = parse_catalog(EXAMPLES_YAML)
 
 
 class FakeStore:
-    """What store/patterns.py keeps, as JSON: the pattern's watermark and its keys with due times."""
+    """What store/patterns.py keeps, as JSON: the pattern's watermark, its keys with due times, its
+    buffered events (by place in the log), released and deleted when the watermark passes them."""
 
     def __init__(self):
         self.watermark: int | None = None
         self.keys: dict[str, str] = {}
+        self.buffer: dict[tuple, str] = {}
         self.matches: list = []
         self.late: list = []
+        self.written: list[set] = []  # per batch: the keys it wrote
 
     def load(self, keys, due_through) -> PatternLoad:
+        released = [BufferedEvent(*json.loads(text)) for text in self.buffer.values()
+                    if due_through is not None and json.loads(text)[4] <= due_through]
+        keys = set(keys) | {e.key for e in released}
         found = {}
         for key, text in self.keys.items():
             stored = KeyState(**{**json.loads(text), "buffered": tuple(json.loads(text)["buffered"])})
             if key in keys or (due_through is not None and stored.due_ms is not None and stored.due_ms <= due_through):
                 found[key] = stored
-        return PatternLoad(self.watermark, found)
+        return PatternLoad(self.watermark, found, released)
 
     def batch(self, plan, events, stream_watermark):
         now = pattern_watermark(self.watermark, {s.stream: stream_watermark for s in plan.steps}, [s.stream for s in plan.steps])
-        out = run_pattern_batch(plan, self.load({e.key for e in events}, now), events, now)
+        before = self.watermark
+        ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
+        out = run_pattern_batch(plan, self.load(ready, now), events, now)
         c = out.commit
         self.watermark = c.watermark_ms
         for key, state in c.keys.items():
@@ -50,6 +58,12 @@ class FakeStore:
                 self.keys[key] = json.dumps(state.__dict__)
             else:
                 self.keys.pop(key, None)
+        if c.watermark_ms is not None:
+            self.buffer = {k: text for k, text in self.buffer.items() if json.loads(text)[4] > c.watermark_ms}
+        for e in c.buffer:
+            assert c.watermark_ms is None or e.time_ms > c.watermark_ms
+            self.buffer.setdefault((e.stream, e.partition, e.offset), json.dumps(list(e)))
+        self.written.append(set(c.keys))
         self.matches += out.matches
         self.late += c.late
         return out
@@ -64,7 +78,7 @@ def test_events_wait_for_the_watermark_and_are_fed_in_event_time_order():
     # The success arrives first, the failures after it, in reverse: in arrival order nothing would match.
     out = store.batch(plan, [success, *reversed(events[2:])], None)
     assert out.matches == [] and out.released == 0 and store.watermark is None
-    assert json.loads(store.keys["alice"])["due_ms"] == 2 * MIN  # the earliest buffered event
+    assert store.keys == {} and len(store.buffer) == 4  # buffered as rows: no key state read or written
     out = store.batch(plan, events[:2], 3 * MIN)  # failures 0..3 released (time <= 3 min), in order
     assert out.released == 4 and out.matches == [] and store.watermark == 3 * MIN
     late = PatternEvent("logins", 2, 10, 3 * MIN, "alice", {"outcome": "failure", "ip": "10.0.0.9"})
@@ -72,7 +86,7 @@ def test_events_wait_for_the_watermark_and_are_fed_in_event_time_order():
     [match] = out.matches
     assert [e.offset for e in match.events] == [0, 1, 2, 3, 4, 9] and match.decided_at == 6 * MIN
     assert [(e.offset, e.time_ms, e.watermark_ms) for e in out.commit.late] == [(10, 3 * MIN, 3 * MIN)]
-    assert store.keys == {}  # nothing pending: the key is gone
+    assert store.keys == {} and store.buffer == {}  # nothing pending: the key is gone
 
 
 def test_the_watermark_is_the_lowest_of_the_patterns_streams_and_never_goes_back():
@@ -93,6 +107,38 @@ def test_an_absence_is_decided_when_the_watermark_passes_its_deadline_and_only_d
     out = store.batch(plan, [PatternEvent("checkouts", 0, 2, 20 * MIN, "s2", {"stage": "completed"})], 30 * MIN)
     assert [(m.key, m.decided_at) for m in out.matches] == [("s1", 30 * MIN)]
     assert store.batch(plan, [], 120 * MIN).matches == [] and store.keys == {}
+
+
+def test_buffering_reads_and_writes_no_key_and_a_batch_writes_only_the_keys_it_changed():
+    plan = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)  # credential_stuffing, within 10 minutes
+    store = FakeStore()
+
+    def failure(offset, minute, key):
+        return PatternEvent("logins", 0, offset, minute * MIN, key, {"outcome": "failure", "ip": "10.0.0.9"})
+
+    store.batch(plan, [failure(0, 1, "alice"), failure(1, 1, "bob")], 2 * MIN)
+    assert store.written[-1] == {"alice", "bob"} and len(store.keys) == 2  # each started a partial match
+    store.batch(plan, [failure(2, 5, "alice")], 3 * MIN)  # ahead of the watermark: buffered
+    assert store.written[-1] == set() and len(store.buffer) == 1
+    out = store.batch(plan, [], 6 * MIN)  # alice's event released; bob has nothing to do
+    assert out.released == 1 and store.written[-1] == {"alice"} and store.buffer == {}
+    store.batch(plan, [], 11 * MIN)  # both due: the runs started at 1 min fall out of `within`
+    assert store.written[-1] == {"alice", "bob"} and list(store.keys) == ["alice"]  # her run from 5 min
+    store.batch(plan, [], 16 * MIN)
+    assert store.written[-1] == {"alice"} and store.keys == {}
+
+
+def test_events_a_key_buffered_in_the_older_layout_are_released_or_moved_to_the_buffer():
+    plan = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)
+    store = FakeStore()
+    store.watermark = 0
+    legacy = [["logins", 0, i, (i + 1) * MIN, {"outcome": "failure", "ip": "10.0.0.9"}] for i in range(5)]
+    store.keys["alice"] = json.dumps({"state": None, "buffered": legacy, "due_ms": MIN, "partial_matches": 0})
+    success = PatternEvent("logins", 1, 9, 7 * MIN, "alice", {"outcome": "success", "ip": "10.0.0.9"})
+    out = store.batch(plan, [success], 3 * MIN)  # three released, two moved to the buffer with the success
+    assert out.released == 3 and len(store.buffer) == 3 and json.loads(store.keys["alice"])["buffered"] == []
+    [match] = store.batch(plan, [], 8 * MIN).matches
+    assert [e.offset for e in match.events] == [0, 1, 2, 3, 4, 9]
 
 
 @st.composite
@@ -130,4 +176,4 @@ def test_batches_in_any_order_of_arrival_match_as_the_definition_over_the_events
         store.batch(plan, events, mark)
     assert matched(store.matches) == oracle(plan, sorted(accepted, key=lambda e: e.order), 10_000)
     assert sorted((e.stream, e.offset) for e in store.late) == sorted((e.stream, e.offset) for e in late)
-    assert store.keys == {}  # the watermark passed everything: no key is held
+    assert store.keys == {} and store.buffer == {}  # the watermark passed everything: no key is held

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from store import BatchCommit
-from store.patterns import KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
+from store.patterns import BufferedEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
 
 T0 = 1_700_000_000_000
 RUN = {"last": [T0, "logins", 0, 1], "runs": [{"taken": [], "count": 1, "blocked": [], "deadline": None}],
@@ -70,3 +70,24 @@ def test_a_failed_commit_saves_no_pattern_state(store_backend):
     with pytest.raises(ValueError):
         store.commit_batch(bad, lateness_ms={}, now_ms=T0)
     assert store.pattern_sizes() == {} and store.pattern_matches("cs") == []
+
+
+def test_buffered_events_are_rows_released_by_time_with_their_keys_and_deleted_past_the_watermark(store_backend):
+    store = store_backend.create()
+    failure = {"outcome": "failure", "ip": "10.0.0.9"}
+    buffered = [BufferedEvent("alice", "logins", 0, 3, T0 + 50, failure), BufferedEvent("bob", "logins", 1, 4, T0 + 70, {}),
+                BufferedEvent("carol", "logins", 0, 5, T0 + 900, failure)]
+    first = PatternCommit("cs", T0, keys={"alice": KeyState(RUN, (), T0 + 600_000, 1)}, buffer=buffered)
+    assert store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed
+    store = store_backend.reopen(store)
+    assert store.pattern_sizes()["cs"] == PatternSizes(T0, keys_held=3, partial_matches=1, buffered_events=3)
+    # Up to T0 + 100: alice's and bob's events, and the state of their keys (bob has none), not carol's.
+    load = store.pattern_state("cs", [], T0 + 100)
+    assert sorted(load.released) == buffered[:2] and sorted(load.keys) == ["alice"]
+    assert load.keys["alice"].state == RUN
+    assert store.pattern_state("cs", [], None).released == []  # no watermark yet: nothing released
+    # The next batch released them (its watermark passed them) and buffers carol's event again: kept once.
+    second = PatternCommit("cs", T0 + 100, buffer=[buffered[2]])
+    assert store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed
+    assert store.pattern_state("cs", [], T0 + 1000).released == [buffered[2]]
+    assert store.pattern_sizes()["cs"] == PatternSizes(T0 + 100, keys_held=2, partial_matches=1, buffered_events=1)
