@@ -91,7 +91,14 @@ class Variant:
         enrichment = self.pipeline.enrichment
         before = self.store.progress(self.pipeline.config.name).events_read
         started = time.perf_counter()
-        self.pipeline.run_until_drained()
+        for attempt in range(3):  # a loaded machine: "Python worker failed to connect back" fails a query
+            try:
+                self.pipeline.run_until_drained()
+                break
+            except Exception as error:  # noqa: BLE001 - the query's failure, whatever its type
+                if attempt == 2:
+                    raise
+                print(f"  [{self.name}] query failed, run again from its checkpoint: {str(error)[:160]}", flush=True)
         row = {"phase": label, "events": self.store.progress(self.pipeline.config.name).events_read - before,
                "query_s": time.perf_counter() - started, **getattr(enrichment, "timings", {})}
         self.rows.append(row)
