@@ -3,20 +3,28 @@ table columns as dimensions, looked up as of the event's time (store/table_versi
 the batch's exactly-once commit.
 
 Per batch, on the driver: the batch's own changes of the enriching tables are collected (a table
-changes slowly: a few rows per batch) and merged with the versions the store kept, into one small
-DataFrame per table: key -> its versions in order. The lookup runs on the executors: a broadcast
-hash join of the batch with that DataFrame on the key, then per event the newest version valid at
-its lookup time (an array filter: no shuffle, no Python per event). The enriched values replace
-the stream's enriched dimension slots before the panes are aggregated, so everything downstream
-(panes, tiers, joins, queries) sees ordinary dimensions. The new versions, the pruning horizon
-and the misses (events whose key had no row then: "" and a count, never a drop) go into the
-batch's transaction.
+changes slowly: a few rows per batch) and merged with the versions the store kept. The lookup runs
+on the executors: a broadcast hash join of the batch with a DataFrame key -> its versions in order,
+then per event the newest version valid at its lookup time (an array filter: no shuffle, no Python
+per event). The enriched values replace the stream's enriched dimension slots before the panes are
+aggregated, so everything downstream (panes, tiers, joins, queries) sees ordinary dimensions. The
+new versions, the pruning horizon and the misses (events whose key had no row then: "" and a count,
+never a drop) go into the batch's transaction.
+
+Kept across batches (docs/tables.md, "What a batch pays"): the versions on the driver
+(store/table_versions.py KeptVersions, as of the store's last committed batch id, else read
+again), and per table a persisted lookup DataFrame of them (`LookupBase`) that is reused: a batch
+replaces only the rows of the keys changed since it was built and of its own changes, made from the
+driver's copy; it is built again when those pass `REBUILD_AFTER`. Reading the whole table from the
+store and making a DataFrame of it in Python was most of the step's time (the bench/enrichment.py
+figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,7 +35,7 @@ from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
 from catalog.tables import row_columns
 from store import PaneStore
-from store.table_versions import EnrichmentCommit, TableVersion, by_key
+from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
 
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
 
@@ -38,6 +46,21 @@ _VERSIONS = T.ArrayType(T.StructType([
 ]))
 
 
+# A table's lookup DataFrame is made again from the driver's copy once this many of its keys have
+# changed since it was made (they ride along, made in Python, with every batch until then): a few
+# per batch in the demo, so hours; a bulk load of the table rebuilds it at the next batch.
+REBUILD_AFTER = 2_000
+
+
+@dataclass
+class LookupBase:
+    """A table's lookup DataFrame as made from the kept versions at some batch, persisted and reused,
+    and the keys whose versions changed since (their rows are replaced by the driver's)."""
+
+    frame: DataFrame
+    changed: set[str] = field(default_factory=set)
+
+
 @dataclass(frozen=True)
 class Enriched:
     batch: DataFrame  # the batch with the enriched dimensions set
@@ -46,28 +69,45 @@ class Enriched:
 
 
 class Enrichment:
-    def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore):
+    def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, *, keep_versions: bool = True):
+        """keep_versions False: read every version from the store and make the lookup DataFrame
+        from them every batch (the reference the kept path is compared with: tests, the bench)."""
         self.spark = spark
         self.catalog = catalog
         self.store = store
         self.streams = {name: s for name, s in catalog.streams.items() if s.enrich}
         self.tables = {d.table: catalog.streams[d.table] for s in self.streams.values() for d in s.enrich}
+        self.kept = KeptVersions(store.table_versions, self.tables) if keep_versions else None
+        self.bases: dict[str, LookupBase] = {}
+        self.timings: dict[str, float] = {}  # the last batch's step, in seconds per part (logs, the bench)
 
     @property
     def enabled(self) -> bool:
         return bool(self.streams)
 
-    def process(self, batch: DataFrame, batch_now_ms: int) -> Enriched:
+    def process(self, batch: DataFrame, batch_now_ms: int, last_batch_id: int | None = None) -> Enriched:
         """`batch` (read more than once: pass it persisted) with its enriched dimensions, and what
-        the batch's commit writes."""
+        the batch's commit writes. `last_batch_id`: the store's last committed batch of the
+        pipeline (the kept versions must be as of it)."""
+        started = time.perf_counter()
         new = self.batch_versions(batch)
-        versions = {name: by_key([*self.store.table_versions(name), *new.get(name, ())]) for name in self.tables}
+        collected = time.perf_counter()
+        if self.kept is None:
+            versions = {name: by_key([*self.store.table_versions(name), *new.get(name, ())]) for name in self.tables}
+            read = time.perf_counter()
+            frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
+        else:
+            if self.kept.as_of_store(last_batch_id):
+                self.drop_bases()  # made from a copy that was not the store's
+            read = time.perf_counter()
+            frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
+        made = time.perf_counter()
         out = batch.withColumn("_at", F.least(F.col("event_time"), F.col("ingest_time")))
         miss_columns: list[tuple[tuple[str, str], str]] = []
         for name, stream in self.streams.items():
             for i, decl in enumerate(stream.enrich):
                 table = self.tables[decl.table]
-                lookup = self.versions_frame(table, versions[decl.table]).withColumnRenamed("key", "_ek")
+                lookup = frames[decl.table].withColumnRenamed("key", "_ek")
                 key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
                 out = out.withColumn("_key", key).join(F.broadcast(lookup), F.col("_key") == F.col("_ek"), "left")
                 hits = F.filter(F.col("_vs"), lambda v: v["from_ms"] <= F.col("_at"))
@@ -82,12 +122,52 @@ class Enrichment:
                 miss_columns.append(((name, decl.table), miss))
         out = out.drop("_at").persist()
         misses = self.count_misses(out, miss_columns, batch_now_ms)
+        done = time.perf_counter()
+        self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
+                        "lookup": done - made, "step": done - started}
         keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
                                               if any(d.table == name for d in s.enrich))
                      for name in self.tables}
         return Enriched(out.drop(*[m for _, m in miss_columns]), out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
                                          keep_from, misses))
+
+    def lookup_frame(self, table: str, new: list[tuple[str, TableVersion]]) -> DataFrame:
+        """key -> versions of `table` as the store's plus the batch's `new` ones: the persisted
+        base with the rows of the keys changed since it was made, and of the batch's, replaced."""
+        kept, stream = self.kept.versions[table], self.tables[table]
+        new_keys = {k for k, _ in new}
+        base = self.bases.get(table)
+        if base is not None and len(base.changed | new_keys) > REBUILD_AFTER:
+            self.bases.pop(table).frame.unpersist()
+            base = None
+        if base is None:
+            if len(new_keys) > REBUILD_AFTER:  # a bulk change (the table's first load): whole, and a base next time
+                return self.versions_frame(stream, {**kept, **self.kept.with_batch(table, new_keys, new)})
+            base = self.bases[table] = LookupBase(self.versions_frame(stream, kept).persist())
+        keys = base.changed | new_keys
+        if not keys:
+            return base.frame
+        replaced = self.versions_frame(stream, self.kept.with_batch(table, keys, new))
+        return base.frame.join(F.broadcast(replaced.select("key")), "key", "left_anti").unionByName(replaced)
+
+    def committed(self, batch_id: int, enriched: Enriched) -> None:
+        """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""
+        if self.kept is None:
+            return
+        for table, keys in self.kept.committed(batch_id, enriched.commit).items():
+            if table in self.bases:
+                self.bases[table].changed |= keys
+
+    def forget(self) -> None:
+        """A commit failed midway (the store may or may not have the batch): read it again next time."""
+        if self.kept is not None:
+            self.kept.forget()
+
+    def drop_bases(self) -> None:
+        for base in self.bases.values():
+            base.frame.unpersist()
+        self.bases = {}
 
     def batch_versions(self, batch: DataFrame) -> dict[str, list[tuple[str, TableVersion]]]:
         """The enriching tables' changes in this batch, each a version valid from its append time."""

@@ -119,7 +119,7 @@ class Pipeline(ReportsStoreErrors):
                 clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
                 batch = self.clocks.apply(kept, clocks)
             if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
-                enriched = self.enrichment.process(batch, batch_now_ms)
+                enriched = self.enrichment.process(batch, batch_now_ms, last)
                 batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms)
@@ -160,9 +160,12 @@ class Pipeline(ReportsStoreErrors):
                                                idle_timeout_ms=idle)
             except BaseException:
                 self.clocks.forget()  # committed or not: the store says which state the next batch starts from
+                self.enrichment.forget()
                 raise
             if clocks is not None and result.committed:
                 self.clocks.committed(clocks)
+            if enriched is not None and result.committed:  # the kept table versions take the batch's
+                self.enrichment.committed(batch_id, enriched)
         finally:
             if kept is not None:
                 kept.unpersist()

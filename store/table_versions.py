@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,74 @@ def prunable(versions: Sequence[TableVersion], keep_from_ms: int) -> list[TableV
     if i == 0:
         return []
     return [v for v in versions[:i - 1] if v.valid_from_ms < versions[i - 1].valid_from_ms]
+
+
+class KeptVersions:
+    """The enriching tables' versions as the store holds them after a pipeline's last committed
+    batch, kept on the driver across batches (aggregates/enrichment.py) instead of read whole from
+    the store every batch. Pure: `load` reads one table's stored versions.
+
+    The kept copy is **as of a batch id**: `as_of_store(last)` (the store's last committed batch
+    id of the pipeline, read at the start of each batch) reloads everything unless the copy is as
+    of exactly that batch, so a batch committed by anyone else (another process of the same
+    pipeline, a restart, a commit whose outcome is unknown: `forget`) is never missed. After a
+    batch commits, `committed` applies its versions and pruning as the store's transaction did
+    (`apply`: a stored position is kept; `prune`), so the copy stays equal to the store."""
+
+    def __init__(self, load: Callable[[str], list[tuple[str, TableVersion]]], tables: Iterable[str]):
+        self.load = load
+        self.tables = tuple(tables)
+        self.versions: dict[str, dict[str, list[TableVersion]]] = {}
+        self._multi: dict[str, set[str]] = {}  # keys with 2+ versions: the only ones pruning can shorten
+        self._as_of: tuple[int | None] | None = None  # (batch id,) when loaded; None: to be read
+        self.loads = 0  # how many times read whole from the store
+
+    def as_of_store(self, last_batch_id: int | None) -> bool:
+        """Make the copy the store's after `last_batch_id`; True when it had to be read again."""
+        if self._as_of == (last_batch_id,):
+            return False
+        self.versions = {t: by_key(self.load(t)) for t in self.tables}
+        self._multi = {t: {k for k, vs in kept.items() if len(vs) > 1} for t, kept in self.versions.items()}
+        self._as_of = (last_batch_id,)
+        self.loads += 1
+        return True
+
+    def forget(self) -> None:
+        """Whether the store has a batch is unknown (its commit failed midway): read it again."""
+        self._as_of = None
+
+    def with_batch(self, table: str, keys: Iterable[str],
+                   new: Sequence[tuple[str, TableVersion]]) -> dict[str, list[TableVersion]]:
+        """The versions of `keys` with a batch's `new` ones merged in, as `by_key(stored + new)`."""
+        kept = self.versions[table]
+        return by_key([*((k, v) for k in keys for v in kept.get(k, ())), *new])
+
+    def committed(self, batch_id: int, commit: EnrichmentCommit) -> dict[str, set[str]]:
+        """Apply batch `batch_id`'s versions and pruning, committed to the store since the copy's
+        batch; per table the keys whose versions changed."""
+        changed: dict[str, set[str]] = {}
+        for table in self.tables:
+            kept, multi, touched = self.versions[table], self._multi[table], set()
+            for key, v in commit.versions.get(table, ()):
+                vs = kept.setdefault(key, [])
+                if any((o.partition, o.offset) == (v.partition, v.offset) for o in vs):
+                    continue  # stored already: the store keeps it as it is
+                bisect.insort(vs, v, key=lambda o: o.order)
+                touched.add(key)
+                if len(vs) > 1:
+                    multi.add(key)
+            keep_from = commit.keep_from_ms.get(table)
+            if keep_from is not None:
+                for key in list(multi):
+                    dropped = len(prunable(kept[key], keep_from))  # a prefix of the key's versions
+                    if dropped:
+                        kept[key] = kept[key][dropped:]
+                        touched.add(key)
+                    if len(kept[key]) < 2:
+                        multi.discard(key)
+            changed[table] = touched
+        self._as_of = (batch_id,)
+        return changed
 
 
 # -- the store ---------------------------------------------------------------------------------

@@ -148,3 +148,53 @@ def test_enriched_panes_equal_pandas_as_of_the_event_time_and_a_reprocess_gives_
     drain("again", fresh)
     assert stored(fresh) == want
     assert fresh.progress("again").streams["http_requests"].enrich_misses == {"users": missing}
+
+
+def test_the_versions_kept_across_batches_follow_every_table_change_and_a_restart(
+        tmp_path, spark, log_backend, store_backend, monkeypatch):
+    """One pipeline object over several batches keeps the table's versions on the driver and its
+    lookup frame persisted (aggregates/enrichment.py): an update is seen by the events of its own
+    batch and of the next ones; a batch committed by another process of the pipeline (a restart) is
+    read from the store by the old one instead of answering from its stale copy."""
+    # Small, so that the 5 rows' load is a bulk change (a whole frame), the next batch makes the
+    # persisted base, and the one after reuses it with the changed keys' rows replaced.
+    monkeypatch.setattr("aggregates.enrichment.REBUILD_AFTER", 3)
+    catalog = parse_catalog(CONFIG)
+    test_log = log_backend.new(tmp_path)
+    log = Log(test_log.open(catalog), catalog)
+    store = store_backend.create()
+    rng = random.Random(28)
+    config = test_log.pipeline_config(name="main")
+
+    def pipeline() -> Pipeline:
+        return Pipeline(spark, catalog, store_backend.reopen(store), config, clock=lambda: NOW_MS / 1000,
+                        log=test_log.open(catalog))
+
+    def requests(n: int, first_ms: int, span_ms: int) -> list[dict]:
+        return [{"time": first_ms + rng.randrange(span_ms), "user_id": f"u{rng.randrange(6)}", "method": "GET"}
+                for _ in range(n)]
+
+    first = pipeline()
+    log.table([{"user_id": f"u{i}", "plan": "free", "country": "de"} for i in range(5)], T0)
+    log.requests(requests(100, T0 + 1_000, 90_000), T0 + 100_000)
+    first.run_until_drained()
+    # An update and events after it in one batch, then events only: the kept copy answers them.
+    log.table([{"user_id": "u0", "plan": "pro", "country": "de"}, {"user_id": "u5", "plan": "team", "country": "fr"}],
+              T0 + 150_000)
+    log.requests(requests(100, T0 + 150_000, 50_000), T0 + 210_000)
+    first.run_until_drained()
+    log.requests(requests(100, T0 + 220_000, 50_000), T0 + 280_000)
+    first.run_until_drained()
+    assert first.enrichment.kept.loads == 1  # read from the store once, then kept
+    # A restart commits a batch with an update: the first object's copy is stale and must be read again.
+    log.table([{"user_id": "u1", "plan": "team", "country": "us"}, {"user_id": "u2", "_deleted": True}], T0 + 300_000)
+    log.requests(requests(100, T0 + 300_000, 50_000), T0 + 360_000)
+    pipeline().run_until_drained()
+    log.requests(requests(100, T0 + 370_000, 50_000), T0 + 430_000)
+    first.run_until_drained()
+    assert first.enrichment.kept.loads == 2
+
+    want, missing = expected(log)
+    assert {k[2] for k in want} >= {"", "free", "pro", "team"}  # the case is covered
+    assert stored(store) == want
+    assert store.progress("main").streams["http_requests"].enrich_misses == {"users": missing}

@@ -1,0 +1,94 @@
+"""The enriching tables' versions kept on the driver across batches (store/table_versions.py
+KeptVersions) never differ from the store's: after every committed batch they equal what the store
+reads back (Hypothesis over random batches of changes, replays and pruning horizons), a batch's
+merged view equals the old path's `by_key(stored + new)`, and a copy that is not as of the store's
+last batch (another writer of the pipeline, a restart, a failed commit) is read again (both stores)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store import SqlitePaneStore
+from store.base import BatchCommit
+from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
+
+T0 = 1_700_000_000_000
+
+
+def commit(batch_id, versions=(), keep_from=None) -> BatchCommit:
+    return BatchCommit("main", batch_id, [], 0, enrichment=EnrichmentCommit(
+        {"users": list(versions)}, {} if keep_from is None else {"users": keep_from}, {}))
+
+
+def stored(store) -> dict[str, list[TableVersion]]:
+    return by_key(store.table_versions("users"))
+
+
+# One batch: changes (key, ms after the previous change, partition, a replay of an earlier change?,
+# plan or None for a delete) and a pruning horizon (ms before the batch's last change, or none).
+batches = st.lists(st.tuples(
+    st.lists(st.tuples(st.sampled_from(["u1", "u2", "u3", "u4"]), st.integers(0, 3), st.integers(0, 1),
+                       st.booleans(), st.one_of(st.none(), st.sampled_from(["free", "pro"]))), max_size=6),
+    st.one_of(st.none(), st.integers(0, 12))), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches)
+def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_the_store_would(plan):
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqlitePaneStore(Path(tmp) / "store.db")
+        kept = KeptVersions(store.table_versions, ["users"])
+        at, offsets, seen = T0, [0, 0], []
+        for batch_id, (changes, horizon) in enumerate(plan):
+            new = []
+            for key, step, partition, replay, plan_name in changes:
+                if replay and seen:
+                    new.append(seen[(step * 7 + len(new)) % len(seen)])  # a change the log gives again
+                    continue
+                at += step
+                offsets[partition] += 1
+                version = TableVersion(at, partition, offsets[partition], None if plan_name is None else {"plan": plan_name})
+                new.append((key, version))
+                seen.append((key, version))
+            assert not kept.as_of_store(store.last_batch_id("main")) or batch_id == 0  # read once, then kept
+            keys = {k for k, _ in new} | {"u1"}
+            merged = by_key([*store.table_versions("users"), *new])
+            assert kept.with_batch("users", keys, new) == {k: vs for k, vs in merged.items() if k in keys}
+            before = stored(store)
+            done = commit(batch_id, new, None if horizon is None else at - horizon)
+            assert store.commit_batch(done, lateness_ms={}, now_ms=T0).committed
+            changed = kept.committed(batch_id, done.enrichment)
+            after = stored(store)
+            assert kept.versions["users"] == after
+            # The keys said changed are exactly those whose versions differ: a lookup frame made
+            # before must stop answering for them, and may go on for every other key.
+            assert changed["users"] == {k for k in {*before, *after} if before.get(k) != after.get(k)}
+        assert kept.loads == 1
+        store.close()
+
+
+def test_a_copy_not_as_of_the_stores_last_batch_is_read_again(store_backend):
+    store = store_backend.create()
+    v1, v2 = TableVersion(T0, 0, 1, {"plan": "free"}), TableVersion(T0 + 10, 0, 2, {"plan": "pro"})
+    store.commit_batch(commit(0, [("u1", v1)]), lateness_ms={}, now_ms=T0)
+    kept = KeptVersions(store.table_versions, ["users"])
+    assert kept.as_of_store(store.last_batch_id("main")) and kept.versions["users"] == {"u1": [v1]}
+    assert not kept.as_of_store(store.last_batch_id("main"))  # kept: not read again
+    # Another process of the pipeline (a restart, a takeover) commits batch 1: the copy is as of 0.
+    other = store_backend.reopen(store)
+    other.commit_batch(commit(1, [("u1", v2)]), lateness_ms={}, now_ms=T0)
+    assert kept.as_of_store(store.last_batch_id("main")) and kept.versions["users"] == {"u1": [v1, v2]}
+    assert kept.loads == 2
+    # A commit that failed midway: whether the store has the batch is unknown, the copy is read again.
+    kept.forget()
+    assert kept.as_of_store(store.last_batch_id("main")) and kept.loads == 3
+    # Its own committed batch keeps it as of that batch, pruned as the store pruned.
+    done = commit(2, [("u2", v1)], keep_from=T0 + 10)
+    store.commit_batch(done, lateness_ms={}, now_ms=T0)
+    assert kept.committed(2, done.enrichment) == {"users": {"u1", "u2"}}  # u1: its first version pruned
+    assert not kept.as_of_store(store.last_batch_id("main"))
+    assert kept.versions["users"] == stored(store_backend.reopen(store)) == {"u1": [v2], "u2": [v1]}
