@@ -8,6 +8,8 @@ it reads the catalog (which streams and fields to generate) and nothing else of 
 - `demo.spikes`: latency spikes (`--spike /api/cart:40:20s:30s`)
 - `demo.devices`: the mobile app's devices, whose clocks cannot be trusted
 - `demo.searches`: searches and the clicks on their results, for a window join on search_id
+- `demo.logins`: logins with credential-stuffing bursts, for the pattern credential_stuffing
+- `demo.checkouts`: the checkout funnel and its abandoned carts, for the pattern checkout_abandoned
 - `demo.traffic`: `DemoTraffic`, the pure generator (seeded RNG, injected clock, no I/O)
 - `demo.producer`: `DemoProducer`, which posts it at a rate, with retries and Idempotency-Key
 - `demo.cli`: `python -m demo --url http://127.0.0.1:8000`

@@ -44,7 +44,9 @@ from demo.shapes import (
     shares,
     unit,
 )
+from demo.checkouts import CheckoutFunnel
 from demo.devices import DeviceFleet
+from demo.logins import LoginTraffic
 from demo.searches import SearchClicks, run_id
 from demo.spikes import LatencySpike
 from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, OFFLINE, ON_TIME, Stragglers
@@ -74,6 +76,13 @@ class DemoTraffic:
         # The `users` table's rows and plan changes (demo/users.py), when the catalog declares it.
         self.user_table = UserTable(seed, self._user_ids) if self._has_user_table(catalog) else None
         self._tables_started = False
+        # Logins with credential-stuffing bursts and the checkout funnel (demo/logins.py,
+        # demo/checkouts.py), for the demo's patterns: a few events per second of the clock.
+        started_ms = round(self.started_s * 1000)
+        self.login_traffic = (LoginTraffic(seed, self._user_ids, started_ms)
+                              if self._has_fields(catalog, "logins", {"user_id", "ip", "outcome"}) else None)
+        self.checkout_funnel = (CheckoutFunnel(seed, self._customer_ids, started_ms, run=run_id(seed, started_ms))
+                                if self._has_fields(catalog, "checkouts", {"checkout_id", "stage"}) else None)
 
     # -- rate shape ---------------------------------------------------------------------
 
@@ -110,8 +119,9 @@ class DemoTraffic:
 
         http_requests gets n events, orders ~ORDER_RATIO * n, mobile_app ~MOBILE_RATIO * n (plus
         the offline backlogs that come back), searches ~SEARCH_RATIO * n, clicks those on earlier
-        searches' results that are due by now (see generate_stream), and any other stream in the
-        catalog n generic events.
+        searches' results that are due by now (see generate_stream), logins and checkouts those of
+        the clock time since the last call (a few per second, whatever n), and any other stream in
+        the catalog n generic events.
         """
         out: dict[str, list[dict]] = {}
         ratios = {"orders": ORDER_RATIO, "mobile_app": MOBILE_RATIO}
@@ -122,6 +132,8 @@ class DemoTraffic:
                 continue
             if name == "searches":  # its own RNG: the other streams' draws are what they were before it
                 count = self.search_clicks.count(n, SEARCH_RATIO)
+            elif self._by_clock(name):  # drawn by the clock, not per request: n is not used
+                count = 0
             else:
                 count = int(self._rng.binomial(n, ratios[name])) if name in ratios else n
             out[name] = self.generate_stream(name, count)
@@ -142,6 +154,16 @@ class DemoTraffic:
         return {"users": [{k: v for k, v in row.items() if k in fields} for row in rows]} if rows else {}
 
     @staticmethod
+    def _has_fields(catalog: Catalog, name: str, fields: set[str]) -> bool:
+        # Another configuration's stream of that name, without these fields, gets generic events.
+        stream = catalog.streams.get(name)
+        return stream is not None and stream.kind != "table" and fields <= set(stream.string_fields)
+
+    def _by_clock(self, name: str) -> bool:
+        return (name == "logins" and self.login_traffic is not None) or (
+            name == "checkouts" and self.checkout_funnel is not None)
+
+    @staticmethod
     def _has_user_table(catalog: Catalog) -> bool:
         # Another configuration's `users` (not a table, or keyed otherwise) gets no rows from the demo.
         users = catalog.streams.get("users")
@@ -157,11 +179,15 @@ class DemoTraffic:
 
         Except `clicks` when it declares a `search_id` (the demo's): n is ignored, and the clicks
         on the results of searches drawn earlier (generate_stream("searches", ...)) whose send
-        time has come by the clock are returned, possibly none (demo/searches.py).
+        time has come by the clock are returned, possibly none (demo/searches.py). And `logins` and
+        `checkouts` when they declare the demo's fields: n is ignored, and the events of the clock
+        time since the last call are returned (demo/logins.py, demo/checkouts.py).
         """
         stream = self.catalog.stream(name)
         if name == "clicks" and self._clicks_follow_searches(stream):
             return self._due_clicks(stream)
+        if self._by_clock(name):
+            return self._due_by_clock(name, stream)
         if n <= 0:
             return []
         now_ms = int(self.clock() * 1000)
@@ -208,6 +234,17 @@ class DemoTraffic:
         if not drawn.time_ms:
             return []
         return self._assemble(stream, len(drawn.time_ms), now_ms, drawn.strings, drawn.numbers, times=drawn.time_ms)
+
+    def _due_by_clock(self, name: str, stream: StreamDef) -> list[dict]:
+        now_ms = int(self.clock() * 1000)
+        factor = self.rate_at(now_ms / 1000.0)  # the daily shape and the rate bursts, as for requests
+        drawn = (self.login_traffic.due(now_ms, factor) if name == "logins"
+                 else self.checkout_funnel.due(now_ms, factor))
+        self.last_kinds = [ON_TIME] * len(drawn.time_ms)
+        if not drawn.time_ms:
+            return []
+        numbers = getattr(drawn, "numbers", {})
+        return self._assemble(stream, len(drawn.time_ms), now_ms, drawn.strings, numbers, times=drawn.time_ms)
 
     def _apply_spikes(self, stream: StreamDef, events: list[dict]) -> None:
         # Applied to the assembled events, once their event times are known (stragglers

@@ -125,9 +125,11 @@ def test_provisioned_dashboards_are_read_only_and_follow_their_folder(api, dashb
 
 
 def test_with_no_dashboard_one_is_generated_from_the_catalog(api, ctx):
-    (generated,) = api.get("/api/v1/dashboards").json()["dashboards"]
-    assert generated["source"] == "generated"
-    assert [p["metric"] for p in generated["panels"]] == list(ctx.catalog.metrics)
+    # The demo's 30 metrics fill two generated pages (24 panels at most each), in catalog order.
+    pages = api.get("/api/v1/dashboards").json()["dashboards"]
+    assert [(d["name"], d["source"]) for d in pages] == [("metrics", "generated"), ("metrics-2", "generated")]
+    assert [p["metric"] for d in pages for p in d["panels"]] == list(ctx.catalog.metrics)
+    generated = pages[0]
     assert {p["stat"] for p in generated["panels"] if p["metric"] == "latency"} == {"band"}
     assert api.get(f"/api/v1/dashboards/{generated['name']}").json() == generated
     assert api.delete(f"/api/v1/dashboards/{generated['name']}").status_code == 409
@@ -148,9 +150,12 @@ def test_wiring_provisions_the_demo_overview_and_generates_one_for_another_confi
     app, ctx = build_api(Settings(data_dir=tmp_path / "demo", alerts_config=None, tokens=tokens))
     with TestClient(app, base_url="http://127.0.0.1") as client:
         read, admin = {"Authorization": "Bearer sb_viewer"}, {"Authorization": "Bearer sb_ops"}
-        overview, search = client.get("/api/v1/dashboards", headers=read).json()["dashboards"]
+        overview, patterns, search = client.get("/api/v1/dashboards", headers=read).json()["dashboards"]
         assert overview["name"] == "overview" and overview["source"] == "file"
         assert search["name"] == "search" and search["source"] == "file"
+        # The demo's patterns: their matches over time beside the streams they read.
+        assert patterns["name"] == "patterns" and patterns["source"] == "file"
+        assert {"credential_stuffing_matches", "checkout_abandoned_matches"} <= {p["metric"] for p in patterns["panels"]}
         assert {p["kind"] for p in overview["panels"]} == {"line", "area", "stat", "bar", "heatmap", "table"}
         # Changes need the admin scope and are audited.
         assert client.post("/api/v1/dashboards/overview/duplicate", json={"name": "mine"}, headers=read).status_code == 403

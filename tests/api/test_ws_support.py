@@ -2,9 +2,9 @@
 what the API appended to the log since the last committed offsets, aggregate it into pane
 partials (exact count/n/sum/min/max, real KLL and HLL sketches), enrich streams with `enrich` from
 their tables' versions as of each event's time (the pure lookup of store/table_versions.py that
-aggregates/enrichment.py runs on Spark's executors), run the catalog's window joins through the
-pipeline's own driver side (aggregates/joins.py) and commit one batch to the store, as the real
-pipeline's foreachBatch does. No tests here."""
+aggregates/enrichment.py runs on Spark's executors), run the catalog's window joins and patterns
+through the pipeline's own driver side (aggregates/joins.py, aggregates/patterns.py) and commit one
+batch to the store, as the real pipeline's foreachBatch does. No tests here."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from aggregates.joins import WindowJoins, with_joins
+from aggregates.patterns import PatternRunner, with_patterns
 from catalog import Catalog
 from catalog.tables import OP_FIELD, row_columns
 from ingest.log import EventLog
@@ -32,6 +33,8 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
     max_event: dict[str, int] = {}
     joined_streams = {s for j in catalog.joins for s in (j.left.stream, j.right.stream)}
     join_records: list[tuple] = []  # (stream, partition, offset, time, dims, ids): what the pipeline collects
+    patterns = PatternRunner(catalog, store)
+    pattern_records: list[tuple] = []  # (stream, partition, offset, time, dims, vals, ids): the same, for patterns
     enrich = _Enrichment(catalog, log, store, progress)
     total = 0
     for stream in catalog.streams.values():
@@ -51,6 +54,10 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
                     if stream.name in joined_streams:
                         join_records.append((stream.name, partition, row[OFFSET], t, [v for _, v in dims],
                                              [row.get(f) for f in stream.source_ids]))
+                    if stream.name in patterns.streams:
+                        pattern_records.append((stream.name, partition, row[OFFSET], t, [v for _, v in dims],
+                                                [row.get(f) for f in stream.values],
+                                                [row.get(f) for f in stream.source_ids]))
         for (start, dims), rows in groups.items():
             values = {}
             for field in stream.values:
@@ -79,6 +86,9 @@ def drain_log_into_store(catalog: Catalog, log: EventLog, store: PaneStore, now_
     if catalog.joins:
         joins = WindowJoins(catalog, store)
         commit = with_joins(commit, joins.join(join_table(join_records), commit, now_ms=now_ms), joins.names)
+    if patterns.enabled:  # with the streams' watermarks stored before the batch, as the pipeline reads them
+        matched = patterns.run(pattern_table(pattern_records), store.watermarks())
+        commit = with_patterns(commit, matched, patterns.names)
     store.commit_batch(commit, lateness_ms=lateness, now_ms=now_ms)
     return total
 
@@ -89,6 +99,15 @@ def join_table(rows: list[tuple]) -> pa.Table:
     return pa.table({"stream": pa.array(cols[0], pa.string()), "partition": pa.array(cols[1], pa.int32()),
                      "offset": pa.array(cols[2], pa.int64()), "event_time": pa.array(cols[3], pa.int64()),
                      "dims": pa.array(cols[4], pa.list_(pa.string())), "ids": pa.array(cols[5], pa.list_(pa.string()))})
+
+
+def pattern_table(rows: list[tuple]) -> pa.Table:
+    """The patterns' streams' records as the pipeline collects them (aggregates/patterns.py)."""
+    cols = list(zip(*rows)) if rows else [[]] * 7
+    return pa.table({"stream": pa.array(cols[0], pa.string()), "partition": pa.array(cols[1], pa.int32()),
+                     "offset": pa.array(cols[2], pa.int64()), "event_time": pa.array(cols[3], pa.int64()),
+                     "dims": pa.array(cols[4], pa.list_(pa.string())), "vals": pa.array(cols[5], pa.list_(pa.float64())),
+                     "ids": pa.array(cols[6], pa.list_(pa.string()))})
 
 
 class _Enrichment:

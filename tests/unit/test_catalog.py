@@ -60,7 +60,10 @@ def test_shipped_config_loads() -> None:
                                     # and the generated session streams:
                                     "http_requests_sessions", "mobile_app_sessions",
                                     # and the derived stream of the window join `search_clicks`:
-                                    "search_clicks"}
+                                    "search_clicks",
+                                    # the logins and checkouts the patterns read, and their matches:
+                                    "logins", "checkouts", "credential_stuffing_matches",
+                                    "checkout_abandoned_matches"}
     http = catalog.stream("http_requests")
     assert http.name == "http_requests"
     assert http.time_field == "time"
@@ -82,7 +85,13 @@ def test_shipped_config_loads() -> None:
                                     "new_users", "screen_views", "screen_time",
                                     "searches", "search_results", "clicks", "click_position"} | {
         f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")} | {
-        f"search_clicks_{v}" for v in ("searches", "pairs", "clicked", "latency", "unmatched_right")}
+        f"search_clicks_{v}" for v in ("searches", "pairs", "clicked", "latency", "unmatched_right")} | {
+        "logins", "checkouts", "credential_stuffing_matches", "credential_stuffing_matches_attempts",
+        "checkout_abandoned_matches", "checkout_abandoned_matches_amount"}
+    # The demo's two patterns, each over one stream, keyed by a field the pipeline carries.
+    assert [(p.name, p.streams, p.key) for p in catalog.patterns] == [
+        ("credential_stuffing", ("logins",), "user_id"), ("checkout_abandoned", ("checkouts",), "checkout_id")]
+    assert {"user_id", "ip"} <= set(catalog.stream("logins").source_ids)
     mobile = catalog.stream("mobile_app")
     assert (mobile.sent_time_field, mobile.device_key_field) == ("sent_at", "device_id")
     # The two sides of a window join on search_id: keyed alike, with as many partitions.
@@ -103,7 +112,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*clicks, http_requests, http_requests_sessions, mobile_app, mobile_app_sessions, orders, search_clicks, searches"):
+    with pytest.raises(KeyError, match="nope.*checkouts, clicks, credential_stuffing_matches, http_requests, http_requests_sessions, logins, mobile_app, mobile_app_sessions, orders, search_clicks, searches, users"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

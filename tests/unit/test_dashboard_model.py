@@ -82,7 +82,7 @@ def test_the_folders_files_are_named_after_them_and_a_bad_one_names_its_file(tmp
 
 def test_the_demos_dashboards_are_valid():
     catalog = load_catalog(REPO_ROOT / "config" / "streams.yaml")
-    assert list(load_dashboards_dir(REPO_ROOT / "config" / "dashboards", catalog)) == ["overview", "search"]
+    assert list(load_dashboards_dir(REPO_ROOT / "config" / "dashboards", catalog)) == ["overview", "patterns", "search"]
 
 
 NODE_SCRIPT = """

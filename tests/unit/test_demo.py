@@ -49,7 +49,9 @@ def _check_types(stream, events: list[dict]) -> None:
 
 
 def test_events_carry_exactly_the_declared_fields_with_json_types(catalog, sample):
-    assert set(sample) == {"http_requests", "orders", "mobile_app", "searches", "clicks"}
+    assert set(sample) == {"http_requests", "orders", "mobile_app", "searches", "clicks", "logins", "checkouts"}
+    # Logins and checkouts come by the clock, not per request (tests/unit/test_demo_patterns.py): it stood still.
+    assert sample["logins"] == sample["checkouts"] == []
     assert len(sample["http_requests"]) == 20_000
     assert 250 <= len(sample["orders"]) <= 550  # ~2 % of the requests
     assert 4_500 <= len(sample["mobile_app"]) <= 8_000  # ~25 %, plus offline backlogs
@@ -217,7 +219,7 @@ def test_producer_posts_json_arrays_per_stream(catalog):
     server.posts = [p for p in server.posts if p[0] != "/api/v1/tables/users"]
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
-        assert stream in ("http_requests", "orders", "mobile_app", "searches", "clicks")
+        assert stream in ("http_requests", "orders", "mobile_app", "searches", "clicks", "logins", "checkouts")
         assert content_type == "application/json"
         assert isinstance(body, list) and body and all(isinstance(e, dict) for e in body)
         _check_types(catalog.stream(stream), body)
