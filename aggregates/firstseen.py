@@ -1,21 +1,23 @@
-"""First-seen keys and membership filters, computed per micro-batch on the executors.
+"""First-seen keys and membership filters, computed per micro-batch: one Spark job, then numpy.
 
 Per batch (inside the main pipeline's foreachBatch, before the store commit):
 
 1. On the executors: every event of a stream with `first_seen` and/or `membership` yields
    (tag, key, bucket) rows (tag 0: first-seen, bucket 0; tag 1: membership, bucket = start
    of the event-time bucket); group by (stream, tag, bucket, key) -> earliest event time.
-   So a key new in this batch counts once, in the pane of its earliest event.
-2. Still on the executors: the k bit positions of each key, from Spark's native
-   `xxhash64` with the filter's two derived seeds (sketches/bloom.py documents the formula;
-   the Python side computes identical positions for lookups).
-3. First-seen: each key is tested against the stream's long-lived filter, broadcast to the
-   executors (a vectorised Arrow/numpy test in `mapInArrow`); count tested and "seen"
-   keys per (stream, pane) on the executors; only those counts reach the driver.
-4. Bits to add: positions -> (chunk, bit) -> Spark's `bitmap_construct_agg` per
-   (stream, tag, bucket, chunk): 4 KiB bitmaps that the store ORs into its chunks.
+   So a key new in this batch counts once, in the pane of its earliest event. Each distinct
+   key's two hashes come from Spark's native `xxhash64` with the filter's two derived seeds
+   (sketches/bloom.py documents the formula; its Python side computes the identical values).
+2. The distinct keys' (stream, tag, bucket, earliest time, h1, h2) reach the driver as one
+   Arrow table (16 bytes of hashes a key: the demo's 1 M-event batch has ~10^5 keys).
+3. On the driver, numpy over whole columns: the k bit positions by double hashing; the
+   first-seen test of each key against the stream's long-lived filter as the store last
+   committed it, counted per (stream, pane); the bits to add as the 4 KiB chunks of the
+   filter they touch (the layout of Spark's `bitmap_construct_agg`, which the store ORs in).
 
-The driver only assembles a BloomCommit: counts per pane, the undercount bound, chunk bytes.
+Before, steps 2-3 ran on the executors too (positions exploded into rows, a bitmap aggregate
+per chunk, a mapInArrow test against a broadcast filter): two more Spark jobs, a shuffle of
+k rows per key and a Python worker per batch, several times the cost of this driver work.
 Adding all keys of the batch (not just the new ones) sets the same bits, because a key
 answered "seen" has all its bits set already.
 """
@@ -23,15 +25,15 @@ answered "seen" has all its bits set already.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from collections.abc import Iterator
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
-from sketches.bloom import CHUNK_BITS, SALT2, BloomFilter, optimal_shape, undercount_bound
+from sketches.bloom import CHUNK_BITS, SALT2, BloomFilter, optimal_shape, positions, undercount_bound
 from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FilterUpdate, FirstSeenPartial
 
 log = logging.getLogger("sketchboard.firstseen")
@@ -53,21 +55,6 @@ def _case(items: dict[tuple[str, int], object], cast: str) -> Column:
         cond = (F.col("stream") == stream) & (F.col("tag") == tag)
         expr = (F.when if expr is None else expr.when)(cond, F.lit(value).cast(cast))
     return expr.otherwise(F.lit(None).cast(cast))
-
-
-def bit_positions(h1: Column, h2: Column, m: Column, k: Column) -> Column:
-    """The k positions by double hashing, as sketches.bloom.positions computes them."""
-    a = F.pmod(h1, m)
-    b = F.pmod(h2, m - F.lit(1)) + F.lit(1)
-    return F.transform(F.sequence(F.lit(0), k - F.lit(1)), lambda i: F.pmod(a + i.cast("bigint") * b, m))
-
-
-def with_positions(df: DataFrame, seed: Column, m: Column, k: Column) -> DataFrame:
-    """Add `pos` (array<bigint>) for the `key` column: Spark's xxhash64 with the two derived seeds."""
-    seed = seed.cast("bigint")
-    h1 = F.xxhash64(seed, F.col("key"))
-    h2 = F.xxhash64(seed.bitwiseXOR(F.lit(SALT2).cast("bigint")), F.col("key"))
-    return df.withColumn("pos", bit_positions(h1, h2, m, k))
 
 
 class BloomFeatures:
@@ -127,86 +114,63 @@ class BloomFeatures:
             .where(F.col("key").isNotNull() & (F.col("key") != ""))
         )
         keys = tagged.groupBy("stream", "tag", "bucket", "key").agg(F.min("event_time").alias("first_ms"))
-        keys = with_positions(
-            keys,
-            _case({st: s[2] for st, s in shapes.items()}, "bigint"),
-            _case({st: s[0] for st, s in shapes.items()}, "bigint"),
-            _case({st: s[1] for st, s in shapes.items()}, "int"),
-        ).persist()
-        try:
-            chunk_rows = (
-                keys.select("stream", "tag", "bucket", F.explode("pos").alias("p"))
-                .select("stream", "tag", "bucket", F.floor(F.col("p") / CHUNK_BITS).cast("bigint").alias("chunk"),
-                        F.pmod(F.col("p"), F.lit(CHUNK_BITS)).alias("bit"))
-                .groupBy("stream", "tag", "bucket", "chunk")
-                .agg(F.bitmap_construct_agg("bit").alias("bits"))
-                .collect()
-            )
-            pane_rows = self._test_first_seen(keys, filters) if filters else []
-        finally:
-            keys.unpersist()
+        seed = _case({st: s[2] for st, s in shapes.items()}, "bigint")
+        keys = keys.select("stream", "tag", "bucket", "first_ms", *hash_columns(seed))
+        # The batch's one Spark job for Bloom filters: its distinct keys' two hashes (16 bytes a
+        # key, a few hundred thousand at most per batch) reach the driver as one Arrow table.
+        return self.commit_of(keys.toArrow(), shapes, filters)
 
-        chunks: dict[tuple[str, int, int], dict[int, bytes]] = defaultdict(dict)
-        for row in chunk_rows:
-            chunks[(row["stream"], row["tag"], row["bucket"])][row["chunk"]] = bytes(row["bits"])
-        updates = []
-        for (name, tag, bucket), parts in sorted(chunks.items()):
-            m, k, seed = shapes[(name, tag)]
-            kind = FIRST_SEEN if tag == TAG_FIRST_SEEN else MEMBERSHIP
-            updates.append(FilterUpdate(name, kind, bucket, m, k, seed, parts))
-        first_seen = []
-        for row in pane_rows:
-            name, tested, positives = row["stream"], row["tested"], row["positives"]
-            fpp = filters[name].false_positive_probability()
-            pane = self.streams[name].pane
-            first_seen.append(FirstSeenPartial(
-                name, row["pane_start"], row["pane_start"] + pane, tested - positives, tested, positives,
-                tested * fpp, undercount_bound(tested, positives, fpp),
-            ))
+    def commit_of(self, keys: pa.Table, shapes: dict[tuple[str, int], tuple[int, int, int]],
+                  filters: dict[str, BloomFilter]) -> BloomCommit:
+        """The BloomCommit of a batch's distinct keys (columns stream, tag, bucket, first_ms, h1,
+        h2), on the driver: the positions, the first-seen test and the bits to add are numpy over
+        whole columns (no Python per key)."""
+        stream = np.asarray(keys.column("stream").to_pylist(), dtype=object)
+        tag, bucket, first_ms, h1, h2 = (keys.column(c).to_numpy() for c in ("tag", "bucket", "first_ms", "h1", "h2"))
+        updates: list[FilterUpdate] = []
+        first_seen: list[FirstSeenPartial] = []
+        for (name, t), (m, k, seed) in sorted(shapes.items()):
+            mask = (stream == name) & (tag == t)
+            if not mask.any():
+                continue
+            pos = positions(h1[mask], h2[mask], m, k)
+            kind = FIRST_SEEN if t == TAG_FIRST_SEEN else MEMBERSHIP
+            buckets = bucket[mask]
+            for b in np.unique(buckets):
+                updates.append(FilterUpdate(name, kind, int(b), m, k, seed, chunks_of(pos[buckets == b], m)))
+            if t == TAG_FIRST_SEEN:
+                first_seen += self._first_seen_partials(name, filters[name], first_ms[mask], pos)
         return BloomCommit(filters=updates, first_seen=first_seen)
 
-    def _test_first_seen(self, keys: DataFrame, filters: dict[str, BloomFilter]) -> list:
-        broadcast = self.spark.sparkContext.broadcast({n: f.bits.tobytes() for n, f in filters.items()})
-        try:
-            seen = keys.where(F.col("tag") == TAG_FIRST_SEEN).select("stream", "first_ms", "pos").mapInArrow(
-                _membership_tester(broadcast), "stream string, first_ms bigint, seen boolean"
-            )
-            pane = None
-            for name in filters:
-                p = F.lit(self.streams[name].pane).cast("bigint")
-                pane = (F.when if pane is None else pane.when)(F.col("stream") == name, p)
-            return (
-                seen.withColumn("pane_start", F.col("first_ms") - F.pmod(F.col("first_ms"), pane))
-                .groupBy("stream", "pane_start")
-                .agg(F.count(F.lit(1)).alias("tested"), F.sum(F.col("seen").cast("bigint")).alias("positives"))
-                .collect()
-            )
-        finally:
-            broadcast.unpersist()
+    def _first_seen_partials(self, name: str, filt: BloomFilter, first_ms: np.ndarray,
+                             pos: np.ndarray) -> list[FirstSeenPartial]:
+        """Per pane of each key's earliest event: keys tested against the filter as the store
+        last committed it, and those it answered "seen" (every bit set)."""
+        seen = filt.test_positions(pos)
+        pane = self.streams[name].pane
+        starts, inverse = np.unique(first_ms - np.mod(first_ms, pane), return_inverse=True)
+        tested = np.bincount(inverse, minlength=len(starts))
+        positives = np.bincount(inverse, weights=seen, minlength=len(starts)).astype(np.int64)
+        fpp = filt.false_positive_probability()
+        return [FirstSeenPartial(name, int(s), int(s) + pane, int(n - p), int(n), int(p), int(n) * fpp,
+                                 undercount_bound(int(n), int(p), fpp))
+                for s, n, p in zip(starts, tested, positives, strict=True)]
 
 
-def _membership_tester(broadcast):
-    """The mapInArrow function: are all of a row's positions set in its stream's filter?"""
+def hash_columns(seed: Column) -> list[Column]:
+    """h1 and h2 of the `key` column: Spark's xxhash64 with the filter's two derived seeds."""
+    seed = seed.cast("bigint")
+    return [F.xxhash64(seed, F.col("key")).alias("h1"),
+            F.xxhash64(seed.bitwiseXOR(F.lit(SALT2).cast("bigint")), F.col("key")).alias("h2")]
 
-    def test(batches: Iterator) -> Iterator:
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
-        bits = {name: np.frombuffer(data, dtype=np.uint8) for name, data in broadcast.value.items()}
-        for rb in batches:
-            streams = rb.column("stream")
-            seen = np.zeros(rb.num_rows, dtype=bool)
-            for name in pc.unique(streams).to_pylist():
-                mask = pc.equal(streams, name)
-                idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-                lists = rb.column("pos").filter(mask)
-                flat = lists.flatten().to_numpy()
-                k = len(flat) // max(len(idx), 1)
-                filt = bits[name]
-                hit = (filt[flat >> 3] >> (flat & 7).astype(np.uint8)) & 1
-                seen[idx] = hit.reshape(len(idx), k).all(axis=1) if k else False
-            yield pa.RecordBatch.from_arrays([streams, rb.column("first_ms"), pa.array(seen)],
-                                             names=["stream", "first_ms", "seen"])
-
-    return test
+def chunks_of(pos: np.ndarray, m: int) -> dict[int, bytes]:
+    """The filter chunks that `pos` (bit positions of an m-bit filter) touch, each as the 4 KiB
+    bitmap Spark's bitmap_construct_agg builds: bit p is bit p mod 8 of byte p div 8, a last
+    partial chunk padded with zeros."""
+    flat = np.asarray(pos, dtype=np.int64).ravel()
+    n_chunks = -(-m // CHUNK_BITS)
+    bits = np.zeros(n_chunks * CHUNK_BITS, dtype=bool)
+    bits[flat] = True
+    packed = np.packbits(bits, bitorder="little").reshape(n_chunks, CHUNK_BITS // 8)
+    return {int(c): packed[c].tobytes() for c in np.unique(flat // CHUNK_BITS)}

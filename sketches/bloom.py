@@ -1,4 +1,4 @@
-"""A Bloom filter whose bit positions Spark's executors compute natively (no Python per event).
+"""A Bloom filter whose key hashes Spark's executors compute natively (no Python per event).
 
 Hashing: XXH64 with two seeds derived from the filter's seed, exactly as Spark's built-in
 `xxhash64(seed_as_bigint, key)` computes it (Spark chains: the hash of the first argument,
@@ -9,8 +9,9 @@ and the k positions follow by double hashing (Kirsch-Mitzenmacher):
     a = pmod(h1, m), b = 1 + pmod(h2, m - 1), position_i = (a + i * b) mod m,  i = 0..k-1
 
 (all in signed 64-bit, no overflow since m < 2^36 and k <= 32; Spark's `pmod` and numpy's
-`%` agree on negative operands). `aggregates/firstseen.py` builds the same expression in
-Spark SQL, and a Spark test checks the two agree.
+`%` agree on negative operands). `aggregates/firstseen.py` computes the two hashes on the
+executors (Spark's `xxhash64`) and the positions with `positions` below on the driver; a Spark
+test checks the executors' hashes agree with `hashes`.
 
 Bit layout: bit p is bit (p mod 8) of byte p div 8 (least significant first), the layout
 of Spark's `bitmap_construct_agg`, whose 32768-bit (4 KiB) buckets are therefore whole

@@ -12,15 +12,15 @@ import pytest
 from fastapi.testclient import TestClient
 from pyspark.sql import functions as F
 
-from aggregates.firstseen import with_positions
+from aggregates.firstseen import BloomFeatures, hash_columns
 from aggregates.pipeline import Pipeline, PipelineConfig
 from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
 from ingest.log import SqliteEventLog
-from sketches.bloom import BloomFilter
+from sketches.bloom import CHUNK_BITS, BloomFilter, positions, undercount_bound
 from store import SqlitePaneStore
-from store.bloom import BloomStore
+from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomStore, FilterUpdate, FirstSeenPartial
 from tests.spark.events import T0
 
 pytestmark = pytest.mark.spark
@@ -79,9 +79,9 @@ def test_spark_positions_equal_python_positions(spark):
         [f"k{i}" for i in range(200)]
     for m, k, seed in ((9592, 7, 0), (1 << 20, 3, -5), (64, 1, 2**63 - 1)):
         df = spark.createDataFrame([(key,) for key in keys], "key string")
-        got = with_positions(df, F.lit(seed), F.lit(m).cast("bigint"), F.lit(k)).collect()
-        expected = BloomFilter(m, k, seed).positions(keys)
-        assert [list(r["pos"]) for r in got] == expected.tolist()
+        got = df.select(*hash_columns(F.lit(seed))).toArrow()
+        pos = positions(got.column("h1").to_numpy(), got.column("h2").to_numpy(), m, k)
+        assert pos.tolist() == BloomFilter(m, k, seed).positions(keys).tolist()
 
 
 def test_first_seen_counts_are_exact_minus_at_most_the_bound_and_a_replay_adds_nothing(tmp_path, spark):
@@ -158,3 +158,64 @@ def test_first_seen_counts_are_exact_minus_at_most_the_bound_and_a_replay_adds_n
     assert pipeline.last_result is not None and pipeline.last_result.committed is False
     assert reader.first_seen_rows("visits", 0, 2**62) == before_rows
     assert reader.first_seen_filter("visits") == before_filter
+
+
+def expected_bloom_commit(catalog, events: list[dict], prior: BloomFilter) -> BloomCommit:
+    """What a batch of `events` (of the stream `visits`) must commit, computed in plain Python:
+    distinct keys with their earliest time, positions from sketches.bloom, the first-seen test
+    against `prior`, every touched chunk as a 4 KiB little-endian bitmap (Spark's layout)."""
+    stream = catalog.streams["visits"]
+    ms = stream.membership
+    first: dict[str, int] = {}
+    per_bucket: dict[int, set[str]] = {}
+    for e in events:
+        first[e["user_id"]] = min(first.get(e["user_id"], e["time"]), e["time"])
+        per_bucket.setdefault(e["time"] - e["time"] % ms.bucket, set()).add(e["user_id"])
+
+    def update(kind, bucket, shape, keys):
+        m, k, seed = shape
+        chunks: dict[int, bytearray] = {}
+        for p in BloomFilter(m, k, seed).positions(sorted(keys)).ravel().tolist():
+            chunk = chunks.setdefault(p // CHUNK_BITS, bytearray(CHUNK_BITS // 8))
+            chunk[(p % CHUNK_BITS) // 8] |= 1 << (p % 8)
+        return FilterUpdate("visits", kind, bucket, m, k, seed, {c: bytes(b) for c, b in sorted(chunks.items())})
+
+    mshape = BloomFilter.for_capacity(ms.capacity, ms.fpp, ms.seed).shape
+    updates = [update(FIRST_SEEN, 0, prior.shape, first)]
+    updates += [update(MEMBERSHIP, b, mshape, keys) for b, keys in sorted(per_bucket.items())]
+    panes: dict[int, list[int]] = {}
+    for key, t in first.items():
+        counts = panes.setdefault(t - t % stream.pane, [0, 0])
+        counts[0] += 1
+        counts[1] += key in prior
+    fpp = prior.false_positive_probability()
+    partials = [FirstSeenPartial("visits", s, s + stream.pane, n - p, n, p, n * fpp, undercount_bound(n, p, fpp))
+                for s, (n, p) in sorted(panes.items())]
+    return BloomCommit(filters=updates, first_seen=partials)
+
+
+def test_bloom_commit_of_a_batch_equals_the_python_oracle(spark):
+    """The batch's Bloom work (one Spark job, then numpy on the driver) gives exactly the chunks
+    and first-seen counts a plain-Python computation gives, against a filter with keys in it."""
+    from ingest.source_rows import SPARK_SCHEMA
+
+    catalog = parse_catalog(CONFIG)
+    events = visit_events(3000, seed=3, start_ms=T0, span_ms=300_000, users=2500)
+    prior = BloomFilter.for_capacity(3000, 0.05, 11)
+    prior.add_many([f"user-{u}" for u in range(0, 2500, 3)])  # a third of them seen before
+
+    class Reader:
+        def first_seen_filter(self, stream):
+            return BloomFilter(prior.m, prior.k, prior.seed, prior.bits.copy())
+
+    rows = [("visits", 0, i, e["time"], e["time"], ["/"], [1.0], [e["user_id"]], None, None, None, None)
+            for i, e in enumerate(events)]
+    batch = spark.createDataFrame(rows, SPARK_SCHEMA)
+    got = BloomFeatures(spark, catalog, Reader()).process(batch)
+    want = expected_bloom_commit(catalog, events, prior)
+    assert [(u.kind, u.bucket_ms) for u in got.filters] == [(u.kind, u.bucket_ms) for u in want.filters]
+    for g, w in zip(got.filters, want.filters, strict=True):
+        assert (g.m, g.k, g.seed, sorted(g.chunks)) == (w.m, w.k, w.seed, sorted(w.chunks))
+        assert all(g.chunks[c] == w.chunks[c] for c in w.chunks), g.kind
+    assert list(got.first_seen) == want.first_seen
+    assert 0 < sum(p.positives for p in got.first_seen) < sum(p.tested for p in got.first_seen)
