@@ -309,11 +309,10 @@ def main(argv: list[str] | None = None) -> None:
         server = PostgresServer()
         server.start()
     shipped = load_catalog(DEFAULT_STREAMS)
-    panes_only = Catalog.model_validate({
-        "streams": {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items()
-                    if not s.derived_from},
-        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items()
-                    if not shipped.streams[m.stream].derived_from},  # derived streams are left out above
+    streams = {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items() if not s.derived_from}
+    panes_only = Catalog.model_validate({  # derived streams (sessions, joins) are left out, and their metrics
+        "streams": streams,
+        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items() if m.stream in streams},
     })
     end_ms = int(time.time() * 1000) // 10_000 * 10_000
     results = {}

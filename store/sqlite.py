@@ -159,42 +159,36 @@ class SqlitePaneStore(PaneStore):
 
     def _stored_panes(self, commit: BatchCommit) -> dict[PaneId, StoredPane]:
         """The stored panes the batch merges into (new panes are absent)."""
-        conn = self._conn
-        stored = {}
-        for pane_id in pane_ids(commit):
-            row = conn.execute("SELECT count, stats, revision FROM panes WHERE stream = ? AND start_ms = ? AND dims = ?",
-                               pane_id).fetchone()
-            if row is not None:
-                data = sqlite_tiers.load_data(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, row[0], row[1])
-                stored[pane_id] = StoredPane(data, row[2])
-        return stored
+        return sqlite_tiers.load_many(self._conn, "panes", sqlite_tiers.PANE_KEY, pane_ids(commit))
 
     def _write_panes(self, commit: BatchCommit, plan: BatchPlan, now_ms: int) -> tuple[int | None, int | None]:
         """The merged panes, a change record each (and a correction for a final pane); the first
-        and last change sequence numbers."""
+        and last change sequence numbers. Panes, sketches and changes go in one executemany each."""
         conn = self._conn
-        first_seq = last_seq = None
+        sqlite_tiers.save_many(conn, "panes", sqlite_tiers.PANE_KEY,
+                               (((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes),
+                               now_ms, commit.batch_id)
+        changes = []
         for pane in plan.panes:
-            pane_id = (pane.stream, pane.start_ms, pane.dims)
-            sqlite_tiers.save_row(conn, "panes", sqlite_tiers.PANE_KEY, pane_id, pane.end_ms, pane.data,
-                                  pane.revision, now_ms, commit.batch_id)
             correction_id = None
-            if pane.correction is not None:
+            if pane.correction is not None:  # few: one INSERT each, for its id
                 c = pane.correction
                 correction_id = conn.execute(
                     "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
                     " pipeline, batch_id, events_added, at_ms, old, new) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*pane_id[:2], pane.end_ms, pane.dims, c.revision_from, c.revision_to, commit.pipeline,
-                     commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
+                    (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
+                     commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                 ).lastrowid
-            cursor = conn.execute(
-                "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (*pane_id, pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id),
-            )
-            first_seq = first_seq or cursor.lastrowid
-            last_seq = cursor.lastrowid
-        return first_seq, last_seq
+            changes.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id, pane.count_added,
+                            now_ms, correction_id))
+        if not changes:
+            return None, None
+        conn.executemany(
+            "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", changes)
+        # Consecutive numbers: the commit holds the write lock and AUTOINCREMENT counts up one by one.
+        last_seq = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+        return last_seq - len(changes) + 1, last_seq
 
     def _write_dead_letters(self, commit: BatchCommit, plan: BatchPlan, now_ms: int) -> None:
         conn = self._conn

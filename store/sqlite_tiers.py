@@ -7,7 +7,7 @@ pane-shaped data, panes and tier_rows, are read, loaded and saved by the same fu
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 from store import row_codec
@@ -31,14 +31,14 @@ def stored_layouts(conn: sqlite3.Connection) -> dict[str, TierLayout]:
 
 def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey, TierDelta], now_ms: int,
                  batch_id: int) -> None:
-    """Merge each delta into its stored tier row (creating it when new)."""
-    for key, delta in deltas.items():
-        args = (stream, key.granule_ms, key.proj, key.start_ms, key.dims)
-        row = conn.execute(f"SELECT count, stats, revision FROM tier_rows WHERE {_ROW_KEY}", args).fetchone()
-        stored = None if row is None else StoredPane(load_data(conn, "tier_rows", TIER_KEY, args, row[0], row[1]), row[2])
-        after = tier_row_after(stored, delta)
-        save_row(conn, "tier_rows", TIER_KEY, args, key.start_ms + key.granule_ms, after.data, after.revision, now_ms,
-                 batch_id)
+    """Merge each delta into its stored tier row (creating it when new): one bulk load of the
+    rows that exist, one bulk save."""
+    keys = {key: (stream, key.granule_ms, key.proj, key.start_ms, key.dims) for key in deltas}
+    stored = load_many(conn, "tier_rows", TIER_KEY, list(keys.values()))
+    after = ((key, tier_row_after(stored.get(keys[key]), delta)) for key, delta in deltas.items())
+    save_many(conn, "tier_rows", TIER_KEY,
+              ((keys[key], key.start_ms + key.granule_ms, row.data, row.revision) for key, row in after),
+              now_ms, batch_id)
 
 
 def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
@@ -90,9 +90,9 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
         for lo, hi in rebuild_chunks(span[0], span[1], layout, chunk_ms):
             panes = read_panes(stream, lo, hi)
             deltas, last_batch = rebuilt_rows(panes, layout)
-            for key, delta in deltas.items():
-                save_row(conn, "tier_rows", TIER_KEY, (stream, key.granule_ms, key.proj, key.start_ms, key.dims),
-                         key.start_ms + key.granule_ms, delta.data, delta.revision, now_ms, last_batch)
+            save_many(conn, "tier_rows", TIER_KEY,
+                      (((stream, key.granule_ms, key.proj, key.start_ms, key.dims), key.start_ms + key.granule_ms,
+                        delta.data, delta.revision) for key, delta in deltas.items()), now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
@@ -106,33 +106,61 @@ TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims")
 _SKETCHES = {"panes": "pane_sketches", "tier_rows": "tier_sketches"}
 
 
-def load_data(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, count: int,
-              stats: str) -> PaneData:
-    """A stored row's data with all its sketches (what a merge into it needs)."""
-    where = " AND ".join(f"{c} = ?" for c in key_columns)
-    return row_codec.load_data(count, stats, conn.execute(
-        f"SELECT field, kind, data FROM {_SKETCHES[table]} WHERE {where}", key))
+_TYPES = {"stream": "TEXT", "start_ms": "INTEGER", "dims": "TEXT", "granule_ms": "INTEGER", "proj": "TEXT"}
 
 
-def save_row(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...], key: tuple, end_ms: int,
-             data: PaneData, revision: int, now_ms: int, batch_id: int) -> None:
-    """Insert or replace a row of `table` (panes or tier_rows) and its sketches."""
+def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
+              keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
+    """The stored rows of `table` (panes or tier_rows) among `keys`, with all their sketches
+    (what a merge into them needs); missing keys are absent. The keys go into a temporary
+    table and both tables are read with one join each, as store/postgres/rows.load does:
+    the per-key lookups run in SQLite's C code rather than a statement per key from Python."""
+    if not keys:
+        return {}
+    staged = f"temp.keys_{table}"
+    columns = ", ".join(key_columns)
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS keys_{table}"
+                 f" ({', '.join(f'{c} {_TYPES[c]}' for c in key_columns)}, PRIMARY KEY ({columns})) WITHOUT ROWID")
+    conn.executemany(f"INSERT OR IGNORE INTO {staged} VALUES ({', '.join('?' * len(key_columns))})", keys)
+    n = len(key_columns)
+    sketches: dict[tuple, list] = {}
+    try:
+        for row in conn.execute(f"SELECT {', '.join(f's.{c}' for c in key_columns)}, field, kind, data"
+                                f" FROM {staged} k CROSS JOIN {_SKETCHES[table]} s ON {_on('s', key_columns)}"):
+            sketches.setdefault(row[:n], []).append(row[n:])
+        return {row[:n]: StoredPane(row_codec.load_data(row[n], row[n + 1], sketches.get(row[:n], ())), row[n + 2])
+                for row in conn.execute(f"SELECT {', '.join(f't.{c}' for c in key_columns)}, count, stats, revision"
+                                        f" FROM {staged} k CROSS JOIN {table} t ON {_on('t', key_columns)}")}
+    finally:
+        conn.execute(f"DELETE FROM {staged}")
+
+
+def _on(alias: str, key_columns: tuple[str, ...]) -> str:
+    """The join of the staged keys (k) to a table; CROSS JOIN keeps the keys the outer loop."""
+    return " AND ".join(f"{alias}.{c} = k.{c}" for c in key_columns)
+
+
+def save_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
+              rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> None:
+    """Insert or replace rows (key, end_ms, data, revision) of `table` (panes or tier_rows) and
+    their sketches: one executemany per table for the whole batch."""
     columns = ", ".join(key_columns)
     marks = ", ".join("?" * len(key_columns))
-    conn.execute(
+    row_args, sketch_args = [], []
+    for key, end_ms, data, revision in rows:
+        row_args.append((*key, end_ms, data.count, row_codec.stats_text(data), revision, now_ms, batch_id))
+        sketch_args += [(*key, *sketch) for sketch in row_codec.sketch_rows(data)]
+    conn.executemany(
         f"INSERT INTO {table} ({columns}, end_ms, count, stats, revision, updated_at_ms, last_batch)"
         f" VALUES ({marks}, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
-        " last_batch = excluded.last_batch",
-        (*key, end_ms, data.count, row_codec.stats_text(data), revision, now_ms, batch_id),
-    )
+        " last_batch = excluded.last_batch", row_args)
     conn.executemany(
         f"INSERT INTO {_SKETCHES[table]} ({columns}, field, kind, data) VALUES ({marks}, ?, ?, ?)"
-        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data",
-        [(*key, *sketch) for sketch in row_codec.sketch_rows(data)])
+        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data", sketch_args)
 
 
-__all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "load_data", "read_rows", "rebuild", "save_row",
+__all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "load_many", "read_rows", "rebuild", "save_many",
            "stored_layouts"]
 
 

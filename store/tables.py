@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS pane_sketches (
     kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
     data BLOB NOT NULL,
     PRIMARY KEY (stream, start_ms, dims, field, kind)
-);
+) WITHOUT ROWID;  -- the key is most of a row: a rowid table kept it twice (table and index)
 CREATE TABLE IF NOT EXISTS changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     stream TEXT NOT NULL,
@@ -164,7 +164,7 @@ CREATE TABLE IF NOT EXISTS tier_sketches (
     kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
     data BLOB NOT NULL,
     PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind)
-);
+) WITHOUT ROWID;
 """
 
 # Bloom filter chunks and first-seen counts (store/bloom.py).

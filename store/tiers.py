@@ -189,13 +189,19 @@ def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey,
         sources = [lv for lv in levels if tier.granule_ms % lv[0] == 0 and _narrower(tier.proj, lv[1])]
         _, source_proj, rows = min(sources, key=lambda lv: len(lv[2]))
         g = tier.granule_ms
-        names = tier.proj.split(",") if tier.proj not in (ALL_DIMS, "") else []
-        groups: dict[tuple, list] = {}  # (start, projected items) -> [dims, key, parts, revision]
+        same_dims = tier.proj == ALL_DIMS or tier.proj == source_proj
+        # A level has many rows but few distinct dimension combinations: each is projected
+        # (and its key encoded) once, not once per row.
+        projected: dict[str, tuple[Mapping[str, str], str]] = {}
+        groups: dict[tuple[int, str], list] = {}  # (start, projected key) -> [dims, key, parts, revision]
         for start, dims, key, data, revision in rows:
-            if tier.proj == ALL_DIMS or tier.proj == source_proj:
-                group_key = (start - start % g, key)  # same dimensions: same key, no re-encoding
-            else:
-                group_key = (start - start % g, tuple((n, dims[n]) for n in names if n in dims))
+            if not same_dims:
+                found = projected.get(key)
+                if found is None:
+                    dims_p = project(dims, tier.proj)
+                    found = projected[key] = (dims_p, dims_key(dims_p))
+                dims, key = found
+            group_key = (start - start % g, key)
             found = groups.get(group_key)
             if found is None:
                 groups[group_key] = [dims, key, [data], revision]
@@ -204,11 +210,7 @@ def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey,
                 if revision > found[3]:
                     found[3] = revision
         level: list[_Row] = []
-        same_dims = tier.proj == ALL_DIMS or tier.proj == source_proj
         for (start, _), (dims, key, parts, revision) in groups.items():
-            if not same_dims:
-                dims = project(dims, tier.proj)
-                key = dims_key(dims)
             data = merge_many(parts)
             out[TierKey(g, tier.proj, start, key)] = TierDelta(dims, data, revision)
             level.append((start, dims, key, data, revision))

@@ -1,0 +1,160 @@
+"""The cheaper commit (issue 27): the faster encodings write the same text as before, tier
+deltas derived with each dimension combination projected once equal a direct roll-up of the
+panes, a bulk-written batch reports the change numbers it wrote, and SQLite's sketch tables
+keep their key once (WITHOUT ROWID) while files made with the old layout still work."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sketches import HllSketch, KllSketch
+from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
+from store.panes import dims_key
+from store.row_codec import stats_text
+from store.tiers import ALL_DIMS, TierLayout, project, tier_deltas
+
+PANE = 10_000
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+LAYOUT = TierLayout(PANE, 86_400_000, ((60_000, 86_400_000), (600_000, 86_400_000)), ("", "a", "a,b", "c"))
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)
+floats = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@given(st.dictionaries(texts, texts, max_size=5))
+def test_dims_key_writes_what_json_dumps_wrote(dims):
+    assert dims_key(dims) == json.dumps(dict(sorted(dims.items())), separators=(",", ":"), ensure_ascii=False)
+
+
+@given(st.dictionaries(texts, st.tuples(st.integers(0, 10**9), floats, st.none() | floats, st.none() | floats),
+                       max_size=4))
+def test_stats_text_writes_what_json_dumps_wrote(values):
+    data = PaneData(1, {name: ValueStats(n, total, lo, hi) for name, (n, total, lo, hi) in values.items()})
+    old = json.dumps({name: v.to_json() for name, v in sorted(data.values.items())}, separators=(",", ":"))
+    assert stats_text(data) == old
+
+
+def _pane(dims: dict, values: list[float], users: list[str]) -> PaneData:
+    kll, hll = KllSketch(), HllSketch()
+    for v in values:
+        kll.update(v)
+    for u in users:
+        hll.update(u)
+    stats = {"v": ValueStats(len(values), math.fsum(values), min(values), max(values), kll.to_bytes())} if values else {}
+    return PaneData(len(values) or 1, stats, {"u": hll.to_bytes()})
+
+
+pane_rows = st.lists(st.tuples(
+    st.integers(0, 200).map(lambda i: T0 + i * PANE),
+    st.fixed_dictionaries({}, optional={"a": st.sampled_from("xy"), "b": st.sampled_from("pq"), "c": st.just("z")}),
+    st.lists(st.integers(0, 1000).map(float), max_size=4),
+    st.lists(st.sampled_from(["u1", "u2", "u3", "u4"]), max_size=3),
+    st.integers(1, 3),
+), max_size=40, unique_by=lambda r: (r[0], tuple(sorted(r[1].items()))))
+
+
+@settings(max_examples=60, deadline=None)
+@given(pane_rows)
+def test_tier_deltas_equal_a_direct_rollup_of_the_panes(rows):
+    panes = [(start, dims, _pane(dims, values, users), revision) for start, dims, values, users, revision in rows]
+    deltas = tier_deltas(panes, LAYOUT)
+    expected: dict[tuple, list] = defaultdict(list)
+    for tier in LAYOUT.tiers():
+        for start, dims, data, revision in panes:
+            projected = project(dims, tier.proj)
+            expected[(tier.granule_ms, tier.proj, start - start % tier.granule_ms, dims_key(projected))].append(
+                (projected, data, revision))
+    assert {(k.granule_ms, k.proj, k.start_ms, k.dims) for k in deltas} == set(expected)
+    for key, delta in deltas.items():
+        parts = expected[(key.granule_ms, key.proj, key.start_ms, key.dims)]
+        assert dict(delta.dims) == parts[0][0]
+        assert delta.data.count == sum(p.count for _, p, _ in parts)
+        assert delta.revision == max(r for _, _, r in parts)
+        stats = [p.values["v"] for _, p, _ in parts if "v" in p.values]
+        if stats:
+            got = delta.data.values["v"]
+            assert (got.n, got.min, got.max) == (sum(s.n for s in stats), min(s.min for s in stats),
+                                                 max(s.max for s in stats))
+            assert got.sum == pytest.approx(math.fsum(s.sum for s in stats), rel=1e-12)
+            assert KllSketch.from_bytes(got.kll).n == sum(s.n for s in stats)
+        else:
+            assert "v" not in delta.data.values
+        want_users = HllSketch.merge_all([p.distincts["u"] for _, p, _ in parts]).estimate().estimate
+        assert HllSketch.from_bytes(delta.data.distincts["u"]).estimate().estimate == want_users
+    assert ALL_DIMS in {k.proj for k in deltas} or not panes
+
+
+def _partials(batch: int, n: int) -> list[PanePartial]:
+    out = []
+    for i in range(n):
+        dims = {"a": "xyz"[i % 3], "b": str(i % 5)}
+        start = T0 + (batch * n + i) // 4 * PANE
+        out.append(PanePartial("s", start, start + PANE, dims, _pane(dims, [float(i), 2.0 * i], [f"u{i % 7}"])))
+    return out
+
+
+def test_a_bulk_written_batch_reports_the_change_numbers_it_wrote(store_backend):
+    store = store_backend.create()
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    seen = 0
+    for batch_id in range(3):
+        partials = _partials(batch_id, 30)
+        commit = BatchCommit("main", batch_id, partials, sum(p.data.count for p in partials),
+                             {"s": max(p.start_ms for p in partials)}, {})
+        result = store.commit_batch(commit, lateness_ms={"s": 0}, now_ms=T0)
+        changes = [c for c in store.changes_since(seen, limit=10_000) if c.batch_id == batch_id]
+        assert len(changes) == len({(p.start_ms, dims_key(p.dims)) for p in partials})
+        assert (result.first_change_seq, result.last_change_seq) == (changes[0].seq, changes[-1].seq)
+        assert [c.seq for c in changes] == list(range(changes[0].seq, changes[-1].seq + 1))
+        seen = changes[-1].seq
+    # A batch without partials writes no change.
+    empty = store.commit_batch(BatchCommit("main", 3, [], 0, {}, {}), lateness_ms={"s": 0}, now_ms=T0)
+    assert (empty.first_change_seq, empty.last_change_seq) == (None, None)
+
+
+def _without_rowid(path, table: str) -> bool:
+    with sqlite3.connect(path) as conn:
+        return bool(conn.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (table,)).fetchone()[0])
+
+
+def test_sqlite_sketch_tables_keep_their_key_once(tmp_path):
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    store.close()
+    assert _without_rowid(tmp_path / "store.db", "pane_sketches")
+    assert _without_rowid(tmp_path / "store.db", "tier_sketches")
+
+
+OLD_SKETCH_TABLES = """
+CREATE TABLE pane_sketches (stream TEXT NOT NULL, start_ms INTEGER NOT NULL, dims TEXT NOT NULL, field TEXT NOT NULL,
+    kind TEXT NOT NULL, data BLOB NOT NULL, PRIMARY KEY (stream, start_ms, dims, field, kind));
+CREATE TABLE tier_sketches (stream TEXT NOT NULL, granule_ms INTEGER NOT NULL, proj TEXT NOT NULL,
+    start_ms INTEGER NOT NULL, dims TEXT NOT NULL, field TEXT NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind));
+"""
+
+
+def test_a_file_with_the_old_rowid_sketch_tables_still_commits_and_reads(tmp_path):
+    path = tmp_path / "store.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(OLD_SKETCH_TABLES)
+    store = SqlitePaneStore(path, synchronous="OFF")
+    assert not _without_rowid(path, "pane_sketches")
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    for batch_id in range(2):  # the second batch merges into stored panes and tier rows
+        partials = _partials(0, 12)
+        store.commit_batch(BatchCommit("main", batch_id, partials, sum(p.data.count for p in partials),
+                                       {"s": T0}, {}), lateness_ms={"s": 0}, now_ms=T0)
+    panes = store.read_panes("s", T0, T0 + 3_600_000, value_field="v", distinct_field="u", with_sketches=True)
+    assert sum(p.data.count for p in panes) == 2 * 12 * 2  # two batches of 12 partials of two values each
+    assert sum(KllSketch.from_bytes(p.data.values["v"].kll).n for p in panes) == 2 * 12 * 2
+    from tests.tier_checks import assert_tiers_match_panes
+
+    assert assert_tiers_match_panes(store, "s") > 0
+    store.close()
