@@ -28,7 +28,7 @@ RULE = {"name": "stuffing", "kind": "pattern", "pattern": "credential_stuffing",
 
 @pytest.fixture
 def catalog() -> Catalog:
-    return parse_catalog(EXAMPLES_YAML)  # the demo's streams declare no patterns
+    return parse_catalog(EXAMPLES_YAML)  # the docs' example patterns, whose events the test makes up
 
 
 @pytest.fixture
