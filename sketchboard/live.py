@@ -1,14 +1,18 @@
 """`sketchboard pipeline`'s loop: run the pipeline (and its session queries) until told to stop,
 and start it again, in the same process and Spark session, when a switch fenced one of its
 batches (docs/reprocessing.md#switch): built again, it applies the switch's offset move to its
-checkpoint and computes the stream with the new definition. Any other failure ends the loop."""
+checkpoint and computes the stream with the new definition; and, a few times, when a batch failed
+on the host's load rather than on its data (sketchboard/restarts.py). Any other failure ends the
+loop."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sketchboard.definitions import switched
+from sketchboard.restarts import RestartBudget, transient
 from sketchboard.settings import Settings
 
 log = logging.getLogger("sketchboard")
@@ -21,6 +25,17 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     from sketchboard.wiring import build_pipeline, build_session_pipelines
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
+    budget = RestartBudget()
+
+    def restartable(failure) -> bool:
+        if switched(failure):
+            return True
+        if transient(failure) and budget.allow(time.monotonic()):
+            log.warning("a batch failed on the host's load, not on its data: starting the pipeline again from its"
+                        " checkpoint (%s)", str(failure).splitlines()[0][:200])
+            return True
+        return False
+
     while True:
         sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
         if once:
@@ -29,9 +44,10 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 for session in sessions:
                     session.run_until_drained()
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
-                if not switched(exc):
+                if not restartable(exc):
                     raise
-                log.warning("a stream's output was switched to another definition: restarting the pipeline")
+                if switched(exc):
+                    log.warning("a stream's output was switched to another definition: restarting the pipeline")
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
                 pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
                 continue
@@ -44,10 +60,11 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             stopping.wait(1)
         failures = [q.exception() for q in (query, *session_queries) if q.exception()]
         running = [(query, pipeline.gate), *((q, s.gate) for q, s in zip(session_queries, sessions))]
-        if failures and not stopping.is_set() and all(switched(f) for f in failures):
+        if failures and not stopping.is_set() and all(restartable(f) for f in failures):
             # A switch fenced a batch computed the old way: start again with the new definition, from
-            # the offsets the switch moved into the checkpoint.
-            log.warning("a stream's output was switched to another definition: restarting the pipeline")
+            # the offsets the switch moved into the checkpoint. Or the host's load failed a batch.
+            if any(switched(f) for f in failures):
+                log.warning("a stream's output was switched to another definition: restarting the pipeline")
             stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
             pipeline.store.close()
             pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
