@@ -175,3 +175,12 @@ def wired_client(wired_ctx):
     # raise_server_exceptions=False: a 500 is what these tests look for, not a re-raised error.
     with TestClient(create_app(wired_ctx), raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback (tests/receiver.py) for the alert tests' notifiers."""
+    from tests.receiver import Receiver
+
+    with Receiver() as rx:
+        yield rx

@@ -19,7 +19,6 @@ from store import BatchCommit
 from store.alerts import SqliteAlertStore
 from store.patterns import NewMatch, PatternCommit
 from tests.support.alerts import evaluate_every_rule
-from tests.receiver import Receiver
 from tests.support.patterns import EXAMPLES_YAML
 
 RULE = {"name": "stuffing", "kind": "pattern", "pattern": "credential_stuffing", "keep_firing_for": "1m",
@@ -29,12 +28,6 @@ RULE = {"name": "stuffing", "kind": "pattern", "pattern": "credential_stuffing",
 @pytest.fixture
 def catalog() -> Catalog:
     return parse_catalog(EXAMPLES_YAML)  # the docs' example patterns, whose events the test makes up
-
-
-@pytest.fixture
-def receiver():
-    with Receiver() as rx:
-        yield rx
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from sketchboard.settings import DEFAULT_ALERTS
 from store.alerts import SqliteAlertStore
 from tests.api.test_join_demo import post_all
 from tests.api.test_ws_support import drain_log_into_store
-from tests.receiver import Receiver
 from tests.support.alerts import evaluate_every_rule
 from tests.support.patterns import brute_force
 
@@ -39,12 +38,6 @@ TICK_S = 5                     # the demo's clock moves this much between two dr
 BATCH_S = 30                   # ...and the pipeline commits a batch this often
 RUN_S = 36 * 60                # past the 30 minutes an abandoned checkout is decided at
 STREAMS = ("logins", "checkouts")
-
-
-@pytest.fixture
-def receiver():
-    with Receiver() as rx:
-        yield rx
 
 
 @pytest.fixture
