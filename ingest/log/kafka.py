@@ -320,7 +320,7 @@ class KafkaEventLog(EventLog):
             producer.begin_transaction()
             result = self._produce(producer, stream, topic, events, targets, ingest_time_ms) if events \
                 else AppendResult({})
-            positions.produce(producer, source, position, self.timeout_s)
+            positions.produce(producer, source, position)
             producer.commit_transaction(self.timeout_s)
             positions.committed(source, position)
         except (KafkaException, LogUnavailable) as exc:

@@ -74,7 +74,7 @@ class SourcePositions:
                 self._producers[source] = producer
             return producer
 
-    def produce(self, producer: Producer, source: str, position: str, timeout_s: float) -> None:
+    def produce(self, producer: Producer, source: str, position: str) -> None:
         producer.produce(self.topic, position.encode("utf-8"), source.encode("utf-8"), partition=0)
 
     def abort(self, source: str, producer: Producer, timeout_s: float) -> bool:
