@@ -40,6 +40,8 @@ class CdcSourceOut(BaseModel):
     snapshot_rows_done: int | None = Field(description="while snapshotting: the rows appended so far")
     snapshot_rows_estimate: int | None = Field(description="while snapshotting: PostgreSQL's estimate of the"
                                                " table's rows (pg_class.reltuples; 0 before an ANALYZE)")
+    snapshot_rows_unchanged: int = Field(description="rows a snapshot taken again (after a crash while snapshotting"
+                                         " or a lost slot) found as the stream held them: not appended again")
     upserts: int
     deletes: int
     transactions: int

@@ -40,7 +40,7 @@ from psycopg import sql
 from catalog import StreamDef
 from catalog.cdc import publication_name, resolve_dsn, slot_name
 from catalog.tables import DELETE, OP_FIELD
-from ingest.cdc.changes import ChangeMapper, Transaction, live_after, schema_report
+from ingest.cdc.changes import ChangeMapper, Transaction, live_after, row_digest, schema_report
 from ingest.cdc.pgoutput import Column, Commit, LogicalMessage, decode, lsn_to_int, lsn_to_text
 from ingest.log.base import EventLog
 from ingest.tables import is_tombstone, tombstone
@@ -110,7 +110,8 @@ class CdcFollower:
                               "last_rejection": None, "transactions": 0, "resyncs": 0, "truncates": 0,
                               "caught_up_at_ms": None, "caught_up_lsn": None, "server_lsn": None, "slot_confirmed_lsn": None,
                               "slot_restart_lsn": None, "slot_active": None, "warning": None,
-                              "snapshot_rows_done": None, "snapshot_rows_estimate": None}
+                              "snapshot_rows_done": None, "snapshot_rows_estimate": None,
+                              "snapshot_rows_unchanged": 0}
 
     # -- running ------------------------------------------------------------------------
 
@@ -168,8 +169,9 @@ class CdcFollower:
     # -- snapshot -----------------------------------------------------------------------
 
     def _snapshot(self, conn: psycopg.Connection, before: Position | None, *, drop_slot: bool) -> None:
-        self._set(state="snapshotting", error=None, snapshot_rows_done=0)
+        self._set(state="snapshotting", error=None, snapshot_rows_done=0, snapshot_rows_unchanged=0)
         self._ensure_publication(conn)
+        held = self._stream_rows()  # what the stream holds now (no other writer changes it meanwhile)
         if drop_slot:  # a slot without a whole snapshot in the log (a crash while snapshotting): start over
             conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
         with psycopg.connect(self._dsn(), autocommit=True, replication="database") as replication:
@@ -185,10 +187,10 @@ class CdcFollower:
             now_ms = int(self.clock() * 1000)
             position = Position(lsn=consistent, slot=self.slot, snapshot_lsn=consistent, snapshot_rows=0,
                                 snapshot_at_ms=now_ms, snapshot_done=False)
-            position, snapshot_keys, written = self._append_snapshot(snapshot, position, before, now_ms)
+            position, snapshot_keys, written = self._append_snapshot(snapshot, position, before, now_ms, held)
         # The last append: the keys the stream holds that the table did not have (deleted while
         # we had no slot, or written by a half-made snapshot and deleted since), and "done".
-        gone = sorted(self._live_keys() - snapshot_keys)
+        gone = sorted(set(held) - snapshot_keys)
         done = Position(**{**position.__dict__, "snapshot_done": True, "columns": self._columns_now})
         self._append(self.stream, [tombstone(self.stream, key, now_ms) for key in gone], now_ms, done, written)
         self._columns_now = done.columns
@@ -198,10 +200,12 @@ class CdcFollower:
         self._set(state="streaming")
 
     def _append_snapshot(self, snapshot: str, position: Position, before: Position | None,
-                         now_ms: int) -> tuple[Position, set[str], Position | None]:
+                         now_ms: int, held: dict[str, bytes]) -> tuple[Position, set[str], Position | None]:
         """Read the table in the exported `snapshot` with a server-side cursor and append it a
         chunk at a time, each with the position so far; returns the last position, the keys read
-        and the position last written (`before` when the table was empty)."""
+        and the position last written (`before` when the table was empty). A row the stream
+        already `held` as it is (digests) is not appended again: a snapshot taken again after a
+        crash or a lost slot writes only what changed."""
         keys: set[str] = set()  # the keys only, to find the gone ones at the end
         expected = before
         with psycopg.connect(self._dsn()) as conn:
@@ -231,6 +235,9 @@ class CdcFollower:
                             self._bump("rejected")
                             self._set(last_rejection=str(exc))
                     keys.update(e.key for e in events)
+                    fresh = [e for e in events if held.get(e.key) != row_digest(self.stream, e.strings, e.numbers)]
+                    self._bump("snapshot_rows_unchanged", len(events) - len(fresh))
+                    events = fresh
                     position = Position(**{**position.__dict__, "snapshot_rows": position.snapshot_rows + len(rows)})
                     self._append(self.stream, events, now_ms, position, expected)
                     expected = position
@@ -272,6 +279,21 @@ class CdcFollower:
             " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (self.source.table,)).fetchall()
         return [Column(name, oid, bool(key)) for name, oid, key in rows]
+
+    def _stream_rows(self) -> dict[str, bytes]:
+        """Each key that holds a row in the stream's log, with its row's digest (row_digest)."""
+        rows: dict[str, bytes] = {}
+        strings = [f for f in self.stream.string_fields if f != OP_FIELD]
+        for partition, offsets in self.log.offsets(self.stream.name).items():
+            for batch in self.log.read(self.stream, partition, offsets.start, offsets.end):
+                columns = {name: batch.column(name).to_pylist() for name in (*strings, OP_FIELD, *self.stream.values)}
+                for i, key in enumerate(columns[self.stream.key_field]):
+                    if columns[OP_FIELD][i] == DELETE:
+                        rows.pop(key, None)
+                    else:
+                        rows[key] = row_digest(self.stream, {f: columns[f][i] for f in strings},
+                                               {v: columns[v][i] for v in self.stream.values})
+        return rows
 
     def _live_keys(self, pending=()) -> set[str]:
         """The keys that hold a row in the stream's log (its newest record is not a tombstone),
@@ -472,6 +494,7 @@ class CdcFollower:
             # While snapshotting: the rows appended so far, and PostgreSQL's estimate of all (pg_class).
             "snapshot_rows_done": s["snapshot_rows_done"] if s["state"] == "snapshotting" else None,
             "snapshot_rows_estimate": s["snapshot_rows_estimate"] if s["state"] == "snapshotting" else None,
+            "snapshot_rows_unchanged": s["snapshot_rows_unchanged"],
             "upserts": s["upserts"], "deletes": s["deletes"], "transactions": s["transactions"],
             "truncates": s["truncates"], "resyncs": s["resyncs"],
             "rejected": s["rejected"], "last_rejection": s["last_rejection"],

@@ -312,7 +312,8 @@ def test_a_kill_between_snapshot_chunks_ends_as_the_same_table_with_nothing_that
         server, setup, tmp_path, log_backend):
     """The snapshot is appended in chunks of 4 rows; a SIGKILL after the second leaves 8 rows and
     a position whose snapshot is not done. Rows change meanwhile, among them rows of those 8.
-    The next start takes the snapshot again: the table in the log equals PostgreSQL's."""
+    The next start takes the snapshot again, writing only rows the stream does not hold as they
+    are: the table in the log equals PostgreSQL's, and no row state is written twice."""
     table, make = setup
     sql(server, *[f"INSERT INTO {table} VALUES ('u{i:02}', 'free', {i}, true)" for i in range(25)])
     test_log = log_backend.new(tmp_path / "log")
@@ -335,19 +336,20 @@ def test_a_kill_between_snapshot_chunks_ends_as_the_same_table_with_nothing_that
     again = CdcFollower(stream, log, env=ENV, after_chunk=lambda position: progress.append(again.status()))
     catch_up(again)
     assert log_table(log, stream) == pg_rows(server, table)
-    # The half-made snapshot's 8, the new one's 25 and a tombstone for the key deleted in between:
-    # each row the new snapshot writes again is the row as PostgreSQL has it (its value or newer).
-    assert len(log_records(log, stream)) == 8 + 25 + 1
+    # The half-made snapshot's 8; of the new one's 25 rows, the 17 it had not written, the changed
+    # one and the new one (the 6 it wrote as they still are are not written again); and a
+    # tombstone for the key deleted in between: one record per change of a row, none twice.
+    assert len(log_records(log, stream)) == 8 + (17 + 1 + 1) + 1
     status = again.status()
     assert status["snapshot_done"] and status["snapshot_rows"] == 25 and status["snapshot_rows_done"] is None
-    assert status["resyncs"] == 0 and status["deletes"] == 1
+    assert status["resyncs"] == 0 and status["deletes"] == 1 and status["snapshot_rows_unchanged"] == 6
     # Progress while it ran: rows appended so far, of PostgreSQL's estimate.
     assert [p["snapshot_rows_done"] for p in progress] == [4, 8, 12, 16, 20, 24, 25]
     assert {(p["state"], p["snapshot_done"], p["snapshot_rows_estimate"]) for p in progress} == {
         ("snapshotting", False, 25)}
     sql(server, f"UPDATE {table} SET credit = 5 WHERE id = 'n1'")  # and then it follows the slot
     catch_up(again)
-    assert log_table(log, stream) == pg_rows(server, table) and len(log_records(log, stream)) == 8 + 25 + 1 + 1
+    assert log_table(log, stream) == pg_rows(server, table) and len(log_records(log, stream)) == 8 + 19 + 1 + 1
     log.close()
 
 
