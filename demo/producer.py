@@ -125,13 +125,15 @@ class DemoProducer:
         (`pg_tables`, demo/pg_tables.py), where change data capture takes them to the service."""
         for table, rows in self.traffic.table_changes().items():
             first, self._announced = table not in self._announced, self._announced | {table}
-            if self.pg_tables is not None:
+            # Only the tables PostgreSQL feeds (not one with a source of its own) go there.
+            in_postgres = self.pg_tables is not None and table in self.pg_tables.tables
+            if in_postgres:
                 self._write_rows(table, rows, stop, deadline)
             else:
                 for i in range(0, len(rows), self.batch_max):
                     self._post(client, table, rows[i : i + self.batch_max], stop, deadline, table=True)
             if first:
-                where = " into PostgreSQL (the service follows it by CDC)" if self.pg_tables is not None else ""
+                where = " into PostgreSQL (the service follows it by CDC)" if in_postgres else ""
                 self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded{where};"
                           " changes follow every few seconds")
 
