@@ -11,8 +11,10 @@
   tombstone for each key the stream held that the table no longer has (a re-snapshot after the
   slot was lost, or after a half-made snapshot) and marks it done. A position whose snapshot is
   not done (a crash between chunks: that exported snapshot is gone with its connection) starts
-  the snapshot over with a new slot: its rows are upserted again (the same row twice leaves the
-  table as it was) and the keys the half-made one wrote that are gone by now get tombstones.
+  the snapshot over with a new slot. Every snapshot first reads what the stream holds (a digest
+  per key: changes.row_digest) and appends only the rows it does not hold as they are, so the
+  rows a half-made snapshot wrote are not written twice; the keys it wrote that are gone by now
+  get tombstones.
 - Following: `pg_logical_slot_peek_binary_changes` over an ordinary connection (psycopg 3 has no
   streaming replication protocol) returns whole transactions; those that end past the recorded
   position become upserts and tombstones (ingest/cdc/changes.py), appended in one transaction
