@@ -36,6 +36,12 @@ class CdcSourceOut(BaseModel):
     snapshot_rows: int | None
     snapshot_lsn: str | None
     snapshot_at_ms: int | None
+    snapshot_done: bool | None = Field(description="false while the snapshot's chunks are being appended")
+    snapshot_rows_done: int | None = Field(description="while snapshotting: the rows appended so far")
+    snapshot_rows_estimate: int | None = Field(description="while snapshotting: PostgreSQL's estimate of the"
+                                               " table's rows (pg_class.reltuples; 0 before an ANALYZE)")
+    snapshot_rows_unchanged: int = Field(description="rows a snapshot taken again (after a crash while snapshotting"
+                                         " or a lost slot) found as the stream held them: not appended again")
     upserts: int
     deletes: int
     transactions: int

@@ -96,9 +96,13 @@ class PipelineFeed:
 
 def cdc_summary(status: dict) -> dict:
     """What the status strip shows of a CDC-fed table: its state, its lag, why it failed, and
-    whether the source table's columns changed since the snapshot (the full status: GET /api/v1/cdc)."""
+    whether the source table's columns changed since the snapshot, a snapshot's progress (the full
+    status: GET /api/v1/cdc)."""
     schema = status.get("schema") or {}
     changed = [*(f"+{c}" for c in schema.get("added", ())), *(f"-{c}" for c in schema.get("removed", ()))]
     return {"stream": status["stream"], "table": status["table"], "state": status["state"],
             "lag_bytes": status.get("lag_bytes"), "lag_seconds": status.get("lag_seconds"),
-            "error": status.get("error"), "schema_changed": changed}
+            "error": status.get("error"), "schema_changed": changed,
+            # While snapshotting: rows appended so far, of PostgreSQL's estimate (None otherwise).
+            "snapshot_rows_done": status.get("snapshot_rows_done"),
+            "snapshot_rows_estimate": status.get("snapshot_rows_estimate")}

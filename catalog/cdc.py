@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from catalog.durations import DurationMs
 
@@ -45,6 +45,9 @@ class CdcSourceDef(BaseModel):
     slot: Annotated[str, Field(pattern=_SLOT_NAME)] | None = None
     poll_interval: DurationMs = 1_000  # how often the slot is asked for changes when idle
     max_changes_per_poll: int = Field(default=10_000, ge=1, le=1_000_000)
+    # The snapshot is read with a server-side cursor and appended this many rows at a time, so a
+    # table of any size is never held in memory whole (ingest/cdc/follower.py).
+    snapshot_chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
     # While the table is quiet, a heartbeat (pg_logical_emit_message) this often lets the slot be
     # confirmed past the database's other WAL, so the slot does not make it keep that WAL.
     heartbeat_interval: DurationMs = 10_000
@@ -86,3 +89,24 @@ def resolve_dsn(dsn: str, env: Mapping[str, str] | None = None) -> str:
     if missing:
         raise ValueError(f"postgres_dsn refers to the environment variable {missing[0]}, which is not set")
     return _ENV_REF.sub(lambda m: env[m.group(1)], dsn)
+
+
+def postgres_fed_tables(catalog) -> list[StreamDef]:
+    """The table streams a database may feed wholesale (`with_postgres_sources`): those declared
+    as tables, without a source of their own, not generated (a view's change stream)."""
+    return [s for s in catalog.streams.values() if s.kind == "table" and s.source is None and not s.derived_from]
+
+
+def with_postgres_sources(catalog, dsn: str, schema: str):
+    """`catalog` with each of its `postgres_fed_tables` fed by change data capture from the table
+    `<schema>.<stream>` of the database at `dsn`, keyed by the stream's key_field (the demo's
+    tables from PostgreSQL: demo/pg_tables.py). ValueError: the DSN or a name is refused."""
+    streams = dict(catalog.streams)
+    for stream in postgres_fed_tables(catalog):
+        try:
+            source = CdcSourceDef(postgres_dsn=dsn, table=f"{schema}.{stream.name}", key=stream.key_field)
+        except ValidationError as exc:  # its reasons, without pydantic's framing
+            raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        streams[stream.name] = fed = stream.model_copy(update={"source": source})
+        check_source(fed)
+    return catalog.model_copy(update={"streams": streams})

@@ -12,6 +12,7 @@ it reads the catalog (which streams and fields to generate) and nothing else of 
 - `demo.checkouts`: the checkout funnel and its abandoned carts, for the pattern checkout_abandoned
 - `demo.traffic`: `DemoTraffic`, the pure generator (seeded RNG, injected clock, no I/O)
 - `demo.producer`: `DemoProducer`, which posts it at a rate, with retries and Idempotency-Key
+- `demo.pg_tables`: the tables' rows written into PostgreSQL instead, for change data capture (demo_postgres_dsn)
 - `demo.cli`: `python -m demo --url http://127.0.0.1:8000`
 
 Stragglers (on by default in the command line, off in a bare `DemoTraffic`): a fraction of

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from catalog import ConfigError, load_catalog
+from demo.pg_tables import PostgresTables
 from demo.producer import DemoProducer
 from demo.spikes import SPIKE_SYNTAX, parse_spike
 from demo.stragglers import Stragglers
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
     parser.add_argument("--spike", type=parse_spike, action="append", default=[], metavar=SPIKE_SYNTAX,
                         help="multiply ENDPOINT's latencies by FACTOR from START after the producer starts, for"
                              " DURATION (event time), e.g. /api/cart:40:20s:30s; repeatable")
+    parser.add_argument("--postgres-dsn", default=None,
+                        help="write the tables' rows into this PostgreSQL database (schema sketchboard_demo) instead"
+                             " of posting them: the service follows them by CDC (setting demo_postgres_dsn)")
     args = parser.parse_args(argv)
     try:
         stragglers = Stragglers(args.delayed_fraction, args.delay_mean, args.late_fraction, args.horizon_fraction,
@@ -58,7 +62,13 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
         return 2
     # Built right before sending: spike starts count from here (DemoTraffic.started_s).
     traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike)
-    producer = DemoProducer(args.url, traffic, rate=args.rate, token=token or os.environ.get(TOKEN_ENV) or None)
+    try:
+        tables = PostgresTables(args.postgres_dsn, catalog) if args.postgres_dsn else None
+    except ValueError as exc:  # a ${NAME} in the DSN that is not set
+        print(f"demo: --postgres-dsn: {exc}", file=sys.stderr)
+        return 2
+    producer = DemoProducer(args.url, traffic, rate=args.rate, token=token or os.environ.get(TOKEN_ENV) or None,
+                            pg_tables=tables)
     print(
         f"demo: sending ~{args.rate:g} requests/s (x{traffic.rate_at(time.time()):.2f} now) to {args.url},"
         f" streams: {', '.join(catalog.streams)}; Ctrl-C to stop",

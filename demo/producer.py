@@ -1,6 +1,7 @@
 """DemoProducer: posts DemoTraffic to the ingest API at a target rate, with retries (backoff on
 connection errors, 409, 429 and 5xx; a body over the limit sent in halves) and one
-Idempotency-Key per body, so a retried body is never appended twice."""
+Idempotency-Key per body, so a retried body is never appended twice. With `pg_tables` the
+tables' rows are written into PostgreSQL instead (demo/pg_tables.py), for change data capture."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import uuid
 from typing import Any, TextIO
 
 import httpx
+import psycopg
 
+from demo.pg_tables import PostgresTables
 from demo.traffic import DemoTraffic
 
 INGEST_PATH = "/api/v1/events"
@@ -43,6 +46,7 @@ class DemoProducer:
         progress_every_s: float = 10.0,
         out: TextIO = sys.stderr,
         token: str | None = None,
+        pg_tables: PostgresTables | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         # Sent as a bearer token when the service requires one (SKETCHBOARD_TOKEN, ingest scope).
@@ -65,6 +69,7 @@ class DemoProducer:
         self._reported: set[str] = set()
         self._announced: set[str] = set()  # tables whose initial load was reported
         self._spike_phase = [_BEFORE] * len(traffic.spikes)
+        self.pg_tables = pg_tables  # set: table rows go into PostgreSQL, not to the API
 
     def summary(self) -> dict[str, Any]:
         seconds = time.monotonic() - self._started if self._started else 0.0
@@ -98,13 +103,7 @@ class DemoProducer:
                 n, owed = int(owed), owed - int(owed)
                 self.report_spikes(self.traffic.clock())  # before sending: the line precedes the slow events
                 # Table rows first (all users at the first tick): events are enriched as of their time.
-                for table, rows in self.traffic.table_changes().items():
-                    first, self._announced = table not in self._announced, self._announced | {table}
-                    for i in range(0, len(rows), self.batch_max):
-                        self._post(client, table, rows[i : i + self.batch_max], stop, deadline, table=True)
-                    if first:
-                        self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded;"
-                                  " changes follow every few seconds")
+                self.send_tables(client, stop, deadline)
                 if n:
                     for stream, events in self.traffic.generate(n).items():
                         for i in range(0, len(events), self.batch_max):
@@ -120,6 +119,37 @@ class DemoProducer:
                     progress_at, progress_sent = now + self.progress_every_s, self.sent
                 stop.wait(max(0.0, last + self.TICK_S - time.monotonic()))
         return self.summary()
+
+    def send_tables(self, client: httpx.Client | None, stop: threading.Event, deadline: float | None) -> None:
+        """The table rows due by the traffic's clock: POSTed, or written into PostgreSQL
+        (`pg_tables`, demo/pg_tables.py), where change data capture takes them to the service."""
+        for table, rows in self.traffic.table_changes().items():
+            first, self._announced = table not in self._announced, self._announced | {table}
+            # Only the tables PostgreSQL feeds (not one with a source of its own) go there.
+            in_postgres = self.pg_tables is not None and table in self.pg_tables.tables
+            if in_postgres:
+                self._write_rows(table, rows, stop, deadline)
+            else:
+                for i in range(0, len(rows), self.batch_max):
+                    self._post(client, table, rows[i : i + self.batch_max], stop, deadline, table=True)
+            if first:
+                where = " into PostgreSQL (the service follows it by CDC)" if in_postgres else ""
+                self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded{where};"
+                          " changes follow every few seconds")
+
+    def _write_rows(self, table: str, rows: list[dict], stop: threading.Event, deadline: float | None) -> None:
+        """One transaction of upserts, retried with back-off while the database is unreachable."""
+        backoff = self.BACKOFF_START_S
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            try:
+                self.table_rows[table] = self.table_rows.get(table, 0) + self.pg_tables.write(table, rows)
+                return
+            except psycopg.OperationalError as exc:
+                self.errors += 1
+                self._say_once(f"demo: table {table}: cannot write to PostgreSQL ({exc}); retrying")
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.BACKOFF_MAX_S)
+        self.dropped += len(rows)
 
     def report_spikes(self, now_s: float) -> None:
         """Say when a latency spike starts and ends (run() calls this every tick).

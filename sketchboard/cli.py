@@ -206,6 +206,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "--future-fraction", str(settings.demo_future_fraction)]
     if args.duration:
         argv += ["--duration", str(args.duration)]
+    if settings.demo_postgres_dsn:  # the tables' rows go into PostgreSQL; the API follows them by CDC
+        argv += ["--postgres-dsn", settings.demo_postgres_dsn]
     for spec in args.spike:
         argv += ["--spike", spec]
     token = settings.token.get_secret_value() if settings.token else None  # not in argv: ps would show it

@@ -180,6 +180,10 @@ class Settings(BaseSettings):
     demo_late_fraction: float = Field(0.005, ge=0, le=1, description="sent after the pane is final: corrections")
     demo_horizon_fraction: float = Field(0.0005, ge=0, le=1, description="older than retention: dead letters")
     demo_future_fraction: float = Field(0.0002, ge=0, le=1, description="from a clock in the future: dead letters")
+    # The demo's tables (users, ...) from PostgreSQL: the producer writes their rows into the
+    # schema sketchboard_demo of this database, and change data capture feeds the table streams.
+    demo_postgres_dsn: str | None = Field(None, description="a PostgreSQL database (wal_level=logical) for the"
+                                          " demo's tables; a password as ${NAME}; none: the rows are POSTed")
 
     @field_validator("tokens")
     @classmethod

@@ -14,7 +14,15 @@ logger = logging.getLogger("sketchboard.wiring")
 
 
 def open_catalog(settings: Settings) -> Catalog:
-    return load_catalog(settings.streams_config)
+    catalog = load_catalog(settings.streams_config)
+    if settings.demo_postgres_dsn:  # the demo's tables come from PostgreSQL (demo/pg_tables.py)
+        from demo.pg_tables import fed_catalog
+
+        try:
+            catalog = fed_catalog(catalog, settings.demo_postgres_dsn)
+        except ValueError as exc:
+            raise ConfigError(f"demo_postgres_dsn: {exc}") from exc
+    return catalog
 
 
 def open_log(settings: Settings, catalog: Catalog) -> EventLog:

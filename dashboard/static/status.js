@@ -204,6 +204,8 @@ function updateCdc(sources) {
     const lag = c.lag_bytes === null || c.lag_bytes === undefined ? "" :
       ` lag ${fmtNum(c.lag_bytes)} B` + (c.lag_seconds === null || c.lag_seconds === undefined ? "" : ` / ${c.lag_seconds.toFixed(1)} s`);
     const schema = (c.schema_changed || []).length ? ` · schema changed (${c.schema_changed.join(" ")})` : "";
-    return `${c.stream}: ${c.state}${lag}${schema}${c.error ? " · " + c.error : ""}`;
+    const progress = c.snapshot_rows_done === null || c.snapshot_rows_done === undefined ? "" :
+      ` ${fmtNum(c.snapshot_rows_done)}` + (c.snapshot_rows_estimate ? ` of ~${fmtNum(c.snapshot_rows_estimate)}` : "") + " rows";
+    return `${c.stream}: ${c.state}${progress}${lag}${schema}${c.error ? " · " + c.error : ""}`;
   }).join(" · ");
 }

@@ -5,9 +5,16 @@
   CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT answers the slot's consistent point and a
   snapshot of the database exactly there. The table is read in that snapshot, so every change
   committed before the consistent point is in the rows and every later one comes from the slot:
-  nothing is missed or seen twice. The rows, and a tombstone for each key the stream held that
-  the table no longer has (a re-snapshot after the slot was lost), are one atomic append that
-  records the consistent point as the source's position.
+  nothing is missed or seen twice. The table is read through a server-side cursor and appended
+  a chunk (`snapshot_chunk_rows`) at a time, each chunk atomically with a position that says the
+  snapshot is not done yet (`snapshot_done` false, the rows so far); the last append adds a
+  tombstone for each key the stream held that the table no longer has (a re-snapshot after the
+  slot was lost, or after a half-made snapshot) and marks it done. A position whose snapshot is
+  not done (a crash between chunks: that exported snapshot is gone with its connection) starts
+  the snapshot over with a new slot. Every snapshot first reads what the stream holds (a digest
+  per key: changes.row_digest) and appends only the rows it does not hold as they are, so the
+  rows a half-made snapshot wrote are not written twice; the keys it wrote that are gone by now
+  get tombstones.
 - Following: `pg_logical_slot_peek_binary_changes` over an ordinary connection (psycopg 3 has no
   streaming replication protocol) returns whole transactions; those that end past the recorded
   position become upserts and tombstones (ingest/cdc/changes.py), appended in one transaction
@@ -35,7 +42,7 @@ from psycopg import sql
 from catalog import StreamDef
 from catalog.cdc import publication_name, resolve_dsn, slot_name
 from catalog.tables import DELETE, OP_FIELD
-from ingest.cdc.changes import ChangeMapper, Transaction, live_after, schema_report
+from ingest.cdc.changes import ChangeMapper, Transaction, live_after, row_digest, schema_report
 from ingest.cdc.pgoutput import Column, Commit, LogicalMessage, decode, lsn_to_int, lsn_to_text
 from ingest.log.base import EventLog
 from ingest.tables import is_tombstone, tombstone
@@ -44,6 +51,7 @@ log = logging.getLogger("sketchboard.cdc")
 
 MAX_BACKOFF_S = 30.0
 HEARTBEAT_PREFIX = "sketchboard_cdc_heartbeat"
+POSITION_TTL_S = 5.0  # how stale a stopped follower's status may show the position (see _known_position)
 
 
 def source_id(stream: StreamDef) -> str:
@@ -62,6 +70,9 @@ class Position:
     snapshot_rows: int
     snapshot_at_ms: int
     columns: list[str] = field(default_factory=list)  # the table's columns at the snapshot
+    # False while the snapshot's chunks are being appended (snapshot_rows: so far); positions
+    # written before snapshots were chunked have no such field: they were whole.
+    snapshot_done: bool = True
 
     def dump(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -75,12 +86,18 @@ class CdcFollower:
     """Follows one PostgreSQL table into one table stream (`stream.source`)."""
 
     def __init__(self, stream: StreamDef, event_log: EventLog, *, clock: Callable[[], float] = time.time,
-                 env=None, after_append: Callable[[Position], None] | None = None):
+                 env=None, after_append: Callable[[Position], None] | None = None,
+                 after_chunk: Callable[[Position], None] | None = None):
         assert stream.source is not None
         self.stream, self.source, self.log = stream, stream.source, event_log
         self.clock = clock
         self.env = env
         self.after_append = after_append  # tests: what happens between the append and the slot's advance
+        self.after_chunk = after_chunk  # tests: what happens between two chunks of the snapshot
+        # The source's position as last read from or written to the log, and when (monotonic s):
+        # status() answers from it, so the dashboard's feed polling it does no log I/O.
+        self._position: Position | None = None
+        self._position_at: float | None = None
         self.slot, self.publication = slot_name(stream), publication_name(stream)
         self.mapper = ChangeMapper(stream, self.source.key)
         self._conn: psycopg.Connection | None = None
@@ -94,7 +111,9 @@ class CdcFollower:
         self._status: dict = {"state": "stopped", "error": None, "upserts": 0, "deletes": 0, "rejected": 0,
                               "last_rejection": None, "transactions": 0, "resyncs": 0, "truncates": 0,
                               "caught_up_at_ms": None, "caught_up_lsn": None, "server_lsn": None, "slot_confirmed_lsn": None,
-                              "slot_restart_lsn": None, "slot_active": None, "warning": None}
+                              "slot_restart_lsn": None, "slot_active": None, "warning": None,
+                              "snapshot_rows_done": None, "snapshot_rows_estimate": None,
+                              "snapshot_rows_unchanged": 0}
 
     # -- running ------------------------------------------------------------------------
 
@@ -131,7 +150,13 @@ class CdcFollower:
         """Set up if needed, then apply one peek's changes; True when there were changes."""
         conn = self._connection()
         position = Position.load(self.log.source_position(source_id(self.stream)))
+        self._remember(position)
         slot = self._slot_row(conn)
+        if position is not None and not position.snapshot_done:
+            log.warning("cdc %s: the snapshot was interrupted after %d rows: taking it again", self.stream.name,
+                        position.snapshot_rows)
+            self._snapshot(conn, position, drop_slot=slot is not None)
+            return True
         if position is None or slot is None or position.slot != self.slot:
             if position is not None:
                 self._bump("resyncs")
@@ -146,9 +171,10 @@ class CdcFollower:
     # -- snapshot -----------------------------------------------------------------------
 
     def _snapshot(self, conn: psycopg.Connection, before: Position | None, *, drop_slot: bool) -> None:
-        self._set(state="snapshotting", error=None)
+        self._set(state="snapshotting", error=None, snapshot_rows_done=0, snapshot_rows_unchanged=0)
         self._ensure_publication(conn)
-        if drop_slot:  # a slot without a snapshot in the log (a crash while snapshotting): start over
+        held = self._stream_rows()  # what the stream holds now (no other writer changes it meanwhile)
+        if drop_slot:  # a slot without a whole snapshot in the log (a crash while snapshotting): start over
             conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
         with psycopg.connect(self._dsn(), autocommit=True, replication="database") as replication:
             created = replication.pgconn.exec_(
@@ -158,46 +184,82 @@ class CdcFollower:
                                    f"{created.error_message.decode(errors='replace').strip()}")
             consistent = lsn_to_int(created.get_value(0, 1).decode())
             snapshot = created.get_value(0, 2).decode()
-            # The exported snapshot lives while the replication connection is open and idle.
+            # The exported snapshot lives while the replication connection is open and idle: it
+            # stays open until the reading transaction has imported it (and to the end, simply).
             now_ms = int(self.clock() * 1000)
-            columns, rows = self._read_table(snapshot)
-        events, rejected = [], 0
-        for values in rows:
-            try:
-                events.append(self.mapper.row_event(columns, values, now_ms))
-            except ValueError as exc:
-                rejected += 1
-                self._set(last_rejection=str(exc))
-        snapshot_keys = {e.key for e in events}
-        gone = sorted(self._live_keys() - snapshot_keys)  # rows deleted while we had no slot
-        events += [tombstone(self.stream, key, now_ms) for key in gone]
-        position = Position(lsn=consistent, slot=self.slot, snapshot_lsn=consistent, snapshot_rows=len(rows),
-                            snapshot_at_ms=now_ms, columns=self._columns_now)
-        self.log.append_at(self.stream, events, now_ms, source_id(self.stream), position.dump(),
-                           None if before is None else before.dump())
-        self._columns_now = position.columns
-        self._bump("rejected", rejected)
+            position = Position(lsn=consistent, slot=self.slot, snapshot_lsn=consistent, snapshot_rows=0,
+                                snapshot_at_ms=now_ms, snapshot_done=False)
+            position, snapshot_keys, written = self._append_snapshot(snapshot, position, before, now_ms, held)
+        # The last append: the keys the stream holds that the table did not have (deleted while
+        # we had no slot, or written by a half-made snapshot and deleted since), and "done".
+        gone = sorted(set(held) - snapshot_keys)
+        done = Position(**{**position.__dict__, "snapshot_done": True, "columns": self._columns_now})
+        self._append(self.stream, [tombstone(self.stream, key, now_ms) for key in gone], now_ms, done, written)
+        self._columns_now = done.columns
         self._bump("deletes", len(gone))
         log.info("cdc %s: snapshot of %s at %s: %d rows", self.stream.name, self.source.table,
-                 lsn_to_text(consistent), len(rows))
+                 lsn_to_text(consistent), done.snapshot_rows)
         self._set(state="streaming")
 
-    def _read_table(self, snapshot: str) -> tuple[list[Column], list[tuple]]:
+    def _append_snapshot(self, snapshot: str, position: Position, before: Position | None,
+                         now_ms: int, held: dict[str, bytes]) -> tuple[Position, set[str], Position | None]:
+        """Read the table in the exported `snapshot` with a server-side cursor and append it a
+        chunk at a time, each with the position so far; returns the last position, the keys read
+        and the position last written (`before` when the table was empty). A row the stream
+        already `held` as it is (digests) is not appended again: a snapshot taken again after a
+        crash or a lost slot writes only what changed."""
+        keys: set[str] = set()  # the keys only, to find the gone ones at the end
+        expected = before
         with psycopg.connect(self._dsn()) as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
             columns = self._table_columns(conn)
+            self._columns_now = [c.name for c in columns]
             wanted = [c for c in columns if c.name in self.mapper.fields or c.name == self.source.key]
             if not any(c.name == self.source.key for c in wanted):
                 raise RuntimeError(f"table {self.source.table} has no column {self.source.key!r} (source.key)")
+            self._set(warning=self._identity_warning(conn, columns), snapshot_rows_estimate=conn.execute(
+                "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = %s::regclass",
+                (self.source.table,)).fetchone()[0])
             query = sql.SQL("SELECT {} FROM {}").format(
                 sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in wanted),
                 self._table_ident())
-            rows = conn.execute(query).fetchall()
-            self._set(warning=self._identity_warning(conn, columns))
+            chunk = self.source.snapshot_chunk_rows
+            with conn.cursor(name=f"{self.slot}_snapshot") as cursor:  # server-side: rows come a chunk at a time
+                cursor.itersize = chunk
+                cursor.execute(query)
+                while rows := cursor.fetchmany(chunk):
+                    events = []
+                    for values in rows:
+                        try:
+                            events.append(self.mapper.row_event(wanted, values, now_ms))
+                        except ValueError as exc:
+                            self._bump("rejected")
+                            self._set(last_rejection=str(exc))
+                    keys.update(e.key for e in events)
+                    fresh = [e for e in events if held.get(e.key) != row_digest(self.stream, e.strings, e.numbers)]
+                    self._bump("snapshot_rows_unchanged", len(events) - len(fresh))
+                    events = fresh
+                    position = Position(**{**position.__dict__, "snapshot_rows": position.snapshot_rows + len(rows)})
+                    self._append(self.stream, events, now_ms, position, expected)
+                    expected = position
+                    self._set(snapshot_rows_done=position.snapshot_rows)
+                    if self.after_chunk is not None:
+                        self.after_chunk(position)
             conn.rollback()
-        self._columns_now = [c.name for c in columns]
-        return wanted, rows
+        return position, keys, expected
+
+    def _append(self, stream: StreamDef, events: list, now_ms: int, position: Position,
+                expected: Position | None) -> None:
+        """Append with the source's new position (atomically), then remember it: the status reads
+        it from memory (no log I/O per status)."""
+        self.log.append_at(stream, events, now_ms, source_id(stream), position.dump(),
+                           None if expected is None else expected.dump())
+        self._remember(position)
+
+    def _remember(self, position: Position | None) -> None:
+        with self._lock:
+            self._position, self._position_at = position, time.monotonic()
 
     def _identity_warning(self, conn: psycopg.Connection, columns: list[Column]) -> str | None:
         """Why deletes would come without the key (REPLICA IDENTITY), or None: checked at the
@@ -219,6 +281,21 @@ class CdcFollower:
             " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (self.source.table,)).fetchall()
         return [Column(name, oid, bool(key)) for name, oid, key in rows]
+
+    def _stream_rows(self) -> dict[str, bytes]:
+        """Each key that holds a row in the stream's log, with its row's digest (row_digest)."""
+        rows: dict[str, bytes] = {}
+        strings = [f for f in self.stream.string_fields if f != OP_FIELD]
+        for partition, offsets in self.log.offsets(self.stream.name).items():
+            for batch in self.log.read(self.stream, partition, offsets.start, offsets.end):
+                columns = {name: batch.column(name).to_pylist() for name in (*strings, OP_FIELD, *self.stream.values)}
+                for i, key in enumerate(columns[self.stream.key_field]):
+                    if columns[OP_FIELD][i] == DELETE:
+                        rows.pop(key, None)
+                    else:
+                        rows[key] = row_digest(self.stream, {f: columns[f][i] for f in strings},
+                                               {v: columns[v][i] for v in self.stream.values})
+        return rows
 
     def _live_keys(self, pending=()) -> set[str]:
         """The keys that hold a row in the stream's log (its newest record is not a tombstone),
@@ -275,7 +352,7 @@ class CdcFollower:
             return False
         new = Position(**{**position.__dict__, "lsn": transactions[-1].end_lsn})
         now_ms = int(self.clock() * 1000)
-        self.log.append_at(self.stream, pending, now_ms, source_id(self.stream), new.dump(), position.dump())
+        self._append(self.stream, pending, now_ms, new, position)
         if self.after_append is not None:
             self.after_append(new)
         self._advance(conn, max(new.lsn, confirmable))
@@ -371,11 +448,24 @@ class CdcFollower:
         with self._lock:
             self._status[name] += by
 
+    def _known_position(self) -> Position | None:
+        """The source's position without log I/O when it can be known: a running follower is the
+        source's only writer (a second one's append is refused) and keeps what it read or wrote
+        last; a stopped one (another replica leads) reads the log at most every POSITION_TTL_S."""
+        with self._lock:
+            position, at = self._position, self._position_at
+        running = self._thread is not None and self._thread.is_alive()
+        if at is not None and (running or time.monotonic() - at < POSITION_TTL_S):
+            return position
+        position = Position.load(self.log.source_position(source_id(self.stream)))
+        self._remember(position)
+        return position
+
     def status(self) -> dict:
         """Progress and lag, for GET /api/v1/cdc and /metrics."""
         with self._lock:
             s = dict(self._status)
-        position = Position.load(self.log.source_position(source_id(self.stream)))
+        position = self._known_position()
         now_ms = int(self.clock() * 1000)
         applied = position.lsn if position else None
         if applied is not None and s["caught_up_lsn"]:  # an empty peek proved everything before it applied
@@ -402,6 +492,11 @@ class CdcFollower:
             "snapshot_rows": position.snapshot_rows if position else None,
             "snapshot_lsn": lsn_to_text(position.snapshot_lsn) if position else None,
             "snapshot_at_ms": position.snapshot_at_ms if position else None,
+            "snapshot_done": position.snapshot_done if position else None,
+            # While snapshotting: the rows appended so far, and PostgreSQL's estimate of all (pg_class).
+            "snapshot_rows_done": s["snapshot_rows_done"] if s["state"] == "snapshotting" else None,
+            "snapshot_rows_estimate": s["snapshot_rows_estimate"] if s["state"] == "snapshotting" else None,
+            "snapshot_rows_unchanged": s["snapshot_rows_unchanged"],
             "upserts": s["upserts"], "deletes": s["deletes"], "transactions": s["transactions"],
             "truncates": s["truncates"], "resyncs": s["resyncs"],
             "rejected": s["rejected"], "last_rejection": s["last_rejection"],

@@ -91,7 +91,11 @@ def test_the_status_strips_cdc_summary_names_state_lag_errors_and_schema_changes
               "schema": {"missing": [], "ignored": ["note"], "added": ["tier"], "removed": ["old"]}}
     assert cdc_summary(status) == {"stream": "plans", "table": "public.plans", "state": "streaming",
                                    "lag_bytes": 120, "lag_seconds": 0.4, "error": None,
-                                   "schema_changed": ["+tier", "-old"]}
+                                   "schema_changed": ["+tier", "-old"], "snapshot_rows_done": None,
+                                   "snapshot_rows_estimate": None}
+    snapshotting = cdc_summary({**status, "state": "snapshotting", "snapshot_rows_done": 20_000,
+                                "snapshot_rows_estimate": 1_000_000})  # the strip shows the snapshot's progress
+    assert (snapshotting["snapshot_rows_done"], snapshotting["snapshot_rows_estimate"]) == (20_000, 1_000_000)
     assert cdc_summary({**status, "schema": None, "state": "error", "error": "connection refused"})["schema_changed"] == []
     feed = PipelineFeed(ctx.store, ctx.log, ctx.catalog, cdc_status=lambda: [status])
     assert feed.poll()[0]["cdc"] == [cdc_summary(status)]

@@ -287,3 +287,107 @@ def test_a_quiet_tables_slot_is_confirmed_past_other_wal_by_heartbeats(server, s
     sql(server, f"INSERT INTO {table} VALUES ('late', 'pro', 1, true)")  # and nothing after them is skipped
     catch_up(follower)
     assert log_table(log, stream) == pg_rows(server, table)
+
+
+CHUNK_KILLER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from catalog import parse_catalog
+from ingest.cdc.follower import CdcFollower
+from ingest.log import SqliteEventLog
+from ingest.log.kafka import KafkaEventLog
+stream = parse_catalog({config!r}).streams["users"]
+log = {log_code}
+log.ensure_topic(stream)
+def die(position):  # the second chunk is durable; the rest of the snapshot is not read yet
+    if position.snapshot_rows >= 8:
+        os.kill(os.getpid(), signal.SIGKILL)
+follower = CdcFollower(stream, log, env={env!r}, after_chunk=die)
+follower.step()
+sys.exit(3)  # never killed: the snapshot came in fewer chunks
+"""
+
+
+def test_a_kill_between_snapshot_chunks_ends_as_the_same_table_with_nothing_that_changes_it_twice(
+        server, setup, tmp_path, log_backend):
+    """The snapshot is appended in chunks of 4 rows; a SIGKILL after the second leaves 8 rows and
+    a position whose snapshot is not done. Rows change meanwhile, among them rows of those 8.
+    The next start takes the snapshot again, writing only rows the stream does not hold as they
+    are: the table in the log equals PostgreSQL's, and no row state is written twice."""
+    table, make = setup
+    sql(server, *[f"INSERT INTO {table} VALUES ('u{i:02}', 'free', {i}, true)" for i in range(25)])
+    test_log = log_backend.new(tmp_path / "log")
+    stream, log = make(test_log=test_log)
+    config = CONFIG.format(dsn=server.dsn(), table=table, per_poll=1000).replace(
+        "max_changes_per_poll:", "snapshot_chunk_rows: 4, max_changes_per_poll:")
+    log_code = (f"KafkaEventLog({test_log.bootstrap!r}, topic_prefix={test_log.prefix!r}, replication_factor=1)"
+                if test_log.kafka else f"SqliteEventLog({str(test_log.root / 'log.db')!r})")
+    script = textwrap.dedent(CHUNK_KILLER).format(root=os.getcwd(), config=config, log_code=log_code, env=ENV)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    half = log_records(log, stream)
+    assert len(half) == 8 and '"snapshot_done": false' in log.source_position(source_id(stream))
+    written = {r["user_id"] for r in half}
+    changed, deleted = sorted(written)[:2]
+    sql(server, f"UPDATE {table} SET plan = 'pro' WHERE id = '{changed}'", f"DELETE FROM {table} WHERE id = '{deleted}'",
+        f"INSERT INTO {table} VALUES ('n1', 'team', 1, false)", f"ANALYZE {table}")
+    stream = stream.model_copy(update={"source": stream.source.model_copy(update={"snapshot_chunk_rows": 4})})
+    progress = []
+    again = CdcFollower(stream, log, env=ENV, after_chunk=lambda position: progress.append(again.status()))
+    catch_up(again)
+    assert log_table(log, stream) == pg_rows(server, table)
+    # The half-made snapshot's 8; of the new one's 25 rows, the 17 it had not written, the changed
+    # one and the new one (the 6 it wrote as they still are are not written again); and a
+    # tombstone for the key deleted in between: one record per change of a row, none twice.
+    assert len(log_records(log, stream)) == 8 + (17 + 1 + 1) + 1
+    status = again.status()
+    assert status["snapshot_done"] and status["snapshot_rows"] == 25 and status["snapshot_rows_done"] is None
+    assert status["resyncs"] == 0 and status["deletes"] == 1 and status["snapshot_rows_unchanged"] == 6
+    # Progress while it ran: rows appended so far, of PostgreSQL's estimate.
+    assert [p["snapshot_rows_done"] for p in progress] == [4, 8, 12, 16, 20, 24, 25]
+    assert {(p["state"], p["snapshot_done"], p["snapshot_rows_estimate"]) for p in progress} == {
+        ("snapshotting", False, 25)}
+    sql(server, f"UPDATE {table} SET credit = 5 WHERE id = 'n1'")  # and then it follows the slot
+    catch_up(again)
+    assert log_table(log, stream) == pg_rows(server, table) and len(log_records(log, stream)) == 8 + 19 + 1 + 1
+    log.close()
+
+
+def test_the_status_answers_from_memory_without_reading_the_log(server, setup, monkeypatch):
+    """The dashboard's feed asks every follower's status once a second: the position comes from
+    the follower's memory (it is the source's only writer), not from the log."""
+    import threading
+
+    from ingest.cdc import follower as follower_module
+
+    table, make = setup
+    sql(server, f"INSERT INTO {table} VALUES ('u1', 'free', 1, true)")
+    stream, log = make()
+    reads = []
+    source_position = log.source_position
+
+    def counted(source):
+        if threading.current_thread() is threading.main_thread():  # not the follower's own steps
+            reads.append(source)
+        return source_position(source)
+
+    monkeypatch.setattr(log, "source_position", counted)
+    follower = CdcFollower(stream, log, env=ENV)
+    catch_up(follower)
+    reads.clear()
+    follower.start()
+    try:
+        first = follower.status()["logged_lsn"]
+        sql(server, f"UPDATE {table} SET plan = 'pro' WHERE id = 'u1'")
+        deadline = time.time() + 30
+        while follower.status()["logged_lsn"] == first and time.time() < deadline:
+            time.sleep(0.02)
+        assert follower.status()["logged_lsn"] != first  # the new position, from memory
+        logged = follower_module.Position.load(source_position(source_id(stream))).lsn
+        assert follower.status()["logged_lsn"] == follower_module.lsn_to_text(logged)
+        assert reads == []
+    finally:
+        follower.stop()
+    assert follower.status()["logged_lsn"] and reads == []  # stopped: what it knew is fresh for a while
+    monkeypatch.setattr(follower_module, "POSITION_TTL_S", 0.0)  # then the log is read (another replica leads)
+    assert follower.status()["logged_lsn"] and len(reads) == 1
