@@ -27,7 +27,12 @@ from catalog.patterns import PatternDef
 
 class PatternInvalid(ValueError):
     """A declaration that cannot be used; the message names the field (as a config path inside
-    the pattern: `steps.1.where.ip.same_as`) and the reason, as the config file's checks word it."""
+    the pattern: `steps.1.where.ip.same_as`) and the reason, as the config file's checks word it.
+    `field`: the first problem's path (the API's error body names it as `param`)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,9 @@ def _with(configured: Catalog, patterns: Sequence[PatternDef]) -> Catalog:
     return Catalog.model_validate(data)
 
 
-def _reason(error: ValidationError, index: int) -> str:
+def _invalid(error: ValidationError, index: int) -> PatternInvalid:
     """The problems of pattern number `index` of a catalog, each as `path: reason` inside it."""
-    problems = []
+    problems, fields = [], []
     for e in error.errors():
         cause = (e.get("ctx") or {}).get("error")
         loc = tuple(cause.path) if isinstance(cause, CatalogReferenceError) else tuple(
@@ -72,23 +77,24 @@ def _reason(error: ValidationError, index: int) -> str:
             loc = loc[2:]
         message = str(cause).split(": ", 1)[-1] if isinstance(cause, CatalogReferenceError) else \
             e["msg"].removeprefix("Value error, ")
-        problems.append(f"{'.'.join(map(str, loc)) or 'pattern'}: {message}")
-    return "; ".join(problems) or str(error)
+        fields.append('.'.join(map(str, loc)) or "pattern")
+        problems.append(f"{fields[-1]}: {message}")
+    return PatternInvalid("; ".join(problems) or str(error), fields[0] if fields else None)
 
 
 def check_pattern(configured: Catalog, others: Sequence[PatternDef], data: object) -> PatternDef:
     """The declaration `data` as a PatternDef, checked against the configured catalog with
     `others` (the other stored patterns) in it; PatternInvalid with every reason."""
     if not isinstance(data, Mapping):
-        raise PatternInvalid("pattern: the body must be a JSON object (a pattern's declaration)")
+        raise PatternInvalid("pattern: the body must be a JSON object (a pattern's declaration)", "pattern")
     try:
         pattern = PatternDef.model_validate(dict(data))
     except ValidationError as exc:
-        raise PatternInvalid(_reason(exc, -1)) from None
+        raise _invalid(exc, -1) from None
     try:
         _with(configured, [*others, pattern])
     except ValidationError as exc:
-        raise PatternInvalid(_reason(exc, len(configured.patterns) + len(others))) from None
+        raise _invalid(exc, len(configured.patterns) + len(others)) from None
     return pattern
 
 

@@ -224,9 +224,10 @@ def build_api(settings: Settings):
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
     lag = build_lag_monitor(settings, catalog, log, store)
+    patterns = build_pattern_definitions(catalog, store)  # the configured patterns and those defined through the API
     # One replica at a time evaluates alerts, notifies and samples lag (sketchboard/leader.py).
     leadership = build_leadership(settings, store)
-    alerts = build_alert_service(settings, catalog, store, lag, active=leadership.leading)
+    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading)
     lead(leadership, alerts=alerts, sampler=lag.sampler)
     cdc = follow_cdc_sources(settings, catalog, log, leadership)  # change data capture (docs/tables.md)
     ctx = ApiContext(
@@ -248,6 +249,7 @@ def build_api(settings: Settings):
         leadership=leadership,
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
         cdc=cdc,
+        pattern_definitions=patterns,
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(
@@ -260,6 +262,14 @@ def build_api(settings: Settings):
         max_points=settings.query_max_points,
     )
     return create_app(ctx, hub_config=hub_config), ctx
+
+
+def build_pattern_definitions(catalog: Catalog, store):
+    """Patterns defined through the API (api/pattern_definitions.py), stored beside the root's tables."""
+    from api.pattern_definitions import PatternDefinitions
+    from store.pattern_definitions import PatternDefinitionStore
+
+    return PatternDefinitions(catalog, PatternDefinitionStore(store.side_db()))
 
 
 def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) -> list:
