@@ -68,7 +68,8 @@ class PatternDefinitions:
             if self.store.version() == self._version:
                 return self.catalog
             version, stored = self.store.patterns()
-            catalog, skipped = catalog_with_patterns(self.configured, [p.definition for p in stored])
+            catalog, skipped = catalog_with_patterns(self.configured, [p.definition for p in stored],
+                                                     {p.name: p.version for p in stored})
             for s in skipped:
                 if s not in self.skipped:
                     logger.warning("pattern %r stored through the API is left out: the configuration no longer"

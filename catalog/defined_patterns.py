@@ -57,12 +57,19 @@ def definition_id(pattern: PatternDef, stored_version: int | None = None) -> str
     return digest if stored_version is None else f"{digest}@{stored_version}"
 
 
-def _with(configured: Catalog, patterns: Sequence[PatternDef]) -> Catalog:
+def pattern_definition_id(catalog: Catalog, pattern: PatternDef) -> str:
+    """The definition id of one of the catalog's patterns (with its stored version when defined
+    through the API)."""
+    return definition_id(pattern, catalog.defined_patterns.get(pattern.name))
+
+
+def _with(configured: Catalog, patterns: Sequence[PatternDef], versions: Mapping[str, int] | None = None) -> Catalog:
     """`configured` with `patterns` after its own, checked. The streams and metrics are copied:
     expanding the derived streams writes into the new catalog's, never into `configured`'s."""
     data = {name: getattr(configured, name) for name in Catalog.model_fields}
     data["streams"], data["metrics"] = dict(configured.streams), dict(configured.metrics)
     data["patterns"] = (*configured.patterns, *patterns)
+    data["defined_patterns"] = {p.name: (versions or {}).get(p.name, 0) for p in patterns}
     return Catalog.model_validate(data)
 
 
@@ -98,9 +105,11 @@ def check_pattern(configured: Catalog, others: Sequence[PatternDef], data: objec
     return pattern
 
 
-def catalog_with_patterns(configured: Catalog, stored: Sequence[Mapping]) -> tuple[Catalog, list[Skipped]]:
-    """The configured catalog with the stored declarations added (in the order given); one the
-    catalog does not accept (any more) is left out and named with its reason."""
+def catalog_with_patterns(configured: Catalog, stored: Sequence[Mapping],
+                          versions: Mapping[str, int] | None = None) -> tuple[Catalog, list[Skipped]]:
+    """The configured catalog with the stored declarations added (in the order given), each with
+    its stored version (`versions`, by name: `Catalog.defined_patterns`); one the catalog does not
+    accept (any more) is left out and named with its reason."""
     kept: list[PatternDef] = []
     skipped: list[Skipped] = []
     for data in stored:
@@ -109,4 +118,14 @@ def catalog_with_patterns(configured: Catalog, stored: Sequence[Mapping]) -> tup
             kept.append(check_pattern(configured, kept, data))
         except PatternInvalid as exc:
             skipped.append(Skipped(name, str(exc)))
-    return (_with(configured, kept) if kept else configured), skipped
+    return (_with(configured, kept, versions) if kept else configured), skipped
+
+
+def deleted_patterns(catalog: Catalog, applied: Mapping[str, object]) -> list[str]:
+    """The patterns whose state a definition through the API built (`applied`: the pipeline's
+    patterns with their PatternSizes, or anything with `definition_id`) that `catalog` no longer
+    has: deleted, so their state goes. A provisioned pattern taken out of the file keeps its
+    state, as it always did: only what the API defined is dropped for it."""
+    current = {p.name for p in catalog.patterns}
+    return sorted(name for name, sizes in applied.items()
+                  if name not in current and "@" in (getattr(sizes, "definition_id", None) or ""))

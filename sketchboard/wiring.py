@@ -359,6 +359,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     from catalog.versions import catalog_versions
 
     pipeline.definition_versions = catalog_versions(catalog)  # a switch fences its commits (store/switch.py)
+    if namespace == ROOT:  # the serving pipeline runs the patterns defined through the API too
+        from aggregates.pattern_definitions import PatternFollower
+        from store.pattern_definitions import PatternDefinitionStore
+
+        pipeline.pattern_definitions = PatternFollower(catalog, PatternDefinitionStore(store.side_db()))
     if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
         pipeline.commit_listeners.append(RegistryCopy(registry, name))
     if settings.kafka_commit_offsets:
