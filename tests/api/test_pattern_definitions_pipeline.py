@@ -14,17 +14,25 @@ On every store backend (SQLite, PostgreSQL)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
 
 from aggregates.pattern_definitions import PatternFollower
 from aggregates.patterns import PatternRunner
+from api.app import create_app
+from api.pattern_definitions import PatternDefinitions
 from patterns.events import PatternEvent
 from patterns.plan import compile_pattern
 from store.pattern_definitions import PatternDefinitionStore
 from store.tiers import catalog_layouts
 from tests.api.conftest import NOW_MS
 from tests.api.test_join_demo import post_all
-from tests.api.test_pattern_definitions_api import BURST, PATTERNS, api, definitions  # noqa: F401  (fixtures)
+from tests.api.test_pattern_definitions_api import BURST, PATTERNS
 from tests.api.test_patterns_demo import stored_matches
 from tests.api.test_ws_support import drain_log_into_store, pattern_table
 from tests.support.patterns import brute_force
@@ -37,6 +45,16 @@ ATTACKER = "203.0.113.7"
 @pytest.fixture
 def pane_store(store_backend):
     return store_backend.create()
+
+
+@pytest.fixture
+def api(ctx, clock):
+    """The API with patterns defined through it (the pipeline's store holds them)."""
+    store = PatternDefinitionStore(ctx.store.side_db())
+    ctx.pattern_definitions = PatternDefinitions(ctx.catalog, store, refresh_s=0, clock=clock)
+    with TestClient(create_app(ctx)) as c:
+        yield c
+    store.close()
 
 
 def burst(user: str, start_ms: int, failures: int, *, success: bool = True) -> list[dict]:
@@ -100,7 +118,7 @@ def status(client) -> dict:
     return client.get("/api/v1/pipeline").json()["patterns"]
 
 
-def test_a_pattern_created_replaced_and_deleted_while_the_pipeline_runs(api, ctx, clock):  # noqa: F811
+def test_a_pattern_created_replaced_and_deleted_while_the_pipeline_runs(api, ctx, clock):
     pipeline = Pipeline(ctx, clock)
     try:
         # Before the pattern exists: alice's burst would match it, but is read before its creation.
