@@ -107,6 +107,15 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(404, f"unknown pattern {name!r}; patterns: {', '.join(sorted(declared())) or 'none'}")
         return pattern_out(found)
 
+    def rules_watching(name: str) -> list[str]:
+        """The alert rules that read the pattern (kind `pattern`) or one of its metrics."""
+        pattern = declared().get(name)
+        if ctx.alerts is None or pattern is None:
+            return []
+        metrics = set(match_metric_names(pattern))
+        return sorted(loaded.stored.name for loaded in ctx.alerts.rules() if loaded.rule is not None and (
+            getattr(loaded.rule, "pattern", None) == name or getattr(loaded.rule, "metric", None) in metrics))
+
     if defined is not None:
         def guarded(call, *args):
             return answered(call, *args, invalid=PatternInvalid, conflict=PatternConflict)
@@ -140,8 +149,12 @@ def router(ctx: ApiContext) -> APIRouter:
 
         @r.delete("/{name}", status_code=204, responses=errors(404, 409, e404="no such pattern",
                                                                e409="provisioned: declared in the configuration"),
-                  summary="Delete a pattern defined through the API (its state goes, its matches stay readable)")
+                  summary="Delete a pattern defined through the API (its state goes, its matches stay readable);"
+                          " 409 while alert rules watch it")
         async def delete_pattern(name: str) -> Response:
+            if name in defined.stored and (watching := await run_in_threadpool(rules_watching, name)):
+                raise HTTPException(409, f"alert rules watch pattern {name!r} or its metrics: {', '.join(watching)};"
+                                    " delete or change them first")
             if not await run_in_threadpool(guarded, defined.delete, name):
                 raise HTTPException(404, f"no pattern defined through the API named {name!r}")
             return Response(status_code=204)

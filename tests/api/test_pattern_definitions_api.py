@@ -171,3 +171,15 @@ def test_another_replica_follows_within_its_refresh(api, ctx, clock):
             assert "login_burst_matches" not in metric_names(replica)
     finally:
         other_store.close()
+
+
+def test_a_pattern_an_alert_rule_watches_is_not_deleted_under_it(wired_ctx):
+    with TestClient(create_app(wired_ctx)) as api:
+        assert api.post(PATTERNS, json=BURST).status_code == 201
+        rule = {"name": "bursts", "kind": "pattern", "pattern": "login_burst"}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201, "the rule sees the new pattern"
+        answer = api.delete(f"{PATTERNS}/login_burst")
+        assert answer.status_code == 409 and "alert rules watch pattern 'login_burst'" in answer.json()["detail"]
+        assert "bursts" in answer.json()["detail"] and "login_burst" in listed(api)
+        assert api.delete("/api/v1/alerts/rules/bursts").status_code == 204
+        assert api.delete(f"{PATTERNS}/login_burst").status_code == 204
