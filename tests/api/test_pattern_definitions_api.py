@@ -183,3 +183,6 @@ def test_a_pattern_an_alert_rule_watches_is_not_deleted_under_it(wired_ctx):
         assert "bursts" in answer.json()["detail"] and "login_burst" in listed(api)
         assert api.delete("/api/v1/alerts/rules/bursts").status_code == 204
         assert api.delete(f"{PATTERNS}/login_burst").status_code == 204
+    # Each change is in the audit log with its body; the refused delete is not.
+    actions = [e.action for e in wired_ctx.audit.entries(limit=10) if "/patterns" in e.action]
+    assert actions == ["DELETE /api/v1/patterns/login_burst", "POST /api/v1/patterns"]
