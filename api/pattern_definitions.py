@@ -115,6 +115,8 @@ class PatternDefinitions:
             raise PatternInvalid(f"name: {data.get('name')!r} is not the path's {name!r} (a pattern is renamed by"
                                  " creating the new one and deleting the old)", "name")
         declared = self._check(name, {**data, "name": name})
+        if declared == self.stored[name].definition:
+            return self.stored[name]  # the same declaration again (a tool re-applying it): nothing to start over
         try:
             return self.store.replace(name, declared, now_ms=int(self.clock() * 1000))
         finally:

@@ -83,7 +83,10 @@ def test_create_list_get_replace_delete_and_the_catalog_follows(api, ctx):
     assert replaced.json()["version"] == 2 and replaced.json()["definition"]["within"] == "10m"
     assert replaced.json()["created_ms"] == body["created_ms"]
     assert "login_burst_matches_attempts" not in metric_names(api)  # the measure is gone with its metric
-    assert api.put(f"{PATTERNS}/login_burst", json={k: v for k, v in BURST.items() if k != "name"}).status_code == 200
+    again = api.put(f"{PATTERNS}/login_burst", json={k: v for k, v in BURST.items() if k != "name"})
+    assert again.status_code == 200 and again.json()["version"] == 3
+    # The same declaration once more changes nothing: the pipeline has no reason to start it over.
+    assert api.put(f"{PATTERNS}/login_burst", json={**BURST, "after_match": "skip_past_last"}).json()["version"] == 3
 
     assert api.delete(f"{PATTERNS}/login_burst").status_code == 204
     assert listed(api) == {"credential_stuffing": True, "checkout_abandoned": True}
