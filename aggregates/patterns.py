@@ -35,12 +35,13 @@ from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
 from aggregates.window_join import DerivedRow
 from catalog import Catalog
 from catalog.model import StreamDef
+from catalog.defined_patterns import deleted_patterns, pattern_definition_id
 from catalog.patterns import Condition, PatternDef, matches_stream_name
 from patterns.events import Match, PatternEvent
 from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
 from store import BatchCommit, PanePartial, PaneStore
-from store.patterns import PatternCommit
+from store.patterns import PatternCommit, PatternLoad
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,12 @@ class PatternRunner:
     def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
         self.catalog, self.store, self.kll_k = catalog, store, kll_k
         self.patterns = [(p, compile_pattern(p, catalog)) for p in catalog.patterns]
-        self.enabled = bool(self.patterns)
+        # Each pattern's definition id: state built by another definition of it is dropped first
+        # (a replaced pattern); patterns deleted through the API have theirs dropped
+        # (aggregates/pattern_definitions.py). Both in the batch's commit.
+        self.ids = {p.name: pattern_definition_id(catalog, p) for p in catalog.patterns}
+        self.dropped = deleted_patterns(catalog, store.pattern_sizes())
+        self.enabled = bool(self.patterns or self.dropped)
         self.names = [matches_stream_name(p.name) for p in catalog.patterns]  # their derived streams
         self.streams = sorted({s for p in catalog.patterns for s in p.streams})
 
@@ -201,13 +207,16 @@ class PatternRunner:
         matches = late = released = 0
         slots: dict = {}  # the columns the patterns read, shared
         for pattern, plan in self.patterns:
-            before = self.store.pattern_state(pattern.name, [], None).watermark_ms
+            stored = self.store.pattern_state(pattern.name, [], None)
+            reset = stored.definition_id not in (None, self.ids[pattern.name])  # state of another definition
+            before = None if reset else stored.watermark_ms
             events = pattern_events(records, self.catalog, plan, pattern, slots, before)
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
             ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
-            load = self.store.pattern_state(pattern.name, sorted(ready), now)
+            load = PatternLoad() if reset else self.store.pattern_state(pattern.name, sorted(ready), now)
             done = run_pattern_batch(plan, load, events, now)
+            done = replace(done, commit=replace(done.commit, definition_id=self.ids[pattern.name], reset=reset))
             stream = self.catalog.streams[matches_stream_name(pattern.name)]
             out.partials.extend(derived_partials(match_rows(done.matches), stream.name, (), stream.pane, self.kll_k,
                                                  sketched=stream.values))
@@ -217,6 +226,7 @@ class PatternRunner:
             matches += len(done.matches)
             late += len(done.commit.late)
             released += done.released
+        out.commits.extend(PatternCommit(name, None, drop=True) for name in self.dropped)
         return PatternsBatch(out.partials, out.commits, out.watermarks, matches, late, released)
 
 

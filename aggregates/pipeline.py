@@ -84,6 +84,7 @@ class Pipeline(ReportsStoreErrors):
         self.tables = TableChanges(catalog)  # changelog tables' current rows (kind: table)
         self.views = Views(catalog, store, kll_k=config.kll_k)  # table-table join views (catalog views:)
         self.patterns = PatternRunner(catalog, store, kll_k=config.kll_k)  # patterns (catalog patterns:)
+        self.pattern_definitions = None  # set by the wiring: patterns defined through the API (aggregates/pattern_definitions.py)
         self.enrichment = Enrichment(spark, catalog, store)  # stream-table joins (catalog enrich:)
         configure_tiers(store, catalog, clock)
 
@@ -98,6 +99,8 @@ class Pipeline(ReportsStoreErrors):
             log.info("batch %d already committed, skipped", batch_id)
             self.last_result = CommitResult(committed=False)
             return self.last_result
+        if self.pattern_definitions is not None:  # patterns defined through the API: followed between batches
+            self.follow_patterns()
         # The clock is read once per batch and passed into the job as a literal: every
         # executor judges retention against the same instant.
         batch_now_ms = int(self.clock() * 1000)
@@ -196,6 +199,19 @@ class Pipeline(ReportsStoreErrors):
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
+
+    def follow_patterns(self) -> None:
+        """Run the patterns defined through the API as they are now (a poll of one row per batch;
+        aggregates/pattern_definitions.py); the state changes go into this batch's commit."""
+        catalog = self.pattern_definitions.poll()
+        if catalog is None:
+            return
+        for stream in catalog.streams.values():
+            if stream.name not in self.catalog.streams:
+                self.log.ensure_topic(stream)  # a new `<pattern>_matches`, as every derived stream has
+        self.catalog = catalog
+        self.patterns = PatternRunner(catalog, self.store, kll_k=self.config.kll_k)
+        configure_tiers(self.store, catalog, self.clock)
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
         self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)

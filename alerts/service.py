@@ -57,6 +57,15 @@ class AlertService:
 
     # -- rules -----------------------------------------------------------------------------
 
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Rules are checked and evaluated against `catalog` from now on (it gained or lost a
+        pattern defined through the API: api/pattern_definitions.py)."""
+        with self._lock:
+            self.catalog = catalog
+            if hasattr(self.data, "catalog"):
+                self.data.catalog = catalog
+            self._cache = None  # loaded against the old one
+
     def rules(self) -> list[LoadedRule]:
         version = self.store.rules_version()
         if self._cache is None or self._cache[0] != version:

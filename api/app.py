@@ -28,7 +28,7 @@ from api import (
     table_routes,
     ws_routes,
 )
-from api import cdc_routes, pattern_routes, reprocess_routes
+from api import cdc_routes, pattern_definitions, pattern_routes, reprocess_routes
 from api.audit import routes as audit_routes
 from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
@@ -92,6 +92,9 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     if ctx.audit is not None:  # inside the security middleware: it reads the token that one found
         app.add_middleware(AuditMiddleware, store=ctx.audit, clock=ctx.clock)
         app.include_router(audit_routes.router(ctx.audit))
+    if ctx.pattern_definitions is not None:  # ctx.catalog follows the patterns defined through the API
+        pattern_definitions.follow(ctx)
+        app.add_middleware(pattern_definitions.FollowPatternDefinitions, definitions=ctx.pattern_definitions)
     app.add_middleware(SecurityMiddleware, config=ctx.security)
     if ctx.security.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(ctx.security.cors_origins),

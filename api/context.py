@@ -122,6 +122,9 @@ class ApiContext:
     # Definition versions and reprocessing runs (aggregates.reprocess.ReprocessService); None: no
     # /api/v1/reprocess routes, no `definitions` in /api/v1/pipeline.
     reprocess: Any = None
+    # Patterns defined through the API (api.pattern_definitions.PatternDefinitions): they keep
+    # `catalog` current; None: the configuration's patterns only, read-only routes.
+    pattern_definitions: Any = None
     # Change data capture followers (ingest.cdc.follower.CdcFollower), one per CDC-fed table.
     cdc: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.

@@ -303,6 +303,8 @@ class Catalog(BaseModel):
     streams: dict[str, StreamDef]
     metrics: dict[str, MetricDef] = {}
     patterns: tuple[PatternDef, ...] = ()  # sequences of events to match (catalog/patterns.py)
+    # Patterns defined through the API (catalog/defined_patterns.py): name -> the store's version of it.
+    defined_patterns: dict[str, int] = Field(default={}, exclude=True)
     # Stream-stream window joins (catalog/joins.py): each adds a derived stream and its metrics.
     joins: tuple[JoinDef, ...] = ()
     # Table-table joins maintained as views (catalog/views.py): each adds a derived change stream.

@@ -232,9 +232,10 @@ def build_api(settings: Settings):
     catalog = open_catalog(settings)
     log, store = open_log(settings, catalog), open_store(settings)
     lag = build_lag_monitor(settings, catalog, log, store)
+    patterns = build_pattern_definitions(catalog, store)  # the configured patterns and those defined through the API
     # One replica at a time evaluates alerts, notifies and samples lag (sketchboard/leader.py).
     leadership = build_leadership(settings, store)
-    alerts = build_alert_service(settings, catalog, store, lag, active=leadership.leading)
+    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading)
     lead(leadership, alerts=alerts, sampler=lag.sampler)
     cdc = follow_cdc_sources(settings, catalog, log, leadership)  # change data capture (docs/tables.md)
     ctx = ApiContext(
@@ -256,6 +257,7 @@ def build_api(settings: Settings):
         leadership=leadership,
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
         cdc=cdc,
+        pattern_definitions=patterns,
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(
@@ -268,6 +270,14 @@ def build_api(settings: Settings):
         max_points=settings.query_max_points,
     )
     return create_app(ctx, hub_config=hub_config), ctx
+
+
+def build_pattern_definitions(catalog: Catalog, store):
+    """Patterns defined through the API (api/pattern_definitions.py), stored beside the root's tables."""
+    from api.pattern_definitions import PatternDefinitions
+    from store.pattern_definitions import PatternDefinitionStore
+
+    return PatternDefinitions(catalog, PatternDefinitionStore(store.side_db()))
 
 
 def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) -> list:
@@ -357,6 +367,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     from catalog.versions import catalog_versions
 
     pipeline.definition_versions = catalog_versions(catalog)  # a switch fences its commits (store/switch.py)
+    if namespace == ROOT:  # the serving pipeline runs the patterns defined through the API too
+        from aggregates.pattern_definitions import PatternFollower
+        from store.pattern_definitions import PatternDefinitionStore
+
+        pipeline.pattern_definitions = PatternFollower(catalog, PatternDefinitionStore(store.side_db()))
     if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
         pipeline.commit_listeners.append(RegistryCopy(registry, name))
     if settings.kafka_commit_offsets:

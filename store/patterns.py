@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS pattern_late (
     at_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS pattern_late_by_pattern ON pattern_late (pattern, id);
+-- The definition each pattern's state was built with (catalog/defined_patterns.py definition_id):
+-- a batch that runs another definition of it drops the state first, in its own transaction.
+CREATE TABLE IF NOT EXISTS pattern_applied (
+    pattern TEXT PRIMARY KEY,
+    definition_id TEXT NOT NULL
+);
 """
 
 
@@ -146,6 +152,12 @@ class PatternCommit:
     matches: Sequence[NewMatch] = ()
     late: Sequence[LateEvent] = ()
     buffer: Sequence[BufferedEvent] = ()
+    # The definition the state is built with (recorded); `reset`: drop the state another one built
+    # (buffer, keys, watermark, counters; the matches stay) before the rest; `drop`: only that,
+    # for a pattern deleted through the API (docs/patterns.md, "Patterns defined through the API").
+    definition_id: str | None = None
+    reset: bool = False
+    drop: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +169,7 @@ class PatternLoad:
     watermark_ms: int | None = None
     keys: dict[str, KeyState] = field(default_factory=dict)
     released: Sequence[BufferedEvent] = ()
+    definition_id: str | None = None  # the definition the stored state was built with (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,7 @@ class PatternSizes:
     buffered_events: int = 0
     matches: int = 0
     late_events: int = 0
+    definition_id: str | None = None
 
 
 def _empty(k: KeyState) -> bool:
@@ -187,6 +201,8 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
     q = placeholder
     cursor.execute(f"SELECT watermark_ms FROM pattern_progress WHERE pattern = {q}", (pattern,))
     row = cursor.fetchone()
+    cursor.execute(f"SELECT definition_id FROM pattern_applied WHERE pattern = {q}", (pattern,))
+    applied = cursor.fetchone()
     released: list[BufferedEvent] = []
     if due_through_ms is not None:
         cursor.execute(f"SELECT pattern_key, stream, log_partition, log_offset, time_ms, fields FROM pattern_buffer"
@@ -201,13 +217,22 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
                    f" UNION SELECT {columns} FROM pattern_state WHERE pattern = {q} AND due_ms <= {q}",
                    (pattern, key_arg, pattern, due))
     found = {k: KeyState(json.loads(s), tuple(json.loads(b)), d, p) for k, s, b, d, p in cursor.fetchall()}
-    return PatternLoad(None if row is None else row[0], found, released)
+    return PatternLoad(None if row is None else row[0], found, released, None if applied is None else applied[0])
 
 
 def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, placeholder: str) -> None:
     """Save each pattern's batch changes; the caller owns the transaction."""
     q = placeholder
     for c in commits:
+        if c.reset or c.drop:
+            for table in ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_applied"):
+                cursor.execute(f"DELETE FROM {table} WHERE pattern = {q}", (c.pattern,))
+            if c.drop:
+                continue
+        if c.definition_id is not None:
+            cursor.execute(f"INSERT INTO pattern_applied (pattern, definition_id) VALUES ({q}, {q})"
+                           " ON CONFLICT (pattern) DO UPDATE SET definition_id = excluded.definition_id",
+                           (c.pattern, c.definition_id))
         gone = [k for k, s in c.keys.items() if _empty(s)]
         kept = [(c.pattern, k, json.dumps(s.state or {}), json.dumps(list(s.buffered)), s.due_ms, s.partial_matches)
                 for k, s in sorted(c.keys.items()) if not _empty(s)]
@@ -269,6 +294,9 @@ def sizes(cursor) -> dict[str, PatternSizes]:
     for name, buffered in cursor.fetchall():
         out.setdefault(name, {}).update(buffered_events=buffered)
     # Events a store written before pattern_buffer kept with their key: each key's JSON array length.
+    cursor.execute("SELECT pattern, definition_id FROM pattern_applied")
+    for name, applied in cursor.fetchall():
+        out.setdefault(name, {}).update(definition_id=applied)
     cursor.execute("SELECT pattern, buffered FROM pattern_state WHERE buffered <> '[]'")
     for name, buffered in cursor.fetchall():
         entry = out.setdefault(name, {})

@@ -146,12 +146,17 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     definitions = DefinitionStore(tmp_path / "store.db", synchronous="OFF")
     registry = ConsumerRegistry(tmp_path / "store.db", synchronous="OFF")
     ctx.reprocess = ReprocessService(ctx.catalog, definitions, registry, ctx.log, clock=clock)  # runs not launched
+    from api.pattern_definitions import PatternDefinitions
+    from store.pattern_definitions import PatternDefinitionStore
+
+    patterns = PatternDefinitionStore(tmp_path / "store.db", synchronous="OFF")
+    ctx.pattern_definitions = PatternDefinitions(ctx.catalog, patterns, refresh_s=0, clock=clock)
     try:
         yield ctx
     finally:
         ctx.alerts, ctx.lag, ctx.health, ctx.audit, ctx.idempotency = None, None, None, None, None
-        ctx.dashboards, ctx.reprocess = None, None
-        for side in (alert_store, lag_store, health, audit, dashboards, definitions, registry):
+        ctx.dashboards, ctx.reprocess, ctx.pattern_definitions = None, None, None
+        for side in (alert_store, lag_store, health, audit, dashboards, definitions, registry, patterns):
             side.close()
 
 

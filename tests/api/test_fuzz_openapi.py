@@ -72,6 +72,9 @@ RULE_NAME = "fuzz_rule"
 RULE = {"name": RULE_NAME, "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m", "threshold": 1}
 # A saved dashboard of the same name: `path.name` draws from one dictionary for both.
 DASHBOARD = {"name": RULE_NAME, "panels": [{"metric": "latency", "stat": "band", "kind": "area"}]}
+# And a pattern defined through the API, for PUT and DELETE /api/v1/patterns/{name}.
+PATTERN = {"name": RULE_NAME, "key": "user_id", "steps": [{"name": "fail", "stream": "logins",
+                                                            "where": {"outcome": "failure"}}]}
 
 CATALOG = load_catalog(CONFIG)
 HOSTILE = [
@@ -148,15 +151,17 @@ def fuzzed_app(wired_ctx):
     app = create_app(wired_ctx)
     wired_ctx.alerts.create(RULE)
     wired_ctx.dashboards.create(DASHBOARD)
+    wired_ctx.pattern_definitions.create(PATTERN)
     return app
 
 
 @pytest.fixture
 def state(wired_ctx, snapshot):
     """What a rejected request must leave as it was: the log and pane store (conftest's
-    snapshot), the alert rules with their silences, and the dashboards."""
+    snapshot), the alert rules with their silences, the dashboards and the defined patterns."""
     return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules(),
-                    "dashboards": wired_ctx.dashboards.store.dashboards()}
+                    "dashboards": wired_ctx.dashboards.store.dashboards(),
+                    "patterns": wired_ctx.pattern_definitions.store.patterns()}
 
 
 # One item per operation, all with the same node id: under xdist only one of them would run

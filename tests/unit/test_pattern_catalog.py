@@ -52,7 +52,9 @@ def test_a_string_field_compares_with_a_yaml_number_as_text():
     assert parse_catalog(text).patterns[0].steps[0].where == {"outcome": 500}
 
 
-@pytest.mark.parametrize("pattern, line, message", [
+# (the pattern, the line of the mistake, the reason): tests/unit/test_defined_patterns.py checks the
+# same reasons for patterns defined through the API.
+MISTAKES = [
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: nowhere}\n",
      13, "patterns.0.steps.0.stream: unknown stream 'nowhere'"),
     ("  - name: p\n    key: account\n    steps:\n" + GOOD_STEP,
@@ -108,7 +110,10 @@ def test_a_string_field_compares_with_a_yaml_number_as_text():
      15, "'ip' is not a value field of stream 'logins'"),
     ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      n: {count: fail, sum: fail.x}\n",
      15, "a measure is exactly one of"),
-])
+]
+
+
+@pytest.mark.parametrize("pattern, line, message", MISTAKES)
 def test_each_mistake_is_reported_with_its_line(pattern, line, message):
     with pytest.raises(ConfigError) as caught:
         parse_catalog(declare(pattern), source="streams.yaml")
