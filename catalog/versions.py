@@ -108,7 +108,8 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict]) -> Catalog:
     """`catalog` with each stream named in `stored_docs` declared as stored there: what a pipeline
     computes an existing output with until a switch. Metrics are kept where the stored
     declaration still has their fields (metrics do not shape panes; the pipeline only needs them
-    to be valid); derived streams and their metrics are generated again from the stored ones."""
+    to be valid); derived streams and their metrics are generated again from the stored ones,
+    with the joins, views and patterns that still fit the pinned streams."""
     from catalog.model import Catalog as CatalogModel, StreamDef
 
     if not stored_docs:
@@ -125,4 +126,21 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict]) -> Catalog:
                 or (metric.first_seen and stream.first_seen is None)):
             continue
         metrics[name] = metric.model_dump(mode="json", exclude_defaults=True)
-    return CatalogModel(streams=streams, metrics=metrics)
+    # The joins, views and patterns go along (they read the pinned streams as stored), each one
+    # that still fits them: one that needs a field only the new declaration has waits for the
+    # switch, as the metrics above do.
+    kept: dict = {"joins": [], "views": {}, "patterns": []}
+    for section, items in (("joins", catalog.joins), ("views", catalog.views.values()), ("patterns", catalog.patterns)):
+        for item in items:
+            doc = item.model_dump(mode="json", exclude_defaults=True)
+            trial = {**kept, section: ({**kept["views"], item.name: doc} if section == "views"
+                                       else [*kept[section], doc])}
+            try:
+                CatalogModel(streams=streams, metrics=metrics, **trial)
+            except ValueError:
+                continue
+            kept = trial
+    pinned_catalog_ = CatalogModel(streams=streams, metrics=metrics, **kept)
+    defined = {p.name for p in pinned_catalog_.patterns}
+    return pinned_catalog_.model_copy(update={
+        "defined_patterns": {n: v for n, v in catalog.defined_patterns.items() if n in defined}})

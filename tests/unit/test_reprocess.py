@@ -42,6 +42,23 @@ def run_of(**changes) -> ReprocessRun:
     return ReprocessRun(**{**base, **changes})
 
 
+def test_a_pinned_catalog_keeps_the_joins_and_patterns_that_fit_the_stored_streams():
+    """A stream kept as stored must not take the pipeline's joins and patterns with it: those that
+    read only what the stored declaration has run on; one that needs the new field waits."""
+    extra = {
+        "joins": [{"name": "http_orders", "left": {"stream": "http", "key": "user"},
+                   "right": {"stream": "orders", "key": "customer"}, "within": "10m"}],
+        "patterns": [
+            {"name": "slow_home", "key": "user", "within": "5m",
+             "steps": [{"name": "a", "stream": "http", "where": {"endpoint": "/home"}, "times": 2}]},
+            {"name": "from_eu", "key": "user", "within": "5m",  # region: only the new declaration has it
+             "steps": [{"name": "a", "stream": "http", "where": {"region": "eu"}}]}]}
+    new = Catalog(**{**new_catalog().model_dump(mode="json", exclude_defaults=True), **extra})
+    pinned = pinned_catalog(new, {"http": stream_document(Catalog(**OLD).streams["http"])})
+    assert [j.name for j in pinned.joins] == ["http_orders"] and "http_orders" in pinned.streams
+    assert [p.name for p in pinned.patterns] == ["slow_home"] and "slow_home_matches" in pinned.streams
+
+
 def test_definitions_are_recorded_once_and_replaced_only_on_purpose(store_backend):
     store = DefinitionStore(store_backend.side_db())
     stored = store.record_missing({"http": ("v1", {"name": "http"}), "orders": ("o1", {"name": "orders"})}, NOW)
