@@ -183,6 +183,14 @@ def arrivals(draw):
     return batches
 
 
+def net(store: FakeStore) -> list:
+    """The matches published, less those retracted (each withdraws one), plus those added."""
+    published = matched([*store.matches, *store.added])
+    for m in matched(store.retracted):
+        published.remove(m)
+    return published
+
+
 @st.composite
 def late_arrivals(draw):
     """As arrivals, but each batch's watermark follows the newest event seen (less 0 to 2), so
@@ -224,10 +232,7 @@ def test_late_events_after_their_keys_kept_history_start_are_corrected_to_the_de
             else:
                 counted.append(e)
         store.batch(plan, events, mark)
-    published = matched([*store.matches, *store.added])
-    for m in matched(store.retracted):
-        published.remove(m)  # each retraction withdraws one published match
-    assert sorted(published) == sorted(oracle(plan, sorted(counted, key=lambda e: e.order), 10_000))
+    assert sorted(net(store)) == sorted(oracle(plan, sorted(counted, key=lambda e: e.order), 10_000))
     assert store.keys == {} and store.buffer == {}
     assert len(store.late) == late_seen  # every late event recorded, corrected or not
 
