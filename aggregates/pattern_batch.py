@@ -13,7 +13,13 @@ the batch (the watermark that decides which panes are final), never going back: 
 every stream the pattern reads up to it has been seen, whatever the order of arrival. A stream
 that has no watermark yet (no event ever) does not hold it back. An event at or behind the
 watermark the pattern already advanced to is late for the pattern: the moments it belongs to
-are decided. It is not fed (the matcher would run it out of order); it is recorded and counted.
+are decided. It is not fed (the matcher would run it out of order); it is recorded and counted,
+and where its key's kept history (pattern_history: the events fed, each marked when its key held
+nothing before it) has a point where the key held nothing before the late event, the key's run is
+replayed from there with and without it (patterns/corrections.py): the matches it adds are
+published flagged late, those it breaks are retracted, and the key's state becomes the replay's,
+the state an in-order run over every event would hold. The history is kept for the pattern's span
+(within + absence window) plus LATE_HORIZON_MS behind the watermark.
 """
 
 from __future__ import annotations
@@ -21,17 +27,74 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from patterns.corrections import correct
 from patterns.events import Match, PatternEvent
 from patterns.matcher import PatternMatcher
 from patterns.plan import Plan
-from store.patterns import BufferedEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad
+from store.patterns import BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad
+
+# How far behind the pattern's watermark a late event can still be corrected (beyond the
+# pattern's own span): the events fed are kept that long. A constant for now (a per-pattern
+# setting is the next step).
+LATE_HORIZON_MS = 60 * 60_000
 
 
 @dataclass(frozen=True)
 class PatternBatch:
     commit: PatternCommit
-    matches: list[Match]
+    matches: list[Match]  # decided in order by this batch's events and watermark
     released: int  # events fed to the matcher in this batch
+    added: Sequence[Match] = ()  # matches late events completed (published flagged late)
+    retracted: Sequence[Match] = ()  # published matches late events broke (withdrawn)
+
+
+@dataclass(frozen=True)
+class LateCorrection:
+    """What a batch's correctable late events change: matches added and retracted, the keys'
+    states after the replay (None: the key holds nothing), their history rewritten."""
+
+    added: list[Match]
+    retracted: list[Match]
+    states: dict[str, dict | None]
+    history: dict[str, list[HistoryEvent]]
+
+
+def history_span_ms(plan: Plan) -> int:
+    """How long behind the pattern's watermark its keys' fed events are kept for replays."""
+    return LATE_HORIZON_MS + (plan.within or 0) + (plan.absence_within or 0)
+
+
+def correct_late(plan: Plan, history: Mapping[str, Sequence[HistoryEvent]], late: Sequence[PatternEvent],
+                 watermark_ms: int) -> LateCorrection:
+    """Per key with late events: replay its kept history from its first restart (an event fed
+    while the key held nothing: the run from there depends on nothing before) with and without
+    the late events after that point, to the watermark they came behind. A late event before
+    it (or with no history kept) cannot be corrected: it stays only recorded as late."""
+    added: list[Match] = []
+    retracted: list[Match] = []
+    states: dict[str, dict | None] = {}
+    rewritten: dict[str, list[HistoryEvent]] = {}
+    by_key: dict[str, dict[tuple, PatternEvent]] = {}
+    for e in late:
+        by_key.setdefault(e.key, {})[(e.stream, e.partition, e.offset)] = e
+    for key in sorted(by_key):
+        kept = list(history.get(key, ()))
+        start = next((i for i, h in enumerate(kept) if h.restart), None)
+        if start is None:
+            continue
+        base = [PatternEvent(h.stream, h.partition, h.offset, h.time_ms, key, h.fields) for h in kept[start:]]
+        seen = {(e.stream, e.partition, e.offset) for e in base}
+        fixes = [e for place, e in by_key[key].items() if place not in seen and e.order > base[0].order]
+        if not fixes:
+            continue
+        fix = correct(plan, base, fixes, watermark_ms)
+        added += fix.added
+        retracted += fix.retracted
+        states[key] = fix.states.get(key)
+        rewritten[key] = [HistoryEvent(key, e.stream, e.partition, e.offset, e.time, dict(e.fields),
+                                       (e.stream, e.partition, e.offset) in fix.restarts)
+                          for e in sorted([*base, *fixes], key=lambda e: e.order)]
+    return LateCorrection(added, retracted, states, rewritten)
 
 
 def pattern_watermark(before_ms: int | None, stream_watermarks: Mapping[str, int | None],
@@ -90,11 +153,22 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
         else:
             buffer.append(BufferedEvent(e.key, e.stream, e.partition, e.offset, e.time, dict(e.fields)))
     stored_states = {key: stored.state for key, stored in load.keys.items() if stored.state}
+    fix = LateCorrection([], [], {}, {})
+    if late:  # replayed at the watermark they came behind; their keys' states become the replay's
+        fix = correct_late(plan, load.history, [e for e in events if e.time <= before], before)
+        for key, state in fix.states.items():
+            if state is None:
+                stored_states.pop(key, None)
+            else:
+                stored_states[key] = state
     matcher = PatternMatcher.from_state(plan, {"watermark": before, "late_events": 0, "keys": stored_states})
     by_key: dict[str, list[Match]] = {}
     released = 0
+    history = [h for rows in fix.history.values() for h in rows]
     for key in sorted(ready):
         for event in sorted(ready[key].values(), key=lambda e: e.order):
+            history.append(HistoryEvent(key, event.stream, event.partition, event.offset, event.time,
+                                        dict(event.fields), not matcher.holds(key)))
             outcome = matcher.feed(event)
             if outcome.matches:
                 by_key.setdefault(key, []).extend(outcome.matches)
@@ -115,5 +189,13 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
                 keys[key] = KeyState()  # nothing pending any more: deleted
             continue
         keys[key] = KeyState(state, (), due_ms(plan, state), len(state["runs"]) + len(state["waiting"]))
-    new = [NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures)) for m in matches]
-    return PatternBatch(PatternCommit(plan.name, now, keys, new, late, buffer), matches, released)
+    # The corrections first (they belong to moments before this batch's watermark), retractions
+    # before additions, then the matches decided in order.
+    new = [*(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True, True)
+             for m in fix.retracted),
+           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True)
+             for m in sorted(fix.added, key=lambda m: m.decided_at)),
+           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures)) for m in matches)]
+    cut = None if now is None else now - history_span_ms(plan)
+    commit = PatternCommit(plan.name, now, keys, new, late, buffer, sorted(fix.history), history, cut)
+    return PatternBatch(commit, matches, released, fix.added, fix.retracted)

@@ -40,7 +40,7 @@ from catalog.patterns import Condition, PatternDef, matches_stream_name
 from patterns.events import Match, PatternEvent
 from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
-from store import BatchCommit, PanePartial, PaneStore
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats, pane_start
 from store.patterns import PatternCommit, PatternLoad
 
 
@@ -179,6 +179,23 @@ def match_rows(matches: Iterable[Match]) -> list[DerivedRow]:
             for m in matches]
 
 
+def retraction_partials(matches: Iterable[Match], stream_name: str, pane_ms: int) -> list[PanePartial]:
+    """The retracted matches taken out of their panes (at their decided_at): count -1 each, and per
+    numeric measure n -1 and its value off the sum. Min, max and the percentiles' sketch cannot be
+    taken back: they keep the retracted value (docs/patterns.md, "Late events")."""
+    groups: dict[int, dict] = {}
+    for row in match_rows(matches):
+        g = groups.setdefault(pane_start(row.time_ms, pane_ms), {"count": 0, "values": {}})
+        g["count"] -= 1
+        for name, v in row.values.items():
+            n, total = g["values"].get(name, (0, 0.0))
+            g["values"][name] = (n - 1, total - v)
+    return [PanePartial(stream_name, start, start + pane_ms, {},
+                        PaneData(g["count"], {name: ValueStats(n, float(total), None, None)
+                                              for name, (n, total) in g["values"].items()}, {}))
+            for start, g in sorted(groups.items())]
+
+
 class PatternRunner:
     def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
         self.catalog, self.store, self.kll_k = catalog, store, kll_k
@@ -214,16 +231,21 @@ class PatternRunner:
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
             ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
-            load = PatternLoad() if reset else self.store.pattern_state(pattern.name, sorted(ready), now)
+            # The keys with late events: their state and kept history, for the replay that corrects them.
+            late_keys = sorted({e.key for e in events if before is not None and e.time <= before})
+            load = (PatternLoad() if reset
+                    else self.store.pattern_state(pattern.name, sorted(ready | set(late_keys)), now, late_keys))
             done = run_pattern_batch(plan, load, events, now)
             done = replace(done, commit=replace(done.commit, definition_id=self.ids[pattern.name], reset=reset))
             stream = self.catalog.streams[matches_stream_name(pattern.name)]
-            out.partials.extend(derived_partials(match_rows(done.matches), stream.name, (), stream.pane, self.kll_k,
-                                                 sketched=stream.values))
+            out.partials.extend(derived_partials(match_rows([*done.matches, *done.added]), stream.name, (),
+                                                 stream.pane, self.kll_k, sketched=stream.values))
+            # A retraction takes its match out of its pane again: a correction of the pane, as a late event makes.
+            out.partials.extend(retraction_partials(done.retracted, stream.name, stream.pane))
             out.commits.append(done.commit)
             if done.commit.watermark_ms is not None:
                 out.watermarks[stream.name] = done.commit.watermark_ms
-            matches += len(done.matches)
+            matches += len(done.matches) + len(done.added) - len(done.retracted)
             late += len(done.commit.late)
             released += done.released
         out.commits.extend(PatternCommit(name, None, drop=True) for name in self.dropped)

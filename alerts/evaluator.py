@@ -62,8 +62,11 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
     for fp, (labels, reading, sample) in readings.items():
         prev = previous.get(fp)
         inst = step(prev, _mapped(rule, reading), rule=rule.name, fingerprint=fp, labels=labels, now_ms=now_ms,
-                    for_ms=rule.for_, keep_firing_for_ms=rule.keep_firing_for)
-        if sample is not None:
+                    for_ms=rule.for_,
+                    keep_firing_for_ms=0 if sample is not None and sample.withdrawn else rule.keep_firing_for)
+        if sample is not None and sample.withdrawn:  # what fired stays shown, with why it was withdrawn
+            inst = replace(inst, reason=sample.reason, details={**inst.details, **sample.details})
+        elif sample is not None:
             inst = replace(inst, value=sample.value, window_start_ms=sample.window_start_ms,
                            window_end_ms=sample.window_end_ms, revision=sample.revision, reason=sample.reason,
                            details=sample.details or inst.details)

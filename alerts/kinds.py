@@ -190,7 +190,9 @@ def _dead_letters(rule: DeadLetterRule, data: AlertData, catalog: Catalog, now_m
 def _pattern(rule: PatternRule, data: AlertData, cursor: int | None) -> Outcome:
     """One sample per match committed since the last evaluation, each its own instance (labelled
     with its match id), so every match fires once. A rule reading for the first time starts after
-    the newest match: a new rule alerts on what happens from now on, not on the pattern's history."""
+    the newest match: a new rule alerts on what happens from now on, not on the pattern's history.
+    A retraction (a late event broke a match) reads as the withdrawn match's instance with its
+    condition false: one still firing resolves at once; one read in the same page never fires."""
     if cursor is None:
         return Outcome([], cursor=data.newest_match_id(rule.pattern) or 0)
     matches = data.pattern_matches(rule.pattern, cursor, rule.max_matches)
@@ -199,6 +201,10 @@ def _pattern(rule: PatternRule, data: AlertData, cursor: int | None) -> Outcome:
 
 
 def _match_sample(pattern: str, m: PatternMatch) -> Sample:
+    if m.retracts is not None:
+        return Sample({"pattern": pattern, "key": m.key, "match_id": str(m.retracts)}, float(len(m.events)), False,
+                      reason=f"match {m.retracts} of pattern {pattern!r} for key {m.key!r} retracted by {m.id}:"
+                             " a late event broke it", details={"retracted_by": str(m.id)}, withdrawn=True)
     times = [e["time"] for e in m.events if isinstance(e.get("time"), int)]
     details = {"events": json.dumps(m.events, separators=(",", ":"), sort_keys=True),
                "measures": json.dumps(m.measures, separators=(",", ":"), sort_keys=True),

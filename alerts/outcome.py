@@ -20,6 +20,9 @@ class Sample:
     revision: int | None = None  # highest pane revision in the window the value came from
     reason: str | None = None  # why there is no data, or what the value is
     details: dict[str, str] = field(default_factory=dict)  # annotations the data adds (a match's events)
+    # The data withdrew what fired the instance (a retracted match): it resolves at once, whatever
+    # keep_firing_for says, and is not deleted (its firing stays in the history).
+    withdrawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class PatternMatch:
     events: list[dict]  # {step, stream, partition, offset, time}
     measures: dict
     late: bool = False
+    retracts: int | None = None  # a retraction: the id of the match a late event broke
 
 
 @dataclass(frozen=True)

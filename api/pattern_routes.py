@@ -64,9 +64,11 @@ class MatchOut(BaseModel):
     decided_at_ms: int = Field(description="event time: the last matched event's, or the absence's deadline")
     events: list[dict[str, Any]] = Field(description="{step, stream, partition, offset, time} in matching order")
     measures: dict[str, Any]
-    late: bool = Field(description="found by re-running late events (not done yet: always false)")
+    late: bool = Field(description="a correction a late event brought: a match it completed, or a retraction")
     batch_id: int
     committed_at_ms: int
+    retracts: int | None = Field(None, description="set on a retraction: the id of the match a late event broke"
+                                 " (withdrawn); null on a match")
 
 
 class MatchesPage(BaseModel):
@@ -183,7 +185,8 @@ def router(ctx: ApiContext) -> APIRouter:
         found = ctx.store.pattern_matches(name, key=key, start_ms=start_ms, end_ms=end_ms, after_id=after, limit=limit)
         return MatchesPage(pattern=name, matches=[MatchOut(id=m.id, key=m.key, decided_at_ms=m.decided_at_ms,
                                                            events=m.events, measures=m.measures, late=m.late,
-                                                           batch_id=m.batch_id, committed_at_ms=m.committed_at_ms)
+                                                           batch_id=m.batch_id, committed_at_ms=m.committed_at_ms,
+                                                           retracts=m.retracts)
                                                   for m in found],
                            next_cursor=str(found[-1].id) if len(found) == limit else None)
 

@@ -13,7 +13,7 @@ with and without the late events, to the watermark, and comparing the two runs' 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from patterns.events import Match, PatternEvent
 from patterns.matcher import PatternMatcher
@@ -24,17 +24,39 @@ from patterns.plan import Plan
 class Correction:
     added: list[Match]  # found with the late events, not published: to publish, flagged late
     retracted: list[Match]  # published, not found with the late events: to withdraw
+    # The corrected run at the watermark: per key still holding something, the matcher's JSON
+    # state of the key (a key absent holds nothing), and the places (stream, partition, offset)
+    # of the events fed while their key held nothing (where a later replay may start).
+    states: dict[str, dict] = field(default_factory=dict)
+    restarts: frozenset[tuple[str, int, int]] = frozenset()
 
 
-def replay(plan: Plan, events: Iterable[PatternEvent], watermark: int) -> list[Match]:
+@dataclass(frozen=True)
+class Replay:
+    matches: list[Match]
+    states: dict[str, dict]
+    restarts: frozenset[tuple[str, int, int]]
+
+
+def replay_run(plan: Plan, events: Iterable[PatternEvent], watermark: int) -> Replay:
     """The in-order run over `events` (any order of arrival; an event twice by its place in the
-    log counts once), from an empty state, advanced to `watermark`."""
+    log counts once), from an empty state, advanced to `watermark`: its matches, the keys' states
+    after it, and the events fed while their key held nothing."""
     unique = {(e.stream, e.partition, e.offset): e for e in events}
     matcher = PatternMatcher(plan)
     out: list[Match] = []
-    for event in sorted(unique.values(), key=lambda e: e.order):
+    restarts = set()
+    for place, event in sorted(unique.items(), key=lambda kv: kv[1].order):
+        if not matcher.holds(event.key):
+            restarts.add(place)
         out += matcher.feed(event).matches
-    return out + matcher.advance(watermark)
+    out += matcher.advance(watermark)
+    return Replay(out, matcher.state()["keys"], frozenset(restarts))
+
+
+def replay(plan: Plan, events: Iterable[PatternEvent], watermark: int) -> list[Match]:
+    """The matches of the in-order run over `events` from an empty state (replay_run)."""
+    return replay_run(plan, events, watermark).matches
 
 
 def _identity(match: Match) -> tuple:
@@ -45,10 +67,11 @@ def correct(plan: Plan, history: Sequence[PatternEvent], late: Sequence[PatternE
     """The correction the late events bring to the matches of the in-order run over `history`:
     the events fed since a point where their keys' state was empty, up to `watermark` (the
     watermark the late events arrived behind). Late events before that point cannot be
-    corrected this way (the run before it is not kept) and stay only counted."""
+    corrected this way (the run before it is not kept) and stay only counted. The corrected
+    run's states are those an in-order run over every event would hold at `watermark`."""
     published = replay(plan, history, watermark)
-    corrected = replay(plan, [*history, *late], watermark)
+    corrected = replay_run(plan, [*history, *late], watermark)
     before = {_identity(m) for m in published}
-    after = {_identity(m) for m in corrected}
-    return Correction([m for m in corrected if _identity(m) not in before],
-                      [m for m in published if _identity(m) not in after])
+    after = {_identity(m) for m in corrected.matches}
+    return Correction([m for m in corrected.matches if _identity(m) not in before],
+                      [m for m in published if _identity(m) not in after], corrected.states, corrected.restarts)

@@ -114,6 +114,11 @@ class PatternMatcher:
     def partial_matches(self) -> int:
         return sum(len(s.runs) + len(s.waiting) for s in self._keys.values())
 
+    def holds(self, key: str) -> bool:
+        """Whether the key has anything pending: fed to a key that holds nothing, an event starts a
+        run that depends on no earlier event (a replay may start there)."""
+        return key in self._keys
+
     # -- input ---------------------------------------------------------------------------------
 
     def feed(self, event: PatternEvent) -> Outcome:

@@ -352,8 +352,10 @@ class PaneStore(ABC):
         """Every window join's state size and counters."""
 
     @abstractmethod
-    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> PatternLoad:
-        """A pattern's watermark and the stored keys among `keys` or due by `due_through_ms` (store/patterns.py)."""
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,
+                      history_keys: Sequence[str] = ()) -> PatternLoad:
+        """A pattern's watermark and the stored keys among `keys` or due by `due_through_ms`, and
+        the kept history of `history_keys` (store/patterns.py)."""
 
     @abstractmethod
     def pattern_sizes(self) -> dict[str, PatternSizes]:

@@ -9,7 +9,10 @@ when the watermark passes it. A batch appends the events it buffers without read
 and reads only the buffered events the watermark releases, the states of their keys and the
 keys that are due, never the whole state; it writes only the keys whose state changed. Per
 pattern: the watermark it has advanced to and its counters. Matches and the events late for a
-pattern are appended.
+pattern are appended. Per key, `pattern_history` keeps the events fed (each marked when the key
+held nothing before it: a replay may start there) for the kept horizon behind the watermark, so
+a late event can be replayed with them (patterns/corrections.py); a retraction is a row of
+`pattern_matches` naming the match it withdraws.
 
 Everything is written in the batch's own store transaction, with its panes and its batch id: a
 batch replayed after a crash is either wholly recorded (skipped by its batch id) or not at all,
@@ -58,9 +61,10 @@ CREATE TABLE IF NOT EXISTS pattern_matches (
     decided_at_ms INTEGER NOT NULL, -- event time: the last event's, or the absence's deadline
     events TEXT NOT NULL,           -- JSON array of {step, stream, partition, offset, time}
     measures TEXT NOT NULL,         -- JSON object
-    late INTEGER NOT NULL,          -- 1: found by re-running late events (not in this version: always 0)
+    late INTEGER NOT NULL,          -- 1: a correction a late event brought (an added match, or a retraction)
     batch_id INTEGER NOT NULL,
-    committed_at_ms INTEGER NOT NULL
+    committed_at_ms INTEGER NOT NULL,
+    retracts INTEGER                -- set on a retraction: the id of the match it withdraws
 );
 CREATE INDEX IF NOT EXISTS pattern_matches_by_time ON pattern_matches (pattern, decided_at_ms);
 CREATE INDEX IF NOT EXISTS pattern_matches_by_key ON pattern_matches (pattern, pattern_key, id);
@@ -82,6 +86,18 @@ CREATE TABLE IF NOT EXISTS pattern_applied (
     pattern TEXT PRIMARY KEY,
     definition_id TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pattern_history (
+    pattern TEXT NOT NULL,
+    pattern_key TEXT NOT NULL,
+    time_ms INTEGER NOT NULL,       -- event time: rows behind the watermark - the kept horizon are cut
+    stream TEXT NOT NULL,
+    log_partition INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    fields TEXT NOT NULL,           -- JSON object: the fields the pattern reads
+    restart INTEGER NOT NULL,       -- 1: the key held nothing when the event was fed (a replay may start here)
+    PRIMARY KEY (pattern, pattern_key, time_ms, stream, log_partition, log_offset)
+);
+CREATE INDEX IF NOT EXISTS pattern_history_by_time ON pattern_history (pattern, time_ms);
 """
 
 
@@ -108,6 +124,23 @@ class BufferedEvent(NamedTuple):
     fields: dict
 
 
+class HistoryEvent(NamedTuple):
+    """An event fed to the matcher, kept in pattern_history for replays. restart: the key held
+    nothing when it was fed, so a replay from an empty state may start at it."""
+
+    key: str
+    stream: str
+    partition: int
+    offset: int
+    time_ms: int
+    fields: dict
+    restart: bool
+
+    @property
+    def order(self) -> tuple[int, str, int, int]:
+        return (self.time_ms, self.stream, self.partition, self.offset)
+
+
 @dataclass(frozen=True)
 class StoredMatch:
     id: int
@@ -119,6 +152,7 @@ class StoredMatch:
     late: bool
     batch_id: int
     committed_at_ms: int
+    retracts: int | None = None  # a retraction: the id of the match it withdraws
 
 
 @dataclass(frozen=True)
@@ -128,6 +162,9 @@ class NewMatch:
     events: list[dict]
     measures: dict
     late: bool = False
+    # A retraction of the stored match with this key, decided_at and events (its id is found in
+    # the commit's transaction: the newest such match that is not itself a retraction).
+    retraction: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +195,11 @@ class PatternCommit:
     definition_id: str | None = None
     reset: bool = False
     drop: bool = False
+    # pattern_history: the keys whose rows are replaced (a replay rewrote them), the rows written,
+    # and the time before which every row is cut (the watermark less the kept horizon).
+    history_rewritten: Sequence[str] = ()
+    history: Sequence[HistoryEvent] = ()
+    history_cut_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +212,7 @@ class PatternLoad:
     keys: dict[str, KeyState] = field(default_factory=dict)
     released: Sequence[BufferedEvent] = ()
     definition_id: str | None = None  # the definition the stored state was built with (None: not recorded)
+    history: dict[str, list[HistoryEvent]] = field(default_factory=dict)  # the keys asked for, in order
 
 
 @dataclass(frozen=True)
@@ -195,9 +238,11 @@ def _in_keys(placeholder: str, keys: list[str]) -> tuple[str, object]:
     return "pattern_key = ANY(%s)", keys
 
 
-def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> PatternLoad:
-    """The pattern's watermark, the buffered events at or before `due_through_ms`, and the stored
-    keys among `keys`, those of the released events, and those due at `due_through_ms`."""
+def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str,
+           history_keys: Sequence[str] = ()) -> PatternLoad:
+    """The pattern's watermark, the buffered events at or before `due_through_ms`, the stored
+    keys among `keys`, those of the released events, and those due at `due_through_ms`, and the
+    kept history of `history_keys` (the keys with late events)."""
     q = placeholder
     cursor.execute(f"SELECT watermark_ms FROM pattern_progress WHERE pattern = {q}", (pattern,))
     row = cursor.fetchone()
@@ -217,7 +262,17 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
                    f" UNION SELECT {columns} FROM pattern_state WHERE pattern = {q} AND due_ms <= {q}",
                    (pattern, key_arg, pattern, due))
     found = {k: KeyState(json.loads(s), tuple(json.loads(b)), d, p) for k, s, b, d, p in cursor.fetchall()}
-    return PatternLoad(None if row is None else row[0], found, released, None if applied is None else applied[0])
+    history: dict[str, list[HistoryEvent]] = {}
+    if history_keys:
+        in_keys, key_arg = _in_keys(q, sorted(set(history_keys)))
+        cursor.execute(f"SELECT pattern_key, stream, log_partition, log_offset, time_ms, fields, restart"
+                       f" FROM pattern_history WHERE pattern = {q} AND {in_keys}", (pattern, key_arg))
+        for k, s, p, o, t, f, r in cursor.fetchall():
+            history.setdefault(k, []).append(HistoryEvent(k, s, p, o, t, json.loads(f), bool(r)))
+        for events in history.values():
+            events.sort(key=lambda e: e.order)
+    return PatternLoad(None if row is None else row[0], found, released,
+                       definition_id=None if applied is None else applied[0], history=history)
 
 
 def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, placeholder: str) -> None:
@@ -225,7 +280,7 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
     q = placeholder
     for c in commits:
         if c.reset or c.drop:
-            for table in ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_applied"):
+            for table in ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_applied", "pattern_history"):
                 cursor.execute(f"DELETE FROM {table} WHERE pattern = {q}", (c.pattern,))
             if c.drop:
                 continue
@@ -256,12 +311,23 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
                 f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q})"
                 " ON CONFLICT (pattern, time_ms, stream, log_partition, log_offset) DO NOTHING",
                 [(c.pattern, e.time_ms, e.stream, e.partition, e.offset, e.key, dumps(e.fields)) for e in c.buffer])
-        if c.matches:
-            cursor.executemany(
+        _apply_history(cursor, c, q)
+        for m in c.matches:  # one by one: a retraction finds the id of a match written before it
+            events = json.dumps(m.events)
+            retracts = None
+            if m.retraction:
+                cursor.execute(f"SELECT MAX(id) FROM pattern_matches WHERE pattern = {q} AND pattern_key = {q}"
+                               f" AND decided_at_ms = {q} AND events = {q} AND retracts IS NULL",
+                               (c.pattern, m.key, m.decided_at_ms, events))
+                found = cursor.fetchone()
+                # 0: no such match stored (not expected: the replay's matches were all published). Not
+                # an error that would stop every later batch: the retraction is kept, naming none.
+                retracts = 0 if found is None or found[0] is None else int(found[0])
+            cursor.execute(
                 f"INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
-                f" committed_at_ms) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
-                [(c.pattern, m.key, m.decided_at_ms, json.dumps(m.events), json.dumps(m.measures), int(m.late),
-                  batch_id, now_ms) for m in c.matches])
+                f" committed_at_ms, retracts) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
+                (c.pattern, m.key, m.decided_at_ms, events, json.dumps(m.measures), int(m.late), batch_id, now_ms,
+                 retracts))
         if c.late:
             cursor.executemany(
                 f"INSERT INTO pattern_late (pattern, stream, log_partition, log_offset, time_ms, watermark_ms,"
@@ -273,7 +339,27 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
             " ON CONFLICT (pattern) DO UPDATE SET watermark_ms = excluded.watermark_ms,"
             " matches = pattern_progress.matches + excluded.matches,"
             " late_events = pattern_progress.late_events + excluded.late_events",
-            (c.pattern, c.watermark_ms, len(c.matches), len(c.late)))
+            (c.pattern, c.watermark_ms, sum(-1 if m.retraction else 1 for m in c.matches), len(c.late)))
+
+
+def _apply_history(cursor, c: PatternCommit, q: str) -> None:
+    """A pattern's history rows: the rewritten keys' rows replaced, the new ones written, the
+    rows behind the cut deleted."""
+    if c.history_rewritten:
+        in_keys, key_arg = _in_keys(q, sorted(set(c.history_rewritten)))
+        cursor.execute(f"DELETE FROM pattern_history WHERE pattern = {q} AND {in_keys}", (c.pattern, key_arg))
+    if c.history:
+        dumps = json.dumps
+        cursor.executemany(
+            f"INSERT INTO pattern_history (pattern, pattern_key, time_ms, stream, log_partition, log_offset, fields,"
+            f" restart) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})"
+            " ON CONFLICT (pattern, pattern_key, time_ms, stream, log_partition, log_offset)"
+            " DO UPDATE SET restart = excluded.restart",
+            [(c.pattern, e.key, e.time_ms, e.stream, e.partition, e.offset, dumps(e.fields), int(e.restart))
+             for e in c.history])
+    if c.history_cut_ms is not None:
+        cursor.execute(f"DELETE FROM pattern_history WHERE pattern = {q} AND time_ms < {q}",
+                       (c.pattern, c.history_cut_ms))
 
 
 def sizes(cursor) -> dict[str, PatternSizes]:
@@ -319,10 +405,10 @@ def matches_page(cursor, pattern: str, placeholder: str, *, key: str | None = No
     if end_ms is not None:
         clauses.append(f"decided_at_ms < {q}")
         args.append(end_ms)
-    cursor.execute(f"SELECT id, pattern, pattern_key, decided_at_ms, events, measures, late, batch_id, committed_at_ms"
-                   f" FROM pattern_matches WHERE {' AND '.join(clauses)} ORDER BY id LIMIT {q}", (*args, limit))
-    return [StoredMatch(i, p, k, d, json.loads(e), json.loads(m), bool(late), b, at)
-            for i, p, k, d, e, m, late, b, at in cursor.fetchall()]
+    cursor.execute(f"SELECT id, pattern, pattern_key, decided_at_ms, events, measures, late, batch_id, committed_at_ms,"
+                   f" retracts FROM pattern_matches WHERE {' AND '.join(clauses)} ORDER BY id LIMIT {q}", (*args, limit))
+    return [StoredMatch(i, p, k, d, json.loads(e), json.loads(m), bool(late), b, at, r)
+            for i, p, k, d, e, m, late, b, at, r in cursor.fetchall()]
 
 
 def newest_match_id(cursor, pattern: str, placeholder: str) -> int | None:

@@ -84,6 +84,8 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE stream_progress ADD COLUMN held_by_partition INTEGER")
         if "clock_correction_ms" not in columns("dead_letters"):
             self._conn.execute("ALTER TABLE dead_letters ADD COLUMN clock_correction_ms INTEGER")
+        if "retracts" not in columns("pattern_matches"):
+            self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN retracts INTEGER")
 
     # -- writing ------------------------------------------------------------------------
 
@@ -432,9 +434,10 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return join_store.sizes(self._conn.cursor())
 
-    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> pattern_store.PatternLoad:
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,
+                      history_keys: Sequence[str] = ()) -> pattern_store.PatternLoad:
         with self._lock:
-            return pattern_store.lookup(self._conn.cursor(), pattern, keys, due_through_ms, "?")
+            return pattern_store.lookup(self._conn.cursor(), pattern, keys, due_through_ms, "?", history_keys)
 
     def pattern_sizes(self) -> dict[str, pattern_store.PatternSizes]:
         with self._lock:

@@ -388,9 +388,10 @@ class PostgresPaneStore(PaneStore):
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
 
-    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None) -> pattern_store.PatternLoad:
+    def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,
+                      history_keys: Sequence[str] = ()) -> pattern_store.PatternLoad:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            return pattern_store.lookup(cur, pattern, keys, due_through_ms, "%s")
+            return pattern_store.lookup(cur, pattern, keys, due_through_ms, "%s", history_keys)
 
     def pattern_sizes(self) -> dict[str, pattern_store.PatternSizes]:
         with self._pool.connection() as conn, conn.cursor() as cur:

@@ -204,3 +204,53 @@ def test_matches_fire_once_across_a_restart_on_every_backend(store_backend):
     svc.delete("stuffing")
     assert svc.store.cursor("stuffing") is None  # a rule created again under the name starts afresh
     svc.store.close()
+
+
+# -- late matches and retractions (docs/patterns.md, "Late events") ------------------------------
+
+def test_a_late_match_fires_and_a_retraction_resolves_its_alert_at_once_and_keeps_its_events():
+    rule = parse_rule({**RULE, "keep_firing_for": "10m"}, CATALOG)
+    late = PatternMatch(6, "alice", T0, events(T0), {"attempts": 5}, late=True)
+    first = evaluate(rule, evaluate_rule(rule, FakeMatches([late]), CATALOG, T0, cursor=5), {}, T0)
+    [fired] = first.notices
+    assert (fired.status, fired.labels["match_id"], fired.annotations["late"]) == ("firing", "6", "true")
+    # A late event broke it: the retraction (match 9) resolves it now, kept_firing_for aside, not deleted.
+    retraction = PatternMatch(9, "alice", T0, events(T0), {"attempts": 5}, late=True, retracts=6)
+    previous = {i.fingerprint: i for i in first.instances}
+    outcome = evaluate_rule(rule, FakeMatches([late, retraction]), CATALOG, T0 + 10_000, cursor=6)
+    assert outcome.cursor == 9 and [(s.group["match_id"], s.condition) for s in outcome.samples] == [("6", False)]
+    second = evaluate(rule, outcome, previous, T0 + 10_000)
+    [resolved] = second.notices
+    assert (resolved.status, resolved.labels["match_id"]) == ("resolved", "6")
+    assert resolved.annotations["retracted_by"] == "9" and json.loads(resolved.annotations["events"]) == events(T0)
+    assert [i.state for i in second.instances] == [AlertState.RESOLVED]
+    assert [(t.from_state, t.to_state) for t in second.transitions] == [(AlertState.FIRING, AlertState.RESOLVED)]
+    # A match and its retraction read in one evaluation: it never fires.
+    both = evaluate(rule, evaluate_rule(rule, FakeMatches([late, retraction]), CATALOG, T0, cursor=5), {}, T0)
+    assert both.notices == [] and both.instances == []
+
+
+def test_a_stored_retraction_resolves_the_late_matchs_alert_on_every_backend(store_backend):
+    panes = store_backend.create()
+    clock, recorder = [T0], Recorder()
+    svc = service(panes, clock, recorder)
+    svc.create({**RULE, "keep_firing_for": "10m"})
+    svc.evaluate_due()
+    late = NewMatch("alice", T0, events(T0), {"attempts": 5}, late=True)
+    batch = BatchCommit(pipeline="main", batch_id=0, partials=[], events_read=0,
+                        patterns=[PatternCommit("credential_stuffing", T0, matches=[late])])
+    assert panes.commit_batch(batch, lateness_ms={}, now_ms=T0).committed
+    clock[0] += 10_000
+    svc.evaluate_due()
+    [fired] = [n for b in recorder.batches for n in b.notices if n.status == "firing"]
+    assert fired.annotations["late"] == "true"
+    retraction = NewMatch("alice", T0, events(T0), {"attempts": 5}, late=True, retraction=True)
+    batch = BatchCommit(pipeline="main", batch_id=1, partials=[], events_read=0,
+                        patterns=[PatternCommit("credential_stuffing", T0, matches=[retraction])])
+    assert panes.commit_batch(batch, lateness_ms={}, now_ms=T0).committed
+    clock[0] += 10_000  # well inside keep_firing_for
+    svc.evaluate_due()
+    resolved = [n for b in recorder.batches for n in b.notices if n.status == "resolved"]
+    assert [(n.labels["match_id"], n.annotations["retracted_by"]) for n in resolved] == [
+        (fired.labels["match_id"], str(int(fired.labels["match_id"]) + 1))]
+    svc.store.close()

@@ -1,8 +1,9 @@
 """One pattern run batch by batch (aggregates/pattern_batch.py), pure, the store simulated by a
 JSON round trip of what a batch commits: events arrive in any order, split into batches, each
-with the watermark its streams reached; the matches equal the brute-force definition over the
-events that were not late, late events are recorded, and nothing is left once the watermark
-passes everything."""
+with the watermark its streams reached; the matches published, less those retracted, plus those
+late events added, equal the brute-force definition over every event but the late ones with no
+kept history of their key to replay; late events are recorded, and nothing is left once the
+watermark passes everything."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
+from aggregates.pattern_batch import history_span_ms, pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
 from patterns.events import PatternEvent
 from patterns.plan import compile_pattern
-from store.patterns import BufferedEvent, KeyState, PatternLoad
+from store.patterns import BufferedEvent, HistoryEvent, KeyState, PatternLoad
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_pattern_matcher import matched, oracle, patterns
 
@@ -34,8 +35,11 @@ class FakeStore:
         self.matches: list = []
         self.late: list = []
         self.written: list[set] = []  # per batch: the keys it wrote
+        self.history: dict[tuple, HistoryEvent] = {}  # by (key, place): pattern_history
+        self.added: list = []
+        self.retracted: list = []
 
-    def load(self, keys, due_through) -> PatternLoad:
+    def load(self, keys, due_through, history_keys=()) -> PatternLoad:
         released = [BufferedEvent(*json.loads(text)) for text in self.buffer.values()
                     if due_through is not None and json.loads(text)[4] <= due_through]
         keys = set(keys) | {e.key for e in released}
@@ -44,14 +48,24 @@ class FakeStore:
             stored = KeyState(**{**json.loads(text), "buffered": tuple(json.loads(text)["buffered"])})
             if key in keys or (due_through is not None and stored.due_ms is not None and stored.due_ms <= due_through):
                 found[key] = stored
-        return PatternLoad(self.watermark, found, released)
+        history: dict[str, list] = {}
+        for (key, _), h in sorted(self.history.items(), key=lambda kv: kv[1].order):
+            if key in history_keys:
+                history.setdefault(key, []).append(h)
+        return PatternLoad(self.watermark, found, released, history)
 
     def batch(self, plan, events, stream_watermark):
         now = pattern_watermark(self.watermark, {s.stream: stream_watermark for s in plan.steps}, [s.stream for s in plan.steps])
         before = self.watermark
         ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
-        out = run_pattern_batch(plan, self.load(ready, now), events, now)
+        late_keys = {e.key for e in events if before is not None and e.time <= before}
+        out = run_pattern_batch(plan, self.load(ready | late_keys, now, late_keys), events, now)
         c = out.commit
+        self.history = {k: h for k, h in self.history.items() if k[0] not in c.history_rewritten}
+        for h in c.history:
+            self.history[h.key, (h.stream, h.partition, h.offset)] = h
+        if c.history_cut_ms is not None:
+            self.history = {k: h for k, h in self.history.items() if h.time_ms >= c.history_cut_ms}
         self.watermark = c.watermark_ms
         for key, state in c.keys.items():
             if state.buffered or (state.state and (state.state["runs"] or state.state["waiting"])):
@@ -65,6 +79,8 @@ class FakeStore:
             self.buffer.setdefault((e.stream, e.partition, e.offset), json.dumps(list(e)))
         self.written.append(set(c.keys))
         self.matches += out.matches
+        self.added += out.added
+        self.retracted += out.retracted
         self.late += c.late
         return out
 
@@ -82,9 +98,12 @@ def test_events_wait_for_the_watermark_and_are_fed_in_event_time_order():
     out = store.batch(plan, events[:2], 3 * MIN)  # failures 0..3 released (time <= 3 min), in order
     assert out.released == 4 and out.matches == [] and store.watermark == 3 * MIN
     late = PatternEvent("logins", 2, 10, 3 * MIN, "alice", {"outcome": "failure", "ip": "10.0.0.9"})
-    out = store.batch(plan, [late], 6 * MIN)  # at the watermark: late, recorded, not fed
+    # At the watermark: late, recorded, not fed in order; replayed with alice's kept history (from
+    # her first event), so her state is the in-order run's: the match takes it, as the definition does.
+    out = store.batch(plan, [late], 6 * MIN)
     [match] = out.matches
-    assert [e.offset for e in match.events] == [0, 1, 2, 3, 4, 9] and match.decided_at == 6 * MIN
+    assert [e.offset for e in match.events] == [0, 1, 2, 3, 10, 9] and match.decided_at == 6 * MIN
+    assert out.added == out.retracted == []  # nothing was decided before it came
     assert [(e.offset, e.time_ms, e.watermark_ms) for e in out.commit.late] == [(10, 3 * MIN, 3 * MIN)]
     assert store.keys == {} and store.buffer == {}  # nothing pending: the key is gone
 
@@ -164,16 +183,78 @@ def arrivals(draw):
     return batches
 
 
+def net(store: FakeStore) -> list:
+    """The matches published, less those retracted (each withdraws one), plus those added."""
+    published = matched([*store.matches, *store.added])
+    for m in matched(store.retracted):
+        published.remove(m)
+    return published
+
+
+@st.composite
+def late_arrivals(draw):
+    """As arrivals, but each batch's watermark follows the newest event seen (less 0 to 2), so
+    the events that arrive out of order are often late for the pattern."""
+    batches = draw(arrivals())
+    out, newest, mark = [], None, None
+    for events, _ in batches[:-1]:
+        for e in events:
+            newest = e.time if newest is None else max(newest, e.time)
+        if newest is not None:
+            candidate = newest - draw(st.integers(0, 2))
+            mark = candidate if mark is None else max(mark, candidate)
+        out.append((events, mark))
+    return out + [batches[-1]]
+
+
 @settings(max_examples=400, deadline=None)
-@given(catalog=patterns(), batches=arrivals())
-def test_batches_in_any_order_of_arrival_match_as_the_definition_over_the_events_not_late(catalog, batches):
+@given(catalog=patterns(), batches=st.one_of(arrivals(), late_arrivals()))
+def test_late_events_after_their_keys_kept_history_start_are_corrected_to_the_definition_over_every_event(
+        catalog, batches):
+    """Published matches, less those retracted, plus those added, are the definition's over every
+    event but the late ones that came before anything of their key was fed (no history to replay:
+    only recorded); every other late event is corrected."""
     plan = compile_pattern(catalog.patterns[0], catalog)
     store = FakeStore()
-    accepted, late = [], []
+    counted: list[PatternEvent] = []  # the events fed, and the late events corrected
+    only_recorded = []
+    late_seen = 0
     for events, mark in batches:
+        before = store.watermark
         for e in events:
-            (late if store.watermark is not None and e.time <= store.watermark else accepted).append(e)
+            if before is not None and e.time <= before:
+                late_seen += 1
+                # Correctable: an event of its key fed (or corrected) before it: the key's history starts there.
+                if any(c.key == e.key and c.order < e.order for c in counted):
+                    counted.append(e)
+                else:
+                    only_recorded.append(e)
+            else:
+                counted.append(e)
         store.batch(plan, events, mark)
-    assert matched(store.matches) == oracle(plan, sorted(accepted, key=lambda e: e.order), 10_000)
-    assert sorted((e.stream, e.offset) for e in store.late) == sorted((e.stream, e.offset) for e in late)
-    assert store.keys == {} and store.buffer == {}  # the watermark passed everything: no key is held
+    assert sorted(net(store)) == sorted(oracle(plan, sorted(counted, key=lambda e: e.order), 10_000))
+    assert store.keys == {} and store.buffer == {}
+    assert len(store.late) == late_seen  # every late event recorded, corrected or not
+
+
+def test_a_late_completion_retracts_an_abandoned_checkout_and_restores_the_in_order_state():
+    plan = compile_pattern(EXAMPLES.patterns[1], EXAMPLES)  # abandoned_checkout: started, not completed in 30 min
+    store = FakeStore()
+    started = PatternEvent("checkouts", 0, 0, 0, "s1", {"stage": "started"})
+    store.batch(plan, [started], 1 * MIN)
+    [abandoned] = store.batch(plan, [], 40 * MIN).matches
+    assert abandoned.decided_at == 30 * MIN and store.keys == {}  # decided: the key holds nothing
+    assert [(h.offset, h.restart) for h in store.history.values()] == [(0, True)]  # kept for a replay
+    completed = PatternEvent("checkouts", 0, 1, 10 * MIN, "s1", {"stage": "completed"})
+    out = store.batch(plan, [completed], 41 * MIN)
+    assert [(e.offset, e.watermark_ms) for e in out.commit.late] == [(1, 40 * MIN)]  # still recorded as late
+    assert out.retracted == [abandoned] and out.added == [] and out.matches == []
+    assert [(m.retraction, m.late) for m in out.commit.matches] == [(True, True)]
+    assert [(h.offset, h.restart) for h in sorted(store.history.values(), key=lambda h: h.order)] == [(0, True), (1, False)]
+    # A late event older than anything kept of its key (nothing fed before it) is only recorded.
+    early = PatternEvent("checkouts", 0, 2, 5 * MIN, "s2", {"stage": "started"})
+    out = store.batch(plan, [early], 42 * MIN)
+    assert out.added == out.retracted == [] and len(out.commit.late) == 1
+    # Past the kept horizon the history is cut: a later late event of s1 has nothing to replay.
+    store.batch(plan, [], 40 * MIN + history_span_ms(plan) + 1)
+    assert store.history == {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from store import BatchCommit
-from store.patterns import BufferedEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
+from store.patterns import BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
 
 T0 = 1_700_000_000_000
 RUN = {"last": [T0, "logins", 0, 1], "runs": [{"taken": [], "count": 1, "blocked": [], "deadline": None}],
@@ -91,3 +91,34 @@ def test_buffered_events_are_rows_released_by_time_with_their_keys_and_deleted_p
     assert store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed
     assert store.pattern_state("cs", [], T0 + 1000).released == [buffered[2]]
     assert store.pattern_sizes()["cs"] == PatternSizes(T0 + 100, keys_held=2, partial_matches=1, buffered_events=1)
+
+
+def test_history_rows_are_kept_per_key_rewritten_and_cut_and_a_retraction_names_the_match(store_backend):
+    store = store_backend.create()
+    failure = {"outcome": "failure", "ip": "10.0.0.9"}
+    rows = [HistoryEvent("alice", "logins", 0, 3, T0 + 50, failure, True),
+            HistoryEvent("alice", "logins", 0, 4, T0 + 60, failure, False),
+            HistoryEvent("bob", "logins", 1, 5, T0 + 70, {}, True)]
+    first = PatternCommit("cs", T0 + 100, matches=[match("alice", T0 + 60), match("bob", T0 + 70, 2)],
+                          history=rows)
+    assert store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed
+    store = store_backend.reopen(store)
+    load = store.pattern_state("cs", [], None, history_keys=["alice", "carol"])
+    assert load.history == {"alice": rows[:2]}  # only the keys asked for, in event-time order
+    assert store.pattern_state("other", [], None, history_keys=["alice"]).history == {}
+    # A replay rewrote alice's rows (a late event in between, restarts recomputed); the cut drops
+    # every row before it; a retraction names the match it withdraws; counted net.
+    late = HistoryEvent("alice", "logins", 2, 9, T0 + 55, failure, False)
+    retraction = NewMatch("alice", T0 + 60, match("alice", T0 + 60).events, {"n": 1}, late=True, retraction=True)
+    added = NewMatch("alice", T0 + 55, match("alice", T0 + 55, 9).events, {"n": 9}, late=True)
+    second = PatternCommit("cs", T0 + 200, matches=[retraction, added], history_rewritten=["alice"],
+                           history=[rows[0], late, rows[1]._replace(restart=True)], history_cut_ms=T0 + 55)
+    assert store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed
+    assert not store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed  # a replay: nothing twice
+    history = store.pattern_state("cs", [], None, history_keys=["alice", "bob"]).history
+    assert history == {"alice": [late, rows[1]._replace(restart=True)], "bob": [rows[2]]}
+    page = store.pattern_matches("cs")
+    assert [(m.key, m.decided_at_ms, m.late, m.retracts) for m in page] == [
+        ("alice", T0 + 60, False, None), ("bob", T0 + 70, False, None),
+        ("alice", T0 + 60, True, page[0].id), ("alice", T0 + 55, True, None)]
+    assert store.pattern_sizes()["cs"].matches == 2  # two, less one retracted, plus one added
