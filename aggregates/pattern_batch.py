@@ -197,5 +197,6 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
              for m in sorted(fix.added, key=lambda m: m.decided_at)),
            *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures)) for m in matches)]
     cut = None if now is None else now - history_span_ms(plan)
-    commit = PatternCommit(plan.name, now, keys, new, late, buffer, sorted(fix.history), history, cut)
+    commit = PatternCommit(plan.name, now, keys, new, late, buffer, history_rewritten=sorted(fix.history),
+                           history=history, history_cut_ms=cut)
     return PatternBatch(commit, matches, released, fix.added, fix.retracted)

@@ -189,17 +189,17 @@ class PatternCommit:
     matches: Sequence[NewMatch] = ()
     late: Sequence[LateEvent] = ()
     buffer: Sequence[BufferedEvent] = ()
+    # pattern_history: the keys whose rows are replaced (a replay rewrote them), the rows written,
+    # and the time before which every row is cut (the watermark less the kept horizon).
+    history_rewritten: Sequence[str] = ()
+    history: Sequence[HistoryEvent] = ()
+    history_cut_ms: int | None = None
     # The definition the state is built with (recorded); `reset`: drop the state another one built
     # (buffer, keys, watermark, counters; the matches stay) before the rest; `drop`: only that,
     # for a pattern deleted through the API (docs/patterns.md, "Patterns defined through the API").
     definition_id: str | None = None
     reset: bool = False
     drop: bool = False
-    # pattern_history: the keys whose rows are replaced (a replay rewrote them), the rows written,
-    # and the time before which every row is cut (the watermark less the kept horizon).
-    history_rewritten: Sequence[str] = ()
-    history: Sequence[HistoryEvent] = ()
-    history_cut_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ class PatternLoad:
     watermark_ms: int | None = None
     keys: dict[str, KeyState] = field(default_factory=dict)
     released: Sequence[BufferedEvent] = ()
-    definition_id: str | None = None  # the definition the stored state was built with (None: not recorded)
     history: dict[str, list[HistoryEvent]] = field(default_factory=dict)  # the keys asked for, in order
+    definition_id: str | None = None  # the definition the stored state was built with (None: not recorded)
 
 
 @dataclass(frozen=True)
