@@ -11,6 +11,11 @@ aggregated, so everything downstream (panes, tiers, joins, queries) sees ordinar
 new versions, the pruning horizon and the misses (events whose key had no row then: "" and a count,
 never a drop) go into the batch's transaction.
 
+Through a view (catalog/views.py, docs/tables.md "Enrichment through a view"): the same lookup in
+the view's left table, then in its right table by the foreign key the left version holds, both as
+of the event's lookup time (the view as of a time is the join of its tables as of that time;
+aggregates/view_join.py `joined_as_of` is the pure rule). Only the tables' versions are kept.
+
 Kept across batches (docs/tables.md, "What a batch pays"): the versions on the driver
 (store/table_versions.py KeptVersions, as of the store's last committed batch id, else read
 again), and per table a persisted lookup DataFrame of them (`LookupBase`) that is reused: a batch
