@@ -4,8 +4,8 @@ plans.tier`), counted per enriched dimension, equal an exact pandas computation 
 min(event time, append time), then the right row its foreign key named as of that same time), for
 a `left` and an `inner` view in one pipeline, over two batches: updates of both tables appended
 after the events (also in the events' own batch) that must not change them, a foreign key moved,
-a right row and a left row deleted, keys missing on either side ("" and counted); then a fresh
-pipeline over the whole log (a reprocess) gives the same panes."""
+a right row and a left row deleted, keys missing on either side ("" and counted), the views'
+changelogs replayed; then a fresh pipeline over the whole log (a reprocess) gives the same panes."""
 
 from __future__ import annotations
 
@@ -169,6 +169,13 @@ def test_enrichment_through_a_view_equals_pandas_joining_both_tables_as_of_the_e
     progress = store.progress("main").streams
     assert progress["http_requests"].enrich_misses == {"user_plans": requests_missing}
     assert progress["clicks"].enrich_misses == {"paid_users": clicks_missing}
+    # The views' changelogs, old and new row per change, replayed from empty give their rows.
+    for view in catalog.views:
+        rows: dict = {}
+        for c in store.view_changes(view, limit=1000):
+            assert rows.get(c.key) == (None if c.old is None else dict(c.old))
+            rows = {k: v for k, v in rows.items() if k != c.key} | ({} if c.new is None else {c.key: dict(c.new)})
+        assert rows == {r.key: r.row for r in store.view_rows(view, limit=1000)} and rows
 
     # A reprocess: a fresh store over the whole log in one batch gives the same answer.
     fresh = store_backend.create()
