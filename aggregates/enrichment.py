@@ -11,6 +11,11 @@ aggregated, so everything downstream (panes, tiers, joins, queries) sees ordinar
 new versions, the pruning horizon and the misses (events whose key had no row then: "" and a count,
 never a drop) go into the batch's transaction.
 
+Through a view (catalog/views.py, docs/tables.md "Enrichment through a view"): the same lookup in
+the view's left table, then in its right table by the foreign key the left version holds, both as
+of the event's lookup time (the view as of a time is the join of its tables as of that time;
+aggregates/view_join.py `joined_as_of` is the pure rule). Only the tables' versions are kept.
+
 Kept across batches (docs/tables.md, "What a batch pays"): the versions on the driver
 (store/table_versions.py KeptVersions, as of the store's last committed batch id, else read
 again), and per table a persisted lookup DataFrame of them (`LookupBase`) that is reused: a batch
@@ -33,6 +38,7 @@ from pyspark.sql import types as T
 from aggregates.partials import dead_letter_reason_column
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
+from catalog.enrichment import enrichment_tables
 from catalog.tables import row_columns
 from store import PaneStore
 from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
@@ -76,7 +82,9 @@ class Enrichment:
         self.catalog = catalog
         self.store = store
         self.streams = {name: s for name, s in catalog.streams.items() if s.enrich}
-        self.tables = {d.table: catalog.streams[d.table] for s in self.streams.values() for d in s.enrich}
+        # The changelog tables looked up: an enrichment's table, or both tables of its view.
+        self.tables = {t: catalog.streams[t] for s in self.streams.values() for d in s.enrich
+                       for t in enrichment_tables(catalog, d)}
         self.kept = KeptVersions(store.table_versions, self.tables) if keep_versions else None
         self.bases: dict[str, LookupBase] = {}
         self.timings: dict[str, float] = {}  # the last batch's step, in seconds per part (logs, the bench)
@@ -106,19 +114,31 @@ class Enrichment:
         miss_columns: list[tuple[tuple[str, str], str]] = []
         for name, stream in self.streams.items():
             for i, decl in enumerate(stream.enrich):
-                table = self.tables[decl.table]
-                lookup = frames[decl.table].withColumnRenamed("key", "_ek")
                 key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
-                out = out.withColumn("_key", key).join(F.broadcast(lookup), F.col("_key") == F.col("_ek"), "left")
-                hits = F.filter(F.col("_vs"), lambda v: v["from_ms"] <= F.col("_at"))
-                hit = F.get(hits, F.size(hits) - 1)
-                found = F.coalesce(hit["found"], F.lit(False))
-                names = row_columns(table)[0]
-                values = {c: F.when(found, F.coalesce(F.get(hit["cols"], names.index(c)), F.lit(MISSING)))
-                          .otherwise(F.lit(MISSING)) for c in decl.columns}
+                view = self.catalog.views.get(decl.table)
+                if view is None:
+                    out, found, cols = self.hit(out, frames[decl.table], key, "_l")
+                    names = row_columns(self.tables[decl.table])[0]
+                    values = {c: _column(found, cols, names.index(c)) for c in decl.columns}
+                    complete = found
+                else:  # through a view: the left row as of the event's time, then the right row it names then
+                    out, found, cols = self.hit(out, frames[view.left], key, "_l")
+                    names = row_columns(self.tables[view.left])[0]
+                    if view.foreign_key is None:
+                        right_key = key
+                    else:
+                        fk = F.get(cols, names.index(view.foreign_key))
+                        right_key = F.when(found & (fk != F.lit(MISSING)), fk)
+                    out, right_found, right_cols = self.hit(out, frames[view.right], right_key, "_r")
+                    right_names = row_columns(self.tables[view.right])[0]
+                    row = found & (right_found | F.lit(view.kind == "left"))  # the view has a row for the key then
+                    values = {c: _column(row, cols, names.index(c)) if c in names
+                              else _column(row & right_found, right_cols, right_names.index(c)) for c in decl.columns}
+                    complete = found & right_found
                 miss = f"_miss_{name}_{i}"
-                out = out.withColumns({"dims": self.with_dims(stream, values), miss: (F.col("stream") == name) & ~found})
-                out = out.drop("_key", "_ek", "_vs")
+                out = out.withColumns({"dims": self.with_dims(stream, values),
+                                       miss: (F.col("stream") == name) & ~complete})
+                out = out.drop("_lfound", "_lcols", "_rfound", "_rcols")
                 miss_columns.append(((name, decl.table), miss))
         out = out.drop("_at").persist()
         misses = self.count_misses(out, miss_columns, batch_now_ms)
@@ -126,7 +146,7 @@ class Enrichment:
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
         keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
-                                              if any(d.table == name for d in s.enrich))
+                                              if any(name in enrichment_tables(self.catalog, d) for d in s.enrich))
                      for name in self.tables}
         return Enriched(out.drop(*[m for _, m in miss_columns]), out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
@@ -196,6 +216,17 @@ class Enrichment:
         return self.spark.createDataFrame(rows, schema)
 
     @staticmethod
+    def hit(out: DataFrame, frame: DataFrame, key: Column, tag: str) -> tuple[DataFrame, Column, Column]:
+        """`out` joined (broadcast) with a table's lookup `frame` on `key`, with the version valid at
+        each row's `_at`: whether the key had a row then (`{tag}found`) and its string columns."""
+        lookup = frame.withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
+        out = out.withColumn(f"{tag}key", key).join(F.broadcast(lookup), F.col(f"{tag}key") == F.col(f"{tag}k"), "left")
+        hits = F.filter(F.col(f"{tag}vs"), lambda v: v["from_ms"] <= F.col("_at"))
+        hit = F.get(hits, F.size(hits) - 1)
+        out = out.withColumns({f"{tag}found": F.coalesce(hit["found"], F.lit(False)), f"{tag}cols": hit["cols"]})
+        return out.drop(f"{tag}key", f"{tag}k", f"{tag}vs"), F.col(f"{tag}found"), F.col(f"{tag}cols")
+
+    @staticmethod
     def with_dims(stream: StreamDef, values: dict[str, Column]) -> Column:
         """The `dims` array of `stream`'s rows with the enriched slots set; other rows unchanged."""
         slots = [values.get(d, F.get(F.col("dims"), j)) for j, d in enumerate(stream.dimensions)]
@@ -211,6 +242,11 @@ class Enrichment:
         for pair, m in miss_columns:
             out[pair] += int(row[m] or 0)
         return dict(out)
+
+
+def _column(found: Column, cols: Column, index: int) -> Column:
+    """One enriched column: the row's value when `found`, else MISSING."""
+    return F.when(found, F.coalesce(F.get(cols, index), F.lit(MISSING))).otherwise(F.lit(MISSING))
 
 
 def _text(value) -> str:

@@ -17,9 +17,11 @@ the changes touch, the index entries of those rows, and the right rows their for
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from store.table_versions import TableVersion, as_of
 
 Row = Mapping[str, Any]
 
@@ -141,3 +143,19 @@ def from_scratch(shape: ViewShape, left: Mapping[str, Row], right: Mapping[str, 
         if joined is not None:
             state.rows[key] = joined
     return state
+
+
+def joined_as_of(shape: ViewShape, key: str, left: Sequence[TableVersion],
+                 right: Mapping[str, Sequence[TableVersion]], at_ms: int) -> tuple[dict[str, Any] | None, bool]:
+    """An enrichment's lookup through a view (docs/tables.md, "Enrichment through a view"): the
+    view row of `key` as the log knew it at `at_ms`, i.e. the join of the left table's row as of
+    then and the right row its foreign key named as of then (`left`: the key's versions, `right`:
+    the right table's versions by key). Also whether both sides had a row then (False: a miss).
+    The same as the view's row after the tables' changes up to `at_ms`: the view after a batch is
+    the join of the tables after it."""
+    left_row = as_of(left, at_ms)
+    if left_row is None:
+        return None, False
+    right_key = shape.right_key(key, left_row)
+    right_row = None if right_key is None else as_of(right.get(right_key, ()), at_ms)
+    return shape.joined(left_row, right_row), right_row is not None

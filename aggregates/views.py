@@ -26,7 +26,7 @@ from sketches import DEFAULT_K, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.panes import pane_start
 from store.table_state import TableChange, TableRow
-from store.view_state import ViewCommit, ViewLink
+from store.view_state import ViewChangeRow, ViewCommit, ViewLink
 
 PAGE = 1000
 
@@ -86,7 +86,10 @@ class Views:
             state, touched, stored = self._rebuilt(view, shape) if fresh else self._loaded(view, shape, edits)
             made = apply_all(shape, state, edits)
             touched = set(state.left) if fresh else touched | {e.key for e in edits if e.side == "left"}
-            commits.append(ViewCommit(name, definition, self._links(state, touched, stored, made), rebuilt=fresh))
+            commits.append(ViewCommit(name, definition, self._links(state, touched, stored, made), rebuilt=fresh,
+                                      changes=[ViewChangeRow(c.key, c.old, c.new, c.time_ms, c.partition, c.offset)
+                                               for c in made],
+                                      retention_ms=self.catalog.streams[name].retention))
             partials += change_partials(self.catalog, view, made, self.kll_k)
             if made:
                 newest[name] = max(c.time_ms for c in made)

@@ -9,7 +9,8 @@
 The state is what the pipeline has committed (store/table_state.py): a change shows there
 once its batch is committed, as a change shows in panes. A view (catalog/views.py: a join of two
 tables the pipeline maintains, store/view_state.py) is read by the same GET; a write to one is a
-409 naming the tables to write instead.
+409 naming the tables to write instead. GET /api/v1/tables/{view}/changes is a view's changelog:
+each change of a view row with its old and new row, in commit order, paged by a cursor.
 """
 
 from __future__ import annotations
@@ -61,6 +62,23 @@ class TablePage(BaseModel):
     table: str
     rows: list[TableRowOut]
     next_cursor: str | None = Field(None, description="pass as `cursor` for the next page; null: no more rows")
+
+
+class ViewChangeOut(BaseModel):
+    key: str
+    old: dict[str, Any] | None = Field(description="the view row before the change; null: the row is new")
+    new: dict[str, Any] | None = Field(description="the view row after the change; null: the row is gone")
+    event_time_ms: int = Field(description="the time of the table change that caused it")
+    partition: int
+    offset: int = Field(description="where that table change is in its table's log")
+    cursor: str = Field(description="the change's position in the changelog (batch.seq)")
+    committed_at_ms: int = Field(description="when the pipeline committed it")
+
+
+class ViewChangesPage(BaseModel):
+    view: str
+    changes: list[ViewChangeOut]
+    next_cursor: str = Field(description="pass as `cursor` to read on; the same cursor again when nothing is new")
 
 
 _ROWS_BODY = {"requestBody": {
@@ -151,6 +169,28 @@ def router(ctx: ApiContext) -> APIRouter:
         rate_limit_events(ctx, request, 1)
         now = ctx.now_ms()
         return await append(stream, [tombstone(stream, key, now)], [], now)
+
+    @r.get("/{name}/changes", response_model=ViewChangesPage,
+           responses=errors(400, 404, e400="a table (its changes are its log), or a malformed cursor",
+                            e404="unknown view"),
+           summary="A view's changelog: each change of a view row with its old and new row, in commit order")
+    def get_changes(name: str,
+                    limit: int = Query(100, ge=1, le=MAX_PAGE, description="changes per page"),
+                    cursor: str = Query("", description="the next_cursor of the page before; empty: from the oldest"
+                                                        " change kept")) -> ViewChangesPage:
+        if name not in views:
+            table(name)  # 404 for an unknown name
+            raise HTTPException(400, f"{name!r} is a table: its changes are its log (a metric over it counts"
+                                     f" them); a changelog with old and new rows is a view's"
+                                     f" (views: {', '.join(sorted(views)) or 'none'})")
+        try:
+            changes = ctx.store.view_changes(name, after=cursor, limit=limit)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        return ViewChangesPage(view=name, changes=[ViewChangeOut(
+            key=c.key, old=c.old, new=c.new, event_time_ms=c.event_time_ms, partition=c.partition, offset=c.offset,
+            cursor=c.cursor, committed_at_ms=c.committed_at_ms) for c in changes],
+            next_cursor=changes[-1].cursor if changes else cursor)
 
     @r.get("/{name}", response_model=TableRowAnswer | TablePage,
            responses=errors(400, 404, e404="unknown table or view, or no row with this key"),

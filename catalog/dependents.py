@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from catalog.enrichment import enrichment_tables
+
 if TYPE_CHECKING:
     from catalog.model import Catalog
 
@@ -33,6 +35,6 @@ def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
         if stream in (view.left, view.right):
             out.append(f"view {name!r}")
     for name, other in catalog.streams.items():
-        if any(decl.table == stream for decl in other.enrich):
+        if any(stream in enrichment_tables(catalog, decl) for decl in other.enrich):
             out.append(f"enrichment of {name!r}")
     return sorted(out)

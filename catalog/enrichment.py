@@ -13,6 +13,12 @@ columns keep the table's column names (no `users.` prefix: a dimension name is a
 name everywhere, in group_by, filters, alert rules and the dashboard), so a clash with a declared
 field of the stream is refused.
 
+`table` may also name a view (catalog/views.py, a join of two tables), so events are grouped by a
+column two joins away (`http_requests.user_id -> users.plan_id -> plans.tier`): its columns are the
+view's (the left table's and the right table's); the lookup joins the two tables' versions as of
+the event's time (docs/tables.md, "Enrichment through a view"). `enrichment_tables` names the
+changelog tables an enrichment reads, one or two.
+
 The enriched names are appended to the stream's `dimensions` on load, so the rest of the product
 (panes, queries, tiers, the dashboard) sees them as ordinary dimensions; a dump of the stream
 leaves them out again (model.StreamDef's serializer), so a stored declaration loads back the same.
@@ -33,7 +39,7 @@ NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 class EnrichDef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    table: str = Field(pattern=NAME_RE)  # a stream of kind: table
+    table: str = Field(pattern=NAME_RE)  # a stream of kind: table, or a view of two
     by: str = Field(pattern=NAME_RE)  # the event's field whose value is the table's key
     columns: tuple[str, ...] = Field(min_length=1)  # dimensions of the table, added to the stream
 
@@ -89,26 +95,42 @@ def check_stream_enrichment(stream: StreamDef) -> None:
 
 
 def check_catalog_enrichment(catalog: Catalog) -> None:
-    """Cross-references: each enrichment names a table of the catalog and dimensions of it."""
+    """Cross-references: each enrichment names a table or a view of the catalog and dimensions of it."""
     from catalog.model import CatalogReferenceError
     from catalog.tables import OP_FIELD
 
     for name, stream in catalog.streams.items():
         for i, decl in enumerate(stream.enrich):
             table = catalog.streams.get(decl.table)
+            view = catalog.views.get(decl.table)
             if table is None:
                 raise CatalogReferenceError(("streams", name, "enrich", i, "table"),
-                                            f"unknown table {decl.table!r}")
-            if table.kind != "table":
+                                            f"unknown table {decl.table!r} (tables and views:"
+                                            f" {', '.join(_enrichable(catalog)) or 'none'})")
+            if table.kind != "table" and view is None:
                 raise CatalogReferenceError(("streams", name, "enrich", i, "table"),
-                                            f"stream {decl.table!r} is not a table (declare it kind: table)")
+                                            f"stream {decl.table!r} is not a table (declare it kind: table)"
+                                            " or a view")
+            what = "view" if view is not None else "table"
+            # A view's derived stream has the dimensions op and the view row's string columns.
             columns = [d for d in table.dimensions if d != OP_FIELD]
             for j, column in enumerate(decl.columns):
                 if column not in columns:
                     raise CatalogReferenceError(
                         ("streams", name, "enrich", i, "columns", j),
-                        f"{column!r} is not a dimension of table {decl.table!r}"
+                        f"{column!r} is not a dimension of {what} {decl.table!r}"
                         f" (dimensions: {', '.join(columns) or 'none'})")
+
+
+def _enrichable(catalog: Catalog) -> list[str]:
+    return sorted(n for n, s in catalog.streams.items()
+                  if (s.kind == "table" and not s.derived_from) or n in catalog.views)
+
+
+def enrichment_tables(catalog: Catalog, decl: EnrichDef) -> tuple[str, ...]:
+    """The changelog tables an enrichment reads: its table, or a view's left and right tables."""
+    view = catalog.views.get(decl.table)
+    return (decl.table,) if view is None else (view.left, view.right)
 
 
 def enrichment_definition(stream: StreamDef) -> list[dict]:

@@ -47,6 +47,7 @@ from demo.shapes import (
 from demo.checkouts import CheckoutFunnel
 from demo.devices import DeviceFleet
 from demo.logins import LoginTraffic
+from demo.plans import PlanTable
 from demo.searches import SearchClicks, run_id
 from demo.spikes import LatencySpike
 from demo.stragglers import BEYOND_HORIZON, DELAYED, FUTURE, LATE, OFFLINE, ON_TIME, Stragglers
@@ -75,6 +76,8 @@ class DemoTraffic:
         self.search_clicks = self._search_model(catalog, seed)  # searches and the clicks on their results
         # The `users` table's rows and plan changes (demo/users.py), when the catalog declares it.
         self.user_table = UserTable(seed, self._user_ids) if self._has_user_table(catalog) else None
+        # The `plans` table (demo/plans.py): a handful of rows, changing every few minutes.
+        self.plan_table = PlanTable(seed) if self._has_plan_table(catalog) else None
         self._tables_started = False
         # Logins with credential-stuffing bursts and the checkout funnel (demo/logins.py,
         # demo/checkouts.py), for the demo's patterns: a few events per second of the clock.
@@ -141,17 +144,21 @@ class DemoTraffic:
 
     def table_changes(self) -> dict[str, list[dict]]:
         """Rows per table to post (POST /api/v1/tables/{name}) by the clock: on the first call every
-        user's row (the initial load), then the plan changes and sign-ups due since the last call."""
-        if self.user_table is None:
+        user's row (the initial load) and every plan's, then the plan changes and sign-ups due since
+        the last call, and the plans' rare changes."""
+        if self.user_table is None and self.plan_table is None:
             return {}
         now_ms = int(self.clock() * 1000)
-        if not self._tables_started:
-            self._tables_started = True
-            rows = self.user_table.initial(now_ms)
-        else:
-            rows = self.user_table.due(now_ms)
-        fields = set(self._table_fields(self.catalog.streams["users"]))
-        return {"users": [{k: v for k, v in row.items() if k in fields} for row in rows]} if rows else {}
+        first, self._tables_started = not self._tables_started, True
+        out = {}
+        for name, table in (("users", self.user_table), ("plans", self.plan_table)):
+            if table is None:
+                continue
+            rows = table.initial(now_ms) if first else table.due(now_ms)
+            fields = set(self._table_fields(self.catalog.streams[name]))
+            if rows:
+                out[name] = [{k: v for k, v in row.items() if k in fields} for row in rows]
+        return out
 
     @staticmethod
     def _has_fields(catalog: Catalog, name: str, fields: set[str]) -> bool:
@@ -168,6 +175,11 @@ class DemoTraffic:
         # Another configuration's `users` (not a table, or keyed otherwise) gets no rows from the demo.
         users = catalog.streams.get("users")
         return users is not None and users.kind == "table" and users.key_field == "user_id"
+
+    @staticmethod
+    def _has_plan_table(catalog: Catalog) -> bool:
+        plans = catalog.streams.get("plans")
+        return plans is not None and plans.kind == "table" and plans.key_field == "plan_id"
 
     @staticmethod
     def _table_fields(table: StreamDef) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
+from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
 from store.definitions import DefinitionStore, ReprocessRun
@@ -68,13 +69,18 @@ def child_launcher(settings: Settings):
 
 def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
-    and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md)."""
+    and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
+    through a view: the view's two tables, and the view (its declaration names the columns)."""
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream == stream}
     streams = {stream: stream_document(catalog.streams[stream])}
+    views = {}
     for decl in catalog.streams[stream].enrich:
-        streams.setdefault(decl.table, stream_document(catalog.streams[decl.table]))
-    return Catalog(streams=streams, metrics=metrics)
+        for table in enrichment_tables(catalog, decl):
+            streams.setdefault(table, stream_document(catalog.streams[table]))
+        if decl.table in catalog.views:
+            views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
+    return Catalog(streams=streams, metrics=metrics, views=views)
 
 
 def format_time(ms: int) -> str:

@@ -15,7 +15,7 @@ from store.patterns import PatternCommit, PatternLoad, PatternSizes, StoredMatch
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
-from store.view_state import ViewCommit, ViewLink
+from store.view_state import ViewChangeRow, ViewCommit, ViewLink
 from store.table_versions import EnrichmentCommit, TableVersion
 from store.tiers import TierLayout
 from store.watermarks import PartitionMark
@@ -338,6 +338,11 @@ class PaneStore(ABC):
 
     def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
         """A view's rows in key order, the first `limit` after the key `after`."""
+        raise NotImplementedError
+
+    def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[ViewChangeRow]:
+        """A view's changelog (old and new row per change) in commit order, the first `limit` after
+        the cursor `after` (store/view_state.py; ValueError for a malformed cursor)."""
         raise NotImplementedError
 
     def device_clocks(self, stream: str) -> dict[str, DeviceClock]:

@@ -496,6 +496,12 @@ class SqlitePaneStore(PaneStore):
             found = self._conn.execute(view_state.page_query("?"), (view, after, limit)).fetchall()
         return [view_state.to_row(r) for r in found]
 
+    def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:
+        batch, seq = view_state.parse_cursor(after)
+        with self._lock:
+            found = self._conn.execute(view_state.changes_query("?"), (view, batch, batch, seq, limit)).fetchall()
+        return [view_state.to_change(r) for r in found]
+
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:
             return dict(self._conn.execute(

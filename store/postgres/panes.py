@@ -443,6 +443,11 @@ class PostgresPaneStore(PaneStore):
     def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
         return [view_state.to_row(r) for r in self._all(view_state.page_query("%s"), (view, after, limit))]
 
+    def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:
+        batch, seq = view_state.parse_cursor(after)
+        return [view_state.to_change(r)
+                for r in self._all(view_state.changes_query("%s"), (view, batch, batch, seq, limit))]
+
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
                               " GROUP BY stream", (start_ms, end_ms)))

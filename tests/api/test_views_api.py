@@ -69,3 +69,38 @@ def test_writes_to_a_view_are_refused_with_the_tables_to_write(http):
         assert "'user_plans' is a view (a left join of tables 'users' and 'plans')" in answer.json()["detail"]
     answer = http.get("/api/v1/tables/nope")
     assert answer.status_code == 404 and "views: user_plans" in answer.json()["detail"]
+
+
+def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx, now_ms):
+    views = Views(view_ctx.catalog, view_ctx.store)
+
+    def commit(batch_id: int, changes: dict) -> None:
+        done = views.process(changes)
+        view_ctx.store.commit_batch(with_views(BatchCommit("main", batch_id, [], 0, table_changes=changes), done,
+                                               views.names), lateness_ms={}, now_ms=now_ms)
+
+    commit(0, {"users": {"u1": TableChange({"plan_id": "p1", "credit": 1.0}, now_ms, 0, 0)},
+               "plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0)}})
+    commit(1, {"plans": {"p1": TableChange({"tier": "silver"}, now_ms + 5, 0, 1)}})   # a right change
+    commit(2, {"users": {"u1": TableChange(None, now_ms + 9, 0, 1)}})                 # a left delete
+    first = http.get("/api/v1/tables/user_plans/changes", params={"limit": 3})
+    assert first.status_code == 200, first.text
+    page = first.json()
+    row = {"plan_id": "p1", "credit": 1.0}
+    # Batch 0 applies the left change, then the right one, each against the view before it.
+    assert [(c["key"], c["old"], c["new"]) for c in page["changes"]] == [
+        ("u1", None, {**row, "tier": None}), ("u1", {**row, "tier": None}, {**row, "tier": "gold"}),
+        ("u1", {**row, "tier": "gold"}, {**row, "tier": "silver"})]
+    assert [c["cursor"] for c in page["changes"]] == ["0.0", "0.1", "1.0"]
+    assert page["changes"][2]["event_time_ms"] == now_ms + 5 and page["changes"][2]["offset"] == 1
+    rest = http.get("/api/v1/tables/user_plans/changes", params={"cursor": page["next_cursor"]}).json()
+    assert [(c["old"]["tier"], c["new"]) for c in rest["changes"]] == [("silver", None)]
+    # Nothing new: the same cursor back, to poll with.
+    again = http.get("/api/v1/tables/user_plans/changes", params={"cursor": rest["next_cursor"]}).json()
+    assert again == {"view": "user_plans", "changes": [], "next_cursor": rest["next_cursor"]}
+    # A table, an unknown name and a bad cursor are refused with the reason.
+    table = http.get("/api/v1/tables/users/changes")
+    assert table.status_code == 400 and "'users' is a table: its changes are its log" in table.json()["detail"]
+    assert http.get("/api/v1/tables/nope/changes").status_code == 404
+    bad = http.get("/api/v1/tables/user_plans/changes", params={"cursor": "u1"})
+    assert bad.status_code == 400 and "not a changes cursor" in bad.json()["detail"]

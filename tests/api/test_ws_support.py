@@ -21,6 +21,9 @@ from ingest.log import EventLog
 from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats, pane_start
+from aggregates.view_join import joined_as_of
+from aggregates.views import shape_of
+from catalog.enrichment import enrichment_tables
 from store.table_versions import EnrichmentCommit, TableVersion, as_of, by_key, lookup_time
 
 
@@ -118,8 +121,10 @@ class _Enrichment:
 
     def __init__(self, catalog: Catalog, log: EventLog, store: PaneStore, progress):
         self.streams = {name: s for name, s in catalog.streams.items() if s.enrich}
-        self.tables = {d.table for s in self.streams.values() for d in s.enrich}
-        self.retention = {t: max(s.retention for s in self.streams.values() if any(d.table == t for d in s.enrich))
+        self.catalog = catalog
+        self.tables = {t for s in self.streams.values() for d in s.enrich for t in enrichment_tables(catalog, d)}
+        self.retention = {t: max(s.retention for s in self.streams.values()
+                                 if any(t in enrichment_tables(catalog, d) for d in s.enrich))
                           for t in self.tables}
         self.new: dict[str, list[tuple[str, TableVersion]]] = {}
         for name in self.tables:
@@ -141,9 +146,15 @@ class _Enrichment:
         out: dict[str, str] = {}
         for decl in stream.enrich:
             key = row.get(decl.by)
-            found = as_of(self.versions[decl.table].get(key, []), lookup_time(row[EVENT_TIME], row[INGEST_TIME])) \
-                if key else None
-            if found is None:
+            at = lookup_time(row[EVENT_TIME], row[INGEST_TIME])
+            view = self.catalog.views.get(decl.table)
+            if view is not None:  # through a view: the join of its tables' rows as of then
+                found, complete = joined_as_of(shape_of(self.catalog, view), key, self.versions[view.left].get(key, []),
+                                               self.versions[view.right], at) if key else (None, False)
+            else:
+                found = as_of(self.versions[decl.table].get(key, []), at) if key else None
+                complete = found is not None
+            if not complete:
                 self.misses[(stream.name, decl.table)] += 1
             for c in decl.columns:
                 out[c] = "" if found is None else str(found.get(c) or "")

@@ -53,9 +53,10 @@ def expected_panes(events: list[dict]) -> dict[tuple[int, str], tuple[int, float
 
     out = {}
     for row in exact_panes(frame(events)).itertuples():
-        # plan and country: enriched from the users table, which these tests leave empty (misses: "")
+        # plan, country and tier: enriched through the view user_plans, whose tables these tests leave
+        # empty (misses: "")
         key = dims_key({"endpoint": row.endpoint, "method": "GET", "region": row.region, "status": "200",
-                        "plan": "", "country": ""})
+                        "plan": "", "country": "", "tier": ""})
         out[(int(row.pane), key)] = (int(row.count), row.sum, row.min, row.max)
     return out
 

@@ -55,8 +55,8 @@ def config_error(text: str, source: str = "streams.yaml") -> str:
 def test_shipped_config_loads() -> None:
     catalog = load_catalog(CONFIG)
     assert set(catalog.streams) == {"http_requests", "orders", "mobile_app", "searches", "clicks",
-                                    # the changelog table http_requests is enriched from:
-                                    "users",
+                                    # the changelog tables http_requests is enriched from, and their view:
+                                    "users", "plans", "user_plans",
                                     # and the generated session streams:
                                     "http_requests_sessions", "mobile_app_sessions",
                                     # and the derived stream of the window join `search_clicks`:
@@ -70,16 +70,18 @@ def test_shipped_config_loads() -> None:
     assert http.name == "http_requests"
     assert http.time_field == "time"
     assert http.key_field == "user_id"
-    # with plan and country looked up in the users table (enrich):
-    assert http.dimensions == ("endpoint", "method", "status", "region", "plan", "country")
-    assert [(e.table, e.by, e.columns) for e in http.enrich] == [("users", "user_id", ("plan", "country"))]
+    # with plan and country looked up in the users table and tier in plans, through the view (enrich):
+    assert http.dimensions == ("endpoint", "method", "status", "region", "plan", "country", "tier")
+    assert [(e.table, e.by, e.columns) for e in http.enrich] == [("user_plans", "user_id", ("plan", "country", "tier"))]
+    view = catalog.views["user_plans"]
+    assert (view.left, view.right, view.foreign_key, view.kind) == ("users", "plans", "plan", "left")
     assert catalog.stream("users").kind == "table" and catalog.stream("users").dimensions == ("op", "plan", "country")
     assert http.values == ("latency_ms", "response_bytes")
     assert http.distinct_fields == ("user_id",)
     assert http.pane == 10_000
     assert http.allowed_lateness == 30_000
     assert http.partitions == 4
-    assert http.string_fields == ("endpoint", "method", "status", "region", "plan", "country", "user_id")
+    assert http.string_fields == ("endpoint", "method", "status", "region", "plan", "country", "tier", "user_id")
     orders = catalog.stream("orders")
     assert orders.allowed_lateness == 60_000
     assert orders.partitions == 2
@@ -115,7 +117,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*checkouts, clicks, credential_stuffing_matches, http_requests, http_requests_sessions, logins, mobile_app, mobile_app_clocks, mobile_app_sessions, orders, search_clicks, searches, users"):
+    with pytest.raises(KeyError, match="nope.*checkouts, clicks, credential_stuffing_matches, http_requests, http_requests_sessions, logins, mobile_app, mobile_app_clocks, mobile_app_sessions, orders, plans, search_clicks, searches, user_plans, users"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

@@ -211,12 +211,16 @@ def test_producer_posts_json_arrays_per_stream(catalog):
         server.shutdown()
         server.server_close()
     assert server.posts
-    # The users table's rows come first (all users, then plan changes: demo/users.py), then events.
+    # The users table's rows come first (all users, then plan changes: demo/users.py), then the
+    # plans' (demo/plans.py), then events.
     tables = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/users"]
     assert server.posts[0][0] == "/api/v1/tables/users" and tables
+    plans = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/plans"]
+    assert [{row["plan_id"] for row in body} for body in plans] == [{"free", "plus", "pro", "team"}]
+    assert all(set(row) == {"time", "plan_id", "tier", "price"} for row in plans[0])
     assert all(set(row) == {"time", "user_id", "plan", "country"} for body in tables for row in body)
-    assert summary["table_rows"] == {"users": sum(len(body) for body in tables)} and len(tables[0]) == 500
-    server.posts = [p for p in server.posts if p[0] != "/api/v1/tables/users"]
+    assert summary["table_rows"] == {"users": sum(len(body) for body in tables), "plans": 4} and len(tables[0]) == 500
+    server.posts = [p for p in server.posts if not p[0].startswith("/api/v1/tables/")]
     for path, stream, body, content_type in server.posts:
         assert path == "/api/v1/events"
         assert stream in ("http_requests", "orders", "mobile_app", "searches", "clicks", "logins", "checkouts")
@@ -257,7 +261,7 @@ def test_producer_retries_a_body_with_the_same_idempotency_key(catalog):
     server.fail_first_try = True
     try:
         traffic = DemoTraffic(catalog, seed=1)
-        traffic.user_table = None  # events only: the users' initial load (100 bodies, each tried twice) takes the second
+        traffic.user_table = traffic.plan_table = None  # events only: the users' initial load (100 bodies, each tried twice) takes the second
         producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", traffic, rate=200.0, out=io.StringIO())
         producer.BACKOFF_START_S = 0.01
         summary = producer.run(duration_s=1.0)

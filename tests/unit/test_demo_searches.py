@@ -196,7 +196,8 @@ def test_searches_leave_the_other_streams_draws_as_they_were(catalog):
     from catalog import Catalog
 
     without = Catalog(streams={k: v for k, v in catalog.streams.items() if k not in ("searches", "clicks")},
-                      metrics={k: m for k, m in catalog.metrics.items() if m.stream not in ("searches", "clicks")})
+                      metrics={k: m for k, m in catalog.metrics.items() if m.stream not in ("searches", "clicks")},
+                      views=catalog.views)
     a = DemoTraffic(catalog, seed=3, clock=FakeClock(NOW_MS / 1000))
     b = DemoTraffic(without, seed=3, clock=FakeClock(NOW_MS / 1000))
     for _ in range(3):

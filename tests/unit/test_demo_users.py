@@ -68,10 +68,10 @@ def test_traffic_hands_out_the_load_then_the_due_changes_and_no_table_events(cat
     clock = FakeClock(NOW_S)
     traffic = DemoTraffic(catalog, seed=1, clock=clock)
     first = traffic.table_changes()
-    assert list(first) == ["users"] and len(first["users"]) == 49_500
+    assert list(first) == ["users", "plans"] and len(first["users"]) == 49_500 and len(first["plans"]) == 4
     assert traffic.table_changes() == {}  # nothing due in the same instant
     clock.advance(60)
     assert 0 < len(traffic.table_changes()["users"]) < 100
     events = traffic.generate(1_000)
-    assert "users" not in events
+    assert not {"users", "plans", "user_plans"} & set(events)
     assert not {"plan", "country"} & set(events["http_requests"][0])  # looked up by the pipeline, not sent

@@ -61,9 +61,9 @@ def test_valid_event(validator: EventValidator) -> None:
     assert isinstance(e, Event)
     assert e.event_time_ms == T_MS
     assert e.key == "u1"
-    # plan and country: enriched from the users table by the pipeline; "" until then
+    # plan, country and tier: enriched through the view user_plans by the pipeline; "" until then
     assert e.strings == {"endpoint": "/cart", "method": "GET", "status": "200", "region": "eu", "user_id": "u1",
-                         "plan": "", "country": ""}
+                         "plan": "", "country": "", "tier": ""}
     assert e.numbers == {"latency_ms": 12.5, "response_bytes": 512.0}
     assert isinstance(e.numbers["response_bytes"], float)
     assert e.extra == {}

@@ -199,13 +199,13 @@ def test_source_batch_rows_by_hand(http_batch) -> None:
     assert {r["partition"] for r in rows} == {partition}
     assert [r["event_time"] for r in rows] == [T0 + i for i in range(2, 10)]
     assert [r["ingest_time"] for r in rows] == [T0 + 100] * 4 + [T0 + 200] * 4
-    # dims in declared order: endpoint, method, status, region, then plan and country, enriched from
-    # the users table by the pipeline (empty in the source rows)
-    assert stream.dimensions == ("endpoint", "method", "status", "region", "plan", "country")
-    assert rows[0]["dims"] == ["/e2", "POST", "202", "r2", "", ""]
-    assert rows[1]["dims"] == ["/e3", "GET", "203", "", "", ""]  # missing region
-    assert rows[3]["dims"] == ["/e5", "GET", "", "r5", "", ""]  # null status
-    assert rows[7]["dims"] == ["/e9", "GET", "209", "r9", "", ""]
+    # dims in declared order: endpoint, method, status, region, then plan, country and tier,
+    # enriched through the view user_plans by the pipeline (empty in the source rows)
+    assert stream.dimensions == ("endpoint", "method", "status", "region", "plan", "country", "tier")
+    assert rows[0]["dims"] == ["/e2", "POST", "202", "r2", "", "", ""]
+    assert rows[1]["dims"] == ["/e3", "GET", "203", "", "", "", ""]  # missing region
+    assert rows[3]["dims"] == ["/e5", "GET", "", "r5", "", "", ""]  # null status
+    assert rows[7]["dims"] == ["/e9", "GET", "209", "r9", "", "", ""]
     # vals in declared order: latency_ms, response_bytes
     assert rows[0]["vals"] == [3.0, 1002.0]
     assert rows[2]["vals"] == [None, 1004.0]  # missing latency stays null
@@ -213,7 +213,7 @@ def test_source_batch_rows_by_hand(http_batch) -> None:
     # ids: the distinct fields
     assert all(r["ids"] == ["same-user"] for r in rows)
     for r in rows:
-        assert len(r["dims"]) == 6 and len(r["vals"]) == 2
+        assert len(r["dims"]) == 7 and len(r["vals"]) == 2
 
 
 def test_source_batch_of_a_stream_without_values_or_distincts(tmp_path: Path) -> None:
