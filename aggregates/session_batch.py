@@ -68,7 +68,8 @@ def session_partials(closed: Iterable[Session], stream: str, key_field: str, pan
         hll = HllSketch(lg_k)
         for s in sessions:
             hll.update(s.key)
-        out.append(PanePartial(stream, start, start + pane_ms, {}, PaneData(len(sessions), values, {key_field: hll.to_bytes()})))
+        data = PaneData(len(sessions), values, {key_field: hll.to_bytes()})
+        out.append(PanePartial(stream, start, start + pane_ms, {}, data))
     return out
 
 
@@ -133,7 +134,8 @@ class SessionWindows:
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.
             closed = [s for s in outcome.closed if s.first_ms >= now_ms - derived.retention]
-            out.partials.extend(session_partials(closed, derived.name, stream.sessions.key, derived.pane, lg_k=self.lg_k, kll_k=self.kll_k))
+            out.partials.extend(session_partials(closed, derived.name, stream.sessions.key, derived.pane,
+                                                 lg_k=self.lg_k, kll_k=self.kll_k))
             out.commits.append(outcome.commit)
             if closed:
                 out.max_event_ms[derived.name] = max(s.first_ms for s in closed)

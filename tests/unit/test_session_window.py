@@ -61,7 +61,8 @@ def run_batches(batches: list[list[tuple[str, int]]], watermarks: list[int | Non
     return closed, state
 
 
-def oracle(batches: list[list[tuple[str, int]]], watermarks: list[int | None]) -> tuple[list[Session], list[Session]]:
+def oracle(batches: list[list[tuple[str, int]]], watermarks: list[int | None],
+           gap: int = GAP) -> tuple[list[Session], list[Session]]:
     """Brute force over events: the events of sessions not closed yet are kept; each batch
     sessionizes them with its own and closes the sessions the watermark passed (+ gap)."""
     pending: list[tuple[str, int]] = []
@@ -69,13 +70,13 @@ def oracle(batches: list[list[tuple[str, int]]], watermarks: list[int | None]) -
     for events, watermark in zip(batches, watermarks, strict=True):
         pending += events
         still = []
-        for s in sessionize(pending):
-            if watermark is not None and s.last_ms + GAP <= watermark:
+        for s in sessionize(pending, gap):
+            if watermark is not None and s.last_ms + gap <= watermark:
                 closed.append(s)
             else:
                 still.append(s)
         pending = [(k, t) for k, t in pending if any(s.key == k and s.first_ms <= t <= s.last_ms for s in still)]
-    return closed, sessionize(pending)
+    return closed, sessionize(pending, gap)
 
 
 def test_a_run_extends_an_open_session_and_it_closes_once_the_watermark_passes_last_plus_gap():
