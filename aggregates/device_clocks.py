@@ -20,7 +20,7 @@ replayed batch starts from exactly the state its first run started from: exactly
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -33,7 +33,10 @@ from aggregates.clock_offsets import (
     forget_stale,
 )
 from catalog import Catalog, StreamDef
-from store import DeviceClock, PaneStore
+from catalog.clocks import CLOCK_DEVICE_FIELD, CLOCK_DIMENSIONS, clocks_stream_name, off_by
+from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
+from store import BatchCommit, DeviceClock, PaneData, PanePartial, PaneStore, ValueStats
+from store.panes import pane_start
 
 CORRECTION_SCHEMA = "stream string, device string, correction bigint"
 
@@ -45,6 +48,8 @@ class ClockPlan:
     corrections: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (stream, device) -> ms, non-zero
     changed: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)  # for BatchCommit.device_clocks
     after: Mapping[tuple[str, str], DeviceClock] = field(default_factory=dict)  # every estimate kept after it
+    # (stream, device) -> the newest minute of receive time it was heard from in this batch.
+    heard: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 def plan_batch(state: Mapping[tuple[str, str], DeviceClock], samples: Iterable[tuple[str, str, int, int]],
@@ -53,7 +58,9 @@ def plan_batch(state: Mapping[tuple[str, str], DeviceClock], samples: Iterable[t
     smallest received - sent) -> the batch's plan. Devices not heard from within their stream's
     retention are forgotten."""
     estimates = {key: ClockEstimate(clock.buckets) for key, clock in state.items()}
+    heard: dict[tuple[str, str], int] = {}
     for stream, device, bucket, offset in samples:
+        heard[(stream, device)] = max(bucket, heard.get((stream, device), bucket))
         window = streams[stream].clock_window
         estimates[(stream, device)] = estimates.get((stream, device), ClockEstimate()).merge(
             ClockEstimate(((bucket, offset),)), window_ms=window)
@@ -78,7 +85,55 @@ def plan_batch(state: Mapping[tuple[str, str], DeviceClock], samples: Iterable[t
             corrections[(stream, device)] = correction
         if clock != old:
             changed.setdefault(stream, {})[device] = clock
-    return ClockPlan(corrections, changed, after)
+    return ClockPlan(corrections, changed, after, heard)
+
+
+def clock_partials(plan: ClockPlan, streams: Mapping[str, StreamDef], *, kll_k: int = DEFAULT_K,
+                   lg_k: int = DEFAULT_LG_K) -> tuple[list[PanePartial], dict[str, int]]:
+    """Pure: the batch's rows of the `<stream>_clocks` streams (catalog/clocks.py) rolled up
+    into pane partials, and each one's newest row time. A row per device heard from, at the
+    minute of receive time of its newest sample, with its estimate after the batch; a device
+    whose estimate was dropped (stale) gives none."""
+    groups: dict[tuple[str, int, int, tuple[str, str]], tuple[list[int], list[int], HllSketch]] = {}
+    newest: dict[str, int] = {}
+    for (stream, device), minute in sorted(plan.heard.items()):
+        clock, s = plan.after.get((stream, device)), streams.get(stream)
+        if clock is None or s is None:
+            continue
+        derived = clocks_stream_name(stream)
+        pane = max(s.pane, 60_000)
+        dims = (off_by(clock.offset_ms, s.clock_tolerance), "yes" if clock.correction_ms else "no")
+        offsets, sizes, hll = groups.setdefault((derived, pane_start(minute, pane), pane, dims),
+                                                ([], [], HllSketch(lg_k)))
+        offsets.append(clock.offset_ms)
+        sizes.append(abs(clock.offset_ms))
+        hll.update(device)
+        newest[derived] = max(minute, newest.get(derived, minute))
+    out = []
+    for (derived, start, pane, dims), (offsets, sizes, hll) in groups.items():
+        values = {name: _stats(vals, kll_k) for name, vals in (("offset_ms", offsets), ("abs_offset_ms", sizes))}
+        out.append(PanePartial(derived, start, start + pane, dict(zip(CLOCK_DIMENSIONS, dims, strict=True)),
+                               PaneData(len(offsets), values, {CLOCK_DEVICE_FIELD: hll.to_bytes()})))
+    return out, newest
+
+
+def _stats(values: list[int], kll_k: int) -> ValueStats:
+    kll = KllSketch(kll_k)
+    for v in values:
+        kll.update(v)
+    return ValueStats(len(values), float(sum(values)), float(min(values)), float(max(values)), kll.to_bytes())
+
+
+def with_clocks(commit: BatchCommit, plan: ClockPlan, streams: Mapping[str, StreamDef], *,
+                kll_k: int = DEFAULT_K, lg_k: int = DEFAULT_LG_K) -> BatchCommit:
+    """The batch's commit with the estimates it changed and its `<stream>_clocks` partials, in
+    the same transaction as its panes: a replayed batch starts from the same estimates and
+    writes the same rows (exactly once)."""
+    partials, newest = clock_partials(plan, streams, kll_k=kll_k, lg_k=lg_k)
+    max_event = dict(commit.max_event_ms)
+    for stream, t in newest.items():
+        max_event[stream] = max(max_event.get(stream, t), t)
+    return replace(commit, device_clocks=plan.changed, partials=[*commit.partials, *partials], max_event_ms=max_event)
 
 
 class DeviceClocks:

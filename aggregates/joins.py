@@ -43,6 +43,7 @@ class JoinedBatch:
     partials: list[PanePartial] = field(default_factory=list)
     commits: list[JoinCommit] = field(default_factory=list)
     max_event_ms: dict[str, int] = field(default_factory=dict)  # per derived stream: its newest left time
+    watermark_cap_ms: dict[str, int | None] = field(default_factory=dict)  # per derived stream: its join's clock - within
     pairs: int = 0
     unmatched_right: int = 0
 
@@ -144,9 +145,10 @@ class WindowJoins:
             left_times = [e.time_ms for e in lefts] + [r.time_ms for r in extra if "searches" in r.values]
             if left_times:
                 out.max_event_ms[join.name] = max(left_times)
+            out.watermark_cap_ms[join.name] = None if clock is None else clock - join.within
             pairs += commit.pairs
             unmatched += commit.unmatched_right
-        return JoinedBatch(out.partials, out.commits, out.max_event_ms, pairs, unmatched)
+        return JoinedBatch(out.partials, out.commits, out.max_event_ms, out.watermark_cap_ms, pairs, unmatched)
 
     def watermarks_after(self, commit: BatchCommit, *, now_ms: int,
                          idle_timeout_ms: Mapping[str, int] | None = None) -> dict[str, int | None]:
@@ -181,12 +183,15 @@ def stream_watermarks_after(store: PaneStore, catalog: Catalog, streams: Iterabl
 def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[str]) -> BatchCommit:
     """The batch's commit with the joins' derived partials and state. A join's derived stream
     is read from no log partition: its watermark follows the stream-wide rule (its newest left
-    time - its allowed lateness, which includes `within`), not per-partition marks."""
+    time - its allowed lateness, which includes `within`), not per-partition marks, and never
+    passes the join's clock - within: while a lagging partition of either side holds the clock,
+    pairs can still come for the panes behind it, so they must not be final yet."""
     names = set(join_names)
     max_event = dict(commit.max_event_ms)
     for stream, t in joined.max_event_ms.items():
         max_event[stream] = max(max_event.get(stream, t), t)
     return replace(commit, partials=[*commit.partials, *joined.partials], joins=joined.commits, max_event_ms=max_event,
+                   watermark_cap_ms={**commit.watermark_cap_ms, **joined.watermark_cap_ms},
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 
 

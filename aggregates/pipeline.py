@@ -16,7 +16,7 @@ from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
-from aggregates.device_clocks import DeviceClocks
+from aggregates.device_clocks import DeviceClocks, with_clocks
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
@@ -134,7 +134,7 @@ class Pipeline(ReportsStoreErrors):
             if self.definition_versions:
                 commit = replace(commit, definition_versions=self.definition_versions)
             if clocks is not None:
-                commit = replace(commit, device_clocks=clocks.changed)
+                commit = with_clocks(commit, clocks, self.clocks.streams, kll_k=self.config.kll_k, lg_k=self.config.lg_k)
             idle = {name: s.partition_idle_timeout for name, s in self.catalog.streams.items()}
             if self.joins.enabled:
                 # After the clock step (joins see corrected event times) and once the commit says

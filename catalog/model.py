@@ -20,6 +20,7 @@ from catalog.enrichment import (EnrichDef, check_catalog_enrichment, check_strea
 from catalog.tables import StreamKind, check_table, with_op_dimension
 from catalog.features import FirstSeenDef, MembershipDef, SessionsDef, check_catalog, check_stream, expand_derived
 from catalog.patterns import PatternDef, check_patterns, expand_patterns
+from catalog.clocks import expand_clocks
 from catalog.joins import JoinDef, expand_joins
 from catalog.views import ViewDef, expand_views
 from catalog.tiers import TierDef, check_tiers, default_tiers
@@ -320,6 +321,7 @@ class Catalog(BaseModel):
     def _derived_streams(self) -> Catalog:
         expand_derived(self)  # session streams and metrics generated from `sessions:` declarations
         expand_joins(self)  # join streams and metrics generated from `joins:` declarations
+        expand_clocks(self)  # device clock streams and metrics generated from `sent_time_field`
         expand_views(self)  # views' change streams generated from `views:` declarations
         expand_patterns(self)  # `<pattern>_matches` streams and metrics (catalog/patterns.py)
         return self

@@ -99,6 +99,11 @@ class BatchCommit:
     device_clocks: Mapping[str, Mapping[str, DeviceClock]] = field(default_factory=dict)
     # Per window join: its state changes (store/joins.py); its derived rows are among the partials.
     joins: Sequence[JoinCommit] = ()
+    # Per stream read from no log (a window join's derived stream): the highest its watermark may
+    # reach after this batch (None: where it was). A join's is its clock - within: until the clock
+    # passes that, pairs can still come for the panes behind it, so they are not final yet
+    # (aggregates/joins.py); while the clock is unknown (a side without a watermark), it stays.
+    watermark_cap_ms: Mapping[str, int | None] = field(default_factory=dict)
     # Per table and key: the batch's newest change of the row (store/table_state.py).
     table_changes: Mapping[str, Mapping[str, TableChange]] = field(default_factory=dict)
     # Per table-table join view: its rows the batch's table changes changed (store/view_state.py).

@@ -151,7 +151,8 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     updates = []
     duplicates = dict(commit.event_ids.duplicates) if commit.event_ids is not None else {}
     names = (set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
-             | set(commit.partition_max_event_ms) | {s for s, n in duplicates.items() if n})
+             | set(commit.partition_max_event_ms) | {s for s, n in duplicates.items() if n}
+             | {s for s in commit.watermark_cap_ms if streams_before.get(s, StreamState()).max_event_ms is not None})
     for stream in sorted(names):
         done = aggregated.get(stream, 0) + dead_total.get(stream, 0) + duplicates.get(stream, 0)
         read = commit.read_by_stream.get(stream, done)
@@ -175,6 +176,15 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
             partitions = {p: (m, partition_state(m, now_ms=now_ms, idle_timeout_ms=idle)) for p, m in marks.items()}
         else:  # a commit without partition marks: the stream-wide rule
             watermark = advance_watermark(before.watermark_ms, max_event, lateness_ms.get(stream, 0))
+        if stream in commit.watermark_cap_ms:
+            # By its newest event ever (a batch without one may still move the cap), never past
+            # the cap; a cap of None holds it where it was.
+            cap = commit.watermark_cap_ms[stream]
+            by_rule = advance_watermark(before.watermark_ms, newest, lateness_ms.get(stream, 0))
+            if cap is not None and by_rule is not None:
+                watermark = max((w for w in (before.watermark_ms, min(by_rule, cap)) if w is not None))
+            else:
+                watermark = before.watermark_ms
         updates.append(StreamUpdate(stream, watermark, newest, aggregated.get(stream, 0), read,
                                     dead_total.get(stream, 0), held_by, partitions))
     return BatchPlan(writes, new, updated, deltas, updates, dead_counts)

@@ -19,6 +19,7 @@ from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
+from catalog.clocks import off_by
 from ingest.events import EventValidator
 from store import dims_key
 from tests.log_backends import ON_BOTH_STACKS
@@ -101,11 +102,14 @@ def log_rows(test_log, log, run: int, seen: set) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def oracle(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[int, int]]]:
-    """Per row: the correction and the corrected time; per device: (offset, correction) after the last run."""
+def oracle(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[int, int]], dict]:
+    """Per row: the correction and the corrected time; per device: (offset, correction) after the
+    last run; the `app_clocks` panes: per (minute, off_by, shifted) the devices heard from in a
+    run (at the minute of their newest sample) with their estimate after it: (count, max |offset|)."""
     rows = rows.copy()
     rows["correction"] = np.nan
     estimates = {}
+    heard: dict[tuple[int, tuple[str, str]], list[int]] = {}
     for run in sorted(rows["run"].unique()):
         s = rows[(rows["run"] <= run) & rows["sent_time"].notna()].copy()
         s["bucket"] = s["ingest_time"] - s["ingest_time"] % BUCKET
@@ -120,9 +124,13 @@ def oracle(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[int, int]]
             estimates[device] = (int(low), correction)
             if correction:
                 rows.loc[(rows["run"] == run) & (rows["device"] == device), "correction"] = correction
+        for device, minute in s[s["run"] == run].groupby("device")["bucket"].max().items():
+            offset, correction = estimates[device]
+            dims = (off_by(offset, STREAM.clock_tolerance), "yes" if correction else "no")
+            heard.setdefault((int(minute), dims), []).append(abs(offset))
     rows["corrected"] = rows["event_time"] + rows["correction"].fillna(0).astype("int64")
     rows["future"] = rows["corrected"] > rows["ingest_time"] + STREAM.max_future_skew
-    return rows, estimates
+    return rows, estimates, {key: (len(v), max(v)) for key, v in heard.items()}
 
 
 def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_path, spark, log_backend,
@@ -142,7 +150,7 @@ def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_pa
             Pipeline(spark, CATALOG, store_backend.reopen(store), config, log=test_log.open(CATALOG)).run_until_drained()
             assert store.last_batch_id("main") == run  # one batch per run: the oracle's unit
             watermarks.append(store.progress("main").streams["app"].watermark_ms)
-        rows, estimates = oracle(pd.concat(frames, ignore_index=True))
+        rows, estimates, clock_panes = oracle(pd.concat(frames, ignore_index=True))
 
         # What is aggregated: every row not future-skewed, in the pane of its corrected time.
         good = rows[~rows["future"]]
@@ -178,6 +186,14 @@ def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_pa
         (summary,) = answer["streams"]
         assert (summary["devices"], summary["above"]) == (len(estimates), 4)  # ahead3h, behind2h, offline5h, reset
         assert summary["worst"][0]["device"] == "offline5h"
+
+        # ... and as the derived stream app_clocks (catalog/clocks.py): per minute of receive time,
+        # the devices heard from with their estimates, in panes like any stream's.
+        derived = {(p.key.start_ms, (p.key.dims_dict()["off_by"], p.key.dims_dict()["shifted"])):
+                   (p.data.count, p.data.values["abs_offset_ms"].max)
+                   for p in store.read_panes("app_clocks", 0, 2**62)}
+        assert derived == clock_panes
+        assert {k[1][0] for k in clock_panes} == {"tolerance", "1m", "more"}
 
         # Sessions per device in corrected time (aggregates/session_batch.py, after the clock step):
         # per run, what a brute-force sessionization of the events merged so far closes at the

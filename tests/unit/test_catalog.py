@@ -63,7 +63,9 @@ def test_shipped_config_loads() -> None:
                                     "search_clicks",
                                     # the logins and checkouts the patterns read, and their matches:
                                     "logins", "checkouts", "credential_stuffing_matches",
-                                    "checkout_abandoned_matches"}
+                                    "checkout_abandoned_matches",
+                                    # the device clock estimates of mobile_app (sent_time_field):
+                                    "mobile_app_clocks"}
     http = catalog.stream("http_requests")
     assert http.name == "http_requests"
     assert http.time_field == "time"
@@ -87,7 +89,8 @@ def test_shipped_config_loads() -> None:
         f"{s}_{m}" for s in ("http_requests", "mobile_app") for m in ("sessions", "session_duration", "session_events")} | {
         f"search_clicks_{v}" for v in ("searches", "pairs", "clicked", "latency", "unmatched_right")} | {
         "logins", "checkouts", "credential_stuffing_matches", "credential_stuffing_matches_attempts",
-        "checkout_abandoned_matches", "checkout_abandoned_matches_amount"}
+        "checkout_abandoned_matches", "checkout_abandoned_matches_amount"} | {
+        "mobile_app_clock_offset", "mobile_app_clock_devices"}
     # The demo's two patterns, each over one stream, keyed by a field the pipeline carries.
     assert [(p.name, p.streams, p.key) for p in catalog.patterns] == [
         ("credential_stuffing", ("logins",), "user_id"), ("checkout_abandoned", ("checkouts",), "checkout_id")]
@@ -112,7 +115,7 @@ def test_shipped_config_loads() -> None:
 
 def test_unknown_stream_and_metric_lookups_name_the_choices() -> None:
     catalog = load_catalog(CONFIG)
-    with pytest.raises(KeyError, match="nope.*checkouts, clicks, credential_stuffing_matches, http_requests, http_requests_sessions, logins, mobile_app, mobile_app_sessions, orders, search_clicks, searches, users"):
+    with pytest.raises(KeyError, match="nope.*checkouts, clicks, credential_stuffing_matches, http_requests, http_requests_sessions, logins, mobile_app, mobile_app_clocks, mobile_app_sessions, orders, search_clicks, searches, users"):
         catalog.stream("nope")
     with pytest.raises(KeyError, match="unknown metric 'nope'"):
         catalog.metric("nope")

@@ -17,12 +17,14 @@ from aggregates.clock_offsets import (
     clock_verdict,
     forget_stale,
 )
-from aggregates.device_clocks import plan_batch
+from aggregates.device_clocks import clock_partials, plan_batch, with_clocks
 from api.clock_routes import summarize
 from catalog import ConfigError, parse_catalog
+from catalog.clocks import off_by
 from ingest.events import EventValidator
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.source_rows import to_source_batch
+from sketches import HllSketch
 from store import BatchCommit, DeadLetter, DeviceClock
 
 MIN = 60_000
@@ -114,6 +116,38 @@ def test_a_batch_plan_merges_its_samples_into_the_stored_estimates(stream):
     assert set(plan.after) == {("app", "ahead"), ("app", "behind"), ("app", "fine")}
     # The plan is a function of the state and the samples: a replayed batch plans the same.
     assert plan_batch(stored, list(reversed(samples)), streams, batch_now_ms=T0 + 2 * MIN) == plan
+
+
+def test_the_devices_heard_from_become_rows_of_the_derived_clocks_stream(stream):
+    """catalog/clocks.py: `app_clocks` with its metrics; per batch, a row per device heard from (at
+    its newest minute of receive time, with its estimate after the batch), rolled up per pane."""
+    catalog = parse_catalog(CONFIG)
+    derived = catalog.streams["app_clocks"]
+    assert (derived.derived_from, derived.dimensions, derived.pane) == ("app", ("off_by", "shifted"), MIN)
+    assert catalog.metrics["app_clock_offset"].value == "abs_offset_ms"
+    assert catalog.metrics["app_clock_devices"].distinct == "device"
+    assert [off_by(o, 2_000) for o in (0, -2_000, 2_001, -MIN, MIN + 1, -HOUR - 1)] == [
+        "tolerance", "tolerance", "1m", "1m", "1h", "more"]
+    stored = {("app", "quiet"): DeviceClock(((T0, -5 * HOUR),), -5 * HOUR, -5 * HOUR, T0)}
+    samples = [("app", "ahead", T0 + MIN, -HOUR - 20), ("app", "ahead", T0 + 2 * MIN, -HOUR - 30),
+               ("app", "fine", T0 + MIN, 300), ("app", "fine2", T0 + MIN, -400)]
+    plan = plan_batch(stored, samples, {"app": stream}, batch_now_ms=T0 + 3 * MIN)
+    partials, newest = clock_partials(plan, {"app": stream})
+    got = {(p.start_ms, tuple(sorted(p.dims.items()))): (p.data.count, p.data.values["abs_offset_ms"].max,
+                                                          p.data.values["offset_ms"].min)
+           for p in partials}
+    assert got == {  # "quiet" was not heard from: no row
+        (T0 + 2 * MIN, (("off_by", "more"), ("shifted", "yes"))): (1, HOUR + 30, -HOUR - 30),
+        (T0 + MIN, (("off_by", "tolerance"), ("shifted", "no"))): (2, 400, -400),
+    }
+    assert newest == {"app_clocks": T0 + 2 * MIN}
+    devices = {p.start_ms: round(HllSketch.from_bytes(p.data.distincts["device"]).estimate().estimate)
+               for p in partials}
+    assert devices == {T0 + MIN: 2, T0 + 2 * MIN: 1}
+    # In the batch's commit, with the estimates it changed.
+    commit = with_clocks(BatchCommit("main", 0, [], 0), plan, {"app": stream})
+    assert commit.device_clocks == plan.changed and commit.partials == partials
+    assert commit.max_event_ms == {"app_clocks": T0 + 2 * MIN}
 
 
 def test_the_clocks_answer_summarizes_the_offsets():

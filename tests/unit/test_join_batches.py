@@ -143,10 +143,16 @@ def test_a_lagging_partition_holds_the_joins_clock_so_its_clicks_still_find_thei
               ("clicks", 0, 0, far, ["1"], ["x"])],
           {"searches": {0: 2}, "clicks": {0: 1, 1: 0}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
     assert store.join_sizes()["search_clicks"].clock_ms is None  # held: partition 1 cannot tell how far it reaches
+    # ... and so is the derived stream's watermark: s1's pane may still get its click, so it is
+    # not final (the searches alone would have moved it to `far` - lateness - within).
+    assert store.watermarks().get("search_clicks") is None
     batch(1, [("clicks", 1, 0, T0 + 5 * MIN, ["1"], ["s1"])],
           {"searches": {0: 2}, "clicks": {0: 1, 1: 1}}, {"searches": {0: 2}, "clicks": {0: 1, 1: 5}})
     sizes = store.join_sizes()["search_clicks"]
     assert (sizes.pairs, sizes.unmatched_right) == (1, 0)
     assert sizes.clock_ms == T0 + 5 * MIN - 30_000  # partition 1's watermark: it still has unread records
+    assert store.watermarks()["search_clicks"] == sizes.clock_ms - 30 * MIN  # the clock - within
     ctr = query(store, catalog, "search_clicks_clicked", "ratio", group_by="query_category")
     assert ctr[(("query_category", "books"),)][T0].value == 1.0
+    pairs = query(store, catalog, "search_clicks_pairs", "sum")[()][T0]
+    assert (pairs.value, pairs.final, pairs.revision) == (1, False, 1)  # its pair came in time: no correction
