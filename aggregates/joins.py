@@ -152,25 +152,32 @@ class WindowJoins:
 
     def watermarks_after(self, commit: BatchCommit, *, now_ms: int,
                          idle_timeout_ms: Mapping[str, int] | None = None) -> dict[str, int | None]:
-        """Each joined stream's watermark once this batch is committed, by the rule the store's
-        commit applies (store/commit_plan.py): per partition where the commit carries partition
-        marks (a partition with unread records holds it back), else its newest event - lateness."""
-        before = self.store.progress(commit.pipeline).streams
-        out: dict[str, int | None] = {}
-        for name in self.streams:
-            stream, stored = self.catalog.streams[name], before.get(name)
-            previous = None if stored is None else stored.watermark_ms
-            if name in commit.partition_max_event_ms:
-                marks = {p: pp.mark for p, pp in (stored.partitions if stored is not None else {}).items()}
-                _, after = advance_stream(
-                    previous, marks, batch_max_event_ms=commit.partition_max_event_ms[name],
-                    read_offsets=commit.end_offsets.get(name, {}), log_end_offsets=commit.log_end_offsets.get(name, {}),
-                    lateness_ms=stream.allowed_lateness, now_ms=now_ms,
-                    idle_timeout_ms=(idle_timeout_ms or {}).get(name, stream.partition_idle_timeout))
-                out[name] = after.watermark_ms
-            else:
-                out[name] = advance_watermark(previous, commit.max_event_ms.get(name), stream.allowed_lateness)
-        return out
+        return stream_watermarks_after(self.store, self.catalog, self.streams, commit, now_ms=now_ms,
+                                       idle_timeout_ms=idle_timeout_ms)
+
+
+def stream_watermarks_after(store: PaneStore, catalog: Catalog, streams: Iterable[str], commit: BatchCommit, *,
+                            now_ms: int, idle_timeout_ms: Mapping[str, int] | None = None) -> dict[str, int | None]:
+    """Each of `streams`' watermark once this batch is committed, by the rule the store's
+    commit applies (store/commit_plan.py): per partition where the commit carries partition
+    marks (a partition with unread records holds it back), else its newest event - lateness.
+    (The joins' clock, and what closes sessions: aggregates/session_batch.py.)"""
+    before = store.progress(commit.pipeline).streams
+    out: dict[str, int | None] = {}
+    for name in streams:
+        stream, stored = catalog.streams[name], before.get(name)
+        previous = None if stored is None else stored.watermark_ms
+        if name in commit.partition_max_event_ms:
+            marks = {p: pp.mark for p, pp in (stored.partitions if stored is not None else {}).items()}
+            _, after = advance_stream(
+                previous, marks, batch_max_event_ms=commit.partition_max_event_ms[name],
+                read_offsets=commit.end_offsets.get(name, {}), log_end_offsets=commit.log_end_offsets.get(name, {}),
+                lateness_ms=stream.allowed_lateness, now_ms=now_ms,
+                idle_timeout_ms=(idle_timeout_ms or {}).get(name, stream.partition_idle_timeout))
+            out[name] = after.watermark_ms
+        else:
+            out[name] = advance_watermark(previous, commit.max_event_ms.get(name), stream.allowed_lateness)
+    return out
 
 
 def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[str]) -> BatchCommit:

@@ -23,6 +23,7 @@ from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.patterns import PatternRunner, with_patterns
+from aggregates.session_batch import SessionWindows, with_sessions
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
@@ -85,6 +86,7 @@ class Pipeline(ReportsStoreErrors):
         self.views = Views(catalog, store, kll_k=config.kll_k)  # table-table join views (catalog views:)
         self.patterns = PatternRunner(catalog, store, kll_k=config.kll_k)  # patterns (catalog patterns:)
         self.pattern_definitions = None  # set by the wiring: patterns defined through the API (aggregates/pattern_definitions.py)
+        self.sessions = SessionWindows(catalog, store, lg_k=config.lg_k, kll_k=config.kll_k)  # streams' sessions:
         self.enrichment = Enrichment(spark, catalog, store)  # stream-table joins (catalog enrich:)
         configure_tiers(store, catalog, clock)
 
@@ -113,8 +115,8 @@ class Pipeline(ReportsStoreErrors):
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
         kept = (batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled
-                or self.enrichment.enabled else None)
-        joined = matched = enriched = None
+                or self.enrichment.enabled or self.sessions.enabled else None)
+        joined = matched = enriched = sessioned = None
         try:
             if kept is not None:
                 batch = kept
@@ -143,6 +145,11 @@ class Pipeline(ReportsStoreErrors):
                 # panes and the join's state go into the batch's own transaction.
                 joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
                 commit = with_joins(commit, joined, self.joins.names)
+            if self.sessions.enabled:
+                # Like the joins: corrected event times, the stream's watermark after this batch
+                # closes sessions; closed sessions and open ones' changes go into its transaction.
+                sessioned = self.sessions.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
+                commit = with_sessions(commit, sessioned, self.sessions.names)
             if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
                 commit = with_patterns(commit, matched, self.patterns.names)
             if self.tables.enabled:
@@ -192,6 +199,9 @@ class Pipeline(ReportsStoreErrors):
         if joined is not None:
             log.info("batch %d: joins: %d pairs, %d right events unmatched", batch_id, joined.pairs,
                      joined.unmatched_right)
+        if sessioned is not None:
+            log.info("batch %d: sessions: %d runs, %d sessions closed, %d open sessions written", batch_id,
+                     sessioned.runs, sessioned.closed, sessioned.opened)
         if matched is not None:
             log.info("batch %d: patterns: %d events released in order, %d matches, %d late events", batch_id,
                      matched.released, matched.matches, matched.late)

@@ -119,22 +119,12 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     if any(s.event_id_field for s in catalog.streams.values()):
         print(f"  event ids: duplicates dropped {dropped or 0}", flush=True)
     if sessions:
-        # What `sketchboard pipeline` runs beside it: one session query per stream declaring sessions,
-        # each reading the whole log again. Timed one after the other (they share the same cores).
-        from aggregates.sessions import session_pipelines
-
-        spent = 0.0
-        for session in session_pipelines(spark, catalog, lambda: SqlitePaneStore(root / "store.db"), config):
-            started = time.perf_counter()
-            session.run_until_drained()
-            took = time.perf_counter() - started
-            spent += took
-            print(f"  session query {session.name}: the log ({total:,} events) in {took:.1f} s ="
-                  f" {total / took:,.0f} events/s", flush=True)
-        if spent:
-            print(f"  pipeline + session queries: {total / (wall + spent):,.0f} events/s (wall, all queries)", flush=True)
-            if figures is not None:
-                figures["with_sessions"] = total / (wall + spent)
+        # Sessions run inside the pipeline's batches (aggregates/session_batch.py), so they are in the
+        # figures above; their side-by-side with the session query they replaced: python -m bench.sessions.
+        for name, s in catalog.streams.items():
+            if s.sessions is not None and not s.derived_from:
+                closed = sum(p.data.count for p in store.read_panes(f"{name}_sessions", 0, 2**62))
+                print(f"  sessions of {name}: {closed:,} closed, {store.session_sizes().get(name, 0):,} open", flush=True)
     store.close()
     if figures is not None:
         figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
@@ -225,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duplicates", type=float, default=0.0,
                         help="with --event-ids: the share of events sent twice (dropped by the pipeline)")
     parser.add_argument("--sessions", action="store_true",
-                        help="after the pipeline, drain the session queries of streams declaring sessions (timed)")
+                        help="print the sessions closed and open per stream (they run in the pipeline's batches)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")

@@ -169,11 +169,6 @@ class StreamDef(BaseModel):
         if roles.get(self.event_id_field):
             raise ValueError(f"event_id_field {self.event_id_field!r} is also a {roles[self.event_id_field]} field"
                              " (an event id is a string of its own, not a dimension, value or the time)")
-        if self.sessions is not None:
-            # The session query reads the log on its own and does not drop copies yet: refused
-            # rather than sessions that count an event twice beside panes that count it once.
-            raise ValueError("event_id_field and sessions cannot be combined yet: session windows do not drop"
-                             " duplicate events; remove one of them")
         window = self.dedup_window_ms
         if window < MIN_DEDUP_WINDOW_MS:
             raise ValueError(f"dedup_window ({format_duration_ms(window)}) must be at least"

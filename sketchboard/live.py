@@ -1,4 +1,4 @@
-"""`sketchboard pipeline`'s loop: run the pipeline (and its session queries) until told to stop,
+"""`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop,
 and start it again, in the same process and Spark session, when a switch fenced one of its
 batches (docs/reprocessing.md#switch): built again, it applies the switch's offset move to its
 checkpoint and computes the stream with the new definition; and, a few times, when a batch failed
@@ -22,7 +22,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                  once: bool = False, spark=None) -> int:
     """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
     from aggregates.batch_gate import remove_listeners, stop_between_batches
-    from sketchboard.wiring import build_pipeline, build_session_pipelines
+    from sketchboard.wiring import build_pipeline
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
     budget = RestartBudget()
@@ -37,12 +37,9 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         return False
 
     while True:
-        sessions = build_session_pipelines(settings, pipeline)  # streams declaring `sessions:`
         if once:
             try:
                 pipeline.run_until_drained()
-                for session in sessions:
-                    session.run_until_drained()
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
                 if not restartable(exc):
                     raise
@@ -54,12 +51,11 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
             return 0
         query = pipeline.start()
-        session_queries = [session.start() for session in sessions]
         log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
-        while not stopping.is_set() and query.isActive and all(q.isActive for q in session_queries):
+        while not stopping.is_set() and query.isActive:
             stopping.wait(1)
-        failures = [q.exception() for q in (query, *session_queries) if q.exception()]
-        running = [(query, pipeline.gate), *((q, s.gate) for q, s in zip(session_queries, sessions))]
+        failures = [f for f in (query.exception(),) if f]
+        running = [(query, pipeline.gate)]
         if failures and not stopping.is_set() and all(restartable(f) for f in failures):
             # A switch fenced a batch computed the old way: start again with the new definition, from
             # the offsets the switch moved into the checkpoint. Or the host's load failed a batch.

@@ -403,13 +403,3 @@ def has_checkpoint(checkpoint_dir) -> bool:
     return offsets.is_dir() and any(offsets.iterdir())
 
 
-def build_session_pipelines(settings: Settings, pipeline) -> list:
-    """The session-window queries (one per stream declaring `sessions`), on the main pipeline's Spark."""
-    from aggregates.sessions import session_pipelines
-
-    namespace = store_namespace(settings, pipeline.config.name)  # beside the pipeline's own panes
-    sessions = session_pipelines(pipeline.spark, pipeline.catalog, lambda: open_store(settings, namespace),
-                                 pipeline.config)
-    for session in sessions:  # their store errors are reported as the pipeline's (aggregates/store_commit.py)
-        session.health = pipeline.health
-    return sessions

@@ -12,6 +12,7 @@ from store.connection import Db
 from store.event_ids import EventIdCommit
 from store.joins import JoinCommit, JoinSizes, JoinState
 from store.patterns import PatternCommit, PatternLoad, PatternSizes, StoredMatch
+from store.sessions import Session, SessionCommit
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.table_state import TableChange, TableRow
@@ -109,6 +110,9 @@ class BatchCommit:
     views: Sequence[ViewCommit] = ()
     # Per pattern: its keys' state, matches and late events (store/patterns.py).
     patterns: Sequence[PatternCommit] = ()
+    # Per stream declaring sessions: its open sessions' changes (store/sessions.py); the closed
+    # sessions are among the partials (of `<stream>_sessions`).
+    sessions: Sequence[SessionCommit] = ()
     # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
     enrichment: EnrichmentCommit | None = None
     # Per stream: the definition version the batch was computed with (catalog/versions.py); the
@@ -355,6 +359,14 @@ class PaneStore(ABC):
     @abstractmethod
     def join_sizes(self) -> dict[str, JoinSizes]:
         """Every window join's state size and counters."""
+
+    @abstractmethod
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[Session]:
+        """A stream's open sessions with a key among `keys` or a last event at or before `due_through_ms`."""
+
+    @abstractmethod
+    def session_sizes(self) -> dict[str, int]:
+        """Open sessions per stream."""
 
     @abstractmethod
     def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,

@@ -84,7 +84,8 @@ class ConsumerRegistry(SideStore):
                                  (namespace, pipeline)).fetchone()
             if owner is None and namespace == ROOT:
                 # A store from before the registry: the root's batches say whose output it holds.
-                # (Its session queries commit as `<pipeline>-sessions-<stream>`, aggregates/sessions.py.)
+                # (Its session queries, before sessions ran in its own batches, committed as
+                # `<pipeline>-sessions-<stream>`.)
                 others = [name for (name,) in conn.execute("SELECT DISTINCT pipeline FROM batches").fetchall()
                           if name != pipeline and not name.startswith(f"{pipeline}-sessions-")]
                 owner = (others[0],) if others else None

@@ -44,6 +44,7 @@ from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_
 from store.tables import VIEW_STATE_TABLES
 from store import patterns as pattern_store
 from store.patterns import PATTERN_TABLES
+from store import sessions as session_store
 from store.tiers import ALL_DIMS, TierLayout
 from store.watermarks import PartitionMark
 
@@ -58,7 +59,7 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
             self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
-                                     + VIEW_STATE_TABLES + PATTERN_TABLES)
+                                     + VIEW_STATE_TABLES + PATTERN_TABLES + session_store.SESSION_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
@@ -136,6 +137,8 @@ class SqlitePaneStore(PaneStore):
             join_store.apply(conn.cursor(), commit.joins, "?")
         if commit.patterns:
             pattern_store.apply(conn.cursor(), commit.patterns, commit.batch_id, now_ms, "?")
+        if commit.sessions:
+            session_store.apply(conn.cursor(), commit.sessions, "?")
         table_state.apply(conn.cursor(), commit.table_changes, commit.batch_id, now_ms, "?")
         view_state.apply(conn.cursor(), commit.views, commit.batch_id, now_ms, "?")
         if commit.enrichment is not None:
@@ -433,6 +436,14 @@ class SqlitePaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._lock:
             return join_store.sizes(self._conn.cursor())
+
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[session_store.Session]:
+        with self._lock:
+            return session_store.lookup(self._conn.cursor(), stream, keys, due_through_ms, "?")
+
+    def session_sizes(self) -> dict[str, int]:
+        with self._lock:
+            return session_store.sizes(self._conn.cursor())
 
     def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,
                       history_keys: Sequence[str] = ()) -> pattern_store.PatternLoad:

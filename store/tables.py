@@ -9,6 +9,7 @@ from __future__ import annotations
 from store.joins import JOIN_TABLES  # window joins' state (store/joins.py)
 from store import view_state
 from store.patterns import PATTERN_TABLES  # patterns' state, matches, late events (store/patterns.py)
+from store.sessions import SESSION_TABLES  # open session windows (store/sessions.py)
 from store import table_state, table_versions
 
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
@@ -234,3 +235,4 @@ CREATE TABLE IF NOT EXISTS duplicate_counts (
 STORE_TABLES = (PANE_TABLES + TIER_TABLES + BLOOM_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
                 + VIEW_STATE_TABLES)
 STORE_TABLES += PATTERN_TABLES
+STORE_TABLES += SESSION_TABLES

@@ -38,6 +38,7 @@ from store.bloom import BloomReader
 from store import event_ids
 from store import joins as join_store
 from store import patterns as pattern_store
+from store import sessions as session_store
 from store.commit_plan import (
     StreamState,
     pane_ids,
@@ -214,6 +215,9 @@ class PostgresPaneStore(PaneStore):
         if commit.patterns:
             with conn.cursor() as cur:
                 pattern_store.apply(cur, commit.patterns, commit.batch_id, now_ms, "%s")
+        if commit.sessions:
+            with conn.cursor() as cur:
+                session_store.apply(cur, commit.sessions, "%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute(
@@ -387,6 +391,14 @@ class PostgresPaneStore(PaneStore):
     def join_sizes(self) -> dict[str, join_store.JoinSizes]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
+
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[session_store.Session]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return session_store.lookup(cur, stream, keys, due_through_ms, "%s")
+
+    def session_sizes(self) -> dict[str, int]:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return session_store.sizes(cur)
 
     def pattern_state(self, pattern: str, keys: Sequence[str], due_through_ms: int | None,
                       history_keys: Sequence[str] = ()) -> pattern_store.PatternLoad:

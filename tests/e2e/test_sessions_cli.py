@@ -2,7 +2,7 @@
 as a process over the demo streams, which declare `sessions:` on http_requests (by user_id, gap
 5m) and mobile_app; then the session metrics through the API of `sketchboard api`'s own wiring,
 equal to an exact sessionization (pandas) of the sessions the watermark closed.
-tests/spark/test_sessions.py checks the session query itself in-process; this is the wiring."""
+tests/spark/test_sessions.py checks the sessions in the pane batch in-process; this is the wiring."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_the_pipeline_command_runs_the_session_queries_and_the_api_serves_their_
                           capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    # The session query's watermark is its newest event - allowed_lateness: sessions ending before it closed.
+    # The stream's watermark is its newest event - allowed_lateness: sessions ending before it closed.
     exact = exact_sessions(pd.DataFrame(events), GAP)
     closed = exact[exact["end"] <= max(e["time"] for e in events) - stream.allowed_lateness]
     assert 0 < len(closed) < len(exact)

@@ -2,7 +2,9 @@
 seconds to hours, some buffered offline for hours and sent in a burst, one whose clock is reset
 between two runs, one that never says when it sent; the pipeline restarted between the runs.
 The corrected event times, pane counts, dead letters and stored estimates are compared with an
-exact pandas computation over the rows the log holds (their real ingest times included)."""
+exact pandas computation over the rows the log holds (their real ingest times included); the
+devices' sessions, computed in the same batches, with a brute-force sessionization of the
+corrected times."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from catalog.clocks import off_by
 from ingest.events import EventValidator
 from store import dims_key
 from tests.log_backends import ON_BOTH_STACKS
+from tests.unit.test_session_window import oracle as session_oracle
 
 pytestmark = [
     pytest.mark.spark,
@@ -40,6 +43,8 @@ streams:
     max_future_skew: 5m
     retention: 1d
     partitions: 2
+    distinct: [device_id]
+    sessions: {key: device_id, gap: 1m}
 """)
 STREAM = CATALOG.stream("app")
 HOUR = 3_600_000
@@ -136,6 +141,7 @@ def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_pa
     rng = np.random.default_rng(7)
     seen: set = set()
     frames = []
+    watermarks = []
     try:
         for run in (0, 1):  # a new pipeline each run: the estimates come back from the store
             append(log, round_events(rng, first=run == 0))
@@ -143,6 +149,7 @@ def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_pa
             config = test_log.pipeline_config(max_records_per_task=20_000)
             Pipeline(spark, CATALOG, store_backend.reopen(store), config, log=test_log.open(CATALOG)).run_until_drained()
             assert store.last_batch_id("main") == run  # one batch per run: the oracle's unit
+            watermarks.append(store.progress("main").streams["app"].watermark_ms)
         rows, estimates, clock_panes = oracle(pd.concat(frames, ignore_index=True))
 
         # What is aggregated: every row not future-skewed, in the pane of its corrected time.
@@ -187,5 +194,22 @@ def test_event_times_are_corrected_by_each_devices_clock_across_a_restart(tmp_pa
                    for p in store.read_panes("app_clocks", 0, 2**62)}
         assert derived == clock_panes
         assert {k[1][0] for k in clock_panes} == {"tolerance", "1m", "more"}
+
+        # Sessions per device in corrected time (aggregates/session_batch.py, after the clock step):
+        # per run, what a brute-force sessionization of the events merged so far closes at the
+        # watermark after it (the backlogs of offline5h are late: sessions of their own, at once).
+        batches = [[(d, int(t)) for d, t in zip(good[good["run"] == run]["device"], good[good["run"] == run]["corrected"],
+                                                strict=True)] for run in (0, 1)]
+        closed, still_open = session_oracle(batches, watermarks, gap=STREAM.sessions.gap)
+        expected_sessions: dict[int, list] = {}
+        for s in closed:
+            pane = expected_sessions.setdefault(s.first_ms - s.first_ms % STREAM.pane, [0, 0.0, 0.0])
+            pane[0] += 1
+            pane[1] += s.last_ms - s.first_ms
+            pane[2] += s.events
+        stored_sessions = {p.key.start_ms: [p.data.count, p.data.values["duration_ms"].sum, p.data.values["events"].sum]
+                           for p in store.read_panes("app_sessions", 0, 2**62)}
+        assert stored_sessions == expected_sessions and len(closed) > 0
+        assert store.session_sizes().get("app", 0) == len(still_open) > 0
     finally:
         log.close()

@@ -1,6 +1,7 @@
-"""Session windows with real Spark: closed sessions per pane match an exact sessionization
-(pandas) of the same events, for the sessions the watermark closed. On both logs (the
-`log_backend` fixture): the embedded log's source and Spark's Kafka source."""
+"""Session windows with real Spark, in the pane pipeline's batch (aggregates/session_batch.py):
+closed sessions per pane match an exact sessionization (pandas) of the same events, for the
+sessions the watermark closed, across restarts. On both logs (the `log_backend` fixture): the
+embedded log's source and Spark's Kafka source."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from aggregates.sessions import SessionPipeline
+from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
@@ -69,16 +70,15 @@ def test_sessions_match_an_exact_sessionization_for_sessions_closed_by_the_water
     config = test_log.pipeline_config("main")
     rng = np.random.default_rng(3)
     events: list[dict] = []
-    pipeline = None
-    for chunk in range(3):  # one run per chunk: the query restarts from its checkpoint (state restored) each time
+    for chunk in range(3):  # one run per chunk: the pipeline restarts, its open sessions read from the store
         batch = click_events(chunk, rng)
         events += batch
         answer = client.post("/api/v1/events?stream=clicks", content=json.dumps(batch),
                              headers={"content-type": "application/json"})
         assert answer.status_code == 200 and answer.json()["rejected"] == []
-        pipeline = SessionPipeline(spark, catalog, SqlitePaneStore(tmp_path / "store.db"), config, "clicks")
-        pipeline.run_until_drained()
-    watermark = pipeline.last_watermark_ms
+        Pipeline(spark, catalog, SqlitePaneStore(tmp_path / "store.db"), config, log=test_log.open(catalog),
+                 clock=lambda: (T0 + 7_200_000) / 1000).run_until_drained()
+    watermark = store.progress("main").streams["clicks"].watermark_ms
     assert watermark is not None and watermark > T0 + 1_200_000
 
     exact = exact_sessions(pd.DataFrame(events), GAP)

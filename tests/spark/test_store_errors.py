@@ -9,11 +9,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-import pandas as pd
 import pytest
 
 from store.health import HealthStore
-from tests.spark.events import T0, assert_panes_exact, http_events
+from tests.spark.events import assert_panes_exact, http_events
 from tests.spark.test_pipeline import Service
 
 pytestmark = [
@@ -75,47 +74,3 @@ def running_on_a_full_store(pipeline, health: HealthStore, reported_as: str):
         worker.join(240)
     assert not worker.is_alive() and failed == []
 
-
-def test_a_session_pipeline_retries_a_full_store_and_commits_once_there_is_room(tmp_path, spark, log_backend,
-                                                                                store_backend):
-    """The session-window queries commit through the same retrying helper as the pane pipeline
-    (aggregates/store_commit.py): a full store fails no query, is reported under the serving
-    pipeline's name, and the sessions are committed exactly once when there is room."""
-    import numpy as np
-
-    from aggregates.sessions import SessionPipeline
-    from catalog import parse_catalog
-    from tests.spark.test_sessions import CONFIG, GAP, click_events, exact_sessions
-
-    catalog = parse_catalog(CONFIG)
-    service = Service(log_backend.new(tmp_path), catalog, spark, store_backend)
-    config = service.test_log.pipeline_config("main")
-    rng = np.random.default_rng(5)
-
-    def pipeline_run(chunk: int) -> SessionPipeline:
-        """Ten more minutes of clicks and a session pipeline to read them: its batch closes the
-        sessions the previous run's watermark passed (panes with sketches: the store must grow)."""
-        events.extend(batch := click_events(chunk, rng, users=150))
-        service.post("clicks", batch)
-        return SessionPipeline(spark, catalog, store_backend.reopen(service.store), config, "clicks",
-                               clock=lambda: (T0 + 3_600_000) / 1000)
-
-    events: list[dict] = []
-    first = pipeline_run(0)
-    first.run_until_drained()
-    before = service.store.last_batch_id(first.name)
-    pipeline = pipeline_run(1)
-    health = HealthStore(service.store.side_db())
-    health.reserve_store_errors(config.name)
-    pipeline.health = service.ctx.health = health
-    with running_on_a_full_store(pipeline, health, config.name):
-        during = service.store.last_batch_id(pipeline.name)  # the failing batch is not recorded
-        status = service.client.get("/api/v1/pipeline").json()["health"]["store"]
-        assert status["failing"] is True and pipeline.name in status["message"] and "full" in status["message"]
-    assert health.store_errors(config.name)["failing"] is False
-    assert service.store.last_batch_id(pipeline.name) > during >= before
-    exact = exact_sessions(pd.DataFrame(events), GAP)
-    closed = exact[exact["end"] <= pipeline.last_watermark_ms]
-    stored = sum(p.data.count for p in service.store.read_panes("clicks_sessions", 0, 2**62))
-    assert stored == len(closed) > 0  # each closed session once
-    service.log.close()

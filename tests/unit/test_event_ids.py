@@ -125,6 +125,9 @@ def test_a_stream_declares_an_event_id_with_a_default_window():
     assert s.source_ids == ("user", "request_id") and "request_id" in s.string_fields
     assert Catalog(streams={"o": stream(event_id_field="user", dedup_window="5m")}).streams["o"].source_ids == ("user",)
     assert Catalog(streams={"o": stream()}).streams["o"].dedup_window_ms is None
+    # Sessions run in the pane batch after duplicates are dropped (aggregates/session_batch.py): both may be declared.
+    both = Catalog(streams={"o": stream(event_id_field="rid", sessions={"key": "user", "gap": "5m"})})
+    assert both.streams["o"].sessions.gap == 300_000 and "o_sessions" in both.streams
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -135,8 +138,6 @@ def test_a_stream_declares_an_event_id_with_a_default_window():
     ({"event_id_field": "rid", "dedup_window": "30d"}, "must not be longer than retention (1w)"),
     ({"event_id_field": "rid", "dedup_window": "soon"}, "not a duration"),
     ({"event_id_field": "bad-name"}, "pattern"),
-    ({"event_id_field": "rid", "sessions": {"key": "user", "gap": "5m"}},
-     "event_id_field and sessions cannot be combined yet"),
 ])
 def test_bad_declarations_say_what_is_wrong(extra, message):
     with pytest.raises(ValidationError) as err:

@@ -1,0 +1,159 @@
+"""Session windows in the pane pipeline's micro-batch (catalog/features.py declares `sessions: {key,
+gap}`, aggregates/session_window.py is the rule, store/sessions.py the open sessions).
+
+Per batch: Spark cuts the batch's merged records (not dead letters; after the device clock step,
+so in corrected event time; after duplicates are dropped) of the streams declaring sessions into
+runs, per key: sorted by event time, a new run where the next event is `gap` or more after the
+previous one, and per run its first and last event times and its count. One shuffle by key, and
+the driver receives runs, not events (a key's events within a gap of each other are one row).
+On the driver, per stream: the open sessions its runs' keys touch or that the stream's watermark
+after this batch closes (one store lookup), the rule, and the closed sessions rolled up into
+pane partials of the derived stream `<stream>_sessions` (event time = session start; values
+duration_ms = last - first with a KLL sketch, events with a KLL sketch; an HLL of the key), as
+the partial aggregation would roll them up. The partials and the open sessions' changes go into
+the batch's own store commit: exactly once across restarts, and a session closed behind its
+pane's finality merges through the normal late path (a correction).
+
+Why not Spark's session_window (what ran before): it needs a second streaming query per stream
+that reads the whole log again and keeps its state in its own checkpoint, and it drops events
+behind its watermark (docs/first-seen-membership-sessions.md, "Sessions").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from aggregates.joins import stream_watermarks_after
+from aggregates.partials import dead_letter_reason_column
+from aggregates.session_window import due_through, session_batch
+from catalog import Catalog
+from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
+from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
+from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
+from store.panes import pane_start
+from store.sessions import Session, SessionCommit
+
+
+@dataclass(frozen=True)
+class SessionsBatch:
+    partials: list[PanePartial] = field(default_factory=list)
+    commits: list[SessionCommit] = field(default_factory=list)
+    max_event_ms: dict[str, int] = field(default_factory=dict)  # per derived stream: its newest session start
+    runs: int = 0
+    closed: int = 0
+    opened: int = 0  # open sessions written (new or grown)
+
+
+def session_partials(closed: Iterable[Session], stream: str, key_field: str, pane_ms: int, *, lg_k: int = DEFAULT_LG_K,
+                     kll_k: int = DEFAULT_K) -> list[PanePartial]:
+    """Closed sessions rolled up per pane of their start: count = sessions; duration_ms and events
+    with n/sum/min/max and a KLL sketch; the keys in an HLL sketch (the derived stream's distinct)."""
+    groups: dict[int, list[Session]] = {}
+    for s in closed:
+        groups.setdefault(pane_start(s.first_ms, pane_ms), []).append(s)
+    out = []
+    for start, sessions in sorted(groups.items()):
+        values = {}
+        for name, of in zip(SESSION_VALUES, (lambda s: s.last_ms - s.first_ms, lambda s: s.events), strict=True):
+            xs = [float(of(s)) for s in sessions]
+            kll = KllSketch(kll_k)
+            for x in xs:
+                kll.update(x)
+            values[name] = ValueStats(len(xs), float(sum(xs)), min(xs), max(xs), kll.to_bytes())
+        hll = HllSketch(lg_k)
+        for s in sessions:
+            hll.update(s.key)
+        data = PaneData(len(sessions), values, {key_field: hll.to_bytes()})
+        out.append(PanePartial(stream, start, start + pane_ms, {}, data))
+    return out
+
+
+class SessionWindows:
+    def __init__(self, catalog: Catalog, store: PaneStore, *, lg_k: int = DEFAULT_LG_K, kll_k: int = DEFAULT_K):
+        self.catalog, self.store, self.lg_k, self.kll_k = catalog, store, lg_k, kll_k
+        self.streams = sorted(n for n, s in catalog.streams.items() if s.sessions is not None and not s.derived_from)
+        self.enabled = bool(self.streams)
+        self.names = [sessions_stream_name(n) for n in self.streams]  # the derived streams
+
+    def _per_stream(self, value) -> Column:
+        expr = None
+        for name in self.streams:
+            expr = (F.when if expr is None else expr.when)(F.col("stream") == name, value(self.catalog.streams[name]))
+        return expr
+
+    def runs(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
+        """The batch's merged records of the streams with sessions, cut into runs per key:
+        stream, key, first_ms, last_ms, events (one shuffle by (stream, key), one sort)."""
+        def key_of(stream) -> Column:
+            column, index = source_field(stream, stream.sessions.key)
+            return F.get(F.col(column), index)
+
+        keyed = (batch.where(F.col("stream").isin(self.streams)
+                             & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                 .select("stream", self._per_stream(key_of).alias("key"), "event_time",
+                         self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap"))
+                 .where(F.col("key").isNotNull() & (F.col("key") != "")))
+        by_key = Window.partitionBy("stream", "key").orderBy("event_time")
+        previous = F.lag("event_time").over(by_key)
+        starts = keyed.withColumn("starts", F.when(previous.isNull() | (F.col("event_time") - previous >= F.col("gap")),
+                                                   1).otherwise(0))
+        numbered = starts.withColumn("run", F.sum("starts").over(by_key.rowsBetween(Window.unboundedPreceding,
+                                                                                      Window.currentRow)))
+        return (numbered.groupBy("stream", "key", "run")
+                .agg(F.min("event_time").alias("first_ms"), F.max("event_time").alias("last_ms"),
+                     F.count(F.lit(1)).alias("events"))
+                .select("stream", "key", "first_ms", "last_ms", "events").toArrow())
+
+    def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
+                idle_timeout_ms: Mapping[str, int] | None = None) -> SessionsBatch:
+        return self.sessionize(self.runs(batch, batch_now_ms), commit, now_ms=batch_now_ms,
+                               idle_timeout_ms=idle_timeout_ms)
+
+    def sessionize(self, runs: pa.Table, commit: BatchCommit, *, now_ms: int,
+                   idle_timeout_ms: Mapping[str, int] | None = None) -> SessionsBatch:
+        """Every stream's sessions over the batch's runs, with the open sessions the store holds;
+        `commit` is the batch's own commit (its streams' progress: the watermark that closes them)."""
+        marks = stream_watermarks_after(self.store, self.catalog, self.streams, commit, now_ms=now_ms,
+                                        idle_timeout_ms=idle_timeout_ms)
+        by_stream: dict[str, list[Session]] = {name: [] for name in self.streams}
+        for stream, key, first, last, events in zip(*(runs[c].to_pylist() for c in
+                                                      ("stream", "key", "first_ms", "last_ms", "events")), strict=True):
+            by_stream[stream].append(Session(key, first, last, events))
+        out = SessionsBatch()
+        for name in self.streams:
+            stream, derived = self.catalog.streams[name], self.catalog.streams[sessions_stream_name(name)]
+            gap, watermark = stream.sessions.gap, marks.get(name)
+            batch_runs = by_stream[name]
+            stored = self.store.session_state(name, sorted({r.key for r in batch_runs}), due_through(gap, watermark))
+            outcome = session_batch(name, gap, stored, batch_runs, watermark)
+            # A session older than the derived stream's retention comes from events the panes
+            # dead-letter as beyond_retention already: not counted as a session either.
+            closed = [s for s in outcome.closed if s.first_ms >= now_ms - derived.retention]
+            out.partials.extend(session_partials(closed, derived.name, stream.sessions.key, derived.pane,
+                                                 lg_k=self.lg_k, kll_k=self.kll_k))
+            out.commits.append(outcome.commit)
+            if closed:
+                out.max_event_ms[derived.name] = max(s.first_ms for s in closed)
+            out = replace(out, runs=out.runs + len(batch_runs), closed=out.closed + len(closed),
+                          opened=out.opened + len(outcome.commit.kept))
+        return out
+
+
+def with_sessions(commit: BatchCommit, done: SessionsBatch, derived: Iterable[str]) -> BatchCommit:
+    """The batch's commit with the closed sessions' partials and the open sessions' changes. A
+    `<stream>_sessions` stream is read from no log partition: its watermark follows the stream-wide
+    rule (its newest session start - its allowed lateness, which includes the gap)."""
+    names = set(derived)
+    max_event = dict(commit.max_event_ms)
+    for stream, t in done.max_event_ms.items():
+        max_event[stream] = max(max_event.get(stream, t), t)
+    return replace(commit, partials=[*commit.partials, *done.partials], sessions=done.commits, max_event_ms=max_event,
+                   partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
+
+
+__all__ = ["SessionWindows", "SessionsBatch", "session_partials", "with_sessions"]

@@ -1,0 +1,174 @@
+"""Benchmark: session windows inside the pane batch against the session query they replaced,
+side by side in one run on the same log.
+
+    python -m bench.sessions [--events 400000] [--batch-records 1000000] [--rounds 1]
+
+One embedded log is filled with N demo events (config/streams.yaml: http_requests by user_id
+and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and checkpoint:
+
+- `panes only`: the pipeline over the demo streams with `sessions:` taken out (the reference);
+- `before`: the same, then what `sketchboard pipeline` ran beside it until now: one streaming
+  query per stream declaring sessions, reading the whole log again through the source,
+  withWatermark + groupBy(key, session_window) in Spark's state store, the closed sessions
+  aggregated into panes (its code is kept below, `session_query`, only to measure against);
+- `in batch`: the pipeline with sessions in its own batches (aggregates/session_batch.py).
+
+Printed: the wall time of each and the events/s over the log, the sessions each closed per
+stream, and the load average (the machine is shared: compare within one run). Figures are
+printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench.drain import drain_timed
+from bench.throughput import fill_log
+from catalog import Catalog, load_catalog
+from ingest.log import SqliteEventLog
+from sketchboard.settings import DEFAULT_STREAMS
+from store import SqlitePaneStore
+
+
+def without_sessions(catalog: Catalog) -> Catalog:
+    """The catalog with every `sessions:` removed (and the streams and metrics it generated)."""
+    from catalog.features import sessions_stream_name
+
+    derived = {sessions_stream_name(n) for n, s in catalog.streams.items() if s.sessions is not None}
+    streams = {n: s.model_copy(update={"sessions": None}) for n, s in catalog.streams.items() if n not in derived}
+    metrics = {n: m for n, m in catalog.metrics.items() if m.stream not in derived}
+    return Catalog(streams=streams, metrics=metrics, joins=catalog.joins, patterns=catalog.patterns,
+                   views=catalog.views)
+
+
+def session_query(spark, catalog: Catalog, stream_name: str, config, checkpoint_dir: Path) -> tuple[float, int]:
+    """The session query this project ran before sessions moved into the pane batch (until
+    aggregates/sessions.py was removed), drained; its seconds and the sessions it closed. Its
+    closed sessions are aggregated into pane partials as it did, not committed (a few rows)."""
+    from pyspark.sql import functions as F
+
+    from aggregates.partials import partial_aggregates
+    from aggregates.pipeline import drain, read_log, start_query
+    from aggregates.batch_gate import BatchGate
+    from catalog.features import sessions_stream_name, source_field
+
+    source = catalog.streams[stream_name]
+    derived = catalog.streams[sessions_stream_name(stream_name)]
+    source_catalog = Catalog(streams={stream_name: source.model_copy(update={"sessions": None, "enrich": ()})})
+    derived_catalog = Catalog(streams={derived.name: derived})
+    column, index = source_field(source, source.sessions.key)
+    closed = [0]
+
+    def process(batch, batch_id):
+        rows = batch.select(
+            F.lit(derived.name).alias("stream"), F.lit(0).cast("int").alias("partition"),
+            F.xxhash64(F.col("key"), F.col("first_ms")).alias("offset"), F.col("first_ms").alias("event_time"),
+            F.col("first_ms").alias("ingest_time"), F.array().cast("array<string>").alias("dims"),
+            F.array((F.col("last_ms") - F.col("first_ms")).cast("double"), F.col("events").cast("double")).alias("vals"),
+            F.array(F.col("key")).alias("ids"), F.lit(None).cast("string").alias("error"),
+            F.lit(None).cast("string").alias("error_kind"))
+        for row in partial_aggregates(rows, derived_catalog, batch_now_ms=int(time.time() * 1000)).collect():
+            closed[0] += row["count"]
+
+    events = read_log(spark, source_catalog, config, checkpoint_dir)
+    sessions = (
+        events.where(F.col("stream") == stream_name)
+        .where(F.col("error").isNull() & F.col("ingest_time").isNotNull()
+               & (F.col("event_time") <= F.col("ingest_time") + F.lit(source.max_future_skew)))
+        .select(F.get(F.col(column), index).alias("key"), F.timestamp_millis("event_time").alias("ts"), "event_time")
+        .where(F.col("key").isNotNull() & (F.col("key") != ""))
+        .withWatermark("ts", f"{source.allowed_lateness} milliseconds")
+        .groupBy("key", F.session_window("ts", f"{source.sessions.gap} milliseconds").alias("session"))
+        .agg(F.min("event_time").alias("first_ms"), F.max("event_time").alias("last_ms"),
+             F.count(F.lit(1)).alias("events"))
+    )
+    started = time.perf_counter()
+    query = start_query(sessions.writeStream.outputMode("append"), f"bench-sessions-{stream_name}", checkpoint_dir,
+                        process, "1 second", available_now=True, gate=BatchGate())
+    drain(query, f"session query {stream_name}")
+    return time.perf_counter() - started, closed[0]
+
+
+def run_pipeline(spark, catalog: Catalog, root: Path, log_path: Path, name: str, batch_records: int):
+    from aggregates.pipeline import Pipeline, PipelineConfig
+
+    store = SqlitePaneStore(root / f"{name}.db")
+    config = PipelineConfig("bench", log_path, root / "checkpoints" / name, max_records_per_batch=batch_records)
+    pipeline = Pipeline(spark, catalog, store, config)
+    step = pipeline.sessions.process
+    spent = [0.0]
+
+    def timed(*args, **kwargs):  # the sessions' own step in each batch: runs in Spark, lookup, rule, partials
+        started = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    pipeline.sessions.process = timed
+    drained = drain_timed(pipeline, store, out=open(os.devnull, "w"))
+    return drained, store, config, spent[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sessions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--batch-records", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the three runs (alternated) this many times")
+    parser.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
+    args = parser.parse_args(argv)
+    from aggregates.spark import build_spark
+
+    catalog = load_catalog(args.streams)
+    plain = without_sessions(catalog)
+    with_sessions = [n for n, s in catalog.streams.items() if s.sessions is not None and not s.derived_from]
+    root = Path(tempfile.mkdtemp(prefix="sketchboard-bench-sessions-"))
+    spark = build_spark("local[2]")
+    try:
+        log = SqliteEventLog(root / "log.db")
+        for stream in catalog.streams.values():
+            log.ensure_topic(stream)
+        fill_log(log, catalog, args.events)
+        total = sum(o.end for name in catalog.streams for o in log.offsets(name).values())
+        log.close()
+        print(f"log: {total:,} events; sessions on {', '.join(with_sessions)}; load {os.getloadavg()}", flush=True)
+        for round_ in range(args.rounds):
+            reference, store, _, _ = run_pipeline(spark, plain, root, root / "log.db", f"plain{round_}", args.batch_records)
+            store.close()
+            print(f"[round {round_}] panes only: {reference.wall_s:.1f} s = {total / reference.wall_s:,.0f} events/s"
+                  f" (load {os.getloadavg()[0]:.1f})", flush=True)
+            before, store, config, _ = run_pipeline(spark, plain, root, root / "log.db", f"before{round_}",
+                                                 args.batch_records)
+            store.close()
+            spent, closed_before = 0.0, {}
+            for name in with_sessions:
+                took, closed_before[name] = session_query(spark, catalog, name, config,
+                                                          root / "checkpoints" / f"before{round_}-sessions-{name}")
+                spent += took
+                print(f"  session query {name}: {took:.1f} s, {closed_before[name]:,} sessions closed", flush=True)
+            print(f"[round {round_}] before (pipeline + session queries): {before.wall_s:.1f} + {spent:.1f} s ="
+                  f" {total / (before.wall_s + spent):,.0f} events/s (load {os.getloadavg()[0]:.1f})", flush=True)
+            after, store, _, step_s = run_pipeline(spark, catalog, root, root / "log.db", f"inbatch{round_}", args.batch_records)
+            closed_after = {name: sum(p.data.count for p in store.read_panes(f"{name}_sessions", 0, 2**62))
+                            for name in with_sessions}
+            still_open = store.session_sizes()
+            store.close()
+            print(f"[round {round_}] in batch: {after.wall_s:.1f} s = {total / after.wall_s:,.0f} events/s"
+                  f" (of which the sessions' step {step_s:.1f} s, against the session queries' {spent:.1f} s);"
+                  f" sessions closed {closed_after}, open {still_open} (before: closed {closed_before})"
+                  f" (load {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"[round {round_}] sessions' cost over panes only: before +{before.wall_s + spent - reference.wall_s:.1f} s,"
+                  f" in batch +{after.wall_s - reference.wall_s:.1f} s", flush=True)
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
