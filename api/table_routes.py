@@ -9,7 +9,7 @@
 The state is what the pipeline has committed (store/table_state.py): a change shows there
 once its batch is committed, as a change shows in panes. A view (catalog/views.py: a join of two
 tables the pipeline maintains, store/view_state.py) is read by the same GET; a write to one is a
-409 naming the tables to write instead. GET /api/v1/tables/{view}/changes is a view's changelog:
+409 naming the tables to write instead. GET /api/v1/views/{view}/changes is a view's changelog:
 each change of a view row with its old and new row, in commit order, paged by a cursor.
 """
 
@@ -170,7 +170,11 @@ def router(ctx: ApiContext) -> APIRouter:
         now = ctx.now_ms()
         return await append(stream, [tombstone(stream, key, now)], [], now)
 
-    @r.get("/{name}/changes", response_model=ViewChangesPage,
+    # Under /api/v1/views, not /api/v1/tables/{name}/changes, which would overlap DELETE
+    # /api/v1/tables/{name}/{key} (a row keyed "changes").
+    views_router = APIRouter(prefix="/api/v1/views", tags=["tables"])
+
+    @views_router.get("/{name}/changes", response_model=ViewChangesPage,
            responses=errors(400, 404, e400="a table (its changes are its log), or a malformed cursor",
                             e404="unknown view"),
            summary="A view's changelog: each change of a view row with its old and new row, in commit order")
@@ -211,7 +215,10 @@ def router(ctx: ApiContext) -> APIRouter:
         return TablePage(table=name, rows=[_out(row) for row in rows],
                          next_cursor=rows[-1].key if len(rows) == limit else None)
 
-    return r
+    both = APIRouter()
+    both.include_router(r)
+    both.include_router(views_router)
+    return both
 
 
 def _out(row) -> TableRowOut:

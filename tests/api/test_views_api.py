@@ -83,7 +83,7 @@ def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx
                "plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0)}})
     commit(1, {"plans": {"p1": TableChange({"tier": "silver"}, now_ms + 5, 0, 1)}})   # a right change
     commit(2, {"users": {"u1": TableChange(None, now_ms + 9, 0, 1)}})                 # a left delete
-    first = http.get("/api/v1/tables/user_plans/changes", params={"limit": 3})
+    first = http.get("/api/v1/views/user_plans/changes", params={"limit": 3})
     assert first.status_code == 200, first.text
     page = first.json()
     row = {"plan_id": "p1", "credit": 1.0}
@@ -93,14 +93,14 @@ def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx
         ("u1", {**row, "tier": "gold"}, {**row, "tier": "silver"})]
     assert [c["cursor"] for c in page["changes"]] == ["0.0", "0.1", "1.0"]
     assert page["changes"][2]["event_time_ms"] == now_ms + 5 and page["changes"][2]["offset"] == 1
-    rest = http.get("/api/v1/tables/user_plans/changes", params={"cursor": page["next_cursor"]}).json()
+    rest = http.get("/api/v1/views/user_plans/changes", params={"cursor": page["next_cursor"]}).json()
     assert [(c["old"]["tier"], c["new"]) for c in rest["changes"]] == [("silver", None)]
     # Nothing new: the same cursor back, to poll with.
-    again = http.get("/api/v1/tables/user_plans/changes", params={"cursor": rest["next_cursor"]}).json()
+    again = http.get("/api/v1/views/user_plans/changes", params={"cursor": rest["next_cursor"]}).json()
     assert again == {"view": "user_plans", "changes": [], "next_cursor": rest["next_cursor"]}
     # A table, an unknown name and a bad cursor are refused with the reason.
-    table = http.get("/api/v1/tables/users/changes")
+    table = http.get("/api/v1/views/users/changes")
     assert table.status_code == 400 and "'users' is a table: its changes are its log" in table.json()["detail"]
-    assert http.get("/api/v1/tables/nope/changes").status_code == 404
-    bad = http.get("/api/v1/tables/user_plans/changes", params={"cursor": "u1"})
+    assert http.get("/api/v1/views/nope/changes").status_code == 404
+    bad = http.get("/api/v1/views/user_plans/changes", params={"cursor": "u1"})
     assert bad.status_code == 400 and "not a changes cursor" in bad.json()["detail"]

@@ -75,8 +75,9 @@ def test_events_posted_to_the_real_service_appear_live_on_the_dashboard(service,
     assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
     page.wait_for_function("!document.querySelector('#status-last-batch').textContent.startsWith('no batch')",
                            timeout=10_000)
-    # Its requests' users are in no `users` row (no demo traffic): the enrichment misses show in the strip.
-    page.wait_for_function("(e => !e.hidden && e.textContent.includes('http_requests→users 420'))"
+    # Its requests' users are in no `users` row (no demo traffic): the enrichment misses (counted
+    # under the view http_requests is enriched through) show in the strip.
+    page.wait_for_function("(e => !e.hidden && e.textContent.includes('http_requests→user_plans 420'))"
                            "(document.querySelector('#status-enrich-misses'))", timeout=10_000)
     page.wait_for_timeout(600)
     page.screenshot(path=str(artifacts / "dashboard-e2e.png"), full_page=True)

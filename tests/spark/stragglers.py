@@ -33,6 +33,29 @@ class StragglerLog:
     base_ms: int
     bypassed: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset) of records that bypassed the API
     records: int = 0
+    logins: int = 0  # records of the logins stream, beside the http_requests ones
+
+
+LOGINS = "logins"  # the demo's credential_stuffing pattern reads it: its state crosses the crash too
+
+
+def _login_bursts(rng, base_ms: int) -> list[tuple[int, dict]]:
+    """(arrival, login): 24 users with 5-8 failures from one address then (3 in 4) a success
+    from it, a few seconds apart in the first 3 minutes (credential_stuffing matches), and 200
+    ordinary logins; arriving within ~1 s, one in ten 40-90 s late (behind the pattern's watermark)."""
+    out = []
+    for u in range(24):
+        t, ip = base_ms + int(rng.integers(0, 180_000)), f"203.0.113.{u}"
+        outcomes = ["failure"] * int(rng.integers(5, 9)) + ["success" if u % 4 else "failure"]
+        for outcome in outcomes:
+            t += int(rng.integers(1_000, 10_000))
+            out.append({"time": t, "user_id": f"stuffed{u}", "outcome": outcome, "client": "web", "ip": ip})
+    for _ in range(200):
+        out.append({"time": base_ms + int(rng.integers(0, 300_000)), "user_id": f"u{rng.integers(0, 5000)}",
+                    "outcome": "success", "client": "app", "ip": f"198.51.100.{rng.integers(0, 250)}"})
+    late = rng.random(len(out)) < 0.1
+    delay = np.where(late, rng.integers(40_000, 90_000, len(out)), rng.exponential(800.0, len(out)).astype(np.int64))
+    return [(e["time"] + int(d), e) for e, d in zip(out, delay, strict=True)]
 
 
 def _event(rng, t: int) -> dict:
@@ -61,6 +84,8 @@ def write_straggler_log(test_log: TestLog, catalog: Catalog, base_ms: int, *, n:
         t = base_ms - 8 * DAY + int(rng.integers(0, 60_000)) if k % 2 else arrive + 3_600_000 + k
         events.insert(at, (arrive, _event(rng, t)))
     validator = EventValidator(stream)
+    logins = sorted(_login_bursts(rng, base_ms), key=lambda ae: ae[0]) if LOGINS in catalog.streams else []
+    login_validator = EventValidator(catalog.stream(LOGINS)) if logins else None
     log = test_log.open(catalog)
     out = StragglerLog(base_ms)
     for i in range(0, len(events), chunk):
@@ -68,6 +93,14 @@ def write_straggler_log(test_log: TestLog, catalog: Catalog, base_ms: int, *, n:
         good, rejected = validate_many(validator, [e for _, e in part])
         assert not rejected, rejected[:1]
         log.append(stream, good, max(a for a, _ in part))
+        # The logins that arrived by then go in beside them (so batches hold both streams).
+        due = [e for a, e in logins if a <= max(a for a, _ in part) or i + chunk >= len(events)]
+        if due:
+            logins = logins[len(due):]
+            accepted, refused = validate_many(login_validator, due)
+            assert not refused, refused[:1]
+            log.append(catalog.stream(LOGINS), accepted, max(a for a, _ in part))
+            out.logins += len(accepted)
         out.records += len(good)
         if i == chunk * 15:
             out.bypassed |= test_log.write_bad_records(log, stream, max(a for a, _ in part))

@@ -44,9 +44,10 @@ TASK = 20_000
 
 
 def correction_set(store: SqlitePaneStore) -> dict[tuple, tuple]:
-    """Corrections by (batch, pane, dims): everything but ids and wall-clock times."""
+    """The stream's corrections by (batch, pane, dims): everything but ids and wall-clock times
+    (the logins beside it have theirs)."""
     out = {}
-    for c in store.corrections(limit=10**6):
+    for c in store.corrections(stream=STREAM, limit=10**6):
         key = (c.batch_id, c.pane_start_ms, dims_key(c.dims))
         assert key not in out, f"correction recorded twice: {key}"
         out[key] = (c.revision_from, c.revision_to, c.events_added, c.old, c.new)
@@ -145,6 +146,19 @@ class Reference:
     now_ms: int
     expected: Oracle
     corrections: dict
+    matches: list
+
+
+def stuffing_matches(root: Path) -> list[tuple]:
+    """The demo's credential_stuffing matches as stored: key, when decided, the log records
+    matched, whether late, whether a retraction."""
+    store = SqlitePaneStore(root / "store.db")
+    try:
+        return sorted((m.key, m.decided_at_ms, tuple((e["stream"], e["partition"], e["offset"]) for e in m.events),
+                       m.late, m.retracts is not None)
+                      for m in store.pattern_matches("credential_stuffing", limit=10_000))
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +174,9 @@ def reference(tmp_path_factory, demo_catalog, spark, log_backend) -> Reference:
     run_in_process(spark, demo_catalog, test_log, clock=lambda: now_ms / 1000)
     expected = oracle(test_log, test_log.root / "checkpoints" / "main", demo_catalog, now_ms)
     assert expected.read == written.records and set(written.bypassed) <= set(expected.dead)
-    return Reference(test_log, base_ms, now_ms, expected, {})
+    matches = stuffing_matches(test_log.root)
+    assert written.logins and len({m[0] for m in matches}) >= 10  # most of the 18 bursts with a success
+    return Reference(test_log, base_ms, now_ms, expected, {}, matches)
 
 
 def test_stragglers_corrections_and_dead_letters_are_exact(reference, demo_catalog):
@@ -243,6 +259,8 @@ def test_sigkill_mid_batch_then_restart_gives_the_same_result(tmp_path, demo_cat
 
     after = oracle(crashed_log, checkpoint, demo_catalog, int(time.time() * 1000))
     assert after.corrections == expected.corrections and after.dead == expected.dead
+    # The pattern's state crossed the kill too: the same matches, none lost, none twice.
+    assert stuffing_matches(crashed) == reference.matches
     got = check_everything(crashed_log, demo_catalog, after, int(time.time() * 1000))
     # exactly the same correction records as the run without a crash (sums to float rounding,
     # distinct estimates to HLL merge-order noise)
