@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from catalog.durations import format_duration_ms
+from catalog.features import add_derived
 
 if TYPE_CHECKING:
     from catalog.model import Catalog
@@ -49,7 +50,7 @@ def off_by(offset_ms: int, tolerance_ms: int) -> str:
 def expand_clocks(catalog: Catalog) -> None:
     """Add `<stream>_clocks` and its metrics for every stream with a sent time (idempotent: a
     catalog dumped and parsed again already has them)."""
-    from catalog.model import CatalogReferenceError, MetricDef, StreamDef
+    from catalog.model import MetricDef, StreamDef
 
     for name, stream in list(catalog.streams.items()):
         if stream.sent_time_field is None or stream.derived_from:
@@ -70,20 +71,11 @@ def expand_clocks(catalog: Catalog) -> None:
             partitions=1,
             derived_from=name,
         )
-        existing = catalog.streams.get(derived)
-        if existing is not None and existing != spec:
-            raise CatalogReferenceError(
-                ("streams", name, "sent_time_field"), f"the derived stream name {derived!r} is already declared")
-        catalog.streams[derived] = spec
         metrics = (
             MetricDef(name=f"{name}_clock_offset", stream=derived, value="abs_offset_ms", unit="ms",
                       description=f"|clock offset| of the {name} devices heard from (group or filter by off_by)"),
             MetricDef(name=f"{name}_clock_devices", stream=derived, distinct=CLOCK_DEVICE_FIELD,
                       description=f"{name} devices heard from (filter off_by=more: those off by over an hour)"),
         )
-        for metric in metrics:
-            have = catalog.metrics.get(metric.name)
-            if have is not None and have != metric:
-                raise CatalogReferenceError(
-                    ("metrics", metric.name), f"this name is taken by the metrics generated for {name}'s device clocks")
-            catalog.metrics[metric.name] = metric
+        add_derived(catalog, spec, metrics, path=("streams", name, "sent_time_field"),
+                    generated_for=f"{name}'s device clocks")

@@ -12,6 +12,7 @@ start times, values `duration_ms` and `events`, distinct `<key>`) and three metr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from catalog.durations import DurationMs, format_duration_ms
 
 if TYPE_CHECKING:
-    from catalog.model import Catalog, StreamDef
+    from catalog.model import Catalog, MetricDef, StreamDef
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _Field = Annotated[str, Field(pattern=_NAME)]
@@ -105,7 +106,7 @@ def sessions_stream_name(stream: str) -> str:
 def expand_derived(catalog: Catalog) -> None:
     """Add the derived session streams and their metrics to a validated catalog (idempotent:
     a catalog dumped and parsed again already has them)."""
-    from catalog.model import CatalogReferenceError, MetricDef, StreamDef
+    from catalog.model import MetricDef, StreamDef
 
     for name, stream in list(catalog.streams.items()):
         if stream.sessions is None or stream.derived_from:
@@ -125,12 +126,6 @@ def expand_derived(catalog: Catalog) -> None:
             partitions=1,
             derived_from=name,
         )
-        existing = catalog.streams.get(derived)
-        if existing is not None and existing != spec:
-            raise CatalogReferenceError(
-                ("streams", name, "sessions"), f"the derived stream name {derived!r} is already declared"
-            )
-        catalog.streams[derived] = spec
         metrics = (
             MetricDef(name=f"{name}_sessions", stream=derived, distinct=stream.sessions.key,
                       description=f"Sessions started on {name} (count) and distinct {stream.sessions.key} with a session"),
@@ -139,13 +134,25 @@ def expand_derived(catalog: Catalog) -> None:
             MetricDef(name=f"{name}_session_events", stream=derived, value="events",
                       description=f"Events per session on {name}"),
         )
-        for metric in metrics:
-            have = catalog.metrics.get(metric.name)
-            if have is not None and have != metric:
-                raise CatalogReferenceError(
-                    ("metrics", metric.name), f"this name is taken by the metrics generated for {name}.sessions"
-                )
-            catalog.metrics[metric.name] = metric
+        add_derived(catalog, spec, metrics, path=("streams", name, "sessions"), generated_for=f"{name}.sessions")
+
+
+def add_derived(catalog: Catalog, spec: StreamDef, metrics: Iterable[MetricDef], *, path: tuple,
+                generated_for: str) -> None:
+    """Register a generated stream and its metrics (idempotent: a catalog dumped and parsed again
+    already has them); a name a declaration already took otherwise is an error at `path`."""
+    from catalog.model import CatalogReferenceError
+
+    existing = catalog.streams.get(spec.name)
+    if existing is not None and existing != spec:
+        raise CatalogReferenceError(path, f"the derived stream name {spec.name!r} is already declared")
+    catalog.streams[spec.name] = spec
+    for metric in metrics:
+        have = catalog.metrics.get(metric.name)
+        if have is not None and have != metric:
+            raise CatalogReferenceError(("metrics", metric.name),
+                                        f"this name is taken by the metrics generated for {generated_for}")
+        catalog.metrics[metric.name] = metric
 
 
 def check_catalog(catalog: Catalog) -> None:
