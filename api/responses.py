@@ -78,6 +78,9 @@ class StreamProgressOut(BaseModel):
     enrich_misses: dict[str, int] | None = Field(
         default=None, description="per table: events enriched with \"\" because their key had no row at their"
                                   " time (docs/tables.md, Enrichment); null when the stream declares no enrich")
+    open_sessions: int | None = Field(
+        default=None, description="sessions held open (their last event + gap not yet behind the watermark;"
+                                  " docs/first-seen-membership-sessions.md); null when the stream declares no sessions")
     corrections: int
     panes: int
     lag_events: int

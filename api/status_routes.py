@@ -52,6 +52,8 @@ def pipeline_status(ctx: ApiContext) -> dict:
     progress = ctx.store.progress(ctx.pipeline_name)
     now = ctx.now_ms()
     streams = {}
+    sessioned = [n for n, s in ctx.catalog.streams.items() if s.sessions is not None and not s.derived_from]
+    open_sessions = ctx.store.session_sizes() if sessioned else {}
     for name in ctx.catalog.streams:
         offsets = ctx.log.offsets(name)
         committed = progress.end_offsets.get(name, {})
@@ -82,6 +84,8 @@ def pipeline_status(ctx: ApiContext) -> dict:
             # null: the stream declares no enrich (catalog/enrichment.py); else events enriched with "" per table
             "enrich_misses": ({d.table: (s.enrich_misses.get(d.table, 0) if s else 0)
                                for d in ctx.catalog.streams[name].enrich} or None),
+            # null: the stream declares no sessions (aggregates/session_batch.py)
+            "open_sessions": open_sessions.get(name, 0) if name in sessioned else None,
             "corrections": s.corrections if s else 0,
             "panes": s.panes if s else 0,
             "lag_events": sum(p["lag_events"] for p in partitions.values()),
@@ -193,17 +197,22 @@ class _StoredMetrics:
         misses = CounterMetricFamily("sketchboard_enrich_misses",
                                      "Events enriched with \"\" because their key had no row of the table at their"
                                      " time (streams with enrich)", labels=["stream", "table"])
+        sessions = GaugeMetricFamily("sketchboard_open_sessions",
+                                     "Sessions held open: their last event + gap not yet behind the watermark"
+                                     " (streams with sessions)", labels=["stream"])
         for name, s in status["streams"].items():
             for table, n in sorted((s.get("enrich_misses") or {}).items()):
                 misses.add_metric([name, table], n)
             if s["duplicates_dropped"] is not None:
                 duplicates.add_metric([name], s["duplicates_dropped"])
+            if s["open_sessions"] is not None:
+                sessions.add_metric([name], s["open_sessions"])
             events_in.add_metric([name], sum(p["log_end"] for p in s["partitions"].values()))
             aggregated.add_metric([name], s["events_aggregated"])
             dead.add_metric([name], s["events_dead_lettered"])
             for reason, n in sorted(s["dead_lettered_by_reason"].items()):
                 by_reason.add_metric([name, reason], n)
-        yield from (events_in, aggregated, dead, by_reason, duplicates, misses)
+        yield from (events_in, aggregated, dead, by_reason, duplicates, misses, sessions)
         yield from join_metrics(status["joins"])
         yield from pattern_metrics(status["patterns"])
         if ctx.lag is not None:

@@ -6,9 +6,13 @@ pane is corrected (not dropped), and a replayed batch adds nothing."""
 from __future__ import annotations
 
 import pyarrow as pa
+from fastapi.testclient import TestClient
 
 from aggregates.session_batch import SessionWindows, with_sessions
+from api.app import create_app
+from api.context import ApiContext
 from catalog import parse_catalog
+from ingest.log import SqliteEventLog
 from sketches import HllSketch, KllSketch
 from store import BatchCommit
 from store.sessions import Session
@@ -44,7 +48,8 @@ def batch(store, batch_id: int, newest_ms: int, *sessions: Session):
     return done, store.commit_batch(commit, lateness_ms=lateness, now_ms=T0 + 60 * MIN)
 
 
-def test_closed_sessions_become_panes_open_ones_stay_in_the_store_and_a_late_event_corrects_a_final_pane(store_backend):
+def test_closed_sessions_become_panes_open_ones_stay_in_the_store_and_a_late_event_corrects_a_final_pane(
+        store_backend, tmp_path):
     store = store_backend.create()
     # Watermark after the batch: T0 + 40m - 30s. u1 and u2 close; u3 (last T0 + 40m) stays open.
     done, result = batch(store, 0, T0 + 40 * MIN, Session("u1", T0, T0 + 10_000, 3), Session("u2", T0 + 5_000, T0 + 5_000, 1),
@@ -72,3 +77,11 @@ def test_closed_sessions_become_panes_open_ones_stay_in_the_store_and_a_late_eve
     assert not batch(store, 1, T0 + 40 * MIN + 5_000, Session("u1", T0 + 30_000, T0 + 30_000, 1))[1].committed
     assert store.read_panes("web_sessions", T0, T0 + MIN)[0].data.count == 3
     assert store.session_sizes() == {"web": 1}
+
+    # The open sessions in GET /api/v1/pipeline (null for a stream without sessions) and /metrics.
+    ctx = ApiContext(catalog=CATALOG, log=SqliteEventLog(tmp_path / "log.db"), store=store,
+                     clock=lambda: (T0 + 60 * MIN) / 1000)
+    with TestClient(create_app(ctx)) as client:
+        streams = client.get("/api/v1/pipeline").json()["streams"]
+        assert (streams["web"]["open_sessions"], streams["web_sessions"]["open_sessions"]) == (1, None)
+        assert 'sketchboard_open_sessions{stream="web"} 1.0' in client.get("/metrics").text
