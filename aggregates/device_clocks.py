@@ -130,9 +130,7 @@ def with_clocks(commit: BatchCommit, plan: ClockPlan, streams: Mapping[str, Stre
     the same transaction as its panes: a replayed batch starts from the same estimates and
     writes the same rows (exactly once)."""
     partials, newest = clock_partials(plan, streams, kll_k=kll_k, lg_k=lg_k)
-    max_event = dict(commit.max_event_ms)
-    for stream, t in newest.items():
-        max_event[stream] = max(max_event.get(stream, t), t)
+    max_event = commit.max_event_with(newest)
     return replace(commit, device_clocks=plan.changed, partials=[*commit.partials, *partials], max_event_ms=max_event)
 
 

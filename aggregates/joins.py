@@ -187,9 +187,7 @@ def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[st
     passes the join's clock - within: while a lagging partition of either side holds the clock,
     pairs can still come for the panes behind it, so they must not be final yet."""
     names = set(join_names)
-    max_event = dict(commit.max_event_ms)
-    for stream, t in joined.max_event_ms.items():
-        max_event[stream] = max(max_event.get(stream, t), t)
+    max_event = commit.max_event_with(joined.max_event_ms)
     return replace(commit, partials=[*commit.partials, *joined.partials], joins=joined.commits, max_event_ms=max_event,
                    watermark_cap_ms={**commit.watermark_cap_ms, **joined.watermark_cap_ms},
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})

@@ -257,9 +257,7 @@ def with_patterns(commit: BatchCommit, done: PatternsBatch, derived: Iterable[st
     A `<pattern>_matches` stream is read from no log partition: its newest time is its pattern's
     watermark and its lateness 0, so its watermark is the pattern's (no match is decided behind it)."""
     names = set(derived)
-    max_event = dict(commit.max_event_ms)
-    for stream, t in done.watermarks.items():
-        max_event[stream] = max(max_event.get(stream, t), t)
+    max_event = commit.max_event_with(done.watermarks)
     return replace(commit, partials=[*commit.partials, *done.partials], patterns=done.commits, max_event_ms=max_event,
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 

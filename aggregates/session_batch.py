@@ -149,9 +149,7 @@ def with_sessions(commit: BatchCommit, done: SessionsBatch, derived: Iterable[st
     `<stream>_sessions` stream is read from no log partition: its watermark follows the stream-wide
     rule (its newest session start - its allowed lateness, which includes the gap)."""
     names = set(derived)
-    max_event = dict(commit.max_event_ms)
-    for stream, t in done.max_event_ms.items():
-        max_event[stream] = max(max_event.get(stream, t), t)
+    max_event = commit.max_event_with(done.max_event_ms)
     return replace(commit, partials=[*commit.partials, *done.partials], sessions=done.commits, max_event_ms=max_event,
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 

@@ -182,9 +182,7 @@ def with_views(commit: BatchCommit, batch: ViewsBatch, view_names: Iterable[str]
     """The batch's commit with the views' entries and change panes. A view's stream is read from
     no log partition: its watermark follows the stream-wide rule, as a join's derived stream."""
     names = set(view_names)
-    max_event = dict(commit.max_event_ms)
-    for stream, t in batch.max_event_ms.items():
-        max_event[stream] = max(max_event.get(stream, t), t)
+    max_event = commit.max_event_with(batch.max_event_ms)
     return replace(commit, partials=[*commit.partials, *batch.partials], views=batch.commits,
                    max_event_ms=max_event,
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})

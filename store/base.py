@@ -119,6 +119,13 @@ class BatchCommit:
     # commit is refused when the namespace's stored one differs (a switch since: store/switch.py).
     definition_versions: Mapping[str, str] = field(default_factory=dict)
 
+    def max_event_with(self, newest: Mapping[str, int]) -> dict[str, int]:
+        """max_event_ms with a step's derived streams' newest event times merged in (the later wins)."""
+        out = dict(self.max_event_ms)
+        for stream, t in newest.items():
+            out[stream] = max(out.get(stream, t), t)
+        return out
+
 
 @dataclass(frozen=True)
 class CommitResult:
