@@ -30,7 +30,9 @@ class IngestAnswer(BaseModel):
     accepted: int
     rejected: list[RejectedEvent]
     ingest_time_ms: int = Field(description="the ingest time stamped on every accepted event")
-    partitions: dict[int, tuple[int, int]] = Field(description="partition -> (first offset, records written)")
+    partitions: dict[int, tuple[int | None, int]] = Field(
+        description="partition -> (first offset, records written); the first offset is null where Kafka"
+                    " acknowledged a retried record without its offset")
 
 
 class AtomicRejection(BaseModel):
@@ -91,7 +93,7 @@ def charge_events(ctx: ApiContext, key: str, count: int) -> None:
 
 
 def answer_body(stream: str, accepted: int, rejected: list[dict], ingest_time_ms: int,
-                ranges: dict[int, tuple[int, int]]) -> dict:
+                ranges: dict[int, tuple[int | None, int]]) -> dict:
     """IngestAnswer as the JSON it is sent as (and recorded for an Idempotency-Key): built as a
     dict, as FastAPI's validation and serialization of the model cost more than the rest of a
     1 000-event request's Python work. tests/api/test_ingest.py pins it against the model."""

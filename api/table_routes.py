@@ -40,7 +40,9 @@ class TableWriteAnswer(BaseModel):
     deletes: int = Field(description="rows accepted as deletes (tombstones)")
     rejected: list[RejectedEvent]
     ingest_time_ms: int
-    partitions: dict[int, tuple[int, int]] = Field(description="partition -> (first offset, records written)")
+    partitions: dict[int, tuple[int | None, int]] = Field(
+        description="partition -> (first offset, records written); the first offset is null where Kafka"
+                    " acknowledged a retried record without its offset")
 
 
 class TableRowOut(BaseModel):

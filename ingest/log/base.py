@@ -14,9 +14,11 @@ from ingest.events import Event
 
 @dataclass(frozen=True)
 class AppendResult:
-    """Where an append landed: per partition, the first offset and how many records."""
+    """Where an append landed: per partition, the first offset and how many records. The first
+    offset is None where the log acknowledged a record without saying where it landed (a Kafka
+    producer's retry that the broker had already written)."""
 
-    ranges: dict[int, tuple[int, int]]
+    ranges: dict[int, tuple[int | None, int]]
 
     @property
     def count(self) -> int:

@@ -107,10 +107,19 @@ class _Delivery:
             if self.reported == self.expected:
                 self.done.set()
 
-    def ranges(self) -> dict[int, tuple[int, int]]:
+    def ranges(self) -> dict[int, tuple[int | None, int]]:
         # First offset and count per partition. Records of concurrent appends (other API
         # threads or replicas) may interleave, so the count is ours, the range may hold others'.
-        return {p: (min(offs), len(offs)) for p, offs in sorted(self.offsets.items())}
+        # An idempotent producer's retried request that the broker had already written comes
+        # back as a duplicate: persisted, but without its offset (confluent-kafka gives None).
+        # Then the first offset is unknown (None), never a guess; the count still holds.
+        return {p: (None if None in offs else min(offs), len(offs)) for p, offs in sorted(self.offsets.items())}
+
+    def stable_targets(self) -> dict[int, int]:
+        """Per partition, the offset past the newest record whose offset is known: what a
+        reader of committed records must see before the append counts as readable."""
+        known = {p: [o for o in offs if o is not None] for p, offs in self.offsets.items()}
+        return {p: max(offs) + 1 for p, offs in sorted(known.items()) if offs}
 
 
 class KafkaEventLog(EventLog):
@@ -265,6 +274,10 @@ class KafkaEventLog(EventLog):
 
     def _produce(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
                  targets: Sequence[int], ingest_time_ms: int) -> AppendResult:
+        return AppendResult(self._deliver(producer, stream, topic, events, targets, ingest_time_ms).ranges())
+
+    def _deliver(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+                 targets: Sequence[int], ingest_time_ms: int) -> _Delivery:
         """Produce the events to their partitions and wait until each is acknowledged or failed."""
         delivery = _Delivery(len(events))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
@@ -296,7 +309,7 @@ class KafkaEventLog(EventLog):
                 f"Kafka did not acknowledge {failed} of {len(events)} records for topic {topic!r} at"
                 f" {self.bootstrap_servers}: {delivery.errors[0]}"
                 + ("" if failed == len(events) else f" ({len(events) - failed} were written)"))
-        return AppendResult(delivery.ranges())
+        return delivery
 
     # -- change data capture: an append and a source's position in one transaction ------
 
@@ -318,8 +331,8 @@ class KafkaEventLog(EventLog):
                                    f" {expected!r}: another writer follows it")
         try:
             producer.begin_transaction()
-            result = self._produce(producer, stream, topic, events, targets, ingest_time_ms) if events \
-                else AppendResult({})
+            delivery = self._deliver(producer, stream, topic, events, targets, ingest_time_ms) if events \
+                else _Delivery(0)
             positions.produce(producer, source, position)
             producer.commit_transaction(self.timeout_s)
             positions.committed(source, position)
@@ -330,17 +343,17 @@ class KafkaEventLog(EventLog):
             if retry_fenced:  # the producer is gone (fenced, or fatal): a new one, the position checked again
                 return self.append_at(stream, events, ingest_time_ms, source, position, expected, retry_fenced=False)
             raise PositionConflict(f"source {source!r}: another writer took over ({exc})") from None
-        self._await_stable(topic, result)
-        return result
+        self._await_stable(topic, delivery.stable_targets())
+        return AppendResult(delivery.ranges())
 
-    def _await_stable(self, topic: str, result: AppendResult) -> None:
+    def _await_stable(self, topic: str, targets: dict[int, int]) -> None:
         """Wait until readers of committed records see the transaction's records: its commit
         returns before the broker has written the markers that move each partition's last stable
         offset past them (milliseconds), and an append must be readable once it returned, as on
         the embedded log. Past the timeout the records stay committed; they show a moment later."""
         deadline = time.monotonic() + self.timeout_s
-        for partition, (first, count) in result.ranges.items():
-            while self._watermarks(topic, partition)[1] < first + count and time.monotonic() < deadline:
+        for partition, end in targets.items():
+            while self._watermarks(topic, partition)[1] < end and time.monotonic() < deadline:
                 time.sleep(0.005)
 
     def source_position(self, source: str) -> str | None:

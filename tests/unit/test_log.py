@@ -177,8 +177,10 @@ def test_append_ranges_are_contiguous_per_partition(log: EventLog) -> None:
             expected_counts[partition_for(e.key, STREAM.partitions)] += 1
         assert {p: c for p, (_, c) in result.ranges.items()} == dict(expected_counts)
         for p, (first, count) in result.ranges.items():
-            assert first == next_offset[p]  # continues exactly where the partition ended
-            next_offset[p] = first + count
+            # Continues exactly where the partition ended; Kafka may acknowledge a retried record
+            # without its offset (None, tests/unit/test_log_kafka.py), never another offset.
+            assert first in (next_offset[p], None)
+            next_offset[p] += count
         start += n
     assert log.offsets("clicks") == {p: PartitionOffsets(0, next_offset[p]) for p in range(4)}
     for p in range(4):
