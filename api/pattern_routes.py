@@ -69,6 +69,8 @@ class MatchOut(BaseModel):
     committed_at_ms: int
     retracts: int | None = Field(None, description="set on a retraction: the id of the match a late event broke"
                                  " (withdrawn); null on a match")
+    dims: dict[str, str] = Field(default_factory=dict, description="the match's dimensions, as in its"
+                                 " `<pattern>_matches` panes (a retraction: its match's); `late` is the flag above")
 
 
 class MatchesPage(BaseModel):
@@ -186,7 +188,7 @@ def router(ctx: ApiContext) -> APIRouter:
         return MatchesPage(pattern=name, matches=[MatchOut(id=m.id, key=m.key, decided_at_ms=m.decided_at_ms,
                                                            events=m.events, measures=m.measures, late=m.late,
                                                            batch_id=m.batch_id, committed_at_ms=m.committed_at_ms,
-                                                           retracts=m.retracts)
+                                                           retracts=m.retracts, dims=m.dims)
                                                   for m in found],
                            next_cursor=str(found[-1].id) if len(found) == limit else None)
 
