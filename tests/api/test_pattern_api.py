@@ -61,6 +61,7 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
         assert declared[0]["metrics"] == ["credential_stuffing_matches", "credential_stuffing_matches_first_failure",
                                           "credential_stuffing_matches_attempts"]
         assert declared[0]["definition"]["within"] == "10m" and declared[0]["streams"] == ["logins"]
+        assert declared[0]["dimensions"] == ["outcome", "ip", "late"]
 
         url = "/api/v1/patterns/credential_stuffing/matches"
         page = client.get(url, params={"limit": 2}).json()
