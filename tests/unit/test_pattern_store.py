@@ -130,3 +130,24 @@ def test_history_rows_are_kept_per_key_rewritten_and_cut_and_a_retraction_names_
         ("alice", T0 + 60, True, page[0].id, {"ip": "10.0.0.9"}), ("alice", T0 + 55, True, None, {})]
     assert store.pattern_sizes()["cs"].history_rows == 3  # alice's rewritten and cut, bob's
     assert store.pattern_sizes()["cs"].matches == 2  # two, less one retracted, plus one added
+
+
+def test_a_sqlite_store_written_before_matches_had_dimensions_gains_the_column(tmp_path):
+    import sqlite3
+
+    from store import SqlitePaneStore
+    from store.patterns import PATTERN_TABLES
+
+    old = PATTERN_TABLES.replace(
+        "    retracts INTEGER,               -- set on a retraction: the id of the match it withdraws\n", "    retracts INTEGER\n")
+    old = "\n".join(line for line in old.splitlines() if not line.lstrip().startswith("dims TEXT"))
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        conn.executescript(old)
+        conn.execute("INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
+                     " committed_at_ms) VALUES ('cs', 'alice', 1, '[]', '{}', 0, 0, 0)")
+    store = SqlitePaneStore(tmp_path / "store.db")
+    assert [(m.key, m.dims) for m in store.pattern_matches("cs")] == [("alice", {})]  # none kept: no dimensions
+    assert store.commit_batch(commit(0, PatternCommit("cs", T0, matches=[replace(match("bob", T0), dims={"ip": "x"})])),
+                              lateness_ms={}, now_ms=T0).committed
+    assert [m.dims for m in store.pattern_matches("cs")] == [{}, {"ip": "x"}]
+    store.close()
