@@ -25,13 +25,14 @@ the state an in-order run over every event would hold. The history is kept for t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from patterns.corrections import correct
 from patterns.events import Match, PatternEvent
 from patterns.matcher import PatternMatcher
 from patterns.plan import Plan
-from store.patterns import BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad
+from store.patterns import (BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad,
+                            PublishedMatch)
 
 # How far behind the pattern's watermark a late event can still be corrected (beyond the
 # pattern's own span): the events fed are kept that long. A constant for now (a per-pattern
@@ -44,8 +45,9 @@ class PatternBatch:
     commit: PatternCommit
     matches: list[Match]  # decided in order by this batch's events and watermark
     released: int  # events fed to the matcher in this batch
-    added: Sequence[Match] = ()  # matches late events completed (published flagged late)
-    retracted: Sequence[Match] = ()  # published matches late events broke (withdrawn)
+    added: Sequence[Match] = ()  # matches late events completed (published flagged late: `late` set)
+    # Published matches late events broke (withdrawn), with the dims and late flag they were stored with.
+    retracted: Sequence[Match] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,20 @@ def correct_late(plan: Plan, history: Mapping[str, Sequence[HistoryEvent]], late
                                        (e.stream, e.partition, e.offset) in fix.restarts)
                           for e in sorted([*base, *fixes], key=lambda e: e.order)]
     return LateCorrection(added, retracted, states, rewritten)
+
+
+def as_published(retracted: Sequence[Match], published: Mapping[str, Sequence[PublishedMatch]]) -> list[Match]:
+    """The retracted matches with the dimensions and late flag of the stored match each withdraws
+    (the newest stored with its key, decided_at and events, as the store finds its id): a
+    retraction takes its match back from the panes it went to (a match stored before matches
+    kept dimensions: none). Not found (not expected): those the replay gives, late false."""
+    out = []
+    for m in retracted:
+        events = [e.to_json() for e in m.events]
+        stored = next((p for p in reversed(published.get(m.key, ()))
+                       if p.decided_at_ms == m.decided_at and p.events == events), None)
+        out.append(m if stored is None else replace(m, dims=dict(stored.dims), late=stored.late))
+    return out
 
 
 def pattern_watermark(before_ms: int | None, stream_watermarks: Mapping[str, int | None],
@@ -191,12 +207,15 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
         keys[key] = KeyState(state, (), due_ms(plan, state), len(state["runs"]) + len(state["waiting"]))
     # The corrections first (they belong to moments before this batch's watermark), retractions
     # before additions, then the matches decided in order.
-    new = [*(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True, True)
-             for m in fix.retracted),
-           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True)
-             for m in sorted(fix.added, key=lambda m: m.decided_at)),
-           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures)) for m in matches)]
+    retracted = as_published(fix.retracted, load.published)
+    added = [replace(m, late=True) for m in sorted(fix.added, key=lambda m: m.decided_at)]
+    new = [*(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True, True, dict(m.dims))
+             for m in retracted),
+           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), True, dims=dict(m.dims))
+             for m in added),
+           *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), dims=dict(m.dims))
+             for m in matches)]
     cut = None if now is None else now - history_span_ms(plan)
     commit = PatternCommit(plan.name, now, keys, new, late, buffer, history_rewritten=sorted(fix.history),
                            history=history, history_cut_ms=cut)
-    return PatternBatch(commit, matches, released, fix.added, fix.retracted)
+    return PatternBatch(commit, matches, released, added, retracted)

@@ -36,7 +36,7 @@ from aggregates.window_join import DerivedRow
 from catalog import Catalog
 from catalog.model import StreamDef
 from catalog.defined_patterns import deleted_patterns, pattern_definition_id
-from catalog.patterns import Condition, PatternDef, matches_stream_name
+from catalog.patterns import LATE_DIMENSION, Condition, PatternDef, matches_stream_name
 from patterns.events import Match, PatternEvent
 from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
@@ -172,28 +172,35 @@ def pattern_events(records: pa.Table, catalog: Catalog, plan: Plan, pattern: Pat
     return out
 
 
-def match_rows(matches: Iterable[Match]) -> list[DerivedRow]:
-    """One derived row per match at its decided_at, its numeric measures as values."""
-    return [DerivedRow(m.decided_at, (), {name: v for name, v in m.measures.items()
-                                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
+def match_rows(matches: Iterable[Match], dimensions: tuple[str, ...] = (LATE_DIMENSION,)) -> list[DerivedRow]:
+    """One derived row per match at its decided_at, with the values of the derived stream's
+    `dimensions` (the match's own, then `late`: "true" for a match published flagged late) and its
+    numeric measures as values."""
+    return [DerivedRow(m.decided_at,
+                       tuple(("true" if m.late else "false") if d == LATE_DIMENSION else m.dims.get(d)
+                             for d in dimensions),
+                       {name: v for name, v in m.measures.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
             for m in matches]
 
 
-def retraction_partials(matches: Iterable[Match], stream_name: str, pane_ms: int) -> list[PanePartial]:
-    """The retracted matches taken out of their panes (at their decided_at): count -1 each, and per
-    numeric measure n -1 and its value off the sum. Min, max and the percentiles' sketch cannot be
-    taken back: they keep the retracted value (docs/patterns.md, "Late events")."""
-    groups: dict[int, dict] = {}
-    for row in match_rows(matches):
-        g = groups.setdefault(pane_start(row.time_ms, pane_ms), {"count": 0, "values": {}})
+def retraction_partials(matches: Iterable[Match], stream_name: str, pane_ms: int,
+                        dimensions: tuple[str, ...] = (LATE_DIMENSION,)) -> list[PanePartial]:
+    """The retracted matches taken out of their panes (at their decided_at, with the dimensions and
+    late value they were published with): count -1 each, and per numeric measure n -1 and its
+    value off the sum. Min, max and the percentiles' sketch cannot be taken back: they keep the
+    retracted value (docs/patterns.md, "Late events")."""
+    groups: dict[tuple[int, tuple], dict] = {}
+    for row in match_rows(matches, dimensions):
+        g = groups.setdefault((pane_start(row.time_ms, pane_ms), row.dims), {"count": 0, "values": {}})
         g["count"] -= 1
         for name, v in row.values.items():
             n, total = g["values"].get(name, (0, 0.0))
             g["values"][name] = (n - 1, total - v)
-    return [PanePartial(stream_name, start, start + pane_ms, {},
+    return [PanePartial(stream_name, start, start + pane_ms, {d: v for d, v in zip(dimensions, dims) if v is not None},
                         PaneData(g["count"], {name: ValueStats(n, float(total), None, None)
                                               for name, (n, total) in g["values"].items()}, {}))
-            for start, g in sorted(groups.items())]
+            for (start, dims), g in sorted(groups.items(), key=lambda kv: (kv[0][0], [str(d) for d in kv[0][1]]))]
 
 
 class PatternRunner:
@@ -238,10 +245,12 @@ class PatternRunner:
             done = run_pattern_batch(plan, load, events, now)
             done = replace(done, commit=replace(done.commit, definition_id=self.ids[pattern.name], reset=reset))
             stream = self.catalog.streams[matches_stream_name(pattern.name)]
-            out.partials.extend(derived_partials(match_rows([*done.matches, *done.added]), stream.name, (),
-                                                 stream.pane, self.kll_k, sketched=stream.values))
-            # A retraction takes its match out of its pane again: a correction of the pane, as a late event makes.
-            out.partials.extend(retraction_partials(done.retracted, stream.name, stream.pane))
+            out.partials.extend(derived_partials(match_rows([*done.matches, *done.added], stream.dimensions),
+                                                 stream.name, stream.dimensions, stream.pane, self.kll_k,
+                                                 sketched=stream.values))
+            # A retraction takes its match out of its pane again (the pane of its dimensions and late
+            # value): a correction of the pane, as a late event makes.
+            out.partials.extend(retraction_partials(done.retracted, stream.name, stream.pane, stream.dimensions))
             out.commits.append(done.commit)
             if done.commit.watermark_ms is not None:
                 out.watermarks[stream.name] = done.commit.watermark_ms

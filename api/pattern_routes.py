@@ -40,6 +40,8 @@ class PatternOut(BaseModel):
     streams: list[str] = Field(description="the streams whose events the pattern reads")
     matches_stream: str = Field(description="the derived stream with one row per match, at its decided time")
     metrics: list[str] = Field(description="the match count (and rate), then each measure as a value")
+    dimensions: list[str] = Field(default_factory=list, description="the metrics' dimensions: the pattern's own"
+                                  " (declared, or its first step's stream's but the key), then `late`")
     definition: dict[str, Any] = Field(description="the declaration as configured (docs/patterns.md)")
     provisioned: bool = Field(True, description="declared in the configuration: read-only through the API")
     version: int | None = Field(None, description="defined through the API: the store's version of its last change")
@@ -69,6 +71,8 @@ class MatchOut(BaseModel):
     committed_at_ms: int
     retracts: int | None = Field(None, description="set on a retraction: the id of the match a late event broke"
                                  " (withdrawn); null on a match")
+    dims: dict[str, str] = Field(default_factory=dict, description="the match's dimensions, as in its"
+                                 " `<pattern>_matches` panes (a retraction: its match's); `late` is the flag above")
 
 
 class MatchesPage(BaseModel):
@@ -87,6 +91,7 @@ def router(ctx: ApiContext) -> APIRouter:
                                            "created_ms": stored.created_ms, "updated_ms": stored.updated_ms}
         return PatternOut(name=p.name, description=p.description, key=p.key, streams=list(p.streams),
                           matches_stream=matches_stream_name(p.name), metrics=list(match_metric_names(p)),
+                          dimensions=list(ctx.catalog.streams[matches_stream_name(p.name)].dimensions),
                           definition=p.model_dump(mode="json", exclude_defaults=True), **extra)
 
     def declared() -> dict[str, PatternDef]:
@@ -186,7 +191,7 @@ def router(ctx: ApiContext) -> APIRouter:
         return MatchesPage(pattern=name, matches=[MatchOut(id=m.id, key=m.key, decided_at_ms=m.decided_at_ms,
                                                            events=m.events, measures=m.measures, late=m.late,
                                                            batch_id=m.batch_id, committed_at_ms=m.committed_at_ms,
-                                                           retracts=m.retracts)
+                                                           retracts=m.retracts, dims=m.dims)
                                                   for m in found],
                            next_cursor=str(found[-1].id) if len(found) == limit else None)
 

@@ -104,7 +104,8 @@ class PipelineOut(BaseModel):
     patterns: dict[str, dict] = Field(default_factory=dict, description="per pattern (configuration `patterns:`):"
                                       " `streams`, `key`, `watermark_ms` (the pattern's: events up to it were fed in"
                                       " order), `keys_held`, `partial_matches`, `buffered_events` (waiting for the"
-                                      " watermark), `matches`, `late_events` (behind its watermark: recorded, not matched)")
+                                      " watermark), `matches`, `late_events` (behind its watermark: recorded, not matched),"
+                                      " `history_rows` (events kept in pattern_history for replays of late events)")
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
                          " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"

@@ -14,6 +14,7 @@
         not_followed_by: {name: ..., stream: ..., where: ..., within: 30m}   # optional absence
         measures:
           attempts: {count: failures}
+        dimensions: [failures.client]   # optional: the match metrics' dimensions (step.field)
 
 The semantics (what a match is, how contiguity, quantifiers, `within`, the absence step and the
 skip policies combine) are written down in docs/patterns.md; the matcher is patterns/.
@@ -163,6 +164,9 @@ class PatternDef(BaseModel):
     not_followed_by: AbsenceDef | None = None
     after_match: Literal["skip_past_last", "no_skip"] = "skip_past_last"
     measures: dict[_Name, MeasureDef] = {}
+    # The dimensions of the match metrics: `step.field` (or a bare field of the first step), read
+    # from the first event that step took. None: the first step's stream's dimensions but the key.
+    dimensions: tuple[str, ...] | None = None
 
     @property
     def single_event(self) -> bool:
@@ -333,6 +337,7 @@ def check_patterns(catalog: Catalog) -> None:
             _check_where(catalog, pattern, len(pattern.steps), stream, absence.where, path, earlier)
         for name, measure in pattern.measures.items():
             _check_measure(pattern, measure, earlier, (*base, "measures", name))
+        _check_dimensions(catalog, pattern, base)
 
 
 def _stream(catalog: Catalog, name: str, path: tuple) -> StreamDef:
@@ -372,6 +377,85 @@ def _check_measure(pattern: PatternDef, measure: MeasureDef, steps: dict[str, St
                                     f" (values: {', '.join(stream.values) or 'none'})")
 
 
+# The dimension every `<pattern>_matches` stream has besides the pattern's own: "true" for a match
+# a late event brought (published flagged late), "false" for one decided in order.
+LATE_DIMENSION = "late"
+
+
+@dataclass(frozen=True)
+class MatchDimension:
+    """One dimension of a pattern's matches: named `field`, read from the first event step
+    number `step` took in the match (absent when that step took none)."""
+
+    name: str
+    step: int
+    field: str
+
+
+def _split_dimension(pattern: PatternDef, entry: str) -> tuple[str, str]:
+    """(step name, field) of a `dimensions:` entry; a bare field is the first step's."""
+    if "." in entry:
+        step, field = entry.split(".", 1)
+        return step, field
+    return (pattern.steps[0].name if pattern.steps else ""), entry
+
+
+def match_dimensions(pattern: PatternDef, catalog: Catalog) -> tuple[MatchDimension, ...]:
+    """The pattern's own dimensions of its matches (without `late`): those declared, or by
+    default the string dimensions of its first step's stream, but the pattern's key (a pane per
+    key is what the matches' page is for). Entries check_patterns refuses are left out here."""
+    if not pattern.steps:
+        return ()
+    if pattern.dimensions is None:
+        first = catalog.streams.get(pattern.steps[0].stream)
+        if first is None:
+            return ()
+        return tuple(MatchDimension(d, 0, d) for d in first.dimensions if d != pattern.key)
+    out = []
+    for entry in pattern.dimensions:
+        step_name, field = _split_dimension(pattern, entry)
+        index = pattern.step_index(step_name)
+        if index is not None:
+            out.append(MatchDimension(field, index, field))
+    return tuple(out)
+
+
+def _check_dimensions(catalog: Catalog, pattern: PatternDef, base: tuple) -> None:
+    from catalog.model import CatalogReferenceError
+
+    if pattern.dimensions is None:
+        if any(d.name == LATE_DIMENSION for d in match_dimensions(pattern, catalog)):
+            raise CatalogReferenceError(base, f"pattern {pattern.name!r}: the first step's stream has a dimension"
+                                        f" {LATE_DIMENSION!r}, which the matches' own `late` dimension takes;"
+                                        " declare the pattern's `dimensions:` without it")
+        return
+    seen: dict[str, str] = {}
+    for k, entry in enumerate(pattern.dimensions):
+        path = (*base, "dimensions", k)
+        step_name, field = _split_dimension(pattern, entry)
+        index = pattern.step_index(step_name)
+        if index is None or not re.match(_NAME, field):
+            steps = ", ".join(s.name for s in pattern.steps)
+            raise CatalogReferenceError(path, f"pattern {pattern.name!r}: dimension {entry!r} must name a field of"
+                                        f" a step as 'step.field' (steps: {steps}; the absence step matches no event)")
+        stream = catalog.streams[pattern.steps[index].stream]
+        if field not in stream.string_fields:
+            raise CatalogReferenceError(path, f"pattern {pattern.name!r}: dimension {entry!r}: {field!r} is not a"
+                                        f" string field of stream {stream.name!r} (dimensions need strings:"
+                                        f" {', '.join(stream.string_fields) or 'none'})")
+        if field not in stream.dimensions and field not in stream.source_ids:
+            raise CatalogReferenceError(path, f"pattern {pattern.name!r}: dimension {entry!r}: {field!r} of stream"
+                                        f" {stream.name!r} is not carried to the pipeline: declare it as a"
+                                        " dimension or a distinct field")
+        if field == LATE_DIMENSION:
+            raise CatalogReferenceError(path, f"pattern {pattern.name!r}: dimension {entry!r}: {LATE_DIMENSION!r} is"
+                                        " the matches' own dimension (whether a late event brought the match)")
+        if field in seen:
+            raise CatalogReferenceError(path, f"pattern {pattern.name!r}: dimensions {seen[field]!r} and {entry!r}"
+                                        f" would both be named {field!r}")
+        seen[field] = entry
+
+
 # Matches as metrics: each pattern's matches are rows of a derived stream, one per match at its
 # decided_at, with the match's numeric measures as values (aggregates/patterns.py writes them).
 MATCH_TIME_FIELD = "decided_at"
@@ -402,10 +486,20 @@ def expand_patterns(catalog: Catalog) -> None:
         if not re.match(NAME_RE, f"{name}_{max(pattern.measures, key=len, default='')}"):
             raise CatalogReferenceError(("patterns", i, "name"), f"pattern name {pattern.name!r} is too long for its"
                                         f" derived stream and metric names ({name}_<measure>: at most 63 characters)")
+        # A `late` of the pattern's own is refused by check_patterns, with its reason.
+        dims = (*dict.fromkeys(d.name for d in match_dimensions(pattern, catalog) if d.name != LATE_DIMENSION),
+                LATE_DIMENSION)
+        taken = [d for d in dims if d in pattern.measures or d == MATCH_TIME_FIELD]
+        if taken:
+            raise CatalogReferenceError(("patterns", i, "dimensions"), f"pattern {pattern.name!r}: dimension"
+                                        f" {taken[0]!r} has the name of a measure or of the matches' time field"
+                                        f" {MATCH_TIME_FIELD!r}; rename the measure or declare `dimensions:`")
         spec = StreamDef(
             name=name,
             description=f"Matches of pattern {pattern.name} per key {pattern.key}, at the event time each was decided",
             time_field=MATCH_TIME_FIELD,
+            # The pattern's dimensions (its first event's, by default), and whether a late event brought it.
+            dimensions=dims,
             values=tuple(pattern.measures),
             distinct=(),
             pane=format_duration_ms(first.pane),

@@ -48,6 +48,11 @@ class Match:
     events: tuple[MatchedEvent, ...]
     measures: dict[str, float | int]
     decided_at: int
+    # The match's dimensions (the plan's, read from the first event of their step; absent when
+    # that step took none or the event had no value), and whether it was published flagged late
+    # (a late event brought it: the pipeline sets it, the matcher decides in order only).
+    dims: Mapping[str, str] = field(default_factory=dict)
+    late: bool = False
 
     def by_step(self) -> dict[str, list[MatchedEvent]]:
         out: dict[str, list[MatchedEvent]] = {}
@@ -57,4 +62,5 @@ class Match:
 
     def to_json(self) -> dict:
         return {"pattern": self.pattern, "key": self.key, "events": [e.to_json() for e in self.events],
-                "measures": dict(self.measures), "decided_at": self.decided_at}
+                "measures": dict(self.measures), "decided_at": self.decided_at, "dims": dict(self.dims),
+                "late": self.late}

@@ -246,7 +246,13 @@ class PatternMatcher:
                 measures[name] = sum(v for t in events if isinstance(v := dict(t.fields).get(field_name), (int, float))
                                      and not isinstance(v, bool))
         events_out = tuple(MatchedEvent(names[t.step], t.stream, t.partition, t.offset, t.time) for t in run.taken)
-        return Match(self.plan.name, key, events_out, measures, decided_at)
+        dims: dict[str, str] = {}
+        for name, step_index, field_name in self.plan.dimensions:
+            first = next((t for t in run.taken if t.step == step_index), None)
+            value = None if first is None else dict(first.fields).get(field_name)
+            if value is not None:
+                dims[name] = str(value)
+        return Match(self.plan.name, key, events_out, measures, decided_at, dims)
 
     def _store(self, key: str, state: KeyState) -> None:
         if state.empty():

@@ -1,5 +1,6 @@
 """A pattern compiled for matching: steps as plain tuples, literals as the fields hold them, and
-which fields of each step's events later steps and measures read (all a run has to keep)."""
+which fields of each step's events later steps, measures and the match's dimensions read (all a
+run has to keep)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from catalog.model import Catalog
-from catalog.patterns import Condition, PatternDef, normalized_conditions
+from catalog.patterns import Condition, PatternDef, match_dimensions, normalized_conditions
 
 # The last event a step matched, as far as the run kept it: step name -> its kept fields.
 Bindings = Mapping[str, Mapping[str, Any]]
@@ -70,6 +71,8 @@ class Plan:
     no_skip: bool
     measures: tuple[tuple[str, str, str, str | None], ...]  # (name, kind, step, field)
     kept_fields: tuple[tuple[str, ...], ...]  # per step: the fields its events keep in a run
+    # The match's dimensions: (name, step index, field), read from the first event that step took.
+    dimensions: tuple[tuple[str, int, str], ...] = ()
 
     def candidates(self, step: int, count: int) -> tuple[int, ...]:
         """The steps the next taken event may match, after `count` events matched step `step`."""
@@ -123,9 +126,12 @@ def compile_pattern(pattern: PatternDef, catalog: Catalog) -> Plan:
         measures.append((name, measure.kind, measure.step, measure.field))
         if measure.field:
             kept[measure.step].add(measure.field)
+    dimensions = tuple((d.name, d.step, d.field) for d in match_dimensions(pattern, catalog))
+    for _, step_index, field_name in dimensions:
+        kept[steps[step_index].name].add(field_name)
     return Plan(
         name=pattern.name, steps=steps, within=pattern.within, absence=absence,
         absence_within=pattern.not_followed_by.within if pattern.not_followed_by else None,
         no_skip=pattern.after_match == "no_skip", measures=tuple(measures),
-        kept_fields=tuple(tuple(sorted(kept[s.name])) for s in steps),
+        kept_fields=tuple(tuple(sorted(kept[s.name])) for s in steps), dimensions=dimensions,
     )

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS pattern_matches (
     late INTEGER NOT NULL,          -- 1: a correction a late event brought (an added match, or a retraction)
     batch_id INTEGER NOT NULL,
     committed_at_ms INTEGER NOT NULL,
-    retracts INTEGER                -- set on a retraction: the id of the match it withdraws
+    retracts INTEGER,               -- set on a retraction: the id of the match it withdraws
+    dims TEXT                       -- JSON object: the match's dimensions (a retraction: its match's; NULL: none kept)
 );
 CREATE INDEX IF NOT EXISTS pattern_matches_by_time ON pattern_matches (pattern, decided_at_ms);
 CREATE INDEX IF NOT EXISTS pattern_matches_by_key ON pattern_matches (pattern, pattern_key, id);
@@ -153,6 +154,7 @@ class StoredMatch:
     batch_id: int
     committed_at_ms: int
     retracts: int | None = None  # a retraction: the id of the match it withdraws
+    dims: dict = field(default_factory=dict)  # its dimensions (a retraction: those of the match it withdraws)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,17 @@ class NewMatch:
     # A retraction of the stored match with this key, decided_at and events (its id is found in
     # the commit's transaction: the newest such match that is not itself a retraction).
     retraction: bool = False
+    dims: dict = field(default_factory=dict)  # the match's dimensions (a retraction: its match's)
+
+
+class PublishedMatch(NamedTuple):
+    """A stored match (not a retraction) of a key with late events: what a retraction of it takes
+    back from (its dimensions and its late flag)."""
+
+    decided_at_ms: int
+    events: list[dict]
+    dims: dict
+    late: bool
 
 
 @dataclass(frozen=True)
@@ -212,6 +225,8 @@ class PatternLoad:
     keys: dict[str, KeyState] = field(default_factory=dict)
     released: Sequence[BufferedEvent] = ()
     history: dict[str, list[HistoryEvent]] = field(default_factory=dict)  # the keys asked for, in order
+    # The stored matches of the same keys decided since their oldest kept event, in id order.
+    published: dict[str, list[PublishedMatch]] = field(default_factory=dict)
     definition_id: str | None = None  # the definition the stored state was built with (None: not recorded)
 
 
@@ -226,6 +241,7 @@ class PatternSizes:
     matches: int = 0
     late_events: int = 0
     definition_id: str | None = None
+    history_rows: int = 0  # pattern_history: the events kept for replays
 
 
 def _empty(k: KeyState) -> bool:
@@ -271,8 +287,20 @@ def lookup(cursor, pattern: str, keys: Sequence[str], due_through_ms: int | None
             history.setdefault(k, []).append(HistoryEvent(k, s, p, o, t, json.loads(f), bool(r)))
         for events in history.values():
             events.sort(key=lambda e: e.order)
+    published: dict[str, list[PublishedMatch]] = {}
+    if history:
+        # A retraction goes to its match's dimensions and late value, as stored (a replay cannot
+        # tell whether the match was published late). Only matches the replay can decide: none
+        # before the keys' oldest kept event.
+        in_keys, key_arg = _in_keys(q, sorted(history))
+        oldest = min(events[0].time_ms for events in history.values())
+        cursor.execute(f"SELECT pattern_key, decided_at_ms, events, dims, late FROM pattern_matches"
+                       f" WHERE pattern = {q} AND {in_keys} AND retracts IS NULL AND decided_at_ms >= {q} ORDER BY id",
+                       (pattern, key_arg, oldest))
+        for k, d, e, dims, late in cursor.fetchall():
+            published.setdefault(k, []).append(PublishedMatch(d, json.loads(e), json.loads(dims or "{}"), bool(late)))
     return PatternLoad(None if row is None else row[0], found, released,
-                       definition_id=None if applied is None else applied[0], history=history)
+                       definition_id=None if applied is None else applied[0], history=history, published=published)
 
 
 def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, placeholder: str) -> None:
@@ -325,9 +353,9 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
                 retracts = 0 if found is None or found[0] is None else int(found[0])
             cursor.execute(
                 f"INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
-                f" committed_at_ms, retracts) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
+                f" committed_at_ms, retracts, dims) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, {q}, {q}, {q})",
                 (c.pattern, m.key, m.decided_at_ms, events, json.dumps(m.measures), int(m.late), batch_id, now_ms,
-                 retracts))
+                 retracts, json.dumps(m.dims, sort_keys=True)))
         if c.late:
             cursor.executemany(
                 f"INSERT INTO pattern_late (pattern, stream, log_partition, log_offset, time_ms, watermark_ms,"
@@ -379,6 +407,9 @@ def sizes(cursor) -> dict[str, PatternSizes]:
     cursor.execute("SELECT pattern, COUNT(*) FROM pattern_buffer GROUP BY pattern")
     for name, buffered in cursor.fetchall():
         out.setdefault(name, {}).update(buffered_events=buffered)
+    cursor.execute("SELECT pattern, COUNT(*) FROM pattern_history GROUP BY pattern")
+    for name, rows in cursor.fetchall():
+        out.setdefault(name, {}).update(history_rows=rows)
     # Events a store written before pattern_buffer kept with their key: each key's JSON array length.
     cursor.execute("SELECT pattern, definition_id FROM pattern_applied")
     for name, applied in cursor.fetchall():
@@ -406,9 +437,10 @@ def matches_page(cursor, pattern: str, placeholder: str, *, key: str | None = No
         clauses.append(f"decided_at_ms < {q}")
         args.append(end_ms)
     cursor.execute(f"SELECT id, pattern, pattern_key, decided_at_ms, events, measures, late, batch_id, committed_at_ms,"
-                   f" retracts FROM pattern_matches WHERE {' AND '.join(clauses)} ORDER BY id LIMIT {q}", (*args, limit))
-    return [StoredMatch(i, p, k, d, json.loads(e), json.loads(m), bool(late), b, at, r)
-            for i, p, k, d, e, m, late, b, at, r in cursor.fetchall()]
+                   f" retracts, dims FROM pattern_matches WHERE {' AND '.join(clauses)} ORDER BY id LIMIT {q}",
+                   (*args, limit))
+    return [StoredMatch(i, p, k, d, json.loads(e), json.loads(m), bool(late), b, at, r, json.loads(dims or "{}"))
+            for i, p, k, d, e, m, late, b, at, r, dims in cursor.fetchall()]
 
 
 def newest_match_id(cursor, pattern: str, placeholder: str) -> int | None:

@@ -87,6 +87,8 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE dead_letters ADD COLUMN clock_correction_ms INTEGER")
         if "retracts" not in columns("pattern_matches"):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN retracts INTEGER")
+        if "dims" not in columns("pattern_matches"):
+            self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN dims TEXT")
 
     # -- writing ------------------------------------------------------------------------
 

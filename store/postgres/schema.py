@@ -62,6 +62,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         # Columns added after a store may have been created (CREATE TABLE IF NOT EXISTS keeps the old table).
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")
+        conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS dims TEXT")
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 

@@ -61,6 +61,7 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
         assert declared[0]["metrics"] == ["credential_stuffing_matches", "credential_stuffing_matches_first_failure",
                                           "credential_stuffing_matches_attempts"]
         assert declared[0]["definition"]["within"] == "10m" and declared[0]["streams"] == ["logins"]
+        assert declared[0]["dimensions"] == ["outcome", "ip", "late"]
 
         url = "/api/v1/patterns/credential_stuffing/matches"
         page = client.get(url, params={"limit": 2}).json()
@@ -68,6 +69,8 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
                                                                              ("bob", T0 + 15 * MIN)]
         assert page["matches"][0]["measures"] == {"first_failure": T0, "attempts": 5}
         assert [e["offset"] for e in page["matches"][0]["events"]] == [0, 1, 2, 3, 4, 5]
+        # Its dimensions, as in its panes: those of logins (the first step's stream) but the key, from its first event.
+        assert page["matches"][0]["dims"] == {"outcome": "failure", "ip": "10.0.0.9"}
         rest = client.get(url, params={"limit": 2, "cursor": page["next_cursor"]}).json()
         assert [m["key"] for m in rest["matches"]] == ["carol"] and rest["next_cursor"] is None
         assert [m["key"] for m in client.get(url, params={"key": "bob"}).json()["matches"]] == ["bob"]
@@ -84,11 +87,13 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
 
         status = client.get("/api/v1/pipeline").json()["patterns"]["credential_stuffing"]
         assert status == {"streams": ["logins"], "key": "user_id", "watermark_ms": T0 + 30 * MIN, "keys_held": 1,
-                          "partial_matches": 0, "buffered_events": 1, "matches": 3, "late_events": 1}
+                          "partial_matches": 0, "buffered_events": 1, "matches": 3, "late_events": 1,
+                          "history_rows": 18}  # the 18 events fed, kept for replays of late events
         metrics = client.get("/metrics").text
         assert 'sketchboard_pattern_matches_total{pattern="credential_stuffing"} 3.0' in metrics
         assert 'sketchboard_pattern_late_events_total{pattern="credential_stuffing"} 1.0' in metrics
         assert 'sketchboard_pattern_state{kind="buffered_events",pattern="credential_stuffing"} 1.0' in metrics
+        assert 'sketchboard_pattern_state{kind="history_rows",pattern="credential_stuffing"} 18.0' in metrics
 
         # The matches as a metric, through the one query path: one per match at its decided time.
         answer = client.get("/api/v1/query", params={"metric": "credential_stuffing_matches", "stat": "count",
@@ -98,4 +103,10 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
         attempts = client.get("/api/v1/query", params={"metric": "credential_stuffing_matches_attempts",
                                                        "stat": "sum", "from": T0, "to": T0 + 30 * MIN, "step": "30m"})
         assert attempts.json()["series"][0]["points"][0]["value"] == 15
+        # Grouped and filtered by the matches' dimensions, `late` included.
+        grouped = client.get("/api/v1/query", params={"metric": "credential_stuffing_matches", "stat": "count",
+                                                      "from": T0, "to": T0 + 30 * MIN, "step": "30m",
+                                                      "group_by": "ip,late", "filter": "outcome=failure"})
+        assert [(s["group"], s["points"][0]["value"]) for s in grouped.json()["series"]] == [
+            ({"ip": "10.0.0.9", "late": "false"}, 3)]
     store.close()

@@ -108,6 +108,9 @@ def test_create_list_get_replace_delete_and_the_catalog_follows(api, ctx):
     ({"steps": "failures"}, "steps", "valid tuple"),
     ({"name": "bad name"}, "name", "String should match pattern"),
     ({"measures": {"n": {"sum": "failures.ip"}}}, "measures.n", "'ip' is not a value field of stream 'logins'"),
+    ({"dimensions": ["success.ip", "failures.ip"]}, "dimensions.1",
+     "dimensions 'success.ip' and 'failures.ip' would both be named 'ip'"),
+    ({"dimensions": ["absent.client"]}, "dimensions.0", "dimension 'absent.client' must name a field of a step"),
 ])
 def test_an_invalid_declaration_is_a_400_naming_the_field_as_the_config_file_would(api, change, param, reason):
     answer = api.post(PATTERNS, json={**BURST, **change})
@@ -189,3 +192,18 @@ def test_a_pattern_an_alert_rule_watches_is_not_deleted_under_it(wired_ctx):
     # Each change is in the audit log with its body; the refused delete is not.
     actions = [e.action for e in wired_ctx.audit.entries(limit=10) if "/patterns" in e.action]
     assert actions == ["DELETE /api/v1/patterns/login_burst", "POST /api/v1/patterns"]
+
+
+def test_a_pattern_defined_with_dimensions_has_them_and_late_on_its_metrics(api):
+    created = api.post(PATTERNS, json={**BURST, "dimensions": ["failures.client"]})
+    assert created.status_code == 201, created.text
+    assert created.json()["definition"]["dimensions"] == ["failures.client"]
+    dims = {m["name"]: m["dimensions"] for m in api.get("/api/v1/metrics").json()["metrics"]}
+    assert dims["login_burst_matches"] == dims["login_burst_matches_attempts"] == ["client", "late"]
+    # Without a declaration: the first step's stream's dimensions (logins: outcome, client), then late.
+    api.put(f"{PATTERNS}/login_burst", json=BURST).raise_for_status()
+    dims = {m["name"]: m["dimensions"] for m in api.get("/api/v1/metrics").json()["metrics"]}
+    assert dims["login_burst_matches"] == ["outcome", "client", "late"]
+    answer = api.get("/api/v1/query", params={"metric": "login_burst_matches", "from": "now-1h",
+                                              "group_by": "client,late"})
+    assert answer.status_code == 200, answer.text

@@ -13,7 +13,8 @@ each pattern's watermark."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from alerts.loader import load_rules_file
 from alerts.service import AlertService
 from alerts.source import StoreAlertData
 from alerts.webhook import WebhookNotifier
+from dashboard.provisioning import load_dashboard_file
 from demo.traffic import DemoTraffic
 from ingest.log.records import EVENT_TIME, OFFSET
 from patterns.events import PatternEvent
@@ -135,3 +137,14 @@ def test_the_demos_bursts_fire_the_pattern_alert_once_each_and_matches_equal_the
         assert sorted((m["key"], m["decided_at_ms"], [[e["step"], e["stream"], e["partition"], e["offset"], e["time"]]
                                                        for e in m["events"]]) for m in stored) == want
         assert want and not any(m["late"] for m in stored)
+
+    # The demo dashboard's panel: credential-stuffing matches by the client of the burst's first
+    # failure (the pattern's `dimensions:`), each burst that broke in counted under its own client.
+    dashboard = load_dashboard_file(Path(__file__).parents[2] / "config" / "dashboards" / "patterns.yaml", ctx.catalog)
+    panel = next(p for p in dashboard.panels if p.metric == "credential_stuffing_matches")
+    assert list(panel.group_by) == ["client"]
+    answer = client.get("/api/v1/query", params={"metric": panel.metric, "stat": panel.stat, "group_by": "client",
+                                                 "from": start_ms, "to": watermark["credential_stuffing"] + 1,
+                                                 "step": "1h"}).json()
+    counted = {s["group"]["client"]: sum(p["value"] or 0 for p in s["points"]) for s in answer["series"]}
+    assert counted == dict(Counter(b.client for b in bursts))

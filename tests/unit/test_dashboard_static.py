@@ -14,8 +14,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STATIC = REPO_ROOT / "dashboard" / "static"
 # Demo names that are also ordinary words of the page's code and text (an HTTP request's method
 # and status, a list's items, the time axis, the events per session of the generated session
-# streams, a button's two clicks, CSS's position, an alert rule's comparison op): a match on these says nothing.
-ORDINARY_WORDS = {"method", "status", "items", "time", "events", "clicks", "position", "op"}
+# streams, a button's two clicks, CSS's position, an alert rule's comparison op, the `late` dimension
+# every pattern's matches have, whatever the configuration): a match on these says nothing.
+ORDINARY_WORDS = {"method", "status", "items", "time", "events", "clicks", "position", "op", "late"}
 # The demo's values and the placeholders built from them that the page used to carry.
 DEMO_VALUES = ["eu-west", "=GET", "/api/cart", "/api/search", "/api/checkout", "search_p99", "$labels.endpoint"]
 

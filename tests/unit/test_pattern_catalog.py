@@ -110,6 +110,18 @@ MISTAKES = [
      15, "'ip' is not a value field of stream 'logins'"),
     ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      n: {count: fail, sum: fail.x}\n",
      15, "a measure is exactly one of"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    dimensions: [nobody.ip]\n",
+     14, "patterns.0.dimensions.0: pattern 'p': dimension 'nobody.ip' must name a field of a step as 'step.field'"
+         " (steps: fail"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    dimensions: [fail.colour]\n",
+     14, "dimension 'fail.colour': 'colour' is not a string field of stream 'logins'"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    dimensions: [fail.latency_ms]\n",
+     14, "dimension 'fail.latency_ms': 'latency_ms' is not a string field of stream 'logins' (dimensions need"
+         " strings"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    dimensions: [fail.ip, ip]\n",
+     14, "pattern 'p': dimensions 'fail.ip' and 'ip' would both be named 'ip'"),
+    ("  - name: p\n    key: user_id\n    steps:\n" + GOOD_STEP + "    measures:\n      ip: {count: fail}\n",
+     10, "pattern 'p': dimension 'ip' has the name of a measure"),
 ]
 
 
@@ -150,3 +162,45 @@ def test_a_key_or_string_field_the_pipeline_does_not_carry_is_refused():
         parse_catalog(streams + "patterns:\n  - name: p\n    key: ip\n    steps:\n"
                       "      - {name: a, stream: s, where: {user_id: u1}}\n")
     parse_catalog(streams + "patterns:\n  - name: p\n    key: eid\n    steps:\n      - {name: a, stream: s}\n")
+
+
+def test_matches_have_the_first_step_stream_s_dimensions_but_the_key_and_late_by_default():
+    catalog = parse_catalog(EXAMPLES_YAML)
+    assert catalog.streams["credential_stuffing_matches"].dimensions == ("outcome", "ip", "late")
+    assert catalog.streams["abandoned_checkout_matches"].dimensions == ("stage", "late")
+    # The key is a dimension of the stream: not one of the matches' (a pane per key: the matches' page is for that).
+    keyed = parse_catalog("streams:\n  s:\n    dimensions: [device, level]\npatterns:\n  - name: p\n    key: device\n"
+                          "    steps:\n      - {name: a, stream: s}\n")
+    assert keyed.streams["p_matches"].dimensions == ("level", "late")
+
+
+def test_declared_dimensions_name_step_fields_and_change_the_definition_id():
+    from catalog.defined_patterns import definition_id
+    from patterns.plan import compile_pattern
+
+    text = declare("  - name: p\n    key: user_id\n    within: 1m\n    steps:\n" + GOOD_STEP
+                   + "      - {name: ok, stream: logins, where: {outcome: success}}\n"
+                   + "    dimensions: [ok.outcome, ip, fail.user_id]\n")
+    catalog = parse_catalog(text)
+    pattern = catalog.patterns[0]
+    assert catalog.streams["p_matches"].dimensions == ("outcome", "ip", "user_id", "late")
+    plan = compile_pattern(pattern, catalog)
+    assert plan.dimensions == (("outcome", 1, "outcome"), ("ip", 0, "ip"), ("user_id", 0, "user_id"))
+    assert plan.kept_fields == (("ip", "user_id"), ("outcome",))  # what a run keeps to tell them
+    bare = parse_catalog(text.replace("    dimensions: [ok.outcome, ip, fail.user_id]\n", "")).patterns[0]
+    assert definition_id(bare) != definition_id(pattern)  # state built without them is not carried over
+    assert "dimensions" not in bare.model_dump(exclude_defaults=True)  # ids of patterns without them are unchanged
+
+
+def test_a_dimension_the_pipeline_does_not_carry_or_named_late_is_refused():
+    streams = "streams:\n  s:\n    key_field: user_id\n    distinct: [ip]\n    dimensions: [late, outcome]\n"
+    one_step = "patterns:\n  - name: p\n    key: ip\n    steps:\n      - {name: a, stream: s}\n"
+    with pytest.raises(ConfigError, match="dimension 'a.user_id': 'user_id' of stream 's' is not carried to the"
+                       " pipeline"):
+        parse_catalog(streams + one_step + "    dimensions: [a.user_id]\n")
+    with pytest.raises(ConfigError, match="'late' is the matches' own dimension"):
+        parse_catalog(streams + one_step + "    dimensions: [a.late]\n")
+    with pytest.raises(ConfigError, match="the first step's stream has a dimension 'late'"):
+        parse_catalog(streams + one_step)
+    assert parse_catalog(streams + one_step + "    dimensions: [outcome]\n").streams["p_matches"].dimensions == (
+        "outcome", "late")

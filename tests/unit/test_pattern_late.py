@@ -161,3 +161,35 @@ def test_late_events_are_corrected_to_the_definition_exactly_once_in_matches_pan
             panes = store.read_panes(stream, T0 - 60 * MIN, T0 + 300 * MIN)
             assert sum(p.data.count for p in panes) == sum(want.values())
             assert store.corrections(stream=stream, limit=1000)  # the late ones corrected final panes
+            # Grouped by the match's dimensions (its first event's) and `late`: each retraction is taken
+            # from its match's own pane, so no group goes below zero and each holds the net of its matches.
+            dims_of = dict(zip(CATALOG.streams[stream].dimensions[:-1], ("outcome", "ip")))
+            if name == "abandoned_checkout":
+                dims_of = {"stage": "stage"}
+            fields = {(e.stream, e.partition, e.offset): e.fields for evs in events.values() for e in evs}
+            first_dims = Counter(tuple(sorted({d: fields[m[0][1:4]][f] for d, f in dims_of.items()}.items()))
+                                 for (key, decided, m), n in want.items() for _ in range(n))
+            groups: Counter = Counter()
+            for m in page:
+                target = m if m["retracts"] is None else by_id[m["retracts"]]
+                assert m["dims"] == target["dims"] and set(m["dims"]) == set(dims_of)
+                groups[tuple(sorted(target["dims"].items())), target["late"]] += -1 if m["retracts"] else 1
+            in_panes: Counter = Counter()
+            for p in panes:
+                dims = p.key.dims_dict()
+                own = tuple(sorted((d, v) for d, v in dims.items() if d != "late"))
+                in_panes[own, dims["late"] == "true"] += p.data.count
+            assert +in_panes == +groups and min(in_panes.values()) >= 0 and min(groups.values()) >= 0
+            assert (any(late for _, late in +groups) or name == "abandoned_checkout") and any(
+                not late for _, late in +groups)  # (no late event adds an abandoned checkout: it retracts)
+            by_dims: Counter = Counter()
+            for (own, _), n in groups.items():
+                by_dims[own] += n
+            assert +by_dims == first_dims  # the definition's matches by their first event's dimensions
+            # The query path groups and filters by them.
+            answer = client.get("/api/v1/query", params={"metric": stream, "stat": "count", "from": str(T0 - 60 * MIN),
+                                                         "to": str(T0 + 300 * MIN), "step": "1h",
+                                                         "group_by": "late"}).json()
+            counted = {s["group"]["late"]: sum(p["value"] or 0 for p in s["points"]) for s in answer["series"]}
+            assert counted == {str(late).lower(): sum(n for (_, l), n in groups.items() if l == late)
+                               for late in (False, True) if any(l == late for _, l in +groups)}

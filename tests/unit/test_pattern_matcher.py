@@ -272,3 +272,22 @@ def test_state_is_empty_once_the_watermark_passes_within_and_every_deadline(cata
             matcher.advance(step)
     matcher.advance(10_000)
     assert matcher.keys_held == 0 and matcher.partial_matches == 0
+
+
+def test_a_match_carries_its_dimensions_from_the_first_event_of_their_step_through_a_state_round_trip():
+    text = EXAMPLES_YAML.replace("      attempts: {count: failures}\n",
+                                 "      attempts: {count: failures}\n    dimensions: [failures.ip, success.outcome]\n", 1)
+    catalog = parse_catalog(text)
+    plan = compile_pattern(catalog.patterns[0], catalog)
+    matcher = PatternMatcher(plan)
+    # The failures come from two addresses: the dimension is the first failure's, the success's own outcome.
+    failures = [ev("logins", i, i * MIN, "alice", outcome="failure", ip="10.0.0.1" if i == 0 else "10.0.0.9")
+                for i in range(5)]
+    run(matcher, failures[:3])
+    matcher = PatternMatcher.from_state(plan, json.loads(json.dumps(matcher.state())))  # kept in the stored state
+    [match] = run(matcher, [*failures[3:], ev("logins", 9, 6 * MIN, "alice", outcome="success", ip="10.0.0.9")])
+    assert match.dims == {"ip": "10.0.0.1", "outcome": "success"} and not match.late
+    # By default, the first step's stream's dimensions (but the key) from the match's first event.
+    [default] = run(example("credential_stuffing"),
+                    [*failures, ev("logins", 9, 6 * MIN, "alice", outcome="success", ip="10.0.0.9")])
+    assert default.dims == {"outcome": "failure", "ip": "10.0.0.1"}

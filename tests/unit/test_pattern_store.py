@@ -4,10 +4,13 @@ by due time, deleted when a key holds nothing, paged and filtered, counted for t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from store import BatchCommit
-from store.patterns import BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes
+from store.patterns import (BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternSizes,
+                            PublishedMatch)
 
 T0 = 1_700_000_000_000
 RUN = {"last": [T0, "logins", 0, 1], "runs": [{"taken": [], "count": 1, "blocked": [], "deadline": None}],
@@ -99,17 +102,21 @@ def test_history_rows_are_kept_per_key_rewritten_and_cut_and_a_retraction_names_
     rows = [HistoryEvent("alice", "logins", 0, 3, T0 + 50, failure, True),
             HistoryEvent("alice", "logins", 0, 4, T0 + 60, failure, False),
             HistoryEvent("bob", "logins", 1, 5, T0 + 70, {}, True)]
-    first = PatternCommit("cs", T0 + 100, matches=[match("alice", T0 + 60), match("bob", T0 + 70, 2)],
-                          history=rows)
+    alices = replace(match("alice", T0 + 60), dims={"ip": "10.0.0.9"})
+    first = PatternCommit("cs", T0 + 100, matches=[alices, match("bob", T0 + 70, 2)], history=rows)
     assert store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed
     store = store_backend.reopen(store)
+    assert store.pattern_sizes()["cs"].history_rows == 3  # the events kept for replays, in the status
     load = store.pattern_state("cs", [], None, history_keys=["alice", "carol"])
     assert load.history == {"alice": rows[:2]}  # only the keys asked for, in event-time order
+    # With them, the keys' published matches: a retraction goes to its match's dimensions and late value.
+    assert load.published == {"alice": [PublishedMatch(T0 + 60, alices.events, {"ip": "10.0.0.9"}, False)]}
     assert store.pattern_state("other", [], None, history_keys=["alice"]).history == {}
     # A replay rewrote alice's rows (a late event in between, restarts recomputed); the cut drops
     # every row before it; a retraction names the match it withdraws; counted net.
     late = HistoryEvent("alice", "logins", 2, 9, T0 + 55, failure, False)
-    retraction = NewMatch("alice", T0 + 60, match("alice", T0 + 60).events, {"n": 1}, late=True, retraction=True)
+    retraction = NewMatch("alice", T0 + 60, match("alice", T0 + 60).events, {"n": 1}, late=True, retraction=True,
+                          dims={"ip": "10.0.0.9"})
     added = NewMatch("alice", T0 + 55, match("alice", T0 + 55, 9).events, {"n": 9}, late=True)
     second = PatternCommit("cs", T0 + 200, matches=[retraction, added], history_rewritten=["alice"],
                            history=[rows[0], late, rows[1]._replace(restart=True)], history_cut_ms=T0 + 55)
@@ -118,7 +125,29 @@ def test_history_rows_are_kept_per_key_rewritten_and_cut_and_a_retraction_names_
     history = store.pattern_state("cs", [], None, history_keys=["alice", "bob"]).history
     assert history == {"alice": [late, rows[1]._replace(restart=True)], "bob": [rows[2]]}
     page = store.pattern_matches("cs")
-    assert [(m.key, m.decided_at_ms, m.late, m.retracts) for m in page] == [
-        ("alice", T0 + 60, False, None), ("bob", T0 + 70, False, None),
-        ("alice", T0 + 60, True, page[0].id), ("alice", T0 + 55, True, None)]
+    assert [(m.key, m.decided_at_ms, m.late, m.retracts, m.dims) for m in page] == [
+        ("alice", T0 + 60, False, None, {"ip": "10.0.0.9"}), ("bob", T0 + 70, False, None, {}),
+        ("alice", T0 + 60, True, page[0].id, {"ip": "10.0.0.9"}), ("alice", T0 + 55, True, None, {})]
+    assert store.pattern_sizes()["cs"].history_rows == 3  # alice's rewritten and cut, bob's
     assert store.pattern_sizes()["cs"].matches == 2  # two, less one retracted, plus one added
+
+
+def test_a_sqlite_store_written_before_matches_had_dimensions_gains_the_column(tmp_path):
+    import sqlite3
+
+    from store import SqlitePaneStore
+    from store.patterns import PATTERN_TABLES
+
+    old = PATTERN_TABLES.replace(
+        "    retracts INTEGER,               -- set on a retraction: the id of the match it withdraws\n", "    retracts INTEGER\n")
+    old = "\n".join(line for line in old.splitlines() if not line.lstrip().startswith("dims TEXT"))
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        conn.executescript(old)
+        conn.execute("INSERT INTO pattern_matches (pattern, pattern_key, decided_at_ms, events, measures, late, batch_id,"
+                     " committed_at_ms) VALUES ('cs', 'alice', 1, '[]', '{}', 0, 0, 0)")
+    store = SqlitePaneStore(tmp_path / "store.db")
+    assert [(m.key, m.dims) for m in store.pattern_matches("cs")] == [("alice", {})]  # none kept: no dimensions
+    assert store.commit_batch(commit(0, PatternCommit("cs", T0, matches=[replace(match("bob", T0), dims={"ip": "x"})])),
+                              lateness_ms={}, now_ms=T0).committed
+    assert [m.dims for m in store.pattern_matches("cs")] == [{}, {"ip": "x"}]
+    store.close()
