@@ -163,7 +163,7 @@ class ReprocessService:
         if stream not in streams:
             raise KeyError(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
         definition = streams[stream]
-        version = definition_version(definition)
+        version = definition_version(definition, self.catalog)  # a view it is enriched through counts
         stored = self.definitions.definitions().get(stream)
         if stored is None or stored.version == version:
             raise DefinitionUnchanged(
