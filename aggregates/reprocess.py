@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from catalog import Catalog
-from catalog.dependents import stream_dependents
+from catalog.dependents import moved_with, stream_dependents
 from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
@@ -297,7 +297,9 @@ class ReprocessService:
             try:
                 offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
                                         source=Side(qualifiers[run.id], run.id), previous=previous_side,
-                                        serving_version=stored.version, now_ms=now)
+                                        serving_version=stored.version, now_ms=now,
+                                        derived=moved_with(run.stream, StreamDef(**stored.definition),
+                                                           StreamDef(**run.definition)))
             except SwitchConflict as exc:
                 raise SwitchRefused(str(exc)) from None
             old_offsets = stream_offsets(db, run.stream, previous_side)

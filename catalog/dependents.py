@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from catalog.enrichment import enrichment_tables
 
 if TYPE_CHECKING:
-    from catalog.model import Catalog
+    from catalog.model import Catalog, StreamDef
 
 
 def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
@@ -37,4 +37,21 @@ def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
     for name, other in catalog.streams.items():
         if any(stream in enrichment_tables(catalog, decl) for decl in other.enrich):
             out.append(f"enrichment of {name!r}")
+    return sorted(out)
+
+
+def moved_with(stream: str, *definitions: StreamDef) -> list[str]:
+    """The derived streams a switch of `stream` moves with it: those its own declaration generates
+    (`<stream>_sessions` for `sessions`, `<stream>_clocks` for a sent time), which a run builds in
+    its own batches. Given the served and the run's declarations, the names either of them has:
+    an output one of them lacks is moved out (kept with the old output) or in all the same."""
+    from catalog.clocks import clocks_stream_name
+    from catalog.features import sessions_stream_name
+
+    out = set()
+    for definition in definitions:
+        if definition.sessions is not None:
+            out.add(sessions_stream_name(stream))
+        if definition.sent_time_field is not None:
+            out.add(clocks_stream_name(stream))
     return sorted(out)

@@ -22,7 +22,7 @@ PostgreSQL: the namespace's schema)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from store.connection import Db, SqliteDb
@@ -36,6 +36,7 @@ STREAM_TABLES = (
     "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_sketches", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
     "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
+    "session_open",  # its open sessions: the state its `<stream>_sessions` output goes on from
 )
 # Not here, keyed by another name (catalog/dependents.py: a switch of a stream feeding them is
 # refused): join_*, pattern_*, view_* state, and table_versions (a table's row versions, built by
@@ -113,25 +114,28 @@ def stored_version(db: Db, stream: str, side: Side) -> str | None:
 
 
 def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
-                  now_ms: int) -> dict[int, int]:
-    """In the open transaction: the root's rows of `stream` to `previous` (emptied of them
+                  now_ms: int, derived: Sequence[str] = ()) -> dict[int, int]:
+    """In the open transaction: the root's rows of `stream` and of its `derived` streams (its
+    sessions, its device clocks: catalog/dependents.py moved_with) to `previous` (emptied of them
     first), the source's into the root, an offset move for the serving pipeline and one
-    `switched` change record. Returns the serving pipeline's new offsets for the stream.
+    `switched` change record per stream moved. Returns the serving pipeline's new offsets for the stream.
     SwitchConflict, changing nothing, unless the root still serves `serving_version` (read under
     the lock: two switches at once must not both keep the root's rows as the same version)."""
     if stored_version(db, stream, root) != serving_version:
         raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
     columns = table_columns(db)
-    delete_stream(db, stream, previous)
-    copy_stream(db, stream, root, previous, columns)
-    delete_stream(db, stream, root)
-    copy_stream(db, stream, source, root, columns)
+    for name in (stream, *derived):
+        delete_stream(db, name, previous)
+        copy_stream(db, name, root, previous, columns)
+        delete_stream(db, name, root)
+        copy_stream(db, name, source, root, columns)
     offsets = stream_offsets(db, stream, root)
     db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
     db.execute("INSERT INTO offset_moves (pipeline, stream, offsets, at_ms) VALUES (?, ?, ?, ?)",
                (root.pipeline, stream, json.dumps({str(p): o for p, o in sorted(offsets.items())}), now_ms))
-    db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
-               " VALUES (?, 0, '{}', ?, -1, 0, ?)", (stream, SWITCHED_REVISION, now_ms))
+    for name in (stream, *derived):
+        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (name, SWITCHED_REVISION, now_ms))
     return offsets
 
 

@@ -12,6 +12,7 @@ import pytest
 from aggregates.checkpoint_moves import move_offsets
 from aggregates.reprocess import SwitchRefused, run_id
 from catalog import Catalog
+from catalog.dependents import moved_with
 from catalog.versions import catalog_versions, definition_version
 from sketchboard.definitions import pin_definitions
 from sketchboard.reprocess import auto_switch, build_reprocess_service
@@ -22,6 +23,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
+from store.sessions import Session, SessionCommit
 from store.table_versions import EnrichmentCommit
 from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
 
@@ -185,6 +187,61 @@ def test_a_switch_moves_the_streams_enrichment_misses_with_its_panes(settings):
         assert root.progress("main").streams["http"].enrich_misses == {"users": 4}
     finally:
         close_fixture(root, log, service)
+
+
+DERIVING = {"key_field": "user", "sessions": {"key": "user"}, "sent_time_field": "sent_at"}
+OLD_DERIVING = {**OLD, "streams": {**OLD["streams"], "http": {**OLD["streams"]["http"], **DERIVING}}}
+NEW_DERIVING = {**NEW, "streams": {**NEW["streams"], "http": {**NEW["streams"]["http"], **DERIVING}}}
+
+
+def with_derived(commit: BatchCommit, catalog: Catalog, n: int) -> BatchCommit:
+    """The batch plus what `http` derives in it: n closed sessions, n device clock rows, one open session of n events."""
+    partials = [PanePartial(name, NOW, NOW + PANE, dict.fromkeys(catalog.streams[name].dimensions, "x"),
+                            PaneData(count=n)) for name in ("http_sessions", "http_clocks")]
+    return replace(commit, partials=[*commit.partials, *partials],
+                   sessions=[SessionCommit("http", kept=[Session("u1", NOW, NOW + n, n)])])
+
+
+def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings):
+    """`<stream>_sessions` (closed sessions) and its open sessions, and `<stream>_clocks`, are built
+    by a run in its own batches from the stream's records: they are the stream's output too, so
+    they are switched with it, in the same transaction, and kept with the replaced output."""
+    old, new = Catalog(**OLD_DERIVING), Catalog(**NEW_DERIVING)
+    commit = dict(lateness_ms={"http": 0, "orders": 0, "http_sessions": 0, "http_clocks": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(with_derived(batch("main", 0, {("/a",): 5}, {0: 5}, old), old, 4), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(with_derived(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), new, 2), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    try:
+        seq = max((c.seq for c in root.changes_since(0)), default=0)
+        switched = service.switch(run.id)
+        for name in ("http_sessions", "http_clocks"):
+            assert sum(counts(root, name).values()) == 2, name
+        assert [s.events for s in root.session_state("http", ["u1"], None)] == [2]
+        reloaded = {c.stream for c in root.changes_since(seq) if c.revision == SWITCHED_REVISION}
+        assert reloaded == {"http", "http_sessions", "http_clocks"}  # their subscribers get new snapshots
+        kept = open_store(settings, switched["previous"])
+        assert [sum(counts(kept, name).values()) for name in ("http_sessions", "http_clocks")] == [4, 4]
+        assert [s.events for s in kept.session_state("http", ["u1"], None)] == [4]
+        kept.close()
+        service.switch(switched["previous"])  # and back
+        assert sum(counts(root, "http_sessions").values()) == 4
+        assert [s.events for s in root.session_state("http", ["u1"], None)] == [4]
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_derived_streams_moved_with_a_stream_are_those_either_declaration_generates():
+    old, new = Catalog(**OLD_DERIVING), Catalog(**NEW)
+    assert moved_with("http", old.streams["http"], new.streams["http"]) == ["http_clocks", "http_sessions"]
+    assert moved_with("http", new.streams["http"]) == []
 
 
 JOINED = {"streams": {**NEW["streams"], "clicks": {"key_field": "user", "dimensions": ["button"]}},
