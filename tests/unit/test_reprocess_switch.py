@@ -244,6 +244,65 @@ def test_derived_streams_moved_with_a_stream_are_those_either_declaration_genera
     assert moved_with("http", new.streams["http"]) == []
 
 
+PATTERNED = {**NEW, "patterns": [{"name": "burst", "key": "user", "within": "5m", "steps": [
+    {"name": "hits", "stream": "http", "where": {"endpoint": "/a"}, "times": 2}]}]}
+
+
+def with_matches(commit: BatchCommit, catalog: Catalog, keys: list[str], retract: str | None = None) -> BatchCommit:
+    """The batch plus the pattern's work in it: a match per key (and a retraction of one), its state's definition."""
+    from catalog.defined_patterns import pattern_definition_id
+    from store.patterns import NewMatch, PatternCommit
+
+    def match(key, retraction=False):
+        return NewMatch(key, NOW, [{"step": "hits", "partition": 0, "offset": 1}], {}, retraction=retraction)
+
+    found = [match(k) for k in keys] + ([match(retract, True)] if retract else [])
+    pattern = catalog.patterns[0]
+    return replace(commit, patterns=[PatternCommit("burst", NOW, matches=found,
+                                                   definition_id=pattern_definition_id(catalog, pattern))])
+
+
+def standing(store) -> list[str]:
+    rows = store.pattern_matches("burst", limit=1000)
+    gone = {m.retracts for m in rows if m.retracts is not None}
+    return sorted(m.key for m in rows if m.retracts is None and m.id not in gone)
+
+
+def test_a_switch_moves_a_pattern_that_reads_the_stream_alone_with_it(settings):
+    """The run rebuilt the pattern (it reads nothing else): its matches and state are switched
+    with the stream, a retraction still naming the match it withdraws, ids past the root's."""
+    old, new = Catalog(**{**OLD, "patterns": PATTERNED["patterns"]}), Catalog(**PATTERNED)
+    commit = dict(lateness_ms={"http": 0, "orders": 0, "burst_matches": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(with_matches(batch("main", 0, {("/a",): 5}, {0: 5}, old), old, ["u1", "u2", "u3"]), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(with_matches(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), new, ["u7", "u8"], "u7"),
+                        **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    try:
+        top = max(m.id for m in root.pattern_matches("burst", limit=1000))
+        switched = service.switch(run.id)
+        assert standing(root) == ["u8"]  # the run's u7 was retracted there
+        assert min(m.id for m in root.pattern_matches("burst", limit=1000)) > top
+        assert root.pattern_sizes()["burst"].definition_id is not None
+        kept = open_store(settings, switched["previous"])
+        assert standing(kept) == ["u1", "u2", "u3"]
+        kept.close()
+        # New matches get ids past the copied ones (PostgreSQL's identity sequence follows them).
+        root.commit_batch(with_matches(batch("main", 5, {("/a", "us"): 1}, {0: 6}, new), new, ["u9"]), **commit)
+        assert standing(root) == ["u8", "u9"]
+        service.switch(switched["previous"])  # and back
+        assert standing(root) == ["u1", "u2", "u3"]
+    finally:
+        close_fixture(root, log, service)
+
+
 JOINED = {"streams": {**NEW["streams"], "clicks": {"key_field": "user", "dimensions": ["button"]}},
           "joins": [{"name": "http_clicks", "left": {"stream": "http", "key": "user"},
                      "right": {"stream": "clicks", "key": "user"}, "within": "5m"}],
