@@ -303,6 +303,32 @@ def test_a_switch_moves_a_pattern_that_reads_the_stream_alone_with_it(settings):
         close_fixture(root, log, service)
 
 
+def test_runs_follow_the_patterns_defined_through_the_api_and_a_switch_needs_them_built(settings):
+    """A run's catalog is the configuration's with the store's pattern definitions, as the serving
+    pipeline runs them (with their stored versions: the state's definition id); a pattern the run
+    did not build (defined after it started) refuses the switch, which changes nothing."""
+    from sketchboard.reprocess import stream_catalog
+    from store.pattern_definitions import PatternDefinitionStore
+
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    root, log, service, run = switch_fixture(settings, old, new, root_misses=0, run_misses=0)
+    try:
+        declared = {"name": "api_burst", "key": "user", "within": "5m",
+                    "steps": [{"name": "hits", "stream": "http", "where": {"endpoint": "/a"}, "times": 2}]}
+        stored = PatternDefinitionStore(root.side_db()).create("api_burst", declared, now_ms=NOW)
+        full = service.full_catalog()
+        assert [p.name for p in full.patterns] == ["api_burst"] and service.catalog.patterns == ()
+        mine = stream_catalog(full, "http")
+        assert [p.name for p in mine.patterns] == ["api_burst"]
+        assert mine.defined_patterns == {"api_burst": stored.version}
+        with pytest.raises(SwitchRefused, match="did not build pattern 'api_burst'"):
+            service.switch(run.id)
+        assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
+        assert service.serving_version("http") == definition_version(old.streams["http"])
+    finally:
+        close_fixture(root, log, service)
+
+
 JOINED = {"streams": {**NEW["streams"], "clicks": {"key_field": "user", "dimensions": ["button"]}},
           "joins": [{"name": "http_clicks", "left": {"stream": "http", "key": "user"},
                      "right": {"stream": "clicks", "key": "user"}, "within": "5m"}],
