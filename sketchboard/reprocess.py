@@ -94,6 +94,21 @@ def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
                                                        if n in defined}})
 
 
+def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
+    """Copy the serving store's kept row versions of the tables `stream` is enriched from into the
+    run's output store, before its first batch. A table's log is compacted (only each key's newest
+    record survives), so versions rebuilt from it alone would miss the older rows the live run
+    enriched older events with; the versions the serving store kept are exactly those (pruned
+    only behind the streams' retention, where events are dead-lettered anyway). The run's own
+    reading of the table's log adds the same versions again (same log position: kept once).
+    Returns how many versions were copied."""
+    tables = sorted({t for decl in catalog.streams[stream].enrich for t in enrichment_tables(catalog, decl)})
+    versions = {t: root.table_versions(t) for t in tables}
+    if any(versions.values()):
+        out.seed_table_versions({t: v for t, v in versions.items() if v})
+    return sum(len(v) for v in versions.values())
+
+
 def format_time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -156,6 +171,8 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     try:
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
                                   catalog=stream_catalog(service.full_catalog(), stream))
+        if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
+            seed_table_versions(catalog, stream, root, pipeline.store)
         definitions.set_state(run.id, "running", int(time.time() * 1000))
         reporter.start()
         pipeline.run_until_drained()

@@ -323,6 +323,12 @@ class PaneStore(ABC):
         (store/table_versions.py: what enrichment looks up)."""
         raise NotImplementedError
 
+    def seed_table_versions(self, versions: Mapping[str, Sequence[tuple[str, TableVersion]]]) -> None:
+        """Write row versions another store kept (the serving output's, for a reprocessing run that
+        starts in a namespace of its own), in one transaction, as a batch's would be written: a
+        version already stored (same key and log position) is kept as it is."""
+        raise NotImplementedError
+
     def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
         """A changelog table's rows in key order, the first `limit` after the key `after`."""
         raise NotImplementedError

@@ -471,6 +471,10 @@ class SqlitePaneStore(PaneStore):
             found = self._conn.execute(table_state.row_query("?"), (stream, key)).fetchone()
         return None if found is None else table_state.to_row(found)
 
+    def seed_table_versions(self, versions: Mapping[str, Sequence[tuple[str, table_versions.TableVersion]]]) -> None:
+        with self._lock, transaction(self._conn):
+            table_versions.apply(self._conn.cursor(), versions, table_versions.SEEDED_BATCH_ID, "?")
+
     def table_versions(self, stream: str) -> list[tuple[str, table_versions.TableVersion]]:
         with self._lock:
             found = self._conn.execute(table_versions.versions_query("?"), (stream,)).fetchall()

@@ -163,6 +163,9 @@ def apply(cur, versions: Mapping[str, Sequence[tuple[str, TableVersion]]], batch
             " ON CONFLICT (stream, row_key, log_partition, log_offset) DO NOTHING", rows)
 
 
+SEEDED_BATCH_ID = -1  # the batch id of versions copied in from another store, before any batch of its own
+
+
 def prune(cur, stream: str, keep_from_ms: int, placeholder: str) -> None:
     """Drop the versions of `stream` that no lookup at or after `keep_from_ms` needs: each key's
     versions older than its newest one valid at `keep_from_ms`."""

@@ -425,6 +425,10 @@ class PostgresPaneStore(PaneStore):
         found = self._one(table_state.row_query("%s"), (stream, key))
         return None if found is None else table_state.to_row(found)
 
+    def seed_table_versions(self, versions: Mapping[str, Sequence[tuple[str, table_versions.TableVersion]]]) -> None:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            table_versions.apply(cur, versions, table_versions.SEEDED_BATCH_ID, "%s")
+
     def table_versions(self, stream: str) -> list[tuple[str, table_versions.TableVersion]]:
         return [table_versions.to_version(r) for r in self._all(table_versions.versions_query("%s"), (stream,))]
 

@@ -160,3 +160,18 @@ def test_versions_and_misses_are_kept_with_their_batch_exactly_once_and_pruned(s
     # u1's first version can answer nothing at or after T0+15; u2's only one still can.
     assert [k for k, _ in store_backend.reopen(store).table_versions("users")] == ["u1", "u1", "u2"]
     assert store.table_versions("other") == []
+
+
+def test_versions_seeded_from_another_store_are_kept_once_beside_the_batches_own(store_backend):
+    """A reprocessing run's output starts with the serving store's versions (sketchboard/reprocess.py
+    seed_table_versions: the compacted table log alone lacks the older ones); the run's own batches
+    then add the same versions again from the log: each is kept once, as stored."""
+    store = store_backend.create()
+    v1, v2 = TableVersion(T0, 1, 5, {"plan": "free"}), TableVersion(T0 + 10, 1, 6, {"plan": "pro"})
+    store.seed_table_versions({"users": [("u1", v1), ("u1", v2)], "plans": [("p1", TableVersion(T0, 0, 0, None))]})
+    store.commit_batch(enrichment(0, [("u1", TableVersion(T0 + 10, 1, 6, {"plan": "changed?"})),
+                                      ("u2", TableVersion(T0 + 30, 0, 9, {"plan": "team"}))]),
+                       lateness_ms={}, now_ms=T0)
+    assert store_backend.reopen(store).table_versions("users") == [
+        ("u1", v1), ("u1", v2), ("u2", TableVersion(T0 + 30, 0, 9, {"plan": "team"}))]
+    assert store.table_versions("plans") == [("p1", TableVersion(T0, 0, 0, None))]
