@@ -12,16 +12,19 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from catalog import Catalog
-from catalog.dependents import stream_dependents
+from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
+from catalog.dependents import moved_with, rebuilt_patterns, refused_dependents
+from catalog.patterns import PatternDef, matches_stream_name
 from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
+from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
 from store.switch import Side, SwitchConflict, stream_offsets, switch_stream
@@ -129,14 +132,27 @@ def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int) -
     return Progress(tuple(parts), rate, eta)
 
 
+def built_by_run(db, source: Side, catalog: Catalog, patterns: Sequence[PatternDef]) -> None:
+    """SwitchRefused unless the run's output holds each pattern's state built with the definition
+    the serving pipeline runs (its definition id, written by every batch): a pattern defined or
+    changed after the run started is not in its output, and switching would lose its state."""
+    for pattern in patterns:
+        row = db.execute(f"SELECT definition_id FROM {source.table('pattern_applied')} WHERE pattern = ?",
+                         (pattern.name,)).fetchone()
+        if row is None or row[0] != pattern_definition_id(catalog, pattern):
+            raise SwitchRefused(f"run {source.pipeline!r} did not build pattern {pattern.name!r} as it is defined now"
+                                " (defined or changed since the run started, or no batch ran it): start a new run")
+
+
 class ReprocessService:
     """Plans and records runs in the root store; `launch(run)` starts the pipeline for one (the CLI
     runs it in process, the API starts `sketchboard reprocess` as a child)."""
 
     def __init__(self, catalog: Catalog, definitions: DefinitionStore, registry: ConsumerRegistry, log: EventLog,
                  *, launch: Callable[[ReprocessRun], None] | None = None, clock: Callable[[], float] = time.time,
-                 outputs: Outputs | None = None):
+                 outputs: Outputs | None = None, patterns: PatternDefinitionStore | None = None):
         self.outputs = outputs
+        self.patterns = patterns  # the patterns defined through the API: runs and switches follow them too
         self.switch_listeners: list[Callable[[str], None]] = []  # called with the stream after a switch
         self._stores: dict[str, PaneStore] = {}  # outputs opened for ?version= queries
         self._stores_lock = threading.Lock()
@@ -149,6 +165,16 @@ class ReprocessService:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    def full_catalog(self) -> Catalog:
+        """The configured catalog with the patterns defined through the API, as the serving
+        pipeline runs it (aggregates/pattern_definitions.py): what a run builds and a switch moves."""
+        if self.patterns is None:
+            return self.catalog
+        _, stored = self.patterns.patterns()
+        catalog, _ = catalog_with_patterns(self.catalog, [p.definition for p in stored],
+                                           {p.name: p.version for p in stored})
+        return catalog
 
     def changes(self) -> dict[str, tuple[str, str]]:
         """{stream: (serving version, configured version)} for the streams whose definition changed."""
@@ -163,7 +189,7 @@ class ReprocessService:
         if stream not in streams:
             raise KeyError(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
         definition = streams[stream]
-        version = definition_version(definition)
+        version = definition_version(definition, self.catalog)  # a view it is enriched through counts
         stored = self.definitions.definitions().get(stream)
         if stored is None or stored.version == version:
             raise DefinitionUnchanged(
@@ -276,11 +302,14 @@ class ReprocessService:
                 " a run that has caught up with the log's end as of its start")
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
-        dependents = stream_dependents(self.catalog, run.stream)
+        catalog = self.full_catalog()
+        dependents = refused_dependents(catalog, run.stream)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
             raise SwitchRefused(
-                f"stream {run.stream!r} also feeds {', '.join(dependents)}, whose state a run does not rebuild yet:"
-                " a switch would leave it built the old way and feed it the records since the run's end again")
+                f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
+                " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
+                " since the run's end again")
+        patterns = rebuilt_patterns(catalog, run.stream)
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         now = self._now_ms()
@@ -294,10 +323,15 @@ class ReprocessService:
 
         with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
             previous_side = Side(qualifiers[previous], previous)
+            source = Side(qualifiers[run.id], run.id)
+            built_by_run(db, source, catalog, patterns)
+            derived = [*moved_with(run.stream, StreamDef(**stored.definition), StreamDef(**run.definition)),
+                       *(matches_stream_name(p.name) for p in patterns)]
             try:
                 offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
-                                        source=Side(qualifiers[run.id], run.id), previous=previous_side,
-                                        serving_version=stored.version, now_ms=now)
+                                        source=source, previous=previous_side,
+                                        serving_version=stored.version, now_ms=now, derived=derived,
+                                        patterns=[p.name for p in patterns])
             except SwitchConflict as exc:
                 raise SwitchRefused(str(exc)) from None
             old_offsets = stream_offsets(db, run.stream, previous_side)

@@ -2,11 +2,18 @@
 
 A switch replaces the rows keyed by the stream's name (store/switch.py) and moves the serving
 pipeline's offsets of the stream back to where the run stopped. State keyed by another name,
-built from the same records by the live pipeline, would not follow: a window join's state and
-output (keyed by the join), a pattern's state and matches (keyed by the pattern), a view's rows
-(keyed by the view), the row versions other streams are enriched from (built only while an
-enriching stream reads the table). Until runs rebuild those with the stream, a switch of such a
-stream is refused with the list this module gives. Pure: no I/O.
+built from the same records by the live pipeline, must follow or the switch is refused:
+
+- rebuilt by the run and switched with the stream (`rebuilt_patterns`): a pattern whose steps
+  and absence all read the stream. The run reads nothing else, so its state as of the run's end
+  is exact, and the serving pipeline going on from the run's end offsets feeds it each record once.
+- refused (`refused_dependents`): a pattern that also reads another stream, a window join or a
+  view (both always read two different streams), and
+  the row versions other streams are enriched from (built only while an enriching stream reads
+  the table). The serving pipeline is past the run's end in that other stream; its records since
+  would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
+  other dependents), which one pipeline reading the log once cannot do.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,20 +23,19 @@ from typing import TYPE_CHECKING
 from catalog.enrichment import enrichment_tables
 
 if TYPE_CHECKING:
-    from catalog.model import Catalog
+    from catalog.joins import JoinDef
+    from catalog.model import Catalog, StreamDef
+    from catalog.patterns import PatternDef
 
 
 def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
     """Human-readable names of what `stream`'s records feed under another name, sorted."""
     out = []
     for join in catalog.joins:
-        if stream in (join.left.stream, join.right.stream):
+        if stream in join_streams(join):
             out.append(f"join {join.name!r}")
     for pattern in catalog.patterns:
-        steps = [s.stream for s in pattern.steps]
-        if pattern.not_followed_by is not None:
-            steps.append(pattern.not_followed_by.stream)
-        if stream in steps:
+        if stream in pattern_streams(pattern):
             out.append(f"pattern {pattern.name!r}")
     for name, view in catalog.views.items():
         if stream in (view.left, view.right):
@@ -37,4 +43,46 @@ def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
     for name, other in catalog.streams.items():
         if any(stream in enrichment_tables(catalog, decl) for decl in other.enrich):
             out.append(f"enrichment of {name!r}")
+    return sorted(out)
+
+
+def pattern_streams(pattern: PatternDef) -> set[str]:
+    """The streams a pattern reads: its steps' and its absence's."""
+    out = {step.stream for step in pattern.steps}
+    if pattern.not_followed_by is not None:
+        out.add(pattern.not_followed_by.stream)
+    return out
+
+
+def join_streams(join: JoinDef) -> set[str]:
+    return {join.left.stream, join.right.stream}
+
+
+def rebuilt_patterns(catalog: Catalog, stream: str) -> list[PatternDef]:
+    """The patterns that read `stream` alone: a run of the stream builds them in its own output
+    (sketchboard/reprocess.py stream_catalog) and a switch moves them with it."""
+    return [p for p in catalog.patterns if pattern_streams(p) == {stream}]
+
+
+def refused_dependents(catalog: Catalog, stream: str) -> list[str]:
+    """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
+    the stream is refused while there is any."""
+    rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
+    return [d for d in stream_dependents(catalog, stream) if d not in rebuilt]
+
+
+def moved_with(stream: str, *definitions: StreamDef) -> list[str]:
+    """The derived streams a switch of `stream` moves with it: those its own declaration generates
+    (`<stream>_sessions` for `sessions`, `<stream>_clocks` for a sent time), which a run builds in
+    its own batches. Given the served and the run's declarations, the names either of them has:
+    an output one of them lacks is moved out (kept with the old output) or in all the same."""
+    from catalog.clocks import clocks_stream_name
+    from catalog.features import sessions_stream_name
+
+    out = set()
+    for definition in definitions:
+        if definition.sessions is not None:
+            out.add(sessions_stream_name(stream))
+        if definition.sent_time_field is not None:
+            out.add(clocks_stream_name(stream))
     return sorted(out)

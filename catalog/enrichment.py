@@ -26,12 +26,14 @@ leaves them out again (model.StreamDef's serializer), so a stored declaration lo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
+    from catalog.views import ViewDef
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 
@@ -133,6 +135,16 @@ def enrichment_tables(catalog: Catalog, decl: EnrichDef) -> tuple[str, ...]:
     return (decl.table,) if view is None else (view.left, view.right)
 
 
-def enrichment_definition(stream: StreamDef) -> list[dict]:
-    """The enrichment part of a stream's definition version (catalog/versions.py)."""
-    return [{"table": d.table, "by": d.by, "columns": list(d.columns)} for d in stream.enrich]
+def enrichment_definition(stream: StreamDef, views: Mapping[str, ViewDef] | None = None) -> list[dict]:
+    """The enrichment part of a stream's definition version (catalog/versions.py). Through a view
+    (when `views` is given), its declaration counts too: another foreign key or kind enriches the
+    same events with other rows. A plain table's entry has no `view` key (versions unchanged)."""
+    out = []
+    for d in stream.enrich:
+        entry = {"table": d.table, "by": d.by, "columns": list(d.columns)}
+        view = (views or {}).get(d.table)
+        if view is not None:
+            entry["view"] = {"left": view.left, "right": view.right, "foreign_key": view.foreign_key,
+                             "kind": view.kind}
+        out.append(entry)
+    return out

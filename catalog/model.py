@@ -300,6 +300,8 @@ class Catalog(BaseModel):
     patterns: tuple[PatternDef, ...] = ()  # sequences of events to match (catalog/patterns.py)
     # Patterns defined through the API (catalog/defined_patterns.py): name -> the store's version of it.
     defined_patterns: dict[str, int] = Field(default={}, exclude=True)
+    # Streams computed as stored until a switch (catalog/versions.py pinned_catalog): name -> stored version.
+    pinned_versions: dict[str, str] = Field(default={}, exclude=True)
     # Stream-stream window joins (catalog/joins.py): each adds a derived stream and its metrics.
     joins: tuple[JoinDef, ...] = ()
     # Table-table joins maintained as views (catalog/views.py): each adds a derived change stream.

@@ -11,7 +11,9 @@ What counts (the *shaping* part), with the values as the pipeline uses them (def
   max_future_skew (which events are dead-lettered), first_seen / membership / sessions,
   event_id_field with its dedup_window, the device clock fields (sent_time_field, the device
   field, clock_tolerance, clock_window), the enrichments (`enrich`: table, by, columns; the key is
-  only present when a stream declares one, so streams without enrichment keep their versions).
+  only present when a stream declares one, so streams without enrichment keep their versions);
+  for an enrichment through a view, the view's declaration (left, right, foreign_key, kind: what
+  the lookup joins), when the catalog is given (`catalog_versions` always gives it).
 
 What does not count:
 
@@ -40,8 +42,9 @@ VERSION_SCHEME = 1
 SHORT_VERSION_CHARS = 8
 
 
-def shaping_definition(stream: StreamDef) -> dict:
-    """The part of `stream` that shapes its panes, as plain JSON values (see the module doc)."""
+def shaping_definition(stream: StreamDef, catalog: Catalog | None = None) -> dict:
+    """The part of `stream` that shapes its panes, as plain JSON values (see the module doc).
+    `catalog` resolves the views an enrichment looks up through (their declaration counts)."""
     def feature(decl) -> dict | None:
         return None if decl is None else decl.model_dump(mode="json")
 
@@ -67,13 +70,14 @@ def shaping_definition(stream: StreamDef) -> dict:
             "tolerance_ms": stream.clock_tolerance, "window_ms": stream.clock_window},
     }
     if stream.enrich:
-        out["enrich"] = enrichment_definition(stream)
+        out["enrich"] = enrichment_definition(stream, None if catalog is None else catalog.views)
     return out
 
 
-def definition_version(stream: StreamDef) -> str:
-    """The stream's definition version: sha256 (hex) of its shaping definition as canonical JSON."""
-    text = json.dumps(shaping_definition(stream), sort_keys=True, separators=(",", ":"))
+def definition_version(stream: StreamDef, catalog: Catalog | None = None) -> str:
+    """The stream's definition version: sha256 (hex) of its shaping definition as canonical JSON
+    (`catalog`: where the views it is enriched through are declared)."""
+    text = json.dumps(shaping_definition(stream, catalog), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -87,7 +91,11 @@ def versioned_streams(catalog: Catalog) -> dict[str, StreamDef]:
 
 
 def catalog_versions(catalog: Catalog) -> dict[str, str]:
-    return {name: definition_version(s) for name, s in versioned_streams(catalog).items()}
+    """Each stream's version; a stream pinned as stored (`pinned_catalog`) keeps its stored version:
+    it is computed as stored, and a view it is enriched through is the configured one (a pipeline
+    has one declaration of a view), which alone must not make its commits look switched."""
+    return {name: catalog.pinned_versions.get(name) or definition_version(s, catalog)
+            for name, s in versioned_streams(catalog).items()}
 
 
 def stream_document(stream: StreamDef) -> dict:
@@ -104,12 +112,13 @@ def changed_streams(catalog: Catalog, stored_versions: dict[str, str]) -> dict[s
             if name in stored_versions and stored_versions[name] != version}
 
 
-def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict]) -> Catalog:
+def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict], stored_versions: dict[str, str] | None = None) -> Catalog:
     """`catalog` with each stream named in `stored_docs` declared as stored there: what a pipeline
     computes an existing output with until a switch. Metrics are kept where the stored
     declaration still has their fields (metrics do not shape panes; the pipeline only needs them
     to be valid); derived streams and their metrics are generated again from the stored ones,
-    with the joins, views and patterns that still fit the pinned streams."""
+    with the joins, views and patterns that still fit the pinned streams. `stored_versions`: the
+    pinned streams' stored versions, which `catalog_versions` then gives for them."""
     from catalog.model import Catalog as CatalogModel, StreamDef
 
     if not stored_docs:
@@ -143,4 +152,5 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict]) -> Catalog:
     pinned_catalog_ = CatalogModel(streams=streams, metrics=metrics, **kept)
     defined = {p.name for p in pinned_catalog_.patterns}
     return pinned_catalog_.model_copy(update={
-        "defined_patterns": {n: v for n, v in catalog.defined_patterns.items() if n in defined}})
+        "defined_patterns": {n: v for n, v in catalog.defined_patterns.items() if n in defined},
+        "pinned_versions": {n: v for n, v in (stored_versions or {}).items() if n in stored_docs}})

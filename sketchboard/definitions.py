@@ -27,7 +27,7 @@ def pin_definitions(store: PaneStore, catalog: Catalog, pipeline: str,
     changed stream as stored. Records the definitions of streams new to the namespace."""
     definitions = DefinitionStore(store.side_db())
     try:
-        current = {name: (definition_version(s), stream_document(s)) for name, s in versioned_streams(catalog).items()}
+        current = {name: (definition_version(s, catalog), stream_document(s)) for name, s in versioned_streams(catalog).items()}
         stored = definitions.record_missing(current, int(clock() * 1000))
     finally:
         definitions.close()
@@ -37,7 +37,8 @@ def pin_definitions(store: PaneStore, catalog: Catalog, pipeline: str,
             "stream %r: its definition changed (version %s -> %s); pipeline %r keeps computing it with the stored"
             " definition %s so its output keeps one meaning: `sketchboard reprocess %s` builds the new output from"
             " the log beside it", stream, short_version(old), short_version(new), pipeline, short_version(old), stream)
-    return pinned_catalog(catalog, {name: stored[name].definition for name in changes})
+    return pinned_catalog(catalog, {name: stored[name].definition for name in changes},
+                          {name: stored[name].version for name in changes})
 
 
 def apply_offset_moves(store: PaneStore, pipeline: str, checkpoint_dir, *, kafka_prefix: str | None) -> None:

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
+from catalog.dependents import rebuilt_patterns
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -30,8 +31,11 @@ BAR_WIDTH = 30
 def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, log, *, launch=None) -> ReprocessService:
     from sketchboard.wiring import open_consumer_registry
 
+    from store.pattern_definitions import PatternDefinitionStore
+
     return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
-                            log, launch=launch, outputs=reprocess_outputs(settings))
+                            log, launch=launch, outputs=reprocess_outputs(settings),
+                            patterns=PatternDefinitionStore(root_store.side_db()))
 
 
 def reprocess_outputs(settings: Settings) -> Outputs:
@@ -70,7 +74,9 @@ def child_launcher(settings: Settings):
 def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
     and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
-    through a view: the view's two tables, and the view (its declaration names the columns)."""
+    through a view: the view's two tables, and the view (its declaration names the columns); the
+    patterns that read the stream alone (catalog/dependents.py: a switch moves them with it),
+    those defined through the API with their stored versions (their state's definition id)."""
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream == stream}
     streams = {stream: stream_document(catalog.streams[stream])}
@@ -80,7 +86,12 @@ def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
             streams.setdefault(table, stream_document(catalog.streams[table]))
         if decl.table in catalog.views:
             views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
-    return Catalog(streams=streams, metrics=metrics, views=views)
+    patterns = rebuilt_patterns(catalog, stream)
+    run = Catalog(streams=streams, metrics=metrics, views=views,
+                  patterns=[p.model_dump(mode="json", exclude_defaults=True) for p in patterns])
+    defined = {p.name for p in patterns}
+    return run.model_copy(update={"defined_patterns": {n: v for n, v in catalog.defined_patterns.items()
+                                                       if n in defined}})
 
 
 def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
@@ -159,7 +170,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     pipeline = None
     try:
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(catalog, stream))
+                                  catalog=stream_catalog(service.full_catalog(), stream))
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(catalog, stream, root, pipeline.store)
         definitions.set_state(run.id, "running", int(time.time() * 1000))

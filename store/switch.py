@@ -22,7 +22,7 @@ PostgreSQL: the namespace's schema)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from store.connection import Db, SqliteDb
@@ -36,12 +36,17 @@ STREAM_TABLES = (
     "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_sketches", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
     "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
+    "session_open",  # its open sessions: the state its `<stream>_sessions` output goes on from
 )
-# Not here, keyed by another name (catalog/dependents.py: a switch of a stream feeding them is
-# refused): join_*, pattern_*, view_* state, and table_versions (a table's row versions, built by
-# whichever pipeline enriches a stream from the table, not by the table's own output).
+# Not here, keyed by another name: a pattern's state and matches (below), moved with the stream
+# when the run rebuilt them (catalog/dependents.py rebuilt_patterns), else the switch is refused;
+# join_* and view_* state, and table_versions (a table's row versions, built by whichever
+# pipeline enriches a stream from the table, not by the table's own output): always refused.
+# The tables of a pattern's state and matches (column `pattern`).
+PATTERN_TABLES = ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_matches", "pattern_late",
+                  "pattern_applied", "pattern_history")
 # Keys the store numbers itself: a copy gets new ones (the correction ids readers page by stay increasing).
-_NUMBERED = {"dead_letters": "id", "corrections": "id"}
+_NUMBERED = {"dead_letters": "id", "corrections": "id", "pattern_late": "id"}
 
 
 class SwitchConflict(ValueError):
@@ -66,9 +71,9 @@ class Side:
 
 
 def table_columns(db: Db) -> dict[str, list[str]]:
-    """The columns of every stream table, as the root has them (every namespace is made by the same code)."""
+    """The columns of every table a switch moves, as the root has them (every namespace is made by the same code)."""
     out = {}
-    for table in STREAM_TABLES:
+    for table in (*STREAM_TABLES, *PATTERN_TABLES):
         if isinstance(db, SqliteDb):
             out[table] = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
         else:
@@ -112,26 +117,78 @@ def stored_version(db: Db, stream: str, side: Side) -> str | None:
     return None if row is None else row[0]
 
 
+def copy_keyed(db: Db, table: str, column: str, name: str, source: Side, target: Side, columns: Sequence[str],
+               floor: int = 0) -> None:
+    """Copy the rows of `table` whose `column` is `name` from source to target (whose rows of it
+    must be gone); numbered rows get ids past the target's and `floor`."""
+    if table == "pattern_matches":
+        _copy_matches(db, name, source, target, columns, floor)
+        return
+    cols = ", ".join(f'"{c}"' for c in columns if c != _NUMBERED.get(table))
+    db.execute(f"INSERT INTO {target.table(table)} ({cols}) SELECT {cols} FROM {source.table(table)}"
+               f" WHERE {column} = ?", (name,))
+
+
+def _copy_matches(db: Db, pattern: str, source: Side, target: Side, columns: Sequence[str], floor: int) -> None:
+    """A pattern's matches keep their ids relative to each other (a retraction names the id of the
+    match it withdraws), shifted past the target's highest id and `floor`, the highest it had before
+    the switch deleted the replaced ones (readers page by id: it stays increasing)."""
+    table = "pattern_matches"
+    low = db.execute(f"SELECT MIN(id) FROM {source.table(table)} WHERE pattern = ?", (pattern,)).fetchone()[0]
+    if low is None:
+        return
+    top = db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {target.table(table)}").fetchone()[0]
+    shift = max(int(top), floor) + 1 - int(low)
+    others = [c for c in columns if c not in ("id", "retracts")]
+    cols = ", ".join(f'"{c}"' for c in others)
+    # retracts 0: a retraction whose match was not found (store/patterns.py): no id to shift.
+    db.execute(f"INSERT INTO {target.table(table)} (id, retracts, {cols}) SELECT id + ?,"
+               f" CASE WHEN retracts IS NULL OR retracts = 0 THEN retracts ELSE retracts + ? END, {cols}"
+               f" FROM {source.table(table)} WHERE pattern = ?", (shift, shift, pattern))
+    if not isinstance(db, SqliteDb):  # an identity column's sequence does not follow explicit ids
+        db.execute(f"SELECT setval(pg_get_serial_sequence(?, 'id'), (SELECT MAX(id) FROM {target.table(table)}))",
+                   (target.table(table),))
+
+
+def move_keyed(db: Db, tables: Sequence[str], column: str, name: str, *, root: Side, source: Side, previous: Side,
+               columns: Mapping[str, list[str]]) -> None:
+    """A pattern's rows: the root's to `previous` (emptied of them first), the source's into the root."""
+    for table in tables:
+        floor = 0
+        if table == "pattern_matches":
+            floor = int(db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {root.table(table)}").fetchone()[0])
+        db.execute(f"DELETE FROM {previous.table(table)} WHERE {column} = ?", (name,))
+        copy_keyed(db, table, column, name, root, previous, columns[table])
+        db.execute(f"DELETE FROM {root.table(table)} WHERE {column} = ?", (name,))
+        copy_keyed(db, table, column, name, source, root, columns[table], floor)
+
+
 def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
-                  now_ms: int) -> dict[int, int]:
-    """In the open transaction: the root's rows of `stream` to `previous` (emptied of them
-    first), the source's into the root, an offset move for the serving pipeline and one
-    `switched` change record. Returns the serving pipeline's new offsets for the stream.
+                  now_ms: int, derived: Sequence[str] = (), patterns: Sequence[str] = ()) -> dict[int, int]:
+    """In the open transaction: the root's rows of `stream` and of its `derived` streams (its
+    sessions, its device clocks: catalog/dependents.py moved_with) to `previous` (emptied of them
+    first), the source's into the root, likewise the state and matches of the `patterns` the run
+    rebuilt (their `<pattern>_matches` streams are among `derived`), an offset
+    move for the serving pipeline and one `switched` change record per stream moved. Returns the serving pipeline's new offsets for the stream.
     SwitchConflict, changing nothing, unless the root still serves `serving_version` (read under
     the lock: two switches at once must not both keep the root's rows as the same version)."""
     if stored_version(db, stream, root) != serving_version:
         raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
     columns = table_columns(db)
-    delete_stream(db, stream, previous)
-    copy_stream(db, stream, root, previous, columns)
-    delete_stream(db, stream, root)
-    copy_stream(db, stream, source, root, columns)
+    for name in (stream, *derived):
+        delete_stream(db, name, previous)
+        copy_stream(db, name, root, previous, columns)
+        delete_stream(db, name, root)
+        copy_stream(db, name, source, root, columns)
+    for pattern in patterns:
+        move_keyed(db, PATTERN_TABLES, "pattern", pattern, root=root, source=source, previous=previous, columns=columns)
     offsets = stream_offsets(db, stream, root)
     db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
     db.execute("INSERT INTO offset_moves (pipeline, stream, offsets, at_ms) VALUES (?, ?, ?, ?)",
                (root.pipeline, stream, json.dumps({str(p): o for p, o in sorted(offsets.items())}), now_ms))
-    db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
-               " VALUES (?, 0, '{}', ?, -1, 0, ?)", (stream, SWITCHED_REVISION, now_ms))
+    for name in (stream, *derived):
+        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (name, SWITCHED_REVISION, now_ms))
     return offsets
 
 

@@ -14,7 +14,13 @@ from aggregates.view_join import ViewShape, from_scratch, joined_as_of
 from catalog import Catalog, ConfigError, parse_catalog
 from catalog.dependents import stream_dependents
 from catalog.enrichment import enrichment_tables
+from aggregates.reprocess import ReprocessService
+from catalog.versions import catalog_versions, shaping_definition
+from ingest.log import SqliteEventLog
+from sketchboard.definitions import pin_definitions
 from sketchboard.reprocess import stream_catalog
+from store.consumers import ConsumerRegistry
+from store.definitions import DefinitionStore
 from store.table_versions import TableVersion, as_of, by_key
 
 CONFIG = """
@@ -65,6 +71,42 @@ def test_bad_enrichments_through_a_view_are_refused_naming_the_line(old, new, me
     with pytest.raises(ConfigError) as err:
         parse_catalog(CONFIG.replace(old, new))
     assert message in str(err.value)
+
+
+def test_a_changed_view_changes_the_version_of_the_streams_enriched_through_it():
+    """The view's declaration (its foreign key, its kind, its tables) decides which rows an event
+    is enriched with: a change of it is a changed definition of the enriched stream, which the
+    service reports and offers a reprocess for; the tables' own versions stay."""
+    catalog = parse_catalog(CONFIG)
+    base = catalog_versions(catalog)
+    for old, new in (("kind: left", "kind: inner"), ("foreign_key: plan_id, ", "")):
+        versions = catalog_versions(parse_catalog(CONFIG.replace(old, new)))
+        assert versions["http_requests"] != base["http_requests"], (old, new)
+        assert {versions["users"], versions["plans"]} == {base["users"], base["plans"]}
+    entry = shaping_definition(catalog.streams["http_requests"], catalog)["enrich"][0]
+    assert entry["view"] == {"left": "users", "right": "plans", "foreign_key": "plan_id", "kind": "left"}
+    # A run's catalog (the stream, its tables and the view) gives the run the configured version.
+    assert catalog_versions(stream_catalog(catalog, "http_requests"))["http_requests"] == base["http_requests"]
+
+
+def test_a_changed_view_is_offered_a_reprocess_and_pinned_with_its_stored_version(tmp_path, store_backend):
+    store = store_backend.create()
+    old, new = parse_catalog(CONFIG), parse_catalog(CONFIG.replace("kind: left", "kind: inner"))
+    assert pin_definitions(store, old, "main", clock=lambda: 1_800_000_000) == old
+    pinned = pin_definitions(store, new, "main", clock=lambda: 1_800_000_060)
+    # The live pipeline fences its commits with the stored version (not a switch: no restart loop).
+    assert catalog_versions(pinned)["http_requests"] == catalog_versions(old)["http_requests"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    try:
+        for stream in new.streams.values():
+            log.ensure_topic(stream)
+        service = ReprocessService(new, DefinitionStore(store.side_db()), ConsumerRegistry(store.side_db()), log,
+                                   clock=lambda: 1_800_000_060)
+        assert service.changes() == {"http_requests": (catalog_versions(old)["http_requests"],
+                                                       catalog_versions(new)["http_requests"])}
+        assert service.plan("http_requests").version == catalog_versions(new)["http_requests"]
+    finally:
+        log.close()
 
 
 # -- the lookup ----------------------------------------------------------------------------------

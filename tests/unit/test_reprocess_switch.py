@@ -12,6 +12,7 @@ import pytest
 from aggregates.checkpoint_moves import move_offsets
 from aggregates.reprocess import SwitchRefused, run_id
 from catalog import Catalog
+from catalog.dependents import moved_with
 from catalog.versions import catalog_versions, definition_version
 from sketchboard.definitions import pin_definitions
 from sketchboard.reprocess import auto_switch, build_reprocess_service
@@ -22,6 +23,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
+from store.sessions import Session, SessionCommit
 from store.table_versions import EnrichmentCommit
 from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
 
@@ -183,6 +185,146 @@ def test_a_switch_moves_the_streams_enrichment_misses_with_its_panes(settings):
         kept.close()
         service.switch(switched["previous"])  # and back
         assert root.progress("main").streams["http"].enrich_misses == {"users": 4}
+    finally:
+        close_fixture(root, log, service)
+
+
+DERIVING = {"key_field": "user", "sessions": {"key": "user"}, "sent_time_field": "sent_at"}
+OLD_DERIVING = {**OLD, "streams": {**OLD["streams"], "http": {**OLD["streams"]["http"], **DERIVING}}}
+NEW_DERIVING = {**NEW, "streams": {**NEW["streams"], "http": {**NEW["streams"]["http"], **DERIVING}}}
+
+
+def with_derived(commit: BatchCommit, catalog: Catalog, n: int) -> BatchCommit:
+    """The batch plus what `http` derives in it: n closed sessions, n device clock rows, one open session of n events."""
+    partials = [PanePartial(name, NOW, NOW + PANE, dict.fromkeys(catalog.streams[name].dimensions, "x"),
+                            PaneData(count=n)) for name in ("http_sessions", "http_clocks")]
+    return replace(commit, partials=[*commit.partials, *partials],
+                   sessions=[SessionCommit("http", kept=[Session("u1", NOW, NOW + n, n)])])
+
+
+def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings):
+    """`<stream>_sessions` (closed sessions) and its open sessions, and `<stream>_clocks`, are built
+    by a run in its own batches from the stream's records: they are the stream's output too, so
+    they are switched with it, in the same transaction, and kept with the replaced output."""
+    old, new = Catalog(**OLD_DERIVING), Catalog(**NEW_DERIVING)
+    commit = dict(lateness_ms={"http": 0, "orders": 0, "http_sessions": 0, "http_clocks": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(with_derived(batch("main", 0, {("/a",): 5}, {0: 5}, old), old, 4), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(with_derived(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), new, 2), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    try:
+        seq = max((c.seq for c in root.changes_since(0)), default=0)
+        switched = service.switch(run.id)
+        for name in ("http_sessions", "http_clocks"):
+            assert sum(counts(root, name).values()) == 2, name
+        assert [s.events for s in root.session_state("http", ["u1"], None)] == [2]
+        reloaded = {c.stream for c in root.changes_since(seq) if c.revision == SWITCHED_REVISION}
+        assert reloaded == {"http", "http_sessions", "http_clocks"}  # their subscribers get new snapshots
+        kept = open_store(settings, switched["previous"])
+        assert [sum(counts(kept, name).values()) for name in ("http_sessions", "http_clocks")] == [4, 4]
+        assert [s.events for s in kept.session_state("http", ["u1"], None)] == [4]
+        kept.close()
+        service.switch(switched["previous"])  # and back
+        assert sum(counts(root, "http_sessions").values()) == 4
+        assert [s.events for s in root.session_state("http", ["u1"], None)] == [4]
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_derived_streams_moved_with_a_stream_are_those_either_declaration_generates():
+    old, new = Catalog(**OLD_DERIVING), Catalog(**NEW)
+    assert moved_with("http", old.streams["http"], new.streams["http"]) == ["http_clocks", "http_sessions"]
+    assert moved_with("http", new.streams["http"]) == []
+
+
+PATTERNED = {**NEW, "patterns": [{"name": "burst", "key": "user", "within": "5m", "steps": [
+    {"name": "hits", "stream": "http", "where": {"endpoint": "/a"}, "times": 2}]}]}
+
+
+def with_matches(commit: BatchCommit, catalog: Catalog, keys: list[str], retract: str | None = None) -> BatchCommit:
+    """The batch plus the pattern's work in it: a match per key (and a retraction of one), its state's definition."""
+    from catalog.defined_patterns import pattern_definition_id
+    from store.patterns import NewMatch, PatternCommit
+
+    def match(key, retraction=False):
+        return NewMatch(key, NOW, [{"step": "hits", "partition": 0, "offset": 1}], {}, retraction=retraction)
+
+    found = [match(k) for k in keys] + ([match(retract, True)] if retract else [])
+    pattern = catalog.patterns[0]
+    return replace(commit, patterns=[PatternCommit("burst", NOW, matches=found,
+                                                   definition_id=pattern_definition_id(catalog, pattern))])
+
+
+def standing(store) -> list[str]:
+    rows = store.pattern_matches("burst", limit=1000)
+    gone = {m.retracts for m in rows if m.retracts is not None}
+    return sorted(m.key for m in rows if m.retracts is None and m.id not in gone)
+
+
+def test_a_switch_moves_a_pattern_that_reads_the_stream_alone_with_it(settings):
+    """The run rebuilt the pattern (it reads nothing else): its matches and state are switched
+    with the stream, a retraction still naming the match it withdraws, ids past the root's."""
+    old, new = Catalog(**{**OLD, "patterns": PATTERNED["patterns"]}), Catalog(**PATTERNED)
+    commit = dict(lateness_ms={"http": 0, "orders": 0, "burst_matches": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(with_matches(batch("main", 0, {("/a",): 5}, {0: 5}, old), old, ["u1", "u2", "u3"]), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(with_matches(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), new, ["u7", "u8"], "u7"),
+                        **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    try:
+        top = max(m.id for m in root.pattern_matches("burst", limit=1000))
+        switched = service.switch(run.id)
+        assert standing(root) == ["u8"]  # the run's u7 was retracted there
+        assert min(m.id for m in root.pattern_matches("burst", limit=1000)) > top
+        assert root.pattern_sizes()["burst"].definition_id is not None
+        kept = open_store(settings, switched["previous"])
+        assert standing(kept) == ["u1", "u2", "u3"]
+        kept.close()
+        # New matches get ids past the copied ones (PostgreSQL's identity sequence follows them).
+        root.commit_batch(with_matches(batch("main", 5, {("/a", "us"): 1}, {0: 6}, new), new, ["u9"]), **commit)
+        assert standing(root) == ["u8", "u9"]
+        service.switch(switched["previous"])  # and back
+        assert standing(root) == ["u1", "u2", "u3"]
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_runs_follow_the_patterns_defined_through_the_api_and_a_switch_needs_them_built(settings):
+    """A run's catalog is the configuration's with the store's pattern definitions, as the serving
+    pipeline runs them (with their stored versions: the state's definition id); a pattern the run
+    did not build (defined after it started) refuses the switch, which changes nothing."""
+    from sketchboard.reprocess import stream_catalog
+    from store.pattern_definitions import PatternDefinitionStore
+
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    root, log, service, run = switch_fixture(settings, old, new, root_misses=0, run_misses=0)
+    try:
+        declared = {"name": "api_burst", "key": "user", "within": "5m",
+                    "steps": [{"name": "hits", "stream": "http", "where": {"endpoint": "/a"}, "times": 2}]}
+        stored = PatternDefinitionStore(root.side_db()).create("api_burst", declared, now_ms=NOW)
+        full = service.full_catalog()
+        assert [p.name for p in full.patterns] == ["api_burst"] and service.catalog.patterns == ()
+        mine = stream_catalog(full, "http")
+        assert [p.name for p in mine.patterns] == ["api_burst"]
+        assert mine.defined_patterns == {"api_burst": stored.version}
+        with pytest.raises(SwitchRefused, match="did not build pattern 'api_burst'"):
+            service.switch(run.id)
+        assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
+        assert service.serving_version("http") == definition_version(old.streams["http"])
     finally:
         close_fixture(root, log, service)
 

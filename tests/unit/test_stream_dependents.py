@@ -4,9 +4,10 @@ views and enrichments a switch of the stream would leave built the old way, so i
 from __future__ import annotations
 
 from catalog import parse_catalog
-from catalog.dependents import stream_dependents
+from catalog.dependents import rebuilt_patterns, refused_dependents, stream_dependents
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_enrichment import CONFIG as ENRICHED
+from sketchboard.reprocess import stream_catalog
 from tests.unit.test_views import catalog_with
 
 
@@ -30,3 +31,32 @@ def test_views_and_enrichments_name_the_tables_they_read():
     enriched = parse_catalog(ENRICHED)
     assert stream_dependents(enriched, "users") == ["enrichment of 'http_requests'"]
     assert stream_dependents(enriched, "http_requests") == []  # its own misses move with it (store/switch.py)
+
+
+def test_a_run_rebuilds_what_reads_its_stream_alone_and_the_rest_is_refused(demo_catalog):
+    """A pattern over the stream alone: built by the run and switched with the stream. A join or a
+    view (two streams always), a pattern over two streams, an enrichment: still refused."""
+    catalog = parse_catalog(EXAMPLES_YAML)
+    assert [p.name for p in rebuilt_patterns(catalog, "logins")] == ["credential_stuffing"]
+    assert refused_dependents(catalog, "logins") == []
+    run = stream_catalog(catalog, "logins")
+    assert [p.name for p in run.patterns] == ["credential_stuffing"] and "credential_stuffing_matches" in run.streams
+    assert run.patterns[0] == catalog.patterns[0]
+    assert refused_dependents(demo_catalog, "searches") == ["join 'search_clicks'"]
+    assert stream_catalog(demo_catalog, "searches").joins == ()
+    views = catalog_with("  user_plans: {left: users, right: plans, foreign_key: plan_id, kind: left}\n")
+    assert refused_dependents(views, "users") == ["view 'user_plans'"]
+    assert refused_dependents(parse_catalog(ENRICHED), "users") == ["enrichment of 'http_requests'"]
+    two = parse_catalog("""
+streams:
+  views_: {key_field: user, dimensions: [page]}
+  buys: {key_field: user, dimensions: [item]}
+patterns:
+  - name: view_then_buy
+    key: user
+    within: 5m
+    steps:
+      - {name: seen, stream: views_}
+      - {name: bought, stream: buys}
+""")
+    assert refused_dependents(two, "buys") == ["pattern 'view_then_buy'"] and stream_catalog(two, "buys").patterns == ()
