@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.joins import stream_watermarks_after
@@ -98,15 +98,24 @@ class SessionWindows:
                  .select("stream", self._per_stream(key_of).alias("key"), "event_time",
                          self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap"))
                  .where(F.col("key").isNotNull() & (F.col("key") != "")))
-        by_key = Window.partitionBy("stream", "key").orderBy("event_time")
-        previous = F.lag("event_time").over(by_key)
-        starts = keyed.withColumn("starts", F.when(previous.isNull() | (F.col("event_time") - previous >= F.col("gap")),
-                                                   1).otherwise(0))
-        numbered = starts.withColumn("run", F.sum("starts").over(by_key.rowsBetween(Window.unboundedPreceding,
-                                                                                      Window.currentRow)))
-        return (numbered.groupBy("stream", "key", "run")
-                .agg(F.min("event_time").alias("first_ms"), F.max("event_time").alias("last_ms"),
-                     F.count(F.lit(1)).alias("events"))
+        # Per key, its event times as one sorted array (collect_list is combined on the map side,
+        # so the shuffle carries a key's times once per task rather than a row per event), then
+        # cut into runs in the JVM by higher-order functions: a run starts at the first time and
+        # wherever the previous one is `gap` or more before. No window function, no global sort.
+        times = (keyed.groupBy("stream", "key").agg(F.array_sort(F.collect_list("event_time")).alias("t"))
+                 .select("stream", "key", "t", self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap")))
+        t, gap = F.col("t"), F.col("gap")
+        starts = times.select("stream", "key", "t", F.filter(
+            F.sequence(F.lit(0), F.size(t) - 1),
+            lambda i: (i == 0) | (F.get(t, i) - F.get(t, i - 1) >= gap)).alias("starts"))
+        s_ = F.col("starts")
+
+        def run(start: Column, j: Column) -> Column:
+            end = F.coalesce(F.get(s_, j + 1), F.size(t)) - 1  # the index of the run's last time
+            return F.struct(F.get(t, start).alias("first_ms"), F.get(t, end).alias("last_ms"),
+                            (end - start + 1).cast("long").alias("events"))
+
+        return (starts.select("stream", "key", F.inline(F.transform(s_, run)))
                 .select("stream", "key", "first_ms", "last_ms", "events").toArrow())
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
