@@ -25,18 +25,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.joins import stream_watermarks_after
 from aggregates.partials import dead_letter_reason_column
-from aggregates.session_window import due_through, session_batch
+from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
 from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.panes import pane_start
-from store.sessions import Session, SessionCommit
+from store.sessions import Session, SessionColumns, SessionCommit
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,20 @@ def session_partials(closed: Iterable[Session], stream: str, key_field: str, pan
         data = PaneData(len(sessions), values, {key_field: hll.to_bytes()})
         out.append(PanePartial(stream, start, start + pane_ms, {}, data))
     return out
+
+
+def runs_of(runs: pa.Table, stream: str) -> SessionColumns:
+    """One stream's rows of the batch's runs table, as columns (no object per run)."""
+    mine = runs.filter(pc.equal(runs["stream"], stream))
+    return SessionColumns(*(mine[c].to_pylist() for c in ("key", "first_ms", "last_ms", "events")))
+
+
+def as_columns(sessions) -> SessionColumns:
+    if isinstance(sessions, SessionColumns):
+        return sessions
+    sessions = list(sessions)
+    return SessionColumns([s.key for s in sessions], [s.first_ms for s in sessions], [s.last_ms for s in sessions],
+                          [s.events for s in sessions])
 
 
 class SessionWindows:
@@ -129,17 +144,13 @@ class SessionWindows:
         `commit` is the batch's own commit (its streams' progress: the watermark that closes them)."""
         marks = stream_watermarks_after(self.store, self.catalog, self.streams, commit, now_ms=now_ms,
                                         idle_timeout_ms=idle_timeout_ms)
-        by_stream: dict[str, list[Session]] = {name: [] for name in self.streams}
-        for stream, key, first, last, events in zip(*(runs[c].to_pylist() for c in
-                                                      ("stream", "key", "first_ms", "last_ms", "events")), strict=True):
-            by_stream[stream].append(Session(key, first, last, events))
         out = SessionsBatch()
         for name in self.streams:
             stream, derived = self.catalog.streams[name], self.catalog.streams[sessions_stream_name(name)]
             gap, watermark = stream.sessions.gap, marks.get(name)
-            batch_runs = by_stream[name]
-            stored = self.store.session_state(name, sorted({r.key for r in batch_runs}), due_through(gap, watermark))
-            outcome = session_batch(name, gap, stored, batch_runs, watermark)
+            batch_runs = runs_of(runs, name)
+            stored = self.store.session_state(name, batch_runs.keys, due_through(gap, watermark))
+            outcome = session_batch_columns(name, gap, as_columns(stored), batch_runs, watermark)
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.
             closed = [s for s in outcome.closed if s.first_ms >= now_ms - derived.retention]

@@ -129,9 +129,9 @@ def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
     sessions = pipeline.sessions
     wrap(sessions, "runs", PARTS[0])
     wrap(store, "session_state", PARTS[1])
-    for attr in ("session_batch", "session_partials", "session_rows", "sessions_rule"):
-        if hasattr(batch_module, attr):
-            wrap(batch_module, attr, PARTS[2] if attr in ("session_batch", "sessions_rule") else PARTS[3])
+    for attr in ("session_batch", "session_batch_columns", "session_partials"):
+        if hasattr(batch_module, attr):  # (this code's names, or an older checkout's)
+            wrap(batch_module, attr, PARTS[3] if attr == "session_partials" else PARTS[2])
     wrap(sessions, "sessionize", PARTS[4])
     wrap(session_store, "apply", PARTS[5])
     wrap(pipeline, "process_batch", PARTS[6])
