@@ -1,7 +1,7 @@
 """Benchmark: session windows inside the pane batch against the session query they replaced,
 side by side in one run on the same log.
 
-    python -m bench.sessions [--events 400000] [--batch-records 1000000] [--rounds 1]
+    python -m bench.sessions [--events 400000] [--batch-records 1000000] [--rounds 1] [--skip-before]
 
 One embedded log is filled with N demo events (config/streams.yaml: http_requests by user_id
 and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and checkpoint:
@@ -13,8 +13,11 @@ and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and
   aggregated into panes (its code is kept below, `session_query`, only to measure against);
 - `in batch`: the pipeline with sessions in its own batches (aggregates/session_batch.py).
 
-Printed: the wall time of each and the events/s over the log, the sessions each closed per
-stream, and the load average (the machine is shared: compare within one run). Figures are
+`--skip-before` leaves the old session queries out. Printed: the wall time of each and the
+events/s over the log, the sessions each closed per stream, for the runs with sessions their
+parts summed over the batches (the Spark job of the runs, the store lookup, the rule, the closed
+sessions' partials, the rest of the driver's work, the open sessions' writes in the commit;
+`part_timers`), and the load average (the machine is shared: compare within one run). Figures are
 printed, never asserted.
 """
 

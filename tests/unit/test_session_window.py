@@ -189,3 +189,15 @@ def test_the_columnar_rule_falls_back_to_the_per_key_rule_for_times_too_far_apar
     got = session_batch_columns("s", GAP, columns(stored), columns(runs), 10)
     assert got.closed == expected.closed == [Session("u", -(2**61), -(2**61), 1)]
     assert (list(got.commit.removed), list(got.commit.kept)) == (list(expected.commit.removed), list(expected.commit.kept))
+
+
+def test_the_columnar_rule_merges_runs_inside_a_long_open_session_by_its_latest_last_event():
+    # Two runs inside one stored session: the second starts long after the first ends, but not
+    # after the stored session's last event, so all three are one session.
+    stored = [Session("u", 0, 100, 9), Session("w", 0, 5, 1)]
+    runs = [Session("u", 10, 20, 2), Session("u", 40, 50, 2), Session("u", 130, 130, 1), Session("v", 3, 3, 1)]
+    expected = session_batch("s", GAP, stored, runs, 60)
+    got = session_batch_columns("s", GAP, columns(stored), columns(runs), 60)
+    assert expected.commit.kept == [Session("u", 0, 100, 13), Session("u", 130, 130, 1)]
+    assert got.closed == expected.closed == [Session("v", 3, 3, 1), Session("w", 0, 5, 1)]
+    assert (list(got.commit.removed), list(got.commit.kept)) == (list(expected.commit.removed), list(expected.commit.kept))
