@@ -25,18 +25,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, Window
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.joins import stream_watermarks_after
 from aggregates.partials import dead_letter_reason_column
-from aggregates.session_window import due_through, session_batch
+from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
 from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.panes import pane_start
-from store.sessions import Session, SessionCommit
+from store.sessions import Session, SessionColumns, SessionCommit
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,20 @@ def session_partials(closed: Iterable[Session], stream: str, key_field: str, pan
     return out
 
 
+def runs_of(runs: pa.Table, stream: str) -> SessionColumns:
+    """One stream's rows of the batch's runs table, as columns (no object per run)."""
+    mine = runs.filter(pc.equal(runs["stream"], stream))
+    return SessionColumns(*(mine[c].to_pylist() for c in ("key", "first_ms", "last_ms", "events")))
+
+
+def as_columns(sessions) -> SessionColumns:
+    if isinstance(sessions, SessionColumns):
+        return sessions
+    sessions = list(sessions)
+    return SessionColumns([s.key for s in sessions], [s.first_ms for s in sessions], [s.last_ms for s in sessions],
+                          [s.events for s in sessions])
+
+
 class SessionWindows:
     def __init__(self, catalog: Catalog, store: PaneStore, *, lg_k: int = DEFAULT_LG_K, kll_k: int = DEFAULT_K):
         self.catalog, self.store, self.lg_k, self.kll_k = catalog, store, lg_k, kll_k
@@ -98,15 +113,24 @@ class SessionWindows:
                  .select("stream", self._per_stream(key_of).alias("key"), "event_time",
                          self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap"))
                  .where(F.col("key").isNotNull() & (F.col("key") != "")))
-        by_key = Window.partitionBy("stream", "key").orderBy("event_time")
-        previous = F.lag("event_time").over(by_key)
-        starts = keyed.withColumn("starts", F.when(previous.isNull() | (F.col("event_time") - previous >= F.col("gap")),
-                                                   1).otherwise(0))
-        numbered = starts.withColumn("run", F.sum("starts").over(by_key.rowsBetween(Window.unboundedPreceding,
-                                                                                      Window.currentRow)))
-        return (numbered.groupBy("stream", "key", "run")
-                .agg(F.min("event_time").alias("first_ms"), F.max("event_time").alias("last_ms"),
-                     F.count(F.lit(1)).alias("events"))
+        # Per key, its event times as one sorted array (collect_list is combined on the map side,
+        # so the shuffle carries a key's times once per task rather than a row per event), then
+        # cut into runs in the JVM by higher-order functions: a run starts at the first time and
+        # wherever the previous one is `gap` or more before. No window function, no global sort.
+        times = (keyed.groupBy("stream", "key").agg(F.array_sort(F.collect_list("event_time")).alias("t"))
+                 .select("stream", "key", "t", self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap")))
+        t, gap = F.col("t"), F.col("gap")
+        starts = times.select("stream", "key", "t", F.filter(
+            F.sequence(F.lit(0), F.size(t) - 1),
+            lambda i: (i == 0) | (F.get(t, i) - F.get(t, i - 1) >= gap)).alias("starts"))
+        s_ = F.col("starts")
+
+        def run(start: Column, j: Column) -> Column:
+            end = F.coalesce(F.get(s_, j + 1), F.size(t)) - 1  # the index of the run's last time
+            return F.struct(F.get(t, start).alias("first_ms"), F.get(t, end).alias("last_ms"),
+                            (end - start + 1).cast("long").alias("events"))
+
+        return (starts.select("stream", "key", F.inline(F.transform(s_, run)))
                 .select("stream", "key", "first_ms", "last_ms", "events").toArrow())
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
@@ -120,17 +144,13 @@ class SessionWindows:
         `commit` is the batch's own commit (its streams' progress: the watermark that closes them)."""
         marks = stream_watermarks_after(self.store, self.catalog, self.streams, commit, now_ms=now_ms,
                                         idle_timeout_ms=idle_timeout_ms)
-        by_stream: dict[str, list[Session]] = {name: [] for name in self.streams}
-        for stream, key, first, last, events in zip(*(runs[c].to_pylist() for c in
-                                                      ("stream", "key", "first_ms", "last_ms", "events")), strict=True):
-            by_stream[stream].append(Session(key, first, last, events))
         out = SessionsBatch()
         for name in self.streams:
             stream, derived = self.catalog.streams[name], self.catalog.streams[sessions_stream_name(name)]
             gap, watermark = stream.sessions.gap, marks.get(name)
-            batch_runs = by_stream[name]
-            stored = self.store.session_state(name, sorted({r.key for r in batch_runs}), due_through(gap, watermark))
-            outcome = session_batch(name, gap, stored, batch_runs, watermark)
+            batch_runs = runs_of(runs, name)
+            stored = self.store.session_state(name, batch_runs.keys, due_through(gap, watermark))
+            outcome = session_batch_columns(name, gap, as_columns(stored), batch_runs, watermark)
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.
             closed = [s for s in outcome.closed if s.first_ms >= now_ms - derived.retention]

@@ -33,7 +33,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from store.sessions import Session, SessionCommit
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store.sessions import Session, SessionColumns, SessionCommit
 
 
 @dataclass(frozen=True)
@@ -82,3 +86,60 @@ def session_batch(stream: str, gap_ms: int, stored: Sequence[Session], runs: Seq
     removed = sorted(s for s in before if s not in after)
     kept = [s for s in open_now if s not in before]
     return SessionOutcome(closed, SessionCommit(stream, removed, kept))
+
+
+def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs: SessionColumns,
+                          watermark_ms: int | None) -> SessionOutcome:
+    """`session_batch` over columns, numpy and Arrow doing per array what it does per key in
+    Python (the same outcome, in the same order: tests/unit/test_session_window.py pins it):
+    runs and stored sessions sorted by (key, first, last); a new session wherever the key changes
+    or an interval starts `gap` or more after the latest last event before it of its key (a running
+    maximum per key); per session its first event, latest last event and summed events. A stored
+    session alone in its merged session and still open is unchanged (neither removed nor kept)."""
+    n_stored = len(stored)
+    keys = pa.array([*stored.keys, *runs.keys], pa.string())
+    first = np.array([*stored.first_ms, *runs.first_ms], np.int64)
+    last = np.array([*stored.last_ms, *runs.last_ms], np.int64)
+    n = len(keys)
+    if n == 0:
+        return SessionOutcome([], SessionCommit(stream, SessionColumns(), SessionColumns()))
+    # The per-key running maximum below shifts each key's times into its own range of int64;
+    # beyond that range (times decades apart over a million keys) the per-key rule decides.
+    span = int(last.max()) - int(first.min()) + 1
+    if span * n >= 2**62:
+        return session_batch(stream, gap_ms, list(stored), list(runs), watermark_ms)
+    events = np.array([*stored.events, *runs.events], np.int64)
+    order = pc.sort_indices(pa.table({"k": keys, "f": first, "l": last}),
+                            sort_keys=[("k", "ascending"), ("f", "ascending"), ("l", "ascending")]).to_numpy()
+    keys, first, last, events = keys.take(order), first[order], last[order], events[order]
+    from_store = order < n_stored
+    new_key = np.ones(n, bool)
+    if n > 1:
+        new_key[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
+    key_rank = np.cumsum(new_key) - 1
+    base = int(first.min())
+    shifted = key_rank * span + (last - base)  # a later key's values exceed every earlier key's
+    latest = np.maximum.accumulate(shifted) - key_rank * span + base  # latest last event so far, per key
+    starts_session = new_key.copy()
+    starts_session[1:] |= first[1:] - latest[:-1] >= gap_ms
+    heads = np.flatnonzero(starts_session)
+    s_first, s_last = first[heads], np.maximum.reduceat(last, heads)
+    s_events, size = np.add.reduceat(events, heads), np.diff(np.append(heads, n))
+    s_keys = keys.take(pa.array(heads)).to_pylist()
+    closed = (s_last + gap_ms <= watermark_ms) if watermark_ms is not None else np.zeros(len(heads), bool)
+    unchanged = (size == 1) & from_store[heads] & ~closed
+    # stored rows that leave: every one but the unchanged (each session index per row: cumsum - 1)
+    session_of = np.cumsum(starts_session) - 1
+    gone = from_store & ~unchanged[session_of]
+
+    def pick(mask_rows, at) -> SessionColumns:
+        idx = np.flatnonzero(mask_rows)
+        return SessionColumns([at[0][i] for i in idx], at[1][idx].tolist(), at[2][idx].tolist(), at[3][idx].tolist())
+
+    by_session = (s_keys, s_first, s_last, s_events)
+    closed_out = pick(closed, by_session)
+    kept = pick(~closed & ~unchanged, by_session)
+    gone_idx = np.flatnonzero(gone)
+    removed = SessionColumns(keys.take(pa.array(gone_idx, pa.int64())).to_pylist(), first[gone_idx].tolist(),
+                             last[gone_idx].tolist(), events[gone_idx].tolist())
+    return SessionOutcome(list(closed_out), SessionCommit(stream, removed, kept))

@@ -1,7 +1,8 @@
 """Where one micro-batch's time goes: each step of the pipeline timed on the same cached batch.
 
     python -m bench.batch_steps [--events 1000000] [--repeats 3] [--streams FILE]
-                                [--bloom-before PATH/aggregates/firstseen.py] [--conf KEY=VALUE ...]
+                                [--bloom-before PATH/aggregates/firstseen.py]
+                                [--sessions-before PATH/aggregates/session_batch.py] [--conf KEY=VALUE ...]
 
 Fills a fresh embedded log with N demo events, starts the pipeline's query with one batch of all
 of them, and inside that batch (after one real warm-up pass over the batch, so the JIT and the
@@ -9,9 +10,10 @@ Python workers are warm) times every step the pipeline runs, `--repeats` times i
 same data: the source read alone (into Spark's `noop` sink) and into the batch cache the later
 steps read, the device clock step, enrichment, the partial aggregation (Spark job and collect),
 the window joins' records, the tables' newest rows and the Bloom features (first-seen and
-membership). The store commit is timed once, with the real batch.
+membership), the sessions' runs. The store commit is timed once, with the real batch.
 `--bloom-before FILE` also times another checkout's aggregates/firstseen.py on the same batch,
-alternating with this one, and checks both give the same BloomCommit. Spark jobs per step come
+alternating with this one, and checks both give the same BloomCommit; `--sessions-before FILE`
+does the same for another checkout's aggregates/session_batch.py (its runs). Spark jobs per step come
 from the status tracker (each step runs in its own job group). `--conf` passes Spark settings to
 try (e.g. spark.sql.inMemoryColumnarStorage.compressed=false). Figures are printed, never asserted.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -36,6 +39,7 @@ from store import SqlitePaneStore
 def load_module(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -47,12 +51,21 @@ def same_bloom(a, b) -> bool:
     return norm(a) == norm(b)
 
 
+def same_runs(a, b) -> bool:
+    """Two runs tables with the same rows, in any order."""
+    def rows(t):
+        return sorted(zip(*(t[c].to_pylist() for c in ("stream", "key", "first_ms", "last_ms", "events")), strict=True))
+    return a.num_rows == b.num_rows and rows(a) == rows(b)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.batch_steps", description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
     parser.add_argument("--bloom-before", type=Path, help="another checkout's aggregates/firstseen.py to time beside")
+    parser.add_argument("--sessions-before", type=Path,
+                        help="another checkout's aggregates/session_batch.py: its runs() timed beside, results compared")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to try")
     args = parser.parse_args(argv)
 
@@ -75,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     before = None
     if args.bloom_before:
         before = load_module(args.bloom_before, "firstseen_before").BloomFeatures(spark, catalog, store.bloom_reader())
+    sessions_before = None
+    if args.sessions_before:
+        sessions_before = load_module(args.sessions_before, "session_batch_before").SessionWindows(catalog, store)
     times: dict[str, list[float]] = defaultdict(list)
     jobs: dict[str, int] = {}
 
@@ -112,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             if before is not None:
                 old = timed("Bloom features (--bloom-before)", lambda: before.process(merged))
                 times["Bloom results identical"].append(float(same_bloom(got, old)))
+        if p.sessions.enabled:
+            got = timed("sessions' runs (Spark job + toArrow)", lambda: p.sessions.runs(b, batch_now_ms))
+            if sessions_before is not None:
+                old = timed("sessions' runs (--sessions-before)", lambda: sessions_before.runs(b, batch_now_ms))
+                times["sessions' runs identical"].append(float(same_runs(got, old)))
         if enriched is not None:
             enriched.cached.unpersist()
         kept.unpersist()
@@ -140,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| step | Spark jobs | min | median | max |")
     print("| --- | --- | --- | --- | --- |")
     for label, values in times.items():
-        if label == "Bloom results identical":
+        if label in ("Bloom results identical", "sessions' runs identical"):
             print(f"| {label} | | {'yes' if all(values) else 'NO'} | | |")
             continue
         s = sorted(values)

@@ -1,7 +1,7 @@
 """Benchmark: session windows inside the pane batch against the session query they replaced,
 side by side in one run on the same log.
 
-    python -m bench.sessions [--events 400000] [--batch-records 1000000] [--rounds 1]
+    python -m bench.sessions [--events 400000] [--batch-records 1000000] [--rounds 1] [--skip-before]
 
 One embedded log is filled with N demo events (config/streams.yaml: http_requests by user_id
 and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and checkpoint:
@@ -13,8 +13,11 @@ and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and
   aggregated into panes (its code is kept below, `session_query`, only to measure against);
 - `in batch`: the pipeline with sessions in its own batches (aggregates/session_batch.py).
 
-Printed: the wall time of each and the events/s over the log, the sessions each closed per
-stream, and the load average (the machine is shared: compare within one run). Figures are
+`--skip-before` leaves the old session queries out. Printed: the wall time of each and the
+events/s over the log, the sessions each closed per stream, for the runs with sessions their
+parts summed over the batches (the Spark job of the runs, the store lookup, the rule, the closed
+sessions' partials, the rest of the driver's work, the open sessions' writes in the commit;
+`part_timers`), and the load average (the machine is shared: compare within one run). Figures are
 printed, never asserted.
 """
 
@@ -25,6 +28,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.drain import drain_timed
@@ -94,6 +99,67 @@ def session_query(spark, catalog: Catalog, stream_name: str, config, checkpoint_
     return time.perf_counter() - started, closed[0]
 
 
+PARTS = ("runs (Spark job + toArrow)", "store lookup (session_state)", "rule (session_batch)",
+         "partials of closed sessions", "sessions' driver work", "commit: open sessions written",
+         "whole batches", "store commits")
+
+
+@contextmanager
+def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
+    """Seconds spent per part of the sessions' work over a run, summed over its batches: the Spark
+    part of runs(), the store lookup, the pure rule, the closed sessions' partials, the rest of the
+    driver's work (building the per-key objects), and the open sessions' writes in the commit;
+    with the whole batches and store commits to compare them to."""
+    import aggregates.session_batch as batch_module
+    import store.sessions as session_store
+
+    spent = dict.fromkeys(PARTS, 0.0)
+    restore: list[tuple[object, str, object]] = []
+
+    def wrap(owner, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+
+        restore.append((owner, attr, fn))
+        setattr(owner, attr, timed)
+
+    sessions = pipeline.sessions
+    wrap(sessions, "runs", PARTS[0])
+    wrap(store, "session_state", PARTS[1])
+    for attr in ("session_batch", "session_batch_columns", "session_partials"):
+        if hasattr(batch_module, attr):  # (this code's names, or an older checkout's)
+            wrap(batch_module, attr, PARTS[3] if attr == "session_partials" else PARTS[2])
+    wrap(sessions, "sessionize", PARTS[4])
+    wrap(session_store, "apply", PARTS[5])
+    wrap(pipeline, "process_batch", PARTS[6])
+    wrap(store, "commit_batch", PARTS[7])
+    try:
+        yield spent
+    finally:
+        for owner, attr, fn in reversed(restore):
+            if owner is store or owner is sessions or owner is pipeline:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, fn)
+        # sessionize includes the lookup, the rule and the partials: its own remainder is the rest
+        spent[PARTS[4]] -= spent[PARTS[1]] + spent[PARTS[2]] + spent[PARTS[3]]
+
+
+def print_parts(spent: dict[str, float], batches: int) -> None:
+    whole = spent["whole batches"] or 1.0
+    print(f"  sessions' parts over {batches} batches (seconds, share of the batches' time):", flush=True)
+    for label in PARTS:
+        print(f"    {label:34s} {spent[label]:7.2f} s  {100 * spent[label] / whole:5.1f} %", flush=True)
+    own = sum(spent[label] for label in PARTS[:6])
+    print(f"    {'sessions in all':34s} {own:7.2f} s  {100 * own / whole:5.1f} %", flush=True)
+
+
 def run_pipeline(spark, catalog: Catalog, root: Path, log_path: Path, name: str, batch_records: int):
     from aggregates.pipeline import Pipeline, PipelineConfig
 
@@ -111,7 +177,10 @@ def run_pipeline(spark, catalog: Catalog, root: Path, log_path: Path, name: str,
             spent[0] += time.perf_counter() - started
 
     pipeline.sessions.process = timed
-    drained = drain_timed(pipeline, store, out=open(os.devnull, "w"))
+    with part_timers(pipeline, store) as parts:
+        drained = drain_timed(pipeline, store, out=open(os.devnull, "w"))
+    if pipeline.sessions.enabled:
+        print_parts(parts, drained.batches)
     return drained, store, config, spent[0]
 
 
@@ -121,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-records", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=1, help="repeat the three runs (alternated) this many times")
     parser.add_argument("--streams", type=Path, default=DEFAULT_STREAMS)
+    parser.add_argument("--skip-before", action="store_true",
+                        help="leave out the old session queries: panes only against sessions in the batch")
     args = parser.parse_args(argv)
     from aggregates.spark import build_spark
 
@@ -142,17 +213,18 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
             print(f"[round {round_}] panes only: {reference.wall_s:.1f} s = {total / reference.wall_s:,.0f} events/s"
                   f" (load {os.getloadavg()[0]:.1f})", flush=True)
-            before, store, config, _ = run_pipeline(spark, plain, root, root / "log.db", f"before{round_}",
-                                                 args.batch_records)
-            store.close()
             spent, closed_before = 0.0, {}
-            for name in with_sessions:
-                took, closed_before[name] = session_query(spark, catalog, name, config,
-                                                          root / "checkpoints" / f"before{round_}-sessions-{name}")
-                spent += took
-                print(f"  session query {name}: {took:.1f} s, {closed_before[name]:,} sessions closed", flush=True)
-            print(f"[round {round_}] before (pipeline + session queries): {before.wall_s:.1f} + {spent:.1f} s ="
-                  f" {total / (before.wall_s + spent):,.0f} events/s (load {os.getloadavg()[0]:.1f})", flush=True)
+            if not args.skip_before:
+                before, store, config, _ = run_pipeline(spark, plain, root, root / "log.db", f"before{round_}",
+                                                     args.batch_records)
+                store.close()
+                for name in with_sessions:
+                    took, closed_before[name] = session_query(spark, catalog, name, config,
+                                                              root / "checkpoints" / f"before{round_}-sessions-{name}")
+                    spent += took
+                    print(f"  session query {name}: {took:.1f} s, {closed_before[name]:,} sessions closed", flush=True)
+                print(f"[round {round_}] before (pipeline + session queries): {before.wall_s:.1f} + {spent:.1f} s ="
+                      f" {total / (before.wall_s + spent):,.0f} events/s (load {os.getloadavg()[0]:.1f})", flush=True)
             after, store, _, step_s = run_pipeline(spark, catalog, root, root / "log.db", f"inbatch{round_}", args.batch_records)
             closed_after = {name: sum(p.data.count for p in store.read_panes(f"{name}_sessions", 0, 2**62))
                             for name in with_sessions}
@@ -162,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                   f" (of which the sessions' step {step_s:.1f} s, against the session queries' {spent:.1f} s);"
                   f" sessions closed {closed_after}, open {still_open} (before: closed {closed_before})"
                   f" (load {os.getloadavg()[0]:.1f})", flush=True)
-            print(f"[round {round_}] sessions' cost over panes only: before +{before.wall_s + spent - reference.wall_s:.1f} s,"
-                  f" in batch +{after.wall_s - reference.wall_s:.1f} s", flush=True)
+            old_cost = "" if args.skip_before else f"before +{before.wall_s + spent - reference.wall_s:.1f} s, "
+            print(f"[round {round_}] sessions' cost over panes only: {old_cost}in batch +{after.wall_s - reference.wall_s:.1f} s;"
+                  f" sustained {reference.sustained_per_s:,.0f} (panes only) vs {after.sustained_per_s:,.0f} events/s"
+                  f" (in batch): {100 * (1 - after.sustained_per_s / reference.sustained_per_s):.0f} % less", flush=True)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

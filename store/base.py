@@ -374,7 +374,7 @@ class PaneStore(ABC):
         """Every window join's state size and counters."""
 
     @abstractmethod
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[Session]:
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[Session]:
         """A stream's open sessions with a key among `keys` or a last event at or before `due_through_ms`."""
 
     @abstractmethod

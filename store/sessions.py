@@ -41,6 +41,51 @@ class Session:
     events: int
 
 
+class SessionColumns(Sequence[Session]):
+    """Sessions held as four columns: what the batch path reads, decides and writes without an
+    object per key (tens of thousands of open sessions per batch: building, hashing and sorting
+    a dataclass per key cost more than the store's own work). It reads as a sequence of Session
+    in its given order, and equals any sequence of the same sessions in that order."""
+
+    __slots__ = ("keys", "first_ms", "last_ms", "events")
+
+    def __init__(self, keys: Sequence[str] = (), first_ms: Sequence[int] = (), last_ms: Sequence[int] = (),
+                 events: Sequence[int] = ()):
+        self.keys, self.first_ms, self.last_ms, self.events = list(keys), list(first_ms), list(last_ms), list(events)
+        if not len(self.keys) == len(self.first_ms) == len(self.last_ms) == len(self.events):
+            raise ValueError("session columns of different lengths")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return SessionColumns(self.keys[i], self.first_ms[i], self.last_ms[i], self.events[i])
+        return Session(self.keys[i], self.first_ms[i], self.last_ms[i], self.events[i])
+
+    def __iter__(self):
+        return (Session(*row) for row in self.rows())
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"SessionColumns({list(self)!r})"
+
+    def rows(self):
+        """(key, first_ms, last_ms, events) tuples, without a Session each."""
+        return zip(self.keys, self.first_ms, self.last_ms, self.events, strict=True)
+
+
+def session_rows(sessions: Sequence[Session]):
+    return sessions.rows() if isinstance(sessions, SessionColumns) else (
+        (s.key, s.first_ms, s.last_ms, s.events) for s in sessions)
+
+
 @dataclass(frozen=True)
 class SessionCommit:
     """What a batch changes in one stream's open sessions, saved in its transaction."""
@@ -50,11 +95,12 @@ class SessionCommit:
     kept: Sequence[Session] = ()  # open sessions to store: new or grown
 
 
-def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> list[Session]:
+def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> SessionColumns:
     """The open sessions of `stream` with a key among `keys`, and every one whose last event is at
-    or before `due_through_ms` (they close now, whatever their key), in one query."""
+    or before `due_through_ms` (they close now, whatever their key), in one query; in (key, first)
+    order (code point order of the keys on both backends: sorted here, not by a collation)."""
     q = placeholder
-    keys = sorted(set(keys))
+    keys = list(set(keys))
     if q == "?":
         in_keys, key_arg = "session_key IN (SELECT value FROM json_each(?))", json.dumps(keys)
     else:
@@ -62,22 +108,42 @@ def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None,
     due = -(2**62) if due_through_ms is None else due_through_ms
     cursor.execute(f"SELECT session_key, first_ms, last_ms, events FROM session_open"
                    f" WHERE stream = {q} AND ({in_keys} OR last_ms <= {q})", (stream, key_arg, due))
-    return sorted(Session(k, f, last, n) for k, f, last, n in cursor.fetchall())
+    rows = cursor.fetchall()
+    rows.sort()  # tuples of str and ints: (key, first) is the primary key, so this is (key, first) order
+    return SessionColumns(*zip(*rows, strict=True)) if rows else SessionColumns()
 
 
 def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
-    """Save each stream's batch changes; the caller owns the transaction."""
+    """Save each stream's batch changes; the caller owns the transaction. A removed session whose
+    (key, first) is written again (it grew) is not deleted first: the upsert replaces it."""
     q = placeholder
     for c in commits:
-        if c.removed:
-            cursor.executemany(f"DELETE FROM session_open WHERE stream = {q} AND session_key = {q} AND first_ms = {q}",
-                               [(c.stream, s.key, s.first_ms) for s in c.removed])
-        if c.kept:
-            cursor.executemany(
-                f"INSERT INTO session_open (stream, session_key, first_ms, last_ms, events) VALUES ({q}, {q}, {q}, {q}, {q})"
+        kept = list(session_rows(c.kept))
+        rewritten = {(k, f) for k, f, _, _ in kept}
+        gone = [(k, f) for k, f, _, _ in session_rows(c.removed) if (k, f) not in rewritten]
+        if q == "?":
+            if gone:
+                cursor.executemany("DELETE FROM session_open WHERE stream = ? AND session_key = ? AND first_ms = ?",
+                                   [(c.stream, k, f) for k, f in gone])
+            if kept:
+                cursor.executemany(
+                    "INSERT INTO session_open (stream, session_key, first_ms, last_ms, events) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (stream, session_key, first_ms) DO UPDATE SET last_ms = excluded.last_ms,"
+                    " events = excluded.events", [(c.stream, *row) for row in kept])
+            continue
+        # PostgreSQL: one statement each, the rows bound as arrays (no round trip per row).
+        if gone:
+            keys, firsts = zip(*gone, strict=True)
+            cursor.execute("DELETE FROM session_open o USING unnest(%s::text[], %s::bigint[]) AS g(k, f)"
+                           " WHERE o.stream = %s AND o.session_key = g.k AND o.first_ms = g.f",
+                           (list(keys), list(firsts), c.stream))
+        if kept:
+            keys, firsts, lasts, events = zip(*kept, strict=True)
+            cursor.execute(
+                "INSERT INTO session_open (stream, session_key, first_ms, last_ms, events)"
+                " SELECT %s, k, f, l, n FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS r(k, f, l, n)"
                 " ON CONFLICT (stream, session_key, first_ms) DO UPDATE SET last_ms = excluded.last_ms,"
-                " events = excluded.events",
-                [(c.stream, s.key, s.first_ms, s.last_ms, s.events) for s in c.kept])
+                " events = excluded.events", (c.stream, list(keys), list(firsts), list(lasts), list(events)))
 
 
 def sizes(cursor) -> dict[str, int]:

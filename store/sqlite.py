@@ -439,7 +439,7 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return join_store.sizes(self._conn.cursor())
 
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[session_store.Session]:
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._lock:
             return session_store.lookup(self._conn.cursor(), stream, keys, due_through_ms, "?")
 

@@ -392,7 +392,7 @@ class PostgresPaneStore(PaneStore):
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
 
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> list[session_store.Session]:
+    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return session_store.lookup(cur, stream, keys, due_through_ms, "%s")
 

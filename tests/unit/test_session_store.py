@@ -46,3 +46,21 @@ def test_a_failed_commit_saves_no_session(store_backend):
     with pytest.raises(ValueError):
         store.commit_batch(bad, lateness_ms={}, now_ms=T0)
     assert store.session_sizes() == {} and store.session_state("web", ["u1"], None) == []
+
+
+def test_open_sessions_are_read_in_code_point_order_of_their_keys_and_written_in_bulk(store_backend):
+    """Whatever the database's collation, the lookup's order is Python's (the rule relies on no
+    order, the contract does); a batch of many sessions is written and grown in one commit."""
+    store = store_backend.create()
+    keys = ["b", "B", "é", "z", "😀", "a b", "ab"]
+    many = [Session(f"k{i}", T0 + i, T0 + i + 5, 1) for i in range(3000)]
+    kept = [Session(k, T0, T0 + 1, 1) for k in keys] + many
+    assert store.commit_batch(commit(0, SessionCommit("web", kept=kept)), lateness_ms={}, now_ms=T0).committed
+    assert list(store.session_state("web", keys, None)) == sorted(Session(k, T0, T0 + 1, 1) for k in keys)
+    grown = [Session(s.key, s.first_ms, s.last_ms + 10, 2) for s in many]
+    assert store.commit_batch(commit(1, SessionCommit("web", removed=many, kept=grown)), lateness_ms={}, now_ms=T0).committed
+    assert list(store.session_state("web", [s.key for s in many], None)) == sorted(grown)
+    assert store.session_sizes() == {"web": len(keys) + len(many)}
+    closed = SessionCommit("web", removed=sorted(grown)[:1000])
+    assert store.commit_batch(commit(2, closed), lateness_ms={}, now_ms=T0).committed
+    assert store.session_sizes() == {"web": len(keys) + len(many) - 1000}

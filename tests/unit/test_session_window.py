@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.session_window import due_through, session_batch
-from store.sessions import Session, SessionCommit
+from aggregates.session_window import due_through, session_batch, session_batch_columns
+from store.sessions import Session, SessionColumns, SessionCommit
 
 GAP = 10
 
@@ -153,3 +153,51 @@ def test_without_late_events_the_sessions_are_those_of_all_events_however_split_
     # The ones closed are exactly those the last watermark passed.
     last = watermarks[-1]
     assert sorted(closed) == [s for s in everything if last is not None and s.last_ms + GAP <= last]
+
+
+def columns(sessions: list[Session]) -> SessionColumns:
+    return SessionColumns([s.key for s in sessions], [s.first_ms for s in sessions], [s.last_ms for s in sessions],
+                          [s.events for s in sessions])
+
+
+# Keys whose code point order is not their length or ASCII order (Arrow sorts UTF-8 bytes, Python code points).
+any_keys = st.lists(st.tuples(st.sampled_from(["a", "ab", "z", "é", "😀", "\u00ff", "B"]), st.integers(-50, 200)),
+                    max_size=14)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(any_keys, st.one_of(st.none(), st.integers(-50, 250))), min_size=1, max_size=6))
+def test_the_columnar_rule_decides_exactly_as_the_per_key_rule_batch_by_batch(case):
+    """session_batch_columns (what the pipeline runs) against session_batch, on the same stored
+    sessions and runs: the same closed sessions, removed and kept rows, in the same order."""
+    state = MemoryState()
+    for events, watermark in case:
+        runs = sessionize(events)
+        stored = state.lookup({r.key for r in runs}, due_through(GAP, watermark))
+        expected = session_batch("s", GAP, stored, runs, watermark)
+        got = session_batch_columns("s", GAP, columns(stored), columns(runs), watermark)
+        assert got.closed == expected.closed
+        assert list(got.commit.removed) == list(expected.commit.removed)
+        assert list(got.commit.kept) == list(expected.commit.kept)
+        state.apply(expected.commit)
+
+
+def test_the_columnar_rule_falls_back_to_the_per_key_rule_for_times_too_far_apart_to_shift():
+    stored = [Session("u", -(2**61), -(2**61), 1)]
+    runs = [Session("u", 2**61, 2**61, 1), Session("v", 0, 5, 2)]
+    expected = session_batch("s", GAP, stored, runs, 10)
+    got = session_batch_columns("s", GAP, columns(stored), columns(runs), 10)
+    assert got.closed == expected.closed == [Session("u", -(2**61), -(2**61), 1)]
+    assert (list(got.commit.removed), list(got.commit.kept)) == (list(expected.commit.removed), list(expected.commit.kept))
+
+
+def test_the_columnar_rule_merges_runs_inside_a_long_open_session_by_its_latest_last_event():
+    # Two runs inside one stored session: the second starts long after the first ends, but not
+    # after the stored session's last event, so all three are one session.
+    stored = [Session("u", 0, 100, 9), Session("w", 0, 5, 1)]
+    runs = [Session("u", 10, 20, 2), Session("u", 40, 50, 2), Session("u", 130, 130, 1), Session("v", 3, 3, 1)]
+    expected = session_batch("s", GAP, stored, runs, 60)
+    got = session_batch_columns("s", GAP, columns(stored), columns(runs), 60)
+    assert expected.commit.kept == [Session("u", 0, 100, 13), Session("u", 130, 130, 1)]
+    assert got.closed == expected.closed == [Session("v", 3, 3, 1), Session("w", 0, 5, 1)]
+    assert (list(got.commit.removed), list(got.commit.kept)) == (list(expected.commit.removed), list(expected.commit.kept))
