@@ -72,6 +72,17 @@ def open_lag_store(settings: Settings, store: PaneStore):
     return LagStore(store.side_db(), retention_ms=settings.lag_retention)
 
 
+def open_point_cache(catalog: Catalog, store: PaneStore):
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+    from store.tiers import catalog_layouts
+
+    # Final points also kept in the store (store/final_points.py), as long as the longest-kept rows.
+    keep = max((max([layout.retention_ms, *(k for _, k in layout.granules)])
+                for layout in catalog_layouts(catalog).values()), default=None)
+    return PointCache(backing=FinalPoints(store.side_db(), retention_ms=keep))
+
+
 def open_health_store(settings: Settings, store: PaneStore):
     from store.health import HealthStore
 
@@ -258,6 +269,7 @@ def build_api(settings: Settings):
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
         cdc=cdc,
         pattern_definitions=patterns,
+        point_cache=open_point_cache(catalog, store),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(
