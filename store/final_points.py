@@ -31,7 +31,10 @@ CREATE TABLE IF NOT EXISTS final_points (
     shape TEXT NOT NULL,        -- the query's shape as JSON: stream, stat, quantile, fields, step, window, group-by, filters
     grp TEXT NOT NULL,          -- the group-by values as JSON
     t_ms INTEGER NOT NULL,      -- the window's start
-    fingerprint TEXT NOT NULL,  -- events, rows, newest batch, highest revision of the window's rows
+    events INTEGER NOT NULL,    -- the fingerprint of the window's rows (store/point_cache.py): events,
+    rows_in INTEGER NOT NULL,   -- rows,
+    last_batch INTEGER NOT NULL,  -- newest batch that changed one,
+    revision INTEGER NOT NULL,  -- highest revision
     point TEXT NOT NULL,        -- value, count, revision, error bound as JSON (NaN and infinities kept)
     PRIMARY KEY (shape, grp, t_ms)
 );
@@ -54,20 +57,26 @@ class FinalPoints(SideStore):
         """(group, t_ms, fingerprint, point) of the saved points of `shape` with t_ms in [lo_ms, hi_ms)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT grp, t_ms, fingerprint, point FROM final_points WHERE shape = ? AND t_ms >= ? AND t_ms < ?",
-                (_text(shape), lo_ms, hi_ms)).fetchall()
-        return [(tuple(json.loads(grp)), t, tuple(json.loads(fp)), _point(t, point)) for grp, t, fp, point in rows]
+                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM final_points"
+                " WHERE shape = ? AND t_ms >= ? AND t_ms < ?", (_text(shape), lo_ms, hi_ms)).fetchall()
+        if not rows:
+            return []
+        groups = {text: tuple(json.loads(text)) for text in {row[0] for row in rows}}
+        decoded = json.loads("[" + ",".join(row[6] for row in rows) + "]")  # one parse, not one per point
+        return [(groups[grp], t, (events, rows_in, batch, revision), _point(t, point))
+                for (grp, t, events, rows_in, batch, revision, _), point in zip(rows, decoded)]
 
     def save(self, entries: Sequence[Entry]) -> None:
         """Write these points now (a newer fingerprint replaces an older one)."""
-        rows = [(_text(shape), _text(group), t, _text(fp), _point_text(p)) for shape, group, t, fp, p in entries]
+        rows = [(_text(shape), _text(group), t, *fp, _point_text(p)) for shape, group, t, fp, p in entries]
         if not rows:
             return
         with self._lock, self._conn.transaction():
             self._conn.executemany(
-                "INSERT INTO final_points (shape, grp, t_ms, fingerprint, point) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (shape, grp, t_ms) DO UPDATE SET fingerprint = excluded.fingerprint,"
-                " point = excluded.point", rows)
+                "INSERT INTO final_points (shape, grp, t_ms, events, rows_in, last_batch, revision, point)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape, grp, t_ms) DO UPDATE SET"
+                " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
+                " revision = excluded.revision, point = excluded.point", rows)
             if self.retention_ms is not None:
                 self._conn.execute("DELETE FROM final_points WHERE t_ms < ?",
                                    (int(self._clock() * 1000) - self.retention_ms,))
@@ -122,6 +131,6 @@ def _point_text(p: Point) -> str:
     return _text([p.value, p.count, p.revision, error])  # json writes floats exactly (repr), NaN and inf too
 
 
-def _point(t_ms: int, text: str) -> Point:
-    value, count, revision, error = json.loads(text)
+def _point(t_ms: int, decoded: list) -> Point:
+    value, count, revision, error = decoded
     return Point(t_ms, value, count, True, revision, None if error is None else ErrorBound(*error))
