@@ -83,6 +83,23 @@ def open_point_cache(catalog: Catalog, store: PaneStore):
     return PointCache(backing=FinalPoints(store.side_db(), retention_ms=keep))
 
 
+def snapshot_workers(settings: Settings):
+    from functools import partial
+
+    from api.ws_workers import SnapshotWorkers
+
+    if not settings.ws_snapshot_workers:
+        return None
+    return SnapshotWorkers(partial(snapshot_worker_state, settings), settings.ws_snapshot_workers)
+
+
+def snapshot_worker_state(settings: Settings):
+    """What a websocket snapshot worker process opens (api/ws_workers.py): a store connection of
+    its own and a point cache keeping its final points in the store, where REST reads them."""
+    store = open_store(settings)
+    return store, open_point_cache(open_catalog(settings), store)
+
+
 def open_health_store(settings: Settings, store: PaneStore):
     from store.health import HealthStore
 
@@ -270,6 +287,7 @@ def build_api(settings: Settings):
         cdc=cdc,
         pattern_definitions=patterns,
         point_cache=open_point_cache(catalog, store),
+        snapshot_workers=snapshot_workers(settings),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(

@@ -31,6 +31,7 @@ class PointCache:
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point) put since the last save()
         self.hits = self.misses = 0
+        self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
     def get(self, key: Hashable, fingerprint: Fingerprint) -> Point | None:
         with self._lock:
@@ -77,12 +78,14 @@ class PointCache:
         while len(self._entries) > self.max_points:
             self._entries.popitem(last=False)
 
-    def clear(self) -> None:
-        """Forget every point (a switch replaced a stream's rows: store/switch.py)."""
+    def clear(self, *, generation: int | None = None) -> None:
+        """Forget every point (a switch replaced a stream's rows: store/switch.py), those kept
+        in the store too; `generation`: another process's cache cleared them (only this memory)."""
         with self._lock:
             self._entries.clear()
             self._unsaved.clear()
-        if self.backing is not None:
+            self.generation = self.generation + 1 if generation is None else generation
+        if self.backing is not None and generation is None:
             self.backing.clear()
 
     def __len__(self) -> int:
