@@ -90,7 +90,16 @@ def snapshot_workers(settings: Settings):
 
     if not settings.ws_snapshot_workers:
         return None
-    return SnapshotWorkers(partial(snapshot_worker_state, settings), settings.ws_snapshot_workers)
+    return SnapshotWorkers(partial(_snapshot_worker, settings), settings.ws_snapshot_workers)
+
+
+def _snapshot_worker(settings: Settings):
+    import os
+
+    from sketchboard import parent_death
+
+    parent_death.die_with_parent({parent_death.ENV: str(os.getppid())})  # even if the API process is SIGKILLed
+    return snapshot_worker_state(settings)
 
 
 def snapshot_worker_state(settings: Settings):
