@@ -247,7 +247,7 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
     for workers in [int(w) for w in str(args.ws_workers).split(",")]:
         started = time.time()
         clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
-        kept = FinalPoints(store.side_db())
+        kept = FinalPoints(store.side_db(), writer=store.side_db())
         kept.clear()  # cold: nothing computed by a previous configuration
         ctx = ApiContext(catalog=catalog, log=log, store=store, clock=clock, point_cache=PointCache(backing=kept))
         if workers:
@@ -281,7 +281,7 @@ def _worker_state(kind: str, where: str):
     from store.point_cache import PointCache
 
     store = _open(kind, where)
-    return store, PointCache(backing=FinalPoints(store.side_db()))
+    return store, PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db()))
 
 
 def _open(kind: str, where: str):

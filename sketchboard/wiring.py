@@ -80,7 +80,7 @@ def open_point_cache(catalog: Catalog, store: PaneStore):
     # Final points also kept in the store (store/final_points.py), as long as the longest-kept rows.
     keep = max((max([layout.retention_ms, *(k for _, k in layout.granules)])
                 for layout in catalog_layouts(catalog).values()), default=None)
-    return PointCache(backing=FinalPoints(store.side_db(), retention_ms=keep))
+    return PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db(), retention_ms=keep))
 
 
 def snapshot_workers(settings: Settings):

@@ -44,9 +44,13 @@ Entry = tuple[Hashable, tuple, int, tuple, Point]  # (shape, group, t_ms, finger
 
 
 class FinalPoints(SideStore):
-    def __init__(self, target: str | Path | Db, *, retention_ms: int | None = None,
+    def __init__(self, target: str | Path | Db, *, writer: Db | None = None, retention_ms: int | None = None,
                  clock: Callable[[], float] = time.time, synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+        """`writer`: a second connection for the writes, so a load never waits behind a write that
+        waits for the store's write lock (SQLite: a pipeline commit holds it for seconds)."""
         super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        self._writer_conn = writer or self._conn
+        self._write_lock = threading.Lock() if writer is not None else self._lock
         self.retention_ms = retention_ms  # points of windows older than this are deleted as new ones are saved
         self._clock = clock
         self._queue: queue.Queue[list[Entry] | None] = queue.Queue()
@@ -71,14 +75,14 @@ class FinalPoints(SideStore):
         rows = [(_text(shape), _text(group), t, *fp, _point_text(p)) for shape, group, t, fp, p in entries]
         if not rows:
             return
-        with self._lock, self._conn.transaction():
-            self._conn.executemany(
+        with self._write_lock, self._writer_conn.transaction():
+            self._writer_conn.executemany(
                 "INSERT INTO final_points (shape, grp, t_ms, events, rows_in, last_batch, revision, point)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape, grp, t_ms) DO UPDATE SET"
                 " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
                 " revision = excluded.revision, point = excluded.point", rows)
             if self.retention_ms is not None:
-                self._conn.execute("DELETE FROM final_points WHERE t_ms < ?",
+                self._writer_conn.execute("DELETE FROM final_points WHERE t_ms < ?",
                                    (int(self._clock() * 1000) - self.retention_ms,))
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
@@ -99,13 +103,16 @@ class FinalPoints(SideStore):
     def clear(self) -> None:
         """Forget every saved point (a switch replaced a stream's rows: store/switch.py)."""
         self.flush()
-        with self._lock, self._conn.transaction():
-            self._conn.execute("DELETE FROM final_points")
+        with self._write_lock, self._writer_conn.transaction():
+            self._writer_conn.execute("DELETE FROM final_points")
 
     def close(self) -> None:
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)
+        if self._writer_conn is not self._conn:
+            with self._write_lock:
+                self._writer_conn.close()
         super().close()
 
     def _write_loop(self) -> None:

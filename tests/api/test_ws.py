@@ -433,7 +433,7 @@ def worker_state(kind: str, where: str):
         from store import SqlitePaneStore
 
         store = SqlitePaneStore(where)
-    return store, PointCache(backing=FinalPoints(store.side_db()))
+    return store, PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db()))
 
 
 def test_snapshots_computed_in_a_worker_process_equal_the_api_process_ones(ctx, now_ms, store_backend):

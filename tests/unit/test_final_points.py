@@ -4,6 +4,8 @@ or a new client reads them instead of computing them again, and reads only what 
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
@@ -85,3 +87,39 @@ def test_clear_and_retention_forget_kept_points(store_backend):
         assert kept.load("s", T0, now_ms) == []
     finally:
         kept.close()
+
+
+def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_backend):
+    """The writes have a connection of their own: while one waits for the store's write lock (a
+    pipeline commit holds it for seconds on SQLite), queries still load kept points at once."""
+    store = store_backend.create()
+    kept = FinalPoints(store.side_db(), writer=store.side_db())
+    first, second = (Point(t, 1.0, 1, True, 1, None) for t in (T0, T0 + MINUTE))
+    other = store_backend.reopen(store).side_db()  # the pipeline's, in its own process
+    held, release = threading.Event(), threading.Event()
+
+    def commit_in_progress() -> None:
+        with other.transaction():
+            other.execute("LOCK TABLE final_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
+                          else "DELETE FROM final_points WHERE t_ms < 0")  # SQLite: the database's write lock
+            held.set()
+            release.wait(20)
+
+    try:
+        kept.save([("s", (), first.t_ms, (1, 1, 1, 1), first)])
+        holder = threading.Thread(target=commit_in_progress)
+        holder.start()
+        assert held.wait(10)
+        kept.save_soon([("s", (), second.t_ms, (1, 1, 1, 1), second)])  # its writer now waits for the lock
+        time.sleep(0.3)
+        began = time.monotonic()
+        assert [p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)] == [first]
+        assert time.monotonic() - began < 2
+        release.set()
+        holder.join(10)
+        kept.flush()
+        assert sorted(p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)) == [first, second]
+    finally:
+        release.set()
+        kept.close()
+        other.close()
