@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{kind}] built {args.events} events in {time.perf_counter() - t:.0f} s")
             try:
                 run(kind, store, catalog, end_ms, args.repeat)
+                snapshots(kind, store, catalog, end_ms, args.repeat)
             finally:
                 store.close()
                 if server is not None:
@@ -123,6 +124,44 @@ def run(kind: str, store, catalog, end_ms: int, repeat: int) -> None:
             print(f"  {name:<30}{statistics.median(computed):8.1f} /{statistics.median(from_store):6.1f}"
                   f" /{statistics.median(warm):6.1f}")
     finally:
+        kept.close()
+
+
+def snapshots(kind: str, store, catalog, end_ms: int, repeat: int) -> None:
+    """The websocket hub's cold snapshots of bench.day_of_data's 24 h views: the API process's
+    thread CPU per snapshot computed in it (ws_snapshot_workers 0) and with one worker process
+    (what it then does: send the query, wait on the pipe, take the text)."""
+    from functools import partial
+
+    from api.ws_hub import Hub, HubConfig
+    from api.ws_protocol import QueryIn, resolve_query
+    from api.ws_workers import SnapshotWorkers
+    from bench.day_of_data import WS_SHAPES, _worker_state
+
+    where = store.dsn if hasattr(store, "dsn") else str(store.path)
+    kept = FinalPoints(store.side_db(), writer=store.side_db())
+    workers = SnapshotWorkers(partial(_worker_state, kind, where))
+    workers.start()
+    workers.wait_ready(300)
+    cache = PointCache(backing=kept)
+    hubs = {"in the API process": Hub(store, lambda: end_ms / 1000, HubConfig(), [], point_cache=cache),
+            "one worker": Hub(store, lambda: end_ms / 1000, HubConfig(), [], point_cache=cache, workers=workers)}
+    queries = [resolve_query(QueryIn.model_validate(shape), catalog, end_ms, 11_000) for shape in WS_SHAPES]
+    print(f"[{kind}] cold websocket snapshots of {len(queries)} 24 h views, API-process thread CPU ms"
+          f" (wall ms), median of {repeat}:")
+    try:
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in hubs}
+        for _ in range(repeat):
+            for name, hub in hubs.items():  # alternated
+                cache.clear()  # cold: nothing in memory, in the store or in the worker
+                cpu, wall = time.thread_time(), time.perf_counter()
+                texts = [hub.snapshot_message("v", q).text() for q in queries]
+                times[name].append(((time.thread_time() - cpu) * 1000, (time.perf_counter() - wall) * 1000))
+                assert all(texts)
+        for name, runs in times.items():
+            print(f"  {name:<22}{statistics.median(c for c, _ in runs):8.1f} ({statistics.median(w for _, w in runs):.0f})")
+    finally:
+        workers.stop()
         kept.close()
 
 
