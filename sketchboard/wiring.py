@@ -98,7 +98,7 @@ def _snapshot_worker(settings: Settings):
 
     from sketchboard import parent_death
 
-    parent_death.die_with_parent({parent_death.ENV: str(os.getppid())})  # even if the API process is SIGKILLed
+    parent_death.watch_parent(os.getppid())  # stop with the API process, even if it is SIGKILLed
     return snapshot_worker_state(settings)
 
 

@@ -485,3 +485,30 @@ def test_snapshots_computed_in_a_worker_process_equal_the_api_process_ones(ctx, 
     finally:
         http.close()
         kept.close()
+
+
+def test_the_wired_service_computes_snapshots_in_its_worker_and_survives_its_death(tmp_path):
+    """`sketchboard api` as wired: the snapshot comes from the worker process (which must outlive
+    the thread that started it); a killed worker leaves snapshots to the API process."""
+    import signal
+
+    from fastapi.testclient import TestClient
+
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    app, ctx = build_api(Settings(data_dir=tmp_path / "data", alerts_config=None))
+    query = {"metric": "latency", "stat": "p99", "from": "now-1h", "step": "1m"}
+    with TestClient(app) as client, client.websocket_connect("ws://127.0.0.1:8000/api/v1/ws") as ws:
+        ws.send_text(json.dumps({"type": "topics", "topics": []}))
+        assert ctx.snapshot_workers.wait_ready(120)
+        for sub_id in ("a", "b"):
+            ws.send_text(json.dumps({"type": "subscribe", "id": sub_id, "query": query}))
+            while (msg := json.loads(ws.receive_text()))["type"] != "snapshot":
+                pass
+            assert msg["id"] == sub_id and len(msg["result"]["series"][0]["points"]) in (60, 61)  # as now falls
+            if sub_id == "a":
+                assert ctx.snapshot_workers.computed == 1
+                for pid in list(ctx.snapshot_workers._pool._processes):
+                    os.kill(pid, signal.SIGKILL)
+        assert ctx.snapshot_workers.computed == 1  # "b" was computed here, after the worker died
