@@ -244,7 +244,7 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
     where = store.dsn if hasattr(store, "dsn") else str(store.path)
     kind = "postgres" if hasattr(store, "dsn") else "sqlite"
     out = {}
-    for workers in [int(w) for w in str(args.ws_workers).split(",")]:
+    for run_no, workers in enumerate(int(w) for w in str(args.ws_workers).split(",")):
         started = time.time()
         clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
         kept = FinalPoints(store.side_db(), writer=store.side_db())
@@ -260,7 +260,8 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
                 ctx.snapshot_workers.start()
                 ctx.snapshot_workers.wait_ready(120)
             load = spawn.Process(target=_websocket_load, args=(port, args.ws, args.ws_rate, kind, where, end_ms,
-                                                               started, stop, received), daemon=True)
+                                                               started, stop, received, 10**6 * (run_no + 1)),
+                                 daemon=True)  # new batch ids each run: a batch id seen before is skipped
             load.start()
             time.sleep(5)  # snapshots sent, a few live updates
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
@@ -293,7 +294,7 @@ def _open(kind: str, where: str):
 
 
 def _websocket_load(port: int, clients: int, rate: int, kind: str, where: str, end_ms: int, started: float,
-                    stop, received) -> None:
+                    stop, received, first_batch: int) -> None:
     """In the load process: `clients` websocket clients on WS_SHAPES and a writer committing
     `rate` current demo events every second, until `stop` is set."""
     import threading
@@ -317,7 +318,7 @@ def _websocket_load(port: int, clients: int, rate: int, kind: str, where: str, e
 
     def writer() -> None:
         own = _open(kind, where)  # its own connection, as the pipeline process has
-        batch_id = 10**6
+        batch_id = first_batch
         traffic = DemoTraffic(catalog, seed=9, clock=clock)
         stream = catalog.stream(STREAM)
         while not stop.is_set():
