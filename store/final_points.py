@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS final_points (
 );
 """
 
+_PRUNE_EVERY_MS = 3_600_000
 Entry = tuple[Hashable, tuple, int, tuple, Point]  # (shape, group, t_ms, fingerprint, point)
 
 
@@ -52,6 +53,7 @@ class FinalPoints(SideStore):
         self._writer_conn = writer or self._conn
         self._write_lock = threading.Lock() if writer is not None else self._lock
         self.retention_ms = retention_ms  # points of windows older than this are deleted as new ones are saved
+        self._pruned_ms = -_PRUNE_EVERY_MS  # when they last were
         self._clock = clock
         self._queue: queue.Queue[list[Entry] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
@@ -81,9 +83,11 @@ class FinalPoints(SideStore):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape, grp, t_ms) DO UPDATE SET"
                 " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
                 " revision = excluded.revision, point = excluded.point", rows)
-            if self.retention_ms is not None:
-                self._writer_conn.execute("DELETE FROM final_points WHERE t_ms < ?",
-                                   (int(self._clock() * 1000) - self.retention_ms,))
+            now_ms = int(self._clock() * 1000)
+            if self.retention_ms is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
+                # Not at every save: t_ms leads no index, so this reads the whole table.
+                self._writer_conn.execute("DELETE FROM final_points WHERE t_ms < ?", (now_ms - self.retention_ms,))
+                self._pruned_ms = now_ms
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
         """save() on the writer thread: the caller (a query) goes on at once."""

@@ -123,3 +123,19 @@ def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_back
         release.set()
         kept.close()
         other.close()
+
+
+def test_retention_is_applied_at_most_once_an_hour(store_backend):
+    now = [T0 + 10 * MINUTE]
+    kept = FinalPoints(store_backend.side_db(), retention_ms=5 * MINUTE, clock=lambda: now[0] / 1000)
+    point = (lambda t: Point(t, 1.0, 1, True, 1, None))
+    try:
+        kept.save([("s", (), T0 + 6 * MINUTE, (1, 1, 1, 1), point(T0 + 6 * MINUTE))])  # prunes (the first save)
+        now[0] += 30 * MINUTE  # T0 + 6 min is now past retention, but the last pruning was 30 min ago
+        kept.save([("s", (), T0 + 39 * MINUTE, (1, 1, 1, 1), point(T0 + 39 * MINUTE))])
+        assert len(kept.load("s", T0, now[0])) == 2
+        now[0] += 31 * MINUTE
+        kept.save([("s", (), T0 + 70 * MINUTE, (1, 1, 1, 1), point(T0 + 70 * MINUTE))])
+        assert [t for _, t, _, _ in kept.load("s", T0, now[0])] == [T0 + 70 * MINUTE]
+    finally:
+        kept.close()
