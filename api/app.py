@@ -64,7 +64,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     topics = {feed.topic for feed in given}
     registry = FeedRegistry([feed for feed in built_in if feed.topic not in topics] + given)
     hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry),
-              point_cache=ctx.point_cache)
+              point_cache=ctx.point_cache, workers=ctx.snapshot_workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

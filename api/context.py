@@ -109,6 +109,8 @@ class ApiContext:
     alerts: AlertsView | None = None
     # Final points of sketch stats kept between queries and websocket pushes (store/point_cache.py).
     point_cache: PointCache = field(default_factory=PointCache)
+    # Websocket snapshots computed in worker processes (api.ws_workers.SnapshotWorkers); None: in this one.
+    snapshot_workers: Any = None
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: AuditLog | None = None
     # Dashboards (dashboard.service.DashboardService); None: no /api/v1/dashboards routes.

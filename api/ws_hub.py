@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from api.ws_compute import affected_windows, changed_points, snapshot_result
 from api.ws_protocol import TOPICS
+from api.ws_workers import SnapshotWorkers
 from query import Query
 from store import PaneStore
 from store.point_cache import PointCache
@@ -253,8 +254,10 @@ class HubStats:
 
 class Hub:
     def __init__(self, store: PaneStore, clock: Callable[[], float], config: HubConfig | None = None,
-                 feeds: list[Feed] | None = None, point_cache: PointCache | None = None):
+                 feeds: list[Feed] | None = None, point_cache: PointCache | None = None,
+                 workers: SnapshotWorkers | None = None):
         self.store = store
+        self.workers = workers  # snapshots computed off this process's GIL (api/ws_workers.py)
         self.point_cache = point_cache  # shared with GET /api/v1/query (store/point_cache.py)
         self.clock = clock
         self.config = config or HubConfig()
@@ -292,12 +295,16 @@ class Hub:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ws-hub-tailer", daemon=True)
         self._thread.start()
+        if self.workers is not None:
+            self.workers.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._thread = None
+        if self.workers is not None:
+            self.workers.stop()
 
     def connect(self) -> Client:
         client = Client(self.config.queue_size, self.config.max_subscriptions)
@@ -331,7 +338,8 @@ class Hub:
 
     def snapshot(self, query: Query) -> dict:
         """The subscription's full result now (run it off the event loop: it reads the store)."""
-        return self._shared_snapshot(query).result
+        shared = self._shared_snapshot(query)
+        return shared.result if shared.result is not None else json.loads(shared.text())
 
     def snapshot_message(self, sub_id: str, query: Query) -> QueuedMessage:
         """The snapshot message of a subscription, its result encoded to JSON once for every
@@ -361,10 +369,17 @@ class Hub:
                 return shared
             return self._shared_snapshot(query)  # its computation failed: try on our own
         try:
-            with self._snapshot_slots:
-                shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
-                                                self.point_cache)
-                self.stats.snapshots += 1
+            # In a worker process when there is one: the result comes back as its JSON text, ready to send.
+            done = None if self.workers is None else self.workers.compute(
+                query, now_ms, watermark, self.config.max_points,
+                self.point_cache.generation if self.point_cache is not None else 0)
+            if done is not None:
+                shared._text = done
+            else:
+                with self._snapshot_slots:
+                    shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
+                                                    self.point_cache)
+            self.stats.snapshots += 1
         except BaseException as exc:
             shared.error = exc
             raise

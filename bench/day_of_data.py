@@ -25,10 +25,12 @@ import argparse
 import gc
 import json
 import math
+import os
 import statistics
 import tempfile
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -227,64 +229,117 @@ WS_SHAPES = [  # 24 h views a dashboard keeps open (each held by several clients
 def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dict[str, list[float]]:
     """`--ws` websocket clients hold 24 h subscriptions (spread over WS_SHAPES) while a writer
     commits a batch of current demo events every second (so every view updates every second)
-    and the REST queries are measured again, over real HTTP on loopback."""
-    import threading
+    and the REST queries are measured again, over real HTTP on loopback. The clients and the
+    writer run in a process of their own (spawned), as browsers and the pipeline do: in the
+    API's process their JSON parsing and sketch building would hold the GIL the API needs.
+    Once per `--ws-workers` value (0: snapshots computed in the API process), the same load."""
+    import multiprocessing
 
     import httpx
+
+    from api.ws_workers import SnapshotWorkers
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+
+    where = store.dsn if hasattr(store, "dsn") else str(store.path)
+    kind = "postgres" if hasattr(store, "dsn") else "sqlite"
+    out = {}
+    for run_no, workers in enumerate(int(w) for w in str(args.ws_workers).split(",")):
+        started = time.time()
+        clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
+        kept = FinalPoints(store.side_db(), writer=store.side_db())
+        kept.clear()  # cold: nothing computed by a previous configuration
+        ctx = ApiContext(catalog=catalog, log=log, store=store, clock=clock, point_cache=PointCache(backing=kept))
+        if workers:
+            ctx.snapshot_workers = SnapshotWorkers(partial(_worker_state, kind, where), workers)
+        spawn = multiprocessing.get_context("spawn")
+        stop, received = spawn.Event(), spawn.Value("i", 0)
+        label = f"(+{args.ws} ws, {workers} workers)"
+        with serving(create_app(ctx)) as port:  # stopped before the caller closes the store
+            if ctx.snapshot_workers is not None:
+                ctx.snapshot_workers.start()
+                ctx.snapshot_workers.wait_ready(120)
+            load = spawn.Process(target=_websocket_load, args=(port, args.ws, args.ws_rate, kind, where, end_ms,
+                                                               started, stop, received, 10**6 * (run_no + 1)),
+                                 daemon=True)  # new batch ids each run: a batch id seen before is skipped
+            load.start()
+            time.sleep(5)  # snapshots sent, a few live updates
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+                out.update({f"{name} {label}": times for name, times in timed_queries(http, QUERIES, args.repeat).items()})
+            seconds = time.time() - started
+            stop.set()
+            load.join(30)
+        kept.close()
+        print(f"  {label}: {args.ws} websocket clients got {received.value} snapshots/updates in {seconds:.0f} s"
+              f" ({received.value / seconds / args.ws:.2f} per client per second), with {args.ws_rate} events/s"
+              f" committed; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return out
+
+
+def _worker_state(kind: str, where: str):
+    """A snapshot worker's own store connection and point cache (as sketchboard.wiring's)."""
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+
+    store = _open(kind, where)
+    return store, PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db()))
+
+
+def _open(kind: str, where: str):
+    if kind == "postgres":
+        from store.postgres import PostgresPaneStore
+
+        return PostgresPaneStore(where)
+    return SqlitePaneStore(Path(where), synchronous="OFF")
+
+
+def _websocket_load(port: int, clients: int, rate: int, kind: str, where: str, end_ms: int, started: float,
+                    stop, received, first_batch: int) -> None:
+    """In the load process: `clients` websocket clients on WS_SHAPES and a writer committing
+    `rate` current demo events every second, until `stop` is set."""
+    import threading
+
     from websockets.sync.client import connect
 
+    catalog = load_catalog(DEFAULT_STREAMS)
+    clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731
+    lock = threading.Lock()
 
-    started = time.time()
-    clock = lambda: end_ms / 1000.0 + (time.time() - started)  # noqa: E731 - the data's "now" moves on
-    ctx = ApiContext(catalog=catalog, log=log, store=store, clock=clock)
-    with serving(create_app(ctx)) as port:  # stopped before the caller closes the store
-        stop = threading.Event()
-        received = [0] * args.ws
-
-        def subscriber(i: int) -> None:
-            with connect(f"ws://127.0.0.1:{port}/api/v1/ws", max_size=None) as ws:
-                ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
-                while not stop.is_set():
-                    try:
-                        if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
-                            received[i] += 1
-                    except TimeoutError:
-                        pass
-
-        def writer() -> None:
-            # Its own connection, as the pipeline process has: WAL lets the API read while it commits.
-            own = reopen(store)
-            batch_id = 10**6
-            traffic = DemoTraffic(catalog, seed=9, clock=clock)
-            stream = catalog.stream(STREAM)
+    def subscriber(i: int) -> None:
+        with connect(f"ws://127.0.0.1:{port}/api/v1/ws", max_size=None) as ws:
+            ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
             while not stop.is_set():
-                now_ms = int(clock() * 1000)
-                groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
-                for e in traffic.generate_stream(STREAM, args.ws_rate):
-                    t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
-                    groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
-                partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
-                own.commit_batch(BatchCommit("live", batch_id, partials, args.ws_rate, {STREAM: now_ms}, {},
-                                               read_by_stream={STREAM: args.ws_rate}),
-                                   lateness_ms={STREAM: 30_000}, now_ms=now_ms)
-                batch_id += 1
-                stop.wait(1.0)
-            own.close()
+                try:
+                    if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
+                        with lock:
+                            received.value += 1
+                except TimeoutError:
+                    pass
 
-        threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(args.ws)]
-        threads.append(threading.Thread(target=writer, daemon=True))
-        for t in threads:
-            t.start()
-        time.sleep(5)  # snapshots sent, a few live updates
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            out = {f"{name} (+{args.ws} ws)": times for name, times in timed_queries(http, QUERIES, args.repeat).items()}
-        seconds = time.time() - started
-        stop.set()
-        for t in threads:
-            t.join(10)
-    print(f"  {args.ws} websocket clients got {sum(received)} snapshots/updates in {seconds:.0f} s"
-          f" ({sum(received) / seconds / args.ws:.2f} per client per second), with {args.ws_rate} events/s committed")
-    return out
+    def writer() -> None:
+        own = _open(kind, where)  # its own connection, as the pipeline process has
+        batch_id = first_batch
+        traffic = DemoTraffic(catalog, seed=9, clock=clock)
+        stream = catalog.stream(STREAM)
+        while not stop.is_set():
+            now_ms = int(clock() * 1000)
+            groups: dict[tuple[int, tuple], list[dict]] = defaultdict(list)
+            for e in traffic.generate_stream(STREAM, rate):
+                t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
+                groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
+            partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
+            own.commit_batch(BatchCommit("live", batch_id, partials, rate, {STREAM: now_ms}, {},
+                                         read_by_stream={STREAM: rate}), lateness_ms={STREAM: 30_000}, now_ms=now_ms)
+            batch_id += 1
+            stop.wait(1.0)
+        own.close()
+
+    threads = [threading.Thread(target=subscriber, args=(i,), daemon=True) for i in range(clients)]
+    threads.append(threading.Thread(target=writer, daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -298,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ws", type=int, default=0, help="then again over HTTP with this many websocket clients"
                     " holding 24 h views updated every second (e.g. 50)")
     ap.add_argument("--ws-rate", type=int, default=2_000, help="events committed per second meanwhile")
+    ap.add_argument("--ws-workers", default="1", help="snapshot worker processes with --ws, comma-separated to"
+                    " run the load once per value (e.g. 0,1: in the API process, then in one worker)")
     ap.add_argument("--stores", default="sqlite", help="store backends to run, comma-separated: sqlite,postgres")
     ap.add_argument("--postgres-dsn", help="run the postgres store here instead of on a throwaway local server")
     args = ap.parse_args(argv)
@@ -309,17 +366,20 @@ def main(argv: list[str] | None = None) -> None:
         server = PostgresServer()
         server.start()
     shipped = load_catalog(DEFAULT_STREAMS)
-    streams = {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items() if not s.derived_from}
-    panes_only = Catalog.model_validate({  # derived streams (sessions, joins) are left out, and their metrics
-        "streams": streams,
-        "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items() if m.stream in streams},
-    })
+    def panes_only() -> Catalog:  # built only when run: the shipped enrichment's views are not carried over
+        streams = {n: {**s.model_dump(mode="json"), "tiers": []} for n, s in shipped.streams.items()
+                   if not s.derived_from}
+        return Catalog.model_validate({  # derived streams (sessions, joins) are left out, and their metrics
+            "streams": streams,
+            "metrics": {n: m.model_dump(mode="json") for n, m in shipped.metrics.items() if m.stream in streams},
+        })
     end_ms = int(time.time() * 1000) // 10_000 * 10_000
     results = {}
     try:
         for label, catalog in (("tiers", shipped), ("panes", panes_only)):
             if args.only and args.only != label:
                 continue
+            catalog = catalog() if callable(catalog) else catalog
             for kind in kinds:
                 name = label if kinds == ["sqlite"] else f"{label}/{kind[:2]}"
                 dsn = (server.fresh_dsn() if server else args.postgres_dsn) if kind == "postgres" else None

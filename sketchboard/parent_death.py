@@ -42,3 +42,10 @@ def die_with_parent(environ=os.environ, *, signum: int = signal.SIGTERM, every_s
         threading.Thread(target=_watch, args=(parent, signum, every_s), daemon=True, name="parent-watch").start()
     elif os.getppid() != parent:  # it died before the prctl took effect
         os.kill(os.getpid(), signum)
+
+
+def watch_parent(parent: int, *, signum: int = signal.SIGTERM, every_s: float = 1.0) -> None:
+    """Stop (signum) when process `parent` is gone, seen by a thread polling the parent pid: for
+    a process pool's workers, where prctl does not fit (its signal comes when the parent *thread*
+    that started the child ends, and a pool starts its workers from a thread that ends)."""
+    threading.Thread(target=_watch, args=(parent, signum, every_s), daemon=True, name="parent-watch").start()

@@ -146,6 +146,8 @@ class Settings(BaseSettings):
     ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
     ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
+    ws_snapshot_workers: int = Field(1, ge=0, le=64, description="processes computing websocket snapshots off the"
+                                     " API process's GIL (0: in the API process)")
     ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
                                       " connection (1009)")
     ws_message_rate: float = Field(20.0, gt=0, description="messages per second a websocket client may send"

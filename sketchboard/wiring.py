@@ -72,6 +72,43 @@ def open_lag_store(settings: Settings, store: PaneStore):
     return LagStore(store.side_db(), retention_ms=settings.lag_retention)
 
 
+def open_point_cache(catalog: Catalog, store: PaneStore):
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+    from store.tiers import catalog_layouts
+
+    # Final points also kept in the store (store/final_points.py), as long as the longest-kept rows.
+    keep = max((max([layout.retention_ms, *(k for _, k in layout.granules)])
+                for layout in catalog_layouts(catalog).values()), default=None)
+    return PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db(), retention_ms=keep))
+
+
+def snapshot_workers(settings: Settings):
+    from functools import partial
+
+    from api.ws_workers import SnapshotWorkers
+
+    if not settings.ws_snapshot_workers:
+        return None
+    return SnapshotWorkers(partial(_snapshot_worker, settings), settings.ws_snapshot_workers)
+
+
+def _snapshot_worker(settings: Settings):
+    import os
+
+    from sketchboard import parent_death
+
+    parent_death.watch_parent(os.getppid())  # stop with the API process, even if it is SIGKILLed
+    return snapshot_worker_state(settings)
+
+
+def snapshot_worker_state(settings: Settings):
+    """What a websocket snapshot worker process opens (api/ws_workers.py): a store connection of
+    its own and a point cache keeping its final points in the store, where REST reads them."""
+    store = open_store(settings)
+    return store, open_point_cache(open_catalog(settings), store)
+
+
 def open_health_store(settings: Settings, store: PaneStore):
     from store.health import HealthStore
 
@@ -258,6 +295,8 @@ def build_api(settings: Settings):
         reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
         cdc=cdc,
         pattern_definitions=patterns,
+        point_cache=open_point_cache(catalog, store),
+        snapshot_workers=snapshot_workers(settings),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
     hub_config = HubConfig(

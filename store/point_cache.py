@@ -13,18 +13,25 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from store.rollup import Point
+
+if TYPE_CHECKING:
+    from store.final_points import FinalPoints
 
 Fingerprint = tuple[int, int, int, int]  # (events, rows, newest batch, highest revision)
 
 
 class PointCache:
-    def __init__(self, max_points: int = 200_000):
+    def __init__(self, max_points: int = 200_000, backing: FinalPoints | None = None):
         self.max_points = max_points
+        self.backing = backing
         self._entries: OrderedDict[Hashable, tuple[Fingerprint, Point]] = OrderedDict()
         self._lock = threading.Lock()  # the API computes queries in a thread pool
+        self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point) put since the last save()
         self.hits = self.misses = 0
+        self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
     def get(self, key: Hashable, fingerprint: Fingerprint) -> Point | None:
         with self._lock:
@@ -37,18 +44,49 @@ class PointCache:
             return found[1]
 
     def put(self, key: Hashable, fingerprint: Fingerprint, point: Point) -> None:
+        """Keep a final point (key: (shape, group, t_ms)); provisional points are not kept."""
         if not point.final:
             return
         with self._lock:
-            self._entries[key] = (fingerprint, point)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_points:
-                self._entries.popitem(last=False)
+            self._keep(key, fingerprint, point)
+            if self.backing is not None:
+                self._unsaved.append((*key, fingerprint, point))
 
-    def clear(self) -> None:
-        """Forget every point (a switch replaced a stream's rows: store/switch.py)."""
+    def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> None:
+        """The backing's saved points of `shape` with windows starting in [lo_ms, hi_ms), into
+        memory where it holds none of that key (what it holds is as new or newer); get() then
+        compares fingerprints as for any kept point."""
+        if self.backing is None:
+            return
+        saved = self.backing.load(shape, lo_ms, hi_ms)
+        with self._lock:
+            for group, t_ms, fingerprint, point in saved:
+                if (shape, group, t_ms) not in self._entries:
+                    self._keep((shape, group, t_ms), fingerprint, point)
+
+    def save(self) -> None:
+        """Hand the points put since the last save to the backing (written in the background)."""
+        if self.backing is None:
+            return
+        with self._lock:
+            unsaved, self._unsaved = self._unsaved, []
+        self.backing.save_soon(unsaved)
+
+    def _keep(self, key: Hashable, fingerprint: Fingerprint, point: Point) -> None:
+        self._entries[key] = (fingerprint, point)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_points:
+            self._entries.popitem(last=False)
+
+    def clear(self, *, generation: int | None = None) -> None:
+        """Forget every point (a switch replaced a stream's rows: store/switch.py), those kept
+        in the store too; `generation`: another process's cache cleared them (only this memory)."""
         with self._lock:
             self._entries.clear()
+            self._unsaved.clear()
+            self.generation = self.generation + 1 if generation is None else generation
+        if self.backing is not None and generation is None:
+            self.backing.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

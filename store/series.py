@@ -83,17 +83,12 @@ def query_series(
                            start_ms, end_ms, step_ms, window_ms)
     groups = sorted(prints) if group_by else [()]
     shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
-             tuple(sorted(filters.items())))
+             tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)  # rows per layout
     points: dict[tuple[tuple[str, ...], int], Point] = {}
-    missed = []
-    for group in groups:
-        fingerprints = prints.get(group) or [_NO_ROWS] * len(window_points(start_ms, end_ms, step_ms))
-        for t, fingerprint in zip(window_points(start_ms, end_ms, step_ms), fingerprints):
-            point = cache.get((shape, group, t), fingerprint)
-            if point is None:
-                missed.append(t)
-            else:
-                points[(group, t)] = point
+    missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+    if missed and cache.backing is not None:  # saved by a process before this one?
+        cache.load(shape, min(missed), max(missed) + step_ms)
+        missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
     if missed:
         lo, hi = min(missed), max(missed) + step_ms
         computed = {tuple(s.group.get(g, "") for g in group_by): s.points for s in sketch_series(lo, hi)}
@@ -108,12 +103,29 @@ def query_series(
                     points[(group, p.t_ms)] = p
                     cache.put((shape, group, p.t_ms),
                               fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p)
+        cache.save()
     return [Series(group=dict(zip(group_by, group)),
                    points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])
             for group in groups]
 
 
 _NO_ROWS = (0, 0, 0, 0)
+
+
+def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points) -> list[int]:
+    """Cached points with an unchanged fingerprint into `points`; the window starts missed."""
+    missed = []
+    for group in groups:
+        fingerprints = prints.get(group) or [_NO_ROWS] * len(window_points(start_ms, end_ms, step_ms))
+        for t, fingerprint in zip(window_points(start_ms, end_ms, step_ms), fingerprints):
+            if (group, t) in points:
+                continue
+            point = cache.get((shape, group, t), fingerprint)
+            if point is None:
+                missed.append(t)
+            else:
+                points[(group, t)] = point
+    return missed
 
 
 def _sums(store, stream, pane_ms, plan, start_ms, group_by, filters, value_field) -> list[BucketStats]:

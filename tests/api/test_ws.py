@@ -417,3 +417,98 @@ def test_identical_subscriptions_share_one_snapshot_until_the_feed_moves(server,
             fresh = subscribe(second, "y", **view)["result"]
             assert hub.stats.snapshots - before == 2
             assert sum(p["count"] for s in fresh["series"] for p in s["points"]) == 2
+
+
+def worker_state(kind: str, where: str):
+    """A snapshot worker's store and point cache (api/ws_workers.py), opened in the worker process
+    as sketchboard.wiring.snapshot_worker_state opens them: its own connection to the test's store."""
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+
+    if kind == "postgres":
+        from store.postgres import PostgresPaneStore
+
+        store = PostgresPaneStore(where, pool_size=2)
+    else:
+        from store import SqlitePaneStore
+
+        store = SqlitePaneStore(where)
+    return store, PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db()))
+
+
+def test_snapshots_computed_in_a_worker_process_equal_the_api_process_ones(ctx, now_ms, store_backend):
+    """With snapshot workers the API process only waits on a pipe for the snapshot's text: the same
+    result as GET /api/v1/query's body, and the final points the worker computed are kept in the
+    store, where the API process's point cache finds them."""
+    from functools import partial
+
+    from api.ws_workers import SnapshotWorkers
+    from query import compute
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+
+    t0 = now_ms - 10 * 60_000
+    events = [ev(t0 + i * 4_000, latency=float(i * 7 % 31), endpoint=("/a", "/b")[i % 2]) for i in range(120)]
+    http = httpx.Client()
+    kept = FinalPoints(ctx.store.side_db())
+    ctx.point_cache = PointCache(backing=kept)
+    where = ctx.store.dsn if store_backend.kind == "postgres" else str(ctx.store.path)
+    ctx.snapshot_workers = workers = SnapshotWorkers(partial(worker_state, store_backend.kind, where))
+    config = HubConfig(poll_interval_s=0.05, heartbeat_interval_s=0.5, feed_interval_s=0.05, send_timeout_s=5)
+    try:
+        with Server(create_app(ctx, hub_config=config)) as server:
+            post(server, events)
+            post(server, [ev(now_ms - 5_000)])  # the watermark passes the first windows: their points are final
+            drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+            view = dict(metric="latency", stat="p90", **{"from": "now-15m"}, step="1m", group_by="endpoint")
+            with connect(server.ws) as ws:
+                assert workers.wait_ready(120), "the snapshot worker did not start"
+                snap = subscribe(ws, "a", **view)["result"]
+            assert workers.computed == 1  # in the worker, not here
+            rest = http.get(f"{server.http}/api/v1/query", params={**view, "to": "now"}).json()
+            assert snap == rest
+            finals = sum(p["final"] for s in snap["series"] for p in s["points"])
+            assert finals >= 2 * 8
+            # The worker's final points reach the store (written in its background); a new API process
+            # (an empty cache over the same store) then reads them instead of computing them.
+            deadline = time.monotonic() + 20
+            while True:
+                cache = PointCache(backing=kept)
+                q = resolve_query(QueryIn.model_validate({**view, "to": "now"}), ctx.catalog, now_ms, 11_000)
+                lo, hi = q.range_at(now_ms)
+                compute(ctx.store, q, lo, hi, watermark_ms=ctx.store.watermarks().get(STREAM), max_points=11_000,
+                        cache=cache)
+                if cache.hits >= finals or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert cache.hits >= finals
+    finally:
+        http.close()
+        kept.close()
+
+
+def test_the_wired_service_computes_snapshots_in_its_worker_and_survives_its_death(tmp_path):
+    """`sketchboard api` as wired: the snapshot comes from the worker process (which must outlive
+    the thread that started it); a killed worker leaves snapshots to the API process."""
+    import signal
+
+    from fastapi.testclient import TestClient
+
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    app, ctx = build_api(Settings(data_dir=tmp_path / "data", alerts_config=None))
+    query = {"metric": "latency", "stat": "p99", "from": "now-1h", "step": "1m"}
+    with TestClient(app) as client, client.websocket_connect("ws://127.0.0.1:8000/api/v1/ws") as ws:
+        ws.send_text(json.dumps({"type": "topics", "topics": []}))
+        assert ctx.snapshot_workers.wait_ready(120)
+        for sub_id in ("a", "b"):
+            ws.send_text(json.dumps({"type": "subscribe", "id": sub_id, "query": query}))
+            while (msg := json.loads(ws.receive_text()))["type"] != "snapshot":
+                pass
+            assert msg["id"] == sub_id and len(msg["result"]["series"][0]["points"]) in (60, 61)  # as now falls
+            if sub_id == "a":
+                assert ctx.snapshot_workers.computed == 1
+                for pid in list(ctx.snapshot_workers._pool._processes):
+                    os.kill(pid, signal.SIGKILL)
+        assert ctx.snapshot_workers.computed == 1  # "b" was computed here, after the worker died

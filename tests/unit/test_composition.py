@@ -126,3 +126,25 @@ def test_open_store_opens_the_configured_backend(monkeypatch, tmp_path, postgres
         assert isinstance(store, PostgresPaneStore) and store.last_batch_id("main") is None
     finally:
         store.close()
+
+
+def test_websocket_snapshot_workers_open_their_own_store_and_keep_points_in_it(monkeypatch, tmp_path):
+    """What a snapshot worker process is handed (pickled, as spawn sends it) opens a store of its
+    own over the service's data and a point cache whose final points are kept in that store."""
+    import pickle
+
+    from sketchboard.wiring import open_store, snapshot_worker_state, snapshot_workers
+
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(data_dir=tmp_path / "data")
+    open_store(settings).close()
+    assert snapshot_workers(Settings(data_dir=tmp_path / "data", ws_snapshot_workers=0)) is None
+    workers = snapshot_workers(settings)
+    assert pickle.loads(pickle.dumps(workers._open_state)).args == (settings,)  # spawn pickles it
+    store, cache = snapshot_worker_state(settings)
+    try:
+        assert store.path == tmp_path / "data" / "store.db" and cache.backing is not None
+        assert cache.backing.retention_ms >= 8 * 86_400_000  # as long as the shipped tiers keep rows
+    finally:
+        cache.backing.close()
+        store.close()

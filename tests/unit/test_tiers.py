@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.planner import Segment, cover, plan_read
+from store.final_points import FinalPoints
 from store.point_cache import PointCache
 from store.rollup import rollup
 from store.series import query_series
@@ -145,7 +146,8 @@ def test_tiered_answers_equal_pane_rollups(store_backend, batches, asked):
 def test_cached_points_are_recomputed_when_their_rows_change(store_backend, first, then, asked):
     """Final points kept between queries equal fresh ones after more batches (stragglers included)."""
     tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
-    cache = PointCache()
+    kept = FinalPoints(store_backend.side_db(tiered))
+    cache = PointCache(backing=kept)
     try:
         for batch_list, offset in ((first, 0), (then, len(first))):
             for store in (tiered, plain):
@@ -154,7 +156,10 @@ def test_cached_points_are_recomputed_when_their_rows_change(store_backend, firs
                 expected = pane_rollup(plain, **q)
                 assert_same(answer(tiered, **q, cache=cache), expected, q["stat"])
                 assert_same(answer(tiered, **q, cache=cache), expected, q["stat"])  # from the cache, where final
+                kept.flush()  # then a restarted process: only the points kept in the store
+                assert_same(answer(tiered, **q, cache=PointCache(backing=kept)), expected, q["stat"])
     finally:
+        kept.close()
         tiered.close()
         plain.close()
 

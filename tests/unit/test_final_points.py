@@ -1,0 +1,141 @@
+"""Final points kept in the store (store/final_points.py): a restarted process, another replica
+or a new client reads them instead of computing them again, and reads only what is still true."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from store.final_points import FinalPoints
+from store.point_cache import PointCache
+from store.rollup import ErrorBound, Point
+from tests.unit.test_tiers import LAYOUT, MINUTE, T0, answer, commit_all, pane_rollup, store_at
+
+HOUR_OF_EVENTS = [[(T0 + i * 7_000, {"a": "xy"[i % 2], "b": "pqr"[i % 3], "c": "mn"[i % 2]}, float(i % 97), f"u{i % 40}")
+                   for i in range(514)]]  # an hour of events, then a batch that makes its windows final
+LATER = [[(T0 + 2 * 3_600_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u1")]]
+QUERY = dict(stat="p90", start=T0, end=T0 + 3_600_000, step=MINUTE, window=MINUTE)
+
+
+def test_a_restarted_process_reads_the_kept_points_instead_of_computing_them(store_backend):
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, HOUR_OF_EVENTS + LATER)
+    kept = FinalPoints(store_backend.side_db(store))
+    first = answer(store, **QUERY, cache=PointCache(backing=kept))
+    kept.flush()
+    kept.close()
+
+    again = store_backend.reopen(store)  # a restart: nothing in memory
+    cache = PointCache(backing=FinalPoints(store_backend.side_db(again)))
+    try:
+        restarted = answer(again, **QUERY, cache=cache)
+        assert restarted == first  # values, counts, revisions and error bounds identical
+        assert all(p.final and p.error is not None for p in restarted[0].points)
+        assert cache.hits == 60 and len(cache) == 60  # every point from the store: no sketch read or merged
+    finally:
+        cache.backing.close()
+
+
+def test_a_straggler_after_the_restart_recomputes_only_its_window(store_backend):
+    store = store_at(store_backend, LAYOUT)
+    plain = store_at(store_backend, None)
+    for s in (store, plain):
+        commit_all(s, HOUR_OF_EVENTS + LATER)
+    kept = FinalPoints(store_backend.side_db(store))
+    try:
+        answer(store, **QUERY, cache=PointCache(backing=kept))
+        kept.flush()
+        straggler = [[(T0 + 5 * MINUTE + 1_000, {"a": "x", "b": "q", "c": "n"}, 5_000.0, "u99")]]
+        for s in (store, plain):
+            commit_all(s, straggler, first_id=2)
+        cache = PointCache(backing=kept)
+        got = answer(store, **QUERY, cache=cache)
+        assert got == pane_rollup(plain, **QUERY)
+        assert got[0].points[5].revision == 2
+        assert cache.hits == 59  # the corrected window's fingerprint changed: computed again
+        kept.flush()
+        assert answer(store, **QUERY, cache=PointCache(backing=kept)) == got  # and kept again, corrected
+    finally:
+        kept.close()
+
+
+def test_points_keep_every_value_and_bound_exactly(store_backend):
+    kept = FinalPoints(store_backend.side_db())
+    points = [Point(T0, 0.1 + 0.2, 7, True, 3, ErrorBound("kll", -math.inf, math.inf, rank_error=0.0133)),
+              Point(T0 + MINUTE, None, 0, True, 0, None),
+              Point(T0 + 2 * MINUTE, 1e308, 1, True, 1, ErrorBound("hll", 0.5, 2.5, relative_error=0.01,
+                                                                 expected_undercount=0.25))]
+    try:
+        kept.save([(("s", "p99"), ("x",), p.t_ms, (1, 2, 3, 4), p) for p in points])
+        loaded = kept.load(("s", "p99"), T0, T0 + 3 * MINUTE)
+        assert sorted(loaded) == [(("x",), p.t_ms, (1, 2, 3, 4), p) for p in points]
+        assert kept.load(("s", "p95"), T0, T0 + 3 * MINUTE) == []  # another shape
+    finally:
+        kept.close()
+
+
+def test_clear_and_retention_forget_kept_points(store_backend):
+    now_ms = T0 + 10 * MINUTE
+    kept = FinalPoints(store_backend.side_db(), retention_ms=5 * MINUTE, clock=lambda: now_ms / 1000)
+    old, new = (Point(t, 1.0, 1, True, 1, None) for t in (T0, T0 + 6 * MINUTE))
+    try:
+        kept.save([("s", (), p.t_ms, (1, 1, 1, 1), p) for p in (old, new)])
+        assert [t for _, t, _, _ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
+        cache = PointCache(backing=kept)
+        cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones
+        assert kept.load("s", T0, now_ms) == []
+    finally:
+        kept.close()
+
+
+def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_backend):
+    """The writes have a connection of their own: while one waits for the store's write lock (a
+    pipeline commit holds it for seconds on SQLite), queries still load kept points at once."""
+    store = store_backend.create()
+    kept = FinalPoints(store.side_db(), writer=store.side_db())
+    first, second = (Point(t, 1.0, 1, True, 1, None) for t in (T0, T0 + MINUTE))
+    other = store_backend.reopen(store).side_db()  # the pipeline's, in its own process
+    held, release = threading.Event(), threading.Event()
+
+    def commit_in_progress() -> None:
+        with other.transaction():
+            other.execute("LOCK TABLE final_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
+                          else "DELETE FROM final_points WHERE t_ms < 0")  # SQLite: the database's write lock
+            held.set()
+            release.wait(20)
+
+    try:
+        kept.save([("s", (), first.t_ms, (1, 1, 1, 1), first)])
+        holder = threading.Thread(target=commit_in_progress)
+        holder.start()
+        assert held.wait(10)
+        kept.save_soon([("s", (), second.t_ms, (1, 1, 1, 1), second)])  # its writer now waits for the lock
+        time.sleep(0.3)
+        began = time.monotonic()
+        assert [p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)] == [first]
+        assert time.monotonic() - began < 2
+        release.set()
+        holder.join(10)
+        kept.flush()
+        assert sorted(p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)) == [first, second]
+    finally:
+        release.set()
+        kept.close()
+        other.close()
+
+
+def test_retention_is_applied_at_most_once_an_hour(store_backend):
+    now = [T0 + 10 * MINUTE]
+    kept = FinalPoints(store_backend.side_db(), retention_ms=5 * MINUTE, clock=lambda: now[0] / 1000)
+    point = (lambda t: Point(t, 1.0, 1, True, 1, None))
+    try:
+        kept.save([("s", (), T0 + 6 * MINUTE, (1, 1, 1, 1), point(T0 + 6 * MINUTE))])  # prunes (the first save)
+        now[0] += 30 * MINUTE  # T0 + 6 min is now past retention, but the last pruning was 30 min ago
+        kept.save([("s", (), T0 + 39 * MINUTE, (1, 1, 1, 1), point(T0 + 39 * MINUTE))])
+        assert len(kept.load("s", T0, now[0])) == 2
+        now[0] += 31 * MINUTE
+        kept.save([("s", (), T0 + 70 * MINUTE, (1, 1, 1, 1), point(T0 + 70 * MINUTE))])
+        assert [t for _, t, _, _ in kept.load("s", T0, now[0])] == [T0 + 70 * MINUTE]
+    finally:
+        kept.close()
