@@ -103,3 +103,48 @@ def test_sketches_in_estimation_mode_or_of_another_k_are_left_to_datasketches():
     other_k.update(1.0)
     assert merged_bytes([other_k.to_bytes(), _kll([2.0])], 200) is None
     assert merged_bytes([b"\x00" * 7, _kll([2.0])], 200) is None
+
+
+def test_the_collector_is_paused_during_a_commit_and_restored_by_the_last_one_out(tmp_path):
+    import gc
+    import threading
+
+    from store import BatchCommit, PanePartial, SqlitePaneStore
+    from store.gc_pause import paused_gc
+
+    seen = []
+
+    class Watching(SqlitePaneStore):
+        def _commit_locked(self, *args):
+            seen.append(gc.isenabled())
+            return super()._commit_locked(*args)
+
+    assert gc.isenabled()
+    store = Watching(tmp_path / "s.db", synchronous="OFF")
+    partial = PanePartial("s", T0, T0 + PANE, {"a": "x"}, _pane([1.0], [], [], True))
+    store.commit_batch(BatchCommit("main", 0, [partial], 1, {"s": T0}, {}), lateness_ms={}, now_ms=T0)
+    store.close()
+    assert seen == [False] and gc.isenabled()
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with paused_gc():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    inside.wait(10)
+    with paused_gc():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread still commits
+    release.set()
+    thread.join()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
