@@ -24,7 +24,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from sketches import DEFAULT_K, HllSketch, KllSketch
+from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
+from sketches.hll_list import merged_list_bytes
 from sketches.kll_exact import exact_bytes, exact_bytes_of, exact_items
 from store.panes import PaneData, ValueStats, dims_key
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
@@ -265,7 +266,8 @@ def _merge_hll(blobs: list) -> bytes | None:
     parts = [b for b in blobs if b is not None]
     if len(parts) <= 1:
         return parts[0] if parts else None
-    return HllSketch.merge_all(parts).to_bytes()
+    merged = merged_list_bytes(parts, DEFAULT_LG_K)  # a handful of users: their coupons, without repeats
+    return merged if merged is not None else HllSketch.merge_all(parts).to_bytes()
 
 
 def _emit(level: _Level, out: dict[TierKey, TierDelta]) -> None:

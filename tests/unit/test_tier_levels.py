@@ -1,7 +1,8 @@
 """The column-wise tier derivation (store/tier_levels.py, issue 27) equals the row-wise one it
 replaced (tests/tier_reference.py): the same tier rows, counts, n, sums, min, max and
 revisions identical, sketches holding the same items; and the byte-level merge of small KLLs
-(sketches/kll_exact.py) writes exactly the bytes DataSketches' merge writes."""
+(sketches/kll_exact.py) and the union of small HLLs (sketches/hll_list.py) write exactly the
+bytes DataSketches writes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sketches import HllSketch, KllSketch
+from sketches.hll_list import list_coupons, merged_list_bytes
 from sketches.kll_exact import exact_items, merged_bytes
 from store import PaneData, ValueStats
 from store.tiers import TierLayout, tier_deltas
@@ -103,6 +105,34 @@ def test_sketches_in_estimation_mode_or_of_another_k_are_left_to_datasketches():
     other_k.update(1.0)
     assert merged_bytes([other_k.to_bytes(), _kll([2.0])], 200) is None
     assert merged_bytes([b"\x00" * 7, _kll([2.0])], 200) is None
+
+
+def _hll(users) -> bytes:
+    hll = HllSketch()
+    for u in users:
+        hll.update(u)
+    return hll.to_bytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([f"u{i}" for i in range(12)]), max_size=9), min_size=1, max_size=5))
+def test_small_hll_unions_write_the_bytes_datasketches_writes(parts):
+    blobs = [_hll(users) for users in parts]
+    merged = merged_list_bytes(blobs, 12)
+    if len({u for users in parts for u in users}) >= 8:
+        assert merged is None  # a SET or HLL sketch: left to DataSketches
+    else:
+        assert merged == HllSketch.merge_all(blobs).to_bytes()
+
+
+def test_hll_lists_in_the_updatable_layout_spark_writes_are_read():
+    # Spark's hll_sketch_agg of u0, u1, u2 (lg_k 12): a LIST with all 8 slots, empty ones 0.
+    compact = _hll(["u0", "u1", "u2"])
+    coupons = list_coupons(compact, 12)
+    updatable = bytes([2, 1, 7, 12, 3, 0, 3, 8]) + b"".join(c.to_bytes(4, "little") for c in coupons) + bytes(20)
+    assert list_coupons(updatable, 12) == coupons
+    assert merged_list_bytes([updatable, _hll(["u3"])], 12) == HllSketch.merge_all([compact, _hll(["u3"])]).to_bytes()
+    assert list_coupons(_hll([f"u{i}" for i in range(30)]), 12) is None
 
 
 def test_the_collector_is_paused_during_a_commit_and_restored_by_the_last_one_out(tmp_path):
