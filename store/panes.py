@@ -9,6 +9,7 @@ are all the same operation.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,17 @@ _DIMS_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 def dims_key(dims: Mapping[str, str]) -> str:
     """Canonical text of a dimension combination (sorted keys), used as part of the pane key."""
-    return _DIMS_JSON.encode(dict(sorted(dims.items())))
+    items = tuple(dims.items())
+    if all(type(v) is str for _, v in items):  # a cache hit must not mix up 1, 1.0 and True
+        return _dims_text(items)
+    return _DIMS_JSON.encode(dict(sorted(items)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _dims_text(items: tuple) -> str:
+    """A stream has few dimension combinations and a commit encodes each of its partials' twice
+    (the stored panes' lookup and the plan): each combination is encoded once, then looked up."""
+    return _DIMS_JSON.encode(dict(sorted(items)))
 
 
 def pane_start(event_time_ms: int, pane_ms: int) -> int:

@@ -21,7 +21,35 @@ _STATS_JSON = json.JSONEncoder(separators=(",", ":"))  # one encoder: json.dumps
 
 
 def stats_text(data: PaneData) -> str:
-    return _STATS_JSON.encode({name: v.to_json() for name, v in sorted(data.values.items())})
+    """The JSON text of a row's exact stats, written field by field: the text the encoder wrote
+    for {name: v.to_json()} (tests pin it), at a third of its cost, for every row a commit writes."""
+    fields = []
+    for name, v in sorted(data.values.items()):
+        key = _KEYS.get(name)
+        if key is None:
+            key = _KEYS[name] = _STATS_JSON.encode(name)
+        fields.append(f'{key}:{{"n":{_number(v.n)},"sum":{_number(v.sum)},"min":{_number(v.min)},'
+                      f'"max":{_number(v.max)}}}')
+    return "{" + ",".join(fields) + "}"
+
+
+_KEYS: dict[str, str] = {}  # field name -> its JSON string (field names are few)
+_INF = float("inf")
+
+
+def _number(x) -> str:
+    """What the JSON encoder writes for a number or None (NaN and infinities as it spells them)."""
+    if type(x) is float:
+        if x != x:
+            return "NaN"
+        if x == _INF or x == -_INF:
+            return "Infinity" if x > 0 else "-Infinity"
+        return float.__repr__(x)
+    if type(x) is int:
+        return int.__repr__(x)
+    if x is None:
+        return "null"
+    return _STATS_JSON.encode(x)  # anything else (a bool, a numpy number): the encoder's own text
 
 
 def sketch_rows(data: PaneData) -> list[tuple[str, str, bytes]]:

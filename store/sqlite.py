@@ -16,6 +16,7 @@ from pathlib import Path
 
 from store import bloom as bloom_store
 from store import row_codec, sqlite_tiers
+from store.gc_pause import paused_gc
 from store.base import (
     BatchCommit,
     Change,
@@ -96,7 +97,7 @@ class SqlitePaneStore(PaneStore):
                      retention_ms: Mapping[str, int] | None = None,
                      idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
         conn = self._conn
-        with self._lock:
+        with self._lock, paused_gc():  # store/gc_pause.py: about half a backfill commit's CPU otherwise
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})

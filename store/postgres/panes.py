@@ -35,6 +35,7 @@ from store.base import (
     StreamProgress,
 )
 from store.bloom import BloomReader
+from store.gc_pause import paused_gc
 from store import event_ids
 from store import joins as join_store
 from store import patterns as pattern_store
@@ -94,7 +95,8 @@ class PostgresPaneStore(PaneStore):
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
                      retention_ms: Mapping[str, int] | None = None,
                      idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
-        with self._pool.connection() as conn, conn.transaction():
+        # store/gc_pause.py: the collector is about half a backfill commit's CPU otherwise.
+        with paused_gc(), self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
             if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
                             (commit.pipeline, commit.batch_id)).fetchone():

@@ -1,0 +1,80 @@
+"""The merge of small KLL sketches without DataSketches objects: a byte-level shortcut.
+
+A KLL sketch that has seen at most k items (exact mode: one level, no compaction) holds the
+items themselves. Merging such sketches into one that still holds at most k items compacts
+nothing, so the merged sketch is fully determined: DataSketches' merge takes the first part
+as the start and inserts the other parts' items one by one, each at the front of level 0.
+This module writes those bytes directly (the C++ library's compact serialization, version
+1/2), which is what a backfill's commit does hundreds of thousands of times for tier rows of
+a few events each: ~1 us instead of ~20 us for a deserialize / merge / serialize round trip.
+Anything else (estimation mode, another k, a format this does not recognise) returns None
+and the caller merges with DataSketches. tests/unit/test_kll_exact.py pins the bytes equal to
+KllSketch.merge_all's."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+_FAMILY = 15
+_FLAG_EMPTY, _FLAG_SINGLE = 1, 4
+_M = 8  # DataSketches' minimum level width, part of every header
+_HEAD = struct.Struct("<BBBBHBB")  # preamble ints, serial version, family, flags, k, m, unused
+_FULL = struct.Struct("<QHBBI")  # n, min_k, levels, unused, level 0's offset (its first item)
+_BOUNDS = struct.Struct("<dd")  # the min and the max item
+_FULL_ITEMS = _HEAD.size + _FULL.size + 16  # after the header, the min and the max
+
+
+def exact_items(blob: bytes, k: int) -> np.ndarray | None:
+    """The items of an exact-mode sketch of `k`, in stored order; None when it is not one."""
+    if len(blob) < 8:
+        return None
+    pre, ser, family, flags, kk, m, _ = _HEAD.unpack_from(blob)
+    if family != _FAMILY or kk != k or m != _M:
+        return None
+    if pre == 2 and ser == 1 and flags == _FLAG_EMPTY and len(blob) == 8:
+        return np.empty(0)
+    if pre == 2 and ser == 2 and flags == _FLAG_SINGLE and len(blob) == 16:
+        return np.frombuffer(blob, "<f8", 1, 8)
+    if pre == 5 and ser == 1 and flags == 0 and len(blob) >= _FULL_ITEMS:
+        n, min_k, levels, _, offset = _FULL.unpack_from(blob, _HEAD.size)
+        if levels == 1 and min_k == k and k - offset == n and len(blob) == _FULL_ITEMS + 8 * n:
+            return np.frombuffer(blob, "<f8", n, _FULL_ITEMS)
+    return None
+
+
+def exact_bytes(items: np.ndarray, k: int) -> bytes:
+    """The compact bytes of an exact-mode sketch of `k` holding `items` (at most k), stored in
+    this order (level 0 is unsorted: the order changes no answer)."""
+    n = len(items)
+    return exact_bytes_of(items.astype("<f8", copy=False).tobytes(), n, float(items.min()) if n else 0.0,
+                          float(items.max()) if n else 0.0, k)
+
+
+def exact_bytes_of(items: bytes, n: int, lo: float, hi: float, k: int) -> bytes:
+    """exact_bytes from the items' little-endian doubles, their number, min and max."""
+    if n == 0:
+        return _HEAD.pack(2, 1, _FAMILY, _FLAG_EMPTY, k, _M, 0)
+    if n == 1:
+        return _HEAD.pack(2, 2, _FAMILY, _FLAG_SINGLE, k, _M, 0) + items
+    return b"".join((_HEAD.pack(5, 1, _FAMILY, 0, k, _M, 0), _FULL.pack(n, k, 1, 0, k - n), _BOUNDS.pack(lo, hi),
+                     items))
+
+
+def merged_bytes(blobs: Sequence[bytes], k: int) -> bytes | None:
+    """The bytes KllSketch.merge_all(blobs).to_bytes() gives, when every part is an exact-mode
+    sketch of `k` and they hold at most k items together; else None."""
+    parts = []
+    total = 0
+    for blob in blobs:
+        items = exact_items(blob, k)
+        if items is None:
+            return None
+        total += len(items)
+        if total > k:
+            return None
+        parts.append(items)
+    # The first part stays as stored; each later one is inserted item by item in front of level 0.
+    return exact_bytes(np.concatenate([p[::-1] for p in reversed(parts[1:])] + [parts[0]]), k)

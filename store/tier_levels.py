@@ -1,0 +1,285 @@
+"""A batch's tier deltas computed column-wise (store/tiers.py says what tier rows are). Pure:
+no I/O, no clock.
+
+The batch's pane rows become one level of columns (numpy arrays for start, dimension
+combination, count, revision and each value field's n/min/max; lists for sums and sketch
+blobs). Each tier is a coarser grouping of a finer level already computed (the smallest that
+can make it: a finer-or-equal granule that divides it, with a projection that covers it): its
+groups are found with one sort of (granule start, projected combination), and the exact stats
+of all groups are reduced at once (numpy reduceat). Only groups of more than one row do
+per-group work: the sum (math.fsum over the group's parts, exactly rounded, so the result does
+not depend on the parts' order) and the sketch merges (small KLLs merged byte-wise,
+sketches/kll_exact.py; others with DataSketches). So the commit no longer groups and merges
+each tier row in Python objects; what is left per row is building the TierDelta the store
+writes.
+
+The numbers equal the row-wise derivation this replaced (tests/tier_reference.py, pinned by
+tests/unit/test_tier_levels.py): counts, n, min, max, sums and revisions identical, sketches
+holding the same items (the same bytes where no compaction happens)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
+from sketches.hll_list import merged_list_bytes
+from sketches.kll_exact import exact_bytes, exact_bytes_of, exact_items
+from store.panes import PaneData, ValueStats, dims_key
+from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
+
+
+class _Field:
+    """A value field's columns; rows without the field hold n 0, sum 0.0, no bounds, no sketch."""
+
+    __slots__ = ("present", "n", "sums", "lo", "lo_none", "hi", "hi_none", "kll")
+
+    def __init__(self, size: int):
+        self.present = np.zeros(size, bool)
+        self.n = np.zeros(size, np.int64)
+        self.sums: list = [0.0] * size
+        self.lo = np.full(size, math.inf)
+        self.lo_none = np.ones(size, bool)
+        self.hi = np.full(size, -math.inf)
+        self.hi_none = np.ones(size, bool)
+        self.kll: _Kll | None = None  # set once the rows are read
+
+
+_ABSENT, _OPAQUE = -2, -1  # a row's KLL length when it has none / when it is not in exact mode
+
+
+class _Kll:
+    """A value field's KLL sketches as columns. A sketch in exact mode (at most k items: no
+    compaction yet) is kept as its items (`items[offset:offset + length]`), so the sketches of
+    a group that together hold at most k items merge as one gather of the items, for every
+    group at once; others are kept as bytes (length _OPAQUE) and merged by DataSketches.
+    `blobs` holds each row's bytes where it has them already (None: built from the items)."""
+
+    __slots__ = ("length", "offset", "items", "blobs")
+
+    def __init__(self, length: np.ndarray, offset: np.ndarray, items: np.ndarray, blobs: list):
+        self.length, self.offset, self.items, self.blobs = length, offset, items, blobs
+
+    @classmethod
+    def of(cls, blobs: list) -> _Kll:
+        length = np.full(len(blobs), _ABSENT, np.int64)
+        offset = np.zeros(len(blobs), np.int64)
+        parts, at = [], 0
+        for i, blob in enumerate(blobs):
+            if blob is None:
+                continue
+            items = exact_items(blob, DEFAULT_K)
+            if items is None:
+                length[i] = _OPAQUE
+            else:
+                length[i], offset[i] = len(items), at
+                at += len(items)
+                parts.append(items)
+        return cls(length, offset, np.concatenate(parts) if parts else np.empty(0), list(blobs))
+
+    def all_blobs(self) -> list:
+        """Every row's sketch bytes (None: the row has no sketch). Rows hold their items one
+        after the other in `items`, so each row's min and max come from one reduceat."""
+        blobs = list(self.blobs)
+        todo = [i for i, (blob, n) in enumerate(zip(blobs, self.length.tolist())) if blob is None and n >= 0]
+        if not todo:
+            return blobs
+        rows = np.asarray(todo, np.int64)
+        lengths, offsets = self.length[rows], self.offset[rows]
+        full = lengths > 0
+        lo = np.zeros(len(rows))
+        hi = np.zeros(len(rows))
+        if full.any():  # rows with items are contiguous and in order: a segment per row
+            lo[full] = np.minimum.reduceat(self.items, offsets[full])
+            hi[full] = np.maximum.reduceat(self.items, offsets[full])
+        flat = self.items.astype("<f8", copy=False).tobytes()
+        for i, n, at, mn, mx in zip(todo, lengths.tolist(), offsets.tolist(), lo.tolist(), hi.tolist()):
+            blobs[i] = exact_bytes_of(flat[8 * at:8 * (at + n)], n, mn, mx, DEFAULT_K)
+        return blobs
+
+    def grouped(self, order: np.ndarray, first: np.ndarray, multi: list[tuple[int, int, int]]) -> _Kll:
+        """The sketches of the groups of rows `order[first[g]:first[g + 1]]`."""
+        length, offset = self.length[order], self.offset[order]
+        used = np.maximum(length, 0)
+        total = np.add.reduceat(used, first)
+        absent = np.logical_and.reduceat(length == _ABSENT, first)
+        exact = ~np.logical_or.reduceat(length == _OPAQUE, first) & ~absent & (total <= DEFAULT_K)
+        new_length = np.where(absent, _ABSENT, np.where(exact, total, _OPAQUE))
+        sizes = np.diff(np.append(first, len(order)))
+        # The items of exact groups, gathered group after group (each group's parts in order).
+        take = np.repeat(exact, sizes) & (used > 0)
+        lens, starts = used[take], offset[take]
+        ends = np.cumsum(lens)
+        items = self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
+        kept = np.where(exact, total, 0)
+        new_offset = np.cumsum(kept) - kept
+        ordered = [self.blobs[i] for i in order.tolist()]
+        blobs = [ordered[f] for f in first.tolist()]
+        exact_list = exact.tolist()
+        for g, lo, hi in multi:
+            if exact_list[g]:
+                blobs[g] = None  # built from the gathered items when written
+            elif new_length[g] == _OPAQUE:
+                parts = [self.blobs[i] if self.blobs[i] is not None else exact_bytes(
+                    self.items[self.offset[i]:self.offset[i] + self.length[i]], DEFAULT_K)
+                    for i in order[lo:hi].tolist() if self.length[i] != _ABSENT]
+                blobs[g] = KllSketch.merge_all(parts).to_bytes()
+        return _Kll(new_length, new_offset, items, blobs)
+
+
+class _Level:
+    """Rows of one granule and projection, as columns; combo indexes `dims` and `keys`."""
+
+    def __init__(self, granule: int, proj: str, start: np.ndarray, combo: np.ndarray, dims: list, keys: list[str],
+                 count: np.ndarray, revision: np.ndarray, fields: dict[str, _Field], distincts: dict[str, list]):
+        self.granule, self.proj, self.start, self.combo, self.dims, self.keys = granule, proj, start, combo, dims, keys
+        self.count, self.revision, self.fields, self.distincts = count, revision, fields, distincts
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey, TierDelta]:
+    """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
+    data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
+    a third item when the caller has it."""
+    levels = [_root(pane_rows, layout.pane_ms)]
+    out: dict[TierKey, TierDelta] = {}
+    # Coarse granules and wide projections first would waste work: finest first, all dims first.
+    for tier in sorted(layout.tiers(), key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
+        sources = [lv for lv in levels if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
+        level = _group(min(sources, key=len), tier.granule_ms, tier.proj)
+        levels.append(level)
+        _emit(level, out)
+    return out
+
+
+def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
+    rows = list(pane_rows)
+    size = len(rows)
+    combos: dict[str, int] = {}
+    dims_of: list = []
+    keys: list[str] = []
+    start = np.empty(size, np.int64)
+    combo = np.empty(size, np.int64)
+    count = np.empty(size, np.int64)
+    revision = np.empty(size, np.int64)
+    fields: dict[str, _Field] = {}
+    distincts: dict[str, list] = {}
+    klls: dict[str, list] = {}
+    for i, row in enumerate(rows):
+        if len(row) == 5:
+            s, dims, key, data, rev = row
+        else:
+            s, dims, data, rev = row
+            key = dims_key(dims)
+        c = combos.get(key)
+        if c is None:
+            c = combos[key] = len(keys)
+            keys.append(key)
+            dims_of.append(dims)
+        start[i], combo[i], count[i], revision[i] = s, c, data.count, rev
+        for name, v in data.values.items():
+            f = fields.get(name)
+            if f is None:
+                f = fields[name] = _Field(size)
+            f.present[i] = True
+            f.n[i] = v.n
+            f.sums[i] = v.sum
+            if v.min is not None:
+                f.lo[i], f.lo_none[i] = v.min, False
+            if v.max is not None:
+                f.hi[i], f.hi_none[i] = v.max, False
+            column = klls.get(name)
+            if column is None:
+                column = klls[name] = [None] * size
+            column[i] = v.kll
+        for name, blob in data.distincts.items():
+            if blob is not None:
+                column = distincts.get(name)
+                if column is None:
+                    column = distincts[name] = [None] * size
+                column[i] = blob
+    for name, f in fields.items():
+        f.kll = _Kll.of(klls[name])
+    return _Level(pane_ms, ALL_DIMS, start, combo, dims_of, keys, count, revision, fields, distincts)
+
+
+def _group(src: _Level, granule: int, proj: str) -> _Level:
+    """The rows of tier (granule, proj) made from the rows of `src`."""
+    if proj == ALL_DIMS or proj == src.proj:
+        combo, dims, keys = src.combo, src.dims, src.keys
+    else:  # few distinct combinations: each projected (and its key encoded) once
+        found: dict[str, int] = {}
+        dims, keys, mapping = [], [], []
+        for d in src.dims:
+            p = project(d, proj)
+            key = dims_key(p)
+            c = found.get(key)
+            if c is None:
+                c = found[key] = len(keys)
+                keys.append(key)
+                dims.append(p)
+            mapping.append(c)
+        combo = np.asarray(mapping, np.int64)[src.combo]
+    start = src.start - np.mod(src.start, granule)
+    order = np.lexsort((combo, start))  # stable: a group's parts keep their order in `src`
+    s_start, s_combo = start[order], combo[order]
+    if len(order):
+        breaks = np.flatnonzero((s_start[1:] != s_start[:-1]) | (s_combo[1:] != s_combo[:-1])) + 1
+        first = np.concatenate(([0], breaks))
+    else:
+        first = np.zeros(0, np.int64)
+    bounds = np.append(first, len(order)).tolist()
+    multi = [(g, bounds[g], bounds[g + 1]) for g in np.flatnonzero(np.diff(bounds) > 1).tolist()]
+    first_list = first.tolist()
+    order_list = order.tolist()
+
+    def objects(column: list, merge) -> list:
+        """Per group: the one part's object, or `merge` of the parts (in `src` order)."""
+        ordered = [column[i] for i in order_list]
+        out = [ordered[f] for f in first_list]
+        for g, lo, hi in multi:
+            out[g] = merge(ordered[lo:hi])
+        return out
+
+    def reduce(ufunc, column: np.ndarray) -> np.ndarray:
+        return ufunc.reduceat(column[order], first) if len(order) else column[:0]
+
+    fields = {}
+    for name, f in src.fields.items():
+        g = _Field(0)
+        g.present, g.n = reduce(np.logical_or, f.present), reduce(np.add, f.n)
+        g.lo, g.lo_none = reduce(np.minimum, f.lo), reduce(np.logical_and, f.lo_none)
+        g.hi, g.hi_none = reduce(np.maximum, f.hi), reduce(np.logical_and, f.hi_none)
+        g.sums = objects(f.sums, math.fsum)
+        g.kll = f.kll.grouped(order, first, multi)
+        fields[name] = g
+    distincts = {name: objects(blobs, _merge_hll) for name, blobs in src.distincts.items()}
+    return _Level(granule, proj, s_start[first], s_combo[first], dims, keys, reduce(np.add, src.count),
+                  reduce(np.maximum, src.revision), fields, distincts)
+
+
+def _merge_hll(blobs: list) -> bytes | None:
+    parts = [b for b in blobs if b is not None]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    merged = merged_list_bytes(parts, DEFAULT_LG_K)  # a handful of users: their coupons, without repeats
+    return merged if merged is not None else HllSketch.merge_all(parts).to_bytes()
+
+
+def _emit(level: _Level, out: dict[TierKey, TierDelta]) -> None:
+    """The level's rows as TierDeltas (the objects the store's commit plan merges and writes)."""
+    fields = [(name, f.present.tolist(), f.n.tolist(), f.sums, f.lo.tolist(), f.lo_none.tolist(), f.hi.tolist(),
+               f.hi_none.tolist(), f.kll.all_blobs()) for name, f in level.fields.items()]
+    distincts = list(level.distincts.items())
+    dims, keys, g, proj = level.dims, level.keys, level.granule, level.proj
+    for i, (start, c, count, revision) in enumerate(zip(level.start.tolist(), level.combo.tolist(),
+                                                        level.count.tolist(), level.revision.tolist())):
+        values = {name: ValueStats(n[i], sums[i], None if lo_none[i] else lo[i], None if hi_none[i] else hi[i], kll[i])
+                  for name, present, n, sums, lo, lo_none, hi, hi_none, kll in fields if present[i]}
+        hlls = {name: blobs[i] for name, blobs in distincts if blobs[i] is not None}
+        out[TierKey(g, proj, start, keys[c])] = TierDelta(dims[c], PaneData(count, values, hlls), revision)
+
