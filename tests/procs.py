@@ -29,6 +29,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def stop_group(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Stop a `sketchboard up` started in a session of its own: SIGTERM to its process group
+    (up stops its children itself), SIGKILL to the group if it is still there after `timeout_s`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,7 +5,6 @@ Chromium showing them, then the next ones, without a reload."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import free_port
+from tests.procs import free_port, stop_group
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -43,12 +42,7 @@ def service(tmp_path):
                 time.sleep(0.3)
         yield base, proc, log_path
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
 
 
 def send(base: str, n: int, endpoint: str, offset: int = 0) -> None:

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import alive, free_port
+from tests.procs import alive, free_port, stop_group
 
 pytestmark = pytest.mark.e2e
 
@@ -46,12 +46,7 @@ def _up(tmp_path):
             raise AssertionError(f"the API did not answer /healthz in 90 s:\n{(tmp_path / 'up.log').read_text()[-3000:]}")
         yield base, proc, tmp_path
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         log_file.close()
 
 

@@ -9,7 +9,6 @@ from a PostgreSQL database when one is configured")."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import psycopg
 import pytest
 
 from demo.pg_tables import SCHEMA
-from tests.procs import free_port
+from tests.procs import free_port, stop_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -128,10 +127,4 @@ def test_up_with_the_demo_tables_in_postgres_follows_them_and_counts_requests_pe
         tiers = wait_for("requests counted per tier of their user's plan", tiers_counted, log_file)
         assert tiers & set(plans.values())
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_group(proc)
