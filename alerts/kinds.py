@@ -210,6 +210,8 @@ def _match_sample(pattern: str, m: PatternMatch) -> Sample:
                "measures": json.dumps(m.measures, separators=(",", ":"), sort_keys=True),
                "decided_at": datetime.fromtimestamp(m.decided_at_ms / 1000, timezone.utc).isoformat(
                    timespec="milliseconds").replace("+00:00", "Z")}
+    if m.dims:  # what the match's metric groups it by (the pattern's dimensions), e.g. the burst's client
+        details["dims"] = json.dumps(m.dims, separators=(",", ":"), sort_keys=True)
     if m.late:
         details["late"] = "true"
     return Sample({"pattern": pattern, "key": m.key, "match_id": str(m.id)}, float(len(m.events)), True,

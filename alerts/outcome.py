@@ -61,6 +61,7 @@ class PatternMatch:
     measures: dict
     late: bool = False
     retracts: int | None = None  # a retraction: the id of the match a late event broke
+    dims: dict = field(default_factory=dict)  # the match's dimensions (those of <pattern>_matches)
 
 
 @dataclass(frozen=True)

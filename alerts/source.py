@@ -54,7 +54,7 @@ class StoreAlertData:
         return self.store.dead_letter_counts(start_ms, end_ms)
 
     def pattern_matches(self, pattern: str, after_id: int, limit: int) -> list[PatternMatch]:
-        return [PatternMatch(m.id, m.key, m.decided_at_ms, m.events, m.measures, m.late, m.retracts)
+        return [PatternMatch(m.id, m.key, m.decided_at_ms, m.events, m.measures, m.late, m.retracts, m.dims)
                 for m in self.store.pattern_matches(pattern, after_id=after_id, limit=limit)]
 
     def newest_match_id(self, pattern: str) -> int | None:

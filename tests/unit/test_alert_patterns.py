@@ -158,7 +158,8 @@ class Recorder:
 
 
 def commit_matches(panes, batch_id: int, *matches: tuple[str, int]) -> None:
-    found = [NewMatch(key, at, events(at, batch_id * 10), {"attempts": 5}) for key, at in matches]
+    found = [NewMatch(key, at, events(at, batch_id * 10), {"attempts": 5}, dims={"client": f"{key}-laptop"})
+             for key, at in matches]
     batch = BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0,
                         patterns=[PatternCommit("credential_stuffing", T0, matches=found)])
     assert panes.commit_batch(batch, lateness_ms={}, now_ms=T0).committed
@@ -188,6 +189,9 @@ def test_matches_fire_once_across_a_restart_on_every_backend(store_backend):
     sent = json.loads(body["alerts"][0]["annotations"]["events"])
     assert [(e["stream"], e["partition"], e["offset"], e["time"]) for e in sent] == [
         ("logins", 0, 10 + i, T0 - (5 - i) * MIN) for i in range(5)] + [("logins", 0, 15, T0)]
+    # The match's dimensions (what <pattern>_matches groups it by) go with it.
+    assert [json.loads(a["annotations"]["dims"]) for a in body["alerts"]] == [{"client": "alice-laptop"},
+                                                                             {"client": "bob-laptop"}]
     svc.store.close()
 
     # A restart (the API and the store reopened) reads on from the saved cursor: the two fired
