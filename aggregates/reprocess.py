@@ -19,7 +19,8 @@ from catalog import Catalog
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import moved_with, rebuilt_patterns, refused_dependents
 from catalog.patterns import PatternDef, matches_stream_name
-from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
+from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
+    versioned_streams
 from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
@@ -204,7 +205,7 @@ class ReprocessService:
         first = {p: (self.log.ingest_time_ms(stream, p, o.start) if o.end > o.start else None)
                  for p, o in offsets.items()}
         return ReprocessRun(
-            id=run_id(stream, version), stream=stream, version=version, definition=stream_document(definition),
+            id=run_id(stream, version), stream=stream, version=version, definition=stream_document(definition, self.catalog),
             state="starting", error=None, started_at_ms=now, updated_at_ms=now,
             complete_from_ms=complete_from_ms(starts, first, now, definition.retention),
             start_offsets=starts, target_offsets={p: o.end for p, o in offsets.items()})
@@ -319,13 +320,11 @@ class ReprocessService:
             DefinitionStore(store.side_db()).close()  # and stream_definitions
         finally:
             store.close()
-        from catalog.model import StreamDef
-
         with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
             previous_side = Side(qualifiers[previous], previous)
             source = Side(qualifiers[run.id], run.id)
             built_by_run(db, source, catalog, patterns)
-            derived = [*moved_with(run.stream, StreamDef(**stored.definition), StreamDef(**run.definition)),
+            derived = [*moved_with(run.stream, stored_stream(stored.definition), stored_stream(run.definition)),
                        *(matches_stream_name(p.name) for p in patterns)]
             try:
                 offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
@@ -339,7 +338,7 @@ class ReprocessService:
             insert_run(db, ReprocessRun(
                 id=previous, stream=run.stream, version=stored.version, definition=stored.definition,
                 state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
-                complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
+                complete_from_ms=now - stored_stream(stored.definition).retention, start_offsets=old_offsets,
                 target_offsets=old_offsets))
         for listener in self.switch_listeners:
             listener(run.stream)

@@ -41,7 +41,7 @@ def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
         if stream in (view.left, view.right):
             out.append(f"view {name!r}")
     for name, other in catalog.streams.items():
-        if any(stream in enrichment_tables(catalog, decl) for decl in other.enrich):
+        if any(stream in enrichment_tables(catalog, decl, name) for decl in other.enrich):
             out.append(f"enrichment of {name!r}")
     return sorted(out)
 
