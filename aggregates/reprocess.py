@@ -180,6 +180,8 @@ class ReprocessService:
         # Window joins are rebuilt by runs and switched in step where a run can stop their other
         # stream at chosen offsets: the embedded log's source (not Spark's Kafka source).
         self.joins_rebuilt = isinstance(log, SqliteEventLog)
+        # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
+        self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -361,6 +363,22 @@ class ReprocessService:
                 " pipeline while the run reads the join's other stream as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
         return self._aligned_switch(run, stored, catalog, patterns, joins, others, align)
+
+    def start_switch(self, run_id_: str) -> ReprocessRun:
+        """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):
+        the run is marked running (a second request is refused meanwhile) and `launch_switch` starts
+        `sketchboard reprocess STREAM --run ID --switch`, which reads on from the run's checkpoint
+        and switches in step. NeedsAlignment again when no process can be started here."""
+        run = self.run(run_id_)
+        if self.launch_switch is None or run is None:
+            raise NeedsAlignment(f"run {run_id_!r} needs a synchronized switch, which this process cannot start")
+        self.definitions.set_state(run.id, "running", self._now_ms())
+        try:
+            self.launch_switch(run)
+        except Exception as exc:
+            self.definitions.set_state(run.id, "failed", self._now_ms(), error=f"could not start the switch: {exc}")
+            raise
+        return self.run(run.id)
 
     def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
                         align: Aligner) -> dict:

@@ -33,9 +33,12 @@ def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, lo
 
     from store.pattern_definitions import PatternDefinitionStore
 
-    return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
-                            log, launch=launch, outputs=reprocess_outputs(settings),
-                            patterns=PatternDefinitionStore(root_store.side_db()))
+    service = ReprocessService(catalog, DefinitionStore(root_store.side_db()),
+                               open_consumer_registry(settings, root_store), log, launch=launch,
+                               outputs=reprocess_outputs(settings), patterns=PatternDefinitionStore(root_store.side_db()))
+    if launch is not None:  # the API: a synchronized switch runs in a child too (it needs Spark)
+        service.launch_switch = child_launcher(settings, switch=True)
+    return service
 
 
 def reprocess_outputs(settings: Settings) -> Outputs:
@@ -58,15 +61,17 @@ def reprocess_outputs(settings: Settings) -> Outputs:
                                                                     ignore_errors=True))
 
 
-def child_launcher(settings: Settings):
-    """For the API: start `sketchboard reprocess STREAM --run RUN` as a child process on the same
-    settings (its output goes to this process's; the run's state and progress to the store)."""
+def child_launcher(settings: Settings, *, switch: bool = False):
+    """For the API: start `sketchboard reprocess STREAM --run RUN` (`--switch`: then switch to it)
+    as a child process on the same settings (its output goes to this process's; the run's state
+    and progress to the store)."""
     def launch(run: ReprocessRun) -> None:
         import os
 
         env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
                "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
-        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id], env=env)
+        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
+                          *(["--switch"] if switch else [])], env=env)
 
     return launch
 
