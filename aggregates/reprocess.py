@@ -10,6 +10,7 @@ registry's copies). It imports no Spark: the API uses it; the CLI runs the pipel
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,8 @@ from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
 from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
+
+logger = logging.getLogger("sketchboard.reprocess")
 
 RUN_PREFIX = "reprocess-"
 PREVIOUS_PREFIX = "previous-"  # the output a switch replaced, kept to switch back to (docs/reprocessing.md)
@@ -391,15 +394,24 @@ class ReprocessService:
             if held is None:
                 db.execute("INSERT INTO switch_holds (pipeline, run_id, at_ms) VALUES (?, ?, ?)",
                            (pipeline, run.id, self._now_ms()))
+        held = time.monotonic()
         try:
             why = None
-            for _ in range(ALIGN_ATTEMPTS):
+            for attempt in range(ALIGN_ATTEMPTS):
                 offsets = {s: self.definitions.pipeline_offsets(pipeline, s) for s in others}
+                aligning = time.monotonic()
                 align(run, offsets)
                 try:
-                    return self._switch(run, stored, catalog, patterns, joins=joins, aligned=others)
+                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others)
                 except NotAligned as exc:
                     why = exc
+                    logger.warning("switch of %r: not aligned after the final batch (try %d): %s", run.id,
+                                   attempt + 1, exc)
+                    continue
+                now = time.monotonic()
+                logger.info("switch of %r: pipeline %r held %.1f s (the run's final batch %.1f s)", run.id, pipeline,
+                            now - held, now - aligning)
+                return {**switched, "held_s": round(now - held, 3)}
             raise SwitchRefused(f"run {run.id!r} could not be aligned with pipeline {pipeline!r}: {why}")
         finally:  # released by the switch's own transaction when it went through
             with outputs.storage.transaction([]) as (db, _):

@@ -40,8 +40,9 @@ STREAM_TABLES = (
 )
 # Not here, keyed by another name: a pattern's state and matches (below), moved with the stream
 # when the run rebuilt them (catalog/dependents.py rebuilt_patterns), else the switch is refused;
-# join_* and view_* state, and table_versions (a table's row versions, built by whichever
-# pipeline enriches a stream from the table, not by the table's own output): always refused.
+# join_* state (JOIN_STATE_TABLES), moved by a synchronized switch (aggregates/reprocess.py), else
+# refused; view_* state, and table_versions (a table's row versions, built by whichever pipeline
+# enriches a stream from the table, not by the table's own output): always refused.
 # The tables of a window join's state (column `join_name`): moved with a stream the join reads
 # by a synchronized switch (aggregates/reprocess.py), the run having read the other stream too.
 JOIN_STATE_TABLES = ("join_left", "join_right", "join_progress")
