@@ -72,6 +72,12 @@ class SwitchOut(BaseModel):
     at_ms: int
 
 
+class SwitchStartedOut(BaseModel):
+    switching: bool = Field(description="true: a synchronized switch runs in a child process")
+    run: ReprocessRunOut
+    message: str
+
+
 class DropOut(BaseModel):
     dropped: str
 
@@ -125,8 +131,9 @@ def router(service: ReprocessService) -> APIRouter:
     @r.post("/{run_id}/switch", response_model=SwitchOut,
             summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
                     " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
-            responses={202: {"description": "the stream feeds a window join: a synchronized switch was started in"
-                                            " a child process (body: switching, run, message)"},
+            responses={202: {"model": SwitchStartedOut,
+                             "description": "the stream feeds a window join: a synchronized switch was started in"
+                                            " a child process"},
                        **errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
                                 " output is gone, or the stream feeds a pattern over two streams, a view or an"
                                 " enrichment (or a join, on Kafka)")})
