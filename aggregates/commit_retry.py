@@ -14,11 +14,14 @@ from typing import TypeVar
 
 import psycopg
 
+from store.switch import SwitchHeld
+
 T = TypeVar("T")
 
 # Errors of the storage, not of the batch: the same commit can succeed later. (A programming
 # error or a constraint violation is not among them: retrying it would only hide it.)
-TRANSIENT: tuple[type[BaseException], ...] = (sqlite3.OperationalError, psycopg.OperationalError)
+# A synchronized switch's hold (store/switch.py SwitchHeld) passes too: the switch releases it.
+TRANSIENT: tuple[type[BaseException], ...] = (sqlite3.OperationalError, psycopg.OperationalError, SwitchHeld)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pyspark.sql import types as T
 from aggregates.partials import dead_letter_reason_column
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
-from catalog.enrichment import enrichment_tables
+from catalog.enrichment import enrichment_tables, enrichment_view
 from catalog.tables import row_columns
 from store import PaneStore
 from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
@@ -84,7 +84,7 @@ class Enrichment:
         self.streams = {name: s for name, s in catalog.streams.items() if s.enrich}
         # The changelog tables looked up: an enrichment's table, or both tables of its view.
         self.tables = {t: catalog.streams[t] for s in self.streams.values() for d in s.enrich
-                       for t in enrichment_tables(catalog, d)}
+                       for t in enrichment_tables(catalog, d, s.name)}
         self.kept = KeptVersions(store.table_versions, self.tables) if keep_versions else None
         self.bases: dict[str, LookupBase] = {}
         self.timings: dict[str, float] = {}  # the last batch's step, in seconds per part (logs, the bench)
@@ -115,7 +115,7 @@ class Enrichment:
         for name, stream in self.streams.items():
             for i, decl in enumerate(stream.enrich):
                 key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
-                view = self.catalog.views.get(decl.table)
+                view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
                 if view is None:
                     out, found, cols = self.hit(out, frames[decl.table], key, "_l")
                     names = row_columns(self.tables[decl.table])[0]
@@ -146,7 +146,7 @@ class Enrichment:
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
         keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
-                                              if any(name in enrichment_tables(self.catalog, d) for d in s.enrich))
+                                              if any(name in enrichment_tables(self.catalog, d, s.name) for d in s.enrich))
                      for name in self.tables}
         return Enriched(out.drop(*[m for _, m in miss_columns]), out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},

@@ -53,6 +53,9 @@ class PipelineConfig:
     # Where a new checkpoint starts reading: the earliest retained record (a replay) or the log's
     # end (only later records). A checkpointed query resumes from its checkpoint whatever this says.
     starting_offsets: str = "earliest"
+    # {stream: {partition: offset}} read no further than (embedded log only): a reprocessing run
+    # reads a window join's other stream as far as the serving pipeline has (aggregates/reprocess.py).
+    end_offsets: dict[str, dict[int, int]] | None = None
 
 
 class Pipeline(ReportsStoreErrors):
@@ -268,7 +271,8 @@ def read_log(spark: SparkSession, catalog: Catalog, config: PipelineConfig, chec
         kafka = replace(config.kafka, starting_offsets=config.starting_offsets)
         return read_kafka(spark, catalog, kafka, config.max_records_per_batch)
     options = source_options(str(config.log_path), catalog, config.max_records_per_batch, config.max_records_per_task,
-                             starting_offsets=config.starting_offsets, checkpoint_dir=str(checkpoint_dir))
+                             starting_offsets=config.starting_offsets, checkpoint_dir=str(checkpoint_dir),
+                             end_offsets=config.end_offsets)
     return spark.readStream.format(SOURCE_NAME).options(**options).load()
 
 

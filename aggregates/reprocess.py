@@ -10,6 +10,7 @@ registry's copies). It imports no Spark: the API uses it; the CLI runs the pipel
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,17 +18,20 @@ from dataclasses import dataclass
 
 from catalog import Catalog
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
-from catalog.dependents import moved_with, rebuilt_patterns, refused_dependents
+from catalog.dependents import aligned_joins, moved_with, other_streams, rebuilt_patterns, refused_dependents
 from catalog.patterns import PatternDef, matches_stream_name
-from catalog.versions import changed_streams, definition_version, short_version, stream_document, versioned_streams
-from ingest.log import EventLog
+from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
+    versioned_streams
+from ingest.log import EventLog, SqliteEventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
-from store.switch import Side, SwitchConflict, stream_offsets, switch_stream
+from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
+
+logger = logging.getLogger("sketchboard.reprocess")
 
 RUN_PREFIX = "reprocess-"
 PREVIOUS_PREFIX = "previous-"  # the output a switch replaced, kept to switch back to (docs/reprocessing.md)
@@ -48,6 +52,20 @@ def run_id(stream: str, version: str, prefix: str = RUN_PREFIX) -> str:
 
 class SwitchRefused(ValueError):
     """The switch or drop cannot be done now (the reason says why)."""
+
+
+class NeedsAlignment(SwitchRefused):
+    """The stream feeds a window join: its switch is a synchronized one, which needs a process that
+    can run the run's final batch (`sketchboard reprocess STREAM --switch`, or the API's child)."""
+
+
+# How many times a synchronized switch runs the final batch and tries again when the serving
+# pipeline's offsets moved meanwhile (a commit that was under way when the hold was set).
+ALIGN_ATTEMPTS = 3
+
+# align(run, offsets): process the run's output up to the log's end, reading each of the joins'
+# other streams exactly to `offsets` ({stream: {partition: offset}}): sketchboard/reprocess.py.
+Aligner = Callable[[ReprocessRun, dict[str, dict[int, int]]], None]
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,11 @@ class ReprocessService:
         self.log = log
         self.launch = launch
         self.clock = clock
+        # Window joins are rebuilt by runs and switched in step where a run can stop their other
+        # stream at chosen offsets: the embedded log's source (not Spark's Kafka source).
+        self.joins_rebuilt = isinstance(log, SqliteEventLog)
+        # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
+        self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -204,7 +227,7 @@ class ReprocessService:
         first = {p: (self.log.ingest_time_ms(stream, p, o.start) if o.end > o.start else None)
                  for p, o in offsets.items()}
         return ReprocessRun(
-            id=run_id(stream, version), stream=stream, version=version, definition=stream_document(definition),
+            id=run_id(stream, version), stream=stream, version=version, definition=stream_document(definition, self.catalog),
             state="starting", error=None, started_at_ms=now, updated_at_ms=now,
             complete_from_ms=complete_from_ms(starts, first, now, definition.retention),
             start_offsets=starts, target_offsets={p: o.end for p, o in offsets.items()})
@@ -284,9 +307,13 @@ class ReprocessService:
             raise SwitchRefused("this process cannot reach the reprocessing outputs")
         return self.outputs
 
-    def switch(self, run_id_: str) -> dict:
+    def switch(self, run_id_: str, align: Aligner | None = None) -> dict:
         """Make the run's output the served one (docs/reprocessing.md): KeyError for an unknown run,
-        SwitchRefused (with why) unless it has caught up and its output is there and not served."""
+        SwitchRefused (with why) unless it has caught up and its output is there and not served.
+        A stream feeding a window join is switched in step (`align`: the run's final batch; without
+        it NeedsAlignment): the serving pipeline's commits are held, the run reads the joins' other
+        streams exactly as far as the serving pipeline has, and the switch (which checks that under
+        the commit lock) moves the joins' state and derived streams with the stream."""
         outputs = self._needs_outputs()
         run = self.run(run_id_)
         if run is None:
@@ -303,7 +330,7 @@ class ReprocessService:
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
         catalog = self.full_catalog()
-        dependents = refused_dependents(catalog, run.stream)
+        dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
@@ -312,6 +339,86 @@ class ReprocessService:
         patterns = rebuilt_patterns(catalog, run.stream)
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
+        joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
+        if not joins:
+            return self._switch(run, stored, catalog, patterns)
+        others = other_streams(catalog, run.stream)
+        changed = sorted(set(others) & set(self.changes()))
+        if changed:  # the serving pipeline computes them as stored, the run as configured
+            raise SwitchRefused(f"the definition of {', '.join(map(repr, changed))} (read by join(s) of"
+                                f" {run.stream!r}) changed too: reprocess and switch it first")
+        if run.id.startswith(PREVIOUS_PREFIX):  # kept by a switch: no pipeline of its own can go on
+            raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds"
+                                f" {', '.join(repr(j.name) for j in joins)}: its join state stopped when it was replaced;"
+                                " to go back, configure the old definition and reprocess")
+        store = outputs.open_store(run.id)
+        try:
+            read = DefinitionStore(store.side_db()).definitions()
+        finally:
+            store.close()
+        missing = [s for s in others if s not in read]
+        if missing:
+            raise SwitchRefused(f"run {run.id!r} did not read {', '.join(map(repr, missing))} (started before runs"
+                                " rebuilt window joins): start a new run")
+        if align is None:
+            raise NeedsAlignment(
+                f"stream {run.stream!r} feeds {', '.join(repr(j.name) for j in joins)}: its switch holds the serving"
+                " pipeline while the run reads the join's other stream as far as it has; run it with"
+                f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
+        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align)
+
+    def start_switch(self, run_id_: str) -> ReprocessRun:
+        """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):
+        the run is marked running (a second request is refused meanwhile) and `launch_switch` starts
+        `sketchboard reprocess STREAM --run ID --switch`, which reads on from the run's checkpoint
+        and switches in step. NeedsAlignment again when no process can be started here."""
+        run = self.run(run_id_)
+        if self.launch_switch is None or run is None:
+            raise NeedsAlignment(f"run {run_id_!r} needs a synchronized switch, which this process cannot start")
+        self.definitions.set_state(run.id, "running", self._now_ms())
+        try:
+            self.launch_switch(run)
+        except Exception as exc:
+            self.definitions.set_state(run.id, "failed", self._now_ms(), error=f"could not start the switch: {exc}")
+            raise
+        return self.run(run.id)
+
+    def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
+                        align: Aligner) -> dict:
+        outputs = self._needs_outputs()
+        pipeline = outputs.serving_pipeline
+        with outputs.storage.transaction([]) as (db, _):  # under the commit lock: no commit is half way
+            held = db.execute("SELECT run_id FROM switch_holds WHERE pipeline = ?", (pipeline,)).fetchone()
+            if held is not None and held[0] != run.id:
+                raise SwitchRefused(f"pipeline {pipeline!r} is held by the switch of run {held[0]!r}: try again later")
+            if held is None:
+                db.execute("INSERT INTO switch_holds (pipeline, run_id, at_ms) VALUES (?, ?, ?)",
+                           (pipeline, run.id, self._now_ms()))
+        held = time.monotonic()
+        try:
+            why = None
+            for attempt in range(ALIGN_ATTEMPTS):
+                offsets = {s: self.definitions.pipeline_offsets(pipeline, s) for s in others}
+                aligning = time.monotonic()
+                align(run, offsets)
+                try:
+                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others)
+                except NotAligned as exc:
+                    why = exc
+                    logger.warning("switch of %r: not aligned after the final batch (try %d): %s", run.id,
+                                   attempt + 1, exc)
+                    continue
+                now = time.monotonic()
+                logger.info("switch of %r: pipeline %r held %.1f s (the run's final batch %.1f s)", run.id, pipeline,
+                            now - held, now - aligning)
+                return {**switched, "held_s": round(now - held, 3)}
+            raise SwitchRefused(f"run {run.id!r} could not be aligned with pipeline {pipeline!r}: {why}")
+        finally:  # released by the switch's own transaction when it went through
+            with outputs.storage.transaction([]) as (db, _):
+                db.execute("DELETE FROM switch_holds WHERE pipeline = ? AND run_id = ?", (pipeline, run.id))
+
+    def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=()) -> dict:
+        outputs = self._needs_outputs()
         now = self._now_ms()
         previous = run_id(run.stream, stored.version, PREVIOUS_PREFIX)
         store = outputs.open_store(previous)  # makes its tables
@@ -319,19 +426,20 @@ class ReprocessService:
             DefinitionStore(store.side_db()).close()  # and stream_definitions
         finally:
             store.close()
-        from catalog.model import StreamDef
-
         with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
             previous_side = Side(qualifiers[previous], previous)
             source = Side(qualifiers[run.id], run.id)
             built_by_run(db, source, catalog, patterns)
-            derived = [*moved_with(run.stream, StreamDef(**stored.definition), StreamDef(**run.definition)),
-                       *(matches_stream_name(p.name) for p in patterns)]
+            derived = [*moved_with(run.stream, stored_stream(stored.definition), stored_stream(run.definition)),
+                       *(matches_stream_name(p.name) for p in patterns), *(j.name for j in joins)]
             try:
                 offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
                                         source=source, previous=previous_side,
                                         serving_version=stored.version, now_ms=now, derived=derived,
-                                        patterns=[p.name for p in patterns])
+                                        patterns=[p.name for p in patterns], joins=[j.name for j in joins],
+                                        aligned=aligned)
+            except NotAligned:
+                raise
             except SwitchConflict as exc:
                 raise SwitchRefused(str(exc)) from None
             old_offsets = stream_offsets(db, run.stream, previous_side)
@@ -339,7 +447,7 @@ class ReprocessService:
             insert_run(db, ReprocessRun(
                 id=previous, stream=run.stream, version=stored.version, definition=stored.definition,
                 state="caught_up", error=None, started_at_ms=now, updated_at_ms=now,
-                complete_from_ms=now - StreamDef(**stored.definition).retention, start_offsets=old_offsets,
+                complete_from_ms=now - stored_stream(stored.definition).retention, start_offsets=old_offsets,
                 target_offsets=old_offsets))
         for listener in self.switch_listeners:
             listener(run.stream)

@@ -4,10 +4,11 @@ progress, and start one (admin scope, audited: api/security/policy.py, api/audit
 from __future__ import annotations
 
 from fastapi import APIRouter, Body, HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from aggregates.reprocess import DefinitionUnchanged, ReprocessService, SwitchRefused
+from aggregates.reprocess import DefinitionUnchanged, NeedsAlignment, ReprocessService, SwitchRefused
 from api.errors import ParamHTTPError, errors
 from store.definitions import RunGoing
 
@@ -71,6 +72,12 @@ class SwitchOut(BaseModel):
     at_ms: int
 
 
+class SwitchStartedOut(BaseModel):
+    switching: bool = Field(description="true: a synchronized switch runs in a child process")
+    run: ReprocessRunOut
+    message: str
+
+
 class DropOut(BaseModel):
     dropped: str
 
@@ -124,12 +131,24 @@ def router(service: ReprocessService) -> APIRouter:
     @r.post("/{run_id}/switch", response_model=SwitchOut,
             summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
                     " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
-            responses=errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
-                             " output is gone, or the stream feeds a join, pattern, view or enrichment"))
+            responses={202: {"model": SwitchStartedOut,
+                             "description": "the stream feeds a window join: a synchronized switch was started in"
+                                            " a child process"},
+                       **errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
+                                " output is gone, or the stream feeds a pattern over two streams, a view or an"
+                                " enrichment (or a join, on Kafka)")})
     async def switch(run_id: str) -> dict:
         def answer() -> dict:
             try:
-                return service.switch(run_id)
+                try:
+                    return service.switch(run_id)
+                except NeedsAlignment:  # a stream feeding a join: switched in step by a child process
+                    run = service.start_switch(run_id)
+                    return JSONResponse(status_code=202, content={
+                        "switching": True, "run": service.to_json(run),
+                        "message": f"stream {run.stream!r} feeds a window join: a synchronized switch was started"
+                                   " (the serving pipeline's commits wait while the run reads on to its offsets);"
+                                   f" GET /api/v1/reprocess/{run.id} shows it caught up, and serving, when done"})
             except KeyError as exc:
                 raise ParamHTTPError(404, "run_id", exc.args[0]) from None
             except SwitchRefused as exc:

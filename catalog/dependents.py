@@ -7,8 +7,14 @@ built from the same records by the live pipeline, must follow or the switch is r
 - rebuilt by the run and switched with the stream (`rebuilt_patterns`): a pattern whose steps
   and absence all read the stream. The run reads nothing else, so its state as of the run's end
   is exact, and the serving pipeline going on from the run's end offsets feeds it each record once.
-- refused (`refused_dependents`): a pattern that also reads another stream, a window join or a
-  view (both always read two different streams), and
+- rebuilt by the run reading the join's other stream too, and switched in step with the serving
+  pipeline (`aligned_joins`, on the embedded log): a window join. The run reads the other stream
+  only as far as the serving pipeline has; a synchronized switch holds the serving pipeline's
+  commits, lets the run read the other stream exactly as far, and moves the join's state and
+  derived stream with the stream (aggregates/reprocess.py), so every record of the other stream
+  reaches the rebuilt state once: before the switch in the run, after it in the serving pipeline.
+- refused (`refused_dependents`): a pattern that also reads another stream, a window join where
+  the run cannot stop the other stream at chosen offsets (Kafka), a view (two tables), and
   the row versions other streams are enriched from (built only while an enriching stream reads
   the table). The serving pipeline is past the run's end in that other stream; its records since
   would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
@@ -41,7 +47,7 @@ def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
         if stream in (view.left, view.right):
             out.append(f"view {name!r}")
     for name, other in catalog.streams.items():
-        if any(stream in enrichment_tables(catalog, decl) for decl in other.enrich):
+        if any(stream in enrichment_tables(catalog, decl, name) for decl in other.enrich):
             out.append(f"enrichment of {name!r}")
     return sorted(out)
 
@@ -64,10 +70,24 @@ def rebuilt_patterns(catalog: Catalog, stream: str) -> list[PatternDef]:
     return [p for p in catalog.patterns if pattern_streams(p) == {stream}]
 
 
-def refused_dependents(catalog: Catalog, stream: str) -> list[str]:
+def aligned_joins(catalog: Catalog, stream: str) -> list[JoinDef]:
+    """The window joins that read `stream` (and always one other stream): a run of the stream
+    rebuilds them reading the other stream too, and a synchronized switch moves them with it."""
+    return [j for j in catalog.joins if stream in join_streams(j)]
+
+
+def other_streams(catalog: Catalog, stream: str) -> list[str]:
+    """The other streams of the joins `stream` feeds, sorted: what a run reads beside it."""
+    return sorted({s for j in aligned_joins(catalog, stream) for s in join_streams(j)} - {stream})
+
+
+def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
-    the stream is refused while there is any."""
+    the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins
+    (a synchronized switch can move them: the embedded log)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
+    if joins_rebuilt:
+        rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}
     return [d for d in stream_dependents(catalog, stream) if d not in rebuilt]
 
 

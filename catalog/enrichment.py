@@ -116,6 +116,11 @@ def check_catalog_enrichment(catalog: Catalog) -> None:
             what = "view" if view is not None else "table"
             # A view's derived stream has the dimensions op and the view row's string columns.
             columns = [d for d in table.dimensions if d != OP_FIELD]
+            pinned = catalog.pinned_views.get(name, {}).get(decl.table)
+            if pinned is not None:  # the declaration the stream's stored definition looked up through
+                from catalog.views import view_columns
+
+                columns = list(view_columns(catalog.streams[pinned.left], catalog.streams[pinned.right])[0])
             for j, column in enumerate(decl.columns):
                 if column not in columns:
                     raise CatalogReferenceError(
@@ -129,9 +134,21 @@ def _enrichable(catalog: Catalog) -> list[str]:
                   if (s.kind == "table" and not s.derived_from) or n in catalog.views)
 
 
-def enrichment_tables(catalog: Catalog, decl: EnrichDef) -> tuple[str, ...]:
-    """The changelog tables an enrichment reads: its table, or a view's left and right tables."""
-    view = catalog.views.get(decl.table)
+def enrichment_view(catalog: Catalog, decl: EnrichDef, stream: str | None = None) -> ViewDef | None:
+    """The view an enrichment of `stream` looks up through (None: a plain table). A stream computed
+    as stored until its switch (catalog/versions.py pinned_catalog) keeps the view's declaration
+    its stored definition was computed with (`Catalog.pinned_views`); the view's own rows follow
+    the configured one (`catalog.views`)."""
+    if stream is not None:
+        pinned = catalog.pinned_views.get(stream, {}).get(decl.table)
+        if pinned is not None:
+            return pinned
+    return catalog.views.get(decl.table)
+
+
+def enrichment_tables(catalog: Catalog, decl: EnrichDef, stream: str | None = None) -> tuple[str, ...]:
+    """The changelog tables an enrichment (of `stream`) reads: its table, or a view's left and right tables."""
+    view = enrichment_view(catalog, decl, stream)
     return (decl.table,) if view is None else (view.left, view.right)
 
 

@@ -302,6 +302,9 @@ class Catalog(BaseModel):
     defined_patterns: dict[str, int] = Field(default={}, exclude=True)
     # Streams computed as stored until a switch (catalog/versions.py pinned_catalog): name -> stored version.
     pinned_versions: dict[str, str] = Field(default={}, exclude=True)
+    # Of those, the views their enrichments look up through as stored (a view declared otherwise
+    # now): stream -> view name -> the stored declaration (catalog/enrichment.py enrichment_view).
+    pinned_views: dict[str, dict[str, ViewDef]] = Field(default={}, exclude=True)
     # Stream-stream window joins (catalog/joins.py): each adds a derived stream and its metrics.
     joins: tuple[JoinDef, ...] = ()
     # Table-table joins maintained as views (catalog/views.py): each adds a derived change stream.

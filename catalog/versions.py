@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
+    from catalog.views import ViewDef
 
 # Bumped when the meaning of a field here changes, so every stored version differs from the new ones.
 VERSION_SCHEME = 1
@@ -70,7 +71,8 @@ def shaping_definition(stream: StreamDef, catalog: Catalog | None = None) -> dic
             "tolerance_ms": stream.clock_tolerance, "window_ms": stream.clock_window},
     }
     if stream.enrich:
-        out["enrich"] = enrichment_definition(stream, None if catalog is None else catalog.views)
+        views = None if catalog is None else {**catalog.views, **catalog.pinned_views.get(stream.name, {})}
+        out["enrich"] = enrichment_definition(stream, views)
     return out
 
 
@@ -98,10 +100,37 @@ def catalog_versions(catalog: Catalog) -> dict[str, str]:
             for name, s in versioned_streams(catalog).items()}
 
 
-def stream_document(stream: StreamDef) -> dict:
+# The key of a stored declaration that holds the views its enrichments looked up through.
+ENRICH_VIEWS = "enrich_views"
+
+
+def stream_document(stream: StreamDef, catalog: Catalog | None = None) -> dict:
     """The whole declaration of a stream as JSON (what the store keeps beside the version, so the
-    live pipeline can go on computing it the old way): the fields as declared, defaults left out."""
-    return stream.model_dump(mode="json", exclude_defaults=True)
+    live pipeline can go on computing it the old way): the fields as declared, defaults left out.
+    With `catalog`, the declarations of the views it is enriched through ride along under
+    `enrich_views` (they count in its version: a pipeline pinning it looks up through them)."""
+    doc = stream.model_dump(mode="json", exclude_defaults=True)
+    if catalog is not None:
+        views = {d.table: catalog.views[d.table] for d in stream.enrich if d.table in catalog.views}
+        if views:
+            doc[ENRICH_VIEWS] = {name: view.model_dump(mode="json", exclude={"name", "description"})
+                                 for name, view in sorted(views.items())}
+    return doc
+
+
+def stored_stream(doc: dict) -> StreamDef:
+    """The stream a stored declaration (`stream_document`) declares."""
+    from catalog.model import StreamDef
+
+    return StreamDef(**{k: v for k, v in doc.items() if k != ENRICH_VIEWS})
+
+
+def stored_views(doc: dict) -> dict[str, ViewDef]:
+    """The views a stored declaration was enriched through, as they were declared then (none for a
+    declaration stored before they were kept: the configured ones stand in)."""
+    from catalog.views import ViewDef
+
+    return {name: ViewDef(name=name, **view) for name, view in (doc.get(ENRICH_VIEWS) or {}).items()}
 
 
 def changed_streams(catalog: Catalog, stored_versions: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -123,8 +152,19 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict], stored_versio
 
     if not stored_docs:
         return catalog
-    streams = {name: stored_docs.get(name, stream_document(s)) for name, s in versioned_streams(catalog).items()}
+    streams = {name: {k: v for k, v in stored_docs[name].items() if k != ENRICH_VIEWS} if name in stored_docs
+               else stream_document(s) for name, s in versioned_streams(catalog).items()}
     pinned = {name: StreamDef(**doc) for name, doc in streams.items()}
+    # The views a pinned stream's stored definition looked up through, where declared otherwise now
+    # (and still over two tables of the catalog): it keeps enriching through them until its switch.
+    views: dict[str, dict[str, ViewDef]] = {}
+    for name, doc in stored_docs.items():
+        for view_name, view in stored_views(doc).items():
+            configured = catalog.views.get(view_name)
+            if configured is not None and configured.model_copy(update={"description": ""}) == view:
+                continue
+            if all(pinned.get(t) is not None and pinned[t].kind == "table" for t in (view.left, view.right)):
+                views.setdefault(name, {})[view_name] = view
     metrics = {}
     for name, metric in catalog.metrics.items():
         stream = pinned.get(metric.stream)
@@ -138,18 +178,21 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict], stored_versio
     # The joins, views and patterns go along (they read the pinned streams as stored), each one
     # that still fits them: one that needs a field only the new declaration has waits for the
     # switch, as the metrics above do.
+    # A section is tried whole first: streams enriched through two views need both at once.
     kept: dict = {"joins": [], "views": {}, "patterns": []}
-    for section, items in (("joins", catalog.joins), ("views", catalog.views.values()), ("patterns", catalog.patterns)):
-        for item in items:
-            doc = item.model_dump(mode="json", exclude_defaults=True)
-            trial = {**kept, section: ({**kept["views"], item.name: doc} if section == "views"
-                                       else [*kept[section], doc])}
+    for section, items in (("views", catalog.views.values()), ("joins", catalog.joins), ("patterns", catalog.patterns)):
+        docs = [(item.name, item.model_dump(mode="json", exclude_defaults=True)) for item in items]
+        for group in ([docs] if docs else []) + [[d] for d in docs]:
+            trial = {**kept, section: ({**kept["views"], **dict(group)} if section == "views"
+                                       else [*kept[section], *(doc for _, doc in group)])}
             try:
-                CatalogModel(streams=streams, metrics=metrics, **trial)
+                CatalogModel(streams=streams, metrics=metrics, pinned_views=views, **trial)
             except ValueError:
                 continue
             kept = trial
-    pinned_catalog_ = CatalogModel(streams=streams, metrics=metrics, **kept)
+            if len(group) == len(docs):
+                break
+    pinned_catalog_ = CatalogModel(streams=streams, metrics=metrics, pinned_views=views, **kept)
     defined = {p.name for p in pinned_catalog_.patterns}
     return pinned_catalog_.model_copy(update={
         "defined_patterns": {n: v for n, v in catalog.defined_patterns.items() if n in defined},

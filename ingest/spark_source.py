@@ -135,6 +135,7 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_records_per_task = int(options.get("max_records_per_task", "250000"))
         self.starting_offsets = options.get("starting_offsets", "earliest")
         self.initial_offsets_path = options.get("initial_offsets_path")
+        self.end_offsets: Offsets = json.loads(options.get("end_offsets", "{}"))  # caps per stream and partition
         self._available_now: Offsets | None = None
         self._log: SqliteEventLog | None = None
 
@@ -145,9 +146,12 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _available(self) -> Offsets:
         log = self._open()
-        return {
-            name: {str(p): o.end for p, o in log.offsets(name).items()} for name in self.catalog.streams
-        }
+        out = {name: {str(p): o.end for p, o in log.offsets(name).items()} for name in self.catalog.streams}
+        for name, caps in self.end_offsets.items():
+            for p, cap in caps.items():
+                if p in out.get(name, {}):
+                    out[name][p] = min(out[name][p], cap)
+        return out
 
     def initialOffset(self) -> dict:
         log = self._open()
@@ -235,7 +239,10 @@ class SketchboardLogSource(DataSource):
 
 
 def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, max_records_per_task: int,
-                   *, starting_offsets: str = "earliest", checkpoint_dir: str | None = None) -> dict[str, str]:
+                   *, starting_offsets: str = "earliest", checkpoint_dir: str | None = None,
+                   end_offsets: dict[str, dict[int, int]] | None = None) -> dict[str, str]:
+    """`end_offsets`: {stream: {partition: offset}} the query reads no further than (a reprocessing
+    run reads a window join's other stream only as far as the serving pipeline has: aggregates/reprocess.py)."""
     if starting_offsets not in ("earliest", "latest"):
         raise ValueError(f"starting offsets {starting_offsets!r}: earliest or latest")
     options = {
@@ -245,6 +252,9 @@ def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, 
         "max_records_per_task": str(max_records_per_task),
         "starting_offsets": starting_offsets,
     }
+    if end_offsets:
+        options["end_offsets"] = json.dumps({s: {str(p): int(o) for p, o in parts.items()}
+                                             for s, parts in end_offsets.items()})
     if checkpoint_dir is not None:
         options["initial_offsets_path"] = os.path.join(str(checkpoint_dir), INITIAL_OFFSETS_FILE)
     return options

@@ -191,7 +191,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
     from sketchboard.reprocess import run_reprocess
 
-    run_reprocess(_settings(args), args.stream, run_id=args.run)
+    run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch)
     return 0
 
 
@@ -350,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
         " retained offset into a versioned output beside the served one"))
     reprocess.add_argument("stream", help="the stream, with its configured definition")
     reprocess.add_argument("--run", help="carry out this run, recorded by POST /api/v1/reprocess (the API's child)")
+    reprocess.add_argument("--switch", action="store_true",
+                           help="once caught up, serve its output (a stream feeding a window join: in step with the"
+                                " serving pipeline, whose commits wait meanwhile)")
     reprocess.set_defaults(func=cmd_reprocess)
     demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
     demo.add_argument("--url", help="API base URL (default from settings)")

@@ -27,7 +27,7 @@ def pin_definitions(store: PaneStore, catalog: Catalog, pipeline: str,
     changed stream as stored. Records the definitions of streams new to the namespace."""
     definitions = DefinitionStore(store.side_db())
     try:
-        current = {name: (definition_version(s, catalog), stream_document(s)) for name, s in versioned_streams(catalog).items()}
+        current = {name: (definition_version(s, catalog), stream_document(s, catalog)) for name, s in versioned_streams(catalog).items()}
         stored = definitions.record_missing(current, int(clock() * 1000))
     finally:
         definitions.close()

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
-from catalog.dependents import rebuilt_patterns
+from catalog.dependents import aligned_joins, other_streams, rebuilt_patterns
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -33,9 +33,12 @@ def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, lo
 
     from store.pattern_definitions import PatternDefinitionStore
 
-    return ReprocessService(catalog, DefinitionStore(root_store.side_db()), open_consumer_registry(settings, root_store),
-                            log, launch=launch, outputs=reprocess_outputs(settings),
-                            patterns=PatternDefinitionStore(root_store.side_db()))
+    service = ReprocessService(catalog, DefinitionStore(root_store.side_db()),
+                               open_consumer_registry(settings, root_store), log, launch=launch,
+                               outputs=reprocess_outputs(settings), patterns=PatternDefinitionStore(root_store.side_db()))
+    if launch is not None:  # the API: a synchronized switch runs in a child too (it needs Spark)
+        service.launch_switch = child_launcher(settings, switch=True)
+    return service
 
 
 def reprocess_outputs(settings: Settings) -> Outputs:
@@ -58,36 +61,45 @@ def reprocess_outputs(settings: Settings) -> Outputs:
                                                                     ignore_errors=True))
 
 
-def child_launcher(settings: Settings):
-    """For the API: start `sketchboard reprocess STREAM --run RUN` as a child process on the same
-    settings (its output goes to this process's; the run's state and progress to the store)."""
+def child_launcher(settings: Settings, *, switch: bool = False):
+    """For the API: start `sketchboard reprocess STREAM --run RUN` (`--switch`: then switch to it)
+    as a child process on the same settings (its output goes to this process's; the run's state
+    and progress to the store)."""
     def launch(run: ReprocessRun) -> None:
         import os
 
         env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
                "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
-        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id], env=env)
+        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
+                          *(["--switch"] if switch else [])], env=env)
 
     return launch
 
 
-def stream_catalog(catalog: Catalog, stream: str) -> Catalog:
+def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
     and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
     through a view: the view's two tables, and the view (its declaration names the columns); the
     patterns that read the stream alone (catalog/dependents.py: a switch moves them with it),
-    those defined through the API with their stored versions (their state's definition id)."""
+    those defined through the API with their stored versions (their state's definition id).
+    `with_joins` (the embedded log): the window joins the stream feeds, and their other streams
+    with their tables, which the run reads only as far as the serving pipeline has (`run_caps`)
+    so that a synchronized switch can move the joins' state with the stream."""
+    joins = aligned_joins(catalog, stream) if with_joins else []
+    read = [stream, *other_streams(catalog, stream)] if joins else [stream]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
-               if m.stream == stream}
-    streams = {stream: stream_document(catalog.streams[stream])}
+               if m.stream in read}
+    streams = {name: stream_document(catalog.streams[name]) for name in read}
     views = {}
-    for decl in catalog.streams[stream].enrich:
-        for table in enrichment_tables(catalog, decl):
-            streams.setdefault(table, stream_document(catalog.streams[table]))
-        if decl.table in catalog.views:
-            views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
+    for name in read:
+        for decl in catalog.streams[name].enrich:
+            for table in enrichment_tables(catalog, decl):
+                streams.setdefault(table, stream_document(catalog.streams[table]))
+            if decl.table in catalog.views:
+                views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
     patterns = rebuilt_patterns(catalog, stream)
     run = Catalog(streams=streams, metrics=metrics, views=views,
+                  joins=[j.model_dump(mode="json", exclude_defaults=True) for j in joins],
                   patterns=[p.model_dump(mode="json", exclude_defaults=True) for p in patterns])
     defined = {p.name for p in patterns}
     return run.model_copy(update={"defined_patterns": {n: v for n, v in catalog.defined_patterns.items()
@@ -102,7 +114,8 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
     only behind the streams' retention, where events are dead-lettered anyway). The run's own
     reading of the table's log adds the same versions again (same log position: kept once).
     Returns how many versions were copied."""
-    tables = sorted({t for decl in catalog.streams[stream].enrich for t in enrichment_tables(catalog, decl)})
+    run = stream_catalog(catalog, stream)  # its other streams' tables too, when it reads a join's
+    tables = sorted({t for s in run.streams.values() for decl in s.enrich for t in enrichment_tables(catalog, decl)})
     versions = {t: root.table_versions(t) for t in tables}
     if any(versions.values()):
         out.seed_table_versions({t: v for t, v in versions.items() if v})
@@ -123,7 +136,45 @@ def progress_line(run: ReprocessRun, progress: Progress) -> str:
             f"  {progress.done}/{progress.to_do} offsets  {rate} events/s  ETA {eta}  {parts}")
 
 
-def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun, out: TextIO) -> dict | None:
+def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: DefinitionStore, log) -> dict:
+    """How far a run reads the other streams of the joins `stream` feeds: as far as the serving
+    pipeline has committed (the log's start where it has read nothing yet), so the run's join
+    state never holds a record the serving pipeline has not read (a synchronized switch then
+    lets the run read on to exactly where the serving pipeline stands)."""
+    if settings.log_backend == "kafka":
+        return {}
+    caps = {}
+    for other in other_streams(catalog, stream):
+        committed = definitions.pipeline_offsets(settings.pipeline_name, other)
+        caps[other] = {p: committed.get(p, o.start) for p, o in log.offsets(other).items()}
+    return caps
+
+
+def aligner(settings: Settings, spark, catalog: Catalog, root):
+    """The final batch of a synchronized switch (aggregates/reprocess.py `Aligner`): the run's
+    pipeline, from its checkpoint, over the log's end now, reading the joins' other streams to
+    exactly the offsets given (the serving pipeline's, held)."""
+    from sketchboard.wiring import build_pipeline
+
+    def align(run: ReprocessRun, offsets: dict[str, dict[int, int]]) -> None:
+        pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
+                                  catalog=stream_catalog(catalog, run.stream), end_offsets=offsets)
+        try:
+            pipeline.run_until_drained()
+        finally:
+            if pipeline.store is not root:
+                pipeline.store.close()
+
+    return align
+
+
+def switch_run(settings: Settings, service: ReprocessService, run: ReprocessRun, spark, root) -> dict:
+    """Switch to a run's output, in step with the serving pipeline when the stream feeds a join."""
+    return service.switch(run.id, align=aligner(settings, spark, service.full_catalog(), root))
+
+
+def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun, out: TextIO,
+                align=None) -> dict | None:
     """With `reprocess_auto_switch` on, a run that has caught up becomes the served output at once
     (what POST /api/v1/reprocess/{id}/switch does); a refused switch is said and the run stays
     caught up for a switch by hand. Returns the switch's answer, or None."""
@@ -132,7 +183,7 @@ def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun
     from aggregates.reprocess import SwitchRefused
 
     try:
-        switched = service.switch(run.id)
+        switched = service.switch(run.id, align=align)
     except SwitchRefused as exc:  # e.g. the stream feeds a join: said, the run stays for a switch by hand
         print(f"reprocess_auto_switch: not switched: {exc}", file=out, flush=True)
         return None
@@ -143,10 +194,11 @@ def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun
 
 
 def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None, spark=None,
-                  out: TextIO = sys.stderr, interval_s: float = 1.0) -> ReprocessRun:
+                  out: TextIO = sys.stderr, interval_s: float = 1.0, switch: bool = False) -> ReprocessRun:
     """Start a run of `stream` (or carry out `run_id`, recorded by the API) and process the log up
     to its end as it was at the start; returns the run as recorded at the end (caught_up, or
-    failed: then the error is raised)."""
+    failed: then the error is raised). `switch`: then switch to its output (in step with the
+    serving pipeline when the stream feeds a window join: `switch_run`)."""
     from sketchboard.wiring import build_pipeline, open_catalog, open_log, open_store
 
     catalog = open_catalog(settings)
@@ -169,8 +221,10 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     reporter = threading.Thread(target=report, name="reprocess-progress", daemon=True)
     pipeline = None
     try:
+        full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(service.full_catalog(), stream))
+                                  catalog=stream_catalog(full, stream, with_joins=settings.log_backend != "kafka"),
+                                  end_offsets=run_caps(settings, full, stream, definitions, log) or None)
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(catalog, stream, root, pipeline.store)
         definitions.set_state(run.id, "running", int(time.time() * 1000))
@@ -189,7 +243,13 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
-    auto_switch(settings, service, run, out)
+    align = aligner(settings, pipeline.spark, service.full_catalog(), root)
+    if switch:
+        switched = service.switch(run.id, align=align)
+        print(f"stream {stream!r} is now served from version {short_version(run.version)}; the replaced output is"
+              f" kept as {switched['previous']!r}", file=out, flush=True)
+    else:
+        auto_switch(settings, service, run, out, align)
     done = service.run(run.id)
     log.close()
     root.close()

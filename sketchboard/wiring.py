@@ -343,7 +343,7 @@ def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) ->
 
 
 def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None,
-                   catalog: Catalog | None = None):
+                   catalog: Catalog | None = None, end_offsets: dict[str, dict[int, int]] | None = None):
     """The pipeline `name` (default: the serving pipeline, settings.pipeline_name), reading from
     `starting_offsets` (default settings.pipeline_start) if it has no checkpoint yet; `catalog`:
     the streams it reads (default: the configuration's; a reprocessing run's: one stream)."""
@@ -393,6 +393,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         max_records_per_task=settings.max_records_per_task,
         trigger_interval=settings.trigger_interval,
         kafka=kafka,
+        end_offsets=end_offsets,  # a reprocessing run: a join's other stream as far as the serving pipeline read it
     )
     store = root_store if namespace == ROOT else open_store(settings, namespace)
     from sketchboard.definitions import pin_definitions

@@ -50,6 +50,14 @@ CREATE TABLE IF NOT EXISTS offset_moves (
     at_ms INTEGER NOT NULL,
     PRIMARY KEY (pipeline, stream)
 );
+-- Set by a synchronized switch (a stream feeding a window join, aggregates/reprocess.py): while a
+-- row is here, the pipeline's batch commits are refused as held (store/switch.py SwitchHeld) and
+-- retried, so its offsets of the join's other stream stay where the run's final batch aligns to.
+CREATE TABLE IF NOT EXISTS switch_holds (
+    pipeline TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
+);
 """
 
 RUN_STATES = ("starting", "running", "caught_up", "failed", "stopped")
@@ -156,6 +164,18 @@ class DefinitionStore(SideStore):
         """The move is in the pipeline's checkpoint now."""
         with self._lock:
             self._conn.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (pipeline, stream))
+
+    def pipeline_offsets(self, pipeline: str, stream: str) -> dict[int, int]:
+        """{partition: end offset} the pipeline has committed for the stream (its last batch's)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT partition, end_offset FROM pipeline_offsets WHERE pipeline = ?"
+                                      " AND stream = ?", (pipeline, stream)).fetchall()
+        return {int(p): int(o) for p, o in rows}
+
+    def holds(self) -> dict[str, str]:
+        """{pipeline: run id} of the synchronized switches holding a pipeline's commits."""
+        with self._lock:
+            return dict(self._conn.execute("SELECT pipeline, run_id FROM switch_holds").fetchall())
 
     def set_state(self, run_id: str, state: str, now_ms: int, error: str | None = None) -> None:
         if state not in RUN_STATES:

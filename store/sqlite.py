@@ -121,7 +121,7 @@ class SqlitePaneStore(PaneStore):
         ).fetchone()
         if seen:
             return CommitResult(committed=False)
-        check_definitions(conn, commit.definition_versions)  # fenced by a switch (store/switch.py)
+        check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
         layouts = sqlite_tiers.stored_layouts(conn)
         plan = plan_batch(commit, self._stored_panes(commit), self._stream_states(), lateness_ms, layouts,
                           now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)

@@ -40,8 +40,12 @@ STREAM_TABLES = (
 )
 # Not here, keyed by another name: a pattern's state and matches (below), moved with the stream
 # when the run rebuilt them (catalog/dependents.py rebuilt_patterns), else the switch is refused;
-# join_* and view_* state, and table_versions (a table's row versions, built by whichever
-# pipeline enriches a stream from the table, not by the table's own output): always refused.
+# join_* state (JOIN_STATE_TABLES), moved by a synchronized switch (aggregates/reprocess.py), else
+# refused; view_* state, and table_versions (a table's row versions, built by whichever pipeline
+# enriches a stream from the table, not by the table's own output): always refused.
+# The tables of a window join's state (column `join_name`): moved with a stream the join reads
+# by a synchronized switch (aggregates/reprocess.py), the run having read the other stream too.
+JOIN_STATE_TABLES = ("join_left", "join_right", "join_progress")
 # The tables of a pattern's state and matches (column `pattern`).
 PATTERN_TABLES = ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_matches", "pattern_late",
                   "pattern_applied", "pattern_history")
@@ -51,6 +55,17 @@ _NUMBERED = {"dead_letters": "id", "corrections": "id", "pattern_late": "id"}
 
 class SwitchConflict(ValueError):
     """The served output changed since the switch was decided (another switch came first)."""
+
+
+class SwitchHeld(RuntimeError):
+    """A synchronized switch holds the pipeline's commits (table switch_holds): the batch is not
+    committed now; the committer retries it (aggregates/commit_retry.py) until the switch is done
+    (then the batch is refused as DefinitionSwitched) or given up (then it commits)."""
+
+
+class NotAligned(SwitchConflict):
+    """The run's offsets of a join's other stream are not the serving pipeline's: the run's join
+    state would miss records the serving pipeline has read, or hold some twice."""
 
 
 class DefinitionSwitched(RuntimeError):
@@ -73,7 +88,7 @@ class Side:
 def table_columns(db: Db) -> dict[str, list[str]]:
     """The columns of every table a switch moves, as the root has them (every namespace is made by the same code)."""
     out = {}
-    for table in (*STREAM_TABLES, *PATTERN_TABLES):
+    for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES):
         if isinstance(db, SqliteDb):
             out[table] = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
         else:
@@ -164,16 +179,25 @@ def move_keyed(db: Db, tables: Sequence[str], column: str, name: str, *, root: S
 
 
 def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
-                  now_ms: int, derived: Sequence[str] = (), patterns: Sequence[str] = ()) -> dict[int, int]:
+                  now_ms: int, derived: Sequence[str] = (), patterns: Sequence[str] = (), joins: Sequence[str] = (),
+                  aligned: Sequence[str] = ()) -> dict[int, int]:
     """In the open transaction: the root's rows of `stream` and of its `derived` streams (its
     sessions, its device clocks: catalog/dependents.py moved_with) to `previous` (emptied of them
     first), the source's into the root, likewise the state and matches of the `patterns` the run
     rebuilt (their `<pattern>_matches` streams are among `derived`), an offset
     move for the serving pipeline and one `switched` change record per stream moved. Returns the serving pipeline's new offsets for the stream.
     SwitchConflict, changing nothing, unless the root still serves `serving_version` (read under
-    the lock: two switches at once must not both keep the root's rows as the same version)."""
+    the lock: two switches at once must not both keep the root's rows as the same version).
+    `joins`: window joins whose state (and, among `derived`, whose derived streams) the run
+    rebuilt reading their other streams, `aligned`, too: NotAligned unless the run's offsets of
+    each equal the serving pipeline's (a synchronized switch; its hold is released here)."""
     if stored_version(db, stream, root) != serving_version:
         raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
+    for other in aligned:
+        live, run = stream_offsets(db, other, root), stream_offsets(db, other, source)
+        if live != run:
+            raise NotAligned(f"the run read stream {other!r} to {dict(sorted(run.items()))}, the serving pipeline"
+                             f" to {dict(sorted(live.items()))}")
     columns = table_columns(db)
     for name in (stream, *derived):
         delete_stream(db, name, previous)
@@ -182,6 +206,11 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
         copy_stream(db, name, source, root, columns)
     for pattern in patterns:
         move_keyed(db, PATTERN_TABLES, "pattern", pattern, root=root, source=source, previous=previous, columns=columns)
+    for join in joins:
+        move_keyed(db, JOIN_STATE_TABLES, "join_name", join, root=root, source=source, previous=previous,
+                   columns=columns)
+    if aligned:
+        db.execute("DELETE FROM switch_holds WHERE pipeline = ?", (root.pipeline,))
     offsets = stream_offsets(db, stream, root)
     db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
     db.execute("INSERT INTO offset_moves (pipeline, stream, offsets, at_ms) VALUES (?, ?, ?, ?)",
@@ -192,11 +221,18 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
     return offsets
 
 
-def check_definitions(db: Db, versions: Mapping[str, str]) -> None:
+def check_definitions(db: Db, versions: Mapping[str, str], pipeline: str | None = None) -> None:
     """Inside a batch's commit: DefinitionSwitched when the namespace's stored definition of one
-    of the batch's streams is no longer the one the batch was computed with."""
+    of the batch's streams is no longer the one the batch was computed with; SwitchHeld while a
+    synchronized switch holds `pipeline`'s commits."""
     if not versions:
         return
+    if pipeline is not None:
+        # No placeholder: `db` is a backend's own connection here (SQLite's ?, psycopg's %s); a row or none.
+        held = dict(db.execute("SELECT pipeline, run_id FROM switch_holds").fetchall()).get(pipeline)
+        if held is not None:
+            raise SwitchHeld(f"pipeline {pipeline!r} is held while run {held!r} is switched in (its other"
+                             " streams' offsets must stay where the run aligns to): retried")
     stored = dict(db.execute("SELECT stream, version FROM stream_definitions").fetchall())
     moved = sorted(s for s, v in versions.items() if s in stored and stored[s] != v)
     if moved:

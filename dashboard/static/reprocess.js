@@ -45,7 +45,9 @@ async function doSwitch(run) {
   render();
   const r = await call("POST", `${API}/${encodeURIComponent(run.id)}/switch`);
   state.busy.delete(run.id);
-  if (r.ok) {
+  if (r.ok && r.body.switching) { // a stream feeding a window join: switched in step by a child process
+    state.messages.set(run.id, r.body.message);
+  } else if (r.ok) {
     state.messages.set(run.id, `switched: ${r.body.stream} is served from version ${r.body.serving_version.slice(0, 8)};` +
       ` the old output is kept as ${r.body.previous} (switch to it to switch back)`);
   } else {

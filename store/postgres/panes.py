@@ -101,7 +101,7 @@ class PostgresPaneStore(PaneStore):
             if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
                             (commit.pipeline, commit.batch_id)).fetchone():
                 return CommitResult(committed=False)
-            check_definitions(conn, commit.definition_versions)  # fenced by a switch (store/switch.py)
+            check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
             return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
 
     def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],

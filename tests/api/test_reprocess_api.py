@@ -212,8 +212,11 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
         ctx.store.close()
 
 
-def test_switch_of_a_stream_feeding_a_join_is_a_409_naming_the_join(tmp_path):
-    """catalog/dependents.py: the join's state is keyed by its name; the route says so, no 500."""
+def test_switch_of_a_stream_feeding_a_join_starts_a_synchronized_switch_in_a_child(tmp_path):
+    """A stream feeding a window join is switched in step with the serving pipeline by a process
+    that can run the run's final batch: the route starts it (202) and the run shows running; a run
+    that did not read the join's other stream, a second request meanwhile, and Kafka (the run
+    cannot stop the other stream at chosen offsets) are 409s saying why, no 500."""
     joined = {"streams": {**OLD["streams"], "clicks": {"key_field": "user"}},
               "joins": [{"name": "http_clicks", "left": {"stream": "http", "key": "user"},
                          "right": {"stream": "clicks", "key": "user"}, "within": "5m"}],
@@ -230,11 +233,24 @@ def test_switch_of_a_stream_feeding_a_join_is_a_409_naming_the_join(tmp_path):
     try:
         with TestClient(app, base_url="http://127.0.0.1") as client:
             run = client.post("/api/v1/reprocess", json={"stream": "http"}, headers=ADMIN).json()
-            open_store(settings, run["id"]).close()  # its output is there (empty)
+            output = open_store(settings, run["id"])  # its output is there (empty)
             ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
             refused = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
             assert refused.status_code == 409 and refused.json()["param"] == "run_id"
-            assert "'http' also feeds join 'http_clicks'" in refused.json()["detail"]
+            assert "did not read 'clicks'" in refused.json()["detail"]
+            pin_definitions(output, open_catalog(settings), run["id"])  # a run reads the join's other stream
+            output.close()
+            ctx.reprocess.joins_rebuilt = False  # Kafka
+            refused = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert refused.status_code == 409 and "'http' also feeds join 'http_clicks'" in refused.json()["detail"]
+            ctx.reprocess.joins_rebuilt = True
+            launched = []
+            ctx.reprocess.launch_switch = launched.append  # `sketchboard reprocess http --run ID --switch`
+            started = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert started.status_code == 202 and started.json()["switching"] is True
+            assert started.json()["run"]["state"] == "running" and [r.id for r in launched] == [run["id"]]
+            again = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert again.status_code == 409 and "is running" in again.json()["detail"]
     finally:
         ctx.reprocess.close_outputs()
         for r in ctx.reprocess.runs():

@@ -182,3 +182,38 @@ def test_enrichment_through_a_view_equals_pandas_joining_both_tables_as_of_the_e
     drain("again", fresh)
     assert stored(fresh, "http_requests", ["method", "country", "tier"]) == requests_want
     assert stored(fresh, "clicks", ["plan_id", "tier"]) == clicks_want
+
+
+def test_a_stream_pinned_as_stored_is_enriched_through_the_view_as_its_stored_definition_declared_it(
+        tmp_path, spark, log_backend, store_backend):
+    """The view turns from `left` to `inner` in the configuration: until the enriched stream is
+    switched, the live pipeline keeps its stored definition, and enriches it through the `left`
+    view that definition was computed with (a user whose plan is missing keeps its country),
+    while a pipeline of the new configuration (a run) enriches the same events the `inner` way."""
+    from sketchboard.definitions import pin_definitions
+
+    old = parse_catalog(CONFIG)
+    new = parse_catalog(CONFIG.replace("kind: left}", "kind: inner}", 1))
+    test_log = log_backend.new(tmp_path)
+    log = Log(test_log.open(old), old)
+    store, fresh = store_backend.create(), store_backend.create()
+
+    def drain(catalog, name: str, into) -> None:
+        Pipeline(spark, pin_definitions(into, catalog, name, clock=lambda: NOW_MS / 1000), store_backend.reopen(into),
+                 test_log.pipeline_config(name=name), clock=lambda: NOW_MS / 1000,
+                 log=test_log.open(catalog)).run_until_drained()
+
+    log.table("plans", [{"id": "p1", "tier": "basic", "price": 5}], T0)
+    log.table("users", [{"user_id": "u0", "plan_id": "p1", "country": "de"},
+                        {"user_id": "u1", "plan_id": "p9", "country": "fr"}], T0)  # p9: no such plan
+    log.events_of("http_requests", [{"time": T0 + 1_000, "user_id": "u0", "method": "GET"}], T0 + 5_000)
+    drain(old, "main", store)  # records the definition with the left view
+    log.events_of("http_requests", [{"time": T0 + 11_000, "user_id": u, "method": "GET"} for u in ("u0", "u1")],
+                  T0 + 15_000)
+    drain(new, "main", store)  # pinned: the stored definition, through the left view
+    drain(new, "run", fresh)  # the new definition: the inner view
+    columns = ["country", "tier"]
+    assert stored(store, "http_requests", columns) == Counter(
+        {(T0, "de", "basic"): 1, (T0 + 10_000, "de", "basic"): 1, (T0 + 10_000, "fr", ""): 1})
+    assert stored(fresh, "http_requests", columns) == Counter(
+        {(T0, "de", "basic"): 1, (T0 + 10_000, "de", "basic"): 1, (T0 + 10_000, "", ""): 1})

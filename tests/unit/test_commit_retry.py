@@ -10,6 +10,7 @@ import pytest
 
 from aggregates.commit_retry import Backoff, commit_with_retry
 from store.health import HealthStore
+from store.switch import SwitchHeld
 
 
 class FlakyCommit:
@@ -30,6 +31,14 @@ def test_a_transient_failure_is_retried_with_backoff_and_reported():
     assert result == "committed" and commit.calls == 4
     assert waits == [0.5, 1.0, 2.0]
     assert reports == [(False, 0), (False, 1), (False, 2), (True, 3)]  # three failures, then recovered
+
+
+def test_a_commit_held_by_a_synchronized_switch_waits_like_a_busy_store():
+    """store/switch.py SwitchHeld: the serving pipeline's batch waits for the switch to be done
+    (then its retry is refused as DefinitionSwitched and the pipeline restarts), it does not fail."""
+    commit, waits = FlakyCommit(2, SwitchHeld("pipeline 'main' is held")), []
+    assert commit_with_retry(commit, wait=lambda s: waits.append(s) or False, report=lambda e, a: None) == "committed"
+    assert waits == [0.5, 1.0]
 
 
 def test_the_backoff_is_capped():

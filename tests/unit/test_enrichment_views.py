@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from aggregates.view_join import ViewShape, from_scratch, joined_as_of
 from catalog import Catalog, ConfigError, parse_catalog
 from catalog.dependents import stream_dependents
-from catalog.enrichment import enrichment_tables
+from catalog.enrichment import enrichment_tables, enrichment_view
 from aggregates.reprocess import ReprocessService
-from catalog.versions import catalog_versions, shaping_definition
+from catalog.versions import catalog_versions, definition_version, shaping_definition
 from ingest.log import SqliteEventLog
 from sketchboard.definitions import pin_definitions
 from sketchboard.reprocess import stream_catalog
@@ -107,6 +107,30 @@ def test_a_changed_view_is_offered_a_reprocess_and_pinned_with_its_stored_versio
         assert service.plan("http_requests").version == catalog_versions(new)["http_requests"]
     finally:
         log.close()
+
+
+def test_a_stream_pinned_as_stored_keeps_looking_up_through_the_view_as_it_was_declared(store_backend):
+    """Until its switch, the live pipeline enriches a stream through the view declaration its stored
+    definition was computed with (it is in the stored declaration), while the view's own rows and
+    the run follow the configured one."""
+    store = store_backend.create()
+    old, new = parse_catalog(CONFIG), parse_catalog(CONFIG.replace("kind: left", "kind: inner"))
+    pin_definitions(store, old, "main", clock=lambda: 1_800_000_000)
+    stored = DefinitionStore(store.side_db()).definitions()["http_requests"].definition
+    assert stored["enrich_views"] == {"user_plans": {"left": "users", "right": "plans", "foreign_key": "plan_id",
+                                                     "kind": "left"}}
+    pinned = pin_definitions(store, new, "main", clock=lambda: 1_800_000_060)
+    decl = pinned.streams["http_requests"].enrich[0]
+    assert enrichment_view(pinned, decl, "http_requests").kind == "left"  # the stored declaration's
+    assert pinned.views["user_plans"].kind == "inner" and enrichment_view(pinned, decl).kind == "inner"
+    # The pinned stream's version, computed from what it runs with, is its stored one.
+    assert definition_version(pinned.streams["http_requests"], pinned) == catalog_versions(old)["http_requests"]
+    # A view moved to other tables: the pinned stream still reads the tables it was computed from.
+    moved = CONFIG.replace("  http_requests:", "  plans2: {kind: table, key_field: id, dimensions: [tier]}\n"
+                           "  http_requests:").replace("right: plans,", "right: plans2,")
+    pinned = pin_definitions(store, parse_catalog(moved), "main", clock=lambda: 1_800_000_120)
+    assert enrichment_tables(pinned, pinned.streams["http_requests"].enrich[0], "http_requests") == ("users", "plans")
+    assert "enrichment of 'http_requests'" in stream_dependents(pinned, "plans")
 
 
 # -- the lookup ----------------------------------------------------------------------------------

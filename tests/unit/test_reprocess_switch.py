@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from aggregates.checkpoint_moves import move_offsets
-from aggregates.reprocess import SwitchRefused, run_id
+from aggregates.reprocess import ALIGN_ATTEMPTS, NeedsAlignment, SwitchRefused, run_id
 from catalog import Catalog
 from catalog.dependents import moved_with
 from catalog.versions import catalog_versions, definition_version
@@ -25,7 +25,8 @@ from store.namespace import ROOT
 from store.panes import PaneData
 from store.sessions import Session, SessionCommit
 from store.table_versions import EnrichmentCommit
-from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, switch_stream
+from store.joins import JoinCommit
+from store.switch import SWITCHED_REVISION, DefinitionSwitched, Side, SwitchConflict, SwitchHeld, switch_stream
 
 NOW = 1_800_000_000_000
 PANE = 10_000
@@ -335,17 +336,85 @@ JOINED = {"streams": {**NEW["streams"], "clicks": {"key_field": "user", "dimensi
           "metrics": NEW["metrics"]}
 
 
-def test_a_switch_of_a_stream_feeding_a_join_is_refused_and_changes_nothing(settings):
-    """The join's state and output are keyed by the join's name: a run does not rebuild them, and
-    the moved offsets would feed the join the records since the run's end a second time."""
-    old, new = Catalog(**OLD), Catalog(**JOINED)
-    root, log, service, run = switch_fixture(settings, old, new, root_misses=0, run_misses=0)
+OLD_JOINED = {**JOINED, "streams": {**JOINED["streams"], "http": OLD["streams"]["http"]}}
+
+
+def joined_fixture(settings):
+    """The root serving `http` the old way and the join `http_clicks` (clicks read to offset 3, the
+    join's state: 1 pair); a caught-up run of the new `http` that read clicks to offset 2 (2 pairs)."""
+    old, new = Catalog(**OLD_JOINED), Catalog(**JOINED)
+    commit = dict(lateness_ms={"http": 0, "clicks": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(replace(batch("main", 0, {("/a",): 5}, {0: 5}, old), end_offsets={"http": {0: 5}, "clicks": {0: 3}},
+                              joins=[JoinCommit("http_clicks", NOW, None, pairs=1)]), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)  # the run reads clicks too (sketchboard/reprocess.py stream_catalog)
+    output.commit_batch(replace(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new),
+                                end_offsets={"http": {0: 5}, "clicks": {0: 2}},
+                                joins=[JoinCommit("http_clicks", NOW, None, pairs=2)]), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    return old, new, root, log, service, run
+
+
+def test_a_stream_feeding_a_join_is_switched_in_step_with_the_serving_pipeline(settings):
+    """A synchronized switch: the serving pipeline's commits are held (SwitchHeld, retried by its
+    committer) while the run's final batch reads the join's other stream to exactly the serving
+    pipeline's offsets; the switch checks that under the commit lock and moves the join's state
+    with the stream. Without the final batch (the API's plain switch) it is refused, saying how."""
+    old, new, root, log, service, run = joined_fixture(settings)
+    commit = dict(lateness_ms={"http": 0, "clicks": 0}, now_ms=NOW)
     try:
+        with pytest.raises(NeedsAlignment, match="feeds 'http_clicks'.*sketchboard reprocess http --switch"):
+            service.switch(run.id)
+        service.joins_rebuilt = False  # Kafka: the run cannot stop the other stream at chosen offsets
         with pytest.raises(SwitchRefused, match="'http' also feeds join 'http_clicks'"):
             service.switch(run.id)
-        assert counts(root) == {dims_key({"endpoint": "/a"}): 5}
-        assert service.serving_version("http") == definition_version(old.streams["http"])
+        service.joins_rebuilt = True
+        calls = []
+
+        def align(run_, offsets):  # the run's final batch, as sketchboard/reprocess.py runs it
+            calls.append(offsets)
+            with pytest.raises(SwitchHeld, match="'main' is held"):
+                root.commit_batch(batch("main", 1, {("/a",): 1}, {0: 6}, old), **commit)
+            output = open_store(settings, run.id)
+            output.commit_batch(replace(batch(run.id, len(calls), {}, {0: 5}, new),
+                                        end_offsets={"http": {0: 5}, "clicks": offsets["clicks"]},
+                                        joins=[JoinCommit("http_clicks", NOW, None, pairs=1)]), **commit)
+            output.close()
+
+        switched = service.switch(run.id, align=align)
+        assert calls == [{"clicks": {0: 3}}] and switched["offsets"] == {"0": 5}
+        assert service.definitions.holds() == {}
+        assert root.join_sizes()["http_clicks"].pairs == 3  # the run's state, read to the serving pipeline's offset
+        assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 5}
+        assert root.progress("main").end_offsets["clicks"] == {0: 3}  # the other stream's offsets stay
+        kept = open_store(settings, switched["previous"])
+        assert kept.join_sizes()["http_clicks"].pairs == 1  # the replaced state, kept with the old output
+        kept.close()
+        with pytest.raises(DefinitionSwitched):  # the held batch, computed the old way, is refused
+            root.commit_batch(batch("main", 1, {("/a",): 1}, {0: 6}, old), **commit)
+        with pytest.raises(SwitchRefused, match="is a replaced output"):  # its join state stopped there
+            service.switch(switched["previous"], align=align)
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_a_synchronized_switch_that_cannot_align_changes_nothing_and_releases_the_hold(settings):
+    old, new, root, log, service, run = joined_fixture(settings)
+    calls = []
+    try:
+        with pytest.raises(SwitchRefused, match="could not be aligned.*'clicks' to .0: 2., the serving pipeline to .0: 3."):
+            service.switch(run.id, align=lambda run_, offsets: calls.append(offsets))  # reads nothing more
+        assert len(calls) == ALIGN_ATTEMPTS and service.definitions.holds() == {}
+        assert service.serving_version("http") == definition_version(old.streams["http"], old)
+        assert root.join_sizes()["http_clicks"].pairs == 1 and counts(root) == {dims_key({"endpoint": "/a"}): 5}
         assert service.definitions.offset_moves("main") == {}
+        root.commit_batch(batch("main", 1, {("/a",): 1}, {0: 6}, old), lateness_ms={"http": 0}, now_ms=NOW)
     finally:
         close_fixture(root, log, service)
 

@@ -4,7 +4,7 @@ views and enrichments a switch of the stream would leave built the old way, so i
 from __future__ import annotations
 
 from catalog import parse_catalog
-from catalog.dependents import rebuilt_patterns, refused_dependents, stream_dependents
+from catalog.dependents import aligned_joins, other_streams, rebuilt_patterns, refused_dependents, stream_dependents
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_enrichment import CONFIG as ENRICHED
 from sketchboard.reprocess import stream_catalog
@@ -42,8 +42,14 @@ def test_a_run_rebuilds_what_reads_its_stream_alone_and_the_rest_is_refused(demo
     run = stream_catalog(catalog, "logins")
     assert [p.name for p in run.patterns] == ["credential_stuffing"] and "credential_stuffing_matches" in run.streams
     assert run.patterns[0] == catalog.patterns[0]
-    assert refused_dependents(demo_catalog, "searches") == ["join 'search_clicks'"]
-    assert stream_catalog(demo_catalog, "searches").joins == ()
+    assert refused_dependents(demo_catalog, "searches") == ["join 'search_clicks'"]  # on Kafka
+    # On the embedded log the run rebuilds the join, reading its other stream too (a synchronized switch).
+    assert refused_dependents(demo_catalog, "searches", joins_rebuilt=True) == []
+    assert aligned_joins(demo_catalog, "searches") == list(demo_catalog.joins)
+    assert other_streams(demo_catalog, "clicks") == ["searches"]
+    run = stream_catalog(demo_catalog, "searches")
+    assert run.joins == demo_catalog.joins and {"searches", "clicks", "search_clicks"} <= set(run.streams)
+    assert stream_catalog(demo_catalog, "searches", with_joins=False).joins == ()
     views = catalog_with("  user_plans: {left: users, right: plans, foreign_key: plan_id, kind: left}\n")
     assert refused_dependents(views, "users") == ["view 'user_plans'"]
     assert refused_dependents(parse_catalog(ENRICHED), "users") == ["enrichment of 'http_requests'"]

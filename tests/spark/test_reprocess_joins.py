@@ -1,0 +1,129 @@
+"""A reprocess of a stream that feeds a window join, switched in step with the serving pipeline
+(docs/reprocessing.md, "A stream feeding a window join"): the run also reads the join's other
+stream, only as far as the serving pipeline has; the switch holds the serving pipeline, lets the
+run read the other stream exactly as far as it has, and moves the join's state and derived stream
+with the stream. The other stream is appended to after the run caught up, read by the serving
+pipeline before the switch and also left unread by it: every record reaches the rebuilt join once,
+so the switched join equals one pipeline that read the whole log with the new definition."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+
+import pytest
+import yaml
+
+from catalog import Catalog
+from ingest.events import EventValidator
+from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
+from sketchboard.settings import Settings
+from sketchboard.wiring import build_pipeline
+from store.definitions import DefinitionStore
+from tests.log_backends import ON_THE_EMBEDDED_STACK
+
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+
+STREAM = {"key_field": "search_id", "partitions": 2, "tiers": [], "allowed_lateness": "1s"}
+OLD = {"streams": {"searches": {**STREAM, "dimensions": ["category"]},
+                   "clicks": {**STREAM, "dimensions": ["bucket"]}},
+       "joins": [{"name": "search_clicks", "left": {"stream": "searches", "key": "search_id"},
+                  "right": {"stream": "clicks", "key": "search_id"}, "within": "2m", "late_horizon": "1m"}]}
+# A dimension more on the left stream: the join's derived stream (the left's dimensions) changes too.
+NEW = {**OLD, "streams": {**OLD["streams"], "searches": {**STREAM, "dimensions": ["category", "platform"]}}}
+
+
+class Traffic:
+    def __init__(self, log, catalog: Catalog, base_ms: int):
+        self.log, self.catalog, self.base, self.rng, self.ids = log, catalog, base_ms, random.Random(16), 0
+
+    def append(self, stream: str, events: list[dict]) -> None:
+        validator = EventValidator(self.catalog.stream(stream))
+        self.log.append(self.catalog.stream(stream), [validator.validate(e) for e in events], int(time.time() * 1000))
+
+    def searches(self, n: int, start_s: int) -> list[str]:
+        ids = [f"s{self.ids + i}" for i in range(n)]
+        self.ids += n
+        self.append("searches", [{"time": self.base + (start_s + i) * 1000, "search_id": s,
+                                  "category": self.rng.choice(["books", "games"]),
+                                  "platform": self.rng.choice(["ios", "web"])} for i, s in enumerate(ids)])
+        return ids
+
+    def clicks(self, ids: list[str], start_s: int) -> None:
+        """A click on some of `ids`, 0 to 3 minutes after `start_s` (some outside the 2-minute window)."""
+        picked = [s for s in ids if self.rng.random() < 0.7]
+        self.append("clicks", [{"time": self.base + (start_s + self.rng.randrange(180)) * 1000, "search_id": s,
+                                "bucket": self.rng.choice(["top", "rest"])} for s in picked])
+
+
+def panes(store, stream: str) -> dict:
+    return {(p.key.start_ms, p.key.dims): (p.data.count, {n: (v.n, v.sum) for n, v in sorted(p.data.values.items())})
+            for p in store.read_panes(stream, 0, 2**62) if p.data.count}
+
+
+def join_totals(store) -> tuple[int, int]:
+    rows = panes(store, "search_clicks").values()
+    return (sum(v.get("pairs", (0, 0))[1] for _, v in rows), sum(v.get("unmatched_right", (0, 0))[1] for _, v in rows))
+
+
+def test_a_reprocess_of_a_joins_stream_switched_in_step_gives_the_exact_join(tmp_path, spark, log_backend,
+                                                                             store_backend):
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
+                        **test_log.settings())
+    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
+    new_catalog = Catalog(**NEW)
+    traffic = Traffic(test_log.open(new_catalog), new_catalog, base)
+
+    first = traffic.searches(150, 0)
+    traffic.clicks(first, 0)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(NEW))  # the join's left stream gets a dimension: reprocessed
+    second = traffic.searches(150, 150)
+    traffic.clicks(first[100:] + second, 150)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        run = run_reprocess(settings, "searches", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
+        with pytest.raises(ValueError, match="sketchboard reprocess searches --switch"):
+            service.switch(run.id)  # a plain switch (the API's) cannot run the run's final batch
+        # After the run: both streams appended to and read the old way by the serving pipeline,
+        # then clicks it has not read yet when the switch comes (it reads them after, once).
+        third = traffic.searches(100, 300)
+        traffic.clicks(second[100:] + third, 300)
+        main.run_until_drained()
+        traffic.clicks(third, 330)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version
+        assert DefinitionStore(root.side_db()).holds() == {}  # released by the switch
+        # Searches and clicks ten minutes on: every pipeline's join clock passes the state above.
+        late = traffic.searches(50, 900)
+        traffic.clicks(late, 900)
+        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
+        assert again.store is not root
+        again.run_until_drained()
+        again.store.close()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+        pairs, unmatched = join_totals(reference.store)
+        assert pairs > 100 and unmatched > 10
+        assert join_totals(root) == (pairs, unmatched)
+        assert panes(root, "search_clicks") == panes(reference.store, "search_clicks")
+        assert panes(root, "searches") == panes(reference.store, "searches")
+        assert panes(root, "clicks") == panes(reference.store, "clicks")
+        assert {json.loads(d).get("platform") for _, d in panes(root, "search_clicks")} >= {"ios", "web"}
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.close()
