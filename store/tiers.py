@@ -57,7 +57,8 @@ class Tier:
 @dataclass(frozen=True)
 class TierLayout:
     """What a store keeps for one stream: the pane size, the coarser granules with how long
-    each is kept, and the projections kept at every granule besides all dimensions."""
+    each is kept, and the projections kept besides all dimensions (at every coarser granule;
+    at the pane granule only the total: see tiers())."""
 
     pane_ms: int
     retention_ms: int
@@ -65,8 +66,12 @@ class TierLayout:
     group_bys: tuple[str, ...] = ("",)  # projection names; '' (the total) is always kept
 
     def tiers(self) -> list[Tier]:
-        """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not)."""
-        out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys]
+        """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not).
+        At the pane granule only the total: a pane-granule row per declared group-by merges
+        about one pane (a group-by's value seldom has several dimension combinations in one
+        pane) and those rows were most of a backfill's tier rows and bytes; a query reads the
+        panes where it needs pane-granule rows of a group-by (store/planner.py)."""
+        out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys if p == ""]
         for every, keep in self.granules:
             out.append(Tier(every, ALL_DIMS, keep))
             out += [Tier(every, p, keep) for p in self.group_bys]
@@ -76,8 +81,10 @@ class TierLayout:
         """Every granule a query may read, finest (the pane) first."""
         return [self.pane_ms, *(every for every, _ in self.granules)]
 
-    def projections(self) -> list[str]:
-        return [ALL_DIMS, *self.group_bys]
+    def projections_at(self, granule_ms: int) -> list[str]:
+        """The projections rows of `granule_ms` are kept in (all dimensions: the panes themselves
+        at the pane granule)."""
+        return [ALL_DIMS, *(p for p in self.group_bys if granule_ms != self.pane_ms or p == "")]
 
     def to_json(self) -> str:
         return json.dumps({"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,

@@ -196,13 +196,28 @@ def test_a_straggler_revises_its_tier_rows_and_is_a_correction(store_backend):
 
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
-    assert plan.proj == "" and plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000),)
+    assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000 + 50 * MINUTE, MINUTE, 3_600_000, 1440, ("a",))
-    assert plan.proj == "a" and plan.segments == (Segment(MINUTE, T0, T0 + 86_400_000 + 50 * MINUTE),)
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("b",)).proj == "a,b"
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("c",)) .proj == ALL_DIMS
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+    assert plan.segments == (Segment(MINUTE, T0, T0 + 86_400_000 + 50 * MINUTE, "a"),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + 2 * MINUTE, MINUTE, MINUTE, 2, ("b",)).segments == (
+        Segment(MINUTE, T0, T0 + 2 * MINUTE, "a,b"),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + 2 * MINUTE, MINUTE, MINUTE, 2, ("c",)).segments == (
+        Segment(MINUTE, T0, T0 + 2 * MINUTE, ALL_DIMS),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (
+        Segment(PANE, T0, T0 + MINUTE, ""),)
     assert plan_read(None, PANE, T0, T0 + MINUTE, MINUTE, MINUTE, 1, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+
+
+def test_the_pane_granule_keeps_only_the_total_so_grouped_edges_read_the_panes():
+    """Pane-granule rows of a group-by merge about one pane each and were most of a backfill's
+    tier rows: only the total is kept there, and a grouped query reads the panes at its edges."""
+    assert {t.proj for t in LAYOUT.tiers() if t.granule_ms == PANE} == {""}
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("b",)).segments == (
+        Segment(PANE, T0, T0 + MINUTE, ALL_DIMS),)
+    # One window from 10:00:10 to 10:11:10 by a: the minutes in "a" rows, the edges from the panes.
+    assert plan_read(LAYOUT, PANE, T0 + PANE, T0 + 11 * MINUTE + PANE, PANE, 11 * MINUTE, 1, ("a",)).segments == (
+        Segment(PANE, T0 + PANE, T0 + MINUTE, ALL_DIMS), Segment(MINUTE, T0 + MINUTE, T0 + 11 * MINUTE, "a"),
+        Segment(PANE, T0 + 11 * MINUTE, T0 + 11 * MINUTE + PANE, ALL_DIMS))
 
 
 def test_cover_puts_finer_rows_only_at_the_edges():
