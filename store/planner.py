@@ -47,7 +47,10 @@ def plan_read(layout: TierLayout | None, pane_ms: int, start_ms: int, span_end_m
         granules = [g for g in granules if bucket % g == 0 and start_ms % g == 0] or [pane_ms]
     # Each granule's narrowest projection that covers the query: a group-by the pane granule
     # keeps no rows for reads the panes (all dimensions) there (store.tiers.TierLayout.tiers).
-    proj = {g: min((p for p in layout.projections_at(g) if covers(p, needed)), key=_width) for g in granules}
+    # A granule without such a projection (a tier with all_dimensions: false) is left to finer rows.
+    proj = {g: min((p for p in layout.projections_at(g) if covers(p, needed)), key=_width, default=None)
+            for g in granules}
+    granules = [g for g in granules if proj[g] is not None]
     return ReadPlan(tuple(replace(seg, proj=proj[seg.granule_ms])
                           for seg in cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
 

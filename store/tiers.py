@@ -64,6 +64,7 @@ class TierLayout:
     retention_ms: int
     granules: tuple[tuple[int, int], ...] = ()  # (every_ms, keep_ms), finest first
     group_bys: tuple[str, ...] = ("",)  # projection names; '' (the total) is always kept
+    narrow: tuple[int, ...] = ()  # granules keeping no all-dimensions rows (a tier's all_dimensions: false)
 
     def tiers(self) -> list[Tier]:
         """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not).
@@ -73,7 +74,8 @@ class TierLayout:
         panes where it needs pane-granule rows of a group-by (store/planner.py)."""
         out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys if p == ""]
         for every, keep in self.granules:
-            out.append(Tier(every, ALL_DIMS, keep))
+            if every not in self.narrow:
+                out.append(Tier(every, ALL_DIMS, keep))
             out += [Tier(every, p, keep) for p in self.group_bys]
         return out
 
@@ -84,18 +86,21 @@ class TierLayout:
     def projections_at(self, granule_ms: int) -> list[str]:
         """The projections rows of `granule_ms` are kept in (all dimensions: the panes themselves
         at the pane granule)."""
-        return [ALL_DIMS, *(p for p in self.group_bys if granule_ms != self.pane_ms or p == "")]
+        wide = [] if granule_ms in self.narrow else [ALL_DIMS]
+        return [*wide, *(p for p in self.group_bys if granule_ms != self.pane_ms or p == "")]
 
     def to_json(self) -> str:
-        return json.dumps({"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,
-                           "granules": [list(g) for g in self.granules], "group_bys": list(self.group_bys)},
-                          separators=(",", ":"), sort_keys=True)
+        raw = {"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,
+               "granules": [list(g) for g in self.granules], "group_bys": list(self.group_bys)}
+        if self.narrow:  # absent otherwise: a layout from before the option keeps its text (no rebuild)
+            raw["narrow"] = list(self.narrow)
+        return json.dumps(raw, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> TierLayout:
         raw = json.loads(text)
         return cls(raw["pane_ms"], raw["retention_ms"], tuple(tuple(g) for g in raw["granules"]),
-                   tuple(raw["group_bys"]))
+                   tuple(raw["group_bys"]), tuple(raw.get("narrow", ())))
 
 
 def layout_for(stream) -> TierLayout:
@@ -109,7 +114,8 @@ def layout_for(stream) -> TierLayout:
     if not stream.dimensions:
         group_bys = []  # the total is the panes themselves
     granules = tuple((t.every, t.keep if t.keep is not None else stream.retention) for t in stream.tier_defs)
-    return TierLayout(stream.pane, stream.retention, granules, tuple(group_bys))
+    narrow = tuple(t.every for t in stream.tier_defs if not t.all_dimensions)
+    return TierLayout(stream.pane, stream.retention, granules, tuple(group_bys), narrow)
 
 
 def catalog_layouts(catalog) -> dict[str, TierLayout]:

@@ -141,6 +141,39 @@ def test_tiered_answers_equal_pane_rollups(store_backend, batches, asked):
         plain.close()
 
 
+# The 1 m tier without all-dimensions rows (a tier's all_dimensions: false): queries by "c" (in no
+# declared group-by) read the panes there, or the 10 m rows where they fit.
+NARROW = TierLayout(PANE, RETENTION, ((MINUTE, RETENTION), (10 * MINUTE, RETENTION)), ("", "a", "a,b"), (MINUTE,))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=batches, asked=st.lists(queries(), min_size=1, max_size=5))
+def test_tiered_answers_equal_pane_rollups_without_all_dimension_rows(store_backend, batches, asked):
+    tiered, plain = store_at(store_backend, NARROW), store_at(store_backend, None)
+    try:
+        commit_all(tiered, batches)
+        commit_all(plain, batches)
+        assert_tiers_match_panes(tiered, "s")
+        for q in asked:
+            assert_same(answer(tiered, **q), pane_rollup(plain, **q), q["stat"])
+    finally:
+        tiered.close()
+        plain.close()
+
+
+def test_a_tier_without_all_dimension_rows_leaves_other_group_bys_to_finer_rows():
+    assert {t.proj for t in NARROW.tiers() if t.granule_ms == MINUTE} == {"", "a", "a,b"}
+    assert TierLayout.from_json(NARROW.to_json()) == NARROW and '"narrow"' not in LAYOUT.to_json()
+    plan = plan_read(NARROW, PANE, T0, T0 + 25 * MINUTE, MINUTE, MINUTE, 25, ("c",))
+    assert plan.segments == (Segment(PANE, T0, T0 + 25 * MINUTE, ALL_DIMS),)
+    plan = plan_read(NARROW, PANE, T0 + MINUTE, T0 + 25 * MINUTE, 24 * MINUTE, 24 * MINUTE, 1, ("c",))
+    assert plan.segments == (Segment(PANE, T0 + MINUTE, T0 + 10 * MINUTE, ALL_DIMS),
+                             Segment(10 * MINUTE, T0 + 10 * MINUTE, T0 + 20 * MINUTE, ALL_DIMS),
+                             Segment(PANE, T0 + 20 * MINUTE, T0 + 25 * MINUTE, ALL_DIMS))
+    assert plan_read(NARROW, PANE, T0, T0 + 25 * MINUTE, MINUTE, MINUTE, 25, ("b",)).segments == (
+        Segment(MINUTE, T0, T0 + 25 * MINUTE, "a,b"),)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=batches, then=batches, asked=st.lists(queries(), min_size=1, max_size=4))
 def test_cached_points_are_recomputed_when_their_rows_change(store_backend, first, then, asked):
@@ -284,6 +317,10 @@ def test_the_catalog_declares_tiers(tmp_path):
     layout = layout_for(catalog.streams["s"])
     assert layout.granules == ((MINUTE, 7 * 86_400_000), (3_600_000, 90 * 86_400_000))
     assert layout.group_bys == ("", "b")  # [a, b] is every dimension: the '*' rows
+    assert layout.narrow == ()
+    narrow = parse_catalog({"streams": {"s": {"dimensions": ["a"], "tiers": [{"every": "1m", "all_dimensions": False},
+                                                                             {"every": "1h"}]}}})
+    assert layout_for(narrow.streams["s"]).narrow == (MINUTE,)
     assert layout_for(parse_catalog({"streams": {"s": {"dimensions": ["a"]}}}).streams["s"]).granules_ms() == [
         PANE, MINUTE, 3_600_000]
     for bad, message in (
