@@ -2,8 +2,9 @@
 contribution to them. Pure: no I/O, no clock.
 
 A tier row is one granule (the pane or a coarser one) x one projection of the dimensions
-(all of them, none = the total, or a declared group-by) x one start x one value of the
-projected dimensions. It holds what a pane holds (count, n/sum/min/max and a KLL per value
+(all of them, none = the total, or a declared group-by; the pane granule keeps only the total,
+a coarser one all of them unless its tier says all_dimensions: false) x one start x one value
+of the projected dimensions. It holds what a pane holds (count, n/sum/min/max and a KLL per value
 field, an HLL per distinct field) merged over the panes it covers, and the highest revision
 among them, so a query answered from it reads the same numbers, `final` flags and
 revisions as one answered from the panes (sketches: the same panes merged in another
