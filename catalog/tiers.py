@@ -4,9 +4,12 @@ at every granule, so a query's cost follows its points, not its range.
     tiers: [{every: 1m, keep: 8d}, {every: 1h, keep: 90d}]   # default: 1m and 1h, keep = retention
     rollup_group_bys: [[endpoint], [region]]                   # besides the total and all dimensions
 
-Every granule keeps rows for all dimensions (any filter or group-by can be answered), for
-the total over all dimensions, and for each declared group-by. The pane granule keeps the
-total and the declared group-bys too (its all-dimensions rows are the panes themselves).
+Every coarser granule keeps rows for the total over all dimensions and for each declared
+group-by, and rows for all dimensions (any filter or group-by can be answered) unless the tier
+says `all_dimensions: false`: then a query grouped or filtered by other dimensions reads finer
+rows for that span (the panes, or a finer tier's). The pane granule keeps only the total
+besides the panes (its all-dimensions rows): a declared group-by's pane-granule row merges
+about one pane, so a grouped query reads the panes where it needs that granule.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class TierDef(BaseModel):
 
     every: DurationMs
     keep: DurationMs | None = None  # default: the stream's retention
+    # False: no all-dimensions rows at this granule (about half of a backfill's tier rows at 1m);
+    # a query needing a dimension no declared group-by holds reads finer rows instead.
+    all_dimensions: bool = True
 
 
 def default_tiers(pane_ms: int) -> tuple[TierDef, ...]:

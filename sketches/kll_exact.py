@@ -68,6 +68,7 @@ def merged_bytes(blobs: Sequence[bytes], k: int) -> bytes | None:
     sketch of `k` and they hold at most k items together; else None."""
     parts = []
     total = 0
+    lo = hi = None
     for blob in blobs:
         items = exact_items(blob, k)
         if items is None:
@@ -76,5 +77,16 @@ def merged_bytes(blobs: Sequence[bytes], k: int) -> bytes | None:
         if total > k:
             return None
         parts.append(items)
+        if len(items):
+            # The bounds as DataSketches' merge keeps them: the first part's, then replaced only
+            # by a strictly smaller min or larger max (a -0.0 after a 0.0 leaves 0.0: a signed
+            # zero is why the items' numpy min could differ).
+            p_lo, p_hi = (items[0], items[0]) if len(items) == 1 else _BOUNDS.unpack_from(blob, _HEAD.size + _FULL.size)
+            if lo is None:
+                lo, hi = p_lo, p_hi
+            else:
+                lo = p_lo if p_lo < lo else lo
+                hi = p_hi if hi < p_hi else hi
     # The first part stays as stored; each later one is inserted item by item in front of level 0.
-    return exact_bytes(np.concatenate([p[::-1] for p in reversed(parts[1:])] + [parts[0]]), k)
+    items = np.concatenate([p[::-1] for p in reversed(parts[1:])] + [parts[0]]).astype("<f8", copy=False)
+    return exact_bytes_of(items.tobytes(), len(items), 0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), k)

@@ -7,13 +7,17 @@ bucket and the range starts on it; a one-window query (what alert rules ask) has
 bucket, and any granule fits inside it: its range is covered by the coarsest rows that fit,
 finer rows filling the edges (a 1 h window starting at 10:00:10 reads 59 one-minute rows and
 the 10-second panes of its first and last minute).
+
+Each segment reads the narrowest projection kept at its granule that covers the query's
+group-by and filters: at the pane granule only the total is kept besides the panes, so a
+grouped query's pane-granule edges read the panes themselves (few rows: edges are short).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from store.tiers import ALL_DIMS, TierLayout, covers
 
@@ -23,11 +27,11 @@ class Segment:
     granule_ms: int
     start_ms: int  # rows starting in [start_ms, end_ms)
     end_ms: int
+    proj: str = ALL_DIMS  # the projection its rows are read in (store.tiers)
 
 
 @dataclass(frozen=True)
 class ReadPlan:
-    proj: str  # the projection every segment reads (store.tiers)
     segments: tuple[Segment, ...]
 
 
@@ -35,14 +39,20 @@ def plan_read(layout: TierLayout | None, pane_ms: int, start_ms: int, span_end_m
               window_ms: int, n_points: int, needed: Iterable[str]) -> ReadPlan:
     """The rows to read for windows covering [start_ms, span_end_ms), grouped or filtered by `needed`."""
     if layout is None or layout.pane_ms != pane_ms:
-        return ReadPlan(ALL_DIMS, (Segment(pane_ms, start_ms, span_end_ms),))
+        return ReadPlan((Segment(pane_ms, start_ms, span_end_ms),))
     needed = tuple(needed)
-    proj = min((p for p in layout.projections() if covers(p, needed)), key=_width)
     granules = layout.granules_ms()
     if n_points > 1:
         bucket = math.gcd(step_ms, window_ms)
         granules = [g for g in granules if bucket % g == 0 and start_ms % g == 0] or [pane_ms]
-    return ReadPlan(proj, tuple(cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
+    # Each granule's narrowest projection that covers the query: a group-by the pane granule
+    # keeps no rows for reads the panes (all dimensions) there (store.tiers.TierLayout.tiers).
+    # A granule without such a projection (a tier with all_dimensions: false) is left to finer rows.
+    proj = {g: min((p for p in layout.projections_at(g) if covers(p, needed)), key=_width, default=None)
+            for g in granules}
+    granules = [g for g in granules if proj[g] is not None]
+    return ReadPlan(tuple(replace(seg, proj=proj[seg.granule_ms])
+                          for seg in cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
 
 
 def cover(start_ms: int, end_ms: int, granules: list[int]) -> list[Segment]:

@@ -29,7 +29,7 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
     plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, n_points, needed)
     # One window: every row lands in it, whatever bucket; else rollup's buckets of gcd(step, window).
     bucket = span_end - start_ms if n_points == 1 else math.gcd(step_ms, window_ms)
-    return [(seg, plan.proj, bucket) for seg in plan.segments]
+    return [(seg, seg.proj, bucket) for seg in plan.segments]
 
 
 def query_series(

@@ -115,8 +115,7 @@ class _Kll:
         items = self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
         kept = np.where(exact, total, 0)
         new_offset = np.cumsum(kept) - kept
-        ordered = [self.blobs[i] for i in order.tolist()]
-        blobs = [ordered[f] for f in first.tolist()]
+        blobs = [self.blobs[i] for i in order[first].tolist()] if len(order) else []
         exact_list = exact.tolist()
         for g, lo, hi in multi:
             if exact_list[g]:
@@ -234,15 +233,15 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
         first = np.zeros(0, np.int64)
     bounds = np.append(first, len(order)).tolist()
     multi = [(g, bounds[g], bounds[g + 1]) for g in np.flatnonzero(np.diff(bounds) > 1).tolist()]
-    first_list = first.tolist()
     order_list = order.tolist()
+
+    heads = order[first].tolist() if len(order) else []
 
     def objects(column: list, merge) -> list:
         """Per group: the one part's object, or `merge` of the parts (in `src` order)."""
-        ordered = [column[i] for i in order_list]
-        out = [ordered[f] for f in first_list]
+        out = [column[i] for i in heads]
         for g, lo, hi in multi:
-            out[g] = merge(ordered[lo:hi])
+            out[g] = merge([column[i] for i in order_list[lo:hi]])
         return out
 
     def reduce(ufunc, column: np.ndarray) -> np.ndarray:

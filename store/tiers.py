@@ -2,8 +2,9 @@
 contribution to them. Pure: no I/O, no clock.
 
 A tier row is one granule (the pane or a coarser one) x one projection of the dimensions
-(all of them, none = the total, or a declared group-by) x one start x one value of the
-projected dimensions. It holds what a pane holds (count, n/sum/min/max and a KLL per value
+(all of them, none = the total, or a declared group-by; the pane granule keeps only the total,
+a coarser one all of them unless its tier says all_dimensions: false) x one start x one value
+of the projected dimensions. It holds what a pane holds (count, n/sum/min/max and a KLL per value
 field, an HLL per distinct field) merged over the panes it covers, and the highest revision
 among them, so a query answered from it reads the same numbers, `final` flags and
 revisions as one answered from the panes (sketches: the same panes merged in another
@@ -57,18 +58,25 @@ class Tier:
 @dataclass(frozen=True)
 class TierLayout:
     """What a store keeps for one stream: the pane size, the coarser granules with how long
-    each is kept, and the projections kept at every granule besides all dimensions."""
+    each is kept, and the projections kept besides all dimensions (at every coarser granule;
+    at the pane granule only the total: see tiers())."""
 
     pane_ms: int
     retention_ms: int
     granules: tuple[tuple[int, int], ...] = ()  # (every_ms, keep_ms), finest first
     group_bys: tuple[str, ...] = ("",)  # projection names; '' (the total) is always kept
+    narrow: tuple[int, ...] = ()  # granules keeping no all-dimensions rows (a tier's all_dimensions: false)
 
     def tiers(self) -> list[Tier]:
-        """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not)."""
-        out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys]
+        """Every tier kept in the tier table (the panes, granule pane x all dimensions, are not).
+        At the pane granule only the total: a pane-granule row per declared group-by merges
+        about one pane (a group-by's value seldom has several dimension combinations in one
+        pane) and those rows were most of a backfill's tier rows and bytes; a query reads the
+        panes where it needs pane-granule rows of a group-by (store/planner.py)."""
+        out = [Tier(self.pane_ms, p, self.retention_ms) for p in self.group_bys if p == ""]
         for every, keep in self.granules:
-            out.append(Tier(every, ALL_DIMS, keep))
+            if every not in self.narrow:
+                out.append(Tier(every, ALL_DIMS, keep))
             out += [Tier(every, p, keep) for p in self.group_bys]
         return out
 
@@ -76,19 +84,24 @@ class TierLayout:
         """Every granule a query may read, finest (the pane) first."""
         return [self.pane_ms, *(every for every, _ in self.granules)]
 
-    def projections(self) -> list[str]:
-        return [ALL_DIMS, *self.group_bys]
+    def projections_at(self, granule_ms: int) -> list[str]:
+        """The projections rows of `granule_ms` are kept in (all dimensions: the panes themselves
+        at the pane granule)."""
+        wide = [] if granule_ms in self.narrow else [ALL_DIMS]
+        return [*wide, *(p for p in self.group_bys if granule_ms != self.pane_ms or p == "")]
 
     def to_json(self) -> str:
-        return json.dumps({"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,
-                           "granules": [list(g) for g in self.granules], "group_bys": list(self.group_bys)},
-                          separators=(",", ":"), sort_keys=True)
+        raw = {"pane_ms": self.pane_ms, "retention_ms": self.retention_ms,
+               "granules": [list(g) for g in self.granules], "group_bys": list(self.group_bys)}
+        if self.narrow:  # absent otherwise: a layout from before the option keeps its text (no rebuild)
+            raw["narrow"] = list(self.narrow)
+        return json.dumps(raw, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> TierLayout:
         raw = json.loads(text)
         return cls(raw["pane_ms"], raw["retention_ms"], tuple(tuple(g) for g in raw["granules"]),
-                   tuple(raw["group_bys"]))
+                   tuple(raw["group_bys"]), tuple(raw.get("narrow", ())))
 
 
 def layout_for(stream) -> TierLayout:
@@ -102,7 +115,8 @@ def layout_for(stream) -> TierLayout:
     if not stream.dimensions:
         group_bys = []  # the total is the panes themselves
     granules = tuple((t.every, t.keep if t.keep is not None else stream.retention) for t in stream.tier_defs)
-    return TierLayout(stream.pane, stream.retention, granules, tuple(group_bys))
+    narrow = tuple(t.every for t in stream.tier_defs if not t.all_dimensions)
+    return TierLayout(stream.pane, stream.retention, granules, tuple(group_bys), narrow)
 
 
 def catalog_layouts(catalog) -> dict[str, TierLayout]:

@@ -141,6 +141,39 @@ def test_tiered_answers_equal_pane_rollups(store_backend, batches, asked):
         plain.close()
 
 
+# The 1 m tier without all-dimensions rows (a tier's all_dimensions: false): queries by "c" (in no
+# declared group-by) read the panes there, or the 10 m rows where they fit.
+NARROW = TierLayout(PANE, RETENTION, ((MINUTE, RETENTION), (10 * MINUTE, RETENTION)), ("", "a", "a,b"), (MINUTE,))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=batches, asked=st.lists(queries(), min_size=1, max_size=5))
+def test_tiered_answers_equal_pane_rollups_without_all_dimension_rows(store_backend, batches, asked):
+    tiered, plain = store_at(store_backend, NARROW), store_at(store_backend, None)
+    try:
+        commit_all(tiered, batches)
+        commit_all(plain, batches)
+        assert_tiers_match_panes(tiered, "s")
+        for q in asked:
+            assert_same(answer(tiered, **q), pane_rollup(plain, **q), q["stat"])
+    finally:
+        tiered.close()
+        plain.close()
+
+
+def test_a_tier_without_all_dimension_rows_leaves_other_group_bys_to_finer_rows():
+    assert {t.proj for t in NARROW.tiers() if t.granule_ms == MINUTE} == {"", "a", "a,b"}
+    assert TierLayout.from_json(NARROW.to_json()) == NARROW and '"narrow"' not in LAYOUT.to_json()
+    plan = plan_read(NARROW, PANE, T0, T0 + 25 * MINUTE, MINUTE, MINUTE, 25, ("c",))
+    assert plan.segments == (Segment(PANE, T0, T0 + 25 * MINUTE, ALL_DIMS),)
+    plan = plan_read(NARROW, PANE, T0 + MINUTE, T0 + 25 * MINUTE, 24 * MINUTE, 24 * MINUTE, 1, ("c",))
+    assert plan.segments == (Segment(PANE, T0 + MINUTE, T0 + 10 * MINUTE, ALL_DIMS),
+                             Segment(10 * MINUTE, T0 + 10 * MINUTE, T0 + 20 * MINUTE, ALL_DIMS),
+                             Segment(PANE, T0 + 20 * MINUTE, T0 + 25 * MINUTE, ALL_DIMS))
+    assert plan_read(NARROW, PANE, T0, T0 + 25 * MINUTE, MINUTE, MINUTE, 25, ("b",)).segments == (
+        Segment(MINUTE, T0, T0 + 25 * MINUTE, "a,b"),)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=batches, then=batches, asked=st.lists(queries(), min_size=1, max_size=4))
 def test_cached_points_are_recomputed_when_their_rows_change(store_backend, first, then, asked):
@@ -196,13 +229,28 @@ def test_a_straggler_revises_its_tier_rows_and_is_a_correction(store_backend):
 
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
-    assert plan.proj == "" and plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000),)
+    assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000 + 50 * MINUTE, MINUTE, 3_600_000, 1440, ("a",))
-    assert plan.proj == "a" and plan.segments == (Segment(MINUTE, T0, T0 + 86_400_000 + 50 * MINUTE),)
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("b",)).proj == "a,b"
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("c",)) .proj == ALL_DIMS
-    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+    assert plan.segments == (Segment(MINUTE, T0, T0 + 86_400_000 + 50 * MINUTE, "a"),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + 2 * MINUTE, MINUTE, MINUTE, 2, ("b",)).segments == (
+        Segment(MINUTE, T0, T0 + 2 * MINUTE, "a,b"),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + 2 * MINUTE, MINUTE, MINUTE, 2, ("c",)).segments == (
+        Segment(MINUTE, T0, T0 + 2 * MINUTE, ALL_DIMS),)
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (
+        Segment(PANE, T0, T0 + MINUTE, ""),)
     assert plan_read(None, PANE, T0, T0 + MINUTE, MINUTE, MINUTE, 1, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+
+
+def test_the_pane_granule_keeps_only_the_total_so_grouped_edges_read_the_panes():
+    """Pane-granule rows of a group-by merge about one pane each and were most of a backfill's
+    tier rows: only the total is kept there, and a grouped query reads the panes at its edges."""
+    assert {t.proj for t in LAYOUT.tiers() if t.granule_ms == PANE} == {""}
+    assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ("b",)).segments == (
+        Segment(PANE, T0, T0 + MINUTE, ALL_DIMS),)
+    # One window from 10:00:10 to 10:11:10 by a: the minutes in "a" rows, the edges from the panes.
+    assert plan_read(LAYOUT, PANE, T0 + PANE, T0 + 11 * MINUTE + PANE, PANE, 11 * MINUTE, 1, ("a",)).segments == (
+        Segment(PANE, T0 + PANE, T0 + MINUTE, ALL_DIMS), Segment(MINUTE, T0 + MINUTE, T0 + 11 * MINUTE, "a"),
+        Segment(PANE, T0 + 11 * MINUTE, T0 + 11 * MINUTE + PANE, ALL_DIMS))
 
 
 def test_cover_puts_finer_rows_only_at_the_edges():
@@ -269,6 +317,10 @@ def test_the_catalog_declares_tiers(tmp_path):
     layout = layout_for(catalog.streams["s"])
     assert layout.granules == ((MINUTE, 7 * 86_400_000), (3_600_000, 90 * 86_400_000))
     assert layout.group_bys == ("", "b")  # [a, b] is every dimension: the '*' rows
+    assert layout.narrow == ()
+    narrow = parse_catalog({"streams": {"s": {"dimensions": ["a"], "tiers": [{"every": "1m", "all_dimensions": False},
+                                                                             {"every": "1h"}]}}})
+    assert layout_for(narrow.streams["s"]).narrow == (MINUTE,)
     assert layout_for(parse_catalog({"streams": {"s": {"dimensions": ["a"]}}}).streams["s"]).granules_ms() == [
         PANE, MINUTE, 3_600_000]
     for bad, message in (
