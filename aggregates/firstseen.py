@@ -25,22 +25,21 @@ answered "seen" has all its bits set already.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, hash_columns, key_rows
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
-from sketches.bloom import CHUNK_BITS, SALT2, BloomFilter, optimal_shape, positions, undercount_bound
+from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
 from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FilterUpdate, FirstSeenPartial
 
 log = logging.getLogger("sketchboard.firstseen")
-
-TAG_FIRST_SEEN = 0
-TAG_MEMBERSHIP = 1
-_ITEM = "struct<tag:int,key:string,bucket:bigint>"
 
 
 def _key_column(stream: StreamDef, field: str) -> Column:
@@ -48,13 +47,13 @@ def _key_column(stream: StreamDef, field: str) -> Column:
     return F.get(F.col(column), index)
 
 
-def _case(items: dict[tuple[str, int], object], cast: str) -> Column:
-    """CASE over (stream, tag) -> a literal."""
-    expr = None
-    for (stream, tag), value in items.items():
-        cond = (F.col("stream") == stream) & (F.col("tag") == tag)
-        expr = (F.when if expr is None else expr.when)(cond, F.lit(value).cast(cast))
-    return expr.otherwise(F.lit(None).cast(cast))
+@dataclass(frozen=True)
+class BloomPlan:
+    """What a batch's Bloom work needs before its Spark job: the rows per event (`key_rows`), each
+    filter's (m, k, seed) per (stream, tag), and the first-seen filters as last committed."""
+    items: list[KeyItem]
+    shapes: dict[tuple[str, int], tuple[int, int, int]]
+    filters: dict[str, BloomFilter]
 
 
 class BloomFeatures:
@@ -83,48 +82,43 @@ class BloomFeatures:
             self._warned.add(stream.name)
         return stored
 
-    def process(self, batch: DataFrame) -> BloomCommit | None:
-        if not self.streams:
-            return None
+    def plan(self) -> BloomPlan:
         filters: dict[str, BloomFilter] = {
             n: self._first_seen_filter(s) for n, s in self.streams.items() if s.first_seen
         }
         shapes: dict[tuple[str, int], tuple[int, int, int]] = {}
-        items: dict[str, list[Column]] = {}
+        items: list[KeyItem] = []
         for name, stream in self.streams.items():
-            rows = []
             if stream.first_seen:
+                field = stream.first_seen.field
                 shapes[(name, TAG_FIRST_SEEN)] = filters[name].shape
-                rows.append(F.struct(F.lit(TAG_FIRST_SEEN).alias("tag"), _key_column(stream, stream.first_seen.field)
-                                     .alias("key"), F.lit(0).cast("bigint").alias("bucket")))
+                items.append(KeyItem(name, TAG_FIRST_SEEN, field, _key_column(stream, field), seed=filters[name].seed))
             if stream.membership:
                 decl = stream.membership
                 shapes[(name, TAG_MEMBERSHIP)] = (*optimal_shape(decl.capacity, decl.fpp), decl.seed)
                 bucket = F.col("event_time") - F.pmod(F.col("event_time"), F.lit(decl.bucket).cast("bigint"))
-                rows.append(F.struct(F.lit(TAG_MEMBERSHIP).alias("tag"), _key_column(stream, decl.field).alias("key"),
-                                     bucket.alias("bucket")))
-            items[name] = rows
-        case = None
-        for name, rows in items.items():
-            case = (F.when if case is None else case.when)(F.col("stream") == name, F.array(*rows))
-        tagged = (
-            batch.where(F.col("stream").isin(list(self.streams)))
-            .select("stream", "event_time", F.explode(case.otherwise(F.array().cast(f"array<{_ITEM}>"))).alias("t"))
-            .select("stream", "event_time", "t.tag", "t.key", "t.bucket")
-            .where(F.col("key").isNotNull() & (F.col("key") != ""))
-        )
-        keys = tagged.groupBy("stream", "tag", "bucket", "key").agg(F.min("event_time").alias("first_ms"))
-        seed = _case({st: s[2] for st, s in shapes.items()}, "bigint")
-        keys = keys.select("stream", "tag", "bucket", "first_ms", *hash_columns(seed))
+                items.append(KeyItem(name, TAG_MEMBERSHIP, decl.field, _key_column(stream, decl.field), bucket,
+                                     seed=decl.seed))
+        return BloomPlan(items, shapes, filters)
+
+    def process(self, batch: DataFrame) -> BloomCommit | None:
+        """The batch's Bloom work alone (the pipeline shares the job with sessions: `bloom_and_runs`)."""
+        if not self.streams:
+            return None
+        plan = self.plan()
         # The batch's one Spark job for Bloom filters: its distinct keys' two hashes (16 bytes a
         # key, a few hundred thousand at most per batch) reach the driver as one Arrow table.
-        return self.commit_of(keys.toArrow(), shapes, filters)
+        return self.commit(key_rows(batch, plan.items), plan)
+
+    def commit(self, rows: pa.Table, plan: BloomPlan) -> BloomCommit:
+        return self.commit_of(rows, plan.shapes, plan.filters)
 
     def commit_of(self, keys: pa.Table, shapes: dict[tuple[str, int], tuple[int, int, int]],
                   filters: dict[str, BloomFilter]) -> BloomCommit:
         """The BloomCommit of a batch's distinct keys (columns stream, tag, bucket, first_ms, h1,
         h2), on the driver: the positions, the first-seen test and the bits to add are numpy over
-        whole columns (no Python per key)."""
+        whole columns (no Python per key). Rows without hashes (a session key no filter reads) are skipped."""
+        keys = keys.filter(pc.is_valid(keys["h1"]))
         stream = np.asarray(keys.column("stream").to_pylist(), dtype=object)
         tag, bucket, first_ms, h1, h2 = (keys.column(c).to_numpy() for c in ("tag", "bucket", "first_ms", "h1", "h2"))
         updates: list[FilterUpdate] = []
@@ -157,13 +151,6 @@ class BloomFeatures:
                 for s, n, p in zip(starts, tested, positives, strict=True)]
 
 
-def hash_columns(seed: Column) -> list[Column]:
-    """h1 and h2 of the `key` column: Spark's xxhash64 with the filter's two derived seeds."""
-    seed = seed.cast("bigint")
-    return [F.xxhash64(seed, F.col("key")).alias("h1"),
-            F.xxhash64(seed.bitwiseXOR(F.lit(SALT2).cast("bigint")), F.col("key")).alias("h2")]
-
-
 def chunks_of(pos: np.ndarray, m: int) -> dict[int, bytes]:
     """The filter chunks that `pos` (bit positions of an m-bit filter) touch, each as the 4 KiB
     bitmap Spark's bitmap_construct_agg builds: bit p is bit p mod 8 of byte p div 8, a last
@@ -174,3 +161,6 @@ def chunks_of(pos: np.ndarray, m: int) -> dict[int, bytes]:
     bits[flat] = True
     packed = np.packbits(bits, bitorder="little").reshape(n_chunks, CHUNK_BITS // 8)
     return {int(c): packed[c].tobytes() for c in np.unique(flat // CHUNK_BITS)}
+
+
+__all__ = ["BloomFeatures", "BloomPlan", "chunks_of", "hash_columns"]  # hash_columns: kept importable from here

@@ -23,7 +23,7 @@ from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
 from aggregates.partials import dead_letter_reason_column, partial_aggregates
 from aggregates.patterns import PatternRunner, with_patterns
-from aggregates.session_batch import SessionWindows, with_sessions
+from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
@@ -148,10 +148,16 @@ class Pipeline(ReportsStoreErrors):
                 # panes and the join's state go into the batch's own transaction.
                 joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
                 commit = with_joins(commit, joined, self.joins.names)
+            bloomed = runs = None
+            if self.bloom.enabled or self.sessions.enabled:
+                # One Spark job groups the merged records (dead letters are no keys seen, in no
+                # session) by key for both the Bloom filters and the sessions' runs.
+                merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions)
             if self.sessions.enabled:
                 # Like the joins: corrected event times, the stream's watermark after this batch
                 # closes sessions; closed sessions and open ones' changes go into its transaction.
-                sessioned = self.sessions.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
+                sessioned = self.sessions.sessionize(runs, commit, now_ms=batch_now_ms, idle_timeout_ms=idle)
                 commit = with_sessions(commit, sessioned, self.sessions.names)
             if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
                 commit = with_patterns(commit, matched, self.patterns.names)
@@ -162,9 +168,7 @@ class Pipeline(ReportsStoreErrors):
             if enriched is not None:  # the tables' new versions and the misses, in the batch's transaction
                 commit = replace(commit, enrichment=enriched.commit)
             if self.bloom.enabled:
-                # Only the records merged into panes are keys seen: dead letters are not.
-                merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                commit = replace(commit, bloom=self.bloom.process(merged))
+                commit = replace(commit, bloom=bloomed)
             lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
             retention = {name: s.retention for name, s in self.catalog.streams.items()}
             computed = time.perf_counter()

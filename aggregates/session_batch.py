@@ -1,18 +1,20 @@
 """Session windows in the pane pipeline's micro-batch (catalog/features.py declares `sessions: {key,
 gap}`, aggregates/session_window.py is the rule, store/sessions.py the open sessions).
 
-Per batch: Spark cuts the batch's merged records (not dead letters; after the device clock step,
-so in corrected event time; after duplicates are dropped) of the streams declaring sessions into
+Per batch: the batch's merged records (not dead letters; after the device clock step, so in
+corrected event time; after duplicates are dropped) of the streams declaring sessions are cut into
 runs, per key: sorted by event time, a new run where the next event is `gap` or more after the
-previous one, and per run its first and last event times and its count. One shuffle by key, and
-the driver receives runs, not events (a key's events within a gap of each other are one row).
-On the driver, per stream: the open sessions its runs' keys touch or that the stream's watermark
-after this batch closes (one store lookup), the rule, and the closed sessions rolled up into
-pane partials of the derived stream `<stream>_sessions` (event time = session start; values
-duration_ms = last - first with a KLL sketch, events with a KLL sketch; an HLL of the key), as
-the partial aggregation would roll them up. The partials and the open sessions' changes go into
-the batch's own store commit: exactly once across restarts, and a session closed behind its
-pane's finality merges through the normal late path (a correction).
+previous one, and per run its first and last event times and its count. Spark groups each key's
+event times in the batch's one per-key job, shared with first-seen and membership
+(aggregates/key_rows.py: a stream whose session key is its first-seen field is shuffled once for
+both); the driver cuts them into runs with numpy. Then, on the driver, per stream: the open
+sessions its runs' keys touch or that the stream's watermark after this batch closes (one store
+lookup), the rule, and the closed sessions rolled up into pane partials of the derived stream
+`<stream>_sessions` (event time = session start; values duration_ms = last - first with a KLL
+sketch, events with a KLL sketch; an HLL of the key), as the partial aggregation would roll them
+up. The partials and the open sessions' changes go into the batch's own store commit: exactly once
+across restarts, and a session closed behind its pane's finality merges through the normal late
+path (a correction).
 
 Why not Spark's session_window (what ran before): it needs a second streaming query per stream
 that reads the whole log again and keeps its state in its own checkpoint, and it drops events
@@ -26,16 +28,19 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
+from aggregates.key_rows import TAG_SESSIONS, KeyItem, key_rows, runs_from_times
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
 from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
+from store.bloom import BloomCommit
 from store.panes import pane_start
 from store.sessions import Session, SessionColumns, SessionCommit
 
@@ -95,43 +100,25 @@ class SessionWindows:
         self.enabled = bool(self.streams)
         self.names = [sessions_stream_name(n) for n in self.streams]  # the derived streams
 
-    def _per_stream(self, value) -> Column:
-        expr = None
+    def items(self) -> list[KeyItem]:
+        """Per event of a stream with sessions: its session key, its event times collected
+        (aggregates/key_rows.py; a row shared with first-seen where that reads the same field)."""
+        out = []
         for name in self.streams:
-            expr = (F.when if expr is None else expr.when)(F.col("stream") == name, value(self.catalog.streams[name]))
-        return expr
+            stream = self.catalog.streams[name]
+            column, index = source_field(stream, stream.sessions.key)
+            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True))
+        return out
+
+    def runs_of_rows(self, rows: pa.Table) -> pa.Table:
+        """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' rows carrying times."""
+        return runs_from_times(rows, {n: self.catalog.streams[n].sessions.gap for n in self.streams})
 
     def runs(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
         """The batch's merged records of the streams with sessions, cut into runs per key:
-        stream, key, first_ms, last_ms, events (one shuffle by (stream, key), one sort)."""
-        def key_of(stream) -> Column:
-            column, index = source_field(stream, stream.sessions.key)
-            return F.get(F.col(column), index)
-
-        keyed = (batch.where(F.col("stream").isin(self.streams)
-                             & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                 .select("stream", self._per_stream(key_of).alias("key"), "event_time",
-                         self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap"))
-                 .where(F.col("key").isNotNull() & (F.col("key") != "")))
-        # Per key, its event times as one sorted array (collect_list is combined on the map side,
-        # so the shuffle carries a key's times once per task rather than a row per event), then
-        # cut into runs in the JVM by higher-order functions: a run starts at the first time and
-        # wherever the previous one is `gap` or more before. No window function, no global sort.
-        times = (keyed.groupBy("stream", "key").agg(F.array_sort(F.collect_list("event_time")).alias("t"))
-                 .select("stream", "key", "t", self._per_stream(lambda s: F.lit(s.sessions.gap)).alias("gap")))
-        t, gap = F.col("t"), F.col("gap")
-        starts = times.select("stream", "key", "t", F.filter(
-            F.sequence(F.lit(0), F.size(t) - 1),
-            lambda i: (i == 0) | (F.get(t, i) - F.get(t, i - 1) >= gap)).alias("starts"))
-        s_ = F.col("starts")
-
-        def run(start: Column, j: Column) -> Column:
-            end = F.coalesce(F.get(s_, j + 1), F.size(t)) - 1  # the index of the run's last time
-            return F.struct(F.get(t, start).alias("first_ms"), F.get(t, end).alias("last_ms"),
-                            (end - start + 1).cast("long").alias("events"))
-
-        return (starts.select("stream", "key", F.inline(F.transform(s_, run)))
-                .select("stream", "key", "first_ms", "last_ms", "events").toArrow())
+        stream, key, first_ms, last_ms, events (one Spark job, the cut in numpy on the driver)."""
+        merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+        return self.runs_of_rows(key_rows(merged, self.items()))
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
                 idle_timeout_ms: Mapping[str, int] | None = None) -> SessionsBatch:
@@ -164,6 +151,16 @@ class SessionWindows:
         return out
 
 
+def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWindows) -> tuple[BloomCommit | None,
+                                                                                             pa.Table | None]:
+    """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
+    (aggregates/key_rows.py): a stream whose session key is its first-seen field is grouped by
+    that key once for both. None for a feature no stream has."""
+    plan = bloom.plan() if bloom.enabled else None
+    rows = key_rows(merged, [*(plan.items if plan else ()), *(sessions.items() if sessions.enabled else ())])
+    return (bloom.commit(rows, plan) if plan else None, sessions.runs_of_rows(rows) if sessions.enabled else None)
+
+
 def with_sessions(commit: BatchCommit, done: SessionsBatch, derived: Iterable[str]) -> BatchCommit:
     """The batch's commit with the closed sessions' partials and the open sessions' changes. A
     `<stream>_sessions` stream is read from no log partition: its watermark follows the stream-wide
@@ -174,4 +171,4 @@ def with_sessions(commit: BatchCommit, done: SessionsBatch, derived: Iterable[st
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 
 
-__all__ = ["SessionWindows", "SessionsBatch", "session_partials", "with_sessions"]
+__all__ = ["SessionWindows", "SessionsBatch", "bloom_and_runs", "session_partials", "with_sessions"]

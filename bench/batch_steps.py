@@ -10,7 +10,8 @@ Python workers are warm) times every step the pipeline runs, `--repeats` times i
 same data: the source read alone (into Spark's `noop` sink) and into the batch cache the later
 steps read, the device clock step, enrichment, the partial aggregation (Spark job and collect),
 the window joins' records, the tables' newest rows and the Bloom features (first-seen and
-membership), the sessions' runs. The store commit is timed once, with the real batch.
+membership), the sessions' runs, and both of these in the one job the pipeline runs for them
+(aggregates/key_rows.py; its results checked against the two alone). The store commit is timed once, with the real batch.
 `--bloom-before FILE` also times another checkout's aggregates/firstseen.py on the same batch,
 alternating with this one, and checks both give the same BloomCommit; `--sessions-before FILE`
 does the same for another checkout's aggregates/session_batch.py (its runs). Spark jobs per step come
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
+    from aggregates.session_batch import bloom_and_runs
     from aggregates.spark import build_spark
 
     catalog = load_catalog(args.streams)
@@ -129,10 +131,15 @@ def main(argv: list[str] | None = None) -> int:
                 old = timed("Bloom features (--bloom-before)", lambda: before.process(merged))
                 times["Bloom results identical"].append(float(same_bloom(got, old)))
         if p.sessions.enabled:
-            got = timed("sessions' runs (Spark job + toArrow)", lambda: p.sessions.runs(b, batch_now_ms))
+            got = timed("sessions' runs alone (Spark job + toArrow + numpy)", lambda: p.sessions.runs(b, batch_now_ms))
             if sessions_before is not None:
                 old = timed("sessions' runs (--sessions-before)", lambda: sessions_before.runs(b, batch_now_ms))
                 times["sessions' runs identical"].append(float(same_runs(got, old)))
+        if p.bloom.enabled and p.sessions.enabled:  # what the pipeline runs: one job for both
+            bloom, runs = timed("Bloom features and sessions' runs in one job", lambda: bloom_and_runs(
+                merged, p.bloom, p.sessions))
+            times["one job's results identical"].append(float(same_bloom(bloom, p.bloom.process(merged))
+                                                              and same_runs(runs, p.sessions.runs(b, batch_now_ms))))
         if enriched is not None:
             enriched.cached.unpersist()
         kept.unpersist()
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| step | Spark jobs | min | median | max |")
     print("| --- | --- | --- | --- | --- |")
     for label, values in times.items():
-        if label in ("Bloom results identical", "sessions' runs identical"):
+        if label in ("Bloom results identical", "sessions' runs identical", "one job's results identical"):
             print(f"| {label} | | {'yes' if all(values) else 'NO'} | | |")
             continue
         s = sorted(values)

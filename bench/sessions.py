@@ -13,12 +13,14 @@ and mobile_app by device_id, gap 5m). Then, per round, each on a fresh store and
   aggregated into panes (its code is kept below, `session_query`, only to measure against);
 - `in batch`: the pipeline with sessions in its own batches (aggregates/session_batch.py).
 
-`--skip-before` leaves the old session queries out. Printed: the wall time of each and the
-events/s over the log, the sessions each closed per stream, for the runs with sessions their
-parts summed over the batches (the Spark job of the runs, the store lookup, the rule, the closed
-sessions' partials, the rest of the driver's work, the open sessions' writes in the commit;
-`part_timers`), and the load average (the machine is shared: compare within one run). Figures are
-printed, never asserted.
+`--skip-before` leaves the old session queries out. Printed: the wall time of each and the events/s
+over the log, the sessions each closed per stream, for the runs with sessions their parts summed
+over the batches and the CPU seconds of this process and its JVM (bench/cpu.py: what the others'
+load on a shared machine changes least) per run (the per-key Spark job they share with the Bloom
+features, also timed in the run without sessions so that its extra time is theirs; the store
+lookup, the rule, the closed sessions' partials, the rest of the driver's work, the open sessions'
+writes in the commit; `part_timers`), and the load average (the machine is shared: compare within
+one run). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.cpu import tree_cpu_seconds
 from bench.drain import drain_timed
 from bench.throughput import fill_log
 from catalog import Catalog, load_catalog
@@ -99,17 +102,19 @@ def session_query(spark, catalog: Catalog, stream_name: str, config, checkpoint_
     return time.perf_counter() - started, closed[0]
 
 
-PARTS = ("runs (Spark job + toArrow)", "store lookup (session_state)", "rule (session_batch)",
+PARTS = ("per-key job (Bloom + runs, shared)", "store lookup (session_state)", "rule (session_batch)",
          "partials of closed sessions", "sessions' driver work", "commit: open sessions written",
          "whole batches", "store commits")
 
 
 @contextmanager
 def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
-    """Seconds spent per part of the sessions' work over a run, summed over its batches: the Spark
-    part of runs(), the store lookup, the pure rule, the closed sessions' partials, the rest of the
-    driver's work (building the per-key objects), and the open sessions' writes in the commit;
-    with the whole batches and store commits to compare them to."""
+    """Seconds spent per part of the sessions' work over a run, summed over its batches: the per-key
+    Spark job the sessions share with the Bloom features (aggregates/key_rows.py; in a run without
+    sessions, the Bloom features' alone; an older checkout's own runs() job where it has one), the
+    store lookup, the pure rule, the closed sessions' partials, the rest of the driver's work, and
+    the open sessions' writes in the commit; with the whole batches and store commits to compare."""
+    import aggregates.pipeline as pipeline_module
     import aggregates.session_batch as batch_module
     import store.sessions as session_store
 
@@ -130,7 +135,10 @@ def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
         setattr(owner, attr, timed)
 
     sessions = pipeline.sessions
-    wrap(sessions, "runs", PARTS[0])
+    if hasattr(pipeline_module, "bloom_and_runs"):
+        wrap(pipeline_module, "bloom_and_runs", PARTS[0])
+    else:  # an older checkout: the sessions' own job
+        wrap(sessions, "runs", PARTS[0])
     wrap(store, "session_state", PARTS[1])
     for attr in ("session_batch", "session_batch_columns", "session_partials"):
         if hasattr(batch_module, attr):  # (this code's names, or an older checkout's)
@@ -151,37 +159,40 @@ def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
         spent[PARTS[4]] -= spent[PARTS[1]] + spent[PARTS[2]] + spent[PARTS[3]]
 
 
-def print_parts(spent: dict[str, float], batches: int) -> None:
+def print_parts(spent: dict[str, float], batches: int, reference_job_s: float | None = None) -> None:
+    """The parts; the sessions' own share counts the per-key job only by what it took over the same
+    job in the run without sessions (`reference_job_s`: the Bloom features' alone), when given."""
     whole = spent["whole batches"] or 1.0
-    print(f"  sessions' parts over {batches} batches (seconds, share of the batches' time):", flush=True)
+    print(f"  parts over {batches} batches (seconds, share of the batches' time):", flush=True)
     for label in PARTS:
         print(f"    {label:34s} {spent[label]:7.2f} s  {100 * spent[label] / whole:5.1f} %", flush=True)
-    own = sum(spent[label] for label in PARTS[:6])
-    print(f"    {'sessions in all':34s} {own:7.2f} s  {100 * own / whole:5.1f} %", flush=True)
+    if reference_job_s is None:
+        return
+    own = spent[PARTS[0]] - reference_job_s + sum(spent[label] for label in PARTS[1:6])
+    print(f"    {'sessions in all':34s} {own:7.2f} s  {100 * own / whole:5.1f} %  (the per-key job counted as"
+          f" {spent[PARTS[0]]:.2f} - {reference_job_s:.2f} s without sessions)", flush=True)
 
 
-def run_pipeline(spark, catalog: Catalog, root: Path, log_path: Path, name: str, batch_records: int):
+def run_pipeline(spark, catalog: Catalog, root: Path, log_path: Path, name: str, batch_records: int,
+                 reference_job_s: float | None = None):
+    """One drained run on a fresh store; its parts printed. Returns (drained, store, config, the
+    sessions' step in seconds (their share of the per-key job over `reference_job_s` and their
+    driver work), the per-key job's seconds)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
 
     store = SqlitePaneStore(root / f"{name}.db")
     config = PipelineConfig("bench", log_path, root / "checkpoints" / name, max_records_per_batch=batch_records)
     pipeline = Pipeline(spark, catalog, store, config)
-    step = pipeline.sessions.process
-    spent = [0.0]
-
-    def timed(*args, **kwargs):  # the sessions' own step in each batch: runs in Spark, lookup, rule, partials
-        started = time.perf_counter()
-        try:
-            return step(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - started
-
-    pipeline.sessions.process = timed
+    cpu = tree_cpu_seconds()
     with part_timers(pipeline, store) as parts:
         drained = drain_timed(pipeline, store, out=open(os.devnull, "w"))
-    if pipeline.sessions.enabled:
-        print_parts(parts, drained.batches)
-    return drained, store, config, spent[0]
+    if cpu is not None:  # the driver, the JVM and its workers: what the others' load changes least
+        cpu = tree_cpu_seconds() - cpu
+        print(f"  {name}: CPU {cpu:.1f} s (this process and its JVM), wall {drained.wall_s:.1f} s,"
+              f" {drained.batches} batches", flush=True)
+    print_parts(parts, drained.batches, reference_job_s if pipeline.sessions.enabled else None)
+    step = parts[PARTS[0]] - (reference_job_s or 0.0) + sum(parts[label] for label in PARTS[1:5])
+    return drained, store, config, step, parts[PARTS[0]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,14 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
         print(f"log: {total:,} events; sessions on {', '.join(with_sessions)}; load {os.getloadavg()}", flush=True)
         for round_ in range(args.rounds):
-            reference, store, _, _ = run_pipeline(spark, plain, root, root / "log.db", f"plain{round_}", args.batch_records)
+            reference, store, _, _, job_s = run_pipeline(spark, plain, root, root / "log.db", f"plain{round_}",
+                                                          args.batch_records)
             store.close()
             print(f"[round {round_}] panes only: {reference.wall_s:.1f} s = {total / reference.wall_s:,.0f} events/s"
                   f" (load {os.getloadavg()[0]:.1f})", flush=True)
             spent, closed_before = 0.0, {}
             if not args.skip_before:
-                before, store, config, _ = run_pipeline(spark, plain, root, root / "log.db", f"before{round_}",
-                                                     args.batch_records)
+                before, store, config, _, _ = run_pipeline(spark, plain, root, root / "log.db", f"before{round_}",
+                                                           args.batch_records)
                 store.close()
                 for name in with_sessions:
                     took, closed_before[name] = session_query(spark, catalog, name, config,
@@ -225,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  session query {name}: {took:.1f} s, {closed_before[name]:,} sessions closed", flush=True)
                 print(f"[round {round_}] before (pipeline + session queries): {before.wall_s:.1f} + {spent:.1f} s ="
                       f" {total / (before.wall_s + spent):,.0f} events/s (load {os.getloadavg()[0]:.1f})", flush=True)
-            after, store, _, step_s = run_pipeline(spark, catalog, root, root / "log.db", f"inbatch{round_}", args.batch_records)
+            after, store, _, step_s, _ = run_pipeline(spark, catalog, root, root / "log.db", f"inbatch{round_}",
+                                                      args.batch_records, reference_job_s=job_s)
             closed_after = {name: sum(p.data.count for p in store.read_panes(f"{name}_sessions", 0, 2**62))
                             for name in with_sessions}
             still_open = store.session_sizes()

@@ -219,3 +219,57 @@ def test_bloom_commit_of_a_batch_equals_the_python_oracle(spark):
         assert all(g.chunks[c] == w.chunks[c] for c in w.chunks), g.kind
     assert list(got.first_seen) == want.first_seen
     assert 0 < sum(p.positives for p in got.first_seen) < sum(p.tested for p in got.first_seen)
+
+
+SHARED_CONFIG = CONFIG.replace("""    membership: {field: user_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 5}
+""", """    membership: {field: user_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 5}
+    sessions: {key: user_id, gap: 20s}
+  screens:
+    key_field: device_id
+    dimensions: [screen]
+    distinct: [device_id]
+    pane: 10s
+    partitions: 1
+    sessions: {key: device_id, gap: 5s}
+""")
+
+
+def test_one_job_gives_the_bloom_commit_and_the_sessions_runs(spark):
+    """The pipeline's one per-key job (aggregates/key_rows.py): `visits` has first-seen,
+    membership and sessions on user_id (sessions ride on the first-seen row), `screens` sessions
+    on device_id only. The Bloom commit equals the plain-Python oracle and the runs a brute-force
+    sessionization of each key's times; an empty key is in neither."""
+    from aggregates.session_batch import SessionWindows, bloom_and_runs
+    from ingest.source_rows import SPARK_SCHEMA
+    from tests.unit.test_session_window import sessionize
+
+    catalog = parse_catalog(SHARED_CONFIG)
+    visits = visit_events(3000, seed=4, start_ms=T0, span_ms=600_000, users=400)
+    screens = [{"time": e["time"], "device_id": e["user_id"].replace("user", "dev")}
+               for e in visit_events(2000, seed=5, start_ms=T0, span_ms=300_000, users=300)]
+    prior = BloomFilter.for_capacity(3000, 0.05, 11)
+    prior.add_many([f"user-{u}" for u in range(0, 400, 3)])
+
+    class Reader:
+        def first_seen_filter(self, stream):
+            return BloomFilter(prior.m, prior.k, prior.seed, prior.bits.copy())
+
+    rows = [("visits", 0, i, e["time"], e["time"], ["/"], [1.0], [e["user_id"]], None, None, None, None)
+            for i, e in enumerate(visits)]
+    rows += [("screens", 0, i, e["time"], e["time"], ["home"], [], [e["device_id"]], None, None, None, None)
+             for i, e in enumerate(screens)]
+    rows += [("visits", 1, 0, T0, T0, ["/"], [1.0], [""], None, None, None, None)]
+    batch = spark.createDataFrame(rows, SPARK_SCHEMA)
+    bloom, runs = bloom_and_runs(batch, BloomFeatures(spark, catalog, Reader()), SessionWindows(catalog, None))
+    want = expected_bloom_commit(catalog, visits, prior)
+    assert [(u.kind, u.bucket_ms, u.m, u.k, u.seed, u.chunks) for u in bloom.filters] == \
+        [(u.kind, u.bucket_ms, u.m, u.k, u.seed, u.chunks) for u in want.filters]
+    assert list(bloom.first_seen) == want.first_seen
+    got = sorted(zip(*(runs[c].to_pylist() for c in ("stream", "key", "first_ms", "last_ms", "events")), strict=True))
+    def runs_of(stream, events, field, gap):
+        keyed = [(e[field], e["time"]) for e in events]
+        return [(stream, s.key, s.first_ms, s.last_ms, s.events) for s in sessionize(keyed, gap)]
+
+    exact = sorted(runs_of("visits", visits, "user_id", 20_000) + runs_of("screens", screens, "device_id", 5_000))
+    assert got == exact
+    assert len(exact) > 400 + 300  # keys with several sessions: the cut matters

@@ -1,0 +1,69 @@
+"""The shared per-key job's pure parts (aggregates/key_rows.py): which rows a batch's events
+explode into when sessions and first-seen read the same key, and the runs cut from each key's
+event times on the driver, against a brute-force sessionization (Hypothesis)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, TAG_SESSIONS, KeyItem, runs_from_times, shared
+from tests.unit.test_session_window import sessionize
+
+GAPS = {"a": 10, "b": 3}
+
+
+def rows_table(rows: list[tuple[str, str | None, list[int]]]) -> pa.Table:
+    """key_rows' output shape: stream, key (null where no times are carried), times (maybe empty)."""
+    return pa.table({"stream": pa.array([r[0] for r in rows], pa.string()),
+                     "tag": pa.array([TAG_SESSIONS] * len(rows), pa.int32()),
+                     "key": pa.array([r[1] for r in rows], pa.string()),
+                     "times": pa.array([r[2] for r in rows], pa.list_(pa.int64()))})
+
+
+def run_rows(t: pa.Table) -> list[tuple]:
+    return sorted(zip(*(t[c].to_pylist() for c in ("stream", "key", "first_ms", "last_ms", "events")), strict=True))
+
+
+keyed_times = st.dictionaries(st.tuples(st.sampled_from(sorted(GAPS)), st.text("xyz", min_size=1, max_size=2)),
+                              st.lists(st.integers(-50, 50), min_size=1, max_size=12), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keyed_times, st.integers(0, 3), st.data())
+def test_runs_from_times_are_the_sessionization_of_each_keys_times(keys, bloom_rows, data):
+    """Each key's unsorted times (and rows without times, as Bloom-only rows come) give exactly
+    the runs of a brute-force sessionization per stream, whatever the row order and chunking."""
+    rows = [(s, k, times) for (s, k), times in keys.items()] + [("a", None, [])] * bloom_rows
+    rows = data.draw(st.permutations(rows))
+    table = rows_table(rows)
+    if table.num_rows > 1:  # several chunks, as toArrow gives them
+        cut = data.draw(st.integers(1, table.num_rows - 1))
+        table = pa.concat_tables([table.slice(0, cut), table.slice(cut)])
+    want = sorted((s, x.key, x.first_ms, x.last_ms, x.events)
+                  for s, gap in GAPS.items()
+                  for x in sessionize([(k, t) for (st_, k), ts in keys.items() if st_ == s for t in ts], gap))
+    assert run_rows(runs_from_times(table, GAPS)) == want
+
+
+def test_runs_from_times_of_no_rows_is_an_empty_table():
+    assert runs_from_times(rows_table([]), GAPS).num_rows == 0
+    assert runs_from_times(rows_table([("a", None, [])]), GAPS).column_names == \
+        ["stream", "key", "first_ms", "last_ms", "events"]
+
+
+def test_a_session_key_that_is_the_first_seen_field_rides_on_its_row():
+    """http_requests' sessions by user_id share the first-seen row of user_id (one row per event
+    and key for both); a session key no first-seen item reads stays a row of its own."""
+    key = "a Column (shared() never reads it)"
+    first = KeyItem("web", TAG_FIRST_SEEN, "user_id", key, seed=1)
+    member = KeyItem("web", TAG_MEMBERSHIP, "user_id", key, "its bucket", seed=2)
+    web = KeyItem("web", TAG_SESSIONS, "user_id", key, times=True)
+    app = KeyItem("app", TAG_SESSIONS, "device_id", key, times=True)
+    other_field = KeyItem("shop", TAG_SESSIONS, "cart_id", key, times=True)
+    shop_first = KeyItem("shop", TAG_FIRST_SEEN, "user_id", key, seed=3)
+    got = shared([first, member, web, app, shop_first, other_field])
+    assert [(i.stream, i.tag, i.times) for i in got] == [
+        ("web", TAG_FIRST_SEEN, True), ("web", TAG_MEMBERSHIP, False), ("shop", TAG_FIRST_SEEN, False),
+        ("app", TAG_SESSIONS, True), ("shop", TAG_SESSIONS, True)]
