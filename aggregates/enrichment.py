@@ -36,6 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from aggregates.driver_batch import on_driver as on_driver_rows
 from aggregates.partials import dead_letter_reason_column
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -148,9 +149,10 @@ class Enrichment:
                                        miss: (F.col("stream") == name) & ~complete})
                 out = out.drop("_lfound", "_lcols", "_rfound", "_rcols")
                 miss_columns.append(((name, decl.table), miss))
+        # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
+        # without a Spark job, instead of in every later step's plan).
         out = out.drop("_at")
-        if not on_driver:
-            out = out.persist()
+        out = on_driver_rows(out) if on_driver else out.persist()
         misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,

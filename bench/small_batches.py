@@ -22,7 +22,9 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import tempfile
 import time
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--requests", type=int, default=300, help="demo requests' worth of events per batch")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N functions with the most cumulative time in the last batch (cProfile)")
     args = parser.parse_args(argv)
     catalog = load_catalog(args.streams)
 
@@ -112,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
             groups.batch, groups.seconds = batch_id, defaultdict(float)
             groups.groups = set()
             groups.use("rest")
+            profiler = cProfile.Profile() if args.profile and len(rows) == args.batches else None
             started = time.perf_counter()
             try:
+                if profiler is not None:
+                    profiler.enable()
                 return process(batch, batch_id)
             finally:
+                if profiler is not None:
+                    profiler.disable()
+                    pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
                 whole = time.perf_counter() - started
                 spark.sparkContext.setJobGroup("", "")
                 row = {"batch": batch_id, "events": pipeline.last_result and store.progress("small").events_read,
