@@ -9,7 +9,8 @@ Per batch, before the partial aggregation:
    `device_clocks` rows, kept in memory between batches), and per device a verdict: the
    correction to add to its event times (`clock_offsets.clock_verdict`).
 3. On the executors, every record of a device with a correction gets `event_time += correction`
-   (a broadcast join on (stream, device)); `raw_event_time` keeps the device's own stamp and
+   (a broadcast join on (stream, device); for a small batch held on the driver, a map literal in
+   the projection, aggregates/driver_batch.py); `raw_event_time` keeps the device's own stamp and
    `clock_correction` what was added. The dead-letter rules, panes and watermarks then see the
    corrected time.
 
