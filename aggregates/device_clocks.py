@@ -9,7 +9,8 @@ Per batch, before the partial aggregation:
    `device_clocks` rows, kept in memory between batches), and per device a verdict: the
    correction to add to its event times (`clock_offsets.clock_verdict`).
 3. On the executors, every record of a device with a correction gets `event_time += correction`
-   (a broadcast join on (stream, device)); `raw_event_time` keeps the device's own stamp and
+   (a broadcast join on (stream, device); for a small batch held on the driver, a map literal in
+   the projection, aggregates/driver_batch.py); `raw_event_time` keeps the device's own stamp and
    `clock_correction` what was added. The dead-letter rules, panes and watermarks then see the
    corrected time.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from aggregates.clock_offsets import (
@@ -153,21 +154,27 @@ class DeviceClocks:
                            for device, clock in self.store.device_clocks(stream).items()}
         return self._state
 
-    def samples(self, batch: DataFrame) -> list[tuple[str, str, int, int]]:
+    def samples(self, batch: DataFrame, *, on_driver: bool = False) -> list[tuple[str, str, int, int]]:
         """The batch's clock samples, per (stream, device, bucket of receive time): the smallest
-        received - sent. Records that will be dead-lettered as unparseable or invalid give none."""
+        received - sent. Records that will be dead-lettered as unparseable or invalid give none.
+        `on_driver`: the batch is a LocalRelation (aggregates/driver_batch.py): the same rows are
+        collected without a Spark job and their minimum taken here instead of in a groupBy."""
         ingest = F.col("ingest_time")
-        rows = (
-            batch.where(F.col("stream").isin(list(self.streams)) & F.col("sent_time").isNotNull()
-                        & F.col("device").isNotNull() & ingest.isNotNull() & F.col("error").isNull())
-            .groupBy("stream", "device", (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"))
-            .agg(F.min(ingest - F.col("sent_time")).alias("offset"))
-            .collect()
-        )
+        sampled = batch.where(F.col("stream").isin(list(self.streams)) & F.col("sent_time").isNotNull()
+                              & F.col("device").isNotNull() & ingest.isNotNull() & F.col("error").isNull())
+        bucket, offset = (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"), ingest - F.col("sent_time")
+        if on_driver:
+            smallest: dict[tuple[str, str, int], int] = {}
+            for r in sampled.select("stream", "device", bucket, offset.alias("offset")).collect():
+                group = (r["stream"], r["device"], int(r["bucket"]))
+                smallest[group] = min(int(r["offset"]), smallest.get(group, int(r["offset"])))
+            return [(*group, o) for group, o in smallest.items()]
+        rows = sampled.groupBy("stream", "device", bucket).agg(F.min(offset).alias("offset")).collect()
         return [(r["stream"], r["device"], int(r["bucket"]), int(r["offset"])) for r in rows]
 
-    def plan(self, batch: DataFrame, *, batch_now_ms: int) -> ClockPlan:
-        return plan_batch(self.state(), self.samples(batch), self.streams, batch_now_ms=batch_now_ms)
+    def plan(self, batch: DataFrame, *, batch_now_ms: int, on_driver: bool = False) -> ClockPlan:
+        return plan_batch(self.state(), self.samples(batch, on_driver=on_driver), self.streams,
+                          batch_now_ms=batch_now_ms)
 
     def committed(self, plan: ClockPlan) -> None:
         """The batch's commit went through: its estimates are the state the next batch starts from."""
@@ -177,14 +184,19 @@ class DeviceClocks:
         """A commit that may or may not have gone through: read the state from the store again."""
         self._state = None
 
-    def apply(self, batch: DataFrame, plan: ClockPlan) -> DataFrame:
-        """The batch with corrected event times (see the module doc)."""
+    def apply(self, batch: DataFrame, plan: ClockPlan, *, on_driver: bool = False) -> DataFrame:
+        """The batch with corrected event times (see the module doc). `on_driver` (a LocalRelation):
+        the corrections are a map literal in the projection instead of a broadcast join, which
+        would cost every later action on the batch a Spark job; the same value per row."""
         if not plan.corrections:
             return with_clock_columns(batch)
-        table = self.spark.createDataFrame(
-            [(stream, device, ms) for (stream, device), ms in plan.corrections.items()], CORRECTION_SCHEMA)
-        joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
-        correction = F.col("correction")
+        if on_driver:
+            joined, correction = batch, _correction_lookup(plan.corrections)
+        else:
+            table = self.spark.createDataFrame(
+                [(stream, device, ms) for (stream, device), ms in plan.corrections.items()], CORRECTION_SCHEMA)
+            joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
+            correction = F.col("correction")
         return joined.select(
             *[c for c in batch.columns if c != "event_time"],
             F.when(correction.isNotNull() & F.col("event_time").isNotNull(), F.col("event_time") + correction)
@@ -192,6 +204,20 @@ class DeviceClocks:
             F.col("event_time").alias("raw_event_time"),
             F.when(F.col("event_time").isNotNull(), correction).alias("clock_correction"),
         )
+
+
+def _correction_lookup(corrections: Mapping[tuple[str, str], int]) -> Column:
+    """Per row, its (stream, device)'s correction, null where it has none: what the left join
+    with the corrections table gives, as a map literal per stream."""
+    by_stream: dict[str, dict[str, int]] = {}
+    for (stream, device), ms in corrections.items():
+        by_stream.setdefault(stream, {})[device] = ms
+    out = None
+    for stream, devices in by_stream.items():
+        lookup = F.create_map(*[c for device, ms in devices.items() for c in (F.lit(device), F.lit(ms).cast("bigint"))])
+        value = F.try_element_at(lookup, F.col("device"))
+        out = (F.when if out is None else out.when)(F.col("stream") == stream, value)
+    return out
 
 
 def with_clock_columns(batch: DataFrame) -> DataFrame:

@@ -27,6 +27,7 @@ figures in docs/benchmarks.md).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from aggregates.driver_batch import on_driver as on_driver_rows
 from aggregates.partials import dead_letter_reason_column
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -93,21 +95,28 @@ class Enrichment:
     def enabled(self) -> bool:
         return bool(self.streams)
 
-    def process(self, batch: DataFrame, batch_now_ms: int, last_batch_id: int | None = None) -> Enriched:
+    def process(self, batch: DataFrame, batch_now_ms: int, last_batch_id: int | None = None, *,
+                on_driver: bool = False) -> Enriched:
         """`batch` (read more than once: pass it persisted) with its enriched dimensions, and what
         the batch's commit writes. `last_batch_id`: the store's last committed batch of the
-        pipeline (the kept versions must be as of it)."""
+        pipeline (the kept versions must be as of it). `on_driver`: the batch is a LocalRelation
+        (aggregates/driver_batch.py): the versions of the keys it looks up become map literals
+        in the projection instead of broadcast joins, and nothing is persisted, so the step and
+        every later collect of the batch run no Spark job."""
         started = time.perf_counter()
         new = self.batch_versions(batch)
         collected = time.perf_counter()
+        versions = None
         if self.kept is None:
             versions = {name: by_key([*self.store.table_versions(name), *new.get(name, ())]) for name in self.tables}
-            read = time.perf_counter()
+        elif self.kept.as_of_store(last_batch_id):
+            self.drop_bases()  # made from a copy that was not the store's
+        read = time.perf_counter()
+        if on_driver:
+            frames = self.lookup_maps(batch, new, versions)
+        elif versions is not None:
             frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
         else:
-            if self.kept.as_of_store(last_batch_id):
-                self.drop_bases()  # made from a copy that was not the store's
-            read = time.perf_counter()
             frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
         made = time.perf_counter()
         out = batch.withColumn("_at", F.least(F.col("event_time"), F.col("ingest_time")))
@@ -140,8 +149,11 @@ class Enrichment:
                                        miss: (F.col("stream") == name) & ~complete})
                 out = out.drop("_lfound", "_lcols", "_rfound", "_rcols")
                 miss_columns.append(((name, decl.table), miss))
-        out = out.drop("_at").persist()
-        misses = self.count_misses(out, miss_columns, batch_now_ms)
+        # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
+        # without a Spark job, instead of in every later step's plan).
+        out = out.drop("_at")
+        out = on_driver_rows(out) if on_driver else out.persist()
+        misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
@@ -170,6 +182,48 @@ class Enrichment:
             return base.frame
         replaced = self.versions_frame(stream, self.kept.with_batch(table, keys, new))
         return base.frame.join(F.broadcast(replaced.select("key")), "key", "left_anti").unionByName(replaced)
+
+    def lookup_maps(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
+                    versions: dict[str, dict[str, list[TableVersion]]] | None) -> dict[str, Column]:
+        """Per table, key -> versions (as the lookup frame holds them) for the keys `batch` looks
+        up, as a map literal: a view's right table for the foreign keys its left versions hold.
+        `batch` is on the driver: collecting its keys runs no Spark job."""
+        looked_up: dict[str, set[str]] = {}
+        for name, stream in self.streams.items():
+            ids = [F.get(F.col("ids"), stream.source_ids.index(d.by)) for d in stream.enrich]
+            for row in batch.where(F.col("stream") == name).select(*ids).collect():
+                for decl, key in zip(stream.enrich, row, strict=True):
+                    view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
+                    if key is not None:
+                        looked_up.setdefault(decl.table if view is None else view.left, set()).add(key)
+        found: dict[str, dict[str, list[TableVersion]]] = {}
+
+        def of(table: str, keys: set[str]) -> dict[str, list[TableVersion]]:
+            if versions is not None:
+                return {k: versions[table][k] for k in keys if k in versions[table]}
+            merged = self.kept.with_batch(table, keys, new.get(table, ()))
+            return {k: vs for k, vs in merged.items() if k in keys}
+
+        for table, keys in looked_up.items():
+            found[table] = of(table, keys)
+        views = {enrichment_view(self.catalog, d, s.name) for s in self.streams.values() for d in s.enrich}
+        for view in views - {None}:
+            left = found.get(view.left, {})
+            if view.foreign_key is None:  # the right row by the same key
+                keys = looked_up.get(view.left, set())
+            else:  # by the foreign key any of the left versions holds (as its string column)
+                keys = {_text(v.row.get(view.foreign_key)) for vs in left.values() for v in vs if v.row is not None}
+            found[view.right] = {**found.get(view.right, {}), **of(view.right, keys)}
+        return {table: self.versions_map(self.tables[table], found.get(table, {})) for table in self.tables}
+
+    @staticmethod
+    def versions_map(table: StreamDef, versions: dict[str, list[TableVersion]]) -> Column:
+        """key -> [(from_ms, found, cols)] as a map literal (parsed from JSON once: Spark folds it)."""
+        names = row_columns(table)[0]
+        value = {key: [{"from_ms": v.valid_from_ms, "found": v.row is not None,
+                        "cols": None if v.row is None else [_text(v.row.get(c)) for c in names]} for v in vs]
+                 for key, vs in versions.items()}
+        return F.from_json(F.lit(json.dumps(value)), T.MapType(T.StringType(), _VERSIONS))
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:
         """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""
@@ -216,11 +270,16 @@ class Enrichment:
         return self.spark.createDataFrame(rows, schema)
 
     @staticmethod
-    def hit(out: DataFrame, frame: DataFrame, key: Column, tag: str) -> tuple[DataFrame, Column, Column]:
+    def hit(out: DataFrame, frame: DataFrame | Column, key: Column, tag: str) -> tuple[DataFrame, Column, Column]:
         """`out` joined (broadcast) with a table's lookup `frame` on `key`, with the version valid at
-        each row's `_at`: whether the key had a row then (`{tag}found`) and its string columns."""
-        lookup = frame.withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
-        out = out.withColumn(f"{tag}key", key).join(F.broadcast(lookup), F.col(f"{tag}key") == F.col(f"{tag}k"), "left")
+        each row's `_at`: whether the key had a row then (`{tag}found`) and its string columns.
+        `frame` a map literal (`versions_map`): the same versions looked up in it, no join."""
+        if isinstance(frame, Column):  # what the left join gives: the key's versions, null without a row
+            out = out.withColumns({f"{tag}key": key, f"{tag}vs": F.try_element_at(frame, key)})
+        else:
+            lookup = frame.withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
+            out = (out.withColumn(f"{tag}key", key)
+                   .join(F.broadcast(lookup), F.col(f"{tag}key") == F.col(f"{tag}k"), "left"))
         hits = F.filter(F.col(f"{tag}vs"), lambda v: v["from_ms"] <= F.col("_at"))
         hit = F.get(hits, F.size(hits) - 1)
         out = out.withColumns({f"{tag}found": F.coalesce(hit["found"], F.lit(False)), f"{tag}cols": hit["cols"]})
@@ -232,12 +291,18 @@ class Enrichment:
         slots = [values.get(d, F.get(F.col("dims"), j)) for j, d in enumerate(stream.dimensions)]
         return F.when(F.col("stream") == stream.name, F.array(*slots)).otherwise(F.col("dims"))
 
-    def count_misses(self, enriched: DataFrame, miss_columns, batch_now_ms: int) -> dict[tuple[str, str], int]:
-        """Misses among the events merged into panes (a dead-lettered event is counted there)."""
+    def count_misses(self, enriched: DataFrame, miss_columns, batch_now_ms: int, *,
+                     on_driver: bool = False) -> dict[tuple[str, str], int]:
+        """Misses among the events merged into panes (a dead-lettered event is counted there).
+        `on_driver`: the flags collected (no Spark job) and summed here, nulls counting none."""
         if not miss_columns:
             return {}
         merged = enriched.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-        row = merged.agg(*[F.sum(F.col(m).cast("long")).alias(m) for _, m in miss_columns]).first()
+        if on_driver:
+            flags = merged.select(*[m for _, m in miss_columns]).collect()
+            row = {m: sum(1 for r in flags if r[m]) for _, m in miss_columns}
+        else:
+            row = merged.agg(*[F.sum(F.col(m).cast("long")).alias(m) for _, m in miss_columns]).first()
         out: Counter[tuple[str, str], int] = Counter()
         for pair, m in miss_columns:
             out[pair] += int(row[m] or 0)

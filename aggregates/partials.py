@@ -14,6 +14,7 @@ merges the partials, so Spark needs no state store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from pyspark.sql import Column, DataFrame
@@ -38,7 +39,27 @@ def pane_ms_column(catalog: Catalog) -> Column:
 
 
 def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
-    """Null for a row to merge, else its dead-letter reason (see aggregates.eventtime)."""
+    """Null for a row to merge, else its dead-letter reason (see aggregates.eventtime). The
+    same Column for the same catalog object and instant: half a dozen steps of a batch ask for
+    it, and building its per-stream CASEs is a few hundred calls into the JVM each time (a
+    small batch's driver time, not its rows')."""
+    key = (id(catalog), batch_now_ms)
+    with _DEAD_LETTER_LOCK:
+        kept = _DEAD_LETTER_COLUMNS.get(key)
+        if kept is not None and kept[0] is catalog:
+            return kept[1]
+        column = _dead_letter_reason_column(catalog, batch_now_ms)
+        if len(_DEAD_LETTER_COLUMNS) >= 8:  # the current batch's, and a reprocess run's beside it
+            _DEAD_LETTER_COLUMNS.pop(next(iter(_DEAD_LETTER_COLUMNS)))
+        _DEAD_LETTER_COLUMNS[key] = (catalog, column)
+        return column
+
+
+_DEAD_LETTER_COLUMNS: dict[tuple[int, int], tuple[Catalog, Column]] = {}  # (id(catalog), now) -> the column
+_DEAD_LETTER_LOCK = threading.Lock()  # a reprocess run's batches may ask from another thread
+
+
+def _dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
     retention = per_stream(catalog, lambda s: s.retention)
     skew = per_stream(catalog, lambda s: s.max_future_skew)
     event_time, ingest_time = F.col("event_time"), F.col("ingest_time")

@@ -17,6 +17,7 @@ from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
+from aggregates.driver_batch import on_driver, rows_at_most
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
@@ -56,6 +57,9 @@ class PipelineConfig:
     # {stream: {partition: offset}} read no further than (embedded log only): a reprocessing run
     # reads a window join's other stream as far as the serving pipeline has (aggregates/reprocess.py).
     end_offsets: dict[str, dict[int, int]] | None = None
+    # A batch of at most this many records is read once onto the driver instead of persisted:
+    # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
+    driver_batch_rows: int = 5_000
 
 
 class Pipeline(ReportsStoreErrors):
@@ -116,18 +120,20 @@ class Pipeline(ReportsStoreErrors):
             batch, event_ids = deduped.batch, deduped.commit
         deduped_at = time.perf_counter()
         clocks = None
-        # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
-        kept = (batch.persist() if self.clocks.enabled or self.joins.enabled or self.patterns.enabled
-                or self.enrichment.enabled or self.sessions.enabled else None)
+        # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again;
+        # a small batch on the driver (aggregates/driver_batch.py), where a step's collect runs no Spark job.
+        small = self.fits_driver(batch_id)
+        kept = (on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
+                or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
         joined = matched = enriched = sessioned = None
         try:
             if kept is not None:
                 batch = kept
             if self.clocks.enabled:
-                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms)
-                batch = self.clocks.apply(kept, clocks)
+                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=small)
+                batch = self.clocks.apply(kept, clocks, on_driver=small)
             if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
-                enriched = self.enrichment.process(batch, batch_now_ms, last)
+                enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small)
                 batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms)
@@ -216,6 +222,16 @@ class Pipeline(ReportsStoreErrors):
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
+
+    def fits_driver(self, batch_id: int) -> bool:
+        """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark
+        logged for it and the batch before (no Spark job)."""
+        if self.config.driver_batch_rows <= 0 or batch_id == 0:
+            return False
+        c = self.config
+        rows = rows_at_most(batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1),
+                            batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id))
+        return rows is not None and rows <= c.driver_batch_rows
 
     def follow_patterns(self) -> None:
         """Run the patterns defined through the API as they are now (a poll of one row per batch;

@@ -15,7 +15,9 @@ membership), the sessions' runs, and both of these in the one job the pipeline r
 `--bloom-before FILE` also times another checkout's aggregates/firstseen.py on the same batch,
 alternating with this one, and checks both give the same BloomCommit; `--sessions-before FILE`
 does the same for another checkout's aggregates/session_batch.py (its runs). Spark jobs per step come
-from the status tracker (each step runs in its own job group). `--conf` passes Spark settings to
+from the status tracker (each step runs in its own job group). `--driver` also runs every step on the batch
+read once onto the driver (aggregates/driver_batch.py, the path of a batch of at most
+`driver_batch_rows` records), alternating with the cached path. `--conf` passes Spark settings to
 try (e.g. spark.sql.inMemoryColumnarStorage.compressed=false). Figures are printed, never asserted.
 """
 
@@ -67,9 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bloom-before", type=Path, help="another checkout's aggregates/firstseen.py to time beside")
     parser.add_argument("--sessions-before", type=Path,
                         help="another checkout's aggregates/session_batch.py: its runs() timed beside, results compared")
+    parser.add_argument("--driver", action="store_true",
+                        help="also time the steps on the batch read onto the driver, alternating with the cached path")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to try")
     args = parser.parse_args(argv)
 
+    from aggregates.driver_batch import on_driver
     from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.session_batch import bloom_and_runs
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = defaultdict(list)
     jobs: dict[str, int] = {}
 
-    def timed(label: str, fn):
+    def timed_one(label: str, fn):
         group = f"{label} {len(times[label])}"
         spark.sparkContext.setJobGroup(group, label)
         started = time.perf_counter()
@@ -106,17 +111,26 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setJobGroup("", "")
         return out
 
-    def steps(batch, batch_now_ms: int) -> None:
+    def steps(batch, batch_now_ms: int, driver: bool = False) -> None:
         p = pipeline
-        timed("source read alone (no cache, noop sink)", lambda: batch.write.format("noop").mode("overwrite").save())
-        kept = batch.persist()
-        timed("source read into the batch cache", kept.count)
+
+        def timed(label: str, fn):  # the driver path's steps labelled apart
+            return timed_one(f"{label} [driver]" if driver else label, fn)
+
+        if driver:  # the same steps on the batch read once onto the driver (aggregates/driver_batch.py)
+            kept = timed("source read onto the driver (LocalRelation)", lambda: on_driver(batch))
+        else:
+            timed("source read alone (no cache, noop sink)", lambda: batch.write.format("noop").mode("overwrite").save())
+            kept = batch.persist()
+            timed("source read into the batch cache", kept.count)
         b = kept
         if p.clocks.enabled:
-            b = timed("device clocks", lambda: p.clocks.apply(kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms)))
+            b = timed("device clocks", lambda: p.clocks.apply(
+                kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=driver), on_driver=driver))
         enriched = None
         if p.enrichment.enabled:
-            enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms))
+            enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms,
+                                                                                          on_driver=driver))
             b = enriched.batch
         timed("partial aggregates (job + collect)", lambda: [r.asDict() for r in partial_aggregates(
             b, catalog, batch_now_ms=batch_now_ms, lg_k=p.config.lg_k, kll_k=p.config.kll_k).collect()])
@@ -149,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     def measured(batch, batch_id):
         now = int(time.time() * 1000)
         steps(batch, now)  # warm-up pass, not reported
+        if args.driver:
+            steps(batch, now, driver=True)
         times.clear()
-        for _ in range(args.repeats):
-            steps(batch, now)
+        jobs.clear()
+        for i in range(args.repeats):
+            for driver in ((False, True) if i % 2 == 0 else (True, False)) if args.driver else (False,):
+                steps(batch, now, driver=driver)
         started = time.perf_counter()
         result = process(batch, batch_id)
         times["whole batch, store commit included (once)"].append(time.perf_counter() - started)

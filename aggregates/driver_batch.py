@@ -1,0 +1,62 @@
+"""A small micro-batch held on the driver: one Spark job reads it, later steps plan over local rows.
+
+At the demo's rate a batch is a few hundred events, and what it costs is Spark's fixed cost per
+job (scheduling, tasks, Python worker round trips: ~0.05-0.4 s each), not the rows. Persisting
+such a batch costs three jobs (the cache is built by the first action) and every step's
+collect is one more. Instead, below `PipelineConfig.driver_batch_rows` rows, the batch is read
+once (`collectAsList`, one job, the rows stay in the driver's JVM) and made a `LocalRelation`
+with the same schema. Spark's optimizer then evaluates the filters and projections over it on
+the driver (ConvertToLocalRelation) and a `collect()` of them runs no job at all; aggregations
+and `toArrow` still run one, over local rows instead of the source or a cache.
+
+Results are the same by construction: every step runs the same Spark expressions over the same
+rows; only where they run changes (tests/spark/test_driver_batch.py pins the panes and the
+commit against the cached path, and the job count). Whether a batch is small is known before
+reading it: its rows are at most the sum of (end - start) offsets over its partitions, from
+the checkpoint's offset log (the previous batch's end is this one's start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame
+
+
+def rows_at_most(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int | None:
+    """An upper bound of a batch's records from its start and end offsets per stream and
+    partition; None when a partition's start is unknown (a new partition, no previous batch)."""
+    if not end:
+        return None
+    total = 0
+    for stream, parts in end.items():
+        for partition, offset in parts.items():
+            began = start.get(stream, {}).get(partition)
+            if began is None:
+                return None
+            total += max(0, offset - began)
+    return total
+
+
+def on_driver(batch: DataFrame) -> DataFrame:
+    """`batch` read once (one Spark job) into a LocalRelation of the same schema, in a copy of its
+    session without adaptive execution: over a few hundred local rows it has nothing to adapt,
+    and it would run each shuffle of an aggregation as a Spark job of its own (two jobs instead
+    of one per groupBy). Adaptive execution changes plans, never results."""
+    jdf = batch._jdf
+    session = _without_adaptive(jdf.sparkSession())
+    return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
+
+
+_SESSIONS: dict[str, object] = {}  # the batch's session's id -> its copy without adaptive execution
+
+
+def _without_adaptive(jsession):
+    key = jsession.sessionUUID()
+    if key not in _SESSIONS:
+        _SESSIONS.clear()  # a new streaming query's session: the copy of the previous one is done with
+        copy = jsession.cloneSession()
+        copy.conf().set("spark.sql.adaptive.enabled", "false")
+        _SESSIONS[key] = copy
+    return _SESSIONS[key]
+

@@ -1,0 +1,125 @@
+"""A small batch read once onto the driver (aggregates/driver_batch.py) commits what the persisted
+path commits, with far fewer Spark jobs: the shipped demo configuration (device clocks, enrichment
+through a view, tables and views, joins, sessions, patterns, first-seen and membership) over the
+same log, drained batch by batch by two pipelines, one with `driver_batch_rows=0` (always
+persisted, the path large batches take) and one as configured; their stores must hold the same
+panes of every stream (exact stats equal; KLL quantiles where the sketch is exact), tables' versions
+and rows, device clocks, misses and dead letters."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from aggregates.pipeline import Pipeline
+from catalog import load_catalog
+from demo import DemoTraffic
+from ingest.events import EventValidator
+from ingest.tables import TableRowValidator
+from sketches import HllSketch, KllSketch
+from sketchboard.settings import DEFAULT_STREAMS
+from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.spark.events import T0
+
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+
+QUANTILES = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)
+
+
+def panes(store, catalog) -> tuple[dict, dict]:
+    """Every stream's panes as comparable values: counts, n/min/max per value, quantiles of exact
+    KLL sketches (one past k compacts at random, so only n then), HLL estimates; and apart, the
+    sums (Spark's partial sums meet in another order: the last bits may differ)."""
+    out, sums = {}, {}
+    for stream in catalog.streams:
+        for p in store.read_panes(stream, 0, 2**62):
+            values = {}
+            for name, v in p.data.values.items():
+                kll = KllSketch.from_bytes(v.kll) if v.kll else None
+                exact = kll is not None and kll.n <= kll.k
+                values[name] = (v.n, v.min, v.max,
+                                tuple(kll.quantile(q).value for q in QUANTILES) if exact else kll and kll.n)
+                sums[(stream, p.key.start_ms, p.key.dims, name)] = v.sum
+            distincts = {f: round(HllSketch.from_bytes(b).estimate().value, 6) for f, b in p.data.distincts.items()}
+            out[(stream, p.key.start_ms, p.key.dims)] = (p.data.count, values, distincts)
+    return out, sums
+
+
+def stored(store, catalog, name: str) -> dict:
+    progress = store.progress(name)
+    tables = [n for n, s in catalog.streams.items() if s.kind == "table"]
+    return {
+        "panes": panes(store, catalog)[0],
+        "versions": {t: sorted((k, v.valid_from_ms, v.partition, v.offset, str(v.row))
+                               for k, v in store.table_versions(t)) for t in tables},
+        "rows": {t: store.table_rows(t, limit=10_000) for t in tables},
+        "clocks": {s: store.device_clocks(s) for s, d in catalog.streams.items() if d.sent_time_field},
+        "streams": {s: (p.events_read, p.events_aggregated, p.events_dead_lettered, dict(p.dead_lettered_by_reason),
+                        p.enrich_misses, p.watermark_ms) for s, p in progress.streams.items()},
+        "sessions": store.session_sizes(),
+    }
+
+
+def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_fewer_spark_jobs(
+        tmp_path, spark, log_backend, store_backend, monkeypatch):
+    monkeypatch.setattr("demo.traffic.USER_POPULATION", 400)  # the users table: 400 rows, not 50 000
+    catalog = load_catalog(DEFAULT_STREAMS)
+    test_log = log_backend.new(tmp_path)
+    log = test_log.open(catalog)
+    now = {"ms": T0 + 3_600_000}
+    traffic = DemoTraffic(catalog, seed=5, clock=lambda: now["ms"] / 1000)
+    validators = {n: EventValidator(s) for n, s in catalog.streams.items() if s.kind != "table"}
+    rng = random.Random(5)
+
+    def append(requests: int) -> None:
+        for name, rows in traffic.table_changes().items():
+            table = catalog.streams[name]
+            log.append(table, [TableRowValidator(table).validate(r, now["ms"]) for r in rows], now["ms"])
+        for name, raws in traffic.generate(requests).items():
+            # Some too old for the stream (dead letters), some unparseable: both paths must agree.
+            for raw in rng.sample(raws, min(3, len(raws))):
+                raw["time"] = now["ms"] - 30 * 86_400_000
+            log.append(catalog.streams[name], [validators[name].validate(r) for r in raws], now["ms"])
+
+    sc = spark.sparkContext
+    jobs: dict[str, list[int]] = {"driver": [], "persisted": []}
+
+    def pipeline(name: str, **config) -> Pipeline:
+        p = Pipeline(spark, catalog, store_backend.create(), replace(test_log.pipeline_config(name=name), **config),
+                     clock=lambda: now["ms"] / 1000, log=test_log.open(catalog))
+        process = p.process_batch
+
+        def counted(batch, batch_id):  # each batch in its own job group: its Spark jobs counted
+            group = f"{name} {batch_id}"
+            sc.setJobGroup(group, group)
+            try:
+                return process(batch, batch_id)
+            finally:
+                jobs[name].append(len(sc.statusTracker().getJobIdsForGroup(group)))
+                sc.setJobGroup("", "")
+
+        p.process_batch = counted
+        return p
+
+    driver, persisted = pipeline("driver"), pipeline("persisted", driver_batch_rows=0)
+    append(200)  # the tables' first rows and events: batch 0 (both persist it)
+    for p in (driver, persisted):
+        p.run_until_drained()
+    for i in range(2):  # the demo's ticks: a few plan changes and ~300 events a batch
+        now["ms"] += 5_000
+        append(200)
+        for p in (driver, persisted) if i % 2 else (persisted, driver):
+            p.run_until_drained()
+
+    assert stored(driver.store, catalog, "driver") == stored(persisted.store, catalog, "persisted")
+    assert panes(driver.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
+    summary = stored(driver.store, catalog, "driver")
+    assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
+    assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
+    assert summary["streams"]["http_requests"][2] > 0  # dead letters: covered
+    # The job counts (not times): a small batch's steps collect local rows without Spark jobs.
+    assert len(jobs["driver"]) == len(jobs["persisted"]) == 3
+    assert all(j <= 7 for j in jobs["driver"][1:]), jobs
+    assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs
