@@ -245,7 +245,7 @@ def test_producer_retries_until_the_service_is_up(catalog):
     time.sleep(0.5)
     server = _serve(port)
     try:
-        worker.join(timeout=10)
+        worker.join(timeout=60)  # 2 s of run after the retries; generous for a loaded machine
     finally:
         server.shutdown()
         server.server_close()
