@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from aggregates.clock_offsets import (
     CORRECTED,
@@ -33,6 +34,7 @@ from aggregates.clock_offsets import (
     clock_verdict,
     forget_stale,
 )
+from aggregates.driver_batch import map_literal
 from catalog import Catalog, StreamDef
 from catalog.clocks import CLOCK_DEVICE_FIELD, CLOCK_DIMENSIONS, clocks_stream_name, off_by
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
@@ -214,8 +216,7 @@ def _correction_lookup(corrections: Mapping[tuple[str, str], int]) -> Column:
         by_stream.setdefault(stream, {})[device] = ms
     out = None
     for stream, devices in by_stream.items():
-        lookup = F.create_map(*[c for device, ms in devices.items() for c in (F.lit(device), F.lit(ms).cast("bigint"))])
-        value = F.try_element_at(lookup, F.col("device"))
+        value = F.try_element_at(map_literal(devices, T.LongType()), F.col("device"))
         out = (F.when if out is None else out.when)(F.col("stream") == stream, value)
     return out
 

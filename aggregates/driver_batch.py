@@ -18,9 +18,12 @@ the checkpoint's offset log (the previous batch's end is this one's start).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 
 def rows_at_most(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int | None:
@@ -46,6 +49,13 @@ def on_driver(batch: DataFrame) -> DataFrame:
     jdf = batch._jdf
     session = _without_adaptive(jdf.sparkSession())
     return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
+
+
+def map_literal(mapping: Mapping[str, object], value_type: T.DataType) -> Column:
+    """`mapping` (JSON-able values) as a map<string, value_type> literal for a projection over a
+    batch on the driver: one JSON string parsed once (Spark folds it), not two literals per entry,
+    each a call into the JVM."""
+    return F.from_json(F.lit(json.dumps(mapping)), T.MapType(T.StringType(), value_type))
 
 
 _SESSIONS: dict[str, object] = {}  # the batch's session's id -> its copy without adaptive execution

@@ -27,7 +27,6 @@ figures in docs/benchmarks.md).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from aggregates.driver_batch import on_driver as on_driver_rows
+from aggregates.driver_batch import map_literal, on_driver as on_driver_rows
 from aggregates.partials import dead_letter_reason_column
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -223,7 +222,7 @@ class Enrichment:
         value = {key: [{"from_ms": v.valid_from_ms, "found": v.row is not None,
                         "cols": None if v.row is None else [_text(v.row.get(c)) for c in names]} for v in vs]
                  for key, vs in versions.items()}
-        return F.from_json(F.lit(json.dumps(value)), T.MapType(T.StringType(), _VERSIONS))
+        return map_literal(value, _VERSIONS)
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:
         """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""
