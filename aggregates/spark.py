@@ -15,6 +15,9 @@ from ingest.spark_source import SketchboardLogSource
 
 log = logging.getLogger("sketchboard.spark")
 
+# Groups a task's sketch aggregation holds in its hash map before it sorts the rest (see build_spark).
+HASH_AGGREGATE_GROUPS = 65_536
+
 
 def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeline",
                 shuffle_partitions: int = 2, driver_memory: str = "2g",
@@ -45,8 +48,11 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
     builder = (
         builder
         # Sketch aggregates are object aggregates; the default falls back to sorting past 128
-        # groups per task, which is several times slower for our (pane x dimensions) groups.
-        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
+        # groups per task, which is several times slower for our (pane x dimensions) groups. But
+        # each group holds its KLL sketches on the heap (~2 KB each at k = 200), so the hash map
+        # must stay bounded: at 1 000 000 a backfill batch of 1 M events spread over a day
+        # (~400 000 groups) ran the 2 GB driver out of heap (bench.throughput --hours 24).
+        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", str(HASH_AGGREGATE_GROUPS))
     )
     for key, value in extra_conf.items():
         builder = builder.config(key, value)

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver", action="store_true",
                         help="also time the steps on the batch read onto the driver, alternating with the cached path")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to try")
+    parser.add_argument("--hours", type=float,
+                        help="issue 27's backfill: http_requests events only, their times spread over the last HOURS")
     args = parser.parse_args(argv)
 
     from aggregates.driver_batch import on_driver
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     log = SqliteEventLog(root / "log.db")
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
-    fill_log(log, catalog, args.events)
+    fill_log(log, catalog, args.events, spread_hours=args.hours)
     log.close()
     spark = build_spark("local[2]", extra_conf=dict(c.split("=", 1) for c in args.conf))
     tracker = spark.sparkContext.statusTracker()  # Spark jobs per step, by job group

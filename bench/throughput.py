@@ -3,6 +3,7 @@
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
                                [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]] [--sessions]
+                               [--hours 24]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -20,7 +21,9 @@ Kafka source's JVM fast path on (ingest/kafka_fast_path.py; off by default, wher
 goes through the API's validator in Python). `--event-ids` declares `event_id_field: request_id`
 on every stream and gives each event a unique one (`--duplicates`: that share of events is sent
 twice), to measure exact duplicate drops (aggregates/duplicates.py) against a run without.
-Figures are printed, never asserted.
+`--hours 24` fills the log with issue 27's backfill instead: `http_requests` events only, their
+times spread in order over the last 24 h (a day of events read by a clean service), and prints
+the store's size. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -53,17 +56,26 @@ def with_event_ids(catalog):
     return Catalog(streams=streams, metrics=catalog.metrics)
 
 
-def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: float = 0.0) -> float:
+def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: float = 0.0,
+             spread_hours: float | None = None) -> float:
     """Append N demo events (validated like the API does) in chunks; returns seconds spent appending.
-    Streams with an event_id_field get a unique id per event, and `duplicates` of them a copy."""
+    Streams with an event_id_field get a unique id per event, and `duplicates` of them a copy.
+    `spread_hours`: issue 27's backfill instead, only `http_requests` events, their times evenly
+    spread in order over the last that many hours (a day of events backfilled into a clean log)."""
     import random
 
     traffic = DemoTraffic(catalog, seed=7)
     validators = {name: EventValidator(s) for name, s in catalog.streams.items()}
     spent, done, serial = 0.0, 0, 0
     rng = random.Random(7)
+    end_ms = int(time.time() * 1000)
     while done < events:
-        generated = traffic.generate(min(chunk, events - done))
+        if spread_hours is None:
+            generated = traffic.generate(min(chunk, events - done))
+        else:
+            generated = {BACKFILL_STREAM: _spread(traffic.generate_stream(BACKFILL_STREAM, min(chunk, events - done)),
+                                                  catalog.streams[BACKFILL_STREAM].time_field,
+                                                  done, events, end_ms, spread_hours)}
         for name, raws in generated.items():
             if catalog.streams[name].event_id_field:
                 for raw in raws:
@@ -79,9 +91,21 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: floa
     return spent
 
 
+BACKFILL_STREAM = "http_requests"  # the day-of-data shape: issue 27's run fed this stream only
+
+
+def _spread(raws: list[dict], time_field: str, done: int, events: int, end_ms: int, hours: float) -> list[dict]:
+    """The i-th of `events` events at end - hours + i * (hours / events): in time order, as a
+    backfill of a day's events reads them, so none is late."""
+    span_ms = int(hours * 3_600_000)
+    for i, raw in enumerate(raws, start=done):
+        raw[time_field] = end_ms - span_ms + i * span_ms // events
+    return raws
+
+
 def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
                    *, fast_path: bool = False, figures: dict | None = None, duplicates: float = 0.0,
-                   sessions: bool = False) -> float:
+                   sessions: bool = False, spread_hours: float | None = None) -> float:
     """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
     (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -101,7 +125,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     for stream in catalog.streams.values():
         log.ensure_topic(stream)
     print(f"[{what}] filling the log with {events:,} demo events ...", flush=True)
-    append_s = fill_log(log, catalog, events, duplicates=duplicates)
+    append_s = fill_log(log, catalog, events, duplicates=duplicates, spread_hours=spread_hours)
     total = sum(o.end for name in catalog.streams for o in log.offsets(name).values())
     print(f"[{what}] log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
     log.close()
@@ -115,6 +139,8 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     print(f"[{what}] pipeline log -> store: {done:,} events, {drained.batches} batches of <= {batch_records:,}")
     print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
     print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
+    if spread_hours is not None:
+        print(f"  store on disk: {(root / 'store.db').stat().st_size / 2**20:,.0f} MiB", flush=True)
     dropped = {n: s.duplicates_dropped for n, s in store.progress("bench").streams.items() if s.duplicates_dropped}
     if any(s.event_id_field for s in catalog.streams.values()):
         print(f"  event ids: duplicates dropped {dropped or 0}", flush=True)
@@ -133,7 +159,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
                     kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False,
-                    duplicates: float = 0.0, sessions: bool = False) -> None:
+                    duplicates: float = 0.0, sessions: bool = False, spread_hours: float | None = None) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
@@ -143,7 +169,7 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
         for name in logs:
             bench_pipeline(spark, root / name, catalog, events, batch_records,
                            kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name],
-                           duplicates=duplicates, sessions=sessions)
+                           duplicates=duplicates, sessions=sessions, spread_hours=spread_hours)
     finally:
         spark.stop()
     if len(logs) == 2:
@@ -216,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --event-ids: the share of events sent twice (dropped by the pipeline)")
     parser.add_argument("--sessions", action="store_true",
                         help="print the sessions closed and open per stream (they run in the pipeline's batches)")
+    parser.add_argument("--hours", type=float,
+                        help=f"issue 27's backfill: only {BACKFILL_STREAM} events, their times spread in order over"
+                             " the last HOURS (e.g. --events 3000000 --hours 24 --batch-records 1000000)")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")
@@ -241,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             kafka_bootstrap = broker.bootstrap
         if not args.skip_pipeline:
             bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
-                            fast_path=args.kafka_jvm_validation, duplicates=args.duplicates, sessions=args.sessions)
+                            fast_path=args.kafka_jvm_validation, duplicates=args.duplicates, sessions=args.sessions,
+                            spread_hours=args.hours)
         if not args.skip_api:
             for name in logs:
                 formats = ("json", "ndjson") if args.api_format == "both" else (args.api_format,)
