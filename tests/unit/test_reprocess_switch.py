@@ -419,6 +419,49 @@ def test_a_synchronized_switch_that_cannot_align_changes_nothing_and_releases_th
         close_fixture(root, log, service)
 
 
+def test_a_held_commit_goes_on_once_the_hold_is_released_not_after_its_backoff(settings):
+    """The serving pipeline's committer (aggregates/store_commit.py) waits out a synchronized
+    switch's hold by polling it: its commit is tried again at the first poll that finds the hold
+    gone, not after the back-off (30 s here), which is never slept whole."""
+    import logging
+
+    from aggregates.batch_gate import BatchGate
+    from aggregates.commit_retry import Backoff
+    from aggregates.store_commit import HOLD_POLL_S, StoreCommitter
+
+    old, new, root, log, service, run = joined_fixture(settings)
+    tries = []
+
+    def hold(sql: str, *args) -> None:  # as the switch sets and releases it, under the commit lock
+        with service.outputs.storage.transaction([]) as (db, _):
+            db.execute(sql, args)
+
+    class Gate(BatchGate):  # the pipeline's sleeps, counted; the switch releases the hold during the third
+        def sleep(self, seconds: float) -> bool:
+            tries.append(("sleep", seconds))
+            if len(tries) == 4:
+                hold("DELETE FROM switch_holds WHERE pipeline = ?", "main")
+            return False
+
+    try:
+        hold("INSERT INTO switch_holds (pipeline, run_id, at_ms) VALUES (?, ?, ?)", "main", run.id, NOW)
+        committer = StoreCommitter(root, "main", Gate(), log=logging.getLogger("test"),
+                                   backoff=Backoff(initial_s=30.0, max_s=30.0))
+        commit = committer.store.commit_batch
+
+        def counted(*args, **kwargs):
+            tries.append("commit")
+            return commit(*args, **kwargs)
+
+        committer.store.commit_batch = counted
+        result = committer.commit(batch("main", 1, {("/a",): 1}, {0: 6}, old), lateness_ms={"http": 0},
+                                  retention_ms={"http": 86_400_000})
+        assert result.committed
+        assert tries == ["commit", *[("sleep", HOLD_POLL_S)] * 3, "commit"]
+    finally:
+        close_fixture(root, log, service)
+
+
 @pytest.mark.parametrize("joined", [False, True])
 def test_reprocess_auto_switch_serves_a_caught_up_run_unless_refused(settings, joined):
     """`reprocess_auto_switch` (what `sketchboard reprocess` and the API's runs do once caught up):
