@@ -369,7 +369,7 @@ def test_a_stream_feeding_a_join_is_switched_in_step_with_the_serving_pipeline(s
     old, new, root, log, service, run = joined_fixture(settings)
     commit = dict(lateness_ms={"http": 0, "clicks": 0}, now_ms=NOW)
     try:
-        with pytest.raises(NeedsAlignment, match="feeds 'http_clicks'.*sketchboard reprocess http --switch"):
+        with pytest.raises(NeedsAlignment, match="feeds join 'http_clicks'.*sketchboard reprocess http --switch"):
             service.switch(run.id)
         service.joins_rebuilt = False  # Kafka: the run cannot stop the other stream at chosen offsets
         with pytest.raises(SwitchRefused, match="'http' also feeds join 'http_clicks'"):
