@@ -37,18 +37,23 @@ class Backoff:
 
 def commit_with_retry(commit: Callable[[], T], *, wait: Callable[[float], bool],
                       report: Callable[[BaseException | None, int], None], backoff: Backoff = Backoff(),
-                      transient: tuple[type[BaseException], ...] = TRANSIENT) -> T:
+                      transient: tuple[type[BaseException], ...] = TRANSIENT,
+                      wait_held: Callable[[float], bool] | None = None) -> T:
     """Run commit until it succeeds. After each transient failure: report(error, attempt), then
     wait(delay), which returns True when the pipeline is stopping (the error is raised then: the
     batch was not recorded, and Spark replays it at the next start). After a success that
-    followed failures: report(None, attempts). `transient`: the errors worth waiting out."""
+    followed failures: report(None, attempts). `transient`: the errors worth waiting out.
+    `wait_held`: how to wait out a synchronized switch's hold instead (SwitchHeld), returning
+    early once the hold is released: the pipeline then waits for the switch's own time, not for
+    the rest of a back-off that has grown to seconds meanwhile."""
     attempt = 0
     while True:
         try:
             result = commit()
         except transient as exc:
             report(exc, attempt)
-            if wait(backoff.delay(attempt)):
+            waiter = wait_held if wait_held is not None and isinstance(exc, SwitchHeld) else wait
+            if waiter(backoff.delay(attempt)):
                 raise
             attempt += 1
             continue

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from catalog import Catalog
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
-from catalog.dependents import aligned_joins, moved_with, other_streams, rebuilt_patterns, refused_dependents
+from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
+    refused_dependents
 from catalog.patterns import PatternDef, matches_stream_name
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
@@ -310,10 +311,11 @@ class ReprocessService:
     def switch(self, run_id_: str, align: Aligner | None = None) -> dict:
         """Make the run's output the served one (docs/reprocessing.md): KeyError for an unknown run,
         SwitchRefused (with why) unless it has caught up and its output is there and not served.
-        A stream feeding a window join is switched in step (`align`: the run's final batch; without
-        it NeedsAlignment): the serving pipeline's commits are held, the run reads the joins' other
-        streams exactly as far as the serving pipeline has, and the switch (which checks that under
-        the commit lock) moves the joins' state and derived streams with the stream."""
+        A stream feeding a window join or a pattern over two streams is switched in step (`align`:
+        the run's final batch; without it NeedsAlignment): the serving pipeline's commits are held,
+        the run reads their other streams exactly as far as the serving pipeline has, and the
+        switch (which checks that under the commit lock) moves their state and derived streams with
+        the stream."""
         outputs = self._needs_outputs()
         run = self.run(run_id_)
         if run is None:
@@ -336,21 +338,23 @@ class ReprocessService:
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
                 " since the run's end again")
-        patterns = rebuilt_patterns(catalog, run.stream)
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
-        if not joins:
+        two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
+        patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
+        if not joins and not two_stream:
             return self._switch(run, stored, catalog, patterns)
+        # Read from the other streams too (a join's, a pattern's over two streams): switched in step.
+        fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream)])
         others = other_streams(catalog, run.stream)
         changed = sorted(set(others) & set(self.changes()))
         if changed:  # the serving pipeline computes them as stored, the run as configured
-            raise SwitchRefused(f"the definition of {', '.join(map(repr, changed))} (read by join(s) of"
+            raise SwitchRefused(f"the definition of {', '.join(map(repr, changed))} (read by {fed} with"
                                 f" {run.stream!r}) changed too: reprocess and switch it first")
         if run.id.startswith(PREVIOUS_PREFIX):  # kept by a switch: no pipeline of its own can go on
-            raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds"
-                                f" {', '.join(repr(j.name) for j in joins)}: its join state stopped when it was replaced;"
-                                " to go back, configure the old definition and reprocess")
+            raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds {fed}: their state"
+                                " stopped when it was replaced; to go back, configure the old definition and reprocess")
         store = outputs.open_store(run.id)
         try:
             read = DefinitionStore(store.side_db()).definitions()
@@ -359,11 +363,11 @@ class ReprocessService:
         missing = [s for s in others if s not in read]
         if missing:
             raise SwitchRefused(f"run {run.id!r} did not read {', '.join(map(repr, missing))} (started before runs"
-                                " rebuilt window joins): start a new run")
+                                f" rebuilt {fed}): start a new run")
         if align is None:
             raise NeedsAlignment(
-                f"stream {run.stream!r} feeds {', '.join(repr(j.name) for j in joins)}: its switch holds the serving"
-                " pipeline while the run reads the join's other stream as far as it has; run it with"
+                f"stream {run.stream!r} feeds {fed}: its switch holds the serving"
+                " pipeline while the run reads the other stream(s) as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
         return self._aligned_switch(run, stored, catalog, patterns, joins, others, align)
 

@@ -13,6 +13,11 @@ from collections.abc import Callable, Mapping
 from aggregates.batch_gate import BatchGate
 from aggregates.commit_retry import Backoff, commit_with_retry
 from store import BatchCommit, CommitResult, PaneStore
+from store.definitions import DefinitionStore
+
+# How often a commit held by a synchronized switch looks whether the hold is gone (one indexed
+# read of a one-row table): the pipeline commits at most this long after the switch is done.
+HOLD_POLL_S = 0.2
 
 
 class StoreCommitter:
@@ -33,7 +38,25 @@ class StoreCommitter:
             lambda: self.store.commit_batch(commit, lateness_ms=lateness_ms, now_ms=int(self.clock() * 1000),
                                             retention_ms=retention_ms, idle_timeout_ms=idle_timeout_ms),
             wait=self.gate.sleep, report=lambda error, attempt: self._report(commit.batch_id, error, attempt),
-            backoff=self.backoff)
+            backoff=self.backoff, wait_held=self._wait_held)
+
+    def _wait_held(self, seconds: float) -> bool:
+        """The back-off of a commit held by a synchronized switch (store/switch.py SwitchHeld), cut
+        short as soon as the switch releases the hold (polled every HOLD_POLL_S): the switch delays
+        the pipeline by its own time, not by a back-off of up to 30 s. True when the stop comes."""
+        holds = DefinitionStore(self.store.side_db())
+        try:
+            left = seconds
+            while left > 0:
+                step = min(HOLD_POLL_S, left)
+                if self.gate.sleep(step):
+                    return True
+                left -= step
+                if self.pipeline not in holds.holds():
+                    return False
+            return False
+        finally:
+            holds.close()
 
     def _report(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
         """Say that the store commit fails (and is retried), or that it went through again: in

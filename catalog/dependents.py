@@ -13,8 +13,12 @@ built from the same records by the live pipeline, must follow or the switch is r
   commits, lets the run read the other stream exactly as far, and moves the join's state and
   derived stream with the stream (aggregates/reprocess.py), so every record of the other stream
   reaches the rebuilt state once: before the switch in the run, after it in the serving pipeline.
-- refused (`refused_dependents`): a pattern that also reads another stream, a window join where
-  the run cannot stop the other stream at chosen offsets (Kafka), a view (two tables), and
+- a pattern over the stream and other streams (`aligned_patterns`, on the embedded log): the same
+  as a join (its state, like the join's, is keyed by its name and built from every stream it
+  reads): the run reads the other streams as far as the serving pipeline has, and the
+  synchronized switch moves its state and matches with the stream.
+- refused (`refused_dependents`): a pattern over two streams or a window join where the run
+  cannot stop the other stream at chosen offsets (Kafka), a view (two tables), and
   the row versions other streams are enriched from (built only while an enriching stream reads
   the table). The serving pipeline is past the run's end in that other stream; its records since
   would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
@@ -76,18 +80,28 @@ def aligned_joins(catalog: Catalog, stream: str) -> list[JoinDef]:
     return [j for j in catalog.joins if stream in join_streams(j)]
 
 
+def aligned_patterns(catalog: Catalog, stream: str) -> list[PatternDef]:
+    """The patterns that read `stream` and another stream: a run of the stream rebuilds them reading
+    the other streams too, and a synchronized switch moves them with it, as it does a join."""
+    return [p for p in catalog.patterns if stream in pattern_streams(p) and pattern_streams(p) != {stream}]
+
+
 def other_streams(catalog: Catalog, stream: str) -> list[str]:
-    """The other streams of the joins `stream` feeds, sorted: what a run reads beside it."""
-    return sorted({s for j in aligned_joins(catalog, stream) for s in join_streams(j)} - {stream})
+    """The other streams of the joins and the patterns over two streams that `stream` feeds,
+    sorted: what a run reads beside it, only as far as the serving pipeline has."""
+    read = {s for j in aligned_joins(catalog, stream) for s in join_streams(j)}
+    read |= {s for p in aligned_patterns(catalog, stream) for s in pattern_streams(p)}
+    return sorted(read - {stream})
 
 
 def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
     the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins
-    (a synchronized switch can move them: the embedded log)."""
+    and the patterns over two streams (a synchronized switch can move them: the embedded log)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
     if joins_rebuilt:
         rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}
+        rebuilt |= {f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)}
     return [d for d in stream_dependents(catalog, stream) if d not in rebuilt]
 
 

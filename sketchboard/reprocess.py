@@ -18,7 +18,7 @@ from typing import TextIO
 
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
-from catalog.dependents import aligned_joins, other_streams, rebuilt_patterns
+from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -82,11 +82,13 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     through a view: the view's two tables, and the view (its declaration names the columns); the
     patterns that read the stream alone (catalog/dependents.py: a switch moves them with it),
     those defined through the API with their stored versions (their state's definition id).
-    `with_joins` (the embedded log): the window joins the stream feeds, and their other streams
-    with their tables, which the run reads only as far as the serving pipeline has (`run_caps`)
-    so that a synchronized switch can move the joins' state with the stream."""
+    `with_joins` (the embedded log): the window joins and the patterns over two streams the stream
+    feeds, and their other streams with their tables, which the run reads only as far as the
+    serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
+    stream."""
     joins = aligned_joins(catalog, stream) if with_joins else []
-    read = [stream, *other_streams(catalog, stream)] if joins else [stream]
+    two_stream = aligned_patterns(catalog, stream) if with_joins else []
+    read = [stream, *other_streams(catalog, stream)] if joins or two_stream else [stream]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -97,7 +99,8 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
                 streams.setdefault(table, stream_document(catalog.streams[table]))
             if decl.table in catalog.views:
                 views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
-    patterns = rebuilt_patterns(catalog, stream)
+    built = [*rebuilt_patterns(catalog, stream), *two_stream]
+    patterns = [p for p in catalog.patterns if p in built]
     run = Catalog(streams=streams, metrics=metrics, views=views,
                   joins=[j.model_dump(mode="json", exclude_defaults=True) for j in joins],
                   patterns=[p.model_dump(mode="json", exclude_defaults=True) for p in patterns])

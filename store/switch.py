@@ -39,7 +39,8 @@ STREAM_TABLES = (
     "session_open",  # its open sessions: the state its `<stream>_sessions` output goes on from
 )
 # Not here, keyed by another name: a pattern's state and matches (below), moved with the stream
-# when the run rebuilt them (catalog/dependents.py rebuilt_patterns), else the switch is refused;
+# when the run rebuilt them (catalog/dependents.py rebuilt_patterns; aligned_patterns, over two
+# streams, by a synchronized switch), else the switch is refused;
 # join_* state (JOIN_STATE_TABLES), moved by a synchronized switch (aggregates/reprocess.py), else
 # refused; view_* state, and table_versions (a table's row versions, built by whichever pipeline
 # enriches a stream from the table, not by the table's own output): always refused.

@@ -217,3 +217,59 @@ def test_a_stream_pinned_as_stored_is_enriched_through_the_view_as_its_stored_de
         {(T0, "de", "basic"): 1, (T0 + 10_000, "de", "basic"): 1, (T0 + 10_000, "fr", ""): 1})
     assert stored(fresh, "http_requests", columns) == Counter(
         {(T0, "de", "basic"): 1, (T0 + 10_000, "de", "basic"): 1, (T0 + 10_000, "", ""): 1})
+
+
+def test_a_small_batch_on_the_driver_enriches_a_pinned_stream_through_its_stored_views_foreign_key(
+        tmp_path, spark, log_backend, store_backend):
+    """The view's foreign key changes in the configuration (`plan_id` -> `alt_plan_id`): the two
+    declarations look up different right rows. Until the enriched stream is switched, a small batch
+    on the driver (aggregates/driver_batch.py, whose lookup gathers the right table's keys through
+    the view itself) enriches it through the stored declaration's `plan_id`, as the persisted path
+    does; a pipeline of the new configuration (a run) follows `alt_plan_id`."""
+    from dataclasses import replace
+
+    from sketchboard.definitions import pin_definitions
+
+    # One view only: another view of the same tables by `plan_id` (CONFIG's paid_users) would gather
+    # the right rows of `plan_id` anyway and hide a lookup that followed the configured foreign key.
+    config = """
+streams:
+  users: {kind: table, key_field: user_id, dimensions: [plan_id, alt_plan_id, country]}
+  plans: {kind: table, key_field: id, dimensions: [tier]}
+  http_requests:
+    key_field: user_id
+    dimensions: [method]
+    enrich:
+      - {table: user_plans, by: user_id, columns: [country, tier]}
+views:
+  user_plans: {left: users, right: plans, foreign_key: plan_id, kind: left}
+"""
+    old = parse_catalog(config)
+    new = parse_catalog(config.replace("foreign_key: plan_id, kind: left", "foreign_key: alt_plan_id, kind: left"))
+    assert old.views["user_plans"].foreign_key == "plan_id" and new.views["user_plans"].foreign_key == "alt_plan_id"
+    test_log = log_backend.new(tmp_path)
+    log = Log(test_log.open(old), old)
+    store, fresh = store_backend.create(), store_backend.create()
+
+    def drain(catalog, name: str, into) -> Pipeline:
+        pipeline = Pipeline(spark, pin_definitions(into, catalog, name, clock=lambda: NOW_MS / 1000),
+                            store_backend.reopen(into), replace(test_log.pipeline_config(name=name), driver_batch_rows=50),
+                            clock=lambda: NOW_MS / 1000, log=test_log.open(catalog))
+        pipeline.run_until_drained()
+        return pipeline
+
+    log.table("plans", [{"id": "p1", "tier": "basic"}, {"id": "p2", "tier": "gold"}], T0)
+    log.table("users", [{"user_id": "u0", "plan_id": "p1", "alt_plan_id": "p2", "country": "de"},
+                        {"user_id": "u1", "plan_id": "p2", "alt_plan_id": "p9", "country": "fr"}], T0)  # p9: none
+    log.events_of("http_requests", [{"time": T0 + 1_000, "user_id": "u0", "method": "GET"}], T0 + 5_000)
+    drain(old, "main", store)  # batch 0 (persisted) records the definition with the plan_id view
+    log.events_of("http_requests", [{"time": T0 + 11_000, "user_id": u, "method": "GET"} for u in ("u0", "u1")],
+                  T0 + 15_000)
+    main = drain(new, "main", store)  # pinned: the stored definition, through plan_id
+    assert main.fits_driver(1)  # that batch went on the driver path
+    drain(new, "run", fresh)  # the new definition: through alt_plan_id
+    columns = ["country", "tier"]
+    assert stored(store, "http_requests", columns) == Counter(
+        {(T0, "de", "basic"): 1, (T0 + 10_000, "de", "basic"): 1, (T0 + 10_000, "fr", "gold"): 1})
+    assert stored(fresh, "http_requests", columns) == Counter(
+        {(T0, "de", "gold"): 1, (T0 + 10_000, "de", "gold"): 1, (T0 + 10_000, "fr", ""): 1})

@@ -4,7 +4,8 @@ stream, only as far as the serving pipeline has; the switch holds the serving pi
 run read the other stream exactly as far as it has, and moves the join's state and derived stream
 with the stream. The other stream is appended to after the run caught up, read by the serving
 pipeline before the switch and also left unread by it: every record reaches the rebuilt join once,
-so the switched join equals one pipeline that read the whole log with the new definition."""
+so the switched join equals one pipeline that read the whole log with the new definition. The
+same for a pattern over both streams (its state is two-stream state like the join's)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,122 @@ def test_a_reprocess_of_a_joins_stream_switched_in_step_gives_the_exact_join(tmp
         assert panes(root, "searches") == panes(reference.store, "searches")
         assert panes(root, "clicks") == panes(reference.store, "clicks")
         assert {json.loads(d).get("platform") for _, d in panes(root, "search_clicks")} >= {"ios", "web"}
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.close()
+
+
+# A pattern over both streams instead of a join: its state is two-stream state as the join's, and
+# the same synchronized switch moves it (catalog/dependents.py aligned_patterns).
+PATTERN = {"name": "search_click", "key": "search_id", "within": "2m",
+           "steps": [{"name": "searched", "stream": "searches"}, {"name": "clicked", "stream": "clicks"}]}
+# A lateness past the whole timeline: no record is late however batches cut the log (a pattern's
+# watermark is its streams' lowest as of the batch before: which records are late would depend on
+# how far each batch read either stream).
+PATTERN_OLD = {"streams": {n: {**s, "allowed_lateness": "30m"} for n, s in OLD["streams"].items()},
+               "patterns": [PATTERN]}
+PATTERN_NEW = {**PATTERN_OLD, "streams": {**PATTERN_OLD["streams"],
+                                          "searches": {**NEW["streams"]["searches"], "allowed_lateness": "30m"}}}
+
+
+def pattern_matches(store) -> set:
+    """The matches standing (retractions taken out), by key and the log records they hold."""
+    rows = store.pattern_matches("search_click", limit=100_000)
+    retracted = {m.retracts for m in rows if m.retracts is not None}
+    return {(m.key, tuple((e["stream"], e["partition"], e["offset"]) for e in m.events)) for m in rows
+            if m.retracts is None and m.id not in retracted}
+
+
+class Timeline:
+    """Searches one a second and a click on 70 % of them 1 s to 3 minutes later, made at once and
+    appended in event-time order per stream, up to a cut."""
+
+    def __init__(self, traffic: Traffic, searches: int):
+        rng = random.Random(61)
+        self.traffic = traffic
+        self.events = {"searches": [{"time": traffic.base + i * 1000, "search_id": f"s{i}",
+                                     "category": rng.choice(["books", "games"]), "platform": rng.choice(["ios", "web"])}
+                                    for i in range(searches)]}
+        self.events["clicks"] = sorted(  # never at its search's time (which of the two comes first is a tie)
+            ({"time": e["time"] + rng.randrange(1, 180) * 1000, "search_id": e["search_id"],
+              "bucket": rng.choice(["top", "rest"])} for e in self.events["searches"] if rng.random() < 0.7),
+            key=lambda e: e["time"])
+        self.sent = {"searches": 0, "clicks": 0}
+
+    def until(self, stream: str, second: int) -> None:
+        """Append the stream's events before `second` not appended yet."""
+        events = self.events[stream][self.sent[stream]:]
+        due = [e for e in events if e["time"] < self.traffic.base + second * 1000]
+        if due:
+            self.traffic.append(stream, due)
+        self.sent[stream] += len(due)
+
+
+def test_a_reprocess_of_a_stream_a_two_stream_pattern_reads_switched_in_step_gives_the_exact_matches(
+        tmp_path, spark, log_backend, store_backend):
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(PATTERN_OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
+                        **test_log.settings())
+    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
+    new_catalog = Catalog(**PATTERN_NEW)
+    traffic = Traffic(test_log.open(new_catalog), new_catalog, base)
+    timeline = Timeline(traffic, 450)
+
+    timeline.until("searches", 150)
+    timeline.until("clicks", 120)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(PATTERN_NEW))  # a dimension more on one of the pattern's streams
+    timeline.until("searches", 300)
+    timeline.until("clicks", 250)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        run = run_reprocess(settings, "searches", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
+        with pytest.raises(ValueError, match="feeds pattern 'search_click'.*sketchboard reprocess searches --switch"):
+            service.switch(run.id)
+        # After the run: both streams appended to and read the old way by the serving pipeline,
+        # then clicks it has not read when the switch comes (it reads them after, once).
+        timeline.until("searches", 400)
+        timeline.until("clicks", 350)
+        main.run_until_drained()
+        timeline.until("clicks", 420)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version
+        assert DefinitionStore(root.side_db()).holds() == {}
+        # The rest, then searches and clicks 40 minutes on: the pattern's watermark passes the above.
+        timeline.until("searches", 10_000)
+        timeline.until("clicks", 10_000)
+        traffic.ids = 1_000  # ids of their own, past the timeline's
+        late = traffic.searches(50, 2_500)
+        traffic.clicks(late, 2_500)
+        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
+        again.run_until_drained()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+        # One batch more each: a pattern's watermark is its streams' as of the batch before.
+        traffic.clicks(traffic.searches(10, 2_600), 2_600)
+        for pipeline in (again, reference):
+            pipeline.run_until_drained()
+        again.store.close()
+        want = pattern_matches(reference.store)
+        # The exact answer too: the timeline's searches clicked within the pattern's 2 minutes.
+        searched = {e["search_id"]: e["time"] for e in timeline.events["searches"]}
+        exact = {e["search_id"] for e in timeline.events["clicks"] if e["time"] - searched[e["search_id"]] <= 120_000}
+        assert {k for k, _ in want if k in searched} == exact and len(exact) > 150
+        assert pattern_matches(root) == want
+        assert panes(root, "search_click_matches") == panes(reference.store, "search_click_matches")
+        assert panes(root, "searches") == panes(reference.store, "searches")
+        assert panes(root, "clicks") == panes(reference.store, "clicks")
     finally:
         if reference is not None:
             reference.store.close()

@@ -41,6 +41,24 @@ def test_a_commit_held_by_a_synchronized_switch_waits_like_a_busy_store():
     assert waits == [0.5, 1.0]
 
 
+def test_a_held_commit_waits_through_wait_held_other_failures_through_wait():
+    """`wait_held` (aggregates/store_commit.py: returns once the switch released the hold) waits out
+    a SwitchHeld only; a storage error still waits its back-off."""
+    held, busy = SwitchHeld("pipeline 'main' is held"), sqlite3.OperationalError("database is locked")
+    commit, waits = FlakyCommit(1, busy), []
+    errors = iter([held, busy])
+
+    def flaky():
+        error = next(errors, None)
+        if error is not None:
+            raise error
+        return commit()
+
+    assert commit_with_retry(flaky, wait=lambda s: waits.append(("wait", s)) or False, report=lambda e, a: None,
+                             wait_held=lambda s: waits.append(("held", s)) or False) == "committed"
+    assert waits == [("held", 0.5), ("wait", 1.0), ("wait", 2.0)]
+
+
 def test_the_backoff_is_capped():
     assert [Backoff().delay(a) for a in (0, 1, 5, 6, 1000)] == [0.5, 1.0, 16.0, 30.0, 30.0]
 

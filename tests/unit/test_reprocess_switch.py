@@ -369,7 +369,7 @@ def test_a_stream_feeding_a_join_is_switched_in_step_with_the_serving_pipeline(s
     old, new, root, log, service, run = joined_fixture(settings)
     commit = dict(lateness_ms={"http": 0, "clicks": 0}, now_ms=NOW)
     try:
-        with pytest.raises(NeedsAlignment, match="feeds 'http_clicks'.*sketchboard reprocess http --switch"):
+        with pytest.raises(NeedsAlignment, match="feeds join 'http_clicks'.*sketchboard reprocess http --switch"):
             service.switch(run.id)
         service.joins_rebuilt = False  # Kafka: the run cannot stop the other stream at chosen offsets
         with pytest.raises(SwitchRefused, match="'http' also feeds join 'http_clicks'"):
@@ -415,6 +415,49 @@ def test_a_synchronized_switch_that_cannot_align_changes_nothing_and_releases_th
         assert root.join_sizes()["http_clicks"].pairs == 1 and counts(root) == {dims_key({"endpoint": "/a"}): 5}
         assert service.definitions.offset_moves("main") == {}
         root.commit_batch(batch("main", 1, {("/a",): 1}, {0: 6}, old), lateness_ms={"http": 0}, now_ms=NOW)
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_a_held_commit_goes_on_once_the_hold_is_released_not_after_its_backoff(settings):
+    """The serving pipeline's committer (aggregates/store_commit.py) waits out a synchronized
+    switch's hold by polling it: its commit is tried again at the first poll that finds the hold
+    gone, not after the back-off (30 s here), which is never slept whole."""
+    import logging
+
+    from aggregates.batch_gate import BatchGate
+    from aggregates.commit_retry import Backoff
+    from aggregates.store_commit import HOLD_POLL_S, StoreCommitter
+
+    old, new, root, log, service, run = joined_fixture(settings)
+    tries = []
+
+    def hold(sql: str, *args) -> None:  # as the switch sets and releases it, under the commit lock
+        with service.outputs.storage.transaction([]) as (db, _):
+            db.execute(sql, args)
+
+    class Gate(BatchGate):  # the pipeline's sleeps, counted; the switch releases the hold during the third
+        def sleep(self, seconds: float) -> bool:
+            tries.append(("sleep", seconds))
+            if len(tries) == 4:
+                hold("DELETE FROM switch_holds WHERE pipeline = ?", "main")
+            return False
+
+    try:
+        hold("INSERT INTO switch_holds (pipeline, run_id, at_ms) VALUES (?, ?, ?)", "main", run.id, NOW)
+        committer = StoreCommitter(root, "main", Gate(), log=logging.getLogger("test"),
+                                   backoff=Backoff(initial_s=30.0, max_s=30.0))
+        commit = committer.store.commit_batch
+
+        def counted(*args, **kwargs):
+            tries.append("commit")
+            return commit(*args, **kwargs)
+
+        committer.store.commit_batch = counted
+        result = committer.commit(batch("main", 1, {("/a",): 1}, {0: 6}, old), lateness_ms={"http": 0},
+                                  retention_ms={"http": 86_400_000})
+        assert result.committed
+        assert tries == ["commit", *[("sleep", HOLD_POLL_S)] * 3, "commit"]
     finally:
         close_fixture(root, log, service)
 

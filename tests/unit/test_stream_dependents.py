@@ -4,7 +4,7 @@ views and enrichments a switch of the stream would leave built the old way, so i
 from __future__ import annotations
 
 from catalog import parse_catalog
-from catalog.dependents import aligned_joins, other_streams, rebuilt_patterns, refused_dependents, stream_dependents
+from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns, refused_dependents, stream_dependents
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_enrichment import CONFIG as ENRICHED
 from sketchboard.reprocess import stream_catalog
@@ -35,7 +35,8 @@ def test_views_and_enrichments_name_the_tables_they_read():
 
 def test_a_run_rebuilds_what_reads_its_stream_alone_and_the_rest_is_refused(demo_catalog):
     """A pattern over the stream alone: built by the run and switched with the stream. A join or a
-    view (two streams always), a pattern over two streams, an enrichment: still refused."""
+    pattern over two streams: rebuilt reading the other stream too, on the embedded log (refused on
+    Kafka). A view (two tables), an enrichment: still refused."""
     catalog = parse_catalog(EXAMPLES_YAML)
     assert [p.name for p in rebuilt_patterns(catalog, "logins")] == ["credential_stuffing"]
     assert refused_dependents(catalog, "logins") == []
@@ -65,4 +66,12 @@ patterns:
       - {name: seen, stream: views_}
       - {name: bought, stream: buys}
 """)
-    assert refused_dependents(two, "buys") == ["pattern 'view_then_buy'"] and stream_catalog(two, "buys").patterns == ()
+    # On Kafka a pattern over two streams is refused; on the embedded log the run rebuilds it,
+    # reading the other stream as far as the serving pipeline has (a synchronized switch, as a join).
+    assert refused_dependents(two, "buys") == ["pattern 'view_then_buy'"]
+    assert stream_catalog(two, "buys", with_joins=False).patterns == ()
+    assert refused_dependents(two, "buys", joins_rebuilt=True) == []
+    assert [p.name for p in aligned_patterns(two, "buys")] == ["view_then_buy"] and rebuilt_patterns(two, "buys") == []
+    assert other_streams(two, "buys") == ["views_"] and other_streams(two, "views_") == ["buys"]
+    run = stream_catalog(two, "buys")
+    assert run.patterns == two.patterns and {"views_", "buys", "view_then_buy_matches"} <= set(run.streams)
