@@ -1,6 +1,13 @@
 """How pane-shaped rows (panes and tier rows) are stored, whatever the backend: the exact
-stats as JSON text, the sketches as one blob per (field, kind), and the stored pieces put
-back together as Panes. Pure: no I/O.
+stats as JSON text, all the row's sketches in one blob (its `sketches` column, encoded below),
+and the stored pieces put back together as Panes. Pure: no I/O.
+
+The sketches blob: a version byte (1), then per sketch its kind (b"k" KLL, b"h" HLL), the
+field name's length (2 bytes, big-endian) and UTF-8 bytes, the sketch's length (4 bytes,
+big-endian) and its DataSketches bytes. A few lines of struct packing rather than msgpack
+(not a dependency) or Arrow IPC (a stream carries its schema: a pane's three sketches, 61
+bytes, are 656 bytes as an Arrow IPC stream, 105 here); big-endian so PostgreSQL's int2send/int4send write the same
+bytes when an old store is migrated in SQL (store/postgres/schema.py).
 
 The stats stay JSON text (not PostgreSQL jsonb) so both backends keep the same bytes and a
 float comes back bit for bit (jsonb would also reject an infinite sum)."""
@@ -8,7 +15,8 @@ float comes back bit for bit (jsonb would also reject an infinite sum)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import struct
+from collections.abc import Iterable, Iterator, Sequence
 
 from store.panes import Pane, PaneData, PaneKey, ValueStats
 from store.rollup import BucketStats
@@ -52,19 +60,87 @@ def _number(x) -> str:
     return _STATS_JSON.encode(x)  # anything else (a bool, a numpy number): the encoder's own text
 
 
-def sketch_rows(data: PaneData) -> list[tuple[str, str, bytes]]:
-    """(field, kind, blob) of every sketch a row holds."""
-    rows = [(name, KLL, v.kll) for name, v in data.values.items() if v.kll is not None]
-    rows += [(name, HLL, hll) for name, hll in data.distincts.items() if hll is not None]
-    return rows
+SKETCHES_VERSION = 1
+_VERSION = bytes([SKETCHES_VERSION])
+NO_SKETCHES = _VERSION  # a row without sketches
+_CODE = {KLL: b"k", HLL: b"h"}
+_KIND = {ord("k"): KLL, ord("h"): HLL}
+_LENGTH = struct.Struct(">I")
+_NAMES: dict[str, bytes] = {}  # field name -> its length and UTF-8 bytes (names are few)
+_FIELDS: dict[bytes, str] = {}  # the other way
 
 
-def load_data(count: int, stats: str, sketches: Iterable[tuple[str, str, bytes]]) -> PaneData:
+def _name(name: str) -> bytes:
+    out = _NAMES.get(name)
+    if out is None:
+        raw = name.encode()
+        out = _NAMES[name] = struct.pack(">H", len(raw)) + raw
+    return out
+
+
+def sketches_blob(data: PaneData) -> bytes:
+    """Every sketch of a row, in one blob (the format is in this module's docstring)."""
+    parts = [_VERSION]
+    for name, v in data.values.items():
+        if v.kll is not None:
+            parts += (b"k", _name(name), _LENGTH.pack(len(v.kll)), v.kll)
+    for name, hll in data.distincts.items():
+        if hll is not None:
+            parts += (b"h", _name(name), _LENGTH.pack(len(hll)), hll)
+    return b"".join(parts)
+
+
+def encode_sketches(sketches: Iterable[tuple[str, str, bytes]]) -> bytes:
+    """The blob of (field, kind, sketch bytes) triples (a store migrated from one row per sketch)."""
+    parts = [_VERSION]
+    for name, kind, blob in sketches:
+        blob = bytes(blob)
+        parts += (_CODE[kind], _name(name), _LENGTH.pack(len(blob)), blob)
+    return b"".join(parts)
+
+
+def unpack_sketches(blob: bytes | None) -> Iterator[tuple[str, str, bytes]]:
+    """(field, kind, sketch bytes) of every sketch in a blob."""
+    if not blob:
+        return
+    blob = bytes(blob)  # memoryview (psycopg) or bytes
+    if blob[0] != SKETCHES_VERSION:
+        raise ValueError(f"sketches blob of version {blob[0]}: this Sketchboard reads version {SKETCHES_VERSION}")
+    i, end = 1, len(blob)
+    while i < end:
+        kind = _KIND[blob[i]]
+        n = (blob[i + 1] << 8) | blob[i + 2]
+        raw = blob[i + 3:i + 3 + n]
+        name = _FIELDS.get(raw)
+        if name is None:
+            name = _FIELDS[raw] = raw.decode()
+        i += 3 + n
+        size = _LENGTH.unpack_from(blob, i)[0]
+        i += 4
+        yield name, kind, blob[i:i + size]
+        i += size
+
+
+class SketchesAggregate:
+    """encode_sketches as an SQL aggregate over (field, kind, data) rows: what SQLite's
+    migration from one row per sketch registers (sqlite3 create_aggregate)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, bytes]] = []
+
+    def step(self, name: str, kind: str, blob: bytes) -> None:
+        self.rows.append((name, kind, blob))
+
+    def finalize(self) -> bytes:
+        return encode_sketches(self.rows)
+
+
+def load_data(count: int, stats: str, sketches: bytes | None) -> PaneData:
     """A stored row's data with all its sketches (what a merge into it needs)."""
     klls: dict[str, bytes] = {}
     hlls: dict[str, bytes] = {}
-    for name, kind, blob in sketches:
-        (klls if kind == KLL else hlls)[name] = bytes(blob)
+    for name, kind, blob in unpack_sketches(sketches):
+        (klls if kind == KLL else hlls)[name] = blob
     values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
               for name, v in json.loads(stats).items()}
     return PaneData(count=count, values=values, distincts=hlls)
@@ -77,22 +153,28 @@ def wanted_sketches(with_sketches: bool, value_field: str | None, distinct_field
     return [(f, k) for f, k in ((value_field, KLL), (distinct_field, HLL)) if f]
 
 
-def assemble(stream: str, rows: Iterable[tuple], blobs: Mapping[tuple[int, str, str, str], bytes],
-             sketches: Sequence[tuple[str, str]] | None) -> list[Pane]:
+def sketches_column(sketches: Sequence[tuple[str, str]] | None) -> str:
+    """What a read selects for the sketches: the column, or NULL when none is asked for."""
+    return "NULL" if sketches is not None and not sketches else "sketches"
+
+
+def assemble(stream: str, rows: Iterable[tuple], sketches: Sequence[tuple[str, str]] | None) -> list[Pane]:
     """Panes from stored rows (start, dims, end, count, stats text or None, revision, updated,
-    last batch) and their sketch blobs keyed (start, dims, field, kind). Rows read without their
-    stats (None) carry only the KLLs asked for."""
-    hlls = {name for (_, _, name, kind) in blobs if kind == HLL}
-    klls = [f for f, k in sketches or () if k == KLL]
+    last batch, sketches blob or None), with the sketches asked for ((field, kind) pairs; None:
+    all). Rows read without their stats (None) carry only the KLLs asked for."""
+    wanted = None if sketches is None else set(sketches)
     out = []
-    for s, d, e, count, text, revision, updated, batch in rows:
+    for s, d, e, count, text, revision, updated, batch, blob in rows:
+        klls: dict[str, bytes] = {}
+        distincts: dict[str, bytes] = {}
+        for name, kind, data in unpack_sketches(blob):
+            if wanted is None or (name, kind) in wanted:
+                (klls if kind == KLL else distincts)[name] = data
         if text is not None:
-            values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], blobs.get((s, d, name, KLL)))
+            values = {name: ValueStats(v["n"], v["sum"], v["min"], v["max"], klls.get(name))
                       for name, v in json.loads(text).items()}
         else:
-            values = {name: ValueStats(0, 0.0, None, None, blobs[(s, d, name, KLL)])
-                      for name in klls if (s, d, name, KLL) in blobs}
-        distincts = {f: blobs[(s, d, f, HLL)] for f in hlls if (s, d, f, HLL) in blobs}
+            values = {name: ValueStats(0, 0.0, None, None, kll) for name, kll in klls.items()}
         out.append(Pane(PaneKey(stream, s, d), e, PaneData(count, values, distincts), revision, updated, batch))
     return out
 

@@ -90,6 +90,7 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN retracts INTEGER")
         if "dims" not in columns("pattern_matches"):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN dims TEXT")
+        sqlite_tiers.fold_old_sketch_tables(self._conn)  # sketches one row per (field, kind): now a column
 
     # -- writing ------------------------------------------------------------------------
 
@@ -246,15 +247,10 @@ class SqlitePaneStore(PaneStore):
             )
 
     def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> None:
-        """Panes, sketches, dead letters and tier rows past their stream's retention."""
+        """Panes (with their sketches), dead letters and tier rows past their stream's retention."""
         conn = self._conn
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
-            conn.execute(
-                "DELETE FROM pane_sketches WHERE stream = ? AND start_ms < ? AND start_ms IN"
-                " (SELECT start_ms FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?)",
-                (stream, horizon, stream, horizon, horizon),
-            )
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))

@@ -14,7 +14,8 @@ from store import row_codec
 from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
-from store.tables import TIER_TABLES
+from store.connection import transaction
+from store.tables import OLD_SKETCH_TABLES, TIER_TABLES, table_ddl
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 
 
@@ -44,8 +45,6 @@ def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey,
 def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
     """Per tier, the rows wholly before batch_now - keep (the tier's own retention)."""
     for granule, horizon in tier_horizons(layout, batch_now_ms):
-        conn.execute("DELETE FROM tier_sketches WHERE stream = ? AND granule_ms = ? AND start_ms <= ?",
-                     (stream, granule, horizon - granule))
         conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND end_ms <= ?",
                      (stream, granule, horizon))
 
@@ -58,19 +57,9 @@ def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, sta
     span = f"{where} AND start_ms >= ? AND start_ms < ?"
     args = (*args, start_ms, end_ms)
     rows = conn.execute(
-        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch"
-        f" FROM {table} WHERE {span} ORDER BY start_ms", args).fetchall()
-    blobs: dict[tuple[int, str, str, str], bytes] = {}
-    sketch_table = "pane_sketches" if table == "panes" else "tier_sketches"
-    if sketches is None:
-        found = conn.execute(f"SELECT start_ms, dims, field, kind, data FROM {sketch_table} WHERE {span}", args)
-    else:
-        found = (row for field_name, kind in sketches
-                 for row in conn.execute(f"SELECT start_ms, dims, field, kind, data FROM {sketch_table} WHERE {span}"
-                                         " AND field = ? AND kind = ?", (*args, field_name, kind)))
-    for s, d, field_name, kind, blob in found:
-        blobs[(s, d, field_name, kind)] = bytes(blob)
-    return row_codec.assemble(stream, rows, blobs, sketches)
+        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch,"
+        f" {row_codec.sketches_column(sketches)} FROM {table} WHERE {span} ORDER BY start_ms", args)
+    return row_codec.assemble(stream, rows, sketches)
 
 
 def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, read_panes: Callable,
@@ -79,7 +68,6 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     (None: the stream keeps no tiers) and record the layout; returns the panes read. The
     panes are read a chunk of event time at a time (a whole number of every granule), so
     memory stays bounded however many there are."""
-    conn.execute("DELETE FROM tier_sketches WHERE stream = ?", (stream,))
     conn.execute("DELETE FROM tier_rows WHERE stream = ?", (stream,))
     conn.execute("DELETE FROM tier_layouts WHERE stream = ?", (stream,))
     if layout is None:
@@ -100,10 +88,9 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     return done
 
 
-# The key columns of the two tables that hold pane-shaped rows, each with its sketch table.
+# The key columns of the two tables that hold pane-shaped rows.
 PANE_KEY = ("stream", "start_ms", "dims")
 TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims")
-_SKETCHES = {"panes": "pane_sketches", "tier_rows": "tier_sketches"}
 
 
 _TYPES = {"stream": "TEXT", "start_ms": "INTEGER", "dims": "TEXT", "granule_ms": "INTEGER", "proj": "TEXT"}
@@ -113,7 +100,7 @@ def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
               keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
     """The stored rows of `table` (panes or tier_rows) among `keys`, with all their sketches
     (what a merge into them needs); missing keys are absent. The keys go into a temporary
-    table and both tables are read with one join each, as store/postgres/rows.load does:
+    table and the rows are read with one join, as store/postgres/rows.load does:
     the per-key lookups run in SQLite's C code rather than a statement per key from Python."""
     if not keys:
         return {}
@@ -123,14 +110,10 @@ def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
                  f" ({', '.join(f'{c} {_TYPES[c]}' for c in key_columns)}, PRIMARY KEY ({columns})) WITHOUT ROWID")
     conn.executemany(f"INSERT OR IGNORE INTO {staged} VALUES ({', '.join('?' * len(key_columns))})", keys)
     n = len(key_columns)
-    sketches: dict[tuple, list] = {}
     try:
-        for row in conn.execute(f"SELECT {', '.join(f's.{c}' for c in key_columns)}, field, kind, data"
-                                f" FROM {staged} k CROSS JOIN {_SKETCHES[table]} s ON {_on('s', key_columns)}"):
-            sketches.setdefault(row[:n], []).append(row[n:])
-        return {row[:n]: StoredPane(row_codec.load_data(row[n], row[n + 1], sketches.get(row[:n], ())), row[n + 2])
-                for row in conn.execute(f"SELECT {', '.join(f't.{c}' for c in key_columns)}, count, stats, revision"
-                                        f" FROM {staged} k CROSS JOIN {table} t ON {_on('t', key_columns)}")}
+        return {row[:n]: StoredPane(row_codec.load_data(row[n], row[n + 1], row[n + 3]), row[n + 2])
+                for row in conn.execute(f"SELECT {', '.join(f't.{c}' for c in key_columns)}, count, stats, revision,"
+                                        f" sketches FROM {staged} k CROSS JOIN {table} t ON {_on('t', key_columns)}")}
     finally:
         conn.execute(f"DELETE FROM {staged}")
 
@@ -142,26 +125,52 @@ def _on(alias: str, key_columns: tuple[str, ...]) -> str:
 
 def save_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
               rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> None:
-    """Insert or replace rows (key, end_ms, data, revision) of `table` (panes or tier_rows) and
-    their sketches: one executemany per table for the whole batch."""
+    """Insert or replace rows (key, end_ms, data, revision) of `table` (panes or tier_rows) with
+    their sketches: one executemany for the whole batch."""
     columns = ", ".join(key_columns)
     marks = ", ".join("?" * len(key_columns))
-    row_args, sketch_args = [], []
-    for key, end_ms, data, revision in rows:
-        row_args.append((*key, end_ms, data.count, row_codec.stats_text(data), revision, now_ms, batch_id))
-        sketch_args += [(*key, *sketch) for sketch in row_codec.sketch_rows(data)]
+    stats_text, sketches_blob = row_codec.stats_text, row_codec.sketches_blob
     conn.executemany(
-        f"INSERT INTO {table} ({columns}, end_ms, count, stats, revision, updated_at_ms, last_batch)"
-        f" VALUES ({marks}, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
+        f"INSERT INTO {table} ({columns}, end_ms, count, stats, revision, updated_at_ms, last_batch, sketches)"
+        f" VALUES ({marks}, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
-        " last_batch = excluded.last_batch", row_args)
-    conn.executemany(
-        f"INSERT INTO {_SKETCHES[table]} ({columns}, field, kind, data) VALUES ({marks}, ?, ?, ?)"
-        f" ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data", sketch_args)
+        " last_batch = excluded.last_batch, sketches = excluded.sketches",
+        [(*key, end_ms, data.count, stats_text(data), revision, now_ms, batch_id, sketches_blob(data))
+         for key, end_ms, data, revision in rows])
 
 
-__all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "load_many", "read_rows", "rebuild", "save_many",
-           "stored_layouts"]
+def fold_old_sketch_tables(conn: sqlite3.Connection) -> None:
+    """A store made before sketches were a column of their row (store/tables.py
+    OLD_SKETCH_TABLES): each such table rebuilt with its rows' sketches folded into the
+    `sketches` column, the old sketch table dropped, in one transaction. Run at open, before
+    anything else reads or writes; a store already in the new layout is left alone."""
+    def columns(table: str) -> set[str]:
+        return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+    if all("sketches" in columns(table) for table in OLD_SKETCH_TABLES):
+        return
+    conn.create_aggregate("sketches_blob", 3, row_codec.SketchesAggregate)
+    with transaction(conn):
+        # Again under the write lock: another process opening the store may have folded them meanwhile.
+        for table in [table for table in OLD_SKETCH_TABLES if "sketches" not in columns(table)]:
+            sketch_table, key = OLD_SKETCH_TABLES[table]
+            kept = [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+            conn.execute(f"ALTER TABLE {table} RENAME TO old_{table}")
+            conn.execute(table_ddl(table))
+            cols = ", ".join(kept)
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (sketch_table,)).fetchone():
+                blob = (f"COALESCE((SELECT sketches_blob(field, kind, data) FROM {sketch_table} s"
+                        f" WHERE {' AND '.join(f's.{c} = o.{c}' for c in key)}), ?)")
+            else:
+                blob = "?"
+            conn.execute(f"INSERT INTO {table} ({cols}, sketches) SELECT {', '.join(f'o.{c}' for c in kept)}, {blob}"
+                         f" FROM old_{table} o", (row_codec.NO_SKETCHES,))
+            conn.execute(f"DROP TABLE old_{table}")
+            conn.execute(f"DROP TABLE IF EXISTS {sketch_table}")
+
+
+__all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "fold_old_sketch_tables", "load_many",
+           "read_rows", "rebuild", "save_many", "stored_layouts"]
 
 
 def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,

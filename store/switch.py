@@ -32,8 +32,8 @@ SWITCHED_REVISION = -1
 
 # Every table whose rows belong to one stream (column `stream`): what a switch moves.
 STREAM_TABLES = (
-    "panes", "pane_sketches", "stream_progress", "dead_letter_counts", "dead_letters", "corrections",
-    "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_sketches", "bloom_filters",
+    "panes", "stream_progress", "dead_letter_counts", "dead_letters", "corrections",  # panes, tier rows: with sketches
+    "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
     "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
     "session_open",  # its open sessions: the state its `<stream>_sessions` output goes on from

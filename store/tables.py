@@ -2,7 +2,11 @@
 stores'. The SQLite store creates them as written; the PostgreSQL store creates them through
 store.postgres.schema.translate_ddl (BIGINT for INTEGER, BYTEA for BLOB, identity keys), so a
 column added here lands in both backends. Columns added after a SQLite file may have been
-created also need their ALTER in SqlitePaneStore._migrate."""
+created also need their ALTER in SqlitePaneStore._migrate.
+
+A pane's and a tier row's sketches are a column of the row (`sketches`); stores made before
+held them one row per (field, kind) in pane_sketches and tier_sketches (OLD_SKETCH_TABLES),
+which both backends fold into the rows when they open such a store."""
 
 from __future__ import annotations
 
@@ -24,16 +28,8 @@ CREATE TABLE IF NOT EXISTS panes (
     revision INTEGER NOT NULL,
     updated_at_ms INTEGER NOT NULL,
     last_batch INTEGER NOT NULL,
+    sketches BLOB NOT NULL,         -- every KLL and HLL of the pane, one blob (store/row_codec.py)
     PRIMARY KEY (stream, start_ms, dims)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS pane_sketches (
-    stream TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    field TEXT NOT NULL,
-    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
-    data BLOB NOT NULL,
-    PRIMARY KEY (stream, start_ms, dims, field, kind)
 ) WITHOUT ROWID;  -- the key is most of a row: a rowid table kept it twice (table and index)
 CREATE TABLE IF NOT EXISTS changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -153,20 +149,24 @@ CREATE TABLE IF NOT EXISTS tier_rows (
     revision INTEGER NOT NULL,      -- the highest revision of the panes it covers
     updated_at_ms INTEGER NOT NULL,
     last_batch INTEGER NOT NULL,
+    sketches BLOB NOT NULL,         -- every KLL and HLL of the row, one blob (store/row_codec.py)
     PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS tier_sketches (
-    stream TEXT NOT NULL,
-    granule_ms INTEGER NOT NULL,
-    proj TEXT NOT NULL,
-    start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
-    field TEXT NOT NULL,
-    kind TEXT NOT NULL,             -- 'kll' (value field) or 'hll' (distinct field)
-    data BLOB NOT NULL,
-    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims, field, kind)
-) WITHOUT ROWID;
+);  -- a rowid table: a coarse row's sketches are kilobytes, which a WITHOUT ROWID b-tree spills to overflow pages
 """
+
+# The rows of both tables that hold pane-shaped rows, each with the table its sketches were
+# kept in before they became the rows' `sketches` column, and its key.
+OLD_SKETCH_TABLES = {
+    "panes": ("pane_sketches", ("stream", "start_ms", "dims")),
+    "tier_rows": ("tier_sketches", ("stream", "granule_ms", "proj", "start_ms", "dims")),
+}
+
+
+def table_ddl(name: str) -> str:
+    """The CREATE TABLE statement of one table of STORE_TABLES (a migration rebuilding it)."""
+    start = STORE_TABLES.index(f"CREATE TABLE IF NOT EXISTS {name} (")
+    return STORE_TABLES[start:STORE_TABLES.index(";", start) + 1]
+
 
 # Bloom filter chunks and first-seen counts (store/bloom.py).
 BLOOM_TABLES = """

@@ -222,17 +222,12 @@ class PostgresPaneStore(PaneStore):
                 session_store.apply(cur, commit.sessions, "%s")
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
-            conn.execute(
-                "DELETE FROM pane_sketches s USING panes p WHERE p.stream = %s AND p.start_ms < %s AND p.end_ms <= %s"
-                " AND s.stream = p.stream AND s.start_ms = p.start_ms AND s.dims = p.dims", (stream, horizon, horizon))
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
-                    conn.execute("DELETE FROM tier_sketches WHERE stream = %s AND granule_ms = %s AND start_ms <= %s",
-                                 (stream, granule, horizon - granule))
                     conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND end_ms <= %s",
                                  (stream, granule, horizon))
         conn.execute(
@@ -516,7 +511,7 @@ def _apply_deltas(conn: psycopg.Connection, stream: str, deltas: Mapping[TierKey
 def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, now_ms: int,
              progress: Callable[[str], None] | None) -> None:
     """Replace a stream's tier rows by ones rolled up from its panes (None: no tiers)."""
-    for table in ("tier_sketches", "tier_rows", "tier_layouts"):
+    for table in ("tier_rows", "tier_layouts"):
         conn.execute(f"DELETE FROM {table} WHERE stream = %s", (stream,))
     if layout is None:
         return

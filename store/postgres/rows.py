@@ -1,9 +1,9 @@
-"""Pane-shaped rows (panes and tier rows) in PostgreSQL: bulk loads for a merge, bulk saves,
-range reads with their sketches, and the exact stats summed by the server. The PostgreSQL
+"""Pane-shaped rows (panes and tier rows, each with its sketches in its `sketches` column) in
+PostgreSQL: bulk loads for a merge, bulk saves, range reads, and the exact stats summed by the server. The PostgreSQL
 counterpart of store/sqlite_tiers.py's row functions; encoding is store/row_codec.py's.
 
 A batch's keys and rows go to the server with COPY into temporary tables (emptied after use),
-then one join (load) or one INSERT ... ON CONFLICT (save) per table: a commit costs a few
+then one join (load) or one INSERT ... ON CONFLICT (save): a commit costs a few
 round trips whatever its size. Measured on a first backfill batch of 28 000 pane partials
 (~100 000 tier rows): per-row parameters (executemany, key arrays) spent most of the commit's
 110 s binding them in Python; COPY streams them from C."""
@@ -22,9 +22,8 @@ from store.rollup import BucketStats
 
 PANE_KEY = ("stream", "start_ms", "dims")
 TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims")
-SKETCHES = {"panes": "pane_sketches", "tier_rows": "tier_sketches"}
 _TYPES = {"stream": "text", "start_ms": "bigint", "dims": "text", "granule_ms": "bigint", "proj": "text"}
-_ROW = ("end_ms", "count", "stats", "revision", "updated_at_ms", "last_batch")
+_ROW = ("end_ms", "count", "stats", "revision", "updated_at_ms", "last_batch", "sketches")
 
 
 def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> None:
@@ -37,7 +36,7 @@ def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows
 _STAGING = {  # temporary table -> its definition; one set per pooled connection
     "keys_panes": ", ".join(f"{c} {_TYPES[c]}" for c in PANE_KEY),
     "keys_tier_rows": ", ".join(f"{c} {_TYPES[c]}" for c in TIER_KEY),
-    **{f"staged_{t}": f"LIKE {t}" for t in ("panes", "pane_sketches", "tier_rows", "tier_sketches")},
+    **{f"staged_{t}": f"LIKE {t}" for t in ("panes", "tier_rows")},
 }
 _staged_on: weakref.WeakSet = weakref.WeakSet()  # connections that have them
 
@@ -62,45 +61,32 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
     columns = ", ".join(key_columns)
     staged = f"keys_{table}"
     copy_rows(conn, staged, key_columns, keys)
-    sketches: dict[tuple, list] = {}
-    out = {}
     with conn.cursor() as cur:
-        # One round trip: both joins, and the staged keys dropped (a second load in this transaction starts empty).
-        cur.execute(f"SELECT {columns}, field, kind, data FROM {SKETCHES[table]} JOIN {staged} USING ({columns});"
-                    f" SELECT {columns}, count, stats, revision FROM {table} JOIN {staged} USING ({columns});"
+        # One round trip: the join, and the staged keys dropped (a second load in this transaction starts empty).
+        cur.execute(f"SELECT {columns}, count, stats, revision, sketches FROM {table} JOIN {staged} USING ({columns});"
                     f" DELETE FROM {staged}")
-        for *key, name, kind, blob in cur.fetchall():
-            sketches.setdefault(tuple(key), []).append((name, kind, blob))
-        cur.nextset()
-        for *key, count, stats, revision in cur.fetchall():
-            key = tuple(key)
-            out[key] = StoredPane(row_codec.load_data(count, stats, sketches.get(key, ())), revision)
-    return out
+        return {tuple(key): StoredPane(row_codec.load_data(count, stats, blob), revision)
+                for *key, count, stats, revision, blob in cur.fetchall()}
 
 
 def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
          rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> None:
-    """Insert or replace rows (key, end_ms, data, revision) of `table` and their sketches; of
+    """Insert or replace rows (key, end_ms, data, revision) of `table` with their sketches; of
     rows with the same key, the last one is kept (one INSERT may not touch a row twice)."""
     latest = {key: (end, data, revision) for key, end, data, revision in rows}
     if not latest:
         return
     ensure_staging(conn)
     columns = ", ".join(key_columns)
-    sketch_table = SKETCHES[table]
-    staged, staged_sketches = f"staged_{table}", f"staged_{sketch_table}"
+    staged = f"staged_{table}"
     copy_rows(conn, staged, (*key_columns, *_ROW),
-              ((*key, end, data.count, row_codec.stats_text(data), revision, now_ms, batch_id)
-               for key, (end, data, revision) in latest.items()))
-    copy_rows(conn, staged_sketches, (*key_columns, "field", "kind", "data"),
-              ((*key, *sketch) for key, (_, data, _) in latest.items() for sketch in row_codec.sketch_rows(data)))
+              ((*key, end, data.count, row_codec.stats_text(data), revision, now_ms, batch_id,
+                row_codec.sketches_blob(data)) for key, (end, data, revision) in latest.items()))
     updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
-    conn.execute(  # one round trip: both upserts, and the staging emptied for a second save in this transaction
+    conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
         f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"
         f" ON CONFLICT ({columns}) DO UPDATE SET {updates};"
-        f" INSERT INTO {sketch_table} ({columns}, field, kind, data) SELECT {columns}, field, kind, data"
-        f" FROM {staged_sketches} ON CONFLICT ({columns}, field, kind) DO UPDATE SET data = excluded.data;"
-        f" DELETE FROM {staged}; DELETE FROM {staged_sketches}")
+        f" DELETE FROM {staged}")
 
 
 def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
@@ -110,18 +96,9 @@ def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms
     span = f"{where} AND start_ms >= %s AND start_ms < %s"
     args = (*args, start_ms, end_ms)
     rows = conn.execute(
-        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch"
-        f" FROM {table} WHERE {span} ORDER BY start_ms", args).fetchall()
-    query = f"SELECT start_ms, dims, field, kind, data FROM {SKETCHES[table]} WHERE {span}"
-    if sketches is None:
-        found = conn.execute(query, args).fetchall()
-    elif sketches:
-        pairs = " OR ".join(["(field = %s AND kind = %s)"] * len(sketches))
-        found = conn.execute(f"{query} AND ({pairs})", (*args, *(x for pair in sketches for x in pair))).fetchall()
-    else:
-        found = []
-    blobs = {(s, d, name, kind): bytes(blob) for s, d, name, kind, blob in found}
-    return row_codec.assemble(stream, rows, blobs, sketches)
+        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch,"
+        f" {row_codec.sketches_column(sketches)} FROM {table} WHERE {span} ORDER BY start_ms", args).fetchall()
+    return row_codec.assemble(stream, rows, sketches)
 
 
 def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,

@@ -11,7 +11,8 @@ import re
 import psycopg
 
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.tables import STORE_TABLES
+from store.row_codec import NO_SKETCHES
+from store.tables import OLD_SKETCH_TABLES, STORE_TABLES
 
 # Every session that creates or upgrades the schema, or commits a batch, holds this lock (a
 # transaction-level advisory lock): concurrent `CREATE TABLE IF NOT EXISTS` can collide in
@@ -63,8 +64,29 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS dims TEXT")
+        _fold_old_sketch_tables(conn)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+
+
+def _fold_old_sketch_tables(conn: psycopg.Connection) -> None:
+    """A store made before sketches were a column of their row (store/tables.py
+    OLD_SKETCH_TABLES): each row's sketches encoded by the server into the new column, as
+    store/row_codec.py encodes them (big-endian lengths: int2send, int4send), and the old
+    sketch table dropped, in the schema's transaction."""
+    for table, (sketch_table, key) in OLD_SKETCH_TABLES.items():
+        if conn.execute("SELECT to_regclass(%s)", (sketch_table,)).fetchone()[0] is None:
+            continue
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS sketches BYTEA")
+        entry = ("CASE s.kind WHEN 'kll' THEN '\\x6b'::bytea ELSE '\\x68'::bytea END"
+                 " || int2send(octet_length(convert_to(s.field, 'UTF8'))::smallint) || convert_to(s.field, 'UTF8')"
+                 " || int4send(octet_length(s.data)) || s.data")
+        conn.execute(
+            f"UPDATE {table} t SET sketches = %s || COALESCE((SELECT string_agg({entry}, ''::bytea)"
+            f" FROM {sketch_table} s WHERE {' AND '.join(f's.{c} = t.{c}' for c in key)}), ''::bytea)",
+            (NO_SKETCHES,))
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN sketches SET NOT NULL")
+        conn.execute(f"DROP TABLE {sketch_table}")
 
 
 def namespace_dsn(dsn: str, namespace: str) -> str:

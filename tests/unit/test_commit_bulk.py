@@ -1,7 +1,7 @@
 """The cheaper commit (issue 27): the faster encodings write the same text as before, tier
 deltas derived with each dimension combination projected once equal a direct roll-up of the
-panes, a bulk-written batch reports the change numbers it wrote, and SQLite's sketch tables
-keep their key once (WITHOUT ROWID) while files made with the old layout still work."""
+panes, a bulk-written batch reports the change numbers it wrote, and SQLite's panes keep
+their key once (WITHOUT ROWID) while files made with the old layout still work."""
 
 from __future__ import annotations
 
@@ -124,11 +124,14 @@ def _without_rowid(path, table: str) -> bool:
         return bool(conn.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (table,)).fetchone()[0])
 
 
-def test_sqlite_sketch_tables_keep_their_key_once(tmp_path):
+def test_sqlite_panes_keep_their_key_once_and_tier_rows_their_sketches_inline(tmp_path):
     store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
     store.close()
-    assert _without_rowid(tmp_path / "store.db", "pane_sketches")
-    assert _without_rowid(tmp_path / "store.db", "tier_sketches")
+    assert _without_rowid(tmp_path / "store.db", "panes")
+    # Coarse tier rows' sketches are kilobytes: a WITHOUT ROWID b-tree spilled them to overflow pages.
+    assert not _without_rowid(tmp_path / "store.db", "tier_rows")
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        assert not conn.execute("SELECT name FROM sqlite_master WHERE name IN ('pane_sketches', 'tier_sketches')").fetchall()
 
 
 OLD_SKETCH_TABLES = """
@@ -141,11 +144,15 @@ CREATE TABLE tier_sketches (stream TEXT NOT NULL, granule_ms INTEGER NOT NULL, p
 
 
 def test_a_file_with_the_old_rowid_sketch_tables_still_commits_and_reads(tmp_path):
+    from tests.unit.test_sketch_rows import OLD_DDL
+
     path = tmp_path / "store.db"
-    with sqlite3.connect(path) as conn:
-        conn.executescript(OLD_SKETCH_TABLES)
+    with sqlite3.connect(path) as conn:  # the panes and tier rows of then, and the rowid sketch tables of before
+        conn.executescript(OLD_DDL["panes"].split(";")[0] + ";" + OLD_DDL["tier_rows"].split(";")[0] + ";"
+                           + OLD_SKETCH_TABLES)
     store = SqlitePaneStore(path, synchronous="OFF")
-    assert not _without_rowid(path, "pane_sketches")
+    with sqlite3.connect(path) as conn:  # folded into the rows' sketches column at open
+        assert not conn.execute("SELECT name FROM sqlite_master WHERE name = 'pane_sketches'").fetchall()
     store.configure_tiers({"s": LAYOUT}, now_ms=T0)
     for batch_id in range(2):  # the second batch merges into stored panes and tier rows
         partials = _partials(0, 12)

@@ -64,7 +64,7 @@ def snapshot(store: PaneStore, backend) -> tuple:
     """Everything observable: panes with sketches, the change feed, watermarks, progress, and every table."""
     panes = store.read_panes("http", 0, 2**62, value_field="latency", distinct_field="user", with_sketches=True)
     panes += store.read_panes("orders", 0, 2**62, value_field="latency", distinct_field="user", with_sketches=True)
-    tables = backend.tables(store, ("panes", "pane_sketches", "changes", "batches", "stream_progress",
+    tables = backend.tables(store, ("panes", "changes", "batches", "stream_progress",
                                     "pipeline_offsets"))
     return panes, store.changes_since(0), store.watermarks(), store.progress("main"), tables
 
