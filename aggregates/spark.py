@@ -47,6 +47,12 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
         # Sketch aggregates are object aggregates; the default falls back to sorting past 128
         # groups per task, which is several times slower for our (pane x dimensions) groups.
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", "1000000")
+        # PySpark's DataFrame debugging records each API call's Python call site in the JVM: every
+        # F.col, F.when, select... then costs ~8 calls into the JVM instead of 1-2 (the active
+        # session, a conf read, the origin set and cleared). A demo-rate batch builds a few hundred
+        # such expressions: thousands of calls, most of its driver time (docs/benchmarks.md, "a
+        # demo-rate micro-batch"). Errors still name the failing expression, not its Python line.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     for key, value in extra_conf.items():
         builder = builder.config(key, value)
