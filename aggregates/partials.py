@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -60,22 +61,24 @@ _DEAD_LETTER_LOCK = threading.Lock()  # a reprocess run's batches may ask from a
 
 
 def per_catalog(catalog: Catalog, what: str, build: Callable[[], object]) -> object:
-    """`build()` once per catalog object: Column expressions are unresolved, so the same ones serve
-    every batch's DataFrame (building them is calls into the JVM, a small batch's main cost)."""
-    key = (id(catalog), what)
+    """`build()` once per catalog object (and Spark context: a Column holds a reference into its
+    JVM): Column expressions are unresolved, so the same ones serve every batch's DataFrame, and
+    building them is calls into the JVM, a small batch's main cost."""
+    context = SparkContext._active_spark_context
+    key = (id(catalog), id(context), what)
     with _PER_CATALOG_LOCK:
         kept = _PER_CATALOG.get(key)
-        if kept is not None and kept[0] is catalog:
-            return kept[1]
+        if kept is not None and kept[0] is catalog and kept[1] is context:
+            return kept[2]
     value = build()
     with _PER_CATALOG_LOCK:
         if len(_PER_CATALOG) >= 64:  # catalogs come and go (patterns defined through the API, tests)
             _PER_CATALOG.pop(next(iter(_PER_CATALOG)))
-        _PER_CATALOG[key] = (catalog, value)
+        _PER_CATALOG[key] = (catalog, context, value)
     return value
 
 
-_PER_CATALOG: dict[tuple[int, str], tuple[Catalog, object]] = {}  # (id(catalog), what) -> (catalog, value)
+_PER_CATALOG: dict[tuple[int, int, str], tuple[Catalog, object, object]] = {}  # -> (catalog, context, value)
 _PER_CATALOG_LOCK = threading.Lock()  # not the dead-letter lock: that one is held while building from here
 
 
