@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -49,6 +50,19 @@ def on_driver(batch: DataFrame) -> DataFrame:
     jdf = batch._jdf
     session = _without_adaptive(jdf.sparkSession())
     return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
+
+
+def arrow_on_driver(df: DataFrame) -> pa.Table:
+    """What `df.toArrow()` gives (same schema, same rows) for filters and projections over a batch
+    on the driver, without its Spark job: Spark collects Arrow through an RDD, always a job, while
+    `collect()` of such a plan is evaluated on the driver (ConvertToLocalRelation) and runs none."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    schema = to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
+                             prefers_large_types=large)
+    rows = df.collect()
+    return pa.table([pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(schema)], schema=schema)
 
 
 def map_literal(mapping: Mapping[str, object], value_type: T.DataType) -> Column:

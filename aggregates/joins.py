@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.driver_batch import arrow_on_driver
 from aggregates.partials import dead_letter_reason_column
 from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
@@ -102,15 +103,17 @@ class WindowJoins:
         self.names = [j.name for j in self.joins]
         self.streams = sorted({s for j in self.joins for s in (j.left.stream, j.right.stream)})
 
-    def records(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
+    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> pa.Table:
         """The batch's records of the joined streams that it merges (dead letters join nothing)."""
-        return (batch.where(F.col("stream").isin(self.streams)
-                            & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                .select("stream", "partition", "offset", "event_time", "dims", "ids").toArrow())
+        records = (batch.where(F.col("stream").isin(self.streams)
+                               & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                .select("stream", "partition", "offset", "event_time", "dims", "ids"))
+        return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
-                idle_timeout_ms: Mapping[str, int] | None = None) -> JoinedBatch:
-        return self.join(self.records(batch, batch_now_ms), commit, now_ms=batch_now_ms, idle_timeout_ms=idle_timeout_ms)
+                idle_timeout_ms: Mapping[str, int] | None = None, *, on_driver: bool = False) -> JoinedBatch:
+        return self.join(self.records(batch, batch_now_ms, on_driver=on_driver), commit, now_ms=batch_now_ms,
+                         idle_timeout_ms=idle_timeout_ms)
 
     def join(self, records: pa.Table, commit: BatchCommit, *, now_ms: int,
              idle_timeout_ms: Mapping[str, int] | None = None) -> JoinedBatch:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -41,8 +42,8 @@ def pane_ms_column(catalog: Catalog) -> Column:
 def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
     """Null for a row to merge, else its dead-letter reason (see aggregates.eventtime). The
     same Column for the same catalog object and instant: half a dozen steps of a batch ask for
-    it, and building its per-stream CASEs is a few hundred calls into the JVM each time (a
-    small batch's driver time, not its rows')."""
+    it. Its per-stream CASEs (a few hundred calls into the JVM) are built once per catalog; only
+    the instant's comparisons are new each batch (a small batch's driver time, not its rows')."""
     key = (id(catalog), batch_now_ms)
     with _DEAD_LETTER_LOCK:
         kept = _DEAD_LETTER_COLUMNS.get(key)
@@ -59,7 +60,41 @@ _DEAD_LETTER_COLUMNS: dict[tuple[int, int], tuple[Catalog, Column]] = {}  # (id(
 _DEAD_LETTER_LOCK = threading.Lock()  # a reprocess run's batches may ask from another thread
 
 
+def per_catalog(catalog: Catalog, what: str, build: Callable[[], object]) -> object:
+    """`build()` once per catalog object (and Spark context: a Column holds a reference into its
+    JVM): Column expressions are unresolved, so the same ones serve every batch's DataFrame, and
+    building them is calls into the JVM, a small batch's main cost."""
+    context = SparkContext._active_spark_context
+    key = (id(catalog), id(context), what)
+    with _PER_CATALOG_LOCK:
+        kept = _PER_CATALOG.get(key)
+        if kept is not None and kept[0] is catalog and kept[1] is context:
+            return kept[2]
+    value = build()
+    with _PER_CATALOG_LOCK:
+        if len(_PER_CATALOG) >= 64:  # catalogs come and go (patterns defined through the API, tests)
+            _PER_CATALOG.pop(next(iter(_PER_CATALOG)))
+        _PER_CATALOG[key] = (catalog, context, value)
+    return value
+
+
+_PER_CATALOG: dict[tuple[int, int, str], tuple[Catalog, object, object]] = {}  # -> (catalog, context, value)
+_PER_CATALOG_LOCK = threading.Lock()  # not the dead-letter lock: that one is held while building from here
+
+
 def _dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
+    reason, retention, skew, beyond, future, none = per_catalog(catalog, "dead letter parts",
+                                                                lambda: _dead_letter_parts(catalog))
+    event_time = F.col("event_time")
+    return (
+        reason.when(event_time < F.lit(batch_now_ms) - retention, beyond)
+        .when(event_time > F.col("ingest_time") + skew, future)
+        .otherwise(none)
+    )
+
+
+def _dead_letter_parts(catalog: Catalog) -> tuple[Column, ...]:
+    """What the dead-letter reason is made of, but for the batch's instant."""
     retention = per_stream(catalog, lambda s: s.retention)
     skew = per_stream(catalog, lambda s: s.max_future_skew)
     event_time, ingest_time = F.col("event_time"), F.col("ingest_time")
@@ -70,11 +105,7 @@ def _dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
     missing_id = event_id_missing_column(catalog)
     if missing_id is not None:
         reason = reason.when(missing_id, F.lit(MISSING_EVENT_ID))
-    return (
-        reason.when(event_time < F.lit(batch_now_ms) - retention, F.lit(BEYOND_RETENTION))
-        .when(event_time > ingest_time + skew, F.lit(FUTURE_SKEW))
-        .otherwise(F.lit(None).cast("string"))
-    )
+    return reason, retention, skew, F.lit(BEYOND_RETENTION), F.lit(FUTURE_SKEW), F.lit(None).cast("string")
 
 
 def event_id_column(stream: StreamDef) -> Column:
@@ -101,18 +132,28 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
     event time overall and per log partition (`partition_max_event_time`), and one row per
     (stream, dead_reason) whose `count` is the number of records dead-lettered for that reason
     and whose `dead_records` lists them (partition, offset, event_time, ingest_time, error, dims)."""
+    if "clock_correction" not in df.columns:  # no device clock step ran (aggregates/device_clocks.py)
+        df = df.withColumns({"raw_event_time": F.col("event_time"), "clock_correction": F.lit(None).cast("bigint")})
+    rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
+    pane_start, g_dims, aggs = per_catalog(catalog, f"partial aggregates {lg_k} {kll_k}",
+                                           lambda: _aggregations(catalog, lg_k, kll_k))
+    rows = rows.withColumns({"pane_start": pane_start, "g_dims": g_dims})
+    return (
+        rows.groupBy("stream", "dead_reason", "pane_start", "g_dims")
+        .agg(*aggs)
+        .withColumnRenamed("g_dims", "dims")
+    )
+
+
+def _aggregations(catalog: Catalog, lg_k: int, kll_k: int) -> tuple[Column, Column, list[Column]]:
+    """The pane start and grouping dims of each row, and the aggregations, for `catalog`."""
     width_vals = max((len(s.values) for s in catalog.streams.values()), default=0)
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
     width_parts = max((s.partitions for s in catalog.streams.values()), default=0)
     pane_ms = pane_ms_column(catalog)
-    if "clock_correction" not in df.columns:  # no device clock step ran (aggregates/device_clocks.py)
-        df = df.withColumns({"raw_event_time": F.col("event_time"), "clock_correction": F.lit(None).cast("bigint")})
-    rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
     good = F.col("dead_reason").isNull()
-    rows = rows.withColumns({
-        "pane_start": F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms)),
-        "g_dims": F.when(good, F.col("dims")),
-    })
+    pane_start = F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms))
+    g_dims = F.when(good, F.col("dims"))
     # Dead records sit in their own groups (their reason is part of the key), so they add to
     # no pane and to no pane's newest event time: the watermark ignores them.
     aggs = [
@@ -142,8 +183,4 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
         ]
     for j in range(width_ids):
         aggs.append(F.hll_sketch_agg(F.get(F.col("ids"), j), lg_k).alias(f"hll_{j}"))
-    return (
-        rows.groupBy("stream", "dead_reason", "pane_start", "g_dims")
-        .agg(*aggs)
-        .withColumnRenamed("g_dims", "dims")
-    )
+    return pane_start, g_dims, aggs

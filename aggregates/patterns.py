@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.driver_batch import arrow_on_driver
 from aggregates.joins import derived_partials
 from aggregates.partials import dead_letter_reason_column
 from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
@@ -216,14 +217,15 @@ class PatternRunner:
         self.names = [matches_stream_name(p.name) for p in catalog.patterns]  # their derived streams
         self.streams = sorted({s for p in catalog.patterns for s in p.streams})
 
-    def records(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
+    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> pa.Table:
         """The batch's records of the patterns' streams that it merges (dead letters match nothing)."""
-        return (batch.where(F.col("stream").isin(self.streams)
-                            & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                .select("stream", "partition", "offset", "event_time", "dims", "vals", "ids").toArrow())
+        records = (batch.where(F.col("stream").isin(self.streams)
+                               & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                .select("stream", "partition", "offset", "event_time", "dims", "vals", "ids"))
+        return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
 
-    def process(self, batch: DataFrame, batch_now_ms: int) -> PatternsBatch:
-        return self.run(self.records(batch, batch_now_ms), self.store.watermarks())
+    def process(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> PatternsBatch:
+        return self.run(self.records(batch, batch_now_ms, on_driver=on_driver), self.store.watermarks())
 
     def run(self, records: pa.Table, stream_watermarks: dict[str, int]) -> PatternsBatch:
         """Every pattern over the batch's records, with the streams' watermarks stored before it."""

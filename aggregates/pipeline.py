@@ -136,7 +136,7 @@ class Pipeline(ReportsStoreErrors):
                 enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small)
                 batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
-                matched = self.patterns.process(batch, batch_now_ms)
+                matched = self.patterns.process(batch, batch_now_ms, on_driver=small)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -152,7 +152,7 @@ class Pipeline(ReportsStoreErrors):
                 # After the clock step (joins see corrected event times) and once the commit says
                 # how far each joined stream's watermark moves (the join's clock); the derived
                 # panes and the join's state go into the batch's own transaction.
-                joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle)
+                joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle, on_driver=small)
                 commit = with_joins(commit, joined, self.joins.names)
             bloomed = runs = None
             if self.bloom.enabled or self.sessions.enabled:

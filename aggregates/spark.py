@@ -53,6 +53,12 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
         # must stay bounded: at 1 000 000 a backfill batch of 1 M events spread over a day
         # (~400 000 groups) ran the 2 GB driver out of heap (bench.throughput --hours 24).
         .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", str(HASH_AGGREGATE_GROUPS))
+        # PySpark's DataFrame debugging records each API call's Python call site in the JVM: every
+        # F.col, F.when, select... then costs ~8 calls into the JVM instead of 1-2 (the active
+        # session, a conf read, the origin set and cleared). A demo-rate batch builds a few hundred
+        # such expressions: thousands of calls, most of its driver time (docs/benchmarks.md, "a
+        # demo-rate micro-batch"). Errors still name the failing expression, not its Python line.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     for key, value in extra_conf.items():
         builder = builder.config(key, value)

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("partial aggregates (job + collect)", lambda: [r.asDict() for r in partial_aggregates(
             b, catalog, batch_now_ms=batch_now_ms, lg_k=p.config.lg_k, kll_k=p.config.kll_k).collect()])
         if p.joins.enabled:
-            timed("window joins' records", lambda: p.joins.records(b, batch_now_ms))
+            timed("window joins' records", lambda: p.joins.records(b, batch_now_ms, on_driver=driver))
         if p.tables.enabled:
             timed("tables' newest rows", lambda: p.tables.process(b))
         merged = b.where(dead_letter_reason_column(catalog, batch_now_ms).isNull())

@@ -137,12 +137,13 @@ class Settings(BaseSettings):
                                        " session: spark.executor.memory, spark.executor.cores, spark.cores.max,"
                                        " spark.sql.shuffle.partitions, spark.driver.host, spark.pyspark.python, ...")
     spark_driver_memory: str = "2g"
-    trigger_interval: str = "1 second"
+    # Short: a batch starts as soon as records are there (an idle trigger is one read of the log's offsets).
+    trigger_interval: str = "100 milliseconds"
     max_records_per_batch: int = Field(1_000_000, ge=1)
     max_records_per_task: int = Field(250_000, ge=1)
 
     # Websocket hub (live dashboard)
-    ws_poll_interval: float = Field(0.2, gt=0, le=10, description="seconds between reads of the store's change feed")
+    ws_poll_interval: float = Field(0.05, gt=0, le=10, description="seconds between reads of the store's change feed")
     ws_heartbeat_interval: float = Field(10.0, gt=0, description="seconds of silence before a heartbeat is sent")
     ws_queue_size: int = Field(256, ge=8, description="messages queued per client before coalescing/dropping")
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
