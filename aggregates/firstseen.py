@@ -98,7 +98,7 @@ class BloomFeatures:
                 shapes[(name, TAG_MEMBERSHIP)] = (*optimal_shape(decl.capacity, decl.fpp), decl.seed)
                 bucket = F.col("event_time") - F.pmod(F.col("event_time"), F.lit(decl.bucket).cast("bigint"))
                 items.append(KeyItem(name, TAG_MEMBERSHIP, decl.field, _key_column(stream, decl.field), bucket,
-                                     seed=decl.seed))
+                                     seed=decl.seed, bucket_ms=decl.bucket))
         return BloomPlan(items, shapes, filters)
 
     def process(self, batch: DataFrame) -> BloomCommit | None:

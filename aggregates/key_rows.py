@@ -47,6 +47,8 @@ class KeyItem:
     bucket: Column | None = None  # None: one row per key (bucket 0)
     seed: int | None = None
     times: bool = False
+    bucket_ms: int | None = None  # a membership item's bucket width (its `bucket` column's), for the fold
+    member: KeyItem | None = None  # a membership item folded into this bucket-less row (see `folded`)
 
 
 def shared(items: Sequence[KeyItem]) -> list[KeyItem]:
@@ -74,17 +76,44 @@ def _case(items: Sequence[KeyItem], value, cast: str) -> Column:
     return expr.otherwise(F.lit(None).cast(cast))
 
 
-def key_rows(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
+def folded(items: Sequence[KeyItem]) -> list[KeyItem]:
+    """`shared(items)`, then each membership item folded into its stream's bucket-less row on the
+    same field that collects the key's times (sessions): one row per event and key for all three
+    features. That row's key is hashed with the membership seed too, and the key's membership
+    buckets are derived from its times on the driver (`unfolded`). Without times the membership
+    row stays its own: a `collect_set` of buckets instead measured slower than the second row
+    (an object hash aggregate against min() in Spark's code-generated one)."""
+    out = shared(items)
+    drop: list[int] = []
+    for n, item in enumerate(out):
+        if item.tag != TAG_MEMBERSHIP or item.bucket_ms is None:
+            continue
+        at = next((h for h, o in enumerate(out) if o.stream == item.stream and o.field == item.field
+                   and o.bucket is None and o.member is None and o.times), None)
+        if at is not None:
+            out[at] = replace(out[at], member=item)
+            drop.append(n)
+    return [item for n, item in enumerate(out) if n not in drop]
+
+
+def _empty_rows() -> pa.Table:
+    return pa.table({"stream": pa.array([], pa.string()), "tag": pa.array([], pa.int32()),
+                     "bucket": pa.array([], pa.int64()), "first_ms": pa.array([], pa.int64()),
+                     "h1": pa.array([], pa.int64()), "h2": pa.array([], pa.int64()),
+                     "key": pa.array([], pa.string()), "times": pa.array([], pa.list_(pa.int64()))})
+
+
+def key_rows(batch: DataFrame, items: Sequence[KeyItem], *, fold: bool = True) -> pa.Table:
     """One Spark job over `batch` (records merged into panes: no dead letters): per (stream, tag,
     bucket, key) of the items, `first_ms` (earliest event time), `h1`/`h2` (the key's hashes with
     its item's seed; null without one), `key` (only on rows collecting times, else null) and `times`
-    (the key's event times, unsorted; empty on rows not collecting them). Keys null or "" are none."""
-    items = shared(items)
+    (the key's event times, unsorted; empty on rows not collecting them). Keys null or "" are none.
+    With `fold` (the pipeline's way), a membership item on the field of a bucket-less row rides on
+    that row (`folded`) and its (key, bucket) rows are derived on the driver (`unfolded`): the
+    same rows, except that their `first_ms` is the bucket's start (nothing reads it)."""
+    items = folded(items) if fold else shared(items)
     if not items:
-        return pa.table({"stream": pa.array([], pa.string()), "tag": pa.array([], pa.int32()),
-                         "bucket": pa.array([], pa.int64()), "first_ms": pa.array([], pa.int64()),
-                         "h1": pa.array([], pa.int64()), "h2": pa.array([], pa.int64()),
-                         "key": pa.array([], pa.string()), "times": pa.array([], pa.list_(pa.int64()))})
+        return _empty_rows()
     streams = sorted({i.stream for i in items})
     case = None
     for name in streams:
@@ -102,13 +131,54 @@ def key_rows(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
     if timed:  # collect_list skips nulls: rows of other items carry an empty list
         wants = _case(timed, lambda i: F.lit(True), "boolean")
         aggs.append(F.collect_list(F.when(wants, F.col("event_time"))).alias("times"))
+    members = [i for i in items if i.member is not None]
     keys = tagged.groupBy("stream", "tag", "bucket", "key").agg(*aggs)
     hashed = [i for i in items if i.seed is not None]
     seed = _case(hashed, lambda i: F.lit(i.seed).cast("bigint"), "bigint") if hashed else F.lit(None).cast("bigint")
     times = F.col("times") if timed else F.array().cast("array<bigint>")
     key = F.when(F.size(times) > 0, F.col("key")) if timed else F.lit(None).cast("string")
-    return keys.select("stream", "tag", "bucket", "first_ms", *hash_columns(seed), key.alias("key"),
-                       times.alias("times")).toArrow()
+    extra = []
+    if members:
+        member_seed = _case(members, lambda i: F.lit(i.member.seed).cast("bigint"), "bigint")
+        extra = [c.alias("m" + n) for c, n in zip(hash_columns(member_seed), ("h1", "h2"), strict=True)]
+    table = keys.select("stream", "tag", "bucket", "first_ms", *hash_columns(seed), key.alias("key"),
+                        times.alias("times"), *extra).toArrow()
+    return unfolded(table, members) if members else table
+
+
+def unfolded(table: pa.Table, members: Sequence[KeyItem]) -> pa.Table:
+    """`key_rows`' rows with the folded membership items' (key, bucket) rows derived on the driver:
+    per row carrying a member, the distinct buckets of its times, each a row (stream, TAG_MEMBERSHIP, bucket, first_ms = bucket, the member's hashes)."""
+    base = table.select(list(_empty_rows().column_names))
+    if table.num_rows == 0:
+        return base
+    stream = pc.dictionary_encode(table["stream"]).combine_chunks()
+    names = stream.dictionary.to_pylist()
+    stream_ix, tag = stream.indices.to_numpy(zero_copy_only=False), table["tag"].to_numpy()
+    parts: list[pa.Table] = []
+    for item in members:
+        if item.stream not in names:
+            continue
+        rows = pa.array(np.flatnonzero((stream_ix == names.index(item.stream)) & (tag == item.tag)))
+        if len(rows) == 0:
+            continue
+        lists = table["times"].take(rows).combine_chunks()
+        values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        values = values - np.mod(values, item.member.bucket_ms)  # as Spark's pmod: the bucket's start
+        order = np.lexsort((values, parent))
+        parent, values = parent[order], values[order]
+        first = np.ones(len(values), bool)  # each (row, bucket) once
+        first[1:] = (parent[1:] != parent[:-1]) | (values[1:] != values[:-1])
+        at, bucket = pa.array(parent[first]), pa.array(values[first])
+        n = len(bucket)
+        parts.append(pa.table({"stream": pa.array(np.full(n, item.stream, object), pa.string()),
+                               "tag": pa.array(np.full(n, TAG_MEMBERSHIP, np.int32)), "bucket": bucket,
+                               "first_ms": bucket, "h1": table["mh1"].take(rows).take(at),
+                               "h2": table["mh2"].take(rows).take(at), "key": pa.nulls(n, pa.string()),
+                               "times": pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)),
+                                                                 pa.array([], pa.int64()))}))
+    return pa.concat_tables([base, *(p.cast(base.schema) for p in parts)])
 
 
 def hash_columns(seed: Column) -> list[Column]:
