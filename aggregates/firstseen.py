@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, hash_columns, key_rows
+from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows, hash_columns, key_rows
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
 from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
@@ -110,8 +110,8 @@ class BloomFeatures:
         # key, a few hundred thousand at most per batch) reach the driver as one Arrow table.
         return self.commit(key_rows(batch, plan.items), plan)
 
-    def commit(self, rows: pa.Table, plan: BloomPlan) -> BloomCommit:
-        return self.commit_of(rows, plan.shapes, plan.filters)
+    def commit(self, rows: KeyRows, plan: BloomPlan) -> BloomCommit:
+        return self.commit_of(rows.bloom_rows(), plan.shapes, plan.filters)
 
     def commit_of(self, keys: pa.Table, shapes: dict[tuple[str, int], tuple[int, int, int]],
                   filters: dict[str, BloomFilter]) -> BloomCommit:

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
-from aggregates.key_rows import TAG_SESSIONS, KeyItem, key_rows, runs_from_times
+from aggregates.key_rows import TAG_SESSIONS, KeyItem, KeyRows, key_rows
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
@@ -107,12 +107,13 @@ class SessionWindows:
         for name in self.streams:
             stream = self.catalog.streams[name]
             column, index = source_field(stream, stream.sessions.key)
-            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True))
+            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True,
+                               gap=stream.sessions.gap))
         return out
 
-    def runs_of_rows(self, rows: pa.Table) -> pa.Table:
-        """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' rows carrying times."""
-        return runs_from_times(rows, {n: self.catalog.streams[n].sessions.gap for n in self.streams})
+    def runs_of_rows(self, rows: KeyRows) -> pa.Table:
+        """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' slots."""
+        return rows.runs()
 
     def runs(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
         """The batch's merged records of the streams with sessions, cut into runs per key:
