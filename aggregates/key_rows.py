@@ -210,9 +210,9 @@ class KeyRows:
         a new run where the next slot's first event is `gap` or more after the previous one's last."""
         parts = []
         for g in self.groups:
-            if g.sessions is None:
+            rows = self._of(g) if g.sessions is not None else None
+            if rows is None or rows.num_rows == 0:
                 continue
-            rows = self._of(g)
             keys = pc.dictionary_encode(rows["key"]).combine_chunks()
             key_ix = keys.indices.to_numpy(zero_copy_only=False)
             first, last, events = (rows[c].to_numpy(zero_copy_only=False) for c in ("first_ms", "last_ms", "events"))
@@ -225,7 +225,7 @@ class KeyRows:
             parts.append(pa.table({"stream": pa.array(np.full(len(heads), g.stream, object), pa.string()),
                                    "key": keys.dictionary.take(pa.array(key_ix[heads])),
                                    "first_ms": first[heads], "last_ms": last[ends],
-                                   "events": np.add.reduceat(events, heads) if len(heads) else events[:0]}))
+                                   "events": np.add.reduceat(events, heads)}))
         return pa.concat_tables(parts) if parts else _empty_runs()
 
 
