@@ -2,14 +2,14 @@
 
 Per batch (inside the main pipeline's foreachBatch, before the store commit):
 
-1. On the executors: every event of a stream with `first_seen` and/or `membership` yields
-   (tag, key, bucket) rows (tag 0: first-seen, bucket 0; tag 1: membership, bucket = start
-   of the event-time bucket); group by (stream, tag, bucket, key) -> earliest event time.
-   So a key new in this batch counts once, in the pane of its earliest event. Each distinct
-   key's two hashes come from Spark's native `xxhash64` with the filter's two derived seeds
-   (sketches/bloom.py documents the formula; its Python side computes the identical values).
-2. The distinct keys' (stream, tag, bucket, earliest time, h1, h2) reach the driver as one
-   Arrow table (16 bytes of hashes a key: the demo's 1 M-event batch has ~10^5 keys).
+1. On the executors, the batch's one per-key job (aggregates/key_rows.py, shared with the
+   sessions): every event of a stream with `first_seen` and/or `membership` is one row per key
+   slot (the slot divides the membership bucket, or is the whole batch), grouped for the earliest
+   event time; each key's hashes come from Spark's native `xxhash64` with the filter's two
+   derived seeds (sketches/bloom.py documents the formula; its Python side computes the identical
+   values). So a key new in this batch counts once, in the pane of its earliest event.
+2. The slots reach the driver as one Arrow table; from them, per key its earliest time (tag 0,
+   bucket 0) and per (key, membership bucket) a row (tag 1): `KeyRows.bloom_rows`.
 3. On the driver, numpy over whole columns: the k bit positions by double hashing; the
    first-seen test of each key against the stream's long-lived filter as the store last
    committed it, counted per (stream, pane); the bits to add as the 4 KiB chunks of the
@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, hash_columns, key_rows
+from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows, hash_columns, key_rows
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
 from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
@@ -49,7 +49,7 @@ def _key_column(stream: StreamDef, field: str) -> Column:
 
 @dataclass(frozen=True)
 class BloomPlan:
-    """What a batch's Bloom work needs before its Spark job: the rows per event (`key_rows`), each
+    """What a batch's Bloom work needs before its Spark job: what it reads per event (`key_rows`), each
     filter's (m, k, seed) per (stream, tag), and the first-seen filters as last committed."""
     items: list[KeyItem]
     shapes: dict[tuple[str, int], tuple[int, int, int]]
@@ -98,7 +98,7 @@ class BloomFeatures:
                 shapes[(name, TAG_MEMBERSHIP)] = (*optimal_shape(decl.capacity, decl.fpp), decl.seed)
                 bucket = F.col("event_time") - F.pmod(F.col("event_time"), F.lit(decl.bucket).cast("bigint"))
                 items.append(KeyItem(name, TAG_MEMBERSHIP, decl.field, _key_column(stream, decl.field), bucket,
-                                     seed=decl.seed))
+                                     seed=decl.seed, bucket_ms=decl.bucket))
         return BloomPlan(items, shapes, filters)
 
     def process(self, batch: DataFrame) -> BloomCommit | None:
@@ -110,8 +110,8 @@ class BloomFeatures:
         # key, a few hundred thousand at most per batch) reach the driver as one Arrow table.
         return self.commit(key_rows(batch, plan.items), plan)
 
-    def commit(self, rows: pa.Table, plan: BloomPlan) -> BloomCommit:
-        return self.commit_of(rows, plan.shapes, plan.filters)
+    def commit(self, rows: KeyRows, plan: BloomPlan) -> BloomCommit:
+        return self.commit_of(rows.bloom_rows(), plan.shapes, plan.filters)
 
     def commit_of(self, keys: pa.Table, shapes: dict[tuple[str, int], tuple[int, int, int]],
                   filters: dict[str, BloomFilter]) -> BloomCommit:

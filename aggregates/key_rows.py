@@ -1,24 +1,32 @@
 """The batch's per-key Spark job, shared by the Bloom features and the sessions.
 
-First-seen and membership (aggregates/firstseen.py) group a batch's merged records by (stream,
-key) for each key's earliest event time and hashes; sessions (aggregates/session_batch.py) group
-the same records by (stream, key) for each key's event times. Where a stream's session key is its
-first-seen field (the demo's `http_requests`: both `user_id`), that is the same shuffle twice.
-So each feature describes the rows it wants per event (`KeyItem`), and one job explodes every
-event into those rows, groups them by (stream, tag, bucket, key) and returns per group the
-earliest event time, the key's two hashes (Bloom rows) and, for the rows sessions read, the key
-and its event times. A session item rides on its stream's first-seen row when both read the same
-field (one row, one shuffle for both); otherwise it is a row of its own (tag `TAG_SESSIONS`).
+First-seen (aggregates/firstseen.py) wants each key's earliest event time and hashes; membership
+the (key, event-time bucket) pairs and their hashes; sessions (aggregates/session_batch.py) each
+key's runs of events closer than `gap`. The features of one stream that read the same field (the
+demo's `http_requests`: all three on `user_id`) form one `KeyGroup`, and every event is ONE row of
+each group of its stream: (group, key, slot) where the slot is the event time rounded down to
+`slot_ms` = gcd(the sessions' gap, the membership bucket), or 0 (one slot a key) for first-seen
+alone. The job groups by (group, key, slot) with min/max/count of the event time and the key's
+hashes per filter seed: only fixed-width aggregates, so Spark's code-generated hash aggregate
+combines them on the map side, and the driver gets one Arrow row per key and slot.
 
-The driver cuts each key's times into runs with numpy (`runs_from_times`): sorted, a new run
-wherever the next time is `gap` or more after the previous one, first/last/count per run. The
-times reach the driver once, as one Arrow list column (8 bytes an event of the session streams).
-Before, sessions were a job of their own: the batch scanned again, shuffled by key again, and
-the runs cut in the JVM by higher-order functions (filter/transform/inline) per key.
+On the driver (numpy/Arrow over whole columns, `KeyRows`):
+- first-seen: each key's earliest time, the minimum over its slots;
+- membership: the distinct (key, bucket) of the slots (a slot lies in one bucket: its width
+  divides the bucket's), each with its earliest time;
+- sessions: a key's slots sorted by time; no run is cut inside a slot (its events lie within
+  less than `slot_ms` <= gap of each other), and between two consecutive slots exactly where the
+  next one's first event is `gap` or more after the previous one's last: the runs of the key's
+  events, exact (`runs_from_times` is the same cut over every event time, the reference).
+
+Before (until 2026-11-24) the job exploded each event into a row per feature (first-seen,
+membership bucket, sessions' key) and collected every session key's event times with
+`collect_list` (an object hash aggregate, 8 bytes an event through the shuffle and into Arrow).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -38,8 +46,9 @@ RUN_COLUMNS = ("stream", "key", "first_ms", "last_ms", "events")
 
 @dataclass(frozen=True)
 class KeyItem:
-    """One row per event of `stream`: (tag, key, bucket). `seed`: the Bloom filter's seed, the row's
-    key hashed with it (None: no hashes); `times`: the key's event times collected (sessions)."""
+    """What one feature of `stream` reads per event: the key (`field`, `key` its column), for Bloom
+    items the filter's `seed`, for membership its bucket width, for sessions their gap. (`bucket`
+    and `times` describe the per-event rows of `shared`, the job's form before the key groups.)"""
     stream: str
     tag: int
     field: str
@@ -47,6 +56,8 @@ class KeyItem:
     bucket: Column | None = None  # None: one row per key (bucket 0)
     seed: int | None = None
     times: bool = False
+    bucket_ms: int | None = None  # a membership item's bucket width
+    gap: int | None = None  # a sessions item's gap
 
 
 def shared(items: Sequence[KeyItem]) -> list[KeyItem]:
@@ -65,50 +76,169 @@ def shared(items: Sequence[KeyItem]) -> list[KeyItem]:
     return out
 
 
-def _case(items: Sequence[KeyItem], value, cast: str) -> Column:
-    """CASE over (stream, tag) -> value(item)."""
-    expr = None
+@dataclass(frozen=True)
+class KeyGroup:
+    """The features of one stream that read one key field: one row per event and key slot."""
+    id: int
+    stream: str
+    field: str
+    key: Column
+    first_seen: KeyItem | None = None
+    membership: KeyItem | None = None
+    sessions: KeyItem | None = None
+
+    @property
+    def slot_ms(self) -> int:
+        """The slot width: divides the sessions' gap and the membership bucket (0: one slot a key)."""
+        widths = [w for w in (self.sessions and self.sessions.gap, self.membership and self.membership.bucket_ms) if w]
+        return math.gcd(*widths) if widths else 0
+
+
+def key_groups(items: Sequence[KeyItem]) -> list[KeyGroup]:
+    """The items grouped by (stream, field), in the order they come."""
+    groups: dict[tuple[str, str], KeyGroup] = {}
     for item in items:
-        cond = (F.col("stream") == item.stream) & (F.col("tag") == item.tag)
-        expr = (F.when if expr is None else expr.when)(cond, value(item))
-    return expr.otherwise(F.lit(None).cast(cast))
+        at = (item.stream, item.field)
+        group = groups.setdefault(at, KeyGroup(len(groups), item.stream, item.field, item.key))
+        role = {TAG_FIRST_SEEN: "first_seen", TAG_MEMBERSHIP: "membership"}.get(item.tag, "sessions")
+        if getattr(group, role) is not None:
+            raise ValueError(f"stream {item.stream}: two {role} items on {item.field}")
+        groups[at] = replace(group, **{role: item})
+    return list(groups.values())
 
 
-def key_rows(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
-    """One Spark job over `batch` (records merged into panes: no dead letters): per (stream, tag,
-    bucket, key) of the items, `first_ms` (earliest event time), `h1`/`h2` (the key's hashes with
-    its item's seed; null without one), `key` (only on rows collecting times, else null) and `times`
-    (the key's event times, unsorted; empty on rows not collecting them). Keys null or "" are none."""
-    items = shared(items)
-    if not items:
-        return pa.table({"stream": pa.array([], pa.string()), "tag": pa.array([], pa.int32()),
-                         "bucket": pa.array([], pa.int64()), "first_ms": pa.array([], pa.int64()),
-                         "h1": pa.array([], pa.int64()), "h2": pa.array([], pa.int64()),
-                         "key": pa.array([], pa.string()), "times": pa.array([], pa.list_(pa.int64()))})
-    streams = sorted({i.stream for i in items})
-    case = None
-    for name in streams:
-        rows = F.array(*(F.struct(F.lit(i.tag).alias("tag"), i.key.cast("string").alias("key"),
-                                  (F.lit(0) if i.bucket is None else i.bucket).cast("bigint").alias("bucket"))
-                         for i in items if i.stream == name))
-        case = (F.when if case is None else case.when)(F.col("stream") == name, rows)
-    item_type = "array<struct<tag:int,key:string,bucket:bigint>>"
-    tagged = (batch.where(F.col("stream").isin(streams))
-              .select("stream", "event_time", F.explode(case.otherwise(F.array().cast(item_type))).alias("t"))
-              .select("stream", "event_time", "t.tag", "t.key", "t.bucket")
-              .where(F.col("key").isNotNull() & (F.col("key") != "")))
-    timed = [i for i in items if i.times]
-    aggs = [F.min("event_time").alias("first_ms")]
-    if timed:  # collect_list skips nulls: rows of other items carry an empty list
-        wants = _case(timed, lambda i: F.lit(True), "boolean")
-        aggs.append(F.collect_list(F.when(wants, F.col("event_time"))).alias("times"))
-    keys = tagged.groupBy("stream", "tag", "bucket", "key").agg(*aggs)
-    hashed = [i for i in items if i.seed is not None]
-    seed = _case(hashed, lambda i: F.lit(i.seed).cast("bigint"), "bigint") if hashed else F.lit(None).cast("bigint")
-    times = F.col("times") if timed else F.array().cast("array<bigint>")
-    key = F.when(F.size(times) > 0, F.col("key")) if timed else F.lit(None).cast("string")
-    return keys.select("stream", "tag", "bucket", "first_ms", *hash_columns(seed), key.alias("key"),
-                       times.alias("times")).toArrow()
+SLOT_SCHEMA = pa.schema([("group", pa.int32()), ("key", pa.string()), ("slot", pa.int64()),
+                         ("first_ms", pa.int64()), ("last_ms", pa.int64()), ("events", pa.int64()),
+                         ("h1", pa.int64()), ("h2", pa.int64()), ("mh1", pa.int64()), ("mh2", pa.int64())])
+BLOOM_ROW_SCHEMA = pa.schema([("stream", pa.string()), ("tag", pa.int32()), ("bucket", pa.int64()),
+                              ("first_ms", pa.int64()), ("h1", pa.int64()), ("h2", pa.int64())])
+
+
+def _by_group(groups: Sequence[KeyGroup], value, cast: str) -> Column:
+    """CASE group -> value(group) (null where it is None)."""
+    expr = None
+    for g in groups:
+        v = value(g)
+        if v is not None:
+            expr = (F.when if expr is None else expr.when)(F.col("group") == g.id, v)
+    return F.lit(None).cast(cast) if expr is None else expr.otherwise(F.lit(None).cast(cast))
+
+
+def key_rows(batch: DataFrame, items: Sequence[KeyItem]) -> KeyRows:
+    """One Spark job over `batch` (records merged into panes: no dead letters): per (group, key,
+    slot) of the items' groups, the earliest and latest event time and the count, and the key's
+    hashes with the first-seen seed (h1, h2) and the membership seed (mh1, mh2), null where the
+    group has no such filter. Keys null or "" are none."""
+    groups = key_groups(items)
+    if not groups:
+        return KeyRows(SLOT_SCHEMA.empty_table(), [])
+    streams = sorted({g.stream for g in groups})
+    per_stream = {n: [g for g in groups if g.stream == n] for n in streams}
+    if all(len(gs) == 1 for gs in per_stream.values()):  # one group a stream: no explode
+        group = key = None
+        for n, (g,) in per_stream.items():
+            group = (F.when if group is None else group.when)(F.col("stream") == n, F.lit(g.id))
+            key = (F.when if key is None else key.when)(F.col("stream") == n, g.key.cast("string"))
+        keyed = batch.where(F.col("stream").isin(streams)).select(
+            group.alias("group"), key.alias("key"), "event_time")
+    else:
+        case = None
+        for n, gs in per_stream.items():
+            rows = F.array(*(F.struct(F.lit(g.id).alias("group"), g.key.cast("string").alias("key")) for g in gs))
+            case = (F.when if case is None else case.when)(F.col("stream") == n, rows)
+        keyed = (batch.where(F.col("stream").isin(streams))
+                 .select("event_time", F.explode(case.otherwise(F.array().cast("array<struct<group:int,key:string>>")))
+                         .alias("t"))
+                 .select("t.group", "t.key", "event_time"))
+    t = F.col("event_time")
+    slot = _by_group(groups, lambda g: t - F.pmod(t, F.lit(g.slot_ms).cast("bigint")) if g.slot_ms else F.lit(0)
+                     .cast("bigint"), "bigint")
+    slots = (keyed.where(F.col("key").isNotNull() & (F.col("key") != ""))
+             .select(F.col("group").cast("int").alias("group"), "key", slot.alias("slot"), "event_time")
+             .groupBy("group", "key", "slot")
+             .agg(F.min(t).alias("first_ms"), F.max(t).alias("last_ms"), F.count(F.lit(1)).alias("events")))
+
+    def seed(role: str) -> Column:
+        return _by_group(groups, lambda g: None if getattr(g, role) is None else F.lit(getattr(g, role).seed)
+                         .cast("bigint"), "bigint")
+
+    mh1, mh2 = hash_columns(seed("membership"))
+    table = slots.select("group", "key", "slot", "first_ms", "last_ms", "events", *hash_columns(seed("first_seen")),
+                         mh1.alias("mh1"), mh2.alias("mh2")).toArrow()
+    return KeyRows(table.cast(SLOT_SCHEMA), groups)
+
+
+@dataclass(frozen=True)
+class KeyRows:
+    """The per-key job's slots (SLOT_SCHEMA) and the groups they belong to; what each feature
+    reads of them, derived on the driver over whole columns."""
+    slots: pa.Table
+    groups: list[KeyGroup]
+
+    def _of(self, group: KeyGroup) -> pa.Table:
+        return self.slots.filter(pc.equal(self.slots["group"], group.id))
+
+    def bloom_rows(self) -> pa.Table:
+        """Per Bloom item (BLOOM_ROW_SCHEMA): first-seen, a row per key (bucket 0) with its earliest
+        time; membership, a row per (key, bucket) with its earliest time in the bucket; each with
+        the key's hashes for the item's filter."""
+        parts = []
+        for g in self.groups:
+            if g.first_seen is None and g.membership is None:
+                continue
+            rows = self._of(g)
+            if g.first_seen is not None:
+                if g.slot_ms == 0:  # already one row a key
+                    first_ms, h1, h2 = rows["first_ms"], rows["h1"], rows["h2"]
+                else:  # h1/h2 are the key's, the same in each of its slots
+                    per_key = rows.group_by("key", use_threads=False).aggregate(
+                        [("first_ms", "min"), ("h1", "min"), ("h2", "min")])
+                    first_ms, h1, h2 = per_key["first_ms_min"], per_key["h1_min"], per_key["h2_min"]
+                parts.append(_bloom_part(g.stream, TAG_FIRST_SEEN, np.zeros(len(first_ms), np.int64), first_ms, h1, h2))
+            if g.membership is not None:
+                slot = rows["slot"].to_numpy(zero_copy_only=False)
+                bucket = pa.array(slot - np.mod(slot, g.membership.bucket_ms))
+                per_bucket = pa.table({"key": rows["key"], "bucket": bucket, "first_ms": rows["first_ms"],
+                                       "h1": rows["mh1"], "h2": rows["mh2"]}).group_by(
+                    ["key", "bucket"], use_threads=False).aggregate([("first_ms", "min"), ("h1", "min"), ("h2", "min")])
+                parts.append(_bloom_part(g.stream, TAG_MEMBERSHIP, per_bucket["bucket"], per_bucket["first_ms_min"],
+                                         per_bucket["h1_min"], per_bucket["h2_min"]))
+        return pa.concat_tables(parts) if parts else BLOOM_ROW_SCHEMA.empty_table()
+
+    def runs(self) -> pa.Table:
+        """The sessions' runs (RUN_COLUMNS) of every group with sessions: per key its slots by time,
+        a new run where the next slot's first event is `gap` or more after the previous one's last."""
+        parts = []
+        for g in self.groups:
+            rows = self._of(g) if g.sessions is not None else None
+            if rows is None or rows.num_rows == 0:
+                continue
+            keys = pc.dictionary_encode(rows["key"]).combine_chunks()
+            key_ix = keys.indices.to_numpy(zero_copy_only=False)
+            first, last, events = (rows[c].to_numpy(zero_copy_only=False) for c in ("first_ms", "last_ms", "events"))
+            order = np.lexsort((first, key_ix))
+            key_ix, first, last, events = key_ix[order], first[order], last[order], events[order]
+            starts = np.ones(len(first), bool)
+            starts[1:] = (key_ix[1:] != key_ix[:-1]) | (first[1:] - last[:-1] >= g.sessions.gap)
+            heads = np.flatnonzero(starts)
+            ends = np.append(heads[1:], len(first)) - 1
+            parts.append(pa.table({"stream": pa.array(np.full(len(heads), g.stream, object), pa.string()),
+                                   "key": keys.dictionary.take(pa.array(key_ix[heads])),
+                                   "first_ms": first[heads], "last_ms": last[ends],
+                                   "events": np.add.reduceat(events, heads)}))
+        return pa.concat_tables(parts) if parts else _empty_runs()
+
+
+def _bloom_part(stream: str, tag: int, bucket, first_ms, h1, h2) -> pa.Table:
+    n = len(first_ms)
+    return pa.table({"stream": pa.array(np.full(n, stream, object), pa.string()),
+                     "tag": pa.array(np.full(n, tag, np.int32)), "bucket": bucket, "first_ms": first_ms,
+                     "h1": h1, "h2": h2}, schema=BLOOM_ROW_SCHEMA)
+
+
+def _empty_runs() -> pa.Table:
+    return pa.table({"stream": pa.array([], pa.string()), "key": pa.array([], pa.string()),
+                     **{c: pa.array([], pa.int64()) for c in RUN_COLUMNS[2:]}})
 
 
 def hash_columns(seed: Column) -> list[Column]:
@@ -127,8 +257,7 @@ def runs_from_times(rows: pa.Table, gaps: Mapping[str, int]) -> pa.Table:
     lists = carrying["times"].combine_chunks() if carrying.num_rows else pa.array([], pa.list_(pa.int64()))
     values = pc.list_flatten(lists).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if len(values) == 0:
-        return pa.table({"stream": pa.array([], pa.string()), "key": pa.array([], pa.string()),
-                         **{c: pa.array([], pa.int64()) for c in RUN_COLUMNS[2:]}})
+        return _empty_runs()
     parent = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
     order = np.lexsort((values, parent))  # parent is already ascending: each key's times sorted in place
     values = values[order]

@@ -4,10 +4,11 @@ gap}`, aggregates/session_window.py is the rule, store/sessions.py the open sess
 Per batch: the batch's merged records (not dead letters; after the device clock step, so in
 corrected event time; after duplicates are dropped) of the streams declaring sessions are cut into
 runs, per key: sorted by event time, a new run where the next event is `gap` or more after the
-previous one, and per run its first and last event times and its count. Spark groups each key's
-event times in the batch's one per-key job, shared with first-seen and membership
-(aggregates/key_rows.py: a stream whose session key is its first-seen field is shuffled once for
-both); the driver cuts them into runs with numpy. Then, on the driver, per stream: the open
+previous one, and per run its first and last event times and its count. The batch's one per-key
+job, shared with first-seen and membership (aggregates/key_rows.py: a stream whose Bloom features
+and sessions read the same key is one row per event for all), gives each key's events per slot
+of at most `gap` (earliest, latest, count); the driver cuts the slots into runs with numpy,
+exactly as it would cut the events. Then, on the driver, per stream: the open
 sessions its runs' keys touch or that the stream's watermark after this batch closes (one store
 lookup), the rule, and the closed sessions rolled up into pane partials of the derived stream
 `<stream>_sessions` (event time = session start; values duration_ms = last - first with a KLL
@@ -33,7 +34,7 @@ from pyspark.sql import functions as F
 
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
-from aggregates.key_rows import TAG_SESSIONS, KeyItem, key_rows, runs_from_times
+from aggregates.key_rows import TAG_SESSIONS, KeyItem, KeyRows, key_rows
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
@@ -101,18 +102,19 @@ class SessionWindows:
         self.names = [sessions_stream_name(n) for n in self.streams]  # the derived streams
 
     def items(self) -> list[KeyItem]:
-        """Per event of a stream with sessions: its session key, its event times collected
-        (aggregates/key_rows.py; a row shared with first-seen where that reads the same field)."""
+        """Per event of a stream with sessions: its session key and the gap (aggregates/key_rows.py:
+        one row with the Bloom features where they read the same field)."""
         out = []
         for name in self.streams:
             stream = self.catalog.streams[name]
             column, index = source_field(stream, stream.sessions.key)
-            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True))
+            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True,
+                               gap=stream.sessions.gap))
         return out
 
-    def runs_of_rows(self, rows: pa.Table) -> pa.Table:
-        """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' rows carrying times."""
-        return runs_from_times(rows, {n: self.catalog.streams[n].sessions.gap for n in self.streams})
+    def runs_of_rows(self, rows: KeyRows) -> pa.Table:
+        """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' slots."""
+        return rows.runs()
 
     def runs(self, batch: DataFrame, batch_now_ms: int) -> pa.Table:
         """The batch's merged records of the streams with sessions, cut into runs per key:
@@ -154,8 +156,8 @@ class SessionWindows:
 def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWindows) -> tuple[BloomCommit | None,
                                                                                              pa.Table | None]:
     """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
-    (aggregates/key_rows.py): a stream whose session key is its first-seen field is grouped by
-    that key once for both. None for a feature no stream has."""
+    (aggregates/key_rows.py): a stream whose session key is its Bloom features' field is grouped by
+    that key once for all. None for a feature no stream has."""
     plan = bloom.plan() if bloom.enabled else None
     rows = key_rows(merged, [*(plan.items if plan else ()), *(sessions.items() if sessions.enabled else ())])
     return (bloom.commit(rows, plan) if plan else None, sessions.runs_of_rows(rows) if sessions.enabled else None)

@@ -1,15 +1,17 @@
 """Benchmark: the batch's per-key Spark job (aggregates/key_rows.py: Bloom features and sessions'
-runs in one job) beside another checkout's two jobs (its Bloom step and its sessions' runs), on one
-cached batch, alternated, with the CPU seconds of this process and its JVM per step.
+runs from one row per event and key slot) beside another checkout's per-key job (one row per
+feature, the sessions' event times collected), on one cached batch, alternated, with the CPU
+seconds of this process and its JVM per step.
 
-    python -m bench.key_job --before /work/main [--events 400000] [--repeats 4]
+    python -m bench.key_job --before /work/main [--events 1000000] [--repeats 3]
 
 Fills a fresh embedded log with N demo events, takes them as one batch of the pipeline's query,
 applies the device clock step (sessions and Bloom keys are in corrected time) and then, per repeat:
-the other checkout's Bloom job and runs job, this checkout's one job, its Bloom job alone (the
-same job without the sessions' rows: what the sessions add is the difference), and the driver's
-parts (the runs cut from the times; the Bloom commit). The first pass is a warm-up that also checks
-both give the same Bloom commit and runs. Figures are printed, never asserted.
+the other checkout's job (its aggregates/key_rows.py: `key_rows` + `runs_from_times` + the Bloom
+commit) with and without the sessions' rows, this checkout's `bloom_and_runs` with and without them,
+and this checkout's parts (the Spark job, the runs and the Bloom commit on the driver). The first
+pass is a warm-up that also checks both give the same Bloom commit and runs. Figures are printed,
+never asserted.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from store import SqlitePaneStore
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.key_job", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, required=True, help="another checkout (its aggregates/firstseen.py"
-                        " and aggregates/session_batch.py with a runs() job)")
-    parser.add_argument("--events", type=int, default=400_000)
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--before", type=Path, required=True,
+                        help="another checkout whose aggregates/key_rows.py has key_rows() returning the rows per"
+                             " feature with the sessions' times, and runs_from_times()")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     from aggregates.key_rows import key_rows
     from aggregates.partials import dead_letter_reason_column
@@ -55,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     store = SqlitePaneStore(root / "store.db")
     p = Pipeline(spark, catalog, store, PipelineConfig("keys", root / "log.db", root / "checkpoints",
                                                        max_records_per_batch=args.events + 100_000))
-    old_bloom = load_module(args.before / "aggregates" / "firstseen.py", "firstseen_before").BloomFeatures(
-        spark, catalog, store.bloom_reader())
-    old_sessions = load_module(args.before / "aggregates" / "session_batch.py", "session_batch_before").SessionWindows(
-        catalog, store)
+    before = load_module(args.before / "aggregates" / "key_rows.py", "key_rows_before")
+    gaps = {n: catalog.streams[n].sessions.gap for n in p.sessions.streams}
     wall: dict[str, list[float]] = defaultdict(list)
     cpu: dict[str, list[float]] = defaultdict(list)
 
@@ -69,25 +70,37 @@ def main(argv: list[str] | None = None) -> int:
         cpu[label].append(tree_cpu_seconds() - c)
         return out
 
+    def before_both(merged):
+        plan = p.bloom.plan()
+        rows = before.key_rows(merged, [*plan.items, *p.sessions.items()])
+        return p.bloom.commit_of(rows, plan.shapes, plan.filters), before.runs_from_times(rows, gaps)
+
+    def before_bloom(merged):
+        plan = p.bloom.plan()
+        return p.bloom.commit_of(before.key_rows(merged, plan.items), plan.shapes, plan.filters)
+
     def measured(batch, batch_id):
         now = int(time.time() * 1000)
         kept = batch.persist()
         kept.count()
         b = p.clocks.apply(kept, p.clocks.plan(kept, batch_now_ms=now)) if p.clocks.enabled else kept
-        merged = b.where(dead_letter_reason_column(catalog, now).isNull())
+        merged = b.where(dead_letter_reason_column(catalog, now).isNull()).persist()
+        merged.count()
         for i in range(args.repeats + 1):
-            old_b = timed("before: Bloom job", lambda: old_bloom.process(merged))
-            old_r = timed("before: sessions' runs job", lambda: old_sessions.runs(b, now))
-            new_b, new_r = timed("one job (Bloom + runs), in all", lambda: bloom_and_runs(merged, p.bloom, p.sessions))
-            timed("  Bloom alone in it (no session rows)", lambda: p.bloom.process(merged))
+            old_b, old_r = timed("before: Bloom + runs", lambda: before_both(merged))
+            new_b, new_r = timed("now: Bloom + runs", lambda: bloom_and_runs(merged, p.bloom, p.sessions))
+            timed("before: Bloom alone (no session rows)", lambda: before_bloom(merged))
+            timed("now: Bloom alone (no session rows)", lambda: p.bloom.process(merged))
             plan = p.bloom.plan()
-            rows = timed("  its Spark job (key_rows)", lambda: key_rows(merged, [*plan.items, *p.sessions.items()]))
-            timed("  runs cut on the driver (numpy)", lambda: p.sessions.runs_of_rows(rows))
-            timed("  Bloom commit on the driver", lambda: p.bloom.commit(rows, plan))
+            rows = timed("  now: its Spark job (key_rows)", lambda: key_rows(merged, [*plan.items, *p.sessions.items()]))
+            timed("  now: runs on the driver", lambda: p.sessions.runs_of_rows(rows))
+            timed("  now: Bloom commit on the driver", lambda: p.bloom.commit(rows, plan))
             if i == 0:  # warm-up pass: checked, not reported
-                print(f"same Bloom commit: {same_bloom(old_b, new_b)}, same runs: {same_runs(old_r, new_r)}")
+                print(f"same Bloom commit: {same_bloom(old_b, new_b)}, same runs: {same_runs(old_r, new_r)};"
+                      f" slot rows {rows.slots.num_rows:,}, runs {new_r.num_rows:,}")
                 wall.clear()
                 cpu.clear()
+        merged.unpersist()
         kept.unpersist()
 
     p.process_batch = measured
@@ -103,11 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     for label in wall:
         w, c = sorted(wall[label]), sorted(cpu[label])
         print(f"| {label} | {w[len(w) // 2]:.2f} ({w[0]:.2f}-{w[-1]:.2f}) | {c[len(c) // 2]:.2f} ({c[0]:.2f}-{c[-1]:.2f}) |")
-    both = [a + b for a, b in zip(wall["before: Bloom job"], wall["before: sessions' runs job"], strict=True)]
-    both_cpu = [a + b for a, b in zip(cpu["before: Bloom job"], cpu["before: sessions' runs job"], strict=True)]
-    print(f"before, both jobs per pass: wall {[round(x, 2) for x in both]}, CPU {[round(x, 2) for x in both_cpu]}")
-    print(f"one job per pass:           wall {[round(x, 2) for x in wall['one job (Bloom + runs), in all']]},"
-          f" CPU {[round(x, 2) for x in cpu['one job (Bloom + runs), in all']]}")
     return 0
 
 

@@ -273,3 +273,68 @@ def test_one_job_gives_the_bloom_commit_and_the_sessions_runs(spark):
     exact = sorted(runs_of("visits", visits, "user_id", 20_000) + runs_of("screens", screens, "device_id", 5_000))
     assert got == exact
     assert len(exact) > 400 + 300  # keys with several sessions: the cut matters
+
+
+SLOTS_CONFIG = CONFIG.replace("""    membership: {field: user_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 5}
+""", """    membership: {field: user_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 5}
+    sessions: {key: page, gap: 7s}
+  screens:
+    key_field: device_id
+    dimensions: [screen]
+    distinct: [device_id]
+    pane: 10s
+    partitions: 1
+    membership: {field: device_id, bucket: 1m, capacity: 5000, fpp: 0.01, seed: 9}
+    sessions: {key: device_id, gap: 25s}
+""")
+
+
+def test_key_slots_with_two_keys_in_a_stream_and_a_gap_that_does_not_divide_the_bucket(spark):
+    """The per-key job in its other shapes: `visits` reads two fields (Bloom features on user_id,
+    sessions on page: two rows per event), `screens` sessions and membership on device_id with a
+    25 s gap and 1 min buckets (5 s slots). Bloom commit and runs equal plain-Python oracles."""
+    from aggregates.session_batch import SessionWindows, bloom_and_runs
+    from ingest.source_rows import SPARK_SCHEMA
+    from tests.unit.test_session_window import sessionize
+
+    catalog = parse_catalog(SLOTS_CONFIG)
+    rng = np.random.default_rng(8)
+    visits = [dict(e, page=f"/p{rng.integers(0, 30)}")
+              for e in visit_events(2000, seed=6, start_ms=T0 - 90_000, span_ms=400_000, users=300)]
+    screens = [{"time": e["time"], "device_id": e["user_id"].replace("user", "dev")}
+               for e in visit_events(1500, seed=7, start_ms=T0 - 90_000, span_ms=400_000, users=200)]
+    prior = BloomFilter.for_capacity(3000, 0.05, 11)
+
+    class Reader:
+        def first_seen_filter(self, stream):
+            return BloomFilter(prior.m, prior.k, prior.seed, prior.bits.copy())
+
+    rows = [("visits", 0, i, e["time"], e["time"], [e["page"]], [1.0], [e["user_id"]], None, None, None, None)
+            for i, e in enumerate(visits)]
+    rows += [("screens", 0, i, e["time"], e["time"], ["home"], [], [e["device_id"]], None, None, None, None)
+             for i, e in enumerate(screens)]
+    batch = spark.createDataFrame(rows, SPARK_SCHEMA)
+    bloom, runs = bloom_and_runs(batch, BloomFeatures(spark, catalog, Reader()), SessionWindows(catalog, None))
+    want = expected_bloom_commit(catalog, visits, prior)
+    ms = catalog.streams["screens"].membership
+    shape = BloomFilter.for_capacity(ms.capacity, ms.fpp, ms.seed).shape
+    buckets: dict[int, set[str]] = {}
+    for e in screens:
+        buckets.setdefault(e["time"] - e["time"] % ms.bucket, set()).add(e["device_id"])
+    for b, keys in sorted(buckets.items()):
+        f = BloomFilter(*shape)
+        f.add_many(sorted(keys))
+        chunks = {c: f.bits.tobytes()[c * CHUNK_BITS // 8:(c + 1) * CHUNK_BITS // 8].ljust(CHUNK_BITS // 8, b"\0")
+                  for c in np.unique(f.positions(sorted(keys)).ravel() // CHUNK_BITS).tolist()}
+        want.filters.append(FilterUpdate("screens", MEMBERSHIP, b, *shape, chunks))
+    key = lambda u: (u.stream, u.kind, u.bucket_ms)  # noqa: E731
+    assert sorted(((*key(u), u.m, u.k, u.seed, dict(u.chunks)) for u in bloom.filters), key=lambda x: x[:3]) == \
+        sorted(((*key(u), u.m, u.k, u.seed, dict(u.chunks)) for u in want.filters), key=lambda x: x[:3])
+    assert list(bloom.first_seen) == want.first_seen
+    got = sorted(zip(*(runs[c].to_pylist() for c in ("stream", "key", "first_ms", "last_ms", "events")), strict=True))
+    exact = sorted([("visits", s.key, s.first_ms, s.last_ms, s.events)
+                    for s in sessionize([(e["page"], e["time"]) for e in visits], 7_000)]
+                   + [("screens", s.key, s.first_ms, s.last_ms, s.events)
+                      for s in sessionize([(e["device_id"], e["time"]) for e in screens], 25_000)])
+    assert got == exact
+    assert len(buckets) > 2 and len(exact) > 30 + 200
