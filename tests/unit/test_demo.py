@@ -250,12 +250,16 @@ def test_producer_retries_until_the_service_is_up(catalog):
     out = io.StringIO()
     producer = DemoProducer(f"http://127.0.0.1:{port}", DemoTraffic(catalog, seed=1), rate=500.0, out=out)
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(producer.run(duration_s=2.0)))
+    # Stopped once an event body came in, not after a fixed 2 s: on a loaded machine the retries'
+    # back-off and the users table's load could use all of it (0 events accepted).
+    enough = threading.Event()
+    worker = threading.Thread(target=lambda: result.update(producer.run(duration_s=120.0, stop=enough)))
     worker.start()
     time.sleep(0.5)
     server = _serve(port)
+    server.enough_events, server.events_wanted = enough, 1
     try:
-        worker.join(timeout=60)  # 2 s of run after the retries; generous for a loaded machine
+        worker.join(timeout=150)
     finally:
         server.shutdown()
         server.server_close()
