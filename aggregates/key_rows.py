@@ -60,22 +60,6 @@ class KeyItem:
     gap: int | None = None  # a sessions item's gap
 
 
-def shared(items: Sequence[KeyItem]) -> list[KeyItem]:
-    """The items with each session item folded into its stream's first-seen item on the same field
-    (that row collects the times too); other session items stay rows of their own."""
-    out = [i for i in items if not (i.times and i.seed is None)]
-    for item in items:
-        if not (item.times and item.seed is None):
-            continue
-        at = next((n for n, o in enumerate(out) if o.stream == item.stream and o.field == item.field
-                   and o.tag == TAG_FIRST_SEEN and o.bucket is None), None)
-        if at is None:
-            out.append(item)
-        else:
-            out[at] = replace(out[at], times=True)
-    return out
-
-
 @dataclass(frozen=True)
 class KeyGroup:
     """The features of one stream that read one key field: one row per event and key slot."""

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, TAG_SESSIONS, KeyItem, runs_from_times, shared
+from aggregates.key_rows import TAG_SESSIONS, runs_from_times
 from tests.unit.test_session_window import sessionize
 
 GAPS = {"a": 10, "b": 3}
@@ -52,18 +52,3 @@ def test_runs_from_times_of_no_rows_is_an_empty_table():
     assert runs_from_times(rows_table([("a", None, [])]), GAPS).column_names == \
         ["stream", "key", "first_ms", "last_ms", "events"]
 
-
-def test_a_session_key_that_is_the_first_seen_field_rides_on_its_row():
-    """http_requests' sessions by user_id share the first-seen row of user_id (one row per event
-    and key for both); a session key no first-seen item reads stays a row of its own."""
-    key = "a Column (shared() never reads it)"
-    first = KeyItem("web", TAG_FIRST_SEEN, "user_id", key, seed=1)
-    member = KeyItem("web", TAG_MEMBERSHIP, "user_id", key, "its bucket", seed=2)
-    web = KeyItem("web", TAG_SESSIONS, "user_id", key, times=True)
-    app = KeyItem("app", TAG_SESSIONS, "device_id", key, times=True)
-    other_field = KeyItem("shop", TAG_SESSIONS, "cart_id", key, times=True)
-    shop_first = KeyItem("shop", TAG_FIRST_SEEN, "user_id", key, seed=3)
-    got = shared([first, member, web, app, shop_first, other_field])
-    assert [(i.stream, i.tag, i.times) for i in got] == [
-        ("web", TAG_FIRST_SEEN, True), ("web", TAG_MEMBERSHIP, False), ("shop", TAG_FIRST_SEEN, False),
-        ("app", TAG_SESSIONS, True), ("shop", TAG_SESSIONS, True)]
