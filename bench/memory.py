@@ -1,0 +1,136 @@
+"""Memory of the whole embedded service under sustained traffic (issue 28's memory bar:
+the embedded service ≤ 4 GiB resident after an hour at 20 000 events/s).
+
+Starts `sketchboard up --no-demo` on a free loopback port with a fresh data directory (the
+shipped configuration: API, websocket hub, Spark pipeline on the embedded log, SQLite store),
+posts demo `http_requests` traffic at --rate events/s for --duration seconds, and every
+--sample seconds prints the memory of the service's process tree, read from /proc:
+
+- PSS summed over the tree (each shared page counted once, split between its sharers: the
+  figure that adds up to what the service costs the machine), and RSS summed (counts shared
+  pages, e.g. the Python interpreter's, once per process: an upper bound);
+- the JVM's share (the Spark driver; `java` processes of the tree) and the Python processes';
+- the pipeline's lag (events appended and not yet aggregated), so a growing figure can be told
+  apart from a pipeline falling behind (which holds more in memory by design).
+
+    python -m bench.memory --rate 20000 --duration 3600 --sample 60    # the bar's run
+    python -m bench.memory --rate 20000 --duration 600 --sample 30     # a short form
+
+Run by hand: it prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.freshness import Producer, Service
+
+KIB = 1024
+GIB = 1024 ** 3
+
+
+def children_of(pid: int) -> list[int]:
+    """The process and all its descendants (by /proc/*/stat parent ids)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
+        parents.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(parents.get(p, []))
+    return tree
+
+
+def rollup(text: str) -> dict[str, int]:
+    """Bytes by field of a /proc/PID/smaps_rollup text ("Rss:  1234 kB" lines)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            out[parts[0].rstrip(":")] = int(parts[1]) * KIB
+    return out
+
+
+def tree_memory(pid: int) -> dict[str, int]:
+    """PSS and RSS of the tree, and the JVM's PSS, in bytes."""
+    total = {"pss": 0, "rss": 0, "jvm_pss": 0, "processes": 0}
+    for p in children_of(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                mem = rollup(f.read())
+            with open(f"/proc/{p}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # exited meanwhile
+            continue
+        total["pss"] += mem.get("Pss", 0)
+        total["rss"] += mem.get("Rss", 0)
+        total["processes"] += 1
+        if name == "java":
+            total["jvm_pss"] += mem.get("Pss", 0)
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=20_000, help="events/s posted")
+    p.add_argument("--duration", type=float, default=600, help="seconds of traffic (the bar: 3600)")
+    p.add_argument("--sample", type=float, default=30, help="seconds between samples")
+    p.add_argument("--batch", type=int, default=1000, help="events per POST")
+    p.add_argument("--producers", type=int, default=4, help="posting threads")
+    p.add_argument("--keep", type=Path, default=None, help="data folder to keep (default: a temporary one)")
+    args = p.parse_args(argv)
+
+    holder = None if args.keep else tempfile.TemporaryDirectory(prefix="sketchboard-memory-")
+    folder = args.keep or Path(holder.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    service = Service(folder, {})
+    try:
+        service.wait_pipeline()
+        idle = tree_memory(service.proc.pid)
+        print(f"memory: idle service, pipeline up: PSS {idle['pss'] / GIB:.2f} GiB (JVM {idle['jvm_pss'] / GIB:.2f}),"
+              f" RSS summed {idle['rss'] / GIB:.2f} GiB, {idle['processes']} processes", flush=True)
+        producer = Producer(service.base, args.rate, args.batch, args.producers)
+        producer.start()
+        started = time.monotonic()
+        samples = []
+        print("memory:  minute  PSS GiB  JVM GiB  RSS GiB  accepted ev/s  lag events", flush=True)
+        while (elapsed := time.monotonic() - started) < args.duration:
+            time.sleep(min(args.sample, max(0.0, args.duration - elapsed)))
+            mem = tree_memory(service.proc.pid)
+            lag = httpx.get(f"{service.base}/api/v1/pipeline", timeout=30).json().get("lag_events")
+            rate = producer.accepted / max(time.monotonic() - started, 1e-9)
+            samples.append(mem)
+            print(f"memory: {(time.monotonic() - started) / 60:7.1f}  {mem['pss'] / GIB:7.2f}  {mem['jvm_pss'] / GIB:7.2f}"
+                  f"  {mem['rss'] / GIB:7.2f}  {rate:13.0f}  {lag}", flush=True)
+        achieved = producer.stop()
+        pss = [s["pss"] for s in samples]
+        half = pss[len(pss) // 2:] or pss
+        print(f"memory: {args.duration / 60:.0f} min at {achieved:.0f} events/s accepted ({producer.errors} failed"
+              f" requests): PSS last {pss[-1] / GIB:.2f} GiB, max {max(pss) / GIB:.2f} GiB, median of the second half"
+              f" {statistics.median(half) / GIB:.2f} GiB; growth over the second half"
+              f" {(half[-1] - half[0]) / max(half[0], 1) * 100:+.1f} %")
+    finally:
+        service.stop()
+        if holder:
+            holder.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
