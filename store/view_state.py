@@ -248,7 +248,8 @@ def changes_query(placeholder: str) -> str:
     """A view's changes in changelog order after a position: args (view, position, limit)."""
     p = placeholder
     return ("SELECT left_key, old_json, new_json, event_time_ms, log_partition, log_offset, change_seq,"
-            f" committed_at_ms FROM view_changes WHERE view_name = {p} AND change_seq > {p} ORDER BY change_seq LIMIT {p}")
+            f" committed_at_ms FROM view_changes WHERE view_name = {p} AND change_seq > {p}"
+            f" ORDER BY change_seq LIMIT {p}")
 
 
 def legacy_position_query(placeholder: str) -> str:
