@@ -325,11 +325,11 @@ class ReprocessService:
     def switch(self, run_id_: str, align: Aligner | None = None) -> dict:
         """Make the run's output the served one (docs/reprocessing.md): KeyError for an unknown run,
         SwitchRefused (with why) unless it has caught up and its output is there and not served.
-        A stream feeding a window join or a pattern over two streams is switched in step (`align`:
+        A stream feeding a window join, a pattern over two streams or a view is switched in step (`align`:
         the run's final batch; without it NeedsAlignment): the serving pipeline's commits are held,
         the run reads their other streams exactly as far as the serving pipeline has, and the
         switch (which checks that under the commit lock) moves their state and derived streams with
-        the stream."""
+        the stream (a view's changelog gets the difference: store/switch.py move_view)."""
         outputs = self._needs_outputs()
         run = self.run(run_id_)
         if run is None:
@@ -348,10 +348,16 @@ class ReprocessService:
         catalog = self.full_catalog()
         dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
+            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True)
+            unaligned = ", ".join(d for d in dependents if d not in aligned)
+            why = "" if self.joins_rebuilt or not unaligned else (
+                f" (on this log a run cannot stop the other stream of {unaligned}"
+                " at the serving pipeline's offsets, which switching in step needs: the embedded log's source"
+                " can, Spark's Kafka source cannot)")
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
-                " since the run's end again")
+                f" since the run's end again{why}")
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
