@@ -119,7 +119,7 @@ def test_a_reprocess_of_a_table_a_view_reads_switched_in_step_gives_the_exact_vi
     test_log = log_backend.new(tmp_path / "data")
     config = tmp_path / "streams.yaml"
     config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=40,
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=100,
                         **test_log.settings())
     new_catalog = Catalog(**NEW)
     tables = Tables(test_log.open(new_catalog), new_catalog)
