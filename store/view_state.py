@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS view_changelog_ends (
     last_seq INTEGER NOT NULL      -- the highest change_seq given to the view: kept when its changes are dropped
 );
 """
-# After `migrate` (a store made before change_seq has view_changes without it).
+# Made after the store's upgrade (store/sqlite.py _migrate, store/postgres/schema.py): a store made before
+# change_seq has view_changes without it until then.
 CHANGE_SEQ_INDEX = "CREATE INDEX IF NOT EXISTS view_changes_by_seq ON view_changes (view_name, change_seq)"
 # The batch id of the changes a switch writes (store/switch.py): a change of no batch of the pipeline.
 SWITCH_BATCH = -1
