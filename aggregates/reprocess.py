@@ -20,7 +20,10 @@ from catalog import Catalog
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
     refused_dependents
+from catalog.dependents import aligned_views
 from catalog.patterns import PatternDef, matches_stream_name
+from catalog.views import ViewDef
+from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
 from ingest.log import EventLog, SqliteEventLog
@@ -161,6 +164,17 @@ def built_by_run(db, source: Side, catalog: Catalog, patterns: Sequence[PatternD
         if row is None or row[0] != pattern_definition_id(catalog, pattern):
             raise SwitchRefused(f"run {source.pipeline!r} did not build pattern {pattern.name!r} as it is defined now"
                                 " (defined or changed since the run started, or no batch ran it): start a new run")
+
+
+def views_built_by_run(db, source: Side, catalog: Catalog, views: Sequence[ViewDef]) -> None:
+    """SwitchRefused unless the run's output holds each view built for its declaration as the
+    serving pipeline will maintain it after the switch (declaration and both tables' columns)."""
+    for view in views:
+        row = db.execute(f"SELECT definition FROM {source.table('view_definitions')} WHERE view_name = ?",
+                         (view.name,)).fetchone()
+        if row is None or row[0] != definition_of(catalog, view):
+            raise SwitchRefused(f"run {source.pipeline!r} did not build view {view.name!r} as it is declared now"
+                                " (declared or changed since the run started, or no batch ran it): start a new run")
 
 
 class ReprocessService:
@@ -311,11 +325,11 @@ class ReprocessService:
     def switch(self, run_id_: str, align: Aligner | None = None) -> dict:
         """Make the run's output the served one (docs/reprocessing.md): KeyError for an unknown run,
         SwitchRefused (with why) unless it has caught up and its output is there and not served.
-        A stream feeding a window join or a pattern over two streams is switched in step (`align`:
+        A stream feeding a window join, a pattern over two streams or a view is switched in step (`align`:
         the run's final batch; without it NeedsAlignment): the serving pipeline's commits are held,
         the run reads their other streams exactly as far as the serving pipeline has, and the
         switch (which checks that under the commit lock) moves their state and derived streams with
-        the stream."""
+        the stream (a view's changelog gets the difference: store/switch.py move_view)."""
         outputs = self._needs_outputs()
         run = self.run(run_id_)
         if run is None:
@@ -334,19 +348,28 @@ class ReprocessService:
         catalog = self.full_catalog()
         dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
+            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True)
+            unaligned = ", ".join(d for d in dependents if d not in aligned)
+            why = "" if self.joins_rebuilt or not unaligned else (
+                f" (on this log a run cannot stop the other stream of {unaligned}"
+                " at the serving pipeline's offsets, which switching in step needs: the embedded log's source"
+                " can, Spark's Kafka source cannot)")
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
-                " since the run's end again")
+                f" since the run's end again{why}")
         if stored is None:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
-        if not joins and not two_stream:
+        views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
+        if not joins and not two_stream and not views:
             return self._switch(run, stored, catalog, patterns)
-        # Read from the other streams too (a join's, a pattern's over two streams): switched in step.
-        fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream)])
+        # Read from the other streams too (a join's, a pattern's over two streams, a view's other
+        # table): switched in step.
+        fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
+                         *(f"view {v.name!r}" for v in views)])
         others = other_streams(catalog, run.stream)
         changed = sorted(set(others) & set(self.changes()))
         if changed:  # the serving pipeline computes them as stored, the run as configured
@@ -369,7 +392,7 @@ class ReprocessService:
                 f"stream {run.stream!r} feeds {fed}: its switch holds the serving"
                 " pipeline while the run reads the other stream(s) as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
-        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align)
+        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views)
 
     def start_switch(self, run_id_: str) -> ReprocessRun:
         """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):
@@ -388,7 +411,7 @@ class ReprocessService:
         return self.run(run.id)
 
     def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
-                        align: Aligner) -> dict:
+                        align: Aligner, views=()) -> dict:
         outputs = self._needs_outputs()
         pipeline = outputs.serving_pipeline
         with outputs.storage.transaction([]) as (db, _):  # under the commit lock: no commit is half way
@@ -406,7 +429,7 @@ class ReprocessService:
                 aligning = time.monotonic()
                 align(run, offsets)
                 try:
-                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others)
+                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others, views=views)
                 except NotAligned as exc:
                     why = exc
                     logger.warning("switch of %r: not aligned after the final batch (try %d): %s", run.id,
@@ -421,7 +444,8 @@ class ReprocessService:
             with outputs.storage.transaction([]) as (db, _):
                 db.execute("DELETE FROM switch_holds WHERE pipeline = ? AND run_id = ?", (pipeline, run.id))
 
-    def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=()) -> dict:
+    def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=(),
+                views=()) -> dict:
         outputs = self._needs_outputs()
         now = self._now_ms()
         previous = run_id(run.stream, stored.version, PREVIOUS_PREFIX)
@@ -434,14 +458,16 @@ class ReprocessService:
             previous_side = Side(qualifiers[previous], previous)
             source = Side(qualifiers[run.id], run.id)
             built_by_run(db, source, catalog, patterns)
+            views_built_by_run(db, source, catalog, views)
             derived = [*moved_with(run.stream, stored_stream(stored.definition), stored_stream(run.definition)),
-                       *(matches_stream_name(p.name) for p in patterns), *(j.name for j in joins)]
+                       *(matches_stream_name(p.name) for p in patterns), *(j.name for j in joins),
+                       *(v.name for v in views)]  # a view's changes, a derived stream of its own
             try:
                 offsets = switch_stream(db, run.stream, root=Side("", outputs.serving_pipeline),
                                         source=source, previous=previous_side,
                                         serving_version=stored.version, now_ms=now, derived=derived,
                                         patterns=[p.name for p in patterns], joins=[j.name for j in joins],
-                                        aligned=aligned)
+                                        aligned=aligned, views=[v.name for v in views])
             except NotAligned:
                 raise
             except SwitchConflict as exc:

@@ -73,7 +73,8 @@ class ViewChangeOut(BaseModel):
     event_time_ms: int = Field(description="the time of the table change that caused it")
     partition: int
     offset: int = Field(description="where that table change is in its table's log")
-    cursor: str = Field(description="the change's position in the changelog (batch.seq)")
+    cursor: str = Field(description="the change's position in the view's changelog (opaque; a cursor of the"
+                                    " older form \"batch.seq\" is still read)")
     committed_at_ms: int = Field(description="when the pipeline committed it")
 
 

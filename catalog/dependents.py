@@ -17,8 +17,12 @@ built from the same records by the live pipeline, must follow or the switch is r
   as a join (its state, like the join's, is keyed by its name and built from every stream it
   reads): the run reads the other streams as far as the serving pipeline has, and the
   synchronized switch moves its state and matches with the stream.
-- refused (`refused_dependents`): a pattern over two streams or a window join where the run
-  cannot stop the other stream at chosen offsets (Kafka), a view (two tables), and
+- a table-table join view (`aligned_views`, on the embedded log): the same as a join (its rows,
+  keyed by its name, are built from both tables): the run reads the other table as far as the
+  serving pipeline has, and the synchronized switch moves the view's rows with the table and
+  appends the difference to the view's changelog (store/switch.py move_view).
+- refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
+  run cannot stop the other stream at chosen offsets (Kafka), and
   the row versions other streams are enriched from (built only while an enriching stream reads
   the table). The serving pipeline is past the run's end in that other stream; its records since
   would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from catalog.joins import JoinDef
     from catalog.model import Catalog, StreamDef
     from catalog.patterns import PatternDef
+    from catalog.views import ViewDef
 
 
 def stream_dependents(catalog: Catalog, stream: str) -> list[str]:
@@ -86,20 +91,29 @@ def aligned_patterns(catalog: Catalog, stream: str) -> list[PatternDef]:
     return [p for p in catalog.patterns if stream in pattern_streams(p) and pattern_streams(p) != {stream}]
 
 
+def aligned_views(catalog: Catalog, stream: str) -> list[ViewDef]:
+    """The views that read the table `stream` (and always one other table): a run of the table
+    rebuilds them reading the other table too, and a synchronized switch moves them with it."""
+    return [v for v in catalog.views.values() if stream in (v.left, v.right)]
+
+
 def other_streams(catalog: Catalog, stream: str) -> list[str]:
-    """The other streams of the joins and the patterns over two streams that `stream` feeds,
-    sorted: what a run reads beside it, only as far as the serving pipeline has."""
+    """The other streams of the joins, the patterns over two streams and the views that `stream`
+    feeds, sorted: what a run reads beside it, only as far as the serving pipeline has."""
     read = {s for j in aligned_joins(catalog, stream) for s in join_streams(j)}
     read |= {s for p in aligned_patterns(catalog, stream) for s in pattern_streams(p)}
+    read |= {s for v in aligned_views(catalog, stream) for s in (v.left, v.right)}
     return sorted(read - {stream})
 
 
 def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
-    the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins
-    and the patterns over two streams (a synchronized switch can move them: the embedded log)."""
+    the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins,
+    the patterns over two streams and the views (a synchronized switch can move them: the
+    embedded log)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
     if joins_rebuilt:
+        rebuilt |= {f"view {v.name!r}" for v in aligned_views(catalog, stream)}
         rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}
         rebuilt |= {f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)}
     return [d for d in stream_dependents(catalog, stream) if d not in rebuilt]

@@ -19,6 +19,7 @@ from typing import TextIO
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
 from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns
+from catalog.dependents import aligned_views
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -82,17 +83,18 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     through a view: the view's two tables, and the view (its declaration names the columns); the
     patterns that read the stream alone (catalog/dependents.py: a switch moves them with it),
     those defined through the API with their stored versions (their state's definition id).
-    `with_joins` (the embedded log): the window joins and the patterns over two streams the stream
-    feeds, and their other streams with their tables, which the run reads only as far as the
+    `with_joins` (the embedded log): the window joins, the patterns over two streams and the views
+    the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
     stream."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
-    read = [stream, *other_streams(catalog, stream)] if joins or two_stream else [stream]
+    table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
+    read = [stream, *other_streams(catalog, stream)] if joins or two_stream or table_views else [stream]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
-               if m.stream in read}
+               if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
-    views = {}
+    views = {v.name: v.model_dump(mode="json", exclude={"name"}) for v in table_views}
     for name in read:
         for decl in catalog.streams[name].enrich:
             for table in enrichment_tables(catalog, decl):

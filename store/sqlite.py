@@ -90,6 +90,10 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN retracts INTEGER")
         if "dims" not in columns("pattern_matches"):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN dims TEXT")
+        if "change_seq" not in columns("view_changes"):  # a view changelog's own order (store/view_state.py)
+            self._conn.execute("ALTER TABLE view_changes ADD COLUMN change_seq INTEGER")
+            view_state.fill_positions(self._conn.cursor())
+        self._conn.execute(view_state.CHANGE_SEQ_INDEX)
         sqlite_tiers.fold_old_sketch_tables(self._conn)  # sketches one row per (field, kind): now a column
 
     # -- writing ------------------------------------------------------------------------
@@ -511,10 +515,8 @@ class SqlitePaneStore(PaneStore):
         return [view_state.to_row(r) for r in found]
 
     def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:
-        batch, seq = view_state.parse_cursor(after)
         with self._lock:
-            found = self._conn.execute(view_state.changes_query("?"), (view, batch, batch, seq, limit)).fetchall()
-        return [view_state.to_change(r) for r in found]
+            return view_state.read_changes(self._conn.cursor(), view, after, limit, "?")
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:

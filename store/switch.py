@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from store.connection import Db, SqliteDb
+from store.view_state import SWITCH_BATCH, ViewLink, append_changes, switch_changes
 
 # A change-feed record that says "this stream's output was switched": no pane has this revision.
 SWITCHED_REVISION = -1
@@ -42,11 +43,16 @@ STREAM_TABLES = (
 # when the run rebuilt them (catalog/dependents.py rebuilt_patterns; aligned_patterns, over two
 # streams, by a synchronized switch), else the switch is refused;
 # join_* state (JOIN_STATE_TABLES), moved by a synchronized switch (aggregates/reprocess.py), else
-# refused; view_* state, and table_versions (a table's row versions, built by whichever pipeline
-# enriches a stream from the table, not by the table's own output): always refused.
+# refused; view_* state, moved by a synchronized switch with a table the view reads (its changelog
+# stays the root's and gets the difference: `move_view`), else refused; and table_versions (a
+# table's row versions, built by whichever pipeline enriches a stream from the table, not by the
+# table's own output): always refused.
 # The tables of a window join's state (column `join_name`): moved with a stream the join reads
 # by a synchronized switch (aggregates/reprocess.py), the run having read the other stream too.
 JOIN_STATE_TABLES = ("join_left", "join_right", "join_progress")
+# The tables of a view's state (column `view_name`), moved like a join's; not its changelog, which
+# readers page through by the root's positions (store/view_state.py).
+VIEW_STATE_TABLES = ("view_rows", "view_definitions")
 # The tables of a pattern's state and matches (column `pattern`).
 PATTERN_TABLES = ("pattern_state", "pattern_buffer", "pattern_progress", "pattern_matches", "pattern_late",
                   "pattern_applied", "pattern_history")
@@ -89,7 +95,7 @@ class Side:
 def table_columns(db: Db) -> dict[str, list[str]]:
     """The columns of every table a switch moves, as the root has them (every namespace is made by the same code)."""
     out = {}
-    for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES):
+    for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES, *VIEW_STATE_TABLES):
         if isinstance(db, SqliteDb):
             out[table] = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
         else:
@@ -179,9 +185,47 @@ def move_keyed(db: Db, tables: Sequence[str], column: str, name: str, *, root: S
         copy_keyed(db, table, column, name, source, root, columns[table], floor)
 
 
+def view_links(db: Db, view: str, side: Side) -> dict[str, ViewLink]:
+    """A view's entries in a namespace, by left key."""
+    rows = db.execute(f"SELECT left_key, right_key, row_json, event_time_ms, log_partition, log_offset"
+                      f" FROM {side.table('view_rows')} WHERE view_name = ?", (view,)).fetchall()
+    return {lk: ViewLink(lk, rk, None if row is None else json.loads(row), int(t), int(p), int(o))
+            for lk, rk, row, t, p, o in rows}
+
+
+class _Cursor:
+    """A DB-API cursor's face of a Db (its `?` placeholders), for store/view_state.py's writers."""
+
+    def __init__(self, db: Db):
+        self.db, self._found = db, None
+
+    def execute(self, sql: str, args: Sequence = ()) -> None:
+        self._found = self.db.execute(sql, args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence]) -> None:
+        self.db.executemany(sql, rows)
+
+    def fetchone(self):
+        return self._found.fetchone()
+
+
+def move_view(db: Db, view: str, *, root: Side, source: Side, previous: Side, columns: Mapping[str, list[str]],
+              now_ms: int) -> int:
+    """A view's rows and definition: the root's to `previous`, the source's (rebuilt by the run) into
+    the root, and the difference between the served rows and the rebuilt ones appended to the
+    root's changelog as ordinary changes (old -> new), after every change a reader may have seen:
+    a reader going on from its cursor sees each change once and ends with the rebuilt view.
+    Returns how many changes were appended."""
+    changes = switch_changes(view_links(db, view, root), view_links(db, view, source))
+    move_keyed(db, VIEW_STATE_TABLES, "view_name", view, root=root, source=source, previous=previous, columns=columns)
+    if changes:
+        append_changes(_Cursor(db), view, SWITCH_BATCH, changes, now_ms, "?")
+    return len(changes)
+
+
 def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Side, serving_version: str,
                   now_ms: int, derived: Sequence[str] = (), patterns: Sequence[str] = (), joins: Sequence[str] = (),
-                  aligned: Sequence[str] = ()) -> dict[int, int]:
+                  aligned: Sequence[str] = (), views: Sequence[str] = ()) -> dict[int, int]:
     """In the open transaction: the root's rows of `stream` and of its `derived` streams (its
     sessions, its device clocks: catalog/dependents.py moved_with) to `previous` (emptied of them
     first), the source's into the root, likewise the state and matches of the `patterns` the run
@@ -191,7 +235,9 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
     the lock: two switches at once must not both keep the root's rows as the same version).
     `joins`: window joins whose state (and, among `derived`, whose derived streams) the run
     rebuilt reading their other streams, `aligned`, too: NotAligned unless the run's offsets of
-    each equal the serving pipeline's (a synchronized switch; its hold is released here)."""
+    each equal the serving pipeline's (a synchronized switch; its hold is released here). `views`:
+    table-table join views the run rebuilt reading their other table too (aligned as well): their
+    rows move, and their changelogs get the difference (`move_view`)."""
     if stored_version(db, stream, root) != serving_version:
         raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
     for other in aligned:
@@ -210,6 +256,8 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
     for join in joins:
         move_keyed(db, JOIN_STATE_TABLES, "join_name", join, root=root, source=source, previous=previous,
                    columns=columns)
+    for view in views:
+        move_view(db, view, root=root, source=source, previous=previous, columns=columns, now_ms=now_ms)
     if aligned:
         db.execute("DELETE FROM switch_holds WHERE pipeline = ?", (root.pipeline,))
     offsets = stream_offsets(db, stream, root)

@@ -8,9 +8,14 @@ beside table_rows, so the view is always the join of the tables as of the last c
 changed or dropped (drop_view) is rebuilt from table_rows by the next batch (aggregates/views.py).
 
 `view_changes` is the view's changelog: each change of a view row with its old and its new row,
-in the same transaction, in commit order (batch id, then its place in the batch), kept for the
-view stream's retention; replayed from empty it gives the view's rows. A rebuild starts it again
-(its changes were of another declaration, or were dropped with the state).
+in the same transaction, kept for the view stream's retention; replayed from empty it gives the
+view's rows. A rebuild starts it again (its changes were of another declaration, or were dropped
+with the state). Its order is the store's own: `change_seq`, numbered per view in the writing
+transaction from `view_changelog_ends` (which a rebuild keeps, so positions never go back), not
+the pipeline's batch ids: a switch (store/switch.py) writes changes too, between two batches of
+the serving pipeline, and a run's batch ids are not the serving pipeline's. A reader's cursor is
+that number ("17"); a cursor of the older form "batch.seq" is still read, as the position of the
+last change a batch wrote at or before it (docs/tables.md).
 """
 
 from __future__ import annotations
@@ -52,9 +57,19 @@ CREATE TABLE IF NOT EXISTS view_changes (
     log_partition INTEGER NOT NULL,
     log_offset INTEGER NOT NULL,   -- where that change is in its table's log
     committed_at_ms INTEGER NOT NULL,
-    PRIMARY KEY (view_name, batch_id, seq)
+    change_seq INTEGER,            -- the change's position in the view's changelog (the cursor); see the module doc
+    PRIMARY KEY (view_name, batch_id, seq)  -- batch_id SWITCH_BATCH: written by a switch (seq = change_seq)
+);
+CREATE TABLE IF NOT EXISTS view_changelog_ends (
+    view_name TEXT PRIMARY KEY,
+    last_seq INTEGER NOT NULL      -- the highest change_seq given to the view: kept when its changes are dropped
 );
 """
+# Made after the store's upgrade (store/sqlite.py _migrate, store/postgres/schema.py): a store made before
+# change_seq has view_changes without it until then.
+CHANGE_SEQ_INDEX = "CREATE INDEX IF NOT EXISTS view_changes_by_seq ON view_changes (view_name, change_seq)"
+# The batch id of the changes a switch writes (store/switch.py): a change of no batch of the pipeline.
+SWITCH_BATCH = -1
 
 
 @dataclass(frozen=True)
@@ -72,7 +87,7 @@ class ViewLink:
 @dataclass(frozen=True)
 class ViewChangeRow:
     """One change of a view row, as the changelog keeps it: `old` None is a new row, `new` None a
-    row gone. `cursor` ("batch.seq") orders the changes; set when read back."""
+    row gone. `cursor` (its position in the changelog) orders the changes; set when read back."""
 
     key: str
     old: Mapping[str, Any] | None
@@ -130,7 +145,11 @@ def definition(cursor, view: str, placeholder: str) -> str | None:
 
 
 def drop(cursor, view: str, placeholder: str) -> None:
-    """Forget a view's state: the next batch rebuilds it from the tables."""
+    """Forget a view's state: the next batch rebuilds it from the tables. The changelog's end stays
+    recorded: the rebuilt view's changes come after every position a reader may hold."""
+    last = last_position(cursor, view, placeholder)
+    cursor.execute(f"INSERT INTO view_changelog_ends (view_name, last_seq) VALUES ({placeholder}, {placeholder})"
+                   " ON CONFLICT (view_name) DO UPDATE SET last_seq = excluded.last_seq", (view, last))
     cursor.execute(f"DELETE FROM view_rows WHERE view_name = {placeholder}", (view,))
     cursor.execute(f"DELETE FROM view_definitions WHERE view_name = {placeholder}", (view,))
     cursor.execute(f"DELETE FROM view_changes WHERE view_name = {placeholder}", (view,))
@@ -160,14 +179,66 @@ def apply(cursor, commits: Sequence[ViewCommit], batch_id: int, now_ms: int, pla
                 " log_partition = excluded.log_partition, log_offset = excluded.log_offset,"
                 " batch_id = excluded.batch_id, updated_at_ms = excluded.updated_at_ms", kept)
         if c.changes:
-            cursor.executemany(
-                "INSERT INTO view_changes (view_name, batch_id, seq, left_key, old_json, new_json, event_time_ms,"
-                f" log_partition, log_offset, committed_at_ms) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})",
-                [(c.view, batch_id, seq, ch.key, _json(ch.old), _json(ch.new), ch.event_time_ms, ch.partition,
-                  ch.offset, now_ms) for seq, ch in enumerate(c.changes)])
+            append_changes(cursor, c.view, batch_id, c.changes, now_ms, placeholder)
         if c.retention_ms is not None:
             cursor.execute(f"DELETE FROM view_changes WHERE view_name = {p} AND committed_at_ms < {p}",
                            (c.view, now_ms - c.retention_ms))
+
+
+def last_position(cursor, view: str, placeholder: str) -> int:
+    """The highest position given to a change of the view (0: none yet)."""
+    p = placeholder
+    cursor.execute(f"SELECT last_seq FROM view_changelog_ends WHERE view_name = {p}", (view,))
+    found = cursor.fetchone()
+    # The changes' own maximum too: a store upgraded to change_seq may have no end recorded yet.
+    cursor.execute(f"SELECT MAX(change_seq) FROM view_changes WHERE view_name = {p}", (view,))
+    top = cursor.fetchone()[0]
+    return max(0 if found is None else int(found[0]), 0 if top is None else int(top))
+
+
+def append_changes(cursor, view: str, batch_id: int, changes: Sequence[ViewChangeRow], now_ms: int,
+                   placeholder: str) -> None:
+    """Append changes to the view's changelog at the next positions (in the open transaction, which
+    holds the commit lock: no other writer numbers them meanwhile). A batch's changes are numbered
+    `seq` in it; a switch's (`batch_id` SWITCH_BATCH) take their position as `seq`, unique per view."""
+    p = placeholder
+    last = last_position(cursor, view, p)
+    cursor.executemany(
+        "INSERT INTO view_changes (view_name, batch_id, seq, left_key, old_json, new_json, event_time_ms,"
+        f" log_partition, log_offset, committed_at_ms, change_seq) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p},"
+        f" {p}, {p})",
+        [(view, batch_id, last + 1 + i if batch_id == SWITCH_BATCH else i, ch.key, _json(ch.old), _json(ch.new),
+          ch.event_time_ms, ch.partition, ch.offset, now_ms, last + 1 + i) for i, ch in enumerate(changes)])
+    cursor.execute(f"INSERT INTO view_changelog_ends (view_name, last_seq) VALUES ({p}, {p}) ON CONFLICT (view_name)"
+                   " DO UPDATE SET last_seq = excluded.last_seq", (view, last + len(changes)))
+
+
+def fill_positions(cursor) -> None:
+    """Number the changes a store kept from before change_seq in their old order (batch id, then
+    place in the batch), per view: old "batch.seq" cursors then find their place among them."""
+    cursor.execute(
+        "UPDATE view_changes SET change_seq = r.n FROM (SELECT view_name AS v, batch_id AS b, seq AS s,"
+        " ROW_NUMBER() OVER (PARTITION BY view_name ORDER BY batch_id, seq) AS n FROM view_changes) AS r"
+        " WHERE r.v = view_changes.view_name AND r.b = view_changes.batch_id AND r.s = view_changes.seq"
+        " AND view_changes.change_seq IS NULL")
+
+
+def switch_changes(served: Mapping[str, ViewLink], rebuilt: Mapping[str, ViewLink]) -> list[ViewChangeRow]:
+    """What a switch appends to a view's changelog (store/switch.py): per left key, in key order,
+    the change from its served row to its rebuilt one, where they differ, so a reader who applied
+    the changelog before the switch and applies these has the rebuilt view. A changed or new row
+    carries the position of the table change that set it in the rebuilt view, a row gone that of
+    its left row there (or, the left row gone too, of its served row's). Pure."""
+    out = []
+    for key in sorted(set(served) | set(rebuilt)):
+        before, after = served.get(key), rebuilt.get(key)
+        old = None if before is None or before.row is None else dict(before.row)
+        new = None if after is None or after.row is None else dict(after.row)
+        if old == new:
+            continue
+        at = after if after is not None else before
+        out.append(ViewChangeRow(key, old, new, at.event_time_ms, at.partition, at.offset))
+    return out
 
 
 def _json(row: Mapping[str, Any] | None) -> str | None:
@@ -175,27 +246,57 @@ def _json(row: Mapping[str, Any] | None) -> str | None:
 
 
 def changes_query(placeholder: str) -> str:
-    """A view's changes in commit order after a position: args (view, batch, batch, seq, limit)."""
+    """A view's changes in changelog order after a position: args (view, position, limit)."""
     p = placeholder
-    return ("SELECT left_key, old_json, new_json, event_time_ms, log_partition, log_offset, batch_id, seq,"
-            f" committed_at_ms FROM view_changes WHERE view_name = {p} AND (batch_id > {p} OR (batch_id = {p} AND"
-            f" seq > {p})) ORDER BY batch_id, seq LIMIT {p}")
+    return ("SELECT left_key, old_json, new_json, event_time_ms, log_partition, log_offset, change_seq,"
+            f" committed_at_ms FROM view_changes WHERE view_name = {p} AND change_seq > {p}"
+            f" ORDER BY change_seq LIMIT {p}")
 
 
-def parse_cursor(cursor: str) -> tuple[int, int]:
-    """A changes cursor ("batch.seq"; "" for the beginning) as (batch, seq); ValueError naming why."""
+def legacy_position_query(placeholder: str) -> str:
+    """The position of an old "batch.seq" cursor: that of the last change a batch wrote at or before
+    it (0 when none is kept: every change kept comes after it). Args (view, batch, batch, seq)."""
+    p = placeholder
+    return (f"SELECT COALESCE(MAX(change_seq), 0) FROM view_changes WHERE view_name = {p} AND batch_id >= 0"
+            f" AND (batch_id < {p} OR (batch_id = {p} AND seq <= {p}))")
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A parsed changes cursor: a position in the changelog, or an old "batch.seq" one (`batch` set)."""
+
+    position: int = 0
+    batch: int | None = None
+    seq: int = 0
+
+
+def parse_cursor(cursor: str) -> Cursor:
+    """A changes cursor ("17", the old "12.3", or "" for the beginning); ValueError naming why."""
     if not cursor:
-        return -1, -1
+        return Cursor()
+    if cursor.isdigit():
+        return Cursor(int(cursor))
     batch, dot, seq = cursor.partition(".")
     if not (dot and batch.isdigit() and seq.isdigit()):
-        raise ValueError(f"cursor {cursor!r} is not a changes cursor (the next_cursor of a page before, like '12.3')")
-    return int(batch), int(seq)
+        raise ValueError(f"cursor {cursor!r} is not a changes cursor (the next_cursor of a page before, like '17')")
+    return Cursor(batch=int(batch), seq=int(seq))
+
+
+def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) -> list[ViewChangeRow]:
+    """The view's changes after the cursor `after`, in changelog order (ValueError: a malformed cursor)."""
+    parsed = parse_cursor(after)
+    position = parsed.position
+    if parsed.batch is not None:
+        cursor.execute(legacy_position_query(placeholder), (view, parsed.batch, parsed.batch, parsed.seq))
+        position = int(cursor.fetchone()[0])
+    cursor.execute(changes_query(placeholder), (view, position, limit))
+    return [to_change(r) for r in cursor.fetchall()]
 
 
 def to_change(found: tuple) -> ViewChangeRow:
-    key, old, new, t, partition, offset, batch_id, seq, committed = found
+    key, old, new, t, partition, offset, position, committed = found
     return ViewChangeRow(key, None if old is None else json.loads(old), None if new is None else json.loads(new),
-                         t, partition, offset, f"{batch_id}.{seq}", committed)
+                         t, partition, offset, str(position), committed)
 
 
 _COLUMNS = "left_key, row_json, event_time_ms, log_partition, log_offset, updated_at_ms"

@@ -457,9 +457,8 @@ class PostgresPaneStore(PaneStore):
         return [view_state.to_row(r) for r in self._all(view_state.page_query("%s"), (view, after, limit))]
 
     def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:
-        batch, seq = view_state.parse_cursor(after)
-        return [view_state.to_change(r)
-                for r in self._all(view_state.changes_query("%s"), (view, batch, batch, seq, limit))]
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return view_state.read_changes(cur, view, after, limit, "%s")
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"

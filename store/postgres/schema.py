@@ -13,6 +13,7 @@ import psycopg
 from store.schema_version import SCHEMA_VERSION, check_version
 from store.row_codec import NO_SKETCHES
 from store.tables import OLD_SKETCH_TABLES, STORE_TABLES
+from store import view_state
 
 # Every session that creates or upgrades the schema, or commits a batch, holds this lock (a
 # transaction-level advisory lock): concurrent `CREATE TABLE IF NOT EXISTS` can collide in
@@ -64,6 +65,12 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS dims TEXT")
+        if conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                        " AND table_name = 'view_changes' AND column_name = 'change_seq'").fetchone() is None:
+            conn.execute("ALTER TABLE view_changes ADD COLUMN change_seq BIGINT")  # store/view_state.py
+            with conn.cursor() as cur:
+                view_state.fill_positions(cur)
+        conn.execute(view_state.CHANGE_SEQ_INDEX)
         _fold_old_sketch_tables(conn)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))

@@ -91,10 +91,12 @@ def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx
     assert [(c["key"], c["old"], c["new"]) for c in page["changes"]] == [
         ("u1", None, {**row, "tier": None}), ("u1", {**row, "tier": None}, {**row, "tier": "gold"}),
         ("u1", {**row, "tier": "gold"}, {**row, "tier": "silver"})]
-    assert [c["cursor"] for c in page["changes"]] == ["0.0", "0.1", "1.0"]
+    assert [c["cursor"] for c in page["changes"]] == ["1", "2", "3"]  # positions the store gives
     assert page["changes"][2]["event_time_ms"] == now_ms + 5 and page["changes"][2]["offset"] == 1
     rest = http.get("/api/v1/views/user_plans/changes", params={"cursor": page["next_cursor"]}).json()
     assert [(c["old"]["tier"], c["new"]) for c in rest["changes"]] == [("silver", None)]
+    # A cursor of the older "batch.seq" form (batch 1's change 0) reads on from the same place.
+    assert http.get("/api/v1/views/user_plans/changes", params={"cursor": "1.0"}).json()["changes"] == rest["changes"]
     # Nothing new: the same cursor back, to poll with.
     again = http.get("/api/v1/views/user_plans/changes", params={"cursor": rest["next_cursor"]}).json()
     assert again == {"view": "user_plans", "changes": [], "next_cursor": rest["next_cursor"]}

@@ -75,3 +75,21 @@ patterns:
     assert other_streams(two, "buys") == ["views_"] and other_streams(two, "views_") == ["buys"]
     run = stream_catalog(two, "buys")
     assert run.patterns == two.patterns and {"views_", "buys", "view_then_buy_matches"} <= set(run.streams)
+
+
+def test_a_view_is_rebuilt_by_a_run_of_either_table_reading_the_other_and_enrichments_stay_refused():
+    """On the embedded log a run of a table rebuilds the views over it, reading the view's other
+    table as far as the serving pipeline has (a synchronized switch moves the view's rows). On
+    Kafka, and for a stream enriched through the view, the switch stays refused."""
+    from catalog.dependents import aligned_views
+
+    views = catalog_with("  user_plans: {left: users, right: plans, foreign_key: plan_id, kind: left}\n")
+    assert refused_dependents(views, "users", joins_rebuilt=True) == []
+    assert refused_dependents(views, "plans", joins_rebuilt=True) == []
+    assert [v.name for v in aligned_views(views, "plans")] == ["user_plans"] and aligned_views(views, "clicks") == []
+    assert other_streams(views, "users") == ["plans"] and other_streams(views, "plans") == ["users"]
+    run = stream_catalog(views, "users")
+    assert run.views == views.views and {"users", "plans", "user_plans"} <= set(run.streams)
+    assert stream_catalog(views, "users", with_joins=False).views == {}
+    enriched = parse_catalog(ENRICHED)
+    assert refused_dependents(enriched, "users", joins_rebuilt=True) == ["enrichment of 'http_requests'"]

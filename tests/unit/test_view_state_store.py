@@ -147,11 +147,78 @@ def test_the_changelog_has_old_and_new_rows_and_replayed_from_empty_is_the_view(
     # Kept for the view stream's retention: a batch committed after it prunes the older changes.
     retention = CATALOG.streams["user_plans"].retention
     commit = BatchCommit("main", 20, [], 0, table_changes={})
-    store.commit_batch(with_views(commit, views.process({"plans": {"p1": TableChange({"tier": "x", "price": 1.0},
-                                                                                     T0, 0, 5000)}}), views.names),
-                       lateness_ms=LATENESS, now_ms=T0 + 20 + retention)
-    assert all(c.cursor.startswith("20.") for c in store.view_changes("user_plans", limit=1000))
+    last = views.process({"plans": {"p1": TableChange({"tier": "x", "price": 1.0}, T0, 0, 5000)}})
+    store.commit_batch(with_views(commit, last, views.names), lateness_ms=LATENESS, now_ms=T0 + 20 + retention)
+    kept = store.view_changes("user_plans", limit=1000)
+    assert [c.key for c in kept] == [c.key for v in last.commits if v.view == "user_plans" for c in v.changes]
+    assert int(kept[0].cursor) > int(changes[-1].cursor)  # positions go on past the pruned ones
     # A dropped view's changelog starts again with its rebuild (which itself emits no change).
     store.drop_view("user_plans")
     commit_batch(store, views, 21, {})
     assert store.view_changes("user_plans") == [] and stored_view(store, "user_plans")
+
+
+def changes_per_batch(views: Views, store, rng: random.Random, batches: range) -> list[tuple[int, int, str]]:
+    """Commit random batches; each change of user_plans as (batch, place in batch, key)."""
+    out = []
+    for batch_id in batches:
+        done, _ = commit_batch(store, views, batch_id, random_changes(rng, batch_id))
+        made = [c for v in done.commits if v.view == "user_plans" for c in v.changes]
+        out += [(batch_id, seq, c.key) for seq, c in enumerate(made)]
+    return out
+
+
+def test_changelog_positions_are_the_stores_own_and_old_batch_seq_cursors_still_read(store_backend):
+    """The changelog is ordered by positions the store gives in the commit's transaction (not the
+    pipeline's batch ids); a cursor of the old form "batch.seq" reads on after that change."""
+    store = store_backend.create()
+    views = Views(CATALOG, store)
+    written = changes_per_batch(views, store, random.Random(5), range(15))
+    assert len(written) > 20
+    read = store.view_changes("user_plans", limit=1000)
+    assert [c.key for c in read] == [key for _, _, key in written]
+    assert [int(c.cursor) for c in read] == list(range(1, len(read) + 1))
+    for i, (batch, seq, _) in enumerate(written):
+        assert store.view_changes("user_plans", after=f"{batch}.{seq}", limit=1000) == read[i + 1:]
+        assert store.view_changes("user_plans", after=read[i].cursor, limit=1000) == read[i + 1:]
+    # An old cursor between changes (a batch without any) reads on after the last one before it.
+    quiet = next(b for b in range(15) if b not in {w[0] for w in written})
+    before = sum(1 for w in written if w[0] < quiet)
+    assert store.view_changes("user_plans", after=f"{quiet}.0", limit=1000) == read[before:]
+    assert store.view_changes("user_plans", after="99.0", limit=1000) == []
+    # A rebuild starts the changelog again, after every position a reader may hold.
+    store.drop_view("user_plans")
+    commit_batch(store, views, 15, {})
+    more = changes_per_batch(views, store, random.Random(6), range(16, 22))
+    again = store.view_changes("user_plans", after=read[-1].cursor, limit=1000)
+    assert [c.key for c in again] == [key for _, _, key in more] and int(again[0].cursor) > int(read[-1].cursor)
+    assert store.view_changes("user_plans", after=f"{written[-1][0]}.{written[-1][1]}", limit=1000) == again
+
+
+def _to_layout_before_positions(store) -> None:
+    """The store as one made before the changelog had positions of its own."""
+    db = store.side_db()
+    with db.transaction():
+        db.execute("DROP INDEX view_changes_by_seq")
+        db.execute("ALTER TABLE view_changes DROP COLUMN change_seq")
+        db.execute("DROP TABLE view_changelog_ends")
+    db.close()
+
+
+def test_a_changelog_from_before_positions_is_numbered_in_its_old_order_when_opened(store_backend):
+    store = store_backend.create()
+    views = Views(CATALOG, store)
+    written = changes_per_batch(views, store, random.Random(9), range(12))
+    before = [(c.key, c.old, c.new) for c in store.view_changes("user_plans", limit=1000)]
+    _to_layout_before_positions(store)
+    store.close()
+    store = store_backend.reopen(store)
+    read = store.view_changes("user_plans", limit=1000)
+    assert [(c.key, c.old, c.new) for c in read] == before
+    batch, seq, _ = written[len(written) // 2]
+    assert store.view_changes("user_plans", after=f"{batch}.{seq}", limit=1000) == read[len(written) // 2 + 1:]
+    views = Views(CATALOG, store)
+    more = changes_per_batch(views, store, random.Random(10), range(12, 16))
+    assert [c.key for c in store.view_changes("user_plans", after=read[-1].cursor, limit=1000)] == \
+        [key for _, _, key in more]
+    assert replayed(store, "user_plans") == stored_view(store, "user_plans")
