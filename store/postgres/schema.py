@@ -11,7 +11,8 @@ import re
 import psycopg
 
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.row_codec import NO_SKETCHES
+from store import dims_migration
+from store.row_codec import NO_SKETCHES, OBJECT_STATS_PATTERN
 from store.tables import OLD_SKETCH_TABLES, STORE_TABLES
 
 # Every session that creates or upgrades the schema, or commits a batch, holds this lock (a
@@ -65,6 +66,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS dims TEXT")
         _fold_old_sketch_tables(conn)
+        _number_dims(conn)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 
@@ -87,6 +89,24 @@ def _fold_old_sketch_tables(conn: psycopg.Connection) -> None:
             (NO_SKETCHES,))
         conn.execute(f"ALTER TABLE {table} ALTER COLUMN sketches SET NOT NULL")
         conn.execute(f"DROP TABLE {sketch_table}")
+
+
+def _number_dims(conn: psycopg.Connection) -> None:
+    """A store whose rows hold their dimensions as text rebuilt with them numbered
+    (store/dims_migration.py), in the schema's transaction; the stats rewritten by the same
+    pattern SQLite's migration uses (store/row_codec.py array_stats), text to text."""
+    columns: dict[str, set[str]] = {table: set() for table in dims_migration.TABLES}
+    for table, column in conn.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                      " WHERE table_schema = current_schema() AND table_name = ANY(%s)",
+                                      (list(columns),)):
+        columns[table].add(column)
+    if not dims_migration.needed(columns):
+        return
+    stats = "regexp_replace(o.stats, '" + OBJECT_STATS_PATTERN.replace("'", "''") + "', '[\\1,\\2,\\3,\\4]', 'g')"
+    for statement in dims_migration.statements(stats):
+        conn.execute(translate_ddl(statement))
+    # The change records kept their numbers: the new table's identity goes on after them.
+    conn.execute("SELECT setval(pg_get_serial_sequence('changes', 'seq'), COALESCE(MAX(seq), 0) + 1, false) FROM changes")
 
 
 def namespace_dsn(dsn: str, namespace: str) -> str:
