@@ -11,10 +11,11 @@ bytes when an old store is migrated in SQL (store/postgres/schema.py).
 
 The stats stay JSON text (not PostgreSQL jsonb) so both backends keep the same bytes and a
 float comes back bit for bit (jsonb would also reject an infinite sum). A field's four numbers
-are an array, not an object {n, sum, min, max} as before: the keys were ~30 of a pane's ~120
-bytes of stats. Text rather than struct-packed doubles: both stores sum the exact stats in SQL
-(json_extract, ->>), which neither could do from a blob, and the demo's numbers are short
-(a pane's stats: 63 bytes as this text, 80 as doubles)."""
+are an array, not an object {n, sum, min, max} as before: a demo pane's stats are 80 bytes
+(124 as objects). Text rather than struct-packed numbers: both stores sum the exact stats in
+SQL (json_extract, ->>), which neither could do from a blob, and a backfill's numbers are short
+(its panes hold one or two events: four 8-byte numbers per field and the field's name would be
+~86 bytes)."""
 
 from __future__ import annotations
 
