@@ -33,6 +33,7 @@ from store.base import (
 from store import event_ids
 from store import joins as join_store
 from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
+from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
@@ -249,13 +250,17 @@ class SqlitePaneStore(PaneStore):
             )
 
     def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> None:
-        """Panes (with their sketches), dead letters and tier rows past their stream's retention."""
+        """Panes (with their sketches), dead letters and tier rows past their stream's retention;
+        change records older than the longest retention."""
         conn = self._conn
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
+        feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
+        if feed_horizon is not None:
+            conn.execute(DROP_OLD_CHANGES.replace("%s", "?"), (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)

@@ -41,7 +41,9 @@ from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
 from store.commit_plan import (
+    DROP_OLD_CHANGES,
     StreamState,
+    change_feed_horizon,
     pane_ids,
     plan_batch,
     rebuild_chunks,
@@ -225,6 +227,9 @@ class PostgresPaneStore(PaneStore):
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
+        feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
+        if feed_horizon is not None:
+            conn.execute(DROP_OLD_CHANGES, (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
