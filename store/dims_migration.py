@@ -22,20 +22,25 @@ TABLES = {
 }
 
 
-def needed(columns: dict[str, set[str]]) -> bool:
-    """Whether a store whose tables have these columns is in the old layout."""
-    return any("dims_id" not in columns[table] for table in TABLES)
+def old_tables(columns: dict[str, set[str]]) -> list[str]:
+    """The tables, of a store whose tables have these columns, still in the old layout (a store
+    of long ago may have some: the tables it lacked were made new when it was opened)."""
+    return [table for table in TABLES if "dims_id" not in columns[table]]
 
 
-def statements(stats_sql: str) -> list[str]:
-    """The migration, in order: each new table made beside the old one (`new_<table>`), the
-    combinations numbered, the rows copied, the old table dropped and the new one renamed.
-    `stats_sql`: the backend's expression of the new stats text from `o.stats`."""
-    out = [table_ddl(table).replace(f"EXISTS {table} (", f"EXISTS new_{table} (") for table in TABLES]
-    union = " UNION ".join(f"SELECT stream, dims FROM {table}" for table in TABLES)
-    out.append("INSERT INTO dim_sets (stream, id, dims) SELECT stream, ROW_NUMBER() OVER (PARTITION BY stream"
-               f" ORDER BY dims), dims FROM ({union}) u")
-    for table, columns in TABLES.items():
+def statements(stats_sql: str, tables: list[str]) -> list[str]:
+    """The migration of `tables` (old_tables), in order: each new table made beside the old one
+    (`new_<table>`), their combinations numbered (after any the stream has), the rows copied, the
+    old table dropped and the new one renamed. `stats_sql`: the backend's expression of the new
+    stats text from `o.stats`."""
+    out = [table_ddl(table).replace(f"EXISTS {table} (", f"EXISTS new_{table} (") for table in tables]
+    union = " UNION ".join(f"SELECT stream, dims FROM {table}" for table in tables)
+    out.append("INSERT INTO dim_sets (stream, id, dims) SELECT u.stream, COALESCE((SELECT MAX(m.id) FROM dim_sets m"
+               " WHERE m.stream = u.stream), 0) + ROW_NUMBER() OVER (PARTITION BY u.stream ORDER BY u.dims), u.dims"
+               f" FROM ({union}) u WHERE NOT EXISTS (SELECT 1 FROM dim_sets e WHERE e.stream = u.stream"
+               " AND e.dims = u.dims)")
+    for table in tables:
+        columns = TABLES[table]
         copied = [f"o.{c}" if c != "stats" else f"{stats_sql} AS stats" for c in columns]
         out.append(f"INSERT INTO new_{table} ({', '.join(columns)}, dims_id) SELECT {', '.join(copied)}, d.id"
                    f" FROM {table} o JOIN dim_sets d ON d.stream = o.stream AND d.dims = o.dims")

@@ -183,13 +183,13 @@ def number_dims(conn: sqlite3.Connection) -> None:
     def columns() -> dict[str, set[str]]:
         return {table: {row[1] for row in conn.execute(f"PRAGMA table_info({table})")} for table in dims_migration.TABLES}
 
-    if not dims_migration.needed(columns()):
+    if not dims_migration.old_tables(columns()):
         return
     conn.create_function("array_stats", 1, row_codec.array_stats, deterministic=True)
     with transaction(conn):
-        if dims_migration.needed(columns()):  # again under the write lock: another process may have done it
-            for statement in dims_migration.statements("array_stats(o.stats)"):
-                conn.execute(statement)
+        # Again under the write lock: another process may have done it meanwhile.
+        for statement in dims_migration.statements("array_stats(o.stats)", dims_migration.old_tables(columns())):
+            conn.execute(statement)
 
 
 __all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "fold_old_sketch_tables", "load_many", "number_dims",

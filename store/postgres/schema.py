@@ -100,13 +100,15 @@ def _number_dims(conn: psycopg.Connection) -> None:
                                       " WHERE table_schema = current_schema() AND table_name = ANY(%s)",
                                       (list(columns),)):
         columns[table].add(column)
-    if not dims_migration.needed(columns):
+    old = dims_migration.old_tables(columns)
+    if not old:
         return
     stats = "regexp_replace(o.stats, '" + OBJECT_STATS_PATTERN.replace("'", "''") + "', '[\\1,\\2,\\3,\\4]', 'g')"
-    for statement in dims_migration.statements(stats):
+    for statement in dims_migration.statements(stats, old):
         conn.execute(translate_ddl(statement))
-    # The change records kept their numbers: the new table's identity goes on after them.
-    conn.execute("SELECT setval(pg_get_serial_sequence('changes', 'seq'), COALESCE(MAX(seq), 0) + 1, false) FROM changes")
+    if "changes" in old:  # the change records kept their numbers: the new table's identity goes on after them
+        conn.execute("SELECT setval(pg_get_serial_sequence('changes', 'seq'), COALESCE(MAX(seq), 0) + 1, false)"
+                     " FROM changes")
 
 
 def namespace_dsn(dsn: str, namespace: str) -> str:

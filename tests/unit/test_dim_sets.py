@@ -15,15 +15,16 @@ from tests.tier_checks import assert_tiers_match_panes
 from tests.unit.test_commit_bulk import LAYOUT, T0, _partials
 
 
-def to_text_dims(store, kind: str) -> None:
-    """Rewrite a store's panes, tier rows and change records as a store of before held them:
-    each table dropped and made again by its old DDL (TEXT_DIMS_TABLES), every row with its
-    dimensions' text and its stats as objects; dim_sets emptied."""
+def to_text_dims(store, kind: str, tables=tuple(dims_migration.TABLES)) -> None:
+    """Rewrite a store's panes, tier rows and change records (or some of them) as a store of
+    before held them: each table dropped and made again by its old DDL (TEXT_DIMS_TABLES), every
+    row with its dimensions' text and its stats as objects; dim_sets emptied when all are."""
     from store.postgres.schema import translate_ddl
 
     db = store.side_db()
     with db.transaction():
-        for table, columns in dims_migration.TABLES.items():
+        for table in tables:
+            columns = dims_migration.TABLES[table]
             rows = db.execute(f"SELECT {', '.join(f't.{c}' for c in columns)}, COALESCE(d.dims, t.dims_id || '')"
                               f" FROM {table} t LEFT JOIN dim_sets d ON d.stream = t.stream AND d.id = t.dims_id"
                               ).fetchall()
@@ -41,7 +42,8 @@ def to_text_dims(store, kind: str) -> None:
                                           for name, v in json.loads(row[at]).items()}, separators=(",", ":"))
             db.executemany(f"INSERT INTO {table} ({', '.join(columns)}, dims) VALUES ({', '.join('?' * (len(columns) + 1))})",
                            old)
-        db.execute("DELETE FROM dim_sets")
+        if len(tables) == len(dims_migration.TABLES):
+            db.execute("DELETE FROM dim_sets")
     db.close()
 
 
@@ -101,3 +103,19 @@ def test_a_store_with_text_dimensions_is_migrated_when_opened(store_backend):
     panes = migrated.read_panes("s", -2**62, 2**62, value_field="v", with_sketches=True)
     assert sum(p.data.count for p in panes) == 4 * 24 * 2
     assert store_backend.reopen(migrated) is not None  # opening a migrated store again changes nothing
+
+
+def test_a_store_with_only_its_change_feed_in_text_is_migrated_too(store_backend):
+    """A store of long ago lacked panes and tier rows: made new at open, beside an old change feed."""
+    store = store_backend.create()
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    _commit(store, 0)
+    before = _everything(store)
+    to_text_dims(store, store_backend.kind, ("changes",))
+    store.close()
+    migrated = store_backend.reopen(store)
+    assert _everything(migrated) == before
+    _commit(migrated, 1)
+    assert [c.batch_id for c in migrated.changes_since(before[4][-1].seq)] == [1] * 24
+    texts = [text for _, _, text in store_backend.tables(migrated, ("dim_sets",))["dim_sets"]]
+    assert len(texts) == len(set(texts))  # each combination numbered once
