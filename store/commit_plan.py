@@ -205,6 +205,19 @@ def retention_horizons(batch_now_ms: int | None, retention_ms: Mapping[str, int]
     return {stream: batch_now_ms - keep for stream, keep in retention_ms.items()}
 
 
+def change_feed_horizon(batch_now_ms: int | None, retention_ms: Mapping[str, int]) -> int | None:
+    """The commit time before which change records are dropped: the longest retention of any
+    stream (the feed is shared; its readers tail it, and a record older than that is about a
+    pane that may be gone). None: no retention run."""
+    horizons = retention_horizons(batch_now_ms, retention_ms)
+    return min(horizons.values()) if horizons else None
+
+
+# The change records before the first one committed at or after a horizon (a scan of the
+# rowid from the start that stops there: no index on the commit time).
+DROP_OLD_CHANGES = "DELETE FROM changes WHERE seq < (SELECT seq FROM changes WHERE at_ms >= %s ORDER BY seq LIMIT 1)"
+
+
 def tier_horizons(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, int]]:
     """(granule, horizon) per granule of a layout: its rows ending at or before the horizon
     (its own retention) are dropped."""

@@ -17,12 +17,19 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 
+WAL_LIMIT_BYTES = 64 * 2**20
+
+
 def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_timeout_s: float = 30.0) -> sqlite3.Connection:
     """Autocommit (transactions are explicit), shareable across threads (callers hold a lock),
     WAL so readers see the last commit while another process writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
+    # A backfill batch's transaction grows the WAL to the size of what it wrote (hundreds of MiB
+    # for 1 M events), and SQLite keeps the file that large for as long as a connection is open:
+    # truncated to this once a checkpoint has copied it into the database.
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
     if synchronous is not None:
         conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from store import bloom as bloom_store
-from store import row_codec, sqlite_tiers
+from store import dim_sets, row_codec, sqlite_tiers
 from store.gc_pause import paused_gc
 from store.base import (
     BatchCommit,
@@ -33,7 +33,9 @@ from store.base import (
 from store import event_ids
 from store import joins as join_store
 from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
+from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
+from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.rollup import BucketStats
@@ -95,6 +97,7 @@ class SqlitePaneStore(PaneStore):
             view_state.fill_positions(self._conn.cursor())
         self._conn.execute(view_state.CHANGE_SEQ_INDEX)
         sqlite_tiers.fold_old_sketch_tables(self._conn)  # sketches one row per (field, kind): now a column
+        sqlite_tiers.number_dims(self._conn)  # dimensions as text in every row: now numbered
 
     # -- writing ------------------------------------------------------------------------
 
@@ -178,9 +181,9 @@ class SqlitePaneStore(PaneStore):
         """The merged panes, a change record each (and a correction for a final pane); the first
         and last change sequence numbers. Panes, sketches and changes go in one executemany each."""
         conn = self._conn
-        sqlite_tiers.save_many(conn, "panes", sqlite_tiers.PANE_KEY,
-                               (((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes),
-                               now_ms, commit.batch_id)
+        stored = sqlite_tiers.save_many(conn, "panes", sqlite_tiers.PANE_KEY,
+                                        (((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision)
+                                         for p in plan.panes), now_ms, commit.batch_id)
         changes = []
         for pane in plan.panes:
             correction_id = None
@@ -192,12 +195,12 @@ class SqlitePaneStore(PaneStore):
                     (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
                      commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                 ).lastrowid
-            changes.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id, pane.count_added,
-                            now_ms, correction_id))
+            changes.append((pane.stream, pane.start_ms, stored[(pane.stream, pane.start_ms, pane.dims)][-1],
+                            pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id))
         if not changes:
             return None, None
         conn.executemany(
-            "INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id)"
+            "INSERT INTO changes (stream, start_ms, dims_id, revision, batch_id, count_added, at_ms, correction_id)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", changes)
         # Consecutive numbers: the commit holds the write lock and AUTOINCREMENT counts up one by one.
         last_seq = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
@@ -251,13 +254,17 @@ class SqlitePaneStore(PaneStore):
             )
 
     def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> None:
-        """Panes (with their sketches), dead letters and tier rows past their stream's retention."""
+        """Panes (with their sketches), dead letters and tier rows past their stream's retention;
+        change records older than the longest retention."""
         conn = self._conn
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
+        feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
+        if feed_horizon is not None:
+            conn.execute(DROP_OLD_CHANGES.replace("%s", "?"), (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
@@ -329,17 +336,14 @@ class SqlitePaneStore(PaneStore):
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
         with self._lock:
             rows = self._conn.execute(
-                "SELECT dims, MAX(end_ms) FROM panes WHERE stream = ? AND start_ms >= ? AND start_ms < ? AND count > 0"
-                " GROUP BY dims", (stream, start_ms, end_ms)).fetchall()
+                "SELECT d.dims, t.newest FROM " + dim_sets.joined(
+                    "SELECT stream, dims_id, MAX(end_ms) AS newest FROM panes WHERE stream = ? AND start_ms >= ?"
+                    " AND start_ms < ? AND count > 0 GROUP BY stream, dims_id"), (stream, start_ms, end_ms)).fetchall()
         return [(json.loads(dims), end) for dims, end in rows]
 
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id FROM changes"
-                " WHERE seq > ? ORDER BY seq LIMIT ?",
-                (seq, limit),
-            ).fetchall()
+            rows = self._conn.execute(CHANGES_SINCE.replace("%s", "?"), (seq, limit)).fetchall()
         return [Change(*row) for row in rows]
 
     def watermarks(self) -> dict[str, int]:

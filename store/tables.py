@@ -18,24 +18,34 @@ from store import table_state, table_versions
 
 # Panes, the change feed, batches, progress, dead letters, corrections, watermarks, offsets.
 PANE_TABLES = """
+-- A stream's dimension combinations, each numbered once (store/dim_sets.py): pane, tier and
+-- change rows hold the number, not the ~100 bytes of JSON text.
+CREATE TABLE IF NOT EXISTS dim_sets (
+    stream TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    dims TEXT NOT NULL,             -- dims_key of the combination
+    PRIMARY KEY (stream, id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS dim_sets_by_text ON dim_sets (stream, dims);
 CREATE TABLE IF NOT EXISTS panes (
     stream TEXT NOT NULL,
     start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
+    dims_id INTEGER NOT NULL,       -- dim_sets.id
     end_ms INTEGER NOT NULL,
     count INTEGER NOT NULL,
-    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    stats TEXT NOT NULL,            -- {value field: [n, sum, min, max]} (store/row_codec.py)
     revision INTEGER NOT NULL,
     updated_at_ms INTEGER NOT NULL,
     last_batch INTEGER NOT NULL,
     sketches BLOB NOT NULL,         -- every KLL and HLL of the pane, one blob (store/row_codec.py)
-    PRIMARY KEY (stream, start_ms, dims)
+    PRIMARY KEY (stream, start_ms, dims_id)
 ) WITHOUT ROWID;  -- the key is most of a row: a rowid table kept it twice (table and index)
 CREATE TABLE IF NOT EXISTS changes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     stream TEXT NOT NULL,
     start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,
+    dims_id INTEGER,                -- dim_sets.id of the changed pane
+    dims TEXT,                      -- or the text itself (a switch's record: '{}')
     revision INTEGER NOT NULL,
     batch_id INTEGER NOT NULL,
     count_added INTEGER NOT NULL,
@@ -142,30 +152,53 @@ CREATE TABLE IF NOT EXISTS tier_rows (
     granule_ms INTEGER NOT NULL,
     proj TEXT NOT NULL,             -- '*' all dimensions, '' the total, 'a,b' a group-by
     start_ms INTEGER NOT NULL,
-    dims TEXT NOT NULL,             -- dims_key of the projected dimensions
+    dims_id INTEGER NOT NULL,       -- dim_sets.id of the projected dimensions
     end_ms INTEGER NOT NULL,
     count INTEGER NOT NULL,
-    stats TEXT NOT NULL,            -- {value field: {n, sum, min, max}}
+    stats TEXT NOT NULL,            -- {value field: [n, sum, min, max]}
     revision INTEGER NOT NULL,      -- the highest revision of the panes it covers
     updated_at_ms INTEGER NOT NULL,
     last_batch INTEGER NOT NULL,
     sketches BLOB NOT NULL,         -- every KLL and HLL of the row, one blob (store/row_codec.py)
-    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims_id)
 );  -- a rowid table: a coarse row's sketches are kilobytes, which a WITHOUT ROWID b-tree spills to overflow pages
 """
 
 # The rows of both tables that hold pane-shaped rows, each with the table its sketches were
-# kept in before they became the rows' `sketches` column, and its key.
+# kept in before they became the rows' `sketches` column, and its key (then: the dimensions text).
 OLD_SKETCH_TABLES = {
     "panes": ("pane_sketches", ("stream", "start_ms", "dims")),
     "tier_rows": ("tier_sketches", ("stream", "granule_ms", "proj", "start_ms", "dims")),
 }
 
+# The tables whose rows held their dimensions as text before dim_sets numbered them (and their
+# stats as {field: {n, sum, min, max}}), as they were made then: what a store of then is
+# migrated from when it is opened (store/dims_migration.py).
+TEXT_DIMS_TABLES = """
+CREATE TABLE IF NOT EXISTS panes (
+    stream TEXT NOT NULL, start_ms INTEGER NOT NULL, dims TEXT NOT NULL, end_ms INTEGER NOT NULL,
+    count INTEGER NOT NULL, stats TEXT NOT NULL, revision INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL,
+    last_batch INTEGER NOT NULL, sketches BLOB NOT NULL, PRIMARY KEY (stream, start_ms, dims)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tier_rows (
+    stream TEXT NOT NULL, granule_ms INTEGER NOT NULL, proj TEXT NOT NULL, start_ms INTEGER NOT NULL,
+    dims TEXT NOT NULL, end_ms INTEGER NOT NULL, count INTEGER NOT NULL, stats TEXT NOT NULL,
+    revision INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL, last_batch INTEGER NOT NULL, sketches BLOB NOT NULL,
+    PRIMARY KEY (stream, granule_ms, proj, start_ms, dims)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, start_ms INTEGER NOT NULL, dims TEXT NOT NULL,
+    revision INTEGER NOT NULL, batch_id INTEGER NOT NULL, count_added INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+    correction_id INTEGER
+);
+"""
 
-def table_ddl(name: str) -> str:
-    """The CREATE TABLE statement of one table of STORE_TABLES (a migration rebuilding it)."""
-    start = STORE_TABLES.index(f"CREATE TABLE IF NOT EXISTS {name} (")
-    return STORE_TABLES[start:STORE_TABLES.index(";", start) + 1]
+
+def table_ddl(name: str, ddl: str | None = None) -> str:
+    """The CREATE TABLE statement of one table of STORE_TABLES (or of `ddl`): a migration rebuilding it."""
+    ddl = STORE_TABLES if ddl is None else ddl
+    start = ddl.index(f"CREATE TABLE IF NOT EXISTS {name} (")
+    return ddl[start:ddl.index(";", start) + 1]
 
 
 # Bloom filter chunks and first-seen counts (store/bloom.py).

@@ -36,12 +36,14 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
-from store import event_ids
+from store import dim_sets, event_ids
 from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
 from store.commit_plan import (
+    DROP_OLD_CHANGES,
     StreamState,
+    change_feed_horizon,
     pane_ids,
     plan_batch,
     rebuild_chunks,
@@ -117,9 +119,9 @@ class PostgresPaneStore(PaneStore):
         layouts = _layouts(conn)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
                           idle_timeout_ms=idle_timeout_ms)
-        rows.save(conn, "panes", rows.PANE_KEY,
-                  [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
-                  now_ms, commit.batch_id)
+        stored_keys = rows.save(conn, "panes", rows.PANE_KEY,
+                                [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
+                                now_ms, commit.batch_id)
         first_seq = last_seq = None
         with conn.cursor() as cur:
             changes = []
@@ -134,10 +136,10 @@ class PostgresPaneStore(PaneStore):
                         (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
                          commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
                     ).fetchone()[0]
-                changes.append((pane.stream, pane.start_ms, pane.dims, pane.revision, commit.batch_id,
-                                pane.count_added, now_ms, correction_id))
+                changes.append((pane.stream, pane.start_ms, stored_keys[(pane.stream, pane.start_ms, pane.dims)][-1],
+                                pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id))
             if changes:
-                rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims", "revision", "batch_id", "count_added",
+                rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims_id", "revision", "batch_id", "count_added",
                                                  "at_ms", "correction_id"), changes)
                 # The rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts changes
                 # meanwhile, and the identity's sequence hands them out one by one (no cache).
@@ -225,6 +227,9 @@ class PostgresPaneStore(PaneStore):
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
+        feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
+        if feed_horizon is not None:
+            conn.execute(DROP_OLD_CHANGES, (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
                 for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
@@ -305,14 +310,13 @@ class PostgresPaneStore(PaneStore):
 
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:
         found = self._all(
-            "SELECT dims, MAX(end_ms) FROM panes WHERE stream = %s AND start_ms >= %s AND start_ms < %s AND count > 0"
-            " GROUP BY dims", (stream, start_ms, end_ms))
+            "SELECT d.dims, t.newest FROM " + dim_sets.joined(
+                "SELECT stream, dims_id, MAX(end_ms) AS newest FROM panes WHERE stream = %s AND start_ms >= %s"
+                " AND start_ms < %s AND count > 0 GROUP BY stream, dims_id"), (stream, start_ms, end_ms))
         return [(json.loads(dims), end) for dims, end in found]
 
     def changes_since(self, seq: int, limit: int = 1000) -> list[Change]:
-        found = self._all(
-            "SELECT seq, stream, start_ms, dims, revision, batch_id, count_added, at_ms, correction_id FROM changes"
-            " WHERE seq > %s ORDER BY seq LIMIT %s", (seq, limit))
+        found = self._all(dim_sets.CHANGES_SINCE, (seq, limit))
         return [Change(*row) for row in found]
 
     def watermarks(self) -> dict[str, int]:

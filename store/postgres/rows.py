@@ -15,14 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import psycopg
 
-from store import row_codec
+from store import dim_sets, row_codec
 from store.commit_plan import StoredPane
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 
-PANE_KEY = ("stream", "start_ms", "dims")
-TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims")
-_TYPES = {"stream": "text", "start_ms": "bigint", "dims": "text", "granule_ms": "bigint", "proj": "text"}
+# Callers give keys with the dimensions' text last; the rows hold its number (store/dim_sets.py).
+PANE_KEY = ("stream", "start_ms", "dims_id")
+TIER_KEY = ("stream", "granule_ms", "proj", "start_ms", "dims_id")
+_TYPES = {"stream": "text", "start_ms": "bigint", "dims_id": "bigint", "granule_ms": "bigint", "proj": "text"}
 _ROW = ("end_ms", "count", "stats", "revision", "updated_at_ms", "last_batch", "sketches")
 
 
@@ -54,10 +55,14 @@ def ensure_staging(conn: psycopg.Connection) -> None:
 
 
 def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
-    """The stored rows (with all their sketches) among `keys`; missing keys are absent."""
+    """The stored rows (with all their sketches) among `keys` (the dimensions' text last);
+    missing keys are absent."""
     if not keys:
         return {}
     ensure_staging(conn)
+    with conn.cursor() as cur:
+        by_number = {number: key for key, number in dim_sets.numbered(cur, "%s", keys).items()}
+    keys = list(by_number)
     columns = ", ".join(key_columns)
     staged = f"keys_{table}"
     copy_rows(conn, staged, key_columns, keys)
@@ -65,28 +70,32 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
         # One round trip: the join, and the staged keys dropped (a second load in this transaction starts empty).
         cur.execute(f"SELECT {columns}, count, stats, revision, sketches FROM {table} JOIN {staged} USING ({columns});"
                     f" DELETE FROM {staged}")
-        return {tuple(key): StoredPane(row_codec.load_data(count, stats, blob), revision)
+        return {by_number[tuple(key)]: StoredPane(row_codec.load_data(count, stats, blob), revision)
                 for *key, count, stats, revision, blob in cur.fetchall()}
 
 
 def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
-         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> None:
-    """Insert or replace rows (key, end_ms, data, revision) of `table` with their sketches; of
-    rows with the same key, the last one is kept (one INSERT may not touch a row twice)."""
+         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
+    """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
+    `table` with their sketches; of rows with the same key, the last one is kept (one INSERT may
+    not touch a row twice). Returns each key as stored (the text's number last)."""
     latest = {key: (end, data, revision) for key, end, data, revision in rows}
     if not latest:
-        return
+        return {}
     ensure_staging(conn)
+    with conn.cursor() as cur:
+        number = dim_sets.numbered(cur, "%s", latest)
     columns = ", ".join(key_columns)
     staged = f"staged_{table}"
     copy_rows(conn, staged, (*key_columns, *_ROW),
-              ((*key, end, data.count, row_codec.stats_text(data), revision, now_ms, batch_id,
+              ((*number[key], end, data.count, row_codec.stats_text(data), revision, now_ms, batch_id,
                 row_codec.sketches_blob(data)) for key, (end, data, revision) in latest.items()))
     updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
     conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
         f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"
         f" ON CONFLICT ({columns}) DO UPDATE SET {updates};"
         f" DELETE FROM {staged}")
+    return number
 
 
 def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
@@ -96,32 +105,41 @@ def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms
     span = f"{where} AND start_ms >= %s AND start_ms < %s"
     args = (*args, start_ms, end_ms)
     rows = conn.execute(
-        f"SELECT start_ms, dims, end_ms, count, {'stats' if stats else 'NULL'}, revision, updated_at_ms, last_batch,"
-        f" {row_codec.sketches_column(sketches)} FROM {table} WHERE {span} ORDER BY start_ms", args).fetchall()
+        "SELECT t.start_ms, d.dims, t.end_ms, t.count, t.stats, t.revision, t.updated_at_ms, t.last_batch, t.sketches"
+        " FROM " + dim_sets.joined(f"SELECT stream, dims_id, start_ms, end_ms, count, {'stats' if stats else 'NULL'}"
+                                   f" AS stats, revision, updated_at_ms, last_batch,"
+                                   f" {row_codec.sketches_column(sketches)} AS sketches FROM {table} WHERE {span}")
+        + " ORDER BY t.start_ms", args).fetchall()
     return row_codec.assemble(stream, rows, sketches)
 
 
 def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
               origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
               value_field: str | None, one_row_per_bucket: bool = False) -> list[BucketStats]:
-    """Exact stats summed by the server per (bucket, stored dimensions text), as
-    store/sqlite_tiers.aggregate sums them (one_row_per_bucket too); bigint division truncates as
-    SQLite's does."""
+    """Exact stats summed by the server per (bucket, dimensions' number), with the texts joined
+    after, as store/sqlite_tiers.aggregate sums them (filters and one_row_per_bucket too); bigint
+    division truncates as SQLite's does."""
     def agg(fn: str, expr: str) -> str:
         return expr if one_row_per_bucket else f"{fn}({expr})"
 
-    clauses = [where, "start_ms >= %s", "start_ms < %s", *["COALESCE(dims::jsonb ->> %s, '') = %s"] * len(filters)]
-    filter_args = [x for item in filters.items() for x in item]
+    clauses = [where, "start_ms >= %s", "start_ms < %s"]
+    filter_args: list = []
+    if filters:
+        tests = " AND ".join(["COALESCE(f.dims::jsonb ->> %s, '') = %s"] * len(filters))
+        clauses.append(f"dims_id IN (SELECT f.id FROM dim_sets f WHERE f.stream = %s AND {tests})")
+        filter_args = [args[0], *(x for item in filters.items() for x in item)]  # every `where` starts with the stream
     if value_field:
         field = "(stats::jsonb -> %s)"
-        value = ", ".join(agg(fn, f"({field} ->> '{key}')::{kind}") + cast
-                          for fn, key, kind, cast in (("SUM", "n", "bigint", "::bigint"), ("SUM", "sum", "float8", ""),
-                                                      ("MIN", "min", "float8", ""), ("MAX", "max", "float8", "")))
+        value = ", ".join(agg(fn, f"({field} ->> {i})::{kind}") + cast
+                          for i, (fn, kind, cast) in enumerate((("SUM", "bigint", "::bigint"), ("SUM", "float8", ""),
+                                                               ("MIN", "float8", ""), ("MAX", "float8", ""))))
         value_args = [value_field] * 4
     else:
         value, value_args = "0, 0.0::float8, NULL::float8, NULL::float8", []
-    sql = (f"SELECT (start_ms - %s) / %s AS bucket, dims, {agg('SUM', 'count')}::bigint, {agg('MAX', 'revision')},"
-           f" {value}, {agg('MAX', 'last_batch')}, {'1' if one_row_per_bucket else 'COUNT(*)'} FROM {table}"
-           f" WHERE {' AND '.join(clauses)}{'' if one_row_per_bucket else ' GROUP BY bucket, dims'}")
-    return row_codec.bucket_stats(
-        conn.execute(sql, (origin_ms, bucket_ms, *value_args, *args, start_ms, end_ms, *filter_args)), group_by)
+    grouped = (f"SELECT (start_ms - %s) / %s AS bucket, stream, dims_id, {agg('SUM', 'count')}::bigint,"
+               f" {agg('MAX', 'revision')}, {value}, {agg('MAX', 'last_batch')}, {'1' if one_row_per_bucket else 'COUNT(*)'}"
+               f" FROM {table} WHERE {' AND '.join(clauses)}"
+               f"{'' if one_row_per_bucket else ' GROUP BY bucket, stream, dims_id'}")
+    found = conn.execute(f"SELECT g.*, d.dims FROM {dim_sets.joined(grouped, 'g')}",
+                         (origin_ms, bucket_ms, *value_args, *args, start_ms, end_ms, *filter_args))
+    return row_codec.bucket_stats(((bucket, dims, *rest) for bucket, _, _, *rest, dims in found), group_by)

@@ -11,7 +11,8 @@ import re
 import psycopg
 
 from store.schema_version import SCHEMA_VERSION, check_version
-from store.row_codec import NO_SKETCHES
+from store import dims_migration
+from store.row_codec import NO_SKETCHES, OBJECT_STATS_PATTERN
 from store.tables import OLD_SKETCH_TABLES, STORE_TABLES
 from store import view_state
 
@@ -72,6 +73,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
                 view_state.fill_positions(cur)
         conn.execute(view_state.CHANGE_SEQ_INDEX)
         _fold_old_sketch_tables(conn)
+        _number_dims(conn)
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 
@@ -94,6 +96,26 @@ def _fold_old_sketch_tables(conn: psycopg.Connection) -> None:
             (NO_SKETCHES,))
         conn.execute(f"ALTER TABLE {table} ALTER COLUMN sketches SET NOT NULL")
         conn.execute(f"DROP TABLE {sketch_table}")
+
+
+def _number_dims(conn: psycopg.Connection) -> None:
+    """A store whose rows hold their dimensions as text rebuilt with them numbered
+    (store/dims_migration.py), in the schema's transaction; the stats rewritten by the same
+    pattern SQLite's migration uses (store/row_codec.py array_stats), text to text."""
+    columns: dict[str, set[str]] = {table: set() for table in dims_migration.TABLES}
+    for table, column in conn.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                      " WHERE table_schema = current_schema() AND table_name = ANY(%s)",
+                                      (list(columns),)):
+        columns[table].add(column)
+    old = dims_migration.old_tables(columns)
+    if not old:
+        return
+    stats = "regexp_replace(o.stats, '" + OBJECT_STATS_PATTERN.replace("'", "''") + "', '[\\1,\\2,\\3,\\4]', 'g')"
+    for statement in dims_migration.statements(stats, old):
+        conn.execute(translate_ddl(statement))
+    if "changes" in old:  # the change records kept their numbers: the new table's identity goes on after them
+        conn.execute("SELECT setval(pg_get_serial_sequence('changes', 'seq'), COALESCE(MAX(seq), 0) + 1, false)"
+                     " FROM changes")
 
 
 def namespace_dsn(dsn: str, namespace: str) -> str:

@@ -5,15 +5,14 @@ on SQLite and PostgreSQL, reading what it read before and taking new batches."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from store import BatchCommit, PaneData, ValueStats
-from store.row_codec import HLL, KLL, NO_SKETCHES, encode_sketches, load_data, sketches_blob, unpack_sketches
-from store.tables import table_ddl
+from store.row_codec import HLL, KLL, NO_SKETCHES, encode_sketches, load_data, sketches_blob, stats_text, unpack_sketches
+from store.tables import TEXT_DIMS_TABLES, table_ddl
 from tests.tier_checks import assert_tiers_match_panes
 from tests.unit.test_commit_bulk import LAYOUT, T0, _partials
 
@@ -30,7 +29,7 @@ def test_the_sketches_blob_gives_back_every_sketch(sketches):
 @given(st.dictionaries(names, st.none() | blobs, max_size=3), st.dictionaries(names, st.none() | blobs, max_size=3))
 def test_a_rows_sketches_blob_loads_back_into_its_data(klls, hlls):
     data = PaneData(3, {name: ValueStats(1, 2.0, 2.0, 2.0, kll) for name, kll in klls.items()}, hlls)
-    back = load_data(3, json.dumps({name: v.to_json() for name, v in data.values.items()}), sketches_blob(data))
+    back = load_data(3, stats_text(data), sketches_blob(data))
     assert back == PaneData(3, data.values, {name: h for name, h in hlls.items() if h is not None})
 
 
@@ -60,9 +59,12 @@ KEYS = {"panes": ("stream", "start_ms", "dims"), "tier_rows": ("stream", "granul
 
 def _to_old_layout(store, kind: str) -> None:
     """Rewrite a store's panes and tier rows as the old layout held them: each table dropped
-    and made again by its old DDL, its sketches one row each in the old sketch table."""
+    and made again by its old DDL, its sketches one row each in the old sketch table (the
+    dimensions as text, as then: tests/unit/test_dim_sets.py to_text_dims first)."""
     from store.postgres.schema import translate_ddl
+    from tests.unit.test_dim_sets import to_text_dims
 
+    to_text_dims(store, kind)
     db = store.side_db()
     with db.transaction():
         for table, key in KEYS.items():
@@ -83,10 +85,10 @@ def _to_old_layout(store, kind: str) -> None:
 
 
 def _columns(table: str) -> list[str]:
-    """The columns of `table` as store/tables.py defines them, in order."""
-    ddl = table_ddl(table)
-    body = ddl[ddl.index("(") + 1:]
-    return [line.split()[0] for line in body.splitlines() if line.strip() and line.split()[0].islower()]
+    """The columns of `table` as the store of before the dimensions were numbered (TEXT_DIMS_TABLES) made it, in order."""
+    ddl = table_ddl(table, TEXT_DIMS_TABLES)
+    body = ddl[ddl.index("(") + 1:ddl.index("PRIMARY KEY")]
+    return [part.split()[0] for part in body.split(",") if part.strip()]
 
 
 def _everything(store) -> tuple:

@@ -1,0 +1,60 @@
+"""A stream's dimension combinations, numbered: pane, tier and change rows keep the number
+(table dim_sets, store/tables.py) instead of the combination's JSON text, ~100 bytes that were
+a third of a pane row and most of a change record. SQL over a DB-API cursor, the same for both
+backends (`p` is the backend's placeholder).
+
+Numbers are per stream, 1, 2, ... in the order combinations first come, given out inside the
+commit's transaction (commits are serialized by the backends, so the highest number read is
+still the highest when the new ones are written). Per stream because a switch (store/switch.py)
+moves a stream's rows between namespaces wholesale: its dim_sets rows go with them, so the
+numbers keep their meaning there. Nothing is cached across transactions: a switch may give a
+stream another numbering. Readers join dim_sets to get the text back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+CHUNK = 500  # texts per lookup: under SQLite's 999 bound variables of old builds
+
+
+def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
+    """The numbers of these dimension texts in `stream`, new ones given out (and written)."""
+    wanted = list(dict.fromkeys(texts))
+    found: dict[str, int] = {}
+    for i in range(0, len(wanted), CHUNK):
+        chunk = wanted[i:i + CHUNK]
+        found.update(cursor.execute(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN"
+                                    f" ({', '.join([p] * len(chunk))})", (stream, *chunk)).fetchall())
+    missing = [text for text in wanted if text not in found]
+    if missing:
+        top = cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM dim_sets WHERE stream = {p}", (stream,)).fetchone()[0]
+        new = {text: int(top) + 1 + i for i, text in enumerate(missing)}
+        cursor.executemany(f"INSERT INTO dim_sets (stream, id, dims) VALUES ({p}, {p}, {p})",
+                           [(stream, number, text) for text, number in new.items()])
+        found.update(new)
+    return found
+
+
+def numbered(cursor, p: str, keys: Iterable[tuple]) -> dict[tuple, tuple]:
+    """Row keys (stream first, the dimensions text last) -> the same keys with the text's number."""
+    keys = list(keys)
+    texts: dict[str, list[str]] = {}
+    for key in keys:
+        texts.setdefault(key[0], []).append(key[-1])
+    by_stream = {stream: ids(cursor, p, stream, found) for stream, found in texts.items()}
+    return {key: (*key[:-1], by_stream[key[0]][key[-1]]) for key in keys}
+
+
+def joined(select: str, alias: str = "t") -> str:
+    """`select` (rows with columns stream and dims_id) joined to their texts, as `d.dims`."""
+    return f"({select}) {alias} JOIN dim_sets d ON d.stream = {alias}.stream AND d.id = {alias}.dims_id"
+
+
+# The change feed after a sequence number, each record with its pane's dimensions text (a
+# switch's record holds its text itself). Records written before a switch gave the stream
+# another numbering may show another combination: a hub reloads the stream's views on the
+# switch's record anyway.
+CHANGES_SINCE = ("SELECT c.seq, c.stream, c.start_ms, COALESCE(d.dims, c.dims, '{}'), c.revision, c.batch_id,"
+                 " c.count_added, c.at_ms, c.correction_id FROM changes c"
+                 " LEFT JOIN dim_sets d ON d.stream = c.stream AND d.id = c.dims_id"
+                 " WHERE c.seq > %s ORDER BY c.seq LIMIT %s")
