@@ -136,11 +136,15 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
     assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
     assert summary["streams"]["http_requests"][2] > 0  # dead letters: covered
-    # The job counts (not times): a small batch's steps collect local rows without Spark jobs; the
-    # read, the partial aggregation, the Bloom features' and sessions' keys, the tables' newest rows.
+    # The job counts (not times): a small batch's steps collect local rows without Spark jobs, the
+    # Bloom features' and sessions' keys are grouped on the driver: the read and the partial aggregation.
     assert len(jobs["driver"]) == len(jobs["persisted"]) == 4
-    assert all(j <= 4 for j in jobs["driver"][1:]), jobs
+    assert all(j <= 2 for j in jobs["driver"][1:]), jobs
     # And the calls into the JVM that build the steps' expressions (a small batch's driver time):
-    # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch.
-    assert all(c <= 2_500 for c in calls["driver"][1:]), calls
+    # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch, ~2 200
+    # with them built once per catalog but enrichment's and device clocks'. The first small batch
+    # builds this catalog's; a batch of http_requests alone skips the other streams' steps.
+    assert calls["driver"][1] <= 1_400, calls
+    assert calls["driver"][2] <= 900, calls
+    assert calls["driver"][3] <= 500, calls
     assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs
