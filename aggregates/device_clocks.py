@@ -203,15 +203,16 @@ class DeviceClocks:
         corrections = {key: ms for key, ms in plan.corrections.items() if key[0] in present}
         if not corrections:
             return with_clock_columns(batch)
-        if on_driver:  # the batch's map, one literal; the expressions reading it are built once
-            joined = batch.withColumn(CORRECTIONS, _corrections_literal(corrections))
-            columns = per_catalog(self.catalog, "device clock columns on the driver",
-                                  lambda: _corrected_columns(_correction_lookup()))
+        if on_driver:  # each row's correction looked up in the batch's map literal (folded once by Spark)
+            key = per_catalog(self.catalog, "device clock key",
+                              lambda: F.concat(F.col("stream"), F.lit(" "), F.col("device")))
+            joined = batch.withColumn("correction", F.try_element_at(_corrections_literal(corrections), key))
         else:
             table = self.spark.createDataFrame(
                 [(stream, device, ms) for (stream, device), ms in corrections.items()], CORRECTION_SCHEMA)
             joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
-            columns = per_catalog(self.catalog, "device clock columns", lambda: _corrected_columns(F.col("correction")))
+        # The expressions reading the correction are built once (calls into the JVM: a small batch's time).
+        columns = per_catalog(self.catalog, "device clock columns", lambda: _corrected_columns(F.col("correction")))
         return joined.select(*[c for c in batch.columns if c != "event_time"], *columns)
 
 
@@ -223,9 +224,6 @@ def _sample_columns(streams: list[str]) -> tuple[Column, Column, Column]:
     return condition, (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"), ingest - F.col("sent_time")
 
 
-CORRECTIONS = "_clock_corrections"  # on the driver path: the batch's corrections, a map literal column
-
-
 def _corrected_columns(correction: Column) -> list[Column]:
     """event_time corrected by `correction` (a row's, null for none), raw_event_time, clock_correction."""
     return [F.when(correction.isNotNull() & F.col("event_time").isNotNull(), F.col("event_time") + correction)
@@ -235,14 +233,9 @@ def _corrected_columns(correction: Column) -> list[Column]:
 
 
 def _corrections_literal(corrections: Mapping[tuple[str, str], int]) -> Column:
-    """The corrections as one map literal, keyed by "<stream> <device>" (a stream name has no space)."""
+    """The corrections as one map literal, keyed by "<stream> <device>" (a stream name has no space):
+    a row without a device finds none, as in the left join with the corrections table."""
     return map_literal({f"{stream} {device}": ms for (stream, device), ms in corrections.items()}, T.LongType())
-
-
-def _correction_lookup() -> Column:
-    """Per row, its (stream, device)'s correction in the CORRECTIONS column, null where it has none
-    (or no device): what the left join with the corrections table gives."""
-    return F.try_element_at(F.col(CORRECTIONS), F.concat(F.col("stream"), F.lit(" "), F.col("device")))
 
 
 def with_clock_columns(batch: DataFrame) -> DataFrame:

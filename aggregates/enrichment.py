@@ -46,7 +46,6 @@ from store import PaneStore
 from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
 
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
-MAP_COLUMN = "_versions_"  # on the driver path: + a table's name, the column of the batch's versions map literal
 
 _VERSIONS = T.ArrayType(T.StructType([
     T.StructField("from_ms", T.LongType()),
@@ -125,8 +124,8 @@ class Enrichment:
             frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
         made = time.perf_counter()
         if enriching:
-            stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching} {on_driver}",
-                                               lambda: self.stages(enriching, on_driver=on_driver))
+            stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching}",
+                                               lambda: self.stages(enriching))
             out = self.run_stages(batch, stages, frames)
             # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
             # without a Spark job, instead of in every later step's plan).
@@ -144,24 +143,19 @@ class Enrichment:
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
                                          keep_from, misses))
 
-    def stages(self, enriching: list[str], *, on_driver: bool) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
+    def stages(self, enriching: list[str]) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
         """The lookups' projection over the batch for the `enriching` streams, as steps that
-        `run_stages` applies in order: ("with", {name: Column}), ("drop", names) and, unless
-        `on_driver`, ("join", table, key, tag) with the table's lookup frame. Depends on the catalog
-        only (on the driver a table's versions are the column MAP_COLUMN + table, the batch's
-        literal), so it is built once per catalog: a small batch's driver time is these calls
-        into the JVM. Also the miss flag columns, ((stream, table), column) each."""
+        `run_stages` applies in order: ("with", {name: Column}), ("drop", names) and ("lookup",
+        table, key, tag), the one step that reads the batch's lookup frame or map literal. Depends
+        on the catalog only, so it is built once per catalog: a small batch's driver time is these
+        calls into the JVM. Also the miss flag columns, ((stream, table), column) each."""
         steps: list[tuple] = [("with", {"_at": F.least(F.col("event_time"), F.col("ingest_time"))})]
         miss_columns: list[tuple[tuple[str, str], str]] = []
 
         def hit(table: str, key: Column, tag: str) -> tuple[Column, Column]:
             """The version of `table` valid at each row's `_at` for `key`: whether the key had a row
-            then (`{tag}found`) and its string columns. On the driver a lookup in the table's map
-            literal; else a broadcast left join with its frame (null versions without a row)."""
-            if on_driver:
-                steps.append(("with", {f"{tag}vs": F.try_element_at(F.col(MAP_COLUMN + table), key)}))
-            else:
-                steps.append(("join", table, key, tag))
+            then (`{tag}found`) and its string columns (`{tag}vs`: the key's versions, null without a row)."""
+            steps.append(("lookup", table, key, tag))
             hits = F.filter(F.col(f"{tag}vs"), lambda v: v["from_ms"] <= F.col("_at"))
             last = F.get(hits, F.size(hits) - 1)
             steps.append(("with", {f"{tag}found": F.coalesce(last["found"], F.lit(False)), f"{tag}cols": last["cols"]}))
@@ -196,20 +190,24 @@ class Enrichment:
                 steps.append(("with", {"dims": self.with_dims(stream, values), miss: (F.col("stream") == name) & ~complete}))
                 steps.append(("drop", ("_lfound", "_lcols", "_rfound", "_rcols")))
                 miss_columns.append(((name, decl.table), miss))
-        steps.append(("drop", ("_at", *[MAP_COLUMN + t for t in self.tables])))
+        steps.append(("drop", ("_at",)))
         return steps, miss_columns
 
     @staticmethod
     def run_stages(batch: DataFrame, stages: list[tuple], frames: dict[str, DataFrame | Column]) -> DataFrame:
-        """`stages` (see `stages`) applied to `batch`; `frames` the batch's lookup frames, or on the
-        driver its map literals (added first as columns)."""
-        maps = {MAP_COLUMN + t: f for t, f in frames.items() if isinstance(f, Column)}
-        out = batch.withColumns(maps) if maps else batch
+        """`stages` (see `stages`) applied to `batch`; `frames` the batch's lookup frames (a broadcast
+        left join), or on the driver its map literals (a lookup in the projection). The literal stays
+        inside the lookup, where Spark folds it once: as a column of its own, each row would carry
+        a copy of the whole map through the projections over the local rows (much slower)."""
+        out = batch
         for stage in stages:
             if stage[0] == "with":
                 out = out.withColumns(stage[1])
             elif stage[0] == "drop":
                 out = out.drop(*stage[1])
+            elif isinstance(frames[stage[1]], Column):
+                _, table, key, tag = stage
+                out = out.withColumns({f"{tag}vs": F.try_element_at(frames[table], key)})
             else:
                 _, table, key, tag = stage
                 lookup = frames[table].withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
