@@ -20,7 +20,7 @@ replayed batch starts from exactly the state its first run started from: exactly
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -34,7 +34,8 @@ from aggregates.clock_offsets import (
     clock_verdict,
     forget_stale,
 )
-from aggregates.driver_batch import map_literal
+from aggregates.driver_batch import among, map_literal
+from aggregates.partials import per_catalog
 from catalog import Catalog, StreamDef
 from catalog.clocks import CLOCK_DEVICE_FIELD, CLOCK_DIMENSIONS, clocks_stream_name, off_by
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
@@ -143,6 +144,7 @@ class DeviceClocks:
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore):
         self.spark = spark
         self.store = store
+        self.catalog = catalog
         self.streams = {name: s for name, s in catalog.streams.items() if s.sent_time_field}
         self._state: dict[tuple[str, str], DeviceClock] | None = None  # as the last committed batch left it
 
@@ -156,15 +158,19 @@ class DeviceClocks:
                            for device, clock in self.store.device_clocks(stream).items()}
         return self._state
 
-    def samples(self, batch: DataFrame, *, on_driver: bool = False) -> list[tuple[str, str, int, int]]:
+    def samples(self, batch: DataFrame, *, on_driver: bool = False,
+                streams: Collection[str] | None = None) -> list[tuple[str, str, int, int]]:
         """The batch's clock samples, per (stream, device, bucket of receive time): the smallest
         received - sent. Records that will be dead-lettered as unparseable or invalid give none.
         `on_driver`: the batch is a LocalRelation (aggregates/driver_batch.py): the same rows are
-        collected without a Spark job and their minimum taken here instead of in a groupBy."""
-        ingest = F.col("ingest_time")
-        sampled = batch.where(F.col("stream").isin(list(self.streams)) & F.col("sent_time").isNotNull()
-                              & F.col("device").isNotNull() & ingest.isNotNull() & F.col("error").isNull())
-        bucket, offset = (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"), ingest - F.col("sent_time")
+        collected without a Spark job and their minimum taken here instead of in a groupBy.
+        `streams`: those with records in the batch (None: unknown); the others give none."""
+        sampling = among(self.streams, streams)
+        if not sampling:
+            return []
+        condition, bucket, offset = per_catalog(self.catalog, f"clock samples of {sampling}",
+                                                lambda: _sample_columns(sampling))
+        sampled = batch.where(condition)
         if on_driver:
             smallest: dict[tuple[str, str, int], int] = {}
             for r in sampled.select("stream", "device", bucket, offset.alias("offset")).collect():
@@ -174,8 +180,9 @@ class DeviceClocks:
         rows = sampled.groupBy("stream", "device", bucket).agg(F.min(offset).alias("offset")).collect()
         return [(r["stream"], r["device"], int(r["bucket"]), int(r["offset"])) for r in rows]
 
-    def plan(self, batch: DataFrame, *, batch_now_ms: int, on_driver: bool = False) -> ClockPlan:
-        return plan_batch(self.state(), self.samples(batch, on_driver=on_driver), self.streams,
+    def plan(self, batch: DataFrame, *, batch_now_ms: int, on_driver: bool = False,
+             streams: Collection[str] | None = None) -> ClockPlan:
+        return plan_batch(self.state(), self.samples(batch, on_driver=on_driver, streams=streams), self.streams,
                           batch_now_ms=batch_now_ms)
 
     def committed(self, plan: ClockPlan) -> None:
@@ -186,39 +193,49 @@ class DeviceClocks:
         """A commit that may or may not have gone through: read the state from the store again."""
         self._state = None
 
-    def apply(self, batch: DataFrame, plan: ClockPlan, *, on_driver: bool = False) -> DataFrame:
+    def apply(self, batch: DataFrame, plan: ClockPlan, *, on_driver: bool = False,
+              streams: Collection[str] | None = None) -> DataFrame:
         """The batch with corrected event times (see the module doc). `on_driver` (a LocalRelation):
         the corrections are a map literal in the projection instead of a broadcast join, which
-        would cost every later action on the batch a Spark job; the same value per row."""
-        if not plan.corrections:
+        would cost every later action on the batch a Spark job; the same value per row. `streams`:
+        those with records in the batch (None: unknown); no row of the others is corrected."""
+        present = set(among({s for s, _ in plan.corrections}, streams))
+        corrections = {key: ms for key, ms in plan.corrections.items() if key[0] in present}
+        if not corrections:
             return with_clock_columns(batch)
-        if on_driver:
-            joined, correction = batch, _correction_lookup(plan.corrections)
+        if on_driver:  # each row's correction looked up in the batch's map literal (folded once by Spark)
+            key = per_catalog(self.catalog, "device clock key",
+                              lambda: F.concat(F.col("stream"), F.lit(" "), F.col("device")))
+            joined = batch.withColumn("correction", F.try_element_at(_corrections_literal(corrections), key))
         else:
             table = self.spark.createDataFrame(
-                [(stream, device, ms) for (stream, device), ms in plan.corrections.items()], CORRECTION_SCHEMA)
+                [(stream, device, ms) for (stream, device), ms in corrections.items()], CORRECTION_SCHEMA)
             joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
-            correction = F.col("correction")
-        return joined.select(
-            *[c for c in batch.columns if c != "event_time"],
-            F.when(correction.isNotNull() & F.col("event_time").isNotNull(), F.col("event_time") + correction)
+        # The expressions reading the correction are built once (calls into the JVM: a small batch's time).
+        columns = per_catalog(self.catalog, "device clock columns", lambda: _corrected_columns(F.col("correction")))
+        return joined.select(*[c for c in batch.columns if c != "event_time"], *columns)
+
+
+def _sample_columns(streams: list[str]) -> tuple[Column, Column, Column]:
+    """Which records give a clock sample, their bucket of receive time and offset (received - sent)."""
+    ingest = F.col("ingest_time")
+    condition = (F.col("stream").isin(streams) & F.col("sent_time").isNotNull() & F.col("device").isNotNull()
+                 & ingest.isNotNull() & F.col("error").isNull())
+    return condition, (ingest - F.pmod(ingest, F.lit(DEFAULT_BUCKET_MS))).alias("bucket"), ingest - F.col("sent_time")
+
+
+def _corrected_columns(correction: Column) -> list[Column]:
+    """event_time corrected by `correction` (a row's, null for none), raw_event_time, clock_correction."""
+    return [F.when(correction.isNotNull() & F.col("event_time").isNotNull(), F.col("event_time") + correction)
             .otherwise(F.col("event_time")).alias("event_time"),
             F.col("event_time").alias("raw_event_time"),
-            F.when(F.col("event_time").isNotNull(), correction).alias("clock_correction"),
-        )
+            F.when(F.col("event_time").isNotNull(), correction).alias("clock_correction")]
 
 
-def _correction_lookup(corrections: Mapping[tuple[str, str], int]) -> Column:
-    """Per row, its (stream, device)'s correction, null where it has none: what the left join
-    with the corrections table gives, as a map literal per stream."""
-    by_stream: dict[str, dict[str, int]] = {}
-    for (stream, device), ms in corrections.items():
-        by_stream.setdefault(stream, {})[device] = ms
-    out = None
-    for stream, devices in by_stream.items():
-        value = F.try_element_at(map_literal(devices, T.LongType()), F.col("device"))
-        out = (F.when if out is None else out.when)(F.col("stream") == stream, value)
-    return out
+def _corrections_literal(corrections: Mapping[tuple[str, str], int]) -> Column:
+    """The corrections as one map literal, keyed by "<stream> <device>" (a stream name has no space):
+    a row without a device finds none, as in the left join with the corrections table."""
+    return map_literal({f"{stream} {device}": ms for (stream, device), ms in corrections.items()}, T.LongType())
 
 
 def with_clock_columns(batch: DataFrame) -> DataFrame:

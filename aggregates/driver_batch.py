@@ -19,12 +19,14 @@ the checkpoint's offset log (the previous batch's end is this one's start).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+from ingest.source_rows import SOURCE_SCHEMA
 
 
 def rows_at_most(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int | None:
@@ -40,6 +42,37 @@ def rows_at_most(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mappi
                 return None
             total += max(0, offset - began)
     return total
+
+
+def streams_with_rows(start: Mapping[str, Mapping[int, int]],
+                      end: Mapping[str, Mapping[int, int]]) -> frozenset[str] | None:
+    """The streams that may have records in a batch, from its start and end offsets per stream and
+    partition: one none of whose partitions moved has none (a stream not in `end` was not read).
+    None when unknown (no end offsets, a partition's start unknown)."""
+    if not end:
+        return None
+    out = set()
+    for stream, parts in end.items():
+        for partition, offset in parts.items():
+            began = start.get(stream, {}).get(partition)
+            if began is None:
+                return None
+            if offset > began:
+                out.add(stream)
+    return frozenset(out)
+
+
+def among(names: Iterable[str], present: Collection[str] | None) -> list[str]:
+    """`names` (in their order) that are in `present`; all of them when `present` is None (unknown:
+    a batch not on the driver). A step skips the streams with no records in a small batch: no
+    expressions built, no Spark job, no calls into the JVM for them."""
+    return [n for n in names if present is None or n in present]
+
+
+def no_records(columns: Iterable[str]) -> pa.Table:
+    """An empty table of the source's `columns`: what a step's records are when none of its streams
+    has any in the batch (no expression built, no call into the JVM)."""
+    return SOURCE_SCHEMA.empty_table().select(list(columns))
 
 
 def on_driver(batch: DataFrame) -> DataFrame:

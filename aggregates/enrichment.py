@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from aggregates.driver_batch import map_literal, on_driver as on_driver_rows
-from aggregates.partials import dead_letter_reason_column
+from aggregates.driver_batch import among, map_literal, on_driver as on_driver_rows
+from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_tables, enrichment_view
@@ -95,15 +96,17 @@ class Enrichment:
         return bool(self.streams)
 
     def process(self, batch: DataFrame, batch_now_ms: int, last_batch_id: int | None = None, *,
-                on_driver: bool = False) -> Enriched:
+                on_driver: bool = False, streams: Collection[str] | None = None) -> Enriched:
         """`batch` (read more than once: pass it persisted) with its enriched dimensions, and what
         the batch's commit writes. `last_batch_id`: the store's last committed batch of the
         pipeline (the kept versions must be as of it). `on_driver`: the batch is a LocalRelation
         (aggregates/driver_batch.py): the versions of the keys it looks up become map literals
         in the projection instead of broadcast joins, and nothing is persisted, so the step and
-        every later collect of the batch run no Spark job."""
+        every later collect of the batch run no Spark job. `streams`: those with records in the
+        batch (None: unknown); the others (enriched streams and tables) are skipped."""
         started = time.perf_counter()
-        new = self.batch_versions(batch)
+        enriching = among(self.streams, streams)
+        new = self.batch_versions(batch, among(self.tables, streams))
         collected = time.perf_counter()
         versions = None
         if self.kept is None:
@@ -111,47 +114,24 @@ class Enrichment:
         elif self.kept.as_of_store(last_batch_id):
             self.drop_bases()  # made from a copy that was not the store's
         read = time.perf_counter()
-        if on_driver:
-            frames = self.lookup_maps(batch, new, versions)
+        if not enriching:
+            frames = {}
+        elif on_driver:
+            frames = self.lookup_maps(batch, new, versions, enriching)
         elif versions is not None:
             frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
         else:
             frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
         made = time.perf_counter()
-        out = batch.withColumn("_at", F.least(F.col("event_time"), F.col("ingest_time")))
-        miss_columns: list[tuple[tuple[str, str], str]] = []
-        for name, stream in self.streams.items():
-            for i, decl in enumerate(stream.enrich):
-                key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
-                view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
-                if view is None:
-                    out, found, cols = self.hit(out, frames[decl.table], key, "_l")
-                    names = row_columns(self.tables[decl.table])[0]
-                    values = {c: _column(found, cols, names.index(c)) for c in decl.columns}
-                    complete = found
-                else:  # through a view: the left row as of the event's time, then the right row it names then
-                    out, found, cols = self.hit(out, frames[view.left], key, "_l")
-                    names = row_columns(self.tables[view.left])[0]
-                    if view.foreign_key is None:
-                        right_key = key
-                    else:
-                        fk = F.get(cols, names.index(view.foreign_key))
-                        right_key = F.when(found & (fk != F.lit(MISSING)), fk)
-                    out, right_found, right_cols = self.hit(out, frames[view.right], right_key, "_r")
-                    right_names = row_columns(self.tables[view.right])[0]
-                    row = found & (right_found | F.lit(view.kind == "left"))  # the view has a row for the key then
-                    values = {c: _column(row, cols, names.index(c)) if c in names
-                              else _column(row & right_found, right_cols, right_names.index(c)) for c in decl.columns}
-                    complete = found & right_found
-                miss = f"_miss_{name}_{i}"
-                out = out.withColumns({"dims": self.with_dims(stream, values),
-                                       miss: (F.col("stream") == name) & ~complete})
-                out = out.drop("_lfound", "_lcols", "_rfound", "_rcols")
-                miss_columns.append(((name, decl.table), miss))
-        # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
-        # without a Spark job, instead of in every later step's plan).
-        out = out.drop("_at")
-        out = on_driver_rows(out) if on_driver else out.persist()
+        if enriching:
+            stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching}",
+                                               lambda: self.stages(enriching))
+            out = self.run_stages(batch, stages, frames)
+            # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
+            # without a Spark job, instead of in every later step's plan).
+            out = on_driver_rows(out) if on_driver else out.persist()
+        else:  # no enriched stream has records: nothing to look up, the batch as it is
+            out, miss_columns = batch, []
         misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
@@ -159,9 +139,81 @@ class Enrichment:
         keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
                                               if any(name in enrichment_tables(self.catalog, d, s.name) for d in s.enrich))
                      for name in self.tables}
-        return Enriched(out.drop(*[m for _, m in miss_columns]), out,
+        return Enriched(out.drop(*[m for _, m in miss_columns]) if miss_columns else out, out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
                                          keep_from, misses))
+
+    def stages(self, enriching: list[str]) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
+        """The lookups' projection over the batch for the `enriching` streams, as steps that
+        `run_stages` applies in order: ("with", {name: Column}), ("drop", names) and ("lookup",
+        table, key, tag), the one step that reads the batch's lookup frame or map literal. Depends
+        on the catalog only, so it is built once per catalog: a small batch's driver time is these
+        calls into the JVM. Also the miss flag columns, ((stream, table), column) each."""
+        steps: list[tuple] = [("with", {"_at": F.least(F.col("event_time"), F.col("ingest_time"))})]
+        miss_columns: list[tuple[tuple[str, str], str]] = []
+
+        def hit(table: str, key: Column, tag: str) -> tuple[Column, Column]:
+            """The version of `table` valid at each row's `_at` for `key`: whether the key had a row
+            then (`{tag}found`) and its string columns (`{tag}vs`: the key's versions, null without a row)."""
+            steps.append(("lookup", table, key, tag))
+            hits = F.filter(F.col(f"{tag}vs"), lambda v: v["from_ms"] <= F.col("_at"))
+            last = F.get(hits, F.size(hits) - 1)
+            steps.append(("with", {f"{tag}found": F.coalesce(last["found"], F.lit(False)), f"{tag}cols": last["cols"]}))
+            steps.append(("drop", (f"{tag}key", f"{tag}k", f"{tag}vs")))
+            return F.col(f"{tag}found"), F.col(f"{tag}cols")
+
+        for name in enriching:
+            stream = self.streams[name]
+            for i, decl in enumerate(stream.enrich):
+                key = F.when(F.col("stream") == name, F.get(F.col("ids"), stream.source_ids.index(decl.by)))
+                view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
+                if view is None:
+                    found, cols = hit(decl.table, key, "_l")
+                    names = row_columns(self.tables[decl.table])[0]
+                    values = {c: _column(found, cols, names.index(c)) for c in decl.columns}
+                    complete = found
+                else:  # through a view: the left row as of the event's time, then the right row it names then
+                    found, cols = hit(view.left, key, "_l")
+                    names = row_columns(self.tables[view.left])[0]
+                    if view.foreign_key is None:
+                        right_key = key
+                    else:
+                        fk = F.get(cols, names.index(view.foreign_key))
+                        right_key = F.when(found & (fk != F.lit(MISSING)), fk)
+                    right_found, right_cols = hit(view.right, right_key, "_r")
+                    right_names = row_columns(self.tables[view.right])[0]
+                    row = found & (right_found | F.lit(view.kind == "left"))  # the view has a row for the key then
+                    values = {c: _column(row, cols, names.index(c)) if c in names
+                              else _column(row & right_found, right_cols, right_names.index(c)) for c in decl.columns}
+                    complete = found & right_found
+                miss = f"_miss_{name}_{i}"
+                steps.append(("with", {"dims": self.with_dims(stream, values), miss: (F.col("stream") == name) & ~complete}))
+                steps.append(("drop", ("_lfound", "_lcols", "_rfound", "_rcols")))
+                miss_columns.append(((name, decl.table), miss))
+        steps.append(("drop", ("_at",)))
+        return steps, miss_columns
+
+    @staticmethod
+    def run_stages(batch: DataFrame, stages: list[tuple], frames: dict[str, DataFrame | Column]) -> DataFrame:
+        """`stages` (see `stages`) applied to `batch`; `frames` the batch's lookup frames (a broadcast
+        left join), or on the driver its map literals (a lookup in the projection). The literal stays
+        inside the lookup, where Spark folds it once: as a column of its own, each row would carry
+        a copy of the whole map through the projections over the local rows (much slower)."""
+        out = batch
+        for stage in stages:
+            if stage[0] == "with":
+                out = out.withColumns(stage[1])
+            elif stage[0] == "drop":
+                out = out.drop(*stage[1])
+            elif isinstance(frames[stage[1]], Column):
+                _, table, key, tag = stage
+                out = out.withColumns({f"{tag}vs": F.try_element_at(frames[table], key)})
+            else:
+                _, table, key, tag = stage
+                lookup = frames[table].withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
+                out = (out.withColumn(f"{tag}key", key)
+                       .join(F.broadcast(lookup), F.col(f"{tag}key") == F.col(f"{tag}k"), "left"))
+        return out
 
     def lookup_frame(self, table: str, new: list[tuple[str, TableVersion]]) -> DataFrame:
         """key -> versions of `table` as the store's plus the batch's `new` ones: the persisted
@@ -183,14 +235,19 @@ class Enrichment:
         return base.frame.join(F.broadcast(replaced.select("key")), "key", "left_anti").unionByName(replaced)
 
     def lookup_maps(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
-                    versions: dict[str, dict[str, list[TableVersion]]] | None) -> dict[str, Column]:
-        """Per table, key -> versions (as the lookup frame holds them) for the keys `batch` looks
-        up, as a map literal: a view's right table for the foreign keys its left versions hold.
-        `batch` is on the driver: collecting its keys runs no Spark job."""
+                    versions: dict[str, dict[str, list[TableVersion]]] | None,
+                    enriching: list[str] | None = None) -> dict[str, Column]:
+        """Per table the `enriching` streams (default: all) look up, key -> versions (as the lookup
+        frame holds them) for the keys `batch` looks up, as a map literal: a view's right table for
+        the foreign keys its left versions hold. `batch` is on the driver: collecting its keys runs
+        no Spark job."""
+        enriching = list(self.streams) if enriching is None else enriching
         looked_up: dict[str, set[str]] = {}
-        for name, stream in self.streams.items():
-            ids = [F.get(F.col("ids"), stream.source_ids.index(d.by)) for d in stream.enrich]
-            for row in batch.where(F.col("stream") == name).select(*ids).collect():
+        for name in enriching:
+            stream = self.streams[name]
+            where, ids = per_catalog(self.catalog, f"enrichment keys of {name}", lambda: (
+                F.col("stream") == name, [F.get(F.col("ids"), stream.source_ids.index(d.by)) for d in stream.enrich]))
+            for row in batch.where(where).select(*ids).collect():
                 for decl, key in zip(stream.enrich, row, strict=True):
                     view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
                     if key is not None:
@@ -205,7 +262,7 @@ class Enrichment:
 
         for table, keys in looked_up.items():
             found[table] = of(table, keys)
-        views = {enrichment_view(self.catalog, d, s.name) for s in self.streams.values() for d in s.enrich}
+        views = {enrichment_view(self.catalog, d, n) for n in enriching for d in self.streams[n].enrich}
         for view in views - {None}:
             left = found.get(view.left, {})
             if view.foreign_key is None:  # the right row by the same key
@@ -213,7 +270,9 @@ class Enrichment:
             else:  # by the foreign key any of the left versions holds (as its string column)
                 keys = {_text(v.row.get(view.foreign_key)) for vs in left.values() for v in vs if v.row is not None}
             found[view.right] = {**found.get(view.right, {}), **of(view.right, keys)}
-        return {table: self.versions_map(self.tables[table], found.get(table, {})) for table in self.tables}
+        used = {t for n in enriching for d in self.streams[n].enrich for t in enrichment_tables(self.catalog, d, n)}
+        return {table: self.versions_map(self.tables[table], found.get(table, {})) for table in self.tables
+                if table in used}
 
     @staticmethod
     def versions_map(table: StreamDef, versions: dict[str, list[TableVersion]]) -> Column:
@@ -242,15 +301,15 @@ class Enrichment:
             base.frame.unpersist()
         self.bases = {}
 
-    def batch_versions(self, batch: DataFrame) -> dict[str, list[tuple[str, TableVersion]]]:
-        """The enriching tables' changes in this batch, each a version valid from its append time."""
-        key = None
-        for name, table in self.tables.items():
-            at = F.get(F.col("ids"), table.distinct_fields.index(table.key_field))
-            key = F.when(F.col("stream") == name, at) if key is None else key.when(F.col("stream") == name, at)
-        rows = (batch.where(F.col("stream").isin(list(self.tables)) & F.col("error").isNull())
-                .select("stream", key.alias("key"), "dims", "vals", "event_time", "ingest_time", "partition", "offset")
-                .where(F.col("key").isNotNull() & F.col("ingest_time").isNotNull()).collect())
+    def batch_versions(self, batch: DataFrame, tables: list[str] | None = None) -> dict[str, list[tuple[str, TableVersion]]]:
+        """The enriching tables' changes in this batch, each a version valid from its append time.
+        `tables`: those with records in the batch (default: all)."""
+        tables = list(self.tables) if tables is None else tables
+        if not tables:
+            return {}
+        where, columns, valid = per_catalog(self.catalog, f"enrichment changes of {tables}",
+                                            lambda: self.change_columns(tables))
+        rows = batch.where(where).select(*columns).where(valid).collect()
         out: dict[str, list[tuple[str, TableVersion]]] = {}
         for r in rows:
             change = change_of(self.tables[r["stream"]], r["dims"], r["vals"], r["event_time"], r["partition"],
@@ -258,6 +317,17 @@ class Enrichment:
             out.setdefault(r["stream"], []).append(
                 (r["key"], TableVersion(r["ingest_time"], r["partition"], r["offset"], change.row)))
         return out
+
+    def change_columns(self, tables: list[str]) -> tuple[Column, list, Column]:
+        """Which rows are changes of `tables`, what is read of them, and which have a key and a time."""
+        key = None
+        for name in tables:
+            table = self.tables[name]
+            at = F.get(F.col("ids"), table.distinct_fields.index(table.key_field))
+            key = F.when(F.col("stream") == name, at) if key is None else key.when(F.col("stream") == name, at)
+        return (F.col("stream").isin(tables) & F.col("error").isNull(),
+                ["stream", key.alias("key"), "dims", "vals", "event_time", "ingest_time", "partition", "offset"],
+                F.col("key").isNotNull() & F.col("ingest_time").isNotNull())
 
     def versions_frame(self, table: StreamDef, versions: dict[str, list[TableVersion]]) -> DataFrame:
         """key -> [(from_ms, found, cols)] in version order: the broadcast side of the lookup."""
@@ -267,22 +337,6 @@ class Enrichment:
                 for key, vs in versions.items()]
         schema = T.StructType([T.StructField("key", T.StringType()), T.StructField("_vs", _VERSIONS)])
         return self.spark.createDataFrame(rows, schema)
-
-    @staticmethod
-    def hit(out: DataFrame, frame: DataFrame | Column, key: Column, tag: str) -> tuple[DataFrame, Column, Column]:
-        """`out` joined (broadcast) with a table's lookup `frame` on `key`, with the version valid at
-        each row's `_at`: whether the key had a row then (`{tag}found`) and its string columns.
-        `frame` a map literal (`versions_map`): the same versions looked up in it, no join."""
-        if isinstance(frame, Column):  # what the left join gives: the key's versions, null without a row
-            out = out.withColumns({f"{tag}key": key, f"{tag}vs": F.try_element_at(frame, key)})
-        else:
-            lookup = frame.withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
-            out = (out.withColumn(f"{tag}key", key)
-                   .join(F.broadcast(lookup), F.col(f"{tag}key") == F.col(f"{tag}k"), "left"))
-        hits = F.filter(F.col(f"{tag}vs"), lambda v: v["from_ms"] <= F.col("_at"))
-        hit = F.get(hits, F.size(hits) - 1)
-        out = out.withColumns({f"{tag}found": F.coalesce(hit["found"], F.lit(False)), f"{tag}cols": hit["cols"]})
-        return out.drop(f"{tag}key", f"{tag}k", f"{tag}vs"), F.col(f"{tag}found"), F.col(f"{tag}cols")
 
     @staticmethod
     def with_dims(stream: StreamDef, values: dict[str, Column]) -> Column:

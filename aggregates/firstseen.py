@@ -25,6 +25,7 @@ answered "seen" has all its bits set already.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from aggregates.driver_batch import among
 from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows, hash_columns, key_rows
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
@@ -64,10 +66,20 @@ class BloomFeatures:
         self.streams = {n: s for n, s in base_streams(catalog).items() if s.first_seen or s.membership}
         self.reader = reader  # the store's (PaneStore.bloom_reader): the filters as last committed
         self._warned: set[str] = set()
+        self._columns: dict[tuple, Column] = {}
 
     @property
     def enabled(self) -> bool:
         return bool(self.streams)
+
+    def _column(self, stream: StreamDef, field: str | None, *, bucket: int | None = None) -> Column:
+        """A key's column (or with `bucket`, the event time's bucket), built once: each is a few
+        calls into the JVM, which a small batch's driver time is made of."""
+        at = (stream.name, field, bucket)
+        if at not in self._columns:
+            self._columns[at] = (_key_column(stream, field) if bucket is None else
+                                 F.col("event_time") - F.pmod(F.col("event_time"), F.lit(bucket).cast("bigint")))
+        return self._columns[at]
 
     def _first_seen_filter(self, stream: StreamDef) -> BloomFilter:
         decl = stream.first_seen
@@ -82,23 +94,26 @@ class BloomFeatures:
             self._warned.add(stream.name)
         return stored
 
-    def plan(self) -> BloomPlan:
+    def plan(self, streams: Collection[str] | None = None) -> BloomPlan:
+        """`streams`: those with records in the batch (None: unknown); the others' filters are not read."""
+        present = {n: self.streams[n] for n in among(self.streams, streams)}
         filters: dict[str, BloomFilter] = {
-            n: self._first_seen_filter(s) for n, s in self.streams.items() if s.first_seen
+            n: self._first_seen_filter(s) for n, s in present.items() if s.first_seen
         }
         shapes: dict[tuple[str, int], tuple[int, int, int]] = {}
         items: list[KeyItem] = []
-        for name, stream in self.streams.items():
+        for name, stream in present.items():
             if stream.first_seen:
                 field = stream.first_seen.field
                 shapes[(name, TAG_FIRST_SEEN)] = filters[name].shape
-                items.append(KeyItem(name, TAG_FIRST_SEEN, field, _key_column(stream, field), seed=filters[name].seed))
+                items.append(KeyItem(name, TAG_FIRST_SEEN, field, self._column(stream, field),
+                                     seed=filters[name].seed, source=source_field(stream, field)))
             if stream.membership:
                 decl = stream.membership
                 shapes[(name, TAG_MEMBERSHIP)] = (*optimal_shape(decl.capacity, decl.fpp), decl.seed)
-                bucket = F.col("event_time") - F.pmod(F.col("event_time"), F.lit(decl.bucket).cast("bigint"))
-                items.append(KeyItem(name, TAG_MEMBERSHIP, decl.field, _key_column(stream, decl.field), bucket,
-                                     seed=decl.seed, bucket_ms=decl.bucket))
+                items.append(KeyItem(name, TAG_MEMBERSHIP, decl.field, self._column(stream, decl.field),
+                                     self._column(stream, None, bucket=decl.bucket), seed=decl.seed,
+                                     bucket_ms=decl.bucket, source=source_field(stream, decl.field)))
         return BloomPlan(items, shapes, filters)
 
     def process(self, batch: DataFrame) -> BloomCommit | None:

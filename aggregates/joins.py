@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from aggregates.driver_batch import arrow_on_driver
+from aggregates.driver_batch import among, arrow_on_driver, no_records
 from aggregates.partials import dead_letter_reason_column
 from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
@@ -37,6 +37,7 @@ from store.panes import advance_watermark, pane_start
 from store.watermarks import advance_stream
 
 LATENCY = "latency_ms"
+RECORD_COLUMNS = ("stream", "partition", "offset", "event_time", "dims", "ids")  # what the joins read
 
 
 @dataclass(frozen=True)
@@ -103,17 +104,22 @@ class WindowJoins:
         self.names = [j.name for j in self.joins]
         self.streams = sorted({s for j in self.joins for s in (j.left.stream, j.right.stream)})
 
-    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> pa.Table:
+    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
+                streams: Collection[str] | None = None) -> pa.Table:
         """The batch's records of the joined streams that it merges (dead letters join nothing)."""
-        records = (batch.where(F.col("stream").isin(self.streams)
+        reading = among(self.streams, streams)  # `streams`: those with records in the batch (None: unknown)
+        if not reading:
+            return no_records(RECORD_COLUMNS)
+        records = (batch.where(F.col("stream").isin(reading)
                                & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                .select("stream", "partition", "offset", "event_time", "dims", "ids"))
+                   .select(*RECORD_COLUMNS))
         return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
-                idle_timeout_ms: Mapping[str, int] | None = None, *, on_driver: bool = False) -> JoinedBatch:
-        return self.join(self.records(batch, batch_now_ms, on_driver=on_driver), commit, now_ms=batch_now_ms,
-                         idle_timeout_ms=idle_timeout_ms)
+                idle_timeout_ms: Mapping[str, int] | None = None, *, on_driver: bool = False,
+                streams: Collection[str] | None = None) -> JoinedBatch:
+        return self.join(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams), commit,
+                         now_ms=batch_now_ms, idle_timeout_ms=idle_timeout_ms)
 
     def join(self, records: pa.Table, commit: BatchCommit, *, now_ms: int,
              idle_timeout_ms: Mapping[str, int] | None = None) -> JoinedBatch:

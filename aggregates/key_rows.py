@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sketches.bloom import SALT2
+from aggregates.driver_batch import arrow_on_driver, no_records
+from sketches.bloom import SALT2, hashes
 
 TAG_FIRST_SEEN = 0
 TAG_MEMBERSHIP = 1
@@ -58,6 +59,7 @@ class KeyItem:
     times: bool = False
     bucket_ms: int | None = None  # a membership item's bucket width
     gap: int | None = None  # a sessions item's gap
+    source: tuple[str, int] | None = None  # where the source row carries the key: ("ids" | "dims", index)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class KeyGroup:
     first_seen: KeyItem | None = None
     membership: KeyItem | None = None
     sessions: KeyItem | None = None
+    source: tuple[str, int] | None = None  # where the source row carries the key (`key_rows_on_driver`)
 
     @property
     def slot_ms(self) -> int:
@@ -83,7 +86,7 @@ def key_groups(items: Sequence[KeyItem]) -> list[KeyGroup]:
     groups: dict[tuple[str, str], KeyGroup] = {}
     for item in items:
         at = (item.stream, item.field)
-        group = groups.setdefault(at, KeyGroup(len(groups), item.stream, item.field, item.key))
+        group = groups.setdefault(at, KeyGroup(len(groups), item.stream, item.field, item.key, source=item.source))
         role = {TAG_FIRST_SEEN: "first_seen", TAG_MEMBERSHIP: "membership"}.get(item.tag, "sessions")
         if getattr(group, role) is not None:
             raise ValueError(f"stream {item.stream}: two {role} items on {item.field}")
@@ -150,6 +153,60 @@ def key_rows(batch: DataFrame, items: Sequence[KeyItem]) -> KeyRows:
     table = slots.select("group", "key", "slot", "first_ms", "last_ms", "events", *hash_columns(seed("first_seen")),
                          mh1.alias("mh1"), mh2.alias("mh2")).toArrow()
     return KeyRows(table.cast(SLOT_SCHEMA), groups)
+
+
+KEY_RECORD_COLUMNS = ("stream", "event_time", "dims", "ids")  # what `key_rows_on_driver` reads of a record
+
+
+def key_records(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
+    """The records of `batch` (on the driver: aggregates/driver_batch.py, no Spark job) of the items'
+    streams, with what `key_rows_on_driver` reads."""
+    streams = sorted({i.stream for i in items})
+    if not streams:
+        return no_records(KEY_RECORD_COLUMNS)
+    return arrow_on_driver(batch.where(F.col("stream").isin(streams)).select(*KEY_RECORD_COLUMNS))
+
+
+def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem]) -> KeyRows:
+    """What `key_rows` computes, without its Spark job: from the batch's records (KEY_RECORD_COLUMNS;
+    merged ones, so every event time is set) already on the driver, per (group, key, slot) the
+    earliest and latest event time and the count, numpy and Arrow over whole columns, and the hashes
+    of each distinct key with `sketches.bloom.hashes`, equal to Spark's xxhash64 with the same seeds
+    (tests/spark/test_firstseen.py pins the rows equal to the job's). Rows sorted by group, key, slot."""
+    groups = key_groups(items)
+    parts = []
+    for g in groups:
+        rows = records.filter(pc.equal(records["stream"], g.stream))
+        if rows.num_rows == 0:
+            continue
+        column, index = g.source
+        # F.get: null past the end of the array; the key cast to string (the arrays hold strings)
+        keys = pa.array([None if a is None or index >= len(a) else a[index] for a in rows[column].to_pylist()],
+                        pa.string())
+        t = rows["event_time"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        slot = t - np.mod(t, g.slot_ms) if g.slot_ms else np.zeros(len(t), np.int64)
+        keyed = pa.table({"key": keys, "slot": slot, "t": t}).filter(
+            pc.and_(pc.is_valid(keys), pc.not_equal(keys, "")).fill_null(False))
+        if keyed.num_rows == 0:
+            continue
+        agg = keyed.group_by(["key", "slot"], use_threads=False).aggregate(
+            [("t", "min"), ("t", "max"), ("t", "count")])
+        distinct = pc.unique(agg["key"])
+        at = pc.index_in(agg["key"], value_set=distinct)
+        out = {"group": pa.array(np.full(agg.num_rows, g.id, np.int32)), "key": agg["key"], "slot": agg["slot"],
+               "first_ms": agg["t_min"], "last_ms": agg["t_max"], "events": agg["t_count"]}
+        for role, (a, b) in (("first_seen", ("h1", "h2")), ("membership", ("mh1", "mh2"))):
+            item = getattr(g, role)
+            if item is None:
+                out[a] = out[b] = pa.nulls(agg.num_rows, pa.int64())
+            else:
+                h1, h2 = hashes(distinct.to_pylist(), item.seed)
+                out[a], out[b] = pa.array(h1).take(at), pa.array(h2).take(at)
+        parts.append(pa.table(out).cast(SLOT_SCHEMA))
+    if not parts:
+        return KeyRows(SLOT_SCHEMA.empty_table(), groups)
+    table = pa.concat_tables(parts)
+    return KeyRows(table.sort_by([("group", "ascending"), ("key", "ascending"), ("slot", "ascending")]), groups)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ are due, which keeps the driver's share small at the embedded service's scale
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from aggregates.driver_batch import arrow_on_driver
+from aggregates.driver_batch import among, arrow_on_driver, no_records
 from aggregates.joins import derived_partials
 from aggregates.partials import dead_letter_reason_column
 from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
@@ -43,6 +43,9 @@ from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats, pane_start
 from store.patterns import PatternCommit, PatternLoad
+
+
+RECORD_COLUMNS = ("stream", "partition", "offset", "event_time", "dims", "vals", "ids")  # what patterns read
 
 
 @dataclass(frozen=True)
@@ -217,15 +220,21 @@ class PatternRunner:
         self.names = [matches_stream_name(p.name) for p in catalog.patterns]  # their derived streams
         self.streams = sorted({s for p in catalog.patterns for s in p.streams})
 
-    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> pa.Table:
+    def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
+                streams: Collection[str] | None = None) -> pa.Table:
         """The batch's records of the patterns' streams that it merges (dead letters match nothing)."""
-        records = (batch.where(F.col("stream").isin(self.streams)
+        reading = among(self.streams, streams)  # `streams`: those with records in the batch (None: unknown)
+        if not reading:
+            return no_records(RECORD_COLUMNS)
+        records = (batch.where(F.col("stream").isin(reading)
                                & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                .select("stream", "partition", "offset", "event_time", "dims", "vals", "ids"))
+                   .select(*RECORD_COLUMNS))
         return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
 
-    def process(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False) -> PatternsBatch:
-        return self.run(self.records(batch, batch_now_ms, on_driver=on_driver), self.store.watermarks())
+    def process(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
+                streams: Collection[str] | None = None) -> PatternsBatch:
+        return self.run(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams),
+                        self.store.watermarks())
 
     def run(self, records: pa.Table, stream_watermarks: dict[str, int]) -> PatternsBatch:
         """Every pattern over the batch's records, with the streams' watermarks stored before it."""

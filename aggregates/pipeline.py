@@ -17,7 +17,7 @@ from aggregates.commit import build_commit, checkpointed_end_offsets
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
-from aggregates.driver_batch import on_driver, rows_at_most
+from aggregates.driver_batch import on_driver, rows_at_most, streams_with_rows
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
@@ -123,6 +123,9 @@ class Pipeline(ReportsStoreErrors):
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again;
         # a small batch on the driver (aggregates/driver_batch.py), where a step's collect runs no Spark job.
         small = self.fits_driver(batch_id)
+        # On the driver path, the streams with records in the batch (from the offsets): the steps
+        # of the others are skipped, no expressions built and no calls into the JVM for them.
+        present = self.streams_with_rows(batch_id) if small else None
         kept = (on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
                 or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
         joined = matched = enriched = sessioned = None
@@ -130,13 +133,13 @@ class Pipeline(ReportsStoreErrors):
             if kept is not None:
                 batch = kept
             if self.clocks.enabled:
-                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=small)
-                batch = self.clocks.apply(kept, clocks, on_driver=small)
+                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=small, streams=present)
+                batch = self.clocks.apply(kept, clocks, on_driver=small, streams=present)
             if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
-                enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small)
+                enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small, streams=present)
                 batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
-                matched = self.patterns.process(batch, batch_now_ms, on_driver=small)
+                matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present)
             rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
                                                            lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
@@ -152,14 +155,15 @@ class Pipeline(ReportsStoreErrors):
                 # After the clock step (joins see corrected event times) and once the commit says
                 # how far each joined stream's watermark moves (the join's clock); the derived
                 # panes and the join's state go into the batch's own transaction.
-                joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle, on_driver=small)
+                joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle, on_driver=small,
+                                            streams=present)
                 commit = with_joins(commit, joined, self.joins.names)
             bloomed = runs = None
             if self.bloom.enabled or self.sessions.enabled:
                 # One Spark job groups the merged records (dead letters are no keys seen, in no
                 # session) by key for both the Bloom filters and the sessions' runs.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions)
+                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, on_driver=small)
             if self.sessions.enabled:
                 # Like the joins: corrected event times, the stream's watermark after this batch
                 # closes sessions; closed sessions and open ones' changes go into its transaction.
@@ -168,7 +172,7 @@ class Pipeline(ReportsStoreErrors):
             if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
                 commit = with_patterns(commit, matched, self.patterns.names)
             if self.tables.enabled:
-                commit = replace(commit, table_changes=self.tables.process(batch))
+                commit = replace(commit, table_changes=self.tables.process(batch, streams=present))
             if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
                 commit = with_views(commit, self.views.process(commit.table_changes), self.views.names)
             if enriched is not None:  # the tables' new versions and the misses, in the batch's transaction
@@ -232,6 +236,12 @@ class Pipeline(ReportsStoreErrors):
         rows = rows_at_most(batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1),
                             batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id))
         return rows is not None and rows <= c.driver_batch_rows
+
+    def streams_with_rows(self, batch_id: int) -> frozenset[str] | None:
+        """The streams with records in batch `batch_id` (None: unknown), from the logged offsets."""
+        c = self.config
+        return streams_with_rows(batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1),
+                                 batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id))
 
     def follow_patterns(self) -> None:
         """Run the patterns defined through the API as they are now (a poll of one row per batch;

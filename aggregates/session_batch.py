@@ -24,7 +24,7 @@ behind its watermark (docs/first-seen-membership-sessions.md, "Sessions").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -34,7 +34,8 @@ from pyspark.sql import functions as F
 
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
-from aggregates.key_rows import TAG_SESSIONS, KeyItem, KeyRows, key_rows
+from aggregates.driver_batch import among
+from aggregates.key_rows import TAG_SESSIONS, KeyItem, KeyRows, key_records, key_rows, key_rows_on_driver
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
@@ -100,17 +101,21 @@ class SessionWindows:
         self.streams = sorted(n for n, s in catalog.streams.items() if s.sessions is not None and not s.derived_from)
         self.enabled = bool(self.streams)
         self.names = [sessions_stream_name(n) for n in self.streams]  # the derived streams
+        self._items: list[KeyItem] | None = None
 
-    def items(self) -> list[KeyItem]:
+    def items(self, streams: Collection[str] | None = None) -> list[KeyItem]:
         """Per event of a stream with sessions: its session key and the gap (aggregates/key_rows.py:
-        one row with the Bloom features where they read the same field)."""
-        out = []
-        for name in self.streams:
-            stream = self.catalog.streams[name]
-            column, index = source_field(stream, stream.sessions.key)
-            out.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index), times=True,
-                               gap=stream.sessions.gap))
-        return out
+        one row with the Bloom features where they read the same field). `streams`: those with
+        records in the batch (None: unknown); built once (their Columns are calls into the JVM)."""
+        if self._items is None:
+            self._items = []
+            for name in self.streams:
+                stream = self.catalog.streams[name]
+                column, index = source_field(stream, stream.sessions.key)
+                self._items.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index),
+                                           times=True, gap=stream.sessions.gap, source=(column, index)))
+        present = set(among(self.streams, streams))
+        return [i for i in self._items if i.stream in present]
 
     def runs_of_rows(self, rows: KeyRows) -> pa.Table:
         """The runs (stream, key, first_ms, last_ms, events) of `key_rows`' slots."""
@@ -153,13 +158,17 @@ class SessionWindows:
         return out
 
 
-def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWindows) -> tuple[BloomCommit | None,
-                                                                                             pa.Table | None]:
+def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWindows, *,
+                   streams: Collection[str] | None = None,
+                   on_driver: bool = False) -> tuple[BloomCommit | None, pa.Table | None]:
     """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
     (aggregates/key_rows.py): a stream whose session key is its Bloom features' field is grouped by
-    that key once for all. None for a feature no stream has."""
-    plan = bloom.plan() if bloom.enabled else None
-    rows = key_rows(merged, [*(plan.items if plan else ()), *(sessions.items() if sessions.enabled else ())])
+    that key once for all. None for a feature no stream has. `streams`: those with records in the
+    batch (None: unknown), the others skipped. `on_driver` (a batch on the driver,
+    aggregates/driver_batch.py): no Spark job, the same rows computed from its records here."""
+    plan = bloom.plan(streams) if bloom.enabled else None
+    items = [*(plan.items if plan else ()), *(sessions.items(streams) if sessions.enabled else ())]
+    rows = key_rows_on_driver(key_records(merged, items), items) if on_driver else key_rows(merged, items)
     return (bloom.commit(rows, plan) if plan else None, sessions.runs_of_rows(rows) if sessions.enabled else None)
 
 

@@ -10,11 +10,12 @@ rows do not expire (a compacted log keeps a row of years ago, and replaying it m
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.driver_batch import among
 from catalog import Catalog, StreamDef
 from catalog.tables import DELETE, OP_FIELD, row_columns
 from store.table_state import TableChange
@@ -28,14 +29,19 @@ class TableChanges:
     def enabled(self) -> bool:
         return bool(self.tables)
 
-    def process(self, batch: DataFrame) -> dict[str, dict[str, TableChange]]:
-        """Per table and key: the batch's newest change (a Spark job over the batch's table rows)."""
+    def process(self, batch: DataFrame, *, streams: Collection[str] | None = None) -> dict[str, dict[str, TableChange]]:
+        """Per table and key: the batch's newest change (a Spark job over the batch's table rows).
+        `streams`: those with records in the batch (None: unknown); the other tables have none."""
+        tables = among(self.tables, streams)
+        if not tables:
+            return {}
         key = None
-        for name, stream in self.tables.items():
+        for name in tables:
+            stream = self.tables[name]
             at = F.col("ids")[stream.distinct_fields.index(stream.key_field)]
             key = F.when(F.col("stream") == name, at) if key is None else key.when(F.col("stream") == name, at)
         newest = (
-            batch.where(F.col("stream").isin(list(self.tables)) & F.col("error").isNull())
+            batch.where(F.col("stream").isin(tables) & F.col("error").isNull())
             .select("stream", key.alias("key"), "dims", "vals", "event_time", "partition", "offset", "ingest_time")
             .where(F.col("key").isNotNull())
             .groupBy("stream", "key")

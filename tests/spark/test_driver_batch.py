@@ -74,11 +74,14 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     validators = {n: EventValidator(s) for n, s in catalog.streams.items() if s.kind != "table"}
     rng = random.Random(5)
 
-    def append(requests: int) -> None:
-        for name, rows in traffic.table_changes().items():
+    def append(requests: int, only: str | None = None) -> None:
+        """The demo's table changes and `requests`' worth of events; `only`: that stream's events alone."""
+        for name, rows in traffic.table_changes().items() if only is None else ():
             table = catalog.streams[name]
             log.append(table, [TableRowValidator(table).validate(r, now["ms"]) for r in rows], now["ms"])
         for name, raws in traffic.generate(requests).items():
+            if only is not None and name != only:
+                continue
             # Some too old for the stream (dead letters), some unparseable: both paths must agree.
             for raw in rng.sample(raws, min(3, len(raws))):
                 raw["time"] = now["ms"] - 30 * 86_400_000
@@ -119,9 +122,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     append(200)  # the tables' first rows and events: batch 0 (both persist it)
     for p in (driver, persisted):
         p.run_until_drained()
-    for i in range(2):  # the demo's ticks: a few plan changes and ~300 events a batch
+    # The demo's ticks: a few plan changes and ~300 events a batch; then a batch of http_requests
+    # alone (the freshness benchmark's traffic): the steps of the streams without records are skipped.
+    for i, only in enumerate((None, None, "http_requests")):
         now["ms"] += 5_000
-        append(200)
+        append(200, only)
         for p in (driver, persisted) if i % 2 else (persisted, driver):
             p.run_until_drained()
 
@@ -131,11 +136,15 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
     assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
     assert summary["streams"]["http_requests"][2] > 0  # dead letters: covered
-    # The job counts (not times): a small batch's steps collect local rows without Spark jobs; the
-    # read, the partial aggregation, the Bloom features' and sessions' keys, the tables' newest rows.
-    assert len(jobs["driver"]) == len(jobs["persisted"]) == 3
-    assert all(j <= 4 for j in jobs["driver"][1:]), jobs
+    # The job counts (not times): a small batch's steps collect local rows without Spark jobs, the
+    # Bloom features' and sessions' keys are grouped on the driver: the read and the partial aggregation.
+    assert len(jobs["driver"]) == len(jobs["persisted"]) == 4
+    assert all(j <= 2 for j in jobs["driver"][1:]), jobs
     # And the calls into the JVM that build the steps' expressions (a small batch's driver time):
-    # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch.
-    assert all(c <= 2_500 for c in calls["driver"][1:]), calls
+    # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch, ~2 200
+    # with them built once per catalog but enrichment's and device clocks'. The first small batch
+    # builds this catalog's; a batch of http_requests alone skips the other streams' steps.
+    assert calls["driver"][1] <= 1_400, calls
+    assert calls["driver"][2] <= 900, calls
+    assert calls["driver"][3] <= 500, calls
     assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs

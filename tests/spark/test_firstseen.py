@@ -338,3 +338,42 @@ def test_key_slots_with_two_keys_in_a_stream_and_a_gap_that_does_not_divide_the_
                       for s in sessionize([(e["device_id"], e["time"]) for e in screens], 25_000)])
     assert got == exact
     assert len(buckets) > 2 and len(exact) > 30 + 200
+
+
+@pytest.mark.parametrize("config", [SHARED_CONFIG, SLOTS_CONFIG], ids=["shared key", "two keys, 5 s slots"])
+def test_the_key_rows_of_a_batch_on_the_driver_equal_the_spark_jobs(spark, config):
+    """A small batch's per-key rows are computed on the driver from its records (no Spark job,
+    aggregates/key_rows.py `key_rows_on_driver`): the same rows as the job, hashes included
+    (Spark's xxhash64 against the xxhash package), over keys that are non-ASCII, empty, missing
+    (a null or short array) and event times before 1970."""
+    from aggregates.driver_batch import on_driver
+    from aggregates.key_rows import SLOT_SCHEMA, key_records, key_rows, key_rows_on_driver
+    from aggregates.session_batch import SessionWindows
+    from ingest.source_rows import SPARK_SCHEMA
+
+    catalog = parse_catalog(config)
+    rng = np.random.default_rng(3)
+    keys = ["user-1", "usér-2", "ключ", "🙂", "a b", "", "x" * 300, "user-1 "]
+    rows = []
+    for i in range(1500):
+        stream = "visits" if i % 3 else "screens"
+        key = keys[int(rng.integers(0, len(keys)))]
+        ids = None if i % 97 == 0 else [] if i % 89 == 0 else [key]
+        t = int(T0 + rng.integers(-200_000, 200_000)) if i % 11 else int(rng.integers(-90_000, 90_000))
+        rows.append((stream, 0, i, t, t, [f"/p{i % 7}"], [1.0], ids, None, None, None, None))
+    batch = spark.createDataFrame(rows, SPARK_SCHEMA)
+
+    class Reader:
+        def first_seen_filter(self, stream):
+            return None
+
+    items = [*BloomFeatures(spark, catalog, Reader()).plan().items, *SessionWindows(catalog, None).items()]
+
+    def sorted_rows(key_rows_):
+        return sorted(key_rows_.slots.to_pylist(), key=lambda r: (r["group"], r["key"], r["slot"]))
+
+    on_spark = sorted_rows(key_rows(batch, items))
+    local = key_rows_on_driver(key_records(on_driver(batch), items), items)
+    assert local.slots.schema.equals(SLOT_SCHEMA)
+    assert sorted_rows(local) == on_spark
+    assert len(on_spark) > 100 and any(r["h1"] is not None for r in on_spark)
