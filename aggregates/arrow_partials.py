@@ -284,3 +284,13 @@ def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
     offsets = pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32))
     values = column.take(pa.array(kept, pa.int64()))
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", DEAD_RECORD)))
+
+
+def group_batches(batches, layout: Layout):
+    """mapInArrow: one partition's record batches (all of them together: a group may span them)
+    -> its groups' partial aggregates, as one record batch (none for an empty partition)."""
+    batches = list(batches)
+    if not batches or not sum(b.num_rows for b in batches):
+        return
+    out = group_partials(pa.Table.from_batches(batches), layout)
+    yield from out.to_batches()
