@@ -26,7 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sketches.kll_exact import exact_bytes_of
 
 # The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
 DEAD_RECORD = pa.struct([
@@ -132,45 +131,73 @@ def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarr
     sums = _group_sum(values, starts)
     lo = np.minimum.reduceat(np.where(valid, values, np.inf), starts) if len(starts) else np.zeros(0)
     hi = np.maximum.reduceat(np.where(valid, values, -np.inf), starts) if len(starts) else np.zeros(0)
-    blobs = []
-    raw = values[valid].astype("<f8")
-    offsets = np.concatenate(([0], np.cumsum(counts))).tolist()
-    for g, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
-        items = raw[a:b]
-        if b - a <= k:
-            # DataSketches puts each update in front of level 0: the stored order is the reverse.
-            blobs.append(exact_bytes_of(items[::-1].tobytes(), b - a, float(lo[g]) if b > a else 0.0,
-                                        float(hi[g]) if b > a else 0.0, k))
-        else:
-            from datasketches import kll_doubles_sketch
+    items = values[valid]
+    klls = _exact_klls(items, counts, lo, hi, k)
+    big = np.flatnonzero(counts > k)
+    if len(big):  # compacting sketches: DataSketches, from the group's items in row order
+        from datasketches import kll_doubles_sketch
 
+        blobs = klls.to_pylist()
+        first = np.concatenate(([0], np.cumsum(counts)))
+        for g in big.tolist():
             sketch = kll_doubles_sketch(k)
-            sketch.update(items)
-            blobs.append(sketch.serialize())
+            sketch.update(items[first[g]:first[g + 1]])
+            blobs[g] = sketch.serialize()
+        klls = pa.array(blobs, pa.binary())
     return {
         f"n_{i}": pa.array(counts, pa.int64()),
         f"sum_{i}": pa.array(sums, pa.float64(), mask=~some),
         f"min_{i}": pa.array(lo, pa.float64(), mask=~some),
         f"max_{i}": pa.array(hi, pa.float64(), mask=~some),
-        f"kll_{i}": pa.array(blobs, pa.binary()),
+        f"kll_{i}": klls,
     }
+
+
+_KLL_HEAD = struct.Struct("<BBBBHBB")  # sketches.kll_exact's header: preamble ints, version, family, flags, k, m, unused
+_KLL_FULL = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4"),
+                      ("lo", "<f8"), ("hi", "<f8")])  # after the header of a sketch of 2+ items
+
+
+def _exact_klls(items: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> pa.Array:
+    """Per group, the bytes of an exact-mode KLL sketch of `k` holding its items (`items` grouped
+    in order, `counts` per group): sketches.kll_exact's exact_bytes_of, written for every group at
+    once. The items stored in reverse: DataSketches puts each update in front of level 0. A group
+    of more than k items gets no bytes here (its sketch compacts)."""
+    groups = len(counts)
+    c = np.where(counts <= k, counts, -1)
+    size = np.where(c < 0, 0, np.where(c == 0, 8, np.where(c == 1, 16, 40 + 8 * c)))
+    offsets = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
+    out = np.zeros(int(offsets[-1]), np.uint8)
+    heads = np.frombuffer(b"".join((_KLL_HEAD.pack(2, 1, 15, 1, k, 8, 0), _KLL_HEAD.pack(2, 2, 15, 4, k, 8, 0),
+                                    _KLL_HEAD.pack(5, 1, 15, 0, k, 8, 0))), np.uint8).reshape(3, 8)
+    at, row = offsets[:-1][c >= 0], np.minimum(c[c >= 0], 2)
+    out[at[:, None] + np.arange(8)] = heads[row]
+    full = c >= 2
+    if full.any():
+        rec = np.zeros(int(full.sum()), _KLL_FULL)
+        rec["n"], rec["min_k"], rec["levels"], rec["offset"] = c[full], k, 1, k - c[full]
+        rec["lo"], rec["hi"] = lo[full], hi[full]
+        out[(offsets[:-1][full] + 8)[:, None] + np.arange(_KLL_FULL.itemsize)] = rec.view(np.uint8).reshape(-1, 32)
+    group_of = np.repeat(np.arange(groups), counts)
+    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
+    place = np.arange(len(items)) - first[group_of]  # the item's place in its group
+    stored = c[group_of] >= 1
+    dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
+    out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
+    return pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)])
 
 
 # HLL bytes in Spark's layout (hll_sketch_agg writes the updatable form): a LIST of up to 7 coupons
 # in 8 slots, empty slots 0; preamble ints, serial version, family, lg_k, lg_arr, flags, count, mode.
-_HLL_HEAD = struct.Struct("<BBBBBBBB")
 _HLL_FAMILY, _HLL_LIST_LG_ARR, _HLL_EMPTY, _HLL_LIST_HLL8 = 7, 3, 4, 2 << 2
 _HLL_SLOTS = 1 << _HLL_LIST_LG_ARR
 
 
-def _list_hll(coupons: list[int], lg_k: int) -> bytes:
-    flags = 0 if coupons else _HLL_EMPTY
-    return (_HLL_HEAD.pack(2, 1, _HLL_FAMILY, lg_k, _HLL_LIST_LG_ARR, flags, len(coupons), _HLL_LIST_HLL8)
-            + struct.pack(f"<{_HLL_SLOTS}I", *coupons, *([0] * (_HLL_SLOTS - len(coupons)))))
-
-
 def _hlls(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray, lg_k: int) -> pa.Array:
-    """Per group, the HLL of the items at `idx` (-1: none) into `flat`, in the group's row order."""
+    """Per group, the HLL of the items at `idx` (-1: none) into `flat`, in the group's row order:
+    LIST-mode bytes written for every group of fewer than 8 distinct coupons at once (a coupon kept
+    where it first comes, as DataSketches keeps it), DataSketches for the others."""
+    groups = len(starts)
     if len(flat):
         encoded = flat.dictionary_encode()
         dictionary = encoded.dictionary.to_pylist()
@@ -178,34 +205,49 @@ def _hlls(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray,
         item_code = np.where(idx >= 0, codes[np.maximum(idx, 0)], -1)
     else:
         dictionary, item_code = [], np.full(len(idx), -1, np.int64)
-    coupons = [_coupon(item, lg_k) for item in dictionary]  # each distinct item hashed once
+    # Each distinct item hashed once; 0 for an item DataSketches ignores (the empty string).
+    coupon_of = np.array([_coupon(item, lg_k) for item in dictionary], np.uint32)
     present = item_code >= 0
     counts = _group_sum(present.astype(np.int64), starts)
-    items = item_code[present].tolist()
-    offsets = np.concatenate(([0], np.cumsum(counts))).tolist()
-    empty = _list_hll([], lg_k)
-    blobs = []
-    for a, b in zip(offsets[:-1], offsets[1:]):
-        if a == b:
-            blobs.append(empty)
-            continue
-        seen: dict[int, None] = {}
-        for code in items[a:b]:
-            c = coupons[code]
-            if c:  # an empty string is no item (DataSketches ignores it)
-                seen[c] = None
-                if len(seen) == _HLL_SLOTS:
-                    break
-        if len(seen) < _HLL_SLOTS:
-            blobs.append(_list_hll(list(seen), lg_k))
-        else:
-            from datasketches import hll_sketch, tgt_hll_type
+    items = item_code[present]
+    group_of = np.repeat(np.arange(groups), counts)
+    coupons = coupon_of[items] if len(items) else np.zeros(0, np.uint32)
+    hashed = coupons != 0
+    group_of, coupons = group_of[hashed], coupons[hashed]
+    order = np.lexsort((np.arange(len(coupons)), coupons, group_of))  # by group, coupon, then place
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (group_of[order][1:] == group_of[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
+    kept = np.ones(len(coupons), bool)
+    kept[order[repeat]] = False
+    group_of, coupons = group_of[kept], coupons[kept]  # first comings, in place order
+    distinct = np.bincount(group_of, minlength=groups)
+    listed = distinct < _HLL_SLOTS
+    slot = np.arange(len(coupons)) - (np.cumsum(distinct) - distinct)[group_of]
+    slots = np.zeros((groups, _HLL_SLOTS), "<u4")
+    fits = listed[group_of]
+    slots[group_of[fits], slot[fits]] = coupons[fits]
+    head = np.zeros((groups, 8), np.uint8)
+    head[:] = (2, 1, _HLL_FAMILY, lg_k, _HLL_LIST_LG_ARR, 0, 0, _HLL_LIST_HLL8)
+    head[:, 5] = np.where(distinct == 0, _HLL_EMPTY, 0)
+    head[:, 6] = np.where(listed, distinct, 0)
+    out = np.concatenate([head, slots.view(np.uint8).reshape(groups, 4 * _HLL_SLOTS)], axis=1)
+    width = out.shape[1]
+    blobs = pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(np.arange(0, (groups + 1) * width, width,
+                                                                                      dtype=np.int32)),
+                                                        pa.py_buffer(np.ascontiguousarray(out))])
+    big = np.flatnonzero(~listed)
+    if len(big):  # 8 distinct coupons or more: a SET or HLL sketch, DataSketches from the items in row order
+        from datasketches import hll_sketch, tgt_hll_type
 
+        out_list = blobs.to_pylist()
+        first = np.concatenate(([0], np.cumsum(counts)))
+        for g in big.tolist():
             sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
-            for code in items[a:b]:
+            for code in items[first[g]:first[g + 1]].tolist():
                 sketch.update(dictionary[code])
-            blobs.append(sketch.serialize_updatable())
-    return pa.array(blobs, pa.binary())
+            out_list[g] = sketch.serialize_updatable()
+        blobs = pa.array(out_list, pa.binary())
+    return blobs
 
 
 def _coupon(item: str, lg_k: int) -> int:
