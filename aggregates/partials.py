@@ -10,6 +10,11 @@ count, computed on the executors, and a collect_list carries the (few) dead reco
 driver. So a batch is one Spark job and one collect, and dead records cannot move the
 watermark (their newest event time belongs to their own group, which is no pane). No state is kept between batches: the store
 merges the partials, so Spark needs no state store.
+
+`arrow_partial_aggregates` gives the same rows another way (`PipelineConfig.partials: arrow`): the
+dead-letter reason and the pane start computed here, then a numpy group-by per partition
+(aggregates/arrow_partials.py) instead of Spark's object aggregates, which cost ~80-100 us per
+group: a backfill, whose events spread over a day, has about one group per event.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
-from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected
+from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected, collector_paused
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
@@ -232,8 +232,9 @@ class Pipeline(ReportsStoreErrors):
         for a batch held on the driver, on the driver's rows without a Spark job."""
         c = self.config
         if c.partials == "spark":
-            return [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
-                                                           lg_k=c.lg_k, kll_k=c.kll_k).collect()]
+            rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
+            with collector_paused():  # a Row and a dict per group (aggregates/commit.py)
+                return [r.asDict() for r in rows.collect()]
         if on_driver:
             from aggregates.arrow_partials import group_partials
 
