@@ -170,3 +170,42 @@ def test_an_empty_table_has_no_groups():
     assert out.num_rows == 0
     assert out.column_names[:9] == ["stream", "dead_reason", "pane_start", "dims", "count", "max_event_time",
                                    "partition_max_event_time", "dead_records", "clock_corrected"]
+
+
+def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
+    """aggregates.commit reads the Arrow table column by column; the same rows as dicts (the Spark
+    path's reading) give the same commit: partials, newest event times, per-partition ones, dead
+    letters, counts read and dead per reason (a stream not in the catalog skipped by both)."""
+    from aggregates.commit import build_commit
+    from aggregates.partials import catalog_layout
+    from catalog import load_catalog
+    from sketchboard.settings import DEFAULT_STREAMS
+
+    catalog = load_catalog(DEFAULT_STREAMS)
+    layout = catalog_layout(catalog, 12, 200)
+    rng = __import__("random").Random(3)
+    rows = []
+    for i in range(400):
+        name = rng.choice(["http_requests", "orders", "gone"])
+        stream = catalog.streams.get(name) or catalog.streams["orders"]
+        dead = i % 37 == 0
+        t = 1_700_000_000_000 + rng.randrange(120_000)
+        dims = [rng.choice(["a", "b", None]) for _ in stream.dimensions]
+        rows.append({
+            "stream": name, "dead_reason": "beyond_retention" if dead else None,
+            "pane_start": None if dead else t - t % stream.pane, "dims": None if dead else dims, "event_time": t,
+            "partition": i % stream.partitions,
+            "vals": [rng.choice([None, rng.random()]) for _ in stream.values],
+            "ids": [rng.choice(["u1", "u2", None, "u3"]) for _ in stream.distinct_fields],
+            "clock_correction": None,
+            "dead_record": {"partition": i % stream.partitions, "offset": i, "event_time": t, "ingest_time": t,
+                            "error": None, "dims": dims, "raw_event_time": t, "clock_correction": None} if dead else None,
+        })
+    table = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout)
+    ends = {"http_requests": {0: 10}, "orders": {0: 10}}
+    by_column = build_commit("p", 1, table, catalog, ends, batch_now_ms=1)
+    by_row = build_commit("p", 1, table.to_pylist(), catalog, ends, batch_now_ms=1)
+    assert by_column.partials and by_column.dead_letters
+    key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
+    assert sorted(by_column.partials, key=key) == sorted(by_row.partials, key=key)
+    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials})
