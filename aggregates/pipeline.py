@@ -63,7 +63,7 @@ class PipelineConfig:
     driver_batch_rows: int = 5_000
     # How a batch's partial aggregates are computed: "arrow", an Arrow group-by on the executors
     # (aggregates/arrow_partials.py), or "spark", Spark's groupBy with its sketch aggregates.
-    partials: str = "arrow"
+    partials: str = "spark"
 
 
 class Pipeline(ReportsStoreErrors):
