@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from aggregates.driver_batch import on_driver
-    from aggregates.commit import build_commit
-    from aggregates.partials import dead_letter_reason_column
+    from aggregates.commit import build_commit, collector_paused
+    from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.session_batch import bloom_and_runs
     from aggregates.spark import build_spark
@@ -170,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         kept.unpersist()
 
     def partial_rows(batch, batch_now_ms: int, driver: bool, mode: str):
+        if mode == "spark":  # Spark's groupBy, on the driver path too (one job), as before the Arrow partials
+            with collector_paused():
+                return [r.asDict() for r in partial_aggregates(batch, catalog, batch_now_ms=batch_now_ms,
+                                                               lg_k=pipeline.config.lg_k,
+                                                               kll_k=pipeline.config.kll_k).collect()]
         saved = pipeline.config
         pipeline.config = replace(saved, partials=mode)
         try:
