@@ -22,8 +22,8 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
-from aggregates.partials import (arrow_input, arrow_partial_aggregates, catalog_layout, dead_letter_reason_column,
-                                 partial_aggregates)
+from aggregates.partials import (PARTIALS, arrow_input, arrow_partial_aggregates, catalog_layout,
+                                 dead_letter_reason_column, partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
 from aggregates.tables import TableChanges
@@ -65,6 +65,10 @@ class PipelineConfig:
     # (aggregates/arrow_partials.py), or "spark", Spark's groupBy with its sketch aggregates. A batch
     # held on the driver (driver_batch_rows) is grouped there by the Arrow group-by either way.
     partials: str = "spark"
+
+    def __post_init__(self) -> None:
+        if self.partials not in PARTIALS:
+            raise ValueError(f"partials must be one of {', '.join(PARTIALS)}, not {self.partials!r}")
 
 
 class Pipeline(ReportsStoreErrors):

@@ -209,3 +209,18 @@ def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
     key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
     assert sorted(by_column.partials, key=key) == sorted(by_row.partials, key=key)
     assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials})
+
+
+def test_an_unknown_partials_mode_is_refused_with_its_name():
+    from pathlib import Path
+
+    import pytest
+    from pydantic import ValidationError
+
+    from aggregates.pipeline import PipelineConfig
+    from sketchboard.settings import Settings
+
+    with pytest.raises(ValueError, match="partials must be one of arrow, spark, not 'duck'"):
+        PipelineConfig("p", Path("log.db"), Path("checkpoints"), partials="duck")
+    with pytest.raises(ValidationError, match="partials"):
+        Settings(partials="duck")
