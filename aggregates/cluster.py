@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 # What executors import to run our code: the project's packages whose functions run in tasks,
 # and the libraries those tasks need (mapInArrow hands pyarrow batches; numpy tests filter bits).
 EXECUTOR_MODULES = ("catalog", "sketches", "ingest.source_rows", "ingest.kafka_source", "ingest.spark_source",
-                    "aggregates.firstseen", "pyarrow", "numpy")
+                    "aggregates.firstseen", "aggregates.arrow_partials", "datasketches", "pyarrow", "numpy")
 
 PYTHON_CONF = "spark.pyspark.python"
 

@@ -10,10 +10,16 @@ count, computed on the executors, and a collect_list carries the (few) dead reco
 driver. So a batch is one Spark job and one collect, and dead records cannot move the
 watermark (their newest event time belongs to their own group, which is no pane). No state is kept between batches: the store
 merges the partials, so Spark needs no state store.
+
+`arrow_partial_aggregates` gives the same rows another way (`PipelineConfig.partials: arrow`): the
+dead-letter reason and the pane start computed here, then a numpy group-by per partition
+(aggregates/arrow_partials.py) instead of Spark's object aggregates, which cost ~80-100 us per
+group: a backfill, whose events spread over a day, has about one group per event.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
@@ -132,12 +138,8 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
     event time overall and per log partition (`partition_max_event_time`), and one row per
     (stream, dead_reason) whose `count` is the number of records dead-lettered for that reason
     and whose `dead_records` lists them (partition, offset, event_time, ingest_time, error, dims)."""
-    if "clock_correction" not in df.columns:  # no device clock step ran (aggregates/device_clocks.py)
-        df = df.withColumns({"raw_event_time": F.col("event_time"), "clock_correction": F.lit(None).cast("bigint")})
-    rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
-    pane_start, g_dims, aggs = per_catalog(catalog, f"partial aggregates {lg_k} {kll_k}",
-                                           lambda: _aggregations(catalog, lg_k, kll_k))
-    rows = rows.withColumns({"pane_start": pane_start, "g_dims": g_dims})
+    rows = _keyed(df, catalog, batch_now_ms)
+    _, _, aggs = per_catalog(catalog, f"partial aggregates {lg_k} {kll_k}", lambda: _aggregations(catalog, lg_k, kll_k))
     return (
         rows.groupBy("stream", "dead_reason", "pane_start", "g_dims")
         .agg(*aggs)
@@ -145,15 +147,74 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
     )
 
 
+PARTIALS = ("arrow", "spark")  # PipelineConfig.partials: how a batch's partial aggregates are computed
+
+
+def arrow_partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
+                             kll_k: int = DEFAULT_K) -> DataFrame:
+    """What `partial_aggregates` gives (same columns, same groups and aggregates), computed by an
+    Arrow group-by per partition (aggregates/arrow_partials.py) instead of Spark's object
+    aggregates: the rows hashed by (stream, pane start) to the shuffle's partitions, so a group
+    (and a stream's dead rows, whose pane start is null) is whole in one of them."""
+    from aggregates.arrow_partials import group_batches
+
+    layout = catalog_layout(catalog, lg_k, kll_k)
+    return (arrow_input(df, catalog, batch_now_ms=batch_now_ms)
+            .repartition("stream", "pane_start")
+            .mapInArrow(functools.partial(group_batches, layout=layout), layout.ddl()))
+
+
+def arrow_input(df: DataFrame, catalog: Catalog, *, batch_now_ms: int) -> DataFrame:
+    """The rows the Arrow group-by reads: the dead-letter reason and pane start computed here, by
+    Spark (the one rule), and a dead record's fields as one struct, null for a row that is merged."""
+    columns = per_catalog(catalog, "arrow partials input", _arrow_columns)
+    return _keyed(df, catalog, batch_now_ms).select(*columns)
+
+
+def _arrow_columns() -> list[Column]:
+    good = F.col("dead_reason").isNull()
+    return [
+        "stream", "dead_reason", "pane_start", F.col("g_dims").alias("dims"), "event_time", "partition", "vals", "ids",
+        "clock_correction",
+        F.when(~good, F.struct(
+            F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
+            F.col("dims"), F.col("raw_event_time"), F.col("clock_correction"),
+        )).alias("dead_record"),
+    ]
+
+
+def catalog_layout(catalog: Catalog, lg_k: int, kll_k: int):
+    """The Arrow group-by's slot widths for `catalog` (the same as `_aggregations`')."""
+    from aggregates.arrow_partials import Layout
+
+    return Layout(values=max((len(s.values) for s in catalog.streams.values()), default=0),
+                  distincts=max((len(s.distinct_fields) for s in catalog.streams.values()), default=0),
+                  partitions=max((s.partitions for s in catalog.streams.values()), default=0),
+                  kll_k=kll_k, lg_k=lg_k)
+
+
+def _keyed(df: DataFrame, catalog: Catalog, batch_now_ms: int) -> DataFrame:
+    """`df`'s rows with their dead-letter reason, pane start and grouping dims (null for a dead row)."""
+    if "clock_correction" not in df.columns:  # no device clock step ran (aggregates/device_clocks.py)
+        df = df.withColumns({"raw_event_time": F.col("event_time"), "clock_correction": F.lit(None).cast("bigint")})
+    rows = df.withColumn("dead_reason", dead_letter_reason_column(catalog, batch_now_ms))
+    pane_start, g_dims = per_catalog(catalog, "pane start and grouping dims", lambda: _pane_and_dims(catalog))
+    return rows.withColumns({"pane_start": pane_start, "g_dims": g_dims})
+
+
+def _pane_and_dims(catalog: Catalog) -> tuple[Column, Column]:
+    good = F.col("dead_reason").isNull()
+    pane_ms = pane_ms_column(catalog)
+    return F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms)), F.when(good, F.col("dims"))
+
+
 def _aggregations(catalog: Catalog, lg_k: int, kll_k: int) -> tuple[Column, Column, list[Column]]:
     """The pane start and grouping dims of each row, and the aggregations, for `catalog`."""
     width_vals = max((len(s.values) for s in catalog.streams.values()), default=0)
     width_ids = max((len(s.distinct_fields) for s in catalog.streams.values()), default=0)
     width_parts = max((s.partitions for s in catalog.streams.values()), default=0)
-    pane_ms = pane_ms_column(catalog)
     good = F.col("dead_reason").isNull()
-    pane_start = F.when(good, F.col("event_time") - F.pmod(F.col("event_time"), pane_ms))
-    g_dims = F.when(good, F.col("dims"))
+    pane_start, g_dims = _pane_and_dims(catalog)
     # Dead records sit in their own groups (their reason is part of the key), so they add to
     # no pane and to no pane's newest event time: the watermark ignores them.
     aggs = [

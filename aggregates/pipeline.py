@@ -13,16 +13,17 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
-from aggregates.commit import build_commit, checkpointed_end_offsets
+from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected, collector_paused
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
-from aggregates.driver_batch import on_driver, rows_at_most, streams_with_rows
+from aggregates.driver_batch import arrow_on_driver, on_driver, rows_at_most, streams_with_rows
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
-from aggregates.partials import dead_letter_reason_column, partial_aggregates
+from aggregates.partials import (PARTIALS, arrow_input, arrow_partial_aggregates, catalog_layout,
+                                 dead_letter_reason_column, partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
 from aggregates.tables import TableChanges
@@ -60,6 +61,14 @@ class PipelineConfig:
     # A batch of at most this many records is read once onto the driver instead of persisted:
     # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
     driver_batch_rows: int = 5_000
+    # How a batch's partial aggregates are computed: "arrow", an Arrow group-by on the executors
+    # (aggregates/arrow_partials.py), or "spark", Spark's groupBy with its sketch aggregates. A batch
+    # held on the driver (driver_batch_rows) is grouped there by the Arrow group-by either way.
+    partials: str = "spark"
+
+    def __post_init__(self) -> None:
+        if self.partials not in PARTIALS:
+            raise ValueError(f"partials must be one of {', '.join(PARTIALS)}, not {self.partials!r}")
 
 
 class Pipeline(ReportsStoreErrors):
@@ -140,8 +149,7 @@ class Pipeline(ReportsStoreErrors):
                 batch = enriched.batch
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present)
-            rows = [r.asDict() for r in partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms,
-                                                           lg_k=self.config.lg_k, kll_k=self.config.kll_k).collect()]
+            rows = self.partial_rows(batch, batch_now_ms, on_driver=small)
             commit = build_commit(self.config.name, batch_id, rows, self.catalog,
                                   batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
                                   batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(),
@@ -208,7 +216,7 @@ class Pipeline(ReportsStoreErrors):
             (done - computed) * 1000,
         )
         if clocks is not None:
-            shifted = sum(r.get("clock_corrected") or 0 for r in rows)
+            shifted = clock_corrected(rows)
             biggest = max(clocks.corrections.values(), key=abs, default=0)
             log.info("batch %d: device clocks: %d events shifted by their device's offset (%d devices corrected,"
                      " largest %+d ms), %d estimates changed", batch_id, shifted, len(clocks.corrections), biggest,
@@ -226,6 +234,24 @@ class Pipeline(ReportsStoreErrors):
         if result.committed:
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
+
+    def partial_rows(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool):
+        """The batch's partial aggregates: for a batch held on the driver, the Arrow group-by's table
+        (aggregates/arrow_partials.py) over the driver's rows, without a Spark job (whatever
+        `partials` says: measured faster than Spark's one job there); else Spark's groupBy collected
+        as dicts, or (`partials: arrow`) the Arrow group-by on the executors."""
+        c = self.config
+        if on_driver:
+            from aggregates.arrow_partials import group_partials
+
+            rows = arrow_on_driver(arrow_input(batch, self.catalog, batch_now_ms=batch_now_ms))
+            return group_partials(rows, catalog_layout(self.catalog, c.lg_k, c.kll_k))
+        if c.partials == "spark":
+            rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
+            with collector_paused():  # a Row and a dict per group (aggregates/commit.py)
+                return [r.asDict() for r in rows.collect()]
+        return arrow_partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k,
+                                        kll_k=c.kll_k).toArrow()
 
     def fits_driver(self, batch_id: int) -> bool:
         """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark

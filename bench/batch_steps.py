@@ -28,6 +28,7 @@ import importlib.util
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from aggregates.driver_batch import on_driver
+    from aggregates.commit import build_commit, collector_paused
     from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.session_batch import bloom_and_runs
@@ -134,8 +136,15 @@ def main(argv: list[str] | None = None) -> int:
             enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms,
                                                                                           on_driver=driver))
             b = enriched.batch
-        timed("partial aggregates (job + collect)", lambda: [r.asDict() for r in partial_aggregates(
-            b, catalog, batch_now_ms=batch_now_ms, lg_k=p.config.lg_k, kll_k=p.config.kll_k).collect()])
+        # Both partials paths (PipelineConfig.partials), alternated: the executors' part (Spark job and
+        # collect, or mapInArrow and toArrow; on the driver path the Arrow group-by runs without a job),
+        # then the driver's (the rows or the Arrow table made the store commit's partials).
+        modes = ("spark", "arrow") if len(times["partials order"]) % 2 == 0 else ("arrow", "spark")
+        times["partials order"].append(0.0)
+        for mode in modes:
+            rows = timed(f"partial aggregates, {mode} (job + collect)", lambda: partial_rows(b, batch_now_ms, driver, mode))
+            timed(f"partials -> commit ({mode}, driver)", lambda: build_commit("steps", 0, rows, catalog, {},
+                                                                                batch_now_ms=batch_now_ms))
         if p.joins.enabled:
             timed("window joins' records", lambda: p.joins.records(b, batch_now_ms, on_driver=driver))
         if p.tables.enabled:
@@ -159,6 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         if enriched is not None:
             enriched.cached.unpersist()
         kept.unpersist()
+
+    def partial_rows(batch, batch_now_ms: int, driver: bool, mode: str):
+        if mode == "spark":  # Spark's groupBy, on the driver path too (one job), as before the Arrow partials
+            with collector_paused():
+                return [r.asDict() for r in partial_aggregates(batch, catalog, batch_now_ms=batch_now_ms,
+                                                               lg_k=pipeline.config.lg_k,
+                                                               kll_k=pipeline.config.kll_k).collect()]
+        saved = pipeline.config
+        pipeline.config = replace(saved, partials=mode)
+        try:
+            return pipeline.partial_rows(batch, batch_now_ms, on_driver=driver)
+        finally:
+            pipeline.config = saved
 
     process = pipeline.process_batch
 
@@ -188,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| step | Spark jobs | min | median | max |")
     print("| --- | --- | --- | --- | --- |")
     for label, values in times.items():
+        if label == "partials order":
+            continue
         if label in ("Bloom results identical", "sessions' runs identical", "one job's results identical"):
             print(f"| {label} | | {'yes' if all(values) else 'NO'} | | |")
             continue

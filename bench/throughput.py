@@ -3,7 +3,7 @@
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
                                [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]] [--sessions]
-                               [--hours 24]
+                               [--hours 24] [--partials spark,arrow,spark,arrow]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -105,7 +105,8 @@ def _spread(raws: list[dict], time_field: str, done: int, events: int, end_ms: i
 
 def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, kafka_bootstrap: str | None = None,
                    *, fast_path: bool = False, figures: dict | None = None, duplicates: float = 0.0,
-                   sessions: bool = False, spread_hours: float | None = None) -> float:
+                   sessions: bool = False, spread_hours: float | None = None,
+                   partials: list[str] | None = None) -> float:
     """Fill a log (embedded, or Kafka topics when kafka_bootstrap is set), drain it; sustained events/s
     (also put in `figures`: append, wall and sustained events/s)."""
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -130,17 +131,31 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     print(f"[{what}] log append: {total:,} events in {append_s:.1f} s = {total / append_s:,.0f} events/s", flush=True)
     log.close()
 
-    store = SqlitePaneStore(root / "store.db")
-    config = PipelineConfig("bench", root / "log.db", root / "checkpoints", max_records_per_batch=batch_records,
-                            kafka=kafka)
-    pipeline = Pipeline(spark, catalog, store, config)
-    drained = drain_timed(pipeline, store)
-    done, wall, sustained = drained.events, drained.wall_s, drained.sustained_per_s
-    print(f"[{what}] pipeline log -> store: {done:,} events, {drained.batches} batches of <= {batch_records:,}")
-    print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
-    print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
-    if spread_hours is not None:
-        print(f"  store on disk: {(root / 'store.db').stat().st_size / 2**20:,.0f} MiB", flush=True)
+    rates: dict[str, list[tuple[float, float]]] = {}
+    for run, mode in enumerate(partials or [None]):
+        # Each run drains the same log into a fresh store with its own checkpoint (`--partials
+        # spark,arrow,spark,arrow`: side by side, alternated, so load swings hit both).
+        sub = root if mode is None else root / f"run{run}-{mode}"
+        sub.mkdir(parents=True, exist_ok=True)
+        store = SqlitePaneStore(sub / "store.db")
+        config = PipelineConfig("bench", root / "log.db", sub / "checkpoints", max_records_per_batch=batch_records,
+                                kafka=kafka, **({} if mode is None else {"partials": mode}))
+        pipeline = Pipeline(spark, catalog, store, config)
+        drained = drain_timed(pipeline, store)
+        done, wall, sustained = drained.events, drained.wall_s, drained.sustained_per_s
+        rates.setdefault(mode or config.partials, []).append((done / wall, sustained))
+        print(f"[{what}] pipeline log -> store (partials: {config.partials}): {done:,} events, {drained.batches}"
+              f" batches of <= {batch_records:,}")
+        print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
+        print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
+        if spread_hours is not None:
+            print(f"  store on disk: {(sub / 'store.db').stat().st_size / 2**20:,.0f} MiB", flush=True)
+        if mode is not None and (run < len(partials) - 1):
+            store.close()
+    if len(rates) > 1:
+        print("partials side by side (mean of the runs): " + ", ".join(
+            f"{m}: wall {sum(w for w, _ in r) / len(r):,.0f} events/s, sustained {sum(s for _, s in r) / len(r):,.0f}"
+            for m, r in rates.items()), flush=True)
     dropped = {n: s.duplicates_dropped for n, s in store.progress("bench").streams.items() if s.duplicates_dropped}
     if any(s.event_id_field for s in catalog.streams.values()):
         print(f"  event ids: duplicates dropped {dropped or 0}", flush=True)
@@ -159,7 +174,8 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
                     kafka_bootstrap: str | None, figures: dict[str, dict], *, fast_path: bool = False,
-                    duplicates: float = 0.0, sessions: bool = False, spread_hours: float | None = None) -> None:
+                    duplicates: float = 0.0, sessions: bool = False, spread_hours: float | None = None,
+                    partials: list[str] | None = None) -> None:
     from aggregates.spark import build_spark, kafka_connector_conf
     from sketchboard.settings import Settings
 
@@ -169,7 +185,7 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
         for name in logs:
             bench_pipeline(spark, root / name, catalog, events, batch_records,
                            kafka_bootstrap if name == "kafka" else None, fast_path=fast_path, figures=figures[name],
-                           duplicates=duplicates, sessions=sessions, spread_hours=spread_hours)
+                           duplicates=duplicates, sessions=sessions, spread_hours=spread_hours, partials=partials)
     finally:
         spark.stop()
     if len(logs) == 2:
@@ -245,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float,
                         help=f"issue 27's backfill: only {BACKFILL_STREAM} events, their times spread in order over"
                              " the last HOURS (e.g. --events 3000000 --hours 24 --batch-records 1000000)")
+    parser.add_argument("--partials", help="comma-separated partials modes (arrow, spark) to drain the same log with,"
+                        " one after the other, each into a fresh store: e.g. spark,arrow,spark,arrow")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")
@@ -271,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_pipeline:
             bench_pipelines(root, catalog, args.events, args.batch_records, logs, kafka_bootstrap, figures,
                             fast_path=args.kafka_jvm_validation, duplicates=args.duplicates, sessions=args.sessions,
-                            spread_hours=args.hours)
+                            spread_hours=args.hours, partials=args.partials.split(",") if args.partials else None)
         if not args.skip_api:
             for name in logs:
                 formats = ("json", "ndjson") if args.api_format == "both" else (args.api_format,)

@@ -141,6 +141,8 @@ class Settings(BaseSettings):
     trigger_interval: str = "100 milliseconds"
     max_records_per_batch: int = Field(1_000_000, ge=1)
     max_records_per_task: int = Field(250_000, ge=1)
+    partials: Literal["arrow", "spark"] = Field("spark", description="how a batch's partial aggregates are computed:"
+                                                " an Arrow group-by on the executors, or Spark's groupBy")
 
     # Websocket hub (live dashboard)
     ws_poll_interval: float = Field(0.05, gt=0, le=10, description="seconds between reads of the store's change feed")

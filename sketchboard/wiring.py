@@ -391,6 +391,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         starting_offsets=starting,
         max_records_per_batch=settings.max_records_per_batch,
         max_records_per_task=settings.max_records_per_task,
+        partials=settings.partials,
         trigger_interval=settings.trigger_interval,
         kafka=kafka,
         end_offsets=end_offsets,  # a reprocessing run: a join's other stream as far as the serving pipeline read it

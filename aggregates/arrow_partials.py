@@ -1,0 +1,340 @@
+"""The partial aggregation as a group-by over an Arrow table: numpy, no Spark aggregate objects.
+
+Spark's object aggregates (a KLL or HLL object per group, serialized for the shuffle and merged
+after it) cost ~80-100 us per (stream, pane, dims) group, and when a batch's events spread over a
+day (a backfill) nearly every event is a group of its own: that was the batch
+(docs/benchmarks.md, "The day-of-data backfill through Spark"). Here one partition's rows are
+sorted by group (numpy lexsort, stable: a group keeps its rows' order) and each column is reduced
+per group at once (`reduceat`); only the sketches are written per group, and from their items:
+a KLL of at most k items is DataSketches' exact-mode bytes (`sketches.kll_exact`), an HLL of
+fewer than 8 distinct coupons its LIST-mode bytes in Spark's updatable layout (each distinct item's
+coupon taken once from a one-item sketch); bigger groups go through DataSketches.
+
+The input is what `aggregates.partials.arrow_input` projects: the rows with their dead-letter
+reason and pane start already computed by Spark (one rule, `aggregates.partials`); the output has
+exactly the columns and meaning of Spark's `partial_aggregates` (one row per (stream,
+dead_reason, pane_start, dims) group). Pure: tests/unit/test_arrow_partials.py checks it against
+a per-group computation written the obvious way.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+# The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
+DEAD_RECORD = pa.struct([
+    pa.field("partition", pa.int32()), pa.field("offset", pa.int64()), pa.field("event_time", pa.int64()),
+    pa.field("ingest_time", pa.int64()), pa.field("error", pa.string()),
+    pa.field("dims", pa.list_(pa.field("element", pa.string()))), pa.field("raw_event_time", pa.int64()),
+    pa.field("clock_correction", pa.int64()),
+])
+DEAD_RECORD_DDL = ("struct<partition: int, offset: bigint, event_time: bigint, ingest_time: bigint, error: string,"
+                   " dims: array<string>, raw_event_time: bigint, clock_correction: bigint>")
+_STRINGS = pa.list_(pa.field("element", pa.string()))
+_LONGS = pa.list_(pa.field("element", pa.int64()))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The slot widths of a catalog (every stream's values, distinct fields and partitions, the
+    widest) and the sketches' sizes: what the output columns are."""
+
+    values: int
+    distincts: int
+    partitions: int
+    kll_k: int
+    lg_k: int
+
+    def ddl(self) -> str:
+        """The output's schema as Spark DDL (mapInArrow's return type)."""
+        cols = ["stream string", "dead_reason string", "pane_start bigint", "dims array<string>", "count bigint",
+                "max_event_time bigint", "partition_max_event_time array<bigint>",
+                f"dead_records array<{DEAD_RECORD_DDL}>", "clock_corrected bigint"]
+        for i in range(self.values):
+            cols += [f"n_{i} bigint", f"sum_{i} double", f"min_{i} double", f"max_{i} double", f"kll_{i} binary"]
+        cols += [f"hll_{j} binary" for j in range(self.distincts)]
+        return ", ".join(cols)
+
+
+def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
+    """One row per (stream, dead_reason, pane_start, dims) group of `table`'s rows (columns stream,
+    dead_reason, pane_start, dims, event_time, partition, vals, ids, clock_correction and
+    dead_record, the last null for a good row) with Spark's partial aggregates: count, newest event
+    time overall and per partition slot, the dead records (an empty list for a good group),
+    records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL."""
+    table = table.combine_chunks()
+    n = table.num_rows
+    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
+    pane, pane_valid = _ints(table["pane_start"])
+    keys += [np.where(pane_valid, pane, 0), pane_valid]
+    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
+    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
+    keys.append(dims_lengths)
+    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
+             for j in range(dims_idx.shape[1])]
+    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)  # stable: a group keeps its rows' order
+    if n:
+        changed = np.zeros(n - 1, bool)
+        for key in keys:
+            s = key[order]
+            changed |= s[1:] != s[:-1]
+        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
+    else:
+        starts = np.zeros(0, np.int64)
+    ends = np.append(starts[1:], n).astype(np.int64)
+    first = order[starts]
+    take = pa.array(first, pa.int64())
+    event_time, event_valid = _ints(table["event_time"])
+    event_time, event_valid = event_time[order], event_valid[order]
+    out: dict[str, pa.Array] = {
+        "stream": table["stream"].take(take),
+        "dead_reason": table["dead_reason"].take(take),
+        "pane_start": table["pane_start"].take(take),
+        "dims": table["dims"].take(take).cast(_STRINGS),
+        "count": pa.array(ends - starts, pa.int64()),
+        "max_event_time": _group_max(event_time, event_valid, starts),
+    }
+    partition, partition_valid = _ints(table["partition"])
+    partition, partition_valid = partition[order], partition_valid[order]
+    per_partition = [_group_max(event_time, event_valid & partition_valid & (partition == k), starts)
+                     for k in range(layout.partitions)]
+    out["partition_max_event_time"] = _fixed_lists(per_partition, len(starts), pa.int64())
+    out["dead_records"] = _dead_records(table["dead_record"], order, starts)
+    out["clock_corrected"] = pa.array(_group_sum(table["clock_correction"].is_valid().to_numpy(
+        zero_copy_only=False)[order].astype(np.int64), starts), pa.int64())
+    _, vals_idx, vals_flat = _list_slots(table["vals"], layout.values)
+    flat_values = vals_flat.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64) if len(vals_flat) \
+        else np.zeros(0)
+    flat_valid = vals_flat.is_valid().to_numpy(zero_copy_only=False) if len(vals_flat) else np.zeros(0, bool)
+    for i in range(layout.values):
+        idx = vals_idx[order, i]
+        valid = (idx >= 0) & flat_valid[np.maximum(idx, 0)] if len(flat_valid) else np.zeros(n, bool)
+        values = np.where(valid, flat_values[np.maximum(idx, 0)] if len(flat_values) else 0.0, 0.0)
+        out.update(_value_stats(i, values, valid, starts, ends, layout.kll_k))
+    _, ids_idx, ids_flat = _list_slots(table["ids"], layout.distincts)
+    for j in range(layout.distincts):
+        out[f"hll_{j}"] = _hlls(ids_flat, ids_idx[order, j], starts, ends, layout.lg_k)
+    return pa.table(out)
+
+
+def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                 k: int) -> dict[str, pa.Array]:
+    counts = _group_sum(valid.astype(np.int64), starts)
+    some = counts > 0
+    # Summed in the group's row order, as one task's partial sum would be (a group never spans tasks here).
+    sums = _group_sum(values, starts)
+    lo = np.minimum.reduceat(np.where(valid, values, np.inf), starts) if len(starts) else np.zeros(0)
+    hi = np.maximum.reduceat(np.where(valid, values, -np.inf), starts) if len(starts) else np.zeros(0)
+    items = values[valid]
+    klls = _exact_klls(items, counts, lo, hi, k)
+    big = np.flatnonzero(counts > k)
+    if len(big):  # compacting sketches: DataSketches, from the group's items in row order
+        from datasketches import kll_doubles_sketch
+
+        blobs = klls.to_pylist()
+        first = np.concatenate(([0], np.cumsum(counts)))
+        for g in big.tolist():
+            sketch = kll_doubles_sketch(k)
+            sketch.update(items[first[g]:first[g + 1]])
+            blobs[g] = sketch.serialize()
+        klls = pa.array(blobs, pa.binary())
+    return {
+        f"n_{i}": pa.array(counts, pa.int64()),
+        f"sum_{i}": pa.array(sums, pa.float64(), mask=~some),
+        f"min_{i}": pa.array(lo, pa.float64(), mask=~some),
+        f"max_{i}": pa.array(hi, pa.float64(), mask=~some),
+        f"kll_{i}": klls,
+    }
+
+
+_KLL_HEAD = struct.Struct("<BBBBHBB")  # sketches.kll_exact's header: preamble ints, version, family, flags, k, m, unused
+_KLL_FULL = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4"),
+                      ("lo", "<f8"), ("hi", "<f8")])  # after the header of a sketch of 2+ items
+
+
+def _exact_klls(items: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> pa.Array:
+    """Per group, the bytes of an exact-mode KLL sketch of `k` holding its items (`items` grouped
+    in order, `counts` per group): sketches.kll_exact's exact_bytes_of, written for every group at
+    once. The items stored in reverse: DataSketches puts each update in front of level 0. A group
+    of more than k items gets no bytes here (its sketch compacts)."""
+    groups = len(counts)
+    c = np.where(counts <= k, counts, -1)
+    size = np.where(c < 0, 0, np.where(c == 0, 8, np.where(c == 1, 16, 40 + 8 * c)))
+    offsets = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
+    out = np.zeros(int(offsets[-1]), np.uint8)
+    heads = np.frombuffer(b"".join((_KLL_HEAD.pack(2, 1, 15, 1, k, 8, 0), _KLL_HEAD.pack(2, 2, 15, 4, k, 8, 0),
+                                    _KLL_HEAD.pack(5, 1, 15, 0, k, 8, 0))), np.uint8).reshape(3, 8)
+    at, row = offsets[:-1][c >= 0], np.minimum(c[c >= 0], 2)
+    out[at[:, None] + np.arange(8)] = heads[row]
+    full = c >= 2
+    if full.any():
+        rec = np.zeros(int(full.sum()), _KLL_FULL)
+        rec["n"], rec["min_k"], rec["levels"], rec["offset"] = c[full], k, 1, k - c[full]
+        rec["lo"], rec["hi"] = lo[full], hi[full]
+        out[(offsets[:-1][full] + 8)[:, None] + np.arange(_KLL_FULL.itemsize)] = rec.view(np.uint8).reshape(-1, 32)
+    group_of = np.repeat(np.arange(groups), counts)
+    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
+    place = np.arange(len(items)) - first[group_of]  # the item's place in its group
+    stored = c[group_of] >= 1
+    dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
+    out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
+    return pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)])
+
+
+# HLL bytes in Spark's layout (hll_sketch_agg writes the updatable form): a LIST of up to 7 coupons
+# in 8 slots, empty slots 0; preamble ints, serial version, family, lg_k, lg_arr, flags, count, mode.
+_HLL_FAMILY, _HLL_LIST_LG_ARR, _HLL_EMPTY, _HLL_LIST_HLL8 = 7, 3, 4, 2 << 2
+_HLL_SLOTS = 1 << _HLL_LIST_LG_ARR
+
+
+def _hlls(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray, lg_k: int) -> pa.Array:
+    """Per group, the HLL of the items at `idx` (-1: none) into `flat`, in the group's row order:
+    LIST-mode bytes written for every group of fewer than 8 distinct coupons at once (a coupon kept
+    where it first comes, as DataSketches keeps it), DataSketches for the others."""
+    groups = len(starts)
+    if len(flat):
+        encoded = flat.dictionary_encode()
+        dictionary = encoded.dictionary.to_pylist()
+        codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        item_code = np.where(idx >= 0, codes[np.maximum(idx, 0)], -1)
+    else:
+        dictionary, item_code = [], np.full(len(idx), -1, np.int64)
+    # Each distinct item hashed once; 0 for an item DataSketches ignores (the empty string).
+    coupon_of = np.array([_coupon(item, lg_k) for item in dictionary], np.uint32)
+    present = item_code >= 0
+    counts = _group_sum(present.astype(np.int64), starts)
+    items = item_code[present]
+    group_of = np.repeat(np.arange(groups), counts)
+    coupons = coupon_of[items] if len(items) else np.zeros(0, np.uint32)
+    hashed = coupons != 0
+    group_of, coupons, hashed_items = group_of[hashed], coupons[hashed], items[hashed]
+    order = np.lexsort((np.arange(len(coupons)), coupons, group_of))  # by group, coupon, then place
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (group_of[order][1:] == group_of[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
+    kept = np.ones(len(coupons), bool)
+    kept[order[repeat]] = False
+    group_of, coupons, firsts = group_of[kept], coupons[kept], hashed_items[kept]  # first comings, in place order
+    distinct = np.bincount(group_of, minlength=groups)
+    listed = distinct < _HLL_SLOTS
+    slot = np.arange(len(coupons)) - (np.cumsum(distinct) - distinct)[group_of]
+    slots = np.zeros((groups, _HLL_SLOTS), "<u4")
+    fits = listed[group_of]
+    slots[group_of[fits], slot[fits]] = coupons[fits]
+    head = np.zeros((groups, 8), np.uint8)
+    head[:] = (2, 1, _HLL_FAMILY, lg_k, _HLL_LIST_LG_ARR, 0, 0, _HLL_LIST_HLL8)
+    head[:, 5] = np.where(distinct == 0, _HLL_EMPTY, 0)
+    head[:, 6] = np.where(listed, distinct, 0)
+    out = np.concatenate([head, slots.view(np.uint8).reshape(groups, 4 * _HLL_SLOTS)], axis=1)
+    width = out.shape[1]
+    blobs = pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(np.arange(0, (groups + 1) * width, width,
+                                                                                      dtype=np.int32)),
+                                                        pa.py_buffer(np.ascontiguousarray(out))])
+    big = np.flatnonzero(~listed)
+    if len(big):
+        # 8 distinct coupons or more: a SET or HLL sketch, DataSketches fed each coupon's first item in
+        # row order (a repeat changes neither the coupons, the registers nor the HIP estimate: the same bytes).
+        from datasketches import hll_sketch, tgt_hll_type
+
+        out_list = blobs.to_pylist()
+        first = np.concatenate(([0], np.cumsum(distinct)))
+        for g in big.tolist():
+            sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
+            for code in firsts[first[g]:first[g + 1]].tolist():
+                sketch.update(dictionary[code])
+            out_list[g] = sketch.serialize_updatable()
+        blobs = pa.array(out_list, pa.binary())
+    return blobs
+
+
+def _coupon(item: str, lg_k: int) -> int:
+    """The coupon DataSketches' HLL keeps for `item` (0 for an item it ignores)."""
+    from datasketches import hll_sketch, tgt_hll_type
+
+    sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
+    sketch.update(item)
+    blob = sketch.serialize_updatable()
+    return struct.unpack_from("<I", blob, 8)[0] if blob[6] else 0
+
+
+def _codes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A code per row, equal exactly when the values are (nulls one code of their own)."""
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _ints(column) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column's values (0 where null) and validity."""
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), valid
+
+
+def _list_slots(column, width: int | None = None) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """A list column's lengths (-1: a null list), its items flattened, and per row and slot the
+    item's index into them (-1 past the row's end: Spark's get() is null there)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(column)
+    starts = np.concatenate(([0], np.cumsum(np.maximum(lengths, 0))[:-1])).astype(np.int64) if len(lengths) \
+        else np.zeros(0, np.int64)
+    if width is None:
+        width = int(lengths.max(initial=0))
+    slots = np.arange(width, dtype=np.int64)
+    idx = np.where(slots[None, :] < lengths[:, None], starts[:, None] + slots[None, :], -1)
+    return lengths, idx.reshape(len(lengths), width), flat
+
+
+def _group_sum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(values, starts) if len(starts) else np.zeros(0, values.dtype)
+
+
+def _group_max(values: np.ndarray, valid: np.ndarray, starts: np.ndarray) -> pa.Array:
+    """Per group the max of the valid values, null where it has none."""
+    if not len(starts):
+        return pa.array([], pa.int64())
+    low = np.iinfo(np.int64).min
+    best = np.maximum.reduceat(np.where(valid, values, low), starts)
+    any_valid = np.add.reduceat(valid.astype(np.int64), starts) > 0
+    return pa.array(best, pa.int64(), mask=~any_valid)
+
+
+def _fixed_lists(columns: list[pa.Array], n: int, value_type: pa.DataType) -> pa.Array:
+    """Row g is [columns[0][g], columns[1][g], ...]."""
+    width = len(columns)
+    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
+    if not width:
+        return pa.ListArray.from_arrays(offsets, pa.array([], value_type), type=pa.list_(pa.field("element", value_type)))
+    order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
+    values = pa.concat_arrays(columns).take(pa.array(order, pa.int64()))
+    return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", value_type)))
+
+
+def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
+    """Per group its rows' non-null dead records, in the group's row order (collect_list)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    column = column.cast(DEAD_RECORD)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)[order]
+    kept = order[valid]
+    counts = _group_sum(valid.astype(np.int64), starts)
+    offsets = pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32))
+    values = column.take(pa.array(kept, pa.int64()))
+    return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", DEAD_RECORD)))
+
+
+def group_batches(batches, layout: Layout):
+    """mapInArrow: one partition's record batches (all of them together: a group may span them)
+    -> its groups' partial aggregates, as one record batch (none for an empty partition)."""
+    batches = list(batches)
+    if not batches or not sum(b.num_rows for b in batches):
+        return
+    out = group_partials(pa.Table.from_batches(batches), layout)
+    yield from out.to_batches()

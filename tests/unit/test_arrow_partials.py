@@ -1,0 +1,226 @@
+"""The Arrow group-by of the partial aggregation (aggregates/arrow_partials.py) against a per-group
+computation written the obvious way: same groups, counts, newest event times, dead records, n/min/max
+identical, sums within float rounding of math.fsum, KLL sketches holding the same items (quantiles
+identical at most k items, within the sketch's bounds above), HLL bytes those of a DataSketches
+sketch fed the group's items in order (so the same coupons), and empty slots as Spark writes them."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pyarrow as pa
+from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregates.arrow_partials import DEAD_RECORD, Layout, group_partials
+from sketches import KllSketch
+
+STRINGS = pa.list_(pa.field("element", pa.string()))
+INPUT = pa.schema([
+    pa.field("stream", pa.string()), pa.field("dead_reason", pa.string()), pa.field("pane_start", pa.int64()),
+    pa.field("dims", STRINGS), pa.field("event_time", pa.int64()), pa.field("partition", pa.int32()),
+    pa.field("vals", pa.list_(pa.field("element", pa.float64()))), pa.field("ids", STRINGS),
+    pa.field("clock_correction", pa.int64()), pa.field("dead_record", DEAD_RECORD),
+])
+# What Spark's kll_sketch_agg_double(v, 200) and hll_sketch_agg(s, 12) write for a group whose
+# values are all null (seen from Spark 4 in this repository's session: never a null column).
+SPARK_EMPTY_KLL_200 = bytes.fromhex("02010f01c8000800")
+SPARK_EMPTY_HLL_12 = bytes.fromhex("0201070c03040008" + "00" * 32)
+
+floats = st.floats(-1e12, 1e12).map(lambda f: f + 0.0)  # no -0.0
+
+
+@st.composite
+def rows(draw, values: int, distincts: int):
+    n = draw(st.integers(0, 60))
+    out = []
+    for _ in range(n):
+        reason = draw(st.sampled_from([None, None, None, "invalid", "beyond_retention"]))
+        good = reason is None
+        dims = draw(st.sampled_from([["x"], ["x", None], ["y", "z"], [], None])) if good else None
+        ids_pool = draw(st.sampled_from([["u1", "u2", ""], [f"u{i}" for i in range(12)]]))
+        record = None if good else {
+            "partition": draw(st.integers(0, 2)), "offset": draw(st.integers(0, 10**6)),
+            "event_time": draw(st.none() | st.integers(0, 10**6)), "ingest_time": draw(st.integers(0, 10**6)),
+            "error": draw(st.none() | st.just("bad")), "dims": draw(st.none() | st.just(["q"])),
+            "raw_event_time": draw(st.none() | st.integers(0, 10**6)), "clock_correction": None,
+        }
+        out.append({
+            "stream": draw(st.sampled_from(["a", "b"])),
+            "dead_reason": reason,
+            "pane_start": draw(st.sampled_from([0, 10, 20])) if good else None,
+            "dims": dims,
+            "event_time": draw(st.none() | st.integers(-5, 10**6)),
+            "partition": draw(st.none() | st.integers(0, 3)),
+            "vals": draw(st.none() | st.lists(st.none() | floats, max_size=values + 1)),
+            "ids": draw(st.none() | st.lists(st.none() | st.sampled_from(ids_pool), max_size=distincts + 1)),
+            "clock_correction": draw(st.none() | st.integers(-100, 100)),
+            "dead_record": record,
+        })
+    return out
+
+
+def expected(rows: list[dict], layout: Layout) -> dict:
+    """Per group, what Spark's aggregates give, computed row by row."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["stream"], r["dead_reason"], r["pane_start"], None if r["dims"] is None else tuple(r["dims"]))].append(r)
+    out = {}
+    for key, members in groups.items():
+        times = [r["event_time"] for r in members if r["event_time"] is not None]
+        g = {
+            "count": len(members),
+            "max_event_time": max(times, default=None),
+            "partition_max_event_time": [max((r["event_time"] for r in members if r["partition"] == k
+                                              and r["event_time"] is not None), default=None)
+                                         for k in range(layout.partitions)],
+            "dead_records": [r["dead_record"] for r in members if r["dead_record"] is not None],
+            "clock_corrected": sum(r["clock_correction"] is not None for r in members),
+        }
+        for i in range(layout.values):
+            items = [r["vals"][i] for r in members if r["vals"] is not None and i < len(r["vals"])
+                     and r["vals"][i] is not None]
+            g[f"items_{i}"] = items
+        for j in range(layout.distincts):
+            sketch = hll_sketch(layout.lg_k, tgt_hll_type.HLL_8)
+            for r in members:
+                if r["ids"] is not None and j < len(r["ids"]) and r["ids"][j] is not None:
+                    sketch.update(r["ids"][j])
+            g[f"hll_{j}"] = sketch.serialize_updatable()
+        out[key] = g
+    return out
+
+
+def check(rows: list[dict], layout: Layout) -> None:
+    got = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout).to_pylist()
+    want = expected(rows, layout)
+    assert len(got) == len(want)
+    for row in got:
+        key = (row["stream"], row["dead_reason"], row["pane_start"], None if row["dims"] is None else tuple(row["dims"]))
+        g = want[key]
+        for name in ("count", "max_event_time", "partition_max_event_time", "dead_records", "clock_corrected"):
+            assert row[name] == g[name], name
+        for i in range(layout.values):
+            items = g[f"items_{i}"]
+            assert row[f"n_{i}"] == len(items)
+            if not items:
+                assert (row[f"sum_{i}"], row[f"min_{i}"], row[f"max_{i}"]) == (None, None, None)
+                assert KllSketch.from_bytes(row[f"kll_{i}"]).is_empty
+                continue
+            assert (row[f"min_{i}"], row[f"max_{i}"]) == (min(items), max(items))
+            assert math.isclose(row[f"sum_{i}"], math.fsum(items), rel_tol=1e-9, abs_tol=1e-9 * max(map(abs, items)))
+            sketch = kll_doubles_sketch.deserialize(row[f"kll_{i}"])
+            assert (sketch.n, sketch.k, sketch.get_min_value(), sketch.get_max_value()) == (
+                len(items), layout.kll_k, min(items), max(items))
+            if len(items) <= layout.kll_k:
+                oracle = kll_doubles_sketch(layout.kll_k)
+                for v in items:
+                    oracle.update(v)
+                for q in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
+                    assert sketch.get_quantile(q) == oracle.get_quantile(q)
+            else:
+                bound = kll_doubles_sketch.get_normalized_rank_error(layout.kll_k, False)
+                ordered = sorted(items)
+                for q in (0.1, 0.5, 0.9):
+                    v = sketch.get_quantile(q)
+                    rank = sum(x <= v for x in ordered) / len(ordered)
+                    low = sum(x < v for x in ordered) / len(ordered)
+                    assert low - 3 * bound <= q <= rank + 3 * bound
+        for j in range(layout.distincts):
+            assert row[f"hll_{j}"] == g[f"hll_{j}"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_equals_a_per_group_computation(data):
+    layout = Layout(values=2, distincts=2, partitions=3, kll_k=200, lg_k=12)
+    check(data.draw(rows(layout.values, layout.distincts)), layout)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(floats, min_size=1, max_size=120), st.lists(st.sampled_from([f"u{i}" for i in range(30)]), max_size=120))
+def test_big_groups_use_datasketches_within_bounds(values, ids):
+    """Past k items a group's KLL compacts (DataSketches), past 7 distinct items its HLL leaves LIST mode."""
+    layout = Layout(values=1, distincts=1, partitions=1, kll_k=8, lg_k=12)
+    n = max(len(values), len(ids))
+    check([{"stream": "a", "dead_reason": None, "pane_start": 0, "dims": [], "event_time": 1, "partition": 0,
+            "vals": [values[i % len(values)]], "ids": [ids[i]] if i < len(ids) else None, "clock_correction": None,
+            "dead_record": None} for i in range(n)], layout)
+
+
+def test_empty_slots_are_what_spark_writes():
+    layout = Layout(values=2, distincts=2, partitions=1, kll_k=200, lg_k=12)
+    out = group_partials(pa.Table.from_pylist([
+        {"stream": "a", "dead_reason": None, "pane_start": 0, "dims": ["x"], "event_time": 5, "partition": 0,
+         "vals": [1.5], "ids": [], "clock_correction": None, "dead_record": None},
+    ], schema=INPUT), layout).to_pylist()[0]
+    assert out["kll_1"] == SPARK_EMPTY_KLL_200
+    assert out["hll_0"] == out["hll_1"] == SPARK_EMPTY_HLL_12
+    assert (out["n_1"], out["sum_1"], out["min_1"], out["max_1"]) == (0, None, None, None)
+    assert out["dead_records"] == []
+    # One item: the same bytes as Spark's (its one-item KLL, its updatable one-coupon LIST).
+    assert out["kll_0"] == bytes.fromhex("02020f04c8000800" "000000000000f83f")
+
+
+def test_an_empty_table_has_no_groups():
+    layout = Layout(values=1, distincts=1, partitions=2, kll_k=200, lg_k=12)
+    out = group_partials(INPUT.empty_table(), layout)
+    assert out.num_rows == 0
+    assert out.column_names[:9] == ["stream", "dead_reason", "pane_start", "dims", "count", "max_event_time",
+                                   "partition_max_event_time", "dead_records", "clock_corrected"]
+
+
+def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
+    """aggregates.commit reads the Arrow table column by column; the same rows as dicts (the Spark
+    path's reading) give the same commit: partials, newest event times, per-partition ones, dead
+    letters, counts read and dead per reason (a stream not in the catalog skipped by both)."""
+    from aggregates.commit import build_commit
+    from aggregates.partials import catalog_layout
+    from catalog import load_catalog
+    from sketchboard.settings import DEFAULT_STREAMS
+
+    catalog = load_catalog(DEFAULT_STREAMS)
+    layout = catalog_layout(catalog, 12, 200)
+    rng = __import__("random").Random(3)
+    rows = []
+    for i in range(400):
+        name = rng.choice(["http_requests", "orders", "gone"])
+        stream = catalog.streams.get(name) or catalog.streams["orders"]
+        dead = i % 37 == 0
+        t = 1_700_000_000_000 + rng.randrange(120_000)
+        dims = [rng.choice(["a", "b", None]) for _ in stream.dimensions]
+        rows.append({
+            "stream": name, "dead_reason": "beyond_retention" if dead else None,
+            "pane_start": None if dead else t - t % stream.pane, "dims": None if dead else dims, "event_time": t,
+            "partition": i % stream.partitions,
+            "vals": [rng.choice([None, rng.random()]) for _ in stream.values],
+            "ids": [rng.choice(["u1", "u2", None, "u3"]) for _ in stream.distinct_fields],
+            "clock_correction": None,
+            "dead_record": {"partition": i % stream.partitions, "offset": i, "event_time": t, "ingest_time": t,
+                            "error": None, "dims": dims, "raw_event_time": t, "clock_correction": None} if dead else None,
+        })
+    table = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout)
+    ends = {"http_requests": {0: 10}, "orders": {0: 10}}
+    by_column = build_commit("p", 1, table, catalog, ends, batch_now_ms=1)
+    by_row = build_commit("p", 1, table.to_pylist(), catalog, ends, batch_now_ms=1)
+    assert by_column.partials and by_column.dead_letters
+    key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
+    assert sorted(by_column.partials, key=key) == sorted(by_row.partials, key=key)
+    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials})
+
+
+def test_an_unknown_partials_mode_is_refused_with_its_name():
+    from pathlib import Path
+
+    import pytest
+    from pydantic import ValidationError
+
+    from aggregates.pipeline import PipelineConfig
+    from sketchboard.settings import Settings
+
+    with pytest.raises(ValueError, match="partials must be one of arrow, spark, not 'duck'"):
+        PipelineConfig("p", Path("log.db"), Path("checkpoints"), partials="duck")
+    with pytest.raises(ValidationError, match="partials"):
+        Settings(partials="duck")
