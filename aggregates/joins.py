@@ -23,10 +23,8 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from aggregates.driver_batch import among, arrow_on_driver, no_records
-from aggregates.partials import dead_letter_reason_column
+from aggregates.partials import merged_records
 from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
 from catalog.joins import JOIN_VALUES, JoinDef, key_slot
@@ -107,13 +105,8 @@ class WindowJoins:
     def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
                 streams: Collection[str] | None = None) -> pa.Table:
         """The batch's records of the joined streams that it merges (dead letters join nothing)."""
-        reading = among(self.streams, streams)  # `streams`: those with records in the batch (None: unknown)
-        if not reading:
-            return no_records(RECORD_COLUMNS)
-        records = (batch.where(F.col("stream").isin(reading)
-                               & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                   .select(*RECORD_COLUMNS))
-        return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
+        return merged_records(batch, self.catalog, batch_now_ms, self.streams, RECORD_COLUMNS, present=streams,
+                              on_driver=on_driver)
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
                 idle_timeout_ms: Mapping[str, int] | None = None, *, on_driver: bool = False,

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
+import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.driver_batch import among, arrow_on_driver, no_records
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
 from catalog import Catalog, StreamDef
 from sketches import DEFAULT_K, DEFAULT_LG_K
@@ -64,6 +66,20 @@ def dead_letter_reason_column(catalog: Catalog, batch_now_ms: int) -> Column:
 
 _DEAD_LETTER_COLUMNS: dict[tuple[int, int], tuple[Catalog, Column]] = {}  # (id(catalog), now) -> the column
 _DEAD_LETTER_LOCK = threading.Lock()  # a reprocess run's batches may ask from another thread
+
+
+def merged_records(batch: DataFrame, catalog: Catalog, batch_now_ms: int, streams: Sequence[str],
+                   columns: Sequence[str], *, present: Collection[str] | None, on_driver: bool) -> pa.Table:
+    """`columns` of the batch's records of `streams` that it merges (not dead-lettered), as Arrow:
+    what the window joins and the patterns read. `present`: the streams with records in a small
+    batch (None: unknown), the others skipped without a call into the JVM; on the driver collected
+    from its local rows (no Spark job)."""
+    reading = among(streams, present)
+    if not reading:
+        return no_records(columns)
+    records = (batch.where(F.col("stream").isin(reading) & dead_letter_reason_column(catalog, batch_now_ms).isNull())
+               .select(*columns))
+    return arrow_on_driver(records) if on_driver else records.toArrow()
 
 
 def per_catalog(catalog: Catalog, what: str, build: Callable[[], object]) -> object:

@@ -27,11 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from aggregates.driver_batch import among, arrow_on_driver, no_records
 from aggregates.joins import derived_partials
-from aggregates.partials import dead_letter_reason_column
+from aggregates.partials import merged_records
 from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
 from aggregates.window_join import DerivedRow
 from catalog import Catalog
@@ -223,13 +221,8 @@ class PatternRunner:
     def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
                 streams: Collection[str] | None = None) -> pa.Table:
         """The batch's records of the patterns' streams that it merges (dead letters match nothing)."""
-        reading = among(self.streams, streams)  # `streams`: those with records in the batch (None: unknown)
-        if not reading:
-            return no_records(RECORD_COLUMNS)
-        records = (batch.where(F.col("stream").isin(reading)
-                               & dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                   .select(*RECORD_COLUMNS))
-        return arrow_on_driver(records) if on_driver else records.toArrow()  # on the driver: no Spark job
+        return merged_records(batch, self.catalog, batch_now_ms, self.streams, RECORD_COLUMNS, present=streams,
+                              on_driver=on_driver)
 
     def process(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
                 streams: Collection[str] | None = None) -> PatternsBatch:
