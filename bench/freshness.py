@@ -161,7 +161,8 @@ def freshness(service: Service, args) -> None:
     query = {"metric": "requests", "stat": "count", "step": "10s",
              "from": str(start_ms - 120_000), "to": str(start_ms + int(args.duration * 1000) + 180_000)}
     counts: dict[int, float] = {}
-    seen: list[tuple[float, float]] = []  # (receive time, total pushed so far)
+    seen: list[tuple[float, float]] = []  # (receive time, total pushed so far, less the snapshot's)
+    baseline = [0.0]  # the snapshot's total: the warm-up's events, aggregated before the run
     stop = threading.Event()
     ready = threading.Event()
 
@@ -178,12 +179,13 @@ def freshness(service: Service, args) -> None:
                 if msg["type"] == "snapshot":
                     for p in msg["result"]["series"][0]["points"]:
                         counts[p["t"]] = p["value"]
+                    baseline[0] = sum(counts.values())
                     ready.set()
                 elif msg["type"] == "points":
                     for s in msg["series"]:
                         for p in s["points"]:
                             counts[p["t"]] = p["value"]
-                    seen.append((now, sum(counts.values())))
+                    seen.append((now, sum(counts.values()) - baseline[0]))
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
