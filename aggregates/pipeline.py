@@ -131,10 +131,11 @@ class Pipeline(ReportsStoreErrors):
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again;
         # a small batch on the driver (aggregates/driver_batch.py), where a step's collect runs no Spark job.
-        small = self.fits_driver(batch_id)
+        offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
+        small = self.fits_driver(batch_id, offsets)
         # On the driver path, the streams with records in the batch (from the offsets): the steps
         # of the others are skipped, no expressions built and no calls into the JVM for them.
-        present = self.streams_with_rows(batch_id) if small else None
+        present = streams_with_rows(*offsets) if small else None
         kept = (on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
                 or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
         joined = matched = enriched = sessioned = None
@@ -150,10 +151,8 @@ class Pipeline(ReportsStoreErrors):
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present)
             rows = self.partial_rows(batch, batch_now_ms, on_driver=small)
-            commit = build_commit(self.config.name, batch_id, rows, self.catalog,
-                                  batch_end_offsets(self.config, self.catalog, self.config.checkpoint_dir, batch_id),
-                                  batch_now_ms=batch_now_ms, log_end_offsets=self.log_end_offsets(),
-                                  event_ids=event_ids)
+            commit = build_commit(self.config.name, batch_id, rows, self.catalog, offsets[1], batch_now_ms=batch_now_ms,
+                                  log_end_offsets=self.log_end_offsets(), event_ids=event_ids)
             if self.definition_versions:
                 commit = replace(commit, definition_versions=self.definition_versions)
             if clocks is not None:
@@ -253,21 +252,20 @@ class Pipeline(ReportsStoreErrors):
         return arrow_partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k,
                                         kll_k=c.kll_k).toArrow()
 
-    def fits_driver(self, batch_id: int) -> bool:
+    def logged_offsets(self, batch_id: int) -> tuple[dict, dict]:
+        """The end offsets Spark logged for the batch before `batch_id` (none before batch 0) and for
+        `batch_id`: the batch's range, without reading the log."""
+        c = self.config
+        start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1) if batch_id > 0 else {}
+        return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
+
+    def fits_driver(self, batch_id: int, offsets: tuple[dict, dict] | None = None) -> bool:
         """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark
-        logged for it and the batch before (no Spark job)."""
+        logged for it and the batch before (no Spark job); `offsets`: logged_offsets', if read."""
         if self.config.driver_batch_rows <= 0 or batch_id == 0:
             return False
-        c = self.config
-        rows = rows_at_most(batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1),
-                            batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id))
-        return rows is not None and rows <= c.driver_batch_rows
-
-    def streams_with_rows(self, batch_id: int) -> frozenset[str] | None:
-        """The streams with records in batch `batch_id` (None: unknown), from the logged offsets."""
-        c = self.config
-        return streams_with_rows(batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1),
-                                 batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id))
+        rows = rows_at_most(*(offsets or self.logged_offsets(batch_id)))
+        return rows is not None and rows <= self.config.driver_batch_rows
 
     def follow_patterns(self) -> None:
         """Run the patterns defined through the API as they are now (a poll of one row per batch;
