@@ -159,22 +159,24 @@ def built_by_run(db, source: Side, catalog: Catalog, patterns: Sequence[PatternD
     the serving pipeline runs (its definition id, written by every batch): a pattern defined or
     changed after the run started is not in its output, and switching would lose its state."""
     for pattern in patterns:
-        row = db.execute(f"SELECT definition_id FROM {source.table('pattern_applied')} WHERE pattern = ?",
-                         (pattern.name,)).fetchone()
-        if row is None or row[0] != pattern_definition_id(catalog, pattern):
-            raise SwitchRefused(f"run {source.pipeline!r} did not build pattern {pattern.name!r} as it is defined now"
-                                " (defined or changed since the run started, or no batch ran it): start a new run")
+        _built_as_now(db, source, "pattern_applied", "definition_id", "pattern", pattern.name,
+                      pattern_definition_id(catalog, pattern), "pattern", "defined")
 
 
 def views_built_by_run(db, source: Side, catalog: Catalog, views: Sequence[ViewDef]) -> None:
     """SwitchRefused unless the run's output holds each view built for its declaration as the
     serving pipeline will maintain it after the switch (declaration and both tables' columns)."""
     for view in views:
-        row = db.execute(f"SELECT definition FROM {source.table('view_definitions')} WHERE view_name = ?",
-                         (view.name,)).fetchone()
-        if row is None or row[0] != definition_of(catalog, view):
-            raise SwitchRefused(f"run {source.pipeline!r} did not build view {view.name!r} as it is declared now"
-                                " (declared or changed since the run started, or no batch ran it): start a new run")
+        _built_as_now(db, source, "view_definitions", "definition", "view_name", view.name,
+                      definition_of(catalog, view), "view", "declared")
+
+
+def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str, expected: str,
+                  kind: str, verb: str) -> None:
+    row = db.execute(f"SELECT {column} FROM {source.table(table)} WHERE {key} = ?", (name,)).fetchone()
+    if row is None or row[0] != expected:
+        raise SwitchRefused(f"run {source.pipeline!r} did not build {kind} {name!r} as it is {verb} now"
+                            f" ({verb} or changed since the run started, or no batch ran it): start a new run")
 
 
 class ReprocessService:
