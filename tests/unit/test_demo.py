@@ -255,7 +255,11 @@ def test_producer_retries_until_the_service_is_up(catalog):
     enough = threading.Event()
     worker = threading.Thread(target=lambda: result.update(producer.run(duration_s=120.0, stop=enough)))
     worker.start()
-    time.sleep(0.5)
+    # The server comes up once the producer has been refused, not after a fixed 0.5 s: on a loaded
+    # machine its first try could come later than that, and then nothing was refused.
+    deadline = time.monotonic() + 60
+    while "cannot reach" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.02)
     server = _serve(port)
     server.enough_events, server.events_wanted = enough, 1
     try:
