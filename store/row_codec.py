@@ -184,8 +184,9 @@ def assemble(stream: str, rows: Iterable[tuple], sketches: Sequence[tuple[str, s
 
 
 # A field's stats as the rows written before held them, {"n":..,"sum":..,"min":..,"max":..}: the
-# encoder wrote these keys in this order, and numbers, null, NaN and infinities hold no ',' or '}'.
-_OBJECT_STATS = re.compile(r'\{"n":([^,]*),"sum":([^,]*),"min":([^,]*),"max":([^,}]*)\}')
+# encoder wrote these keys in this order, and numbers, null, NaN and infinities hold none of ',{}:'
+# (a value field named "n" made '{"n":{"n":0,...' match from its outer brace when '{' was allowed).
+_OBJECT_STATS = re.compile(r'\{"n":([^,{}:]*),"sum":([^,{}:]*),"min":([^,{}:]*),"max":([^,{}:]*)\}')
 OBJECT_STATS_PATTERN = _OBJECT_STATS.pattern  # PostgreSQL's regexp_replace migrates with the same one
 
 
