@@ -13,7 +13,8 @@ Kafka such a run drives its batches itself, each one as Spark would run it:
   `max_records_per_batch` records, fair across partitions), from where the last batch ended to the
   log's end as of the drain's start (AvailableNow's end), each capped stream to its cap;
 - its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic as
-  Spark's Kafka source keys them) before it runs, and `commits/<id>` after: the batch body
+  Spark's Kafka source keys them; the query's `metadata` first) before it runs, and `commits/<id>`
+  after, so Spark's own source can resume from the checkpoint: the batch body
   (`Pipeline.process_batch`, the one the streaming query runs) reads its range there and the store
   records it with the batch id, exactly once (a batch the store has is skipped);
 - its records read by one batch read of exactly that range, converted as the streaming source's
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -111,6 +113,8 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)
+    if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
+        _write(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
 
     def logged(batch_id: int) -> Offsets:
         return batch_end_offsets(config, catalog, checkpoint, batch_id)
@@ -124,7 +128,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     planned = _batches(offsets_dir)
     if planned and planned[-1] not in _batches(commits_dir):  # logged, not done: again, the same range
         last = planned[-1]
-        before = with_starts(logged(last - 1), starts) if len(planned) > 1 else starts
+        before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else starts
         run(last, before, logged(last))
         ran += 1
     while True:

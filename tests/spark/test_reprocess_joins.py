@@ -5,7 +5,8 @@ run read the other stream exactly as far as it has, and moves the join's state a
 with the stream. The other stream is appended to after the run caught up, read by the serving
 pipeline before the switch and also left unread by it: every record reaches the rebuilt join once,
 so the switched join equals one pipeline that read the whole log with the new definition. The
-same for a pattern over both streams (its state is two-stream state like the join's)."""
+same for a pattern over both streams (its state is two-stream state like the join's). On both logs:
+on Kafka the run reads in batches with chosen end offsets (aggregates/bounded_batches.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline
 from store.definitions import DefinitionStore
-from tests.log_backends import ON_BOTH_LOGS, ON_THE_EMBEDDED_STACK
+from tests.log_backends import ON_BOTH_LOGS
 
-pytestmark = [pytest.mark.spark]
+pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
 STREAM = {"key_field": "search_id", "partitions": 2, "tiers": [], "allowed_lateness": "1s"}
 OLD = {"streams": {"searches": {**STREAM, "dimensions": ["category"]},
@@ -69,8 +70,6 @@ def join_totals(store) -> tuple[int, int]:
     return (sum(v.get("pairs", (0, 0))[1] for _, v in rows), sum(v.get("unmatched_right", (0, 0))[1] for _, v in rows))
 
 
-# On Kafka too: the run reads clicks in batches with chosen end offsets (aggregates/bounded_batches.py).
-@ON_BOTH_LOGS
 def test_a_reprocess_of_a_joins_stream_switched_in_step_gives_the_exact_join(tmp_path, spark, log_backend,
                                                                              store_backend):
     test_log = log_backend.new(tmp_path / "data")
@@ -178,7 +177,6 @@ class Timeline:
         self.sent[stream] += len(due)
 
 
-@ON_THE_EMBEDDED_STACK
 def test_a_reprocess_of_a_stream_a_two_stream_pattern_reads_switched_in_step_gives_the_exact_matches(
         tmp_path, spark, log_backend, store_backend):
     test_log = log_backend.new(tmp_path / "data")
