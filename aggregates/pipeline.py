@@ -55,8 +55,9 @@ class PipelineConfig:
     # Where a new checkpoint starts reading: the earliest retained record (a replay) or the log's
     # end (only later records). A checkpointed query resumes from its checkpoint whatever this says.
     starting_offsets: str = "earliest"
-    # {stream: {partition: offset}} read no further than (embedded log only): a reprocessing run
-    # reads a window join's other stream as far as the serving pipeline has (aggregates/reprocess.py).
+    # {stream: {partition: offset}} read no further than: a reprocessing run reads a window join's
+    # other stream as far as the serving pipeline has (aggregates/reprocess.py); on Kafka by
+    # `run_until_drained` only, in batches of its own (aggregates/bounded_batches.py).
     end_offsets: dict[str, dict[int, int]] | None = None
     # A batch of at most this many records is read once onto the driver instead of persisted:
     # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
@@ -305,6 +306,12 @@ class Pipeline(ReportsStoreErrors):
 
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
+        if self.config.kafka is not None and self.config.end_offsets:
+            # Spark's Kafka source takes no per-partition end: batches of our own, read by batch reads.
+            from aggregates.bounded_batches import drain_bounded
+
+            drain_bounded(self, self.config.end_offsets)
+            return
         drain(self.start(available_now=True), "pipeline")
 
 

@@ -26,7 +26,7 @@ from catalog.views import ViewDef
 from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
-from ingest.log import EventLog, SqliteEventLog
+from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
@@ -197,9 +197,10 @@ class ReprocessService:
         self.log = log
         self.launch = launch
         self.clock = clock
-        # Window joins are rebuilt by runs and switched in step where a run can stop their other
-        # stream at chosen offsets: the embedded log's source (not Spark's Kafka source).
-        self.joins_rebuilt = isinstance(log, SqliteEventLog)
+        # Window joins (patterns over two streams, views) are rebuilt by runs and switched in step
+        # where a run can stop their other stream at chosen offsets: on both logs (the embedded
+        # log's source takes caps; on Kafka, batches of the run's own: aggregates/bounded_batches.py).
+        self.joins_rebuilt = True
         # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
         self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
@@ -354,8 +355,7 @@ class ReprocessService:
             unaligned = ", ".join(d for d in dependents if d not in aligned)
             why = "" if self.joins_rebuilt or not unaligned else (
                 f" (on this log a run cannot stop the other stream of {unaligned}"
-                " at the serving pipeline's offsets, which switching in step needs: the embedded log's source"
-                " can, Spark's Kafka source cannot)")
+                " at the serving pipeline's offsets, which switching in step needs)")
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"

@@ -132,11 +132,11 @@ def router(service: ReprocessService) -> APIRouter:
             summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
                     " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
             responses={202: {"model": SwitchStartedOut,
-                             "description": "the stream feeds a window join: a synchronized switch was started in"
-                                            " a child process"},
+                             "description": "the stream feeds a window join, a pattern over two streams or a"
+                                            " view: a synchronized switch was started in a child process"},
                        **errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
-                                " output is gone, or the stream feeds a pattern over two streams, a view or an"
-                                " enrichment (or a join, on Kafka)")})
+                                " output is gone, the stream feeds an enrichment, or a synchronized switch could not"
+                                " be started or aligned")})
     async def switch(run_id: str) -> dict:
         def answer() -> dict:
             try:

@@ -8,21 +8,22 @@ built from the same records by the live pipeline, must follow or the switch is r
   and absence all read the stream. The run reads nothing else, so its state as of the run's end
   is exact, and the serving pipeline going on from the run's end offsets feeds it each record once.
 - rebuilt by the run reading the join's other stream too, and switched in step with the serving
-  pipeline (`aligned_joins`, on the embedded log): a window join. The run reads the other stream
+  pipeline (`aligned_joins`): a window join. The run reads the other stream
   only as far as the serving pipeline has; a synchronized switch holds the serving pipeline's
   commits, lets the run read the other stream exactly as far, and moves the join's state and
   derived stream with the stream (aggregates/reprocess.py), so every record of the other stream
   reaches the rebuilt state once: before the switch in the run, after it in the serving pipeline.
-- a pattern over the stream and other streams (`aligned_patterns`, on the embedded log): the same
+- a pattern over the stream and other streams (`aligned_patterns`): the same
   as a join (its state, like the join's, is keyed by its name and built from every stream it
   reads): the run reads the other streams as far as the serving pipeline has, and the
   synchronized switch moves its state and matches with the stream.
-- a table-table join view (`aligned_views`, on the embedded log): the same as a join (its rows,
+- a table-table join view (`aligned_views`): the same as a join (its rows,
   keyed by its name, are built from both tables): the run reads the other table as far as the
   serving pipeline has, and the synchronized switch moves the view's rows with the table and
   appends the difference to the view's changelog (store/switch.py move_view).
 - refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
-  run cannot stop the other stream at chosen offsets (Kafka), and
+  run cannot stop the other stream at chosen offsets (no log now: the embedded source takes caps,
+  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), and
   the row versions other streams are enriched from (built only while an enriching stream reads
   the table). The serving pipeline is past the run's end in that other stream; its records since
   would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
@@ -109,8 +110,7 @@ def other_streams(catalog: Catalog, stream: str) -> list[str]:
 def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
     the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins,
-    the patterns over two streams and the views (a synchronized switch can move them: the
-    embedded log)."""
+    the patterns over two streams and the views (a synchronized switch can move them)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
     if joins_rebuilt:
         rebuilt |= {f"view {v.name!r}" for v in aligned_views(catalog, stream)}

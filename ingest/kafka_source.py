@@ -179,6 +179,51 @@ def read_kafka(spark, catalog: Catalog, config: KafkaSourceConfig, max_records_p
     return validated_rows(records, catalog, config.topic_prefix, config.json_limits, fast_path=config.fast_path)
 
 
+def range_options(config: KafkaSourceConfig, start: Mapping[str, Mapping[int, int]],
+                  end: Mapping[str, Mapping[int, int]]) -> dict[str, str] | None:
+    """The options of a batch read (`spark.read.format("kafka")`) of [start, end) per stream and
+    partition: the partitions with records in the range `assign`ed, with their startingOffsets and
+    endingOffsets as JSON (a batch read wants both for every partition it reads). None when the
+    range holds no record. Pure: what a batch with chosen end offsets reads on Kafka, where a
+    streaming query takes no per-partition end (aggregates/bounded_batches.py)."""
+    import json
+
+    ranges: dict[str, dict[int, tuple[int, int]]] = {}
+    for stream, parts in sorted(end.items()):
+        for partition, hi in sorted(parts.items()):
+            lo = start.get(stream, {}).get(partition, 0)
+            if hi > lo:
+                ranges.setdefault(topic_name(config.topic_prefix, stream), {})[int(partition)] = (int(lo), int(hi))
+    if not ranges:
+        return None
+    options = spark_kafka_options(config, sorted(ranges), 1)
+    for streaming_only in ("subscribe", "maxOffsetsPerTrigger"):
+        options.pop(streaming_only)
+    options["assign"] = json.dumps({t: sorted(parts) for t, parts in ranges.items()})
+    options["startingOffsets"] = json.dumps({t: {str(p): lo for p, (lo, _) in parts.items()}
+                                             for t, parts in ranges.items()})
+    options["endingOffsets"] = json.dumps({t: {str(p): hi for p, (_, hi) in parts.items()}
+                                           for t, parts in ranges.items()})
+    return options
+
+
+def read_kafka_range(spark, catalog: Catalog, config: KafkaSourceConfig, start: Mapping[str, Mapping[int, int]],
+                     end: Mapping[str, Mapping[int, int]]):
+    """The records of [start, end) per stream and partition as a (batch) DataFrame of source rows,
+    converted as `read_kafka`'s are: one batch with chosen end offsets (aggregates/bounded_batches.py)."""
+    from pyspark.sql import functions as F
+
+    options = range_options(config, start, end)
+    if options is None:
+        return spark.createDataFrame([], SPARK_SCHEMA)
+    records = (
+        spark.read.format("kafka").options(**options).load()
+        .select("topic", "partition", "offset", F.unix_millis("timestamp").alias("ingest_time"), "value",
+                "key")
+    )
+    return validated_rows(records, catalog, config.topic_prefix, config.json_limits, fast_path=config.fast_path)
+
+
 def validated_rows(records, catalog: Catalog, prefix: str, limits: JsonLimits, *, fast_path: bool = False):
     """Kafka records (topic, partition, offset, ingest_time, value; streaming or not) -> source rows:
     the JVM's fast path for the records it vouches for, the API's validator in Python for the rest.
@@ -225,5 +270,5 @@ def _converter(catalog_json: str, prefix: str, limits: JsonLimits) -> RecordConv
     return converter
 
 
-__all__ = ["RECORD_SCHEMA", "SOURCE_SCHEMA", "KafkaSourceConfig", "RecordConverter", "read_kafka",
-           "spark_kafka_options", "stream_offsets", "topics_of", "validated_rows"]
+__all__ = ["RECORD_SCHEMA", "SOURCE_SCHEMA", "KafkaSourceConfig", "RecordConverter", "range_options", "read_kafka",
+           "read_kafka_range", "spark_kafka_options", "stream_offsets", "topics_of", "validated_rows"]

@@ -83,7 +83,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     through a view: the view's two tables, and the view (its declaration names the columns); the
     patterns that read the stream alone (catalog/dependents.py: a switch moves them with it),
     those defined through the API with their stored versions (their state's definition id).
-    `with_joins` (the embedded log): the window joins, the patterns over two streams and the views
+    `with_joins` (the default): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
     stream."""
@@ -146,8 +146,6 @@ def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: Def
     pipeline has committed (the log's start where it has read nothing yet), so the run's join
     state never holds a record the serving pipeline has not read (a synchronized switch then
     lets the run read on to exactly where the serving pipeline stands)."""
-    if settings.log_backend == "kafka":
-        return {}
     caps = {}
     for other in other_streams(catalog, stream):
         committed = definitions.pipeline_offsets(settings.pipeline_name, other)
@@ -228,7 +226,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     try:
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(full, stream, with_joins=settings.log_backend != "kafka"),
+                                  catalog=stream_catalog(full, stream),
                                   end_offsets=run_caps(settings, full, stream, definitions, log) or None)
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(catalog, stream, root, pipeline.store)

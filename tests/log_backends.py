@@ -187,7 +187,7 @@ def _inject_bad_segments(path: Path, stream: StreamDef, ingest_ms: int) -> set[t
     return {(0, base + k) for k in range(4)}
 
 
-__all__ = ["MALFORMED", "LogBackend", "TestLog", "make_backend"]
+__all__ = ["MALFORMED", "LogBackend", "ON_BOTH_LOGS", "TestLog", "make_backend"]
 
 
 # The two deployments the Spark tests run on: embedded (the log file, SQLite) and scale-out
@@ -197,6 +197,13 @@ ON_BOTH_STACKS = pytest.mark.parametrize(("log_backend", "store_backend"), [
     ("embedded", "sqlite"),
     pytest.param("kafka", "postgres", marks=[pytest.mark.kafka, pytest.mark.postgres]),
 ], indirect=True, scope="module", ids=["embedded", "scale-out"])
+
+# Both logs on the SQLite store, for a feature whose Spark part differs by log (a reprocessing
+# run's batches with chosen end offsets: the embedded source's caps, Kafka's batch reads).
+ON_BOTH_LOGS = pytest.mark.parametrize(("log_backend", "store_backend"), [
+    ("embedded", "sqlite"),
+    pytest.param("kafka", "sqlite", marks=[pytest.mark.kafka]),
+], indirect=True, scope="module", ids=["embedded", "kafka"])
 
 # The embedded stack alone, for a feature that meets the log and the store only through the
 # batch's DataFrame and its BatchCommit (patterns, views, enrichment): the Kafka source and the

@@ -240,7 +240,7 @@ def test_switch_of_a_stream_feeding_a_join_starts_a_synchronized_switch_in_a_chi
             assert "did not read 'clicks'" in refused.json()["detail"]
             pin_definitions(output, open_catalog(settings), run["id"])  # a run reads the join's other stream
             output.close()
-            ctx.reprocess.joins_rebuilt = False  # Kafka
+            ctx.reprocess.joins_rebuilt = False  # a log whose runs could not stop the other stream (none now)
             refused = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
             assert refused.status_code == 409 and "'http' also feeds join 'http_clicks'" in refused.json()["detail"]
             ctx.reprocess.joins_rebuilt = True

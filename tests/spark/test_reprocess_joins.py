@@ -5,7 +5,8 @@ run read the other stream exactly as far as it has, and moves the join's state a
 with the stream. The other stream is appended to after the run caught up, read by the serving
 pipeline before the switch and also left unread by it: every record reaches the rebuilt join once,
 so the switched join equals one pipeline that read the whole log with the new definition. The
-same for a pattern over both streams (its state is two-stream state like the join's)."""
+same for a pattern over both streams (its state is two-stream state like the join's). On both logs:
+on Kafka the run reads in batches with chosen end offsets (aggregates/bounded_batches.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline
 from store.definitions import DefinitionStore
-from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.log_backends import ON_BOTH_LOGS
 
-pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
 STREAM = {"key_field": "search_id", "partitions": 2, "tiers": [], "allowed_lateness": "1s"}
 OLD = {"streams": {"searches": {**STREAM, "dimensions": ["category"]},

@@ -6,7 +6,9 @@ difference between the served rows and the rebuilt ones to the view's changelog.
 appended to after the run caught up (read by the serving pipeline before the switch, and the other
 table also left unread by it), and a reader pages through the changelog before, during and after
 the switch: it sees every change once, each from the row it had, and ends with exactly the view
-of one pipeline that read the whole log with the new definition (and of a pandas merge)."""
+of one pipeline that read the whole log with the new definition (and of a pandas merge). On both
+logs: on Kafka (compacted table topics) the run reads in batches with chosen end offsets
+(aggregates/bounded_batches.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline, open_store
 from store.definitions import DefinitionStore
-from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.log_backends import ON_BOTH_LOGS
 
-pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
 OLD = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan_id"], "values": ["credit"],
                              "partitions": 2, "tiers": []},

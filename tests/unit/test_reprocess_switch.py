@@ -371,7 +371,7 @@ def test_a_stream_feeding_a_join_is_switched_in_step_with_the_serving_pipeline(s
     try:
         with pytest.raises(NeedsAlignment, match="feeds join 'http_clicks'.*sketchboard reprocess http --switch"):
             service.switch(run.id)
-        service.joins_rebuilt = False  # Kafka: the run cannot stop the other stream at chosen offsets
+        service.joins_rebuilt = False  # a log whose runs could not stop the other stream (none now)
         with pytest.raises(SwitchRefused, match="'http' also feeds join 'http_clicks'"):
             service.switch(run.id)
         service.joins_rebuilt = True
@@ -556,9 +556,9 @@ def test_a_table_a_view_reads_is_switched_in_step_and_the_views_changelog_gets_t
     try:
         with pytest.raises(NeedsAlignment, match="feeds view 'user_plans'.*sketchboard reprocess users --switch"):
             service.switch(run.id)
-        service.joins_rebuilt = False  # Kafka: the run cannot stop the other table at chosen offsets
+        service.joins_rebuilt = False  # a log whose runs could not stop the other table (none now)
         with pytest.raises(SwitchRefused, match="'users' also feeds view 'user_plans'.*cannot stop the other"
-                                                " stream of view 'user_plans'.*Spark's Kafka source cannot"):
+                                                " stream of view 'user_plans'.*switching in step needs"):
             service.switch(run.id)
         service.joins_rebuilt = True
         calls = []

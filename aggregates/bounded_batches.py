@@ -1,0 +1,145 @@
+"""Batches with chosen end offsets on Kafka (issue 16: the synchronized switch on Kafka,
+docs/reprocessing.md).
+
+A reprocessing run of a stream that feeds a window join, a pattern over two streams or a view
+must read their other streams no further than the serving pipeline has, to the partition
+(`end_offsets`). The embedded log's source takes such caps (ingest/spark_source.py). Spark's
+Kafka source does not: a streaming query reads every topic to its latest offsets on each
+AvailableNow start, and `maxOffsetsPerTrigger` bounds a batch's total only. A batch read
+(`spark.read.format("kafka")`) does take startingOffsets and endingOffsets per partition, so on
+Kafka such a run drives its batches itself, each one as Spark would run it:
+
+- planned like the embedded source plans one (ingest/spark_source.py `plan_end_offsets`: at most
+  `max_records_per_batch` records, fair across partitions), from where the last batch ended to the
+  log's end as of the drain's start (AvailableNow's end), each capped stream to its cap;
+- its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic as
+  Spark's Kafka source keys them; the query's `metadata` first) before it runs, and `commits/<id>`
+  after, so Spark's own source can resume from the checkpoint: the batch body
+  (`Pipeline.process_batch`, the one the streaming query runs) reads its range there and the store
+  records it with the batch id, exactly once (a batch the store has is skipped);
+- its records read by one batch read of exactly that range, converted as the streaming source's
+  are (ingest/kafka_source.py `read_kafka_range`).
+
+A batch logged but not committed (a crash) is run again with the same range, as Spark does.
+The planning is pure (`capped_targets`, `next_batch`); `drain_bounded` does the I/O."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from aggregates.checkpoint_moves import _batches, _write
+from ingest.log.kafka import topic_name
+from ingest.spark_source import plan_end_offsets
+
+log = logging.getLogger("sketchboard.pipeline")
+
+Offsets = dict[str, dict[int, int]]  # {stream: {partition: offset}}
+
+_COMMIT = 'v1\n{"nextBatchWatermarkMs":0}'
+
+
+def capped_targets(start: Mapping[str, Mapping[int, int]], available: Mapping[str, Mapping[int, int]],
+                   caps: Mapping[str, Mapping[int, int]]) -> Offsets:
+    """How far a drain reads each partition: the log's end (`available`); a stream with caps no
+    further than its cap, and not past where the query stands in a partition it has no cap for
+    (the serving pipeline has read nothing of it); never behind where the query stands."""
+    out: Offsets = {}
+    for stream, parts in available.items():
+        cap = caps.get(stream)
+        out[stream] = {}
+        for partition, end in parts.items():
+            lo = start.get(stream, {}).get(partition, 0)
+            hi = end if cap is None else min(end, cap.get(partition, lo))
+            out[stream][partition] = max(lo, hi)
+    return out
+
+
+def next_batch(start: Mapping[str, Mapping[int, int]], targets: Mapping[str, Mapping[int, int]],
+               max_rows: int) -> Offsets | None:
+    """The end offsets of the next batch from `start` towards `targets`, at most `max_rows` records
+    shared fairly across partitions; None when nothing is left to read."""
+    end = plan_end_offsets({s: dict(p) for s, p in start.items()}, targets, max_rows)
+    if records_between(start, end) == 0:
+        return None
+    return end
+
+
+def records_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:
+    return sum(max(0, hi - start.get(s, {}).get(p, 0)) for s, parts in end.items() for p, hi in parts.items())
+
+
+def with_starts(offsets: Mapping[str, Mapping[int, int]], starts: Mapping[str, Mapping[int, int]]) -> Offsets:
+    """`offsets` with every partition of `starts` it lacks (a stream or partition the query has not
+    read yet) at its log start: Kafka's `earliest`."""
+    out = {s: dict(p) for s, p in offsets.items()}
+    for stream, parts in starts.items():
+        for partition, first in parts.items():
+            out.setdefault(stream, {}).setdefault(partition, first)
+    return out
+
+
+def offset_log_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str, metadata: str) -> str:
+    """A Spark offset log entry ('v1' / metadata / the one source's offsets) with the offsets keyed
+    by topic, as Spark's Kafka source writes them."""
+    by_topic = {topic_name(topic_prefix, s): {str(p): int(o) for p, o in sorted(parts.items())}
+                for s, parts in sorted(offsets.items())}
+    return "\n".join(["v1", metadata, json.dumps(by_topic, separators=(",", ":"), sort_keys=True)])
+
+
+def _metadata(offsets_dir: Path, planned: list[int], now_ms: int) -> str:
+    """The metadata line of the last logged batch (Spark's session settings), else a fresh one."""
+    if planned:
+        lines = (offsets_dir / str(planned[-1])).read_text(encoding="utf-8").splitlines()
+        if len(lines) >= 2:
+            return lines[1]
+    return json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": now_ms, "conf": {}}, separators=(",", ":"))
+
+
+def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
+    """Process the log up to its end as of now, each stream of `caps` no further than its caps,
+    in batches of the pipeline's own (the module doc); returns how many batches ran."""
+    from aggregates.pipeline import batch_end_offsets
+    from ingest.kafka_source import read_kafka_range
+
+    config, catalog = pipeline.config, pipeline.catalog
+    checkpoint = Path(config.checkpoint_dir)
+    offsets_dir, commits_dir = checkpoint / "offsets", checkpoint / "commits"
+    offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
+    starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
+    available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
+    process = pipeline.gate.wrap(pipeline.process_batch)
+    if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
+        _write(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
+
+    def logged(batch_id: int) -> Offsets:
+        return batch_end_offsets(config, catalog, checkpoint, batch_id)
+
+    def run(batch_id: int, start: Offsets, end: Offsets) -> None:
+        rows = read_kafka_range(pipeline.spark, catalog, config.kafka, start, end)
+        process(rows, batch_id)
+        _write(commits_dir / str(batch_id), _COMMIT)
+
+    ran = 0
+    planned = _batches(offsets_dir)
+    if planned and planned[-1] not in _batches(commits_dir):  # logged, not done: again, the same range
+        last = planned[-1]
+        before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else starts
+        run(last, before, logged(last))
+        ran += 1
+    while True:
+        planned = _batches(offsets_dir)
+        start = with_starts(logged(planned[-1]), starts) if planned else starts
+        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch)
+        if end is None:
+            return ran
+        batch_id = planned[-1] + 1 if planned else 0
+        _write(offsets_dir / str(batch_id),
+               offset_log_text(end, config.kafka.topic_prefix, _metadata(offsets_dir, planned, int(time.time() * 1000))))
+        log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
+        run(batch_id, start, end)
+        ran += 1
