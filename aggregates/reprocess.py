@@ -20,7 +20,7 @@ from catalog import Catalog
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
     refused_dependents
-from catalog.dependents import aligned_views
+from catalog.dependents import aligned_views, rebuilt_enrichments
 from catalog.patterns import PatternDef, matches_stream_name
 from catalog.views import ViewDef
 from aggregates.views import definition_of
@@ -34,6 +34,7 @@ from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
 from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
+from store.switch import switch_enriched
 
 logger = logging.getLogger("sketchboard.reprocess")
 
@@ -177,6 +178,22 @@ def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str
     if row is None or row[0] != expected:
         raise SwitchRefused(f"run {source.pipeline!r} did not build {kind} {name!r} as it is {verb} now"
                             f" ({verb} or changed since the run started, or no batch ran it): start a new run")
+
+
+def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], joins_rebuilt: bool) -> str:
+    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run."""
+    from catalog.dependents import enriched_streams, stream_dependents
+
+    refused = [s for s in enriched_streams(catalog, table) if f"enrichment of {s!r}" in dependents]
+    if not refused:
+        return ""
+    if not joins_rebuilt:
+        return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
+                f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
+    fed = [f"{s!r} feeds {', '.join(stream_dependents(catalog, s)) or 'a join, pattern or view of ' + repr(table)}"
+           for s in refused]
+    return (f" ({'; '.join(fed)}: a run of {table!r} rebuilds and moves an enriched stream only when it feeds"
+            " nothing else, whose state would get the stream's records since the run's end twice)")
 
 
 class ReprocessService:
@@ -351,11 +368,12 @@ class ReprocessService:
         dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
             aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True)
-            unaligned = ", ".join(d for d in dependents if d not in aligned)
+            unaligned = ", ".join(d for d in dependents if d not in aligned and not d.startswith("enrichment of"))
             why = "" if self.joins_rebuilt or not unaligned else (
                 f" (on this log a run cannot stop the other stream of {unaligned}"
                 " at the serving pipeline's offsets, which switching in step needs: the embedded log's source"
                 " can, Spark's Kafka source cannot)")
+            why += enrichment_refusal(catalog, run.stream, dependents, self.joins_rebuilt)
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
@@ -366,8 +384,9 @@ class ReprocessService:
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
         views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
+        enriched = self._enriched(run, catalog) if self.joins_rebuilt else {}
         if not joins and not two_stream and not views:
-            return self._switch(run, stored, catalog, patterns)
+            return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other
         # table): switched in step.
         fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
@@ -394,7 +413,7 @@ class ReprocessService:
                 f"stream {run.stream!r} feeds {fed}: its switch holds the serving"
                 " pipeline while the run reads the other stream(s) as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
-        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views)
+        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views, enriched)
 
     def start_switch(self, run_id_: str) -> ReprocessRun:
         """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):
@@ -413,7 +432,7 @@ class ReprocessService:
         return self.run(run.id)
 
     def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
-                        align: Aligner, views=()) -> dict:
+                        align: Aligner, views=(), enriched=None) -> dict:
         outputs = self._needs_outputs()
         pipeline = outputs.serving_pipeline
         with outputs.storage.transaction([]) as (db, _):  # under the commit lock: no commit is half way
@@ -431,7 +450,8 @@ class ReprocessService:
                 aligning = time.monotonic()
                 align(run, offsets)
                 try:
-                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others, views=views)
+                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others, views=views,
+                                            enriched=enriched)
                 except NotAligned as exc:
                     why = exc
                     logger.warning("switch of %r: not aligned after the final batch (try %d): %s", run.id,
@@ -446,8 +466,36 @@ class ReprocessService:
             with outputs.storage.transaction([]) as (db, _):
                 db.execute("DELETE FROM switch_holds WHERE pipeline = ? AND run_id = ?", (pipeline, run.id))
 
+    def _enriched(self, run: ReprocessRun, catalog: Catalog) -> dict[str, tuple[str | None, list[str]]]:
+        """The streams enriched from the run's table that its switch moves with it (catalog/dependents.py
+        rebuilt_enrichments), each with the version the root serves it with and its derived streams;
+        SwitchRefused unless the run's output holds each built as configured now (a reprocessing
+        run) or at all (a replaced output, switched back to)."""
+        enriched = rebuilt_enrichments(catalog, run.stream)
+        if not enriched:
+            return {}
+        store = self._needs_outputs().open_store(run.id)
+        try:
+            built = DefinitionStore(store.side_db()).definitions()
+        finally:
+            store.close()
+        served = self.definitions.definitions()
+        out = {}
+        for name in enriched:
+            mine = built.get(name)
+            if mine is None or (not run.id.startswith(PREVIOUS_PREFIX)
+                                and mine.version != definition_version(catalog.streams[name], catalog)):
+                raise SwitchRefused(f"run {run.id!r} did not build stream {name!r}, enriched from {run.stream!r}, as it"
+                                    " is declared now (declared or changed since the run started, or the run started"
+                                    " before runs rebuilt enriched streams): start a new run")
+            old = served.get(name)
+            derived = moved_with(name, *([] if old is None else [stored_stream(old.definition)]),
+                                 stored_stream(mine.definition))
+            out[name] = (None if old is None else old.version, derived)
+        return out
+
     def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=(),
-                views=()) -> dict:
+                views=(), enriched=None) -> dict:
         outputs = self._needs_outputs()
         now = self._now_ms()
         previous = run_id(run.stream, stored.version, PREVIOUS_PREFIX)
@@ -470,6 +518,10 @@ class ReprocessService:
                                         serving_version=stored.version, now_ms=now, derived=derived,
                                         patterns=[p.name for p in patterns], joins=[j.name for j in joins],
                                         aligned=aligned, views=[v.name for v in views])
+                if enriched:  # the streams enriched from the table, rebuilt by the run, and its row versions
+                    switch_enriched(db, run.stream, {name: v for name, (v, _) in enriched.items()},
+                                    root=Side("", outputs.serving_pipeline), source=source, previous=previous_side,
+                                    now_ms=now, derived=[d for _, ds in enriched.values() for d in ds])
             except NotAligned:
                 raise
             except SwitchConflict as exc:
@@ -482,9 +534,13 @@ class ReprocessService:
                 complete_from_ms=now - stored_stream(stored.definition).retention, start_offsets=old_offsets,
                 target_offsets=old_offsets))
         for listener in self.switch_listeners:
-            listener(run.stream)
-        return {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
-                "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
+            for name in (run.stream, *(enriched or {})):
+                listener(name)
+        out = {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
+               "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
+        if enriched:
+            out["enriched"] = sorted(enriched)  # moved with the table (kept in `previous` too)
+        return out
 
     def drop(self, run_id_: str) -> None:
         """Delete a run's (or previous) output: namespace, checkpoint, registry entry, the run."""

@@ -19,7 +19,7 @@ from typing import TextIO
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
 from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns
-from catalog.dependents import aligned_views
+from catalog.dependents import aligned_views, rebuilt_enrichments
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -86,11 +86,15 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     `with_joins` (the embedded log): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
-    stream."""
+    stream; and the streams enriched from the table (catalog/dependents.py rebuilt_enrichments),
+    read whole, with their tables."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
     table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
     read = [stream, *other_streams(catalog, stream)] if joins or two_stream or table_views else [stream]
+    # The streams enriched from the table, rebuilt whole and read to the log's end (not capped:
+    # the switch moves their offsets too, docs/reprocessing.md "A table that enriches streams").
+    read += rebuilt_enrichments(catalog, stream) if with_joins else []
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -121,6 +125,10 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
     Returns how many versions were copied."""
     run = stream_catalog(catalog, stream)  # its other streams' tables too, when it reads a join's
     tables = sorted({t for s in run.streams.values() for decl in s.enrich for t in enrichment_tables(catalog, decl)})
+    # A run of a table rebuilds that table's versions from its log with its new definition: the
+    # kept ones were built with the old (other columns, maybe another key) and would be kept over
+    # the run's own at the same log position (docs/reprocessing.md "A table that enriches streams").
+    tables = [t for t in tables if t != stream]
     versions = {t: root.table_versions(t) for t in tables}
     if any(versions.values()):
         out.seed_table_versions({t: v for t, v in versions.items() if v})
