@@ -29,7 +29,7 @@ from catalog.versions import changed_streams, definition_version, short_version,
 from ingest.log import EventLog, SqliteEventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
@@ -109,9 +109,11 @@ class PartitionProgress:
     partition: int
     done: int
     to_do: int
+    stream: str | None = None  # the run's stream, or another it reads whole (an enriched stream it rebuilds)
 
     def to_json(self) -> dict:
-        return {"partition": self.partition, "done": self.done, "to_do": self.to_do}
+        out = {"partition": self.partition, "done": self.done, "to_do": self.to_do}
+        return out if self.stream is None else {**out, "stream": self.stream}
 
 
 @dataclass(frozen=True)
@@ -139,15 +141,22 @@ class Progress:
                 "partitions": [p.to_json() for p in self.partitions]}
 
 
-def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int) -> Progress:
+def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
+                 reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int]]] | None = None
+                 ) -> Progress:
     """Offsets done / to do per partition (from where the run started to the log's end when it
     started), the rate since it started and the time left at that rate. Offsets, not events:
-    Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records."""
+    Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records.
+    `reads`: the other streams the run reads whole, {stream: (starts, targets, committed)}: their
+    partitions count too (named by stream: then the run's own are as well)."""
     parts = []
-    for partition in sorted(run.target_offsets):
-        start, target = run.start_offsets.get(partition, 0), run.target_offsets[partition]
-        reached = min(max(committed.get(partition, start), start), target)
-        parts.append(PartitionProgress(partition, reached - start, target - start))
+    streams = [(None if not reads else run.stream, run.start_offsets, run.target_offsets, committed),
+               *((name, *offsets) for name, offsets in sorted((reads or {}).items()))]
+    for stream, starts, targets, reached_by in streams:
+        for partition in sorted(targets):
+            start, target = starts.get(partition, 0), targets[partition]
+            reached = min(max(reached_by.get(partition, start), start), target)
+            parts.append(PartitionProgress(partition, reached - start, target - start, stream))
     done, to_do = sum(p.done for p in parts), sum(p.to_do for p in parts)
     elapsed_s = (now_ms - run.started_at_ms) / 1000
     rate = done / elapsed_s if done and elapsed_s > 0 else None
@@ -268,6 +277,11 @@ class ReprocessService:
 
     def start(self, stream: str) -> ReprocessRun:
         run = self.definitions.start_run(self.plan(stream))
+        # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
+        enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.joins_rebuilt else []
+        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in self.log.offsets(name).items()},
+                                                      {p: o.end for p, o in self.log.offsets(name).items()})
+                                               for name in enriched})
         if self.launch is not None:
             try:
                 self.launch(run)
@@ -283,8 +297,10 @@ class ReprocessService:
         return self.definitions.run(run_id_)
 
     def progress(self, run: ReprocessRun) -> Progress:
-        committed = self.registry.offsets(run.id).get(run.stream, {})
-        return run_progress(run, committed, self._now_ms())
+        committed = self.registry.offsets(run.id)
+        reads = {name: (starts, targets, committed.get(name, {}))
+                 for name, (starts, targets) in self.definitions.run_reads(run.id).items()}
+        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads)
 
     # -- versions, switch, drop
 
@@ -303,6 +319,11 @@ class ReprocessService:
             if run.stream == stream and (stored is None or run.version != stored.version) \
                     and self.outputs is not None and self.outputs.storage.exists(run.id):
                 out.append({"version": run.version, "namespace": run.id, "serving": False})
+        seen = {v["version"] for v in out}
+        for namespace, _, built in self._enriched_outputs(stream):  # built by a run of a table it is enriched from
+            if built.version not in seen:
+                seen.add(built.version)
+                out.append({"version": built.version, "namespace": namespace, "serving": False})
         return out
 
     def output(self, stream: str, version: str) -> tuple[str, dict]:
@@ -316,8 +337,35 @@ class ReprocessService:
                 if run.stream == stream and run.version.startswith(version) and self.outputs is not None \
                         and self.outputs.storage.exists(run.id):
                     return run.id, run.definition
+        if len(version) >= 8:
+            # Built by a table's run: by the stream's version there, or by the table's (the stream's
+            # own version is the same when only the table's definition changed).
+            for namespace, table_version, built in self._enriched_outputs(stream):
+                if built.version.startswith(version) or table_version.startswith(version):
+                    return namespace, built.definition
         known = ", ".join(short_version(v["version"]) for v in self.versions(stream)) or "none"
         raise KeyError(f"stream {stream!r} has no output of version {version!r} (its versions: {known})")
+
+    def _enriched_outputs(self, stream: str) -> list[tuple[str, str, StoredDefinition]]:
+        """The outputs of `stream` built by runs of a table it is enriched from (and the outputs
+        their switches replaced), newest first: (namespace, the table's version there, the
+        definition the stream was built with there). A table's run rebuilds the stream too
+        (docs/reprocessing.md "A table that enriches streams")."""
+        from catalog.dependents import enriched_streams
+
+        if self.outputs is None:
+            return []
+        out = []
+        for run in reversed(self.runs()):
+            if stream in enriched_streams(self.catalog, run.stream) and self.outputs.storage.exists(run.id):
+                definitions = DefinitionStore(self.output_store(run.id).side_db())
+                try:
+                    found = definitions.definitions().get(stream)
+                finally:
+                    definitions.close()
+                if found is not None:
+                    out.append((run.id, run.version, found))
+        return out
 
     def output_store(self, namespace: str) -> PaneStore:
         """The store of a versioned output (not the root), opened once and kept for later queries."""
@@ -475,9 +523,11 @@ class ReprocessService:
         if not enriched:
             return {}
         store = self._needs_outputs().open_store(run.id)
+        definitions = DefinitionStore(store.side_db())
         try:
-            built = DefinitionStore(store.side_db()).definitions()
+            built = definitions.definitions()
         finally:
+            definitions.close()
             store.close()
         served = self.definitions.definitions()
         out = {}

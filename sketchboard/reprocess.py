@@ -144,7 +144,8 @@ def progress_line(run: ReprocessRun, progress: Progress) -> str:
     filled = int(round(progress.fraction * BAR_WIDTH))
     rate = "-" if progress.events_per_s is None else f"{progress.events_per_s:.0f}"
     eta = "-" if progress.eta_s is None else f"{progress.eta_s:.0f}s"
-    parts = " ".join(f"p{p.partition} {p.done}/{p.to_do}" for p in progress.partitions)
+    parts = " ".join(f"{'' if p.stream in (None, run.stream) else p.stream + ' '}p{p.partition} {p.done}/{p.to_do}"
+                     for p in progress.partitions)
     return (f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * progress.fraction:5.1f}%"
             f"  {progress.done}/{progress.to_do} offsets  {rate} events/s  ETA {eta}  {parts}")
 

@@ -664,6 +664,12 @@ def test_a_table_that_enriches_a_stream_is_switched_with_the_stream_and_its_row_
         assert kept.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))]
         assert kept.progress("main").streams["http"].enrich_misses == {"users": 2}
         kept.close()
+        # ?version=: http's own version did not change (only the table's): its replaced output is
+        # found by the table's old version.
+        old_users = definition_version(old.streams["users"], old)
+        namespace, declaration = service.output("http", old_users[:8])
+        assert namespace == switched["previous"] and declaration["enrich"][0]["columns"] == ["plan"]
+        assert "http" in service.definitions.run_reads(run.id)  # the run's progress covers it
         # The serving pipeline still computing the old way is fenced, an http-only batch too.
         with pytest.raises(DefinitionSwitched, match="'users' was switched"):
             root.commit_batch(batch("main", 1, {("GET",): 1}, {0: 10}, old), lateness_ms={"http": 0}, now_ms=NOW)
