@@ -13,10 +13,11 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from catalog import Catalog
+from catalog import Catalog, StreamDef
+from catalog.tables import row_columns
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
     refused_dependents
@@ -35,6 +36,7 @@ from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
 from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
 from store.switch import switch_enriched
+from store.table_versions import TableVersion
 
 logger = logging.getLogger("sketchboard.reprocess")
 
@@ -162,6 +164,28 @@ def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
     rate = done / elapsed_s if done and elapsed_s > 0 else None
     eta = 0.0 if done >= to_do else (None if rate is None else (to_do - done) / rate)
     return Progress(tuple(parts), rate, eta)
+
+
+def carried_versions(kept: Sequence[tuple[str, TableVersion]], present: Collection[tuple[int, int]],
+                     old: StreamDef, new: StreamDef) -> list[tuple[str, TableVersion]]:
+    """For a run of a table that enriches streams (docs/reprocessing.md "A table that enriches
+    streams"): the serving store's `kept` row versions of it whose records are no longer in its
+    log (compacted away: their (partition, offset) is not `present`), carried into the run's
+    output as the new definition `new` reads them: its string columns from the old row, "" where
+    the old definition had none, its number columns likewise (null). The versions still in the log
+    are left to the run, which reads them with the new definition. None when the key field
+    changed: the old versions are keyed by another field."""
+    if old.key_field != new.key_field:
+        return []
+    strings, numbers = row_columns(new)
+    out = []
+    for key, version in kept:
+        if (version.partition, version.offset) in present:
+            continue
+        row = None if version.row is None else {**{c: version.row.get(c, "") for c in strings},
+                                                **{c: version.row.get(c) for c in numbers}}
+        out.append((key, TableVersion(version.valid_from_ms, version.partition, version.offset, row)))
+    return out
 
 
 def built_by_run(db, source: Side, catalog: Catalog, patterns: Sequence[PatternDef]) -> None:

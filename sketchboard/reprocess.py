@@ -115,7 +115,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
                                                        if n in defined}})
 
 
-def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
+def seed_table_versions(catalog: Catalog, stream: str, root, out, log=None) -> int:
     """Copy the serving store's kept row versions of the tables `stream` is enriched from into the
     run's output store, before its first batch. A table's log is compacted (only each key's newest
     record survives), so versions rebuilt from it alone would miss the older rows the live run
@@ -130,9 +130,36 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
     # the run's own at the same log position (docs/reprocessing.md "A table that enriches streams").
     tables = [t for t in tables if t != stream]
     versions = {t: root.table_versions(t) for t in tables}
+    if log is not None and rebuilt_enrichments(catalog, stream):
+        carried = carried_table_versions(catalog, stream, root, log)
+        if carried:
+            versions[stream] = carried
     if any(versions.values()):
         out.seed_table_versions({t: v for t, v in versions.items() if v})
     return sum(len(v) for v in versions.values())
+
+
+def carried_table_versions(catalog: Catalog, table: str, root, log) -> list:
+    """The serving store's versions of `table` whose records compaction removed from its log, as
+    the table's configured definition reads them (aggregates/reprocess.py carried_versions): a run
+    of the table rebuilds the others from its log."""
+    from aggregates.reprocess import carried_versions
+    from catalog.versions import stored_stream
+    from ingest.log.records import OFFSET
+
+    definitions = DefinitionStore(root.side_db())
+    try:
+        stored = definitions.definitions().get(table)
+    finally:
+        definitions.close()
+    kept = root.table_versions(table)
+    if stored is None or not kept:
+        return []
+    new = catalog.streams[table]
+    present = {(partition, offset) for partition, o in log.offsets(table).items()
+               for batch in log.read(new, partition, o.start, o.end)
+               for offset in batch.column(OFFSET).to_pylist()}
+    return carried_versions(kept, present, stored_stream(stored.definition), new)
 
 
 def format_time(ms: int) -> str:
@@ -240,7 +267,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
                                   catalog=stream_catalog(full, stream, with_joins=settings.log_backend != "kafka"),
                                   end_offsets=run_caps(settings, full, stream, definitions, log) or None)
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
-            seed_table_versions(catalog, stream, root, pipeline.store)
+            seed_table_versions(full, stream, root, pipeline.store, log)
         definitions.set_state(run.id, "running", int(time.time() * 1000))
         reporter.start()
         pipeline.run_until_drained()

@@ -680,3 +680,46 @@ def test_a_table_that_enriches_a_stream_is_switched_with_the_stream_and_its_row_
         assert service.definitions.offset_moves("main") == {"users": {0: 2}, "http": {0: 9}}
     finally:
         close_fixture(root, log, service)
+
+
+def test_a_tables_run_carries_the_versions_compaction_removed_from_its_log_as_its_new_definition_reads_them(settings):
+    """A run of a table rebuilds its row versions from its log with the new definition; the versions
+    the serving store kept of changes compacted away are carried in, converted (the new column "",
+    the key the same), and those still in the log are left to the run. Another key carries none."""
+    from aggregates.reprocess import carried_versions
+    from ingest.tables import TableRowValidator
+    from sketchboard.reprocess import carried_table_versions, seed_table_versions
+    from store.table_versions import TableVersion
+
+    old, new = Catalog(**ENRICHING_OLD), Catalog(**ENRICHING_NEW)
+    log = open_log(settings, new)
+    users = new.streams["users"]
+    validator = TableRowValidator(users)
+    changes = [{"user_id": "u1", "plan": "free", "country": "nl"}, {"user_id": "u1", "plan": "pro", "country": "de"},
+               {"user_id": "u2", "plan": "team", "country": "fr"}, {"user_id": "u1", "plan": "team", "country": "de"}]
+    positions = []
+    for i, change in enumerate(changes):  # one append each: its own append time
+        result = log.append(users, [validator.validate(change, NOW + i)], NOW + i)
+        (partition, (first, _)), = result.ranges.items()
+        positions.append((change["user_id"], TableVersion(NOW + i, int(partition), first,
+                                                          {"plan": change["plan"]})))  # as the old definition kept it
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    enriching_batch(root, old, "main", 0, "free", 0, {"users": {0: 4}, "http": {0: 0}}, positions)
+    run_out = None
+    try:
+        assert log.compact(NOW + 10) == 2  # u1's first two changes go
+        carried = carried_table_versions(new, "users", root, log)
+        assert carried == [(k, TableVersion(v.valid_from_ms, v.partition, v.offset, {"plan": v.row["plan"], "country": ""}))
+                           for k, v in positions[:2]]
+        run_out = open_store(settings, "reprocess-users-test")
+        assert seed_table_versions(new, "users", root, run_out, log) == 2
+        assert run_out.table_versions("users") == carried
+        rekeyed = users.model_copy(update={"key_field": "email"})
+        assert carried_versions(positions, set(), old.streams["users"], rekeyed) == []
+    finally:
+        if run_out is not None:
+            run_out.close()
+            open_store(settings).close()
+        log.close()
+        root.close()
