@@ -72,6 +72,8 @@ class SwitchOut(BaseModel):
     offsets: dict[str, int] = Field(description="per partition, where the serving pipeline reads the stream from"
                                     " next (the run's end offsets), with the new definition")
     at_ms: int
+    enriched: list[str] = Field([], description="a table's switch: the streams enriched from it that moved with it"
+                                " (rebuilt by its run; their replaced outputs kept in `previous` too)")
 
 
 class SwitchStartedOut(BaseModel):
