@@ -13,27 +13,30 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from catalog import Catalog
+from catalog import Catalog, StreamDef
+from catalog.tables import row_columns
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
     refused_dependents
-from catalog.dependents import aligned_views
+from catalog.dependents import aligned_views, rebuilt_enrichments
 from catalog.patterns import PatternDef, matches_stream_name
 from catalog.views import ViewDef
 from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
-from ingest.log import EventLog
+from ingest.log import EventLog, SqliteEventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import DefinitionStore, ReprocessRun, RunGoing, insert_run
+from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
 from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
+from store.switch import switch_enriched
+from store.table_versions import TableVersion
 
 logger = logging.getLogger("sketchboard.reprocess")
 
@@ -108,9 +111,11 @@ class PartitionProgress:
     partition: int
     done: int
     to_do: int
+    stream: str | None = None  # the run's stream, or another it reads whole (an enriched stream it rebuilds)
 
     def to_json(self) -> dict:
-        return {"partition": self.partition, "done": self.done, "to_do": self.to_do}
+        out = {"partition": self.partition, "done": self.done, "to_do": self.to_do}
+        return out if self.stream is None else {**out, "stream": self.stream}
 
 
 @dataclass(frozen=True)
@@ -138,20 +143,49 @@ class Progress:
                 "partitions": [p.to_json() for p in self.partitions]}
 
 
-def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int) -> Progress:
+def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
+                 reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int]]] | None = None
+                 ) -> Progress:
     """Offsets done / to do per partition (from where the run started to the log's end when it
     started), the rate since it started and the time left at that rate. Offsets, not events:
-    Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records."""
+    Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records.
+    `reads`: the other streams the run reads whole, {stream: (starts, targets, committed)}: their
+    partitions count too (named by stream: then the run's own are as well)."""
     parts = []
-    for partition in sorted(run.target_offsets):
-        start, target = run.start_offsets.get(partition, 0), run.target_offsets[partition]
-        reached = min(max(committed.get(partition, start), start), target)
-        parts.append(PartitionProgress(partition, reached - start, target - start))
+    streams = [(None if not reads else run.stream, run.start_offsets, run.target_offsets, committed),
+               *((name, *offsets) for name, offsets in sorted((reads or {}).items()))]
+    for stream, starts, targets, reached_by in streams:
+        for partition in sorted(targets):
+            start, target = starts.get(partition, 0), targets[partition]
+            reached = min(max(reached_by.get(partition, start), start), target)
+            parts.append(PartitionProgress(partition, reached - start, target - start, stream))
     done, to_do = sum(p.done for p in parts), sum(p.to_do for p in parts)
     elapsed_s = (now_ms - run.started_at_ms) / 1000
     rate = done / elapsed_s if done and elapsed_s > 0 else None
     eta = 0.0 if done >= to_do else (None if rate is None else (to_do - done) / rate)
     return Progress(tuple(parts), rate, eta)
+
+
+def carried_versions(kept: Sequence[tuple[str, TableVersion]], present: Collection[tuple[int, int]],
+                     old: StreamDef, new: StreamDef) -> list[tuple[str, TableVersion]]:
+    """For a run of a table that enriches streams (docs/reprocessing.md "A table that enriches
+    streams"): the serving store's `kept` row versions of it whose records are no longer in its
+    log (compacted away: their (partition, offset) is not `present`), carried into the run's
+    output as the new definition `new` reads them: its string columns from the old row, "" where
+    the old definition had none, its number columns likewise (null). The versions still in the log
+    are left to the run, which reads them with the new definition. None when the key field
+    changed: the old versions are keyed by another field."""
+    if old.key_field != new.key_field:
+        return []
+    strings, numbers = row_columns(new)
+    out = []
+    for key, version in kept:
+        if (version.partition, version.offset) in present:
+            continue
+        row = None if version.row is None else {**{c: version.row.get(c, "") for c in strings},
+                                                **{c: version.row.get(c) for c in numbers}}
+        out.append((key, TableVersion(version.valid_from_ms, version.partition, version.offset, row)))
+    return out
 
 
 def built_by_run(db, source: Side, catalog: Catalog, patterns: Sequence[PatternDef]) -> None:
@@ -179,6 +213,22 @@ def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str
                             f" ({verb} or changed since the run started, or no batch ran it): start a new run")
 
 
+def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], joins_rebuilt: bool) -> str:
+    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run."""
+    from catalog.dependents import enriched_streams, stream_dependents
+
+    refused = [s for s in enriched_streams(catalog, table) if f"enrichment of {s!r}" in dependents]
+    if not refused:
+        return ""
+    if not joins_rebuilt:
+        return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
+                f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
+    fed = [f"{s!r} feeds {', '.join(stream_dependents(catalog, s)) or 'a join, pattern or view of ' + repr(table)}"
+           for s in refused]
+    return (f" ({'; '.join(fed)}: a run of {table!r} rebuilds and moves an enriched stream only when it feeds"
+            " nothing else, whose state would get the stream's records since the run's end twice)")
+
+
 class ReprocessService:
     """Plans and records runs in the root store; `launch(run)` starts the pipeline for one (the CLI
     runs it in process, the API starts `sketchboard reprocess` as a child)."""
@@ -201,6 +251,9 @@ class ReprocessService:
         # where a run can stop their other stream at chosen offsets: on both logs (the embedded
         # log's source takes caps; on Kafka, batches of the run's own: aggregates/bounded_batches.py).
         self.joins_rebuilt = True
+        # The streams enriched from a table are rebuilt by its runs on the embedded log only (not
+        # tried on Kafka yet: there the switch of such a table stays refused, saying so).
+        self.enrichments_rebuilt = isinstance(log, SqliteEventLog)
         # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
         self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
@@ -252,6 +305,11 @@ class ReprocessService:
 
     def start(self, stream: str) -> ReprocessRun:
         run = self.definitions.start_run(self.plan(stream))
+        # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
+        enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
+        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in self.log.offsets(name).items()},
+                                                      {p: o.end for p, o in self.log.offsets(name).items()})
+                                               for name in enriched})
         if self.launch is not None:
             try:
                 self.launch(run)
@@ -267,8 +325,10 @@ class ReprocessService:
         return self.definitions.run(run_id_)
 
     def progress(self, run: ReprocessRun) -> Progress:
-        committed = self.registry.offsets(run.id).get(run.stream, {})
-        return run_progress(run, committed, self._now_ms())
+        committed = self.registry.offsets(run.id)
+        reads = {name: (starts, targets, committed.get(name, {}))
+                 for name, (starts, targets) in self.definitions.run_reads(run.id).items()}
+        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads)
 
     # -- versions, switch, drop
 
@@ -287,6 +347,11 @@ class ReprocessService:
             if run.stream == stream and (stored is None or run.version != stored.version) \
                     and self.outputs is not None and self.outputs.storage.exists(run.id):
                 out.append({"version": run.version, "namespace": run.id, "serving": False})
+        seen = {v["version"] for v in out}
+        for namespace, _, built in self._enriched_outputs(stream):  # built by a run of a table it is enriched from
+            if built.version not in seen:
+                seen.add(built.version)
+                out.append({"version": built.version, "namespace": namespace, "serving": False})
         return out
 
     def output(self, stream: str, version: str) -> tuple[str, dict]:
@@ -300,8 +365,35 @@ class ReprocessService:
                 if run.stream == stream and run.version.startswith(version) and self.outputs is not None \
                         and self.outputs.storage.exists(run.id):
                     return run.id, run.definition
+        if len(version) >= 8:
+            # Built by a table's run: by the stream's version there, or by the table's (the stream's
+            # own version is the same when only the table's definition changed).
+            for namespace, table_version, built in self._enriched_outputs(stream):
+                if built.version.startswith(version) or table_version.startswith(version):
+                    return namespace, built.definition
         known = ", ".join(short_version(v["version"]) for v in self.versions(stream)) or "none"
         raise KeyError(f"stream {stream!r} has no output of version {version!r} (its versions: {known})")
+
+    def _enriched_outputs(self, stream: str) -> list[tuple[str, str, StoredDefinition]]:
+        """The outputs of `stream` built by runs of a table it is enriched from (and the outputs
+        their switches replaced), newest first: (namespace, the table's version there, the
+        definition the stream was built with there). A table's run rebuilds the stream too
+        (docs/reprocessing.md "A table that enriches streams")."""
+        from catalog.dependents import enriched_streams
+
+        if self.outputs is None:
+            return []
+        out = []
+        for run in reversed(self.runs()):
+            if stream in enriched_streams(self.catalog, run.stream) and self.outputs.storage.exists(run.id):
+                definitions = DefinitionStore(self.output_store(run.id).side_db())
+                try:
+                    found = definitions.definitions().get(stream)
+                finally:
+                    definitions.close()
+                if found is not None:
+                    out.append((run.id, run.version, found))
+        return out
 
     def output_store(self, namespace: str) -> PaneStore:
         """The store of a versioned output (not the root), opened once and kept for later queries."""
@@ -349,13 +441,15 @@ class ReprocessService:
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
         catalog = self.full_catalog()
-        dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
+        dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt,
+                                        enrichments_rebuilt=self.enrichments_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
-            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True)
-            unaligned = ", ".join(d for d in dependents if d not in aligned)
+            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True, enrichments_rebuilt=True)
+            unaligned = ", ".join(d for d in dependents if d not in aligned and not d.startswith("enrichment of"))
             why = "" if self.joins_rebuilt or not unaligned else (
                 f" (on this log a run cannot stop the other stream of {unaligned}"
                 " at the serving pipeline's offsets, which switching in step needs)")
+            why += enrichment_refusal(catalog, run.stream, dependents, self.enrichments_rebuilt)
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
@@ -366,8 +460,9 @@ class ReprocessService:
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
         views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
+        enriched = self._enriched(run, catalog) if self.enrichments_rebuilt else {}
         if not joins and not two_stream and not views:
-            return self._switch(run, stored, catalog, patterns)
+            return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other
         # table): switched in step.
         fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
@@ -394,7 +489,7 @@ class ReprocessService:
                 f"stream {run.stream!r} feeds {fed}: its switch holds the serving"
                 " pipeline while the run reads the other stream(s) as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
-        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views)
+        return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views, enriched)
 
     def start_switch(self, run_id_: str) -> ReprocessRun:
         """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):
@@ -413,7 +508,7 @@ class ReprocessService:
         return self.run(run.id)
 
     def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
-                        align: Aligner, views=()) -> dict:
+                        align: Aligner, views=(), enriched=None) -> dict:
         outputs = self._needs_outputs()
         pipeline = outputs.serving_pipeline
         with outputs.storage.transaction([]) as (db, _):  # under the commit lock: no commit is half way
@@ -431,7 +526,8 @@ class ReprocessService:
                 aligning = time.monotonic()
                 align(run, offsets)
                 try:
-                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others, views=views)
+                    switched = self._switch(run, stored, catalog, patterns, joins=joins, aligned=others, views=views,
+                                            enriched=enriched)
                 except NotAligned as exc:
                     why = exc
                     logger.warning("switch of %r: not aligned after the final batch (try %d): %s", run.id,
@@ -446,8 +542,38 @@ class ReprocessService:
             with outputs.storage.transaction([]) as (db, _):
                 db.execute("DELETE FROM switch_holds WHERE pipeline = ? AND run_id = ?", (pipeline, run.id))
 
+    def _enriched(self, run: ReprocessRun, catalog: Catalog) -> dict[str, tuple[str | None, list[str]]]:
+        """The streams enriched from the run's table that its switch moves with it (catalog/dependents.py
+        rebuilt_enrichments), each with the version the root serves it with and its derived streams;
+        SwitchRefused unless the run's output holds each built as configured now (a reprocessing
+        run) or at all (a replaced output, switched back to)."""
+        enriched = rebuilt_enrichments(catalog, run.stream)
+        if not enriched:
+            return {}
+        store = self._needs_outputs().open_store(run.id)
+        definitions = DefinitionStore(store.side_db())
+        try:
+            built = definitions.definitions()
+        finally:
+            definitions.close()
+            store.close()
+        served = self.definitions.definitions()
+        out = {}
+        for name in enriched:
+            mine = built.get(name)
+            if mine is None or (not run.id.startswith(PREVIOUS_PREFIX)
+                                and mine.version != definition_version(catalog.streams[name], catalog)):
+                raise SwitchRefused(f"run {run.id!r} did not build stream {name!r}, enriched from {run.stream!r}, as it"
+                                    " is declared now (declared or changed since the run started, or the run started"
+                                    " before runs rebuilt enriched streams): start a new run")
+            old = served.get(name)
+            derived = moved_with(name, *([] if old is None else [stored_stream(old.definition)]),
+                                 stored_stream(mine.definition))
+            out[name] = (None if old is None else old.version, derived)
+        return out
+
     def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=(),
-                views=()) -> dict:
+                views=(), enriched=None) -> dict:
         outputs = self._needs_outputs()
         now = self._now_ms()
         previous = run_id(run.stream, stored.version, PREVIOUS_PREFIX)
@@ -470,6 +596,10 @@ class ReprocessService:
                                         serving_version=stored.version, now_ms=now, derived=derived,
                                         patterns=[p.name for p in patterns], joins=[j.name for j in joins],
                                         aligned=aligned, views=[v.name for v in views])
+                if enriched:  # the streams enriched from the table, rebuilt by the run, and its row versions
+                    switch_enriched(db, run.stream, {name: v for name, (v, _) in enriched.items()},
+                                    root=Side("", outputs.serving_pipeline), source=source, previous=previous_side,
+                                    now_ms=now, derived=[d for _, ds in enriched.values() for d in ds])
             except NotAligned:
                 raise
             except SwitchConflict as exc:
@@ -482,9 +612,13 @@ class ReprocessService:
                 complete_from_ms=now - stored_stream(stored.definition).retention, start_offsets=old_offsets,
                 target_offsets=old_offsets))
         for listener in self.switch_listeners:
-            listener(run.stream)
-        return {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
-                "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
+            for name in (run.stream, *(enriched or {})):
+                listener(name)
+        out = {"stream": run.stream, "serving_version": run.version, "from_run": run.id, "previous": previous,
+               "offsets": {str(p): o for p, o in sorted(offsets.items())}, "at_ms": now}
+        if enriched:
+            out["enriched"] = sorted(enriched)  # moved with the table (kept in `previous` too)
+        return out
 
     def drop(self, run_id_: str) -> None:
         """Delete a run's (or previous) output: namespace, checkpoint, registry entry, the run."""

@@ -21,6 +21,8 @@ class PartitionProgressOut(BaseModel):
     partition: int
     done: int = Field(description="offsets read and committed since the run started")
     to_do: int = Field(description="offsets from the run's start to the log's end when it started")
+    stream: str | None = Field(None, description="the stream of the partition, when the run reads more than its"
+                               " own to the log's end (a table's run: the streams enriched from it)")
 
 
 class ProgressOut(BaseModel):
@@ -70,6 +72,8 @@ class SwitchOut(BaseModel):
     offsets: dict[str, int] = Field(description="per partition, where the serving pipeline reads the stream from"
                                     " next (the run's end offsets), with the new definition")
     at_ms: int
+    enriched: list[str] = Field([], description="a table's switch: the streams enriched from it that moved with it"
+                                " (rebuilt by its run; their replaced outputs kept in `previous` too)")
 
 
 class SwitchStartedOut(BaseModel):

@@ -21,11 +21,19 @@ built from the same records by the live pipeline, must follow or the switch is r
   keyed by its name, are built from both tables): the run reads the other table as far as the
   serving pipeline has, and the synchronized switch moves the view's rows with the table and
   appends the difference to the view's changelog (store/switch.py move_view).
+- the streams enriched from a table (`rebuilt_enrichments`, on the embedded log; directly or
+  through a view): the table's row versions they look up are built by their pipeline while it
+  reads the table, and their output holds what those versions gave. So a run of the table
+  rebuilds each such stream whole, reading it to the log's end with the table's new definition,
+  and the switch moves the stream's output, its offsets and the table's versions with the
+  table (aggregates/reprocess.py): a switch of several streams read from the log, no hold needed.
+  Only a stream that feeds nothing else under another name (no join, pattern or view): that
+  state would be fed its records since the run's end twice.
 - refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
   run cannot stop the other stream at chosen offsets (no log now: the embedded source takes caps,
-  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), and
-  the row versions other streams are enriched from (built only while an enriching stream reads
-  the table). The serving pipeline is past the run's end in that other stream; its records since
+  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), an enrichment
+  on Kafka (its runs do not rebuild the enriched streams there yet), and an enriched stream that
+  feeds other state of its own. The serving pipeline is past the run's end in that other stream; its records since
   would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
   other dependents), which one pipeline reading the log once cannot do.
 Pure: no I/O.
@@ -107,11 +115,32 @@ def other_streams(catalog: Catalog, stream: str) -> list[str]:
     return sorted(read - {stream})
 
 
-def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
+def enriched_streams(catalog: Catalog, table: str) -> list[str]:
+    """The streams enriched from `table`, directly or through a view, sorted."""
+    return sorted(name for name, other in catalog.streams.items()
+                  if any(table in enrichment_tables(catalog, decl, name) for decl in other.enrich))
+
+
+def rebuilt_enrichments(catalog: Catalog, table: str) -> list[str]:
+    """The streams enriched from `table` that a run of it rebuilds and its switch moves with it
+    (see the module doc): those whose records feed nothing under another name, and that the run
+    does not read capped as another stream of a join, a pattern or a view."""
+    capped = set(other_streams(catalog, table))
+    return [s for s in enriched_streams(catalog, table) if not stream_dependents(catalog, s) and s not in capped]
+
+
+def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False,
+                       enrichments_rebuilt: bool | None = None) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
     the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins,
-    the patterns over two streams and the views (a synchronized switch can move them)."""
+    the patterns over two streams and the views (a synchronized switch can move them);
+    `enrichments_rebuilt` (as `joins_rebuilt` when not given): the streams enriched from the table
+    (the embedded log)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
+    if enrichments_rebuilt is None:
+        enrichments_rebuilt = joins_rebuilt
+    if enrichments_rebuilt:
+        rebuilt |= {f"enrichment of {s!r}" for s in rebuilt_enrichments(catalog, stream)}
     if joins_rebuilt:
         rebuilt |= {f"view {v.name!r}" for v in aligned_views(catalog, stream)}
         rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}

@@ -19,7 +19,7 @@ from typing import TextIO
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
 from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns
-from catalog.dependents import aligned_views
+from catalog.dependents import aligned_views, rebuilt_enrichments
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -77,7 +77,7 @@ def child_launcher(settings: Settings, *, switch: bool = False):
     return launch
 
 
-def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) -> Catalog:
+def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, with_enrichments: bool = True) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
     and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
     through a view: the view's two tables, and the view (its declaration names the columns); the
@@ -86,11 +86,15 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     `with_joins` (the default): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
-    stream."""
+    stream; and, with `with_enrichments` (the embedded log), the streams enriched from the table
+    (catalog/dependents.py rebuilt_enrichments), read whole, with their tables."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
     table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
     read = [stream, *other_streams(catalog, stream)] if joins or two_stream or table_views else [stream]
+    # The streams enriched from the table, rebuilt whole and read to the log's end (not capped:
+    # the switch moves their offsets too, docs/reprocessing.md "A table that enriches streams").
+    read += rebuilt_enrichments(catalog, stream) if with_joins and with_enrichments else []
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -111,7 +115,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
                                                        if n in defined}})
 
 
-def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
+def seed_table_versions(catalog: Catalog, stream: str, root, out, log=None) -> int:
     """Copy the serving store's kept row versions of the tables `stream` is enriched from into the
     run's output store, before its first batch. A table's log is compacted (only each key's newest
     record survives), so versions rebuilt from it alone would miss the older rows the live run
@@ -121,10 +125,41 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out) -> int:
     Returns how many versions were copied."""
     run = stream_catalog(catalog, stream)  # its other streams' tables too, when it reads a join's
     tables = sorted({t for s in run.streams.values() for decl in s.enrich for t in enrichment_tables(catalog, decl)})
+    # A run of a table rebuilds that table's versions from its log with its new definition: the
+    # kept ones were built with the old (other columns, maybe another key) and would be kept over
+    # the run's own at the same log position (docs/reprocessing.md "A table that enriches streams").
+    tables = [t for t in tables if t != stream]
     versions = {t: root.table_versions(t) for t in tables}
+    if log is not None and rebuilt_enrichments(catalog, stream):
+        carried = carried_table_versions(catalog, stream, root, log)
+        if carried:
+            versions[stream] = carried
     if any(versions.values()):
         out.seed_table_versions({t: v for t, v in versions.items() if v})
     return sum(len(v) for v in versions.values())
+
+
+def carried_table_versions(catalog: Catalog, table: str, root, log) -> list:
+    """The serving store's versions of `table` whose records compaction removed from its log, as
+    the table's configured definition reads them (aggregates/reprocess.py carried_versions): a run
+    of the table rebuilds the others from its log."""
+    from aggregates.reprocess import carried_versions
+    from catalog.versions import stored_stream
+    from ingest.log.records import OFFSET
+
+    definitions = DefinitionStore(root.side_db())
+    try:
+        stored = definitions.definitions().get(table)
+    finally:
+        definitions.close()
+    kept = root.table_versions(table)
+    if stored is None or not kept:
+        return []
+    new = catalog.streams[table]
+    present = {(partition, offset) for partition, o in log.offsets(table).items()
+               for batch in log.read(new, partition, o.start, o.end)
+               for offset in batch.column(OFFSET).to_pylist()}
+    return carried_versions(kept, present, stored_stream(stored.definition), new)
 
 
 def format_time(ms: int) -> str:
@@ -136,7 +171,8 @@ def progress_line(run: ReprocessRun, progress: Progress) -> str:
     filled = int(round(progress.fraction * BAR_WIDTH))
     rate = "-" if progress.events_per_s is None else f"{progress.events_per_s:.0f}"
     eta = "-" if progress.eta_s is None else f"{progress.eta_s:.0f}s"
-    parts = " ".join(f"p{p.partition} {p.done}/{p.to_do}" for p in progress.partitions)
+    parts = " ".join(f"{'' if p.stream in (None, run.stream) else p.stream + ' '}p{p.partition} {p.done}/{p.to_do}"
+                     for p in progress.partitions)
     return (f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * progress.fraction:5.1f}%"
             f"  {progress.done}/{progress.to_do} offsets  {rate} events/s  ETA {eta}  {parts}")
 
@@ -161,7 +197,9 @@ def aligner(settings: Settings, spark, catalog: Catalog, root):
 
     def align(run: ReprocessRun, offsets: dict[str, dict[int, int]]) -> None:
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(catalog, run.stream), end_offsets=offsets)
+                                  catalog=stream_catalog(catalog, run.stream,
+                                                         with_enrichments=settings.log_backend != "kafka"),
+                                  end_offsets=offsets)
         try:
             pipeline.run_until_drained()
         finally:
@@ -226,10 +264,10 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     try:
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(full, stream),
+                                  catalog=stream_catalog(full, stream, with_enrichments=settings.log_backend != "kafka"),
                                   end_offsets=run_caps(settings, full, stream, definitions, log) or None)
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
-            seed_table_versions(catalog, stream, root, pipeline.store)
+            seed_table_versions(full, stream, root, pipeline.store, log)
         definitions.set_state(run.id, "running", int(time.time() * 1000))
         reporter.start()
         pipeline.run_until_drained()

@@ -50,6 +50,15 @@ CREATE TABLE IF NOT EXISTS offset_moves (
     at_ms INTEGER NOT NULL,
     PRIMARY KEY (pipeline, stream)
 );
+-- The streams a run reads to the log's end beside its own (the streams enriched from a table it
+-- rebuilds: aggregates/reprocess.py), with where each started and the log's end then: its progress covers them.
+CREATE TABLE IF NOT EXISTS reprocess_run_reads (
+    run_id TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    start_offsets TEXT NOT NULL,        -- JSON {partition: first offset read}
+    target_offsets TEXT NOT NULL,       -- JSON {partition: the log's end when the run started}
+    PRIMARY KEY (run_id, stream)
+);
 -- Set by a synchronized switch (a stream feeding a window join, aggregates/reprocess.py): while a
 -- row is here, the pipeline's batch commits are refused as held (store/switch.py SwitchHeld) and
 -- retried, so its offsets of the join's other stream stay where the run's final batch aligns to.
@@ -152,6 +161,23 @@ class DefinitionStore(SideStore):
     def delete_run(self, run_id: str) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run_id,))
+            self._conn.execute("DELETE FROM reprocess_run_reads WHERE run_id = ?", (run_id,))
+
+    def record_reads(self, run_id: str, reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int]]]) -> None:
+        """The other streams a run reads to the log's end: {stream: (start offsets, target offsets)}."""
+        with self._lock, self._conn.transaction() as conn:
+            conn.execute("DELETE FROM reprocess_run_reads WHERE run_id = ?", (run_id,))
+            conn.executemany("INSERT INTO reprocess_run_reads (run_id, stream, start_offsets, target_offsets)"
+                             " VALUES (?, ?, ?, ?)",
+                             [(run_id, stream, json.dumps({str(p): o for p, o in starts.items()}),
+                               json.dumps({str(p): o for p, o in targets.items()}))
+                              for stream, (starts, targets) in sorted(reads.items())])
+
+    def run_reads(self, run_id: str) -> dict[str, tuple[dict[int, int], dict[int, int]]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT stream, start_offsets, target_offsets FROM reprocess_run_reads"
+                                      " WHERE run_id = ?", (run_id,)).fetchall()
+        return {stream: (_offsets(starts), _offsets(targets)) for stream, starts, targets in rows}
 
     def offset_moves(self, pipeline: str) -> dict[str, dict[int, int]]:
         """{stream: {partition: offset}}: where a switch says `pipeline` reads each stream from next."""

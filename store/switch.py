@@ -47,7 +47,8 @@ STREAM_TABLES = (
 # refused; view_* state, moved by a synchronized switch with a table the view reads (its changelog
 # stays the root's and gets the difference: `move_view`), else refused; and table_versions (a
 # table's row versions, built by whichever pipeline enriches a stream from the table, not by the
-# table's own output): always refused.
+# table's own output): moved with the table and the streams enriched from it that the run rebuilt
+# (`switch_enriched`), else refused.
 # The tables of a window join's state (column `join_name`): moved with a stream the join reads
 # by a synchronized switch (aggregates/reprocess.py), the run having read the other stream too.
 JOIN_STATE_TABLES = ("join_left", "join_right", "join_progress")
@@ -95,15 +96,16 @@ class Side:
 
 def table_columns(db: Db) -> dict[str, list[str]]:
     """The columns of every table a switch moves, as the root has them (every namespace is made by the same code)."""
-    out = {}
-    for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES, *VIEW_STATE_TABLES):
-        if isinstance(db, SqliteDb):
-            out[table] = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
-        else:
-            out[table] = [row[0] for row in db.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
-                " AND table_name = ? ORDER BY ordinal_position", (table,)).fetchall()]
-    return out
+    return {table: _columns(db, table) for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES,
+                                                     *VIEW_STATE_TABLES)}
+
+
+def _columns(db: Db, table: str) -> list[str]:
+    if isinstance(db, SqliteDb):
+        return [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
+    return [row[0] for row in db.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND table_name = ? ORDER BY ordinal_position", (table,)).fetchall()]
 
 
 def copy_stream(db: Db, stream: str, source: Side, target: Side, columns: Mapping[str, list[str]]) -> None:
@@ -269,6 +271,38 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
         db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
                    " VALUES (?, 0, '{}', ?, -1, 0, ?)", (name, SWITCHED_REVISION, now_ms))
     return offsets
+
+
+def switch_enriched(db: Db, table: str, streams: Mapping[str, str], *, root: Side, source: Side, previous: Side,
+                    now_ms: int, derived: Sequence[str] = ()) -> None:
+    """In the switch's open transaction of the table `table`: the streams enriched from it that the
+    run rebuilt (`streams`: each with the version the root serves it with, checked under the lock:
+    SwitchConflict unless unchanged) move like the table itself, their rows, definition and
+    offsets (an offset move each: the serving pipeline reads them again from the run's end) and
+    their `derived` streams; and so do the table's row versions they look up (`table_versions`,
+    keyed by the table): the root's to `previous`, the run's (rebuilt from the table's log with
+    its new definition) into the root (docs/reprocessing.md "A table that enriches streams")."""
+    for stream, serving in streams.items():
+        if stored_version(db, stream, root) != serving:
+            raise SwitchConflict(f"the served output of {stream!r} changed meanwhile (another switch?): try again")
+        if stored_version(db, stream, source) is None:
+            raise SwitchConflict(f"the run did not build {stream!r}, which is enriched from {table!r}: start a new run")
+    columns = table_columns(db)
+    for name in (*streams, *derived):
+        delete_stream(db, name, previous)
+        copy_stream(db, name, root, previous, columns)
+        delete_stream(db, name, root)
+        copy_stream(db, name, source, root, columns)
+    move_keyed(db, ("table_versions",), "stream", table, root=root, source=source, previous=previous,
+               columns={"table_versions": _columns(db, "table_versions")})
+    for stream in streams:
+        offsets = stream_offsets(db, stream, root)
+        db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
+        db.execute("INSERT INTO offset_moves (pipeline, stream, offsets, at_ms) VALUES (?, ?, ?, ?)",
+                   (root.pipeline, stream, json.dumps({str(p): o for p, o in sorted(offsets.items())}), now_ms))
+    for name in (*streams, *derived):
+        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (name, SWITCHED_REVISION, now_ms))
 
 
 def check_definitions(db: Db, versions: Mapping[str, str], pipeline: str | None = None) -> None:

@@ -62,7 +62,7 @@ function runRow(run) {
   const p = run.progress;
   const pct = Math.round(p.fraction * 1000) / 10;
   const bar = el("progress", { max: "1", value: String(p.fraction), "data-testid": "reprocess-progress",
-    title: p.partitions.map((q) => `p${q.partition} ${q.done}/${q.to_do}`).join(" · ") });
+    title: p.partitions.map((q) => `${q.stream && q.stream !== run.stream ? q.stream + " " : ""}p${q.partition} ${q.done}/${q.to_do}`).join(" · ") });
   const badge = el("span", { class: "badge", "data-state": run.state }, [run.state]);
   if (run.error) badge.title = run.error;
   const head = el("div", { class: "reprocess-head" }, [el("b", {}, [run.id]), " ", badge,

@@ -256,3 +256,42 @@ def test_switch_of_a_stream_feeding_a_join_starts_a_synchronized_switch_in_a_chi
         for r in ctx.reprocess.runs():
             ctx.reprocess.outputs.storage.drop(r.id)
         ctx.store.close()
+
+
+def test_switch_of_a_table_moves_the_stream_it_enriches_with_it(tmp_path):
+    """A run of a table rebuilds the stream enriched from it: its progress names the stream's
+    partitions too, and the switch (no hold: answered at once) says it moved the stream; on Kafka
+    it is a 409 saying why."""
+    tables = {"streams": {"users": {"kind": "table", "key_field": "user", "dimensions": ["plan"], "partitions": 1},
+                          "http": {**OLD["streams"]["http"], "partitions": 1,
+                                   "enrich": [{"table": "users", "by": "user", "columns": ["plan"]}]}},
+              "metrics": OLD["metrics"]}
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(tables))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    root.close()
+    config.write_text(yaml.safe_dump({**tables, "streams": {**tables["streams"], "users": {
+        **tables["streams"]["users"], "dimensions": ["plan", "country"]}}}))
+    app, ctx = build_api(settings)
+    ctx.reprocess.launch = lambda run: None
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            run = client.post("/api/v1/reprocess", json={"stream": "users"}, headers=ADMIN).json()
+            assert {p.get("stream") for p in run["progress"]["partitions"]} == {"users", "http"}
+            output = open_store(settings, run["id"])
+            pin_definitions(output, open_catalog(settings), run["id"])  # the run built users and http
+            output.close()
+            ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
+            ctx.reprocess.enrichments_rebuilt = False  # Kafka
+            refused = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert refused.status_code == 409 and "also feeds enrichment of 'http'" in refused.json()["detail"]
+            ctx.reprocess.enrichments_rebuilt = True
+            switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            assert switched.status_code == 200 and switched.json()["enriched"] == ["http"]
+    finally:
+        ctx.reprocess.close_outputs()
+        for r in ctx.reprocess.runs():
+            ctx.reprocess.outputs.storage.drop(r.id)
+        ctx.store.close()

@@ -129,6 +129,20 @@ def test_progress_per_partition_with_rate_and_eta():
     assert "p0 100/100 p1 100/300" in line
 
 
+def test_progress_covers_the_streams_a_tables_run_reads_whole():
+    """A run of a table also rebuilds the streams enriched from it, reading them to the log's end
+    (docs/reprocessing.md): their partitions count in the run's progress, named by stream."""
+    run = run_of()
+    run = run_of(stream="users", id="reprocess-users-01234567")
+    half = run_progress(run, {0: 100, 1: 110}, NOW + 10_000, {"http": ({0: 0}, {0: 600}, {0: 200})})
+    assert (half.done, half.to_do) == (400, 1000) and half.events_per_s == 40 and half.eta_s == 15
+    assert [(p.stream, p.partition, p.done, p.to_do) for p in half.partitions] == [
+        (run.stream, 0, 100, 100), (run.stream, 1, 100, 300), ("http", 0, 200, 600)]
+    assert half.to_json()["partitions"][2] == {"partition": 0, "done": 200, "to_do": 600, "stream": "http"}
+    line = progress_line(run, half)
+    assert "p0 100/100 p1 100/300 http p0 200/600" in line
+
+
 def test_a_changed_stream_is_computed_as_stored_until_a_switch():
     old, new = Catalog(**OLD), new_catalog()
     assert catalog_versions(old)["orders"] == catalog_versions(new)["orders"]

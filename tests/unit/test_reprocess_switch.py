@@ -595,3 +595,131 @@ def test_a_table_a_view_reads_is_switched_in_step_and_the_views_changelog_gets_t
             [("u4", {**want["u4"], "tier": "pro"})]
     finally:
         close_fixture(root, log, service)
+
+
+ENRICHING_OLD = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"]},
+                             "http": {"key_field": "user_id", "dimensions": ["method"], "sessions": {"key": "user_id"},
+                                      "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}}}
+# A column more on the table: the versions the enrichment looks up are built with it from now on.
+ENRICHING_NEW = {"streams": {**ENRICHING_OLD["streams"], "users": {**ENRICHING_OLD["streams"]["users"],
+                                                                    "dimensions": ["plan", "country"]}}}
+
+
+def enriching_batch(store, catalog: Catalog, pipeline: str, batch_id: int, plan: str, misses: int,
+                    offsets: dict[str, dict[int, int]], versions: list) -> None:
+    """A batch of `http` (one pane, enriched with `plan`) and of `users` (the table's versions)."""
+    partials = [PanePartial("http", NOW, NOW + PANE, {"method": "GET", "plan": plan}, PaneData(count=3)),
+                PanePartial("users", NOW, NOW + PANE, {"plan": plan}, PaneData(count=len(versions)))]
+    commit = BatchCommit(pipeline=pipeline, batch_id=batch_id, partials=partials, events_read=3 + len(versions),
+                         max_event_ms={"http": NOW, "users": NOW}, end_offsets=offsets,
+                         definition_versions=catalog_versions(catalog),
+                         enrichment=EnrichmentCommit({"users": versions}, {}, {("http", "users"): misses}))
+    assert store.commit_batch(commit, lateness_ms={n: 0 for n in catalog.streams}, now_ms=NOW).committed
+
+
+def test_a_table_that_enriches_a_stream_is_switched_with_the_stream_and_its_row_versions(settings):
+    """The run of the table rebuilt the enriched stream (its panes, misses, sessions) and the table's
+    row versions with the new definition: the switch moves them all with the table, the stream's
+    offsets too (an offset move each), keeps the replaced ones in the previous namespace, and can
+    be switched back. A run that did not build the stream is refused, saying why."""
+    from store.table_versions import TableVersion
+
+    old, new = Catalog(**ENRICHING_OLD), Catalog(**ENRICHING_NEW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    enriching_batch(root, old, "main", 0, "free", 2, {"users": {0: 2}, "http": {0: 9}},
+                    [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))])
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("users")
+    output = open_store(settings, run.id)
+    try:
+        # A run that did not build http (started before runs rebuilt enriched streams): refused.
+        pin_definitions(output, Catalog(streams={"users": ENRICHING_NEW["streams"]["users"]}), run.id)
+        service.definitions.set_state(run.id, "caught_up", NOW)
+        with pytest.raises(SwitchRefused, match="did not build stream 'http', enriched from 'users'.*new run"):
+            service.switch(run.id)
+        pin_definitions(output, new, run.id)
+        new_version = {"plan": "pro", "country": "nl"}
+        enriching_batch(output, new, run.id, 0, "pro", 1, {"users": {0: 1}, "http": {0: 7}},
+                        [("u1", TableVersion(NOW, 0, 0, new_version))])
+        output.close()
+        # On Kafka the run does not rebuild the enriched stream: refused with that reason.
+        service.enrichments_rebuilt = False
+        with pytest.raises(SwitchRefused, match="also feeds enrichment of 'http'.*does not rebuild the streams"
+                                                " enriched from it yet"):
+            service.switch(run.id)
+        service.enrichments_rebuilt = True
+        switched = service.switch(run.id)  # no hold: both streams' offsets move to the run's
+        assert switched["enriched"] == ["http"] and switched["offsets"] == {"0": 1}
+        assert counts(root) == {dims_key({"method": "GET", "plan": "pro"}): 3}
+        assert root.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, new_version))]
+        assert root.progress("main").streams["http"].enrich_misses == {"users": 1}
+        assert service.definitions.offset_moves("main") == {"users": {0: 1}, "http": {0: 7}}
+        assert root.progress("main").end_offsets["http"] == {0: 7}
+        switched_streams = {c.stream for c in root.changes_since(0) if c.revision == SWITCHED_REVISION}
+        assert switched_streams == {"users", "http", "http_sessions"}  # websocket hubs reload all three
+        kept = open_store(settings, switched["previous"])
+        assert counts(kept) == {dims_key({"method": "GET", "plan": "free"}): 3}
+        assert kept.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))]
+        assert kept.progress("main").streams["http"].enrich_misses == {"users": 2}
+        kept.close()
+        # ?version=: http's own version did not change (only the table's): its replaced output is
+        # found by the table's old version.
+        old_users = definition_version(old.streams["users"], old)
+        namespace, declaration = service.output("http", old_users[:8])
+        assert namespace == switched["previous"] and declaration["enrich"][0]["columns"] == ["plan"]
+        assert "http" in service.definitions.run_reads(run.id)  # the run's progress covers it
+        # The serving pipeline still computing the old way is fenced, an http-only batch too.
+        with pytest.raises(DefinitionSwitched, match="'users' was switched"):
+            root.commit_batch(batch("main", 1, {("GET",): 1}, {0: 10}, old), lateness_ms={"http": 0}, now_ms=NOW)
+        back = service.switch(switched["previous"])  # switching back moves them back together
+        assert back["enriched"] == ["http"]
+        assert counts(root) == {dims_key({"method": "GET", "plan": "free"}): 3}
+        assert root.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))]
+        assert service.definitions.offset_moves("main") == {"users": {0: 2}, "http": {0: 9}}
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_a_tables_run_carries_the_versions_compaction_removed_from_its_log_as_its_new_definition_reads_them(settings):
+    """A run of a table rebuilds its row versions from its log with the new definition; the versions
+    the serving store kept of changes compacted away are carried in, converted (the new column "",
+    the key the same), and those still in the log are left to the run. Another key carries none."""
+    from aggregates.reprocess import carried_versions
+    from ingest.tables import TableRowValidator
+    from sketchboard.reprocess import carried_table_versions, seed_table_versions
+    from store.table_versions import TableVersion
+
+    old, new = Catalog(**ENRICHING_OLD), Catalog(**ENRICHING_NEW)
+    log = open_log(settings, new)
+    users = new.streams["users"]
+    validator = TableRowValidator(users)
+    changes = [{"user_id": "u1", "plan": "free", "country": "nl"}, {"user_id": "u1", "plan": "pro", "country": "de"},
+               {"user_id": "u2", "plan": "team", "country": "fr"}, {"user_id": "u1", "plan": "team", "country": "de"}]
+    positions = []
+    for i, change in enumerate(changes):  # one append each: its own append time
+        result = log.append(users, [validator.validate(change, NOW + i)], NOW + i)
+        (partition, (first, _)), = result.ranges.items()
+        positions.append((change["user_id"], TableVersion(NOW + i, int(partition), first,
+                                                          {"plan": change["plan"]})))  # as the old definition kept it
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    enriching_batch(root, old, "main", 0, "free", 0, {"users": {0: 4}, "http": {0: 0}}, positions)
+    run_out = None
+    try:
+        assert log.compact(NOW + 10) == 2  # u1's first two changes go
+        carried = carried_table_versions(new, "users", root, log)
+        assert carried == [(k, TableVersion(v.valid_from_ms, v.partition, v.offset, {"plan": v.row["plan"], "country": ""}))
+                           for k, v in positions[:2]]
+        run_out = open_store(settings, "reprocess-users-test")
+        assert seed_table_versions(new, "users", root, run_out, log) == 2
+        assert run_out.table_versions("users") == carried
+        rekeyed = users.model_copy(update={"key_field": "email"})
+        assert carried_versions(positions, set(), old.streams["users"], rekeyed) == []
+    finally:
+        if run_out is not None:
+            run_out.close()
+            open_store(settings).close()
+        log.close()
+        root.close()

@@ -92,4 +92,41 @@ def test_a_view_is_rebuilt_by_a_run_of_either_table_reading_the_other_and_enrich
     assert run.views == views.views and {"users", "plans", "user_plans"} <= set(run.streams)
     assert stream_catalog(views, "users", with_joins=False).views == {}
     enriched = parse_catalog(ENRICHED)
-    assert refused_dependents(enriched, "users", joins_rebuilt=True) == ["enrichment of 'http_requests'"]
+    assert refused_dependents(enriched, "users") == ["enrichment of 'http_requests'"]  # on Kafka
+
+
+def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_through_a_view(demo_catalog):
+    """On the embedded log a run of a table rebuilds each stream enriched from it (read whole, to
+    the log's end, not capped: the switch moves its offsets too) with that stream's tables; a
+    stream that feeds state of its own under another name stays refused."""
+    from catalog.dependents import enriched_streams, rebuilt_enrichments
+
+    enriched = parse_catalog(ENRICHED)
+    assert enriched_streams(enriched, "users") == ["http_requests"] and enriched_streams(enriched, "http_requests") == []
+    assert rebuilt_enrichments(enriched, "users") == ["http_requests"]
+    assert refused_dependents(enriched, "users", joins_rebuilt=True) == []
+    run = stream_catalog(enriched, "users")
+    assert set(run.streams) >= {"users", "http_requests"} and run.streams["http_requests"] == enriched.streams["http_requests"]
+    assert "requests" in run.metrics  # its metrics with it
+    assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams  # Kafka
+    # Through a view (the demo: http_requests enriched through user_plans = users x plans): a run
+    # of either table rebuilds the view (the other table capped) and the enriched stream (whole).
+    for table, other in (("users", "plans"), ("plans", "users")):
+        assert rebuilt_enrichments(demo_catalog, table) == ["http_requests"]
+        assert refused_dependents(demo_catalog, table, joins_rebuilt=True) == []
+        assert other_streams(demo_catalog, table) == [other]  # http_requests is not capped
+        run = stream_catalog(demo_catalog, table)
+        assert {"users", "plans", "http_requests"} <= set(run.streams) and "user_plans" in run.views
+    # A stream enriched from the table that also feeds a join: its records since the run's end would
+    # reach the join twice, so it is not rebuilt and the switch stays refused, naming it.
+    joined = parse_catalog(ENRICHED.replace("metrics:\n", """  clicks: {key_field: user_id, dimensions: [button]}
+joins:
+  - name: request_clicks
+    left: {stream: http_requests, key: user_id}
+    right: {stream: clicks, key: user_id}
+    within: 1m
+metrics:
+"""))
+    assert enriched_streams(joined, "users") == ["http_requests"] and rebuilt_enrichments(joined, "users") == []
+    assert refused_dependents(joined, "users", joins_rebuilt=True) == ["enrichment of 'http_requests'"]
+    assert "http_requests" not in stream_catalog(joined, "users").streams

@@ -1,0 +1,139 @@
+"""A reprocess of a table that enriches a stream (docs/reprocessing.md, "A table that enriches
+streams"): the run of `users` (a column more, which `http_requests` is now also enriched with)
+rebuilds `http_requests` whole with the table's new definition, and the table's row versions from
+its log; the switch moves both streams' outputs, offsets and the versions together. Both are
+appended to after the run caught up (read the old way by the serving pipeline before the switch,
+and left unread by it when the switch comes) and after the switch: the enriched counts per
+enriched dimension then equal one pipeline's over the whole log with the new definition, and
+pandas' as-of join; the replaced output stays queryable by its version."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+
+import pytest
+import yaml
+
+from catalog import Catalog
+from catalog.versions import definition_version
+from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
+from sketchboard.settings import Settings
+from sketchboard.wiring import build_pipeline
+from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.spark.test_enrichment import Log, expected, stored
+
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+
+LATE = {"allowed_lateness": "1h", "tiers": [], "partitions": 2}
+OLD = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"], **LATE},
+                   "http_requests": {"key_field": "user_id", "dimensions": ["method"], **LATE,
+                                     "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}},
+       "metrics": {"requests": {"stream": "http_requests"}}}
+# The table keeps a column more, and the stream is enriched with it too: a run of the table
+# rebuilds the stream (both definitions change; a switch of the stream alone would leave the
+# table's versions without the column).
+NEW = {**OLD, "streams": {
+    "users": {**OLD["streams"]["users"], "dimensions": ["plan", "country"]},
+    "http_requests": {**OLD["streams"]["http_requests"],
+                      "enrich": [{"table": "users", "by": "user_id", "columns": ["plan", "country"]}]}}}
+
+
+class Traffic:
+    """Table changes and requests appended at a synthetic append time that moves 20 s per append;
+    each request stamped up to a minute before its append (so some precede the table's latest changes)."""
+
+    def __init__(self, log: Log, base_ms: int):
+        self.log, self.at, self.rng = log, base_ms, random.Random(16)
+
+    def tick(self) -> int:
+        self.at += 20_000
+        return self.at
+
+    def users(self, n: int) -> None:
+        rng = self.rng  # u0..u10; u11 is never in the table (its requests are misses)
+        self.log.table([{"user_id": f"u{rng.randrange(11)}", "_deleted": True} if rng.random() < 0.05 else
+                        {"user_id": f"u{rng.randrange(11)}", "plan": rng.choice(["free", "pro", "team"]),
+                         "country": rng.choice(["nl", "de", "fr"])} for _ in range(n)], self.tick())
+
+    def requests(self, n: int) -> None:
+        at, rng = self.tick(), self.rng
+        self.log.requests([{"time": at - rng.randrange(60_000), "user_id": f"u{rng.randrange(12)}",
+                            "method": rng.choice(["GET", "POST"])} for _ in range(n)], at)
+
+    def both(self, rounds: int, users: int, requests: int) -> None:
+        for _ in range(rounds):
+            self.users(users)
+            self.requests(requests)
+
+
+def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_them_together(
+        tmp_path, spark, log_backend, store_backend):
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
+                        **test_log.settings())
+    new_catalog, old_catalog = Catalog(**NEW), Catalog(**OLD)
+    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog), int(time.time() * 1000) - 3_600_000)
+
+    traffic.both(3, 6, 60)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(NEW))
+    traffic.both(2, 5, 60)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        served = [json.loads(p.key.dims) for p in root.read_panes("http_requests", 0, 2**62)]
+        assert served and all("country" not in dims for dims in served)  # served the old way until the switch
+        run = run_reprocess(settings, "users", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log.log)
+        # Its progress covers the enriched stream it read too.
+        progress = service.progress(service.run(run.id))
+        assert progress.done == progress.to_do > sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+        # After the run: both changed and read the old way by the serving pipeline, then changes it
+        # has not read when the switch comes.
+        traffic.both(2, 4, 50)
+        main.run_until_drained()
+        traffic.both(1, 4, 50)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version and switched["enriched"] == ["http_requests"]
+        assert service.changes() == {}  # both streams now served as configured
+        # After the switch: the serving pipeline restarts (as `sketchboard pipeline` does) and reads
+        # both streams from the run's end; then more of both.
+        again = build_pipeline(settings, spark)
+        again.run_until_drained()
+        traffic.both(1, 4, 50)
+        again.run_until_drained()
+        again.store.close()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+
+        want, missing = expected(traffic.log)
+        assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and 0 < missing < len(traffic.log.events)
+        assert sum(want.values()) == len(traffic.log.events)  # nothing dead-lettered
+        assert stored(reference.store) == want
+        assert stored(root) == want
+        assert root.progress("main").streams["http_requests"].enrich_misses == {"users": missing}
+        assert root.table_versions("users") == reference.store.table_versions("users")
+        assert {r.key: r.row for r in root.table_rows("users", limit=1_000)} == \
+            {r.key: r.row for r in reference.store.table_rows("users", limit=1_000)}
+        # The replaced output is kept and queryable by the stream's old version (?version=).
+        old_version = definition_version(old_catalog.streams["http_requests"], old_catalog)
+        namespace, declaration = service.output("http_requests", old_version[:8])
+        assert namespace == switched["previous"] and declaration["enrich"][0]["columns"] == ["plan"]
+        kept = service.output_store(namespace)
+        old = [json.loads(p.key.dims) for p in kept.read_panes("http_requests", 0, 2**62)]
+        assert old and all("country" not in dims for dims in old)
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.log.close()
