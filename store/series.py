@@ -33,7 +33,15 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
     return [(seg, seg.proj, bucket) for seg in plan.segments]
 
 
-def query_series(
+def query_series(*args, **kwargs) -> list[Series]:
+    """_query_series with the cyclic garbage collector paused: a query's objects (bucket sums, rows,
+    sketches, points) are short-lived and acyclic, and the collector's passes over them were up to a
+    fifth of a cold day's percentile (store/gc_pause.py says why pausing it is safe)."""
+    with paused_gc():
+        return _query_series(*args, **kwargs)
+
+
+def _query_series(
     store: PaneStore,
     stream: str,
     pane_ms: int,
@@ -76,13 +84,10 @@ def query_series(
             for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
                 rows += store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
                                                kind=kind, pane_ms=pane_ms)
-        # The roll-up's objects are short-lived and acyclic: the collector's passes over them were
-        # a fifth of a cold day's percentile (store/gc_pause.py says why that is safe).
-        with paused_gc():
-            return rollup_sketch_rows(rows, stat=stat, quantile=quantile, value_field=value_field,
-                                      distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms,
-                                      window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, filters=filters,
-                                      watermark_ms=watermark_ms, max_points=max_points)
+        return rollup_sketch_rows(rows, stat=stat, quantile=quantile, value_field=value_field,
+                                  distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms,
+                                  window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, filters=filters,
+                                  watermark_ms=watermark_ms, max_points=max_points)
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)
