@@ -59,6 +59,14 @@ class KllSketch:
     def update(self, value: float) -> None:
         self._sketch.update(float(value))
 
+    def copy(self) -> KllSketch:
+        return KllSketch(_sketch=copy.copy(self._sketch))
+
+    def merge_in(self, other: KllSketch) -> None:
+        """Merge `other` into this sketch (other unchanged): merge_all([self, other]) without the
+        copy of self, for a running merge that nothing else holds (a sliding window's back stack)."""
+        self._sketch.merge(other._sketch)
+
     def quantile(self, q: float) -> QuantileEstimate | None:
         """The value at rank q, with the value range its rank error allows; None when empty."""
         if not 0.0 <= q <= 1.0:

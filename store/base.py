@@ -14,7 +14,7 @@ from store.joins import JoinCommit, JoinSizes, JoinState
 from store.patterns import PatternCommit, PatternLoad, PatternSizes, StoredMatch
 from store.sessions import Session, SessionCommit
 from store.panes import Pane, PaneData
-from store.rollup import BucketStats
+from store.rollup import BucketStats, SketchRow
 from store.table_state import TableChange, TableRow
 from store.view_state import ViewChangeRow, ViewCommit, ViewLink
 from store.table_versions import EnrichmentCommit, TableVersion
@@ -265,6 +265,24 @@ class PaneStore(ABC):
         """Rows of one tier (granule x projection) starting in [start_ms, end_ms), as Panes whose dims
         are the projected dimensions; the pane granule with all dimensions reads the panes.
         with_stats=False leaves out the exact stats (value fields then carry only their KLL)."""
+
+    def read_tier_sketch(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                         field: str, kind: str, pane_ms: int | None = None) -> list[SketchRow]:
+        """read_tier's rows as SketchRows holding one sketch, the `kind` ("kll" of a value field,
+        "hll" of a distinct field) of `field`, in start order: what a sketch stat reads. This
+        default builds them from read_tier; the stores read them without building Panes."""
+        value_field, distinct_field = (field, None) if kind == "kll" else (None, field)
+        out = []
+        for pane in self.read_tier(stream, granule_ms, proj, start_ms, end_ms, value_field=value_field,
+                                   distinct_field=distinct_field, with_sketches=True, pane_ms=pane_ms, with_stats=False):
+            data = pane.data
+            if kind == "kll":
+                stats = data.values.get(field)
+                blob = stats.kll if stats is not None else None
+            else:
+                blob = data.distincts.get(field)
+            out.append(SketchRow(pane.key.start_ms, pane.key.dims, data.count, pane.revision, blob))
+        return out
 
     @abstractmethod
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from store.base import PaneStore
-from store.panes import Pane
 from store.planner import plan_read
 from store.point_cache import PointCache
-from store.rollup import DEFAULT_MAX_POINTS, BucketStats, Point, Series, rollup, rollup_buckets, window_points
+from store.gc_pause import paused_gc
+from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, SketchRow, rollup, rollup_buckets,
+                           rollup_sketch_rows, window_points)
 
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
 
@@ -32,7 +33,15 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
     return [(seg, seg.proj, bucket) for seg in plan.segments]
 
 
-def query_series(
+def query_series(*args, **kwargs) -> list[Series]:
+    """_query_series with the cyclic garbage collector paused: a query's objects (bucket sums, rows,
+    sketches, points) are short-lived and acyclic, and the collector's passes over them were up to a
+    fifth of a cold day's percentile (store/gc_pause.py says why pausing it is safe)."""
+    with paused_gc():
+        return _query_series(*args, **kwargs)
+
+
+def _query_series(
     store: PaneStore,
     stream: str,
     pane_ms: int,
@@ -66,15 +75,19 @@ def query_series(
                               window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
                               max_points=max_points)
 
+    kind = "hll" if stat == "distinct" else "kll"
+    field = distinct_field if kind == "hll" else value_field
+
     def sketch_series(lo: int, hi: int) -> list[Series]:
-        rows: list[Pane] = []
-        for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
-            rows += store.read_tier(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, value_field=value_field,
-                                    distinct_field=distinct_field, with_sketches=True, pane_ms=pane_ms,
-                                    with_stats=False)
-        return rollup(rows, stat=stat, quantile=quantile, value_field=value_field, distinct_field=distinct_field,
-                      start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms,
-                      group_by=group_by, filters=filters, watermark_ms=watermark_ms, max_points=max_points)
+        rows: list[SketchRow] = []
+        if field:  # else rollup refuses the query, with its reason
+            for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
+                rows += store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
+                                               kind=kind, pane_ms=pane_ms)
+        return rollup_sketch_rows(rows, stat=stat, quantile=quantile, value_field=value_field,
+                                  distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms,
+                                  window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, filters=filters,
+                                  watermark_ms=watermark_ms, max_points=max_points)
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)

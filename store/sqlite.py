@@ -38,7 +38,7 @@ from store.connection import SqliteDb, open_connection, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
-from store.rollup import BucketStats
+from store.rollup import BucketStats, SketchRow
 from store.schema_version import SCHEMA_VERSION, check_version
 from store import view_state
 from store import table_state, table_versions
@@ -296,6 +296,14 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return sqlite_tiers.read_rows(self._conn, table, where, args, start_ms, end_ms, wanted,
                                           stats=with_stats, stream=stream)
+
+    def read_tier_sketch(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                         field: str, kind: str, pane_ms: int | None = None) -> list[SketchRow]:
+        table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
+        with self._lock:
+            rows = self._conn.execute(row_codec.sketch_rows_select(table, f"{where} AND start_ms >= ? AND start_ms < ?"),
+                                      (*args, start_ms, end_ms)).fetchall()
+        return row_codec.sketch_rows(rows, field, kind)
 
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
                        bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,

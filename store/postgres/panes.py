@@ -63,7 +63,7 @@ from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.switch import check_definitions
-from store.rollup import BucketStats
+from store.rollup import BucketStats, SketchRow
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 from store.watermarks import PartitionMark
 
@@ -297,6 +297,16 @@ class PostgresPaneStore(PaneStore):
         table, where, args = _tier_table(stream, granule_ms, proj, pane_ms)
         with self._pool.connection() as conn:
             return rows.read(conn, table, where, args, start_ms, end_ms, wanted, stats=with_stats, stream=stream)
+
+    def read_tier_sketch(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
+                         field: str, kind: str, pane_ms: int | None = None) -> list[SketchRow]:
+        from store import row_codec
+
+        table, where, args = _tier_table(stream, granule_ms, proj, pane_ms)
+        with self._pool.connection() as conn:
+            rows = conn.execute(row_codec.sketch_rows_select(table, f"{where} AND start_ms >= %s AND start_ms < %s"),
+                                (*args, start_ms, end_ms)).fetchall()
+        return row_codec.sketch_rows(rows, field, kind)
 
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
                        bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,
