@@ -85,6 +85,30 @@ def on_driver(batch: DataFrame) -> DataFrame:
     return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
 
 
+def local_batch(batch: DataFrame, records: pa.Table) -> DataFrame:
+    """`records` (the batch's source rows, read on the driver from the embedded log:
+    ingest.spark_source.read_batch) as a LocalRelation of `batch`'s schema in the session
+    `on_driver` uses, with no Spark job: `batch` itself is never executed. Arrow record batches
+    go to the JVM through a file, as `createDataFrame(pyarrow.Table)` sends them, and become local
+    rows there (below `spark.sql.execution.arrow.localRelationThreshold`, 48 MB, far above
+    `driver_batch_rows` records)."""
+    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    jdf = batch._jdf
+    session = _without_adaptive(jdf.sparkSession())
+    schema = batch.schema
+    records = records.cast(to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC"))
+    sc = batch.sparkSession.sparkContext
+    jvm = sc._jvm
+    chunks = sc._serialize_to_jvm(records.to_batches(), ArrowStreamSerializer(),
+                                  lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
+                                  lambda: jvm.ArrowIteratorServer())
+    local = DataFrame(jvm.PythonSQLUtils.toDataFrame(chunks, schema.json(), session), batch.sparkSession)
+    local.__dict__["schema"] = schema  # known (a cached property): no calls into the JVM to ask for it
+    return local
+
+
 def arrow_on_driver(df: DataFrame) -> pa.Table:
     """What `df.toArrow()` gives (same schema, same rows) for filters and projections over a batch
     on the driver, without its Spark job: Spark collects Arrow through an RDD, always a job, while
