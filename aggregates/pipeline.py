@@ -131,6 +131,7 @@ class Pipeline(ReportsStoreErrors):
         local = self.read_on_driver(batch, batch_id, offsets) if small else None
         if local is not None:
             batch = local
+        read_at = time.perf_counter()
         event_ids = None
         if self.duplicates.enabled:
             # Copies of an event id counted before are taken out first: nothing below sees them.
@@ -215,10 +216,11 @@ class Pipeline(ReportsStoreErrors):
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"
-            " %d duplicates dropped in %.0f ms (event ids %.0f ms, Spark %.0f ms, store commit %.0f ms)",
+            " %d duplicates dropped in %.0f ms (read %.0f ms, event ids %.0f ms, Spark %.0f ms, store commit %.0f ms)",
             batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
             result.corrections, result.dead_letters, sum(event_ids.duplicates.values()) if event_ids else 0,
-            (done - started) * 1000, (deduped_at - started) * 1000, (computed - deduped_at) * 1000,
+            (done - started) * 1000, (read_at - started) * 1000, (deduped_at - read_at) * 1000,
+            (computed - deduped_at) * 1000,
             (done - computed) * 1000,
         )
         if clocks is not None:
