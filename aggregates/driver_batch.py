@@ -1,4 +1,5 @@
-"""A small micro-batch held on the driver: one Spark job reads it, later steps plan over local rows.
+"""A small micro-batch held on the driver: read without a Spark job (embedded log) or with one
+(Kafka), later steps plan over local rows.
 
 At the demo's rate a batch is a few hundred events, and what it costs is Spark's fixed cost per
 job (scheduling, tasks, Python worker round trips: ~0.05-0.4 s each), not the rows. Persisting
@@ -7,7 +8,12 @@ collect is one more. Instead, below `PipelineConfig.driver_batch_rows` rows, the
 once (`collectAsList`, one job, the rows stay in the driver's JVM) and made a `LocalRelation`
 with the same schema. Spark's optimizer then evaluates the filters and projections over it on
 the driver (ConvertToLocalRelation) and a `collect()` of them runs no job at all; aggregations
-and `toArrow` still run one, over local rows instead of the source or a cache.
+and `toArrow` still run one, over local rows instead of the source or a cache. From the embedded
+log even the read runs no job: the batch's offset range is known from the checkpoint before
+anything runs, so its records are read in Python by the source's own reader
+(ingest.spark_source.read_batch) and sent to the JVM as Arrow, which makes them local rows
+(`local_batch`); Spark's own DataFrame of the batch is never executed. Spark's Kafka source reads
+in the JVM, so a Kafka batch keeps the one job (`on_driver`).
 
 Results are the same by construction: every step runs the same Spark expressions over the same
 rows; only where they run changes (tests/spark/test_driver_batch.py pins the panes and the
@@ -83,6 +89,30 @@ def on_driver(batch: DataFrame) -> DataFrame:
     jdf = batch._jdf
     session = _without_adaptive(jdf.sparkSession())
     return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
+
+
+def local_batch(batch: DataFrame, records: pa.Table) -> DataFrame:
+    """`records` (the batch's source rows, read on the driver from the embedded log:
+    ingest.spark_source.read_batch) as a LocalRelation of `batch`'s schema in the session
+    `on_driver` uses, with no Spark job: `batch` itself is never executed. Arrow record batches
+    go to the JVM through a file, as `createDataFrame(pyarrow.Table)` sends them, and become local
+    rows there (below `spark.sql.execution.arrow.localRelationThreshold`, 48 MB, far above
+    `driver_batch_rows` records)."""
+    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    jdf = batch._jdf
+    session = _without_adaptive(jdf.sparkSession())
+    schema = batch.schema
+    records = records.cast(to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC"))
+    sc = batch.sparkSession.sparkContext
+    jvm = sc._jvm
+    chunks = sc._serialize_to_jvm(records.to_batches(), ArrowStreamSerializer(),
+                                  lambda path: jvm.PythonSQLUtils.readArrowStreamFromFile(path),
+                                  lambda: jvm.ArrowIteratorServer())
+    local = DataFrame(jvm.PythonSQLUtils.toDataFrame(chunks, schema.json(), session), batch.sparkSession)
+    local.__dict__["schema"] = schema  # known (a cached property): no calls into the JVM to ask for it
+    return local
 
 
 def arrow_on_driver(df: DataFrame) -> pa.Table:

@@ -17,7 +17,7 @@ from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corr
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
-from aggregates.driver_batch import arrow_on_driver, on_driver, rows_at_most, streams_with_rows
+from aggregates.driver_batch import arrow_on_driver, local_batch, on_driver, rows_at_most, streams_with_rows
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
@@ -32,7 +32,7 @@ from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
-from ingest.spark_source import SOURCE_NAME, source_options
+from ingest.spark_source import SOURCE_NAME, read_batch, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
 
@@ -86,6 +86,9 @@ class Pipeline(ReportsStoreErrors):
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)
         self.last_result: CommitResult | None = None
+        # {batch id: records} of the recent batches read on the driver from the embedded log: Spark
+        # never runs their DataFrame, so its progress counts no input rows (aggregates/progress.py).
+        self.rows_read_on_driver: dict[int, int] = {}
         self.definition_versions: dict[str, str] = {}  # set by the wiring: a switch fences commits (store/switch.py)
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # Store commits retried while the storage fails, errors reported (aggregates/store_commit.py).
@@ -123,6 +126,13 @@ class Pipeline(ReportsStoreErrors):
         # The clock is read once per batch and passed into the job as a literal: every
         # executor judges retention against the same instant.
         batch_now_ms = int(self.clock() * 1000)
+        offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
+        small = self.fits_driver(batch_id, offsets)
+        # A small batch of the embedded log: its records read here, Spark's DataFrame never run.
+        local = self.read_on_driver(batch, batch_id, offsets) if small else None
+        if local is not None:
+            batch = local
+        read_at = time.perf_counter()
         event_ids = None
         if self.duplicates.enabled:
             # Copies of an event id counted before are taken out first: nothing below sees them.
@@ -132,12 +142,10 @@ class Pipeline(ReportsStoreErrors):
         clocks = None
         # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again;
         # a small batch on the driver (aggregates/driver_batch.py), where a step's collect runs no Spark job.
-        offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
-        small = self.fits_driver(batch_id, offsets)
         # On the driver path, the streams with records in the batch (from the offsets): the steps
         # of the others are skipped, no expressions built and no calls into the JVM for them.
         present = streams_with_rows(*offsets) if small else None
-        kept = (on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
+        kept = (batch if batch is local else on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
                 or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
         joined = matched = enriched = sessioned = None
         try:
@@ -209,10 +217,11 @@ class Pipeline(ReportsStoreErrors):
         done = time.perf_counter()
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"
-            " %d duplicates dropped in %.0f ms (event ids %.0f ms, Spark %.0f ms, store commit %.0f ms)",
+            " %d duplicates dropped in %.0f ms (read %.0f ms, event ids %.0f ms, Spark %.0f ms, store commit %.0f ms)",
             batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
             result.corrections, result.dead_letters, sum(event_ids.duplicates.values()) if event_ids else 0,
-            (done - started) * 1000, (deduped_at - started) * 1000, (computed - deduped_at) * 1000,
+            (done - started) * 1000, (read_at - started) * 1000, (deduped_at - read_at) * 1000,
+            (computed - deduped_at) * 1000,
             (done - computed) * 1000,
         )
         if clocks is not None:
@@ -259,6 +268,19 @@ class Pipeline(ReportsStoreErrors):
         c = self.config
         start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1) if batch_id > 0 else {}
         return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
+
+    def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> DataFrame | None:
+        """A small batch of the embedded log read on the driver from the log, for its logged offset
+        range, by the source's own reader (ingest.spark_source.read_batch) and made local rows
+        without a Spark job (driver_batch.local_batch); None from Kafka (Spark's Kafka source reads
+        it: driver_batch.on_driver, one job)."""
+        if self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
+            return None
+        records = read_batch(self.log, self.catalog, *offsets)
+        self.rows_read_on_driver[batch_id] = records.num_rows
+        for old in [b for b in self.rows_read_on_driver if b < batch_id - 100]:  # the listener's reach
+            del self.rows_read_on_driver[old]
+        return local_batch(batch, records)
 
     def fits_driver(self, batch_id: int, offsets: tuple[dict, dict] | None = None) -> bool:
         """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark

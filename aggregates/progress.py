@@ -26,13 +26,19 @@ class ProgressRecorder(StreamingQueryListener):
     """Writes the events of the query named `query_name` into a health store
     (store.health.SqliteHealthStore); events of other queries are ignored."""
 
-    def __init__(self, health_store, pipeline: str, query_name: str, *, clock: Callable[[], float] = time.time):
+    def __init__(self, health_store, pipeline: str, query_name: str, *, clock: Callable[[], float] = time.time,
+                 input_rows: Callable[[int], int | None] | None = None):
         super().__init__()
         self.health = health_store
         self.pipeline = pipeline
         self.query_name = query_name
         self.clock = clock
         self._runs: set[str] = set()  # run ids of our query (terminated events carry no name)
+        # The records the pipeline read itself for a batch (Pipeline.rows_read_on_driver.get): a
+        # small batch of the embedded log is read on the driver and Spark's DataFrame never runs,
+        # so Spark counts no input rows for it; then these are reported instead.
+        self.input_rows = input_rows
+        self._trigger_ms: dict[str, int] = {}  # run id -> its last trigger's start (rows per second)
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
         # A process that exits after query.stop() may not live to see onQueryTerminated (the
@@ -57,8 +63,13 @@ class ProgressRecorder(StreamingQueryListener):
         run_id = str(progress.runId)
         with self._lock:
             self._runs.add(run_id)
-        self._safely(self.health.progress, self.pipeline, run_id, progress.batchId, json.loads(progress.json),
-                     self._now_ms())
+        data = json.loads(progress.json)
+        started = _iso_ms(data.get("timestamp"))
+        previous, self._trigger_ms[run_id] = self._trigger_ms.get(run_id), started
+        read = self.input_rows(progress.batchId) if self.input_rows is not None else None
+        if read and not data.get("numInputRows"):
+            data = with_input_rows(data, read, None if previous is None or started is None else started - previous)
+        self._safely(self.health.progress, self.pipeline, run_id, progress.batchId, data, self._now_ms())
 
     def onQueryIdle(self, event) -> None:
         run_id = str(event.runId)
@@ -99,6 +110,24 @@ class ProgressRecorder(StreamingQueryListener):
             fn(*args)
         except Exception as exc:  # never let the listener bus see an exception
             log.warning("recording query progress failed: %s", exc)
+
+
+def with_input_rows(progress: dict, rows: int, since_previous_ms: int | None) -> dict:
+    """Spark's progress of a batch it counted no input rows for, with the `rows` the pipeline read
+    itself, and the rates Spark derives from them: per second since the previous trigger started
+    (`since_previous_ms`; unknown for a run's first: left as Spark wrote it) and per second of this
+    trigger's execution."""
+    out = dict(progress, numInputRows=rows)
+    if since_previous_ms:
+        out["inputRowsPerSecond"] = rows * 1000 / since_previous_ms
+    took = (progress.get("durationMs") or {}).get("triggerExecution")
+    if took:
+        out["processedRowsPerSecond"] = rows * 1000 / took
+    sources = progress.get("sources") or []
+    if len(sources) == 1:  # one source, the embedded log's: its share is the whole
+        out["sources"] = [{**sources[0], **{k: out[k] for k in ("numInputRows", "inputRowsPerSecond",
+                                                               "processedRowsPerSecond") if k in out}}]
+    return out
 
 
 def register(spark, health_store, pipeline: str, query_name: str, **kwargs) -> ProgressRecorder:

@@ -32,8 +32,8 @@ from catalog import Catalog, StreamDef
 from ingest.log import SqliteEventLog
 from ingest.source_rows import MISSING_EVENT_TIME, SOURCE_SCHEMA, SPARK_SCHEMA, error_batch, to_source_batch
 
-__all__ = ["MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA", "SketchboardLogSource", "read_slice",
-           "source_options", "to_source_batch"]
+__all__ = ["MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA", "SketchboardLogSource", "read_batch",
+           "read_slice", "source_options", "to_source_batch"]
 
 SOURCE_NAME = "sketchboard_log"
 INITIAL_OFFSETS_FILE = "sketchboard-initial-offsets.json"  # in the query's checkpoint folder
@@ -90,6 +90,30 @@ def read_slice(log: SqliteEventLog, stream: StreamDef, partition: int, start: in
             message = f"undecodable log segment (offsets {bounds[0]}..{bounds[1] - 1}): {type(exc).__name__}: {exc}"
             yield error_batch(stream.name, partition, lo, hi, message)
             pos = hi
+
+
+def batch_slices(catalog: Catalog, start: dict, end: dict, max_records: int) -> list[LogSlice]:
+    """The slices of a batch from `start` to `end` offsets ({stream: {partition: offset}}, partitions
+    as JSON strings or ints), at most `max_records` records each, streams of `catalog` only."""
+    slices: list[LogSlice] = []
+    for stream, parts in end.items():
+        if stream not in catalog.streams:
+            continue
+        began = start.get(stream, {})
+        for p, hi in parts.items():
+            lo = began.get(p, began.get(str(p), 0))
+            for a in range(lo, hi, max_records):
+                slices.append(LogSlice(stream, int(p), a, min(hi, a + max_records)))
+    return slices
+
+
+def read_batch(log: SqliteEventLog, catalog: Catalog, start: dict, end: dict) -> pa.Table:
+    """A batch's source rows, read in this process as the source's tasks read them (same slices,
+    same order, same error rows): the pipeline reads a small batch on the driver this way, with no
+    Spark job (aggregates/driver_batch.py)."""
+    batches = [b for s in batch_slices(catalog, start, end, 2**62)
+               for b in read_slice(log, catalog.stream(s.stream), s.partition, s.start, s.end)]
+    return pa.Table.from_batches(batches, schema=SOURCE_SCHEMA)
 
 
 def plan_end_offsets(start: Offsets, available: Offsets, max_rows: int | None) -> Offsets:
@@ -198,15 +222,7 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._available()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        slices: list[LogSlice] = []
-        for stream, parts in end.items():
-            if stream not in self.catalog.streams:
-                continue
-            for p, hi in parts.items():
-                lo = start.get(stream, {}).get(p, 0)
-                for a in range(lo, hi, self.max_records_per_task):
-                    slices.append(LogSlice(stream, int(p), a, min(hi, a + self.max_records_per_task)))
-        return pack_slices(slices, self.max_records_per_task)
+        return pack_slices(batch_slices(self.catalog, start, end, self.max_records_per_task), self.max_records_per_task)
 
     def read(self, partition: LogTask) -> Iterator[pa.RecordBatch]:
         log = self._open()

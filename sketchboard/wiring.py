@@ -431,7 +431,8 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
 
     # Spark's progress events go to the store for the API process (the name Pipeline.start gives the query).
     health = open_health_store(settings, store)
-    pipeline.progress_recorder = register(spark, health, name, f"sketchboard-{name}")
+    pipeline.progress_recorder = register(spark, health, name, f"sketchboard-{name}",
+                                          input_rows=pipeline.rows_read_on_driver.get)  # batches Spark never ran
     # Failed store commits are retried and reported there (aggregates/commit_retry.py).
     health.reserve_store_errors(name)
     pipeline.health = health

@@ -1,5 +1,5 @@
-"""A small batch read once onto the driver (aggregates/driver_batch.py) commits what the persisted
-path commits, with far fewer Spark jobs: the shipped demo configuration (device clocks, enrichment
+"""A small batch read on the driver (aggregates/driver_batch.py; from the embedded log, in Python,
+with no Spark job) commits what the persisted path commits, with no Spark job at all: the shipped demo configuration (device clocks, enrichment
 through a view, tables and views, joins, sessions, patterns, first-seen and membership) over the
 same log, drained batch by batch by two pipelines, one with `driver_batch_rows=0` (always
 persisted, the path large batches take) and one as configured; their stores must hold the same
@@ -9,18 +9,21 @@ and rows, device clocks, misses and dead letters."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import pytest
 from py4j.java_gateway import GatewayClient
 
 from aggregates.pipeline import Pipeline
+from aggregates.progress import register
 from catalog import load_catalog
 from demo import DemoTraffic
 from ingest.events import EventValidator
 from ingest.tables import TableRowValidator
 from sketches import HllSketch, KllSketch
 from sketchboard.settings import DEFAULT_STREAMS
+from store.health import HealthStore
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
 
@@ -119,9 +122,14 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
         return p
 
     driver, persisted = pipeline("driver"), pipeline("persisted", driver_batch_rows=0)
+    # Spark's progress as the service records it: Spark never runs a batch read on the driver, so
+    # the input rows it reports are the pipeline's own count (aggregates/progress.py).
+    health = HealthStore(store_backend.side_db(), retention_ms=3_600_000)
+    recorder = register(spark, health, "driver", "sketchboard-driver", input_rows=driver.rows_read_on_driver.get)
     append(200)  # the tables' first rows and events: batch 0 (both persist it)
     for p in (driver, persisted):
         p.run_until_drained()
+    read_first = driver.store.progress("driver").events_read
     # The demo's ticks: a few plan changes and ~300 events a batch; then a batch of http_requests
     # alone (the freshness benchmark's traffic): the steps of the streams without records are skipped.
     for i, only in enumerate((None, None, "http_requests")):
@@ -136,11 +144,22 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
     assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
     assert summary["streams"]["http_requests"][2] > 0  # dead letters: covered
-    # The job counts (not times): a small batch's steps collect local rows without Spark jobs, the
-    # Bloom features' and sessions' keys and the partial aggregates (aggregates/arrow_partials.py)
-    # are grouped on the driver: the read onto the driver is the one job left.
+    # The job counts (not times): a small batch of the embedded log is read from the log in Python
+    # (ingest.spark_source.read_batch) into local rows, its steps collect local rows without Spark
+    # jobs, the Bloom features' and sessions' keys and the partial aggregates
+    # (aggregates/arrow_partials.py) are grouped on the driver: no Spark job is left.
     assert len(jobs["driver"]) == len(jobs["persisted"]) == 4
-    assert all(j <= 1 for j in jobs["driver"][1:]), jobs
+    assert jobs["driver"][1:] == [0, 0, 0], jobs
+    # Every record read once, by the pipeline itself, and reported as the batches' input rows.
+    assert sorted(driver.rows_read_on_driver) == [1, 2, 3]
+    assert sum(driver.rows_read_on_driver.values()) == driver.store.progress("driver").events_read - read_first
+    deadline = time.monotonic() + 60  # Spark's listener bus delivers asynchronously
+    while (health.state("driver").last_progress or {}).get("batchId") != 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert recorder.settle(60)
+    spark.streams.removeListener(recorder)
+    last = health.state("driver").last_progress
+    assert last["batchId"] == 3 and last["numInputRows"] == driver.rows_read_on_driver[3] > 0, last
     # And the calls into the JVM that build the steps' expressions (a small batch's driver time):
     # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch, ~2 200
     # with them built once per catalog but enrichment's and device clocks'. The first small batch

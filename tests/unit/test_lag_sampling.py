@@ -225,6 +225,25 @@ def test_health_store_lifecycle_and_query_health(store_backend):
     health.close()
 
 
+def test_progress_of_a_batch_read_on_the_driver_reports_the_pipeline_s_input_rows():
+    """A small batch of the embedded log is read on the driver and Spark's DataFrame never runs:
+    Spark's progress says 0 input rows, the pipeline's count replaces it with the rates Spark derives."""
+    from aggregates.progress import with_input_rows
+
+    spark_says = {"batchId": 7, "timestamp": "2026-11-24T10:00:01.000Z", "numInputRows": 0,
+                  "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0,
+                  "durationMs": {"addBatch": 150, "triggerExecution": 250},
+                  "sources": [{"description": "sketchboard_log", "numInputRows": 0, "inputRowsPerSecond": 0.0,
+                               "processedRowsPerSecond": 0.0}]}
+    out = with_input_rows(spark_says, 60, 500)
+    assert out["numInputRows"] == 60 and out["inputRowsPerSecond"] == 120.0 and out["processedRowsPerSecond"] == 240.0
+    assert out["sources"] == [{"description": "sketchboard_log", "numInputRows": 60, "inputRowsPerSecond": 120.0,
+                               "processedRowsPerSecond": 240.0}]
+    assert out["durationMs"] == spark_says["durationMs"] and spark_says["numInputRows"] == 0  # a copy
+    # a run's first trigger: no previous start, Spark's own input rate stays
+    assert with_input_rows(spark_says, 60, None)["inputRowsPerSecond"] == 0.0
+
+
 def test_retention_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         LagStore(tmp_path / "x.db", retention_ms=0)

@@ -13,7 +13,8 @@ from catalog import load_catalog
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from ingest.log.records import encode_segment, segment_schema
-from ingest.spark_source import MISSING_EVENT_TIME, SOURCE_SCHEMA, read_slice
+from ingest.spark_source import (MISSING_EVENT_TIME, SOURCE_SCHEMA, SketchboardLogReader, read_batch, read_slice,
+                                source_options)
 from tests.support.events import validate_many
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
@@ -52,4 +53,39 @@ def test_corrupt_segment_and_null_event_time_become_error_rows(tmp_path):
     assert [(r["offset"], bool(r["error"])) for r in rows] == [(4, True), (5, True)]
     for b in read_slice(log, stream, p, 0, 11):
         assert b.schema == SOURCE_SCHEMA
+    log.close()
+
+
+def test_a_batch_read_on_the_driver_is_what_the_source_s_tasks_read(tmp_path):
+    """The pipeline reads a small batch of the embedded log on the driver (read_batch, no Spark
+    job): the same rows, error rows and order as the source's tasks for the batch's offsets, whether
+    they come as Spark passes them (partitions as JSON strings) or as the checkpoint's offsets are read."""
+    catalog = load_catalog(CONFIG)
+    stream = catalog.stream("orders")
+    log = SqliteEventLog(tmp_path / "log.db")
+    for s in catalog.streams.values():
+        log.ensure_topic(s)
+    good, _ = validate_many(EventValidator(stream), [
+        {"time": T0 + i, "customer_id": f"c{i % 7}", "country": "DE", "payment_method": "card", "amount": 1.0 + i,
+         "items": 1} for i in range(60)])
+    log.append(stream, good, T0)
+    p = min(log.offsets("orders"))
+    with sqlite3.connect(tmp_path / "log.db") as conn:  # a corrupt segment after the good records
+        end = conn.execute("SELECT next_offset FROM partitions WHERE stream = 'orders' AND partition = ?",
+                           (p,)).fetchone()[0]
+        conn.execute("INSERT INTO segments VALUES ('orders', ?, ?, 2, ?, 3, ?)", (p, end, T0, b"bad"))
+        conn.execute("UPDATE partitions SET next_offset = ? WHERE stream = 'orders' AND partition = ?", (end + 2, p))
+    ends = {name: {str(q): o.end for q, o in log.offsets(name).items()} for name in catalog.streams}
+    starts = {name: {q: min(1, o) for q, o in parts.items()} for name, parts in ends.items()}
+    reader = SketchboardLogReader(source_options(str(tmp_path / "log.db"), catalog, 1_000_000, 7))
+    by_tasks = [r for task in reader.partitions(starts, ends) for b in reader.read(task) for r in b.to_pylist()]
+    as_logged = ({s: {int(q): o for q, o in parts.items()} for s, parts in starts.items()},
+                 {s: {int(q): o for q, o in parts.items()} for s, parts in ends.items()})
+    for start, end in ((starts, ends), as_logged):
+        table = read_batch(log, catalog, start, end)
+        assert table.schema == SOURCE_SCHEMA
+        assert table.to_pylist() == by_tasks
+    assert len(by_tasks) == sum(o - min(1, o) for parts in ends.values() for o in parts.values())
+    assert sum(1 for r in by_tasks if r["error"]) == 2
+    reader.stop()
     log.close()
