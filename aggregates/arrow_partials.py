@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sketches import hll_list, kll_exact
+
 
 # The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
 DEAD_RECORD = pa.struct([
@@ -70,24 +72,7 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL."""
     table = table.combine_chunks()
     n = table.num_rows
-    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
-    pane, pane_valid = _ints(table["pane_start"])
-    keys += [np.where(pane_valid, pane, 0), pane_valid]
-    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
-    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
-    keys.append(dims_lengths)
-    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
-             for j in range(dims_idx.shape[1])]
-    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)  # stable: a group keeps its rows' order
-    if n:
-        changed = np.zeros(n - 1, bool)
-        for key in keys:
-            s = key[order]
-            changed |= s[1:] != s[:-1]
-        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
-    else:
-        starts = np.zeros(0, np.int64)
-    ends = np.append(starts[1:], n).astype(np.int64)
+    order, starts, ends = _groups(table)
     first = order[starts]
     take = pa.array(first, pa.int64())
     event_time, event_valid = _ints(table["event_time"])
@@ -121,6 +106,30 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     for j in range(layout.distincts):
         out[f"hll_{j}"] = _hlls(ids_flat, ids_idx[order, j], starts, ends, layout.lg_k)
     return pa.table(out)
+
+
+def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of `table` (columns stream, dead_reason, pane_start, dims) sorted by group, stably
+    (a group keeps its rows' order), and where each group starts and ends in that order."""
+    n = table.num_rows
+    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
+    pane, pane_valid = _ints(table["pane_start"])
+    keys += [np.where(pane_valid, pane, 0), pane_valid]
+    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
+    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
+    keys.append(dims_lengths)
+    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
+             for j in range(dims_idx.shape[1])]
+    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)
+    if n:
+        changed = np.zeros(n - 1, bool)
+        for key in keys:
+            s = key[order]
+            changed |= s[1:] != s[:-1]
+        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
+    else:
+        starts = np.zeros(0, np.int64)
+    return order, starts, np.append(starts[1:], n).astype(np.int64)
 
 
 def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -330,6 +339,85 @@ def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", DEAD_RECORD)))
 
 
+def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
+    """`table`'s partials (group_partials' rows, several per group where they come from several
+    partitions) merged into one row per group, as group_partials of all their rows would give:
+    counts, n and sums added (a sum in the parts' order, as Spark adds its partial sums), the
+    newest event times and min/max reduced, dead records concatenated in the parts' order, and the
+    sketches of a group of several parts merged (sketches.kll_exact, sketches.hll_list: byte-level
+    while small, DataSketches past that). A group of one part keeps its row's bytes."""
+    table = table.combine_chunks()
+    order, starts, ends = _groups(table)
+    if len(starts) == table.num_rows:  # no group of several parts: nothing to merge
+        return table
+    cols = {name: _array(table[name]) for name in table.column_names}
+    take = pa.array(order[starts], pa.int64())
+    out: dict[str, pa.Array] = {name: cols[name].take(take) for name in ("stream", "dead_reason", "pane_start", "dims")}
+    out["count"] = pa.array(_group_sum(_ints(cols["count"])[0][order], starts), pa.int64())
+    out["max_event_time"] = _group_max(*_sorted_ints(cols["max_event_time"], order), starts)
+    slots = pc.list_flatten(cols["partition_max_event_time"])
+    width = layout.partitions
+    times, valid = (a.reshape(-1, width)[order] for a in _ints(slots)) if width else (None, None)
+    out["partition_max_event_time"] = _fixed_lists(
+        [_group_max(times[:, k], valid[:, k], starts) for k in range(width)], len(starts), pa.int64())
+    out["dead_records"] = _concatenated(cols["dead_records"], order, starts)
+    out["clock_corrected"] = pa.array(_group_sum(_ints(cols["clock_corrected"])[0][order], starts), pa.int64())
+    multi = np.flatnonzero(ends - starts > 1).tolist()
+    for i in range(layout.values):
+        n = _group_sum(_ints(cols[f"n_{i}"])[0][order], starts)
+        some = n > 0
+        out[f"n_{i}"] = pa.array(n, pa.int64())
+        sums = cols[f"sum_{i}"].fill_null(0.0).to_numpy(zero_copy_only=False)[order]
+        out[f"sum_{i}"] = pa.array(_group_sum(sums, starts), pa.float64(), mask=~some)
+        for name, ufunc, none in ((f"min_{i}", np.minimum, np.inf), (f"max_{i}", np.maximum, -np.inf)):
+            column = cols[name].fill_null(none).to_numpy(zero_copy_only=False)[order]
+            out[name] = pa.array(ufunc.reduceat(column, starts), pa.float64(), mask=~some)
+        out[f"kll_{i}"] = _merged_sketches(cols[f"kll_{i}"], order, starts, ends, multi,
+                                           lambda blobs: kll_exact.merged_sketch_bytes(blobs, layout.kll_k))
+    for j in range(layout.distincts):
+        out[f"hll_{j}"] = _merged_sketches(cols[f"hll_{j}"], order, starts, ends, multi,
+                                           lambda blobs: hll_list.merged_sketch_bytes(blobs, layout.lg_k))
+    return pa.table(out, schema=table.schema)
+
+
+def _array(column) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _sorted_ints(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values, valid = _ints(column)
+    return values[order], valid[order]
+
+
+def _concatenated(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
+    """Per group the concatenation of its rows' lists, in the group's row order."""
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    begins = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    sorted_lengths = lengths[order]
+    ends = np.cumsum(sorted_lengths)
+    items = (np.repeat(begins[order] - ends + sorted_lengths, sorted_lengths) + np.arange(ends[-1] if len(ends) else 0))
+    large = pa.types.is_large_list(column.type)  # Spark's toArrow may give large types
+    offsets = pa.array(np.concatenate(([0], np.cumsum(_group_sum(sorted_lengths, starts))))
+                       .astype(np.int64 if large else np.int32))
+    values = pc.list_flatten(column).take(pa.array(items, pa.int64()))
+    return (pa.LargeListArray if large else pa.ListArray).from_arrays(offsets, values, type=column.type)
+
+
+def _merged_sketches(column, order: np.ndarray, starts: np.ndarray, ends: np.ndarray, multi: list[int],
+                     merge) -> pa.Array:
+    """Per group its one row's sketch bytes, or `merge` of its rows' (in the group's row order)."""
+    heads = column.take(pa.array(order[starts], pa.int64()))
+    if not multi:
+        return heads
+    blobs = heads.to_pylist()
+    everything = column.to_numpy(zero_copy_only=False)
+    bounds_lo, bounds_hi = starts.tolist(), ends.tolist()
+    for g in multi:
+        parts = [b for b in everything[order[bounds_lo[g]:bounds_hi[g]]].tolist() if b is not None]
+        blobs[g] = merge(parts) if parts else None
+    return pa.array(blobs, column.type)
+
+
 def group_batches(batches, layout: Layout):
     """mapInArrow: one partition's record batches (all of them together: a group may span them)
     -> its groups' partial aggregates, as one record batch (none for an empty partition)."""
@@ -338,3 +426,11 @@ def group_batches(batches, layout: Layout):
         return
     out = group_partials(pa.Table.from_batches(batches), layout)
     yield from out.to_batches()
+
+
+def merge_batches(batches, layout: Layout):
+    """mapInArrow: one partition's partials (every part of a group in it) -> one row per group."""
+    batches = list(batches)
+    if not batches or not sum(b.num_rows for b in batches):
+        return
+    yield from merge_partials(pa.Table.from_batches(batches), layout).to_batches()

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sketches.kll import KllSketch
+
 _FAMILY = 15
 _FLAG_EMPTY, _FLAG_SINGLE = 1, 4
 _M = 8  # DataSketches' minimum level width, part of every header
@@ -90,3 +92,13 @@ def merged_bytes(blobs: Sequence[bytes], k: int) -> bytes | None:
     # The first part stays as stored; each later one is inserted item by item in front of level 0.
     items = np.concatenate([p[::-1] for p in reversed(parts[1:])] + [parts[0]]).astype("<f8", copy=False)
     return exact_bytes_of(items.tobytes(), len(items), 0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), k)
+
+
+def merged_sketch_bytes(blobs: Sequence[bytes], k: int) -> bytes:
+    """The bytes of one sketch of `k` merging `blobs`: written directly (merged_bytes) while they
+    are exact-mode sketches holding at most k items together, else DataSketches' merge (which
+    compacts at random: the same items' quantiles within the sketch's rank error)."""
+    merged = merged_bytes(blobs, k)
+    if merged is not None:
+        return merged
+    return KllSketch.merge_all(blobs, k).to_bytes()
