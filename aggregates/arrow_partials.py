@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sketches import hll_list, kll_exact
+from sketches import grouped, kll_exact
 
 
 # The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
@@ -141,7 +141,7 @@ def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarr
     lo = np.minimum.reduceat(np.where(valid, values, np.inf), starts) if len(starts) else np.zeros(0)
     hi = np.maximum.reduceat(np.where(valid, values, -np.inf), starts) if len(starts) else np.zeros(0)
     items = values[valid]
-    klls = _exact_klls(items, counts, lo, hi, k)
+    klls = kll_exact.exact_bytes_per_group(items, counts, lo, hi, k)
     big = np.flatnonzero(counts > k)
     if len(big):  # compacting sketches: DataSketches, from the group's items in row order
         from datasketches import kll_doubles_sketch
@@ -160,40 +160,6 @@ def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarr
         f"max_{i}": pa.array(hi, pa.float64(), mask=~some),
         f"kll_{i}": klls,
     }
-
-
-_KLL_HEAD = struct.Struct("<BBBBHBB")  # sketches.kll_exact's header: preamble ints, version, family, flags, k, m, unused
-_KLL_FULL = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4"),
-                      ("lo", "<f8"), ("hi", "<f8")])  # after the header of a sketch of 2+ items
-
-
-def _exact_klls(items: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> pa.Array:
-    """Per group, the bytes of an exact-mode KLL sketch of `k` holding its items (`items` grouped
-    in order, `counts` per group): sketches.kll_exact's exact_bytes_of, written for every group at
-    once. The items stored in reverse: DataSketches puts each update in front of level 0. A group
-    of more than k items gets no bytes here (its sketch compacts)."""
-    groups = len(counts)
-    c = np.where(counts <= k, counts, -1)
-    size = np.where(c < 0, 0, np.where(c == 0, 8, np.where(c == 1, 16, 40 + 8 * c)))
-    offsets = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
-    out = np.zeros(int(offsets[-1]), np.uint8)
-    heads = np.frombuffer(b"".join((_KLL_HEAD.pack(2, 1, 15, 1, k, 8, 0), _KLL_HEAD.pack(2, 2, 15, 4, k, 8, 0),
-                                    _KLL_HEAD.pack(5, 1, 15, 0, k, 8, 0))), np.uint8).reshape(3, 8)
-    at, row = offsets[:-1][c >= 0], np.minimum(c[c >= 0], 2)
-    out[at[:, None] + np.arange(8)] = heads[row]
-    full = c >= 2
-    if full.any():
-        rec = np.zeros(int(full.sum()), _KLL_FULL)
-        rec["n"], rec["min_k"], rec["levels"], rec["offset"] = c[full], k, 1, k - c[full]
-        rec["lo"], rec["hi"] = lo[full], hi[full]
-        out[(offsets[:-1][full] + 8)[:, None] + np.arange(_KLL_FULL.itemsize)] = rec.view(np.uint8).reshape(-1, 32)
-    group_of = np.repeat(np.arange(groups), counts)
-    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
-    place = np.arange(len(items)) - first[group_of]  # the item's place in its group
-    stored = c[group_of] >= 1
-    dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
-    out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
-    return pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)])
 
 
 # HLL bytes in Spark's layout (hll_sketch_agg writes the updatable form): a LIST of up to 7 coupons
@@ -362,7 +328,7 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
         [_group_max(times[:, k], valid[:, k], starts) for k in range(width)], len(starts), pa.int64())
     out["dead_records"] = _concatenated(cols["dead_records"], order, starts)
     out["clock_corrected"] = pa.array(_group_sum(_ints(cols["clock_corrected"])[0][order], starts), pa.int64())
-    multi = np.flatnonzero(ends - starts > 1).tolist()
+    sort = pa.array(order, pa.int64())
     for i in range(layout.values):
         n = _group_sum(_ints(cols[f"n_{i}"])[0][order], starts)
         some = n > 0
@@ -372,11 +338,9 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
         for name, ufunc, none in ((f"min_{i}", np.minimum, np.inf), (f"max_{i}", np.maximum, -np.inf)):
             column = cols[name].fill_null(none).to_numpy(zero_copy_only=False)[order]
             out[name] = pa.array(ufunc.reduceat(column, starts), pa.float64(), mask=~some)
-        out[f"kll_{i}"] = _merged_sketches(cols[f"kll_{i}"], order, starts, ends, multi,
-                                           lambda blobs: kll_exact.merged_sketch_bytes(blobs, layout.kll_k))
+        out[f"kll_{i}"] = grouped.merged_klls(cols[f"kll_{i}"].take(sort), starts, layout.kll_k)
     for j in range(layout.distincts):
-        out[f"hll_{j}"] = _merged_sketches(cols[f"hll_{j}"], order, starts, ends, multi,
-                                           lambda blobs: hll_list.merged_sketch_bytes(blobs, layout.lg_k))
+        out[f"hll_{j}"] = grouped.merged_hlls(cols[f"hll_{j}"].take(sort), starts, layout.lg_k)
     return pa.table(out, schema=table.schema)
 
 
@@ -401,21 +365,6 @@ def _concatenated(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
                        .astype(np.int64 if large else np.int32))
     values = pc.list_flatten(column).take(pa.array(items, pa.int64()))
     return (pa.LargeListArray if large else pa.ListArray).from_arrays(offsets, values, type=column.type)
-
-
-def _merged_sketches(column, order: np.ndarray, starts: np.ndarray, ends: np.ndarray, multi: list[int],
-                     merge) -> pa.Array:
-    """Per group its one row's sketch bytes, or `merge` of its rows' (in the group's row order)."""
-    heads = column.take(pa.array(order[starts], pa.int64()))
-    if not multi:
-        return heads
-    blobs = heads.to_pylist()
-    everything = column.to_numpy(zero_copy_only=False)
-    bounds_lo, bounds_hi = starts.tolist(), ends.tolist()
-    for g in multi:
-        parts = [b for b in everything[order[bounds_lo[g]:bounds_hi[g]]].tolist() if b is not None]
-        blobs[g] = merge(parts) if parts else None
-    return pa.array(blobs, column.type)
 
 
 def group_batches(batches, layout: Layout):

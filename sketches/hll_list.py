@@ -16,8 +16,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from sketches.hll import HllSketch
-
 _HEAD = struct.Struct("<BBBBBBBB")  # preamble ints, serial version, family, lg_k, lg_arr, flags, count, mode
 _FAMILY = 7
 _LIST_LG_ARR = 3  # a LIST holds up to 7 coupons; the 8th makes it a SET
@@ -64,11 +62,3 @@ def merged_list_bytes(blobs: Sequence[bytes], lg_k: int) -> bytes | None:
     return (_HEAD.pack(2, 1, _FAMILY, lg_k, _LIST_LG_ARR, _COMPACT, len(seen), _LIST_HLL8)
             + struct.pack(f"<{len(seen)}I", *seen))
 
-
-def merged_sketch_bytes(blobs: Sequence[bytes], lg_k: int) -> bytes:
-    """The bytes of the union of `blobs`: the LIST written directly (merged_list_bytes) while
-    they hold fewer than 8 distinct coupons together, else DataSketches' union (HLL_8)."""
-    merged = merged_list_bytes(blobs, lg_k)
-    if merged is not None:
-        return merged
-    return HllSketch.merge_all(blobs, lg_k).to_bytes()
