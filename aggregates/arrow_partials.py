@@ -345,7 +345,9 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
 
 
 def _array(column) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
 
 
 def _sorted_ints(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
