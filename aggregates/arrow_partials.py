@@ -310,10 +310,10 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
     partitions) merged into one row per group, as group_partials of all their rows would give:
     counts, n and sums added (a sum in the parts' order, as Spark adds its partial sums), the
     newest event times and min/max reduced, dead records concatenated in the parts' order, and the
-    sketches of a group of several parts merged (sketches.kll_exact, sketches.hll_list: byte-level
-    while small, DataSketches past that). A group of one part keeps its row's bytes."""
+    sketches of a group of several parts merged (sketches.grouped: small ones byte-level, for all
+    groups at once, DataSketches past that). A group of one part keeps its row's bytes."""
     table = table.combine_chunks()
-    order, starts, ends = _groups(table)
+    order, starts, _ = _groups(table)
     if len(starts) == table.num_rows:  # no group of several parts: nothing to merge
         return table
     cols = {name: _array(table[name]) for name in table.column_names}
