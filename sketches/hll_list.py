@@ -61,4 +61,3 @@ def merged_list_bytes(blobs: Sequence[bytes], lg_k: int) -> bytes | None:
         return _HEAD.pack(2, 1, _FAMILY, lg_k, _LIST_LG_ARR, _COMPACT | _EMPTY, 0, _LIST_HLL8)
     return (_HEAD.pack(2, 1, _FAMILY, lg_k, _LIST_LG_ARR, _COMPACT, len(seen), _LIST_HLL8)
             + struct.pack(f"<{len(seen)}I", *seen))
-
