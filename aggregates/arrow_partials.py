@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sketches import grouped, kll_exact
+
 
 # The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
 DEAD_RECORD = pa.struct([
@@ -70,24 +72,7 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL."""
     table = table.combine_chunks()
     n = table.num_rows
-    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
-    pane, pane_valid = _ints(table["pane_start"])
-    keys += [np.where(pane_valid, pane, 0), pane_valid]
-    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
-    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
-    keys.append(dims_lengths)
-    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
-             for j in range(dims_idx.shape[1])]
-    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)  # stable: a group keeps its rows' order
-    if n:
-        changed = np.zeros(n - 1, bool)
-        for key in keys:
-            s = key[order]
-            changed |= s[1:] != s[:-1]
-        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
-    else:
-        starts = np.zeros(0, np.int64)
-    ends = np.append(starts[1:], n).astype(np.int64)
+    order, starts, ends = _groups(table)
     first = order[starts]
     take = pa.array(first, pa.int64())
     event_time, event_valid = _ints(table["event_time"])
@@ -123,6 +108,30 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     return pa.table(out)
 
 
+def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of `table` (columns stream, dead_reason, pane_start, dims) sorted by group, stably
+    (a group keeps its rows' order), and where each group starts and ends in that order."""
+    n = table.num_rows
+    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
+    pane, pane_valid = _ints(table["pane_start"])
+    keys += [np.where(pane_valid, pane, 0), pane_valid]
+    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
+    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
+    keys.append(dims_lengths)
+    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
+             for j in range(dims_idx.shape[1])]
+    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)
+    if n:
+        changed = np.zeros(n - 1, bool)
+        for key in keys:
+            s = key[order]
+            changed |= s[1:] != s[:-1]
+        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
+    else:
+        starts = np.zeros(0, np.int64)
+    return order, starts, np.append(starts[1:], n).astype(np.int64)
+
+
 def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  k: int) -> dict[str, pa.Array]:
     counts = _group_sum(valid.astype(np.int64), starts)
@@ -132,7 +141,7 @@ def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarr
     lo = np.minimum.reduceat(np.where(valid, values, np.inf), starts) if len(starts) else np.zeros(0)
     hi = np.maximum.reduceat(np.where(valid, values, -np.inf), starts) if len(starts) else np.zeros(0)
     items = values[valid]
-    klls = _exact_klls(items, counts, lo, hi, k)
+    klls = kll_exact.exact_bytes_per_group(items, counts, lo, hi, k)
     big = np.flatnonzero(counts > k)
     if len(big):  # compacting sketches: DataSketches, from the group's items in row order
         from datasketches import kll_doubles_sketch
@@ -151,40 +160,6 @@ def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarr
         f"max_{i}": pa.array(hi, pa.float64(), mask=~some),
         f"kll_{i}": klls,
     }
-
-
-_KLL_HEAD = struct.Struct("<BBBBHBB")  # sketches.kll_exact's header: preamble ints, version, family, flags, k, m, unused
-_KLL_FULL = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4"),
-                      ("lo", "<f8"), ("hi", "<f8")])  # after the header of a sketch of 2+ items
-
-
-def _exact_klls(items: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> pa.Array:
-    """Per group, the bytes of an exact-mode KLL sketch of `k` holding its items (`items` grouped
-    in order, `counts` per group): sketches.kll_exact's exact_bytes_of, written for every group at
-    once. The items stored in reverse: DataSketches puts each update in front of level 0. A group
-    of more than k items gets no bytes here (its sketch compacts)."""
-    groups = len(counts)
-    c = np.where(counts <= k, counts, -1)
-    size = np.where(c < 0, 0, np.where(c == 0, 8, np.where(c == 1, 16, 40 + 8 * c)))
-    offsets = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
-    out = np.zeros(int(offsets[-1]), np.uint8)
-    heads = np.frombuffer(b"".join((_KLL_HEAD.pack(2, 1, 15, 1, k, 8, 0), _KLL_HEAD.pack(2, 2, 15, 4, k, 8, 0),
-                                    _KLL_HEAD.pack(5, 1, 15, 0, k, 8, 0))), np.uint8).reshape(3, 8)
-    at, row = offsets[:-1][c >= 0], np.minimum(c[c >= 0], 2)
-    out[at[:, None] + np.arange(8)] = heads[row]
-    full = c >= 2
-    if full.any():
-        rec = np.zeros(int(full.sum()), _KLL_FULL)
-        rec["n"], rec["min_k"], rec["levels"], rec["offset"] = c[full], k, 1, k - c[full]
-        rec["lo"], rec["hi"] = lo[full], hi[full]
-        out[(offsets[:-1][full] + 8)[:, None] + np.arange(_KLL_FULL.itemsize)] = rec.view(np.uint8).reshape(-1, 32)
-    group_of = np.repeat(np.arange(groups), counts)
-    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
-    place = np.arange(len(items)) - first[group_of]  # the item's place in its group
-    stored = c[group_of] >= 1
-    dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
-    out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
-    return pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)])
 
 
 # HLL bytes in Spark's layout (hll_sketch_agg writes the updatable form): a LIST of up to 7 coupons
@@ -330,6 +305,70 @@ def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", DEAD_RECORD)))
 
 
+def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
+    """`table`'s partials (group_partials' rows, several per group where they come from several
+    partitions) merged into one row per group, as group_partials of all their rows would give:
+    counts, n and sums added (a sum in the parts' order, as Spark adds its partial sums), the
+    newest event times and min/max reduced, dead records concatenated in the parts' order, and the
+    sketches of a group of several parts merged (sketches.grouped: small ones byte-level, for all
+    groups at once, DataSketches past that). A group of one part keeps its row's bytes."""
+    table = table.combine_chunks()
+    order, starts, _ = _groups(table)
+    if len(starts) == table.num_rows:  # no group of several parts: nothing to merge
+        return table
+    cols = {name: _array(table[name]) for name in table.column_names}
+    take = pa.array(order[starts], pa.int64())
+    out: dict[str, pa.Array] = {name: cols[name].take(take) for name in ("stream", "dead_reason", "pane_start", "dims")}
+    out["count"] = pa.array(_group_sum(_ints(cols["count"])[0][order], starts), pa.int64())
+    out["max_event_time"] = _group_max(*_sorted_ints(cols["max_event_time"], order), starts)
+    slots = pc.list_flatten(cols["partition_max_event_time"])
+    width = layout.partitions
+    times, valid = (a.reshape(-1, width)[order] for a in _ints(slots)) if width else (None, None)
+    out["partition_max_event_time"] = _fixed_lists(
+        [_group_max(times[:, k], valid[:, k], starts) for k in range(width)], len(starts), pa.int64())
+    out["dead_records"] = _concatenated(cols["dead_records"], order, starts)
+    out["clock_corrected"] = pa.array(_group_sum(_ints(cols["clock_corrected"])[0][order], starts), pa.int64())
+    sort = pa.array(order, pa.int64())
+    for i in range(layout.values):
+        n = _group_sum(_ints(cols[f"n_{i}"])[0][order], starts)
+        some = n > 0
+        out[f"n_{i}"] = pa.array(n, pa.int64())
+        sums = cols[f"sum_{i}"].fill_null(0.0).to_numpy(zero_copy_only=False)[order]
+        out[f"sum_{i}"] = pa.array(_group_sum(sums, starts), pa.float64(), mask=~some)
+        for name, ufunc, none in ((f"min_{i}", np.minimum, np.inf), (f"max_{i}", np.maximum, -np.inf)):
+            column = cols[name].fill_null(none).to_numpy(zero_copy_only=False)[order]
+            out[name] = pa.array(ufunc.reduceat(column, starts), pa.float64(), mask=~some)
+        out[f"kll_{i}"] = grouped.merged_klls(cols[f"kll_{i}"].take(sort), starts, layout.kll_k)
+    for j in range(layout.distincts):
+        out[f"hll_{j}"] = grouped.merged_hlls(cols[f"hll_{j}"].take(sort), starts, layout.lg_k)
+    return pa.table(out, schema=table.schema)
+
+
+def _array(column) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def _sorted_ints(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values, valid = _ints(column)
+    return values[order], valid[order]
+
+
+def _concatenated(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
+    """Per group the concatenation of its rows' lists, in the group's row order."""
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    begins = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    sorted_lengths = lengths[order]
+    ends = np.cumsum(sorted_lengths)
+    items = (np.repeat(begins[order] - ends + sorted_lengths, sorted_lengths) + np.arange(ends[-1] if len(ends) else 0))
+    large = pa.types.is_large_list(column.type)  # Spark's toArrow may give large types
+    offsets = pa.array(np.concatenate(([0], np.cumsum(_group_sum(sorted_lengths, starts))))
+                       .astype(np.int64 if large else np.int32))
+    values = pc.list_flatten(column).take(pa.array(items, pa.int64()))
+    return (pa.LargeListArray if large else pa.ListArray).from_arrays(offsets, values, type=column.type)
+
+
 def group_batches(batches, layout: Layout):
     """mapInArrow: one partition's record batches (all of them together: a group may span them)
     -> its groups' partial aggregates, as one record batch (none for an empty partition)."""
@@ -338,3 +377,11 @@ def group_batches(batches, layout: Layout):
         return
     out = group_partials(pa.Table.from_batches(batches), layout)
     yield from out.to_batches()
+
+
+def merge_batches(batches, layout: Layout):
+    """mapInArrow: one partition's partials (every part of a group in it) -> one row per group."""
+    batches = list(batches)
+    if not batches or not sum(b.num_rows for b in batches):
+        return
+    yield from merge_partials(pa.Table.from_batches(batches), layout).to_batches()

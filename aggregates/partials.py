@@ -166,18 +166,44 @@ def partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg
 PARTIALS = ("arrow", "spark")  # PipelineConfig.partials: how a batch's partial aggregates are computed
 
 
-def arrow_partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
-                             kll_k: int = DEFAULT_K) -> DataFrame:
-    """What `partial_aggregates` gives (same columns, same groups and aggregates), computed by an
-    Arrow group-by per partition (aggregates/arrow_partials.py) instead of Spark's object
-    aggregates: the rows hashed by (stream, pane start) to the shuffle's partitions, so a group
-    (and a stream's dead rows, whose pane start is null) is whole in one of them."""
-    from aggregates.arrow_partials import group_batches
+ARROW_MERGES = ("shuffle", "driver", "rows")  # how the Arrow path brings a group's rows or partials together
 
+
+def arrow_partial_aggregates(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
+                             kll_k: int = DEFAULT_K, merge: str = "shuffle") -> DataFrame:
+    """What `partial_aggregates` gives (same columns, same groups and aggregates), computed by an
+    Arrow group-by (aggregates/arrow_partials.py) instead of Spark's object aggregates. Like
+    Spark's groupBy, on the map side first: each input partition's rows grouped where they are
+    (no shuffle of rows), then (`merge`) "shuffle": the partials hashed by (stream, pane start) to
+    the shuffle's partitions (a group's partials, and a stream's dead ones whose pane start is
+    null, whole in one of them) and merged there; "driver": the partials as they are (several
+    rows per group: `arrow_partials_table` merges them after toArrow); "rows": no map side, every
+    row hashed by (stream, pane start) and grouped after the shuffle (the first version, kept for
+    bench.arrow_partials)."""
+    from aggregates.arrow_partials import group_batches, merge_batches
+
+    if merge not in ARROW_MERGES:
+        raise ValueError(f"merge must be one of {', '.join(ARROW_MERGES)}, not {merge!r}")
     layout = catalog_layout(catalog, lg_k, kll_k)
-    return (arrow_input(df, catalog, batch_now_ms=batch_now_ms)
-            .repartition("stream", "pane_start")
-            .mapInArrow(functools.partial(group_batches, layout=layout), layout.ddl()))
+    rows = arrow_input(df, catalog, batch_now_ms=batch_now_ms)
+    if merge == "rows":
+        rows = rows.repartition("stream", "pane_start")
+    partials = rows.mapInArrow(functools.partial(group_batches, layout=layout), layout.ddl())
+    if merge != "shuffle":
+        return partials
+    return (partials.repartition("stream", "pane_start")
+            .mapInArrow(functools.partial(merge_batches, layout=layout), layout.ddl()))
+
+
+def arrow_partials_table(df: DataFrame, catalog: Catalog, *, batch_now_ms: int, lg_k: int = DEFAULT_LG_K,
+                         kll_k: int = DEFAULT_K, merge: str = "shuffle") -> pa.Table:
+    """`arrow_partial_aggregates` collected as Arrow: one row per group (with merge "driver", the
+    map side's partials merged here, on the driver)."""
+    from aggregates.arrow_partials import merge_partials
+
+    table = arrow_partial_aggregates(df, catalog, batch_now_ms=batch_now_ms, lg_k=lg_k, kll_k=kll_k,
+                                     merge=merge).toArrow()
+    return merge_partials(table, catalog_layout(catalog, lg_k, kll_k)) if merge == "driver" else table
 
 
 def arrow_input(df: DataFrame, catalog: Catalog, *, batch_now_ms: int) -> DataFrame:

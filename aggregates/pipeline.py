@@ -22,7 +22,7 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
-from aggregates.partials import (PARTIALS, arrow_input, arrow_partial_aggregates, catalog_layout,
+from aggregates.partials import (PARTIALS, arrow_input, arrow_partials_table, catalog_layout,
                                  dead_letter_reason_column, partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
@@ -259,8 +259,8 @@ class Pipeline(ReportsStoreErrors):
             rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
             with collector_paused():  # a Row and a dict per group (aggregates/commit.py)
                 return [r.asDict() for r in rows.collect()]
-        return arrow_partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k,
-                                        kll_k=c.kll_k).toArrow()
+        return arrow_partials_table(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k,
+                                    merge="driver")
 
     def logged_offsets(self, batch_id: int) -> tuple[dict, dict]:
         """The end offsets Spark logged for the batch before `batch_id` (none before batch 0) and for

@@ -22,10 +22,14 @@ figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 
 SPANS_MS = {"day": 86_400_000, "minutes": 120_000}
+TITLES = {"spark": "Spark groupBy + collect", "rows": "rows shuffled, mapInArrow, toArrow",
+          "shuffle": "map-side mapInArrow, partials shuffled + merged, toArrow",
+          "driver": "map-side mapInArrow, toArrow, merged on the driver"}
 
 
 def rows(stream, n: int, span_ms: int, seed: int = 1) -> list[tuple]:
@@ -48,9 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--shapes", default="day,minutes")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--paths", default="spark,rows,shuffle,driver",
+                        help="spark: Spark's groupBy; rows: every row shuffled, then the Arrow group-by; shuffle:"
+                             " the Arrow group-by on the map side, its partials shuffled and merged; driver: the"
+                             " same partials merged on the driver after toArrow")
+    parser.add_argument("--partitions", type=int, default=6, help="input partitions (a batch's log slices)")
     args = parser.parse_args(argv)
 
-    from aggregates.partials import arrow_partial_aggregates, partial_aggregates
+    from aggregates.partials import arrow_partials_table, partial_aggregates
     from aggregates.spark import build_spark
     from catalog import load_catalog
     from ingest.source_rows import SPARK_SCHEMA
@@ -59,36 +68,41 @@ def main(argv: list[str] | None = None) -> int:
     catalog = load_catalog(DEFAULT_STREAMS)
     stream = catalog.streams["http_requests"]
     spark = build_spark("local[2]")
-    print(f"{args.events:,} rows per shape; seconds per pass (min of {args.repeats}, alternated):")
-    print("| shape | groups | Spark groupBy (KLL/HLL aggregates) + collect | repartition + mapInArrow + toArrow | ratio |")
-    print("| --- | --- | --- | --- | --- |")
+    paths = args.paths.split(",")
+    print(f"{args.events:,} rows per shape in {args.partitions} input partitions; seconds per pass (min of"
+          f" {args.repeats}, alternated); load average {os.getloadavg()[0]:.1f} at start:")
+    print("| shape | groups | " + " | ".join(TITLES[p] for p in paths) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in paths) + " |")
     try:
         for shape in args.shapes.split(","):
-            df = spark.createDataFrame(rows(stream, args.events, SPANS_MS[shape]), SPARK_SCHEMA).cache()
+            df = spark.createDataFrame(rows(stream, args.events, SPANS_MS[shape]), SPARK_SCHEMA) \
+                .repartition(args.partitions).cache()
             df.count()
             now = int(time.time() * 1000)
-            times: dict[str, list[float]] = {"spark": [], "arrow": []}
+            times: dict[str, list[float]] = {p: [] for p in paths}
             found: dict[str, list] = {}
 
             def key(r: dict) -> tuple:
                 return (r["dead_reason"] or "", r["pane_start"] or 0, tuple(r["dims"] or ()), r["count"], r["n_0"],
-                        r["min_0"], r["max_0"])
+                        r["min_0"], r["max_0"], len(r["dead_records"]))
 
-            passes = {  # what the pipeline runs: the job and its collect (the driver's reading is apart)
-                "spark": lambda: partial_aggregates(df, catalog, batch_now_ms=now).collect(),
-                "arrow": lambda: arrow_partial_aggregates(df, catalog, batch_now_ms=now).toArrow(),
-            }
-            for i in range(args.repeats):  # alternated, so load swings hit both
-                for name in ("spark", "arrow") if i % 2 == 0 else ("arrow", "spark"):
+            def run(path: str):  # what the pipeline runs: the job and its collect (the driver's reading is apart)
+                if path == "spark":
+                    return partial_aggregates(df, catalog, batch_now_ms=now).collect()
+                return arrow_partials_table(df, catalog, batch_now_ms=now, merge=path)
+
+            for i in range(args.repeats):  # alternated, so load swings hit all
+                for path in paths if i % 2 == 0 else paths[::-1]:
                     started = time.perf_counter()
-                    result = passes[name]()
-                    times[name].append(time.perf_counter() - started)
-                    found[name] = sorted(map(key, [r.asDict() for r in result] if name == "spark"
+                    result = run(path)
+                    times[path].append(time.perf_counter() - started)
+                    found[path] = sorted(map(key, [r.asDict() for r in result] if path == "spark"
                                              else result.to_pylist()))
-            same = "same groups and stats" if found["spark"] == found["arrow"] else "GROUPS DIFFER"
-            s, a = min(times["spark"]), min(times["arrow"])
-            print(f"| {shape} | {len(found['spark']):,} ({same}) | {s:.2f} | {a:.2f} | {s / a:.1f}x |", flush=True)
+            same = "same groups and stats" if all(f == found[paths[0]] for f in found.values()) else "GROUPS DIFFER"
+            cells = " | ".join(f"{min(times[p]):.2f}" for p in paths)
+            print(f"| {shape} | {len(found[paths[0]]):,} ({same}) | {cells} |", flush=True)
             df.unpersist()
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         spark.stop()
     return 0

@@ -17,6 +17,7 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
 _FAMILY = 15
 _FLAG_EMPTY, _FLAG_SINGLE = 1, 4
@@ -90,3 +91,37 @@ def merged_bytes(blobs: Sequence[bytes], k: int) -> bytes | None:
     # The first part stays as stored; each later one is inserted item by item in front of level 0.
     items = np.concatenate([p[::-1] for p in reversed(parts[1:])] + [parts[0]]).astype("<f8", copy=False)
     return exact_bytes_of(items.tobytes(), len(items), 0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), k)
+
+
+
+_GROUP_HEAD = _HEAD
+_GROUP_FULL = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4"),
+                      ("lo", "<f8"), ("hi", "<f8")])  # after the header of a sketch of 2+ items
+
+
+def exact_bytes_per_group(items: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int) -> pa.Array:
+    """Per group, the bytes of an exact-mode KLL sketch of `k` holding its items (`items` grouped
+    in order, `counts` per group): exact_bytes_of, written for every group at once. The items stored in reverse: DataSketches puts each update in front of level 0. A group
+    of more than k items gets no bytes here (its sketch compacts)."""
+    groups = len(counts)
+    c = np.where(counts <= k, counts, -1)
+    size = np.where(c < 0, 0, np.where(c == 0, 8, np.where(c == 1, 16, 40 + 8 * c)))
+    offsets = np.concatenate(([0], np.cumsum(size))).astype(np.int64)
+    out = np.zeros(int(offsets[-1]), np.uint8)
+    heads = np.frombuffer(b"".join((_GROUP_HEAD.pack(2, 1, 15, 1, k, 8, 0), _GROUP_HEAD.pack(2, 2, 15, 4, k, 8, 0),
+                                    _GROUP_HEAD.pack(5, 1, 15, 0, k, 8, 0))), np.uint8).reshape(3, 8)
+    at, row = offsets[:-1][c >= 0], np.minimum(c[c >= 0], 2)
+    out[at[:, None] + np.arange(8)] = heads[row]
+    full = c >= 2
+    if full.any():
+        rec = np.zeros(int(full.sum()), _GROUP_FULL)
+        rec["n"], rec["min_k"], rec["levels"], rec["offset"] = c[full], k, 1, k - c[full]
+        rec["lo"], rec["hi"] = lo[full], hi[full]
+        out[(offsets[:-1][full] + 8)[:, None] + np.arange(_GROUP_FULL.itemsize)] = rec.view(np.uint8).reshape(-1, 32)
+    group_of = np.repeat(np.arange(groups), counts)
+    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
+    place = np.arange(len(items)) - first[group_of]  # the item's place in its group
+    stored = c[group_of] >= 1
+    dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
+    out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
+    return pa.Array.from_buffers(pa.large_binary(), groups, [None, pa.py_buffer(offsets), pa.py_buffer(out)]).cast(pa.binary())

@@ -2,7 +2,7 @@
 groupBy commits: the shipped demo configuration (device clocks, enrichment, tables and views, joins,
 sessions, patterns, first-seen and membership) over the same log, with stragglers and dead letters,
 drained batch by batch by three pipelines: Spark's partials, the Arrow ones on the executors (every
-batch persisted), and the Arrow ones as configured (small batches grouped on the driver, no Spark
+batch persisted, read in small tasks: a group's map-side partials merged across tasks), and the Arrow ones as configured (small batches grouped on the driver, no Spark
 job). Their stores hold the same panes (counts, n/min/max, exact KLL quantiles, HLL estimates; sums
 within rounding), dead letters, watermarks and per-stream progress."""
 
@@ -53,7 +53,9 @@ def test_arrow_partials_commit_what_spark_partials_commit(tmp_path, spark, log_b
 
     runs = {"spark": pipeline("spark", partials="spark"),
             "arrow": pipeline("arrow", partials="arrow"),  # small batches grouped on the driver
-            "executors": pipeline("executors", partials="arrow", driver_batch_rows=0)}
+            # Every batch on the executors, read in tasks of at most 100 records: each task's rows
+            # grouped where they are, so a group's partials come from several tasks and are merged.
+            "executors": pipeline("executors", partials="arrow", driver_batch_rows=0, max_records_per_task=100)}
     append(1_500)  # the tables' first rows and a large first batch (on the executors for all three)
     for i in range(3):
         for p in runs.values() if i % 2 else reversed(runs.values()):

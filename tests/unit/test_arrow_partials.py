@@ -14,8 +14,8 @@ from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.arrow_partials import DEAD_RECORD, Layout, group_partials
-from sketches import KllSketch
+from aggregates.arrow_partials import DEAD_RECORD, Layout, group_partials, merge_partials
+from sketches import HllSketch, KllSketch
 
 STRINGS = pa.list_(pa.field("element", pa.string()))
 INPUT = pa.schema([
@@ -93,15 +93,24 @@ def expected(rows: list[dict], layout: Layout) -> dict:
     return out
 
 
-def check(rows: list[dict], layout: Layout) -> None:
-    got = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout).to_pylist()
+def check(rows: list[dict], layout: Layout, partitions: list[int] | None = None) -> None:
+    """`partitions`: each row's input partition (None: one): each partition grouped on its own,
+    then their partials merged (merge_partials), as the map-side path does."""
+    if partitions is None:
+        got = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout).to_pylist()
+    else:
+        got = merge_partials(map_side(rows, partitions, layout), layout).to_pylist()
     want = expected(rows, layout)
     assert len(got) == len(want)
     for row in got:
         key = (row["stream"], row["dead_reason"], row["pane_start"], None if row["dims"] is None else tuple(row["dims"]))
         g = want[key]
-        for name in ("count", "max_event_time", "partition_max_event_time", "dead_records", "clock_corrected"):
+        for name in ("count", "max_event_time", "partition_max_event_time", "clock_corrected"):
             assert row[name] == g[name], name
+        # Merged: each partition's dead records in turn (as Spark's collect_list meets them).
+        assert row["dead_records"] == (g["dead_records"] if partitions is None else [
+            r["dead_record"] for members in part_members(rows, partitions, key) for r in members
+            if r["dead_record"] is not None])
         for i in range(layout.values):
             items = g[f"items_{i}"]
             assert row[f"n_{i}"] == len(items)
@@ -129,7 +138,36 @@ def check(rows: list[dict], layout: Layout) -> None:
                     low = sum(x < v for x in ordered) / len(ordered)
                     assert low - 3 * bound <= q <= rank + 3 * bound
         for j in range(layout.distincts):
-            assert row[f"hll_{j}"] == g[f"hll_{j}"]
+            if partitions is None:
+                assert row[f"hll_{j}"] == g[f"hll_{j}"]
+            else:  # DataSketches' union of the partitions' sketches, which it fed their items in order
+                parts = [hll_of(members, j, layout) for members in part_members(rows, partitions, key)]
+                assert row[f"hll_{j}"] == (parts[0] if len(parts) == 1 else HllSketch.merge_all(parts).to_bytes())
+
+
+def map_side(rows: list[dict], partitions: list[int], layout: Layout) -> pa.Table:
+    """Each partition's rows grouped on their own, the partials one after the other."""
+    return pa.concat_tables([group_partials(pa.Table.from_pylist([r for r, p in zip(rows, partitions) if p == q],
+                                                                 schema=INPUT), layout)
+                             for q in sorted(set(partitions) | {0})])
+
+
+def group_key(r: dict) -> tuple:
+    return (r["stream"], r["dead_reason"], r["pane_start"], None if r["dims"] is None else tuple(r["dims"]))
+
+
+def part_members(rows: list[dict], partitions: list[int], key: tuple) -> list[list[dict]]:
+    """The group's rows per input partition that holds some, in partition order."""
+    return [members for q in sorted(set(partitions))
+            if (members := [r for r, p in zip(rows, partitions) if p == q and group_key(r) == key])]
+
+
+def hll_of(members: list[dict], j: int, layout: Layout) -> bytes:
+    sketch = hll_sketch(layout.lg_k, tgt_hll_type.HLL_8)
+    for r in members:
+        if r["ids"] is not None and j < len(r["ids"]) and r["ids"][j] is not None:
+            sketch.update(r["ids"][j])
+    return sketch.serialize_updatable()
 
 
 @settings(max_examples=150, deadline=None)
@@ -137,6 +175,37 @@ def check(rows: list[dict], layout: Layout) -> None:
 def test_equals_a_per_group_computation(data):
     layout = Layout(values=2, distincts=2, partitions=3, kll_k=200, lg_k=12)
     check(data.draw(rows(layout.values, layout.distincts)), layout)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_partials_merged_across_partitions_equal_a_per_group_computation(data):
+    """The map-side path: each input partition grouped on its own, then the partials of a group
+    merged: the same as grouping all rows at once (sketches: DataSketches' union of the parts)."""
+    layout = Layout(values=2, distincts=2, partitions=3, kll_k=200, lg_k=12)
+    rows_ = data.draw(rows(layout.values, layout.distincts))
+    check(rows_, layout, data.draw(st.lists(st.integers(0, 3), min_size=len(rows_), max_size=len(rows_))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(floats, min_size=1, max_size=120), st.lists(st.sampled_from([f"u{i}" for i in range(30)]), max_size=120),
+       st.lists(st.integers(0, 2), min_size=120, max_size=120))
+def test_big_partials_merge_with_datasketches_within_bounds(values, ids, partitions):
+    """Parts past k items together merge compacting (DataSketches), past 7 coupons leave LIST mode."""
+    layout = Layout(values=1, distincts=1, partitions=1, kll_k=8, lg_k=12)
+    n = max(len(values), len(ids))
+    check([{"stream": "a", "dead_reason": None, "pane_start": 0, "dims": [], "event_time": 1, "partition": 0,
+            "vals": [values[i % len(values)]], "ids": [ids[i]] if i < len(ids) else None, "clock_correction": None,
+            "dead_record": None} for i in range(n)], layout, partitions[:n])
+
+
+def test_partials_without_a_shared_group_are_returned_as_they_are():
+    layout = Layout(values=1, distincts=1, partitions=2, kll_k=200, lg_k=12)
+    rows_ = [{"stream": "a", "dead_reason": None, "pane_start": 10 * i, "dims": ["x"], "event_time": 10 * i,
+              "partition": i % 2, "vals": [float(i)], "ids": ["u1"], "clock_correction": None, "dead_record": None}
+             for i in range(4)]
+    table = map_side(rows_, [0, 1, 0, 1], layout)
+    assert merge_partials(table, layout).equals(table.combine_chunks())
 
 
 @settings(max_examples=40, deadline=None)
