@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from aggregates.checkpoint_moves import _batches, _write
+from aggregates.checkpoint_moves import logged_batches, write_whole
 from ingest.log.kafka import topic_name
 from ingest.spark_source import plan_end_offsets
 
@@ -114,7 +114,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)
     if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
-        _write(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
+        write_whole(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
 
     def logged(batch_id: int) -> Offsets:
         return batch_end_offsets(config, catalog, checkpoint, batch_id)
@@ -122,23 +122,23 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     def run(batch_id: int, start: Offsets, end: Offsets) -> None:
         rows = read_kafka_range(pipeline.spark, catalog, config.kafka, start, end)
         process(rows, batch_id)
-        _write(commits_dir / str(batch_id), _COMMIT)
+        write_whole(commits_dir / str(batch_id), _COMMIT)
 
     ran = 0
-    planned = _batches(offsets_dir)
-    if planned and planned[-1] not in _batches(commits_dir):  # logged, not done: again, the same range
+    planned = logged_batches(offsets_dir)
+    if planned and planned[-1] not in logged_batches(commits_dir):  # logged, not done: again, the same range
         last = planned[-1]
         before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else starts
         run(last, before, logged(last))
         ran += 1
     while True:
-        planned = _batches(offsets_dir)
+        planned = logged_batches(offsets_dir)
         start = with_starts(logged(planned[-1]), starts) if planned else starts
         end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch)
         if end is None:
             return ran
         batch_id = planned[-1] + 1 if planned else 0
-        _write(offsets_dir / str(batch_id),
+        write_whole(offsets_dir / str(batch_id),
                offset_log_text(end, config.kafka.topic_prefix, _metadata(offsets_dir, planned, int(time.time() * 1000))))
         log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
         run(batch_id, start, end)

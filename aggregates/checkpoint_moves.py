@@ -24,7 +24,7 @@ from pathlib import Path
 _COMMIT = 'v1\n{"nextBatchWatermarkMs":0}'
 
 
-def _batches(folder: Path) -> list[int]:
+def logged_batches(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
 
@@ -33,13 +33,13 @@ def move_offsets(checkpoint_dir: Path, moves: Mapping[str, Mapping[int, int]], s
     offset}}) applied; returns its id, None when the query has no batch logged yet (its first
     batch then starts where the source starts: the caller must not need a move)."""
     offsets_dir, commits_dir = Path(checkpoint_dir) / "offsets", Path(checkpoint_dir) / "commits"
-    planned = _batches(offsets_dir)
+    planned = logged_batches(offsets_dir)
     if not planned:
         return None
     last = planned[-1]
-    if last not in _batches(commits_dir):
+    if last not in logged_batches(commits_dir):
         if store_last_batch is not None and store_last_batch >= last:
-            _write(commits_dir / str(last), _COMMIT)
+            write_whole(commits_dir / str(last), _COMMIT)
         else:
             (offsets_dir / str(last)).unlink()
             (offsets_dir / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the removed file
@@ -53,14 +53,14 @@ def move_offsets(checkpoint_dir: Path, moves: Mapping[str, Mapping[int, int]], s
         offsets[key] = moved
     lines[2] = json.dumps(offsets, separators=(",", ":"), sort_keys=True)
     batch = last + 1
-    _write(offsets_dir / str(batch), "\n".join(lines))
+    write_whole(offsets_dir / str(batch), "\n".join(lines))
     existing = sorted(p for p in commits_dir.iterdir() if p.name.isdigit()) if commits_dir.is_dir() else []
     template = existing[-1].read_text(encoding="utf-8") if existing else _COMMIT
-    _write(commits_dir / str(batch), template)
+    write_whole(commits_dir / str(batch), template)
     return batch
 
 
-def _write(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """Written whole or not at all: a crash leaves no half file for Spark to read."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

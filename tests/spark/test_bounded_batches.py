@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from aggregates.bounded_batches import offset_log_text
-from aggregates.checkpoint_moves import _batches
+from aggregates.checkpoint_moves import logged_batches
 from catalog import Catalog
 from ingest.events import EventValidator
 from sketchboard.settings import Settings
@@ -56,9 +56,9 @@ def test_batches_with_chosen_end_offsets_stop_at_the_caps_replay_once_and_resume
     try:
         pipeline.run_until_drained()
         assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == sum(caps.values())
-        logged = test_log.end_offsets(catalog, checkpoint, _batches(checkpoint / "offsets")[-1])
+        logged = test_log.end_offsets(catalog, checkpoint, logged_batches(checkpoint / "offsets")[-1])
         assert logged["b"] == caps and logged["a"] == {p: o.end for p, o in log.offsets("a").items()}
-        batches = _batches(checkpoint / "commits")
+        batches = logged_batches(checkpoint / "commits")
         assert len(batches) == -(-(100 + sum(caps.values())) // 40)  # full batches of 40 but the last
         assert pipeline.store.last_batch_id("run") == batches[-1]
 
@@ -70,7 +70,7 @@ def test_batches_with_chosen_end_offsets_stop_at_the_caps_replay_once_and_resume
         (checkpoint / "offsets" / str(crashed)).write_text(offset_log_text(ends, test_log.prefix, metadata))
         append("a", 5)  # after the crashed batch's range: read by the batch after it
         pipeline.run_until_drained()
-        assert crashed in _batches(checkpoint / "commits") and pipeline.store.last_batch_id("run") == crashed + 1
+        assert crashed in logged_batches(checkpoint / "commits") and pipeline.store.last_batch_id("run") == crashed + 1
         assert counted(pipeline.store, "a") == 125 and counted(pipeline.store, "b") == sum(caps.values())
     finally:
         pipeline.store.close()
