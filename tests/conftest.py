@@ -13,6 +13,7 @@ settings.register_profile("sketchboard", deadline=None)
 settings.load_profile("sketchboard")
 
 from catalog import Catalog, load_catalog
+from tests.support.teardown import reported_if_slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO_ROOT / "config" / "streams.yaml"
@@ -58,7 +59,8 @@ def postgres_server():
     server = PostgresServer()
     server.start()
     yield server
-    server.stop()
+    with reported_if_slow("the PostgreSQL server"):
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +72,8 @@ def logical_postgres_server():
     server = PostgresServer(logical=True)
     server.start()
     yield server
-    server.stop()
+    with reported_if_slow("the logical PostgreSQL server"):
+        server.stop()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -96,7 +99,8 @@ def kafka_broker_session(tmp_path_factory):
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
     yield broker
-    broker.stop()
+    with reported_if_slow("the Kafka broker"):
+        broker.stop()
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.teardown import reported_if_slow
+
 CHROMIUM = os.environ.get("SKETCHBOARD_CHROMIUM", "/usr/bin/chromium")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
@@ -32,7 +34,8 @@ def browser():
         b = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
         yield b
-        b.close()
+        with reported_if_slow("Chromium"):
+            b.close()
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.teardown import reported_if_slow
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -18,4 +20,5 @@ def spark():
         extra = {}
     session = build_spark("local[2]", app_name="sketchboard-tests", driver_memory="1g", extra_conf=extra)
     yield session
-    session.stop()
+    with reported_if_slow("the SparkSession"):
+        session.stop()
