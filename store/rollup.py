@@ -124,15 +124,20 @@ def rollup(
     group_by = tuple(group_by)
     filters = dict(filters or {})
 
-    bucket_ms = math.gcd(step_ms, window_ms)
-    stride, width = step_ms // bucket_ms, window_ms // bucket_ms  # in buckets
-    n_points = len(window_points(start_ms, end_ms, step_ms))
-    span_ms = ((n_points - 1) * stride + width) * bucket_ms  # the last window may reach past end_ms
-
+    bucket_ms, span_ms = _bucket_span(start_ms, end_ms, step_ms, window_ms)
     buckets = _fill_buckets(
         panes, kind, value_field or "", distinct_field or "", start_ms, span_ms, bucket_ms, group_by, filters
     )
     return _finish(buckets, kind, stat, quantile, start_ms, end_ms, step_ms, window_ms, group_by, watermark_ms)
+
+
+def _bucket_span(start_ms: int, end_ms: int, step_ms: int, window_ms: int) -> tuple[int, int]:
+    """The buckets' width (the gcd of step and window) and the span from start_ms the queried
+    windows cover in whole buckets (the last window may reach past end_ms)."""
+    bucket_ms = math.gcd(step_ms, window_ms)
+    stride, width = step_ms // bucket_ms, window_ms // bucket_ms  # in buckets
+    n_points = len(window_points(start_ms, end_ms, step_ms))
+    return bucket_ms, ((n_points - 1) * stride + width) * bucket_ms
 
 
 class SketchRow(NamedTuple):
@@ -171,10 +176,7 @@ def rollup_sketch_rows(
     if kind not in ("kll", "hll"):
         raise RollupError(f"stat {stat!r} is exact: its rows are summed by the store, not read as sketches")
     group_by = tuple(group_by)
-    bucket_ms = math.gcd(step_ms, window_ms)
-    stride, width = step_ms // bucket_ms, window_ms // bucket_ms
-    n_points = len(window_points(start_ms, end_ms, step_ms))
-    span_ms = ((n_points - 1) * stride + width) * bucket_ms
+    bucket_ms, span_ms = _bucket_span(start_ms, end_ms, step_ms, window_ms)
     buckets = _fill_sketch_buckets(rows, start_ms, span_ms, bucket_ms, group_by, dict(filters or {}))
     return _finish(buckets, kind, stat, quantile, start_ms, end_ms, step_ms, window_ms, group_by, watermark_ms)
 
