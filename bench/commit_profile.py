@@ -1,0 +1,60 @@
+"""Where one backfill commit's time goes: demo events spread over `--hours`, aggregated into 10 s
+panes as the executors would (bench/day_of_data.py demo_partials), committed as ONE batch into a
+fresh SQLite store with the shipped tiers, under cProfile. Prints the commit's CPU time and the
+profile's top functions (cumulative, then own time); asserts nothing.
+
+    python -m bench.commit_profile                          # 1 000 000 events over 24 h (issue 27's backfill batch)
+    python -m bench.commit_profile --events 300000 --top 30
+
+Session 40, load ~12: 1 M events -> 322 390 partials, commit CPU 20.8 s; tier deltas ~40 % of it,
+the pane rows' write ~35 % (a third of that the stats text and sketch blobs), executemany ~10 %."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+from bench.day_of_data import STREAM, demo_partials
+from catalog import load_catalog
+from sketchboard.settings import DEFAULT_STREAMS
+from store import BatchCommit, SqlitePaneStore
+from store.tiers import catalog_layouts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--top", type=int, default=40, help="functions printed per ordering")
+    args = parser.parse_args()
+
+    catalog = load_catalog(DEFAULT_STREAMS)
+    end_ms = int(time.time() * 1000)
+    with tempfile.TemporaryDirectory() as root:
+        store = SqlitePaneStore(Path(root) / "store.db", synchronous="OFF")
+        try:
+            store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
+            partials = [p for batch in demo_partials(catalog, args.events, args.hours, end_ms, args.events) for p in batch]
+            n = sum(p.data.count for p in partials)
+            commit = BatchCommit("main", 0, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
+                                 read_by_stream={STREAM: n})
+            profile = cProfile.Profile()
+            cpu = time.process_time()
+            profile.enable()
+            store.commit_batch(commit, lateness_ms={STREAM: 30_000}, now_ms=end_ms)
+            profile.disable()
+            cpu = time.process_time() - cpu
+        finally:
+            store.close()
+    print(f"{n:,} events -> {len(partials):,} pane partials; one commit: {cpu:.1f} s of CPU under cProfile")
+    stats = pstats.Stats(profile)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    stats.sort_stats("tottime").print_stats(args.top // 2)
+
+
+if __name__ == "__main__":
+    main()
