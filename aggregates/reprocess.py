@@ -307,9 +307,10 @@ class ReprocessService:
         run = self.definitions.start_run(self.plan(stream))
         # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
         enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
-        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in self.log.offsets(name).items()},
-                                                      {p: o.end for p, o in self.log.offsets(name).items()})
-                                               for name in enriched})
+        offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
+        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in parts.items()},
+                                                      {p: o.end for p, o in parts.items()})
+                                               for name, parts in offsets.items()})
         if self.launch is not None:
             try:
                 self.launch(run)
@@ -475,11 +476,7 @@ class ReprocessService:
         if run.id.startswith(PREVIOUS_PREFIX):  # kept by a switch: no pipeline of its own can go on
             raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds {fed}: their state"
                                 " stopped when it was replaced; to go back, configure the old definition and reprocess")
-        store = outputs.open_store(run.id)
-        try:
-            read = DefinitionStore(store.side_db()).definitions()
-        finally:
-            store.close()
+        read = self._definitions_built_by(run.id)
         missing = [s for s in others if s not in read]
         if missing:
             raise SwitchRefused(f"run {run.id!r} did not read {', '.join(map(repr, missing))} (started before runs"
@@ -550,13 +547,7 @@ class ReprocessService:
         enriched = rebuilt_enrichments(catalog, run.stream)
         if not enriched:
             return {}
-        store = self._needs_outputs().open_store(run.id)
-        definitions = DefinitionStore(store.side_db())
-        try:
-            built = definitions.definitions()
-        finally:
-            definitions.close()
-            store.close()
+        built = self._definitions_built_by(run.id)
         served = self.definitions.definitions()
         out = {}
         for name in enriched:
@@ -571,6 +562,16 @@ class ReprocessService:
                                  stored_stream(mine.definition))
             out[name] = (None if old is None else old.version, derived)
         return out
+
+    def _definitions_built_by(self, output: str) -> dict[str, StoredDefinition]:
+        """The stream definitions an output's batches were computed with (its stream_definitions)."""
+        store = self._needs_outputs().open_store(output)
+        definitions = DefinitionStore(store.side_db())
+        try:
+            return definitions.definitions()
+        finally:
+            definitions.close()
+            store.close()
 
     def _switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, *, joins=(), aligned=(),
                 views=(), enriched=None) -> dict:
