@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from catalog import Catalog, StreamDef
 from catalog.tables import row_columns
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
-from catalog.dependents import aligned_joins, aligned_patterns, moved_with, other_streams, rebuilt_patterns, \
-    refused_dependents
-from catalog.dependents import aligned_views, rebuilt_enrichments
+from catalog.dependents import aligned_joins, aligned_patterns, moved_with, rebuilt_patterns, refused_dependents
+from catalog.dependents import aligned_enrichments, aligned_views, capped_streams, enrichment_feeds, \
+    rebuilt_enrichments
 from catalog.patterns import PatternDef, matches_stream_name
 from catalog.views import ViewDef
 from aggregates.views import definition_of
@@ -225,8 +225,9 @@ def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], 
                 f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
     fed = [f"{s!r} feeds {', '.join(stream_dependents(catalog, s)) or 'a join, pattern or view of ' + repr(table)}"
            for s in refused]
-    return (f" ({'; '.join(fed)}: a run of {table!r} rebuilds and moves an enriched stream only when it feeds"
-            " nothing else, whose state would get the stream's records since the run's end twice)")
+    return (f" ({'; '.join(fed)}: a run of {table!r} does not rebuild an enriched stream that its own joins,"
+            f" patterns or views read beside it, whose state is built from that stream's served output;"
+            " reprocess the stream on its own first, or take it out of the enrichment)")
 
 
 class ReprocessService:
@@ -308,8 +309,12 @@ class ReprocessService:
         # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
         enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
         offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
-        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in parts.items()},
-                                                      {p: o.end for p, o in parts.items()})
+        ends = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets.items()}
+        if self.outputs is not None:  # those read only as far as the serving pipeline has (sketchboard/reprocess.py run_caps)
+            for name in aligned_enrichments(self.full_catalog(), stream) if enriched else []:
+                committed = self.definitions.pipeline_offsets(self.outputs.serving_pipeline, name)
+                ends[name] = {p: committed.get(p, o.start) for p, o in offsets[name].items()}
+        self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in parts.items()}, ends[name])
                                                for name, parts in offsets.items()})
         if self.launch is not None:
             try:
@@ -459,17 +464,22 @@ class ReprocessService:
             raise SwitchRefused(f"stream {run.stream!r} has no served output yet: start the pipeline first")
         joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
-        patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
         views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
         enriched = self._enriched(run, catalog) if self.enrichments_rebuilt else {}
-        if not joins and not two_stream and not views:
+        # The joins and patterns the enriched streams feed: rebuilt by the run, switched in step.
+        fed_joins, fed_patterns = enrichment_feeds(catalog, run.stream) if self.enrichments_rebuilt else ([], [])
+        joins += [j for j in fed_joins if j not in joins]
+        two_stream += [p for p in fed_patterns if p not in two_stream]
+        patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
+        others = capped_streams(catalog, run.stream, enrichments=self.enrichments_rebuilt)
+        if not others:
             return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other
-        # table): switched in step.
+        # table, an enriched stream read only as far as the serving pipeline has): switched in step.
         fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
-                         *(f"view {v.name!r}" for v in views)])
-        others = other_streams(catalog, run.stream)
-        changed = sorted(set(others) & set(self.changes()))
+                         *(f"view {v.name!r}" for v in views),
+                         *(f"enrichment of {s!r}" for s in enriched if s in others)])
+        changed = sorted((set(others) - set(enriched)) & set(self.changes()))  # the enriched ones are rebuilt
         if changed:  # the serving pipeline computes them as stored, the run as configured
             raise SwitchRefused(f"the definition of {', '.join(map(repr, changed))} (read by {fed} with"
                                 f" {run.stream!r}) changed too: reprocess and switch it first")

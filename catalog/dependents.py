@@ -24,18 +24,22 @@ built from the same records by the live pipeline, must follow or the switch is r
 - the streams enriched from a table (`rebuilt_enrichments`, on the embedded log; directly or
   through a view): the table's row versions they look up are built by their pipeline while it
   reads the table, and their output holds what those versions gave. So a run of the table
-  rebuilds each such stream whole, reading it to the log's end with the table's new definition,
-  and the switch moves the stream's output, its offsets and the table's versions with the
-  table (aggregates/reprocess.py): a switch of several streams read from the log, no hold needed.
-  Only a stream that feeds nothing else under another name (no join, pattern or view): that
-  state would be fed its records since the run's end twice.
+  rebuilds each such stream whole with the table's new definition, and the switch moves the
+  stream's output, its offsets and the table's versions with the table (aggregates/reprocess.py).
+  A stream that needs nothing else is read to the log's end: a switch of several streams read
+  from the log, no hold needed. One the run reads only as far as the serving pipeline has
+  (`aligned_enrichments`, switched in step like a join's other stream, its offsets where the
+  serving pipeline's are): one also enriched from a table the run reads capped (through a view:
+  its lookups need that table's changes as far as its own records), and one that feeds a join
+  or a pattern itself (`enrichment_feeds`: their state, rebuilt by the run reading their other
+  streams capped too, gets the stream's records after the switch once, from the serving pipeline).
 - refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
   run cannot stop the other stream at chosen offsets (no log now: the embedded source takes caps,
-  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), an enrichment
-  on Kafka (its runs do not rebuild the enriched streams there yet), and an enriched stream that
-  feeds other state of its own. The serving pipeline is past the run's end in that other stream; its records since
-  would have to be fed again to the rebuilt state but not to that stream's own output (nor to its
-  other dependents), which one pipeline reading the log once cannot do.
+  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), and an
+  enrichment on Kafka (its runs do not rebuild the enriched streams there yet). The serving
+  pipeline is past the run's end in that other stream; its records since would have to be fed
+  again to the rebuilt state but not to that stream's own output (nor to its other dependents),
+  which one pipeline reading the log once cannot do.
 Pure: no I/O.
 """
 
@@ -123,10 +127,47 @@ def enriched_streams(catalog: Catalog, table: str) -> list[str]:
 
 def rebuilt_enrichments(catalog: Catalog, table: str) -> list[str]:
     """The streams enriched from `table` that a run of it rebuilds and its switch moves with it
-    (see the module doc): those whose records feed nothing under another name, and that the run
-    does not read capped as another stream of a join, a pattern or a view."""
+    (see the module doc): those that the run does not read as another stream of the table's own
+    joins, patterns or views (their state is built from that stream's served output)."""
     capped = set(other_streams(catalog, table))
-    return [s for s in enriched_streams(catalog, table) if not stream_dependents(catalog, s) and s not in capped]
+    return [s for s in enriched_streams(catalog, table) if s not in capped]
+
+
+def enrichment_feeds(catalog: Catalog, table: str) -> tuple[list[JoinDef], list[PatternDef]]:
+    """The window joins and patterns that the streams a run of `table` rebuilds feed: rebuilt by
+    the run too (reading their other streams as far as the serving pipeline has) and moved by its
+    synchronized switch, as a run of the enriched stream itself would."""
+    rebuilt = set(rebuilt_enrichments(catalog, table))
+    return ([j for j in catalog.joins if join_streams(j) & rebuilt],
+            [p for p in catalog.patterns if pattern_streams(p) & rebuilt])
+
+
+def aligned_enrichments(catalog: Catalog, table: str) -> list[str]:
+    """The streams a run of `table` rebuilds but reads only as far as the serving pipeline has,
+    aligned by a synchronized switch (their offsets stay the serving pipeline's): those also
+    enriched from a table the run reads so (a view's other table: an event must not be looked up
+    before the table's changes appended ahead of it are read), and those that feed a join or a
+    pattern (`enrichment_feeds`: the rebuilt state must get their records after the switch once)."""
+    capped = set(other_streams(catalog, table))
+    joins, patterns = enrichment_feeds(catalog, table)
+    feeding = {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}
+    return [s for s in rebuilt_enrichments(catalog, table)
+            if s in feeding or any(t in capped for decl in catalog.streams[s].enrich
+                                   for t in enrichment_tables(catalog, decl, s))]
+
+
+def capped_streams(catalog: Catalog, table: str, *, enrichments: bool = True) -> list[str]:
+    """Every stream a run of `table` reads only as far as the serving pipeline has, sorted (a
+    synchronized switch aligns them all): the other streams of its own joins, patterns and views
+    (`other_streams`), and with `enrichments` (the runs rebuild enriched streams: the embedded
+    log) the `aligned_enrichments` and the other streams of their joins and patterns. Never
+    `table` itself, read to the log's end."""
+    read = set(other_streams(catalog, table))
+    if enrichments:
+        joins, patterns = enrichment_feeds(catalog, table)
+        read |= set(aligned_enrichments(catalog, table))
+        read |= {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}
+    return sorted(read - {table})
 
 
 def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False,

@@ -18,8 +18,8 @@ from typing import TextIO
 
 from aggregates.reprocess import Outputs, Progress, ReprocessService
 from catalog import Catalog
-from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns
-from catalog.dependents import aligned_views, rebuilt_enrichments
+from catalog.dependents import aligned_joins, aligned_patterns, capped_streams, rebuilt_patterns
+from catalog.dependents import aligned_views, enrichment_feeds, rebuilt_enrichments
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -91,10 +91,14 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, wi
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
     table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
-    read = [stream, *other_streams(catalog, stream)] if joins or two_stream or table_views else [stream]
-    # The streams enriched from the table, rebuilt whole and read to the log's end (not capped:
-    # the switch moves their offsets too, docs/reprocessing.md "A table that enriches streams").
-    read += rebuilt_enrichments(catalog, stream) if with_joins and with_enrichments else []
+    enriched = with_joins and with_enrichments
+    # The streams enriched from the table, rebuilt whole (docs/reprocessing.md "A table that
+    # enriches streams"), with the joins and patterns they feed and those's other streams.
+    fed_joins, fed_patterns = enrichment_feeds(catalog, stream) if enriched else ([], [])
+    joins += [j for j in fed_joins if j not in joins]
+    two_stream += [p for p in fed_patterns if p not in two_stream]
+    read = [stream, *(rebuilt_enrichments(catalog, stream) if enriched else [])]
+    read += [s for s in capped_streams(catalog, stream, enrichments=enriched) if s not in read]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -105,7 +109,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, wi
                 streams.setdefault(table, stream_document(catalog.streams[table]))
             if decl.table in catalog.views:
                 views[decl.table] = catalog.views[decl.table].model_dump(mode="json", exclude={"name"})
-    built = [*rebuilt_patterns(catalog, stream), *two_stream]
+    built = [*rebuilt_patterns(catalog, stream), *two_stream]  # those the enriched streams feed among two_stream
     patterns = [p for p in catalog.patterns if p in built]
     run = Catalog(streams=streams, metrics=metrics, views=views,
                   joins=[j.model_dump(mode="json", exclude_defaults=True) for j in joins],
@@ -178,12 +182,13 @@ def progress_line(run: ReprocessRun, progress: Progress) -> str:
 
 
 def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: DefinitionStore, log) -> dict:
-    """How far a run reads the other streams of the joins `stream` feeds: as far as the serving
-    pipeline has committed (the log's start where it has read nothing yet), so the run's join
-    state never holds a record the serving pipeline has not read (a synchronized switch then
-    lets the run read on to exactly where the serving pipeline stands)."""
+    """How far a run reads the other streams of the joins `stream` feeds (and the enriched streams
+    it rebuilds but aligns, catalog/dependents.py capped_streams): as far as the serving pipeline
+    has committed (the log's start where it has read nothing yet), so the run's join state never
+    holds a record the serving pipeline has not read (a synchronized switch then lets the run
+    read on to exactly where the serving pipeline stands)."""
     caps = {}
-    for other in other_streams(catalog, stream):
+    for other in capped_streams(catalog, stream, enrichments=settings.log_backend != "kafka"):
         committed = definitions.pipeline_offsets(settings.pipeline_name, other)
         caps[other] = {p: committed.get(p, o.start) for p, o in log.offsets(other).items()}
     return caps

@@ -96,29 +96,37 @@ def test_a_view_is_rebuilt_by_a_run_of_either_table_reading_the_other_and_enrich
 
 
 def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_through_a_view(demo_catalog):
-    """On the embedded log a run of a table rebuilds each stream enriched from it (read whole, to
-    the log's end, not capped: the switch moves its offsets too) with that stream's tables; a
-    stream that feeds state of its own under another name stays refused."""
-    from catalog.dependents import enriched_streams, rebuilt_enrichments
+    """On the embedded log a run of a table rebuilds each stream enriched from it with that stream's
+    tables: read whole, to the log's end (the switch moves its offsets too), unless it needs a
+    table the run reads only as far as the serving pipeline has (a view's other table) or feeds a
+    join or a pattern: then it is read as far as the serving pipeline has too, and those are rebuilt
+    with it (their other streams capped), all aligned by a synchronized switch."""
+    from catalog.dependents import aligned_enrichments, capped_streams, enriched_streams, enrichment_feeds, \
+        rebuilt_enrichments
 
     enriched = parse_catalog(ENRICHED)
     assert enriched_streams(enriched, "users") == ["http_requests"] and enriched_streams(enriched, "http_requests") == []
     assert rebuilt_enrichments(enriched, "users") == ["http_requests"]
+    assert aligned_enrichments(enriched, "users") == [] and capped_streams(enriched, "users") == []  # no hold
     assert refused_dependents(enriched, "users", joins_rebuilt=True) == []
     run = stream_catalog(enriched, "users")
     assert set(run.streams) >= {"users", "http_requests"} and run.streams["http_requests"] == enriched.streams["http_requests"]
     assert "requests" in run.metrics  # its metrics with it
     assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams  # Kafka
     # Through a view (the demo: http_requests enriched through user_plans = users x plans): a run
-    # of either table rebuilds the view (the other table capped) and the enriched stream (whole).
+    # of either table rebuilds the view (the other table capped) and the enriched stream, capped
+    # too: its events are looked up in the other table, which the run reads no further.
     for table, other in (("users", "plans"), ("plans", "users")):
         assert rebuilt_enrichments(demo_catalog, table) == ["http_requests"]
         assert refused_dependents(demo_catalog, table, joins_rebuilt=True) == []
-        assert other_streams(demo_catalog, table) == [other]  # http_requests is not capped
+        assert other_streams(demo_catalog, table) == [other]
+        assert aligned_enrichments(demo_catalog, table) == ["http_requests"]
+        assert capped_streams(demo_catalog, table) == sorted([other, "http_requests"])
+        assert capped_streams(demo_catalog, table, enrichments=False) == [other]  # Kafka: not rebuilt there
         run = stream_catalog(demo_catalog, table)
         assert {"users", "plans", "http_requests"} <= set(run.streams) and "user_plans" in run.views
-    # A stream enriched from the table that also feeds a join: its records since the run's end would
-    # reach the join twice, so it is not rebuilt and the switch stays refused, naming it.
+    # A stream enriched from the table that also feeds a join: rebuilt with the join (the join's
+    # other stream and the enriched stream capped), so nothing is refused on the embedded log.
     joined = parse_catalog(ENRICHED.replace("metrics:\n", """  clicks: {key_field: user_id, dimensions: [button]}
 joins:
   - name: request_clicks
@@ -127,6 +135,29 @@ joins:
     within: 1m
 metrics:
 """))
-    assert enriched_streams(joined, "users") == ["http_requests"] and rebuilt_enrichments(joined, "users") == []
-    assert refused_dependents(joined, "users", joins_rebuilt=True) == ["enrichment of 'http_requests'"]
-    assert "http_requests" not in stream_catalog(joined, "users").streams
+    assert enriched_streams(joined, "users") == ["http_requests"] and rebuilt_enrichments(joined, "users") == ["http_requests"]
+    assert enrichment_feeds(joined, "users") == (list(joined.joins), [])
+    assert aligned_enrichments(joined, "users") == ["http_requests"]
+    assert capped_streams(joined, "users") == ["clicks", "http_requests"]
+    assert refused_dependents(joined, "users", joins_rebuilt=True) == []
+    assert refused_dependents(joined, "users", joins_rebuilt=True, enrichments_rebuilt=False) == \
+        ["enrichment of 'http_requests'"]  # on Kafka
+    run = stream_catalog(joined, "users")
+    assert {"users", "http_requests", "clicks", "request_clicks"} <= set(run.streams) and run.joins == joined.joins
+    assert "clicks" not in stream_catalog(joined, "users", with_enrichments=False).streams
+    # ... and one that feeds a pattern (over itself alone, or with another stream) likewise.
+    patterned = parse_catalog(ENRICHED.replace("metrics:\n", """  clicks: {key_field: user_id, dimensions: [button]}
+patterns:
+  - name: busy
+    key: user_id
+    within: 1m
+    steps: [{stream: http_requests, name: a}, {stream: http_requests, name: b}]
+  - name: clicked
+    key: user_id
+    within: 1m
+    steps: [{stream: http_requests, name: req}, {stream: clicks, name: click}]
+metrics:
+"""))
+    assert [p.name for p in enrichment_feeds(patterned, "users")[1]] == ["busy", "clicked"]
+    assert capped_streams(patterned, "users") == ["clicks", "http_requests"]
+    assert [p.name for p in stream_catalog(patterned, "users").patterns] == ["busy", "clicked"]

@@ -1,0 +1,141 @@
+"""A reprocess of a table that enriches a stream through a view (docs/reprocessing.md, "A table
+that enriches streams"): `users` gains `country` and `http_requests`, enriched through the view
+`user_plans` (users -> plans), is now enriched with it too. The run of `users` rebuilds the view
+(reading `plans` only as far as the serving pipeline has) and `http_requests` whole; the switch is
+the view's synchronized one and moves the stream, its offsets and the table's versions with it.
+Both tables and the stream are appended to after the run caught up (read the old way by the
+serving pipeline), when the switch comes (left unread by it: plan tiers changed before requests
+that must see them) and after the switch: the enriched counts per (pane, method, plan_id, country,
+tier), misses included, then equal one pipeline's over the whole log and pandas' as-of join of both
+tables (tests/spark/test_enrichment_views.py's oracle)."""
+
+from __future__ import annotations
+
+import io
+import random
+import time
+
+import pytest
+import yaml
+
+from catalog import Catalog
+from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
+from sketchboard.settings import Settings
+from sketchboard.wiring import build_pipeline
+from store.definitions import DefinitionStore
+from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.spark.test_enrichment_views import Log, expected, stored
+from tests.spark.test_reprocess_enrichment import LATE
+
+pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+
+OLD = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan_id"], **LATE},
+                   "plans": {"kind": "table", "key_field": "id", "dimensions": ["tier"], **LATE, "partitions": 1},
+                   "http_requests": {"key_field": "user_id", "dimensions": ["method"], **LATE,
+                                     "enrich": [{"table": "user_plans", "by": "user_id",
+                                                 "columns": ["plan_id", "tier"]}]}},
+       "views": {"user_plans": {"left": "users", "right": "plans", "foreign_key": "plan_id", "kind": "left"}},
+       "metrics": {"requests": {"stream": "http_requests"}}}
+# The left table keeps a column more and the stream is enriched with it too, through the view.
+NEW = {**OLD, "streams": {
+    **OLD["streams"],
+    "users": {**OLD["streams"]["users"], "dimensions": ["plan_id", "country"]},
+    "http_requests": {**OLD["streams"]["http_requests"],
+                      "enrich": [{"table": "user_plans", "by": "user_id", "columns": ["plan_id", "country", "tier"]}]}}}
+COLUMNS = ["method", "plan_id", "country", "tier"]
+
+
+class Traffic:
+    """Changes of both tables and requests appended at a synthetic append time that moves 20 s per
+    append; each request stamped up to a minute before its append (some precede the latest changes)."""
+
+    def __init__(self, log: Log, base_ms: int):
+        self.log, self.at, self.rng = log, base_ms, random.Random(16)
+
+    def tick(self) -> int:
+        self.at += 20_000
+        return self.at
+
+    def users(self, n: int) -> None:
+        rng = self.rng  # u0..u10 (u11 is never in the table); p5 is never a plan (a right miss)
+        self.log.table("users", [{"user_id": f"u{rng.randrange(11)}", "_deleted": True} if rng.random() < 0.05 else
+                                 {"user_id": f"u{rng.randrange(11)}", "plan_id": f"p{rng.randrange(6)}",
+                                  "country": rng.choice(["nl", "de", "fr"])} for _ in range(n)], self.tick())
+
+    def plans(self, n: int) -> None:
+        rng = self.rng
+        self.log.table("plans", [{"id": f"p{rng.randrange(5)}", "_deleted": True} if rng.random() < 0.1 else
+                                 {"id": f"p{rng.randrange(5)}", "tier": rng.choice(["free", "gold", "pro", "team"])}
+                                 for _ in range(n)], self.tick())
+
+    def requests(self, n: int) -> None:
+        at, rng = self.tick(), self.rng
+        self.log.events_of("http_requests", [{"time": at - rng.randrange(60_000), "user_id": f"u{rng.randrange(12)}",
+                                              "method": rng.choice(["GET", "POST"])} for _ in range(n)], at)
+
+    def rounds(self, n: int, users: int, plans: int, requests: int) -> None:
+        for _ in range(n):
+            self.users(users)
+            self.plans(plans)
+            self.requests(requests)
+
+
+def test_a_reprocess_of_a_table_enriching_through_a_view_rebuilds_the_stream_switched_in_step(
+        tmp_path, spark, log_backend, store_backend):
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
+                        **test_log.settings())
+    new_catalog = Catalog(**NEW)
+    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog), int(time.time() * 1000) - 3_600_000)
+
+    traffic.rounds(3, 6, 3, 60)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(NEW))
+    traffic.rounds(2, 5, 2, 60)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        run = run_reprocess(settings, "users", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log.log)
+        progress = service.progress(service.run(run.id))  # the stream read as far as the serving pipeline had
+        assert progress.done == progress.to_do > sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+        # After the run: all three changed and read the old way by the serving pipeline; then
+        # changes it has not read when the switch comes, plans' tiers before requests that see them.
+        traffic.rounds(2, 4, 2, 50)
+        main.run_until_drained()
+        traffic.rounds(1, 4, 3, 50)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version and switched["enriched"] == ["http_requests"]
+        assert service.changes() == {} and DefinitionStore(root.side_db()).holds() == {}
+        # After the switch: the serving pipeline restarts (as `sketchboard pipeline` does); then more.
+        again = build_pipeline(settings, spark)
+        again.run_until_drained()
+        traffic.rounds(1, 4, 2, 50)
+        again.run_until_drained()
+        again.store.close()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+
+        want, missing = expected(traffic.log, "http_requests", False, COLUMNS[1:])
+        assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and {k[4] for k in want} >= {"", "free", "gold"}
+        assert 0 < missing < len(traffic.log.events["http_requests"])
+        assert sum(want.values()) == len(traffic.log.events["http_requests"])  # nothing dead-lettered
+        assert stored(reference.store, "http_requests", COLUMNS) == want
+        assert stored(root, "http_requests", COLUMNS) == want
+        assert root.progress("main").streams["http_requests"].enrich_misses == {"user_plans": missing}
+        for table in ("users", "plans"):
+            assert root.table_versions(table) == reference.store.table_versions(table)
+        assert {r.key: dict(r.row) for r in root.view_rows("user_plans", limit=1_000)} == \
+            {r.key: dict(r.row) for r in reference.store.view_rows("user_plans", limit=1_000)}
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.log.close()
