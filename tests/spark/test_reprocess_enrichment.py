@@ -23,7 +23,9 @@ from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline
 from tests.log_backends import ON_THE_EMBEDDED_STACK
+from store.definitions import DefinitionStore
 from tests.spark.test_enrichment import Log, expected, stored
+from tests.spark.test_reprocess_joins import OLD as JOINED_OLD, Traffic as JoinTraffic, join_totals, panes
 
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
@@ -137,3 +139,100 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
             reference.store.close()
         root.close()
         traffic.log.log.close()
+
+
+# An enriched stream that feeds a window join (docs/reprocessing.md, "An enriched stream that feeds a
+# join or a pattern"): `searches` is enriched from the table `categories` by its category and is the
+# join's left stream. The table gains `shelf` and `searches` is enriched with it too: the run of
+# the table rebuilds `searches` and the join, both read as far as the serving pipeline has
+# (`searches` too), and the synchronized switch moves them with the table.
+TABLE = {"kind": "table", "key_field": "category", "partitions": 1, "tiers": []}
+FED_OLD = {**JOINED_OLD, "streams": {
+    **JOINED_OLD["streams"], "categories": {**TABLE, "dimensions": ["group"]},
+    "searches": {**JOINED_OLD["streams"]["searches"],
+                 "enrich": [{"table": "categories", "by": "category", "columns": ["group"]}]}}}
+FED_NEW = {**FED_OLD, "streams": {
+    **FED_OLD["streams"], "categories": {**TABLE, "dimensions": ["group", "shelf"]},
+    "searches": {**FED_OLD["streams"]["searches"],
+                 "enrich": [{"table": "categories", "by": "category", "columns": ["group", "shelf"]}]}}}
+
+
+def test_a_reprocess_of_a_table_whose_enriched_stream_feeds_a_join_rebuilds_the_join_switched_in_step(
+        tmp_path, spark, log_backend, store_backend):
+    from ingest.tables import TableRowValidator
+
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(FED_OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
+                        **test_log.settings())
+    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
+    new_catalog = Catalog(**FED_NEW)
+    traffic = JoinTraffic(test_log.open(new_catalog), new_catalog, base)
+    rng = random.Random(7)
+
+    def categories(second: int) -> None:
+        """Changes of both categories valid from `second` (appended before the searches from then on,
+        after every search before: which searches see them does not depend on batches)."""
+        table, at = new_catalog.streams["categories"], base + second * 1000
+        rows = [{"category": c, "_deleted": True} if rng.random() < 0.2 else
+                {"category": c, "group": rng.choice(["media", "fun"]), "shelf": rng.choice(["a", "b", "c"])}
+                for c in ("books", "games")]
+        traffic.log.append(table, [TableRowValidator(table).validate(r, at) for r in rows], at)
+
+    categories(0)
+    first = traffic.searches(150, 0)
+    traffic.clicks(first, 0)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(FED_NEW))
+    categories(150)
+    second = traffic.searches(150, 150)
+    traffic.clicks(first[100:] + second, 150)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        run = run_reprocess(settings, "categories", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
+        with pytest.raises(ValueError, match="feeds join 'search_clicks'.*sketchboard reprocess categories --switch"):
+            service.switch(run.id)  # a plain switch (the API's) cannot run the run's final batch
+        # After the run: all three appended to and read the old way by the serving pipeline, then
+        # changes, searches and clicks it has not read when the switch comes.
+        categories(300)
+        third = traffic.searches(100, 300)
+        traffic.clicks(second[100:] + third, 300)
+        main.run_until_drained()
+        categories(400)
+        fourth = traffic.searches(30, 400)
+        traffic.clicks(third + fourth, 400)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version and switched["enriched"] == ["searches"]
+        assert service.changes() == {} and DefinitionStore(root.side_db()).holds() == {}
+        # Ten minutes on: every pipeline's join clock passes the state above.
+        categories(900)
+        late = traffic.searches(50, 900)
+        traffic.clicks(late, 900)
+        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
+        again.run_until_drained()
+        again.store.close()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+        pairs, unmatched = join_totals(reference.store)
+        assert pairs > 100 and unmatched > 10
+        assert join_totals(root) == (pairs, unmatched)
+        for stream in ("search_clicks", "searches", "clicks"):
+            assert panes(root, stream) == panes(reference.store, stream), stream
+        shelves = {json.loads(d).get("shelf") for _, d in panes(root, "searches")}
+        assert shelves >= {"", "a", "b"}  # enriched the new way, misses ("") included
+        assert root.progress("main").streams["searches"].enrich_misses == \
+            reference.store.progress("reference").streams["searches"].enrich_misses
+        assert root.table_versions("categories") == reference.store.table_versions("categories")
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.close()
