@@ -310,7 +310,8 @@ class ReprocessService:
         enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
         offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
         ends = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets.items()}
-        if self.outputs is not None:  # those read only as far as the serving pipeline has (sketchboard/reprocess.py run_caps)
+        # Those read only as far as the serving pipeline has (sketchboard/reprocess.py run_caps).
+        if self.outputs is not None:
             for name in aligned_enrichments(self.full_catalog(), stream) if enriched else []:
                 committed = self.definitions.pipeline_offsets(self.outputs.serving_pipeline, name)
                 ends[name] = {p: committed.get(p, o.start) for p, o in offsets[name].items()}

@@ -141,10 +141,10 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
         traffic.log.log.close()
 
 
-# An enriched stream that feeds a window join (docs/reprocessing.md, "An enriched stream that feeds a
-# join or a pattern"): `searches` is enriched from the table `categories` by its category and is the
-# join's left stream. The table gains `shelf` and `searches` is enriched with it too: the run of
-# the table rebuilds `searches` and the join, both read as far as the serving pipeline has
+# An enriched stream that feeds a window join (docs/reprocessing.md, "Through a view, or feeding a
+# join or a pattern"): `searches` is enriched from the table `categories` by its category and is
+# the join's left stream. The table gains `shelf` and `searches` is enriched with it too: the run
+# of the table rebuilds `searches` and the join, both read as far as the serving pipeline has
 # (`searches` too), and the synchronized switch moves them with the table.
 TABLE = {"kind": "table", "key_field": "category", "partitions": 1, "tiers": []}
 FED_OLD = {**JOINED_OLD, "streams": {

@@ -135,7 +135,7 @@ joins:
     within: 1m
 metrics:
 """))
-    assert enriched_streams(joined, "users") == ["http_requests"] and rebuilt_enrichments(joined, "users") == ["http_requests"]
+    assert enriched_streams(joined, "users") == rebuilt_enrichments(joined, "users") == ["http_requests"]
     assert enrichment_feeds(joined, "users") == (list(joined.joins), [])
     assert aligned_enrichments(joined, "users") == ["http_requests"]
     assert capped_streams(joined, "users") == ["clicks", "http_requests"]
