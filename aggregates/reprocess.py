@@ -214,20 +214,15 @@ def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str
 
 
 def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], joins_rebuilt: bool) -> str:
-    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run."""
-    from catalog.dependents import enriched_streams, stream_dependents
+    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run (where
+    runs rebuild them, `joins_rebuilt`, every one is: catalog/dependents.py rebuilt_enrichments)."""
+    from catalog.dependents import enriched_streams
 
     refused = [s for s in enriched_streams(catalog, table) if f"enrichment of {s!r}" in dependents]
-    if not refused:
+    if not refused or joins_rebuilt:
         return ""
-    if not joins_rebuilt:
-        return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
-                f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
-    fed = [f"{s!r} feeds {', '.join(stream_dependents(catalog, s)) or 'a join, pattern or view of ' + repr(table)}"
-           for s in refused]
-    return (f" ({'; '.join(fed)}: a run of {table!r} does not rebuild an enriched stream that its own joins,"
-            f" patterns or views read beside it, whose state is built from that stream's served output;"
-            " reprocess the stream on its own first, or take it out of the enrichment)")
+    return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
+            f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
 
 
 class ReprocessService:

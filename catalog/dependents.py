@@ -31,8 +31,9 @@ built from the same records by the live pipeline, must follow or the switch is r
   (`aligned_enrichments`, switched in step like a join's other stream, its offsets where the
   serving pipeline's are): one also enriched from a table the run reads capped (through a view:
   its lookups need that table's changes as far as its own records), and one that feeds a join
-  or a pattern itself (`enrichment_feeds`: their state, rebuilt by the run reading their other
-  streams capped too, gets the stream's records after the switch once, from the serving pipeline).
+  or a pattern itself, the table's own included (`enrichment_feeds`: their state, rebuilt by the
+  run reading their other streams capped too, gets the stream's records after the switch once,
+  from the serving pipeline).
 - refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
   run cannot stop the other stream at chosen offsets (no log now: the embedded source takes caps,
   on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), and an
@@ -127,10 +128,8 @@ def enriched_streams(catalog: Catalog, table: str) -> list[str]:
 
 def rebuilt_enrichments(catalog: Catalog, table: str) -> list[str]:
     """The streams enriched from `table` that a run of it rebuilds and its switch moves with it
-    (see the module doc): those that the run does not read as another stream of the table's own
-    joins, patterns or views (their state is built from that stream's served output)."""
-    capped = set(other_streams(catalog, table))
-    return [s for s in enriched_streams(catalog, table) if s not in capped]
+    (see the module doc): all of them, on a log where runs rebuild enriched streams."""
+    return enriched_streams(catalog, table)
 
 
 def enrichment_feeds(catalog: Catalog, table: str) -> tuple[list[JoinDef], list[PatternDef]]:
@@ -147,7 +146,8 @@ def aligned_enrichments(catalog: Catalog, table: str) -> list[str]:
     aligned by a synchronized switch (their offsets stay the serving pipeline's): those also
     enriched from a table the run reads so (a view's other table: an event must not be looked up
     before the table's changes appended ahead of it are read), and those that feed a join or a
-    pattern (`enrichment_feeds`: the rebuilt state must get their records after the switch once)."""
+    pattern (`enrichment_feeds`, the table's own among them: the rebuilt state must get their
+    records after the switch once)."""
     capped = set(other_streams(catalog, table))
     joins, patterns = enrichment_feeds(catalog, table)
     feeding = {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}

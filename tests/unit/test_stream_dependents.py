@@ -161,3 +161,16 @@ metrics:
     assert [p.name for p in enrichment_feeds(patterned, "users")[1]] == ["busy", "clicked"]
     assert capped_streams(patterned, "users") == ["clicks", "http_requests"]
     assert [p.name for p in stream_catalog(patterned, "users").patterns] == ["busy", "clicked"]
+    # ... and one that the table's own pattern reads beside the table: rebuilt and capped alike.
+    own = parse_catalog(ENRICHED.replace("metrics:\n", """patterns:
+  - name: signed_up_then_requested
+    key: user_id
+    within: 1m
+    steps: [{stream: users, name: signup}, {stream: http_requests, name: request}]
+metrics:
+"""))
+    assert other_streams(own, "users") == ["http_requests"] == rebuilt_enrichments(own, "users")
+    assert aligned_enrichments(own, "users") == ["http_requests"] == capped_streams(own, "users")
+    assert refused_dependents(own, "users", joins_rebuilt=True) == []
+    assert refused_dependents(own, "users", joins_rebuilt=True, enrichments_rebuilt=False) == \
+        ["enrichment of 'http_requests'"]  # on Kafka
