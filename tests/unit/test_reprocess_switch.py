@@ -606,14 +606,15 @@ ENRICHING_NEW = {"streams": {**ENRICHING_OLD["streams"], "users": {**ENRICHING_O
 
 
 def enriching_batch(store, catalog: Catalog, pipeline: str, batch_id: int, plan: str, misses: int,
-                    offsets: dict[str, dict[int, int]], versions: list) -> None:
+                    offsets: dict[str, dict[int, int]], versions: list, joins: tuple = ()) -> None:
     """A batch of `http` (one pane, enriched with `plan`) and of `users` (the table's versions)."""
     partials = [PanePartial("http", NOW, NOW + PANE, {"method": "GET", "plan": plan}, PaneData(count=3)),
                 PanePartial("users", NOW, NOW + PANE, {"plan": plan}, PaneData(count=len(versions)))]
     commit = BatchCommit(pipeline=pipeline, batch_id=batch_id, partials=partials, events_read=3 + len(versions),
                          max_event_ms={"http": NOW, "users": NOW}, end_offsets=offsets,
                          definition_versions=catalog_versions(catalog),
-                         enrichment=EnrichmentCommit({"users": versions}, {}, {("http", "users"): misses}))
+                         enrichment=EnrichmentCommit({"users": versions}, {}, {("http", "users"): misses}),
+                         joins=list(joins))
     assert store.commit_batch(commit, lateness_ms={n: 0 for n in catalog.streams}, now_ms=NOW).committed
 
 
@@ -678,6 +679,63 @@ def test_a_table_that_enriches_a_stream_is_switched_with_the_stream_and_its_row_
         assert counts(root) == {dims_key({"method": "GET", "plan": "free"}): 3}
         assert root.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))]
         assert service.definitions.offset_moves("main") == {"users": {0: 2}, "http": {0: 9}}
+    finally:
+        close_fixture(root, log, service)
+
+
+def test_a_table_whose_enriched_stream_feeds_a_join_is_switched_in_step_with_the_stream_and_the_join(settings):
+    """The enriched stream `http` feeds the join `http_clicks`: the table's run rebuilt both, reading
+    `http` and `clicks` only as far as the serving pipeline had; the switch is a synchronized one
+    (the run's final batch reads both to exactly the serving pipeline's offsets), moves the join's
+    state with the stream and the table's versions, and leaves both streams' offsets where the
+    serving pipeline has them (only the table's move). A run not aligned on `http` is refused."""
+    from store.table_versions import TableVersion
+
+    join = {"clicks": {"key_field": "user_id", "dimensions": ["button"]}}
+    joins = [{"name": "http_clicks", "left": {"stream": "http", "key": "user_id"},
+              "right": {"stream": "clicks", "key": "user_id"}, "within": "5m"}]
+    old = Catalog(streams={**ENRICHING_OLD["streams"], **join}, joins=joins)
+    new = Catalog(streams={**ENRICHING_NEW["streams"], **join}, joins=joins)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    enriching_batch(root, old, "main", 0, "free", 2, {"users": {0: 2}, "http": {0: 9}, "clicks": {0: 3}},
+                    [("u1", TableVersion(NOW, 0, 0, {"plan": "free"}))], joins=[JoinCommit("http_clicks", NOW, None, pairs=1)])
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("users")
+    assert service.definitions.run_reads(run.id)["http"][1][0] == 9  # its progress ends at the serving pipeline's
+    output = open_store(settings, run.id)
+    try:
+        pin_definitions(output, new, run.id)
+        new_version = ("u1", TableVersion(NOW, 0, 0, {"plan": "pro", "country": "nl"}))
+        enriching_batch(output, new, run.id, 0, "pro", 1, {"users": {0: 4}, "http": {0: 8}, "clicks": {0: 3}},
+                        [new_version], joins=[JoinCommit("http_clicks", NOW, None, pairs=2)])
+        output.close()
+        service.definitions.set_state(run.id, "caught_up", NOW)
+        with pytest.raises(NeedsAlignment, match="feeds join 'http_clicks', enrichment of 'http'.*--switch"):
+            service.switch(run.id)
+        with pytest.raises(SwitchRefused, match="could not be aligned.*'http' to .0: 8., the serving pipeline to .0: 9."):
+            service.switch(run.id, align=lambda run_, offsets: None)  # a final batch that read nothing
+        calls = []
+
+        def align(run_, offsets):  # the run's final batch: both read to exactly the serving pipeline's offsets
+            calls.append(offsets)
+            out = open_store(settings, run.id)
+            enriching_batch(out, new, run.id, len(calls), "pro", 0, {"users": {0: 4}, **offsets}, [],
+                            joins=[JoinCommit("http_clicks", NOW, None, pairs=1)])
+            out.close()
+
+        switched = service.switch(run.id, align=align)
+        assert calls == [{"clicks": {0: 3}, "http": {0: 9}}] and switched["enriched"] == ["http"]
+        assert service.definitions.holds() == {}
+        assert root.join_sizes()["http_clicks"].pairs == 3  # the run's join state
+        assert counts(root) == {dims_key({"method": "GET", "plan": "pro"}): 6}  # the run's: 3 + 3
+        assert root.table_versions("users") == [new_version]
+        assert service.definitions.offset_moves("main") == {"users": {0: 4}, "http": {0: 9}}  # http: where it was
+        assert root.progress("main").end_offsets["clicks"] == {0: 3}
+        kept = open_store(settings, switched["previous"])
+        assert kept.join_sizes()["http_clicks"].pairs == 1  # the replaced state, kept with the old output
+        kept.close()
     finally:
         close_fixture(root, log, service)
 
