@@ -25,7 +25,8 @@ from sketchboard.wiring import build_pipeline
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from store.definitions import DefinitionStore
 from tests.spark.test_enrichment import Log, expected, stored
-from tests.spark.test_reprocess_joins import OLD as JOINED_OLD, Traffic as JoinTraffic, join_totals, panes
+from tests.spark.test_reprocess_joins import OLD as JOINED_OLD, PATTERN_OLD, Timeline, Traffic as JoinTraffic, \
+    join_totals, panes, pattern_matches
 
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
@@ -231,6 +232,95 @@ def test_a_reprocess_of_a_table_whose_enriched_stream_feeds_a_join_rebuilds_the_
         assert root.progress("main").streams["searches"].enrich_misses == \
             reference.store.progress("reference").streams["searches"].enrich_misses
         assert root.table_versions("categories") == reference.store.table_versions("categories")
+    finally:
+        if reference is not None:
+            reference.store.close()
+        root.close()
+        traffic.log.close()
+
+
+# The same with a pattern over both streams instead of the join (its state and matches, like the
+# join's, are rebuilt by the table's run and moved by its synchronized switch); a lateness past the
+# whole timeline, as in tests/spark/test_reprocess_joins.py, so no record is late however batches
+# cut the log.
+FED_PATTERN_OLD = {**PATTERN_OLD, "streams": {
+    **PATTERN_OLD["streams"], "categories": FED_OLD["streams"]["categories"],
+    "searches": {**PATTERN_OLD["streams"]["searches"], "enrich": FED_OLD["streams"]["searches"]["enrich"]}}}
+FED_PATTERN_NEW = {**FED_PATTERN_OLD, "streams": {
+    **FED_PATTERN_OLD["streams"], "categories": FED_NEW["streams"]["categories"],
+    "searches": {**FED_PATTERN_OLD["streams"]["searches"], "enrich": FED_NEW["streams"]["searches"]["enrich"]}}}
+
+
+def test_a_reprocess_of_a_table_whose_enriched_stream_feeds_a_pattern_rebuilds_its_matches_switched_in_step(
+        tmp_path, spark, log_backend, store_backend):
+    from ingest.tables import TableRowValidator
+
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(FED_PATTERN_OLD))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
+                        **test_log.settings())
+    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
+    new_catalog = Catalog(**FED_PATTERN_NEW)
+    traffic = JoinTraffic(test_log.open(new_catalog), new_catalog, base)
+    timeline = Timeline(traffic, 450)
+    rng = random.Random(7)
+
+    def searches_until(second: int) -> None:
+        """A change of both categories valid from the first search not appended yet (after every
+        search before it: which searches see it does not depend on batches), then those searches."""
+        table = new_catalog.streams["categories"]
+        at = base + (timeline.sent["searches"]) * 1000  # searches are one a second from `base`
+        rows = [{"category": c, "group": rng.choice(["media", "fun"]), "shelf": rng.choice(["a", "b", "c"])}
+                for c in ("books", "games")]
+        traffic.log.append(table, [TableRowValidator(table).validate(r, at) for r in rows], at)
+        timeline.until("searches", second)
+
+    searches_until(150)
+    timeline.until("clicks", 120)
+    main = build_pipeline(settings, spark)
+    main.run_until_drained()
+    main.store.close()
+    config.write_text(yaml.safe_dump(FED_PATTERN_NEW))
+    searches_until(300)
+    timeline.until("clicks", 250)
+    main = build_pipeline(settings, spark)
+    root = main.store
+    reference = None
+    try:
+        main.run_until_drained()
+        run = run_reprocess(settings, "categories", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
+        # After the run: read by the serving pipeline before the switch; then left unread by it.
+        searches_until(400)
+        timeline.until("clicks", 350)
+        main.run_until_drained()
+        searches_until(430)
+        timeline.until("clicks", 420)
+        switched = switch_run(settings, service, service.run(run.id), spark, root)
+        assert switched["serving_version"] == run.version and switched["enriched"] == ["searches"]
+        assert DefinitionStore(root.side_db()).holds() == {}
+        # The rest, then 40 minutes on (the pattern's watermark passes the above), then one batch more each.
+        searches_until(10_000)
+        timeline.until("clicks", 10_000)
+        traffic.ids = 1_000
+        late = traffic.searches(50, 2_500)
+        traffic.clicks(late, 2_500)
+        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
+        again.run_until_drained()
+        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        reference.run_until_drained()
+        traffic.clicks(traffic.searches(10, 2_600), 2_600)
+        for pipeline in (again, reference):
+            pipeline.run_until_drained()
+        again.store.close()
+        want = pattern_matches(reference.store)
+        assert len(want) > 150
+        assert pattern_matches(root) == want
+        for stream in ("search_click_matches", "searches", "clicks"):
+            assert panes(root, stream) == panes(reference.store, stream), stream
+        assert {json.loads(d).get("shelf") for _, d in panes(root, "searches")} >= {"a", "b"}
     finally:
         if reference is not None:
             reference.store.close()
