@@ -736,6 +736,8 @@ def test_a_table_whose_enriched_stream_feeds_a_join_is_switched_in_step_with_the
         kept = open_store(settings, switched["previous"])
         assert kept.join_sizes()["http_clicks"].pairs == 1  # the replaced state, kept with the old output
         kept.close()
+        with pytest.raises(SwitchRefused, match="is a replaced output"):  # its join state stopped there
+            service.switch(switched["previous"], align=align)
     finally:
         close_fixture(root, log, service)
 
