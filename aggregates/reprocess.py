@@ -27,7 +27,7 @@ from catalog.views import ViewDef
 from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
-from ingest.log import EventLog, SqliteEventLog
+from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
@@ -213,16 +213,14 @@ def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str
                             f" ({verb} or changed since the run started, or no batch ran it): start a new run")
 
 
-def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], joins_rebuilt: bool) -> str:
-    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run."""
+def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str]) -> str:
+    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run: each
+    feeds something else (catalog/dependents.py rebuilt_enrichments)."""
     from catalog.dependents import enriched_streams, stream_dependents
 
     refused = [s for s in enriched_streams(catalog, table) if f"enrichment of {s!r}" in dependents]
     if not refused:
         return ""
-    if not joins_rebuilt:
-        return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
-                f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
     fed = [f"{s!r} feeds {', '.join(stream_dependents(catalog, s)) or 'a join, pattern or view of ' + repr(table)}"
            for s in refused]
     return (f" ({'; '.join(fed)}: a run of {table!r} rebuilds and moves an enriched stream only when it feeds"
@@ -251,9 +249,6 @@ class ReprocessService:
         # where a run can stop their other stream at chosen offsets: on both logs (the embedded
         # log's source takes caps; on Kafka, batches of the run's own: aggregates/bounded_batches.py).
         self.joins_rebuilt = True
-        # The streams enriched from a table are rebuilt by its runs on the embedded log only (not
-        # tried on Kafka yet: there the switch of such a table stays refused, saying so).
-        self.enrichments_rebuilt = isinstance(log, SqliteEventLog)
         # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
         self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
@@ -306,7 +301,7 @@ class ReprocessService:
     def start(self, stream: str) -> ReprocessRun:
         run = self.definitions.start_run(self.plan(stream))
         # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
-        enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
+        enriched = rebuilt_enrichments(self.full_catalog(), stream)
         offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
         self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in parts.items()},
                                                       {p: o.end for p, o in parts.items()})
@@ -442,15 +437,17 @@ class ReprocessService:
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
         catalog = self.full_catalog()
+        # The streams enriched from a table are rebuilt by its runs on both logs (on Kafka in
+        # batches of the run's own: sketchboard/reprocess.py run_end_offsets).
         dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt,
-                                        enrichments_rebuilt=self.enrichments_rebuilt)
+                                        enrichments_rebuilt=True)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
             aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True, enrichments_rebuilt=True)
             unaligned = ", ".join(d for d in dependents if d not in aligned and not d.startswith("enrichment of"))
             why = "" if self.joins_rebuilt or not unaligned else (
                 f" (on this log a run cannot stop the other stream of {unaligned}"
                 " at the serving pipeline's offsets, which switching in step needs)")
-            why += enrichment_refusal(catalog, run.stream, dependents, self.enrichments_rebuilt)
+            why += enrichment_refusal(catalog, run.stream, dependents)
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
@@ -461,7 +458,7 @@ class ReprocessService:
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
         views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
-        enriched = self._enriched(run, catalog) if self.enrichments_rebuilt else {}
+        enriched = self._enriched(run, catalog)
         if not joins and not two_stream and not views:
             return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other

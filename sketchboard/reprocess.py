@@ -77,7 +77,7 @@ def child_launcher(settings: Settings, *, switch: bool = False):
     return launch
 
 
-def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, with_enrichments: bool = True) -> Catalog:
+def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
     and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
     through a view: the view's two tables, and the view (its declaration names the columns); the
@@ -86,15 +86,15 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, wi
     `with_joins` (the default): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
-    stream; and, with `with_enrichments` (the embedded log), the streams enriched from the table
-    (catalog/dependents.py rebuilt_enrichments), read whole, with their tables."""
+    stream; and the streams enriched from the table (catalog/dependents.py rebuilt_enrichments),
+    read whole, with their tables."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
     table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
     read = [stream, *other_streams(catalog, stream)] if joins or two_stream or table_views else [stream]
     # The streams enriched from the table, rebuilt whole and read to the log's end (not capped:
     # the switch moves their offsets too, docs/reprocessing.md "A table that enriches streams").
-    read += rebuilt_enrichments(catalog, stream) if with_joins and with_enrichments else []
+    read += rebuilt_enrichments(catalog, stream) if with_joins else []
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -189,6 +189,21 @@ def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: Def
     return caps
 
 
+def run_end_offsets(settings: Settings, catalog: Catalog, stream: str, definitions: DefinitionStore,
+                    log) -> dict | None:
+    """A run's `end_offsets` (aggregates/pipeline.py PipelineConfig): its caps (`run_caps`); None
+    (the source plans the batches) unless it has caps or enriches a stream from a table it reads
+    (a table's run rebuilding the streams it enriches, or an enriched stream's run). Those the
+    run's own batches read on Kafka too (aggregates/bounded_batches.py), planned as the embedded
+    source plans them: a table's smaller backlog read first, not shared in proportion to each
+    partition's backlog as Spark's Kafka source shares `maxOffsetsPerTrigger`, which can enrich
+    an event before a change of its key appended before it is read (docs/reprocessing.md "A
+    table that enriches streams")."""
+    caps = run_caps(settings, catalog, stream, definitions, log)
+    enriches = any(s.enrich for s in stream_catalog(catalog, stream).streams.values())
+    return caps if caps or enriches else None
+
+
 def aligner(settings: Settings, spark, catalog: Catalog, root):
     """The final batch of a synchronized switch (aggregates/reprocess.py `Aligner`): the run's
     pipeline, from its checkpoint, over the log's end now, reading the joins' other streams to
@@ -197,9 +212,7 @@ def aligner(settings: Settings, spark, catalog: Catalog, root):
 
     def align(run: ReprocessRun, offsets: dict[str, dict[int, int]]) -> None:
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(catalog, run.stream,
-                                                         with_enrichments=settings.log_backend != "kafka"),
-                                  end_offsets=offsets)
+                                  catalog=stream_catalog(catalog, run.stream), end_offsets=offsets)
         try:
             pipeline.run_until_drained()
         finally:
@@ -264,8 +277,8 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     try:
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(full, stream, with_enrichments=settings.log_backend != "kafka"),
-                                  end_offsets=run_caps(settings, full, stream, definitions, log) or None)
+                                  catalog=stream_catalog(full, stream),
+                                  end_offsets=run_end_offsets(settings, full, stream, definitions, log))
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(full, stream, root, pipeline.store, log)
         definitions.set_state(run.id, "running", int(time.time() * 1000))

@@ -7,7 +7,7 @@ from catalog import parse_catalog
 from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns, refused_dependents, stream_dependents
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_enrichment import CONFIG as ENRICHED
-from sketchboard.reprocess import stream_catalog
+from sketchboard.reprocess import run_end_offsets, stream_catalog
 from tests.unit.test_views import catalog_with
 
 
@@ -92,13 +92,14 @@ def test_a_view_is_rebuilt_by_a_run_of_either_table_reading_the_other_and_enrich
     assert run.views == views.views and {"users", "plans", "user_plans"} <= set(run.streams)
     assert stream_catalog(views, "users", with_joins=False).views == {}
     enriched = parse_catalog(ENRICHED)
-    assert refused_dependents(enriched, "users") == ["enrichment of 'http_requests'"]  # on Kafka
+    assert refused_dependents(enriched, "users") == ["enrichment of 'http_requests'"]  # runs rebuilding neither (no log now)
 
 
 def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_through_a_view(demo_catalog):
-    """On the embedded log a run of a table rebuilds each stream enriched from it (read whole, to
-    the log's end, not capped: the switch moves its offsets too) with that stream's tables; a
-    stream that feeds state of its own under another name stays refused."""
+    """On both logs a run of a table rebuilds each stream enriched from it (read whole, to the
+    log's end, not capped: the switch moves its offsets too) with that stream's tables, in batches
+    planned as the embedded source plans them (on Kafka its own: end offsets given, none capped);
+    a stream that feeds state of its own under another name stays refused."""
     from catalog.dependents import enriched_streams, rebuilt_enrichments
 
     enriched = parse_catalog(ENRICHED)
@@ -108,7 +109,14 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
     run = stream_catalog(enriched, "users")
     assert set(run.streams) >= {"users", "http_requests"} and run.streams["http_requests"] == enriched.streams["http_requests"]
     assert "requests" in run.metrics  # its metrics with it
-    assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams  # Kafka
+    assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams
+    # No caps (nothing capped is read: no settings, registry or log needed), but end offsets given,
+    # so that on Kafka the run plans its batches as the embedded source does: the table's run and
+    # the enriched stream's; a run that enriches nothing leaves them to the source.
+    assert run_end_offsets(None, enriched, "users", None, None) == {}
+    assert run_end_offsets(None, enriched, "http_requests", None, None) == {}
+    plain = parse_catalog("streams:\n  users: {kind: table, key_field: user_id, dimensions: [plan]}\n")
+    assert run_end_offsets(None, plain, "users", None, None) is None
     # Through a view (the demo: http_requests enriched through user_plans = users x plans): a run
     # of either table rebuilds the view (the other table capped) and the enriched stream (whole).
     for table, other in (("users", "plans"), ("plans", "users")):
