@@ -23,7 +23,7 @@ from catalog import Catalog
 from catalog.versions import definition_version
 from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
 from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline
+from sketchboard.wiring import build_pipeline, open_store
 from tests.log_backends import ON_BOTH_LOGS
 from tests.spark.test_enrichment import Log, expected, stored
 
@@ -144,4 +144,44 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
         if reference is not None:
             reference.store.close()
         root.close()
+        traffic.log.log.close()
+
+
+# The enriched stream's own change: enriched with a column its table already has.
+STREAM_CHANGED = {**NEW, "streams": {**NEW["streams"], "http_requests": OLD["streams"]["http_requests"]}}
+
+
+def test_a_reprocess_of_an_enriched_stream_enriches_every_event_as_of_its_time(
+        tmp_path, spark, log_backend, store_backend):
+    """A run of `http_requests` alone (now enriched with `country` too, which `users` had): it reads
+    `users` with it, from the versions the serving store kept and the table's log, and its output
+    equals pandas' as-of join over the whole log. On Kafka its batches are planned as the embedded
+    source plans them (sketchboard/reprocess.py run_end_offsets): left to Spark's Kafka source,
+    which shares a batch in proportion to each partition's backlog, an event can be enriched
+    before a change of its key appended before it is read."""
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(STREAM_CHANGED))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
+                        **test_log.settings())
+    catalog = Catalog(**NEW)
+    traffic = Traffic(Log(test_log.open(catalog), catalog))
+    traffic.both(3, 6, 60)
+    main = build_pipeline(settings, spark)
+    try:
+        main.run_until_drained()
+        config.write_text(yaml.safe_dump(NEW))
+        traffic.both(2, 5, 60)
+        run = run_reprocess(settings, "http_requests", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        want, missing = expected(traffic.log)
+        assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and 0 < missing < len(traffic.log.events)
+        output = open_store(settings, run.id)
+        try:
+            assert stored(output) == want
+            assert output.progress(run.id).streams["http_requests"].enrich_misses == {"users": missing}
+        finally:
+            output.close()
+    finally:
+        main.store.close()
         traffic.log.log.close()
