@@ -57,7 +57,9 @@ class PipelineConfig:
     starting_offsets: str = "earliest"
     # {stream: {partition: offset}} read no further than: a reprocessing run reads a window join's
     # other stream as far as the serving pipeline has (aggregates/reprocess.py); on Kafka by
-    # `run_until_drained` only, in batches of its own (aggregates/bounded_batches.py).
+    # `run_until_drained` only, in batches of its own (aggregates/bounded_batches.py). Given, even
+    # empty (a table's run that rebuilds the streams it enriches), a run's batches on Kafka are
+    # planned as the embedded source plans them, not by Spark's Kafka source.
     end_offsets: dict[str, dict[int, int]] | None = None
     # A batch of at most this many records is read once onto the driver instead of persisted:
     # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
@@ -328,7 +330,7 @@ class Pipeline(ReportsStoreErrors):
 
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
-        if self.config.kafka is not None and self.config.end_offsets:
+        if self.config.kafka is not None and self.config.end_offsets is not None:
             # Spark's Kafka source takes no per-partition end: batches of our own, read by batch reads.
             from aggregates.bounded_batches import drain_bounded
 

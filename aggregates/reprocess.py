@@ -27,7 +27,7 @@ from catalog.views import ViewDef
 from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
-from ingest.log import EventLog, SqliteEventLog
+from ingest.log import EventLog
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
@@ -213,18 +213,6 @@ def _built_as_now(db, source: Side, table: str, column: str, key: str, name: str
                             f" ({verb} or changed since the run started, or no batch ran it): start a new run")
 
 
-def enrichment_refusal(catalog: Catalog, table: str, dependents: Sequence[str], joins_rebuilt: bool) -> str:
-    """Why the streams enriched from `table` among `dependents` are not rebuilt by its run (where
-    runs rebuild them, `joins_rebuilt`, every one is: catalog/dependents.py rebuilt_enrichments)."""
-    from catalog.dependents import enriched_streams
-
-    refused = [s for s in enriched_streams(catalog, table) if f"enrichment of {s!r}" in dependents]
-    if not refused or joins_rebuilt:
-        return ""
-    return (f" (on this log a run of a table does not rebuild the streams enriched from it yet:"
-            f" {', '.join(map(repr, refused))}; the embedded log's runs do)")
-
-
 class ReprocessService:
     """Plans and records runs in the root store; `launch(run)` starts the pipeline for one (the CLI
     runs it in process, the API starts `sketchboard reprocess` as a child)."""
@@ -247,9 +235,6 @@ class ReprocessService:
         # where a run can stop their other stream at chosen offsets: on both logs (the embedded
         # log's source takes caps; on Kafka, batches of the run's own: aggregates/bounded_batches.py).
         self.joins_rebuilt = True
-        # The streams enriched from a table are rebuilt by its runs on the embedded log only (not
-        # tried on Kafka yet: there the switch of such a table stays refused, saying so).
-        self.enrichments_rebuilt = isinstance(log, SqliteEventLog)
         # Starts a run's synchronized switch in a process that can run its final batch (the API's child).
         self.launch_switch: Callable[[ReprocessRun], None] | None = None
 
@@ -302,7 +287,7 @@ class ReprocessService:
     def start(self, stream: str) -> ReprocessRun:
         run = self.definitions.start_run(self.plan(stream))
         # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
-        enriched = rebuilt_enrichments(self.full_catalog(), stream) if self.enrichments_rebuilt else []
+        enriched = rebuilt_enrichments(self.full_catalog(), stream)
         offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
         ends = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets.items()}
         # Those read only as far as the serving pipeline has (sketchboard/reprocess.py run_caps).
@@ -443,15 +428,15 @@ class ReprocessService:
         if not outputs.storage.exists(run.id):
             raise SwitchRefused(f"the output of run {run.id!r} is gone (dropped)")
         catalog = self.full_catalog()
-        dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt,
-                                        enrichments_rebuilt=self.enrichments_rebuilt)
+        # The streams enriched from a table are rebuilt by its runs on both logs (on Kafka in
+        # batches of the run's own: sketchboard/reprocess.py run_end_offsets).
+        dependents = refused_dependents(catalog, run.stream, joins_rebuilt=self.joins_rebuilt)
         if dependents:  # their state is keyed by another name: it would stay the old way, fed twice
-            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True, enrichments_rebuilt=True)
+            aligned = refused_dependents(catalog, run.stream, joins_rebuilt=True)
             unaligned = ", ".join(d for d in dependents if d not in aligned and not d.startswith("enrichment of"))
             why = "" if self.joins_rebuilt or not unaligned else (
                 f" (on this log a run cannot stop the other stream of {unaligned}"
                 " at the serving pipeline's offsets, which switching in step needs)")
-            why += enrichment_refusal(catalog, run.stream, dependents, self.enrichments_rebuilt)
             raise SwitchRefused(
                 f"stream {run.stream!r} also feeds {', '.join(dependents)}, which also read(s) another stream, whose"
                 " state a run does not rebuild: a switch would leave it built the old way and feed it the records"
@@ -461,13 +446,13 @@ class ReprocessService:
         joins = aligned_joins(catalog, run.stream) if self.joins_rebuilt else []
         two_stream = aligned_patterns(catalog, run.stream) if self.joins_rebuilt else []
         views = aligned_views(catalog, run.stream) if self.joins_rebuilt else []
-        enriched = self._enriched(run, catalog) if self.enrichments_rebuilt else {}
+        enriched = self._enriched(run, catalog)
         # The joins and patterns the enriched streams feed: rebuilt by the run, switched in step.
-        fed_joins, fed_patterns = enrichment_feeds(catalog, run.stream) if self.enrichments_rebuilt else ([], [])
+        fed_joins, fed_patterns = enrichment_feeds(catalog, run.stream)
         joins += [j for j in fed_joins if j not in joins]
         two_stream += [p for p in fed_patterns if p not in two_stream]
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
-        others = capped_streams(catalog, run.stream, enrichments=self.enrichments_rebuilt)
+        others = capped_streams(catalog, run.stream)
         if not others:
             return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other

@@ -21,7 +21,7 @@ built from the same records by the live pipeline, must follow or the switch is r
   keyed by its name, are built from both tables): the run reads the other table as far as the
   serving pipeline has, and the synchronized switch moves the view's rows with the table and
   appends the difference to the view's changelog (store/switch.py move_view).
-- the streams enriched from a table (`rebuilt_enrichments`, on the embedded log; directly or
+- the streams enriched from a table (`rebuilt_enrichments`, on both logs; directly or
   through a view): the table's row versions they look up are built by their pipeline while it
   reads the table, and their output holds what those versions gave. So a run of the table
   rebuilds each such stream whole with the table's new definition, and the switch moves the
@@ -36,8 +36,7 @@ built from the same records by the live pipeline, must follow or the switch is r
   from the serving pipeline).
 - refused (`refused_dependents`): a pattern over two streams, a window join or a view where the
   run cannot stop the other stream at chosen offsets (no log now: the embedded source takes caps,
-  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py), and an
-  enrichment on Kafka (its runs do not rebuild the enriched streams there yet). The serving
+  on Kafka a run drives batches with chosen ends, aggregates/bounded_batches.py). The serving
   pipeline is past the run's end in that other stream; its records since would have to be fed
   again to the rebuilt state but not to that stream's own output (nor to its other dependents),
   which one pipeline reading the log once cannot do.
@@ -156,33 +155,25 @@ def aligned_enrichments(catalog: Catalog, table: str) -> list[str]:
                                    for t in enrichment_tables(catalog, decl, s))]
 
 
-def capped_streams(catalog: Catalog, table: str, *, enrichments: bool = True) -> list[str]:
+def capped_streams(catalog: Catalog, table: str) -> list[str]:
     """Every stream a run of `table` reads only as far as the serving pipeline has, sorted (a
     synchronized switch aligns them all): the other streams of its own joins, patterns and views
-    (`other_streams`), and with `enrichments` (the runs rebuild enriched streams: the embedded
-    log) the `aligned_enrichments` and the other streams of their joins and patterns. Never
-    `table` itself, read to the log's end."""
-    read = set(other_streams(catalog, table))
-    if enrichments:
-        joins, patterns = enrichment_feeds(catalog, table)
-        read |= set(aligned_enrichments(catalog, table))
-        read |= {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}
+    (`other_streams`), the `aligned_enrichments` and the other streams of their joins and
+    patterns. Never `table` itself, read to the log's end."""
+    joins, patterns = enrichment_feeds(catalog, table)
+    read = set(other_streams(catalog, table)) | set(aligned_enrichments(catalog, table))
+    read |= {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}
     return sorted(read - {table})
 
 
-def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False,
-                       enrichments_rebuilt: bool | None = None) -> list[str]:
+def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = False) -> list[str]:
     """What `stream` feeds that a run does not rebuild (see the module doc), sorted: a switch of
     the stream is refused while there is any. `joins_rebuilt`: the run rebuilt the window joins,
-    the patterns over two streams and the views (a synchronized switch can move them);
-    `enrichments_rebuilt` (as `joins_rebuilt` when not given): the streams enriched from the table
-    (the embedded log)."""
+    the patterns over two streams, the views and the streams enriched from the table (a
+    synchronized switch can move them)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
-    if enrichments_rebuilt is None:
-        enrichments_rebuilt = joins_rebuilt
-    if enrichments_rebuilt:
-        rebuilt |= {f"enrichment of {s!r}" for s in rebuilt_enrichments(catalog, stream)}
     if joins_rebuilt:
+        rebuilt |= {f"enrichment of {s!r}" for s in rebuilt_enrichments(catalog, stream)}
         rebuilt |= {f"view {v.name!r}" for v in aligned_views(catalog, stream)}
         rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}
         rebuilt |= {f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)}

@@ -77,7 +77,7 @@ def child_launcher(settings: Settings, *, switch: bool = False):
     return launch
 
 
-def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, with_enrichments: bool = True) -> Catalog:
+def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) -> Catalog:
     """The catalog of a run: the stream alone (derived streams generated again), with its metrics,
     and the tables it is enriched from (their versions are rebuilt from the log: docs/tables.md);
     through a view: the view's two tables, and the view (its declaration names the columns); the
@@ -86,19 +86,19 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True, wi
     `with_joins` (the default): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
-    stream; and, with `with_enrichments` (the embedded log), the streams enriched from the table
-    (catalog/dependents.py rebuilt_enrichments), read whole, with their tables."""
+    stream; and the streams enriched from the table (catalog/dependents.py rebuilt_enrichments),
+    read whole (or capped, capped_streams), with their tables."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
     table_views = aligned_views(catalog, stream) if with_joins else []  # a view of the table: rebuilt too
-    enriched = with_joins and with_enrichments
+    enriched = with_joins
     # The streams enriched from the table, rebuilt whole (docs/reprocessing.md "A table that
     # enriches streams"), with the joins and patterns they feed and those's other streams.
     fed_joins, fed_patterns = enrichment_feeds(catalog, stream) if enriched else ([], [])
     joins += [j for j in fed_joins if j not in joins]
     two_stream += [p for p in fed_patterns if p not in two_stream]
     read = [stream, *(rebuilt_enrichments(catalog, stream) if enriched else [])]
-    read += [s for s in capped_streams(catalog, stream, enrichments=enriched) if s not in read]
+    read += [s for s in (capped_streams(catalog, stream) if with_joins else []) if s not in read]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
     streams = {name: stream_document(catalog.streams[name]) for name in read}
@@ -188,10 +188,25 @@ def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: Def
     holds a record the serving pipeline has not read (a synchronized switch then lets the run
     read on to exactly where the serving pipeline stands)."""
     caps = {}
-    for other in capped_streams(catalog, stream, enrichments=settings.log_backend != "kafka"):
+    for other in capped_streams(catalog, stream):
         committed = definitions.pipeline_offsets(settings.pipeline_name, other)
         caps[other] = {p: committed.get(p, o.start) for p, o in log.offsets(other).items()}
     return caps
+
+
+def run_end_offsets(settings: Settings, catalog: Catalog, stream: str, definitions: DefinitionStore,
+                    log) -> dict | None:
+    """A run's `end_offsets` (aggregates/pipeline.py PipelineConfig): its caps (`run_caps`); None
+    (the source plans the batches) unless it has caps or enriches a stream from a table it reads
+    (a table's run rebuilding the streams it enriches, or an enriched stream's run). Those the
+    run's own batches read on Kafka too (aggregates/bounded_batches.py), planned as the embedded
+    source plans them: a table's smaller backlog read first, not shared in proportion to each
+    partition's backlog as Spark's Kafka source shares `maxOffsetsPerTrigger`, which can enrich
+    an event before a change of its key appended before it is read (docs/reprocessing.md "A
+    table that enriches streams")."""
+    caps = run_caps(settings, catalog, stream, definitions, log)
+    enriches = any(s.enrich for s in stream_catalog(catalog, stream).streams.values())
+    return caps if caps or enriches else None
 
 
 def aligner(settings: Settings, spark, catalog: Catalog, root):
@@ -202,9 +217,7 @@ def aligner(settings: Settings, spark, catalog: Catalog, root):
 
     def align(run: ReprocessRun, offsets: dict[str, dict[int, int]]) -> None:
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(catalog, run.stream,
-                                                         with_enrichments=settings.log_backend != "kafka"),
-                                  end_offsets=offsets)
+                                  catalog=stream_catalog(catalog, run.stream), end_offsets=offsets)
         try:
             pipeline.run_until_drained()
         finally:
@@ -269,8 +282,8 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     try:
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
-                                  catalog=stream_catalog(full, stream, with_enrichments=settings.log_backend != "kafka"),
-                                  end_offsets=run_caps(settings, full, stream, definitions, log) or None)
+                                  catalog=stream_catalog(full, stream),
+                                  end_offsets=run_end_offsets(settings, full, stream, definitions, log))
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(full, stream, root, pipeline.store, log)
         definitions.set_state(run.id, "running", int(time.time() * 1000))

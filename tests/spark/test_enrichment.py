@@ -26,6 +26,7 @@ from api.app import create_app
 from api.context import ApiContext
 from catalog import parse_catalog
 from ingest.events import EventValidator
+from ingest.partitioner import assign_partitions
 from ingest.tables import TableRowValidator
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
@@ -51,7 +52,9 @@ PANE = 10_000
 
 
 class Log:
-    """Appends with chosen append (ingest) times, and keeps what pandas needs."""
+    """Appends with chosen append (ingest) times, and keeps what pandas needs: each record with
+    the append time the log gave it (the one asked for on the embedded log; on Kafka the broker's
+    LogAppendTime, which replaces it)."""
 
     def __init__(self, log, catalog):
         self.log, self.catalog = log, catalog
@@ -61,16 +64,36 @@ class Log:
     def table(self, rows: list[dict], append_ms: int) -> None:
         users = self.catalog.streams["users"]
         validator = TableRowValidator(users)
-        self.log.append(users, [validator.validate(r, append_ms) for r in rows], append_ms)
-        for r in rows:
+        records = [validator.validate(r, append_ms) for r in rows]
+        times = appended_at(self.log, users, records, self.log.append(users, records, append_ms))
+        for r, at in zip(rows, times, strict=True):
             self.table_rows.append({"user_id": r["user_id"], "plan": r.get("plan"), "country": r.get("country"),
-                                    "append_ms": append_ms, "seq": len(self.table_rows)})
+                                    "append_ms": at, "seq": len(self.table_rows)})
 
     def requests(self, events: list[dict], append_ms: int) -> None:
         stream = self.catalog.streams["http_requests"]
         validator = EventValidator(stream)
-        self.log.append(stream, [validator.validate(e) for e in events], append_ms)
-        self.events += [{**e, "append_ms": append_ms} for e in events]
+        records = [validator.validate(e) for e in events]
+        times = appended_at(self.log, stream, records, self.log.append(stream, records, append_ms))
+        self.events += [{**e, "append_ms": at} for e, at in zip(events, times, strict=True)]
+
+
+def appended_at(log, stream, records, result) -> list[int]:
+    """The append time of each of `records` (keyed: their partitions are the log's, by key) as the
+    log reads it back; one read per partition when its first and last records share it (an
+    append time never goes back within a partition)."""
+    partitions, _ = assign_partitions([r.key for r in records], stream.partitions, 0)
+    assert None not in [r.key for r in records]
+    at: dict[int, list[int]] = {}
+    for partition, (first, n) in result.ranges.items():
+        assert first is not None
+        lo, hi = (log.ingest_time_ms(stream.name, partition, o) for o in (first, first + n - 1))
+        at[partition] = [lo] * n if lo == hi else [log.ingest_time_ms(stream.name, partition, first + i)
+                                                   for i in range(n)]
+    out = []
+    for partition in partitions:
+        out.append(at[partition].pop(0))
+    return out
 
 
 def expected(log: Log) -> tuple[Counter, int]:

@@ -5,7 +5,9 @@ its log; the switch moves both streams' outputs, offsets and the versions togeth
 appended to after the run caught up (read the old way by the serving pipeline before the switch,
 and left unread by it when the switch comes) and after the switch: the enriched counts per
 enriched dimension then equal one pipeline's over the whole log with the new definition, and
-pandas' as-of join; the replaced output stays queryable by its version."""
+pandas' as-of join; the replaced output stays queryable by its version. On both logs: on Kafka
+the run reads in batches with chosen end offsets (aggregates/bounded_batches.py), and the append
+times the oracle uses are the broker's."""
 
 from __future__ import annotations
 
@@ -21,11 +23,11 @@ from catalog import Catalog
 from catalog.versions import definition_version
 from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
 from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline
-from tests.log_backends import ON_THE_EMBEDDED_STACK
+from sketchboard.wiring import build_pipeline, open_store
+from tests.log_backends import ON_BOTH_LOGS
 from tests.spark.test_enrichment import Log, expected, stored
 
-pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
+pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
 LATE = {"allowed_lateness": "1h", "tiers": [], "partitions": 2}
 OLD = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"], **LATE},
@@ -42,15 +44,16 @@ NEW = {**OLD, "streams": {
 
 
 class Traffic:
-    """Table changes and requests appended at a synthetic append time that moves 20 s per append;
-    each request stamped up to a minute before its append (so some precede the table's latest changes)."""
+    """Table changes and requests appended at least 20 ms apart, each request stamped up to 60 ms
+    before its append (so some precede the table's latest changes). Real times: on Kafka the
+    broker stamps the append time (LogAppendTime), and the oracle reads it back (`Log`)."""
 
-    def __init__(self, log: Log, base_ms: int):
-        self.log, self.at, self.rng = log, base_ms, random.Random(16)
+    def __init__(self, log: Log):
+        self.log, self.rng = log, random.Random(16)
 
     def tick(self) -> int:
-        self.at += 20_000
-        return self.at
+        time.sleep(0.02)
+        return int(time.time() * 1000)
 
     def users(self, n: int) -> None:
         rng = self.rng  # u0..u10; u11 is never in the table (its requests are misses)
@@ -60,7 +63,7 @@ class Traffic:
 
     def requests(self, n: int) -> None:
         at, rng = self.tick(), self.rng
-        self.log.requests([{"time": at - rng.randrange(60_000), "user_id": f"u{rng.randrange(12)}",
+        self.log.requests([{"time": at - rng.randrange(60), "user_id": f"u{rng.randrange(12)}",
                             "method": rng.choice(["GET", "POST"])} for _ in range(n)], at)
 
     def both(self, rounds: int, users: int, requests: int) -> None:
@@ -77,7 +80,7 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
     settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
                         **test_log.settings())
     new_catalog, old_catalog = Catalog(**NEW), Catalog(**OLD)
-    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog), int(time.time() * 1000) - 3_600_000)
+    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog))
 
     traffic.both(3, 6, 60)
     main = build_pipeline(settings, spark)
@@ -99,10 +102,13 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
         progress = service.progress(service.run(run.id))
         assert progress.done == progress.to_do > sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
         # After the run: both changed and read the old way by the serving pipeline, then changes it
-        # has not read when the switch comes.
-        traffic.both(2, 4, 50)
+        # has not read when the switch comes. Fewer than max_records_per_batch in all, so that the
+        # serving pipeline reads them again after the switch in one batch: on Kafka Spark's source
+        # shares a batch in proportion to each partition's backlog, which can enrich an event before
+        # a table change appended before it is read (docs/tables.md "In the pipeline").
+        traffic.both(2, 4, 40)
         main.run_until_drained()
-        traffic.both(1, 4, 50)
+        traffic.both(1, 4, 40)
         switched = switch_run(settings, service, service.run(run.id), spark, root)
         assert switched["serving_version"] == run.version and switched["enriched"] == ["http_requests"]
         assert service.changes() == {}  # both streams now served as configured
@@ -113,7 +119,9 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
         traffic.both(1, 4, 50)
         again.run_until_drained()
         again.store.close()
-        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
+        # The whole log in one batch: no batch plan can change its answer.
+        reference = build_pipeline(settings.model_copy(update={"max_records_per_batch": 1_000_000}), spark,
+                                   name="reference", starting_offsets="earliest")
         reference.run_until_drained()
 
         want, missing = expected(traffic.log)
@@ -136,4 +144,44 @@ def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_th
         if reference is not None:
             reference.store.close()
         root.close()
+        traffic.log.log.close()
+
+
+# The enriched stream's own change: enriched with a column its table already has.
+STREAM_CHANGED = {**NEW, "streams": {**NEW["streams"], "http_requests": OLD["streams"]["http_requests"]}}
+
+
+def test_a_reprocess_of_an_enriched_stream_enriches_every_event_as_of_its_time(
+        tmp_path, spark, log_backend, store_backend):
+    """A run of `http_requests` alone (now enriched with `country` too, which `users` had): it reads
+    `users` with it, from the versions the serving store kept and the table's log, and its output
+    equals pandas' as-of join over the whole log. On Kafka its batches are planned as the embedded
+    source plans them (sketchboard/reprocess.py run_end_offsets): left to Spark's Kafka source,
+    which shares a batch in proportion to each partition's backlog, an event can be enriched
+    before a change of its key appended before it is read."""
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(STREAM_CHANGED))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
+                        **test_log.settings())
+    catalog = Catalog(**NEW)
+    traffic = Traffic(Log(test_log.open(catalog), catalog))
+    traffic.both(3, 6, 60)
+    main = build_pipeline(settings, spark)
+    try:
+        main.run_until_drained()
+        config.write_text(yaml.safe_dump(NEW))
+        traffic.both(2, 5, 60)
+        run = run_reprocess(settings, "http_requests", spark=spark, out=io.StringIO(), interval_s=0.05)
+        assert run.state == "caught_up"
+        want, missing = expected(traffic.log)
+        assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and 0 < missing < len(traffic.log.events)
+        output = open_store(settings, run.id)
+        try:
+            assert stored(output) == want
+            assert output.progress(run.id).streams["http_requests"].enrich_misses == {"users": missing}
+        finally:
+            output.close()
+    finally:
+        main.store.close()
         traffic.log.log.close()

@@ -7,7 +7,7 @@ from catalog import parse_catalog
 from catalog.dependents import aligned_joins, aligned_patterns, other_streams, rebuilt_patterns, refused_dependents, stream_dependents
 from tests.support.patterns import EXAMPLES_YAML
 from tests.unit.test_enrichment import CONFIG as ENRICHED
-from sketchboard.reprocess import stream_catalog
+from sketchboard.reprocess import run_end_offsets, stream_catalog
 from tests.unit.test_views import catalog_with
 
 
@@ -92,15 +92,16 @@ def test_a_view_is_rebuilt_by_a_run_of_either_table_reading_the_other_and_enrich
     assert run.views == views.views and {"users", "plans", "user_plans"} <= set(run.streams)
     assert stream_catalog(views, "users", with_joins=False).views == {}
     enriched = parse_catalog(ENRICHED)
-    assert refused_dependents(enriched, "users") == ["enrichment of 'http_requests'"]  # on Kafka
+    assert refused_dependents(enriched, "users") == ["enrichment of 'http_requests'"]  # runs rebuilding neither (no log now)
 
 
 def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_through_a_view(demo_catalog):
-    """On the embedded log a run of a table rebuilds each stream enriched from it with that stream's
+    """On both logs a run of a table rebuilds each stream enriched from it with that stream's
     tables: read whole, to the log's end (the switch moves its offsets too), unless it needs a
     table the run reads only as far as the serving pipeline has (a view's other table) or feeds a
     join or a pattern: then it is read as far as the serving pipeline has too, and those are rebuilt
-    with it (their other streams capped), all aligned by a synchronized switch."""
+    with it (their other streams capped), all aligned by a synchronized switch. On Kafka in batches
+    planned as the embedded source plans them (end offsets given, even where none is capped)."""
     from catalog.dependents import aligned_enrichments, capped_streams, enriched_streams, enrichment_feeds, \
         rebuilt_enrichments
 
@@ -112,7 +113,14 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
     run = stream_catalog(enriched, "users")
     assert set(run.streams) >= {"users", "http_requests"} and run.streams["http_requests"] == enriched.streams["http_requests"]
     assert "requests" in run.metrics  # its metrics with it
-    assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams  # Kafka
+    assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams
+    # No caps (nothing capped is read: no settings, registry or log needed), but end offsets given,
+    # so that on Kafka the run plans its batches as the embedded source does: the table's run and
+    # the enriched stream's; a run that enriches nothing leaves them to the source.
+    assert run_end_offsets(None, enriched, "users", None, None) == {}
+    assert run_end_offsets(None, enriched, "http_requests", None, None) == {}
+    plain = parse_catalog("streams:\n  users: {kind: table, key_field: user_id, dimensions: [plan]}\n")
+    assert run_end_offsets(None, plain, "users", None, None) is None
     # Through a view (the demo: http_requests enriched through user_plans = users x plans): a run
     # of either table rebuilds the view (the other table capped) and the enriched stream, capped
     # too: its events are looked up in the other table, which the run reads no further.
@@ -122,11 +130,10 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
         assert other_streams(demo_catalog, table) == [other]
         assert aligned_enrichments(demo_catalog, table) == ["http_requests"]
         assert capped_streams(demo_catalog, table) == sorted([other, "http_requests"])
-        assert capped_streams(demo_catalog, table, enrichments=False) == [other]  # Kafka: not rebuilt there
         run = stream_catalog(demo_catalog, table)
         assert {"users", "plans", "http_requests"} <= set(run.streams) and "user_plans" in run.views
     # A stream enriched from the table that also feeds a join: rebuilt with the join (the join's
-    # other stream and the enriched stream capped), so nothing is refused on the embedded log.
+    # other stream and the enriched stream capped), so nothing is refused.
     joined = parse_catalog(ENRICHED.replace("metrics:\n", """  clicks: {key_field: user_id, dimensions: [button]}
 joins:
   - name: request_clicks
@@ -140,11 +147,9 @@ metrics:
     assert aligned_enrichments(joined, "users") == ["http_requests"]
     assert capped_streams(joined, "users") == ["clicks", "http_requests"]
     assert refused_dependents(joined, "users", joins_rebuilt=True) == []
-    assert refused_dependents(joined, "users", joins_rebuilt=True, enrichments_rebuilt=False) == \
-        ["enrichment of 'http_requests'"]  # on Kafka
     run = stream_catalog(joined, "users")
     assert {"users", "http_requests", "clicks", "request_clicks"} <= set(run.streams) and run.joins == joined.joins
-    assert "clicks" not in stream_catalog(joined, "users", with_enrichments=False).streams
+    assert "clicks" not in stream_catalog(joined, "users", with_joins=False).streams
     # ... and one that feeds a pattern (over itself alone, or with another stream) likewise.
     patterned = parse_catalog(ENRICHED.replace("metrics:\n", """  clicks: {key_field: user_id, dimensions: [button]}
 patterns:
@@ -172,5 +177,3 @@ metrics:
     assert other_streams(own, "users") == ["http_requests"] == rebuilt_enrichments(own, "users")
     assert aligned_enrichments(own, "users") == ["http_requests"] == capped_streams(own, "users")
     assert refused_dependents(own, "users", joins_rebuilt=True) == []
-    assert refused_dependents(own, "users", joins_rebuilt=True, enrichments_rebuilt=False) == \
-        ["enrichment of 'http_requests'"]  # on Kafka
