@@ -99,8 +99,11 @@ def kafka_broker_session(tmp_path_factory):
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
     yield broker
+    # Killed, not shut down: its data is thrown away with the run's temporary folder, and a
+    # controlled shutdown of the few thousand partitions a whole run creates took 35 s to a minute
+    # under load (tests/kafka_broker.py `stop`), most of the unexplained teardown after the last test.
     with reported_if_slow("the Kafka broker"):
-        broker.stop()
+        broker.stop(kill=True)
 
 
 @pytest.fixture
