@@ -150,6 +150,7 @@ class SketchRow(NamedTuple):
     count: int
     revision: int
     sketch: bytes | None  # the stat's KLL or HLL bytes, None when the row has none
+    last_batch: int  # the newest batch that changed it: a cold query fingerprints its windows from these rows
 
 
 def rollup_sketch_rows(
@@ -411,7 +412,7 @@ def _fill_sketch_buckets(
     """_fill_buckets for a sketch stat, from SketchRows: the same accumulators."""
     buckets: dict[tuple[str, ...], dict[int, _Acc]] = {}
     group_of: dict[str, tuple[str, ...] | None] = {}  # dims text -> group, None when filtered out: parse once
-    for start, dims_text, count, revision, blob in rows:
+    for start, dims_text, count, revision, blob, _ in rows:
         offset = start - start_ms
         if offset < 0 or offset >= span_ms:
             continue
