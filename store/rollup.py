@@ -57,9 +57,9 @@ class RollupError(ValueError):
     """A query the roll-up cannot answer as asked; the API turns it into an HTTP 400."""
 
 
-@dataclass(frozen=True)
-class ErrorBound:
-    """How far an estimated value may be off; attached to sketch-based values only."""
+class ErrorBound(NamedTuple):
+    """How far an estimated value may be off; attached to sketch-based values only (a named tuple,
+    as Point: a cold day of 1-minute percentiles builds 1 440 of them, a frozen dataclass ~1 us each)."""
 
     kind: str  # "hll" or "kll"
     lower: float  # hll: 2-sigma lower bound; kll: value at rank q - rank_error
@@ -665,9 +665,9 @@ def _point(
             error = ErrorBound("hll", lower=est.lower, upper=est.upper, relative_error=est.relative_error)
     else:  # kll percentile
         value = None
-        q = acc.sketch.quantile(quantile) if acc.sketch is not None else None
+        q = acc.sketch.quantile_bounds(quantile) if acc.sketch is not None else None
         if q is not None:
-            value = q.value
-            error = ErrorBound("kll", lower=q.lower, upper=q.upper, rank_error=q.rank_error)
+            value, lower, upper, rank_error = q
+            error = ErrorBound("kll", lower, upper, None, rank_error)
     final = watermark_ms is not None and t_ms + window_ms <= watermark_ms
     return Point(t_ms, value, acc.count, final, acc.revision, error)
