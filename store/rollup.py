@@ -660,9 +660,8 @@ def _point(
     elif kind == "hll":
         value = 0.0
         if acc.sketch is not None:
-            est = acc.sketch.estimate(2)
-            value = est.estimate
-            error = ErrorBound("hll", lower=est.lower, upper=est.upper, relative_error=est.relative_error)
+            value, lower, upper, relative_error = acc.sketch.estimate_bounds(2)
+            error = ErrorBound("hll", lower, upper, relative_error)
     else:  # kll percentile
         value = None
         q = acc.sketch.quantile_bounds(quantile) if acc.sketch is not None else None
