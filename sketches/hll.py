@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,13 +46,19 @@ class HllSketch:
         return self._sketch.is_empty()
 
     def estimate(self, num_std: int = 2) -> DistinctEstimate:
+        return DistinctEstimate(*self.estimate_bounds(num_std))
+
+    def estimate_bounds(self, num_std: int = 2) -> tuple[float, float, float, float]:
+        """estimate()'s fields as a plain tuple (estimate, lower, upper, relative error), for
+        callers that make one per window of a day (no DistinctEstimate built)."""
         s = self._sketch
-        return DistinctEstimate(
-            estimate=s.get_estimate(),
-            lower=s.get_lower_bound(num_std),
-            upper=s.get_upper_bound(num_std),
-            relative_error=abs(ds.hll_sketch.get_rel_err(True, True, s.lg_config_k, 1)),
-        )
+        return s.get_estimate(), s.get_lower_bound(num_std), s.get_upper_bound(num_std), _rel_err(s.lg_config_k)
 
     def to_bytes(self) -> bytes:
         return bytes(self._sketch.serialize_compact())
+
+
+@functools.cache
+def _rel_err(lg_k: int) -> float:
+    """One standard deviation of relative error for lg_k (the same for every sketch of it)."""
+    return abs(ds.hll_sketch.get_rel_err(True, True, lg_k, 1))

@@ -69,6 +69,15 @@ class KllSketch:
 
     def quantile(self, q: float) -> QuantileEstimate | None:
         """The value at rank q, with the value range its rank error allows; None when empty."""
+        found = self.quantile_bounds(q)
+        if found is None:
+            return None
+        value, lower, upper, eps = found
+        return QuantileEstimate(quantile=q, value=value, rank_error=eps, lower=lower, upper=upper)
+
+    def quantile_bounds(self, q: float) -> tuple[float, float, float, float] | None:
+        """quantile() as a plain tuple (value, lower, upper, rank error), for callers that make
+        one per window of a day (no QuantileEstimate built)."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile must be within [0, 1], got {q}")
         s = self._sketch
@@ -77,7 +86,7 @@ class KllSketch:
         eps = s.normalized_rank_error(False)
         # One call for the three ranks: the sketch's sorted view is built once, not three times.
         value, lower, upper = s.get_quantiles([q, max(0.0, q - eps), min(1.0, q + eps)])
-        return QuantileEstimate(quantile=q, value=value, rank_error=eps, lower=lower, upper=upper)
+        return value, lower, upper, eps
 
     def rank(self, value: float) -> float:
         return self._sketch.get_rank(float(value))

@@ -281,7 +281,7 @@ class PaneStore(ABC):
                 blob = stats.kll if stats is not None else None
             else:
                 blob = data.distincts.get(field)
-            out.append(SketchRow(pane.key.start_ms, pane.key.dims, data.count, pane.revision, blob))
+            out.append(SketchRow(pane.key.start_ms, pane.key.dims, data.count, pane.revision, blob, pane.last_batch))
         return out
 
     @abstractmethod

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sketches import HllSketch, KllSketch
+from sketches.kll_sorted import sorted_level_zero
 
 EMPTY_SUMMARY = {"count": 0, "values": {}, "distinct": {}}
 
@@ -157,4 +158,6 @@ def _merge_sketch(kind, a: bytes | None, b: bytes | None) -> bytes | None:
         return b
     if b is None:
         return a
-    return kind.merge_all([a, b]).to_bytes()
+    merged = kind.merge_all([a, b]).to_bytes()
+    # A stored KLL is written with its level 0 sorted: a quantile of it reads ~3x faster (sketches/kll_sorted.py).
+    return sorted_level_zero(merged) if kind is KllSketch else merged

@@ -28,6 +28,7 @@ class PointCache:
         self.max_points = max_points
         self.backing = backing
         self._entries: OrderedDict[Hashable, tuple[Fingerprint, Point]] = OrderedDict()
+        self._per_shape: dict[Hashable, int] = {}  # shape -> points kept of it (a key is (shape, group, t_ms))
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point) put since the last save()
         self.hits = self.misses = 0
@@ -64,6 +65,12 @@ class PointCache:
                 if (shape, group, t_ms) not in self._entries:
                     self._keep((shape, group, t_ms), fingerprint, point)
 
+    def holds(self, shape: Hashable) -> bool:
+        """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
+        computes every window from the rows it reads (store.series), fingerprints included."""
+        with self._lock:
+            return self._per_shape.get(shape, 0) > 0
+
     def save(self) -> None:
         """Hand the points put since the last save to the backing (written in the background)."""
         if self.backing is None:
@@ -73,16 +80,24 @@ class PointCache:
         self.backing.save_soon(unsaved)
 
     def _keep(self, key: Hashable, fingerprint: Fingerprint, point: Point) -> None:
+        if key not in self._entries:
+            self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
         self._entries[key] = (fingerprint, point)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_points:
-            self._entries.popitem(last=False)
+            old, _ = self._entries.popitem(last=False)
+            left = self._per_shape[old[0]] - 1
+            if left:
+                self._per_shape[old[0]] = left
+            else:
+                del self._per_shape[old[0]]
 
     def clear(self, *, generation: int | None = None) -> None:
         """Forget every point (a switch replaced a stream's rows: store/switch.py), those kept
         in the store too; `generation`: another process's cache cleared them (only this memory)."""
         with self._lock:
             self._entries.clear()
+            self._per_shape.clear()
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from sketches import HllSketch, KllSketch
 from store.panes import Pane
 
@@ -55,9 +57,9 @@ class RollupError(ValueError):
     """A query the roll-up cannot answer as asked; the API turns it into an HTTP 400."""
 
 
-@dataclass(frozen=True)
-class ErrorBound:
-    """How far an estimated value may be off; attached to sketch-based values only."""
+class ErrorBound(NamedTuple):
+    """How far an estimated value may be off; attached to sketch-based values only (a named tuple,
+    as Point: a cold day of 1-minute percentiles builds 1 440 of them, a frozen dataclass ~1 us each)."""
 
     kind: str  # "hll" or "kll"
     lower: float  # hll: 2-sigma lower bound; kll: value at rank q - rank_error
@@ -150,6 +152,7 @@ class SketchRow(NamedTuple):
     count: int
     revision: int
     sketch: bytes | None  # the stat's KLL or HLL bytes, None when the row has none
+    last_batch: int  # the newest batch that changed it: a cold query fingerprints its windows from these rows
 
 
 def rollup_sketch_rows(
@@ -252,6 +255,8 @@ def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: st
             _close_bucket(acc, kind)
         if stride == width == 1:  # tumbling: each window is one bucket, nothing to merge
             windows = [per_group.get(i) for i in range(n_points)]
+        elif kind == "kll":
+            windows = _slide_kll(sorted(per_group.items()), n_points, stride, width)
         else:
             windows = _slide(sorted(per_group.items()), n_points, stride, width, combine, absorb)
         points = [
@@ -411,7 +416,7 @@ def _fill_sketch_buckets(
     """_fill_buckets for a sketch stat, from SketchRows: the same accumulators."""
     buckets: dict[tuple[str, ...], dict[int, _Acc]] = {}
     group_of: dict[str, tuple[str, ...] | None] = {}  # dims text -> group, None when filtered out: parse once
-    for start, dims_text, count, revision, blob in rows:
+    for start, dims_text, count, revision, blob, _ in rows:
         offset = start - start_ms
         if offset < 0 or offset >= span_ms:
             continue
@@ -561,6 +566,73 @@ def _slide(
     return out
 
 
+def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width: int) -> list[_Acc | None]:
+    """_slide for KLL buckets, with the same sketch merges in the same order (so the same answers),
+    less its per-merge objects: the windows' counts and revisions are prefix sums and sliding
+    maxima over the buckets, and the two stacks hold bare sketches. A day's 1 h window at 1-minute
+    steps makes ~4 300 merges; building an accumulator and calling a combiner for each was ~15 %
+    of that query's time."""
+    n_buckets = (n_points - 1) * stride + width
+    counts = np.zeros(n_buckets + 1, dtype=np.int64)
+    present = np.zeros(n_buckets + 1, dtype=np.int64)
+    revisions = np.zeros(n_buckets, dtype=np.int64)
+    sketches: list[tuple[int, KllSketch]] = []
+    for idx, acc in items:
+        if idx < n_buckets:
+            counts[idx + 1] = acc.count
+            present[idx + 1] = 1
+            revisions[idx] = acc.revision
+            if acc.sketch is not None:
+                sketches.append((idx, acc.sketch))
+    starts = np.arange(n_points) * stride
+    counts, present = np.cumsum(counts), np.cumsum(present)
+    window_counts = (counts[starts + width] - counts[starts]).tolist()
+    window_present = (present[starts + width] - present[starts]).tolist()
+    window_revisions = np.lib.stride_tricks.sliding_window_view(revisions, width)[::stride].max(axis=1).tolist()
+
+    out: list[_Acc | None] = []
+    front: list[tuple[int, KllSketch]] = []  # (index, merge of it and all newer front sketches); oldest last
+    back: list[tuple[int, KllSketch]] = []
+    back_merged: KllSketch | None = None  # this function's own: merged into in place
+    j = 0
+    for i in range(n_points):
+        lo = i * stride
+        hi = lo + width
+        while front or back:  # evict what the window left behind
+            oldest = front[-1][0] if front else back[0][0]
+            if oldest >= lo:
+                break
+            if not front:
+                merged: KllSketch | None = None
+                for idx, sketch in reversed(back):
+                    if merged is not None:
+                        sketch = KllSketch.merge_all([sketch, merged])
+                    merged = sketch
+                    front.append((idx, merged))
+                back.clear()
+                back_merged = None
+            front.pop()
+        while j < len(sketches) and sketches[j][0] < hi:  # admit what the window reached
+            back.append(sketches[j])
+            if back_merged is None:
+                back_merged = sketches[j][1].copy()
+            else:
+                back_merged.merge_in(sketches[j][1])
+            j += 1
+        if not window_present[i]:
+            out.append(None)
+            continue
+        top = front[-1][1] if front else None
+        if top is None:
+            sketch = back_merged.copy() if back_merged is not None else None  # the back's merge goes on changing
+        elif back_merged is None:
+            sketch = top
+        else:
+            sketch = KllSketch.merge_all([top, back_merged])
+        out.append(_Acc(window_counts[i], window_revisions[i], sketch=sketch))
+    return out
+
+
 def _point(
     t_ms: int,
     acc: _Acc | None,
@@ -588,14 +660,13 @@ def _point(
     elif kind == "hll":
         value = 0.0
         if acc.sketch is not None:
-            est = acc.sketch.estimate(2)
-            value = est.estimate
-            error = ErrorBound("hll", lower=est.lower, upper=est.upper, relative_error=est.relative_error)
+            value, lower, upper, relative_error = acc.sketch.estimate_bounds(2)
+            error = ErrorBound("hll", lower, upper, relative_error)
     else:  # kll percentile
         value = None
-        q = acc.sketch.quantile(quantile) if acc.sketch is not None else None
+        q = acc.sketch.quantile_bounds(quantile) if acc.sketch is not None else None
         if q is not None:
-            value = q.value
-            error = ErrorBound("kll", lower=q.lower, upper=q.upper, rank_error=q.rank_error)
+            value, lower, upper, rank_error = q
+            error = ErrorBound("kll", lower, upper, None, rank_error)
     final = watermark_ms is not None and t_ms + window_ms <= watermark_ms
     return Point(t_ms, value, acc.count, final, acc.revision, error)

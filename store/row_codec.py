@@ -239,14 +239,15 @@ _KEY: dict[tuple[str, str], bytes] = {}  # (field, kind) -> its kind code, name 
 
 
 def sketch_rows(rows: Iterable[tuple], field: str, kind: str) -> list[SketchRow]:
-    """SketchRows from stored rows (start, dims text, count, revision, sketches blob) with the
-    `kind` sketch of `field` (PaneStore.read_tier_sketch)."""
-    return [SketchRow(start, dims, count, revision, sketch_of(blob, field, kind))
-            for start, dims, count, revision, blob in rows]
+    """SketchRows from stored rows (start, dims text, count, revision, sketches blob, newest batch)
+    with the `kind` sketch of `field` (PaneStore.read_tier_sketch)."""
+    return [SketchRow(start, dims, count, revision, sketch_of(blob, field, kind), last_batch)
+            for start, dims, count, revision, blob, last_batch in rows]
 
 
 def sketch_rows_select(table: str, span: str) -> str:
     """The SELECT of sketch_rows' input from `table`'s rows matching `span`, both stores' SQL."""
-    return ("SELECT t.start_ms, d.dims, t.count, t.revision, t.sketches FROM "
-            + dim_sets.joined(f"SELECT stream, dims_id, start_ms, count, revision, sketches FROM {table} WHERE {span}")
+    return ("SELECT t.start_ms, d.dims, t.count, t.revision, t.sketches, t.last_batch FROM "
+            + dim_sets.joined(f"SELECT stream, dims_id, start_ms, count, revision, sketches, last_batch FROM {table}"
+                              f" WHERE {span}")
             + " ORDER BY t.start_ms")

@@ -4,6 +4,7 @@ websocket hub and alert rules all come through here, so they read the same numbe
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -78,33 +79,48 @@ def _query_series(
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
 
-    def sketch_series(lo: int, hi: int) -> list[Series]:
+    def read_rows(lo: int, hi: int) -> list[SketchRow]:
         rows: list[SketchRow] = []
         if field:  # else rollup refuses the query, with its reason
             for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
                 rows += store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
                                                kind=kind, pane_ms=pane_ms)
-        return rollup_sketch_rows(rows, stat=stat, quantile=quantile, value_field=value_field,
-                                  distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms,
-                                  window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, filters=filters,
-                                  watermark_ms=watermark_ms, max_points=max_points)
+        return rows
+
+    def sketch_series(lo: int, hi: int, rows: list[SketchRow] | None = None) -> list[Series]:
+        return rollup_sketch_rows(read_rows(lo, hi) if rows is None else rows, stat=stat, quantile=quantile,
+                                  value_field=value_field, distinct_field=distinct_field, start_ms=lo, end_ms=hi,
+                                  step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms, group_by=group_by,
+                                  filters=filters, watermark_ms=watermark_ms, max_points=max_points)
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)
-    # Windows whose fingerprint matches a cached point are not read again.
-    prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
-                           start_ms, end_ms, step_ms, window_ms)
-    groups = sorted(prints) if group_by else [()]
     shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
              tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)  # rows per layout
+    if not cache.holds(shape) and cache.backing is not None:  # saved by a process before this one?
+        cache.load(shape, start_ms, end_ms)
     points: dict[tuple[tuple[str, ...], int], Point] = {}
-    missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
-    if missed and cache.backing is not None:  # saved by a process before this one?
-        cache.load(shape, min(missed), max(missed) + step_ms)
+    rows: list[SketchRow] | None = None
+    if not cache.holds(shape):
+        # Cold: no point of this shape to reuse, so every window is computed from its rows, read
+        # once; their fingerprints are summed from the same rows, not read again as the store's sums.
+        rows = read_rows(start_ms, end_ms)
+        prints = _fingerprints(_row_sums(rows, plan[0][2], start_ms, group_by, filters),
+                               start_ms, end_ms, step_ms, window_ms)
+        missed = list(window_points(start_ms, end_ms, step_ms))
+    else:
+        # Windows whose fingerprint matches a cached point are not read again.
+        prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
+                               start_ms, end_ms, step_ms, window_ms)
+    groups = sorted(prints) if group_by else [()]
+    if rows is None:
         missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+        if missed and cache.backing is not None:  # saved by another process meanwhile?
+            cache.load(shape, min(missed), max(missed) + step_ms)
+            missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
     if missed:
         lo, hi = min(missed), max(missed) + step_ms
-        computed = {tuple(s.group.get(g, "") for g in group_by): s.points for s in sketch_series(lo, hi)}
+        computed = {tuple(s.group.get(g, "") for g in group_by): s.points for s in sketch_series(lo, hi, rows)}
         for group in groups:
             series_points = computed.get(group)
             if series_points is None:  # no row of this group in the recomputed windows
@@ -139,6 +155,38 @@ def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points) -> 
             else:
                 points[(group, t)] = point
     return missed
+
+
+def _row_sums(rows: list[SketchRow], bucket_ms: int, start_ms: int, group_by: Sequence[str],
+              filters: Mapping[str, str]) -> list[BucketStats]:
+    """What _sums gives for fingerprints (count, rows, newest batch, highest revision per bucket and
+    dimensions, then per group), from the rows a cold query read anyway: equal to the store's sums
+    of the same rows (tests/unit/test_cold_sketch_reads.py), so later queries find these points."""
+    cells: dict[tuple[int, str], list[int]] = {}  # (bucket, dims text) -> [count, rows, newest batch, revision]
+    for start, dims, count, revision, _, last_batch in rows:
+        key = ((start - start_ms) // bucket_ms, dims)
+        cell = cells.get(key)
+        if cell is None:
+            cells[key] = [count, 1, last_batch, revision]
+        else:
+            cell[0] += count
+            cell[1] += 1
+            if last_batch > cell[2]:
+                cell[2] = last_batch
+            if revision > cell[3]:
+                cell[3] = revision
+    group_of: dict[str, tuple[str, ...] | None] = {}  # dims text -> group, None when filtered out
+    out = []
+    for (bucket, dims), (count, n, last_batch, revision) in cells.items():
+        if dims in group_of:
+            group = group_of[dims]
+        else:
+            parsed = json.loads(dims)
+            matches = all(parsed.get(name, "") == want for name, want in filters.items())
+            group = group_of[dims] = tuple(parsed.get(name, "") for name in group_by) if matches else None
+        if group is not None:
+            out.append(BucketStats(group, bucket, count, revision, last_batch=last_batch, rows=n))
+    return out
 
 
 def _sums(store, stream, pane_ms, plan, start_ms, group_by, filters, value_field) -> list[BucketStats]:

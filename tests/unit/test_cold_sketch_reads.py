@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import PaneStore
+from store.point_cache import PointCache
 from store.row_codec import HLL, KLL, encode_sketches, sketch_of, unpack_sketches
 from store.rollup import RollupError, SketchRow, rollup, rollup_sketch_rows
-from tests.unit.test_tiers import LAYOUT, PANE, T0, batches, commit_all, store_at
+from tests.unit.test_tiers import LAYOUT, PANE, T0, answer, batches, commit_all, store_at
 
 names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8)
 blobs = st.binary(max_size=300)
@@ -105,3 +106,79 @@ def test_sketch_rows_refuse_what_the_roll_up_refuses():
         rollup_sketch_rows([], stat="distinct", **args)
     with pytest.raises(RollupError, match="unknown stat"):
         rollup_sketch_rows([], stat="median", **args)
+
+
+AN_HOUR = [(T0 + i * 7_000, {"a": "xy"[i % 2], "b": "pqr"[i % 3], "c": "mn"[i % 2]}, float(i % 97), f"u{i % 40}")
+           for i in range(514)]
+LATER = [(T0 + 4 * 3_600_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u1")]  # makes the first hour's windows final
+in_the_hour = st.tuples(st.integers(T0, T0 + 3_600_000 - 1),
+                        st.fixed_dictionaries({"a": st.sampled_from("xy"), "b": st.sampled_from("pqr"),
+                                               "c": st.sampled_from("mn")}),
+                        st.floats(-1e3, 1e3, allow_nan=False), st.sampled_from([f"u{i}" for i in range(40)]))
+
+
+@st.composite
+def hour_queries(draw):
+    step = draw(st.sampled_from([PANE, 60_000, 120_000, 600_000]))
+    window = step * draw(st.sampled_from([1, 2, 6])) + PANE * draw(st.sampled_from([0, 0, 1]))
+    start = T0 + step * draw(st.integers(-2, 3_600_000 // step))
+    return dict(stat=draw(st.sampled_from(["p90", "distinct"])), start=start, end=start + step * draw(st.integers(1, 40)),
+                step=step, window=window, group_by=draw(st.lists(st.sampled_from("abc"), unique=True, max_size=2)),
+                filters=draw(st.sampled_from([{}, {}, {"a": "x"}, {"b": "q"}])))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stragglers=st.lists(st.lists(in_the_hour, min_size=1, max_size=10), max_size=4),
+       asked=st.lists(hour_queries(), min_size=1, max_size=4))
+def test_a_cold_querys_points_are_found_by_the_next_query(store_backend, stragglers, asked):
+    """A cold query (no point of its shape kept) reads its rows once and fingerprints its windows
+    from them; the next query fingerprints them from the store's sums. Both must agree (events,
+    rows, newest batch, highest revision), or every point computed cold is computed again."""
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [AN_HOUR, *stragglers, LATER])  # stragglers: newer batches and revisions
+    for q in asked:
+        cache = PointCache()
+        cold = answer(store, **q, cache=cache)
+        assert cache.hits == cache.misses == 0  # nothing looked up: every window computed from its rows
+        final = sum(p.final for s in cold for p in s.points)
+        assert answer(store, **q, cache=cache) == cold
+        assert (cache.hits, cache.misses) == (final, sum(len(s.points) for s in cold) - final)
+
+
+def test_a_cold_query_reads_each_row_once(store_backend):
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [[(T0 + i * 7_000, {"a": "x", "b": "p", "c": "m"}, float(i), "u1") for i in range(600)]])
+    sums, reads = [], []
+    store.aggregate_tier = _counting(store.aggregate_tier, sums)
+    store.read_tier_sketch = _counting(store.read_tier_sketch, reads)
+    q = dict(stat="p90", start=T0, end=T0 + 3_600_000, step=60_000, window=600_000)
+    cache = PointCache()
+    answer(store, **q, cache=cache)
+    assert (len(sums), len(reads)) == (0, 1)  # the 1-minute rows, once; no sums read for fingerprints
+    answer(store, **q, cache=cache)
+    assert (len(sums), len(reads)) == (1, 1)  # warm: the sums say nothing changed, no row read
+
+
+def _counting(method, calls):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+    return counted
+
+
+def test_the_cache_knows_which_shapes_it_holds_through_evictions_and_clears():
+    from store.rollup import Point
+
+    cache = PointCache(max_points=2)
+    point = Point(0, 1.0, 1, True, 1, None)
+    assert not cache.holds("a")
+    cache.put(("a", (), 0), (1, 1, 1, 1), point)
+    cache.put(("a", (), 0), (1, 1, 1, 2), point)  # the same key again: still one point of "a"
+    cache.put(("b", (), 0), (1, 1, 1, 1), point)
+    assert cache.holds("a") and cache.holds("b")
+    cache.put(("b", (), 60), (1, 1, 1, 1), point)  # evicts a's only point
+    assert not cache.holds("a") and cache.holds("b")
+    cache.put(("c", (), 0), (1, 1, 1, 1), point._replace(final=False))  # provisional: not kept
+    assert not cache.holds("c")
+    cache.clear()
+    assert not cache.holds("b")

@@ -47,3 +47,12 @@ def test_a_first_part_of_another_k_is_merged_into_a_sketch_of_the_asked_k():
     got = KllSketch.merge_all([sketch_of([1.0, 2.0], k=100), sketch_of([3.0])])
     assert got.k == 200 and got.n == 3
     assert KllSketch.merge_all([]).is_empty()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(-1e9, 1e9, allow_nan=False), max_size=800), st.floats(0.0, 1.0))
+def test_quantile_bounds_are_the_quantiles_fields(values, q):
+    s = sketch_of(values)
+    est = s.quantile(q)
+    got = s.quantile_bounds(q)
+    assert got == (None if est is None else (est.value, est.lower, est.upper, est.rank_error))

@@ -389,3 +389,35 @@ def test_rollup_errors(overrides, message):
 def test_max_points_boundary_is_inclusive():
     (series,) = run([], "count", end=110_000, max_points=11)
     assert len(series.points) == 11
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 119), st.one_of(st.none(), st.floats(-1e3, 1e3, allow_nan=False)),
+                          st.integers(1, 3)), max_size=150),
+       st.sampled_from([(PANE, 3 * PANE), (2 * PANE, 6 * PANE), (PANE, 7 * PANE), (3 * PANE, 4 * PANE)]),
+       st.integers(0, 20), st.integers(1, 60))
+def test_sliding_percentiles_equal_the_merge_of_each_windows_panes(events, step_window, first, points):
+    """A sliding KLL window (store.rollup._slide_kll: two stacks of bare sketches, counts and
+    revisions apart) answers what merging its panes' sketches answers: under k items a merge is
+    exact, so value and bounds are equal; panes without values count but hold no sketch."""
+    step, window = step_window
+    panes = []
+    for revision in (1, 2, 3):
+        evs = [Event(i * PANE + 1, value=v) for i, v, r in events if r == revision]
+        panes += make_panes(evs, revision=revision)
+    by_start: dict[int, list[Pane]] = defaultdict(list)
+    for p in panes:
+        by_start[p.key.start_ms].append(p)
+    start = first * step
+    end = start + points * step
+    (series,) = rollup(panes, stat="p90", quantile=0.9, value_field="v", distinct_field=None, start_ms=start,
+                       end_ms=end, step_ms=step, window_ms=window, pane_ms=PANE)
+    for p in series.points:
+        inside = [pane for t in range(p.t_ms, p.t_ms + window, PANE) for pane in by_start.get(t, [])]
+        blobs = [pane.data.values["v"].kll for pane in inside if "v" in pane.data.values]
+        want = KllSketch.merge_all(blobs).quantile(0.9) if blobs else None
+        assert p.count == sum(pane.data.count for pane in inside)
+        assert p.revision == max((pane.revision for pane in inside), default=0)
+        assert p.value == (want.value if want else None)
+        assert p.error == (ErrorBound("kll", lower=want.lower, upper=want.upper, rank_error=want.rank_error)
+                           if want else None)

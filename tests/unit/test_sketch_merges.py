@@ -79,3 +79,13 @@ def test_hll_groups_merge_to_the_bytes_of_datasketches_union(groups):
 def test_groups_of_one_part_are_returned_as_they_are():
     blobs = pa.array([_kll([1.0]), _kll([2.0, 3.0])], pa.binary())
     assert merged_klls(blobs, np.array([0, 1]), K) is blobs
+
+
+@given(st.lists(st.text(max_size=6), max_size=300), st.sampled_from([1, 2, 3]))
+def test_hll_estimate_bounds_are_the_estimates_fields(users, num_std):
+    s = HllSketch()
+    for u in users:
+        s.update(u)
+    est = s.estimate(num_std)
+    assert s.estimate_bounds(num_std) == (est.estimate, est.lower, est.upper, est.relative_error)
+    assert est.relative_error == abs(hll_sketch.get_rel_err(True, True, s.lg_k, 1))
