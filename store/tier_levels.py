@@ -26,7 +26,7 @@ import numpy as np
 
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from sketches.hll_list import merged_list_bytes
-from sketches.kll_exact import exact_bytes, exact_bytes_of, exact_items
+from sketches.kll_exact import ABSENT, OPAQUE, exact_bytes_of, exact_items_many
 from store.panes import PaneData, ValueStats, dims_key
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
 
@@ -47,7 +47,7 @@ class _Field:
         self.kll: _Kll | None = None  # set once the rows are read
 
 
-_ABSENT, _OPAQUE = -2, -1  # a row's KLL length when it has none / when it is not in exact mode
+_ABSENT, _OPAQUE = ABSENT, OPAQUE  # a row's KLL length when it has none / when it is not in exact mode
 
 
 class _Kll:
@@ -64,36 +64,28 @@ class _Kll:
 
     @classmethod
     def of(cls, blobs: list) -> _Kll:
-        length = np.full(len(blobs), _ABSENT, np.int64)
-        offset = np.zeros(len(blobs), np.int64)
-        parts, at = [], 0
-        for i, blob in enumerate(blobs):
-            if blob is None:
-                continue
-            items = exact_items(blob, DEFAULT_K)
-            if items is None:
-                length[i] = _OPAQUE
-            else:
-                length[i], offset[i] = len(items), at
-                at += len(items)
-                parts.append(items)
-        return cls(length, offset, np.concatenate(parts) if parts else np.empty(0), list(blobs))
+        length, items = exact_items_many(blobs, DEFAULT_K)  # every row's header read at once
+        used = np.maximum(length, 0)
+        return cls(length, np.cumsum(used) - used, items, list(blobs))
 
     def all_blobs(self) -> list:
         """Every row's sketch bytes (None: the row has no sketch). Rows hold their items one
-        after the other in `items`, so each row's min and max come from one reduceat."""
+        after the other in `items`, so each row's min and max come from one reduceat over the
+        segments of every row with items (not only the rows written here: a segment runs to the
+        next one's start, and rows that keep their bytes hold items too)."""
         blobs = list(self.blobs)
         todo = [i for i, (blob, n) in enumerate(zip(blobs, self.length.tolist())) if blob is None and n >= 0]
         if not todo:
             return blobs
         rows = np.asarray(todo, np.int64)
         lengths, offsets = self.length[rows], self.offset[rows]
-        full = lengths > 0
-        lo = np.zeros(len(rows))
-        hi = np.zeros(len(rows))
-        if full.any():  # rows with items are contiguous and in order: a segment per row
-            lo[full] = np.minimum.reduceat(self.items, offsets[full])
-            hi[full] = np.maximum.reduceat(self.items, offsets[full])
+        lo = np.zeros(len(self.length))
+        hi = np.zeros(len(self.length))
+        with_items = np.flatnonzero(self.length > 0)
+        if len(with_items):  # rows with items are contiguous and in order, and hold all of `items`
+            lo[with_items] = np.minimum.reduceat(self.items, self.offset[with_items])
+            hi[with_items] = np.maximum.reduceat(self.items, self.offset[with_items])
+        lo, hi = lo[rows], hi[rows]
         flat = self.items.astype("<f8", copy=False).tobytes()
         for i, n, at, mn, mx in zip(todo, lengths.tolist(), offsets.tolist(), lo.tolist(), hi.tolist()):
             blobs[i] = exact_bytes_of(flat[8 * at:8 * (at + n)], n, mn, mx, DEFAULT_K)
@@ -109,23 +101,41 @@ class _Kll:
         new_length = np.where(absent, _ABSENT, np.where(exact, total, _OPAQUE))
         sizes = np.diff(np.append(first, len(order)))
         # The items of exact groups, gathered group after group (each group's parts in order).
-        take = np.repeat(exact, sizes) & (used > 0)
-        lens, starts = used[take], offset[take]
-        ends = np.cumsum(lens)
-        items = self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
+        items = self._gather(offset, used, np.repeat(exact, sizes) & (used > 0))
         kept = np.where(exact, total, 0)
         new_offset = np.cumsum(kept) - kept
         blobs = [self.blobs[i] for i in order[first].tolist()] if len(order) else []
         exact_list = exact.tolist()
+        opaque = np.flatnonzero(new_length == _OPAQUE)
+        if len(opaque):
+            # Groups that compact: their parts in exact mode go in as one array of items, their
+            # others merge as sketches (DataSketches merges an exact-mode part item by item, as an
+            # update does: the same sketch, without writing and parsing each part's bytes).
+            in_group = np.repeat(new_length == _OPAQUE, sizes)
+            loose = self._gather(offset, used, in_group & (used > 0))
+            counts = np.add.reduceat(np.where(in_group, used, 0), first)
+            at = (np.cumsum(counts) - counts).tolist()
+            counts, length_list, order_list = counts.tolist(), self.length.tolist(), order.tolist()
+            bounds = np.append(first, len(order)).tolist()
+            for g in opaque.tolist():
+                if bounds[g + 1] - bounds[g] == 1:
+                    continue  # one part: its bytes as they are
+                sketch = KllSketch.merge_all([self.blobs[i] for i in order_list[bounds[g]:bounds[g + 1]]
+                                              if length_list[i] == _OPAQUE])
+                if counts[g]:
+                    sketch._sketch.update(loose[at[g]:at[g] + counts[g]])
+                blobs[g] = sketch.to_bytes()
         for g, lo, hi in multi:
             if exact_list[g]:
                 blobs[g] = None  # built from the gathered items when written
-            elif new_length[g] == _OPAQUE:
-                parts = [self.blobs[i] if self.blobs[i] is not None else exact_bytes(
-                    self.items[self.offset[i]:self.offset[i] + self.length[i]], DEFAULT_K)
-                    for i in order[lo:hi].tolist() if self.length[i] != _ABSENT]
-                blobs[g] = KllSketch.merge_all(parts).to_bytes()
         return _Kll(new_length, new_offset, items, blobs)
+
+    def _gather(self, offset: np.ndarray, used: np.ndarray, take: np.ndarray) -> np.ndarray:
+        """The items of the rows where `take` is set (`offset` and `used` in the same order), one
+        row after the other."""
+        lens, starts = used[take], offset[take]
+        ends = np.cumsum(lens)
+        return self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
 
 
 class _Level:
