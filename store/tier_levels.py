@@ -171,13 +171,11 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
     combos: dict[str, int] = {}
     dims_of: list = []
     keys: list[str] = []
-    start = np.empty(size, np.int64)
-    combo = np.empty(size, np.int64)
-    count = np.empty(size, np.int64)
-    revision = np.empty(size, np.int64)
-    fields: dict[str, _Field] = {}
+    start, combo, count, revision = [], [], [], []
+    values: dict[str, tuple] = {}  # per value field: its rows' indexes, n, sums, mins, maxes, KLLs
     distincts: dict[str, list] = {}
-    klls: dict[str, list] = {}
+    # Python lists, made arrays once: a numpy item assignment per row and column cost more
+    # than the rest of the loop.
     for i, row in enumerate(rows):
         if len(row) == 5:
             s, dims, key, data, rev = row
@@ -189,31 +187,48 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
             c = combos[key] = len(keys)
             keys.append(key)
             dims_of.append(dims)
-        start[i], combo[i], count[i], revision[i] = s, c, data.count, rev
+        start.append(s)
+        combo.append(c)
+        count.append(data.count)
+        revision.append(rev)
         for name, v in data.values.items():
-            f = fields.get(name)
-            if f is None:
-                f = fields[name] = _Field(size)
-            f.present[i] = True
-            f.n[i] = v.n
-            f.sums[i] = v.sum
-            if v.min is not None:
-                f.lo[i], f.lo_none[i] = v.min, False
-            if v.max is not None:
-                f.hi[i], f.hi_none[i] = v.max, False
-            column = klls.get(name)
+            column = values.get(name)
             if column is None:
-                column = klls[name] = [None] * size
-            column[i] = v.kll
+                column = values[name] = ([], [], [], [], [], [])
+            column[0].append(i)
+            column[1].append(v.n)
+            column[2].append(v.sum)
+            column[3].append(v.min)
+            column[4].append(v.max)
+            column[5].append(v.kll)
         for name, blob in data.distincts.items():
             if blob is not None:
                 column = distincts.get(name)
                 if column is None:
                     column = distincts[name] = [None] * size
                 column[i] = blob
-    for name, f in fields.items():
-        f.kll = _Kll.of(klls[name])
-    return _Level(pane_ms, ALL_DIMS, start, combo, dims_of, keys, count, revision, fields, distincts)
+    fields: dict[str, _Field] = {}
+    for name, (at, n, sums, lo, hi, klls) in values.items():
+        f = fields[name] = _Field(size)
+        at = np.asarray(at, np.int64)
+        f.present[at] = True
+        f.n[at] = n
+        if len(at) == size:
+            f.sums = sums
+        else:
+            for i, total in zip(at.tolist(), sums):
+                f.sums[i] = total
+        f.lo_none[at] = [x is None for x in lo]
+        f.lo[at] = [math.inf if x is None else x for x in lo]
+        f.hi_none[at] = [x is None for x in hi]
+        f.hi[at] = [-math.inf if x is None else x for x in hi]
+        column = [None] * size
+        for i, kll in zip(at.tolist(), klls):
+            column[i] = kll
+        f.kll = _Kll.of(column)
+    return _Level(pane_ms, ALL_DIMS, np.asarray(start, np.int64).reshape(size), np.asarray(combo, np.int64).reshape(size),
+                  dims_of, keys, np.asarray(count, np.int64).reshape(size), np.asarray(revision, np.int64).reshape(size),
+                  fields, distincts)
 
 
 def _group(src: _Level, granule: int, proj: str) -> _Level:
@@ -247,11 +262,18 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
 
     heads = order[first].tolist() if len(order) else []
 
+    # The parts of the groups of several rows, group after group: each group's parts are one
+    # slice of a column taken at these rows (a list comprehension per group cost more).
+    parts = [i for _, lo, hi in multi for i in order_list[lo:hi]]
+    part_at = np.cumsum([0] + [hi - lo for _, lo, hi in multi]).tolist()
+
     def objects(column: list, merge) -> list:
         """Per group: the one part's object, or `merge` of the parts (in `src` order)."""
-        out = [column[i] for i in heads]
-        for g, lo, hi in multi:
-            out[g] = merge([column[i] for i in order_list[lo:hi]])
+        out = list(map(column.__getitem__, heads))
+        if multi:
+            taken = list(map(column.__getitem__, parts))
+            for k, (g, _, _) in enumerate(multi):
+                out[g] = merge(taken[part_at[k]:part_at[k + 1]])
         return out
 
     def reduce(ufunc, column: np.ndarray) -> np.ndarray:
