@@ -14,6 +14,7 @@ from store import dim_sets, dims_migration, row_codec
 from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.stored_spans import in_stored_spans
 from store.connection import transaction
 from store.tables import OLD_SKETCH_TABLES, TEXT_DIMS_TABLES, TIER_TABLES, table_ddl
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
@@ -103,7 +104,7 @@ def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
     with all their sketches (what a merge into them needs); missing keys are absent. The keys go
     into a temporary table and the rows are read with one join, as store/postgres/rows.load does:
     the per-key lookups run in SQLite's C code rather than a statement per key from Python."""
-    keys = _in_stored_spans(conn, table, key_columns, keys)
+    keys = in_stored_spans(conn.cursor(), "?", table, key_columns, keys)  # none, for a backfill into new time
     if not keys:
         return {}
     by_number = {number: key for key, number in dim_sets.numbered(conn, "?", keys).items()}
@@ -120,31 +121,6 @@ def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
                                         f" sketches FROM {staged} k CROSS JOIN {table} t ON {_on('t', key_columns)}")}
     finally:
         conn.execute(f"DELETE FROM {staged}")
-
-
-def _in_stored_spans(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
-                     keys: Sequence[tuple]) -> list[tuple]:
-    """The keys whose (stream, tier) holds any row of `table` within the keys' span of starts:
-    a backfill into new time, or a fresh store, has none of its hundreds of thousands of keys
-    stored, and one indexed probe per stream (and tier) says so without staging them all. The
-    key columns before start_ms are the probe's equalities (the primary key's prefix)."""
-    prefix = key_columns.index("start_ms")
-    spans: dict[tuple, list[int]] = {}
-    for key in keys:
-        span = spans.get(key[:prefix])
-        start = key[prefix]
-        if span is None:
-            spans[key[:prefix]] = [start, start]
-        elif start < span[0]:
-            span[0] = start
-        elif start > span[1]:
-            span[1] = start
-    probe = (f"SELECT 1 FROM {table} WHERE {' AND '.join(f'{c} = ?' for c in key_columns[:prefix])}"
-             " AND start_ms BETWEEN ? AND ? LIMIT 1")
-    stored = {head for head, (lo, hi) in spans.items() if conn.execute(probe, (*head, lo, hi)).fetchone()}
-    if len(stored) == len(spans):
-        return list(keys)
-    return [key for key in keys if key[:prefix] in stored]
 
 
 def _on(alias: str, key_columns: tuple[str, ...]) -> str:
