@@ -9,7 +9,10 @@ groups are found with one sort of (granule start, projected combination), and th
 of all groups are reduced at once (numpy reduceat). Only groups of more than one row do
 per-group work: the sum (math.fsum over the group's parts, exactly rounded, so the result does
 not depend on the parts' order) and the sketch merges (small KLLs merged byte-wise,
-sketches/kll_exact.py; others with DataSketches). So the commit no longer groups and merges
+sketches/kll_exact.py; a group that compacts gets its exact-mode parts' items in one
+DataSketches update, which is what its merge of such a part does, and its other parts
+merged; HLLs under 8 coupons as lists, others with DataSketches). The pane rows' KLL headers
+are read for all rows at once (kll_exact.exact_items_many). So the commit no longer groups and merges
 each tier row in Python objects; what is left per row is building the TierDelta the store
 writes.
 
