@@ -126,7 +126,7 @@ class _Kll:
                 sketch = KllSketch.merge_all([self.blobs[i] for i in order_list[bounds[g]:bounds[g + 1]]
                                               if length_list[i] == _OPAQUE])
                 if counts[g]:
-                    sketch._sketch.update(loose[at[g]:at[g] + counts[g]])
+                    sketch.update_all(loose[at[g]:at[g] + counts[g]])
                 blobs[g] = sketch.to_bytes()
         for g, lo, hi in multi:
             if exact_list[g]:
