@@ -59,6 +59,10 @@ class KllSketch:
     def update(self, value: float) -> None:
         self._sketch.update(float(value))
 
+    def update_all(self, values) -> None:
+        """Update with every value of a float64 numpy array, in order: one call into DataSketches."""
+        self._sketch.update(values)
+
     def copy(self) -> KllSketch:
         return KllSketch(_sketch=copy.copy(self._sketch))
 

@@ -125,3 +125,49 @@ def exact_bytes_per_group(items: np.ndarray, counts: np.ndarray, lo: np.ndarray,
     dest = (offsets[:-1][group_of] + np.where(c[group_of] >= 2, 40, 8) + 8 * (counts[group_of] - 1 - place))[stored]
     out[dest[:, None] + np.arange(8)] = items[stored].astype("<f8").view(np.uint8).reshape(-1, 8)
     return pa.Array.from_buffers(pa.large_binary(), groups, [None, pa.py_buffer(offsets), pa.py_buffer(out)]).cast(pa.binary())
+
+
+ABSENT, OPAQUE = -2, -1  # exact_items_many's count for a row without a sketch / with one not in exact mode
+
+
+def exact_items_many(blobs: Sequence[bytes | None], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """exact_items for many rows at once (a commit's pane sketches: ~650 000 calls of ~1.5 us
+    each before): per row the number of items (ABSENT for None, OPAQUE where exact_items gives
+    None), and every exact row's items, row after row (a row's start is the cumulative count).
+    The headers are read with numpy over the rows' bytes joined, not one struct unpack per row."""
+    rows = len(blobs)
+    count = np.full(rows, ABSENT, np.int64)
+    present = [i for i, b in enumerate(blobs) if b is not None]
+    if not present:
+        return count, np.empty(0)
+    parts = [blobs[i] for i in present]
+    length = np.fromiter(map(len, parts), np.int64, len(parts))
+    at = np.concatenate(([0], np.cumsum(length)[:-1]))
+    data = np.frombuffer(b"".join(parts), np.uint8)
+    h = np.zeros((len(parts), 8), np.uint8)
+    head = length >= 8
+    h[head] = data[at[head][:, None] + np.arange(8)]
+    pre, ser, family, flags, m = (h[:, i].astype(np.int64) for i in (0, 1, 2, 3, 6))
+    kk = h[:, 4].astype(np.int64) | h[:, 5].astype(np.int64) << 8
+    ok = head & (family == _FAMILY) & (kk == k) & (m == _M)
+    empty = ok & (pre == 2) & (ser == 1) & (flags == _FLAG_EMPTY) & (length == 8)
+    single = ok & (pre == 2) & (ser == 2) & (flags == _FLAG_SINGLE) & (length == 16)
+    full = np.flatnonzero(ok & (pre == 5) & (ser == 1) & (flags == 0) & (length >= _FULL_ITEMS))
+    n = np.full(len(parts), OPAQUE, np.int64)
+    n[empty], n[single] = 0, 1
+    if len(full):
+        fields = data[(at[full] + _HEAD.size)[:, None] + np.arange(_FULL.size)].copy().view(_FULL_FIELDS).ravel()
+        n_full = fields["n"].astype(np.int64)
+        valid = ((fields["levels"] == 1) & (fields["min_k"] == k) & (k - fields["offset"].astype(np.int64) == n_full)
+                 & (length[full] == _FULL_ITEMS + 8 * n_full))
+        n[full[valid]] = n_full[valid]
+    count[present] = n
+    used = np.maximum(n, 0)
+    begin = np.where(single, at + 8, at + _FULL_ITEMS)
+    ends = np.cumsum(used)
+    byte = np.repeat(begin - 8 * (ends - used), used) + 8 * np.arange(ends[-1] if len(ends) else 0)
+    items = data[byte[:, None] + np.arange(8)].copy().view("<f8").ravel() if len(byte) else np.empty(0)
+    return count, items
+
+
+_FULL_FIELDS = np.dtype([("n", "<u8"), ("min_k", "<u2"), ("levels", "u1"), ("unused", "u1"), ("offset", "<u4")])

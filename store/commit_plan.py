@@ -113,27 +113,29 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     batch's own events never finalize the panes they land in); a merge into a final pane is
     a correction and raises its revision (store.panes.next_revision). Two partials of one pane
     in a batch merge in turn, as two batches would."""
-    current = dict(stored)
+    # The stored panes, then as merged so far in this batch: (data, revision) (no object per partial).
+    current = {pane_id: (pane.data, pane.revision) for pane_id, pane in stored.items()}
     writes: list[PaneWrite] = []
     new = updated = 0
     aggregated: dict[str, int] = defaultdict(int)
     tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
+    watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
     for partial in commit.partials:
         key = dims_key(partial.dims)
         pane_id = (partial.stream, partial.start_ms, key)
         before = current.get(pane_id)
-        final = is_final(streams_before.get(partial.stream, StreamState()).watermark_ms, partial.end_ms)
+        final = is_final(watermarks.get(partial.stream), partial.end_ms)
         if before is None:
             merged = partial.data
             new += 1
         else:
-            merged = before.data.merge(partial.data)
+            merged = before[0].merge(partial.data)
             updated += 1
-        revision = next_revision(None if before is None else before.revision, final)
-        current[pane_id] = StoredPane(merged, revision)
+        revision = next_revision(None if before is None else before[1], final)
+        current[pane_id] = (merged, revision)
         correction = None
         if final:
-            old = before.data.summary() if before is not None else EMPTY_SUMMARY
+            old = before[0].summary() if before is not None else EMPTY_SUMMARY
             correction = CorrectionRecord(revision - 1, revision, old, merged.summary())
         writes.append(PaneWrite(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision,
                                 partial.data.count, correction))

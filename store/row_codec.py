@@ -43,7 +43,14 @@ def stats_text(data: PaneData) -> str:
         key = _KEYS.get(name)
         if key is None:
             key = _KEYS[name] = _STATS_JSON.encode(name)
-        fields.append(f'{key}:[{_number(v.n)},{_number(v.sum)},{_number(v.min)},{_number(v.max)}]')
+        n, total, lo, hi = v.n, v.sum, v.min, v.max
+        # Nearly always an int and three finite floats (x - x is 0.0 only for a finite x): their
+        # reprs are what the encoder writes, without a call per number.
+        if (type(n) is int and type(total) is float and type(lo) is float and type(hi) is float
+                and total - total == 0.0 and lo - lo == 0.0 and hi - hi == 0.0):
+            fields.append(f"{key}:[{n!r},{total!r},{lo!r},{hi!r}]")
+        else:
+            fields.append(f'{key}:[{_number(n)},{_number(total)},{_number(lo)},{_number(hi)}]')
     return "{" + ",".join(fields) + "}"
 
 
@@ -87,13 +94,25 @@ def _name(name: str) -> bytes:
 def sketches_blob(data: PaneData) -> bytes:
     """Every sketch of a row, in one blob (the format is in this module's docstring)."""
     parts = [_VERSION]
+    pack = _LENGTH.pack
     for name, v in data.values.items():
-        if v.kll is not None:
-            parts += (b"k", _name(name), _LENGTH.pack(len(v.kll)), v.kll)
+        kll = v.kll
+        if kll is not None:
+            head = _KLL_HEADS.get(name)
+            if head is None:
+                head = _KLL_HEADS[name] = b"k" + _name(name)
+            parts += (head, pack(len(kll)), kll)
     for name, hll in data.distincts.items():
         if hll is not None:
-            parts += (b"h", _name(name), _LENGTH.pack(len(hll)), hll)
+            head = _HLL_HEADS.get(name)
+            if head is None:
+                head = _HLL_HEADS[name] = b"h" + _name(name)
+            parts += (head, pack(len(hll)), hll)
     return b"".join(parts)
+
+
+_KLL_HEADS: dict[str, bytes] = {}  # field name -> a KLL's kind code, name length and name (names are few)
+_HLL_HEADS: dict[str, bytes] = {}
 
 
 def encode_sketches(sketches: Iterable[tuple[str, str, bytes]]) -> bytes:

@@ -14,6 +14,7 @@ from store import dim_sets, dims_migration, row_codec
 from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.stored_spans import in_stored_spans
 from store.connection import transaction
 from store.tables import OLD_SKETCH_TABLES, TEXT_DIMS_TABLES, TIER_TABLES, table_ddl
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
@@ -103,6 +104,7 @@ def load_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
     with all their sketches (what a merge into them needs); missing keys are absent. The keys go
     into a temporary table and the rows are read with one join, as store/postgres/rows.load does:
     the per-key lookups run in SQLite's C code rather than a statement per key from Python."""
+    keys = in_stored_spans(conn.cursor(), "?", table, key_columns, keys)  # none, for a backfill into new time
     if not keys:
         return {}
     by_number = {number: key for key, number in dim_sets.numbered(conn, "?", keys).items()}

@@ -9,7 +9,10 @@ groups are found with one sort of (granule start, projected combination), and th
 of all groups are reduced at once (numpy reduceat). Only groups of more than one row do
 per-group work: the sum (math.fsum over the group's parts, exactly rounded, so the result does
 not depend on the parts' order) and the sketch merges (small KLLs merged byte-wise,
-sketches/kll_exact.py; others with DataSketches). So the commit no longer groups and merges
+sketches/kll_exact.py; a group that compacts gets its exact-mode parts' items in one
+DataSketches update, which is what its merge of such a part does, and its other parts
+merged; HLLs under 8 coupons as lists, others with DataSketches). The pane rows' KLL headers
+are read for all rows at once (kll_exact.exact_items_many). So the commit no longer groups and merges
 each tier row in Python objects; what is left per row is building the TierDelta the store
 writes.
 
@@ -26,7 +29,7 @@ import numpy as np
 
 from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from sketches.hll_list import merged_list_bytes
-from sketches.kll_exact import exact_bytes, exact_bytes_of, exact_items
+from sketches.kll_exact import ABSENT, OPAQUE, exact_bytes_of, exact_items_many
 from sketches.kll_sorted import sorted_level_zero
 from store.panes import PaneData, ValueStats, dims_key
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
@@ -48,7 +51,7 @@ class _Field:
         self.kll: _Kll | None = None  # set once the rows are read
 
 
-_ABSENT, _OPAQUE = -2, -1  # a row's KLL length when it has none / when it is not in exact mode
+_ABSENT, _OPAQUE = ABSENT, OPAQUE  # a row's KLL length when it has none / when it is not in exact mode
 
 
 class _Kll:
@@ -65,36 +68,28 @@ class _Kll:
 
     @classmethod
     def of(cls, blobs: list) -> _Kll:
-        length = np.full(len(blobs), _ABSENT, np.int64)
-        offset = np.zeros(len(blobs), np.int64)
-        parts, at = [], 0
-        for i, blob in enumerate(blobs):
-            if blob is None:
-                continue
-            items = exact_items(blob, DEFAULT_K)
-            if items is None:
-                length[i] = _OPAQUE
-            else:
-                length[i], offset[i] = len(items), at
-                at += len(items)
-                parts.append(items)
-        return cls(length, offset, np.concatenate(parts) if parts else np.empty(0), list(blobs))
+        length, items = exact_items_many(blobs, DEFAULT_K)  # every row's header read at once
+        used = np.maximum(length, 0)
+        return cls(length, np.cumsum(used) - used, items, list(blobs))
 
     def all_blobs(self) -> list:
         """Every row's sketch bytes (None: the row has no sketch). Rows hold their items one
-        after the other in `items`, so each row's min and max come from one reduceat."""
+        after the other in `items`, so each row's min and max come from one reduceat over the
+        segments of every row with items (not only the rows written here: a segment runs to the
+        next one's start, and rows that keep their bytes hold items too)."""
         blobs = list(self.blobs)
         todo = [i for i, (blob, n) in enumerate(zip(blobs, self.length.tolist())) if blob is None and n >= 0]
         if not todo:
             return blobs
         rows = np.asarray(todo, np.int64)
         lengths, offsets = self.length[rows], self.offset[rows]
-        full = lengths > 0
-        lo = np.zeros(len(rows))
-        hi = np.zeros(len(rows))
-        if full.any():  # rows with items are contiguous and in order: a segment per row
-            lo[full] = np.minimum.reduceat(self.items, offsets[full])
-            hi[full] = np.maximum.reduceat(self.items, offsets[full])
+        lo = np.zeros(len(self.length))
+        hi = np.zeros(len(self.length))
+        with_items = np.flatnonzero(self.length > 0)
+        if len(with_items):  # rows with items are contiguous and in order, and hold all of `items`
+            lo[with_items] = np.minimum.reduceat(self.items, self.offset[with_items])
+            hi[with_items] = np.maximum.reduceat(self.items, self.offset[with_items])
+        lo, hi = lo[rows], hi[rows]
         flat = self.items.astype("<f8", copy=False).tobytes()
         for i, n, at, mn, mx in zip(todo, lengths.tolist(), offsets.tolist(), lo.tolist(), hi.tolist()):
             blobs[i] = exact_bytes_of(flat[8 * at:8 * (at + n)], n, mn, mx, DEFAULT_K)
@@ -110,23 +105,41 @@ class _Kll:
         new_length = np.where(absent, _ABSENT, np.where(exact, total, _OPAQUE))
         sizes = np.diff(np.append(first, len(order)))
         # The items of exact groups, gathered group after group (each group's parts in order).
-        take = np.repeat(exact, sizes) & (used > 0)
-        lens, starts = used[take], offset[take]
-        ends = np.cumsum(lens)
-        items = self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
+        items = self._gather(offset, used, np.repeat(exact, sizes) & (used > 0))
         kept = np.where(exact, total, 0)
         new_offset = np.cumsum(kept) - kept
         blobs = [self.blobs[i] for i in order[first].tolist()] if len(order) else []
         exact_list = exact.tolist()
+        opaque = np.flatnonzero(new_length == _OPAQUE)
+        if len(opaque):
+            # Groups that compact: their parts in exact mode go in as one array of items, their
+            # others merge as sketches (DataSketches merges an exact-mode part item by item, as an
+            # update does: the same sketch, without writing and parsing each part's bytes).
+            in_group = np.repeat(new_length == _OPAQUE, sizes)
+            loose = self._gather(offset, used, in_group & (used > 0))
+            counts = np.add.reduceat(np.where(in_group, used, 0), first)
+            at = (np.cumsum(counts) - counts).tolist()
+            counts, length_list, order_list = counts.tolist(), self.length.tolist(), order.tolist()
+            bounds = np.append(first, len(order)).tolist()
+            for g in opaque.tolist():
+                if bounds[g + 1] - bounds[g] == 1:
+                    continue  # one part: its bytes as they are
+                sketch = KllSketch.merge_all([self.blobs[i] for i in order_list[bounds[g]:bounds[g + 1]]
+                                              if length_list[i] == _OPAQUE])
+                if counts[g]:
+                    sketch.update_all(loose[at[g]:at[g] + counts[g]])
+                blobs[g] = sorted_level_zero(sketch.to_bytes())  # read faster: sketches/kll_sorted.py
         for g, lo, hi in multi:
             if exact_list[g]:
                 blobs[g] = None  # built from the gathered items when written
-            elif new_length[g] == _OPAQUE:
-                parts = [self.blobs[i] if self.blobs[i] is not None else exact_bytes(
-                    self.items[self.offset[i]:self.offset[i] + self.length[i]], DEFAULT_K)
-                    for i in order[lo:hi].tolist() if self.length[i] != _ABSENT]
-                blobs[g] = sorted_level_zero(KllSketch.merge_all(parts).to_bytes())  # read faster: kll_sorted
         return _Kll(new_length, new_offset, items, blobs)
+
+    def _gather(self, offset: np.ndarray, used: np.ndarray, take: np.ndarray) -> np.ndarray:
+        """The items of the rows where `take` is set (`offset` and `used` in the same order), one
+        row after the other."""
+        lens, starts = used[take], offset[take]
+        ends = np.cumsum(lens)
+        return self.items[np.repeat(starts - ends + lens, lens) + np.arange(ends[-1] if len(ends) else 0)]
 
 
 class _Level:
@@ -162,13 +175,11 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
     combos: dict[str, int] = {}
     dims_of: list = []
     keys: list[str] = []
-    start = np.empty(size, np.int64)
-    combo = np.empty(size, np.int64)
-    count = np.empty(size, np.int64)
-    revision = np.empty(size, np.int64)
-    fields: dict[str, _Field] = {}
+    start, combo, count, revision = [], [], [], []
+    values: dict[str, tuple] = {}  # per value field: its rows' indexes, n, sums, mins, maxes, KLLs
     distincts: dict[str, list] = {}
-    klls: dict[str, list] = {}
+    # Python lists, made arrays once: a numpy item assignment per row and column cost more
+    # than the rest of the loop.
     for i, row in enumerate(rows):
         if len(row) == 5:
             s, dims, key, data, rev = row
@@ -180,31 +191,48 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
             c = combos[key] = len(keys)
             keys.append(key)
             dims_of.append(dims)
-        start[i], combo[i], count[i], revision[i] = s, c, data.count, rev
+        start.append(s)
+        combo.append(c)
+        count.append(data.count)
+        revision.append(rev)
         for name, v in data.values.items():
-            f = fields.get(name)
-            if f is None:
-                f = fields[name] = _Field(size)
-            f.present[i] = True
-            f.n[i] = v.n
-            f.sums[i] = v.sum
-            if v.min is not None:
-                f.lo[i], f.lo_none[i] = v.min, False
-            if v.max is not None:
-                f.hi[i], f.hi_none[i] = v.max, False
-            column = klls.get(name)
+            column = values.get(name)
             if column is None:
-                column = klls[name] = [None] * size
-            column[i] = v.kll
+                column = values[name] = ([], [], [], [], [], [])
+            column[0].append(i)
+            column[1].append(v.n)
+            column[2].append(v.sum)
+            column[3].append(v.min)
+            column[4].append(v.max)
+            column[5].append(v.kll)
         for name, blob in data.distincts.items():
             if blob is not None:
                 column = distincts.get(name)
                 if column is None:
                     column = distincts[name] = [None] * size
                 column[i] = blob
-    for name, f in fields.items():
-        f.kll = _Kll.of(klls[name])
-    return _Level(pane_ms, ALL_DIMS, start, combo, dims_of, keys, count, revision, fields, distincts)
+    fields: dict[str, _Field] = {}
+    for name, (at, n, sums, lo, hi, klls) in values.items():
+        f = fields[name] = _Field(size)
+        at = np.asarray(at, np.int64)
+        f.present[at] = True
+        f.n[at] = n
+        if len(at) == size:
+            f.sums = sums
+        else:
+            for i, total in zip(at.tolist(), sums):
+                f.sums[i] = total
+        f.lo_none[at] = [x is None for x in lo]
+        f.lo[at] = [math.inf if x is None else x for x in lo]
+        f.hi_none[at] = [x is None for x in hi]
+        f.hi[at] = [-math.inf if x is None else x for x in hi]
+        column = [None] * size
+        for i, kll in zip(at.tolist(), klls):
+            column[i] = kll
+        f.kll = _Kll.of(column)
+    return _Level(pane_ms, ALL_DIMS, np.asarray(start, np.int64).reshape(size), np.asarray(combo, np.int64).reshape(size),
+                  dims_of, keys, np.asarray(count, np.int64).reshape(size), np.asarray(revision, np.int64).reshape(size),
+                  fields, distincts)
 
 
 def _group(src: _Level, granule: int, proj: str) -> _Level:
@@ -238,11 +266,18 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
 
     heads = order[first].tolist() if len(order) else []
 
+    # The parts of the groups of several rows, group after group: each group's parts are one
+    # slice of a column taken at these rows (a list comprehension per group cost more).
+    parts = [i for _, lo, hi in multi for i in order_list[lo:hi]]
+    part_at = np.cumsum([0] + [hi - lo for _, lo, hi in multi]).tolist()
+
     def objects(column: list, merge) -> list:
         """Per group: the one part's object, or `merge` of the parts (in `src` order)."""
-        out = [column[i] for i in heads]
-        for g, lo, hi in multi:
-            out[g] = merge([column[i] for i in order_list[lo:hi]])
+        out = list(map(column.__getitem__, heads))
+        if multi:
+            taken = list(map(column.__getitem__, parts))
+            for k, (g, _, _) in enumerate(multi):
+                out[g] = merge(taken[part_at[k]:part_at[k + 1]])
         return out
 
     def reduce(ufunc, column: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from store import dim_sets, row_codec
 from store.commit_plan import StoredPane
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
+from store.stored_spans import in_stored_spans
 
 # Callers give keys with the dimensions' text last; the rows hold its number (store/dim_sets.py).
 PANE_KEY = ("stream", "start_ms", "dims_id")
@@ -57,6 +58,8 @@ def ensure_staging(conn: psycopg.Connection) -> None:
 def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
     """The stored rows (with all their sketches) among `keys` (the dimensions' text last);
     missing keys are absent."""
+    with conn.cursor() as cur:
+        keys = in_stored_spans(cur, "%s", table, key_columns, keys)  # none, for a backfill into new time
     if not keys:
         return {}
     ensure_staging(conn)

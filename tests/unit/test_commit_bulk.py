@@ -123,6 +123,29 @@ def test_a_bulk_written_batch_reports_the_change_numbers_it_wrote(store_backend)
     assert (empty.first_change_seq, empty.last_change_seq) == (None, None)
 
 
+def test_sqlite_stages_only_the_keys_of_streams_and_tiers_with_rows_in_their_span(tmp_path):
+    # A backfill into new time (or a fresh store) has none of its keys stored: one probe per
+    # stream and tier says so, and the keys are not staged and joined at all.
+    from store.sqlite_tiers import PANE_KEY, TIER_KEY, load_many
+    from store.stored_spans import in_stored_spans
+
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    partials = _partials(0, 30)
+    store.commit_batch(BatchCommit("main", 0, partials, sum(p.data.count for p in partials), {"s": T0}, {}),
+                       lateness_ms={"s": 0}, now_ms=T0)
+    conn = store._conn
+    stored = [("s", p.start_ms, dims_key(p.dims)) for p in partials]
+    later = [("s", p.start_ms + 86_400_000, dims_key(p.dims)) for p in partials]  # a day on: no rows there
+    other = [("t", p.start_ms, dims_key(p.dims)) for p in partials]  # a stream without rows
+    assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, later + other) == []
+    assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, stored + later + other) == stored + later
+    assert set(load_many(conn, "panes", PANE_KEY, later + stored + other)) == set(stored)
+    minute = ("s", 60_000, "a", T0, '{"a":"x"}')
+    assert in_stored_spans(conn.cursor(), "?", "tier_rows", TIER_KEY, [minute, ("s", 600_000, "a", T0 + 86_400_000, "{}")]) == [minute]
+    store.close()
+
+
 def _without_rowid(path, table: str) -> bool:
     with sqlite3.connect(path) as conn:
         return bool(conn.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (table,)).fetchone()[0])

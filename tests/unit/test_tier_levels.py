@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,8 @@ from sketches import HllSketch, KllSketch
 from sketches.hll_list import list_coupons, merged_list_bytes
 from sketches.kll_exact import exact_items, merged_bytes
 from store import PaneData, ValueStats
-from store.tiers import TierLayout, tier_deltas
+from store.panes import dims_key
+from store.tiers import TierLayout, project, tier_deltas
 from tests.tier_reference import tier_deltas_by_row
 
 PANE = 10_000
@@ -78,6 +80,46 @@ def test_column_wise_deltas_equal_the_row_wise_ones(rows):
 
 def test_no_rows_no_deltas():
     assert tier_deltas([], LAYOUT) == {}
+
+
+many_values = st.lists(st.integers(-1000, 1000).map(float), min_size=20, max_size=80)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40).map(lambda i: T0 + i * PANE), st.sampled_from("xy"), many_values,
+                          st.booleans()), min_size=1, max_size=30, unique_by=lambda r: (r[0], r[1])))
+def test_groups_that_compact_keep_n_bounds_and_their_quantiles_within_the_rank_error(rows):
+    # Tier rows of more than k = 200 items: their parts in exact mode go into DataSketches as
+    # items (an update), others as sketches (a merge); compaction is random, so the sketch
+    # is pinned by what KLL guarantees: n, min and max exact, each quantile within its rank error.
+    panes = []
+    for start, a, xs, other_k in rows:
+        pane = _pane(xs, [], [], True)
+        if other_k:  # a part DataSketches must merge (not in exact mode at k = 200)
+            kll = KllSketch(k=100)
+            for x in xs:
+                kll.update(x)
+            pane = PaneData(pane.count, {"v": ValueStats(len(xs), math.fsum(xs), min(xs), max(xs), kll.to_bytes())})
+        panes.append((start, {"a": a}, pane, 1))
+    got = tier_deltas(panes, LAYOUT)
+    want = tier_deltas_by_row(panes, LAYOUT)
+    assert set(got) == set(want)
+    items: dict = {}
+    for start, a, xs, _ in rows:
+        for key in got:
+            if key.start_ms <= start < key.start_ms + key.granule_ms and key.dims == dims_key(project({"a": a}, key.proj)):
+                items.setdefault(key, []).extend(xs)
+    for key, w in want.items():
+        gv, wv = got[key].data.values["v"], w.data.values["v"]
+        assert (gv.n, gv.sum, gv.min, gv.max) == (wv.n, wv.sum, wv.min, wv.max), key
+        sketch = KllSketch.from_bytes(gv.kll)._sketch
+        xs = np.sort(items[key])
+        assert (sketch.n, sketch.get_min_value(), sketch.get_max_value()) == (len(xs), xs[0], xs[-1]), key
+        eps = sketch.normalized_rank_error(False)
+        for q in (0.1, 0.5, 0.9, 0.99):
+            value = sketch.get_quantile(q)
+            below, upto = np.searchsorted(xs, value, "left") / len(xs), np.searchsorted(xs, value, "right") / len(xs)
+            assert below - 2 * eps <= q <= upto + 2 * eps, (key, q)
 
 
 def _kll(xs) -> bytes:
