@@ -20,5 +20,7 @@ def spark():
         extra = {}
     session = build_spark("local[2]", app_name="sketchboard-tests", driver_memory="1g", extra_conf=extra)
     yield session
-    with reported_if_slow("the SparkSession"):
+    # A slow stop names what was still running (a query a test left active waits for its batch).
+    active = [q.name or str(q.id) for q in session.streams.active]
+    with reported_if_slow(f"the SparkSession (queries still active: {', '.join(active) or 'none'})"):
         session.stop()
