@@ -22,6 +22,7 @@ from ingest.events import EventValidator
 from ingest.tables import TableRowValidator
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
+from tests.spark.test_enrichment import appended_at
 
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
@@ -57,7 +58,9 @@ USERS = 12  # u0..u11: u10 and u11 have no row at first (u10 comes later, u11 ne
 
 
 class Log:
-    """Appends with chosen append times, and keeps what pandas needs."""
+    """Appends with chosen append times, and keeps what pandas needs: each record with the append
+    time the log gave it (the one asked for on the embedded log; on Kafka the broker's
+    LogAppendTime, which replaces it: tests/spark/test_reprocess_enrichment_views.py)."""
 
     def __init__(self, log, catalog):
         self.log, self.catalog = log, catalog
@@ -67,16 +70,18 @@ class Log:
     def table(self, name: str, rows: list[dict], append_ms: int) -> None:
         table = self.catalog.streams[name]
         validator = TableRowValidator(table)
-        self.log.append(table, [validator.validate(r, append_ms) for r in rows], append_ms)
-        for r in rows:
+        records = [validator.validate(r, append_ms) for r in rows]
+        times = appended_at(self.log, table, records, self.log.append(table, records, append_ms))
+        for r, at in zip(rows, times, strict=True):
             self.rows[name].append({**{k: v for k, v in r.items() if k != "_deleted"}, "deleted": bool(r.get("_deleted")),
-                                    "append_ms": append_ms, "seq": len(self.rows[name])})
+                                    "append_ms": at, "seq": len(self.rows[name])})
 
     def events_of(self, name: str, events: list[dict], append_ms: int) -> None:
         stream = self.catalog.streams[name]
         validator = EventValidator(stream)
-        self.log.append(stream, [validator.validate(e) for e in events], append_ms)
-        self.events[name] += [{**e, "append_ms": append_ms} for e in events]
+        records = [validator.validate(e) for e in events]
+        times = appended_at(self.log, stream, records, self.log.append(stream, records, append_ms))
+        self.events[name] += [{**e, "append_ms": at} for e, at in zip(events, times, strict=True)]
 
 
 def as_of(events: pd.DataFrame, rows: list[dict], key: str, on: str, columns: list[str]) -> pd.DataFrame:
