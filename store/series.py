@@ -79,13 +79,15 @@ def _query_series(
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
 
+    def read_segments(lo: int, hi: int) -> list[list[SketchRow]]:
+        if not field:  # rollup refuses the query, with its reason
+            return []
+        return [store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
+                                       kind=kind, pane_ms=pane_ms)
+                for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points)]
+
     def read_rows(lo: int, hi: int) -> list[SketchRow]:
-        rows: list[SketchRow] = []
-        if field:  # else rollup refuses the query, with its reason
-            for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points):
-                rows += store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
-                                               kind=kind, pane_ms=pane_ms)
-        return rows
+        return [row for segment in read_segments(lo, hi) for row in segment]
 
     def sketch_series(lo: int, hi: int, rows: list[SketchRow] | None = None) -> list[Series]:
         return rollup_sketch_rows(read_rows(lo, hi) if rows is None else rows, stat=stat, quantile=quantile,
@@ -104,8 +106,12 @@ def _query_series(
     if not cache.holds(shape):
         # Cold: no point of this shape to reuse, so every window is computed from its rows, read
         # once; their fingerprints are summed from the same rows, not read again as the store's sums.
-        rows = read_rows(start_ms, end_ms)
-        prints = _fingerprints(_row_sums(rows, plan[0][2], start_ms, group_by, filters),
+        segments = read_segments(start_ms, end_ms)
+        rows = [row for segment in segments for row in segment]
+        # Summed per segment, as the store sums them (_sums): a bucket two tiers' segments share
+        # (a ragged edge) adds their newest batches and revisions, where one cell would take the max.
+        prints = _fingerprints([b for segment in segments
+                                for b in _row_sums(segment, plan[0][2], start_ms, group_by, filters)],
                                start_ms, end_ms, step_ms, window_ms)
         missed = list(window_points(start_ms, end_ms, step_ms))
     else:
