@@ -4,6 +4,8 @@ point of them, and a revision of a pane or tier row a kept point covers replaces
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -157,3 +159,72 @@ def test_a_dashboards_panels_are_its_declared_views():
     assert declared_queries([stale], CATALOG, now_ms=T0, max_points=11_000) == []
     many = Dashboard(name="week", range="7d", panels=[Panel(metric="latency", stat="p99", step="10s")])
     assert panel_queries(many, CATALOG, now_ms=T0, max_points=11_000) == []  # over the point limit: refused
+
+
+def test_the_warmer_keeps_the_declared_views_points_from_a_worker_process(store_backend):
+    """api/point_warmer.py as the API runs it: the views computed in a snapshot worker (its own
+    process and store connection), their final points kept in the store for everyone's first query."""
+    from functools import partial
+
+    from api.point_warmer import PointWarmer
+    from api.ws_workers import SnapshotWorkers
+    from tests.api.test_ws import worker_state
+
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, HOURS)
+    kept = FinalPoints(store_backend.side_db(store))
+    where = store.dsn if store_backend.kind == "postgres" else str(store.path)
+    workers = SnapshotWorkers(partial(worker_state, store_backend.kind, where))
+    leading = [False]
+    warmer = PointWarmer(store, lambda now_ms: [SLIDING], interval_s=60, max_points=11_000,
+                         cache=PointCache(backing=kept), workers=workers, clock=lambda: T0 / 1000,
+                         active=lambda: leading[0])
+    try:
+        assert warmer.run_once() is None  # another replica leads: it warms
+        leading[0] = True
+        assert warmer.run_once() is None  # it starts the workers; until they are ready it skips
+        assert workers.wait_ready(120), "the snapshot worker did not start"
+        assert warmer.run_once() == 1 and warmer.runs == 1
+        got, computed = cold(store, kept, SLIDING)
+        assert computed == 0 and len(got[0].points) == 120
+        assert_same(got, answer(store, **asked(SLIDING)), "p90")
+    finally:
+        workers.stop()
+        kept.close()
+
+
+def test_without_workers_the_warmer_computes_through_the_api_point_cache(store_backend):
+    from api.point_warmer import PointWarmer
+
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, HOURS)
+    kept = FinalPoints(store_backend.side_db(store))
+    api_cache = PointCache(backing=kept)
+    warmer = PointWarmer(store, lambda now_ms: [SLIDING], interval_s=60, max_points=11_000, cache=api_cache,
+                         clock=lambda: T0 / 1000)
+    try:
+        warmer.interval_s = 0.05
+        warmer.start()  # a first run at once, then every interval
+        deadline = time.monotonic() + 30
+        while warmer.runs < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        warmer.stop()
+        assert len(api_cache) == 120  # the API's own first query reads them from memory
+        _, computed = cold(store, kept, SLIDING)  # and another process from the store
+        assert computed == 0
+    finally:
+        kept.close()
+
+
+def test_the_wired_api_warms_its_dashboards_panels(tmp_path):
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api
+
+    _, ctx = build_api(Settings(data_dir=tmp_path / "data", alerts_config=None))
+    views = ctx.point_warmer.views(T0)
+    assert ctx.point_warmer.interval_s == 10 and ctx.point_warmer.workers is ctx.snapshot_workers
+    assert views and {q.metric for q in views} <= set(ctx.catalog.metrics)
+    assert any(q.stats == ("p50", "p95", "p99") for q in views)  # the generated dashboard's percentile bands
+    _, off = build_api(Settings(data_dir=tmp_path / "off", alerts_config=None, point_warm_interval=0))
+    assert off.point_warmer is None
