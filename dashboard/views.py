@@ -18,6 +18,8 @@ from query import Query, QueryError, resolve
 NICE_STEPS_MS = (10_000, 30_000, 60_000, 120_000, 300_000, 600_000, 900_000, 1_800_000, 3_600_000, 7_200_000,
                  21_600_000, 43_200_000, 86_400_000)
 AUTO_POINTS = 120
+# dashboard/static/heatmap.js's HEATMAP_STATS: what a heatmap panel asks (over all groups).
+HEATMAP_STATS = ("p1", "p10", "p25", "p50", "p75", "p90", "p99", "count")
 
 
 def auto_step_ms(span_ms: int, pane_ms: int, points: int = AUTO_POINTS) -> int:
@@ -31,8 +33,9 @@ def auto_step_ms(span_ms: int, pane_ms: int, points: int = AUTO_POINTS) -> int:
 
 
 def panel_queries(dashboard: Dashboard, catalog: Catalog, *, now_ms: int, max_points: int) -> list[Query]:
-    """Each panel's query over the last `dashboard.range` (a band: its three percentiles); a
-    panel the catalog no longer answers (a metric dropped since it was saved) is left out."""
+    """Each panel's query over the last `dashboard.range` as the page asks it (a band: its three
+    percentiles; a heatmap: its quantiles and count, over all groups); a panel the catalog no
+    longer answers (a metric dropped since it was saved) is left out."""
     out = []
     for panel in dashboard.panels:
         metric = catalog.metrics.get(panel.metric)
@@ -40,12 +43,14 @@ def panel_queries(dashboard: Dashboard, catalog: Catalog, *, now_ms: int, max_po
             continue
         pane_ms = catalog.streams[metric.stream].pane
         step_ms = panel.step or auto_step_ms(dashboard.range, pane_ms)
-        stats = list(BAND_STATS) if panel.stat == BAND else [panel.stat]
+        # As the page's panelQuery (dashboard/static/panels.js) asks it.
+        heatmap = panel.kind == "heatmap"
+        stats = list(HEATMAP_STATS) if heatmap else list(BAND_STATS) if panel.stat == BAND else [panel.stat]
         try:
             out.append(resolve(catalog, metric=panel.metric, stats=stats, start=f"now-{format_duration_ms(dashboard.range)}",
                                end="now", step=format_duration_ms(step_ms),
                                window=None if panel.window is None else format_duration_ms(panel.window),
-                               group_by=panel.group_by, filters=panel.filters, now_ms=now_ms, max_points=max_points))
+                               group_by=() if heatmap else panel.group_by, filters=panel.filters, now_ms=now_ms, max_points=max_points))
         except QueryError:  # e.g. too many points for this service's limit: its first query is refused too
             continue
     return out

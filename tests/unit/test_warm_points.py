@@ -149,12 +149,16 @@ def test_a_dashboards_panels_are_its_declared_views():
         Panel(metric="latency", stat="p99", step="1m", window="1h"),
         Panel(metric="latency", stat="band", kind="area"),
         Panel(metric="latency", stat="p99", step="1m", window="1h", title="the same query again"),
+        Panel(metric="latency", stat="p99", kind="heatmap", group_by=["endpoint"], step="1m"),
     ])
     queries = panel_queries(board, CATALOG, now_ms=T0, max_points=11_000)
     assert [(q.stats, q.step_ms, q.window_ms, q.from_text) for q in queries] == [
         (("p99",), MINUTE, HOUR, "now-1d"), (("p50", "p95", "p99"), 15 * MINUTE, 15 * MINUTE, "now-1d"),
-        (("p99",), MINUTE, HOUR, "now-1d")]
-    assert len(declared_queries([definition(board)], CATALOG, now_ms=T0, max_points=11_000)) == 2
+        (("p99",), MINUTE, HOUR, "now-1d"),
+        (("p1", "p10", "p25", "p50", "p75", "p90", "p99", "count"), MINUTE, MINUTE, "now-1d")]  # as the page asks
+    assert queries[-1].group_by == ()  # a heatmap is over all groups
+    assert sketch_part(queries[-1]).stats == ("p1", "p10", "p25", "p50", "p75", "p90", "p99")
+    assert len(declared_queries([definition(board)], CATALOG, now_ms=T0, max_points=11_000)) == 3
     stale = {**definition(board), "panels": [{"metric": "gone", "stat": "p99"}]}  # saved under another catalog
     assert declared_queries([stale], CATALOG, now_ms=T0, max_points=11_000) == []
     many = Dashboard(name="week", range="7d", panels=[Panel(metric="latency", stat="p99", step="10s")])
