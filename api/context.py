@@ -111,6 +111,8 @@ class ApiContext:
     point_cache: PointCache = field(default_factory=PointCache)
     # Websocket snapshots computed in worker processes (api.ws_workers.SnapshotWorkers); None: in this one.
     snapshot_workers: Any = None
+    # The declared views' points computed ahead of their first query (api.point_warmer.PointWarmer); None: not.
+    point_warmer: Any = None
     # The audit log (store.audit.AuditStore); None: changes are not recorded, no /api/v1/audit.
     audit: AuditLog | None = None
     # Dashboards (dashboard.service.DashboardService); None: no /api/v1/dashboards routes.

@@ -56,6 +56,17 @@ def _snapshot(query: Query, now_ms: int, watermark_ms: int | None, max_points: i
     return _dumps(snapshot_result(store, query, now_ms, watermark_ms, max_points, cache))
 
 
+def _warm(queries: list[Query], now_ms: int, watermarks: dict[str, int], max_points: int, generation: int) -> int:
+    from query.warm import warm
+
+    store, cache = _state
+    if cache is None:  # nowhere to keep the points: nothing to warm
+        return 0
+    if cache.generation != generation:
+        cache.clear(generation=generation)
+    return warm(store, queries, now_ms=now_ms, watermarks=watermarks, max_points=max_points, cache=cache)
+
+
 class SnapshotWorkers:
     """A pool of `processes` worker processes (spawned: the API process has threads) computing
     snapshots; compute() answers None while none is ready (the caller computes it then)."""
@@ -118,6 +129,19 @@ class SnapshotWorkers:
             return None
         self.computed += 1
         return text
+
+    def warm(self, queries: list[Query], now_ms: int, watermarks: dict[str, int], max_points: int,
+             generation: int = 0) -> int | None:
+        """Declared views computed in a worker so their final points are kept (api/point_warmer.py):
+        how many were computed, or None where no worker can now. A worker keeps its point cache
+        between runs, so a view's unchanged final points cost their fingerprints' sums only."""
+        pool = self._pool
+        if pool is None or not self._ready.is_set():
+            return None
+        try:
+            return pool.submit(_warm, queries, now_ms, watermarks, max_points, generation).result()
+        except (RuntimeError, BrokenProcessPool):  # stopped or broken meanwhile: the snapshots' path says so
+            return None
 
     def stop(self) -> None:
         with self._lock:

@@ -6,6 +6,7 @@ asserts nothing.
     python -m bench.day_of_data --events 3000000     # the long form (a day of 3 M events)
     python -m bench.day_of_data --hours 168 --events 3000000 --long-queries   # a week
     python -m bench.day_of_data --only tiers --stores sqlite,postgres          # both store backends
+    python -m bench.day_of_data --only tiers --declared   # and with the queries declared (point warmer)
 
 With `--stores ...,postgres` the PostgreSQL store runs on a throwaway local server started as
 the tests start theirs (tests/postgres_server.py: Debian's postgresql, fsync off), or on
@@ -166,12 +167,50 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     gc.freeze()
     out = timed_queries(client, queries, args.repeat)
     client.close()
+    if args.declared:
+        out.update(declared_views(catalog, store, log, queries, args.repeat, end_ms))
     if label.startswith("panes"):
         out.update(before_tiers(catalog, store, end_ms, args, queries))
     if args.ws:
         out.update(under_websocket_load(catalog, store, log, args, end_ms))
     store.close()
     log.close()
+    return out
+
+
+def declared_views(catalog: Catalog, store, log, queries: list[tuple[str, str]], repeat: int,
+                   end_ms: int) -> dict[str, list[float]]:
+    """`--declared`: the same queries as a dashboard's panels (one dashboard per range), computed
+    ahead by the service's point warmer (api/point_warmer.py, in-process here), then asked by a
+    new API process (an empty point cache over the points kept in the store), `repeat` times."""
+    from urllib.parse import parse_qs
+
+    from api.point_warmer import PointWarmer
+    from dashboard.views import declared_queries
+    from store.final_points import FinalPoints
+    from store.point_cache import PointCache
+
+    boards: dict[str, list[dict]] = defaultdict(list)
+    for _, query in queries:
+        q = {k: v[0] for k, v in parse_qs(query).items()}
+        boards[q["from"].removeprefix("now-")].append(
+            {"metric": q["metric"], "stat": q["stat"], "step": q["step"], "window": q.get("window"),
+             "group_by": [g for g in q.get("group_by", "").split(",") if g]})
+    definitions = [{"name": f"last-{r}", "range": r, "panels": panels} for r, panels in boards.items()]
+    kept = FinalPoints(store.side_db())
+    kept.clear()  # what the plain runs kept: only the warmer's points now
+    warmer = PointWarmer(store, lambda now_ms: declared_queries(definitions, catalog, now_ms=now_ms, max_points=11_000),
+                         interval_s=10, max_points=11_000, cache=PointCache(backing=kept), clock=lambda: end_ms / 1000.0)
+    t, cpu = time.perf_counter(), time.process_time()
+    warmed = warmer.run_once()
+    print(f"[declared] the warmer computed {warmed} declared views in {time.perf_counter() - t:.2f} s"
+          f" ({time.process_time() - cpu:.2f} s CPU)")
+    ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0,
+                     point_cache=PointCache(backing=kept))
+    client = TestClient(create_app(ctx))
+    out = {name + " [declared]": times for name, times in timed_queries(client, queries, repeat).items()}
+    client.close()
+    kept.close()
     return out
 
 
@@ -357,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ws-rate", type=int, default=2_000, help="events committed per second meanwhile")
     ap.add_argument("--ws-workers", default="1", help="snapshot worker processes with --ws, comma-separated to"
                     " run the load once per value (e.g. 0,1: in the API process, then in one worker)")
+    ap.add_argument("--declared", action="store_true", help="then again with the queries declared as dashboard"
+                    " panels, computed ahead by the point warmer and asked by a new API process")
     ap.add_argument("--stores", default="sqlite", help="store backends to run, comma-separated: sqlite,postgres")
     ap.add_argument("--postgres-dsn", help="run the postgres store here instead of on a throwaway local server")
     args = ap.parse_args(argv)
@@ -393,16 +434,21 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
     print(f"\nGET /api/v1/query over {args.events:,} events in {args.hours:g} h, {args.repeat} runs each (ms);"
           " 'before': the same query as answered before tiers (every pane rolled up in Python, in-process):")
-    names = list(dict.fromkeys(n for label in results for n in results[label] if not n.endswith("[before]")))
+    names = list(dict.fromkeys(n for label in results for n in results[label] if not n.endswith("]")))
+    declared = {f"{label} declared": {n.removesuffix(" [declared]"): t for n, t in r.items() if n.endswith(" [declared]")}
+                for label, r in results.items()}
+    results.update({label: r for label, r in declared.items() if r})
     before = next((r for label, r in results.items() if label.startswith("panes")), {})
-    print(f"{'query':<34}" + "".join(f"{label + ' p50':>14}{label + ' p99':>14}" for label in results)
+    width = {label: max(14, len(label) + 6) for label in results}
+    print(f"{'query':<34}" + "".join(f"{label + ' p50':>{width[label]}}{label + ' p99':>{width[label]}}"
+                                     for label in results)
           + (f"{'before p50':>14}" if before else ""))
     for name in names:
         cells = ""
         for label in results:
             times = sorted(results[label].get(name) or [math.nan])
             p99 = nearest_rank(times, 0.99)
-            cells += f"{statistics.median(times):14.1f}{p99:14.1f}"
+            cells += f"{statistics.median(times):{width[label]}.1f}{p99:{width[label]}.1f}"
         if name + " [before]" in before:
             cells += f"{statistics.median(before[name + ' [before]']):14.1f}"
         print(f"{name:<34}{cells}")

@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     ws_max_subscriptions: int = Field(32, ge=1, description="subscriptions one websocket client may hold")
     ws_snapshot_workers: int = Field(1, ge=0, le=64, description="processes computing websocket snapshots off the"
                                      " API process's GIL (0: in the API process)")
+    point_warm_interval: float = Field(10.0, ge=0, le=3600, description="seconds between runs computing the"
+                                       " dashboards' panels ahead of their first query, so their sketch points"
+                                       " are kept in the store (0: off)")
     ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
                                       " connection (1009)")
     ws_message_rate: float = Field(20.0, gt=0, description="messages per second a websocket client may send"

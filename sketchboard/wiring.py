@@ -93,6 +93,24 @@ def snapshot_workers(settings: Settings):
     return SnapshotWorkers(partial(_snapshot_worker, settings), settings.ws_snapshot_workers)
 
 
+def point_warmer(settings: Settings, ctx):
+    """The dashboards' panels computed ahead of their first query (api/point_warmer.py), by the
+    leader replica, in a snapshot worker where there is one; None when point_warm_interval is 0."""
+    from api.point_warmer import PointWarmer
+    from dashboard.views import declared_queries
+
+    if not settings.point_warm_interval or ctx.dashboards is None:
+        return None
+
+    def views(now_ms: int):
+        return declared_queries([d.definition for d in ctx.dashboards.dashboards()], ctx.catalog, now_ms=now_ms,
+                                max_points=ctx.query_max_points)
+
+    return PointWarmer(ctx.store, views, interval_s=settings.point_warm_interval, max_points=ctx.query_max_points,
+                       cache=ctx.point_cache, workers=ctx.snapshot_workers, clock=ctx.clock,
+                       active=ctx.leadership.leading)
+
+
 def _snapshot_worker(settings: Settings):
     import os
 
@@ -299,6 +317,7 @@ def build_api(settings: Settings):
         snapshot_workers=snapshot_workers(settings),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
+    ctx.point_warmer = point_warmer(settings, ctx)
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
         heartbeat_interval_s=settings.ws_heartbeat_interval,
