@@ -210,6 +210,32 @@ def test_a_run_is_planned_from_the_logs_offsets_and_refused_when_pointless(servi
     assert service.progress(run).fraction == 1.0
 
 
+
+def test_a_run_over_a_log_that_retention_trimmed_starts_at_its_first_records_and_says_from_when(service):
+    """Events older than the log's retention cannot be reprocessed: the run starts from each
+    partition's earliest retained offset, and says up front that its output is complete only from
+    when the oldest retained record was appended (docs/reprocessing.md "Starting a run")."""
+    from ingest.events import EventValidator
+
+    stream = service.catalog.stream("http")
+    validator = EventValidator(stream)
+
+    def append(at_ms: int) -> None:
+        events = [{"time": at_ms, "user": f"u{i}", "endpoint": "/", "region": "eu", "latency_ms": 1.0, "bytes": 2.0}
+                  for i in range(40)]
+        service.log.append(stream, [validator.validate(e) for e in events], at_ms)
+
+    append(NOW - 3 * DAY)
+    kept_from = NOW - DAY + 5_000
+    append(kept_from)
+    assert service.log.apply_retention(NOW, 2 * DAY, 1 << 30) == 40  # the first append is gone
+    offsets = service.log.offsets("http")
+    run = service.start("http")
+    assert run.start_offsets == {p: o.start for p, o in offsets.items()}
+    assert all(o.start > 0 for o in offsets.values() if o.end > 0)  # every partition lost its oldest records
+    assert run.complete_from_ms == kept_from  # not now - the stream's 7 days' retention
+    assert service.to_json(run)["progress"]["to_do"] == 40
+
 def test_a_launch_that_fails_marks_the_run_failed(service):
     def broken(run):
         raise OSError("no such program")
