@@ -49,6 +49,13 @@ class DefinitionUnchanged(ValueError):
     """The stream's output is already built with its configured definition: nothing to reprocess."""
 
 
+class UnknownStream(KeyError):
+    """Not a stream read from the log (unknown, or derived: reprocessed with its parent)."""
+
+    def __str__(self) -> str:  # the reason, not KeyError's quoted repr (the CLI prints it)
+        return str(self.args[0])
+
+
 def run_id(stream: str, version: str, prefix: str = RUN_PREFIX) -> str:
     """The run's id, also its pipeline's name and store namespace: reprocess-<stream>-<version8>
     (previous-<stream>-<version8> for an output a switch replaced)."""
@@ -262,7 +269,7 @@ class ReprocessService:
         the stream is going."""
         streams = versioned_streams(self.catalog)
         if stream not in streams:
-            raise KeyError(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
+            raise UnknownStream(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
         definition = streams[stream]
         version = definition_version(definition, self.catalog)  # a view it is enriched through counts
         stored = self.definitions.definitions().get(stream)

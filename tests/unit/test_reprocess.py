@@ -253,3 +253,38 @@ def test_a_runs_catalog_is_its_stream_alone():
     catalog = stream_catalog(new_catalog(), "http")
     assert set(catalog.streams) == {"http", "http_sessions"} and "amount" not in catalog.metrics
     assert catalog.streams["http"] == new_catalog().streams["http"]
+
+
+def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_path, capsys):
+    """`sketchboard reprocess STREAM` refuses what POST /api/v1/reprocess answers 404/409 to (an
+    unknown or derived stream, an unchanged definition, a run going) before any Spark: exit 2 and
+    the reason on stderr."""
+    import yaml
+
+    from sketchboard import cli
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_log, open_store
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")  # as the pipeline records them
+    root.close()
+    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
+                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
+    for stream, reason in [("nope", "unknown stream 'nope'; streams read from the log: http, orders"),
+                           ("http_sessions", "unknown stream 'http_sessions'"),
+                           ("orders", "stream 'orders' is served with its configured definition")]:
+        assert cli.main(["reprocess", stream, *args]) == 2
+        err = capsys.readouterr().err
+        assert f"sketchboard: {reason}" in err and "Traceback" not in err
+    root, log = open_store(settings), open_log(settings, open_catalog(settings))
+    # A run of http recorded as going (by the API, say).
+    ReprocessService(open_catalog(settings), DefinitionStore(root.side_db()), ConsumerRegistry(root.side_db()),
+                     log).start("http")
+    log.close()
+    root.close()
+    assert cli.main(["reprocess", "http", *args]) == 2
+    assert "is still going" in capsys.readouterr().err
