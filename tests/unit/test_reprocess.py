@@ -288,3 +288,52 @@ def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_pat
     root.close()
     assert cli.main(["reprocess", "http", *args]) == 2
     assert "is still going" in capsys.readouterr().err
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_run_over_a_topic_whose_first_records_are_gone_is_complete_from_the_first_kept_ones(
+        store_backend, kafka_broker):
+    """As on the embedded log: the topic's oldest records deleted (as its retention does), a run
+    starts at each partition's low watermark and is complete from the broker's append time of the
+    first record kept (LogAppendTime), read from the topic."""
+    import time
+    import uuid
+
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from ingest.events import EventValidator
+    from ingest.log.kafka import KafkaEventLog
+    from tests.kafka_broker import client_config
+
+    new = new_catalog()
+    stream = new.stream("http")
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", replication_factor=1)
+    store = store_backend.create()
+    try:
+        log.ensure_topic(stream)
+        validator = EventValidator(stream)
+
+        def append() -> None:
+            now = int(time.time() * 1000)
+            log.append(stream, [validator.validate({"time": now, "user": f"u{i}", "endpoint": "/", "region": "eu",
+                                                    "latency_ms": 1.0, "bytes": 2.0}) for i in range(40)], now)
+
+        append()
+        gone = {p: o.end for p, o in log.offsets("http").items()}
+        time.sleep(0.05)
+        before = int(time.time() * 1000)
+        append()
+        after = int(time.time() * 1000)
+        admin = AdminClient(client_config(kafka_broker.bootstrap))
+        cuts = [TopicPartition(log.topic("http"), p, end) for p, end in gone.items() if end > 0]
+        for future in admin.delete_records(cuts).values():
+            future.result(30)
+        assert {p: o.start for p, o in log.offsets("http").items()} == gone
+        pin_definitions(store, Catalog(**OLD), "main")
+        service = ReprocessService(new, DefinitionStore(store.side_db()), ConsumerRegistry(store.side_db()), log)
+        run = service.start("http")
+        assert run.start_offsets == gone and sum(gone.values()) == 40
+        assert before <= run.complete_from_ms <= after  # the broker's stamp of the first record kept
+    finally:
+        log.close()
