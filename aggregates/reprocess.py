@@ -273,7 +273,11 @@ class ReprocessService:
         definition = streams[stream]
         version = definition_version(definition, self.catalog)  # a view it is enriched through counts
         stored = self.definitions.definitions().get(stream)
-        if stored is None or stored.version == version:
+        if stored is None:  # no pipeline has met the stream yet: its first run builds it as configured
+            raise DefinitionUnchanged(
+                f"stream {stream!r} has no served output yet: the pipeline builds it with the configured definition"
+                f" (version {short_version(version)}) when it first runs; nothing to reprocess")
+        if stored.version == version:
             raise DefinitionUnchanged(
                 f"stream {stream!r} is served with its configured definition (version {short_version(version)}):"
                 " change the streams configuration first, then reprocess")

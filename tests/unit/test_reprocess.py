@@ -274,6 +274,8 @@ def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_pat
     config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
                                                          .model_dump(mode="json", exclude_defaults=True)}}))
     args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
+    assert cli.main(["reprocess", "http", "--data-dir", str(tmp_path / "fresh"), "--config", str(config)]) == 2
+    assert "sketchboard: stream 'http' has no served output yet" in capsys.readouterr().err  # no pipeline ran there
     for stream, reason in [("nope", "unknown stream 'nope'; streams read from the log: http, orders"),
                            ("http_sessions", "unknown stream 'http_sessions'"),
                            ("orders", "stream 'orders' is served with its configured definition")]:
