@@ -339,3 +339,41 @@ def test_on_kafka_a_run_over_a_topic_whose_first_records_are_gone_is_complete_fr
         assert before <= run.complete_from_ms <= after  # the broker's stamp of the first record kept
     finally:
         log.close()
+
+
+def test_a_child_that_dies_before_recording_why_leaves_its_run_failed_not_starting(tmp_path, monkeypatch):
+    """The API's real launcher (sketchboard/reprocess.py child_launcher): a child that cannot even
+    read its settings exits 2 before it can record anything. Its run is marked failed with the
+    status, so the next POST /api/v1/reprocess of the stream is not refused as going for ever."""
+    import time
+
+    import yaml
+
+    from sketchboard.reprocess import build_reprocess_service, child_launcher
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_log, open_store
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
+                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    catalog = open_catalog(settings)
+    log = open_log(settings, catalog)
+    monkeypatch.setenv("SKETCHBOARD_PORT", "not a port")  # the child's settings are invalid: it exits 2 at once
+    service = build_reprocess_service(settings, catalog, root, log, launch=child_launcher(settings))
+    try:
+        run = service.start("http")
+        deadline = time.monotonic() + 60
+        while (now := service.run(run.id)).state == "starting":
+            assert time.monotonic() < deadline, "the run stayed 'starting' after its process died"
+            time.sleep(0.2)
+        assert now.state == "failed" and "exited with status 2" in now.error
+        monkeypatch.delenv("SKETCHBOARD_PORT")
+        service.launch = None
+        assert service.start("http").state == "starting"  # not refused as going
+    finally:
+        log.close()
+        root.close()
