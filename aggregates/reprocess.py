@@ -49,6 +49,13 @@ class DefinitionUnchanged(ValueError):
     """The stream's output is already built with its configured definition: nothing to reprocess."""
 
 
+class UnknownStream(KeyError):
+    """Not a stream read from the log (unknown, or derived: reprocessed with its parent)."""
+
+    def __str__(self) -> str:  # the reason, not KeyError's quoted repr (the CLI prints it)
+        return str(self.args[0])
+
+
 def run_id(stream: str, version: str, prefix: str = RUN_PREFIX) -> str:
     """The run's id, also its pipeline's name and store namespace: reprocess-<stream>-<version8>
     (previous-<stream>-<version8> for an output a switch replaced)."""
@@ -262,11 +269,15 @@ class ReprocessService:
         the stream is going."""
         streams = versioned_streams(self.catalog)
         if stream not in streams:
-            raise KeyError(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
+            raise UnknownStream(f"unknown stream {stream!r}; streams read from the log: {', '.join(sorted(streams))}")
         definition = streams[stream]
         version = definition_version(definition, self.catalog)  # a view it is enriched through counts
         stored = self.definitions.definitions().get(stream)
-        if stored is None or stored.version == version:
+        if stored is None:  # no pipeline has met the stream yet: its first run builds it as configured
+            raise DefinitionUnchanged(
+                f"stream {stream!r} has no served output yet: the pipeline builds it with the configured definition"
+                f" (version {short_version(version)}) when it first runs; nothing to reprocess")
+        if stored.version == version:
             raise DefinitionUnchanged(
                 f"stream {stream!r} is served with its configured definition (version {short_version(version)}):"
                 " change the streams configuration first, then reprocess")

@@ -189,9 +189,16 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
+    from aggregates.reprocess import DefinitionUnchanged, SwitchRefused, UnknownStream
     from sketchboard.reprocess import run_reprocess
+    from store.definitions import RunGoing
 
-    run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch)
+    try:
+        run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch)
+    except (UnknownStream, DefinitionUnchanged, RunGoing, SwitchRefused) as exc:
+        # Refused as the API refuses it (404/409), with the reason: not a traceback.
+        print(f"sketchboard: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -71,10 +71,34 @@ def child_launcher(settings: Settings, *, switch: bool = False):
 
         env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
                "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
-        subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
-                          *(["--switch"] if switch else [])], env=env)
+        child = subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
+                                  *(["--switch"] if switch else [])], env=env)
+        threading.Thread(target=failed_if_it_dies, args=(settings, run.id, child), name=f"watch-{run.id}",
+                         daemon=True).start()
 
     return launch
+
+
+def failed_if_it_dies(settings: Settings, run_id: str, child: subprocess.Popen) -> None:
+    """A child that exits with an error before recording one (settings or a log it cannot use: it
+    fails before its pipeline starts) would leave its run `starting` for ever, and every new run
+    of the stream refused as going, its drop too: the API records it failed, with the status."""
+    status = child.wait()
+    if status == 0:
+        return
+    from sketchboard.wiring import open_store
+
+    store = open_store(settings)
+    try:
+        definitions = DefinitionStore(store.side_db())
+        run = definitions.run(run_id)
+        if run is not None and run.active:
+            definitions.set_state(run_id, "failed", int(time.time() * 1000),
+                                  error=f"its process (sketchboard reprocess) exited with status {status}: its reason"
+                                        " is in the API process's output")
+        definitions.close()
+    finally:
+        store.close()
 
 
 def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) -> Catalog:

@@ -1,11 +1,13 @@
 """/api/v1/reprocess as `sketchboard api` wires it (no Spark: the run's pipeline is not launched
-here, tests/spark/test_reprocess.py runs one), the `definitions` section of /api/v1/pipeline and
-the /metrics gauges, after the streams configuration changed under a store built with the old one."""
+here, tests/spark/test_reprocess.py runs one; but the last test, which lets the route start its
+real child process), the `definitions` section of /api/v1/pipeline and the /metrics gauges, after
+the streams configuration changed under a store built with the old one."""
 
 from __future__ import annotations
 
 import warnings
 
+import pytest
 import yaml
 
 with warnings.catch_warnings():
@@ -290,4 +292,55 @@ def test_switch_of_a_table_moves_the_stream_it_enriches_with_it(tmp_path):
         ctx.reprocess.close_outputs()
         for r in ctx.reprocess.runs():
             ctx.reprocess.outputs.storage.drop(r.id)
+        ctx.store.close()
+
+
+@pytest.mark.spark
+@pytest.mark.e2e
+def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path):
+    """The launch the other tests stub: POST /api/v1/reprocess starts `sketchboard reprocess STREAM
+    --run ID` as a child of the API process (its own JVM), on the same data folder and
+    configuration; the run goes from starting to caught_up and its output holds the log's events
+    grouped by the new dimension."""
+    import json
+    import time
+
+    from ingest.events import EventValidator
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    root.close()
+    config.write_text(yaml.safe_dump(NEW))
+    app, ctx = build_api(settings)
+    now = int(time.time() * 1000)
+    stream = ctx.catalog.stream("http")
+    validator = EventValidator(stream)
+    events = [{"time": now - 60_000, "user": f"u{i}", "endpoint": "/a", "region": ("eu", "us")[i % 3 == 0],
+               "latency_ms": 1.0} for i in range(30)]
+    ctx.log.append(stream, [validator.validate(e) for e in events], now)
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            started = client.post("/api/v1/reprocess", json={"stream": "http"}, headers=ADMIN)
+            assert started.status_code == 202, started.text
+            run_id = started.json()["id"]
+            deadline = time.monotonic() + 480  # a JVM of its own, on a loaded machine
+            while (run := client.get(f"/api/v1/reprocess/{run_id}", headers=READ).json())["state"] in ("starting",
+                                                                                                     "running"):
+                assert time.monotonic() < deadline, run
+                time.sleep(1)
+            assert run["state"] == "caught_up", run
+            assert (run["progress"]["done"], run["progress"]["to_do"], run["progress"]["fraction"]) == (30, 30, 1.0)
+        output = open_store(settings, run_id)
+        try:
+            counts: dict[str, int] = {}
+            for p in output.read_panes("http", 0, 2**62):
+                region = json.loads(p.key.dims)["region"]
+                counts[region] = counts.get(region, 0) + p.data.count
+            assert counts == {"us": 10, "eu": 20}
+        finally:
+            output.close()
+    finally:
         ctx.store.close()

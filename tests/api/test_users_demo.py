@@ -88,6 +88,12 @@ def test_the_demo_requests_per_plan_are_the_exact_as_of_counts_and_misses_show(c
     got = {(s["group"]["tier"], p["t"]): p["value"] for s in answer["series"] for p in s["points"] if p["value"]}
     counts = want.groupby(["tier", "minute"]).size()
     assert got == {(tier, int(minute)): int(n) for (tier, minute), n in counts.items()}
+    # Filtered like any dimension: the paid tier's requests per country (both enriched columns).
+    answer = query(client, metric="requests", stat="count", group_by="country", filter="tier=paid",
+                   **{"from": lo, "to": hi, "step": "1m"})
+    got = {(s["group"]["country"], p["t"]): p["value"] for s in answer["series"] for p in s["points"] if p["value"]}
+    counts = want[want["tier"] == "paid"].groupby(["country", "minute"]).size()
+    assert got and got == {(country, int(minute)): int(n) for (country, minute), n in counts.items()}
 
     # The misses: requests of users with no row at their time (the unsynced users, and requests
     # stamped just before the initial load reached the log), counted, never dropped (every plan

@@ -2,7 +2,8 @@
 wires it (uvicorn in a thread, no Spark: the test plays the run's pipeline, committing its
 output and its offsets as the pipeline would): a changed definition is shown with the command,
 a run's progress moves (bar, offsets done / to do, events/s, ETA, complete from), and once it
-has caught up the Switch button serves its output; a token without the admin scope gets the
+has caught up the Switch button serves its output, and the explorer's chart follows the switch
+without a reload (a dimension only the new definition has: one group "" before, its values after); a token without the admin scope gets the
 curl command instead of the button."""
 
 from __future__ import annotations
@@ -75,9 +76,26 @@ def start_run(server, ctx, headers=None) -> dict:
     return started.json()
 
 
+def chart_groups(page) -> dict[str, float] | None:
+    """The explorer chart's series as it holds them now: the region of each group -> its count
+    (None before the page has made its charts)."""
+    return page.evaluate("() => { const chart = window.sketchboard && window.sketchboard.charts.get('main');"
+                         " return chart ? Object.fromEntries([...chart.series.values()].map((e) => [e.group.region ?? '',"
+                         " [...e.points.values()].reduce((n, p) => n + (p.count || 0), 0)])) : null; }")
+
+
+def wait_groups(page, want: dict[str, float]) -> None:
+    deadline = time.monotonic() + 15
+    while (got := chart_groups(page)) != want:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+
+
 def test_reprocess_panel_shows_progress_and_switches(reprocess_live, watched_page, artifacts):
     server, ctx, settings, pane = reprocess_live
-    page, watch = watched_page(server.http)
+    # The explorer's chart, grouped by the dimension only the new definition has, follows the switch.
+    page, watch = watched_page(server.http, "/?metric=latency&stat=count&group_by=region&range=1h")
+    wait_groups(page, {"": EVENTS})  # the served output has no region yet: one group ""
     changed = page.locator("#reprocess-changed li[data-stream=http]")
     changed.wait_for(timeout=15_000)
     assert "sketchboard reprocess http" in changed.text_content()
@@ -117,6 +135,8 @@ def test_reprocess_panel_shows_progress_and_switches(reprocess_live, watched_pag
     page.locator(f"#reprocess-runs li[data-run='{run['id']}'] .badge.serving").wait_for(timeout=15_000)
     assert page.locator("#reprocess-changed li").count() == 0  # served with the configured definition now
     assert ctx.reprocess.serving_version("http") == run["version"]
+    # The page was not reloaded: its subscription got the switched output as a new snapshot.
+    wait_groups(page, {"eu": EVENTS // 2, "us": EVENTS // 2})
     answer = httpx.get(f"{server.http}/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-1h",
                                                             "group_by": "region"}, timeout=10).json()
     assert {s["group"]["region"]: sum(p["count"] for p in s["points"]) for s in answer["series"]} == \

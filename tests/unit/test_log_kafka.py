@@ -194,6 +194,19 @@ def test_topic_is_created_with_partitions_and_log_append_time(open_log, admin, p
 
 
 @pytest.mark.kafka
+def test_a_tables_topic_is_created_compacted_with_its_tombstone_retention(open_log, admin, prefix) -> None:
+    """On the broker itself (its log cleaner compacts only such a topic), not only in the config
+    the log asks for: docs/tables.md "Log compaction"."""
+    from catalog import parse_catalog
+
+    users = parse_catalog("streams: {users: {kind: table, key_field: user_id, partitions: 2,"
+                          " tombstone_retention: 2h}}").streams["users"]
+    open_log().ensure_topic(users)
+    config = topic_config(admin, f"{prefix}users")
+    assert (config["cleanup.policy"], config["delete.retention.ms"]) == ("compact", "7200000")
+    assert config["message.timestamp.type"] == "LogAppendTime"
+
+@pytest.mark.kafka
 def test_existing_topic_with_fewer_partitions_is_a_clear_error(open_log, admin, prefix) -> None:
     create_topic(admin, f"{prefix}clicks", 2, **{"message.timestamp.type": "LogAppendTime"})
     with pytest.raises(TopicMismatch, match=f"'{prefix}clicks' has 2 partitions, fewer than the 4 configured"):

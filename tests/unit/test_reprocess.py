@@ -210,6 +210,32 @@ def test_a_run_is_planned_from_the_logs_offsets_and_refused_when_pointless(servi
     assert service.progress(run).fraction == 1.0
 
 
+
+def test_a_run_over_a_log_that_retention_trimmed_starts_at_its_first_records_and_says_from_when(service):
+    """Events older than the log's retention cannot be reprocessed: the run starts from each
+    partition's earliest retained offset, and says up front that its output is complete only from
+    when the oldest retained record was appended (docs/reprocessing.md "Starting a run")."""
+    from ingest.events import EventValidator
+
+    stream = service.catalog.stream("http")
+    validator = EventValidator(stream)
+
+    def append(at_ms: int) -> None:
+        events = [{"time": at_ms, "user": f"u{i}", "endpoint": "/", "region": "eu", "latency_ms": 1.0, "bytes": 2.0}
+                  for i in range(40)]
+        service.log.append(stream, [validator.validate(e) for e in events], at_ms)
+
+    append(NOW - 3 * DAY)
+    kept_from = NOW - DAY + 5_000
+    append(kept_from)
+    assert service.log.apply_retention(NOW, 2 * DAY, 1 << 30) == 40  # the first append is gone
+    offsets = service.log.offsets("http")
+    run = service.start("http")
+    assert run.start_offsets == {p: o.start for p, o in offsets.items()}
+    assert all(o.start > 0 for o in offsets.values() if o.end > 0)  # every partition lost its oldest records
+    assert run.complete_from_ms == kept_from  # not now - the stream's 7 days' retention
+    assert service.to_json(run)["progress"]["to_do"] == 40
+
 def test_a_launch_that_fails_marks_the_run_failed(service):
     def broken(run):
         raise OSError("no such program")
@@ -227,3 +253,127 @@ def test_a_runs_catalog_is_its_stream_alone():
     catalog = stream_catalog(new_catalog(), "http")
     assert set(catalog.streams) == {"http", "http_sessions"} and "amount" not in catalog.metrics
     assert catalog.streams["http"] == new_catalog().streams["http"]
+
+
+def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_path, capsys):
+    """`sketchboard reprocess STREAM` refuses what POST /api/v1/reprocess answers 404/409 to (an
+    unknown or derived stream, an unchanged definition, a run going) before any Spark: exit 2 and
+    the reason on stderr."""
+    import yaml
+
+    from sketchboard import cli
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_log, open_store
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")  # as the pipeline records them
+    root.close()
+    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
+                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
+    assert cli.main(["reprocess", "http", "--data-dir", str(tmp_path / "fresh"), "--config", str(config)]) == 2
+    assert "sketchboard: stream 'http' has no served output yet" in capsys.readouterr().err  # no pipeline ran there
+    for stream, reason in [("nope", "unknown stream 'nope'; streams read from the log: http, orders"),
+                           ("http_sessions", "unknown stream 'http_sessions'"),
+                           ("orders", "stream 'orders' is served with its configured definition")]:
+        assert cli.main(["reprocess", stream, *args]) == 2
+        err = capsys.readouterr().err
+        assert f"sketchboard: {reason}" in err and "Traceback" not in err
+    root, log = open_store(settings), open_log(settings, open_catalog(settings))
+    # A run of http recorded as going (by the API, say).
+    ReprocessService(open_catalog(settings), DefinitionStore(root.side_db()), ConsumerRegistry(root.side_db()),
+                     log).start("http")
+    log.close()
+    root.close()
+    assert cli.main(["reprocess", "http", *args]) == 2
+    assert "is still going" in capsys.readouterr().err
+
+
+@pytest.mark.kafka
+def test_on_kafka_a_run_over_a_topic_whose_first_records_are_gone_is_complete_from_the_first_kept_ones(
+        store_backend, kafka_broker):
+    """As on the embedded log: the topic's oldest records deleted (as its retention does), a run
+    starts at each partition's low watermark and is complete from the broker's append time of the
+    first record kept (LogAppendTime), read from the topic."""
+    import time
+    import uuid
+
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from ingest.events import EventValidator
+    from ingest.log.kafka import KafkaEventLog
+    from tests.kafka_broker import client_config
+
+    new = new_catalog()
+    stream = new.stream("http")
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:10]}.", replication_factor=1)
+    store = store_backend.create()
+    try:
+        log.ensure_topic(stream)
+        validator = EventValidator(stream)
+
+        def append() -> None:
+            now = int(time.time() * 1000)
+            log.append(stream, [validator.validate({"time": now, "user": f"u{i}", "endpoint": "/", "region": "eu",
+                                                    "latency_ms": 1.0, "bytes": 2.0}) for i in range(40)], now)
+
+        append()
+        gone = {p: o.end for p, o in log.offsets("http").items()}
+        time.sleep(0.05)
+        before = int(time.time() * 1000)
+        append()
+        after = int(time.time() * 1000)
+        admin = AdminClient(client_config(kafka_broker.bootstrap))
+        cuts = [TopicPartition(log.topic("http"), p, end) for p, end in gone.items() if end > 0]
+        for future in admin.delete_records(cuts).values():
+            future.result(30)
+        assert {p: o.start for p, o in log.offsets("http").items()} == gone
+        pin_definitions(store, Catalog(**OLD), "main")
+        service = ReprocessService(new, DefinitionStore(store.side_db()), ConsumerRegistry(store.side_db()), log)
+        run = service.start("http")
+        assert run.start_offsets == gone and sum(gone.values()) == 40
+        assert before <= run.complete_from_ms <= after  # the broker's stamp of the first record kept
+    finally:
+        log.close()
+
+
+def test_a_child_that_dies_before_recording_why_leaves_its_run_failed_not_starting(tmp_path, monkeypatch):
+    """The API's real launcher (sketchboard/reprocess.py child_launcher): a child that cannot even
+    read its settings exits 2 before it can record anything. Its run is marked failed with the
+    status, so the next POST /api/v1/reprocess of the stream is not refused as going for ever."""
+    import time
+
+    import yaml
+
+    from sketchboard.reprocess import build_reprocess_service, child_launcher
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_log, open_store
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
+                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    catalog = open_catalog(settings)
+    log = open_log(settings, catalog)
+    monkeypatch.setenv("SKETCHBOARD_PORT", "not a port")  # the child's settings are invalid: it exits 2 at once
+    service = build_reprocess_service(settings, catalog, root, log, launch=child_launcher(settings))
+    try:
+        run = service.start("http")
+        deadline = time.monotonic() + 60
+        while (now := service.run(run.id)).state == "starting":
+            assert time.monotonic() < deadline, "the run stayed 'starting' after its process died"
+            time.sleep(0.2)
+        assert now.state == "failed" and "exited with status 2" in now.error
+        monkeypatch.delenv("SKETCHBOARD_PORT")
+        service.launch = None
+        assert service.start("http").state == "starting"  # not refused as going
+    finally:
+        log.close()
+        root.close()

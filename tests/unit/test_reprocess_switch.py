@@ -777,3 +777,58 @@ def test_a_tables_run_carries_the_versions_compaction_removed_from_its_log_as_it
             open_store(settings).close()
         log.close()
         root.close()
+
+
+# The tables with a `stream` column that a switch does not copy with STREAM_TABLES, and why.
+MOVED_OTHERWISE = {
+    "changes": "the change feed: readers page by the root's positions; a switch appends one `switched` record",
+    "pipeline_offsets": "the run's end offsets become the serving pipeline's (renamed, with an offset move)",
+    "table_versions": "a table's row versions: moved with the table and the streams enriched from it",
+    "stream_definitions": "the version and declaration an output was built with: the run's replace the root's",
+    "offset_moves": "what a switch tells the serving pipeline: where to read the stream from",
+    "consumer_offsets": "each pipeline's committed offsets as the lag and a run's progress read them",
+    "reprocess_runs": "the runs and the outputs kept by switches, by id: not an output's rows",
+    "reprocess_run_reads": "the streams a run read and how far: its record, not an output's rows",
+    "lag_samples": "each pipeline's lag over time (GET /api/v1/lag): the serving pipeline's stays its own",
+}
+
+
+def test_every_table_holding_a_streams_rows_is_moved_by_a_switch_or_named_with_its_reason(settings):
+    """A table added to the store with rows per stream must be added to STREAM_TABLES (a switch
+    then moves it with the stream's panes and keeps the old rows with the previous output) or to
+    MOVED_OTHERWISE here, with its reason: else a switch would leave the old definition's rows
+    of it under the new output, silently. Both store backends."""
+    from store.connection import SqliteDb
+    from store.switch import PATTERN_TABLES, STREAM_TABLES
+
+    from store.alerts import AlertStore
+    from store.audit import AuditStore
+    from store.consumers import ConsumerRegistry
+    from store.dashboards import DashboardStore
+    from store.final_points import FinalPoints
+    from store.health import HealthStore
+    from store.idempotency import IdempotencyStore
+    from store.lag import LagStore
+    from store.lease import LeaseStore
+    from store.pattern_definitions import PatternDefinitionStore
+
+    root = open_store(settings)
+    try:
+        # The side stores make their tables when first opened: every one, so that none is missed.
+        for side in (DefinitionStore, ConsumerRegistry, LagStore, HealthStore, FinalPoints, AlertStore,
+                     IdempotencyStore, LeaseStore, AuditStore, DashboardStore, PatternDefinitionStore):
+            side(root.side_db()).close()
+        db = root.side_db()
+        if isinstance(db, SqliteDb):
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()]
+            per_stream = {t for t in tables
+                          if "stream" in [r[1] for r in db.execute(f"PRAGMA main.table_info({t})").fetchall()]}
+        else:
+            per_stream = {r[0] for r in db.execute(
+                "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+                " AND column_name = 'stream'").fetchall()}
+        db.close()
+    finally:
+        root.close()
+    assert set(STREAM_TABLES) <= per_stream
+    assert per_stream - set(STREAM_TABLES) - set(PATTERN_TABLES) == set(MOVED_OTHERWISE)

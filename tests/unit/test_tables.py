@@ -248,3 +248,48 @@ def test_retention_by_age_spares_tables_and_an_event_stream_is_not_compacted(tmp
     assert sum(o.end - o.start for o in log.offsets("clicks").values()) == 0
     assert table_of(log, users) == {"a": ("", None)}
     log.close()
+
+
+
+def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_waits_for_the_next_pass(
+        tmp_path, monkeypatch):
+    """The pass decides what goes without the log's lock (docs/tables.md "Log compaction"): an
+    append made meanwhile from another thread returns at once, after the records the pass read;
+    a segment another pass rewrote in between is checked again under the lock and left alone, not
+    overwritten with what this pass decided from its older copy (that would bring back records the
+    other pass dropped)."""
+    import threading
+
+    import ingest.log.sqlite_compaction as pass_module
+
+    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    v = TableRowValidator(users)
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    decide, nested = pass_module.offsets_to_drop, []
+
+    def deciding(changes, **kwargs):
+        drop = decide(changes, **kwargs)
+        if not nested:  # the outer pass has read the segments (it drops 0-4) and not written yet
+            nested.append(drop)
+            appender = threading.Thread(target=log.append, args=(
+                users, [v.validate({"user_id": f"u{k}", "plan": "late"}, T0) for k in range(5, 8)], T0 + 5))  # 15-17
+            appender.start()
+            appender.join(10)
+            assert not appender.is_alive(), "an append waited on the compaction pass"
+            nested.append(log.compact(T0 + 10))  # rewrites the first segment: 8 and 9 left in it
+        return drop
+
+    monkeypatch.setattr(pass_module, "offsets_to_drop", deciding)
+    first = log.compact(T0 + 10)
+    assert nested == [set(range(5)), 8]
+    assert first == 0  # its only rewrite was of a segment changed since it read it
+    assert all_offsets(log, users) == {0: [8, 9, *range(10, 18)]}
+    assert log.offsets("users")[0].end == 18
+    assert table_of(log, users) == {**{f"u{k}": ("p1", None) for k in range(5)},
+                                    **{f"u{k}": ("late", None) for k in range(5, 8)}, "u8": ("p0", None),
+                                    "u9": ("p0", None)}
+    assert log.compact(T0 + 10) == 0
+    log.close()
