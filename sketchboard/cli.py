@@ -119,29 +119,15 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from sketchboard.retention import retention_loop
     from sketchboard.wiring import build_api
 
     settings = _settings(args)
     app, ctx = build_api(settings)
     stop = threading.Event()
 
-    def retention_loop() -> None:
-        # The API process owns the log's writes, so it also trims it.
-        while not stop.wait(60):
-            dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
-            if dropped:
-                log.info("retention dropped %d records", dropped)
-            compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
-            if compacted:
-                log.info("compaction dropped %d superseded records", compacted)
-            if settings.reprocess_drop_after and ctx.leadership.leading():  # one replica drops them
-                try:
-                    for dropped in ctx.reprocess.drop_unused(settings.reprocess_drop_after):
-                        log.info("reprocess_drop_after: dropped the unused output %r", dropped)
-                except Exception:  # the store is down: try again next time, keep trimming the log
-                    log.exception("reprocess_drop_after: dropping unused outputs failed")
-
-    threading.Thread(target=retention_loop, name="retention", daemon=True).start()
+    # The API process owns the log's writes, so it also trims it (sketchboard/retention.py).
+    threading.Thread(target=retention_loop, args=(ctx, settings, stop), name="retention", daemon=True).start()
     # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline
     # is down), by one replica at a time: the one holding the leader lease (sketchboard/leader.py).
     ctx.leadership.start()

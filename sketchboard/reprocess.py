@@ -237,6 +237,7 @@ def aligner(settings: Settings, spark, catalog: Catalog, root):
     """The final batch of a synchronized switch (aggregates/reprocess.py `Aligner`): the run's
     pipeline, from its checkpoint, over the log's end now, reading the joins' other streams to
     exactly the offsets given (the serving pipeline's, held)."""
+    from aggregates.batch_gate import remove_listeners
     from sketchboard.wiring import build_pipeline
 
     def align(run: ReprocessRun, offsets: dict[str, dict[int, int]]) -> None:
@@ -245,6 +246,7 @@ def aligner(settings: Settings, spark, catalog: Catalog, root):
         try:
             pipeline.run_until_drained()
         finally:
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
             if pipeline.store is not root:
                 pipeline.store.close()
 
@@ -282,6 +284,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     to its end as it was at the start; returns the run as recorded at the end (caught_up, or
     failed: then the error is raised). `switch`: then switch to its output (in step with the
     serving pipeline when the stream feeds a window join: `switch_run`)."""
+    from aggregates.batch_gate import remove_listeners
     from sketchboard.wiring import build_pipeline, open_catalog, open_log, open_store
 
     catalog = open_catalog(settings)
@@ -320,8 +323,13 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         stop.set()
         if reporter.is_alive():
             reporter.join()
-        if pipeline is not None and pipeline.store is not root:
-            pipeline.store.close()
+        if pipeline is not None:
+            # Off the listener bus before Spark stops, as the serving pipeline's (sketchboard/live.py):
+            # left on, the bus's last events reached a Python process on its way out (an ERROR
+            # StreamingQueryListenerBus ... Py4JException at every run's exit).
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+            if pipeline.store is not root:
+                pipeline.store.close()
     definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
     print("\r" + progress_line(run, service.progress(run)), file=out, flush=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"

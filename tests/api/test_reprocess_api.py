@@ -297,15 +297,28 @@ def test_switch_of_a_table_moves_the_stream_it_enriches_with_it(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.e2e
-def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path):
+def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path, capfd, monkeypatch):
     """The launch the other tests stub: POST /api/v1/reprocess starts `sketchboard reprocess STREAM
     --run ID` as a child of the API process (its own JVM), on the same data folder and
     configuration; the run goes from starting to caught_up and its output holds the log's events
-    grouped by the new dimension."""
+    grouped by the new dimension. The child exits cleanly: its progress listener was taken off
+    Spark's listener bus before the JVM stopped (no ERROR StreamingQueryListenerBus on its stderr,
+    which it shares with this process)."""
     import json
+    import subprocess
     import time
 
+    import sketchboard.reprocess as reprocess
     from ingest.events import EventValidator
+
+    children = []
+
+    class Recorded(subprocess.Popen):  # the real child, kept to wait for its exit
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            children.append(self)
+
+    monkeypatch.setattr(reprocess.subprocess, "Popen", Recorded)
 
     config = tmp_path / "streams.yaml"
     config.write_text(yaml.safe_dump(OLD))
@@ -333,6 +346,11 @@ def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path):
                 time.sleep(1)
             assert run["state"] == "caught_up", run
             assert (run["progress"]["done"], run["progress"]["to_do"], run["progress"]["fraction"]) == (30, 30, 1.0)
+        (child,) = children
+        assert child.wait(120) == 0
+        stderr = capfd.readouterr().err
+        assert "has caught up with the log's end" in stderr  # the child's own output is what was read
+        assert "StreamingQueryListenerBus" not in stderr and "Py4JException" not in stderr, stderr[-3000:]
         output = open_store(settings, run_id)
         try:
             counts: dict[str, int] = {}

@@ -108,7 +108,11 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
     assert served == exact(first + later, ["endpoint"])
 
     out = io.StringIO()
+    listening = len(spark.streams._jsqm.listListeners())
     run = run_reprocess(settings, "http", spark=spark, out=out, interval_s=0.05)
+    # The run's progress listener is off the bus when it ends, as the serving pipeline's: left on,
+    # `sketchboard reprocess` logged an ERROR StreamingQueryListenerBus ... Py4JException at exit.
+    assert len(spark.streams._jsqm.listListeners()) == listening
     try:
         assert run.state == "caught_up" and run.version == definition_version(stream)
         assert "is complete from" in out.getvalue() and "100.0%" in out.getvalue()

@@ -1,0 +1,43 @@
+"""The API process's background upkeep of the log and the store, every `interval_s` (60 s in
+`sketchboard api`): the log's retention (by age and size), the changelog tables' compaction
+(docs/tables.md) and, with `reprocess_drop_after` set, the dropping of unused reprocessing outputs
+(docs/reprocessing.md). The API process owns the log's writes, so it also trims it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from api.context import ApiContext
+    from sketchboard.settings import Settings
+
+log = logging.getLogger("sketchboard")
+
+
+def retention_pass(ctx: ApiContext, settings: Settings) -> None:
+    """One round, at the context's clock (`ctx.now_ms`, `ctx.reprocess.clock`)."""
+    dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
+    if dropped:
+        log.info("retention dropped %d records", dropped)
+    compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
+    if compacted:
+        log.info("compaction dropped %d superseded records", compacted)
+    if settings.reprocess_drop_after and ctx.reprocess is not None and ctx.leadership.leading():  # one replica
+        try:
+            for output in ctx.reprocess.drop_unused(settings.reprocess_drop_after):
+                log.info("reprocess_drop_after: dropped the unused output %r", output)
+        except Exception:  # the store is down: try again next time, the log was trimmed all the same
+            log.exception("reprocess_drop_after: dropping unused outputs failed")
+
+
+def retention_loop(ctx: ApiContext, settings: Settings, stop: threading.Event, interval_s: float = 60.0) -> None:
+    """A pass every `interval_s` until `stop` is set. A pass that fails (a locked or full disk, a
+    store that is down) is logged and the next one runs as usual: the thread never dies of it,
+    which would leave the log growing unseen for the rest of the process's life."""
+    while not stop.wait(interval_s):
+        try:
+            retention_pass(ctx, settings)
+        except Exception:
+            log.exception("retention pass failed (retention, compaction): trying again in %.0f s", interval_s)
