@@ -10,8 +10,10 @@ AvailableNow start, and `maxOffsetsPerTrigger` bounds a batch's total only. A ba
 Kafka such a run drives its batches itself, each one as Spark would run it:
 
 - planned like the embedded source plans one (ingest/spark_source.py `plan_end_offsets`: at most
-  `max_records_per_batch` records, fair across partitions), from where the last batch ended to the
-  log's end as of the drain's start (AvailableNow's end), each capped stream to its cap;
+  `max_records_per_batch` records, fair across partitions; a pipeline that enriches cuts its tables
+  and enriched streams at one append time, ingest/append_cut.py, found by the broker's time index),
+  from where the last batch ended to the log's end as of the drain's start (AvailableNow's end),
+  each capped stream to its cap;
 - its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic as
   Spark's Kafka source keys them; the query's `metadata` first) before it runs, and `commits/<id>`
   after, so Spark's own source can resume from the checkpoint: the batch body
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
+from ingest.append_cut import Cut, catalog_cut
 from ingest.log.kafka import topic_name
 from ingest.spark_source import plan_end_offsets
 
@@ -60,10 +63,13 @@ def capped_targets(start: Mapping[str, Mapping[int, int]], available: Mapping[st
 
 
 def next_batch(start: Mapping[str, Mapping[int, int]], targets: Mapping[str, Mapping[int, int]],
-               max_rows: int) -> Offsets | None:
+               max_rows: int, cut: Cut | None = None) -> Offsets | None:
     """The end offsets of the next batch from `start` towards `targets`, at most `max_rows` records
-    shared fairly across partitions; None when nothing is left to read."""
+    shared fairly across partitions, re-planned by `cut` (a pipeline that enriches: its tables and
+    enriched streams at one append time, ingest/append_cut.py); None when nothing is left to read."""
     end = plan_end_offsets({s: dict(p) for s, p in start.items()}, targets, max_rows)
+    if cut is not None:
+        end = cut(start, targets, end)
     if records_between(start, end) == 0:
         return None
     return end
@@ -113,6 +119,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)
+    cut = catalog_cut(catalog, pipeline.log.first_appended_after)
     if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
         write_whole(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
 
@@ -134,7 +141,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     while True:
         planned = logged_batches(offsets_dir)
         start = with_starts(logged(planned[-1]), starts) if planned else starts
-        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch)
+        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
         if end is None:
             return ran
         batch_id = planned[-1] + 1 if planned else 0

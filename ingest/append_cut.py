@@ -20,13 +20,19 @@ they rise: a record appended out of order (an older time after a newer one) wait
 pass the newest time before it. Kafka answers by its time index (offsets_for_times, one request
 per topic, the broker's LogAppendTime), the embedded log from its segments (one append time each).
 
-Pure: the log is reached only through the given `end_at`; keys are opaque (callers use
-(stream, partition)).
+Pure: the log is reached only through the given `end_at` (or `first_appended_after`); keys are
+opaque (callers use (stream, partition)).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping
+from typing import TYPE_CHECKING
+
+from catalog.enrichment import append_cut_streams
+
+if TYPE_CHECKING:
+    from catalog import Catalog
 
 Key = Hashable
 # end_at(cut_ms) -> {key: the first offset at or after the batch's start whose record was appended
@@ -126,3 +132,44 @@ def cut_group(start: Offsets, targets: Offsets, planned: Offsets, group: Collect
     for (s, p), end in cut.items():
         out.setdefault(s, {})[p] = end
     return out
+
+
+def log_end_at(first_appended_after: Callable[[str, Mapping[int, int], int], Mapping[int, int | None]],
+               start: Offsets, targets: Offsets, group: Collection[str]) -> EndAt:
+    """`EndAt` over the partitions of the `group` streams left to read (start below target), keyed
+    (stream, partition) as `targets` keys them, from a log's `first_appended_after(stream,
+    {partition: start}, cut_ms)` (ingest/log/base.py; partitions as ints there)."""
+    asked = {}
+    for s in group:
+        parts = {p: start.get(s, {}).get(p, 0) for p, end in targets.get(s, {}).items()
+                 if end > start.get(s, {}).get(p, 0)}
+        if parts:
+            asked[s] = parts
+
+    def end_at(cut_ms: int) -> dict[Key, int | None]:
+        out: dict[Key, int | None] = {}
+        for s, parts in asked.items():
+            named = {int(p): p for p in parts}
+            for p, at in first_appended_after(s, {int(p): o for p, o in parts.items()}, cut_ms).items():
+                out[(s, named[p])] = at
+        return out
+
+    return end_at
+
+
+Cut = Callable[[Offsets, Offsets, Offsets], dict]  # (start, targets, planned) -> the batch's end offsets
+
+
+def catalog_cut(catalog: Catalog, first_appended_after) -> Cut | None:
+    """How a pipeline of `catalog` re-plans a batch (`cut_group`): its tables and the streams they
+    enrich (catalog/enrichment.py append_cut_streams) at one append time, read from the log by its
+    `first_appended_after`; None where nothing is enriched."""
+    group, tables = append_cut_streams(catalog)
+    if not group:
+        return None
+
+    def cut(start: Offsets, targets: Offsets, planned: Offsets) -> dict:
+        return cut_group(start, targets, planned, group, log_end_at(first_appended_after, start, targets, group),
+                         first=tables)
+
+    return cut

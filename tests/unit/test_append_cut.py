@@ -114,3 +114,69 @@ def test_the_group_is_cut_within_its_fair_share_and_the_other_streams_keep_their
     assert cut_group(start, targets, planned, ["users", "http_requests"], end_at) == {
         "users": {0: 4}, "http_requests": {0: 0}, "other": {0: 5}}  # 5 for the group: cut at 4 ms
     assert cut_group(start, targets, planned, [], end_at) == planned
+
+
+CATALOG = {"streams": {"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"], "partitions": 1},
+                       "http_requests": {"key_field": "user_id", "dimensions": ["method"], "partitions": 1,
+                                         "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}}}
+T0 = 1_700_000_000_000
+
+
+def changes_before_few_events(log) -> None:
+    """users: 8 changes appended at T0+1..8 ms; http_requests: events appended at T0+5 and T0+9."""
+    from catalog import Catalog
+    from ingest.events import EventValidator
+    from ingest.tables import TableRowValidator
+
+    catalog = Catalog(**CATALOG)
+    users, requests = catalog.streams["users"], catalog.streams["http_requests"]
+    for s in (users, requests):
+        log.ensure_topic(s)
+    for i in range(1, 9):
+        log.append(users, [TableRowValidator(users).validate({"user_id": "u1", "plan": f"p{i}"}, T0 + i)], T0 + i)
+    for at in (5, 9):
+        log.append(requests, [EventValidator(requests).validate({"time": T0 + at, "user_id": "u1", "method": "GET"})],
+                   T0 + at)
+
+
+def test_the_embedded_source_cuts_a_pipeline_that_enriches_at_one_append_time(tmp_path):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from catalog import Catalog
+    from ingest.log import SqliteEventLog
+    from ingest.spark_source import SketchboardLogReader, source_options
+
+    log = SqliteEventLog(tmp_path / "log.db")
+    changes_before_few_events(log)
+    log.close()
+    reader = SketchboardLogReader(source_options(tmp_path / "log.db", Catalog(**CATALOG), 6, 100))
+    try:
+        start = reader.initialOffset()
+        # The fair share (users 4, both events) would read the event appended at 9 ms with the
+        # changes up to 4 ms only, and the one at 5 ms before the change appended with it.
+        assert reader.latestOffset(start, ReadMaxRows(6)) == {"users": {"0": 5}, "http_requests": {"0": 1}}
+        assert reader.latestOffset(start, ReadMaxRows(100)) == {"users": {"0": 8}, "http_requests": {"0": 2}}
+        plain = {"streams": {n: {k: v for k, v in s.items() if k != "enrich"} for n, s in CATALOG["streams"].items()}}
+        fair = SketchboardLogReader(source_options(tmp_path / "log.db", Catalog(**plain), 6, 100))
+        assert fair.latestOffset(start, ReadMaxRows(6)) == {"users": {"0": 4}, "http_requests": {"0": 2}}
+        fair.stop()
+    finally:
+        reader.stop()
+
+
+def test_batches_of_their_own_are_cut_too(tmp_path):
+    from aggregates.bounded_batches import next_batch
+    from catalog import Catalog
+    from ingest.append_cut import catalog_cut
+    from ingest.log import SqliteEventLog
+
+    log = SqliteEventLog(tmp_path / "log.db")
+    try:
+        changes_before_few_events(log)
+        cut = catalog_cut(Catalog(**CATALOG), log.first_appended_after)
+        start, targets = {"users": {0: 0}, "http_requests": {0: 0}}, {"users": {0: 8}, "http_requests": {0: 2}}
+        assert next_batch(start, targets, 6, cut) == {"users": {0: 5}, "http_requests": {0: 1}}
+        assert next_batch(start, targets, 6) == {"users": {0: 4}, "http_requests": {0: 2}}
+        assert next_batch({"users": {0: 5}, "http_requests": {0: 1}}, targets, 6, cut) == targets
+    finally:
+        log.close()
