@@ -118,17 +118,18 @@ Offsets = Mapping[str, Mapping]  # {stream: {partition: offset}}, partitions as 
 
 
 def cut_group(start: Offsets, targets: Offsets, planned: Offsets, group: Collection[str], end_at: EndAt,
-              *, first: Collection[str] = ()) -> dict[str, dict]:
+              *, first: Collection[str] = (), bounds: tuple[int, int] | None = None) -> dict[str, dict]:
     """`planned` (a batch's end offsets, each partition's fair share) with the partitions of the
     `group` streams (the tables and the streams they enrich) cut at one append time instead, within
     the records `planned` gave them in all; the other streams as planned. `end_at` is keyed by
-    (stream, partition); the `first` streams' records (the tables') go first in a split millisecond."""
+    (stream, partition); the `first` streams' records (the tables') go first in a split millisecond;
+    `bounds` as for `cut_end_offsets`."""
     out = {s: dict(parts) for s, parts in planned.items()}
     ranges = {(s, p): (start.get(s, {}).get(p, 0), end) for s in group for p, end in targets.get(s, {}).items()}
     if not ranges:
         return out
     budget = sum(max(0, planned.get(s, {}).get(p, lo) - lo) for (s, p), (lo, _) in ranges.items())
-    cut = cut_end_offsets(ranges, end_at, budget, first={k for k in ranges if k[0] in first})
+    cut = cut_end_offsets(ranges, end_at, budget, first={k for k in ranges if k[0] in first}, bounds=bounds)
     for (s, p), end in cut.items():
         out.setdefault(s, {})[p] = end
     return out
@@ -160,16 +161,34 @@ def log_end_at(first_appended_after: Callable[[str, Mapping[int, int], int], Map
 Cut = Callable[[Offsets, Offsets, Offsets], dict]  # (start, targets, planned) -> the batch's end offsets
 
 
-def catalog_cut(catalog: Catalog, first_appended_after) -> Cut | None:
+def catalog_cut(catalog: Catalog, first_appended_after, ingest_time_ms=None) -> Cut | None:
     """How a pipeline of `catalog` re-plans a batch (`cut_group`): its tables and the streams they
     enrich (catalog/enrichment.py append_cut_streams) at one append time, read from the log by its
-    `first_appended_after`; None where nothing is enriched."""
+    `first_appended_after`; None where nothing is enriched. `ingest_time_ms(stream, partition,
+    offset)` (the log's): the search starts between the backlog's first and last append times
+    instead of all of time (bench/append_cut.py: 64 probes a batch without it)."""
     group, tables = append_cut_streams(catalog)
     if not group:
         return None
 
     def cut(start: Offsets, targets: Offsets, planned: Offsets) -> dict:
+        bounds = None if ingest_time_ms is None else time_bounds(ingest_time_ms, start, targets, group)
         return cut_group(start, targets, planned, group, log_end_at(first_appended_after, start, targets, group),
-                         first=tables)
+                         first=tables, bounds=bounds)
 
     return cut
+
+
+def time_bounds(ingest_time_ms, start: Offsets, targets: Offsets, group: Collection[str]) -> tuple[int, int] | None:
+    """(just before the earliest first record's append time, the latest last record's) over the
+    group's partitions left to read; None where the log cannot tell one (a hint only: checked)."""
+    firsts, lasts = [], []
+    for s in group:
+        for p, end in targets.get(s, {}).items():
+            lo = start.get(s, {}).get(p, 0)
+            if end > lo:
+                firsts.append(ingest_time_ms(s, int(p), lo))
+                lasts.append(ingest_time_ms(s, int(p), end - 1))
+    if not firsts or None in firsts or None in lasts:
+        return None
+    return min(firsts) - 1, max(lasts)

@@ -221,7 +221,7 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         planned = plan_end_offsets(start, available, max_rows)
         # A pipeline that enriches: its tables and enriched streams end at one append time, so an
         # event is never read before a change of its key appended ahead of it (ingest/append_cut.py).
-        cut = catalog_cut(self.catalog, log.first_appended_after)
+        cut = catalog_cut(self.catalog, log.first_appended_after, log.ingest_time_ms)
         return planned if max_rows is None or cut is None else cut(start, available, planned)
 
     def reportLatestOffset(self) -> dict:

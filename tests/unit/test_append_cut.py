@@ -178,5 +178,25 @@ def test_batches_of_their_own_are_cut_too(tmp_path):
         assert next_batch(start, targets, 6, cut) == {"users": {0: 5}, "http_requests": {0: 1}}
         assert next_batch(start, targets, 6) == {"users": {0: 4}, "http_requests": {0: 2}}
         assert next_batch({"users": {0: 5}, "http_requests": {0: 1}}, targets, 6, cut) == targets
+        # The search started between the backlog's first and last append times: the same batches.
+        hinted = catalog_cut(Catalog(**CATALOG), log.first_appended_after, log.ingest_time_ms)
+        assert next_batch(start, targets, 6, hinted) == {"users": {0: 5}, "http_requests": {0: 1}}
+        assert next_batch(start, targets, 1, hinted) == {"users": {0: 1}, "http_requests": {0: 0}}
     finally:
         log.close()
+
+
+def test_the_search_starts_between_the_backlogs_first_and_last_append_times():
+    from ingest.append_cut import time_bounds
+
+    times = {("users", 0): [3, 4, 9], ("http_requests", 0): [5, 7], ("http_requests", 1): [1]}
+
+    def ingest_time_ms(stream, partition, offset):
+        ts = times[(stream, partition)]
+        return ts[offset] if offset < len(ts) else None
+
+    start = {"users": {0: 0}, "http_requests": {0: 1, 1: 1}}  # http_requests p1: nothing left
+    targets = {"users": {0: 3}, "http_requests": {0: 2, 1: 1}}
+    assert time_bounds(ingest_time_ms, start, targets, ["users", "http_requests"]) == (2, 9)
+    assert time_bounds(ingest_time_ms, start, {"users": {0: 4}}, ["users"]) is None  # a time the log cannot tell
+    assert time_bounds(ingest_time_ms, targets, targets, ["users", "http_requests"]) is None  # nothing left
