@@ -348,7 +348,12 @@ class Pipeline(ReportsStoreErrors):
         asked between those batches."""
         from aggregates.bounded_batches import catches_up_cut, drain_bounded
 
-        if catches_up_cut(self):
+        try:
+            behind = catches_up_cut(self)
+        except LogUnavailable as exc:  # the broker away: Spark's query waits it out, as it always has
+            log.warning("cannot tell the backlog to catch up (%s): leaving it to Spark's Kafka source", exc)
+            return
+        if behind:
             drain_bounded(self, {}, stopping)
 
 

@@ -55,6 +55,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         except Exception as exc:  # as a failed batch of the query below
             if stopping.is_set() or not restartable(exc):
                 raise
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
             pipeline.store.close()
             pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
             continue
