@@ -200,3 +200,13 @@ def test_the_search_starts_between_the_backlogs_first_and_last_append_times():
     assert time_bounds(ingest_time_ms, start, targets, ["users", "http_requests"]) == (2, 9)
     assert time_bounds(ingest_time_ms, start, {"users": {0: 4}}, ["users"]) is None  # a time the log cannot tell
     assert time_bounds(ingest_time_ms, targets, targets, ["users", "http_requests"]) is None  # nothing left
+
+
+def test_what_a_pipeline_cuts_the_tables_its_streams_are_enriched_from_directly_or_through_a_view(demo_catalog):
+    from catalog import Catalog
+    from catalog.enrichment import append_cut_streams
+
+    assert append_cut_streams(Catalog(**CATALOG)) == (["http_requests", "users"], ["users"])
+    assert append_cut_streams(demo_catalog) == (["http_requests", "plans", "users"], ["plans", "users"])
+    plain = {"streams": {n: {k: v for k, v in s.items() if k != "enrich"} for n, s in CATALOG["streams"].items()}}
+    assert append_cut_streams(Catalog(**plain)) == ([], [])
