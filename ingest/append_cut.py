@@ -12,7 +12,11 @@ append time: every partition up to its last record appended at or before the cut
 latest one at which the batch holds at most `max_rows` records. Records appended in the same
 millisecond stay together where the bound allows; where even the earliest millisecond's records
 are more than `max_rows`, that millisecond is split (the tables' partitions first, so a change
-tied with an event is read no later than it), so that a batch always reads something.
+tied with an event is read no later than it), so that a batch always reads something. The
+group's `max_rows` is what the fair plan gave its partitions in all (`cut_group`): the pipeline's
+other streams keep their share. The cut lies within what the batch may read (the log's end as
+the batch found it, read partition by partition), which is not itself a cut: the one gap left
+(docs/tables.md "Time semantics").
 
 The log is asked for one thing (`EndAt`): given a cut, the first offset from the batch's start
 of each partition whose record was appended after it. A partition's append times are taken as
