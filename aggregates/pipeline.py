@@ -330,22 +330,21 @@ class Pipeline(ReportsStoreErrors):
 
     def run_until_drained(self) -> None:
         """Process everything in the log now, then stop (Trigger.AvailableNow)."""
-        from aggregates.bounded_batches import catches_up_cut, drain_bounded
-
         if self.config.kafka is not None and self.config.end_offsets is not None:
             # Spark's Kafka source takes no per-partition end: batches of our own, read by batch reads.
+            from aggregates.bounded_batches import drain_bounded
+
             drain_bounded(self, self.config.end_offsets)
-            return
-        if catches_up_cut(self):  # a backlog Spark's Kafka source would split by partition: cut by append time
-            drain_bounded(self, {})
             return
         drain(self.start(available_now=True), "pipeline")
 
     def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
-        """Before the serving query starts on Kafka: a backlog over `max_records_per_batch` of a
-        pipeline that enriches is caught up in batches cut at one append time (`run_until_drained`
-        does the same); Spark's query then resumes from the checkpoint they logged. `stopping`:
-        asked between those batches."""
+        """Before the serving query starts on Kafka (`sketchboard pipeline`, sketchboard/live.py,
+        before its query or its --once drain): a backlog over `max_records_per_batch` of a pipeline
+        that enriches is caught up in batches cut at one append time; Spark's query then resumes
+        from the checkpoint they logged (and may run one empty batch first: the offset log's JSON
+        lists the topics in another order than Spark's own, which Spark compares as text).
+        `stopping`: asked between those batches."""
         from aggregates.bounded_batches import catches_up_cut, drain_bounded
 
         try:

@@ -1,14 +1,13 @@
 """Benchmark: a drain of a Kafka log in batches planned by Spark's Kafka source next to batches of
 the pipeline's own (aggregates/bounded_batches.py: batch reads with chosen end offsets, planned as
-the embedded source plans them and cut at one append time, ingest/append_cut.py), side by side in
-one run, on the demo catalog (its tables, view and enriched stream).
+the embedded source plans them, cut at one append time: ingest/append_cut.py), side by side in one run, on the demo catalog (its tables, view
+and enriched stream).
 
     python -m bench.kafka_bounded [--events 100000] [--batch-records 25000] [--rounds 2]
 
 A reprocessing run that enriches (a table's run rebuilding the streams it enriches, an enriched
 stream's run) drains the log the second way on Kafka (sketchboard/reprocess.py run_end_offsets),
-for exact enrichment, and so does the serving pipeline catching up more than a batch
-(aggregates/bounded_batches.py catches_up_cut; the first way here bypasses that); this shows what that costs. One broker (tests/kafka_broker.py), one log
+for exact enrichment; this shows what that costs. One broker (tests/kafka_broker.py), one log
 filled once, one Spark session; each drain a fresh pipeline (its own name, checkpoint and SQLite
 store) from the earliest offsets, the two ways alternated `--rounds` times so that warm-up and
 the machine's load fall on both. Prints events/s (wall: query start to drained; sustained: from
@@ -33,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="drains of each way, alternated")
     args = ap.parse_args(argv)
 
-    from aggregates.pipeline import Pipeline, PipelineConfig, drain
+    from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.spark import build_spark, kafka_connector_conf
     from bench.throughput import fill_log
     from catalog import load_catalog
@@ -67,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                     config = PipelineConfig(name, root / "log.db", root / "checkpoints" / name,
                                             max_records_per_batch=args.batch_records, kafka=kafka,
                                             end_offsets=None if way == "spark" else {})
-                    pipeline = Pipeline(spark, catalog, store, config, log=log)
-                    if way == "spark":  # Spark's source even over a batch's backlog (no catch-up of its own)
-                        pipeline.run_until_drained = lambda p=pipeline: drain(p.start(available_now=True), "pipeline")
-                    drained = drain_timed(pipeline, store, out=sys.stderr)
+                    drained = drain_timed(Pipeline(spark, catalog, store, config, log=log), store, out=sys.stderr)
                     store.close()
                     results[way].append(drained)
                     print(f"[{name}] {drained.events:,} events, {drained.batches} batches: wall"

@@ -39,6 +39,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     while True:
         if once:
             try:
+                pipeline.catch_up(stopping.is_set)  # on Kafka, a backlog of a pipeline that enriches: cut first
                 pipeline.run_until_drained()
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
                 if not restartable(exc):

@@ -79,8 +79,9 @@ def test_a_run_and_the_live_pipeline_cut_batches_at_one_append_time_and_enrich_a
         run = run_reprocess(settings, "http_requests", spark=spark, out=io.StringIO(), interval_s=0.05)
         assert run.state == "caught_up"
         # A live pipeline (not a run) over the same log with the new definition, catching up in
-        # batches of the same size.
+        # batches of the same size as `sketchboard pipeline` does (on Kafka in batches of its own).
         live = build_pipeline(settings, spark, name="live", starting_offsets="earliest")
+        live.catch_up()
         live.run_until_drained()
 
         want, missing = expected(log)
