@@ -10,8 +10,10 @@ AvailableNow start, and `maxOffsetsPerTrigger` bounds a batch's total only. A ba
 Kafka such a run drives its batches itself, each one as Spark would run it:
 
 - planned like the embedded source plans one (ingest/spark_source.py `plan_end_offsets`: at most
-  `max_records_per_batch` records, fair across partitions), from where the last batch ended to the
-  log's end as of the drain's start (AvailableNow's end), each capped stream to its cap;
+  `max_records_per_batch` records, fair across partitions; a pipeline that enriches cuts its tables
+  and enriched streams at one append time, ingest/append_cut.py, found by the broker's time index),
+  from where the last batch ended to the log's end as of the drain's start (AvailableNow's end),
+  each capped stream to its cap;
 - its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic as
   Spark's Kafka source keys them; the query's `metadata` first) before it runs, and `commits/<id>`
   after, so Spark's own source can resume from the checkpoint: the batch body
@@ -29,10 +31,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
+from ingest.append_cut import Cut, catalog_cut
 from ingest.log.kafka import topic_name
 from ingest.spark_source import plan_end_offsets
 
@@ -60,10 +63,13 @@ def capped_targets(start: Mapping[str, Mapping[int, int]], available: Mapping[st
 
 
 def next_batch(start: Mapping[str, Mapping[int, int]], targets: Mapping[str, Mapping[int, int]],
-               max_rows: int) -> Offsets | None:
+               max_rows: int, cut: Cut | None = None) -> Offsets | None:
     """The end offsets of the next batch from `start` towards `targets`, at most `max_rows` records
-    shared fairly across partitions; None when nothing is left to read."""
+    shared fairly across partitions, re-planned by `cut` (a pipeline that enriches: its tables and
+    enriched streams at one append time, ingest/append_cut.py); None when nothing is left to read."""
     end = plan_end_offsets({s: dict(p) for s, p in start.items()}, targets, max_rows)
+    if cut is not None:
+        end = cut(start, targets, end)
     if records_between(start, end) == 0:
         return None
     return end
@@ -100,9 +106,35 @@ def _metadata(offsets_dir: Path, planned: list[int], now_ms: int) -> str:
     return json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": now_ms, "conf": {}}, separators=(",", ":"))
 
 
-def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
+def catches_up_cut(pipeline) -> bool:
+    """Whether a pipeline on Kafka that enriches has more than `max_records_per_batch` records to
+    catch up (from its checkpoint's last logged batch, or the log's start for a new one reading
+    from the earliest): Spark's Kafka source would share them in proportion to each partition's
+    backlog, so an event could be read a batch before a change of its key appended ahead of it;
+    `drain_bounded` cuts them at one append time instead (ingest/append_cut.py). A backlog
+    within the bound is one batch either way, left to Spark; so is a new query reading from the
+    log's end (Spark's source records where it started)."""
+    from aggregates.pipeline import batch_end_offsets
+    from catalog.enrichment import append_cut_streams
+
+    config, catalog = pipeline.config, pipeline.catalog
+    if config.kafka is None or not append_cut_streams(catalog)[0]:
+        return False
+    checkpoint = Path(config.checkpoint_dir)
+    planned = logged_batches(checkpoint / "offsets")
+    if not planned and config.starting_offsets != "earliest":
+        return False
+    offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
+    starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
+    available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
+    start = with_starts(batch_end_offsets(config, catalog, checkpoint, planned[-1]), starts) if planned else starts
+    return records_between(start, available) > config.max_records_per_batch
+
+
+def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:
     """Process the log up to its end as of now, each stream of `caps` no further than its caps,
-    in batches of the pipeline's own (the module doc); returns how many batches ran."""
+    in batches of the pipeline's own (the module doc); returns how many batches ran. `stopping`:
+    asked between batches; true ends the drain there (the serving pipeline told to stop)."""
     from aggregates.pipeline import batch_end_offsets
     from ingest.kafka_source import read_kafka_range
 
@@ -113,6 +145,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)
+    cut = catalog_cut(catalog, pipeline.log.first_appended_after, pipeline.log.ingest_time_ms)
     if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
         write_whole(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
 
@@ -131,10 +164,10 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
         before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else starts
         run(last, before, logged(last))
         ran += 1
-    while True:
+    while stopping is None or not stopping():
         planned = logged_batches(offsets_dir)
         start = with_starts(logged(planned[-1]), starts) if planned else starts
-        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch)
+        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
         if end is None:
             return ran
         batch_id = planned[-1] + 1 if planned else 0
@@ -143,3 +176,4 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]]) -> int:
         log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
         run(batch_id, start, end)
         ran += 1
+    return ran

@@ -338,6 +338,23 @@ class Pipeline(ReportsStoreErrors):
             return
         drain(self.start(available_now=True), "pipeline")
 
+    def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
+        """Before the serving query starts on Kafka (`sketchboard pipeline`, sketchboard/live.py,
+        before its query or its --once drain): a backlog over `max_records_per_batch` of a pipeline
+        that enriches is caught up in batches cut at one append time; Spark's query then resumes
+        from the checkpoint they logged (and may run one empty batch first: the offset log's JSON
+        lists the topics in another order than Spark's own, which Spark compares as text).
+        `stopping`: asked between those batches."""
+        from aggregates.bounded_batches import catches_up_cut, drain_bounded
+
+        try:
+            behind = catches_up_cut(self)
+        except LogUnavailable as exc:  # the broker away: Spark's query waits it out, as it always has
+            log.warning("cannot tell the backlog to catch up (%s): leaving it to Spark's Kafka source", exc)
+            return
+        if behind:
+            drain_bounded(self, {}, stopping)
+
 
 def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], float] = time.time) -> list[str]:
     """Keep the roll-up tiers the catalog declares; a stream whose tiers changed (or a store

@@ -21,13 +21,13 @@ from catalog.tables import row_columns
 from catalog.defined_patterns import catalog_with_patterns, pattern_definition_id
 from catalog.dependents import aligned_joins, aligned_patterns, moved_with, rebuilt_patterns, refused_dependents
 from catalog.dependents import aligned_enrichments, aligned_views, capped_streams, enrichment_feeds, \
-    rebuilt_enrichments
+    enriched_streams
 from catalog.patterns import PatternDef, matches_stream_name
 from catalog.views import ViewDef
 from aggregates.views import definition_of
 from catalog.versions import changed_streams, definition_version, short_version, stored_stream, stream_document, \
     versioned_streams
-from ingest.log import EventLog
+from ingest.log import EventLog, PartitionOffsets
 from store.consumers import ConsumerRegistry
 from store import PaneStore
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
@@ -173,6 +173,15 @@ def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
     return Progress(tuple(parts), rate, eta)
 
 
+def serving_caps(definitions: DefinitionStore, serving_pipeline: str, stream: str,
+                 offsets: Mapping[int, PartitionOffsets]) -> dict[int, int]:
+    """How far a run reads `stream` when it reads it only as far as the serving pipeline has: the
+    serving pipeline's committed offset of each of its partitions (`offsets`, the log's), the
+    partition's log start where it has read nothing yet."""
+    committed = definitions.pipeline_offsets(serving_pipeline, stream)
+    return {p: committed.get(p, o.start) for p, o in offsets.items()}
+
+
 def carried_versions(kept: Sequence[tuple[str, TableVersion]], present: Collection[tuple[int, int]],
                      old: StreamDef, new: StreamDef) -> list[tuple[str, TableVersion]]:
     """For a run of a table that enriches streams (docs/reprocessing.md "A table that enriches
@@ -298,14 +307,13 @@ class ReprocessService:
     def start(self, stream: str) -> ReprocessRun:
         run = self.definitions.start_run(self.plan(stream))
         # The streams enriched from a table, which its run rebuilds reading them whole: in its progress too.
-        enriched = rebuilt_enrichments(self.full_catalog(), stream)
+        enriched = enriched_streams(self.full_catalog(), stream)
         offsets = {name: self.log.offsets(name) for name in enriched}  # one read of the log per stream
         ends = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets.items()}
         # Those read only as far as the serving pipeline has (sketchboard/reprocess.py run_caps).
         if self.outputs is not None:
             for name in aligned_enrichments(self.full_catalog(), stream) if enriched else []:
-                committed = self.definitions.pipeline_offsets(self.outputs.serving_pipeline, name)
-                ends[name] = {p: committed.get(p, o.start) for p, o in offsets[name].items()}
+                ends[name] = serving_caps(self.definitions, self.outputs.serving_pipeline, name, offsets[name])
         self.definitions.record_reads(run.id, {name: ({p: o.start for p, o in parts.items()}, ends[name])
                                                for name, parts in offsets.items()})
         if self.launch is not None:
@@ -543,10 +551,10 @@ class ReprocessService:
 
     def _enriched(self, run: ReprocessRun, catalog: Catalog) -> dict[str, tuple[str | None, list[str]]]:
         """The streams enriched from the run's table that its switch moves with it (catalog/dependents.py
-        rebuilt_enrichments), each with the version the root serves it with and its derived streams;
+        enriched_streams), each with the version the root serves it with and its derived streams;
         SwitchRefused unless the run's output holds each built as configured now (a reprocessing
         run) or at all (a replaced output, switched back to)."""
-        enriched = rebuilt_enrichments(catalog, run.stream)
+        enriched = enriched_streams(catalog, run.stream)
         if not enriched:
             return {}
         built = self._definitions_built_by(run.id)

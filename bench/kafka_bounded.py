@@ -1,6 +1,6 @@
 """Benchmark: a drain of a Kafka log in batches planned by Spark's Kafka source next to batches of
 the pipeline's own (aggregates/bounded_batches.py: batch reads with chosen end offsets, planned as
-the embedded source plans them), side by side in one run, on the demo catalog (its tables, view
+the embedded source plans them, cut at one append time: ingest/append_cut.py), side by side in one run, on the demo catalog (its tables, view
 and enriched stream).
 
     python -m bench.kafka_bounded [--events 100000] [--batch-records 25000] [--rounds 2]

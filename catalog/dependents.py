@@ -21,7 +21,7 @@ built from the same records by the live pipeline, must follow or the switch is r
   keyed by its name, are built from both tables): the run reads the other table as far as the
   serving pipeline has, and the synchronized switch moves the view's rows with the table and
   appends the difference to the view's changelog (store/switch.py move_view).
-- the streams enriched from a table (`rebuilt_enrichments`, on both logs; directly or
+- the streams enriched from a table (`enriched_streams`, on both logs; directly or
   through a view): the table's row versions they look up are built by their pipeline while it
   reads the table, and their output holds what those versions gave. So a run of the table
   rebuilds each such stream whole with the table's new definition, and the switch moves the
@@ -125,17 +125,11 @@ def enriched_streams(catalog: Catalog, table: str) -> list[str]:
                   if any(table in enrichment_tables(catalog, decl, name) for decl in other.enrich))
 
 
-def rebuilt_enrichments(catalog: Catalog, table: str) -> list[str]:
-    """The streams enriched from `table` that a run of it rebuilds and its switch moves with it
-    (see the module doc): all of them, on a log where runs rebuild enriched streams."""
-    return enriched_streams(catalog, table)
-
-
 def enrichment_feeds(catalog: Catalog, table: str) -> tuple[list[JoinDef], list[PatternDef]]:
     """The window joins and patterns that the streams a run of `table` rebuilds feed: rebuilt by
     the run too (reading their other streams as far as the serving pipeline has) and moved by its
     synchronized switch, as a run of the enriched stream itself would."""
-    rebuilt = set(rebuilt_enrichments(catalog, table))
+    rebuilt = set(enriched_streams(catalog, table))
     return ([j for j in catalog.joins if join_streams(j) & rebuilt],
             [p for p in catalog.patterns if pattern_streams(p) & rebuilt])
 
@@ -150,7 +144,7 @@ def aligned_enrichments(catalog: Catalog, table: str) -> list[str]:
     capped = set(other_streams(catalog, table))
     joins, patterns = enrichment_feeds(catalog, table)
     feeding = {s for j in joins for s in join_streams(j)} | {s for p in patterns for s in pattern_streams(p)}
-    return [s for s in rebuilt_enrichments(catalog, table)
+    return [s for s in enriched_streams(catalog, table)
             if s in feeding or any(t in capped for decl in catalog.streams[s].enrich
                                    for t in enrichment_tables(catalog, decl, s))]
 
@@ -173,7 +167,7 @@ def refused_dependents(catalog: Catalog, stream: str, *, joins_rebuilt: bool = F
     synchronized switch can move them)."""
     rebuilt = {f"pattern {p.name!r}" for p in rebuilt_patterns(catalog, stream)}
     if joins_rebuilt:
-        rebuilt |= {f"enrichment of {s!r}" for s in rebuilt_enrichments(catalog, stream)}
+        rebuilt |= {f"enrichment of {s!r}" for s in enriched_streams(catalog, stream)}
         rebuilt |= {f"view {v.name!r}" for v in aligned_views(catalog, stream)}
         rebuilt |= {f"join {j.name!r}" for j in aligned_joins(catalog, stream)}
         rebuilt |= {f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)}

@@ -165,3 +165,14 @@ def enrichment_definition(stream: StreamDef, views: Mapping[str, ViewDef] | None
                              "kind": view.kind}
         out.append(entry)
     return out
+
+
+def append_cut_streams(catalog: Catalog) -> tuple[list[str], list[str]]:
+    """What a pipeline of `catalog` cuts each batch of at one log append time (ingest/append_cut.py):
+    (the tables its streams are enriched from, directly or through a view, with the streams
+    enriched; those tables), each sorted, of the catalog's streams only. Both empty where nothing
+    is enriched: its batches are shared fairly across partitions, no cut needed."""
+    tables = {t for name, s in catalog.streams.items() for decl in s.enrich
+              for t in enrichment_tables(catalog, decl, name)}
+    enriched = {name for name, s in catalog.streams.items() if s.enrich}
+    return (sorted((tables | enriched) & set(catalog.streams)), sorted(tables & set(catalog.streams)))

@@ -2,7 +2,8 @@
 
 Offsets are {stream: {partition: next offset}}; Spark checkpoints them, so a restarted
 query resumes exactly where its last committed batch ended. Each micro-batch reads at
-most `max_records_per_batch` records (admission control, fair across partitions) and
+most `max_records_per_batch` records (admission control, fair across partitions; the tables
+and the streams they enrich cut at one append time: ingest/append_cut.py) and
 each task at most `max_records_per_task`. A new query starts at the earliest retained record
 (`starting_offsets=earliest`, the default) or at the log's end (`latest`: only records appended
 after its first start; those offsets are kept in the checkpoint folder until Spark has logged a
@@ -29,6 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from catalog import Catalog, StreamDef
+from ingest.append_cut import catalog_cut
 from ingest.log import SqliteEventLog
 from ingest.source_rows import MISSING_EVENT_TIME, SOURCE_SCHEMA, SPARK_SCHEMA, error_batch, to_source_batch
 
@@ -216,7 +218,11 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for name in self.catalog.streams:
             if name not in start:
                 start[name] = {str(p): o.start for p, o in log.offsets(name).items()}
-        return plan_end_offsets(start, available, max_rows)
+        planned = plan_end_offsets(start, available, max_rows)
+        # A pipeline that enriches: its tables and enriched streams end at one append time, so an
+        # event is never read before a change of its key appended ahead of it (ingest/append_cut.py).
+        cut = catalog_cut(self.catalog, log.first_appended_after, log.ingest_time_ms)
+        return planned if max_rows is None or cut is None else cut(start, available, planned)
 
     def reportLatestOffset(self) -> dict:
         return self._available()

@@ -16,10 +16,10 @@ import time
 from datetime import datetime, timezone
 from typing import TextIO
 
-from aggregates.reprocess import Outputs, Progress, ReprocessService
+from aggregates.reprocess import Outputs, Progress, ReprocessService, serving_caps
 from catalog import Catalog
 from catalog.dependents import aligned_joins, aligned_patterns, capped_streams, rebuilt_patterns
-from catalog.dependents import aligned_views, enrichment_feeds, rebuilt_enrichments
+from catalog.dependents import aligned_views, enriched_streams, enrichment_feeds
 from catalog.enrichment import enrichment_tables
 from catalog.versions import short_version, stream_document
 from sketchboard.settings import Settings
@@ -110,7 +110,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     `with_joins` (the default): the window joins, the patterns over two streams and the views
     the stream feeds, and their other streams with their tables, which the run reads only as far as the
     serving pipeline has (`run_caps`) so that a synchronized switch can move their state with the
-    stream; and the streams enriched from the table (catalog/dependents.py rebuilt_enrichments),
+    stream; and the streams enriched from the table (catalog/dependents.py enriched_streams),
     read whole (or capped, capped_streams), with their tables."""
     joins = aligned_joins(catalog, stream) if with_joins else []
     two_stream = aligned_patterns(catalog, stream) if with_joins else []
@@ -121,7 +121,7 @@ def stream_catalog(catalog: Catalog, stream: str, *, with_joins: bool = True) ->
     fed_joins, fed_patterns = enrichment_feeds(catalog, stream) if enriched else ([], [])
     joins += [j for j in fed_joins if j not in joins]
     two_stream += [p for p in fed_patterns if p not in two_stream]
-    read = [stream, *(rebuilt_enrichments(catalog, stream) if enriched else [])]
+    read = [stream, *(enriched_streams(catalog, stream) if enriched else [])]
     read += [s for s in (capped_streams(catalog, stream) if with_joins else []) if s not in read]
     metrics = {name: m.model_dump(mode="json", exclude_defaults=True) for name, m in catalog.metrics.items()
                if m.stream in read or m.stream in {v.name for v in table_views}}
@@ -158,7 +158,7 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out, log=None) -> i
     # the run's own at the same log position (docs/reprocessing.md "A table that enriches streams").
     tables = [t for t in tables if t != stream]
     versions = {t: root.table_versions(t) for t in tables}
-    if log is not None and rebuilt_enrichments(catalog, stream):
+    if log is not None and enriched_streams(catalog, stream):
         carried = carried_table_versions(catalog, stream, root, log)
         if carried:
             versions[stream] = carried
@@ -211,11 +211,8 @@ def run_caps(settings: Settings, catalog: Catalog, stream: str, definitions: Def
     has committed (the log's start where it has read nothing yet), so the run's join state never
     holds a record the serving pipeline has not read (a synchronized switch then lets the run
     read on to exactly where the serving pipeline stands)."""
-    caps = {}
-    for other in capped_streams(catalog, stream):
-        committed = definitions.pipeline_offsets(settings.pipeline_name, other)
-        caps[other] = {p: committed.get(p, o.start) for p, o in log.offsets(other).items()}
-    return caps
+    return {other: serving_caps(definitions, settings.pipeline_name, other, log.offsets(other))
+            for other in capped_streams(catalog, stream)}
 
 
 def run_end_offsets(settings: Settings, catalog: Catalog, stream: str, definitions: DefinitionStore,
@@ -223,8 +220,8 @@ def run_end_offsets(settings: Settings, catalog: Catalog, stream: str, definitio
     """A run's `end_offsets` (aggregates/pipeline.py PipelineConfig): its caps (`run_caps`); None
     (the source plans the batches) unless it has caps or enriches a stream from a table it reads
     (a table's run rebuilding the streams it enriches, or an enriched stream's run). Those the
-    run's own batches read on Kafka too (aggregates/bounded_batches.py), planned as the embedded
-    source plans them: a table's smaller backlog read first, not shared in proportion to each
+    run's own batches read on Kafka too (aggregates/bounded_batches.py), cut at one append time
+    as the embedded source cuts them (ingest/append_cut.py), not shared in proportion to each
     partition's backlog as Spark's Kafka source shares `maxOffsetsPerTrigger`, which can enrich
     an event before a change of its key appended before it is read (docs/reprocessing.md "A
     table that enriches streams")."""

@@ -113,6 +113,13 @@ class EventLog(ABC):
         (Kafka: the record's timestamp, the broker's append time on a LogAppendTime topic)."""
         return None
 
+    def first_appended_after(self, stream: str, starts: Mapping[int, int], cut_ms: int) -> dict[int, int | None]:
+        """For each partition of `starts` ({partition: offset}), the first offset at or after its
+        start whose record was appended after `cut_ms` (epoch ms; a partition's append times taken
+        as they rise), or None when every record from there on was appended at or before it: where a
+        batch cut at that append time ends (ingest/append_cut.py)."""
+        raise NotImplementedError(f"the {type(self).__name__} cannot find records by their append time")
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -457,6 +457,30 @@ class KafkaEventLog(EventLog):
                 self._ingest_times.popitem(last=False)
         return at
 
+    def first_appended_after(self, stream: str, starts: Mapping[int, int], cut_ms: int) -> dict[int, int | None]:
+        # The broker's time index answers for every partition in one request: the earliest offset
+        # whose timestamp (LogAppendTime) is at or after cut + 1 ms; -1 when there is none.
+        if not starts:
+            return {}
+        topic = self.topic(stream)
+        asked = [TopicPartition(topic, p, cut_ms + 1) for p in sorted(starts)]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                found = self._consumer.offsets_for_times(asked, timeout=self.timeout_s)
+                break
+            except KafkaException as exc:
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise self._unavailable(f"could not find offsets by time in Kafka topic {topic!r}", exc) from None
+                time.sleep(0.05)
+        out: dict[int, int | None] = {}
+        for tp in found:
+            if tp.error is not None:
+                raise LogUnavailable(f"finding offsets by time in Kafka topic {topic!r} partition {tp.partition}:"
+                                     f" {tp.error}")
+            out[tp.partition] = None if tp.offset < 0 else max(starts[tp.partition], tp.offset)
+        return out
+
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
         return 0  # the topic's retention.ms / retention.bytes apply, enforced by the brokers
 

@@ -251,6 +251,24 @@ class SqliteEventLog(EventLog):
         if row is None or offset >= row[0] + row[1]:
             return None
         return row[2]
+    def first_appended_after(self, stream: str, starts: Mapping[int, int], cut_ms: int) -> dict[int, int | None]:
+        # A segment is one append with one time (compaction filters records inside a segment,
+        # never merges segments): the first segment from the start appended after the cut holds
+        # the answer, its first record, from the segment's index without decoding it.
+        out: dict[int, int | None] = {}
+        with self._lock:
+            for partition, start in starts.items():
+                row = self._conn.execute(
+                    "SELECT base_offset FROM segments"
+                    " WHERE stream = ? AND partition = ? AND base_offset + record_count > ? AND max_ingest_ms > ?"
+                    " AND base_offset >= COALESCE((SELECT MAX(base_offset) FROM segments"
+                    "                              WHERE stream = ? AND partition = ? AND base_offset <= ?), 0)"
+                    " ORDER BY base_offset LIMIT 1",
+                    (stream, partition, start, cut_ms, stream, partition, start),
+                ).fetchone()
+                out[partition] = None if row is None else max(start, row[0])
+        return out
+
     def segment_at(self, stream: str, partition: int, offset: int) -> tuple[int, int] | None:
         """(first offset, end offset) of the segment holding `offset`, or of the first segment
         after it; None when there is none. Lets a reader step over a segment it cannot decode."""

@@ -85,3 +85,38 @@ def test_a_batch_read_is_assigned_the_partitions_of_its_range_with_both_ends():
     assert options["kafka.isolation.level"] == "read_committed"  # as the streaming source reads
     assert options["kafka.security.protocol"] == "PLAINTEXT"
     assert range_options(config, {"clicks": {0: 2}}, {"clicks": {0: 2}}) is None
+
+
+def test_a_serving_pipeline_on_kafka_that_enriches_catches_up_a_backlog_over_a_batch_in_batches_of_its_own(tmp_path):
+    """`catches_up_cut`: more than max_records_per_batch to catch up, from the checkpoint's last
+    logged batch (or the log's start for a new query from the earliest), with enriched streams:
+    batches of its own, cut at one append time; else Spark's Kafka source (a backlog within the
+    bound is one batch; a new query from the log's end is Spark's to start)."""
+    from types import SimpleNamespace
+
+    from aggregates.bounded_batches import catches_up_cut
+    from ingest.log.base import PartitionOffsets
+
+    enriched = Catalog(streams={"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"],
+                                          "partitions": 1},
+                                "http_requests": {"key_field": "user_id", "dimensions": ["method"], "partitions": 2,
+                                                  "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}})
+    ends = {"users": {0: PartitionOffsets(0, 8)}, "http_requests": {0: PartitionOffsets(2, 5), 1: PartitionOffsets(0, 4)}}
+    log = SimpleNamespace(offsets=lambda stream: ends.get(stream, {0: PartitionOffsets(0, 100)}))
+
+    def pipeline(catalog=enriched, max_rows=10, starting="earliest", kafka=True):
+        config = PipelineConfig(name="main", log_path=tmp_path / "log.db", checkpoint_dir=tmp_path / "cp",
+                                max_records_per_batch=max_rows, starting_offsets=starting,
+                                kafka=KafkaSourceConfig("127.0.0.1:9", topic_prefix="t.") if kafka else None)
+        return SimpleNamespace(config=config, catalog=catalog, log=log)
+
+    assert catches_up_cut(pipeline())  # 8 + 3 + 4 = 15 records from the log's start
+    assert not catches_up_cut(pipeline(max_rows=15))  # one batch either way
+    assert not catches_up_cut(pipeline(starting="latest"))  # a new query from the end: Spark's
+    assert not catches_up_cut(pipeline(kafka=False))  # the embedded source cuts its own batches
+    assert not catches_up_cut(pipeline(catalog=CATALOG))  # nothing enriched
+    (tmp_path / "cp" / "offsets").mkdir(parents=True)
+    (tmp_path / "cp" / "offsets" / "0").write_text(
+        offset_log_text({"users": {0: 3}, "http_requests": {0: 4, 1: 0}}, "t.", "{}"))
+    assert catches_up_cut(pipeline(starting="latest", max_rows=5))  # 5 + 1 + 4 = 10 from the logged batch
+    assert not catches_up_cut(pipeline(max_rows=10))

@@ -248,6 +248,24 @@ def test_ingest_time_of_an_offset(backend: Backend, log: EventLog) -> None:
     assert log.ingest_time_ms("clicks", (p + 1) % 4, 0) is None  # an empty partition
 
 
+def test_first_offset_appended_after_a_time(backend: Backend, log: EventLog) -> None:
+    """Where a batch cut at an append time ends (ingest/append_cut.py): from a start, the first
+    offset whose record was appended after the cut, checked against each record's own time."""
+    p = partition_for("user0", 4)
+    for i in range(4):  # four appends of three records each, on Kafka stamped by the broker apart
+        log.append(STREAM, make_events(STREAM, 3 * i, 3, keys=1), T0 + 10 * i)
+        time.sleep(0.01 if backend.stamps_ingest_time else 0)
+    times = [log.ingest_time_ms("clicks", p, o) for o in range(12)]
+    assert all(t is not None for t in times) and times == sorted(times)
+    for start in (0, 4, 11):
+        for cut in sorted({times[0] - 1, *times, times[-1] + 1}):
+            want = next((o for o in range(start, 12) if times[o] > cut), None)
+            assert log.first_appended_after("clicks", {p: start}, cut) == {p: want}, (start, cut)
+    # A partition without records: nothing after any time.
+    empty = (p + 1) % 4
+    assert log.first_appended_after("clicks", {empty: 0, p: 0}, times[0] - 1) == {empty: None, p: 0}
+
+
 # -- reading ranges -------------------------------------------------------------------
 
 

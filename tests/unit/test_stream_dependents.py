@@ -101,13 +101,11 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
     table the run reads only as far as the serving pipeline has (a view's other table) or feeds a
     join or a pattern: then it is read as far as the serving pipeline has too, and those are rebuilt
     with it (their other streams capped), all aligned by a synchronized switch. On Kafka in batches
-    planned as the embedded source plans them (end offsets given, even where none is capped)."""
-    from catalog.dependents import aligned_enrichments, capped_streams, enriched_streams, enrichment_feeds, \
-        rebuilt_enrichments
+    of the run's own, cut at one append time (end offsets given, even where none is capped)."""
+    from catalog.dependents import aligned_enrichments, capped_streams, enriched_streams, enrichment_feeds
 
     enriched = parse_catalog(ENRICHED)
     assert enriched_streams(enriched, "users") == ["http_requests"] and enriched_streams(enriched, "http_requests") == []
-    assert rebuilt_enrichments(enriched, "users") == ["http_requests"]
     assert aligned_enrichments(enriched, "users") == [] and capped_streams(enriched, "users") == []  # no hold
     assert refused_dependents(enriched, "users", joins_rebuilt=True) == []
     run = stream_catalog(enriched, "users")
@@ -115,8 +113,8 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
     assert "requests" in run.metrics  # its metrics with it
     assert "http_requests" not in stream_catalog(enriched, "users", with_joins=False).streams
     # No caps (nothing capped is read: no settings, registry or log needed), but end offsets given,
-    # so that on Kafka the run plans its batches as the embedded source does: the table's run and
-    # the enriched stream's; a run that enriches nothing leaves them to the source.
+    # so that on Kafka the run plans its batches itself, cut at one append time (ingest/append_cut.py):
+    # the table's run and the enriched stream's; a run that enriches nothing leaves them to the source.
     assert run_end_offsets(None, enriched, "users", None, None) == {}
     assert run_end_offsets(None, enriched, "http_requests", None, None) == {}
     plain = parse_catalog("streams:\n  users: {kind: table, key_field: user_id, dimensions: [plan]}\n")
@@ -125,7 +123,7 @@ def test_a_run_of_a_table_rebuilds_the_streams_enriched_from_it_directly_or_thro
     # of either table rebuilds the view (the other table capped) and the enriched stream, capped
     # too: its events are looked up in the other table, which the run reads no further.
     for table, other in (("users", "plans"), ("plans", "users")):
-        assert rebuilt_enrichments(demo_catalog, table) == ["http_requests"]
+        assert enriched_streams(demo_catalog, table) == ["http_requests"]
         assert refused_dependents(demo_catalog, table, joins_rebuilt=True) == []
         assert other_streams(demo_catalog, table) == [other]
         assert aligned_enrichments(demo_catalog, table) == ["http_requests"]
@@ -142,7 +140,7 @@ joins:
     within: 1m
 metrics:
 """))
-    assert enriched_streams(joined, "users") == rebuilt_enrichments(joined, "users") == ["http_requests"]
+    assert enriched_streams(joined, "users") == ["http_requests"]
     assert enrichment_feeds(joined, "users") == (list(joined.joins), [])
     assert aligned_enrichments(joined, "users") == ["http_requests"]
     assert capped_streams(joined, "users") == ["clicks", "http_requests"]
@@ -174,6 +172,6 @@ metrics:
     steps: [{stream: users, name: signup}, {stream: http_requests, name: request}]
 metrics:
 """))
-    assert other_streams(own, "users") == ["http_requests"] == rebuilt_enrichments(own, "users")
+    assert other_streams(own, "users") == ["http_requests"] == enriched_streams(own, "users")
     assert aligned_enrichments(own, "users") == ["http_requests"] == capped_streams(own, "users")
     assert refused_dependents(own, "users", joins_rebuilt=True) == []
