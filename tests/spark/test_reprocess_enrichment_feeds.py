@@ -71,19 +71,13 @@ def test_a_reprocess_of_a_table_whose_enriched_stream_feeds_a_join_rebuilds_the_
     with SwitchScenario(tmp_path, spark, log_backend, FED_OLD, FED_NEW, batch=200) as scenario:
         traffic = JoinTraffic(scenario.log, scenario.catalog, future_base())
         rng = random.Random(7)
-        ids: dict[str, list[str]] = {}
 
-        def searches(phase: str, n: int, start_s: int, clicked: Callable[[], list[str]]) -> Callable[[], None]:
-            """Changes of both categories, seen by the searches appended from now on; then the
-            searches and clicks on `clicked`."""
-            def append() -> None:
-                change_categories(traffic, scenario.catalog, [
-                    {"category": c, "_deleted": True} if rng.random() < 0.2 else
-                    {"category": c, "group": rng.choice(["media", "fun"]), "shelf": rng.choice(["a", "b", "c"])}
-                    for c in ("books", "games")])
-                ids[phase] = traffic.searches(n, start_s)
-                traffic.clicks(clicked(), start_s)
-            return append
+        def categories() -> None:
+            """Changes of both categories, seen by the searches appended from now on."""
+            change_categories(traffic, scenario.catalog, [
+                {"category": c, "_deleted": True} if rng.random() < 0.2 else
+                {"category": c, "group": rng.choice(["media", "fun"]), "shelf": rng.choice(["a", "b", "c"])}
+                for c in ("books", "games")])
 
         # After the run: all three appended to and read the old way by the serving pipeline, then
         # changes, searches and clicks it has not read when the switch comes; then ten minutes on
@@ -94,11 +88,11 @@ def test_a_reprocess_of_a_table_whose_enriched_stream_feeds_a_join_rebuilds_the_
         # search before a change appended ahead of it is read (docs/tables.md "In the pipeline");
         # the run's are planned the embedded way.
         done = scenario.switch_of(
-            "categories", first=searches("first", 150, 0, lambda: ids["first"]),
-            changed=searches("second", 150, 150, lambda: ids["first"][100:] + ids["second"]),
-            after_run=searches("third", 100, 300, lambda: ids["second"][100:] + ids["third"]),
-            at_switch=searches("fourth", 30, 400, lambda: ids["third"] + ids["fourth"]),
-            after_switch=searches("late", 20, 900, lambda: ids["late"]),
+            "categories", first=traffic.phase("first", 150, 0, lambda ids: ids["first"], categories),
+            changed=traffic.phase("second", 150, 150, lambda ids: ids["first"][100:] + ids["second"], categories),
+            after_run=traffic.phase("third", 100, 300, lambda ids: ids["second"][100:] + ids["third"], categories),
+            at_switch=traffic.phase("fourth", 30, 400, lambda ids: ids["third"] + ids["fourth"], categories),
+            after_switch=traffic.phase("late", 20, 900, lambda ids: ids["late"], categories),
             caught_up=plain_switch_refused("feeds join 'search_clicks'.*sketchboard reprocess categories --switch"),
             # The whole log in one batch: no batch plan can change its answer.
             reference_batch=1_000_000)

@@ -13,14 +13,12 @@ broker's."""
 
 from __future__ import annotations
 
-import random
-import time
 
 import pytest
 
 from tests.log_backends import ON_BOTH_LOGS
 from tests.spark.test_enrichment_views import Log, expected, stored
-from tests.spark.test_reprocess_enrichment import LATE
+from tests.spark.test_reprocess_enrichment import LATE, Traffic as TableTraffic
 from tests.support.switch import SwitchScenario
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
@@ -41,17 +39,10 @@ NEW = {**OLD, "streams": {
 COLUMNS = ["method", "plan_id", "country", "tier"]
 
 
-class Traffic:
+class Traffic(TableTraffic):
     """Changes of both tables and requests appended at least 20 ms apart, each request stamped up to
     60 ms before its append (some precede the latest changes). Real times: on Kafka the broker
     stamps the append time (LogAppendTime), and the oracle reads it back (`Log`)."""
-
-    def __init__(self, log: Log):
-        self.log, self.rng = log, random.Random(16)
-
-    def tick(self) -> int:
-        time.sleep(0.02)
-        return int(time.time() * 1000)
 
     def users(self, n: int) -> None:
         rng = self.rng  # u0..u10 (u11 is never in the table); p5 is never a plan (a right miss)

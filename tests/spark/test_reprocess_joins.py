@@ -20,7 +20,7 @@ import pytest
 from catalog import Catalog
 from ingest.events import EventValidator
 from tests.log_backends import ON_BOTH_LOGS
-from tests.support.switch import SwitchScenario, hour_ago, plain_switch_refused
+from tests.support.switch import SwitchScenario, hour_ago, nothing, plain_switch_refused
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
@@ -36,6 +36,7 @@ NEW = {**OLD, "streams": {**OLD["streams"], "searches": {**STREAM, "dimensions":
 class Traffic:
     def __init__(self, log, catalog: Catalog, base_ms: int):
         self.log, self.catalog, self.base, self.rng, self.ids = log, catalog, base_ms, random.Random(16), 0
+        self.sent: dict[str, list[str]] = {}  # the search ids of each phase
 
     def append(self, stream: str, events: list[dict]) -> None:
         validator = EventValidator(self.catalog.stream(stream))
@@ -48,6 +49,16 @@ class Traffic:
                                   "category": self.rng.choice(["books", "games"]),
                                   "platform": self.rng.choice(["ios", "web"])} for i, s in enumerate(ids)])
         return ids
+
+    def phase(self, name: str, n: int, start_s: int, clicked: Callable[[dict[str, list[str]]], list[str]],
+              before: Callable[[], None] = nothing) -> Callable[[], None]:
+        """A phase of a switch scenario: `before()`, then `n` searches from second `start_s` (their
+        ids kept as sent[name]), then clicks on those `clicked(sent)` names."""
+        def append() -> None:
+            before()
+            self.sent[name] = self.searches(n, start_s)
+            self.clicks(clicked(self.sent), start_s)
+        return append
 
     def clicks(self, ids: list[str], start_s: int) -> None:
         """A click on some of `ids`, 0 to 3 minutes after `start_s` (some outside the 2-minute window)."""
@@ -70,24 +81,16 @@ def test_a_reprocess_of_a_joins_stream_switched_in_step_gives_the_exact_join(tmp
                                                                              store_backend):
     with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=200) as scenario:
         traffic = Traffic(scenario.log, scenario.catalog, hour_ago())
-        ids: dict[str, list[str]] = {}
-
-        def searches(phase: str, n: int, start_s: int, clicked: Callable[[], list[str]]) -> Callable[[], None]:
-            def append() -> None:
-                ids[phase] = traffic.searches(n, start_s)
-                traffic.clicks(clicked(), start_s)
-            return append
-
         # The join's left stream gets a dimension between `first` and `changed`: reprocessed. After
         # the run: both streams appended to and read the old way by the serving pipeline, then
         # clicks it has not read yet when the switch comes (it reads them after, once); then
         # searches and clicks ten minutes on: every pipeline's join clock passes the state above.
         done = scenario.switch_of(
-            "searches", first=searches("first", 150, 0, lambda: ids["first"]),
-            changed=searches("second", 150, 150, lambda: ids["first"][100:] + ids["second"]),
-            after_run=searches("third", 100, 300, lambda: ids["second"][100:] + ids["third"]),
-            at_switch=lambda: traffic.clicks(ids["third"], 330),
-            after_switch=searches("late", 50, 900, lambda: ids["late"]),
+            "searches", first=traffic.phase("first", 150, 0, lambda ids: ids["first"]),
+            changed=traffic.phase("second", 150, 150, lambda ids: ids["first"][100:] + ids["second"]),
+            after_run=traffic.phase("third", 100, 300, lambda ids: ids["second"][100:] + ids["third"]),
+            at_switch=lambda: traffic.clicks(traffic.sent["third"], 330),
+            after_switch=traffic.phase("late", 50, 900, lambda ids: ids["late"]),
             caught_up=plain_switch_refused("sketchboard reprocess searches --switch"))
         root, reference = done.root, done.reference
         pairs, unmatched = join_totals(reference)

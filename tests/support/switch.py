@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,9 +122,10 @@ class SwitchScenario:
         assert run.state == "caught_up"
         return run, build_reprocess_service(self.settings, self.catalog, self.root, self.log)
 
-    def output(self, run):
-        """The run's output store (its namespace), closed at the end."""
-        store = open_store(self.settings, run.id)
+    def output(self, run=None):
+        """The run's output store (its namespace; the root store when None: another reader of
+        it), closed at the end."""
+        store = open_store(self.settings) if run is None else open_store(self.settings, run.id)
         self._opened.append(store)
         return store
 
@@ -141,6 +143,7 @@ class SwitchScenario:
                   tail: Callable[[], None] | None = None,
                   served: Callable[[object], None] = lambda root: None,
                   caught_up: Callable[[object, object], None] = lambda service, run: None,
+                  during_switch: Callable[[], AbstractContextManager] = nullcontext,
                   synchronized: bool = True, reference_batch: int | None = None) -> Switched:
         """The whole scenario for a run of `stream`. Each phase appends to the log:
         `first` before the serving pipeline's first run (old definition), `changed` after the
@@ -152,7 +155,8 @@ class SwitchScenario:
         backlog that would not fit one batch) and `tail` after the reference pipeline drained (then both
         drain once more: a pattern's watermark is its streams' as of the batch before).
         `served(root)` checks the serving store before the run, `caught_up(service, run)` the
-        run before the switch. `synchronized`: the switch `sketchboard reprocess --switch`
+        run before the switch; `during_switch()` is entered around the switch (a reader
+        polling throughout it). `synchronized`: the switch `sketchboard reprocess --switch`
         makes (in step with the serving pipeline), else the API's plain one.
         `reference_batch`: the reference pipeline's max_records_per_batch (the serving one's
         when None)."""
@@ -167,10 +171,11 @@ class SwitchScenario:
         after_run()
         self.main.run_until_drained()
         at_switch()
-        if synchronized:
-            switched = switch_run(self.settings, service, service.run(run.id), self.spark, self.root)
-        else:
-            switched = service.switch(run.id)
+        with during_switch():
+            if synchronized:
+                switched = switch_run(self.settings, service, service.run(run.id), self.spark, self.root)
+            else:
+                switched = service.switch(run.id)
         assert switched["serving_version"] == run.version
         assert DefinitionStore(self.root.side_db()).holds() == {}  # released by the switch
         after_switch()
