@@ -6,11 +6,11 @@ it), the switch moves the outputs, the serving pipeline restarts (as `sketchboar
 after a switch) and a reference pipeline reads the whole log once with the new definition. A
 test states its configuration, the data of each phase and what it expects of the outcome:
 
-    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=150) as s:
-        traffic = Traffic(s.log)
-        done = s.switch_of("users", first=lambda: traffic.both(3), changed=..., after_run=...,
-                           at_switch=...)
-        assert stored(done.root) == stored(done.reference)
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=150) as scenario:
+        traffic = Traffic(Log(scenario.log, scenario.catalog))
+        done = scenario.switch_of("users", first=lambda: traffic.both(2, 6, 60),
+                                  changed=lambda: traffic.both(2, 5, 60), after_run=..., at_switch=...)
+        assert stored(done.root) == stored(done.reference) == expected(traffic.log)
 
 The steps are methods too (`serve`, `change`, `reprocess`, ...) for a test that stops
 earlier. Every store and the log are closed when the `with` block ends."""
