@@ -7,19 +7,14 @@ before the switch (they are fed to the rebuilt state once, after it)."""
 
 from __future__ import annotations
 
-import io
 import random
 import time
 
 import pytest
-import yaml
 
-from catalog import Catalog
 from ingest.events import EventValidator
-from sketchboard.reprocess import build_reprocess_service, run_reprocess
-from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline
 from tests.log_backends import ON_THE_EMBEDDED_STACK
+from tests.support.switch import SwitchScenario, hour_ago, nothing
 
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
@@ -52,54 +47,28 @@ def match_counts(store) -> dict:
 
 def test_a_reprocess_of_a_patterns_stream_switched_gives_the_exact_matches(tmp_path, spark, log_backend,
                                                                            store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
     # Small batches: a pattern's watermark is the streams' as stored before a batch (one batch behind).
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
-                        **test_log.settings())
-    rng = random.Random(24)
-    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
-    new_catalog = Catalog(**NEW)
-    log = test_log.open(new_catalog)
-    stream = new_catalog.stream("logins")
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=150) as scenario:
+        rng = random.Random(24)
+        base = hour_ago()
+        stream = scenario.catalog.stream("logins")
 
-    def append(batch: list[dict]) -> None:
-        validator = EventValidator(stream)
-        log.append(stream, [validator.validate(e) for e in batch], int(time.time() * 1000))
+        def append(batch: list[dict]) -> None:
+            validator = EventValidator(stream)
+            scenario.log.append(stream, [validator.validate(e) for e in batch], int(time.time() * 1000))
 
-    append(logins(300, base, rng))
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(NEW))  # a dimension more: the pattern's stream is reprocessed
-    append(logins(200, base + 30_000, rng))
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reference = None
-    try:
-        main.run_until_drained()
-        run = run_reprocess(settings, "logins", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        append(logins(200, base + 50_000, rng))  # read by the live pipeline the old way, before the switch
-        main.run_until_drained()
-        service = build_reprocess_service(settings, new_catalog, root, log)
-        switched = service.switch(run.id)  # refused (409) before: the pattern reads the stream
-        assert switched["serving_version"] == run.version
-        # Events of no step, 10 minutes on: every pipeline's pattern watermark passes the logins above.
-        append([{**e, "user": "tail", "outcome": "other"} for e in logins(300, base + 600_000, rng)])
-        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
-        assert again.store is not root
-        again.run_until_drained()
-        again.store.close()
-        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
-        expected = matches(reference.store)
+        # A dimension more between `first` and `changed`: the pattern's stream is reprocessed. After
+        # the run: read by the live pipeline the old way, before the switch. The switch is the
+        # plain one (refused, 409, before: the pattern reads the stream). Then events of no step,
+        # 10 minutes on: every pipeline's pattern watermark passes the logins above.
+        done = scenario.switch_of(
+            "logins", first=lambda: append(logins(300, base, rng)),
+            changed=lambda: append(logins(200, base + 30_000, rng)),
+            after_run=lambda: append(logins(200, base + 50_000, rng)), at_switch=nothing,
+            after_switch=lambda: append([{**e, "user": "tail", "outcome": "other"}
+                                         for e in logins(300, base + 600_000, rng)]),
+            synchronized=False)
+        expected = matches(done.reference)
         assert len(expected) > 20
-        assert matches(root) == expected
-        assert match_counts(root) == match_counts(reference.store)
-    finally:
-        if reference is not None:
-            reference.store.close()
-        root.close()
-        log.close()
+        assert matches(done.root) == expected
+        assert match_counts(done.root) == match_counts(done.reference)

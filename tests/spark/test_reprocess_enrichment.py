@@ -11,21 +11,17 @@ times the oracle uses are the broker's."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import time
 
 import pytest
-import yaml
 
 from catalog import Catalog
 from catalog.versions import definition_version
-from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
-from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline, open_store
 from tests.log_backends import ON_BOTH_LOGS
 from tests.spark.test_enrichment import Log, expected, stored
+from tests.support.switch import SwitchScenario
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
@@ -74,77 +70,52 @@ class Traffic:
 
 def test_a_reprocess_of_a_table_rebuilds_the_streams_it_enriches_and_switches_them_together(
         tmp_path, spark, log_backend, store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
-                        **test_log.settings())
-    new_catalog, old_catalog = Catalog(**NEW), Catalog(**OLD)
-    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog))
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=150) as scenario:
+        traffic = Traffic(Log(scenario.log, scenario.catalog))
 
-    traffic.both(3, 6, 60)
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(NEW))
-    traffic.both(2, 5, 60)
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reference = None
-    try:
-        main.run_until_drained()
-        served = [json.loads(p.key.dims) for p in root.read_panes("http_requests", 0, 2**62)]
-        assert served and all("country" not in dims for dims in served)  # served the old way until the switch
-        run = run_reprocess(settings, "users", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        service = build_reprocess_service(settings, new_catalog, root, traffic.log.log)
-        # Its progress covers the enriched stream it read too.
-        progress = service.progress(service.run(run.id))
-        assert progress.done == progress.to_do > sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+        def served(root) -> None:  # served the old way until the switch
+            dims = [json.loads(p.key.dims) for p in root.read_panes("http_requests", 0, 2**62)]
+            assert dims and all("country" not in d for d in dims)
+
+        def caught_up(service, run) -> None:  # its progress covers the enriched stream it read too
+            progress = service.progress(service.run(run.id))
+            assert progress.done == progress.to_do > \
+                sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+
         # After the run: both changed and read the old way by the serving pipeline, then changes it
-        # has not read when the switch comes. Fewer than max_records_per_batch in all, so that the
-        # serving pipeline reads them again after the switch in one batch: on Kafka Spark's source
-        # shares a batch in proportion to each partition's backlog, which can enrich an event before
-        # a table change appended before it is read (docs/tables.md "In the pipeline").
-        traffic.both(2, 4, 40)
-        main.run_until_drained()
-        traffic.both(1, 4, 40)
-        switched = switch_run(settings, service, service.run(run.id), spark, root)
-        assert switched["serving_version"] == run.version and switched["enriched"] == ["http_requests"]
+        # has not read when the switch comes, then more of both before it restarts. Fewer than
+        # max_records_per_batch in all, so that the serving pipeline reads them (again) after the
+        # switch in one batch: on Kafka Spark's source shares a batch in proportion to each
+        # partition's backlog, which can enrich an event before a table change appended before it
+        # is read (docs/tables.md "In the pipeline"). Two rounds before the definition changes and
+        # two after: the run reads them in two batches of its own (more is not what is tested).
+        done = scenario.switch_of(
+            "users", first=lambda: traffic.both(2, 6, 60), changed=lambda: traffic.both(2, 5, 60),
+            after_run=lambda: traffic.both(2, 4, 30), at_switch=lambda: traffic.both(1, 4, 30),
+            after_switch=lambda: traffic.both(1, 4, 30), served=served, caught_up=caught_up,
+            # The whole log in one batch: no batch plan can change its answer.
+            reference_batch=1_000_000)
+        root, reference, service = done.root, done.reference, done.service
+        assert done.switched["enriched"] == ["http_requests"]
         assert service.changes() == {}  # both streams now served as configured
-        # After the switch: the serving pipeline restarts (as `sketchboard pipeline` does) and reads
-        # both streams from the run's end; then more of both.
-        again = build_pipeline(settings, spark)
-        again.run_until_drained()
-        traffic.both(1, 4, 50)
-        again.run_until_drained()
-        again.store.close()
-        # The whole log in one batch: no batch plan can change its answer.
-        reference = build_pipeline(settings.model_copy(update={"max_records_per_batch": 1_000_000}), spark,
-                                   name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
 
         want, missing = expected(traffic.log)
         assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and 0 < missing < len(traffic.log.events)
         assert sum(want.values()) == len(traffic.log.events)  # nothing dead-lettered
-        assert stored(reference.store) == want
+        assert stored(reference) == want
         assert stored(root) == want
         assert root.progress("main").streams["http_requests"].enrich_misses == {"users": missing}
-        assert root.table_versions("users") == reference.store.table_versions("users")
+        assert root.table_versions("users") == reference.table_versions("users")
         assert {r.key: r.row for r in root.table_rows("users", limit=1_000)} == \
-            {r.key: r.row for r in reference.store.table_rows("users", limit=1_000)}
+            {r.key: r.row for r in reference.table_rows("users", limit=1_000)}
         # The replaced output is kept and queryable by the stream's old version (?version=).
+        old_catalog = Catalog(**OLD)
         old_version = definition_version(old_catalog.streams["http_requests"], old_catalog)
         namespace, declaration = service.output("http_requests", old_version[:8])
-        assert namespace == switched["previous"] and declaration["enrich"][0]["columns"] == ["plan"]
+        assert namespace == done.switched["previous"] and declaration["enrich"][0]["columns"] == ["plan"]
         kept = service.output_store(namespace)
         old = [json.loads(p.key.dims) for p in kept.read_panes("http_requests", 0, 2**62)]
         assert old and all("country" not in dims for dims in old)
-    finally:
-        if reference is not None:
-            reference.store.close()
-        root.close()
-        traffic.log.log.close()
 
 
 # The enriched stream's own change: enriched with a column its table already has.
@@ -159,29 +130,15 @@ def test_a_reprocess_of_an_enriched_stream_enriches_every_event_as_of_its_time(
     source plans them (sketchboard/reprocess.py run_end_offsets): left to Spark's Kafka source,
     which shares a batch in proportion to each partition's backlog, an event can be enriched
     before a change of its key appended before it is read."""
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(STREAM_CHANGED))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
-                        **test_log.settings())
-    catalog = Catalog(**NEW)
-    traffic = Traffic(Log(test_log.open(catalog), catalog))
-    traffic.both(3, 6, 60)
-    main = build_pipeline(settings, spark)
-    try:
-        main.run_until_drained()
-        config.write_text(yaml.safe_dump(NEW))
+    with SwitchScenario(tmp_path, spark, log_backend, STREAM_CHANGED, NEW, batch=150) as scenario:
+        traffic = Traffic(Log(scenario.log, scenario.catalog))
+        traffic.both(2, 6, 60)
+        scenario.serve()
+        scenario.change()
         traffic.both(2, 5, 60)
-        run = run_reprocess(settings, "http_requests", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
+        run, _ = scenario.reprocess("http_requests")
         want, missing = expected(traffic.log)
         assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and 0 < missing < len(traffic.log.events)
-        output = open_store(settings, run.id)
-        try:
-            assert stored(output) == want
-            assert output.progress(run.id).streams["http_requests"].enrich_misses == {"users": missing}
-        finally:
-            output.close()
-    finally:
-        main.store.close()
-        traffic.log.log.close()
+        output = scenario.output(run)
+        assert stored(output) == want
+        assert output.progress(run.id).streams["http_requests"].enrich_misses == {"users": missing}

@@ -13,21 +13,13 @@ broker's."""
 
 from __future__ import annotations
 
-import io
-import random
-import time
 
 import pytest
-import yaml
 
-from catalog import Catalog
-from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
-from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline
-from store.definitions import DefinitionStore
 from tests.log_backends import ON_BOTH_LOGS
 from tests.spark.test_enrichment_views import Log, expected, stored
-from tests.spark.test_reprocess_enrichment import LATE
+from tests.spark.test_reprocess_enrichment import LATE, Traffic as TableTraffic
+from tests.support.switch import SwitchScenario
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
@@ -47,17 +39,10 @@ NEW = {**OLD, "streams": {
 COLUMNS = ["method", "plan_id", "country", "tier"]
 
 
-class Traffic:
+class Traffic(TableTraffic):
     """Changes of both tables and requests appended at least 20 ms apart, each request stamped up to
     60 ms before its append (some precede the latest changes). Real times: on Kafka the broker
     stamps the append time (LogAppendTime), and the oracle reads it back (`Log`)."""
-
-    def __init__(self, log: Log):
-        self.log, self.rng = log, random.Random(16)
-
-    def tick(self) -> int:
-        time.sleep(0.02)
-        return int(time.time() * 1000)
 
     def users(self, n: int) -> None:
         rng = self.rng  # u0..u10 (u11 is never in the table); p5 is never a plan (a right miss)
@@ -85,63 +70,38 @@ class Traffic:
 
 def test_a_reprocess_of_a_table_enriching_through_a_view_rebuilds_the_stream_switched_in_step(
         tmp_path, spark, log_backend, store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=150,
-                        **test_log.settings())
-    new_catalog = Catalog(**NEW)
-    traffic = Traffic(Log(test_log.open(new_catalog), new_catalog))
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=150) as scenario:
+        traffic = Traffic(Log(scenario.log, scenario.catalog))
 
-    traffic.rounds(3, 6, 3, 60)
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(NEW))
-    traffic.rounds(2, 5, 2, 60)
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reference = None
-    try:
-        main.run_until_drained()
-        run = run_reprocess(settings, "users", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        service = build_reprocess_service(settings, new_catalog, root, traffic.log.log)
-        progress = service.progress(service.run(run.id))  # the stream read as far as the serving pipeline had
-        assert progress.done == progress.to_do > sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+        def caught_up(service, run) -> None:  # the stream read as far as the serving pipeline had
+            progress = service.progress(service.run(run.id))
+            assert progress.done == progress.to_do > \
+                sum(p.to_do for p in progress.partitions if p.stream == "users") > 0
+
         # After the run: all three changed and read the old way by the serving pipeline; then
-        # changes it has not read when the switch comes, plans' tiers before requests that see them.
-        traffic.rounds(2, 4, 2, 50)
-        main.run_until_drained()
-        traffic.rounds(1, 4, 3, 50)
-        switched = switch_run(settings, service, service.run(run.id), spark, root)
-        assert switched["serving_version"] == run.version and switched["enriched"] == ["http_requests"]
-        assert service.changes() == {} and DefinitionStore(root.side_db()).holds() == {}
-        # After the switch: the serving pipeline restarts (as `sketchboard pipeline` does); then more.
-        again = build_pipeline(settings, spark)
-        again.run_until_drained()
-        traffic.rounds(1, 4, 2, 50)
-        again.run_until_drained()
-        again.store.close()
-        # The whole log in one batch: no batch plan can change its answer (on Kafka Spark's source
-        # shares a batch in proportion to each partition's backlog: docs/tables.md "In the pipeline").
-        reference = build_pipeline(settings.model_copy(update={"max_records_per_batch": 1_000_000}), spark,
-                                   name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
+        # changes it has not read when the switch comes, plans' tiers before requests that see
+        # them; then more before it restarts. Fewer than max_records_per_batch from the run's end
+        # on: the serving pipeline reads them after the switch in one batch (on Kafka Spark's
+        # source shares a batch in proportion to each partition's backlog: docs/tables.md "In the
+        # pipeline"). Two rounds before the definition changes and two after: the run reads them
+        # in two batches of its own (more is not what is tested).
+        done = scenario.switch_of(
+            "users", first=lambda: traffic.rounds(2, 6, 3, 60), changed=lambda: traffic.rounds(2, 5, 2, 60),
+            after_run=lambda: traffic.rounds(2, 4, 2, 30), at_switch=lambda: traffic.rounds(1, 4, 3, 30),
+            after_switch=lambda: traffic.rounds(1, 4, 2, 30), caught_up=caught_up,
+            # The whole log in one batch: no batch plan can change its answer.
+            reference_batch=1_000_000)
+        root, reference = done.root, done.reference
+        assert done.switched["enriched"] == ["http_requests"] and done.service.changes() == {}
 
         want, missing = expected(traffic.log, "http_requests", False, COLUMNS[1:])
         assert {k[3] for k in want} >= {"", "nl", "de", "fr"} and {k[4] for k in want} >= {"", "free", "gold"}
         assert 0 < missing < len(traffic.log.events["http_requests"])
         assert sum(want.values()) == len(traffic.log.events["http_requests"])  # nothing dead-lettered
-        assert stored(reference.store, "http_requests", COLUMNS) == want
+        assert stored(reference, "http_requests", COLUMNS) == want
         assert stored(root, "http_requests", COLUMNS) == want
         assert root.progress("main").streams["http_requests"].enrich_misses == {"user_plans": missing}
         for table in ("users", "plans"):
-            assert root.table_versions(table) == reference.store.table_versions(table)
+            assert root.table_versions(table) == reference.table_versions(table)
         assert {r.key: dict(r.row) for r in root.view_rows("user_plans", limit=1_000)} == \
-            {r.key: dict(r.row) for r in reference.store.view_rows("user_plans", limit=1_000)}
-    finally:
-        if reference is not None:
-            reference.store.close()
-        root.close()
-        traffic.log.log.close()
+            {r.key: dict(r.row) for r in reference.view_rows("user_plans", limit=1_000)}

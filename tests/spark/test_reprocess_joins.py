@@ -10,21 +10,17 @@ on Kafka the run reads in batches with chosen end offsets (aggregates/bounded_ba
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import time
+from collections.abc import Callable
 
 import pytest
-import yaml
 
 from catalog import Catalog
 from ingest.events import EventValidator
-from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
-from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline
-from store.definitions import DefinitionStore
 from tests.log_backends import ON_BOTH_LOGS
+from tests.support.switch import SwitchScenario, hour_ago, nothing, plain_switch_refused
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
@@ -40,6 +36,7 @@ NEW = {**OLD, "streams": {**OLD["streams"], "searches": {**STREAM, "dimensions":
 class Traffic:
     def __init__(self, log, catalog: Catalog, base_ms: int):
         self.log, self.catalog, self.base, self.rng, self.ids = log, catalog, base_ms, random.Random(16), 0
+        self.sent: dict[str, list[str]] = {}  # the search ids of each phase
 
     def append(self, stream: str, events: list[dict]) -> None:
         validator = EventValidator(self.catalog.stream(stream))
@@ -52,6 +49,16 @@ class Traffic:
                                   "category": self.rng.choice(["books", "games"]),
                                   "platform": self.rng.choice(["ios", "web"])} for i, s in enumerate(ids)])
         return ids
+
+    def phase(self, name: str, n: int, start_s: int, clicked: Callable[[dict[str, list[str]]], list[str]],
+              before: Callable[[], None] = nothing) -> Callable[[], None]:
+        """A phase of a switch scenario: `before()`, then `n` searches from second `start_s` (their
+        ids kept as sent[name]), then clicks on those `clicked(sent)` names."""
+        def append() -> None:
+            before()
+            self.sent[name] = self.searches(n, start_s)
+            self.clicks(clicked(self.sent), start_s)
+        return append
 
     def clicks(self, ids: list[str], start_s: int) -> None:
         """A click on some of `ids`, 0 to 3 minutes after `start_s` (some outside the 2-minute window)."""
@@ -72,63 +79,27 @@ def join_totals(store) -> tuple[int, int]:
 
 def test_a_reprocess_of_a_joins_stream_switched_in_step_gives_the_exact_join(tmp_path, spark, log_backend,
                                                                              store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
-                        **test_log.settings())
-    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
-    new_catalog = Catalog(**NEW)
-    traffic = Traffic(test_log.open(new_catalog), new_catalog, base)
-
-    first = traffic.searches(150, 0)
-    traffic.clicks(first, 0)
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(NEW))  # the join's left stream gets a dimension: reprocessed
-    second = traffic.searches(150, 150)
-    traffic.clicks(first[100:] + second, 150)
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reference = None
-    try:
-        main.run_until_drained()
-        run = run_reprocess(settings, "searches", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
-        with pytest.raises(ValueError, match="sketchboard reprocess searches --switch"):
-            service.switch(run.id)  # a plain switch (the API's) cannot run the run's final batch
-        # After the run: both streams appended to and read the old way by the serving pipeline,
-        # then clicks it has not read yet when the switch comes (it reads them after, once).
-        third = traffic.searches(100, 300)
-        traffic.clicks(second[100:] + third, 300)
-        main.run_until_drained()
-        traffic.clicks(third, 330)
-        switched = switch_run(settings, service, service.run(run.id), spark, root)
-        assert switched["serving_version"] == run.version
-        assert DefinitionStore(root.side_db()).holds() == {}  # released by the switch
-        # Searches and clicks ten minutes on: every pipeline's join clock passes the state above.
-        late = traffic.searches(50, 900)
-        traffic.clicks(late, 900)
-        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
-        assert again.store is not root
-        again.run_until_drained()
-        again.store.close()
-        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
-        pairs, unmatched = join_totals(reference.store)
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=200) as scenario:
+        traffic = Traffic(scenario.log, scenario.catalog, hour_ago())
+        # The join's left stream gets a dimension between `first` and `changed`: reprocessed. After
+        # the run: both streams appended to and read the old way by the serving pipeline, then
+        # clicks it has not read yet when the switch comes (it reads them after, once); then
+        # searches and clicks ten minutes on: every pipeline's join clock passes the state above.
+        done = scenario.switch_of(
+            "searches", first=traffic.phase("first", 150, 0, lambda ids: ids["first"]),
+            changed=traffic.phase("second", 150, 150, lambda ids: ids["first"][100:] + ids["second"]),
+            after_run=traffic.phase("third", 100, 300, lambda ids: ids["second"][100:] + ids["third"]),
+            at_switch=lambda: traffic.clicks(traffic.sent["third"], 330),
+            after_switch=traffic.phase("late", 50, 900, lambda ids: ids["late"]),
+            caught_up=plain_switch_refused("sketchboard reprocess searches --switch"))
+        root, reference = done.root, done.reference
+        pairs, unmatched = join_totals(reference)
         assert pairs > 100 and unmatched > 10
         assert join_totals(root) == (pairs, unmatched)
-        assert panes(root, "search_clicks") == panes(reference.store, "search_clicks")
-        assert panes(root, "searches") == panes(reference.store, "searches")
-        assert panes(root, "clicks") == panes(reference.store, "clicks")
+        assert panes(root, "search_clicks") == panes(reference, "search_clicks")
+        assert panes(root, "searches") == panes(reference, "searches")
+        assert panes(root, "clicks") == panes(reference, "clicks")
         assert {json.loads(d).get("platform") for _, d in panes(root, "search_clicks")} >= {"ios", "web"}
-    finally:
-        if reference is not None:
-            reference.store.close()
-        root.close()
-        traffic.log.close()
 
 
 # A pattern over both streams instead of a join: its state is two-stream state as the join's, and
@@ -168,6 +139,13 @@ class Timeline:
             key=lambda e: e["time"])
         self.sent = {"searches": 0, "clicks": 0}
 
+    def upto(self, searches: int, clicks: int) -> Callable[[], None]:
+        """A phase: the searches before second `searches`, then the clicks before `clicks`."""
+        def append() -> None:
+            self.until("searches", searches)
+            self.until("clicks", clicks)
+        return append
+
     def until(self, stream: str, second: int) -> None:
         """Append the stream's events before `second` not appended yet."""
         events = self.events[stream][self.sent[stream]:]
@@ -179,69 +157,32 @@ class Timeline:
 
 def test_a_reprocess_of_a_stream_a_two_stream_pattern_reads_switched_in_step_gives_the_exact_matches(
         tmp_path, spark, log_backend, store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(PATTERN_OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=200,
-                        **test_log.settings())
-    base = (int(time.time() * 1000) // 3_600_000 - 1) * 3_600_000
-    new_catalog = Catalog(**PATTERN_NEW)
-    traffic = Traffic(test_log.open(new_catalog), new_catalog, base)
-    timeline = Timeline(traffic, 450)
+    with SwitchScenario(tmp_path, spark, log_backend, PATTERN_OLD, PATTERN_NEW, batch=200) as scenario:
+        traffic = Traffic(scenario.log, scenario.catalog, hour_ago())
+        timeline = Timeline(traffic, 450)
 
-    timeline.until("searches", 150)
-    timeline.until("clicks", 120)
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(PATTERN_NEW))  # a dimension more on one of the pattern's streams
-    timeline.until("searches", 300)
-    timeline.until("clicks", 250)
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reference = None
-    try:
-        main.run_until_drained()
-        run = run_reprocess(settings, "searches", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        service = build_reprocess_service(settings, new_catalog, root, traffic.log)
-        with pytest.raises(ValueError, match="feeds pattern 'search_click'.*sketchboard reprocess searches --switch"):
-            service.switch(run.id)
-        # After the run: both streams appended to and read the old way by the serving pipeline,
-        # then clicks it has not read when the switch comes (it reads them after, once).
-        timeline.until("searches", 400)
-        timeline.until("clicks", 350)
-        main.run_until_drained()
-        timeline.until("clicks", 420)
-        switched = switch_run(settings, service, service.run(run.id), spark, root)
-        assert switched["serving_version"] == run.version
-        assert DefinitionStore(root.side_db()).holds() == {}
-        # The rest, then searches and clicks 40 minutes on: the pattern's watermark passes the above.
-        timeline.until("searches", 10_000)
-        timeline.until("clicks", 10_000)
-        traffic.ids = 1_000  # ids of their own, past the timeline's
-        late = traffic.searches(50, 2_500)
-        traffic.clicks(late, 2_500)
-        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
-        again.run_until_drained()
-        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
-        # One batch more each: a pattern's watermark is its streams' as of the batch before.
-        traffic.clicks(traffic.searches(10, 2_600), 2_600)
-        for pipeline in (again, reference):
-            pipeline.run_until_drained()
-        again.store.close()
-        want = pattern_matches(reference.store)
+        def late() -> None:
+            """The rest, then searches and clicks 40 minutes on: the pattern's watermark passes the above."""
+            timeline.until("searches", 10_000)
+            timeline.until("clicks", 10_000)
+            traffic.ids = 1_000  # ids of their own, past the timeline's
+            traffic.clicks(traffic.searches(50, 2_500), 2_500)
+
+        # A dimension more on one of the pattern's streams between `first` and `changed`. After
+        # the run: both streams appended to and read the old way by the serving pipeline, then
+        # clicks it has not read when the switch comes (it reads them after, once).
+        done = scenario.switch_of(
+            "searches", first=timeline.upto(150, 120), changed=timeline.upto(300, 250),
+            after_run=timeline.upto(400, 350), at_switch=lambda: timeline.until("clicks", 420),
+            after_switch=late, tail=lambda: traffic.clicks(traffic.searches(10, 2_600), 2_600),
+            caught_up=plain_switch_refused("feeds pattern 'search_click'.*sketchboard reprocess searches --switch"))
+        root, reference = done.root, done.reference
+        want = pattern_matches(reference)
         # The exact answer too: the timeline's searches clicked within the pattern's 2 minutes.
         searched = {e["search_id"]: e["time"] for e in timeline.events["searches"]}
         exact = {e["search_id"] for e in timeline.events["clicks"] if e["time"] - searched[e["search_id"]] <= 120_000}
         assert {k for k, _ in want if k in searched} == exact and len(exact) > 150
         assert pattern_matches(root) == want
-        assert panes(root, "search_click_matches") == panes(reference.store, "search_click_matches")
-        assert panes(root, "searches") == panes(reference.store, "searches")
-        assert panes(root, "clicks") == panes(reference.store, "clicks")
-    finally:
-        if reference is not None:
-            reference.store.close()
-        root.close()
-        traffic.log.close()
+        assert panes(root, "search_click_matches") == panes(reference, "search_click_matches")
+        assert panes(root, "searches") == panes(reference, "searches")
+        assert panes(root, "clicks") == panes(reference, "clicks")

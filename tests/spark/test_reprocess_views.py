@@ -12,22 +12,19 @@ logs: on Kafka (compacted table topics) the run reads in batches with chosen end
 
 from __future__ import annotations
 
-import io
 import random
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pandas as pd
 import pytest
-import yaml
 
 from catalog import Catalog
 from ingest.tables import TableRowValidator
-from sketchboard.reprocess import build_reprocess_service, run_reprocess, switch_run
-from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline, open_store
-from store.definitions import DefinitionStore
 from tests.log_backends import ON_BOTH_LOGS
+from tests.support.switch import SwitchScenario, plain_switch_refused
 
 pytestmark = [pytest.mark.spark, ON_BOTH_LOGS]
 
@@ -118,87 +115,73 @@ def view(store) -> dict[str, dict]:
 
 def test_a_reprocess_of_a_table_a_view_reads_switched_in_step_gives_the_exact_view_and_changelog(
         tmp_path, spark, log_backend, store_backend):
-    test_log = log_backend.new(tmp_path / "data")
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None, max_records_per_batch=100,
-                        **test_log.settings())
-    new_catalog = Catalog(**NEW)
-    tables = Tables(test_log.open(new_catalog), new_catalog)
+    with SwitchScenario(tmp_path, spark, log_backend, OLD, NEW, batch=100) as scenario:
+        tables = Tables(scenario.log, scenario.catalog)
+        reader = Reader(scenario.output())
 
-    tables.plans(8)
-    tables.users(80)
-    main = build_pipeline(settings, spark)
-    main.run_until_drained()
-    main.store.close()
-    config.write_text(yaml.safe_dump(NEW))  # users get a country: the view's rows change too
-    tables.users(60)
-    tables.plans(4)
-    main = build_pipeline(settings, spark)
-    root = main.store
-    reader = Reader(open_store(settings))
-    reference = None
-    try:
-        main.run_until_drained()
-        assert reader.read() > 50 and reader.rows == view(root)
-        assert all("country" not in row for row in reader.rows.values())  # served the old way
-        run = run_reprocess(settings, "users", spark=spark, out=io.StringIO(), interval_s=0.05)
-        assert run.state == "caught_up"
-        service = build_reprocess_service(settings, new_catalog, root, tables.log)
-        with pytest.raises(ValueError, match="feeds view 'user_plans'.*sketchboard reprocess users --switch"):
-            service.switch(run.id)  # a plain switch (the API's) cannot run the run's final batch
+        def first() -> None:
+            tables.plans(8)
+            tables.users(80)
+
+        def changed() -> None:  # users get a country: the view's rows change too
+            tables.users(60)
+            tables.plans(4)
+
+        def served(root) -> None:
+            assert reader.read() > 50 and reader.rows == view(root)
+            assert all("country" not in row for row in reader.rows.values())  # served the old way
+
         # After the run: both tables changed and read the old way by the serving pipeline (plans
         # p0 to p2: only the run's final batch brings them into the rebuilt view; nothing changes
         # them after), then changes it has not read when the switch comes (plans: read after it).
-        tables.users(30)
-        tables.plans(6, keys=(0, 1, 2))
-        main.run_until_drained()
-        reader.read()
-        tables.users(10)
-        tables.plans(3, keys=(3, 4, 5))
-        # A reader polling throughout the switch.
-        stop, errors = threading.Event(), []
+        def after_run() -> None:
+            tables.users(30)
+            tables.plans(6, keys=(0, 1, 2))
 
-        def poll() -> None:
+        def at_switch() -> None:
+            reader.read()
+            tables.users(10)
+            tables.plans(3, keys=(3, 4, 5))
+
+        @contextmanager
+        def polled() -> Iterator[None]:
+            """A reader polling throughout the switch."""
+            stop, errors = threading.Event(), []
+
+            def poll() -> None:
+                try:
+                    while not stop.is_set():
+                        reader.read(page=5)
+                        time.sleep(0.01)
+                except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
+                    errors.append(exc)
+
+            polling = threading.Thread(target=poll, name="changelog-reader")
+            polling.start()
             try:
-                while not stop.is_set():
-                    reader.read(page=5)
-                    time.sleep(0.01)
-            except BaseException as exc:  # noqa: BLE001 - raised in the test's thread below
-                errors.append(exc)
+                yield
+            finally:
+                stop.set()
+                polling.join()
+            assert not errors, errors
 
-        polling = threading.Thread(target=poll, name="changelog-reader")
-        polling.start()
-        try:
-            switched = switch_run(settings, service, service.run(run.id), spark, root)
-        finally:
-            stop.set()
-            polling.join()
-        assert not errors, errors
-        assert switched["serving_version"] == run.version
-        assert DefinitionStore(root.side_db()).holds() == {}
-        reader.read()
-        assert reader.rows == view(root) and all("country" in row for row in reader.rows.values())
-        # After the switch: users changed, read by the restarted serving pipeline.
-        tables.users(20)
-        again = build_pipeline(settings, spark)  # as `sketchboard pipeline` restarts after a switch
-        again.run_until_drained()
-        again.store.close()
+        def after_switch() -> None:  # then users changed, read by the restarted serving pipeline
+            reader.read()
+            assert reader.rows == view(scenario.root) and all("country" in row for row in reader.rows.values())
+            tables.users(20)
+
+        done = scenario.switch_of(
+            "users", first=first, changed=changed, served=served,
+            caught_up=plain_switch_refused("feeds view 'user_plans'.*sketchboard reprocess users --switch"),
+            after_run=after_run, at_switch=at_switch, during_switch=polled, after_switch=after_switch)
+        root, reference = done.root, done.reference
         reader.read()
         assert root.view_changes("user_plans", limit=1)[0].cursor == "1"  # never rebuilt: the changelog goes on
-        reference = build_pipeline(settings, spark, name="reference", starting_offsets="earliest")
-        reference.run_until_drained()
         want = tables.merged()
         assert len(want) > 30 and any(row["tier"] is None for row in want.values())
-        assert view(reference.store) == want
+        assert view(reference) == want
         assert view(root) == want
         assert reader.rows == want
         for table in ("users", "plans"):
             assert {r.key: r.row for r in root.table_rows(table, limit=10_000)} == \
-                {r.key: r.row for r in reference.store.table_rows(table, limit=10_000)}
-    finally:
-        if reference is not None:
-            reference.store.close()
-        reader.store.close()
-        root.close()
-        tables.log.close()
+                {r.key: r.row for r in reference.table_rows(table, limit=10_000)}
