@@ -96,15 +96,26 @@ class BatchPlan:
         return sum(1 for p in self.panes if p.correction is not None)
 
 
-def pane_ids(commit: BatchCommit) -> list[PaneId]:
-    """The stored panes a batch merges into (what the backend reads before planning), each once."""
-    return list(dict.fromkeys((p.stream, p.start_ms, dims_key(p.dims)) for p in commit.partials))
+def pane_keys(commit: BatchCommit) -> list[str]:
+    """dims_key of each partial's dimensions, in the partials' order. A backend computes them
+    once and hands them to pane_ids and plan_batch: each computed them for every partial, two
+    dimension texts per partial of a backfill (~0.3 s per 1 M events)."""
+    return [dims_key(p.dims) for p in commit.partials]
+
+
+def pane_ids(commit: BatchCommit, keys: Sequence[str] | None = None) -> list[PaneId]:
+    """The stored panes a batch merges into (what the backend reads before planning), each once.
+    `keys`: pane_keys(commit), when the caller has them."""
+    if keys is None:
+        keys = pane_keys(commit)
+    return list(dict.fromkeys((p.stream, p.start_ms, key) for p, key in zip(commit.partials, keys, strict=True)))
 
 
 def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
                lateness_ms: Mapping[str, int], layouts: Mapping[str, TierLayout], *, now_ms: int = 0,
-               idle_timeout_ms: Mapping[str, int] | None = None) -> BatchPlan:
-    """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist.
+               idle_timeout_ms: Mapping[str, int] | None = None, keys: Sequence[str] | None = None) -> BatchPlan:
+    """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist;
+    `keys` are pane_keys(commit) when the caller has them (computed here otherwise).
     The watermark is per partition for streams whose commit carries partition marks
     (store/watermarks.py: `now_ms` and `idle_timeout_ms` judge idle partitions), else the
     stream-wide newest event - lateness.
@@ -120,8 +131,9 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     aggregated: dict[str, int] = defaultdict(int)
     tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
     watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
-    for partial in commit.partials:
-        key = dims_key(partial.dims)
+    if keys is None:
+        keys = pane_keys(commit)
+    for partial, key in zip(commit.partials, keys, strict=True):
         pane_id = (partial.stream, partial.start_ms, key)
         before = current.get(pane_id)
         final = is_final(watermarks.get(partial.stream), partial.end_ms)
@@ -245,6 +257,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
-    "pane_ids", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
+    "pane_ids", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
     "tier_row_after",
 ]
