@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from catalog.model import DEFAULT_PARTITION_IDLE_TIMEOUT_MS
 from store.base import BatchCommit
 from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
+from store.tier_levels import tier_deltas_of_columns
 from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
 from store.watermarks import PartitionMark, advance_stream, partition_state
 
@@ -130,10 +131,14 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     new = updated = 0
     aggregated: dict[str, int] = defaultdict(int)
     tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
+    # Streams whose partials come with their columns (store/partial_columns.py): their rows'
+    # places in the batch, the tier deltas made from the columns after the loop.
+    columnar = {s for s in commit.partial_columns if s in layouts}
+    tier_at: dict[str, list[int]] = defaultdict(list)
     watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
     if keys is None:
         keys = pane_keys(commit)
-    for partial, key in zip(commit.partials, keys, strict=True):
+    for i, (partial, key) in enumerate(zip(commit.partials, keys, strict=True)):
         pane_id = (partial.stream, partial.start_ms, key)
         before = current.get(pane_id)
         final = is_final(watermarks.get(partial.stream), partial.end_ms)
@@ -152,9 +157,13 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         writes.append(PaneWrite(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision,
                                 partial.data.count, correction))
         aggregated[partial.stream] += partial.data.count
-        if partial.stream in layouts:
+        if partial.stream in columnar:
+            tier_at[partial.stream].append(i)
+        elif partial.stream in layouts:
             tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
     deltas = {stream: tier_deltas(rows, layouts[stream]) for stream, rows in tier_input.items()}
+    for stream, at in tier_at.items():
+        deltas[stream] = _tier_deltas_of_columns(commit, keys, writes, at, layouts[stream])
     dead_counts: dict[tuple[str, str], int] = {}
     dead_total: dict[str, int] = defaultdict(int)
     for stream, reasons in commit.dead_by_stream.items():
@@ -202,6 +211,21 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         updates.append(StreamUpdate(stream, watermark, newest, aggregated.get(stream, 0), read,
                                     dead_total.get(stream, 0), held_by, partitions))
     return BatchPlan(writes, new, updated, deltas, updates, dead_counts)
+
+
+def _tier_deltas_of_columns(commit: BatchCommit, keys: Sequence[str], writes: Sequence[PaneWrite], at: list[int],
+                            layout: TierLayout) -> dict[TierKey, TierDelta]:
+    """A stream's tier deltas from its partials' columns, when they are the stream's partials:
+    one run of the batch, as many rows, the same starts (partials appended after the columns
+    were made, by a step deriving rows of the same stream, say, make it take the rows' path)."""
+    partials = commit.partials
+    cols = commit.partial_columns[partials[at[0]].stream]
+    lo, hi = at[0], at[-1] + 1
+    if hi - lo == len(at) == len(cols) and [p.start_ms for p in partials[lo:hi]] == list(cols.start):
+        return tier_deltas_of_columns(cols, [w.revision for w in writes[lo:hi]], keys[lo:hi],
+                                      [p.dims for p in partials[lo:hi]], layout)
+    return tier_deltas([(partials[i].start_ms, partials[i].dims, keys[i], partials[i].data, writes[i].revision)
+                        for i in at], layout)
 
 
 def tier_row_after(stored: StoredPane | None, delta: TierDelta) -> StoredPane:
