@@ -161,9 +161,11 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
             tier_at[partial.stream].append(i)
         elif partial.stream in layouts:
             tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
-    deltas = {stream: tier_deltas(rows, layouts[stream]) for stream, rows in tier_input.items()}
-    for stream, at in tier_at.items():
-        deltas[stream] = _tier_deltas_of_columns(commit, keys, writes, at, layouts[stream])
+    # Per stream in the order the batch first has it (the order the stores write the tier rows in).
+    first_at = {p.stream: None for p in commit.partials if p.stream in tier_input or p.stream in tier_at}
+    deltas = {stream: tier_deltas(tier_input[stream], layouts[stream]) if stream in tier_input
+              else _tier_deltas_of_columns(commit, keys, writes, tier_at[stream], layouts[stream])
+              for stream in first_at}
     dead_counts: dict[tuple[str, str], int] = {}
     dead_total: dict[str, int] = defaultdict(int)
     for stream, reasons in commit.dead_by_stream.items():
