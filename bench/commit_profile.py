@@ -9,6 +9,7 @@ profile's top functions (cumulative, then own time); asserts nothing.
     python -m bench.commit_profile --no-profile --paths rows,columns,rows,columns
         # the partials as objects only, then with their columns (BatchCommit.partial_columns, as
         # the Arrow partials come), each into a fresh store, alternated in one process
+    python -m bench.commit_profile --no-profile --phases --paths columns,rows   # CPU per step of the commit
 
 Session 40, load ~12: 1 M events -> 322 390 partials, commit CPU 20.8 s; tier deltas ~40 % of it,
 the pane rows' write ~35 % (a third of that the stats text and sketch blobs), executemany ~10 %."""
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="functions printed per ordering")
     parser.add_argument("--no-profile", action="store_true",
                         help="time the commit without cProfile (which more than doubles the cost of its Python calls)")
+    parser.add_argument("--phases", action="store_true",
+                        help="CPU per step of each commit: the store's once-per-commit functions timed around their calls")
     parser.add_argument("--paths", default="columns",
                         help="comma-separated, in turn, each into a fresh store: 'rows' (the partials' objects only) or"
                              " 'columns' (with their columns, as the Arrow partials come); the last one is profiled")
@@ -53,7 +56,10 @@ def main() -> None:
     commit = BatchCommit("main", 0, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
                          read_by_stream={STREAM: n})
     paths = args.paths.split(",")
+    phases = _timed_steps() if args.phases else None
     for k, path in enumerate(paths):
+        if phases is not None:
+            phases.clear()
         profile = cProfile.Profile()
         with tempfile.TemporaryDirectory() as root:
             store = SqlitePaneStore(Path(root) / "store.db", synchronous="OFF")
@@ -71,11 +77,51 @@ def main() -> None:
         how = "without the profiler" if args.no_profile or k < len(paths) - 1 else "under cProfile"
         print(f"{n:,} events -> {len(partials):,} pane partials, {path}: one commit: {cpu:.1f} s of CPU {how}",
               flush=True)
+        for step, seconds in sorted((phases or {}).items(), key=lambda item: -item[1]):
+            print(f"    {step:<40} {seconds:6.2f} s")
     if args.no_profile:
         return
     stats = pstats.Stats(profile)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top // 2)
+
+
+def _timed_steps() -> dict[str, float]:
+    """Wrap the commit's once-per-commit steps (the plan, the tier levels, the writes) to add up
+    their CPU time in the returned dict: cProfile's cost per call would distort the per-row ones."""
+    import sketches.hll as hll
+    import store.sqlite as sqlite
+    import store.sqlite_tiers as sqlite_tiers
+    import store.tier_levels as tier_levels
+
+    out: dict[str, float] = {}
+
+    def wrap(owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                out[label] = out.get(label, 0.0) + time.process_time() - start
+
+        setattr(owner, name, timed)
+
+    for owner, name, label in [
+        (sqlite, "pane_keys", "the partials' dimension texts"),
+        (sqlite, "plan_batch", "the plan, in all"),
+        (tier_levels, "_root", ". tiers' first level, from objects"),
+        (tier_levels, "_root_of_columns", ". tiers' first level, from columns"),
+        (tier_levels, "_group", ". tier levels' grouping"),
+        (hll.HllSketch, "merge_all", ". . of which HLL unions"),
+        (tier_levels, "_emit", ". tier rows as TierDeltas"),
+        (sqlite.SqlitePaneStore, "_stored_panes", "the stored panes' load"),
+        (sqlite.SqlitePaneStore, "_write_panes", "writing pane rows and changes"),
+        (sqlite_tiers, "apply_deltas", "tier rows' merge and write"),
+    ]:
+        wrap(owner, name, label)
+    return out
 
 
 if __name__ == "__main__":
