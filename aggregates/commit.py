@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from catalog import Catalog
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, ValueStats
 from store.event_ids import EventIdCommit
+from store.partial_columns import PartialColumns
 
 
 def rows_to_partials(rows: Iterable[Mapping[str, Any]], catalog: Catalog) -> tuple[list[PanePartial], dict[str, int]]:
@@ -124,7 +125,7 @@ def _build_commit(pipeline: str, batch_id: int, rows, catalog: Catalog, end_offs
     if isinstance(rows, pa.Table):
         # The Arrow partials (aggregates/arrow_partials.py): read column by column; only the
         # (few) per-reason rows of dead records become dicts.
-        partials, max_event = table_to_partials(rows, catalog)
+        partials, max_event, columns = table_to_partials(rows, catalog)
         read = defaultdict(int, table_reads(rows, catalog))
         partition_max = table_partition_max_events(rows, catalog, end_offsets)
         rows = rows.filter(pc.is_valid(rows["dead_reason"])).to_pylist()
@@ -132,6 +133,7 @@ def _build_commit(pipeline: str, batch_id: int, rows, catalog: Catalog, end_offs
     else:
         rows = list(rows)
         partials, max_event = rows_to_partials(rows, catalog)
+        columns = {}
         dead = rows_to_dead_letters(rows, catalog)
         partition_max = partition_max_events(rows, catalog, end_offsets)
         read = None
@@ -163,14 +165,19 @@ def _build_commit(pipeline: str, batch_id: int, rows, catalog: Catalog, end_offs
         dead_by_stream={s: dict(r) for s, r in dead_counts.items()},
         batch_now_ms=batch_now_ms,
         event_ids=event_ids,
+        partial_columns=columns,
     )
 
 
-def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[list[PanePartial], dict[str, int]]:
+def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[list[PanePartial], dict[str, int],
+                                                                  dict[str, PartialColumns]]:
     """rows_to_partials over the partial aggregates' Arrow table: per stream, its good rows'
-    columns made Python lists at once (numpy's tolist, no Row, dict or Arrow scalar per group)."""
+    columns made Python lists at once (numpy's tolist, no Row, dict or Arrow scalar per group).
+    Also per stream those lists as PartialColumns (store/partial_columns.py: the commit's tier
+    step reads them instead of the partials' objects)."""
     partials: list[PanePartial] = []
     max_event: dict[str, int] = {}
+    columns: dict[str, PartialColumns] = {}
     good = table.filter(pc.is_null(table["dead_reason"]))
     for stream in catalog.streams.values():
         rows = good.filter(pc.equal(good["stream"], stream.name))
@@ -182,15 +189,18 @@ def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[list[PaneParti
         distincts = [(name, _pylist(rows[f"hll_{j}"])) for j, name in enumerate(stream.distinct_fields)]
         name, pane, dimensions = stream.name, stream.pane, stream.dimensions
         append = partials.append
-        for g, (start, dims, count) in enumerate(zip(_pylist(rows["pane_start"]), _dims(rows["dims"]),
-                                                     _pylist(rows["count"]))):
+        starts, counts = _pylist(rows["pane_start"]), _pylist(rows["count"])
+        # The partials' own rule: a value field is in a partial where its n is above 0, a distinct
+        # field where its sketch is not null.
+        columns[name] = PartialColumns(name, starts, counts, values, distincts)
+        for g, (start, dims, count) in enumerate(zip(starts, _dims(rows["dims"]), counts)):
             stats = {v: ValueStats(ns[g], sums[g], lows[g], highs[g], klls[g])
                      for v, ns, sums, lows, highs, klls in values if ns[g]}
             hlls = {d: blobs[g] for d, blobs in distincts if blobs[g] is not None}
             append(PanePartial(name, start, start + pane, dict(zip(dimensions, dims, strict=False)),
                                PaneData(count, stats, hlls)))
         max_event[name] = pc.max(rows["max_event_time"]).as_py()
-    return partials, max_event
+    return partials, max_event, columns
 
 
 def _pylist(column: pa.ChunkedArray) -> list:

@@ -14,6 +14,7 @@ from store.joins import JoinCommit, JoinSizes, JoinState
 from store.patterns import PatternCommit, PatternLoad, PatternSizes, StoredMatch
 from store.sessions import Session, SessionCommit
 from store.panes import Pane, PaneData
+from store.partial_columns import PartialColumns
 from store.rollup import BucketStats, SketchRow
 from store.table_state import TableChange, TableRow
 from store.view_state import ViewChangeRow, ViewCommit, ViewLink
@@ -113,6 +114,11 @@ class BatchCommit:
     # Per stream declaring sessions: its open sessions' changes (store/sessions.py); the closed
     # sessions are among the partials (of `<stream>_sessions`).
     sessions: Sequence[SessionCommit] = ()
+    # Per stream: its partials above as columns (store/partial_columns.py), when they were read
+    # from columns (the Arrow partials): the tier deltas are computed from them. Optional. Steps
+    # may append partials (the plan then checks and takes the rows' path); one that changed a
+    # stream's partials would have to drop its columns.
+    partial_columns: Mapping[str, PartialColumns] = field(default_factory=dict)
     # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
     enrichment: EnrichmentCommit | None = None
     # Per stream: the definition version the batch was computed with (catalog/versions.py); the

@@ -32,7 +32,8 @@ from store.base import (
 )
 from store import event_ids
 from store import joins as join_store
-from store.commit_plan import BatchPlan, PaneId, StoredPane, StreamState, pane_ids, plan_batch, retention_horizons
+from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, plan_batch,
+                               retention_horizons)
 from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.dim_sets import CHANGES_SINCE
@@ -131,8 +132,9 @@ class SqlitePaneStore(PaneStore):
             return CommitResult(committed=False)
         check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
         layouts = sqlite_tiers.stored_layouts(conn)
-        plan = plan_batch(commit, self._stored_panes(commit), self._stream_states(), lateness_ms, layouts,
-                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms)
+        keys = pane_keys(commit)  # each partial's dimension text, once for the load and the plan
+        plan = plan_batch(commit, self._stored_panes(commit, keys), self._stream_states(), lateness_ms, layouts,
+                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys)
         first_seq, last_seq = self._write_panes(commit, plan, now_ms)
         # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
         for stream, deltas in plan.tier_deltas.items():
@@ -173,9 +175,9 @@ class SqlitePaneStore(PaneStore):
         return {stream: StreamState(wm, mx, marks.get(stream, {})) for stream, wm, mx in self._conn.execute(
             "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
 
-    def _stored_panes(self, commit: BatchCommit) -> dict[PaneId, StoredPane]:
-        """The stored panes the batch merges into (new panes are absent)."""
-        return sqlite_tiers.load_many(self._conn, "panes", sqlite_tiers.PANE_KEY, pane_ids(commit))
+    def _stored_panes(self, commit: BatchCommit, keys: Sequence[str]) -> dict[PaneId, StoredPane]:
+        """The stored panes the batch merges into (new panes are absent); `keys`: pane_keys(commit)."""
+        return sqlite_tiers.load_many(self._conn, "panes", sqlite_tiers.PANE_KEY, pane_ids(commit, keys))
 
     def _write_panes(self, commit: BatchCommit, plan: BatchPlan, now_ms: int) -> tuple[int | None, int | None]:
         """The merged panes, a change record each (and a correction for a final pane); the first

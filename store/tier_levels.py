@@ -23,7 +23,7 @@ holding the same items (the same bytes where no compaction happens)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from sketches.hll_list import merged_list_bytes
 from sketches.kll_exact import ABSENT, OPAQUE, exact_bytes_of, exact_items_many
 from sketches.kll_sorted import sorted_level_zero
 from store.panes import PaneData, ValueStats, dims_key
+from store.partial_columns import PartialColumns
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
 
 
@@ -158,7 +159,19 @@ def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey,
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
     data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
     a third item when the caller has it."""
-    levels = [_root(pane_rows, layout.pane_ms)]
+    return _deltas(_root(pane_rows, layout.pane_ms), layout)
+
+
+def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], keys: Sequence[str],
+                           dims: Sequence[Mapping[str, str]], layout: TierLayout) -> dict[TierKey, TierDelta]:
+    """tier_deltas of a stream's partials given as columns (store/partial_columns.py), with each
+    row's pane revision after the merge, dims_key and dimensions: the same deltas, without
+    reading each partial's objects back into columns."""
+    return _deltas(_root_of_columns(columns, revisions, keys, dims, layout.pane_ms), layout)
+
+
+def _deltas(root: _Level, layout: TierLayout) -> dict[TierKey, TierDelta]:
+    levels = [root]
     out: dict[TierKey, TierDelta] = {}
     # Coarse granules and wide projections first would waste work: finest first, all dims first.
     for tier in sorted(layout.tiers(), key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
@@ -232,6 +245,45 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
         f.kll = _Kll.of(column)
     return _Level(pane_ms, ALL_DIMS, np.asarray(start, np.int64).reshape(size), np.asarray(combo, np.int64).reshape(size),
                   dims_of, keys, np.asarray(count, np.int64).reshape(size), np.asarray(revision, np.int64).reshape(size),
+                  fields, distincts)
+
+
+def _root_of_columns(cols: PartialColumns, revisions: Sequence[int], keys: Sequence[str],
+                     dims: Sequence[Mapping[str, str]], pane_ms: int) -> _Level:
+    """_root's level from columns: the same arrays, lists and field order (a field's place is
+    where a row first has it, then the stream's order, as _root meets them row by row)."""
+    size = len(cols)
+    if not (len(revisions) == len(keys) == len(dims) == size):
+        raise ValueError(f"{size} rows of columns, {len(revisions)} revisions, {len(keys)} keys, {len(dims)} dims")
+    combos: dict[str, int] = {}
+    combo = [combos.setdefault(key, len(combos)) for key in keys]
+    firsts = np.unique(np.asarray(combo, np.int64), return_index=True)[1] if size else np.zeros(0, np.int64)
+    dims_of = [dims[i] for i in firsts.tolist()]  # combo c first appears before combo c + 1
+    found = []  # (first row, place in the stream's order, name, its _Field)
+    for place, (name, n, sums, lo, hi, klls) in enumerate(cols.values):
+        n = np.asarray(n, np.int64).reshape(size)
+        present = n > 0
+        if not present.any():
+            continue
+        f = _Field(0)
+        f.present, f.n = present, np.where(present, n, 0)
+        whole = bool(present.all())
+        f.sums = list(sums) if whole else [x if p else 0.0 for x, p in zip(sums, present.tolist())]
+        f.lo = np.where(present, np.asarray(lo, np.float64).reshape(size), math.inf)
+        f.hi = np.where(present, np.asarray(hi, np.float64).reshape(size), -math.inf)
+        f.lo_none, f.hi_none = ~present, ~present
+        f.kll = _Kll.of(list(klls) if whole else [k if p else None for k, p in zip(klls, present.tolist())])
+        found.append((int(np.argmax(present)), place, name, f))
+    fields = {name: f for _, _, name, f in sorted(found, key=lambda x: x[:2])}
+    seen = []
+    for place, (name, blobs) in enumerate(cols.distincts):
+        first = next((i for i, blob in enumerate(blobs) if blob is not None), None)
+        if first is not None:
+            seen.append((first, place, name, list(blobs)))
+    distincts = {name: blobs for _, _, name, blobs in sorted(seen, key=lambda x: x[:2])}
+    return _Level(pane_ms, ALL_DIMS, np.asarray(cols.start, np.int64).reshape(size),
+                  np.asarray(combo, np.int64).reshape(size), dims_of, list(combos),
+                  np.asarray(cols.count, np.int64).reshape(size), np.asarray(revisions, np.int64).reshape(size),
                   fields, distincts)
 
 

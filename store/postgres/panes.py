@@ -45,6 +45,7 @@ from store.commit_plan import (
     StreamState,
     change_feed_horizon,
     pane_ids,
+    pane_keys,
     plan_batch,
     rebuild_chunks,
     rebuilt_rows,
@@ -115,10 +116,11 @@ class PostgresPaneStore(PaneStore):
             marks[stream][p] = PartitionMark(mx, read, end, progress)
         streams_before = {s: StreamState(wm, mx, marks.get(s, {})) for s, wm, mx in conn.execute(
             "SELECT stream, watermark_ms, max_event_ms FROM stream_progress")}
-        stored = rows.load(conn, "panes", rows.PANE_KEY, pane_ids(commit))
+        keys = pane_keys(commit)  # each partial's dimension text, once for the load and the plan
+        stored = rows.load(conn, "panes", rows.PANE_KEY, pane_ids(commit, keys))
         layouts = _layouts(conn)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
-                          idle_timeout_ms=idle_timeout_ms)
+                          idle_timeout_ms=idle_timeout_ms, keys=keys)
         stored_keys = rows.save(conn, "panes", rows.PANE_KEY,
                                 [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
                                 now_ms, commit.batch_id)

@@ -19,9 +19,10 @@ from demo import DemoTraffic
 from ingest.events import EventValidator
 from ingest.tables import TableRowValidator
 from sketchboard.settings import DEFAULT_STREAMS
+from sketches import HllSketch, KllSketch
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
-from tests.spark.test_driver_batch import panes, stored
+from tests.spark.test_driver_batch import QUANTILES, panes, stored
 
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
@@ -73,3 +74,30 @@ def test_arrow_partials_commit_what_spark_partials_commit(tmp_path, spark, log_b
         assert got == want, name
         assert dead(runs[name].store) == dead(runs["spark"].store)
         assert panes(runs[name].store, catalog)[1] == pytest.approx(panes(runs["spark"].store, catalog)[1], rel=1e-9)
+        # The tier rows too: the Arrow partials' tiers are made from their columns
+        # (BatchCommit.partial_columns), Spark's from the partials' objects.
+        want_tiers, want_sums = tier_rows(runs["spark"].store, catalog)
+        got_tiers, got_sums = tier_rows(runs[name].store, catalog)
+        assert want_tiers and got_tiers == want_tiers, name
+        assert got_sums == pytest.approx(want_sums, rel=1e-9)
+
+
+def tier_rows(store, catalog) -> tuple[dict, dict]:
+    """Every tier row of every stream, comparable as panes() makes panes comparable; sums apart."""
+    out, sums = {}, {}
+    for stream in catalog.streams:
+        layout = store.tier_layout(stream)
+        for tier in layout.tiers() if layout is not None else ():
+            for row in store.read_tier(stream, tier.granule_ms, tier.proj, 0, 2**62, with_sketches=True,
+                                       pane_ms=layout.pane_ms):
+                values = {}
+                for field, v in row.data.values.items():
+                    kll = KllSketch.from_bytes(v.kll) if v.kll else None
+                    exact = kll is not None and kll.n <= kll.k
+                    values[field] = (v.n, v.min, v.max,
+                                     tuple(kll.quantile(q).value for q in QUANTILES) if exact else kll and kll.n)
+                    sums[(stream, tier, row.key.start_ms, row.key.dims, field)] = v.sum
+                distincts = {f: round(HllSketch.from_bytes(b).estimate().value, 6) for f, b in row.data.distincts.items()}
+                out[(stream, tier.granule_ms, tier.proj, row.key.start_ms, row.key.dims)] = (
+                    row.data.count, row.revision, values, distincts)
+    return out, sums

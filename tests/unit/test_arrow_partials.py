@@ -277,7 +277,19 @@ def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
     assert by_column.partials and by_column.dead_letters
     key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
     assert sorted(by_column.partials, key=key) == sorted(by_row.partials, key=key)
-    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials})
+    # Read from the table, each stream's partials come with their columns (store/partial_columns.py):
+    # row g holds what the stream's g-th partial holds (a field where its n is above 0, a sketch where not null).
+    assert set(by_column.partial_columns) == {"http_requests", "orders"} and not by_row.partial_columns
+    for name, cols in by_column.partial_columns.items():
+        mine = [p for p in by_column.partials if p.stream == name]
+        assert len(cols) == len(mine)
+        for g, p in enumerate(mine):
+            values = {v: (ns[g], sums[g], lo[g], hi[g], klls[g]) for v, ns, sums, lo, hi, klls in cols.values if ns[g]}
+            assert (cols.start[g], cols.count[g], values, {d: b[g] for d, b in cols.distincts if b[g] is not None}) == (
+                p.start_ms, p.data.count, {v: (s.n, s.sum, s.min, s.max, s.kll) for v, s in p.data.values.items()},
+                dict(p.data.distincts))
+    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials,
+                                        "partial_columns": by_column.partial_columns})
 
 
 def test_an_unknown_partials_mode_is_refused_with_its_name():

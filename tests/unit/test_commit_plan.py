@@ -11,6 +11,7 @@ from store.commit_plan import (
     StoredPane,
     StreamState,
     pane_ids,
+    pane_keys,
     plan_batch,
     rebuild_chunks,
     retention_horizons,
@@ -37,6 +38,23 @@ def test_two_partials_of_one_final_pane_merge_in_turn_each_a_correction():
     assert [(c.revision_from, c.revision_to, c.old["count"], c.new["count"])
             for c in (w.correction for w in plan.panes)] == [(1, 2, 1, 3), (2, 3, 3, 6)]
     assert (plan.panes_new, plan.panes_updated, plan.corrections) == (0, 2, 2)
+
+
+def test_keys_computed_once_by_the_backend_plan_as_keys_computed_by_the_plan():
+    # A backend computes each partial's dimension text once (pane_keys) for the load and the plan;
+    # the plan is the one it makes computing them itself, and keys of another batch are refused.
+    partials = [PanePartial("s", T0, T0 + PANE, {"b": "2", "a": "1"}, PaneData(1)),
+                PanePartial("s", T0, T0 + PANE, {"a": "1", "b": "2"}, PaneData(2)),
+                PanePartial("s", T0, T0 + PANE, {"a": 1}, PaneData(3)),  # not text: another pane, not cached as "1"
+                PanePartial("s", T0 + PANE, T0 + 2 * PANE, {}, PaneData(4))]
+    commit = BatchCommit("main", 0, partials, 10)
+    keys = pane_keys(commit)
+    assert keys == ['{"a":"1","b":"2"}', '{"a":"1","b":"2"}', '{"a":1}', "{}"]
+    assert pane_ids(commit, keys) == pane_ids(commit) == [("s", T0, keys[0]), ("s", T0, keys[2]), ("s", T0 + PANE, "{}")]
+    layouts = {"s": TierLayout(PANE, 86_400_000, ((60_000, 86_400_000),))}
+    assert plan_batch(commit, {}, {}, {}, layouts, keys=keys) == plan_batch(commit, {}, {}, {}, layouts)
+    with pytest.raises(ValueError):
+        plan_batch(commit, {}, {}, {}, layouts, keys=keys[:2])
 
 
 def test_a_provisional_new_pane_is_revision_1_and_no_correction():

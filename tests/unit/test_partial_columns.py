@@ -1,0 +1,115 @@
+"""A batch's partials given as columns (store/partial_columns.py) make the tier deltas the
+partials' objects make (store/tier_levels.py `tier_deltas`): the same rows, numbers, field
+order, and the stats text and sketches blob the store writes, byte for byte; and a commit plan
+with the columns equals the plan without them, falling back to the rows where the columns are
+not the stream's partials."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sketches import HllSketch, KllSketch
+from store import BatchCommit, PaneData, PanePartial, ValueStats
+from store.commit_plan import StoredPane, StreamState, pane_ids, pane_keys, plan_batch
+from store.panes import dims_key
+from store.partial_columns import PartialColumns
+from store.row_codec import sketches_blob, stats_text
+from store.tier_levels import tier_deltas_of_columns
+from store.tiers import TierLayout, tier_deltas
+
+PANE = 10_000
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+LAYOUT = TierLayout(PANE, 86_400_000, ((60_000, 86_400_000), (3_600_000, 86_400_000)), ("", "a", "a,b", "c"))
+
+# At most 30 rows of at most 3 values per field: no group reaches k = 200 items, so no KLL
+# compacts (DataSketches' compaction draws a random bit: two runs would differ in bytes).
+values = st.lists(st.one_of(st.integers(-5, 5).map(float), st.floats(-1e6, 1e6, allow_nan=False)), max_size=3)
+
+
+def _data(vals: list[float], other: list[float], users: list[str]) -> PaneData:
+    stats = {}
+    for name, xs in (("v", vals), ("w", other)):
+        if xs:
+            kll = KllSketch()
+            for x in xs:
+                kll.update(x)
+            stats[name] = ValueStats(len(xs), math.fsum(xs), min(xs), max(xs), kll.to_bytes())
+    distincts = {}
+    if users:
+        hll = HllSketch()
+        for u in users:
+            hll.update(u)
+        distincts["u"] = hll.to_bytes()
+    return PaneData(len(vals) + len(other) or 1, stats, distincts)
+
+
+partials_st = st.lists(st.tuples(
+    st.integers(-30, 400).map(lambda i: T0 + i * PANE),
+    st.fixed_dictionaries({}, optional={"a": st.sampled_from("xy"), "b": st.sampled_from("pq"), "c": st.just("z")}),
+    values, values, st.lists(st.sampled_from([f"u{i}" for i in range(12)]), max_size=4),
+    st.integers(1, 4),
+), max_size=30).map(lambda rows: [(PanePartial("s", start, start + PANE, dims, _data(v, w, users)), revision)
+                                  for start, dims, v, w, users, revision in rows])
+
+
+def _written(deltas) -> dict:
+    """What the store writes of each tier row, in order: its dims, revision, count, field order,
+    stats text and sketches blob."""
+    return {key: (dict(d.dims), d.revision, d.data.count, list(d.data.values), list(d.data.distincts),
+                  stats_text(d.data), sketches_blob(d.data)) for key, d in deltas.items()}
+
+
+@settings(max_examples=120, deadline=None)
+@given(partials_st)
+def test_tier_deltas_from_columns_are_those_from_the_partials_byte_for_byte(rows):
+    partials = [p for p, _ in rows]
+    revisions = [r for _, r in rows]
+    keys = [dims_key(p.dims) for p in partials]
+    cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
+    assert cols is not None and len(cols) == len(partials)
+    by_rows = tier_deltas([(p.start_ms, p.dims, key, p.data, r) for p, key, r in zip(partials, keys, revisions)], LAYOUT)
+    by_columns = tier_deltas_of_columns(cols, revisions, keys, [p.dims for p in partials], LAYOUT)
+    assert list(by_columns) == list(by_rows)
+    assert _written(by_columns) == _written(by_rows)
+
+
+def test_columns_refuse_what_they_cannot_say():
+    good = PanePartial("s", T0, T0 + PANE, {}, _data([1.0], [], ["u1"]))
+    assert PartialColumns.of("s", [good], ("v", "w"), ("u",)) is not None
+    no_bounds = replace(good, data=PaneData(1, {"v": ValueStats(1, 1.0, None, 1.0, None)}))
+    other_order = replace(good, data=PaneData(2, {"w": ValueStats(1, 1.0, 1.0, 1.0), "v": ValueStats(1, 1.0, 1.0, 1.0)}))
+    for bad in (no_bounds, other_order, replace(good, stream="t"),
+                replace(good, data=PaneData(1, {}, {"u": None})), replace(good, data=PaneData(1, {"x": ValueStats(1, 1.0, 1.0, 1.0)}))):
+        assert PartialColumns.of("s", [good, bad], ("v", "w"), ("u",)) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(partials_st, st.integers(0, 3))
+def test_a_plan_with_columns_equals_the_plan_without(rows, stored_every):
+    # Panes already stored (merged: revisions move; final: corrections), two partials of one pane,
+    # another stream without tiers, and partials of the stream appended after the columns were
+    # made (the plan then takes the rows' path): the same plan every time.
+    partials = [p for p, _ in rows]
+    cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
+    other = PanePartial("t", T0, T0 + PANE, {"a": "x"}, PaneData(3))
+    commit = BatchCommit("main", 7, [other, *partials], 0, partial_columns={"s": cols})
+    plain = replace(commit, partial_columns={})
+    ids = pane_ids(commit)
+    stored = {pane: StoredPane(PaneData(1), 1 + i % 2) for i, pane in enumerate(ids) if stored_every and i % stored_every == 0}
+    before = {"s": StreamState(T0 + 100 * PANE, T0 + 100 * PANE)}
+    layouts = {"s": LAYOUT}
+
+    def plan(c):
+        p = plan_batch(replace(c, events_read=sum(x.data.count for x in c.partials)), stored, before, {"s": 0}, layouts,
+                       keys=pane_keys(c))
+        return p, {s: _written(d) for s, d in p.tier_deltas.items()}
+
+    assert plan(commit) == plan(plain)
+    if partials:
+        extra = PanePartial("s", T0, T0 + PANE, {"a": "y"}, PaneData(2))
+        appended = replace(commit, partials=[*commit.partials, extra])
+        assert plan(appended) == plan(replace(appended, partial_columns={}))
