@@ -339,12 +339,12 @@ class Pipeline(ReportsStoreErrors):
         drain(self.start(available_now=True), "pipeline")
 
     def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
-        """Before the serving query starts on Kafka (`sketchboard pipeline`, sketchboard/live.py,
-        before its query or its --once drain): a backlog over `max_records_per_batch` of a pipeline
-        that enriches is caught up in batches cut at one append time; Spark's query then resumes
-        from the checkpoint they logged (and may run one empty batch first: the offset log's JSON
-        lists the topics in another order than Spark's own, which Spark compares as text).
-        `stopping`: asked between those batches."""
+        """On Kafka, before a serving query starts: a backlog over `max_records_per_batch` of a
+        pipeline that enriches caught up in batches cut at one append time; Spark's query then
+        resumes from the checkpoint they logged, but runs one empty batch first (the offset log's
+        JSON lists the topics in another order than Spark's own, which Spark compares as text),
+        so `sketchboard pipeline` does not call this yet (docs/tables.md). `stopping`: asked
+        between those batches."""
         from aggregates.bounded_batches import catches_up_cut, drain_bounded
 
         try:

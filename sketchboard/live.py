@@ -39,7 +39,6 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     while True:
         if once:
             try:
-                pipeline.catch_up(stopping.is_set)  # on Kafka, a backlog of a pipeline that enriches: cut first
                 pipeline.run_until_drained()
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
                 if not restartable(exc):
@@ -50,17 +49,6 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
                 continue
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
-            return 0
-        try:  # on Kafka, a backlog of a pipeline that enriches: batches cut by append time first
-            pipeline.catch_up(stopping.is_set)
-        except Exception as exc:  # as a failed batch of the query below
-            if stopping.is_set() or not restartable(exc):
-                raise
-            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
-            pipeline.store.close()
-            pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
-            continue
-        if stopping.is_set():
             return 0
         query = pipeline.start()
         log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)
