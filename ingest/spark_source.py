@@ -30,7 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from catalog import Catalog, StreamDef
-from ingest.append_cut import catalog_cut
+from ingest.append_cut import catalog_cut, share
 from ingest.log import SqliteEventLog
 from ingest.source_rows import MISSING_EVENT_TIME, SOURCE_SCHEMA, SPARK_SCHEMA, error_batch, to_source_batch
 
@@ -128,24 +128,7 @@ def plan_end_offsets(start: Offsets, available: Offsets, max_rows: int | None) -
         for p, hi in parts.items()
         if hi > start.get(s, {}).get(p, 0)
     }
-    grant = dict.fromkeys(backlog, 0)
-    if max_rows is None:
-        grant = backlog
-    else:
-        budget = max_rows
-        pending = sorted(backlog, key=lambda k: backlog[k])
-        while budget > 0 and pending:
-            share = max(1, budget // len(pending))
-            still = []
-            for k in pending:
-                take = min(share, backlog[k] - grant[k], budget)
-                grant[k] += take
-                budget -= take
-                if grant[k] < backlog[k]:
-                    still.append(k)
-                if budget == 0:
-                    break
-            pending = still
+    grant = backlog if max_rows is None else share(backlog, max_rows)
     for s, parts in available.items():
         for p, hi in parts.items():
             lo = start.get(s, {}).get(p, 0)
