@@ -6,13 +6,11 @@ not the stream's partials."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sketches import HllSketch, KllSketch
 from store import BatchCommit, PaneData, PanePartial, ValueStats
 from store.commit_plan import StoredPane, StreamState, pane_ids, pane_keys, plan_batch
 from store.panes import dims_key
@@ -20,6 +18,7 @@ from store.partial_columns import PartialColumns
 from store.row_codec import sketches_blob, stats_text
 from store.tier_levels import tier_deltas_of_columns
 from store.tiers import TierLayout, tier_deltas
+from tests.unit.test_tier_levels import _pane
 
 PANE = 10_000
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
@@ -31,20 +30,7 @@ values = st.lists(st.one_of(st.integers(-5, 5).map(float), st.floats(-1e6, 1e6, 
 
 
 def _data(vals: list[float], other: list[float], users: list[str]) -> PaneData:
-    stats = {}
-    for name, xs in (("v", vals), ("w", other)):
-        if xs:
-            kll = KllSketch()
-            for x in xs:
-                kll.update(x)
-            stats[name] = ValueStats(len(xs), math.fsum(xs), min(xs), max(xs), kll.to_bytes())
-    distincts = {}
-    if users:
-        hll = HllSketch()
-        for u in users:
-            hll.update(u)
-        distincts["u"] = hll.to_bytes()
-    return PaneData(len(vals) + len(other) or 1, stats, distincts)
+    return _pane(vals, other, users, bounds=True)  # real sketches, as test_tier_levels makes them
 
 
 partials_st = st.lists(st.tuples(
