@@ -1,7 +1,7 @@
 """Spark's Kafka offsets as the text Spark writes (ingest/kafka_offset_json.py): Java's String
-hash, the Scala 2.13 hash map's iteration order (buckets, growth), and lines Spark 4 itself wrote
+hash, the Scala 2.13 hash map's iteration order (buckets, growth), and a line Spark 4 itself wrote
 to a query's offset log, reproduced byte for byte. Pure: no Spark, no broker (tests/spark/
-test_bounded_batches.py compares with Spark's own `JsonUtils` for many topic sets)."""
+test_pipeline.py checks every line Spark writes in its Kafka stop-and-restart test)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,25 @@ import json
 from hypothesis import given, strategies as st
 
 from ingest.kafka_offset_json import java_string_hash, scala_hash_map_order, spark_offsets_json
+
+
+# Written by Spark 4 itself (spark-sql-kafka-0-10 4.2, Scala 2.13) to a query's offset log, batch 0
+# of tests/spark/test_pipeline.py's stop-and-restart test on Kafka: the demo's 16 topics (the hash
+# table grown to 32 buckets), in Spark's order.
+SPARK_WROTE = (
+    '{"ta4da405f87.mobile_app_sessions":{"0":0},"ta4da405f87.clicks":{"0":0,"1":0},"ta4da405f87.crede'
+    'ntial_stuffing_matches":{"0":0},"ta4da405f87.logins":{"0":0,"1":0},"ta4da405f87.http_requests_se'
+    'ssions":{"0":0},"ta4da405f87.user_plans":{"0":0},"ta4da405f87.mobile_app":{"0":0,"1":0},"ta4da40'
+    '5f87.users":{"0":0,"1":0},"ta4da405f87.searches":{"0":0,"1":0},"ta4da405f87.checkout_abandoned_m'
+    'atches":{"0":0},"ta4da405f87.checkouts":{"0":0,"1":0},"ta4da405f87.orders":{"0":0,"1":0},"ta4da4'
+    '05f87.http_requests":{"0":986,"1":1004,"2":999,"3":1010},"ta4da405f87.plans":{"0":0},"ta4da405f8'
+    '7.search_clicks":{"0":0},"ta4da405f87.mobile_app_clocks":{"0":0}}'
+)
+
+
+def test_a_line_spark_wrote_is_reproduced_byte_for_byte():
+    assert spark_offsets_json(json.loads(SPARK_WROTE)) == SPARK_WROTE
+    assert list(json.loads(SPARK_WROTE)) != sorted(json.loads(SPARK_WROTE))  # what we wrote before: sorted
 
 
 def test_java_string_hash_matches_javas():
