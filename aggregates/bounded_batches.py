@@ -14,9 +14,10 @@ Kafka such a run drives its batches itself, each one as Spark would run it:
   and enriched streams at one append time, ingest/append_cut.py, found by the broker's time index),
   from where the last batch ended to the log's end as of the drain's start (AvailableNow's end),
   each capped stream to its cap;
-- its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic as
-  Spark's Kafka source keys them; the query's `metadata` first) before it runs, and `commits/<id>`
-  after, so Spark's own source can resume from the checkpoint: the batch body
+- its end offsets written to the query's Spark offset log (`offsets/<id>`, keyed by topic in the
+  very text Spark's Kafka source writes, ingest/kafka_offset_json.py, so that Spark's query
+  resuming after them finds no new data where there is none; the query's `metadata` first) before
+  it runs, and `commits/<id>` after, so Spark's own source can resume from the checkpoint: the batch body
   (`Pipeline.process_batch`, the one the streaming query runs) reads its range there and the store
   records it with the batch id, exactly once (a batch the store has is skipped);
 - its records read by one batch read of exactly that range, converted as the streaming source's
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
 from ingest.append_cut import Cut, catalog_cut
+from ingest.kafka_offset_json import spark_offsets_json
 from ingest.log.kafka import topic_name
 from ingest.spark_source import plan_end_offsets
 
@@ -91,10 +93,11 @@ def with_starts(offsets: Mapping[str, Mapping[int, int]], starts: Mapping[str, M
 
 def offset_log_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str, metadata: str) -> str:
     """A Spark offset log entry ('v1' / metadata / the one source's offsets) with the offsets keyed
-    by topic, as Spark's Kafka source writes them."""
-    by_topic = {topic_name(topic_prefix, s): {str(p): int(o) for p, o in sorted(parts.items())}
-                for s, parts in sorted(offsets.items())}
-    return "\n".join(["v1", metadata, json.dumps(by_topic, separators=(",", ":"), sort_keys=True)])
+    by topic, in the very text Spark's Kafka source writes (ingest/kafka_offset_json.py): Spark
+    compares it as text with what its source finds when its query resumes after our batches, and
+    any other order would make it run one more batch, empty, with the same offsets."""
+    by_topic = {topic_name(topic_prefix, s): dict(parts) for s, parts in offsets.items()}
+    return "\n".join(["v1", metadata, spark_offsets_json(by_topic)])
 
 
 def _metadata(offsets_dir: Path, planned: list[int], now_ms: int) -> str:

@@ -339,12 +339,11 @@ class Pipeline(ReportsStoreErrors):
         drain(self.start(available_now=True), "pipeline")
 
     def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
-        """On Kafka, before a serving query starts: a backlog over `max_records_per_batch` of a
-        pipeline that enriches caught up in batches cut at one append time; Spark's query then
-        resumes from the checkpoint they logged, but runs one empty batch first (the offset log's
-        JSON lists the topics in another order than Spark's own, which Spark compares as text),
-        so `sketchboard pipeline` does not call this yet (docs/tables.md). `stopping`: asked
-        between those batches."""
+        """On Kafka, before a serving query starts (`sketchboard pipeline`, sketchboard/live.py): a
+        backlog over `max_records_per_batch` of a pipeline that enriches caught up in batches cut
+        at one append time; Spark's query then resumes from the checkpoint they logged, with no
+        batch of its own until new records come (the offsets logged in Spark's very text,
+        ingest/kafka_offset_json.py). A no-op elsewhere. `stopping`: asked between those batches."""
         from aggregates.bounded_batches import catches_up_cut, drain_bounded
 
         try:

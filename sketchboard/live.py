@@ -1,8 +1,9 @@
 """`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop,
-and start it again, in the same process and Spark session, when a switch fenced one of its
-batches (docs/reprocessing.md#switch): built again, it applies the switch's offset move to its
-checkpoint and computes the stream with the new definition; and, a few times, when a batch failed
-on the host's load rather than on its data (sketchboard/restarts.py). Any other failure ends the
+after catching up a backlog over `max_records_per_batch` in batches cut at one append time where Spark's Kafka
+source would split it by partition (`Pipeline.catch_up`, docs/tables.md); and start it again, in the same process
+and Spark session, when a switch fenced one of its batches (docs/reprocessing.md#switch): built again, it applies
+the switch's offset move to its checkpoint and computes the stream with the new definition; and, a few times, when
+a batch failed on the host's load rather than on its data (sketchboard/restarts.py). Any other failure ends the
 loop."""
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     while True:
         if once:
             try:
+                pipeline.catch_up(stopping.is_set)  # on Kafka, a backlog of a pipeline that enriches: cut first
+                if stopping.is_set():
+                    remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                    return 0
                 pipeline.run_until_drained()
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
                 if not restartable(exc):
@@ -49,6 +54,22 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
                 continue
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
+            return 0
+        try:  # on Kafka, a backlog of a pipeline that enriches: batches cut at one append time first
+            pipeline.catch_up(stopping.is_set)
+        except Exception as exc:  # as a failed batch of the query below
+            if stopping.is_set() or not restartable(exc):
+                log.error("pipeline failed: %s", exc)
+                remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                return 1
+            if switched(exc):
+                log.warning("a stream's output was switched to another definition: restarting the pipeline")
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+            pipeline.store.close()
+            pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
+            continue
+        if stopping.is_set():  # told to stop between the catch-up's batches
+            remove_listeners(pipeline.spark, [pipeline.progress_recorder])
             return 0
         query = pipeline.start()
         log.info("pipeline %r running (checkpoints in %s)", pipeline.config.name, pipeline.config.checkpoint_dir)

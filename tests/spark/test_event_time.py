@@ -133,9 +133,14 @@ def check_everything(test_log: TestLog, catalog, expected: Oracle, now_ms: int) 
 
 
 def run_in_process(spark, catalog, test_log: TestLog, clock) -> None:
+    """The drain `sketchboard pipeline --once` runs (sketchboard/live.py), so the crashed
+    process's batches are the reference's: on Kafka the demo enriches, and a backlog over a
+    batch is caught up in batches cut at one append time first (`Pipeline.catch_up`)."""
     config = test_log.pipeline_config(max_records_per_batch=BATCH, max_records_per_task=TASK)
     store = SqlitePaneStore(test_log.root / "store.db")
-    Pipeline(spark, catalog, store, config, clock=clock).run_until_drained()
+    pipeline = Pipeline(spark, catalog, store, config, clock=clock)
+    pipeline.catch_up()
+    pipeline.run_until_drained()
     store.close()
 
 

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from aggregates.checkpoint_moves import logged_batches
 from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
+from ingest.kafka_offset_json import spark_offsets_json
 from tests.log_backends import ON_BOTH_STACKS, TestLog
 from tests.spark.events import T0, assert_panes_exact, frame, http_events, rank_interval
 
@@ -129,6 +131,11 @@ def test_stop_mid_stream_and_restart_from_checkpoint_loses_nothing_and_counts_no
 
     assert_panes_exact(service.store, first + second)
     assert service.store.progress("main").events_read == len(first) + len(second)
+    if service.test_log.kafka:  # the offsets as Spark's Kafka source wrote them, reproduced byte for byte
+        offsets = service.root / "checkpoints" / "main" / "offsets"
+        lines = [(offsets / str(b)).read_text().splitlines()[2] for b in logged_batches(offsets)]
+        assert len(lines) >= 2 and len(json.loads(lines[0])) == len(service.catalog.streams)  # 16 topics: 32 buckets
+        assert all(line == spark_offsets_json(json.loads(line)) for line in lines), lines
 
 
 def test_batch_replayed_after_a_crash_is_skipped(service: Service):

@@ -7,18 +7,26 @@ enriched stream (from the versions the serving store kept before the changes) an
 catching up the same log both enrich every event as pandas' as-of join does. On both logs: on
 Kafka the run and the live pipeline's catch-up read in batches of their own
 (aggregates/bounded_batches.py), cut by the broker's time index; the append times the oracle uses
-are the broker's."""
+are the broker's. Then the same through `sketchboard pipeline`'s own loop (sketchboard/live.py):
+serving, it catches a backlog up so before its query starts, and Spark's query resumes after
+those batches without a batch of its own until new records come (the offsets logged in Spark's
+very text, ingest/kafka_offset_json.py)."""
 
 from __future__ import annotations
 
 import io
+import json
 import random
+import threading
 import time
 
 import pytest
 import yaml
 
+from aggregates.checkpoint_moves import logged_batches
 from catalog import Catalog
+from ingest.kafka_offset_json import spark_offsets_json
+from sketchboard.live import run_pipeline
 from sketchboard.reprocess import run_reprocess
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline, open_store
@@ -98,4 +106,89 @@ def test_a_run_and_the_live_pipeline_cut_batches_at_one_append_time_and_enrich_a
         if live is not None:
             live.store.close()
         main.store.close()
+        log.log.close()
+
+
+def test_the_serving_pipeline_catches_up_in_batches_cut_at_one_append_time_then_serves_on(
+        tmp_path, spark, log_backend, store_backend):  # SQLite: the settings' default store
+    """`sketchboard pipeline` (serving, not --once) over a backlog of many table changes around a
+    few events, in batches of 10: every event enriched as pandas' as-of join does (on Kafka, left
+    to Spark's source, the backlog is shared in proportion to each partition's and events are read
+    before changes appended ahead of them); then records appended while it serves, read by Spark's
+    query. Every logged batch read something (no empty batch when Spark's query took over), and on
+    Kafka every offset log line is the very text Spark writes."""
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(NEW))
+    settings = Settings(data_dir=test_log.root, streams_config=config, alerts_config=None,
+                        max_records_per_batch=BATCH, **test_log.settings())
+    catalog = Catalog(**NEW)
+    log = Log(test_log.open(catalog), catalog)
+    rng = random.Random(61)
+
+    def tick() -> int:
+        time.sleep(0.02)
+        return int(time.time() * 1000)
+
+    def changes(n: int) -> None:
+        for _ in range(n):
+            log.table([{"user_id": f"u{rng.randrange(4)}", "plan": rng.choice(["free", "pro", "team", "max"]),
+                        "country": rng.choice(["nl", "de", "fr"])}], tick())
+
+    def requests(n: int) -> None:
+        at = tick()
+        log.requests([{"time": at - rng.randrange(30), "user_id": f"u{rng.randrange(5)}",
+                       "method": rng.choice(["GET", "POST"])} for _ in range(n)], at)
+
+    changes(3)
+    requests(6)
+    changes(40)
+    requests(4)
+    changes(30)
+    requests(4)
+    store = open_store(settings)
+
+    def read() -> int:  # records read, by the end offsets the store recorded (the log's start at 0)
+        return sum(sum(p.values()) for p in store.progress(settings.pipeline_name).end_offsets.values())
+
+    def wait_for(records: int) -> None:
+        deadline = time.monotonic() + 300
+        while read() < records and time.monotonic() < deadline and serving.is_alive():
+            time.sleep(0.5)
+        assert read() == records, (read(), records)
+
+    stopping = threading.Event()
+    result: list[int] = []
+    serving = threading.Thread(target=lambda: result.append(run_pipeline(settings, stopping, start="earliest",
+                                                                         spark=spark)))
+    serving.start()
+    try:
+        wait_for(len(log.events) + len(log.table_rows))
+        caught_up = logged_batches(settings.checkpoint_dir_of(settings.pipeline_name) / "offsets")
+        changes(1)  # while it serves: Spark's query reads these
+        requests(3)
+        wait_for(len(log.events) + len(log.table_rows))
+        time.sleep(3)  # a few more triggers with nothing new: no batch
+    finally:
+        stopping.set()
+        serving.join(timeout=300)
+    try:
+        assert result == [0]
+        want, missing = expected(log)
+        assert sum(want.values()) == len(log.events) == 17 and 0 < missing < 17
+        assert stored(store) == want
+        checkpoint = settings.checkpoint_dir_of(settings.pipeline_name)
+        batches = logged_batches(checkpoint / "offsets")
+        assert len(caught_up) >= (3 + 6 + 40 + 4 + 30 + 4) // BATCH and len(batches) > len(caught_up)
+        assert batches == logged_batches(checkpoint / "commits")
+        before: dict = {}
+        for batch in batches:  # each batch read something: none ran again with the same offsets
+            ends = test_log.end_offsets(catalog, checkpoint, batch)
+            assert ends != before, batch
+            before = ends
+            if test_log.kafka:
+                line = (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2]
+                assert line == spark_offsets_json(json.loads(line))
+    finally:
+        store.close()
         log.log.close()
