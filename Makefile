@@ -34,26 +34,17 @@ jars: $(BROKER_JARS) $(SPARK_KAFKA_JARS)
 run: $(STAMP)
 	$(BIN)/sketchboard up
 
-# Two parts: the tests without a JVM or a real process spread over two workers (pytest-xdist, one
-# file per worker at a time, since their fixtures are module-scoped), then the Spark and Kafka
-# tests one at a time in this process (each wants both cores), with the `serial` ones, which xdist
-# cannot run (items sharing one node id: it would run only one of them). Beside them, a second
-# pytest runs the tests that start the service as real processes (tests/e2e, tests/browser): they
-# mostly wait on those processes, so the two overlap; its report follows the first's. Every run
-# goes on even if another fails. Both print their slowest tests (where the suite's time goes).
+# Two runs: the tests without a JVM or a real process spread over two workers (pytest-xdist, one
+# file per worker at a time, since their fixtures are module-scoped), then the Spark, Kafka and
+# real-process tests one at a time (each of them wants both cores), with the `serial` ones, which
+# xdist cannot run (items sharing one node id: it would run only one of them). Both runs go on
+# even if the first fails. The second run prints its 30 slowest tests (where the suite's time goes).
 NO_JVM := not spark and not e2e and not kafka
 PARALLEL := $(NO_JVM) and not serial
-PROCESS_TESTS := tests/e2e tests/browser
-
 test: $(STAMP) jars
 	@$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
-	side=$$(mktemp -d); \
-	$(BIN)/python -m pytest -m "not ($(PARALLEL))" -p no:cacheprovider --basetemp=$$side/tmp --durations=15 \
-		$(PROCESS_TESTS) >$$side/log 2>&1 & processes_pid=$$!; \
-	$(BIN)/python -m pytest -m "not ($(PARALLEL))" --durations=30 $(addprefix --ignore=,$(PROCESS_TESTS)); slow=$$?; \
-	wait $$processes_pid; processes=$$?; \
-	echo "=== real-process tests ($(PROCESS_TESTS)), run beside the ones above ==="; cat $$side/log; rm -rf $$side; \
-	test $$fast -eq 0 && test $$slow -eq 0 && test $$processes -eq 0
+	$(BIN)/python -m pytest -m "not ($(PARALLEL))" --durations=30; slow=$$?; \
+	test $$fast -eq 0 && test $$slow -eq 0
 
 # No JVM at all: no Spark, no Kafka broker, no real-process tests.
 test-fast: $(STAMP)
