@@ -251,6 +251,7 @@ class SqliteEventLog(EventLog):
         if row is None or offset >= row[0] + row[1]:
             return None
         return row[2]
+
     def first_appended_after(self, stream: str, starts: Mapping[int, int], cut_ms: int) -> dict[int, int | None]:
         # A segment is one append with one time (compaction filters records inside a segment,
         # never merges segments): the first segment from the start appended after the cut holds
