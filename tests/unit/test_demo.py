@@ -160,11 +160,26 @@ class _Recorder(ThreadingHTTPServer):
         self.fail_first_try = False  # answer 503 to the first post of each key
         self.enough_events = threading.Event()  # set once `events_wanted` event bodies came in
         self.events_wanted: int | None = None
+        self.tables_held: set[str] = set()  # tables whose GET answers a row (loaded before)
+        self.gets: list[str] = []
         super().__init__(("127.0.0.1", port), _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Recorder
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        self.server.gets.append(url.path)
+        name = url.path.removeprefix("/api/v1/tables/")
+        held = name in self.server.tables_held
+        reply = json.dumps({"table": name, "rows": [{"key": "k", "row": {}}] if held else [],
+                            "next_cursor": None}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -243,6 +258,29 @@ def test_producer_posts_json_arrays_per_stream(catalog):
     assert summary["sent"] == summary["accepted"] == posted
     assert summary["errors"] == 0 and summary["rejected"] == 0
     assert "demo: sent " in out.getvalue() and "errors 0" in out.getvalue()
+
+
+def test_a_second_producer_sends_only_the_changes_of_a_table_the_service_holds(catalog):
+    """A spike producer beside `make run` (or a restart on the same data) does not load every user
+    again: the pipeline would spend a batch of ~50 000 upserts on them while no event is aggregated."""
+    server = _serve(_free_port())
+    server.tables_held = {"users"}
+    try:
+        out = io.StringIO()
+        producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", DemoTraffic(catalog, seed=1),
+                                rate=500.0, progress_every_s=0.5, out=out)
+        server.events_wanted = 5
+        summary = producer.run(duration_s=120.0, stop=server.enough_events)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert {"/api/v1/tables/users", "/api/v1/tables/plans"} <= set(server.gets)
+    users = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/users"]
+    assert sum(len(body) for body in users) < 500  # no initial load: at most the few changes due since
+    plans = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/plans"]
+    assert [len(body) for body in plans] == [4]  # the plans table was empty: loaded
+    assert summary["table_rows"].get("users", 0) == sum(len(body) for body in users)
+    assert "demo: table users: the service holds its rows already; only changes follow" in out.getvalue()
 
 
 def test_producer_retries_until_the_service_is_up(catalog):
