@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
-T0 = 1_794_999_600_000  # a fixed epoch ms, aligned to an hour (so to every step the tests use)
+HOUR_MS = 3_600_000
+# An epoch ms aligned to an hour (so to every step the tests use), six hours before the suite
+# started: recent enough for a pipeline on the real clock to keep the tests' events (the demo's
+# shortest retention is a day), far enough back that hours of events after it are not in the
+# future. It was a fixed instant until the day that instant fell out of the demo's 8-day
+# retention: every pipeline test on the real clock then dead-lettered all its events.
+T0 = (int(time.time() * 1000) // HOUR_MS - 6) * HOUR_MS
 ENDPOINTS = ["/", "/api/cart", "/api/search"]
 REGIONS = ["eu", "us", "ap"]
 
