@@ -24,7 +24,14 @@ Kafka such a run drives its batches itself, each one as Spark would run it:
   are (ingest/kafka_source.py `read_kafka_range`).
 
 A batch logged but not committed (a crash) is run again with the same range, as Spark does.
-The planning is pure (`capped_targets`, `next_batch`); `drain_bounded` does the I/O."""
+
+The serving pipeline of a catalog that enriches keeps Spark's streaming query for the batches it
+plans whole (a trigger's backlog within `max_records_per_batch`: everything the source found,
+which is a cut), and refuses any batch Spark's source may have cut short in proportion to the
+partitions' backlogs (`may_be_split`, `refuse_split`): nothing of it is stored, the batch Spark
+logged is planned again (`settle_last_batch`) and the backlog is caught up here, cut at one append
+time (`Pipeline.catch_up`), before the query starts again (sketchboard/live.py).
+The planning is pure (`capped_targets`, `next_batch`, `may_be_split`); `drain_bounded` does the I/O."""
 
 from __future__ import annotations
 
@@ -81,6 +88,33 @@ def records_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Ma
     return sum(max(0, hi - start.get(s, {}).get(p, 0)) for s, parts in end.items() for p, hi in parts.items())
 
 
+def partitions_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:
+    """How many partitions have at least one record between `start` and `end`."""
+    return sum(1 for s, parts in end.items() for p, hi in parts.items() if hi > start.get(s, {}).get(p, 0))
+
+
+def may_be_split(records: int, partitions: int, max_rows: int) -> bool:
+    """Whether a batch of `records` in `partitions` partitions may be one that Spark's Kafka source
+    cut short (`maxOffsetsPerTrigger` = `max_rows` < its backlog) rather than all it found. Its
+    `rateLimit` gives each partition with a backlog `floor(max_rows * backlog / total)` records, at
+    least one: so such a batch reads every partition that had a backlog, and loses less than one
+    record per partition to the rounding; a batch of fewer than `max_rows - partitions` records
+    was the whole backlog. Never a false "no": a batch this says yes to may also be a whole one."""
+    return records > 0 and records >= max_rows - partitions
+
+
+class SplitBySpark(RuntimeError):
+    """A batch Spark's Kafka source may have shared by partitions' backlogs, refused before anything
+    of it was computed or stored: the pipeline catches the backlog up cut at one append time."""
+
+    MARK = "may have been split by Spark's Kafka source"
+
+
+def split_by_spark(error: BaseException | object) -> bool:
+    """Whether a query failed on `SplitBySpark` (Spark hands the Python error back as text)."""
+    return SplitBySpark.MARK in str(error)
+
+
 def with_starts(offsets: Mapping[str, Mapping[int, int]], starts: Mapping[str, Mapping[int, int]]) -> Offsets:
     """`offsets` with every partition of `starts` it lacks (a stream or partition the query has not
     read yet) at its log start: Kafka's `earliest`."""
@@ -109,19 +143,25 @@ def _metadata(offsets_dir: Path, planned: list[int], now_ms: int) -> str:
     return json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": now_ms, "conf": {}}, separators=(",", ":"))
 
 
-def catches_up_cut(pipeline) -> bool:
-    """Whether a pipeline on Kafka that enriches has more than `max_records_per_batch` records to
-    catch up (from its checkpoint's last logged batch, or the log's start for a new one reading
-    from the earliest): Spark's Kafka source would share them in proportion to each partition's
-    backlog, so an event could be read a batch before a change of its key appended ahead of it;
-    `drain_bounded` cuts them at one append time instead (ingest/append_cut.py). A backlog
-    within the bound is one batch either way, left to Spark; so is a new query reading from the
-    log's end (Spark's source records where it started)."""
-    from aggregates.pipeline import batch_end_offsets
+def cuts_batches(pipeline) -> bool:
+    """Whether the pipeline reads Kafka and enriches: Spark's Kafka source must not share a backlog
+    of its tables and enriched streams by partition (the module doc)."""
     from catalog.enrichment import append_cut_streams
 
+    return pipeline.config.kafka is not None and bool(append_cut_streams(pipeline.catalog)[0])
+
+
+def catches_up_cut(pipeline) -> bool:
+    """Whether a pipeline on Kafka that enriches has a backlog (from its checkpoint's last logged
+    batch, or the log's start for a new one reading from the earliest) that Spark's Kafka source
+    may share in proportion to each partition's backlog (`may_be_split`), so that an event could be
+    read a batch before a change of its key appended ahead of it; `drain_bounded` cuts it at one
+    append time instead (ingest/append_cut.py). A smaller backlog is one whole batch, left to
+    Spark; so is a new query reading from the log's end (Spark's source records where it started)."""
+    from aggregates.pipeline import batch_end_offsets
+
     config, catalog = pipeline.config, pipeline.catalog
-    if config.kafka is None or not append_cut_streams(catalog)[0]:
+    if not cuts_batches(pipeline):
         return False
     checkpoint = Path(config.checkpoint_dir)
     planned = logged_batches(checkpoint / "offsets")
@@ -131,7 +171,69 @@ def catches_up_cut(pipeline) -> bool:
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     start = with_starts(batch_end_offsets(config, catalog, checkpoint, planned[-1]), starts) if planned else starts
-    return records_between(start, available) > config.max_records_per_batch
+    return may_be_split(records_between(start, available), partitions_between(start, available),
+                        config.max_records_per_batch)
+
+
+def refuse_split(pipeline, batch_id: int) -> None:
+    """Raise `SplitBySpark` for a batch Spark's query planned that its Kafka source may have shared
+    by partitions' backlogs, in a pipeline that enriches, where that could enrich an event before
+    a change of its table appended ahead of it (`reads_an_event_before_a_change`); before anything
+    of it is computed or stored. A batch the store has (a replay, skipped anyway) and the first batch of a query that
+    started at the log's end (whatever came after its start, planned from offsets Spark keeps
+    elsewhere) pass."""
+    config = pipeline.config
+    if not cuts_batches(pipeline):
+        return
+    last = pipeline.store.last_batch_id(config.name)
+    if (last is not None and batch_id <= last) or (batch_id == 0 and config.starting_offsets != "earliest"):
+        return
+    start, end = pipeline.logged_offsets(batch_id)
+    # A partition the query has no offset of yet starts at the log's start: counted from 0 first
+    # (more records, never fewer), from the log's start only where that may be a split.
+    if not may_be_split(records_between(start, end), partitions_between(start, end), config.max_records_per_batch):
+        return
+    starts = {name: {p: o.start for p, o in pipeline.log.offsets(name).items()} for name in end}
+    start = with_starts(start, starts)
+    records = records_between(start, end)
+    if may_be_split(records, partitions_between(start, end), config.max_records_per_batch) and \
+            reads_an_event_before_a_change(pipeline, start, end):
+        raise SplitBySpark(f"batch {batch_id} ({records} records, max_records_per_batch"
+                           f" {config.max_records_per_batch}) {SplitBySpark.MARK}: caught up cut at one append"
+                           f" time instead (docs/tables.md)")
+
+
+def reads_an_event_before_a_change(pipeline, start: Offsets, end: Offsets) -> bool:
+    """Whether a batch [`start`, `end`) could enrich an event before a change of its table appended
+    ahead of it: some table partition (read directly or through a view) stops before a record
+    appended at or before the newest append time of the batch's enriched events. A batch of no
+    enriched event, or one that reads every table to its changes after that time, is as good as
+    one cut at one append time (a share of a stream's partitions alone is harmless). Where the log
+    cannot tell an append time, it answers yes."""
+    from catalog.enrichment import append_cut_streams
+
+    catalog, log = pipeline.catalog, pipeline.log
+    group, tables = append_cut_streams(catalog)
+    newest = None
+    for stream in (s for s in group if catalog.streams[s].enrich):
+        for partition, hi in end.get(stream, {}).items():
+            if hi > start.get(stream, {}).get(partition, 0):
+                at = log.ingest_time_ms(stream, int(partition), hi - 1)
+                if at is None:
+                    return True
+                newest = at if newest is None else max(newest, at)
+    if newest is None:
+        return False
+    for table in tables:
+        offsets = log.offsets(table)
+        read_to = {int(p): end.get(table, {}).get(p, o.start) for p, o in offsets.items()}
+        unread = {p: at for p, at in read_to.items() if at < offsets[p].end}
+        if not unread:
+            continue
+        after = log.first_appended_after(table, unread, newest)
+        if any(after.get(p) is None or after[p] > at for p, at in unread.items()):
+            return True
+    return False
 
 
 def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:

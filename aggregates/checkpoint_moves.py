@@ -33,17 +33,9 @@ def move_offsets(checkpoint_dir: Path, moves: Mapping[str, Mapping[int, int]], s
     offset}}) applied; returns its id, None when the query has no batch logged yet (its first
     batch then starts where the source starts: the caller must not need a move)."""
     offsets_dir, commits_dir = Path(checkpoint_dir) / "offsets", Path(checkpoint_dir) / "commits"
-    planned = logged_batches(offsets_dir)
-    if not planned:
+    last = settle_last_batch(checkpoint_dir, store_last_batch)
+    if last is None:
         return None
-    last = planned[-1]
-    if last not in logged_batches(commits_dir):
-        if store_last_batch is not None and store_last_batch >= last:
-            write_whole(commits_dir / str(last), _COMMIT)
-        else:
-            (offsets_dir / str(last)).unlink()
-            (offsets_dir / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the removed file
-            return move_offsets(checkpoint_dir, moves, store_last_batch)
     lines = (offsets_dir / str(last)).read_text(encoding="utf-8").splitlines()
     # One source here (the pipeline reads one): its offsets are the third line.
     offsets = json.loads(lines[2])
@@ -58,6 +50,26 @@ def move_offsets(checkpoint_dir: Path, moves: Mapping[str, Mapping[int, int]], s
     template = existing[-1].read_text(encoding="utf-8") if existing else _COMMIT
     write_whole(commits_dir / str(batch), template)
     return batch
+
+
+def settle_last_batch(checkpoint_dir: Path, store_last_batch: int | None, *, commit: bool = True) -> int | None:
+    """Settle the last batch the query logged and Spark did not commit: committed by the store (its
+    batch id is there), it gets its Spark commit (`commit`; else Spark runs it again, and the
+    pipeline skips it); not, its plan is removed, so the next batch is planned again from the batch
+    before (nothing of it was stored: nothing is lost or counted twice). Returns the last logged
+    batch after that, None when there is none."""
+    offsets_dir, commits_dir = Path(checkpoint_dir) / "offsets", Path(checkpoint_dir) / "commits"
+    committed = set(logged_batches(commits_dir))
+    for last in reversed(logged_batches(offsets_dir)):
+        if last in committed:
+            return last
+        if store_last_batch is not None and store_last_batch >= last:
+            if commit:
+                write_whole(commits_dir / str(last), _COMMIT)
+            return last
+        (offsets_dir / str(last)).unlink()
+        (offsets_dir / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the removed file
+    return None
 
 
 def write_whole(path: Path, text: str) -> None:

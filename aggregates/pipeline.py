@@ -325,34 +325,65 @@ class Pipeline(ReportsStoreErrors):
 
     def start(self, *, available_now: bool = False) -> StreamingQuery:
         c = self.config
-        return start_query(self.stream().writeStream, f"sketchboard-{c.name}", c.checkpoint_dir, self.process_batch,
+        return start_query(self.stream().writeStream, f"sketchboard-{c.name}", c.checkpoint_dir, self.spark_batch,
                            c.trigger_interval, available_now=available_now, gate=self.gate)
 
-    def run_until_drained(self) -> None:
-        """Process everything in the log now, then stop (Trigger.AvailableNow)."""
+    def spark_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
+        """A batch Spark's query planned. On Kafka, a pipeline that enriches refuses one its source
+        may have shared by partitions' backlogs (aggregates/bounded_batches.py `refuse_split`):
+        the query fails on it with nothing stored, and the pipeline catches the backlog up cut at
+        one append time (`catch_up`) before its query starts again."""
+        from aggregates.bounded_batches import refuse_split
+
+        refuse_split(self, batch_id)
+        return self.process_batch(batch, batch_id)
+
+    def run_until_drained(self, stopping: Callable[[], bool] | None = None) -> None:
+        """Process everything in the log now, then stop (Trigger.AvailableNow); on Kafka, a pipeline
+        that enriches catches a backlog up cut at one append time first (`catch_up`), and again
+        whenever its query refused a batch Spark's source may have split. `stopping`: asked
+        between the catch-up's batches; true ends the drain there."""
+        from aggregates.bounded_batches import drain_bounded, split_by_spark
+
         if self.config.kafka is not None and self.config.end_offsets is not None:
             # Spark's Kafka source takes no per-partition end: batches of our own, read by batch reads.
-            from aggregates.bounded_batches import drain_bounded
-
             drain_bounded(self, self.config.end_offsets)
             return
-        drain(self.start(available_now=True), "pipeline")
+        while True:
+            self.catch_up(stopping)
+            if stopping is not None and stopping():
+                return
+            try:
+                drain(self.start(available_now=True), "pipeline")
+                return
+            except RuntimeError as exc:
+                if not split_by_spark(exc):
+                    raise
+                log.info("a batch Spark's Kafka source may have split by partition was refused: catching up")
 
     def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
-        """On Kafka, before a serving query starts (`sketchboard pipeline`, sketchboard/live.py): a
-        backlog over `max_records_per_batch` of a pipeline that enriches caught up in batches cut
-        at one append time; Spark's query then resumes from the checkpoint they logged, with no
-        batch of its own until new records come (the offsets logged in Spark's very text,
-        ingest/kafka_offset_json.py). A no-op elsewhere. `stopping`: asked between those batches."""
-        from aggregates.bounded_batches import catches_up_cut, drain_bounded
+        """On Kafka, before a query starts (`sketchboard pipeline`, sketchboard/live.py, and
+        `run_until_drained`): a backlog of a pipeline that enriches that Spark's source could share
+        by partition (more than `max_records_per_batch` records, or about as many) caught up in
+        batches cut at one append time, until what is left is less; Spark's query then resumes from
+        the checkpoint they logged, with no batch of its own until new records come (the offsets
+        logged in Spark's very text, ingest/kafka_offset_json.py). A batch Spark logged and did not
+        run (a refused split, a crash) is planned again. A no-op elsewhere. `stopping`: asked
+        between those batches."""
+        from aggregates.bounded_batches import catches_up_cut, cuts_batches, drain_bounded
+        from aggregates.checkpoint_moves import settle_last_batch
 
-        try:
-            behind = catches_up_cut(self)
-        except LogUnavailable as exc:  # the broker away: Spark's query waits it out, as it always has
-            log.warning("cannot tell the backlog to catch up (%s): leaving it to Spark's Kafka source", exc)
+        if not cuts_batches(self):
             return
-        if behind:
-            drain_bounded(self, {}, stopping)
+        settle_last_batch(self.config.checkpoint_dir, self.store.last_batch_id(self.config.name), commit=False)
+        while stopping is None or not stopping():
+            try:
+                behind = catches_up_cut(self)
+            except LogUnavailable as exc:  # the broker away: Spark's query waits it out, as it always has
+                log.warning("cannot tell the backlog to catch up (%s): leaving it to Spark's Kafka source", exc)
+                return
+            if not behind or drain_bounded(self, {}, stopping) == 0:
+                return
 
 
 def configure_tiers(store: PaneStore, catalog: Catalog, clock: Callable[[], float] = time.time) -> list[str]:

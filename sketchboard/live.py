@@ -1,6 +1,7 @@
 """`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop,
 after catching up a backlog over `max_records_per_batch` in batches cut at one append time where Spark's Kafka
-source would split it by partition (`Pipeline.catch_up`, docs/tables.md); and start it again, in the same process
+source would split it by partition (`Pipeline.catch_up`, docs/tables.md), and again whenever the query refused a
+batch its source may have split so (a burst while it serves); and start it again, in the same process
 and Spark session, when a switch fenced one of its batches (docs/reprocessing.md#switch): built again, it applies
 the switch's offset move to its checkpoint and computes the stream with the new definition; and, a few times, when
 a batch failed on the host's load rather than on its data (sketchboard/restarts.py). Any other failure ends the
@@ -23,13 +24,14 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                  once: bool = False, spark=None) -> int:
     """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
     from aggregates.batch_gate import remove_listeners, stop_between_batches
+    from aggregates.bounded_batches import split_by_spark
     from sketchboard.wiring import build_pipeline
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
     budget = RestartBudget()
 
     def restartable(failure) -> bool:
-        if switched(failure):
+        if switched(failure) or split_by_spark(failure):  # the latter: caught up cut at one append time first
             return True
         if transient(failure) and budget.allow(time.monotonic()):
             log.warning("a batch failed on the host's load, not on its data: starting the pipeline again from its"
@@ -39,12 +41,8 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
 
     while True:
         if once:
-            try:
-                pipeline.catch_up(stopping.is_set)  # on Kafka, a backlog of a pipeline that enriches: cut first
-                if stopping.is_set():
-                    remove_listeners(pipeline.spark, [pipeline.progress_recorder])
-                    return 0
-                pipeline.run_until_drained()
+            try:  # on Kafka, a backlog of a pipeline that enriches: cut at one append time first
+                pipeline.run_until_drained(stopping.is_set)
             except Exception as exc:  # Spark's StreamingQueryException, with the store's error inside
                 if not restartable(exc):
                     raise

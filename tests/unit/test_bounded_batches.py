@@ -5,10 +5,15 @@ and the batch read's options (ingest/kafka_source.py range_options). Pure: no Sp
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from aggregates.bounded_batches import capped_targets, next_batch, offset_log_text, records_between, with_starts
+from aggregates.bounded_batches import (SplitBySpark, capped_targets, may_be_split, next_batch, offset_log_text,
+                                        records_between, refuse_split, split_by_spark, with_starts)
+from aggregates.checkpoint_moves import logged_batches, settle_last_batch
 from aggregates.pipeline import PipelineConfig, batch_end_offsets
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, range_options
@@ -111,7 +116,8 @@ def test_a_serving_pipeline_on_kafka_that_enriches_catches_up_a_backlog_over_a_b
         return SimpleNamespace(config=config, catalog=catalog, log=log)
 
     assert catches_up_cut(pipeline())  # 8 + 3 + 4 = 15 records from the log's start
-    assert not catches_up_cut(pipeline(max_rows=15))  # one batch either way
+    assert catches_up_cut(pipeline(max_rows=15))  # all of it, but Spark's shares could lose one to rounding
+    assert not catches_up_cut(pipeline(max_rows=19))  # 15 < 19 - 3 partitions: one whole batch
     assert not catches_up_cut(pipeline(starting="latest"))  # a new query from the end: Spark's
     assert not catches_up_cut(pipeline(kafka=False))  # the embedded source cuts its own batches
     assert not catches_up_cut(pipeline(catalog=CATALOG))  # nothing enriched
@@ -119,4 +125,147 @@ def test_a_serving_pipeline_on_kafka_that_enriches_catches_up_a_backlog_over_a_b
     (tmp_path / "cp" / "offsets" / "0").write_text(
         offset_log_text({"users": {0: 3}, "http_requests": {0: 4, 1: 0}}, "t.", "{}"))
     assert catches_up_cut(pipeline(starting="latest", max_rows=5))  # 5 + 1 + 4 = 10 from the logged batch
-    assert not catches_up_cut(pipeline(max_rows=10))
+    assert not catches_up_cut(pipeline(max_rows=14))
+
+
+def spark_rate_limit(limit: int, start: dict, until: dict) -> dict:
+    """Spark's Kafka source's `rateLimit` (KafkaMicroBatchStream, Spark 4), line for line: each
+    partition with a backlog gets `limit * (size / total)` records, floored, or one where that is
+    under one; never past its end."""
+    sizes = {tp: end - start[tp] for tp, end in until.items() if end - start[tp] > 0}
+    total = float(sum(sizes.values()))
+    if total < 1:
+        return dict(until)
+    out = {}
+    for tp, end in until.items():
+        if tp not in sizes:
+            out[tp] = end
+            continue
+        prorate = limit * (sizes[tp] / total)
+        out[tp] = min(end, start[tp] + int(math.ceil(prorate) if prorate < 1 else math.floor(prorate)))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(limit=st.integers(1, 2_000), backlog=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3_000)),
+                                                      min_size=1, max_size=40))
+def test_a_batch_spark_cut_short_is_always_one_that_may_be_split(limit, backlog):
+    """`may_be_split` never says no to a batch Spark's `maxOffsetsPerTrigger` cut short (some
+    partition not read to the end it found), whatever the partitions' backlogs; and says no to
+    every batch of fewer records than the limit less its partitions."""
+    start = {("t", p): lo for p, (lo, _) in enumerate(backlog)}
+    until = {("t", p): lo + size for p, (lo, size) in enumerate(backlog)}
+    end = spark_rate_limit(limit, start, until)
+    records = sum(end[tp] - start[tp] for tp in end)
+    partitions = sum(1 for tp in end if end[tp] > start[tp])
+    if end != until:
+        assert may_be_split(records, partitions, limit), (records, partitions, limit)
+    if records < limit - partitions:
+        assert not may_be_split(records, partitions, limit)
+    assert not may_be_split(0, 0, limit)
+
+
+def test_a_batch_spark_logged_and_did_not_commit_is_planned_again_unless_the_store_has_it(tmp_path):
+    """`settle_last_batch`: the last logged batch without Spark's commit is removed (with its
+    checksum file) when the store has not recorded it, committed when it has."""
+    offsets, commits = tmp_path / "offsets", tmp_path / "commits"
+    for batch in (0, 1, 2):
+        (offsets / str(batch)).parent.mkdir(exist_ok=True)
+        (offsets / str(batch)).write_text(f"v1\n{{}}\n{{\"t\":{{\"0\":{batch}}}}}")
+    (offsets / ".2.crc").write_text("x")
+    commits.mkdir()
+    for batch in (0, 1):
+        (commits / str(batch)).write_text("v1\n{}")
+    assert settle_last_batch(tmp_path, store_last_batch=1) == 1
+    assert logged_batches(offsets) == [0, 1] and not (offsets / ".2.crc").exists()
+    (offsets / "2").write_text("v1\n{}\n{}")
+    assert settle_last_batch(tmp_path, store_last_batch=2) == 2  # the store has it: Spark's commit written
+    assert logged_batches(commits) == [0, 1, 2]
+    assert settle_last_batch(tmp_path, store_last_batch=2) == 2  # settled: nothing to do
+    assert settle_last_batch(tmp_path / "none", None) is None
+
+
+def test_a_spark_batch_that_may_be_split_is_refused_before_anything_is_stored(tmp_path):
+    """`refuse_split`, on Kafka with enriched streams: a batch Spark planned that may have been
+    cut short by partition raises SplitBySpark (its mark is what the query's failure carries);
+    a smaller one, one the store has, the first of a query from the log's end, one of a pipeline
+    that enriches nothing or reads the embedded log pass."""
+    from types import SimpleNamespace
+
+    from ingest.log.base import PartitionOffsets
+
+    enriched = Catalog(streams={"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"],
+                                          "partitions": 1},
+                                "http_requests": {"key_field": "user_id", "dimensions": ["method"], "partitions": 2,
+                                                  "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}})
+    # Every record appended in one millisecond: a table's unread records were appended at or before
+    # the batch's newest event (a split that matters: tested apart below).
+    log = SimpleNamespace(offsets=lambda stream: {p: PartitionOffsets(2, 100) for p in range(2)},
+                          ingest_time_ms=lambda stream, partition, offset: 1_000,
+                          first_appended_after=lambda stream, starts, cut: {p: None for p in starts})
+
+    def pipeline(start, end, *, catalog=enriched, stored=None, starting="earliest", kafka=True, max_rows=10):
+        config = PipelineConfig(name="main", log_path=tmp_path / "log.db", checkpoint_dir=tmp_path / "cp",
+                                max_records_per_batch=max_rows, starting_offsets=starting,
+                                kafka=KafkaSourceConfig("127.0.0.1:9", topic_prefix="t.") if kafka else None)
+        return SimpleNamespace(config=config, catalog=catalog, log=log, logged_offsets=lambda batch_id: (start, end),
+                               store=SimpleNamespace(last_batch_id=lambda name: stored))
+
+    split = ({"users": {0: 10}, "http_requests": {0: 4, 1: 7}}, {"users": {0: 16}, "http_requests": {0: 5, 1: 8}})
+    with pytest.raises(SplitBySpark) as refused:
+        refuse_split(pipeline(*split), 3)  # 8 records in 3 partitions, 8 >= 10 - 3
+    assert split_by_spark(f"StreamingQueryException: ... {refused.value}")
+    refuse_split(pipeline(*split, max_rows=12), 3)  # 8 < 12 - 3: the whole backlog
+    refuse_split(pipeline(*split, stored=3), 3)  # a replay the store has: skipped anyway
+    refuse_split(pipeline(*split, catalog=CATALOG), 3)
+    refuse_split(pipeline(*split, kafka=False), 3)
+    refuse_split(pipeline({}, {"users": {0: 9}}, starting="latest"), 0)  # where Spark's query started
+    with pytest.raises(SplitBySpark):  # 9 records from the log's start (2), 9 >= 10 - 1
+        refuse_split(pipeline({}, {"users": {0: 2}, "http_requests": {0: 11}}), 0)
+    refuse_split(pipeline({}, {"users": {0: 2}, "http_requests": {0: 10}}), 0)  # 8 from 2; 10 from 0 would be refused
+    refuse_split(pipeline({}, {"users": {0: 11}}), 0)  # no enriched event read: a table's share alone is harmless
+    # A partition new to the query counts from the log's start, not from 0: 1 + (8 - 2) = 7 < 10 - 2.
+    refuse_split(pipeline({"users": {0: 10}}, {"users": {0: 11}, "http_requests": {0: 8}}), 4)
+
+
+def test_a_split_matters_only_where_a_table_stops_before_a_change_appended_ahead_of_an_event_read():
+    """`reads_an_event_before_a_change`: the batch's newest enriched event against each table
+    partition's first unread record (the log's append times): a table read past every change
+    appended by then, a batch of no enriched event, or a table read to the log's end: harmless;
+    a table stopping before a change appended before that event: it matters; an append time the
+    log cannot tell: it may."""
+    from types import SimpleNamespace
+
+    from aggregates.bounded_batches import reads_an_event_before_a_change
+    from ingest.log.base import PartitionOffsets
+
+    catalog = Catalog(streams={"users": {"kind": "table", "key_field": "user_id", "dimensions": ["plan"],
+                                         "partitions": 1},
+                               "http_requests": {"key_field": "user_id", "dimensions": ["method"], "partitions": 1,
+                                                 "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]},
+                               "orders": {"key_field": "id", "partitions": 1}})
+    appended = {"users": [10, 20, 30, 40], "http_requests": [15, 25, 35], "orders": [1, 50]}
+
+    def first_appended_after(stream, starts, cut):
+        times = appended[stream]
+        return {p: next((o for o in range(at, len(times)) if times[o] > cut), None) for p, at in starts.items()}
+
+    def log(known=True):
+        return SimpleNamespace(
+            offsets=lambda stream: {0: PartitionOffsets(0, len(appended[stream]))},
+            ingest_time_ms=lambda stream, partition, offset: appended[stream][offset] if known else None,
+            first_appended_after=first_appended_after)
+
+    def matters(start, end, known=True):
+        return reads_an_event_before_a_change(SimpleNamespace(catalog=catalog, log=log(known)), start, end)
+
+    # Events up to 25 read, users up to 20: the next change (30) came after them.
+    assert not matters({}, {"users": {0: 2}, "http_requests": {0: 2}, "orders": {0: 2}})
+    # Events up to 35 read, users only to 20: the change at 30 is read a batch after the event at 35.
+    assert matters({}, {"users": {0: 2}, "http_requests": {0: 3}})
+    # The same with users read to the log's end: nothing left to read late.
+    assert not matters({}, {"users": {0: 4}, "http_requests": {0: 3}})
+    # No enriched event in the batch (orders only, users partly): harmless.
+    assert not matters({"http_requests": {0: 3}}, {"users": {0: 1}, "http_requests": {0: 3}, "orders": {0: 2}})
+    # The log cannot tell the event's append time: it may matter.
+    assert matters({}, {"users": {0: 2}, "http_requests": {0: 2}}, known=False)
