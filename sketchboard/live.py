@@ -80,6 +80,9 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             # the offsets the switch moved into the checkpoint. Or the host's load failed a batch.
             if any(switched(f) for f in failures):
                 log.warning("a stream's output was switched to another definition: restarting the pipeline")
+            if any(split_by_spark(f) for f in failures):
+                log.info("a batch Spark's Kafka source may have shared by partition was refused: catching the"
+                         " backlog up in batches cut at one append time, then starting the query again")
             stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
             pipeline.store.close()
             pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
