@@ -73,6 +73,13 @@ class NeedsAlignment(SwitchRefused):
     can run the run's final batch (`sketchboard reprocess STREAM --switch`, or the API's child)."""
 
 
+# A going run's process reports every RUN_HEARTBEAT_MS (sketchboard/reprocess.py); one silent for
+# RUN_STALE_MS is taken for dead and marked failed (a SIGKILL, an out-of-memory kill, its host
+# gone): long enough for a child's JVM to start on a loaded host, short enough not to keep a
+# stream's new runs refused for long.
+RUN_HEARTBEAT_MS = 10_000
+RUN_STALE_MS = 300_000
+
 # How many times a synchronized switch runs the final batch and tries again when the serving
 # pipeline's offsets moved meanwhile (a commit that was under way when the hold was set).
 ALIGN_ATTEMPTS = 3
@@ -290,7 +297,7 @@ class ReprocessService:
             raise DefinitionUnchanged(
                 f"stream {stream!r} is served with its configured definition (version {short_version(version)}):"
                 " change the streams configuration first, then reprocess")
-        going = [r.id for r in self.definitions.runs() if r.stream == stream and r.active]
+        going = [r.id for r in self.runs() if r.stream == stream and r.active]
         if going:
             raise RunGoing(f"reprocessing run {going[0]!r} of stream {stream!r} is still going")
         now = self._now_ms()
@@ -325,10 +332,18 @@ class ReprocessService:
         return run
 
     def runs(self) -> list[ReprocessRun]:
+        self.fail_stale()
         return self.definitions.runs()
 
     def run(self, run_id_: str) -> ReprocessRun | None:
+        self.fail_stale()
         return self.definitions.run(run_id_)
+
+    def fail_stale(self) -> None:
+        """Runs whose process stopped reporting (RUN_STALE_MS) are failed, saying so: a new run
+        of the stream may start, the run may be dropped or resumed."""
+        for stale in self.definitions.fail_stale(self._now_ms(), RUN_STALE_MS):
+            logger.warning("reprocessing run %r: its process stopped reporting; marked failed", stale)
 
     def progress(self, run: ReprocessRun) -> Progress:
         committed = self.registry.offsets(run.id)
@@ -473,6 +488,13 @@ class ReprocessService:
         patterns = [p for p in catalog.patterns if p in (*rebuilt_patterns(catalog, run.stream), *two_stream)]
         others = capped_streams(catalog, run.stream)
         if not others:
+            if not run.id.startswith(PREVIOUS_PREFIX) and self._behind_serving(run, enriched):
+                if align is None:
+                    raise NeedsAlignment(
+                        f"run {run.id!r} has read less of {run.stream!r} than the serving pipeline: its switch"
+                        " reads on to the log's end first, so readers never see the new output behind the served"
+                        f" one; run it with `sketchboard reprocess {run.stream} --run {run.id} --switch`")
+                self._read_on(run, align, enriched)
             return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other
         # table, an enriched stream read only as far as the serving pipeline has): switched in step.
@@ -513,6 +535,33 @@ class ReprocessService:
             self.definitions.set_state(run.id, "failed", self._now_ms(), error=f"could not start the switch: {exc}")
             raise
         return self.run(run.id)
+
+    def _behind_serving(self, run: ReprocessRun, enriched=()) -> bool:
+        """Whether the serving pipeline has read further than the run in some partition of its
+        stream (or of a stream its switch moves with it, `enriched`): the run stopped at the log's
+        end as of its start (or its last read-on), and the live pipeline went on meanwhile."""
+        outputs = self._needs_outputs()
+        store = outputs.open_store(run.id)
+        try:
+            read = store.progress(run.id).end_offsets
+        finally:
+            store.close()
+        return any(read.get(stream, {}).get(p, 0) < at for stream in (run.stream, *enriched)
+                   for p, at in self.definitions.pipeline_offsets(outputs.serving_pipeline, stream).items())
+
+    def _read_on(self, run: ReprocessRun, align: Aligner, enriched=()) -> None:
+        """Before a switch, the run reads on to the log's end now (`align` with no other stream to
+        stop), a few times while the serving pipeline is still further: after the switch the
+        serving pipeline goes on from the run's offsets, so readers see the new output as far as
+        the live one, not where the run first caught up (minutes or days behind). What the serving
+        pipeline commits between the last read-on and the switch (a batch or so) it reads again."""
+        for attempt in range(ALIGN_ATTEMPTS):
+            started = time.monotonic()
+            align(run, {})
+            logger.info("switch of %r: read on to the log's end in %.1f s (try %d)", run.id,
+                        time.monotonic() - started, attempt + 1)
+            if not self._behind_serving(run, enriched):
+                return
 
     def _aligned_switch(self, run: ReprocessRun, stored, catalog: Catalog, patterns, joins, others: list[str],
                         align: Aligner, views=(), enriched=None) -> dict:

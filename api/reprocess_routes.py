@@ -136,22 +136,23 @@ def router(service: ReprocessService) -> APIRouter:
             summary="Serve the run's output (admin): in one transaction the stream's served rows are replaced by"
                     " the run's, the old ones kept as previous-<stream>-<version8> (switch to it to switch back)",
             responses={202: {"model": SwitchStartedOut,
-                             "description": "the stream feeds a window join, a pattern over two streams or a"
-                                            " view: a synchronized switch was started in a child process"},
+                             "description": "the run has read less of the stream than the serving pipeline (it"
+                                            " reads on to the log's end first), or the stream feeds a window join,"
+                                            " a pattern over two streams or a view (a synchronized switch): the"
+                                            " switch was started in a child process"},
                        **errors(404, 409, e404="no such run", e409="the run has not caught up, is served already, its"
-                                " output is gone, the stream feeds an enrichment, or a synchronized switch could not"
-                                " be started or aligned")})
+                                " output is gone, a state the stream feeds would be left built the old way, or a"
+                                " switch in a child process could not be started or aligned")})
     async def switch(run_id: str) -> dict:
         def answer() -> dict:
             try:
                 try:
                     return service.switch(run_id)
-                except NeedsAlignment:  # a stream feeding a join: switched in step by a child process
+                except NeedsAlignment as needs:  # the run reads on first (a join's: in step), in a child process
                     run = service.start_switch(run_id)
                     return JSONResponse(status_code=202, content={
                         "switching": True, "run": service.to_json(run),
-                        "message": f"stream {run.stream!r} feeds a window join: a synchronized switch was started"
-                                   " (the serving pipeline's commits wait while the run reads on to its offsets);"
+                        "message": f"{needs}: a switch that reads on first was started in a child process;"
                                    f" GET /api/v1/reprocess/{run.id} shows it caught up, and serving, when done"})
             except KeyError as exc:
                 raise ParamHTTPError(404, "run_id", exc.args[0]) from None

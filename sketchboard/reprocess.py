@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from typing import TextIO
 
-from aggregates.reprocess import Outputs, Progress, ReprocessService, serving_caps
+from aggregates.reprocess import RUN_HEARTBEAT_MS, Outputs, Progress, ReprocessService, serving_caps
 from catalog import Catalog
 from catalog.dependents import aligned_joins, aligned_patterns, capped_streams, rebuilt_patterns
 from catalog.dependents import aligned_views, enriched_streams, enrichment_feeds
@@ -297,9 +297,13 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     definitions = service.definitions
     stop = threading.Event()
 
-    def report() -> None:
+    def report() -> None:  # and the heartbeat that tells the run's process is alive (fail_stale)
+        beat = 0.0
         while not stop.wait(interval_s):
             print("\r" + progress_line(run, service.progress(run)), end="", file=out, flush=True)
+            if time.monotonic() - beat >= RUN_HEARTBEAT_MS / 1000:
+                definitions.heartbeat(run.id, int(time.time() * 1000))
+                beat = time.monotonic()
 
     reporter = threading.Thread(target=report, name="reprocess-progress", daemon=True)
     pipeline = None

@@ -203,6 +203,28 @@ class DefinitionStore(SideStore):
         with self._lock:
             return dict(self._conn.execute("SELECT pipeline, run_id FROM switch_holds").fetchall())
 
+    def heartbeat(self, run_id: str, now_ms: int) -> None:
+        """A going run's process is alive: its `updated_at_ms` moves (fail_stale's clock)."""
+        with self._lock:
+            self._conn.execute(f"UPDATE reprocess_runs SET updated_at_ms = ? WHERE id = ? AND state IN"
+                               f" ({', '.join('?' * len(ACTIVE_STATES))})", (now_ms, run_id, *ACTIVE_STATES))
+
+    def fail_stale(self, now_ms: int, stale_ms: int) -> list[str]:
+        """Mark failed every going run whose process has not reported for `stale_ms` (killed, or
+        gone with its host): it would otherwise refuse every new run of its stream, and its drop,
+        for ever. Returns their ids."""
+        cutoff = now_ms - stale_ms
+        with self._lock, self._conn.transaction() as conn:
+            stale = [row[0] for row in conn.execute(
+                f"SELECT id FROM reprocess_runs WHERE state IN ({', '.join('?' * len(ACTIVE_STATES))})"
+                " AND updated_at_ms < ?", (*ACTIVE_STATES, cutoff)).fetchall()]
+            for run_id in stale:
+                conn.execute("UPDATE reprocess_runs SET state = 'failed', error = ?, updated_at_ms = ? WHERE id = ?",
+                             (f"its process stopped reporting for more than {stale_ms // 1000} s (killed, or its"
+                              " host gone): resume it with `sketchboard reprocess STREAM --run ID`, or start"
+                              " a new run", now_ms, run_id))
+        return stale
+
     def set_state(self, run_id: str, state: str, now_ms: int, error: str | None = None) -> None:
         if state not in RUN_STATES:
             raise ValueError(f"unknown run state {state!r}")

@@ -17,12 +17,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from aggregates.reprocess import ReprocessService
+from aggregates.reprocess import NeedsAlignment, ReprocessService
 from catalog import Catalog
 from catalog.versions import definition_version
 from ingest.events import EventValidator
 from sketchboard.live import run_pipeline
-from sketchboard.reprocess import build_reprocess_service, run_reprocess
+from sketchboard.reprocess import aligner, build_reprocess_service, run_reprocess
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline, open_consumer_registry, open_store
 from store.definitions import DefinitionStore
@@ -140,8 +140,18 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         try:
             wait_until(lambda: any(q.name == "sketchboard-main" for q in spark.streams.active))
             service = build_reprocess_service(settings, new_catalog, root, log)
-            # A reader polling throughout sees the old output or the new one, never a mix.
-            old_answer, new_answer = exact(first + later, ["endpoint"]), exact(first + later, ["endpoint", "region"])
+            # Events after the run caught up: the live pipeline reads them, the run has not. The
+            # switch then reads on to the log's end first (a process that can run the run's
+            # pipeline: here this one), so the new output is never behind the served one.
+            between = events(300, rng)
+            append(between)
+            so_far = first + later + between
+            wait_until(lambda: stored(root) == exact(so_far, ["endpoint"]))
+            with pytest.raises(NeedsAlignment, match="has read less of 'http' than the serving pipeline"):
+                service.switch(run.id)
+            # A reader polling throughout sees the old output or the new one, never a mix, nor
+            # the new one without the events since the run caught up.
+            old_answer, new_answer = exact(so_far, ["endpoint"]), exact(so_far, ["endpoint", "region"])
             seen, polling = [], threading.Event()
 
             def poll() -> None:
@@ -156,23 +166,23 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
             poller = threading.Thread(target=poll)
             poller.start()
             wait_until(lambda: len(seen) >= 3)
-            switched = service.switch(run.id)
+            switched = service.switch(run.id, align=aligner(settings, spark, service.full_catalog(), root))
             wait_until(lambda: seen[-1] == "new")
             polling.set()
             poller.join(30)
             assert set(seen) == {"old", "new"} and seen == sorted(seen, key=["old", "new"].index), seen[:5]
             assert switched["previous"] == f"previous-http-{definition_version(Catalog(**OLD).stream('http'))[:8]}"
-            assert stored(root) == exact(first + later, ["endpoint", "region"])
+            assert stored(root) == new_answer
             more = events(400, rng)
             append(more)
-            wait_until(lambda: stored(root) == exact(first + later + more, ["endpoint", "region"]))
+            wait_until(lambda: stored(root) == exact(so_far + more, ["endpoint", "region"]))
         finally:
             stopping.set()
             live.join(120)
         assert outcome == [0]
         previous = open_store(settings, switched["previous"])  # the old output, kept to switch back to
         try:
-            assert stored(previous) == served
+            assert stored(previous) == old_answer
         finally:
             previous.close()
     finally:

@@ -249,6 +249,30 @@ def test_a_launch_that_fails_marks_the_run_failed(service):
     assert service.start("http").state == "starting"  # a failed run does not block the next
 
 
+def test_a_run_whose_process_stopped_reporting_is_failed_and_no_longer_blocks_its_stream(service):
+    """A going run's process reports (heartbeat) while it runs; one silent for RUN_STALE_MS (killed,
+    its host gone) is marked failed with why and how to go on, the next time runs are read: a new
+    run of the stream may start and the old one may be dropped, instead of "still going" for ever."""
+    from aggregates.reprocess import RUN_STALE_MS
+
+    now = {"ms": NOW}
+    service.clock = lambda: now["ms"] / 1000
+    run = service.start("http")
+    service.definitions.set_state(run.id, "running", NOW)
+    now["ms"] = NOW + RUN_STALE_MS - 1_000
+    service.definitions.heartbeat(run.id, NOW + 60_000)  # alive a minute in
+    now["ms"] = NOW + 60_000 + RUN_STALE_MS - 1
+    with pytest.raises(RunGoing):
+        service.start("http")
+    assert service.run(run.id).state == "running"
+    now["ms"] = NOW + 60_000 + RUN_STALE_MS + 1  # silent since
+    (failed,) = service.runs()
+    assert failed.state == "failed" and "stopped reporting" in failed.error and "--run ID" in failed.error
+    service.definitions.heartbeat(run.id, now["ms"])  # a heartbeat does not bring a failed run back
+    assert service.run(run.id).state == "failed"
+    assert service.start("http").state == "starting"  # the same version: started again
+
+
 def test_a_runs_catalog_is_its_stream_alone():
     catalog = stream_catalog(new_catalog(), "http")
     assert set(catalog.streams) == {"http", "http_sessions"} and "amount" not in catalog.metrics

@@ -147,6 +147,50 @@ def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(sett
         root.close()
 
 
+def test_a_switch_reads_on_to_the_logs_end_first_when_the_serving_pipeline_has_read_further(settings):
+    """The run caught up with the log's end as of its start; the serving pipeline went on. A switch
+    without a process that can run the run's pipeline is refused as needing one (the API starts a
+    child: NeedsAlignment); with one, the run reads on (`align` with no stream to stop) until it
+    is as far as the serving pipeline, then switches: the serving pipeline goes on from there,
+    and readers never see the new output behind the served one. A replaced output, which cannot
+    read on, is switched back to as it is."""
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(batch("main", 0, {("/a",): 5}, {0: 5}, old), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), **commit)
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    root.commit_batch(batch("main", 1, {("/a",): 2}, {0: 7}, old), **commit)  # the live pipeline went on
+    calls = []
+
+    def align(r, offsets):  # the run's pipeline reading on: one batch to the log's end (7, then 8)
+        calls.append(offsets)
+        output.commit_batch(batch(r.id, len(calls), {("/a", "eu"): 2 if len(calls) == 1 else 1},
+                                  {0: 7 if len(calls) == 1 else 8}, new), **commit)
+        if len(calls) == 1:  # meanwhile the serving pipeline committed one more
+            root.commit_batch(batch("main", 2, {("/a",): 1}, {0: 8}, old), **commit)
+
+    try:
+        with pytest.raises(NeedsAlignment, match="has read less of 'http' than the serving pipeline"):
+            service.switch(run.id)
+        switched = service.switch(run.id, align=align)
+        assert calls == [{}, {}] and switched["offsets"] == {"0": 8}
+        assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 8}
+        assert service.definitions.offset_moves("main") == {"http": {0: 8}}
+        # Back to the replaced output, as far as it went (8): no read-on, none needed.
+        back = service.switch(switched["previous"])
+        assert counts(root) == {dims_key({"endpoint": "/a"}): 8} and back["offsets"] == {"0": 8}
+    finally:
+        output.close()
+        close_fixture(root, log, service)
+
+
 def switch_fixture(settings, old: Catalog, new: Catalog, root_misses: int, run_misses: int):
     """The root serving `old`'s http (with that many enrichment misses), a caught-up run of `new`'s."""
     commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
@@ -642,16 +686,16 @@ def test_a_table_that_enriches_a_stream_is_switched_with_the_stream_and_its_row_
             service.switch(run.id)
         pin_definitions(output, new, run.id)
         new_version = {"plan": "pro", "country": "nl"}
-        enriching_batch(output, new, run.id, 0, "pro", 1, {"users": {0: 1}, "http": {0: 7}},
+        enriching_batch(output, new, run.id, 0, "pro", 1, {"users": {0: 2}, "http": {0: 11}},
                         [("u1", TableVersion(NOW, 0, 0, new_version))])
         output.close()
         switched = service.switch(run.id)  # no hold: both streams' offsets move to the run's
-        assert switched["enriched"] == ["http"] and switched["offsets"] == {"0": 1}
+        assert switched["enriched"] == ["http"] and switched["offsets"] == {"0": 2}
         assert counts(root) == {dims_key({"method": "GET", "plan": "pro"}): 3}
         assert root.table_versions("users") == [("u1", TableVersion(NOW, 0, 0, new_version))]
         assert root.progress("main").streams["http"].enrich_misses == {"users": 1}
-        assert service.definitions.offset_moves("main") == {"users": {0: 1}, "http": {0: 7}}
-        assert root.progress("main").end_offsets["http"] == {0: 7}
+        assert service.definitions.offset_moves("main") == {"users": {0: 2}, "http": {0: 11}}
+        assert root.progress("main").end_offsets["http"] == {0: 11}
         switched_streams = {c.stream for c in root.changes_since(0) if c.revision == SWITCHED_REVISION}
         assert switched_streams == {"users", "http", "http_sessions"}  # websocket hubs reload all three
         kept = open_store(settings, switched["previous"])
