@@ -45,7 +45,7 @@ async function doSwitch(run) {
   render();
   const r = await call("POST", `${API}/${encodeURIComponent(run.id)}/switch`);
   state.busy.delete(run.id);
-  if (r.ok && r.body.switching) { // a stream feeding a window join: switched in step by a child process
+  if (r.ok && r.body.switching) { // read on first (a join's: in step) by a child process
     state.messages.set(run.id, r.body.message);
   } else if (r.ok) {
     state.messages.set(run.id, `switched: ${r.body.stream} is served from version ${r.body.serving_version.slice(0, 8)};` +
@@ -61,8 +61,10 @@ async function doSwitch(run) {
 function runRow(run) {
   const p = run.progress;
   const pct = Math.round(p.fraction * 1000) / 10;
-  const bar = el("progress", { max: "1", value: String(p.fraction), "data-testid": "reprocess-progress",
-    title: p.partitions.map((q) => `${q.stream && q.stream !== run.stream ? q.stream + " " : ""}p${q.partition} ${q.done}/${q.to_do}`).join(" · ") });
+  // Offsets done / to do per partition (a table's run: of the streams enriched from it too), as the CLI's bar shows them.
+  const perPartition = p.partitions.map((q) =>
+    `${q.stream && q.stream !== run.stream ? q.stream + " " : ""}p${q.partition} ${fmtNum(q.done)}/${fmtNum(q.to_do)}`).join(" · ");
+  const bar = el("progress", { max: "1", value: String(p.fraction), "data-testid": "reprocess-progress", title: perPartition });
   const badge = el("span", { class: "badge", "data-state": run.state }, [run.state]);
   if (run.error) badge.title = run.error;
   const head = el("div", { class: "reprocess-head" }, [el("b", {}, [run.id]), " ", badge,
@@ -73,7 +75,9 @@ function runRow(run) {
     ` · ${fmtEta(p.eta_s)}`]);
   const complete = el("div", { class: "reason", "data-testid": "reprocess-complete-from" },
     [`complete from ${fmtDate(run.complete_from_ms)}`]);
-  const li = el("li", { class: "reprocess-run", "data-run": run.id, "data-state": run.state }, [head, bar, numbers, complete]);
+  const partitions = el("div", { class: "reprocess-partitions", "data-testid": "reprocess-partitions" }, [perPartition]);
+  const li = el("li", { class: "reprocess-run", "data-run": run.id, "data-state": run.state },
+    [head, bar, numbers, partitions, complete]);
   if (switchable(run)) {
     if (state.admin) {
       const button = el("button", { type: "button", "data-testid": "reprocess-switch" }, ["Switch"]);

@@ -111,6 +111,9 @@ def test_reprocess_panel_shows_progress_and_switches(reprocess_live, watched_pag
     wait_text(page, f"li[data-run='{run['id']}'] [data-testid=reprocess-numbers]", "50%")
     assert f"{EVENTS // 2}/{EVENTS} offsets" in numbers.text_content() and "ev/s" in numbers.text_content()
     assert "ETA" in numbers.text_content() and "ETA –" not in numbers.text_content()
+    # Offsets done / to do per partition, as the CLI's bar shows them.
+    shown = row.locator("[data-testid=reprocess-partitions]").text_content()
+    assert shown == " · ".join(f"p{p} {n // 2}/{n}" for p, n in sorted(ends.items())), shown
     assert float(row.locator("progress").get_attribute("value")) == pytest.approx(0.5)
     assert "complete from" in row.locator("[data-testid=reprocess-complete-from]").text_content()
     assert row.locator("[data-testid=reprocess-switch]").count() == 0  # not caught up: nothing to switch
