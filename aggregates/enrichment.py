@@ -59,6 +59,14 @@ _VERSIONS = T.ArrayType(T.StructType([
 # per batch in the demo, so hours; a bulk load of the table rebuilds it at the next batch.
 REBUILD_AFTER = 2_000
 
+# A batch on the driver looks its keys up in a map literal (no Spark job) while its rows to look
+# up times a table's keys are at most this: Spark looks a key up in a literal map by a linear scan,
+# once per row and reference, so a batch of ~5 000 rows and ~3 000 keys (the pipeline catching up
+# on the demo's 49 500 users) spent 15-25 s there. Above it the keys' versions are a small local
+# DataFrame joined by hash: one Spark job, ~1 s for that batch. A live batch of the demo (a few
+# hundred rows and keys) stays far below.
+MAP_LOOKUP_COST = 500_000
+
 
 @dataclass
 class LookupBase:
@@ -90,6 +98,7 @@ class Enrichment:
         self.kept = KeptVersions(store.table_versions, self.tables) if keep_versions else None
         self.bases: dict[str, LookupBase] = {}
         self.timings: dict[str, float] = {}  # the last batch's step, in seconds per part (logs, the bench)
+        self.map_lookup_cost = MAP_LOOKUP_COST  # a batch on the driver: map literals or a lookup frame
 
     @property
     def enabled(self) -> bool:
@@ -236,18 +245,22 @@ class Enrichment:
 
     def lookup_maps(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
                     versions: dict[str, dict[str, list[TableVersion]]] | None,
-                    enriching: list[str] | None = None) -> dict[str, Column]:
+                    enriching: list[str] | None = None) -> dict[str, Column | DataFrame]:
         """Per table the `enriching` streams (default: all) look up, key -> versions (as the lookup
-        frame holds them) for the keys `batch` looks up, as a map literal: a view's right table for
-        the foreign keys its left versions hold. `batch` is on the driver: collecting its keys runs
-        no Spark job."""
+        frame holds them) for the keys `batch` looks up (a view's right table for the foreign keys
+        its left versions hold), as a map literal, or where its rows times the keys are over
+        `map_lookup_cost` (MAP_LOOKUP_COST) as a small lookup frame of those keys alone. `batch` is
+        on the driver: collecting its keys runs no Spark job."""
         enriching = list(self.streams) if enriching is None else enriching
         looked_up: dict[str, set[str]] = {}
+        rows = 0
         for name in enriching:
             stream = self.streams[name]
             where, ids = per_catalog(self.catalog, f"enrichment keys of {name}", lambda: (
                 F.col("stream") == name, [F.get(F.col("ids"), stream.source_ids.index(d.by)) for d in stream.enrich]))
-            for row in batch.where(where).select(*ids).collect():
+            collected = batch.where(where).select(*ids).collect()
+            rows += len(collected)
+            for row in collected:
                 for decl, key in zip(stream.enrich, row, strict=True):
                     view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
                     if key is not None:
@@ -271,8 +284,9 @@ class Enrichment:
                 keys = {_text(v.row.get(view.foreign_key)) for vs in left.values() for v in vs if v.row is not None}
             found[view.right] = {**found.get(view.right, {}), **of(view.right, keys)}
         used = {t for n in enriching for d in self.streams[n].enrich for t in enrichment_tables(self.catalog, d, n)}
-        return {table: self.versions_map(self.tables[table], found.get(table, {})) for table in self.tables
-                if table in used}
+        return {table: (self.versions_map if rows * len(found.get(table, {})) <= self.map_lookup_cost
+                        else self.versions_frame)(self.tables[table], found.get(table, {}))
+                for table in self.tables if table in used}
 
     @staticmethod
     def versions_map(table: StreamDef, versions: dict[str, list[TableVersion]]) -> Column:

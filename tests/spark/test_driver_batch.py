@@ -122,12 +122,17 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
         return p
 
     driver, persisted = pipeline("driver"), pipeline("persisted", driver_batch_rows=0)
+    # On the driver too, but every table's lookup a small lookup frame joined by hash (what a batch of
+    # thousands of rows and keys gets: aggregates/enrichment.py MAP_LOOKUP_COST), not map literals.
+    jobs["joined"], calls["joined"] = [], []
+    joined = pipeline("joined")
+    joined.enrichment.map_lookup_cost = 0
     # Spark's progress as the service records it: Spark never runs a batch read on the driver, so
     # the input rows it reports are the pipeline's own count (aggregates/progress.py).
     health = HealthStore(store_backend.side_db(), retention_ms=3_600_000)
     recorder = register(spark, health, "driver", "sketchboard-driver", input_rows=driver.rows_read_on_driver.get)
     append(200)  # the tables' first rows and events: batch 0 (both persist it)
-    for p in (driver, persisted):
+    for p in (driver, persisted, joined):
         p.run_until_drained()
     read_first = driver.store.progress("driver").events_read
     # The demo's ticks: a few plan changes and ~300 events a batch; then a batch of http_requests
@@ -135,11 +140,14 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     for i, only in enumerate((None, None, "http_requests")):
         now["ms"] += 5_000
         append(200, only)
-        for p in (driver, persisted) if i % 2 else (persisted, driver):
+        for p in (driver, persisted, joined) if i % 2 else (persisted, joined, driver):
             p.run_until_drained()
 
     assert stored(driver.store, catalog, "driver") == stored(persisted.store, catalog, "persisted")
     assert panes(driver.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
+    assert stored(joined.store, catalog, "joined") == stored(persisted.store, catalog, "persisted")
+    assert panes(joined.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
+    assert all(j > 0 for j in jobs["joined"][1:]), jobs  # its lookups did run as joins
     summary = stored(driver.store, catalog, "driver")
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
     assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
