@@ -214,10 +214,15 @@ class DefinitionStore(SideStore):
         gone with its host): it would otherwise refuse every new run of its stream, and its drop,
         for ever. Returns their ids."""
         cutoff = now_ms - stale_ms
-        with self._lock, self._conn.transaction() as conn:
-            stale = [row[0] for row in conn.execute(
-                f"SELECT id FROM reprocess_runs WHERE state IN ({', '.join('?' * len(ACTIVE_STATES))})"
-                " AND updated_at_ms < ?", (*ACTIVE_STATES, cutoff)).fetchall()]
+        going = f"state IN ({', '.join('?' * len(ACTIVE_STATES))}) AND updated_at_ms < ?"
+        with self._lock:  # a read first: runs are listed every poll, and almost never is one stale
+            stale = [row[0] for row in self._conn.execute(f"SELECT id FROM reprocess_runs WHERE {going}",
+                                                          (*ACTIVE_STATES, cutoff)).fetchall()]
+        if not stale:
+            return []
+        with self._lock, self._conn.transaction() as conn:  # again under the write lock: a heartbeat may have come
+            stale = [row[0] for row in conn.execute(f"SELECT id FROM reprocess_runs WHERE {going}",
+                                                    (*ACTIVE_STATES, cutoff)).fetchall()]
             for run_id in stale:
                 conn.execute("UPDATE reprocess_runs SET state = 'failed', error = ?, updated_at_ms = ? WHERE id = ?",
                              (f"its process stopped reporting for more than {stale_ms // 1000} s (killed, or its"
