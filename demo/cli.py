@@ -14,6 +14,7 @@ from demo.pg_tables import PostgresTables
 from demo.producer import DemoProducer
 from demo.spikes import SPIKE_SYNTAX, parse_spike
 from demo.stragglers import Stragglers
+from demo.shapes import USER_POPULATION
 from demo.traffic import DemoTraffic
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "streams.yaml"
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="HTTP requests/s before the daily shape (default %(default)s)")
     parser.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    parser.add_argument("--users", type=int, default=USER_POPULATION,
+                        help="the shop's user population: the users table's rows (default %(default)s)")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="stream configuration (default %(default)s)")
     d = Stragglers()
     parser.add_argument("--delayed-fraction", type=float, default=d.delayed_fraction,
@@ -61,7 +64,11 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     # Built right before sending: spike starts count from here (DemoTraffic.started_s).
-    traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike)
+    try:
+        traffic = DemoTraffic(catalog, seed=args.seed, stragglers=stragglers, spikes=args.spike, users=args.users)
+    except ValueError as exc:
+        print(f"demo: --users: {exc}", file=sys.stderr)
+        return 2
     try:
         tables = PostgresTables(args.postgres_dsn, catalog) if args.postgres_dsn else None
     except ValueError as exc:  # a ${NAME} in the DSN that is not set

@@ -58,7 +58,10 @@ class DemoTraffic:
     """Seeded generator of demo events; event times come from the injected clock (epoch s)."""
 
     def __init__(self, catalog: Catalog, *, seed: int = 0, clock: Callable[[], float] = time.time,
-                 stragglers: Stragglers | None = None, spikes: Sequence[LatencySpike] = ()):
+                 stragglers: Stragglers | None = None, spikes: Sequence[LatencySpike] = (),
+                 users: int = USER_POPULATION):
+        if users < 1:
+            raise ValueError(f"the demo needs at least one user, not {users}")
         self.catalog = catalog
         self.seed = seed
         self.clock = clock
@@ -69,8 +72,10 @@ class DemoTraffic:
         self._rng = np.random.default_rng(seed)
         # Zipf ranks map to ids through a fixed permutation, so the heavy users are not
         # simply u00001, u00002, ... (ids look arbitrary, as real ones do).
-        ids = np.random.default_rng([seed, 1]).permutation(max(USER_POPULATION, CUSTOMER_POPULATION))
-        self._user_ids = [f"u{i:05d}" for i in ids[:USER_POPULATION]]
+        # `users`: the shop's user population (the `users` table's rows); fewer keep a test's table
+        # load small, more make the distinct counts and the table larger.
+        ids = np.random.default_rng([seed, 1]).permutation(max(users, CUSTOMER_POPULATION))
+        self._user_ids = [f"u{i:05d}" for i in ids[:users]]
         self._customer_ids = [f"c{i:05d}" for i in ids[:CUSTOMER_POPULATION]]
         self.fleet = DeviceFleet(seed)  # the mobile app's devices and their clocks
         self.search_clicks = self._search_model(catalog, seed)  # searches and the clicks on their results

@@ -193,7 +193,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     argv = ["--url", args.url or settings.base_url, "--rate", str(args.rate or settings.demo_rate),
-            "--config", str(settings.streams_config),
+            "--config", str(settings.streams_config), "--users", str(settings.demo_users),
             "--delayed-fraction", str(settings.demo_delayed_fraction), "--delay-mean", str(settings.demo_delay_mean),
             "--late-fraction", str(settings.demo_late_fraction), "--horizon-fraction", str(settings.demo_horizon_fraction),
             "--future-fraction", str(settings.demo_future_fraction)]

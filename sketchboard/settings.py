@@ -182,6 +182,7 @@ class Settings(BaseSettings):
 
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")
+    demo_users: int = Field(50_000, ge=1, le=1_000_000, description="the demo shop's users (the users table's rows)")
     # Demo stragglers (see demo.Stragglers): fractions of all demo events.
     demo_delayed_fraction: float = Field(0.05, ge=0, le=1, description="sent late by an exponential delay")
     demo_delay_mean: float = Field(5.0, ge=0, description="mean of that delay, seconds")

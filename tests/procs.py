@@ -54,8 +54,10 @@ class Service:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.settings_file = root / "sketchboard.yaml"
+        # A demo shop of 2 000 users unless a test says otherwise: the users table the demo loads
+        # first is then 2 000 rows for the pipeline to catch up on, not 50 000 (a minute of a test).
         self.settings_file.write_text(yaml.safe_dump(
-            {"data_dir": str(root / "data"), "host": "127.0.0.1", "port": self.port, **settings}))
+            {"data_dir": str(root / "data"), "host": "127.0.0.1", "port": self.port, "demo_users": 2_000, **settings}))
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "SKETCHBOARD_SETTINGS_FILE": str(self.settings_file)}
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, object] = {}

@@ -62,14 +62,14 @@ def test_a_latency_spike_fires_notifies_once_and_resolves(service_factory, tmp_p
                          "the pipeline's query to run")
 
         # Ordinary traffic first: the rule must read Normal before the spike.
-        baseline = _demo(service, tmp_path / "demo.log", "--rate", "150")
+        baseline = _demo(service, tmp_path / "demo.log", "--rate", "80")
         spike = None
         try:
             service.wait_for(lambda: _instances(service) == [] and _evaluated(service), 90,
                              "the rule to be evaluated on data and read Normal")
             # Then a second demo producer whose /api/cart latencies are 40x for SPIKE_S seconds.
             spike_started_ms = int(time.time() * 1000)
-            spike = _demo(service, tmp_path / "spike.log", "--rate", "150", "--duration", str(SPIKE_S),
+            spike = _demo(service, tmp_path / "spike.log", "--rate", "80", "--duration", str(SPIKE_S),
                           "--spike", f"/api/cart:40:0s:{SPIKE_S}s")
 
             firing = service.wait_for(lambda: _active(service, "firing"), 90, "the alert to fire")

@@ -27,13 +27,12 @@ from tests.spark.test_driver_batch import QUANTILES, panes, stored
 pytestmark = [pytest.mark.spark, ON_THE_EMBEDDED_STACK]
 
 
-def test_arrow_partials_commit_what_spark_partials_commit(tmp_path, spark, log_backend, store_backend, monkeypatch):
-    monkeypatch.setattr("demo.traffic.USER_POPULATION", 400)
+def test_arrow_partials_commit_what_spark_partials_commit(tmp_path, spark, log_backend, store_backend):
     catalog = load_catalog(DEFAULT_STREAMS)
     test_log = log_backend.new(tmp_path)
     log = test_log.open(catalog)
     now = {"ms": T0 + 3_600_000}
-    traffic = DemoTraffic(catalog, seed=7, clock=lambda: now["ms"] / 1000)
+    traffic = DemoTraffic(catalog, seed=7, clock=lambda: now["ms"] / 1000, users=400)  # a users table of 400 rows
     validators = {n: EventValidator(s) for n, s in catalog.streams.items() if s.kind != "table"}
     rng = random.Random(7)
 

@@ -68,12 +68,11 @@ def stored(store, catalog, name: str) -> dict:
 
 def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_fewer_spark_jobs(
         tmp_path, spark, log_backend, store_backend, monkeypatch):
-    monkeypatch.setattr("demo.traffic.USER_POPULATION", 400)  # the users table: 400 rows, not 50 000
     catalog = load_catalog(DEFAULT_STREAMS)
     test_log = log_backend.new(tmp_path)
     log = test_log.open(catalog)
     now = {"ms": T0 + 3_600_000}
-    traffic = DemoTraffic(catalog, seed=5, clock=lambda: now["ms"] / 1000)
+    traffic = DemoTraffic(catalog, seed=5, clock=lambda: now["ms"] / 1000, users=400)  # a users table of 400 rows
     validators = {n: EventValidator(s) for n, s in catalog.streams.items() if s.kind != "table"}
     rng = random.Random(5)
 
