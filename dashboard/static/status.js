@@ -3,13 +3,15 @@
 
 import { $, PALETTE, cssVar, fmtLocal, fmtNum, fmtTime, nowMs, clock } from "./util.js";
 
+const LAG_CHART_MS = 1000; // the lag charts are redrawn at most this often (see onLag)
+
 export class StatusPanels {
   // onCorrection(c): also marks the charts showing the corrected pane
   constructor(onCorrection) {
     this.onCorrectionHook = onCorrection;
     this.lastPipeline = null;
     this.lastLagStatus = null;
-    this.lag = { keys: [], plotted: false };
+    this.lag = { keys: [], plotted: false, pending: [], timer: null, drawnAt: 0, consumers: null };
     this.corrections = 0;
     this.dropped = 0;
   }
@@ -55,6 +57,10 @@ export class StatusPanels {
   }
 
   onLag(m) {
+    // The badge and reason at once (cheap); the charts at most once per LAG_CHART_MS with every
+    // sample since (one extendTraces per chart). Redrawing 2 charts of a trace per partition for
+    // each message (2 a second at a 500 ms sampling interval) kept a busy machine's renderer so
+    // far behind that the badge showed messages from a minute before.
     this.lastLagStatus = m.status;
     const badge = $("lag-status");
     badge.textContent = m.status;
@@ -67,16 +73,29 @@ export class StatusPanels {
       for (const [p, v] of parts) rows.push([`${stream}/${p}`, v.lag_events, v.lag_seconds]);
     }
     if (!rows.length) rows.push([m.pipeline || "total", m.lag_events, m.lag_seconds]);
+    this.lag.pending.push({ x: fmtLocal(m.at_ms || nowMs()), rows });
+    if (m.consumers) this.lag.consumers = m.consumers;
+    if (!this.lag.timer) {
+      const wait = Math.max(0, this.lag.drawnAt + LAG_CHART_MS - Date.now());
+      this.lag.timer = setTimeout(() => this.drawLag(), wait);
+    }
+  }
+
+  drawLag() {
     const lag = this.lag;
+    lag.timer = null;
+    lag.drawnAt = Date.now();
+    const samples = lag.pending.splice(0);
+    if (!samples.length) return;
     const cfg = { displaylogo: false, responsive: true, displayModeBar: false };
     if (!lag.plotted) {
       Plotly.newPlot("lag-chart-events", [], lagLayout("lag (events)"), cfg);
       Plotly.newPlot("lag-chart-seconds", [], lagLayout("lag (seconds)"), cfg);
       lag.plotted = true;
     }
-    const x = fmtLocal(m.at_ms || nowMs());
-    for (const [key] of rows) {
-      if (!lag.keys.includes(key)) {
+    for (const { rows } of samples) {
+      for (const [key] of rows) {
+        if (lag.keys.includes(key)) continue;
         const color = PALETTE[lag.keys.length % PALETTE.length];
         lag.keys.push(key);
         const trace = { type: "scatter", mode: "lines+markers", marker: { size: 3 }, name: key, x: [], y: [],
@@ -85,11 +104,20 @@ export class StatusPanels {
         Plotly.addTraces("lag-chart-seconds", { ...trace });
       }
     }
-    const idx = rows.map(([key]) => lag.keys.indexOf(key));
-    Plotly.extendTraces("lag-chart-events", { x: rows.map(() => [x]), y: rows.map((r) => [r[1]]) }, idx, 600);
-    Plotly.extendTraces("lag-chart-seconds", { x: rows.map(() => [x]), y: rows.map((r) => [r[2]]) }, idx, 600);
+    // Per trace, its points of every pending sample (a partition missing from one gets no point there).
+    const xs = lag.keys.map(() => []), events = lag.keys.map(() => []), seconds = lag.keys.map(() => []);
+    for (const { x, rows } of samples) {
+      for (const [key, ev, secs] of rows) {
+        const i = lag.keys.indexOf(key);
+        xs[i].push(x); events[i].push(ev); seconds[i].push(secs);
+      }
+    }
+    const idx = lag.keys.map((_, i) => i).filter((i) => xs[i].length);
+    Plotly.extendTraces("lag-chart-events", { x: idx.map((i) => xs[i]), y: idx.map((i) => events[i]) }, idx, 600);
+    Plotly.extendTraces("lag-chart-seconds", { x: idx.map((i) => xs[i]), y: idx.map((i) => seconds[i]) }, idx, 600);
     $("lag-chart-events").dataset.updates = String(+($("lag-chart-events").dataset.updates || 0) + 1);
-    if (m.consumers) renderConsumers(m.consumers);
+    if (lag.consumers) renderConsumers(lag.consumers);
+    lag.consumers = null;
   }
 
   restyle() { // the theme changed

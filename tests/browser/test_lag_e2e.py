@@ -11,15 +11,7 @@ import pytest
 
 from tests.e2e.lag_scenario import BROWSER_TEST, SETTINGS, run_lag_scenario
 
-# Expected to fail since 2026-11-28 (five runs of five here, stop 41's code too, which passed on
-# 2026-11-25): in the "running" phase the API answers lag OK (GET /api/v1/lag), but the websocket's
-# lag messages the page shows keep saying STOP, "orders/0: no batch committed yet while lag is N
-# events (watched for 2.6 s)", for over 90 s (the page got 186 of them). Not found yet: the process-only
-# variant (tests/e2e/test_lag.py) runs on the embedded log meanwhile, so the scenario stays covered
-# through HTTP; the dashboard's part is the next session's first item.
-pytestmark = [pytest.mark.browser, pytest.mark.e2e,
-              pytest.mark.xfail(reason="the page's lag badge stays STOP while the API says OK (2026-11-28):"
-                                       " under investigation", strict=False)]
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 # What the page shows follows the API's lag sampler and the websocket hub's pushes: on a quiet
 # machine within a few seconds of the API, but make test runs this beside the Spark tests, and a
