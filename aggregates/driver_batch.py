@@ -91,9 +91,10 @@ def on_driver(batch: DataFrame) -> DataFrame:
     return DataFrame(session.createDataFrame(jdf.collectAsList(), jdf.schema()), batch.sparkSession)
 
 
-def local_batch(batch: DataFrame, records: pa.Table) -> DataFrame:
+def local_batch(batch: DataFrame, records: pa.Table, schema: T.StructType | None = None) -> DataFrame:
     """`records` (the batch's source rows, read on the driver from the embedded log:
-    ingest.spark_source.read_batch) as a LocalRelation of `batch`'s schema in the session
+    ingest.spark_source.read_batch; or a step's rows made in Python: aggregates/enrichment.py) as a
+    LocalRelation of `batch`'s schema (or `schema`) in the session
     `on_driver` uses, with no Spark job: `batch` itself is never executed. Arrow record batches
     go to the JVM through a file, as `createDataFrame(pyarrow.Table)` sends them, and become local
     rows there (below `spark.sql.execution.arrow.localRelationThreshold`, 48 MB, far above
@@ -103,7 +104,7 @@ def local_batch(batch: DataFrame, records: pa.Table) -> DataFrame:
 
     jdf = batch._jdf
     session = _without_adaptive(jdf.sparkSession())
-    schema = batch.schema
+    schema = schema or batch.schema
     records = records.cast(to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC"))
     sc = batch.sparkSession.sparkContext
     jvm = sc._jvm

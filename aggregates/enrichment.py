@@ -9,7 +9,9 @@ then per event the newest version valid at its lookup time (an array filter: no 
 per event). The enriched values replace the stream's enriched dimension slots before the panes are
 aggregated, so everything downstream (panes, tiers, joins, queries) sees ordinary dimensions. The
 new versions, the pruning horizon and the misses (events whose key had no row then: "" and a count,
-never a drop) go into the batch's transaction.
+never a drop) go into the batch's transaction. A batch held on the driver (aggregates/driver_batch.py)
+is looked up in Python instead, by the same rule (aggregates/enrichment_driver.py): no Spark job
+and few calls into the JVM.
 
 Through a view (catalog/views.py, docs/tables.md "Enrichment through a view"): the same lookup in
 the view's left table, then in its right table by the foreign key the left version holds, both as
@@ -32,11 +34,13 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from aggregates.driver_batch import among, map_literal, on_driver as on_driver_rows
+from aggregates.driver_batch import among, arrow_on_driver, local_batch
+from aggregates.enrichment_driver import enrich as enrich_rows, plan as driver_plan
 from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -58,15 +62,6 @@ _VERSIONS = T.ArrayType(T.StructType([
 # changed since it was made (they ride along, made in Python, with every batch until then): a few
 # per batch in the demo, so hours; a bulk load of the table rebuilds it at the next batch.
 REBUILD_AFTER = 2_000
-
-# A batch on the driver looks its keys up in a map literal (no Spark job) while its rows to look
-# up times a table's keys are at most this: Spark looks a key up in a literal map by a linear scan,
-# once per row and reference, so a batch of ~5 000 rows and ~3 000 keys (the pipeline catching up
-# on the demo's 49 500 users) spent 15-25 s there. Above it the keys' versions are a small local
-# DataFrame joined by hash: one Spark job, ~1 s for that batch. A live batch of the demo (a few
-# hundred rows and keys) stays far below.
-MAP_LOOKUP_COST = 500_000
-
 
 @dataclass
 class LookupBase:
@@ -98,7 +93,6 @@ class Enrichment:
         self.kept = KeptVersions(store.table_versions, self.tables) if keep_versions else None
         self.bases: dict[str, LookupBase] = {}
         self.timings: dict[str, float] = {}  # the last batch's step, in seconds per part (logs, the bench)
-        self.map_lookup_cost = MAP_LOOKUP_COST  # a batch on the driver: map literals or a lookup frame
 
     @property
     def enabled(self) -> bool:
@@ -109,9 +103,9 @@ class Enrichment:
         """`batch` (read more than once: pass it persisted) with its enriched dimensions, and what
         the batch's commit writes. `last_batch_id`: the store's last committed batch of the
         pipeline (the kept versions must be as of it). `on_driver`: the batch is a LocalRelation
-        (aggregates/driver_batch.py): the versions of the keys it looks up become map literals
-        in the projection instead of broadcast joins, and nothing is persisted, so the step and
-        every later collect of the batch run no Spark job. `streams`: those with records in the
+        (aggregates/driver_batch.py): its rows are looked up in Python (aggregates/enrichment_driver.py)
+        and made local rows again, nothing is persisted, so the step and every later collect of
+        the batch run no Spark job. `streams`: those with records in the
         batch (None: unknown); the others (enriched streams and tables) are skipped."""
         started = time.perf_counter()
         enriching = among(self.streams, streams)
@@ -123,24 +117,21 @@ class Enrichment:
         elif self.kept.as_of_store(last_batch_id):
             self.drop_bases()  # made from a copy that was not the store's
         read = time.perf_counter()
-        if not enriching:
-            frames = {}
-        elif on_driver:
-            frames = self.lookup_maps(batch, new, versions, enriching)
-        elif versions is not None:
-            frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
+        if not enriching:  # no enriched stream has records: nothing to look up, the batch as it is
+            out, miss_columns = batch, []
+            made = read
+        elif on_driver:  # looked up in Python over the batch's rows (aggregates/enrichment_driver.py)
+            made = read
+            out, miss_columns = self.enrich_on_driver(batch, new, versions, enriching)
         else:
-            frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
-        made = time.perf_counter()
-        if enriching:
+            if versions is not None:
+                frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
+            else:
+                frames = {name: self.lookup_frame(name, new.get(name, ())) for name in self.tables}
+            made = time.perf_counter()
             stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching}",
                                                lambda: self.stages(enriching))
-            out = self.run_stages(batch, stages, frames)
-            # Persisted, or on the driver its rows made local again (the lookups evaluated once, here,
-            # without a Spark job, instead of in every later step's plan).
-            out = on_driver_rows(out) if on_driver else out.persist()
-        else:  # no enriched stream has records: nothing to look up, the batch as it is
-            out, miss_columns = batch, []
+            out = self.run_stages(batch, stages, frames).persist()
         misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
@@ -155,7 +146,7 @@ class Enrichment:
     def stages(self, enriching: list[str]) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
         """The lookups' projection over the batch for the `enriching` streams, as steps that
         `run_stages` applies in order: ("with", {name: Column}), ("drop", names) and ("lookup",
-        table, key, tag), the one step that reads the batch's lookup frame or map literal. Depends
+        table, key, tag), the one step that reads the batch's lookup frame. Depends
         on the catalog only, so it is built once per catalog: a small batch's driver time is these
         calls into the JVM. Also the miss flag columns, ((stream, table), column) each."""
         steps: list[tuple] = [("with", {"_at": F.least(F.col("event_time"), F.col("ingest_time"))})]
@@ -203,20 +194,15 @@ class Enrichment:
         return steps, miss_columns
 
     @staticmethod
-    def run_stages(batch: DataFrame, stages: list[tuple], frames: dict[str, DataFrame | Column]) -> DataFrame:
+    def run_stages(batch: DataFrame, stages: list[tuple], frames: dict[str, DataFrame]) -> DataFrame:
         """`stages` (see `stages`) applied to `batch`; `frames` the batch's lookup frames (a broadcast
-        left join), or on the driver its map literals (a lookup in the projection). The literal stays
-        inside the lookup, where Spark folds it once: as a column of its own, each row would carry
-        a copy of the whole map through the projections over the local rows (much slower)."""
+        left join)."""
         out = batch
         for stage in stages:
             if stage[0] == "with":
                 out = out.withColumns(stage[1])
             elif stage[0] == "drop":
                 out = out.drop(*stage[1])
-            elif isinstance(frames[stage[1]], Column):
-                _, table, key, tag = stage
-                out = out.withColumns({f"{tag}vs": F.try_element_at(frames[table], key)})
             else:
                 _, table, key, tag = stage
                 lookup = frames[table].withColumnsRenamed({"key": f"{tag}k", "_vs": f"{tag}vs"})
@@ -243,59 +229,31 @@ class Enrichment:
         replaced = self.versions_frame(stream, self.kept.with_batch(table, keys, new))
         return base.frame.join(F.broadcast(replaced.select("key")), "key", "left_anti").unionByName(replaced)
 
-    def lookup_maps(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
-                    versions: dict[str, dict[str, list[TableVersion]]] | None,
-                    enriching: list[str] | None = None) -> dict[str, Column | DataFrame]:
-        """Per table the `enriching` streams (default: all) look up, key -> versions (as the lookup
-        frame holds them) for the keys `batch` looks up (a view's right table for the foreign keys
-        its left versions hold), as a map literal, or where its rows times the keys are over
-        `map_lookup_cost` (MAP_LOOKUP_COST) as a small lookup frame of those keys alone. `batch` is
-        on the driver: collecting its keys runs no Spark job."""
-        enriching = list(self.streams) if enriching is None else enriching
-        looked_up: dict[str, set[str]] = {}
-        rows = 0
-        for name in enriching:
-            stream = self.streams[name]
-            where, ids = per_catalog(self.catalog, f"enrichment keys of {name}", lambda: (
-                F.col("stream") == name, [F.get(F.col("ids"), stream.source_ids.index(d.by)) for d in stream.enrich]))
-            collected = batch.where(where).select(*ids).collect()
-            rows += len(collected)
-            for row in collected:
-                for decl, key in zip(stream.enrich, row, strict=True):
-                    view = enrichment_view(self.catalog, decl, name)  # as stored for a pinned stream
-                    if key is not None:
-                        looked_up.setdefault(decl.table if view is None else view.left, set()).add(key)
-        found: dict[str, dict[str, list[TableVersion]]] = {}
+    def enrich_on_driver(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
+                         versions: dict[str, dict[str, list[TableVersion]]] | None,
+                         enriching: list[str]) -> tuple[DataFrame, list[tuple[tuple[str, str], str]]]:
+        """`batch` (on the driver: collecting it runs no Spark job) enriched in Python
+        (aggregates/enrichment_driver.py) and made local rows again, with its miss flag columns;
+        the versions of the keys it looks up from the driver's copy and the batch's `new` ones
+        (or from `versions`, read from the store)."""
+        lookups = per_catalog(self.catalog, f"driver lookups {enriching}",
+                              lambda: driver_plan(self.catalog, self.streams, self.tables, enriching))
 
-        def of(table: str, keys: set[str]) -> dict[str, list[TableVersion]]:
+        def fetch(table: str, keys: set[str]) -> dict[str, list[TableVersion]]:
             if versions is not None:
                 return {k: versions[table][k] for k in keys if k in versions[table]}
-            merged = self.kept.with_batch(table, keys, new.get(table, ()))
-            return {k: vs for k, vs in merged.items() if k in keys}
+            return self.kept.with_batch(table, keys, new.get(table, ()))
 
-        for table, keys in looked_up.items():
-            found[table] = of(table, keys)
-        views = {enrichment_view(self.catalog, d, n) for n in enriching for d in self.streams[n].enrich}
-        for view in views - {None}:
-            left = found.get(view.left, {})
-            if view.foreign_key is None:  # the right row by the same key
-                keys = looked_up.get(view.left, set())
-            else:  # by the foreign key any of the left versions holds (as its string column)
-                keys = {_text(v.row.get(view.foreign_key)) for vs in left.values() for v in vs if v.row is not None}
-            found[view.right] = {**found.get(view.right, {}), **of(view.right, keys)}
-        used = {t for n in enriching for d in self.streams[n].enrich for t in enrichment_tables(self.catalog, d, n)}
-        return {table: (self.versions_map if rows * len(found.get(table, {})) <= self.map_lookup_cost
-                        else self.versions_frame)(self.tables[table], found.get(table, {}))
-                for table in self.tables if table in used}
-
-    @staticmethod
-    def versions_map(table: StreamDef, versions: dict[str, list[TableVersion]]) -> Column:
-        """key -> [(from_ms, found, cols)] as a map literal (parsed from JSON once: Spark folds it)."""
-        names = row_columns(table)[0]
-        value = {key: [{"from_ms": v.valid_from_ms, "found": v.row is not None,
-                        "cols": None if v.row is None else [_text(v.row.get(c)) for c in names]} for v in vs]
-                 for key, vs in versions.items()}
-        return map_literal(value, _VERSIONS)
+        rows = arrow_on_driver(batch)
+        dims, misses = enrich_rows(*(rows.column(c).to_pylist() for c in ("stream", "ids", "dims", "event_time",
+                                                                          "ingest_time")), lookups, fetch)
+        at = rows.schema.get_field_index("dims")
+        rows = rows.set_column(at, rows.schema.field(at), pa.array(dims, type=rows.schema.field(at).type))
+        schema = T.StructType(list(batch.schema.fields))
+        for lookup in lookups:
+            rows = rows.append_column(lookup.miss, pa.array(misses[lookup.miss], type=pa.bool_()))
+            schema = schema.add(lookup.miss, T.BooleanType(), nullable=True)
+        return local_batch(batch, rows, schema), [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups]
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:
         """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""

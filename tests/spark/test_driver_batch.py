@@ -121,17 +121,12 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
         return p
 
     driver, persisted = pipeline("driver"), pipeline("persisted", driver_batch_rows=0)
-    # On the driver too, but every table's lookup a small lookup frame joined by hash (what a batch of
-    # thousands of rows and keys gets: aggregates/enrichment.py MAP_LOOKUP_COST), not map literals.
-    jobs["joined"], calls["joined"] = [], []
-    joined = pipeline("joined")
-    joined.enrichment.map_lookup_cost = 0
     # Spark's progress as the service records it: Spark never runs a batch read on the driver, so
     # the input rows it reports are the pipeline's own count (aggregates/progress.py).
     health = HealthStore(store_backend.side_db(), retention_ms=3_600_000)
     recorder = register(spark, health, "driver", "sketchboard-driver", input_rows=driver.rows_read_on_driver.get)
     append(200)  # the tables' first rows and events: batch 0 (both persist it)
-    for p in (driver, persisted, joined):
+    for p in (driver, persisted):
         p.run_until_drained()
     read_first = driver.store.progress("driver").events_read
     # The demo's ticks: a few plan changes and ~300 events a batch; then a batch of http_requests
@@ -139,14 +134,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     for i, only in enumerate((None, None, "http_requests")):
         now["ms"] += 5_000
         append(200, only)
-        for p in (driver, persisted, joined) if i % 2 else (persisted, joined, driver):
+        for p in (driver, persisted) if i % 2 else (persisted, driver):
             p.run_until_drained()
 
     assert stored(driver.store, catalog, "driver") == stored(persisted.store, catalog, "persisted")
     assert panes(driver.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
-    assert stored(joined.store, catalog, "joined") == stored(persisted.store, catalog, "persisted")
-    assert panes(joined.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
-    assert all(j > 0 for j in jobs["joined"][1:]), jobs  # its lookups did run as joins
     summary = stored(driver.store, catalog, "driver")
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
     assert any(d for d in summary["clocks"].values())  # device clocks estimated: covered
@@ -169,9 +161,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     assert last["batchId"] == 3 and last["numInputRows"] == driver.rows_read_on_driver[3] > 0, last
     # And the calls into the JVM that build the steps' expressions (a small batch's driver time):
     # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch, ~2 200
-    # with them built once per catalog but enrichment's and device clocks'. The first small batch
-    # builds this catalog's; a batch of http_requests alone skips the other streams' steps.
-    assert calls["driver"][1] <= 1_400, calls
-    assert calls["driver"][2] <= 900, calls
-    assert calls["driver"][3] <= 600, calls  # a fresh run saw 516, others under 500: the batch varies with timing
+    # with them built once per catalog but enrichment's and device clocks'; then under 1 400, 900 and
+    # 600 with enrichment's Spark stages planned per batch (map literals), and 678, 556 and 192 with its
+    # lookups in Python (aggregates/enrichment_driver.py). The first small batch builds this catalog's;
+    # a batch of http_requests alone (enriched through the demo's view) skips the other streams' steps.
+    assert calls["driver"][1] <= 900, calls
+    assert calls["driver"][2] <= 750, calls
+    assert calls["driver"][3] <= 300, calls  # the batch varies with timing
     assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs

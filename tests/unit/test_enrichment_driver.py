@@ -1,0 +1,127 @@
+"""Enrichment of a batch on the driver in Python (aggregates/enrichment_driver.py), without Spark:
+its lookups checked with Hypothesis against the pure rules (`as_of` for a table, `joined_as_of`
+for a view), and Spark's null handling (a row without ids, dims or times). That it commits what
+the Spark stages commit is tests/spark/test_driver_batch.py's (the demo's view) and
+tests/spark/test_enrichment*.py's (pandas as of the event time, on small batches)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, lookup_time, plan
+from aggregates.view_join import ViewShape, joined_as_of
+from catalog import load_catalog
+from sketchboard.settings import DEFAULT_STREAMS
+from store.table_versions import TableVersion, as_of, by_key
+
+KEYS = ["k1", "k2", "k3"]
+PLANS = ["free", "pro", "gone"]
+TABLE = DriverLookup(stream="s", declared="users", key_index=1, table="users", names=("user_id", "plan", "country"),
+                     columns=("plan", "country"), slots=("endpoint", "plan", "country"), miss="_miss_s_0")
+
+
+def view_lookup(kind: str, foreign_key: str | None) -> DriverLookup:
+    return DriverLookup(stream="s", declared="user_plans", key_index=1, table="users",
+                        names=("user_id", "plan", "country"), columns=("country", "tier"),
+                        slots=("endpoint", "country", "tier"), miss="_miss_s_0", right="plans",
+                        right_names=("plan", "tier"), foreign_key=foreign_key, left_kind=kind == "left")
+
+
+def versions(draw_rows, keys) -> dict[str, list[TableVersion]]:
+    return by_key((key, TableVersion(at, 0, i, row)) for i, (key, at, row) in enumerate(draw_rows) if key in keys)
+
+
+# Mostly rows (a delete now and then), mostly keys and times (a null now and then): lookups that find
+# rows, miss them, and find a left row without its right one, in most examples.
+user_row = st.fixed_dictionaries({"user_id": st.sampled_from(KEYS), "plan": st.sampled_from(PLANS + [None]),
+                                  "country": st.sampled_from(["FR", "DE", None])})
+users_rows = st.lists(st.tuples(st.sampled_from(KEYS), st.integers(0, 60), st.one_of(user_row, user_row, st.none())),
+                      min_size=1, max_size=12)
+plan_row = st.fixed_dictionaries({"plan": st.sampled_from(PLANS), "tier": st.sampled_from(["a", "b", 3])})
+plans_rows = st.lists(st.tuples(st.sampled_from(PLANS + KEYS), st.integers(0, 60), st.one_of(plan_row, plan_row,
+                                                                                             st.none())), max_size=8)
+some = st.integers(0, 120)
+events = st.lists(st.tuples(st.sampled_from(["s", "s", "other", None]), st.one_of(st.sampled_from(KEYS), st.none()),
+                            st.one_of(some, some, st.none()), st.one_of(some, some, st.none())), min_size=1, max_size=10)
+
+
+def columns(evs):
+    stream = [s for s, _, _, _ in evs]
+    ids = [None if k is None and i % 3 == 0 else ["x", k] for i, (_, k, _, _) in enumerate(evs)]
+    dims = [None if i % 4 == 3 else ["/a", "old", "old"] for i in range(len(evs))]
+    return stream, ids, dims, [e for _, _, e, _ in evs], [g for _, _, _, g in evs]
+
+
+def fetcher(tables: dict[str, dict[str, list[TableVersion]]], asked: list):
+    def fetch(table: str, keys: set[str]):
+        asked.append((table, set(keys)))
+        return {k: v for k, v in tables[table].items() if k in keys}
+    return fetch
+
+
+def text(value) -> str:
+    return MISSING if value is None else str(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(users_rows, events)
+def test_a_table_lookup_is_the_row_as_of_the_events_lookup_time(rows, evs):
+    tables = {"users": versions(rows, KEYS)}
+    stream, ids, dims, event_time, ingest_time = columns(evs)
+    out, misses = enrich(stream, ids, dims, event_time, ingest_time, [TABLE], fetcher(tables, []))
+    for i in range(len(evs)):
+        if stream[i] != "s":
+            assert out[i] == dims[i] and misses["_miss_s_0"][i] is False
+            continue
+        key = ids[i][1] if ids[i] is not None else None
+        at = lookup_time(event_time[i], ingest_time[i])
+        row = None if key is None or at is None else as_of(tables["users"].get(key, ()), at)
+        kept = dims[i][0] if dims[i] is not None else None  # a row without dims keeps nulls, as Spark's array does
+        assert out[i] == [kept, text(row and row.get("plan")) if row else MISSING,
+                          text(row and row.get("country")) if row else MISSING]
+        assert misses["_miss_s_0"][i] is (row is None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(users_rows, plans_rows, events, st.sampled_from(["inner", "left"]), st.sampled_from(["plan", None]))
+def test_a_view_lookup_is_the_join_of_both_tables_as_of_the_events_lookup_time(users, plans, evs, kind, fk):
+    tables = {"users": versions(users, KEYS), "plans": versions(plans, PLANS + KEYS)}
+    shape = ViewShape(foreign_key=fk, inner=kind == "inner", right_columns=("tier",))
+    stream, ids, dims, event_time, ingest_time = columns(evs)
+    out, misses = enrich(stream, ids, dims, event_time, ingest_time, [view_lookup(kind, fk)], fetcher(tables, []))
+    for i in range(len(evs)):
+        if stream[i] != "s":
+            continue
+        key = ids[i][1] if ids[i] is not None else None
+        at = lookup_time(event_time[i], ingest_time[i])
+        if key is None or at is None:
+            row, complete = None, False
+        else:
+            row, complete = joined_as_of(shape, key, tables["users"].get(key, ()), tables["plans"], at)
+        expected = [MISSING, MISSING] if row is None else [text(row.get("country")), text(row.get("tier"))]
+        assert out[i][1:] == expected, (i, row)
+        assert misses["_miss_s_0"][i] is (not complete)
+
+
+def test_times_and_keys_follow_sparks_nulls():
+    assert lookup_time(5, 3) == 3 and lookup_time(None, 3) == 3 and lookup_time(5, None) == 5
+    assert lookup_time(None, None) is None
+    tables = {"users": by_key([("k1", TableVersion(0, 0, 0, {"user_id": "k1", "plan": "pro", "country": None}))])}
+    asked: list = []
+    out, misses = enrich(["s", "s", "s", "other"], [["x", "k1"], ["x"], None, ["x", "k1"]],
+                         [["/a", "p", "c"], ["/b", "p", "c"], None, ["/c"]], [10, 10, 10, 10], [20, 20, 20, 20],
+                         [TABLE], fetcher(tables, asked))
+    assert out == [["/a", "pro", MISSING], ["/b", MISSING, MISSING], [None, MISSING, MISSING], ["/c"]]
+    assert misses == {"_miss_s_0": [False, True, True, False]}
+    assert asked == [("users", {"k1"})]  # only the keys the stream's events name, once per lookup
+
+
+def test_the_demo_plan_looks_up_through_its_view_with_the_stages_miss_names():
+    catalog = load_catalog(DEFAULT_STREAMS)
+    streams = {n: s for n, s in catalog.streams.items() if s.enrich}
+    tables = {n: catalog.streams[n] for n in ("users", "plans")}
+    [lookup] = plan(catalog, streams, tables, ["http_requests"])
+    assert (lookup.stream, lookup.declared, lookup.table, lookup.right) == ("http_requests", "user_plans", "users", "plans")
+    assert lookup.foreign_key == "plan" and lookup.left_kind and lookup.miss == "_miss_http_requests_0"
+    assert lookup.columns == ("plan", "country", "tier")
