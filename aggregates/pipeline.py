@@ -190,7 +190,7 @@ class Pipeline(ReportsStoreErrors):
             if matched is not None:  # the patterns' derived panes, state, matches and late events, in it too
                 commit = with_patterns(commit, matched, self.patterns.names)
             if self.tables.enabled:
-                commit = replace(commit, table_changes=self.tables.process(batch, streams=present))
+                commit = replace(commit, table_changes=self.tables.process(batch, streams=present, on_driver=small))
             if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
                 commit = with_views(commit, self.views.process(commit.table_changes), self.views.names)
             if enriched is not None:  # the tables' new versions and the misses, in the batch's transaction

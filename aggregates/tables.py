@@ -29,12 +29,18 @@ class TableChanges:
     def enabled(self) -> bool:
         return bool(self.tables)
 
-    def process(self, batch: DataFrame, *, streams: Collection[str] | None = None) -> dict[str, dict[str, TableChange]]:
+    def process(self, batch: DataFrame, *, streams: Collection[str] | None = None,
+                on_driver: bool = False) -> dict[str, dict[str, TableChange]]:
         """Per table and key: the batch's newest change (a Spark job over the batch's table rows).
-        `streams`: those with records in the batch (None: unknown); the other tables have none."""
+        `streams`: those with records in the batch (None: unknown); the other tables have none.
+        `on_driver`: the batch's rows are local (aggregates/driver_batch.py): the table rows are
+        collected (no Spark job) and the newest per key picked here, as `max_by` orders them,
+        instead of planning a grouping over a few rows."""
         tables = among(self.tables, streams)
         if not tables:
             return {}
+        if on_driver:
+            return self._newest_on_driver(batch, tables)
         key = None
         for name in tables:
             stream = self.tables[name]
@@ -54,6 +60,27 @@ class TableChanges:
             out.setdefault(row["stream"], {})[row["key"]] = change_of(
                 self.tables[row["stream"]], last["dims"], last["vals"], last["event_time"], last["partition"],
                 last["offset"])
+        return out
+
+    def _newest_on_driver(self, batch: DataFrame, tables: list[str]) -> dict[str, dict[str, TableChange]]:
+        rows = (batch.where(F.col("stream").isin(tables) & F.col("error").isNull())
+                .select("stream", "ids", "dims", "vals", "event_time", "partition", "offset", "ingest_time").collect())
+        newest: dict[tuple[str, str], tuple] = {}
+        for r in rows:
+            stream = self.tables[r["stream"]]
+            at = stream.distinct_fields.index(stream.key_field)
+            key = r["ids"][at] if r["ids"] is not None and at < len(r["ids"]) else None
+            if key is None:
+                continue
+            # max_by's order: struct(ingest_time, offset), a null field before any value
+            order = (r["ingest_time"] is not None, r["ingest_time"] or 0, r["offset"])
+            held = newest.get((r["stream"], key))
+            if held is None or order > held[0]:
+                newest[(r["stream"], key)] = (order, r)
+        out: dict[str, dict[str, TableChange]] = {}
+        for (name, key), (_, r) in newest.items():
+            out.setdefault(name, {})[key] = change_of(self.tables[name], r["dims"], r["vals"], r["event_time"],
+                                                      r["partition"], r["offset"])
         return out
 
 

@@ -162,10 +162,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     # And the calls into the JVM that build the steps' expressions (a small batch's driver time):
     # ~8 000 with PySpark's DataFrame debugging on and every expression built anew each batch, ~2 200
     # with them built once per catalog but enrichment's and device clocks'; then under 1 400, 900 and
-    # 600 with enrichment's Spark stages planned per batch (map literals), and 678, 556 and 192 with its
-    # lookups in Python (aggregates/enrichment_driver.py). The first small batch builds this catalog's;
-    # a batch of http_requests alone (enriched through the demo's view) skips the other streams' steps.
-    assert calls["driver"][1] <= 900, calls
-    assert calls["driver"][2] <= 750, calls
-    assert calls["driver"][3] <= 300, calls  # the batch varies with timing
+    # 600 with enrichment's Spark stages planned per batch (map literals); 578, 487 and 192-310 with its
+    # lookups and the tables' newest rows in Python (aggregates/enrichment_driver.py, TableChanges).
+    # The first small batch builds this catalog's; a batch of http_requests alone (enriched through
+    # the demo's view) skips the other streams' steps.
+    assert calls["driver"][1] <= 800, calls
+    assert calls["driver"][2] <= 650, calls
+    assert calls["driver"][3] <= 420, calls  # the batch varies with timing
     assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs
