@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from aggregates.driver_batch import among, arrow_on_driver, local_batch
-from aggregates.enrichment_driver import enrich as enrich_rows, plan as driver_plan
+from aggregates.enrichment_driver import MISSING, enrich as enrich_rows, plan as driver_plan, text as _text
 from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -49,7 +49,6 @@ from catalog.tables import row_columns
 from store import PaneStore
 from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, by_key
 
-MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
 
 _VERSIONS = T.ArrayType(T.StructType([
     T.StructField("from_ms", T.LongType()),
@@ -337,7 +336,3 @@ class Enrichment:
 def _column(found: Column, cols: Column, index: int) -> Column:
     """One enriched column: the row's value when `found`, else MISSING."""
     return F.when(found, F.coalesce(F.get(cols, index), F.lit(MISSING))).otherwise(F.lit(MISSING))
-
-
-def _text(value) -> str:
-    return MISSING if value is None else str(value)

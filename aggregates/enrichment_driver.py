@@ -84,8 +84,13 @@ def _key(ids: Sequence[str | None] | None, index: int) -> str | None:
     return ids[index] if ids is not None and index < len(ids) else None
 
 
+def text(value) -> str:
+    """A table column's value as an enriched dimension (a string; MISSING for null)."""
+    return MISSING if value is None else str(value)
+
+
 def _cols(row: Mapping | None, names: Sequence[str]) -> list[str] | None:
-    return None if row is None else [MISSING if row.get(c) is None else str(row.get(c)) for c in names]
+    return None if row is None else [text(row.get(c)) for c in names]
 
 
 def _row_at(versions: Mapping[str, Sequence[TableVersion]], key: str | None, at: int | None) -> Mapping | None:
