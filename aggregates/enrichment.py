@@ -138,9 +138,12 @@ class Enrichment:
         keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
                                               if any(name in enrichment_tables(self.catalog, d, s.name) for d in s.enrich))
                      for name in self.tables}
+        # The kept copy knows which keys have more than one version: the store prunes only those.
+        prune_keys = None if self.kept is None else {
+            name: self.kept.prune_candidates(name, new.get(name, ())) for name in self.tables}
         return Enriched(out.drop(*[m for _, m in miss_columns]) if miss_columns else out, out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
-                                         keep_from, misses))
+                                         keep_from, misses, prune_keys))
 
     def stages(self, enriching: list[str]) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
         """The lookups' projection over the batch for the `enriching` streams, as steps that

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +118,11 @@ class KeptVersions:
         kept = self.versions[table]
         return by_key([*((k, v) for k in keys for v in kept.get(k, ())), *new])
 
+    def prune_candidates(self, table: str, new: Iterable[tuple[str, TableVersion]]) -> set[str]:
+        """The keys of `table` that can have two versions or more once the batch's `new` ones are in:
+        the only ones pruning can shorten (the copy must be as of the store)."""
+        return self._multi[table] | {key for key, _ in new}
+
     def committed(self, batch_id: int, commit: EnrichmentCommit) -> dict[str, set[str]]:
         """Apply batch `batch_id`'s versions and pruning, committed to the store since the copy's
         batch; per table the keys whose versions changed."""
@@ -166,15 +171,28 @@ def apply(cur, versions: Mapping[str, Sequence[tuple[str, TableVersion]]], batch
 SEEDED_BATCH_ID = -1  # the batch id of versions copied in from another store, before any batch of its own
 
 
-def prune(cur, stream: str, keep_from_ms: int, placeholder: str) -> None:
+# Keys named in one DELETE when a commit says which keys pruning can shorten; more go in several.
+PRUNE_KEYS_PER_STATEMENT = 500
+
+
+def prune(cur, stream: str, keep_from_ms: int, placeholder: str, keys: Collection[str] | None = None) -> None:
     """Drop the versions of `stream` that no lookup at or after `keep_from_ms` needs: each key's
-    versions older than its newest one valid at `keep_from_ms`."""
+    versions older than its newest one valid at `keep_from_ms`. `keys`: only these keys can have
+    such versions (the others have one version each), so only they are looked at; None: every key.
+    The whole table costs a correlated subquery per stored row: ~0.1 s per batch for the demo's
+    50 000 users on SQLite, where a batch's few changed keys cost nothing."""
     p = placeholder
-    cur.execute(
-        "DELETE FROM table_versions WHERE stream = " + p + " AND valid_from_ms < ("
-        " SELECT MAX(n.valid_from_ms) FROM table_versions n WHERE n.stream = table_versions.stream"
-        " AND n.row_key = table_versions.row_key AND n.valid_from_ms <= " + p + ")",
-        (stream, keep_from_ms))
+    older = (" AND valid_from_ms < (SELECT MAX(n.valid_from_ms) FROM table_versions n"
+             " WHERE n.stream = table_versions.stream AND n.row_key = table_versions.row_key"
+             " AND n.valid_from_ms <= " + p + ")")
+    if keys is None:
+        cur.execute("DELETE FROM table_versions WHERE stream = " + p + older, (stream, keep_from_ms))
+        return
+    keys = sorted(keys)
+    for i in range(0, len(keys), PRUNE_KEYS_PER_STATEMENT):
+        chunk = keys[i:i + PRUNE_KEYS_PER_STATEMENT]
+        cur.execute(f"DELETE FROM table_versions WHERE stream = {p} AND row_key IN ({', '.join([p] * len(chunk))})"
+                    + older, (stream, *chunk, keep_from_ms))
 
 
 def versions_query(placeholder: str) -> str:
@@ -222,15 +240,18 @@ def miss_counts(cur) -> dict[str, dict[str, int]]:
 class EnrichmentCommit:
     """What a batch's enrichment writes in its transaction: the tables' new versions (per table,
     (key, version) pairs), per table the instant from which lookups must stay answerable (older
-    versions are pruned), and the misses per (stream, table)."""
+    versions are pruned), and the misses per (stream, table). `prune_keys`: per table the only keys
+    pruning can shorten, those with two versions or more after the batch
+    (KeptVersions.prune_candidates); a table not in it (or None) has every key looked at."""
 
     versions: Mapping[str, Sequence[tuple[str, TableVersion]]]
     keep_from_ms: Mapping[str, int]
     misses: Mapping[tuple[str, str], int]
+    prune_keys: Mapping[str, Collection[str]] | None = None
 
 
 def apply_commit(cur, commit: EnrichmentCommit, batch_id: int, placeholder: str) -> None:
     apply(cur, commit.versions, batch_id, placeholder)
     for stream, keep_from in commit.keep_from_ms.items():
-        prune(cur, stream, keep_from, placeholder)
+        prune(cur, stream, keep_from, placeholder, (commit.prune_keys or {}).get(stream))
     add_misses(cur, commit.misses, placeholder)

@@ -19,9 +19,10 @@ from store.table_versions import EnrichmentCommit, KeptVersions, TableVersion, b
 T0 = 1_700_000_000_000
 
 
-def commit(batch_id, versions=(), keep_from=None) -> BatchCommit:
+def commit(batch_id, versions=(), keep_from=None, prune_keys=None) -> BatchCommit:
     return BatchCommit("main", batch_id, [], 0, enrichment=EnrichmentCommit(
-        {"users": list(versions)}, {} if keep_from is None else {"users": keep_from}, {}))
+        {"users": list(versions)}, {} if keep_from is None else {"users": keep_from}, {},
+        None if prune_keys is None else {"users": prune_keys}))
 
 
 def stored(store) -> dict[str, list[TableVersion]]:
@@ -37,9 +38,11 @@ batches = st.lists(st.tuples(
 
 
 @settings(max_examples=60, deadline=None)
-@given(batches)
-@example([([("u1", 0, 0, False, None)] * 4 + [("u1", 1, 0, False, None)], 0), ([("u1", 0, 0, True, None)], 0)])
-def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_the_store_would(plan):
+@given(batches, st.booleans())
+@example([([("u1", 0, 0, False, None)] * 4 + [("u1", 1, 0, False, None)], 0), ([("u1", 0, 0, True, None)], 0)], True)
+def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_the_store_would(plan, name_keys):
+    """name_keys: the commit names the keys pruning can shorten (the pipeline's way), else the
+    store looks at every key; the store must prune alike."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SqlitePaneStore(Path(tmp) / "store.db")
         kept = KeptVersions(store.table_versions, ["users"])
@@ -60,7 +63,8 @@ def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_t
             merged = by_key([*store.table_versions("users"), *new])
             assert kept.with_batch("users", keys, new) == {k: vs for k, vs in merged.items() if k in keys}
             before = stored(store)
-            done = commit(batch_id, new, None if horizon is None else at - horizon)
+            done = commit(batch_id, new, None if horizon is None else at - horizon,
+                          kept.prune_candidates("users", new) if name_keys else None)
             assert store.commit_batch(done, lateness_ms={}, now_ms=T0).committed
             changed = kept.committed(batch_id, done.enrichment)
             after = stored(store)
@@ -89,8 +93,10 @@ def test_a_copy_not_as_of_the_stores_last_batch_is_read_again(store_backend):
     # A commit that failed midway: whether the store has the batch is unknown, the copy is read again.
     kept.forget()
     assert kept.as_of_store(store.last_batch_id("main")) and kept.loads == 3
-    # Its own committed batch keeps it as of that batch, pruned as the store pruned.
-    done = commit(2, [("u2", v1)], keep_from=T0 + 10)
+    # Its own committed batch keeps it as of that batch, pruned as the store pruned (naming the keys
+    # pruning can shorten, as the pipeline does: u1 has two versions).
+    done = commit(2, [("u2", v1)], keep_from=T0 + 10, prune_keys=kept.prune_candidates("users", [("u2", v1)]))
+    assert done.enrichment.prune_keys == {"users": {"u1", "u2"}}
     store.commit_batch(done, lateness_ms={}, now_ms=T0)
     assert kept.committed(2, done.enrichment) == {"users": {"u1", "u2"}}  # u1: its first version pruned
     assert not kept.as_of_store(store.last_batch_id("main"))
