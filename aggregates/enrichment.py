@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from aggregates.driver_batch import among, arrow_on_driver, local_batch
+from aggregates.driver_rows import DriverRows
 from aggregates.enrichment_driver import MISSING, enrich as enrich_rows, plan as driver_plan, text as _text
 from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
@@ -76,6 +77,7 @@ class Enriched:
     batch: DataFrame  # the batch with the enriched dimensions set
     cached: DataFrame  # what `batch` reads from, persisted: unpersist when the batch is done
     commit: EnrichmentCommit
+    rows: DriverRows | None = None  # on the driver: the enriched batch collected once for the later steps
 
 
 class Enrichment:
@@ -131,7 +133,8 @@ class Enrichment:
             stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching}",
                                                lambda: self.stages(enriching))
             out = self.run_stages(batch, stages, frames).persist()
-        misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver)
+        rows = DriverRows(out, self.catalog, batch_now_ms) if on_driver else None
+        misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver, rows=rows)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
@@ -143,7 +146,7 @@ class Enrichment:
             name: self.kept.prune_candidates(name, new.get(name, ())) for name in self.tables}
         return Enriched(out.drop(*[m for _, m in miss_columns]) if miss_columns else out, out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
-                                         keep_from, misses, prune_keys))
+                                         keep_from, misses, prune_keys), rows)
 
     def stages(self, enriching: list[str]) -> tuple[list[tuple], list[tuple[tuple[str, str], str]]]:
         """The lookups' projection over the batch for the `enriching` streams, as steps that
@@ -319,13 +322,16 @@ class Enrichment:
         return F.when(F.col("stream") == stream.name, F.array(*slots)).otherwise(F.col("dims"))
 
     def count_misses(self, enriched: DataFrame, miss_columns, batch_now_ms: int, *,
-                     on_driver: bool = False) -> dict[tuple[str, str], int]:
+                     on_driver: bool = False, rows: DriverRows | None = None) -> dict[tuple[str, str], int]:
         """Misses among the events merged into panes (a dead-lettered event is counted there).
-        `on_driver`: the flags collected (no Spark job) and summed here, nulls counting none."""
+        `on_driver`: the flags collected (no Spark job) and summed here, nulls counting none;
+        from `rows` (the batch collected once) when given."""
         if not miss_columns:
             return {}
         merged = enriched.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-        if on_driver:
+        if rows is not None:
+            row = rows.true_counts([m for _, m in miss_columns])
+        elif on_driver:
             flags = merged.select(*[m for _, m in miss_columns]).collect()
             row = {m: sum(1 for r in flags if r[m]) for _, m in miss_columns}
         else:

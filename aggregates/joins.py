@@ -103,15 +103,16 @@ class WindowJoins:
         self.streams = sorted({s for j in self.joins for s in (j.left.stream, j.right.stream)})
 
     def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
-                streams: Collection[str] | None = None) -> pa.Table:
+                streams: Collection[str] | None = None, rows=None) -> pa.Table:
         """The batch's records of the joined streams that it merges (dead letters join nothing)."""
         return merged_records(batch, self.catalog, batch_now_ms, self.streams, RECORD_COLUMNS, present=streams,
-                              on_driver=on_driver)
+                              on_driver=on_driver, rows=rows)
 
     def process(self, batch: DataFrame, batch_now_ms: int, commit: BatchCommit,
                 idle_timeout_ms: Mapping[str, int] | None = None, *, on_driver: bool = False,
-                streams: Collection[str] | None = None) -> JoinedBatch:
-        return self.join(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams), commit,
+                streams: Collection[str] | None = None, rows=None) -> JoinedBatch:
+        """`rows`: the batch on the driver collected once (aggregates/driver_rows.py), or None."""
+        return self.join(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams, rows=rows), commit,
                          now_ms=batch_now_ms, idle_timeout_ms=idle_timeout_ms)
 
     def join(self, records: pa.Table, commit: BatchCommit, *, now_ms: int,

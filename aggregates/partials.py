@@ -69,14 +69,18 @@ _DEAD_LETTER_LOCK = threading.Lock()  # a reprocess run's batches may ask from a
 
 
 def merged_records(batch: DataFrame, catalog: Catalog, batch_now_ms: int, streams: Sequence[str],
-                   columns: Sequence[str], *, present: Collection[str] | None, on_driver: bool) -> pa.Table:
+                   columns: Sequence[str], *, present: Collection[str] | None, on_driver: bool,
+                   rows=None) -> pa.Table:
     """`columns` of the batch's records of `streams` that it merges (not dead-lettered), as Arrow:
     what the window joins and the patterns read. `present`: the streams with records in a small
     batch (None: unknown), the others skipped without a call into the JVM; on the driver collected
-    from its local rows (no Spark job)."""
+    from its local rows (no Spark job), or projected from `rows` (aggregates/driver_rows.py
+    DriverRows: the batch collected once for every step)."""
     reading = among(streams, present)
     if not reading:
         return no_records(columns)
+    if rows is not None:
+        return rows.merged(reading, columns)
     records = (batch.where(F.col("stream").isin(reading) & dead_letter_reason_column(catalog, batch_now_ms).isNull())
                .select(*columns))
     return arrow_on_driver(records) if on_driver else records.toArrow()
@@ -213,16 +217,28 @@ def arrow_input(df: DataFrame, catalog: Catalog, *, batch_now_ms: int) -> DataFr
     return _keyed(df, catalog, batch_now_ms).select(*columns)
 
 
+ARROW_INPUT_COLUMNS = ("stream", "dead_reason", "pane_start", "dims", "event_time", "partition", "vals", "ids",
+                       "clock_correction", "dead_record")
+
+
 def _arrow_columns() -> list[Column]:
-    good = F.col("dead_reason").isNull()
-    return [
-        "stream", "dead_reason", "pane_start", F.col("g_dims").alias("dims"), "event_time", "partition", "vals", "ids",
-        "clock_correction",
-        F.when(~good, F.struct(
-            F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
-            F.col("dims"), F.col("raw_event_time"), F.col("clock_correction"),
-        )).alias("dead_record"),
-    ]
+    return ["stream", "dead_reason", "pane_start", F.col("g_dims").alias("dims"), "event_time", "partition", "vals",
+            "ids", "clock_correction", _dead_record()]
+
+
+def _dead_record() -> Column:
+    return F.when(F.col("dead_reason").isNotNull(), F.struct(
+        F.col("partition"), F.col("offset"), F.col("event_time"), F.col("ingest_time"), F.col("error"),
+        F.col("dims"), F.col("raw_event_time"), F.col("clock_correction"),
+    )).alias("dead_record")
+
+
+def keyed_on_driver(df: DataFrame, catalog: Catalog, batch_now_ms: int) -> pa.Table:
+    """`df`'s rows (a batch on the driver) with all their columns, their dead-letter reason, pane start,
+    grouping dims (`g_dims`) and dead record, in one collect: what aggregates/driver_rows.py projects
+    for every step."""
+    dead_record = per_catalog(catalog, "dead record", _dead_record)
+    return arrow_on_driver(_keyed(df, catalog, batch_now_ms).select("*", dead_record))
 
 
 def catalog_layout(catalog: Catalog, lg_k: int, kll_k: int):

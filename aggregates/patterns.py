@@ -219,14 +219,15 @@ class PatternRunner:
         self.streams = sorted({s for p in catalog.patterns for s in p.streams})
 
     def records(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
-                streams: Collection[str] | None = None) -> pa.Table:
+                streams: Collection[str] | None = None, rows=None) -> pa.Table:
         """The batch's records of the patterns' streams that it merges (dead letters match nothing)."""
         return merged_records(batch, self.catalog, batch_now_ms, self.streams, RECORD_COLUMNS, present=streams,
-                              on_driver=on_driver)
+                              on_driver=on_driver, rows=rows)
 
     def process(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool = False,
-                streams: Collection[str] | None = None) -> PatternsBatch:
-        return self.run(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams),
+                streams: Collection[str] | None = None, rows=None) -> PatternsBatch:
+        """`rows`: the batch on the driver collected once (aggregates/driver_rows.py), or None."""
+        return self.run(self.records(batch, batch_now_ms, on_driver=on_driver, streams=streams, rows=rows),
                         self.store.watermarks())
 
     def run(self, records: pa.Table, stream_watermarks: dict[str, int]) -> PatternsBatch:

@@ -18,6 +18,7 @@ from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
 from aggregates.driver_batch import arrow_on_driver, local_batch, on_driver, rows_at_most, streams_with_rows
+from aggregates.driver_rows import DriverRows
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
@@ -159,9 +160,12 @@ class Pipeline(ReportsStoreErrors):
             if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
                 enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small, streams=present)
                 batch = enriched.batch
+            # On the driver the batch is collected once for the steps below (aggregates/driver_rows.py).
+            driver_rows = None if not small else (enriched.rows if enriched is not None and enriched.rows is not None
+                                                  else DriverRows(batch, self.catalog, batch_now_ms))
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
-                matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present)
-            rows = self.partial_rows(batch, batch_now_ms, on_driver=small)
+                matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present, rows=driver_rows)
+            rows = self.partial_rows(batch, batch_now_ms, on_driver=small, driver_rows=driver_rows)
             commit = build_commit(self.config.name, batch_id, rows, self.catalog, offsets[1], batch_now_ms=batch_now_ms,
                                   log_end_offsets=self.log_end_offsets(), event_ids=event_ids)
             if self.definition_versions:
@@ -174,14 +178,15 @@ class Pipeline(ReportsStoreErrors):
                 # how far each joined stream's watermark moves (the join's clock); the derived
                 # panes and the join's state go into the batch's own transaction.
                 joined = self.joins.process(batch, batch_now_ms, commit, idle_timeout_ms=idle, on_driver=small,
-                                            streams=present)
+                                            streams=present, rows=driver_rows)
                 commit = with_joins(commit, joined, self.joins.names)
             bloomed = runs = None
             if self.bloom.enabled or self.sessions.enabled:
                 # One Spark job groups the merged records (dead letters are no keys seen, in no
                 # session) by key for both the Bloom filters and the sessions' runs.
                 merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
-                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, on_driver=small)
+                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, on_driver=small,
+                                               rows=driver_rows)
             if self.sessions.enabled:
                 # Like the joins: corrected event times, the stream's watermark after this batch
                 # closes sessions; closed sessions and open ones' changes go into its transaction.
@@ -246,16 +251,18 @@ class Pipeline(ReportsStoreErrors):
             self.notify_listeners(batch_id, commit.end_offsets, int(self.clock() * 1000))
         return result
 
-    def partial_rows(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool):
+    def partial_rows(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool,
+                     driver_rows: DriverRows | None = None):
         """The batch's partial aggregates: for a batch held on the driver, the Arrow group-by's table
-        (aggregates/arrow_partials.py) over the driver's rows, without a Spark job (whatever
-        `partials` says: measured faster than Spark's one job there); else Spark's groupBy collected
-        as dicts, or (`partials: arrow`) the Arrow group-by on the executors."""
+        (aggregates/arrow_partials.py) over the driver's rows (`driver_rows`' when given), without a
+        Spark job (whatever `partials` says: measured faster than Spark's one job there); else
+        Spark's groupBy collected as dicts, or (`partials: arrow`) the Arrow group-by on the executors."""
         c = self.config
         if on_driver:
             from aggregates.arrow_partials import group_partials
 
-            rows = arrow_on_driver(arrow_input(batch, self.catalog, batch_now_ms=batch_now_ms))
+            rows = (driver_rows.arrow_input() if driver_rows is not None
+                    else arrow_on_driver(arrow_input(batch, self.catalog, batch_now_ms=batch_now_ms)))
             return group_partials(rows, catalog_layout(self.catalog, c.lg_k, c.kll_k))
         if c.partials == "spark":
             rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
