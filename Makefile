@@ -34,17 +34,22 @@ jars: $(BROKER_JARS) $(SPARK_KAFKA_JARS)
 run: $(STAMP)
 	$(BIN)/sketchboard up
 
-# Two runs: the tests without a JVM or a real process spread over two workers (pytest-xdist, one
-# file per worker at a time, since their fixtures are module-scoped), then the Spark, Kafka and
-# real-process tests one at a time (each of them wants both cores), with the `serial` ones, which
-# xdist cannot run (items sharing one node id: it would run only one of them). Both runs go on
-# even if the first fails. The second run prints its 30 slowest tests (where the suite's time goes).
+# Three runs: the tests without a JVM or a real process spread over two workers (pytest-xdist, one
+# file per worker at a time, since their fixtures are module-scoped); then the in-process Spark and
+# Kafka tests over two workers too (each with its own SparkSession and broker: they wait on py4j,
+# the log and the store as much as they compute); then the real-process tests one at a time (they
+# time real processes, each with a Spark pipeline of its own: beside other Spark work they time
+# out), with the `serial` ones, which xdist cannot run (items sharing one node id: it would run
+# only one of them). Every run goes on even if one before fails. The last two print their slowest
+# tests (where the suite's time goes).
 NO_JVM := not spark and not e2e and not kafka
 PARALLEL := $(NO_JVM) and not serial
+JVM_PARALLEL := (spark or kafka) and not e2e and not serial
 test: $(STAMP) jars
 	@$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
-	$(BIN)/python -m pytest -m "not ($(PARALLEL))" --durations=30; slow=$$?; \
-	test $$fast -eq 0 && test $$slow -eq 0
+	$(BIN)/python -m pytest -m "$(JVM_PARALLEL)" -n 2 --dist loadfile --durations=20; jvm=$$?; \
+	$(BIN)/python -m pytest -m "not ($(PARALLEL)) and not ($(JVM_PARALLEL))" --durations=20; slow=$$?; \
+	test $$fast -eq 0 && test $$jvm -eq 0 && test $$slow -eq 0
 
 # No JVM at all: no Spark, no Kafka broker, no real-process tests.
 test-fast: $(STAMP)
