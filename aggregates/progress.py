@@ -19,7 +19,12 @@ from datetime import datetime
 
 from pyspark.sql.streaming import StreamingQueryListener
 
+from aggregates.batch_gate import Stopping
+
 log = logging.getLogger("sketchboard.progress")
+
+# How a batch refused by a stopping pipeline's gate shows in the query's exception (its traceback).
+STOPPING = f"{Stopping.__module__}.{Stopping.__qualname__}"
 
 
 class ProgressRecorder(StreamingQueryListener):
@@ -81,6 +86,10 @@ class ProgressRecorder(StreamingQueryListener):
         if run_id not in self._runs:
             return
         error = event.exception
+        if error and STOPPING in error:
+            # A batch that began after a stop was asked for was refused (aggregates/batch_gate.py):
+            # the query ends with that refusal before query.stop() ends it. A clean stop, not an error.
+            error = None
         if error and event.errorClassOnException:
             error = f"[{event.errorClassOnException}] {error}"
         self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())

@@ -272,3 +272,28 @@ def test_lag_settings_defaults_and_durations(tmp_path, monkeypatch):
     assert Settings(lag_sample_interval="500ms").lag_sample_interval == 500
     with pytest.raises(ValueError):
         Settings(lag_window=0)
+
+
+def test_a_query_ended_by_a_batch_refused_while_stopping_is_recorded_as_a_clean_stop(store_backend):
+    """A stop closes the batch gate, then stops the query: a batch that begins in between is refused
+    (aggregates/batch_gate.py `Stopping`), and Spark ends the query with that refusal as its
+    exception. The health must say stopped, with no error (a fresh clone's browser lag scenario
+    saw `last_error` set to it); any other exception stays the query's last error."""
+    from types import SimpleNamespace
+
+    from aggregates.progress import ProgressRecorder
+
+    health = HealthStore(store_backend.side_db(), retention_ms=60_000)
+    t = 1_800_000_000_000
+    recorder = ProgressRecorder(health, "main", "sketchboard-main", clock=lambda: t / 1000)
+    refused = ("py4j.Py4JException: An exception was raised by the Python Proxy. Return Message: Traceback ...\n"
+               "aggregates.batch_gate.Stopping: batch 7 not processed: the pipeline is stopping\n")
+    for run, exception, want in (("r1", refused, None), ("r2", "java.lang.RuntimeException: boom", "[BOOM] "
+                                                         "java.lang.RuntimeException: boom")):
+        recorder.onQueryStarted(SimpleNamespace(name="sketchboard-main", id="q1", runId=run, timestamp=None))
+        recorder.onQueryTerminated(SimpleNamespace(runId=run, exception=exception,
+                                                   errorClassOnException="FOREACH_BATCH_USER_FUNCTION_ERROR"
+                                                   if run == "r1" else "BOOM"))
+        q = query_health(health, "main", t)
+        assert q["running"] is False and q["last_error"] == want and q["terminated_at_ms"] == t, q
+    health.close()
