@@ -134,7 +134,7 @@ class Enrichment:
                                                lambda: self.stages(enriching))
             out = self.run_stages(batch, stages, frames).persist()
         rows = DriverRows(out, self.catalog, batch_now_ms) if on_driver else None
-        misses = self.count_misses(out, miss_columns, batch_now_ms, on_driver=on_driver, rows=rows)
+        misses = self.count_misses(out, miss_columns, batch_now_ms, rows=rows)
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
@@ -322,19 +322,16 @@ class Enrichment:
         return F.when(F.col("stream") == stream.name, F.array(*slots)).otherwise(F.col("dims"))
 
     def count_misses(self, enriched: DataFrame, miss_columns, batch_now_ms: int, *,
-                     on_driver: bool = False, rows: DriverRows | None = None) -> dict[tuple[str, str], int]:
+                     rows: DriverRows | None = None) -> dict[tuple[str, str], int]:
         """Misses among the events merged into panes (a dead-lettered event is counted there).
-        `on_driver`: the flags collected (no Spark job) and summed here, nulls counting none;
-        from `rows` (the batch collected once) when given."""
+        `rows`: the batch on the driver collected once, whose flags are summed here (nulls counting
+        none); else one Spark aggregation."""
         if not miss_columns:
             return {}
-        merged = enriched.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
         if rows is not None:
             row = rows.true_counts([m for _, m in miss_columns])
-        elif on_driver:
-            flags = merged.select(*[m for _, m in miss_columns]).collect()
-            row = {m: sum(1 for r in flags if r[m]) for _, m in miss_columns}
         else:
+            merged = enriched.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
             row = merged.agg(*[F.sum(F.col(m).cast("long")).alias(m) for _, m in miss_columns]).first()
         out: Counter[tuple[str, str], int] = Counter()
         for pair, m in miss_columns:

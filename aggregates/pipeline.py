@@ -161,8 +161,8 @@ class Pipeline(ReportsStoreErrors):
                 enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small, streams=present)
                 batch = enriched.batch
             # On the driver the batch is collected once for the steps below (aggregates/driver_rows.py).
-            driver_rows = None if not small else (enriched.rows if enriched is not None and enriched.rows is not None
-                                                  else DriverRows(batch, self.catalog, batch_now_ms))
+            driver_rows = ((enriched.rows if enriched is not None else None)
+                           or (DriverRows(batch, self.catalog, batch_now_ms) if small else None))
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present, rows=driver_rows)
             rows = self.partial_rows(batch, batch_now_ms, on_driver=small, driver_rows=driver_rows)
@@ -184,7 +184,8 @@ class Pipeline(ReportsStoreErrors):
             if self.bloom.enabled or self.sessions.enabled:
                 # One Spark job groups the merged records (dead letters are no keys seen, in no
                 # session) by key for both the Bloom filters and the sessions' runs.
-                merged = batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull())
+                merged = (None if driver_rows is not None  # projected from the driver's rows: no plan needed
+                          else batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull()))
                 bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, on_driver=small,
                                                rows=driver_rows)
             if self.sessions.enabled:

@@ -159,7 +159,7 @@ class SessionWindows:
         return out
 
 
-def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWindows, *,
+def bloom_and_runs(merged: DataFrame | None, bloom: BloomFeatures, sessions: SessionWindows, *,
                    streams: Collection[str] | None = None, on_driver: bool = False,
                    rows=None) -> tuple[BloomCommit | None, pa.Table | None]:
     """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
@@ -167,7 +167,8 @@ def bloom_and_runs(merged: DataFrame, bloom: BloomFeatures, sessions: SessionWin
     that key once for all. None for a feature no stream has. `streams`: those with records in the
     batch (None: unknown), the others skipped. `on_driver` (a batch on the driver,
     aggregates/driver_batch.py): no Spark job, the same rows computed from its records here, which
-    `rows` (aggregates/driver_rows.py: the batch collected once) gives when there is one."""
+    `rows` (aggregates/driver_rows.py: the batch collected once) gives when there is one; `merged`
+    is not read then (None)."""
     plan = bloom.plan(streams) if bloom.enabled else None
     items = [*(plan.items if plan else ()), *(sessions.items(streams) if sessions.enabled else ())]
     if rows is not None:
