@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from aggregates.clock_offsets import (
     CORRECTED,
@@ -34,7 +33,8 @@ from aggregates.clock_offsets import (
     clock_verdict,
     forget_stale,
 )
-from aggregates.driver_batch import among, map_literal
+from aggregates.driver_batch import among
+from aggregates.driver_rules import clock_samples, corrected
 from aggregates.partials import per_catalog
 from catalog import Catalog, StreamDef
 from catalog.clocks import CLOCK_DEVICE_FIELD, CLOCK_DIMENSIONS, clocks_stream_name, off_by
@@ -162,21 +162,17 @@ class DeviceClocks:
                 streams: Collection[str] | None = None) -> list[tuple[str, str, int, int]]:
         """The batch's clock samples, per (stream, device, bucket of receive time): the smallest
         received - sent. Records that will be dead-lettered as unparseable or invalid give none.
-        `on_driver`: the batch is a LocalRelation (aggregates/driver_batch.py): the same rows are
-        collected without a Spark job and their minimum taken here instead of in a groupBy.
+        `on_driver`: the batch is an Arrow table on the driver (aggregates/driver_batch.py), grouped
+        in Arrow instead of by a Spark job.
         `streams`: those with records in the batch (None: unknown); the others give none."""
         sampling = among(self.streams, streams)
         if not sampling:
             return []
+        if on_driver:  # the batch's rows as Arrow (aggregates/driver_rules.py: the same rule)
+            return clock_samples(batch, sampling)
         condition, bucket, offset = per_catalog(self.catalog, f"clock samples of {sampling}",
                                                 lambda: _sample_columns(sampling))
         sampled = batch.where(condition)
-        if on_driver:
-            smallest: dict[tuple[str, str, int], int] = {}
-            for r in sampled.select("stream", "device", bucket, offset.alias("offset")).collect():
-                group = (r["stream"], r["device"], int(r["bucket"]))
-                smallest[group] = min(int(r["offset"]), smallest.get(group, int(r["offset"])))
-            return [(*group, o) for group, o in smallest.items()]
         rows = sampled.groupBy("stream", "device", bucket).agg(F.min(offset).alias("offset")).collect()
         return [(r["stream"], r["device"], int(r["bucket"]), int(r["offset"])) for r in rows]
 
@@ -195,22 +191,18 @@ class DeviceClocks:
 
     def apply(self, batch: DataFrame, plan: ClockPlan, *, on_driver: bool = False,
               streams: Collection[str] | None = None) -> DataFrame:
-        """The batch with corrected event times (see the module doc). `on_driver` (a LocalRelation):
-        the corrections are a map literal in the projection instead of a broadcast join, which
-        would cost every later action on the batch a Spark job; the same value per row. `streams`:
+        """The batch with corrected event times (see the module doc). `on_driver`: an Arrow table on
+        the driver (aggregates/driver_batch.py), corrected in Arrow by the same rule. `streams`:
         those with records in the batch (None: unknown); no row of the others is corrected."""
         present = set(among({s for s, _ in plan.corrections}, streams))
         corrections = {key: ms for key, ms in plan.corrections.items() if key[0] in present}
+        if on_driver:  # an Arrow table: the same columns made in Arrow (aggregates/driver_rules.py)
+            return corrected(batch, corrections)
         if not corrections:
             return with_clock_columns(batch)
-        if on_driver:  # each row's correction looked up in the batch's map literal (folded once by Spark)
-            key = per_catalog(self.catalog, "device clock key",
-                              lambda: F.concat(F.col("stream"), F.lit(" "), F.col("device")))
-            joined = batch.withColumn("correction", F.try_element_at(_corrections_literal(corrections), key))
-        else:
-            table = self.spark.createDataFrame(
-                [(stream, device, ms) for (stream, device), ms in corrections.items()], CORRECTION_SCHEMA)
-            joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
+        table = self.spark.createDataFrame(
+            [(stream, device, ms) for (stream, device), ms in corrections.items()], CORRECTION_SCHEMA)
+        joined = batch.join(F.broadcast(table), on=["stream", "device"], how="left")
         # The expressions reading the correction are built once (calls into the JVM: a small batch's time).
         columns = per_catalog(self.catalog, "device clock columns", lambda: _corrected_columns(F.col("correction")))
         return joined.select(*[c for c in batch.columns if c != "event_time"], *columns)
@@ -230,12 +222,6 @@ def _corrected_columns(correction: Column) -> list[Column]:
             .otherwise(F.col("event_time")).alias("event_time"),
             F.col("event_time").alias("raw_event_time"),
             F.when(F.col("event_time").isNotNull(), correction).alias("clock_correction")]
-
-
-def _corrections_literal(corrections: Mapping[tuple[str, str], int]) -> Column:
-    """The corrections as one map literal, keyed by "<stream> <device>" (a stream name has no space):
-    a row without a device finds none, as in the left join with the corrections table."""
-    return map_literal({f"{stream} {device}": ms for (stream, device), ms in corrections.items()}, T.LongType())
 
 
 def with_clock_columns(batch: DataFrame) -> DataFrame:

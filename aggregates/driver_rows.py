@@ -1,13 +1,13 @@
 """A small batch's rows on the driver, collected once for every step after enrichment.
 
 On the driver path (aggregates/driver_batch.py) each step used to collect its own projection of
-the batch: the patterns' and the joins' merged records, the Arrow group-by's input, the Bloom
-and sessions' key records, the enrichment's miss flags. A collect runs no Spark job there, but
-each one is Catalyst analysing and optimizing a plan over the local rows plus its calls into the
-JVM: ~50 ms apiece, most of a demo-rate batch. Here the batch is collected once with its
-dead-letter reason, pane start, grouping dims and dead record (`partials.keyed_on_driver`, the one
-rule, computed by Spark), and the steps read projections of that table made by pyarrow, with the
-rows in the same order as their own collects gave them (tests/spark/test_driver_batch.py)."""
+the batch from Spark's local rows: the patterns' and the joins' merged records, the Arrow
+group-by's input, the Bloom and sessions' key records, the enrichment's miss flags, each one
+Catalyst analysing and optimizing a plan plus its calls into the JVM (~50 ms apiece). Now the
+batch is an Arrow table on the driver: its rows get their dead-letter reason, pane start,
+grouping dims and dead record once (aggregates/driver_rules.py `keyed`, Spark's rule in Arrow),
+and the steps read projections of that table, rows in the batch's order
+(tests/spark/test_driver_batch.py checks each against Spark's own collect of the same batch)."""
 
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
 
 from aggregates.driver_batch import no_records
-from aggregates.partials import ARROW_INPUT_COLUMNS, keyed_on_driver
+from aggregates.driver_rules import keyed
+from aggregates.partials import ARROW_INPUT_COLUMNS
 from catalog import Catalog
 
 
 class DriverRows:
-    def __init__(self, batch: DataFrame, catalog: Catalog, batch_now_ms: int):
-        """`batch`: on the driver (collecting it runs no Spark job); read at the first use."""
+    def __init__(self, batch: pa.Table, catalog: Catalog, batch_now_ms: int):
+        """`batch`: the batch's rows on the driver (Arrow), keyed at the first use."""
         self.batch, self.catalog, self.batch_now_ms = batch, catalog, batch_now_ms
 
     @functools.cached_property
     def table(self) -> pa.Table:
-        return keyed_on_driver(self.batch, self.catalog, self.batch_now_ms)
+        return keyed(self.batch, self.catalog, self.batch_now_ms)
 
     @functools.cached_property
     def _good(self) -> pa.ChunkedArray:

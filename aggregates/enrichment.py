@@ -35,12 +35,14 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from aggregates.driver_batch import among, arrow_on_driver, local_batch
+from aggregates.driver_batch import among
 from aggregates.driver_rows import DriverRows
+from aggregates.driver_rules import list_get, stream_is
 from aggregates.enrichment_driver import MISSING, enrich as enrich_rows, plan as driver_plan, text as _text
 from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
@@ -74,8 +76,8 @@ class LookupBase:
 
 @dataclass(frozen=True)
 class Enriched:
-    batch: DataFrame  # the batch with the enriched dimensions set
-    cached: DataFrame  # what `batch` reads from, persisted: unpersist when the batch is done
+    batch: DataFrame | pa.Table  # the batch with the enriched dimensions set (Arrow: a small batch on the driver)
+    cached: DataFrame | None  # what `batch` reads from, persisted: unpersist when the batch is done
     commit: EnrichmentCommit
     rows: DriverRows | None = None  # on the driver: the enriched batch collected once for the later steps
 
@@ -135,6 +137,10 @@ class Enrichment:
             out = self.run_stages(batch, stages, frames).persist()
         rows = DriverRows(out, self.catalog, batch_now_ms) if on_driver else None
         misses = self.count_misses(out, miss_columns, batch_now_ms, rows=rows)
+        if on_driver:
+            out_batch = out.drop_columns([m for _, m in miss_columns])
+        else:
+            out_batch = out.drop(*[m for _, m in miss_columns]) if miss_columns else out
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
@@ -144,7 +150,7 @@ class Enrichment:
         # The kept copy knows which keys have more than one version: the store prunes only those.
         prune_keys = None if self.kept is None else {
             name: self.kept.prune_candidates(name, new.get(name, ())) for name in self.tables}
-        return Enriched(out.drop(*[m for _, m in miss_columns]) if miss_columns else out, out,
+        return Enriched(out_batch, None if on_driver else out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
                                          keep_from, misses, prune_keys), rows)
 
@@ -234,11 +240,11 @@ class Enrichment:
         replaced = self.versions_frame(stream, self.kept.with_batch(table, keys, new))
         return base.frame.join(F.broadcast(replaced.select("key")), "key", "left_anti").unionByName(replaced)
 
-    def enrich_on_driver(self, batch: DataFrame, new: dict[str, list[tuple[str, TableVersion]]],
+    def enrich_on_driver(self, batch: pa.Table, new: dict[str, list[tuple[str, TableVersion]]],
                          versions: dict[str, dict[str, list[TableVersion]]] | None,
-                         enriching: list[str]) -> tuple[DataFrame, list[tuple[tuple[str, str], str]]]:
-        """`batch` (on the driver: collecting it runs no Spark job) enriched in Python
-        (aggregates/enrichment_driver.py) and made local rows again, with its miss flag columns;
+                         enriching: list[str]) -> tuple[pa.Table, list[tuple[tuple[str, str], str]]]:
+        """`batch` (an Arrow table on the driver) enriched in Python (aggregates/enrichment_driver.py),
+        with its miss flag columns;
         the versions of the keys it looks up from the driver's copy and the batch's `new` ones
         (or from `versions`, read from the store)."""
         lookups = per_catalog(self.catalog, f"driver lookups {enriching}",
@@ -249,16 +255,14 @@ class Enrichment:
                 return {k: versions[table][k] for k in keys if k in versions[table]}
             return self.kept.with_batch(table, keys, new.get(table, ()))
 
-        rows = arrow_on_driver(batch)
+        rows = batch.combine_chunks()
         dims, misses = enrich_rows(*(rows.column(c).to_pylist() for c in ("stream", "ids", "dims", "event_time",
                                                                           "ingest_time")), lookups, fetch)
         at = rows.schema.get_field_index("dims")
         rows = rows.set_column(at, rows.schema.field(at), pa.array(dims, type=rows.schema.field(at).type))
-        schema = T.StructType(list(batch.schema.fields))
         for lookup in lookups:
             rows = rows.append_column(lookup.miss, pa.array(misses[lookup.miss], type=pa.bool_()))
-            schema = schema.add(lookup.miss, T.BooleanType(), nullable=True)
-        return local_batch(batch, rows, schema), [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups]
+        return rows, [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups]
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:
         """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""
@@ -284,11 +288,33 @@ class Enrichment:
         tables = list(self.tables) if tables is None else tables
         if not tables:
             return {}
+        if isinstance(batch, pa.Table):
+            return self._batch_versions_on_driver(batch, tables)
         where, columns, valid = per_catalog(self.catalog, f"enrichment changes of {tables}",
                                             lambda: self.change_columns(tables))
         rows = batch.where(where).select(*columns).where(valid).collect()
         out: dict[str, list[tuple[str, TableVersion]]] = {}
         for r in rows:
+            change = change_of(self.tables[r["stream"]], r["dims"], r["vals"], r["event_time"], r["partition"],
+                               r["offset"])
+            out.setdefault(r["stream"], []).append(
+                (r["key"], TableVersion(r["ingest_time"], r["partition"], r["offset"], change.row)))
+        return out
+
+    def _batch_versions_on_driver(self, batch: pa.Table, tables: list[str]) -> dict[str, list[tuple[str, TableVersion]]]:
+        """`batch_versions` of an Arrow table on the driver: the same rows in the same order."""
+        streams = batch.column("stream")
+        key = pa.nulls(batch.num_rows, pa.string())
+        for name in tables:
+            table = self.tables[name]
+            key = pc.if_else(stream_is(streams, [name]),
+                             list_get(batch.column("ids"), table.distinct_fields.index(table.key_field)), key)
+        changes = batch.append_column("key", key).filter(pc.and_(
+            pc.and_(stream_is(streams, tables), batch.column("error").is_null()),
+            pc.and_(pc.is_valid(key), batch.column("ingest_time").is_valid())))
+        out: dict[str, list[tuple[str, TableVersion]]] = {}
+        for r in changes.select(["stream", "key", "dims", "vals", "event_time", "ingest_time", "partition",
+                                 "offset"]).to_pylist():
             change = change_of(self.tables[r["stream"]], r["dims"], r["vals"], r["event_time"], r["partition"],
                                r["offset"])
             out.setdefault(r["stream"], []).append(

@@ -159,7 +159,7 @@ KEY_RECORD_COLUMNS = ("stream", "event_time", "dims", "ids")  # what `key_rows_o
 
 
 def key_records(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
-    """The records of `batch` (on the driver: aggregates/driver_batch.py, no Spark job) of the items'
+    """The records of `batch` (a few rows: collected without a Spark job, `arrow_on_driver`) of the items'
     streams, with what `key_rows_on_driver` reads."""
     streams = sorted({i.stream for i in items})
     if not streams:

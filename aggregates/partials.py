@@ -233,14 +233,6 @@ def _dead_record() -> Column:
     )).alias("dead_record")
 
 
-def keyed_on_driver(df: DataFrame, catalog: Catalog, batch_now_ms: int) -> pa.Table:
-    """`df`'s rows (a batch on the driver) with all their columns, their dead-letter reason, pane start,
-    grouping dims (`g_dims`) and dead record, in one collect: what aggregates/driver_rows.py projects
-    for every step."""
-    dead_record = per_catalog(catalog, "dead record", _dead_record)
-    return arrow_on_driver(_keyed(df, catalog, batch_now_ms).select("*", dead_record))
-
-
 def catalog_layout(catalog: Catalog, lg_k: int, kll_k: int):
     """The Arrow group-by's slot widths for `catalog` (the same as `_aggregations`')."""
     from aggregates.arrow_partials import Layout

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
@@ -17,14 +18,14 @@ from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corr
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
-from aggregates.driver_batch import arrow_on_driver, local_batch, on_driver, rows_at_most, streams_with_rows
+from aggregates.driver_batch import rows_at_most, streams_with_rows
 from aggregates.driver_rows import DriverRows
 from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
-from aggregates.partials import (PARTIALS, arrow_input, arrow_partials_table, catalog_layout,
-                                 dead_letter_reason_column, partial_aggregates)
+from aggregates.partials import (PARTIALS, arrow_partials_table, catalog_layout, dead_letter_reason_column,
+                                 partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
 from aggregates.tables import TableChanges
@@ -33,6 +34,7 @@ from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
+from ingest.source_rows import SOURCE_SCHEMA
 from ingest.spark_source import SOURCE_NAME, read_batch, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
@@ -131,36 +133,35 @@ class Pipeline(ReportsStoreErrors):
         batch_now_ms = int(self.clock() * 1000)
         offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
         small = self.fits_driver(batch_id, offsets)
-        # A small batch of the embedded log: its records read here, Spark's DataFrame never run.
-        local = self.read_on_driver(batch, batch_id, offsets) if small else None
-        if local is not None:
-            batch = local
+        # A small batch: its records as Arrow on the driver, every step in Python over them
+        # (aggregates/driver_rules.py); from the embedded log Spark's DataFrame is never run.
+        if small:
+            batch = self.read_on_driver(batch, batch_id, offsets)
         read_at = time.perf_counter()
         event_ids = None
         if self.duplicates.enabled:
             # Copies of an event id counted before are taken out first: nothing below sees them.
-            deduped = self.duplicates.process(batch, batch_now_ms)
+            deduped = self.duplicates.process(batch, batch_now_ms, on_driver=small)
             batch, event_ids = deduped.batch, deduped.commit
         deduped_at = time.perf_counter()
         clocks = None
-        # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again;
-        # a small batch on the driver (aggregates/driver_batch.py), where a step's collect runs no Spark job.
+        # Read twice (the clock samples or the joins' records, then the aggregation): kept rather than read again.
         # On the driver path, the streams with records in the batch (from the offsets): the steps
-        # of the others are skipped, no expressions built and no calls into the JVM for them.
+        # of the others are skipped.
         present = streams_with_rows(*offsets) if small else None
-        kept = (batch if batch is local else on_driver(batch) if small else batch.persist() if self.clocks.enabled or self.joins.enabled
+        kept = (None if small else batch.persist() if self.clocks.enabled or self.joins.enabled
                 or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
         joined = matched = enriched = sessioned = None
         try:
             if kept is not None:
                 batch = kept
             if self.clocks.enabled:
-                clocks = self.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=small, streams=present)
-                batch = self.clocks.apply(kept, clocks, on_driver=small, streams=present)
+                clocks = self.clocks.plan(batch, batch_now_ms=batch_now_ms, on_driver=small, streams=present)
+                batch = self.clocks.apply(batch, clocks, on_driver=small, streams=present)
             if self.enrichment.enabled:  # after the clock step (corrected times), before patterns, joins and panes
                 enriched = self.enrichment.process(batch, batch_now_ms, last, on_driver=small, streams=present)
                 batch = enriched.batch
-            # On the driver the batch is collected once for the steps below (aggregates/driver_rows.py).
+            # On the driver the batch's keyed rows are made once for the steps below (aggregates/driver_rows.py).
             driver_rows = ((enriched.rows if enriched is not None else None)
                            or (DriverRows(batch, self.catalog, batch_now_ms) if small else None))
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
@@ -220,7 +221,7 @@ class Pipeline(ReportsStoreErrors):
         finally:
             if kept is not None:
                 kept.unpersist()
-            if enriched is not None:
+            if enriched is not None and enriched.cached is not None:
                 enriched.cached.unpersist()
         done = time.perf_counter()
         log.info(
@@ -255,16 +256,14 @@ class Pipeline(ReportsStoreErrors):
     def partial_rows(self, batch: DataFrame, batch_now_ms: int, *, on_driver: bool,
                      driver_rows: DriverRows | None = None):
         """The batch's partial aggregates: for a batch held on the driver, the Arrow group-by's table
-        (aggregates/arrow_partials.py) over the driver's rows (`driver_rows`' when given), without a
-        Spark job (whatever `partials` says: measured faster than Spark's one job there); else
+        (aggregates/arrow_partials.py) over `driver_rows`, without a Spark job (whatever `partials`
+        says: measured faster than Spark's one job there); else
         Spark's groupBy collected as dicts, or (`partials: arrow`) the Arrow group-by on the executors."""
         c = self.config
         if on_driver:
             from aggregates.arrow_partials import group_partials
 
-            rows = (driver_rows.arrow_input() if driver_rows is not None
-                    else arrow_on_driver(arrow_input(batch, self.catalog, batch_now_ms=batch_now_ms)))
-            return group_partials(rows, catalog_layout(self.catalog, c.lg_k, c.kll_k))
+            return group_partials(driver_rows.arrow_input(), catalog_layout(self.catalog, c.lg_k, c.kll_k))
         if c.partials == "spark":
             rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
             with collector_paused():  # a Row and a dict per group (aggregates/commit.py)
@@ -279,18 +278,18 @@ class Pipeline(ReportsStoreErrors):
         start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1) if batch_id > 0 else {}
         return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
 
-    def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> DataFrame | None:
-        """A small batch of the embedded log read on the driver from the log, for its logged offset
-        range, by the source's own reader (ingest.spark_source.read_batch) and made local rows
-        without a Spark job (driver_batch.local_batch); None from Kafka (Spark's Kafka source reads
-        it: driver_batch.on_driver, one job)."""
+    def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:
+        """A small batch's records as Arrow (ingest.source_rows.SOURCE_SCHEMA): from the embedded log
+        read on the driver for its logged offset range, by the source's own reader
+        (ingest.spark_source.read_batch), with no Spark job; from Kafka collected from Spark's
+        Kafka source (one job: it reads in the JVM)."""
         if self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
-            return None
+            return batch.toArrow().select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA)
         records = read_batch(self.log, self.catalog, *offsets)
         self.rows_read_on_driver[batch_id] = records.num_rows
         for old in [b for b in self.rows_read_on_driver if b < batch_id - 100]:  # the listener's reach
             del self.rows_read_on_driver[old]
-        return local_batch(batch, records)
+        return records
 
     def fits_driver(self, batch_id: int, offsets: tuple[dict, dict] | None = None) -> bool:
         """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark

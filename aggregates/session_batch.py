@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
 from aggregates.driver_batch import among
-from aggregates.key_rows import (KEY_RECORD_COLUMNS, TAG_SESSIONS, KeyItem, KeyRows, key_records, key_rows,
+from aggregates.key_rows import (KEY_RECORD_COLUMNS, TAG_SESSIONS, KeyItem, KeyRows, key_rows,
                                  key_rows_on_driver)
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
@@ -165,17 +165,15 @@ def bloom_and_runs(merged: DataFrame | None, bloom: BloomFeatures, sessions: Ses
     """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
     (aggregates/key_rows.py): a stream whose session key is its Bloom features' field is grouped by
     that key once for all. None for a feature no stream has. `streams`: those with records in the
-    batch (None: unknown), the others skipped. `on_driver` (a batch on the driver,
-    aggregates/driver_batch.py): no Spark job, the same rows computed from its records here, which
-    `rows` (aggregates/driver_rows.py: the batch collected once) gives when there is one; `merged`
-    is not read then (None)."""
+    batch (None: unknown), the others skipped. `rows` (a batch on the driver, aggregates/driver_rows.py):
+    no Spark job, the same rows computed from its records here; `merged` is not read then (None)."""
     plan = bloom.plan(streams) if bloom.enabled else None
     items = [*(plan.items if plan else ()), *(sessions.items(streams) if sessions.enabled else ())]
     if rows is not None:
         records = rows.merged(sorted({i.stream for i in items}), KEY_RECORD_COLUMNS)
         keyed = key_rows_on_driver(records, items)
     else:
-        keyed = key_rows_on_driver(key_records(merged, items), items) if on_driver else key_rows(merged, items)
+        keyed = key_rows(merged, items)
     return (bloom.commit(keyed, plan) if plan else None, sessions.runs_of_rows(keyed) if sessions.enabled else None)
 
 

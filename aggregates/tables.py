@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.driver_batch import among
+from aggregates.driver_rules import stream_is
 from catalog import Catalog, StreamDef
 from catalog.tables import DELETE, OP_FIELD, row_columns
 from store.table_state import TableChange
@@ -33,9 +36,8 @@ class TableChanges:
                 on_driver: bool = False) -> dict[str, dict[str, TableChange]]:
         """Per table and key: the batch's newest change (a Spark job over the batch's table rows).
         `streams`: those with records in the batch (None: unknown); the other tables have none.
-        `on_driver`: the batch's rows are local (aggregates/driver_batch.py): the table rows are
-        collected (no Spark job) and the newest per key picked here, as `max_by` orders them,
-        instead of planning a grouping over a few rows."""
+        `on_driver`: the batch is an Arrow table on the driver (aggregates/driver_batch.py): the
+        newest change per key is picked here, as `max_by` orders them, with no Spark job."""
         tables = among(self.tables, streams)
         if not tables:
             return {}
@@ -62,9 +64,10 @@ class TableChanges:
                 last["offset"])
         return out
 
-    def _newest_on_driver(self, batch: DataFrame, tables: list[str]) -> dict[str, dict[str, TableChange]]:
-        rows = (batch.where(F.col("stream").isin(tables) & F.col("error").isNull())
-                .select("stream", "ids", "dims", "vals", "event_time", "partition", "offset", "ingest_time").collect())
+    def _newest_on_driver(self, batch: pa.Table, tables: list[str]) -> dict[str, dict[str, TableChange]]:
+        changes = batch.filter(pc.and_(stream_is(batch.column("stream"), tables), batch.column("error").is_null()))
+        rows = changes.select(["stream", "ids", "dims", "vals", "event_time", "partition", "offset",
+                               "ingest_time"]).to_pylist()
         newest: dict[tuple[str, str], tuple] = {}
         for r in rows:
             stream = self.tables[r["stream"]]

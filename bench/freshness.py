@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=1, help="batches of 100 events aggregated before the run (each "
                    "waited for); 2 also warms the small batches' driver path up")
     p.add_argument("--trigger", default=None, help="pipeline trigger interval (SKETCHBOARD_TRIGGER_INTERVAL)")
+    p.add_argument("--driver-rows", type=int, default=None,
+                   help="batches of at most this many records run on the driver (SKETCHBOARD_DRIVER_BATCH_ROWS)")
     p.add_argument("--keep", type=Path, default=None,
                    help="run in this directory and keep it (the service's log and data) instead of a temporary one")
     args = p.parse_args(argv)
@@ -293,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many sockets, here and in the service
     env = {"SKETCHBOARD_TRIGGER_INTERVAL": args.trigger} if args.trigger else {}
+    if args.driver_rows is not None:
+        env["SKETCHBOARD_DRIVER_BATCH_ROWS"] = str(args.driver_rows)
     with (nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="sketchboard-freshness-")) as tmp:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         service = Service(Path(tmp), env)

@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="demo requests' worth of events per batch")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="print the N functions with the most cumulative time in the last batch (cProfile)")
+    parser.add_argument("--driver-rows", type=int, default=None,
+                        help="PipelineConfig.driver_batch_rows (batches up to this many records are held on the driver)")
     args = parser.parse_args(argv)
     catalog = load_catalog(args.streams)
 
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         appender = Appender(log, catalog, int(time.time() * 1000))
         print(f"tables: {appender.tables():,} rows appended", flush=True)
         store = SqlitePaneStore(root / "store.db")
-        pipeline = Pipeline(spark, catalog, store, PipelineConfig("small", root / "log.db", root / "checkpoints"))
+        pipeline = Pipeline(spark, catalog, store, PipelineConfig("small", root / "log.db", root / "checkpoints",
+                                                                    **driver_rows(args.driver_rows)))
         for attr, method in STEPS:
             if getattr(getattr(pipeline, attr), "enabled", True):
                 groups.wrap(getattr(pipeline, attr), method, attr)
@@ -165,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(v[1] for v in values):g} |")
     print(f"uptime: {os.popen('uptime').read().strip()}")
     return 0
+
+
+def driver_rows(rows: int | None) -> dict:
+    return {} if rows is None else {"driver_batch_rows": rows}
 
 
 if __name__ == "__main__":

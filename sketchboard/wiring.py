@@ -410,6 +410,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         starting_offsets=starting,
         max_records_per_batch=settings.max_records_per_batch,
         max_records_per_task=settings.max_records_per_task,
+        driver_batch_rows=settings.driver_batch_rows,
         partials=settings.partials,
         trigger_interval=settings.trigger_interval,
         kafka=kafka,

@@ -346,7 +346,6 @@ def test_the_key_rows_of_a_batch_on_the_driver_equal_the_spark_jobs(spark, confi
     aggregates/key_rows.py `key_rows_on_driver`): the same rows as the job, hashes included
     (Spark's xxhash64 against the xxhash package), over keys that are non-ASCII, empty, missing
     (a null or short array) and event times before 1970."""
-    from aggregates.driver_batch import on_driver
     from aggregates.key_rows import SLOT_SCHEMA, key_records, key_rows, key_rows_on_driver
     from aggregates.session_batch import SessionWindows
     from ingest.source_rows import SPARK_SCHEMA
@@ -373,7 +372,7 @@ def test_the_key_rows_of_a_batch_on_the_driver_equal_the_spark_jobs(spark, confi
         return sorted(key_rows_.slots.to_pylist(), key=lambda r: (r["group"], r["key"], r["slot"]))
 
     on_spark = sorted_rows(key_rows(batch, items))
-    local = key_rows_on_driver(key_records(on_driver(batch), items), items)
+    local = key_rows_on_driver(key_records(batch, items), items)
     assert local.slots.schema.equals(SLOT_SCHEMA)
     assert sorted_rows(local) == on_spark
     assert len(on_spark) > 100 and any(r["h1"] is not None for r in on_spark)

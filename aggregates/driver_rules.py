@@ -1,0 +1,182 @@
+"""The batch's Spark rules again, in Arrow, for a small batch held on the driver.
+
+A small batch (aggregates/driver_batch.py) is a pyarrow table of source rows: read in Python from
+the embedded log, or collected once from Spark's Kafka source. Every step runs over that table
+in Python and Arrow, so a batch at the demo's rate makes no call into the JVM besides Spark's own
+trigger: each such call was ~0.5-1 ms, a Catalyst plan over local rows ~50 ms, and a collect of
+20 000 local rows as Python Row objects several seconds. What the rules are (the dead-letter
+reason, the pane, the device clock correction) is written here a second time, beside Spark's
+expressions (aggregates/partials.py, aggregates/device_clocks.py) that the large batches run;
+tests/spark/test_driver_rules.py draws random records with Hypothesis and checks the two agree,
+nulls, out-of-range array slots and all.
+
+Pure: no pyspark import, no I/O; the batch's instant is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from aggregates.clock_offsets import DEFAULT_BUCKET_MS
+from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
+from catalog import Catalog
+
+DEAD_RECORD_FIELDS = ("partition", "offset", "event_time", "ingest_time", "error", "dims", "raw_event_time",
+                      "clock_correction")
+
+
+def list_get(lists: pa.Array | pa.ChunkedArray, index: int) -> pa.Array:
+    """Spark's `get(array, index)`: the item at `index`, null for a null list or one too short
+    (`pyarrow.compute.list_element` raises on those)."""
+    lists = _one_chunk(lists)
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    starts = lists.offsets.to_numpy()[:-1]
+    where = pa.array(starts + index, pa.int64(), mask=lengths <= index)
+    return lists.values.take(where)
+
+
+def per_stream_values(streams: pa.Array, values: Mapping[str, int]) -> pa.Array:
+    """Each row's stream's constant (int64), null for a stream not in `values`: Spark's CASE."""
+    names = list(values)
+    at = pc.index_in(streams, value_set=pa.array(names, pa.string()))
+    return pa.array(np.array([values[n] for n in names], np.int64)).take(at) if names else pa.nulls(len(streams), pa.int64())
+
+
+def stream_is(streams: pa.Array, names: Iterable[str]) -> pa.Array:
+    """Whether each row's stream is one of `names` (false, never null)."""
+    return pc.fill_null(pc.is_in(streams, value_set=pa.array(list(names), pa.string())), False)
+
+
+def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Array:
+    """Each row's dead-letter reason, null for a row to merge: `partials.dead_letter_reason_column`
+    (the rule of aggregates/eventtime.py, first match wins)."""
+    n = records.num_rows
+    stream = _one_chunk(records.column("stream"))
+    event_time = _one_chunk(records.column("event_time"))
+    ingest_time = _one_chunk(records.column("ingest_time"))
+    error = _one_chunk(records.column("error"))
+    reason = np.full(n, None, dtype=object)
+    open_ = np.ones(n, dtype=bool)  # no rule matched yet
+
+    def rule(matches: np.ndarray, value) -> None:
+        nonlocal open_
+        hit = open_ & matches
+        reason[hit] = value if not isinstance(value, np.ndarray) else value[hit]
+        open_ = open_ & ~hit
+
+    has_error = error.is_valid().to_numpy(zero_copy_only=False)
+    kinds = pc.fill_null(_one_chunk(records.column("error_kind")), UNPARSEABLE).to_numpy(zero_copy_only=False)
+    rule(has_error, kinds)
+    rule(~(event_time.is_valid().to_numpy(zero_copy_only=False) & ingest_time.is_valid().to_numpy(zero_copy_only=False)),
+         UNPARSEABLE)
+    with_ids = [s for s in catalog.streams.values() if s.event_id_field]
+    if with_ids:
+        missing = np.zeros(n, dtype=bool)
+        for s in with_ids:
+            of_stream = stream_is(stream, [s.name]).to_numpy(zero_copy_only=False)
+            no_id = list_get(records.column("ids"), s.source_ids.index(s.event_id_field)).is_null().to_numpy(
+                zero_copy_only=False)
+            missing |= of_stream & no_id
+        rule(missing, MISSING_EVENT_ID)
+    retention = per_stream_values(stream, {name: s.retention for name, s in catalog.streams.items()})
+    skew = per_stream_values(stream, {name: s.max_future_skew for name, s in catalog.streams.items()})
+    beyond = pc.less(event_time, pc.subtract(pa.scalar(batch_now_ms, pa.int64()), retention))
+    rule(_true(beyond), BEYOND_RETENTION)
+    future = pc.greater(event_time, pc.add(ingest_time, skew))
+    rule(_true(future), FUTURE_SKEW)
+    return pa.array(reason, pa.string())
+
+
+def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
+    """`records` with their dead-letter reason, pane start, grouping dims and dead record, as
+    `partials.keyed_on_driver` collects them from Spark (same columns, same order)."""
+    records = records.combine_chunks()
+    if "clock_correction" not in records.column_names:  # no device clock step ran
+        records = with_clock_columns(records)
+    reason = dead_reasons(records, catalog, batch_now_ms)
+    good = reason.is_null()
+    event_time = _one_chunk(records.column("event_time"))
+    pane_ms = per_stream_values(_one_chunk(records.column("stream")), {n: s.pane for n, s in catalog.streams.items()})
+    # Spark's pmod: never negative for a positive pane, as numpy's % is.
+    times = pc.fill_null(event_time, 0).to_numpy(zero_copy_only=False)
+    panes = pc.fill_null(pane_ms, 1).to_numpy(zero_copy_only=False)
+    start = pa.array(times - np.mod(times, panes), pa.int64(),
+                     mask=~(good.to_numpy(zero_copy_only=False) & event_time.is_valid().to_numpy(zero_copy_only=False)
+                            & pane_ms.is_valid().to_numpy(zero_copy_only=False)))
+    dims = _one_chunk(records.column("dims"))
+    g_dims = pc.if_else(good, dims, pa.nulls(len(dims), dims.type))
+    fields = [records.schema.field(f) for f in DEAD_RECORD_FIELDS]
+    struct = pa.StructArray.from_arrays([_one_chunk(records.column(f.name)) for f in fields], fields=fields)
+    dead_record = pc.if_else(good, pa.nulls(len(struct), struct.type), struct)
+    return (records.append_column("dead_reason", reason).append_column("pane_start", start)
+            .append_column("g_dims", g_dims).append_column("dead_record", dead_record))
+
+
+def with_clock_columns(records: pa.Table) -> pa.Table:
+    """`device_clocks.with_clock_columns`: the batch no device clock touched."""
+    return (records.append_column("raw_event_time", records.column("event_time"))
+            .append_column("clock_correction", pa.nulls(records.num_rows, pa.int64())))
+
+
+def clock_samples(records: pa.Table, streams: Iterable[str]) -> list[tuple[str, str, int, int]]:
+    """`DeviceClocks.samples` on the driver: per (stream, device, bucket of receive time) the
+    smallest received - sent, in the order the groups first appear."""
+    streams = list(streams)
+    condition = pc.and_(stream_is(records.column("stream"), streams), pc.and_(
+        pc.and_(records.column("sent_time").is_valid(), records.column("device").is_valid()),
+        pc.and_(records.column("ingest_time").is_valid(), records.column("error").is_null())))
+    sampled = records.filter(condition)
+    if not sampled.num_rows:
+        return []
+    ingest = sampled.column("ingest_time")
+    rows = pa.table({
+        "stream": sampled.column("stream"), "device": sampled.column("device"),
+        "bucket": pc.subtract(ingest, _pmod(ingest, DEFAULT_BUCKET_MS)),
+        "offset": pc.subtract(ingest, sampled.column("sent_time")),
+    })
+    grouped = pa.TableGroupBy(rows, ["stream", "device", "bucket"], use_threads=False).aggregate([("offset", "min")])
+    return list(zip(*(grouped.column(c).to_pylist() for c in ("stream", "device", "bucket", "offset_min")), strict=True))
+
+
+def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> pa.Table:
+    """`DeviceClocks.apply` on the driver: a row of a (stream, device) with a correction gets
+    `event_time += correction`; `raw_event_time` keeps the device's stamp, `clock_correction`
+    what was added (null without an event time or a correction)."""
+    if not corrections:
+        return with_clock_columns(records)
+    records = records.combine_chunks()
+    keys = pc.binary_join_element_wise(records.column("stream"), records.column("device"), " ")
+    at = pc.index_in(keys, value_set=pa.array([f"{s} {d}" for s, d in corrections], pa.string()))
+    correction = pa.array(list(corrections.values()), pa.int64()).take(at)
+    event_time = _one_chunk(records.column("event_time"))
+    shifted = pc.if_else(pc.and_(correction.is_valid(), event_time.is_valid()), pc.add(event_time, correction),
+                         event_time)
+    correction = pc.if_else(event_time.is_valid(), correction, pa.nulls(len(correction), pa.int64()))
+    at_time = records.schema.get_field_index("event_time")
+    return (records.set_column(at_time, records.schema.field(at_time), shifted)
+            .append_column("raw_event_time", event_time).append_column("clock_correction", correction))
+
+
+def _pmod(values: pa.Array | pa.ChunkedArray, divisor: int) -> pa.Array:
+    array = _one_chunk(values)
+    numbers = pc.fill_null(array, 0).to_numpy(zero_copy_only=False)
+    return pa.array(np.mod(numbers, divisor), pa.int64(), mask=array.is_null().to_numpy(zero_copy_only=False))
+
+
+def _true(condition: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A condition as numpy booleans, null as false (Spark's `when` takes a null as not matched)."""
+    return pc.fill_null(condition, False).to_numpy(zero_copy_only=False)
+
+
+def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+__all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "per_stream_values", "stream_is",
+           "with_clock_columns"]
