@@ -66,7 +66,7 @@ class PipelineConfig:
     end_offsets: dict[str, dict[int, int]] | None = None
     # A batch of at most this many records is read once onto the driver instead of persisted:
     # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
-    driver_batch_rows: int = 5_000
+    driver_batch_rows: int = 50_000
     # How a batch's partial aggregates are computed: "arrow", an Arrow group-by on the executors
     # (aggregates/arrow_partials.py), or "spark", Spark's groupBy with its sketch aggregates. A batch
     # held on the driver (driver_batch_rows) is grouped there by the Arrow group-by either way.
