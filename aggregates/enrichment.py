@@ -43,7 +43,7 @@ from pyspark.sql import types as T
 from aggregates.driver_batch import among
 from aggregates.driver_rows import DriverRows
 from aggregates.driver_rules import list_get, stream_is
-from aggregates.enrichment_driver import MISSING, enrich as enrich_rows, plan as driver_plan, text as _text
+from aggregates.enrichment_driver import MISSING, enrich_table, plan as driver_plan, text as _text
 from aggregates.partials import dead_letter_reason_column, per_catalog
 from aggregates.tables import change_of
 from catalog import Catalog, StreamDef
@@ -256,12 +256,11 @@ class Enrichment:
             return self.kept.with_batch(table, keys, new.get(table, ()))
 
         rows = batch.combine_chunks()
-        dims, misses = enrich_rows(*(rows.column(c).to_pylist() for c in ("stream", "ids", "dims", "event_time",
-                                                                          "ingest_time")), lookups, fetch)
+        dims, misses = enrich_table(rows, lookups, fetch)
         at = rows.schema.get_field_index("dims")
-        rows = rows.set_column(at, rows.schema.field(at), pa.array(dims, type=rows.schema.field(at).type))
+        rows = rows.set_column(at, rows.schema.field(at), dims)
         for lookup in lookups:
-            rows = rows.append_column(lookup.miss, pa.array(misses[lookup.miss], type=pa.bool_()))
+            rows = rows.append_column(lookup.miss, misses[lookup.miss])
         return rows, [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups]
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:

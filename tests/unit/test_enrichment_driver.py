@@ -6,12 +6,16 @@ tests/spark/test_enrichment*.py's (pandas as of the event time, on small batches
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from dataclasses import replace
+
+import pyarrow as pa
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, lookup_time, plan
+from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, enrich_table, lookup_time, plan
 from aggregates.view_join import ViewShape, joined_as_of
 from catalog import load_catalog
+from ingest.source_rows import SOURCE_SCHEMA
 from sketchboard.settings import DEFAULT_STREAMS
 from store.table_versions import TableVersion, as_of, by_key
 
@@ -125,3 +129,32 @@ def test_the_demo_plan_looks_up_through_its_view_with_the_stages_miss_names():
     assert (lookup.stream, lookup.declared, lookup.table, lookup.right) == ("http_requests", "user_plans", "users", "plans")
     assert lookup.foreign_key == "plan" and lookup.left_kind and lookup.miss == "_miss_http_requests_0"
     assert lookup.columns == ("plan", "country", "tier")
+
+
+def as_table(stream, ids, dims, event_time, ingest_time) -> pa.Table:
+    return pa.Table.from_pydict({"stream": stream, "ids": ids, "dims": dims, "event_time": event_time,
+                                 "ingest_time": ingest_time},
+                                schema=pa.schema([SOURCE_SCHEMA.field(c) for c in ("stream", "ids", "dims", "event_time",
+                                                                                   "ingest_time")]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(users_rows, plans_rows, events, st.sampled_from(["table", "inner", "left"]), st.sampled_from(["plan", None]),
+       st.booleans())
+# A left row whose foreign key is null names no right row: no right key is asked for.
+@example(users=[("k1", 0, {"user_id": "k1", "plan": None, "country": "FR"})], plans=[], evs=[("s", "k1", 0, None)],
+         kind="inner", fk="plan", twice=False)
+def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plans, evs, kind, fk, twice):
+    """`enrich_table` (numpy over a key's events when it has one version, `as_of` per event
+    otherwise) against `enrich`: the same dims, misses and keys asked for; two lookups in a row
+    (the second reads the first's dims) when `twice`."""
+    tables = {"users": versions(users, KEYS), "plans": versions(plans, PLANS + KEYS)}
+    lookup = TABLE if kind == "table" else view_lookup(kind, fk)
+    lookups = [lookup, replace(lookup, miss="_miss_s_1")] if twice else [lookup]
+    cols = columns(evs)
+    asked_rows, asked_table = [], []
+    want_dims, want_misses = enrich(*cols, lookups, fetcher(tables, asked_rows))
+    got_dims, got_misses = enrich_table(as_table(*cols), lookups, fetcher(tables, asked_table))
+    assert got_dims.to_pylist() == want_dims
+    assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
+    assert asked_table == asked_rows
