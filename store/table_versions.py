@@ -114,9 +114,15 @@ class KeptVersions:
 
     def with_batch(self, table: str, keys: Iterable[str],
                    new: Sequence[tuple[str, TableVersion]]) -> dict[str, list[TableVersion]]:
-        """The versions of `keys` with a batch's `new` ones merged in, as `by_key(stored + new)`."""
+        """The versions of `keys` with a batch's `new` ones merged in, as `by_key(stored + new)`: the
+        kept lists as they are (in by_key's order already) for the keys the batch did not change,
+        only the changed keys merged (a 20 000-event batch asks for ~10 000 keys)."""
         kept = self.versions[table]
-        return by_key([*((k, v) for k in keys for v in kept.get(k, ())), *new])
+        changed = {k for k, _ in new}
+        out = {k: vs for k in keys if k not in changed and (vs := kept.get(k))}
+        keys = keys if isinstance(keys, (set, frozenset)) else set(keys)
+        out.update(by_key([*((k, v) for k in changed & keys for v in kept.get(k, ())), *new]))
+        return out
 
     def prune_candidates(self, table: str, new: Iterable[tuple[str, TableVersion]]) -> set[str]:
         """The keys of `table` that can have two versions or more once the batch's `new` ones are in:
