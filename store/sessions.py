@@ -106,8 +106,13 @@ def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None,
     else:
         in_keys, key_arg = "session_key = ANY(%s)", keys
     due = -(2**62) if due_through_ms is None else due_through_ms
-    cursor.execute(f"SELECT session_key, first_ms, last_ms, events FROM session_open"
-                   f" WHERE stream = {q} AND ({in_keys} OR last_ms <= {q})", (stream, key_arg, due))
+    # Two searches in a UNION, not one WHERE with OR: SQLite answers the OR by walking every open
+    # session of the stream (its index on (stream, last_ms) for stream only), 65 ms a batch at 50 000
+    # open sessions, against 28 ms for the key search plus the due search (rows are unique by the
+    # primary key, so the UNION's dedup is the OR's).
+    columns = "SELECT session_key, first_ms, last_ms, events FROM session_open"
+    cursor.execute(f"{columns} WHERE stream = {q} AND {in_keys}"
+                   f" UNION {columns} WHERE stream = {q} AND last_ms <= {q}", (stream, key_arg, stream, due))
     rows = cursor.fetchall()
     rows.sort()  # tuples of str and ints: (key, first) is the primary key, so this is (key, first) order
     return SessionColumns(*zip(*rows, strict=True)) if rows else SessionColumns()
