@@ -15,9 +15,9 @@ membership), the sessions' runs, and both of these in the one job the pipeline r
 `--bloom-before FILE` also times another checkout's aggregates/firstseen.py on the same batch,
 alternating with this one, and checks both give the same BloomCommit; `--sessions-before FILE`
 does the same for another checkout's aggregates/session_batch.py (its runs). Spark jobs per step come
-from the status tracker (each step runs in its own job group). `--driver` also runs every step on the batch
-read once onto the driver (aggregates/driver_batch.py, the path of a batch of at most
-`driver_batch_rows` records), alternating with the cached path. `--conf` passes Spark settings to
+from the status tracker (each step runs in its own job group). The path of a batch of at most
+`driver_batch_rows` records (an Arrow table on the driver, no Spark job) is bench.small_batches'.
+`--conf` passes Spark settings to
 try (e.g. spark.sql.inMemoryColumnarStorage.compressed=false). Figures are printed, never asserted.
 """
 
@@ -70,14 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bloom-before", type=Path, help="another checkout's aggregates/firstseen.py to time beside")
     parser.add_argument("--sessions-before", type=Path,
                         help="another checkout's aggregates/session_batch.py: its runs() timed beside, results compared")
-    parser.add_argument("--driver", action="store_true",
-                        help="also time the steps on the batch read onto the driver, alternating with the cached path")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting to try")
     parser.add_argument("--hours", type=float,
                         help="issue 27's backfill: http_requests events only, their times spread over the last HOURS")
     args = parser.parse_args(argv)
 
-    from aggregates.driver_batch import on_driver
     from aggregates.commit import build_commit, collector_paused
     from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
@@ -115,38 +112,31 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setJobGroup("", "")
         return out
 
-    def steps(batch, batch_now_ms: int, driver: bool = False) -> None:
+    def steps(batch, batch_now_ms: int) -> None:
         p = pipeline
-
-        def timed(label: str, fn):  # the driver path's steps labelled apart
-            return timed_one(f"{label} [driver]" if driver else label, fn)
-
-        if driver:  # the same steps on the batch read once onto the driver (aggregates/driver_batch.py)
-            kept = timed("source read onto the driver (LocalRelation)", lambda: on_driver(batch))
-        else:
-            timed("source read alone (no cache, noop sink)", lambda: batch.write.format("noop").mode("overwrite").save())
-            kept = batch.persist()
-            timed("source read into the batch cache", kept.count)
+        timed = timed_one
+        timed("source read alone (no cache, noop sink)", lambda: batch.write.format("noop").mode("overwrite").save())
+        kept = batch.persist()
+        timed("source read into the batch cache", kept.count)
         b = kept
         if p.clocks.enabled:
             b = timed("device clocks", lambda: p.clocks.apply(
-                kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms, on_driver=driver), on_driver=driver))
+                kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms))
         enriched = None
         if p.enrichment.enabled:
-            enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms,
-                                                                                          on_driver=driver))
+            enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms))
             b = enriched.batch
         # Both partials paths (PipelineConfig.partials), alternated: the executors' part (Spark job and
-        # collect, or mapInArrow and toArrow; on the driver path the Arrow group-by runs without a job),
+        # collect, or mapInArrow and toArrow),
         # then the driver's (the rows or the Arrow table made the store commit's partials).
         modes = ("spark", "arrow") if len(times["partials order"]) % 2 == 0 else ("arrow", "spark")
         times["partials order"].append(0.0)
         for mode in modes:
-            rows = timed(f"partial aggregates, {mode} (job + collect)", lambda: partial_rows(b, batch_now_ms, driver, mode))
+            rows = timed(f"partial aggregates, {mode} (job + collect)", lambda: partial_rows(b, batch_now_ms, mode))
             timed(f"partials -> commit ({mode}, driver)", lambda: build_commit("steps", 0, rows, catalog, {},
                                                                                 batch_now_ms=batch_now_ms))
         if p.joins.enabled:
-            timed("window joins' records", lambda: p.joins.records(b, batch_now_ms, on_driver=driver))
+            timed("window joins' records", lambda: p.joins.records(b, batch_now_ms))
         if p.tables.enabled:
             timed("tables' newest rows", lambda: p.tables.process(b))
         merged = b.where(dead_letter_reason_column(catalog, batch_now_ms).isNull())
@@ -169,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             enriched.cached.unpersist()
         kept.unpersist()
 
-    def partial_rows(batch, batch_now_ms: int, driver: bool, mode: str):
-        if mode == "spark":  # Spark's groupBy, on the driver path too (one job), as before the Arrow partials
+    def partial_rows(batch, batch_now_ms: int, mode: str):
+        if mode == "spark":  # Spark's groupBy
             with collector_paused():
                 return [r.asDict() for r in partial_aggregates(batch, catalog, batch_now_ms=batch_now_ms,
                                                                lg_k=pipeline.config.lg_k,
@@ -178,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = pipeline.config
         pipeline.config = replace(saved, partials=mode)
         try:
-            return pipeline.partial_rows(batch, batch_now_ms, on_driver=driver)
+            return pipeline.partial_rows(batch, batch_now_ms, on_driver=False)
         finally:
             pipeline.config = saved
 
@@ -187,13 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     def measured(batch, batch_id):
         now = int(time.time() * 1000)
         steps(batch, now)  # warm-up pass, not reported
-        if args.driver:
-            steps(batch, now, driver=True)
         times.clear()
         jobs.clear()
-        for i in range(args.repeats):
-            for driver in ((False, True) if i % 2 == 0 else (True, False)) if args.driver else (False,):
-                steps(batch, now, driver=driver)
+        for _ in range(args.repeats):
+            steps(batch, now)
         started = time.perf_counter()
         result = process(batch, batch_id)
         times["whole batch, store commit included (once)"].append(time.perf_counter() - started)
