@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("source read into the batch cache", kept.count)
         b = kept
         if p.clocks.enabled:
-            b = timed("device clocks", lambda: p.clocks.apply(
-                kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms))
+            b = timed("device clocks", lambda: p.clocks.apply(kept, p.clocks.plan(kept, batch_now_ms=batch_now_ms)))
         enriched = None
         if p.enrichment.enabled:
             enriched = timed("enrichment (its cache built)", lambda: p.enrichment.process(b, batch_now_ms))
