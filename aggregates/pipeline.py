@@ -187,8 +187,7 @@ class Pipeline(ReportsStoreErrors):
                 # session) by key for both the Bloom filters and the sessions' runs.
                 merged = (None if driver_rows is not None  # projected from the driver's rows: no plan needed
                           else batch.where(dead_letter_reason_column(self.catalog, batch_now_ms).isNull()))
-                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, on_driver=small,
-                                               rows=driver_rows)
+                bloomed, runs = bloom_and_runs(merged, self.bloom, self.sessions, streams=present, rows=driver_rows)
             if self.sessions.enabled:
                 # Like the joins: corrected event times, the stream's watermark after this batch
                 # closes sessions; closed sessions and open ones' changes go into its transaction.

@@ -160,8 +160,7 @@ class SessionWindows:
 
 
 def bloom_and_runs(merged: DataFrame | None, bloom: BloomFeatures, sessions: SessionWindows, *,
-                   streams: Collection[str] | None = None, on_driver: bool = False,
-                   rows=None) -> tuple[BloomCommit | None, pa.Table | None]:
+                   streams: Collection[str] | None = None, rows=None) -> tuple[BloomCommit | None, pa.Table | None]:
     """The batch's Bloom commit and its sessions' runs from one Spark job over its merged records
     (aggregates/key_rows.py): a stream whose session key is its Bloom features' field is grouped by
     that key once for all. None for a feature no stream has. `streams`: those with records in the
