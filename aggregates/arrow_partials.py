@@ -19,6 +19,8 @@ a per-group computation written the obvious way.
 
 from __future__ import annotations
 
+import functools
+
 import struct
 from dataclasses import dataclass
 
@@ -227,8 +229,11 @@ def _hlls(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     return blobs
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _coupon(item: str, lg_k: int) -> int:
-    """The coupon DataSketches' HLL keeps for `item` (0 for an item it ignores)."""
+    """The coupon DataSketches' HLL keeps for `item` (0 for an item it ignores). Kept for the
+    items seen last (a live stream's batches name the same users, endpoints and sessions again and
+    again): one sketch made, updated and serialized per item was 6 % of a 15 000-event batch."""
     from datasketches import hll_sketch, tgt_hll_type
 
     sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
