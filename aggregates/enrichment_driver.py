@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggregates.driver_rules import list_get
+from aggregates.driver_rules import _one_chunk, list_get
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
+from ingest.source_rows import _interleave
 from store.table_versions import TableVersion, as_of
 
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
@@ -255,19 +256,9 @@ def _lookup_times(event_time: pa.Array, ingest_time: pa.Array) -> tuple[np.ndarr
 
 
 def _column(rows: pa.Table, name: str) -> pa.Array:
-    column = rows.column(name)
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return _one_chunk(rows.column(name))
 
 
 def _lists(slots: list[pa.Array], n: int) -> pa.Array:
     """Row i is [slots[0][i], slots[1][i], ...]: a list<string> array, never null."""
-    width = len(slots)
-    offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32))
-    if not width:
-        return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()), type=DIMS_TYPE)
-    flat = pa.concat_arrays([s.cast(pa.string()) for s in slots])
-    order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
-    return pa.ListArray.from_arrays(offsets, flat.take(pa.array(order)), type=DIMS_TYPE)
-
-
-DIMS_TYPE = pa.list_(pa.field("element", pa.string()))
+    return _interleave(slots, n, pa.string())
