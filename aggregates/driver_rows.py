@@ -42,7 +42,8 @@ class DriverRows:
         if not streams:
             return no_records(columns)
         of_streams = pc.is_in(self.table.column("stream"), value_set=pa.array(list(streams), pa.string()))
-        return self.table.filter(pc.and_(of_streams, self._good)).select(list(columns))
+        # select before filter: the filter copies only the columns asked for, not every list column
+        return self.table.select(list(columns)).filter(pc.and_(of_streams, self._good))
 
     def arrow_input(self) -> pa.Table:
         """What `arrow_on_driver(partials.arrow_input(batch))` gives: the Arrow group-by's rows."""
@@ -51,8 +52,8 @@ class DriverRows:
 
     def true_counts(self, columns: Sequence[str]) -> dict[str, int]:
         """Per boolean column, how many merged records have it true (nulls count none)."""
-        good = self.table.filter(self._good)
-        return {c: int(pc.sum(pc.fill_null(good.column(c), False).cast(pa.int64())).as_py() or 0) for c in columns}
+        return {c: int(pc.sum(pc.and_(self._good, pc.fill_null(self.table.column(c), False)).cast(pa.int64())).as_py()
+                       or 0) for c in columns}
 
 
 __all__ = ["DriverRows"]

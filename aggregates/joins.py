@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from aggregates.driver_rules import list_get
 from aggregates.partials import merged_records
 from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
@@ -57,7 +58,7 @@ def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, w
     source carries it: ids or dims); a record without a key gets the key None."""
     rows = records.filter(pc.equal(records["stream"], stream))
     kind, index = key_slot(catalog.streams[stream], key)
-    keys = [None if arr is None or index >= len(arr) else arr[index] for arr in rows[kind].to_pylist()]
+    keys = list_get(rows[kind], index).to_pylist()  # null past the end of the array, as F.get
     dims = rows["dims"].to_pylist() if with_dims else [()] * rows.num_rows
     width = len(catalog.streams[stream].dimensions)
     return [JoinEvent(t, p, o, k, tuple((d or [])[:width]) + (None,) * (width - len(d or [])) if with_dims else ())

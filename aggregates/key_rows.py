@@ -37,6 +37,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from aggregates.driver_batch import arrow_on_driver, no_records
+from aggregates.driver_rules import list_get
 from sketches.bloom import SALT2, hashes
 
 TAG_FIRST_SEEN = 0
@@ -181,8 +182,7 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem]) -> KeyRows:
             continue
         column, index = g.source
         # F.get: null past the end of the array; the key cast to string (the arrays hold strings)
-        keys = pa.array([None if a is None or index >= len(a) else a[index] for a in rows[column].to_pylist()],
-                        pa.string())
+        keys = list_get(rows[column], index).cast(pa.string())
         t = rows["event_time"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         slot = t - np.mod(t, g.slot_ms) if g.slot_ms else np.zeros(len(t), np.int64)
         keyed = pa.table({"key": keys, "slot": slot, "t": t}).filter(

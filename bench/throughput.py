@@ -3,7 +3,7 @@
     python -m bench.throughput [--events 2000000] [--batch-records 1000000] [--api-events 200000]
                                [--log embedded|kafka|both] [--kafka-bootstrap HOST:PORT]
                                [--kafka-jvm-validation] [--event-ids [--duplicates 0.01]] [--sessions]
-                               [--hours 24] [--partials spark,arrow,spark,arrow]
+                               [--hours 24] [--partials spark,arrow,driver,spark]
 
 1. Fills a fresh log with N realistic demo events (timed: the log's append rate).
 2. Runs the pipeline on it with Trigger.AvailableNow and reports events/s from the first
@@ -139,12 +139,13 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
         sub.mkdir(parents=True, exist_ok=True)
         store = SqlitePaneStore(sub / "store.db")
         config = PipelineConfig("bench", root / "log.db", sub / "checkpoints", max_records_per_batch=batch_records,
-                                kafka=kafka, **({} if mode is None else {"partials": mode}))
+                                kafka=kafka, **path_settings(mode, batch_records))
         pipeline = Pipeline(spark, catalog, store, config)
         drained = drain_timed(pipeline, store)
         done, wall, sustained = drained.events, drained.wall_s, drained.sustained_per_s
-        rates.setdefault(mode or config.partials, []).append((done / wall, sustained))
-        print(f"[{what}] pipeline log -> store (partials: {config.partials}): {done:,} events, {drained.batches}"
+        label = mode or config.partials
+        rates.setdefault(label, []).append((done / wall, sustained))
+        print(f"[{what}] pipeline log -> store ({label}): {done:,} events, {drained.batches}"
               f" batches of <= {batch_records:,}")
         print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
         print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
@@ -170,6 +171,17 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
     if figures is not None:
         figures.update({"append": total / append_s, "wall": done / wall, "sustained": sustained})
     return sustained
+
+
+def path_settings(mode: str | None, batch_records: int) -> dict:
+    """PipelineConfig settings of a `--partials` mode: spark or arrow partials on Spark's path for every
+    batch (no batch held on the driver), or driver: every batch read onto the driver and computed in
+    Arrow there (driver_batch_rows as large as a batch). None: the shipped settings."""
+    if mode is None:
+        return {}
+    if mode == "driver":
+        return {"driver_batch_rows": batch_records}
+    return {"partials": mode, "driver_batch_rows": 0}
 
 
 def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: list[str],
@@ -261,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float,
                         help=f"issue 27's backfill: only {BACKFILL_STREAM} events, their times spread in order over"
                              " the last HOURS (e.g. --events 3000000 --hours 24 --batch-records 1000000)")
-    parser.add_argument("--partials", help="comma-separated partials modes (arrow, spark) to drain the same log with,"
-                        " one after the other, each into a fresh store: e.g. spark,arrow,spark,arrow")
+    parser.add_argument("--partials", help="comma-separated paths to drain the same log with, one after the other,"
+                        " each into a fresh store: spark or arrow (partials computed by Spark's groupBy or by"
+                        " mapInArrow, every batch through Spark), driver (every batch read onto the driver and"
+                        " computed in Arrow there); e.g. spark,driver,spark,driver")
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")
