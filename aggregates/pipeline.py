@@ -35,7 +35,7 @@ from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
 from ingest.source_rows import SOURCE_SCHEMA
-from ingest.spark_source import SOURCE_NAME, read_batch, source_options
+from ingest.spark_source import SOURCE_NAME, initial_offsets, read_batch, source_options
 from store import CommitResult, PaneStore
 from store.tiers import catalog_layouts
 
@@ -271,10 +271,13 @@ class Pipeline(ReportsStoreErrors):
                                     merge="driver")
 
     def logged_offsets(self, batch_id: int) -> tuple[dict, dict]:
-        """The end offsets Spark logged for the batch before `batch_id` (none before batch 0) and for
-        `batch_id`: the batch's range, without reading the log."""
+        """The end offsets Spark logged for the batch before `batch_id` (before batch 0: the start the
+        embedded source pinned) and for `batch_id`: the batch's range, without reading the log."""
         c = self.config
-        start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1) if batch_id > 0 else {}
+        if batch_id > 0:
+            start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1)
+        else:  # the embedded source pins where the query started; Kafka's start is not known here
+            start = initial_offsets(c.checkpoint_dir) if c.kafka is None else {}
         return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
 
     def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:
@@ -293,7 +296,7 @@ class Pipeline(ReportsStoreErrors):
     def fits_driver(self, batch_id: int, offsets: tuple[dict, dict] | None = None) -> bool:
         """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark
         logged for it and the batch before (no Spark job); `offsets`: logged_offsets', if read."""
-        if self.config.driver_batch_rows <= 0 or batch_id == 0:
+        if self.config.driver_batch_rows <= 0:
             return False
         rows = rows_at_most(*(offsets or self.logged_offsets(batch_id)))
         return rows is not None and rows <= self.config.driver_batch_rows

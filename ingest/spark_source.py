@@ -166,8 +166,10 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log = self._open()
         if self.starting_offsets == "latest":
             return self._pinned(self._available)
-        # Start from the earliest retained record of every stream (Kafka's "earliest").
-        return {name: {str(p): o.start for p, o in log.offsets(name).items()} for name in self.catalog.streams}
+        # Start from the earliest retained record of every stream (Kafka's "earliest"), pinned too:
+        # the pipeline reads batch 0's start there (initial_offsets) to know its size before it runs.
+        return self._pinned(lambda: {name: {str(p): o.start for p, o in log.offsets(name).items()}
+                                     for name in self.catalog.streams})
 
     def _pinned(self, offsets) -> dict:
         """The offsets the query's first start chose, read back on later starts until Spark's
@@ -241,6 +243,18 @@ class SketchboardLogSource(DataSource):
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         return SketchboardLogReader(self.options)
+
+
+def initial_offsets(checkpoint_dir: str | os.PathLike) -> dict[str, dict[int, int]]:
+    """The start offsets the query checkpointed in `checkpoint_dir` chose at its first start (the
+    source pins them there): batch 0's start, which Spark's offset log does not hold. Empty when
+    not pinned (yet)."""
+    try:
+        with open(os.path.join(str(checkpoint_dir), INITIAL_OFFSETS_FILE)) as f:
+            pinned = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {stream: {int(p): int(o) for p, o in parts.items()} for stream, parts in pinned.items()}
 
 
 def source_options(log_path: str, catalog: Catalog, max_records_per_batch: int, max_records_per_task: int,

@@ -34,3 +34,47 @@ def test_a_step_skips_the_streams_without_records_unless_they_are_unknown():
     assert among(["x", "y", "z"], frozenset({"z", "x", "w"})) == ["x", "z"]  # in the step's own order
     assert among(["x", "y"], frozenset()) == []
     assert among(["x", "y"], None) == ["x", "y"]  # a batch not on the driver: nothing skipped
+
+
+def test_batch_0s_start_is_the_earliest_the_embedded_source_chose_pinned_where_the_pipeline_reads_it(tmp_path):
+    """Batch 0 is judged too: the source pins its earliest start in the checkpoint folder (Spark's
+    offset log holds no start for it), and a restart before batch 0 ran starts there again even
+    if retention has since dropped records (a later earliest)."""
+    from pathlib import Path
+
+    from catalog import load_catalog
+    from ingest.events import EventValidator
+    from ingest.log import SqliteEventLog
+    from ingest.spark_source import SketchboardLogReader, initial_offsets, source_options
+    from tests.support.events import validate_many
+
+    catalog = load_catalog(Path(__file__).resolve().parents[2] / "config" / "streams.yaml")
+    stream = catalog.stream("orders")
+    log = SqliteEventLog(tmp_path / "log.db")
+    log.ensure_topic(stream)
+    t0 = 1_700_000_000_000
+    good, _ = validate_many(EventValidator(stream), [{"time": t0 + i, "customer_id": f"c{i}", "country": "DE",
+                                                      "payment_method": "card", "amount": 1.0, "items": 1}
+                                                     for i in range(40)])
+    log.append(stream, good, t0)
+    checkpoints = tmp_path / "checkpoints"
+    assert initial_offsets(checkpoints) == {}  # nothing pinned before the query's first start
+
+    def start() -> dict:
+        reader = SketchboardLogReader(source_options(tmp_path / "log.db", catalog, 1_000, 1_000,
+                                                     checkpoint_dir=str(checkpoints)))
+        try:
+            return reader.initialOffset()
+        finally:
+            reader.stop()
+
+    first = start()
+    pinned = initial_offsets(checkpoints)
+    assert pinned == {name: {int(p): o for p, o in parts.items()} for name, parts in first.items()}
+    assert pinned["orders"] == {p: o.start for p, o in log.offsets("orders").items()}
+    end = {name: {p: o.end for p, o in log.offsets(name).items()} for name in pinned}
+    assert rows_at_most(pinned, end) == 40
+    log.apply_retention(t0 + 10**9, max_age_ms=1, max_bytes_per_partition=10**9)  # every segment too old
+    assert {p: o.start for p, o in log.offsets("orders").items()} != pinned["orders"]
+    assert start() == first  # pinned: Spark asks again at each start until its offset log has batch 0
+    log.close()
