@@ -64,9 +64,10 @@ class PipelineConfig:
     # empty (a table's run that rebuilds the streams it enriches), a run's batches on Kafka are
     # planned as the embedded source plans them, not by Spark's Kafka source.
     end_offsets: dict[str, dict[int, int]] | None = None
-    # A batch of at most this many records is read once onto the driver instead of persisted:
-    # fewer Spark jobs per small batch (aggregates/driver_batch.py); 0: always persisted.
-    driver_batch_rows: int = 50_000
+    # A batch of at most this many records is read once onto the driver instead of persisted, and
+    # runs in Arrow there with no Spark job (aggregates/driver_batch.py); 0: always persisted;
+    # None: by the master (driver_rows_limit).
+    driver_batch_rows: int | None = None
     # How a batch's partial aggregates are computed: "arrow", an Arrow group-by on the executors
     # (aggregates/arrow_partials.py), or "spark", Spark's groupBy with its sketch aggregates. A batch
     # held on the driver (driver_batch_rows) is grouped there by the Arrow group-by either way.
@@ -75,6 +76,22 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.partials not in PARTIALS:
             raise ValueError(f"partials must be one of {', '.join(PARTIALS)}, not {self.partials!r}")
+
+
+CLUSTER_DRIVER_BATCH_ROWS = 50_000
+
+
+def driver_rows_limit(driver_batch_rows: int | None, master: str, max_records_per_batch: int) -> int:
+    """The largest batch held on the driver. As set, or by the master: on this machine (`local`,
+    `local[N]`) every batch, since the driver and Spark's executors share its cores and a batch in
+    Arrow on the driver runs 2-3x the rate of Spark's jobs over it (docs/benchmarks.md, "Every batch
+    on the driver"); on a cluster (or `local-cluster`) batches of at most 50 000 records, the
+    small ones whose latency Spark's per-job cost would set, the larger ones spread over the
+    executors."""
+    if driver_batch_rows is not None:
+        return driver_batch_rows
+    local = master == "local" or master.startswith("local[")
+    return max_records_per_batch if local else CLUSTER_DRIVER_BATCH_ROWS
 
 
 class Pipeline(ReportsStoreErrors):
@@ -86,6 +103,8 @@ class Pipeline(ReportsStoreErrors):
         self.catalog = catalog
         self.store = store
         self.config = config
+        self.driver_batch_rows = driver_rows_limit(config.driver_batch_rows, spark.sparkContext.master,
+                                                   config.max_records_per_batch)
         self.clock = clock
         # The driver's own handle on the log: its end offsets at commit say which partitions
         # still have unread records (the per-partition watermarks, store/watermarks.py).
@@ -294,12 +313,12 @@ class Pipeline(ReportsStoreErrors):
         return records
 
     def fits_driver(self, batch_id: int, offsets: tuple[dict, dict] | None = None) -> bool:
-        """Whether batch `batch_id` has at most `driver_batch_rows` records, from the offsets Spark
+        """Whether batch `batch_id` has at most `driver_batch_rows` records (driver_rows_limit), from the offsets Spark
         logged for it and the batch before (no Spark job); `offsets`: logged_offsets', if read."""
-        if self.config.driver_batch_rows <= 0:
+        if self.driver_batch_rows <= 0:
             return False
         rows = rows_at_most(*(offsets or self.logged_offsets(batch_id)))
-        return rows is not None and rows <= self.config.driver_batch_rows
+        return rows is not None and rows <= self.driver_batch_rows
 
     def follow_patterns(self) -> None:
         """Run the patterns defined through the API as they are now (a poll of one row per batch;

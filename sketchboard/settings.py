@@ -141,9 +141,10 @@ class Settings(BaseSettings):
     trigger_interval: str = "100 milliseconds"
     max_records_per_batch: int = Field(1_000_000, ge=1)
     max_records_per_task: int = Field(250_000, ge=1)
-    driver_batch_rows: int = Field(50_000, ge=0, description="a micro-batch of at most this many records is held on the"
-                                   " driver as Arrow and run in Python, with no Spark job (aggregates/driver_batch.py);"
-                                   " 0: every batch through Spark")
+    driver_batch_rows: int | None = Field(None, ge=0, description="a micro-batch of at most this many records is held"
+                                          " on the driver as Arrow and run in Python, with no Spark job"
+                                          " (aggregates/driver_batch.py); 0: every batch through Spark; unset: every"
+                                          " batch on a local master, at most 50 000 records on a cluster")
     partials: Literal["arrow", "spark"] = Field("spark", description="how a batch's partial aggregates are computed:"
                                                 " an Arrow group-by on the executors, or Spark's groupBy")
 

@@ -166,7 +166,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     # the input rows it reports are the pipeline's own count (aggregates/progress.py).
     health = HealthStore(store_backend.side_db(), retention_ms=3_600_000)
     recorder = register(spark, health, "driver", "sketchboard-driver", input_rows=driver.rows_read_on_driver.get)
-    append(200)  # the tables' first rows and events: batch 0 (both persist it)
+    # The tables' first rows and events: batch 0. The embedded source pins where it started, so
+    # batch 0's size is known and the driver pipeline holds it too; Kafka's start is not known
+    # there, so both persist it.
+    append(200)
+    first = 0 if driver.config.kafka is None else 1  # the first batch held on the driver
     for p in (driver, persisted):
         p.run_until_drained()
     read_first = driver.store.progress("driver").events_read
@@ -180,7 +184,7 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
 
     assert stored(driver.store, catalog, "driver") == stored(persisted.store, catalog, "persisted")
     # Every step read its projection of the one collect: patterns, joins, keys, partials, misses.
-    assert projections["arrow_input"] == 3 and projections["merged"] >= 6 and projections["true_counts"] >= 2, projections
+    assert projections["arrow_input"] == 4 - first and projections["merged"] >= 6 and projections["true_counts"] >= 2, projections
     assert panes(driver.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
     summary = stored(driver.store, catalog, "driver")
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered
@@ -191,10 +195,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     # jobs, the Bloom features' and sessions' keys and the partial aggregates
     # (aggregates/arrow_partials.py) are grouped on the driver: no Spark job is left.
     assert len(jobs["driver"]) == len(jobs["persisted"]) == 4
-    assert jobs["driver"][1:] == [0, 0, 0], jobs
+    assert jobs["driver"][first:] == [0] * (4 - first), jobs
     # Every record read once, by the pipeline itself, and reported as the batches' input rows.
-    assert sorted(driver.rows_read_on_driver) == [1, 2, 3]
-    assert sum(driver.rows_read_on_driver.values()) == driver.store.progress("driver").events_read - read_first
+    assert sorted(driver.rows_read_on_driver) == list(range(first, 4))
+    assert sum(n for b, n in driver.rows_read_on_driver.items() if b > 0) == (
+        driver.store.progress("driver").events_read - read_first)
     deadline = time.monotonic() + 60  # Spark's listener bus delivers asynchronously
     while (health.state("driver").last_progress or {}).get("batchId") != 3 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -208,5 +213,6 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     # 352, 279 and 101 with the batch collected once for the steps after enrichment. Now the batch
     # is an Arrow table on the driver and every step's rule runs in Arrow (aggregates/driver_rules.py):
     # none at all.
+    # (Batch 0, on the driver or not, pays the pipeline's one-time set-up calls.)
     assert calls["driver"][1:] == [0, 0, 0], calls
     assert all(p >= d + 10 for d, p in zip(jobs["driver"][1:], jobs["persisted"][1:], strict=True)), jobs

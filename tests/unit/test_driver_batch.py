@@ -78,3 +78,14 @@ def test_batch_0s_start_is_the_earliest_the_embedded_source_chose_pinned_where_t
     assert {p: o.start for p, o in log.offsets("orders").items()} != pinned["orders"]
     assert start() == first  # pinned: Spark asks again at each start until its offset log has batch 0
     log.close()
+
+
+def test_the_driver_holds_every_batch_on_a_local_master_and_small_ones_on_a_cluster_unless_set():
+    from aggregates.pipeline import CLUSTER_DRIVER_BATCH_ROWS, driver_rows_limit
+
+    for master in ("local", "local[2]", "local[*]"):
+        assert driver_rows_limit(None, master, 1_000_000) == 1_000_000
+    for master in ("spark://10.0.0.5:7077", "local-cluster[2,1,1024]", "yarn"):
+        assert driver_rows_limit(None, master, 1_000_000) == CLUSTER_DRIVER_BATCH_ROWS == 50_000
+    assert driver_rows_limit(0, "local[2]", 1_000_000) == 0  # set: every batch through Spark
+    assert driver_rows_limit(5_000, "spark://h:7077", 1_000_000) == 5_000
