@@ -103,10 +103,10 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
         idx = vals_idx[order, i]
         valid = (idx >= 0) & flat_valid[np.maximum(idx, 0)] if len(flat_valid) else np.zeros(n, bool)
         values = np.where(valid, flat_values[np.maximum(idx, 0)] if len(flat_values) else 0.0, 0.0)
-        out.update(_value_stats(i, values, valid, starts, ends, layout.kll_k))
+        out.update(value_stats_per_group(i, values, valid, starts, ends, layout.kll_k))
     _, ids_idx, ids_flat = _list_slots(table["ids"], layout.distincts)
     for j in range(layout.distincts):
-        out[f"hll_{j}"] = _hlls(ids_flat, ids_idx[order, j], starts, ends, layout.lg_k)
+        out[f"hll_{j}"] = hlls_per_group(ids_flat, ids_idx[order, j], starts, ends, layout.lg_k)
     return pa.table(out)
 
 
@@ -134,7 +134,7 @@ def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, starts, np.append(starts[1:], n).astype(np.int64)
 
 
-def _value_stats(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+def value_stats_per_group(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  k: int) -> dict[str, pa.Array]:
     counts = _group_sum(valid.astype(np.int64), starts)
     some = counts > 0
@@ -170,7 +170,7 @@ _HLL_FAMILY, _HLL_LIST_LG_ARR, _HLL_EMPTY, _HLL_LIST_HLL8 = 7, 3, 4, 2 << 2
 _HLL_SLOTS = 1 << _HLL_LIST_LG_ARR
 
 
-def _hlls(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray, lg_k: int) -> pa.Array:
+def hlls_per_group(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np.ndarray, lg_k: int) -> pa.Array:
     """Per group, the HLL of the items at `idx` (-1: none) into `flat`, in the group's row order:
     LIST-mode bytes written for every group of fewer than 8 distinct coupons at once (a coupon kept
     where it first comes, as DataSketches keeps it), DataSketches for the others."""

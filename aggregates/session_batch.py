@@ -27,11 +27,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.arrow_partials import hlls_per_group, value_stats_per_group
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import stream_watermarks_after
 from aggregates.driver_batch import among
@@ -41,10 +43,9 @@ from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
 from catalog import Catalog
 from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
-from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
+from sketches import DEFAULT_K, DEFAULT_LG_K
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.bloom import BloomCommit
-from store.panes import pane_start
 from store.sessions import Session, SessionColumns, SessionCommit
 
 
@@ -61,23 +62,37 @@ class SessionsBatch:
 def session_partials(closed: Iterable[Session], stream: str, key_field: str, pane_ms: int, *, lg_k: int = DEFAULT_LG_K,
                      kll_k: int = DEFAULT_K) -> list[PanePartial]:
     """Closed sessions rolled up per pane of their start: count = sessions; duration_ms and events
-    with n/sum/min/max and a KLL sketch; the keys in an HLL sketch (the derived stream's distinct)."""
-    groups: dict[int, list[Session]] = {}
-    for s in closed:
-        groups.setdefault(pane_start(s.first_ms, pane_ms), []).append(s)
+    with n/sum/min/max and a KLL sketch; the keys in an HLL sketch (the derived stream's distinct).
+    By whole columns (a backfill closes hundreds of thousands of sessions a batch): the sessions
+    sorted by pane, stably, and each pane's values and keys written as the Arrow group-by writes a
+    group's (aggregates/arrow_partials.py: KLL exact-mode bytes up to k items, HLL LIST bytes up to
+    7 coupons, DataSketches fed in order past that), so a pane's sketches hold what one sketch fed
+    its sessions in their (key, first) order would."""
+    sessions = as_columns(closed)
+    n = len(sessions)
+    if n == 0:
+        return []
+    first = np.array(sessions.first_ms, np.int64)
+    panes = first - np.mod(first, pane_ms)  # store.panes.pane_start: floor, also before 1970
+    order = np.argsort(panes, kind="stable")
+    sorted_panes = panes[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_panes[1:] != sorted_panes[:-1])))
+    ends = np.append(starts[1:], n)
+    durations = np.array(sessions.last_ms, np.int64) - first
+    every = np.ones(n, bool)
+    values = {}
+    for i, (name, xs) in enumerate(zip(SESSION_VALUES, (durations, np.array(sessions.events, np.int64)),
+                                       strict=True)):
+        cols = value_stats_per_group(i, xs[order].astype(np.float64), every, starts, ends, kll_k)
+        values[name] = zip(*(cols[f"{c}_{i}"].to_pylist() for c in ("n", "sum", "min", "max", "kll")), strict=True)
+    hlls = hlls_per_group(pa.array(sessions.keys, pa.string()), order, starts, ends, lg_k).to_pylist()
+    stats = zip(*(values[name] for name in SESSION_VALUES), strict=True)
     out = []
-    for start, sessions in sorted(groups.items()):
-        values = {}
-        for name, of in zip(SESSION_VALUES, (lambda s: s.last_ms - s.first_ms, lambda s: s.events), strict=True):
-            xs = [float(of(s)) for s in sessions]
-            kll = KllSketch(kll_k)
-            for x in xs:
-                kll.update(x)
-            values[name] = ValueStats(len(xs), float(sum(xs)), min(xs), max(xs), kll.to_bytes())
-        hll = HllSketch(lg_k)
-        for s in sessions:
-            hll.update(s.key)
-        data = PaneData(len(sessions), values, {key_field: hll.to_bytes()})
+    for start, count, per_value, hll in zip(sorted_panes[starts].tolist(), (ends - starts).tolist(), stats, hlls,
+                                            strict=True):
+        data = PaneData(count, {name: ValueStats(int(c), float(total), lo, hi, kll)
+                                for name, (c, total, lo, hi, kll) in zip(SESSION_VALUES, per_value, strict=True)},
+                        {key_field: hll})
         out.append(PanePartial(stream, start, start + pane_ms, {}, data))
     return out
 
@@ -148,12 +163,17 @@ class SessionWindows:
             outcome = session_batch_columns(name, gap, as_columns(stored), batch_runs, watermark)
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.
-            closed = [s for s in outcome.closed if s.first_ms >= now_ms - derived.retention]
+            closed = as_columns(outcome.closed)
+            kept = np.flatnonzero(np.array(closed.first_ms, np.int64) >= now_ms - derived.retention)
+            if len(kept) < len(closed):
+                closed = SessionColumns([closed.keys[i] for i in kept.tolist()],
+                                        *(np.array(c, np.int64)[kept].tolist()
+                                          for c in (closed.first_ms, closed.last_ms, closed.events)))
             out.partials.extend(session_partials(closed, derived.name, stream.sessions.key, derived.pane,
                                                  lg_k=self.lg_k, kll_k=self.kll_k))
             out.commits.append(outcome.commit)
-            if closed:
-                out.max_event_ms[derived.name] = max(s.first_ms for s in closed)
+            if len(closed):
+                out.max_event_ms[derived.name] = max(closed.first_ms)
             out = replace(out, runs=out.runs + len(batch_runs), closed=out.closed + len(closed),
                           opened=out.opened + len(outcome.commit.kept))
         return out

@@ -42,7 +42,7 @@ from store.sessions import Session, SessionColumns, SessionCommit
 
 @dataclass(frozen=True)
 class SessionOutcome:
-    closed: list[Session]  # emitted by this batch, in (key, first) order
+    closed: Sequence[Session]  # emitted by this batch, in (key, first) order (SessionColumns from the columns' rule)
     commit: SessionCommit  # the state changes: open sessions removed and kept
 
 
@@ -142,4 +142,4 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
     gone_idx = np.flatnonzero(gone)
     removed = SessionColumns(keys.take(pa.array(gone_idx, pa.int64())).to_pylist(), first[gone_idx].tolist(),
                              last[gone_idx].tolist(), events[gone_idx].tolist())
-    return SessionOutcome(list(closed_out), SessionCommit(stream, removed, kept))
+    return SessionOutcome(closed_out, SessionCommit(stream, removed, kept))
