@@ -32,7 +32,7 @@ DEAD_RECORD_FIELDS = ("partition", "offset", "event_time", "ingest_time", "error
 def list_get(lists: pa.Array | pa.ChunkedArray, index: int) -> pa.Array:
     """Spark's `get(array, index)`: the item at `index`, null for a null list or one too short
     (`pyarrow.compute.list_element` raises on those)."""
-    lists = _one_chunk(lists)
+    lists = one_chunk(lists)
     lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
     starts = lists.offsets.to_numpy()[:-1]
     where = pa.array(starts + index, pa.int64(), mask=lengths <= index)
@@ -55,10 +55,10 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
     """Each row's dead-letter reason, null for a row to merge: `partials.dead_letter_reason_column`
     (the rule of aggregates/eventtime.py, first match wins)."""
     n = records.num_rows
-    stream = _one_chunk(records.column("stream"))
-    event_time = _one_chunk(records.column("event_time"))
-    ingest_time = _one_chunk(records.column("ingest_time"))
-    error = _one_chunk(records.column("error"))
+    stream = one_chunk(records.column("stream"))
+    event_time = one_chunk(records.column("event_time"))
+    ingest_time = one_chunk(records.column("ingest_time"))
+    error = one_chunk(records.column("error"))
     reason = np.full(n, None, dtype=object)
     open_ = np.ones(n, dtype=bool)  # no rule matched yet
 
@@ -69,7 +69,7 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
         open_ = open_ & ~hit
 
     has_error = error.is_valid().to_numpy(zero_copy_only=False)
-    kinds = pc.fill_null(_one_chunk(records.column("error_kind")), UNPARSEABLE).to_numpy(zero_copy_only=False)
+    kinds = pc.fill_null(one_chunk(records.column("error_kind")), UNPARSEABLE).to_numpy(zero_copy_only=False)
     rule(has_error, kinds)
     rule(~(event_time.is_valid().to_numpy(zero_copy_only=False) & ingest_time.is_valid().to_numpy(zero_copy_only=False)),
          UNPARSEABLE)
@@ -99,18 +99,18 @@ def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
         records = with_clock_columns(records)
     reason = dead_reasons(records, catalog, batch_now_ms)
     good = reason.is_null()
-    event_time = _one_chunk(records.column("event_time"))
-    pane_ms = per_stream_values(_one_chunk(records.column("stream")), {n: s.pane for n, s in catalog.streams.items()})
+    event_time = one_chunk(records.column("event_time"))
+    pane_ms = per_stream_values(one_chunk(records.column("stream")), {n: s.pane for n, s in catalog.streams.items()})
     # Spark's pmod: never negative for a positive pane, as numpy's % is.
     times = pc.fill_null(event_time, 0).to_numpy(zero_copy_only=False)
     panes = pc.fill_null(pane_ms, 1).to_numpy(zero_copy_only=False)
     start = pa.array(times - np.mod(times, panes), pa.int64(),
                      mask=~(good.to_numpy(zero_copy_only=False) & event_time.is_valid().to_numpy(zero_copy_only=False)
                             & pane_ms.is_valid().to_numpy(zero_copy_only=False)))
-    dims = _one_chunk(records.column("dims"))
+    dims = one_chunk(records.column("dims"))
     g_dims = pc.if_else(good, dims, pa.nulls(len(dims), dims.type))
     fields = [records.schema.field(f) for f in DEAD_RECORD_FIELDS]
-    struct = pa.StructArray.from_arrays([_one_chunk(records.column(f.name)) for f in fields], fields=fields)
+    struct = pa.StructArray.from_arrays([one_chunk(records.column(f.name)) for f in fields], fields=fields)
     dead_record = pc.if_else(good, pa.nulls(len(struct), struct.type), struct)
     return (records.append_column("dead_reason", reason).append_column("pane_start", start)
             .append_column("g_dims", g_dims).append_column("dead_record", dead_record))
@@ -152,7 +152,7 @@ def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> 
     keys = pc.binary_join_element_wise(records.column("stream"), records.column("device"), " ")
     at = pc.index_in(keys, value_set=pa.array([f"{s} {d}" for s, d in corrections], pa.string()))
     correction = pa.array(list(corrections.values()), pa.int64()).take(at)
-    event_time = _one_chunk(records.column("event_time"))
+    event_time = one_chunk(records.column("event_time"))
     shifted = pc.if_else(pc.and_(correction.is_valid(), event_time.is_valid()), pc.add(event_time, correction),
                          event_time)
     correction = pc.if_else(event_time.is_valid(), correction, pa.nulls(len(correction), pa.int64()))
@@ -162,7 +162,7 @@ def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> 
 
 
 def _pmod(values: pa.Array | pa.ChunkedArray, divisor: int) -> pa.Array:
-    array = _one_chunk(values)
+    array = one_chunk(values)
     numbers = pc.fill_null(array, 0).to_numpy(zero_copy_only=False)
     return pa.array(np.mod(numbers, divisor), pa.int64(), mask=array.is_null().to_numpy(zero_copy_only=False))
 
@@ -172,11 +172,12 @@ def _true(condition: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(condition, False).to_numpy(zero_copy_only=False)
 
 
-def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+def one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one Arrow array (the numpy and take steps here want one chunk)."""
     if isinstance(column, pa.ChunkedArray):
         return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     return column
 
 
-__all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "per_stream_values", "stream_is",
+__all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "one_chunk", "per_stream_values", "stream_is",
            "with_clock_columns"]

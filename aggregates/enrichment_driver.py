@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggregates.driver_rules import _one_chunk, list_get
+from aggregates.driver_rules import list_get, one_chunk
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
-from ingest.source_rows import _interleave
+from ingest.source_rows import interleave
 from store.table_versions import TableVersion, as_of
 
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
@@ -256,9 +256,9 @@ def _lookup_times(event_time: pa.Array, ingest_time: pa.Array) -> tuple[np.ndarr
 
 
 def _column(rows: pa.Table, name: str) -> pa.Array:
-    return _one_chunk(rows.column(name))
+    return one_chunk(rows.column(name))
 
 
 def _lists(slots: list[pa.Array], n: int) -> pa.Array:
     """Row i is [slots[0][i], slots[1][i], ...]: a list<string> array, never null."""
-    return _interleave(slots, n, pa.string())
+    return interleave(slots, n, pa.string())

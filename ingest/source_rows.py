@@ -58,7 +58,7 @@ SPARK_SCHEMA = (
 )
 
 
-def _interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: str | None = None) -> pa.Array:
+def interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: str | None = None) -> pa.Array:
     """Row i of the result is [columns[0][i], columns[1][i], ...] (vectorised, no Python loop per row)."""
     width = len(columns)
     offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
@@ -98,9 +98,9 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.Reco
             batch.column(OFFSET),
             batch.column(EVENT_TIME),
             batch.column(INGEST_TIME),
-            _interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
-            _interleave([batch.column(v) for v in stream.values], n, pa.float64()),
-            _interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
+            interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
+            interleave([batch.column(v) for v in stream.values], n, pa.float64()),
+            interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
             error,
             kind,
             batch.column(stream.sent_time_field) if stream.sent_time_field else pa.nulls(n, pa.int64()),
