@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from catalog.model import DEFAULT_PARTITION_IDLE_TIMEOUT_MS
 from store.base import BatchCommit
 from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
+from store.partial_columns import PartialColumns
+from store.row_columns import encode_columns
 from store.tier_levels import tier_deltas_of_columns
 from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
 from store.watermarks import PartitionMark, advance_stream, partition_state
@@ -217,17 +219,51 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
 
 def _tier_deltas_of_columns(commit: BatchCommit, keys: Sequence[str], writes: Sequence[PaneWrite], at: list[int],
                             layout: TierLayout) -> dict[TierKey, TierDelta]:
-    """A stream's tier deltas from its partials' columns, when they are the stream's partials:
-    one run of the batch, as many rows, the same starts (partials appended after the columns
-    were made, by a step deriving rows of the same stream, say, make it take the rows' path)."""
+    """A stream's tier deltas from its partials' columns, when they are the stream's partials
+    (_columns_run); else from the partials' objects."""
     partials = commit.partials
     cols = commit.partial_columns[partials[at[0]].stream]
     lo, hi = at[0], at[-1] + 1
-    if hi - lo == len(at) == len(cols) and [p.start_ms for p in partials[lo:hi]] == list(cols.start):
+    if _columns_run(partials, cols, at):
         return tier_deltas_of_columns(cols, [w.revision for w in writes[lo:hi]], keys[lo:hi],
                                       [p.dims for p in partials[lo:hi]], layout)
     return tier_deltas([(partials[i].start_ms, partials[i].dims, keys[i], partials[i].data, writes[i].revision)
                         for i in at], layout)
+
+
+def _columns_run(partials: Sequence, cols: PartialColumns, at: Sequence[int]) -> bool:
+    """Whether a stream's columns are its partials at `at` (its places in the batch): one run of
+    the batch, as many rows, the same starts (partials appended after the columns were made, by
+    a step deriving rows of the same stream, say, make its callers take the rows' path)."""
+    lo, hi = at[0], at[-1] + 1
+    return hi - lo == len(at) == len(cols) and [p.start_ms for p in partials[lo:hi]] == list(cols.start)
+
+
+def pane_encodings(commit: BatchCommit, writes: Sequence[PaneWrite]) -> list[tuple[str | None, bytes] | None]:
+    """Per pane write (plan.panes, one per partial in order), its row's stats text and sketches
+    blob encoded column-wise (store/row_columns.py) where the stream's partials came with their
+    columns and the write's data is its partial's own (a pane new in this batch, merged with
+    nothing: every pane of a backfill into new time); None where the backend encodes the row
+    itself (row_codec), as for the text where row_columns leaves it None."""
+    out: list[tuple[str | None, bytes] | None] = [None] * len(writes)
+    partials = commit.partials
+    at: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(partials):
+        if p.stream in commit.partial_columns:
+            at[p.stream].append(i)
+    for stream, places in at.items():
+        cols = commit.partial_columns[stream]
+        fresh = [i for i in places if writes[i].data is partials[i].data]
+        if not fresh or not _columns_run(partials, cols, places):
+            continue
+        encoded = encode_columns(cols)
+        if encoded is None:
+            continue
+        texts, blobs = encoded
+        lo = places[0]
+        for i in fresh:
+            out[i] = (texts[i - lo], blobs[i - lo])
+    return out
 
 
 def tier_row_after(stored: StoredPane | None, delta: TierDelta) -> StoredPane:
@@ -283,6 +319,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
-    "pane_ids", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
+    "pane_encodings", "pane_ids", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
     "tier_row_after",
 ]

@@ -91,6 +91,37 @@ def _name(name: str) -> bytes:
     return out
 
 
+def texts_and_blobs(rows: Sequence[tuple], encoded: Sequence[tuple[str | None, bytes] | None] | None = None,
+                    data_at: int = 2) -> Iterator[tuple[str, bytes]]:
+    """Per row (its PaneData at `data_at`), its stats text and sketches blob: as given in
+    `encoded` (store/row_columns.py, column-wise) where that has them, else encoded here."""
+    if encoded is None:
+        for row in rows:
+            data = row[data_at]
+            yield stats_text(data), sketches_blob(data)
+        return
+    for row, given in zip(rows, encoded, strict=True):
+        if given is None:
+            data = row[data_at]
+            yield stats_text(data), sketches_blob(data)
+        else:
+            text, blob = given
+            yield (stats_text(row[data_at]) if text is None else text), blob
+
+
+def stats_key(name: str) -> str:
+    """A value field's name as the stats text writes it (a JSON string)."""
+    key = _KEYS.get(name)
+    if key is None:
+        key = _KEYS[name] = _STATS_JSON.encode(name)
+    return key
+
+
+def sketch_head(kind: str, name: str) -> bytes:
+    """What precedes a sketch's length in the blob: its kind's code, the field name's length and bytes."""
+    return _CODE[kind] + _name(name)
+
+
 def sketches_blob(data: PaneData) -> bytes:
     """Every sketch of a row, in one blob (the format is in this module's docstring)."""
     parts = [_VERSION]

@@ -32,8 +32,8 @@ from store.base import (
 )
 from store import event_ids
 from store import joins as join_store
-from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, plan_batch,
-                               retention_horizons)
+from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_encodings, pane_ids, pane_keys,
+                               plan_batch, retention_horizons)
 from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.dim_sets import CHANGES_SINCE
@@ -185,7 +185,8 @@ class SqlitePaneStore(PaneStore):
         conn = self._conn
         stored = sqlite_tiers.save_many(conn, "panes", sqlite_tiers.PANE_KEY,
                                         (((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision)
-                                         for p in plan.panes), now_ms, commit.batch_id)
+                                         for p in plan.panes), now_ms, commit.batch_id,
+                                        encoded=pane_encodings(commit, plan.panes))
         changes = []
         for pane in plan.panes:
             correction_id = None

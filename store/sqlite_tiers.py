@@ -129,22 +129,24 @@ def _on(alias: str, key_columns: tuple[str, ...]) -> str:
 
 
 def save_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
-              rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
+              rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int,
+              encoded: Sequence[tuple[str | None, bytes] | None] | None = None) -> dict[tuple, tuple]:
     """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
     `table` (panes or tier_rows) with their sketches: one executemany for the whole batch.
-    Returns each key as stored (the text's number last)."""
+    `encoded`: per row, its stats text and sketches blob already encoded (commit_plan.pane_encodings),
+    or None (a text None too) where they are encoded here. Returns each key as stored (the text's number last)."""
     rows = list(rows)
     number = dim_sets.numbered(conn, "?", (key for key, *_ in rows))
     columns = ", ".join(key_columns)
     marks = ", ".join("?" * len(key_columns))
-    stats_text, sketches_blob = row_codec.stats_text, row_codec.sketches_blob
     conn.executemany(
         f"INSERT INTO {table} ({columns}, end_ms, count, stats, revision, updated_at_ms, last_batch, sketches)"
         f" VALUES ({marks}, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
         " last_batch = excluded.last_batch, sketches = excluded.sketches",
-        [(*number[key], end_ms, data.count, stats_text(data), revision, now_ms, batch_id, sketches_blob(data))
-         for key, end_ms, data, revision in rows])
+        [(*number[key], end_ms, data.count, text, revision, now_ms, batch_id, blob)
+         for (key, end_ms, data, revision), (text, blob) in zip(rows, row_codec.texts_and_blobs(rows, encoded),
+                                                                strict=True)])
     return number
 
 

@@ -44,6 +44,7 @@ from store.commit_plan import (
     DROP_OLD_CHANGES,
     StreamState,
     change_feed_horizon,
+    pane_encodings,
     pane_ids,
     pane_keys,
     plan_batch,
@@ -123,7 +124,7 @@ class PostgresPaneStore(PaneStore):
                           idle_timeout_ms=idle_timeout_ms, keys=keys)
         stored_keys = rows.save(conn, "panes", rows.PANE_KEY,
                                 [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
-                                now_ms, commit.batch_id)
+                                now_ms, commit.batch_id, encoded=pane_encodings(commit, plan.panes))
         first_seq = last_seq = None
         with conn.cursor() as cur:
             changes = []

@@ -78,11 +78,17 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
 
 
 def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
-         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
+         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int,
+         encoded: Sequence[tuple[str | None, bytes] | None] | None = None) -> dict[tuple, tuple]:
     """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
     `table` with their sketches; of rows with the same key, the last one is kept (one INSERT may
-    not touch a row twice). Returns each key as stored (the text's number last)."""
-    latest = {key: (end, data, revision) for key, end, data, revision in rows}
+    not touch a row twice). `encoded`: per row, its stats text and sketches blob already encoded
+    (commit_plan.pane_encodings), or None where they are encoded here. Returns each key as
+    stored (the text's number last)."""
+    rows = list(rows)
+    if encoded is None:
+        encoded = [None] * len(rows)
+    latest = {key: (end, data, revision, given) for (key, end, data, revision), given in zip(rows, encoded, strict=True)}
     if not latest:
         return {}
     ensure_staging(conn)
@@ -90,9 +96,11 @@ def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
         number = dim_sets.numbered(cur, "%s", latest)
     columns = ", ".join(key_columns)
     staged = f"staged_{table}"
+    kept = [(key, end, data, revision) for key, (end, data, revision, _) in latest.items()]
     copy_rows(conn, staged, (*key_columns, *_ROW),
-              ((*number[key], end, data.count, row_codec.stats_text(data), revision, now_ms, batch_id,
-                row_codec.sketches_blob(data)) for key, (end, data, revision) in latest.items()))
+              ((*number[key], end, data.count, text, revision, now_ms, batch_id, blob)
+               for (key, end, data, revision), (text, blob)
+               in zip(kept, row_codec.texts_and_blobs(kept, [given for *_, given in latest.values()]))))
     updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
     conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
         f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"

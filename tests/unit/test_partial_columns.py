@@ -1,18 +1,18 @@
 """A batch's partials given as columns (store/partial_columns.py) make the tier deltas the
 partials' objects make (store/tier_levels.py `tier_deltas`): the same rows, numbers, field
-order, and the stats text and sketches blob the store writes, byte for byte; and a commit plan
+order, and the stats text and sketches blob the store writes, byte for byte; a commit plan
 with the columns equals the plan without them, falling back to the rows where the columns are
-not the stream's partials."""
+not the stream's partials; and every store backend writes the same rows with them as without."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import BatchCommit, PaneData, PanePartial, ValueStats
-from store.commit_plan import StoredPane, StreamState, pane_ids, pane_keys, plan_batch
+from store.commit_plan import StoredPane, StreamState, pane_encodings, pane_ids, pane_keys, plan_batch
 from store.panes import dims_key
 from store.partial_columns import PartialColumns
 from store.row_codec import sketches_blob, stats_text
@@ -95,7 +95,39 @@ def test_a_plan_with_columns_equals_the_plan_without(rows, stored_every):
         return p, {s: _written(d) for s, d in p.tier_deltas.items()}
 
     assert plan(commit) == plan(plain)
+    # The pane rows' texts and blobs encoded from the columns (store/row_columns.py) for every
+    # write whose data is its partial's own, the same bytes row_codec writes; none without columns.
+    written = plan(commit)[0].panes
+    encoded = pane_encodings(commit, written)
+    assert pane_encodings(plain, written) == [None] * len(written)
+    for i, (partial, write, given) in enumerate(zip(commit.partials, written, encoded, strict=True)):
+        if i == 0 or write.data is not partial.data:  # stream t (no columns), or merged into a stored pane
+            assert given is None
+        else:
+            assert given is not None and given[1] == sketches_blob(write.data)
+            assert given[0] in (None, stats_text(write.data))
     if partials:
         extra = PanePartial("s", T0, T0 + PANE, {"a": "y"}, PaneData(2))
         appended = replace(commit, partials=[*commit.partials, extra])
         assert plan(appended) == plan(replace(appended, partial_columns={}))
+
+
+# Each example makes its own two stores (the fixture only says which backend).
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(partials_st)
+def test_every_backend_writes_the_same_rows_with_the_columns_as_without(store_backend, rows):
+    # Batch 0 into an empty store (every pane new: its rows encoded from the columns), batch 1
+    # the same partials again (every pane merged: encoded row by row).
+    partials = [p for p, _ in rows]
+    cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
+    stores = []
+    for columns in ({"s": cols}, {}):
+        store = store_backend.create()
+        store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+        for batch_id in (0, 1):
+            commit = BatchCommit("main", batch_id, partials, sum(p.data.count for p in partials),
+                                 {"s": T0} if partials else {}, {}, partial_columns=columns)
+            store.commit_batch(commit, lateness_ms={"s": 0}, now_ms=T0)
+        stores.append(store)
+    with_columns, without = (store_backend.tables(store, ["panes", "tier_rows"]) for store in stores)
+    assert with_columns == without
