@@ -37,6 +37,7 @@ from ingest.log import EventLog, LogUnavailable, SqliteEventLog
 from ingest.source_rows import SOURCE_SCHEMA
 from ingest.spark_source import SOURCE_NAME, initial_offsets, read_batch, source_options
 from store import CommitResult, PaneStore
+from store.gc_pause import paused_gc
 from store.tiers import catalog_layouts
 
 LOGGER = "sketchboard.pipeline"
@@ -138,6 +139,15 @@ class Pipeline(ReportsStoreErrors):
         return read_log(self.spark, self.catalog, self.config, self.config.checkpoint_dir)
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
+        # The cycle collector held off for the whole batch, not only while the commit is built
+        # and written (store/gc_pause.py): the commit's objects (a backfill's ~450 000 partials,
+        # their stats and sketches) were allocated with it off, so each of its collections in
+        # the steps between (joins, keys, sessions) traversed them all again. They are freed by
+        # reference counting when the batch returns.
+        with paused_gc():
+            return self._process_batch(batch, batch_id)
+
+    def _process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
         last = self.store.last_batch_id(self.config.name)
         if last is not None and batch_id <= last:
