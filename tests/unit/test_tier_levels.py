@@ -220,3 +220,24 @@ def test_the_collector_is_paused_during_a_commit_and_restored_by_the_last_one_ou
         assert not gc.isenabled()  # left as it was found
     finally:
         gc.enable()
+
+
+def test_holders_that_overlap_for_longer_than_the_limit_get_a_collection_when_one_leaves(monkeypatch):
+    import gc
+
+    from store import gc_pause
+
+    now = [0.0]
+    collected = []
+    monkeypatch.setattr(gc_pause.gc, "collect", lambda *a: collected.append(now[0]) or 0)
+    clock = lambda: now[0]  # noqa: E731
+    first = gc_pause.paused_gc(clock)
+    first.__enter__()
+    with gc_pause.paused_gc(clock):  # a second pipeline's batch, within the limit: nothing
+        now[0] = 10.0
+    assert collected == [] and not gc.isenabled()
+    with gc_pause.paused_gc(clock):  # overlapping on past the limit: the one leaving collects
+        now[0] = gc_pause.MAX_PAUSE_S + 1
+    assert collected == [gc_pause.MAX_PAUSE_S + 1] and not gc.isenabled()
+    first.__exit__(None, None, None)
+    assert gc.isenabled() and collected == [gc_pause.MAX_PAUSE_S + 1]  # the last one out enables it
