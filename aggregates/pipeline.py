@@ -14,7 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
-from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected, collector_paused
+from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
@@ -296,7 +296,7 @@ class Pipeline(ReportsStoreErrors):
             return group_partials(driver_rows.arrow_input(), catalog_layout(self.catalog, c.lg_k, c.kll_k))
         if c.partials == "spark":
             rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
-            with collector_paused():  # a Row and a dict per group (aggregates/commit.py)
+            with paused_gc():  # a Row and a dict per group (aggregates/commit.py)
                 return [r.asDict() for r in rows.collect()]
         return arrow_partials_table(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k,
                                     merge="driver")

@@ -75,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="issue 27's backfill: http_requests events only, their times spread over the last HOURS")
     args = parser.parse_args(argv)
 
-    from aggregates.commit import build_commit, collector_paused
+    from aggregates.commit import build_commit
     from aggregates.partials import dead_letter_reason_column, partial_aggregates
     from aggregates.pipeline import Pipeline, PipelineConfig
     from aggregates.session_batch import bloom_and_runs
     from aggregates.spark import build_spark
+    from store.gc_pause import paused_gc
 
     catalog = load_catalog(args.streams)
     root = Path(tempfile.mkdtemp(prefix="sketchboard-steps-"))
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def partial_rows(batch, batch_now_ms: int, mode: str):
         if mode == "spark":  # Spark's groupBy
-            with collector_paused():
+            with paused_gc():
                 return [r.asDict() for r in partial_aggregates(batch, catalog, batch_now_ms=batch_now_ms,
                                                                lg_k=pipeline.config.lg_k,
                                                                kll_k=pipeline.config.kll_k).collect()]

@@ -91,22 +91,16 @@ def _name(name: str) -> bytes:
     return out
 
 
-def texts_and_blobs(rows: Sequence[tuple], encoded: Sequence[tuple[str | None, bytes] | None] | None = None,
-                    data_at: int = 2) -> Iterator[tuple[str, bytes]]:
-    """Per row (its PaneData at `data_at`), its stats text and sketches blob: as given in
+def texts_and_blobs(rows: Sequence[tuple], encoded: Sequence[tuple[str | None, bytes] | None] | None = None
+                    ) -> Iterator[tuple[str, bytes]]:
+    """Per row (key, end_ms, PaneData, revision), its stats text and sketches blob: as given in
     `encoded` (store/row_columns.py, column-wise) where that has them, else encoded here."""
-    if encoded is None:
-        for row in rows:
-            data = row[data_at]
-            yield stats_text(data), sketches_blob(data)
-        return
-    for row, given in zip(rows, encoded, strict=True):
+    for row, given in zip(rows, encoded if encoded is not None else [None] * len(rows), strict=True):
         if given is None:
-            data = row[data_at]
-            yield stats_text(data), sketches_blob(data)
+            yield stats_text(row[2]), sketches_blob(row[2])
         else:
             text, blob = given
-            yield (stats_text(row[data_at]) if text is None else text), blob
+            yield (stats_text(row[2]) if text is None else text), blob
 
 
 def stats_key(name: str) -> str:

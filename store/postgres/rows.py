@@ -86,9 +86,8 @@ def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
     (commit_plan.pane_encodings), or None where they are encoded here. Returns each key as
     stored (the text's number last)."""
     rows = list(rows)
-    if encoded is None:
-        encoded = [None] * len(rows)
-    latest = {key: (end, data, revision, given) for (key, end, data, revision), given in zip(rows, encoded, strict=True)}
+    latest = {row[0]: (row, given) for row, given in zip(rows, encoded if encoded is not None else [None] * len(rows),
+                                                         strict=True)}
     if not latest:
         return {}
     ensure_staging(conn)
@@ -96,11 +95,11 @@ def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
         number = dim_sets.numbered(cur, "%s", latest)
     columns = ", ".join(key_columns)
     staged = f"staged_{table}"
-    kept = [(key, end, data, revision) for key, (end, data, revision, _) in latest.items()]
+    kept = [row for row, _ in latest.values()]
     copy_rows(conn, staged, (*key_columns, *_ROW),
               ((*number[key], end, data.count, text, revision, now_ms, batch_id, blob)
                for (key, end, data, revision), (text, blob)
-               in zip(kept, row_codec.texts_and_blobs(kept, [given for *_, given in latest.values()]))))
+               in zip(kept, row_codec.texts_and_blobs(kept, [given for _, given in latest.values()]))))
     updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
     conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
         f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"
