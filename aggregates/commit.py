@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,8 @@ def _build_commit(pipeline: str, batch_id: int, rows, catalog: Catalog, end_offs
     if isinstance(rows, pa.Table):
         # The Arrow partials (aggregates/arrow_partials.py): read column by column; only the
         # (few) per-reason rows of dead records become dicts.
-        partials, max_event, columns = table_to_partials(rows, catalog)
+        max_event, columns = table_to_partials(rows, catalog)
+        partials = []
         read = defaultdict(int, table_reads(rows, catalog))
         partition_max = table_partition_max_events(rows, catalog, end_offsets)
         rows = rows.filter(pc.is_valid(rows["dead_reason"])).to_pylist()
@@ -158,13 +159,11 @@ def _build_commit(pipeline: str, batch_id: int, rows, catalog: Catalog, end_offs
     )
 
 
-def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[list[PanePartial], dict[str, int],
-                                                                  dict[str, PartialColumns]]:
-    """rows_to_partials over the partial aggregates' Arrow table: per stream, its good rows'
-    columns made Python lists at once (numpy's tolist, no Row, dict or Arrow scalar per group).
-    Also per stream those lists as PartialColumns (store/partial_columns.py: the commit's tier
-    step reads them instead of the partials' objects)."""
-    partials: list[PanePartial] = []
+def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[dict[str, int], dict[str, PartialColumns]]:
+    """The partial aggregates' Arrow table as columns: per stream, its good rows' columns made
+    Python lists at once (numpy's tolist, no Row, dict, Arrow scalar or PanePartial per group),
+    as PartialColumns (store/partial_columns.py: the commit's plan writes new panes and tier
+    deltas from them); and the newest event time per stream."""
     max_event: dict[str, int] = {}
     columns: dict[str, PartialColumns] = {}
     good = table.filter(pc.is_null(table["dead_reason"]))
@@ -176,20 +175,25 @@ def table_to_partials(table: pa.Table, catalog: Catalog) -> tuple[list[PaneParti
         values = [(name, *(_pylist(rows[f"{c}_{i}"]) for c in ("n", "sum", "min", "max", "kll")))
                   for i, name in enumerate(stream.values)]
         distincts = [(name, _pylist(rows[f"hll_{j}"])) for j, name in enumerate(stream.distinct_fields)]
-        name, pane, dimensions = stream.name, stream.pane, stream.dimensions
-        append = partials.append
-        starts, counts = _pylist(rows["pane_start"]), _pylist(rows["count"])
-        # The partials' own rule: a value field is in a partial where its n is above 0, a distinct
-        # field where its sketch is not null.
-        columns[name] = PartialColumns(name, starts, counts, values, distincts)
-        for g, (start, dims, count) in enumerate(zip(starts, _dims(rows["dims"]), counts)):
-            stats = {v: ValueStats(ns[g], sums[g], lows[g], highs[g], klls[g])
-                     for v, ns, sums, lows, highs, klls in values if ns[g]}
-            hlls = {d: blobs[g] for d, blobs in distincts if blobs[g] is not None}
-            append(PanePartial(name, start, start + pane, dict(zip(dimensions, dims, strict=False)),
-                               PaneData(count, stats, hlls)))
-        max_event[name] = pc.max(rows["max_event_time"]).as_py()
-    return partials, max_event, columns
+        combo, dims, keys = _combos(_dims(rows["dims"]), stream.dimensions)
+        columns[stream.name] = PartialColumns(stream.name, stream.pane, _pylist(rows["pane_start"]),
+                                              _pylist(rows["count"]), values, distincts, combo, dims, keys)
+        max_event[stream.name] = pc.max(rows["max_event_time"]).as_py()
+    return max_event, columns
+
+
+def _combos(rows: list, dimensions: Sequence[str]) -> tuple[list[int], list[dict], list[str]]:
+    """PartialColumns' combo, dims and keys of rows with these dimension values (lists): each
+    distinct list made a dict and its dims_key once (not per row)."""
+    by_values: dict[tuple, int] = {}
+    firsts = []
+    for values in rows:
+        values = tuple(values)
+        if values not in by_values:
+            by_values[values] = len(firsts)
+            firsts.append(dict(zip(dimensions, values, strict=False)))
+    combo, dims, keys = PartialColumns.combos(firsts)  # lists that give one key share a combination
+    return [combo[by_values[tuple(values)]] for values in rows], dims, keys
 
 
 def _pylist(column: pa.ChunkedArray) -> list:

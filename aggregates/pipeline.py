@@ -257,7 +257,7 @@ class Pipeline(ReportsStoreErrors):
         log.info(
             "batch %d: %d events -> %d panes (%d new, %d updated, %d corrections), %d dead-lettered,"
             " %d duplicates dropped in %.0f ms (read %.0f ms, event ids %.0f ms, compute %.0f ms, store commit %.0f ms)",
-            batch_id, commit.events_read, len(commit.partials), result.panes_new, result.panes_updated,
+            batch_id, commit.events_read, commit.partial_count, result.panes_new, result.panes_updated,
             result.corrections, result.dead_letters, sum(event_ids.duplicates.values()) if event_ids else 0,
             (done - started) * 1000, (read_at - started) * 1000, (deduped_at - read_at) * 1000,
             (computed - deduped_at) * 1000,

@@ -7,8 +7,8 @@ profile's top functions (cumulative, then own time); asserts nothing.
     python -m bench.commit_profile --events 300000 --top 30
     python -m bench.commit_profile --no-profile             # the commit's CPU time without the profiler
     python -m bench.commit_profile --no-profile --paths rows,columns,rows,columns
-        # the partials as objects only, then with their columns (BatchCommit.partial_columns, as
-        # the Arrow partials come), each into a fresh store, alternated in one process
+        # the partials as objects, then as columns (BatchCommit.partial_columns, as the Arrow
+        # partials come), each into a fresh store, alternated in one process
     python -m bench.commit_profile --no-profile --phases --paths columns,rows   # CPU per step of the commit
 
 Session 40, load ~12: 1 M events -> 322 390 partials, commit CPU 20.8 s; tier deltas ~40 % of it,
@@ -42,8 +42,8 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true",
                         help="CPU per step of each commit: the store's once-per-commit functions timed around their calls")
     parser.add_argument("--paths", default="columns",
-                        help="comma-separated, in turn, each into a fresh store: 'rows' (the partials' objects only) or"
-                             " 'columns' (with their columns, as the Arrow partials come); the last one is profiled")
+                        help="comma-separated, in turn, each into a fresh store: 'rows' (the partials as objects) or"
+                             " 'columns' (as columns, as the Arrow partials come); the last one is profiled")
     args = parser.parse_args()
 
     catalog = load_catalog(DEFAULT_STREAMS)
@@ -65,7 +65,7 @@ def main() -> None:
             store = SqlitePaneStore(Path(root) / "store.db", synchronous="OFF")
             try:
                 store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
-                this = replace(commit, partial_columns={STREAM: columns} if path == "columns" else {})
+                this = replace(commit, partials=[], partial_columns={STREAM: columns}) if path == "columns" else commit
                 cpu = time.process_time()
                 if not args.no_profile and k == len(paths) - 1:
                     profile.enable()
@@ -110,6 +110,7 @@ def _timed_steps() -> dict[str, float]:
 
     for owner, name, label in [
         (sqlite, "pane_keys", "the partials' dimension texts"),
+        (sqlite, "pane_rows", ". pane rows encoded"),
         (sqlite, "plan_batch", "the plan, in all"),
         (tier_levels, "_root", ". tiers' first level, from objects"),
         (tier_levels, "_root_of_columns", ". tiers' first level, from columns"),

@@ -114,16 +114,20 @@ class BatchCommit:
     # Per stream declaring sessions: its open sessions' changes (store/sessions.py); the closed
     # sessions are among the partials (of `<stream>_sessions`).
     sessions: Sequence[SessionCommit] = ()
-    # Per stream: its partials above as columns (store/partial_columns.py), when they were read
-    # from columns (the Arrow partials): the tier deltas are computed from them. Optional. Steps
-    # may append partials (the plan then checks and takes the rows' path); one that changed a
-    # stream's partials would have to drop its columns.
+    # Per stream: partials given as columns (store/partial_columns.py: the Arrow partials), in
+    # addition to `partials` (not among them); the plan takes them first, in this order, then
+    # `partials`. Their new panes and tier deltas are written from the columns as they are.
     partial_columns: Mapping[str, PartialColumns] = field(default_factory=dict)
     # Enrichment (stream-table join): table row versions, their pruning, misses (store/table_versions.py).
     enrichment: EnrichmentCommit | None = None
     # Per stream: the definition version the batch was computed with (catalog/versions.py); the
     # commit is refused when the namespace's stored one differs (a switch since: store/switch.py).
     definition_versions: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def partial_count(self) -> int:
+        """The batch's pane partials: the objects and the rows of the columns."""
+        return len(self.partials) + sum(len(cols) for cols in self.partial_columns.values())
 
     def max_event_with(self, newest: Mapping[str, int]) -> dict[str, int]:
         """max_event_ms with a step's derived streams' newest event times merged in (the later wins)."""

@@ -18,8 +18,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from catalog.model import DEFAULT_PARTITION_IDLE_TIMEOUT_MS
-from store.base import BatchCommit
+from store import row_codec
+from store.base import BatchCommit, PanePartial
 from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
 from store.partial_columns import PartialColumns
 from store.row_columns import encode_columns
@@ -85,14 +88,36 @@ class StreamUpdate:
     partitions: dict[int, tuple[PartitionMark, str]] = field(default_factory=dict)  # (mark, state)
 
 
+@dataclass(frozen=True, eq=False)
+class FreshPanes:
+    """Rows of a stream's partial columns (BatchCommit.partial_columns) whose panes are new in the
+    batch (none stored, no other partial of the pane in the batch) and not final: each pane is
+    written as its partial holds it, at revision 1 (next_revision of a new pane), with a change
+    record adding its count. No object per pane: every pane of a backfill into new time."""
+
+    columns: PartialColumns
+    rows: list[int]  # indexes into the columns, in order
+    # The columns' other rows, merged as objects: their PaneWrites are the plan's first `panes`,
+    # block after block, in order. The rows are written in the columns' order, as the objects' would be.
+    merged: list[int] = field(default_factory=list)
+
+    @property
+    def stream(self) -> str:
+        return self.columns.stream
+
+
+FRESH_REVISION = next_revision(None, False)
+
+
 @dataclass(frozen=True)
 class BatchPlan:
-    panes: list[PaneWrite]
+    panes: list[PaneWrite]  # the merges of the partials' objects (and of column rows that are not fresh)
     panes_new: int
     panes_updated: int
     tier_deltas: dict[str, dict[TierKey, TierDelta]]  # per stream with a layout
     streams: list[StreamUpdate]
     dead_counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason) -> records
+    fresh: list[FreshPanes] = field(default_factory=list)  # written before `panes`
 
     @property
     def corrections(self) -> int:
@@ -100,18 +125,55 @@ class BatchPlan:
 
 
 def pane_keys(commit: BatchCommit) -> list[str]:
-    """dims_key of each partial's dimensions, in the partials' order. A backend computes them
-    once and hands them to pane_ids and plan_batch: each computed them for every partial, two
-    dimension texts per partial of a backfill (~0.3 s per 1 M events)."""
+    """dims_key of each partial object's dimensions, in the partials' order. A backend computes
+    them once and hands them to pane_ids and plan_batch: each computed them for every partial,
+    two dimension texts per partial of a backfill (~0.3 s per 1 M events)."""
     return [dims_key(p.dims) for p in commit.partials]
 
 
 def pane_ids(commit: BatchCommit, keys: Sequence[str] | None = None) -> list[PaneId]:
-    """The stored panes a batch merges into (what the backend reads before planning), each once.
-    `keys`: pane_keys(commit), when the caller has them."""
+    """The stored panes a batch merges into (what the backend reads before planning), each once:
+    those of the partial columns' rows, then of the partials' objects. `keys`: pane_keys(commit),
+    when the caller has them."""
     if keys is None:
         keys = pane_keys(commit)
-    return list(dict.fromkeys((p.stream, p.start_ms, key) for p, key in zip(commit.partials, keys, strict=True)))
+    ids = [(stream, start, key) for stream, cols in commit.partial_columns.items()
+           for start, key in zip(cols.start, cols.row_keys(), strict=True)]
+    ids.extend((p.stream, p.start_ms, key) for p, key in zip(commit.partials, keys, strict=True))
+    return list(dict.fromkeys(ids))
+
+
+def column_partials(cols: PartialColumns, rows: Iterable[int]) -> list[PanePartial]:
+    """Rows of partial columns as the PanePartial objects they stand for."""
+    return [PanePartial(cols.stream, cols.start[i], cols.start[i] + cols.pane_ms, cols.dims[cols.combo[i]], cols.data(i))
+            for i in rows]
+
+
+def _fresh_rows(cols: PartialColumns, stored: Mapping[PaneId, object], watermark_ms: int | None) -> np.ndarray:
+    """Which rows of a stream's columns are fresh (FreshPanes): no stored pane, the only row of
+    their pane among the columns, not final (the watermark before the batch short of the end)."""
+    size = len(cols)
+    start = np.asarray(cols.start, np.int64).reshape(size)
+    combo = np.asarray(cols.combo, np.int64).reshape(size)
+    fresh = np.ones(size, bool)
+    if watermark_ms is not None:
+        fresh &= start + cols.pane_ms > watermark_ms
+    if size > 1:  # rows sharing a pane: none of them fresh (they merge in turn, as objects)
+        order = np.lexsort((combo, start))
+        same = (start[order][1:] == start[order][:-1]) & (combo[order][1:] == combo[order][:-1])
+        shared = np.zeros(size, bool)
+        shared[order[1:][same]] = True
+        shared[order[:-1][same]] = True
+        fresh &= ~shared
+    mine = [(start, key) for stream, start, key in stored if stream == cols.stream]
+    if mine:
+        at = {(s, c): i for i, (s, c) in enumerate(zip(cols.start, cols.combo))}
+        combo_of = {key: c for c, key in enumerate(cols.keys)}
+        for s, key in mine:
+            i = at.get((s, combo_of.get(key)))
+            if i is not None:
+                fresh[i] = False
+    return fresh
 
 
 def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
@@ -130,26 +192,28 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     # The stored panes, then as merged so far in this batch: (data, revision) (no object per partial).
     current = {pane_id: (pane.data, pane.revision) for pane_id, pane in stored.items()}
     writes: list[PaneWrite] = []
-    new = updated = 0
+    fresh_blocks: list[FreshPanes] = []
+    counts = {"new": 0, "updated": 0}
     aggregated: dict[str, int] = defaultdict(int)
     tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
-    # Streams whose partials come with their columns (store/partial_columns.py): their rows'
-    # places in the batch, the tier deltas made from the columns after the loop.
-    columnar = {s for s in commit.partial_columns if s in layouts}
-    tier_at: dict[str, list[int]] = defaultdict(list)
     watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
     if keys is None:
         keys = pane_keys(commit)
-    for i, (partial, key) in enumerate(zip(commit.partials, keys, strict=True)):
+
+    def merge(partial: PanePartial, key: str) -> int:
+        """The partial merged into its pane as stored or merged so far; its new revision."""
         pane_id = (partial.stream, partial.start_ms, key)
         before = current.get(pane_id)
+        if before is None and pane_id in fresh_at:  # a fresh row's pane: its data as written
+            cols, row = fresh_at.pop(pane_id)
+            before = (cols.data(row), FRESH_REVISION)
         final = is_final(watermarks.get(partial.stream), partial.end_ms)
         if before is None:
             merged = partial.data
-            new += 1
+            counts["new"] += 1
         else:
             merged = before[0].merge(partial.data)
-            updated += 1
+            counts["updated"] += 1
         revision = next_revision(None if before is None else before[1], final)
         current[pane_id] = (merged, revision)
         correction = None
@@ -159,15 +223,49 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         writes.append(PaneWrite(partial.stream, partial.start_ms, partial.end_ms, key, merged, revision,
                                 partial.data.count, correction))
         aggregated[partial.stream] += partial.data.count
-        if partial.stream in columnar:
-            tier_at[partial.stream].append(i)
-        elif partial.stream in layouts:
+        return revision
+
+    # The partial columns first (store/partial_columns.py): fresh rows as they are, the others
+    # merged as objects, in order.
+    with_objects = {p.stream for p in commit.partials}
+    fresh_at: dict[PaneId, tuple[PartialColumns, int]] = {}  # fresh rows an object partial may merge into
+    deltas: dict[str, dict[TierKey, TierDelta]] = {}
+    for stream, cols in commit.partial_columns.items():
+        if not len(cols):
+            continue
+        fresh = _fresh_rows(cols, current, watermarks.get(stream))
+        rows = np.flatnonzero(fresh).tolist()
+        revisions = [FRESH_REVISION] * len(cols)
+        slow = np.flatnonzero(~fresh).tolist()
+        fresh_blocks.append(FreshPanes(cols, rows, slow))
+        if rows:
+            counts["new"] += len(rows)
+            aggregated[stream] += sum(map(cols.count.__getitem__, rows))
+        if stream in with_objects:
+            row_keys = cols.row_keys()
+            fresh_at.update(((stream, cols.start[i], row_keys[i]), (cols, i)) for i in rows)
+        if slow:
+            row_keys = cols.row_keys()
+            for i, partial in zip(slow, column_partials(cols, slow), strict=True):
+                revisions[i] = merge(partial, row_keys[i])
+        if stream in layouts:
+            if stream in with_objects:  # rows of both kinds: the tier step over objects, in order
+                row_keys = cols.row_keys()
+                tier_input[stream].extend((p.start_ms, p.dims, row_keys[i], p.data, revisions[i])
+                                          for i, p in enumerate(column_partials(cols, range(len(cols)))))
+            else:
+                deltas[stream] = tier_deltas_of_columns(cols, revisions, layouts[stream])
+    for partial, key in zip(commit.partials, keys, strict=True):
+        revision = merge(partial, key)
+        if partial.stream in layouts:
             tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
+    for stream, rows in tier_input.items():
+        deltas[stream] = tier_deltas(rows, layouts[stream])
     # Per stream in the order the batch first has it (the order the stores write the tier rows in).
-    first_at = {p.stream: None for p in commit.partials if p.stream in tier_input or p.stream in tier_at}
-    deltas = {stream: tier_deltas(tier_input[stream], layouts[stream]) if stream in tier_input
-              else _tier_deltas_of_columns(commit, keys, writes, tier_at[stream], layouts[stream])
-              for stream in first_at}
+    deltas = {stream: deltas[stream] for stream in dict.fromkeys([*commit.partial_columns,
+                                                                  *(p.stream for p in commit.partials)])
+              if stream in deltas}
+    new, updated = counts["new"], counts["updated"]
     dead_counts: dict[tuple[str, str], int] = {}
     dead_total: dict[str, int] = defaultdict(int)
     for stream, reasons in commit.dead_by_stream.items():
@@ -214,55 +312,49 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
                 watermark = before.watermark_ms
         updates.append(StreamUpdate(stream, watermark, newest, aggregated.get(stream, 0), read,
                                     dead_total.get(stream, 0), held_by, partitions))
-    return BatchPlan(writes, new, updated, deltas, updates, dead_counts)
+    return BatchPlan(writes, new, updated, deltas, updates, dead_counts, fresh_blocks)
 
 
-def _tier_deltas_of_columns(commit: BatchCommit, keys: Sequence[str], writes: Sequence[PaneWrite], at: list[int],
-                            layout: TierLayout) -> dict[TierKey, TierDelta]:
-    """A stream's tier deltas from its partials' columns, when they are the stream's partials
-    (_columns_run); else from the partials' objects."""
-    partials = commit.partials
-    cols = commit.partial_columns[partials[at[0]].stream]
-    lo, hi = at[0], at[-1] + 1
-    if _columns_run(partials, cols, at):
-        return tier_deltas_of_columns(cols, [w.revision for w in writes[lo:hi]], keys[lo:hi],
-                                      [p.dims for p in partials[lo:hi]], layout)
-    return tier_deltas([(partials[i].start_ms, partials[i].dims, keys[i], partials[i].data, writes[i].revision)
-                        for i in at], layout)
-
-
-def _columns_run(partials: Sequence, cols: PartialColumns, at: Sequence[int]) -> bool:
-    """Whether a stream's columns are its partials at `at` (its places in the batch): one run of
-    the batch, as many rows, the same starts (partials appended after the columns were made, by
-    a step deriving rows of the same stream, say, make its callers take the rows' path)."""
-    lo, hi = at[0], at[-1] + 1
-    return hi - lo == len(at) == len(cols) and [p.start_ms for p in partials[lo:hi]] == list(cols.start)
-
-
-def pane_encodings(commit: BatchCommit, writes: Sequence[PaneWrite]) -> list[tuple[str | None, bytes] | None]:
-    """Per pane write (plan.panes, one per partial in order), its row's stats text and sketches
-    blob encoded column-wise (store/row_columns.py) where the stream's partials came with their
-    columns and the write's data is its partial's own (a pane new in this batch, merged with
-    nothing: every pane of a backfill into new time); None where the backend encodes the row
-    itself (row_codec), as for the text where row_columns leaves it None."""
-    out: list[tuple[str | None, bytes] | None] = [None] * len(writes)
-    partials = commit.partials
-    at: dict[str, list[int]] = defaultdict(list)
-    for i, p in enumerate(partials):
-        if p.stream in commit.partial_columns:
-            at[p.stream].append(i)
-    for stream, places in at.items():
-        cols = commit.partial_columns[stream]
-        fresh = [i for i in places if writes[i].data is partials[i].data]
-        if not fresh or not _columns_run(partials, cols, places):
+def pane_rows(plan: BatchPlan) -> list[tuple]:
+    """The pane rows a plan writes, in the order the partials' objects would write them (each
+    block of columns' rows in order, then the objects' merges): per row (stream, start_ms, end_ms,
+    dims key, count, stats text, revision, sketches blob, count added, correction or None), the
+    text and blob as store/row_codec.py writes them. A fresh row's are encoded column-wise
+    (store/row_columns.py), or from its PaneData where that leaves them."""
+    merges = [(None, w.end_ms, w.data, w.revision) for w in plan.panes]
+    merged = [(w.stream, w.start_ms, w.end_ms, w.dims, w.data.count, text, w.revision, blob, w.count_added, w.correction)
+              for w, (text, blob) in zip(plan.panes, row_codec.texts_and_blobs(merges), strict=True)]
+    out = []
+    taken = 0  # the merges written so far
+    for block in plan.fresh:
+        fresh = _fresh_block_rows(block)
+        if not block.merged:
+            out.extend(fresh)
             continue
-        encoded = encode_columns(cols)
-        if encoded is None:
-            continue
-        texts, blobs = encoded
-        lo = places[0]
-        for i in fresh:
-            out[i] = (texts[i - lo], blobs[i - lo])
+        mine = merged[taken:taken + len(block.merged)]
+        taken += len(block.merged)
+        # The two lists merged by row, each in order.
+        at = sorted([(i, 0, k) for k, i in enumerate(block.rows)] + [(i, 1, k) for k, i in enumerate(block.merged)])
+        out.extend(fresh[k] if kind == 0 else mine[k] for _, kind, k in at)
+    out.extend(merged[taken:])
+    return out
+
+
+def _fresh_block_rows(block: FreshPanes) -> list[tuple]:
+    cols, rows = block.columns, block.rows
+    if not rows:
+        return []
+    part = cols if len(rows) == len(cols) else cols.take(rows)
+    encoded = encode_columns(part)
+    texts, blobs = encoded if encoded is not None else ([None] * len(rows), [None] * len(rows))
+    keys = part.row_keys()
+    pane, stream = cols.pane_ms, cols.stream
+    out = []
+    for j, (start, count, text, blob) in enumerate(zip(part.start, part.count, texts, blobs, strict=True)):
+        if text is None or blob is None:
+            data = part.data(j)
+            text, blob = row_codec.stats_text(data), row_codec.sketches_blob(data)
+        out.append((stream, start, start + pane, keys[j], count, text, FRESH_REVISION, blob, count, None))
     return out
 
 
@@ -319,6 +411,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
-    "pane_encodings", "pane_ids", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
+    "FreshPanes", "column_partials", "pane_ids", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
     "tier_row_after",
 ]

@@ -91,16 +91,10 @@ def _name(name: str) -> bytes:
     return out
 
 
-def texts_and_blobs(rows: Sequence[tuple], encoded: Sequence[tuple[str | None, bytes] | None] | None = None
-                    ) -> Iterator[tuple[str, bytes]]:
-    """Per row (key, end_ms, PaneData, revision), its stats text and sketches blob: as given in
-    `encoded` (store/row_columns.py, column-wise) where that has them, else encoded here."""
-    for row, given in zip(rows, encoded if encoded is not None else [None] * len(rows), strict=True):
-        if given is None:
-            yield stats_text(row[2]), sketches_blob(row[2])
-        else:
-            text, blob = given
-            yield (stats_text(row[2]) if text is None else text), blob
+def texts_and_blobs(rows: Sequence[tuple]) -> Iterator[tuple[str, bytes]]:
+    """Per row (key, end_ms, PaneData, revision), its stats text and sketches blob."""
+    for row in rows:
+        yield stats_text(row[2]), sketches_blob(row[2])
 
 
 def stats_key(name: str) -> str:

@@ -32,7 +32,7 @@ from store.base import (
 )
 from store import event_ids
 from store import joins as join_store
-from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_encodings, pane_ids, pane_keys,
+from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
                                plan_batch, retention_horizons)
 from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
@@ -183,23 +183,23 @@ class SqlitePaneStore(PaneStore):
         """The merged panes, a change record each (and a correction for a final pane); the first
         and last change sequence numbers. Panes, sketches and changes go in one executemany each."""
         conn = self._conn
-        stored = sqlite_tiers.save_many(conn, "panes", sqlite_tiers.PANE_KEY,
-                                        (((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision)
-                                         for p in plan.panes), now_ms, commit.batch_id,
-                                        encoded=pane_encodings(commit, plan.panes))
+        rows = pane_rows(plan)
+        stored = sqlite_tiers.save_rows(conn, "panes", sqlite_tiers.PANE_KEY,
+                                        [((stream, start, key), end, count, text, revision, blob)
+                                         for stream, start, end, key, count, text, revision, blob, _, _ in rows],
+                                        now_ms, commit.batch_id)
         changes = []
-        for pane in plan.panes:
+        for stream, start, end, key, _, _, revision, _, added, c in rows:
             correction_id = None
-            if pane.correction is not None:  # few: one INSERT each, for its id
-                c = pane.correction
+            if c is not None:  # few: one INSERT each, for its id
                 correction_id = conn.execute(
                     "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
                     " pipeline, batch_id, events_added, at_ms, old, new) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
-                     commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
+                    (stream, start, end, key, c.revision_from, c.revision_to,
+                     commit.pipeline, commit.batch_id, added, now_ms, _json(c.old), _json(c.new)),
                 ).lastrowid
-            changes.append((pane.stream, pane.start_ms, stored[(pane.stream, pane.start_ms, pane.dims)][-1],
-                            pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id))
+            changes.append((stream, start, stored[(stream, start, key)][-1], revision, commit.batch_id, added, now_ms,
+                            correction_id))
         if not changes:
             return None, None
         conn.executemany(

@@ -129,14 +129,22 @@ def _on(alias: str, key_columns: tuple[str, ...]) -> str:
 
 
 def save_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
-              rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int,
-              encoded: Sequence[tuple[str | None, bytes] | None] | None = None) -> dict[tuple, tuple]:
+              rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
     """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
-    `table` (panes or tier_rows) with their sketches: one executemany for the whole batch.
-    `encoded`: per row, its stats text and sketches blob already encoded (commit_plan.pane_encodings),
-    or None (a text None too) where they are encoded here. Returns each key as stored (the text's number last)."""
+    `table` (panes or tier_rows) with their sketches: save_rows of them encoded."""
     rows = list(rows)
-    number = dim_sets.numbered(conn, "?", (key for key, *_ in rows))
+    return save_rows(conn, table, key_columns,
+                     [(key, end_ms, data.count, text, revision, blob)
+                      for (key, end_ms, data, revision), (text, blob) in zip(rows, row_codec.texts_and_blobs(rows),
+                                                                             strict=True)], now_ms, batch_id)
+
+
+def save_rows(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...],
+              rows: Sequence[tuple[tuple, int, int, str, int, bytes]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
+    """Insert or replace rows (key with the dimensions' text last, end_ms, count, stats text,
+    revision, sketches blob: store/row_codec.py's encoding) of `table` (panes or tier_rows): one
+    executemany for the whole batch. Returns each key as stored (the text's number last)."""
+    number = dim_sets.numbered(conn, "?", (row[0] for row in rows))
     columns = ", ".join(key_columns)
     marks = ", ".join("?" * len(key_columns))
     conn.executemany(
@@ -144,9 +152,8 @@ def save_many(conn: sqlite3.Connection, table: str, key_columns: tuple[str, ...]
         f" VALUES ({marks}, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT ({columns}) DO UPDATE SET count = excluded.count,"
         " stats = excluded.stats, revision = excluded.revision, updated_at_ms = excluded.updated_at_ms,"
         " last_batch = excluded.last_batch, sketches = excluded.sketches",
-        [(*number[key], end_ms, data.count, text, revision, now_ms, batch_id, blob)
-         for (key, end_ms, data, revision), (text, blob) in zip(rows, row_codec.texts_and_blobs(rows, encoded),
-                                                                strict=True)])
+        [(*number[key], end_ms, count, text, revision, now_ms, batch_id, blob)
+         for key, end_ms, count, text, revision, blob in rows])
     return number
 
 
@@ -197,7 +204,7 @@ def number_dims(conn: sqlite3.Connection) -> None:
 
 
 __all__ = ["ALL_DIMS", "apply_deltas", "create_schema", "drop_expired", "fold_old_sketch_tables", "load_many", "number_dims",
-           "read_rows", "rebuild", "save_many", "stored_layouts"]
+           "read_rows", "rebuild", "save_many", "save_rows", "stored_layouts"]
 
 
 def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,

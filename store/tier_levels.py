@@ -162,12 +162,11 @@ def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey,
     return _deltas(_root(pane_rows, layout.pane_ms), layout)
 
 
-def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], keys: Sequence[str],
-                           dims: Sequence[Mapping[str, str]], layout: TierLayout) -> dict[TierKey, TierDelta]:
+def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], layout: TierLayout) -> dict[TierKey, TierDelta]:
     """tier_deltas of a stream's partials given as columns (store/partial_columns.py), with each
-    row's pane revision after the merge, dims_key and dimensions: the same deltas, without
-    reading each partial's objects back into columns."""
-    return _deltas(_root_of_columns(columns, revisions, keys, dims, layout.pane_ms), layout)
+    row's pane revision after the merge: the same deltas, without reading each partial's objects
+    back into columns."""
+    return _deltas(_root_of_columns(columns, revisions, layout.pane_ms), layout)
 
 
 def _deltas(root: _Level, layout: TierLayout) -> dict[TierKey, TierDelta]:
@@ -248,17 +247,13 @@ def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:
                   fields, distincts)
 
 
-def _root_of_columns(cols: PartialColumns, revisions: Sequence[int], keys: Sequence[str],
-                     dims: Sequence[Mapping[str, str]], pane_ms: int) -> _Level:
+def _root_of_columns(cols: PartialColumns, revisions: Sequence[int], pane_ms: int) -> _Level:
     """_root's level from columns: the same arrays, lists and field order (a field's place is
-    where a row first has it, then the stream's order, as _root meets them row by row)."""
+    where a row first has it, then the stream's order, as _root meets them row by row; the
+    columns number their combinations in the order rows first have them, as _root does)."""
     size = len(cols)
-    if not (len(revisions) == len(keys) == len(dims) == size):
-        raise ValueError(f"{size} rows of columns, {len(revisions)} revisions, {len(keys)} keys, {len(dims)} dims")
-    combos: dict[str, int] = {}
-    combo = [combos.setdefault(key, len(combos)) for key in keys]
-    firsts = np.unique(np.asarray(combo, np.int64), return_index=True)[1] if size else np.zeros(0, np.int64)
-    dims_of = [dims[i] for i in firsts.tolist()]  # combo c first appears before combo c + 1
+    if len(revisions) != size:
+        raise ValueError(f"{size} rows of columns, {len(revisions)} revisions")
     found = []  # (first row, place in the stream's order, name, its _Field)
     for place, (name, n, sums, lo, hi, klls) in enumerate(cols.values):
         n = np.asarray(n, np.int64).reshape(size)
@@ -282,7 +277,7 @@ def _root_of_columns(cols: PartialColumns, revisions: Sequence[int], keys: Seque
             seen.append((first, place, name, list(blobs)))
     distincts = {name: blobs for _, _, name, blobs in sorted(seen, key=lambda x: x[:2])}
     return _Level(pane_ms, ALL_DIMS, np.asarray(cols.start, np.int64).reshape(size),
-                  np.asarray(combo, np.int64).reshape(size), dims_of, list(combos),
+                  np.asarray(cols.combo, np.int64).reshape(size), list(cols.dims), list(cols.keys),
                   np.asarray(cols.count, np.int64).reshape(size), np.asarray(revisions, np.int64).reshape(size),
                   fields, distincts)
 

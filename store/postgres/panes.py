@@ -44,9 +44,9 @@ from store.commit_plan import (
     DROP_OLD_CHANGES,
     StreamState,
     change_feed_horizon,
-    pane_encodings,
     pane_ids,
     pane_keys,
+    pane_rows,
     plan_batch,
     rebuild_chunks,
     rebuilt_rows,
@@ -122,25 +122,26 @@ class PostgresPaneStore(PaneStore):
         layouts = _layouts(conn)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
                           idle_timeout_ms=idle_timeout_ms, keys=keys)
-        stored_keys = rows.save(conn, "panes", rows.PANE_KEY,
-                                [((p.stream, p.start_ms, p.dims), p.end_ms, p.data, p.revision) for p in plan.panes],
-                                now_ms, commit.batch_id, encoded=pane_encodings(commit, plan.panes))
+        written = pane_rows(plan)
+        stored_keys = rows.save_rows(conn, "panes", rows.PANE_KEY,
+                                     [((stream, start, key), end, count, text, revision, blob)
+                                      for stream, start, end, key, count, text, revision, blob, _, _ in written],
+                                     now_ms, commit.batch_id)
         first_seq = last_seq = None
         with conn.cursor() as cur:
             changes = []
-            for pane in plan.panes:
+            for stream, start, end, key, _, _, revision, _, added, c in written:
                 correction_id = None
-                if pane.correction is not None:  # few: one INSERT each, for its id
-                    c = pane.correction
+                if c is not None:  # few: one INSERT each, for its id
                     correction_id = cur.execute(
                         "INSERT INTO corrections (stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to,"
                         " pipeline, batch_id, events_added, at_ms, old, new)"
                         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                        (pane.stream, pane.start_ms, pane.end_ms, pane.dims, c.revision_from, c.revision_to,
-                         commit.pipeline, commit.batch_id, pane.count_added, now_ms, _json(c.old), _json(c.new)),
+                        (stream, start, end, key, c.revision_from, c.revision_to,
+                         commit.pipeline, commit.batch_id, added, now_ms, _json(c.old), _json(c.new)),
                     ).fetchone()[0]
-                changes.append((pane.stream, pane.start_ms, stored_keys[(pane.stream, pane.start_ms, pane.dims)][-1],
-                                pane.revision, commit.batch_id, pane.count_added, now_ms, correction_id))
+                changes.append((stream, start, stored_keys[(stream, start, key)][-1], revision, commit.batch_id,
+                                added, now_ms, correction_id))
             if changes:
                 rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims_id", "revision", "batch_id", "count_added",
                                                  "at_ms", "correction_id"), changes)

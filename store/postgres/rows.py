@@ -78,16 +78,23 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
 
 
 def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
-         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int,
-         encoded: Sequence[tuple[str | None, bytes] | None] | None = None) -> dict[tuple, tuple]:
+         rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
     """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
-    `table` with their sketches; of rows with the same key, the last one is kept (one INSERT may
-    not touch a row twice). `encoded`: per row, its stats text and sketches blob already encoded
-    (commit_plan.pane_encodings), or None where they are encoded here. Returns each key as
-    stored (the text's number last)."""
+    `table` with their sketches: save_rows of them encoded."""
     rows = list(rows)
-    latest = {row[0]: (row, given) for row, given in zip(rows, encoded if encoded is not None else [None] * len(rows),
-                                                         strict=True)}
+    return save_rows(conn, table, key_columns,
+                     [(key, end, data.count, text, revision, blob)
+                      for (key, end, data, revision), (text, blob) in zip(rows, row_codec.texts_and_blobs(rows),
+                                                                          strict=True)], now_ms, batch_id)
+
+
+def save_rows(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
+              rows: Sequence[tuple[tuple, int, int, str, int, bytes]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
+    """Insert or replace rows (key with the dimensions' text last, end_ms, count, stats text,
+    revision, sketches blob: store/row_codec.py's encoding) of `table`; of rows with the same key,
+    the last one is kept (one INSERT may not touch a row twice). Returns each key as stored (the
+    text's number last)."""
+    latest = {row[0]: row for row in rows}
     if not latest:
         return {}
     ensure_staging(conn)
@@ -95,11 +102,9 @@ def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
         number = dim_sets.numbered(cur, "%s", latest)
     columns = ", ".join(key_columns)
     staged = f"staged_{table}"
-    kept = [row for row, _ in latest.values()]
     copy_rows(conn, staged, (*key_columns, *_ROW),
-              ((*number[key], end, data.count, text, revision, now_ms, batch_id, blob)
-               for (key, end, data, revision), (text, blob)
-               in zip(kept, row_codec.texts_and_blobs(kept, [given for _, given in latest.values()]))))
+              ((*number[key], end, count, text, revision, now_ms, batch_id, blob)
+               for key, end, count, text, revision, blob in latest.values()))
     updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
     conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
         f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"

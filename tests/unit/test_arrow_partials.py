@@ -249,6 +249,8 @@ def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
     from aggregates.partials import catalog_layout
     from catalog import load_catalog
     from sketchboard.settings import DEFAULT_STREAMS
+    from store.commit_plan import column_partials
+    from store.panes import dims_key
 
     catalog = load_catalog(DEFAULT_STREAMS)
     layout = catalog_layout(catalog, 12, 200)
@@ -274,22 +276,19 @@ def test_the_commit_read_from_the_table_equals_the_one_read_from_its_rows():
     ends = {"http_requests": {0: 10}, "orders": {0: 10}}
     by_column = build_commit("p", 1, table, catalog, ends, batch_now_ms=1)
     by_row = build_commit("p", 1, table.to_pylist(), catalog, ends, batch_now_ms=1)
-    assert by_column.partials and by_column.dead_letters
-    key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
-    assert sorted(by_column.partials, key=key) == sorted(by_row.partials, key=key)
-    # Read from the table, each stream's partials come with their columns (store/partial_columns.py):
-    # row g holds what the stream's g-th partial holds (a field where its n is above 0, a sketch where not null).
+    # Read from the table, each stream's partials come as columns (store/partial_columns.py), no
+    # objects: row g stands for the partial the rows' path makes (its combination, a field where
+    # its n is above 0, a sketch where not null).
+    assert not by_column.partials and by_column.dead_letters and by_row.partials
     assert set(by_column.partial_columns) == {"http_requests", "orders"} and not by_row.partial_columns
-    for name, cols in by_column.partial_columns.items():
-        mine = [p for p in by_column.partials if p.stream == name]
-        assert len(cols) == len(mine)
-        for g, p in enumerate(mine):
-            values = {v: (ns[g], sums[g], lo[g], hi[g], klls[g]) for v, ns, sums, lo, hi, klls in cols.values if ns[g]}
-            assert (cols.start[g], cols.count[g], values, {d: b[g] for d, b in cols.distincts if b[g] is not None}) == (
-                p.start_ms, p.data.count, {v: (s.n, s.sum, s.min, s.max, s.kll) for v, s in p.data.values.items()},
-                dict(p.data.distincts))
-    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": by_column.partials,
-                                        "partial_columns": by_column.partial_columns})
+    from_columns = [p for cols in by_column.partial_columns.values() for p in column_partials(cols, range(len(cols)))]
+    key = lambda p: repr((p.stream, p.start_ms, sorted(p.dims.items())))  # noqa: E731
+    assert sorted(from_columns, key=key) == sorted(by_row.partials, key=key)
+    for cols in by_column.partial_columns.values():
+        assert len(cols.keys) == len(set(cols.keys)) == len(cols.dims)  # each combination once
+        assert [dims_key(d) for d in cols.dims] == list(cols.keys)
+    assert by_column.partial_count == by_row.partial_count == len(by_row.partials)
+    assert by_column == type(by_row)(**{**by_row.__dict__, "partials": [], "partial_columns": by_column.partial_columns})
 
 
 def test_an_unknown_partials_mode_is_refused_with_its_name():

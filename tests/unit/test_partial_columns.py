@@ -1,8 +1,9 @@
 """A batch's partials given as columns (store/partial_columns.py) make the tier deltas the
 partials' objects make (store/tier_levels.py `tier_deltas`): the same rows, numbers, field
 order, and the stats text and sketches blob the store writes, byte for byte; a commit plan
-with the columns equals the plan without them, falling back to the rows where the columns are
-not the stream's partials; and every store backend writes the same rows with them as without."""
+with the columns writes what the plan of the same partials as objects writes (its fresh panes
+from the columns, the others merged as objects); and every store backend writes the same rows
+with them as without."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import BatchCommit, PaneData, PanePartial, ValueStats
-from store.commit_plan import StoredPane, StreamState, pane_encodings, pane_ids, pane_keys, plan_batch
+from store.commit_plan import StoredPane, StreamState, column_partials, pane_ids, pane_keys, pane_rows, plan_batch
 from store.panes import dims_key
 from store.partial_columns import PartialColumns
 from store.row_codec import sketches_blob, stats_text
@@ -58,7 +59,7 @@ def test_tier_deltas_from_columns_are_those_from_the_partials_byte_for_byte(rows
     cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
     assert cols is not None and len(cols) == len(partials)
     by_rows = tier_deltas([(p.start_ms, p.dims, key, p.data, r) for p, key, r in zip(partials, keys, revisions)], LAYOUT)
-    by_columns = tier_deltas_of_columns(cols, revisions, keys, [p.dims for p in partials], LAYOUT)
+    by_columns = tier_deltas_of_columns(cols, revisions, LAYOUT)
     assert list(by_columns) == list(by_rows)
     assert _written(by_columns) == _written(by_rows)
 
@@ -73,43 +74,47 @@ def test_columns_refuse_what_they_cannot_say():
         assert PartialColumns.of("s", [good, bad], ("v", "w"), ("u",)) is None
 
 
-@settings(max_examples=40, deadline=None)
+def _view(plan) -> tuple:
+    """What a plan writes: its pane rows in order, counts, tier rows, progress."""
+    return (pane_rows(plan), plan.panes_new, plan.panes_updated, plan.corrections,
+            {s: _written(d) for s, d in plan.tier_deltas.items()}, plan.streams, plan.dead_counts)
+
+
+@settings(max_examples=60, deadline=None)
 @given(partials_st, st.integers(0, 3))
-def test_a_plan_with_columns_equals_the_plan_without(rows, stored_every):
+def test_a_plan_with_columns_writes_what_the_plan_of_the_objects_writes(rows, stored_every):
     # Panes already stored (merged: revisions move; final: corrections), two partials of one pane,
-    # another stream without tiers, and partials of the stream appended after the columns were
-    # made (the plan then takes the rows' path): the same plan every time.
+    # another stream without tiers, and an object partial of the stream merging into a pane of a
+    # column row: the same rows written every time.
     partials = [p for p, _ in rows]
     cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
+    assert column_partials(cols, range(len(cols))) == partials
     other = PanePartial("t", T0, T0 + PANE, {"a": "x"}, PaneData(3))
-    commit = BatchCommit("main", 7, [other, *partials], 0, partial_columns={"s": cols})
-    plain = replace(commit, partial_columns={})
-    ids = pane_ids(commit)
+    commit = BatchCommit("main", 7, [other], 0, partial_columns={"s": cols})
+    plain = BatchCommit("main", 7, [*partials, other], 0)
+    ids = pane_ids(plain)
+    assert pane_ids(commit) == ids
     stored = {pane: StoredPane(PaneData(1), 1 + i % 2) for i, pane in enumerate(ids) if stored_every and i % stored_every == 0}
     before = {"s": StreamState(T0 + 100 * PANE, T0 + 100 * PANE)}
     layouts = {"s": LAYOUT}
 
     def plan(c):
-        p = plan_batch(replace(c, events_read=sum(x.data.count for x in c.partials)), stored, before, {"s": 0}, layouts,
-                       keys=pane_keys(c))
-        return p, {s: _written(d) for s, d in p.tier_deltas.items()}
+        n = sum(x.data.count for x in c.partials) + sum(cols.count) * ("s" in c.partial_columns)
+        return plan_batch(replace(c, events_read=n), stored, before, {"s": 0}, layouts, keys=pane_keys(c))
 
-    assert plan(commit) == plan(plain)
-    # The pane rows' texts and blobs encoded from the columns (store/row_columns.py) for every
-    # write whose data is its partial's own, the same bytes row_codec writes; none without columns.
-    written = plan(commit)[0].panes
-    encoded = pane_encodings(commit, written)
-    assert pane_encodings(plain, written) == [None] * len(written)
-    for i, (partial, write, given) in enumerate(zip(commit.partials, written, encoded, strict=True)):
-        if i == 0 or write.data is not partial.data:  # stream t (no columns), or merged into a stored pane
-            assert given is None
-        else:
-            assert given is not None and given[1] == sketches_blob(write.data)
-            assert given[0] in (None, stats_text(write.data))
+    by_columns = plan(commit)
+    assert _view(by_columns) == _view(plan(plain))
+    # The fresh panes (none stored, the only partial of their pane, not final) are written from
+    # the columns, without a PaneWrite; every other partial is merged as an object.
+    ids_of = [(p.stream, p.start_ms, dims_key(p.dims)) for p in partials]
+    fresh = [i for i, (p, pane) in enumerate(zip(partials, ids_of)) if pane not in stored
+             and ids_of.count(pane) == 1 and p.end_ms > T0 + 100 * PANE]
+    assert [i for block in by_columns.fresh for i in block.rows] == fresh
+    assert len(by_columns.panes) == len(partials) - len(fresh) + 1
     if partials:
-        extra = PanePartial("s", T0, T0 + PANE, {"a": "y"}, PaneData(2))
-        appended = replace(commit, partials=[*commit.partials, extra])
-        assert plan(appended) == plan(replace(appended, partial_columns={}))
+        extra = PanePartial("s", partials[0].start_ms, partials[0].end_ms, dict(partials[0].dims), PaneData(2))
+        appended = replace(commit, partials=[other, extra])
+        assert _view(plan(appended)) == _view(plan(replace(plain, partials=[*partials, other, extra])))
 
 
 # Each example makes its own two stores (the fixture only says which backend).
@@ -121,11 +126,11 @@ def test_every_backend_writes_the_same_rows_with_the_columns_as_without(store_ba
     partials = [p for p, _ in rows]
     cols = PartialColumns.of("s", partials, ("v", "w"), ("u",))
     stores = []
-    for columns in ({"s": cols}, {}):
+    for objects, columns in (([], {"s": cols}), (partials, {})):
         store = store_backend.create()
         store.configure_tiers({"s": LAYOUT}, now_ms=T0)
         for batch_id in (0, 1):
-            commit = BatchCommit("main", batch_id, partials, sum(p.data.count for p in partials),
+            commit = BatchCommit("main", batch_id, objects, sum(p.data.count for p in partials),
                                  {"s": T0} if partials else {}, {}, partial_columns=columns)
             store.commit_batch(commit, lateness_ms={"s": 0}, now_ms=T0)
         stores.append(store)
