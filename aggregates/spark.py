@@ -11,6 +11,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from aggregates.cluster import ExecutorEnvironmentError, driver_python_env, is_local_master, probe_executors
+from aggregates.spark_python import use_installed_pyspark
 from ingest.spark_source import SketchboardLogSource
 
 log = logging.getLogger("sketchboard.spark")
@@ -30,6 +31,8 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
     # which on a cluster means the same path on every worker (the same image or venv location).
     driver_python_env(extra_conf)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:  # workers import the installed pyspark, not Spark's zip of it (aggregates/spark_python.py)
+        use_installed_pyspark()
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

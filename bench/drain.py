@@ -29,9 +29,12 @@ def drain_timed(pipeline, store, *, out: TextIO = sys.stdout) -> Drained:
     def timed(batch, batch_id):
         if not marks:
             marks.append((time.perf_counter(), 0))  # first batch handed to us: the query is planned
+            print(f"  query start to its first batch: {marks[0][0] - started:.1f} s", file=out, flush=True)
+        handed = time.perf_counter()
         result = process(batch, batch_id)
         marks.append((time.perf_counter(), store.progress(name).events_read))
-        print(f"  batch {batch_id}: {marks[-1][1]:,} events committed so far", file=out, flush=True)
+        print(f"  batch {batch_id}: {marks[-1][1]:,} events committed so far ({marks[-1][0] - handed:.1f} s in the batch)",
+              file=out, flush=True)
         return result
 
     pipeline.process_batch = timed

@@ -15,3 +15,16 @@ def test_the_sketch_aggregations_hash_map_is_bounded(spark):
 
     threshold = int(spark.conf.get("spark.sql.objectHashAggregate.sortBased.fallbackThreshold"))
     assert threshold == HASH_AGGREGATE_GROUPS <= 100_000
+
+
+def test_python_workers_import_the_installed_pyspark_not_sparks_zip_of_it(spark):
+    """Spark puts its zipped pyspark and py4j first on its workers' PYTHONPATH; Python compiles
+    zipped modules anew in every process (~1 s each). Local workers run through the launcher of
+    aggregates/spark_python.py, which drops them: the installed package, compiled once."""
+    import pyspark
+
+    files = spark.sparkContext.parallelize([0], 1).map(
+        lambda _: (__import__("pyspark").__file__, __import__("os").environ.get("PYTHONPATH", ""))).collect()
+    (worker_pyspark, worker_path), = files
+    assert worker_pyspark == pyspark.__file__ and ".zip" not in worker_pyspark
+    assert "pyspark.zip" not in worker_path and "py4j" not in worker_path
