@@ -139,8 +139,14 @@ def test_sqlite_stages_only_the_keys_of_streams_and_tiers_with_rows_in_their_spa
     later = [("s", p.start_ms + 86_400_000, dims_key(p.dims)) for p in partials]  # a day on: no rows there
     other = [("t", p.start_ms, dims_key(p.dims)) for p in partials]  # a stream without rows
     assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, later + other) == []
-    assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, stored + later + other) == stored + later
+    assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, stored + later + other) == stored
     assert set(load_many(conn, "panes", PANE_KEY, later + stored + other)) == set(stored)
+    # A backfill's next batch: its span begins at the last stored pane; only the keys between the
+    # first and last stored rows within it (that pane's) can be stored.
+    last = max(p.start_ms for p in partials)
+    shared = [key for key in stored if key[1] == last]
+    nxt = [("s", last + i * 10_000, dims_key(p.dims)) for i, p in enumerate(partials)]
+    assert in_stored_spans(conn.cursor(), "?", "panes", PANE_KEY, nxt + shared) == [nxt[0], *shared]
     minute = ("s", 60_000, "a", T0, '{"a":"x"}')
     assert in_stored_spans(conn.cursor(), "?", "tier_rows", TIER_KEY, [minute, ("s", 600_000, "a", T0 + 86_400_000, "{}")]) == [minute]
     store.close()
@@ -192,3 +198,24 @@ def test_a_file_with_the_old_rowid_sketch_tables_still_commits_and_reads(tmp_pat
 
     assert assert_tiers_match_panes(store, "s") > 0
     store.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("st"), st.integers(0, 40)), max_size=25, unique=True),
+       st.lists(st.tuples(st.sampled_from("stu"), st.integers(0, 40)), max_size=25))
+def test_the_keys_that_may_be_stored_hold_every_stored_one_in_order(stored, asked):
+    # Whatever is stored and asked: every asked key that is stored is kept, in the keys' order,
+    # and none outside the stored rows' first and last start within the asked span per stream.
+    from store.stored_spans import in_stored_spans
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (stream TEXT, start_ms INTEGER, dims_id INTEGER, PRIMARY KEY (stream, start_ms, dims_id))")
+    conn.executemany("INSERT INTO t VALUES (?, ?, 0)", stored)
+    keys = [(s, start, 0) for s, start in asked]
+    kept = in_stored_spans(conn.cursor(), "?", "t", ("stream", "start_ms", "dims_id"), keys)
+    assert [k for k in keys if k in kept] == kept  # a subsequence, in order
+    assert {k for k in keys if k[:2] in set(stored)} <= set(kept)
+    for s in "stu":
+        mine = [start for stream, start in asked if stream == s]
+        inside = [start for stream, start in stored if stream == s and mine and min(mine) <= start <= max(mine)]
+        assert all(inside and min(inside) <= k[1] <= max(inside) for k in kept if k[0] == s)
