@@ -70,7 +70,7 @@ def test_pipeline_on_a_standalone_cluster_is_exact(tmp_path, demo_catalog, spark
                                                    store_backend):
     log = log_backend.new(tmp_path)
     store = store_backend.create()
-    events = http_events(12_000, seed=11)
+    events = http_events(3_000, seed=11)
     append(log, demo_catalog, "http_requests", events)
 
     done = run_pipeline(tmp_path, cluster_settings(log, store.dsn, spark_cluster.master_url))
