@@ -53,7 +53,10 @@ def cluster_settings(log: TestLog, dsn: str, master: str) -> dict:
     return {**log.settings(), "store_backend": "postgres", "postgres_dsn": dsn, "postgres_pool_size": 2,
             "spark_master": master, "spark_driver_memory": "512m",
             # The worker offers 1 GiB: executors ask for less, leaving room for their Python workers.
-            "spark_conf": {"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2"}}
+            "spark_conf": {"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
+                           # As the tests' drivers (tests/conftest.py): a one-batch executor JVM with
+                           # the JIT's first tier only spends less of the 2 cores compiling.
+                           "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"}}
 
 
 def append(log: TestLog, catalog: Catalog, stream: str, events: list[dict]) -> None:
