@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,15 @@ from hypothesis import settings
 # machine an example that takes 1 ms alone took 277 ms under load and failed the suite.
 settings.register_profile("sketchboard", deadline=None)
 settings.load_profile("sketchboard")
+
+# Spark's driver JVMs in the tests (the in-process SparkSession, and every `sketchboard` process a
+# test starts, which inherit this environment) compile with the JIT's first tier only (C1): they
+# live seconds to minutes, and C2's compiler threads cost more of the 2 cores than its faster code
+# wins back. Measured back to back (docs/development.md): `pipeline --once` 28-31 s -> 22-23 s,
+# tests/browser/test_lag_e2e.py 102 s -> 66 s. SPARK_SUBMIT_OPTS reaches only JVMs that
+# spark-submit launches (pyspark's driver); the Kafka broker, a standalone cluster's daemons and
+# its executors keep their defaults. An SPARK_SUBMIT_OPTS of your own is left as it is.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 from catalog import Catalog, load_catalog
 from tests.support.teardown import reported_if_slow

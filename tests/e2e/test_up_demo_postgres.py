@@ -83,8 +83,10 @@ def wait_for(what: str, check, log_file, timeout: float = 240, seen: dict | None
 def test_up_with_the_demo_tables_in_postgres_follows_them_and_counts_requests_per_tier(tmp_path, demo_database):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    # A demo shop of 2 000 users, as tests/procs.py gives every real-process test: the shipped
+    # 50 000 rows are a snapshot, a first batch and a table read to wait for, showing nothing more.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SKETCHBOARD_DEMO_POSTGRES_DSN": demo_database,
-           "SKETCHBOARD_DEMO_RATE": "40"}
+           "SKETCHBOARD_DEMO_RATE": "40", "SKETCHBOARD_DEMO_USERS": "2000"}
     log_file = tmp_path / "up.log"
     with open(log_file, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "up", "--port", str(port),
