@@ -18,12 +18,15 @@ an interpreter the user chose, a cluster) is left as Spark does it."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+
+log = logging.getLogger("sketchboard.spark")
 
 # The two entries Spark adds, as the JVM spells them (SPARK_HOME/python/lib/...).
 ZIPPED = re.compile(r"(^|/)python/lib/(pyspark\.zip|py4j-[^/]*-src\.zip)$")
@@ -79,7 +82,11 @@ def use_installed_pyspark(environ=os.environ) -> Path | None:
         return None
     if not uses_installed_pyspark(environ, os.path.dirname(pyspark.__file__)):
         return None
-    launcher = worker_launcher()
+    try:
+        launcher = worker_launcher()
+    except OSError as exc:  # no writable temp dir: Spark's own way, only slower to start its workers
+        log.warning("Spark's Python workers will import Spark's zipped pyspark (slower to start): %s", exc)
+        return None
     environ["PYSPARK_PYTHON"] = str(launcher)
     return launcher
 

@@ -49,3 +49,11 @@ def test_it_is_used_only_for_this_interpreter_and_the_installed_pyspark(tmp_path
     environ = {"PYSPARK_PYTHON": sys.executable}
     launcher = use_installed_pyspark(environ)
     assert launcher is not None and environ["PYSPARK_PYTHON"] == str(launcher) and launcher.is_relative_to(tmp_path)
+
+
+def test_without_a_writable_temp_dir_spark_keeps_its_own_way(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the launcher's folder would go
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(blocked))
+    environ = {"PYSPARK_PYTHON": sys.executable}
+    assert use_installed_pyspark(environ) is None and environ == {"PYSPARK_PYTHON": sys.executable}
