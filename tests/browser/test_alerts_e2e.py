@@ -30,7 +30,12 @@ RULE = {"name": "cart_latency", "kind": "threshold", "metric": "latency", "stat"
         "for": "3s", "interval": "1s", "labels": {"severity": "page"},
         "annotations": {"summary": "p99 latency of {{ $labels.endpoint }} is {{ $value }} ms"}}
 FOR_MS, INTERVAL_MS = 3_000, 1_000
-SPIKE_S = 15
+# Long enough that the instance still fires when the panel draws it: on a loaded machine the
+# overview page's main thread, busy drawing its 25 charts' points, handled the pushed `alert`
+# message 15-38 s late (a 15 s spike, ~13 s firing, had resolved by then). A known dashboard
+# lag under load (session 49's note), not what this test is about.
+SPIKE_S = 45
+PANEL_WAIT_MS = 40_000
 
 
 def fast_streams(path) -> None:
@@ -74,7 +79,8 @@ def test_a_latency_spike_fires_notifies_once_and_resolves(service_factory, tmp_p
 
             firing = service.wait_for(lambda: _active(service, "firing"), 90, "the alert to fire")
             try:
-                page.wait_for_selector(".alert-instance[data-rule=cart_latency][data-state=firing]", timeout=15_000)
+                page.wait_for_selector(".alert-instance[data-rule=cart_latency][data-state=firing]",
+                                       timeout=PANEL_WAIT_MS)
             except Exception:
                 page.screenshot(path=str(artifacts / "alert-firing-missed.png"), full_page=True)
                 raise AssertionError(f"the panel did not show the firing alert; API: {_instances(service)}; "
@@ -120,8 +126,8 @@ def test_a_latency_spike_fires_notifies_once_and_resolves(service_factory, tmp_p
 
         # The dashboard: nothing firing any more; the history shows the three changes.
         page.wait_for_selector(".alert-instance[data-rule=cart_latency][data-state=firing]", state="detached",
-                               timeout=15_000)
-        page.wait_for_function("document.querySelectorAll('.alert-event').length >= 3", timeout=15_000)
+                               timeout=PANEL_WAIT_MS)
+        page.wait_for_function("document.querySelectorAll('.alert-event').length >= 3", timeout=PANEL_WAIT_MS)
         page.screenshot(path=str(artifacts / "alert-resolved.png"), full_page=True)
         assert watch.errors == [], watch.errors
         assert watch.foreign == [], watch.foreign
