@@ -101,10 +101,6 @@ class FreshPanes:
     # block after block, in order. The rows are written in the columns' order, as the objects' would be.
     merged: list[int] = field(default_factory=list)
 
-    @property
-    def stream(self) -> str:
-        return self.columns.stream
-
 
 FRESH_REVISION = next_revision(None, False)
 
@@ -241,16 +237,14 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         if rows:
             counts["new"] += len(rows)
             aggregated[stream] += sum(map(cols.count.__getitem__, rows))
+        # Each row's key, where objects need it (a backfill into new time makes none).
+        row_keys = cols.row_keys() if slow or stream in with_objects else []
         if stream in with_objects:
-            row_keys = cols.row_keys()
             fresh_at.update(((stream, cols.start[i], row_keys[i]), (cols, i)) for i in rows)
-        if slow:
-            row_keys = cols.row_keys()
-            for i, partial in zip(slow, column_partials(cols, slow), strict=True):
-                revisions[i] = merge(partial, row_keys[i])
+        for i, partial in zip(slow, column_partials(cols, slow), strict=True):
+            revisions[i] = merge(partial, row_keys[i])
         if stream in layouts:
             if stream in with_objects:  # rows of both kinds: the tier step over objects, in order
-                row_keys = cols.row_keys()
                 tier_input[stream].extend((p.start_ms, p.dims, row_keys[i], p.data, revisions[i])
                                           for i, p in enumerate(column_partials(cols, range(len(cols)))))
             else:
@@ -321,9 +315,9 @@ def pane_rows(plan: BatchPlan) -> list[tuple]:
     dims key, count, stats text, revision, sketches blob, count added, correction or None), the
     text and blob as store/row_codec.py writes them. A fresh row's are encoded column-wise
     (store/row_columns.py), or from its PaneData where that leaves them."""
-    merges = [(None, w.end_ms, w.data, w.revision) for w in plan.panes]
-    merged = [(w.stream, w.start_ms, w.end_ms, w.dims, w.data.count, text, w.revision, blob, w.count_added, w.correction)
-              for w, (text, blob) in zip(plan.panes, row_codec.texts_and_blobs(merges), strict=True)]
+    merges = row_codec.encoded_rows((None, w.end_ms, w.data, w.revision) for w in plan.panes)
+    merged = [(w.stream, w.start_ms, w.end_ms, w.dims, count, text, w.revision, blob, w.count_added, w.correction)
+              for w, (_, _, count, text, _, blob) in zip(plan.panes, merges, strict=True)]
     out = []
     taken = 0  # the merges written so far
     for block in plan.fresh:

@@ -91,10 +91,10 @@ def _name(name: str) -> bytes:
     return out
 
 
-def texts_and_blobs(rows: Sequence[tuple]) -> Iterator[tuple[str, bytes]]:
-    """Per row (key, end_ms, PaneData, revision), its stats text and sketches blob."""
-    for row in rows:
-        yield stats_text(row[2]), sketches_blob(row[2])
+def encoded_rows(rows: Iterable[tuple]) -> list[tuple]:
+    """Rows (key, end_ms, PaneData, revision) as the stores' save_rows take them: (key, end_ms,
+    count, stats text, revision, sketches blob)."""
+    return [(key, end_ms, data.count, stats_text(data), revision, sketches_blob(data)) for key, end_ms, data, revision in rows]
 
 
 def stats_key(name: str) -> str:

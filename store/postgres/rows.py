@@ -81,11 +81,7 @@ def save(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
          rows: Iterable[tuple[tuple, int, PaneData, int]], now_ms: int, batch_id: int) -> dict[tuple, tuple]:
     """Insert or replace rows (key with the dimensions' text last, end_ms, data, revision) of
     `table` with their sketches: save_rows of them encoded."""
-    rows = list(rows)
-    return save_rows(conn, table, key_columns,
-                     [(key, end, data.count, text, revision, blob)
-                      for (key, end, data, revision), (text, blob) in zip(rows, row_codec.texts_and_blobs(rows),
-                                                                          strict=True)], now_ms, batch_id)
+    return save_rows(conn, table, key_columns, row_codec.encoded_rows(rows), now_ms, batch_id)
 
 
 def save_rows(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...],
