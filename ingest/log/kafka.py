@@ -381,10 +381,24 @@ class KafkaEventLog(EventLog):
                 return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
             except KafkaException as exc:
                 # Right after a topic is created (or a broker restarted) its leader may not be
-                # known yet: "not leader" is retriable and passes within a second.
-                if not _retriable(exc) or time.monotonic() > deadline:
+                # known yet: "not leader" is retriable and passes within a second. "Unknown
+                # partition" is the consumer's own metadata cache, not the broker: it outlives a
+                # topic growing partitions, or a broker restart that answered with a partial
+                # topic, for up to metadata.max.age.ms (15 min), so it is refreshed here.
+                stale = exc.args[0].code() == KafkaError._UNKNOWN_PARTITION
+                if not (stale or _retriable(exc)) or time.monotonic() > deadline:
                     raise self._unavailable(f"could not read the offsets of Kafka topic {topic!r}", exc) from None
+                if stale:
+                    self._refresh_metadata(topic, deadline)
                 time.sleep(0.05)
+
+    def _refresh_metadata(self, topic: str, deadline: float) -> None:
+        """Ask the broker for the topic's metadata through the consumer: its answer replaces the
+        consumer's cached partitions (the admin client's cache is another one)."""
+        try:
+            self._consumer.list_topics(topic=topic, timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException:
+            pass  # the broker is away: the next read says so
 
     def _fetch(self, topic: str, partition: int, start: int, end: int) -> list:
         """The records with start <= offset < end (end at most the high watermark)."""

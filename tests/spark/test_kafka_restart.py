@@ -137,6 +137,7 @@ def test_broker_restart_mid_run_api_answers_503_pipeline_resumes_counts_exact(tm
         while time.monotonic() < deadline and query.isActive and _read(store) < len(accepted):
             time.sleep(0.5)
         assert query.isActive and query.exception() is None, query.exception()
+        assert _read(store) >= len(accepted), (_read(store), len(accepted), query.status, query.recentProgress[-2:])
         time.sleep(3)  # a few more triggers: nothing beyond the accepted events arrives
     finally:
         if producer is not None:

@@ -207,6 +207,26 @@ def test_a_tables_topic_is_created_compacted_with_its_tombstone_retention(open_l
     assert config["message.timestamp.type"] == "LogAppendTime"
 
 @pytest.mark.kafka
+def test_offsets_are_read_past_the_consumers_stale_metadata(open_log, admin, prefix) -> None:
+    """librdkafka answers "Unknown partition" from its own metadata cache, which a broker restart
+    can leave short (CI saw a pipeline wait out a restarted broker this way for minutes) and which
+    a topic growing partitions leaves short for sure: the log refreshes it instead of failing
+    until the cache expires (metadata.max.age.ms, 15 min)."""
+    from confluent_kafka.admin import NewPartitions
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    assert sorted(log.offsets(STREAM.name)) == [0, 1, 2, 3]  # the consumer's cache: 4 partitions
+    topic = f"{prefix}clicks"
+    admin.create_partitions([NewPartitions(topic, 6)])[topic].result(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(offsets := log.offsets(STREAM.name)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the broker's own metadata catches up with its controller
+    assert sorted(offsets) == [0, 1, 2, 3, 4, 5]
+    assert all((o.start, o.end) == (0, 0) for o in offsets.values())
+
+
+@pytest.mark.kafka
 def test_existing_topic_with_fewer_partitions_is_a_clear_error(open_log, admin, prefix) -> None:
     create_topic(admin, f"{prefix}clicks", 2, **{"message.timestamp.type": "LogAppendTime"})
     with pytest.raises(TopicMismatch, match=f"'{prefix}clicks' has 2 partitions, fewer than the 4 configured"):
