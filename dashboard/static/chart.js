@@ -1,12 +1,14 @@
 // A live chart: one websocket subscription's series, kept as a map of points (a `points`
 // message upserts, a correction marks its pane), drawn as the panel's kind: line, area, bar,
 // stat (the newest value with a sparkline), table (the top groups) or heatmap (heatmap.js).
-// Plotly.react redraws in place, throttled. A drag on a time axis zooms the whole page.
+// Plotly.react redraws in place, through the page's render queue (render_queue.js: at most every
+// 400 ms, charts in view first, the drawing never taking all of the main thread). A drag on a
+// time axis zooms the whole page.
 
+import { renderQueue } from "./render_queue.js";
 import { PALETTE, cssVar, el, fmtLocal, fmtNum, groupLabel, hexToRgba, nowMs, parseLocal } from "./util.js";
 import { distribution } from "./heatmap.js";
 
-const RENDER_EVERY_MS = 400;
 const PLOTTED = new Set(["line", "area", "bar", "heatmap"]);
 const TABLE_ROWS = 10;
 // Viridis, with no events drawn as nothing rather than as the darkest colour.
@@ -20,11 +22,23 @@ export class LiveChart {
     this.series = new Map(); // "stat|group json" -> {stat, group, points: Map(t -> point)}
     this.result = null;
     this.corrections = [];
-    this.timer = null;
-    this.lastRender = 0;
+    this.lastRender = null; // set by the render queue
+    this.visible = true; // in the viewport: drawn first (until the observer says otherwise)
     this.plotted = false;
     this.renders = 0;
     this.revision = 0; // a new query: Plotly forgets the user's zoom (uirevision)
+    if (typeof IntersectionObserver !== "undefined") {
+      // Only the order of the queue's next slice changes: a chart scrolled into view goes first.
+      this.observer = new IntersectionObserver((entries) => { for (const e of entries) this.visible = e.isIntersecting; });
+      this.observer.observe(elem);
+    }
+  }
+
+  // A removed chart (another dashboard, a new explorer query) is drawn no more.
+  dispose() {
+    this.disposed = true;
+    renderQueue.forget(this);
+    if (this.observer) this.observer.disconnect();
   }
 
   reset(query) {
@@ -82,11 +96,7 @@ export class LiveChart {
     this.schedule();
   }
 
-  schedule() {
-    if (this.timer) return;
-    const wait = Math.max(0, this.lastRender + RENDER_EVERY_MS - Date.now());
-    this.timer = setTimeout(() => { this.timer = null; this.render(); }, wait);
-  }
+  schedule() { if (!this.disposed) renderQueue.request(this); }
 
   isFinal(p) {
     const wm = this.result.watermark_ms;
@@ -209,8 +219,7 @@ export class LiveChart {
       (this.series.size === 0 ? "no data in this range yet" : null));
   }
 
-  render() {
-    this.lastRender = Date.now();
+  render() { // called by the render queue, which sets lastRender
     this.renders += 1;
     const kind = this.opts.kind;
     if (PLOTTED.has(kind)) this.renderPlot();

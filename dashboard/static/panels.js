@@ -85,7 +85,9 @@ export class Dashboards {
   render() {
     for (const id of this.subs) this.page.conn.unsubscribe(id);
     this.subs = [];
-    for (const key of [...this.page.charts.keys()]) if (key.startsWith("panel-")) this.page.charts.delete(key);
+    for (const [key, chart] of [...this.page.charts]) {
+      if (key.startsWith("panel-")) { chart.dispose(); this.page.charts.delete(key); }
+    }
     const d = this.current;
     const area = $("panels");
     area.replaceChildren();
