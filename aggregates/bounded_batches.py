@@ -134,6 +134,16 @@ def offset_log_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str,
     return "\n".join(["v1", metadata, spark_offsets_json(by_topic)])
 
 
+def source_start_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str) -> str:
+    """Where the query started, as Spark's Kafka source logs it in `sources/0/0` when its query
+    starts with no offset log (KafkaSourceInitialOffsetWriter: a 0 byte, 'v1', the offsets' JSON).
+    Written for a batch 0 of our own, so batch 0's start is known as if Spark had planned it
+    (`Pipeline.logged_offsets`: its size, the driver's path); Spark reads the file only for a
+    query without an offset log, which ours never is after it."""
+    by_topic = {topic_name(topic_prefix, s): dict(parts) for s, parts in offsets.items()}
+    return "\x00v1\n" + spark_offsets_json(by_topic)
+
+
 def _metadata(offsets_dir: Path, planned: list[int], now_ms: int) -> str:
     """The metadata line of the last logged batch (Spark's session settings), else a fresh one."""
     if planned:
@@ -276,6 +286,8 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
         if end is None:
             return ran
         batch_id = planned[-1] + 1 if planned else 0
+        if batch_id == 0 and not (checkpoint / "sources" / "0" / "0").exists():
+            write_whole(checkpoint / "sources" / "0" / "0", source_start_text(start, config.kafka.topic_prefix))
         write_whole(offsets_dir / str(batch_id),
                offset_log_text(end, config.kafka.topic_prefix, _metadata(offsets_dir, planned, int(time.time() * 1000))))
         log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))

@@ -14,7 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
-from aggregates.commit import build_commit, checkpointed_end_offsets, clock_corrected
+from aggregates.commit import build_commit, checkpointed_end_offsets, checkpointed_kafka_start, clock_corrected
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
 from aggregates.device_clocks import DeviceClocks, with_clocks
@@ -303,12 +303,15 @@ class Pipeline(ReportsStoreErrors):
 
     def logged_offsets(self, batch_id: int) -> tuple[dict, dict]:
         """The end offsets Spark logged for the batch before `batch_id` (before batch 0: the start the
-        embedded source pinned) and for `batch_id`: the batch's range, without reading the log."""
+        embedded source pinned, or the one Spark's Kafka source logged) and for `batch_id`: the
+        batch's range, without reading the log."""
         c = self.config
         if batch_id > 0:
             start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1)
-        else:  # the embedded source pins where the query started; Kafka's start is not known here
-            start = initial_offsets(c.checkpoint_dir) if c.kafka is None else {}
+        elif c.kafka is None:  # the embedded source pins where the query started
+            start = initial_offsets(c.checkpoint_dir)
+        else:  # Spark's Kafka source logs it in its own file
+            start = stream_offsets(checkpointed_kafka_start(c.checkpoint_dir), topics_of(self.catalog, c.kafka.topic_prefix))
         return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
 
     def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:

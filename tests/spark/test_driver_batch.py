@@ -166,11 +166,10 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
     # the input rows it reports are the pipeline's own count (aggregates/progress.py).
     health = HealthStore(store_backend.side_db(), retention_ms=3_600_000)
     recorder = register(spark, health, "driver", "sketchboard-driver", input_rows=driver.rows_read_on_driver.get)
-    # The tables' first rows and events: batch 0. The embedded source pins where it started, so
-    # batch 0's size is known and the driver pipeline holds it too; Kafka's start is not known
-    # there, so both persist it.
+    # The tables' first rows and events: batch 0. The source logs where it started, so batch 0's
+    # size is known and the driver pipeline holds it too.
     append(200)
-    first = 0 if driver.config.kafka is None else 1  # the first batch held on the driver
+    first = 0  # the first batch held on the driver
     for p in (driver, persisted):
         p.run_until_drained()
     read_first = driver.store.progress("driver").events_read

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from aggregates.checkpoint_moves import logged_batches
+from aggregates.driver_batch import rows_at_most
 from aggregates.pipeline import Pipeline
 from api.app import create_app
 from api.context import ApiContext
@@ -124,6 +125,9 @@ def test_stop_mid_stream_and_restart_from_checkpoint_loses_nothing_and_counts_no
         query.stop()
     done = service.store.progress("main").events_read
     assert 0 < done < len(first), "stopped mid-stream"
+    # Spark's own query planned batch 0 (on Kafka its source logged where it started): its size is known.
+    start, end = service.pipeline().logged_offsets(0)
+    assert 0 < rows_at_most(start, end) <= 4_000, (start, end)
 
     # More events arrive while the pipeline is down; a new pipeline resumes from the checkpoint.
     service.post("http_requests", second)
@@ -143,6 +147,10 @@ def test_batch_replayed_after_a_crash_is_skipped(service: Service):
     service.post("http_requests", events)
     service.pipeline(max_records_per_batch=4_000).run_until_drained()
     last = service.store.last_batch_id("main")
+    # Batch 0's start is known on every log (the embedded source pins it, Spark's Kafka source logs
+    # it in its own file), so its size is: a small first batch takes the driver's path too.
+    start, end = service.pipeline().logged_offsets(0)
+    assert 0 < rows_at_most(start, end) <= 4_000 and service.pipeline().fits_driver(0), (start, end)
     changes_before = len(service.store.changes_since(0, limit=10**6))
 
     # A crash after the store commit but before Spark wrote its own commit log: Spark re-runs
