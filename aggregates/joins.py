@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from aggregates.driver_rules import list_get
 from aggregates.partials import merged_records
-from aggregates.window_join import DerivedRow, JoinRule, expire_through, join_batch, join_clock
+from aggregates.window_join import DerivedColumns, DerivedRow, JoinRule, expire_through, join_batch, join_clock
 from catalog import Catalog
 from catalog.joins import JOIN_VALUES, JoinDef, key_slot
 from sketches import DEFAULT_K, KllSketch
@@ -95,6 +96,66 @@ def derived_partials(rows: Iterable[DerivedRow], stream_name: str, dimensions: t
     return out
 
 
+def join_partials(cols: DerivedColumns, stream_name: str, dimensions: tuple[str, ...], pane_ms: int,
+                  kll_k: int = DEFAULT_K) -> list[PanePartial]:
+    """A join's derived rows (as columns) rolled up per (pane, dimension values): what
+    `derived_partials` makes of the same rows (count = rows; per value field n/sum/min/max; a KLL
+    of latency_ms fed in the pairs' order), computed with numpy per kind of row."""
+    sides = ((cols.search_ms, cols.search_dims), (cols.pair_ms, cols.pair_dims),
+             (cols.unmatched_ms, [()] * len(cols.unmatched_ms)))
+    dims_of = list(dict.fromkeys(d for _, dims in sides for d in dims))  # the few distinct combinations
+    if not dims_of:
+        return []
+    code_of = {d: i for i, d in enumerate(dims_of)}
+    times = np.concatenate([np.asarray(t, np.int64) for t, _ in sides])
+    combos = np.concatenate([np.fromiter(map(code_of.__getitem__, dims), np.int64, len(dims)) for _, dims in sides])
+    # One int64 per (pane, combination): the pane's number times the combinations, plus its own.
+    group_keys, gid = np.unique(np.floor_divide(times, pane_ms) * len(dims_of) + combos, return_inverse=True)
+    gid = gid.reshape(-1)
+    g = len(group_keys)
+    groups = zip((np.floor_divide(group_keys, len(dims_of)) * pane_ms).tolist(), np.mod(group_keys, len(dims_of)).tolist())
+    n_search, n_pair = len(cols.search_ms), len(cols.pair_ms)
+    g_search, g_pair, g_unmatched = gid[:n_search], gid[n_search:n_search + n_pair], gid[n_search + n_pair:]
+    count = np.bincount(gid, minlength=g)
+
+    def ones(at: np.ndarray) -> np.ndarray:  # n per group of a value that is always 1 (sum n, min = max = 1)
+        return np.bincount(at, minlength=g)
+
+    searches, pairs, unmatched = ones(g_search), ones(g_pair), ones(g_unmatched)
+    clicked = np.asarray(cols.pair_clicked, np.int64)
+    latency = np.asarray(cols.pair_latency, np.int64)
+    clicked_sum = np.bincount(g_pair, weights=clicked, minlength=g).astype(np.int64)
+    latency_sum = np.zeros(g, np.int64)
+    np.add.at(latency_sum, g_pair, latency)
+    latency_lo, latency_hi = np.full(g, np.iinfo(np.int64).max), np.full(g, np.iinfo(np.int64).min)
+    np.minimum.at(latency_lo, g_pair, latency)
+    np.maximum.at(latency_hi, g_pair, latency)
+    # Each group's latencies in the pairs' order (a stable sort by group), one KLL update call each.
+    order = np.argsort(g_pair, kind="stable")
+    bounds = np.searchsorted(g_pair[order], np.arange(g + 1))
+    latency_f = latency[order].astype(np.float64)
+    out = []
+    for i, ((start, combo), n) in enumerate(zip(groups, count.tolist(), strict=True)):
+        values = {}
+        if searches[i]:
+            values["searches"] = ValueStats(int(searches[i]), float(searches[i]), 1.0, 1.0, None)
+        if pairs[i]:
+            n_p, c = int(pairs[i]), int(clicked_sum[i])
+            kll = KllSketch(kll_k)
+            kll.update_all(latency_f[bounds[i]:bounds[i + 1]])
+            values["pairs"] = ValueStats(n_p, float(n_p), 1.0, 1.0, None)
+            values["clicked"] = ValueStats(n_p, float(c), float(int(c == n_p)), float(int(c > 0)), None)
+            values[LATENCY] = ValueStats(n_p, float(latency_sum[i]), float(latency_lo[i]), float(latency_hi[i]),
+                                         kll.to_bytes())
+        if unmatched[i]:
+            values["unmatched_right"] = ValueStats(int(unmatched[i]), float(unmatched[i]), 1.0, 1.0, None)
+        dim_map = {d: v for d, v in zip(dimensions, dims_of[combo]) if v is not None}
+        out.append(((start, [str(d) for d in dims_of[combo]]),
+                    PanePartial(stream_name, start, start + pane_ms, dim_map, PaneData(n, values, {}))))
+    out.sort(key=lambda pair: pair[0])  # derived_partials' order
+    return [partial for _, partial in out]
+
+
 class WindowJoins:
     def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
         self.catalog, self.store, self.kll_k = catalog, store, kll_k
@@ -129,8 +190,8 @@ class WindowJoins:
             rights = side_events(records, self.catalog, join.right.stream, join.right.key, with_dims=False)
             # A record without the key can match nothing: a left one still counts as a search,
             # a right one is unmatched at once.
-            extra = [DerivedRow(e.time_ms, e.dims, {"searches": 1}) for e in lefts if e.key is None]
-            extra += [DerivedRow(e.time_ms, (), {"unmatched_right": 1}) for e in rights if e.key is None]
+            keyless_lefts = [e for e in lefts if e.key is None]
+            keyless_rights = [e for e in rights if e.key is None]
             lefts = [e for e in lefts if e.key is not None]
             rights = [e for e in rights if e.key is not None]
             stored_clock = self.store.join_state(join.name, [], None).clock_ms
@@ -138,15 +199,16 @@ class WindowJoins:
             through = expire_through(clock, rule.keep_ms)
             state_before = self.store.join_state(join.name, sorted({e.key for e in [*lefts, *rights]}), through)
             outcome = join_batch(rule, state_before, lefts, rights, clock)
-            rows = [*outcome.rows, *extra]
-            commit = outcome.commit
-            keyless = sum(1 for r in extra if "unmatched_right" in r.values)
-            if keyless:
-                commit = JoinCommit(**{**commit.__dict__, "unmatched_right": commit.unmatched_right + keyless})
+            columns, commit = outcome.columns, outcome.commit
+            columns.search_ms += [e.time_ms for e in keyless_lefts]
+            columns.search_dims += [e.dims for e in keyless_lefts]
+            columns.unmatched_ms += [e.time_ms for e in keyless_rights]
+            if keyless_rights:
+                commit = replace(commit, unmatched_right=commit.unmatched_right + len(keyless_rights))
             stream = self.catalog.streams[join.name]
-            out.partials.extend(derived_partials(rows, join.name, stream.dimensions, stream.pane, self.kll_k))
+            out.partials.extend(join_partials(columns, join.name, stream.dimensions, stream.pane, self.kll_k))
             out.commits.append(commit)
-            left_times = [e.time_ms for e in lefts] + [r.time_ms for r in extra if "searches" in r.values]
+            left_times = [e.time_ms for e in lefts] + [e.time_ms for e in keyless_lefts]
             if left_times:
                 out.max_event_ms[join.name] = max(left_times)
             out.watermark_cap_ms[join.name] = None if clock is None else clock - join.within
@@ -197,4 +259,4 @@ def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[st
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 
 
-__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "side_events", "with_joins"]
+__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "join_partials", "side_events", "with_joins"]

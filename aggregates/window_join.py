@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
 from store.joins import JoinCommit, JoinEvent, JoinState
 
@@ -42,17 +44,46 @@ class JoinRule:
         return self.within_ms + self.late_horizon_ms
 
 
-@dataclass(frozen=True)
-class DerivedRow:
+class DerivedRow(NamedTuple):
+    """A row of a derived stream (a pattern's match; a join's rows come as DerivedColumns)."""
+
     time_ms: int
     dims: tuple[str | None, ...]  # the left event's dimension values; () on unmatched_right rows
     values: Mapping[str, int]  # the JOIN_VALUES this row carries
 
 
+@dataclass
+class DerivedColumns:
+    """A batch's derived rows by kind, as columns: one per search (its time and dims), one per
+    pair (the left's time and dims, `clicked` on the left's first pair, the latency) in the order
+    the join made them (each latency goes into its pane's KLL in that order), one per right event
+    that left the state unmatched (its time). No object per row: a batch has one per event."""
+
+    search_ms: list[int] = field(default_factory=list)
+    search_dims: list[tuple] = field(default_factory=list)
+    pair_ms: list[int] = field(default_factory=list)
+    pair_dims: list[tuple] = field(default_factory=list)
+    pair_clicked: list[int] = field(default_factory=list)
+    pair_latency: list[int] = field(default_factory=list)
+    unmatched_ms: list[int] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[DerivedRow]:
+        """The same rows as DerivedRows (for tests and reading; the pipeline rolls up the columns)."""
+        return ([DerivedRow(t, d, {"searches": 1}) for t, d in zip(self.search_ms, self.search_dims, strict=True)]
+                + [DerivedRow(t, d, {"pairs": 1, "clicked": c, "latency_ms": v}) for t, d, c, v
+                   in zip(self.pair_ms, self.pair_dims, self.pair_clicked, self.pair_latency, strict=True)]
+                + [DerivedRow(t, (), {"unmatched_right": 1}) for t in self.unmatched_ms])
+
+
 @dataclass(frozen=True)
 class JoinOutcome:
-    rows: list[DerivedRow]
+    columns: DerivedColumns
     commit: JoinCommit
+
+    @property
+    def rows(self) -> list[DerivedRow]:
+        return self.columns.rows
 
 
 def join_clock(clock_ms: int | None, left_watermark_ms: int | None, right_watermark_ms: int | None) -> int | None:
@@ -73,9 +104,19 @@ def in_window(left_ms: int, right_ms: int, within_ms: int) -> bool:
     return left_ms <= right_ms <= left_ms + within_ms
 
 
-def _order(e: JoinEvent) -> tuple[int, int, int]:
-    """The order a batch takes events in: time, partition, offset (a replay takes the same)."""
-    return e.time_ms, e.partition, e.offset
+_ORDER = itemgetter(0, 1, 2)  # time, partition, offset: the order a batch takes events in (a replay takes the same)
+
+
+def _slots(stored: Sequence[JoinEvent], new: Sequence[JoinEvent], flags: list[bool]) -> list[int]:
+    """Each new event's slot in `flags` (the matched flags, the stored events' first): a new slot,
+    False, or the stored event's at the same place (partition, offset): the store keeps one row
+    per place, and they share it."""
+    first = len(flags)
+    flags.extend([False] * len(new))
+    if not stored:
+        return list(range(first, first + len(new)))
+    at = {(e.partition, e.offset): i for i, e in enumerate(stored)}
+    return [at.get((e.partition, e.offset), first + i) for i, e in enumerate(new)]
 
 
 def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rights: Sequence[JoinEvent],
@@ -86,59 +127,77 @@ def join_batch(rule: JoinRule, state: JoinState, lefts: Sequence[JoinEvent], rig
     in the store."""
     clock = state.clock_ms if clock_ms is None or (state.clock_ms is not None and clock_ms < state.clock_ms) else clock_ms
     through = expire_through(clock, rule.keep_ms)
-    stored_left: dict[str, list[JoinEvent]] = defaultdict(list)
-    for e in state.lefts:
-        stored_left[e.key].append(e)
-    stored_right: dict[str, list[JoinEvent]] = defaultdict(list)
-    for e in state.rights:
-        stored_right[e.key].append(e)
-    # Matched flags as the batch leaves them, by (side, partition, offset).
-    matched: dict[tuple[str, int, int], bool] = {}
-    for side, events in (("l", state.lefts), ("r", state.rights)):
-        for e in events:
-            matched[(side, e.partition, e.offset)] = e.matched
-    rows: list[DerivedRow] = []
+    within = rule.within_ms
+    new_lefts, new_rights = sorted(lefts, key=_ORDER), sorted(rights, key=_ORDER)
+    # Matched flags as the batch leaves them, one slot per event (and place: _slots).
+    left_flags, right_flags = [e.matched for e in state.lefts], [e.matched for e in state.rights]
+    left_slots, right_slots = _slots(state.lefts, new_lefts, left_flags), _slots(state.rights, new_rights, right_flags)
+    stored_right: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(state.rights):
+        stored_right[e.key].append(i)
+    # The left events each new right event can meet, by key: stored ones, then new ones (only the
+    # keys of new right events: most new left events have none).
+    right_keys = {e.key for e in new_rights}
+    candidates: dict[str, list[tuple[JoinEvent, int]]] = defaultdict(list)
+    for i, e in enumerate(state.lefts):
+        if e.key in right_keys:
+            candidates[e.key].append((e, i))
+    out = DerivedColumns()
+    pair_ms, pair_dims, pair_clicked, pair_latency = out.pair_ms, out.pair_dims, out.pair_clicked, out.pair_latency
     pairs = 0
-
-    def pair(left: JoinEvent, right: JoinEvent) -> None:
-        nonlocal pairs
-        first = not matched[("l", left.partition, left.offset)]
-        matched[("l", left.partition, left.offset)] = True
-        matched[("r", right.partition, right.offset)] = True
-        rows.append(DerivedRow(left.time_ms, left.dims, {"pairs": 1, "clicked": int(first),
-                                                         "latency_ms": right.time_ms - left.time_ms}))
-        pairs += 1
-
-    new_lefts, new_rights = sorted(lefts, key=_order), sorted(rights, key=_order)
     # New left events meet the stored right events (the new right events meet them below).
-    for left in new_lefts:
-        matched[("l", left.partition, left.offset)] = False
-        rows.append(DerivedRow(left.time_ms, left.dims, {"searches": 1}))
-        for right in stored_right.get(left.key, ()):
-            if in_window(left.time_ms, right.time_ms, rule.within_ms):
-                pair(left, right)
-        stored_left[left.key].append(left)
+    stored_rights = state.rights
+    for left, slot in zip(new_lefts, left_slots, strict=True):
+        t, key = left.time_ms, left.key
+        first = True
+        for j in stored_right.get(key, ()):
+            r_time = stored_rights[j].time_ms
+            if t <= r_time <= t + within:
+                right_flags[j] = True
+                pair_ms.append(t)
+                pair_dims.append(left.dims)
+                pair_clicked.append(int(first))
+                pair_latency.append(r_time - t)
+                first = False
+                pairs += 1
+        left_flags[slot] = not first
+        if key in right_keys:
+            candidates[key].append((left, slot))
     # New right events meet every left event: stored and new.
-    for right in new_rights:
-        matched.setdefault(("r", right.partition, right.offset), False)
-        candidates = stored_left.get(right.key, ())
-        for left in (sorted(candidates, key=_order) if len(candidates) > 1 else candidates):
-            if in_window(left.time_ms, right.time_ms, rule.within_ms):
-                pair(left, right)
+    for right, slot in zip(new_rights, right_slots, strict=True):
+        r_time = right.time_ms
+        found = candidates.get(right.key, ())
+        if len(found) > 1:
+            found = sorted(found, key=lambda c: _ORDER(c[0]))
+        for left, at in found:
+            t = left.time_ms
+            if t <= r_time <= t + within:
+                first = not left_flags[at]
+                left_flags[at] = True
+                right_flags[slot] = True
+                pair_ms.append(t)
+                pair_dims.append(left.dims)
+                pair_clicked.append(int(first))
+                pair_latency.append(r_time - t)
+                pairs += 1
+    out.search_ms = [e.time_ms for e in new_lefts]
+    out.search_dims = [e.dims for e in new_lefts]
     unmatched = 0
     keep_lefts, keep_rights = [], []
-    for side, before, new, out in (("l", state.lefts, new_lefts, keep_lefts), ("r", state.rights, new_rights, keep_rights)):
-        for is_new, events in ((False, before), (True, new)):
-            for e in events:
-                now_matched = matched[(side, e.partition, e.offset)]
+    for before, new, slots, flags, keep, side_right in (
+            (state.lefts, new_lefts, left_slots, left_flags, keep_lefts, False),
+            (state.rights, new_rights, right_slots, right_flags, keep_rights, True)):
+        for is_new, events, places in ((False, before, range(len(before))), (True, new, slots)):
+            for e, slot in zip(events, places, strict=True):
+                now_matched = flags[slot]
                 if through is not None and e.time_ms <= through:  # leaves the state
-                    if side == "r" and not now_matched:
-                        rows.append(DerivedRow(e.time_ms, (), {"unmatched_right": 1}))
+                    if side_right and not now_matched:
+                        out.unmatched_ms.append(e.time_ms)
                         unmatched += 1
                     continue
                 if now_matched != e.matched:
-                    out.append(JoinEvent(e.time_ms, e.partition, e.offset, e.key, e.dims, now_matched))
+                    keep.append(e._replace(matched=now_matched))
                 elif is_new:
-                    out.append(e)
+                    keep.append(e)
     commit = JoinCommit(rule.name, clock, through, keep_lefts, keep_rights, pairs, unmatched)
-    return JoinOutcome(rows, commit)
+    return JoinOutcome(out, commit)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregates.joins import derived_partials, join_partials
 from aggregates.window_join import JoinRule, join_batch, join_clock
 from store.joins import JoinCommit, JoinEvent, JoinState
 
@@ -206,6 +207,21 @@ def test_the_join_equals_the_brute_force_join_over_any_batches(rule, split, late
     # Bounded: nothing in the state is older than the clock allows.
     if state.clock is not None:
         assert all(e.time_ms > state.clock - rule.keep_ms for e in [*state.lefts.values(), *state.rights.values()])
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules, batches(), st.integers(0, 20), st.sampled_from([1, 7, 50]), st.sampled_from([8, 200]))
+def test_the_joins_columns_roll_up_as_its_rows_do(rule, split, lateness, pane_ms, kll_k):
+    """The pipeline rolls a batch's derived rows up from columns (join_partials, numpy); the same
+    rows one by one (derived_partials) give the same partials: counts, n/sum/min/max and the
+    latency KLL's bytes (fed in the same order; k 8 makes it compact)."""
+    state, clock = MemoryState(), None
+    for (lefts, rights), clock in zip(split, clocks(split, lateness), strict=True):
+        through = None if clock is None else clock - rule.keep_ms
+        out = join_batch(rule, state.lookup({e.key for e in [*lefts, *rights]}, through), lefts, rights, clock)
+        state.apply(out.commit)
+        assert join_partials(out.columns, "j", ("d",), pane_ms, kll_k) == \
+            derived_partials(out.rows, "j", ("d",), pane_ms, kll_k)
 
 
 @settings(max_examples=200, deadline=None)
