@@ -122,16 +122,43 @@ def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     keys.append(dims_lengths)
     keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
              for j in range(dims_idx.shape[1])]
-    order = np.lexsort(keys[::-1]) if n else np.zeros(0, np.int64)
-    if n:
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    composite = _composite(keys, n)
+    if composite is not None:  # one stable sort of one int64 per row: the lexsort's order, ~3 times faster
+        order = np.argsort(composite, kind="stable")
+        s = composite[order]
+        changed = s[1:] != s[:-1]
+    else:
+        order = np.lexsort(keys[::-1])
         changed = np.zeros(n - 1, bool)
         for key in keys:
             s = key[order]
             changed |= s[1:] != s[:-1]
-        starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
-    else:
-        starts = np.zeros(0, np.int64)
+    starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
     return order, starts, np.append(starts[1:], n).astype(np.int64)
+
+
+def _composite(keys: list[np.ndarray], n: int) -> np.ndarray | None:
+    """The keys (the first the most significant) as one int64 per row in the same order: each key
+    offset to start at 0 (or ranked, where its range is much wider than the rows, as the panes'
+    starts are) and weighted by the ranges after it; None where the ranges multiply past int64."""
+    out = np.zeros(n, np.int64)
+    span = 1
+    for key in keys:
+        key = key.astype(np.int64, copy=False)
+        lo, hi = int(key.min()), int(key.max())
+        width = hi - lo + 1
+        if width > 4 * n:
+            ranks, key = np.unique(key, return_inverse=True)
+            key, width = key.reshape(-1).astype(np.int64), len(ranks)
+        else:
+            key = key - lo
+        span *= width
+        if span >= 1 << 62:
+            return None
+        out = out * width + key
+    return out
 
 
 def value_stats_per_group(i: int, values: np.ndarray, valid: np.ndarray, starts: np.ndarray, ends: np.ndarray,

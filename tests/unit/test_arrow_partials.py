@@ -304,3 +304,28 @@ def test_an_unknown_partials_mode_is_refused_with_its_name():
         PipelineConfig("p", Path("log.db"), Path("checkpoints"), partials="duck")
     with pytest.raises(ValidationError, match="partials"):
         Settings(partials="duck")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 60).flatmap(lambda n: st.lists(st.one_of(
+    st.lists(st.integers(-1, 5), min_size=n, max_size=n),  # codes (-1: past a list's end)
+    st.lists(st.booleans(), min_size=n, max_size=n),  # validity
+    st.lists(st.sampled_from([1_795_000_000_000, 1_795_000_010_000, -10_000, 0]), min_size=n, max_size=n),  # panes
+    st.lists(st.integers(0, 2**40), min_size=n, max_size=n),  # wide: ranked, or past int64 together
+), min_size=1, max_size=8)))
+def test_the_groups_one_key_per_row_sorts_as_the_lexsort_does(keys):
+    """_groups sorts the rows by one int64 per row made of its keys where they fit (_composite):
+    the same order as numpy's lexsort of the keys (stable), the same group boundaries."""
+    import numpy as np
+
+    from aggregates.arrow_partials import _composite
+
+    arrays = [np.asarray(k, np.int64) for k in keys]
+    n = len(arrays[0])
+    composite = _composite(arrays, n)
+    if composite is None:  # too wide together: _groups uses the lexsort itself
+        return
+    order = np.lexsort(arrays[::-1])
+    assert np.argsort(composite, kind="stable").tolist() == order.tolist()
+    distinct = {tuple(int(a[i]) for a in arrays) for i in range(n)}
+    assert len(set(composite.tolist())) == len(distinct)  # equal exactly when every key is
