@@ -174,8 +174,8 @@ def _list_hlls(offsets: np.ndarray, data: np.ndarray, parts, lg_k: int) -> tuple
     coupon_group = np.repeat(group[take], slots[take])
     kept = coupons != 0
     coupons, coupon_group = coupons[kept], coupon_group[kept]
-    place = np.arange(len(coupons))
-    order = np.lexsort((place, coupons, coupon_group))
+    # By group, coupon, then place: one int64 per coupon (32 bits each), sorted stably.
+    order = np.argsort((coupon_group.astype(np.int64) << 32) | coupons.astype(np.int64), kind="stable")
     repeat = np.zeros(len(order), bool)
     repeat[1:] = (coupon_group[order][1:] == coupon_group[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
     first = np.ones(len(coupons), bool)

@@ -300,7 +300,7 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
             mapping.append(c)
         combo = np.asarray(mapping, np.int64)[src.combo]
     start = src.start - np.mod(src.start, granule)
-    order = np.lexsort((combo, start))  # stable: a group's parts keep their order in `src`
+    order = _by_start_and_combo(start, combo, granule)  # stable: a group's parts keep their order in `src`
     s_start, s_combo = start[order], combo[order]
     if len(order):
         breaks = np.flatnonzero((s_start[1:] != s_start[:-1]) | (s_combo[1:] != s_combo[:-1])) + 1
@@ -342,6 +342,17 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
     distincts = {name: objects(blobs, _merge_hll) for name, blobs in src.distincts.items()}
     return _Level(granule, proj, s_start[first], s_combo[first], dims, keys, reduce(np.add, src.count),
                   reduce(np.maximum, src.revision), fields, distincts)
+
+
+def _by_start_and_combo(start: np.ndarray, combo: np.ndarray, granule: int) -> np.ndarray:
+    """np.lexsort((combo, start)), as a stable sort of one int64 per row where they fit: the
+    granule's number since the first, times the combinations, plus the combination."""
+    if not len(start):
+        return np.zeros(0, np.int64)
+    first, combos = int(start.min()), int(combo.max()) + 1
+    if (int(start.max()) - first) // granule * combos >= 1 << 62 or int(combo.min()) < 0:
+        return np.lexsort((combo, start))
+    return np.argsort((start - first) // granule * combos + combo, kind="stable")
 
 
 def _merge_hll(blobs: list) -> bytes | None:
