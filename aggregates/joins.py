@@ -113,7 +113,8 @@ def join_partials(cols: DerivedColumns, stream_name: str, dimensions: tuple[str,
     group_keys, gid = np.unique(np.floor_divide(times, pane_ms) * len(dims_of) + combos, return_inverse=True)
     gid = gid.reshape(-1)
     g = len(group_keys)
-    groups = zip((np.floor_divide(group_keys, len(dims_of)) * pane_ms).tolist(), np.mod(group_keys, len(dims_of)).tolist())
+    pane_of, combo_of = np.divmod(group_keys, len(dims_of))
+    groups = zip((pane_of * pane_ms).tolist(), combo_of.tolist())
     n_search, n_pair = len(cols.search_ms), len(cols.pair_ms)
     g_search, g_pair, g_unmatched = gid[:n_search], gid[n_search:n_search + n_pair], gid[n_search + n_pair:]
     count = np.bincount(gid, minlength=g)
@@ -259,4 +260,5 @@ def with_joins(commit: BatchCommit, joined: JoinedBatch, join_names: Iterable[st
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})
 
 
-__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "join_partials", "side_events", "with_joins"]
+__all__ = ["JOIN_VALUES", "JoinedBatch", "WindowJoins", "derived_partials", "join_partials", "side_events",
+           "with_joins"]

@@ -311,7 +311,8 @@ class Pipeline(ReportsStoreErrors):
         elif c.kafka is None:  # the embedded source pins where the query started
             start = initial_offsets(c.checkpoint_dir)
         else:  # Spark's Kafka source logs it in its own file
-            start = stream_offsets(checkpointed_kafka_start(c.checkpoint_dir), topics_of(self.catalog, c.kafka.topic_prefix))
+            logged = checkpointed_kafka_start(c.checkpoint_dir)
+            start = stream_offsets(logged, topics_of(self.catalog, c.kafka.topic_prefix))
         return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
 
     def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:

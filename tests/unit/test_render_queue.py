@@ -96,7 +96,8 @@ const hidden = Array.from({ length: 10 }, (_, i) => chart(w, "h" + i, 100, false
 const shown = Array.from({ length: 3 }, (_, i) => chart(w, "v" + i, 100, true));
 for (const c of [...hidden, ...shown]) q.request(c);
 w.run(500);
-console.log(JSON.stringify({ order: [...hidden, ...shown].filter((c) => c.draws.length).sort((a, b) => a.draws[0] - b.draws[0]).map((c) => c.name) }));
+const drawn = [...hidden, ...shown].filter((c) => c.draws.length);
+console.log(JSON.stringify({ order: drawn.sort((a, b) => a.draws[0] - b.draws[0]).map((c) => c.name) }));
 """)
     assert out["order"][:3] == ["v0", "v1", "v2"]
 
