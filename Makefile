@@ -41,13 +41,17 @@ run: $(STAMP)
 # time real processes, each with a Spark pipeline of its own: beside other Spark work they time
 # out), with the `serial` ones, which xdist cannot run (items sharing one node id: it would run
 # only one of them). Every run goes on even if one before fails. The last two print their slowest
-# tests (where the suite's time goes). Before the Spark runs, a class-data archive of a Spark driver
+# tests (where the suite's time goes). Python caches its bytecode here even where the environment says
+# PYTHONDONTWRITEBYTECODE (__pycache__ is git-ignored): without it every worker, `sketchboard` process and
+# Spark Python worker compiled the project anew, and each run's collection rewrote every test's asserts
+# (~20 s a run instead of ~7). Before the Spark runs, a class-data archive of a Spark driver
 # is made once (tests/spark_cds.py, under build/): the tests' drivers map it and start ~5 s sooner.
 NO_JVM := not spark and not e2e and not kafka
 PARALLEL := $(NO_JVM) and not serial
 JVM_PARALLEL := (spark or kafka) and not e2e and not serial
 test: $(STAMP) jars
-	@$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
+	@unset PYTHONDONTWRITEBYTECODE; \
+	$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
 	$(BIN)/python -m tests.spark_cds || echo "(the Spark drivers start without a class-data archive)"; \
 	$(BIN)/python -m pytest -m "$(JVM_PARALLEL)" -n 2 --dist loadfile --durations=20; jvm=$$?; \
 	$(BIN)/python -m pytest -m "not ($(PARALLEL)) and not ($(JVM_PARALLEL))" --durations=20; slow=$$?; \
@@ -55,7 +59,8 @@ test: $(STAMP) jars
 
 # No JVM at all: no Spark, no Kafka broker, no real-process tests.
 test-fast: $(STAMP)
-	@$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
+	@unset PYTHONDONTWRITEBYTECODE; \
+	$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
 	$(BIN)/python -m pytest -m "$(NO_JVM) and serial"; serial=$$?; \
 	test $$fast -eq 0 && test $$serial -eq 0
 
