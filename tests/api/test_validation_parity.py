@@ -12,6 +12,7 @@ import math
 import warnings
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -70,40 +71,60 @@ def row_of(r: dict) -> tuple:
     return (r["event_time"], tuple(r["dims"]), tuple(r["vals"]), tuple(r["ids"]))
 
 
+class ApiOnALog:
+    """The ingest API over a real embedded log and store, one for all the examples of a test
+    (building the app is most of an example's time): each example's rows are the ones its own
+    request appended, read back between the log's end offsets before and after it."""
+
+    def __init__(self, root, catalog):
+        self.stream = catalog.stream(STREAM)
+        self.log = SqliteEventLog(root / "log.db")
+        self.log.ensure_topic(self.stream)
+        self.store = SqlitePaneStore(root / "store.db")
+        self.client = TestClient(create_app(ApiContext(catalog=catalog, log=self.log, store=self.store)))
+
+    def post(self, body: bytes) -> tuple:
+        """(the answer to `body` posted as one JSON array, the source rows it appended)."""
+        before = {p: o.end for p, o in self.log.offsets(STREAM).items()}
+        answer = self.client.post(f"/api/v1/events?stream={STREAM}", content=body,
+                                  headers={"Content-Type": "application/json"})
+        rows = [r for p, o in self.log.offsets(STREAM).items()
+                for b in read_slice(self.log, self.stream, p, before.get(p, o.start), o.end) for r in b.to_pylist()]
+        return answer, rows
+
+    def close(self) -> None:
+        self.client.close()
+        self.store.close()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def api_on_a_log(tmp_path_factory, demo_catalog):
+    api = ApiOnALog(tmp_path_factory.mktemp("parity"), demo_catalog)
+    yield api
+    api.close()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(raws=events)
-def test_pipeline_and_api_accept_and_reject_the_same_events_for_the_same_reasons(raws, tmp_path_factory,
-                                                                                 demo_catalog):
-    root = tmp_path_factory.mktemp("parity")
-    stream = demo_catalog.stream(STREAM)
-    log = SqliteEventLog(root / "log.db")
-    log.ensure_topic(stream)
-    store = SqlitePaneStore(root / "store.db")
-    client = TestClient(create_app(ApiContext(catalog=demo_catalog, log=log, store=store)))
-    try:
-        # The API, with the events as one JSON array.
-        answer = client.post(f"/api/v1/events?stream={STREAM}", content=b"[" + b",".join(map(_json, raws)) + b"]",
-                             headers={"Content-Type": "application/json"})
-        assert answer.status_code == 200, answer.text
-        api_rejected = {r["index"]: r["reason"] for r in answer.json()["rejected"]}
-        api_rows = sorted((row_of(r) for p, o in log.offsets(STREAM).items()
-                          for b in read_slice(log, stream, p, o.start, o.end) for r in b.to_pylist()), key=_order)
+def test_pipeline_and_api_accept_and_reject_the_same_events_for_the_same_reasons(raws, api_on_a_log, demo_catalog):
+    # The API, with the events as one JSON array.
+    answer, appended = api_on_a_log.post(b"[" + b",".join(map(_json, raws)) + b"]")
+    assert answer.status_code == 200, answer.text
+    api_rejected = {r["index"]: r["reason"] for r in answer.json()["rejected"]}
+    api_rows = sorted((row_of(r) for r in appended), key=_order)
 
-        # The pipeline, with each event as one Kafka record (offset = its index).
-        records = pa.RecordBatch.from_pylist(
-            [{"topic": PREFIX + STREAM, "partition": 0, "offset": i, "ingest_time": T0, "value": _json(raw)}
-             for i, raw in enumerate(raws)], schema=RECORD_SCHEMA)
-        rows = [r for b in RecordConverter(demo_catalog, PREFIX).convert(records) for r in b.to_pylist()]
-        pipeline_rejected = {r["offset"]: r["error"] for r in rows if r["error_kind"] is not None}
-        assert all(r["error_kind"] == "invalid" for r in rows if r["error"] is not None)
-        pipeline_rows = sorted((row_of(r) for r in rows if r["error"] is None), key=_order)
+    # The pipeline, with each event as one Kafka record (offset = its index).
+    records = pa.RecordBatch.from_pylist(
+        [{"topic": PREFIX + STREAM, "partition": 0, "offset": i, "ingest_time": T0, "value": _json(raw)}
+         for i, raw in enumerate(raws)], schema=RECORD_SCHEMA)
+    rows = [r for b in RecordConverter(demo_catalog, PREFIX).convert(records) for r in b.to_pylist()]
+    pipeline_rejected = {r["offset"]: r["error"] for r in rows if r["error_kind"] is not None}
+    assert all(r["error_kind"] == "invalid" for r in rows if r["error"] is not None)
+    pipeline_rows = sorted((row_of(r) for r in rows if r["error"] is None), key=_order)
 
-        event(f"accepted: {'some' if pipeline_rows else 'none'}, rejected: {'some' if pipeline_rejected else 'none'}")
-        assert pipeline_rejected == api_rejected
-        assert answer.json()["accepted"] == len(raws) - len(api_rejected) == len(pipeline_rows)
-        assert pipeline_rows == api_rows
-    finally:
-        client.close()
-        store.close()
-        log.close()
+    event(f"accepted: {'some' if pipeline_rows else 'none'}, rejected: {'some' if pipeline_rejected else 'none'}")
+    assert pipeline_rejected == api_rejected
+    assert answer.json()["accepted"] == len(raws) - len(api_rejected) == len(pipeline_rows)
+    assert pipeline_rows == api_rows

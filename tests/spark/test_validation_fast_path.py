@@ -11,26 +11,17 @@ declared key twice or a key in other case, a three-digit exponent or an array of
 from __future__ import annotations
 
 import json
-import warnings
 
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from api.app import create_app
-from api.context import ApiContext
 from ingest.json_limits import JsonLimits
 from ingest.kafka_fast_path import split_records
 from ingest.kafka_source import RECORD_SCHEMA, RecordConverter, topics_of, validated_rows
-from ingest.log import SqliteEventLog
-from ingest.spark_source import read_slice
-from store import SqlitePaneStore
 from tests.api.test_validation_parity import FIELDS, PREFIX, STREAM, T0, an_event, anything, row_of
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
+from tests.api.test_validation_parity import api_on_a_log  # noqa: F401 - the fixture, one app for all examples
 
 pytestmark = pytest.mark.spark
 
@@ -85,9 +76,8 @@ def records_frame(spark, values: list[bytes]):
 # Found by a fresh-clone run: a row without `amount` beside one with 0.0 (the oracle's sort failed).
 @example(values=[b' {"time": 1794999600000, "customer_id": "0"}',
                  b' {"time": 1794999600000, "customer_id": "0", "amount": 0.0}'])
-def test_fast_path_vouches_only_for_what_the_api_accepts_and_reads_it_alike(values, spark, tmp_path_factory,
+def test_fast_path_vouches_only_for_what_the_api_accepts_and_reads_it_alike(values, spark, api_on_a_log,
                                                                             demo_catalog):
-    stream = demo_catalog.stream(STREAM)
     frame = records_frame(spark, values)
     fast, _ = split_records(frame, demo_catalog, topics_of(demo_catalog, PREFIX), JsonLimits())
     vouched = {r["offset"]: r for r in (row.asDict() for row in fast.collect())}  # one Spark job per example
@@ -106,25 +96,13 @@ def test_fast_path_vouches_only_for_what_the_api_accepts_and_reads_it_alike(valu
     both = python
 
     # And the API, sent the same texts as one JSON array: the same verdicts, reasons and rows.
-    root = tmp_path_factory.mktemp("fastpath")
-    log = SqliteEventLog(root / "log.db")
-    log.ensure_topic(stream)
-    store = SqlitePaneStore(root / "store.db")
-    client = TestClient(create_app(ApiContext(catalog=demo_catalog, log=log, store=store)))
-    try:
-        answer = client.post(f"/api/v1/events?stream={STREAM}", content=b"[" + b",".join(values) + b"]",
-                             headers={"Content-Type": "application/json"})
-        assert answer.status_code == 200, answer.text
-        assert {r["index"]: r["reason"] for r in answer.json()["rejected"]} == {
-            r["offset"]: r["error"] for r in both if r["error"] is not None}
-        # Sorted by repr: a row missing a value (None) beside one with 0.0 cannot be compared as tuples.
-        api_rows = sorted((row_of(r) for p, o in log.offsets(STREAM).items()
-                           for b in read_slice(log, stream, p, o.start, o.end) for r in b.to_pylist()), key=repr)
-        assert api_rows == sorted((row_of(r) for r in both if r["error"] is None), key=repr)
-    finally:
-        client.close()
-        store.close()
-        log.close()
+    answer, appended = api_on_a_log.post(b"[" + b",".join(values) + b"]")
+    assert answer.status_code == 200, answer.text
+    assert {r["index"]: r["reason"] for r in answer.json()["rejected"]} == {
+        r["offset"]: r["error"] for r in both if r["error"] is not None}
+    # Sorted by repr: a row missing a value (None) beside one with 0.0 cannot be compared as tuples.
+    api_rows = sorted((row_of(r) for r in appended), key=repr)
+    assert api_rows == sorted((row_of(r) for r in both if r["error"] is None), key=repr)
 
 
 def test_clearly_valid_records_take_the_fast_path_and_edge_cases_do_not(spark, demo_catalog):
