@@ -300,12 +300,20 @@ def test_a_client_that_never_reads_stays_within_its_queue_bound(server, ctx, now
         time.sleep(0.5)
         # Flood: many commits, each changing many windows and groups, while pipeline messages
         # keep coming; the client reads nothing, its socket buffers fill, and its queue must hold.
+        # Up to 30 rounds, but once the queue has begun dropping, 5 more rounds of it are enough
+        # to see it hold its bound under a flood that goes on (the rounds before that only fill
+        # the socket buffers).
+        dropping_since = None
         for round_ in range(30):
             events = [ev(now_ms - 1_700_000 + (i * 997) % 1_690_000, endpoint=f"/e{i % 40}", latency=float(i),
                          user=f"u{i}") for i in range(round_ * 400, round_ * 400 + 400)]
             post(server, events)
             drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
             time.sleep(0.1)
+            if dropping_since is None and any(c.queue.dropped_total > 0 for c in list(hub._clients)):
+                dropping_since = round_
+            if dropping_since is not None and round_ >= dropping_since + 5:
+                break
         time.sleep(0.5)
         (client,) = list(hub._clients)
         assert client.queue.dropped_total > 0  # the sends did block: coalesced or dropped, and counted
