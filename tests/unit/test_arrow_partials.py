@@ -6,6 +6,7 @@ sketch fed the group's items in order (so the same coupons), and empty slots as 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 
@@ -32,31 +33,57 @@ SPARK_EMPTY_HLL_12 = bytes.fromhex("0201070c03040008" + "00" * 32)
 floats = st.floats(-1e12, 1e12).map(lambda f: f + 0.0)  # no -0.0
 
 
+IDS_POOLS = (["u1", "u2", ""], [f"u{i}" for i in range(12)])
+
+
+@functools.cache
+def row_strategies(values: int, distincts: int) -> dict:
+    """The strategies a row is drawn from, built once: a strategy made anew for every row of every
+    example was validated anew each time, most of these tests' time. The same draws either way."""
+    maybe_int = st.none() | st.integers(0, 10**6)
+    return {
+        "n": st.integers(0, 60),
+        "reason": st.sampled_from([None, None, None, "invalid", "beyond_retention"]),
+        "dims": st.sampled_from([("x",), ("x", None), ("y", "z"), (), None]),
+        "pool": st.sampled_from(range(len(IDS_POOLS))),
+        "partition": st.integers(0, 2), "offset": st.integers(0, 10**6), "maybe_int": maybe_int,
+        "ingest_time": st.integers(0, 10**6), "error": st.none() | st.just("bad"),
+        "record_dims": st.none() | st.just(("q",)),
+        "stream": st.sampled_from(["a", "b"]), "pane_start": st.sampled_from([0, 10, 20]),
+        "event_time": st.none() | st.integers(-5, 10**6), "row_partition": st.none() | st.integers(0, 3),
+        "vals": st.none() | st.lists(st.none() | floats, max_size=values + 1),
+        "ids": [st.none() | st.lists(st.none() | st.sampled_from(pool), max_size=distincts + 1) for pool in IDS_POOLS],
+        "clock_correction": st.none() | st.integers(-100, 100),
+    }
+
+
 @st.composite
 def rows(draw, values: int, distincts: int):
-    n = draw(st.integers(0, 60))
+    s = row_strategies(values, distincts)
+    n = draw(s["n"])
     out = []
     for _ in range(n):
-        reason = draw(st.sampled_from([None, None, None, "invalid", "beyond_retention"]))
+        reason = draw(s["reason"])
         good = reason is None
-        dims = draw(st.sampled_from([["x"], ["x", None], ["y", "z"], [], None])) if good else None
-        ids_pool = draw(st.sampled_from([["u1", "u2", ""], [f"u{i}" for i in range(12)]]))
+        dims = draw(s["dims"]) if good else None
+        dims = None if dims is None else list(dims)  # a list of its own per row, as before
+        pool = draw(s["pool"])
         record = None if good else {
-            "partition": draw(st.integers(0, 2)), "offset": draw(st.integers(0, 10**6)),
-            "event_time": draw(st.none() | st.integers(0, 10**6)), "ingest_time": draw(st.integers(0, 10**6)),
-            "error": draw(st.none() | st.just("bad")), "dims": draw(st.none() | st.just(["q"])),
-            "raw_event_time": draw(st.none() | st.integers(0, 10**6)), "clock_correction": None,
+            "partition": draw(s["partition"]), "offset": draw(s["offset"]),
+            "event_time": draw(s["maybe_int"]), "ingest_time": draw(s["ingest_time"]),
+            "error": draw(s["error"]), "dims": None if (d := draw(s["record_dims"])) is None else list(d),
+            "raw_event_time": draw(s["maybe_int"]), "clock_correction": None,
         }
         out.append({
-            "stream": draw(st.sampled_from(["a", "b"])),
+            "stream": draw(s["stream"]),
             "dead_reason": reason,
-            "pane_start": draw(st.sampled_from([0, 10, 20])) if good else None,
+            "pane_start": draw(s["pane_start"]) if good else None,
             "dims": dims,
-            "event_time": draw(st.none() | st.integers(-5, 10**6)),
-            "partition": draw(st.none() | st.integers(0, 3)),
-            "vals": draw(st.none() | st.lists(st.none() | floats, max_size=values + 1)),
-            "ids": draw(st.none() | st.lists(st.none() | st.sampled_from(ids_pool), max_size=distincts + 1)),
-            "clock_correction": draw(st.none() | st.integers(-100, 100)),
+            "event_time": draw(s["event_time"]),
+            "partition": draw(s["row_partition"]),
+            "vals": draw(s["vals"]),
+            "ids": draw(s["ids"][pool]),
+            "clock_correction": draw(s["clock_correction"]),
             "dead_record": record,
         })
     return out
