@@ -218,12 +218,7 @@ def hlls_per_group(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np
     coupons = coupon_of[items] if len(items) else np.zeros(0, np.uint32)
     hashed = coupons != 0
     group_of, coupons, hashed_items = group_of[hashed], coupons[hashed], items[hashed]
-    # By group, coupon, then place: one int64 per item (a coupon is 32 bits), sorted stably.
-    order = np.argsort((group_of.astype(np.int64) << 32) | coupons.astype(np.int64), kind="stable")
-    repeat = np.zeros(len(order), bool)
-    repeat[1:] = (group_of[order][1:] == group_of[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
-    kept = np.ones(len(coupons), bool)
-    kept[order[repeat]] = False
+    kept = grouped.first_comings(group_of, coupons)
     group_of, coupons, firsts = group_of[kept], coupons[kept], hashed_items[kept]  # first comings, in place order
     distinct = np.bincount(group_of, minlength=groups)
     listed = distinct < _HLL_SLOTS

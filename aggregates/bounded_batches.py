@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
+from aggregates.commit import KAFKA_SOURCE_START
 from ingest.append_cut import Cut, catalog_cut
 from ingest.kafka_offset_json import spark_offsets_json
 from ingest.log.kafka import topic_name
@@ -136,7 +137,8 @@ def offset_log_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str,
 
 def source_start_text(offsets: Mapping[str, Mapping[int, int]], topic_prefix: str) -> str:
     """Where the query started, as Spark's Kafka source logs it in `sources/0/0` when its query
-    starts with no offset log (KafkaSourceInitialOffsetWriter: a 0 byte, 'v1', the offsets' JSON).
+    starts with no offset log (KafkaSourceInitialOffsetWriter: a 0 byte, 'v1', the offsets' JSON;
+    `aggregates.commit.checkpointed_kafka_start` reads it).
     Written for a batch 0 of our own, so batch 0's start is known as if Spark had planned it
     (`Pipeline.logged_offsets`: its size, the driver's path); Spark reads the file only for a
     query without an offset log, which ours never is after it."""
@@ -286,8 +288,8 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
         if end is None:
             return ran
         batch_id = planned[-1] + 1 if planned else 0
-        if batch_id == 0 and not (checkpoint / "sources" / "0" / "0").exists():
-            write_whole(checkpoint / "sources" / "0" / "0", source_start_text(start, config.kafka.topic_prefix))
+        if batch_id == 0 and not (checkpoint / KAFKA_SOURCE_START).exists():
+            write_whole(checkpoint / KAFKA_SOURCE_START, source_start_text(start, config.kafka.topic_prefix))
         write_whole(offsets_dir / str(batch_id),
                offset_log_text(end, config.kafka.topic_prefix, _metadata(offsets_dir, planned, int(time.time() * 1000))))
         log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))

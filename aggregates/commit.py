@@ -276,12 +276,16 @@ def checkpointed_end_offsets(checkpoint_dir: str | Path, batch_id: int) -> dict[
     return {stream: {int(p): int(o) for p, o in parts.items()} for stream, parts in offsets.items()}
 
 
+# Where Spark's Kafka source logs the offsets its query started from, in the query's checkpoint.
+KAFKA_SOURCE_START = Path("sources", "0", "0")
+
+
 def checkpointed_kafka_start(checkpoint_dir: str | Path) -> dict[str, dict[int, int]]:
     """Where Spark's Kafka source started the query, per topic and partition: batch 0's start,
     which the offset log does not hold. The source keeps it in its own log, `sources/0/0`
     (KafkaSourceInitialOffsetWriter: a 0 byte, then 'v1', a newline and the offsets' JSON), resolved
     (earliest or latest as the broker answered when the query first started). Empty when unreadable."""
-    path = Path(checkpoint_dir) / "sources" / "0" / "0"
+    path = Path(checkpoint_dir) / KAFKA_SOURCE_START
     try:
         version, _, body = path.read_bytes().lstrip(b"\x00").decode("utf-8").partition("\n")
         if version.strip() != "v1":

@@ -100,10 +100,6 @@ def expire_through(clock_ms: int | None, keep_ms: int) -> int | None:
     return None if clock_ms is None else clock_ms - keep_ms
 
 
-def in_window(left_ms: int, right_ms: int, within_ms: int) -> bool:
-    return left_ms <= right_ms <= left_ms + within_ms
-
-
 _ORDER = itemgetter(0, 1, 2)  # time, partition, offset: the order a batch takes events in (a replay takes the same)
 
 

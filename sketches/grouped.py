@@ -148,6 +148,18 @@ def _exact_klls(offsets: np.ndarray, data: np.ndarray, parts, k: int) -> tuple[p
     return exact_bytes_per_group(items, counts, lo, hi, k), done
 
 
+def first_comings(group: np.ndarray, coupons: np.ndarray) -> np.ndarray:
+    """Which items are the first of their coupon in their group, in place order (a repeat changes
+    no HLL): the items sorted by group, coupon, then place, as one int64 each (a group number and a
+    32-bit coupon) sorted stably, and every item after the first of a run dropped."""
+    order = np.argsort((group.astype(np.int64) << 32) | coupons.astype(np.int64), kind="stable")
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (group[order][1:] == group[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
+    first = np.ones(len(coupons), bool)
+    first[order[repeat]] = False
+    return first
+
+
 def _list_hlls(offsets: np.ndarray, data: np.ndarray, parts, lg_k: int) -> tuple[pa.Array, np.ndarray]:
     """For the groups of several parts whose parts are LIST-mode sketches of `lg_k` (updatable or
     compact) holding fewer than 8 distinct coupons together: the compact LIST of them, as
@@ -174,12 +186,7 @@ def _list_hlls(offsets: np.ndarray, data: np.ndarray, parts, lg_k: int) -> tuple
     coupon_group = np.repeat(group[take], slots[take])
     kept = coupons != 0
     coupons, coupon_group = coupons[kept], coupon_group[kept]
-    # By group, coupon, then place: one int64 per coupon (32 bits each), sorted stably.
-    order = np.argsort((coupon_group.astype(np.int64) << 32) | coupons.astype(np.int64), kind="stable")
-    repeat = np.zeros(len(order), bool)
-    repeat[1:] = (coupon_group[order][1:] == coupon_group[order][:-1]) & (coupons[order][1:] == coupons[order][:-1])
-    first = np.ones(len(coupons), bool)
-    first[order[repeat]] = False
+    first = first_comings(coupon_group, coupons)
     coupons, coupon_group = coupons[first], coupon_group[first]  # first comings, in the parts' order
     distinct = np.bincount(coupon_group, minlength=len(sizes))
     done = maybe & (distinct < 8)
