@@ -40,14 +40,17 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
-from aggregates.commit import KAFKA_SOURCE_START
+from aggregates.commit import KAFKA_SOURCE_START, checkpointed_kafka_start
+from aggregates.progress import OwnRunProgress
 from ingest.append_cut import Cut, catalog_cut
 from ingest.kafka_offset_json import spark_offsets_json
+from ingest.log import SqliteEventLog
 from ingest.log.kafka import topic_name
-from ingest.spark_source import plan_end_offsets
+from ingest.spark_source import INITIAL_OFFSETS_FILE, initial_offsets, offsets_text, pin_offsets, plan_end_offsets
 
 log = logging.getLogger("sketchboard.pipeline")
 
@@ -248,14 +251,69 @@ def reads_an_event_before_a_change(pipeline, start: Offsets, end: Offsets) -> bo
     return False
 
 
+@dataclass(frozen=True)
+class OwnBatches:
+    """How batches of our own are logged and read on one log (`drain_bounded`)."""
+
+    offsets_text: Callable[[Offsets, str], str]  # a batch's end offsets and the metadata line -> offsets/<id>
+    pin_start: Callable[[Offsets], None]  # batch 0's start, where the pipeline (logged_offsets) and Spark read it
+    pinned_start: Callable[[], Offsets]  # a start pinned already (a query started and logged nothing), else {}
+    read: Callable[[Offsets, Offsets], object]  # a batch's records as process_batch takes them
+
+
+def kafka_batches(pipeline) -> OwnBatches:
+    """On Kafka: the offsets in the very text of Spark's Kafka source, batch 0's start in its own
+    file (`sources/0/0`), the records read by one batch read of the range."""
+    from ingest.kafka_source import read_kafka_range, stream_offsets, topics_of
+
+    config, checkpoint = pipeline.config, Path(pipeline.config.checkpoint_dir)
+    prefix = config.kafka.topic_prefix
+
+    def pin_start(start: Offsets) -> None:
+        if not (checkpoint / KAFKA_SOURCE_START).exists():
+            write_whole(checkpoint / KAFKA_SOURCE_START, source_start_text(start, prefix))
+
+    def pinned_start() -> Offsets:
+        return stream_offsets(checkpointed_kafka_start(checkpoint), topics_of(pipeline.catalog, prefix))
+
+    return OwnBatches(lambda end, metadata: offset_log_text(end, prefix, metadata), pin_start, pinned_start,
+                      lambda start, end: read_kafka_range(pipeline.spark, pipeline.catalog, config.kafka, start, end))
+
+
+def embedded_batches(pipeline) -> OwnBatches:
+    """On the embedded log, every batch on the driver: the offsets in the text the embedded source
+    gives Spark, batch 0's start pinned where that source pins it, and no DataFrame at all (the
+    batch body reads its range from the log itself: `Pipeline.read_on_driver`)."""
+    checkpoint = Path(pipeline.config.checkpoint_dir)
+
+    def pin_start(start: Offsets) -> None:
+        if not (checkpoint / INITIAL_OFFSETS_FILE).exists():
+            pin_offsets(checkpoint / INITIAL_OFFSETS_FILE, start)
+
+    return OwnBatches(lambda end, metadata: "\n".join(["v1", metadata, offsets_text(end)]), pin_start,
+                      lambda: initial_offsets(checkpoint), lambda start, end: None)
+
+
+def drains_on_driver(pipeline) -> bool:
+    """Whether the pipeline drains a backlog of the embedded log in batches of its own, with no
+    Spark query: every batch it would plan is held on the driver (a local master), where Spark's
+    DataFrame is never run anyway, so Spark's part is only its planning: a query's start (5-6 s
+    here: a Python worker per planning step) and each batch's. Not a reprocessing run with
+    caps (`end_offsets`): the embedded source applies those as it always has."""
+    config = pipeline.config
+    return (config.kafka is None and isinstance(pipeline.log, SqliteEventLog) and config.end_offsets is None
+            and pipeline.driver_batch_rows >= config.max_records_per_batch)
+
+
 def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:
     """Process the log up to its end as of now, each stream of `caps` no further than its caps,
-    in batches of the pipeline's own (the module doc); returns how many batches ran. `stopping`:
-    asked between batches; true ends the drain there (the serving pipeline told to stop)."""
+    in batches of the pipeline's own (the module doc; on the embedded log `embedded_batches`);
+    returns how many batches ran. `stopping`: asked between batches; true ends the drain there
+    (the serving pipeline told to stop)."""
     from aggregates.pipeline import batch_end_offsets
-    from ingest.kafka_source import read_kafka_range
 
     config, catalog = pipeline.config, pipeline.catalog
+    own = kafka_batches(pipeline) if config.kafka is not None else embedded_batches(pipeline)
     checkpoint = Path(config.checkpoint_dir)
     offsets_dir, commits_dir = checkpoint / "offsets", checkpoint / "commits"
     offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
@@ -269,30 +327,42 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
     def logged(batch_id: int) -> Offsets:
         return batch_end_offsets(config, catalog, checkpoint, batch_id)
 
-    def run(batch_id: int, start: Offsets, end: Offsets) -> None:
-        rows = read_kafka_range(pipeline.spark, catalog, config.kafka, start, end)
-        process(rows, batch_id)
-        write_whole(commits_dir / str(batch_id), _COMMIT)
+    def first_start() -> Offsets:
+        # Where a query with no batch yet starts: as pinned at an earlier start, else as
+        # `starting_offsets` says (the log's start, or its end now), pinned for the next one.
+        pinned = own.pinned_start()
+        if pinned:
+            return with_starts(pinned, starts)
+        return with_starts(available, starts) if config.starting_offsets == "latest" else starts
 
-    ran = 0
-    planned = logged_batches(offsets_dir)
-    if planned and planned[-1] not in logged_batches(commits_dir):  # logged, not done: again, the same range
-        last = planned[-1]
-        before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else starts
-        run(last, before, logged(last))
-        ran += 1
-    while stopping is None or not stopping():
+    query_id = json.loads((checkpoint / "metadata").read_text(encoding="utf-8")).get("id", "")
+    # The query's health says running, batch by batch, while no query runs (aggregates/progress.py).
+    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress:
+
+        def run(batch_id: int, start: Offsets, end: Offsets) -> None:
+            with progress.batch(batch_id, records_between(start, end)):
+                process(own.read(start, end), batch_id)
+                write_whole(commits_dir / str(batch_id), _COMMIT)
+
+        ran = 0
         planned = logged_batches(offsets_dir)
-        start = with_starts(logged(planned[-1]), starts) if planned else starts
-        end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
-        if end is None:
-            return ran
-        batch_id = planned[-1] + 1 if planned else 0
-        if batch_id == 0 and not (checkpoint / KAFKA_SOURCE_START).exists():
-            write_whole(checkpoint / KAFKA_SOURCE_START, source_start_text(start, config.kafka.topic_prefix))
-        write_whole(offsets_dir / str(batch_id),
-               offset_log_text(end, config.kafka.topic_prefix, _metadata(offsets_dir, planned, int(time.time() * 1000))))
-        log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
-        run(batch_id, start, end)
-        ran += 1
+        if planned and planned[-1] not in logged_batches(commits_dir):  # logged, not done: again, the same range
+            last = planned[-1]
+            before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else first_start()
+            run(last, before, logged(last))
+            ran += 1
+        while stopping is None or not stopping():
+            planned = logged_batches(offsets_dir)
+            start = with_starts(logged(planned[-1]), starts) if planned else first_start()
+            if not planned:
+                own.pin_start(start)
+            end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
+            if end is None:
+                break
+            batch_id = planned[-1] + 1 if planned else 0
+            write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
+                                                                                     int(time.time() * 1000))))
+            log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
+            run(batch_id, start, end)
+            ran += 1
     return ran

@@ -387,11 +387,16 @@ class Pipeline(ReportsStoreErrors):
         that enriches catches a backlog up cut at one append time first (`catch_up`), and again
         whenever its query refused a batch Spark's source may have split. `stopping`: asked
         between the catch-up's batches; true ends the drain there."""
-        from aggregates.bounded_batches import drain_bounded, split_by_spark
+        from aggregates.bounded_batches import drain_bounded, drains_on_driver, split_by_spark
 
         if self.config.kafka is not None and self.config.end_offsets is not None:
             # Spark's Kafka source takes no per-partition end: batches of our own, read by batch reads.
             drain_bounded(self, self.config.end_offsets)
+            return
+        if drains_on_driver(self):
+            # Every batch on the driver from the embedded log: batches of our own, no query to start
+            # (`catch_up`); what the log holds now is read, the query's AvailableNow.
+            self.catch_up(stopping)
             return
         while True:
             self.catch_up(stopping)
@@ -406,17 +411,23 @@ class Pipeline(ReportsStoreErrors):
                 log.info("a batch Spark's Kafka source may have split by partition was refused: catching up")
 
     def catch_up(self, stopping: Callable[[], bool] | None = None) -> None:
-        """On Kafka, before a query starts (`sketchboard pipeline`, sketchboard/live.py, and
-        `run_until_drained`): a backlog of a pipeline that enriches that Spark's source could share
-        by partition (more than `max_records_per_batch` records, or about as many) caught up in
-        batches cut at one append time, until what is left is less; Spark's query then resumes from
-        the checkpoint they logged, with no batch of its own until new records come (the offsets
-        logged in Spark's very text, ingest/kafka_offset_json.py). A batch Spark logged and did not
-        run (a refused split, a crash) is planned again. A no-op elsewhere. `stopping`: asked
-        between those batches."""
-        from aggregates.bounded_batches import catches_up_cut, cuts_batches, drain_bounded
+        """Before a query starts (`sketchboard pipeline`, sketchboard/live.py, and `run_until_drained`):
+        - on the embedded log with every batch on the driver (`drains_on_driver`), the log up to its
+          end now, in batches of our own planned as its source plans them (aggregates/bounded_batches.py),
+          with no Spark query: neither its start nor its planning of each batch;
+        - on Kafka, a backlog of a pipeline that enriches that Spark's source could share
+          by partition (more than `max_records_per_batch` records, or about as many) caught up in
+          batches cut at one append time, until what is left is less (a batch Spark logged and did not
+          run, a refused split or a crash, is planned again).
+        Spark's query then resumes from the checkpoint they logged, with no batch of its own until new
+        records come (the offsets logged in the very text its source gives, ingest/kafka_offset_json.py,
+        ingest/spark_source.py `offsets_text`). A no-op elsewhere. `stopping`: asked between those batches."""
+        from aggregates.bounded_batches import catches_up_cut, cuts_batches, drain_bounded, drains_on_driver
         from aggregates.checkpoint_moves import settle_last_batch
 
+        if drains_on_driver(self):
+            drain_bounded(self, {}, stopping)
+            return
         if not cuts_batches(self):
             return
         settle_last_batch(self.config.checkpoint_dir, self.store.last_batch_id(self.config.name), commit=False)

@@ -14,8 +14,10 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from datetime import datetime
+from contextlib import contextmanager
+from datetime import datetime, timezone
 
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -97,6 +99,32 @@ class ProgressRecorder(StreamingQueryListener):
             self._runs.discard(run_id)
             self._ended.notify_all()
 
+    def own_run_started(self, query_id: str) -> str:
+        """A run of batches of the pipeline's own, with no Spark query (a catch-up,
+        aggregates/bounded_batches.py `drain_bounded`): recorded as a run of the query, so its health
+        says running, with each batch's progress, while it catches up. Returns the run's id."""
+        run_id = f"own-{uuid.uuid4()}"
+        with self._lock:
+            self._runs.add(run_id)
+        self._safely(self.health.started, self.pipeline, query_id, run_id, self.query_name, self._now_ms())
+        return run_id
+
+    def own_batch(self, query_id: str, run_id: str, batch_id: int, rows: int, started_ms: int, took_ms: int) -> None:
+        """One batch of an own run: its progress in the shape of Spark's (the fields query_health reads)."""
+        previous, self._trigger_ms[run_id] = self._trigger_ms.get(run_id), started_ms
+        data = {"id": query_id, "runId": run_id, "name": self.query_name, "ownBatch": True,
+                "timestamp": datetime.fromtimestamp(started_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z"), "batchId": batch_id, "batchDuration": took_ms, "durationMs": {"triggerExecution": took_ms}}
+        data = with_input_rows(data, rows, None if previous is None else started_ms - previous)
+        self._safely(self.health.progress, self.pipeline, run_id, batch_id, data, self._now_ms())
+
+    def own_run_ended(self, run_id: str, error: str | None = None) -> None:
+        self._trigger_ms.pop(run_id, None)
+        self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())
+        with self._lock:
+            self._runs.discard(run_id)
+            self._ended.notify_all()
+
     def settle(self, timeout_s: float) -> bool:
         """Wait until Spark's listener bus has told us that every run of ours ended, so the
         process can remove this listener and exit with nothing left to deliver (a Python
@@ -119,6 +147,33 @@ class ProgressRecorder(StreamingQueryListener):
             fn(*args)
         except Exception as exc:  # never let the listener bus see an exception
             log.warning("recording query progress failed: %s", exc)
+
+
+class OwnRunProgress:
+    """The progress of a run of batches of the pipeline's own into a ProgressRecorder (none: nothing
+    recorded): the run starts with its first batch, each batch's progress once it is committed, and
+    the run ends with the block (with the error that ended it, if one did)."""
+
+    def __init__(self, recorder: ProgressRecorder | None, query_id: str):
+        self.recorder, self.query_id, self.run_id = recorder, query_id, None
+
+    def __enter__(self) -> OwnRunProgress:
+        return self
+
+    @contextmanager
+    def batch(self, batch_id: int, rows: int):
+        if self.recorder is not None and self.run_id is None:
+            self.run_id = self.recorder.own_run_started(self.query_id)
+        started = time.time()
+        yield
+        if self.recorder is not None:
+            self.recorder.own_batch(self.query_id, self.run_id, batch_id, rows, int(started * 1000),
+                                    int((time.time() - started) * 1000))
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        if self.run_id is not None:
+            self.recorder.own_run_ended(self.run_id, None if error is None else f"{kind.__name__}: {error}")
+            self.run_id = None
 
 
 def with_input_rows(progress: dict, rows: int, since_previous_ms: int | None) -> dict:

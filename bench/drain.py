@@ -12,7 +12,7 @@ from typing import TextIO
 @dataclass(frozen=True)
 class Drained:
     events: int          # events the store says the pipeline read
-    wall_s: float        # query start to drained
+    wall_s: float        # the pipeline's start (its query's, or its own batches') to drained
     sustained_per_s: float  # from the end of the first batch to the end of the last
     batches: int
 
@@ -21,15 +21,17 @@ def drain_timed(pipeline, store, *, out: TextIO = sys.stdout) -> Drained:
     """Run the pipeline until the log is drained, saying each batch's progress on `out`.
 
     Sustained counts from the end of the first batch, so the query's start-up and the first
-    batch's JIT warm-up do not (with fewer than two timed batches it is the wall rate)."""
+    batch's JIT warm-up do not (with fewer than two timed batches it is the wall rate). The wall
+    counts from `run_until_drained`: a Spark query's start, or (a backlog of the embedded log held
+    on the driver) the pipeline's own batches, which start no query (aggregates/bounded_batches.py)."""
     name = pipeline.config.name
     marks: list[tuple[float, int]] = []
     process = pipeline.process_batch
 
     def timed(batch, batch_id):
         if not marks:
-            marks.append((time.perf_counter(), 0))  # first batch handed to us: the query is planned
-            print(f"  query start to its first batch: {marks[0][0] - started:.1f} s", file=out, flush=True)
+            marks.append((time.perf_counter(), 0))  # first batch handed to us: planned (by Spark's query, or our own)
+            print(f"  start to its first batch: {marks[0][0] - started:.1f} s", file=out, flush=True)
         handed = time.perf_counter()
         result = process(batch, batch_id)
         marks.append((time.perf_counter(), store.progress(name).events_read))

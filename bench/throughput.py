@@ -147,7 +147,7 @@ def bench_pipeline(spark, root: Path, catalog, events: int, batch_records: int, 
         rates.setdefault(label, []).append((done / wall, sustained))
         print(f"[{what}] pipeline log -> store ({label}): {done:,} events, {drained.batches}"
               f" batches of <= {batch_records:,}")
-        print(f"  wall (query start to drained): {wall:.1f} s = {done / wall:,.0f} events/s")
+        print(f"  wall (start to drained):       {wall:.1f} s = {done / wall:,.0f} events/s")
         print(f"  sustained (batch 2 .. last):   {sustained:,.0f} events/s", flush=True)
         if spread_hours is not None:
             print(f"  store on disk: {(sub / 'store.db').stat().st_size / 2**20:,.0f} MiB", flush=True)

@@ -34,8 +34,9 @@ from ingest.append_cut import catalog_cut, share
 from ingest.log import SqliteEventLog
 from ingest.source_rows import MISSING_EVENT_TIME, SOURCE_SCHEMA, SPARK_SCHEMA, error_batch, to_source_batch
 
-__all__ = ["MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA", "SketchboardLogSource", "read_batch",
-           "read_slice", "source_options", "to_source_batch"]
+__all__ = ["INITIAL_OFFSETS_FILE", "MISSING_EVENT_TIME", "SOURCE_NAME", "SOURCE_SCHEMA", "SPARK_SCHEMA",
+           "SketchboardLogSource", "initial_offsets", "offsets_text", "pin_offsets", "read_batch", "read_slice",
+           "source_options", "to_source_batch"]
 
 SOURCE_NAME = "sketchboard_log"
 INITIAL_OFFSETS_FILE = "sketchboard-initial-offsets.json"  # in the query's checkpoint folder
@@ -180,10 +181,7 @@ class SketchboardLogReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return json.load(f)
         chosen = offsets()
         if path:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                json.dump(chosen, f)
-            os.replace(path + ".tmp", path)
+            pin_offsets(path, chosen)
         return chosen
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -243,6 +241,21 @@ class SketchboardLogSource(DataSource):
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         return SketchboardLogReader(self.options)
+
+
+def offsets_text(offsets: dict) -> str:
+    """Offsets as this source hands them to Spark, which logs and compares them as this very text
+    (pyspark's streaming source runner: `json.dumps`, partitions as strings, in the dict's order)."""
+    return json.dumps({stream: {str(p): int(o) for p, o in parts.items()} for stream, parts in offsets.items()})
+
+
+def pin_offsets(path: str | os.PathLike, offsets: dict) -> None:
+    """Keep where a query starts (`initial_offsets` reads it back), written whole."""
+    path = str(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(offsets_text(offsets))
+    os.replace(path + ".tmp", path)
 
 
 def initial_offsets(checkpoint_dir: str | os.PathLike) -> dict[str, dict[int, int]]:

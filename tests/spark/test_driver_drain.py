@@ -1,0 +1,173 @@
+"""The embedded log drained on the driver in batches of the pipeline's own (aggregates/bounded_batches.py
+`drains_on_driver`): with every batch held on the driver (a local master), a backlog is planned as
+the embedded source plans it and processed with no Spark query at all; each batch logged in the
+query's checkpoint in the very text the source gives Spark, so Spark's query resumes there with no
+batch of its own until new records come; a batch logged but not committed (a crash) runs again
+with its range, counted once; a new checkpoint keeps where it started, as the source pins it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aggregates.checkpoint_moves import logged_batches
+from aggregates.pipeline import drain
+from catalog import Catalog
+from demo import DemoTraffic
+from ingest.events import EventValidator
+from ingest.log import SqliteEventLog
+from ingest.spark_source import initial_offsets, offsets_text
+from sketchboard.settings import Settings
+from sketchboard.wiring import build_pipeline
+from store.health import query_health
+
+pytestmark = [pytest.mark.spark]
+
+STREAM = {"key_field": "k", "partitions": 2, "dimensions": ["d"], "tiers": []}
+CATALOG = {"streams": {"a": STREAM, "b": STREAM}}
+
+
+def counted(store, stream: str) -> int:
+    return sum(p.data.count for p in store.read_panes(stream, 0, 2**62))
+
+
+def no_query(**_) -> None:
+    pytest.fail("the pipeline started a Spark query to drain a backlog it holds on the driver")
+
+
+class Log:
+    def __init__(self, root: Path, catalog: Catalog):
+        self.catalog, self.log, self.sent = catalog, SqliteEventLog(root / "log.db"), {"a": 0, "b": 0}
+        for stream in catalog.streams.values():
+            self.log.ensure_topic(stream)
+
+    def append(self, stream: str, n: int) -> None:
+        now = int(time.time() * 1000)
+        validator = EventValidator(self.catalog.stream(stream))
+        self.log.append(self.catalog.stream(stream), [validator.validate({"time": now, "k": f"k{self.sent[stream] + i}",
+                                                                          "d": "x"}) for i in range(n)], now)
+        self.sent[stream] += n
+
+    def ends(self) -> dict[str, dict[int, int]]:
+        return {s: {p: o.end for p, o in self.log.offsets(s).items()} for s in self.catalog.streams}
+
+
+@pytest.fixture
+def small(tmp_path):
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(CATALOG))
+    catalog = Catalog(**CATALOG)
+    log = Log(tmp_path / "data", catalog)
+    yield tmp_path, config, catalog, log
+    log.log.close()
+
+
+def settings_for(tmp_path: Path, config: Path, **kwargs) -> Settings:
+    return Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, log_backend="embedded",
+                    **{"max_records_per_batch": 40, **kwargs})
+
+
+def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and_resumes_in_spark(small, spark):
+    tmp_path, config, catalog, log = small
+    log.append("a", 100)
+    log.append("b", 90)
+    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
+    checkpoint = Path(pipeline.config.checkpoint_dir)
+    pipeline.start = no_query
+    try:
+        pipeline.run_until_drained()
+        assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
+        batches = logged_batches(checkpoint / "commits")
+        assert batches == logged_batches(checkpoint / "offsets") == list(range(-(-190 // 40)))  # 40 each but the last
+        assert pipeline.store.last_batch_id("main") == batches[-1]
+        # Batch 0's start pinned where the source pins it; every batch's offsets in the source's own text.
+        assert initial_offsets(checkpoint) == {"a": {0: 0, 1: 0}, "b": {0: 0, 1: 0}}
+        lines = [(checkpoint / "offsets" / str(b)).read_text().splitlines() for b in batches]
+        assert all(len(line) == 3 and line[0] == "v1" and line[2] == offsets_text(json.loads(line[2])) for line in lines)
+        assert json.loads(lines[-1][2]) == {s: {str(p): o for p, o in parts.items()} for s, parts in log.ends().items()}
+        # No Spark query, but the query's health tells the run and each batch (GET /api/v1/pipeline).
+        health = query_health(pipeline.health, "main", int(time.time() * 1000))
+        assert health["run_id"].startswith("own-") and not health["running"] and health["last_error"] is None
+        assert health["batch_id"] == batches[-1] and health["num_input_rows"] == 190 - 40 * batches[-1]
+        assert health["query_id"] == json.loads((checkpoint / "metadata").read_text())["id"]
+
+        # A crash after a batch was logged, before it ran: the next drain runs it with its range, once.
+        log.append("a", 20)
+        crashed = batches[-1] + 1
+        (checkpoint / "offsets" / str(crashed)).write_text("\n".join(lines[-1][:2] + [offsets_text(log.ends())]))
+        log.append("a", 5)  # after the crashed batch's range: read by the batch after it
+        pipeline.run_until_drained()
+        assert logged_batches(checkpoint / "commits")[-2:] == [crashed, crashed + 1]
+        assert pipeline.store.last_batch_id("main") == crashed + 1
+        assert counted(pipeline.store, "a") == 125 and counted(pipeline.store, "b") == 90
+    finally:
+        pipeline.store.close()
+
+    # Spark's own query over the same checkpoint (batches too big for the driver): nothing new, no
+    # batch at all, not even an empty one; then only what came after.
+    spark_side = build_pipeline(settings_for(tmp_path, config, driver_batch_rows=10), spark, name="main")
+    try:
+        before = logged_batches(checkpoint / "offsets")
+        drain(spark_side.start(available_now=True), "pipeline")
+        assert logged_batches(checkpoint / "offsets") == before
+        log.append("b", 10)
+        spark_side.run_until_drained()
+        assert logged_batches(checkpoint / "offsets") == before + [before[-1] + 1]
+        assert counted(spark_side.store, "a") == 125 and counted(spark_side.store, "b") == 100
+    finally:
+        spark_side.store.close()
+
+
+def test_a_new_checkpoint_from_the_logs_end_keeps_where_it_started(small, spark):
+    tmp_path, config, catalog, log = small
+    log.append("a", 30)
+    settings = settings_for(tmp_path, config)
+    first = build_pipeline(settings, spark, name="late", starting_offsets="latest")
+    first.start = no_query
+    try:
+        first.run_until_drained()  # nothing after its start: no batch, its start kept
+        assert logged_batches(Path(first.config.checkpoint_dir) / "offsets") == []
+        assert initial_offsets(first.config.checkpoint_dir) == log.ends()
+    finally:
+        first.store.close()
+    log.append("a", 7)  # between the two starts: read by the second, as Spark's query would
+    second = build_pipeline(settings, spark, name="late")
+    second.start = no_query
+    try:
+        second.run_until_drained()
+        assert counted(second.store, "a") == 7
+    finally:
+        second.store.close()
+
+
+def test_spark_resumes_a_demo_catalogs_own_batches_with_no_batch_of_its_own(tmp_path, spark):
+    """The demo catalog enriches (its tables and enriched streams are cut at one append time):
+    the offsets its own batches logged are still the very ones Spark's source plans from them."""
+    settings = Settings(data_dir=tmp_path / "data", alerts_config=None, log_backend="embedded",
+                        max_records_per_batch=3_000)
+    pipeline = build_pipeline(settings, spark, name="main")
+    checkpoint = Path(pipeline.config.checkpoint_dir)
+    catalog = pipeline.catalog
+    log = SqliteEventLog(settings.data_dir / "log.db")
+    try:
+        traffic = DemoTraffic(catalog, seed=3)
+        validators = {name: EventValidator(s) for name, s in catalog.streams.items()}
+        for name, raws in traffic.generate(8_000).items():
+            log.append(catalog.stream(name), [validators[name].validate(e) for e in raws], int(time.time() * 1000))
+        pipeline.start = no_query
+        pipeline.run_until_drained()
+        before = logged_batches(checkpoint / "offsets")
+        assert len(before) >= 3 and pipeline.store.progress("main").events_read >= 8_000
+    finally:
+        pipeline.store.close()
+    spark_side = build_pipeline(settings.model_copy(update={"driver_batch_rows": 10}), spark, name="main")
+    try:
+        drain(spark_side.start(available_now=True), "pipeline")
+        assert logged_batches(checkpoint / "offsets") == before
+    finally:
+        spark_side.store.close()
+        log.close()
