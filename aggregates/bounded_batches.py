@@ -1,5 +1,5 @@
-"""Batches with chosen end offsets on Kafka (issue 16: the synchronized switch on Kafka,
-docs/reprocessing.md).
+"""Batches of the pipeline's own: with chosen end offsets on Kafka (issue 16: the synchronized
+switch on Kafka, docs/reprocessing.md), and a backlog of the embedded log held on the driver.
 
 A reprocessing run of a stream that feeds a window join, a pattern over two streams or a view
 must read their other streams no further than the serving pipeline has, to the partition
@@ -31,6 +31,14 @@ which is a cut), and refuses any batch Spark's source may have cut short in prop
 partitions' backlogs (`may_be_split`, `refuse_split`): nothing of it is stored, the batch Spark
 logged is planned again (`settle_last_batch`) and the backlog is caught up here, cut at one append
 time (`Pipeline.catch_up`), before the query starts again (sketchboard/live.py).
+On the embedded log, a pipeline whose every batch is held on the driver (`drains_on_driver`: a
+local master, the default) catches any backlog up the same way before its query starts, and
+`run_until_drained` is that catch-up alone: such a batch never runs Spark's DataFrame (the driver
+reads its range from the log), so Spark's query would only plan it, at the cost of a query start
+(5-6 s here) and a planning step per batch. Its batches are planned as the embedded source plans
+them, logged in the text the source gives Spark (ingest/spark_source.py `offsets_text`), batch 0's
+start pinned where the source pins it; Spark's query resumes after them (`embedded_batches`).
+
 The planning is pure (`capped_targets`, `next_batch`, `may_be_split`); `drain_bounded` does the I/O."""
 
 from __future__ import annotations

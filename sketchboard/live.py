@@ -1,6 +1,7 @@
 """`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop,
-after catching up a backlog over `max_records_per_batch` in batches cut at one append time where Spark's Kafka
-source would split it by partition (`Pipeline.catch_up`, docs/tables.md), and again whenever the query refused a
+after catching up a backlog in batches of its own (`Pipeline.catch_up`): on the embedded log with every batch on the
+driver, all of it, with no query to start (aggregates/bounded_batches.py); on Kafka, one over `max_records_per_batch`
+cut at one append time where Spark's Kafka source would split it by partition (docs/tables.md), and again whenever the query refused a
 batch its source may have split so (a burst while it serves); and start it again, in the same process
 and Spark session, when a switch fenced one of its batches (docs/reprocessing.md#switch): built again, it applies
 the switch's offset move to its checkpoint and computes the stream with the new definition; and, a few times, when
@@ -53,7 +54,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 continue
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
             return 0
-        try:  # on Kafka, a backlog of a pipeline that enriches: batches cut at one append time first
+        try:  # a backlog in batches of our own first (the embedded log on the driver; Kafka's cut one)
             pipeline.catch_up(stopping.is_set)
         except Exception as exc:  # as a failed batch of the query below
             if stopping.is_set() or not restartable(exc):
