@@ -33,7 +33,8 @@ class DriverRows:
         return keyed(self.batch, self.catalog, self.batch_now_ms)
 
     @functools.cached_property
-    def _good(self) -> pa.ChunkedArray:
+    def good(self) -> pa.ChunkedArray:
+        """Per row, whether the batch merges it (not dead-lettered)."""
         return pc.is_null(self.table.column("dead_reason"))
 
     def merged(self, streams: Sequence[str], columns: Sequence[str]) -> pa.Table:
@@ -43,7 +44,7 @@ class DriverRows:
             return no_records(columns)
         of_streams = pc.is_in(self.table.column("stream"), value_set=pa.array(list(streams), pa.string()))
         # select before filter: the filter copies only the columns asked for, not every list column
-        return self.table.select(list(columns)).filter(pc.and_(of_streams, self._good))
+        return self.table.select(list(columns)).filter(pc.and_(of_streams, self.good))
 
     def arrow_input(self) -> pa.Table:
         """What `arrow_on_driver(partials.arrow_input(batch))` gives: the Arrow group-by's rows."""
@@ -52,7 +53,7 @@ class DriverRows:
 
     def true_counts(self, columns: Sequence[str]) -> dict[str, int]:
         """Per boolean column, how many merged records have it true (nulls count none)."""
-        return {c: int(pc.sum(pc.and_(self._good, pc.fill_null(self.table.column(c), False)).cast(pa.int64())).as_py()
+        return {c: int(pc.sum(pc.and_(self.good, pc.fill_null(self.table.column(c), False)).cast(pa.int64())).as_py()
                        or 0) for c in columns}
 
 

@@ -29,12 +29,15 @@ DEAD_RECORD_FIELDS = ("partition", "offset", "event_time", "ingest_time", "error
                       "clock_correction")
 
 
-def list_get(lists: pa.Array | pa.ChunkedArray, index: int) -> pa.Array:
+def list_get(lists: pa.Array | pa.ChunkedArray, index: int, rows: np.ndarray | None = None) -> pa.Array:
     """Spark's `get(array, index)`: the item at `index`, null for a null list or one too short
-    (`pyarrow.compute.list_element` raises on those)."""
+    (`pyarrow.compute.list_element` raises on those). `rows`: of those rows only, in that order
+    (the lists are not copied to pick them first)."""
     lists = one_chunk(lists)
     lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
     starts = lists.offsets.to_numpy()[:-1]
+    if rows is not None:
+        lengths, starts = lengths[rows], starts[rows]
     where = pa.array(starts + index, pa.int64(), mask=lengths <= index)
     return lists.values.take(where)
 

@@ -168,22 +168,30 @@ def key_records(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
     return arrow_on_driver(batch.where(F.col("stream").isin(streams)).select(*KEY_RECORD_COLUMNS))
 
 
-def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem]) -> KeyRows:
+def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Array | pa.ChunkedArray | None = None) -> KeyRows:
     """What `key_rows` computes, without its Spark job: from the batch's records (KEY_RECORD_COLUMNS;
     merged ones, so every event time is set) already on the driver, per (group, key, slot) the
     earliest and latest event time and the count, numpy and Arrow over whole columns, and the hashes
     of each distinct key with `sketches.bloom.hashes`, equal to Spark's xxhash64 with the same seeds
-    (tests/spark/test_firstseen.py pins the rows equal to the job's). Rows sorted by group, key, slot."""
+    (tests/spark/test_firstseen.py pins the rows equal to the job's). Rows sorted by group, key, slot.
+    `keep`: which of `records` to read (true; the batch's merged ones), None: all. A group's rows are
+    picked by position from whole columns: its key out of the list column, no list copied."""
     groups = key_groups(items)
     parts = []
+    streams = records["stream"]
+    keep_rows = None if keep is None else pc.fill_null(keep, False).to_numpy(zero_copy_only=False)
+    # (a record not kept may have no event time: 0 there, never read)
+    times = (pc.fill_null(records["event_time"], 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+             if groups else None)
     for g in groups:
-        rows = records.filter(pc.equal(records["stream"], g.stream))
-        if rows.num_rows == 0:
+        mine = pc.fill_null(pc.equal(streams, g.stream), False).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(mine if keep_rows is None else mine & keep_rows)
+        if len(at) == 0:
             continue
         column, index = g.source
         # F.get: null past the end of the array; the key cast to string (the arrays hold strings)
-        keys = list_get(rows[column], index).cast(pa.string())
-        t = rows["event_time"].to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        keys = list_get(records[column], index, at).cast(pa.string())
+        t = times[at]
         slot = t - np.mod(t, g.slot_ms) if g.slot_ms else np.zeros(len(t), np.int64)
         keyed = pa.table({"key": keys, "slot": slot, "t": t}).filter(
             pc.and_(pc.is_valid(keys), pc.not_equal(keys, "")).fill_null(False))

@@ -187,8 +187,10 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
             queried(p)
 
     assert stored(driver.store, catalog, "driver") == stored(persisted.store, catalog, "persisted")
-    # Every step read its projection of the one collect: patterns, joins, keys, partials, misses.
-    assert projections["arrow_input"] == 4 - first and projections["merged"] >= 6 and projections["true_counts"] >= 2, projections
+    # Every step read its projection of the one collect: patterns, joins, partials, misses (the keys
+    # of the Bloom features and sessions read the keyed rows themselves, the merged ones by position:
+    # their rows and what they commit are compared with Spark's below and in tests/spark/test_firstseen.py).
+    assert projections["arrow_input"] == 4 - first and projections["merged"] >= 5 and projections["true_counts"] >= 2, projections
     assert panes(driver.store, catalog)[1] == pytest.approx(panes(persisted.store, catalog)[1], rel=1e-9)
     summary = stored(driver.store, catalog, "driver")
     assert summary["streams"]["http_requests"][4]  # enrichment misses happened (unsynced users): covered

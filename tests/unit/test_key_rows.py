@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.key_rows import TAG_SESSIONS, runs_from_times
+from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, TAG_SESSIONS, KeyItem, key_rows_on_driver, runs_from_times
 from tests.unit.test_session_window import sessionize
 
 GAPS = {"a": 10, "b": 3}
@@ -52,3 +52,30 @@ def test_runs_from_times_of_no_rows_is_an_empty_table():
     assert runs_from_times(rows_table([("a", None, [])]), GAPS).column_names == \
         ["stream", "key", "first_ms", "last_ms", "events"]
 
+
+
+KEY_ITEMS = [KeyItem("a", TAG_FIRST_SEEN, "user", key=None, seed=7, source=("ids", 0)),
+             KeyItem("a", TAG_MEMBERSHIP, "user", key=None, seed=9, bucket_ms=20, source=("ids", 0)),
+             KeyItem("b", TAG_SESSIONS, "region", key=None, gap=30, times=True, source=("dims", 1))]
+labels = st.one_of(st.none(), st.sampled_from(["", "x", "y", "zz"]))
+records_rows = st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.booleans(), st.integers(0, 200),
+                                  st.one_of(st.none(), st.lists(labels, max_size=3)),
+                                  st.one_of(st.none(), st.lists(labels, max_size=2))), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(records_rows, st.integers(0, 40))
+def test_key_rows_of_the_kept_records_picked_by_position_are_those_of_the_kept_records_alone(rows, cut):
+    """`key_rows_on_driver` with `keep` (a driver batch's merged rows, picked from the batch's whole
+    columns) gives the very rows it gives for the kept records filtered out first (what it was
+    given before), whatever the dead rows hold (no event time, short or null lists) and the chunks."""
+    records = pa.table({"stream": pa.array([r[0] for r in rows], pa.string()),
+                        "event_time": pa.array([r[2] if r[1] else None for r in rows], pa.int64()),
+                        "dims": pa.array([r[3] for r in rows], pa.list_(pa.string())),
+                        "ids": pa.array([r[4] for r in rows], pa.list_(pa.string()))})
+    keep = pa.array([r[1] for r in rows], pa.bool_())
+    if 0 < cut < len(rows):  # several chunks, as a batch read from several segments has
+        records = pa.concat_tables([records.slice(0, cut), records.slice(cut)])
+    picked = key_rows_on_driver(records, KEY_ITEMS, keep=keep)
+    filtered = key_rows_on_driver(records.filter(keep), KEY_ITEMS)
+    assert picked.slots.equals(filtered.slots) and picked.groups == filtered.groups
