@@ -48,12 +48,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from aggregates.checkpoint_moves import logged_batches, write_whole
 from aggregates.commit import KAFKA_SOURCE_START, checkpointed_kafka_start
 from aggregates.progress import OwnRunProgress
+from aggregates.read_ahead import ReadAhead
 from ingest.append_cut import Cut, catalog_cut
 from ingest.kafka_offset_json import spark_offsets_json
 from ingest.log import SqliteEventLog
@@ -267,6 +269,8 @@ class OwnBatches:
     pin_start: Callable[[Offsets], None]  # batch 0's start, where the pipeline (logged_offsets) and Spark read it
     pinned_start: Callable[[], Offsets]  # a start pinned already (a query started and logged nothing), else {}
     read: Callable[[Offsets, Offsets], object]  # a batch's records as process_batch takes them
+    ask: Callable[[Offsets, Offsets], None] = lambda start, end: None  # the next batch, to read ahead where it can
+    close: Callable[[], None] = lambda: None
 
 
 def kafka_batches(pipeline) -> OwnBatches:
@@ -298,8 +302,17 @@ def embedded_batches(pipeline) -> OwnBatches:
         if not (checkpoint / INITIAL_OFFSETS_FILE).exists():
             pin_offsets(checkpoint / INITIAL_OFFSETS_FILE, start)
 
+    # The next batch read in another process while one runs (aggregates/read_ahead.py), taken by
+    # `Pipeline.read_on_driver`; the pipeline reads itself whatever it was not given.
+    ahead = pipeline.read_ahead = ReadAhead(pipeline.config.log_path)
+
+    def close() -> None:
+        ahead.close()
+        pipeline.read_ahead = None
+
     return OwnBatches(lambda end, metadata: "\n".join(["v1", metadata, offsets_text(end)]), pin_start,
-                      lambda: initial_offsets(checkpoint), lambda start, end: None)
+                      lambda: initial_offsets(checkpoint), lambda start, end: None,
+                      lambda start, end: ahead.ask(pipeline.catalog, start, end), close)
 
 
 def drains_on_driver(pipeline) -> bool:
@@ -311,6 +324,14 @@ def drains_on_driver(pipeline) -> bool:
     config = pipeline.config
     return (config.kafka is None and isinstance(pipeline.log, SqliteEventLog) and config.end_offsets is None
             and pipeline.driver_batch_rows >= config.max_records_per_batch)
+
+
+@contextmanager
+def _closing(own: OwnBatches):
+    try:
+        yield own
+    finally:
+        own.close()
 
 
 def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:
@@ -344,8 +365,16 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
         return with_starts(available, starts) if config.starting_offsets == "latest" else starts
 
     query_id = json.loads((checkpoint / "metadata").read_text(encoding="utf-8")).get("id", "")
+    planned_ends: dict[str, Offsets | None] = {}  # a batch's end by its start, planned once
+
+    def plan(start: Offsets) -> Offsets | None:
+        key = json.dumps(start, sort_keys=True)
+        if key not in planned_ends:
+            planned_ends[key] = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
+        return planned_ends[key]
+
     # The query's health says running, batch by batch, while no query runs (aggregates/progress.py).
-    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress:
+    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, _closing(own):
 
         def run(batch_id: int, start: Offsets, end: Offsets) -> None:
             with progress.batch(batch_id, records_between(start, end)):
@@ -364,13 +393,16 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
             start = with_starts(logged(planned[-1]), starts) if planned else first_start()
             if not planned:
                 own.pin_start(start)
-            end = next_batch(start, capped_targets(start, available, caps), config.max_records_per_batch, cut)
+            end = plan(start)
             if end is None:
                 break
             batch_id = planned[-1] + 1 if planned else 0
             write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
                                                                                      int(time.time() * 1000))))
             log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
+            after = plan(with_starts(end, starts))
+            if after is not None:  # read while this one runs
+                own.ask(with_starts(end, starts), after)
             run(batch_id, start, end)
             ran += 1
     return ran

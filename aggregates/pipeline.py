@@ -114,6 +114,7 @@ class Pipeline(ReportsStoreErrors):
         # {batch id: records} of the recent batches read on the driver from the embedded log: Spark
         # never runs their DataFrame, so its progress counts no input rows (aggregates/progress.py).
         self.rows_read_on_driver: dict[int, int] = {}
+        self.read_ahead = None  # a catch-up's reader of the next batch (aggregates/read_ahead.py), while it runs
         self.definition_versions: dict[str, str] = {}  # set by the wiring: a switch fences commits (store/switch.py)
         self.gate = BatchGate()  # whether a batch is running: a stop waits for it (aggregates/batch_gate.py)
         # Store commits retried while the storage fails, errors reported (aggregates/store_commit.py).
@@ -322,7 +323,10 @@ class Pipeline(ReportsStoreErrors):
         Kafka source (one job: it reads in the JVM)."""
         if self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
             return batch.toArrow().select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA)
-        records = read_batch(self.log, self.catalog, *offsets)
+        # Read by a catch-up's worker while the batch before ran, if it was (aggregates/read_ahead.py).
+        records = self.read_ahead.take(self.catalog, *offsets) if self.read_ahead is not None else None
+        if records is None:
+            records = read_batch(self.log, self.catalog, *offsets)
         self.rows_read_on_driver[batch_id] = records.num_rows
         for old in [b for b in self.rows_read_on_driver if b < batch_id - 100]:  # the listener's reach
             del self.rows_read_on_driver[old]

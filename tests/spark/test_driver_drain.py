@@ -16,6 +16,7 @@ import yaml
 
 from aggregates.checkpoint_moves import logged_batches
 from aggregates.pipeline import drain
+from aggregates.read_ahead import ReadAhead
 from catalog import Catalog
 from demo import DemoTraffic
 from ingest.events import EventValidator
@@ -71,18 +72,36 @@ def settings_for(tmp_path: Path, config: Path, **kwargs) -> Settings:
                     **{"max_records_per_batch": 40, **kwargs})
 
 
-def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and_resumes_in_spark(small, spark):
+def read_ahead_taken(monkeypatch) -> list[int]:
+    """How many rows each batch's read-ahead handed over (aggregates/read_ahead.py); 0 where the
+    pipeline read the batch itself."""
+    taken, take = [], ReadAhead.take
+
+    def counting(self, catalog, start, end):
+        rows = take(self, catalog, start, end)
+        taken.append(0 if rows is None else rows.num_rows)
+        return rows
+
+    monkeypatch.setattr(ReadAhead, "take", counting)
+    return taken
+
+
+def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and_resumes_in_spark(small, spark,
+                                                                                                  monkeypatch):
     tmp_path, config, catalog, log = small
     log.append("a", 100)
     log.append("b", 90)
     pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
     checkpoint = Path(pipeline.config.checkpoint_dir)
     pipeline.start = no_query
+    taken = read_ahead_taken(monkeypatch)
     try:
         pipeline.run_until_drained()
         assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
         batches = logged_batches(checkpoint / "commits")
         assert batches == logged_batches(checkpoint / "offsets") == list(range(-(-190 // 40)))  # 40 each but the last
+        # Every batch after the first was read by the read-ahead worker while the one before ran.
+        assert taken == [0, 40, 40, 40, 30] and pipeline.read_ahead is None
         assert pipeline.store.last_batch_id("main") == batches[-1]
         # Batch 0's start pinned where the source pins it; every batch's offsets in the source's own text.
         assert initial_offsets(checkpoint) == {"a": {0: 0, 1: 0}, "b": {0: 0, 1: 0}}
@@ -171,3 +190,19 @@ def test_spark_resumes_a_demo_catalogs_own_batches_with_no_batch_of_its_own(tmp_
     finally:
         spark_side.store.close()
         log.close()
+
+
+def test_a_read_ahead_that_fails_leaves_the_batch_to_the_pipeline_with_the_same_rows(small, spark, monkeypatch):
+    tmp_path, config, catalog, log = small
+    log.append("a", 100)
+    log.append("b", 90)
+    monkeypatch.setattr("aggregates.read_ahead._folder", lambda: str(tmp_path / "no such folder"))  # the worker cannot write
+    taken = read_ahead_taken(monkeypatch)
+    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
+    pipeline.start = no_query
+    try:
+        pipeline.run_until_drained()
+        assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
+        assert taken == [0] * 5 and pipeline.store.progress("main").events_read == 190
+    finally:
+        pipeline.store.close()

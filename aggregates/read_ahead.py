@@ -1,0 +1,171 @@
+"""The embedded log's next batch read in another process while this one runs the batch before.
+
+A catch-up in batches of the pipeline's own (aggregates/bounded_batches.py) knows each batch's range
+before the batch before it ends, and a batch on the driver is Python from its read to its commit:
+one core of a two-core machine. Its read (the log's segments decoded into source rows,
+ingest/spark_source.py `read_batch`, ~13 % of a batch) can run on the other core. A thread cannot
+do it: the read holds the GIL between its C calls, and beside a busy thread it ran 5 times slower
+and slowed that thread to a quarter of its pace (measured here). So one worker process reads the
+range with the very same function and hands the rows over as an Arrow IPC file in shared memory,
+which this process maps without copying.
+
+Nothing depends on it: a range it was not asked for, or one whose read failed in the worker (a
+worker that died, a log it cannot open), is read here as before, and any error it raises is the
+one this process meets reading it itself. The rows are the same either way (one function, an
+exact IPC round trip)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+import uuid
+from concurrent.futures import Future, ProcessPoolExecutor
+
+import pyarrow as pa
+
+log = logging.getLogger("sketchboard.pipeline")
+
+Offsets = dict[str, dict[int, int]]
+
+_WORKER: dict = {}  # in the worker process: its log and catalog, opened once
+_PREFIX = "sketchboard-read-ahead-"  # then the pipeline process's pid, a dash, a random name
+
+
+def _folder() -> str:
+    """Shared memory where there is some (the file is mapped, never written to disk), else the temp folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _worker_start(parent: int) -> None:
+    """The worker dies with the pipeline's process, even one killed with SIGKILL (Linux: the kernel
+    sends it SIGKILL then, `prctl(PR_SET_PDEATHSIG)`): it would otherwise wait on its task queue
+    for ever, since it holds that queue's write end itself."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker ends when the pool is shut down
+        pass
+    if os.getppid() != parent:  # the parent died before the prctl
+        os._exit(0)
+
+
+def _remove_orphans(folder: str) -> None:
+    """The files of read-ahead workers whose pipeline process was killed between a read and its take."""
+    for name in os.listdir(folder):
+        parts = name.split("-")
+        if name.startswith(_PREFIX) and len(parts) >= 4 and parts[3].isdigit() and not _alive(int(parts[3])):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_to_file(log_path: str, catalog_json: str, start: Offsets, end: Offsets, path: str) -> str:
+    """In the worker: the range's source rows (`read_batch`) written to `path` as an Arrow IPC file."""
+    from catalog import Catalog
+    from ingest.log import SqliteEventLog
+    from ingest.spark_source import read_batch
+
+    if _WORKER.get("key") != (log_path, catalog_json):
+        if _WORKER.get("log") is not None:
+            _WORKER["log"].close()
+        _WORKER.update(key=(log_path, catalog_json), log=SqliteEventLog(log_path),
+                       catalog=Catalog.model_validate_json(catalog_json))
+    table = read_batch(_WORKER["log"], _WORKER["catalog"], start, end)
+    try:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    except BaseException:
+        if os.path.exists(path):
+            os.unlink(path)
+        raise
+    return path
+
+
+def _key(start: Offsets, end: Offsets) -> tuple:
+    return tuple(sorted((s, int(p), int(start.get(s, {}).get(p, 0)), int(o)) for s, parts in end.items()
+                        for p, o in parts.items()))
+
+
+class ReadAhead:
+    """One worker process reading the next range while the current batch runs; `take` gives a
+    range's rows if it was asked for, with the same catalog, and read, else None (the caller reads
+    it itself)."""
+
+    def __init__(self, log_path):
+        self.log_path = str(log_path)
+        self.pool: ProcessPoolExecutor | None = None
+        self.pending: dict[tuple, tuple[object, Future, str]] = {}
+        self.taken = 0  # batches whose rows came from the worker
+
+    def ask(self, catalog, start: Offsets, end: Offsets) -> None:
+        """Start reading [start, end) of `catalog`'s streams in the worker (started on the first ask)."""
+        key = _key(start, end)
+        if key in self.pending:
+            return
+        folder = _folder()
+        if self.pool is None:
+            _remove_orphans(folder)
+            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_worker_start, initargs=(os.getpid(),))
+        path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.arrow")
+        try:
+            future = self.pool.submit(_read_to_file, self.log_path, catalog.model_dump_json(), start, end, path)
+        except Exception as exc:  # a broken pool: read here
+            log.warning("reading ahead failed (%s): batches are read in the pipeline's process", exc)
+            return
+        self.pending[key] = (catalog, future, path)
+
+    def take(self, catalog, start: Offsets, end: Offsets) -> pa.Table | None:
+        """The rows of [start, end) read by the worker, or None: not asked for, asked with another
+        catalog (a pattern defined since: its stream is read too), or its read failed."""
+        asked = self.pending.pop(_key(start, end), None)
+        if asked is None:
+            return None
+        asked_catalog, future, path = asked
+        try:
+            future.result()
+            if asked_catalog is not catalog:
+                return None
+            # Mapped, not copied: the buffers keep the mapping alive after the file is unlinked.
+            table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+        except Exception as exc:
+            log.warning("reading ahead failed (%s): the batch is read in the pipeline's process", exc)
+            return None
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        self.taken += 1
+        return table
+
+    def close(self) -> None:
+        for _, future, path in self.pending.values():
+            future.cancel()
+            try:
+                future.result()
+            except BaseException:  # cancelled, or failed: nothing to hand over
+                pass
+            if os.path.exists(path):
+                os.unlink(path)
+        self.pending.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+__all__ = ["ReadAhead"]

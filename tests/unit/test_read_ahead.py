@@ -1,0 +1,119 @@
+"""The embedded log's next batch read in a worker process (aggregates/read_ahead.py): the rows it
+hands over are the ones the pipeline would read itself; a range not asked for, or asked with
+another catalog, is left to the pipeline; no file outlives its take, its reader, or a pipeline
+process killed with SIGKILL, and neither does the worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from aggregates import read_ahead
+from aggregates.read_ahead import ReadAhead
+from catalog import load_catalog
+from ingest.events import EventValidator
+from ingest.log import SqliteEventLog
+from ingest.spark_source import read_batch
+from sketchboard.settings import DEFAULT_STREAMS
+from tests.spark.events import http_events
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(DEFAULT_STREAMS)
+
+
+@pytest.fixture
+def log(tmp_path, catalog):
+    log = SqliteEventLog(tmp_path / "log.db")
+    stream = catalog.stream("http_requests")
+    log.ensure_topic(stream)
+    events = http_events(3_000, seed=1)
+    for i in range(0, len(events), 500):  # several segments a partition
+        log.append(stream, [EventValidator(stream).validate(e) for e in events[i:i + 500]], int(time.time() * 1000))
+    yield log
+    log.close()
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith(read_ahead._PREFIX))
+
+
+def test_the_rows_read_ahead_are_the_ones_read_here_and_only_a_range_asked_for_is_handed_over(log, catalog, tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.setattr(read_ahead, "_folder", lambda: str(tmp_path))
+    ends = {"http_requests": {p: o.end for p, o in log.offsets("http_requests").items()}}
+    half = {"http_requests": {p: o // 2 for p, o in ends["http_requests"].items()}}
+    zero = {"http_requests": {p: 0 for p in ends["http_requests"]}}
+    ahead = ReadAhead(tmp_path / "log.db")
+    try:
+        ahead.ask(catalog, zero, half)
+        ahead.ask(catalog, half, ends)
+        assert ahead.take(catalog, zero, ends) is None  # never asked for
+        first = ahead.take(catalog, zero, half)
+        assert first is not None and first.equals(read_batch(log, catalog, zero, half))
+        assert first.num_rows == sum(half["http_requests"].values()) > 0
+        # Asked with another catalog (a pattern defined since): the pipeline reads it with its own.
+        assert ahead.take(catalog.model_copy(), half, ends) is None
+        assert files(tmp_path) == [] and ahead.taken == 1
+        ahead.ask(catalog, half, ends)
+    finally:
+        ahead.close()
+    assert files(tmp_path) == []  # an asked range never taken: removed with its reader
+
+
+def test_files_of_a_killed_pipeline_process_are_removed_and_its_worker_dies_with_it(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from aggregates import read_ahead
+        read_ahead._folder = lambda: {str(tmp_path)!r}
+        from aggregates.read_ahead import ReadAhead
+        from catalog import load_catalog
+        from sketchboard.settings import DEFAULT_STREAMS
+        catalog = load_catalog(DEFAULT_STREAMS)
+        ahead = ReadAhead({str(tmp_path / "log.db")!r})
+        ahead.ask(catalog, {{}}, {{}})
+        ahead.pending[next(iter(ahead.pending))][1].result(timeout=60)  # read and written, not taken
+        print(next(iter(ahead.pool._processes)), flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        assert len(files(tmp_path)) == 1
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while read_ahead._alive(worker) and time.monotonic() < deadline:
+        try:  # reap it if it is ours to reap (it is the killed process's child: usually not)
+            os.waitpid(worker, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    assert not _running(worker), "the read-ahead worker outlived its pipeline process"
+    read_ahead._remove_orphans(str(tmp_path))  # what the next pipeline's first read-ahead does
+    assert files(tmp_path) == []
+    mine = tmp_path / f"{read_ahead._PREFIX}{os.getpid()}-x.arrow"
+    mine.write_bytes(b"")
+    read_ahead._remove_orphans(str(tmp_path))
+    assert mine.exists()  # a live process's file stays
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited process not reaped yet by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
