@@ -56,7 +56,11 @@ def _worker_start(parent: int) -> None:
 
 def _remove_orphans(folder: str) -> None:
     """The files of read-ahead workers whose pipeline process was killed between a read and its take."""
-    for name in os.listdir(folder):
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
         parts = name.split("-")
         if name.startswith(_PREFIX) and len(parts) >= 4 and parts[3].isdigit() and not _alive(int(parts[3])):
             try:
@@ -119,14 +123,14 @@ class ReadAhead:
         if key in self.pending:
             return
         folder = _folder()
-        if self.pool is None:
-            _remove_orphans(folder)
-            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_worker_start, initargs=(os.getpid(),))
         path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.arrow")
-        try:
+        try:  # never fails the batch: whatever goes wrong here, the pipeline reads the range itself
+            if self.pool is None:
+                _remove_orphans(folder)
+                self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_worker_start, initargs=(os.getpid(),))
             future = self.pool.submit(_read_to_file, self.log_path, catalog.model_dump_json(), start, end, path)
-        except Exception as exc:  # a broken pool: read here
+        except Exception as exc:  # no process to start, a broken pool: read here
             log.warning("reading ahead failed (%s): batches are read in the pipeline's process", exc)
             return
         self.pending[key] = (catalog, future, path)
