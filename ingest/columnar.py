@@ -27,6 +27,12 @@ from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
 from ingest.events import MAX_STRING_LENGTH
 from ingest.json_limits import JsonLimits
 
+# An integer literal past int64 is read as a double, so a value column cannot tell 1e45 from a
+# 46-digit integer, which the JSON bounds refuse (max_int_digits, at least 19 where this path runs):
+# a value this large or larger is left to the per-event path. int64 integers stay below it.
+BIG_NUMBER = 1e19
+
+
 def limits_allow(limits: JsonLimits) -> bool:
     """Whether every event this path takes is also inside the JSON bounds the per-event path
     checks (they can be set tighter than the validator's own: then only that path decides).
@@ -134,6 +140,8 @@ def _validated(stream: StreamDef, fields: dict[str, pa.Array | pa.ChunkedArray],
             return None
         if len(column) - column.null_count and not pc.all(pc.is_finite(column)).as_py():
             return None  # NaN or Infinity: the per-event path names the field
+        if (pc.max(pc.abs(column)).as_py() or 0) >= BIG_NUMBER:
+            return None  # maybe an integer literal past max_int_digits, which Arrow read as a double
         columns[name] = column
     return pa.table(columns)
 

@@ -61,13 +61,16 @@ def events_to_batch(stream: StreamDef, events: Sequence[Event], ingest_time_ms: 
     return pa.RecordBatch.from_arrays(columns, schema=segment_schema(stream))
 
 
-def columns_to_batch(stream: StreamDef, columns: pa.Table, ingest_time_ms: int) -> pa.RecordBatch:
+def columns_to_batch(stream: StreamDef, columns: pa.Table, ingest_time_ms: int | pa.Array) -> pa.RecordBatch:
     """The segment batch of events already in columns (ingest/columnar.py): the same layout as
-    `events_to_batch` gives for the same events (no undeclared fields: `__extra` is null)."""
+    `events_to_batch` gives for the same events (no undeclared fields: `__extra` is null). One
+    ingest time for all (an API append) or an array of one per event (Kafka record timestamps)."""
     n = columns.num_rows
+    ingest = (ingest_time_ms.cast(pa.int64()) if isinstance(ingest_time_ms, pa.Array)
+              else pa.array(np.full(n, ingest_time_ms, dtype=np.int64)))
     arrays: list[pa.Array] = [
         _array(columns.column(stream.time_field)),
-        pa.array(np.full(n, ingest_time_ms, dtype=np.int64)),
+        ingest,
     ]
     arrays += [_array(columns.column(name)) for name in stream.string_fields]
     arrays += [_array(columns.column(name)) for name in stream.values]

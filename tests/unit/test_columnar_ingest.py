@@ -59,7 +59,8 @@ FIELD_VALUES = {
     "site": st.one_of(labels, labels, st.integers(-5, 5), st.none(), st.text(min_size=1020, max_size=1030)),
     "kind": st.one_of(labels, st.none(), st.lists(st.integers(), max_size=2), st.dictionaries(labels, labels, max_size=1)),
     "user": st.one_of(labels, st.none(), st.booleans()),
-    "temp": st.one_of(st.floats(-1e6, 1e6), st.integers(-10**6, 10**6), st.integers(2**53, 2**70), st.none(),
+    "temp": st.one_of(st.floats(-1e6, 1e6), st.integers(-10**6, 10**6), st.integers(2**53, 2**70),
+                      st.integers(10**38, 10**45), st.none(),
                       st.floats(allow_nan=True, allow_infinity=True), st.just("12"), st.booleans()),
     "bytes": st.one_of(st.integers(0, 10**6), st.none()),
     "extra": st.one_of(st.integers(), labels, st.dictionaries(labels, st.integers(), max_size=2)),
@@ -154,6 +155,7 @@ def test_plain_valid_bodies_take_the_columnar_path(events, array):
     b'{"time": 1795000000000, "device": "d", "device": "e"}',  # a name twice
     b'{"time": 1795000000000, "device": "d", "temp": NaN}',
     b'{"time": 1795000000000, "device": "d", "temp": 1e999}',
+    b'{"time": 1795000000000, "device": "d", "temp": 1' + b"0" * 45 + b'}',  # past max_int_digits, read as 1e45
     b'{"time": -9223372036854775808, "device": "d"}',  # abs() of it would wrap into the valid range
     b'{"time": 1795000000000, "device": "d", "note": "undeclared fields stay JSON text"}',
     b'{"time": 1795000000000, "device": null}',
