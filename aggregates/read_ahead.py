@@ -36,9 +36,19 @@ _WORKER: dict = {}  # in the worker process: its log and catalog, opened once
 _PREFIX = "sketchboard-read-ahead-"  # then the pipeline process's pid, a dash, a random name
 
 
+SHM_NEEDED = 2 * 2**30  # a batch of 1 M events is a few hundred MiB of rows: shared memory only with room to spare
+
+
 def _folder() -> str:
-    """Shared memory where there is some (the file is mapped, never written to disk), else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    """Shared memory where there is room (the file is mapped, never written to disk), else the temp
+    folder (Docker gives a container 64 MiB of /dev/shm unless told otherwise)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+        if os.access("/dev/shm", os.W_OK) and stat.f_bavail * stat.f_frsize >= SHM_NEEDED:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return tempfile.gettempdir()
 
 
 def _worker_start(parent: int) -> None:
@@ -116,11 +126,12 @@ class ReadAhead:
         self.pool: ProcessPoolExecutor | None = None
         self.pending: dict[tuple, tuple[object, Future, str]] = {}
         self.taken = 0  # batches whose rows came from the worker
+        self.failed = False  # a read or a start failed: the rest is read in the pipeline, not tried again
 
     def ask(self, catalog, start: Offsets, end: Offsets) -> None:
         """Start reading [start, end) of `catalog`'s streams in the worker (started on the first ask)."""
         key = _key(start, end)
-        if key in self.pending:
+        if key in self.pending or self.failed:
             return
         folder = _folder()
         path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.arrow")
@@ -132,6 +143,7 @@ class ReadAhead:
             future = self.pool.submit(_read_to_file, self.log_path, catalog.model_dump_json(), start, end, path)
         except Exception as exc:  # no process to start, a broken pool: read here
             log.warning("reading ahead failed (%s): batches are read in the pipeline's process", exc)
+            self.failed = True
             return
         self.pending[key] = (catalog, future, path)
 
@@ -148,8 +160,9 @@ class ReadAhead:
                 return None
             # Mapped, not copied: the buffers keep the mapping alive after the file is unlinked.
             table = pa.ipc.open_file(pa.memory_map(path)).read_all()
-        except Exception as exc:
-            log.warning("reading ahead failed (%s): the batch is read in the pipeline's process", exc)
+        except Exception as exc:  # not tried again: whatever failed (room, the log) would likely fail again
+            log.warning("reading ahead failed (%s): this and the next batches are read in the pipeline's process", exc)
+            self.failed = True
             return None
         finally:
             if os.path.exists(path):

@@ -198,11 +198,21 @@ def test_a_read_ahead_that_fails_leaves_the_batch_to_the_pipeline_with_the_same_
     log.append("b", 90)
     monkeypatch.setattr("aggregates.read_ahead._folder", lambda: str(tmp_path / "no such folder"))  # the worker cannot write
     taken = read_ahead_taken(monkeypatch)
+    reads, ask = [], ReadAhead.ask
+
+    def asking(self, catalog, start, end):
+        before = len(self.pending)
+        ask(self, catalog, start, end)
+        reads.append(len(self.pending) > before)
+
+    monkeypatch.setattr(ReadAhead, "ask", asking)
     pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
     pipeline.start = no_query
     try:
         pipeline.run_until_drained()
         assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
         assert taken == [0] * 5 and pipeline.store.progress("main").events_read == 190
+        # Batch 2 is asked for before batch 1's read is found failed; after that, never again.
+        assert reads == [True, True, False, False]
     finally:
         pipeline.store.close()
