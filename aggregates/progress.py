@@ -112,9 +112,10 @@ class ProgressRecorder(StreamingQueryListener):
     def own_batch(self, query_id: str, run_id: str, batch_id: int, rows: int, started_ms: int, took_ms: int) -> None:
         """One batch of an own run: its progress in the shape of Spark's (the fields query_health reads)."""
         previous, self._trigger_ms[run_id] = self._trigger_ms.get(run_id), started_ms
+        started = datetime.fromtimestamp(started_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
         data = {"id": query_id, "runId": run_id, "name": self.query_name, "ownBatch": True,
-                "timestamp": datetime.fromtimestamp(started_ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
-                .replace("+00:00", "Z"), "batchId": batch_id, "batchDuration": took_ms, "durationMs": {"triggerExecution": took_ms}}
+                "timestamp": started.replace("+00:00", "Z"), "batchId": batch_id, "batchDuration": took_ms,
+                "durationMs": {"triggerExecution": took_ms}}
         data = with_input_rows(data, rows, None if previous is None else started_ms - previous)
         self._safely(self.health.progress, self.pipeline, run_id, batch_id, data, self._now_ms())
 
@@ -172,7 +173,9 @@ class OwnRunProgress:
 
     def __exit__(self, kind, error, _traceback) -> None:
         if self.run_id is not None:
-            self.recorder.own_run_ended(self.run_id, None if error is None else f"{kind.__name__}: {error}")
+            # A batch refused because the pipeline is stopping (aggregates/batch_gate.py): a clean stop.
+            failed = error is not None and not isinstance(error, Stopping)
+            self.recorder.own_run_ended(self.run_id, f"{kind.__name__}: {error}" if failed else None)
             self.run_id = None
 
 
