@@ -48,7 +48,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -326,14 +326,6 @@ def drains_on_driver(pipeline) -> bool:
             and pipeline.driver_batch_rows >= config.max_records_per_batch)
 
 
-@contextmanager
-def _closing(own: OwnBatches):
-    try:
-        yield own
-    finally:
-        own.close()
-
-
 def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:
     """Process the log up to its end as of now, each stream of `caps` no further than its caps,
     in batches of the pipeline's own (the module doc; on the embedded log `embedded_batches`);
@@ -374,7 +366,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
         return planned_ends[key]
 
     # The query's health says running, batch by batch, while no query runs (aggregates/progress.py).
-    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, _closing(own):
+    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
 
         def run(batch_id: int, start: Offsets, end: Offsets) -> None:
             with progress.batch(batch_id, records_between(start, end)):

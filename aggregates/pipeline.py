@@ -305,7 +305,9 @@ class Pipeline(ReportsStoreErrors):
     def logged_offsets(self, batch_id: int) -> tuple[dict, dict]:
         """The end offsets Spark logged for the batch before `batch_id` (before batch 0: the start the
         embedded source pinned, or the one Spark's Kafka source logged) and for `batch_id`: the
-        batch's range, without reading the log."""
+        batch's range. A stream or partition the batch reads and the batch before did not (a stream
+        added since: a pattern defined through the API) starts at the log's start, as both sources
+        start it: only then is the log asked."""
         c = self.config
         if batch_id > 0:
             start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1)
@@ -314,7 +316,14 @@ class Pipeline(ReportsStoreErrors):
         else:  # Spark's Kafka source logs it in its own file
             logged = checkpointed_kafka_start(c.checkpoint_dir)
             start = stream_offsets(logged, topics_of(self.catalog, c.kafka.topic_prefix))
-        return start, batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
+        end = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
+        new = {s for s, parts in end.items() for p in parts if p not in start.get(s, {})}
+        if start and new:  # (no start at all is unknown, not "the log's start": a query may start at its end)
+            start = {s: dict(parts) for s, parts in start.items()}
+            for stream in sorted(new):
+                for partition, offsets in self.log.offsets(stream).items():
+                    start.setdefault(stream, {}).setdefault(partition, offsets.start)
+        return start, end
 
     def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:
         """A small batch's records as Arrow (ingest.source_rows.SOURCE_SCHEMA): from the embedded log

@@ -34,8 +34,6 @@ Offsets = dict[str, dict[int, int]]
 
 _WORKER: dict = {}  # in the worker process: its log and catalog, opened once
 _PREFIX = "sketchboard-read-ahead-"  # then the pipeline process's pid, a dash, a random name
-
-
 SHM_NEEDED = 2 * 2**30  # a batch of 1 M events is a few hundred MiB of rows: shared memory only with room to spare
 
 
