@@ -162,7 +162,9 @@ class Pipeline(ReportsStoreErrors):
         # executor judges retention against the same instant.
         batch_now_ms = int(self.clock() * 1000)
         offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
-        small = self.fits_driver(batch_id, offsets)
+        # No DataFrame at all: a batch of the pipeline's own (aggregates/bounded_batches.py), held on the
+        # driver whatever its size (one an earlier run logged with a larger max_records_per_batch).
+        small = batch is None or self.fits_driver(batch_id, offsets)
         # A small batch: its records as Arrow on the driver, every step in Python over them
         # (aggregates/driver_rules.py); from the embedded log Spark's DataFrame is never run.
         if small:

@@ -216,3 +216,27 @@ def test_a_read_ahead_that_fails_leaves_the_batch_to_the_pipeline_with_the_same_
         assert reads == [True, True, False, False]
     finally:
         pipeline.store.close()
+
+
+def test_a_batch_an_earlier_run_logged_larger_than_the_batches_now_runs_again_on_the_driver(small, spark):
+    """A crash left a batch logged and not committed; the pipeline now has a smaller
+    max_records_per_batch (so a smaller driver limit): the batch still runs again whole, once."""
+    tmp_path, config, catalog, log = small
+    log.append("a", 100)
+    log.append("b", 90)
+    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
+    checkpoint = Path(pipeline.config.checkpoint_dir)
+    pipeline.start = no_query
+    try:
+        (checkpoint / "metadata").parent.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "metadata").write_text(json.dumps({"id": "q"}))
+        (checkpoint / "offsets").mkdir()
+        metadata = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}, separators=(",", ":"))
+        (checkpoint / "offsets" / "0").write_text("\n".join(["v1", metadata, offsets_text(log.ends())]))
+        pin = {s: {p: 0 for p in parts} for s, parts in log.ends().items()}
+        (checkpoint / "sketchboard-initial-offsets.json").write_text(offsets_text(pin))
+        pipeline.run_until_drained()
+        assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
+        assert logged_batches(checkpoint / "commits") == [0] and pipeline.store.last_batch_id("main") == 0
+    finally:
+        pipeline.store.close()
