@@ -86,14 +86,20 @@ def read_ahead_taken(monkeypatch) -> list[int]:
     return taken
 
 
-def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and_resumes_in_spark(small, spark,
-                                                                                                  monkeypatch):
+def backlog(small, spark, **settings):
+    """The two-stream log with a backlog of 190 events, and a pipeline on it that must not start a query."""
     tmp_path, config, catalog, log = small
     log.append("a", 100)
     log.append("b", 90)
-    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
-    checkpoint = Path(pipeline.config.checkpoint_dir)
+    pipeline = build_pipeline(settings_for(tmp_path, config, **settings), spark, name="main")
     pipeline.start = no_query
+    return pipeline, Path(pipeline.config.checkpoint_dir)
+
+
+def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and_resumes_in_spark(small, spark,
+                                                                                                  monkeypatch):
+    tmp_path, config, catalog, log = small
+    pipeline, checkpoint = backlog(small, spark)
     taken = read_ahead_taken(monkeypatch)
     try:
         pipeline.run_until_drained()
@@ -194,8 +200,6 @@ def test_spark_resumes_a_demo_catalogs_own_batches_with_no_batch_of_its_own(tmp_
 
 def test_a_read_ahead_that_fails_leaves_the_batch_to_the_pipeline_with_the_same_rows(small, spark, monkeypatch):
     tmp_path, config, catalog, log = small
-    log.append("a", 100)
-    log.append("b", 90)
     monkeypatch.setattr("aggregates.read_ahead._folder", lambda: str(tmp_path / "no such folder"))  # the worker cannot write
     taken = read_ahead_taken(monkeypatch)
     reads, ask = [], ReadAhead.ask
@@ -206,8 +210,7 @@ def test_a_read_ahead_that_fails_leaves_the_batch_to_the_pipeline_with_the_same_
         reads.append(len(self.pending) > before)
 
     monkeypatch.setattr(ReadAhead, "ask", asking)
-    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
-    pipeline.start = no_query
+    pipeline, _ = backlog(small, spark)
     try:
         pipeline.run_until_drained()
         assert counted(pipeline.store, "a") == 100 and counted(pipeline.store, "b") == 90
@@ -222,11 +225,7 @@ def test_a_batch_an_earlier_run_logged_larger_than_the_batches_now_runs_again_on
     """A crash left a batch logged and not committed; the pipeline now has a smaller
     max_records_per_batch (so a smaller driver limit): the batch still runs again whole, once."""
     tmp_path, config, catalog, log = small
-    log.append("a", 100)
-    log.append("b", 90)
-    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
-    checkpoint = Path(pipeline.config.checkpoint_dir)
-    pipeline.start = no_query
+    pipeline, checkpoint = backlog(small, spark)
     try:
         (checkpoint / "metadata").parent.mkdir(parents=True, exist_ok=True)
         (checkpoint / "metadata").write_text(json.dumps({"id": "q"}))
