@@ -4,14 +4,17 @@ Hypothesis properties against a brute-force join over any split of the events in
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
+from datasketches import kll_doubles_sketch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregates.joins import derived_partials, join_partials
 from aggregates.window_join import JoinRule, join_batch, join_clock
 from store.joins import JoinCommit, JoinEvent, JoinState
+from store.panes import ValueStats
 
 
 class MemoryState:
@@ -209,19 +212,48 @@ def test_the_join_equals_the_brute_force_join_over_any_batches(rule, split, late
         assert all(e.time_ms > state.clock - rule.keep_ms for e in [*state.lefts.values(), *state.rights.values()])
 
 
+def comparable(partials: list) -> list:
+    """Partials with each compacted KLL as what its random compaction leaves alike: DataSketches
+    picks the odd or even items of a compaction at random (two sketches of the same items in the
+    same order differ in about half the runs), so a compacted sketch is compared by its count,
+    min, max and how many items it retains; a sketch that kept every item, by its bytes."""
+    def kll(stats: ValueStats) -> ValueStats:
+        if stats.kll is None:
+            return stats
+        sketch = kll_doubles_sketch.deserialize(stats.kll)
+        if not sketch.is_estimation_mode():
+            return stats
+        shape = (sketch.n, sketch.get_min_value(), sketch.get_max_value(), sketch.num_retained)
+        return replace(stats, kll=repr(shape).encode())
+
+    return [replace(p, data=replace(p.data, values={name: kll(v) for name, v in p.data.values.items()}))
+            for p in partials]
+
+
 @settings(max_examples=200, deadline=None)
 @given(rules, batches(), st.integers(0, 20), st.sampled_from([1, 7, 50]), st.sampled_from([8, 200]))
 def test_the_joins_columns_roll_up_as_its_rows_do(rule, split, lateness, pane_ms, kll_k):
     """The pipeline rolls a batch's derived rows up from columns (join_partials, numpy); the same
     rows one by one (derived_partials) give the same partials: counts, n/sum/min/max and the
-    latency KLL's bytes (fed in the same order; k 8 makes it compact)."""
+    latency KLL's bytes (fed in the same order; k 8 makes it compact, and a compacted sketch's
+    bytes are random in part: `comparable`)."""
     state, clock = MemoryState(), None
     for (lefts, rights), clock in zip(split, clocks(split, lateness), strict=True):
         through = None if clock is None else clock - rule.keep_ms
         out = join_batch(rule, state.lookup({e.key for e in [*lefts, *rights]}, through), lefts, rights, clock)
         state.apply(out.commit)
-        assert join_partials(out.columns, "j", ("d",), pane_ms, kll_k) == \
-            derived_partials(out.rows, "j", ("d",), pane_ms, kll_k)
+        assert comparable(join_partials(out.columns, "j", ("d",), pane_ms, kll_k)) == \
+            comparable(derived_partials(out.rows, "j", ("d",), pane_ms, kll_k))
+
+
+def test_a_compacted_kll_differs_from_run_to_run_so_it_is_compared_by_its_shape():
+    """Why `comparable` exists: the same items in the same order, two different sketches at times."""
+    def blob() -> bytes:
+        sketch = kll_doubles_sketch(8)
+        sketch.update(np.arange(1.0, 15.0))
+        return sketch.serialize()
+
+    assert len({blob() for _ in range(200)}) == 2
 
 
 @settings(max_examples=200, deadline=None)
