@@ -157,6 +157,7 @@ class KafkaEventLog(EventLog):
         except KafkaException as exc:  # an unknown option or a bad value in the passthrough
             raise ValueError(f"kafka_options: {exc.args[0].str()}") from None
         self._read_lock = threading.Lock()  # one consumer, one assignment at a time
+        self._retired: list[Consumer] = []  # consumers replaced for a stale cache (`_watermarks`), closed with the log
         self._closed = False
         self._partitions: dict[str, int] = {}  # stream -> partitions of its topic, as checked
         self._validators: dict[str, EventValidator] = {}
@@ -179,7 +180,11 @@ class KafkaEventLog(EventLog):
             "message.timeout.ms": self.produce_timeout_ms,
             **_PRODUCER_FIXED,
         })
-        self._consumer = Consumer({
+        self._consumer = self._new_consumer(common)
+
+    @staticmethod
+    def _new_consumer(common: dict) -> Consumer:
+        return Consumer({
             "group.id": "sketchboard-log-reader",  # required by librdkafka; never joined or committed
             "enable.auto.commit": False,
             "enable.partition.eof": True,  # a read knows when it reached the partition's end
@@ -376,6 +381,7 @@ class KafkaEventLog(EventLog):
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + self.timeout_s
+        stale_since = None
         while True:
             try:
                 return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
@@ -389,8 +395,22 @@ class KafkaEventLog(EventLog):
                 if not (stale or _retriable(exc)) or time.monotonic() > deadline:
                     raise self._unavailable(f"could not read the offsets of Kafka topic {topic!r}", exc) from None
                 if stale:
-                    self._refresh_metadata(topic, deadline)
+                    stale_since = stale_since or time.monotonic()
+                    if time.monotonic() - stale_since > _STALE_REFRESH_S:
+                        # Refreshed and still short (seen once after a broker restart, for more than
+                        # the 10 s it had): a new consumer starts from no cache at all.
+                        self._replace_consumer()
+                        stale_since = time.monotonic()
+                    else:
+                        self._refresh_metadata(topic, deadline)
                 time.sleep(0.05)
+
+    def _replace_consumer(self) -> None:
+        # Never under a read's assignment; the old one is closed with the log, not now: another
+        # thread may be asking it for offsets at this very moment.
+        with self._read_lock:
+            self._retired.append(self._consumer)
+            self._consumer = self._new_consumer(self._common)
 
     def _refresh_metadata(self, topic: str, deadline: float) -> None:
         """Ask the broker for the topic's metadata through the consumer: its answer replaces the
@@ -504,7 +524,8 @@ class KafkaEventLog(EventLog):
                 return
             self._closed = True
             self._producer.flush(self.timeout_s)
-            self._consumer.close()
+            for consumer in [*self._retired, self._consumer]:
+                consumer.close()
             if self._source_positions is not None:
                 self._source_positions.close()
 
@@ -513,6 +534,9 @@ class KafkaEventLog(EventLog):
 # partition's leader is known.
 _LEADER_ERRORS = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                   KafkaError.UNKNOWN_TOPIC_OR_PART}
+
+
+_STALE_REFRESH_S = 2.0  # "Unknown partition" this long after refreshing: the consumer is made anew
 
 
 def _retriable(exc: KafkaException) -> bool:

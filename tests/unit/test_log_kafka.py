@@ -227,6 +227,26 @@ def test_offsets_are_read_past_the_consumers_stale_metadata(open_log, admin, pre
 
 
 @pytest.mark.kafka
+def test_a_cache_a_refresh_does_not_mend_is_left_with_its_consumer(open_log, admin, prefix, monkeypatch) -> None:
+    """After a broker restart the consumer's cache once stayed short past its refresh, for the
+    whole 10 s a read may take (a fresh clone's run, session 51): the log then makes a new consumer,
+    which starts from no cache. Here the refresh is made to do nothing, as it did there."""
+    from confluent_kafka.admin import NewPartitions
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    assert sorted(log.offsets(STREAM.name)) == [0, 1, 2, 3]
+    monkeypatch.setattr(type(log), "_refresh_metadata", lambda self, topic, deadline: None)
+    first = log._consumer
+    topic = f"{prefix}clicks"
+    admin.create_partitions([NewPartitions(topic, 6)])[topic].result(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(offsets := log.offsets(STREAM.name)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(offsets) == [0, 1, 2, 3, 4, 5] and log._consumer is not first
+
+
+@pytest.mark.kafka
 def test_existing_topic_with_fewer_partitions_is_a_clear_error(open_log, admin, prefix) -> None:
     create_topic(admin, f"{prefix}clicks", 2, **{"message.timestamp.type": "LogAppendTime"})
     with pytest.raises(TopicMismatch, match=f"'{prefix}clicks' has 2 partitions, fewer than the 4 configured"):
