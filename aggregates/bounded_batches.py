@@ -48,11 +48,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregates.checkpoint_moves import logged_batches, write_whole
+from aggregates.checkpoint_moves import logged_batches, purge_before, write_whole
 from aggregates.commit import KAFKA_SOURCE_START, checkpointed_kafka_start
 from aggregates.progress import OwnRunProgress
 from aggregates.read_ahead import ReadAhead
@@ -326,15 +326,52 @@ def drains_on_driver(pipeline) -> bool:
             and pipeline.driver_batch_rows >= config.max_records_per_batch)
 
 
-def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None) -> int:
+def query_id_of(checkpoint: Path) -> str:
+    """The query's id in its checkpoint's `metadata`, written first when there is none: Spark
+    refuses an offset log without it."""
+    if not (checkpoint / "metadata").exists():
+        write_whole(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
+    return json.loads((checkpoint / "metadata").read_text(encoding="utf-8")).get("id", "")
+
+
+def batches_to_retain(pipeline) -> int:
+    """How many batches' offset and commit log entries a checkpoint keeps, as Spark's query keeps
+    them (`spark.sql.streaming.minBatchesToRetain`, 100 unless set)."""
+    try:
+        return max(1, int(pipeline.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100")))
+    except Exception:  # no session (a test's stand-in pipeline), or a value that is no number
+        return 100
+
+
+def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None, *,
+                  own: OwnBatches | None = None, progress: OwnRunProgress | None = None, keep: int | None = None) -> int:
     """Process the log up to its end as of now, each stream of `caps` no further than its caps,
     in batches of the pipeline's own (the module doc; on the embedded log `embedded_batches`);
     returns how many batches ran. `stopping`: asked between batches; true ends the drain there
-    (the serving pipeline told to stop)."""
+    (the serving pipeline told to stop). `own` and `progress`: a serving loop's, kept across its
+    drains (aggregates/driver_serving.py); else the drain's own, closed and ended with it. `keep`:
+    how many batches the checkpoint's logs keep (`batches_to_retain`, asked of Spark when None)."""
+    config = pipeline.config
+    checkpoint = Path(config.checkpoint_dir)
+    query_id = query_id_of(checkpoint)
+    keep = batches_to_retain(pipeline) if keep is None else keep
+    if progress is None:
+        progress = OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id)
+    else:
+        progress = nullcontext(progress)
+    if own is None:
+        own = closing(kafka_batches(pipeline) if config.kafka is not None else embedded_batches(pipeline))
+    else:
+        own = nullcontext(own)
+    with progress as progress, own as own:
+        return _drain(pipeline, caps, stopping, own, progress, keep)
+
+
+def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None, own: OwnBatches,
+           progress: OwnRunProgress, keep: int) -> int:
     from aggregates.pipeline import batch_end_offsets
 
     config, catalog = pipeline.config, pipeline.catalog
-    own = kafka_batches(pipeline) if config.kafka is not None else embedded_batches(pipeline)
     checkpoint = Path(config.checkpoint_dir)
     offsets_dir, commits_dir = checkpoint / "offsets", checkpoint / "commits"
     offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
@@ -342,8 +379,6 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)
     cut = catalog_cut(catalog, pipeline.log.first_appended_after, pipeline.log.ingest_time_ms)
-    if not (checkpoint / "metadata").exists():  # the query's id: Spark refuses an offset log without it
-        write_whole(checkpoint / "metadata", json.dumps({"id": str(uuid.uuid4())}))
 
     def logged(batch_id: int) -> Offsets:
         return batch_end_offsets(config, catalog, checkpoint, batch_id)
@@ -356,7 +391,6 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
             return with_starts(pinned, starts)
         return with_starts(available, starts) if config.starting_offsets == "latest" else starts
 
-    query_id = json.loads((checkpoint / "metadata").read_text(encoding="utf-8")).get("id", "")
     planned_ends: dict[str, Offsets | None] = {}  # a batch's end by its start, planned once
 
     def plan(start: Offsets) -> Offsets | None:
@@ -366,35 +400,34 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
         return planned_ends[key]
 
     # The query's health says running, batch by batch, while no query runs (aggregates/progress.py).
-    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
+    def run(batch_id: int, start: Offsets, end: Offsets) -> None:
+        with progress.batch(batch_id, records_between(start, end)):
+            process(own.read(start, end), batch_id)
+            write_whole(commits_dir / str(batch_id), _COMMIT)
+        purge_before(checkpoint, batch_id - keep)
 
-        def run(batch_id: int, start: Offsets, end: Offsets) -> None:
-            with progress.batch(batch_id, records_between(start, end)):
-                process(own.read(start, end), batch_id)
-                write_whole(commits_dir / str(batch_id), _COMMIT)
-
-        ran = 0
+    ran = 0
+    planned = logged_batches(offsets_dir)
+    if planned and planned[-1] not in logged_batches(commits_dir):  # logged, not done: again, the same range
+        last = planned[-1]
+        before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else first_start()
+        run(last, before, logged(last))
+        ran += 1
+    while stopping is None or not stopping():
         planned = logged_batches(offsets_dir)
-        if planned and planned[-1] not in logged_batches(commits_dir):  # logged, not done: again, the same range
-            last = planned[-1]
-            before = with_starts(logged(planned[-2]), starts) if len(planned) > 1 else first_start()
-            run(last, before, logged(last))
-            ran += 1
-        while stopping is None or not stopping():
-            planned = logged_batches(offsets_dir)
-            start = with_starts(logged(planned[-1]), starts) if planned else first_start()
-            if not planned:
-                own.pin_start(start)
-            end = plan(start)
-            if end is None:
-                break
-            batch_id = planned[-1] + 1 if planned else 0
-            write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
-                                                                                     int(time.time() * 1000))))
-            log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
-            after = plan(with_starts(end, starts))
-            if after is not None:  # read while this one runs
-                own.ask(with_starts(end, starts), after)
-            run(batch_id, start, end)
-            ran += 1
+        start = with_starts(logged(planned[-1]), starts) if planned else first_start()
+        if not planned:
+            own.pin_start(start)
+        end = plan(start)
+        if end is None:
+            break
+        batch_id = planned[-1] + 1 if planned else 0
+        write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
+                                                                                 int(time.time() * 1000))))
+        log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
+        after = plan(with_starts(end, starts))
+        if after is not None:  # read while this one runs
+            own.ask(with_starts(end, starts), after)
+        run(batch_id, start, end)
+        ran += 1
     return ran

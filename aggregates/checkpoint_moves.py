@@ -72,6 +72,18 @@ def settle_last_batch(checkpoint_dir: Path, store_last_batch: int | None, *, com
     return None
 
 
+def purge_before(checkpoint_dir: Path, threshold: int) -> None:
+    """Remove the offset log's and commit log's entries of batches before `threshold`, as Spark's
+    own query does after each batch (`spark.sql.streaming.minBatchesToRetain` kept): batches of
+    our own (aggregates/bounded_batches.py) would otherwise leave two files per batch for ever."""
+    for folder in (Path(checkpoint_dir) / "offsets", Path(checkpoint_dir) / "commits"):
+        for batch in logged_batches(folder):
+            if batch >= threshold:
+                break
+            (folder / str(batch)).unlink(missing_ok=True)
+            (folder / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum, where Spark wrote the file
+
+
 def write_whole(path: Path, text: str) -> None:
     """Written whole or not at all: a crash leaves no half file for Spark to read."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -119,6 +119,10 @@ class ProgressRecorder(StreamingQueryListener):
         data = with_input_rows(data, rows, None if previous is None else started_ms - previous)
         self._safely(self.health.progress, self.pipeline, run_id, batch_id, data, self._now_ms())
 
+    def own_idle(self, run_id: str) -> None:
+        """An own run waiting for records, as Spark's idle event says it of its query (health's beat)."""
+        self._safely(self.health.idle, self.pipeline, run_id, self._now_ms())
+
     def own_run_ended(self, run_id: str, error: str | None = None) -> None:
         self._trigger_ms.pop(run_id, None)
         self._safely(self.health.terminated, self.pipeline, run_id, error, self._now_ms())
@@ -152,8 +156,9 @@ class ProgressRecorder(StreamingQueryListener):
 
 class OwnRunProgress:
     """The progress of a run of batches of the pipeline's own into a ProgressRecorder (none: nothing
-    recorded): the run starts with its first batch, each batch's progress once it is committed, and
-    the run ends with the block (with the error that ended it, if one did)."""
+    recorded): the run starts with its first batch (or `begin`), each batch's progress once it is
+    committed, idle beats while it waits (`idle`), and the run ends with the block (with the error
+    that ended it, if one did)."""
 
     def __init__(self, recorder: ProgressRecorder | None, query_id: str):
         self.recorder, self.query_id, self.run_id = recorder, query_id, None
@@ -161,10 +166,20 @@ class OwnRunProgress:
     def __enter__(self) -> OwnRunProgress:
         return self
 
-    @contextmanager
-    def batch(self, batch_id: int, rows: int):
+    def begin(self) -> None:
+        """Start the run now, before any batch (a serving loop: running while it waits for records)."""
         if self.recorder is not None and self.run_id is None:
             self.run_id = self.recorder.own_run_started(self.query_id)
+
+    def idle(self) -> None:
+        """A beat of a run waiting for records (the query's health says it is alive, not stale)."""
+        self.begin()
+        if self.run_id is not None:
+            self.recorder.own_idle(self.run_id)
+
+    @contextmanager
+    def batch(self, batch_id: int, rows: int):
+        self.begin()
         started = time.time()
         yield
         if self.recorder is not None:

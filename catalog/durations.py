@@ -1,4 +1,5 @@
-"""Human durations ("500ms", "10s", "5m", "1h", "1d", "1w") as integer milliseconds."""
+"""Human durations ("500ms", "10s", "5m", "1h", "1d", "1w") as integer milliseconds; Spark's trigger
+intervals ("100 milliseconds") too."""
 
 from __future__ import annotations
 
@@ -71,3 +72,30 @@ DURATION_JSON_SCHEMA = {
 # Serialised as text ("10s"), so a dumped catalog parses back to the same values.
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(format_duration_ms, return_type=str),
                        WithJsonSchema(DURATION_JSON_SCHEMA)]
+
+
+# Spark's processing-time trigger intervals ("100 milliseconds", "1 second"): the pipeline's
+# `trigger_interval`, which its own serving loop times as Spark would (aggregates/driver_serving.py).
+_SPARK_UNIT_MS = {"millisecond": 1, "ms": 1, "second": 1000, "s": 1000, "minute": 60_000, "m": 60_000,
+                  "hour": 3_600_000, "h": 3_600_000, "day": 86_400_000, "d": 86_400_000}
+_SPARK_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.ASCII)
+
+
+def trigger_ms(text: str) -> int:
+    """A trigger interval as Spark's processing-time trigger takes it ('100 milliseconds', '1 second',
+    '1 minute 30 seconds'; also '500ms', '2s') in ms. ValueError naming the value otherwise."""
+    spoken = str(text).strip().lower()
+    if spoken.startswith("interval "):
+        spoken = spoken[len("interval "):]
+    parts = _SPARK_PART.findall(spoken)
+    if not parts or _SPARK_PART.sub("", spoken).strip():
+        raise ValueError(f"not a trigger interval: {text!r} (expected e.g. '100 milliseconds' or '1 second')")
+    total = 0.0
+    for number, unit in parts:
+        unit = unit if unit in _SPARK_UNIT_MS else unit[:-1] if unit.endswith("s") else unit  # plural
+        if unit not in _SPARK_UNIT_MS:
+            raise ValueError(f"not a trigger interval: {text!r} (unknown unit {unit!r})")
+        total += float(number) * _SPARK_UNIT_MS[unit]
+    if not total <= MAX_DURATION_MS:
+        raise ValueError(f"trigger interval {_shown(text)} exceeds the maximum of {MAX_DURATION_TEXT}")
+    return int(round(total))

@@ -1,6 +1,7 @@
-"""`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop,
-after catching up a backlog in batches of its own (`Pipeline.catch_up`): on the embedded log with every batch on the
-driver, all of it, with no query to start (aggregates/bounded_batches.py); on Kafka, one over `max_records_per_batch`
+"""`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop.
+On the embedded log with every batch on the driver (a local master), there is no Spark query at all: the pipeline
+triggers batches of its own (aggregates/driver_serving.py). Elsewhere it runs Spark's query, after catching up a
+backlog in batches of its own (`Pipeline.catch_up`, aggregates/bounded_batches.py): on Kafka, one over `max_records_per_batch`
 cut at one append time where Spark's Kafka source would split it by partition (docs/tables.md), and again whenever the query refused a
 batch its source may have split so (a burst while it serves); and start it again, in the same process
 and Spark session, when a switch fenced one of its batches (docs/reprocessing.md#switch): built again, it applies
@@ -25,7 +26,8 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                  once: bool = False, spark=None) -> int:
     """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
     from aggregates.batch_gate import remove_listeners, stop_between_batches
-    from aggregates.bounded_batches import split_by_spark
+    from aggregates.bounded_batches import drains_on_driver, split_by_spark
+    from aggregates.driver_serving import serve_on_driver
     from sketchboard.wiring import build_pipeline
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
@@ -54,8 +56,11 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 continue
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit
             return 0
-        try:  # a backlog in batches of our own first (the embedded log on the driver; Kafka's cut one)
-            pipeline.catch_up(stopping.is_set)
+        try:
+            if drains_on_driver(pipeline):  # every batch on the driver: no Spark query at all, until stopped
+                serve_on_driver(pipeline, stopping.is_set, stopping.wait)
+            else:  # a backlog in batches of our own first (Kafka's, cut at one append time)
+                pipeline.catch_up(stopping.is_set)
         except Exception as exc:  # as a failed batch of the query below
             if stopping.is_set() or not restartable(exc):
                 log.error("pipeline failed: %s", exc)
@@ -67,7 +72,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             pipeline.store.close()
             pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
             continue
-        if stopping.is_set():  # told to stop between the catch-up's batches
+        if stopping.is_set():  # told to stop between our own batches
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])
             return 0
         query = pipeline.start()

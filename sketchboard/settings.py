@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from catalog import parse_duration_ms
+from catalog.durations import trigger_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
@@ -205,6 +206,12 @@ class Settings(BaseSettings):
 
         for entry in value:
             TokenRecord.from_dict(entry)  # ValueError names the entry and the field
+        return value
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _trigger_interval(cls, value: str) -> str:
+        trigger_ms(value)  # ValueError naming the value: as Spark's trigger spells it, e.g. '1 second'
         return value
 
     @field_validator("token", mode="before")

@@ -24,8 +24,9 @@ from ingest.events import EventValidator
 from sketchboard.live import run_pipeline
 from sketchboard.reprocess import aligner, build_reprocess_service, run_reprocess
 from sketchboard.settings import Settings
-from sketchboard.wiring import build_pipeline, open_consumer_registry, open_store
+from sketchboard.wiring import build_pipeline, open_consumer_registry, open_health_store, open_store
 from store.definitions import DefinitionStore
+from store.health import query_health
 from tests.log_backends import ON_BOTH_STACKS
 
 pytestmark = [pytest.mark.spark, ON_BOTH_STACKS]
@@ -135,10 +136,12 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         # computed the old way, is refused whole (fenced); it restarts by itself with the new
         # definition, from the offsets the switch moved into its checkpoint.
         stopping, outcome = threading.Event(), []
+        health = open_health_store(settings, root)
         live = threading.Thread(target=lambda: outcome.append(run_pipeline(settings, stopping, spark=spark)))
         live.start()
         try:
-            wait_until(lambda: any(q.name == "sketchboard-main" for q in spark.streams.active))
+            # Up: Spark's query on Kafka, the pipeline's own batches on the embedded log (driver_serving.py).
+            wait_until(lambda: (query_health(health, "main", int(time.time() * 1000)) or {}).get("running"))
             service = build_reprocess_service(settings, new_catalog, root, log)
             # Events after the run caught up: the live pipeline reads them, the run has not. The
             # switch then reads on to the log's end first (a process that can run the run's
@@ -179,6 +182,7 @@ def test_a_reprocess_adds_a_dimension_and_leaves_the_served_output_alone(tmp_pat
         finally:
             stopping.set()
             live.join(120)
+            health.close()
         assert outcome == [0]
         previous = open_store(settings, switched["previous"])  # the old output, kept to switch back to
         try:

@@ -55,3 +55,19 @@ def test_an_own_run_ended_by_an_error_says_it_and_a_stop_is_a_clean_end(recorder
 def test_without_a_recorder_nothing_is_recorded():
     with OwnRunProgress(None, "q-1") as progress, progress.batch(0, 10):
         pass
+
+
+def test_a_serving_run_is_running_from_its_start_and_its_idle_beats_keep_it_from_going_stale(recorder):
+    now = [1_000_000.0]
+    recorder.clock = lambda: now[0]
+    with OwnRunProgress(recorder, "q-1") as progress:
+        progress.begin()  # a serving loop: running before any batch
+        started = health_now(recorder)
+        assert started["running"] and started["run_id"].startswith("own-") and started["batch_id"] is None
+        now[0] += 25
+        progress.idle()
+        now[0] += 25  # 50 s since the start, 25 s since the beat: not stale (store/health.py STALE_AFTER_MS)
+        beat = health_now(recorder)
+        assert beat["running"] and not beat["stale"] and beat["last_idle_ms"] == 1_000_025_000
+        assert beat["run_id"] == started["run_id"]
+    assert health_now(recorder)["running"] is False

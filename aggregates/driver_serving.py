@@ -1,0 +1,73 @@
+"""Serving the embedded log with batches of the pipeline's own, with no Spark query at all.
+
+On the embedded log with every batch held on the driver (a local master, the default:
+aggregates/bounded_batches.py `drains_on_driver`), Spark's streaming query only plans batches the
+driver then reads and runs itself, and that planning is most of a small batch's time: measured here,
+a micro-batch of ~150 events took 1.1-1.5 s through Spark's query, and a Python worker process per
+planning step holds a core. So `sketchboard pipeline` serves such a log with a trigger loop of its
+own: every `trigger_interval` (Spark's processing-time trigger: the next multiple of the interval),
+it drains what the log holds in batches planned, logged and committed exactly as a catch-up's are
+(`drain_bounded`), so Spark's query, if it ever runs on the checkpoint again (another master, a
+Kafka log), resumes after them. Around it, what Spark's query gave for free:
+
+- the query's health: one run for the whole loop, started at once, each batch's progress, and an
+  idle beat every 10 s without a batch (Spark's `noDataProgressEventInterval`), so a waiting
+  pipeline is not taken for a dead one (store/health.py `STALE_AFTER_MS`);
+- the checkpoint's offset and commit logs purged to the last `minBatchesToRetain` batches;
+- one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started on the first backlog
+  of more than one batch, not per trigger.
+
+A stop is asked between batches: the running one commits first. The timing is pure
+(`next_trigger_ms`, `idle_due`; intervals read by catalog/durations.py `trigger_ms`); `serve_on_driver` does the I/O."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+
+from aggregates.bounded_batches import batches_to_retain, drain_bounded, embedded_batches, query_id_of
+from aggregates.progress import OwnRunProgress
+from catalog.durations import trigger_ms
+
+log = logging.getLogger("sketchboard.pipeline")
+
+IDLE_EVERY_S = 10.0  # spark.sql.streaming.noDataProgressEventInterval's default
+
+def next_trigger_ms(triggered_ms: int, interval_ms: int) -> int:
+    """When the trigger after one that fired at `triggered_ms` fires: the next multiple of the
+    interval, as Spark's ProcessingTimeExecutor times it (a batch that ran longer is followed at once)."""
+    if interval_ms <= 0:
+        return triggered_ms
+    return (triggered_ms // interval_ms + 1) * interval_ms
+
+
+def idle_due(last_beat_s: float, now_s: float, every_s: float = IDLE_EVERY_S) -> bool:
+    """Whether a run with no batch since `last_beat_s` says it is waiting."""
+    return now_s - last_beat_s >= every_s
+
+
+def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[float], object], *,
+                    clock: Callable[[], float] = time.time, idle_every_s: float = IDLE_EVERY_S) -> None:
+    """Serve the pipeline's embedded log in batches of its own until `stopping()` (the module doc);
+    `wait(seconds)` sleeps until the next trigger and returns early when a stop is asked for."""
+    config = pipeline.config
+    interval_ms = trigger_ms(config.trigger_interval)
+    query_id = query_id_of(Path(config.checkpoint_dir))
+    keep = batches_to_retain(pipeline)
+    own = embedded_batches(pipeline)
+    log.info("pipeline %r running its own batches of the embedded log every %d ms (checkpoints in %s)",
+             config.name, interval_ms, config.checkpoint_dir)
+    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
+        progress.begin()
+        last_beat = clock()
+        while not stopping():
+            triggered = clock()
+            if drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep):
+                last_beat = clock()
+            elif idle_due(last_beat, clock(), idle_every_s):
+                progress.idle()
+                last_beat = clock()
+            wait(max(0.0, next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()))

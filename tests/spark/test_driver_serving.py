@@ -1,0 +1,97 @@
+"""`sketchboard pipeline` on the embedded log with every batch on the driver (a local master) serves
+with batches of its own and no Spark query (aggregates/driver_serving.py): a backlog and then each
+new record aggregated as it comes, the query's health running (each batch, idle beats while it
+waits), the checkpoint's logs purged as Spark purges them, and a stop that ends it cleanly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aggregates.checkpoint_moves import logged_batches
+from aggregates.driver_serving import serve_on_driver
+from aggregates.pipeline import Pipeline
+from sketchboard.live import run_pipeline
+from sketchboard.wiring import build_pipeline
+from store.health import query_health
+from tests.spark.test_driver_drain import counted, no_query, settings_for, small  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.spark]
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def health_of(pipeline) -> dict:
+    return query_health(pipeline.health, "main", int(time.time() * 1000))
+
+
+def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_no_query(small, spark, monkeypatch):
+    tmp_path, config, catalog, log = small
+    monkeypatch.setattr(Pipeline, "start", no_query)
+    built = []
+
+    def building(*args, **kwargs):
+        built.append(build_pipeline(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("sketchboard.wiring.build_pipeline", building)
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "3")
+    log.append("a", 100)  # a backlog: caught up in batches of 40 first
+    stopping, ended = threading.Event(), {}
+    settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds")
+    thread = threading.Thread(target=lambda: ended.update(code=run_pipeline(settings, stopping, name="main",
+                                                                            spark=spark)))
+    thread.start()
+    try:
+        wait_until(lambda: built and counted(built[0].store, "a") == 100)
+        pipeline = built[0]
+        for round_ in range(1, 7):  # then each few records as they come, in a batch of their own
+            log.append("b", 5)
+            wait_until(lambda: counted(pipeline.store, "b") == 5 * round_)
+        checkpoint = Path(pipeline.config.checkpoint_dir)
+        last = pipeline.store.last_batch_id("main")
+        assert last >= 3 + 6 - 1  # 3 batches for the backlog, at least one per round
+        # Spark's purge: the last minBatchesToRetain batches and the one before them kept.
+        assert logged_batches(checkpoint / "offsets") == logged_batches(checkpoint / "commits") == [
+            b for b in range(last - 3, last + 1)]
+        health = health_of(pipeline)
+        assert health["running"] and health["run_id"].startswith("own-") and health["batch_id"] == last
+        assert health["query_id"] == json.loads((checkpoint / "metadata").read_text())["id"]
+        assert not spark.streams.active and len(built) == 1
+    finally:
+        stopping.set()
+        thread.join(60)
+        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
+    assert ended == {"code": 0}
+    health = health_of(built[0])
+    assert health["running"] is False and health["last_error"] is None
+
+
+def test_a_serving_loop_waiting_for_records_beats_until_they_come(small, spark):
+    tmp_path, config, catalog, log = small
+    pipeline = build_pipeline(settings_for(tmp_path, config, trigger_interval="50 milliseconds"), spark, name="main")
+    pipeline.start = no_query
+    stopping = threading.Event()
+    thread = threading.Thread(target=serve_on_driver, args=(pipeline, stopping.is_set, stopping.wait),
+                              kwargs={"idle_every_s": 0.2})
+    thread.start()
+    try:
+        wait_until(lambda: (health_of(pipeline) or {}).get("last_idle_ms") is not None)
+        first_beat = health_of(pipeline)["last_idle_ms"]
+        wait_until(lambda: health_of(pipeline)["last_idle_ms"] > first_beat)  # beat after beat
+        assert health_of(pipeline)["running"] and health_of(pipeline)["batch_id"] is None  # no batch: none to run
+        log.append("a", 10)
+        wait_until(lambda: counted(pipeline.store, "a") == 10)
+    finally:
+        stopping.set()
+        thread.join(60)
+    assert not thread.is_alive() and health_of(pipeline)["running"] is False
