@@ -95,9 +95,12 @@ def stop_between_batches(spark, queries: Iterable[tuple[object, BatchGate]], *, 
 def remove_listeners(spark, listeners: Iterable, settle_s: float = 5.0) -> None:
     """Spark's listener bus delivers events asynchronously: one delivered to a Python process on
     its way out fails with a Py4J network error. Let each listener see its queries end (bounded),
-    then take it off the bus; the recorders also mark their runs stopped at exit."""
+    then take it off the bus (a session never started: off the list it would register them from);
+    the recorders also mark their runs stopped at exit."""
+    from aggregates.spark import remove_listener
+
     for listener in listeners:
         settle = getattr(listener, "settle", None)
         if settle is not None:
             settle(settle_s)
-        spark.streams.removeListener(listener)
+        remove_listener(spark, listener)

@@ -337,8 +337,10 @@ def query_id_of(checkpoint: Path) -> str:
 def batches_to_retain(pipeline) -> int:
     """How many batches' offset and commit log entries a checkpoint keeps, as Spark's query keeps
     them (`spark.sql.streaming.minBatchesToRetain`, 100 unless set)."""
+    from aggregates.spark import conf_value
+
     try:
-        return max(1, int(pipeline.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100")))
+        return max(1, int(conf_value(pipeline.spark, "spark.sql.streaming.minBatchesToRetain", "100")))
     except Exception:  # no session (a test's stand-in pipeline), or a value that is no number
         return 100
 

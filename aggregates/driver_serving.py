@@ -17,6 +17,9 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
 - one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started on the first backlog
   of more than one batch, not per trigger.
 
+Nothing here needs Spark: the pipeline's session is a LazySpark (aggregates/spark.py), and its JVM
+is never started while the loop serves.
+
 A stop is asked between batches: the running one commits first. The timing is pure
 (`next_trigger_ms`, `idle_due`; intervals read by catalog/durations.py `trigger_ms`); `serve_on_driver` does the I/O."""
 
@@ -35,6 +38,7 @@ from catalog.durations import trigger_ms
 log = logging.getLogger("sketchboard.pipeline")
 
 IDLE_EVERY_S = 10.0  # spark.sql.streaming.noDataProgressEventInterval's default
+
 
 def next_trigger_ms(triggered_ms: int, interval_ms: int) -> int:
     """When the trigger after one that fired at `triggered_ms` fires: the next multiple of the

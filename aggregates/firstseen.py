@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 
 from aggregates.driver_batch import among
 from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows, hash_columns, key_rows
+from aggregates.spark import LazyColumn
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
 from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
@@ -77,8 +78,11 @@ class BloomFeatures:
         calls into the JVM, which a small batch's driver time is made of."""
         at = (stream.name, field, bucket)
         if at not in self._columns:
-            self._columns[at] = (_key_column(stream, field) if bucket is None else
-                                 F.col("event_time") - F.pmod(F.col("event_time"), F.lit(bucket).cast("bigint")))
+            # Built at the Spark path's first use: the driver path reads the key by its place in the
+            # row (KeyItem.source) and runs without a SparkContext (aggregates/spark.py LazySpark).
+            self._columns[at] = LazyColumn(lambda: _key_column(stream, field) if bucket is None else
+                                           F.col("event_time") - F.pmod(F.col("event_time"),
+                                                                        F.lit(bucket).cast("bigint")))
         return self._columns[at]
 
     def _first_seen_filter(self, stream: StreamDef) -> BloomFilter:

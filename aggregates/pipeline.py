@@ -28,6 +28,7 @@ from aggregates.partials import (PARTIALS, arrow_partials_table, catalog_layout,
                                  partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
+from aggregates.spark import SparkNeeded, master_of, start_for_missing_context
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
@@ -99,12 +100,12 @@ class Pipeline(ReportsStoreErrors):
     def __init__(self, spark: SparkSession, catalog: Catalog, store: PaneStore, config: PipelineConfig,
                  *, clock: Callable[[], float] = time.time, log: EventLog | None = None):
         # Before anything else: the embedded log cannot be read by executors on other machines.
-        check_log_fits_master(spark.sparkContext.master, "embedded" if config.kafka is None else "kafka")
+        check_log_fits_master(master_of(spark), "embedded" if config.kafka is None else "kafka")
         self.spark = spark
         self.catalog = catalog
         self.store = store
         self.config = config
-        self.driver_batch_rows = driver_rows_limit(config.driver_batch_rows, spark.sparkContext.master,
+        self.driver_batch_rows = driver_rows_limit(config.driver_batch_rows, master_of(spark),
                                                    config.max_records_per_batch)
         self.clock = clock
         # The driver's own handle on the log: its end offsets at commit say which partitions
@@ -146,7 +147,12 @@ class Pipeline(ReportsStoreErrors):
         # the steps between (joins, keys, sessions) traversed them all again. They are freed by
         # reference counting when the batch returns.
         with paused_gc():
-            return self._process_batch(batch, batch_id)
+            try:
+                return self._process_batch(batch, batch_id)
+            except AssertionError as exc:  # pyspark's "no SparkContext" on the driver path of a LazySpark
+                if not start_for_missing_context(self.spark, exc):
+                    raise
+                raise SparkNeeded(f"batch {batch_id} needed Spark's session, now started: it runs again") from exc
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
@@ -410,8 +416,8 @@ class Pipeline(ReportsStoreErrors):
             return
         if drains_on_driver(self):
             # Every batch on the driver from the embedded log: batches of our own, no query to start
-            # (`catch_up`); what the log holds now is read, the query's AvailableNow.
-            self.catch_up(stopping)
+            # (as `catch_up` does); what the log holds now is read, the query's AvailableNow.
+            drain_bounded(self, {}, stopping)
             return
         while True:
             self.catch_up(stopping)

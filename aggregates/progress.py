@@ -213,8 +213,10 @@ def with_input_rows(progress: dict, rows: int, since_previous_ms: int | None) ->
 
 
 def register(spark, health_store, pipeline: str, query_name: str, **kwargs) -> ProgressRecorder:
+    from aggregates.spark import add_listener
+
     recorder = ProgressRecorder(health_store, pipeline, query_name, **kwargs)
-    spark.streams.addListener(recorder)
+    add_listener(spark, recorder)  # a LazySpark's when it starts
     return recorder
 
 

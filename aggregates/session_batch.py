@@ -41,6 +41,7 @@ from aggregates.key_rows import (KEY_RECORD_COLUMNS, TAG_SESSIONS, KeyItem, KeyR
                                  key_rows_on_driver)
 from aggregates.partials import dead_letter_reason_column
 from aggregates.session_window import due_through, session_batch_columns
+from aggregates.spark import LazyColumn
 from catalog import Catalog
 from catalog.features import SESSION_VALUES, sessions_stream_name, source_field
 from sketches import DEFAULT_K, DEFAULT_LG_K
@@ -128,7 +129,8 @@ class SessionWindows:
             for name in self.streams:
                 stream = self.catalog.streams[name]
                 column, index = source_field(stream, stream.sessions.key)
-                self._items.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, F.get(F.col(column), index),
+                key = LazyColumn(lambda c=column, i=index: F.get(F.col(c), i))  # the Spark path's (LazySpark)
+                self._items.append(KeyItem(name, TAG_SESSIONS, stream.sessions.key, key,
                                            times=True, gap=stream.sessions.gap, source=(column, index)))
         present = set(among(self.streams, streams))
         return [i for i in self._items if i.stream in present]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -91,3 +92,119 @@ def kafka_connector_conf(jars_dir: Path, packages: str | None = None) -> dict[st
             f"Spark's Kafka connector is not in {jars_dir}: run `make jars` (needs Maven and Java 17+), or set"
             " spark_jars_packages to org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark version> (needs internet)")
     return {"spark.jars": ",".join(str(j) for j in jars)}
+
+
+class LazySpark:
+    """The pipeline's SparkSession, started at its first use: on the embedded log with a local
+    master the pipeline runs every batch on the driver and no Spark query at all
+    (aggregates/driver_serving.py), so the JVM (~5 s to start here, ~0.35 GiB idle) is started
+    only if something asks the session for anything (a reprocessing run's capped source, a
+    setting that sends batches through Spark). `master` and the settings it will start with are
+    known without it; listeners (`add_listener`) wait for the start and are on the bus before
+    anything else runs in it, so no query event is missed."""
+
+    def __init__(self, master: str, build: Callable[[], SparkSession], conf: Mapping[str, str] | None = None):
+        self.master, self.conf_values = master, dict(conf or {})
+        self._build, self._session, self._listeners = build, None, []
+        self._lock = threading.RLock()
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> SparkSession:
+        with self._lock:
+            if self._session is None:
+                log.info("starting Spark (%s): the pipeline needs it now", self.master)
+                session = self._build()
+                for listener in self._listeners:
+                    session.streams.addListener(listener)
+                self._listeners.clear()
+                self._session = session
+            return self._session
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # not a session attribute: never start the JVM for one (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.session(), name)
+
+
+def master_of(spark) -> str:
+    """The session's master, without starting a LazySpark."""
+    return spark.master if isinstance(spark, LazySpark) else spark.sparkContext.master
+
+
+def add_listener(spark, listener) -> None:
+    """Put a StreamingQueryListener on the session's bus (a LazySpark's: when it starts)."""
+    if isinstance(spark, LazySpark):
+        with spark._lock:
+            if spark._session is None:
+                spark._listeners.append(listener)
+                return
+        spark = spark.session()
+    spark.streams.addListener(listener)
+
+
+def remove_listener(spark, listener) -> None:
+    """Take a listener off the bus (a LazySpark never started: off the list it would register)."""
+    if isinstance(spark, LazySpark):
+        with spark._lock:
+            if spark._session is None:
+                if listener in spark._listeners:
+                    spark._listeners.remove(listener)
+                return
+        spark = spark.session()
+    spark.streams.removeListener(listener)
+
+
+def conf_value(spark, key: str, default: str) -> str:
+    """A Spark setting (a LazySpark not started: what it will start with, else `default`)."""
+    if isinstance(spark, LazySpark) and not spark.started:
+        return spark.conf_values.get(key, default)
+    return spark.conf.get(key, default)
+
+
+class LazyColumn:
+    """A Spark Column built at its first use. Plans the driver path shares with Spark's (the Bloom
+    features' and sessions' key items) name their columns so; building one needs a running
+    SparkContext (`F.col` asserts it), which a pipeline serving its own batches never starts."""
+
+    __slots__ = ("_make", "_column")
+
+    def __init__(self, make: Callable[[], object]):
+        self._make, self._column = make, None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._column is None:
+            self._column = self._make()
+        return getattr(self._column, name)
+
+
+class SparkNeeded(RuntimeError):
+    """A batch on the driver path met code that needs a SparkContext (a Column built with `F.col`
+    asserts one) while the pipeline's LazySpark had not started: it is started now, and the batch
+    is run again by a pipeline built anew (sketchboard/live.py), nothing of it having been stored."""
+
+
+def start_for_missing_context(spark, error: BaseException) -> bool:
+    """Whether `error` is pyspark's assertion that no SparkContext is active, in a pipeline whose
+    LazySpark had not started; if so it is started (the caller runs the batch again)."""
+    from pyspark import SparkContext
+
+    if not (isinstance(spark, LazySpark) and not spark.started and isinstance(error, AssertionError)
+            and SparkContext._active_spark_context is None):
+        return False
+    log.warning("a batch needed Spark's session on the driver path (%s): starting it",
+                _where(error) or "pyspark asserted an active SparkContext")
+    spark.session()
+    return True
+
+
+def _where(error: BaseException) -> str | None:
+    """The innermost frame of ours in the error's traceback (what to make lazy next)."""
+    import traceback
+
+    ours = [f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename]
+    return f"{ours[-1].filename}:{ours[-1].lineno}" if ours else None

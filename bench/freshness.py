@@ -80,11 +80,14 @@ class Service:
                 time.sleep(0.3)
 
     def wait_pipeline(self, timeout_s: float = 180) -> None:
-        """Until the pipeline has committed a batch (the JVM and the first batch are slow)."""
+        """Until the pipeline is up with nothing to read: it has committed a batch (Spark's query
+        runs an empty batch 0 at its start) or says it runs (its own batches of the embedded log
+        run none until records come: aggregates/driver_serving.py)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             r = httpx.get(f"{self.base}/api/v1/pipeline", timeout=10).json()
-            if r["last_batch_id"] is not None and r["lag_events"] == 0:
+            running = ((r.get("health") or {}).get("query") or {}).get("running")
+            if (r["last_batch_id"] is not None or running) and r["lag_events"] == 0:
                 return
             time.sleep(0.5)
         raise SystemExit("the pipeline committed nothing in time")

@@ -28,6 +28,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     from aggregates.batch_gate import remove_listeners, stop_between_batches
     from aggregates.bounded_batches import drains_on_driver, split_by_spark
     from aggregates.driver_serving import serve_on_driver
+    from aggregates.spark import SparkNeeded
     from sketchboard.wiring import build_pipeline
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
@@ -35,6 +36,8 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
 
     def restartable(failure) -> bool:
         if switched(failure) or split_by_spark(failure):  # the latter: caught up cut at one append time first
+            return True
+        if isinstance(failure, SparkNeeded):  # its session started: the batch runs again in a pipeline built anew
             return True
         if transient(failure) and budget.allow(time.monotonic()):
             log.warning("a batch failed on the host's load, not on its data: starting the pipeline again from its"

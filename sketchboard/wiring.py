@@ -370,7 +370,8 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
 
     from aggregates.consumers import GroupCopy, RegistryCopy
     from aggregates.pipeline import Pipeline, PipelineConfig
-    from aggregates.spark import build_spark, kafka_connector_conf
+    from aggregates.cluster import is_local_master
+    from aggregates.spark import LazySpark, build_spark, kafka_connector_conf
 
     name = check_pipeline_name(name or settings.pipeline_name)
     starting = starting_offsets or settings.pipeline_start
@@ -401,8 +402,17 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     # Topics exist before the source asks for offsets; the driver keeps this handle to read the
     # log's end offsets at each commit (per-partition watermarks).
     event_log = open_log(settings, catalog)
-    spark = spark or build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory,
-                                 extra_conf={**extra_conf, **settings.spark_conf})
+    if spark is None:
+        conf = {**extra_conf, **settings.spark_conf}
+
+        def start_spark():
+            return build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory, extra_conf=conf)
+
+        # On the embedded log with a local master no Spark query runs unless something needs one
+        # (aggregates/driver_serving.py): the JVM starts then, not here. Elsewhere at once: a
+        # cluster's executors are probed at the start, and Kafka is read by Spark's query.
+        local_embedded = settings.log_backend == "embedded" and is_local_master(settings.spark_master)
+        spark = LazySpark(settings.spark_master, start_spark, conf) if local_embedded else start_spark()
     config = PipelineConfig(
         name=name,
         log_path=settings.log_path,

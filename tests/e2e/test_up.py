@@ -82,6 +82,26 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
     q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
                                                   "to": start + 60_000, "step": "1m"}, timeout=10).json()
     assert q["series"][0]["points"][0]["value"] == pytest.approx(37, abs=1)
+    # On the embedded log with a local master the pipeline runs its own batches: no JVM was started
+    # (aggregates/spark.py LazySpark, aggregates/driver_serving.py).
+    tree = _tree(proc.pid)
+    assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        todo.extend(children := _children(todo.pop()))
+        out.extend(children)
+    return out
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def _children(pid: int) -> list[int]:

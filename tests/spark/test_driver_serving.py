@@ -1,7 +1,8 @@
 """`sketchboard pipeline` on the embedded log with every batch on the driver (a local master) serves
 with batches of its own and no Spark query (aggregates/driver_serving.py): a backlog and then each
 new record aggregated as it comes, the query's health running (each batch, idle beats while it
-waits), the checkpoint's logs purged as Spark purges them, and a stop that ends it cleanly."""
+waits), the checkpoint's logs purged as Spark purges them, and a stop that ends it cleanly; and a
+session started only when a Spark query needs one (aggregates/spark.py `LazySpark`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from aggregates.batch_gate import remove_listeners
 from aggregates.checkpoint_moves import logged_batches
 from aggregates.driver_serving import serve_on_driver
 from aggregates.pipeline import Pipeline
+from aggregates.spark import LazySpark
 from sketchboard.live import run_pipeline
 from sketchboard.wiring import build_pipeline
 from store.health import query_health
@@ -95,3 +98,20 @@ def test_a_serving_loop_waiting_for_records_beats_until_they_come(small, spark):
         stopping.set()
         thread.join(60)
     assert not thread.is_alive() and health_of(pipeline)["running"] is False
+
+
+def test_a_lazy_session_starts_when_a_spark_query_needs_it_with_the_progress_listener_on_its_bus(small, spark):
+    tmp_path, config, catalog, log = small
+    lazy = LazySpark("local[2]", lambda: spark)  # the tests' session stands for the JVM a start would make
+    log.append("a", 30)
+    pipeline = build_pipeline(settings_for(tmp_path, config, driver_batch_rows=0), lazy, name="main")  # via Spark
+    try:
+        assert not lazy.started  # building it, its listener asked for: nothing started
+        pipeline.run_until_drained()
+        assert lazy.started and counted(pipeline.store, "a") == 30
+        # Spark's query's own events reached the recorder: it was on the bus before the query started.
+        assert pipeline.progress_recorder.settle(60)  # the bus is asynchronous: its last events delivered
+        health = health_of(pipeline)
+        assert not health["run_id"].startswith("own-") and health["batch_id"] is not None, health
+    finally:
+        remove_listeners(lazy, [pipeline.progress_recorder])
