@@ -20,15 +20,18 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
 Nothing here needs Spark: the pipeline's session is a LazySpark (aggregates/spark.py), and its JVM
 is never started while the loop serves.
 
-A stop is asked between batches: the running one commits first. The timing is pure
+A stop is asked between batches: the running one commits first, unless its commit is waiting a
+failing store out (the stop closes the batch gate, as a Spark query's stop does: the batch is not
+recorded and runs again at the next start). The timing is pure
 (`next_trigger_ms`, `idle_due`; intervals read by catalog/durations.py `trigger_ms`); `serve_on_driver` does the I/O."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from aggregates.bounded_batches import batches_to_retain, drain_bounded, embedded_batches, query_id_of
@@ -38,6 +41,7 @@ from catalog.durations import trigger_ms
 log = logging.getLogger("sketchboard.pipeline")
 
 IDLE_EVERY_S = 10.0  # spark.sql.streaming.noDataProgressEventInterval's default
+IDLE_POLL_S = 0.01  # a trigger with nothing to read waits at least this (Spark's pollingDelayMs): a 0 interval never spins
 
 
 def next_trigger_ms(triggered_ms: int, interval_ms: int) -> int:
@@ -54,7 +58,7 @@ def idle_due(last_beat_s: float, now_s: float, every_s: float = IDLE_EVERY_S) ->
 
 
 def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[float], object], *,
-                    clock: Callable[[], float] = time.time, idle_every_s: float = IDLE_EVERY_S) -> None:
+                    clock: Callable[[], float] = time.monotonic, idle_every_s: float = IDLE_EVERY_S) -> None:
     """Serve the pipeline's embedded log in batches of its own until `stopping()` (the module doc);
     `wait(seconds)` sleeps until the next trigger and returns early when a stop is asked for."""
     config = pipeline.config
@@ -64,14 +68,40 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
     own = embedded_batches(pipeline)
     log.info("pipeline %r running its own batches of the embedded log every %d ms (checkpoints in %s)",
              config.name, interval_ms, config.checkpoint_dir)
-    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
+    # A stop closes the pipeline's batch gate, as a Spark query's stop does (aggregates/batch_gate.py):
+    # a commit retrying a failing store (aggregates/commit_retry.py) gives up then instead of waiting
+    # the store out; its batch was not recorded and runs again at the next start.
+    serving = threading.Event()
+    watcher = threading.Thread(target=_close_gate_on_stop, args=(pipeline.gate, stopping, serving), daemon=True,
+                               name="pipeline-stop")
+    watcher.start()
+    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own), \
+            _ending(serving):
         progress.begin()
         last_beat = clock()
         while not stopping():
             triggered = clock()
-            if drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep):
+            ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
+            if ran:
                 last_beat = clock()
             elif idle_due(last_beat, clock(), idle_every_s):
                 progress.idle()
                 last_beat = clock()
-            wait(max(0.0, next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()))
+            next_s = next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()
+            wait(max(0.0 if ran else IDLE_POLL_S, next_s))
+
+
+def _close_gate_on_stop(gate, stopping: Callable[[], bool], serving_ended: threading.Event,
+                        every_s: float = 0.2) -> None:
+    while not serving_ended.wait(every_s):
+        if stopping():
+            gate.close()
+            return
+
+
+@contextmanager
+def _ending(event: threading.Event):
+    try:
+        yield
+    finally:
+        event.set()

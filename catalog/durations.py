@@ -75,27 +75,33 @@ DurationMs = Annotated[int, BeforeValidator(parse_duration_ms), PlainSerializer(
 
 
 # Spark's processing-time trigger intervals ("100 milliseconds", "1 second"): the pipeline's
-# `trigger_interval`, which its own serving loop times as Spark would (aggregates/driver_serving.py).
-_SPARK_UNIT_MS = {"millisecond": 1, "ms": 1, "second": 1000, "s": 1000, "minute": 60_000, "m": 60_000,
-                  "hour": 3_600_000, "h": 3_600_000, "day": 86_400_000, "d": 86_400_000}
-_SPARK_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.ASCII)
+# `trigger_interval`, which its own serving loop times as Spark would (aggregates/driver_serving.py),
+# accepted and refused as Spark 4's Trigger.ProcessingTime does (checked against it: no "500ms" or
+# "2s", no "mins", a fraction on seconds only).
+_SPARK_UNIT_MS = {"week": 604_800_000, "day": 86_400_000, "hour": 3_600_000, "minute": 60_000, "second": 1000,
+                  "millisecond": 1, "microsecond": 0.001}
+_SPARK_NUMBER = re.compile(r"^\d+(\.\d+)?$", re.ASCII)
 
 
 def trigger_ms(text: str) -> int:
     """A trigger interval as Spark's processing-time trigger takes it ('100 milliseconds', '1 second',
-    '1 minute 30 seconds'; also '500ms', '2s') in ms. ValueError naming the value otherwise."""
-    spoken = str(text).strip().lower()
-    if spoken.startswith("interval "):
-        spoken = spoken[len("interval "):]
-    parts = _SPARK_PART.findall(spoken)
-    if not parts or _SPARK_PART.sub("", spoken).strip():
+    '1 minute 30 seconds', 'interval 10 seconds') in ms. ValueError naming the value otherwise."""
+    words = str(text).strip().lower().split()
+    if words[:1] == ["interval"]:
+        words = words[1:]
+    if not words or len(words) % 2:
         raise ValueError(f"not a trigger interval: {text!r} (expected e.g. '100 milliseconds' or '1 second')")
     total = 0.0
-    for number, unit in parts:
-        unit = unit if unit in _SPARK_UNIT_MS else unit[:-1] if unit.endswith("s") else unit  # plural
+    for number, unit in zip(words[::2], words[1::2], strict=True):
+        unit = unit[:-1] if unit.endswith("s") and unit[:-1] in _SPARK_UNIT_MS else unit  # plural
+        if not _SPARK_NUMBER.match(number):
+            raise ValueError(f"not a trigger interval: {text!r} ({number!r} is not a number)")
         if unit not in _SPARK_UNIT_MS:
-            raise ValueError(f"not a trigger interval: {text!r} (unknown unit {unit!r})")
+            raise ValueError(f"not a trigger interval: {text!r} (unknown unit {unit!r}: week, day, hour, minute,"
+                             " second, millisecond or microsecond, as Spark spells them)")
+        if "." in number and unit != "second":
+            raise ValueError(f"not a trigger interval: {text!r} (Spark takes a fraction of seconds only)")
         total += float(number) * _SPARK_UNIT_MS[unit]
     if not total <= MAX_DURATION_MS:
         raise ValueError(f"trigger interval {_shown(text)} exceeds the maximum of {MAX_DURATION_TEXT}")
-    return int(round(total))
+    return int(total)

@@ -25,7 +25,7 @@ log = logging.getLogger("sketchboard")
 def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | None = None, start: str | None = None,
                  once: bool = False, spark=None) -> int:
     """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
-    from aggregates.batch_gate import remove_listeners, stop_between_batches
+    from aggregates.batch_gate import Stopping, remove_listeners, stop_between_batches
     from aggregates.bounded_batches import drains_on_driver, split_by_spark
     from aggregates.driver_serving import serve_on_driver
     from aggregates.spark import SparkNeeded
@@ -65,7 +65,12 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             else:  # a backlog in batches of our own first (Kafka's, cut at one append time)
                 pipeline.catch_up(stopping.is_set)
         except Exception as exc:  # as a failed batch of the query below
-            if stopping.is_set() or not restartable(exc):
+            if stopping.is_set():  # a batch refused by the closed gate, or a commit that gave a failing store up
+                (log.info if isinstance(exc, Stopping) else log.warning)(
+                    "stopped; the batch under way is not recorded and runs again at the next start (%s)", exc)
+                remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                return 0
+            if not restartable(exc):
                 log.error("pipeline failed: %s", exc)
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
                 return 1

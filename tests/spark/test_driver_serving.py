@@ -7,6 +7,7 @@ session started only when a Spark query needs one (aggregates/spark.py `LazySpar
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from aggregates.spark import LazySpark
 from sketchboard.live import run_pipeline
 from sketchboard.wiring import build_pipeline
 from store.health import query_health
+from store.sqlite import SqlitePaneStore
 from tests.spark.test_driver_drain import counted, no_query, settings_for, small  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.spark]
@@ -63,9 +65,10 @@ def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_n
         checkpoint = Path(pipeline.config.checkpoint_dir)
         last = pipeline.store.last_batch_id("main")
         assert last >= 3 + 6 - 1  # 3 batches for the backlog, at least one per round
-        # Spark's purge: the last minBatchesToRetain batches and the one before them kept.
-        assert logged_batches(checkpoint / "offsets") == logged_batches(checkpoint / "commits") == [
-            b for b in range(last - 3, last + 1)]
+        # Spark's purge: the last minBatchesToRetain batches and the one before them kept (the store
+        # commits a batch before its Spark commit file is written and the logs purged: waited for).
+        kept = list(range(last - 3, last + 1))
+        wait_until(lambda: logged_batches(checkpoint / "offsets") == logged_batches(checkpoint / "commits") == kept)
         health = health_of(pipeline)
         assert health["running"] and health["run_id"].startswith("own-") and health["batch_id"] == last
         assert health["query_id"] == json.loads((checkpoint / "metadata").read_text())["id"]
@@ -115,3 +118,34 @@ def test_a_lazy_session_starts_when_a_spark_query_needs_it_with_the_progress_lis
         assert not health["run_id"].startswith("own-") and health["batch_id"] is not None, health
     finally:
         remove_listeners(lazy, [pipeline.progress_recorder])
+
+
+def test_a_stop_ends_a_commit_that_waits_a_failing_store_out(small, spark, monkeypatch):
+    tmp_path, config, catalog, log = small
+    tries = []
+
+    def failing(self, *args, **kwargs):
+        tries.append(time.monotonic())
+        raise sqlite3.OperationalError("disk I/O error")  # transient: retried with back-off until it passes
+
+    monkeypatch.setattr(SqlitePaneStore, "commit_batch", failing)
+    log.append("a", 10)
+    stopping, ended = threading.Event(), {}
+    settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds")
+    thread = threading.Thread(target=lambda: ended.update(code=run_pipeline(settings, stopping, name="main",
+                                                                            spark=spark)))
+    thread.start()
+    try:
+        wait_until(lambda: len(tries) >= 3)  # waiting the store out, with a back-off of seconds by now
+    finally:
+        stopping.set()
+        asked = time.monotonic()
+        thread.join(60)
+    # The stop closes the batch gate: the retry gives up within the watcher's beat, not the back-off.
+    assert ended == {"code": 0} and time.monotonic() - asked < 5
+    monkeypatch.undo()
+    store = SqlitePaneStore(Path(settings.data_dir) / "store.db")
+    try:
+        assert store.last_batch_id("main") is None  # nothing of the batch recorded: it runs again at the next start
+    finally:
+        store.close()

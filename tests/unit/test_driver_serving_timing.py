@@ -10,14 +10,17 @@ from aggregates.driver_serving import IDLE_EVERY_S, idle_due, next_trigger_ms
 from catalog.durations import trigger_ms
 
 
+# Each checked against Spark 4's Trigger.ProcessingTime (session 52): the same ms, or refused by both.
 @pytest.mark.parametrize("text, ms", [("100 milliseconds", 100), ("1 second", 1000), ("2 seconds", 2000),
                                       ("1 minute 30 seconds", 90_000), ("interval 10 seconds", 10_000),
-                                      ("1.5 seconds", 1500), ("500ms", 500), ("2s", 2000), ("1 Hour", 3_600_000)])
+                                      ("1.5 seconds", 1500), ("1 Hour", 3_600_000), ("1 week", 604_800_000),
+                                      ("1 day", 86_400_000), ("0 seconds", 0)])
 def test_trigger_intervals_are_read_as_spark_reads_them(text, ms):
     assert trigger_ms(text) == ms
 
 
-@pytest.mark.parametrize("text", ["", "fast", "10", "10 parsecs", "1 second and a bit", "-1 second"])
+@pytest.mark.parametrize("text", ["", "fast", "10", "10 parsecs", "1 second and a bit", "-1 second", "500ms", "2s",
+                                  "10 m", "1.5 minutes", "2 secs", "3 mins", "10 hrs"])
 def test_a_trigger_interval_that_is_none_says_so(text):
     with pytest.raises(ValueError, match="not a trigger interval"):
         trigger_ms(text)
