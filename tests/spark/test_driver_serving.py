@@ -35,6 +35,16 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def live(settings, spark) -> tuple[threading.Thread, threading.Event, dict]:
+    """`sketchboard pipeline`'s loop (sketchboard/live.py) running in a thread: its stop event, and
+    its exit code in the dict once it ends."""
+    stopping, ended = threading.Event(), {}
+    thread = threading.Thread(target=lambda: ended.update(code=run_pipeline(settings, stopping, name="main",
+                                                                            spark=spark)))
+    thread.start()
+    return thread, stopping, ended
+
+
 def health_of(pipeline) -> dict:
     return query_health(pipeline.health, "main", int(time.time() * 1000))
 
@@ -51,11 +61,8 @@ def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_n
     monkeypatch.setattr("sketchboard.wiring.build_pipeline", building)
     spark.conf.set("spark.sql.streaming.minBatchesToRetain", "3")
     log.append("a", 100)  # a backlog: caught up in batches of 40 first
-    stopping, ended = threading.Event(), {}
     settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds")
-    thread = threading.Thread(target=lambda: ended.update(code=run_pipeline(settings, stopping, name="main",
-                                                                            spark=spark)))
-    thread.start()
+    thread, stopping, ended = live(settings, spark)
     try:
         wait_until(lambda: built and counted(built[0].store, "a") == 100)
         pipeline = built[0]
@@ -130,11 +137,8 @@ def test_a_stop_ends_a_commit_that_waits_a_failing_store_out(small, spark, monke
 
     monkeypatch.setattr(SqlitePaneStore, "commit_batch", failing)
     log.append("a", 10)
-    stopping, ended = threading.Event(), {}
     settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds")
-    thread = threading.Thread(target=lambda: ended.update(code=run_pipeline(settings, stopping, name="main",
-                                                                            spark=spark)))
-    thread.start()
+    thread, stopping, ended = live(settings, spark)
     try:
         wait_until(lambda: len(tries) >= 3)  # waiting the store out, with a back-off of seconds by now
     finally:
