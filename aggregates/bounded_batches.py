@@ -351,14 +351,14 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
     in batches of the pipeline's own (the module doc; on the embedded log `embedded_batches`);
     returns how many batches ran. `stopping`: asked between batches; true ends the drain there
     (the serving pipeline told to stop). `own` and `progress`: a serving loop's, kept across its
-    drains (aggregates/driver_serving.py); else the drain's own, closed and ended with it. `keep`:
+    drains (aggregates/driver_serving.py), whose caller wrote the checkpoint's query id
+    (`query_id_of`) once; else the drain's own, closed and ended with it. `keep`:
     how many batches the checkpoint's logs keep (`batches_to_retain`, asked of Spark when None)."""
     config = pipeline.config
-    checkpoint = Path(config.checkpoint_dir)
-    query_id = query_id_of(checkpoint)
     keep = batches_to_retain(pipeline) if keep is None else keep
-    if progress is None:
-        progress = OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id)
+    if progress is None:  # the query's id first: Spark refuses an offset log without it
+        progress = OwnRunProgress(getattr(pipeline, "progress_recorder", None),
+                                  query_id_of(Path(config.checkpoint_dir)))
     else:
         progress = nullcontext(progress)
     if own is None:

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 from aggregates.bounded_batches import batches_to_retain, drain_bounded, embedded_batches, query_id_of
@@ -75,20 +75,22 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
     watcher = threading.Thread(target=_close_gate_on_stop, args=(pipeline.gate, stopping, serving), daemon=True,
                                name="pipeline-stop")
     watcher.start()
-    with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own), \
-            _ending(serving):
-        progress.begin()
-        last_beat = clock()
-        while not stopping():
-            triggered = clock()
-            ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
-            if ran:
-                last_beat = clock()
-            elif idle_due(last_beat, clock(), idle_every_s):
-                progress.idle()
-                last_beat = clock()
-            next_s = next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()
-            wait(max(0.0 if ran else IDLE_POLL_S, next_s))
+    try:
+        with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
+            progress.begin()
+            last_beat = clock()
+            while not stopping():
+                triggered = clock()
+                ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
+                if ran:
+                    last_beat = clock()
+                elif idle_due(last_beat, clock(), idle_every_s):
+                    progress.idle()
+                    last_beat = clock()
+                next_s = next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()
+                wait(max(0.0 if ran else IDLE_POLL_S, next_s))
+    finally:
+        serving.set()
 
 
 def _close_gate_on_stop(gate, stopping: Callable[[], bool], serving_ended: threading.Event,
@@ -97,11 +99,3 @@ def _close_gate_on_stop(gate, stopping: Callable[[], bool], serving_ended: threa
         if stopping():
             gate.close()
             return
-
-
-@contextmanager
-def _ending(event: threading.Event):
-    try:
-        yield
-    finally:
-        event.set()

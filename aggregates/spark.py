@@ -123,6 +123,23 @@ class LazySpark:
                 self._session = session
             return self._session
 
+    def add_listener(self, listener) -> None:
+        """On the bus now if started, else once it starts."""
+        with self._lock:
+            if self._session is None:
+                self._listeners.append(listener)
+                return
+        self._session.streams.addListener(listener)
+
+    def remove_listener(self, listener) -> None:
+        """Off the bus if started, else off the list it would register."""
+        with self._lock:
+            if self._session is None:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+                return
+        self._session.streams.removeListener(listener)
+
     def __getattr__(self, name: str):
         if name.startswith("_"):  # not a session attribute: never start the JVM for one (copy, pickle)
             raise AttributeError(name)
@@ -137,24 +154,17 @@ def master_of(spark) -> str:
 def add_listener(spark, listener) -> None:
     """Put a StreamingQueryListener on the session's bus (a LazySpark's: when it starts)."""
     if isinstance(spark, LazySpark):
-        with spark._lock:
-            if spark._session is None:
-                spark._listeners.append(listener)
-                return
-        spark = spark.session()
-    spark.streams.addListener(listener)
+        spark.add_listener(listener)
+    else:
+        spark.streams.addListener(listener)
 
 
 def remove_listener(spark, listener) -> None:
     """Take a listener off the bus (a LazySpark never started: off the list it would register)."""
     if isinstance(spark, LazySpark):
-        with spark._lock:
-            if spark._session is None:
-                if listener in spark._listeners:
-                    spark._listeners.remove(listener)
-                return
-        spark = spark.session()
-    spark.streams.removeListener(listener)
+        spark.remove_listener(listener)
+    else:
+        spark.streams.removeListener(listener)
 
 
 def conf_value(spark, key: str, default: str) -> str:
