@@ -114,29 +114,80 @@ def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows of `table` (columns stream, dead_reason, pane_start, dims) sorted by group, stably
     (a group keeps its rows' order), and where each group starts and ends in that order."""
     n = table.num_rows
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
     pane, pane_valid = _ints(table["pane_start"])
     keys += [np.where(pane_valid, pane, 0), pane_valid]
-    dims_lengths, dims_idx, dims_flat = _list_slots(table["dims"])
-    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
-    keys.append(dims_lengths)
-    keys += [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
-             for j in range(dims_idx.shape[1])]
-    if not n:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    keys += _dims_keys(table["dims"])
     composite = _composite(keys, n)
-    if composite is not None:  # one stable sort of one int64 per row: the lexsort's order, ~3 times faster
-        order = np.argsort(composite, kind="stable")
-        s = composite[order]
-        changed = s[1:] != s[:-1]
-    else:
-        order = np.lexsort(keys[::-1])
-        changed = np.zeros(n - 1, bool)
-        for key in keys:
-            s = key[order]
-            changed |= s[1:] != s[:-1]
+    if composite is not None:  # one int64 per row: the lexsort's order from one sort of it
+        return _sorted_runs(composite)
+    order = np.lexsort(keys[::-1])
+    changed = np.zeros(n - 1, bool)
+    for key in keys:
+        s = key[order]
+        changed |= s[1:] != s[:-1]
     starts = np.concatenate(([0], np.flatnonzero(changed) + 1)).astype(np.int64)
     return order, starts, np.append(starts[1:], n).astype(np.int64)
+
+
+_DIMS_SEPARATOR = "\x1f"
+
+
+def _dims_keys(column) -> list[np.ndarray]:
+    """Keys that are equal exactly where two rows' dims lists are: the list's length (-1: null)
+    and a code of its items joined into one string (one hash of a string per row, where a code
+    per item and a key per slot were ~3 times the cost: a batch's dims are 4-7 items a row). The
+    joined form is exact when no item holds the separator and none is null (then a length and a
+    joined string name one list); else a code per slot, as items."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not _holds_separator(column.values):
+        joined = pc.binary_join(column, _DIMS_SEPARATOR)
+        if joined.null_count == column.null_count:  # no null item
+            return [lengths, _codes(joined)]
+    _, dims_idx, dims_flat = _list_slots(column)
+    dims_codes = _codes(dims_flat) if len(dims_flat) else np.zeros(0, np.int64)
+    return [lengths] + [np.where(dims_idx[:, j] >= 0, dims_codes[np.maximum(dims_idx[:, j], 0)], -1)
+                        for j in range(dims_idx.shape[1])]
+
+
+def _dense_ranks(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each value's rank among the distinct values (0 for the least), and how many there are: what
+    np.unique(return_inverse=True) gives, from a hash table and a sort of the distinct values only
+    (a batch's rows have few: ~5 times faster than np.unique's sort of them all)."""
+    encoded = pc.dictionary_encode(pa.array(values, pa.int64()))
+    distinct = encoded.dictionary.to_numpy()
+    rank_of = np.empty(len(distinct), np.int64)
+    rank_of[np.argsort(distinct)] = np.arange(len(distinct))
+    return rank_of[encoded.indices.to_numpy()], len(distinct)
+
+
+def _holds_separator(items: pa.Array) -> bool:
+    """Whether any string of `items` (or of the data its buffer holds beyond them) holds the
+    separator: its byte is that character in UTF-8, never part of another's encoding."""
+    data = items.buffers()[2]
+    return data is not None and bool(np.any(np.frombuffer(data, np.uint8) == ord(_DIMS_SEPARATOR)))
+
+
+def _sorted_runs(composite: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stable order of the rows by `composite` and where each run of equal values starts and
+    ends in it. A batch has few groups for its rows (a live batch of 1 M events: ~3 400), so the
+    values are ranked first and the ranks sorted as 16-bit integers, which numpy sorts stably by
+    radix: ~5 times faster than a stable sort of the int64s. Many groups (a backfill spread over
+    a day) sort the int64s themselves."""
+    n = len(composite)
+    ranks, width = _dense_ranks(composite)
+    if width > 1 << 16:
+        order = np.argsort(composite, kind="stable")
+        s = composite[order]
+        starts = np.concatenate(([0], np.flatnonzero(s[1:] != s[:-1]) + 1)).astype(np.int64)
+        return order, starts, np.append(starts[1:], n).astype(np.int64)
+    order = np.argsort(ranks.astype(np.uint16), kind="stable").astype(np.int64)
+    ends = np.cumsum(np.bincount(ranks, minlength=width)).astype(np.int64)
+    return order, np.concatenate(([0], ends[:-1])).astype(np.int64), ends
 
 
 def _composite(keys: list[np.ndarray], n: int) -> np.ndarray | None:
@@ -150,8 +201,7 @@ def _composite(keys: list[np.ndarray], n: int) -> np.ndarray | None:
         lo, hi = int(key.min()), int(key.max())
         width = hi - lo + 1
         if width > 4 * n:
-            ranks, key = np.unique(key, return_inverse=True)
-            key, width = key.reshape(-1).astype(np.int64), len(ranks)
+            key, width = _dense_ranks(key)
         else:
             key = key - lo
         span *= width

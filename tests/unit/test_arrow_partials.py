@@ -44,7 +44,8 @@ def row_strategies(values: int, distincts: int) -> dict:
     return {
         "n": st.integers(0, 60),
         "reason": st.sampled_from([None, None, None, "invalid", "beyond_retention"]),
-        "dims": st.sampled_from([("x",), ("x", None), ("y", "z"), (), None]),
+        # ("x\x1fy", "z") and ("x", "y\x1fz") join into one string with _groups' separator: told apart all the same
+        "dims": st.sampled_from([("x",), ("x", None), ("y", "z"), (), None, ("x\x1fy", "z"), ("x", "y\x1fz")]),
         "pool": st.sampled_from(range(len(IDS_POOLS))),
         "partition": st.integers(0, 2), "offset": st.integers(0, 10**6), "maybe_int": maybe_int,
         "ingest_time": st.integers(0, 10**6), "error": st.none() | st.just("bad"),
@@ -356,3 +357,30 @@ def test_the_groups_one_key_per_row_sorts_as_the_lexsort_does(keys):
     assert np.argsort(composite, kind="stable").tolist() == order.tolist()
     distinct = {tuple(int(a[i]) for a in arrays) for i in range(n)}
     assert len(set(composite.tolist())) == len(distinct)  # equal exactly when every key is
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**62), 2**62) | st.integers(0, 5), min_size=1, max_size=80))
+def test_the_groups_sort_by_rank_is_the_stable_sort(values):
+    """_sorted_runs ranks the composite keys and sorts the ranks: numpy's stable sort's order and runs."""
+    import numpy as np
+
+    from aggregates.arrow_partials import _sorted_runs
+
+    composite = np.asarray(values, np.int64)
+    order, starts, ends = _sorted_runs(composite)
+    assert order.tolist() == np.argsort(composite, kind="stable").tolist()
+    s = composite[order]
+    assert starts.tolist() == [i for i in range(len(s)) if i == 0 or s[i] != s[i - 1]]
+    assert ends.tolist() == starts.tolist()[1:] + [len(s)]
+
+
+def test_the_groups_sort_of_many_groups_is_the_stable_sort():
+    import numpy as np
+
+    from aggregates.arrow_partials import _sorted_runs
+
+    composite = np.random.default_rng(7).integers(0, 200_000, 150_000)  # more groups than 16 bits rank
+    order, starts, ends = _sorted_runs(composite)
+    assert order.tolist() == np.argsort(composite, kind="stable").tolist()
+    assert len(starts) == len(np.unique(composite)) and ends[-1] == len(composite)
