@@ -275,7 +275,9 @@ class OwnBatches:
 
 def kafka_batches(pipeline) -> OwnBatches:
     """On Kafka: the offsets in the very text of Spark's Kafka source, batch 0's start in its own
-    file (`sources/0/0`), the records read by one batch read of the range."""
+    file (`sources/0/0`), the records read by one batch read of the range; with every batch on the
+    driver (`reads_kafka_on_driver`), no DataFrame at all: the batch body reads its range with the
+    driver's own consumer (`Pipeline.read_on_driver`)."""
     from ingest.kafka_source import read_kafka_range, stream_offsets, topics_of
 
     config, checkpoint = pipeline.config, Path(pipeline.config.checkpoint_dir)
@@ -288,8 +290,17 @@ def kafka_batches(pipeline) -> OwnBatches:
     def pinned_start() -> Offsets:
         return stream_offsets(checkpointed_kafka_start(checkpoint), topics_of(pipeline.catalog, prefix))
 
-    return OwnBatches(lambda end, metadata: offset_log_text(end, prefix, metadata), pin_start, pinned_start,
-                      lambda start, end: read_kafka_range(pipeline.spark, pipeline.catalog, config.kafka, start, end))
+    on_driver = reads_kafka_on_driver(pipeline)
+
+    def read(start: Offsets, end: Offsets):
+        return None if on_driver else read_kafka_range(pipeline.spark, pipeline.catalog, config.kafka, start, end)
+
+    return OwnBatches(lambda end, metadata: offset_log_text(end, prefix, metadata), pin_start, pinned_start, read)
+
+
+def own_batches(pipeline) -> OwnBatches:
+    """How this pipeline's log is logged and read in batches of its own."""
+    return kafka_batches(pipeline) if pipeline.config.kafka is not None else embedded_batches(pipeline)
 
 
 def embedded_batches(pipeline) -> OwnBatches:
@@ -322,8 +333,25 @@ def drains_on_driver(pipeline) -> bool:
     here: a Python worker per planning step) and each batch's. Not a reprocessing run with
     caps (`end_offsets`): the embedded source applies those as it always has."""
     config = pipeline.config
-    return (config.kafka is None and isinstance(pipeline.log, SqliteEventLog) and config.end_offsets is None
-            and pipeline.driver_batch_rows >= config.max_records_per_batch)
+    if config.end_offsets is not None:
+        return False
+    if config.kafka is not None:
+        return reads_kafka_on_driver(pipeline)
+    return isinstance(pipeline.log, SqliteEventLog) and pipeline.driver_batch_rows >= config.max_records_per_batch
+
+
+def reads_kafka_on_driver(pipeline) -> bool:
+    """Whether the pipeline reads Kafka's records itself, with its own consumer (read_committed,
+    as Spark's source), and so needs neither Spark's query nor its Kafka source: every batch is held
+    on the driver (a local master). Not with the JVM fast path (`kafka_fast_path`: the JVM's
+    from_json is its point) nor with `kafka_source_options`, options of Spark's source and of its
+    Java client that this process's consumer would not apply."""
+    from ingest.log.kafka import KafkaEventLog
+
+    config = pipeline.config
+    kafka = config.kafka
+    return (kafka is not None and not kafka.fast_path and not kafka.source_options
+            and isinstance(pipeline.log, KafkaEventLog) and pipeline.driver_batch_rows >= config.max_records_per_batch)
 
 
 def query_id_of(checkpoint: Path) -> str:
@@ -362,7 +390,7 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
     else:
         progress = nullcontext(progress)
     if own is None:
-        own = closing(kafka_batches(pipeline) if config.kafka is not None else embedded_batches(pipeline))
+        own = closing(own_batches(pipeline))
     else:
         own = nullcontext(own)
     with progress as progress, own as own:

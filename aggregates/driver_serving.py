@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
-from aggregates.bounded_batches import batches_to_retain, drain_bounded, embedded_batches, query_id_of
+from aggregates.bounded_batches import batches_to_retain, drain_bounded, own_batches, query_id_of
 from aggregates.progress import OwnRunProgress
 from catalog.durations import trigger_ms
 
@@ -65,9 +65,9 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
     interval_ms = trigger_ms(config.trigger_interval)
     query_id = query_id_of(Path(config.checkpoint_dir))
     keep = batches_to_retain(pipeline)
-    own = embedded_batches(pipeline)
-    log.info("pipeline %r running its own batches of the embedded log every %d ms (checkpoints in %s)",
-             config.name, interval_ms, config.checkpoint_dir)
+    own = own_batches(pipeline)
+    log.info("pipeline %r running its own batches of %s every %d ms (checkpoints in %s)", config.name,
+             "Kafka's topics" if config.kafka is not None else "the embedded log", interval_ms, config.checkpoint_dir)
     # A stop closes the pipeline's batch gate, as a Spark query's stop does (aggregates/batch_gate.py):
     # a commit retrying a failing store (aggregates/commit_retry.py) gives up then instead of waiting
     # the store out; its batch was not recorded and runs again at the next start.

@@ -33,7 +33,7 @@ from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
 from catalog import Catalog
-from ingest.kafka_source import KafkaSourceConfig, read_kafka, stream_offsets, topics_of
+from ingest.kafka_source import KafkaSourceConfig, read_kafka, read_kafka_rows, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
 from ingest.source_rows import SOURCE_SCHEMA
 from ingest.spark_source import SOURCE_NAME, initial_offsets, read_batch, source_options
@@ -338,6 +338,10 @@ class Pipeline(ReportsStoreErrors):
         read on the driver for its logged offset range, by the source's own reader
         (ingest.spark_source.read_batch), with no Spark job; from Kafka collected from Spark's
         Kafka source (one job: it reads in the JVM)."""
+        if batch is None and self.config.kafka is not None:  # a batch of our own: read with our consumer
+            records = read_kafka_rows(self.log, self.catalog, self.config.kafka, *offsets)
+            self.rows_read_on_driver[batch_id] = records.num_rows
+            return records
         if self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
             return batch.toArrow().select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA)
         # Read by a catch-up's worker while the batch before ran, if it was (aggregates/read_ahead.py).
@@ -490,8 +494,10 @@ def driver_log(config: PipelineConfig) -> EventLog:
         return SqliteEventLog(config.log_path)
     from ingest.log.kafka import KafkaEventLog
 
+    # Committed records only, as Spark's Kafka source reads them: a batch's end is never past a
+    # partition's last stable offset (a transaction still open), and its reads skip aborted records.
     return KafkaEventLog(config.kafka.bootstrap_servers, topic_prefix=config.kafka.topic_prefix,
-                         options=dict(config.kafka.kafka_options))
+                         options=dict(config.kafka.kafka_options), read_committed=True)
 
 
 def batch_end_offsets(config: PipelineConfig, catalog: Catalog, checkpoint_dir: Path,

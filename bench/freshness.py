@@ -15,6 +15,10 @@ Starts `sketchboard up --no-demo` on a free loopback port with a fresh data dire
    and no connection failed. Prints one line per level and the largest level that passed.
 
     python -m bench.freshness --rate 20000 --duration 60 --levels 50,100,200,400,800
+    python -m bench.freshness --skip-ramp --duration 30 --log kafka   # the log on Kafka topics
+
+`--log kafka` runs the service on Kafka: the broker at `--kafka-bootstrap`, or else a local one
+started from jars/kafka-broker (`make jars`, the test suite's tests/kafka_broker.py).
 
 Run by hand: it prints figures, asserts nothing.
 """
@@ -293,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="batches of at most this many records run on the driver (SKETCHBOARD_DRIVER_BATCH_ROWS)")
     p.add_argument("--keep", type=Path, default=None,
                    help="run in this directory and keep it (the service's log and data) instead of a temporary one")
+    p.add_argument("--log", choices=("embedded", "kafka"), default="embedded", help="the service's log backend")
+    p.add_argument("--kafka-bootstrap", help="with --log kafka: a broker to use (default: start a local one)")
     args = p.parse_args(argv)
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -302,7 +308,24 @@ def main(argv: list[str] | None = None) -> int:
         env["SKETCHBOARD_DRIVER_BATCH_ROWS"] = str(args.driver_rows)
     with (nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="sketchboard-freshness-")) as tmp:
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        service = Service(Path(tmp), env)
+        broker = None
+        if args.log == "kafka":
+            bootstrap = args.kafka_bootstrap
+            if bootstrap is None:
+                from tests.kafka_broker import KafkaBroker
+
+                broker = KafkaBroker(Path(tmp) / "broker", heap="1g")
+                broker.start()
+                bootstrap = broker.bootstrap
+            env.update({"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                        "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1",
+                        "SKETCHBOARD_KAFKA_TOPIC_PREFIX": f"fresh{int(time.time())}."})
+        try:
+            service = Service(Path(tmp), env)
+        except BaseException:
+            if broker is not None:
+                broker.stop()
+            raise
         try:
             print(f"service on {service.base}; warming the pipeline up", flush=True)
             traffic = DemoTraffic(load_catalog(DEFAULT_CONFIG))
@@ -322,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                     producer.stop()
         finally:
             service.stop()
+            if broker is not None:
+                broker.stop()
     return 0
 
 

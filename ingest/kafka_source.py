@@ -38,20 +38,11 @@ from ingest.columnar import columnar_events, limits_allow
 from ingest.json_limits import JsonLimits
 from ingest.kafka_fast_path import judge_records, vouched_batch
 from ingest.events import Event, EventValidator
-from ingest.log.kafka import topic_name
+from ingest.log.kafka import RECORD_SCHEMA, KafkaEventLog, topic_name
 from ingest.log.records import columns_to_batch, events_to_batch, json_to_event, with_offsets
 from ingest.tables import is_table, record_event
 from ingest.source_rows import INVALID, SOURCE_SCHEMA, SPARK_SCHEMA, error_rows, to_source_batch
 
-# The columns of Spark's Kafka rows the conversion reads (timestamp as epoch ms).
-RECORD_SCHEMA = pa.schema([
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("ingest_time", pa.int64()),
-    pa.field("value", pa.binary()),
-    pa.field("key", pa.binary()),  # a table's tombstone is a key with a null value
-])
 # How many records of one topic are read as columns in one call: Arrow's reader costs ~1 ms a
 # call besides 2-3 us a demo record (measured: 7 us a record in calls of 256, 3.5 in 1 024, 2-3
 # in 4 096, against ~22 us a record through the validator), and a record the columnar path
@@ -364,6 +355,43 @@ def read_kafka_range(spark, catalog: Catalog, config: KafkaSourceConfig, start: 
     return validated_rows(records, catalog, config.topic_prefix, config.json_limits, fast_path=config.fast_path)
 
 
+class KafkaDataLost(RuntimeError):
+    """Records a batch was to read were deleted by the topic's retention, with fail_on_data_loss on."""
+
+
+def read_kafka_rows(log: KafkaEventLog, catalog: Catalog, config: KafkaSourceConfig,
+                    start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> pa.Table:
+    """The source rows of [start, end) per stream and partition, read by this process's own
+    consumer (`log`, read_committed as Spark's source reads) and converted by the same
+    RecordConverter as `read_kafka_range`'s, in the embedded reader's order (stream, partition,
+    offset): a batch of the pipeline's own on a local master reads Kafka with no Spark job and no
+    JVM (aggregates/bounded_batches.py `kafka_batches`). Records the topic's retention deleted are
+    skipped with a warning, as Spark's source skips them with failOnDataLoss off; with it on, the
+    read fails as Spark's query would."""
+    import logging
+
+    converter = _converter(catalog.model_dump_json(), config.topic_prefix, config.json_limits)
+    batches: list[pa.RecordBatch] = []
+    for stream, parts in sorted(end.items()):
+        if stream not in catalog.streams:
+            continue
+        for partition, hi in sorted(parts.items()):
+            lo = start.get(stream, {}).get(partition, 0)
+
+            def lost(first: int, retained: int, stream=stream, partition=partition) -> None:
+                what = (f"records {first}..{retained - 1} of stream {stream!r} partition {partition} were deleted by"
+                        " the Kafka topic's retention before the pipeline read them")
+                if config.fail_on_data_loss:
+                    raise KafkaDataLost(f"{what} (kafka_fail_on_data_loss is on: stopping, as Spark's Kafka source"
+                                        " does with failOnDataLoss)")
+                logging.getLogger("sketchboard.pipeline").warning("%s: skipped (kafka_fail_on_data_loss is off)", what)
+
+            for raw in log.records(stream, partition, lo, hi, lost) if hi > lo else ():
+                batches.extend(b for b in converter.convert(raw) if b.num_rows)
+    return pa.Table.from_batches([b.select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA) for b in batches],
+                                 schema=SOURCE_SCHEMA)
+
+
 def validated_rows(records, catalog: Catalog, prefix: str, limits: JsonLimits, *, fast_path: bool = False):
     """Kafka records (topic, partition, offset, ingest_time, value; streaming or not) -> source rows:
     the JVM's fast path for the records it vouches for, the API's validator in Python for the rest.
@@ -410,5 +438,5 @@ def _converter(catalog_json: str, prefix: str, limits: JsonLimits) -> RecordConv
     return converter
 
 
-__all__ = ["RECORD_SCHEMA", "SOURCE_SCHEMA", "KafkaSourceConfig", "RecordConverter", "range_options", "read_kafka",
-           "read_kafka_range", "spark_kafka_options", "stream_offsets", "topics_of", "validated_rows"]
+__all__ = ["RECORD_SCHEMA", "SOURCE_SCHEMA", "KafkaDataLost", "KafkaSourceConfig", "RecordConverter", "range_options",
+           "read_kafka", "read_kafka_range", "read_kafka_rows", "spark_kafka_options", "stream_offsets", "topics_of", "validated_rows"]

@@ -25,7 +25,9 @@ def open_catalog(settings: Settings) -> Catalog:
     return catalog
 
 
-def open_log(settings: Settings, catalog: Catalog) -> EventLog:
+def open_log(settings: Settings, catalog: Catalog, *, read_committed: bool = False) -> EventLog:
+    """The log, its topics made where missing. `read_committed`: a pipeline's, on Kafka seeing only
+    committed records as Spark's Kafka source does (ingest/log/kafka.py)."""
     if settings.log_backend == "kafka":
         from ingest.log.kafka import KafkaEventLog
 
@@ -33,7 +35,7 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
             settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
             replication_factor=settings.kafka_replication_factor, options=settings.kafka_options,
             produce_timeout_ms=settings.kafka_produce_timeout,
-            request_timeout_s=settings.kafka_request_timeout / 1000)
+            request_timeout_s=settings.kafka_request_timeout / 1000, read_committed=read_committed)
     else:
         log = SqliteEventLog(settings.log_path, synchronous=settings.log_sync)
     for stream in catalog.streams.values():
@@ -401,18 +403,21 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     # Topics exist before the source asks for offsets; the driver keeps this handle to read the
     # log's end offsets at each commit (per-partition watermarks).
-    event_log = open_log(settings, catalog)
+    event_log = open_log(settings, catalog, read_committed=True)
     if spark is None:
         conf = {**extra_conf, **settings.spark_conf}
 
         def start_spark():
             return build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory, extra_conf=conf)
 
-        # On the embedded log with a local master no Spark query runs unless something needs one
-        # (aggregates/driver_serving.py): the JVM starts then, not here. Elsewhere at once: a
-        # cluster's executors are probed at the start, and Kafka is read by Spark's query.
-        local_embedded = settings.log_backend == "embedded" and is_local_master(settings.spark_master)
-        spark = LazySpark(settings.spark_master, start_spark, conf) if local_embedded else start_spark()
+        # With a local master no Spark query runs unless something needs one (aggregates/driver_serving.py):
+        # the JVM starts then, not here. Elsewhere at once: a cluster's executors are probed at the
+        # start, and Kafka read through the JVM's fast path or with Spark source options is read by
+        # Spark's query (aggregates/bounded_batches.py `reads_kafka_on_driver`).
+        own_reader = settings.log_backend == "embedded" or not (settings.kafka_jvm_validation
+                                                                 or settings.kafka_source_options)
+        lazy = own_reader and is_local_master(settings.spark_master)
+        spark = LazySpark(settings.spark_master, start_spark, conf) if lazy else start_spark()
     config = PipelineConfig(
         name=name,
         log_path=settings.log_path,

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -47,6 +47,16 @@ LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
 _READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
+# A Kafka record as Spark's Kafka source gives its rows (the columns the conversion reads; the
+# timestamp as epoch ms): what `KafkaEventLog.records` yields and ingest/kafka_source.py converts.
+RECORD_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("ingest_time", pa.int64()),
+    pa.field("value", pa.binary()),
+    pa.field("key", pa.binary()),  # a table's tombstone is a key with a null value
+])
 
 
 def topic_name(prefix: str, stream: str) -> str:
@@ -132,8 +142,13 @@ class KafkaEventLog(EventLog):
         options: Mapping[str, object] | None = None,
         produce_timeout_ms: int = 10_000,
         request_timeout_s: float = 10.0,
+        read_committed: bool = False,
     ):
+        """`read_committed`: the log's offsets and reads see only committed records, as Spark's
+        Kafka source reads them (a pipeline's log: its ends are the partitions' last stable
+        offsets, and an aborted transaction's records are never read)."""
         self.bootstrap_servers = bootstrap_servers
+        self.read_committed = read_committed
         self.topic_prefix = topic_prefix
         # None: the broker's default.replication.factor (-1 asks for it, KIP-464).
         self.replication_factor = replication_factor
@@ -182,9 +197,10 @@ class KafkaEventLog(EventLog):
         })
         self._consumer = self._new_consumer(common)
 
-    @staticmethod
-    def _new_consumer(common: dict) -> Consumer:
+    def _new_consumer(self, common: dict) -> Consumer:
+        isolation = {"isolation.level": "read_committed" if self.read_committed else "read_uncommitted"}
         return Consumer({
+            **isolation,
             "group.id": "sketchboard-log-reader",  # required by librdkafka; never joined or committed
             "enable.auto.commit": False,
             "enable.partition.eof": True,  # a read knows when it reached the partition's end
@@ -423,6 +439,8 @@ class KafkaEventLog(EventLog):
     def _fetch(self, topic: str, partition: int, start: int, end: int) -> list:
         """The records with start <= offset < end (end at most the high watermark)."""
         records = []
+        if start >= end:  # nothing to wait for (a consume of 0 records would wait out the deadline)
+            return records
         deadline = time.monotonic() + self.timeout_s
         with self._read_lock:
             self._consumer.assign([TopicPartition(topic, partition, start)])
@@ -474,6 +492,32 @@ class KafkaEventLog(EventLog):
                 times.append(_timestamp(msg))
             if events:
                 yield with_offsets(offsets, project(events_to_batch(stream, events, times), stream))
+
+    def records(self, stream: str, partition: int, start: int, end: int,
+                lost: Callable[[int, int], None] | None = None) -> Iterator[pa.RecordBatch]:
+        """The records with start <= offset < end as they are (RECORD_SCHEMA), a chunk at a time in
+        offset order: what Spark's Kafka source reads of the range. Records the topic's retention
+        deleted are not there: `lost(start, first_retained)` is told first."""
+        topic = self.topic(stream)
+        low, _ = self._watermarks(topic, partition)
+        if start < low:
+            if lost is not None:
+                lost(start, min(low, end))
+            start = low
+        pos = start
+        while pos < end:
+            records = self._fetch(topic, partition, pos, min(end, pos + _READ_CHUNK))
+            if not records:
+                return
+            pos = records[-1].offset() + 1
+            yield pa.record_batch([
+                pa.array([topic] * len(records), pa.string()),
+                pa.array([partition] * len(records), pa.int32()),
+                pa.array([m.offset() for m in records], pa.int64()),
+                pa.array([_timestamp(m) for m in records], pa.int64()),
+                pa.array([m.value() for m in records], pa.binary()),
+                pa.array([m.key() for m in records], pa.binary()),
+            ], schema=RECORD_SCHEMA)
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         # A record's timestamp never changes: remember the few the lag sampler keeps asking for.

@@ -22,10 +22,11 @@ pytestmark = pytest.mark.e2e
 
 
 
-def _up(tmp_path):
-    """`sketchboard up --no-demo` on a free port, answering /healthz: yields (base, proc, its folder)."""
+def _up(tmp_path, settings: dict[str, str] | None = None):
+    """`sketchboard up --no-demo` on a free port, answering /healthz: yields (base, proc, its folder).
+    `settings`: SKETCHBOARD_* variables (another log backend's)."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(settings or {})}
     log_file = open(tmp_path / "up.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sketchboard.cli", "up", "--no-demo", "--port", str(port), "--data-dir",
@@ -66,6 +67,26 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
     assert proc.poll() is None, "the shared `up` was stopped by an earlier test"
     before = _count(base)
     now_ms = int(time.time() * 1000)
+    _post_then_query(base, proc, tmp_path, before, now_ms)
+    # On the embedded log with a local master the pipeline runs its own batches: no JVM was started
+    # (aggregates/spark.py LazySpark, aggregates/driver_serving.py).
+    tree = _tree(proc.pid)
+    assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
+
+
+@pytest.mark.kafka
+def test_up_on_kafka_serves_the_topics_with_no_jvm(tmp_path, kafka_broker):
+    """On Kafka with a local master the pipeline reads the topics with its own consumer, as its own
+    batches: no JVM in `up`'s tree (the broker's is not in it)."""
+    settings = {"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap,
+                "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1", "SKETCHBOARD_KAFKA_TOPIC_PREFIX": f"up{time.time_ns()}."}
+    for base, proc, folder in _up(tmp_path, settings):
+        _post_then_query(base, proc, folder, 0, int(time.time() * 1000))
+        tree = _tree(proc.pid)
+        assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
+
+
+def _post_then_query(base: str, proc, tmp_path, before: float, now_ms: int) -> None:
     events = [
         {"time": now_ms - i * 10, "endpoint": "/api/cart", "status": 200, "region": "eu",
          "latency_ms": float(i % 100), "user_id": f"u{i % 37}"}
@@ -76,16 +97,12 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
                         headers={"content-type": "application/x-ndjson"}, timeout=10)
     assert answer.status_code == 200 and answer.json()["accepted"] == 500
 
-    # The pipeline (a separate Spark process) picks them up; poll the query API like a user would.
+    # The pipeline (a separate process) picks them up; poll the query API like a user would.
     _wait_for_count(base, proc, tmp_path, before + 500)
     start = (now_ms - 5_000) // 10_000 * 10_000  # one 1-minute window holds all 500 events
     q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
                                                   "to": start + 60_000, "step": "1m"}, timeout=10).json()
     assert q["series"][0]["points"][0]["value"] == pytest.approx(37, abs=1)
-    # On the embedded log with a local master the pipeline runs its own batches: no JVM was started
-    # (aggregates/spark.py LazySpark, aggregates/driver_serving.py).
-    tree = _tree(proc.pid)
-    assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
 
 
 def _tree(pid: int) -> list[int]:

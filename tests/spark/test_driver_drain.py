@@ -41,8 +41,10 @@ def no_query(**_) -> None:
 
 
 class Log:
-    def __init__(self, root: Path, catalog: Catalog):
-        self.catalog, self.log, self.sent = catalog, SqliteEventLog(root / "log.db"), {"a": 0, "b": 0}
+    def __init__(self, root: Path, catalog: Catalog, log=None):
+        """The embedded log under `root`, or `log` (another backend's, tests/log_backends.py)."""
+        self.catalog, self.sent = catalog, {"a": 0, "b": 0}
+        self.log = log if log is not None else SqliteEventLog(root / "log.db")
         for stream in catalog.streams.values():
             self.log.ensure_topic(stream)
 
@@ -68,8 +70,8 @@ def small(tmp_path):
 
 
 def settings_for(tmp_path: Path, config: Path, **kwargs) -> Settings:
-    return Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, log_backend="embedded",
-                    **{"max_records_per_batch": 40, **kwargs})
+    return Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None,
+                    **{"log_backend": "embedded", "max_records_per_batch": 40, **kwargs})
 
 
 def read_ahead_taken(monkeypatch) -> list[int]:

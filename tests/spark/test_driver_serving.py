@@ -1,5 +1,5 @@
-"""`sketchboard pipeline` on the embedded log with every batch on the driver (a local master) serves
-with batches of its own and no Spark query (aggregates/driver_serving.py): a backlog and then each
+"""`sketchboard pipeline` with every batch on the driver (a local master), on the embedded log and
+on Kafka, serves with batches of its own and no Spark query (aggregates/driver_serving.py): a backlog and then each
 new record aggregated as it comes, the query's health running (each batch, idle beats while it
 waits), the checkpoint's logs purged as Spark purges them, and a stop that ends it cleanly; and a
 session started only when a Spark query needs one (aggregates/spark.py `LazySpark`)."""
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aggregates.batch_gate import remove_listeners
 from aggregates.checkpoint_moves import logged_batches
@@ -23,7 +24,8 @@ from sketchboard.live import run_pipeline
 from sketchboard.wiring import build_pipeline
 from store.health import query_health
 from store.sqlite import SqlitePaneStore
-from tests.spark.test_driver_drain import counted, no_query, settings_for, small  # noqa: F401 (a fixture)
+from catalog import Catalog
+from tests.spark.test_driver_drain import CATALOG, Log, counted, no_query, settings_for, small  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.spark]
 
@@ -49,9 +51,28 @@ def health_of(pipeline) -> dict:
     return query_health(pipeline.health, "main", int(time.time() * 1000))
 
 
-def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_no_query(small, spark, monkeypatch):
-    tmp_path, config, catalog, log = small
+@pytest.fixture
+def each_log(tmp_path, log_backend):
+    """`small` on each log backend (tests/log_backends.py: Kafka topics of the test's own), with
+    the settings of a process on it."""
+    test_log = log_backend.new(tmp_path / "data")
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(CATALOG))
+    catalog = Catalog(**CATALOG)
+    log = Log(tmp_path / "data", catalog, test_log.open(catalog))
+    yield tmp_path, config, catalog, log, test_log.settings()
+    log.log.close()
+
+
+@pytest.mark.parametrize("log_backend", ["embedded", pytest.param("kafka", marks=pytest.mark.kafka)], indirect=True,
+                         scope="module")
+def test_the_live_pipeline_serves_its_log_with_batches_of_its_own_no_query_and_no_session(each_log, spark,
+                                                                                          monkeypatch):
+    """On Kafka too: read by the pipeline's own consumer (ingest/kafka_source.py `read_kafka_rows`)."""
+    tmp_path, config, catalog, log, backend = each_log
     monkeypatch.setattr(Pipeline, "start", no_query)
+    # The tests' session stands for the JVM a start would make; Spark's purge keeps the last 3 batches.
+    lazy = LazySpark("local[2]", lambda: spark, {"spark.sql.streaming.minBatchesToRetain": "3"})
     built = []
 
     def building(*args, **kwargs):
@@ -59,10 +80,9 @@ def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_n
         return built[-1]
 
     monkeypatch.setattr("sketchboard.wiring.build_pipeline", building)
-    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "3")
     log.append("a", 100)  # a backlog: caught up in batches of 40 first
-    settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds")
-    thread, stopping, ended = live(settings, spark)
+    settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds", **backend)
+    thread, stopping, ended = live(settings, lazy)
     try:
         wait_until(lambda: built and counted(built[0].store, "a") == 100)
         pipeline = built[0]
@@ -80,10 +100,10 @@ def test_the_live_pipeline_serves_the_embedded_log_with_batches_of_its_own_and_n
         assert health["running"] and health["run_id"].startswith("own-") and health["batch_id"] == last
         assert health["query_id"] == json.loads((checkpoint / "metadata").read_text())["id"]
         assert not spark.streams.active and len(built) == 1
+        assert not lazy.started  # no Spark at all: neither a query, nor a job, nor a session
     finally:
         stopping.set()
         thread.join(60)
-        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
     assert ended == {"code": 0}
     health = health_of(built[0])
     assert health["running"] is False and health["last_error"] is None
@@ -112,7 +132,8 @@ def test_a_serving_loop_waiting_for_records_beats_until_they_come(small, spark):
 
 def test_a_lazy_session_starts_when_a_spark_query_needs_it_with_the_progress_listener_on_its_bus(small, spark):
     tmp_path, config, catalog, log = small
-    lazy = LazySpark("local[2]", lambda: spark)  # the tests' session stands for the JVM a start would make
+    # The tests' session stands for the JVM a start would make; Spark's purge keeps the last 3 batches.
+    lazy = LazySpark("local[2]", lambda: spark, {"spark.sql.streaming.minBatchesToRetain": "3"})
     log.append("a", 30)
     pipeline = build_pipeline(settings_for(tmp_path, config, driver_batch_rows=0), lazy, name="main")  # via Spark
     try:
