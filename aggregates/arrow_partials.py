@@ -73,7 +73,6 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     time overall and per partition slot, the dead records (an empty list for a good group),
     records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL."""
     table = table.combine_chunks()
-    n = table.num_rows
     order, starts, ends = _groups(table)
     first = order[starts]
     take = pa.array(first, pa.int64())
@@ -95,15 +94,20 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
     out["dead_records"] = _dead_records(table["dead_record"], order, starts)
     out["clock_corrected"] = pa.array(_group_sum(table["clock_correction"].is_valid().to_numpy(
         zero_copy_only=False)[order].astype(np.int64), starts), pa.int64())
-    _, vals_idx, vals_flat = _list_slots(table["vals"], layout.values)
-    flat_values = vals_flat.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64) if len(vals_flat) \
-        else np.zeros(0)
-    flat_valid = vals_flat.is_valid().to_numpy(zero_copy_only=False) if len(vals_flat) else np.zeros(0, bool)
+    begins, lengths, vals_flat = _sorted_list_rows(table["vals"], order)
+    flat_values = vals_flat.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+    flat_valid = vals_flat.is_valid().to_numpy(zero_copy_only=False)
+    groups = len(starts)
     for i in range(layout.values):
-        idx = vals_idx[order, i]
-        valid = (idx >= 0) & flat_valid[np.maximum(idx, 0)] if len(flat_valid) else np.zeros(n, bool)
-        values = np.where(valid, flat_values[np.maximum(idx, 0)] if len(flat_values) else 0.0, 0.0)
-        out.update(value_stats_per_group(i, values, valid, starts, ends, layout.kll_k))
+        if not (lengths > i).any():
+            # No row has this slot (a catalog's widest stream sets the width): its groups' stats are
+            # those of one row without a value each, from arrays of the groups, not of the rows.
+            out.update(value_stats_per_group(i, np.zeros(groups), np.zeros(groups, bool), np.arange(groups),
+                                             np.arange(1, groups + 1), layout.kll_k))
+            continue
+        has, at = _slot_at(begins, lengths, i, len(flat_values))
+        valid = has & flat_valid[at]
+        out.update(value_stats_per_group(i, np.where(valid, flat_values[at], 0.0), valid, starts, ends, layout.kll_k))
     _, ids_idx, ids_flat = _list_slots(table["ids"], layout.distincts)
     for j in range(layout.distincts):
         out[f"hll_{j}"] = hlls_per_group(ids_flat, ids_idx[order, j], starts, ends, layout.lg_k)
@@ -343,6 +347,25 @@ def _list_slots(column, width: int | None = None) -> tuple[np.ndarray, np.ndarra
     slots = np.arange(width, dtype=np.int64)
     idx = np.where(slots[None, :] < lengths[:, None], starts[:, None] + slots[None, :], -1)
     return lengths, idx.reshape(len(lengths), width), flat
+
+
+def _sorted_list_rows(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Per row of a list column, in `order`, where its items begin in the flattened items and how
+    many it has (0 for a null list), and the items flattened: a row's slot i is items[begin + i]
+    where i < its length. Two arrays of the rows, not a (rows, width) index matrix whose rows were
+    gathered per slot: with the slots no row reaches skipped, a 1 M-row batch's value slots
+    took 200-230 ms instead of ~390 ms."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    begins = np.cumsum(lengths) - lengths
+    return begins[order], lengths[order], pc.list_flatten(column)
+
+
+def _slot_at(begins: np.ndarray, lengths: np.ndarray, i: int, items: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (of _sorted_list_rows) whether it has a slot i, and that item's index into the
+    `items` flattened ones (some other item's where it has none: a place to mask)."""
+    return lengths > i, np.minimum(begins + i, items - 1)
 
 
 def _group_sum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:

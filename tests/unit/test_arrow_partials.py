@@ -261,6 +261,26 @@ def test_empty_slots_are_what_spark_writes():
     assert out["kll_0"] == bytes.fromhex("02020f04c8000800" "000000000000f83f")
 
 
+def test_a_value_slot_no_row_reaches_equals_one_every_row_holds_null():
+    """A value slot past every row's list (the widest stream's, say) is written from one empty row
+    per group rather than from the rows: the same columns as when every row's list reaches it
+    with nulls, which go the ordinary way."""
+    layout = Layout(values=3, distincts=1, partitions=1, kll_k=200, lg_k=12)
+    vals = [[1.0], None, [], [2.5], [None], [3.0], [-4.0]] * 3
+
+    def grouped(pad: bool) -> pa.Table:
+        return group_partials(pa.Table.from_pylist([
+            {"stream": "a", "dead_reason": None, "pane_start": 10 * (i % 4), "dims": ["x"], "event_time": i,
+             "partition": 0, "vals": None if v is None else (v + [None] * (3 - len(v)) if pad else v),
+             "ids": ["u1"], "clock_correction": None, "dead_record": None} for i, v in enumerate(vals)
+        ], schema=INPUT), layout)
+
+    short, padded = grouped(False), grouped(True)
+    assert short.num_rows == 4
+    assert short.column("n_0").to_pylist() == padded.column("n_0").to_pylist() != [0] * 4
+    assert short.equals(padded)
+
+
 def test_an_empty_table_has_no_groups():
     layout = Layout(values=1, distincts=1, partitions=2, kll_k=200, lg_k=12)
     out = group_partials(INPUT.empty_table(), layout)
