@@ -281,6 +281,25 @@ def test_a_value_slot_no_row_reaches_equals_one_every_row_holds_null():
     assert short.equals(padded)
 
 
+def test_a_group_of_8_items_but_7_coupons_gets_the_list_bytes_either_way():
+    """A group of 8 distinct items or more goes to DataSketches, decided by items, not coupons: one
+    whose items hash to fewer than 8 coupons (here the empty string, which DataSketches ignores)
+    gets the same LIST bytes the group-by writes for those coupons itself."""
+    layout = Layout(values=1, distincts=1, partitions=1, kll_k=200, lg_k=12)
+    seven = [f"u{i}" for i in range(7)]
+    out = group_partials(pa.Table.from_pylist([
+        {"stream": stream, "dead_reason": None, "pane_start": 0, "dims": [], "event_time": 1, "partition": 0,
+         "vals": [1.0], "ids": [item], "clock_correction": None, "dead_record": None}
+        for stream, items in (("fed", ["", *seven, "u3", ""]), ("listed", seven)) for item in items
+    ], schema=INPUT), layout)
+    hll = dict(zip(out.column("stream").to_pylist(), out.column("hll_0").to_pylist(), strict=True))
+    sketch = hll_sketch(layout.lg_k, tgt_hll_type.HLL_8)
+    for item in seven:
+        sketch.update(item)
+    assert hll["fed"] == hll["listed"] == sketch.serialize_updatable()
+    assert hll["listed"][6] == 7  # LIST mode, 7 coupons
+
+
 def test_an_empty_table_has_no_groups():
     layout = Layout(values=1, distincts=1, partitions=2, kll_k=200, lg_k=12)
     out = group_partials(INPUT.empty_table(), layout)
