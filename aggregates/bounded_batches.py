@@ -192,7 +192,7 @@ def catches_up_cut(pipeline) -> bool:
     planned = logged_batches(checkpoint / "offsets")
     if not planned and config.starting_offsets != "earliest":
         return False
-    offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
+    offsets_now = pipeline.log.offsets_of(catalog.streams)
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     start = with_starts(batch_end_offsets(config, catalog, checkpoint, planned[-1]), starts) if planned else starts
@@ -404,7 +404,7 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
     config, catalog = pipeline.config, pipeline.catalog
     checkpoint = Path(config.checkpoint_dir)
     offsets_dir, commits_dir = checkpoint / "offsets", checkpoint / "commits"
-    offsets_now = {name: pipeline.log.offsets(name) for name in catalog.streams}
+    offsets_now = pipeline.log.offsets_of(catalog.streams)
     starts = {name: {p: o.start for p, o in parts.items()} for name, parts in offsets_now.items()}
     available = {name: {p: o.end for p, o in parts.items()} for name, parts in offsets_now.items()}
     process = pipeline.gate.wrap(pipeline.process_batch)

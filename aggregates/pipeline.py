@@ -382,7 +382,8 @@ class Pipeline(ReportsStoreErrors):
         that is away is waited out with back-off, as the source waits for it, instead of failing
         the query (the batch is not recorded if the pipeline stops meanwhile)."""
         def read() -> dict[str, dict[int, int]]:
-            return {name: {p: o.end for p, o in self.log.offsets(name).items()} for name in self.catalog.streams}
+            offsets = self.log.offsets_of(self.catalog.streams)
+            return {name: {p: o.end for p, o in parts.items()} for name, parts in offsets.items()}
 
         def report(error: BaseException | None, attempt: int) -> None:
             if error is None:

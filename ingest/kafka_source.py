@@ -370,24 +370,20 @@ def read_kafka_rows(log: KafkaEventLog, catalog: Catalog, config: KafkaSourceCon
     read fails as Spark's query would."""
     import logging
 
+    def lost(stream: str, partition: int, first: int, retained: int) -> None:
+        what = (f"records {first}..{retained - 1} of stream {stream!r} partition {partition} were deleted by the"
+                " Kafka topic's retention before the pipeline read them")
+        if config.fail_on_data_loss:
+            raise KafkaDataLost(f"{what} (kafka_fail_on_data_loss is on: stopping, as Spark's Kafka source does"
+                                " with failOnDataLoss)")
+        logging.getLogger("sketchboard.pipeline").warning("%s: skipped (kafka_fail_on_data_loss is off)", what)
+
+    ranges = {(stream, partition): (start.get(stream, {}).get(partition, 0), hi)
+              for stream, parts in sorted(end.items()) if stream in catalog.streams
+              for partition, hi in sorted(parts.items())}
+    read = log.records(ranges, lost)
     converter = _converter(catalog.model_dump_json(), config.topic_prefix, config.json_limits)
-    batches: list[pa.RecordBatch] = []
-    for stream, parts in sorted(end.items()):
-        if stream not in catalog.streams:
-            continue
-        for partition, hi in sorted(parts.items()):
-            lo = start.get(stream, {}).get(partition, 0)
-
-            def lost(first: int, retained: int, stream=stream, partition=partition) -> None:
-                what = (f"records {first}..{retained - 1} of stream {stream!r} partition {partition} were deleted by"
-                        " the Kafka topic's retention before the pipeline read them")
-                if config.fail_on_data_loss:
-                    raise KafkaDataLost(f"{what} (kafka_fail_on_data_loss is on: stopping, as Spark's Kafka source"
-                                        " does with failOnDataLoss)")
-                logging.getLogger("sketchboard.pipeline").warning("%s: skipped (kafka_fail_on_data_loss is off)", what)
-
-            for raw in log.records(stream, partition, lo, hi, lost) if hi > lo else ():
-                batches.extend(b for b in converter.convert(raw) if b.num_rows)
+    batches = [b for key in ranges for raw in read[key] for b in converter.convert(raw) if b.num_rows]
     return pa.Table.from_batches([b.select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA) for b in batches],
                                  schema=SOURCE_SCHEMA)
 

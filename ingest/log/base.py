@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -75,6 +75,11 @@ class EventLog(ABC):
     @abstractmethod
     def offsets(self, stream: str) -> Mapping[int, PartitionOffsets]:
         """Start and end offsets of each partition of a stream."""
+
+    def offsets_of(self, streams: Iterable[str]) -> dict[str, Mapping[int, PartitionOffsets]]:
+        """offsets() of each of `streams`, as of about one instant: what a pipeline asks at each
+        trigger. A backend that can answer for all of them at once does (Kafka: two requests)."""
+        return {name: self.offsets(name) for name in streams}
 
     @abstractmethod
     def read(self, stream: StreamDef, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:

@@ -64,17 +64,28 @@ def ends(log, stream: str) -> dict[int, int]:
 
 
 def oracle(log, prefix: str, start: dict, end: dict) -> list[dict]:
-    """What Spark's source gives: every raw record of the range through the one RecordConverter."""
+    """What Spark's source gives: every raw record of the range, fetched a partition at a time,
+    through the one RecordConverter."""
+    import pyarrow as pa
+
+    from ingest.log.kafka import RECORD_SCHEMA
+
     converter = RecordConverter(CATALOG, prefix)
     rows = []
     for stream in sorted(end):
         for partition in sorted(end[stream]):
-            for raw in log.records(stream, partition, start.get(stream, {}).get(partition, 0), end[stream][partition]):
-                rows += [r for b in converter.convert(raw) for r in b.select(SOURCE_SCHEMA.names).to_pylist()]
+            topic = f"{prefix}{stream}"
+            records = log._fetch(topic, partition, start.get(stream, {}).get(partition, 0), end[stream][partition])
+            raw = pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "offset": m.offset(),
+                                               "ingest_time": m.timestamp()[1], "value": m.value(), "key": m.key()}
+                                              for m in records], schema=RECORD_SCHEMA)
+            rows += [r for b in converter.convert(raw) for r in b.select(SOURCE_SCHEMA.names).to_pylist()]
     return rows
 
 
-def test_a_range_reads_as_sparks_source_rows_in_stream_partition_and_offset_order(logs, kafka_broker, prefix):
+def test_a_range_reads_as_sparks_source_rows_in_stream_partition_and_offset_order(logs, kafka_broker, prefix,
+                                                                                   monkeypatch):
+    monkeypatch.setattr("ingest.log.kafka._READ_CHUNK", 2)  # the partitions' chunks interleave as they are fetched
     pipeline, _ = logs
     produce(kafka_broker.bootstrap, f"{prefix}clicks", 1, [event(i) for i in range(5)] + [b"not json"])
     produce(kafka_broker.bootstrap, f"{prefix}clicks", 0, [event(i) for i in range(5, 9)])
@@ -113,6 +124,8 @@ def test_only_committed_records_are_read_and_the_end_stops_before_an_open_transa
     try:
         committed_end, written_end = ends(pipeline, "views")[0], ends(api, "views")[0]
         assert committed_end < written_end  # the pipeline plans no batch past the last stable offset
+        assert pipeline.offsets_of(["views"])["views"][0].end == committed_end  # asked at once, the same
+        assert api.offsets_of(["views"])["views"][0].end == written_end
         table = read_kafka_rows(pipeline, CATALOG, KafkaSourceConfig(kafka_broker.bootstrap, prefix), {},
                                 {"views": {0: committed_end}})
         assert [r["event_time"] - T0 for r in table.to_pylist()] == [0, 1, 2, 5]  # never the aborted 3 and 4
@@ -135,6 +148,7 @@ def test_records_deleted_by_retention_are_skipped_with_a_warning_or_fail_the_rea
     for future in deleted.values():
         future.result(30)
     end = {"views": ends(pipeline, "views")}
+    assert pipeline.offsets_of(["views"])["views"][0].start == 4 == pipeline.offsets("views")[0].start
     with caplog.at_level(logging.WARNING, logger="sketchboard.pipeline"):
         table = read_kafka_rows(pipeline, CATALOG, KafkaSourceConfig(kafka_broker.bootstrap, prefix), {}, end)
     assert [r["offset"] for r in table.to_pylist()] == [4, 5]

@@ -183,6 +183,8 @@ def test_append_ranges_are_contiguous_per_partition(log: EventLog) -> None:
             next_offset[p] += count
         start += n
     assert log.offsets("clicks") == {p: PartitionOffsets(0, next_offset[p]) for p in range(4)}
+    # Several streams at once (Kafka: two requests for all their partitions); one with no topic has none.
+    assert log.offsets_of(["clicks", "nowhere"]) == {"clicks": log.offsets("clicks"), "nowhere": {}}
     for p in range(4):
         table = read_table(log, STREAM, p, 0, next_offset[p])
         assert table.column(OFFSET).to_pylist() == list(range(next_offset[p]))
