@@ -1,7 +1,8 @@
-"""Serving the embedded log with batches of the pipeline's own, with no Spark query at all.
+"""Serving the log with batches of the pipeline's own, with no Spark query at all.
 
-On the embedded log with every batch held on the driver (a local master, the default:
-aggregates/bounded_batches.py `drains_on_driver`), Spark's streaming query only plans batches the
+With every batch held on the driver (a local master, the default: aggregates/bounded_batches.py
+`drains_on_driver`; on Kafka `reads_kafka_on_driver`, the topics read by the pipeline's own
+consumer), Spark's streaming query only plans batches the
 driver then reads and runs itself, and that planning is most of a small batch's time: measured here,
 a micro-batch of ~150 events took 1.1-1.5 s through Spark's query, and a Python worker process per
 planning step holds a core. So `sketchboard pipeline` serves such a log with a trigger loop of its
@@ -14,8 +15,8 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
   idle beat every 10 s without a batch (Spark's `noDataProgressEventInterval`), so a waiting
   pipeline is not taken for a dead one (store/health.py `STALE_AFTER_MS`);
 - the checkpoint's offset and commit logs purged to the last `minBatchesToRetain` batches;
-- one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started on the first backlog
-  of more than one batch, not per trigger.
+- on the embedded log, one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started
+  on the first backlog of more than one batch, not per trigger.
 
 Nothing here needs Spark: the pipeline's session is a LazySpark (aggregates/spark.py), and its JVM
 is never started while the loop serves.
@@ -59,7 +60,7 @@ def idle_due(last_beat_s: float, now_s: float, every_s: float = IDLE_EVERY_S) ->
 
 def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[float], object], *,
                     clock: Callable[[], float] = time.monotonic, idle_every_s: float = IDLE_EVERY_S) -> None:
-    """Serve the pipeline's embedded log in batches of its own until `stopping()` (the module doc);
+    """Serve the pipeline's log in batches of its own until `stopping()` (the module doc);
     `wait(seconds)` sleeps until the next trigger and returns early when a stop is asked for."""
     config = pipeline.config
     interval_ms = trigger_ms(config.trigger_interval)

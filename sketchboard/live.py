@@ -1,6 +1,6 @@
 """`sketchboard pipeline`'s loop: run the pipeline (its one query; sessions run inside its batches) until told to stop.
-On the embedded log with every batch on the driver (a local master), there is no Spark query at all: the pipeline
-triggers batches of its own (aggregates/driver_serving.py). Elsewhere it runs Spark's query, after catching up a
+With every batch on the driver (a local master; on Kafka, the topics read by the pipeline's own consumer), there is no
+Spark query at all: the pipeline triggers batches of its own (aggregates/driver_serving.py). Elsewhere it runs Spark's query, after catching up a
 backlog in batches of its own (`Pipeline.catch_up`, aggregates/bounded_batches.py): on Kafka, one over `max_records_per_batch`
 cut at one append time where Spark's Kafka source would split it by partition (docs/tables.md), and again whenever the query refused a
 batch its source may have split so (a burst while it serves); and start it again, in the same process
