@@ -192,9 +192,12 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) 
             for c in lookup.columns:
                 values[c] = left.column(c, row) if c in lookup.names else right.column(c, row & right_found)
             complete = found & right_found
-        slots = [values[d] if d in values else list_get(dims, j) for j, d in enumerate(lookup.slots)]
-        enriched = _lists(slots, n)
-        dims = pc.if_else(pa.array(mine), enriched, dims)
+        replaced = {j: values[d] for j, d in enumerate(lookup.slots) if d in values}
+        with_slots = _with_slots(dims, mine, len(lookup.slots), replaced)
+        if with_slots is None:  # some of the stream's rows hold no dims list of the stream's width
+            slots = [values[d] if d in values else list_get(dims, j) for j, d in enumerate(lookup.slots)]
+            with_slots = pc.if_else(pa.array(mine), _lists(slots, n), dims)
+        dims = with_slots
         misses[lookup.miss] = pa.array(mine & ~complete, pa.bool_())
     return dims, misses
 
@@ -257,6 +260,29 @@ def _lookup_times(event_time: pa.Array, ingest_time: pa.Array) -> tuple[np.ndarr
 
 def _column(rows: pa.Table, name: str) -> pa.Array:
     return one_chunk(rows.column(name))
+
+
+def _with_slots(dims: pa.Array, mine: np.ndarray, width: int, replaced: Mapping[int, pa.Array]) -> pa.Array | None:
+    """`dims` with slot j of each `mine` row set to replaced[j]'s value for that row, the other
+    items and rows as they are; None unless every `mine` row holds a list of `width` items. What
+    rebuilding the stream's lists slot by slot and choosing them per row gives then, by one take of
+    the items (a batch of 1 M events with 7 dims a row: about 4 passes over its 7 M items fewer)."""
+    dims = one_chunk(dims)
+    rows = np.flatnonzero(mine)
+    lengths = pc.fill_null(pc.list_value_length(dims), -1).to_numpy(zero_copy_only=False)
+    if (lengths[rows] != width).any():
+        return None
+    starts = dims.offsets.to_numpy()[:-1][rows]  # into dims.values, which a sliced array does not slice
+    source = np.arange(len(dims.values), dtype=np.int64)
+    parts = [dims.values]
+    at = len(dims.values)
+    taken = pa.array(rows)
+    for j, column in replaced.items():
+        source[starts + j] = at + np.arange(len(rows))
+        parts.append(column.take(taken).cast(pa.string()))
+        at += len(rows)
+    values = pa.concat_arrays(parts).take(pa.array(source))
+    return pa.ListArray.from_arrays(dims.offsets, values, type=dims.type, mask=dims.is_null())
 
 
 def _lists(slots: list[pa.Array], n: int) -> pa.Array:
