@@ -343,7 +343,8 @@ def drains_on_driver(pipeline) -> bool:
 def reads_kafka_on_driver(pipeline) -> bool:
     """Whether the pipeline reads Kafka's records itself, with its own consumer (read_committed,
     as Spark's source), and so needs neither Spark's query nor its Kafka source: every batch is held
-    on the driver (a local master). Not with the JVM fast path (`kafka_fast_path`: the JVM's
+    on the driver (a local master by default; any master with driver_batch_rows at least
+    max_records_per_batch, where Spark's query would only plan them). Not with the JVM fast path (`kafka_fast_path`: the JVM's
     from_json is its point) nor with `kafka_source_options`, options of Spark's source and of its
     Java client that this process's consumer would not apply."""
     from ingest.log.kafka import KafkaEventLog

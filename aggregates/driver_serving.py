@@ -15,6 +15,8 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
   idle beat every 10 s without a batch (Spark's `noDataProgressEventInterval`), so a waiting
   pipeline is not taken for a dead one (store/health.py `STALE_AFTER_MS`);
 - the checkpoint's offset and commit logs purged to the last `minBatchesToRetain` batches;
+- a log that cannot be read (a Kafka broker away) waited out, trying again every second, as
+  Spark's Kafka source waits it out;
 - on the embedded log, one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started
   on the first backlog of more than one batch, not per trigger.
 
@@ -38,11 +40,13 @@ from pathlib import Path
 from aggregates.bounded_batches import batches_to_retain, drain_bounded, own_batches, query_id_of
 from aggregates.progress import OwnRunProgress
 from catalog.durations import trigger_ms
+from ingest.log import LogUnavailable
 
 log = logging.getLogger("sketchboard.pipeline")
 
 IDLE_EVERY_S = 10.0  # spark.sql.streaming.noDataProgressEventInterval's default
 IDLE_POLL_S = 0.01  # a trigger with nothing to read waits at least this (Spark's pollingDelayMs): a 0 interval never spins
+LOG_RETRY_S = 1.0  # a log that cannot be read (a Kafka broker away) is asked again this often
 
 
 def next_trigger_ms(triggered_ms: int, interval_ms: int) -> int:
@@ -80,9 +84,22 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
         with OwnRunProgress(getattr(pipeline, "progress_recorder", None), query_id) as progress, closing(own):
             progress.begin()
             last_beat = clock()
+            away_since = None
             while not stopping():
                 triggered = clock()
-                ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
+                try:
+                    ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
+                except LogUnavailable as exc:
+                    # The broker away: waited out, as Spark's Kafka source waits it out; a batch it
+                    # stopped was logged, not committed, and runs again with its range.
+                    if away_since is None:
+                        away_since = clock()
+                        log.warning("the log cannot be read (%s): trying again every %g s", exc, LOG_RETRY_S)
+                    wait(LOG_RETRY_S)
+                    continue
+                if away_since is not None:
+                    log.warning("the log answers again after %.0f s", clock() - away_since)
+                    away_since = None
                 if ran:
                     last_beat = clock()
                 elif idle_due(last_beat, clock(), idle_every_s):

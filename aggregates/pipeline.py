@@ -336,18 +336,18 @@ class Pipeline(ReportsStoreErrors):
     def read_on_driver(self, batch: DataFrame, batch_id: int, offsets: tuple[dict, dict]) -> pa.Table:
         """A small batch's records as Arrow (ingest.source_rows.SOURCE_SCHEMA): from the embedded log
         read on the driver for its logged offset range, by the source's own reader
-        (ingest.spark_source.read_batch), with no Spark job; from Kafka collected from Spark's
-        Kafka source (one job: it reads in the JVM)."""
+        (ingest.spark_source.read_batch), with no Spark job; from Kafka, a batch of the pipeline's
+        own read by its own consumer (ingest.kafka_source.read_kafka_rows), else collected from
+        Spark's Kafka source (one job: it reads in the JVM)."""
         if batch is None and self.config.kafka is not None:  # a batch of our own: read with our consumer
             records = read_kafka_rows(self.log, self.catalog, self.config.kafka, *offsets)
-            self.rows_read_on_driver[batch_id] = records.num_rows
-            return records
-        if self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
+        elif self.config.kafka is not None or not isinstance(self.log, SqliteEventLog):
             return batch.toArrow().select(SOURCE_SCHEMA.names).cast(SOURCE_SCHEMA)
-        # Read by a catch-up's worker while the batch before ran, if it was (aggregates/read_ahead.py).
-        records = self.read_ahead.take(self.catalog, *offsets) if self.read_ahead is not None else None
-        if records is None:
-            records = read_batch(self.log, self.catalog, *offsets)
+        else:
+            # Read by a catch-up's worker while the batch before ran, if it was (aggregates/read_ahead.py).
+            records = self.read_ahead.take(self.catalog, *offsets) if self.read_ahead is not None else None
+            if records is None:
+                records = read_batch(self.log, self.catalog, *offsets)
         self.rows_read_on_driver[batch_id] = records.num_rows
         for old in [b for b in self.rows_read_on_driver if b < batch_id - 100]:  # the listener's reach
             del self.rows_read_on_driver[old]
@@ -495,10 +495,10 @@ def driver_log(config: PipelineConfig) -> EventLog:
         return SqliteEventLog(config.log_path)
     from ingest.log.kafka import KafkaEventLog
 
-    # Committed records only, as Spark's Kafka source reads them: a batch's end is never past a
-    # partition's last stable offset (a transaction still open), and its reads skip aborted records.
+    # Committed records only (its default), as Spark's Kafka source reads them: a batch's end is never
+    # past a partition's last stable offset (a transaction still open), and its reads skip aborted records.
     return KafkaEventLog(config.kafka.bootstrap_servers, topic_prefix=config.kafka.topic_prefix,
-                         options=dict(config.kafka.kafka_options), read_committed=True)
+                         options=dict(config.kafka.kafka_options))
 
 
 def batch_end_offsets(config: PipelineConfig, catalog: Catalog, checkpoint_dir: Path,

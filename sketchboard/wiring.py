@@ -25,9 +25,9 @@ def open_catalog(settings: Settings) -> Catalog:
     return catalog
 
 
-def open_log(settings: Settings, catalog: Catalog, *, read_committed: bool = False) -> EventLog:
-    """The log, its topics made where missing. `read_committed`: a pipeline's, on Kafka seeing only
-    committed records as Spark's Kafka source does (ingest/log/kafka.py)."""
+def open_log(settings: Settings, catalog: Catalog) -> EventLog:
+    """The log, its topics made where missing (Kafka's read committed records only, as Spark's
+    Kafka source reads them: ingest/log/kafka.py)."""
     if settings.log_backend == "kafka":
         from ingest.log.kafka import KafkaEventLog
 
@@ -35,7 +35,7 @@ def open_log(settings: Settings, catalog: Catalog, *, read_committed: bool = Fal
             settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
             replication_factor=settings.kafka_replication_factor, options=settings.kafka_options,
             produce_timeout_ms=settings.kafka_produce_timeout,
-            request_timeout_s=settings.kafka_request_timeout / 1000, read_committed=read_committed)
+            request_timeout_s=settings.kafka_request_timeout / 1000)
     else:
         log = SqliteEventLog(settings.log_path, synchronous=settings.log_sync)
     for stream in catalog.streams.values():
@@ -403,7 +403,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         extra_conf = kafka_connector_conf(settings.spark_kafka_jars, settings.spark_jars_packages)
     # Topics exist before the source asks for offsets; the driver keeps this handle to read the
     # log's end offsets at each commit (per-partition watermarks).
-    event_log = open_log(settings, catalog, read_committed=True)
+    event_log = open_log(settings, catalog)
     if spark is None:
         conf = {**extra_conf, **settings.spark_conf}
 

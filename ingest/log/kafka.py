@@ -47,6 +47,7 @@ LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
 _READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
+PARTITIONS_REFRESH_S = 10.0  # how long offsets_of trusts a topic's partition count
 # A Kafka record as Spark's Kafka source gives its rows (the columns the conversion reads; the
 # timestamp as epoch ms): what `KafkaEventLog.records` yields and ingest/kafka_source.py converts.
 RECORD_SCHEMA = pa.schema([
@@ -142,11 +143,11 @@ class KafkaEventLog(EventLog):
         options: Mapping[str, object] | None = None,
         produce_timeout_ms: int = 10_000,
         request_timeout_s: float = 10.0,
-        read_committed: bool = False,
+        read_committed: bool = True,
     ):
-        """`read_committed`: the log's offsets and reads see only committed records, as Spark's
-        Kafka source reads them (a pipeline's log: its ends are the partitions' last stable
-        offsets, and an aborted transaction's records are never read)."""
+        """`read_committed` (librdkafka's default, and what Spark's source reads): the log's offsets
+        and reads see only committed records (ends are the partitions' last stable offsets, an
+        aborted transaction's records are never read); False sees what is written (tests)."""
         self.bootstrap_servers = bootstrap_servers
         self.read_committed = read_committed
         self.topic_prefix = topic_prefix
@@ -175,6 +176,7 @@ class KafkaEventLog(EventLog):
         self._retired: list[Consumer] = []  # consumers replaced for a stale cache (`_watermarks`), closed with the log
         self._closed = False
         self._partitions: dict[str, int] = {}  # stream -> partitions of its topic, as checked
+        self._partition_counts: dict[str, tuple[int, float]] = {}  # offsets_of's: (partitions, when asked)
         self._validators: dict[str, EventValidator] = {}
         self._ingest_times: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._round_robin = 0
@@ -198,15 +200,17 @@ class KafkaEventLog(EventLog):
         self._consumer = self._new_consumer(common)
 
     def _new_consumer(self, common: dict) -> Consumer:
-        isolation = {"isolation.level": "read_committed" if self.read_committed else "read_uncommitted"}
         return Consumer({
-            **isolation,
             "group.id": "sketchboard-log-reader",  # required by librdkafka; never joined or committed
             "enable.auto.commit": False,
             "enable.partition.eof": True,  # a read knows when it reached the partition's end
             "fetch.wait.max.ms": 20,
-            "auto.offset.reset": "earliest",
             **common,
+            # Not for kafka_options to change: a read starts at the first retained record when
+            # retention deleted its start (`records` tells), and offsets and reads agree on
+            # which records count (offsets_of asks for the same isolation).
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed" if self.read_committed else "read_uncommitted",
         })
 
     def topic(self, stream: str) -> str:
@@ -407,8 +411,7 @@ class KafkaEventLog(EventLog):
 
         streams = list(streams)
         try:
-            partitions = {name: self._partitions.get(name) or self._topic_partitions(self.topic(name)) or 0
-                          for name in streams}
+            partitions = {name: self._partition_count(name) for name in streams}
             asked = [TopicPartition(self.topic(name), p) for name in streams for p in range(partitions[name])]
             if not asked:
                 return {name: {} for name in streams}
@@ -423,6 +426,15 @@ class KafkaEventLog(EventLog):
         low, high = found
         return {name: {p: PartitionOffsets(low[(self.topic(name), p)], high[(self.topic(name), p)])
                        for p in range(partitions[name])} for name in streams}
+
+    def _partition_count(self, stream: str) -> int:
+        """The stream's topic's partitions, asked again every PARTITIONS_REFRESH_S: a topic grown
+        outside (`kafka-topics --alter`) is read within that, as offsets() would see it at once."""
+        counted = self._partition_counts.get(stream)
+        now = time.monotonic()
+        if counted is None or now - counted[1] > PARTITIONS_REFRESH_S:
+            counted = self._partition_counts[stream] = (self._topic_partitions(self.topic(stream)) or 0, now)
+        return counted[0]
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + self.timeout_s
@@ -532,8 +544,10 @@ class KafkaEventLog(EventLog):
         source reads of the ranges. One assignment of all the partitions, so their fetches run at
         once: a partition at a time paid a fetch round each (~20 ms on a local broker, most of a
         small batch's read). Records the topic's retention deleted are not there:
-        `lost(stream, partition, start, first_retained)` is told. A read that gets no record for
-        the request timeout fails with LogUnavailable."""
+        `lost(stream, partition, start, first_retained)` is told (first_retained at most the
+        range's end), after the read. Records before a range's start (a consumer sent back to the
+        log's start: the range is past the partition's end) are not taken. A read that gets no
+        record for the request timeout fails with LogUnavailable."""
         out: dict[tuple[str, int], list[pa.RecordBatch]] = {key: [] for key in ranges}
         pending = {(self.topic(stream), p): (stream, lo, hi) for (stream, p), (lo, hi) in ranges.items() if hi > lo}
         if not pending:
@@ -544,10 +558,12 @@ class KafkaEventLog(EventLog):
         paused: list[TopicPartition] = []
         got = dict.fromkeys(pending, 0)  # records taken per partition
 
+        to_check: list[tuple[tuple[str, int], str, int, int]] = []  # partitions whose start to ask, after the read
+
         def done(key: tuple[str, int]) -> None:
-            stream, lo, _ = pending.pop(key)
+            stream, lo, hi = pending.pop(key)
             if key not in first:  # not one record: all deleted by retention, or no data (markers, aborted)
-                self._check_start(key, stream, lo, lost)
+                to_check.append((key, stream, lo, hi))
             flush(key)
             paused.append(TopicPartition(*key))
             self._consumer.pause(paused[-1:])  # nothing fetched past its end meanwhile
@@ -583,10 +599,12 @@ class KafkaEventLog(EventLog):
                             raise LogUnavailable(f"reading Kafka topic {key[0]!r} partition {key[1]}: {error}")
                         stream, lo, hi = pending[key]
                         offset = msg.offset()
+                        if offset < lo:  # the consumer went back to the log's start: the range is past its end
+                            continue
                         if key not in first:
                             first.add(key)
                             if offset > lo:  # not the start's record: deleted by retention, or no data
-                                self._check_start(key, stream, lo, lost)
+                                to_check.append((key, stream, lo, hi))
                         if offset >= hi:
                             done(key)
                             continue
@@ -600,14 +618,17 @@ class KafkaEventLog(EventLog):
                 if paused:  # a pause could outlive the assignment: the next read of the partition would hang
                     self._consumer.resume(paused)
                 self._consumer.unassign()
+        # Asked outside the read lock: a stale partition there replaces the consumer, under that lock.
+        for key, stream, lo, hi in to_check:
+            self._check_start(key, stream, lo, hi, lost)
         return out
 
-    def _check_start(self, key: tuple[str, int], stream: str, start: int,
+    def _check_start(self, key: tuple[str, int], stream: str, start: int, end: int,
                      lost: Callable[[str, int, int, int], None] | None) -> None:
-        """Tell `lost` when a read's start was deleted by retention (the partition's start is past it)."""
+        """Tell `lost` which of [start, end) retention deleted, if any (the partition's start is past start)."""
         low, _ = self._watermarks(*key)
         if low > start and lost is not None:
-            lost(stream, key[1], start, low)
+            lost(stream, key[1], start, min(low, end))
 
     def ingest_time_ms(self, stream: str, partition: int, offset: int) -> int | None:
         # A record's timestamp never changes: remember the few the lag sampler keeps asking for.

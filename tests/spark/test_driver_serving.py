@@ -174,3 +174,37 @@ def test_a_stop_ends_a_commit_that_waits_a_failing_store_out(small, spark, monke
         assert store.last_batch_id("main") is None  # nothing of the batch recorded: it runs again at the next start
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("log_backend", [pytest.param("kafka", marks=pytest.mark.kafka)], indirect=True, scope="module")
+def test_a_broker_away_is_waited_out_by_the_live_loop_on_kafka(each_log, spark, kafka_broker, monkeypatch):
+    """The own batches on Kafka: a broker that stops answers nothing the loop can read (offsets,
+    records), and the loop tries again until it is back, as Spark's Kafka source waits it out."""
+    tmp_path, config, catalog, log, backend = each_log
+    monkeypatch.setattr(Pipeline, "start", no_query)
+    built = []
+
+    def building(*args, **kwargs):
+        built.append(build_pipeline(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("sketchboard.wiring.build_pipeline", building)
+    log.append("a", 10)
+    settings = settings_for(tmp_path, config, trigger_interval="100 milliseconds", kafka_request_timeout="2s",
+                            **backend)
+    thread, stopping, ended = live(settings, LazySpark("local[2]", lambda: spark))
+    try:
+        wait_until(lambda: built and counted(built[0].store, "a") == 10)
+        kafka_broker.stop()
+        try:
+            time.sleep(6)  # triggers that cannot read the offsets: each fails after the 2 s request timeout
+            assert thread.is_alive() and not ended
+        finally:
+            kafka_broker.start()
+        log.append("b", 5)
+        wait_until(lambda: counted(built[0].store, "b") == 5, 120)
+        assert len(built) == 1  # the same pipeline, never restarted
+    finally:
+        stopping.set()
+        thread.join(60)
+    assert ended == {"code": 0}

@@ -107,7 +107,8 @@ def test_a_serving_pipeline_on_kafka_that_enriches_catches_up_a_backlog_over_a_b
                                 "http_requests": {"key_field": "user_id", "dimensions": ["method"], "partitions": 2,
                                                   "enrich": [{"table": "users", "by": "user_id", "columns": ["plan"]}]}})
     ends = {"users": {0: PartitionOffsets(0, 8)}, "http_requests": {0: PartitionOffsets(2, 5), 1: PartitionOffsets(0, 4)}}
-    log = SimpleNamespace(offsets=lambda stream: ends.get(stream, {0: PartitionOffsets(0, 100)}))
+    offsets = lambda stream: ends.get(stream, {0: PartitionOffsets(0, 100)})  # noqa: E731
+    log = SimpleNamespace(offsets=offsets, offsets_of=lambda streams: {s: offsets(s) for s in streams})
 
     def pipeline(catalog=enriched, max_rows=10, starting="earliest", kafka=True):
         config = PipelineConfig(name="main", log_path=tmp_path / "log.db", checkpoint_dir=tmp_path / "cp",
@@ -201,6 +202,7 @@ def test_a_spark_batch_that_may_be_split_is_refused_before_anything_is_stored(tm
     # Every record appended in one millisecond: a table's unread records were appended at or before
     # the batch's newest event (a split that matters: tested apart below).
     log = SimpleNamespace(offsets=lambda stream: {p: PartitionOffsets(2, 100) for p in range(2)},
+                          offsets_of=lambda streams: {s: {p: PartitionOffsets(2, 100) for p in range(2)} for s in streams},
                           ingest_time_ms=lambda stream, partition, offset: 1_000,
                           first_appended_after=lambda stream, starts, cut: {p: None for p in starts})
 

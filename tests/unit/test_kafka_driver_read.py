@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 
 import pytest
@@ -34,11 +35,12 @@ def prefix() -> str:
 
 @pytest.fixture
 def logs(kafka_broker, prefix):
-    """The pipeline's log (read_committed) and the API's (read_uncommitted), their topics made."""
+    """A log as the pipeline and the API open it (read_committed: the default) and one that sees
+    what is written (read_uncommitted), their topics made."""
     from ingest.log.kafka import KafkaEventLog
 
-    pipeline = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1, read_committed=True)
-    api = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1)
+    pipeline = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1)
+    api = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1, read_committed=False)
     for stream in CATALOG.streams.values():
         pipeline.ensure_topic(stream)
     yield pipeline, api
@@ -156,3 +158,18 @@ def test_records_deleted_by_retention_are_skipped_with_a_warning_or_fail_the_rea
     with pytest.raises(KafkaDataLost, match=r"records 1..3 .*\(kafka_fail_on_data_loss is on"):
         read_kafka_rows(pipeline, CATALOG, KafkaSourceConfig(kafka_broker.bootstrap, prefix, fail_on_data_loss=True),
                         {"views": {0: 1}}, end)
+
+
+def test_a_topic_grown_outside_is_read_within_the_refresh(logs, kafka_broker, prefix, monkeypatch):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    pipeline, _ = logs
+    assert set(pipeline.offsets_of(["views"])["views"]) == {0}
+    admin = AdminClient(client_config(kafka_broker.bootstrap))
+    for future in admin.create_partitions([NewPartitions(f"{prefix}views", 2)]).values():
+        future.result(30)
+    monkeypatch.setattr("ingest.log.kafka.PARTITIONS_REFRESH_S", 0.0)  # the count asked again at once
+    deadline = time.monotonic() + 30
+    while set(pipeline.offsets_of(["views"])["views"]) != {0, 1}:  # the broker's metadata catches up
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
