@@ -218,7 +218,7 @@ def refuse_split(pipeline, batch_id: int) -> None:
     # (more records, never fewer), from the log's start only where that may be a split.
     if not may_be_split(records_between(start, end), partitions_between(start, end), config.max_records_per_batch):
         return
-    starts = {name: {p: o.start for p, o in pipeline.log.offsets(name).items()} for name in end}
+    starts = {name: {p: o.start for p, o in parts.items()} for name, parts in pipeline.log.offsets_of(end).items()}
     start = with_starts(start, starts)
     records = records_between(start, end)
     if may_be_split(records, partitions_between(start, end), config.max_records_per_batch) and \
@@ -344,15 +344,20 @@ def reads_kafka_on_driver(pipeline) -> bool:
     """Whether the pipeline reads Kafka's records itself, with its own consumer (read_committed,
     as Spark's source), and so needs neither Spark's query nor its Kafka source: every batch is held
     on the driver (a local master by default; any master with driver_batch_rows at least
-    max_records_per_batch, where Spark's query would only plan them). Not with the JVM fast path (`kafka_fast_path`: the JVM's
-    from_json is its point) nor with `kafka_source_options`, options of Spark's source and of its
-    Java client that this process's consumer would not apply."""
+    max_records_per_batch, where Spark's query would only plan them) and nothing is configured that
+    only Spark applies (`kafka_needs_spark`)."""
     from ingest.log.kafka import KafkaEventLog
 
     config = pipeline.config
-    kafka = config.kafka
-    return (kafka is not None and not kafka.fast_path and not kafka.source_options
+    return (config.kafka is not None and not kafka_needs_spark(config.kafka)
             and isinstance(pipeline.log, KafkaEventLog) and pipeline.driver_batch_rows >= config.max_records_per_batch)
+
+
+def kafka_needs_spark(kafka) -> bool:
+    """Whether reading these topics takes Spark's Kafka source: the JVM fast path
+    (`kafka_jvm_validation`: the JVM's from_json is its point), or `kafka_source_options`, options of
+    Spark's source and of its Java client that the pipeline's own consumer would not apply."""
+    return kafka.fast_path or bool(kafka.source_options)
 
 
 def query_id_of(checkpoint: Path) -> str:

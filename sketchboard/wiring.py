@@ -372,6 +372,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
 
     from aggregates.consumers import GroupCopy, RegistryCopy
     from aggregates.pipeline import Pipeline, PipelineConfig
+    from aggregates.bounded_batches import kafka_needs_spark
     from aggregates.cluster import is_local_master
     from aggregates.spark import LazySpark, build_spark, kafka_connector_conf
 
@@ -414,9 +415,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         # the JVM starts then, not here. Elsewhere at once: a cluster's executors are probed at the
         # start, and Kafka read through the JVM's fast path or with Spark source options is read by
         # Spark's query (aggregates/bounded_batches.py `reads_kafka_on_driver`).
-        own_reader = settings.log_backend == "embedded" or not (settings.kafka_jvm_validation
-                                                                 or settings.kafka_source_options)
-        lazy = own_reader and is_local_master(settings.spark_master)
+        lazy = is_local_master(settings.spark_master) and (kafka is None or not kafka_needs_spark(kafka))
         spark = LazySpark(settings.spark_master, start_spark, conf) if lazy else start_spark()
     config = PipelineConfig(
         name=name,

@@ -552,7 +552,6 @@ class KafkaEventLog(EventLog):
         pending = {(self.topic(stream), p): (stream, lo, hi) for (stream, p), (lo, hi) in ranges.items() if hi > lo}
         if not pending:
             return out
-        stream_of = {key: stream for key, (stream, _, _) in pending.items()}
         held: dict[tuple[str, int], list] = {key: [] for key in pending}
         first: set[tuple[str, int]] = set()
         paused: list[TopicPartition] = []
@@ -561,16 +560,16 @@ class KafkaEventLog(EventLog):
         to_check: list[tuple[tuple[str, int], str, int, int]] = []  # partitions whose start to ask, after the read
 
         def done(key: tuple[str, int]) -> None:
+            flush(key)
             stream, lo, hi = pending.pop(key)
             if key not in first:  # not one record: all deleted by retention, or no data (markers, aborted)
                 to_check.append((key, stream, lo, hi))
-            flush(key)
             paused.append(TopicPartition(*key))
             self._consumer.pause(paused[-1:])  # nothing fetched past its end meanwhile
 
         def flush(key: tuple[str, int]) -> None:
             if held[key]:
-                out[(stream_of[key], key[1])].append(_record_batch(key, held[key]))
+                out[(pending[key][0], key[1])].append(_record_batch(key, held[key]))
                 held[key] = []
 
         with self._read_lock:

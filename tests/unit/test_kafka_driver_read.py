@@ -12,13 +12,15 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from catalog import Catalog, StreamDef
-from ingest.kafka_source import KafkaDataLost, KafkaSourceConfig, RecordConverter, read_kafka_rows
+from ingest.kafka_source import KafkaDataLost, KafkaSourceConfig, read_kafka_rows
 from ingest.source_rows import SOURCE_SCHEMA
 from tests.kafka_broker import client_config
+from tests.log_backends import TestLog
 from tests.unit.test_log import T0
 
 pytestmark = [pytest.mark.kafka]
@@ -67,22 +69,12 @@ def ends(log, stream: str) -> dict[int, int]:
 
 def oracle(log, prefix: str, start: dict, end: dict) -> list[dict]:
     """What Spark's source gives: every raw record of the range, fetched a partition at a time,
-    through the one RecordConverter."""
-    import pyarrow as pa
-
-    from ingest.log.kafka import RECORD_SCHEMA
-
-    converter = RecordConverter(CATALOG, prefix)
-    rows = []
-    for stream in sorted(end):
-        for partition in sorted(end[stream]):
-            topic = f"{prefix}{stream}"
-            records = log._fetch(topic, partition, start.get(stream, {}).get(partition, 0), end[stream][partition])
-            raw = pa.RecordBatch.from_pylist([{"topic": topic, "partition": partition, "offset": m.offset(),
-                                               "ingest_time": m.timestamp()[1], "value": m.value(), "key": m.key()}
-                                              for m in records], schema=RECORD_SCHEMA)
-            rows += [r for b in converter.convert(raw) for r in b.select(SOURCE_SCHEMA.names).to_pylist()]
-    return rows
+    through the one RecordConverter (the Spark tests' oracle, tests/log_backends.py)."""
+    test_log = TestLog("kafka", Path("."), log.bootstrap_servers, prefix)
+    return [r for stream in sorted(end) for partition in sorted(end[stream])
+            for b in test_log.source_rows(log, CATALOG, CATALOG.stream(stream), partition,
+                                          start.get(stream, {}).get(partition, 0), end[stream][partition])
+            for r in b.select(SOURCE_SCHEMA.names).to_pylist()]
 
 
 def test_a_range_reads_as_sparks_source_rows_in_stream_partition_and_offset_order(logs, kafka_broker, prefix,
