@@ -93,7 +93,7 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.Reco
         error = kind = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(np.full(n, stream.name, dtype=object), pa.string()),
+            pa.repeat(pa.scalar(stream.name, pa.string()), n),  # not n Python objects converted
             _partitions(partition, n),
             batch.column(OFFSET),
             batch.column(EVENT_TIME),

@@ -214,9 +214,16 @@ def json_to_event(validator: EventValidator, value: bytes | None, limits: JsonLi
     return event
 
 
-def with_offsets(offsets: Sequence[int], batch: pa.RecordBatch) -> pa.RecordBatch:
+def with_offsets(offsets: Sequence[int] | range | pa.Array, batch: pa.RecordBatch) -> pa.RecordBatch:
     """The read format of every backend: the offset column first, then the projected columns."""
+    if isinstance(offsets, range) and offsets.step == 1:
+        # A segment's offsets are a range: made by numpy, not converted int by int from Python
+        # (~0.1 s of a 1 M-event batch's read).
+        column = pa.array(np.arange(offsets.start, max(offsets.start, offsets.stop), dtype=np.int64))
+    else:
+        column = (offsets.cast(pa.int64()) if isinstance(offsets, pa.Array)
+                  else pa.array(offsets, pa.int64()))
     return pa.RecordBatch.from_arrays(
-        [pa.array(offsets, pa.int64()), *batch.columns],
+        [column, *batch.columns],
         schema=batch.schema.insert(0, pa.field(OFFSET, pa.int64(), nullable=False)),
     )

@@ -234,7 +234,7 @@ class SqliteEventLog(EventLog):
                 inside = pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))
                 batch = project(segment, stream).filter(inside)
                 if batch.num_rows:
-                    yield with_offsets(offsets.filter(inside).to_pylist(), batch)
+                    yield with_offsets(offsets.filter(inside), batch)
                 continue
             batch = project(segment, stream).slice(lo - base, hi - lo)
             yield with_offsets(range(lo, hi), batch)
