@@ -149,6 +149,42 @@ def test_a_backlog_drains_in_batches_of_our_own_without_a_query_replays_once_and
         spark_side.store.close()
 
 
+def batch_sizes(checkpoint: Path) -> list[int]:
+    """Records per logged batch, from the checkpoint's offset log."""
+    ends = [sum(o for parts in json.loads((checkpoint / "offsets" / str(b)).read_text().splitlines()[2]).values()
+                for o in parts.values()) for b in logged_batches(checkpoint / "offsets")]
+    return [b - a for a, b in zip([0, *ends], ends)]
+
+
+def test_a_small_rest_of_a_backlog_is_planned_again_with_what_came_while_the_batch_before_ran(small, spark,
+                                                                                                 monkeypatch):
+    """(bounded_batches.is_remainder) The rest of a backlog under a quarter of a batch is not read
+    ahead; it is planned when the batch before it ends, so the records that came meanwhile join it
+    instead of making a batch of their own after it."""
+    tmp_path, config, catalog, log = small
+    log.append("a", 43)
+    log.append("b", 40)  # batches of 40, 40, and a rest of 3
+    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
+    pipeline.start = no_query
+    taken = read_ahead_taken(monkeypatch)
+    process, ran = pipeline.process_batch, []
+
+    def arriving(*args, **kwargs):
+        ran.append(True)
+        if len(ran) == 2:
+            log.append("a", 20)  # while batch 1 runs
+        return process(*args, **kwargs)
+
+    pipeline.process_batch = arriving
+    try:
+        pipeline.run_until_drained()
+        assert batch_sizes(Path(pipeline.config.checkpoint_dir)) == [40, 40, 23]
+        assert taken == [0, 40, 0]  # the rest and what came with it: read by the pipeline itself
+        assert counted(pipeline.store, "a") == 63 and counted(pipeline.store, "b") == 40
+    finally:
+        pipeline.store.close()
+
+
 def test_a_new_checkpoint_from_the_logs_end_keeps_where_it_started(small, spark):
     tmp_path, config, catalog, log = small
     log.append("a", 30)
