@@ -204,12 +204,21 @@ def start_for_missing_context(spark, error: BaseException) -> bool:
     from pyspark import SparkContext
 
     if not (isinstance(spark, LazySpark) and not spark.started and isinstance(error, AssertionError)
-            and SparkContext._active_spark_context is None):
+            and SparkContext._active_spark_context is None and _raised_in_pyspark(error)):
         return False
     log.warning("a batch needed Spark's session on the driver path (%s): starting it",
                 _where(error) or "pyspark asserted an active SparkContext")
     spark.session()
     return True
+
+
+def _raised_in_pyspark(error: BaseException) -> bool:
+    """Whether the error was raised in pyspark's own code (its assertion of an active context), not
+    by an assertion of ours, which is a real failure whether or not a session runs."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}pyspark{os.sep}" in frames[-1].filename
 
 
 def _where(error: BaseException) -> str | None:

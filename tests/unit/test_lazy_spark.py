@@ -86,6 +86,9 @@ def test_a_driver_path_that_needs_a_spark_context_starts_the_session_once_and_sa
         pytest.skip("a SparkContext is active in this process")
 
     spark, calls = lazy
+    with pytest.raises(AssertionError) as ours:
+        assert calls, "an assertion of our own"  # a real failure: never taken for a missing context
+    assert start_for_missing_context(spark, ours.value) is False and calls == []
     with pytest.raises(AssertionError) as raised:
         F.col("stream")  # no SparkContext in this process: what pyspark says on a driver path that builds one
     with caplog.at_level("WARNING", logger="sketchboard.spark"):
