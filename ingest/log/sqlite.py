@@ -152,11 +152,14 @@ class SqliteEventLog(EventLog):
         encoded: dict[int, list[tuple[int, bytes]]] = {}
         order = np.argsort(targets, kind="stable")  # rows of a partition keep their order
         bounds = np.searchsorted(targets[order], np.arange(stream.partitions + 1))
+        # One take into partition order, then a zero-copy slice per partition (a take per
+        # partition was a kernel call per column and partition: ~0.5 ms of a 1 000-event request).
+        by_partition = batch.take(pa.array(order)) if stream.partitions > 1 else batch
         for partition in range(stream.partitions):
-            rows = order[bounds[partition]:bounds[partition + 1]]
-            if not len(rows):
+            lo, hi = int(bounds[partition]), int(bounds[partition + 1])
+            if hi == lo:
                 continue
-            part = batch.take(pa.array(rows))
+            part = by_partition.slice(lo, hi - lo)
             encoded[partition] = [
                 (min(MAX_SEGMENT_RECORDS, part.num_rows - start),
                  encode_segment(part.slice(start, MAX_SEGMENT_RECORDS)))
