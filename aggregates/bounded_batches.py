@@ -380,15 +380,17 @@ def batches_to_retain(pipeline) -> int:
 
 
 def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None = None, *,
-                  own: OwnBatches | None = None, progress: OwnRunProgress | None = None, keep: int | None = None) -> int:
-    """Process the log up to its end as of now (and what comes before its last batch, a small rest,
-    is planned: `is_remainder`), each stream of `caps` no further than its caps,
+                  own: OwnBatches | None = None, progress: OwnRunProgress | None = None, keep: int | None = None,
+                  follow_rest: bool = False) -> int:
+    """Process the log up to its end as of now, each stream of `caps` no further than its caps,
     in batches of the pipeline's own (the module doc; on the embedded log `embedded_batches`);
     returns how many batches ran. `stopping`: asked between batches; true ends the drain there
     (the serving pipeline told to stop). `own` and `progress`: a serving loop's, kept across its
     drains (aggregates/driver_serving.py), whose caller wrote the checkpoint's query id
     (`query_id_of`) once; else the drain's own, closed and ended with it. `keep`:
-    how many batches the checkpoint's logs keep (`batches_to_retain`, asked of Spark when None)."""
+    how many batches the checkpoint's logs keep (`batches_to_retain`, asked of Spark when None).
+    `follow_rest`: the serving loop's; the records that come while the batch before a small rest
+    of the backlog runs join that rest (`is_remainder`), once per drain."""
     config = pipeline.config
     keep = batches_to_retain(pipeline) if keep is None else keep
     if progress is None:  # the query's id first: Spark refuses an offset log without it
@@ -401,11 +403,11 @@ def drain_bounded(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Cal
     else:
         own = nullcontext(own)
     with progress as progress, own as own:
-        return _drain(pipeline, caps, stopping, own, progress, keep)
+        return _drain(pipeline, caps, stopping, own, progress, keep, follow_rest)
 
 
 def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[], bool] | None, own: OwnBatches,
-           progress: OwnRunProgress, keep: int) -> int:
+           progress: OwnRunProgress, keep: int, follow_rest: bool) -> int:
     from aggregates.pipeline import batch_end_offsets
 
     config, catalog = pipeline.config, pipeline.catalog
@@ -472,22 +474,25 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
         after_start = with_starts(end, starts)
         after = plan(after_start)
-        remainder = after is not None and is_remainder(records_between(after_start, after), config.max_records_per_batch)
-        if after is not None and not remainder:  # read while this one runs
+        # The rest of the backlog, not the next batch (which an append-time cut may have shortened).
+        rest = follow_rest and after is not None and is_remainder(
+            records_between(after_start, capped_targets(after_start, available, caps)), config.max_records_per_batch)
+        if after is not None and not rest:  # read while this one runs
             own.ask(after_start, after)
         run(batch_id, start, end)
         ran += 1
-        if remainder:  # planned again with what the log holds now: one batch with what came meanwhile
+        if rest:  # planned again with what the log holds now: one batch with what came meanwhile
+            follow_rest = False  # once: a drain ends, even beside a stream as fast as it
             look()
             planned_ends.clear()
     return ran
 
 
 def is_remainder(records: int, max_records: int) -> bool:
-    """Whether a drain's next batch is the small rest of its backlog (under a quarter of a batch).
-    It is then not read ahead but planned again when the batch before it ends, with what the log
-    holds by then: records that came while that batch ran (a live stream faster than the pipeline)
-    join it, where they would otherwise be a batch of their own after it, each batch paying the
-    store's per-batch writes (every open session, the tier rows) again (issue 28's end to end: a
-    1 M-event batch, then its 70 000-event rest, then the 710 000 that came meanwhile)."""
+    """Whether what is left of a serving loop's backlog after the running batch is a small rest
+    (under a quarter of a batch). It is then not read ahead but planned when the running batch
+    ends, with what the log holds by then: records that came meanwhile (a live stream faster than
+    the pipeline) join it, where they would otherwise be a batch of their own after it, each batch
+    paying the store's per-batch writes (every open session, the tier rows) again (issue 28's end
+    to end: a 1 M-event batch, then its 70 000-event rest, then the 710 000 that came meanwhile)."""
     return records * 4 < max_records

@@ -20,6 +20,11 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
 - on the embedded log, one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started
   on the first backlog of more than one batch, not per trigger.
 
+One thing Spark's AvailableNow does not: where what is left of a drain's backlog after the running
+batch is a small rest (under a quarter of a batch), that rest is planned when the running batch
+ends, so the records that came meanwhile join it (`follow_rest`, once per drain) rather than
+making one more batch after it (bounded_batches.py `is_remainder`).
+
 Nothing here needs Spark: the pipeline's session is a LazySpark (aggregates/spark.py), and its JVM
 is never started while the loop serves.
 
@@ -88,7 +93,8 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
             while not stopping():
                 triggered = clock()
                 try:
-                    ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep)
+                    ran = drain_bounded(pipeline, {}, stopping, own=own, progress=progress, keep=keep,
+                                      follow_rest=True)
                 except LogUnavailable as exc:
                     # The broker away: waited out, as Spark's Kafka source waits it out; a batch it
                     # stopped was logged, not committed, and runs again with its range.

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aggregates.bounded_batches import drain_bounded, records_between
 from aggregates.checkpoint_moves import logged_batches
 from aggregates.pipeline import drain
 from aggregates.read_ahead import ReadAhead
@@ -156,31 +157,72 @@ def batch_sizes(checkpoint: Path) -> list[int]:
     return [b - a for a, b in zip([0, *ends], ends)]
 
 
-def test_a_small_rest_of_a_backlog_is_planned_again_with_what_came_while_the_batch_before_ran(small, spark,
-                                                                                                 monkeypatch):
-    """(bounded_batches.is_remainder) The rest of a backlog under a quarter of a batch is not read
-    ahead; it is planned when the batch before it ends, so the records that came meanwhile join it
-    instead of making a batch of their own after it."""
+def read_ahead_asked(monkeypatch) -> list[int]:
+    """How many records each range handed to the read-ahead worker holds."""
+    asked, ask = [], ReadAhead.ask
+
+    def counting(self, catalog, start, end):
+        asked.append(records_between(start, end))
+        return ask(self, catalog, start, end)
+
+    monkeypatch.setattr(ReadAhead, "ask", counting)
+    return asked
+
+
+def arriving_during(pipeline, log, batches: set[int], records: int) -> None:
+    """`records` more for stream a appended while each batch of `batches` (counted from 0) runs."""
+    process, ran = pipeline.process_batch, []
+
+    def arriving(*args, **kwargs):
+        if len(ran) in batches:
+            log.append("a", records)
+        ran.append(True)
+        return process(*args, **kwargs)
+
+    pipeline.process_batch = arriving
+
+
+@pytest.mark.parametrize("serving", [True, False], ids=["serving loop", "available now"])
+def test_a_small_rest_of_a_serving_loops_backlog_is_planned_with_what_came_while_the_batch_before_ran(
+        small, spark, monkeypatch, serving):
+    """(bounded_batches.is_remainder) In the serving loop's drain, the rest of a backlog under a
+    quarter of a batch is not read ahead; it is planned when the batch before it ends, so the
+    records that came meanwhile join it instead of making a batch of their own after it. Any other
+    drain (`--once`, a reprocessing run, a switch's final batch) stops at the log's end as of its start."""
     tmp_path, config, catalog, log = small
     log.append("a", 43)
     log.append("b", 40)  # batches of 40, 40, and a rest of 3
     pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
     pipeline.start = no_query
-    taken = read_ahead_taken(monkeypatch)
-    process, ran = pipeline.process_batch, []
-
-    def arriving(*args, **kwargs):
-        ran.append(True)
-        if len(ran) == 2:
-            log.append("a", 20)  # while batch 1 runs
-        return process(*args, **kwargs)
-
-    pipeline.process_batch = arriving
+    taken, asked = read_ahead_taken(monkeypatch), read_ahead_asked(monkeypatch)
+    arriving_during(pipeline, log, {1}, 20)
     try:
-        pipeline.run_until_drained()
-        assert batch_sizes(Path(pipeline.config.checkpoint_dir)) == [40, 40, 23]
-        assert taken == [0, 40, 0]  # the rest and what came with it: read by the pipeline itself
-        assert counted(pipeline.store, "a") == 63 and counted(pipeline.store, "b") == 40
+        drain_bounded(pipeline, {}, follow_rest=serving)
+        sizes = batch_sizes(Path(pipeline.config.checkpoint_dir))
+        if serving:
+            assert sizes == [40, 40, 23] and asked == [40] and taken == [0, 40, 0]  # the rest: read here
+            assert counted(pipeline.store, "a") == 63 and counted(pipeline.store, "b") == 40
+        else:
+            assert sizes == [40, 40, 3] and asked == [40, 3] and taken == [0, 40, 3]
+            assert counted(pipeline.store, "a") == 43 and counted(pipeline.store, "b") == 40
+    finally:
+        pipeline.store.close()
+
+
+def test_a_serving_loops_drain_follows_a_rest_once_and_ends_beside_a_stream_as_fast_as_it(small, spark,
+                                                                                             monkeypatch):
+    """A stream that brings a batch's worth while every batch runs: the drain follows its rest
+    once, then ends at the log's end it saw then (the serving loop's next trigger goes on)."""
+    tmp_path, config, catalog, log = small
+    log.append("a", 23)
+    log.append("b", 20)  # a batch of 40 and a rest of 3
+    pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
+    pipeline.start = no_query
+    arriving_during(pipeline, log, set(range(100)), 40)
+    try:
+        ran = drain_bounded(pipeline, {}, follow_rest=True)
+        # 40; then the rest of 3 and the 40 that came: 40 and 3 again, not followed a second time.
+        assert batch_sizes(Path(pipeline.config.checkpoint_dir)) == [40, 40, 3] and ran == 3
     finally:
         pipeline.store.close()
 
