@@ -69,6 +69,20 @@ def read_as_ndjson(content_type: str, starts_with_bracket: bool) -> bool:
     return not starts_with_bracket
 
 
+SMALL_BODY_BYTES = 16 * 1024
+SMALL_BODY_OBJECTS = 32
+
+
+def few_events(body: bytes) -> bool:
+    """Whether a body holds so few events that the per-event path takes it faster than the columnar
+    one, whose Arrow reader and column checks cost about 1.5 ms a request whatever its size, where
+    the per-event validator costs about 25 us an event (thread CPU, parse and append of demo
+    events: 1 event 0.45 against 1.9 ms, 30 events 1.1 against 1.8, 100 events 3.7 against 3.4).
+    Its opening braces bound its events from above (nested objects count too: such a body goes
+    the columnar way, which is never wrong either)."""
+    return len(body) <= SMALL_BODY_BYTES and body.count(b"{") <= SMALL_BODY_OBJECTS
+
+
 def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: JsonLimits) -> pa.Table | None:
     """The body's events as validated columns when every one of them is valid and plain
     (ingest/columnar.py), else None: `parse_events` and the per-event validator then decide,

@@ -449,7 +449,7 @@ def test_the_answer_is_the_documented_model_as_fastapi_would_send_it(client, now
     what the documented IngestAnswer serializes to, on both paths."""
     from api.ingest_routes import IngestAnswer
 
-    events = [event(now_ms, i) for i in range(6)]
+    events = [event(now_ms, i) for i in range(40)]  # more than a few: the columnar path takes them
     if shape != "columnar":
         events[2]["latency_ms"] = "slow"
     r = post(client, events)
@@ -459,6 +459,36 @@ def test_the_answer_is_the_documented_model_as_fastapi_would_send_it(client, now
     assert (len(answer["rejected"]) == 1) == (shape != "columnar")
     assert json.loads(IngestAnswer.model_validate(answer).model_dump_json()) == answer
     assert list(answer) == list(IngestAnswer.model_fields)
+
+
+def test_a_body_of_a_few_events_takes_the_per_event_path_and_a_bigger_one_the_columnar_path(client, now_ms,
+                                                                                           monkeypatch):
+    """(api/bodies.py few_events) The columnar path's fixed cost (Arrow's reader, the column
+    checks: ~1.5 ms) is more than a few events cost one by one; either way the answer is the same."""
+    from api import ingest_routes
+
+    asked, columnar_body = [], ingest_routes.columnar_body
+
+    def counting(*args, **kwargs):
+        asked.append(True)
+        return columnar_body(*args, **kwargs)
+
+    monkeypatch.setattr(ingest_routes, "columnar_body", counting)
+    for n, columnar in ((1, False), (32, False), (33, True), (200, True)):
+        asked.clear()
+        events = [event(now_ms, i, status="200") for i in range(n)]
+        r = post(client, events)
+        assert r.status_code == 200 and r.json()["accepted"] == n, r.text
+        assert asked == ([True] if columnar else []), n
+
+
+def test_few_events_bounds_a_bodys_events_by_its_opening_braces_and_its_size():
+    from api.bodies import SMALL_BODY_BYTES, few_events
+
+    assert few_events(b"[" + b",".join([b'{"a":1}'] * 32) + b"]")
+    assert not few_events(b"[" + b",".join([b'{"a":1}'] * 33) + b"]")
+    assert not few_events(b'[{"a":{"b":{"c":1}}}]' * 11)  # nested objects count: never too few
+    assert not few_events(b'[{"a":"' + b"x" * SMALL_BODY_BYTES + b'"}]')  # one big event: columnar
 
 
 def test_the_columnar_path_is_warmed_as_the_server_starts_not_by_the_first_request(ctx, monkeypatch):
