@@ -132,7 +132,8 @@ def clock_samples(records: pa.Table, streams: Iterable[str]) -> list[tuple[str, 
     condition = pc.and_(stream_is(records.column("stream"), streams), pc.and_(
         pc.and_(records.column("sent_time").is_valid(), records.column("device").is_valid()),
         pc.and_(records.column("ingest_time").is_valid(), records.column("error").is_null())))
-    sampled = records.filter(condition)
+    # Only the columns read below are filtered: not the batch's list columns (its dims and values).
+    sampled = records.select(["stream", "device", "ingest_time", "sent_time"]).filter(condition)
     if not sampled.num_rows:
         return []
     ingest = sampled.column("ingest_time")
@@ -151,10 +152,18 @@ def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> 
     what was added (null without an event time or a correction)."""
     if not corrections:
         return with_clock_columns(records)
-    records = records.combine_chunks()
-    keys = pc.binary_join_element_wise(records.column("stream"), records.column("device"), " ")
+    # Looked up for the rows of the corrected streams only, and the batch left in its chunks: a batch
+    # of 1 M rows copied whole (its list columns too) and joined 1 M keys for a few devices' rows.
+    n, stream = records.num_rows, one_chunk(records.column("stream"))
+    rows = np.flatnonzero(_true(stream_is(stream, {s for s, _ in corrections})))
+    taken = pa.array(rows, pa.int64())
+    keys = pc.binary_join_element_wise(stream.take(taken), one_chunk(records.column("device")).take(taken), " ")
     at = pc.index_in(keys, value_set=pa.array([f"{s} {d}" for s, d in corrections], pa.string()))
-    correction = pa.array(list(corrections.values()), pa.int64()).take(at)
+    found = pa.array(list(corrections.values()), pa.int64()).take(at)
+    values, valid = np.zeros(n, np.int64), np.zeros(n, bool)
+    values[rows] = pc.fill_null(found, 0).to_numpy(zero_copy_only=False)
+    valid[rows] = found.is_valid().to_numpy(zero_copy_only=False)
+    correction = pa.array(values, pa.int64(), mask=~valid)
     event_time = one_chunk(records.column("event_time"))
     shifted = pc.if_else(pc.and_(correction.is_valid(), event_time.is_valid()), pc.add(event_time, correction),
                          event_time)
