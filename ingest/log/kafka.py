@@ -180,6 +180,7 @@ class KafkaEventLog(EventLog):
         self._validators: dict[str, EventValidator] = {}
         self._ingest_times: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._round_robin = 0
+        self._round_robin_lock = threading.Lock()  # appends run in the API's worker threads
         self.warnings: list[str] = []
 
     def _make_clients(self, common: dict) -> None:
@@ -290,7 +291,9 @@ class KafkaEventLog(EventLog):
         if have is None:
             have = self._topic_partitions(topic) or 0
             self._partitions[stream.name] = have
-        targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
+        with self._round_robin_lock:
+            targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions,
+                                                           self._round_robin)
         missing = sorted({p for p in targets if p >= have})
         if missing:
             raise KeyError(f"stream {stream.name!r} has no partition {missing[0]} in the log"

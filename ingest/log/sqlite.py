@@ -124,7 +124,9 @@ class SqliteEventLog(EventLog):
     def _append_events(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int,
                        position: tuple[str, str, str | None] | None) -> AppendResult:
         by_partition: dict[int, list[Event]] = defaultdict(list)
-        targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions, self._round_robin)
+        with self._lock:  # the round-robin counter is shared with concurrent appends
+            targets, self._round_robin = assign_partitions([e.key for e in events], stream.partitions,
+                                                           self._round_robin)
         for event, partition in zip(events, targets, strict=True):
             by_partition[partition].append(event)
         # Encode outside the lock: it is the expensive part and touches no shared state.

@@ -482,6 +482,27 @@ def test_a_body_of_a_few_events_takes_the_per_event_path_and_a_bigger_one_the_co
         assert asked == ([True] if columnar else []), n
 
 
+def test_the_per_event_path_runs_off_the_event_loop(client, now_ms, monkeypatch):
+    """A body the columnar path declines may hold 100 000 events: validated in a worker thread,
+    never on the event loop that every other request waits on."""
+    import threading
+
+    from ingest.events import EventValidator
+
+    threads, validate = set(), EventValidator.validate
+
+    def recording(self, raw):
+        threads.add(threading.current_thread().name)
+        return validate(self, raw)
+
+    monkeypatch.setattr(EventValidator, "validate", recording)
+    events = [event(now_ms, i, status="200") for i in range(40)]
+    events[7]["latency_ms"] = "slow"  # one bad event: the columnar path declines the body
+    r = post(client, events)
+    assert r.status_code == 200 and r.json()["accepted"] == 39, r.text
+    assert threads and all(name.startswith("AnyIO worker thread") for name in threads), threads
+
+
 def test_few_events_bounds_a_bodys_events_by_its_opening_braces_and_its_size():
     from api.bodies import SMALL_BODY_BYTES, few_events
 

@@ -203,8 +203,14 @@ def test_every_secured_operation_in_the_document_refuses_a_missing_or_bad_token(
             assert r.status_code == 401, (method, path, r.status_code, r.text)
 
 
-def test_requests_over_the_rate_get_429_with_retry_after_per_token(wired_ctx, tokens, now_ms):
+@pytest.mark.parametrize("path", ["per-event", "columnar"])
+def test_requests_over_the_rate_get_429_with_retry_after_per_token(wired_ctx, tokens, now_ms, path, monkeypatch):
+    """The event rate is charged on both ingest paths (the columnar one from its worker thread)."""
+    from api import bodies
     from api.security.ratelimit import RateLimiter
+
+    if path == "columnar":  # these small bodies would take the per-event path (api/bodies.py few_events)
+        monkeypatch.setattr(bodies, "SMALL_BODY_OBJECTS", -1)
 
     clock = FakeClock(0.0)
     secure(wired_ctx, tokens, request_limit=RateLimiter(2, 3, clock=clock),

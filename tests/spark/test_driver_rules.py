@@ -73,7 +73,10 @@ def records(draw) -> pa.Table:
             "sent_time": draw(st.one_of(st.none(), st.integers(-600_000, 600_000).map(lambda d: (ingest or NOW) + d))),
             "device": draw(st.one_of(st.none(), st.sampled_from(["d1", "d2", "d3"]))),
         })
-    return pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA)
+    table = pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA)
+    # In chunks, as a batch read segment by segment is (ingest/spark_source.py read_batch).
+    cut = draw(st.integers(0, len(rows)))
+    return pa.concat_tables([table.slice(0, cut), table.slice(cut)])
 
 
 def _by_offset(rows: list[dict]) -> list[dict]:
