@@ -154,6 +154,9 @@ class KafkaEventLog(EventLog):
         # None: the broker's default.replication.factor (-1 asks for it, KIP-464).
         self.replication_factor = replication_factor
         self.timeout_s = request_timeout_s
+        # Since when the consumer's metadata has said "unknown partition" (`_watermarks`): across
+        # calls, each of which gives up after timeout_s, which may be shorter than _STALE_REFRESH_S.
+        self._stale_since: float | None = None
         self.produce_timeout_ms = produce_timeout_ms
         # Security protocol, SASL, TLS files, any librdkafka option: passed to every client.
         common = {
@@ -441,10 +444,11 @@ class KafkaEventLog(EventLog):
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + self.timeout_s
-        stale_since = None
         while True:
             try:
-                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+                found = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+                self._stale_since = None
+                return found
             except KafkaException as exc:
                 # Right after a topic is created (or a broker restarted) its leader may not be
                 # known yet: "not leader" is retriable and passes within a second. "Unknown
@@ -455,12 +459,14 @@ class KafkaEventLog(EventLog):
                 if not (stale or _retriable(exc)) or time.monotonic() > deadline:
                     raise self._unavailable(f"could not read the offsets of Kafka topic {topic!r}", exc) from None
                 if stale:
-                    stale_since = stale_since or time.monotonic()
-                    if time.monotonic() - stale_since > _STALE_REFRESH_S:
+                    # Counted across calls: with a request timeout under _STALE_REFRESH_S, each call
+                    # gave up before the consumer was made anew, and a serving loop asked for ever.
+                    self._stale_since = self._stale_since or time.monotonic()
+                    if time.monotonic() - self._stale_since > _STALE_REFRESH_S:
                         # Refreshed and still short (seen once after a broker restart, for more than
                         # the 10 s it had): a new consumer starts from no cache at all.
                         self._replace_consumer()
-                        stale_since = time.monotonic()
+                        self._stale_since = time.monotonic()
                     else:
                         self._refresh_metadata(topic, deadline)
                 time.sleep(0.05)

@@ -373,3 +373,44 @@ def test_a_topic_the_cluster_cannot_create_says_why(kafka_broker, prefix) -> Non
             log.ensure_topic(STREAM)
     finally:
         log.close()
+
+
+def test_a_consumer_whose_metadata_says_unknown_partition_is_made_anew_across_short_requests(monkeypatch):
+    """After a broker restart the consumer's own metadata cache may keep saying "unknown
+    partition" (seen under load in the live loop's broker test). Each offsets request gives up
+    after the request timeout; with one shorter than _STALE_REFRESH_S the consumer was never made
+    anew, and the serving loop asked for ever. Counted across requests, it is. (The cache cannot be
+    made stale at will on a real broker: the consumer here is a stand-in that says so.)"""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from ingest.log import kafka as kafka_log
+
+    class Stale:
+        def get_watermark_offsets(self, tp, timeout):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
+
+        def list_topics(self, topic=None, timeout=None):
+            return None
+
+    class Fresh:
+        def get_watermark_offsets(self, tp, timeout):
+            return (0, 7)
+
+    log = kafka_log.KafkaEventLog("127.0.0.1:9", topic_prefix="t.", request_timeout_s=0.3)
+    real = log._consumer
+    try:
+        monkeypatch.setattr(log, "_consumer", Stale())
+        monkeypatch.setattr(log, "_new_consumer", lambda common: Fresh())
+        monkeypatch.setattr(kafka_log, "_STALE_REFRESH_S", 0.5)
+        answers = []
+        deadline = time.monotonic() + 5
+        while not answers and time.monotonic() < deadline:
+            try:
+                answers.append(log._watermarks("t.a", 0))
+            except LogUnavailable:
+                pass  # the serving loop asks again
+        assert answers == [(0, 7)]
+    finally:
+        log._consumer = real  # the real clients closed with the log, not the stand-ins
+        log._retired.clear()
+        log.close()
