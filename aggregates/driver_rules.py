@@ -152,18 +152,10 @@ def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> 
     what was added (null without an event time or a correction)."""
     if not corrections:
         return with_clock_columns(records)
-    # Looked up for the rows of the corrected streams only, and the batch left in its chunks: a batch
-    # of 1 M rows copied whole (its list columns too) and joined 1 M keys for a few devices' rows.
-    n, stream = records.num_rows, one_chunk(records.column("stream"))
-    rows = np.flatnonzero(_true(stream_is(stream, {s for s, _ in corrections})))
-    taken = pa.array(rows, pa.int64())
-    keys = pc.binary_join_element_wise(stream.take(taken), one_chunk(records.column("device")).take(taken), " ")
+    records = records.combine_chunks()
+    keys = pc.binary_join_element_wise(records.column("stream"), records.column("device"), " ")
     at = pc.index_in(keys, value_set=pa.array([f"{s} {d}" for s, d in corrections], pa.string()))
-    found = pa.array(list(corrections.values()), pa.int64()).take(at)
-    values, valid = np.zeros(n, np.int64), np.zeros(n, bool)
-    values[rows] = pc.fill_null(found, 0).to_numpy(zero_copy_only=False)
-    valid[rows] = found.is_valid().to_numpy(zero_copy_only=False)
-    correction = pa.array(values, pa.int64(), mask=~valid)
+    correction = pa.array(list(corrections.values()), pa.int64()).take(at)
     event_time = one_chunk(records.column("event_time"))
     shifted = pc.if_else(pc.and_(correction.is_valid(), event_time.is_valid()), pc.add(event_time, correction),
                          event_time)
