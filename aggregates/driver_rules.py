@@ -62,18 +62,31 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
     event_time = one_chunk(records.column("event_time"))
     ingest_time = one_chunk(records.column("ingest_time"))
     error = one_chunk(records.column("error"))
-    reason = np.full(n, None, dtype=object)
-    open_ = np.ones(n, dtype=bool)  # no rule matched yet
+    # Each row's reason as an index into `labels` (-1: none yet), made strings by one take at the
+    # end: an object array of a batch's rows and its Python strings cost ~5 times as much.
+    labels: list[str] = []
+    code = np.full(n, -1, np.int64)
+
+    def label(value: str) -> int:
+        if value not in labels:
+            labels.append(value)
+        return labels.index(value)
 
     def rule(matches: np.ndarray, value) -> None:
-        nonlocal open_
-        hit = open_ & matches
-        reason[hit] = value if not isinstance(value, np.ndarray) else value[hit]
-        open_ = open_ & ~hit
+        """The rows still without a reason that `matches` get `value`: one reason, or an Arrow
+        array of one per row."""
+        hit = np.flatnonzero((code < 0) & matches)
+        if not len(hit):
+            return
+        if isinstance(value, str):
+            code[hit] = label(value)
+            return
+        encoded = pc.dictionary_encode(value.take(pa.array(hit)))
+        codes = np.array([label(v) for v in encoded.dictionary.to_pylist()], np.int64)
+        code[hit] = codes[encoded.indices.to_numpy(zero_copy_only=False)]
 
     has_error = error.is_valid().to_numpy(zero_copy_only=False)
-    kinds = pc.fill_null(one_chunk(records.column("error_kind")), UNPARSEABLE).to_numpy(zero_copy_only=False)
-    rule(has_error, kinds)
+    rule(has_error, pc.fill_null(one_chunk(records.column("error_kind")), UNPARSEABLE))
     rule(~(event_time.is_valid().to_numpy(zero_copy_only=False) & ingest_time.is_valid().to_numpy(zero_copy_only=False)),
          UNPARSEABLE)
     with_ids = [s for s in catalog.streams.values() if s.event_id_field]
@@ -91,7 +104,9 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
     rule(_true(beyond), BEYOND_RETENTION)
     future = pc.greater(event_time, pc.add(ingest_time, skew))
     rule(_true(future), FUTURE_SKEW)
-    return pa.array(reason, pa.string())
+    if not labels:
+        return pa.nulls(n, pa.string())
+    return pa.array(labels, pa.string()).take(pa.array(code, mask=code < 0))
 
 
 def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
@@ -111,10 +126,16 @@ def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
                      mask=~(good.to_numpy(zero_copy_only=False) & event_time.is_valid().to_numpy(zero_copy_only=False)
                             & pane_ms.is_valid().to_numpy(zero_copy_only=False)))
     dims = one_chunk(records.column("dims"))
-    g_dims = pc.if_else(good, dims, pa.nulls(len(dims), dims.type))
     fields = [records.schema.field(f) for f in DEAD_RECORD_FIELDS]
-    struct = pa.StructArray.from_arrays([one_chunk(records.column(f.name)) for f in fields], fields=fields)
-    dead_record = pc.if_else(good, pa.nulls(len(struct), struct.type), struct)
+    if reason.null_count == len(reason):
+        # Nothing dead-lettered (a batch's usual case): the grouping dims are the dims and no row
+        # has a dead record, which the choices below give too, at two copies of the lists less.
+        g_dims = dims
+        dead_record = pa.nulls(len(dims), pa.struct(fields))
+    else:
+        g_dims = pc.if_else(good, dims, pa.nulls(len(dims), dims.type))
+        struct = pa.StructArray.from_arrays([one_chunk(records.column(f.name)) for f in fields], fields=fields)
+        dead_record = pc.if_else(good, pa.nulls(len(struct), struct.type), struct)
     return (records.append_column("dead_reason", reason).append_column("pane_start", start)
             .append_column("g_dims", g_dims).append_column("dead_record", dead_record))
 

@@ -62,6 +62,8 @@ def test_the_rows_read_ahead_are_the_ones_read_here_and_only_a_range_asked_for_i
         first = ahead.take(catalog, zero, half)
         assert first is not None and first.equals(read_batch(log, catalog, zero, half))
         assert first.num_rows == sum(half["http_requests"].values()) > 0
+        # Read from several segments, handed over whole: the copy into one chunk is the worker's.
+        assert {first.column(c).num_chunks for c in first.column_names} == {1}
         # Asked with another catalog (a pattern defined since): the pipeline reads it with its own.
         assert ahead.take(catalog.model_copy(), half, ends) is None
         assert files(tmp_path) == [] and ahead.taken == 1
