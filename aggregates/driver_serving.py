@@ -21,7 +21,7 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
   on the first backlog of more than one batch, not per trigger.
 
 One thing Spark's AvailableNow does not: where what is left of a drain's backlog after the running
-batch is a small rest (under a quarter of a batch), that rest is planned when the running batch
+batch is a rest (less than a full batch), that rest is planned when the running batch
 ends, so the records that came meanwhile join it (`follow_rest`, once per drain) rather than
 making one more batch after it (bounded_batches.py `is_remainder`).
 

@@ -183,28 +183,29 @@ def arriving_during(pipeline, log, batches: set[int], records: int) -> None:
 
 
 @pytest.mark.parametrize("serving", [True, False], ids=["serving loop", "available now"])
-def test_a_small_rest_of_a_serving_loops_backlog_is_planned_with_what_came_while_the_batch_before_ran(
-        small, spark, monkeypatch, serving):
-    """(bounded_batches.is_remainder) In the serving loop's drain, the rest of a backlog under a
-    quarter of a batch is not read ahead; it is planned when the batch before it ends, so the
+@pytest.mark.parametrize("rest", [3, 30], ids=["a rest of 3", "a rest of three quarters of a batch"])
+def test_a_rest_of_a_serving_loops_backlog_is_planned_with_what_came_while_the_batch_before_ran(
+        small, spark, monkeypatch, serving, rest):
+    """(bounded_batches.is_remainder) In the serving loop's drain, the rest of a backlog, less
+    than a batch, is not read ahead; it is planned when the batch before it ends, so the
     records that came meanwhile join it instead of making a batch of their own after it. Any other
     drain (`--once`, a reprocessing run, a switch's final batch) stops at the log's end as of its start."""
     tmp_path, config, catalog, log = small
-    log.append("a", 43)
-    log.append("b", 40)  # batches of 40, 40, and a rest of 3
+    log.append("a", 40 + rest)
+    log.append("b", 40)  # batches of 40, 40, and the rest
     pipeline = build_pipeline(settings_for(tmp_path, config), spark, name="main")
     pipeline.start = no_query
     taken, asked = read_ahead_taken(monkeypatch), read_ahead_asked(monkeypatch)
-    arriving_during(pipeline, log, {1}, 20)
+    arriving_during(pipeline, log, {1}, 5)
     try:
         drain_bounded(pipeline, {}, follow_rest=serving)
         sizes = batch_sizes(Path(pipeline.config.checkpoint_dir))
         if serving:
-            assert sizes == [40, 40, 23] and asked == [40] and taken == [0, 40, 0]  # the rest: read here
-            assert counted(pipeline.store, "a") == 63 and counted(pipeline.store, "b") == 40
+            assert sizes == [40, 40, rest + 5] and asked == [40] and taken == [0, 40, 0]  # the rest: read here
+            assert counted(pipeline.store, "a") == 45 + rest and counted(pipeline.store, "b") == 40
         else:
-            assert sizes == [40, 40, 3] and asked == [40, 3] and taken == [0, 40, 3]
-            assert counted(pipeline.store, "a") == 43 and counted(pipeline.store, "b") == 40
+            assert sizes == [40, 40, rest] and asked == [40, rest] and taken == [0, 40, rest]
+            assert counted(pipeline.store, "a") == 40 + rest and counted(pipeline.store, "b") == 40
     finally:
         pipeline.store.close()
 
