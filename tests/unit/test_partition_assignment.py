@@ -1,12 +1,15 @@
-"""assign_partitions_columnar gives assign_partitions' answers for a column of keys."""
+"""assign_partitions_columnar gives assign_partitions' answers for a column of keys; its CRC-32 of
+many strings at once is zlib's."""
 
 from __future__ import annotations
+
+import zlib
 
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.partitioner import assign_partitions, assign_partitions_columnar
+from ingest.partitioner import LONG_KEY, assign_partitions, assign_partitions_columnar, crc32_of_strings
 
 
 @settings(deadline=None)  # the first call pays for loading Arrow's kernels
@@ -19,3 +22,12 @@ def test_columnar_assignment_matches_the_per_event_one(keys, partitions, round_r
     column = None if keyless_stream else pa.array(keys, pa.string())
     got, got_after = assign_partitions_columnar(column, len(keys), partitions, round_robin)
     assert list(got) == expected and got_after == after
+
+
+@settings(deadline=None)
+@given(strings=st.lists(st.one_of(st.text(max_size=8), st.text(min_size=LONG_KEY - 2, max_size=LONG_KEY + 3),
+                                  st.text(alphabet="éü€😀", max_size=30)), max_size=30),
+       cut=st.integers(0, 5))
+def test_the_crc32_of_many_strings_is_zlibs_of_each(strings, cut):
+    column = pa.array(["skipped"] * cut + strings, pa.string()).slice(cut)  # a slice: offsets past its start
+    assert crc32_of_strings(column).tolist() == [zlib.crc32(s.encode("utf-8")) for s in strings]
