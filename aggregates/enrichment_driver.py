@@ -174,7 +174,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) 
         keys = pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
         left = _Versions.at(keys, at, at_valid, fetch, lookup.table)
         found = left.found()
-        values: dict[str, pa.Array] = {}
+        values: dict[str, _Picked] = {}
         if lookup.right is None:
             for c in lookup.columns:
                 values[c] = left.picked(c, found)
@@ -254,7 +254,7 @@ class _Versions:
         return _Picked(texts, np.where(where, self.chosen, len(self.rows)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Picked:
     """A column of a batch's rows as `texts.take(index)`, kept apart until it is needed: the
     enriched slots are taken once, into the new dims lists, not first into a column of their own."""
@@ -286,6 +286,8 @@ def _with_slots(dims: pa.Array, mine: np.ndarray, width: int, replaced: Mapping[
     the items (a batch of 1 M events with 7 dims a row: about 4 passes over its 7 M items fewer).
     The replaced slots are taken from their versions' few texts directly."""
     dims = one_chunk(dims)
+    if dims.offset and dims.null_count:  # Arrow makes no list from sliced offsets and a null bitmap
+        dims = pa.concat_arrays([dims])
     rows = np.flatnonzero(mine)
     lengths = pc.fill_null(pc.list_value_length(dims), -1).to_numpy(zero_copy_only=False)
     if (lengths[rows] != width).any():
@@ -299,7 +301,8 @@ def _with_slots(dims: pa.Array, mine: np.ndarray, width: int, replaced: Mapping[
         parts.append(picked.texts.cast(pa.string()))
         at += len(picked.texts)
     values = pa.concat_arrays(parts).take(pa.array(source))
-    return pa.ListArray.from_arrays(dims.offsets, values, type=dims.type, mask=dims.is_null())
+    mask = dims.is_null() if dims.null_count else None
+    return pa.ListArray.from_arrays(dims.offsets, values, type=dims.type, mask=mask)
 
 
 def _lists(slots: list[pa.Array], n: int) -> pa.Array:

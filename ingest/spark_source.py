@@ -115,9 +115,10 @@ def read_batch(log: SqliteEventLog, catalog: Catalog, start: dict, end: dict) ->
     same order, same error rows): the pipeline reads a small batch on the driver this way, with no
     Spark job (aggregates/driver_batch.py).
 
-    Each column is one chunk: every step after the read wants its columns whole, and the copy
-    that makes them so is made here, where a catch-up's read-ahead worker makes it on the other
-    core (aggregates/read_ahead.py), not on the batch's own (~270 ms of a 1 M-event batch)."""
+    Each column is one chunk (none for a read of no rows): every step after the read wants its
+    columns whole, and the copy that makes them so is made here, where a catch-up's read-ahead
+    worker makes it on the other core (aggregates/read_ahead.py), not on the batch's own (~270 ms
+    of a 1 M-event batch)."""
     batches = [b for s in batch_slices(catalog, start, end, 2**62)
                for b in read_slice(log, catalog.stream(s.stream), s.partition, s.start, s.end)]
     return pa.Table.from_batches(batches, schema=SOURCE_SCHEMA).combine_chunks()

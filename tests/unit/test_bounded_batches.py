@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.bounded_batches import (SplitBySpark, capped_targets, may_be_split, next_batch, offset_log_text,
-                                        records_between, refuse_split, split_by_spark, with_starts)
+from aggregates.bounded_batches import (SplitBySpark, capped_targets, is_remainder, may_be_split, next_batch,
+                                        offset_log_text, records_between, refuse_split, split_by_spark, with_starts)
 from aggregates.checkpoint_moves import logged_batches, settle_last_batch
 from aggregates.pipeline import PipelineConfig, batch_end_offsets
 from catalog import Catalog
@@ -271,3 +271,9 @@ def test_a_split_matters_only_where_a_table_stops_before_a_change_appended_ahead
     assert not matters({"http_requests": {0: 3}}, {"users": {0: 1}, "http_requests": {0: 3}, "orders": {0: 2}})
     # The log cannot tell the event's append time: it may matter.
     assert matters({}, {"users": {0: 2}, "http_requests": {0: 2}}, known=False)
+
+
+def test_a_rest_is_less_than_a_full_batch():
+    """The serving loop plans a rest after the running batch; a full batch's worth is read ahead."""
+    assert is_remainder(1, 40) and is_remainder(39, 40)
+    assert not is_remainder(40, 40) and not is_remainder(41, 40)
