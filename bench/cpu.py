@@ -37,3 +37,19 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
             total += stats[pid][1]
         todo.extend(children.get(pid, ()))
     return total
+
+
+def child_by_command(root: int, word: str) -> int | None:
+    """The pid of a live child of `root` whose command line holds `word` as one argument (`sketchboard
+    up`'s `api` and `pipeline` processes), None if there is none (or no /proc)."""
+    for p in os.listdir("/proc") if Path("/proc/self/stat").exists() else ():
+        if not p.isdigit() or (stat := _stat(p)) is None or stat[0] != root:
+            continue
+        try:
+            args = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if word.encode() in args:
+            return int(p)
+    return None
+

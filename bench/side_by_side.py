@@ -17,7 +17,9 @@ The same N demo `http_requests` events (generated once, seeded) go through both:
    `--concurrency` clients; timed from the first POST to the moment `GET /api/v1/pipeline` says
    every event was read and committed by the pipeline (aggregated or dead-lettered).
 
-Prints both rates and their ratio; asserts nothing. Run it with nothing else on the machine.
+Prints both rates and their ratio, and where the service's CPU went (its API's and pipeline's
+processes, read from /proc, during the POSTs and after them); asserts nothing. Run it with nothing
+else on the machine.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.cpu import child_by_command, tree_cpu_seconds
 from bench.freshness import Service
 from bench.ingest_api import run_bench
 from catalog import load_catalog
@@ -117,8 +120,10 @@ def wait_read(base: str, target: int, timeout_s: float, say_every_s: float = 10.
     raise SystemExit(f"the pipeline read {read_total(base):,} of {target:,} events in {timeout_s:.0f} s")
 
 
-def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: int, timeout_s: float) -> tuple[float, float]:
-    """(seconds from the first POST to every event read, seconds the POSTs alone took)."""
+def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: int,
+                           timeout_s: float) -> tuple[float, float, str | None]:
+    """(seconds from the first POST to every event read, seconds the POSTs alone took, where the
+    service's CPU went: its API and pipeline processes', read from /proc, None elsewhere)."""
     root.mkdir(parents=True, exist_ok=True)
     service = Service(root, {})
     try:
@@ -128,15 +133,36 @@ def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: in
         before = read_total(service.base)
         bodies = [(len(c), json.dumps(c, separators=(",", ":")).encode()) for c in chunks]
         events = sum(n for n, _ in bodies)
+        # The pipeline's tree: its read-ahead worker's CPU is the pipeline's too.
+        pids = {name: child_by_command(service.proc.pid, name) for name in ("api", "pipeline")}
+
+        def cpu() -> dict[str, float | None]:
+            return {name: None if pid is None else tree_cpu_seconds(pid) for name, pid in pids.items()}
+
+        at_start = cpu()
         started = time.perf_counter()
         result = run_bench(service.base, STREAM, bodies, concurrency)
         posted = time.perf_counter() - started
+        at_posted = cpu()
         if result.accepted != events:
             raise SystemExit(f"the API accepted {result.accepted:,} of {events:,} events ({result.first_problem})")
         done = wait_read(service.base, before + events, timeout_s)
-        return done - started, posted
+        return done - started, posted, cpu_split(at_start, at_posted, cpu(), events)
     finally:
         service.stop()
+
+
+def cpu_split(start: dict, posted: dict, done: dict, events: int) -> str | None:
+    """The API's and the pipeline's CPU seconds while the POSTs ran and after them, and per event:
+    on two cores, whether the API or the pipeline is the wall (docs/benchmarks.md, session 54)."""
+    if any(v is None for d in (start, posted, done) for v in d.values()):
+        return None
+    parts = []
+    for name in ("api", "pipeline"):
+        during, after = posted[name] - start[name], done[name] - posted[name]
+        parts.append(f"{name} {during:.1f} s during the POSTs + {after:.1f} s after"
+                     f" ({(during + after) / events * 1e6:.1f} us an event)")
+    return "CPU: " + "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  plain job: {args.events:,} events in {plain_s:.1f} s = {plain:,.0f} events/s", flush=True)
         print("sketchboard up --no-demo (shipped configuration), POST -> every event read by the pipeline ...",
               flush=True)
-        e2e_s, post_s = sketchboard_end_to_end(root / "sketchboard", chunks, args.concurrency, args.timeout)
+        e2e_s, post_s, split = sketchboard_end_to_end(root / "sketchboard", chunks, args.concurrency, args.timeout)
         ours = args.events / e2e_s
         print(f"  sketchboard: {args.events:,} events in {e2e_s:.1f} s = {ours:,.0f} events/s end to end"
               f" (the POSTs alone: {post_s:.1f} s = {args.events / post_s:,.0f} events/s)", flush=True)
+        if split:
+            print(f"  {split}", flush=True)
     print(f"\n| path | events/s |\n| --- | --- |\n| plain Structured Streaming job (files -> state) | {plain:,.0f} |"
           f"\n| Sketchboard, POST -> every event aggregated | {ours:,.0f} |\n\nratio Sketchboard / plain: {ours / plain:.2f} x"
           " (bar: 2 x)")
