@@ -21,12 +21,17 @@ def _stat(pid: str) -> tuple[int, float] | None:
     return int(fields[1]), sum(int(f) for f in fields[11:15]) / TICK
 
 
+def _pids() -> list[str]:
+    """The live processes' ids, as /proc names them."""
+    return [p for p in os.listdir("/proc") if p.isdigit()]
+
+
 def tree_cpu_seconds(root: int | None = None) -> float | None:
     """User + system CPU seconds of `root` (default: this process) and every live descendant."""
     if not Path("/proc/self/stat").exists():
         return None
     root = os.getpid() if root is None else root
-    stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p)) is not None}
+    stats = {int(p): s for p in _pids() if (s := _stat(p)) is not None}
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
@@ -42,8 +47,8 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
 def child_by_command(root: int, word: str) -> int | None:
     """The pid of a live child of `root` whose command line holds `word` as one argument (`sketchboard
     up`'s `api` and `pipeline` processes), None if there is none (or no /proc)."""
-    for p in os.listdir("/proc") if Path("/proc/self/stat").exists() else ():
-        if not p.isdigit() or (stat := _stat(p)) is None or stat[0] != root:
+    for p in _pids() if Path("/proc/self/stat").exists() else ():
+        if (stat := _stat(p)) is None or stat[0] != root:
             continue
         try:
             args = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
@@ -52,4 +57,3 @@ def child_by_command(root: int, word: str) -> int | None:
         if word.encode() in args:
             return int(p)
     return None
-
