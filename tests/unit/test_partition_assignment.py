@@ -9,7 +9,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.partitioner import LONG_KEY, assign_partitions, assign_partitions_columnar, crc32_of_strings
+from ingest.partitioner import assign_partitions, assign_partitions_columnar
+from sketches.crc32 import LONG_KEY, crc32_of_strings
 
 
 @settings(deadline=None)  # the first call pays for loading Arrow's kernels

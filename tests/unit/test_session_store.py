@@ -1,11 +1,15 @@
 """The open sessions in the store (store/sessions.py), the same contract on SQLite and PostgreSQL:
-saved with the batch's transaction once, read back by key and by due time, counted per stream."""
+saved with the batch's transaction once, read back by key and by due time, counted per stream;
+kept in buckets whose count follows the sessions, and folded into them from a row each."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from store import BatchCommit
+from store import sessions as session_store
 from store.sessions import Session, SessionCommit
 
 T0 = 1_700_000_000_000
@@ -64,3 +68,85 @@ def test_open_sessions_are_read_in_code_point_order_of_their_keys_and_written_in
     closed = SessionCommit("web", removed=sorted(grown)[:1000])
     assert store.commit_batch(commit(2, closed), lateness_ms={}, now_ms=T0).committed
     assert store.session_sizes() == {"web": len(keys) + len(many) - 1000}
+
+
+def small_buckets(monkeypatch, sessions_each: int = 2, least: int = 2) -> None:
+    """Buckets of a few sessions, so that a test's few sessions grow and shrink their count."""
+    monkeypatch.setattr(session_store, "BUCKET_SESSIONS", sessions_each)
+    monkeypatch.setattr(session_store, "MIN_BUCKETS", least)
+
+
+def bucket_rows(store_backend, store) -> list[tuple]:
+    """(stream, bucket, buckets, sessions) of every bucket row, and the per-stream rows."""
+    found = store_backend.tables(store, ["session_buckets", "session_streams"])
+    return [r[:4] for r in found["session_buckets"]], found["session_streams"]
+
+
+def test_a_streams_buckets_grow_and_shrink_with_its_open_sessions(store_backend, monkeypatch):
+    """The sessions are spread over more buckets as they grow past twice the buckets' size and
+    over fewer once below an eighth of it, every bucket rewritten; each row says its count."""
+    small_buckets(monkeypatch)
+    store = store_backend.create()
+    few = [Session(f"k{i}", T0 + i, T0 + i, 1) for i in range(3)]
+    assert store.commit_batch(commit(0, SessionCommit("web", kept=few)), lateness_ms={}, now_ms=T0).committed
+    rows, streams = bucket_rows(store_backend, store)
+    assert streams == [("web", 2, 3)] and {r[2] for r in rows} == {2} and sum(r[3] for r in rows) == 3
+    many = [Session(f"m{i}", T0 + i, T0 + i, 1) for i in range(40)]
+    assert store.commit_batch(commit(1, SessionCommit("web", kept=many)), lateness_ms={}, now_ms=T0).committed
+    rows, streams = bucket_rows(store_backend, store)
+    assert streams == [("web", 32, 43)] and {r[2] for r in rows} == {32} and sum(r[3] for r in rows) == 43
+    assert store.session_state("web", [s.key for s in few + many], None) == sorted(few + many)
+    assert store.commit_batch(commit(2, SessionCommit("web", removed=many)), lateness_ms={}, now_ms=T0).committed
+    rows, streams = bucket_rows(store_backend, store)
+    assert streams == [("web", 2, 3)] and {r[2] for r in rows} == {2}
+    assert store.session_state("web", [s.key for s in few + many], T0 - 1) == few
+    assert store.commit_batch(commit(3, SessionCommit("web", removed=few)), lateness_ms={}, now_ms=T0).committed
+    assert bucket_rows(store_backend, store) == ([], []) and store.session_sizes() == {}
+
+
+def test_sessions_stored_a_row_each_are_folded_into_buckets_at_start(store_backend):
+    """A store from before the buckets (`session_open`, a row per session) opens with the same
+    sessions, now in buckets, and without the old table."""
+    store = store_backend.create()
+    db = store_backend.side_db(store)
+    with db.transaction():
+        db.execute("CREATE TABLE session_open (stream TEXT NOT NULL, session_key TEXT NOT NULL, first_ms BIGINT"
+                   " NOT NULL, last_ms BIGINT NOT NULL, events BIGINT NOT NULL, PRIMARY KEY (stream, session_key, first_ms))")
+        db.executemany("INSERT INTO session_open VALUES (?, ?, ?, ?, ?)",
+                       [("web", "u1", T0, T0 + 10, 2), ("web", "é", T0 + 5, T0 + 5, 1), ("app", "u1", T0, T0, 1)])
+    store = store_backend.reopen(store)
+    assert store.session_state("web", ["u1", "é"], None) == [Session("u1", T0, T0 + 10, 2), Session("é", T0 + 5, T0 + 5, 1)]
+    assert store.session_state("app", [], T0) == [Session("u1", T0, T0, 1)]
+    assert store.session_sizes() == {"web": 2, "app": 1}
+    with pytest.raises(Exception):  # the old table is gone
+        store_backend.tables(store, ["session_open"])
+
+
+keys = st.sampled_from(["a", "b", "é", "😀", "a b", "k1", "k2", "k3", "k4", "k5"])
+sessions = st.builds(Session, keys, st.integers(0, 5), st.integers(0, 9), st.integers(1, 3))
+steps = st.lists(st.tuples(st.lists(sessions, max_size=12), st.lists(st.tuples(keys, st.integers(0, 5)), max_size=6),
+                           st.lists(keys, max_size=4), st.none() | st.integers(-1, 9)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=steps)
+def test_the_buckets_hold_what_each_batch_leaves_as_a_session_per_key_and_first_would(store_backend, monkeypatch,
+                                                                                     steps):
+    """Against a plain map from (key, first) to the session: whatever batches keep and remove
+    (sessions not stored among them, a grown one removed and kept), each lookup by key and due
+    time answers its sessions in (key, first) order, and the counts agree, through bucket
+    counts grown and shrunk."""
+    small_buckets(monkeypatch)
+    store = store_backend.create()
+    model: dict[tuple[str, int], Session] = {}
+    for batch_id, (kept, removed, asked, due) in enumerate(steps):
+        kept = list({(s.key, s.first_ms): s for s in kept}.values())
+        gone = [model.get((k, f), Session(k, f, f, 1)) for k, f in removed]
+        assert store.commit_batch(commit(batch_id, SessionCommit("web", removed=gone, kept=kept)),
+                                  lateness_ms={}, now_ms=T0).committed
+        for s in gone:
+            model.pop((s.key, s.first_ms), None)
+        model.update({(s.key, s.first_ms): s for s in kept})
+        expected = sorted(s for s in model.values() if s.key in asked or (due is not None and s.last_ms <= due))
+        assert list(store.session_state("web", asked, due)) == expected
+        assert store.session_sizes() == ({"web": len(model)} if model else {})
