@@ -10,13 +10,14 @@ transaction): the state holds the sessions of the last `allowed_lateness + gap` 
 
 Stored in buckets, not a row per session: a busy stream's batch touches most of its open
 sessions (every active user's grows), and a row each cost SQLite ~5 us a session of B-tree work
-in the table and its index on the last event: lookup and upsert of 50 000 sessions ~200 + ~230
-ms, in buckets of Arrow IPC ~50 + ~70 ms (docs/benchmarks.md, session 56). A key's bucket is the
-CRC-32 of its UTF-8 bytes modulo the stream's bucket count, a power of two sized to hold
-~BUCKET_SESSIONS sessions each, so a small batch rewrites only the buckets its keys are in; the
-count is changed (every bucket of the stream rewritten) when the sessions outgrow it or shrink
-far below it. Each bucket row says its oldest last event, so the sessions due to close are found
-without reading the others.
+in the table and its index on the last event. A key's bucket is the CRC-32 of its UTF-8 bytes
+modulo the stream's bucket count, a power of two sized to hold ~BUCKET_SESSIONS sessions each;
+the count is changed (every bucket of the stream rewritten) when the sessions outgrow it or
+shrink far below it. Each bucket row says its oldest last event, so the sessions due to close
+are found without reading the others. A bucket's own cost (decode, encode, a row: ~40 us) is
+most of a batch's, so buckets are large: lookup + commit at 50 000 open sessions take ~80-120 ms
+for a batch touching them all (rows: ~460 ms), ~30 ms for 5 000 keys (~44), but ~12-20 ms for
+150 keys (~2) (docs/benchmarks.md, session 56).
 
 Pure, apart from `lookup`, `apply`, `sizes` and `fold_old_rows`, which take a DB-API cursor and
 the backend's placeholder.
@@ -55,7 +56,7 @@ OLD_TABLE = "session_open"  # a row per session, before the buckets (folded into
 BODY_SCHEMA = pa.schema([("session_key", pa.string()), ("first_ms", pa.int64()), ("last_ms", pa.int64()),
                          ("events", pa.int64())])
 MIN_BUCKETS = 16
-BUCKET_SESSIONS = 64  # sessions a bucket is sized to hold: a small batch rewrites ~this many per key it touches
+BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a small batch rewrites ~this many per key it touches
 
 
 @dataclass(frozen=True, order=True)
