@@ -178,19 +178,23 @@ def _bodies(cursor, stream: str, q: str, buckets: Sequence[int] | None,
     session whose last event is at or before `due_ms`, with each one's bucket. Two searches, by
     the primary key and by the due index: SQLite answers one WHERE with both in an OR by walking
     the stream's every bucket (1.6 ms against 0.2 for 150 of 1 024 buckets)."""
+    def rows(sql: str, args: tuple) -> list[tuple[int, bytes]]:
+        if q == "?":
+            cursor.execute(sql, args)
+        else:  # PostgreSQL's binary results: its text form of bytea is hex, twice the bytes to decode
+            cursor.execute(sql, args, binary=True)
+        return [(int(b), bytes(body)) for b, body in cursor.fetchall()]
+
     if buckets is None:
-        cursor.execute(f"SELECT bucket, body FROM session_buckets WHERE stream = {q}", (stream,))
-        return _decoded([(int(b), bytes(body)) for b, body in cursor.fetchall()])
+        return _decoded(rows(f"SELECT bucket, body FROM session_buckets WHERE stream = {q}", (stream,)))
     among, arg = (("bucket IN (SELECT value FROM json_each(?))", json.dumps(list(buckets))) if q == "?"
                   else ("bucket = ANY(%s)", list(buckets)))
-    cursor.execute(f"SELECT bucket, body FROM session_buckets WHERE stream = {q} AND {among}", (stream, arg))
-    rows = [(int(b), bytes(body)) for b, body in cursor.fetchall()]
+    found = rows(f"SELECT bucket, body FROM session_buckets WHERE stream = {q} AND {among}", (stream, arg))
     if due_ms is not None:
-        cursor.execute(f"SELECT bucket, body FROM session_buckets WHERE stream = {q} AND oldest_last_ms <= {q}",
-                       (stream, due_ms))
         read = set(buckets)
-        rows += [(int(b), bytes(body)) for b, body in cursor.fetchall() if int(b) not in read]
-    return _decoded(rows)
+        found += [(b, body) for b, body in rows(f"SELECT bucket, body FROM session_buckets WHERE stream = {q}"
+                                                f" AND oldest_last_ms <= {q}", (stream, due_ms)) if b not in read]
+    return _decoded(found)
 
 
 def _in_order(table: pa.Table) -> SessionColumns:
