@@ -642,6 +642,9 @@ class ReprocessService:
             DefinitionStore(store.side_db()).close()  # and stream_definitions
         finally:
             store.close()
+        # The source's tables as this Sketchboard has them: a kept output written by an older one
+        # lacks those added since (the copy reads every table of STREAM_TABLES), which opening adds.
+        outputs.open_store(run.id).close()
         with outputs.storage.transaction([run.id, previous]) as (db, qualifiers):
             previous_side = Side(qualifiers[previous], previous)
             source = Side(qualifiers[run.id], run.id)

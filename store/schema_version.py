@@ -7,7 +7,9 @@ from __future__ import annotations
 # 1: panes, sketches, change feed, corrections, dead letters, progress, offsets, roll-up tiers,
 #    Bloom filters and first-seen counts (the first versioned schema; SQLite files from before
 #    carry user_version 0 and are upgraded by adding the columns they lack).
-SCHEMA_VERSION = 1
+# 2: a stream's open sessions may be held in buckets (store/sessions.py: session_buckets,
+#    session_streams), where a Sketchboard knowing only version 1 would read none of them.
+SCHEMA_VERSION = 2
 
 
 class StoreVersionError(RuntimeError):

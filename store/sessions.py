@@ -8,19 +8,29 @@ emitted twice or lost across a restart. A session leaves this state when the str
 passes its last event + gap (it is then emitted as a partial of `<stream>_sessions` in the same
 transaction): the state holds the sessions of the last `allowed_lateness + gap` of event time.
 
-Stored in buckets, not a row per session: a busy stream's batch touches most of its open
-sessions (every active user's grows), and a row each cost SQLite ~5 us a session of B-tree work
-in the table and its index on the last event. A key's bucket is the CRC-32 of its UTF-8 bytes
-modulo the stream's bucket count, a power of two sized to hold ~BUCKET_SESSIONS sessions each;
-the count is changed (every bucket of the stream rewritten) when the sessions outgrow it or
-shrink far below it. Each bucket row says its oldest last event, so the sessions due to close
-are found without reading the others. A bucket's own cost (decode, encode, a row: ~40 us) is
-most of a batch's, so buckets are large: lookup + commit at 50 000 open sessions take ~80-120 ms
-for a batch touching them all (rows: ~460 ms), ~30 ms for 5 000 keys (~44), but ~12-20 ms for
-150 keys (~2) (docs/benchmarks.md, session 56).
+Two layouts, a stream's sessions in one of them at a time, chosen by how many keys its batches
+touch against how many sessions it holds (docs/first-seen-membership-sessions.md, docs/benchmarks.md
+session 56):
 
-Pure, apart from `lookup`, `apply`, `sizes` and `fold_old_rows`, which take a DB-API cursor and
-the backend's placeholder.
+- **rows** (`session_open`, a row per session, indexed by last event): a batch costs ~10 us per key
+  it touches (SQLite's B-tree work in the table and the index), whatever the stream holds. Right
+  for live batches touching a few of many sessions.
+- **buckets** (`session_buckets`, a stream's sessions spread by the CRC-32 of their key's UTF-8
+  bytes over a power of two of buckets of ~BUCKET_SESSIONS each, each one Arrow IPC record batch
+  with its oldest last event indexed; `session_streams` says the count): a batch rewrites every
+  bucket one of its keys is in, and a bucket's own cost (decode, encode, a row: ~40 us) makes
+  that ~0.6 us per session held once most buckets are touched. Right for batches touching a
+  large share of the sessions (a backfill's, a busy stream of few users): 50 000 sessions all
+  touched ~80-120 ms, against ~460 ms as rows; but 5 000 keys of 500 000 sessions ~250 ms,
+  against ~50 ms as rows.
+
+A commit touching more than 1/DENSE_SHARE of a stream's sessions (and at least DENSE_FLOOR
+keys) moves its rows into buckets; one touching fewer than 1/SPARSE_SHARE of them moves them back
+(the gap between the two keeps a stream near the edge from moving every batch). Each move is one
+rewrite of the stream's sessions in the batch's transaction.
+
+Pure, apart from `lookup`, `apply` and `sizes`, which take a DB-API cursor and the backend's
+placeholder.
 """
 
 from __future__ import annotations
@@ -36,27 +46,40 @@ import pyarrow.compute as pc
 from sketches.crc32 import crc32_of_strings
 
 SESSION_TABLES = """
+CREATE TABLE IF NOT EXISTS session_open (
+    stream TEXT NOT NULL,
+    session_key TEXT NOT NULL,
+    first_ms INTEGER NOT NULL,      -- the session's first event time (corrected, as the panes use it)
+    last_ms INTEGER NOT NULL,       -- its last event time: it closes when the watermark reaches last_ms + gap
+    events INTEGER NOT NULL,
+    PRIMARY KEY (stream, session_key, first_ms)
+);
+CREATE INDEX IF NOT EXISTS session_open_by_last ON session_open (stream, last_ms);
 CREATE TABLE IF NOT EXISTS session_buckets (
     stream TEXT NOT NULL,
     bucket INTEGER NOT NULL,         -- crc32 of the session key's UTF-8 bytes modulo `buckets`
     buckets INTEGER NOT NULL,        -- the stream's bucket count (as session_streams says)
     sessions INTEGER NOT NULL,       -- open sessions in the bucket (an emptied bucket's row is deleted)
     oldest_last_ms INTEGER NOT NULL, -- their smallest last event time: the bucket holds a due session iff <= due
-    body BLOB NOT NULL,              -- the sessions, an Arrow IPC stream of BODY_SCHEMA (last: read only when asked)
+    body BLOB NOT NULL,              -- the sessions: one Arrow IPC record batch message of BODY_SCHEMA, no schema
+                                     -- message (last column: its pages read only when asked for)
     PRIMARY KEY (stream, bucket)
 );
 CREATE INDEX IF NOT EXISTS session_buckets_by_due ON session_buckets (stream, oldest_last_ms);
 CREATE TABLE IF NOT EXISTS session_streams (
     stream TEXT PRIMARY KEY,
     buckets INTEGER NOT NULL,        -- how many buckets the stream's open sessions are spread over
-    sessions INTEGER NOT NULL        -- its open sessions (a row with none is deleted)
+    sessions INTEGER NOT NULL        -- its open sessions (a row with none is deleted): a stream with a row
+                                     -- holds its sessions in buckets, one without in session_open
 );
 """
-OLD_TABLE = "session_open"  # a row per session, before the buckets (folded into them at start)
 BODY_SCHEMA = pa.schema([("session_key", pa.string()), ("first_ms", pa.int64()), ("last_ms", pa.int64()),
                          ("events", pa.int64())])
 MIN_BUCKETS = 16
-BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a small batch rewrites ~this many per key it touches
+BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a batch rewrites ~this many per key it touches
+DENSE_SHARE = 12  # a batch touching more than 1/12 of a stream's sessions' keys puts them in buckets
+DENSE_FLOOR = 2_000  # ... if it touches at least this many keys (fewer: rows, whatever the stream holds)
+SPARSE_SHARE = 48  # a batch touching fewer than 1/48 of a stream's bucketed sessions puts them back in rows
 
 
 @dataclass(frozen=True, order=True)
@@ -207,11 +230,11 @@ def _in_order(table: pa.Table) -> SessionColumns:
 
 def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> SessionColumns:
     """The open sessions of `stream` with a key among `keys`, and every one whose last event is at
-    or before `due_through_ms` (they close now, whatever their key); in (key, first) order. Reads
-    only the buckets of those keys and the buckets holding a due session."""
+    or before `due_through_ms` (they close now, whatever their key); in (key, first) order."""
     layout = _layout(cursor, stream, placeholder)
     if layout is None:
-        return SessionColumns()
+        return _row_lookup(cursor, stream, keys, due_through_ms, placeholder)
+    # Only the buckets of those keys and the buckets holding a due session.
     wanted = pc.unique(pa.array(keys, pa.string())) if len(keys) else pa.array([], pa.string())
     table, _ = _bodies(cursor, stream, placeholder, np.unique(buckets_of(wanted, layout[0])).tolist(), due_through_ms)
     found = pc.is_in(table["session_key"], value_set=wanted)
@@ -220,44 +243,166 @@ def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None,
     return _in_order(table.filter(found))
 
 
+def _row_lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, q: str) -> SessionColumns:
+    keys = list(set(keys))
+    if q == "?":
+        in_keys, key_arg = "session_key IN (SELECT value FROM json_each(?))", json.dumps(keys)
+    else:
+        in_keys, key_arg = "session_key = ANY(%s)", keys
+    due = -(2**62) if due_through_ms is None else due_through_ms
+    # Two searches in a UNION, not one WHERE with OR: SQLite answers the OR by walking every open
+    # session of the stream (its index on (stream, last_ms) for stream only), 65 ms a batch at 50 000
+    # open sessions, against 28 ms for the key search plus the due search (rows are unique by the
+    # primary key, so the UNION's dedup is the OR's).
+    columns = "SELECT session_key, first_ms, last_ms, events FROM session_open"
+    cursor.execute(f"{columns} WHERE stream = {q} AND {in_keys}"
+                   f" UNION {columns} WHERE stream = {q} AND last_ms <= {q}", (stream, key_arg, stream, due))
+    rows = cursor.fetchall()
+    rows.sort()  # tuples of str and ints: (key, first) is the primary key, so this is (key, first) order
+    return SessionColumns(*zip(*rows, strict=True)) if rows else SessionColumns()
+
+
 _ID = ["session_key", "first_ms"]  # a session's identity in the state: a grown session keeps its first event
 
 
+def _merged(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
+    """`old` without its removed and rewritten sessions (by key and first event: a join on their
+    identity, not a set of strings made per row), with the kept ones."""
+    changed = pa.concat_tables([kept.select(_ID), removed.select(_ID)])
+    staying = old.join(changed, keys=_ID, join_type="left anti", use_threads=False)
+    return pa.concat_tables([staying.select(BODY_SCHEMA.names), kept]).combine_chunks()
+
+
 def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
-    """Save each stream's batch changes; the caller owns the transaction. Each bucket a removed or
-    kept session's key is in is read, its removed and rewritten sessions (by key and first event)
-    taken out, the kept ones put in, and written back whole; a bucket left empty is deleted.
-    Spread anew over `bucket_count` buckets (every bucket rewritten) when the stream has none yet
-    or has outgrown its count."""
+    """Save each stream's batch changes in the layout its density asks for (the module doc); the
+    caller owns the transaction."""
     q = placeholder
     for c in commits:
-        kept, removed = as_table(c.kept), as_table(c.removed)
+        kept, removed = _unique(as_table(c.kept)), as_table(c.removed)
         if not len(kept) and not len(removed):
             continue
+        keys = pa.concat_arrays([kept["session_key"].combine_chunks(), removed["session_key"].combine_chunks()])
+        touched = len(pc.unique(keys))
         layout = _layout(cursor, c.stream, q)
         if layout is None:
-            _write(cursor, c.stream, kept, None, bucket_count(len(kept)), None, q)
-            _set_layout(cursor, c.stream, bucket_count(len(kept)), len(kept), q)
+            held = _row_count(cursor, c.stream, q) if touched >= DENSE_FLOOR else None
+            if held is None or touched * DENSE_SHARE <= held:
+                _row_apply(cursor, c, q)
+                continue
+            # Dense: the stream's rows move into buckets, with this batch's changes.
+            sessions = _merged(_rows_of(cursor, c.stream, q), kept, removed)
+            cursor.execute(f"DELETE FROM session_open WHERE stream = {q}", (c.stream,))
+            _spread(cursor, c.stream, sessions, q)
             continue
         buckets, stored = layout
+        if touched * SPARSE_SHARE < stored:
+            # Sparse: the stream's buckets move back into rows, with this batch's changes.
+            old, _ = _bodies(cursor, c.stream, q, None)
+            _drop_buckets(cursor, c.stream, q)
+            _insert_rows(cursor, c.stream, _merged(old, kept, removed), q)
+            continue
+        # Each bucket a removed or kept session's key is in is read, changed and written back whole.
         kept_in = buckets_of(kept["session_key"].combine_chunks(), buckets)
-        touched = np.union1d(kept_in, buckets_of(removed["session_key"].combine_chunks(), buckets))
-        old, old_in = _bodies(cursor, c.stream, q, touched.tolist())
-        # The old sessions that stay: a join on their identity, not a set of strings made per row.
-        old = old.append_column("_in", pa.array(old_in))
+        touched_buckets = np.union1d(kept_in, buckets_of(removed["session_key"].combine_chunks(), buckets))
+        old, old_in = _bodies(cursor, c.stream, q, touched_buckets.tolist())
+        old = old.append_column("_in", pa.array(old_in, pa.int64()))
         changed = pa.concat_tables([kept.select(_ID), removed.select(_ID)])
         staying = old.join(changed, keys=_ID, join_type="left anti", use_threads=False)
-        sessions = pa.concat_tables([staying.drop_columns(["_in"]), kept])
+        sessions = pa.concat_tables([staying.select(BODY_SCHEMA.names), kept])
         of = np.concatenate([staying["_in"].to_numpy(), kept_in])
         total = stored - len(old) + len(sessions)
         if not outgrown(total, buckets):
-            _write(cursor, c.stream, sessions, of, buckets, touched, q)
+            _write(cursor, c.stream, sessions, of, buckets, touched_buckets, q)
             _set_layout(cursor, c.stream, buckets, total, q)
             continue
-        others, _ = _bodies(cursor, c.stream, q, np.setdiff1d(np.arange(buckets), touched).tolist())
-        cursor.execute(f"DELETE FROM session_buckets WHERE stream = {q}", (c.stream,))
-        _write(cursor, c.stream, pa.concat_tables([sessions, others]), None, bucket_count(total), None, q)
-        _set_layout(cursor, c.stream, bucket_count(total), total, q)
+        # Outgrown (or shrunk below) its count: every bucket spread anew.
+        others, _ = _bodies(cursor, c.stream, q, np.setdiff1d(np.arange(buckets), touched_buckets).tolist())
+        _drop_buckets(cursor, c.stream, q)
+        _spread(cursor, c.stream, pa.concat_tables([sessions, others]), q)
+
+
+def _unique(kept: pa.Table) -> pa.Table:
+    """The kept sessions, the last of each (key, first) where one is there twice (as an upsert leaves it)."""
+    if kept.group_by(_ID, use_threads=False).aggregate([]).num_rows == len(kept):
+        return kept
+    return as_table(SessionColumns(*zip(*_rows(SessionColumns(*(kept[c].to_pylist() for c in BODY_SCHEMA.names))),
+                                        strict=True)))
+
+
+def _spread(cursor, stream: str, sessions: pa.Table, q: str) -> None:
+    """A stream with no bucket yet: its sessions written into `bucket_count` buckets."""
+    buckets = bucket_count(len(sessions))
+    _write(cursor, stream, sessions, None, buckets, None, q)
+    _set_layout(cursor, stream, buckets, len(sessions), q)
+
+
+def _drop_buckets(cursor, stream: str, q: str) -> None:
+    cursor.execute(f"DELETE FROM session_buckets WHERE stream = {q}", (stream,))
+    cursor.execute(f"DELETE FROM session_streams WHERE stream = {q}", (stream,))
+
+
+def _row_count(cursor, stream: str, q: str) -> int:
+    cursor.execute(f"SELECT COUNT(*) FROM session_open WHERE stream = {q}", (stream,))
+    return int(cursor.fetchone()[0])
+
+
+def _rows_of(cursor, stream: str, q: str) -> pa.Table:
+    cursor.execute(f"SELECT session_key, first_ms, last_ms, events FROM session_open WHERE stream = {q}", (stream,))
+    rows = cursor.fetchall()
+    return as_table(SessionColumns(*zip(*rows, strict=True)) if rows else SessionColumns())
+
+
+def _insert_rows(cursor, stream: str, sessions: pa.Table, q: str) -> None:
+    """A stream with no row: its sessions written a row each, in primary key order (B-tree appends)."""
+    if not len(sessions):
+        return
+    sessions = sessions.take(pc.sort_indices(sessions, sort_keys=[(c, "ascending") for c in _ID]))
+    columns = [sessions[c].to_pylist() for c in BODY_SCHEMA.names]
+    if q == "?":
+        cursor.executemany("INSERT INTO session_open (stream, session_key, first_ms, last_ms, events)"
+                           " VALUES (?, ?, ?, ?, ?)", [(stream, *row) for row in zip(*columns, strict=True)])
+    else:
+        cursor.execute("INSERT INTO session_open (stream, session_key, first_ms, last_ms, events)"
+                       " SELECT %s, k, f, l, n FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[])"
+                       " AS r(k, f, l, n)", (stream, *columns))
+
+
+def _row_apply(cursor, c: SessionCommit, q: str) -> None:
+    """A batch's changes to a stream held as rows. A removed session whose (key, first) is written
+    again (it grew) is not deleted first: the upsert replaces it."""
+    kept = list(_rows(c.kept))
+    rewritten = {(k, f) for k, f, _, _ in kept}
+    gone = [(k, f) for k, f, _, _ in _rows(c.removed) if (k, f) not in rewritten]
+    if q == "?":
+        if gone:
+            cursor.executemany("DELETE FROM session_open WHERE stream = ? AND session_key = ? AND first_ms = ?",
+                               [(c.stream, k, f) for k, f in gone])
+        if kept:
+            cursor.executemany(
+                "INSERT INTO session_open (stream, session_key, first_ms, last_ms, events) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (stream, session_key, first_ms) DO UPDATE SET last_ms = excluded.last_ms,"
+                " events = excluded.events", [(c.stream, *row) for row in kept])
+        return
+    # PostgreSQL: one statement each, the rows bound as arrays (no round trip per row).
+    if gone:
+        keys, firsts = zip(*gone, strict=True)
+        cursor.execute("DELETE FROM session_open o USING unnest(%s::text[], %s::bigint[]) AS g(k, f)"
+                       " WHERE o.stream = %s AND o.session_key = g.k AND o.first_ms = g.f",
+                       (list(keys), list(firsts), c.stream))
+    if kept:
+        keys, firsts, lasts, events = zip(*kept, strict=True)
+        cursor.execute(
+            "INSERT INTO session_open (stream, session_key, first_ms, last_ms, events)"
+            " SELECT %s, k, f, l, n FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS r(k, f, l, n)"
+            " ON CONFLICT (stream, session_key, first_ms) DO UPDATE SET last_ms = excluded.last_ms,"
+            " events = excluded.events", (c.stream, list(keys), list(firsts), list(lasts), list(events)))
+
+
+def _rows(sessions: Sequence[Session]):
+    """(key, first, last, events) tuples, the last of each (key, first) (as an upsert leaves them)."""
+    rows = sessions.rows() if isinstance(sessions, SessionColumns) else (
+        (s.key, s.first_ms, s.last_ms, s.events) for s in sessions)
+    return {(k, f): (k, f, l, n) for k, f, l, n in rows}.values()
 
 
 def _write(cursor, stream: str, sessions: pa.Table, of: np.ndarray | None, buckets: int,
@@ -295,25 +440,9 @@ def _write(cursor, stream: str, sessions: pa.Table, of: np.ndarray | None, bucke
 
 
 def sizes(cursor) -> dict[str, int]:
-    """Open sessions per stream (for status and benchmarks)."""
+    """Open sessions per stream (for status and benchmarks), in rows or in buckets."""
+    cursor.execute("SELECT stream, COUNT(*) FROM session_open GROUP BY stream")
+    out = {stream: int(n) for stream, n in cursor.fetchall()}
     cursor.execute("SELECT stream, sessions FROM session_streams")
-    return {stream: int(n) for stream, n in cursor.fetchall()}
-
-
-def fold_old_rows(cursor, placeholder: str) -> None:
-    """A store made before the buckets: its open sessions, a row each in `session_open`, written
-    into buckets and the old table dropped (in the caller's transaction)."""
-    if placeholder == "?":
-        cursor.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (OLD_TABLE,))
-        exists = cursor.fetchone() is not None
-    else:
-        cursor.execute("SELECT to_regclass(%s)", (OLD_TABLE,))
-        exists = cursor.fetchone()[0] is not None
-    if not exists:
-        return
-    cursor.execute(f"SELECT stream, session_key, first_ms, last_ms, events FROM {OLD_TABLE}")
-    by_stream: dict[str, list[Session]] = {}
-    for stream, *row in cursor.fetchall():
-        by_stream.setdefault(stream, []).append(Session(*row))
-    apply(cursor, [SessionCommit(stream, kept=sessions) for stream, sessions in by_stream.items()], placeholder)
-    cursor.execute(f"DROP TABLE {OLD_TABLE}")
+    out.update({stream: int(n) for stream, n in cursor.fetchall()})
+    return out

@@ -99,10 +99,6 @@ class SqlitePaneStore(PaneStore):
         self._conn.execute(view_state.CHANGE_SEQ_INDEX)
         sqlite_tiers.fold_old_sketch_tables(self._conn)  # sketches one row per (field, kind): now a column
         sqlite_tiers.number_dims(self._conn)  # dimensions as text in every row: now numbered
-        if self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                              (session_store.OLD_TABLE,)).fetchone():
-            with transaction(self._conn):  # open sessions a row each: now in buckets
-                session_store.fold_old_rows(self._conn.cursor(), "?")
 
     # -- writing ------------------------------------------------------------------------
 

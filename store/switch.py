@@ -37,7 +37,7 @@ STREAM_TABLES = (
     "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
     "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
-    "session_buckets", "session_streams",  # its open sessions: the state its `<stream>_sessions` output goes on from
+    "session_open", "session_buckets", "session_streams",  # its open sessions (rows or buckets): the state its `<stream>_sessions` output goes on from
     "dim_sets",  # the numbers its panes and tier rows give their dimensions (store/dim_sets.py)
 )
 # Not here, keyed by another name: a pattern's state and matches (below), moved with the stream

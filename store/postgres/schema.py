@@ -14,7 +14,6 @@ from store.schema_version import SCHEMA_VERSION, check_version
 from store import dims_migration
 from store.row_codec import NO_SKETCHES, OBJECT_STATS_PATTERN
 from store.tables import OLD_SKETCH_TABLES, STORE_TABLES
-from store import sessions as session_store
 from store import view_state
 
 # Every session that creates or upgrades the schema, or commits a batch, holds this lock (a
@@ -75,8 +74,6 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute(view_state.CHANGE_SEQ_INDEX)
         _fold_old_sketch_tables(conn)
         _number_dims(conn)
-        with conn.cursor() as cur:  # open sessions a row each: now in buckets
-            session_store.fold_old_rows(cur, "%s")
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 

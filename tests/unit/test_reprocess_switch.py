@@ -23,6 +23,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
+from store import sessions as session_store
 from store.sessions import Session, SessionCommit
 from store.table_versions import EnrichmentCommit
 from store.joins import JoinCommit
@@ -247,10 +248,16 @@ def with_derived(commit: BatchCommit, catalog: Catalog, n: int) -> BatchCommit:
                    sessions=[SessionCommit("http", kept=[Session("u1", NOW, NOW + n, n)])])
 
 
-def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings):
+@pytest.mark.parametrize("layout", ["rows", "buckets"])
+def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings, monkeypatch, layout):
     """`<stream>_sessions` (closed sessions) and its open sessions, and `<stream>_clocks`, are built
     by a run in its own batches from the stream's records: they are the stream's output too, so
-    they are switched with it, in the same transaction, and kept with the replaced output."""
+    they are switched with it, in the same transaction, and kept with the replaced output; the open
+    sessions as rows or in buckets (store/sessions.py), and back to a kept output written before
+    the buckets' tables existed."""
+    if layout == "buckets":  # every batch dense: the sessions in buckets
+        monkeypatch.setattr(session_store, "DENSE_FLOOR", 1)
+        monkeypatch.setattr(session_store, "DENSE_SHARE", 1)
     old, new = Catalog(**OLD_DERIVING), Catalog(**NEW_DERIVING)
     commit = dict(lateness_ms={"http": 0, "orders": 0, "http_sessions": 0, "http_clocks": 0}, now_ms=NOW)
     root = open_store(settings)
@@ -275,6 +282,11 @@ def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings)
         kept = open_store(settings, switched["previous"])
         assert [sum(counts(kept, name).values()) for name in ("http_sessions", "http_clocks")] == [4, 4]
         assert [s.events for s in kept.session_state("http", ["u1"], None)] == [4]
+        if layout == "rows":  # its sessions as rows: as a Sketchboard from before the buckets left it
+            db = kept.side_db()
+            with db.transaction():
+                for table in ("session_buckets", "session_streams"):
+                    db.execute(f"DROP TABLE {table}")
         kept.close()
         service.switch(switched["previous"])  # and back
         assert sum(counts(root, "http_sessions").values()) == 4

@@ -1,6 +1,6 @@
 """The open sessions in the store (store/sessions.py), the same contract on SQLite and PostgreSQL:
 saved with the batch's transaction once, read back by key and by due time, counted per stream;
-kept in buckets whose count follows the sessions, and folded into them from a row each."""
+held as rows or in buckets by the density of the batches, the buckets' count following the sessions."""
 
 from __future__ import annotations
 
@@ -70,10 +70,14 @@ def test_open_sessions_are_read_in_code_point_order_of_their_keys_and_written_in
     assert store.session_sizes() == {"web": len(keys) + len(many) - 1000}
 
 
-def small_buckets(monkeypatch, sessions_each: int = 2, least: int = 2) -> None:
-    """Buckets of a few sessions, so that a test's few sessions grow and shrink their count."""
-    monkeypatch.setattr(session_store, "BUCKET_SESSIONS", sessions_each)
-    monkeypatch.setattr(session_store, "MIN_BUCKETS", least)
+def small_buckets(monkeypatch, *, dense_floor: int = 1, dense_share: int = 1, sparse_share: int = 10**9) -> None:
+    """Buckets of a few sessions, so that a test's few sessions grow and shrink their count; by
+    default every batch puts a stream in buckets and none takes it back to rows."""
+    monkeypatch.setattr(session_store, "BUCKET_SESSIONS", 2)
+    monkeypatch.setattr(session_store, "MIN_BUCKETS", 2)
+    monkeypatch.setattr(session_store, "DENSE_FLOOR", dense_floor)
+    monkeypatch.setattr(session_store, "DENSE_SHARE", dense_share)
+    monkeypatch.setattr(session_store, "SPARSE_SHARE", sparse_share)
 
 
 def bucket_rows(store_backend, store) -> list[tuple]:
@@ -104,25 +108,40 @@ def test_a_streams_buckets_grow_and_shrink_with_its_open_sessions(store_backend,
     assert bucket_rows(store_backend, store) == ([], []) and store.session_sizes() == {}
 
 
-def test_sessions_stored_a_row_each_are_folded_into_buckets_at_start(store_backend):
-    """A store from before the buckets (`session_open`, a row per session) opens with the same
-    sessions, now in buckets, and without the old table."""
+def test_a_streams_sessions_move_to_buckets_on_a_dense_batch_and_back_to_rows_on_a_sparse_one(store_backend,
+                                                                                              monkeypatch):
+    """A batch touching a large share of a stream's sessions (and enough keys) moves them into
+    buckets, one touching a small share moves them back to rows; the answers are the same either
+    way, and another stream's sessions stay where they are."""
+    small_buckets(monkeypatch, dense_floor=4, dense_share=2, sparse_share=4)
     store = store_backend.create()
-    db = store_backend.side_db(store)
-    with db.transaction():
-        db.execute("CREATE TABLE session_open (stream TEXT NOT NULL, session_key TEXT NOT NULL, first_ms BIGINT"
-                   " NOT NULL, last_ms BIGINT NOT NULL, events BIGINT NOT NULL, PRIMARY KEY (stream, session_key, first_ms))")
-        db.executemany("INSERT INTO session_open VALUES (?, ?, ?, ?, ?)",
-                       [("web", "u1", T0, T0 + 10, 2), ("web", "é", T0 + 5, T0 + 5, 1), ("app", "u1", T0, T0, 1)])
-    store = store_backend.reopen(store)
-    assert store.session_state("web", ["u1", "é"], None) == [Session("u1", T0, T0 + 10, 2), Session("é", T0 + 5, T0 + 5, 1)]
-    assert store.session_state("app", [], T0) == [Session("u1", T0, T0, 1)]
-    assert store.session_sizes() == {"web": 2, "app": 1}
-    with pytest.raises(Exception):  # the old table is gone
-        store_backend.tables(store, ["session_open"])
+    ten = [Session(f"k{i}", T0 + i, T0 + i, 1) for i in range(10)]
+    other = [Session("u1", T0, T0, 1)]  # a stream with one key a batch: rows, always
+    assert store.commit_batch(commit(0, SessionCommit("web", kept=ten), SessionCommit("app", kept=other)),
+                              lateness_ms={}, now_ms=T0).committed
+
+    def layout() -> tuple[list, list, list]:
+        found = store_backend.tables(store, ["session_open", "session_buckets", "session_streams"])
+        return ([r[0] for r in found["session_open"]], sorted({r[0] for r in found["session_buckets"]}),
+                [r[0] for r in found["session_streams"]])
+
+    assert layout() == (["app"], ["web"], ["web"])  # 10 keys of none held: dense
+    grown = Session("k3", T0 + 3, T0 + 50, 2)
+    assert store.commit_batch(commit(1, SessionCommit("web", removed=[ten[3]], kept=[grown])),
+                              lateness_ms={}, now_ms=T0).committed
+    assert layout() == (["app", *["web"] * 10], [], [])  # 1 key of 10: sparse, rows again
+    state = sorted([*ten[:3], grown, *ten[4:]])
+    assert store.session_state("web", [s.key for s in ten], None) == state
+    assert store.session_state("web", [], T0 + 4) == [s for s in state if s.last_ms <= T0 + 4]
+    assert store.session_sizes() == {"web": 10, "app": 1}
+    closed = SessionCommit("web", removed=state[:6])
+    assert store.commit_batch(commit(2, closed), lateness_ms={}, now_ms=T0).committed
+    assert layout() == (["app"], ["web"], ["web"])  # 6 keys of 10: dense, buckets again
+    assert store.session_state("web", [s.key for s in ten], T0 + 100) == state[6:]
+    assert store.session_sizes() == {"web": 4, "app": 1}
 
 
-keys = st.sampled_from(["a", "b", "é", "😀", "a b", "k1", "k2", "k3", "k4", "k5"])
+keys = st.sampled_from(["a", "b", "é", "😀", "a b", "", "k1", "k2", "k3", "k4", "k5", "k" * 80])
 sessions = st.builds(Session, keys, st.integers(0, 5), st.integers(0, 9), st.integers(1, 3))
 steps = st.lists(st.tuples(st.lists(sessions, max_size=12), st.lists(st.tuples(keys, st.integers(0, 5)), max_size=6),
                            st.lists(keys, max_size=4), st.none() | st.integers(-1, 9)), min_size=1, max_size=6)
@@ -130,17 +149,16 @@ steps = st.lists(st.tuples(st.lists(sessions, max_size=12), st.lists(st.tuples(k
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=steps)
-def test_the_buckets_hold_what_each_batch_leaves_as_a_session_per_key_and_first_would(store_backend, monkeypatch,
+def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_would(store_backend, monkeypatch,
                                                                                      steps):
     """Against a plain map from (key, first) to the session: whatever batches keep and remove
     (sessions not stored among them, a grown one removed and kept), each lookup by key and due
-    time answers its sessions in (key, first) order, and the counts agree, through bucket
-    counts grown and shrunk."""
-    small_buckets(monkeypatch)
+    time answers its sessions in (key, first) order, and the counts agree, through moves between
+    rows and buckets and bucket counts grown and shrunk (a session kept twice: the last one)."""
+    small_buckets(monkeypatch, dense_floor=2, dense_share=3, sparse_share=6)
     store = store_backend.create()
     model: dict[tuple[str, int], Session] = {}
     for batch_id, (kept, removed, asked, due) in enumerate(steps):
-        kept = list({(s.key, s.first_ms): s for s in kept}.values())
         gone = [model.get((k, f), Session(k, f, f, 1)) for k, f in removed]
         assert store.commit_batch(commit(batch_id, SessionCommit("web", removed=gone, kept=kept)),
                                   lateness_ms={}, now_ms=T0).committed
