@@ -12,17 +12,17 @@ Two layouts, a stream's sessions in one of them at a time, chosen by how many ke
 touch against how many sessions it holds (docs/first-seen-membership-sessions.md, docs/benchmarks.md
 session 56):
 
-- **rows** (`session_open`, a row per session, indexed by last event): a batch costs ~10 us per key
-  it touches (SQLite's B-tree work in the table and the index), whatever the stream holds. Right
-  for live batches touching a few of many sessions.
+- **rows** (`session_open`, a row per session, indexed by last event): a batch costs ~10-40 us
+  per key it touches (SQLite's B-tree work in the table and the index, growing slowly with the
+  rows held). Right for live batches touching a few of many sessions.
 - **buckets** (`session_buckets`, a stream's sessions spread by the CRC-32 of their key's UTF-8
   bytes over a power of two of buckets of ~BUCKET_SESSIONS each, each one Arrow IPC record batch
   with its oldest last event indexed; `session_streams` says the count): a batch rewrites every
   bucket one of its keys is in, and a bucket's own cost (decode, encode, a row: ~40 us) makes
   that ~0.6 us per session held once most buckets are touched. Right for batches touching a
-  large share of the sessions (a backfill's, a busy stream of few users): 50 000 sessions all
-  touched ~80-120 ms, against ~460 ms as rows; but 5 000 keys of 500 000 sessions ~250 ms,
-  against ~50 ms as rows.
+  large share of the sessions (a backfill's, a busy stream of few users). Lookup + commit:
+  50 000 sessions all touched ~125 ms in buckets, ~610 ms as rows; but 1 000 keys of 500 000
+  sessions ~145-220 ms in buckets, ~45-58 ms as rows.
 
 A commit touching more than 1/DENSE_SHARE of a stream's sessions (and at least DENSE_FLOOR
 keys) moves its rows into buckets; one touching fewer than 1/SPARSE_SHARE of them moves them back
@@ -285,7 +285,7 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
         touched = len(pc.unique(keys))
         layout = _layout(cursor, c.stream, q)
         if layout is None:
-            held = _row_count(cursor, c.stream, q) if touched >= DENSE_FLOOR else None
+            held = _row_count(cursor, c.stream, q, touched * DENSE_SHARE + 1) if touched >= DENSE_FLOOR else None
             if held is None or touched * DENSE_SHARE <= held:
                 _row_apply(cursor, c, q)
                 continue
@@ -341,8 +341,10 @@ def _drop_buckets(cursor, stream: str, q: str) -> None:
     cursor.execute(f"DELETE FROM session_streams WHERE stream = {q}", (stream,))
 
 
-def _row_count(cursor, stream: str, q: str) -> int:
-    cursor.execute(f"SELECT COUNT(*) FROM session_open WHERE stream = {q}", (stream,))
+def _row_count(cursor, stream: str, q: str, at_most: int) -> int:
+    """The stream's rows, counted no further than `at_most` (a full count of 500 000 rows: ~30 ms)."""
+    cursor.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM session_open WHERE stream = {q} LIMIT {q}) AS held",
+                   (stream, at_most))
     return int(cursor.fetchone()[0])
 
 

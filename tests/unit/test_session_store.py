@@ -143,28 +143,42 @@ def test_a_streams_sessions_move_to_buckets_on_a_dense_batch_and_back_to_rows_on
 
 keys = st.sampled_from(["a", "b", "é", "😀", "a b", "", "k1", "k2", "k3", "k4", "k5", "k" * 80])
 sessions = st.builds(Session, keys, st.integers(0, 5), st.integers(0, 9), st.integers(1, 3))
-steps = st.lists(st.tuples(st.lists(sessions, max_size=12), st.lists(st.tuples(keys, st.integers(0, 5)), max_size=6),
-                           st.lists(keys, max_size=4), st.none() | st.integers(-1, 9)), min_size=1, max_size=6)
+changes = st.tuples(st.sampled_from(["web", "app"]), st.lists(sessions, max_size=12),
+                    st.lists(st.tuples(keys, st.integers(0, 5)), max_size=6))
+steps = st.lists(st.tuples(st.lists(changes, min_size=1, max_size=3), st.lists(keys, max_size=4),
+                           st.none() | st.integers(-1, 9)), min_size=1, max_size=6)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=steps)
 def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_would(store_backend, monkeypatch,
                                                                                      steps):
-    """Against a plain map from (key, first) to the session: whatever batches keep and remove
-    (sessions not stored among them, a grown one removed and kept), each lookup by key and due
-    time answers its sessions in (key, first) order, and the counts agree, through moves between
-    rows and buckets and bucket counts grown and shrunk (a session kept twice: the last one)."""
+    """Against a plain map from (stream, key, first) to the session: whatever batches keep and
+    remove (sessions not stored among them, a grown one removed and kept, two changes of one
+    stream in a batch, applied in order), each lookup by key and due time answers its sessions in
+    (key, first) order and the counts agree, through moves between rows and buckets and bucket
+    counts grown and shrunk (a session kept twice: the last one); a stream's sessions are in one
+    layout at a time, and its bucket rows add up to its count."""
     small_buckets(monkeypatch, dense_floor=2, dense_share=3, sparse_share=6)
     store = store_backend.create()
-    model: dict[tuple[str, int], Session] = {}
-    for batch_id, (kept, removed, asked, due) in enumerate(steps):
-        gone = [model.get((k, f), Session(k, f, f, 1)) for k, f in removed]
-        assert store.commit_batch(commit(batch_id, SessionCommit("web", removed=gone, kept=kept)),
-                                  lateness_ms={}, now_ms=T0).committed
-        for s in gone:
-            model.pop((s.key, s.first_ms), None)
-        model.update({(s.key, s.first_ms): s for s in kept})
-        expected = sorted(s for s in model.values() if s.key in asked or (due is not None and s.last_ms <= due))
-        assert list(store.session_state("web", asked, due)) == expected
-        assert store.session_sizes() == ({"web": len(model)} if model else {})
+    model: dict[str, dict[tuple[str, int], Session]] = {"web": {}, "app": {}}
+    for batch_id, (changed, asked, due) in enumerate(steps):
+        commits = []
+        for stream, kept, removed in changed:
+            held = model[stream]
+            gone = [held.get((k, f), Session(k, f, f, 1)) for k, f in removed]
+            commits.append(SessionCommit(stream, removed=gone, kept=kept))
+            for s in gone:
+                held.pop((s.key, s.first_ms), None)
+            held.update({(s.key, s.first_ms): s for s in kept})
+        assert store.commit_batch(commit(batch_id, *commits), lateness_ms={}, now_ms=T0).committed
+        for stream, held in model.items():
+            expected = sorted(s for s in held.values() if s.key in asked or (due is not None and s.last_ms <= due))
+            assert list(store.session_state(stream, asked, due)) == expected
+        assert store.session_sizes() == {stream: len(held) for stream, held in model.items() if held}
+        found = store_backend.tables(store, ["session_open", "session_buckets", "session_streams"])
+        as_rows = {r[0] for r in found["session_open"]}
+        counted = {stream: n for stream, _, n in found["session_streams"]}
+        assert not as_rows & set(counted)  # one layout at a time
+        for stream, n in counted.items():
+            assert sum(r[3] for r in found["session_buckets"] if r[0] == stream) == n
