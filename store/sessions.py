@@ -265,12 +265,16 @@ def _row_lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | 
 _ID = ["session_key", "first_ms"]  # a session's identity in the state: a grown session keeps its first event
 
 
-def _merged(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
-    """`old` without its removed and rewritten sessions (by key and first event: a join on their
-    identity, not a set of strings made per row), with the kept ones."""
+def _staying(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
+    """`old` (with any column of its own) without its removed and rewritten sessions: by key and
+    first event, a join on their identity rather than a set of strings made per row."""
     changed = pa.concat_tables([kept.select(_ID), removed.select(_ID)])
-    staying = old.join(changed, keys=_ID, join_type="left anti", use_threads=False)
-    return pa.concat_tables([staying.select(BODY_SCHEMA.names), kept]).combine_chunks()
+    return old.join(changed, keys=_ID, join_type="left anti", use_threads=False)
+
+
+def _merged(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
+    """`old` as the batch leaves it: its staying sessions and the kept ones."""
+    return pa.concat_tables([_staying(old, kept, removed).select(BODY_SCHEMA.names), kept]).combine_chunks()
 
 
 def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
@@ -305,9 +309,7 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
         kept_in = buckets_of(kept["session_key"].combine_chunks(), buckets)
         touched_buckets = np.union1d(kept_in, buckets_of(removed["session_key"].combine_chunks(), buckets))
         old, old_in = _bodies(cursor, c.stream, q, touched_buckets.tolist())
-        old = old.append_column("_in", pa.array(old_in, pa.int64()))
-        changed = pa.concat_tables([kept.select(_ID), removed.select(_ID)])
-        staying = old.join(changed, keys=_ID, join_type="left anti", use_threads=False)
+        staying = _staying(old.append_column("_in", pa.array(old_in, pa.int64())), kept, removed)
         sessions = pa.concat_tables([staying.select(BODY_SCHEMA.names), kept])
         of = np.concatenate([staying["_in"].to_numpy(), kept_in])
         total = stored - len(old) + len(sessions)
