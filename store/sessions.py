@@ -282,12 +282,15 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
     caller owns the transaction."""
     q = placeholder
     for c in commits:
-        kept, removed = _unique(as_table(c.kept)), as_table(c.removed)
-        if not len(kept) and not len(removed):
+        if not len(c.kept) and not len(c.removed):
             continue
+        layout = _layout(cursor, c.stream, q)
+        if layout is None and len(c.kept) + len(c.removed) < DENSE_FLOOR:
+            _row_apply(cursor, c, q)  # a live batch's few keys: rows, with no Arrow table made
+            continue
+        kept, removed = _unique(c.kept), as_table(c.removed)
         keys = pa.concat_arrays([kept["session_key"].combine_chunks(), removed["session_key"].combine_chunks()])
         touched = len(pc.unique(keys))
-        layout = _layout(cursor, c.stream, q)
         if layout is None:
             held = _row_count(cursor, c.stream, q, touched * DENSE_SHARE + 1) if touched >= DENSE_FLOOR else None
             if held is None or touched * DENSE_SHARE <= held:
@@ -323,12 +326,13 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
         _spread(cursor, c.stream, pa.concat_tables([sessions, others]), q)
 
 
-def _unique(kept: pa.Table) -> pa.Table:
-    """The kept sessions, the last of each (key, first) where one is there twice (as an upsert leaves it)."""
-    if kept.group_by(_ID, use_threads=False).aggregate([]).num_rows == len(kept):
-        return kept
-    return as_table(SessionColumns(*zip(*_rows(SessionColumns(*(kept[c].to_pylist() for c in BODY_SCHEMA.names))),
-                                        strict=True)))
+def _unique(kept: Sequence[Session]) -> pa.Table:
+    """The kept sessions as a table, the last of each (key, first) where one is there twice (as an
+    upsert leaves it)."""
+    table = as_table(kept)
+    if table.group_by(_ID, use_threads=False).aggregate([]).num_rows == len(table):
+        return table
+    return as_table([Session(*row) for row in _rows(kept)])
 
 
 def _spread(cursor, stream: str, sessions: pa.Table, q: str) -> None:
