@@ -29,6 +29,10 @@ from catalog import StreamDef
 from catalog.times import parse_event_time_ms
 
 MAX_STRING_LENGTH = 1024
+# A label may not hold U+0000: PostgreSQL's text refuses it (a batch holding one could never be
+# committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it.
+NUL = "\x00"
+NUL_REASON = "contains a NUL character (U+0000), which the stores cannot hold"
 
 
 def _shown(value: Any) -> str:
@@ -125,6 +129,8 @@ class EventValidator:
             label = _to_label(value)
             if len(label) > MAX_STRING_LENGTH:
                 raise ValueError(f"{name}: longer than {MAX_STRING_LENGTH} characters")
+            if NUL in label:
+                raise ValueError(f"{name}: {NUL_REASON}")
             strings[name] = label
         numbers: dict[str, float | None] = {}
         for name in stream.values:

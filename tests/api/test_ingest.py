@@ -210,9 +210,11 @@ def test_ndjson_string_with_unicode_line_separator(client, ctx, now_ms, char):
         ({"user_id": ...}, ["user_id", "required field is missing"]),
         ({"region": ["eu"]}, ["region", "must be a string or an integer"]),
         ({"latency_ms": {"v": 1}}, ["latency_ms", "must be a number"]),
+        ({"user_id": "u\x001"}, ["user_id", "NUL character"]),  # PostgreSQL's text refuses it
+        ({"region": "e\x00u"}, ["region", "NUL character"]),
     ],
     ids=["missing-time", "latency-string", "latency-bool", "bad-time-string", "time-without-zone", "time-bool",
-         "missing-key", "dimension-array", "latency-object"],
+         "missing-key", "dimension-array", "latency-object", "key-with-nul", "dimension-with-nul"],
 )
 def test_per_event_rejection_with_index_and_reason(client, ctx, now_ms, overrides, fragments):
     events = [event(now_ms, 0), event(now_ms, 1, **overrides), event(now_ms, 2)]

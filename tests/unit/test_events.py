@@ -234,6 +234,12 @@ def test_string_length_limit(validator: EventValidator) -> None:
     assert "longer than" in reason(validator, event(user_id="k" * (MAX_STRING_LENGTH + 1)))
 
 
+def test_a_nul_character_in_a_label_is_refused(validator: EventValidator) -> None:
+    """PostgreSQL's text cannot hold U+0000, and SQLite's json_each cuts a bound key at it."""
+    assert reason(validator, event(user_id="u\x001")) == "user_id: contains a NUL character (U+0000), which the stores cannot hold"
+    assert "NUL character" in reason(validator, event(region="e\x00u"))
+
+
 def test_unicode_labels_kept(validator: EventValidator) -> None:
     assert validator.validate(event(region="zürich-東京")).strings["region"] == "zürich-東京"
 
