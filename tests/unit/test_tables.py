@@ -104,6 +104,11 @@ def test_kafka_records_a_tombstone_is_a_null_value_and_reads_back(users):
     assert record_event(users, v.events, b"u2", None, T0 + 1, json_to_event) == gone
     with pytest.raises(ValueError, match="without a key"):
         record_event(users, v.events, None, None, T0, json_to_event)
+    # A tombstone's key meets the rules of a label, as a POSTed delete's does.
+    with pytest.raises(ValueError, match=r"a tombstone's key: contains a NUL character \(U\+0000\)"):
+        record_event(users, v.events, b"u\x00", None, T0, json_to_event)
+    with pytest.raises(ValueError, match="a tombstone's key: longer than 1024 characters"):
+        record_event(users, v.events, b"u" * 1025, None, T0, json_to_event)
     # A direct producer's JSON row (no op) is an upsert; an event stream still refuses a null value.
     direct = record_event(users, v.events, b"u3", b'{"user_id":"u3","time":1700000000000}', T0, json_to_event)
     assert direct.strings["op"] == UPSERT
