@@ -28,7 +28,7 @@ from api import (
     table_routes,
     ws_routes,
 )
-from api import cdc_routes, pattern_definitions, pattern_routes, reprocess_routes
+from api import cdc_routes, pattern_definitions, pattern_routes, reprocess_routes, text_guard
 from api.audit import routes as audit_routes
 from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
@@ -99,6 +99,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     if ctx.pattern_definitions is not None:  # ctx.catalog follows the patterns defined through the API
         pattern_definitions.follow(ctx)
         app.add_middleware(pattern_definitions.FollowPatternDefinitions, definitions=ctx.pattern_definitions)
+    app.add_middleware(text_guard.NulGuard)  # inside the security middleware: a 401 comes first
     app.add_middleware(SecurityMiddleware, config=ctx.security)
     if ctx.security.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(ctx.security.cors_origins),
@@ -144,10 +145,12 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     base_openapi = app.openapi
 
     def openapi() -> dict:
-        # FastAPI caches the document; the security part (401/403/415, scopes) is added once.
+        # FastAPI caches the document; the security part (401/403/415, scopes) and the NUL guard's
+        # 400 are added once.
         doc = base_openapi()
         if not getattr(app.state, "security_documented", False):
             security_openapi.document(doc, ctx.security.public_paths)
+            text_guard.document(doc)
             app.state.security_documented = True
         return doc
 

@@ -23,13 +23,13 @@ from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
-from api.errors import errors
+from api.errors import bad_request, errors
 from api.ingest_routes import RejectedEvent, rate_limit_events
 from catalog import StreamDef
 from ingest.events import Event
 from ingest.json_limits import violation
 from ingest.log import LogUnavailable
-from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone, tombstone
+from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone
 
 MAX_PAGE = 1000
 
@@ -161,7 +161,7 @@ def router(ctx: ApiContext) -> APIRouter:
         return await append(stream, events, rejected, now)
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
-              responses=errors(400, 404, 409, 503, e400="an empty key", e404="unknown table",
+              responses=errors(400, 404, 409, 503, e400="an empty key, or one no key can be (over 1 024 characters, a NUL)", e404="unknown table",
                                e409="a view (write to its tables), or a table fed by change data capture",
                                e503="the log did not acknowledge the delete"),
               summary="Delete one row of a changelog table (appends a tombstone)")
@@ -171,7 +171,11 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(400, "key must not be empty")
         rate_limit_events(ctx, request, 1)
         now = ctx.now_ms()
-        return await append(stream, [tombstone(stream, key, now)], [], now)
+        try:  # the key meets the rules a POSTed delete's does (its length, no NUL)
+            event = validators[name].validate({stream.key_field: key, DELETED_FLAG: True}, now)
+        except ValueError as exc:
+            raise bad_request("key", str(exc)) from None
+        return await append(stream, [event], [], now)
 
     # Under /api/v1/views, not /api/v1/tables/{name}/changes, which would overlap DELETE
     # /api/v1/tables/{name}/{key} (a row keyed "changes").

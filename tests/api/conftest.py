@@ -107,8 +107,9 @@ def snapshot(ctx):
 @contextmanager
 def wired(ctx: ApiContext, tmp_path: Path, clock):
     """ctx with everything `sketchboard api` wires: alert rules (AlertService), the lag monitor,
-    the Spark-health store, the audit log, the idempotency keys and the dashboards, all on the
-    same real SQLite store file."""
+    the Spark-health store, the audit log, the idempotency keys and the dashboards, all beside the
+    pane store's tables (its side_db(), as sketchboard/wiring.py opens them): one SQLite file, or
+    one PostgreSQL schema when a module's `pane_store` is `store_backend`'s."""
     from alerts.service import AlertService
     from dashboard.service import DashboardService
     from alerts.source import StoreAlertData
@@ -122,12 +123,12 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     from store.idempotency import IdempotencyStore
     from store.lag import SqliteLagStore
 
-    alert_store = SqliteAlertStore(tmp_path / "store.db")
-    lag_store = SqliteLagStore(tmp_path / "store.db", synchronous="OFF")
-    health = SqliteHealthStore(tmp_path / "store.db", synchronous="OFF")
-    audit = AuditStore(tmp_path / "store.db", synchronous="OFF")
-    idempotency = IdempotencyStore(tmp_path / "store.db", synchronous="OFF")
-    dashboards = DashboardStore(tmp_path / "store.db", synchronous="OFF")
+    alert_store = SqliteAlertStore(ctx.store.side_db())
+    lag_store = SqliteLagStore(ctx.store.side_db())
+    health = SqliteHealthStore(ctx.store.side_db())
+    audit = AuditStore(ctx.store.side_db())
+    idempotency = IdempotencyStore(ctx.store.side_db())
+    dashboards = DashboardStore(ctx.store.side_db())
     source = EventLogLagSource(ctx.log)
     sampler = LagSampler(source, StoreCommitted(ctx.store, ctx.pipeline_name), lag_store,
                          pipeline=ctx.pipeline_name, streams=list(ctx.catalog.streams), interval_s=1.0, clock=clock)
@@ -143,13 +144,13 @@ def wired(ctx: ApiContext, tmp_path: Path, clock):
     from store.consumers import ConsumerRegistry
     from store.definitions import DefinitionStore
 
-    definitions = DefinitionStore(tmp_path / "store.db", synchronous="OFF")
-    registry = ConsumerRegistry(tmp_path / "store.db", synchronous="OFF")
+    definitions = DefinitionStore(ctx.store.side_db())
+    registry = ConsumerRegistry(ctx.store.side_db())
     ctx.reprocess = ReprocessService(ctx.catalog, definitions, registry, ctx.log, clock=clock)  # runs not launched
     from api.pattern_definitions import PatternDefinitions
     from store.pattern_definitions import PatternDefinitionStore
 
-    patterns = PatternDefinitionStore(tmp_path / "store.db", synchronous="OFF")
+    patterns = PatternDefinitionStore(ctx.store.side_db())
     ctx.pattern_definitions = PatternDefinitions(ctx.catalog, patterns, refresh_s=0, clock=clock)
     try:
         yield ctx
@@ -173,6 +174,15 @@ def wired_ctx(ctx, tmp_path, clock):
     tests and the OpenAPI fuzz test)."""
     with wired(ctx, tmp_path, clock) as w:
         yield w
+
+
+@pytest.fixture
+def state(wired_ctx, snapshot):
+    """With wired_ctx, what a rejected request must leave as it was: the log and pane store
+    (snapshot), the alert rules with their silences, the dashboards and the defined patterns."""
+    return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules(),
+                    "dashboards": wired_ctx.dashboards.store.dashboards(),
+                    "patterns": wired_ctx.pattern_definitions.store.patterns()}
 
 
 @pytest.fixture

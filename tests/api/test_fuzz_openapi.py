@@ -4,6 +4,9 @@ health wired (tests/api/conftest.py: wired ctx), called in-process through ASGI.
 schemathesis' checks, a request answered 4xx must leave the log, the store and the alert
 rules as they were.
 
+Every operation runs on each store backend (SQLite, PostgreSQL: `store_backend`), the side
+stores beside the pane store as the service wires them.
+
 Bounded and repeatable: a fixed seed, deterministic generation, no example database, and
 SKETCHBOARD_FUZZ_EXAMPLES examples per operation and phase (default 25, ~15 s here; the
 issue's run used 300: `SKETCHBOARD_FUZZ_EXAMPLES=300 pytest tests/api/test_fuzz_openapi.py`).
@@ -143,6 +146,13 @@ def _checks(case) -> list:
 
 
 @pytest.fixture
+def pane_store(store_backend):
+    """Every operation fuzzed on each store backend: a text PostgreSQL cannot hold (a NUL) or a
+    bound it checks otherwise than SQLite must not turn into a 500 there."""
+    return store_backend.create()
+
+
+@pytest.fixture
 def fuzzed_app(wired_ctx):
     """A fresh app and store per operation, with one rule and one dashboard for their routes to find; tokens
     required, FUZZ_TOKEN the one admin token."""
@@ -153,15 +163,6 @@ def fuzzed_app(wired_ctx):
     wired_ctx.dashboards.create(DASHBOARD)
     wired_ctx.pattern_definitions.create(PATTERN)
     return app
-
-
-@pytest.fixture
-def state(wired_ctx, snapshot):
-    """What a rejected request must leave as it was: the log and pane store (conftest's
-    snapshot), the alert rules with their silences, the dashboards and the defined patterns."""
-    return lambda: {**snapshot(), "rules": wired_ctx.alerts.store.rules(),
-                    "dashboards": wired_ctx.dashboards.store.dashboards(),
-                    "patterns": wired_ctx.pattern_definitions.store.patterns()}
 
 
 # One item per operation, all with the same node id: under xdist only one of them would run

@@ -218,6 +218,8 @@ def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
              "multiple of the pane"),
             (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "group_by": "planet"}}),
              "x", "unknown dimension"),
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "filters": {"endpoint": "a\x00"}}}),
+             "x", "NUL character"),  # PostgreSQL cannot bind it: refused before any store
             (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "from": "now",
                                                                    "to": "now-1h"}}), "x", "must be after"),
             (json.dumps({"type": "topics", "topics": ["weather"]}), None, "unknown topics"),

@@ -48,6 +48,8 @@ def test_stats_are_deduplicated_with_their_quantiles_and_bounded(catalog):
     ({"step": "ten seconds"}, "step", "step: "),
     ({"group_by": "planet"}, "group_by", "unknown dimension 'planet' in group_by"),
     ({"filters": {"planet": "mars"}}, "filter", "unknown dimension 'planet' in filter"),
+    # Refused at ingest, so it matches nothing; PostgreSQL could not bind it (REST and websocket alike).
+    ({"filters": {"endpoint": "/a\x00"}}, "filter", "filter endpoint='/a\\x00': contains a NUL character (U+0000)"),
     ({"metric": "new_users", "stats": ["first_seen"], "group_by": "region"}, "stat", "counted per stream"),
 ])
 def test_each_refusal_names_its_parameter(catalog, kw, param, fragment):
