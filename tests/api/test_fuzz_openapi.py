@@ -8,7 +8,7 @@ Every operation runs on each store backend (SQLite, PostgreSQL: `store_backend`)
 stores beside the pane store as the service wires them.
 
 Bounded and repeatable: a fixed seed, deterministic generation, no example database, and
-SKETCHBOARD_FUZZ_EXAMPLES examples per operation and phase (default 25, ~15 s here; the
+SKETCHBOARD_FUZZ_EXAMPLES examples per operation and phase (default 25, ~3 min here for both backends; the
 issue's run used 300: `SKETCHBOARD_FUZZ_EXAMPLES=300 pytest tests/api/test_fuzz_openapi.py`).
 
 Random strings alone would hardly ever name a real metric, so most requests would stop at
