@@ -28,6 +28,7 @@ from aggregates.partials import (PARTIALS, arrow_partials_table, catalog_layout,
                                  partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
 from aggregates.session_batch import SessionWindows, bloom_and_runs, with_sessions
+from aggregates.side_step import side_step
 from aggregates.spark import SparkNeeded, master_of, start_for_missing_context
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
@@ -189,7 +190,7 @@ class Pipeline(ReportsStoreErrors):
         present = streams_with_rows(*offsets) if small else None
         kept = (None if small else batch.persist() if self.clocks.enabled or self.joins.enabled
                 or self.patterns.enabled or self.enrichment.enabled or self.sessions.enabled else None)
-        joined = matched = enriched = sessioned = None
+        joined = matched = enriched = sessioned = keyed_later = None
         try:
             if kept is not None:
                 batch = kept
@@ -202,6 +203,13 @@ class Pipeline(ReportsStoreErrors):
             # On the driver the batch's keyed rows are made once for the steps below (aggregates/driver_rows.py).
             driver_rows = ((enriched.rows if enriched is not None else None)
                            or (DriverRows(batch, self.catalog, batch_now_ms) if small else None))
+            if driver_rows is not None and (self.bloom.enabled or self.sessions.enabled):
+                # The keys for the Bloom features and the sessions need only the rows: computed beside
+                # the partials, the commit's plan and the joins (aggregates/side_step.py). The rows'
+                # lazy columns are made first, here, so the two threads never race to make them.
+                driver_rows.good  # noqa: B018 - made now (and `table` with it)
+                keyed_later = side_step(bloom_and_runs, None, self.bloom, self.sessions, streams=present,
+                                        rows=driver_rows)
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
                 matched = self.patterns.process(batch, batch_now_ms, on_driver=small, streams=present, rows=driver_rows)
             rows = self.partial_rows(batch, batch_now_ms, on_driver=small, driver_rows=driver_rows)
@@ -220,7 +228,9 @@ class Pipeline(ReportsStoreErrors):
                                             streams=present, rows=driver_rows)
                 commit = with_joins(commit, joined, self.joins.names)
             bloomed = runs = None
-            if self.bloom.enabled or self.sessions.enabled:
+            if keyed_later is not None:
+                bloomed, runs = keyed_later.result()
+            elif self.bloom.enabled or self.sessions.enabled:
                 # One Spark job groups the merged records (dead letters are no keys seen, in no
                 # session) by key for both the Bloom filters and the sessions' runs.
                 merged = (None if driver_rows is not None  # projected from the driver's rows: no plan needed
@@ -256,6 +266,8 @@ class Pipeline(ReportsStoreErrors):
             if enriched is not None and result.committed:  # the kept table versions take the batch's
                 self.enrichment.committed(batch_id, enriched)
         finally:
+            if keyed_later is not None:
+                keyed_later.wait()  # a batch that failed before its result: nothing of it outlives the batch
             if kept is not None:
                 kept.unpersist()
             if enriched is not None and enriched.cached is not None:
