@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog import Catalog
+from ingest.events import storable
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, ValueStats
 from store.event_ids import EventIdCommit
 from store.gc_pause import paused_gc
@@ -66,7 +67,9 @@ def rows_to_dead_letters(rows: Iterable[Mapping[str, Any]], catalog: Catalog) ->
                 reason=row["dead_reason"],
                 event_time_ms=rec.get("raw_event_time", rec.get("event_time")),
                 ingest_time_ms=rec.get("ingest_time"),
-                error=rec.get("error"),
+                # It may quote what the producer sent (an undeclared field's name): as escapes
+                # where that is no text a store can hold, or the batch could never commit.
+                error=None if rec.get("error") is None else storable(rec["error"]),
                 dims=dict(zip(stream.dimensions, dims, strict=False)) if dims else None,
                 # The device clock rule (aggregates/device_clocks.py): event_time_ms is the device's
                 # own stamp, and this what was added to it before the rules judged it.

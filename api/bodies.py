@@ -100,6 +100,11 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     data = loads_json(await read_capped(request, limit) or b"null")
     if not isinstance(data, dict):
         raise bad_request(None, "the body must be a JSON object")
+    try:  # a "\\ud800" escape without its pair decodes to no Unicode text: neither stored nor answered
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(None, "the body holds a lone surrogate (a \\ud800..\\udfff escape without its pair),"
+                                " which is no Unicode text") from None
     return data
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qsl
 
-NUL = "\x00"
-REASON = "contains a NUL character (U+0000), which no name, key or label here can hold"
+from ingest.events import NUL
+from ingest.events import NUL_REASON as REASON
 
 
 def nul_in_request(path: str, query_string: bytes) -> tuple[str | None, str] | None:

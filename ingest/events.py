@@ -9,6 +9,7 @@ later definition can use them when the log is reprocessed.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -30,9 +31,29 @@ from catalog.times import parse_event_time_ms
 
 MAX_STRING_LENGTH = 1024
 # A label may not hold U+0000: PostgreSQL's text refuses it (a batch holding one could never be
-# committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it.
+# committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it. Nor a lone
+# surrogate (JSON's "\ud800" escape): it is no Unicode text, so it cannot be encoded as UTF-8 for
+# a partition's hash, a store or an answer.
 NUL = "\x00"
 NUL_REASON = "contains a NUL character (U+0000), which the stores cannot hold"
+SURROGATE_REASON = "contains a lone surrogate (U+D800..U+DFFF), which is no Unicode text and the stores cannot hold"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(text: str) -> str | None:
+    """Why `text` cannot be a label (NUL_REASON, SURROGATE_REASON), or None."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    return NUL_REASON if found.group() == NUL else SURROGATE_REASON
+
+
+def storable(text: str) -> str:
+    """`text` with what no store can hold written as escapes (a NUL as \\x00, a lone surrogate as
+    \\udXXX): for texts quoting what a producer sent, such as a dead letter's error."""
+    if _UNSTORABLE.search(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace(NUL, "\\x00")
 
 
 def _shown(value: Any) -> str:
@@ -129,8 +150,8 @@ class EventValidator:
             label = _to_label(value)
             if len(label) > MAX_STRING_LENGTH:
                 raise ValueError(f"{name}: longer than {MAX_STRING_LENGTH} characters")
-            if NUL in label:
-                raise ValueError(f"{name}: {NUL_REASON}")
+            if _UNSTORABLE.search(label) is not None:
+                raise ValueError(f"{name}: {unstorable(label)}")
             strings[name] = label
         numbers: dict[str, float | None] = {}
         for name in stream.values:

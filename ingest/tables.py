@@ -15,7 +15,7 @@ from typing import Any
 
 from catalog import StreamDef
 from catalog.tables import DELETE, OP_FIELD, UPSERT
-from ingest.events import MAX_STRING_LENGTH, NUL, NUL_REASON, Event, EventValidator
+from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, unstorable
 
 DELETED_FLAG = "_deleted"  # a row {"<key>": "k", "_deleted": true} in a POST body deletes the key
 
@@ -104,8 +104,8 @@ def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None
         # The rules a POSTed delete's key meets through the validator (a key is a label).
         if len(text) > MAX_STRING_LENGTH:
             raise ValueError(f"a tombstone's key: longer than {MAX_STRING_LENGTH} characters")
-        if NUL in text:
-            raise ValueError(f"a tombstone's key: {NUL_REASON}")
+        if unstorable(text):
+            raise ValueError(f"a tombstone's key: {unstorable(text)}")
         return tombstone(stream, text, timestamp_ms)
     event = from_json(validator, value)
     return as_upsert(event)

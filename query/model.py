@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from catalog import Catalog, MetricDef
 from catalog.model import FIRST_SEEN_STATS
 from catalog.times import BadParam, default_step_ms, is_relative, parse_duration_param, parse_instant_ms, parse_range_ms
-from ingest.events import NUL, NUL_REASON
+from ingest.events import unstorable
 from store.rollup import align_range
 
 MAX_STATS = 8
@@ -119,8 +119,8 @@ def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by
     for name, value in filters.items():
         if name not in stream.dimensions:
             raise QueryError("filter", f"unknown dimension {name!r} in filter; dimensions: {dimensions}")
-        if NUL in value:  # refused at ingest, so it matches nothing; PostgreSQL could not even bind it
-            raise QueryError("filter", f"filter {name}={value!r}: {NUL_REASON}")
+        if unstorable(value):  # refused at ingest, so it matches nothing; the stores could not even bind it
+            raise QueryError("filter", f"filter {name}={value!r}: {unstorable(value)}")
     if any(s in FIRST_SEEN_STATS for s in stats) and (groups or filters):
         raise QueryError("stat", "first_seen is counted per stream, not per dimension: group_by and filter do not apply")
     return Target(

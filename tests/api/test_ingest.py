@@ -212,9 +212,13 @@ def test_ndjson_string_with_unicode_line_separator(client, ctx, now_ms, char):
         ({"latency_ms": {"v": 1}}, ["latency_ms", "must be a number"]),
         ({"user_id": "u\x001"}, ["user_id", "NUL character"]),  # PostgreSQL's text refuses it
         ({"region": "e\x00u"}, ["region", "NUL character"]),
+        # A lone "\ud800" escape: no Unicode text (a partition's hash of the key raised a 500)
+        ({"user_id": "u\ud800"}, ["user_id", "lone surrogate"]),
+        ({"region": "\udc00"}, ["region", "lone surrogate"]),
     ],
     ids=["missing-time", "latency-string", "latency-bool", "bad-time-string", "time-without-zone", "time-bool",
-         "missing-key", "dimension-array", "latency-object", "key-with-nul", "dimension-with-nul"],
+         "missing-key", "dimension-array", "latency-object", "key-with-nul", "dimension-with-nul",
+         "key-with-surrogate", "dimension-with-surrogate"],
 )
 def test_per_event_rejection_with_index_and_reason(client, ctx, now_ms, overrides, fragments):
     events = [event(now_ms, 0), event(now_ms, 1, **overrides), event(now_ms, 2)]

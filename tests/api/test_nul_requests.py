@@ -2,10 +2,13 @@
 (ingest refuses it; PostgreSQL's text cannot hold it at all). On PostgreSQL these requests
 answered 500 (psycopg.DataError) where SQLite answered 404 or 200, and DELETE of a table key
 holding one appended a tombstone no PostgreSQL store could commit. Now every backend answers a
-400 that names the parameter, and nothing changes. On every store backend (SQLite, PostgreSQL),
+400 that names the parameter, and nothing changes; so does a definition's body holding a lone
+surrogate (no Unicode text). On every store backend (SQLite, PostgreSQL),
 the side stores beside the pane store as the service wires them (wired_client)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -81,3 +84,19 @@ def test_what_counts_as_a_nul(path, query, found):
     assert (got is None) == (found is None)
     if found:
         assert got[0] == found[0] and got[1].startswith(found[1])
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/v1/alerts/rules", {**RULE, "description": "x"}),
+    ("/api/v1/dashboards", {"name": "b1", "title": "x", "panels": [{"metric": "latency", "stat": "p99"}]}),
+])
+def test_a_definition_holding_a_lone_surrogate_is_refused_and_the_listing_still_answers(wired_client, state, path,
+                                                                                        body):
+    """A rule whose description was a lone "\\ud800" escape was stored, and every later listing of
+    the rules answered 500 (no UTF-8 for the answer)."""
+    before = state()
+    content = json.dumps(body).replace('"x"', '"\\ud800"')
+    r = wired_client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["detail"], r.text
+    assert state() == before
+    assert wired_client.get(path).status_code == 200

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from catalog import StreamDef, load_catalog
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS, parse_event_time_ms
-from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, Rejection
+from ingest.events import (MAX_STRING_LENGTH, NUL_REASON, SURROGATE_REASON, Event, EventValidator, Rejection,
+                           storable, unstorable)
 from tests.support.events import validate_many
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
@@ -234,10 +235,20 @@ def test_string_length_limit(validator: EventValidator) -> None:
     assert "longer than" in reason(validator, event(user_id="k" * (MAX_STRING_LENGTH + 1)))
 
 
-def test_a_nul_character_in_a_label_is_refused(validator: EventValidator) -> None:
-    """PostgreSQL's text cannot hold U+0000, and SQLite's json_each cuts a bound key at it."""
+def test_a_nul_character_or_a_lone_surrogate_in_a_label_is_refused(validator: EventValidator) -> None:
+    """PostgreSQL's text cannot hold U+0000, and SQLite's json_each cuts a bound key at it; a lone
+    surrogate is no Unicode text (no UTF-8 for a partition's hash, a store or an answer)."""
     assert reason(validator, event(user_id="u\x001")) == "user_id: contains a NUL character (U+0000), which the stores cannot hold"
     assert "NUL character" in reason(validator, event(region="e\x00u"))
+    assert reason(validator, event(user_id="u\ud800")).startswith("user_id: contains a lone surrogate (U+D800..U+DFFF)")
+    assert validator.validate(event(user_id="u\U0001f600")).key == "u\U0001f600"  # a pair is one character: fine
+
+
+def test_a_text_quoting_a_producer_is_stored_with_escapes_where_no_store_could_hold_it():
+    assert storable("plain, naïve") == "plain, naïve"
+    assert storable("x\x00: integer") == "x\\x00: integer"
+    assert storable("a\ud800b") == "a\\ud800b"
+    assert unstorable("a\ud800b") == SURROGATE_REASON and unstorable("\x00") == NUL_REASON and unstorable("é") is None
 
 
 def test_unicode_labels_kept(validator: EventValidator) -> None:

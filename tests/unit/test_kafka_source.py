@@ -110,3 +110,17 @@ def test_the_source_says_which_dead_letter_reason_a_bad_record_gets():
     assert dead_letter_reason(None, None, "undecodable segment", **rule) == UNPARSEABLE
     assert dead_letter_reason(T0, None, None, **rule) == UNPARSEABLE
     assert dead_letter_reason(T0, T0, None, error_kind=None, **rule) is None
+
+
+def test_a_record_whose_label_is_no_unicode_text_is_dead_lettered_not_a_poison_pill(catalog):
+    """A "\\ud800" escape (a lone surrogate) in a label used to raise in the conversion, failing the
+    whole batch at every replay; a NUL is refused as at the API. Both now dead-letter the record."""
+    values = [b'{"time": %d, "customer_id": "c\\ud800", "country": "DE"}' % T0,
+              b'{"time": %d, "customer_id": "c1", "country": "D\\u0000E"}' % T0,
+              b'{"time": %d, "customer_id": "c2", "country": "DE"}' % T0]
+    out = pa.Table.from_batches(list(RecordConverter(catalog, "sketchboard.").convert(
+        records("sketchboard.orders", values))), schema=SOURCE_SCHEMA)
+    rows = sorted(out.to_pylist(), key=lambda r: r["offset"])
+    assert rows[0]["error"].startswith("customer_id: contains a lone surrogate")
+    assert rows[1]["error"].startswith("country: contains a NUL character")
+    assert rows[2]["error"] is None and rows[2]["ids"] == ["c2"]
