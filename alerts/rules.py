@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
 from catalog.model import DurationMs
+from ingest.events import unstorable
 from query import QueryError, resolve_target
 from store.lag import LagStatus
 
@@ -235,6 +236,9 @@ def _check_dimensions(group_by, filters, dimensions, where: str) -> None:
         if name not in dimensions:
             raise RuleError(f"{where}: unknown dimension {name!r} in group_by/filters;"
                             f" dimensions: {', '.join(dimensions) or 'none'}")
+    for name, value in filters.items():  # as the query's filters (query/model.py): no label holds one
+        if unstorable(value):
+            raise RuleError(f"{where}: filters: {name}={value!r}: {unstorable(value)}")
 
 
 def _describe(exc: ValidationError, data: dict) -> str:

@@ -49,12 +49,11 @@ class NulGuard:
 
 
 def document(doc: dict) -> dict:
-    """Every operation that takes a path or query parameter may answer this 400 (in place)."""
+    """Every operation may answer this 400, since any request may carry a query string (in place)."""
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
-            if any(p.get("in") in ("path", "query") for p in op.get("parameters", [])):
-                op.setdefault("responses", {}).setdefault("400", {
-                    "description": "a parameter is invalid; `detail` says which and why (a NUL character in"
-                                   " the path or query is refused on every route)",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}})
+            op.setdefault("responses", {}).setdefault("400", {
+                "description": "a parameter is invalid; `detail` says which and why (a NUL character in"
+                               " the path or query is refused on every route)",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}})
     return doc

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from catalog import Catalog
 from catalog.durations import DurationMs
+from ingest.events import unstorable
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
 # Each panel is one websocket subscription; a connection may hold ws_max_subscriptions (32 by
@@ -103,6 +104,9 @@ def check_panel(panel: Panel, catalog: Catalog, where: str) -> None:
             field = "group_by" if name in panel.group_by else "filters"
             raise DashboardError(f"{where}.{field}", f"unknown dimension {name!r}; dimensions of stream"
                                  f" {stream.name!r}: {', '.join(stream.dimensions) or 'none'}")
+    for name, value in panel.filters.items():  # as the query's filters (query/model.py): no label holds one
+        if unstorable(value):
+            raise DashboardError(f"{where}.filters", f"{name}={value!r}: {unstorable(value)}")
     if panel.step is not None and panel.step < stream.pane:
         raise DashboardError(f"{where}.step", f"below the stream's pane ({stream.pane} ms)")
     if panel.window is not None and panel.window < (panel.step or stream.pane):
