@@ -29,6 +29,9 @@ _TYPES = [
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bBLOB\b"), "BYTEA"),
     (re.compile(r"\)\s*WITHOUT ROWID"), ")"),
+    # A combination's text can outgrow a B-tree entry (~2 700 bytes): indexed by its hash (store/dim_sets.py).
+    (re.compile(r"CREATE UNIQUE INDEX IF NOT EXISTS dim_sets_by_text ON dim_sets \(stream, dims\);"),
+     "CREATE INDEX IF NOT EXISTS dim_sets_by_hash ON dim_sets (stream, md5(dims));"),
 ]
 
 
@@ -62,6 +65,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         check_version(stored_version(conn), where)
         conn.execute(TABLES)
+        conn.execute("DROP INDEX IF EXISTS dim_sets_by_text")  # a store of before: its index refused long texts
         # Columns added after a store may have been created (CREATE TABLE IF NOT EXISTS keeps the old table).
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")

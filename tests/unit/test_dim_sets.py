@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 
-from store import BatchCommit
+from store import BatchCommit, PanePartial
 from store import dims_migration
+from store.panes import dims_key
 from store.tables import TEXT_DIMS_TABLES, table_ddl
 from tests.tier_checks import assert_tiers_match_panes
 from tests.unit.test_commit_bulk import LAYOUT, T0, _partials
@@ -119,3 +120,33 @@ def test_a_store_with_only_its_change_feed_in_text_is_migrated_too(store_backend
     assert [c.batch_id for c in migrated.changes_since(before[4][-1].seq)] == [1] * 24
     texts = [text for _, _, text in store_backend.tables(migrated, ("dim_sets",))["dim_sets"]]
     assert len(texts) == len(set(texts))  # each combination numbered once
+
+
+def test_combinations_past_an_index_entrys_size_are_numbered_once(store_backend):
+    """Labels are at most 1 024 characters, but a combination's text can be ~3 000 bytes and more
+    (long random CJK or several long labels): past the ~2 700 bytes of a PostgreSQL B-tree entry,
+    the unique index on the text refused its insert, and a batch holding one failed at every
+    replay. Found again by its hash there, it is numbered once and read back whole."""
+    import random
+
+    from tests.unit.test_commit_bulk import PANE, _pane
+
+    rng = random.Random(57)
+    cjk = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(1024))  # ~3 072 bytes of UTF-8
+    ascii_ = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789/") for _ in range(1024)) for _ in range(3)]
+    combos = [{"a": cjk, "b": "1"}, {"a": ascii_[0], "b": ascii_[1], "c": ascii_[2]}, {"a": "x", "b": "2"}]
+    store = store_backend.create()
+    # A store of before held the unique index on the text: opening it again drops it on PostgreSQL.
+    store.side_db().execute("CREATE UNIQUE INDEX IF NOT EXISTS dim_sets_by_text ON dim_sets (stream, dims)")
+    store = store_backend.reopen(store)
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    for batch_id in range(2):  # the second batch finds the first one's numbers
+        partials = [PanePartial("s", T0 + batch_id * PANE, T0 + (batch_id + 1) * PANE, dims,
+                                _pane(dims, [1.0], ["u1"])) for dims in combos]
+        store.commit_batch(BatchCommit("main", batch_id, partials, len(partials), {"s": T0 + batch_id * PANE}, {}),
+                           lateness_ms={"s": 0}, now_ms=T0)
+    panes = store.read_panes("s", -2**62, 2**62)
+    assert sorted(p.key.dims for p in panes) == sorted([dims_key(d) for d in combos] * 2)
+    numbered = store_backend.tables(store, ("dim_sets",))["dim_sets"]  # the tiers' projections too
+    assert len(numbered) == len({text for _, _, text in numbered}) and {dims_key(d) for d in combos} <= {
+        text for _, _, text in numbered}
