@@ -161,7 +161,8 @@ def router(ctx: ApiContext) -> APIRouter:
         return await append(stream, events, rejected, now)
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
-              responses=errors(400, 404, 409, 503, e400="an empty key, or one no key can be (over 1 024 characters, a NUL)", e404="unknown table",
+              responses=errors(400, 404, 409, 503, e404="unknown table",
+                               e400="an empty key, or one no key can be (over 1 024 characters, a NUL, a lone surrogate)",
                                e409="a view (write to its tables), or a table fed by change data capture",
                                e503="the log did not acknowledge the delete"),
               summary="Delete one row of a changelog table (appends a tombstone)")
@@ -171,7 +172,7 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(400, "key must not be empty")
         rate_limit_events(ctx, request, 1)
         now = ctx.now_ms()
-        try:  # the key meets the rules a POSTed delete's does (its length, no NUL)
+        try:  # the key meets the rules a POSTed delete's does (its length, no NUL nor lone surrogate)
             event = validators[name].validate({stream.key_field: key, DELETED_FLAG: True}, now)
         except ValueError as exc:
             raise bad_request("key", str(exc)) from None

@@ -24,7 +24,7 @@ import pyarrow.json as pj
 
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
-from ingest.events import MAX_STRING_LENGTH, NUL
+from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH, NUL
 from ingest.json_limits import JsonLimits
 
 # An integer literal past int64 is read as a double, so a value column cannot tell 1e45 from a
@@ -135,6 +135,9 @@ def _validated(stream: StreamDef, fields: dict[str, pa.Array | pa.ChunkedArray],
             return None
         if pc.any(pc.match_substring(column, NUL)).as_py():
             return None  # the per-event path refuses it, saying why
+        widest = pc.max(pc.binary_length(column)).as_py()
+        if widest is not None and widest > MAX_LABEL_BYTES:
+            return None  # likewise
         columns[name] = pc.fill_null(column, "") if name in stream.dimensions else column
     for name in stream.values:
         column = _column(fields, rows, name, pa.float64())

@@ -30,6 +30,10 @@ from catalog import StreamDef
 from catalog.times import parse_event_time_ms
 
 MAX_STRING_LENGTH = 1024
+# And at most this many bytes of UTF-8 (1 024 characters of 3 or 4 bytes would be up to 4 096): a
+# key is held in PostgreSQL B-tree entries (sessions, event ids, device clocks, tables, joins),
+# whose limit is ~2 700 bytes; past it the insert fails and its batch with it, at every replay.
+MAX_LABEL_BYTES = 2048
 # A label may not hold U+0000: PostgreSQL's text refuses it (a batch holding one could never be
 # committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it. Nor a lone
 # surrogate (JSON's "\ud800" escape): it is no Unicode text, so it cannot be encoded as UTF-8 for
@@ -46,6 +50,18 @@ def unstorable(text: str) -> str | None:
     if found is None:
         return None
     return NUL_REASON if found.group() == NUL else SURROGATE_REASON
+
+
+def label_problem(label: str) -> str | None:
+    """Why `label` cannot be a label (its length, its bytes, a NUL, a lone surrogate), or None."""
+    if len(label) > MAX_STRING_LENGTH:
+        return f"longer than {MAX_STRING_LENGTH} characters"
+    if _UNSTORABLE.search(label) is not None:
+        return unstorable(label)
+    if len(label) * 4 > MAX_LABEL_BYTES and not label.isascii() and len(label.encode("utf-8")) > MAX_LABEL_BYTES:
+        return (f"longer than {MAX_LABEL_BYTES} bytes as UTF-8 ({MAX_STRING_LENGTH} characters at most, fewer"
+                " where they take 3 or 4 bytes)")
+    return None
 
 
 def storable(text: str) -> str:
@@ -148,10 +164,9 @@ class EventValidator:
                 strings[name] = "" if name in stream.dimensions else None
                 continue
             label = _to_label(value)
-            if len(label) > MAX_STRING_LENGTH:
-                raise ValueError(f"{name}: longer than {MAX_STRING_LENGTH} characters")
-            if _UNSTORABLE.search(label) is not None:
-                raise ValueError(f"{name}: {unstorable(label)}")
+            problem = label_problem(label)
+            if problem is not None:
+                raise ValueError(f"{name}: {problem}")
             strings[name] = label
         numbers: dict[str, float | None] = {}
         for name in stream.values:

@@ -27,7 +27,7 @@ malformed JSON (its corrupt-record column is null; `allowNonNumericNumbers` and
 `allowSingleQuotes` off, as Python's reading of values); the event time is a JSON integer
 (floats and RFC 3339 text go to Python, whose rounding and date parsing are the reference)
 inside 1970..9999 (the token's first character, found by a regex on the flat text); the key
-field is there; each label is at most 1 024 characters and does not read like a float or an
+field is there; each label is at most 1 024 characters and 2 048 bytes and does not read like a float or an
 array (Spark reads any token into a string column: strings, integers and booleans read as the
 API's labels do, "12" and "true"; a float token, which the API refuses, comes out as "1.5" or
 "1.0E10", so a label that looks like that goes to Python); each value is a number (a double
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from catalog import Catalog, StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
-from ingest.events import MAX_STRING_LENGTH
+from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH
 from ingest.json_limits import JsonLimits
 
 FLAT_OBJECT = r"^[ \t\n\r]*\{[^{}\\]*\}[ \t\n\r]*$"
@@ -190,7 +190,8 @@ def _vouch(stream: StreamDef, p, text):
         # API's label does ("12", "true"); a float ("1.5", "1.0E10") or an array ("[1]") is refused by
         # the API, and a string that looks like one of those goes to Python as well.
         label = p[name]
-        ok = ok & (label.isNull() | (~label.rlike(AMBIGUOUS_LABEL) & (F.char_length(label) <= F.lit(MAX_STRING_LENGTH))))
+        ok = ok & (label.isNull() | (~label.rlike(AMBIGUOUS_LABEL) & (F.char_length(label) <= F.lit(MAX_STRING_LENGTH))
+                                     & (F.octet_length(label) <= F.lit(MAX_LABEL_BYTES))))
     for name in stream.values:
         # A double column takes JSON numbers only (a string or a boolean is a malformed record), and
         # "NaN"/"Infinity" strings, which come out not finite.

@@ -15,7 +15,7 @@ from typing import Any
 
 from catalog import StreamDef
 from catalog.tables import DELETE, OP_FIELD, UPSERT
-from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, unstorable
+from ingest.events import Event, EventValidator, label_problem
 
 DELETED_FLAG = "_deleted"  # a row {"<key>": "k", "_deleted": true} in a POST body deletes the key
 
@@ -102,10 +102,8 @@ def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None
         except UnicodeDecodeError:
             raise ValueError("a tombstone whose key is not UTF-8") from None
         # The rules a POSTed delete's key meets through the validator (a key is a label).
-        if len(text) > MAX_STRING_LENGTH:
-            raise ValueError(f"a tombstone's key: longer than {MAX_STRING_LENGTH} characters")
-        if unstorable(text):
-            raise ValueError(f"a tombstone's key: {unstorable(text)}")
+        if label_problem(text):
+            raise ValueError(f"a tombstone's key: {label_problem(text)}")
         return tombstone(stream, text, timestamp_ms)
     event = from_json(validator, value)
     return as_upsert(event)

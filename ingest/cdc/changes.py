@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from catalog import StreamDef
 from catalog.tables import OP_FIELD
 from ingest.cdc.pgoutput import UNCHANGED, Begin, Column, Commit, Delete, Insert, Relation, Truncate, Update
-from ingest.events import Event
+from ingest.events import Event, label_problem
 from ingest.tables import TableRowValidator, is_tombstone, tombstone
 
 # pg_type oids (stable since PostgreSQL 7): the types whose text form is a JSON number or boolean.
@@ -130,6 +130,14 @@ class ChangeMapper:
                 txn.events.extend(tombstone(self.stream, key, time_ms) for key in sorted(live_keys(txn.events)))
         return txn
 
+    def _tombstone(self, key: str, time_ms: int) -> Event:
+        """A delete of `key`, whose text meets a label's rules as an upserted row's key does (so no
+        store is asked to hold a key it cannot index)."""
+        problem = label_problem(key)
+        if problem is not None:
+            raise ValueError(f"{self.key_column}: {problem}")
+        return tombstone(self.stream, key, time_ms)
+
     def _change(self, message: Insert | Update | Delete, time_ms: int) -> list[Event]:
         relation = self.relations.get(message.oid)
         if relation is None:
@@ -140,7 +148,7 @@ class ChangeMapper:
             if key is None:
                 raise ValueError(f"a delete without the key column {self.key_column!r}: make it the primary key, or"
                                  " set REPLICA IDENTITY FULL on the table")
-            return [tombstone(self.stream, key, time_ms)]
+            return [self._tombstone(key, time_ms)]
         new = message.new
         events = []
         if isinstance(message, Update) and message.old is not None:
@@ -148,7 +156,7 @@ class ChangeMapper:
             if any(v is UNCHANGED for v in new):  # FULL identity: the old row has what was not resent
                 new = tuple(o if v is UNCHANGED else v for v, o in zip(new, message.old, strict=True))
             if old_key is not None and old_key != self.key_of(columns, new):
-                events.append(tombstone(self.stream, old_key, time_ms))  # the row moved to another key
+                events.append(self._tombstone(old_key, time_ms))  # the row moved to another key
         events.append(self.row_event(columns, new, time_ms))
         return events
 

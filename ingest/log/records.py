@@ -19,7 +19,7 @@ import pyarrow as pa
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, parse_event_time_ms
 from ingest.json_limits import JsonLimits, violation
-from ingest.events import MAX_STRING_LENGTH, Event, EventValidator, unstorable
+from ingest.events import Event, EventValidator, label_problem
 
 EVENT_TIME = "__event_time"
 INGEST_TIME = "__ingest_time"
@@ -164,8 +164,8 @@ def _coerce(value, target: pa.DataType):
     if pa.types.is_string(target):
         label = ("true" if value else "false") if isinstance(value, bool) else str(value)
         # Kept unchecked as an extra field: what the validator would refuse as a label (a NUL, a
-        # lone surrogate, over 1 024 characters) reads as null, as a value that does not convert.
-        return None if len(label) > MAX_STRING_LENGTH or unstorable(label) else label
+        # lone surrogate, too long) reads as null, as a value that does not convert.
+        return None if label_problem(label) else label
     if isinstance(value, bool):
         return None
     try:

@@ -131,6 +131,8 @@ def test_clearly_valid_records_take_the_fast_path_and_edge_cases_do_not(spark, d
         b'{"time": -5, "customer_id": "c1"}',
         b"\xff" + b'{"time": %d, "customer_id": "c1"}' % t,
         b'{"time": %d, "customer_id": "' % t + b"x" * 70_000 + b'"}',
+        # 700 characters but 2 100 bytes: past a label's bytes (a PostgreSQL index entry's bound)
+        ('{"time": %d, "customer_id": "c1", "country": "%s"}' % (t, "中" * 700)).encode(),
     ]
     frame = records_frame(spark, fast_ones + python_ones)
     fast, slow = split_records(frame, demo_catalog, topics_of(demo_catalog, PREFIX), JsonLimits())

@@ -162,10 +162,13 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     mapper = ChangeMapper(users, "id")
     bad = b"I\x00\x00@\x00N\x00\x04t\x00\x00\x00\x02u3nt\x00\x00\x00\x03NaNn"
     no_key = b"D\x00\x00@\x00K\x00\x04nnnn"
-    txn = mapper.transaction(messages(BEGIN, RELATION, bad, no_key, INSERT, COMMIT), lambda events: set())
+    wide = ("中" * 683).encode()  # 2 049 bytes: no key a store can index (a label's bound)
+    wide_key = b"D\x00\x00@\x00K\x00\x04t" + len(wide).to_bytes(4, "big") + wide + b"nnn"
+    txn = mapper.transaction(messages(BEGIN, RELATION, bad, no_key, wide_key, INSERT, COMMIT), lambda events: set())
     assert [e.key for e in txn.events] == ["u2"]
     assert "credit" in txn.rejected[0] and "finite" in txn.rejected[0]
     assert "REPLICA IDENTITY FULL" in txn.rejected[1]
+    assert txn.rejected[2].startswith("id: longer than 2048 bytes as UTF-8")
 
 
 def test_schema_report_names_missing_ignored_added_and_removed_columns():

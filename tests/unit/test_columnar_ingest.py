@@ -165,6 +165,7 @@ def test_plain_valid_bodies_take_the_columnar_path(events, array):
     b'{"time": 1795000000000, "device": "d", "site": "\\ud800"}',
     b'{"time": 1795000000000, "device": "d", "site": "a\\u0000b"}',  # a NUL: the per-event path refuses it
     b'{"time": 1795000000000, "device": "d\\u0000"}',
+    ('{"time": 1795000000000, "device": "%s"}' % ("中" * 700)).encode(),  # 2 100 bytes: over a label's
 ], ids=lambda b: b[:40].decode("utf-8", "replace"))
 def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
     assert columnar_events(STREAM, body) is None

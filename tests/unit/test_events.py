@@ -244,6 +244,15 @@ def test_a_nul_character_or_a_lone_surrogate_in_a_label_is_refused(validator: Ev
     assert validator.validate(event(user_id="u\U0001f600")).key == "u\U0001f600"  # a pair is one character: fine
 
 
+def test_a_label_is_at_most_2048_bytes_of_utf8(validator: EventValidator) -> None:
+    """A key is held in PostgreSQL B-tree entries (~2 700 bytes at most): 1 024 characters of 3
+    bytes would not fit, and its batch would fail at every replay."""
+    assert validator.validate(event(user_id="中" * 682)).key == "中" * 682  # 2 046 bytes
+    assert reason(validator, event(user_id="中" * 683)).startswith("user_id: longer than 2048 bytes as UTF-8")
+    assert reason(validator, event(region="😀" * 513)).startswith("region: longer than 2048 bytes as UTF-8")
+    assert validator.validate(event(region="x" * 1024)).strings["region"] == "x" * 1024
+
+
 def test_a_text_quoting_a_producer_is_stored_with_escapes_where_no_store_could_hold_it():
     assert storable("plain, naïve") == "plain, naïve"
     assert storable("x\x00: integer") == "x\\x00: integer"
