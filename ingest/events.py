@@ -64,6 +64,21 @@ def label_problem(label: str) -> str | None:
     return None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether a JSON value holds a lone surrogate anywhere (its texts, keys, nested values)."""
+    kind = type(value)
+    if kind is str:
+        return _SURROGATE.search(value) is not None
+    if kind is dict:
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if kind is list:
+        return any(_has_surrogate(v) for v in value)
+    return False
+
+
 def storable(text: str) -> str:
     """`text` with what no store can hold written as escapes (a NUL as \\x00, a lone surrogate as
     \\udXXX): for texts quoting what a producer sent, such as a dead letter's error."""
@@ -181,12 +196,16 @@ class EventValidator:
             if not math.isfinite(number):
                 raise ValueError(f"{name}: value must be a finite number")
             numbers[name] = number
+        extra = dict(model.__pydantic_extra__ or {})
+        for name, value in extra.items():  # kept as they are, but written as UTF-8 (a Kafka record)
+            if _has_surrogate(name) or _has_surrogate(value):
+                raise ValueError(f"{name}: {SURROGATE_REASON}")
         return Event(
             event_time_ms=data[attr[stream.time_field]],
             key=strings.get(stream.key_field) if stream.key_field else None,
             strings=strings,
             numbers=numbers,
-            extra=dict(model.__pydantic_extra__ or {}),
+            extra=extra,
             sent_time_ms=data.get(attr[stream.sent_time_field]) if stream.sent_time_field else None,
         )
 

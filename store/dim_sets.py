@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 CHUNK = 500  # texts per lookup: under SQLite's 999 bound variables of old builds
-# PostgreSQL's placeholder. Its B-tree entries hold at most ~2 700 bytes, and a combination's text
-# can be longer (several labels of up to 1 024 characters, 3 bytes each in CJK): there the text is
-# indexed by its MD5 (store/postgres/schema.py), and a lookup goes through the hash, then compares
-# the text itself (a collision is only a second candidate, never a wrong number).
-POSTGRES = "%s"
+# PostgreSQL's B-tree entries hold at most ~2 700 bytes, and a combination's text can be longer
+# (several labels, each up to 2 048 bytes): there the text has a hash index instead
+# (store/postgres/schema.py), which holds a 4-byte hash of any length and serves the same
+# `dims IN (...)` (a text-keyed B-tree was no faster, an md5() expression index 2-4x slower on a
+# table small enough to scan: md5 of every row).
 
 
 def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
@@ -28,15 +28,8 @@ def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
     found: dict[str, int] = {}
     for i in range(0, len(wanted), CHUNK):
         chunk = wanted[i:i + CHUNK]
-        marks = ", ".join([p] * len(chunk))
-        if p == POSTGRES:
-            rows = cursor.execute(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND md5(dims) IN"
-                                  f" ({', '.join([f'md5({p})'] * len(chunk))})", (stream, *chunk)).fetchall()
-            asked = set(chunk)
-            found.update((text, number) for text, number in rows if text in asked)
-        else:
-            found.update(cursor.execute(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN ({marks})",
-                                        (stream, *chunk)).fetchall())
+        found.update(cursor.execute(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN"
+                                    f" ({', '.join([p] * len(chunk))})", (stream, *chunk)).fetchall())
     missing = [text for text in wanted if text not in found]
     if missing:
         top = cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM dim_sets WHERE stream = {p}", (stream,)).fetchone()[0]

@@ -155,8 +155,9 @@ class ChangeMapper:
             old_key = self.key_of(columns, message.old)
             if any(v is UNCHANGED for v in new):  # FULL identity: the old row has what was not resent
                 new = tuple(o if v is UNCHANGED else v for v, o in zip(new, message.old, strict=True))
-            if old_key is not None and old_key != self.key_of(columns, new):
-                events.append(self._tombstone(old_key, time_ms))  # the row moved to another key
+            if old_key is not None and old_key != self.key_of(columns, new) and label_problem(old_key) is None:
+                # The row moved to another key. An old key no label can be was never stored: no delete.
+                events.append(tombstone(self.stream, old_key, time_ms))
         events.append(self.row_event(columns, new, time_ms))
         return events
 

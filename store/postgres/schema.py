@@ -29,9 +29,12 @@ _TYPES = [
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bBLOB\b"), "BYTEA"),
     (re.compile(r"\)\s*WITHOUT ROWID"), ")"),
-    # A combination's text can outgrow a B-tree entry (~2 700 bytes): indexed by its hash (store/dim_sets.py).
+    # A combination's text can outgrow a B-tree entry (~2 700 bytes): a hash index (store/dim_sets.py).
+    # Hash indexes cannot be unique: a text is numbered once because every writer of dim_sets (a
+    # batch's commit, configure_tiers, a switch) holds COMMIT_LOCK, which serializes them (the dims
+    # migration runs when a store is opened, under SCHEMA_LOCK).
     (re.compile(r"CREATE UNIQUE INDEX IF NOT EXISTS dim_sets_by_text ON dim_sets \(stream, dims\);"),
-     "CREATE INDEX IF NOT EXISTS dim_sets_by_hash ON dim_sets (stream, md5(dims));"),
+     "CREATE INDEX IF NOT EXISTS dim_sets_by_text_hash ON dim_sets USING hash (dims);"),
 ]
 
 
@@ -65,7 +68,9 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         check_version(stored_version(conn), where)
         conn.execute(TABLES)
-        conn.execute("DROP INDEX IF EXISTS dim_sets_by_text")  # a store of before: its index refused long texts
+        # A store of before: its B-tree on the text refused long texts (and this session's md5 one is slower).
+        conn.execute("DROP INDEX IF EXISTS dim_sets_by_text")
+        conn.execute("DROP INDEX IF EXISTS dim_sets_by_hash")
         # Columns added after a store may have been created (CREATE TABLE IF NOT EXISTS keeps the old table).
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")

@@ -169,6 +169,11 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     assert "credit" in txn.rejected[0] and "finite" in txn.rejected[0]
     assert "REPLICA IDENTITY FULL" in txn.rejected[1]
     assert txn.rejected[2].startswith("id: longer than 2048 bytes as UTF-8")
+    # A row moved off such a key (never stored: nothing to delete) keeps its new version.
+    moved = (b"U\x00\x00@\x00K\x00\x04t" + len(wide).to_bytes(4, "big") + wide + b"nnnN\x00\x04t\x00\x00\x00\x02u9"
+             b"t\x00\x00\x00\x01xnn")
+    txn = mapper.transaction(messages(BEGIN, moved, COMMIT), lambda events: set())
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
 
 
 def test_schema_report_names_missing_ignored_added_and_removed_columns():

@@ -126,7 +126,7 @@ def test_combinations_past_an_index_entrys_size_are_numbered_once(store_backend)
     """Labels are at most 1 024 characters, but a combination's text can be ~3 000 bytes and more
     (long random CJK or several long labels): past the ~2 700 bytes of a PostgreSQL B-tree entry,
     the unique index on the text refused its insert, and a batch holding one failed at every
-    replay. Found again by its hash there, it is numbered once and read back whole."""
+    replay. Indexed by a hash index there, it is numbered once and read back whole."""
     import random
 
     from tests.unit.test_commit_bulk import PANE, _pane

@@ -242,6 +242,11 @@ def test_a_nul_character_or_a_lone_surrogate_in_a_label_is_refused(validator: Ev
     assert "NUL character" in reason(validator, event(region="e\x00u"))
     assert reason(validator, event(user_id="u\ud800")).startswith("user_id: contains a lone surrogate (U+D800..U+DFFF)")
     assert validator.validate(event(user_id="u\U0001f600")).key == "u\U0001f600"  # a pair is one character: fine
+    # An undeclared field is kept as sent, but written as UTF-8 (a Kafka record): no lone surrogate there either.
+    assert reason(validator, event(note="a\ud800")).startswith("note: contains a lone surrogate")
+    assert reason(validator, event(tags=[{"k": ["x", "\udfff"]}])).startswith("tags: contains a lone surrogate")
+    assert "unicode" in reason(validator, {**event(), "n\ud800te": 1})  # a name: pydantic refuses it itself
+    assert validator.validate(event(note="a\x00", tags=["é"])).extra == {"note": "a\x00", "tags": ["é"]}
 
 
 def test_a_label_is_at_most_2048_bytes_of_utf8(validator: EventValidator) -> None:
