@@ -13,6 +13,7 @@ and a point that could not be written is only computed again later.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import queue
@@ -26,9 +27,16 @@ from store.rollup import ErrorBound, Point
 
 log = logging.getLogger(__name__)
 
+# Keyed by digests of the shape's and the group's texts: those can be longer than a PostgreSQL
+# B-tree entry holds (~2 700 bytes: a filter value or a group's labels of up to 2 048 bytes each,
+# JSON-escaped), and a point that could not be kept was computed again at every query. The table
+# of before (keyed by the texts) is dropped: it is a cache, whatever it held is computed again.
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS final_points (
-    shape TEXT NOT NULL,        -- the query's shape as JSON: stream, stat, quantile, fields, step, window, group-by, filters
+DROP TABLE IF EXISTS final_points;
+CREATE TABLE IF NOT EXISTS kept_points (
+    shape_key TEXT NOT NULL,    -- SHA-256 (hex) of the query's shape as JSON: stream, stat, quantile, fields, step,
+                                -- window, group-by, filters
+    grp_key TEXT NOT NULL,      -- SHA-256 (hex) of grp
     grp TEXT NOT NULL,          -- the group-by values as JSON
     t_ms INTEGER NOT NULL,      -- the window's start
     events INTEGER NOT NULL,    -- the fingerprint of the window's rows (store/point_cache.py): events,
@@ -36,7 +44,7 @@ CREATE TABLE IF NOT EXISTS final_points (
     last_batch INTEGER NOT NULL,  -- newest batch that changed one,
     revision INTEGER NOT NULL,  -- highest revision
     point TEXT NOT NULL,        -- value, count, revision, error bound as JSON (NaN and infinities kept)
-    PRIMARY KEY (shape, grp, t_ms)
+    PRIMARY KEY (shape_key, grp_key, t_ms)
 );
 """
 
@@ -63,8 +71,8 @@ class FinalPoints(SideStore):
         """(group, t_ms, fingerprint, point) of the saved points of `shape` with t_ms in [lo_ms, hi_ms)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM final_points"
-                " WHERE shape = ? AND t_ms >= ? AND t_ms < ?", (_text(shape), lo_ms, hi_ms)).fetchall()
+                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM kept_points"
+                " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_digest(_text(shape)), lo_ms, hi_ms)).fetchall()
         if not rows:
             return []
         groups = {text: tuple(json.loads(text)) for text in {row[0] for row in rows}}
@@ -74,19 +82,25 @@ class FinalPoints(SideStore):
 
     def save(self, entries: Sequence[Entry]) -> None:
         """Write these points now (a newer fingerprint replaces an older one)."""
-        rows = [(_text(shape), _text(group), t, *fp, _point_text(p)) for shape, group, t, fp, p in entries]
+        shapes: dict[Hashable, str] = {}
+        rows = []
+        for shape, group, t, fp, p in entries:
+            if shape not in shapes:
+                shapes[shape] = _digest(_text(shape))
+            grp = _text(group)
+            rows.append((shapes[shape], _digest(grp), grp, t, *fp, _point_text(p)))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
             self._writer_conn.executemany(
-                "INSERT INTO final_points (shape, grp, t_ms, events, rows_in, last_batch, revision, point)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape, grp, t_ms) DO UPDATE SET"
+                "INSERT INTO kept_points (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape_key, grp_key, t_ms) DO UPDATE SET"
                 " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
                 " revision = excluded.revision, point = excluded.point", rows)
             now_ms = int(self._clock() * 1000)
             if self.retention_ms is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
                 # Not at every save: t_ms leads no index, so this reads the whole table.
-                self._writer_conn.execute("DELETE FROM final_points WHERE t_ms < ?", (now_ms - self.retention_ms,))
+                self._writer_conn.execute("DELETE FROM kept_points WHERE t_ms < ?", (now_ms - self.retention_ms,))
                 self._pruned_ms = now_ms
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
@@ -108,7 +122,7 @@ class FinalPoints(SideStore):
         """Forget every saved point (a switch replaced a stream's rows: store/switch.py)."""
         self.flush()
         with self._write_lock, self._writer_conn.transaction():
-            self._writer_conn.execute("DELETE FROM final_points")
+            self._writer_conn.execute("DELETE FROM kept_points")
 
     def close(self) -> None:
         if self._writer is not None:
@@ -134,6 +148,10 @@ class FinalPoints(SideStore):
 
 def _text(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _point_text(p: Point) -> str:

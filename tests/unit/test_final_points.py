@@ -75,6 +75,25 @@ def test_points_keep_every_value_and_bound_exactly(store_backend):
         kept.close()
 
 
+def test_points_of_shapes_and_groups_longer_than_an_index_entry_are_kept(store_backend):
+    """A filter value and a group's labels may each be 2 048 bytes, and JSON writes a CJK character
+    as 6 (\\uXXXX): the texts outgrew a PostgreSQL B-tree entry (~2 700 bytes), and every save of
+    such points failed (logged; they were computed again at every query). Keyed by digests now."""
+    import random
+
+    rng = random.Random(57)  # random text: PostgreSQL compresses a repetitive one below the bound
+    kept = FinalPoints(store_backend.side_db())
+    long_filter = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(3 * 1024))
+    long_label = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(682))
+    shape = ("s", "p99", (("region", long_filter),))
+    point = Point(T0, 1.5, 2, True, 1, None)
+    try:
+        kept.save([(shape, (long_label,), T0, (1, 2, 3, 4), point)])
+        assert kept.load(shape, T0, T0 + MINUTE) == [((long_label,), T0, (1, 2, 3, 4), point)]
+    finally:
+        kept.close()
+
+
 def test_clear_and_retention_forget_kept_points(store_backend):
     now_ms = T0 + 10 * MINUTE
     kept = FinalPoints(store_backend.side_db(), retention_ms=5 * MINUTE, clock=lambda: now_ms / 1000)
@@ -100,8 +119,8 @@ def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_back
 
     def commit_in_progress() -> None:
         with other.transaction():
-            other.execute("LOCK TABLE final_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
-                          else "DELETE FROM final_points WHERE t_ms < 0")  # SQLite: the database's write lock
+            other.execute("LOCK TABLE kept_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
+                          else "DELETE FROM kept_points WHERE t_ms < 0")  # SQLite: the database's write lock
             held.set()
             release.wait(20)
 
