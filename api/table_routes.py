@@ -162,7 +162,7 @@ def router(ctx: ApiContext) -> APIRouter:
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
               responses=errors(400, 404, 409, 503, e404="unknown table",
-                               e400="an empty key, or one no key can be (over 1 024 characters, a NUL, a lone surrogate)",
+                               e400="an empty key, or one no key can be (over 1 024 characters or 2 048 bytes, a NUL, a lone surrogate)",
                                e409="a view (write to its tables), or a table fed by change data capture",
                                e503="the log did not acknowledge the delete"),
               summary="Delete one row of a changelog table (appends a tombstone)")

@@ -102,8 +102,9 @@ def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None
         except UnicodeDecodeError:
             raise ValueError("a tombstone whose key is not UTF-8") from None
         # The rules a POSTed delete's key meets through the validator (a key is a label).
-        if label_problem(text):
-            raise ValueError(f"a tombstone's key: {label_problem(text)}")
+        problem = label_problem(text)
+        if problem is not None:
+            raise ValueError(f"a tombstone's key: {problem}")
         return tombstone(stream, text, timestamp_ms)
     event = from_json(validator, value)
     return as_upsert(event)
