@@ -237,8 +237,8 @@ def _check_dimensions(group_by, filters, dimensions, where: str) -> None:
             raise RuleError(f"{where}: unknown dimension {name!r} in group_by/filters;"
                             f" dimensions: {', '.join(dimensions) or 'none'}")
     for name, value in filters.items():  # as the query's filters (query/model.py): no label holds one
-        if unstorable(value):
-            raise RuleError(f"{where}: filters: {name}={value!r}: {unstorable(value)}")
+        if problem := unstorable(value):
+            raise RuleError(f"{where}: filters: {name}={value!r}: {problem}")
 
 
 def _describe(exc: ValidationError, data: dict) -> str:

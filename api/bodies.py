@@ -11,6 +11,7 @@ from fastapi import HTTPException, Request
 from api.errors import bad_request
 from catalog import StreamDef
 from ingest.columnar import columnar_events, limits_allow
+from ingest.events import has_surrogate
 from ingest.json_limits import JsonLimits, violation
 
 BODY_LIMITS = JsonLimits()  # a rule or a silence: far inside these
@@ -100,11 +101,10 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     data = loads_json(await read_capped(request, limit) or b"null")
     if not isinstance(data, dict):
         raise bad_request(None, "the body must be a JSON object")
-    try:  # a "\\ud800" escape without its pair decodes to no Unicode text: neither stored nor answered
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
+    # A "\\ud800" escape without its pair decodes to no Unicode text: neither stored nor answered.
+    if has_surrogate(data):
         raise bad_request(None, "the body holds a lone surrogate (a \\ud800..\\udfff escape without its pair),"
-                                " which is no Unicode text") from None
+                                " which is no Unicode text")
     return data
 
 

@@ -105,8 +105,8 @@ def check_panel(panel: Panel, catalog: Catalog, where: str) -> None:
             raise DashboardError(f"{where}.{field}", f"unknown dimension {name!r}; dimensions of stream"
                                  f" {stream.name!r}: {', '.join(stream.dimensions) or 'none'}")
     for name, value in panel.filters.items():  # as the query's filters (query/model.py): no label holds one
-        if unstorable(value):
-            raise DashboardError(f"{where}.filters", f"{name}={value!r}: {unstorable(value)}")
+        if problem := unstorable(value):
+            raise DashboardError(f"{where}.filters", f"{name}={value!r}: {problem}")
     if panel.step is not None and panel.step < stream.pane:
         raise DashboardError(f"{where}.step", f"below the stream's pane ({stream.pane} ms)")
     if panel.window is not None and panel.window < (panel.step or stream.pane):

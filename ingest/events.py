@@ -67,15 +67,15 @@ def label_problem(label: str) -> str | None:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _has_surrogate(value: Any) -> bool:
+def has_surrogate(value: Any) -> bool:
     """Whether a JSON value holds a lone surrogate anywhere (its texts, keys, nested values)."""
     kind = type(value)
     if kind is str:
         return _SURROGATE.search(value) is not None
     if kind is dict:
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+        return any(has_surrogate(k) or has_surrogate(v) for k, v in value.items())
     if kind is list:
-        return any(_has_surrogate(v) for v in value)
+        return any(has_surrogate(v) for v in value)
     return False
 
 
@@ -198,7 +198,7 @@ class EventValidator:
             numbers[name] = number
         extra = dict(model.__pydantic_extra__ or {})
         for name, value in extra.items():  # kept as they are, but written as UTF-8 (a Kafka record)
-            if _has_surrogate(name) or _has_surrogate(value):
+            if has_surrogate(name) or has_surrogate(value):
                 raise ValueError(f"{name}: {SURROGATE_REASON}")
         return Event(
             event_time_ms=data[attr[stream.time_field]],

@@ -119,8 +119,9 @@ def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by
     for name, value in filters.items():
         if name not in stream.dimensions:
             raise QueryError("filter", f"unknown dimension {name!r} in filter; dimensions: {dimensions}")
-        if unstorable(value):  # refused at ingest, so it matches nothing; the stores could not even bind it
-            raise QueryError("filter", f"filter {name}={value!r}: {unstorable(value)}")
+        # Refused at ingest, so it matches nothing; the stores could not even bind it.
+        if problem := unstorable(value):
+            raise QueryError("filter", f"filter {name}={value!r}: {problem}")
     if any(s in FIRST_SEEN_STATS for s in stats) and (groups or filters):
         raise QueryError("stat", "first_seen is counted per stream, not per dimension: group_by and filter do not apply")
     return Target(
