@@ -7,6 +7,7 @@ the first_seen table (store/bloom.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -127,7 +128,17 @@ def _number(x: Any, *, finite: bool = False) -> str:
             return float.__repr__(x)
         if finite:
             return "null"
+    elif type(x) is int:  # not bool, which json writes as true/false
+        return int.__repr__(x)
     return _dumps(x)
+
+
+@functools.lru_cache(maxsize=64)
+def _kind_text(kind: str) -> str:
+    """An error bound's kind as JSON: a handful of names ('kll', 'hll'...), each written once. A
+    json.dumps call builds an encoder each time: it was two thirds of a percentile point's text
+    (~6 of ~9 us; 1 440 points are a day at 1-minute steps)."""
+    return _dumps(kind)
 
 
 def _point_text(p: Point) -> str:
@@ -135,7 +146,7 @@ def _point_text(p: Point) -> str:
     if e is None:
         error = "null"
     else:
-        error = (f'{{"kind":{_dumps(e.kind)},"lower":{_number(e.lower, finite=True)},'
+        error = (f'{{"kind":{_kind_text(e.kind)},"lower":{_number(e.lower, finite=True)},'
                  f'"upper":{_number(e.upper, finite=True)},"relative_error":{_number(e.relative_error)},'
                  f'"rank_error":{_number(e.rank_error)},"expected_undercount":{_number(e.expected_undercount)}}}')
     return (f'{{"t":{p.t_ms:d},"value":{_number(p.value, finite=True)},"count":{p.count:d},'
