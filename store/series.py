@@ -213,19 +213,20 @@ def _fingerprints(sums: list[BucketStats], start_ms: int, end_ms: int, step_ms: 
     bucket_ms = math.gcd(step_ms, window_ms)
     stride, width = (1, 1) if n_points == 1 else (step_ms // bucket_ms, window_ms // bucket_ms)
     n_buckets = (n_points - 1) * stride + width
-    cells: dict[tuple[str, ...], np.ndarray] = {}
-    for b in sums:
-        cell = cells.get(b.group)
-        if cell is None:
-            cell = cells[b.group] = np.zeros((n_buckets + 1, 4), dtype=np.int64)
-        i = 1 + (0 if n_points == 1 else b.bucket)
-        cell[i] += (b.count, b.rows, b.last_batch, b.revision)
+    if not sums:
+        return {}
+    # All groups' buckets added in one np.add.at (a bucket two segments share is added twice, as
+    # it should be), not a numpy row add per bucket: ~3 us each, 1 440 of them for a day's minutes.
+    index: dict[tuple[str, ...], int] = {}
+    at = [(index.setdefault(b.group, len(index)), b.bucket) for b in sums]
+    where = np.array(at, dtype=np.int64).reshape(-1, 2)
+    cells = np.zeros((len(index), n_buckets + 1, 4), dtype=np.int64)
+    np.add.at(cells, (where[:, 0], 1 + (0 if n_points == 1 else where[:, 1])),
+              np.array([(b.count, b.rows, b.last_batch, b.revision) for b in sums], dtype=np.int64))
     starts = np.arange(n_points) * stride
-    out = {}
-    for group, cell in cells.items():
-        prefix = np.cumsum(cell, axis=0)
-        out[group] = [tuple(row) for row in (prefix[starts + width] - prefix[starts]).tolist()]
-    return out
+    prefix = np.cumsum(cells, axis=1)
+    windows = (prefix[:, starts + width] - prefix[:, starts]).tolist()
+    return {group: list(map(tuple, windows[g])) for group, g in index.items()}
 
 
 def _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, window_ms, pane_ms,
