@@ -67,6 +67,7 @@ class SqlitePaneStore(PaneStore):
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
+            sqlite_tiers.create_indexes(self._conn)
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:

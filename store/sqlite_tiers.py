@@ -24,6 +24,21 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(TIER_TABLES)
 
 
+# What a query's exact sums and a sketch query's fingerprints read of each row (aggregate()),
+# kept apart from the rows: a rowid table's row holds a few kilobytes of its sketches in its leaf
+# page, so a day of minute rows spans ~1 400 pages where this index spans a few dozen (a day's
+# sums 7.4 -> 3.5-4.7 ms; each tier row's upsert writes one more index entry, within the noise of
+# a 60 000-row upsert). SQLite only: PostgreSQL keeps the sketches out of line (TOAST) already.
+SUMS_INDEX = ("CREATE INDEX IF NOT EXISTS tier_rows_sums ON tier_rows"
+              " (stream, granule_ms, proj, start_ms, dims_id, count, revision, last_batch, stats)")
+
+
+def create_indexes(conn: sqlite3.Connection) -> None:
+    """After the migrations, which may rebuild tier_rows (and drop its indexes with the old table);
+    a store of before gets it built once, at open (~0.5 s for a day of 3 M events)."""
+    conn.execute(SUMS_INDEX)
+
+
 def stored_layouts(conn: sqlite3.Connection) -> dict[str, TierLayout]:
     return {stream: TierLayout.from_json(text) for stream, text in conn.execute("SELECT stream, layout FROM tier_layouts")}
 
