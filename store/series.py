@@ -133,11 +133,13 @@ def _query_series(
                 series_points = _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, window_ms,
                                               pane_ms, watermark_ms)
             fingerprints = prints.get(group)
+            new = []
             for p in series_points:
                 if (group, p.t_ms) not in points:
                     points[(group, p.t_ms)] = p
-                    cache.put((shape, group, p.t_ms),
-                              fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p)
+                    new.append(((shape, group, p.t_ms),
+                                fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p))
+            cache.put_many(new)
         cache.save()
     return [Series(group=dict(zip(group_by, group)),
                    points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])
@@ -150,12 +152,12 @@ _NO_ROWS = (0, 0, 0, 0)
 def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points) -> list[int]:
     """Cached points with an unchanged fingerprint into `points`; the window starts missed."""
     missed = []
+    starts = window_points(start_ms, end_ms, step_ms)
     for group in groups:
-        fingerprints = prints.get(group) or [_NO_ROWS] * len(window_points(start_ms, end_ms, step_ms))
-        for t, fingerprint in zip(window_points(start_ms, end_ms, step_ms), fingerprints):
-            if (group, t) in points:
-                continue
-            point = cache.get((shape, group, t), fingerprint)
+        fingerprints = prints.get(group) or [_NO_ROWS] * len(starts)
+        asked = [t for t in starts if (group, t) not in points]
+        found = cache.get_many([((shape, group, t), fingerprints[(t - start_ms) // step_ms]) for t in asked])
+        for t, point in zip(asked, found):
             if point is None:
                 missed.append(t)
             else:

@@ -1,0 +1,31 @@
+"""The point cache's batched calls (store/point_cache.py get_many / put_many, one hold of its
+lock for a query's points) keep and answer exactly what the one-at-a-time calls do: final points
+only, a point only for its window's fingerprint, hits and misses counted, least recent evicted."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from store.point_cache import PointCache
+from store.rollup import Point
+
+keys = st.sampled_from([("shape", (), t) for t in range(6)])
+fingerprints = st.sampled_from([(1, 1, 1, 0), (2, 1, 3, 1)])
+points = st.builds(Point, st.integers(0, 5), st.floats(allow_nan=False), st.integers(0, 9), st.booleans(),
+                   st.integers(0, 3), st.none())
+puts = st.lists(st.tuples(keys, fingerprints, points), max_size=12)
+gets = st.lists(st.tuples(keys, fingerprints), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(puts, gets), max_size=4), size=st.integers(1, 5))
+def test_batched_calls_do_what_one_at_a_time_calls_do(steps, size):
+    one, many = PointCache(max_points=size), PointCache(max_points=size)
+    for put, get in steps:
+        for item in put:
+            one.put(*item)
+        many.put_many(put)
+        assert many.get_many(get) == [one.get(*item) for item in get]
+        assert list(many._entries.items()) == list(one._entries.items())  # same points, same recency
+        assert (many.hits, many.misses, len(many)) == (one.hits, one.misses, len(one))
