@@ -136,8 +136,8 @@ def _number(x: Any, *, finite: bool = False) -> str:
 @functools.lru_cache(maxsize=64)
 def _kind_text(kind: str) -> str:
     """An error bound's kind as JSON: a handful of names ('kll', 'hll'...), each written once. A
-    json.dumps call builds an encoder each time: it was two thirds of a percentile point's text
-    (~6 of ~9 us; 1 440 points are a day at 1-minute steps)."""
+    json.dumps call builds an encoder each time: ~1.7 us of a percentile point's ~5 us of text
+    (best of 5, timeit), and a day at 1-minute steps is 1 440 points."""
     return _dumps(kind)
 
 
