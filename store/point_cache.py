@@ -48,8 +48,9 @@ class PointCache:
         """get() of each (key, fingerprint), under one hold of the lock: a day of 1-minute points
         is 1 440 of them a query."""
         out: list[Point | None] = []
-        entries, hits = self._entries, 0
+        hits = 0
         with self._lock:
+            entries = self._entries
             for key, fingerprint in wanted:
                 found = entries.get(key)
                 if found is None or found[0] != fingerprint:

@@ -1,6 +1,7 @@
 """The point cache's batched calls (store/point_cache.py get_many / put_many, one hold of its
 lock for a query's points) keep and answer exactly what the one-at-a-time calls do: final points
-only, a point only for its window's fingerprint, hits and misses counted, least recent evicted."""
+only, a point only for its window's fingerprint, hits and misses counted, least recent evicted,
+and the same points handed to the store to keep, in the same order."""
 
 from __future__ import annotations
 
@@ -18,14 +19,28 @@ puts = st.lists(st.tuples(keys, fingerprints, points), max_size=12)
 gets = st.lists(st.tuples(keys, fingerprints), max_size=12)
 
 
+class Backing:
+    """What the cache hands the store to keep (store/final_points.py), in order."""
+
+    def __init__(self):
+        self.saved: list = []
+
+    def save_soon(self, entries) -> None:
+        self.saved.extend(entries)
+
+
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(puts, gets), max_size=4), size=st.integers(1, 5))
 def test_batched_calls_do_what_one_at_a_time_calls_do(steps, size):
-    one, many = PointCache(max_points=size), PointCache(max_points=size)
+    one, many = PointCache(max_points=size, backing=Backing()), PointCache(max_points=size, backing=Backing())
     for put, get in steps:
-        for item in put:
-            one.put(*item)
+        for key, fingerprint, point in put:
+            one.put(key, fingerprint, point)
         many.put_many(put)
+        one.save(), many.save()
+        assert many.backing.saved == one.backing.saved
         assert many.get_many(get) == [one.get(*item) for item in get]
         assert list(many._entries.items()) == list(one._entries.items())  # same points, same recency
         assert (many.hits, many.misses, len(many)) == (one.hits, one.misses, len(one))
+    # What reaches the store: the final points only, each as it was put, in the order put.
+    assert many.backing.saved == [(*key, fp, p) for put, _ in steps for key, fp, p in put if p.final]

@@ -8,8 +8,9 @@ import sqlite3
 
 import pytest
 
-from store import SqlitePaneStore
+from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore
 from store.tiers import TierLayout
+from tests.unit.test_dim_sets import to_text_dims
 
 PANE, MINUTE, HOUR = 10_000, 60_000, 3_600_000
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR
@@ -47,4 +48,27 @@ def test_a_store_of_before_gets_the_index_when_opened(tmp_path):
         conn.execute("DROP INDEX tier_rows_sums")
     store = SqlitePaneStore(tmp_path / "store.db")
     assert store._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'tier_rows_sums'").fetchone()
+    store.close()
+
+
+def test_the_index_outlives_the_migration_of_a_store_with_text_dimensions(tmp_path):
+    """A store whose rows held their dimensions as text is rebuilt at open (store/dims_migration.py),
+    tier_rows with it: the index is made after that, over the migrated rows."""
+    store = SqlitePaneStore(tmp_path / "store.db")
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    partials = [PanePartial("s", T0 + i * PANE, T0 + (i + 1) * PANE, {"a": a}, PaneData(1 + i, {}, {}))
+                for i in range(12) for a in ("x", "y")]
+    store.commit_batch(BatchCommit("main", 0, partials, len(partials), {"s": T0}, {}), lateness_ms={"s": 0},
+                       now_ms=T0)
+    before = store.aggregate_tier("s", MINUTE, "", T0, T0 + HOUR, origin_ms=T0, bucket_ms=MINUTE, pane_ms=PANE)
+    assert sum(b.count for b in before) == 2 * sum(range(1, 13))  # the minute rows hold every event
+    to_text_dims(store, "sqlite")
+    store.close()
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'tier_rows_sums'").fetchone()
+    store = SqlitePaneStore(tmp_path / "store.db")
+    found = plans(store, bucket_ms=MINUTE)
+    assert any("COVERING INDEX tier_rows_sums" in plan for plan in found), found
+    assert store.aggregate_tier("s", MINUTE, "", T0, T0 + HOUR, origin_ms=T0, bucket_ms=MINUTE,
+                                pane_ms=PANE) == before
     store.close()
