@@ -566,6 +566,27 @@ def _slide(
     return out
 
 
+def _range_max(values: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """max(values[first[i]:last[i]]) for each i, 0 for an empty range (values >= 0): a sparse table
+    of maxima over spans of 2**k, each range the max of the two spans that cover it."""
+    out = np.zeros(len(first), dtype=np.int64)
+    length = last - first
+    if not len(values) or not (length > 0).any():
+        return out
+    levels = [values]
+    while 2 ** len(levels) <= len(values):
+        half = 2 ** (len(levels) - 1)
+        levels.append(np.maximum(levels[-1][:-half], levels[-1][half:]))
+    level = np.zeros(len(first), dtype=np.int64)
+    nonempty = length > 0
+    level[nonempty] = np.floor(np.log2(length[nonempty])).astype(np.int64)
+    for k in np.unique(level[nonempty]).tolist():
+        pick = nonempty & (level == k)
+        table = levels[k]
+        out[pick] = np.maximum(table[first[pick]], table[last[pick] - 2 ** k])
+    return out
+
+
 def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width: int) -> list[_Acc | None]:
     """_slide for KLL buckets, with the same sketch merges in the same order (so the same answers),
     less its per-merge objects: the windows' counts and revisions are prefix sums and sliding
@@ -573,22 +594,17 @@ def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width:
     steps makes ~4 300 merges; building an accumulator and calling a combiner for each was ~15 %
     of that query's time."""
     n_buckets = (n_points - 1) * stride + width
-    counts = np.zeros(n_buckets + 1, dtype=np.int64)
-    present = np.zeros(n_buckets + 1, dtype=np.int64)
-    revisions = np.zeros(n_buckets, dtype=np.int64)
-    sketches: list[tuple[int, KllSketch]] = []
-    for idx, acc in items:
-        if idx < n_buckets:
-            counts[idx + 1] = acc.count
-            present[idx + 1] = 1
-            revisions[idx] = acc.revision
-            if acc.sketch is not None:
-                sketches.append((idx, acc.sketch))
-    starts = np.arange(n_points) * stride
-    counts, present = np.cumsum(counts), np.cumsum(present)
-    window_counts = (counts[starts + width] - counts[starts]).tolist()
-    window_present = (present[starts + width] - present[starts]).tolist()
-    window_revisions = np.lib.stride_tricks.sliding_window_view(revisions, width)[::stride].max(axis=1).tolist()
+    kept = [(idx, acc) for idx, acc in items if 0 <= idx < n_buckets]  # items: sorted by index
+    sketches = [(idx, acc.sketch) for idx, acc in kept if acc.sketch is not None]
+    # Over the buckets that hold rows only, as store/series.py's fingerprints: dense arrays of every
+    # bucket cost the window's length (a 36 500-day window over 10 s panes: 315 M buckets, gigabytes).
+    at = np.array([idx for idx, _ in kept], dtype=np.int64)
+    counts = np.concatenate([[0], np.cumsum(np.array([acc.count for _, acc in kept], dtype=np.int64))])
+    starts = np.arange(n_points, dtype=np.int64) * stride
+    first, last = np.searchsorted(at, starts), np.searchsorted(at, starts + width)
+    window_counts = (counts[last] - counts[first]).tolist()
+    window_present = (last - first).tolist()
+    window_revisions = _range_max(np.array([acc.revision for _, acc in kept], dtype=np.int64), first, last).tolist()
 
     out: list[_Acc | None] = []
     front: list[tuple[int, KllSketch]] = []  # (index, merge of it and all newer front sketches); oldest last
