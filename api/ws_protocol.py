@@ -83,7 +83,9 @@ def parse_message(text: str | bytes) -> Subscribe | Unsubscribe | Topics | Ping:
         raise ProtocolError(f"message of {len(text)} bytes exceeds the limit of {MAX_MESSAGE_BYTES}")
     try:
         raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:  # a frame nested thousands deep (json.loads recurses per level)
+        raise ProtocolError("not JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's 4 300 digits
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ProtocolError("a message must be a JSON object with a 'type'")

@@ -208,6 +208,8 @@ def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
     with connect(server.ws) as ws:
         cases = [
             ("not json", None, "not JSON"),
+            ('{"type": "ping", "x": ' + "1" * 5000 + "}", None, "not JSON: Exceeds the limit"),  # was: socket dropped
+            ("[" * 20_000 + "]" * 20_000, None, "nested too deeply"),  # under the frame limit; was: socket dropped
             ("[1, 2]", None, "JSON object"),
             (json.dumps({"type": "dance"}), None, "unknown message type"),
             (json.dumps({"type": "subscribe", "id": "x"}), "x", "query"),
