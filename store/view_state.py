@@ -270,16 +270,30 @@ class Cursor:
     seq: int = 0
 
 
+_MAX_POSITION = 2**63 - 1  # the stores' 64-bit integers
+
+
+def _position(text: str) -> int | None:
+    """A cursor's number: ASCII digits only (str.isdigit takes '١٢' too) within 64 bits, else None
+    (a larger one failed the store's bind with an OverflowError: a 500)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    number = int(text)
+    return number if number <= _MAX_POSITION else None
+
+
 def parse_cursor(cursor: str) -> Cursor:
     """A changes cursor ("17", the old "12.3", or "" for the beginning); ValueError naming why."""
     if not cursor:
         return Cursor()
-    if cursor.isdigit():
-        return Cursor(int(cursor))
+    position = _position(cursor)
+    if position is not None:
+        return Cursor(position)
     batch, dot, seq = cursor.partition(".")
-    if not (dot and batch.isdigit() and seq.isdigit()):
+    batch_id, seq_no = _position(batch), _position(seq)
+    if not (dot and batch_id is not None and seq_no is not None):
         raise ValueError(f"cursor {cursor!r} is not a changes cursor (the next_cursor of a page before, like '17')")
-    return Cursor(batch=int(batch), seq=int(seq))
+    return Cursor(batch=batch_id, seq=seq_no)
 
 
 def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) -> list[ViewChangeRow]:

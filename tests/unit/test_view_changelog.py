@@ -13,7 +13,9 @@ def test_cursors_are_positions_and_the_old_batch_seq_form_is_still_read():
     assert parse_cursor("") == Cursor(0)
     assert parse_cursor("17") == Cursor(17)
     assert parse_cursor("12.3") == Cursor(batch=12, seq=3)
-    for bad in ("u1", "1.", ".2", "-1", "1.2.3", "a.1"):
+    assert parse_cursor(str(2**63 - 1)) == Cursor(2**63 - 1)
+    # Past 64 bits (the store's bind raised OverflowError: a 500) and non-ASCII digits are no cursor.
+    for bad in ("u1", "1.", ".2", "-1", "1.2.3", "a.1", str(2**63), f"1.{2**63}", f"{10**20}.1", "١٢", "1.١"):
         with pytest.raises(ValueError, match="not a changes cursor"):
             parse_cursor(bad)
 
