@@ -109,8 +109,13 @@ def check_panel(panel: Panel, catalog: Catalog, where: str) -> None:
             raise DashboardError(f"{where}.filters", f"{name}={value!r}: {problem}")
     if panel.step is not None and panel.step < stream.pane:
         raise DashboardError(f"{where}.step", f"below the stream's pane ({stream.pane} ms)")
+    # As the panel's query refuses them (store/rollup.py): saved, such a panel could never be drawn.
+    if panel.step is not None and panel.step % stream.pane:
+        raise DashboardError(f"{where}.step", f"not a multiple of the stream's pane ({stream.pane} ms)")
     if panel.window is not None and panel.window < (panel.step or stream.pane):
         raise DashboardError(f"{where}.window", "shorter than the step")
+    if panel.window is not None and panel.window % stream.pane:
+        raise DashboardError(f"{where}.window", f"not a multiple of the stream's pane ({stream.pane} ms)")
 
 
 def generated_dashboards(catalog: Catalog, name: str = "metrics") -> list[Dashboard]:

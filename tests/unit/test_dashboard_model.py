@@ -36,6 +36,10 @@ def test_a_definition_is_checked_against_the_catalog_and_spelled_out():
     ({"metric": "readings", "stat": "band"}, "panels[0].stat", "no percentile band"),
     ({"metric": "reading_value", "step": "1s"}, "panels[0].step", "below the stream's pane"),
     ({"metric": "reading_value", "step": "1m", "window": "30s"}, "panels[0].window", "shorter than the step"),
+    # Saved, these could never be drawn: the panel's query refuses a step or window off the pane.
+    ({"metric": "reading_value", "step": "15s"}, "panels[0].step", "not a multiple of the stream's pane"),
+    ({"metric": "reading_value", "step": "10s", "window": "15s"}, "panels[0].window",
+     "not a multiple of the stream's pane"),
     ({"metric": "reading_value", "kind": "pie"}, "panels[0].kind", "line"),
 ])
 def test_a_bad_panel_names_its_field(panel, field, words):
