@@ -34,7 +34,7 @@ class RuleError(ValueError):
 class _RuleBase(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
-    name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits and _ . : -")
+    name: str = Field(pattern=NAME_PATTERN, description="unique; letters, digits and _ . : - (not '.' or '..')")
     description: str = ""
     for_: DurationMs = Field(0, alias="for", description="how long the condition must hold before firing")
     keep_firing_for: DurationMs = Field(0, description="how long to keep firing after the condition stops")
@@ -44,6 +44,15 @@ class _RuleBase(BaseModel):
     # What missing data or a failed evaluation reads as: never "normal" (that would hide the problem).
     no_data_state: Literal["nodata", "firing"] = "nodata"
     error_state: Literal["error", "firing"] = "error"
+
+    @field_validator("name")
+    @classmethod
+    def _reachable_name(cls, value: str) -> str:
+        # /api/v1/alerts/rules/{name}: HTTP clients and browsers resolve a '.' or '..' path segment
+        # away before sending, so a rule of that name could be neither read nor deleted by them.
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} cannot name a rule: clients resolve it away in a URL path")
+        return value
 
     @field_validator("labels", "annotations")
     @classmethod

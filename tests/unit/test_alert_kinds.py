@@ -8,7 +8,7 @@ import pytest
 
 from alerts.kinds import evaluate_rule
 from alerts.outcome import Outcome, StreamLagView, WindowValue
-from alerts.rules import parse_rule
+from alerts.rules import RuleError, parse_rule
 
 NOW = 1_800_000_000_000  # a multiple of a minute
 PANE, LATENESS = 10_000, 30_000  # http_requests in the demo config
@@ -248,3 +248,14 @@ def test_dead_letter_rate(catalog):
 
 def test_every_kind_returns_an_outcome(catalog):
     assert isinstance(evaluate_rule(rule(catalog, kind="dead_letters", threshold=1), FakeData(), catalog, NOW), Outcome)
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_rule_cannot_be_named_what_a_url_path_resolves_away(catalog, name):
+    # GET/DELETE /api/v1/alerts/rules/.. : clients send /api/v1/alerts instead (RFC 3986 dot segments).
+    with pytest.raises(RuleError, match="cannot name a rule"):
+        parse_rule({"name": name, "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
+                    "threshold": 250}, catalog)
+    assert threshold(catalog).name == "r"  # any other name as before, "..." too
+    assert parse_rule({"name": "...", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
+                       "threshold": 250}, catalog).name == "..."
