@@ -34,6 +34,12 @@ MAX_STRING_LENGTH = 1024
 # key is held in PostgreSQL B-tree entries (sessions, event ids, device clocks, tables, joins),
 # whose limit is ~2 700 bytes; past it the insert fails and its batch with it, at every replay.
 MAX_LABEL_BYTES = 2048
+# A value field's magnitude: any sum of such values stays a finite double (it would take over
+# 10**18 of them to pass 1.8e308), so a pane's or tier row's sum never overflows. math.fsum raised
+# OverflowError on two 1e308 values in a batch, and a batch the store cannot commit fails at every
+# replay; an infinite sum was stored as text neither store's JSON functions read.
+MAX_ABS_VALUE = 1e290
+VALUE_RANGE_REASON = "value must be within -1e290..1e290 (so that no sum of such values overflows)"
 # A label may not hold U+0000: PostgreSQL's text refuses it (a batch holding one could never be
 # committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it. Nor a lone
 # surrogate (JSON's "\ud800" escape): it is no Unicode text, so it cannot be encoded as UTF-8 for
@@ -195,6 +201,8 @@ class EventValidator:
                 raise ValueError(f"{name}: value must be a finite number, got {_shown(value)}") from None
             if not math.isfinite(number):
                 raise ValueError(f"{name}: value must be a finite number")
+            if abs(number) > MAX_ABS_VALUE:
+                raise ValueError(f"{name}: {VALUE_RANGE_REASON}, got {_shown(value)}")
             numbers[name] = number
         extra = dict(model.__pydantic_extra__ or {})
         for name, value in extra.items():  # kept as they are, but written as UTF-8 (a Kafka record)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from catalog import Catalog, StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
-from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH
+from ingest.events import MAX_ABS_VALUE, MAX_LABEL_BYTES, MAX_STRING_LENGTH
 from ingest.json_limits import JsonLimits
 
 FLAT_OBJECT = r"^[ \t\n\r]*\{[^{}\\]*\}[ \t\n\r]*$"
@@ -194,9 +194,9 @@ def _vouch(stream: StreamDef, p, text):
                                      & (F.octet_length(label) <= F.lit(MAX_LABEL_BYTES))))
     for name in stream.values:
         # A double column takes JSON numbers only (a string or a boolean is a malformed record), and
-        # "NaN"/"Infinity" strings, which come out not finite.
+        # "NaN"/"Infinity" strings, which come out not finite; past MAX_ABS_VALUE Python's validator says why.
         value = p[name]
-        ok = ok & (value.isNull() | (~F.isnan(value) & (F.abs(value) < F.lit(float("inf")))))
+        ok = ok & (value.isNull() | (~F.isnan(value) & (F.abs(value) <= F.lit(MAX_ABS_VALUE))))
     return ok, event_time
 
 

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sketches import HllSketch, KllSketch
+from store.exact_sum import exact_sum
 from store.panes import Pane
 
 __all__ = [
@@ -449,7 +450,7 @@ def _fill_sketch_buckets(
 def _close_bucket(acc: _Acc, kind: str) -> None:
     # fsum is exactly rounded, so a bucket's sum does not depend on the order panes came in.
     if acc.sums is not None:
-        acc.total = math.fsum(acc.sums)
+        acc.total = exact_sum(acc.sums)
         acc.sums = None
     if acc.blobs is not None:
         if kind == "kll" and len(acc.blobs) == 1:

@@ -20,8 +20,10 @@ SQL (json_extract, ->>), which neither could do from a blob, and a backfill's nu
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 
 from store import dim_sets
@@ -58,13 +60,19 @@ _KEYS: dict[str, str] = {}  # field name -> its JSON string (field names are few
 _INF = float("inf")
 
 
+_LARGEST = float.__repr__(sys.float_info.max)
+
+
 def _number(x) -> str:
-    """What the JSON encoder writes for a number or None (NaN and infinities as it spells them)."""
+    """What the JSON encoder writes for a number or None; a sum past a double (only from values
+    stored before ingest bounded them: store/exact_sum.py) as the largest double of its sign, NaN as
+    null: JSON has neither, and "Infinity" was text SQLite's json_extract and PostgreSQL's jsonb
+    refused, so every read of the row's stats failed for as long as it was kept."""
     if type(x) is float:
         if x != x:
-            return "NaN"
+            return "null"
         if x == _INF or x == -_INF:
-            return "Infinity" if x > 0 else "-Infinity"
+            return _LARGEST if x > 0 else "-" + _LARGEST
         return float.__repr__(x)
     if type(x) is int:
         return int.__repr__(x)
@@ -185,8 +193,14 @@ def load_data(count: int, stats: str, sketches: bytes | None) -> PaneData:
     hlls: dict[str, bytes] = {}
     for name, kind, blob in unpack_sketches(sketches):
         (klls if kind == KLL else hlls)[name] = blob
-    values = {name: ValueStats(n, total, lo, hi, klls.get(name)) for name, (n, total, lo, hi) in json.loads(stats).items()}
+    values = {name: ValueStats(n, _sum(total), lo, hi, klls.get(name))
+              for name, (n, total, lo, hi) in json.loads(stats).items()}
     return PaneData(count=count, values=values, distincts=hlls)
+
+
+def _sum(total: float | None) -> float:
+    """A stored sum; null is a NaN one (_number writes it so), which merges into NaN as before."""
+    return math.nan if total is None else total
 
 
 def wanted_sketches(with_sketches: bool, value_field: str | None, distinct_field: str | None) -> list[tuple[str, str]]:
@@ -214,7 +228,7 @@ def assemble(stream: str, rows: Iterable[tuple], sketches: Sequence[tuple[str, s
             if wanted is None or (name, kind) in wanted:
                 (klls if kind == KLL else distincts)[name] = data
         if text is not None:
-            values = {name: ValueStats(n, total, lo, hi, klls.get(name))
+            values = {name: ValueStats(n, _sum(total), lo, hi, klls.get(name))
                       for name, (n, total, lo, hi) in json.loads(text).items()}
         else:
             values = {name: ValueStats(0, 0.0, None, None, kll) for name, kll in klls.items()}

@@ -31,6 +31,7 @@ from sketches import DEFAULT_K, DEFAULT_LG_K, HllSketch, KllSketch
 from sketches.hll_list import merged_list_bytes
 from sketches.kll_exact import ABSENT, OPAQUE, exact_bytes_of, exact_items_many
 from sketches.kll_sorted import sorted_level_zero
+from store.exact_sum import exact_sum
 from store.panes import PaneData, ValueStats, dims_key
 from store.partial_columns import PartialColumns
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
@@ -336,7 +337,7 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
         g.present, g.n = reduce(np.logical_or, f.present), reduce(np.add, f.n)
         g.lo, g.lo_none = reduce(np.minimum, f.lo), reduce(np.logical_and, f.lo_none)
         g.hi, g.hi_none = reduce(np.maximum, f.hi), reduce(np.logical_and, f.hi_none)
-        g.sums = objects(f.sums, math.fsum)
+        g.sums = objects(f.sums, exact_sum)
         g.kll = f.kll.grouped(order, first, multi)
         fields[name] = g
     distincts = {name: objects(blobs, _merge_hll) for name, blobs in src.distincts.items()}

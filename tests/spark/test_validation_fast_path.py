@@ -133,6 +133,7 @@ def test_clearly_valid_records_take_the_fast_path_and_edge_cases_do_not(spark, d
         b'{"time": %d, "customer_id": "' % t + b"x" * 70_000 + b'"}',
         # 700 characters but 2 100 bytes: past a label's bytes (a PostgreSQL index entry's bound)
         ('{"time": %d, "customer_id": "c1", "country": "%s"}' % (t, "中" * 700)).encode(),
+        b'{"time": %d, "customer_id": "c1", "amount": 1e300}' % t,  # past the bound no sum overflows: refused
     ]
     frame = records_frame(spark, fast_ones + python_ones)
     fast, slow = split_records(frame, demo_catalog, topics_of(demo_catalog, PREFIX), JsonLimits())

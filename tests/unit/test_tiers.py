@@ -227,6 +227,24 @@ def test_a_straggler_revises_its_tier_rows_and_is_a_correction(store_backend):
     store.close()
 
 
+def test_sums_past_a_double_neither_fail_the_commit_nor_the_reads(store_backend):
+    """Values from before ingest bounded them (ingest/events.py MAX_ABS_VALUE), in the log or the
+    store: two 1e308 in one tier row made math.fsum raise, failing the batch at every replay (and a
+    tier rebuild at start); an infinite sum was stored as "Infinity", which neither store's JSON
+    functions read. Now the plain sum, stored as the largest double; a query answers it."""
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, 1e308, "u1"),
+                        (T0 + 15_000, {"a": "x", "b": "p", "c": "m"}, 1e308, "u2")],
+                       [(T0 + 25_000, {"a": "x", "b": "p", "c": "m"}, -1e308, "u3")]])
+    for stat in ("sum", "avg", "max", "count"):
+        (series,) = answer(store, stat=stat, start=T0, end=T0 + MINUTE, step=MINUTE, window=MINUTE)
+        assert series.points[0].count == 3, stat
+    store.configure_tiers({"s": NARROW}, now_ms=T0)  # rebuilt from the panes: the same sums again
+    (series,) = answer(store, stat="max", start=T0, end=T0 + MINUTE, step=MINUTE, window=MINUTE)
+    assert series.points[0].value == 1e308
+    store.close()
+
+
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
     assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)
