@@ -581,6 +581,7 @@ def _range_max(values: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.nd
     level = np.zeros(len(first), dtype=np.int64)
     nonempty = length > 0
     level[nonempty] = np.floor(np.log2(length[nonempty])).astype(np.int64)
+    level -= (np.left_shift(1, level) > length) & nonempty  # log2 of a float may round a 2**k - 1 up to k
     for k in np.unique(level[nonempty]).tolist():
         pick = nonempty & (level == k)
         table = levels[k]
