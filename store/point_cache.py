@@ -35,14 +35,8 @@ class PointCache:
         self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
     def get(self, key: Hashable, fingerprint: Fingerprint) -> Point | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is None or found[0] != fingerprint:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return found[1]
+        """The point kept under `key` while its window's fingerprint is unchanged, else None."""
+        return self.get_many([(key, fingerprint)])[0]
 
     def get_many(self, wanted: Iterable[tuple[Hashable, Fingerprint]]) -> list[Point | None]:
         """get() of each (key, fingerprint), under one hold of the lock: a day of 1-minute points
