@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sketches import KllSketch
-from store import BatchCommit, PaneData, PanePartial, SqlitePaneStore, ValueStats
+from store import BatchCommit, PaneData, PanePartial, ValueStats
 from store.point_cache import PointCache
 from store.rollup import _range_max
 from store.series import query_series
@@ -35,8 +35,8 @@ def test_range_max_is_each_ranges_max(values, ranges):
     assert got == [max(values[a:b], default=0) for a, b in zip(first.tolist(), last.tolist())]
 
 
-def test_a_century_long_window_costs_its_rows_not_its_length(tmp_path):
-    store = SqlitePaneStore(tmp_path / "store.db")
+def test_a_century_long_window_costs_its_rows_not_its_length(store_backend):
+    store = store_backend.create()  # each store backend (tests/store_backends.py)
     store.configure_tiers({"s": LAYOUT}, now_ms=T0)
     partials = []
     for i in range(30):
