@@ -4,9 +4,13 @@ A run holds the events it took (each labelled with its step, with only the field
 and measures read), how many the current step took, and which candidate steps an event it let
 pass has ruled out: under `followed_by` a step may skip events, but not one that step itself
 would have taken (the first matching event is the one taken); under `next` it may skip none.
-Every event is offered to every run of its key; an event that a run may take spawns a new run
-(take) and leaves the old one (skip), so all alternatives are followed, as the brute-force
-definition in tests/unit/test_pattern_matcher.py enumerates them.
+Every event is offered to every run of its key it can change; an event that a run may take
+spawns a new run (take) and leaves the old one (skip), so all alternatives are followed, as the
+brute-force definition in tests/unit/test_pattern_matcher.py enumerates them. Runs wait in buckets
+by the steps their next event may take, so an event that passes none of a bucket's steps (a
+failed login, for the runs awaiting a success) costs nothing there; under skip_past_last, runs of
+one start that no later event can tell apart are kept as one (`_place`). A burst of one key then
+costs per event the runs it extends, not every run the burst left (bench/pattern_burst.py).
 
 Time comes only from the events and the watermark: events of one key arrive in event-time order
 (ties by stream, partition, offset); `advance(w)` says every event with time <= w was fed. Runs
@@ -78,14 +82,28 @@ class Run(NamedTuple):
                    data["deadline"])
 
 
+# Where a key's partial runs wait: (the step its last event took, the steps its next event may
+# take) -> the runs, each under its identity (PatternMatcher._identity).
+BucketKey = tuple[int, tuple[int, ...]]
+
+
 @dataclass
 class KeyState:
     last: Order | None = None
-    runs: list[Run] = field(default_factory=list)
+    # The partial runs grouped by what an event can do to them: an event that passes none of a
+    # bucket's open steps, none of them `next`, leaves every run in it as it is, so a burst of
+    # failures costs the runs it extends, not every run waiting for the success.
+    buckets: dict[BucketKey, dict[Any, Run]] = field(default_factory=dict)
     waiting: list[Run] = field(default_factory=list)  # complete positive parts awaiting the absence deadline
 
+    def runs(self) -> list[Run]:
+        return [run for bucket in self.buckets.values() for run in bucket.values()]
+
+    def run_count(self) -> int:
+        return sum(len(bucket) for bucket in self.buckets.values())
+
     def empty(self) -> bool:
-        return not self.runs and not self.waiting
+        return not self.buckets and not self.waiting
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,12 @@ class PatternMatcher:
         self.watermark: int | None = None
         self.late_events = 0
         self._keys: dict[str, KeyState] = {}
+        names = {step.name: i for i, step in enumerate(plan.steps)}
+        every = (*plan.steps, *((plan.absence,) if plan.absence else ()))
+        self._strict = [step.strict for step in plan.steps]
+        # What of a run the steps to come read (same_as): (step index, field) of its last event there.
+        self._references = tuple(sorted({(names[c.value[0]], c.value[1]) for step in every
+                                         for c in step.conditions if c.op == "same_as"}))
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -112,7 +136,7 @@ class PatternMatcher:
 
     @property
     def partial_matches(self) -> int:
-        return sum(len(s.runs) + len(s.waiting) for s in self._keys.values())
+        return sum(s.run_count() + len(s.waiting) for s in self._keys.values())
 
     def holds(self, key: str) -> bool:
         """Whether the key has anything pending: fed to a key that holds nothing, an event starts a
@@ -148,7 +172,8 @@ class PatternMatcher:
             state = self._keys[key]
             matches += self._decide_absences(key, state, lambda deadline: deadline <= watermark)
             if self.plan.within is not None:
-                state.runs = [r for r in state.runs if r.start.time + self.plan.within > watermark]
+                within = self.plan.within
+                self._filter_runs(state, lambda r: r.start.time + within > watermark)
             self._store(key, state)
         return matches
 
@@ -157,27 +182,41 @@ class PatternMatcher:
     def _offer(self, event: PatternEvent, state: KeyState) -> list[Match]:
         plan = self.plan
         within = plan.within
-        if within is not None:
-            state.runs = [r for r in state.runs if event.time - r.start.time <= within]
+        steps = plan.steps
+        # Asked once per event, not once per run: which steps the event passes but for same_as.
+        passing = [step.passes_unbound(event.stream, event.fields) for step in steps]
+        taken_as: dict[int, Taken] = {}
         kept: list[Run] = []
         grown: list[Run] = []
-        for run in state.runs:
-            bindings = self._bindings(run)
-            open_steps = [s for s in plan.candidates(run.step, run.count) if s not in run.blocked]
-            ruled_out = set()
-            for s in open_steps:
-                step = plan.steps[s]
-                takes = step.passes(event.stream, event.fields, bindings)
-                if takes:
-                    grown.append(Run(run.taken + (self._taken(event, s),), run.count + 1 if s == run.step else 1))
-                if takes or step.strict:
-                    ruled_out.add(s)
-            if len(ruled_out) < len(open_steps):
-                kept.append(run._replace(blocked=run.blocked | ruled_out))
+        for bucket_key in list(state.buckets):
+            _, open_steps = bucket_key
+            if not any(passing[s] or self._strict[s] for s in open_steps):
+                continue  # the event changes none of these runs: they wait as they are
+            bucket = state.buckets.pop(bucket_key)
+            for run in bucket.values():
+                if within is not None and event.time - run.start.time > within:
+                    continue
+                bindings = None
+                ruled_out = set()
+                for s in open_steps:
+                    step = steps[s]
+                    takes = passing[s]
+                    if takes and step.reads_earlier_events:
+                        if bindings is None:
+                            bindings = self._bindings(run)
+                        takes = step.passes(event.stream, event.fields, bindings)
+                    if takes:
+                        if s not in taken_as:
+                            taken_as[s] = self._taken(event, s)
+                        grown.append(Run(run.taken + (taken_as[s],), run.count + 1 if s == run.step else 1))
+                    if takes or step.strict:
+                        ruled_out.add(s)
+                if len(ruled_out) < len(open_steps):
+                    kept.append(run._replace(blocked=run.blocked | ruled_out) if ruled_out else run)
         for s in plan.first_steps():
-            if plan.steps[s].passes(event.stream, event.fields, {}):
-                grown.append(Run((self._taken(event, s),), 1))
-        if plan.absence is not None:
+            if passing[s] and (not steps[s].reads_earlier_events or steps[s].passes(event.stream, event.fields, {})):
+                grown.append(Run((taken_as.get(s) or self._taken(event, s),), 1))
+        if plan.absence is not None and state.waiting and plan.absence.passes_unbound(event.stream, event.fields):
             state.waiting = [w for w in state.waiting
                              if not plan.absence.passes(event.stream, event.fields, self._bindings(w))]
         complete: list[Run] = []
@@ -189,7 +228,8 @@ class PatternMatcher:
                     complete.append(run)
             if plan.candidates(run.step, run.count):
                 kept.append(run)
-        state.runs = kept
+        for run in kept:
+            self._place(state, run)
         if not complete:
             return []
         if plan.no_skip:
@@ -216,8 +256,55 @@ class PatternMatcher:
     def _skip_past(self, state: KeyState, match: Run) -> None:
         """skip_past_last: the next match starts after this one's last event."""
         cut = match.taken[-1].order
-        state.runs = [r for r in state.runs if r.start.order > cut]
+        self._filter_runs(state, lambda r: r.start.order > cut)
         state.waiting = [w for w in state.waiting if w.start.order > cut]
+
+    # -- where runs wait ---------------------------------------------------------------------------
+
+    def _place(self, state: KeyState, run: Run) -> None:
+        """Put a run with an open step in its bucket. Under skip_past_last, of two runs that began
+        at the same event and that no event can tell apart any more (same step, the same steps
+        open, a count that still matters equal, the same values for the same_as conditions to
+        come), only the one that would be preferred as a match is kept: whatever completes the
+        other completes it too, at the same moment and before it, and both begin at or before
+        that match's last event, so skip_past_last would drop the other unpublished. A burst of
+        failed logins makes such runs by the hundred: each failure past the fifth leaves one
+        waiting for a success from its address."""
+        plan = self.plan
+        open_steps = tuple(s for s in plan.candidates(run.step, run.count) if s not in run.blocked)
+        bucket = state.buckets.setdefault((run.step, open_steps), {})
+        identity = self._identity(run, open_steps)
+        held = bucket.get(identity)
+        if held is None or _preferred(run, held):
+            bucket[identity] = run
+
+    def _identity(self, run: Run, open_steps: tuple[int, ...]) -> Any:
+        if self.plan.no_skip:  # every complete match is published: a run is only itself
+            return tuple((t.order, t.step) for t in run.taken)
+        step = self.plan.steps[run.step]
+        if run.step not in open_steps:
+            count = None  # the step takes no more: its count no longer changes what comes next
+        elif step.max_times is None:
+            count = min(run.count, step.min_times)
+        else:
+            count = run.count
+        return (run.start.order, count, *(_hashable(self._last_value(run, s, name)) for s, name in self._references))
+
+    @staticmethod
+    def _last_value(run: Run, step: int, name: str) -> Any:
+        for taken in reversed(run.taken):
+            if taken.step == step:
+                return dict(taken.fields).get(name)
+        return None
+
+    def _filter_runs(self, state: KeyState, keep) -> None:
+        for bucket_key in list(state.buckets):
+            bucket = state.buckets[bucket_key]
+            left = {identity: run for identity, run in bucket.items() if keep(run)}
+            if left:
+                state.buckets[bucket_key] = left
+            else:
+                del state.buckets[bucket_key]
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -267,7 +354,9 @@ class PatternMatcher:
         return {
             "watermark": self.watermark,
             "late_events": self.late_events,
-            "keys": {key: {"last": list(s.last) if s.last else None, "runs": [r.to_json() for r in s.runs],
+            # The runs in preference order, so a key's stored state is unchanged when its runs are.
+            "keys": {key: {"last": list(s.last) if s.last else None,
+                           "runs": [r.to_json() for r in sorted(s.runs(), key=Run.preference)],
                            "waiting": [w.to_json() for w in s.waiting]} for key, s in self._keys.items()},
         }
 
@@ -277,7 +366,26 @@ class PatternMatcher:
         matcher.watermark = data["watermark"]
         matcher.late_events = data["late_events"]
         for key, s in data["keys"].items():
-            matcher._keys[key] = KeyState(tuple(s["last"]) if s["last"] else None,
-                                          [Run.from_json(r) for r in s["runs"]],
-                                          [Run.from_json(w) for w in s["waiting"]])
+            state = KeyState(tuple(s["last"]) if s["last"] else None, {}, [Run.from_json(w) for w in s["waiting"]])
+            for run in s["runs"]:
+                matcher._place(state, Run.from_json(run))
+            matcher._keys[key] = state
         return matcher
+
+
+def _hashable(value: Any) -> Any:
+    """A same_as value as part of a run's identity: kept as is when hashable; otherwise (a list
+    or object from a JSON field) its repr, one for equal JSON values."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("unhashable", repr(value))
+    return value
+
+
+def _preferred(run: Run, other: Run) -> bool:
+    """Run.preference(run) < Run.preference(other) for two runs of one start, without building
+    either's whole preference when their lengths already decide (the longer comes first)."""
+    if len(run.taken) != len(other.taken):
+        return len(run.taken) > len(other.taken)
+    return run.preference() < other.preference()

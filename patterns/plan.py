@@ -5,6 +5,7 @@ run has to keep)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from catalog.model import Catalog
@@ -26,11 +27,19 @@ class PlanStep:
     def passes(self, stream: str, fields: Mapping[str, Any], bindings: Bindings) -> bool:
         return stream == self.stream and all(_holds(c, fields, bindings) for c in self.conditions)
 
-    @property
+    @cached_property
     def unbound_conditions(self) -> tuple[Condition, ...]:
         """The conditions that do not depend on earlier steps' events (all but `same_as`): an event
         failing one of them fails the step whatever a run holds."""
         return tuple(c for c in self.conditions if c.op != "same_as")
+
+    @cached_property
+    def reads_earlier_events(self) -> bool:
+        return any(c.op == "same_as" for c in self.conditions)
+
+    def passes_unbound(self, stream: str, fields: Mapping[str, Any]) -> bool:
+        """Whether the event passes all but the step's `same_as` conditions (passes() needs those too)."""
+        return stream == self.stream and all(_holds(c, fields, {}) for c in self.unbound_conditions)
 
 
 def holds_alone(condition: Condition, value: Any) -> bool:
