@@ -246,7 +246,8 @@ class Pipeline(ReportsStoreErrors):
             if self.tables.enabled:
                 commit = replace(commit, table_changes=self.tables.process(batch, streams=present, on_driver=small))
             if self.views.enabled:  # after the tables: a view joins their rows as this batch leaves them
-                commit = with_views(commit, self.views.process(commit.table_changes), self.views.names)
+                commit = with_views(commit, self.views.process(commit.table_changes, batch_now_ms=batch_now_ms),
+                                    self.views.names)
             if enriched is not None:  # the tables' new versions and the misses, in the batch's transaction
                 commit = replace(commit, enrichment=enriched.commit)
             if self.bloom.enabled:

@@ -53,7 +53,7 @@ class TableChanges:
             .select("stream", key.alias("key"), "dims", "vals", "event_time", "partition", "offset", "ingest_time")
             .where(F.col("key").isNotNull())
             .groupBy("stream", "key")
-            .agg(F.max_by(F.struct("dims", "vals", "event_time", "partition", "offset"),
+            .agg(F.max_by(F.struct("dims", "vals", "event_time", "partition", "offset", "ingest_time"),
                           F.struct("ingest_time", "offset")).alias("last"))
         )
         out: dict[str, dict[str, TableChange]] = {}
@@ -61,7 +61,7 @@ class TableChanges:
             last = row["last"]
             out.setdefault(row["stream"], {})[row["key"]] = change_of(
                 self.tables[row["stream"]], last["dims"], last["vals"], last["event_time"], last["partition"],
-                last["offset"])
+                last["offset"], last["ingest_time"])
         return out
 
     def _newest_on_driver(self, batch: pa.Table, tables: list[str]) -> dict[str, dict[str, TableChange]]:
@@ -83,16 +83,17 @@ class TableChanges:
         out: dict[str, dict[str, TableChange]] = {}
         for (name, key), (_, r) in newest.items():
             out.setdefault(name, {})[key] = change_of(self.tables[name], r["dims"], r["vals"], r["event_time"],
-                                                      r["partition"], r["offset"])
+                                                      r["partition"], r["offset"], r["ingest_time"])
         return out
 
 
-def change_of(stream: StreamDef, dims, vals, event_time_ms: int, partition: int, offset: int) -> TableChange:
+def change_of(stream: StreamDef, dims, vals, event_time_ms: int, partition: int, offset: int,
+              ingest_time_ms: int | None = None) -> TableChange:
     """A source row of a table (dims and vals in the declared order) as the change of its key's row."""
     by_dim: Mapping[str, str] = dict(zip(stream.dimensions, dims or (), strict=False))
     if by_dim.get(OP_FIELD) == DELETE:
-        return TableChange(None, event_time_ms, partition, offset)
+        return TableChange(None, event_time_ms, partition, offset, ingest_time_ms)
     strings, numbers = row_columns(stream)
     row = {name: by_dim.get(name, "") for name in strings}
     row.update(zip(numbers, vals or (), strict=False))
-    return TableChange(row, event_time_ms, partition, offset)
+    return TableChange(row, event_time_ms, partition, offset, ingest_time_ms)

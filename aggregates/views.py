@@ -10,16 +10,27 @@ changes become panes of its derived stream (op upsert/delete, its columns), so i
 a stream like a table's. A view whose stored rows were built for another declaration (a new view,
 a changed one, or one dropped by `drop_view`) is rebuilt from the tables' stored rows first,
 in the same batch: the state needs no log of its own, the compacted table logs rebuild it.
+
+Event time: a view's change stream applies the rules of the table each change comes from
+(aggregates/eventtime.py `dead_letter_reason`, the batch's `batch_now_ms` passed in): a view change
+caused by a table change that the table's own panes dead-letter (too far in the future, beyond its
+retention) is neither aggregated into the view's panes nor moves its watermark; it is counted per
+view and reason (`ViewsBatch.dead`, the commit's `dead_by_stream`: the store's dead-letter counts),
+one per view change, with no dead-letter row (those are one per log record, and the record is the
+table's). The view's rows and changelog still take it, as the table's rows do: the view stays the
+join of the tables.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from aggregates.view_join import TableEdit, ViewChange, ViewShape, ViewState, apply_all, from_scratch
-from catalog import Catalog
+from aggregates.eventtime import dead_letter_reason
+from aggregates.view_join import TableEdit, ViewChange, ViewShape, ViewState, apply, from_scratch
+from catalog import Catalog, StreamDef
 from catalog.tables import DELETE, OP_FIELD, UPSERT, row_columns
 from catalog.views import ViewDef, view_columns
 from sketches import DEFAULT_K, KllSketch
@@ -36,8 +47,10 @@ class ViewsBatch:
     commits: list[ViewCommit] = field(default_factory=list)
     partials: list[PanePartial] = field(default_factory=list)
     max_event_ms: dict[str, int] = field(default_factory=dict)  # per view stream: its newest change time
-    changes: int = 0
+    changes: int = 0  # view changes made (rows changed), aggregated or not
     rebuilt: tuple[str, ...] = ()
+    # Per view stream and reason: its changes the event-time rules refused (not aggregated).
+    dead: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def shape_of(catalog: Catalog, view: ViewDef) -> ViewShape:
@@ -60,6 +73,20 @@ def edits_of(view: ViewDef, changes: Mapping[str, Mapping[str, TableChange]]) ->
             for key, c in sorted(changes.get(table, {}).items())]
 
 
+def refusals_of(catalog: Catalog, view: ViewDef, changes: Mapping[str, Mapping[str, TableChange]],
+                batch_now_ms: int) -> list[str | None]:
+    """Per edit of `edits_of` (same order): why the table it comes from dead-letters it, or None."""
+    return [change_reason(catalog.streams[table], c, batch_now_ms)
+            for table in (view.left, view.right)
+            for _, c in sorted(changes.get(table, {}).items())]
+
+
+def change_reason(table: StreamDef, change: TableChange, batch_now_ms: int) -> str | None:
+    """The table's own dead-letter rule for one of its changes (the one its panes apply to the record)."""
+    return dead_letter_reason(change.event_time_ms, change.ingest_time_ms, None, batch_now_ms=batch_now_ms,
+                              retention_ms=table.retention, max_future_skew_ms=table.max_future_skew)
+
+
 class Views:
     def __init__(self, catalog: Catalog, store: PaneStore, *, kll_k: int = DEFAULT_K):
         self.catalog = catalog
@@ -74,8 +101,10 @@ class Views:
     def names(self) -> list[str]:
         return list(self.catalog.views)
 
-    def process(self, changes: Mapping[str, Mapping[str, TableChange]]) -> ViewsBatch:
+    def process(self, changes: Mapping[str, Mapping[str, TableChange]], *, batch_now_ms: int) -> ViewsBatch:
+        """`batch_now_ms`: the pipeline's clock at the start of the batch (the retention rule's now)."""
         commits, partials, newest, rebuilt, count = [], [], {}, [], 0
+        dead: dict[str, dict[str, int]] = {}
         for name, view in self.catalog.views.items():
             definition = definition_of(self.catalog, view)
             fresh = self.store.view_definition(name) != definition
@@ -84,19 +113,31 @@ class Views:
                 continue
             shape = shape_of(self.catalog, view)
             state, touched, stored = self._rebuilt(view, shape) if fresh else self._loaded(view, shape, edits)
-            made = apply_all(shape, state, edits)
+            # Every edit changes the state (the view stays the join of the tables); only the changes
+            # of the edits the table's rules accept are events of the view's stream. A rebuild joins
+            # the stored rows without changes, so each refused change is counted once, by its batch.
+            made, kept, refused = [], [], defaultdict(int)
+            for edit, reason in zip(edits, refusals_of(self.catalog, view, changes, batch_now_ms), strict=True):
+                caused = apply(shape, state, edit)
+                made += caused
+                if reason is None:
+                    kept += caused
+                elif caused:
+                    refused[reason] += len(caused)
             touched = set(state.left) if fresh else touched | {e.key for e in edits if e.side == "left"}
             commits.append(ViewCommit(name, definition, self._links(state, touched, stored, made), rebuilt=fresh,
                                       changes=[ViewChangeRow(c.key, c.old, c.new, c.time_ms, c.partition, c.offset)
                                                for c in made],
                                       retention_ms=self.catalog.streams[name].retention))
-            partials += change_partials(self.catalog, view, made, self.kll_k)
-            if made:
-                newest[name] = max(c.time_ms for c in made)
+            partials += change_partials(self.catalog, view, kept, self.kll_k)
+            if kept:
+                newest[name] = max(c.time_ms for c in kept)
+            if refused:
+                dead[name] = dict(refused)
             if fresh:
                 rebuilt.append(name)
             count += len(made)
-        return ViewsBatch(commits, partials, newest, count, tuple(rebuilt))
+        return ViewsBatch(commits, partials, newest, count, tuple(rebuilt), dead)
 
     def _loaded(self, view: ViewDef, shape: ViewShape, edits: list[TableEdit]
                 ) -> tuple[ViewState, set[str], dict[str, ViewLink]]:
@@ -180,9 +221,15 @@ def change_partials(catalog: Catalog, view: ViewDef, changes: Iterable[ViewChang
 
 def with_views(commit: BatchCommit, batch: ViewsBatch, view_names: Iterable[str]) -> BatchCommit:
     """The batch's commit with the views' entries and change panes. A view's stream is read from
-    no log partition: its watermark follows the stream-wide rule, as a join's derived stream."""
+    no log partition: its watermark follows the stream-wide rule, as a join's derived stream. Its
+    refused changes are counted as its dead letters by reason (no read_by_stream entry: the store
+    takes read = aggregated + dead-lettered for it)."""
     names = set(view_names)
     max_event = commit.max_event_with(batch.max_event_ms)
+    dead = {s: dict(r) for s, r in commit.dead_by_stream.items()}
+    for stream, reasons in batch.dead.items():
+        for reason, n in reasons.items():
+            dead.setdefault(stream, {})[reason] = dead.get(stream, {}).get(reason, 0) + n
     return replace(commit, partials=[*commit.partials, *batch.partials], views=batch.commits,
-                   max_event_ms=max_event,
+                   max_event_ms=max_event, dead_by_stream=dead,
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})

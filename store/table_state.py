@@ -37,6 +37,9 @@ class TableChange:
     event_time_ms: int
     partition: int
     offset: int
+    # When the log accepted the change: what future skew is judged against (aggregates/eventtime.py),
+    # for the views' change streams (aggregates/views.py); not stored. None: unknown (unparseable).
+    ingest_time_ms: int | None = None
 
 
 @dataclass(frozen=True)

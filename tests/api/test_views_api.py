@@ -42,10 +42,11 @@ def http(view_ctx):
 
 def test_a_view_reads_like_a_table(http, view_ctx, now_ms):
     changes = {"users": {f"u{i:02d}": TableChange({"plan_id": "p1" if i % 2 else "p2", "credit": float(i)},
-                                                  now_ms, 0, i) for i in range(7)},
-               "plans": {"p1": TableChange({"tier": "gold"}, now_ms + 1, 0, 0)}}
+                                                  now_ms, 0, i, now_ms) for i in range(7)},
+               "plans": {"p1": TableChange({"tier": "gold"}, now_ms + 1, 0, 0, now_ms + 1)}}
     views = Views(view_ctx.catalog, view_ctx.store)
-    commit = with_views(BatchCommit("main", 0, [], 0, table_changes=changes), views.process(changes), views.names)
+    commit = with_views(BatchCommit("main", 0, [], 0, table_changes=changes),
+                        views.process(changes, batch_now_ms=now_ms), views.names)
     view_ctx.store.commit_batch(commit, lateness_ms={}, now_ms=now_ms)
     one = http.get("/api/v1/tables/user_plans", params={"key": "u01"})
     assert one.status_code == 200, one.text
@@ -75,14 +76,14 @@ def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx
     views = Views(view_ctx.catalog, view_ctx.store)
 
     def commit(batch_id: int, changes: dict) -> None:
-        done = views.process(changes)
+        done = views.process(changes, batch_now_ms=now_ms)
         view_ctx.store.commit_batch(with_views(BatchCommit("main", batch_id, [], 0, table_changes=changes), done,
                                                views.names), lateness_ms={}, now_ms=now_ms)
 
-    commit(0, {"users": {"u1": TableChange({"plan_id": "p1", "credit": 1.0}, now_ms, 0, 0)},
-               "plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0)}})
-    commit(1, {"plans": {"p1": TableChange({"tier": "silver"}, now_ms + 5, 0, 1)}})   # a right change
-    commit(2, {"users": {"u1": TableChange(None, now_ms + 9, 0, 1)}})                 # a left delete
+    commit(0, {"users": {"u1": TableChange({"plan_id": "p1", "credit": 1.0}, now_ms, 0, 0, now_ms)},
+               "plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0, now_ms)}})
+    commit(1, {"plans": {"p1": TableChange({"tier": "silver"}, now_ms + 5, 0, 1, now_ms + 5)}})   # a right change
+    commit(2, {"users": {"u1": TableChange(None, now_ms + 9, 0, 1, now_ms + 9)}})  # a left delete
     first = http.get("/api/v1/views/user_plans/changes", params={"limit": 3})
     assert first.status_code == 200, first.text
     page = first.json()

@@ -573,13 +573,13 @@ def table_batch(store, catalog: Catalog, pipeline: str, batch_id: int, changes: 
     from aggregates.views import Views, with_views
     from store.table_state import TableChange
 
-    changes = {t: {k: TableChange(row, NOW, 0, offsets[t][0] - 1) for k, row in rows.items()}
+    changes = {t: {k: TableChange(row, NOW, 0, offsets[t][0] - 1, NOW) for k, row in rows.items()}
                for t, rows in changes.items()}
     views = Views(catalog, store)
     commit = BatchCommit(pipeline=pipeline, batch_id=batch_id, partials=[], events_read=0,
                          end_offsets={t: o for t, o in offsets.items()}, table_changes=changes,
                          definition_versions=catalog_versions(catalog))
-    result = store.commit_batch(with_views(commit, views.process(changes), views.names),
+    result = store.commit_batch(with_views(commit, views.process(changes, batch_now_ms=NOW), views.names),
                                 lateness_ms={n: 0 for n in catalog.streams}, now_ms=NOW)
     assert result.committed
 

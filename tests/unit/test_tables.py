@@ -298,3 +298,26 @@ def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_w
                                     "u9": ("p0", None)}
     assert log.compact(T0 + 10) == 0
     log.close()
+
+
+def test_the_newest_change_per_key_carries_its_ingest_time():
+    """The batch's newest change of each key (picked on the driver) keeps the time the log accepted
+    it: a view's change stream judges future skew against it (aggregates/views.py)."""
+    from aggregates.tables import TableChanges
+    from store.table_state import TableChange
+
+    batch = pa.table({
+        "stream": ["users", "users", "users"],
+        "ids": [["u1"], ["u1"], ["u2"]],
+        "dims": [[UPSERT, "gold", "nl"], [UPSERT, "free", "nl"], [DELETE, "", ""]],
+        "vals": [[1.0], [2.0], [None]],
+        "event_time": pa.array([T0, 253_402_214_400_000, T0 + 5], pa.int64()),
+        "partition": pa.array([0, 0, 1], pa.int32()),
+        "offset": pa.array([3, 4, 7], pa.int64()),
+        "ingest_time": pa.array([T0 + 1, T0 + 2, T0 + 6], pa.int64()),
+        "error": pa.array([None, None, None], pa.string()),
+    })
+    changes = TableChanges(parse_catalog(CONFIG)).process(batch, on_driver=True)
+    assert changes == {"users": {
+        "u1": TableChange({"plan": "free", "country": "nl", "credit": 2.0}, 253_402_214_400_000, 0, 4, T0 + 2),
+        "u2": TableChange(None, T0 + 5, 1, 7, T0 + 6)}}

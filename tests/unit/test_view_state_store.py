@@ -39,13 +39,14 @@ def random_changes(rng: random.Random, batch: int) -> dict:
             row = {"plan_id": rng.choice(["p1", "p2", "p3", "p9", ""]), "country": "nl", "credit": float(i)}
         else:
             row = {"tier": rng.choice(["free", "gold"]), "price": float(rng.randint(0, 9))}
-        changes[table][key] = TableChange(row, T0 + batch * 1000 + i, 0, batch * 100 + i)
+        at = T0 + batch * 1000 + i
+        changes[table][key] = TableChange(row, at, 0, batch * 100 + i, at)
     return changes
 
 
 def commit_batch(store, views: Views, batch_id: int, changes: dict):
     commit = BatchCommit("main", batch_id, [], 0, table_changes=changes)
-    done = views.process(changes)
+    done = views.process(changes, batch_now_ms=T0 + batch_id)
     result = store.commit_batch(with_views(commit, done, views.names), lateness_ms=LATENESS, now_ms=T0 + batch_id)
     return done, result
 
@@ -101,7 +102,7 @@ def test_a_dropped_view_is_rebuilt_from_the_tables_by_the_next_batch(store_backe
         assert stored_view(store, view) == joined_tables(store, view)
     # A changed declaration (left -> inner) is rebuilt too: its rows are those of an inner join.
     changed = parse_catalog(YAML.replace("kind: left", "kind: inner"))
-    done = Views(changed, store).process({})
+    done = Views(changed, store).process({}, batch_now_ms=T0)
     assert done.rebuilt == ("user_plans",)
     store.commit_batch(with_views(BatchCommit("main", 12, [], 0), done, ["user_plans"]), lateness_ms=LATENESS,
                        now_ms=T0)
@@ -147,7 +148,8 @@ def test_the_changelog_has_old_and_new_rows_and_replayed_from_empty_is_the_view(
     # Kept for the view stream's retention: a batch committed after it prunes the older changes.
     retention = CATALOG.streams["user_plans"].retention
     commit = BatchCommit("main", 20, [], 0, table_changes={})
-    last = views.process({"plans": {"p1": TableChange({"tier": "x", "price": 1.0}, T0, 0, 5000)}})
+    last = views.process({"plans": {"p1": TableChange({"tier": "x", "price": 1.0}, T0, 0, 5000, T0)}},
+                         batch_now_ms=T0 + 20 + retention)
     store.commit_batch(with_views(commit, last, views.names), lateness_ms=LATENESS, now_ms=T0 + 20 + retention)
     kept = store.view_changes("user_plans", limit=1000)
     assert [c.key for c in kept] == [c.key for v in last.commits if v.view == "user_plans" for c in v.changes]
@@ -222,3 +224,49 @@ def test_a_changelog_from_before_positions_is_numbered_in_its_old_order_when_ope
     assert [c.key for c in store.view_changes("user_plans", after=read[-1].cursor, limit=1000)] == \
         [key for _, _, key in more]
     assert replayed(store, "user_plans") == stored_view(store, "user_plans")
+
+
+FAR_FUTURE = 253_402_214_400_000  # 9999-12-31
+
+
+def test_a_view_change_refused_by_its_tables_rules_is_counted_not_aggregated(store_backend):
+    """A view's change stream applies the event-time rules of the table each change comes from
+    (too far in the future, beyond retention): a refused change is not in the view's panes, does not
+    move its watermark and is counted per view and reason; its rows still follow the tables."""
+    store = store_backend.create()
+    views = Views(CATALOG, store)
+    ok = {"plan_id": "p1", "country": "nl", "credit": 1.0}
+    done, _ = commit_batch(store, views, 0, {"users": {"u1": TableChange(ok, T0, 0, 0, T0)},
+                                             "plans": {"p1": TableChange({"tier": "gold", "price": 1.0}, T0, 0, 0, T0)}})
+    assert done.dead == {} and sum(p.data.count for p in done.partials if p.stream == "user_plans") == 2
+    watermark = store.progress("main").streams["user_plans"].watermark_ms
+    retention = CATALOG.streams["users"].retention
+    # u2 stamped 9999-12-31 (received at T0 + 1 s), u3 older than the table's retention, u4 a normal change.
+    changes = {"users": {"u2": TableChange(ok, FAR_FUTURE, 0, 1, T0 + 1000),
+                         "u3": TableChange(ok, T0 + 1 - retention - 1, 0, 2, T0 + 1000),
+                         "u4": TableChange(ok, T0 + 1000, 0, 3, T0 + 1000)}}
+    done, result = commit_batch(store, views, 1, changes)
+    assert result.committed
+    assert done.dead == {"user_plans": {"future_skew": 1, "beyond_retention": 1},
+                         "paying": {"future_skew": 1, "beyond_retention": 1}}
+    mine = [p for p in done.partials if p.stream == "user_plans"]
+    assert [(p.start_ms <= T0 + 1000 < p.end_ms, p.data.count) for p in mine] == [(True, 1)]  # u4's only
+    assert done.max_event_ms["user_plans"] == T0 + 1000 and done.changes == 6
+    progress = store.progress("main").streams["user_plans"]
+    assert progress.max_event_ms == T0 + 1000
+    assert watermark < progress.watermark_ms < T0 + 1000  # moved by u4, not to year 9999
+    assert progress.dead_lettered_by_reason == {"future_skew": 1, "beyond_retention": 1}
+    assert progress.events_read == progress.events_aggregated + progress.events_dead_lettered == 5
+    assert store.view_row("user_plans", "u2") is not None  # the rows follow the tables (which take every change)
+    assert stored_view(store, "user_plans") == joined_tables(store, "user_plans")
+    # A right change from the future is refused for every view row it changes (u1, u2, u3, u4).
+    done, _ = commit_batch(store, views, 2, {"plans": {"p1": TableChange({"tier": "x", "price": 2.0}, FAR_FUTURE,
+                                                                         0, 1, T0 + 2000)}})
+    assert done.dead["user_plans"] == {"future_skew": 4} and not done.partials and not done.max_event_ms
+    # A rebuild joins the stored rows and emits no change: nothing is counted twice.
+    store.drop_view("user_plans")
+    done, _ = commit_batch(store, views, 3, {})
+    assert done.rebuilt == ("user_plans",) and done.dead == {}
+    progress = store.progress("main").streams["user_plans"]
+    assert progress.dead_lettered_by_reason == {"future_skew": 5, "beyond_retention": 1}
+    assert progress.max_event_ms == T0 + 1000
