@@ -216,6 +216,7 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
            *(NewMatch(m.key, m.decided_at, [e.to_json() for e in m.events], dict(m.measures), dims=dict(m.dims))
              for m in matches)]
     cut = None if now is None else now - history_span_ms(plan)
-    commit = PatternCommit(plan.name, now, keys, new, late, buffer, history_rewritten=sorted(fix.history),
+    commit = PatternCommit(plan.name, now, keys, new, late, buffer, matcher.dropped_runs,
+                           history_rewritten=sorted(fix.history),
                            history=history, history_cut_ms=cut)
     return PatternBatch(commit, matches, released, added, retracted)

@@ -21,6 +21,7 @@ def pattern_status(ctx: ApiContext) -> dict[str, dict]:
             "streams": list(pattern.streams), "key": pattern.key, "watermark_ms": s.watermark_ms,
             "keys_held": s.keys_held, "partial_matches": s.partial_matches, "buffered_events": s.buffered_events,
             "matches": s.matches, "late_events": s.late_events, "history_rows": s.history_rows,
+            "dropped_partial_matches": s.dropped_runs,
         }
     return out
 
@@ -33,6 +34,9 @@ def pattern_metrics(patterns: dict[str, dict]):
     matches = CounterMetricFamily("sketchboard_pattern_matches", "Matches a pattern emitted", labels=["pattern"])
     late = CounterMetricFamily("sketchboard_pattern_late_events", "Events that came behind a pattern's watermark"
                                " (recorded, not matched)", labels=["pattern"])
+    dropped = CounterMetricFamily("sketchboard_pattern_dropped_partial_matches", "Partial matches a pattern did"
+                                  " not start or dropped because their key held the most it keeps (1000)",
+                                  labels=["pattern"])
     for name, p in patterns.items():
         state.add_metric([name, "keys"], p["keys_held"])
         state.add_metric([name, "partial_matches"], p["partial_matches"])
@@ -40,4 +44,5 @@ def pattern_metrics(patterns: dict[str, dict]):
         state.add_metric([name, "history_rows"], p["history_rows"])
         matches.add_metric([name], p["matches"])
         late.add_metric([name], p["late_events"])
-    return [state, matches, late]
+        dropped.add_metric([name], p["dropped_partial_matches"])
+    return [state, matches, late, dropped]

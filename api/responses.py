@@ -105,7 +105,9 @@ class PipelineOut(BaseModel):
                                       " `streams`, `key`, `watermark_ms` (the pattern's: events up to it were fed in"
                                       " order), `keys_held`, `partial_matches`, `buffered_events` (waiting for the"
                                       " watermark), `matches`, `late_events` (behind its watermark: recorded, not matched),"
-                                      " `history_rows` (events kept in pattern_history for replays of late events)")
+                                      " `history_rows` (events kept in pattern_history for replays of late events),"
+                                      " `dropped_partial_matches` (partial matches not started or dropped: their key"
+                                      " held the most a key keeps, 1000)")
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
                          " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"

@@ -28,6 +28,14 @@ from patterns.plan import Plan
 
 Order = tuple[int, str, int, int]
 
+# The most partial matches (runs and complete positive parts awaiting an absence) a key holds. A
+# key past it starts no run and keeps its preferred ones (the earliest first events); the rest are
+# dropped and counted (`dropped_runs`). The state is bounded by `within` too, but within ten
+# minutes a looping step (one_or_more) keeps a run per event of a burst, each extended by every
+# later one: without this bound one key's burst could stall every stream for minutes. As Esper's
+# match_recognize max-states.
+MAX_RUNS_PER_KEY = 1000
+
 
 class Taken(NamedTuple):
     # NamedTuples rather than frozen dataclasses: a batch builds one per event a run keeps, from
@@ -116,10 +124,12 @@ class Outcome:
 
 
 class PatternMatcher:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, *, max_runs_per_key: int | None = None):
         self.plan = plan
         self.watermark: int | None = None
         self.late_events = 0
+        self.max_runs_per_key = MAX_RUNS_PER_KEY if max_runs_per_key is None else max_runs_per_key
+        self.dropped_runs = 0  # partial matches not started or dropped: their key held max_runs_per_key
         self._keys: dict[str, KeyState] = {}
         names = {step.name: i for i, step in enumerate(plan.steps)}
         every = (*plan.steps, *((plan.absence,) if plan.absence else ()))
@@ -213,9 +223,13 @@ class PatternMatcher:
                         ruled_out.add(s)
                 if len(ruled_out) < len(open_steps):
                     kept.append(run._replace(blocked=run.blocked | ruled_out) if ruled_out else run)
+        full = state.run_count() + len(kept) + len(state.waiting) >= self.max_runs_per_key
         for s in plan.first_steps():
             if passing[s] and (not steps[s].reads_earlier_events or steps[s].passes(event.stream, event.fields, {})):
-                grown.append(Run((taken_as.get(s) or self._taken(event, s),), 1))
+                if full:
+                    self.dropped_runs += 1
+                else:
+                    grown.append(Run((taken_as.get(s) or self._taken(event, s),), 1))
         if plan.absence is not None and state.waiting and plan.absence.passes_unbound(event.stream, event.fields):
             state.waiting = [w for w in state.waiting
                              if not plan.absence.passes(event.stream, event.fields, self._bindings(w))]
@@ -230,6 +244,7 @@ class PatternMatcher:
                 kept.append(run)
         for run in kept:
             self._place(state, run)
+        self._bound(state)
         if not complete:
             return []
         if plan.no_skip:
@@ -277,6 +292,34 @@ class PatternMatcher:
         held = bucket.get(identity)
         if held is None or _preferred(run, held):
             bucket[identity] = run
+
+    def _bound(self, state: KeyState) -> None:
+        """Past max_runs_per_key (the runs already held took this event and each left a run that
+        skipped it), keep the preferred runs: the earliest first events, then the most events."""
+        excess = state.run_count() + len(state.waiting) - self.max_runs_per_key
+        if excess <= 0:
+            return
+        held = [(run, key, identity) for key, bucket in state.buckets.items() for identity, run in bucket.items()]
+        if not held:
+            return  # all of it awaits an absence: decided by its deadline, dropped by nothing here
+        # By Run.preference, whose first two parts (start, then the most events) nearly always
+        # decide: the whole preference (every event's place) is built only for a tie at the cut.
+        def coarse(entry: tuple[Run, BucketKey, Any]) -> tuple:
+            return (entry[0].start.order, -len(entry[0].taken))
+
+        held.sort(key=coarse)
+        cut = max(len(held) - excess, 0)
+        if 0 < cut < len(held) and coarse(held[cut - 1]) == coarse(held[cut]):
+            edge = coarse(held[cut])
+            first = next(i for i in range(cut, -1, -1) if i == 0 or coarse(held[i - 1]) != edge)
+            last = next(i for i in range(cut, len(held)) if i + 1 == len(held) or coarse(held[i + 1]) != edge)
+            held[first:last + 1] = sorted(held[first:last + 1], key=lambda h: h[0].preference())
+        dropped = held[cut:]
+        for _, key, identity in dropped:
+            del state.buckets[key][identity]
+            if not state.buckets[key]:
+                del state.buckets[key]
+        self.dropped_runs += len(dropped)
 
     def _identity(self, run: Run, open_steps: tuple[int, ...]) -> Any:
         if self.plan.no_skip:  # every complete match is published: a run is only itself

@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS pattern_progress (
     pattern TEXT PRIMARY KEY,
     watermark_ms INTEGER,           -- every event of the pattern's streams up to here was fed
     matches INTEGER NOT NULL,
-    late_events INTEGER NOT NULL
+    late_events INTEGER NOT NULL,
+    dropped_runs INTEGER NOT NULL DEFAULT 0  -- partial matches dropped: a key held the most (patterns/matcher.py)
 );
 CREATE TABLE IF NOT EXISTS pattern_matches (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -202,6 +203,7 @@ class PatternCommit:
     matches: Sequence[NewMatch] = ()
     late: Sequence[LateEvent] = ()
     buffer: Sequence[BufferedEvent] = ()
+    dropped_runs: int = 0  # partial matches not started or dropped: their key held the most it may
     # pattern_history: the keys whose rows are replaced (a replay rewrote them), the rows written,
     # and the time before which every row is cut (the watermark less the kept horizon).
     history_rewritten: Sequence[str] = ()
@@ -241,6 +243,7 @@ class PatternSizes:
     matches: int = 0
     late_events: int = 0
     definition_id: str | None = None
+    dropped_runs: int = 0  # partial matches dropped because their key held the most it may
     history_rows: int = 0  # pattern_history: the events kept for replays
 
 
@@ -363,11 +366,14 @@ def apply(cursor, commits: Sequence[PatternCommit], batch_id: int, now_ms: int, 
                 [(c.pattern, e.stream, e.partition, e.offset, e.time_ms, e.watermark_ms, batch_id, now_ms)
                  for e in c.late])
         cursor.execute(
-            f"INSERT INTO pattern_progress (pattern, watermark_ms, matches, late_events) VALUES ({q}, {q}, {q}, {q})"
+            f"INSERT INTO pattern_progress (pattern, watermark_ms, matches, late_events, dropped_runs)"
+            f" VALUES ({q}, {q}, {q}, {q}, {q})"
             " ON CONFLICT (pattern) DO UPDATE SET watermark_ms = excluded.watermark_ms,"
             " matches = pattern_progress.matches + excluded.matches,"
-            " late_events = pattern_progress.late_events + excluded.late_events",
-            (c.pattern, c.watermark_ms, sum(-1 if m.retraction else 1 for m in c.matches), len(c.late)))
+            " late_events = pattern_progress.late_events + excluded.late_events,"
+            " dropped_runs = pattern_progress.dropped_runs + excluded.dropped_runs",
+            (c.pattern, c.watermark_ms, sum(-1 if m.retraction else 1 for m in c.matches), len(c.late),
+             c.dropped_runs))
 
 
 def _apply_history(cursor, c: PatternCommit, q: str) -> None:
@@ -393,9 +399,9 @@ def _apply_history(cursor, c: PatternCommit, q: str) -> None:
 def sizes(cursor) -> dict[str, PatternSizes]:
     """Every pattern's state size and counters."""
     out: dict[str, dict] = {}
-    cursor.execute("SELECT pattern, watermark_ms, matches, late_events FROM pattern_progress")
-    for name, watermark, matches, late in cursor.fetchall():
-        out[name] = {"watermark_ms": watermark, "matches": matches, "late_events": late}
+    cursor.execute("SELECT pattern, watermark_ms, matches, late_events, dropped_runs FROM pattern_progress")
+    for name, watermark, matches, late, dropped in cursor.fetchall():
+        out[name] = {"watermark_ms": watermark, "matches": matches, "late_events": late, "dropped_runs": dropped}
     cursor.execute("SELECT pattern, COALESCE(SUM(partial_matches), 0) FROM pattern_state GROUP BY pattern")
     for name, partial in cursor.fetchall():
         out.setdefault(name, {}).update(partial_matches=int(partial))

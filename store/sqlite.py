@@ -94,6 +94,8 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN retracts INTEGER")
         if "dims" not in columns("pattern_matches"):
             self._conn.execute("ALTER TABLE pattern_matches ADD COLUMN dims TEXT")
+        if "dropped_runs" not in columns("pattern_progress"):
+            self._conn.execute("ALTER TABLE pattern_progress ADD COLUMN dropped_runs INTEGER NOT NULL DEFAULT 0")
         if "change_seq" not in columns("view_changes"):  # a view changelog's own order (store/view_state.py)
             self._conn.execute("ALTER TABLE view_changes ADD COLUMN change_seq INTEGER")
             view_state.fill_positions(self._conn.cursor())

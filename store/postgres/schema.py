@@ -75,6 +75,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute("ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS clock_correction_ms BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS retracts BIGINT")
         conn.execute("ALTER TABLE pattern_matches ADD COLUMN IF NOT EXISTS dims TEXT")
+        conn.execute("ALTER TABLE pattern_progress ADD COLUMN IF NOT EXISTS dropped_runs BIGINT NOT NULL DEFAULT 0")
         if conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
                         " AND table_name = 'view_changes' AND column_name = 'change_seq'").fetchone() is None:
             conn.execute("ALTER TABLE view_changes ADD COLUMN change_seq BIGINT")  # store/view_state.py

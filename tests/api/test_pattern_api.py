@@ -88,10 +88,12 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
         status = client.get("/api/v1/pipeline").json()["patterns"]["credential_stuffing"]
         assert status == {"streams": ["logins"], "key": "user_id", "watermark_ms": T0 + 30 * MIN, "keys_held": 1,
                           "partial_matches": 0, "buffered_events": 1, "matches": 3, "late_events": 1,
-                          "history_rows": 18}  # the 18 events fed, kept for replays of late events
+                          "history_rows": 18,  # the 18 events fed, kept for replays of late events
+                          "dropped_partial_matches": 0}
         metrics = client.get("/metrics").text
         assert 'sketchboard_pattern_matches_total{pattern="credential_stuffing"} 3.0' in metrics
         assert 'sketchboard_pattern_late_events_total{pattern="credential_stuffing"} 1.0' in metrics
+        assert 'sketchboard_pattern_dropped_partial_matches_total{pattern="credential_stuffing"} 0.0' in metrics
         assert 'sketchboard_pattern_state{kind="buffered_events",pattern="credential_stuffing"} 1.0' in metrics
         assert 'sketchboard_pattern_state{kind="history_rows",pattern="credential_stuffing"} 18.0' in metrics
 

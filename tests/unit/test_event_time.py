@@ -234,10 +234,15 @@ def test_an_old_store_file_is_migrated(tmp_path):
             " at_ms INTEGER NOT NULL);"
             "CREATE TABLE stream_progress (stream TEXT PRIMARY KEY, watermark_ms INTEGER, max_event_ms INTEGER,"
             " events_aggregated INTEGER NOT NULL DEFAULT 0);"
-            "INSERT INTO stream_progress VALUES ('s', 1, 2, 40);")
+            "INSERT INTO stream_progress VALUES ('s', 1, 2, 40);"
+            "CREATE TABLE pattern_progress (pattern TEXT PRIMARY KEY, watermark_ms INTEGER, matches INTEGER NOT NULL,"
+            " late_events INTEGER NOT NULL);"
+            "INSERT INTO pattern_progress VALUES ('cs', 5, 2, 1);")
     store = SqlitePaneStore(path)
     s = store.progress("main").streams["s"]
     assert (s.events_read, s.events_aggregated, s.events_dead_lettered) == (40, 40, 0)
+    cs = store.pattern_sizes()["cs"]
+    assert (cs.matches, cs.late_events, cs.dropped_runs) == (2, 1, 0)  # a counter added since
     store.commit_batch(commit(0, [part(T0)]), lateness_ms=LATENESS, now_ms=1)
     assert store.changes_since(0)[0].correction_id is None
     store.close()

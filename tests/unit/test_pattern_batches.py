@@ -258,3 +258,14 @@ def test_a_late_completion_retracts_an_abandoned_checkout_and_restores_the_in_or
     # Past the kept horizon the history is cut: a later late event of s1 has nothing to replay.
     store.batch(plan, [], 40 * MIN + history_span_ms(plan) + 1)
     assert store.history == {}
+
+
+def test_the_partial_matches_a_full_key_drops_are_counted_in_the_batch_commit(monkeypatch):
+    monkeypatch.setattr("patterns.matcher.MAX_RUNS_PER_KEY", 10)
+    catalog = parse_catalog(EXAMPLES_YAML.replace("times: 5}", "one_or_more: true}", 1))
+    plan = compile_pattern(catalog.patterns[0], catalog)
+    events = [PatternEvent("logins", 0, i, i * 100, "alice", {"outcome": "failure", "ip": "10.0.0.9"})
+              for i in range(30)]
+    out = run_pattern_batch(plan, PatternLoad(None, {}, [], {}), events, 30 * 100)
+    assert out.commit.dropped_runs > 0
+    assert out.commit.keys["alice"].partial_matches <= 10

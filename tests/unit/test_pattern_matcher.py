@@ -310,6 +310,25 @@ def test_a_burst_of_failures_from_one_address_holds_a_run_per_failure_not_one_pe
     assert matcher.partial_matches == 0  # skip_past_last: every run began at or before the match's end
 
 
+def test_a_key_holds_at_most_max_runs_and_keeps_its_earliest_starts():
+    # one_or_more keeps a run per failure of a burst (each extended by every later one): past the
+    # bound a key starts no run and keeps the preferred ones; what it drops is counted.
+    text = EXAMPLES_YAML.replace("times: 5}", "one_or_more: true}", 1)
+    catalog = parse_catalog(text)
+    plan = compile_pattern(catalog.patterns[0], catalog)
+    bounded, unbounded = PatternMatcher(plan, max_runs_per_key=10), PatternMatcher(plan)
+    for i in range(40):
+        event = ev("logins", i, i * 100, "alice", outcome="failure", ip=f"10.0.0.{i % 3}")
+        bounded.feed(event)
+        unbounded.feed(event)
+        assert bounded.partial_matches <= 10
+    assert unbounded.partial_matches > 40 and unbounded.dropped_runs == 0
+    assert bounded.dropped_runs > 0
+    success = ev("logins", 40, 4_000, "alice", outcome="success", ip="10.0.0.0")
+    # The earliest start survives the bound, so the match is the one an unbounded key finds.
+    assert [m.events for m in bounded.feed(success).matches] == [m.events for m in unbounded.feed(success).matches]
+
+
 def test_a_match_carries_its_dimensions_from_the_first_event_of_their_step_through_a_state_round_trip():
     text = EXAMPLES_YAML.replace("      attempts: {count: failures}\n",
                                  "      attempts: {count: failures}\n    dimensions: [failures.ip, success.outcome]\n", 1)

@@ -33,7 +33,7 @@ def test_pattern_state_matches_and_late_events_are_saved_with_the_batch_once(sto
         keys={"alice": KeyState(RUN, (["logins", 0, 3, T0 + 50, {"outcome": "failure"}],), T0 + 50, 1),
               "bob": KeyState(RUN, (), T0 + 600_000, 1)},
         matches=[match("alice", T0 - 5), match("bob", T0 - 1, 2)],
-        late=[LateEvent("logins", 1, 9, T0 - 100, T0)])
+        late=[LateEvent("logins", 1, 9, T0 - 100, T0)], dropped_runs=3)
     assert store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed
     assert not store.commit_batch(commit(0, first), lateness_ms={}, now_ms=T0).committed  # a replay: nothing twice
     store = store_backend.reopen(store)  # a restart reads the same state
@@ -45,18 +45,19 @@ def test_pattern_state_matches_and_late_events_are_saved_with_the_batch_once(sto
     assert sorted(store.pattern_state("cs", [], T0 + 600_000).keys) == ["alice", "bob"]
     assert store.pattern_state("other", ["alice"], T0).keys == {}  # patterns apart
     assert store.pattern_sizes() == {"cs": PatternSizes(T0, keys_held=2, partial_matches=2, buffered_events=1,
-                                                        matches=2, late_events=1)}
+                                                        matches=2, late_events=1, dropped_runs=3)}
     page = store.pattern_matches("cs")
     assert [(m.key, m.decided_at_ms, m.measures, m.late, m.batch_id) for m in page] == [
         ("alice", T0 - 5, {"n": 1}, False, 0), ("bob", T0 - 1, {"n": 2}, False, 0)]
     assert page[0].events[0]["offset"] == 1
     assert store.pattern_late("cs") == [("logins", 1, 9, T0 - 100, T0, 0)]
     # A later batch: alice holds nothing any more (deleted), a third match; the watermark moves.
-    second = PatternCommit("cs", T0 + 100, keys={"alice": KeyState()}, matches=[match("bob", T0 + 90, 3)])
+    second = PatternCommit("cs", T0 + 100, keys={"alice": KeyState()}, matches=[match("bob", T0 + 90, 3)],
+                           dropped_runs=2)
     assert store.commit_batch(commit(1, second), lateness_ms={}, now_ms=T0).committed
     assert sorted(store.pattern_state("cs", ["alice", "bob"], None).keys) == ["bob"]
     assert store.pattern_sizes()["cs"] == PatternSizes(T0 + 100, keys_held=1, partial_matches=1, matches=3,
-                                                       late_events=1)
+                                                       late_events=1, dropped_runs=5)
     # Paging by id, filters by key and decided time.
     ids = [m.id for m in store.pattern_matches("cs")]
     assert len(ids) == 3 and ids == sorted(ids)
