@@ -65,6 +65,8 @@ MISTAKES = [
      13, "gt compares numbers, and 'outcome' is a string field"),
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {latency_ms: fast}}\n",
      13, "'fast' is not a number"),
+    ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {ip: \"1\\0\"}}\n",
+     13, "contains a NUL character or a lone surrogate, which no event's field can hold"),
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {ip: {like: x}}}\n",
      13, "unknown operator 'like'"),
     ("  - name: p\n    key: user_id\n    steps:\n      - {name: a, stream: logins, where: {ip: {in: []}}}\n",
