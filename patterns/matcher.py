@@ -8,7 +8,8 @@ Every event is offered to every run of its key it can change; an event that a ru
 spawns a new run (take) and leaves the old one (skip), so all alternatives are followed, as the
 brute-force definition in tests/unit/test_pattern_matcher.py enumerates them. Runs wait in buckets
 by the steps their next event may take, so an event that passes none of a bucket's steps (a
-failed login, for the runs awaiting a success) costs nothing there; under skip_past_last, runs of
+failed login, for the runs awaiting a success) costs them only the check that they still fit
+`within`; under skip_past_last, runs of
 one start that no later event can tell apart are kept as one (`_place`). A burst of one key then
 costs per event the runs it extends, not every run the burst left (bench/pattern_burst.py).
 
@@ -198,14 +199,16 @@ class PatternMatcher:
         taken_as: dict[int, Taken] = {}
         kept: list[Run] = []
         grown: list[Run] = []
+        if within is not None:  # cheap beside an offer: the runs that cannot fit `within` any more go first
+            # (else a key's expired runs would count towards its bound and say it holds something)
+            earliest = event.time - within
+            self._filter_runs(state, lambda r: r.taken[0].time >= earliest)
         for bucket_key in list(state.buckets):
             _, open_steps = bucket_key
             if not any(passing[s] or self._strict[s] for s in open_steps):
                 continue  # the event changes none of these runs: they wait as they are
             bucket = state.buckets.pop(bucket_key)
             for run in bucket.values():
-                if within is not None and event.time - run.start.time > within:
-                    continue
                 bindings = None
                 ruled_out = set()
                 for s in open_steps:
@@ -344,6 +347,8 @@ class PatternMatcher:
         for bucket_key in list(state.buckets):
             bucket = state.buckets[bucket_key]
             left = {identity: run for identity, run in bucket.items() if keep(run)}
+            if len(left) == len(bucket):
+                continue
             if left:
                 state.buckets[bucket_key] = left
             else:

@@ -329,6 +329,35 @@ def test_a_key_holds_at_most_max_runs_and_keeps_its_earliest_starts():
     assert [m.events for m in bounded.feed(success).matches] == [m.events for m in unbounded.feed(success).matches]
 
 
+def two_steps(first: dict):
+    catalog = Catalog.model_validate({"streams": STREAMS, "patterns": [{
+        "name": "p", "key": "k", "within": "10ms",
+        "steps": [{"name": "a", "stream": "s", "where": {"kind": "a"}, **first},
+                  {"name": "b", "stream": "s", "where": {"kind": "b"}}]}]})
+    return compile_pattern(catalog.patterns[0], catalog)
+
+
+def kinds(*timed: tuple[str, int]) -> list[PatternEvent]:
+    return [PatternEvent("s", 0, i, t, "x", {"k": "x", "kind": kind}) for i, (kind, t) in enumerate(timed)]
+
+
+def test_runs_past_within_neither_count_towards_the_bound_nor_keep_the_key_held():
+    # Runs an event does not touch (here: waiting for a `b`) still leave once they cannot fit
+    # `within`: three expired runs must not fill a bound of three and refuse a@100's start.
+    matcher = PatternMatcher(two_steps({}), max_runs_per_key=3)
+    events = kinds(("a", 0), ("a", 1), ("a", 2), ("a", 100), ("b", 101))
+    assert [[(e.step, e.offset) for e in m.events] for m in run(matcher, events)] == [[("a", 3), ("b", 4)]]
+    assert matcher.dropped_runs == 0
+    # A key whose runs all expired by its last event holds nothing for the next one (a replay of
+    # late events may start there): a@0's run is past `within` at b@100, which it does not wait for.
+    matcher = PatternMatcher(two_steps({"times": 2}))
+    held = []
+    for event in kinds(("a", 0), ("b", 100), ("a", 200)):
+        held.append(matcher.holds(event.key))
+        matcher.feed(event)
+    assert held == [False, True, False]
+
+
 def test_a_match_carries_its_dimensions_from_the_first_event_of_their_step_through_a_state_round_trip():
     text = EXAMPLES_YAML.replace("      attempts: {count: failures}\n",
                                  "      attempts: {count: failures}\n    dimensions: [failures.ip, success.outcome]\n", 1)
