@@ -10,6 +10,7 @@ pane that has events instead (faster, may flap while it fills).
 from __future__ import annotations
 
 import json
+import math
 import operator
 from datetime import datetime, timezone
 
@@ -125,7 +126,10 @@ def _change(mode: str, current: float | None, base: float | None, offset_ms: int
         return (current - base) / (offset_ms / 1000), None
     if base == 0:
         return None, "the baseline is 0, so the ratio is undefined"
-    return current / base, None
+    ratio = current / base
+    if not math.isfinite(ratio):  # 1e290 against 1e-300: past a double
+        return None, f"the ratio of {current!r} to {base!r} is past a double"
+    return ratio, None
 
 
 def _absence(rule: AbsenceRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:

@@ -3,6 +3,7 @@ evaluator needs to read (`AlertData`). Pure types, no I/O."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +24,14 @@ class Sample:
     # The data withdrew what fired the instance (a retracted match): it resolves at once, whatever
     # keep_firing_for says, and is not deleted (its firing stays in the history).
     withdrawn: bool = False
+
+    def __post_init__(self) -> None:
+        # A value past a double (a trend's ratio of 1e290 to 1e-300) cannot be stored or answered
+        # as JSON (a 500 for the listing and a broken alerts feed): no data, with the reason.
+        if isinstance(self.value, float) and not math.isfinite(self.value):
+            object.__setattr__(self, "reason", f"the value is {self.value}, not a finite number")
+            object.__setattr__(self, "value", None)
+            object.__setattr__(self, "condition", None)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ class AlertStore(SideStore):
             else:
                 rows = self._conn.execute("SELECT data FROM alert_instances WHERE rule = ? ORDER BY fingerprint",
                                           (rule,)).fetchall()
-        return [json.loads(data) for (data,) in rows]
+        return [_load(data) for (data,) in rows]
 
     def cursor(self, rule: str) -> int | None:
         """Where the rule's reading of an append-only feed (a pattern's matches) stopped; None: never read."""
@@ -205,7 +205,7 @@ class AlertStore(SideStore):
             rows = self._conn.execute(
                 "SELECT id, rule, at_ms, data FROM alert_history" + clause
                 + f" ORDER BY id {'DESC' if newest_first else 'ASC'} LIMIT ?", (*args, limit)).fetchall()
-        return [HistoryEntry(i, r, at, json.loads(d)) for i, r, at, d in rows]
+        return [HistoryEntry(i, r, at, _load(d)) for i, r, at, d in rows]
 
     # -- what notifiers delivered (alerts/webhook.py) ------------------------------------------
 
@@ -242,6 +242,12 @@ def _refuse_file_rule(name: str, source: str) -> None:
 
 def _dump(value) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _load(text: str):
+    """An instance or history entry as stored; a value stored as Infinity or NaN (before alerts/
+    outcome.py refused them) read as null: no JSON answer can carry it."""
+    return json.loads(text, parse_constant=lambda _: None)
 
 
 SqliteAlertStore = AlertStore  # the name from before PostgreSQL; the same class on a file path

@@ -184,6 +184,22 @@ def test_trend_ratio_over_a_zero_baseline_is_no_data_for_the_instance(catalog):
     assert sample.condition is None and "baseline is 0" in sample.reason
 
 
+def test_a_trend_ratio_past_a_double_is_no_data_for_the_instance_never_inf(catalog):
+    # Ingest takes values up to 1e290 and down to 1e-300: their ratio is inf, which no store or
+    # JSON answer holds (GET /api/v1/alerts answered 500 from then on).
+    end = NOW - LATENESS
+    data = FakeData(windows={(end - 60_000, end): [wv(1e290)], (end - 120_000, end - 60_000): [wv(1e-300)]})
+    [sample] = evaluate_rule(trend(catalog, threshold=2), data, catalog, NOW).samples
+    assert (sample.value, sample.condition) == (None, None) and "past a double" in sample.reason
+
+
+def test_a_sample_of_a_value_that_is_no_finite_number_has_no_data():
+    from alerts.outcome import Sample
+
+    sample = Sample({}, float("-inf"), True)
+    assert (sample.value, sample.condition) == (None, None) and "-inf" in sample.reason
+
+
 # -- absence -------------------------------------------------------------------------------------------
 
 def absence(catalog, **fields):

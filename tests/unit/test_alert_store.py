@@ -51,3 +51,16 @@ def test_file_rules_are_the_file_s(store_backend):
     alerts.sync_file_rules({"other": {**RULE, "name": "other"}}, now_ms=4)
     assert [r.name for r in alerts.rules()] == ["other"]
     alerts.close()
+
+
+def test_a_value_stored_as_infinity_before_it_was_refused_reads_back_as_null(store_backend):
+    # alerts/outcome.py refuses values that are no finite number now; an instance stored before
+    # (json.dumps wrote Infinity) made GET /api/v1/alerts answer 500 for good.
+    panes = store_backend.create()
+    alerts = AlertStore(panes.side_db())
+    alerts.create_rule("spike", RULE, source="api", now_ms=1_000)
+    firing = {"fingerprint": "f1", "state": "firing", "value": float("inf")}
+    alerts.save_evaluation("spike", [firing], [{"at_ms": 1_500, "to": "firing", "value": float("nan")}], now_ms=2_000)
+    assert alerts.instances("spike") == [{**firing, "value": None}]
+    assert [h.data["value"] for h in alerts.history(rule="spike")] == [None]
+    alerts.close()
