@@ -35,7 +35,8 @@ def pattern_metrics(patterns: dict[str, dict]):
     late = CounterMetricFamily("sketchboard_pattern_late_events", "Events that came behind a pattern's watermark"
                                " (recorded, not matched)", labels=["pattern"])
     dropped = CounterMetricFamily("sketchboard_pattern_dropped_partial_matches", "Partial matches a pattern did"
-                                  " not start or dropped because their key held the most it keeps (1000)",
+                                  " not start or dropped because their key held the most it keeps (1000 runs, 50000"
+                                  " events in them)",
                                   labels=["pattern"])
     for name, p in patterns.items():
         state.add_metric([name, "keys"], p["keys_held"])

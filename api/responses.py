@@ -107,7 +107,7 @@ class PipelineOut(BaseModel):
                                       " watermark), `matches`, `late_events` (behind its watermark: recorded, not matched),"
                                       " `history_rows` (events kept in pattern_history for replays of late events),"
                                       " `dropped_partial_matches` (partial matches not started or dropped: their key"
-                                      " held the most a key keeps, 1000)")
+                                      " held the most a key keeps: 1000 partial matches, 50000 events in them)")
     health: dict = Field(description="`query`: Spark's view of the query (null when not wired);"
                          " `lag`: the lag status (null when not wired); `store`: the pipeline's store commits"
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"

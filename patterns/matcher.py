@@ -21,6 +21,7 @@ The state is plain JSON (`state()` / `from_state()`), bounded by `within` and th
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -36,6 +37,10 @@ Order = tuple[int, str, int, int]
 # later one: without this bound one key's burst could stall every stream for minutes. As Esper's
 # match_recognize max-states.
 MAX_RUNS_PER_KEY = 1000
+# And at most this many events in them all: under no_skip a looping step's runs grow with the
+# burst (a run per event, each as long as the burst), so the runs' count alone would let one key
+# hold a million events, each batch writing them all back as its state.
+MAX_EVENTS_PER_KEY = 50_000
 
 
 class Taken(NamedTuple):
@@ -130,7 +135,9 @@ class PatternMatcher:
         self.watermark: int | None = None
         self.late_events = 0
         self.max_runs_per_key = MAX_RUNS_PER_KEY if max_runs_per_key is None else max_runs_per_key
-        self.dropped_runs = 0  # partial matches not started or dropped: their key held max_runs_per_key
+        self.max_events_per_key = MAX_EVENTS_PER_KEY
+        self.dropped_runs = 0  # partial matches not started or dropped: their key held the most it may
+        self._serial = itertools.count()  # under no_skip, a run's identity (never merged)
         self._keys: dict[str, KeyState] = {}
         names = {step.name: i for i, step in enumerate(plan.steps)}
         every = (*plan.steps, *((plan.absence,) if plan.absence else ()))
@@ -226,7 +233,8 @@ class PatternMatcher:
                         ruled_out.add(s)
                 if len(ruled_out) < len(open_steps):
                     kept.append(run._replace(blocked=run.blocked | ruled_out) if ruled_out else run)
-        full = state.run_count() + len(kept) + len(state.waiting) >= self.max_runs_per_key
+        full = (state.run_count() + len(kept) + len(state.waiting) >= self.max_runs_per_key
+                or _events(state, kept) >= self.max_events_per_key)
         for s in plan.first_steps():
             if passing[s] and (not steps[s].reads_earlier_events or steps[s].passes(event.stream, event.fields, {})):
                 if full:
@@ -297,22 +305,29 @@ class PatternMatcher:
             bucket[identity] = run
 
     def _bound(self, state: KeyState) -> None:
-        """Past max_runs_per_key (the runs already held took this event and each left a run that
-        skipped it), keep the preferred runs: the earliest first events, then the most events."""
-        excess = state.run_count() + len(state.waiting) - self.max_runs_per_key
-        if excess <= 0:
+        """Past max_runs_per_key runs or max_events_per_key events in them (the runs already held
+        took this event and each left a run that skipped it), keep the preferred runs: the
+        earliest first events, then the most events."""
+        waiting_events = sum(len(w.taken) for w in state.waiting)
+        runs_room = self.max_runs_per_key - len(state.waiting)
+        events_room = self.max_events_per_key - waiting_events
+        if state.run_count() <= runs_room and _events(state) <= events_room:
             return
         held = [(run, key, identity) for key, bucket in state.buckets.items() for identity, run in bucket.items()]
-        if not held:
-            return  # all of it awaits an absence: decided by its deadline, dropped by nothing here
         # By Run.preference, whose first two parts (start, then the most events) nearly always
         # decide: the whole preference (every event's place) is built only for a tie at the cut.
         def coarse(entry: tuple[Run, BucketKey, Any]) -> tuple:
             return (entry[0].start.order, -len(entry[0].taken))
 
         held.sort(key=coarse)
-        cut = max(len(held) - excess, 0)
+        cut, total = min(len(held), max(runs_room, 0)), 0
+        for i in range(cut):
+            total += len(held[i][0].taken)
+            if total > events_room:
+                cut = i
+                break
         if 0 < cut < len(held) and coarse(held[cut - 1]) == coarse(held[cut]):
+            # A tie's runs are as long as one another: ordering them leaves the events kept as they were.
             edge = coarse(held[cut])
             first = next(i for i in range(cut, -1, -1) if i == 0 or coarse(held[i - 1]) != edge)
             last = next(i for i in range(cut, len(held)) if i + 1 == len(held) or coarse(held[i + 1]) != edge)
@@ -326,7 +341,7 @@ class PatternMatcher:
 
     def _identity(self, run: Run, open_steps: tuple[int, ...]) -> Any:
         if self.plan.no_skip:  # every complete match is published: a run is only itself
-            return tuple((t.order, t.step) for t in run.taken)
+            return next(self._serial)
         step = self.plan.steps[run.step]
         if run.step not in open_steps:
             count = None  # the step takes no more: its count no longer changes what comes next
@@ -437,3 +452,9 @@ def _preferred(run: Run, other: Run) -> bool:
     if len(run.taken) != len(other.taken):
         return len(run.taken) > len(other.taken)
     return run.preference() < other.preference()
+
+
+def _events(state: KeyState, more: list[Run] = ()) -> int:
+    """The events a key's runs hold (and `more`'s), the waiting ones' left out."""
+    return sum(len(run.taken) for bucket in state.buckets.values() for run in bucket.values()) + sum(
+        len(run.taken) for run in more)

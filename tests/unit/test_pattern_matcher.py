@@ -329,6 +329,23 @@ def test_a_key_holds_at_most_max_runs_and_keeps_its_earliest_starts():
     assert [m.events for m in bounded.feed(success).matches] == [m.events for m in unbounded.feed(success).matches]
 
 
+def test_a_key_holds_at_most_max_events_in_its_runs_under_no_skip():
+    # no_skip merges no run: a looping step keeps a run per failure, each as long as the burst, so
+    # the runs' count alone let one key hold a million events (a hunt: 1 200 failures, 33 s, 50 MB).
+    text = EXAMPLES_YAML.replace("times: 5}", "one_or_more: true}", 1).replace(
+        "    within: 10m\n", "    within: 10m\n    after_match: no_skip\n", 1)
+    catalog = parse_catalog(text)
+    matcher = PatternMatcher(compile_pattern(catalog.patterns[0], catalog))
+    matcher.max_events_per_key = 200
+    for i in range(100):
+        matcher.feed(ev("logins", i, i * 100, "alice", outcome="failure", ip="10.0.0.9"))
+        held = sum(len(r["taken"]) for k in matcher.state()["keys"].values() for r in k["runs"])
+        assert held <= 200
+    assert matcher.dropped_runs > 0
+    matches = matcher.feed(ev("logins", 100, 100 * 100, "alice", outcome="success", ip="10.0.0.9")).matches
+    assert matches and matches[0].events[0].offset == 0  # the earliest start is kept
+
+
 def two_steps(first: dict):
     catalog = Catalog.model_validate({"streams": STREAMS, "patterns": [{
         "name": "p", "key": "k", "within": "10ms",
