@@ -89,7 +89,19 @@ class KllSketch:
             return None
         eps = s.normalized_rank_error(False)
         # One call for the three ranks: the sketch's sorted view is built once, not three times.
-        value, lower, upper = s.get_quantiles([q, max(0.0, q - eps), min(1.0, q + eps)])
+        low_rank, high_rank = q - eps, q + eps
+        value, lower, upper = s.get_quantiles([q, max(0.0, low_rank), min(1.0, high_rank)])
+        # Ranks 0 and 1 answer the smallest and largest value the sketch kept, which a compaction may
+        # have dropped; it knows the true ones: p0 and p100 are them, and a range reaching either
+        # end holds it (stat=p100 answered under the max, with a range that left it out).
+        if q == 0.0:
+            value = s.get_min_value()
+        elif q == 1.0:
+            value = s.get_max_value()
+        if low_rank <= 0.0:
+            lower = s.get_min_value()
+        if high_rank >= 1.0:
+            upper = s.get_max_value()
         return value, lower, upper, eps
 
     def rank(self, value: float) -> float:

@@ -4,7 +4,10 @@ sketch merged with every part gives (exactly below k items; KLL's compactions ar
 
 from __future__ import annotations
 
+import random
+
 import datasketches as ds
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,3 +59,20 @@ def test_quantile_bounds_are_the_quantiles_fields(values, q):
     est = s.quantile(q)
     got = s.quantile_bounds(q)
     assert got == (None if est is None else (est.value, est.lower, est.upper, est.rank_error))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_p0_and_p100_are_the_exact_min_and_max_and_a_range_reaching_an_end_holds_it(seed):
+    # A compacted sketch's rank 1 answered the largest value it kept, under the true max, with a
+    # range that left the max out (a hunt: stat=p100 under stat=max through the API).
+    rng = random.Random(seed)
+    values = [rng.random() * 1000 for _ in range(1000)]
+    s = KllSketch()
+    for v in values:
+        s.update(v)
+    low, high = s.quantile(0.0), s.quantile(1.0)
+    assert (low.value, low.lower) == (min(values), min(values))
+    assert (high.value, high.upper) == (max(values), max(values))
+    for q in (0.001, 0.5, 0.999):
+        est = s.quantile(q)
+        assert est.lower <= est.value <= est.upper
