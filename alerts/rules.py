@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, TypeAdapter, ValidationError, field_validator
 
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
@@ -72,7 +72,7 @@ class _OverMetric(_RuleBase):
     group_by: tuple[str, ...] = ()
     filters: dict[str, str] = Field(default_factory=dict)
     op: Op = ">"
-    threshold: float = Field(allow_inf_nan=False)
+    threshold: StrictFloat = Field(allow_inf_nan=False)
     provisional: bool = Field(False, description="also evaluate the newest, not yet final window")
     stale_after: DurationMs = Field(300_000, description="NoData once the newest final window is this much older"
                                     " than expected (pipeline stopped or no traffic)")
@@ -87,7 +87,7 @@ class TrendRule(_OverMetric):
     against: str = Field("previous", description="'previous' window, or an offset such as 1d or 1w")
     mode: Literal["ratio", "diff", "rate"] = Field("ratio", description="ratio: now / then; diff: now - then;"
                                                    " rate: (now - then) per second between the windows")
-    min_baseline: float | None = Field(None, allow_inf_nan=False,
+    min_baseline: StrictFloat | None = Field(None, allow_inf_nan=False,
                                        description="condition false while the baseline is below this"
                                        " (PromQL's `and then > N`): a near-empty baseline makes any ratio huge")
 
@@ -105,7 +105,7 @@ class LagRule(_RuleBase):
     kind: Literal["lag"]
     stream: str | None = None
     op: Op = ">"
-    threshold: float = Field(allow_inf_nan=False, description="consumer lag in seconds")
+    threshold: StrictFloat = Field(allow_inf_nan=False, description="consumer lag in seconds")
 
 
 class LagStatusRule(_RuleBase):
@@ -119,7 +119,7 @@ class DeadLetterRule(_RuleBase):
     stream: str | None = None
     window: DurationMs = 300_000
     op: Op = ">"
-    threshold: float = Field(allow_inf_nan=False, description="dead letters per second over the window")
+    threshold: StrictFloat = Field(allow_inf_nan=False, description="dead letters per second over the window")
 
 
 class PatternRule(_RuleBase):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-_PLACEHOLDER = re.compile(r"\{\{\s*(.*?)\s*\}\}")
-_VARIABLE = re.compile(r"^\$(value|rule|state|labels\.([A-Za-z_][A-Za-z0-9_]*))$")
+# DOTALL: a placeholder spread over lines is one too (it was never checked, and rendered as written).
+_PLACEHOLDER = re.compile(r"\{\{\s*(.*?)\s*\}\}", re.DOTALL)
+_VARIABLE = re.compile(r"\A\$(value|rule|state|labels\.([A-Za-z_][A-Za-z0-9_]*))\Z")
 
 
 def check_template(text: str) -> None:

@@ -26,7 +26,8 @@ from catalog.views import ViewDef, expand_views
 from catalog.tiers import TierDef, check_tiers, default_tiers
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
-_QUANTILE_STAT = re.compile(r"^p(\d{1,2}(?:\.\d+)?|100)$")
+# ASCII digits only and the very end (`$` lets a final newline by): `p99\n` or `p٩٩` is no stat.
+_QUANTILE_STAT = re.compile(r"\Ap([0-9]{1,2}(?:\.[0-9]+)?|100)\Z")
 
 FieldName = Annotated[str, Field(pattern=NAME_RE)]
 

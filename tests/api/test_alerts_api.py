@@ -80,6 +80,11 @@ def test_create_list_get_update_delete(api):
     ({"bogus": 1}, "bogus: unknown field"),
     ({"name": "has space"}, "name: "),
     ({"annotations": {"summary": "{{ $valu }}"}}, "unknown placeholder"),
+    ({"annotations": {"summary": '{{ printf\n "x" }}'}}, "unknown placeholder"),  # over two lines
+    ({"threshold": True}, "threshold: "),  # not read as 1
+    ({"threshold": "5"}, "threshold: "),  # a number, not a text of one
+    ({"stat": "p99\n"}, "stat: "),
+    ({"stat": "p\u0669\u0669"}, "stat: "),  # Arabic-Indic digits
     ({"labels": {"alertname": "x"}}, "'alertname' is set from the rule's name"),
 ])
 def test_bad_rules_get_a_clear_400_and_change_nothing(api, change, message):
