@@ -62,7 +62,15 @@ class Dashboard(BaseModel):
     panels: list[Panel] = Field(default_factory=list, max_length=MAX_PANELS)
 
 
-def parse_dashboard(data: Any, catalog: Catalog) -> Dashboard:
+# The most points a query answers per series (sketchboard/settings.py `query_max_points`'s
+# default): a panel whose step gives more over the dashboard's range could never be drawn.
+DEFAULT_MAX_POINTS = 11_000
+# The longest range: a query reaches back to 1970 at most (query/model.py), so a range of a century
+# could never be drawn either.
+MAX_RANGE_MS = 50 * 365 * 86_400_000
+
+
+def parse_dashboard(data: Any, catalog: Catalog, *, max_points: int = DEFAULT_MAX_POINTS) -> Dashboard:
     """A dashboard from JSON or YAML data, checked against the catalog; DashboardError says
     which field is wrong and why."""
     if not isinstance(data, dict):
@@ -75,8 +83,14 @@ def parse_dashboard(data: Any, catalog: Catalog) -> Dashboard:
         first = exc.errors()[0]
         field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in first["loc"]).replace(".[", "[")
         raise DashboardError(field or None, first["msg"]) from None
+    if dashboard.range > MAX_RANGE_MS:
+        raise DashboardError("range", "longer than 50 years: its queries would reach before 1970")
     for index, panel in enumerate(dashboard.panels):
         check_panel(panel, catalog, f"panels[{index}]")
+        if panel.step is not None and dashboard.range // panel.step + 1 > max_points:
+            raise DashboardError(f"panels[{index}].step", f"the dashboard's range holds {dashboard.range // panel.step:,}"
+                                 f" points of this step; a query answers at most {max_points:,} (a larger step, or none:"
+                                 " chosen from the range)")
     return dashboard
 
 

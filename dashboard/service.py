@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog import Catalog
-from dashboard.model import Dashboard, DashboardError, definition, generated_dashboards, parse_dashboard
+from dashboard.model import (DEFAULT_MAX_POINTS, Dashboard, DashboardError, definition, generated_dashboards,
+                             parse_dashboard)
 from store.dashboards import DashboardConflict, DashboardStore, StoredDashboard
 
 GENERATED = "generated"  # the source of the dashboard made from the catalog (not stored)
@@ -17,8 +18,10 @@ GENERATED_NAME = "metrics"
 
 
 class DashboardService:
-    def __init__(self, catalog: Catalog, store: DashboardStore, clock: Callable[[], float] = time.time):
+    def __init__(self, catalog: Catalog, store: DashboardStore, clock: Callable[[], float] = time.time, *,
+                 max_points: int = DEFAULT_MAX_POINTS):
         self.catalog, self.store, self.clock = catalog, store, clock
+        self.max_points = max_points  # the query's limit (settings' query_max_points): what a panel may ask
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -41,11 +44,11 @@ class DashboardService:
         return found
 
     def create(self, data: Any) -> StoredDashboard:
-        dashboard = parse_dashboard(data, self.catalog)
+        dashboard = parse_dashboard(data, self.catalog, max_points=self.max_points)
         return self.store.create(dashboard.name, definition(dashboard), now_ms=self.now_ms())
 
     def replace(self, name: str, data: Any) -> StoredDashboard | None:
-        dashboard = parse_dashboard(data, self.catalog)
+        dashboard = parse_dashboard(data, self.catalog, max_points=self.max_points)
         if dashboard.name != name:
             raise DashboardError("name", f"{dashboard.name!r} is not the path's {name!r} (duplicate to rename)")
         if self.store.dashboard(name) is None and self.dashboard(name) is not None:

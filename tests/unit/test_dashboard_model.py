@@ -48,6 +48,20 @@ def test_a_bad_panel_names_its_field(panel, field, words):
     assert err.value.field == field and words in str(err.value)
 
 
+@pytest.mark.parametrize("range_, step, field, words", [
+    ("7d", "10s", "panels[0].step", "60,480 points of this step; a query answers at most 11,000"),
+    ("36500d", None, "range", "longer than 50 years"),
+])
+def test_a_dashboard_whose_panels_could_never_be_drawn_over_its_range_is_refused(range_, step, field, words):
+    panel = {"metric": "reading_value", **({"step": step} if step else {})}
+    with pytest.raises(DashboardError) as err:
+        parse_dashboard({"name": "d", "range": range_, "panels": [panel]}, SENSORS)
+    assert err.value.field == field and words in str(err.value)
+    parse_dashboard({"name": "d", "range": "1d", "panels": [panel]}, SENSORS)  # 8 641 points: drawn
+    with pytest.raises(DashboardError):  # a deployment's own limit
+        parse_dashboard({"name": "d", "range": "1d", "panels": [{**panel, "step": "10s"}]}, SENSORS, max_points=1_000)
+
+
 def test_the_generated_dashboard_has_a_panel_per_metric():
     d = generated_dashboard(SENSORS)
     assert [(p.metric, p.stat, p.kind) for p in d.panels] == [("readings", "rate", "line"),
