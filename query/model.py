@@ -6,6 +6,7 @@ of an alert rule, with the same checks and the same reasons for all of them. Pur
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -79,14 +80,29 @@ def split_list(value: Iterable[str] | str) -> list[str]:
     return [part.strip() for item in items for part in item.split(",") if part.strip()]
 
 
+# Where a comma-separated filter list starts its next item: a dimension's name and `=`. A comma
+# followed by anything else belongs to the value (`region=eu,west` is one filter).
+_NEXT_FILTER = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]{0,62}=)")
+
+
 def parse_filters(items: Iterable[str] | str) -> dict[str, str]:
-    """'dimension=value' items -> {dimension: value}."""
-    out = {}
-    for item in split_list(items):
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise QueryError("filter", f"filter {item!r} must look like dimension=value")
-        out[name] = value
+    """'dimension=value' items (repeated, or comma-separated) -> {dimension: value}. The value is
+    everything after the first '=' as written, commas and spaces included (labels may hold
+    them); a dimension named twice with two values is refused (filters are ANDed equalities:
+    the answer would be empty, or one of them silently dropped)."""
+    out: dict[str, str] = {}
+    for raw in [items] if isinstance(items, str) else items:
+        for item in _NEXT_FILTER.split(raw):
+            if not item.strip():
+                continue
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep or not name:
+                raise QueryError("filter", f"filter {item!r} must look like dimension=value")
+            if name in out and out[name] != value:
+                raise QueryError("filter", f"filter names {name!r} twice ({out[name]!r} and {value!r}); one value"
+                                 " per dimension (filters must all hold)")
+            out[name] = value
     return out
 
 

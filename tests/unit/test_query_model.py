@@ -59,6 +59,18 @@ def test_each_refusal_names_its_parameter(catalog, kw, param, fragment):
     assert info.value.not_found == (param == "metric")
 
 
+def test_a_filter_value_is_what_follows_its_first_equals_sign_commas_and_spaces_included():
+    # Labels may hold commas and spaces (a hunt: region "eu,west" could not be filtered over REST,
+    # and "eu " matched "eu"); a comma starts the next filter only before a dimension's name and =.
+    assert parse_filters("region=eu,west") == {"region": "eu,west"}
+    assert parse_filters("region=eu ,method=GET") == {"region": "eu ", "method": "GET"}
+    assert parse_filters(["region=eu, west", "status=500"]) == {"region": "eu, west", "status": "500"}
+    assert parse_filters(["region=a=b"]) == {"region": "a=b"}
+    with pytest.raises(QueryError, match="names 'region' twice"):  # was: the later one, the other dropped
+        parse_filters(["region=eu", "region=us"])
+    assert parse_filters(["region=eu", "region=eu"]) == {"region": "eu"}
+
+
 def test_group_by_and_filters_as_the_api_writes_them(catalog):
     q = ask(catalog, group_by=["region, endpoint", "method"], filters=parse_filters(["status=500", "region=eu"]))
     assert q.group_by == ("region", "endpoint", "method")
