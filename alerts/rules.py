@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
@@ -18,6 +18,16 @@ from catalog.model import DurationMs
 from ingest.events import unstorable
 from query import QueryError, resolve_target
 from store.lag import LagStatus
+
+
+def _not_a_boolean(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic's float takes true as 1.0: a typo, not a threshold
+        raise ValueError("a number, not true or false")
+    return value
+
+
+# A rule's number: an int or a float, or a text of one (PyYAML reads 6e1 as text); never a boolean.
+Number = Annotated[float, BeforeValidator(_not_a_boolean)]
 
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 LABEL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -72,7 +82,7 @@ class _OverMetric(_RuleBase):
     group_by: tuple[str, ...] = ()
     filters: dict[str, str] = Field(default_factory=dict)
     op: Op = ">"
-    threshold: StrictFloat = Field(allow_inf_nan=False)
+    threshold: Number = Field(allow_inf_nan=False)
     provisional: bool = Field(False, description="also evaluate the newest, not yet final window")
     stale_after: DurationMs = Field(300_000, description="NoData once the newest final window is this much older"
                                     " than expected (pipeline stopped or no traffic)")
@@ -87,7 +97,7 @@ class TrendRule(_OverMetric):
     against: str = Field("previous", description="'previous' window, or an offset such as 1d or 1w")
     mode: Literal["ratio", "diff", "rate"] = Field("ratio", description="ratio: now / then; diff: now - then;"
                                                    " rate: (now - then) per second between the windows")
-    min_baseline: StrictFloat | None = Field(None, allow_inf_nan=False,
+    min_baseline: Number | None = Field(None, allow_inf_nan=False,
                                        description="condition false while the baseline is below this"
                                        " (PromQL's `and then > N`): a near-empty baseline makes any ratio huge")
 
@@ -105,7 +115,7 @@ class LagRule(_RuleBase):
     kind: Literal["lag"]
     stream: str | None = None
     op: Op = ">"
-    threshold: StrictFloat = Field(allow_inf_nan=False, description="consumer lag in seconds")
+    threshold: Number = Field(allow_inf_nan=False, description="consumer lag in seconds")
 
 
 class LagStatusRule(_RuleBase):
@@ -119,7 +129,7 @@ class DeadLetterRule(_RuleBase):
     stream: str | None = None
     window: DurationMs = 300_000
     op: Op = ">"
-    threshold: StrictFloat = Field(allow_inf_nan=False, description="dead letters per second over the window")
+    threshold: Number = Field(allow_inf_nan=False, description="dead letters per second over the window")
 
 
 class PatternRule(_RuleBase):

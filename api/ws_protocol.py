@@ -117,7 +117,11 @@ def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int) ->
     with the same reason otherwise."""
     filters = dict(q.filters or {})
     try:
-        filters.update(parse_filters(q.filter))
+        for name, value in parse_filters(q.filter).items():
+            if filters.get(name, value) != value:  # as parse_filters refuses it within `filter`
+                raise QueryError("filter", f"filter names {name!r} twice ({filters[name]!r} and {value!r}); one"
+                                 " value per dimension (filters must all hold)")
+            filters[name] = value
         return resolve(catalog, metric=q.metric, stats=[*(q.stats or []), *([q.stat] if q.stat else [])],
                        start=q.from_, end=q.to, step=q.step, window=q.window, group_by=q.group_by, filters=filters,
                        now_ms=now_ms, max_points=max_points)

@@ -70,9 +70,10 @@ DEFAULT_MAX_POINTS = 11_000
 MAX_RANGE_MS = 50 * 365 * 86_400_000
 
 
-def parse_dashboard(data: Any, catalog: Catalog, *, max_points: int = DEFAULT_MAX_POINTS) -> Dashboard:
+def parse_dashboard(data: Any, catalog: Catalog, *, max_points: int | None = None) -> Dashboard:
     """A dashboard from JSON or YAML data, checked against the catalog; DashboardError says
-    which field is wrong and why."""
+    which field is wrong and why. `max_points`: the deployment's query_max_points, where a panel's
+    step over the range is checked (None: not checked, as for a dashboard saved already)."""
     if not isinstance(data, dict):
         raise DashboardError(None, "a dashboard is an object (name, title, range, refresh, panels)")
     # What GET answers besides the definition: a dashboard read, changed and PUT back is accepted.
@@ -87,11 +88,17 @@ def parse_dashboard(data: Any, catalog: Catalog, *, max_points: int = DEFAULT_MA
         raise DashboardError("range", "longer than 50 years: its queries would reach before 1970")
     for index, panel in enumerate(dashboard.panels):
         check_panel(panel, catalog, f"panels[{index}]")
-        if panel.step is not None and dashboard.range // panel.step + 1 > max_points:
-            raise DashboardError(f"panels[{index}].step", f"the dashboard's range holds {dashboard.range // panel.step:,}"
+        if max_points is not None and panel.step is not None and _points(dashboard.range, panel.step) > max_points:
+            raise DashboardError(f"panels[{index}].step", f"the dashboard's range holds {_points(dashboard.range, panel.step):,}"
                                  f" points of this step; a query answers at most {max_points:,} (a larger step, or none:"
                                  " chosen from the range)")
     return dashboard
+
+
+def _points(range_ms: int, step_ms: int) -> int:
+    """The most points a query of the last `range_ms` answers at `step_ms` (both ends aligned to the
+    step, as query/model.py aligns them)."""
+    return range_ms // step_ms + (2 if range_ms % step_ms else 1)
 
 
 def check_panel(panel: Panel, catalog: Catalog, where: str) -> None:

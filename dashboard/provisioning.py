@@ -12,7 +12,7 @@ from catalog import Catalog
 from dashboard.model import Dashboard, DashboardError, parse_dashboard
 
 
-def load_dashboards_dir(folder: Path, catalog: Catalog) -> dict[str, Dashboard]:
+def load_dashboards_dir(folder: Path, catalog: Catalog, *, max_points: int | None = None) -> dict[str, Dashboard]:
     """Every `*.yaml`/`*.yml` file of the folder, validated; a file's `name` defaults to its stem.
     A problem raises DashboardError naming the file and the field."""
     folder = Path(folder)
@@ -21,14 +21,14 @@ def load_dashboards_dir(folder: Path, catalog: Catalog) -> dict[str, Dashboard]:
     out: dict[str, Dashboard] = {}
     files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
     for path in files:
-        dashboard = load_dashboard_file(path, catalog)
+        dashboard = load_dashboard_file(path, catalog, max_points=max_points)
         if dashboard.name in out:
             raise DashboardError(None, f"{path}: a second dashboard named {dashboard.name!r}")
         out[dashboard.name] = dashboard
     return out
 
 
-def load_dashboard_file(path: Path, catalog: Catalog) -> Dashboard:
+def load_dashboard_file(path: Path, catalog: Catalog, *, max_points: int | None = None) -> Dashboard:
     try:
         document = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as exc:
@@ -36,6 +36,6 @@ def load_dashboard_file(path: Path, catalog: Catalog) -> Dashboard:
     if not isinstance(document, dict):
         raise DashboardError(None, f"{path}: expected a mapping (name, title, range, refresh, panels)")
     try:
-        return parse_dashboard({"name": path.stem, **document}, catalog)
+        return parse_dashboard({"name": path.stem, **document}, catalog, max_points=max_points)
     except DashboardError as exc:
         raise DashboardError(None, f"{path}: {exc}") from None

@@ -19,7 +19,7 @@ GENERATED_NAME = "metrics"
 
 class DashboardService:
     def __init__(self, catalog: Catalog, store: DashboardStore, clock: Callable[[], float] = time.time, *,
-                 max_points: int = DEFAULT_MAX_POINTS):
+                 max_points: int | None = DEFAULT_MAX_POINTS):
         self.catalog, self.store, self.clock = catalog, store, clock
         self.max_points = max_points  # the query's limit (settings' query_max_points): what a panel may ask
 

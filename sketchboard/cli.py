@@ -50,7 +50,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if folder is not None:
         from dashboard.provisioning import load_dashboards_dir
 
-        dashboards = load_dashboards_dir(folder, catalog)
+        dashboards = load_dashboards_dir(folder, catalog, max_points=settings.query_max_points)
         print(f"{folder}: {len(dashboards)} dashboards - OK")
     return 0
 

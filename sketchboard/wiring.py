@@ -218,7 +218,8 @@ def build_dashboard_service(settings: Settings, catalog: Catalog, store, *, cloc
     service = DashboardService(catalog, DashboardStore(store.side_db()), clock=clock or time.time,
                                max_points=settings.query_max_points)
     folder = dashboards_folder(settings)
-    service.sync_files(load_dashboards_dir(folder, catalog) if folder is not None else {})
+    service.sync_files(load_dashboards_dir(folder, catalog, max_points=settings.query_max_points)
+                       if folder is not None else {})
     return service
 
 

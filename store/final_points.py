@@ -72,7 +72,7 @@ class FinalPoints(SideStore):
         with self._lock:
             rows = self._conn.execute(
                 "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM kept_points"
-                " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_digest(_text(shape)), lo_ms, hi_ms)).fetchall()
+                " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_shape_key(shape), lo_ms, hi_ms)).fetchall()
         if not rows:
             return []
         groups = {text: tuple(json.loads(text)) for text in {row[0] for row in rows}}
@@ -86,7 +86,7 @@ class FinalPoints(SideStore):
         rows = []
         for shape, group, t, fp, p in entries:
             if shape not in shapes:
-                shapes[shape] = _digest(_text(shape))
+                shapes[shape] = _shape_key(shape)
             grp = _text(group)
             rows.append((shapes[shape], _digest(grp), grp, t, *fp, _point_text(p)))
         if not rows:
@@ -150,8 +150,18 @@ def _text(obj) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+# Part of every shape's key: raised when the way a kept point is computed changes, so that points
+# computed before are never served again (they age out with the retention). 2: KLL's p0 and p100
+# are the exact min and max, and a range reaching an end holds it (sketches/kll.py).
+POINTS_VERSION = 2
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _shape_key(shape) -> str:
+    return _digest(f"{POINTS_VERSION}:{_text(shape)}")
 
 
 def _point_text(p: Point) -> str:

@@ -224,6 +224,9 @@ def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
              "x", "NUL character"),  # PostgreSQL cannot bind it: refused before any store
             (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "from": "now",
                                                                    "to": "now-1h"}}), "x", "must be after"),
+            # One dimension in `filters` and `filter` with two values: was the second, the first dropped.
+            (json.dumps({"type": "subscribe", "id": "x", "query": {"metric": "latency", "filters": {"region": "eu"},
+                                                                   "filter": ["region=us"]}}), "x", "names 'region' twice"),
             (json.dumps({"type": "topics", "topics": ["weather"]}), None, "unknown topics"),
             (json.dumps({"type": "unsubscribe", "id": "never"}), "never", "no subscription"),
         ]

@@ -275,3 +275,11 @@ def test_a_rule_cannot_be_named_what_a_url_path_resolves_away(catalog, name):
     assert threshold(catalog).name == "r"  # any other name as before, "..." too
     assert parse_rule({"name": "...", "kind": "threshold", "metric": "latency", "stat": "p99", "window": "1m",
                        "threshold": 250}, catalog).name == "..."
+
+
+def test_a_threshold_yaml_reads_as_text_is_a_number_but_a_boolean_is_not(catalog):
+    # PyYAML (YAML 1.1) reads 6e1 as the text '6e1': a rules file with one loaded before strict
+    # numbers and must still; `true` is a typo, not 1.0.
+    assert rule(catalog, kind="threshold", metric="latency", stat="p99", window="1m", threshold="6e1").threshold == 60.0
+    with pytest.raises(RuleError, match="threshold"):
+        rule(catalog, kind="threshold", metric="latency", stat="p99", window="1m", threshold=True)

@@ -158,3 +158,20 @@ def test_retention_is_applied_at_most_once_an_hour(store_backend):
         assert [t for _, t, _, _ in kept.load("s", T0, now[0])] == [T0 + 70 * MINUTE]
     finally:
         kept.close()
+
+
+def test_points_kept_by_an_earlier_way_of_computing_them_are_not_served(store_backend, monkeypatch):
+    # store/final_points.py POINTS_VERSION: p0/p100 and the ranges near KLL's ends changed (session
+    # 59), and a point kept before (its rows unchanged, so its fingerprint too) was served for good.
+    from store import final_points
+
+    kept = FinalPoints(store_backend.side_db())
+    point = Point(T0, 5018.0, 7, True, 3, ErrorBound("kll", 5014.0, 5018.0, rank_error=0.0133))
+    try:
+        monkeypatch.setattr(final_points, "POINTS_VERSION", final_points.POINTS_VERSION - 1)
+        kept.save([(("s", "p100"), ("x",), T0, (1, 2, 3, 4), point)])
+        assert kept.load(("s", "p100"), T0, T0 + MINUTE) != []
+        monkeypatch.undo()
+        assert kept.load(("s", "p100"), T0, T0 + MINUTE) == []
+    finally:
+        kept.close()
