@@ -5,6 +5,8 @@ with the matches and late events unchanged (against the brute-force definition).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +90,5 @@ def test_an_event_no_step_might_take_is_neither_buffered_nor_fed_unless_a_step_i
     assert [e.fields["stage"] for e in pattern_events(table, catalog, plan, pattern)] == ["started", "completed"]
     # Late events are all kept (each is recorded), whether a step might take them or not.
     assert len(pattern_events(table, catalog, plan, pattern, late_through_ms=1001)) == 3
-    strict = plan.__class__(**{**plan.__dict__, "steps": tuple(s.__class__(**{**s.__dict__, "strict": True})
-                                                                  for s in plan.steps)})
+    strict = dataclasses.replace(plan, steps=tuple(dataclasses.replace(s, strict=True) for s in plan.steps))
     assert len(pattern_events(table, catalog, strict, pattern)) == 4  # under `next` every event of a key matters
