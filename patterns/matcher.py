@@ -9,9 +9,10 @@ spawns a new run (take) and leaves the old one (skip), so all alternatives are f
 brute-force definition in tests/unit/test_pattern_matcher.py enumerates them. Runs wait in buckets
 by the steps their next event may take, so an event that passes none of a bucket's steps (a
 failed login, for the runs awaiting a success) costs them only the check that they still fit
-`within`; under skip_past_last, runs of
-one start that no later event can tell apart are kept as one (`_place`). A burst of one key then
-costs per event the runs it extends, not every run the burst left (bench/pattern_burst.py).
+`within`; under skip_past_last, runs of one start that no later event can tell apart are kept as
+one (`_place`). A burst of one key then costs per event the runs it extends, not every run the
+burst left (bench/pattern_burst.py); a key's runs are bounded besides (MAX_RUNS_PER_KEY,
+MAX_EVENTS_PER_KEY), past which the matcher is no longer exact (docs/patterns.md).
 
 Time comes only from the events and the watermark: events of one key arrive in event-time order
 (ties by stream, partition, offset); `advance(w)` says every event with time <= w was fed. Runs
@@ -37,9 +38,9 @@ Order = tuple[int, str, int, int]
 # later one: without this bound one key's burst could stall every stream for minutes. As Esper's
 # match_recognize max-states.
 MAX_RUNS_PER_KEY = 1000
-# And at most this many events in them all: under no_skip a looping step's runs grow with the
-# burst (a run per event, each as long as the burst), so the runs' count alone would let one key
-# hold a million events, each batch writing them all back as its state.
+# And at most this many events in them all: a looping step keeps a run per start, each as long as
+# the burst (under no_skip, more), so the runs' count alone would let one key hold a million
+# events, each offered every event and each batch writing them all back as its state.
 MAX_EVENTS_PER_KEY = 50_000
 
 
