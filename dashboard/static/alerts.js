@@ -6,7 +6,7 @@
 // window event "sketchboard:alert"; every 15 s as well, in case a message was missed.
 // Markup: #alerts-panel and #rule-editor in index.html. All API text goes in as text nodes.
 
-import { $, PERCENTILES, call, detailOf, el, hasRoute, pad, parseList } from "./util.js";
+import { $, PAIR_SEPARATOR, PERCENTILES, call, detailOf, el, hasRoute, pad, parseList } from "./util.js";
 
 const API = "/api/v1/alerts";
 const REFRESH_EVERY_MS = 15000;
@@ -381,7 +381,7 @@ function formBody() {
   text("window", "re-window");
   text("duration", "re-duration");
   if (shown("group_by") && $("re-group-by").value.trim()) body.group_by = parseList($("re-group-by").value);
-  if (shown("filters") && $("re-filters").value.trim()) body.filters = parsePairs($("re-filters").value, "filters", /[,\n]/);
+  if (shown("filters") && $("re-filters").value.trim()) body.filters = parsePairs($("re-filters").value, "filters", PAIR_SEPARATOR);
   text("against", "re-against");
   text("mode", "re-mode");
   text("op", "re-op");

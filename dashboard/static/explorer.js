@@ -1,7 +1,7 @@
 // The explorer: any metric, stat, group-by and filter over the page's time range, in the
 // big chart, its choices from GET /api/v1/metrics and its state in the URL.
 
-import { $, BAND, el, fillSelect, parseList, setUrlParams, statChoices, urlParams } from "./util.js";
+import { $, BAND, el, fillSelect, setUrlParams, splitPairs, statChoices, urlParams } from "./util.js";
 import { chartHandler } from "./connection.js";
 import { LiveChart } from "./chart.js";
 
@@ -56,7 +56,7 @@ export class Explorer {
     const query = { metric: v.metric, ...this.page.time.query(this.page.panes[metric.stream]) };
     if (v.stat === "band") query.stats = BAND; else query.stat = v.stat;
     if (v.group_by) query.group_by = [v.group_by];
-    if (v.filter) query.filter = parseList(v.filter);
+    if (v.filter) query.filter = splitPairs(v.filter);  // a value may hold commas (util.js PAIR_SEPARATOR)
     this.chart.reset(query);
     this.page.conn.subscribe(`main-${this.seq}`, query, chartHandler(this.chart));
     // The same series over REST (one stat there: a band's p99).

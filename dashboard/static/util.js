@@ -66,10 +66,14 @@ export function autoStep(spanMs, paneMs, points = 120) {
 }
 
 export function parseList(text) { return String(text || "").split(/[,\n]/).map((s) => s.trim()).filter(Boolean); }
+// A comma starts the next "k=v" item only before a name and "=" (a newline always), as the
+// server splits filters (query/model.py `parse_filters`): a value may hold commas.
+export const PAIR_SEPARATOR = /\n|,(?=\s*[A-Za-z_][A-Za-z0-9_]{0,62}=)/;
+export function splitPairs(text) { return String(text || "").split(PAIR_SEPARATOR).map((s) => s.trim()).filter(Boolean); }
 // "k=v, k2=v2" -> {k: v, k2: v2}; throws a message naming the bad item.
 export function parsePairs(text, what) {
   const out = {};
-  for (const item of parseList(text)) {
+  for (const item of splitPairs(text)) {
     const at = item.indexOf("=");
     if (at <= 0) throw new Error(`${what}: '${item}' is not name=value`);
     out[item.slice(0, at).trim()] = item.slice(at + 1).trim();

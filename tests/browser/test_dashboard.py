@@ -175,6 +175,15 @@ def test_bad_explorer_input_shows_the_servers_reason(live, watched_page):
     assert watch.errors == []
 
 
+def test_an_explorer_filter_value_may_hold_a_comma(live, watched_page):
+    # util.js splitPairs splits as the server does: before a name and '=' only (was: every comma,
+    # so 'region=eu,west' sent 'west' alone and the chart showed the server's 400).
+    server, ctx, feeds = live
+    page, watch = watched_page(server.http, "/?metric=latency&stat=avg&filter=region%3Deu%2Cwest%2C%20method%3DGET")
+    page.wait_for_selector("#chart-main[data-state=live]", timeout=15_000)
+    assert watch.errors == []
+
+
 def test_the_search_dashboard_shows_the_click_through_rate_of_demo_traffic(live, watched_page, artifacts):
     """The shipped `search_clicks` join: the demo's searches and clicks of the last 5 minutes,
     POSTed and committed (the join by the pipeline's driver side), make the search dashboard's
