@@ -228,8 +228,9 @@ def with_views(commit: BatchCommit, batch: ViewsBatch, view_names: Iterable[str]
     max_event = commit.max_event_with(batch.max_event_ms)
     dead = {s: dict(r) for s, r in commit.dead_by_stream.items()}
     for stream, reasons in batch.dead.items():
+        counts = dead.setdefault(stream, {})
         for reason, n in reasons.items():
-            dead.setdefault(stream, {})[reason] = dead.get(stream, {}).get(reason, 0) + n
+            counts[reason] = counts.get(reason, 0) + n
     return replace(commit, partials=[*commit.partials, *batch.partials], views=batch.commits,
                    max_event_ms=max_event, dead_by_stream=dead,
                    partition_max_event_ms={s: m for s, m in commit.partition_max_event_ms.items() if s not in names})

@@ -115,13 +115,8 @@ def _describe(exc: ValidationError) -> str:
 def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int) -> Query:
     """The subscription's query, resolved like GET /api/v1/query's (query.resolve); ProtocolError
     with the same reason otherwise."""
-    filters = dict(q.filters or {})
     try:
-        for name, value in parse_filters(q.filter).items():
-            if filters.get(name, value) != value:  # as parse_filters refuses it within `filter`
-                raise QueryError("filter", f"filter names {name!r} twice ({filters[name]!r} and {value!r}); one"
-                                 " value per dimension (filters must all hold)")
-            filters[name] = value
+        filters = parse_filters(q.filter, q.filters)
         return resolve(catalog, metric=q.metric, stats=[*(q.stats or []), *([q.stat] if q.stat else [])],
                        start=q.from_, end=q.to, step=q.step, window=q.window, group_by=q.group_by, filters=filters,
                        now_ms=now_ms, max_points=max_points)

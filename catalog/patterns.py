@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs
+from catalog.labels import unstorable
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
@@ -236,13 +237,9 @@ def _normalized(value: Any, role: str) -> Any:
         return str(value)  # `status: 500` in YAML means the string "500"
     if not isinstance(value, str):
         raise ValueError(f"{value!r} is not a string (the field is a string field)")
-    if _NO_FIELD_HOLDS.search(value) is not None:
-        # ingest refuses such labels (ingest/events.py `unstorable`): the test could never hold.
+    if unstorable(value) is not None:  # ingest refuses such labels: the test could never hold
         raise ValueError(f"{value!r} contains a NUL character or a lone surrogate, which no event's field can hold")
     return value
-
-
-_NO_FIELD_HOLDS = re.compile("[\x00\ud800-\udfff]")
 
 
 def _check_where(catalog: Catalog, pattern: PatternDef, index: int, stream: StreamDef, where: dict,

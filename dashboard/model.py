@@ -62,9 +62,6 @@ class Dashboard(BaseModel):
     panels: list[Panel] = Field(default_factory=list, max_length=MAX_PANELS)
 
 
-# The most points a query answers per series (sketchboard/settings.py `query_max_points`'s
-# default): a panel whose step gives more over the dashboard's range could never be drawn.
-DEFAULT_MAX_POINTS = 11_000
 # The longest range: a query reaches back to 1970 at most (query/model.py), so a range of a century
 # could never be drawn either.
 MAX_RANGE_MS = 50 * 365 * 86_400_000

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from catalog import Catalog
-from dashboard.model import (DEFAULT_MAX_POINTS, Dashboard, DashboardError, definition, generated_dashboards,
-                             parse_dashboard)
+from dashboard.model import Dashboard, DashboardError, definition, generated_dashboards, parse_dashboard
 from store.dashboards import DashboardConflict, DashboardStore, StoredDashboard
+from store.rollup import DEFAULT_MAX_POINTS
 
 GENERATED = "generated"  # the source of the dashboard made from the catalog (not stored)
 GENERATED_NAME = "metrics"

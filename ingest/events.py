@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from catalog import StreamDef
+from catalog.labels import NUL, NUL_REASON, SURROGATE_REASON, UNSTORABLE, unstorable  # noqa: F401 (shared names)
 from catalog.times import parse_event_time_ms
 
 MAX_STRING_LENGTH = 1024
@@ -40,22 +41,8 @@ MAX_LABEL_BYTES = 2048
 # replay; an infinite sum was stored as text neither store's JSON functions read.
 MAX_ABS_VALUE = 1e290
 VALUE_RANGE_REASON = "value must be within -1e290..1e290 (so that no sum of such values overflows)"
-# A label may not hold U+0000: PostgreSQL's text refuses it (a batch holding one could never be
-# committed there) and SQLite's json_each, which binds a batch's keys, cuts text at it. Nor a lone
-# surrogate (JSON's "\ud800" escape): it is no Unicode text, so it cannot be encoded as UTF-8 for
-# a partition's hash, a store or an answer.
-NUL = "\x00"
-NUL_REASON = "contains a NUL character (U+0000), which the stores cannot hold"
-SURROGATE_REASON = "contains a lone surrogate (U+D800..U+DFFF), which is no Unicode text and the stores cannot hold"
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def unstorable(text: str) -> str | None:
-    """Why `text` cannot be a label (NUL_REASON, SURROGATE_REASON), or None."""
-    found = _UNSTORABLE.search(text)
-    if found is None:
-        return None
-    return NUL_REASON if found.group() == NUL else SURROGATE_REASON
+# What no label can hold (a NUL, a lone surrogate): catalog/labels.py, which the catalog's checks share.
+_UNSTORABLE = UNSTORABLE
 
 
 def label_problem(label: str) -> str | None:

@@ -85,12 +85,13 @@ def split_list(value: Iterable[str] | str) -> list[str]:
 _NEXT_FILTER = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]{0,62}=)")
 
 
-def parse_filters(items: Iterable[str] | str) -> dict[str, str]:
-    """'dimension=value' items (repeated, or comma-separated) -> {dimension: value}. The value is
-    everything after the first '=' as written, commas and spaces included (labels may hold
-    them); a dimension named twice with two values is refused (filters are ANDed equalities:
-    the answer would be empty, or one of them silently dropped)."""
-    out: dict[str, str] = {}
+def parse_filters(items: Iterable[str] | str, given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """'dimension=value' items (repeated, or comma-separated) -> {dimension: value}, added to
+    `given` (a websocket query's `filters` object). The value is everything after the first '='
+    as written, commas and spaces included (labels may hold them); a dimension named twice with
+    two values is refused (filters are ANDed equalities: the answer would be empty, or one of
+    them silently dropped)."""
+    out: dict[str, str] = dict(given or {})
     for raw in [items] if isinstance(items, str) else items:
         for item in _NEXT_FILTER.split(raw):
             if not item.strip():
