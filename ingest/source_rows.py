@@ -58,18 +58,29 @@ SPARK_SCHEMA = (
 )
 
 
-def interleave(columns: list[pa.Array], n: int, value_type: pa.DataType, fill: str | None = None) -> pa.Array:
-    """Row i of the result is [columns[0][i], columns[1][i], ...] (vectorised, no Python loop per row)."""
+def interleave(columns: list[pa.Array | pa.ChunkedArray], n: int, value_type: pa.DataType,
+               fill: str | None = None) -> pa.Array:
+    """Row i of the result is [columns[0][i], columns[1][i], ...] (vectorised, no Python loop per row).
+    A column may come in chunks (a batch's segments): they are concatenated here, in the one copy
+    the take needs anyway, not put together first."""
     width = len(columns)
     offsets = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32) if width else np.zeros(n + 1, np.int32))
     if not width:
         return pa.ListArray.from_arrays(offsets, pa.array([], value_type), type=_list(value_type))
-    flat = pa.concat_arrays([c.cast(value_type) for c in columns])
+    flat = pa.concat_arrays([chunk for c in columns for chunk in _chunks(c.cast(value_type))])
     order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
     values = flat.take(pa.array(order))
-    if fill is not None:
+    if fill is not None and values.null_count:
         values = values.fill_null(fill)
     return pa.ListArray.from_arrays(offsets, values, type=_list(value_type))
+
+
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def _partitions(partition: int | pa.Array, n: int) -> pa.Array:
@@ -78,11 +89,13 @@ def _partitions(partition: int | pa.Array, n: int) -> pa.Array:
     return pa.array(np.full(n, partition, dtype=np.int32))
 
 
-def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.RecordBatch) -> pa.RecordBatch:
+def to_source_batch(stream: StreamDef, partition: int | pa.Array,
+                    batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """A log batch (projected onto the stream's definition, offset column first) in the source's
-    uniform schema; `partition` is one for all rows, or one per row (an array)."""
+    uniform schema; `partition` is one for all rows, or one per row (an array). A table's chunks
+    (a batch's segments, read one by one) become one batch."""
     n = batch.num_rows
-    event_time, ingest_time = batch.column(EVENT_TIME), batch.column(INGEST_TIME)
+    event_time, ingest_time = _whole(batch.column(EVENT_TIME)), _whole(batch.column(INGEST_TIME))
     if event_time.null_count or ingest_time.null_count:
         error = pc.if_else(
             pc.is_null(event_time), pa.scalar(MISSING_EVENT_TIME),
@@ -95,16 +108,16 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array, batch: pa.Reco
         [
             pa.repeat(pa.scalar(stream.name, pa.string()), n),  # not n Python objects converted
             _partitions(partition, n),
-            batch.column(OFFSET),
-            batch.column(EVENT_TIME),
-            batch.column(INGEST_TIME),
+            _whole(batch.column(OFFSET)),
+            event_time,
+            ingest_time,
             interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
             interleave([batch.column(v) for v in stream.values], n, pa.float64()),
             interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
             error,
             kind,
-            batch.column(stream.sent_time_field) if stream.sent_time_field else pa.nulls(n, pa.int64()),
-            batch.column(stream.device_key_field) if stream.sent_time_field else pa.nulls(n, pa.string()),
+            _whole(batch.column(stream.sent_time_field)) if stream.sent_time_field else pa.nulls(n, pa.int64()),
+            _whole(batch.column(stream.device_key_field)) if stream.sent_time_field else pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
     )

@@ -8,13 +8,15 @@ import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from catalog import load_catalog
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from ingest.log.records import encode_segment, segment_schema
-from ingest.spark_source import (MISSING_EVENT_TIME, SOURCE_SCHEMA, SketchboardLogReader, read_batch, read_slice,
-                                source_options)
+from ingest.spark_source import (MISSING_EVENT_TIME, SOURCE_SCHEMA, SketchboardLogReader, batch_slices, read_batch,
+                                read_slice, source_options)
 from tests.support.events import validate_many
 
 CONFIG = Path(__file__).resolve().parents[2] / "config" / "streams.yaml"
@@ -88,4 +90,59 @@ def test_a_batch_read_on_the_driver_is_what_the_source_s_tasks_read(tmp_path):
     assert len(by_tasks) == sum(o - min(1, o) for parts in ends.values() for o in parts.values())
     assert sum(1 for r in by_tasks if r["error"]) == 2
     reader.stop()
+    log.close()
+
+
+def _mobile_event(i: int, device: str) -> dict:
+    return {"time": T0 + i, "sent_at": T0 + i + 5, "device_id": device, "user_id": f"u{i % 3}", "screen": "home",
+            "platform": "ios", "app_version": "1.0", "duration_ms": float(i)}
+
+
+def _order(i: int, customer: str) -> dict:
+    return {"time": T0 + i, "customer_id": customer, "country": "DE", "payment_method": "card", "amount": 1.0 + i,
+            "items": 1}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(appends=st.lists(st.tuples(st.sampled_from(["orders", "mobile_app"]), st.integers(1, 30), st.integers(0, 5),
+                                  st.sampled_from([None, None, "corrupt", "no time"])), min_size=1, max_size=10),
+       skip=st.integers(0, 12))
+def test_a_batch_of_many_segments_and_streams_reads_as_its_slices_do(tmp_path_factory, appends, skip):
+    """read_batch turns a stream's segments, read one after the other, into source rows in one
+    conversion: the same rows, in the same order, as each slice read segment by segment
+    (read_slice, the source's tasks), across streams, partitions, corrupt segments and records
+    without an event time."""
+    tmp_path = tmp_path_factory.mktemp("log")
+    catalog = load_catalog(CONFIG)
+    log = SqliteEventLog(tmp_path / "log.db")
+    for s in catalog.streams.values():
+        log.ensure_topic(s)
+    make = {"orders": _order, "mobile_app": _mobile_event}
+    for n_append, (name, n, keys, extra) in enumerate(appends):
+        stream = catalog.stream(name)
+        key = "customer_id" if name == "orders" else "device_id"
+        good, _ = validate_many(EventValidator(stream), [make[name](i, f"k{i % (keys + 1)}") for i in range(n)])
+        log.append(stream, good, T0 + n_append)
+        if extra is None:
+            continue
+        p = min(log.offsets(name))
+        schema = pa.schema([pa.field(f.name, f.type) for f in segment_schema(stream)])
+        data = (b"bad" if extra == "corrupt" else
+                encode_segment(pa.RecordBatch.from_pylist([{"__event_time": None, "__ingest_time": T0, key: "k"}],
+                                                          schema=schema)))
+        count = 2 if extra == "corrupt" else 1
+        with sqlite3.connect(tmp_path / "log.db") as conn:
+            end = conn.execute("SELECT next_offset FROM partitions WHERE stream = ? AND partition = ?",
+                               (name, p)).fetchone()[0]
+            conn.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)", (name, p, end, count, T0, T0, data))
+            conn.execute("UPDATE partitions SET next_offset = ? WHERE stream = ? AND partition = ?",
+                         (end + count, name, p))
+    ends = {name: {q: o.end for q, o in log.offsets(name).items()} for name in catalog.streams}
+    starts = {name: {q: min(skip, o) for q, o in parts.items()} for name, parts in ends.items()}
+    by_slices = [r for s in batch_slices(catalog, starts, ends, 2**62)
+                 for b in read_slice(log, catalog.stream(s.stream), s.partition, s.start, s.end) for r in b.to_pylist()]
+    table = read_batch(log, catalog, starts, ends)
+    assert table.schema == SOURCE_SCHEMA
+    assert all(c.num_chunks <= 1 for c in table.columns)
+    assert table.to_pylist() == by_slices
     log.close()
