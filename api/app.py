@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import plotly
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +34,7 @@ from api.audit.middleware import AuditMiddleware
 from api.context import ApiContext
 from api.corrections_routes import CorrectionsFeed
 from api.feeds import FeedRegistry, PipelineFeed
+from api.single_params import no_repeated_single_params
 from api.security import openapi as security_openapi
 from api.security.headers import DASHBOARD_HEADERS
 from api.security.middleware import SecurityMiddleware
@@ -83,6 +84,7 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         description="Event-time windowed metrics from mergeable sketches. Send events, query series;"
         " live updates over WS /api/v1/ws (see docs/websocket.md for the protocol).",
         lifespan=lifespan,
+        dependencies=[Depends(no_repeated_single_params)],
     )
 
     @app.exception_handler(LogUnavailable)

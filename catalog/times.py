@@ -91,10 +91,13 @@ def parse_instant_ms(text: str, now_ms: int, param: str = "time") -> int:
             raise BadParam(param, str(exc)) from None
         ms = now_ms - delta if sign == "-" else now_ms + delta
     else:
-        try:
-            number: float | None = float(stripped)
-        except ValueError:
-            number = None
+        number: float | None = None
+        # An epoch is ASCII digits: Python's float() also reads '１２３' and '1_000' as numbers.
+        if stripped.isascii() and "_" not in stripped:
+            try:
+                number = float(stripped)
+            except ValueError:
+                pass
         if number is not None and not math.isfinite(number):
             raise BadParam(param, f"{_shown(text)} is not a finite number")
         try:

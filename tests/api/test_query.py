@@ -518,11 +518,14 @@ def test_revisions(client, populated):
         ({"from": "now-abc"}, 400, ["duration"]),
         ({"from": "now-6m", "step": "ten seconds"}, 400, ["duration"]),
         ({"from": "now-6m", "step": "0s"}, 400, ["positive"]),
+        ({"from": "１７００００００００"}, 400, ["１７"]),  # full-width digits are no epoch
+        ({"from": "1_700_000_000"}, 400, ["1_700_000_000"]),
     ],
     ids=["unknown-metric", "p99-without-value", "avg-without-value", "distinct-without-field", "unknown-stat",
          "p999", "to-before-from", "empty-range", "step-not-pane-multiple", "window-not-pane-multiple",
          "window-below-step", "too-many-points", "group-by-unknown", "group-by-value-field", "filter-without-eq",
-         "filter-unknown-dimension", "bad-time", "time-without-zone", "bad-relative", "bad-step", "zero-step"],
+         "filter-unknown-dimension", "bad-time", "time-without-zone", "bad-relative", "bad-step", "zero-step",
+         "full-width-epoch", "underscored-epoch"],
 )
 def test_bad_queries(client, populated, params, status, fragments):
     params = {"metric": "latency", **params}
@@ -532,6 +535,17 @@ def test_bad_queries(client, populated, params, status, fragments):
     assert isinstance(detail, str)
     for fragment in fragments:
         assert fragment in detail, detail
+
+
+def test_a_single_valued_parameter_given_twice_is_refused_naming_it(client, populated):
+    """FastAPI would answer for the last `stat` silently; list parameters still take repeats."""
+    for name, values in (("stat", ("count", "p99")), ("from", ("now-6m", "now-1h")), ("step", ("1m", "1m"))):
+        r = client.get(URL, params=[("metric", "latency"), *((name, v) for v in values)])
+        assert r.status_code == 400, r.text
+        assert r.json()["param"] == name and "given 2 times" in r.json()["detail"], r.json()
+    r = client.get(URL, params=[("metric", "latency"), ("from", "now-6m"), ("group_by", "endpoint"),
+                                ("group_by", "region")])
+    assert r.status_code == 200, r.text
 
 
 def test_too_many_points_names_the_limit(client, ctx):
