@@ -117,10 +117,18 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array,
             error,
             kind,
             _whole(batch.column(stream.sent_time_field)) if stream.sent_time_field else pa.nulls(n, pa.int64()),
-            _whole(batch.column(stream.device_key_field)) if stream.sent_time_field else pa.nulls(n, pa.string()),
+            _device(batch.column(stream.device_key_field)) if stream.sent_time_field else pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
     )
+
+
+def _device(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The device whose clock stamped the record: null where the event names none. A missing
+    dimension is stored as "" (ingest/events.py), and "" as a device would make every event
+    without one a single device, whose offset the smallest among them corrects them all by."""
+    column = _whole(column)
+    return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
 
 
 def error_rows(stream: str, partition: int | pa.Array, offsets: pa.Array, errors: list[str], kind: str,

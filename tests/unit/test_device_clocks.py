@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pyarrow as pa
 import pytest
 
 from aggregates.clock_offsets import (
@@ -184,3 +185,23 @@ def test_estimates_and_corrections_are_stored_with_the_batch(store_backend):
     assert not store.commit_batch(commit(1, {"app": {"a": DeviceClock(())}}), lateness_ms={"app": 30_000},
                                   now_ms=3).committed
     assert store.device_clocks("app") == {"a": clock}
+
+
+def test_events_naming_no_device_are_no_device_and_get_no_correction():
+    """A device field that is a dimension is stored as "" when an event leaves it out: such
+    events are no device at all, not one device whose smallest offset would correct them all
+    (a phone 3 h ahead shifting a right clock's event back 3 h)."""
+    from aggregates.driver_rules import clock_samples, corrected
+
+    s = parse_catalog("streams:\n  app: {key_field: user, dimensions: [device], device_field: device,"
+                      " sent_time_field: sent_at}\n").streams["app"]
+    v = EventValidator(s)
+    ahead = v.validate({"time": T0 + 3 * HOUR, "sent_at": T0 + 3 * HOUR, "user": "alice"})
+    right = v.validate({"time": T0 - 1000, "sent_at": T0, "user": "bob"})
+    named = v.validate({"time": T0 + 3 * HOUR, "sent_at": T0 + 3 * HOUR, "user": "carol", "device": "p1"})
+    rows = pa.Table.from_batches([to_source_batch(s, 0, with_offsets([0, 1, 2],
+                                                                     events_to_batch(s, [ahead, right, named], T0 + 50)))])
+    assert rows["device"].to_pylist() == [None, None, "p1"]
+    plan = plan_batch({}, clock_samples(rows, ["app"]), {"app": s}, batch_now_ms=T0 + 50)
+    assert set(plan.corrections) == {("app", "p1")}
+    assert corrected(rows, plan.corrections)["event_time"].to_pylist()[:2] == [T0 + 3 * HOUR, T0 - 1000]
