@@ -56,10 +56,12 @@ def rule_of(join: JoinDef) -> JoinRule:
 
 def side_events(records: pa.Table, catalog: Catalog, stream: str, key: str, *, with_dims: bool) -> list[JoinEvent]:
     """The batch's records of one side of a join, as join events (the key read where the
-    source carries it: ids or dims); a record without a key gets the key None."""
+    source carries it: ids or dims); a record without a key gets the key None. An empty key is
+    none either: a missing dimension is stored as "", and as a key it would pair every search
+    without one with every click without one (as the Bloom and session keys, key_rows.py)."""
     rows = records.filter(pc.equal(records["stream"], stream))
     kind, index = key_slot(catalog.streams[stream], key)
-    keys = list_get(rows[kind], index).to_pylist()  # null past the end of the array, as F.get
+    keys = [k or None for k in list_get(rows[kind], index).to_pylist()]  # null past the end, as F.get
     dims = rows["dims"].to_pylist() if with_dims else [()] * rows.num_rows
     width = len(catalog.streams[stream].dimensions)
     return [JoinEvent(t, p, o, k, tuple((d or [])[:width]) + (None,) * (width - len(d or [])) if with_dims else ())

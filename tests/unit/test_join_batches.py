@@ -156,3 +156,18 @@ def test_a_lagging_partition_holds_the_joins_clock_so_its_clicks_still_find_thei
     assert ctr[(("query_category", "books"),)][T0].value == 1.0
     pairs = query(store, catalog, "search_clicks_pairs", "sum")[()][T0]
     assert (pairs.value, pairs.final, pairs.revision) == (1, False, 1)  # its pair came in time: no correction
+
+
+def test_records_without_the_join_key_pair_with_nothing(store_backend):
+    """A join keyed on a dimension: a missing dimension is stored as "", and "" is no key, so
+    searches and clicks without one pair with nothing (not every one with every other)."""
+    catalog = parse_catalog(CONFIG.replace("key: search_id}", "key: query_category}")
+                            .replace("dimensions: [position]", "dimensions: [position, query_category]"))
+    store = store_backend.create()
+    joins = WindowJoins(catalog, store)
+    rows = ([("searches", 0, i, T0 + i, [""], [f"s{i}"]) for i in range(3)]
+            + [("clicks", 0, i, T0 + 1000 + i, ["1", ""], [f"c{i}"]) for i in range(3)])
+    base = BatchCommit(pipeline="main", batch_id=0, partials=[], events_read=0,
+                       max_event_ms={"searches": T0 + 2, "clicks": T0 + 1002})
+    out = joins.join(records(rows), base, now_ms=T0)
+    assert (out.pairs, out.unmatched_right) == (0, 3)
