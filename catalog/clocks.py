@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from catalog.durations import format_duration_ms
-from catalog.features import add_derived
+from catalog.features import add_derived, generated_stream
 
 if TYPE_CHECKING:
     from catalog.model import Catalog
@@ -50,13 +50,14 @@ def off_by(offset_ms: int, tolerance_ms: int) -> str:
 def expand_clocks(catalog: Catalog) -> None:
     """Add `<stream>_clocks` and its metrics for every stream with a sent time (idempotent: a
     catalog dumped and parsed again already has them)."""
-    from catalog.model import MetricDef, StreamDef
+    from catalog.model import MetricDef
 
     for name, stream in list(catalog.streams.items()):
         if stream.sent_time_field is None or stream.derived_from:
             continue
         derived = clocks_stream_name(name)
-        spec = StreamDef(
+        spec = generated_stream(
+            ("streams", name, "sent_time_field"), f"(device clocks of {name}: its retention, panes of 1m or more)",
             name=derived,
             description=f"Device clock offsets of {name}: per device heard from, its estimate (receive - sent),"
                         " at the minute it was received",

@@ -112,7 +112,8 @@ def expand_derived(catalog: Catalog) -> None:
         if stream.sessions is None or stream.derived_from:
             continue
         derived = sessions_stream_name(name)
-        spec = StreamDef(
+        spec = generated_stream(
+            ("streams", name, "sessions"), f"(sessions of {name}: its retention, its lateness + the gap)",
             name=derived,
             description=f"Sessions of {name} per {stream.sessions.key} (gap {format_duration_ms(stream.sessions.gap)}),"
                         " by session start",
@@ -123,7 +124,10 @@ def expand_derived(catalog: Catalog) -> None:
             pane=format_duration_ms(stream.pane),
             # Sessions close when the watermark passes their last event + gap.
             allowed_lateness=format_duration_ms(stream.allowed_lateness + stream.sessions.gap),
+            # The stream's own: sessions of events it still accepts are kept (the default 7d lost them).
+            retention=format_duration_ms(stream.retention),
             partitions=1,
+            tiers=stream.tiers,
             derived_from=name,
         )
         metrics = (
@@ -135,6 +139,21 @@ def expand_derived(catalog: Catalog) -> None:
                       description=f"Events per session on {name}"),
         )
         add_derived(catalog, spec, metrics, path=("streams", name, "sessions"), generated_for=f"{name}.sessions")
+
+
+def generated_stream(path: tuple, what: str, **fields) -> StreamDef:
+    """The StreamDef a declaration generates; a rule it breaks (its retention within its lateness,
+    say) is an error at the declaration, saying what generated it, not at the top level about
+    values the user never wrote."""
+    from pydantic import ValidationError
+
+    from catalog.model import CatalogReferenceError, StreamDef
+
+    try:
+        return StreamDef(**fields)
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise CatalogReferenceError(path, f"it generates the stream {fields['name']!r} {what}, which is refused: {reasons}") from None
 
 
 def add_derived(catalog: Catalog, spec: StreamDef, metrics: Iterable[MetricDef], *, path: tuple,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.features import generated_stream
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
@@ -104,7 +105,8 @@ def expand_joins(catalog: Catalog) -> None:
                 carried.setdefault(stream.name, set()).add(side.key)
             sides[role] = stream
         left, right = sides["left"], sides["right"]
-        spec = StreamDef(
+        spec = generated_stream(
+            ("joins", i), f"({left.name}'s retention, the sides' lateness + within)",
             name=join.name,
             description=join.description or f"{left.name} joined with {right.name} on {join.left.key}"
                         f" within {format_duration_ms(join.within)}, by {left.name} time",

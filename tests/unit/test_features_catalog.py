@@ -57,3 +57,32 @@ def test_first_seen_metric_needs_the_stream_declaration_and_names_collide_clearl
         parse_catalog(BASE + "    sessions: {key: user_id}\n  s_sessions:\n    key_field: x\n")
     with pytest.raises(ConfigError, match="taken by the metrics generated"):
         parse_catalog(BASE + "    sessions: {key: user_id}\nmetrics:\n  s_sessions: {stream: s}\n")
+
+
+def test_a_sessions_stream_keeps_its_streams_retention_and_tiers():
+    """The generated `<stream>_sessions` had the default 7 days whatever its stream's: sessions
+    of events the stream still accepts (30 days) were dropped, and a valid stream (lateness 7d)
+    was refused with an error about values nobody wrote."""
+    catalog = parse_catalog("streams:\n  web: {key_field: user, allowed_lateness: 7d, retention: 30d,"
+                            " tiers: [{every: 1h, keep: 90d}], sessions: {key: user, gap: 1m}}\n")
+    web, sessions = catalog.streams["web"], catalog.streams["web_sessions"]
+    assert sessions.retention == web.retention == 30 * 86_400_000
+    assert sessions.tiers == web.tiers
+
+
+@pytest.mark.parametrize(("yaml", "where", "names"), [
+    ("streams:\n  web: {key_field: user, allowed_lateness: 59m, retention: 1h, sessions: {key: user, gap: 30m}}\n",
+     "streams.web.sessions", ["'web_sessions'", "retention (1h)", "89m"]),
+    ("streams:\n  s: {key_field: k, retention: 1h, allowed_lateness: 30m}\n"
+     "  c: {key_field: k, retention: 1h, allowed_lateness: 30m}\n"
+     "joins:\n  - {name: sc, left: {stream: s, key: k}, right: {stream: c, key: k}, within: 40m}\n",
+     "joins.0", ["'sc'", "retention (1h)", "70m"]),
+    ("streams:\n  app: {key_field: d, retention: 50s, allowed_lateness: 10s, pane: 10s, sent_time_field: t}\n",
+     "streams.app.sent_time_field", ["'app_clocks'", "retention (50s)", "1m"]),
+], ids=["sessions", "join", "clocks"])
+def test_a_generated_stream_that_breaks_a_rule_is_an_error_at_its_declaration(yaml, where, names):
+    with pytest.raises(ConfigError) as err:
+        parse_catalog(yaml)
+    message = str(err.value)
+    assert where in message and "top level" not in message, message
+    assert all(n in message for n in names), message
