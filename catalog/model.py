@@ -210,6 +210,11 @@ class StreamDef(BaseModel):
                              f" (declared strings: {', '.join(self.string_fields) or 'none'})")
         if self.clock_window < 60_000:
             raise ValueError("clock_window must be at least 1m (one bucket of receive time)")
+        if self.clock_tolerance >= self.max_future_skew:
+            # A device ahead by between the two would be left uncorrected (within tolerance) and
+            # have every event dead-lettered as future_skew.
+            raise ValueError(f"clock_tolerance ({format_duration_ms(self.clock_tolerance)}) must be less than"
+                             f" max_future_skew ({format_duration_ms(self.max_future_skew)})")
 
     @property
     def device_key_field(self) -> str | None:

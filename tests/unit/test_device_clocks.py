@@ -205,3 +205,11 @@ def test_events_naming_no_device_are_no_device_and_get_no_correction():
     plan = plan_batch({}, clock_samples(rows, ["app"]), {"app": s}, batch_now_ms=T0 + 50)
     assert set(plan.corrections) == {("app", "p1")}
     assert corrected(rows, plan.corrections)["event_time"].to_pylist()[:2] == [T0 + 3 * HOUR, T0 - 1000]
+
+
+def test_a_clock_tolerance_not_below_the_future_skew_is_refused():
+    """Between the two, a device ahead would be left uncorrected and every event of it lost as
+    future_skew."""
+    with pytest.raises(ConfigError, match=r"clock_tolerance \(10m\) must be less than max_future_skew \(5m\)"):
+        parse_catalog("streams:\n  app: {key_field: d, sent_time_field: s, clock_tolerance: 10m,"
+                      " max_future_skew: 5m}\n")
