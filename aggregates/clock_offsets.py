@@ -74,27 +74,31 @@ def corrected_event_time(event_ms: int, offset_ms: int | None, *, tolerance_ms: 
 # Why a device's event times were or were not shifted (the rule of `clock_correction_ms`).
 CORRECTED = "corrected"                # offset known, consistent and beyond the tolerance: shifted by it
 WITHIN_TOLERANCE = "within_tolerance"  # offset known but small: mostly network delay, left alone
-INCONSISTENT = "inconsistent"          # the recent samples disagree by more than the allowed spread
+INCONSISTENT = "inconsistent"          # the newest minute's samples lie above the smallest: set back
 UNKNOWN = "unknown"                    # no sample in the window: nothing to go by
 
 
-def spread_ms(estimate: ClockEstimate) -> int:
-    """How far the recent buckets' smallest offsets lie apart: a clock that jumped (or a link
-    whose every sample in a bucket was slow) shows as a spread; a steady clock has next to none."""
-    offsets = [o for _, o in estimate.buckets]
-    return max(offsets) - min(offsets) if offsets else 0
+def newest_above_least_ms(estimate: ClockEstimate) -> int:
+    """How far the newest bucket's smallest offset lies above the smallest of all: a clock set
+    back (or a newest minute whose every sample was slow) shows as that; a steady clock has next
+    to none, and so has a clock set forward, whose newest minute holds the smallest offset."""
+    if not estimate.buckets:
+        return 0
+    return estimate.buckets[-1][1] - min(o for _, o in estimate.buckets)
 
 
 def clock_verdict(estimate: ClockEstimate, *, tolerance_ms: int, max_spread_ms: int) -> tuple[str, int]:
     """(why, what to add to the device's event times): its offset when that is known, consistent
-    (the recent buckets agree within `max_spread_ms`) and beyond `tolerance_ms` either way; else 0.
-    An inconsistent estimate is not used: the smallest sample may be from before a jump."""
+    (the newest bucket's smallest offset within `max_spread_ms` of the smallest of all) and beyond
+    `tolerance_ms` either way; else 0. An inconsistent estimate is not used: its smallest sample
+    is from before the clock was set back. A clock set forward is followed at once: its newest
+    minute holds the smallest offset."""
     offset = estimate.offset_ms()
     if offset is None:
         return UNKNOWN, 0
     if abs(offset) <= tolerance_ms:
         return WITHIN_TOLERANCE, 0
-    if spread_ms(estimate) > max_spread_ms:
+    if newest_above_least_ms(estimate) > max_spread_ms:
         return INCONSISTENT, 0
     return CORRECTED, offset
 

@@ -213,3 +213,18 @@ def test_a_clock_tolerance_not_below_the_future_skew_is_refused():
     with pytest.raises(ConfigError, match=r"clock_tolerance \(10m\) must be less than max_future_skew \(5m\)"):
         parse_catalog("streams:\n  app: {key_field: d, sent_time_field: s, clock_tolerance: 10m,"
                       " max_future_skew: 5m}\n")
+
+
+def test_a_clock_set_forward_is_followed_at_once_and_one_set_back_is_not():
+    """A forward jump's newest minute holds the smallest offset: it is used from the first batch
+    that sees it (before, the older minutes' larger offsets made the estimate inconsistent for a
+    whole clock_window, its events dead-lettered as future_skew meanwhile). A clock set back
+    leaves the older, smaller minima above the newest: not used until they leave the window."""
+    s = {"app": parse_catalog("streams:\n  app: {key_field: d, sent_time_field: sent_at}\n").streams["app"]}
+    state: dict = {}
+    for m in range(5):  # a clock an hour behind ...
+        state = plan_batch(state, [("app", "d", T0 + m * MIN, HOUR)], s, batch_now_ms=T0 + m * MIN).after
+    forward = plan_batch(state, [("app", "d", T0 + 5 * MIN, -HOUR)], s, batch_now_ms=T0 + 5 * MIN)  # ... now one ahead
+    assert forward.corrections[("app", "d")] == -HOUR
+    back = plan_batch(forward.after, [("app", "d", T0 + 6 * MIN, HOUR)], s, batch_now_ms=T0 + 6 * MIN)
+    assert ("app", "d") not in back.corrections  # inconsistent: the -1 h minute is still in the window
