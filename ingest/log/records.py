@@ -89,6 +89,15 @@ def encode_segment(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def restamped_segment(data: bytes, ingest_time_ms: int) -> bytes:
+    """A segment whose records all carry `ingest_time_ms` as their ingest time (the log's
+    append time, which it keeps monotone per partition: ingest/log/sqlite.py)."""
+    batch = decode_segment(data)
+    at = batch.schema.get_field_index(INGEST_TIME)
+    stamped = pa.array(np.full(batch.num_rows, ingest_time_ms, np.int64), batch.schema.field(at).type)
+    return encode_segment(batch.set_column(at, batch.schema.field(at), stamped))
+
+
 def decode_segment(data: bytes) -> pa.RecordBatch:
     """A segment's batch: one LZ4 frame holding an IPC stream, or (older segments) an IPC
     stream with lz4-compressed buffers. A corrupt frame raises ValueError, not Arrow's OSError:

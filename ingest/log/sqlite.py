@@ -25,7 +25,8 @@ from ingest.log.base import (
 )
 from ingest.log import sqlite_compaction as compaction
 from ingest.log.records import (
-    OFFSET, columns_to_batch, decode_segment, encode_segment, events_to_batch, project, with_offsets,
+    OFFSET, columns_to_batch, decode_segment, encode_segment, events_to_batch, project, restamped_segment,
+    with_offsets,
 )
 from ingest.partitioner import assign_partitions, assign_partitions_columnar
 
@@ -186,11 +187,14 @@ class SqliteEventLog(EventLog):
                 if row is None:
                     raise KeyError(f"stream {stream.name!r} has no partition {partition} in the log")
                 offset = first = row[0]
+                at = self._monotone_ingest_ms(stream.name, partition, ingest_time_ms)
                 for count, data in segments:
+                    if at != ingest_time_ms:
+                        data = restamped_segment(data, at)
                     self._conn.execute(
                         "INSERT INTO segments (stream, partition, base_offset, record_count, max_ingest_ms, bytes, data)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (stream.name, partition, offset, count, ingest_time_ms, len(data), data),
+                        (stream.name, partition, offset, count, at, len(data), data),
                     )
                     offset += count
                 self._conn.execute(
@@ -199,6 +203,17 @@ class SqliteEventLog(EventLog):
                 )
                 ranges[partition] = (first, offset - first)
         return AppendResult(ranges)
+
+    def _monotone_ingest_ms(self, stream: str, partition: int, ingest_time_ms: int) -> int:
+        """The append time of records appended now to a partition: never before its last append's.
+        Two POSTs read the clock before they take the log (or the clock steps back): the later
+        append would otherwise carry the earlier time, and what orders by append time (a table
+        key's newest change, batches cut at one append time) would disagree with the log's order."""
+        row = self._conn.execute(
+            "SELECT max_ingest_ms FROM segments WHERE stream = ? AND partition = ? ORDER BY base_offset DESC LIMIT 1",
+            (stream, partition),
+        ).fetchone()
+        return ingest_time_ms if row is None or row[0] is None else max(ingest_time_ms, row[0])
 
     def _record_position(self, source: str, position: str, expected: str | None, now_ms: int) -> None:
         row = self._conn.execute("SELECT position FROM source_positions WHERE source = ?", (source,)).fetchone()

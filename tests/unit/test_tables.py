@@ -321,3 +321,25 @@ def test_the_newest_change_per_key_carries_its_ingest_time():
     assert changes == {"users": {
         "u1": TableChange({"plan": "free", "country": "nl", "credit": 2.0}, 253_402_214_400_000, 0, 4, T0 + 2),
         "u2": TableChange(None, T0 + 5, 1, 7, T0 + 6)}}
+
+
+def test_an_append_never_carries_an_earlier_time_than_its_partitions_last(tmp_path, users):
+    """Two POSTs read the clock before they take the log (or the clock steps back): the later
+    append is stamped with the partition's last append time, so a key's newest change by append
+    time is its newest in the log, whether the two are read in one batch or two."""
+    from aggregates.tables import TableChanges
+    from ingest.source_rows import to_source_batch
+
+    log = SqliteEventLog(tmp_path / "log.db")
+    log.ensure_topic(users)
+    validator = TableRowValidator(users)
+    first = log.append(users, [validator.validate({"user_id": "u1", "plan": "first", "country": "nl"}, T0)], T0)
+    (p, (start, _)), = first.ranges.items()
+    log.append(users, [validator.validate({"user_id": "u1", "plan": "second", "country": "nl"}, T0 - 5)], T0 - 5)
+    rows = [r for b in log.read(users, p, start, start + 2) for r in b.to_pylist()]
+    assert [(r["plan"], r["__ingest_time"]) for r in rows] == [("first", T0), ("second", T0)]
+    assert log.ingest_time_ms("users", p, start + 1) == T0
+    batch = pa.Table.from_batches([to_source_batch(users, p, b) for b in log.read(users, p, start, start + 2)])
+    newest = TableChanges(parse_catalog(CONFIG)).process(batch, on_driver=True)["users"]["u1"]
+    assert newest.row["plan"] == "second"
+    log.close()
