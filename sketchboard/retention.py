@@ -21,9 +21,14 @@ def retention_pass(ctx: ApiContext, settings: Settings) -> None:
     dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
     if dropped:
         log.info("retention dropped %d records", dropped)
-    compacted = ctx.log.compact(ctx.now_ms())  # changelog tables (docs/tables.md)
-    if compacted:
-        log.info("compaction dropped %d superseded records", compacted)
+    try:  # a tombstone the pipeline has not read stays (docs/tables.md)
+        read_through = ctx.store.progress(ctx.pipeline_name).end_offsets
+    except Exception:  # the store is down: no compaction this round, as nothing is known read
+        log.exception("compaction skipped: the pipeline's committed offsets cannot be read")
+    else:
+        compacted = ctx.log.compact(ctx.now_ms(), read_through)  # changelog tables (docs/tables.md)
+        if compacted:
+            log.info("compaction dropped %d superseded records", compacted)
     if settings.reprocess_drop_after and ctx.reprocess is not None and ctx.leadership.leading():  # one replica
         try:
             for output in ctx.reprocess.drop_unused(settings.reprocess_drop_after):

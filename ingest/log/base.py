@@ -93,10 +93,12 @@ class EventLog(ABC):
         """Drop whole segments older than max_age or beyond the size budget; return records dropped.
         (Kafka: the topic's own retention applies; this drops nothing.)"""
 
-    def compact(self, now_ms: int) -> int:
+    def compact(self, now_ms: int, read_through: Mapping[str, Mapping[int, int]] | None = None) -> int:
         """One compaction pass over the changelog tables' partitions (kind: table): the newest
         record per key stays, older ones and expired tombstones go, offsets never change; return
-        the records dropped. (Kafka: the broker compacts a table's topic, cleanup.policy=compact.)"""
+        the records dropped. `read_through`: the pipeline's committed offsets per stream and
+        partition; a tombstone at or past them stays, however old. (Kafka: the broker compacts a
+        table's topic, cleanup.policy=compact, by delete.retention.ms alone.)"""
         return 0
 
     def append_at(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int, source: str,

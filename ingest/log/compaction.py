@@ -21,8 +21,12 @@ class Change:
     ingest_time_ms: int
 
 
-def offsets_to_drop(changes: Iterable[Change], *, now_ms: int, tombstone_retention_ms: int) -> set[int]:
-    """The offsets a compaction pass may drop from a partition holding `changes` (any order)."""
+def offsets_to_drop(changes: Iterable[Change], *, now_ms: int, tombstone_retention_ms: int,
+                    read_through: int | None = None) -> set[int]:
+    """The offsets a compaction pass may drop from a partition holding `changes` (any order).
+    `read_through`: the offset the pipeline reading the partition has committed up to (None: it
+    has read none of it). A tombstone at or past it stays whatever its age: a pipeline that
+    stored the key's row and has not read the delete yet would keep the deleted row for good."""
     newest: dict[str, Change] = {}
     drop: set[int] = set()
     for change in changes:
@@ -36,5 +40,6 @@ def offsets_to_drop(changes: Iterable[Change], *, now_ms: int, tombstone_retenti
         else:
             drop.add(change.offset)
     horizon = now_ms - tombstone_retention_ms
-    drop.update(c.offset for c in newest.values() if c.tombstone and c.ingest_time_ms < horizon)
+    drop.update(c.offset for c in newest.values() if c.tombstone and c.ingest_time_ms < horizon
+                and (read_through is None or c.offset < read_through))
     return drop

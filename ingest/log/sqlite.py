@@ -308,9 +308,9 @@ class SqliteEventLog(EventLog):
 
     # -- retention ----------------------------------------------------------------------
 
-    def compact(self, now_ms: int) -> int:
+    def compact(self, now_ms: int, read_through: Mapping[str, Mapping[int, int]] | None = None) -> int:
         """One compaction pass over every table's partitions (ingest/log/sqlite_compaction.py)."""
-        return compaction.compact(self, now_ms)
+        return compaction.compact(self, now_ms, read_through)
 
     def apply_retention(self, now_ms: int, max_age_ms: int, max_bytes_per_partition: int) -> int:
         dropped = 0

@@ -11,6 +11,7 @@ changed meanwhile (retention, another pass) is left for the next pass.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,8 +37,9 @@ def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
         conn.execute("DELETE FROM compacted_topics WHERE stream = ?", (stream.name,))
 
 
-def compact(log: SqliteEventLog, now_ms: int) -> int:
-    """One pass over every compacted partition; returns the records dropped."""
+def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping[int, int]] | None = None) -> int:
+    """One pass over every compacted partition; returns the records dropped. `read_through`: the
+    pipeline's committed offsets ({stream: {partition: offset}}): tombstones it has not read stay."""
     from ingest.log.sqlite import _transaction
 
     with log._lock:
@@ -52,7 +54,8 @@ def compact(log: SqliteEventLog, now_ms: int) -> int:
                 " ORDER BY base_offset", (stream, partition)).fetchall()
         decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
         changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
-        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms)
+        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms,
+                               read_through=(read_through or {}).get(stream, {}).get(partition))
         if not drop:
             continue
         rewrites = []  # (base, old size, new data or None)

@@ -11,7 +11,7 @@ import time
 
 import yaml
 
-from ingest.tables import TableRowValidator
+from ingest.tables import TableRowValidator, tombstone
 from sketchboard.definitions import pin_definitions
 from sketchboard.retention import retention_loop, retention_pass
 from sketchboard.settings import Settings
@@ -63,11 +63,11 @@ def test_a_pass_compacts_and_drops_an_old_unused_output_and_a_failed_pass_does_n
         upsert("free", "pro")
         compact, failures = ctx.log.compact, []
 
-        def failing_once(now_ms: int) -> int:
+        def failing_once(now_ms: int, read_through=None) -> int:
             if not failures:
                 failures.append(now_ms)
                 raise OSError("disk I/O error")
-            return compact(now_ms)
+            return compact(now_ms, read_through)
 
         ctx.log.compact = failing_once
         stop = threading.Event()
@@ -90,6 +90,40 @@ def test_a_pass_compacts_and_drops_an_old_unused_output_and_a_failed_pass_does_n
         assert f"reprocess_drop_after: dropped the unused output {run.id!r}" in caplog.text
         assert "compaction dropped 2 superseded records" in caplog.text  # u1's "team", then "free"
         assert compact(ctx.now_ms()) == 0
+    finally:
+        ctx.leadership.stop()
+        ctx.store.close()
+
+
+def test_a_pass_keeps_a_tombstone_the_pipeline_has_not_read_however_old(tmp_path):
+    """The pipeline stored u1's row and stopped before reading its delete: dropping the old
+    tombstone would leave the deleted row in the store, the views and enrichment for good."""
+    from store import BatchCommit
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump({"streams": {"users": {**USERS, "tombstone_retention": "1h"}}}))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    app, ctx = build_api(settings)
+    now = [time.time()]
+    ctx.clock = lambda: now[0]
+    users = ctx.catalog.stream("users")
+    try:
+        at = int(now[0] * 1000)
+        (p, (first, _)), = ctx.log.append(users, [TableRowValidator(users).validate({"user_id": "u1", "plan": "gold"},
+                                                                                   at)], at).ranges.items()
+        read = BatchCommit(pipeline=ctx.pipeline_name, batch_id=0, partials=[], events_read=1,
+                           end_offsets={"users": {p: first + 1}})
+        assert ctx.store.commit_batch(read, lateness_ms={}, now_ms=at).committed
+        ctx.log.append(users, [tombstone(users, "u1", at)], at)  # the delete, not read
+        now[0] += 2 * HOUR / 1000
+        retention_pass(ctx, settings)
+        # The row it superseded goes; the delete stays until the pipeline has read it.
+        assert [r["op"] for b in ctx.log.read(users, p, first, first + 2) for r in b.to_pylist()] == ["delete"]
+        read = BatchCommit(pipeline=ctx.pipeline_name, batch_id=1, partials=[], events_read=1,
+                           end_offsets={"users": {p: first + 2}})
+        assert ctx.store.commit_batch(read, lateness_ms={}, now_ms=ctx.now_ms()).committed
+        retention_pass(ctx, settings)  # read now: the old tombstone goes, with the row it deleted
+        assert [r for b in ctx.log.read(users, p, first, first + 2) for r in b.to_pylist()] == []
     finally:
         ctx.leadership.stop()
         ctx.store.close()
