@@ -29,6 +29,9 @@ INTEGER_TYPES = frozenset({20, 21, 23, 26})  # int8, int2, int4, oid
 NUMBER_TYPES = frozenset({700, 701, 1700})  # float4, float8, numeric
 BOOL_TYPE = 16
 
+# An Update's old tuple kind that is the whole old row (REPLICA IDENTITY FULL); "K" is the key only.
+FULL_OLD_ROW = "O"
+
 
 def json_value(text: str | None, type_oid: int):
     """A column's text form as the JSON value of its type."""
@@ -153,13 +156,20 @@ class ChangeMapper:
         events = []
         if isinstance(message, Update) and message.old is not None:
             old_key = self.key_of(columns, message.old)
-            if any(v is UNCHANGED for v in new):  # FULL identity: the old row has what was not resent
-                new = tuple(o if v is UNCHANGED else v for v, o in zip(new, message.old, strict=True))
+            if message.old_kind == FULL_OLD_ROW:
+                new = _with_unchanged_from(new, message.old)
             if old_key is not None and old_key != self.key_of(columns, new) and label_problem(old_key) is None:
                 # The row moved to another key. An old key no label can be was never stored: no delete.
                 events.append(tombstone(self.stream, old_key, time_ms))
         events.append(self.row_event(columns, new, time_ms))
         return events
+
+
+def _with_unchanged_from(new: tuple, old_row: tuple) -> tuple:
+    """`new` with each unchanged TOASTed column taken from the whole old row (REPLICA IDENTITY
+    FULL). Only a whole old row may fill them: an old key ("K") has null in every other column,
+    and a null there would blank the column instead of rejecting the change."""
+    return tuple(o if v is UNCHANGED else v for v, o in zip(new, old_row, strict=True))
 
 
 def live_after(keys: set[str], stream: StreamDef, events: Iterable[Event]) -> set[str]:

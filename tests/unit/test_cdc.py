@@ -176,6 +176,20 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
 
 
+def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
+    """A key change sends the old key ("K", other columns null) or the old row ("O", FULL): only
+    the old row holds the value an unchanged TOASTed (`u`) column kept."""
+    mapper = ChangeMapper(users, "id")
+    moved_with_key = Update(16384, ("u1", None, None, None), "K", ("u9", UNCHANGED, "2", "t"))
+    txn = mapper.transaction([decode(BEGIN), decode(RELATION), moved_with_key, decode(COMMIT)], lambda events: set())
+    assert txn.events == [] and len(txn.rejected) == 1  # neither blanked nor dropped: rejected, and why
+    assert txn.rejected[0].startswith("plan: an unchanged TOASTed value the change does not carry")
+    moved_with_row = Update(16384, ("u1", "pro", "1", "f"), "O", ("u9", UNCHANGED, "2", "t"))
+    txn = mapper.transaction([decode(BEGIN), moved_with_row, decode(COMMIT)], lambda events: set())
+    assert not txn.rejected
+    assert [(e.key, e.strings["op"], e.strings["plan"]) for e in txn.events] == [("u1", DELETE, ""), ("u9", UPSERT, "pro")]
+
+
 def test_schema_report_names_missing_ignored_added_and_removed_columns():
     report = schema_report(("op", "plan", "country"), "id", ["id", "plan", "x"], ["id", "plan", "x", "y"])
     assert report == {"missing": ["country"], "ignored": ["x", "y"], "added": ["y"], "removed": []}
