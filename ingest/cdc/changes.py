@@ -5,7 +5,8 @@ dimensions and values fill them (others are ignored, and reported: `schema_repor
 columns arrive in their text form (the snapshot casts to text, pgoutput sends text) and become
 JSON values by their type: integer types a JSON integer, float and numeric types a number,
 booleans true/false, anything else the text as it is; a dimension takes the text (a boolean's
-"true"/"false"), a value needs a number (a text column that holds one is parsed). An upsert's time is the transaction's
+"true"/"false"), a value needs a number (a text column that holds one as JSON writes it is
+parsed: ASCII digits, no `_`). An upsert's time is the transaction's
 commit time (the snapshot's: the time it was taken); a change that the table's rules refuse
 (a number column that is not a number, a label over 1024 characters) is rejected with its
 reason, counted and shown by the follower, never dropped silently.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,10 +48,23 @@ def json_value(text: str | None, type_oid: int):
     return text
 
 
+# A number as JSON writes one, with JSON's whitespace around it (a char(n) column pads with
+# spaces). Python's float() alone would also read '1_000', '١٢' (Unicode digits) and 'inf'.
+_JSON_NUMBER = re.compile(r"[ \t\n\r]*-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?[ \t\n\r]*")
+
+
 def number_value(text: str | None, type_oid: int):
-    """A value column: its JSON number (a text column holding a number is parsed)."""
+    """A value column: its JSON number (a text column holding a JSON number is parsed;
+    ValueError for any other text)."""
     value = json_value(text, type_oid)
-    return float(value) if isinstance(value, str) else value
+    return _json_number(value) if isinstance(value, str) else value
+
+
+def _json_number(text: str) -> float:
+    """The number `text` writes as JSON does (ValueError: it writes none)."""
+    if _JSON_NUMBER.fullmatch(text) is None:
+        raise ValueError("not a JSON number")
+    return float(text)
 
 
 @dataclass

@@ -176,6 +176,22 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
 
 
+@pytest.mark.parametrize(("text", "number"), [
+    ("12", 12.0), ("-1.5e3", -1500.0), ("0.25", 0.25), ("12   ", 12.0),  # char(n) pads with spaces
+    ("1_000", None), ("١٢", None), ("１２", None), ("inf", None), ("NaN", None), ("+1", None), ("", None),
+])
+def test_a_text_column_is_a_value_only_when_it_holds_a_json_number(users, text, number):
+    """Python's float() also reads underscores, Unicode digits and inf: a text column's number is
+    what a JSON number may be, as a value posted to the API is."""
+    mapper = ChangeMapper(users, "id")
+    relation = Relation(16384, "public", "users", "d", (Column("id", 25, True), Column("credit", 25, False)))
+    txn = mapper.transaction([decode(BEGIN), relation, Insert(16384, ("u1", text)), decode(COMMIT)], lambda events: set())
+    if number is None:
+        assert txn.events == [] and txn.rejected == [f"credit: {text!r} is not a number"]
+    else:
+        assert not txn.rejected and txn.events[0].numbers["credit"] == number
+
+
 def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
     """A key change sends the old key ("K", other columns null) or the old row ("O", FULL): only
     the old row holds the value an unchanged TOASTed (`u`) column kept."""
