@@ -53,6 +53,9 @@ def test_a_table_declares_its_postgres_source_with_default_slot_and_publication(
 @pytest.mark.parametrize(("source", "message"), [
     ("{postgres_dsn: 'host=db password=hunter2', table: t, key: id}", "spells out a password"),
     ("{postgres_dsn: 'postgresql://cdc:hunter2@db/app', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'postgresql://cdc@db/app?password=hunter2', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'postgresql://cdc@db/app?sslmode=require&pass%77ord=hunter2', table: t, key: id}",
+     "spells out a password"),  # libpq decodes a query's keywords too
     ("{postgres_dsn: 'host=db', table: 'no such; table', key: id}", "table"),
     ("{postgres_dsn: 'host=db', table: t}", "key"),
     ("{postgres_dsn: 'host=db', table: t, key: id, slot: Bad-Slot}", "slot"),
@@ -69,11 +72,46 @@ def test_only_a_table_takes_a_source():
 
 
 def test_the_dsn_takes_its_secrets_from_the_environment(users):
-    assert resolve_dsn(users.source.postgres_dsn, {"APP_PG_PASSWORD": "s3"}) == "host=db dbname=app user=cdc password=s3"
+    assert resolve_dsn(users.source.postgres_dsn, {"APP_PG_PASSWORD": "s3"}) == "host=db dbname=app user=cdc password='s3'"
     with pytest.raises(ValueError, match="APP_PG_PASSWORD, which is not set"):
         resolve_dsn(users.source.postgres_dsn, {})
     # A URL with its password from the environment is fine too.
     assert resolve_dsn("postgresql://cdc:${P}@db/app", {"P": "x"}) == "postgresql://cdc:x@db/app"
+    # So are the references in a URL's query and quoted by hand.
+    for dsn in ("postgresql://cdc@db/app?password=${P}", "host=db password='${P}'", "host=db password = '${P}'"):
+        assert parse_catalog(CONFIG.replace("host=db dbname=app user=cdc password=${APP_PG_PASSWORD}", dsn))
+
+
+@pytest.mark.parametrize("secret", [
+    "x host=evil.example sslmode=disable",  # unquoted, it would set the host and sslmode
+    "correct horse", "it's", "back\\slash", "'", "a@b:c/d?e&f=g#h%i",
+])
+@pytest.mark.parametrize("dsn", [
+    "host=db user=cdc password=${PW}", "host=db user=cdc password='${PW}'", "host=db user=cdc password = ${PW}",
+    "postgresql://cdc:${PW}@db/app", "postgresql://cdc@db/app?sslmode=require&password=${PW}",
+])
+def test_a_dsns_reference_is_its_value_whatever_the_value_holds(dsn, secret):
+    """libpq reads back exactly the value (psycopg's parser is libpq's): quoted and escaped in a
+    key=value DSN, percent-encoded in a URL, it can neither break the DSN nor set another key."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(resolve_dsn(dsn, {"PW": secret}))
+    assert params == {"host": "db", "user": "cdc", "password": secret, **({"dbname": "app"} if "app" in dsn else {}),
+                      **({"sslmode": "require"} if "sslmode" in dsn else {})}
+
+
+def test_a_reference_within_a_value_or_outside_any_is_resolved_as_libpq_reads_it():
+    from psycopg.conninfo import conninfo_to_dict
+
+    env = {"H": "my host", "Q": "'", "URL": "postgresql://u@db/app", "MORE": "dbname=app"}
+    # Part of an unquoted value: the whole value is quoted, its own escapes kept.
+    assert conninfo_to_dict(resolve_dsn(r"host=${H}.internal dbname=a\ b${Q} user=o'k", env)) == \
+        {"host": "my host.internal", "dbname": "a b'", "user": "o'k"}
+    # Outside any value the reference is DSN text by intent (a whole DSN from the environment).
+    assert resolve_dsn("${URL}", env) == "postgresql://u@db/app"
+    assert conninfo_to_dict(resolve_dsn("host=db ${MORE}", env)) == {"host": "db", "dbname": "app"}
+    # A quote left open stays open: libpq refuses it, the value cannot close it.
+    assert resolve_dsn("host=db password='${Q} host=evil", env) == "host=db password='\\' host=evil"
 
 
 # -- pgoutput ----------------------------------------------------------------------------------------
