@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -28,8 +29,14 @@ _SLOT_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 # schema.table or table, unquoted identifiers (quoted ones are not supported: the name is used as written).
 _TABLE_NAME = r"^([A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# password=... in a key/value DSN, or user:password@ in a URL: a secret written into the config.
-_PASSWORD_SPELLED = re.compile(r"(?:^|\s)password\s*=\s*(?!\$\{)|://[^/@\s:]+:(?!\$\{)[^@\s]*@", re.IGNORECASE)
+# A secret written into the config: password=... in a key/value DSN (a reference may be quoted:
+# password='${PW}'), user:password@ in a URL, or password=... in a URL's query string.
+_PASSWORD_SPELLED = re.compile(
+    r"(?:^|\s)password\s*=(?!\s*'?\$\{)|://[^/@\s:]+:(?!\$\{)[^@\s]*@|[?&]password=(?!\$\{)", re.IGNORECASE)
+# libpq reads a DSN that starts so as a URL, any other as key=value pairs.
+_URL_PREFIXES = ("postgresql://", "postgres://")
+# The whitespace that separates libpq's key=value pairs (C's isspace).
+_SPACE = frozenset(" \t\n\v\f\r")
 
 
 class CdcSourceDef(BaseModel):
@@ -54,10 +61,15 @@ class CdcSourceDef(BaseModel):
 
     @model_validator(mode="after")
     def _no_secret(self) -> CdcSourceDef:
-        if _PASSWORD_SPELLED.search(self.postgres_dsn):
+        if _spells_password(self.postgres_dsn):
             raise ValueError("postgres_dsn spells out a password: write it as ${NAME} and set the environment"
                              " variable NAME (or use a .pgpass file), so the configuration holds no secret")
         return self
+
+
+def _spells_password(dsn: str) -> bool:
+    # libpq percent-decodes a URL's query keywords too: ?pass%77ord= is a password.
+    return bool(_PASSWORD_SPELLED.search(dsn) or (_is_url(dsn) and _PASSWORD_SPELLED.search(unquote(dsn))))
 
 
 def slot_name(stream: StreamDef) -> str:
@@ -83,12 +95,97 @@ def check_source(stream: StreamDef) -> None:
 
 def resolve_dsn(dsn: str, env: Mapping[str, str] | None = None) -> str:
     """The DSN with each ${NAME} replaced by the environment's value; ValueError naming a
-    variable that is not set."""
+    variable that is not set. A value is written as libpq reads it back whatever it holds
+    (spaces, quotes, `host=`...): within a key=value pair's value, quoted and escaped; in a URL,
+    percent-encoded. So a value can neither fail to parse nor set another parameter. A reference
+    outside any value (`${DATABASE_URL}` as the whole DSN) is DSN text by intent: written as it is."""
     env = os.environ if env is None else env
     missing = [name for name in _ENV_REF.findall(dsn) if name not in env]
     if missing:
         raise ValueError(f"postgres_dsn refers to the environment variable {missing[0]}, which is not set")
-    return _ENV_REF.sub(lambda m: env[m.group(1)], dsn)
+    if _is_url(dsn):
+        return _substitute(dsn, env, lambda value: quote(value, safe=""))
+    return "".join(_resolved_part(part, kind, env) for part, kind in _key_value_parts(dsn))
+
+
+def _is_url(dsn: str) -> bool:
+    return dsn.startswith(_URL_PREFIXES)
+
+
+def _substitute(text: str, env: Mapping[str, str], written: Callable[[str], str]) -> str:
+    return _ENV_REF.sub(lambda m: written(env[m.group(1)]), text)
+
+
+def _escaped(value: str) -> str:
+    """`value` as the inside of a quoted libpq value: \\ and \\' escaped."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _resolved_part(part: str, kind: str, env: Mapping[str, str]) -> str:
+    if kind in ("quoted", "unterminated"):  # '...': the references' values escaped inside the quotes
+        return _substitute(part, env, _escaped)  # (unterminated: libpq still says so)
+    if kind == "unquoted" and _ENV_REF.search(part):  # quoted now, so no value may end it early
+        return "'" + _unquoted_as_quoted(part, env) + "'"
+    return _substitute(part, env, str) if kind == "other" else part
+
+
+def _unquoted_as_quoted(value: str, env: Mapping[str, str]) -> str:
+    """The inside of a quoted value equal to the unquoted `value` with its references resolved.
+    A backslash escapes the next character in both forms; a quote needs one only when quoted."""
+    out, i = [], 0
+    while i < len(value):
+        ref = _ENV_REF.match(value, i)
+        if ref:
+            out.append(_escaped(env[ref.group(1)]))
+            i = ref.end()
+        elif value[i] == "\\":  # kept escaping its character (a trailing one escapes nothing: libpq drops it)
+            out.append(value[i:i + 2] if i + 1 < len(value) else "")
+            i += 2
+        else:
+            out.append("\\'" if value[i] == "'" else value[i])
+            i += 1
+    return "".join(out)
+
+
+def _key_value_parts(dsn: str) -> list[tuple[str, str]]:
+    """`dsn` cut as libpq's key=value parser reads it: each part's text and kind, "quoted",
+    "unterminated" or "unquoted" for a value, "other" for the rest (keys, '=', spaces, anything
+    unparsable, which libpq reports when connecting). The parts, joined, are `dsn`."""
+    parts: list[tuple[str, str]] = []
+    i, n = 0, len(dsn)
+    while i < n:
+        start = i
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        while i < n and dsn[i] != "=" and dsn[i] not in _SPACE:  # the key
+            i += 1
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        if i >= n or dsn[i] != "=":  # no '=': not a pair (libpq refuses it), written as it is
+            parts.append((dsn[start:], "other"))
+            return parts
+        i += 1
+        while i < n and dsn[i] in _SPACE:
+            i += 1
+        parts.append((dsn[start:i], "other"))
+        end, kind = _value_end(dsn, i)
+        parts.append((dsn[i:end], kind))
+        i = end
+    return parts
+
+
+def _value_end(dsn: str, i: int) -> tuple[int, str]:
+    """Where the value starting at `i` ends, and its kind: after its closing quote ("quoted"; none:
+    "unterminated"), or at the next space ("unquoted"); a backslash escapes the next character."""
+    n = len(dsn)
+    if i < n and dsn[i] == "'":
+        i += 1
+        while i < n and dsn[i] != "'":
+            i += 2 if dsn[i] == "\\" else 1
+        return (i + 1, "quoted") if i < n else (n, "unterminated")
+    while i < n and dsn[i] not in _SPACE:
+        i += 2 if dsn[i] == "\\" else 1
+    return min(i, n), "unquoted"
 
 
 def postgres_fed_tables(catalog) -> list[StreamDef]:

@@ -5,7 +5,9 @@ A change is an event of the table's stream whose implicit dimension `op` says wh
 - a delete (tombstone) carries the key only, `op` "delete", and every other column null.
 On the embedded log both are rows of a segment like any event. On Kafka an upsert is the row's
 JSON (as a direct producer would send it) and a tombstone is a record with the key and a null
-value, as Kafka's log compaction expects; reading one back gives the same events.
+value, as Kafka's log compaction expects; reading one back gives the same events. A JSON record
+read back meets a POSTed row's rules and must be keyed by its row's key (compaction goes by the
+record key).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ def as_upsert(event: Event) -> Event:
 class TableRowValidator:
     """Validates the rows of a POST to a table: each an upsert of its key's row, or a delete."""
 
-    def __init__(self, stream: StreamDef):
+    def __init__(self, stream: StreamDef, events: EventValidator | None = None):
         self.stream = stream
-        self.events = EventValidator(stream)
+        # `events`: the stream's validator when the caller holds one (a Kafka reader, per record).
+        self.events = EventValidator(stream) if events is None else events
         self.columns = {stream.key_field, stream.time_field, *stream.dimensions, *stream.values} - {OP_FIELD}
 
     def validate(self, raw: Any, now_ms: int) -> Event:
@@ -89,7 +92,8 @@ def record_value(stream: StreamDef, event: Event, to_json) -> bytes | None:
 def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None, value: bytes | None,
                  timestamp_ms: int | None, from_json) -> Event:
     """The event of a Kafka record of `stream` (ValueError when it is none): a table's null value
-    with a key is a tombstone at the record's timestamp; a table's JSON value is an upsert."""
+    with a key is a tombstone at the record's timestamp; a table's JSON value is the change its
+    row asks for, under a POSTed row's rules, and keyed by that row's key."""
     if not is_table(stream):
         return from_json(validator, value)
     if value is None:
@@ -106,5 +110,47 @@ def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None
         if problem is not None:
             raise ValueError(f"a tombstone's key: {problem}")
         return tombstone(stream, text, timestamp_ms)
-    event = from_json(validator, value)
-    return as_upsert(event)
+    return _record_row(stream, validator, key, value, timestamp_ms, from_json)
+
+
+def _record_row(stream: StreamDef, validator: EventValidator, key: bytes | None, value: bytes,
+                timestamp_ms: int | None, from_json) -> Event:
+    """A table's JSON record: validated as a POSTed row is (a row without the time field takes the
+    record's timestamp, as the API takes the time it received the row), and refused unless the
+    record's key is the row's. Kafka compacts the topic by the record key: a row filed under
+    another key would be kept or removed with that key's records, not its own."""
+    if key is None:
+        raise ValueError(f"a record without a key: a table's record is keyed by its row's {stream.key_field!r}")
+    try:
+        record_key = key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("a record whose key is not UTF-8") from None
+    event = from_json(_RecordRowValidator(stream, validator, timestamp_ms), value)
+    if event.key != record_key:
+        # Cut short: a key is a label, but a record's key may be anything a producer sent.
+        raise ValueError(f"the record's key {record_key[:40]!r} is not its row's {stream.key_field!r}"
+                         f" {event.key[:40]!r}: Kafka compacts a table's topic by the record key")
+    return event
+
+
+class _RecordRowValidator:
+    """A table's row rules (TableRowValidator) behind the validate(raw) that `from_json` calls."""
+
+    def __init__(self, stream: StreamDef, events: EventValidator, timestamp_ms: int | None):
+        self.rows = TableRowValidator(stream, events)
+        self.timestamp_ms = timestamp_ms
+
+    def validate(self, raw: Any) -> Event:
+        time_field = self.rows.stream.time_field
+        if self.timestamp_ms is None and isinstance(raw, dict) and time_field not in raw:
+            raise ValueError(f"{time_field}: required field is missing (and the record has no timestamp)")
+        return self.rows.validate(_without_own_op(raw), self.timestamp_ms)
+
+
+def _without_own_op(raw: Any) -> Any:
+    """`raw` without the `op` Sketchboard writes into an upsert's JSON (ingest/log/records.py writes
+    an event's strings): that one says what the record is. Any other `op` is refused as a
+    POSTed row's is: a JSON record never silently becomes an upsert of a row that says otherwise."""
+    if isinstance(raw, dict) and raw.get(OP_FIELD) == UPSERT:
+        return {k: v for k, v in raw.items() if k != OP_FIELD}
+    return raw

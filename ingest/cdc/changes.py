@@ -5,7 +5,8 @@ dimensions and values fill them (others are ignored, and reported: `schema_repor
 columns arrive in their text form (the snapshot casts to text, pgoutput sends text) and become
 JSON values by their type: integer types a JSON integer, float and numeric types a number,
 booleans true/false, anything else the text as it is; a dimension takes the text (a boolean's
-"true"/"false"), a value needs a number (a text column that holds one is parsed). An upsert's time is the transaction's
+"true"/"false"), a value needs a number (a text column that holds one as JSON writes it is
+parsed: ASCII digits, no `_`). An upsert's time is the transaction's
 commit time (the snapshot's: the time it was taken); a change that the table's rules refuse
 (a number column that is not a number, a label over 1024 characters) is rejected with its
 reason, counted and shown by the follower, never dropped silently.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +30,9 @@ from ingest.tables import TableRowValidator, is_tombstone, tombstone
 INTEGER_TYPES = frozenset({20, 21, 23, 26})  # int8, int2, int4, oid
 NUMBER_TYPES = frozenset({700, 701, 1700})  # float4, float8, numeric
 BOOL_TYPE = 16
+
+# An Update's old tuple kind that is the whole old row (REPLICA IDENTITY FULL); "K" is the key only.
+FULL_OLD_ROW = "O"
 
 
 def json_value(text: str | None, type_oid: int):
@@ -43,10 +48,23 @@ def json_value(text: str | None, type_oid: int):
     return text
 
 
+# A number as JSON writes one, with JSON's whitespace around it (a char(n) column pads with
+# spaces). Python's float() alone would also read '1_000', '١٢' (Unicode digits) and 'inf'.
+_JSON_NUMBER = re.compile(r"[ \t\n\r]*-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?[ \t\n\r]*")
+
+
 def number_value(text: str | None, type_oid: int):
-    """A value column: its JSON number (a text column holding a number is parsed)."""
+    """A value column: its JSON number (a text column holding a JSON number is parsed;
+    ValueError for any other text)."""
     value = json_value(text, type_oid)
-    return float(value) if isinstance(value, str) else value
+    return _json_number(value) if isinstance(value, str) else value
+
+
+def _json_number(text: str) -> float:
+    """The number `text` writes as JSON does (ValueError: it writes none)."""
+    if _JSON_NUMBER.fullmatch(text) is None:
+        raise ValueError("not a JSON number")
+    return float(text)
 
 
 @dataclass
@@ -153,13 +171,20 @@ class ChangeMapper:
         events = []
         if isinstance(message, Update) and message.old is not None:
             old_key = self.key_of(columns, message.old)
-            if any(v is UNCHANGED for v in new):  # FULL identity: the old row has what was not resent
-                new = tuple(o if v is UNCHANGED else v for v, o in zip(new, message.old, strict=True))
+            if message.old_kind == FULL_OLD_ROW:
+                new = _with_unchanged_from(new, message.old)
             if old_key is not None and old_key != self.key_of(columns, new) and label_problem(old_key) is None:
                 # The row moved to another key. An old key no label can be was never stored: no delete.
                 events.append(tombstone(self.stream, old_key, time_ms))
         events.append(self.row_event(columns, new, time_ms))
         return events
+
+
+def _with_unchanged_from(new: tuple, old_row: tuple) -> tuple:
+    """`new` with each unchanged TOASTed column taken from the whole old row (REPLICA IDENTITY
+    FULL). Only a whole old row may fill them: an old key ("K") has null in every other column,
+    and a null there would blank the column instead of rejecting the change."""
+    return tuple(o if v is UNCHANGED else v for v, o in zip(new, old_row, strict=True))
 
 
 def live_after(keys: set[str], stream: StreamDef, events: Iterable[Event]) -> set[str]:

@@ -53,6 +53,9 @@ def test_a_table_declares_its_postgres_source_with_default_slot_and_publication(
 @pytest.mark.parametrize(("source", "message"), [
     ("{postgres_dsn: 'host=db password=hunter2', table: t, key: id}", "spells out a password"),
     ("{postgres_dsn: 'postgresql://cdc:hunter2@db/app', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'postgresql://cdc@db/app?password=hunter2', table: t, key: id}", "spells out a password"),
+    ("{postgres_dsn: 'postgresql://cdc@db/app?sslmode=require&pass%77ord=hunter2', table: t, key: id}",
+     "spells out a password"),  # libpq decodes a query's keywords too
     ("{postgres_dsn: 'host=db', table: 'no such; table', key: id}", "table"),
     ("{postgres_dsn: 'host=db', table: t}", "key"),
     ("{postgres_dsn: 'host=db', table: t, key: id, slot: Bad-Slot}", "slot"),
@@ -69,11 +72,46 @@ def test_only_a_table_takes_a_source():
 
 
 def test_the_dsn_takes_its_secrets_from_the_environment(users):
-    assert resolve_dsn(users.source.postgres_dsn, {"APP_PG_PASSWORD": "s3"}) == "host=db dbname=app user=cdc password=s3"
+    assert resolve_dsn(users.source.postgres_dsn, {"APP_PG_PASSWORD": "s3"}) == "host=db dbname=app user=cdc password='s3'"
     with pytest.raises(ValueError, match="APP_PG_PASSWORD, which is not set"):
         resolve_dsn(users.source.postgres_dsn, {})
     # A URL with its password from the environment is fine too.
     assert resolve_dsn("postgresql://cdc:${P}@db/app", {"P": "x"}) == "postgresql://cdc:x@db/app"
+    # So are the references in a URL's query and quoted by hand.
+    for dsn in ("postgresql://cdc@db/app?password=${P}", "host=db password='${P}'", "host=db password = '${P}'"):
+        assert parse_catalog(CONFIG.replace("host=db dbname=app user=cdc password=${APP_PG_PASSWORD}", dsn))
+
+
+@pytest.mark.parametrize("secret", [
+    "x host=evil.example sslmode=disable",  # unquoted, it would set the host and sslmode
+    "correct horse", "it's", "back\\slash", "'", "a@b:c/d?e&f=g#h%i",
+])
+@pytest.mark.parametrize("dsn", [
+    "host=db user=cdc password=${PW}", "host=db user=cdc password='${PW}'", "host=db user=cdc password = ${PW}",
+    "postgresql://cdc:${PW}@db/app", "postgresql://cdc@db/app?sslmode=require&password=${PW}",
+])
+def test_a_dsns_reference_is_its_value_whatever_the_value_holds(dsn, secret):
+    """libpq reads back exactly the value (psycopg's parser is libpq's): quoted and escaped in a
+    key=value DSN, percent-encoded in a URL, it can neither break the DSN nor set another key."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(resolve_dsn(dsn, {"PW": secret}))
+    assert params == {"host": "db", "user": "cdc", "password": secret, **({"dbname": "app"} if "app" in dsn else {}),
+                      **({"sslmode": "require"} if "sslmode" in dsn else {})}
+
+
+def test_a_reference_within_a_value_or_outside_any_is_resolved_as_libpq_reads_it():
+    from psycopg.conninfo import conninfo_to_dict
+
+    env = {"H": "my host", "Q": "'", "URL": "postgresql://u@db/app", "MORE": "dbname=app"}
+    # Part of an unquoted value: the whole value is quoted, its own escapes kept.
+    assert conninfo_to_dict(resolve_dsn(r"host=${H}.internal dbname=a\ b${Q} user=o'k", env)) == \
+        {"host": "my host.internal", "dbname": "a b'", "user": "o'k"}
+    # Outside any value the reference is DSN text by intent (a whole DSN from the environment).
+    assert resolve_dsn("${URL}", env) == "postgresql://u@db/app"
+    assert conninfo_to_dict(resolve_dsn("host=db ${MORE}", env)) == {"host": "db", "dbname": "app"}
+    # A quote left open stays open: libpq refuses it, the value cannot close it.
+    assert resolve_dsn("host=db password='${Q} host=evil", env) == "host=db password='\\' host=evil"
 
 
 # -- pgoutput ----------------------------------------------------------------------------------------
@@ -174,6 +212,36 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
              b"t\x00\x00\x00\x01xnn")
     txn = mapper.transaction(messages(BEGIN, moved, COMMIT), lambda events: set())
     assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
+
+
+@pytest.mark.parametrize(("text", "number"), [
+    ("12", 12.0), ("-1.5e3", -1500.0), ("0.25", 0.25), ("12   ", 12.0),  # char(n) pads with spaces
+    ("1_000", None), ("١٢", None), ("１２", None), ("inf", None), ("NaN", None), ("+1", None), ("", None),
+])
+def test_a_text_column_is_a_value_only_when_it_holds_a_json_number(users, text, number):
+    """Python's float() also reads underscores, Unicode digits and inf: a text column's number is
+    what a JSON number may be, as a value posted to the API is."""
+    mapper = ChangeMapper(users, "id")
+    relation = Relation(16384, "public", "users", "d", (Column("id", 25, True), Column("credit", 25, False)))
+    txn = mapper.transaction([decode(BEGIN), relation, Insert(16384, ("u1", text)), decode(COMMIT)], lambda events: set())
+    if number is None:
+        assert txn.events == [] and txn.rejected == [f"credit: {text!r} is not a number"]
+    else:
+        assert not txn.rejected and txn.events[0].numbers["credit"] == number
+
+
+def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
+    """A key change sends the old key ("K", other columns null) or the old row ("O", FULL): only
+    the old row holds the value an unchanged TOASTed (`u`) column kept."""
+    mapper = ChangeMapper(users, "id")
+    moved_with_key = Update(16384, ("u1", None, None, None), "K", ("u9", UNCHANGED, "2", "t"))
+    txn = mapper.transaction([decode(BEGIN), decode(RELATION), moved_with_key, decode(COMMIT)], lambda events: set())
+    assert txn.events == [] and len(txn.rejected) == 1  # neither blanked nor dropped: rejected, and why
+    assert txn.rejected[0].startswith("plan: an unchanged TOASTed value the change does not carry")
+    moved_with_row = Update(16384, ("u1", "pro", "1", "f"), "O", ("u9", UNCHANGED, "2", "t"))
+    txn = mapper.transaction([decode(BEGIN), moved_with_row, decode(COMMIT)], lambda events: set())
+    assert not txn.rejected
+    assert [(e.key, e.strings["op"], e.strings["plan"]) for e in txn.events] == [("u1", DELETE, ""), ("u9", UPSERT, "pro")]
 
 
 def test_schema_report_names_missing_ignored_added_and_removed_columns():

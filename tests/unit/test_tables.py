@@ -119,6 +119,33 @@ def test_kafka_records_a_tombstone_is_a_null_value_and_reads_back(users):
         record_event(events, EventValidator(events), b"k", None, T0, json_to_event)
 
 
+@pytest.mark.parametrize(("key", "value", "message"), [
+    # Kafka compacts by the record key: u2's row filed under u1 would vanish with u1's tombstone.
+    (b"u1", b'{"user_id":"u2","plan":"pro"}', "the record's key 'u1' is not its row's 'user_id' 'u2'"),
+    (None, b'{"user_id":"u3"}', "a record without a key"),
+    (b"\xff", b'{"user_id":"u1"}', "a record whose key is not UTF-8"),
+    # The rules of a POSTed row (TableRowValidator): no undeclared column, a delete is the key only.
+    (b"u1", b'{"user_id":"u1","age":40}', "age: not a column of table 'users'"),
+    (b"u1", b'{"user_id":"u1","_deleted":true,"plan":"pro"}', "plan: a delete carries only the key"),
+    (b"u1", b'{"user_id":"u1","op":"delete"}', "op: set by Sketchboard"),
+])
+def test_a_tables_json_record_meets_a_posted_rows_rules_under_its_own_key(users, key, value, message):
+    with pytest.raises(ValueError, match=message):
+        record_event(users, TableRowValidator(users).events, key, value, T0, json_to_event)
+
+
+def test_a_tables_json_record_is_the_change_its_row_asks_for(users):
+    events = TableRowValidator(users).events
+    deleted = record_event(users, events, b"u1", b'{"user_id":"u1","_deleted":true,"time":1700000000005}', T0,
+                           json_to_event)
+    assert deleted == tombstone(users, "u1", T0 + 5)
+    # Sketchboard's own upserts carry op "upsert"; a row without the time takes the record's timestamp.
+    upsert = record_event(users, events, b"u1", b'{"user_id":"u1","op":"upsert","plan":"pro"}', T0 + 7, json_to_event)
+    assert (upsert.strings["op"], upsert.strings["plan"], upsert.event_time_ms, upsert.extra) == (UPSERT, "pro", T0 + 7, {})
+    with pytest.raises(ValueError, match="time: required field is missing"):
+        record_event(users, events, b"u1", b'{"user_id":"u1"}', None, json_to_event)
+
+
 def test_the_kafka_source_turns_a_tables_records_into_rows_tombstones_included(users):
     catalog = parse_catalog(CONFIG)
     up = record_value(users, TableRowValidator(users).validate({"user_id": "u1", "plan": "pro"}, T0), event_to_json)
@@ -126,12 +153,14 @@ def test_the_kafka_source_turns_a_tables_records_into_rows_tombstones_included(u
         {"topic": "p.users", "partition": 1, "offset": 7, "ingest_time": T0, "value": up, "key": b"u1"},
         {"topic": "p.users", "partition": 1, "offset": 8, "ingest_time": T0 + 1, "value": None, "key": b"u1"},
         {"topic": "p.users", "partition": 1, "offset": 9, "ingest_time": T0 + 2, "value": None, "key": None},
+        {"topic": "p.users", "partition": 1, "offset": 10, "ingest_time": T0 + 3, "value": up, "key": b"u2"},
     ], schema=RECORD_SCHEMA)
     rows = pa.Table.from_batches(list(RecordConverter(catalog, "p.").convert(batch))).to_pylist()
     by_offset = {r["offset"]: r for r in rows}
     assert by_offset[7]["dims"] == ["upsert", "pro", ""] and by_offset[7]["ids"] == ["u1"]
     assert by_offset[8]["dims"] == ["delete", "", ""] and by_offset[8]["event_time"] == T0 + 1
     assert by_offset[9]["error_kind"] == "invalid" and "without a key" in by_offset[9]["error"]
+    assert by_offset[10]["error_kind"] == "invalid" and "the record's key 'u2' is not its row's" in by_offset[10]["error"]
 
 
 def test_a_tables_kafka_topic_is_compacted(users):
