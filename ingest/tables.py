@@ -14,10 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from catalog import StreamDef
-from catalog.tables import DELETE, OP_FIELD, UPSERT
+from catalog.tables import DELETE, DELETED_FLAG, OP_FIELD, UPSERT
 from ingest.events import Event, EventValidator, label_problem
-
-DELETED_FLAG = "_deleted"  # a row {"<key>": "k", "_deleted": true} in a POST body deletes the key
 
 
 def is_table(stream: StreamDef) -> bool:

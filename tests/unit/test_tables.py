@@ -57,6 +57,13 @@ def test_a_table_has_the_implicit_op_dimension_and_survives_a_round_trip(users):
     ("{kind: table, key_field: u, values: [op]}", "implicit dimension"),
     ("{kind: table, key_field: u, dimensions: [u]}", "cannot also be a dimension"),
     ("{key_field: u, tombstone_retention: 1h}", "tombstone_retention is a setting of tables"),
+    # A field named like the delete flag: every row was refused ("_deleted: must be true or false"),
+    # and a delete of key k wrote a tombstone of the key "true" (the flag overwrote the key).
+    ("{kind: table, key_field: _deleted}", "'_deleted' is the flag of a row that deletes its key"),
+    ("{kind: table, key_field: u, dimensions: [_deleted]}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, values: [_deleted]}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, time_field: _deleted}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, distinct: [u, _deleted]}", "'_deleted' is the flag"),
     ("{kind: view, key_field: u}", "kind"),
 ])
 def test_what_a_table_may_not_declare_is_refused_with_its_reason(extra, message):
