@@ -87,6 +87,17 @@ def test_bad_requests_are_4xx_with_their_reason(http, table_ctx):
     assert records(table_ctx) == []
 
 
+def test_a_row_with_an_empty_key_is_rejected_naming_the_key_field(http, table_ctx):
+    # It was appended, then read by ?key= but missing from the listing and impossible to delete.
+    answer = http.post("/api/v1/tables/users", json=[{"user_id": "", "plan": "pro"}, {"user_id": "", "_deleted": True},
+                                                     {"user_id": "u1"}])
+    assert answer.status_code == 200, answer.text
+    assert [(r["index"], r["reason"]) for r in answer.json()["rejected"]] == [
+        (0, "user_id: empty key (a row's key is at least one character)"),
+        (1, "user_id: empty key (a row's key is at least one character)")]
+    assert [r["user_id"] for r in records(table_ctx)] == ["u1"]
+
+
 def test_the_state_reads_one_row_or_pages(http, table_ctx, now_ms):
     changes = {f"u{i:02d}": TableChange({"plan": "pro", "credit": float(i)}, now_ms, 0, i) for i in range(12)}
     table_ctx.store.commit_batch(BatchCommit("main", 0, [], 0, table_changes={"users": changes}),
