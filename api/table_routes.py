@@ -30,6 +30,7 @@ from ingest.events import Event
 from ingest.json_limits import violation
 from ingest.log import LogUnavailable
 from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone
+from store.table_state import TableRow
 
 MAX_PAGE = 1000
 
@@ -219,14 +220,24 @@ def router(ctx: ApiContext) -> APIRouter:
             if found is None:
                 raise HTTPException(404, f"{'view' if is_view else 'table'} {name!r} has no row with key {key!r}")
             return TableRowAnswer(table=name, key=key, row=_out(found))
-        rows = (ctx.store.view_rows if is_view else ctx.store.table_rows)(name, after=cursor, limit=limit)
-        return TablePage(table=name, rows=[_out(row) for row in rows],
-                         next_cursor=rows[-1].key if len(rows) == limit else None)
+        read = ctx.store.view_rows if is_view else ctx.store.table_rows
+        page, more = _page(read(name, after=cursor or None, limit=limit + 2), limit)
+        return TablePage(table=name, rows=[_out(row) for row in page], next_cursor=page[-1].key if more else None)
 
     both = APIRouter()
     both.include_router(r)
     both.include_router(views_router)
     return both
+
+
+def _page(rows: list[TableRow], limit: int) -> tuple[list[TableRow], bool]:
+    """The page of `limit` rows out of up to `limit + 2` read after its cursor, and whether more
+    follow: known by reading past the page, so a last page of exactly `limit` rows says no more
+    (null next_cursor) rather than send the reader for an empty one. A row keyed "" (stored before
+    empty keys were refused) comes first on the first page and is not counted: its key as the
+    next cursor would read as "from the start" again."""
+    size = limit + (1 if rows and rows[0].key == "" else 0)
+    return rows[:size], len(rows) > size
 
 
 def _out(row) -> TableRowOut:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.table_state import TableRow
+from store.table_state import TableRow, page_compare
 
 DDL = """
 -- Table-table join views (store/view_state.py): per left row, the right key it names and its view row.
@@ -322,11 +322,12 @@ def row_query(placeholder: str) -> str:
     return f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key = {p} AND row_json IS NOT NULL"
 
 
-def page_query(placeholder: str) -> str:
-    """View rows in key order after a key: args (view, after, limit)."""
+def page_query(placeholder: str, after: str | None) -> str:
+    """View rows in key order after the key `after`, or from the first when None (the empty key
+    too: store/table_state.py page_compare): args (view, page_start(after), limit)."""
     p = placeholder
-    return (f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key > {p} AND row_json IS NOT NULL"
-            f" ORDER BY left_key LIMIT {p}")
+    return (f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key {page_compare(after)} {p}"
+            f" AND row_json IS NOT NULL ORDER BY left_key LIMIT {p}")
 
 
 def to_row(found: tuple) -> TableRow:

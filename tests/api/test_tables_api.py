@@ -116,6 +116,36 @@ def test_the_state_reads_one_row_or_pages(http, table_ctx, now_ms):
     assert http.get("/api/v1/tables/clicks").status_code == 404
 
 
+def pages(http, name: str, limit: int) -> list[list[str]]:
+    """The keys of each page of a listing, read from the first page until next_cursor is null."""
+    out, cursor = [], ""
+    while cursor is not None:
+        assert len(out) < 20, out  # a cursor that leads back to a page read before
+        page = http.get(f"/api/v1/tables/{name}", params={"limit": limit, "cursor": cursor}).json()
+        out.append([r["key"] for r in page["rows"]])
+        cursor = page["next_cursor"]
+    return out
+
+
+def test_next_cursor_is_null_on_the_last_page_even_when_it_is_full(tmp_path, clock, store_backend, now_ms):
+    # A last page of exactly `limit` rows gave a next_cursor, and the reader an empty page after it.
+    with context(tmp_path, clock, parse_catalog(CONFIG), store_backend.create()) as ctx, \
+            TestClient(create_app(ctx)) as http:
+        changes = {f"u{i}": TableChange({"plan": "pro"}, now_ms, 0, i) for i in range(6)}
+        ctx.store.commit_batch(BatchCommit("main", 0, [], 0, table_changes={"users": changes}),
+                               lateness_ms={}, now_ms=now_ms)
+        assert pages(http, "users", 3) == [["u0", "u1", "u2"], ["u3", "u4", "u5"]]
+        assert pages(http, "users", 6) == [["u0", "u1", "u2", "u3", "u4", "u5"]]
+        assert pages(http, "users", 4) == [["u0", "u1", "u2", "u3"], ["u4", "u5"]]
+        # A row keyed "" (stored before empty keys were refused) is listed, first; its key is no
+        # cursor ("" is the first page's), so it comes with the next row and the listing ends.
+        ctx.store.commit_batch(BatchCommit("main", 1, [], 0, table_changes={"users": {
+            "": TableChange({"plan": "old"}, now_ms, 0, 9)}}), lateness_ms={}, now_ms=now_ms)
+        assert pages(http, "users", 1) == [["", "u0"], ["u1"], ["u2"], ["u3"], ["u4"], ["u5"]]
+        assert pages(http, "users", 3) == [["", "u0", "u1", "u2"], ["u3", "u4", "u5"]]
+        assert http.get("/api/v1/tables/users", params={"key": ""}).json()["row"]["row"] == {"plan": "old"}
+
+
 def test_writes_need_the_ingest_scope_and_reads_the_read_scope(tmp_path, table_ctx):
     assert required_scope("POST", "/api/v1/tables/users") == Scope.INGEST
     assert required_scope("DELETE", "/api/v1/tables/users/u1") == Scope.INGEST
