@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
-from api.errors import bad_request, errors
+from api.errors import ParamHTTPError, bad_request, errors
 from api.ingest_routes import RejectedEvent, rate_limit_events
 from catalog import StreamDef
 from ingest.events import Event
@@ -31,6 +31,7 @@ from ingest.json_limits import violation
 from ingest.log import LogUnavailable
 from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone
 from store.table_state import TableRow
+from store.view_state import ChangesGone
 
 MAX_PAGE = 1000
 
@@ -184,8 +185,12 @@ def router(ctx: ApiContext) -> APIRouter:
     views_router = APIRouter(prefix="/api/v1/views", tags=["tables"])
 
     @views_router.get("/{name}/changes", response_model=ViewChangesPage,
-           responses=errors(400, 404, e400="a table (its changes are its log), or a malformed cursor",
-                            e404="unknown view"),
+           responses=errors(400, 404, 410, e400="a table (its changes are its log), a malformed cursor, or one past"
+                                                " the view's last change",
+                            e404="unknown view",
+                            e410="the changes after the cursor are gone (past the view's retention, or dropped by a"
+                                 " rebuild): re-read the view's rows, then its changes from the cursor the detail"
+                                 " names"),
            summary="A view's changelog: each change of a view row with its old and new row, in commit order")
     def get_changes(name: str,
                     limit: int = Query(100, ge=1, le=MAX_PAGE, description="changes per page"),
@@ -198,8 +203,13 @@ def router(ctx: ApiContext) -> APIRouter:
                                      f" (views: {', '.join(sorted(views)) or 'none'})")
         try:
             changes = ctx.store.view_changes(name, after=cursor, limit=limit)
-        except ValueError as e:
-            raise HTTPException(400, str(e)) from None
+        except ValueError as e:  # malformed, or past the last change
+            raise bad_request("cursor", str(e)) from None
+        except ChangesGone as e:
+            # Reading on would skip changes. The rows read now are the view at or after the end `last`
+            # (which only grows), and applying the changes after it to them gives the view again.
+            raise ParamHTTPError(410, "cursor", f"{e}: re-read the view's rows (GET /api/v1/tables/{name}), then"
+                                                f" read its changes on from cursor '{e.last}'") from None
         return ViewChangesPage(view=name, changes=[ViewChangeOut(
             key=c.key, old=c.old, new=c.new, event_time_ms=c.event_time_ms, partition=c.partition, offset=c.offset,
             cursor=c.cursor, committed_at_ms=c.committed_at_ms) for c in changes],
