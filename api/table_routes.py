@@ -15,16 +15,19 @@ each change of a view row with its old and new row, in commit order, paged by a 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, bad_request, errors
-from api.ingest_routes import RejectedEvent, rate_limit_events
+from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, fingerprint, guarded, key_scope, replayed_header_doc
+from api.ingest_routes import RejectedEvent, ValidationIssue, rate_limit_events
 from catalog import StreamDef
 from ingest.events import Event
 from ingest.json_limits import violation
@@ -45,6 +48,30 @@ class TableWriteAnswer(BaseModel):
     partitions: dict[int, tuple[int | None, int]] = Field(
         description="partition -> (first offset, records written); the first offset is null where Kafka"
                     " acknowledged a retried record without its offset")
+
+
+class TableWrite422(BaseModel):
+    """422: a header outside its schema (FastAPI's list of issues), or an Idempotency-Key used
+    before for a different request (a message, `param` names the header)."""
+
+    detail: list[ValidationIssue] | str
+    param: str | None = None
+
+
+def _idempotency_key(what: str) -> Any:
+    return Header(None, alias=HEADER, min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
+                  description=f"makes a retry safe: the same request ({what}) repeated with the same key within"
+                              " `idempotency_key_ttl` is not appended again and gets the first answer back")
+
+
+def _write_responses(e400: str, e409: str, **more: str) -> dict[int | str, dict[str, Any]]:
+    """The answers of a write to a table: its errors, and those of an Idempotency-Key."""
+    return {**errors(400, 404, 409, 503, e400=e400, e404="unknown table",
+                     e409=f"{e409}; or a request with the same {HEADER} still being processed (Retry-After)",
+                     e503="the log did not acknowledge the write", **more),
+            200: replayed_header_doc(),
+            422: {"model": TableWrite422, "description": f"a header outside its schema, or the {HEADER} used for a"
+                                                         " different request"}}
 
 
 class TableRowOut(BaseModel):
@@ -130,17 +157,43 @@ def router(ctx: ApiContext) -> APIRouter:
         return TableWriteAnswer(table=stream.name, upserts=len(events) - deletes, deletes=deletes, rejected=rejected,
                                 ingest_time_ms=now, partitions=result.ranges if result else {})
 
+    async def once(request: Request, name: str, key: str | None, what: tuple[str | bytes, ...],
+                   work: Callable[[], Awaitable[TableWriteAnswer]]) -> TableWriteAnswer | Response:
+        """`work`'s answer; with an Idempotency-Key, a repeat of the request (the same `what`: method,
+        body...) gets the first answer back (`Idempotent-Replayed: true`) instead of appending again
+        (api/idempotency.py, as for events)."""
+        if ctx.idempotency is None or key is None:
+            return await work()
+        # The request's hash only when a key asks for it: it is what tells a retry from new rows.
+        request_fingerprint = fingerprint(*what)
+
+        async def recorded() -> dict:
+            return (await work()).model_dump(mode="json")
+
+        answer = await guarded(ctx.idempotency, key, key_scope(request, name), request_fingerprint, ctx.now_ms(),
+                               recorded)
+        return answer if isinstance(answer, Response) else JSONResponse(answer)
+
     @r.post("/{name}", response_model=TableWriteAnswer, openapi_extra=_ROWS_BODY,
-            responses=errors(400, 404, 409, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array)",
-                             e404="unknown table",
-                             e409="a view (write to its tables), or a table fed by change data capture",
-                             e413="body or row count over the configured limit",
-                             e503="the log did not acknowledge the rows"),
+            responses=_write_responses("malformed body (not UTF-8, not JSON, not an array)",
+                                       "a view (write to its tables), or a table fed by change data capture",
+                                       e413="body or row count over the configured limit"),
             summary="Upsert or delete rows of a changelog table (JSON array or NDJSON)")
-    async def post_rows(request: Request, name: str) -> TableWriteAnswer:
+    async def post_rows(request: Request, name: str,
+                        idempotency_key: str | None = _idempotency_key("same table and body")) -> Response:
         stream = writable(name)
         body = await read_capped(request, ctx.max_body_bytes)
-        raws = parse_events(body, request.headers.get("content-type", ""))
+        content_type = request.headers.get("content-type", "")
+
+        async def work() -> TableWriteAnswer:
+            return await write_rows(request, stream, body, content_type)
+
+        return await once(request, name, idempotency_key, ("POST", content_type, body), work)
+
+    async def write_rows(request: Request, stream: StreamDef, body: bytes, content_type: str) -> TableWriteAnswer:
+        """Validate the rows one by one and append the accepted ones (the bad ones rejected with their reasons)."""
+        name = stream.name
+        raws = parse_events(body, content_type)
         if len(raws) > ctx.max_events_per_request:
             raise HTTPException(413, f"{len(raws)} rows exceed the limit of {ctx.max_events_per_request} per request")
         rate_limit_events(ctx, request, len(raws))
@@ -163,22 +216,24 @@ def router(ctx: ApiContext) -> APIRouter:
         return await append(stream, events, rejected, now)
 
     @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
-              responses=errors(400, 404, 409, 503, e404="unknown table",
-                               e400="an empty key, or one no key can be (over 1 024 characters or 2 048 bytes, a NUL, a lone surrogate)",
-                               e409="a view (write to its tables), or a table fed by change data capture",
-                               e503="the log did not acknowledge the delete"),
+              responses=_write_responses("an empty key, or one no key can be (over 1 024 characters or 2 048 bytes,"
+                                         " a NUL, a lone surrogate)",
+                                         "a view (write to its tables), or a table fed by change data capture"),
               summary="Delete one row of a changelog table (appends a tombstone)")
-    async def delete_row(request: Request, name: str, key: str) -> TableWriteAnswer:
+    async def delete_row(request: Request, name: str, key: str,
+                         idempotency_key: str | None = _idempotency_key("same table and key")) -> Response:
         stream = writable(name)
-        if not key:
-            raise HTTPException(400, "key must not be empty")
-        rate_limit_events(ctx, request, 1)
-        now = ctx.now_ms()
-        try:  # the key meets the rules a POSTed delete's does (its length, no NUL nor lone surrogate)
-            event = validators[name].validate({stream.key_field: key, DELETED_FLAG: True}, now)
-        except ValueError as exc:
-            raise bad_request("key", str(exc)) from None
-        return await append(stream, [event], [], now)
+
+        async def work() -> TableWriteAnswer:
+            rate_limit_events(ctx, request, 1)
+            now = ctx.now_ms()
+            try:  # the key meets the rules a POSTed delete's does (not empty, its length, no NUL nor lone surrogate)
+                event = validators[name].validate({stream.key_field: key, DELETED_FLAG: True}, now)
+            except ValueError as exc:
+                raise bad_request("key", str(exc)) from None
+            return await append(stream, [event], [], now)
+
+        return await once(request, name, idempotency_key, ("DELETE", key), work)
 
     # Under /api/v1/views, not /api/v1/tables/{name}/changes, which would overlap DELETE
     # /api/v1/tables/{name}/{key} (a row keyed "changes").
