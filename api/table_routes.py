@@ -215,7 +215,9 @@ def router(ctx: ApiContext) -> APIRouter:
                 rejected.append(RejectedEvent(index=index, reason=problem))
         return await append(stream, events, rejected, now)
 
-    @r.delete("/{name}/{key}", response_model=TableWriteAnswer,
+    # `key:path`: a key may hold "/", which a server decodes from %2F before routing (uvicorn
+    # routes on the decoded path), so a plain {key} would not match "team%2F42".
+    @r.delete("/{name}/{key:path}", response_model=TableWriteAnswer,
               responses=_write_responses("an empty key, or one no key can be (over 1 024 characters or 2 048 bytes,"
                                          " a NUL, a lone surrogate)",
                                          "a view (write to its tables), or a table fed by change data capture"),
