@@ -3,9 +3,11 @@
 - POST /api/v1/tables/{name}: a JSON array or NDJSON of rows, each an upsert of its key's row,
   or a delete with `"_deleted": true`; validated one by one (ingest/tables.py), the accepted
   ones appended to the log with the key as the record key (one key, one partition, in order).
-- DELETE /api/v1/tables/{name}/{key}: one delete (a tombstone).
+- DELETE /api/v1/tables/{name}/{key}: one delete (a tombstone); the key is the rest of the path.
 - GET /api/v1/tables/{name}?key=K: the key's current row; without `key`, the rows in key
-  order, `limit` at a time, the next page after `cursor` (the last key of the page before).
+  order, `limit` at a time, the next page after `cursor` (the last key of the page before; null
+  when no row follows).
+Both writes take an Idempotency-Key as POST /api/v1/events does (api/idempotency.py).
 The state is what the pipeline has committed (store/table_state.py): a change shows there
 once its batch is committed, as a change shows in panes. A view (catalog/views.py: a join of two
 tables the pipeline maintains, store/view_state.py) is read by the same GET; a write to one is a
@@ -59,6 +61,8 @@ class TableWrite422(BaseModel):
 
 
 def _idempotency_key(what: str) -> Any:
+    """The Idempotency-Key header of a write, as POST /api/v1/events declares it (`what`: what makes
+    two requests the same)."""
     return Header(None, alias=HEADER, min_length=1, max_length=KEY_MAX_LENGTH, pattern=KEY_PATTERN,
                   description=f"makes a retry safe: the same request ({what}) repeated with the same key within"
                               " `idempotency_key_ttl` is not appended again and gets the first answer back")
