@@ -166,7 +166,7 @@ class Views:
 
     def _all_rows(self, table: str) -> list[TableRow]:
         rows: list[TableRow] = []
-        after = ""
+        after: str | None = None  # from the first row: a row keyed "" too (store/table_state.py page_compare)
         while True:
             page = self.store.table_rows(table, after=after, limit=PAGE)
             rows += page

@@ -1,4 +1,5 @@
-"""The `Idempotency-Key` header of POST /api/v1/events, over store/idempotency.py.
+"""The `Idempotency-Key` header of POST /api/v1/events and of a changelog table's writes
+(POST /api/v1/tables/{name}, DELETE /api/v1/tables/{name}/{key}), over store/idempotency.py.
 
 `guarded` wraps the work of one request: without a key (or without a store) it just runs it;
 with one, the first request runs and its answer is recorded, a retry of the same request gets
@@ -13,6 +14,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -25,6 +27,20 @@ HEADER = "Idempotency-Key"
 KEY_PATTERN = r"^[\x21-\x7e]+$"
 KEY_MAX_LENGTH = 255
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def replayed_header_doc() -> dict:
+    """The 200 answer's `Idempotent-Replayed` header, as the OpenAPI document describes it."""
+    return {"headers": {REPLAYED_HEADER: {
+        "description": f"`true` when this is the recorded answer of an earlier request with the same {HEADER}",
+        "schema": {"type": "string", "enum": ["true"]}}}}
+
+
+def key_scope(request: Request, stream: str) -> str:
+    """Whose keys a key is one of: the caller's (its token's name) for one stream or table, so
+    two producers' keys never meet."""
+    token = getattr(request.state, "token", None)
+    return f"{token.name if token else 'anonymous'} {stream}"
 
 
 def fingerprint(*parts: str | bytes) -> str:

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from api.bodies import MalformedLine, columnar_body, few_events, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
-from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, REPLAYED_HEADER, fingerprint, guarded
+from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, fingerprint, guarded, key_scope, replayed_header_doc
 from catalog import StreamDef
 from ingest.columnar import columnar_events
 from ingest.json_limits import violation
@@ -129,9 +129,7 @@ def router(ctx: ApiContext) -> APIRouter:
                      e409=f"a request with the same {HEADER} is still being processed (Retry-After)",
                      e503="the log (Kafka) did not acknowledge the events; none is reported accepted, though on"
                           " Kafka some may have been written (a retry may duplicate them)"),
-            200: {"headers": {REPLAYED_HEADER: {
-                "description": f"`true` when this is the recorded answer of an earlier request with the same {HEADER}",
-                "schema": {"type": "string", "enum": ["true"]}}}},
+            200: replayed_header_doc(),
             422: {"model": Ingest422, "description": "atomic=true and some events were invalid: nothing was written;"
                   f" or a query parameter or header is missing or mistyped; or the {HEADER} was used for a"
                   " different request"},
@@ -165,10 +163,9 @@ def router(ctx: ApiContext) -> APIRouter:
         if ctx.idempotency is None or idempotency_key is None:
             return AnswerResponse(await work())
         # The body's hash only when a key asks for it: it is what tells a retry from new events.
-        token = getattr(request.state, "token", None)
-        scope = f"{token.name if token else 'anonymous'} {stream}"
         request_fingerprint = fingerprint(stream, str(atomic), content_type, body)
-        answer = await guarded(ctx.idempotency, idempotency_key, scope, request_fingerprint, ctx.now_ms(), work)
+        answer = await guarded(ctx.idempotency, idempotency_key, key_scope(request, stream), request_fingerprint,
+                               ctx.now_ms(), work)
         return answer if isinstance(answer, Response) else AnswerResponse(answer)
 
     async def ingest(stream: str, atomic: bool, body: bytes, content_type: str, rate_key: str) -> dict:

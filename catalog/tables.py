@@ -20,6 +20,9 @@ StreamKind = Literal["stream", "table"]
 OP_FIELD = "op"  # the implicit dimension of a table: which change a record is
 UPSERT = "upsert"
 DELETE = "delete"
+# The flag of a row that deletes its key in a POST body ({"<key>": "k", "_deleted": true}; ingest/tables.py):
+# a field of that name would be read as the flag, so no table may declare one.
+DELETED_FLAG = "_deleted"
 # Kafka's delete.retention.ms default: how long a tombstone outlives the rows it deleted, so a
 # consumer that is behind still sees the delete.
 DEFAULT_TOMBSTONE_RETENTION_MS = 86_400_000
@@ -66,6 +69,9 @@ def check_table(stream: StreamDef) -> None:
             or stream.key_field == OP_FIELD:
         raise ValueError(f"{OP_FIELD!r} is the implicit dimension of a table (upsert or delete): name the field"
                          " otherwise")
+    if DELETED_FLAG in (stream.key_field, stream.time_field, *stream.string_fields, *stream.values):
+        raise ValueError(f"{DELETED_FLAG!r} is the flag of a row that deletes its key (\"{DELETED_FLAG}\": true):"
+                         " name the field otherwise")
 
 
 def tombstone_retention_ms(stream: StreamDef) -> int:

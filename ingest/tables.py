@@ -16,10 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from catalog import StreamDef
-from catalog.tables import DELETE, OP_FIELD, UPSERT
+from catalog.tables import DELETE, DELETED_FLAG, OP_FIELD, UPSERT
 from ingest.events import Event, EventValidator, label_problem
-
-DELETED_FLAG = "_deleted"  # a row {"<key>": "k", "_deleted": true} in a POST body deletes the key
 
 
 def is_table(stream: StreamDef) -> bool:
@@ -36,6 +34,15 @@ def tombstone(stream: StreamDef, key: str, time_ms: int) -> Event:
     strings[stream.key_field] = key
     strings[OP_FIELD] = DELETE
     return Event(event_time_ms=time_ms, key=key, strings=strings, numbers={name: None for name in stream.values})
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot name a row, or None: a label's rules, and not empty. An empty key sorts
+    before every other, where a listing's first page starts (its cursor "" is "from the start"), and
+    no DELETE path can name it: such a row could be written but neither paged to nor deleted."""
+    if not key:
+        return "empty key"
+    return label_problem(key)
 
 
 def as_upsert(event: Event) -> Event:
@@ -72,11 +79,16 @@ class TableRowValidator:
             extra = sorted(set(raw) - {stream.key_field, stream.time_field, DELETED_FLAG})
             if extra:
                 raise ValueError(f"{extra[0]}: a delete carries only the key (and the time)")
-            event = self.events.validate({stream.key_field: raw.get(stream.key_field),
-                                          stream.time_field: raw[stream.time_field]})
+            event = self._keyed({stream.key_field: raw.get(stream.key_field), stream.time_field: raw[stream.time_field]})
             return tombstone(stream, event.key, event.event_time_ms)
-        body = {k: v for k, v in raw.items() if k != DELETED_FLAG}
-        return as_upsert(self.events.validate(body))
+        return as_upsert(self._keyed({k: v for k, v in raw.items() if k != DELETED_FLAG}))
+
+    def _keyed(self, raw: dict) -> Event:
+        """The event of a row whose key can name a row (the event validator checks the label)."""
+        event = self.events.validate(raw)
+        if not event.key:
+            raise ValueError(f"{self.stream.key_field}: empty key (a row's key is at least one character)")
+        return event
 
 
 # -- Kafka records -----------------------------------------------------------------------------
@@ -105,8 +117,8 @@ def record_event(stream: StreamDef, validator: EventValidator, key: bytes | None
             text = key.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError("a tombstone whose key is not UTF-8") from None
-        # The rules a POSTed delete's key meets through the validator (a key is a label).
-        problem = label_problem(text)
+        # The rules a POSTed delete's key meets through the validator (a label, not empty).
+        problem = key_problem(text)
         if problem is not None:
             raise ValueError(f"a tombstone's key: {problem}")
         return tombstone(stream, text, timestamp_ms)

@@ -357,8 +357,9 @@ class PaneStore(ABC):
         version already stored (same key and log position) is kept as it is."""
         raise NotImplementedError
 
-    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
-        """A changelog table's rows in key order, the first `limit` after the key `after`."""
+    def table_rows(self, stream: str, *, after: str | None = None, limit: int = 100) -> list[TableRow]:
+        """A changelog table's rows in key order, the first `limit` after the key `after` (None:
+        from the first row, the empty key included)."""
         raise NotImplementedError
 
     def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
@@ -381,8 +382,9 @@ class PaneStore(ABC):
         """A view's current row of the left key `key`, None when it has none."""
         raise NotImplementedError
 
-    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[TableRow]:
-        """A view's rows in key order, the first `limit` after the key `after`."""
+    def view_rows(self, view: str, *, after: str | None = None, limit: int = 100) -> list[TableRow]:
+        """A view's rows in key order, the first `limit` after the key `after` (None: from the first
+        row, the empty key included)."""
         raise NotImplementedError
 
     def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[ViewChangeRow]:

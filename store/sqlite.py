@@ -501,9 +501,10 @@ class SqlitePaneStore(PaneStore):
             found = self._conn.execute(table_versions.versions_query("?"), (stream,)).fetchall()
         return [table_versions.to_version(r) for r in found]
 
-    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+    def table_rows(self, stream: str, *, after: str | None = None, limit: int = 100) -> list[table_state.TableRow]:
         with self._lock:
-            found = self._conn.execute(table_state.page_query("?"), (stream, after, limit)).fetchall()
+            found = self._conn.execute(table_state.page_query("?", after),
+                                       (stream, table_state.page_start(after), limit)).fetchall()
         return [table_state.to_row(r) for r in found]
 
     def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
@@ -527,9 +528,10 @@ class SqlitePaneStore(PaneStore):
             found = self._conn.execute(view_state.row_query("?"), (view, key)).fetchone()
         return None if found is None else view_state.to_row(found)
 
-    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
+    def view_rows(self, view: str, *, after: str | None = None, limit: int = 100) -> list[table_state.TableRow]:
         with self._lock:
-            found = self._conn.execute(view_state.page_query("?"), (view, after, limit)).fetchall()
+            found = self._conn.execute(view_state.page_query("?", after),
+                                       (view, table_state.page_start(after), limit)).fetchall()
         return [view_state.to_row(r) for r in found]
 
     def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:

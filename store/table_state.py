@@ -79,11 +79,23 @@ def row_query(placeholder: str) -> str:
     return f"SELECT {_COLUMNS} FROM table_rows WHERE stream = {placeholder} AND row_key = {placeholder}"
 
 
-def page_query(placeholder: str) -> str:
-    """Rows in key order after a key (the cursor; "" for the first page): args (stream, after, limit)."""
+def page_query(placeholder: str, after: str | None) -> str:
+    """Rows in key order after the key `after`, or from the first when None: args (stream,
+    page_start(after), limit)."""
     p = placeholder
-    return (f"SELECT {_COLUMNS} FROM table_rows WHERE stream = {p} AND row_key > {p}"
+    return (f"SELECT {_COLUMNS} FROM table_rows WHERE stream = {p} AND row_key {page_compare(after)} {p}"
             f" ORDER BY row_key LIMIT {p}")
+
+
+def page_compare(after: str | None) -> str:
+    """From the first row the key compares >= "", so the empty key is read too: it sorts first, and
+    a row keyed "" (stored before such keys were refused, ingest/tables.py) was missed by a first
+    page read as "after the key ''", also by a view's rebuild."""
+    return ">=" if after is None else ">"
+
+
+def page_start(after: str | None) -> str:
+    return "" if after is None else after
 
 
 def to_row(found: tuple) -> TableRow:

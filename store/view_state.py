@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.table_state import TableRow
+from store.table_state import TableRow, page_compare
 
 DDL = """
 -- Table-table join views (store/view_state.py): per left row, the right key it names and its view row.
@@ -296,15 +296,52 @@ def parse_cursor(cursor: str) -> Cursor:
     return Cursor(batch=batch_id, seq=seq_no)
 
 
+class CursorPastEnd(ValueError):
+    """A cursor past the view's last change: no answer gave it, and reading on from it would skip
+    the changes up to it once they are written."""
+
+
+class ChangesGone(Exception):
+    """The changes right after a cursor are no longer kept (past the view stream's retention, or
+    dropped by a rebuild): reading on would skip them. `last` is the changelog's end when it was
+    found: the rows read after it and the changes after it are the view again."""
+
+    def __init__(self, after: int, first_kept: int | None, last: int):
+        kept = "none is kept" if first_kept is None else f"the oldest kept is {first_kept}"
+        super().__init__(f"the changes after cursor '{after}' are gone ({kept}; past the view's retention or"
+                         " dropped by a rebuild)")
+        self.last = last
+
+
 def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) -> list[ViewChangeRow]:
-    """The view's changes after the cursor `after`, in changelog order (ValueError: a malformed cursor)."""
+    """The view's changes after the cursor `after`, in changelog order (ValueError: a malformed
+    cursor or one past the last change, CursorPastEnd; ChangesGone: the next changes are gone)."""
     parsed = parse_cursor(after)
     position = parsed.position
     if parsed.batch is not None:
         cursor.execute(legacy_position_query(placeholder), (view, parsed.batch, parsed.batch, parsed.seq))
         position = int(cursor.fetchone()[0])
+    # The end before the changes: it only grows, so a change after the cursor that existed then and
+    # is not read now is gone, never one committed in between.
+    last = last_position(cursor, view, placeholder)
     cursor.execute(changes_query(placeholder), (view, position, limit))
-    return [to_change(r) for r in cursor.fetchall()]
+    changes = [to_change(r) for r in cursor.fetchall()]
+    # An empty cursor reads from the oldest change kept; an old "batch.seq" one names no position of
+    # its own to check (its position is that of a change kept at or before it, else 0).
+    if after and parsed.batch is None:
+        check_continues(position, changes, last)
+    return changes
+
+
+def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int) -> None:
+    """Whether the changes read after the cursor at `position` continue it: positions are given one
+    after the other (append_changes), so the first one read must be the next."""
+    if position > last:
+        raise CursorPastEnd(f"cursor '{position}' is past the view's last change ({last}): pass a cursor an"
+                            " answer gave")
+    first = int(changes[0].cursor) if changes else None
+    if position < last and first != position + 1:
+        raise ChangesGone(position, first, last)
 
 
 def to_change(found: tuple) -> ViewChangeRow:
@@ -322,11 +359,12 @@ def row_query(placeholder: str) -> str:
     return f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key = {p} AND row_json IS NOT NULL"
 
 
-def page_query(placeholder: str) -> str:
-    """View rows in key order after a key: args (view, after, limit)."""
+def page_query(placeholder: str, after: str | None) -> str:
+    """View rows in key order after the key `after`, or from the first when None (the empty key
+    too: store/table_state.py page_compare): args (view, page_start(after), limit)."""
     p = placeholder
-    return (f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key > {p} AND row_json IS NOT NULL"
-            f" ORDER BY left_key LIMIT {p}")
+    return (f"SELECT {_COLUMNS} FROM view_rows WHERE view_name = {p} AND left_key {page_compare(after)} {p}"
+            f" AND row_json IS NOT NULL ORDER BY left_key LIMIT {p}")
 
 
 def to_row(found: tuple) -> TableRow:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from catalog import StreamDef
 from catalog.tables import OP_FIELD
 from ingest.cdc.pgoutput import UNCHANGED, Begin, Column, Commit, Delete, Insert, Relation, Truncate, Update
-from ingest.events import Event, label_problem
-from ingest.tables import TableRowValidator, is_tombstone, tombstone
+from ingest.events import Event
+from ingest.tables import TableRowValidator, is_tombstone, key_problem, tombstone
 
 # pg_type oids (stable since PostgreSQL 7): the types whose text form is a JSON number or boolean.
 INTEGER_TYPES = frozenset({20, 21, 23, 26})  # int8, int2, int4, oid
@@ -151,7 +151,7 @@ class ChangeMapper:
     def _tombstone(self, key: str, time_ms: int) -> Event:
         """A delete of `key`, whose text meets a label's rules as an upserted row's key does (so no
         store is asked to hold a key it cannot index)."""
-        problem = label_problem(key)
+        problem = key_problem(key)
         if problem is not None:
             raise ValueError(f"{self.key_column}: {problem}")
         return tombstone(self.stream, key, time_ms)
@@ -173,8 +173,8 @@ class ChangeMapper:
             old_key = self.key_of(columns, message.old)
             if message.old_kind == FULL_OLD_ROW:
                 new = _with_unchanged_from(new, message.old)
-            if old_key is not None and old_key != self.key_of(columns, new) and label_problem(old_key) is None:
-                # The row moved to another key. An old key no label can be was never stored: no delete.
+            if old_key is not None and old_key != self.key_of(columns, new) and key_problem(old_key) is None:
+                # The row moved to another key. An old key no row can have was never stored: no delete.
                 events.append(tombstone(self.stream, old_key, time_ms))
         events.append(self.row_event(columns, new, time_ms))
         return events

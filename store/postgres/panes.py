@@ -447,8 +447,9 @@ class PostgresPaneStore(PaneStore):
     def table_versions(self, stream: str) -> list[tuple[str, table_versions.TableVersion]]:
         return [table_versions.to_version(r) for r in self._all(table_versions.versions_query("%s"), (stream,))]
 
-    def table_rows(self, stream: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
-        return [table_state.to_row(r) for r in self._all(table_state.page_query("%s"), (stream, after, limit))]
+    def table_rows(self, stream: str, *, after: str | None = None, limit: int = 100) -> list[table_state.TableRow]:
+        return [table_state.to_row(r) for r in self._all(table_state.page_query("%s", after),
+                                                         (stream, table_state.page_start(after), limit))]
 
     def table_rows_by_key(self, stream: str, keys: Sequence[str]) -> dict[str, dict]:
         with self._pool.connection() as conn, conn.cursor() as cur:
@@ -471,8 +472,9 @@ class PostgresPaneStore(PaneStore):
         found = self._one(view_state.row_query("%s"), (view, key))
         return None if found is None else view_state.to_row(found)
 
-    def view_rows(self, view: str, *, after: str = "", limit: int = 100) -> list[table_state.TableRow]:
-        return [view_state.to_row(r) for r in self._all(view_state.page_query("%s"), (view, after, limit))]
+    def view_rows(self, view: str, *, after: str | None = None, limit: int = 100) -> list[table_state.TableRow]:
+        return [view_state.to_row(r) for r in self._all(view_state.page_query("%s", after),
+                                                        (view, table_state.page_start(after), limit))]
 
     def view_changes(self, view: str, *, after: str = "", limit: int = 100) -> list[view_state.ViewChangeRow]:
         with self._pool.connection() as conn, conn.cursor() as cur:

@@ -1,4 +1,4 @@
-"""Idempotency-Key on POST /api/v1/events over real HTTP on loopback (uvicorn in a thread,
+"""Idempotency-Key on POST /api/v1/events (and a changelog table's writes) over real HTTP on loopback (uvicorn in a thread,
 httpx), with the real SQLite log and store: a retried request appends nothing and gets the first
 answer back, across a restart of the API too; a key reused for other events is refused; a
 refused request frees its key; concurrent retries append once. Without the header every POST
@@ -108,3 +108,29 @@ def test_a_key_expires_after_its_ttl(http, wired_ctx, clock, now_ms):
     again = http.post(EVENTS, json=orders(now_ms), headers={"Idempotency-Key": "k"})
     assert again.status_code == 200 and "idempotent-replayed" not in again.headers
     assert appended(wired_ctx) == 6
+
+
+def rows_appended(ctx) -> int:
+    return sum(o.end - o.start for o in ctx.log.offsets("users").values())
+
+
+def test_a_tables_writes_take_the_key_as_events_do(http, wired_ctx):
+    # The header was ignored on a table's routes: each retry appended the rows again.
+    rows = [{"user_id": "u1", "plan": "pro"}, {"user_id": "u2", "_deleted": True}]
+    first = http.post("/api/v1/tables/users", json=rows, headers={"Idempotency-Key": "rows-1"})
+    assert first.status_code == 200 and first.json()["upserts"] == 1 and "idempotent-replayed" not in first.headers
+    retry = http.post("/api/v1/tables/users", json=rows, headers={"Idempotency-Key": "rows-1"})
+    assert retry.status_code == 200 and retry.json() == first.json()
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert rows_appended(wired_ctx) == 2
+    other = http.post("/api/v1/tables/users", json=rows[:1], headers={"Idempotency-Key": "rows-1"})
+    assert other.status_code == 422 and other.json()["param"] == "Idempotency-Key"
+    # A delete too; the same key on another request (a delete of another key) is refused.
+    gone = [http.delete("/api/v1/tables/users/u1", headers={"Idempotency-Key": "del-1"}) for _ in range(2)]
+    assert [g.status_code for g in gone] == [200, 200] and gone[1].json() == gone[0].json()
+    assert gone[1].headers["idempotent-replayed"] == "true" and gone[0].json()["deletes"] == 1
+    assert http.delete("/api/v1/tables/users/u2", headers={"Idempotency-Key": "del-1"}).status_code == 422
+    assert rows_appended(wired_ctx) == 3
+    # Without a key every write appends, as for events.
+    assert http.post("/api/v1/tables/users", json=rows).status_code == 200
+    assert rows_appended(wired_ctx) == 5

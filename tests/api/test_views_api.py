@@ -108,3 +108,29 @@ def test_a_views_changelog_has_the_old_and_new_row_of_each_change(http, view_ctx
     for cursor in ("u1", str(2**63), f"1.{2**63}"):  # past 64 bits: was a 500 (OverflowError binding it)
         bad = http.get("/api/v1/views/user_plans/changes", params={"cursor": cursor})
         assert bad.status_code == 400 and "not a changes cursor" in bad.json()["detail"], cursor
+
+
+def test_a_cursor_whose_next_changes_are_gone_is_a_410_and_one_past_the_last_a_400(http, view_ctx, now_ms):
+    # Both were 200: the first silently without the pruned changes, the second echoed back as
+    # next_cursor, so a reader would later skip the changes up to it.
+    views = Views(view_ctx.catalog, view_ctx.store)
+
+    def commit(batch_id: int, changes: dict, at: int) -> None:
+        done = views.process(changes, batch_now_ms=at)
+        view_ctx.store.commit_batch(with_views(BatchCommit("main", batch_id, [], 0, table_changes=changes), done,
+                                               views.names), lateness_ms={}, now_ms=at)
+
+    commit(0, {"users": {"u1": TableChange({"plan_id": "p1", "credit": 1.0}, now_ms, 0, 0, now_ms)}}, now_ms)
+    held = http.get("/api/v1/views/user_plans/changes").json()["next_cursor"]
+    commit(1, {"plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0, now_ms)}}, now_ms)
+    later = now_ms + view_ctx.catalog.streams["user_plans"].retention + 1
+    commit(2, {"users": {"u2": TableChange({"plan_id": "p1", "credit": 2.0}, later, 0, 1, later)}}, later)
+    gone = http.get("/api/v1/views/user_plans/changes", params={"cursor": held})
+    assert gone.status_code == 410, gone.text
+    assert gone.json() == {"param": "cursor", "detail": (
+        "the changes after cursor '1' are gone (the oldest kept is 3; past the view's retention or dropped by a"
+        " rebuild): re-read the view's rows (GET /api/v1/tables/user_plans), then read its changes on from cursor '3'")}
+    assert http.get("/api/v1/views/user_plans/changes", params={"cursor": "3"}).json()["changes"] == []
+    past = http.get("/api/v1/views/user_plans/changes", params={"cursor": "99"})
+    assert past.status_code == 400 and past.json() == {
+        "param": "cursor", "detail": "cursor '99' is past the view's last change (3): pass a cursor an answer gave"}

@@ -244,6 +244,18 @@ def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
     assert [(e.key, e.strings["op"], e.strings["plan"]) for e in txn.events] == [("u1", DELETE, ""), ("u9", UPSERT, "pro")]
 
 
+def test_an_empty_key_is_a_rejected_change_not_a_row(users):
+    # A row keyed "" was written, then missing from the table's listing and impossible to delete.
+    mapper = ChangeMapper(users, "id")
+    insert = b"I\x00\x00@\x00N\x00\x04t\x00\x00\x00\x00nnn"
+    delete = b"D\x00\x00@\x00K\x00\x04t\x00\x00\x00\x00nnn"
+    moved = b"U\x00\x00@\x00K\x00\x04t\x00\x00\x00\x00nnnN\x00\x04t\x00\x00\x00\x02u9t\x00\x00\x00\x01xnn"
+    txn = mapper.transaction(messages(BEGIN, RELATION, insert, delete, moved, COMMIT), lambda events: set())
+    assert txn.rejected == ["user_id: empty key (a row's key is at least one character)", "id: empty key"]
+    # A row moved off the empty key (never stored: nothing to delete) keeps its new version.
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)]
+
+
 def test_schema_report_names_missing_ignored_added_and_removed_columns():
     report = schema_report(("op", "plan", "country"), "id", ["id", "plan", "x"], ["id", "plan", "x", "y"])
     assert report == {"missing": ["country"], "ignored": ["x", "y"], "added": ["y"], "removed": []}

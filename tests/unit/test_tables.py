@@ -57,6 +57,13 @@ def test_a_table_has_the_implicit_op_dimension_and_survives_a_round_trip(users):
     ("{kind: table, key_field: u, values: [op]}", "implicit dimension"),
     ("{kind: table, key_field: u, dimensions: [u]}", "cannot also be a dimension"),
     ("{key_field: u, tombstone_retention: 1h}", "tombstone_retention is a setting of tables"),
+    # A field named like the delete flag: every row was refused ("_deleted: must be true or false"),
+    # and a delete of key k wrote a tombstone of the key "true" (the flag overwrote the key).
+    ("{kind: table, key_field: _deleted}", "'_deleted' is the flag of a row that deletes its key"),
+    ("{kind: table, key_field: u, dimensions: [_deleted]}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, values: [_deleted]}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, time_field: _deleted}", "'_deleted' is the flag"),
+    ("{kind: table, key_field: u, distinct: [u, _deleted]}", "'_deleted' is the flag"),
     ("{kind: view, key_field: u}", "kind"),
 ])
 def test_what_a_table_may_not_declare_is_refused_with_its_reason(extra, message):
@@ -88,6 +95,10 @@ def test_rows_are_upserts_and_a_flagged_row_a_tombstone(users):
     ({"user_id": "u", "_deleted": "yes"}, "_deleted: must be true or false"),
     ({"user_id": "u", "plan": "x", "_deleted": True}, "plan: a delete carries only the key"),
     ({"user_id": "u", "credit": "lots"}, "credit: must be a number"),
+    # An empty key was written, then missing from the listing (its cursor "" is the first page's)
+    # and impossible to delete.
+    ({"user_id": ""}, "user_id: empty key"),
+    ({"user_id": "", "_deleted": True}, "user_id: empty key"),
 ])
 def test_bad_rows_are_refused_with_their_reason(users, row, message):
     with pytest.raises(ValueError, match=message):
@@ -109,6 +120,10 @@ def test_kafka_records_a_tombstone_is_a_null_value_and_reads_back(users):
         record_event(users, v.events, b"u\x00", None, T0, json_to_event)
     with pytest.raises(ValueError, match="a tombstone's key: longer than 1024 characters"):
         record_event(users, v.events, b"u" * 1025, None, T0, json_to_event)
+    with pytest.raises(ValueError, match="a tombstone's key: empty key"):
+        record_event(users, v.events, b"", None, T0, json_to_event)
+    with pytest.raises(ValueError, match="user_id: empty key"):
+        record_event(users, v.events, b"", b'{"user_id":"","time":1700000000000}', T0, json_to_event)
     # A direct producer's JSON row (no op) is an upsert; an event stream still refuses a null value.
     direct = record_event(users, v.events, b"u3", b'{"user_id":"u3","time":1700000000000}', T0, json_to_event)
     assert direct.strings["op"] == UPSERT

@@ -14,6 +14,7 @@ from aggregates.views import Views, shape_of, with_views
 from catalog import parse_catalog
 from store.base import BatchCommit
 from store.table_state import TableChange
+from store.view_state import ChangesGone, CursorPastEnd
 
 T0 = 1_700_000_000_000
 YAML = """
@@ -109,6 +110,21 @@ def test_a_dropped_view_is_rebuilt_from_the_tables_by_the_next_batch(store_backe
     assert stored_view(store, "user_plans") == stored_view(store, "paying")
 
 
+def test_a_row_keyed_empty_is_in_the_view_and_its_rebuild(store_backend):
+    """A left row keyed "" (stored before empty keys were refused): the rebuild read the tables
+    from "after the key ''" and lost it; the view's listing missed it the same way."""
+    store = store_backend.create()
+    views = Views(CATALOG, store)
+    row = {"plan_id": "p1", "country": "nl", "credit": 1.0}
+    commit_batch(store, views, 0, {"users": {"": TableChange(row, T0, 0, 0, T0), "u1": TableChange(row, T0, 0, 1, T0)},
+                                   "plans": {"p1": TableChange({"tier": "gold", "price": 2.0}, T0, 0, 0, T0)}})
+    assert list(stored_view(store, "user_plans")) == ["", "u1"]
+    store.drop_view("user_plans")
+    done, _ = commit_batch(store, views, 1, {})
+    assert done.rebuilt == ("user_plans",)
+    assert stored_view(store, "user_plans") == {key: {**row, "tier": "gold", "price": 2.0} for key in ("", "u1")}
+
+
 def replayed(store, view: str, page: int = 7) -> dict:
     """The view's changelog read page by page from the start and replayed from empty."""
     rows: dict = {}
@@ -158,6 +174,38 @@ def test_the_changelog_has_old_and_new_rows_and_replayed_from_empty_is_the_view(
     store.drop_view("user_plans")
     commit_batch(store, views, 21, {})
     assert store.view_changes("user_plans") == [] and stored_view(store, "user_plans")
+
+
+def test_a_cursor_whose_next_changes_are_gone_or_past_the_last_is_refused(store_backend):
+    """Reading on from a cursor whose next changes were pruned (retention) or dropped (a rebuild)
+    silently skipped them, and a cursor past the last change was taken, so the changes up to it
+    would be skipped once written: both are refused, the first with the end to read on from."""
+    store = store_backend.create()
+    views = Views(CATALOG, store)
+    user = {"plan_id": "p1", "country": "nl", "credit": 1.0}
+    commit_batch(store, views, 0, {"users": {"u1": TableChange(user, T0, 0, 0, T0)},
+                                   "plans": {"p1": TableChange({"tier": "gold", "price": 1.0}, T0, 0, 0, T0)}})
+    commit_batch(store, views, 1, {"plans": {"p1": TableChange({"tier": "silver", "price": 1.0}, T0, 0, 1, T0)}})
+    assert [c.cursor for c in store.view_changes("user_plans")] == ["1", "2", "3"]
+    with pytest.raises(CursorPastEnd, match=r"cursor '4' is past the view's last change \(3\)"):
+        store.view_changes("user_plans", after="4")
+    # A batch a retention later prunes changes 1..3 and writes 4.
+    now = T0 + CATALOG.streams["user_plans"].retention + 10
+    changes = {"plans": {"p1": TableChange({"tier": "bronze", "price": 1.0}, now, 0, 2, now)}}
+    done = views.process(changes, batch_now_ms=now)
+    store.commit_batch(with_views(BatchCommit("main", 2, [], 0, table_changes=changes), done, views.names),
+                       lateness_ms=LATENESS, now_ms=now)
+    assert [c.cursor for c in store.view_changes("user_plans")] == ["4"]  # the empty cursor: the oldest kept
+    with pytest.raises(ChangesGone, match=r"the changes after cursor '1' are gone \(the oldest kept is 4") as gone:
+        store.view_changes("user_plans", after="1")
+    assert gone.value.last == 4
+    assert [c.cursor for c in store.view_changes("user_plans", after="3")] == ["4"]  # nothing missed
+    assert store.view_changes("user_plans", after="4") == []
+    # A rebuild drops them all: a cursor before its end missed changes, one at its end did not.
+    store.drop_view("user_plans")
+    with pytest.raises(ChangesGone, match="none is kept"):
+        store.view_changes("user_plans", after="3")
+    assert store.view_changes("user_plans", after="4") == []
 
 
 def changes_per_batch(views: Views, store, rng: random.Random, batches: range) -> list[tuple[int, int, str]]:
