@@ -259,10 +259,11 @@ def undercount_bound(tested: int, positives: int, fpp: float, *, delta: float = 
         return 0
     if lam > 1000.0:  # normal approximation with a wide margin (z = 5 covers delta = 1e-6)
         return min(positives, math.ceil(lam + 5.0 * math.sqrt(lam) + 1.0))
-    term = math.exp(-lam)  # P(X = 0)
-    cdf, c = term, 0
+    # Each P(X = c) from its logarithm: the recurrence from P(X = 0) = exp(-lam) lost precision
+    # near lam = 730 and was 0 past 745 (a bound too small, then none at all).
+    log_lam = math.log(lam)
+    cdf, c = math.exp(-lam), 0
     while 1.0 - cdf > delta and c < positives:
         c += 1
-        term *= lam / c
-        cdf += term
+        cdf += math.exp(c * log_lam - lam - math.lgamma(c + 1))
     return min(positives, c)

@@ -123,3 +123,12 @@ def test_undercount_bound():
     assert (draws <= bound).all()
     with pytest.raises(ValueError):
         undercount_bound(1, 2, 0.1)
+
+
+@pytest.mark.parametrize(("lam", "expected"), [(700, 829), (744, 877), (746, 879), (800, 938), (999, 1153)])
+def test_undercount_bound_of_a_large_batch_is_the_poisson_tail(lam, expected):
+    """~75 000 keys of a batch tested against filters at 1 %: lambda ~750, where the recurrence
+    from exp(-lambda) lost precision (744 gave 765) and then underflowed (past 745 the bound was
+    all the positives). The expected figures: the smallest c with P(Poisson(lam) > c) <= 1e-6,
+    summed in log space."""
+    assert undercount_bound(1_000_000, 500_000, lam / 1e6) == expected
