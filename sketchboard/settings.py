@@ -166,7 +166,8 @@ class Settings(BaseSettings):
     ws_message_burst: int = Field(50, ge=1)
     # Consumer lag and pipeline health
     lag_sample_interval: DurationMs = Field("2s", ge=10, description="how often the API samples consumer lag")
-    lag_window: int = Field(10, ge=1, le=1000, description="samples per partition the lag status looks at")
+    lag_window: int = Field(10, ge=2, le=1000, description="samples per partition the lag status looks at (at least"
+                                " two: a status compares the first and the last)")
     lag_retention: DurationMs = Field("24h", ge=60_000, description="lag samples and Spark progress kept")
 
     # Dashboards

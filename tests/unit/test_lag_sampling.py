@@ -272,6 +272,8 @@ def test_lag_settings_defaults_and_durations(tmp_path, monkeypatch):
     assert Settings(lag_sample_interval="500ms").lag_sample_interval == 500
     with pytest.raises(ValueError):
         Settings(lag_window=0)
+    with pytest.raises(ValueError):  # one sample: its first is its last, a moving pipeline read STALL
+        Settings(lag_window=1)
 
 
 def test_a_query_ended_by_a_batch_refused_while_stopping_is_recorded_as_a_clean_stop(store_backend):
