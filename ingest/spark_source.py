@@ -146,7 +146,7 @@ def read_batch(log: SqliteEventLog, catalog: Catalog, start: dict, end: dict) ->
     for s in batch_slices(catalog, start, end, 2**62):
         stream = catalog.stream(s.stream)
         for batch, good in _slice_batches(log, stream, s.partition, s.start, s.end):
-            if not good or stream is not run_stream:
+            if not good or run_stream is None or stream.name != run_stream.name:
                 convert_run()
             if good:
                 run_stream = stream
