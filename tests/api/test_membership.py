@@ -3,6 +3,8 @@ pipeline commits them; no Spark): answers, OR over buckets, clear 4xx for bad in
 
 from __future__ import annotations
 
+import math
+
 from sketches.bloom import BloomFilter, optimal_shape
 from store import BatchCommit
 from store.bloom import MEMBERSHIP, BloomCommit, FilterUpdate, FirstSeenPartial
@@ -47,6 +49,8 @@ def test_membership_answers_no_or_probably_yes_over_the_or_of_buckets(client, ct
     assert nobody["answer"] == "no"
     empty = ask(client, key="alice", **{"from": BASE - 5 * HOUR, "to": BASE}).json()
     assert empty["answer"] == "no" and empty["buckets"] == 0 and empty["false_positive_probability"] == 0
+    # +0.0, not -0.0 (what -expm1(0) gives): a client printing the JSON number must not see "-0.0".
+    assert math.copysign(1.0, empty["false_positive_probability"]) == 1.0
 
 
 def test_a_replayed_batch_adds_nothing(client, ctx, catalog):
