@@ -254,10 +254,12 @@ class Pipeline(ReportsStoreErrors):
                 commit = replace(commit, bloom=bloomed)
             lateness = {name: s.allowed_lateness for name, s in self.catalog.streams.items()}
             retention = {name: s.retention for name, s in self.catalog.streams.items()}
+            # The retention run drops a membership bucket once all of it is past retention: the store needs its width.
+            buckets = {name: s.membership.bucket for name, s in self.catalog.streams.items() if s.membership}
             computed = time.perf_counter()
             try:
                 result = self.committer.commit(commit, lateness_ms=lateness, retention_ms=retention,
-                                               idle_timeout_ms=idle)
+                                               idle_timeout_ms=idle, membership_bucket_ms=buckets)
             except BaseException:
                 self.clocks.forget()  # committed or not: the store says which state the next batch starts from
                 self.enrichment.forget()

@@ -31,12 +31,14 @@ class StoreCommitter:
         self.health = None
 
     def commit(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], retention_ms: Mapping[str, int],
-               idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+               idle_timeout_ms: Mapping[str, int] | None = None,
+               membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Commit until the store takes it (or the pipeline stops: the error is raised, the batch is
         not recorded and Spark replays it at the next start). `now` is read at each try."""
         return commit_with_retry(
             lambda: self.store.commit_batch(commit, lateness_ms=lateness_ms, now_ms=int(self.clock() * 1000),
-                                            retention_ms=retention_ms, idle_timeout_ms=idle_timeout_ms),
+                                            retention_ms=retention_ms, idle_timeout_ms=idle_timeout_ms,
+                                            membership_bucket_ms=membership_bucket_ms),
             wait=self.gate.sleep, report=lambda error, attempt: self._report(commit.batch_id, error, attempt),
             backoff=self.backoff, wait_held=self._wait_held)
 

@@ -62,16 +62,22 @@ def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str
         else:
             have.merge_in(bloom)
     yes = any(key in bloom for bloom in merged.values())
-    # P(some shape answers yes for a key never seen) = 1 - prod(1 - fpp), kept precise for tiny fpp.
-    log_miss_all = sum(math.log1p(-bloom.false_positive_probability()) for bloom in merged.values())
     fill = None
     if merged:
         fill = sum(b.bits_set for b in merged.values()) / sum(b.m for b in merged.values())
     return MembershipAnswer(
         stream=stream.name, key=key, start=lo, end=end_ms, bucket=format_duration_ms(decl.bucket),
-        answer="probably_yes" if yes else "no", false_positive_probability=-math.expm1(log_miss_all),
+        answer="probably_yes" if yes else "no", false_positive_probability=any_false_positive(merged.values()),
         buckets=len(filters), fill_ratio=fill, watermark_ms=ctx.store.watermarks().get(stream.name),
     )
+
+
+def any_false_positive(filters) -> float:
+    """P(some shape answers yes for a key never seen) = 1 - prod(1 - fpp), kept precise for tiny fpp.
+    No filter, or only empty ones, is exactly 0: -expm1(0) is -0.0, which JSON would show as -0.0,
+    so + 0.0 turns it into +0.0 (and leaves every other value as it is)."""
+    log_miss_all = sum(math.log1p(-bloom.false_positive_probability()) for bloom in filters)
+    return -math.expm1(log_miss_all) + 0.0
 
 
 def router(ctx: ApiContext) -> APIRouter:

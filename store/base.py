@@ -234,12 +234,15 @@ class PaneStore(ABC):
     @abstractmethod
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
                      retention_ms: Mapping[str, int] | None = None,
-                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+                     idle_timeout_ms: Mapping[str, int] | None = None,
+                     membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Merge a batch's partials into the stored panes and record the batch id, in one
         transaction with its corrections (merges into panes already final by the watermark
         stored before this batch), dead letters, counters, watermark and offsets; a batch id
         already recorded for the pipeline changes nothing. With retention_ms and the commit's
-        batch_now_ms, panes wholly before now - retention are dropped. The watermark is per
+        batch_now_ms, panes wholly before now - retention are dropped, with the membership buckets
+        (of membership_bucket_ms per stream) wholly before it and the first-seen counts no kept pane
+        or tier row serves any more (store.commit_plan.bloom_horizons). The watermark is per
         partition where the commit carries partition marks (store/watermarks.advance_stream,
         with idle_timeout_ms per stream, default the catalog's DEFAULT_PARTITION_IDLE_TIMEOUT_MS)."""
 

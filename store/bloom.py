@@ -19,12 +19,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sketches.bloom import CHUNK_BYTES, BloomFilter
 from store.tables import BLOOM_TABLES
 from store.connection import open_connection
+
+if TYPE_CHECKING:  # store.commit_plan imports store.base, which imports this module
+    from store.commit_plan import BloomHorizons
 
 FIRST_SEEN = "first_seen"
 MEMBERSHIP = "membership"
@@ -130,6 +134,20 @@ def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: i
         [(p.stream, p.start_ms, p.end_ms, p.new_keys, p.tested, p.positives, p.expected_fp, p.bound, now_ms, batch_id)
          for p in bloom.first_seen],
     )
+
+
+def drop_expired(cursor, horizons: Mapping[str, BloomHorizons], placeholder: str) -> None:
+    """Delete what a retention run drops of each stream's Bloom features (the horizons are
+    store.commit_plan.bloom_horizons'), on any backend: the caller owns the transaction, the
+    batch's own, so the filters and counts go with the panes they describe."""
+    q = placeholder
+    for stream, horizon in horizons.items():
+        if horizon.membership_through_ms is not None:
+            for table in ("bloom_chunks", "bloom_filters"):
+                cursor.execute(f"DELETE FROM {table} WHERE stream = {q} AND kind = {q} AND bucket_ms <= {q}",
+                               (stream, MEMBERSHIP, horizon.membership_through_ms))
+        cursor.execute(f"DELETE FROM first_seen WHERE stream = {q} AND end_ms <= {q} AND start_ms < {q}",
+                       (stream, horizon.first_seen_ends_by_ms, horizon.first_seen_starts_before_ms))
 
 
 class BloomReader(ABC):

@@ -14,6 +14,7 @@ written: the plan carries absolute values (watermark, merged pane) rather than S
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -384,6 +385,43 @@ def tier_horizons(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, int]
     """(granule, horizon) per granule of a layout: its rows ending at or before the horizon
     (its own retention) are dropped."""
     return sorted({(t.granule_ms, batch_now_ms - t.keep_ms) for t in layout.tiers()})
+
+
+@dataclass(frozen=True)
+class BloomHorizons:
+    """What a retention run drops of one stream's Bloom features (store/bloom.py drop_expired).
+    The long-lived first-seen filter is never dropped: "first seen" looks back over the
+    stream's whole life (docs/first-seen-membership-sessions.md)."""
+
+    membership_through_ms: int | None  # membership buckets starting at or before it; None: keep them all
+    first_seen_ends_by_ms: int  # first-seen counts of panes ending at or before it ...
+    first_seen_starts_before_ms: int  # ... and starting before it
+
+
+def bloom_horizons(batch_now_ms: int | None, retention_ms: Mapping[str, int], membership_bucket_ms: Mapping[str, int],
+                   layouts: Mapping[str, TierLayout]) -> dict[str, BloomHorizons]:
+    """Per stream with a retention run, what of its Bloom features goes: a membership bucket once
+    all of it is past the retention (like a pane: no event it could get is accepted any more);
+    a pane's first-seen counts once its pane is gone and no kept tier row serves a window over
+    it (a first_seen point takes its count from the panes or tiers and its value from these
+    counts, query/compute.py: dropped with the panes, a point served from a tier would say 0)."""
+    return {stream: BloomHorizons(membership_through(horizon, membership_bucket_ms.get(stream)), horizon,
+                                  min(horizon, tier_rows_kept_from(layouts.get(stream), batch_now_ms)))
+            for stream, horizon in retention_horizons(batch_now_ms, retention_ms).items()}
+
+
+def membership_through(retention_horizon_ms: int, bucket_ms: int | None) -> int | None:
+    """The start of the newest membership bucket wholly before the horizon (a bucket [b, b + bucket)
+    is, when b + bucket <= horizon). None without a declared bucket: a bucket's end is unknown."""
+    return None if bucket_ms is None else retention_horizon_ms - bucket_ms
+
+
+def tier_rows_kept_from(layout: TierLayout | None, batch_now_ms: int) -> int | float:
+    """The earliest start of a tier row the layout still keeps (a row goes once it ends at or
+    before its granule's horizon, so the kept ones start at the horizon rounded down to the
+    granule); +inf with no tier rows kept."""
+    kept = [horizon - horizon % granule for granule, horizon in tier_horizons(layout, batch_now_ms)] if layout else []
+    return min(kept, default=math.inf)
 
 
 def rebuild_chunks(first_start_ms: int, last_start_ms: int, layout: TierLayout,

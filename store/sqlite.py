@@ -34,7 +34,7 @@ from store import event_ids
 from store import joins as join_store
 from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
                                plan_batch, retention_horizons)
-from store.commit_plan import DROP_OLD_CHANGES, change_feed_horizon
+from store.commit_plan import DROP_OLD_CHANGES, bloom_horizons, change_feed_horizon
 from store.connection import SqliteDb, open_connection, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
@@ -107,12 +107,14 @@ class SqlitePaneStore(PaneStore):
 
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
                      retention_ms: Mapping[str, int] | None = None,
-                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+                     idle_timeout_ms: Mapping[str, int] | None = None,
+                     membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         conn = self._conn
         with self._lock, paused_gc():  # store/gc_pause.py: about half a backfill commit's CPU otherwise
             conn.execute("BEGIN IMMEDIATE")
             try:
-                result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
+                result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {},
+                                             membership_bucket_ms or {})
                 conn.execute("ROLLBACK" if not result.committed else "COMMIT")
             except BaseException:
                 # SQLITE_FULL or an I/O error may have rolled back already (a ROLLBACK would then
@@ -123,7 +125,8 @@ class SqlitePaneStore(PaneStore):
             return result
 
     def _commit_locked(self, commit: BatchCommit, lateness_ms: Mapping[str, int], now_ms: int,
-                       retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
+                       retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int],
+                       membership_bucket_ms: Mapping[str, int]) -> CommitResult:
         """One batch in the open transaction: skip a replay; read what the batch touches; decide
         (store/commit_plan.py); write panes with their changes, tiers, dead letters, progress and
         offsets, Bloom bits, event ids; prune past retention; record the batch id last."""
@@ -159,7 +162,7 @@ class SqlitePaneStore(PaneStore):
         view_state.apply(conn.cursor(), commit.views, commit.batch_id, now_ms, "?")
         if commit.enrichment is not None:
             table_versions.apply_commit(conn.cursor(), commit.enrichment, commit.batch_id, "?")
-        self._prune(commit, retention_ms, layouts)
+        self._prune(commit, retention_ms, membership_bucket_ms, layouts)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
@@ -259,15 +262,19 @@ class SqlitePaneStore(PaneStore):
                 [(commit.pipeline, stream, p, o) for p, o in partitions.items()],
             )
 
-    def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> None:
-        """Panes (with their sketches), dead letters and tier rows past their stream's retention;
-        change records older than the longest retention."""
+    def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], membership_bucket_ms: Mapping[str, int],
+               layouts: Mapping[str, TierLayout]) -> None:
+        """Panes (with their sketches), dead letters, membership buckets and tier rows past their
+        stream's retention, first-seen counts no pane or tier row serves; change records older
+        than the longest retention."""
         conn = self._conn
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
+        bloom_store.drop_expired(conn.cursor(), bloom_horizons(commit.batch_now_ms, retention_ms, membership_bucket_ms,
+                                                               layouts), "?")
         feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
         if feed_horizon is not None:
             conn.execute(DROP_OLD_CHANGES.replace("%s", "?"), (feed_horizon,))

@@ -43,6 +43,7 @@ from store import sessions as session_store
 from store.commit_plan import (
     DROP_OLD_CHANGES,
     StreamState,
+    bloom_horizons,
     change_feed_horizon,
     pane_ids,
     pane_keys,
@@ -62,6 +63,7 @@ from store.panes import Pane, dims_key
 from store.postgres import rows
 from store.postgres.db import PostgresDb
 from store.postgres.notify import ChangeListener, channel_for, notify_commit
+from store.bloom import drop_expired as drop_expired_bloom
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.switch import check_definitions
@@ -98,7 +100,8 @@ class PostgresPaneStore(PaneStore):
 
     def commit_batch(self, commit: BatchCommit, *, lateness_ms: Mapping[str, int], now_ms: int,
                      retention_ms: Mapping[str, int] | None = None,
-                     idle_timeout_ms: Mapping[str, int] | None = None) -> CommitResult:
+                     idle_timeout_ms: Mapping[str, int] | None = None,
+                     membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         # store/gc_pause.py: the collector is about half a backfill commit's CPU otherwise.
         with paused_gc(), self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
@@ -106,10 +109,12 @@ class PostgresPaneStore(PaneStore):
                             (commit.pipeline, commit.batch_id)).fetchone():
                 return CommitResult(committed=False)
             check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
-            return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {})
+            return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {},
+                                       membership_bucket_ms or {})
 
     def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],
-                       now_ms: int, retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int]) -> CommitResult:
+                       now_ms: int, retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int],
+                       membership_bucket_ms: Mapping[str, int]) -> CommitResult:
         marks: dict[str, dict[int, PartitionMark]] = defaultdict(dict)
         for stream, p, mx, read, end, progress in conn.execute(
                 "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms"
@@ -231,6 +236,9 @@ class PostgresPaneStore(PaneStore):
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
+        with conn.cursor() as cur:
+            drop_expired_bloom(cur, bloom_horizons(commit.batch_now_ms, retention_ms, membership_bucket_ms, layouts),
+                               "%s")
         feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)
         if feed_horizon is not None:
             conn.execute(DROP_OLD_CHANGES, (feed_horizon,))

@@ -3,6 +3,9 @@ pipeline commits them; no Spark): answers, OR over buckets, clear 4xx for bad in
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from sketches.bloom import BloomFilter, optimal_shape
 from store import BatchCommit
 from store.bloom import MEMBERSHIP, BloomCommit, FilterUpdate, FirstSeenPartial
@@ -47,6 +50,8 @@ def test_membership_answers_no_or_probably_yes_over_the_or_of_buckets(client, ct
     assert nobody["answer"] == "no"
     empty = ask(client, key="alice", **{"from": BASE - 5 * HOUR, "to": BASE}).json()
     assert empty["answer"] == "no" and empty["buckets"] == 0 and empty["false_positive_probability"] == 0
+    # +0.0, not -0.0 (what -expm1(0) gives): a client printing the JSON number must not see "-0.0".
+    assert math.copysign(1.0, empty["false_positive_probability"]) == 1.0
 
 
 def test_a_replayed_batch_adds_nothing(client, ctx, catalog):
@@ -62,6 +67,28 @@ def test_a_replayed_batch_adds_nothing(client, ctx, catalog):
     assert points[0]["value"] == 7  # counted once
     assert points[0]["error"] == {"kind": "bloom", "lower": 7, "upper": 9, "relative_error": None,
                                   "rank_error": None, "expected_undercount": 0.25}
+
+
+def test_past_retention_a_key_is_no_longer_a_member_nor_counted_first_seen(client, ctx, catalog):
+    """The retention run of a later batch drops the buckets and first-seen counts it is past, as
+    the pipeline commits it (retention and membership bucket from the catalog)."""
+    stream = catalog.streams["http_requests"]
+    old = BASE - 400 * 24 * HOUR
+    commit = membership_commit(catalog, 0, {old: ["alice"]})
+    commit = replace(commit, bloom=replace(commit.bloom, first_seen=[
+        FirstSeenPartial("http_requests", old, old + stream.pane, 1, 1, 0, 0.0, 0)]))
+    assert ctx.store.commit_batch(commit, lateness_ms={}, now_ms=old).committed
+    seen = ask(client, key="alice", **{"from": old, "to": old + HOUR}).json()
+    assert seen["answer"] == "probably_yes" and seen["buckets"] == 1
+    assert ctx.store.commit_batch(BatchCommit(pipeline="main", batch_id=1, partials=[], events_read=0,
+                                              batch_now_ms=NOW_MS), lateness_ms={}, now_ms=NOW_MS,
+                                  retention_ms={stream.name: stream.retention},
+                                  membership_bucket_ms={stream.name: stream.membership.bucket}).committed
+    gone = ask(client, key="alice", **{"from": old, "to": old + HOUR}).json()
+    assert gone["answer"] == "no" and gone["buckets"] == 0
+    [point] = client.get("/api/v1/query", params={"metric": "new_users", "stat": "first_seen", "from": old,
+                                                  "to": old + HOUR, "step": "1h"}).json()["series"][0]["points"]
+    assert (point["value"], point["count"]) == (0, 0)
 
 
 def test_bad_membership_requests_are_clear_4xx(client):
