@@ -105,6 +105,21 @@ def is_run_pipeline(pipeline: str) -> bool:
     return pipeline.startswith(RUN_PREFIX)
 
 
+def streams_read(definitions: DefinitionStore, registry: ConsumerRegistry, pipeline: str) -> set[str] | None:
+    """The streams of the log a reprocessing run reads, for its lag: its own, those it reads whole
+    beside it (the streams enriched from a table: reprocess_run_reads) and every stream it has
+    committed offsets of (a join's other stream, the tables it is enriched from: each batch commits
+    them all). None (every stream) for any other pipeline, which reads the whole catalog, and for a
+    run nothing is known of."""
+    if not is_run_pipeline(pipeline):
+        return None
+    read = set(registry.offsets(pipeline)) | set(definitions.run_reads(pipeline))
+    run = definitions.run(pipeline)
+    if run is not None:
+        read.add(run.stream)
+    return read or None
+
+
 def complete_from_ms(starts: Mapping[int, int], first_ingest_ms: Mapping[int, int | None], now_ms: int,
                      stream_retention_ms: int) -> int:
     """From when a reprocessed output holds every event: the latest of now - the stream's
