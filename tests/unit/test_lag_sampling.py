@@ -353,3 +353,16 @@ def test_a_reprocessing_run_is_sampled_and_judged_on_the_streams_it_reads_only(t
     assert [c["name"] for c in monitor.consumers("orders")] == ["main", caught_up]
     for closing in (registry, definitions, monitor.store, log):
         closing.close()
+
+
+def test_retention_prunes_the_samples_of_a_consumer_that_is_gone(store_backend):
+    """Every write pruned only the pipelines in its round: a dropped reprocessing run's samples
+    (its registry entry forgotten, so never sampled again) were kept forever."""
+    store = store_backend.create()
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
+    t = int(T0_S * 1000)
+    lag_store.write([LagSample(p, "orders", 0, t, 0, 10, 5, t) for p in ("main", "reprocess-orders-0123abcd")])
+    assert lag_store.write([LagSample("main", "orders", 0, t + 120_000, 0, 10, 10, t)]) == 2
+    assert lag_store.newest_at_ms("reprocess-orders-0123abcd") is None
+    assert [s.at_ms for s in lag_store.series("main", 0, t + 200_000)] == [t + 120_000]
+    lag_store.close()
