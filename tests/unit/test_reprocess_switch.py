@@ -888,3 +888,52 @@ def test_every_table_holding_a_streams_rows_is_moved_by_a_switch_or_named_with_i
         root.close()
     assert set(STREAM_TABLES) <= per_stream
     assert per_stream - set(STREAM_TABLES) - set(PATTERN_TABLES) == set(MOVED_OTHERWISE)
+
+
+def late(pipeline: str, batch_id: int, dims: dict, offsets: dict[int, int], catalog: Catalog) -> BatchCommit:
+    """One event in the pane NOW, which the watermark (NOW + 2 panes) has passed: a correction after the first."""
+    return BatchCommit(pipeline=pipeline, batch_id=batch_id, events_read=1, max_event_ms={"http": NOW + 2 * PANE},
+                       partials=[PanePartial("http", NOW, NOW + PANE, dims, PaneData(count=1))],
+                       end_offsets={"http": offsets}, definition_versions=catalog_versions(catalog))
+
+
+def test_the_corrections_feed_does_not_push_the_copies_a_switch_makes_of_a_runs_corrections(settings):
+    """A switch copies the run's corrections into the root under new, higher ids: the websocket's
+    corrections feed pushed each as news, for panes no client ever saw. The switch records the
+    copies' ids in its transaction, so every process's feed skips them, not live corrections."""
+    from api.corrections_routes import CorrectionsFeed
+
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    for b in range(3):
+        root.commit_batch(late("main", b, {"endpoint": "/a"}, {0: b + 1}, old), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    for b in range(6):
+        output.commit_batch(late(run.id, b, {"endpoint": "/a", "region": "eu"}, {0: b + 1}, new), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    feed = CorrectionsFeed(root)  # started before the switch, as an API process's is (no listener: any process)
+    try:
+        assert feed.poll() == [] and feed.cursor == 2  # the root's own two corrections: history too
+        service.switch(run.id)
+        copies = [c.id for c in root.corrections(after_id=2)]
+        assert len(copies) == 5
+        assert feed.poll() == []
+        assert service.definitions.switched_corrections(0) == [(3, max(copies))]
+        # A correction after the switch is news: pushed.
+        root.commit_batch(late("main", 3, {"endpoint": "/a", "region": "eu"}, {0: 7}, new), **commit)
+        (pushed,) = feed.poll()
+        assert pushed["id"] > max(copies) and pushed["dims"] == {"endpoint": "/a", "region": "eu"}
+        # A REST tailer by after_id still reads the copies (they are the root's corrections now).
+        assert [c.id for c in root.corrections(after_id=2)] == [*copies, pushed["id"]]
+    finally:
+        for r in service.runs():
+            service.outputs.storage.drop(r.id)
+        log.close()
+        root.close()
