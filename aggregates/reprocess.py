@@ -706,7 +706,7 @@ class ReprocessService:
             raise KeyError(f"no reprocessing run {run_id_!r}")
         if run.active:
             raise SwitchRefused(f"run {run.id!r} is still going ({run.state}): let it catch up or fail first")
-        if self.serving_version(run.stream) == run.version:
+        if self._last_output_of_served_version(run):
             raise SwitchRefused(f"version {short_version(run.version)} of stream {run.stream!r} is the served one:"
                                 " switch to another before dropping it")
         self.close_outputs(run.id)
@@ -715,12 +715,22 @@ class ReprocessService:
         self.registry.forget(run.id)
         self.definitions.delete_run(run.id)
 
+    def _last_output_of_served_version(self, run: ReprocessRun) -> bool:
+        """Whether `run`'s output is the only one kept of the version its stream is served with.
+        Switching back and then to the run again leaves two (`previous-<stream>-<v8>` and the run's
+        own, both copies of what the root was switched to): either may go, not both."""
+        if self.serving_version(run.stream) != run.version:
+            return False
+        storage = self._needs_outputs().storage
+        return not any(other.id != run.id and other.stream == run.stream and other.version == run.version
+                       and storage.exists(other.id) for other in self.definitions.runs())
+
     def drop_unused(self, max_age_ms: int) -> list[str]:
         """Drop every output that is neither served nor going and whose run last changed state at
         least `max_age_ms` ago (setting reprocess_drop_after); the ids dropped."""
         now, dropped = self._now_ms(), []
         for run in self.runs():
-            if run.active or now - run.updated_at_ms < max_age_ms or self.serving_version(run.stream) == run.version:
+            if run.active or now - run.updated_at_ms < max_age_ms or self._last_output_of_served_version(run):
                 continue
             try:
                 self.drop(run.id)

@@ -937,3 +937,45 @@ def test_the_corrections_feed_does_not_push_the_copies_a_switch_makes_of_a_runs_
             service.outputs.storage.drop(r.id)
         log.close()
         root.close()
+
+
+def test_switching_to_a_run_again_leaves_a_copy_of_the_served_version_that_can_be_dropped(settings):
+    """Switch to a run, back to the previous output, to the run again: two outputs of the served
+    version are kept (previous-http-<new> and the run's), and both drops were refused as "the
+    served one", by hand and by reprocess_drop_after alike, so a whole stale copy stayed forever.
+    Either may go now, not both."""
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(batch("main", 0, {("/a",): 5}, {0: 5}, old), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    old_version, new_version = (definition_version(c.streams["http"]) for c in (old, new))
+    try:
+        previous = service.switch(run.id)["previous"]
+        copy = service.switch(previous)["previous"]  # back: the new version's output kept as a copy
+        assert service.switch(run.id)["previous"] == previous  # and to the run again
+        assert copy == run_id("http", new_version, "previous-") and service.serving_version("http") == new_version
+        assert sorted(r.id for r in service.runs() if r.version == new_version) == sorted([run.id, copy])
+
+        # One of the two copies goes (with the old version's output: unused), the other stays.
+        dropped = service.drop_unused(0)
+        copies_kept = {run.id, copy} - set(dropped)
+        assert len(copies_kept) == 1 and len(dropped) == 2 and previous in dropped
+        (kept,) = copies_kept
+        with pytest.raises(SwitchRefused, match="is the served one"):
+            service.drop(kept)
+        assert [r.id for r in service.runs()] == [kept]
+        assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 5}  # the served output is the root's
+    finally:
+        for r in service.runs():
+            service.outputs.storage.drop(r.id)
+        log.close()
+        root.close()
