@@ -105,6 +105,21 @@ def is_run_pipeline(pipeline: str) -> bool:
     return pipeline.startswith(RUN_PREFIX)
 
 
+def streams_read(definitions: DefinitionStore, registry: ConsumerRegistry, pipeline: str) -> set[str] | None:
+    """The streams of the log a reprocessing run reads, for its lag: its own, those it reads whole
+    beside it (the streams enriched from a table: reprocess_run_reads) and every stream it has
+    committed offsets of (a join's other stream, the tables it is enriched from: each batch commits
+    them all). None (every stream) for any other pipeline, which reads the whole catalog, and for a
+    run nothing is known of."""
+    if not is_run_pipeline(pipeline):
+        return None
+    read = set(registry.offsets(pipeline)) | set(definitions.run_reads(pipeline))
+    run = definitions.run(pipeline)
+    if run is not None:
+        read.add(run.stream)
+    return read or None
+
+
 def complete_from_ms(starts: Mapping[int, int], first_ingest_ms: Mapping[int, int | None], now_ms: int,
                      stream_retention_ms: int) -> int:
     """From when a reprocessed output holds every event: the latest of now - the stream's
@@ -691,7 +706,7 @@ class ReprocessService:
             raise KeyError(f"no reprocessing run {run_id_!r}")
         if run.active:
             raise SwitchRefused(f"run {run.id!r} is still going ({run.state}): let it catch up or fail first")
-        if self.serving_version(run.stream) == run.version:
+        if self._last_output_of_served_version(run):
             raise SwitchRefused(f"version {short_version(run.version)} of stream {run.stream!r} is the served one:"
                                 " switch to another before dropping it")
         self.close_outputs(run.id)
@@ -700,12 +715,22 @@ class ReprocessService:
         self.registry.forget(run.id)
         self.definitions.delete_run(run.id)
 
+    def _last_output_of_served_version(self, run: ReprocessRun) -> bool:
+        """Whether `run`'s output is the only one kept of the version its stream is served with.
+        Switching back and then to the run again leaves two (`previous-<stream>-<v8>` and the run's
+        own, both copies of what the root was switched to): either may go, not both."""
+        if self.serving_version(run.stream) != run.version:
+            return False
+        storage = self._needs_outputs().storage
+        return not any(other.id != run.id and other.stream == run.stream and other.version == run.version
+                       and storage.exists(other.id) for other in self.definitions.runs())
+
     def drop_unused(self, max_age_ms: int) -> list[str]:
         """Drop every output that is neither served nor going and whose run last changed state at
         least `max_age_ms` ago (setting reprocess_drop_after); the ids dropped."""
         now, dropped = self._now_ms(), []
         for run in self.runs():
-            if run.active or now - run.updated_at_ms < max_age_ms or self.serving_version(run.stream) == run.version:
+            if run.active or now - run.updated_at_ms < max_age_ms or self._last_output_of_served_version(run):
                 continue
             try:
                 self.drop(run.id)

@@ -56,7 +56,8 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     query = partial(query_health, ctx.health, ctx.pipeline_name) if ctx.health is not None else None
     built_in = [PipelineFeed(ctx.store, ctx.log, ctx.catalog, ctx.pipeline_name, ctx.clock, query_health=query,
                              cdc_status=lambda: [f.status() for f in ctx.cdc or ()]),
-                CorrectionsFeed(ctx.store)]
+                CorrectionsFeed(ctx.store, switched=ctx.reprocess.definitions.switched_corrections
+                                if ctx.reprocess is not None else None)]
     if ctx.lag is not None:
         built_in.append(LagFeed(ctx.lag))
     if ctx.alerts is not None:

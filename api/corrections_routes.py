@@ -8,6 +8,8 @@ before and after, so a client that showed the old value can retract it exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from fastapi import APIRouter, HTTPException, Query
 
 from api.context import ApiContext
@@ -15,6 +17,7 @@ from api.errors import MAX_ID, bad_request, errors, optional_range
 from api.responses import CorrectionsOut, DeadLettersOut
 from catalog import Catalog, MetricDef
 from store import DEAD_LETTER_REASONS, Correction, PaneStore
+from store.definitions import DefinitionStore
 
 MAX_LIMIT = 10_000
 
@@ -55,20 +58,33 @@ class CorrectionsFeed:
     """Feed for the websocket hub (topic "corrections"): poll() returns the correction
     messages recorded since the previous call. It starts at the newest correction already
     stored, so a freshly started API process does not replay history (that is what
-    GET /api/v1/corrections is for). Thread-safe enough for one tailer thread."""
+    GET /api/v1/corrections is for); nor after a switch, by whichever process: the copies of the
+    run's corrections it moved into the root under new ids are history, and `switched` (the root's
+    DefinitionStore.switched_corrections) names their ids. Thread-safe enough for one tailer thread."""
 
     topic = "corrections"
 
-    def __init__(self, store: PaneStore, *, max_per_poll: int = 1000):
+    def __init__(self, store: PaneStore, *, max_per_poll: int = 1000,
+                 switched: Callable[[int], Sequence[tuple[int, int]]] | None = None):
         self.store = store
         self.max_per_poll = max_per_poll
+        self.switched = switched
         self.cursor = store.max_correction_id()
 
     def poll(self) -> list[dict]:
         rows = self.store.corrections(after_id=self.cursor, limit=self.max_per_poll)
-        if rows:
-            self.cursor = rows[-1].id
-        return [correction_message(c) for c in rows]
+        if not rows:
+            return []
+        # Read after the rows: a switch records its copies' ids in the transaction that made them,
+        # so every copy among the rows is in a range read now.
+        copied = self._switched(self.cursor)
+        self.cursor = rows[-1].id
+        return [correction_message(c) for c in rows if not any(first <= c.id <= last for first, last in copied)]
+
+    def _switched(self, after_id: int) -> Sequence[tuple[int, int]]:
+        if self.switched is None:  # opened once there is something to check: an idle feed holds no connection
+            self.switched = DefinitionStore(self.store.side_db()).switched_corrections
+        return self.switched(after_id)
 
 
 def _stream_and_metric(catalog: Catalog, stream: str | None, metric: str | None) -> tuple[str | None, MetricDef | None]:

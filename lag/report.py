@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from lag.model import PipelineLag
@@ -24,6 +24,9 @@ class LagMonitor:
     sampler: object | None = None  # the LagSampler, when this process runs one (for its last error)
     # The log's other consumers (fan-out): store.consumers.ConsumerRegistry, or None.
     registry: object | None = None
+    # The streams each other consumer reads (None: every stream): a reprocessing run is judged
+    # on its stream and what it needs, not on streams it never reads (the sampler's `reads`).
+    reads: Callable[[str], Collection[str] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -38,11 +41,16 @@ class LagMonitor:
 
     def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag:
         """The lag of this pipeline, or of another consumer of the log."""
-        return self._report(pipeline or self.pipeline, self._partitions(stream))
+        name = pipeline or self.pipeline
+        return self._report(name, self._read_by(name, self._partitions(stream)))
 
     def _partitions(self, stream: str | None) -> list[tuple[str, int]]:
         # The log's partitions: on Kafka a request to the brokers, so asked once per answer.
         return [k for k in self.partitions() if stream is None or k[0] == stream]
+
+    def _read_by(self, pipeline: str, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        streams = None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
+        return wanted if streams is None else [k for k in wanted if k[0] in streams]
 
     def _report(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag:
         now_ms = int(self.clock() * 1000)
@@ -58,10 +66,13 @@ class LagMonitor:
         wanted = self._partitions(stream)
         out = []
         for name in names:
+            read = self._read_by(name, wanted)
+            if wanted and not read:  # asked about a stream this consumer does not read
+                continue
             record = records.get(name) or {"name": name, "namespace": None, "started_from": None,
                                            "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
                                            "group_commits_failed": 0, "group_commit_error": None}
-            lag = self._report(name, wanted)
+            lag = self._report(name, read)
             if record["last_commit_ms"] is None:  # the serving pipeline's: from its samples (the store's)
                 known = [p.latest.last_commit_ms for s in lag.streams.values() for p in s.partitions.values()
                          if p.latest and p.latest.last_commit_ms is not None]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from store.lag import LagSample
 from lag.sources import CommittedReader, LagSource, OffsetTimeTable
@@ -25,7 +25,8 @@ log = logging.getLogger("sketchboard.lag")
 class LagSampler:
     def __init__(self, source: LagSource, committed: CommittedReader, sink, *, pipeline: str,
                  streams: Sequence[str], interval_s: float = 2.0, clock: Callable[[], float] = time.time,
-                 others: Callable[[], Mapping[str, CommittedReader]] | None = None):
+                 others: Callable[[], Mapping[str, CommittedReader]] | None = None,
+                 reads: Callable[[str], Collection[str] | None] | None = None):
         if interval_s <= 0:
             raise ValueError(f"lag sample interval must be positive, got {interval_s} s")
         self.source = source
@@ -38,6 +39,9 @@ class LagSampler:
         # The log's other consumers (fan-out: named pipelines besides `pipeline`), sampled in the
         # same round against the same end offsets; asked each round, as pipelines come and go.
         self.others = others
+        # The streams a consumer reads (None: all of `streams`): a reprocessing run reads its stream
+        # and what it needs, and sampled on the others it would show their whole log as its lag.
+        self.reads = reads
         self.last_error: str | None = None
         self.rounds = 0
         self._tables: dict[tuple[str, int], OffsetTimeTable] = {}
@@ -50,6 +54,7 @@ class LagSampler:
         and for every other consumer."""
         readers = {self.pipeline: self.committed, **(self.others() if self.others is not None else {})}
         committed = {name: reader.committed() for name, reader in readers.items()}
+        reading = {name: self._streams_read(name) for name in committed}
         now_ms = int(self.clock() * 1000)
         samples = []
         for stream in self.streams:
@@ -57,10 +62,15 @@ class LagSampler:
                 table = self._tables.setdefault((stream, partition), OffsetTimeTable())
                 table.add(offsets.end, now_ms)
                 for name, c in committed.items():
+                    if reading[name] is not None and stream not in reading[name]:
+                        continue
                     sample = LagSample(name, stream, partition, now_ms, offsets.start, offsets.end,
                                        c.offsets.get(stream, {}).get(partition), c.last_commit_ms)
                     samples.append(_with_lag_ms(sample, self.source, table, now_ms))
         return samples
+
+    def _streams_read(self, pipeline: str) -> Collection[str] | None:
+        return None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
 
     def sample_and_store(self) -> list[LagSample]:
         samples = self.sample()

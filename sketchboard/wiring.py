@@ -143,11 +143,20 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
     from lag.sampler import LagSampler
     from lag.sources import EventLogLagSource, RegistryCommitted, StoreCommitted
 
+    from aggregates.reprocess import streams_read
+    from store.definitions import DefinitionStore
+
     clock = clock or time.time
     source = EventLogLagSource(log)
     lag_store = open_lag_store(settings, store)
     interval_s = settings.lag_sample_interval / 1000
     registry = open_consumer_registry(settings, store)
+    definitions = DefinitionStore(store.side_db())  # the runs: what each reads
+
+    def reads(pipeline: str):
+        # A run is sampled and judged on the streams it reads only: on the others its lag would
+        # be their whole log, never read, and its status STOP.
+        return streams_read(definitions, registry, pipeline)
 
     def others():
         # Fan-out: every other named pipeline of the log, from the copies of its offsets.
@@ -156,13 +165,13 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
     sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name), lag_store,
                          pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,
-                         clock=clock, others=others)
+                         clock=clock, others=others, reads=reads)
 
     def partitions():
         return [(name, p) for name in catalog.streams for p in source.end_offsets(name)]
 
     return LagMonitor(lag_store, settings.pipeline_name, partitions, window=settings.lag_window,
-                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry)
+                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry, reads=reads)
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,

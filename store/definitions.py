@@ -59,6 +59,14 @@ CREATE TABLE IF NOT EXISTS reprocess_run_reads (
     target_offsets TEXT NOT NULL,       -- JSON {partition: the log's end when the run started}
     PRIMARY KEY (run_id, stream)
 );
+-- The ids a switch gave the copies of a run's corrections it moved into the root (store/switch.py
+-- copied_corrections): the run's history under new ids, not news; the websocket's corrections
+-- feed skips them (api/corrections_routes.py).
+CREATE TABLE IF NOT EXISTS switched_corrections (
+    first_id INTEGER PRIMARY KEY,
+    last_id INTEGER NOT NULL,           -- inclusive
+    at_ms INTEGER NOT NULL
+);
 -- Set by a synchronized switch (a stream feeding a window join, aggregates/reprocess.py): while a
 -- row is here, the pipeline's batch commits are refused as held (store/switch.py SwitchHeld) and
 -- retried, so its offsets of the join's other stream stay where the run's final batch aligns to.
@@ -178,6 +186,14 @@ class DefinitionStore(SideStore):
             rows = self._conn.execute("SELECT stream, start_offsets, target_offsets FROM reprocess_run_reads"
                                       " WHERE run_id = ?", (run_id,)).fetchall()
         return {stream: (_offsets(starts), _offsets(targets)) for stream, starts, targets in rows}
+
+    def switched_corrections(self, after_id: int) -> list[tuple[int, int]]:
+        """(first, last) ids, inclusive, that switches gave copied corrections, of those ending
+        after `after_id`, lowest first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT first_id, last_id FROM switched_corrections WHERE last_id > ?"
+                                      " ORDER BY first_id", (after_id,)).fetchall()
+        return [(int(first), int(last)) for first, last in rows]
 
     def offset_moves(self, pipeline: str) -> dict[str, dict[int, int]]:
         """{stream: {partition: offset}}: where a switch says `pipeline` reads each stream from next."""

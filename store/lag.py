@@ -87,6 +87,9 @@ CREATE TABLE IF NOT EXISTS lag_samples (
     PRIMARY KEY (pipeline, stream, partition, at_ms)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
+-- Retention prunes by age alone, every pipeline at once (one whose samples stopped coming, a
+-- dropped reprocessing run, is pruned too): without this index that delete scans every sample.
+CREATE INDEX IF NOT EXISTS lag_samples_by_age ON lag_samples (at_ms);
 """
 
 _COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
@@ -114,11 +117,8 @@ class LagStore(SideStore):
                 [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
                   s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
             )
-            pruned = sum(
-                conn.execute("DELETE FROM lag_samples WHERE pipeline = ? AND at_ms < ?",
-                             (pipeline, newest - self.retention_ms)).rowcount
-                for pipeline in {s.pipeline for s in samples}
-            )
+            # Every pipeline's, not only this round's: a consumer that is gone has no rounds to prune it.
+            pruned = conn.execute("DELETE FROM lag_samples WHERE at_ms < ?", (newest - self.retention_ms,)).rowcount
         return pruned
 
     def recent(self, pipeline: str, per_partition: int,

@@ -13,6 +13,8 @@ all old or all new. With the rows go:
   starts again (`offset_moves`, store/definitions.py);
 - one `switched` record in the change feed (revision SWITCHED_REVISION): websocket hubs
   reload their subscribers of the stream.
+- the ids the copies of its corrections got in the root (`switched_corrections`): history
+  under new ids, which the websocket's corrections feed does not push as news.
 
 The change feed itself is not copied (its sequence numbers are the root's), nor the batch ids
 (per pipeline, not per stream). SQL only, over store.connection.Db, the same for both backends:
@@ -121,6 +123,19 @@ def copy_stream(db: Db, stream: str, source: Side, target: Side, columns: Mappin
     db.execute(f"INSERT INTO {target.table('stream_definitions')} (stream, version, definition, recorded_at_ms)"
                f" SELECT stream, version, definition, recorded_at_ms FROM {source.table('stream_definitions')}"
                f" WHERE stream = ?", (stream,))
+
+
+def newest_correction_id(db: Db, side: Side) -> int:
+    return int(db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {side.table('corrections')}").fetchone()[0])
+
+
+def record_copied_corrections(db: Db, root: Side, before_id: int, now_ms: int) -> None:
+    """In the switch's transaction, after its copies into the root: the ids above `before_id` are
+    the copies' (the commit lock is held, so no batch wrote one meanwhile)."""
+    after_id = newest_correction_id(db, root)
+    if after_id > before_id:
+        db.execute("INSERT INTO switched_corrections (first_id, last_id, at_ms) VALUES (?, ?, ?)",
+                   (before_id + 1, after_id, now_ms))
 
 
 def delete_stream(db: Db, stream: str, side: Side) -> None:
@@ -249,6 +264,7 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
             raise NotAligned(f"the run read stream {other!r} to {dict(sorted(run.items()))}, the serving pipeline"
                              f" to {dict(sorted(live.items()))}")
     columns = table_columns(db)
+    copied_after = newest_correction_id(db, root)
     for name in (stream, *derived):
         delete_stream(db, name, previous)
         copy_stream(db, name, root, previous, columns)
@@ -261,6 +277,7 @@ def switch_stream(db: Db, stream: str, *, root: Side, source: Side, previous: Si
                    columns=columns)
     for view in views:
         move_view(db, view, root=root, source=source, previous=previous, columns=columns, now_ms=now_ms)
+    record_copied_corrections(db, root, copied_after, now_ms)
     if aligned:
         db.execute("DELETE FROM switch_holds WHERE pipeline = ?", (root.pipeline,))
     offsets = stream_offsets(db, stream, root)
@@ -288,11 +305,13 @@ def switch_enriched(db: Db, table: str, streams: Mapping[str, str], *, root: Sid
         if stored_version(db, stream, source) is None:
             raise SwitchConflict(f"the run did not build {stream!r}, which is enriched from {table!r}: start a new run")
     columns = table_columns(db)
+    copied_after = newest_correction_id(db, root)
     for name in (*streams, *derived):
         delete_stream(db, name, previous)
         copy_stream(db, name, root, previous, columns)
         delete_stream(db, name, root)
         copy_stream(db, name, source, root, columns)
+    record_copied_corrections(db, root, copied_after, now_ms)
     move_keyed(db, ("table_versions",), "stream", table, root=root, source=source, previous=previous,
                columns={"table_versions": _columns(db, "table_versions")})
     for stream in streams:

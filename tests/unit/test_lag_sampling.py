@@ -299,3 +299,72 @@ def test_a_query_ended_by_a_batch_refused_while_stopping_is_recorded_as_a_clean_
         q = query_health(health, "main", t)
         assert q["running"] is False and q["last_error"] == want and q["terminated_at_ms"] == t, q
     health.close()
+
+
+def _run_record(run_id: str, stream: str, at_ms: int):
+    from store.definitions import ReprocessRun
+
+    return ReprocessRun(id=run_id, stream=stream, version="0123abcd" * 8, definition={}, state="running", error=None,
+                        started_at_ms=at_ms, updated_at_ms=at_ms, complete_from_ms=at_ms, start_offsets={},
+                        target_offsets={})
+
+
+def test_a_reprocessing_run_is_sampled_and_judged_on_the_streams_it_reads_only(tmp_path, demo_catalog,
+                                                                                store_backend):
+    """A caught-up run of `orders` (docs/reprocessing.md: it shows in the lag's consumers like any
+    named pipeline) was sampled on every stream: on those it never reads, its lag was their whole
+    log and its status STOP, in GET /api/v1/lag's consumers and /metrics alike. Through the API's
+    own wiring (sketchboard/wiring.py build_lag_monitor)."""
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_lag_monitor
+    from store.consumers import ConsumerRegistry
+    from store.definitions import DefinitionStore
+
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    store = store_backend.create()
+    clock = FakeClock(T0_S)
+    now_ms = int(clock.now * 1000)
+    append(log, demo_catalog, 6, now_ms)
+    logins = demo_catalog.streams["logins"]
+    log.append(logins, [EventValidator(logins).validate({"time": now_ms, "user_id": f"u{i}"}) for i in range(4)],
+               now_ms)
+    ends = {p: o.end for p, o in log.offsets("orders").items()}
+    monitor = build_lag_monitor(Settings(data_dir=tmp_path, lag_sample_interval="1s", lag_window=3), demo_catalog,
+                                log, store, clock=clock)
+    registry, definitions = ConsumerRegistry(store.side_db()), DefinitionStore(store.side_db())
+    caught_up, starting = "reprocess-orders-0123abcd", "reprocess-logins-0123abcd"
+    for run, stream in ((caught_up, "orders"), (starting, "logins")):
+        registry.register(run, run, "earliest", now_ms)
+        definitions.start_run(_run_record(run, stream, now_ms))
+    registry.record_commit(caught_up, 0, now_ms, {"orders": ends})  # the run's copy of its offsets
+    for _ in range(6):
+        samples = monitor.sampler.sample_and_store()
+        clock.now += 1
+
+    assert {s.stream for s in samples if s.pipeline == caught_up} == {"orders"}
+    assert {s.stream for s in samples if s.pipeline == starting} == {"logins"}  # its stream, before any commit
+    assert {s.stream for s in samples if s.pipeline == "main"} == set(demo_catalog.streams)
+    consumers = {c["name"]: c for c in monitor.consumers()}
+    assert set(consumers[caught_up]["streams"]) == {"orders"}
+    assert (consumers[caught_up]["status"], consumers[caught_up]["lag_events"]) == ("OK", 0)
+    assert set(consumers[starting]["streams"]) == {"logins"} and consumers[starting]["lag_events"] == 4
+    assert monitor.report(pipeline=caught_up).verdict.status == LagStatus.OK  # /metrics' status code
+    # Asked about one stream: the consumers that read it (the serving pipeline reads every one).
+    assert [c["name"] for c in monitor.consumers("orders")] == ["main", caught_up]
+    for closing in (registry, definitions, monitor.store, log):
+        closing.close()
+
+
+def test_retention_prunes_the_samples_of_a_consumer_that_is_gone(store_backend):
+    """Every write pruned only the pipelines in its round: a dropped reprocessing run's samples
+    (its registry entry forgotten, so never sampled again) were kept forever."""
+    store = store_backend.create()
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
+    t = int(T0_S * 1000)
+    lag_store.write([LagSample(p, "orders", 0, t, 0, 10, 5, t) for p in ("main", "reprocess-orders-0123abcd")])
+    assert lag_store.write([LagSample("main", "orders", 0, t + 120_000, 0, 10, 10, t)]) == 2
+    assert lag_store.newest_at_ms("reprocess-orders-0123abcd") is None
+    assert [s.at_ms for s in lag_store.series("main", 0, t + 200_000)] == [t + 120_000]
+    lag_store.close()

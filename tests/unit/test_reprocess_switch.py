@@ -888,3 +888,94 @@ def test_every_table_holding_a_streams_rows_is_moved_by_a_switch_or_named_with_i
         root.close()
     assert set(STREAM_TABLES) <= per_stream
     assert per_stream - set(STREAM_TABLES) - set(PATTERN_TABLES) == set(MOVED_OTHERWISE)
+
+
+def late(pipeline: str, batch_id: int, dims: dict, offsets: dict[int, int], catalog: Catalog) -> BatchCommit:
+    """One event in the pane NOW, which the watermark (NOW + 2 panes) has passed: a correction after the first."""
+    return BatchCommit(pipeline=pipeline, batch_id=batch_id, events_read=1, max_event_ms={"http": NOW + 2 * PANE},
+                       partials=[PanePartial("http", NOW, NOW + PANE, dims, PaneData(count=1))],
+                       end_offsets={"http": offsets}, definition_versions=catalog_versions(catalog))
+
+
+def test_the_corrections_feed_does_not_push_the_copies_a_switch_makes_of_a_runs_corrections(settings):
+    """A switch copies the run's corrections into the root under new, higher ids: the websocket's
+    corrections feed pushed each as news, for panes no client ever saw. The switch records the
+    copies' ids in its transaction, so every process's feed skips them, not live corrections."""
+    from api.corrections_routes import CorrectionsFeed
+
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    for b in range(3):
+        root.commit_batch(late("main", b, {"endpoint": "/a"}, {0: b + 1}, old), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    for b in range(6):
+        output.commit_batch(late(run.id, b, {"endpoint": "/a", "region": "eu"}, {0: b + 1}, new), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    feed = CorrectionsFeed(root)  # started before the switch, as an API process's is (no listener: any process)
+    try:
+        assert feed.poll() == [] and feed.cursor == 2  # the root's own two corrections: history too
+        service.switch(run.id)
+        copies = [c.id for c in root.corrections(after_id=2)]
+        assert len(copies) == 5
+        assert feed.poll() == []
+        assert service.definitions.switched_corrections(0) == [(3, max(copies))]
+        # A correction after the switch is news: pushed.
+        root.commit_batch(late("main", 3, {"endpoint": "/a", "region": "eu"}, {0: 7}, new), **commit)
+        (pushed,) = feed.poll()
+        assert pushed["id"] > max(copies) and pushed["dims"] == {"endpoint": "/a", "region": "eu"}
+        # A REST tailer by after_id still reads the copies (they are the root's corrections now).
+        assert [c.id for c in root.corrections(after_id=2)] == [*copies, pushed["id"]]
+    finally:
+        for r in service.runs():
+            service.outputs.storage.drop(r.id)
+        log.close()
+        root.close()
+
+
+def test_switching_to_a_run_again_leaves_a_copy_of_the_served_version_that_can_be_dropped(settings):
+    """Switch to a run, back to the previous output, to the run again: two outputs of the served
+    version are kept (previous-http-<new> and the run's), and both drops were refused as "the
+    served one", by hand and by reprocess_drop_after alike, so a whole stale copy stayed forever.
+    Either may go now, not both."""
+    old, new = Catalog(**OLD), Catalog(**NEW)
+    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    root.commit_batch(batch("main", 0, {("/a",): 5}, {0: 5}, old), **commit)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    run = service.start("http")
+    output = open_store(settings, run.id)
+    pin_definitions(output, new, run.id)
+    output.commit_batch(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), **commit)
+    output.close()
+    service.definitions.set_state(run.id, "caught_up", NOW)
+    old_version, new_version = (definition_version(c.streams["http"]) for c in (old, new))
+    try:
+        previous = service.switch(run.id)["previous"]
+        copy = service.switch(previous)["previous"]  # back: the new version's output kept as a copy
+        assert service.switch(run.id)["previous"] == previous  # and to the run again
+        assert copy == run_id("http", new_version, "previous-") and service.serving_version("http") == new_version
+        assert sorted(r.id for r in service.runs() if r.version == new_version) == sorted([run.id, copy])
+
+        # One of the two copies goes (with the old version's output: unused), the other stays.
+        dropped = service.drop_unused(0)
+        copies_kept = {run.id, copy} - set(dropped)
+        assert len(copies_kept) == 1 and len(dropped) == 2 and previous in dropped
+        (kept,) = copies_kept
+        with pytest.raises(SwitchRefused, match="is the served one"):
+            service.drop(kept)
+        assert [r.id for r in service.runs()] == [kept]
+        assert counts(root) == {dims_key({"endpoint": "/a", "region": "eu"}): 5}  # the served output is the root's
+    finally:
+        for r in service.runs():
+            service.outputs.storage.drop(r.id)
+        log.close()
+        root.close()
