@@ -5,6 +5,12 @@
     condition false:  Pending -> Normal; Firing -> Resolved, unless it was true less than
                       `keep_firing_for` ago (then it keeps firing); Resolved/NoData/Error -> Normal
     no data / error:  -> NoData / Error at once (or read as true, with no_data_state/error_state "firing")
+
+A NoData/Error spell that follows Firing is still the same incident (the receiver has been
+told "firing" throughout: NoData and Error notify as firing). It keeps `fired_at_ms` and
+`active_since_ms`, and when the data comes back the instance continues as if it had stayed
+Firing: true -> Firing again (no new `for`, no resolution, no new notice), false -> Resolved
+or kept firing per `keep_firing_for`.
 """
 
 from __future__ import annotations
@@ -50,14 +56,17 @@ def step(prev: Instance | None, reading: Reading, *, rule: str, fingerprint: str
     base = prev if prev is not None else Instance(rule, fingerprint, labels, AlertState.NORMAL, now_ms)
     base = replace(base, labels=labels, last_eval_ms=now_ms)
 
+    fired = _has_fired(prev)
     if reading in (Reading.NODATA, Reading.ERROR):
         target = AlertState.NODATA if reading is Reading.NODATA else AlertState.ERROR
+        if fired:  # the receiver still knows it as firing: the same incident goes on
+            return replace(base, state=target)
         since = base.active_since_ms if was is target else now_ms
         return replace(base, state=target, active_since_ms=since, fired_at_ms=None)
 
     if reading is Reading.TRUE:
-        if was is AlertState.FIRING:
-            return replace(base, last_true_ms=now_ms)
+        if fired:
+            return replace(base, state=AlertState.FIRING, last_true_ms=now_ms)
         since = base.active_since_ms if was is AlertState.PENDING else now_ms
         if now_ms - since >= for_ms:
             return replace(base, state=AlertState.FIRING, active_since_ms=since, fired_at_ms=now_ms,
@@ -65,8 +74,18 @@ def step(prev: Instance | None, reading: Reading, *, rule: str, fingerprint: str
         return replace(base, state=AlertState.PENDING, active_since_ms=since, fired_at_ms=None, last_true_ms=now_ms)
 
     # The condition is false (or the instance's series is gone).
-    if was is AlertState.FIRING:
+    if fired:
         if keep_firing_for_ms and base.last_true_ms is not None and now_ms - base.last_true_ms < keep_firing_for_ms:
-            return base
+            return replace(base, state=AlertState.FIRING)
         return replace(base, state=AlertState.RESOLVED)
     return replace(base, state=AlertState.NORMAL, active_since_ms=None, fired_at_ms=None)
+
+
+def _has_fired(prev: Instance | None) -> bool:
+    """Firing, or in a NoData/Error spell that interrupted firing (a gap in the data is not
+    a resolution: the spell ends only on a false condition, after `keep_firing_for`)."""
+    if prev is None:
+        return False
+    if prev.state is AlertState.FIRING:
+        return True
+    return prev.state in (AlertState.NODATA, AlertState.ERROR) and prev.fired_at_ms is not None

@@ -5,11 +5,14 @@ their "firing" mappings), group instances coming and going, history and notices.
 
 from __future__ import annotations
 
+import pytest
+
+from alerts.dedup import Why, plan
 from alerts.evaluator import evaluate, fingerprint
 from alerts.machine import Reading, step
 from alerts.outcome import Outcome, Sample
 from alerts.rules import parse_rule
-from alerts.states import AlertState
+from alerts.states import AlertState, RuleNotices
 
 S = AlertState
 T0 = 1_800_000_000_000
@@ -57,7 +60,7 @@ def test_step_covers_every_transition():
     assert step(resolved, Reading.FALSE, now_ms=50_000, **kw).state is S.NORMAL
     assert step(resolved, Reading.TRUE, now_ms=50_000, **kw).state is S.PENDING
     assert step(pending, Reading.FALSE, now_ms=20_000, **kw).state is S.NORMAL  # pending never fired
-    nodata = step(firing, Reading.NODATA, now_ms=40_000, **kw)
+    nodata = step(pending, Reading.NODATA, now_ms=40_000, **kw)  # a spell that never fired
     assert (nodata.state, nodata.active_since_ms) == (S.NODATA, 40_000)
     assert step(nodata, Reading.NODATA, now_ms=50_000, **kw).active_since_ms == 40_000
     assert step(nodata, Reading.FALSE, now_ms=50_000, **kw).state is S.NORMAL
@@ -138,6 +141,51 @@ def test_a_group_with_an_undefined_stat_is_nodata_alone(catalog):
     [result] = run(rule, [outcome])
     by_endpoint = {i.labels["endpoint"]: i.state for i in result.instances}
     assert by_endpoint == {"/a": S.NODATA, "/b": S.FIRING}
+
+
+def test_a_gap_in_a_firing_spell_neither_resolves_nor_restarts_it():
+    kw = dict(rule="r", fingerprint="f", labels={}, for_ms=20_000, keep_firing_for_ms=0)
+    firing = step(step(None, Reading.TRUE, now_ms=10_000, **kw), Reading.TRUE, now_ms=30_000, **kw)
+    for gap in (Reading.NODATA, Reading.ERROR):
+        blip = step(firing, gap, now_ms=40_000, **kw)
+        # Still the incident the receiver was told about, since it began.
+        assert (blip.active_since_ms, blip.fired_at_ms) == (10_000, 30_000)
+        assert step(blip, gap, now_ms=50_000, **kw).fired_at_ms == 30_000
+        back = step(blip, Reading.TRUE, now_ms=50_000, **kw)
+        assert (back.state, back.active_since_ms, back.fired_at_ms) == (S.FIRING, 10_000, 30_000)
+        assert step(blip, Reading.FALSE, now_ms=50_000, **kw).state is S.RESOLVED
+
+
+@pytest.mark.parametrize("gap", [Outcome.nodata("stale window"), Outcome.failed("database is locked")])
+def test_one_missing_evaluation_sends_no_false_resolution(catalog, gap):
+    rule = make_rule(catalog, **{"for": "30s"})
+    results = run(rule, [value(150)] * 5 + [gap] + [value(150)] * 5)
+    assert states(results)[3:] == [S.FIRING, S.FIRING, gap_state(gap)] + [S.FIRING] * 5
+    sent, memory = [], None
+    for r in results:
+        p = plan(RuleNotices("r", r.at_ms, r.notices), memory, r.at_ms / 1000, 14_400)
+        if p.send:
+            memory = p.remember
+            sent.append((r.at_ms, p.why))
+    assert sent == [(T0 + 3 * STEP, Why.NEW)]  # fired once; no resolved, no re-fire
+    assert {n.starts_at_ms for r in results[3:] for n in r.notices} == {T0}
+
+
+def test_keep_firing_for_holds_across_a_gap(catalog):
+    rule = make_rule(catalog, keep_firing_for="5m")
+    results = run(rule, [value(150), Outcome.nodata("stale window"), value(50), value(50)])
+    assert states(results) == [S.FIRING, S.NODATA, S.FIRING, S.FIRING]
+    assert all(n.status == "firing" for r in results for n in r.notices)
+
+
+def test_a_gap_then_a_false_condition_resolves_the_incident(catalog):
+    results = run(make_rule(catalog), [value(150), Outcome.failed("store locked"), value(50), value(50)])
+    assert states(results) == [S.FIRING, S.ERROR, S.RESOLVED, S.NORMAL]
+    assert [n.status for n in results[2].notices] == ["resolved"]
+
+
+def gap_state(outcome):
+    return S.ERROR if outcome.error is not None else S.NODATA
 
 
 # -- instances, labels, annotations, history, notices ------------------------------------------------
