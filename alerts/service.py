@@ -104,8 +104,17 @@ class AlertService:
         now = self.now_ms()
         return self.store.set_silence(name, None if duration_ms is None else now + duration_ms, now_ms=now)
 
-    def sync_file(self, rules: Mapping[str, Rule]) -> None:
-        self.store.sync_file_rules({name: rule_json(rule) for name, rule in rules.items()}, now_ms=self.now_ms())
+    def sync_file(self, rules: Mapping[str, Rule]) -> list[str]:
+        """Make the file rules exactly `rules`; return the names of those removed. A removed rule
+        ends like a deleted one (history "rule deleted", resolved at the notifiers), even when it
+        was removed while the API was down: the notifiers resolve what they remember delivering."""
+        with self._lock:
+            now = self.now_ms()
+            removed = self.store.sync_file_rules({name: rule_json(rule) for name, rule in rules.items()}, now_ms=now,
+                                                 ended=lambda instances: [_ended(i, now) for i in instances])
+            for name in removed:
+                self._resolve_all(name, now)
+            return removed
 
     # -- evaluation ------------------------------------------------------------------------
 

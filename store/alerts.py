@@ -10,7 +10,7 @@ instance where it was (a `for` period keeps counting, as Prometheus restores it)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,9 +138,13 @@ class AlertStore(SideStore):
                                (until_ms, max(now_ms, row[0] + 1), name))
         return self.rule(name)
 
-    def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int) -> None:
+    def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int,
+                        ended: Callable[[list[dict]], Iterable[Mapping]] = lambda instances: ()) -> list[str]:
         """Make the file rules exactly `definitions`: the file is their source of truth (an API
-        rule of the same name becomes the file's); silences survive a reload."""
+        rule of the same name becomes the file's); silences survive a reload. Return the names of
+        the file rules removed. A removed rule's instances go to the history as `ended(instances)`
+        says, in the same transaction, so that a rule dropped from the file while the API was down
+        still ends in the history (and only one replica records it)."""
         with self._lock, self._conn.transaction():
             have = {name: (definition, source, updated) for name, definition, source, updated in self._conn.execute(
                 "SELECT name, definition, source, updated_ms FROM alert_rules")}
@@ -152,11 +156,21 @@ class AlertStore(SideStore):
                 elif have[name][:2] != (text, "file"):
                     self._conn.execute("UPDATE alert_rules SET definition = ?, source = 'file', updated_ms = ?"
                                        " WHERE name = ?", (text, max(now_ms, have[name][2] + 1), name))
-            for name, (_, source, _) in have.items():
-                if source == "file" and name not in definitions:
-                    self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
-                    self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
-                    self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+            removed = [name for name, (_, source, _) in have.items() if source == "file" and name not in definitions]
+            for name in removed:
+                self._end_instances(name, ended, now_ms)
+                self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
+                self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+        return removed
+
+    def _end_instances(self, rule: str, ended: Callable[[list[dict]], Iterable[Mapping]], now_ms: int) -> None:
+        # Inside the caller's transaction: the instances go, their end goes to the history.
+        rows = self._conn.execute("SELECT data FROM alert_instances WHERE rule = ? ORDER BY fingerprint",
+                                  (rule,)).fetchall()
+        for entry in ended([_load(data) for (data,) in rows]):
+            self._conn.execute("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
+                               (rule, now_ms, _dump(entry)))
+        self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (rule,))
 
     # -- instances and history ---------------------------------------------------------------
 

@@ -48,8 +48,14 @@ def test_file_rules_are_the_file_s(store_backend):
     assert {r.name: r.source for r in alerts.rules()} == {"mine": "file", "other": "file"}
     with pytest.raises(RuleConflict, match="alerts file"):
         alerts.replace_rule("mine", RULE, now_ms=3)
-    alerts.sync_file_rules({"other": {**RULE, "name": "other"}}, now_ms=4)
-    assert [r.name for r in alerts.rules()] == ["other"]
+    alerts.save_evaluation("mine", [{"fingerprint": "f1", "state": "firing"}], [], now_ms=3)
+    removed = alerts.sync_file_rules({"other": {**RULE, "name": "other"}}, now_ms=4,
+                                     ended=lambda instances: [{"ended": i["fingerprint"]} for i in instances])
+    assert removed == ["mine"] and [r.name for r in alerts.rules()] == ["other"]
+    # The removed rule's instances end in the history, in the same transaction as the removal.
+    assert alerts.instances("mine") == []
+    assert [(h.rule, h.at_ms, h.data) for h in alerts.history()] == [("mine", 4, {"ended": "f1"})]
+    assert alerts.sync_file_rules({"other": {**RULE, "name": "other"}}, now_ms=5) == []
     alerts.close()
 
 

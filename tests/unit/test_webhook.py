@@ -13,6 +13,7 @@ from datetime import datetime
 import pytest
 
 from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan
+from alerts.rules import parse_rule
 from alerts.states import AlertState, Notice, RuleNotices
 from alerts.webhook import NOT_ENDED, WebhookNotifier, rfc3339
 from tests.receiver import Receiver
@@ -410,6 +411,40 @@ def test_what_was_delivered_survives_a_restart_with_a_memory_store(tmp_path):
         forgetful.close()
         assert len(rx.delivered) == 2
     assert store.notifier_memory(rx.url) == {}  # resolved: forgotten in the store too
+
+
+def test_a_file_rule_removed_while_the_api_was_down_is_resolved_and_forgotten(tmp_path):
+    """The rules file lost a firing rule across a restart: the new process never saw it fire,
+    but the webhook's memory says the receiver knows it as firing, so it gets the resolution,
+    the memory is dropped and the history says why."""
+    from alerts.outcome import StreamLagView
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from store.alerts import SqliteAlertStore
+    from tests.api.conftest import CONFIG
+
+    class Stalled:
+        def lag(self):
+            return {"orders": StreamLagView("STALL", "stalled", 600.0)}
+
+    catalog, clock = load_catalog(CONFIG), [1_800_000_000.0]
+    lagging = parse_rule({"name": "lagging", "kind": "lag", "stream": "orders", "threshold": 60}, catalog)
+    with Receiver() as rx:
+        for rules in ({"lagging": lagging}, {}):  # the second process starts without the rule
+            store = SqliteAlertStore(tmp_path / "store.db")
+            hook = notifier(rx.url, memory_store=store, clock=lambda: clock[0])
+            service = AlertService(catalog, store, Stalled(), notifiers=[hook], clock=lambda: clock[0])
+            removed = service.sync_file(rules)
+            clock[0] += 10
+            service.evaluate_due()
+            service.stop()
+            store.close()
+        assert removed == ["lagging"]
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved"]
+    store = SqliteAlertStore(tmp_path / "store.db")
+    assert store.notifier_memory(rx.url) == {}
+    assert [(h.data["to_state"], h.data["reason"]) for h in store.history()][0] == ("normal", "rule deleted")
+    store.close()
 
 
 def test_only_the_lease_holder_notifies_and_a_new_holder_continues_from_the_store(tmp_path):
