@@ -46,7 +46,7 @@ class AlertService:
         self.clock = clock
         self.last_error: str | None = None
         self._lock = threading.RLock()  # one evaluation or rule change at a time
-        self._cache: tuple[tuple[int, int], list[LoadedRule]] | None = None
+        self._cache: tuple[int, list[LoadedRule]] | None = None
         self._due: dict[str, tuple[int, int]] = {}  # rule -> (its updated_ms, next due time)
         self._firing: dict[str, list[Notice]] = {}  # rule -> notices it last reported as firing
         self._stop = threading.Event()

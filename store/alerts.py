@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS alert_notifier_memory (
     data TEXT NOT NULL,              -- what that notifier last delivered for the rule
     PRIMARY KEY (notifier, rule)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS alert_rules_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL         -- bumped by every transaction that changes alert_rules
+);
 CREATE TABLE IF NOT EXISTS alert_cursors (
     rule TEXT PRIMARY KEY,
     cursor INTEGER NOT NULL          -- the last pattern match id a `pattern` rule has read
@@ -80,6 +84,9 @@ class AlertStore(SideStore):
                  synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
         super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.history_retention_ms = history_retention_ms
+        with self._lock:  # a store from before the counter gets its row here (the table came with _SCHEMA)
+            self._conn.execute("INSERT INTO alert_rules_version (id, version) VALUES (1, 0)"
+                               " ON CONFLICT (id) DO NOTHING")
 
     # -- rules ---------------------------------------------------------------------------
 
@@ -93,10 +100,17 @@ class AlertStore(SideStore):
             row = self._conn.execute(f"SELECT {_RULE_COLUMNS} FROM alert_rules WHERE name = ?", (name,)).fetchone()
         return None if row is None else _rule(row)
 
-    def rules_version(self) -> tuple[int, int]:
-        """Changes whenever a rule is added, changed, silenced or removed (cheap to poll)."""
+    def rules_version(self) -> int:
+        """Changes whenever a rule is added, changed, silenced or removed (cheap to poll). A counter
+        bumped in each rule-changing transaction, not derived from the rows: a delete plus a create
+        by a replica whose clock is behind (or in the same millisecond) leaves the count and the
+        newest `updated_ms` as they were, yet the rules changed."""
         with self._lock:
-            return self._conn.execute("SELECT COUNT(*), COALESCE(MAX(updated_ms), 0) FROM alert_rules").fetchone()
+            return int(self._conn.execute("SELECT version FROM alert_rules_version WHERE id = 1").fetchone()[0])
+
+    def _bump_rules_version(self) -> None:
+        # Inside the caller's transaction, so that the version and the rules change together.
+        self._conn.execute("UPDATE alert_rules_version SET version = version + 1 WHERE id = 1")
 
     def create_rule(self, name: str, definition: Mapping, *, source: str, now_ms: int) -> StoredRule:
         with self._lock, self._conn.transaction():
@@ -104,6 +118,7 @@ class AlertStore(SideStore):
                 raise RuleConflict(f"a rule named {name!r} already exists; PUT /api/v1/alerts/rules/{name} changes it")
             self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
                                " VALUES (?, ?, ?, ?, ?)", (name, _dump(definition), source, now_ms, now_ms))
+            self._bump_rules_version()
         return self.rule(name)
 
     def replace_rule(self, name: str, definition: Mapping, *, now_ms: int) -> StoredRule | None:
@@ -115,6 +130,7 @@ class AlertStore(SideStore):
             _refuse_file_rule(name, row[0])
             self._conn.execute("UPDATE alert_rules SET definition = ?, updated_ms = ? WHERE name = ?",
                                (_dump(definition), max(now_ms, row[1] + 1), name))
+            self._bump_rules_version()
         return self.rule(name)
 
     def delete_rule(self, name: str) -> bool:
@@ -127,6 +143,7 @@ class AlertStore(SideStore):
             self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
             self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
             self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+            self._bump_rules_version()
         return True
 
     def set_silence(self, name: str, until_ms: int | None, *, now_ms: int) -> StoredRule | None:
@@ -136,6 +153,7 @@ class AlertStore(SideStore):
                 return None
             self._conn.execute("UPDATE alert_rules SET silenced_until_ms = ?, updated_ms = ? WHERE name = ?",
                                (until_ms, max(now_ms, row[0] + 1), name))
+            self._bump_rules_version()
         return self.rule(name)
 
     def sync_file_rules(self, definitions: Mapping[str, Mapping], *, now_ms: int,
@@ -148,19 +166,24 @@ class AlertStore(SideStore):
         with self._lock, self._conn.transaction():
             have = {name: (definition, source, updated) for name, definition, source, updated in self._conn.execute(
                 "SELECT name, definition, source, updated_ms FROM alert_rules")}
+            changed = False
             for name, definition in definitions.items():
                 text = _dump(definition)
                 if name not in have:
                     self._conn.execute("INSERT INTO alert_rules (name, definition, source, created_ms, updated_ms)"
                                        " VALUES (?, ?, 'file', ?, ?)", (name, text, now_ms, now_ms))
+                    changed = True
                 elif have[name][:2] != (text, "file"):
                     self._conn.execute("UPDATE alert_rules SET definition = ?, source = 'file', updated_ms = ?"
                                        " WHERE name = ?", (text, max(now_ms, have[name][2] + 1), name))
+                    changed = True
             removed = [name for name, (_, source, _) in have.items() if source == "file" and name not in definitions]
             for name in removed:
                 self._end_instances(name, ended, now_ms)
                 self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
                 self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+            if changed or removed:  # an unchanged file (every start) leaves the other replicas' caches be
+                self._bump_rules_version()
         return removed
 
     def _end_instances(self, rule: str, ended: Callable[[list[dict]], Iterable[Mapping]], now_ms: int) -> None:

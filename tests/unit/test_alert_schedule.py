@@ -94,3 +94,15 @@ def test_pause_and_resume_as_the_leader_lease_moves(service):
     service.resume(tick_s=0.05)  # already running: no second thread
     assert len([t for t in threading.enumerate() if t.name == "alert-evaluator"]) == 1
     service.stop()
+
+
+def test_a_rule_swap_by_a_replica_with_a_slower_clock_reaches_the_leader_s_cache(service, tmp_path):
+    service.create({"name": "a_keep", "kind": "lag", "stream": "orders", "threshold": 5})
+    service.create({"name": "b_old", "kind": "lag", "stream": "orders", "threshold": 5})
+    assert sorted(e.rule for e in service.evaluate_due(T0)) == ["a_keep", "b_old"]
+    other = AlertService(service.catalog, SqliteAlertStore(tmp_path / "store.db"), Lagging(),
+                         clock=lambda: T0 / 1000 - 0.3)
+    other.delete("b_old")  # same count and newest updated_ms afterwards: only a counter tells
+    other.create({"name": "c_new", "kind": "lag", "stream": "orders", "threshold": 5})
+    assert sorted(e.rule for e in service.evaluate_due(T0 + 10_000)) == ["a_keep", "c_new"]
+    other.store.close()

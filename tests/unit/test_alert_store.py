@@ -59,6 +59,43 @@ def test_file_rules_are_the_file_s(store_backend):
     alerts.close()
 
 
+def test_the_rules_version_changes_with_every_rule_write_whatever_the_clocks(store_backend):
+    # Another replica deletes b and creates c with a clock 300 ms behind: the count and the
+    # newest updated_ms stay as they were, yet a cache keyed on them would miss both changes.
+    panes = store_backend.create()
+    alerts = AlertStore(panes.side_db())
+    alerts.create_rule("a", RULE, source="api", now_ms=1_000)
+    alerts.create_rule("b", RULE, source="api", now_ms=1_000)
+    versions = [alerts.rules_version()]
+    other = AlertStore(store_backend.side_db(panes))
+    for write in (lambda: other.delete_rule("b"),
+                  lambda: other.create_rule("c", RULE, source="api", now_ms=700),
+                  lambda: other.replace_rule("c", RULE, now_ms=700),
+                  lambda: other.set_silence("c", 9_000, now_ms=700),
+                  lambda: other.sync_file_rules({"f": RULE}, now_ms=700)):
+        write()
+        versions.append(alerts.rules_version())
+    assert versions == sorted(set(versions))  # every write moved it on, seen from either handle
+    other.sync_file_rules({"f": RULE}, now_ms=800)
+    assert alerts.rules_version() == versions[-1]  # an unchanged rules file changes nothing
+    other.close()
+    alerts.close()
+
+
+def test_a_store_from_before_the_rules_version_counter_gets_one(store_backend):
+    panes = store_backend.create()
+    AlertStore(panes.side_db()).close()
+    db = store_backend.side_db(panes)
+    with db.transaction():
+        db.execute("DROP TABLE alert_rules_version")  # as a store written before the counter
+    db.close()
+    alerts = AlertStore(store_backend.side_db(panes))
+    before = alerts.rules_version()
+    alerts.create_rule("a", RULE, source="api", now_ms=1)
+    assert alerts.rules_version() == before + 1
+    alerts.close()
+
+
 def test_a_value_stored_as_infinity_before_it_was_refused_reads_back_as_null(store_backend):
     # alerts/outcome.py refuses values that are no finite number now; an instance stored before
     # (json.dumps wrote Infinity) made GET /api/v1/alerts answer 500 for good.
