@@ -134,7 +134,9 @@ def _change(mode: str, current: float | None, base: float | None, offset_ms: int
 
 def _absence(rule: AbsenceRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
     stream = catalog.streams[rule.stream]
-    end = now_ms // stream.pane * stream.pane + stream.pane
+    # Up to the pane holding now + max_future_skew: events stamped that far ahead of the clock
+    # are accepted (a device clock running fast), and they are events, not silence.
+    end = (now_ms + stream.max_future_skew) // stream.pane * stream.pane + stream.pane
     start = (now_ms - rule.lookback) // stream.pane * stream.pane
     seen = data.last_seen(rule.stream, start, end, rule.group_by, rule.filters)
     if not seen:  # nothing at all within the lookback: the stream (or every group) is silent

@@ -224,6 +224,26 @@ def test_absence_per_group(catalog):
     assert {s.group["country"]: s.condition for s in outcome.samples} == {"DE": False, "FR": True}
 
 
+class Panes:
+    """AlertData.last_seen over panes given by their start: only those inside [start, end) count,
+    as the store's newest_pane_ends reads them."""
+
+    def __init__(self, pane_starts, pane=PANE):
+        self.pane_starts, self.pane = pane_starts, pane
+
+    def last_seen(self, stream, start_ms, end_ms, group_by, filters):
+        ends = [p + self.pane for p in self.pane_starts if start_ms <= p < end_ms]
+        return {(): max(ends)} if ends else {}
+
+
+def test_absence_sees_events_stamped_ahead_of_the_clock_within_the_future_skew(catalog):
+    # orders accepts events up to max_future_skew (5m) ahead: a fast clock's events are no silence.
+    assert catalog.streams["orders"].max_future_skew >= 60_000
+    [sample] = evaluate_rule(absence(catalog), Panes([NOW + 60_000]), catalog, NOW).samples
+    assert (sample.value, sample.condition) == (0.0, False)
+    assert sample.window_end_ms >= NOW + catalog.streams["orders"].max_future_skew
+
+
 # -- pipeline rules --------------------------------------------------------------------------------------
 
 LAG = {"http_requests": StreamLagView("OK", "fine", 3.0), "orders": StreamLagView("STOP", "no commits", 95.0)}
