@@ -3,7 +3,8 @@ Pure: returns the instances to keep, the state changes (history) and the notices
 
 Instances are keyed by a fingerprint of their labels (alertname, the rule's labels and the
 group's). An instance whose group no longer appears reads as "condition false" (Prometheus:
-the series went away), so a firing one resolves rather than vanishing. When the rule as a
+the series went away), so a firing one resolves rather than vanishing (an absence rule's
+group is the exception: it goes away because it stayed silent). When the rule as a
 whole has no data or fails, every known instance goes to NoData/Error (a firing alert must
 not quietly look resolved because its data stopped); with none known, one instance carrying
 only the rule's labels does.
@@ -19,9 +20,10 @@ from dataclasses import dataclass, replace
 
 from alerts.machine import Instance, Reading, step
 from alerts.outcome import Outcome, Sample
-from alerts.rules import Rule
+from alerts.rules import AbsenceRule, Rule
 from alerts.states import AlertState, Notice
 from alerts.templating import render_all
+from catalog import format_duration_ms
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,25 @@ def _readings(rule: Rule, outcome: Outcome, previous: dict[str, Instance]):
             reading = Reading.NODATA if sample.condition is None else Reading.TRUE if sample.condition else Reading.FALSE
             out[fingerprint(labels)] = (labels, reading, sample)
     for fp, inst in previous.items():
-        out.setdefault(fp, (inst.labels, Reading.FALSE, None))
+        if fp not in out:
+            out[fp] = _gone(rule, inst)
     return out
+
+
+def _gone(rule: Rule, inst: Instance) -> tuple[dict[str, str], Reading, Sample | None]:
+    """The reading of a known instance the outcome no longer mentions: "condition false" (the
+    series went away), except for an absence rule's group, which drops out of the outcome
+    because its newest event left `lookback`: it is as silent as ever, not back."""
+    if isinstance(rule, AbsenceRule) and _is_group_instance(rule, inst) and inst.state is not AlertState.RESOLVED:
+        lookback_s = rule.lookback / 1000
+        return inst.labels, Reading.TRUE, Sample({k: inst.labels[k] for k in rule.group_by}, lookback_s, True,
+                                                 reason=f"no events in the last {format_duration_ms(rule.lookback)}")
+    return inst.labels, Reading.FALSE, None
+
+
+def _is_group_instance(rule: AbsenceRule, inst: Instance) -> bool:
+    # Not the rule-level instance ("nothing at all in lookback"): that one clears once groups report.
+    return bool(rule.group_by) and all(k in inst.labels for k in rule.group_by)
 
 
 def _rule_level(rule: Rule) -> dict[str, dict[str, str]]:

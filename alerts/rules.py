@@ -108,7 +108,8 @@ class AbsenceRule(_RuleBase):
     duration: DurationMs = Field(description="fire when the newest event is older than this")
     group_by: tuple[str, ...] = ()
     filters: dict[str, str] = Field(default_factory=dict)
-    lookback: DurationMs = Field(3_600_000, description="how far back a group must have been seen to be watched")
+    lookback: DurationMs = Field(3_600_000, description="how far back a group must have been seen to start being"
+                                     " watched (one already alerting stays so)")
 
 
 class LagRule(_RuleBase):

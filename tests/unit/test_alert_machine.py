@@ -233,3 +233,25 @@ def test_labels_are_templated_too(catalog):
     rule = make_rule(catalog, group_by=["endpoint"], labels={"team": "owner-of-{{ $labels.endpoint }}"})
     [result] = run(rule, [Outcome([Sample({"endpoint": "/a"}, 150, True)])])
     assert result.instances[0].labels == {"alertname": "r", "team": "owner-of-/a", "endpoint": "/a"}
+
+
+def test_a_silent_absence_group_that_leaves_the_lookback_keeps_alerting(catalog):
+    # Its last event left `lookback`, so the rule's query no longer reports the group: it is
+    # as silent as ever, so it must not resolve (and then never alert again).
+    rule = parse_rule({"name": "quiet", "kind": "absence", "stream": "http_requests", "duration": "5m",
+                       "group_by": ["region"]}, catalog)
+    silent = Outcome([Sample({"region": "eu"}, 3000.0, True), Sample({"region": "us"}, 0.0, False)])
+    gone = Outcome([Sample({"region": "us"}, 0.0, False)])
+    results = run(rule, [silent, gone, gone])
+    eu = [[i for i in r.instances if i.labels["region"] == "eu"] for r in results]
+    assert [i.state for [i] in eu] == [S.FIRING, S.FIRING, S.FIRING]
+    assert eu[1][0].value == 3600.0 and "no events in the last 1h" in eu[1][0].reason
+    assert [(n.labels["region"], n.status) for r in results for n in r.notices] == [("eu", "firing")] * 3
+
+
+def test_an_absence_rule_level_instance_still_clears_when_groups_report(catalog):
+    rule = parse_rule({"name": "quiet", "kind": "absence", "stream": "http_requests", "duration": "5m",
+                       "group_by": ["region"]}, catalog)
+    nothing = Outcome([Sample({}, 3600.0, True)])  # nothing at all within the lookback
+    results = run(rule, [nothing, Outcome([Sample({"region": "us"}, 0.0, False)])])
+    assert states(results) == [S.FIRING, S.RESOLVED]
