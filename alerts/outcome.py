@@ -105,5 +105,7 @@ class AlertData(Protocol):
     def newest_match_id(self, pattern: str) -> int | None:
         """The id of the pattern's newest match; None when it has none."""
 
-    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
-        """Corrections published after `after_ms` to panes of the stream starting in [start_ms, end_ms)."""
+    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
+                          dims: Mapping[str, str] | None = None) -> int:
+        """Corrections published after `after_ms` to panes of the stream starting in [start_ms, end_ms)
+        whose dimensions have the values `dims` gives (those of the rule's filters and the entry's group)."""

@@ -157,13 +157,13 @@ class AlertService:
         """History entries with `corrections_since`: how many corrections changed the window an
         entry was decided on, after the decision (None where the rule reads no metric window).
         Decisions are not revised: this only tells the reader the value has since changed."""
-        streams = {loaded.stored.name: self.catalog.metrics[loaded.rule.metric].stream
-                   for loaded in self.rules()
-                   if getattr(loaded.rule, "metric", None) in self.catalog.metrics}
+        rules = {loaded.stored.name: loaded.rule for loaded in self.rules()
+                 if getattr(loaded.rule, "metric", None) in self.catalog.metrics}
         for event in history:
-            stream = streams.get(event["rule"]) if event.get("window_start_ms") is not None else None
-            event["corrections_since"] = None if stream is None else self.data.corrections_after(
-                stream, event["window_start_ms"], event["window_end_ms"], event["at_ms"])
+            rule = rules.get(event["rule"]) if event.get("window_start_ms") is not None else None
+            event["corrections_since"] = None if rule is None else self.data.corrections_after(
+                self.catalog.metrics[rule.metric].stream, event["window_start_ms"], event["window_end_ms"],
+                event["at_ms"], _input_dims(rule, event))
         return history
 
     # -- the background thread --------------------------------------------------------------
@@ -269,6 +269,14 @@ def _ended(instance: dict, now_ms: int) -> dict:
             "annotations": instance.get("annotations", {}), "from_state": instance["state"], "to_state": "normal",
             "value": None, "at_ms": now_ms, "window_start_ms": None, "window_end_ms": None, "revision": None,
             "reason": "rule deleted"}
+
+
+def _input_dims(rule: Rule, event: dict) -> dict[str, str]:
+    """The dimension values of the panes an entry's decision read: the rule's filters and the
+    entry's group (a correction to another endpoint did not change this entry's window)."""
+    labels = event.get("labels") or {}
+    group = {k: labels[k] for k in getattr(rule, "group_by", ()) if k in labels}
+    return {**rule.filters, **group}
 
 
 def _stand_in(stored: StoredRule):

@@ -60,6 +60,12 @@ class StoreAlertData:
     def newest_match_id(self, pattern: str) -> int | None:
         return self.store.pattern_newest_match_id(pattern)
 
-    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int) -> int:
+    def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
+                          dims: Mapping[str, str] | None = None) -> int:
         found = self.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, limit=10_000)
-        return sum(1 for c in found if c.at_ms > after_ms)
+        return sum(1 for c in found if c.at_ms > after_ms and _matches(c.dims, dims or {}))
+
+
+def _matches(dims: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    # As the metric queries read panes: a dimension a pane lacks reads as "".
+    return all(dims.get(k, "") == v for k, v in wanted.items())

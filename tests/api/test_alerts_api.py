@@ -197,6 +197,12 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
 
     # A straggler lands in the window the firing decision read: the decision stands, and says so.
     assert firing["corrections_since"] == 0
+    # One for another endpoint corrects the same panes' time but not the rule's input: not counted.
+    elsewhere = [ev(firing["window_start_ms"] + 500, "/", 5.0)]
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=elsewhere).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+    entry = next(e for e in api.get("/api/v1/alerts").json()["history"] if e["id"] == firing["id"])
+    assert entry["corrections_since"] == 0
     straggler = [ev(firing["window_start_ms"] + 500, "/api/cart", 5.0)]
     assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=straggler).status_code == 200
     drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
