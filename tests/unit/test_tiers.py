@@ -314,6 +314,41 @@ def test_each_tier_keeps_its_own_retention(store_backend):
     store.close()
 
 
+def test_a_layout_change_keeps_the_coarse_history_past_the_panes(store_backend):
+    """Hour rows are kept longer than the panes (the demo: 90 days against 8). Changing the layout
+    (a tier kept longer, a group-by added) used to delete every tier row and roll them up again
+    from the panes left, losing the hours past the panes' retention: hourly counts over them then
+    answered 0, final. Rows of a tier both layouts keep that start before the first pane stay
+    (the hour holding the first pane too: it holds panes gone since); a new group-by's rows start
+    at the panes, as no older history can be made for it."""
+    hour, day = 3_600_000, 86_400_000
+    retention = 30 * MINUTE
+    before = TierLayout(PANE, retention, ((MINUTE, retention), (hour, day)), ("",))
+    store = store_at(store_backend, before)
+    commit_all(store, [[(T0 + 5_000, {"a": "x"}, 1.0, "u1"), (T0 + 5 * hour + 5 * MINUTE, {"a": "x"}, 2.0, "u2"),
+                        (T0 + 5 * hour + 20 * MINUTE, {"a": "y"}, 3.0, "u3")]])
+    now = T0 + 5 * hour + 40 * MINUTE  # the panes before 5:10 are gone, their hours kept
+    batch = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now)
+    store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now, retention_ms={"s": retention})
+    hourly = lambda: [p.count for p in answer(store, stat="count", start=T0, end=T0 + 6 * hour, step=hour,  # noqa: E731
+                                              window=hour)[0].points]
+    assert hourly() == [1, 0, 0, 0, 0, 2]
+
+    after = TierLayout(PANE, retention, ((MINUTE, retention), (hour, 2 * day)), ("", "a"))
+    assert store.configure_tiers({"s": after}, now_ms=now) == ["s"]
+    assert hourly() == [1, 0, 0, 0, 0, 2]
+
+    def counts(proj: str) -> dict[int, int]:  # per hour row start, summed over its dimensions
+        out: dict[int, int] = defaultdict(int)
+        for row in store.read_tier("s", hour, proj, T0, T0 + day, pane_ms=PANE):
+            out[row.key.start_ms] += row.data.count
+        return dict(out)
+
+    assert counts(ALL_DIMS) == counts("") == {T0: 1, T0 + 5 * hour: 2}
+    assert counts("a") == {T0 + 5 * hour: 1}  # new: rolled up from the panes left, no older history
+    store.close()
+
+
 def test_tier_deltas_derive_coarse_rows_from_the_finest_that_can():
     rows = [(T0 + i * PANE, {"a": "xy"[i % 2], "b": "p", "c": "m"}, PaneData(1), 1 + (i == 7)) for i in range(12)]
     deltas = tier_deltas(rows, LAYOUT)
