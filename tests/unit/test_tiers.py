@@ -349,6 +349,37 @@ def test_a_layout_change_keeps_the_coarse_history_past_the_panes(store_backend):
     store.close()
 
 
+def test_a_cached_window_recomputed_alone_reads_the_granules_of_the_whole_query(store_backend):
+    """At the minute tier's keep horizon the hour row still holds minutes the minute rows dropped.
+    A 1 h window every 30 min reads minutes (a bucket is 30 min); when a straggler changed one
+    window's fingerprint, that window alone was computed again, planned as a one-window query
+    (any granule fits): from the hour row, 181 events where the query without a cache says 76,
+    and kept under the whole plan's fingerprint."""
+    hour = 3_600_000
+    layout = TierLayout(PANE, hour, ((MINUTE, hour), (hour, 30 * hour)), ("",))
+    store = store_at(store_backend, layout)
+    now = T0 + 3 * hour + 35 * MINUTE  # minutes and panes kept from 2:35 on, hours for 30 h
+
+    def commit(batch_id: int, events: list[tuple]) -> None:
+        batch = BatchCommit("main", batch_id, events_to_partials(events), len(events),
+                            {"s": max(t for t, *_ in events)}, {}, batch_now_ms=now)
+        assert store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now,
+                                  retention_ms={"s": hour}).committed
+
+    def ask(cache: PointCache | None) -> list[tuple]:
+        (series,) = answer(store, stat="p90", start=T0 + 90 * MINUTE, end=T0 + 150 * MINUTE, step=30 * MINUTE,
+                           window=hour, cache=cache)
+        return [(p.t_ms, p.count, p.value, p.final, p.revision) for p in series.points]
+
+    commit(1, [(T0 + i * MINUTE, {"a": "x"}, float(i % 7), f"u{i}") for i in range(216)])
+    cache = PointCache()
+    assert ask(cache) == ask(None)
+    commit(2, [(T0 + 160 * MINUTE, {"a": "x"}, 3.0, "late")])  # revises the second window only
+    assert ask(cache) == ask(None)
+    assert [count for _, count, *_ in ask(None)] == [0, 26]
+    store.close()
+
+
 def test_tier_deltas_derive_coarse_rows_from_the_finest_that_can():
     rows = [(T0 + i * PANE, {"a": "xy"[i % 2], "b": "p", "c": "m"}, PaneData(1), 1 + (i == 7)) for i in range(12)]
     deltas = tier_deltas(rows, LAYOUT)
