@@ -277,8 +277,9 @@ def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, 
         filter_args = ()
     if value_field:
         path = f"'$.{value_field}"
+        # The sum exactly rounded (store/exact_sum.py), as the pane roll-up and the tier rows add.
         value = ", ".join(agg(fn, f"json_extract(stats, {path}[{i}]')")
-                          for i, fn in enumerate(("SUM", "SUM", "MIN", "MAX")))
+                          for i, fn in enumerate(("SUM", "exact_sum", "MIN", "MAX")))
     else:
         value = "0, 0.0, NULL, NULL"
     grouped = (f"SELECT (start_ms - ?) / ? AS bucket, stream, dims_id, {agg('SUM', 'count')}, {agg('MAX', 'revision')},"

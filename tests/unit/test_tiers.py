@@ -245,6 +245,22 @@ def test_sums_past_a_double_neither_fail_the_commit_nor_the_reads(store_backend)
     store.close()
 
 
+def test_sums_the_store_adds_are_exactly_rounded_as_the_pane_rollup(store_backend):
+    """A bucket's parts were added by SQL SUM, in the order rows came and rounded at each step:
+    1e16 + 1 - 1e16 answered 0.0 where the pane roll-up (math.fsum) says 1.0."""
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, 1e16, "u1"),
+                        (T0 + 15_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u2"),
+                        (T0 + 25_000, {"a": "x", "b": "p", "c": "m"}, -1e16, "u3")]])
+    for stat, group_by in (("sum", ()), ("avg", ()), ("sum", ("c",))):  # the total's rows; the panes
+        asked = dict(stat=stat, start=T0, end=T0 + MINUTE, step=30_000, window=30_000, group_by=group_by)
+        (series,) = answer(store, **asked)
+        (expected,) = pane_rollup(store, **asked)
+        assert [p.value for p in series.points] == [p.value for p in expected.points], (stat, group_by)
+        assert series.points[0].value == (1.0 if stat == "sum" else 1 / 3)
+    store.close()
+
+
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
     assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)
