@@ -21,7 +21,8 @@ What does not count:
   clock is counted through those); partitions (the log's layout, not the panes);
   partition_idle_timeout (when panes become final in processing time: not reproducible anyway);
   tiers and rollup_group_bys (rebuilt from the panes whenever they change: aggregates/pipeline.py
-  configure_tiers); metrics (named views over the panes: adding one needs no reprocessing);
+  configure_tiers; from the first stored pane on, older rows of a tier kept before stay, a new
+  tier has none before the panes); metrics (named views over the panes: adding one needs no reprocessing);
   derived streams (generated from their parent's `sessions`, which is in the parent's version).
 
 Dimensions, values and distinct fields are sets for the panes (stored by name), so their order

@@ -310,7 +310,9 @@ class PaneStore(ABC):
     def configure_tiers(self, layouts: Mapping[str, TierLayout | None], *, now_ms: int,
                         progress: Callable[[str], None] | None = None) -> list[str]:
         """Keep these tiers from now on: a stream whose stored layout differs gets its tier rows
-        rebuilt from its panes (one transaction per stream); returns the streams rebuilt."""
+        rebuilt from its panes (one transaction per stream), from its first pane on: the older rows
+        of a tier both layouts keep stay (store.commit_plan.tiers_kept_by_rebuild); returns the
+        streams rebuilt."""
 
     @abstractmethod
     def newest_pane_ends(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[dict[str, str], int]]:

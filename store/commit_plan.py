@@ -434,6 +434,25 @@ def rebuild_chunks(first_start_ms: int, last_start_ms: int, layout: TierLayout,
     return [(lo, lo + chunk) for lo in range(first, last_start_ms + 1, chunk)]
 
 
+def tiers_kept_by_rebuild(old: TierLayout | None, new: TierLayout) -> set[tuple[int, str]]:
+    """The (granule, projection) tiers both layouts keep. A rebuild keeps their rows that start
+    before the first stored pane: coarse tiers are kept longer than the panes (the demo's 1 h rows
+    90 days, its panes 8), so those rows hold history no pane holds any more. A tier the old
+    layout did not keep (a new granule or group-by) has no such rows: its history starts at the
+    panes."""
+    if old is None:
+        return set()
+    return {(t.granule_ms, t.proj) for t in old.tiers()} & {(t.granule_ms, t.proj) for t in new.tiers()}
+
+
+def rebuilt_rows_to_save(deltas: Mapping[TierKey, TierDelta], kept: set[tuple[int, str]],
+                         first_pane_ms: int) -> dict[TierKey, TierDelta]:
+    """The rows a rebuild writes: all it rolled up from the panes, but for a kept tier's row that
+    starts before the first pane (it covers panes gone since; the stored row still holds them)."""
+    return {key: delta for key, delta in deltas.items()
+            if key.start_ms >= first_pane_ms or (key.granule_ms, key.proj) not in kept}
+
+
 def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, TierDelta], int]:
     """The tier rows rolled up from stored panes (store.panes.Pane), and the newest batch among them."""
     panes = list(panes)
@@ -443,6 +462,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
-    "FreshPanes", "column_partials", "pane_ids", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "retention_horizons", "tier_horizons",
-    "tier_row_after",
+    "FreshPanes", "column_partials", "pane_ids", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "rebuilt_rows_to_save", "retention_horizons", "tier_horizons",
+    "tier_row_after", "tiers_kept_by_rebuild",
 ]

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from store.exact_sum import ExactSumAggregate
+
 
 WAL_LIMIT_BYTES = 64 * 2**20
 
@@ -32,6 +34,8 @@ def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_time
     conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
     if synchronous is not None:
         conn.execute(f"PRAGMA synchronous={synchronous}")
+    # Sums of float parts in SQL, exactly rounded as the pane roll-up's (store/sqlite_tiers.aggregate).
+    conn.create_aggregate("exact_sum", 1, ExactSumAggregate)
     return conn
 
 

@@ -20,15 +20,22 @@ from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, Sketch
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
 
 
-def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points):
-    """(segment, projection, bucket) for each segment to read; nothing for a query rollup refuses."""
+def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, query_points=None):
+    """(segment, projection, bucket) for each segment to read; nothing for a query rollup refuses.
+
+    query_points: the windows of the whole query when [start_ms, end_ms) is a part of it (the
+    windows a cache missed). Read with the whole query's granules: a lone window may read any
+    granule, and at a tier's keep horizon a coarser row still holds minutes the finer tier dropped,
+    so that window would differ from the same window computed with the others (and be cached
+    under the whole plan's fingerprint)."""
     if step_ms <= 0 or window_ms <= 0 or end_ms <= start_ms:
         return []
     n_points = len(window_points(start_ms, end_ms, step_ms))
     if n_points > max_points:  # rollup refuses the query, with its reason
         return []
     span_end = start_ms + (n_points - 1) * step_ms + window_ms
-    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, n_points, needed)
+    granule_points = n_points if query_points is None else query_points
+    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed)
     # One window: every row lands in it, whatever bucket; else rollup's buckets of gcd(step, window).
     bucket = span_end - start_ms if n_points == 1 else math.gcd(step_ms, window_ms)
     return [(seg, seg.proj, bucket) for seg in plan.segments]
@@ -79,12 +86,15 @@ def _query_series(
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
 
+    query_points = len(window_points(start_ms, end_ms, step_ms)) if step_ms > 0 else 0
+
     def read_segments(lo: int, hi: int) -> list[list[SketchRow]]:
         if not field:  # rollup refuses the query, with its reason
             return []
         return [store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
                                        kind=kind, pane_ms=pane_ms)
-                for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points)]
+                for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points,
+                                          query_points)]
 
     def read_rows(lo: int, hi: int) -> list[SketchRow]:
         return [row for segment in read_segments(lo, hi) for row in segment]

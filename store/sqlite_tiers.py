@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 from store import dim_sets, dims_migration, row_codec
-from store.commit_plan import StoredPane, rebuild_chunks, rebuilt_rows, tier_horizons, tier_row_after
+from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt_rows_to_save, tier_horizons,
+                               tier_row_after, tiers_kept_by_rebuild)
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.stored_spans import in_stored_spans
@@ -93,27 +94,47 @@ def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, sta
 def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, read_panes: Callable,
             now_ms: int, chunk_ms: int = 6 * 3_600_000, progress: Callable[[str], None] | None = None) -> int:
     """Replace a stream's tier rows by ones rolled up from its stored panes under `layout`
-    (None: the stream keeps no tiers) and record the layout; returns the panes read. The
-    panes are read a chunk of event time at a time (a whole number of every granule), so
-    memory stays bounded however many there are."""
-    conn.execute("DELETE FROM tier_rows WHERE stream = ?", (stream,))
+    (None: the stream keeps no tiers) and record the layout; returns the panes read. Rows of a
+    tier the old layout kept too that start before the first pane are kept (history past the
+    panes' retention: store.commit_plan.tiers_kept_by_rebuild). The panes are read a chunk of
+    event time at a time (a whole number of every granule), so memory stays bounded however
+    many there are."""
+    old = stored_layouts(conn).get(stream)
     conn.execute("DELETE FROM tier_layouts WHERE stream = ?", (stream,))
     if layout is None:
+        conn.execute("DELETE FROM tier_rows WHERE stream = ?", (stream,))
         return 0
-    span = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
+    first, last = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
+    kept = tiers_kept_by_rebuild(old, layout)
+    _drop_rows_to_rebuild(conn, stream, kept, first)
     done = 0
-    if span[0] is not None:
-        for lo, hi in rebuild_chunks(span[0], span[1], layout, chunk_ms):
+    if first is not None:
+        for lo, hi in rebuild_chunks(first, last, layout, chunk_ms):
             panes = read_panes(stream, lo, hi)
             deltas, last_batch = rebuilt_rows(panes, layout)
             save_many(conn, "tier_rows", TIER_KEY,
                       (((stream, key.granule_ms, key.proj, key.start_ms, key.dims), key.start_ms + key.granule_ms,
-                        delta.data, delta.revision) for key, delta in deltas.items()), now_ms, last_batch)
+                        delta.data, delta.revision) for key, delta in rebuilt_rows_to_save(deltas, kept, first).items()),
+                      now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (?, ?)", (stream, layout.to_json()))
     return done
+
+
+def _drop_rows_to_rebuild(conn: sqlite3.Connection, stream: str, kept: set[tuple[int, str]],
+                          first_pane_ms: int | None) -> None:
+    """Every row of a tier not kept; of a kept tier, the rows from the first pane on (rolled up
+    again from the panes). With no panes, a kept tier's rows all stay."""
+    tiers = conn.execute("SELECT DISTINCT granule_ms, proj FROM tier_rows WHERE stream = ?", (stream,)).fetchall()
+    for granule, proj in tiers:
+        if (granule, proj) not in kept:
+            conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND proj = ?",
+                         (stream, granule, proj))
+        elif first_pane_ms is not None:
+            conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND proj = ? AND start_ms >= ?",
+                         (stream, granule, proj, first_pane_ms))
 
 
 # The key columns of the two tables that hold pane-shaped rows. Callers give keys with the
@@ -256,8 +277,9 @@ def aggregate(conn: sqlite3.Connection, table: str, where: str, args: tuple, *, 
         filter_args = ()
     if value_field:
         path = f"'$.{value_field}"
+        # The sum exactly rounded (store/exact_sum.py), as the pane roll-up and the tier rows add.
         value = ", ".join(agg(fn, f"json_extract(stats, {path}[{i}]')")
-                          for i, fn in enumerate(("SUM", "SUM", "MIN", "MAX")))
+                          for i, fn in enumerate(("SUM", "exact_sum", "MIN", "MAX")))
     else:
         value = "0, 0.0, NULL, NULL"
     grouped = (f"SELECT (start_ms - ?) / ? AS bucket, stream, dims_id, {agg('SUM', 'count')}, {agg('MAX', 'revision')},"

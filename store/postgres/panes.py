@@ -51,9 +51,11 @@ from store.commit_plan import (
     plan_batch,
     rebuild_chunks,
     rebuilt_rows,
+    rebuilt_rows_to_save,
     retention_horizons,
     tier_horizons,
     tier_row_after,
+    tiers_kept_by_rebuild,
 )
 from store.connection import where as where_clause
 from store import view_state
@@ -537,12 +539,17 @@ def _apply_deltas(conn: psycopg.Connection, stream: str, deltas: Mapping[TierKey
 
 def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, now_ms: int,
              progress: Callable[[str], None] | None) -> None:
-    """Replace a stream's tier rows by ones rolled up from its panes (None: no tiers)."""
-    for table in ("tier_rows", "tier_layouts"):
-        conn.execute(f"DELETE FROM {table} WHERE stream = %s", (stream,))
+    """Replace a stream's tier rows by ones rolled up from its panes (None: no tiers), keeping the
+    rows of a tier the old layout kept too that start before the first pane (history past the
+    panes' retention: store.commit_plan.tiers_kept_by_rebuild)."""
+    old = _layouts(conn).get(stream)
+    conn.execute("DELETE FROM tier_layouts WHERE stream = %s", (stream,))
     if layout is None:
+        conn.execute("DELETE FROM tier_rows WHERE stream = %s", (stream,))
         return
     first, last = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = %s", (stream,)).fetchone()
+    kept = tiers_kept_by_rebuild(old, layout)
+    _drop_rows_to_rebuild(conn, stream, kept, first)
     done = 0
     if first is not None:
         for lo, hi in rebuild_chunks(first, last, layout):
@@ -550,11 +557,24 @@ def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, n
             deltas, last_batch = rebuilt_rows(panes, layout)
             rows.save(conn, "tier_rows", rows.TIER_KEY,
                       [((stream, k.granule_ms, k.proj, k.start_ms, k.dims), k.start_ms + k.granule_ms, d.data,
-                        d.revision) for k, d in deltas.items()], now_ms, last_batch)
+                        d.revision) for k, d in rebuilt_rows_to_save(deltas, kept, first).items()], now_ms, last_batch)
             done += len(panes)
             if progress is not None and panes:
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (%s, %s)", (stream, layout.to_json()))
 
+
+def _drop_rows_to_rebuild(conn: psycopg.Connection, stream: str, kept: set[tuple[int, str]],
+                          first_pane_ms: int | None) -> None:
+    """Every row of a tier not kept; of a kept tier, the rows from the first pane on (rolled up
+    again from the panes). With no panes, a kept tier's rows all stay."""
+    tiers = conn.execute("SELECT DISTINCT granule_ms, proj FROM tier_rows WHERE stream = %s", (stream,)).fetchall()
+    for granule, proj in tiers:
+        if (granule, proj) not in kept:
+            conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND proj = %s",
+                         (stream, granule, proj))
+        elif first_pane_ms is not None:
+            conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND proj = %s"
+                         " AND start_ms >= %s", (stream, granule, proj, first_pane_ms))
 
 __all__ = ["PostgresPaneStore", "SCHEMA_LOCK", "open_pool"]

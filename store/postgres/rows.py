@@ -17,6 +17,7 @@ import psycopg
 
 from store import dim_sets, row_codec
 from store.commit_plan import StoredPane
+from store.exact_sum import exact_sum_of
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.stored_spans import in_stored_spans
@@ -124,6 +125,15 @@ def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms
     return row_codec.assemble(stream, rows, sketches)
 
 
+_SUM_AT = 6  # the value sum's column in aggregate()'s rows: bucket, stream, dims_id, count, revision, n, sum, ...
+
+
+def _parts_summed(rows: Iterable[tuple]) -> Iterable[tuple]:
+    """aggregate()'s rows with the value sum's parts (one per stored row) added exactly."""
+    for row in rows:
+        yield (*row[:_SUM_AT], exact_sum_of(row[_SUM_AT]), *row[_SUM_AT + 1:])
+
+
 def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, start_ms: int, end_ms: int,
               origin_ms: int, bucket_ms: int, group_by: Sequence[str], filters: Mapping[str, str],
               value_field: str | None, one_row_per_bucket: bool = False) -> list[BucketStats]:
@@ -141,8 +151,12 @@ def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, 
         filter_args = [args[0], *(x for item in filters.items() for x in item)]  # every `where` starts with the stream
     if value_field:
         field = "(stats::jsonb -> %s)"
+        # The sum's parts come back per row (array_agg) and are added exactly rounded here
+        # (store/exact_sum.py), as the pane roll-up and the tier rows add: SUM over float8 rounds
+        # at each step, and over numeric the parts are cast at 15 digits, neither the same.
         value = ", ".join(agg(fn, f"({field} ->> {i})::{kind}") + cast
-                          for i, (fn, kind, cast) in enumerate((("SUM", "bigint", "::bigint"), ("SUM", "float8", ""),
+                          for i, (fn, kind, cast) in enumerate((("SUM", "bigint", "::bigint"),
+                                                               ("array_agg", "float8", ""),
                                                                ("MIN", "float8", ""), ("MAX", "float8", ""))))
         value_args = [value_field] * 4
     else:
@@ -153,4 +167,6 @@ def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, 
                f"{'' if one_row_per_bucket else ' GROUP BY bucket, stream, dims_id'}")
     found = conn.execute(f"SELECT g.*, d.dims FROM {dim_sets.joined(grouped, 'g')}",
                          (origin_ms, bucket_ms, *value_args, *args, start_ms, end_ms, *filter_args))
+    if value_field and not one_row_per_bucket:
+        found = _parts_summed(found)
     return row_codec.bucket_stats(((bucket, dims, *rest) for bucket, _, _, *rest, dims in found), group_by)

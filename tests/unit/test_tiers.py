@@ -245,6 +245,22 @@ def test_sums_past_a_double_neither_fail_the_commit_nor_the_reads(store_backend)
     store.close()
 
 
+def test_sums_the_store_adds_are_exactly_rounded_as_the_pane_rollup(store_backend):
+    """A bucket's parts were added by SQL SUM, in the order rows came and rounded at each step:
+    1e16 + 1 - 1e16 answered 0.0 where the pane roll-up (math.fsum) says 1.0."""
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, 1e16, "u1"),
+                        (T0 + 15_000, {"a": "x", "b": "p", "c": "m"}, 1.0, "u2"),
+                        (T0 + 25_000, {"a": "x", "b": "p", "c": "m"}, -1e16, "u3")]])
+    for stat, group_by in (("sum", ()), ("avg", ()), ("sum", ("c",))):  # the total's rows; the panes
+        asked = dict(stat=stat, start=T0, end=T0 + MINUTE, step=30_000, window=30_000, group_by=group_by)
+        (series,) = answer(store, **asked)
+        (expected,) = pane_rollup(store, **asked)
+        assert [p.value for p in series.points] == [p.value for p in expected.points], (stat, group_by)
+        assert series.points[0].value == (1.0 if stat == "sum" else 1 / 3)
+    store.close()
+
+
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
     assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)
@@ -311,6 +327,72 @@ def test_each_tier_keeps_its_own_retention(store_backend):
     assert read(PANE, ALL_DIMS) == [] and read(PANE, "") == []
     assert read(MINUTE, ALL_DIMS) == [] and read(MINUTE, "") == []
     assert [r.data.count for r in read(3_600_000, ALL_DIMS)] == [1] and [r.data.count for r in read(3_600_000, "")] == [1]
+    store.close()
+
+
+def test_a_layout_change_keeps_the_coarse_history_past_the_panes(store_backend):
+    """Hour rows are kept longer than the panes (the demo: 90 days against 8). Changing the layout
+    (a tier kept longer, a group-by added) used to delete every tier row and roll them up again
+    from the panes left, losing the hours past the panes' retention: hourly counts over them then
+    answered 0, final. Rows of a tier both layouts keep that start before the first pane stay
+    (the hour holding the first pane too: it holds panes gone since); a new group-by's rows start
+    at the panes, as no older history can be made for it."""
+    hour, day = 3_600_000, 86_400_000
+    retention = 30 * MINUTE
+    before = TierLayout(PANE, retention, ((MINUTE, retention), (hour, day)), ("",))
+    store = store_at(store_backend, before)
+    commit_all(store, [[(T0 + 5_000, {"a": "x"}, 1.0, "u1"), (T0 + 5 * hour + 5 * MINUTE, {"a": "x"}, 2.0, "u2"),
+                        (T0 + 5 * hour + 20 * MINUTE, {"a": "y"}, 3.0, "u3")]])
+    now = T0 + 5 * hour + 40 * MINUTE  # the panes before 5:10 are gone, their hours kept
+    batch = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now)
+    store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now, retention_ms={"s": retention})
+    hourly = lambda: [p.count for p in answer(store, stat="count", start=T0, end=T0 + 6 * hour, step=hour,  # noqa: E731
+                                              window=hour)[0].points]
+    assert hourly() == [1, 0, 0, 0, 0, 2]
+
+    after = TierLayout(PANE, retention, ((MINUTE, retention), (hour, 2 * day)), ("", "a"))
+    assert store.configure_tiers({"s": after}, now_ms=now) == ["s"]
+    assert hourly() == [1, 0, 0, 0, 0, 2]
+
+    def counts(proj: str) -> dict[int, int]:  # per hour row start, summed over its dimensions
+        out: dict[int, int] = defaultdict(int)
+        for row in store.read_tier("s", hour, proj, T0, T0 + day, pane_ms=PANE):
+            out[row.key.start_ms] += row.data.count
+        return dict(out)
+
+    assert counts(ALL_DIMS) == counts("") == {T0: 1, T0 + 5 * hour: 2}
+    assert counts("a") == {T0 + 5 * hour: 1}  # new: rolled up from the panes left, no older history
+    store.close()
+
+
+def test_a_cached_window_recomputed_alone_reads_the_granules_of_the_whole_query(store_backend):
+    """At the minute tier's keep horizon the hour row still holds minutes the minute rows dropped.
+    A 1 h window every 30 min reads minutes (a bucket is 30 min); when a straggler changed one
+    window's fingerprint, that window alone was computed again, planned as a one-window query
+    (any granule fits): from the hour row, 181 events where the query without a cache says 76,
+    and kept under the whole plan's fingerprint."""
+    hour = 3_600_000
+    layout = TierLayout(PANE, hour, ((MINUTE, hour), (hour, 30 * hour)), ("",))
+    store = store_at(store_backend, layout)
+    now = T0 + 3 * hour + 35 * MINUTE  # minutes and panes kept from 2:35 on, hours for 30 h
+
+    def commit(batch_id: int, events: list[tuple]) -> None:
+        batch = BatchCommit("main", batch_id, events_to_partials(events), len(events),
+                            {"s": max(t for t, *_ in events)}, {}, batch_now_ms=now)
+        assert store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now,
+                                  retention_ms={"s": hour}).committed
+
+    def ask(cache: PointCache | None) -> list[tuple]:
+        (series,) = answer(store, stat="p90", start=T0 + 90 * MINUTE, end=T0 + 150 * MINUTE, step=30 * MINUTE,
+                           window=hour, cache=cache)
+        return [(p.t_ms, p.count, p.value, p.final, p.revision) for p in series.points]
+
+    commit(1, [(T0 + i * MINUTE, {"a": "x"}, float(i % 7), f"u{i}") for i in range(216)])
+    cache = PointCache()
+    assert ask(cache) == ask(None)
+    commit(2, [(T0 + 160 * MINUTE, {"a": "x"}, 3.0, "late")])  # revises the second window only
+    assert ask(cache) == ask(None)
+    assert [count for _, count, *_ in ask(None)] == [0, 26]
     store.close()
 
 
