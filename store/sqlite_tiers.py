@@ -18,6 +18,7 @@ from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.stored_spans import in_stored_spans
+from store.tier_rebuild import drop_rows_to_rebuild
 from store.connection import transaction
 from store.tables import OLD_SKETCH_TABLES, TEXT_DIMS_TABLES, TIER_TABLES, table_ddl
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
@@ -106,7 +107,7 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
         return 0
     first, last = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = ?", (stream,)).fetchone()
     kept = tiers_kept_by_rebuild(old, layout)
-    _drop_rows_to_rebuild(conn, stream, kept, first)
+    drop_rows_to_rebuild(conn, "?", stream, kept, first)
     done = 0
     if first is not None:
         for lo, hi in rebuild_chunks(first, last, layout, chunk_ms):
@@ -121,20 +122,6 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (?, ?)", (stream, layout.to_json()))
     return done
-
-
-def _drop_rows_to_rebuild(conn: sqlite3.Connection, stream: str, kept: set[tuple[int, str]],
-                          first_pane_ms: int | None) -> None:
-    """Every row of a tier not kept; of a kept tier, the rows from the first pane on (rolled up
-    again from the panes). With no panes, a kept tier's rows all stay."""
-    tiers = conn.execute("SELECT DISTINCT granule_ms, proj FROM tier_rows WHERE stream = ?", (stream,)).fetchall()
-    for granule, proj in tiers:
-        if (granule, proj) not in kept:
-            conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND proj = ?",
-                         (stream, granule, proj))
-        elif first_pane_ms is not None:
-            conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND proj = ? AND start_ms >= ?",
-                         (stream, granule, proj, first_pane_ms))
 
 
 # The key columns of the two tables that hold pane-shaped rows. Callers give keys with the

@@ -70,6 +70,7 @@ from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
 from store.switch import check_definitions
 from store.rollup import BucketStats, SketchRow
+from store.tier_rebuild import drop_rows_to_rebuild
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout
 from store.watermarks import PartitionMark
 
@@ -549,7 +550,7 @@ def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, n
         return
     first, last = conn.execute("SELECT MIN(start_ms), MAX(start_ms) FROM panes WHERE stream = %s", (stream,)).fetchone()
     kept = tiers_kept_by_rebuild(old, layout)
-    _drop_rows_to_rebuild(conn, stream, kept, first)
+    drop_rows_to_rebuild(conn, "%s", stream, kept, first)
     done = 0
     if first is not None:
         for lo, hi in rebuild_chunks(first, last, layout):
@@ -563,18 +564,5 @@ def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, n
                 progress(f"tiers of {stream!r}: {done} panes rolled up (to {hi} ms)")
     conn.execute("INSERT INTO tier_layouts (stream, layout) VALUES (%s, %s)", (stream, layout.to_json()))
 
-
-def _drop_rows_to_rebuild(conn: psycopg.Connection, stream: str, kept: set[tuple[int, str]],
-                          first_pane_ms: int | None) -> None:
-    """Every row of a tier not kept; of a kept tier, the rows from the first pane on (rolled up
-    again from the panes). With no panes, a kept tier's rows all stay."""
-    tiers = conn.execute("SELECT DISTINCT granule_ms, proj FROM tier_rows WHERE stream = %s", (stream,)).fetchall()
-    for granule, proj in tiers:
-        if (granule, proj) not in kept:
-            conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND proj = %s",
-                         (stream, granule, proj))
-        elif first_pane_ms is not None:
-            conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND proj = %s"
-                         " AND start_ms >= %s", (stream, granule, proj, first_pane_ms))
 
 __all__ = ["PostgresPaneStore", "SCHEMA_LOCK", "open_pool"]

@@ -148,13 +148,9 @@ def test_switch_swaps_the_served_output_keeps_the_old_one_and_switches_back(sett
         root.close()
 
 
-def test_a_switch_reads_on_to_the_logs_end_first_when_the_serving_pipeline_has_read_further(settings):
-    """The run caught up with the log's end as of its start; the serving pipeline went on. A switch
-    without a process that can run the run's pipeline is refused as needing one (the API starts a
-    child: NeedsAlignment); with one, the run reads on (`align` with no stream to stop) until it
-    is as far as the serving pipeline, then switches: the serving pipeline goes on from there,
-    and readers never see the new output behind the served one. A replaced output, which cannot
-    read on, is switched back to as it is."""
+def _run_with_an_output(settings):
+    """The served output of OLD with one batch, a run of http under NEW and its output's first
+    batch: (old, new, the commits' arguments, the root, the log, the service, the run, its output)."""
     old, new = Catalog(**OLD), Catalog(**NEW)
     commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
     root = open_store(settings)
@@ -166,6 +162,17 @@ def test_a_switch_reads_on_to_the_logs_end_first_when_the_serving_pipeline_has_r
     output = open_store(settings, run.id)
     pin_definitions(output, new, run.id)
     output.commit_batch(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), **commit)
+    return old, new, commit, root, log, service, run, output
+
+
+def test_a_switch_reads_on_to_the_logs_end_first_when_the_serving_pipeline_has_read_further(settings):
+    """The run caught up with the log's end as of its start; the serving pipeline went on. A switch
+    without a process that can run the run's pipeline is refused as needing one (the API starts a
+    child: NeedsAlignment); with one, the run reads on (`align` with no stream to stop) until it
+    is as far as the serving pipeline, then switches: the serving pipeline goes on from there,
+    and readers never see the new output behind the served one. A replaced output, which cannot
+    read on, is switched back to as it is."""
+    old, new, commit, root, log, service, run, output = _run_with_an_output(settings)
     service.definitions.set_state(run.id, "caught_up", NOW)
     root.commit_batch(batch("main", 1, {("/a",): 2}, {0: 7}, old), **commit)  # the live pipeline went on
     calls = []
@@ -944,17 +951,7 @@ def test_switching_to_a_run_again_leaves_a_copy_of_the_served_version_that_can_b
     version are kept (previous-http-<new> and the run's), and both drops were refused as "the
     served one", by hand and by reprocess_drop_after alike, so a whole stale copy stayed forever.
     Either may go now, not both."""
-    old, new = Catalog(**OLD), Catalog(**NEW)
-    commit = dict(lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
-    root = open_store(settings)
-    pin_definitions(root, old, "main")
-    root.commit_batch(batch("main", 0, {("/a",): 5}, {0: 5}, old), **commit)
-    log = open_log(settings, new)
-    service = build_reprocess_service(settings, new, root, log)
-    run = service.start("http")
-    output = open_store(settings, run.id)
-    pin_definitions(output, new, run.id)
-    output.commit_batch(batch(run.id, 0, {("/a", "eu"): 5}, {0: 5}, new), **commit)
+    old, new, commit, root, log, service, run, output = _run_with_an_output(settings)
     output.close()
     service.definitions.set_state(run.id, "caught_up", NOW)
     old_version, new_version = (definition_version(c.streams["http"]) for c in (old, new))
