@@ -52,11 +52,15 @@ def as_upsert(event: Event) -> Event:
 class TableRowValidator:
     """Validates the rows of a POST to a table: each an upsert of its key's row, or a delete."""
 
-    def __init__(self, stream: StreamDef, events: EventValidator | None = None):
+    def __init__(self, stream: StreamDef, events: EventValidator | None = None, *, keep_undeclared: bool = False):
         self.stream = stream
         # `events`: the stream's validator when the caller holds one (a Kafka reader, per record).
         self.events = EventValidator(stream) if events is None else events
         self.columns = {stream.key_field, stream.time_field, *stream.dimensions, *stream.values} - {OP_FIELD}
+        # A record read from the log may have been written under a newer definition (a column
+        # declared since): its undeclared columns are kept as the event's extra fields, as an
+        # event stream's are, for the pipeline that reads it with that definition (reprocessing).
+        self.keep_undeclared = keep_undeclared
 
     def validate(self, raw: Any, now_ms: int) -> Event:
         """The change a row asks for; ValueError says why it is refused. A row without the
@@ -70,7 +74,7 @@ class TableRowValidator:
         if not isinstance(deleted, bool):
             raise ValueError(f"{DELETED_FLAG}: must be true or false")
         undeclared = sorted(set(raw) - self.columns - {DELETED_FLAG})
-        if undeclared:
+        if undeclared and not (self.keep_undeclared and not deleted):
             raise ValueError(f"{undeclared[0]}: not a column of table {stream.name!r} (a row holds its key"
                              f" {stream.key_field!r}, the time and the declared dimensions and values)")
         if stream.time_field not in raw:
@@ -149,7 +153,7 @@ class _RecordRowValidator:
     """A table's row rules (TableRowValidator) behind the validate(raw) that `from_json` calls."""
 
     def __init__(self, stream: StreamDef, events: EventValidator, timestamp_ms: int | None):
-        self.rows = TableRowValidator(stream, events)
+        self.rows = TableRowValidator(stream, events, keep_undeclared=True)
         self.timestamp_ms = timestamp_ms
 
     def validate(self, raw: Any) -> Event:
