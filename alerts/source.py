@@ -10,6 +10,7 @@ from alerts.outcome import PatternMatch, StreamLagView, WindowValue
 from catalog import Catalog
 from query import compute, over, resolve_target
 from store import PaneStore
+from store.panes import matches_filters
 from store.rollup import DEFAULT_MAX_POINTS
 
 
@@ -63,9 +64,4 @@ class StoreAlertData:
     def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
                           dims: Mapping[str, str] | None = None) -> int:
         found = self.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, limit=10_000)
-        return sum(1 for c in found if c.at_ms > after_ms and _matches(c.dims, dims or {}))
-
-
-def _matches(dims: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
-    # As the metric queries read panes: a dimension a pane lacks reads as "".
-    return all(dims.get(k, "") == v for k, v in wanted.items())
+        return sum(1 for c in found if c.at_ms > after_ms and matches_filters(c.dims, dims or {}))

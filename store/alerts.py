@@ -140,9 +140,7 @@ class AlertStore(SideStore):
             if row is None:
                 return False
             _refuse_file_rule(name, row[0])
-            self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
-            self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (name,))
-            self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+            self._drop_rule_rows(name)
             self._bump_rules_version()
         return True
 
@@ -179,21 +177,25 @@ class AlertStore(SideStore):
                     changed = True
             removed = [name for name, (_, source, _) in have.items() if source == "file" and name not in definitions]
             for name in removed:
-                self._end_instances(name, ended, now_ms)
-                self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (name,))
-                self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (name,))
+                self._record_ends(name, ended, now_ms)
+                self._drop_rule_rows(name)
             if changed or removed:  # an unchanged file (every start) leaves the other replicas' caches be
                 self._bump_rules_version()
         return removed
 
-    def _end_instances(self, rule: str, ended: Callable[[list[dict]], Iterable[Mapping]], now_ms: int) -> None:
-        # Inside the caller's transaction: the instances go, their end goes to the history.
+    def _record_ends(self, rule: str, ended: Callable[[list[dict]], Iterable[Mapping]], now_ms: int) -> None:
+        # Inside the caller's transaction, before the instances go: their end goes to the history.
         rows = self._conn.execute("SELECT data FROM alert_instances WHERE rule = ? ORDER BY fingerprint",
                                   (rule,)).fetchall()
         for entry in ended([_load(data) for (data,) in rows]):
             self._conn.execute("INSERT INTO alert_history (rule, at_ms, data) VALUES (?, ?, ?)",
                                (rule, now_ms, _dump(entry)))
+
+    def _drop_rule_rows(self, rule: str) -> None:
+        # Inside the caller's transaction: the rule, its instances and its pattern cursor (the history stays).
+        self._conn.execute("DELETE FROM alert_rules WHERE name = ?", (rule,))
         self._conn.execute("DELETE FROM alert_instances WHERE rule = ?", (rule,))
+        self._conn.execute("DELETE FROM alert_cursors WHERE rule = ?", (rule,))
 
     # -- instances and history ---------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from sketches import HllSketch, KllSketch
 from store.exact_sum import exact_sum
-from store.panes import Pane
+from store.panes import Pane, filtered_group
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
@@ -374,8 +374,7 @@ def _fill_buckets(
         group = group_of.get(key.dims, _UNSEEN)
         if group is _UNSEEN:
             dims = key.dims_dict()
-            matches = all(dims.get(name, "") == want for name, want in filters.items())
-            group = group_of[key.dims] = tuple(dims.get(name, "") for name in group_by) if matches else None
+            group = group_of[key.dims] = filtered_group(dims, group_by, filters)
         if group is None:
             continue
         per_group = buckets.get(group)
@@ -424,8 +423,7 @@ def _fill_sketch_buckets(
         group = group_of.get(dims_text, _UNSEEN)
         if group is _UNSEEN:
             dims = json.loads(dims_text)
-            matches = all(dims.get(name, "") == want for name, want in filters.items())
-            group = group_of[dims_text] = tuple(dims.get(name, "") for name in group_by) if matches else None
+            group = group_of[dims_text] = filtered_group(dims, group_by, filters)
         if group is None:
             continue
         per_group = buckets.get(group)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from store.base import PaneStore
+from store.panes import filtered_group
 from store.planner import plan_read
 from store.point_cache import PointCache
 from store.gc_pause import paused_gc
@@ -199,9 +200,7 @@ def _row_sums(rows: list[SketchRow], bucket_ms: int, start_ms: int, group_by: Se
         if dims in group_of:
             group = group_of[dims]
         else:
-            parsed = json.loads(dims)
-            matches = all(parsed.get(name, "") == want for name, want in filters.items())
-            group = group_of[dims] = tuple(parsed.get(name, "") for name in group_by) if matches else None
+            group = group_of[dims] = filtered_group(json.loads(dims), group_by, filters)
         if group is not None:
             out.append(BucketStats(group, bucket, count, revision, last_batch=last_batch, rows=n))
     return out
