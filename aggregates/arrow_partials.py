@@ -298,14 +298,19 @@ def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k:
         from datasketches import hll_sketch, tgt_hll_type
 
         out = blobs.to_pylist()
-        begin = np.concatenate(([0], np.cumsum(distinct)))
-        for g in np.flatnonzero(fed).tolist():
+        # The fed groups' strings made by Arrow in one take, not looked up one by one (~30 % of
+        # this loop) nor taken group by group (a take call a group: ~20 % of it).
+        strings = dictionary.take(items[~listed]).to_pylist()
+        fed_groups = np.flatnonzero(fed)
+        ends = np.cumsum(distinct[fed_groups]).tolist()
+        begin = 0
+        for g, end in zip(fed_groups.tolist(), ends):
             sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
             update = sketch.update
-            # The group's strings made by Arrow at once, not looked up one by one: ~30 % of this loop.
-            for item in dictionary.take(items[begin[g]:begin[g + 1]]).to_pylist():
+            for item in strings[begin:end]:
                 update(item)
             out[g] = sketch.serialize_updatable()
+            begin = end
         blobs = pa.array(out, pa.binary())
     return blobs
 
