@@ -15,37 +15,69 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names file, line and problem."""
 
 
-def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Any:
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _Converter:
+    """The Python value of a composed YAML document, as yaml.safe_load builds it. Each node is
+    converted once: an alias is the node it refers to, so its value is shared, not built again
+    per use (a few hundred bytes of nested aliases would otherwise expand to millions of values).
+    Scalars are built by the SafeLoader's own constructor: an empty value is null, as `~` is."""
+
+    def __init__(self) -> None:
+        self._constructor = yaml.SafeLoader("")
+        self._done: dict[int, Any] = {}  # id(node) -> its value; the nodes live as long as the root
+
+    def value(self, node: yaml.Node) -> Any:
+        done = self._done.get(id(node), self)
+        if done is not self:
+            return done
+        if isinstance(node, yaml.MappingNode):
+            out: Any = self._mapping(node)
+        elif isinstance(node, yaml.SequenceNode):
+            out = [self.value(item) for item in node.value]
+        else:
+            out = self._constructor.construct_object(node)
+        self._done[id(node)] = out
+        return out
+
+    def _mapping(self, node: yaml.MappingNode) -> dict:
         try:
-            yaml.SafeLoader("").flatten_mapping(node)  # resolves "<<: *anchor" merge keys
+            self._constructor.flatten_mapping(node)  # resolves "<<: *anchor" merge keys
         except yaml.YAMLError as exc:
-            raise ConfigError(f"line {node.start_mark.line + 1}: {getattr(exc, 'problem', exc)}") from None
+            raise ConfigError(f"line {_line(node)}: {getattr(exc, 'problem', exc)}") from None
         out: dict = {}
         for key_node, value_node in node.value:
-            key = yaml.safe_load(yaml.serialize(key_node))
+            key = self.value(key_node)
             if key in out:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
-            out[key] = _to_python(value_node, (*path, key), lines)
+                raise ConfigError(f"line {_line(key_node)}: duplicate key {key!r}")
+            out[key] = self.value(value_node)
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, (*path, i), lines) for i, item in enumerate(node.value)]
-    return yaml.safe_load(yaml.serialize(node))
 
+    def child(self, node: yaml.Node, part: object) -> yaml.Node | None:
+        """The node at `part` (a key or an index) under `node`, None where there is none."""
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if self._done.get(id(key_node), self) == part:
+                    return value_node
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            return node.value[part]
+        return None
 
-def _line_for(loc: tuple, lines: dict[tuple, int]) -> int | None:
-    # pydantic's loc may carry model-internal parts; the longest known prefix is the best line.
-    path = tuple(loc)
-    while path:
-        if path in lines:
-            return lines[path]
-        path = path[:-1]
-    return lines.get(())
+    def line_for(self, root: yaml.Node, loc: tuple) -> int:
+        """The line of the deepest node `loc` reaches (pydantic's loc may carry model-internal
+        parts, or name a generated entry: the longest prefix found in the file is the best line)."""
+        node = root
+        for part in loc:
+            child = self.child(node, part)
+            if child is None:
+                break
+            node = child
+        return _line(node)
 
 
 def parse_catalog(text: str, source: str = "<config>") -> Catalog:
-    lines: dict[tuple, int] = {}
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -55,8 +87,9 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
         raise ConfigError(f"{source}: {where}: invalid YAML: {problem}") from None
     if root is None:
         raise ConfigError(f"{source}: the file is empty; it must declare 'streams'")
+    converter = _Converter()
     try:
-        data = _to_python(root, (), lines)
+        data = converter.value(root)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if not isinstance(data, dict):
@@ -70,10 +103,10 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
             cause = (error.get("ctx") or {}).get("error")
             if isinstance(cause, CatalogReferenceError):
                 loc = cause.path
-                line = _line_for(loc, lines)
+                line = converter.line_for(root, loc)
                 problems.append(f"{source}: line {line}: {cause}")
                 continue
-            line = _line_for(loc, lines)
+            line = converter.line_for(root, loc)
             where = ".".join(str(p) for p in loc) or "top level"
             message = error["msg"].removeprefix("Value error, ")
             problems.append(f"{source}: line {line}: {where}: {message}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -530,3 +531,31 @@ def test_yaml_alias_is_resolved() -> None:
     catalog = parse_catalog(text)
     assert catalog.stream("t").values == ("v",)
     assert catalog.stream("t").name == "t"
+
+
+# -- values the YAML spells without one, and aliases ------------------------------------
+
+
+def test_empty_value_is_null_as_a_tilde_is() -> None:
+    # `distinct:` with nothing after it is null, as `distinct: ~`: the default (the key field).
+    empty = parse_catalog("streams:\n  s:\n    key_field: k\n    distinct:\n")
+    tilde = parse_catalog("streams:\n  s:\n    key_field: k\n    distinct: ~\n")
+    assert empty.stream("s").distinct_fields == tilde.stream("s").distinct_fields == ("k",)
+
+
+def test_empty_value_where_null_is_refused_names_its_line() -> None:
+    text = "streams:\n  s:\n    key_field: k\n    description:\nmetrics:\n"
+    message = config_error(text)
+    assert f"line {line_of(text, 'description:')}: streams.s.description: Input should be a valid string" in message
+    assert f"line {line_of(text, 'metrics:')}: metrics: Input should be a valid dictionary" in message
+
+
+def test_aliases_are_not_expanded_per_use() -> None:
+    # 10 ** 6 leaves from a few hundred bytes, were each alias built again where it is used.
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    text = "streams:\n  s:\n    key_field: k\n    description:\n      " + "\n      ".join(lines) + "\n"
+    started = time.monotonic()
+    message = config_error(text)
+    assert time.monotonic() - started < 5
+    assert f"line {line_of(text, 'a0:')}: streams.s.description: Input should be a valid string" in message
