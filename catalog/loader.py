@@ -15,6 +15,9 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names file, line and problem."""
 
 
+_VALUE_TAG = "tag:yaml.org,2002:value"
+
+
 def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
@@ -28,19 +31,44 @@ class _Converter:
     def __init__(self) -> None:
         self._constructor = yaml.SafeLoader("")
         self._done: dict[int, Any] = {}  # id(node) -> its value; the nodes live as long as the root
+        self._open: set[int] = set()  # the nodes being converted: one met again is inside itself
 
     def value(self, node: yaml.Node) -> Any:
         done = self._done.get(id(node), self)
         if done is not self:
             return done
-        if isinstance(node, yaml.MappingNode):
-            out: Any = self._mapping(node)
-        elif isinstance(node, yaml.SequenceNode):
-            out = [self.value(item) for item in node.value]
-        else:
-            out = self._constructor.construct_object(node)
+        if id(node) in self._open:
+            raise ConfigError(f"line {_line(node)}: an alias refers to a node that contains it"
+                              " (a recursive anchor): its value would never end")
+        if node.tag == _VALUE_TAG and isinstance(node, yaml.ScalarNode):
+            return node.value  # a plain `=`, which YAML 1.1 resolves to a "value" tag: the text
+        if node.tag not in self._constructor.yaml_constructors:
+            raise ConfigError(f"line {_line(node)}: the tag {node.tag!r} is not supported"
+                              " (quote the value if it is text)")
+        self._open.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                out: Any = self._mapping(node)
+            elif isinstance(node, yaml.SequenceNode):
+                out = [self.value(item) for item in node.value]
+            else:
+                out = self._scalar(node)
+        finally:
+            self._open.discard(id(node))
         self._done[id(node)] = out
         return out
+
+    def _scalar(self, node: yaml.ScalarNode) -> Any:
+        try:
+            return self._constructor.construct_object(node)
+        except Exception:  # a value its (explicit) tag cannot read: `!!int abc`, `!!timestamp x`
+            raise ConfigError(f"line {_line(node)}: {node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}") from None
+
+    def _key(self, node: yaml.Node) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            kind = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+            raise ConfigError(f"line {_line(node)}: a key must be a plain value such as a name, not a {kind}")
+        return self.value(node)
 
     def _mapping(self, node: yaml.MappingNode) -> dict:
         try:
@@ -49,7 +77,7 @@ class _Converter:
             raise ConfigError(f"line {_line(node)}: {getattr(exc, 'problem', exc)}") from None
         out: dict = {}
         for key_node, value_node in node.value:
-            key = self.value(key_node)
+            key = self._key(key_node)
             if key in out:
                 raise ConfigError(f"line {_line(key_node)}: duplicate key {key!r}")
             out[key] = self.value(value_node)
@@ -80,6 +108,8 @@ class _Converter:
 def parse_catalog(text: str, source: str = "<config>") -> Catalog:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ConfigError(f"{source}: somewhere: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"
@@ -92,6 +122,8 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
         data = converter.value(root)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: line {_line(root)}: the YAML is nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: line 1: the top level must be a mapping with 'streams' and 'metrics'")
     try:
@@ -116,7 +148,13 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
 def load_catalog(path: str | Path) -> Catalog:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read stream configuration {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be"
+                          " decoded (save the file as UTF-8)") from None
     return parse_catalog(text, source=str(path))

@@ -559,3 +559,45 @@ def test_aliases_are_not_expanded_per_use() -> None:
     message = config_error(text)
     assert time.monotonic() - started < 5
     assert f"line {line_of(text, 'a0:')}: streams.s.description: Input should be a valid string" in message
+
+
+# -- YAML the catalog cannot use: a ConfigError naming the line, never a traceback ------
+
+
+@pytest.mark.parametrize(("text", "needle", "reason"), [
+    ("streams:\n  s:\n    key_field: k\n    description: !secret foo\n", "!secret",
+     "the tag '!secret' is not supported (quote the value if it is text)"),
+    ("streams:\n  s:\n    description: !!python/name:os.system\n", "!!python",
+     "the tag 'tag:yaml.org,2002:python/name:os.system' is not supported"),
+    ("streams:\n  s:\n    description: !!int abc\n", "!!int", "'abc' is not a valid int"),
+    ("streams:\n  s: &a\n    key_field: k\n    tiers: [*a]\n", "&a",
+     "an alias refers to a node that contains it (a recursive anchor)"),
+    ("streams:\n  ? [a, b]\n  : {key_field: k}\n", "[a, b]",
+     "a key must be a plain value such as a name, not a list"),
+    ("streams:\n  s: {key_field: k}\n  {a: 1}: x\n", "{a: 1}",
+     "a key must be a plain value such as a name, not a mapping"),
+])
+def test_yaml_the_catalog_cannot_use_is_a_located_config_error(text: str, needle: str, reason: str) -> None:
+    message = config_error(text)
+    assert error_line(message) == line_of(text, needle)
+    assert reason in message
+    assert len(message.splitlines()) == 1
+
+
+def test_a_plain_equals_sign_is_text() -> None:
+    text = GOOD.replace("    values: [v]\n", "    values: [v]\n    description: =\n")
+    assert parse_catalog(text).stream("s").description == "="
+
+
+def test_yaml_nested_too_deeply_is_a_config_error() -> None:
+    message = config_error("streams: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nested too deeply" in message
+
+
+def test_a_file_not_in_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("streams:\n  s:\n    key_field: k\n    description: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_catalog(path)
+    assert str(info.value) == (f"{path}: line 4: not UTF-8 text: byte 0xe9 cannot be decoded"
+                               " (save the file as UTF-8)")
