@@ -16,6 +16,7 @@ class ConfigError(ValueError):
 
 
 _VALUE_TAG = "tag:yaml.org,2002:value"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _line(node: yaml.Node) -> int:
@@ -71,24 +72,51 @@ class _Converter:
         return self.value(node)
 
     def _mapping(self, node: yaml.MappingNode) -> dict:
-        try:
-            self._constructor.flatten_mapping(node)  # resolves "<<: *anchor" merge keys
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"line {_line(node)}: {getattr(exc, 'problem', exc)}") from None
-        out: dict = {}
+        """A mapping with its merge keys (`<<: *base`, `<<: [*a, *b]`) resolved as the YAML merge-key
+        spec says: a key written in the mapping wins over a merged one, and an earlier merged mapping
+        over a later one. Only the keys written in the mapping itself can be duplicates."""
+        explicit: dict = {}
         for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self._key(key_node)
-            if key in out:
+            if key in explicit:
                 raise ConfigError(f"line {_line(key_node)}: duplicate key {key!r}")
-            out[key] = self.value(value_node)
+            explicit[key] = self.value(value_node)
+        out: dict = {}
+        for merged in self._merged(node):
+            for key, value in self.value(merged).items():
+                out.setdefault(key, value)
+        out.update(explicit)
+        return out
+
+    def _merged(self, node: yaml.MappingNode) -> list[yaml.MappingNode]:
+        """The mappings `node` merges (`<<`), first to last."""
+        merges = [(key_node, value_node) for key_node, value_node in node.value if key_node.tag == _MERGE_TAG]
+        if len(merges) > 1:
+            raise ConfigError(f"line {_line(merges[1][0])}: duplicate key '<<' (merge several mappings with"
+                              " one key: <<: [*a, *b])")
+        out = []
+        for key_node, value_node in merges:
+            items = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for item in items:
+                if not isinstance(item, yaml.MappingNode):
+                    raise ConfigError(f"line {_line(item)}: a merge key (<<) takes a mapping or a list of"
+                                      " mappings, e.g. <<: *base")
+                out.append(item)
         return out
 
     def child(self, node: yaml.Node, part: object) -> yaml.Node | None:
-        """The node at `part` (a key or an index) under `node`, None where there is none."""
+        """The node at `part` (a key or an index) under `node`, None where there is none; a merged
+        key is found in the mapping it came from."""
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
-                if self._done.get(id(key_node), self) == part:
+                if key_node.tag != _MERGE_TAG and self._done.get(id(key_node), self) == part:
                     return value_node
+            for merged in self._merged(node):
+                found = self.child(merged, part)
+                if found is not None:
+                    return found
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             return node.value[part]
         return None

@@ -601,3 +601,45 @@ def test_a_file_not_in_utf8_names_its_line(tmp_path: Path) -> None:
         load_catalog(path)
     assert str(info.value) == (f"{path}: line 4: not UTF-8 text: byte 0xe9 cannot be decoded"
                                " (save the file as UTF-8)")
+
+
+# -- merge keys as the YAML merge-key spec has them -------------------------------------
+
+
+def test_merge_key_then_an_explicit_override() -> None:
+    text = "streams:\n  s: &base\n    key_field: k\n    pane: 10s\n    partitions: 2\n  t:\n    <<: *base\n    pane: 5s\n"
+    catalog = parse_catalog(text)
+    assert catalog.stream("t").pane == 5_000  # the key written in the mapping wins
+    assert (catalog.stream("t").partitions, catalog.stream("t").key_field) == (2, "k")
+    assert catalog.stream("s").pane == 10_000
+
+
+def test_a_list_of_merges_sharing_a_key_the_earlier_wins() -> None:
+    text = ("streams:\n  a: &a {key_field: k, pane: 10s}\n  b: &b {key_field: j, pane: 5s, partitions: 3}\n"
+            "  s:\n    <<: [*a, *b]\n")
+    stream = parse_catalog(text).stream("s")
+    assert (stream.pane, stream.key_field, stream.partitions) == (10_000, "k", 3)
+
+
+def test_a_duplicate_explicit_key_beside_a_merge_is_still_refused() -> None:
+    text = "streams:\n  s: &base\n    key_field: k\n  t:\n    <<: *base\n    pane: 5s\n    pane: 1s\n"
+    message = config_error(text)
+    assert error_line(message) == line_of(text, "pane: 1s")
+    assert "duplicate key 'pane'" in message
+
+
+@pytest.mark.parametrize(("merge", "reason"), [
+    ("<<: 5", "a merge key (<<) takes a mapping or a list of mappings"),
+    ("<<: [{pane: 5s}, 3]", "a merge key (<<) takes a mapping or a list of mappings"),
+])
+def test_a_merge_of_something_else_than_mappings_is_refused(merge: str, reason: str) -> None:
+    text = f"streams:\n  s:\n    key_field: k\n    {merge}\n"
+    message = config_error(text)
+    assert error_line(message) == line_of(text, "<<:")
+    assert reason in message
+
+
+def test_an_error_in_a_merged_key_names_the_line_it_was_written_on() -> None:
+    text = "streams:\n  s: &base\n    key_field: k\n    colour: red\n  t:\n    <<: *base\n"
+    message = config_error(text)
+    assert message.count(f"line {line_of(text, 'colour:')}:") == 2  # s's own, and t's merged copy
