@@ -319,11 +319,19 @@ class Catalog(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _names_from_keys(cls, data: object) -> object:
+        """A stream's, metric's or view's name is its key. A `name:` written inside must be the
+        key: one that differs (`refunds: {name: orders}`) would make the entry the other one
+        (its log topic, its panes) under a key that no longer says so."""
         if isinstance(data, dict):
             data = dict(data)
             for section in ("streams", "metrics", "views"):
                 entries = data.get(section)
                 if isinstance(entries, dict):
+                    for key, value in entries.items():
+                        name = value.get("name", key) if isinstance(value, dict) else getattr(value, "name", key)
+                        if name != key:
+                            raise CatalogReferenceError((section, key, "name"),
+                                                        f"the name {name!r} differs from its key {key!r}")
                     data[section] = {
                         key: ({"name": key, **value} if isinstance(value, dict) else value)
                         for key, value in entries.items()

@@ -643,3 +643,26 @@ def test_an_error_in_a_merged_key_names_the_line_it_was_written_on() -> None:
     text = "streams:\n  s: &base\n    key_field: k\n    colour: red\n  t:\n    <<: *base\n"
     message = config_error(text)
     assert message.count(f"line {line_of(text, 'colour:')}:") == 2  # s's own, and t's merged copy
+
+
+# -- a name is its key -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "needle", "reason"), [
+    ("streams:\n  orders: {key_field: customer_id}\n  refunds: {name: orders, key_field: customer_id, partitions: 8}\n",
+     "refunds:", "streams.refunds.name: the name 'orders' differs from its key 'refunds'"),
+    (GOOD + "  other:\n    name: m2\n    stream: s\n", "name: m2", "metrics.other.name: the name 'm2' differs from its key 'other'"),
+])
+def test_a_name_that_differs_from_its_key_is_refused(text: str, needle: str, reason: str) -> None:
+    message = config_error(text)
+    assert message == f"streams.yaml: line {line_of(text, needle)}: {reason}"
+
+
+def test_a_name_equal_to_its_key_is_accepted() -> None:
+    catalog = parse_catalog(GOOD.replace("  m:\n", "  m:\n    name: m\n").replace("  s:\n", "  s:\n    name: s\n", 1))
+    assert catalog.stream("s").name == "s" and catalog.metric("m").name == "m"
+
+
+def test_a_model_under_another_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="the name 'b' differs from its key 'a'"):
+        Catalog(streams={"a": StreamDef(name="b")})
