@@ -93,6 +93,32 @@ def check_source(stream: StreamDef) -> None:
                          " (lower case letters, digits, _): set source.slot")
 
 
+def check_catalog_sources(catalog) -> None:
+    """No two tables share a replication slot or a publication: a slot's changes are confirmed
+    by the one follower reading it, so a second table's follower would take (and confirm) the
+    first one's changes, and a publication names the one table it was created for. A default name
+    (`sketchboard_<stream lowercased>`) counts as written: `Users` and `users` collide. Raises
+    CatalogReferenceError at the later declaration, naming the earlier one."""
+    from catalog.model import CatalogReferenceError
+
+    for what, field, name_of in (("replication slot", "slot", slot_name),
+                                 ("publication", "publication", publication_name)):
+        taken: dict[str, str] = {}  # name -> the stream whose source has it
+        for name, stream in catalog.streams.items():
+            if stream.source is None:
+                continue
+            used = name_of(stream)
+            if used in taken:
+                written = getattr(stream.source, field) is not None
+                other = catalog.streams[taken[used]]
+                how = "its default name" if getattr(other.source, field) is None else f"its {field}"
+                raise CatalogReferenceError(
+                    ("streams", name, "source", field) if written else ("streams", name, "source"),
+                    f"the {what} {used!r}{'' if written else ' (the default name)'} is already that of table"
+                    f" {taken[used]!r} ({how}): each table's source needs a {what} of its own (set source.{field})")
+            taken[used] = name
+
+
 def resolve_dsn(dsn: str, env: Mapping[str, str] | None = None) -> str:
     """The DSN with each ${NAME} replaced by the environment's value; ValueError naming a
     variable that is not set. A value is written as libpq reads it back whatever it holds
@@ -206,4 +232,6 @@ def with_postgres_sources(catalog, dsn: str, schema: str):
             raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
         streams[stream.name] = fed = stream.model_copy(update={"source": source})
         check_source(fed)
-    return catalog.model_copy(update={"streams": streams})
+    fed_catalog = catalog.model_copy(update={"streams": streams})
+    check_catalog_sources(fed_catalog)
+    return fed_catalog

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
-from catalog.cdc import CdcSourceDef, check_source
+from catalog.cdc import CdcSourceDef, check_catalog_sources, check_source
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.enrichment import (EnrichDef, check_catalog_enrichment, check_stream_enrichment, enriched_columns,
                                 with_enriched_dimensions)
@@ -376,6 +376,7 @@ class Catalog(BaseModel):
         check_catalog(self)
         check_patterns(self)
         check_catalog_enrichment(self)
+        check_catalog_sources(self)
         return self
 
     def stream(self, name: str) -> StreamDef:

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from catalog import parse_catalog
+from catalog import ConfigError, parse_catalog
 from catalog.cdc import resolve_dsn
 from catalog.tables import DELETE, UPSERT
 from ingest.cdc.changes import ChangeMapper, live_after, schema_report
@@ -64,6 +64,45 @@ def test_a_table_declares_its_postgres_source_with_default_slot_and_publication(
 def test_a_bad_source_is_refused_with_its_reason(source, message):
     with pytest.raises(Exception, match=message):
         parse_catalog(f"streams:\n  t: {{kind: table, key_field: k, source: {source}}}\n")
+
+
+TWO_TABLES = """\
+streams:
+  Users:
+    kind: table
+    key_field: id
+    source: {postgres_dsn: "host=db dbname=app", table: public.users, key: id}
+  users:
+    kind: table
+    key_field: id
+    source: {postgres_dsn: "host=db dbname=app", table: public.accounts, key: id}
+"""
+
+
+def test_two_tables_whose_default_slots_collide_are_refused_naming_both():
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(TWO_TABLES, source="t.yaml")
+    assert str(info.value) == (
+        "t.yaml: line 9: streams.users.source: the replication slot 'sketchboard_users' (the default name) is"
+        " already that of table 'Users' (its default name): each table's source needs a replication slot of its"
+        " own (set source.slot)")
+
+
+@pytest.mark.parametrize(("field", "what"), [("slot", "replication slot"), ("publication", "publication")])
+def test_a_slot_or_publication_written_as_another_tables_is_refused(field, what):
+    text = TWO_TABLES.replace("  Users:", "  plans:").replace("table: public.accounts, key: id}",
+                                                              f"table: public.accounts, key: id, {field}: sketchboard_plans}}")
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(text, source="t.yaml")
+    assert str(info.value) == (
+        f"t.yaml: line 9: streams.users.source.{field}: the {what} 'sketchboard_plans' is already that of table"
+        f" 'plans' (its default name): each table's source needs a {what} of its own (set source.{field})")
+
+
+def test_tables_with_slots_and_publications_of_their_own_load():
+    text = TWO_TABLES.replace("table: public.accounts, key: id}", "table: public.accounts, key: id, slot: accounts,"
+                              " publication: accounts}")
+    assert set(parse_catalog(text).streams) == {"Users", "users"}
 
 
 def test_only_a_table_takes_a_source():
