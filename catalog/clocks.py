@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from catalog.durations import format_duration_ms
-from catalog.features import add_derived, generated_stream
+from catalog.features import add_derived, check_generated_names, generated_stream
 
 if TYPE_CHECKING:
     from catalog.model import Catalog
@@ -56,6 +56,8 @@ def expand_clocks(catalog: Catalog) -> None:
         if stream.sent_time_field is None or stream.derived_from:
             continue
         derived = clocks_stream_name(name)
+        check_generated_names(("streams", name, "sent_time_field"), "stream", name,
+                              (derived, f"{name}_clock_offset", f"{name}_clock_devices"))
         spec = generated_stream(
             ("streams", name, "sent_time_field"), f"(device clocks of {name}: its retention, panes of 1m or more)",
             name=derived,

@@ -12,6 +12,7 @@ start times, values `duration_ms` and `events`, distinct `<key>`) and three metr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,11 +24,13 @@ if TYPE_CHECKING:
     from catalog.model import Catalog, MetricDef, StreamDef
 
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+_MAX_NAME = 63
 _Field = Annotated[str, Field(pattern=_NAME)]
 _Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 SESSION_VALUES = ("duration_ms", "events")
 SESSION_TIME_FIELD = "session_start"
+SESSION_METRICS = ("sessions", "session_duration", "session_events")  # <stream>_<suffix>
 
 
 class FirstSeenDef(BaseModel):
@@ -112,6 +115,8 @@ def expand_derived(catalog: Catalog) -> None:
         if stream.sessions is None or stream.derived_from:
             continue
         derived = sessions_stream_name(name)
+        check_generated_names(("streams", name, "sessions"), "stream", name,
+                              (derived, *(f"{name}_{suffix}" for suffix in SESSION_METRICS)))
         spec = generated_stream(
             ("streams", name, "sessions"), f"(sessions of {name}: its retention, its lateness + the gap)",
             name=derived,
@@ -139,6 +144,21 @@ def expand_derived(catalog: Catalog) -> None:
                       description=f"Events per session on {name}"),
         )
         add_derived(catalog, spec, metrics, path=("streams", name, "sessions"), generated_for=f"{name}.sessions")
+
+
+def check_generated_names(path: tuple, what: str, base: str, names: Iterable[str]) -> None:
+    """Refuse at the declaration (`path`) a name too long for the stream and metric names it
+    generates (`<base>_unmatched_right`, `<base>_session_duration`...), saying which one and how
+    long the declared name may be; not deep in a generated entry the user never wrote."""
+    from catalog.model import CatalogReferenceError
+
+    names = list(names)
+    too_long = [n for n in names if len(n) > _MAX_NAME]
+    if too_long and re.match(_NAME, base):
+        longest = max(names, key=len)
+        raise CatalogReferenceError(path, f"{what} name {base!r} is too long for its derived stream and metric names:"
+                                    f" {too_long[0]!r} has {len(too_long[0])} characters, at most {_MAX_NAME}"
+                                    f" (shorten the name to at most {_MAX_NAME - (len(longest) - len(base))})")
 
 
 def generated_stream(path: tuple, what: str, **fields) -> StreamDef:

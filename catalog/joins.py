@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
-from catalog.features import generated_stream
+from catalog.features import check_generated_names, generated_stream
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, StreamDef
@@ -105,6 +105,7 @@ def expand_joins(catalog: Catalog) -> None:
                 carried.setdefault(stream.name, set()).add(side.key)
             sides[role] = stream
         left, right = sides["left"], sides["right"]
+        check_generated_names(("joins", i, "name"), "join", join.name, (join.name, *join_metric_names(join.name)))
         spec = generated_stream(
             ("joins", i), f"({left.name}'s retention, the sides' lateness + within)",
             name=join.name,

@@ -479,16 +479,15 @@ def expand_patterns(catalog: Catalog) -> None:
     of matches per window, and each measure as a value (idempotent: a catalog dumped and parsed
     again already has them). A pattern whose first stream is unknown is left to check_patterns."""
     from catalog.durations import format_duration_ms
-    from catalog.model import NAME_RE, CatalogReferenceError, MetricDef, StreamDef
+    from catalog.features import check_generated_names
+    from catalog.model import CatalogReferenceError, MetricDef, StreamDef
 
     for i, pattern in enumerate(catalog.patterns):
         first = catalog.streams.get(pattern.steps[0].stream) if pattern.steps else None
         if first is None:
             continue
         name = matches_stream_name(pattern.name)
-        if not re.match(NAME_RE, f"{name}_{max(pattern.measures, key=len, default='')}"):
-            raise CatalogReferenceError(("patterns", i, "name"), f"pattern name {pattern.name!r} is too long for its"
-                                        f" derived stream and metric names ({name}_<measure>: at most 63 characters)")
+        check_generated_names(("patterns", i, "name"), "pattern", pattern.name, (name, *match_metric_names(pattern)))
         # A `late` of the pattern's own is refused by check_patterns, with its reason.
         dims = (*dict.fromkeys(d.name for d in match_dimensions(pattern, catalog) if d.name != LATE_DIMENSION),
                 LATE_DIMENSION)

@@ -228,3 +228,15 @@ def test_a_clock_set_forward_is_followed_at_once_and_one_set_back_is_not():
     assert forward.corrections[("app", "d")] == -HOUR
     back = plan_batch(forward.after, [("app", "d", T0 + 6 * MIN, HOUR)], s, batch_now_ms=T0 + 6 * MIN)
     assert ("app", "d") not in back.corrections  # inconsistent: the -1 h minute is still in the window
+
+
+def test_a_stream_name_too_long_for_its_clock_metrics_is_refused_at_sent_time_field():
+    name = "a" * 50  # a*50_clocks fits; a*50_clock_devices has 64 characters
+    text = CONFIG.replace("  app:", f"  {name}:")
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(text, source="t.yaml")
+    line = text.splitlines().index("    sent_time_field: sent_at") + 1
+    assert str(info.value) == (
+        f"t.yaml: line {line}: streams.{name}.sent_time_field: stream name {name!r} is too long for its derived"
+        f" stream and metric names: '{name}_clock_devices' has 64 characters, at most 63 (shorten the name to at most 49)")
+    assert f"{'a' * 49}_clock_devices" in parse_catalog(text.replace(name, "a" * 49)).metrics

@@ -86,3 +86,14 @@ def test_a_generated_stream_that_breaks_a_rule_is_an_error_at_its_declaration(ya
     message = str(err.value)
     assert where in message and "top level" not in message, message
     assert all(n in message for n in names), message
+
+
+def test_a_stream_name_too_long_for_its_session_metrics_is_refused_at_sessions():
+    name = "s" * 47  # s*47_sessions fits; s*47_session_duration has 64 characters
+    text = BASE.replace("  s:\n", f"  {name}:\n") + "    sessions: {key: user_id}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(text, source="t.yaml")
+    assert str(info.value) == (
+        f"t.yaml: line {text.splitlines().index('    sessions: {key: user_id}') + 1}: streams.{name}.sessions: stream name {name!r} is too long for its derived stream and"
+        f" metric names: '{name}_session_duration' has 64 characters, at most 63 (shorten the name to at most 46)")
+    assert f"{'s' * 46}_session_duration" in parse_catalog(text.replace(name, "s" * 46)).metrics

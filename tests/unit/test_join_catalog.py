@@ -67,3 +67,15 @@ def test_a_key_that_is_neither_dimension_nor_distinct_is_carried_by_the_source_f
     assert "join_keys" not in catalog.model_dump()["streams"]["searches"]  # never written out
     assert parse_catalog(yaml.safe_dump(catalog.model_dump(mode="json"))) == catalog
     assert parse_catalog(streams).streams["searches"].source_ids == ("user_id",)  # no join: nothing more
+
+
+def test_a_join_name_too_long_for_its_generated_metrics_is_refused_at_the_join():
+    name = "j" * 48  # the stream j*48 fits; j*48_unmatched_right has 64 characters
+    text = STREAMS + JOIN.replace("search_clicks", name)
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(text, source="t.yaml")
+    line = text.splitlines().index(f"  - name: {name}") + 1
+    assert str(info.value) == (
+        f"t.yaml: line {line}: joins.0.name: join name {name!r} is too long for its derived stream and metric"
+        f" names: '{name}_unmatched_right' has 64 characters, at most 63 (shorten the name to at most 47)")
+    assert f"{'j' * 47}_unmatched_right" in parse_catalog(STREAMS + JOIN.replace("search_clicks", "j" * 47)).metrics

@@ -206,3 +206,14 @@ def test_a_dimension_the_pipeline_does_not_carry_or_named_late_is_refused():
         parse_catalog(streams + one_step)
     assert parse_catalog(streams + one_step + "    dimensions: [outcome]\n").streams["p_matches"].dimensions == (
         "outcome", "late")
+
+
+def test_a_pattern_name_is_as_long_as_its_generated_names_allow():
+    # Without measures the longest generated name is <name>_matches: a 55-character name fits.
+    pattern = "  - name: NAME\n    key: user_id\n    within: 10m\n    steps:\n" + GOOD_STEP
+    assert f"{'p' * 55}_matches" in parse_catalog(declare(pattern.replace("NAME", "p" * 55))).metrics
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(declare(pattern.replace("NAME", "p" * 56)), source="t.yaml")
+    assert str(info.value) == (
+        f"t.yaml: line 10: patterns.0.name: pattern name {'p' * 56!r} is too long for its derived stream and metric"
+        f" names: '{'p' * 56}_matches' has 64 characters, at most 63 (shorten the name to at most 55)")
