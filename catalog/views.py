@@ -59,7 +59,8 @@ def view_columns(left: StreamDef, right: StreamDef) -> tuple[tuple[str, ...], tu
 def expand_views(catalog: Catalog) -> None:
     """Check each view against its tables and add its derived change stream (idempotent: a
     catalog dumped and parsed again already has it). Errors carry the path of the bad entry."""
-    from catalog.model import CatalogReferenceError, StreamDef
+    from catalog.features import generated_stream
+    from catalog.model import CatalogReferenceError
 
     for name, view in catalog.views.items():
         if name != view.name:
@@ -89,7 +90,8 @@ def expand_views(catalog: Catalog) -> None:
             raise CatalogReferenceError(("views", name, "right"),
                                         f"column {both[0]!r} is in both {left.name!r} and {right.name!r}: a view's"
                                         " row holds both rows' columns by name; rename one of them")
-        spec = StreamDef(
+        spec = generated_stream(
+            ("views", name), f"(its change stream: the time field of {left.name}, the columns of both tables)",
             name=name,
             description=view.description or f"view: {left.name} {view.kind} join {right.name} on"
                         f" {view.foreign_key or 'the key'}",

@@ -168,3 +168,19 @@ def test_the_rule_on_a_loaded_subset_matches_the_whole_state(before, batch):
                           {k: whole.right[k] for k in right_keys if k in whole.right})
     expected = apply_all(SHAPE, whole, batch)
     assert apply_all(SHAPE, subset, batch) == expected
+
+
+def test_a_view_whose_change_stream_is_refused_is_reported_at_the_view():
+    text = """\
+streams:
+  users: {kind: table, key_field: user_id, time_field: updated, dimensions: [plan]}
+  plans: {kind: table, key_field: plan_id, dimensions: [tier, updated]}
+views:
+  user_plans: {left: users, right: plans, foreign_key: plan}
+"""
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(text, source="views.yaml")
+    assert str(info.value) == (
+        "views.yaml: line 5: views.user_plans: it generates the stream 'user_plans' (its change stream: the time"
+        " field of users, the columns of both tables), which is refused: field 'updated' is declared twice"
+        " (in time_field and dimensions)")
