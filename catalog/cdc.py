@@ -19,6 +19,7 @@ from urllib.parse import quote, unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from catalog.durations import DurationMs
+from catalog.numbers import Integer
 
 if TYPE_CHECKING:
     from catalog.model import StreamDef
@@ -51,10 +52,10 @@ class CdcSourceDef(BaseModel):
     publication: Annotated[str, Field(pattern=_SLOT_NAME)] | None = None
     slot: Annotated[str, Field(pattern=_SLOT_NAME)] | None = None
     poll_interval: DurationMs = 1_000  # how often the slot is asked for changes when idle
-    max_changes_per_poll: int = Field(default=10_000, ge=1, le=1_000_000)
+    max_changes_per_poll: Integer = Field(default=10_000, ge=1, le=1_000_000)
     # The snapshot is read with a server-side cursor and appended this many rows at a time, so a
     # table of any size is never held in memory whole (ingest/cdc/follower.py).
-    snapshot_chunk_rows: int = Field(default=10_000, ge=1, le=1_000_000)
+    snapshot_chunk_rows: Integer = Field(default=10_000, ge=1, le=1_000_000)
     # While the table is quiet, a heartbeat (pg_logical_emit_message) this often lets the slot be
     # confirmed past the database's other WAL, so the slot does not make it keep that WAL.
     heartbeat_interval: DurationMs = 10_000

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.numbers import Integer
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, MetricDef, StreamDef
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 _NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _MAX_NAME = 63
 _Field = Annotated[str, Field(pattern=_NAME)]
-_Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+_Seed = Annotated[Integer, Field(ge=-(2**63), le=2**63 - 1)]
 
 SESSION_VALUES = ("duration_ms", "events")
 SESSION_TIME_FIELD = "session_start"
@@ -39,7 +40,7 @@ class FirstSeenDef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     field: _Field
-    capacity: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
+    capacity: Integer = Field(default=1_000_000, ge=1, le=1_000_000_000)
     fpp: float = Field(default=0.01, gt=0.0, lt=1.0)
     seed: _Seed = 0
 
@@ -51,7 +52,7 @@ class MembershipDef(BaseModel):
 
     field: _Field
     bucket: DurationMs = 3_600_000
-    capacity: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    capacity: Integer = Field(default=100_000, ge=1, le=1_000_000_000)
     fpp: float = Field(default=0.01, gt=0.0, lt=1.0)
     seed: _Seed = 0
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from catalog.cdc import CdcSourceDef, check_catalog_sources, check_source
 from catalog.durations import DurationMs, format_duration_ms
+from catalog.numbers import Integer
 from catalog.enrichment import (EnrichDef, check_catalog_enrichment, check_stream_enrichment, enriched_columns,
                                 with_enriched_dimensions)
 from catalog.tables import StreamKind, check_table, with_op_dimension
@@ -72,7 +73,7 @@ class StreamDef(BaseModel):
     distinct: tuple[FieldName, ...] | None = None  # default: (key_field,) when there is one
     pane: DurationMs = 10_000
     allowed_lateness: DurationMs = 30_000
-    partitions: int = Field(default=4, ge=1, le=256)
+    partitions: Integer = Field(default=4, ge=1, le=256)
     # A partition with unread records from which nothing was read for this long no longer holds
     # the stream's watermark back (store/watermarks.py; docs/event-time.md, "Watermark").
     partition_idle_timeout: DurationMs = DEFAULT_PARTITION_IDLE_TIMEOUT_MS

@@ -26,9 +26,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs
+from catalog.numbers import no_booleans
 from catalog.labels import unstorable
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class StepDef(BaseModel):
     name: _Name
     stream: _Name
     where: dict[_Name, Any] = {}
-    times: int | tuple[int, int] | None = None
+    times: Annotated[int | tuple[int, int] | None, BeforeValidator(no_booleans)] = None
     one_or_more: bool = False
     optional: bool = False
     contiguity: Literal["next", "followed_by"] = "followed_by"

@@ -413,6 +413,18 @@ def test_bad_field_name() -> None:
     assert "streams.s.dimensions.1" in message
 
 
+@pytest.mark.parametrize(("extra", "where"), [
+    ("    partitions: true\n", "streams.s.partitions"),
+    ("    first_seen: {field: k, capacity: true}\n", "streams.s.first_seen.capacity"),
+    ("    membership: {field: k, seed: false}\n", "streams.s.membership.seed"),
+])
+def test_a_boolean_is_no_whole_number(extra: str, where: str) -> None:
+    text = GOOD.replace("    values: [v]\n", "    values: [v]\n" + extra)
+    message = config_error(text)
+    value = "true" if "true" in extra else "false"
+    assert message == f"streams.yaml: line {line_of(text, extra.strip())}: {where}: expected a whole number, not a boolean ({value})"
+
+
 def test_every_problem_is_reported() -> None:
     text = GOOD.replace("    values: [v]\n", "    values: [v]\n    colour: red\n    partitions: 0\n")
     message = config_error(text)

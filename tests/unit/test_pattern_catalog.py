@@ -217,3 +217,11 @@ def test_a_pattern_name_is_as_long_as_its_generated_names_allow():
     assert str(info.value) == (
         f"t.yaml: line 10: patterns.0.name: pattern name {'p' * 56!r} is too long for its derived stream and metric"
         f" names: '{'p' * 56}_matches' has 64 characters, at most 63 (shorten the name to at most 55)")
+
+
+@pytest.mark.parametrize("times", ["true", "[true, 3]"])
+def test_a_boolean_is_no_number_of_times(times):
+    pattern = "  - name: p\n    key: user_id\n    within: 10m\n    steps:\n" \
+              f"      - {{name: a, stream: logins, times: {times}}}\n" + GOOD_STEP
+    with pytest.raises(ConfigError, match=r"line 14: patterns\.0\.steps\.0\.times: expected a whole number, not a boolean"):
+        parse_catalog(declare(pattern), source="t.yaml")
