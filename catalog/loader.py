@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,22 @@ class ConfigError(ValueError):
 
 _VALUE_TAG = "tag:yaml.org,2002:value"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)\Z")
+
+
+def _int_form(text: str) -> str:
+    """How YAML 1.1 reads an integer written otherwise than in decimal digits."""
+    digits = text.lstrip("+-")
+    if ":" in digits:
+        return "YAML 1.1 base 60"
+    if "_" in digits:
+        return "YAML 1.1 drops the underscores"
+    if digits.startswith("0x"):
+        return "YAML 1.1 hexadecimal"
+    if digits.startswith("0b"):
+        return "YAML 1.1 binary"
+    return "YAML 1.1 octal"
 
 
 def _line(node: yaml.Node) -> int:
@@ -61,9 +78,15 @@ class _Converter:
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
         try:
-            return self._constructor.construct_object(node)
+            value = self._constructor.construct_object(node)
         except Exception:  # a value its (explicit) tag cannot read: `!!int abc`, `!!timestamp x`
             raise ConfigError(f"line {_line(node)}: {node.value!r} is not a valid {node.tag.rsplit(':', 1)[-1]}") from None
+        if node.tag == _INT_TAG and node.style is None and not _DECIMAL.match(node.value):
+            # YAML 1.1 reads 0123 as octal 83, 0x1F as 31, 1_000 as 1000 and 1:30 as 90: a zip code
+            # or a where literal would change silently.
+            raise ConfigError(f"line {_line(node)}: {node.value} is read as the number {value}"
+                              f" ({_int_form(node.value)}): write {value}, or quote it ('{node.value}') if it is text")
+        return value
 
     def _key(self, node: yaml.Node) -> Any:
         if not isinstance(node, yaml.ScalarNode):

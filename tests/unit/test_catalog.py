@@ -425,6 +425,21 @@ def test_a_boolean_is_no_whole_number(extra: str, where: str) -> None:
     assert message == f"streams.yaml: line {line_of(text, extra.strip())}: {where}: expected a whole number, not a boolean ({value})"
 
 
+@pytest.mark.parametrize(("written", "message"), [
+    ("010", "010 is read as the number 8 (YAML 1.1 octal): write 8, or quote it ('010') if it is text"),
+    ("1:04", "1:04 is read as the number 64 (YAML 1.1 base 60): write 64, or quote it ('1:04') if it is text"),
+])
+def test_an_integer_not_written_in_decimal_is_refused(written: str, message: str) -> None:
+    text = GOOD.replace("    values: [v]\n", f"    values: [v]\n    partitions: {written}\n")
+    assert config_error(text) == f"streams.yaml: line {line_of(text, 'partitions:')}: {message}"
+
+
+@pytest.mark.parametrize("written", ["8", "+8", "0"])
+def test_decimal_integers_are_read_as_written(written: str) -> None:
+    text = GOOD.replace("    values: [v]\n", f"    values: [v]\n    first_seen: {{field: k, seed: {written}}}\n")
+    assert parse_catalog(text).stream("s").first_seen.seed == int(written)
+
+
 def test_every_problem_is_reported() -> None:
     text = GOOD.replace("    values: [v]\n", "    values: [v]\n    colour: red\n    partitions: 0\n")
     message = config_error(text)

@@ -225,3 +225,19 @@ def test_a_boolean_is_no_number_of_times(times):
               f"      - {{name: a, stream: logins, times: {times}}}\n" + GOOD_STEP
     with pytest.raises(ConfigError, match=r"line 14: patterns\.0\.steps\.0\.times: expected a whole number, not a boolean"):
         parse_catalog(declare(pattern), source="t.yaml")
+
+
+@pytest.mark.parametrize(("literal", "number", "form"), [
+    ("0123", 83, "YAML 1.1 octal"), ("0x1F", 31, "YAML 1.1 hexadecimal"),
+    ("1_000", 1000, "YAML 1.1 drops the underscores"), ("1:30", 90, "YAML 1.1 base 60"),
+])
+def test_a_where_literal_yaml_reads_as_another_number_is_refused(literal, number, form):
+    # As a number it would be compared as str(83) == '83', never matching the zip code '0123'.
+    pattern = "  - name: p\n    key: user_id\n    within: 10m\n    steps:\n" \
+              f"      - {{name: a, stream: logins, where: {{outcome: {literal}}}}}\n" + GOOD_STEP
+    with pytest.raises(ConfigError) as info:
+        parse_catalog(declare(pattern), source="t.yaml")
+    assert str(info.value) == (f"t.yaml: line 14: {literal} is read as the number {number} ({form}):"
+                               f" write {number}, or quote it ('{literal}') if it is text")
+    quoted = parse_catalog(declare(pattern.replace(f"outcome: {literal}", f"outcome: '{literal}'")))
+    assert quoted.patterns[0].steps[0].where == {"outcome": literal}
