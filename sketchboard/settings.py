@@ -15,7 +15,9 @@ from catalog.durations import trigger_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
+# The demo's rules, beside the demo's streams file: what alerts_config comes to when neither is set.
 DEFAULT_ALERTS = REPO_ROOT / "config" / "alerts.yaml"
+ALERTS_BESIDE = "alerts.yaml"
 SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
@@ -176,8 +178,9 @@ class Settings(BaseSettings):
                                            " streams file, when there is one")
 
     # Alerts
-    alerts_config: Path | None = Field(DEFAULT_ALERTS, description="alert rules file (read-only through the API);"
-                                       " none: rules come only from the API")
+    alerts_config: Path | None = Field(None, description="alert rules file (read-only through the API); unset:"
+                                       " alerts.yaml beside the streams file, when there is one; none: rules come"
+                                       " only from the API")
     alert_eval_interval: DurationMs = Field("10s", ge=1_000, description="default evaluation interval of a rule")
     alert_history_retention: DurationMs = Field("30d", ge=60_000, description="alert state changes kept")
     alert_webhook_url: str | None = Field(None, description="POST notifications here (Alertmanager webhook JSON)")
@@ -229,6 +232,15 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _alerts_beside_streams(self) -> Settings:
+        # Unset, the rules file follows the streams file, as the dashboards' folder does: a user's own
+        # streams file never gets the demo's rules (they name the demo's metrics). Written to __dict__ so
+        # that model_fields_set keeps saying it was not set (alerts_config_named).
+        if "alerts_config" not in self.model_fields_set:
+            self.__dict__["alerts_config"] = self.streams_config.parent / ALERTS_BESIDE
+        return self
+
+    @model_validator(mode="after")
     def _kafka_needs_servers(self) -> Settings:
         if self.log_backend == "kafka" and not self.kafka_bootstrap_servers:
             raise ValueError("log_backend is kafka: set kafka_bootstrap_servers (e.g. 'broker1:9092,broker2:9092')")
@@ -274,6 +286,12 @@ class Settings(BaseSettings):
     @property
     def tokens_path(self) -> Path:
         return self.tokens_file or self.data_dir / "tokens.json"
+
+    @property
+    def alerts_config_named(self) -> bool:
+        """Whether alerts_config was set (argument, environment, settings file), not the default
+        beside the streams file: a named file must exist, the default may be missing."""
+        return "alerts_config" in self.model_fields_set
 
     @property
     def base_url(self) -> str:

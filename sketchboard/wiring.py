@@ -184,7 +184,6 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     from alerts.loader import load_rules_file
     from alerts.service import AlertService
     from alerts.source import StoreAlertData
-    from sketchboard.settings import DEFAULT_ALERTS
     from store.alerts import AlertStore
 
     alert_store = AlertStore(store.side_db(), history_retention_ms=settings.alert_history_retention)
@@ -201,7 +200,7 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
                            clock=clock or time.time)
     path = settings.alerts_config
-    if path is not None and (path.is_file() or path != DEFAULT_ALERTS):
+    if path is not None and (path.is_file() or settings.alerts_config_named):
         service.sync_file(load_rules_file(path, catalog))  # a missing file named on purpose is an error
     return service
 

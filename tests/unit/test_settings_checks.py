@@ -1,0 +1,70 @@
+"""Settings as an operator gives them (arguments, SKETCHBOARD_* variables, a settings file) and
+the one-line errors `sketchboard` answers wrong ones with (exit 2, never a traceback)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sketchboard import cli
+from sketchboard.settings import DEFAULT_ALERTS, Settings
+
+OWN_STREAMS = """\
+streams:
+  orders:
+    key_field: customer_id
+    values: [amount]
+metrics:
+  order_amount: {stream: orders, value: amount}
+"""
+OWN_RULES = """\
+rules:
+  - name: big_orders
+    kind: threshold
+    metric: order_amount
+    stat: max
+    window: 1m
+    op: ">"
+    threshold: 1000
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No SKETCHBOARD_* variable of the caller's and no ./sketchboard.yaml."""
+    for name in [name for name in os.environ if name.upper().startswith("SKETCHBOARD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def own_streams(tmp_path: Path) -> Path:
+    folder = tmp_path / "own"
+    folder.mkdir(exist_ok=True)
+    path = folder / "streams.yaml"
+    path.write_text(OWN_STREAMS)
+    return path
+
+
+def test_alert_rules_default_to_the_file_beside_the_streams_file(tmp_path, capsys):
+    streams = own_streams(tmp_path)
+    # No alerts.yaml beside a user's own streams file: no file rules (not the demo's, which name
+    # the demo's metrics and stopped check-config and the API).
+    assert cli.main(["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]) == 0
+    assert "alert rules" not in capsys.readouterr().out
+    from sketchboard.wiring import build_alert_service, open_catalog, open_store
+
+    settings = Settings(data_dir=tmp_path / "data", streams_config=streams)
+    assert settings.alerts_config == streams.parent / "alerts.yaml" and not settings.alerts_config_named
+    store = open_store(settings)
+    try:
+        assert build_alert_service(settings, open_catalog(settings), store).rules() == []
+        (streams.parent / "alerts.yaml").write_text(OWN_RULES)
+        assert [r.stored.name for r in build_alert_service(settings, open_catalog(settings), store).rules()] == ["big_orders"]
+    finally:
+        store.close()
+    assert cli.main(["check-config", "--config", str(streams)]) == 0
+    assert f"{streams.parent / 'alerts.yaml'}: 1 alert rules - OK" in capsys.readouterr().out
+    # The demo's streams file keeps the demo's rules.
+    assert Settings().alerts_config == DEFAULT_ALERTS
