@@ -39,12 +39,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{settings.streams_config}: {len(catalog.streams)} streams, {len(catalog.metrics)} metrics - OK")
     for name, metric in catalog.metrics.items():
         print(f"  {name} ({metric.stream}): {', '.join(metric.stats())}")
-    if settings.alerts_config is not None and settings.alerts_config.is_file():
+    from sketchboard.wiring import alerts_file, dashboards_folder
+
+    rules_path = alerts_file(settings)  # as the API finds it: a file named but missing is an error here too
+    if rules_path is not None:
         from alerts.loader import load_rules_file
 
-        rules = load_rules_file(settings.alerts_config, catalog)
-        print(f"{settings.alerts_config}: {len(rules)} alert rules - OK")
-    from sketchboard.wiring import dashboards_folder
+        rules = load_rules_file(rules_path, catalog)
+        print(f"{rules_path}: {len(rules)} alert rules - OK")
 
     folder = dashboards_folder(settings)
     if folder is not None:
@@ -369,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _os_error_text(exc: OSError) -> str:
+    """'<path>: <reason>' for an OSError about a file (not Python's '[Errno 2] ...: <path>')."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
     args = build_parser().parse_args(argv)
@@ -387,9 +396,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
+    except (ConfigError, JavaError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
             ExecutorEnvironmentError, DashboardError) as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path that is missing, a folder, unreadable: named, with the reason
+        print(f"sketchboard: {_os_error_text(exc)}", file=sys.stderr)
         return 2
     except ValidationError as exc:
         print(f"sketchboard: invalid settings:\n{exc}", file=sys.stderr)

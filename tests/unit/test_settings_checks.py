@@ -68,3 +68,36 @@ def test_alert_rules_default_to_the_file_beside_the_streams_file(tmp_path, capsy
     assert f"{streams.parent / 'alerts.yaml'}: 1 alert rules - OK" in capsys.readouterr().out
     # The demo's streams file keeps the demo's rules.
     assert Settings().alerts_config == DEFAULT_ALERTS
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+def test_a_named_alerts_file_that_is_not_there_stops_check_config_as_it_stops_the_api(kind, tmp_path, monkeypatch,
+                                                                                        capsys):
+    streams = own_streams(tmp_path)
+    named = tmp_path / "rules.yaml"
+    if kind == "folder":
+        named.mkdir()
+    monkeypatch.setenv("SKETCHBOARD_ALERTS_CONFIG", str(named))
+    assert cli.main(["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    reason = "no such file" if kind == "missing" else "not a file"
+    assert err == f"sketchboard: alerts_config: {named}: {reason}\n"
+    from catalog import ConfigError
+    from sketchboard.wiring import build_alert_service, open_catalog, open_store
+
+    settings = Settings(data_dir=tmp_path / "data", streams_config=streams)
+    store = open_store(settings)
+    try:
+        with pytest.raises(ConfigError, match=reason):
+            build_alert_service(settings, open_catalog(settings), store)
+    finally:
+        store.close()
+
+
+def test_an_os_error_is_one_line(monkeypatch, capsys):
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", "/etc/sketchboard/rules.yaml")
+
+    monkeypatch.setattr(cli, "cmd_check_config", unreadable)
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == "sketchboard: /etc/sketchboard/rules.yaml: Permission denied\n"
