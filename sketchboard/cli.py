@@ -302,6 +302,12 @@ def _pipeline_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _path(text: str) -> Path:
+    if not text.strip():  # Path("") is the working directory: never what an empty argument meant
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
+
+
 def _spike_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spike", type=_spike_spec, action="append", default=[], metavar="ENDPOINT:FACTOR:START:DURATION",
                    help="demo latency spike, e.g. /api/cart:40:20s:30s (x40 from 20 s after the demo starts,"
@@ -318,8 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--data-dir", dest="data_dir", type=Path, help="where the log, store and checkpoints live")
-        p.add_argument("--config", dest="streams_config", type=Path, help="streams and metrics YAML")
+        p.add_argument("--data-dir", dest="data_dir", type=_path, help="where the log, store and checkpoints live")
+        p.add_argument("--config", dest="streams_config", type=_path, help="streams and metrics YAML")
         p.add_argument("--host", help="API bind address (default 127.0.0.1)")
         p.add_argument("--port", type=int, help="API port (default 8000)")
         return p

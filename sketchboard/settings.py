@@ -218,6 +218,20 @@ class Settings(BaseSettings):
         trigger_ms(value)  # ValueError naming the value: as Spark's trigger spells it, e.g. '1 second'
         return value
 
+    @field_validator("alerts_config", "dashboards_config", "tokens_file", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value):
+        # SKETCHBOARD_ALERTS_CONFIG= (or `alerts_config: ""`) means none, as null does: not Path(""),
+        # which is the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("data_dir", "streams_config", "spark_kafka_jars", mode="before")
+    @classmethod
+    def _path_is_given(cls, value):
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty: a path is needed (unset it for the default)")
+        return value
+
     @field_validator("token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value):

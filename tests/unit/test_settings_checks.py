@@ -101,3 +101,20 @@ def test_an_os_error_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_check_config", unreadable)
     assert cli.main(["check-config"]) == 2
     assert capsys.readouterr().err == "sketchboard: /etc/sketchboard/rules.yaml: Permission denied\n"
+
+
+def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, capsys):
+    for name in ("ALERTS_CONFIG", "DASHBOARDS_CONFIG", "TOKENS_FILE"):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", "")
+    settings = Settings()
+    assert settings.alerts_config is None and settings.alerts_config_named  # no rules file, not Path(".")
+    assert settings.dashboards_config is None and settings.tokens_file is None
+    assert settings.tokens_path == Path("data") / "tokens.json"
+    for name in ("DATA_DIR", "STREAMS_CONFIG"):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", "")
+        with pytest.raises(ValueError, match="must not be empty"):
+            Settings()
+        monkeypatch.delenv(f"SKETCHBOARD_{name}")
+    with pytest.raises(SystemExit):
+        cli.main(["check-config", "--data-dir", ""])
+    assert "--data-dir: must not be empty" in capsys.readouterr().err
