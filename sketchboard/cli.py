@@ -17,18 +17,21 @@ from pydantic import ValidationError
 
 from catalog import ConfigError
 from sketchboard import parent_death
-from sketchboard.settings import Settings
+from sketchboard.settings import Settings, load_settings
 
 log = logging.getLogger("sketchboard")
+
+# The settings each common option sets.
+_FLAGS = {"data_dir": "--data-dir", "streams_config": "--config", "host": "--host", "port": "--port"}
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {}
-    for name in ("data_dir", "streams_config", "host", "port"):
+    for name in _FLAGS:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    return Settings(**overrides)
+    return load_settings(overrides, _FLAGS)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -404,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ConfigError, JavaError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
             ExecutorEnvironmentError, DashboardError) as exc:
-        print(f"sketchboard: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # one problem a line, each said by sketchboard
+            print(f"sketchboard: {line}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path that is missing, a folder, unreadable: named, with the reason
         print(f"sketchboard: {_os_error_text(exc)}", file=sys.stderr)

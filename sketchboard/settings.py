@@ -3,14 +3,19 @@ then by SKETCHBOARD_* environment variables (highest priority)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+import pydantic_settings
+import yaml
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from catalog import parse_duration_ms
+from catalog import ConfigError, parse_duration_ms
 from catalog.durations import trigger_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -315,9 +320,138 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get(SETTINGS_FILE_ENV, "sketchboard.yaml")
-        if Path(path).is_file():
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        elif SETTINGS_FILE_ENV in os.environ:
-            raise FileNotFoundError(f"{SETTINGS_FILE_ENV}={path}: no such settings file")
+        path = settings_file()
+        if path is not None:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=read_settings_file(path)[0]))
         return tuple(sources)
+
+
+def settings_file() -> Path | None:
+    """The settings file in force: SKETCHBOARD_SETTINGS_FILE (which must exist), else
+    ./sketchboard.yaml when there is one."""
+    path = os.environ.get(SETTINGS_FILE_ENV, "sketchboard.yaml")
+    if Path(path).is_file():
+        return Path(path)
+    if SETTINGS_FILE_ENV in os.environ:
+        raise FileNotFoundError(f"{SETTINGS_FILE_ENV}={path}: no such settings file")
+    return None
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (which safe_load settles
+    silently for the last one), as the streams file's loader does (catalog/loader.py)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)  # "<<: *anchor" merge keys first, as SafeLoader does
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    seen.add(key)
+                except TypeError:
+                    pass  # an unhashable key: SafeLoader's own error says so
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_settings_file(path: Path) -> tuple[dict[str, Any], dict[Any, int]]:
+    """The file's settings and the line of each; ConfigError naming the file and, where it can,
+    the line, for anything but a mapping of settings."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the settings file: {exc.strerror or exc}") from None
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc)
+        kind = "" if isinstance(exc, _DuplicateKey) else "invalid YAML: "
+        raise ConfigError(f"{path}: {where}: {kind}{problem}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}, {}  # an empty file: no settings
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: the top level must be a mapping of settings"
+                          f" (name: value), not a {type(data).__name__}")
+    lines = {}
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            lines[key_node.value] = key_node.start_mark.line + 1
+    return data, lines
+
+
+class InvalidSettings(ConfigError):
+    """Settings that cannot be used: one problem a line, each naming the setting and, when it can
+    be known, where its value came from."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_settings(overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None) -> Settings:
+    """Settings(**overrides) for the command line: what is wrong as InvalidSettings (flags: the
+    option each override came from, e.g. {"port": "--port"})."""
+    overrides = dict(overrides or {})
+    try:
+        return Settings(**overrides)
+    except pydantic_settings.SettingsError as exc:  # a list or mapping variable that is not JSON
+        match = re.search(r'field "(\w+)"', str(exc))
+        field = match.group(1) if match else None
+        cause = exc.__cause__
+        reason = (f"not valid JSON (lists and mappings are given as JSON): {cause}"
+                  if isinstance(cause, json.JSONDecodeError) else str(cause or exc))
+        if field is None:
+            raise InvalidSettings([f"settings: {reason}"]) from None
+        raise InvalidSettings([f"setting {field}{_where(field, overrides, flags or {})}: {reason}"]) from None
+
+
+# Values not echoed in an error: secrets, or settings that may hold one (a DSN's password, a SASL
+# password among the Kafka options, a webhook URL's token).
+_NOT_SHOWN = frozenset({"token", "tokens", "postgres_dsn", "demo_postgres_dsn", "alert_webhook_url", "kafka_options",
+                        "kafka_source_options", "spark_conf"})
+
+
+def _shown(field: str, value: Any) -> str:
+    if field in _NOT_SHOWN:
+        return ""
+    text = shlex.quote(str(value))
+    return "=" + (text if len(text) <= 60 else text[:57] + "...")
+
+
+def _env_name(field: str) -> str | None:
+    wanted = f"SKETCHBOARD_{field}".upper()
+    return next((name for name in os.environ if name.upper() == wanted), None)
+
+
+def _where(field: str, overrides: dict[str, Any], flags: dict[str, str]) -> str:
+    """' (<source>)' for a setting's value: the command-line option, the environment variable or
+    the settings file and line it came from, in that order of precedence; '' if none is known."""
+    if field in overrides:
+        flag = flags.get(field)
+        return f" ({flag} {shlex.quote(str(overrides[field]))})" if flag else ""
+    env = _env_name(field)
+    if env is not None:
+        return f" ({env}{_shown(field, os.environ[env])})"
+    try:
+        path = settings_file()
+        lines = read_settings_file(path)[1] if path is not None else {}
+    except (OSError, ConfigError):
+        return ""
+    if field in lines:
+        return f" ({path}, line {lines[field]})"
+    return ""

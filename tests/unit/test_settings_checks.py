@@ -118,3 +118,31 @@ def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         cli.main(["check-config", "--data-dir", ""])
     assert "--data-dir: must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"port: [\n", "line 2: invalid YAML: expected the node content, but found '<stream end>'"),
+    (b"- port\n", "line 1: the top level must be a mapping of settings (name: value), not a list"),
+    (b"port: 9000\nhost: caf\xe9\n", "line 2: not UTF-8 text (byte 0xe9)"),
+    (b"port: 9000\nport: 9001\n", "line 2: duplicate key 'port'"),
+])
+def test_a_settings_file_that_cannot_be_read_is_one_line(content, problem, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "settings.yaml"
+    path.write_bytes(content)
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == f"sketchboard: {path}: {problem}\n"
+
+
+def test_an_empty_settings_file_is_no_settings(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    path.write_text("# nothing yet\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert Settings().port == 8000
+
+
+def test_a_list_variable_that_is_not_json_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("SKETCHBOARD_TOKENS", "[{")
+    assert cli.main(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sketchboard: setting tokens (SKETCHBOARD_TOKENS): not valid JSON") and err.count("\n") == 1
