@@ -418,6 +418,17 @@ def load_settings(overrides: dict[str, Any] | None = None, flags: dict[str, str]
         if field is None:
             raise InvalidSettings([f"settings: {reason}"]) from None
         raise InvalidSettings([f"setting {field}{_where(field, overrides, flags or {})}: {reason}"]) from None
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = error["msg"].removeprefix("Value error, ")
+            loc = [str(part) for part in error["loc"]]
+            if not loc:  # a check of several settings together (log_backend kafka without servers, ...)
+                problems.append(f"settings: {message}")
+                continue
+            where = _where(loc[0], overrides, flags or {})
+            problems.append(f"setting {'.'.join(loc)}{where}: {message}")
+        raise InvalidSettings(list(dict.fromkeys(problems))) from None
 
 
 # Values not echoed in an error: secrets, or settings that may hold one (a DSN's password, a SASL

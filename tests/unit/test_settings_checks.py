@@ -146,3 +146,29 @@ def test_a_list_variable_that_is_not_json_is_one_line(monkeypatch, capsys):
     assert cli.main(["check-config"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sketchboard: setting tokens (SKETCHBOARD_TOKENS): not valid JSON") and err.count("\n") == 1
+
+
+def test_each_invalid_setting_is_one_line_naming_where_it_came_from(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "settings.yaml"
+    path.write_text("host: 127.0.0.1\nmax_body_bytes: 10\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    monkeypatch.setenv("SKETCHBOARD_PORT", "0")
+    monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", "postgresql://me:secret@db/sb")
+    monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "mysql")
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (SKETCHBOARD_PORT=0): Input should be greater than or equal to 1",
+        f"sketchboard: setting max_body_bytes ({path}, line 2): Input should be greater than or equal to 1024",
+        "sketchboard: setting store_backend (SKETCHBOARD_STORE_BACKEND=mysql): Input should be 'sqlite' or 'postgres'",
+    ]
+    monkeypatch.delenv("SKETCHBOARD_STORE_BACKEND")
+    path.write_text("store_backend: postgres\n")
+    monkeypatch.delenv("SKETCHBOARD_POSTGRES_DSN")
+    assert cli.main(["check-config", "--port", "0"]) == 2  # the option wins over the variable, and is named
+    assert capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (--port 0): Input should be greater than or equal to 1"]
+    assert cli.main(["check-config"]) == 2 and capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (SKETCHBOARD_PORT=0): Input should be greater than or equal to 1"]
+    monkeypatch.delenv("SKETCHBOARD_PORT")
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.startswith("sketchboard: settings: store_backend is postgres: set postgres_dsn")
