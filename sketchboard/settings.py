@@ -24,12 +24,21 @@ DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
 DEFAULT_ALERTS = REPO_ROOT / "config" / "alerts.yaml"
 ALERTS_BESIDE = "alerts.yaml"
 SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
+ENV_PREFIX = "SKETCHBOARD_"
+# SKETCHBOARD_* variables that are not settings, read elsewhere: any other that names no setting
+# is refused (a misspelt one would otherwise be ignored without a word).
+OTHER_VARIABLES = frozenset({
+    SETTINGS_FILE_ENV,
+    "SKETCHBOARD_PARENT_PID",  # sketchboard/parent_death.py: `up` to its children
+    "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES", "SKETCHBOARD_CHROMIUM",  # the tests'
+    "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
+})
 
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SKETCHBOARD_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # Where things live
     data_dir: Path = Field(Path("data"), description="log, store and checkpoints go here")
@@ -319,11 +328,35 @@ class Settings(BaseSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_variables(settings_cls)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = settings_file()
         if path is not None:
             sources.append(InitSettingsSource(settings_cls, init_kwargs=read_settings_file(path)[0]))
         return tuple(sources)
+
+
+def check_variables(settings_cls=None) -> None:
+    """ConfigError, a line for each, for SKETCHBOARD_* variables that name no setting (nor one of
+    OTHER_VARIABLES), with the closest setting's variable when there is one."""
+    fields = (settings_cls or Settings).model_fields
+    problems = []
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in OTHER_VARIABLES or upper[len(ENV_PREFIX):].lower() in fields:
+            continue
+        problems.append(f"{name}: no such setting{_did_you_mean(upper[len(ENV_PREFIX):].lower(), fields, ENV_PREFIX)}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _did_you_mean(name: str, fields, prefix: str = "") -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
+    if not close:
+        return ""
+    return f" (did you mean {prefix}{close[0].upper()}?)" if prefix else f" (did you mean {close[0]}?)"
 
 
 def settings_file() -> Path | None:
@@ -423,6 +456,8 @@ def load_settings(overrides: dict[str, Any] | None = None, flags: dict[str, str]
         for error in exc.errors():
             message = error["msg"].removeprefix("Value error, ")
             loc = [str(part) for part in error["loc"]]
+            if error["type"] == "extra_forbidden" and len(loc) == 1:  # a key of the settings file
+                message = f"no such setting{_did_you_mean(loc[0], Settings.model_fields)}"
             if not loc:  # a check of several settings together (log_backend kafka without servers, ...)
                 problems.append(f"settings: {message}")
                 continue

@@ -172,3 +172,25 @@ def test_each_invalid_setting_is_one_line_naming_where_it_came_from(tmp_path, mo
     monkeypatch.delenv("SKETCHBOARD_PORT")
     assert cli.main(["check-config"]) == 2
     assert capsys.readouterr().err.startswith("sketchboard: settings: store_backend is postgres: set postgres_dsn")
+
+
+def test_a_misspelt_variable_is_refused_naming_the_closest_setting(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SKETCHBOARD_DATADIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"SKETCHBOARD_DATADIR: no such setting \(did you mean SKETCHBOARD_DATA_DIR\?\)"):
+        Settings()
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == ("sketchboard: SKETCHBOARD_DATADIR: no such setting"
+                                       " (did you mean SKETCHBOARD_DATA_DIR?)\n")
+    monkeypatch.delenv("SKETCHBOARD_DATADIR")
+    # The variables read elsewhere are not settings, and are no error.
+    for name in ("SKETCHBOARD_PARENT_PID", "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES",
+                 "SKETCHBOARD_CHROMIUM", "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("sketchboard_port", "9001")  # names are not case-sensitive, as pydantic-settings reads them
+    assert Settings().port == 9001
+    monkeypatch.delenv("SKETCHBOARD_PARENT_PID")  # cli.main would take the test's process for a child of `up`
+    path = tmp_path / "settings.yaml"
+    path.write_text("prot: 9000\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == f"sketchboard: setting prot ({path}, line 1): no such setting (did you mean port?)\n"
