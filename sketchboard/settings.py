@@ -34,7 +34,19 @@ OTHER_VARIABLES = frozenset({
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+_PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$", re.ASCII)
+
+
+def _setting_duration(value: Any) -> int:
+    """A duration setting: as parse_duration_ms takes it, and a plain number as text ('0', '3600':
+    an environment variable's value is always text) as seconds, as the same number in the settings
+    file is. Only here: the streams file and the API's parameters keep refusing a number as text."""
+    if isinstance(value, str) and _PLAIN_NUMBER.match(value):
+        value = int(value) if "." not in value else float(value)
+    return parse_duration_ms(value)
+
+
+DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
 
 
 class Settings(BaseSettings):

@@ -194,3 +194,23 @@ def test_a_misspelt_variable_is_refused_naming_the_closest_setting(monkeypatch, 
     monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
     assert cli.main(["check-config"]) == 2
     assert capsys.readouterr().err == f"sketchboard: setting prot ({path}, line 1): no such setting (did you mean port?)\n"
+
+
+def test_a_duration_variable_may_be_a_number_of_seconds_as_in_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    path.write_text("reprocess_drop_after: 0\nlag_retention: 3600\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert Settings().reprocess_drop_after == 0 and Settings().lag_retention == 3_600_000
+    monkeypatch.setenv("SKETCHBOARD_REPROCESS_DROP_AFTER", "0")  # the documented default: never
+    monkeypatch.setenv("SKETCHBOARD_LAG_RETENTION", "7200")
+    monkeypatch.setenv("SKETCHBOARD_ALERT_WEBHOOK_BACKOFF", "0.25")
+    settings = Settings()
+    assert (settings.reprocess_drop_after, settings.lag_retention, settings.alert_webhook_backoff) == (0, 7_200_000, 250)
+    monkeypatch.setenv("SKETCHBOARD_LAG_RETENTION", "-5")
+    with pytest.raises(ValueError, match="not a duration"):
+        Settings()
+    # The streams file keeps refusing a duration as text without a unit.
+    from catalog.loader import ConfigError, parse_catalog
+
+    with pytest.raises(ConfigError, match="not a duration: '60'"):
+        parse_catalog("streams:\n  s: {key_field: k, pane: '60'}\n")
