@@ -92,7 +92,8 @@ class Settings(BaseSettings):
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 
     # Log
-    log_retention: DurationMs = Field("7d", description="records older than this are dropped")
+    log_retention: DurationMs = Field("7d", description="records older than this are dropped, read by the pipeline"
+                                      " or not; at least 1m")
     log_retention_bytes: int = Field(1 << 30, ge=1 << 20, description="per partition")
     log_sync: Literal["NORMAL", "FULL"] = Field("NORMAL", description="FULL also survives power loss")
     log_backend: Literal["embedded", "kafka"] = Field(
@@ -236,6 +237,16 @@ class Settings(BaseSettings):
 
         for entry in value:
             TokenRecord.from_dict(entry)  # ValueError names the entry and the field
+        return value
+
+    @field_validator("log_retention")
+    @classmethod
+    def _log_retention(cls, value: int) -> int:
+        # The retention pass (every minute) drops records by age, whether the pipeline has read them
+        # or not: 0s would empty the log each minute.
+        if value < 60_000:
+            raise ValueError(f"must be at least 1m (one minute), not {value} ms: records older than log_retention"
+                             " are dropped whether the pipeline has read them or not")
         return value
 
     @field_validator("trigger_interval")

@@ -214,3 +214,15 @@ def test_a_duration_variable_may_be_a_number_of_seconds_as_in_the_file(tmp_path,
 
     with pytest.raises(ConfigError, match="not a duration: '60'"):
         parse_catalog("streams:\n  s: {key_field: k, pane: '60'}\n")
+
+
+@pytest.mark.parametrize("value", ["0s", "0", "59s"])
+def test_log_retention_is_at_least_a_minute(value, monkeypatch, capsys):
+    monkeypatch.setenv("SKETCHBOARD_LOG_RETENTION", value)
+    with pytest.raises(ValueError, match="log_retention"):
+        Settings()
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.startswith(f"sketchboard: setting log_retention (SKETCHBOARD_LOG_RETENTION={value}):"
+                                              " must be at least 1m (one minute)")
+    monkeypatch.setenv("SKETCHBOARD_LOG_RETENTION", "1m")
+    assert Settings().log_retention == 60_000
