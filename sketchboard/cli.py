@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -69,8 +70,9 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         scopes = parse_scopes(args.scope)
     except ValueError as exc:
         raise ConfigError(f"--scope: {exc}") from None
-    token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
-    _audit(settings, "token.create", args.name, {"scopes": sorted(scopes)})
+    with _audit_log(settings) as audit, _tokens_file_undone_on_error(settings.tokens_path):
+        token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
+        audit("token.create", args.name, {"scopes": sorted(scopes)})
     # Only the token on stdout (`TOKEN=$(sketchboard token create ...)` works); the rest on stderr.
     print(token)
     print(f"sketchboard: token {args.name!r} ({', '.join(sorted(scopes))}) added to"
@@ -79,19 +81,52 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(settings: Settings, action: str, name: str, detail) -> None:
-    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user."""
+@contextlib.contextmanager
+def _audit_log(settings: Settings):
+    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user: yields
+    record(action, name, detail). Opened before the tokens file changes, so that a data dir it
+    cannot use stops the command with the file as it was (not a token written, never shown, that
+    a retry then finds there already)."""
     import getpass
 
     from sketchboard.wiring import open_audit_store, open_store
 
     store = open_store(settings)
-    audit = open_audit_store(settings, store)
     try:
+        audit = open_audit_store(settings, store)
+    except BaseException:
+        store.close()
+        raise
+
+    def record(action: str, name: str, detail) -> None:
         audit.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
+
+    try:
+        yield record
     finally:
         audit.close()
         store.close()
+
+
+@contextlib.contextmanager
+def _tokens_file_undone_on_error(path: Path):
+    """The tokens file as it was before, put back when the block fails (its audit entry could not
+    be written): a change is in the file and the audit log, or in neither."""
+    from api.security.token_file import read_tokens, write_tokens
+
+    def content() -> bytes | None:
+        return path.read_bytes() if path.exists() else None
+
+    before, records = content(), read_tokens(path)
+    try:
+        yield
+    except BaseException:
+        if content() != before:  # changed before the failure
+            if before is None:
+                path.unlink(missing_ok=True)  # not an empty file: that would mean "tokens required"
+            else:
+                write_tokens(path, records)
+        raise
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
@@ -114,8 +149,9 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     from api.security.token_file import revoke_token
 
     settings = _settings(args)
-    revoke_token(settings.tokens_path, args.name)
-    _audit(settings, "token.revoke", args.name, None)
+    with _audit_log(settings) as audit, _tokens_file_undone_on_error(settings.tokens_path):
+        revoke_token(settings.tokens_path, args.name)
+        audit("token.revoke", args.name, None)
     print(f"sketchboard: token {args.name!r} revoked; a running API stops accepting it within a second",
           file=sys.stderr)
     return 0

@@ -226,3 +226,36 @@ def test_log_retention_is_at_least_a_minute(value, monkeypatch, capsys):
                                               " must be at least 1m (one minute)")
     monkeypatch.setenv("SKETCHBOARD_LOG_RETENTION", "1m")
     assert Settings().log_retention == 60_000
+
+
+def test_token_create_leaves_the_tokens_file_as_it_was_when_the_audit_log_fails(tmp_path, monkeypatch, capsys):
+    tokens = tmp_path / "tokens.json"
+    monkeypatch.setenv("SKETCHBOARD_TOKENS_FILE", str(tokens))
+    not_a_folder = tmp_path / "afile"
+    not_a_folder.write_text("")
+    # The data dir (where the audit log lives) cannot be used: one line, and no token written that
+    # was never shown and that a retry would find there already.
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(not_a_folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"sketchboard: {not_a_folder}"), err
+    assert not tokens.exists()
+    data = tmp_path / "data"
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out.strip()
+    before = tokens.read_bytes()
+
+    from store.audit import AuditStore
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(data / "store.db"))
+
+    monkeypatch.setattr(AuditStore, "record", full_disk)
+    # The entry cannot be written once the file has changed: the change is undone.
+    assert cli.main(["token", "create", "ci2", "--scope", "read", "--data-dir", str(data)]) == 2
+    assert capsys.readouterr().err == f"sketchboard: {data / 'store.db'}: No space left on device\n"
+    assert tokens.read_bytes() == before
+    assert cli.main(["token", "revoke", "ci", "--data-dir", str(data)]) == 2
+    assert tokens.read_bytes() == before
+    tokens.unlink()
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(data)]) == 2
+    assert not tokens.exists()  # not an empty file, which would lock the API
