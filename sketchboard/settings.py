@@ -50,7 +50,9 @@ DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    # allow_inf_nan: a rate, interval or mean of inf (or nan) is no setting: each float is finite.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True,
+                                      allow_inf_nan=False)
 
     # Where things live
     data_dir: Path = Field(Path("data"), description="log, store and checkpoints go here")

@@ -259,3 +259,12 @@ def test_token_create_leaves_the_tokens_file_as_it_was_when_the_audit_log_fails(
     tokens.unlink()
     assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(data)]) == 2
     assert not tokens.exists()  # not an empty file, which would lock the API
+
+
+@pytest.mark.parametrize("name", ["ws_heartbeat_interval", "ws_message_rate", "rate_limit_requests", "rate_limit_events",
+                                  "demo_delay_mean", "demo_rate"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_float_setting_is_finite(name, value, monkeypatch):
+    monkeypatch.setenv(f"SKETCHBOARD_{name.upper()}", value)
+    with pytest.raises(ValueError, match="finite number"):
+        Settings()
