@@ -271,6 +271,24 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty: a path is needed (unset it for the default)")
         return value
 
+    @field_validator("kafka_bootstrap_servers", "postgres_dsn", "demo_postgres_dsn", "alert_webhook_url",
+                     "spark_jars_packages", mode="before")
+    @classmethod
+    def _optional_text(cls, value):
+        # Empty means none, as for the optional paths; blanks only are a mistake, not servers or a DSN.
+        if value == "":
+            return None
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be blank (leave it unset or empty for none)")
+        return value
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty: unset it for the default <hostname>:<port>:<pid>")
+        return value
+
     @field_validator("token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value):

@@ -268,3 +268,17 @@ def test_a_float_setting_is_finite(name, value, monkeypatch):
     monkeypatch.setenv(f"SKETCHBOARD_{name.upper()}", value)
     with pytest.raises(ValueError, match="finite number"):
         Settings()
+
+
+def test_blank_servers_dsn_or_replica_id_are_refused(monkeypatch):
+    for name, value in (("KAFKA_BOOTSTRAP_SERVERS", " "), ("POSTGRES_DSN", "  "), ("REPLICA_ID", ""),
+                        ("REPLICA_ID", " ")):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", value)
+        with pytest.raises(ValueError, match=name.lower()):
+            Settings()
+        monkeypatch.delenv(f"SKETCHBOARD_{name}")
+    monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", "")  # empty: none
+    assert Settings().postgres_dsn is None
+    monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "postgres")
+    with pytest.raises(ValueError, match="store_backend is postgres: set postgres_dsn"):
+        Settings()
