@@ -282,3 +282,16 @@ def test_blank_servers_dsn_or_replica_id_are_refused(monkeypatch):
     monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "postgres")
     with pytest.raises(ValueError, match="store_backend is postgres: set postgres_dsn"):
         Settings()
+
+
+def test_python_m_sketchboard_is_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(cli.__file__).resolve().parents[1]
+    env = {**{k: v for k, v in os.environ.items() if not k.upper().startswith("SKETCHBOARD_")},
+           "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "sketchboard", "check-config", "--config", str(own_streams(tmp_path))],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'own' / 'streams.yaml'}: 1 streams, 1 metrics - OK")
