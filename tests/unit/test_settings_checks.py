@@ -295,3 +295,15 @@ def test_python_m_sketchboard_is_the_command(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{tmp_path / 'own' / 'streams.yaml'}: 1 streams, 1 metrics - OK")
+
+
+def test_the_documented_check_config_output_is_the_commands(capsys, monkeypatch):
+    root = Path(cli.__file__).resolve().parents[1]
+    text = (root / "docs" / "configuration.md").read_text()
+    command = "sketchboard check-config --config config/streams.yaml\n"
+    block = text[text.index(command) + len(command):]
+    shown = [line[2:] for line in block[:block.index("```")].splitlines() if not line.startswith("#   ...")]
+    monkeypatch.chdir(root)
+    assert cli.main(["check-config", "--config", "config/streams.yaml"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in shown if line not in printed] == []
