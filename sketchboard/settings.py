@@ -467,7 +467,18 @@ def read_settings_file(path: Path) -> tuple[dict[str, Any], dict[Any, int]]:
     for key_node, _ in node.value:
         if isinstance(key_node, yaml.ScalarNode):
             lines[key_node.value] = key_node.start_mark.line + 1
+    for key in data:
+        if not isinstance(key, str):  # a setting's name (pydantic-settings would fail on it with a traceback)
+            line = next((n.start_mark.line + 1 for n, _ in node.value if _key_of(n) == key), 1)
+            raise ConfigError(f"{path}: line {line}: {key!r} is no setting's name (names are text, e.g. port)")
     return data, lines
+
+
+def _key_of(node: yaml.Node) -> Any:
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except yaml.YAMLError:
+        return None
 
 
 class InvalidSettings(ConfigError):

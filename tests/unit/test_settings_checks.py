@@ -125,6 +125,7 @@ def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, 
     (b"- port\n", "line 1: the top level must be a mapping of settings (name: value), not a list"),
     (b"port: 9000\nhost: caf\xe9\n", "line 2: not UTF-8 text (byte 0xe9)"),
     (b"port: 9000\nport: 9001\n", "line 2: duplicate key 'port'"),
+    (b"port: 9000\n1: 2\n", "line 2: 1 is no setting's name (names are text, e.g. port)"),
 ])
 def test_a_settings_file_that_cannot_be_read_is_one_line(content, problem, tmp_path, monkeypatch, capsys):
     path = tmp_path / "settings.yaml"
