@@ -27,8 +27,9 @@ def _shown(text: object) -> str:
 
 
 def parse_duration_ms(text: str | int | float) -> int:
-    """Parse a duration; a bare number means seconds (as in Prometheus flags). ValueError,
-    naming the value, unless it is a finite, non-negative duration of at most MAX_DURATION_MS."""
+    """Parse a duration; a bare number (an int or a float, not text: text needs a unit) means
+    seconds (as in Prometheus flags). ValueError, naming the value, unless it is a finite,
+    non-negative duration of at most MAX_DURATION_MS."""
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):

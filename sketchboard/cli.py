@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -17,18 +18,21 @@ from pydantic import ValidationError
 
 from catalog import ConfigError
 from sketchboard import parent_death
-from sketchboard.settings import Settings
+from sketchboard.settings import Settings, load_settings
 
 log = logging.getLogger("sketchboard")
+
+# The settings each common option sets.
+_FLAGS = {"data_dir": "--data-dir", "streams_config": "--config", "host": "--host", "port": "--port"}
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {}
-    for name in ("data_dir", "streams_config", "host", "port"):
+    for name in _FLAGS:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = value
-    return Settings(**overrides)
+    return load_settings(overrides, _FLAGS)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -39,12 +43,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{settings.streams_config}: {len(catalog.streams)} streams, {len(catalog.metrics)} metrics - OK")
     for name, metric in catalog.metrics.items():
         print(f"  {name} ({metric.stream}): {', '.join(metric.stats())}")
-    if settings.alerts_config is not None and settings.alerts_config.is_file():
+    from sketchboard.wiring import alerts_file, dashboards_folder
+
+    rules_path = alerts_file(settings)  # as the API finds it: a file named but missing is an error here too
+    if rules_path is not None:
         from alerts.loader import load_rules_file
 
-        rules = load_rules_file(settings.alerts_config, catalog)
-        print(f"{settings.alerts_config}: {len(rules)} alert rules - OK")
-    from sketchboard.wiring import dashboards_folder
+        rules = load_rules_file(rules_path, catalog)
+        print(f"{rules_path}: {len(rules)} alert rules - OK")
 
     folder = dashboards_folder(settings)
     if folder is not None:
@@ -64,8 +70,9 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         scopes = parse_scopes(args.scope)
     except ValueError as exc:
         raise ConfigError(f"--scope: {exc}") from None
-    token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
-    _audit(settings, "token.create", args.name, {"scopes": sorted(scopes)})
+    with _audit_log(settings) as audit, _tokens_file_undone_on_error(settings.tokens_path):
+        token = create_token(settings.tokens_path, args.name, scopes, int(time.time() * 1000))
+        audit("token.create", args.name, {"scopes": sorted(scopes)})
     # Only the token on stdout (`TOKEN=$(sketchboard token create ...)` works); the rest on stderr.
     print(token)
     print(f"sketchboard: token {args.name!r} ({', '.join(sorted(scopes))}) added to"
@@ -74,19 +81,52 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _audit(settings: Settings, action: str, name: str, detail) -> None:
-    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user."""
+@contextlib.contextmanager
+def _audit_log(settings: Settings):
+    """Token changes go to the audit log too (GET /api/v1/audit), as made by this OS user: yields
+    record(action, name, detail). Opened before the tokens file changes, so that a data dir it
+    cannot use stops the command with the file as it was (not a token written, never shown, that
+    a retry then finds there already)."""
     import getpass
 
     from sketchboard.wiring import open_audit_store, open_store
 
     store = open_store(settings)
-    audit = open_audit_store(settings, store)
     try:
+        audit = open_audit_store(settings, store)
+    except BaseException:
+        store.close()
+        raise
+
+    def record(action: str, name: str, detail) -> None:
         audit.record(int(time.time() * 1000), f"cli:{getpass.getuser()}", action, target=name, detail=detail)
+
+    try:
+        yield record
     finally:
         audit.close()
         store.close()
+
+
+@contextlib.contextmanager
+def _tokens_file_undone_on_error(path: Path):
+    """The tokens file as it was before, put back when the block fails (its audit entry could not
+    be written): a change is in the file and the audit log, or in neither."""
+    from api.security.token_file import read_tokens, write_tokens
+
+    def content() -> bytes | None:
+        return path.read_bytes() if path.exists() else None
+
+    before, records = content(), read_tokens(path)
+    try:
+        yield
+    except BaseException:
+        if content() != before:  # changed before the failure
+            if before is None:
+                path.unlink(missing_ok=True)  # not an empty file: that would mean "tokens required"
+            else:
+                write_tokens(path, records)
+        raise
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
@@ -109,8 +149,9 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     from api.security.token_file import revoke_token
 
     settings = _settings(args)
-    revoke_token(settings.tokens_path, args.name)
-    _audit(settings, "token.revoke", args.name, None)
+    with _audit_log(settings) as audit, _tokens_file_undone_on_error(settings.tokens_path):
+        revoke_token(settings.tokens_path, args.name)
+        audit("token.revoke", args.name, None)
     print(f"sketchboard: token {args.name!r} revoked; a running API stops accepting it within a second",
           file=sys.stderr)
     return 0
@@ -300,6 +341,12 @@ def _pipeline_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _path(text: str) -> Path:
+    if not text.strip():  # Path("") is the working directory: never what an empty argument meant
+        raise argparse.ArgumentTypeError("must not be empty")
+    return Path(text)
+
+
 def _spike_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spike", type=_spike_spec, action="append", default=[], metavar="ENDPOINT:FACTOR:START:DURATION",
                    help="demo latency spike, e.g. /api/cart:40:20s:30s (x40 from 20 s after the demo starts,"
@@ -316,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--data-dir", dest="data_dir", type=Path, help="where the log, store and checkpoints live")
-        p.add_argument("--config", dest="streams_config", type=Path, help="streams and metrics YAML")
+        p.add_argument("--data-dir", dest="data_dir", type=_path, help="where the log, store and checkpoints live")
+        p.add_argument("--config", dest="streams_config", type=_path, help="streams and metrics YAML")
         p.add_argument("--host", help="API bind address (default 127.0.0.1)")
         p.add_argument("--port", type=int, help="API port (default 8000)")
         return p
@@ -369,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _os_error_text(exc: OSError) -> str:
+    """'<path>: <reason>' for an OSError about a file (not Python's '[Errno 2] ...: <path>')."""
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
     args = build_parser().parse_args(argv)
@@ -387,9 +441,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, JavaError, FileNotFoundError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
+    except (ConfigError, JavaError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
             ExecutorEnvironmentError, DashboardError) as exc:
-        print(f"sketchboard: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # one problem a line, each said by sketchboard
+            print(f"sketchboard: {line}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a path that is missing, a folder, unreadable: named, with the reason
+        print(f"sketchboard: {_os_error_text(exc)}", file=sys.stderr)
         return 2
     except ValidationError as exc:
         print(f"sketchboard: invalid settings:\n{exc}", file=sys.stderr)

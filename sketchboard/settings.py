@@ -3,26 +3,56 @@ then by SKETCHBOARD_* environment variables (highest priority)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+import pydantic_settings
+import yaml
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from catalog import parse_duration_ms
+from catalog import ConfigError, parse_duration_ms
 from catalog.durations import trigger_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
+# The demo's rules, beside the demo's streams file: what alerts_config comes to when neither is set.
 DEFAULT_ALERTS = REPO_ROOT / "config" / "alerts.yaml"
+ALERTS_BESIDE = "alerts.yaml"
 SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
+ENV_PREFIX = "SKETCHBOARD_"
+# SKETCHBOARD_* variables that are not settings, read elsewhere: any other that names no setting
+# is refused (a misspelt one would otherwise be ignored without a word).
+OTHER_VARIABLES = frozenset({
+    SETTINGS_FILE_ENV,
+    "SKETCHBOARD_PARENT_PID",  # sketchboard/parent_death.py: `up` to its children
+    "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES", "SKETCHBOARD_CHROMIUM",  # the tests'
+    "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
+})
 
-DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
+_PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$", re.ASCII)
+
+
+def _setting_duration(value: Any) -> int:
+    """A duration setting: as parse_duration_ms takes it, and a plain number as text ('0', '3600':
+    an environment variable's value is always text) as seconds, as the same number in the settings
+    file is. Only here: the streams file and the API's parameters keep refusing a number as text."""
+    if isinstance(value, str) and _PLAIN_NUMBER.match(value):
+        value = int(value) if "." not in value else float(value)
+    return parse_duration_ms(value)
+
+
+DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SKETCHBOARD_", extra="forbid", validate_default=True)
+    # allow_inf_nan: a rate, interval or mean of inf (or nan) is no setting: each float is finite.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True,
+                                      allow_inf_nan=False)
 
     # Where things live
     data_dir: Path = Field(Path("data"), description="log, store and checkpoints go here")
@@ -64,7 +94,8 @@ class Settings(BaseSettings):
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 
     # Log
-    log_retention: DurationMs = Field("7d", description="records older than this are dropped")
+    log_retention: DurationMs = Field("7d", description="records older than this are dropped, read by the pipeline"
+                                      " or not; at least 1m")
     log_retention_bytes: int = Field(1 << 30, ge=1 << 20, description="per partition")
     log_sync: Literal["NORMAL", "FULL"] = Field("NORMAL", description="FULL also survives power loss")
     log_backend: Literal["embedded", "kafka"] = Field(
@@ -176,8 +207,9 @@ class Settings(BaseSettings):
                                            " streams file, when there is one")
 
     # Alerts
-    alerts_config: Path | None = Field(DEFAULT_ALERTS, description="alert rules file (read-only through the API);"
-                                       " none: rules come only from the API")
+    alerts_config: Path | None = Field(None, description="alert rules file (read-only through the API); unset:"
+                                       " alerts.yaml beside the streams file, when there is one; none: rules come"
+                                       " only from the API")
     alert_eval_interval: DurationMs = Field("10s", ge=1_000, description="default evaluation interval of a rule")
     alert_history_retention: DurationMs = Field("30d", ge=60_000, description="alert state changes kept")
     alert_webhook_url: str | None = Field(None, description="POST notifications here (Alertmanager webhook JSON)")
@@ -209,10 +241,52 @@ class Settings(BaseSettings):
             TokenRecord.from_dict(entry)  # ValueError names the entry and the field
         return value
 
+    @field_validator("log_retention")
+    @classmethod
+    def _log_retention(cls, value: int) -> int:
+        # The retention pass (every minute) drops records by age, whether the pipeline has read them
+        # or not: 0s would empty the log each minute.
+        if value < 60_000:
+            raise ValueError(f"must be at least 1m (one minute), not {value} ms: records older than log_retention"
+                             " are dropped whether the pipeline has read them or not")
+        return value
+
     @field_validator("trigger_interval")
     @classmethod
     def _trigger_interval(cls, value: str) -> str:
         trigger_ms(value)  # ValueError naming the value: as Spark's trigger spells it, e.g. '1 second'
+        return value
+
+    @field_validator("alerts_config", "dashboards_config", "tokens_file", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value):
+        # SKETCHBOARD_ALERTS_CONFIG= (or `alerts_config: ""`) means none, as null does: not Path(""),
+        # which is the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("data_dir", "streams_config", "spark_kafka_jars", mode="before")
+    @classmethod
+    def _path_is_given(cls, value):
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty: a path is needed (unset it for the default)")
+        return value
+
+    @field_validator("kafka_bootstrap_servers", "postgres_dsn", "demo_postgres_dsn", "alert_webhook_url",
+                     "spark_jars_packages", mode="before")
+    @classmethod
+    def _optional_text(cls, value):
+        # Empty means none, as for the optional paths; blanks only are a mistake, not servers or a DSN.
+        if value == "":
+            return None
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be blank (leave it unset or empty for none)")
+        return value
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty: unset it for the default <hostname>:<port>:<pid>")
         return value
 
     @field_validator("token", mode="before")
@@ -227,6 +301,15 @@ class Settings(BaseSettings):
 
         normalize_origins(value, info.field_name)
         return value
+
+    @model_validator(mode="after")
+    def _alerts_beside_streams(self) -> Settings:
+        # Unset, the rules file follows the streams file, as the dashboards' folder does: a user's own
+        # streams file never gets the demo's rules (they name the demo's metrics). Written to __dict__ so
+        # that model_fields_set keeps saying it was not set (alerts_config_named).
+        if "alerts_config" not in self.model_fields_set:
+            self.__dict__["alerts_config"] = self.streams_config.parent / ALERTS_BESIDE
+        return self
 
     @model_validator(mode="after")
     def _kafka_needs_servers(self) -> Settings:
@@ -276,16 +359,199 @@ class Settings(BaseSettings):
         return self.tokens_file or self.data_dir / "tokens.json"
 
     @property
+    def alerts_config_named(self) -> bool:
+        """Whether alerts_config was set (argument, environment, settings file), not the default
+        beside the streams file: a named file must exist, the default may be missing."""
+        return "alerts_config" in self.model_fields_set
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_variables(settings_cls)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get(SETTINGS_FILE_ENV, "sketchboard.yaml")
-        if Path(path).is_file():
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        elif SETTINGS_FILE_ENV in os.environ:
-            raise FileNotFoundError(f"{SETTINGS_FILE_ENV}={path}: no such settings file")
+        path = settings_file()
+        if path is not None:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=read_settings_file(path)[0]))
         return tuple(sources)
+
+
+def check_variables(settings_cls=None) -> None:
+    """ConfigError, a line for each, for SKETCHBOARD_* variables that name no setting (nor one of
+    OTHER_VARIABLES), with the closest setting's variable when there is one."""
+    fields = (settings_cls or Settings).model_fields
+    problems = []
+    for name in sorted(os.environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in OTHER_VARIABLES or upper[len(ENV_PREFIX):].lower() in fields:
+            continue
+        problems.append(f"{name}: no such setting{_did_you_mean(upper[len(ENV_PREFIX):].lower(), fields, ENV_PREFIX)}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _did_you_mean(name: str, fields, prefix: str = "") -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
+    if not close:
+        return ""
+    return f" (did you mean {prefix}{close[0].upper()}?)" if prefix else f" (did you mean {close[0]}?)"
+
+
+def settings_file() -> Path | None:
+    """The settings file in force: SKETCHBOARD_SETTINGS_FILE (which must exist), else
+    ./sketchboard.yaml when there is one."""
+    path = os.environ.get(SETTINGS_FILE_ENV, "sketchboard.yaml")
+    if Path(path).is_file():
+        return Path(path)
+    if SETTINGS_FILE_ENV in os.environ:
+        raise FileNotFoundError(f"{SETTINGS_FILE_ENV}={path}: no such settings file")
+    return None
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (which safe_load settles
+    silently for the last one), as the streams file's loader does (catalog/loader.py)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)  # "<<: *anchor" merge keys first, as SafeLoader does
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    seen.add(key)
+                except TypeError:
+                    pass  # an unhashable key: SafeLoader's own error says so
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_settings_file(path: Path) -> tuple[dict[str, Any], dict[Any, int]]:
+    """The file's settings and the line of each; ConfigError naming the file and, where it can,
+    the line, for anything but a mapping of settings."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the settings file: {exc.strerror or exc}") from None
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc)
+        kind = "" if isinstance(exc, _DuplicateKey) else "invalid YAML: "
+        raise ConfigError(f"{path}: {where}: {kind}{problem}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}, {}  # an empty file: no settings
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: the top level must be a mapping of settings"
+                          f" (name: value), not a {type(data).__name__}")
+    lines = {}
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            lines[key_node.value] = key_node.start_mark.line + 1
+    for key in data:
+        if not isinstance(key, str):  # a setting's name (pydantic-settings would fail on it with a traceback)
+            line = next((n.start_mark.line + 1 for n, _ in node.value if _key_of(n) == key), 1)
+            raise ConfigError(f"{path}: line {line}: {key!r} is no setting's name (names are text, e.g. port)")
+    return data, lines
+
+
+def _key_of(node: yaml.Node) -> Any:
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except yaml.YAMLError:
+        return None
+
+
+class InvalidSettings(ConfigError):
+    """Settings that cannot be used: one problem a line, each naming the setting and, when it can
+    be known, where its value came from."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_settings(overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None) -> Settings:
+    """Settings(**overrides) for the command line: what is wrong as InvalidSettings (flags: the
+    option each override came from, e.g. {"port": "--port"})."""
+    overrides = dict(overrides or {})
+    try:
+        return Settings(**overrides)
+    except pydantic_settings.SettingsError as exc:  # a list or mapping variable that is not JSON
+        match = re.search(r'field "(\w+)"', str(exc))
+        field = match.group(1) if match else None
+        cause = exc.__cause__
+        reason = (f"not valid JSON (lists and mappings are given as JSON): {cause}"
+                  if isinstance(cause, json.JSONDecodeError) else str(cause or exc))
+        if field is None:
+            raise InvalidSettings([f"settings: {reason}"]) from None
+        raise InvalidSettings([f"setting {field}{_where(field, overrides, flags or {})}: {reason}"]) from None
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            message = error["msg"].removeprefix("Value error, ")
+            loc = [str(part) for part in error["loc"]]
+            if error["type"] == "extra_forbidden" and len(loc) == 1:  # a key of the settings file
+                message = f"no such setting{_did_you_mean(loc[0], Settings.model_fields)}"
+            if not loc:  # a check of several settings together (log_backend kafka without servers, ...)
+                problems.append(f"settings: {message}")
+                continue
+            where = _where(loc[0], overrides, flags or {})
+            problems.append(f"setting {'.'.join(loc)}{where}: {message}")
+        raise InvalidSettings(list(dict.fromkeys(problems))) from None
+
+
+# Values not echoed in an error: secrets, or settings that may hold one (a DSN's password, a SASL
+# password among the Kafka options, a webhook URL's token).
+_NOT_SHOWN = frozenset({"token", "tokens", "postgres_dsn", "demo_postgres_dsn", "alert_webhook_url", "kafka_options",
+                        "kafka_source_options", "spark_conf"})
+
+
+def _shown(field: str, value: Any) -> str:
+    if field in _NOT_SHOWN:
+        return ""
+    text = shlex.quote(str(value))
+    return "=" + (text if len(text) <= 60 else text[:57] + "...")
+
+
+def _env_name(field: str) -> str | None:
+    wanted = f"SKETCHBOARD_{field}".upper()
+    return next((name for name in os.environ if name.upper() == wanted), None)
+
+
+def _where(field: str, overrides: dict[str, Any], flags: dict[str, str]) -> str:
+    """' (<source>)' for a setting's value: the command-line option, the environment variable or
+    the settings file and line it came from, in that order of precedence; '' if none is known."""
+    if field in overrides:
+        flag = flags.get(field)
+        return f" ({flag} {shlex.quote(str(overrides[field]))})" if flag else ""
+    env = _env_name(field)
+    if env is not None:
+        return f" ({env}{_shown(field, os.environ[env])})"
+    try:
+        path = settings_file()
+        lines = read_settings_file(path)[1] if path is not None else {}
+    except (OSError, ConfigError):
+        return ""
+    if field in lines:
+        return f" ({path}, line {lines[field]})"
+    return ""

@@ -184,7 +184,6 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     from alerts.loader import load_rules_file
     from alerts.service import AlertService
     from alerts.source import StoreAlertData
-    from sketchboard.settings import DEFAULT_ALERTS
     from store.alerts import AlertStore
 
     alert_store = AlertStore(store.side_db(), history_retention_ms=settings.alert_history_retention)
@@ -200,10 +199,26 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
     service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
                            clock=clock or time.time)
-    path = settings.alerts_config
-    if path is not None and (path.is_file() or path != DEFAULT_ALERTS):
-        service.sync_file(load_rules_file(path, catalog))  # a missing file named on purpose is an error
+    path = alerts_file(settings)
+    if path is not None:
+        service.sync_file(load_rules_file(path, catalog))
     return service
+
+
+def alerts_file(settings: Settings):
+    """The alert rules file to load (the API and check-config alike): the one named (alerts_config),
+    else alerts.yaml beside the streams file when there is one; None: no file rules. A file named
+    on purpose that is missing or not a file is a ConfigError, not a start without its rules."""
+    path = settings.alerts_config
+    if path is None:
+        return None
+    if not settings.alerts_config_named:
+        return path if path.is_file() else None
+    if not path.exists():
+        raise ConfigError(f"alerts_config: {path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"alerts_config: {path}: not a file")
+    return path
 
 
 def dashboards_folder(settings: Settings):

@@ -1,0 +1,310 @@
+"""Settings as an operator gives them (arguments, SKETCHBOARD_* variables, a settings file) and
+the one-line errors `sketchboard` answers wrong ones with (exit 2, never a traceback)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sketchboard import cli
+from sketchboard.settings import DEFAULT_ALERTS, Settings
+
+OWN_STREAMS = """\
+streams:
+  orders:
+    key_field: customer_id
+    values: [amount]
+metrics:
+  order_amount: {stream: orders, value: amount}
+"""
+OWN_RULES = """\
+rules:
+  - name: big_orders
+    kind: threshold
+    metric: order_amount
+    stat: max
+    window: 1m
+    op: ">"
+    threshold: 1000
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No SKETCHBOARD_* variable of the caller's and no ./sketchboard.yaml."""
+    for name in [name for name in os.environ if name.upper().startswith("SKETCHBOARD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def own_streams(tmp_path: Path) -> Path:
+    folder = tmp_path / "own"
+    folder.mkdir(exist_ok=True)
+    path = folder / "streams.yaml"
+    path.write_text(OWN_STREAMS)
+    return path
+
+
+def test_alert_rules_default_to_the_file_beside_the_streams_file(tmp_path, capsys):
+    streams = own_streams(tmp_path)
+    # No alerts.yaml beside a user's own streams file: no file rules (not the demo's, which name
+    # the demo's metrics and stopped check-config and the API).
+    assert cli.main(["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]) == 0
+    assert "alert rules" not in capsys.readouterr().out
+    from sketchboard.wiring import build_alert_service, open_catalog, open_store
+
+    settings = Settings(data_dir=tmp_path / "data", streams_config=streams)
+    assert settings.alerts_config == streams.parent / "alerts.yaml" and not settings.alerts_config_named
+    store = open_store(settings)
+    try:
+        assert build_alert_service(settings, open_catalog(settings), store).rules() == []
+        (streams.parent / "alerts.yaml").write_text(OWN_RULES)
+        assert [r.stored.name for r in build_alert_service(settings, open_catalog(settings), store).rules()] == ["big_orders"]
+    finally:
+        store.close()
+    assert cli.main(["check-config", "--config", str(streams)]) == 0
+    assert f"{streams.parent / 'alerts.yaml'}: 1 alert rules - OK" in capsys.readouterr().out
+    # The demo's streams file keeps the demo's rules.
+    assert Settings().alerts_config == DEFAULT_ALERTS
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+def test_a_named_alerts_file_that_is_not_there_stops_check_config_as_it_stops_the_api(kind, tmp_path, monkeypatch,
+                                                                                        capsys):
+    streams = own_streams(tmp_path)
+    named = tmp_path / "rules.yaml"
+    if kind == "folder":
+        named.mkdir()
+    monkeypatch.setenv("SKETCHBOARD_ALERTS_CONFIG", str(named))
+    assert cli.main(["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    reason = "no such file" if kind == "missing" else "not a file"
+    assert err == f"sketchboard: alerts_config: {named}: {reason}\n"
+    from catalog import ConfigError
+    from sketchboard.wiring import build_alert_service, open_catalog, open_store
+
+    settings = Settings(data_dir=tmp_path / "data", streams_config=streams)
+    store = open_store(settings)
+    try:
+        with pytest.raises(ConfigError, match=reason):
+            build_alert_service(settings, open_catalog(settings), store)
+    finally:
+        store.close()
+
+
+def test_an_os_error_is_one_line(monkeypatch, capsys):
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", "/etc/sketchboard/rules.yaml")
+
+    monkeypatch.setattr(cli, "cmd_check_config", unreadable)
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == "sketchboard: /etc/sketchboard/rules.yaml: Permission denied\n"
+
+
+def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, capsys):
+    for name in ("ALERTS_CONFIG", "DASHBOARDS_CONFIG", "TOKENS_FILE"):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", "")
+    settings = Settings()
+    assert settings.alerts_config is None and settings.alerts_config_named  # no rules file, not Path(".")
+    assert settings.dashboards_config is None and settings.tokens_file is None
+    assert settings.tokens_path == Path("data") / "tokens.json"
+    for name in ("DATA_DIR", "STREAMS_CONFIG"):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", "")
+        with pytest.raises(ValueError, match="must not be empty"):
+            Settings()
+        monkeypatch.delenv(f"SKETCHBOARD_{name}")
+    with pytest.raises(SystemExit):
+        cli.main(["check-config", "--data-dir", ""])
+    assert "--data-dir: must not be empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (b"port: [\n", "line 2: invalid YAML: expected the node content, but found '<stream end>'"),
+    (b"- port\n", "line 1: the top level must be a mapping of settings (name: value), not a list"),
+    (b"port: 9000\nhost: caf\xe9\n", "line 2: not UTF-8 text (byte 0xe9)"),
+    (b"port: 9000\nport: 9001\n", "line 2: duplicate key 'port'"),
+    (b"port: 9000\n1: 2\n", "line 2: 1 is no setting's name (names are text, e.g. port)"),
+])
+def test_a_settings_file_that_cannot_be_read_is_one_line(content, problem, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "settings.yaml"
+    path.write_bytes(content)
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == f"sketchboard: {path}: {problem}\n"
+
+
+def test_an_empty_settings_file_is_no_settings(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    path.write_text("# nothing yet\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert Settings().port == 8000
+
+
+def test_a_list_variable_that_is_not_json_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("SKETCHBOARD_TOKENS", "[{")
+    assert cli.main(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sketchboard: setting tokens (SKETCHBOARD_TOKENS): not valid JSON") and err.count("\n") == 1
+
+
+def test_each_invalid_setting_is_one_line_naming_where_it_came_from(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "settings.yaml"
+    path.write_text("host: 127.0.0.1\nmax_body_bytes: 10\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    monkeypatch.setenv("SKETCHBOARD_PORT", "0")
+    monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", "postgresql://me:secret@db/sb")
+    monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "mysql")
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (SKETCHBOARD_PORT=0): Input should be greater than or equal to 1",
+        f"sketchboard: setting max_body_bytes ({path}, line 2): Input should be greater than or equal to 1024",
+        "sketchboard: setting store_backend (SKETCHBOARD_STORE_BACKEND=mysql): Input should be 'sqlite' or 'postgres'",
+    ]
+    monkeypatch.delenv("SKETCHBOARD_STORE_BACKEND")
+    path.write_text("store_backend: postgres\n")
+    monkeypatch.delenv("SKETCHBOARD_POSTGRES_DSN")
+    assert cli.main(["check-config", "--port", "0"]) == 2  # the option wins over the variable, and is named
+    assert capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (--port 0): Input should be greater than or equal to 1"]
+    assert cli.main(["check-config"]) == 2 and capsys.readouterr().err.splitlines() == [
+        "sketchboard: setting port (SKETCHBOARD_PORT=0): Input should be greater than or equal to 1"]
+    monkeypatch.delenv("SKETCHBOARD_PORT")
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.startswith("sketchboard: settings: store_backend is postgres: set postgres_dsn")
+
+
+def test_a_misspelt_variable_is_refused_naming_the_closest_setting(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SKETCHBOARD_DATADIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"SKETCHBOARD_DATADIR: no such setting \(did you mean SKETCHBOARD_DATA_DIR\?\)"):
+        Settings()
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == ("sketchboard: SKETCHBOARD_DATADIR: no such setting"
+                                       " (did you mean SKETCHBOARD_DATA_DIR?)\n")
+    monkeypatch.delenv("SKETCHBOARD_DATADIR")
+    # The variables read elsewhere are not settings, and are no error.
+    for name in ("SKETCHBOARD_PARENT_PID", "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES",
+                 "SKETCHBOARD_CHROMIUM", "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("sketchboard_port", "9001")  # names are not case-sensitive, as pydantic-settings reads them
+    assert Settings().port == 9001
+    monkeypatch.delenv("SKETCHBOARD_PARENT_PID")  # cli.main would take the test's process for a child of `up`
+    path = tmp_path / "settings.yaml"
+    path.write_text("prot: 9000\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err == f"sketchboard: setting prot ({path}, line 1): no such setting (did you mean port?)\n"
+
+
+def test_a_duration_variable_may_be_a_number_of_seconds_as_in_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "settings.yaml"
+    path.write_text("reprocess_drop_after: 0\nlag_retention: 3600\n")
+    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
+    assert Settings().reprocess_drop_after == 0 and Settings().lag_retention == 3_600_000
+    monkeypatch.setenv("SKETCHBOARD_REPROCESS_DROP_AFTER", "0")  # the documented default: never
+    monkeypatch.setenv("SKETCHBOARD_LAG_RETENTION", "7200")
+    monkeypatch.setenv("SKETCHBOARD_ALERT_WEBHOOK_BACKOFF", "0.25")
+    settings = Settings()
+    assert (settings.reprocess_drop_after, settings.lag_retention, settings.alert_webhook_backoff) == (0, 7_200_000, 250)
+    monkeypatch.setenv("SKETCHBOARD_LAG_RETENTION", "-5")
+    with pytest.raises(ValueError, match="not a duration"):
+        Settings()
+    # The streams file keeps refusing a duration as text without a unit.
+    from catalog.loader import ConfigError, parse_catalog
+
+    with pytest.raises(ConfigError, match="not a duration: '60'"):
+        parse_catalog("streams:\n  s: {key_field: k, pane: '60'}\n")
+
+
+@pytest.mark.parametrize("value", ["0s", "0", "59s"])
+def test_log_retention_is_at_least_a_minute(value, monkeypatch, capsys):
+    monkeypatch.setenv("SKETCHBOARD_LOG_RETENTION", value)
+    with pytest.raises(ValueError, match="log_retention"):
+        Settings()
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.startswith(f"sketchboard: setting log_retention (SKETCHBOARD_LOG_RETENTION={value}):"
+                                              " must be at least 1m (one minute)")
+    monkeypatch.setenv("SKETCHBOARD_LOG_RETENTION", "1m")
+    assert Settings().log_retention == 60_000
+
+
+def test_token_create_leaves_the_tokens_file_as_it_was_when_the_audit_log_fails(tmp_path, monkeypatch, capsys):
+    tokens = tmp_path / "tokens.json"
+    monkeypatch.setenv("SKETCHBOARD_TOKENS_FILE", str(tokens))
+    not_a_folder = tmp_path / "afile"
+    not_a_folder.write_text("")
+    # The data dir (where the audit log lives) cannot be used: one line, and no token written that
+    # was never shown and that a retry would find there already.
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(not_a_folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"sketchboard: {not_a_folder}"), err
+    assert not tokens.exists()
+    data = tmp_path / "data"
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out.strip()
+    before = tokens.read_bytes()
+
+    from store.audit import AuditStore
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(data / "store.db"))
+
+    monkeypatch.setattr(AuditStore, "record", full_disk)
+    # The entry cannot be written once the file has changed: the change is undone.
+    assert cli.main(["token", "create", "ci2", "--scope", "read", "--data-dir", str(data)]) == 2
+    assert capsys.readouterr().err == f"sketchboard: {data / 'store.db'}: No space left on device\n"
+    assert tokens.read_bytes() == before
+    assert cli.main(["token", "revoke", "ci", "--data-dir", str(data)]) == 2
+    assert tokens.read_bytes() == before
+    tokens.unlink()
+    assert cli.main(["token", "create", "ci", "--scope", "read", "--data-dir", str(data)]) == 2
+    assert not tokens.exists()  # not an empty file, which would lock the API
+
+
+@pytest.mark.parametrize("name", ["ws_heartbeat_interval", "ws_message_rate", "rate_limit_requests", "rate_limit_events",
+                                  "demo_delay_mean", "demo_rate"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_a_float_setting_is_finite(name, value, monkeypatch):
+    monkeypatch.setenv(f"SKETCHBOARD_{name.upper()}", value)
+    with pytest.raises(ValueError, match="finite number"):
+        Settings()
+
+
+def test_blank_servers_dsn_or_replica_id_are_refused(monkeypatch):
+    for name, value in (("KAFKA_BOOTSTRAP_SERVERS", " "), ("POSTGRES_DSN", "  "), ("REPLICA_ID", ""),
+                        ("REPLICA_ID", " ")):
+        monkeypatch.setenv(f"SKETCHBOARD_{name}", value)
+        with pytest.raises(ValueError, match=name.lower()):
+            Settings()
+        monkeypatch.delenv(f"SKETCHBOARD_{name}")
+    monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", "")  # empty: none
+    assert Settings().postgres_dsn is None
+    monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "postgres")
+    with pytest.raises(ValueError, match="store_backend is postgres: set postgres_dsn"):
+        Settings()
+
+
+def test_python_m_sketchboard_is_the_command(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(cli.__file__).resolve().parents[1]
+    env = {**{k: v for k, v in os.environ.items() if not k.upper().startswith("SKETCHBOARD_")},
+           "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "sketchboard", "check-config", "--config", str(own_streams(tmp_path))],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'own' / 'streams.yaml'}: 1 streams, 1 metrics - OK")
+
+
+def test_the_documented_check_config_output_is_the_commands(capsys, monkeypatch):
+    root = Path(cli.__file__).resolve().parents[1]
+    text = (root / "docs" / "configuration.md").read_text()
+    command = "sketchboard check-config --config config/streams.yaml\n"
+    block = text[text.index(command) + len(command):]
+    shown = [line[2:] for line in block[:block.index("```")].splitlines() if not line.startswith("#   ...")]
+    monkeypatch.chdir(root)
+    assert cli.main(["check-config", "--config", "config/streams.yaml"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in shown if line not in printed] == []
