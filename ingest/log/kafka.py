@@ -486,11 +486,15 @@ class KafkaEventLog(EventLog):
         except KafkaException:
             pass  # the broker is away: the next read says so
 
-    def _fetch(self, topic: str, partition: int, start: int, end: int) -> list:
-        """The records with start <= offset < end (end at most the high watermark)."""
+    def _fetch(self, topic: str, partition: int, start: int, end: int) -> tuple[list, int | None]:
+        """The records with start <= offset < end (end at most the high watermark), and where the
+        read goes on from: `end` once the range is read, or the offset of the first record past it
+        (a gap: a compacted topic, an aborted transaction, a direct producer's records that were
+        never events may leave thousands of offsets without a record), or None at the partition's
+        end (nothing more there now)."""
         records = []
         if start >= end:  # nothing to wait for (a consume of 0 records would wait out the deadline)
-            return records
+            return records, end
         deadline = time.monotonic() + self.timeout_s
         with self._read_lock:
             self._consumer.assign([TopicPartition(topic, partition, start)])
@@ -503,13 +507,13 @@ class KafkaEventLog(EventLog):
                         error = msg.error()
                         if error is not None:
                             if error.code() == KafkaError._PARTITION_EOF:
-                                return records  # no more (retention or a compaction gap left it short)
+                                return records, None  # no more (retention or a compaction gap left it short)
                             raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition}: {error}")
                         if msg.offset() >= end:
-                            return records
+                            return records, msg.offset()  # a gap up to the range's end, and maybe past it
                         records.append(msg)
                         if msg.offset() == end - 1:
-                            return records
+                            return records, end
             finally:
                 self._consumer.unassign()
         raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition} [{start}, {end}) at"
@@ -530,10 +534,10 @@ class KafkaEventLog(EventLog):
         while pos < hi:
             # A chunk at a time, the consumer's lock held only while fetching it: memory stays
             # bounded on a long range, and offsets()/ingest_time_ms() are not blocked meanwhile.
-            records = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
-            if not records:
-                return
-            pos = records[-1].offset() + 1
+            # A chunk may hold no record at all (a gap of a chunk or more: a compacted table's topic,
+            # an aborted transaction): the read goes on from where the fetch stopped, up to hi or
+            # the partition's end, never taking an empty chunk for the end.
+            records, next_pos = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
             offsets, events, times = [], [], []
             for msg in records:
                 try:
@@ -545,6 +549,9 @@ class KafkaEventLog(EventLog):
                 times.append(_timestamp(msg))
             if events:
                 yield with_offsets(offsets, project(events_to_batch(stream, events, times), stream))
+            if next_pos is None:  # the partition's end
+                return
+            pos = next_pos
 
     def records(self, ranges: Mapping[tuple[str, int], tuple[int, int]],
                 lost: Callable[[str, int, int, int], None] | None = None) -> dict[tuple[str, int], list[pa.RecordBatch]]:
@@ -644,7 +651,7 @@ class KafkaEventLog(EventLog):
         if key in self._ingest_times:
             self._ingest_times.move_to_end(key)
             return self._ingest_times[key]
-        records = self._fetch(self.topic(stream), partition, offset, offset + 1)
+        records, _ = self._fetch(self.topic(stream), partition, offset, offset + 1)
         if not records or records[0].offset() != offset:
             return None
         at = _timestamp(records[0])
