@@ -14,7 +14,13 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
 - Append: an idempotent producer with acks=all; the partition is chosen by
   `ingest.partitioner` exactly as on the embedded log; `append` returns once the broker
   acknowledged every record and raises `LogUnavailable` when any was not (see
-  `EventLog.append`: not atomic across partitions).
+  `EventLog.append`: not atomic across partitions). Every record is encoded and measured
+  first: an event whose record (value and key) is over the producer's `message.max.bytes`
+  (kafka_options; librdkafka's default 1 000 000 bytes) refuses the whole append with
+  `RecordTooLarge` before anything is produced. The brokers' and the topics'
+  `message.max.bytes` must be at least that plus a batch's headers (Kafka's default 1 048 588
+  is); a broker that still refuses a record as too large fails the append with
+  `RecordTooLarge` too (not retryable; the records acknowledged before it stay written).
 - Offsets, reads and ingest times come from the broker (watermarks, a consumer assigned to
   the partition, record timestamps). Retention is the topic's own (`retention.ms`).
 """
@@ -22,6 +28,7 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
 from __future__ import annotations
 
 import logging
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -34,7 +41,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from catalog import StreamDef
 from catalog.tables import tombstone_retention_ms
 from ingest.events import Event, EventValidator
-from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, TopicMismatch
+from ingest.log.base import (
+    AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, RecordTooLarge, TopicMismatch,
+)
 from ingest.log.kafka_positions import SourcePositions
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.partitioner import assign_partitions
@@ -46,6 +55,9 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
+MESSAGE_MAX_BYTES = "message.max.bytes"
+# librdkafka's default; the broker's own, 1 048 588, leaves room for a record batch's headers.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 _READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
 PARTITIONS_REFRESH_S = 10.0  # how long offsets_of trusts a topic's partition count
 # A Kafka record as Spark's Kafka source gives its rows (the columns the conversion reads; the
@@ -105,13 +117,16 @@ class _Delivery:
         self.reported = 0
         self.offsets: dict[int, list[int]] = {}
         self.errors: list[str] = []
+        self.too_large: list[int] = []  # the appended events whose records a broker refused as too large
         self._lock = threading.Lock()
         self.done = threading.Event()
 
-    def __call__(self, err, msg) -> None:  # confluent-kafka's on_delivery(err, msg)
+    def __call__(self, err, msg, index: int | None = None) -> None:  # confluent-kafka's on_delivery(err, msg)
         with self._lock:
             if err is not None:
                 self.errors.append(str(err))
+                if index is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    self.too_large.append(index)
             else:
                 self.offsets.setdefault(msg.partition(), []).append(msg.offset())
             self.reported += 1
@@ -171,6 +186,11 @@ class KafkaEventLog(EventLog):
         }
         self._common = common
         self._source_positions: SourcePositions | None = None  # made on the first CDC append
+        try:  # the largest record (value and key) the producer takes: every append is checked against it
+            self.max_record_bytes = int(common.get(MESSAGE_MAX_BYTES, DEFAULT_MESSAGE_MAX_BYTES))
+        except (TypeError, ValueError):
+            raise ValueError(f"kafka_options: {MESSAGE_MAX_BYTES} must be a whole number of bytes,"
+                             f" not {common[MESSAGE_MAX_BYTES]!r}") from None
         try:
             self._make_clients(common)
         except KafkaException as exc:  # an unknown option or a bad value in the passthrough
@@ -283,8 +303,25 @@ class KafkaEventLog(EventLog):
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
         if not events:
             return AppendResult({})
+        records = self._records(stream, events)
         topic, targets = self._targets(stream, events)
-        return self._produce(self._producer, stream, topic, events, targets, ingest_time_ms)
+        return self._produce(self._producer, topic, records, targets, ingest_time_ms)
+
+    def _records(self, stream: StreamDef, events: Sequence[Event]) -> list[tuple[bytes | None, bytes | None]]:
+        """Each event's record (value, key), all made before any is produced: one over the
+        producer's message.max.bytes (librdkafka would refuse it in produce(), after the
+        append's earlier records were queued) refuses the whole append, nothing written."""
+        records = []
+        limit = self.max_record_bytes
+        for index, event in enumerate(events):
+            value = record_value(stream, event, event_to_json)  # a table's tombstone: null
+            key = None if event.key is None else event.key.encode("utf-8")
+            size = (0 if value is None else len(value)) + (0 if key is None else len(key))
+            if size > limit:
+                raise RecordTooLarge(index, f"the event's Kafka record is {size} bytes, over the {limit} bytes the"
+                                            f" log takes as one record (the producer's {MESSAGE_MAX_BYTES})")
+            records.append((value, key))
+        return records
 
     def _targets(self, stream: StreamDef, events: Sequence[Event]) -> tuple[str, list[int]]:
         """The stream's topic and each event's partition, checked before anything is produced,
@@ -303,29 +340,31 @@ class KafkaEventLog(EventLog):
                            f" (Kafka topic {topic!r} has {have})")
         return topic, targets
 
-    def _produce(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+    def _produce(self, producer: Producer, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
                  targets: Sequence[int], ingest_time_ms: int) -> AppendResult:
-        return AppendResult(self._deliver(producer, stream, topic, events, targets, ingest_time_ms).ranges())
+        return AppendResult(self._deliver(producer, topic, records, targets, ingest_time_ms).ranges())
 
-    def _deliver(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+    def _deliver(self, producer: Producer, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
                  targets: Sequence[int], ingest_time_ms: int) -> _Delivery:
-        """Produce the events to their partitions and wait until each is acknowledged or failed."""
-        delivery = _Delivery(len(events))
+        """Produce the records (`_records`) to their partitions and wait until each is
+        acknowledged or failed."""
+        delivery = _Delivery(len(records))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
-        for event, partition in zip(events, targets, strict=True):
-            value = record_value(stream, event, event_to_json)  # a table's tombstone: null
-            key = None if event.key is None else event.key.encode("utf-8")
+        for index, ((value, key), partition) in enumerate(zip(records, targets, strict=True)):
             while True:
                 try:
                     # The timestamp counts on a CreateTime topic; LogAppendTime replaces it.
                     producer.produce(topic, value, key, partition=partition, timestamp=ingest_time_ms,
-                                           on_delivery=delivery)
+                                     on_delivery=functools.partial(delivery, index=index))
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     if time.monotonic() > deadline:
                         raise LogUnavailable(f"Kafka at {self.bootstrap_servers} takes no records: the"
                                              " producer's queue stayed full") from None
                     producer.poll(0.05)
+                except KafkaException as exc:  # anything else librdkafka refuses outright (a fatal producer)
+                    raise self._unavailable(f"Kafka refused record {index} of {len(records)} for topic {topic!r}"
+                                            + (f" ({index} were queued before it)" if index else ""), exc) from None
         # Each appending thread serves delivery callbacks until its own records are all reported;
         # librdkafka reports every record within message.timeout.ms, delivered or failed.
         while not delivery.done.is_set():
@@ -336,10 +375,20 @@ class KafkaEventLog(EventLog):
                                      f" {delivery.expected} records in time")
         if delivery.errors:
             failed = len(delivery.errors)
+            written = len(records) - failed
+            if delivery.too_large:  # the broker's or the topic's message.max.bytes is below the producer's
+                index = min(delivery.too_large)
+                size = sum(len(part) for part in records[index] if part is not None)
+                raise RecordTooLarge(
+                    index, f"Kafka at {self.bootstrap_servers} refused the event's {size}-byte record for topic"
+                           f" {topic!r} as too large: the topic's or the brokers' {MESSAGE_MAX_BYTES} is below the"
+                           f" producer's {self.max_record_bytes}; raise it (with room for a batch's headers)"
+                           + (f" ({written} of the append's records were written)" if written else ""),
+                    written)
             raise LogUnavailable(
-                f"Kafka did not acknowledge {failed} of {len(events)} records for topic {topic!r} at"
+                f"Kafka did not acknowledge {failed} of {len(records)} records for topic {topic!r} at"
                 f" {self.bootstrap_servers}: {delivery.errors[0]}"
-                + ("" if failed == len(events) else f" ({len(events) - failed} were written)"))
+                + ("" if failed == len(records) else f" ({written} were written)"))
         return delivery
 
     # -- change data capture: an append and a source's position in one transaction ------
@@ -353,6 +402,7 @@ class KafkaEventLog(EventLog):
         A writer fenced once (another took over, then stopped: a leadership change) tries once
         more with a new producer, after checking the position again: if the other moved it on,
         that is a PositionConflict."""
+        records = self._records(stream, events)
         topic, targets = self._targets(stream, events) if events else (self.topic(stream.name), [])
         positions = self._positions()
         producer = positions.producer(source)
@@ -362,13 +412,15 @@ class KafkaEventLog(EventLog):
                                    f" {expected!r}: another writer follows it")
         try:
             producer.begin_transaction()
-            delivery = self._deliver(producer, stream, topic, events, targets, ingest_time_ms) if events \
+            delivery = self._deliver(producer, topic, records, targets, ingest_time_ms) if events \
                 else _Delivery(0)
             positions.produce(producer, source, position)
             producer.commit_transaction(self.timeout_s)
             positions.committed(source, position)
-        except (KafkaException, LogUnavailable) as exc:
+        except (KafkaException, LogUnavailable, RecordTooLarge) as exc:
             if positions.abort(source, producer, self.timeout_s):
+                if isinstance(exc, RecordTooLarge):  # a broker refused it: aborted, nothing of it counts
+                    raise RecordTooLarge(exc.index, exc.reason) from None
                 raise (self._unavailable(f"could not append source {source!r}'s changes in a transaction", exc)
                        if isinstance(exc, KafkaException) else exc) from None
             if retry_fenced:  # the producer is gone (fenced, or fatal): a new one, the position checked again

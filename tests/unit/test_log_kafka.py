@@ -396,6 +396,51 @@ def test_a_read_goes_on_past_a_gap_longer_than_a_chunk(open_log, kafka_broker, p
     assert [r[OFFSET] for b in log.read(one, 0, start, first + 1) for r in b.to_pylist()] == [first]
 
 
+def _huge(stream, number: int):
+    """An event the validator takes whose JSON record is over a megabyte (twenty 60 000-character
+    strings, each within the ingest API's JSON limits)."""
+    return EventValidator(stream).validate({"time": T0, "user": "u", "ms": float(number),
+                                            **{f"x{i}": "y" * 60_000 for i in range(20)}})
+
+
+@pytest.mark.kafka
+def test_an_event_over_the_producers_record_limit_refuses_the_append_before_anything_is_written(open_log) -> None:
+    from ingest.log import RecordTooLarge
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    events = make_events(STREAM, 0, 3)
+    with pytest.raises(RecordTooLarge, match=r"record is \d+ bytes, over the 1000000 bytes") as exc:
+        log.append(STREAM, [*events[:2], _huge(STREAM, 2), events[2]], T0)
+    assert (exc.value.index, exc.value.written) == (2, 0)
+    time.sleep(0.5)  # anything queued would have been written by now
+    assert sum(o.end for o in log.offsets("clicks").values()) == 0
+    assert log.append(STREAM, events, T0).count == 3
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("where", ["broker", "topic"])
+def test_a_record_the_broker_refuses_as_too_large_is_no_retryable_unavailability(open_log, admin, prefix,
+                                                                                 where) -> None:
+    """A broker or topic whose message.max.bytes is below the producer's (here: Kafka's default
+    1 048 588 bytes, or a topic's 100 000, under a producer's 2 000 000) refuses the record at
+    delivery: that can never succeed, so it is RecordTooLarge (the API's 413), not LogUnavailable
+    (a 503 a client retries for ever)."""
+    from ingest.log import RecordTooLarge
+
+    if where == "topic":
+        create_topic(admin, f"{prefix}clicks", 4, **{"message.timestamp.type": "LogAppendTime",
+                                                     "max.message.bytes": "100000"})
+    log = open_log(options={"message.max.bytes": 2_000_000})
+    log.ensure_topic(STREAM)
+    huge = _huge(STREAM, 0) if where == "broker" else EventValidator(STREAM).validate(
+        {"time": T0, "user": "u", "ms": 0.0, "x": "y" * 60_000, "z": "y" * 60_000})
+    with pytest.raises(RecordTooLarge, match="refused the event's .*record .* as too large.*message.max.bytes") as exc:
+        log.append(STREAM, [huge], T0)
+    assert exc.value.index == 0
+    assert log.append(STREAM, make_events(STREAM, 0, 3), T0).count == 3  # the producer goes on
+
+
 @pytest.mark.kafka
 def test_a_topic_the_cluster_cannot_create_says_why(kafka_broker, prefix) -> None:
     from ingest.log.kafka import KafkaEventLog
