@@ -9,8 +9,10 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
   stream's partition count, the configured replication factor (default: the broker's) and
   `message.timestamp.type=LogAppendTime`, so a record's timestamp is the broker's ingest time
   whatever a producer sets. An existing topic must have exactly the configured partition count
-  (Kafka topics are not repartitioned behind the operator's back); a `CreateTime` topic is
-  accepted with a warning: lag in seconds then trusts the producers' clocks.
+  (Kafka topics are not repartitioned behind the operator's back); an event stream's
+  `CreateTime` topic is accepted with a warning (lag in seconds then trusts the producers'
+  clocks), a table's is refused (TopicMismatch: its current rows rest on append times that
+  never go back within a partition).
 - Append: an idempotent producer with acks=all; the partition is chosen by
   `ingest.partitioner` exactly as on the embedded log; `append` returns once the broker
   acknowledged every record and raises `LogUnavailable` when any was not (see
@@ -91,7 +93,8 @@ def topic_config(stream: StreamDef) -> dict[str, str]:
 
 def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: str | None) -> list[str]:
     """Judge an existing topic against its stream: raise TopicMismatch for a partition count
-    other than the configured one; return warnings (a CreateTime topic). Pure."""
+    other than the configured one, or a table's topic that is not LogAppendTime; return warnings
+    (an event stream's CreateTime topic). Pure."""
     if partitions < stream.partitions:
         raise TopicMismatch(
             f"Kafka topic {topic!r} has {partitions} partitions, fewer than the {stream.partitions} configured for"
@@ -103,6 +106,16 @@ def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: 
             f"Kafka topic {topic!r} has {partitions} partitions, more than the {stream.partitions} configured for"
             f" stream {stream.name!r}: configure `partitions: {partitions}` (a stream's partition count can grow"
             " but not shrink)")
+    if timestamp_type is not None and timestamp_type != LOG_APPEND_TIME and is_table(stream):
+        # A table's current row of a key is its newest by append time, then offset (docs/tables.md):
+        # with producers' timestamps append times can go back within a partition, and that row is
+        # then not the one the broker's compaction keeps (the newest by offset), nor the versions
+        # an enrichment looks up by append time the ones the log holds in that order.
+        raise TopicMismatch(
+            f"Kafka topic {topic!r} of table {stream.name!r} has {TIMESTAMP_TYPE}={timestamp_type}: a table's"
+            f" append times must never go back within a partition, so its topic must be {LOG_APPEND_TIME}"
+            f" (kafka-configs.sh --bootstrap-server <broker> --alter --entity-type topics --entity-name {topic}"
+            f" --add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME})")
     if timestamp_type is not None and timestamp_type != LOG_APPEND_TIME:
         return [f"Kafka topic {topic!r} has {TIMESTAMP_TYPE}={timestamp_type}, not {LOG_APPEND_TIME}: record"
                 " timestamps are what producers set, so lag in seconds trusts the producers' clocks"]

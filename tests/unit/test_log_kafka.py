@@ -75,6 +75,22 @@ def test_check_topic_warns_about_create_time() -> None:
     assert "message.timestamp.type=CreateTime" in warning and "producers' clocks" in warning
 
 
+def test_check_topic_refuses_a_tables_create_time_topic_saying_how_to_fix_it() -> None:
+    """A table's current row is its newest by append time, then offset (docs/tables.md): with
+    producers' timestamps append times go back within a partition, and that row is not the one
+    compaction keeps. A table's CreateTime topic is refused, not warned about."""
+    from catalog import parse_catalog
+
+    users = parse_catalog("streams: {users: {kind: table, key_field: user_id, partitions: 4}}").streams["users"]
+    with pytest.raises(TopicMismatch) as exc:
+        check_topic("sketchboard.users", users, 4, "CreateTime")
+    message = str(exc.value)
+    assert "'sketchboard.users' of table 'users' has message.timestamp.type=CreateTime" in message
+    assert ("kafka-configs.sh --bootstrap-server <broker> --alter --entity-type topics --entity-name"
+            " sketchboard.users --add-config message.timestamp.type=LogAppendTime") in message
+    assert check_topic("sketchboard.users", users, 4, LOG_APPEND_TIME) == []
+
+
 @pytest.mark.parametrize("event_time", [T0, 5_000, 0, 99_999_999_999, 100_000_000_000, 253_402_300_799_999])
 def test_json_record_reads_back_to_the_same_event(event_time: int) -> None:
     stream = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms",),
@@ -264,6 +280,17 @@ def test_create_time_topic_is_accepted_with_a_warning(open_log, admin, prefix, c
     result = log.append(STREAM, make_events(STREAM, 0, 3, keys=1), T0 + 42)
     ((p, (first, _)),) = result.ranges.items()
     assert log.ingest_time_ms("clicks", p, first) == T0 + 42
+
+
+@pytest.mark.kafka
+def test_a_tables_create_time_topic_is_refused(open_log, admin, prefix) -> None:
+    from catalog import parse_catalog
+
+    users = parse_catalog("streams: {users: {kind: table, key_field: user_id, partitions: 1}}").streams["users"]
+    create_topic(admin, f"{prefix}users", 1, **{"message.timestamp.type": "CreateTime", "cleanup.policy": "compact"})
+    with pytest.raises(TopicMismatch, match="message.timestamp.type=CreateTime.*--add-config message.timestamp.type"
+                                            "=LogAppendTime"):
+        open_log().ensure_topic(users)
 
 
 @pytest.mark.kafka
