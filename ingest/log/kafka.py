@@ -43,6 +43,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from catalog import StreamDef
 from catalog.tables import tombstone_retention_ms
 from ingest.events import Event, EventValidator
+from ingest.json_limits import JsonLimits
 from ingest.log.base import (
     AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, RecordTooLarge, TopicMismatch,
 )
@@ -172,12 +173,17 @@ class KafkaEventLog(EventLog):
         produce_timeout_ms: int = 10_000,
         request_timeout_s: float = 10.0,
         read_committed: bool = True,
+        json_limits: JsonLimits | None = None,
     ):
         """`read_committed` (librdkafka's default, and what Spark's source reads): the log's offsets
         and reads see only committed records (ends are the partitions' last stable offsets, an
-        aborted transaction's records are never read); False sees what is written (tests)."""
+        aborted transaction's records are never read); False sees what is written (tests).
+        `json_limits`: the bounds on an event's JSON (the settings' max_json_*, default
+        JsonLimits()) that `read` applies to a direct producer's records, as the ingest API and
+        the pipeline's Kafka source do: a record past them is no event (left out, a gap)."""
         self.bootstrap_servers = bootstrap_servers
         self.read_committed = read_committed
+        self.json_limits = json_limits if json_limits is not None else JsonLimits()
         self.topic_prefix = topic_prefix
         # None: the broker's default.replication.factor (-1 asks for it, KIP-464).
         self.replication_factor = replication_factor
@@ -606,7 +612,8 @@ class KafkaEventLog(EventLog):
             offsets, events, times = [], [], []
             for msg in records:
                 try:
-                    event = record_event(stream, validator, msg.key(), msg.value(), _timestamp(msg), json_to_event)
+                    event = record_event(stream, validator, msg.key(), msg.value(), _timestamp(msg),
+                                         self._from_json)
                 except ValueError:
                     continue  # not an event under this definition: left out (the pipeline dead-letters it)
                 offsets.append(msg.offset())
@@ -617,6 +624,12 @@ class KafkaEventLog(EventLog):
             if next_pos is None:  # the partition's end
                 return
             pos = next_pos
+
+    def _from_json(self, validator: EventValidator, value: bytes | None) -> Event:
+        # Bounded as the pipeline's RecordConverter bounds it: a record read here is an event
+        # exactly when the pipeline takes it (not one it dead-letters, nor a NaN written back
+        # into `__extra` as JSON no reader parses).
+        return json_to_event(validator, value, self.json_limits)
 
     def records(self, ranges: Mapping[tuple[str, int], tuple[int, int]],
                 lost: Callable[[str, int, int, int], None] | None = None) -> dict[tuple[str, int], list[pa.RecordBatch]]:

@@ -321,6 +321,40 @@ def test_direct_producers_records_read_like_the_apis_and_invalid_ones_leave_a_ga
 
 
 @pytest.mark.kafka
+def test_a_direct_producers_record_past_the_json_limits_is_no_event_to_read(open_log, kafka_broker, prefix) -> None:
+    """read() bounds a record's JSON as the ingest API and the pipeline's Kafka source do (the
+    settings' max_json_*): a NaN, an over-long string, deep nesting or a 41-digit integer in an
+    undeclared field is no event (the pipeline dead-letters it), not one kept with a NaN written
+    back into `__extra` as JSON no reader parses."""
+    from confluent_kafka import Producer
+
+    from ingest.json_limits import JsonLimits
+
+    good = {"time": T0, "user": "alice", "ms": 1}
+    values = [
+        json.dumps(good).encode(),
+        b'{"time": %d, "user": "alice", "ms": 1, "x": NaN}' % T0,
+        b'{"time": %d, "user": "alice", "ms": 1, "x": -Infinity}' % T0,
+        json.dumps({**good, "x": "y" * 70_000}).encode(),
+        json.dumps({**good, "x": json.loads("[" * 30 + "]" * 30)}).encode(),
+        json.dumps({**good, "x": 10 ** 40}).encode(),
+        json.dumps({**good, "x": "y" * 20}).encode(),
+    ]
+    log = open_log()
+    log.ensure_topic(STREAM)
+    p = partition_for("alice", 4)
+    producer = Producer(client_config(kafka_broker.bootstrap))
+    for value in values:
+        producer.produce(f"{prefix}clicks", value, b"alice", partition=p)
+    assert producer.flush(10) == 0
+    rows = [row for b in log.read(STREAM, p, 0, 100) for row in b.to_pylist()]
+    assert [r[OFFSET] for r in rows] == [0, 6]
+    # The configured limits, not the defaults.
+    strict = open_log(json_limits=JsonLimits(max_string_chars=10))
+    assert [r[OFFSET] for b in strict.read(STREAM, p, 0, 100) for r in b.to_pylist()] == [0]
+
+
+@pytest.mark.kafka
 def test_client_options_reach_librdkafka(open_log) -> None:
     with pytest.raises(ValueError, match="kafka_options.*no.such.option"):
         open_log(options={"no.such.option": "1"})
