@@ -391,6 +391,45 @@ def test_append_while_the_broker_is_down_fails_clearly_and_works_again_after(ope
 
 
 @pytest.mark.kafka
+def test_a_sources_position_while_the_broker_is_down_is_log_unavailable(open_log, kafka_broker) -> None:
+    """The positions' offsets are asked with the log's own retries and error mapping: a broker
+    that is down is LogUnavailable (the API's 503, a follower's retry), not a raw KafkaException."""
+    log = open_log(produce_timeout_ms=2_000, request_timeout_s=2.0)
+    log.ensure_topic(STREAM)
+    log.append_at(STREAM, make_events(STREAM, 0, 2), T0, "src", "1", None)
+    assert log.source_position("src") == "1"
+    kafka_broker.stop()
+    try:
+        with pytest.raises(LogUnavailable, match="Kafka topic '.*__source_positions'"):
+            log.source_position("src")
+        with pytest.raises(LogUnavailable):
+            log.append_at(STREAM, make_events(STREAM, 2, 2), T0, "src", "2", "1")
+    finally:
+        kafka_broker.start()
+    log.append_at(STREAM, make_events(STREAM, 2, 2), T0, "src", "2", "1")
+    assert log.source_position("src") == "2"
+
+
+@pytest.mark.kafka
+def test_kafka_options_cannot_make_the_positions_read_uncommitted(open_log, kafka_broker, prefix) -> None:
+    """A position written in a transaction that aborted never counts, whatever kafka_options say."""
+    from confluent_kafka import Producer
+
+    from ingest.log.kafka_positions import POSITIONS_TOPIC
+
+    log = open_log(options={"isolation.level": "read_uncommitted"})
+    log.ensure_topic(STREAM)
+    assert log.source_position("src") is None  # the positions topic made
+    producer = Producer(client_config(kafka_broker.bootstrap, **{"transactional.id": f"{prefix}aborted"}))
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(f"{prefix}{POSITIONS_TOPIC}", b"9", b"src", partition=0)
+    assert producer.flush(10) == 0
+    producer.abort_transaction(10)
+    assert open_log(options={"isolation.level": "read_uncommitted"}).source_position("src") is None
+
+
+@pytest.mark.kafka
 def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> None:
     """The API appends from a thread pool: each append waits for its own records' reports,
     whichever thread's poll() serves them."""
