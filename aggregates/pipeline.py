@@ -513,7 +513,7 @@ def driver_log(config: PipelineConfig) -> EventLog:
     # Committed records only (its default), as Spark's Kafka source reads them: a batch's end is never
     # past a partition's last stable offset (a transaction still open), and its reads skip aborted records.
     return KafkaEventLog(config.kafka.bootstrap_servers, topic_prefix=config.kafka.topic_prefix,
-                         options=dict(config.kafka.kafka_options))
+                         options=dict(config.kafka.kafka_options), json_limits=config.kafka.json_limits)
 
 
 def batch_end_offsets(config: PipelineConfig, catalog: Catalog, checkpoint_dir: Path,

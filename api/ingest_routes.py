@@ -17,7 +17,7 @@ from ingest.json_limits import violation
 from api.security.middleware import Denied, charge
 from api.security.ratelimit import client_key
 from ingest.events import Rejection
-from ingest.log import LogUnavailable
+from ingest.log import LogUnavailable, RecordTooLarge
 
 
 class RejectedEvent(BaseModel):
@@ -69,6 +69,16 @@ EVENTS_BODY = {"requestBody": {
     "content": {"application/json": {"schema": {"type": "array", "items": _EVENT}},
                 "application/x-ndjson": {"schema": {"type": "string", "description": "one event per line"}}},
 }}
+
+
+def too_large(exc: RecordTooLarge, index: int) -> HTTPException:
+    """413 for an event the log cannot store as one record (over Kafka's message.max.bytes): the
+    whole append refused, nothing written (unless a broker with a lower limit than the
+    producer's refused it after others had been: then the message says how many were)."""
+    written = (f"{exc.written} of the request's events were written before the log refused it" if exc.written
+               else "nothing was written")
+    return HTTPException(413, {"message": f"an event is too large for the log: {written}",
+                               "rejected": [{"index": index, "reason": exc.reason}]})
 
 
 def rate_key(request: Request) -> str:
@@ -125,7 +135,8 @@ def router(ctx: ApiContext) -> APIRouter:
         response_model=IngestAnswer,
         responses={
             **errors(400, 404, 409, 413, 503, e400="malformed body (not UTF-8, not JSON, not an array), or a derived stream",
-                     e404="unknown stream", e413="body or event count over the configured limit",
+                     e404="unknown stream", e413="body or event count over the configured limit, or an event"
+                     " over what the log stores as one record (Kafka's message.max.bytes)",
                      e409=f"a request with the same {HEADER} is still being processed (Retry-After)",
                      e503="the log (Kafka) did not acknowledge the events; none is reported accepted, though on"
                           " Kafka some may have been written (a retry may duplicate them)"),
@@ -188,7 +199,7 @@ def router(ctx: ApiContext) -> APIRouter:
         check_count(rate_key, len(raws))
         validator = ctx.validators[stream]
         limits = ctx.security.json_limits
-        accepted, rejected = [], []
+        accepted, rejected, where = [], [], []  # where: each accepted event's index in the request
         for index, raw in enumerate(raws):
             if isinstance(raw, MalformedLine):
                 rejected.append(Rejection(index, raw.reason))
@@ -205,11 +216,12 @@ def router(ctx: ApiContext) -> APIRouter:
                 rejected.append(Rejection(index, problem))
                 continue
             accepted.append(event)
+            where.append(index)
         answer_rejected = [{"index": r.index, "reason": r.reason} for r in rejected]
         if atomic and rejected:
             raise HTTPException(422, {"message": "atomic request with invalid events: nothing was written",
                                       "rejected": answer_rejected})
-        return append(stream, ctx.log.append, accepted, len(accepted), answer_rejected)
+        return append(stream, ctx.log.append, accepted, len(accepted), answer_rejected, where)
 
     def ingest_columns(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
         """In a worker thread: the columnar parse (Arrow's reader releases the GIL), the count
@@ -225,11 +237,15 @@ def router(ctx: ApiContext) -> APIRouter:
             raise HTTPException(413, f"{count} events exceed the limit of {ctx.max_events_per_request} per request")
         charge_events(ctx, rate_key, count)
 
-    def append(stream: str, write, events, count: int, answer_rejected: list[dict]) -> dict:
+    def append(stream: str, write, events, count: int, answer_rejected: list[dict],
+               where: list[int] | None = None) -> dict:
+        """`where`: each appended event's index in the request (None: the same)."""
         now = ctx.now_ms()
         try:
             result = write(ctx.catalog.streams[stream], events, now)
         except LogUnavailable as exc:
             raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
+        except RecordTooLarge as exc:  # never storable: not a 503 to retry, and the request's index
+            raise too_large(exc, exc.index if where is None else where[exc.index]) from None
         return answer_body(stream, count, answer_rejected, now, result.ranges)
     return r

@@ -29,11 +29,11 @@ from api.bodies import MalformedLine, parse_events, read_capped
 from api.context import ApiContext
 from api.errors import ParamHTTPError, bad_request, errors
 from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, fingerprint, guarded, key_scope, replayed_header_doc
-from api.ingest_routes import RejectedEvent, ValidationIssue, rate_limit_events
+from api.ingest_routes import RejectedEvent, ValidationIssue, rate_limit_events, too_large
 from catalog import StreamDef
 from ingest.events import Event
 from ingest.json_limits import violation
-from ingest.log import LogUnavailable
+from ingest.log import LogUnavailable, RecordTooLarge
 from ingest.tables import DELETED_FLAG, TableRowValidator, is_tombstone
 from store.table_state import TableRow
 from store.view_state import ChangesGone
@@ -152,11 +152,14 @@ def router(ctx: ApiContext) -> APIRouter:
         return stream
 
     async def append(stream: StreamDef, events: list[Event], rejected: list[RejectedEvent],
-                     now: int) -> TableWriteAnswer:
+                     now: int, where: list[int] | None = None) -> TableWriteAnswer:
+        """`where`: each appended row's index in the request (None: the same)."""
         try:
             result = await run_in_threadpool(ctx.log.append, stream, events, now) if events else None
         except LogUnavailable as exc:
             raise HTTPException(503, f"the log did not take the rows, none is reported accepted: {exc}") from None
+        except RecordTooLarge as exc:  # never storable: a 413 naming the row, not a 503 to retry
+            raise too_large(exc, exc.index if where is None else where[exc.index]) from None
         deletes = sum(1 for e in events if is_tombstone(stream, e))
         return TableWriteAnswer(table=stream.name, upserts=len(events) - deletes, deletes=deletes, rejected=rejected,
                                 ingest_time_ms=now, partitions=result.ranges if result else {})
@@ -181,7 +184,8 @@ def router(ctx: ApiContext) -> APIRouter:
     @r.post("/{name}", response_model=TableWriteAnswer, openapi_extra=_ROWS_BODY,
             responses=_write_responses("malformed body (not UTF-8, not JSON, not an array)",
                                        "a view (write to its tables), or a table fed by change data capture",
-                                       e413="body or row count over the configured limit"),
+                                       e413="body or row count over the configured limit, or a row over what the"
+                                            " log stores as one record (Kafka's message.max.bytes)"),
             summary="Upsert or delete rows of a changelog table (JSON array or NDJSON)")
     async def post_rows(request: Request, name: str,
                         idempotency_key: str | None = _idempotency_key("same table and body")) -> Response:
@@ -203,7 +207,7 @@ def router(ctx: ApiContext) -> APIRouter:
         rate_limit_events(ctx, request, len(raws))
         now = ctx.now_ms()
         validator = validators[name]
-        events, rejected = [], []
+        events, rejected, where = [], [], []  # where: each accepted row's index in the request
         for index, raw in enumerate(raws):
             if isinstance(raw, MalformedLine):
                 rejected.append(RejectedEvent(index=index, reason=raw.reason))
@@ -217,7 +221,9 @@ def router(ctx: ApiContext) -> APIRouter:
             if problem:
                 events.pop()
                 rejected.append(RejectedEvent(index=index, reason=problem))
-        return await append(stream, events, rejected, now)
+                continue
+            where.append(index)
+        return await append(stream, events, rejected, now, where)
 
     # `key:path`: a key may hold "/", which a server decodes from %2F before routing (uvicorn
     # routes on the decoded path), so a plain {key} would not match "team%2F42".

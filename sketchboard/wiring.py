@@ -35,7 +35,7 @@ def open_log(settings: Settings, catalog: Catalog) -> EventLog:
             settings.kafka_bootstrap_servers, topic_prefix=settings.kafka_topic_prefix,
             replication_factor=settings.kafka_replication_factor, options=settings.kafka_options,
             produce_timeout_ms=settings.kafka_produce_timeout,
-            request_timeout_s=settings.kafka_request_timeout / 1000)
+            request_timeout_s=settings.kafka_request_timeout / 1000, json_limits=json_limits(settings))
     else:
         log = SqliteEventLog(settings.log_path, synchronous=settings.log_sync)
     for stream in catalog.streams.values():

@@ -30,6 +30,21 @@ class TopicMismatch(ValueError):
     log) do not fit the stream's definition; the message says what to change."""
 
 
+class RecordTooLarge(ValueError):
+    """An event whose record is over what the log stores as one record (Kafka: the producer's
+    `message.max.bytes`, 1 000 000 bytes by default): the append is refused before anything is
+    written, so retrying it can never succeed. `index`: the event's place in the append. The
+    ingest API answers 413 naming the event. `written`: records of the append the log had
+    already written (0, unless a broker whose limit is below the producer's refused the record
+    after others of the append had been acknowledged)."""
+
+    def __init__(self, index: int, reason: str, written: int = 0):
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+        self.written = written
+
+
 class LogUnavailable(RuntimeError):
     """The log's backend did not answer or refused the request (a Kafka broker down, a
     timeout). The ingest API answers 503 with this message. An append that raised it may have
@@ -60,7 +75,8 @@ class EventLog(ABC):
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
         """Append; return only once every event is durably written. An event's partition is
         `partition_for(key)` (keyless ones round-robin). What the log can check beforehand (a
-        partition it lacks: KeyError) fails before anything is written. The embedded log is
+        partition it lacks: KeyError; an event over its per-record size limit: RecordTooLarge)
+        fails before anything is written. The embedded log is
         atomic: on any error nothing is written. Kafka is not atomic across partitions: on
         `LogUnavailable` some events may have been written, so a client retrying the request
         may duplicate them (never the other way round: nothing is reported written that was

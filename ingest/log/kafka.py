@@ -9,12 +9,20 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
   stream's partition count, the configured replication factor (default: the broker's) and
   `message.timestamp.type=LogAppendTime`, so a record's timestamp is the broker's ingest time
   whatever a producer sets. An existing topic must have exactly the configured partition count
-  (Kafka topics are not repartitioned behind the operator's back); a `CreateTime` topic is
-  accepted with a warning: lag in seconds then trusts the producers' clocks.
+  (Kafka topics are not repartitioned behind the operator's back); an event stream's
+  `CreateTime` topic is accepted with a warning (lag in seconds then trusts the producers'
+  clocks), a table's is refused (TopicMismatch: its current rows rest on append times that
+  never go back within a partition).
 - Append: an idempotent producer with acks=all; the partition is chosen by
   `ingest.partitioner` exactly as on the embedded log; `append` returns once the broker
   acknowledged every record and raises `LogUnavailable` when any was not (see
-  `EventLog.append`: not atomic across partitions).
+  `EventLog.append`: not atomic across partitions). Every record is encoded and measured
+  first: an event whose record (value and key) is over the producer's `message.max.bytes`
+  (kafka_options; librdkafka's default 1 000 000 bytes) refuses the whole append with
+  `RecordTooLarge` before anything is produced. The brokers' and the topics'
+  `message.max.bytes` must be at least that plus a batch's headers (Kafka's default 1 048 588
+  is); a broker that still refuses a record as too large fails the append with
+  `RecordTooLarge` too (not retryable; the records acknowledged before it stay written).
 - Offsets, reads and ingest times come from the broker (watermarks, a consumer assigned to
   the partition, record timestamps). Retention is the topic's own (`retention.ms`).
 """
@@ -22,6 +30,7 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
 from __future__ import annotations
 
 import logging
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -34,7 +43,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from catalog import StreamDef
 from catalog.tables import tombstone_retention_ms
 from ingest.events import Event, EventValidator
-from ingest.log.base import AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, TopicMismatch
+from ingest.json_limits import JsonLimits
+from ingest.log.base import (
+    AppendResult, EventLog, LogUnavailable, PartitionOffsets, PositionConflict, RecordTooLarge, TopicMismatch,
+)
 from ingest.log.kafka_positions import SourcePositions
 from ingest.log.records import event_to_json, events_to_batch, json_to_event, project, with_offsets
 from ingest.partitioner import assign_partitions
@@ -46,6 +58,9 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
 # Options the backend sets itself: the guarantees `append` gives rest on them.
 _PRODUCER_FIXED = {"enable.idempotence": True, "acks": "all"}
+MESSAGE_MAX_BYTES = "message.max.bytes"
+# librdkafka's default; the broker's own, 1 048 588, leaves room for a record batch's headers.
+DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 _READ_CHUNK = 10_000  # records fetched, and per Arrow batch yielded, at a time by a read
 PARTITIONS_REFRESH_S = 10.0  # how long offsets_of trusts a topic's partition count
 # A Kafka record as Spark's Kafka source gives its rows (the columns the conversion reads; the
@@ -79,7 +94,8 @@ def topic_config(stream: StreamDef) -> dict[str, str]:
 
 def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: str | None) -> list[str]:
     """Judge an existing topic against its stream: raise TopicMismatch for a partition count
-    other than the configured one; return warnings (a CreateTime topic). Pure."""
+    other than the configured one, or a table's topic that is not LogAppendTime; return warnings
+    (an event stream's CreateTime topic). Pure."""
     if partitions < stream.partitions:
         raise TopicMismatch(
             f"Kafka topic {topic!r} has {partitions} partitions, fewer than the {stream.partitions} configured for"
@@ -91,6 +107,16 @@ def check_topic(topic: str, stream: StreamDef, partitions: int, timestamp_type: 
             f"Kafka topic {topic!r} has {partitions} partitions, more than the {stream.partitions} configured for"
             f" stream {stream.name!r}: configure `partitions: {partitions}` (a stream's partition count can grow"
             " but not shrink)")
+    if timestamp_type is not None and timestamp_type != LOG_APPEND_TIME and is_table(stream):
+        # A table's current row of a key is its newest by append time, then offset (docs/tables.md):
+        # with producers' timestamps append times can go back within a partition, and that row is
+        # then not the one the broker's compaction keeps (the newest by offset), nor the versions
+        # an enrichment looks up by append time the ones the log holds in that order.
+        raise TopicMismatch(
+            f"Kafka topic {topic!r} of table {stream.name!r} has {TIMESTAMP_TYPE}={timestamp_type}: a table's"
+            f" append times must never go back within a partition, so its topic must be {LOG_APPEND_TIME}"
+            f" (kafka-configs.sh --bootstrap-server <broker> --alter --entity-type topics --entity-name {topic}"
+            f" --add-config {TIMESTAMP_TYPE}={LOG_APPEND_TIME})")
     if timestamp_type is not None and timestamp_type != LOG_APPEND_TIME:
         return [f"Kafka topic {topic!r} has {TIMESTAMP_TYPE}={timestamp_type}, not {LOG_APPEND_TIME}: record"
                 " timestamps are what producers set, so lag in seconds trusts the producers' clocks"]
@@ -105,13 +131,16 @@ class _Delivery:
         self.reported = 0
         self.offsets: dict[int, list[int]] = {}
         self.errors: list[str] = []
+        self.too_large: list[int] = []  # the appended events whose records a broker refused as too large
         self._lock = threading.Lock()
         self.done = threading.Event()
 
-    def __call__(self, err, msg) -> None:  # confluent-kafka's on_delivery(err, msg)
+    def __call__(self, err, msg, index: int | None = None) -> None:  # confluent-kafka's on_delivery(err, msg)
         with self._lock:
             if err is not None:
                 self.errors.append(str(err))
+                if index is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    self.too_large.append(index)
             else:
                 self.offsets.setdefault(msg.partition(), []).append(msg.offset())
             self.reported += 1
@@ -144,12 +173,17 @@ class KafkaEventLog(EventLog):
         produce_timeout_ms: int = 10_000,
         request_timeout_s: float = 10.0,
         read_committed: bool = True,
+        json_limits: JsonLimits | None = None,
     ):
         """`read_committed` (librdkafka's default, and what Spark's source reads): the log's offsets
         and reads see only committed records (ends are the partitions' last stable offsets, an
-        aborted transaction's records are never read); False sees what is written (tests)."""
+        aborted transaction's records are never read); False sees what is written (tests).
+        `json_limits`: the bounds on an event's JSON (the settings' max_json_*, default
+        JsonLimits()) that `read` applies to a direct producer's records, as the ingest API and
+        the pipeline's Kafka source do: a record past them is no event (left out, a gap)."""
         self.bootstrap_servers = bootstrap_servers
         self.read_committed = read_committed
+        self.json_limits = json_limits if json_limits is not None else JsonLimits()
         self.topic_prefix = topic_prefix
         # None: the broker's default.replication.factor (-1 asks for it, KIP-464).
         self.replication_factor = replication_factor
@@ -171,6 +205,11 @@ class KafkaEventLog(EventLog):
         }
         self._common = common
         self._source_positions: SourcePositions | None = None  # made on the first CDC append
+        try:  # the largest record (value and key) the producer takes: every append is checked against it
+            self.max_record_bytes = int(common.get(MESSAGE_MAX_BYTES, DEFAULT_MESSAGE_MAX_BYTES))
+        except (TypeError, ValueError):
+            raise ValueError(f"kafka_options: {MESSAGE_MAX_BYTES} must be a whole number of bytes,"
+                             f" not {common[MESSAGE_MAX_BYTES]!r}") from None
         try:
             self._make_clients(common)
         except KafkaException as exc:  # an unknown option or a bad value in the passthrough
@@ -283,8 +322,25 @@ class KafkaEventLog(EventLog):
     def append(self, stream: StreamDef, events: Sequence[Event], ingest_time_ms: int) -> AppendResult:
         if not events:
             return AppendResult({})
+        records = self._records(stream, events)
         topic, targets = self._targets(stream, events)
-        return self._produce(self._producer, stream, topic, events, targets, ingest_time_ms)
+        return self._produce(self._producer, topic, records, targets, ingest_time_ms)
+
+    def _records(self, stream: StreamDef, events: Sequence[Event]) -> list[tuple[bytes | None, bytes | None]]:
+        """Each event's record (value, key), all made before any is produced: one over the
+        producer's message.max.bytes (librdkafka would refuse it in produce(), after the
+        append's earlier records were queued) refuses the whole append, nothing written."""
+        records = []
+        limit = self.max_record_bytes
+        for index, event in enumerate(events):
+            value = record_value(stream, event, event_to_json)  # a table's tombstone: null
+            key = None if event.key is None else event.key.encode("utf-8")
+            size = (0 if value is None else len(value)) + (0 if key is None else len(key))
+            if size > limit:
+                raise RecordTooLarge(index, f"the event's Kafka record is {size} bytes, over the {limit} bytes the"
+                                            f" log takes as one record (the producer's {MESSAGE_MAX_BYTES})")
+            records.append((value, key))
+        return records
 
     def _targets(self, stream: StreamDef, events: Sequence[Event]) -> tuple[str, list[int]]:
         """The stream's topic and each event's partition, checked before anything is produced,
@@ -303,29 +359,31 @@ class KafkaEventLog(EventLog):
                            f" (Kafka topic {topic!r} has {have})")
         return topic, targets
 
-    def _produce(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+    def _produce(self, producer: Producer, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
                  targets: Sequence[int], ingest_time_ms: int) -> AppendResult:
-        return AppendResult(self._deliver(producer, stream, topic, events, targets, ingest_time_ms).ranges())
+        return AppendResult(self._deliver(producer, topic, records, targets, ingest_time_ms).ranges())
 
-    def _deliver(self, producer: Producer, stream: StreamDef, topic: str, events: Sequence[Event],
+    def _deliver(self, producer: Producer, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
                  targets: Sequence[int], ingest_time_ms: int) -> _Delivery:
-        """Produce the events to their partitions and wait until each is acknowledged or failed."""
-        delivery = _Delivery(len(events))
+        """Produce the records (`_records`) to their partitions and wait until each is
+        acknowledged or failed."""
+        delivery = _Delivery(len(records))
         deadline = time.monotonic() + self.produce_timeout_ms / 1000 + self.timeout_s
-        for event, partition in zip(events, targets, strict=True):
-            value = record_value(stream, event, event_to_json)  # a table's tombstone: null
-            key = None if event.key is None else event.key.encode("utf-8")
+        for index, ((value, key), partition) in enumerate(zip(records, targets, strict=True)):
             while True:
                 try:
                     # The timestamp counts on a CreateTime topic; LogAppendTime replaces it.
                     producer.produce(topic, value, key, partition=partition, timestamp=ingest_time_ms,
-                                           on_delivery=delivery)
+                                     on_delivery=functools.partial(delivery, index=index))
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     if time.monotonic() > deadline:
                         raise LogUnavailable(f"Kafka at {self.bootstrap_servers} takes no records: the"
                                              " producer's queue stayed full") from None
                     producer.poll(0.05)
+                except KafkaException as exc:  # anything else librdkafka refuses outright (a fatal producer)
+                    raise self._unavailable(f"Kafka refused record {index} of {len(records)} for topic {topic!r}"
+                                            + (f" ({index} were queued before it)" if index else ""), exc) from None
         # Each appending thread serves delivery callbacks until its own records are all reported;
         # librdkafka reports every record within message.timeout.ms, delivered or failed.
         while not delivery.done.is_set():
@@ -336,10 +394,20 @@ class KafkaEventLog(EventLog):
                                      f" {delivery.expected} records in time")
         if delivery.errors:
             failed = len(delivery.errors)
+            written = len(records) - failed
+            if delivery.too_large:  # the broker's or the topic's message.max.bytes is below the producer's
+                index = min(delivery.too_large)
+                size = sum(len(part) for part in records[index] if part is not None)
+                raise RecordTooLarge(
+                    index, f"Kafka at {self.bootstrap_servers} refused the event's {size}-byte record for topic"
+                           f" {topic!r} as too large: the topic's or the brokers' {MESSAGE_MAX_BYTES} is below the"
+                           f" producer's {self.max_record_bytes}; raise it (with room for a batch's headers)"
+                           + (f" ({written} of the append's records were written)" if written else ""),
+                    written)
             raise LogUnavailable(
-                f"Kafka did not acknowledge {failed} of {len(events)} records for topic {topic!r} at"
+                f"Kafka did not acknowledge {failed} of {len(records)} records for topic {topic!r} at"
                 f" {self.bootstrap_servers}: {delivery.errors[0]}"
-                + ("" if failed == len(events) else f" ({len(events) - failed} were written)"))
+                + ("" if failed == len(records) else f" ({written} were written)"))
         return delivery
 
     # -- change data capture: an append and a source's position in one transaction ------
@@ -353,6 +421,7 @@ class KafkaEventLog(EventLog):
         A writer fenced once (another took over, then stopped: a leadership change) tries once
         more with a new producer, after checking the position again: if the other moved it on,
         that is a PositionConflict."""
+        records = self._records(stream, events)
         topic, targets = self._targets(stream, events) if events else (self.topic(stream.name), [])
         positions = self._positions()
         producer = positions.producer(source)
@@ -362,13 +431,15 @@ class KafkaEventLog(EventLog):
                                    f" {expected!r}: another writer follows it")
         try:
             producer.begin_transaction()
-            delivery = self._deliver(producer, stream, topic, events, targets, ingest_time_ms) if events \
+            delivery = self._deliver(producer, topic, records, targets, ingest_time_ms) if events \
                 else _Delivery(0)
             positions.produce(producer, source, position)
             producer.commit_transaction(self.timeout_s)
             positions.committed(source, position)
-        except (KafkaException, LogUnavailable) as exc:
+        except (KafkaException, LogUnavailable, RecordTooLarge) as exc:
             if positions.abort(source, producer, self.timeout_s):
+                if isinstance(exc, RecordTooLarge):  # a broker refused it: aborted, nothing of it counts
+                    raise RecordTooLarge(exc.index, exc.reason) from None
                 raise (self._unavailable(f"could not append source {source!r}'s changes in a transaction", exc)
                        if isinstance(exc, KafkaException) else exc) from None
             if retry_fenced:  # the producer is gone (fenced, or fatal): a new one, the position checked again
@@ -486,11 +557,15 @@ class KafkaEventLog(EventLog):
         except KafkaException:
             pass  # the broker is away: the next read says so
 
-    def _fetch(self, topic: str, partition: int, start: int, end: int) -> list:
-        """The records with start <= offset < end (end at most the high watermark)."""
+    def _fetch(self, topic: str, partition: int, start: int, end: int) -> tuple[list, int | None]:
+        """The records with start <= offset < end (end at most the high watermark), and where the
+        read goes on from: `end` once the range is read, or the offset of the first record past it
+        (a gap: a compacted topic, an aborted transaction, a direct producer's records that were
+        never events may leave thousands of offsets without a record), or None at the partition's
+        end (nothing more there now)."""
         records = []
         if start >= end:  # nothing to wait for (a consume of 0 records would wait out the deadline)
-            return records
+            return records, end
         deadline = time.monotonic() + self.timeout_s
         with self._read_lock:
             self._consumer.assign([TopicPartition(topic, partition, start)])
@@ -503,13 +578,13 @@ class KafkaEventLog(EventLog):
                         error = msg.error()
                         if error is not None:
                             if error.code() == KafkaError._PARTITION_EOF:
-                                return records  # no more (retention or a compaction gap left it short)
+                                return records, None  # no more (retention or a compaction gap left it short)
                             raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition}: {error}")
                         if msg.offset() >= end:
-                            return records
+                            return records, msg.offset()  # a gap up to the range's end, and maybe past it
                         records.append(msg)
                         if msg.offset() == end - 1:
-                            return records
+                            return records, end
             finally:
                 self._consumer.unassign()
         raise LogUnavailable(f"reading Kafka topic {topic!r} partition {partition} [{start}, {end}) at"
@@ -530,14 +605,15 @@ class KafkaEventLog(EventLog):
         while pos < hi:
             # A chunk at a time, the consumer's lock held only while fetching it: memory stays
             # bounded on a long range, and offsets()/ingest_time_ms() are not blocked meanwhile.
-            records = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
-            if not records:
-                return
-            pos = records[-1].offset() + 1
+            # A chunk may hold no record at all (a gap of a chunk or more: a compacted table's topic,
+            # an aborted transaction): the read goes on from where the fetch stopped, up to hi or
+            # the partition's end, never taking an empty chunk for the end.
+            records, next_pos = self._fetch(topic, partition, pos, min(hi, pos + _READ_CHUNK))
             offsets, events, times = [], [], []
             for msg in records:
                 try:
-                    event = record_event(stream, validator, msg.key(), msg.value(), _timestamp(msg), json_to_event)
+                    event = record_event(stream, validator, msg.key(), msg.value(), _timestamp(msg),
+                                         self._from_json)
                 except ValueError:
                     continue  # not an event under this definition: left out (the pipeline dead-letters it)
                 offsets.append(msg.offset())
@@ -545,6 +621,15 @@ class KafkaEventLog(EventLog):
                 times.append(_timestamp(msg))
             if events:
                 yield with_offsets(offsets, project(events_to_batch(stream, events, times), stream))
+            if next_pos is None:  # the partition's end
+                return
+            pos = next_pos
+
+    def _from_json(self, validator: EventValidator, value: bytes | None) -> Event:
+        # Bounded as the pipeline's RecordConverter bounds it: a record read here is an event
+        # exactly when the pipeline takes it (not one it dead-letters, nor a NaN written back
+        # into `__extra` as JSON no reader parses).
+        return json_to_event(validator, value, self.json_limits)
 
     def records(self, ranges: Mapping[tuple[str, int], tuple[int, int]],
                 lost: Callable[[str, int, int, int], None] | None = None) -> dict[tuple[str, int], list[pa.RecordBatch]]:
@@ -644,7 +729,7 @@ class KafkaEventLog(EventLog):
         if key in self._ingest_times:
             self._ingest_times.move_to_end(key)
             return self._ingest_times[key]
-        records = self._fetch(self.topic(stream), partition, offset, offset + 1)
+        records, _ = self._fetch(self.topic(stream), partition, offset, offset + 1)
         if not records or records[0].offset() != offset:
             return None
         at = _timestamp(records[0])

@@ -37,9 +37,10 @@ class SourcePositions:
             "group.id": "sketchboard-source-positions",  # never joined or committed
             "enable.auto.commit": False,
             "enable.partition.eof": True,
-            "isolation.level": "read_committed",  # a position whose transaction aborted never counts
             "fetch.wait.max.ms": 20,
             **common,
+            # Not for kafka_options to change: a position whose transaction aborted never counts.
+            "isolation.level": "read_committed",
         })
 
     def _ensure_topic(self) -> None:
@@ -93,11 +94,12 @@ class SourcePositions:
         the broker has written its markers, so the last stable offset may stay a moment short of
         the high watermark: read again until it reaches it (or SETTLE_S passed: another writer's
         transaction may be open), so a writer reads its own committed position back."""
-        partition = TopicPartition(self.topic, 0)
         with self._lock:
             settle = time.monotonic() + SETTLE_S
             while True:
-                low, high = self._consumer.get_watermark_offsets(partition, timeout=self.log.timeout_s)
+                # The log's own offsets request: its retries (a leader not known yet), its refresh of
+                # a stale metadata cache, and LogUnavailable when the brokers cannot be reached.
+                low, high = self.log._watermarks(self.topic, 0)
                 self._next = max(self._next, low)
                 if self._next >= high:
                     return dict(self._positions)

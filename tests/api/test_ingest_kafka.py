@@ -119,3 +119,32 @@ def test_an_unreachable_kafka_exits_saying_so(command, monkeypatch, tmp_path, ca
     err = capsys.readouterr().err
     assert "could not read the metadata of Kafka topic 'sketchboard." in err and "127.0.0.1:" in err, err
     assert time.monotonic() - began < 10
+
+
+@pytest.mark.kafka
+def test_an_event_over_kafkas_record_limit_is_a_413_naming_it_and_nothing_is_written(kafka_broker, tmp_path,
+                                                                                      monkeypatch) -> None:
+    """An event the validator and the JSON limits accept (twenty 60 000-character strings) but
+    whose record is over the producer's message.max.bytes can never be stored: the whole request
+    is refused before anything is produced, with a 413 naming the event by its index in the
+    request, not a 500 after the events before it were written (nor a 503 to retry for ever)."""
+    from sketchboard.wiring import build_api
+
+    monkeypatch.chdir(tmp_path)
+    prefix = f"api-{uuid.uuid4().hex[:8]}."
+    settings = Settings(data_dir=tmp_path / "data", log_backend="kafka", kafka_bootstrap_servers=kafka_broker.bootstrap,
+                        kafka_topic_prefix=prefix, kafka_replication_factor=1, alerts_config=None)
+    app, ctx = build_api(settings)
+    now = int(time.time() * 1000)
+    small = {"time": now, "customer_id": "c1", "amount": 1.0}
+    huge = {**small, **{f"x{i}": "y" * 60_000 for i in range(20)}}
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        r = client.post("/api/v1/events", params={"stream": "orders"}, json=[small, {"time": now}, huge, small])
+        assert r.status_code == 413, r.text
+        detail = r.json()["detail"]
+        assert "nothing was written" in detail["message"]
+        ((rejected),) = detail["rejected"]
+        assert rejected["index"] == 2 and "over the 1000000 bytes" in rejected["reason"], rejected
+        assert sum(o.end for o in ctx.log.offsets("orders").values()) == 0
+        r = client.post("/api/v1/events", params={"stream": "orders"}, json=[small])
+        assert r.status_code == 200, r.text

@@ -75,6 +75,22 @@ def test_check_topic_warns_about_create_time() -> None:
     assert "message.timestamp.type=CreateTime" in warning and "producers' clocks" in warning
 
 
+def test_check_topic_refuses_a_tables_create_time_topic_saying_how_to_fix_it() -> None:
+    """A table's current row is its newest by append time, then offset (docs/tables.md): with
+    producers' timestamps append times go back within a partition, and that row is not the one
+    compaction keeps. A table's CreateTime topic is refused, not warned about."""
+    from catalog import parse_catalog
+
+    users = parse_catalog("streams: {users: {kind: table, key_field: user_id, partitions: 4}}").streams["users"]
+    with pytest.raises(TopicMismatch) as exc:
+        check_topic("sketchboard.users", users, 4, "CreateTime")
+    message = str(exc.value)
+    assert "'sketchboard.users' of table 'users' has message.timestamp.type=CreateTime" in message
+    assert ("kafka-configs.sh --bootstrap-server <broker> --alter --entity-type topics --entity-name"
+            " sketchboard.users --add-config message.timestamp.type=LogAppendTime") in message
+    assert check_topic("sketchboard.users", users, 4, LOG_APPEND_TIME) == []
+
+
 @pytest.mark.parametrize("event_time", [T0, 5_000, 0, 99_999_999_999, 100_000_000_000, 253_402_300_799_999])
 def test_json_record_reads_back_to_the_same_event(event_time: int) -> None:
     stream = StreamDef(name="s", key_field="user", dimensions=("page", "status"), values=("ms",),
@@ -267,6 +283,17 @@ def test_create_time_topic_is_accepted_with_a_warning(open_log, admin, prefix, c
 
 
 @pytest.mark.kafka
+def test_a_tables_create_time_topic_is_refused(open_log, admin, prefix) -> None:
+    from catalog import parse_catalog
+
+    users = parse_catalog("streams: {users: {kind: table, key_field: user_id, partitions: 1}}").streams["users"]
+    create_topic(admin, f"{prefix}users", 1, **{"message.timestamp.type": "CreateTime", "cleanup.policy": "compact"})
+    with pytest.raises(TopicMismatch, match="message.timestamp.type=CreateTime.*--add-config message.timestamp.type"
+                                            "=LogAppendTime"):
+        open_log().ensure_topic(users)
+
+
+@pytest.mark.kafka
 def test_direct_producers_records_read_like_the_apis_and_invalid_ones_leave_a_gap(open_log, kafka_broker,
                                                                                    prefix) -> None:
     from confluent_kafka import Producer
@@ -291,6 +318,40 @@ def test_direct_producers_records_read_like_the_apis_and_invalid_ones_leave_a_ga
     assert rows[1]["page"] == "" and rows[1]["ms"] is None
     # LogAppendTime: the broker's clock, whatever the producer said (timestamp=1)
     assert all(abs(r["__ingest_time"] - time.time() * 1000) < 60_000 for r in rows)
+
+
+@pytest.mark.kafka
+def test_a_direct_producers_record_past_the_json_limits_is_no_event_to_read(open_log, kafka_broker, prefix) -> None:
+    """read() bounds a record's JSON as the ingest API and the pipeline's Kafka source do (the
+    settings' max_json_*): a NaN, an over-long string, deep nesting or a 41-digit integer in an
+    undeclared field is no event (the pipeline dead-letters it), not one kept with a NaN written
+    back into `__extra` as JSON no reader parses."""
+    from confluent_kafka import Producer
+
+    from ingest.json_limits import JsonLimits
+
+    good = {"time": T0, "user": "alice", "ms": 1}
+    values = [
+        json.dumps(good).encode(),
+        b'{"time": %d, "user": "alice", "ms": 1, "x": NaN}' % T0,
+        b'{"time": %d, "user": "alice", "ms": 1, "x": -Infinity}' % T0,
+        json.dumps({**good, "x": "y" * 70_000}).encode(),
+        json.dumps({**good, "x": json.loads("[" * 30 + "]" * 30)}).encode(),
+        json.dumps({**good, "x": 10 ** 40}).encode(),
+        json.dumps({**good, "x": "y" * 20}).encode(),
+    ]
+    log = open_log()
+    log.ensure_topic(STREAM)
+    p = partition_for("alice", 4)
+    producer = Producer(client_config(kafka_broker.bootstrap))
+    for value in values:
+        producer.produce(f"{prefix}clicks", value, b"alice", partition=p)
+    assert producer.flush(10) == 0
+    rows = [row for b in log.read(STREAM, p, 0, 100) for row in b.to_pylist()]
+    assert [r[OFFSET] for r in rows] == [0, 6]
+    # The configured limits, not the defaults.
+    strict = open_log(json_limits=JsonLimits(max_string_chars=10))
+    assert [r[OFFSET] for b in strict.read(STREAM, p, 0, 100) for r in b.to_pylist()] == [0]
 
 
 @pytest.mark.kafka
@@ -330,6 +391,45 @@ def test_append_while_the_broker_is_down_fails_clearly_and_works_again_after(ope
 
 
 @pytest.mark.kafka
+def test_a_sources_position_while_the_broker_is_down_is_log_unavailable(open_log, kafka_broker) -> None:
+    """The positions' offsets are asked with the log's own retries and error mapping: a broker
+    that is down is LogUnavailable (the API's 503, a follower's retry), not a raw KafkaException."""
+    log = open_log(produce_timeout_ms=2_000, request_timeout_s=2.0)
+    log.ensure_topic(STREAM)
+    log.append_at(STREAM, make_events(STREAM, 0, 2), T0, "src", "1", None)
+    assert log.source_position("src") == "1"
+    kafka_broker.stop()
+    try:
+        with pytest.raises(LogUnavailable, match="Kafka topic '.*__source_positions'"):
+            log.source_position("src")
+        with pytest.raises(LogUnavailable):
+            log.append_at(STREAM, make_events(STREAM, 2, 2), T0, "src", "2", "1")
+    finally:
+        kafka_broker.start()
+    log.append_at(STREAM, make_events(STREAM, 2, 2), T0, "src", "2", "1")
+    assert log.source_position("src") == "2"
+
+
+@pytest.mark.kafka
+def test_kafka_options_cannot_make_the_positions_read_uncommitted(open_log, kafka_broker, prefix) -> None:
+    """A position written in a transaction that aborted never counts, whatever kafka_options say."""
+    from confluent_kafka import Producer
+
+    from ingest.log.kafka_positions import POSITIONS_TOPIC
+
+    log = open_log(options={"isolation.level": "read_uncommitted"})
+    log.ensure_topic(STREAM)
+    assert log.source_position("src") is None  # the positions topic made
+    producer = Producer(client_config(kafka_broker.bootstrap, **{"transactional.id": f"{prefix}aborted"}))
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(f"{prefix}{POSITIONS_TOPIC}", b"9", b"src", partition=0)
+    assert producer.flush(10) == 0
+    producer.abort_transaction(10)
+    assert open_log(options={"isolation.level": "read_uncommitted"}).source_position("src") is None
+
+
+@pytest.mark.kafka
 def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> None:
     """The API appends from a thread pool: each append waits for its own records' reports,
     whichever thread's poll() serves them."""
@@ -361,6 +461,84 @@ def test_long_reads_come_in_chunks(open_log, monkeypatch) -> None:
     assert [b.num_rows for b in batches] == [7, 7, 7, 4]
     assert [o for b in batches for o in b.column(OFFSET).to_pylist()] == list(range(2, 27))
     assert [int(x) for b in batches for x in b.column("ms").to_pylist()] == list(range(2, 27))
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("start", [0, 3, 19])
+def test_a_read_goes_on_past_a_gap_longer_than_a_chunk(open_log, kafka_broker, prefix, monkeypatch, start) -> None:
+    """An aborted transaction (or a compacted table's topic) leaves offsets with no record to
+    read: a chunk may hold none, and the read goes on from the first record past it, not taking
+    the empty chunk for the partition's end (the contract: offsets may have gaps)."""
+    import ingest.log.kafka as kafka_log
+    from confluent_kafka import Producer
+
+    monkeypatch.setattr(kafka_log, "_READ_CHUNK", 5)
+    log = open_log()
+    one = STREAM.model_copy(update={"partitions": 1})
+    log.ensure_topic(one)
+    producer = Producer(client_config(kafka_broker.bootstrap, **{"transactional.id": f"{prefix}gap"}))
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    for i in range(20):  # four chunks and more of records no committed reader sees
+        producer.produce(f"{prefix}clicks", json.dumps({"time": T0, "user": "u", "ms": i}).encode(), b"u",
+                         partition=0)
+    assert producer.flush(10) == 0  # written, then aborted (an abort purges what is still queued)
+    producer.abort_transaction(10)  # offsets 0-19, and its marker (at 20, or after the append's records)
+    ((first, _),) = log.append(one, make_events(one, 0, 2, keys=1), T0).ranges.values()
+    assert first >= 20
+    deadline = time.monotonic() + 10
+    while (end := log.offsets("clicks")[0].end) < 23 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the abort's marker lands a moment after it returned: the last stable offset waits
+    assert end == 23
+    rows = [row for b in log.read(one, 0, start, end) for row in b.to_pylist()]
+    assert [r[OFFSET] for r in rows] == [first, first + 1]
+    assert [r["ms"] for r in rows] == [0.0, 1.0]
+    assert [r[OFFSET] for b in log.read(one, 0, start, first + 1) for r in b.to_pylist()] == [first]
+
+
+def _huge(stream, number: int):
+    """An event the validator takes whose JSON record is over a megabyte (twenty 60 000-character
+    strings, each within the ingest API's JSON limits)."""
+    return EventValidator(stream).validate({"time": T0, "user": "u", "ms": float(number),
+                                            **{f"x{i}": "y" * 60_000 for i in range(20)}})
+
+
+@pytest.mark.kafka
+def test_an_event_over_the_producers_record_limit_refuses_the_append_before_anything_is_written(open_log) -> None:
+    from ingest.log import RecordTooLarge
+
+    log = open_log()
+    log.ensure_topic(STREAM)
+    events = make_events(STREAM, 0, 3)
+    with pytest.raises(RecordTooLarge, match=r"record is \d+ bytes, over the 1000000 bytes") as exc:
+        log.append(STREAM, [*events[:2], _huge(STREAM, 2), events[2]], T0)
+    assert (exc.value.index, exc.value.written) == (2, 0)
+    time.sleep(0.5)  # anything queued would have been written by now
+    assert sum(o.end for o in log.offsets("clicks").values()) == 0
+    assert log.append(STREAM, events, T0).count == 3
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("where", ["broker", "topic"])
+def test_a_record_the_broker_refuses_as_too_large_is_no_retryable_unavailability(open_log, admin, prefix,
+                                                                                 where) -> None:
+    """A broker or topic whose message.max.bytes is below the producer's (here: Kafka's default
+    1 048 588 bytes, or a topic's 100 000, under a producer's 2 000 000) refuses the record at
+    delivery: that can never succeed, so it is RecordTooLarge (the API's 413), not LogUnavailable
+    (a 503 a client retries for ever)."""
+    from ingest.log import RecordTooLarge
+
+    if where == "topic":
+        create_topic(admin, f"{prefix}clicks", 4, **{"message.timestamp.type": "LogAppendTime",
+                                                     "max.message.bytes": "100000"})
+    log = open_log(options={"message.max.bytes": 2_000_000})
+    log.ensure_topic(STREAM)
+    huge = _huge(STREAM, 0) if where == "broker" else EventValidator(STREAM).validate(
+        {"time": T0, "user": "u", "ms": 0.0, "x": "y" * 60_000, "z": "y" * 60_000})
+    with pytest.raises(RecordTooLarge, match="refused the event's .*record .* as too large.*message.max.bytes") as exc:
+        log.append(STREAM, [huge], T0)
+    assert exc.value.index == 0
+    assert log.append(STREAM, make_events(STREAM, 0, 3), T0).count == 3  # the producer goes on
 
 
 @pytest.mark.kafka
