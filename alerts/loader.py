@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from alerts.rules import Rule, RuleError, parse_rule
-from catalog import Catalog
+from catalog import Catalog, ConfigError
+from catalog.loader import read_yaml
 
 
 def load_rules_file(path: Path, catalog: Catalog) -> dict[str, Rule]:
     """Every rule of the file, validated; a problem raises RuleError naming the file and the rule."""
-    try:
-        document = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise RuleError(f"{path}: not valid YAML: {exc}") from None
+    try:  # read as every YAML file of the service is: a key written twice is refused, with its line
+        document = read_yaml(path, "alert rules file").value or {}
+    except ConfigError as exc:
+        raise RuleError(str(exc)) from None
     if not isinstance(document, dict) or not isinstance(document.get("rules", []), list):
         raise RuleError(f"{path}: expected a mapping with a list under 'rules'")
     unknown = sorted(set(document) - {"rules"})

@@ -156,7 +156,24 @@ class _Converter:
         return _line(node)
 
 
-def parse_catalog(text: str, source: str = "<config>") -> Catalog:
+class YamlDocument:
+    """A YAML file's value, read strictly (see read_yaml), and the line of any part of it."""
+
+    def __init__(self, value: Any, root: yaml.Node | None, converter: _Converter):
+        self.value = value
+        self._root = root
+        self._converter = converter
+
+    def line(self, loc: tuple = ()) -> int:
+        """The line of the deepest part of the file `loc` (keys and indexes from the top) reaches."""
+        return 1 if self._root is None else self._converter.line_for(self._root, loc)
+
+
+def parse_yaml(text: str, source: str = "<config>") -> YamlDocument:
+    """`text`'s YAML value as yaml.safe_load reads it, but strictly: a key written twice, a tag,
+    an integer not written in decimal, a recursive anchor or a key that is a list is a
+    ConfigError naming `source` and the line; merge keys are resolved as the YAML spec has them.
+    Every YAML file of the service (streams, settings, alert rules, dashboards) is read so."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:
@@ -166,15 +183,47 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{source}: {where}: invalid YAML: {problem}") from None
-    if root is None:
-        raise ConfigError(f"{source}: the file is empty; it must declare 'streams'")
     converter = _Converter()
+    if root is None:
+        return YamlDocument(None, None, converter)
     try:
         data = converter.value(root)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: line {_line(root)}: the YAML is nested too deeply") from None
+    return YamlDocument(data, root, converter)
+
+
+def read_yaml(path: str | Path, what: str = "configuration") -> YamlDocument:
+    """The YAML file at `path`, read as parse_yaml reads text; ConfigError naming the file for one
+    that cannot be read or is not UTF-8 (with the line of the first byte that is not)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be"
+                          " decoded (save the file as UTF-8)") from None
+    return parse_yaml(text, str(path))
+
+
+def parse_catalog(text: str, source: str = "<config>") -> Catalog:
+    return _catalog_of(parse_yaml(text, source), source)
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    return _catalog_of(read_yaml(path, "stream configuration"), str(Path(path)))
+
+
+def _catalog_of(document: YamlDocument, source: str) -> Catalog:
+    data = document.value
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty; it must declare 'streams'")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: line 1: the top level must be a mapping with 'streams' and 'metrics'")
     try:
@@ -186,26 +235,11 @@ def parse_catalog(text: str, source: str = "<config>") -> Catalog:
             cause = (error.get("ctx") or {}).get("error")
             if isinstance(cause, CatalogReferenceError):
                 loc = cause.path
-                line = converter.line_for(root, loc)
+                line = document.line(loc)
                 problems.append(f"{source}: line {line}: {cause}")
                 continue
-            line = converter.line_for(root, loc)
+            line = document.line(loc)
             where = ".".join(str(p) for p in loc) or "top level"
             message = error["msg"].removeprefix("Value error, ")
             problems.append(f"{source}: line {line}: {where}: {message}")
         raise ConfigError("\n".join(problems)) from None
-
-
-def load_catalog(path: str | Path) -> Catalog:
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read stream configuration {path}: {exc.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path}: line {line}: not UTF-8 text: byte 0x{data[exc.start]:02x} cannot be"
-                          " decoded (save the file as UTF-8)") from None
-    return parse_catalog(text, source=str(path))

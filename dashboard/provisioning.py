@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from catalog import Catalog
+from catalog import Catalog, ConfigError
+from catalog.loader import read_yaml
 from dashboard.model import Dashboard, DashboardError, parse_dashboard
 
 
@@ -29,10 +28,10 @@ def load_dashboards_dir(folder: Path, catalog: Catalog, *, max_points: int | Non
 
 
 def load_dashboard_file(path: Path, catalog: Catalog, *, max_points: int | None = None) -> Dashboard:
-    try:
-        document = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise DashboardError(None, f"{path}: not valid YAML: {exc}") from None
+    try:  # read as every YAML file of the service is: a key written twice is refused, with its line
+        document = read_yaml(path, "dashboard file").value
+    except ConfigError as exc:
+        raise DashboardError(None, str(exc)) from None
     if not isinstance(document, dict):
         raise DashboardError(None, f"{path}: expected a mapping (name, title, range, refresh, panels)")
     try:

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from catalog import ConfigError
 from sketchboard import parent_death
-from sketchboard.settings import Settings, load_settings
+from sketchboard.settings import Settings
+from sketchboard.settings_errors import load_settings
 
 log = logging.getLogger("sketchboard")
 

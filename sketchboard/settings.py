@@ -3,20 +3,17 @@ then by SKETCHBOARD_* environment variables (highest priority)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import pydantic_settings
-import yaml
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from catalog import ConfigError, parse_duration_ms
 from catalog.durations import trigger_ms
+from catalog.loader import YamlDocument, read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
@@ -375,7 +372,7 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = settings_file()
         if path is not None:
-            sources.append(InitSettingsSource(settings_cls, init_kwargs=read_settings_file(path)[0]))
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=read_settings_file(path).value))
         return tuple(sources)
 
 
@@ -388,12 +385,12 @@ def check_variables(settings_cls=None) -> None:
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in OTHER_VARIABLES or upper[len(ENV_PREFIX):].lower() in fields:
             continue
-        problems.append(f"{name}: no such setting{_did_you_mean(upper[len(ENV_PREFIX):].lower(), fields, ENV_PREFIX)}")
+        problems.append(f"{name}: no such setting{did_you_mean(upper[len(ENV_PREFIX):].lower(), fields, ENV_PREFIX)}")
     if problems:
         raise ConfigError("\n".join(problems))
 
 
-def _did_you_mean(name: str, fields, prefix: str = "") -> str:
+def did_you_mean(name: str, fields, prefix: str = "") -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(fields), n=1, cutoff=0.75)
@@ -413,145 +410,20 @@ def settings_file() -> Path | None:
     return None
 
 
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    pass
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, refusing a key given twice in one mapping (which safe_load settles
-    silently for the last one), as the streams file's loader does (catalog/loader.py)."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            self.flatten_mapping(node)  # "<<: *anchor" merge keys first, as SafeLoader does
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise _DuplicateKey(None, None, f"duplicate key {key!r}", key_node.start_mark)
-                    seen.add(key)
-                except TypeError:
-                    pass  # an unhashable key: SafeLoader's own error says so
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_settings_file(path: Path) -> tuple[dict[str, Any], dict[Any, int]]:
-    """The file's settings and the line of each; ConfigError naming the file and, where it can,
-    the line, for anything but a mapping of settings."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = exc.object[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the settings file: {exc.strerror or exc}") from None
-    loader = _StrictLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = None if node is None else loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "somewhere"
-        problem = getattr(exc, "problem", None) or str(exc)
-        kind = "" if isinstance(exc, _DuplicateKey) else "invalid YAML: "
-        raise ConfigError(f"{path}: {where}: {kind}{problem}") from None
-    finally:
-        loader.dispose()
+def read_settings_file(path: Path) -> YamlDocument:
+    """The settings file, read as every YAML file of the service is (catalog/loader.py: a key
+    written twice or a file that is not UTF-8 is a ConfigError naming the line); ConfigError too
+    for anything but a mapping of settings. An empty file is no settings."""
+    document = read_yaml(path, "the settings file")
+    data = document.value
     if data is None:
-        return {}, {}  # an empty file: no settings
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: the top level must be a mapping of settings"
+        document.value = {}
+    elif not isinstance(data, dict):
+        raise ConfigError(f"{path}: line {document.line()}: the top level must be a mapping of settings"
                           f" (name: value), not a {type(data).__name__}")
-    lines = {}
-    for key_node, _ in node.value:
-        if isinstance(key_node, yaml.ScalarNode):
-            lines[key_node.value] = key_node.start_mark.line + 1
-    for key in data:
-        if not isinstance(key, str):  # a setting's name (pydantic-settings would fail on it with a traceback)
-            line = next((n.start_mark.line + 1 for n, _ in node.value if _key_of(n) == key), 1)
-            raise ConfigError(f"{path}: line {line}: {key!r} is no setting's name (names are text, e.g. port)")
-    return data, lines
-
-
-def _key_of(node: yaml.Node) -> Any:
-    try:
-        return yaml.safe_load(yaml.serialize(node))
-    except yaml.YAMLError:
-        return None
-
-
-class InvalidSettings(ConfigError):
-    """Settings that cannot be used: one problem a line, each naming the setting and, when it can
-    be known, where its value came from."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-def load_settings(overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None) -> Settings:
-    """Settings(**overrides) for the command line: what is wrong as InvalidSettings (flags: the
-    option each override came from, e.g. {"port": "--port"})."""
-    overrides = dict(overrides or {})
-    try:
-        return Settings(**overrides)
-    except pydantic_settings.SettingsError as exc:  # a list or mapping variable that is not JSON
-        match = re.search(r'field "(\w+)"', str(exc))
-        field = match.group(1) if match else None
-        cause = exc.__cause__
-        reason = (f"not valid JSON (lists and mappings are given as JSON): {cause}"
-                  if isinstance(cause, json.JSONDecodeError) else str(cause or exc))
-        if field is None:
-            raise InvalidSettings([f"settings: {reason}"]) from None
-        raise InvalidSettings([f"setting {field}{_where(field, overrides, flags or {})}: {reason}"]) from None
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            message = error["msg"].removeprefix("Value error, ")
-            loc = [str(part) for part in error["loc"]]
-            if error["type"] == "extra_forbidden" and len(loc) == 1:  # a key of the settings file
-                message = f"no such setting{_did_you_mean(loc[0], Settings.model_fields)}"
-            if not loc:  # a check of several settings together (log_backend kafka without servers, ...)
-                problems.append(f"settings: {message}")
-                continue
-            where = _where(loc[0], overrides, flags or {})
-            problems.append(f"setting {'.'.join(loc)}{where}: {message}")
-        raise InvalidSettings(list(dict.fromkeys(problems))) from None
-
-
-# Values not echoed in an error: secrets, or settings that may hold one (a DSN's password, a SASL
-# password among the Kafka options, a webhook URL's token).
-_NOT_SHOWN = frozenset({"token", "tokens", "postgres_dsn", "demo_postgres_dsn", "alert_webhook_url", "kafka_options",
-                        "kafka_source_options", "spark_conf"})
-
-
-def _shown(field: str, value: Any) -> str:
-    if field in _NOT_SHOWN:
-        return ""
-    text = shlex.quote(str(value))
-    return "=" + (text if len(text) <= 60 else text[:57] + "...")
-
-
-def _env_name(field: str) -> str | None:
-    wanted = f"SKETCHBOARD_{field}".upper()
-    return next((name for name in os.environ if name.upper() == wanted), None)
-
-
-def _where(field: str, overrides: dict[str, Any], flags: dict[str, str]) -> str:
-    """' (<source>)' for a setting's value: the command-line option, the environment variable or
-    the settings file and line it came from, in that order of precedence; '' if none is known."""
-    if field in overrides:
-        flag = flags.get(field)
-        return f" ({flag} {shlex.quote(str(overrides[field]))})" if flag else ""
-    env = _env_name(field)
-    if env is not None:
-        return f" ({env}{_shown(field, os.environ[env])})"
-    try:
-        path = settings_file()
-        lines = read_settings_file(path)[1] if path is not None else {}
-    except (OSError, ConfigError):
-        return ""
-    if field in lines:
-        return f" ({path}, line {lines[field]})"
-    return ""
+    else:
+        for key in data:
+            if not isinstance(key, str):  # a setting's name (pydantic-settings would fail on it with a traceback)
+                raise ConfigError(f"{path}: line {document.line((key,))}: {key!r} is no setting's name"
+                                  " (names are text, e.g. port)")
+    return document

@@ -140,6 +140,18 @@ def test_the_rules_file_reports_the_rule_at_fault(catalog, tmp_path):
         load_rules_file(path, catalog)
 
 
+def test_the_rules_file_is_read_as_strictly_as_the_streams_file(catalog, tmp_path):
+    """A second `rules:` replaced the first without a word (yaml.safe_load keeps the last key), and
+    a file not in UTF-8 was a traceback: both are one line naming the file and the line."""
+    path = tmp_path / "alerts.yaml"
+    path.write_text("rules:\n  - {name: a, kind: lag_status}\nrules: []\n")
+    with pytest.raises(RuleError, match=rf"^{path}: line 3: duplicate key 'rules'$"):
+        load_rules_file(path, catalog)
+    path.write_bytes(b"rules:\n  - {name: caf\xe9, kind: lag_status}\n")
+    with pytest.raises(RuleError, match=rf"^{path}: line 2: not UTF-8 text"):
+        load_rules_file(path, catalog)
+
+
 def test_silence_and_unsilence(api, clock, now_ms):
     api.post("/api/v1/alerts/rules", json=RULE)
     silenced = api.post("/api/v1/alerts/rules/cart_p99/silence", json={"duration": "1h"}).json()

@@ -98,6 +98,13 @@ def test_the_folders_files_are_named_after_them_and_a_bad_one_names_its_file(tmp
         load_dashboards_dir(tmp_path / "missing", SENSORS)
 
 
+def test_a_dashboard_file_is_read_as_strictly_as_the_streams_file(tmp_path):
+    """A `panels:` written twice kept the last one without a word (yaml.safe_load)."""
+    (tmp_path / "twice.yaml").write_text("panels: [{metric: readings, kind: table}]\ntitle: T\npanels: []\n")
+    with pytest.raises(DashboardError, match=r"twice\.yaml: line 3: duplicate key 'panels'"):
+        load_dashboards_dir(tmp_path, SENSORS)
+
+
 def test_the_demos_dashboards_are_valid():
     catalog = load_catalog(REPO_ROOT / "config" / "streams.yaml")
     assert list(load_dashboards_dir(REPO_ROOT / "config" / "dashboards", catalog)) == ["overview", "patterns", "search"]

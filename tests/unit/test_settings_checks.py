@@ -123,7 +123,7 @@ def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, 
 @pytest.mark.parametrize(("content", "problem"), [
     (b"port: [\n", "line 2: invalid YAML: expected the node content, but found '<stream end>'"),
     (b"- port\n", "line 1: the top level must be a mapping of settings (name: value), not a list"),
-    (b"port: 9000\nhost: caf\xe9\n", "line 2: not UTF-8 text (byte 0xe9)"),
+    (b"port: 9000\nhost: caf\xe9\n", "line 2: not UTF-8 text: byte 0xe9 cannot be decoded (save the file as UTF-8)"),
     (b"port: 9000\nport: 9001\n", "line 2: duplicate key 'port'"),
     (b"port: 9000\n1: 2\n", "line 2: 1 is no setting's name (names are text, e.g. port)"),
 ])
