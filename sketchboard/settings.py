@@ -279,6 +279,15 @@ class Settings(BaseSettings):
             raise ValueError("must not be blank (leave it unset or empty for none)")
         return value
 
+    @field_validator("kafka_group_id")
+    @classmethod
+    def _group_template(cls, value: str) -> str:
+        # `{pipline}` would be kept as written: every pipeline would then share one group.
+        unknown = sorted(set(re.findall(r"\{[^}]*\}", value)) - {"{pipeline}"})
+        if unknown:
+            raise ValueError(f"unknown placeholder {unknown[0]}: the one placeholder is {{pipeline}}")
+        return value
+
     @field_validator("replica_id")
     @classmethod
     def _replica_id(cls, value: str | None) -> str | None:

@@ -285,6 +285,16 @@ def test_blank_servers_dsn_or_replica_id_are_refused(monkeypatch):
         Settings()
 
 
+def test_a_kafka_group_template_with_an_unknown_placeholder_is_refused(monkeypatch):
+    """`{pipline}` was kept as written: every pipeline would have shared one consumer group."""
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_GROUP_ID", "sb-{pipline}")
+    with pytest.raises(ValueError, match=r"unknown placeholder \{pipline\}"):
+        Settings()
+    for fine in ("sb-{pipeline}", "one-group"):
+        monkeypatch.setenv("SKETCHBOARD_KAFKA_GROUP_ID", fine)
+        assert Settings().kafka_group_id == fine
+
+
 def test_python_m_sketchboard_is_the_command(tmp_path):
     import subprocess
     import sys
