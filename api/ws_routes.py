@@ -92,6 +92,15 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         else:
             _reply(client, error(f"no subscription with id {msg.id!r}", msg.id))
     elif isinstance(msg, Subscribe):
+        # A subscribe for an id in use replaces that subscription: the old one ends here, before the
+        # new one is checked, so a refused one leaves no subscription under the id (the error says so).
+        replaced = hub.unsubscribe(client, msg.id)
+
+        def refuse(reason: str) -> None:
+            if replaced:
+                reason += f" (the subscription previously under id {msg.id!r} has ended)"
+            _reply(client, error(reason, msg.id))
+
         catalog = ctx.catalog
         if msg.query.version is not None:
             from api.query_routes import versioned_output
@@ -99,22 +108,22 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
             try:
                 store, catalog = await run_in_threadpool(versioned_output, ctx, msg.query.metric, msg.query.version)
             except HTTPException as exc:
-                _reply(client, error(str(exc.detail), msg.id))
+                refuse(str(exc.detail))
                 return
             if store is not ctx.store:  # an output not served: a snapshot of it, no live points
-                await _version_snapshot(client, ctx, hub, msg, store, catalog)
+                await _version_snapshot(client, ctx, hub, msg, store, catalog, refuse)
                 return
         try:
             query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
             sub = hub.subscribe(client, msg.id, query)
         except (ProtocolError, ValueError) as exc:
-            _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+            refuse(getattr(exc, "reason", str(exc)))
             return
         try:
             message = await run_in_threadpool(hub.snapshot_message, msg.id, query)
         except RollupError as exc:
             hub.unsubscribe(client, msg.id)
-            _reply(client, error(str(exc), msg.id))
+            refuse(str(exc))
             return
         if client.subs.get(msg.id) is not sub:
             return  # unsubscribed or replaced while the snapshot was computed
@@ -139,7 +148,7 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
             return
 
 
-async def _version_snapshot(client, ctx, hub, msg, store, catalog) -> None:
+async def _version_snapshot(client, ctx, hub, msg, store, catalog, refuse) -> None:
     """A subscription to an output that is not served (a run's or a previous one): its snapshot,
     marked `"live": false`: the hub follows only the served output's change feed, and such an
     output changes only while its run is going (subscribe again to refresh it)."""
@@ -151,6 +160,6 @@ async def _version_snapshot(client, ctx, hub, msg, store, catalog) -> None:
                                                                  store.watermarks().get(query.stream),
                                                                  ctx.query_max_points))
     except (ProtocolError, ValueError, RollupError) as exc:
-        _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+        refuse(getattr(exc, "reason", str(exc)))
         return
     _reply(client, {"type": "snapshot", "id": msg.id, "live": False, "result": result})

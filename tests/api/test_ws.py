@@ -527,3 +527,50 @@ def test_the_wired_service_computes_snapshots_in_its_worker_and_survives_its_dea
                 for pid in list(ctx.snapshot_workers._pool._processes):
                     os.kill(pid, signal.SIGKILL)
         assert ctx.snapshot_workers.computed == 1  # "b" was computed here, after the worker died
+
+
+def messages_for(ws, seconds: float) -> list[dict]:
+    """Every message that arrives within `seconds`."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            out.append(json.loads(ws.recv(timeout=left)))
+        except TimeoutError:
+            break
+    return out
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the protocol, not the store
+def test_a_subscribe_for_an_id_in_use_ends_its_previous_subscription(server, ctx, now_ms, monkeypatch, tmp_path):
+    """A subscribe message for an id in use replaces that subscription, whatever the new one's fate:
+    a version's snapshot (no live points) or a refusal leaves no live subscription under the id.
+    The version's output is a second store standing in for a run's (versioned_output patched)."""
+    import api.query_routes
+    from store import SqlitePaneStore
+    from store.tiers import catalog_layouts
+
+    other = SqlitePaneStore(tmp_path / "other.db")
+    other.configure_tiers(catalog_layouts(ctx.catalog), now_ms=now_ms)
+    monkeypatch.setattr(api.query_routes, "versioned_output", lambda c, metric, version: (other, c.catalog))
+    view = dict(metric="requests", stat="count", **{"from": "now-5m"}, step="10s")
+    try:
+        with connect(server.ws) as ws:
+            ws.send(json.dumps({"type": "topics", "topics": []}))
+            for sub_id in ("a", "b", "control"):
+                assert subscribe(ws, sub_id, **view)["type"] == "snapshot"
+            assert subscribe(ws, "a", **view, version="old")["result"]["series"][0]["points"]
+            refused = subscribe(ws, "b", **{**view, "stat": "p101"})
+            assert refused["type"] == "error" and "previously under id 'b' has ended" in refused["reason"]
+
+            post(server, [ev(now_ms - 100_000)])
+            drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+            seen = []
+            recv_until(ws, lambda m: seen.append(m) or (m["type"] == "points" and m["id"] == "control"))
+            assert [m for m in seen + messages_for(ws, 0.5) if m.get("id") in ("a", "b")] == []
+            # Neither id holds a subscription now.
+            for sub_id in ("a", "b"):
+                ws.send(json.dumps({"type": "unsubscribe", "id": sub_id}))
+                assert recv_until(ws, lambda m: m.get("id") == sub_id)["type"] == "error"
+    finally:
+        other.close()
