@@ -98,6 +98,9 @@ class QueuedMessage:
     msg: dict
     droppable: bool  # topic messages and heartbeats may be dropped when the client is slow
     encoded: str | None = None
+    # The subscription a message belongs to (a `switched` reload): it waits for that subscription's
+    # snapshot, and is dropped with it when it ends.
+    sub: Subscription | None = None
 
     def text(self) -> str:
         return self.encoded if self.encoded is not None else _dumps(self.msg)
@@ -109,16 +112,16 @@ class ClientQueue:
     def __init__(self, bound: int):
         self.bound = bound
         self.items: deque[QueuedPoints | QueuedMessage] = deque()
-        self.pending: dict[int, QueuedPoints] = {}  # sub token -> points waiting for the snapshot
+        # sub token -> what waits for its snapshot: points (merged), or a reload and the points after it
+        self.pending: dict[int, list[QueuedPoints | QueuedMessage]] = {}
         self.dropped = 0  # not yet reported to the client
         self.dropped_total = 0
         self.high_water = 0
         self._wakeup = asyncio.Event()
 
     def put(self, item: QueuedPoints | QueuedMessage) -> None:
-        if isinstance(item, QueuedPoints) and not item.sub.ready:
-            held = self.pending.get(item.sub.token)
-            self.pending[item.sub.token] = item if held is None else QueuedPoints(item.sub, held.batch.merged(item.batch))
+        if item.sub is not None and not item.sub.ready:
+            self._hold(item)
             return
         if len(self.items) >= self.bound:
             self._compact()
@@ -157,16 +160,25 @@ class ClientQueue:
         self.dropped += n
         self.dropped_total += n
 
+    def _hold(self, item: QueuedPoints | QueuedMessage) -> None:
+        held = self.pending.setdefault(item.sub.token, [])
+        if isinstance(item, QueuedMessage):
+            held[:] = [item]  # a whole new snapshot (a reload): what was held before it is superseded
+        elif held and isinstance(held[-1], QueuedPoints):
+            held[-1] = QueuedPoints(item.sub, held[-1].batch.merged(item.batch))
+        else:
+            held.append(item)
+
     def release(self, sub: Subscription) -> None:
-        """The snapshot of `sub` is queued: the points computed meanwhile may follow it."""
+        """The snapshot of `sub` is queued: what was computed for it meanwhile may follow it."""
         sub.ready = True
-        held = self.pending.pop(sub.token, None)
-        if held is not None:
-            self.put(held)
+        for item in self.pending.pop(sub.token, ()):
+            self.put(item)
 
     def forget(self, sub: Subscription) -> None:
+        """`sub` ended: nothing queued for it is sent (its points, a reload)."""
         self.pending.pop(sub.token, None)
-        self.items = deque(i for i in self.items if not (isinstance(i, QueuedPoints) and i.sub.token == sub.token))
+        self.items = deque(i for i in self.items if i.sub is None or i.sub.token != sub.token)
 
     async def get(self, timeout: float) -> str | None:
         """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle."""
@@ -547,7 +559,7 @@ class Hub:
             if sub.query.stream in switched:
                 result = self.snapshot(sub.query)
                 out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
-                                                   "result": result}, False)))
+                                                   "result": result}, False, sub=sub)))
         return out
 
     def _broadcasts(self):
@@ -568,6 +580,6 @@ class Hub:
 
     def _deliver(self, deliveries) -> None:
         for client, item in deliveries:
-            if isinstance(item, QueuedPoints) and client.subs.get(item.sub.id) is not item.sub:
-                continue  # unsubscribed meanwhile
+            if item.sub is not None and client.subs.get(item.sub.id) is not item.sub:
+                continue  # unsubscribed (or replaced) meanwhile
             client.queue.put(item)

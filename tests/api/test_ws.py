@@ -574,3 +574,42 @@ def test_a_subscribe_for_an_id_in_use_ends_its_previous_subscription(server, ctx
                 assert recv_until(ws, lambda m: m.get("id") == sub_id)["type"] == "error"
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's queues, not the store
+def test_a_switched_reload_is_tied_to_its_subscription(ctx, now_ms):
+    """A `switched` reload belongs to its subscription: one computed for a subscription that ends
+    before it is delivered is not sent, one queued is removed when it ends (no snapshot after
+    `unsubscribed`), and one for a subscription whose first snapshot is not queued yet follows it."""
+    from api.ws_hub import Hub
+
+    hub = Hub(ctx.store, ctx.clock, HubConfig())
+    rq = resolve_query(QueryIn.model_validate({"metric": "requests", "stat": "count", "from": "now-5m",
+                                               "step": "10s"}), ctx.catalog, now_ms, 1000)
+
+    async def scenario():
+        client = hub.connect()
+        queue = client.queue
+        sub = hub.subscribe(client, "a", rq)
+        queue.release(sub)
+        reloads = hub._reloads([(client, sub)], {STREAM})
+        assert hub.unsubscribe(client, "a")
+        hub._deliver(reloads)  # computed before the unsubscribe, delivered after it
+        assert len(queue) == 0
+
+        sub = hub.subscribe(client, "b", rq)
+        queue.release(sub)
+        hub._deliver(hub._reloads([(client, sub)], {STREAM}))
+        assert len(queue) == 1
+        hub.unsubscribe(client, "b")  # queued, not sent yet
+        assert len(queue) == 0
+
+        sub = hub.subscribe(client, "c", rq)  # its snapshot is being computed
+        hub._deliver(hub._reloads([(client, sub)], {STREAM}))
+        assert len(queue) == 0
+        queue.put(QueuedMessage({"type": "snapshot", "id": "c"}, droppable=False))
+        queue.release(sub)
+        first, second = json.loads(await queue.get(0.01)), json.loads(await queue.get(0.01))
+        assert (first.get("reason"), second["reason"]) == (None, "switched")
+
+    asyncio.run(scenario())
