@@ -136,9 +136,11 @@ class ClientQueue:
         self._wakeup.set()
 
     def _compact(self) -> None:
-        """Coalesce points per subscription (into the first one queued) and drop topic messages."""
+        """Coalesce points per subscription and drop topic messages. A subscription's newer points
+        merge into its first points queued since its last reload, never into points queued before
+        one: they would reach the client before the reload, which would then overwrite them."""
         kept: deque = deque()
-        by_token: dict[int, int] = {}
+        by_token: dict[int, int] = {}  # sub token -> where its points since its last reload are kept
         removed = 0
         for item in self.items:
             if isinstance(item, QueuedPoints):
@@ -152,6 +154,8 @@ class ClientQueue:
             elif item.droppable:
                 removed += 1
                 continue
+            elif item.sub is not None:
+                by_token.pop(item.sub.token, None)
             kept.append(item)
         self.items = kept
         self._count_dropped(removed)

@@ -613,3 +613,32 @@ def test_a_switched_reload_is_tied_to_its_subscription(ctx, now_ms):
         assert (first.get("reason"), second["reason"]) == (None, "switched")
 
     asyncio.run(scenario())
+
+
+def test_coalescing_keeps_points_after_a_reload_of_their_subscription():
+    """Points queued after a subscription's `switched` reload are never merged into its points
+    queued before it: the client would apply them, then the older whole snapshot over them."""
+
+    async def scenario():
+        q = ClientQueue(bound=4)
+        sub = Subscription("a", None, 1, ready=True)
+
+        def points(value):
+            return QueuedPoints(sub, PointsBatch([{"stat": "count", "group": {}, "points": [
+                {"t": 0, "value": value}]}], {"start": 0, "end": 1, "watermark_ms": None}))
+
+        reload = {"type": "snapshot", "id": "a", "reason": "switched",
+                  "result": {"series": [{"stat": "count", "group": {}, "points": [{"t": 0, "value": 5.0}]}]}}
+        q.put(points(1.0))
+        q.put(QueuedMessage(reload, False, sub=sub))
+        q.put(points(6.0))
+        q.put(QueuedMessage({"type": "pipeline"}, True))
+        q.put(QueuedMessage({"type": "lag"}, True))  # the queue is full: compacted
+        value = None
+        while (text := await q.get(0.01)) is not None:
+            m = json.loads(text)
+            if m["type"] in ("points", "snapshot"):
+                value = (m["series"] if m["type"] == "points" else m["result"]["series"])[0]["points"][0]["value"]
+        assert value == 6.0  # the newest value computed, not the reload's
+
+    asyncio.run(scenario())
