@@ -5,8 +5,11 @@ the clients' bounded queues on the event loop.
 
 Per client, a bounded queue (`queue_size` messages): when it is full, points messages are
 coalesced per subscription (the newer point wins) and topic messages dropped; the client is
-then told `{"type": "dropped", "count": n}`. Memory per client is therefore bounded by
-queue_size messages plus one points map per subscription, whatever the client's speed.
+then told `{"type": "dropped", "count": n}`. Points are never dropped (past the bound each
+subscription keeps one merged entry), nor are snapshots and replies: a client with more of
+those waiting than queue_size + max_subscriptions is closed (1008). Memory per client is
+therefore bounded by that many messages plus one points map per subscription, whatever the
+client's speed.
 """
 
 from __future__ import annotations
@@ -106,11 +109,27 @@ class QueuedMessage:
         return self.encoded if self.encoded is not None else _dumps(self.msg)
 
 
-class ClientQueue:
-    """A client's outgoing messages. Used on the event loop thread only."""
+class QueueClosed(Exception):
+    """The client's queue was closed (`reason`): its connection is to be closed (1008)."""
 
-    def __init__(self, bound: int):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ClientQueue:
+    """A client's outgoing messages. Used on the event loop thread only.
+
+    At `bound` messages, points are merged per subscription and topic messages dropped (both
+    counted in `dropped`). Points are never dropped: past the bound a subscription's points merge
+    into those it has queued, or are queued as its one entry (so up to one per subscription beyond
+    the bound). Replies and snapshots are never dropped either: a client holding more than
+    `bound + headroom` of them is closed (QueueClosed from get()) rather than silently missing one."""
+
+    def __init__(self, bound: int, headroom: int = 0):
         self.bound = bound
+        self.limit = bound + headroom  # the most messages other than points it holds
+        self.closed: str | None = None  # why the connection is to be closed
         self.items: deque[QueuedPoints | QueuedMessage] = deque()
         # sub token -> what waits for its snapshot: points (merged), or a reload and the points after it
         self.pending: dict[int, list[QueuedPoints | QueuedMessage]] = {}
@@ -120,22 +139,33 @@ class ClientQueue:
         self._wakeup = asyncio.Event()
 
     def put(self, item: QueuedPoints | QueuedMessage) -> None:
+        if self.closed is not None:
+            return
         if item.sub is not None and not item.sub.ready:
             self._hold(item)
             return
         if len(self.items) >= self.bound:
-            self._compact()
-        if len(self.items) >= self.bound:
-            if isinstance(item, QueuedPoints) or not item.droppable:
-                self.items.popleft()  # only possible with more subscriptions than the bound allows
-            else:
-                self._count_dropped(1)
-                return
+            points_at, others = self._compact()
+            if len(self.items) >= self.bound:
+                if isinstance(item, QueuedPoints):
+                    at = points_at.get(item.sub.token)
+                    if at is not None:  # merged into its subscription's queued points
+                        self.items[at] = QueuedPoints(item.sub, self.items[at].batch.merged(item.batch))
+                        self._count_dropped(1)
+                        self._wakeup.set()
+                        return
+                    # else: queued as the subscription's one entry, beyond the bound
+                elif item.droppable:
+                    self._count_dropped(1)
+                    return
+                elif others >= self.limit:
+                    self.close(f"too slow: {others} messages waiting")
+                    return
         self.items.append(item)
         self.high_water = max(self.high_water, len(self.items))
         self._wakeup.set()
 
-    def _compact(self) -> None:
+    def _compact(self) -> tuple[dict[int, int], int]:
         """Coalesce points per subscription and drop topic messages. A subscription's newer points
         merge into its first points queued since its last reload, never into points queued before
         one: they would reach the client before the reload, which would then overwrite them."""
@@ -159,6 +189,15 @@ class ClientQueue:
             kept.append(item)
         self.items = kept
         self._count_dropped(removed)
+        return by_token, len(kept) - sum(isinstance(i, QueuedPoints) for i in kept)
+
+    def close(self, reason: str) -> None:
+        """Send nothing more: get() raises QueueClosed(reason), and the connection is closed."""
+        if self.closed is None:
+            self.closed = reason
+            self.items.clear()
+            self.pending.clear()
+            self._wakeup.set()
 
     def _count_dropped(self, n: int) -> None:
         self.dropped += n
@@ -185,13 +224,16 @@ class ClientQueue:
         self.items = deque(i for i in self.items if i.sub is None or i.sub.token != sub.token)
 
     async def get(self, timeout: float) -> str | None:
-        """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle."""
-        if not self.items and not self.dropped:
+        """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle;
+        QueueClosed once the queue was closed."""
+        if not self.items and not self.dropped and self.closed is None:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
             except TimeoutError:
                 return None
+        if self.closed is not None:
+            raise QueueClosed(self.closed)
         if self.dropped:
             n, self.dropped = self.dropped, 0
             return _dumps({"type": "dropped", "count": n})
@@ -207,7 +249,8 @@ class Client:
     """One websocket connection's state in the hub."""
 
     def __init__(self, queue_size: int, max_subscriptions: int):
-        self.queue = ClientQueue(queue_size)
+        # Beyond its bound, room for a snapshot of each subscription (a slow client subscribing).
+        self.queue = ClientQueue(queue_size, headroom=max_subscriptions)
         self.subs: dict[str, Subscription] = {}
         self.topics: set[str] = set(TOPICS)
         self.max_subscriptions = max_subscriptions

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from api.context import ApiContext
 from api.security.middleware import WS_PROTOCOL
 from api.security.ratelimit import RateLimiter
-from api.ws_hub import Client, Hub, QueuedMessage
+from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
 from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
 from store.rollup import RollupError
 
@@ -134,7 +134,13 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
 async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
     config = hub.config
     while True:
-        text = await client.queue.get(config.heartbeat_interval_s)
+        try:
+            text = await client.queue.get(config.heartbeat_interval_s)
+        except QueueClosed as closed:
+            log.info("websocket client closed: %s", closed.reason)
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1008, reason=closed.reason[:120])
+            return
         if text is None:
             text = '{"type":"heartbeat","at_ms":%d}' % hub.now_ms()
         try:

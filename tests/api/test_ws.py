@@ -642,3 +642,42 @@ def test_coalescing_keeps_points_after_a_reload_of_their_subscription():
         assert value == 6.0  # the newest value computed, not the reload's
 
     asyncio.run(scenario())
+
+
+def test_points_are_never_evicted_and_a_client_too_slow_for_its_replies_is_closed():
+    """More subscriptions than the queue's bound (ws_queue_size 8 with 32 subscriptions is allowed):
+    one tick's points for all of them are all kept, merged per subscription once the queue is full,
+    and the merges are counted. Snapshots and replies are never evicted: past the bound plus the
+    headroom the queue is closed (the connection then closes with 1008) rather than lose one."""
+    from api.ws_hub import QueueClosed
+
+    async def scenario():
+        q = ClientQueue(bound=8, headroom=32)
+        subs = [Subscription(f"s{i}", None, i, ready=True) for i in range(12)]
+
+        def points(sub, t, value):
+            return QueuedPoints(sub, PointsBatch([{"stat": "count", "group": {}, "points": [
+                {"t": t, "value": value}]}], {"start": 0, "end": 1, "watermark_ms": None}))
+
+        for t in range(3):  # three ticks' points, nothing read meanwhile
+            for sub in subs:
+                q.put(points(sub, t, float(t)))
+        got: dict[str, set] = {}
+        dropped = 0
+        while (text := await q.get(0.01)) is not None:
+            m = json.loads(text)
+            if m["type"] == "dropped":
+                dropped += m["count"]
+            else:
+                got.setdefault(m["id"], set()).update(p["t"] for s in m["series"] for p in s["points"])
+        assert got == {sub.id: {0, 1, 2} for sub in subs}
+        assert dropped == q.dropped_total > 0
+
+        q = ClientQueue(bound=8)
+        q.put(QueuedMessage({"type": "snapshot", "id": "b", "result": {}}, False))
+        for i in range(8):
+            q.put(QueuedMessage({"type": "pong", "at_ms": i}, False))
+        with pytest.raises(QueueClosed, match="too slow"):
+            await q.get(0.01)
+
+    asyncio.run(scenario())
