@@ -297,6 +297,9 @@ class HubConfig:
     # queries at once on connect); past them the connection is closed (1008).
     message_rate: float = 20.0
     message_burst: int = 50
+    # The connection's token is checked again this often (the tokens file is re-read at most every
+    # second): a revoked one closes the socket (1008).
+    token_check_interval_s: float = 0.5
 
 
 @dataclass

@@ -12,7 +12,8 @@ from fastapi import APIRouter, HTTPException, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.security.middleware import WS_PROTOCOL
+from api.security.middleware import WS_PROTOCOL, refused_now
+from api.security.policy import websocket_scope
 from api.security.ratelimit import RateLimiter
 from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
 from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
@@ -34,6 +35,7 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
         client = hub.connect()
         messages = RateLimiter(hub.config.message_rate, hub.config.message_burst, max_keys=1)
         sender = asyncio.create_task(_send_loop(websocket, client, hub))
+        watcher = asyncio.create_task(_token_watch(websocket, client, ctx, hub))
         try:
             while True:
                 receive = asyncio.ensure_future(websocket.receive())
@@ -61,9 +63,10 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                     continue
                 await _handle(text, client, hub, ctx)
         finally:
-            sender.cancel()
-            with contextlib.suppress(BaseException):
-                await sender
+            for task in (watcher, sender):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             hub.disconnect(client)
 
     return r
@@ -151,6 +154,20 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
                 await websocket.close(code=1008, reason="too slow")
             return
         except Exception:  # the connection is gone
+            return
+
+
+async def _token_watch(websocket: WebSocket, client: Client, ctx: ApiContext, hub: Hub) -> None:
+    """The token the handshake was accepted with, checked again every token_check_interval_s against
+    the same token store as every request's: once it would be refused (revoked, its scope gone, or
+    a token now required), the queue is closed and the sender closes the socket with 1008 and why."""
+    record = websocket.scope.get("state", {}).get("token")
+    needed = websocket_scope(websocket.scope["path"])
+    while True:
+        await asyncio.sleep(hub.config.token_check_interval_s)
+        reason = refused_now(ctx.security, record, needed)
+        if reason is not None:
+            client.queue.close(reason)
             return
 
 
