@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.ws_compute import affected_windows, changed_points, snapshot_result
+from api.ws_compute import affected_windows, changed_points, group_marks, snapshot_result
 from api.ws_protocol import TOPICS
 from api.ws_workers import SnapshotWorkers
 from query import Query
@@ -277,6 +277,32 @@ class _SharedSnapshot:
             return self._text
 
 
+class _ShapeState:
+    """What the hub keeps of a subscription shape between ticks: the groups its subscribers were
+    shown (snapshots and points), each with the latest window start holding its rows, so a window
+    the watermark passes gets a point for each of them, with rows there or not (REST answers every
+    group with rows in the range). A group whose rows all slid out of the range is forgotten."""
+
+    __slots__ = ("groups", "lo", "absent")
+
+    def __init__(self, lo: int):
+        self.groups: dict[tuple[str, ...], int] = {}
+        self.lo = lo
+        self.absent = 0  # ticks without a subscriber
+
+    def note(self, marks: dict[tuple[str, ...], int | None], lo: int) -> None:
+        for group, last in marks.items():
+            held = self.groups.get(group)
+            if last is None:  # shown without rows: kept while the range holds the window it was shown at
+                last = lo if held is None else held
+            self.groups[group] = last if held is None else max(held, last)
+
+    def slide(self, lo: int) -> None:
+        if lo > self.lo:
+            self.lo = lo
+            self.groups = {g: last for g, last in self.groups.items() if last >= lo}
+
+
 @dataclass
 class HubConfig:
     poll_interval_s: float = 0.2
@@ -339,6 +365,8 @@ class Hub:
         self._snapshots: dict[tuple, _SharedSnapshot] = {}  # computed or computing, shared by identical subscriptions
         self._snapshots_lock = threading.Lock()
         self._snapshot_slots = threading.BoundedSemaphore(max(1, self.config.snapshot_concurrency))
+        self._shapes: dict[tuple, _ShapeState] = {}  # shape key -> its state (groups shown)
+        self._shapes_lock = threading.Lock()  # snapshot threads <-> tailer
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -436,11 +464,13 @@ class Hub:
                 query, now_ms, watermark, self.config.max_points,
                 self.point_cache.generation if self.point_cache is not None else 0)
             if done is not None:
-                shared._text = done
+                shared._text, marks = done
             else:
                 with self._snapshot_slots:
                     shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
                                                     self.point_cache)
+                marks = group_marks(query, shared.result["series"])
+            self._shown(query, key[1][0], marks)
             self.stats.snapshots += 1
         except BaseException as exc:
             shared.error = exc
@@ -448,6 +478,17 @@ class Hub:
         finally:
             shared.done.set()
         return shared
+
+    def _shown(self, query: Query, lo: int, marks: dict) -> None:
+        """A snapshot or points of this shape showed these groups (group_marks) to subscribers."""
+        if not query.group_by:
+            return
+        key = query.shape_key()
+        with self._shapes_lock:
+            state = self._shapes.get(key)
+            if state is None:
+                state = self._shapes[key] = _ShapeState(lo)
+            state.note(marks, lo)
 
     @property
     def clients(self) -> int:
@@ -579,9 +620,14 @@ class Hub:
         by_shape: dict[tuple, list[tuple[Client, Subscription]]] = {}
         for client, sub in subs:
             by_shape.setdefault(sub.query.shape_key(), []).append((client, sub))
+        with self._shapes_lock:  # forget the shapes nobody holds (after two ticks: one may be subscribing)
+            for key, state in list(self._shapes.items()):
+                state.absent = 0 if key in by_shape else state.absent + 1
+                if state.absent > 1:
+                    del self._shapes[key]
         now_ms = self.now_ms()
         out = []
-        for members in by_shape.values():
+        for key, members in by_shape.items():
             rq = members[0][1].query
             if rq.stream not in changed and rq.stream not in moved:
                 continue
@@ -590,10 +636,19 @@ class Hub:
             affected = affected_windows(rq, panes, moved.get(rq.stream), lo, hi)
             if not affected:
                 continue
+            groups: list[tuple[str, ...]] = []
+            if rq.group_by:
+                with self._shapes_lock:
+                    state = self._shapes.get(key)
+                    if state is not None:
+                        state.slide(lo)
+                        groups = list(state.groups)
             watermark = watermarks.get(rq.stream)
-            series = changed_points(self.store, rq, affected, watermark, self.config.max_points, self.point_cache)
+            series = changed_points(self.store, rq, affected, watermark, self.config.max_points, self.point_cache,
+                                    groups)
             if not series:
                 continue
+            self._shown(rq, lo, {g: t for g, t in group_marks(rq, series).items() if t is not None})
             batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
             self.stats.points_messages += len(members)
             out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
@@ -604,10 +659,15 @@ class Hub:
         gets a whole new snapshot (groups may have come or gone), marked `"reason": "switched"`."""
         if self.point_cache is not None:
             self.point_cache.clear()  # its fingerprints were of the old rows
+        reloaded = {sub.query.shape_key() for _, sub in subs if sub.query.stream in switched}
+        with self._shapes_lock:  # the groups shown were the old rows': the reloads show the new ones
+            for key in reloaded:
+                self._shapes.pop(key, None)
         out = []
         for client, sub in subs:
             if sub.query.stream in switched:
                 result = self.snapshot(sub.query)
+                self._shown(sub.query, result["start"], group_marks(sub.query, result["series"]))
                 out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
                                                    "result": result}, False, sub=sub)))
         return out

@@ -681,3 +681,46 @@ def test_points_are_never_evicted_and_a_client_too_slow_for_its_replies_is_close
             await q.get(0.01)
 
     asyncio.run(scenario())
+
+
+def client_view(snapshot: dict, messages: list[dict], sub_id: str) -> dict:
+    """(stat, group, t) -> point, as a client holds them: its snapshot, then its points messages."""
+    view = {}
+    for series in [snapshot["result"]["series"], *(m["series"] for m in messages
+                                                   if m["type"] == "points" and m["id"] == sub_id)]:
+        for s in series:
+            for p in s["points"]:
+                view[(s["stat"], tuple(sorted(s["group"].items())), p["t"])] = p
+    return view
+
+
+def rest_view(server, stats, **params) -> dict:
+    view = {}
+    for stat in stats:
+        body = httpx.get(f"{server.http}/api/v1/query", params={**params, "stat": stat}, timeout=10).json()
+        for s in body["series"]:
+            for p in s["points"]:
+                view[(stat, tuple(sorted(s["group"].items())), p["t"])] = p
+    return view
+
+
+def test_the_watermark_passing_windows_makes_every_group_final_there(server, ctx, now_ms):
+    """With group_by, a group without rows in the windows the watermark passes gets its points
+    there too (empty, final), as REST answers them: it was left with final: false for good."""
+    post(server, [ev(now_ms - 300_000, "/api/a", latency=1.0), ev(now_ms - 60_000, "/api/b", latency=2.0)])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+    stats = ["count", "p50", "avg", "max"]
+    view = dict(metric="latency", **{"from": "now-6m"}, step="10s", group_by="endpoint")
+    with connect(server.ws) as ws:
+        ws.send(json.dumps({"type": "topics", "topics": []}))
+        snap = subscribe(ws, "a", stats=stats, **view)
+        post(server, [ev(now_ms - 10_000, "/api/b", latency=3.0)])  # the watermark moves 50 s on
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        seen = []
+        recv_until(ws, lambda m: seen.append(m) or (m["type"] == "points" and m["watermark_ms"] == now_ms - 40_000))
+        client = client_view(snap, seen + messages_for(ws, 0.3), "a")
+    rest = rest_view(server, stats, **view)
+    flipped = [k for k, p in rest.items() if k[1] == (("endpoint", "/api/a"),) and p["final"]
+               and now_ms - 90_000 <= k[2] < now_ms - 40_000]
+    assert len(flipped) == 4 * 5  # /api/a has no rows there: its points there are final too
+    assert client == rest
