@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.ws_compute import affected_windows, changed_points, group_marks, snapshot_result
+from api.ws_compute import ALL_GROUPS, affected_windows, changed_points, group_marks, snapshot_result
 from api.ws_protocol import TOPICS
 from api.ws_workers import SnapshotWorkers
 from query import Query
@@ -278,16 +278,19 @@ class _SharedSnapshot:
 
 
 class _ShapeState:
-    """What the hub keeps of a subscription shape between ticks: the groups its subscribers were
-    shown (snapshots and points), each with the latest window start holding its rows, so a window
-    the watermark passes gets a point for each of them, with rows there or not (REST answers every
-    group with rows in the range). A group whose rows all slid out of the range is forgotten."""
+    """What the hub keeps of a subscription shape between ticks: the end of its range when last
+    pushed (a relative range slides: the windows that entered it since are pushed, holding rows or
+    not), and the groups its subscribers were shown (snapshots and points), each with the latest
+    window start holding its rows, so a window the watermark passes or that enters the range gets
+    a point for each of them, with rows there or not (REST answers every group with rows in the
+    range). A group whose rows all slid out of the range is forgotten."""
 
-    __slots__ = ("groups", "lo", "absent")
+    __slots__ = ("groups", "lo", "hi", "absent")
 
-    def __init__(self, lo: int):
+    def __init__(self, lo: int, hi: int):
         self.groups: dict[tuple[str, ...], int] = {}
         self.lo = lo
+        self.hi = hi
         self.absent = 0  # ticks without a subscriber
 
     def note(self, marks: dict[tuple[str, ...], int | None], lo: int) -> None:
@@ -470,7 +473,7 @@ class Hub:
                     shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
                                                     self.point_cache)
                 marks = group_marks(query, shared.result["series"])
-            self._shown(query, key[1][0], marks)
+            self._shown(query, *key[1], marks)
             self.stats.snapshots += 1
         except BaseException as exc:
             shared.error = exc
@@ -479,15 +482,16 @@ class Hub:
             shared.done.set()
         return shared
 
-    def _shown(self, query: Query, lo: int, marks: dict) -> None:
-        """A snapshot or points of this shape showed these groups (group_marks) to subscribers."""
-        if not query.group_by:
+    def _shown(self, query: Query, lo: int, hi: int, marks: dict) -> None:
+        """A snapshot or points of this shape, over [lo, hi), showed these groups (group_marks) to
+        subscribers."""
+        if not (query.group_by or query.relative):
             return
         key = query.shape_key()
         with self._shapes_lock:
             state = self._shapes.get(key)
             if state is None:
-                state = self._shapes[key] = _ShapeState(lo)
+                state = self._shapes[key] = _ShapeState(lo, hi)
             state.note(marks, lo)
 
     @property
@@ -593,8 +597,8 @@ class Hub:
             deliveries += self._reloads(subs, switched)
             changed = {stream: panes for stream, panes in changed.items() if stream not in switched}
             moved = {stream: move for stream, move in moved.items() if stream not in switched}
-        if changed or moved:
-            deliveries += self._points(subs, changed, moved, watermarks)
+        # Changed panes, a moved watermark, or windows that slid into a relative range (each tick).
+        deliveries += self._points(subs, changed, moved, watermarks)
         now = time.monotonic()
         if self.feeds and now - self._last_feed_poll >= self.config.feed_interval_s:
             self._last_feed_poll = now
@@ -629,26 +633,39 @@ class Hub:
         out = []
         for key, members in by_shape.items():
             rq = members[0][1].query
-            if rq.stream not in changed and rq.stream not in moved:
-                continue
-            lo, hi = rq.range_at(now_ms)
-            panes = ((start, dims_of(d)) for start, d in changed.get(rq.stream, ()))
-            affected = affected_windows(rq, panes, moved.get(rq.stream), lo, hi)
-            if not affected:
-                continue
-            groups: list[tuple[str, ...]] = []
-            if rq.group_by:
+            state = None
+            entered = range(0)
+            if rq.group_by or rq.relative:
+                lo, hi = rq.range_at(now_ms)
                 with self._shapes_lock:
                     state = self._shapes.get(key)
-                    if state is not None:
-                        state.slide(lo)
-                        groups = list(state.groups)
-            watermark = watermarks.get(rq.stream)
-            series = changed_points(self.store, rq, affected, watermark, self.config.max_points, self.point_cache,
-                                    groups)
+                    if state is None:
+                        state = self._shapes[key] = _ShapeState(lo, hi)
+                    state.slide(lo)
+                    if hi > state.hi:  # these windows slid into the range: pushed whole, rows or not
+                        entered = range(max(state.hi, lo), hi, rq.step_ms)
+                    groups = list(state.groups) if rq.group_by else []
+            if rq.stream not in changed and rq.stream not in moved and not entered:
+                continue
+            if state is None:
+                lo, hi = rq.range_at(now_ms)
+                groups = []
+            panes = ((start, dims_of(d)) for start, d in changed.get(rq.stream, ()))
+            affected = affected_windows(rq, panes, moved.get(rq.stream), lo, hi)
+            for t in entered:
+                affected[t] = ALL_GROUPS
+            if affected:
+                watermark = watermarks.get(rq.stream)
+                series = changed_points(self.store, rq, affected, watermark, self.config.max_points,
+                                        self.point_cache, groups)
+            else:
+                series = []
+            if state is not None:
+                with self._shapes_lock:
+                    state.hi = max(state.hi, hi)
             if not series:
                 continue
-            self._shown(rq, lo, {g: t for g, t in group_marks(rq, series).items() if t is not None})
+            self._shown(rq, lo, hi, {g: t for g, t in group_marks(rq, series).items() if t is not None})
             batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
             self.stats.points_messages += len(members)
             out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
@@ -667,7 +684,7 @@ class Hub:
         for client, sub in subs:
             if sub.query.stream in switched:
                 result = self.snapshot(sub.query)
-                self._shown(sub.query, result["start"], group_marks(sub.query, result["series"]))
+                self._shown(sub.query, result["start"], result["end"], group_marks(sub.query, result["series"]))
                 out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
                                                    "result": result}, False, sub=sub)))
         return out

@@ -724,3 +724,32 @@ def test_the_watermark_passing_windows_makes_every_group_final_there(server, ctx
                and now_ms - 90_000 <= k[2] < now_ms - 40_000]
     assert len(flipped) == 4 * 5  # /api/a has no rows there: its points there are final too
     assert client == rest
+
+
+def test_windows_sliding_into_a_relative_range_are_pushed_with_their_rows(server, ctx, clock, now_ms):
+    """A relative range slides with time: the windows that enter it are pushed, for every group,
+    without any commit meanwhile: `to=now-10m` reaching a window that holds rows, and `to=now`
+    reaching one with an event stamped ahead (within max_future_skew)."""
+    post(server, [ev(now_ms - 9 * 60_000, "/api/a"), ev(now_ms + 60_000, "/api/a"),
+                  ev(now_ms - 20 * 60_000, "/api/b")])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+    views = {"past": dict(metric="requests", **{"from": "now-30m"}, to="now-10m", step="1m", group_by="endpoint"),
+             "now": dict(metric="requests", **{"from": "now-30m"}, step="1m", group_by="endpoint")}
+    with connect(server.ws) as ws:
+        ws.send(json.dumps({"type": "topics", "topics": []}))
+        snaps = {sub_id: subscribe(ws, sub_id, stats=["count"], **view) for sub_id, view in views.items()}
+        clock.advance(180)  # no commit: only time passes
+        seen = []
+        recv_until(ws, lambda m: seen.append(m) or {x["id"] for x in seen if x["type"] == "points"} == set(views))
+        seen += messages_for(ws, 0.3)
+    later = now_ms + 180_000
+    for sub_id, view in views.items():
+        client = client_view(snaps[sub_id], seen, sub_id)
+        rest = rest_view(server, ["count"], **view)
+        # Every point with rows is held, and every point held in the range is REST's (a group that
+        # entered the range with its rows is shown where it changed, as a new group is by a commit).
+        assert all(client.get(k) == p for k, p in rest.items() if p["count"] or k in client), sub_id
+        entered = {k for k in rest if k[2] >= later - (10 * 60_000 if sub_id == "past" else 0) - 3 * 60_000}
+        assert entered <= set(client), sub_id  # the windows that entered, for every group
+        event = now_ms - 9 * 60_000 if sub_id == "past" else now_ms + 60_000
+        assert rest[("count", (("endpoint", "/api/a"),), event - event % 60_000)]["count"] == 1  # entered, held
