@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from query import Query, answer_json, compute, series_json
+from query.compute import empty_points, point_json
 from store import PaneStore
 from store.point_cache import PointCache
 
@@ -86,16 +87,24 @@ def runs(times: Iterable[int], step_ms: int, max_gap_points: int = 8) -> list[tu
 
 
 def changed_points(store: PaneStore, rq: Query, affected: dict[int, set | None], watermark_ms: int | None,
-                   max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
-    """Recompute only the affected windows; keep the points of the groups that changed there."""
+                   max_points: int, cache: PointCache | None = None,
+                   groups: Iterable[tuple[str, ...]] = ()) -> list[dict[str, Any]]:
+    """Recompute only the affected windows; keep the points of the groups that changed there.
+
+    `groups`: those the subscribers were shown (their snapshots' and points'). A window affected for
+    every group (ALL_GROUPS: the watermark passed it) gets a point for each of them, as REST answers
+    it: one the recomputation left out (no rows of that group in these windows) an empty point."""
     merged: dict[tuple[str, tuple], dict[str, Any]] = {}
+    groups = list(groups) if rq.group_by else []
     for lo, hi in runs(affected, rq.step_ms):
+        seen: set[tuple[str, tuple]] = set()
         for s in compute_series(store, rq, lo, hi, watermark_ms, max_points, cache):
             group = tuple(s["group"].get(g, "") for g in rq.group_by)
+            seen.add((s["stat"], group))
             points = []
             for p in s["points"]:
-                groups = affected.get(p["t"], ())
-                if groups is ALL_GROUPS or group in groups:
+                groups_there = affected.get(p["t"], ())
+                if groups_there is ALL_GROUPS or group in groups_there:
                     points.append(p)
             if points:
                 key = (s["stat"], group)
@@ -103,4 +112,35 @@ def changed_points(store: PaneStore, rq: Query, affected: dict[int, set | None],
                     merged[key]["points"].extend(points)
                 else:
                     merged[key] = {"stat": s["stat"], "group": s["group"], "points": points}
+        if not groups:
+            continue
+        whole = [t for t in range(lo, hi, rq.step_ms) if t in affected and affected[t] is ALL_GROUPS]
+        if not whole:
+            continue
+        for i, stat in enumerate(rq.stats):
+            missing = [g for g in groups if (stat, g) not in seen]
+            if not missing:
+                continue
+            empty = {p.t_ms: point_json(p) for p in empty_points(rq, i, lo, hi, watermark_ms=watermark_ms)}
+            points = [empty[t] for t in whole]
+            for group in missing:
+                key = (stat, group)
+                if key in merged:
+                    merged[key]["points"].extend(points)
+                else:
+                    merged[key] = {"stat": stat, "group": dict(zip(rq.group_by, group)), "points": list(points)}
     return list(merged.values())
+
+
+def group_marks(rq: Query, series: Iterable[dict[str, Any]]) -> dict[tuple[str, ...], int | None]:
+    """Per group of these series (JSON), the latest window start holding rows (count > 0); None for a
+    group shown without any. Nothing without group_by (one series, always answered)."""
+    marks: dict[tuple[str, ...], int | None] = {}
+    if not rq.group_by:
+        return marks
+    for s in series:
+        group = tuple(s["group"].get(g, "") for g in rq.group_by)
+        last = max((p["t"] for p in s["points"] if p["count"]), default=None)
+        held = marks.get(group)
+        marks[group] = last if held is None else held if last is None else max(held, last)
+    return marks

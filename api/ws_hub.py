@@ -5,8 +5,11 @@ the clients' bounded queues on the event loop.
 
 Per client, a bounded queue (`queue_size` messages): when it is full, points messages are
 coalesced per subscription (the newer point wins) and topic messages dropped; the client is
-then told `{"type": "dropped", "count": n}`. Memory per client is therefore bounded by
-queue_size messages plus one points map per subscription, whatever the client's speed.
+then told `{"type": "dropped", "count": n}`. Points are never dropped (past the bound each
+subscription keeps one merged entry), nor are snapshots and replies: a client with more of
+those waiting than queue_size + max_subscriptions is closed (1008). Memory per client is
+therefore bounded by that many messages plus one points map per subscription, whatever the
+client's speed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.ws_compute import affected_windows, changed_points, snapshot_result
+from api.ws_compute import ALL_GROUPS, affected_windows, changed_points, group_marks, snapshot_result
 from api.ws_protocol import TOPICS
 from api.ws_workers import SnapshotWorkers
 from query import Query
@@ -98,44 +101,76 @@ class QueuedMessage:
     msg: dict
     droppable: bool  # topic messages and heartbeats may be dropped when the client is slow
     encoded: str | None = None
+    # The subscription a message belongs to (a `switched` reload): it waits for that subscription's
+    # snapshot, and is dropped with it when it ends.
+    sub: Subscription | None = None
 
     def text(self) -> str:
         return self.encoded if self.encoded is not None else _dumps(self.msg)
 
 
-class ClientQueue:
-    """A client's outgoing messages. Used on the event loop thread only."""
+class QueueClosed(Exception):
+    """The client's queue was closed (`reason`): its connection is to be closed (1008)."""
 
-    def __init__(self, bound: int):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ClientQueue:
+    """A client's outgoing messages. Used on the event loop thread only.
+
+    At `bound` messages, points are merged per subscription and topic messages dropped (both
+    counted in `dropped`). Points are never dropped: past the bound a subscription's points merge
+    into those it has queued, or are queued as its one entry (so up to one per subscription beyond
+    the bound). Replies and snapshots are never dropped either: a client holding more than
+    `bound + headroom` of them is closed (QueueClosed from get()) rather than silently missing one."""
+
+    def __init__(self, bound: int, headroom: int = 0):
         self.bound = bound
+        self.limit = bound + headroom  # the most messages other than points it holds
+        self.closed: str | None = None  # why the connection is to be closed
         self.items: deque[QueuedPoints | QueuedMessage] = deque()
-        self.pending: dict[int, QueuedPoints] = {}  # sub token -> points waiting for the snapshot
+        # sub token -> what waits for its snapshot: points (merged), or a reload and the points after it
+        self.pending: dict[int, list[QueuedPoints | QueuedMessage]] = {}
         self.dropped = 0  # not yet reported to the client
         self.dropped_total = 0
         self.high_water = 0
         self._wakeup = asyncio.Event()
 
     def put(self, item: QueuedPoints | QueuedMessage) -> None:
-        if isinstance(item, QueuedPoints) and not item.sub.ready:
-            held = self.pending.get(item.sub.token)
-            self.pending[item.sub.token] = item if held is None else QueuedPoints(item.sub, held.batch.merged(item.batch))
+        if self.closed is not None:
+            return
+        if item.sub is not None and not item.sub.ready:
+            self._hold(item)
             return
         if len(self.items) >= self.bound:
-            self._compact()
-        if len(self.items) >= self.bound:
-            if isinstance(item, QueuedPoints) or not item.droppable:
-                self.items.popleft()  # only possible with more subscriptions than the bound allows
-            else:
-                self._count_dropped(1)
-                return
+            points_at, others = self._compact()
+            if len(self.items) >= self.bound:
+                if isinstance(item, QueuedPoints):
+                    at = points_at.get(item.sub.token)
+                    if at is not None:  # merged into its subscription's queued points
+                        self.items[at] = QueuedPoints(item.sub, self.items[at].batch.merged(item.batch))
+                        self._count_dropped(1)
+                        self._wakeup.set()
+                        return
+                    # else: queued as the subscription's one entry, beyond the bound
+                elif item.droppable:
+                    self._count_dropped(1)
+                    return
+                elif others >= self.limit:
+                    self.close(f"too slow: {others} messages waiting")
+                    return
         self.items.append(item)
         self.high_water = max(self.high_water, len(self.items))
         self._wakeup.set()
 
-    def _compact(self) -> None:
-        """Coalesce points per subscription (into the first one queued) and drop topic messages."""
+    def _compact(self) -> tuple[dict[int, int], int]:
+        """Coalesce points per subscription and drop topic messages. A subscription's newer points
+        merge into its first points queued since its last reload, never into points queued before
+        one: they would reach the client before the reload, which would then overwrite them."""
         kept: deque = deque()
-        by_token: dict[int, int] = {}
+        by_token: dict[int, int] = {}  # sub token -> where its points since its last reload are kept
         removed = 0
         for item in self.items:
             if isinstance(item, QueuedPoints):
@@ -149,33 +184,56 @@ class ClientQueue:
             elif item.droppable:
                 removed += 1
                 continue
+            elif item.sub is not None:
+                by_token.pop(item.sub.token, None)
             kept.append(item)
         self.items = kept
         self._count_dropped(removed)
+        return by_token, len(kept) - sum(isinstance(i, QueuedPoints) for i in kept)
+
+    def close(self, reason: str) -> None:
+        """Send nothing more: get() raises QueueClosed(reason), and the connection is closed."""
+        if self.closed is None:
+            self.closed = reason
+            self.items.clear()
+            self.pending.clear()
+            self._wakeup.set()
 
     def _count_dropped(self, n: int) -> None:
         self.dropped += n
         self.dropped_total += n
 
+    def _hold(self, item: QueuedPoints | QueuedMessage) -> None:
+        held = self.pending.setdefault(item.sub.token, [])
+        if isinstance(item, QueuedMessage):
+            held[:] = [item]  # a whole new snapshot (a reload): what was held before it is superseded
+        elif held and isinstance(held[-1], QueuedPoints):
+            held[-1] = QueuedPoints(item.sub, held[-1].batch.merged(item.batch))
+        else:
+            held.append(item)
+
     def release(self, sub: Subscription) -> None:
-        """The snapshot of `sub` is queued: the points computed meanwhile may follow it."""
+        """The snapshot of `sub` is queued: what was computed for it meanwhile may follow it."""
         sub.ready = True
-        held = self.pending.pop(sub.token, None)
-        if held is not None:
-            self.put(held)
+        for item in self.pending.pop(sub.token, ()):
+            self.put(item)
 
     def forget(self, sub: Subscription) -> None:
+        """`sub` ended: nothing queued for it is sent (its points, a reload)."""
         self.pending.pop(sub.token, None)
-        self.items = deque(i for i in self.items if not (isinstance(i, QueuedPoints) and i.sub.token == sub.token))
+        self.items = deque(i for i in self.items if i.sub is None or i.sub.token != sub.token)
 
     async def get(self, timeout: float) -> str | None:
-        """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle."""
-        if not self.items and not self.dropped:
+        """The next message's text (a 'dropped' notice first, when due); None after `timeout` idle;
+        QueueClosed once the queue was closed."""
+        if not self.items and not self.dropped and self.closed is None:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
             except TimeoutError:
                 return None
+        if self.closed is not None:
+            raise QueueClosed(self.closed)
         if self.dropped:
             n, self.dropped = self.dropped, 0
             return _dumps({"type": "dropped", "count": n})
@@ -191,7 +249,8 @@ class Client:
     """One websocket connection's state in the hub."""
 
     def __init__(self, queue_size: int, max_subscriptions: int):
-        self.queue = ClientQueue(queue_size)
+        # Beyond its bound, room for a snapshot of each subscription (a slow client subscribing).
+        self.queue = ClientQueue(queue_size, headroom=max_subscriptions)
         self.subs: dict[str, Subscription] = {}
         self.topics: set[str] = set(TOPICS)
         self.max_subscriptions = max_subscriptions
@@ -218,6 +277,35 @@ class _SharedSnapshot:
             return self._text
 
 
+class _ShapeState:
+    """What the hub keeps of a subscription shape between ticks: the end of its range when last
+    pushed (a relative range slides: the windows that entered it since are pushed, holding rows or
+    not), and the groups its subscribers were shown (snapshots and points), each with the latest
+    window start holding its rows, so a window the watermark passes or that enters the range gets
+    a point for each of them, with rows there or not (REST answers every group with rows in the
+    range). A group whose rows all slid out of the range is forgotten."""
+
+    __slots__ = ("groups", "lo", "hi", "absent")
+
+    def __init__(self, lo: int, hi: int):
+        self.groups: dict[tuple[str, ...], int] = {}
+        self.lo = lo
+        self.hi = hi
+        self.absent = 0  # ticks without a subscriber
+
+    def note(self, marks: dict[tuple[str, ...], int | None], lo: int) -> None:
+        for group, last in marks.items():
+            held = self.groups.get(group)
+            if last is None:  # shown without rows: kept while the range holds the window it was shown at
+                last = lo if held is None else held
+            self.groups[group] = last if held is None else max(held, last)
+
+    def slide(self, lo: int) -> None:
+        if lo > self.lo:
+            self.lo = lo
+            self.groups = {g: last for g, last in self.groups.items() if last >= lo}
+
+
 @dataclass
 class HubConfig:
     poll_interval_s: float = 0.2
@@ -238,6 +326,9 @@ class HubConfig:
     # queries at once on connect); past them the connection is closed (1008).
     message_rate: float = 20.0
     message_burst: int = 50
+    # The connection's token is checked again this often (the tokens file is re-read at most every
+    # second): a revoked one closes the socket (1008).
+    token_check_interval_s: float = 0.5
 
 
 @dataclass
@@ -277,6 +368,8 @@ class Hub:
         self._snapshots: dict[tuple, _SharedSnapshot] = {}  # computed or computing, shared by identical subscriptions
         self._snapshots_lock = threading.Lock()
         self._snapshot_slots = threading.BoundedSemaphore(max(1, self.config.snapshot_concurrency))
+        self._shapes: dict[tuple, _ShapeState] = {}  # shape key -> its state (groups shown)
+        self._shapes_lock = threading.Lock()  # snapshot threads <-> tailer
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -374,11 +467,13 @@ class Hub:
                 query, now_ms, watermark, self.config.max_points,
                 self.point_cache.generation if self.point_cache is not None else 0)
             if done is not None:
-                shared._text = done
+                shared._text, marks = done
             else:
                 with self._snapshot_slots:
                     shared.result = snapshot_result(self.store, query, now_ms, watermark, self.config.max_points,
                                                     self.point_cache)
+                marks = group_marks(query, shared.result["series"])
+            self._shown(query, *key[1], marks)
             self.stats.snapshots += 1
         except BaseException as exc:
             shared.error = exc
@@ -386,6 +481,18 @@ class Hub:
         finally:
             shared.done.set()
         return shared
+
+    def _shown(self, query: Query, lo: int, hi: int, marks: dict) -> None:
+        """A snapshot or points of this shape, over [lo, hi), showed these groups (group_marks) to
+        subscribers."""
+        if not (query.group_by or query.relative):
+            return
+        key = query.shape_key()
+        with self._shapes_lock:
+            state = self._shapes.get(key)
+            if state is None:
+                state = self._shapes[key] = _ShapeState(lo, hi)
+            state.note(marks, lo)
 
     @property
     def clients(self) -> int:
@@ -490,8 +597,8 @@ class Hub:
             deliveries += self._reloads(subs, switched)
             changed = {stream: panes for stream, panes in changed.items() if stream not in switched}
             moved = {stream: move for stream, move in moved.items() if stream not in switched}
-        if changed or moved:
-            deliveries += self._points(subs, changed, moved, watermarks)
+        # Changed panes, a moved watermark, or windows that slid into a relative range (each tick).
+        deliveries += self._points(subs, changed, moved, watermarks)
         now = time.monotonic()
         if self.feeds and now - self._last_feed_poll >= self.config.feed_interval_s:
             self._last_feed_poll = now
@@ -517,21 +624,48 @@ class Hub:
         by_shape: dict[tuple, list[tuple[Client, Subscription]]] = {}
         for client, sub in subs:
             by_shape.setdefault(sub.query.shape_key(), []).append((client, sub))
+        with self._shapes_lock:  # forget the shapes nobody holds (after two ticks: one may be subscribing)
+            for key, state in list(self._shapes.items()):
+                state.absent = 0 if key in by_shape else state.absent + 1
+                if state.absent > 1:
+                    del self._shapes[key]
         now_ms = self.now_ms()
         out = []
-        for members in by_shape.values():
+        for key, members in by_shape.items():
             rq = members[0][1].query
-            if rq.stream not in changed and rq.stream not in moved:
+            state = None
+            entered = range(0)
+            if rq.group_by or rq.relative:
+                lo, hi = rq.range_at(now_ms)
+                with self._shapes_lock:
+                    state = self._shapes.get(key)
+                    if state is None:
+                        state = self._shapes[key] = _ShapeState(lo, hi)
+                    state.slide(lo)
+                    if hi > state.hi:  # these windows slid into the range: pushed whole, rows or not
+                        entered = range(max(state.hi, lo), hi, rq.step_ms)
+                    groups = list(state.groups) if rq.group_by else []
+            if rq.stream not in changed and rq.stream not in moved and not entered:
                 continue
-            lo, hi = rq.range_at(now_ms)
+            if state is None:
+                lo, hi = rq.range_at(now_ms)
+                groups = []
             panes = ((start, dims_of(d)) for start, d in changed.get(rq.stream, ()))
             affected = affected_windows(rq, panes, moved.get(rq.stream), lo, hi)
-            if not affected:
-                continue
-            watermark = watermarks.get(rq.stream)
-            series = changed_points(self.store, rq, affected, watermark, self.config.max_points, self.point_cache)
+            for t in entered:
+                affected[t] = ALL_GROUPS
+            if affected:
+                watermark = watermarks.get(rq.stream)
+                series = changed_points(self.store, rq, affected, watermark, self.config.max_points,
+                                        self.point_cache, groups)
+            else:
+                series = []
+            if state is not None:
+                with self._shapes_lock:
+                    state.hi = max(state.hi, hi)
             if not series:
                 continue
+            self._shown(rq, lo, hi, {g: t for g, t in group_marks(rq, series).items() if t is not None})
             batch = PointsBatch(series, {"start": lo, "end": hi, "watermark_ms": watermark, "at_ms": self.now_ms()})
             self.stats.points_messages += len(members)
             out += [(client, QueuedPoints(sub, batch)) for client, sub in members]
@@ -542,12 +676,17 @@ class Hub:
         gets a whole new snapshot (groups may have come or gone), marked `"reason": "switched"`."""
         if self.point_cache is not None:
             self.point_cache.clear()  # its fingerprints were of the old rows
+        reloaded = {sub.query.shape_key() for _, sub in subs if sub.query.stream in switched}
+        with self._shapes_lock:  # the groups shown were the old rows': the reloads show the new ones
+            for key in reloaded:
+                self._shapes.pop(key, None)
         out = []
         for client, sub in subs:
             if sub.query.stream in switched:
                 result = self.snapshot(sub.query)
+                self._shown(sub.query, result["start"], result["end"], group_marks(sub.query, result["series"]))
                 out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
-                                                   "result": result}, False)))
+                                                   "result": result}, False, sub=sub)))
         return out
 
     def _broadcasts(self):
@@ -568,6 +707,6 @@ class Hub:
 
     def _deliver(self, deliveries) -> None:
         for client, item in deliveries:
-            if isinstance(item, QueuedPoints) and client.subs.get(item.sub.id) is not item.sub:
-                continue  # unsubscribed meanwhile
+            if item.sub is not None and client.subs.get(item.sub.id) is not item.sub:
+                continue  # unsubscribed (or replaced) meanwhile
             client.queue.put(item)

@@ -12,9 +12,10 @@ from fastapi import APIRouter, HTTPException, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.context import ApiContext
-from api.security.middleware import WS_PROTOCOL
+from api.security.middleware import WS_PROTOCOL, refused_now
+from api.security.policy import websocket_scope
 from api.security.ratelimit import RateLimiter
-from api.ws_hub import Client, Hub, QueuedMessage
+from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
 from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
 from store.rollup import RollupError
 
@@ -34,6 +35,7 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
         client = hub.connect()
         messages = RateLimiter(hub.config.message_rate, hub.config.message_burst, max_keys=1)
         sender = asyncio.create_task(_send_loop(websocket, client, hub))
+        watcher = asyncio.create_task(_token_watch(websocket, client, ctx, hub))
         try:
             while True:
                 receive = asyncio.ensure_future(websocket.receive())
@@ -61,9 +63,10 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                     continue
                 await _handle(text, client, hub, ctx)
         finally:
-            sender.cancel()
-            with contextlib.suppress(BaseException):
-                await sender
+            for task in (watcher, sender):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
             hub.disconnect(client)
 
     return r
@@ -92,6 +95,15 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         else:
             _reply(client, error(f"no subscription with id {msg.id!r}", msg.id))
     elif isinstance(msg, Subscribe):
+        # A subscribe for an id in use replaces that subscription: the old one ends here, before the
+        # new one is checked, so a refused one leaves no subscription under the id (the error says so).
+        replaced = hub.unsubscribe(client, msg.id)
+
+        def refuse(reason: str) -> None:
+            if replaced:
+                reason += f" (the subscription previously under id {msg.id!r} has ended)"
+            _reply(client, error(reason, msg.id))
+
         catalog = ctx.catalog
         if msg.query.version is not None:
             from api.query_routes import versioned_output
@@ -99,22 +111,22 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
             try:
                 store, catalog = await run_in_threadpool(versioned_output, ctx, msg.query.metric, msg.query.version)
             except HTTPException as exc:
-                _reply(client, error(str(exc.detail), msg.id))
+                refuse(str(exc.detail))
                 return
             if store is not ctx.store:  # an output not served: a snapshot of it, no live points
-                await _version_snapshot(client, ctx, hub, msg, store, catalog)
+                await _version_snapshot(client, ctx, hub, msg, store, catalog, refuse)
                 return
         try:
             query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
             sub = hub.subscribe(client, msg.id, query)
         except (ProtocolError, ValueError) as exc:
-            _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+            refuse(getattr(exc, "reason", str(exc)))
             return
         try:
             message = await run_in_threadpool(hub.snapshot_message, msg.id, query)
         except RollupError as exc:
             hub.unsubscribe(client, msg.id)
-            _reply(client, error(str(exc), msg.id))
+            refuse(str(exc))
             return
         if client.subs.get(msg.id) is not sub:
             return  # unsubscribed or replaced while the snapshot was computed
@@ -125,7 +137,13 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
 async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
     config = hub.config
     while True:
-        text = await client.queue.get(config.heartbeat_interval_s)
+        try:
+            text = await client.queue.get(config.heartbeat_interval_s)
+        except QueueClosed as closed:
+            log.info("websocket client closed: %s", closed.reason)
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1008, reason=closed.reason[:120])
+            return
         if text is None:
             text = '{"type":"heartbeat","at_ms":%d}' % hub.now_ms()
         try:
@@ -139,7 +157,21 @@ async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
             return
 
 
-async def _version_snapshot(client, ctx, hub, msg, store, catalog) -> None:
+async def _token_watch(websocket: WebSocket, client: Client, ctx: ApiContext, hub: Hub) -> None:
+    """The token the handshake was accepted with, checked again every token_check_interval_s against
+    the same token store as every request's: once it would be refused (revoked, its scope gone, or
+    a token now required), the queue is closed and the sender closes the socket with 1008 and why."""
+    record = websocket.scope.get("state", {}).get("token")
+    needed = websocket_scope(websocket.scope["path"])
+    while True:
+        await asyncio.sleep(hub.config.token_check_interval_s)
+        reason = refused_now(ctx.security, record, needed)
+        if reason is not None:
+            client.queue.close(reason)
+            return
+
+
+async def _version_snapshot(client, ctx, hub, msg, store, catalog, refuse) -> None:
     """A subscription to an output that is not served (a run's or a previous one): its snapshot,
     marked `"live": false`: the hub follows only the served output's change feed, and such an
     output changes only while its run is going (subscribe again to refresh it)."""
@@ -151,6 +183,6 @@ async def _version_snapshot(client, ctx, hub, msg, store, catalog) -> None:
                                                                  store.watermarks().get(query.stream),
                                                                  ctx.query_max_points))
     except (ProtocolError, ValueError, RollupError) as exc:
-        _reply(client, error(getattr(exc, "reason", str(exc)), msg.id))
+        refuse(getattr(exc, "reason", str(exc)))
         return
     _reply(client, {"type": "snapshot", "id": msg.id, "live": False, "result": result})

@@ -45,15 +45,18 @@ def _ready() -> bool:
     return _state is not None
 
 
-def _snapshot(query: Query, now_ms: int, watermark_ms: int | None, max_points: int, generation: int) -> str:
-    from api.ws_compute import snapshot_result
+def _snapshot(query: Query, now_ms: int, watermark_ms: int | None, max_points: int,
+              generation: int) -> tuple[str, dict]:
+    from api.ws_compute import group_marks, snapshot_result
     from api.ws_hub import _dumps
 
     store, cache = _state
     if cache is not None and cache.generation != generation:  # the API process's cache was cleared (a switch)
         cache.clear(generation=generation)
-    # Only the text goes back: unpickling thousands of point dicts would hold the API process's GIL.
-    return _dumps(snapshot_result(store, query, now_ms, watermark_ms, max_points, cache))
+    # Only the text goes back (unpickling thousands of point dicts would hold the API process's GIL),
+    # with the groups it shows (a few tuples), which the hub's updates fill in (api/ws_compute.py).
+    result = snapshot_result(store, query, now_ms, watermark_ms, max_points, cache)
+    return _dumps(result), group_marks(query, result["series"])
 
 
 def _warm(queries: list[Query], now_ms: int, watermarks: dict[str, int], max_points: int, generation: int) -> int:
@@ -111,8 +114,9 @@ class SnapshotWorkers:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def compute(self, query: Query, now_ms: int, watermark_ms: int | None, max_points: int,
-                generation: int = 0) -> str | None:
-        """The snapshot's result as JSON text, or None where no worker can compute it now.
+                generation: int = 0) -> tuple[str, dict] | None:
+        """The snapshot's result as JSON text and its groups (api.ws_compute.group_marks), or None
+        where no worker can compute it now.
         `generation`: the API process's point cache's (a worker forgets its points when it changed)."""
         pool = self._pool
         if pool is None or not self._ready.is_set():
@@ -122,13 +126,13 @@ class SnapshotWorkers:
         except (RuntimeError, BrokenProcessPool):  # stopped, or broken, meanwhile
             return None
         try:
-            text = future.result()
+            done = future.result()
         except BrokenProcessPool:
             log.error("a websocket snapshot worker died; snapshots are computed in the API process from now on")
             self._ready.clear()
             return None
         self.computed += 1
-        return text
+        return done
 
     def warm(self, queries: list[Query], now_ms: int, watermarks: dict[str, int], max_points: int,
              generation: int = 0) -> int | None:

@@ -18,7 +18,7 @@ from query.model import Query
 from store import PaneStore
 from store.bloom import overlay_first_seen
 from store.point_cache import PointCache
-from store.rollup import Point, Series
+from store.rollup import Point, Series, rollup
 from store.series import query_series
 
 
@@ -54,6 +54,21 @@ def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int |
                 points = overlay_first_seen(points, rows, q.window_ms)
             out.append(StatSeries(stat, s.group, points))
     return out
+
+
+def empty_points(q: Query, i: int, lo: int, hi: int, *, watermark_ms: int | None) -> list[Point]:
+    """What compute() answers for stat q.stats[i] of a group with no rows in the windows starting in
+    [lo, hi) (the group has rows elsewhere in the query's range): its points there, without a read."""
+    stat, quantile = q.stats[i], q.quantiles[i]
+    ratio = stat in RATIO_STATS
+    points = rollup([], stat="sum" if ratio else "count" if stat in FIRST_SEEN_STATS else stat,
+                    quantile=None if ratio else quantile, value_field=q.ratio_of if ratio else q.value_field,
+                    distinct_field=q.distinct_field, start_ms=lo, end_ms=hi, step_ms=q.step_ms,
+                    window_ms=q.window_ms, pane_ms=q.pane_ms, watermark_ms=watermark_ms,
+                    max_points=(hi - lo) // q.step_ms + 1)[0].points
+    if ratio:  # as ratio_series: no denominator, no value
+        return [Point(d.t_ms, None, d.count, d.final, d.revision, None) for d in points]
+    return points
 
 
 def ratio_series(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int | None,

@@ -7,6 +7,7 @@ scope of every path, routes added later included, with nothing to forget on each
 
 from __future__ import annotations
 
+import hmac
 import json
 
 from api.security.config import SecurityConfig
@@ -47,6 +48,26 @@ def authorize(required: bool, tokens: TokenSet, presented: str | None, needed: S
         raise Denied(403, f"token {record.name!r} has scopes [{held}]; this needs '{needed}'",
                      f'{REALM}, error="insufficient_scope", scope="{needed}"')
     return record
+
+
+def refused_now(config: SecurityConfig, record: TokenRecord | None, needed: Scope | None) -> str | None:
+    """Why a connection accepted with `record` (None: no token was needed) would be refused now, by
+    the same token store the handshake used: revoked, its scope gone, or a token now required.
+    None while it would still be accepted. For a websocket's periodic re-check."""
+    required, tokens = config.tokens.state()
+    if not required or needed is None:
+        return None
+    if record is None:
+        return "a token is now required"
+    current = None
+    for r in tokens.records:  # every record compared, as TokenSet.lookup does
+        if hmac.compare_digest(r.sha256, record.sha256):
+            current = r
+    if current is None:
+        return f"token {record.name!r} was revoked"
+    if not grants(current.scopes, needed):
+        return f"token {record.name!r} no longer has scope '{needed}'"
+    return None
 
 
 def bearer(headers: dict[str, str]) -> str | None:

@@ -6,6 +6,7 @@ the dashboard's security headers, and the OpenAPI document saying all of it."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -85,6 +86,30 @@ def test_a_revoked_token_stops_working_without_a_restart(server, tokens):
     assert server.client.get("/api/v1/streams", headers=auth(tokens["read"])).status_code == 200
     revoke_token(tokens["path"], "t_read")
     assert server.client.get("/api/v1/streams", headers=auth(tokens["read"])).status_code == 401
+
+
+def test_an_open_websocket_is_closed_once_its_token_is_revoked(ctx, tokens):
+    """A running API stops accepting a revoked token within a second, an open websocket included:
+    it is closed with 1008 and the reason, checked with the same token store as each request."""
+    from websockets.exceptions import ConnectionClosed
+
+    from api.ws_hub import HubConfig
+
+    secure(ctx, tokens)
+    kept = create_token(tokens["path"], "t_kept", frozenset({Scope("read")}), now_ms=0)
+    app = create_app(ctx, hub_config=HubConfig(token_check_interval_s=0.05, heartbeat_interval_s=0.2))
+    with Server(app) as server, connect(server.ws, additional_headers=auth(tokens["read"]), open_timeout=5) as ws, \
+            connect(server.ws, additional_headers=auth(kept), open_timeout=5) as other:
+        ws.send(json.dumps({"type": "ping"}))
+        assert json.loads(ws.recv(timeout=5))["type"] == "pong"
+        revoke_token(tokens["path"], "t_read")
+        deadline = time.monotonic() + 3
+        with pytest.raises(ConnectionClosed) as closed:
+            while time.monotonic() < deadline:  # heartbeats meanwhile
+                ws.recv(timeout=2)
+        assert closed.value.rcvd.code == 1008 and "'t_read' was revoked" in closed.value.rcvd.reason
+        other.send(json.dumps({"type": "ping"}))  # another token's socket stays open
+        assert json.loads(other.recv(timeout=5))["type"] in ("pong", "heartbeat")
 
 
 def ws_status(server, **kwargs) -> int:

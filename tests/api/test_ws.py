@@ -527,3 +527,229 @@ def test_the_wired_service_computes_snapshots_in_its_worker_and_survives_its_dea
                 for pid in list(ctx.snapshot_workers._pool._processes):
                     os.kill(pid, signal.SIGKILL)
         assert ctx.snapshot_workers.computed == 1  # "b" was computed here, after the worker died
+
+
+def messages_for(ws, seconds: float) -> list[dict]:
+    """Every message that arrives within `seconds`."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            out.append(json.loads(ws.recv(timeout=left)))
+        except TimeoutError:
+            break
+    return out
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the protocol, not the store
+def test_a_subscribe_for_an_id_in_use_ends_its_previous_subscription(server, ctx, now_ms, monkeypatch, tmp_path):
+    """A subscribe message for an id in use replaces that subscription, whatever the new one's fate:
+    a version's snapshot (no live points) or a refusal leaves no live subscription under the id.
+    The version's output is a second store standing in for a run's (versioned_output patched)."""
+    import api.query_routes
+    from store import SqlitePaneStore
+    from store.tiers import catalog_layouts
+
+    other = SqlitePaneStore(tmp_path / "other.db")
+    other.configure_tiers(catalog_layouts(ctx.catalog), now_ms=now_ms)
+    monkeypatch.setattr(api.query_routes, "versioned_output", lambda c, metric, version: (other, c.catalog))
+    view = dict(metric="requests", stat="count", **{"from": "now-5m"}, step="10s")
+    try:
+        with connect(server.ws) as ws:
+            ws.send(json.dumps({"type": "topics", "topics": []}))
+            for sub_id in ("a", "b", "control"):
+                assert subscribe(ws, sub_id, **view)["type"] == "snapshot"
+            assert subscribe(ws, "a", **view, version="old")["result"]["series"][0]["points"]
+            refused = subscribe(ws, "b", **{**view, "stat": "p101"})
+            assert refused["type"] == "error" and "previously under id 'b' has ended" in refused["reason"]
+
+            post(server, [ev(now_ms - 100_000)])
+            drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+            seen = []
+            recv_until(ws, lambda m: seen.append(m) or (m["type"] == "points" and m["id"] == "control"))
+            assert [m for m in seen + messages_for(ws, 0.5) if m.get("id") in ("a", "b")] == []
+            # Neither id holds a subscription now.
+            for sub_id in ("a", "b"):
+                ws.send(json.dumps({"type": "unsubscribe", "id": sub_id}))
+                assert recv_until(ws, lambda m: m.get("id") == sub_id)["type"] == "error"
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's queues, not the store
+def test_a_switched_reload_is_tied_to_its_subscription(ctx, now_ms):
+    """A `switched` reload belongs to its subscription: one computed for a subscription that ends
+    before it is delivered is not sent, one queued is removed when it ends (no snapshot after
+    `unsubscribed`), and one for a subscription whose first snapshot is not queued yet follows it."""
+    from api.ws_hub import Hub
+
+    hub = Hub(ctx.store, ctx.clock, HubConfig())
+    rq = resolve_query(QueryIn.model_validate({"metric": "requests", "stat": "count", "from": "now-5m",
+                                               "step": "10s"}), ctx.catalog, now_ms, 1000)
+
+    async def scenario():
+        client = hub.connect()
+        queue = client.queue
+        sub = hub.subscribe(client, "a", rq)
+        queue.release(sub)
+        reloads = hub._reloads([(client, sub)], {STREAM})
+        assert hub.unsubscribe(client, "a")
+        hub._deliver(reloads)  # computed before the unsubscribe, delivered after it
+        assert len(queue) == 0
+
+        sub = hub.subscribe(client, "b", rq)
+        queue.release(sub)
+        hub._deliver(hub._reloads([(client, sub)], {STREAM}))
+        assert len(queue) == 1
+        hub.unsubscribe(client, "b")  # queued, not sent yet
+        assert len(queue) == 0
+
+        sub = hub.subscribe(client, "c", rq)  # its snapshot is being computed
+        hub._deliver(hub._reloads([(client, sub)], {STREAM}))
+        assert len(queue) == 0
+        queue.put(QueuedMessage({"type": "snapshot", "id": "c"}, droppable=False))
+        queue.release(sub)
+        first, second = json.loads(await queue.get(0.01)), json.loads(await queue.get(0.01))
+        assert (first.get("reason"), second["reason"]) == (None, "switched")
+
+    asyncio.run(scenario())
+
+
+def test_coalescing_keeps_points_after_a_reload_of_their_subscription():
+    """Points queued after a subscription's `switched` reload are never merged into its points
+    queued before it: the client would apply them, then the older whole snapshot over them."""
+
+    async def scenario():
+        q = ClientQueue(bound=4)
+        sub = Subscription("a", None, 1, ready=True)
+
+        def points(value):
+            return QueuedPoints(sub, PointsBatch([{"stat": "count", "group": {}, "points": [
+                {"t": 0, "value": value}]}], {"start": 0, "end": 1, "watermark_ms": None}))
+
+        reload = {"type": "snapshot", "id": "a", "reason": "switched",
+                  "result": {"series": [{"stat": "count", "group": {}, "points": [{"t": 0, "value": 5.0}]}]}}
+        q.put(points(1.0))
+        q.put(QueuedMessage(reload, False, sub=sub))
+        q.put(points(6.0))
+        q.put(QueuedMessage({"type": "pipeline"}, True))
+        q.put(QueuedMessage({"type": "lag"}, True))  # the queue is full: compacted
+        value = None
+        while (text := await q.get(0.01)) is not None:
+            m = json.loads(text)
+            if m["type"] in ("points", "snapshot"):
+                value = (m["series"] if m["type"] == "points" else m["result"]["series"])[0]["points"][0]["value"]
+        assert value == 6.0  # the newest value computed, not the reload's
+
+    asyncio.run(scenario())
+
+
+def test_points_are_never_evicted_and_a_client_too_slow_for_its_replies_is_closed():
+    """More subscriptions than the queue's bound (ws_queue_size 8 with 32 subscriptions is allowed):
+    one tick's points for all of them are all kept, merged per subscription once the queue is full,
+    and the merges are counted. Snapshots and replies are never evicted: past the bound plus the
+    headroom the queue is closed (the connection then closes with 1008) rather than lose one."""
+    from api.ws_hub import QueueClosed
+
+    async def scenario():
+        q = ClientQueue(bound=8, headroom=32)
+        subs = [Subscription(f"s{i}", None, i, ready=True) for i in range(12)]
+
+        def points(sub, t, value):
+            return QueuedPoints(sub, PointsBatch([{"stat": "count", "group": {}, "points": [
+                {"t": t, "value": value}]}], {"start": 0, "end": 1, "watermark_ms": None}))
+
+        for t in range(3):  # three ticks' points, nothing read meanwhile
+            for sub in subs:
+                q.put(points(sub, t, float(t)))
+        got: dict[str, set] = {}
+        dropped = 0
+        while (text := await q.get(0.01)) is not None:
+            m = json.loads(text)
+            if m["type"] == "dropped":
+                dropped += m["count"]
+            else:
+                got.setdefault(m["id"], set()).update(p["t"] for s in m["series"] for p in s["points"])
+        assert got == {sub.id: {0, 1, 2} for sub in subs}
+        assert dropped == q.dropped_total > 0
+
+        q = ClientQueue(bound=8)
+        q.put(QueuedMessage({"type": "snapshot", "id": "b", "result": {}}, False))
+        for i in range(8):
+            q.put(QueuedMessage({"type": "pong", "at_ms": i}, False))
+        with pytest.raises(QueueClosed, match="too slow"):
+            await q.get(0.01)
+
+    asyncio.run(scenario())
+
+
+def client_view(snapshot: dict, messages: list[dict], sub_id: str) -> dict:
+    """(stat, group, t) -> point, as a client holds them: its snapshot, then its points messages."""
+    view = {}
+    for series in [snapshot["result"]["series"], *(m["series"] for m in messages
+                                                   if m["type"] == "points" and m["id"] == sub_id)]:
+        for s in series:
+            for p in s["points"]:
+                view[(s["stat"], tuple(sorted(s["group"].items())), p["t"])] = p
+    return view
+
+
+def rest_view(server, stats, **params) -> dict:
+    view = {}
+    for stat in stats:
+        body = httpx.get(f"{server.http}/api/v1/query", params={**params, "stat": stat}, timeout=10).json()
+        for s in body["series"]:
+            for p in s["points"]:
+                view[(stat, tuple(sorted(s["group"].items())), p["t"])] = p
+    return view
+
+
+def test_the_watermark_passing_windows_makes_every_group_final_there(server, ctx, now_ms):
+    """With group_by, a group without rows in the windows the watermark passes gets its points
+    there too (empty, final), as REST answers them: it was left with final: false for good."""
+    post(server, [ev(now_ms - 300_000, "/api/a", latency=1.0), ev(now_ms - 60_000, "/api/b", latency=2.0)])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+    stats = ["count", "p50", "avg", "max"]
+    view = dict(metric="latency", **{"from": "now-6m"}, step="10s", group_by="endpoint")
+    with connect(server.ws) as ws:
+        ws.send(json.dumps({"type": "topics", "topics": []}))
+        snap = subscribe(ws, "a", stats=stats, **view)
+        post(server, [ev(now_ms - 10_000, "/api/b", latency=3.0)])  # the watermark moves 50 s on
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        seen = []
+        recv_until(ws, lambda m: seen.append(m) or (m["type"] == "points" and m["watermark_ms"] == now_ms - 40_000))
+        client = client_view(snap, seen + messages_for(ws, 0.3), "a")
+    rest = rest_view(server, stats, **view)
+    flipped = [k for k, p in rest.items() if k[1] == (("endpoint", "/api/a"),) and p["final"]
+               and now_ms - 90_000 <= k[2] < now_ms - 40_000]
+    assert len(flipped) == 4 * 5  # /api/a has no rows there: its points there are final too
+    assert client == rest
+
+
+def test_windows_sliding_into_a_relative_range_are_pushed_with_their_rows(server, ctx, clock, now_ms):
+    """A relative range slides with time: the windows that enter it are pushed, for every group,
+    without any commit meanwhile: `to=now-10m` reaching a window that holds rows, and `to=now`
+    reaching one with an event stamped ahead (within max_future_skew)."""
+    post(server, [ev(now_ms - 9 * 60_000, "/api/a"), ev(now_ms + 60_000, "/api/a"),
+                  ev(now_ms - 20 * 60_000, "/api/b")])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+    views = {"past": dict(metric="requests", **{"from": "now-30m"}, to="now-10m", step="1m", group_by="endpoint"),
+             "now": dict(metric="requests", **{"from": "now-30m"}, step="1m", group_by="endpoint")}
+    with connect(server.ws) as ws:
+        ws.send(json.dumps({"type": "topics", "topics": []}))
+        snaps = {sub_id: subscribe(ws, sub_id, stats=["count"], **view) for sub_id, view in views.items()}
+        clock.advance(180)  # no commit: only time passes
+        seen = []
+        recv_until(ws, lambda m: seen.append(m) or {x["id"] for x in seen if x["type"] == "points"} == set(views))
+        seen += messages_for(ws, 0.3)
+    later = now_ms + 180_000
+    for sub_id, view in views.items():
+        client = client_view(snaps[sub_id], seen, sub_id)
+        rest = rest_view(server, ["count"], **view)
+        # Every point with rows is held, and every point held in the range is REST's (a group that
+        # entered the range with its rows is shown where it changed, as a new group is by a commit).
+        assert all(client.get(k) == p for k, p in rest.items() if p["count"] or k in client), sub_id
+        entered = {k for k in rest if k[2] >= later - (10 * 60_000 if sub_id == "past" else 0) - 3 * 60_000}
+        assert entered <= set(client), sub_id  # the windows that entered, for every group
+        event = now_ms - 9 * 60_000 if sub_id == "past" else now_ms + 60_000
+        assert rest[("count", (("endpoint", "/api/a"),), event - event % 60_000)]["count"] == 1  # entered, held
