@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from patterns.corrections import correct
 from patterns.events import Match, PatternEvent
-from patterns.matcher import PatternMatcher
+from patterns.matcher import PatternMatcher, run_start_times
 from patterns.plan import Plan
 from store.patterns import (BufferedEvent, HistoryEvent, KeyState, LateEvent, NewMatch, PatternCommit, PatternLoad,
                             PublishedMatch)
@@ -138,7 +138,7 @@ def due_ms(plan: Plan, state: Mapping | None) -> int | None:
         return None
     times = [w["deadline"] for w in state.get("waiting", ()) if w.get("deadline") is not None]
     if plan.within is not None:
-        times += [r["taken"][0][4] + plan.within for r in state.get("runs", ()) if r.get("taken")]
+        times += [start + plan.within for start in run_start_times(state)]
     return min(times, default=None)
 
 

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from patterns.events import Match, MatchedEvent, PatternEvent
 from patterns.plan import Plan
+from patterns.run_events import PoolMap, RunEvents, union
 
 Order = tuple[int, str, int, int]
 
@@ -38,9 +39,8 @@ Order = tuple[int, str, int, int]
 # later one: without this bound one key's burst could stall every stream for minutes. As Esper's
 # match_recognize max-states.
 MAX_RUNS_PER_KEY = 1000
-# And at most this many events in them all: a looping step keeps a run per start, each as long as
-# the burst (under no_skip, more), so the runs' count alone would let one key hold a million
-# events, each offered every event and each batch writing them all back as its state.
+# And at most this many events and ranges in them all (patterns/run_events.py: a key's runs share
+# the events they took; each run holds ranges of them): a batch writes a key's state back whole.
 MAX_EVENTS_PER_KEY = 50_000
 
 
@@ -69,7 +69,7 @@ class Taken(NamedTuple):
 
 
 class Run(NamedTuple):
-    taken: tuple[Taken, ...]
+    taken: RunEvents  # the events it took, in its key's pool
     count: int  # events the current (last taken) step has taken
     blocked: frozenset[int] = frozenset()  # candidate steps ruled out since the last take
     deadline: int | None = None  # set on a run whose positive part is complete, awaiting absence
@@ -87,14 +87,26 @@ class Run(NamedTuple):
         the most events (greedy), then the earliest events."""
         return (self.start.order, -len(self.taken), tuple((t.order, t.step) for t in self.taken))
 
-    def to_json(self) -> dict:
-        return {"taken": [t.to_json() for t in self.taken], "count": self.count, "blocked": sorted(self.blocked),
-                "deadline": self.deadline}
+    def to_json(self, moved: PoolMap) -> dict:
+        """As stored: its ranges and last events per step where `moved` puts them in the written pool."""
+        return {"ranges": [[moved(first), moved(first) + end - first] for first, end in self.taken.ranges],
+                "lasts": [moved(at) if at >= 0 else -1 for at in self.taken.lasts], "count": self.count,
+                "blocked": sorted(self.blocked), "deadline": self.deadline}
 
     @classmethod
-    def from_json(cls, data: dict) -> Run:
-        return cls(tuple([Taken.from_json(t) for t in data["taken"]]), data["count"], frozenset(data["blocked"]),
-                   data["deadline"])
+    def from_json(cls, data: dict, pool: list[Taken]) -> Run:
+        if "taken" in data:  # a state written before runs shared their key's events: its own, appended
+            first = len(pool)
+            pool.extend(Taken.from_json(t) for t in data["taken"])
+            lasts: dict[int, int] = {}
+            for i in range(first, len(pool)):
+                lasts[pool[i].step] = i
+            events = RunEvents(pool, ((first, len(pool)),), len(pool) - first,
+                               tuple(lasts.get(s, -1) for s in range(max(lasts, default=-1) + 1)))
+        else:
+            ranges = tuple((first, end) for first, end in data["ranges"])
+            events = RunEvents(pool, ranges, sum(end - first for first, end in ranges), tuple(data["lasts"]))
+        return cls(events, data["count"], frozenset(data["blocked"]), data["deadline"])
 
 
 # Where a key's partial runs wait: (the step its last event took, the steps its next event may
@@ -110,6 +122,10 @@ class KeyState:
     # failures costs the runs it extends, not every run waiting for the success.
     buckets: dict[BucketKey, dict[Any, Run]] = field(default_factory=dict)
     waiting: list[Run] = field(default_factory=list)  # complete positive parts awaiting the absence deadline
+    # The events the key's runs took, shared by them (patterns/run_events.py); compacted to those
+    # still held when it has doubled since (`compacted`: its size then).
+    events: list[Taken] = field(default_factory=list)
+    compacted: int = 0
 
     def runs(self) -> list[Run]:
         return [run for bucket in self.buckets.values() for run in bucket.values()]
@@ -119,6 +135,21 @@ class KeyState:
 
     def empty(self) -> bool:
         return not self.buckets and not self.waiting
+
+    def held(self) -> list[Run]:
+        return self.runs() + self.waiting
+
+    def compact(self) -> None:
+        """Keep in the pool only the events a run holds, and point the runs at them."""
+        covered = union([r for run in self.held() for r in run.taken.ranges])
+        pool = [t for first, end in covered for t in self.events[first:end]]
+        moved = PoolMap(covered)
+        for bucket in self.buckets.values():
+            for identity, run in bucket.items():
+                bucket[identity] = run._replace(taken=run.taken.remapped(pool, moved))
+        self.waiting = [w._replace(taken=w.taken.remapped(pool, moved)) for w in self.waiting]
+        self.events = pool
+        self.compacted = len(pool)
 
 
 @dataclass(frozen=True)
@@ -204,7 +235,7 @@ class PatternMatcher:
         steps = plan.steps
         # Asked once per event, not once per run: which steps the event passes but for same_as.
         passing = [step.passes_unbound(event.stream, event.fields) for step in steps]
-        taken_as: dict[int, Taken] = {}
+        taken_as: dict[int, int] = {}  # step -> the event's place in the key's pool, taken as that step
         kept: list[Run] = []
         grown: list[Run] = []
         if within is not None:  # cheap beside an offer: the runs that cannot fit `within` any more go first
@@ -228,20 +259,22 @@ class PatternMatcher:
                         takes = step.passes(event.stream, event.fields, bindings)
                     if takes:
                         if s not in taken_as:
-                            taken_as[s] = self._taken(event, s)
-                        grown.append(Run(run.taken + (taken_as[s],), run.count + 1 if s == run.step else 1))
+                            taken_as[s] = self._take(state, event, s)
+                        grown.append(Run(run.taken.extended(taken_as[s]), run.count + 1 if s == run.step else 1))
                     if takes or step.strict:
                         ruled_out.add(s)
                 if len(ruled_out) < len(open_steps):
                     kept.append(run._replace(blocked=run.blocked | ruled_out) if ruled_out else run)
         full = (state.run_count() + len(kept) + len(state.waiting) >= self.max_runs_per_key
-                or _events(state, kept) >= self.max_events_per_key)
+                or _held_units(state, kept, self.max_events_per_key) >= self.max_events_per_key)
         for s in plan.first_steps():
             if passing[s] and (not steps[s].reads_earlier_events or steps[s].passes(event.stream, event.fields, {})):
                 if full:
                     self.dropped_runs += 1
                 else:
-                    grown.append(Run((taken_as.get(s) or self._taken(event, s),), 1))
+                    if s not in taken_as:
+                        taken_as[s] = self._take(state, event, s)
+                    grown.append(Run(RunEvents.first(state.events, taken_as[s]), 1))
         if plan.absence is not None and state.waiting and plan.absence.passes_unbound(event.stream, event.fields):
             state.waiting = [w for w in state.waiting
                              if not plan.absence.passes(event.stream, event.fields, self._bindings(w))]
@@ -306,13 +339,11 @@ class PatternMatcher:
             bucket[identity] = run
 
     def _bound(self, state: KeyState) -> None:
-        """Past max_runs_per_key runs or max_events_per_key events in them (the runs already held
-        took this event and each left a run that skipped it), keep the preferred runs: the
-        earliest first events, then the most events."""
-        waiting_events = sum(len(w.taken) for w in state.waiting)
+        """Past max_runs_per_key runs or max_events_per_key events and ranges in them (the runs
+        already held took this event and each left a run that skipped it), keep the preferred
+        runs: the earliest first events, then the most events."""
         runs_room = self.max_runs_per_key - len(state.waiting)
-        events_room = self.max_events_per_key - waiting_events
-        if state.run_count() <= runs_room and _events(state) <= events_room:
+        if state.run_count() <= runs_room and _held_units(state, (), self.max_events_per_key) <= self.max_events_per_key:
             return
         held = [(run, key, identity) for key, bucket in state.buckets.items() for identity, run in bucket.items()]
         # By Run.preference, whose first two parts (start, then the most events) nearly always
@@ -321,24 +352,30 @@ class PatternMatcher:
             return (entry[0].start.order, -len(entry[0].taken))
 
         held.sort(key=coarse)
-        cut, total = min(len(held), max(runs_room, 0)), 0
-        for i in range(cut):
-            total += len(held[i][0].taken)
-            if total > events_room:
-                cut = i
-                break
+        cut = self._cut(state, [h[0] for h in held], max(runs_room, 0))
         if 0 < cut < len(held) and coarse(held[cut - 1]) == coarse(held[cut]):
-            # A tie's runs are as long as one another: ordering them leaves the events kept as they were.
             edge = coarse(held[cut])
             first = next(i for i in range(cut, -1, -1) if i == 0 or coarse(held[i - 1]) != edge)
             last = next(i for i in range(cut, len(held)) if i + 1 == len(held) or coarse(held[i + 1]) != edge)
             held[first:last + 1] = sorted(held[first:last + 1], key=lambda h: h[0].preference())
+            cut = self._cut(state, [h[0] for h in held], max(runs_room, 0))
         dropped = held[cut:]
         for _, key, identity in dropped:
             del state.buckets[key][identity]
             if not state.buckets[key]:
                 del state.buckets[key]
         self.dropped_runs += len(dropped)
+
+    def _cut(self, state: KeyState, runs: list[Run], room: int) -> int:
+        """How many of `runs` (in preference order) the key keeps: at most `room`, and no more
+        than fit max_events_per_key events and ranges beside its waiting runs'."""
+        covered = bytearray(len(state.events))
+        units = sum(_cover(covered, w.taken) for w in state.waiting)
+        for i in range(min(len(runs), room)):
+            units += _cover(covered, runs[i].taken)
+            if units > self.max_events_per_key:
+                return i
+        return min(len(runs), room)
 
     def _identity(self, run: Run, open_steps: tuple[int, ...]) -> Any:
         if self.plan.no_skip:  # every complete match is published: a run is only itself
@@ -354,10 +391,8 @@ class PatternMatcher:
 
     @staticmethod
     def _last_value(run: Run, step: int, name: str) -> Any:
-        for taken in reversed(run.taken):
-            if taken.step == step:
-                return dict(taken.fields).get(name)
-        return None
+        taken = run.taken.last_of(step)
+        return None if taken is None else dict(taken.fields).get(name)
 
     def _filter_runs(self, state: KeyState, keep) -> None:
         for bucket_key in list(state.buckets):
@@ -372,15 +407,16 @@ class PatternMatcher:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _taken(self, event: PatternEvent, step: int) -> Taken:
+    def _take(self, state: KeyState, event: PatternEvent, step: int) -> int:
+        """`event` taken as `step`, into the key's pool: its place there."""
         fields = tuple((name, event.fields.get(name)) for name in self.plan.kept_fields[step])
-        return Taken(step, event.stream, event.partition, event.offset, event.time, fields)
+        state.events.append(Taken(step, event.stream, event.partition, event.offset, event.time, fields))
+        return len(state.events) - 1
 
     def _bindings(self, run: Run) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for taken in run.taken:
-            out[self.plan.steps[taken.step].name] = dict(taken.fields)
-        return out
+        """Per step the run took, the fields of its last event of it (what same_as reads)."""
+        steps, pool = self.plan.steps, run.taken.pool
+        return {steps[step].name: dict(pool[at].fields) for step, at in enumerate(run.taken.lasts) if at >= 0}
 
     def _match(self, key: str, run: Run, decided_at: int) -> Match:
         names = [s.name for s in self.plan.steps]
@@ -408,8 +444,10 @@ class PatternMatcher:
     def _store(self, key: str, state: KeyState) -> None:
         if state.empty():
             self._keys.pop(key, None)  # nothing pending: the key costs nothing
-        else:
-            self._keys[key] = state
+            return
+        if len(state.events) > 2 * state.compacted + 64:  # the pool doubled since: drop what no run holds
+            state.compact()
+        self._keys[key] = state
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -418,10 +456,7 @@ class PatternMatcher:
         return {
             "watermark": self.watermark,
             "late_events": self.late_events,
-            # The runs in preference order, so a key's stored state is unchanged when its runs are.
-            "keys": {key: {"last": list(s.last) if s.last else None,
-                           "runs": [r.to_json() for r in sorted(s.runs(), key=Run.preference)],
-                           "waiting": [w.to_json() for w in s.waiting]} for key, s in self._keys.items()},
+            "keys": {key: _key_json(s) for key, s in self._keys.items()},
         }
 
     @classmethod
@@ -430,11 +465,44 @@ class PatternMatcher:
         matcher.watermark = data["watermark"]
         matcher.late_events = data["late_events"]
         for key, s in data["keys"].items():
-            state = KeyState(tuple(s["last"]) if s["last"] else None, {}, [Run.from_json(w) for w in s["waiting"]])
+            pool = [Taken.from_json(t) for t in s.get("events", ())]
+            state = KeyState(tuple(s["last"]) if s["last"] else None, events=pool)
+            state.waiting = [Run.from_json(w, pool) for w in s["waiting"]]
             for run in s["runs"]:
-                matcher._place(state, Run.from_json(run))
+                matcher._place(state, Run.from_json(run, pool))
+            state.compacted = len(pool)
             matcher._keys[key] = state
         return matcher
+
+
+def run_start_times(key_state: dict) -> list[int]:
+    """The time of each partial run's first event in a key's stored state (state()["keys"][key]),
+    as written now or before runs shared their key's events."""
+    events = key_state.get("events")
+    return [(events[r["ranges"][0][0]] if events is not None and "ranges" in r else r["taken"][0])[4]
+            for r in key_state.get("runs", ()) if r.get("ranges") or r.get("taken")]
+
+
+def _key_json(state: KeyState) -> dict:
+    """A key's state as stored: the events its runs hold, once, and each run as ranges of them;
+    the runs in preference order, so the stored state is unchanged when its runs are."""
+    runs = _in_preference(state.runs())
+    covered = union([r for run in runs + state.waiting for r in run.taken.ranges])
+    moved = PoolMap(covered)
+    return {"last": list(state.last) if state.last else None,
+            "events": [t.to_json() for first, end in covered for t in state.events[first:end]],
+            "runs": [r.to_json(moved) for r in runs], "waiting": [w.to_json(moved) for w in state.waiting]}
+
+
+def _in_preference(runs: list[Run]) -> list[Run]:
+    """`runs` sorted by Run.preference, whose whole (every event's place) is built only for runs of
+    one start and length: a burst's runs are each as long as the burst."""
+    runs = sorted(runs, key=lambda r: (r.start.order, -len(r.taken)))
+    out: list[Run] = []
+    for _, tied in itertools.groupby(runs, key=lambda r: (r.start.order, -len(r.taken))):
+        tied = list(tied)
+        out += sorted(tied, key=Run.preference) if len(tied) > 1 else tied
+    return out
 
 
 def _hashable(value: Any) -> Any:
@@ -455,7 +523,21 @@ def _preferred(run: Run, other: Run) -> bool:
     return run.preference() < other.preference()
 
 
-def _events(state: KeyState, more: list[Run] = ()) -> int:
-    """The events a key's runs hold (and `more`'s), the waiting ones' left out."""
-    return sum(len(run.taken) for bucket in state.buckets.values() for run in bucket.values()) + sum(
-        len(run.taken) for run in more)
+def _held_units(state: KeyState, more: list[Run], limit: int) -> int:
+    """What a key's runs hold (and `more`'s): the distinct events of its pool they take, plus their
+    ranges. Counted exactly only when the pool and the ranges together reach `limit`: below it, the
+    pool's size (which may hold events no run takes any more) is enough to say they fit."""
+    runs = [*state.runs(), *state.waiting, *more]
+    ranges = sum(len(run.taken.ranges) for run in runs)
+    if len(state.events) + ranges < limit:
+        return len(state.events) + ranges
+    return ranges + sum(end - first for first, end in union([r for run in runs for r in run.taken.ranges]))
+
+
+def _cover(covered: bytearray, events: RunEvents) -> int:
+    """Mark `events`' places in `covered`; what they add: the events not marked before, and their ranges."""
+    added = len(events.ranges)
+    for first, end in events.ranges:
+        added += end - first - covered[first:end].count(1)
+        covered[first:end] = b"\x01" * (end - first)
+    return added
