@@ -15,7 +15,8 @@ that has no watermark yet (no event ever) does not hold it back. An event at or 
 watermark the pattern already advanced to is late for the pattern: the moments it belongs to
 are decided. It is not fed (the matcher would run it out of order); it is recorded and counted,
 and where its key's kept history (pattern_history: the events fed, each marked when its key held
-nothing before it) has a point where the key held nothing before the late event, the key's run is
+nothing that could still matter at its time: PatternMatcher.holds_at) has such a point before the
+late event, the key's run is
 replayed from there with and without it (patterns/corrections.py): the matches it adds are
 published flagged late, those it breaks are retracted, and the key's state becomes the replay's,
 the state an in-order run over every event would hold. The history is kept for the pattern's span
@@ -69,7 +70,8 @@ def history_span_ms(plan: Plan) -> int:
 def correct_late(plan: Plan, history: Mapping[str, Sequence[HistoryEvent]], late: Sequence[PatternEvent],
                  watermark_ms: int) -> LateCorrection:
     """Per key with late events: replay its kept history from its first restart (an event fed
-    while the key held nothing: the run from there depends on nothing before) with and without
+    while the key held nothing that could still matter: the run from there depends on nothing
+    before) with and without
     the late events after that point, to the watermark they came behind. A late event before
     it (or with no history kept) cannot be corrected: it stays only recorded as late."""
     added: list[Match] = []
@@ -184,7 +186,7 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
     for key in sorted(ready):
         for event in sorted(ready[key].values(), key=lambda e: e.order):
             history.append(HistoryEvent(key, event.stream, event.partition, event.offset, event.time,
-                                        dict(event.fields), not matcher.holds(key)))
+                                        dict(event.fields), not matcher.holds_at(key, event.time)))
             outcome = matcher.feed(event)
             if outcome.matches:
                 by_key.setdefault(key, []).extend(outcome.matches)
