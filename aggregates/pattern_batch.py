@@ -62,6 +62,17 @@ class LateCorrection:
     history: dict[str, list[HistoryEvent]]
 
 
+def may_take(plan: Plan, event: PatternEvent) -> bool:
+    """Whether some step (or the absence step) might take the event: its conditions but `same_as`
+    hold (aggregates/patterns.py `may_match`, by the same rule, leaves the others out of the
+    buffer). One that none might take changes nothing the matcher decides, unless a step is `next`
+    (then every event of a key matters)."""
+    if plan.any_strict():
+        return True
+    steps = (*plan.steps, *((plan.absence,) if plan.absence else ()))
+    return any(step.passes_unbound(event.stream, event.fields) for step in steps)
+
+
 def history_span_ms(plan: Plan) -> int:
     """How long behind the pattern's watermark its keys' fed events are kept for replays."""
     return LATE_HORIZON_MS + (plan.within or 0) + (plan.absence_within or 0)
@@ -172,8 +183,11 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
             buffer.append(BufferedEvent(e.key, e.stream, e.partition, e.offset, e.time, dict(e.fields)))
     stored_states = {key: stored.state for key, stored in load.keys.items() if stored.state}
     fix = LateCorrection([], [], {}, {})
-    if late:  # replayed at the watermark they came behind; their keys' states become the replay's
-        fix = correct_late(plan, load.history, [e for e in events if e.time <= before], before)
+    # Replayed at the watermark they came behind; their keys' states become the replay's. A late
+    # event no step might take is recorded only: it is neither fed nor kept, and replays nothing.
+    fixes = [e for e in events if before is not None and e.time <= before and may_take(plan, e)]
+    if fixes:
+        fix = correct_late(plan, load.history, fixes, before)
         for key, state in fix.states.items():
             if state is None:
                 stored_states.pop(key, None)

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 
 from aggregates.joins import derived_partials
 from aggregates.partials import merged_records
-from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
+from aggregates.pattern_batch import may_take, pattern_watermark, run_pattern_batch
 from aggregates.window_join import DerivedRow
 from catalog import Catalog
 from catalog.model import StreamDef
@@ -243,8 +243,9 @@ class PatternRunner:
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
             ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
-            # The keys with late events: their state and kept history, for the replay that corrects them.
-            late_keys = sorted({e.key for e in events if before is not None and e.time <= before})
+            # The keys with late events some step might take: their state and kept history, for the
+            # replay that corrects them (the others are recorded only).
+            late_keys = sorted({e.key for e in events if before is not None and e.time <= before and may_take(plan, e)})
             load = (PatternLoad() if reset
                     else self.store.pattern_state(pattern.name, sorted(ready | set(late_keys)), now, late_keys))
             done = run_pattern_batch(plan, load, events, now)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.pattern_batch import history_span_ms, pattern_watermark, run_pattern_batch
+from aggregates.pattern_batch import history_span_ms, may_take, pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
 from patterns.events import PatternEvent
 from patterns.matcher import PatternMatcher
@@ -300,7 +300,7 @@ def test_a_late_event_after_a_kept_restart_is_corrected_whatever_the_batch_cuts(
         span = history_span_ms(plan)
         store = FakeStore()
         counted: list[PatternEvent] = []  # the events fed, and the late events corrected
-        fed: list[PatternEvent] = []  # of those, the ones the matcher took in
+        fed: list[PatternEvent] = []  # of those, the ones the matcher took in (kept in the history)
         for events, mark in batches:
             before = store.watermark
             for e in events:
@@ -309,7 +309,8 @@ def test_a_late_event_after_a_kept_restart_is_corrected_whatever_the_batch_cuts(
                     if any(r.order < e.order and r.time >= before - span and not live_before(plan, mine, r)
                            for r in mine):
                         counted.append(e)
-                        fed.append(e)
+                        if may_take(plan, e):  # one no step might take is recorded only
+                            fed.append(e)
                 else:
                     counted.append(e)
                     fed.append(e)
@@ -340,6 +341,33 @@ def test_a_quiet_spell_and_the_next_burst_in_one_batch_mark_the_burst_a_restart_
         assert min(h.time_ms for h in store.history.values()) == 40 * MIN
         out = store.batch(plan, [login(8, 44, "failure")], 76 * MIN)  # five failures 40..44, then the success
         assert [[e.offset for e in m.events] for m in out.added] == [[3, 4, 5, 6, 8, 7]]
+
+
+def test_a_late_event_no_step_might_take_is_recorded_only_neither_kept_nor_replayed():
+    """docs/patterns.md, "Late events": events no step might take are not fed and not kept; a late
+    one is recorded only. Kept, it would rewrite its key's history (and its restart marks) for
+    nothing. Under a `next` step every event matters: it is replayed as any."""
+    plan = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)  # credential_stuffing: failures, success
+
+    def login(offset, minute, outcome):
+        return PatternEvent("logins", 0, offset, minute * MIN, "alice", {"outcome": outcome, "ip": "9.9.9.9"})
+
+    store = FakeStore()
+    store.batch(plan, [login(0, 0, "failure"), login(1, 1, "failure"), login(2, 3, "failure")], 5 * MIN)
+    kept = dict(store.history)
+    out = store.batch(plan, [login(3, 2, "lockout")], 6 * MIN)  # late; no step takes a lockout
+    assert [(e.offset, e.watermark_ms) for e in out.commit.late] == [(3, 5 * MIN)]  # recorded
+    assert out.commit.history_rewritten == [] and out.commit.history == [] and store.history == kept
+    assert out.added == out.retracted == []
+    strict = parse_catalog(EXAMPLES_YAML.replace(
+        "{name: success, stream: logins, where: {outcome: success, ip: {same_as: failures.ip}}}",
+        "{name: success, stream: logins, where: {outcome: success, ip: {same_as: failures.ip}}, contiguity: next}", 1))
+    plan = compile_pattern(strict.patterns[0], strict)
+    store = FakeStore()
+    store.batch(plan, [login(0, 0, "failure"), login(1, 1, "failure"), login(2, 3, "failure")], 5 * MIN)
+    out = store.batch(plan, [login(3, 2, "lockout")], 6 * MIN)  # it breaks the runs it does not extend
+    assert out.commit.history_rewritten == ["alice"]
+    assert (3, False) in [(h.offset, h.restart) for h in store.history.values()]
 
 
 def test_a_late_completion_retracts_an_abandoned_checkout_and_restores_the_in_order_state():
@@ -374,3 +402,4 @@ def test_the_partial_matches_a_full_key_drops_are_counted_in_the_batch_commit(mo
     out = run_pattern_batch(plan, PatternLoad(None, {}, [], {}), events, 30 * 100)
     assert out.commit.dropped_runs > 0
     assert out.commit.keys["alice"].partial_matches <= 10
+
