@@ -239,6 +239,14 @@ class PatternRunner:
             stored = self.store.pattern_state(pattern.name, [], None)
             reset = stored.definition_id not in (None, self.ids[pattern.name])  # state of another definition
             before = None if reset else stored.watermark_ms
+            stream = self.catalog.streams[matches_stream_name(pattern.name)]
+            if before is None:
+                # Starting from nothing (created, replaced, or deleted and created again): no lower
+                # than its derived stream's watermark, which an earlier definition may have moved on.
+                # A match decided in order is then never behind it (no correction of a final pane);
+                # the events at or behind it are late for the new definition.
+                before = (stream_watermarks[stream.name] if stream.name in stream_watermarks
+                          else self.store.watermarks().get(stream.name))
             events = pattern_events(records, self.catalog, plan, pattern, slots, before)
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
@@ -248,9 +256,10 @@ class PatternRunner:
             late_keys = sorted({e.key for e in events if before is not None and e.time <= before and may_take(plan, e)})
             load = (PatternLoad() if reset
                     else self.store.pattern_state(pattern.name, sorted(ready | set(late_keys)), now, late_keys))
+            if load.watermark_ms != before:  # started at its derived stream's watermark
+                load = replace(load, watermark_ms=before)
             done = run_pattern_batch(plan, load, events, now)
             done = replace(done, commit=replace(done.commit, definition_id=self.ids[pattern.name], reset=reset))
-            stream = self.catalog.streams[matches_stream_name(pattern.name)]
             out.partials.extend(derived_partials(match_rows([*done.matches, *done.added], stream.dimensions),
                                                  stream.name, stream.dimensions, stream.pane, self.kll_k,
                                                  sketched=stream.values))
