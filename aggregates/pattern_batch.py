@@ -15,7 +15,8 @@ that has no watermark yet (no event ever) does not hold it back. An event at or 
 watermark the pattern already advanced to is late for the pattern: the moments it belongs to
 are decided. It is not fed (the matcher would run it out of order); it is recorded and counted,
 and where its key's kept history (pattern_history: the events fed, each marked when its key held
-nothing before it) has a point where the key held nothing before the late event, the key's run is
+nothing that could still matter at its time: PatternMatcher.holds_at) has such a point before the
+late event, the key's run is
 replayed from there with and without it (patterns/corrections.py): the matches it adds are
 published flagged late, those it breaks are retracted, and the key's state becomes the replay's,
 the state an in-order run over every event would hold. The history is kept for the pattern's span
@@ -61,6 +62,17 @@ class LateCorrection:
     history: dict[str, list[HistoryEvent]]
 
 
+def may_take(plan: Plan, event: PatternEvent) -> bool:
+    """Whether some step (or the absence step) might take the event: its conditions but `same_as`
+    hold (aggregates/patterns.py `may_match`, by the same rule, leaves the others out of the
+    buffer). One that none might take changes nothing the matcher decides, unless a step is `next`
+    (then every event of a key matters)."""
+    if plan.any_strict():
+        return True
+    steps = (*plan.steps, *((plan.absence,) if plan.absence else ()))
+    return any(step.passes_unbound(event.stream, event.fields) for step in steps)
+
+
 def history_span_ms(plan: Plan) -> int:
     """How long behind the pattern's watermark its keys' fed events are kept for replays."""
     return LATE_HORIZON_MS + (plan.within or 0) + (plan.absence_within or 0)
@@ -69,7 +81,8 @@ def history_span_ms(plan: Plan) -> int:
 def correct_late(plan: Plan, history: Mapping[str, Sequence[HistoryEvent]], late: Sequence[PatternEvent],
                  watermark_ms: int) -> LateCorrection:
     """Per key with late events: replay its kept history from its first restart (an event fed
-    while the key held nothing: the run from there depends on nothing before) with and without
+    while the key held nothing that could still matter: the run from there depends on nothing
+    before) with and without
     the late events after that point, to the watermark they came behind. A late event before
     it (or with no history kept) cannot be corrected: it stays only recorded as late."""
     added: list[Match] = []
@@ -170,8 +183,11 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
             buffer.append(BufferedEvent(e.key, e.stream, e.partition, e.offset, e.time, dict(e.fields)))
     stored_states = {key: stored.state for key, stored in load.keys.items() if stored.state}
     fix = LateCorrection([], [], {}, {})
-    if late:  # replayed at the watermark they came behind; their keys' states become the replay's
-        fix = correct_late(plan, load.history, [e for e in events if e.time <= before], before)
+    # Replayed at the watermark they came behind; their keys' states become the replay's. A late
+    # event no step might take is recorded only: it is neither fed nor kept, and replays nothing.
+    fixes = [e for e in events if before is not None and e.time <= before and may_take(plan, e)]
+    if fixes:
+        fix = correct_late(plan, load.history, fixes, before)
         for key, state in fix.states.items():
             if state is None:
                 stored_states.pop(key, None)
@@ -184,7 +200,7 @@ def run_pattern_batch(plan: Plan, load: PatternLoad, events: Sequence[PatternEve
     for key in sorted(ready):
         for event in sorted(ready[key].values(), key=lambda e: e.order):
             history.append(HistoryEvent(key, event.stream, event.partition, event.offset, event.time,
-                                        dict(event.fields), not matcher.holds(key)))
+                                        dict(event.fields), not matcher.holds_at(key, event.time)))
             outcome = matcher.feed(event)
             if outcome.matches:
                 by_key.setdefault(key, []).extend(outcome.matches)

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 
 from aggregates.joins import derived_partials
 from aggregates.partials import merged_records
-from aggregates.pattern_batch import pattern_watermark, run_pattern_batch
+from aggregates.pattern_batch import may_take, pattern_watermark, run_pattern_batch
 from aggregates.window_join import DerivedRow
 from catalog import Catalog
 from catalog.model import StreamDef
@@ -239,17 +239,27 @@ class PatternRunner:
             stored = self.store.pattern_state(pattern.name, [], None)
             reset = stored.definition_id not in (None, self.ids[pattern.name])  # state of another definition
             before = None if reset else stored.watermark_ms
+            stream = self.catalog.streams[matches_stream_name(pattern.name)]
+            if before is None:
+                # Starting from nothing (created, replaced, or deleted and created again): no lower
+                # than its derived stream's watermark, which an earlier definition may have moved on.
+                # A match decided in order is then never behind it (no correction of a final pane);
+                # the events at or behind it are late for the new definition.
+                before = (stream_watermarks[stream.name] if stream.name in stream_watermarks
+                          else self.store.watermarks().get(stream.name))
             events = pattern_events(records, self.catalog, plan, pattern, slots, before)
             now = pattern_watermark(before, stream_watermarks, pattern.streams)
             # The states of the keys whose events are released now; buffering an event reads nothing.
             ready = {e.key for e in events if now is not None and e.time <= now and (before is None or e.time > before)}
-            # The keys with late events: their state and kept history, for the replay that corrects them.
-            late_keys = sorted({e.key for e in events if before is not None and e.time <= before})
+            # The keys with late events some step might take: their state and kept history, for the
+            # replay that corrects them (the others are recorded only).
+            late_keys = sorted({e.key for e in events if before is not None and e.time <= before and may_take(plan, e)})
             load = (PatternLoad() if reset
                     else self.store.pattern_state(pattern.name, sorted(ready | set(late_keys)), now, late_keys))
+            if load.watermark_ms != before:  # started at its derived stream's watermark
+                load = replace(load, watermark_ms=before)
             done = run_pattern_batch(plan, load, events, now)
             done = replace(done, commit=replace(done.commit, definition_id=self.ids[pattern.name], reset=reset))
-            stream = self.catalog.streams[matches_stream_name(pattern.name)]
             out.partials.extend(derived_partials(match_rows([*done.matches, *done.added], stream.dimensions),
                                                  stream.name, stream.dimensions, stream.pane, self.kll_k,
                                                  sketched=stream.values))

@@ -187,12 +187,16 @@ def router(ctx: ApiContext) -> APIRouter:
             after = int(cursor)
         now = ctx.now_ms()
         start_ms, end_ms = optional_range(start, end, now)
-        found = ctx.store.pattern_matches(name, key=key, start_ms=start_ms, end_ms=end_ms, after_id=after, limit=limit)
+        # One past the page: a last page of exactly `limit` matches says no more (null next_cursor)
+        # rather than send the reader for an empty one (as the tables' pages do: api/table_routes.py).
+        found = ctx.store.pattern_matches(name, key=key, start_ms=start_ms, end_ms=end_ms, after_id=after,
+                                          limit=limit + 1)
+        page = found[:limit]
         return MatchesPage(pattern=name, matches=[MatchOut(id=m.id, key=m.key, decided_at_ms=m.decided_at_ms,
                                                            events=m.events, measures=m.measures, late=m.late,
                                                            batch_id=m.batch_id, committed_at_ms=m.committed_at_ms,
                                                            retracts=m.retracts, dims=m.dims)
-                                                  for m in found],
-                           next_cursor=str(found[-1].id) if len(found) == limit else None)
+                                                  for m in page],
+                           next_cursor=str(page[-1].id) if len(found) > limit else None)
 
     return r

@@ -26,7 +26,8 @@ class Correction:
     retracted: list[Match]  # published, not found with the late events: to withdraw
     # The corrected run at the watermark: per key still holding something, the matcher's JSON
     # state of the key (a key absent holds nothing), and the places (stream, partition, offset)
-    # of the events fed while their key held nothing (where a later replay may start).
+    # of the events fed while their key held nothing that could still matter at their time
+    # (PatternMatcher.holds_at: where a later replay may start).
     states: dict[str, dict] = field(default_factory=dict)
     restarts: frozenset[tuple[str, int, int]] = frozenset()
 
@@ -41,13 +42,15 @@ class Replay:
 def replay_run(plan: Plan, events: Iterable[PatternEvent], watermark: int) -> Replay:
     """The in-order run over `events` (any order of arrival; an event twice by its place in the
     log counts once), from an empty state, advanced to `watermark`: its matches, the keys' states
-    after it, and the events fed while their key held nothing."""
+    after it, and the events fed while their key held nothing that could still matter at their
+    time (restarts: PatternMatcher.holds_at, so marked as the pipeline marks them, whatever the
+    watermark's advances between its batches)."""
     unique = {(e.stream, e.partition, e.offset): e for e in events}
     matcher = PatternMatcher(plan)
     out: list[Match] = []
     restarts = set()
     for place, event in sorted(unique.items(), key=lambda kv: kv[1].order):
-        if not matcher.holds(event.key):
+        if not matcher.holds_at(event.key, event.time):
             restarts.add(place)
         out += matcher.feed(event).matches
     out += matcher.advance(watermark)

@@ -189,9 +189,27 @@ class PatternMatcher:
         return sum(s.run_count() + len(s.waiting) for s in self._keys.values())
 
     def holds(self, key: str) -> bool:
-        """Whether the key has anything pending: fed to a key that holds nothing, an event starts a
-        run that depends on no earlier event (a replay may start there)."""
+        """Whether the key has anything pending (its state is kept), whether or not any of it can
+        still matter: runs past `within` and absences due leave at the key's next event or at
+        `advance()`."""
         return key in self._keys
+
+    def holds_at(self, key: str, time: int) -> bool:
+        """Whether the key holds anything an event of it at `time` could still extend or decide: a
+        run whose first event is within `within` of it, or an absence whose deadline it does not
+        pass. Fed to a key that holds nothing of the kind, an event starts a run that depends on no
+        earlier event (a restart: a replay may start there). Unlike holds(), it does not depend on
+        when the watermark last advanced, so the batch cuts and a replay mark the same restarts."""
+        state = self._keys.get(key)
+        if state is None:
+            return False
+        if any(w.deadline is None or w.deadline >= time for w in state.waiting):
+            return True
+        within = self.plan.within
+        if within is None:
+            return bool(state.buckets)
+        earliest = time - within
+        return any(run.taken[0].time >= earliest for bucket in state.buckets.values() for run in bucket.values())
 
     # -- input ---------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ and reads only the buffered events the watermark releases, the states of their k
 keys that are due, never the whole state; it writes only the keys whose state changed. Per
 pattern: the watermark it has advanced to and its counters. Matches and the events late for a
 pattern are appended. Per key, `pattern_history` keeps the events fed (each marked when the key
-held nothing before it: a replay may start there) for the kept horizon behind the watermark, so
+held nothing that could still matter at its time: a replay may start there) for the kept horizon behind the watermark, so
 a late event can be replayed with them (patterns/corrections.py); a retraction is a row of
 `pattern_matches` naming the match it withdraws.
 
@@ -128,7 +128,9 @@ class BufferedEvent(NamedTuple):
 
 class HistoryEvent(NamedTuple):
     """An event fed to the matcher, kept in pattern_history for replays. restart: the key held
-    nothing when it was fed, so a replay from an empty state may start at it."""
+    nothing that could still matter at its time when it was fed (PatternMatcher.holds_at: no run
+    within `within` of it, no absence it does not pass), so a replay from an empty state may start
+    at it."""
 
     key: str
     stream: str

@@ -73,6 +73,11 @@ def test_patterns_and_their_matches_paged_and_filtered_and_the_state_in_the_pipe
         assert page["matches"][0]["dims"] == {"outcome": "failure", "ip": "10.0.0.9"}
         rest = client.get(url, params={"limit": 2, "cursor": page["next_cursor"]}).json()
         assert [m["key"] for m in rest["matches"]] == ["carol"] and rest["next_cursor"] is None
+        # A last page that is full says so too: no cursor to an empty page.
+        whole = client.get(url, params={"limit": 3}).json()
+        assert [m["key"] for m in whole["matches"]] == ["alice", "bob", "carol"] and whole["next_cursor"] is None
+        full = client.get(url, params={"limit": 1, "cursor": page["next_cursor"]}).json()
+        assert [m["key"] for m in full["matches"]] == ["carol"] and full["next_cursor"] is None
         assert [m["key"] for m in client.get(url, params={"key": "bob"}).json()["matches"]] == ["bob"]
         window = {"from": T0 + 10 * MIN, "to": T0 + 25 * MIN + 1}
         assert [m["key"] for m in client.get(url, params=window).json()["matches"]] == ["bob", "carol"]

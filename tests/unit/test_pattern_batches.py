@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.pattern_batch import history_span_ms, pattern_watermark, run_pattern_batch
+from aggregates.pattern_batch import history_span_ms, may_take, pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
 from patterns.events import PatternEvent
+from patterns.matcher import PatternMatcher
 from patterns.plan import compile_pattern
 from store.patterns import BufferedEvent, HistoryEvent, KeyState, PatternLoad
 from tests.support.patterns import EXAMPLES_YAML
@@ -237,6 +239,137 @@ def test_late_events_after_their_keys_kept_history_start_are_corrected_to_the_de
     assert len(store.late) == late_seen  # every late event recorded, corrected or not
 
 
+def live_before(plan, fed: list[PatternEvent], restart: PatternEvent) -> bool:
+    """Whether the in-order run over `fed` (one key's) holds, just before `restart`, anything that
+    could still matter at its time: a run within `within` of it, an absence it does not pass."""
+    matcher = PatternMatcher(plan)
+    for e in sorted(fed, key=lambda e: e.order):
+        if e.order < restart.order:
+            matcher.feed(e)
+    state = matcher.state()["keys"].get(restart.key)
+    if state is None:
+        return False
+    if any(w["deadline"] >= restart.time for w in state["waiting"]):
+        return True
+    return any(plan.within is None or r["taken"][0][4] >= restart.time - plan.within for r in state["runs"])
+
+
+@st.composite
+def spread_arrivals(draw):
+    """Bursts of events, mostly of one key, separated by quiet spells now and then (a gap of 8 or
+    15 ms), a few arriving later than their place, each batch's watermark the newest event seen
+    less 0 to 2 ms: with the kept horizon made 3 ms, late events come both within and past the
+    history kept, and quiet spells leave keys with nothing live, with or without a watermark
+    advance between."""
+    raw = draw(st.lists(st.tuples(st.sampled_from(["x", "x", "x", "y"]), st.sampled_from([0, 0, 1, 3, 8, 15]),
+                                  st.sampled_from(["s", "t"]), st.sampled_from(["a", "a", "b", "c"]),
+                                  st.sampled_from(["1.1.1.1", "2.2.2.2"]), st.sampled_from([100, 600])),
+                        min_size=3, max_size=14))
+    events, time = [], 0
+    for offset, (key, gap, stream, kind, ip, amount) in enumerate(raw):
+        time += gap
+        events.append(PatternEvent(stream, offset % 2, offset, time, key,
+                                   {"k": key, "kind": kind} | ({"ip": ip, "amount": amount} if stream == "s" else {})))
+    for _ in range(draw(st.integers(1, 4))):  # arrives later than its place
+        i = draw(st.integers(0, len(events) - 1))
+        events.insert(draw(st.integers(i, len(events) - 1)), events.pop(i))
+    batches, i, newest, mark = [], 0, None, None
+    while i < len(events):
+        n = draw(st.integers(1, 4))
+        for e in events[i:i + n]:
+            newest = e.time if newest is None else max(newest, e.time)
+        candidate = newest - draw(st.integers(0, 2))
+        mark = candidate if mark is None else max(mark, candidate)
+        batches.append((events[i:i + n], mark))
+        i += n
+    return batches + [([], 10_000)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(catalog=patterns(), batches=spread_arrivals())
+def test_a_late_event_after_a_kept_restart_is_corrected_whatever_the_batch_cuts(catalog, batches):
+    """docs/patterns.md, "Late events": a late event is corrected exactly when an event of its key
+    fed (or corrected) before it is kept (not behind the watermark less the span and the horizon)
+    and is a restart: the in-order run over its key's events held nothing that could still matter
+    at its time. That depends on the events only, not on where the batches cut them nor on
+    replays: a quiet spell and the next burst released in one batch mark the burst's first event
+    as two batches do, and a replay marks it again."""
+    plan = compile_pattern(catalog.patterns[0], catalog)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("aggregates.pattern_batch.LATE_HORIZON_MS", 3)
+        span = history_span_ms(plan)
+        store = FakeStore()
+        counted: list[PatternEvent] = []  # the events fed, and the late events corrected
+        fed: list[PatternEvent] = []  # of those, the ones the matcher took in (kept in the history)
+        for events, mark in batches:
+            before = store.watermark
+            for e in events:
+                if before is not None and e.time <= before:
+                    mine = [c for c in fed if c.key == e.key]
+                    if any(r.order < e.order and r.time >= before - span and not live_before(plan, mine, r)
+                           for r in mine):
+                        counted.append(e)
+                        if may_take(plan, e):  # one no step might take is recorded only
+                            fed.append(e)
+                else:
+                    counted.append(e)
+                    fed.append(e)
+            store.batch(plan, events, mark)
+    assert sorted(net(store)) == sorted(oracle(plan, sorted(counted, key=lambda e: e.order), 10_000))
+
+
+def test_a_quiet_spell_and_the_next_burst_in_one_batch_mark_the_burst_a_restart_as_two_batches_do():
+    """credential_stuffing: three failures, a quiet half hour, five failures and a success. The
+    second burst's first event is a restart whether the watermark advanced between the bursts or
+    not, so once the first burst is cut from the history, a late failure of the second burst is
+    still replayed and completes its match."""
+    plan = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)
+
+    def login(offset, minute, outcome):
+        return PatternEvent("logins", 0, offset, minute * MIN, "alice", {"outcome": outcome, "ip": "9.9.9.9"})
+
+    first = [login(0, 0, "failure"), login(1, 1, "failure"), login(2, 2, "failure")]
+    second = [login(3, 40, "failure"), login(4, 41, "failure"), login(5, 42, "failure"), login(6, 43, "failure"),
+              login(7, 45, "success")]
+    for cuts in ([(first, 5), ([], 30), (second, 50)], [(first + second, 50)]):
+        store = FakeStore()
+        for events, minute in cuts:
+            store.batch(plan, events, minute * MIN)
+        assert [(h.time_ms // MIN, h.restart) for h in sorted(store.history.values(), key=lambda h: h.order)] == [
+            (0, True), (1, False), (2, False), (40, True), (41, False), (42, False), (43, False), (45, False)]
+        store.batch(plan, [], 75 * MIN)  # the first burst is cut from the history
+        assert min(h.time_ms for h in store.history.values()) == 40 * MIN
+        out = store.batch(plan, [login(8, 44, "failure")], 76 * MIN)  # five failures 40..44, then the success
+        assert [[e.offset for e in m.events] for m in out.added] == [[3, 4, 5, 6, 8, 7]]
+
+
+def test_a_late_event_no_step_might_take_is_recorded_only_neither_kept_nor_replayed():
+    """docs/patterns.md, "Late events": events no step might take are not fed and not kept; a late
+    one is recorded only. Kept, it would rewrite its key's history (and its restart marks) for
+    nothing. Under a `next` step every event matters: it is replayed as any."""
+    plan = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)  # credential_stuffing: failures, success
+
+    def login(offset, minute, outcome):
+        return PatternEvent("logins", 0, offset, minute * MIN, "alice", {"outcome": outcome, "ip": "9.9.9.9"})
+
+    store = FakeStore()
+    store.batch(plan, [login(0, 0, "failure"), login(1, 1, "failure"), login(2, 3, "failure")], 5 * MIN)
+    kept = dict(store.history)
+    out = store.batch(plan, [login(3, 2, "lockout")], 6 * MIN)  # late; no step takes a lockout
+    assert [(e.offset, e.watermark_ms) for e in out.commit.late] == [(3, 5 * MIN)]  # recorded
+    assert out.commit.history_rewritten == [] and out.commit.history == [] and store.history == kept
+    assert out.added == out.retracted == []
+    strict = parse_catalog(EXAMPLES_YAML.replace(
+        "{name: success, stream: logins, where: {outcome: success, ip: {same_as: failures.ip}}}",
+        "{name: success, stream: logins, where: {outcome: success, ip: {same_as: failures.ip}}, contiguity: next}", 1))
+    plan = compile_pattern(strict.patterns[0], strict)
+    store = FakeStore()
+    store.batch(plan, [login(0, 0, "failure"), login(1, 1, "failure"), login(2, 3, "failure")], 5 * MIN)
+    out = store.batch(plan, [login(3, 2, "lockout")], 6 * MIN)  # it breaks the runs it does not extend
+    assert out.commit.history_rewritten == ["alice"]
+    assert (3, False) in [(h.offset, h.restart) for h in store.history.values()]
+
+
 def test_a_late_completion_retracts_an_abandoned_checkout_and_restores_the_in_order_state():
     plan = compile_pattern(EXAMPLES.patterns[1], EXAMPLES)  # abandoned_checkout: started, not completed in 30 min
     store = FakeStore()
@@ -269,3 +402,4 @@ def test_the_partial_matches_a_full_key_drops_are_counted_in_the_batch_commit(mo
     out = run_pattern_batch(plan, PatternLoad(None, {}, [], {}), events, 30 * 100)
     assert out.commit.dropped_runs > 0
     assert out.commit.keys["alice"].partial_matches <= 10
+

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.loader import parse_catalog
-from patterns.corrections import correct, replay
+from patterns.corrections import correct, replay, replay_run
 from patterns.events import PatternEvent
 from patterns.plan import compile_pattern
 from tests.support.patterns import EXAMPLES_YAML
@@ -57,3 +57,20 @@ def test_a_late_completion_retracts_an_abandoned_checkout_and_a_late_failure_add
     success = PatternEvent("logins", 0, 9, 6 * MIN, "alice", {"outcome": "success", "ip": "10.0.0.9"})
     fix = correct(stuffing, [*failures[:2], *failures[3:], success], [failures[2]], 7 * MIN)
     assert fix.retracted == [] and [[e.offset for e in m.events] for m in fix.added] == [[0, 1, 2, 3, 4, 9]]
+
+
+def test_a_replay_marks_a_restart_after_a_quiet_spell_as_the_pipeline_does():
+    """A replay advances no watermark between its events: the runs of a burst past `within` are
+    still in its state when the next burst begins, yet can take nothing of it. The next burst's
+    first event is a restart all the same (the pipeline marks it so when the watermark passed
+    between), or a late event's rewrite of the history would lose it, and once the first burst is
+    cut, the key's later late events could only be recorded."""
+    stuffing = compile_pattern(EXAMPLES.patterns[0], EXAMPLES)  # within 10 minutes
+    logins = [PatternEvent("logins", 0, i, minute * MIN, "alice", {"outcome": "failure", "ip": "10.0.0.9"})
+              for i, minute in enumerate([0, 1, 2, 40, 41, 42])]
+    assert replay_run(stuffing, logins, 50 * MIN).restarts == {("logins", 0, 0), ("logins", 0, 3)}
+    # An absence not yet due keeps the key live up to its deadline (inclusive), not past it.
+    abandoned = compile_pattern(EXAMPLES.patterns[1], EXAMPLES)
+    checkouts = [PatternEvent("checkouts", 0, i, minute * MIN, "s1", {"stage": "started"})
+                 for i, minute in enumerate([0, 30, 61])]
+    assert replay_run(abandoned, checkouts, 120 * MIN).restarts == {("checkouts", 0, 0), ("checkouts", 0, 2)}

@@ -193,3 +193,46 @@ def test_late_events_are_corrected_to_the_definition_exactly_once_in_matches_pan
             counted = {s["group"]["late"]: sum(p["value"] or 0 for p in s["points"]) for s in answer["series"]}
             assert counted == {str(late).lower(): sum(n for (_, l), n in groups.items() if l == late)
                                for late in (False, True) if any(l == late for _, l in +groups)}
+
+
+def test_a_replaced_pattern_starts_no_lower_than_its_matches_streams_watermark(store_backend):
+    """docs/patterns.md, "Matches as metrics": a `<pattern>_matches` stream's watermark is its
+    pattern's, and a match decided in order is never behind it. A definition that starts from
+    nothing (replaced, or deleted and created again) starts no lower than the watermark the
+    earlier one moved its derived stream to, even when it reads a stream that lags: the events
+    at or behind it are late for it (recorded), and its in-order matches correct no final pane."""
+    from catalog.model import Catalog
+    from tests.unit.test_pattern_matcher import STREAMS
+
+    def catalog(stream: str) -> Catalog:
+        return Catalog.model_validate({"streams": STREAMS, "patterns": [
+            {"name": "p", "key": "k", "steps": [{"name": "a", "stream": stream, "where": {"kind": "a"}}]}]})
+
+    def row(stream: str, offset: int, seconds: int) -> tuple:
+        return (stream, 0, offset, T0 + seconds * SEC, ["a", "1.1.1.1"] if stream == "s" else ["a"],
+                [None] if stream == "s" else [], ["x"])
+
+    store = store_backend.create()
+    batch_id = 0
+
+    def run(cat: Catalog, rows, marks: dict) -> None:
+        nonlocal batch_id
+        runner = PatternRunner(cat, store)
+        done = runner.run(table(rows), {s: T0 + m * SEC for s, m in marks.items()})
+        commit = with_patterns(BatchCommit(pipeline="main", batch_id=batch_id, partials=[], events_read=0),
+                               done, runner.names)
+        lateness = {n: s.allowed_lateness for n, s in cat.streams.items()}
+        assert store.commit_batch(commit, lateness_ms=lateness, now_ms=T0).committed
+        batch_id += 1
+
+    run(catalog("s"), [row("s", 0, 90)], {"s": 100, "t": 50})  # on s: a match at 90 s, p_matches final to 100 s
+    assert store.watermarks()["p_matches"] == T0 + 100 * SEC
+    on_t = catalog("t")  # replaced: now on t, whose watermark is at 50 s
+    run(on_t, [row("t", 1, 60)], {"s": 100, "t": 50})  # at 60 s: behind p_matches' 100 s, late for it
+    run(on_t, [row("t", 2, 120)], {"s": 100, "t": 70})
+    run(on_t, [], {"s": 100, "t": 130})  # t passes 120 s: decided in order there
+    stored = store.pattern_matches("p", limit=10)
+    assert [((m.decided_at_ms - T0) // SEC, m.late) for m in stored] == [(90, False), (120, False)]
+    assert store.pattern_sizes()["p"].late_events == 1
+    assert store.corrections(stream="p_matches") == []  # no final pane changed
+    assert store.watermarks()["p_matches"] == T0 + 130 * SEC

@@ -418,11 +418,18 @@ def test_runs_past_within_neither_count_towards_the_bound_nor_keep_the_key_held(
     # A key whose runs all expired by its last event holds nothing for the next one (a replay of
     # late events may start there): a@0's run is past `within` at b@100, which it does not wait for.
     matcher = PatternMatcher(two_steps({"times": 2}))
-    held = []
+    held, live = [], []
     for event in kinds(("a", 0), ("b", 100), ("a", 200)):
         held.append(matcher.holds(event.key))
+        live.append(matcher.holds_at(event.key, event.time))
         matcher.feed(event)
     assert held == [False, True, False]
+    # What can still matter at b@100: nothing (a@0's run is past `within`), whether or not the run
+    # is still in the state, so b@100 is a restart as it would be after a watermark's advance.
+    assert live == [False, False, False]
+    matcher = PatternMatcher(two_steps({"times": 2}))
+    matcher.feed(kinds(("a", 0))[0])
+    assert matcher.holds_at("x", 10) and not matcher.holds_at("x", 11) and not matcher.holds_at("y", 0)
 
 
 def test_a_match_carries_its_dimensions_from_the_first_event_of_their_step_through_a_state_round_trip():
