@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from aggregates.pattern_batch import history_span_ms, may_take, pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
 from patterns.events import PatternEvent
-from patterns.matcher import PatternMatcher
+from patterns.matcher import PatternMatcher, run_start_times
 from patterns.plan import compile_pattern
 from store.patterns import BufferedEvent, HistoryEvent, KeyState, PatternLoad
 from tests.support.patterns import EXAMPLES_YAML
@@ -251,7 +251,7 @@ def live_before(plan, fed: list[PatternEvent], restart: PatternEvent) -> bool:
         return False
     if any(w["deadline"] >= restart.time for w in state["waiting"]):
         return True
-    return any(plan.within is None or r["taken"][0][4] >= restart.time - plan.within for r in state["runs"])
+    return any(plan.within is None or start >= restart.time - plan.within for start in run_start_times(state))
 
 
 @st.composite
