@@ -1,7 +1,8 @@
 """The matcher: per key, a set of runs (partial matches) of an NFA over the pattern's steps.
 
 A run holds the events it took (each labelled with its step, with only the fields later steps
-and measures read), how many the current step took, and which candidate steps an event it let
+and measures read; kept once per key and shared by its runs, which hold ranges of them:
+patterns/run_events.py), how many the current step took, and which candidate steps an event it let
 pass has ruled out: under `followed_by` a step may skip events, but not one that step itself
 would have taken (the first matching event is the one taken); under `next` it may skip none.
 Every event is offered to every run of its key it can change; an event that a run may take
@@ -76,11 +77,11 @@ class Run(NamedTuple):
 
     @property
     def step(self) -> int:
-        return self.taken[-1].step
+        return self.taken.step
 
     @property
     def start(self) -> Taken:
-        return self.taken[0]
+        return self.taken.start
 
     def preference(self) -> tuple:
         """Which of several matches decided at one moment comes first: the earliest start, then

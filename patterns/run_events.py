@@ -22,27 +22,38 @@ Range = tuple[int, int]  # [first, end) indexes into the key's pool
 
 
 class RunEvents(Sequence):
-    __slots__ = ("pool", "ranges", "length", "lasts")
+    __slots__ = ("pool", "ranges", "length", "lasts", "step")
 
-    def __init__(self, pool: list, ranges: tuple[Range, ...], length: int, lasts: tuple[int, ...]):
+    def __init__(self, pool: list, ranges: tuple[Range, ...], length: int, lasts: tuple[int, ...],
+                 step: int | None = None):
         self.pool = pool  # the key's taken events (shared with its other runs)
         self.ranges = ranges
         self.length = length
         self.lasts = lasts  # per step index: the pool index of the run's last event of that step, -1: none
+        # The step of its last event (asked for every run an event is offered to): kept, not looked up.
+        self.step = pool[ranges[-1][1] - 1].step if step is None else step
+
+    @property
+    def start(self) -> Any:
+        """Its first event."""
+        return self.pool[self.ranges[0][0]]
 
     @classmethod
     def first(cls, pool: list, index: int) -> RunEvents:
         """A run of one event: the pool's `index`."""
         step = pool[index].step
-        return cls(pool, ((index, index + 1),), 1, (-1,) * step + (index,))
+        return cls(pool, ((index, index + 1),), 1, (-1,) * step + (index,), step)
 
     def extended(self, index: int) -> RunEvents:
         """This run and then the pool's `index` (taken after every event of it)."""
-        first, end = self.ranges[-1]
-        ranges = self.ranges[:-1] + ((first, end + 1),) if end == index else self.ranges + ((index, index + 1),)
+        ranges = self.ranges
+        first, end = ranges[-1]
+        ranges = ranges[:-1] + ((first, end + 1),) if end == index else ranges + ((index, index + 1),)
         step = self.pool[index].step
-        lasts = self.lasts if len(self.lasts) > step else self.lasts + (-1,) * (step + 1 - len(self.lasts))
-        return RunEvents(self.pool, ranges, self.length + 1, lasts[:step] + (index,) + lasts[step + 1:])
+        lasts = self.lasts
+        if len(lasts) <= step:
+            lasts += (-1,) * (step + 1 - len(lasts))
+        return RunEvents(self.pool, ranges, self.length + 1, lasts[:step] + (index,) + lasts[step + 1:], step)
 
     def last_of(self, step: int) -> Any:
         """The run's last event of `step`, None if it took none."""
@@ -53,12 +64,12 @@ class RunEvents(Sequence):
         return self.length
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return list(self)[i]
         if i == 0:
             return self.pool[self.ranges[0][0]]
         if i == -1:
             return self.pool[self.ranges[-1][1] - 1]
+        if isinstance(i, slice):
+            return list(self)[i]
         if i < 0:
             i += self.length
         if not 0 <= i < self.length:
@@ -83,7 +94,7 @@ class RunEvents(Sequence):
     def remapped(self, pool: list, moved: PoolMap) -> RunEvents:
         """The same events in the compacted `pool` (`moved`: where each old index went)."""
         return RunEvents(pool, tuple((moved(first), moved(first) + end - first) for first, end in self.ranges),
-                         self.length, tuple(moved(at) if at >= 0 else -1 for at in self.lasts))
+                         self.length, tuple(moved(at) if at >= 0 else -1 for at in self.lasts), self.step)
 
 
 def union(ranges: list[Range]) -> list[Range]:
