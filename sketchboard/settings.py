@@ -31,6 +31,10 @@ OTHER_VARIABLES = frozenset({
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
 
+# The master URLs SparkContext takes (SparkMasterRegex and the cluster managers' prefixes).
+_SPARK_MASTER = re.compile(r"(local|local\[([0-9]+|\*)\]|local\[([0-9]+|\*)\s*,\s*[0-9]+\]"
+                           r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
+                           r"|spark://\S+|yarn|k8s://\S+)\Z", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$", re.ASCII)
 
 
@@ -277,6 +281,41 @@ class Settings(BaseSettings):
             return None
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be blank (leave it unset or empty for none)")
+        return value
+
+    @field_validator("spark_master")
+    @classmethod
+    def _spark_master(cls, value: str) -> str:
+        # Spark's own forms (SparkContext's master URLs); a typo such as locall[2] failed only when
+        # the pipeline started its session, with Spark's "Could not parse Master URL".
+        text = value.strip()
+        if not _SPARK_MASTER.match(text):
+            raise ValueError(f"{value!r} is no Spark master URL: local, local[N], local[*], local[N,F],"
+                             " spark://host:port, yarn or k8s://host:port")
+        if re.match(r"local\[0+[\],]", text):
+            raise ValueError(f"{value!r}: local mode needs at least one thread (local[1])")
+        return value
+
+    @field_validator("spark_driver_memory")
+    @classmethod
+    def _jvm_memory(cls, value: str) -> str:
+        if not re.fullmatch(r"[1-9][0-9]*(b|k|kb|m|mb|g|gb|t|tb)?", value.strip(), re.IGNORECASE):
+            raise ValueError(f"{value!r} is no JVM memory size: a number and a unit, e.g. 512m or 2g")
+        return value
+
+    @field_validator("alert_webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"https?://[^/\s?#]+", value.strip()):
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty: an address to bind, e.g. 127.0.0.1 (loopback) or 0.0.0.0 (every"
+                             " interface)")
         return value
 
     @field_validator("kafka_group_id")

@@ -295,6 +295,32 @@ def test_a_kafka_group_template_with_an_unknown_placeholder_is_refused(monkeypat
         assert Settings().kafka_group_id == fine
 
 
+@pytest.mark.parametrize("name, value, problem", [
+    ("SPARK_MASTER", "locall[2]", "no Spark master URL"),
+    ("SPARK_MASTER", "local[0]", "at least one thread"),
+    ("SPARK_MASTER", "spark:/master:7077", "no Spark master URL"),
+    ("SPARK_DRIVER_MEMORY", "lots", "no JVM memory size"),
+    ("SPARK_DRIVER_MEMORY", "2 g", "no JVM memory size"),
+    ("ALERT_WEBHOOK_URL", "not a url", "http:// or https:// URL"),
+    ("HOST", " ", "must not be empty"),
+])
+def test_values_spark_or_a_socket_would_refuse_later_are_refused_at_start(name, value, problem, monkeypatch):
+    """Each was accepted, then failed when Spark's session started (Could not parse Master URL, a
+    JVM that does not start), at the first webhook, or bound an address nobody meant."""
+    monkeypatch.setenv(f"SKETCHBOARD_{name}", value)
+    with pytest.raises(ValueError, match=problem):
+        Settings()
+
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4, 2]", "local-cluster[2, 1, 1024]",
+                                    "spark://spark-master:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://k:6443"])
+def test_every_master_url_spark_takes_is_accepted(master, monkeypatch):
+    monkeypatch.setenv("SKETCHBOARD_SPARK_MASTER", master)
+    monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+    assert Settings().spark_master == master
+
+
 def test_python_m_sketchboard_is_the_command(tmp_path):
     import subprocess
     import sys
