@@ -29,8 +29,8 @@ both kinds of record read alike (value = one JSON event, key = the stream's key 
 
 from __future__ import annotations
 
-import logging
 import functools
+import logging
 import threading
 import time
 from collections import OrderedDict
