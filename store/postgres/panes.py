@@ -106,14 +106,16 @@ class PostgresPaneStore(PaneStore):
                      idle_timeout_ms: Mapping[str, int] | None = None,
                      membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         # store/gc_pause.py: the collector is about half a backfill commit's CPU otherwise.
-        with paused_gc(), self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
-            if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
-                            (commit.pipeline, commit.batch_id)).fetchone():
-                return CommitResult(committed=False)
-            check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
-            return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {},
-                                       membership_bucket_ms or {})
+        with paused_gc(), self._pool.connection() as conn:
+            rows.ensure_staging(conn)  # before the transaction: a rollback does not take them away
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+                if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
+                                (commit.pipeline, commit.batch_id)).fetchone():
+                    return CommitResult(committed=False)
+                check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
+                return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {},
+                                           idle_timeout_ms or {}, membership_bucket_ms or {})
 
     def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],
                        now_ms: int, retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int],
@@ -264,13 +266,15 @@ class PostgresPaneStore(PaneStore):
         for stream, layout in layouts.items():
             if self.tier_layout(stream) == layout:
                 continue
-            with self._pool.connection() as conn, conn.transaction():
-                # Under the commit lock: no batch adds panes while the tiers are rolled up from them,
-                # and another process that rebuilt meanwhile is seen.
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
-                if _layouts(conn).get(stream) == layout:
-                    continue
-                _rebuild(conn, stream, layout, now_ms, progress)
+            with self._pool.connection() as conn:
+                rows.ensure_staging(conn)  # before the transaction, as a commit's
+                with conn.transaction():
+                    # Under the commit lock: no batch adds panes while the tiers are rolled up from them,
+                    # and another process that rebuilt meanwhile is seen.
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+                    if _layouts(conn).get(stream) == layout:
+                        continue
+                    _rebuild(conn, stream, layout, now_ms, progress)
             rebuilt.append(stream)
         return rebuilt
 

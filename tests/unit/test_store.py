@@ -3,6 +3,7 @@ on every backend (real SQLite files, a real PostgreSQL server: the store_backend
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -353,6 +354,24 @@ def test_failed_commit_leaves_the_store_unchanged(store: PaneStore, store_backen
     assert store.commit_batch(good, lateness_ms=LATENESS, now_ms=T0 + 2).committed
     assert store.read_panes("http", T0, T0 + PANE)[0].revision == 1  # still provisional
     assert [c.seq for c in store.changes_since(0)] == [1, 2]  # the rolled-back rows left no trace in the feed
+
+
+def test_a_commit_refused_by_the_database_leaves_the_store_able_to_commit(store: PaneStore) -> None:
+    """A commit that fails inside the database after its panes were written (here an offset past
+    64 bits; a lock timeout is the everyday one, retried by aggregates/commit_retry.py) rolls
+    back, and the next commits of the same store go through: PostgreSQL's rollback once took
+    the commit's staging tables away with it, and every later commit on that connection failed."""
+    from store.table_state import TableChange
+
+    refused = dataclasses.replace(commit(0, [partial(T0, {"e": "/a"}, make_data([1.0]))]),
+                                  table_changes={"t": {"k": TableChange({"n": 1.0}, T0, 0, 2**63)}})
+    with pytest.raises(Exception, match="(?i)too large|out of range"):  # SQLite OverflowError, PostgreSQL DataError
+        store.commit_batch(refused, lateness_ms=LATENESS, now_ms=T0)
+    assert store.last_batch_id("main") is None
+    for batch_id in range(3):  # more than the pool holds connections
+        assert store.commit_batch(commit(batch_id, [partial(T0, {"e": "/a"}, make_data([1.0]))]),
+                                  lateness_ms=LATENESS, now_ms=T0).committed
+    assert store.read_panes("http", T0, T0 + PANE)[0].data.count == 3
 
 
 # -- merge laws -------------------------------------------------------------------------
