@@ -21,6 +21,10 @@ from store import view_state
 # PostgreSQL, and commits are serialized as SQLite's BEGIN IMMEDIATE serializes them.
 SCHEMA_LOCK = 0x5B_0001
 COMMIT_LOCK = 0x5B_0002
+# Side-store transactions (store/postgres/db.py PostgresDb.transaction) are serialized per schema
+# by the two-key advisory lock (SIDE_LOCK, hashtext(schema)): two-key locks are a space apart from
+# the one-key ones above, and a side transaction never waits for COMMIT_LOCK, so the two never deadlock.
+SIDE_LOCK = 0x5B_0003
 
 # Type by type, what SQLite's DDL says in PostgreSQL (the statements are otherwise the same).
 _TYPES = [
