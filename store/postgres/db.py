@@ -12,7 +12,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from store.connection import Db
-from store.postgres.schema import SCHEMA_LOCK, SIDE_LOCK, translate_ddl
+from store.postgres.schema import SCHEMA_LOCK, SIDE_LOCK, order_keys_by_code_point, translate_ddl
 
 
 def _sql(sql: str) -> str:
@@ -93,6 +93,7 @@ class PostgresDb(Db):
         with self._transaction(None), self._connection() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))  # concurrent CREATEs can collide
             conn.execute(translate_ddl(ddl))
+            order_keys_by_code_point(conn)  # a side store's tables from before
 
     def close(self) -> None:
         """The pool is the pane store's; nothing of its own to release."""

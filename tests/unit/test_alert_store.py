@@ -72,6 +72,13 @@ def test_a_rule_removed_from_the_file_ends_in_the_history_once_when_two_replicas
     assert [(h.rule, h.data) for h in setup.history()] == [("slow", {"ended": "f1", "by": "a"})]
 
 
+def test_rules_are_listed_in_code_point_order_whatever_the_database_s_collation(store_backend):
+    alerts = AlertStore(store_backend.side_db(store_backend.create(linguistic=True)))
+    for name in ["b", "B", "a", "_z", "é", "e"]:
+        alerts.create_rule(name, {**RULE, "name": name}, source="api", now_ms=1)
+    assert [r.name for r in alerts.rules()] == ["B", "_z", "a", "b", "e", "é"]
+
+
 def test_file_rules_are_the_file_s(store_backend):
     alerts = AlertStore(store_backend.side_db())
     alerts.create_rule("mine", RULE, source="api", now_ms=1)

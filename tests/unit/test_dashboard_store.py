@@ -16,3 +16,10 @@ def test_two_writers_of_one_dashboard_name_at_once_the_second_gets_the_conflict(
                             lambda: second.create("ops", {"title": "b"}, now_ms=2))
     assert created.name == "ops" and isinstance(refused, DashboardConflict)
     assert second.dashboard("ops").definition == {"title": "a"}
+
+
+def test_dashboards_are_listed_in_code_point_order_whatever_the_database_s_collation(store_backend):
+    dashboards = DashboardStore(store_backend.side_db(store_backend.create(linguistic=True)))
+    for name in ["b", "B", "a", "_z", "é", "e"]:
+        dashboards.create(name, {"title": name}, now_ms=1)
+    assert [d.name for d in dashboards.dashboards()] == ["B", "_z", "a", "b", "e", "é"]
