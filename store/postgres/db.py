@@ -21,6 +21,16 @@ def _sql(sql: str) -> str:
     return sql.replace("?", "%s")
 
 
+@contextmanager
+def snapshot(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """A read-only transaction whose statements all see one snapshot (REPEATABLE READ): at READ
+    COMMITTED, a plain transaction's, each statement sees the commits made before it began, so
+    reads that must agree (a batch's counters and its offsets) could straddle a commit."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield conn
+
+
 class _Rows:
     """A statement's rows, fetched before its connection goes back to the pool."""
 

@@ -63,7 +63,7 @@ from store import table_state, table_versions
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
-from store.postgres.db import PostgresDb
+from store.postgres.db import PostgresDb, snapshot
 from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.bloom import drop_expired as drop_expired_bloom
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
@@ -352,7 +352,7 @@ class PostgresPaneStore(PaneStore):
         return dict(self._all("SELECT stream, watermark_ms FROM stream_progress WHERE watermark_ms IS NOT NULL"))
 
     def progress(self, pipeline: str) -> PipelineProgress:
-        with self._pool.connection() as conn, conn.transaction():  # one snapshot of every table
+        with self._pool.connection() as conn, snapshot(conn):  # one snapshot of every table
             last_id, last_at, batches, events = conn.execute(
                 "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)::bigint"
                 " FROM batches WHERE pipeline = %s", (pipeline,)).fetchone()

@@ -324,6 +324,35 @@ def test_progress(store: PaneStore) -> None:
     assert store.progress("other").end_offsets == {}
 
 
+def test_progress_is_what_one_commit_left_while_another_process_commits(store: PaneStore, store_backend,
+                                                                         monkeypatch) -> None:
+    """progress() reads several tables (batches, offsets, the streams' counters): all as one
+    commit left them, not the batches of one commit and the streams of the next one, which
+    another process committed meanwhile (here between two of its reads)."""
+    from store import event_ids
+
+    def batch(i: int) -> BatchCommit:
+        return commit(i, [partial(T0, {"e": "/a"}, make_data([1.0] * 5))], max_event={"http": T0 + i},
+                      offsets={"http": {0: 5 * (i + 1)}})
+
+    store.commit_batch(batch(0), lateness_ms=LATENESS, now_ms=T0)
+    other = store_backend.reopen(store)
+    read = event_ids.duplicate_counts  # progress() calls it between its reads, on either backend
+
+    def meanwhile(cursor):
+        monkeypatch.setattr(event_ids, "duplicate_counts", read)
+        assert other.commit_batch(batch(1), lateness_ms=LATENESS, now_ms=T0 + 1).committed
+        return read(cursor)
+
+    monkeypatch.setattr(event_ids, "duplicate_counts", meanwhile)
+    progress = store.progress("main")
+    http = progress.streams["http"]
+    assert (progress.batches, progress.events_read, progress.end_offsets) == (1, 5, {"http": {0: 5}})
+    assert (http.max_event_ms, http.events_aggregated) == (T0, 5)
+    again = store.progress("main")
+    assert (again.batches, again.streams["http"].events_aggregated) == (2, 10)
+
+
 # -- atomicity --------------------------------------------------------------------------
 
 
