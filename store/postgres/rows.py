@@ -158,7 +158,9 @@ def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, 
         clauses.append(f"dims_id IN (SELECT f.id FROM dim_sets f WHERE f.stream = %s AND {tests})")
         filter_args = [args[0], *(x for item in filters.items() for x in item)]  # every `where` starts with the stream
     if value_field:
-        field = "(stats::jsonb -> %s)"
+        # json, not jsonb: ->> gives each number's text as written, and float8 reads it as SQLite and
+        # Python do; jsonb holds numbers as numeric, which has no -0.0 (a min or max of -0.0 came back 0.0).
+        field = "(stats::json -> %s)"
         # The sum's parts come back per row (array_agg) and are added exactly rounded here
         # (store/exact_sum.py), as the pane roll-up and the tier rows add: SUM over float8 rounds
         # at each step, and over numeric the parts are cast at 15 digits, neither the same.
