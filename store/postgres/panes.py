@@ -9,7 +9,8 @@ store/commit_plan.py, the same code the SQLite store runs.
 Commits take a transaction-level advisory lock (schema.COMMIT_LOCK) first: they are
 serialized, so the state read before planning is the state the plan is written over, and
 change-feed sequence numbers become visible in order (a reader tailing `seq > n` never
-sees 12 committed while 11 is still in flight). Reads take a pooled connection each and see
+sees 12 committed while 11 is still in flight). They increase, consecutive within a batch;
+a rolled-back commit leaves a gap (an identity's sequence does not roll back). Reads take a pooled connection each and see
 the last committed batch."""
 
 from __future__ import annotations
@@ -155,8 +156,10 @@ class PostgresPaneStore(PaneStore):
             if changes:
                 rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims_id", "revision", "batch_id", "count_added",
                                                  "at_ms", "correction_id"), changes)
-                # The rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts changes
-                # meanwhile, and the identity's sequence hands them out one by one (no cache).
+                # The batch's rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts
+                # changes meanwhile, and the identity's sequence hands them out one by one (no cache). Across
+                # batches the numbers only increase: a sequence is not transactional, so a commit that rolls
+                # back after this (a lock timeout, a refused value) leaves a gap before the next batch's.
                 last_seq = cur.execute("SELECT currval(pg_get_serial_sequence('changes', 'seq'))").fetchone()[0]
                 first_seq = last_seq - len(changes) + 1
             for stream, deltas in plan.tier_deltas.items():
