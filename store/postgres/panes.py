@@ -10,8 +10,8 @@ Commits take a transaction-level advisory lock (schema.COMMIT_LOCK) first: they 
 serialized, so the state read before planning is the state the plan is written over, and
 change-feed sequence numbers become visible in order (a reader tailing `seq > n` never
 sees 12 committed while 11 is still in flight). They increase, consecutive within a batch;
-a rolled-back commit leaves a gap (an identity's sequence does not roll back). Reads take a pooled connection each and see
-the last committed batch."""
+a rolled-back commit leaves a gap (an identity's sequence does not roll back). Reads take a
+pooled connection each and see the last committed batch."""
 
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ class PostgresPaneStore(PaneStore):
                 if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
                                 (commit.pipeline, commit.batch_id)).fetchone():
                     return CommitResult(committed=False)
-                check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
+                # Fenced by a switch (store/switch.py).
+                check_definitions(conn, commit.definition_versions, commit.pipeline)
                 return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {},
                                            idle_timeout_ms or {}, membership_bucket_ms or {})
 
