@@ -151,7 +151,10 @@ class CommitResult:
 @dataclass(frozen=True)
 class Change:
     """One entry of the change feed: a pane changed (correction_id is set when the change
-    was a correction of a final pane)."""
+    was a correction of a final pane). `seq` increases in commit order, consecutive within
+    one batch's changes (CommitResult first_change_seq..last_change_seq); between batches
+    there may be a gap (PostgreSQL: a commit that rolled back used numbers no one gets), so
+    readers tail `seq > n` and never expect n + 1."""
 
     seq: int
     stream: str

@@ -25,7 +25,7 @@ import numpy as np
 
 from sketches.bloom import CHUNK_BYTES, BloomFilter
 from store.tables import BLOOM_TABLES
-from store.connection import open_connection
+from store.connection import open_connection, read_snapshot
 
 if TYPE_CHECKING:  # store.commit_plan imports store.base, which imports this module
     from store.commit_plan import BloomHorizons
@@ -178,7 +178,7 @@ class BloomStore(BloomReader):
         self.path = Path(path)
         self._conn = open_connection(self.path, synchronous=None, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
-        with self._lock:
+        with self._lock, read_snapshot(self._conn):  # the header and the chunks of one commit
             create_schema(self._conn)
 
     def _filter(self, stream: str, kind: str, bucket_ms: int, m: int, k: int, seed: int) -> BloomFilter:
@@ -192,7 +192,7 @@ class BloomStore(BloomReader):
 
     def first_seen_filter(self, stream: str) -> BloomFilter | None:
         """The stream's long-lived first-seen filter (the most recently updated shape), or None."""
-        with self._lock:
+        with self._lock, read_snapshot(self._conn):  # the header and the chunks of one commit
             row = self._conn.execute(
                 "SELECT m, k, seed FROM bloom_filters WHERE stream = ? AND kind = ? AND bucket_ms = 0"
                 " ORDER BY updated_batch DESC LIMIT 1", (stream, FIRST_SEEN),

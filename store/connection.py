@@ -54,6 +54,19 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         raise
 
 
+@contextmanager
+def read_snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN (deferred) ... COMMIT around reads: they all see the file as one commit left it (WAL:
+    a writer's commit meanwhile is not seen), where each statement of an autocommit connection
+    sees the newest; takes no write lock."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
 def where(*conditions: tuple[str, object]) -> tuple[str, list]:
     """" WHERE a = ? AND ..." and its arguments from (clause, value) pairs, skipping the pairs
     whose value is None (filters the caller did not ask for); "" when none is left."""

@@ -35,7 +35,7 @@ from store import joins as join_store
 from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
                                plan_batch, retention_horizons)
 from store.commit_plan import DROP_OLD_CHANGES, bloom_horizons, change_feed_horizon
-from store.connection import SqliteDb, open_connection, transaction, where
+from store.connection import SqliteDb, open_connection, read_snapshot, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
@@ -379,7 +379,7 @@ class SqlitePaneStore(PaneStore):
             return event_ids.lookup(self._conn.cursor(), stream, ids, "?")
 
     def progress(self, pipeline: str) -> PipelineProgress:
-        with self._lock:
+        with self._lock, read_snapshot(self._conn):  # one commit's counters, offsets and progress
             last_id, last_at, batches, events = self._conn.execute(
                 "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)"
                 " FROM batches WHERE pipeline = ?",

@@ -101,14 +101,33 @@ class PostgresServer:
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname}"
 
-    def fresh_dsn(self) -> str:
-        """A DSN whose tables land in an empty schema of its own (its search_path).
+    LINGUISTIC_DB = "linguistic"
+
+    def linguistic_database(self) -> str:
+        """A database whose default collation is linguistic (ICU en-US: 'a' < 'B', punctuation
+        skipped), as a deployment's database usually is (en_US.UTF-8): the cluster's own are
+        initdb'd with the C locale, which orders text as the code points. Made on first use."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.LINGUISTIC_DB,)).fetchone() is None:
+                conn.execute(f"CREATE DATABASE {self.LINGUISTIC_DB} TEMPLATE template0 ENCODING 'UTF8'"
+                             " LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'")
+        return self.LINGUISTIC_DB
+
+    def fresh_dsn(self, dbname: str = "postgres") -> str:
+        """A DSN whose tables land in an empty schema of its own (its search_path), in `dbname`.
 
         A schema given back (`give_back`) is reused with its tables emptied and their identity
         counters restarted: ~15 ms where creating the store's tables again costs ~130 ms, which
         matters to property tests that make a store per example."""
         import psycopg
 
+        if dbname != "postgres":  # not reused (give_back keeps the default database's only)
+            name = f"t{os.getpid()}_{next(self._schemas)}"
+            with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
+                conn.execute(f"CREATE SCHEMA {name}")
+            return f"{self.dsn(dbname)} options='-c search_path={name}'"
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             if self._free:
                 name = self._free.pop()

@@ -23,8 +23,10 @@ class StoreBackend:
         self._opened.append(store)
         return store
 
-    def create(self) -> PaneStore:
-        """A store over new, empty storage."""
+    def create(self, *, linguistic: bool = False) -> PaneStore:
+        """A store over new, empty storage. `linguistic`: where the storage has a default text
+        order, a linguistic one (PostgreSQL: a database collated en-US, as deployments' usually
+        are), for tests of what must be in code-point order whatever it is; SQLite has none."""
         raise NotImplementedError
 
     def reopen(self, store: PaneStore) -> PaneStore:
@@ -56,7 +58,7 @@ class SqliteBackend(StoreBackend):
         super().__init__()
         self._mkdir = mkdir
 
-    def create(self) -> PaneStore:
+    def create(self, *, linguistic: bool = False) -> PaneStore:
         return self._keep(SqlitePaneStore(self._mkdir() / "store.db", synchronous="OFF"))  # tests need no fsync
 
     def reopen(self, store: PaneStore) -> PaneStore:
@@ -78,12 +80,13 @@ class PostgresBackend(StoreBackend):
         super().__init__()
         self._server = server  # tests.postgres_server.PostgresServer
 
-    def create(self) -> PaneStore:
+    def create(self, *, linguistic: bool = False) -> PaneStore:
         from store.postgres import PostgresPaneStore
 
         self._give_back_closed()
+        dsn = self._server.fresh_dsn(self._server.linguistic_database()) if linguistic else self._server.fresh_dsn()
         # A small pool: a test opens many stores, and each process would hold its connections.
-        return self._keep(PostgresPaneStore(self._server.fresh_dsn(), pool_size=2))
+        return self._keep(PostgresPaneStore(dsn, pool_size=2))
 
     def _give_back_closed(self) -> None:
         """Schemas whose stores the test closed (a property test's examples) can serve the next."""

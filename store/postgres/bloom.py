@@ -8,6 +8,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from sketches.bloom import BloomFilter
+from store.postgres.db import snapshot
 from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FirstSeenRow, merge_chunk
 
 _SHAPE = "stream = %s AND kind = %s AND bucket_ms = %s AND m = %s AND k = %s AND seed = %s"
@@ -67,13 +68,13 @@ class PostgresBloomReader(BloomReader):
         return bloom
 
     def first_seen_filter(self, stream: str) -> BloomFilter | None:
-        with self._pool.connection() as conn, conn.transaction():  # header and chunks of one commit
+        with self._pool.connection() as conn, snapshot(conn):  # header and chunks of one commit
             row = conn.execute("SELECT m, k, seed FROM bloom_filters WHERE stream = %s AND kind = %s AND bucket_ms = 0"
                                " ORDER BY updated_batch DESC LIMIT 1", (stream, FIRST_SEEN)).fetchone()
             return None if row is None else self._filter(conn, stream, FIRST_SEEN, 0, *row)
 
     def membership_filters(self, stream: str, start_ms: int, end_ms: int) -> list[tuple[int, BloomFilter]]:
-        with self._pool.connection() as conn, conn.transaction():
+        with self._pool.connection() as conn, snapshot(conn):
             rows = conn.execute(
                 "SELECT bucket_ms, m, k, seed FROM bloom_filters WHERE stream = %s AND kind = %s AND bucket_ms >= %s"
                 " AND bucket_ms < %s ORDER BY bucket_ms", (stream, MEMBERSHIP, start_ms, end_ms)).fetchall()

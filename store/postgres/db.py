@@ -12,13 +12,23 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from store.connection import Db
-from store.postgres.schema import SCHEMA_LOCK, translate_ddl
+from store.postgres.schema import SCHEMA_LOCK, SIDE_LOCK, order_keys_by_code_point, translate_ddl
 
 
 def _sql(sql: str) -> str:
     if "%" in sql:
         raise ValueError("a literal % would be read as a psycopg placeholder; pass it as a parameter")
     return sql.replace("?", "%s")
+
+
+@contextmanager
+def snapshot(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """A read-only transaction whose statements all see one snapshot (REPEATABLE READ): at READ
+    COMMITTED, a plain transaction's, each statement sees the commits made before it began, so
+    reads that must agree (a batch's counters and its offsets) could straddle a commit."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield conn
 
 
 class _Rows:
@@ -67,9 +77,21 @@ class PostgresDb(Db):
         return self.execute(sql + " RETURNING id", args).fetchone()[0]
 
     def transaction(self) -> AbstractContextManager[Db]:
+        """One transaction that waits for, and holds off, every other side-store transaction on
+        this schema (the namespace's), as SQLite's BEGIN IMMEDIATE does on its file: the side
+        stores check, then write (a consumer per namespace, one going run per stream, a rule
+        or dashboard name not yet taken, a removed file rule's end recorded once), which READ
+        COMMITTED alone lets two writers both pass. A transaction-level advisory lock of its
+        own (SIDE_LOCK, the schema's name hashed): pane commits (COMMIT_LOCK) neither wait for
+        it nor hold it off."""
+        return self._transaction(SIDE_LOCK)
+
+    def _transaction(self, lock: int | None) -> AbstractContextManager[Db]:
         @contextmanager
         def block() -> Iterator[Db]:
             with self._pool.connection() as conn, conn.transaction():
+                if lock is not None:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(current_schema()))", (lock,))
                 self._local.conn = conn
                 try:
                     yield self
@@ -78,9 +100,10 @@ class PostgresDb(Db):
         return block()
 
     def create(self, ddl: str) -> None:
-        with self.transaction(), self._connection() as conn:
+        with self._transaction(None), self._connection() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))  # concurrent CREATEs can collide
             conn.execute(translate_ddl(ddl))
+            order_keys_by_code_point(conn)  # a side store's tables from before
 
     def close(self) -> None:
         """The pool is the pane store's; nothing of its own to release."""

@@ -9,8 +9,9 @@ store/commit_plan.py, the same code the SQLite store runs.
 Commits take a transaction-level advisory lock (schema.COMMIT_LOCK) first: they are
 serialized, so the state read before planning is the state the plan is written over, and
 change-feed sequence numbers become visible in order (a reader tailing `seq > n` never
-sees 12 committed while 11 is still in flight). Reads take a pooled connection each and see
-the last committed batch."""
+sees 12 committed while 11 is still in flight). They increase, consecutive within a batch;
+a rolled-back commit leaves a gap (an identity's sequence does not roll back). Reads take a
+pooled connection each and see the last committed batch."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ from store import table_state, table_versions
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
 from store.postgres import rows
-from store.postgres.db import PostgresDb
+from store.postgres.db import PostgresDb, snapshot
 from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.bloom import drop_expired as drop_expired_bloom
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
@@ -106,14 +107,17 @@ class PostgresPaneStore(PaneStore):
                      idle_timeout_ms: Mapping[str, int] | None = None,
                      membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         # store/gc_pause.py: the collector is about half a backfill commit's CPU otherwise.
-        with paused_gc(), self._pool.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
-            if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
-                            (commit.pipeline, commit.batch_id)).fetchone():
-                return CommitResult(committed=False)
-            check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
-            return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {},
-                                       membership_bucket_ms or {})
+        with paused_gc(), self._pool.connection() as conn:
+            rows.ensure_staging(conn)  # before the transaction: a rollback does not take them away
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+                if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
+                                (commit.pipeline, commit.batch_id)).fetchone():
+                    return CommitResult(committed=False)
+                # Fenced by a switch (store/switch.py).
+                check_definitions(conn, commit.definition_versions, commit.pipeline)
+                return self._commit_locked(conn, commit, lateness_ms, now_ms, retention_ms or {},
+                                           idle_timeout_ms or {}, membership_bucket_ms or {})
 
     def _commit_locked(self, conn: psycopg.Connection, commit: BatchCommit, lateness_ms: Mapping[str, int],
                        now_ms: int, retention_ms: Mapping[str, int], idle_timeout_ms: Mapping[str, int],
@@ -153,8 +157,10 @@ class PostgresPaneStore(PaneStore):
             if changes:
                 rows.copy_rows(conn, "changes", ("stream", "start_ms", "dims_id", "revision", "batch_id", "count_added",
                                                  "at_ms", "correction_id"), changes)
-                # The rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts changes
-                # meanwhile, and the identity's sequence hands them out one by one (no cache).
+                # The batch's rows took consecutive numbers: commits hold COMMIT_LOCK, nothing else inserts
+                # changes meanwhile, and the identity's sequence hands them out one by one (no cache). Across
+                # batches the numbers only increase: a sequence is not transactional, so a commit that rolls
+                # back after this (a lock timeout, a refused value) leaves a gap before the next batch's.
                 last_seq = cur.execute("SELECT currval(pg_get_serial_sequence('changes', 'seq'))").fetchone()[0]
                 first_seq = last_seq - len(changes) + 1
             for stream, deltas in plan.tier_deltas.items():
@@ -264,13 +270,15 @@ class PostgresPaneStore(PaneStore):
         for stream, layout in layouts.items():
             if self.tier_layout(stream) == layout:
                 continue
-            with self._pool.connection() as conn, conn.transaction():
-                # Under the commit lock: no batch adds panes while the tiers are rolled up from them,
-                # and another process that rebuilt meanwhile is seen.
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
-                if _layouts(conn).get(stream) == layout:
-                    continue
-                _rebuild(conn, stream, layout, now_ms, progress)
+            with self._pool.connection() as conn:
+                rows.ensure_staging(conn)  # before the transaction, as a commit's
+                with conn.transaction():
+                    # Under the commit lock: no batch adds panes while the tiers are rolled up from them,
+                    # and another process that rebuilt meanwhile is seen.
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
+                    if _layouts(conn).get(stream) == layout:
+                        continue
+                    _rebuild(conn, stream, layout, now_ms, progress)
             rebuilt.append(stream)
         return rebuilt
 
@@ -348,7 +356,7 @@ class PostgresPaneStore(PaneStore):
         return dict(self._all("SELECT stream, watermark_ms FROM stream_progress WHERE watermark_ms IS NOT NULL"))
 
     def progress(self, pipeline: str) -> PipelineProgress:
-        with self._pool.connection() as conn, conn.transaction():  # one snapshot of every table
+        with self._pool.connection() as conn, snapshot(conn):  # one snapshot of every table
             last_id, last_at, batches, events = conn.execute(
                 "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)::bigint"
                 " FROM batches WHERE pipeline = %s", (pipeline,)).fetchone()

@@ -49,11 +49,19 @@ def ensure_staging(conn: psycopg.Connection) -> None:
     live as long as the session). Each use empties its table in the same round trip as its
     last statement, and a failed transaction takes its rows back with it. (ON COMMIT DELETE
     ROWS would truncate them at every commit: new files each time, which made a commit of 10
-    panes cost twice as much.)"""
+    panes cost twice as much.)
+
+    Writers call this before they open their transaction: made outside a transaction, the
+    tables last as long as the session. Made inside one (a caller that did not), they are
+    made again at the next use: a transaction that rolls back (a lock timeout the commit is
+    retried after, a value the server refuses) drops the tables it created with it, and a
+    connection remembered as having them would then fail every later commit with
+    UndefinedTable."""
     if conn not in _staged_on:
         conn.execute("; ".join(f"CREATE TEMP TABLE IF NOT EXISTS {name} ({definition})"
                                for name, definition in _STAGING.items()))
-        _staged_on.add(conn)
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:  # no transaction to undo them
+            _staged_on.add(conn)
 
 
 def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
@@ -150,7 +158,9 @@ def aggregate(conn: psycopg.Connection, table: str, where: str, args: tuple, *, 
         clauses.append(f"dims_id IN (SELECT f.id FROM dim_sets f WHERE f.stream = %s AND {tests})")
         filter_args = [args[0], *(x for item in filters.items() for x in item)]  # every `where` starts with the stream
     if value_field:
-        field = "(stats::jsonb -> %s)"
+        # json, not jsonb: ->> gives each number's text as written, and float8 reads it as SQLite and
+        # Python do; jsonb holds numbers as numeric, which has no -0.0 (a min or max of -0.0 came back 0.0).
+        field = "(stats::json -> %s)"
         # The sum's parts come back per row (array_agg) and are added exactly rounded here
         # (store/exact_sum.py), as the pane roll-up and the tier rows add: SUM over float8 rounds
         # at each step, and over numeric the parts are cast at 15 digits, neither the same.

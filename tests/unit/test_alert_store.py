@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from store.alerts import AlertStore, RuleConflict
+from tests.support.side_race import race
 
 RULE = {"name": "slow", "kind": "threshold", "stream": "http", "threshold": 5}
 
@@ -39,6 +40,43 @@ def test_rules_state_and_history_survive_a_restart(store_backend):
     again.save_evaluation("slow", [], [{"at_ms": 20_000, "to": "resolved"}], now_ms=20_000)
     assert again.instances("slow") == [] and [h.data["to"] for h in again.history()] == ["resolved"]
     assert again.delete_rule("slow") and again.rules() == [] and not again.delete_rule("slow")
+
+
+def test_two_writers_of_one_rule_name_at_once_the_second_gets_the_conflict(store_backend):
+    """Two API replicas creating one rule name at once: the second is told the name is taken
+    (RuleConflict: HTTP 409), not the database's unique violation (a 500)."""
+    store = store_backend.create()
+    first_db = store_backend.side_db(store)
+    first, second = AlertStore(first_db), AlertStore(store_backend.side_db(store))
+    created, refused = race(first_db, "INSERT INTO alert_rules",
+                            lambda: first.create_rule("slow", RULE, source="api", now_ms=1),
+                            lambda: second.create_rule("slow", {**RULE, "threshold": 9}, source="api", now_ms=2))
+    assert created.name == "slow" and isinstance(refused, RuleConflict)
+    assert second.rule("slow").definition == RULE
+
+
+def test_a_rule_removed_from_the_file_ends_in_the_history_once_when_two_replicas_reload_at_once(store_backend):
+    store = store_backend.create()
+    setup = AlertStore(store_backend.side_db(store))
+    setup.sync_file_rules({"slow": RULE}, now_ms=1)
+    setup.save_evaluation("slow", [{"fingerprint": "f1", "state": "firing"}], [], now_ms=2)
+    first_db = store_backend.side_db(store)
+    first, second = AlertStore(first_db), AlertStore(store_backend.side_db(store))
+
+    def reload(replica: str, alerts: AlertStore):
+        return lambda: alerts.sync_file_rules({}, now_ms=3, ended=lambda instances: [
+            {"ended": i["fingerprint"], "by": replica} for i in instances])
+
+    removed = race(first_db, "INSERT INTO alert_history", reload("a", first), reload("b", second))
+    assert removed == (["slow"], [])
+    assert [(h.rule, h.data) for h in setup.history()] == [("slow", {"ended": "f1", "by": "a"})]
+
+
+def test_rules_are_listed_in_code_point_order_whatever_the_database_s_collation(store_backend):
+    alerts = AlertStore(store_backend.side_db(store_backend.create(linguistic=True)))
+    for name in ["b", "B", "a", "_z", "é", "e"]:
+        alerts.create_rule(name, {**RULE, "name": name}, source="api", now_ms=1)
+    assert [r.name for r in alerts.rules()] == ["B", "_z", "a", "b", "e", "é"]
 
 
 def test_file_rules_are_the_file_s(store_backend):

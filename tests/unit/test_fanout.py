@@ -16,6 +16,7 @@ from sketchboard.wiring import open_store, store_namespace
 from store import BatchCommit, PaneData, PanePartial
 from store.consumers import ConsumerRegistry, NamespaceTaken
 from store.namespace import ROOT, check_pipeline_name, namespace_of, postgres_schema, sqlite_store_path
+from tests.support.side_race import race
 
 NOW = 1_800_000_000_000
 
@@ -84,6 +85,19 @@ def test_registry_records_consumers_copies_offsets_and_guards_namespaces(store_b
     audit = {c.pipeline: c for c in registry.consumers()}["audit"]
     assert (audit.group_commits_failed, audit.group_commit_error) == (2, None)
     registry.close()
+
+
+def test_two_pipelines_registering_one_namespace_at_once_one_is_refused(store_backend):
+    """One pipeline per namespace (two would count every event twice), also when two start at
+    once: the second's check waits for the first's registration to commit, and sees it."""
+    store = store_backend.create()
+    first_db = store_backend.side_db(store)
+    first, second = ConsumerRegistry(first_db), ConsumerRegistry(store_backend.side_db(store))
+    registered, refused = race(first_db, "INSERT INTO consumers",
+                               lambda: first.register("audit", "shared", "earliest", NOW),
+                               lambda: second.register("other", "shared", "earliest", NOW))
+    assert registered.pipeline == "audit" and isinstance(refused, NamespaceTaken)
+    assert [(c.pipeline, c.namespace) for c in second.consumers()] == [("audit", "shared")]
 
 
 def test_a_root_holding_another_pipelines_batches_is_refused(store_backend):

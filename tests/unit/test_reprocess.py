@@ -17,6 +17,7 @@ from sketchboard.reprocess import progress_line, stream_catalog
 from store.consumers import ConsumerRegistry
 from store.definitions import DefinitionStore, ReprocessRun, RunGoing
 from store.namespace import check_pipeline_name
+from tests.support.side_race import race
 
 NOW = 1_800_000_000_000
 DAY = 86_400_000
@@ -88,6 +89,19 @@ def test_runs_are_recorded_with_one_going_per_stream(store_backend):
     with pytest.raises(ValueError, match="unknown run state"):
         store.set_state(run.id, "paused", NOW)
     assert store.run("nope") is None
+
+
+
+def test_two_runs_of_one_stream_started_at_once_one_is_refused(store_backend):
+    """One going run per stream, also when two `sketchboard reprocess` start at once: the second's
+    check waits for the first's record to commit, and sees it."""
+    store = store_backend.create()
+    first_db = store_backend.side_db(store)
+    first, second = DefinitionStore(first_db), DefinitionStore(store_backend.side_db(store))
+    started, refused = race(first_db, "INSERT INTO reprocess_runs", lambda: first.start_run(run_of()),
+                            lambda: second.start_run(run_of(id="reprocess-http-89abcdef")))
+    assert started == run_of() and isinstance(refused, RunGoing)
+    assert [run.id for run in second.runs()] == [run_of().id]
 
 
 def test_run_ids_are_pipeline_names():

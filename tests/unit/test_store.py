@@ -3,6 +3,7 @@ on every backend (real SQLite files, a real PostgreSQL server: the store_backend
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -323,6 +324,35 @@ def test_progress(store: PaneStore) -> None:
     assert store.progress("other").end_offsets == {}
 
 
+def test_progress_is_what_one_commit_left_while_another_process_commits(store: PaneStore, store_backend,
+                                                                         monkeypatch) -> None:
+    """progress() reads several tables (batches, offsets, the streams' counters): all as one
+    commit left them, not the batches of one commit and the streams of the next one, which
+    another process committed meanwhile (here between two of its reads)."""
+    from store import event_ids
+
+    def batch(i: int) -> BatchCommit:
+        return commit(i, [partial(T0, {"e": "/a"}, make_data([1.0] * 5))], max_event={"http": T0 + i},
+                      offsets={"http": {0: 5 * (i + 1)}})
+
+    store.commit_batch(batch(0), lateness_ms=LATENESS, now_ms=T0)
+    other = store_backend.reopen(store)
+    read = event_ids.duplicate_counts  # progress() calls it between its reads, on either backend
+
+    def meanwhile(cursor):
+        monkeypatch.setattr(event_ids, "duplicate_counts", read)
+        assert other.commit_batch(batch(1), lateness_ms=LATENESS, now_ms=T0 + 1).committed
+        return read(cursor)
+
+    monkeypatch.setattr(event_ids, "duplicate_counts", meanwhile)
+    progress = store.progress("main")
+    http = progress.streams["http"]
+    assert (progress.batches, progress.events_read, progress.end_offsets) == (1, 5, {"http": {0: 5}})
+    assert (http.max_event_ms, http.events_aggregated) == (T0, 5)
+    again = store.progress("main")
+    assert (again.batches, again.streams["http"].events_aggregated) == (2, 10)
+
+
 # -- atomicity --------------------------------------------------------------------------
 
 
@@ -353,6 +383,24 @@ def test_failed_commit_leaves_the_store_unchanged(store: PaneStore, store_backen
     assert store.commit_batch(good, lateness_ms=LATENESS, now_ms=T0 + 2).committed
     assert store.read_panes("http", T0, T0 + PANE)[0].revision == 1  # still provisional
     assert [c.seq for c in store.changes_since(0)] == [1, 2]  # the rolled-back rows left no trace in the feed
+
+
+def test_a_commit_refused_by_the_database_leaves_the_store_able_to_commit(store: PaneStore) -> None:
+    """A commit that fails inside the database after its panes were written (here an offset past
+    64 bits; a lock timeout is the everyday one, retried by aggregates/commit_retry.py) rolls
+    back, and the next commits of the same store go through: PostgreSQL's rollback once took
+    the commit's staging tables away with it, and every later commit on that connection failed."""
+    from store.table_state import TableChange
+
+    refused = dataclasses.replace(commit(0, [partial(T0, {"e": "/a"}, make_data([1.0]))]),
+                                  table_changes={"t": {"k": TableChange({"n": 1.0}, T0, 0, 2**63)}})
+    with pytest.raises(Exception, match="(?i)too large|out of range"):  # SQLite OverflowError, PostgreSQL DataError
+        store.commit_batch(refused, lateness_ms=LATENESS, now_ms=T0)
+    assert store.last_batch_id("main") is None
+    for batch_id in range(3):  # more than the pool holds connections
+        assert store.commit_batch(commit(batch_id, [partial(T0, {"e": "/a"}, make_data([1.0]))]),
+                                  lateness_ms=LATENESS, now_ms=T0).committed
+    assert store.read_panes("http", T0, T0 + PANE)[0].data.count == 3
 
 
 # -- merge laws -------------------------------------------------------------------------

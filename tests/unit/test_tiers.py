@@ -261,6 +261,24 @@ def test_sums_the_store_adds_are_exactly_rounded_as_the_pane_rollup(store_backen
     store.close()
 
 
+def test_a_negative_zero_min_and_max_come_back_negative_as_the_pane_rollup_s(store_backend):
+    """The stats summed by the store (aggregate_tier) keep -0.0 as the panes hold it: PostgreSQL read
+    them as jsonb, whose numbers have no -0.0, and answered 0.0."""
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, [[(T0 + 5_000, {"a": "x", "b": "p", "c": "m"}, -0.0, "u1"),
+                        (T0 + 15_000, {"a": "x", "b": "p", "c": "m"}, -0.0, "u2")]])
+    for bucket_ms, pane_ms in ((PANE, PANE), (MINUTE, PANE), (MINUTE, None)):  # one row a bucket; summed; tier rows
+        found = store.aggregate_tier("s", PANE if pane_ms else MINUTE, ALL_DIMS if pane_ms else "", T0, T0 + MINUTE,
+                                     origin_ms=T0, bucket_ms=bucket_ms, value_field="v", pane_ms=pane_ms)
+        assert found, (bucket_ms, pane_ms)
+        for stats in found:
+            assert (math.copysign(1, stats.min), math.copysign(1, stats.max)) == (-1, -1), (bucket_ms, pane_ms, stats)
+    for stat in ("min", "max"):
+        (series,) = answer(store, stat=stat, start=T0, end=T0 + MINUTE, step=MINUTE, window=MINUTE)
+        assert math.copysign(1, series.points[0].value) == -1, stat
+    store.close()
+
+
 def test_the_planner_reads_the_coarsest_rows_that_fit():
     plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, ())
     assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 86_400_000, ""),)

@@ -125,6 +125,24 @@ def test_a_row_keyed_empty_is_in_the_view_and_its_rebuild(store_backend):
     assert stored_view(store, "user_plans") == {key: {**row, "tier": "gold", "price": 2.0} for key in ("", "u1")}
 
 
+def test_view_rows_are_in_code_point_order_whatever_the_database_s_collation(store_backend):
+    """The view's rows, and their pages, in the left keys' code-point order (as the tables'),
+    also in a PostgreSQL database collated en_US, which would put 'a' before 'B'."""
+    from tests.unit.test_table_state_store import UNORDERED_KEYS
+
+    store = store_backend.create(linguistic=True)
+    views = Views(CATALOG, store)
+    row = {"plan_id": "p1", "country": "nl", "credit": 1.0}
+    commit_batch(store, views, 0, {"users": {k: TableChange(row, T0, 0, i, T0) for i, k in enumerate(UNORDERED_KEYS)},
+                                   "plans": {"p1": TableChange({"tier": "gold", "price": 2.0}, T0, 0, 0, T0)}})
+    assert list(stored_view(store, "user_plans")) == sorted(UNORDERED_KEYS)
+    seen, after = [], None
+    while page := store.view_rows("user_plans", after=after, limit=4):
+        seen += [r.key for r in page]
+        after = page[-1].key
+    assert seen == sorted(UNORDERED_KEYS)
+
+
 def replayed(store, view: str, page: int = 7) -> dict:
     """The view's changelog read page by page from the start and replayed from empty."""
     rows: dict = {}
