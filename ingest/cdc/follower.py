@@ -44,7 +44,7 @@ from catalog.cdc import publication_name, resolve_dsn, slot_name
 from catalog.tables import DELETE, OP_FIELD
 from ingest.cdc.changes import ChangeMapper, Transaction, live_after, row_digest, schema_report
 from ingest.cdc.pgoutput import Column, Commit, LogicalMessage, decode, lsn_to_int, lsn_to_text
-from ingest.log.base import EventLog
+from ingest.log.base import EventLog, RecordTooLarge
 from ingest.tables import is_tombstone, tombstone
 
 log = logging.getLogger("sketchboard.cdc")
@@ -250,12 +250,26 @@ class CdcFollower:
         return position, keys, expected
 
     def _append(self, stream: StreamDef, events: list, now_ms: int, position: Position,
-                expected: Position | None) -> None:
+                expected: Position | None) -> int:
         """Append with the source's new position (atomically), then remember it: the status reads
-        it from memory (no log I/O per status)."""
-        self.log.append_at(stream, events, now_ms, source_id(stream), position.dump(),
-                           None if expected is None else expected.dump())
+        it from memory (no log I/O per status). Returns how many rows the log refused (rejected)."""
+        refused_rows = 0
+        while True:
+            try:
+                self.log.append_at(stream, events, now_ms, source_id(stream), position.dump(),
+                                   None if expected is None else expected.dump())
+                break
+            except RecordTooLarge as exc:
+                # A row the log cannot hold as one record (Kafka's message.max.bytes): nothing of the
+                # append was written, and retrying would refuse it for ever. The row is rejected, as
+                # a row the mapper cannot read is, and the rest goes on (the table then lacks it).
+                refused = events[exc.index]
+                events = events[:exc.index] + events[exc.index + 1:]
+                refused_rows += 1
+                self._bump("rejected")
+                self._set(last_rejection=f"row {refused.key!r}: {exc.reason}")
         self._remember(position)
+        return refused_rows
 
     def _remember(self, position: Position | None) -> None:
         with self._lock:
@@ -352,11 +366,12 @@ class CdcFollower:
             return False
         new = Position(**{**position.__dict__, "lsn": transactions[-1].end_lsn})
         now_ms = int(self.clock() * 1000)
-        self._append(self.stream, pending, now_ms, new, position)
+        refused = self._append(self.stream, pending, now_ms, new, position)
         if self.after_append is not None:
             self.after_append(new)
         self._advance(conn, max(new.lsn, confirmable))
         self._count(transactions)
+        self._bump("upserts", -refused)  # counted with their transactions, but never written (rejected)
         return True
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:

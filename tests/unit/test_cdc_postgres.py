@@ -136,6 +136,39 @@ def test_snapshot_then_live_changes_end_as_the_same_table(server, setup, log_bac
     log.close()
 
 
+@pytest.mark.kafka
+def test_a_row_over_kafkas_record_limit_is_rejected_and_the_others_follow(server, setup, kafka_broker):
+    """Kafka takes no record over the producer's message.max.bytes (the embedded log has no such
+    limit): the follower retried such an append for ever, the table stuck. The row is rejected
+    with its reason, as a row the mapper cannot read is, and the others are appended."""
+    import uuid
+
+    from ingest.log.kafka import KafkaEventLog
+
+    table, _ = setup
+    big = "x" * 1_000  # a dimension holds at most 1 024 characters; with the row's other fields, over 1 000 bytes
+    sql(server, f"INSERT INTO {table} VALUES ('small', 'free', 1, true)",
+        f"INSERT INTO {table} VALUES ('big', '{big}', 2, true)")
+    stream = parse_catalog(CONFIG.format(dsn=server.dsn(), table=table, per_poll=1000)).streams["users"]
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.", replication_factor=1,
+                        options={"message.max.bytes": 1000})
+    log.ensure_topic(stream)
+    follower = CdcFollower(stream, log, env=ENV)
+    catch_up(follower)  # the snapshot
+    assert set(log_table(log, stream)) == {"small"}
+    status = follower.status()
+    assert status["rejected"] == 1 and status["state"] == "streaming"
+    assert "'big'" in status["last_rejection"] and "message.max.bytes" in status["last_rejection"]
+    sql(server, f"UPDATE {table} SET plan = '{big}' WHERE id = 'small'",  # live: grown past the limit
+        f"INSERT INTO {table} VALUES ('n1', 'pro', 3, true)")
+    catch_up(follower)
+    assert log_table(log, stream) == {"small": {"plan": "free", "active": "true", "credit": 1.0},
+                                      "n1": {"plan": "pro", "active": "true", "credit": 3.0}}
+    status = follower.status()
+    assert (status["rejected"], status["upserts"]) == (2, 1)
+    log.close()
+
+
 KILLER = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
