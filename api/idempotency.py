@@ -90,19 +90,24 @@ async def guarded(store: IdempotencyStore | None, key: str | None, scope: str, r
         raise error
     # Shielded: a client that hangs up mid-request must not leave the key claimed while the
     # append it started still finishes in its thread; the answer is recorded either way.
-    return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, work)))
+    return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, decision.token, work)))
 
 
-async def _run_and_record(store: IdempotencyStore, key: str, scope: str, work: Callable[[], Awaitable[dict]]):
+async def _run_and_record(store: IdempotencyStore, key: str, scope: str, token: str | None,
+                          work: Callable[[], Awaitable[dict]]):
+    # `token` is this request's claim: were it taken over meanwhile (a first try slower than the
+    # in-flight timeout), releasing or recording changes nothing of the takeover's claim.
     try:
         answer = await work()
     except Exception:
-        await run_in_threadpool(store.release, scope, key)
+        await run_in_threadpool(store.release, scope, key, token)
         raise
     # The work is done (appended): its answer is the client's whatever recording it does.
     for attempt in range(1, RECORD_ATTEMPTS + 1):
         try:
-            await run_in_threadpool(store.complete, scope, key, 200, answer)
+            if not await run_in_threadpool(store.complete, scope, key, 200, answer, token):
+                log.warning("%s %r (%s): the claim was taken over by a retry while this request ran (slower than"
+                            " the in-flight timeout); its answer is not recorded", HEADER, key, scope)
             break
         except Exception as exc:  # the store is full or away: the events are in the log regardless
             if attempt == RECORD_ATTEMPTS:

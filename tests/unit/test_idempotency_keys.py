@@ -86,6 +86,31 @@ def test_an_abandoned_claim_is_taken_over_once(keys):
     assert keys.claim("s", "k", "f", later + 1).verdict is Verdict.IN_PROGRESS
 
 
+def test_a_late_first_try_neither_completes_nor_releases_the_takeovers_claim(keys):
+    first = keys.claim("s", "k", "f", 1000)
+    takeover = keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT)
+    assert takeover.verdict is Verdict.PROCEED and takeover.token != first.token
+    assert keys.release("s", "k", first.token) is False  # the slow first try failed after all
+    assert keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT + 1).verdict is Verdict.IN_PROGRESS
+    assert keys.complete("s", "k", 200, {"late": True}, first.token) is False
+    assert keys.complete("s", "k", 200, ANSWER, takeover.token) is True
+    assert keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT + 2).record.answer == ANSWER
+
+
+def test_a_table_made_before_claim_tokens_gets_the_column(tmp_path):
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        conn.execute("CREATE TABLE idempotency_keys (scope TEXT NOT NULL, idem_key TEXT NOT NULL, fingerprint TEXT"
+                     " NOT NULL, state TEXT NOT NULL, claimed_ms INTEGER NOT NULL, status INTEGER, answer TEXT,"
+                     " PRIMARY KEY (scope, idem_key))")
+        conn.execute("INSERT INTO idempotency_keys VALUES ('s', 'old', 'f', 'in_flight', 1000, NULL, NULL)")
+    keys = IdempotencyStore(tmp_path / "store.db")
+    assert keys.complete("s", "old", 200, ANSWER) is True  # a claim of the old version, no token
+    assert keys.claim("s", "old", "f", 2000).record.answer == ANSWER
+    keys.close()
+
+
 def test_answers_survive_a_restart(store_backend):
     store = store_backend.create()
     first = IdempotencyStore(store.side_db())
