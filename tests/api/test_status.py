@@ -235,6 +235,19 @@ def test_prometheus_metrics_with_an_empty_log(client, ctx):
     assert len(families["sketchboard_lag_events"]) == partitions(ctx)
 
 
+def test_a_made_up_http_method_is_one_other_series_not_one_per_method(client):
+    for i in range(20):
+        client.request(f"X{i}", "/healthz")
+        client.request(f"Y{i}", "/no/such/path")
+    client.request("OPTIONS", "/healthz")
+    families = metric_samples(client.get("/metrics").text)
+    methods = {s.labels["method"] for s in families["sketchboard_http_request_duration_seconds"]}
+    assert {"other", "OPTIONS", "GET"} <= methods and not any(m.startswith(("X", "Y")) for m in methods)
+    counts = {(s.labels["method"], s.labels["route"]): s.value
+              for s in families["sketchboard_http_request_duration_seconds"] if s.name.endswith("_count")}
+    assert counts[("other", "/healthz")] >= 20 and counts[("other", "<unmatched>")] >= 20
+
+
 # -- documentation and the index page ------------------------------------------------
 
 
