@@ -82,7 +82,9 @@ class LagSampler:
 
     def start(self) -> None:
         if self._thread is not None:
-            return
+            if not self._stop.is_set():
+                return
+            self._thread.join()  # stopped while a round was still running: let it end first
         self._stop.clear()  # started again after stop(): this replica leads again
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
         self._thread.start()
@@ -91,7 +93,8 @@ class LagSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():  # else start() waits for it: never two samplers
+                self._thread = None
 
     def _run(self) -> None:
         while not self._stop.is_set():

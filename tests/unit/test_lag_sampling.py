@@ -368,3 +368,34 @@ def test_retention_prunes_the_samples_of_a_consumer_that_is_gone(store_backend):
     assert lag_store.newest_at_ms("reprocess-orders-0123abcd") is None
     assert [s.at_ms for s in lag_store.series("main", 0, t + 200_000)] == [t + 120_000]
     lag_store.close()
+
+
+def test_a_sampler_stopped_mid_round_is_never_two_when_started_again():
+    """stop() gave up after its join timeout and dropped the thread; start() then ran a second
+    one beside the first (a lease lost and won again while the brokers were slow)."""
+    import threading
+    import time
+
+    release, entered, samplers = threading.Event(), threading.Event(), set()
+
+    class Slow(LagSampler):
+        def sample_and_store(self):
+            samplers.add(threading.get_ident())
+            entered.set()
+            release.wait(5)
+            return []
+
+    sampler = Slow(source=None, committed=None, sink=None, pipeline="main", streams=[], interval_s=0.05)
+    sampler.start()
+    assert entered.wait(5)
+    sampler.stop(timeout_s=0.1)  # the round is still running
+    starter = threading.Thread(target=sampler.start)
+    starter.start()
+    time.sleep(0.2)
+    assert [t.name for t in threading.enumerate()].count("lag-sampler") == 1
+    release.set()  # the slow round ends; start() then runs the new thread
+    starter.join(5)
+    time.sleep(0.2)
+    assert [t.name for t in threading.enumerate()].count("lag-sampler") == 1
+    sampler.stop()
+    assert not any(t.name == "lag-sampler" for t in threading.enumerate())
