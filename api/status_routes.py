@@ -19,6 +19,7 @@ from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
 from store.health import query_health
 from store.lag import LagStatus
+from store.lease_rules import replica_of
 
 log = logging.getLogger("sketchboard.metrics")
 
@@ -47,7 +48,9 @@ def leader_status(ctx: ApiContext) -> dict | None:
     if leadership is None:
         return None
     row = leadership.holder()
-    return {"lease": row.name, "holder": row.record.holder, "epoch": row.record.epoch,
+    # `holder` is the replica id, as `this_replica`; `holder_process` adds the holding process's nonce.
+    return {"lease": row.name, "holder": replica_of(row.record.holder), "holder_process": row.record.holder,
+            "epoch": row.record.epoch,
             "acquired_at_ms": row.acquired_at_ms, "renewed_at_ms": row.renewed_at_ms, "ttl_ms": row.ttl_ms,
             "this_replica": leadership.me, "leading": leadership.leading(), "error": leadership.last_error}
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store.connection import Db, SideStore
-from store.lease_rules import Action, LeaseRecord, LeaseTracker
+from store.lease_rules import Action, LeaseRecord, LeaseTracker, new_holder, replica_of
 
 log = logging.getLogger("sketchboard.lease")
 
@@ -88,13 +88,17 @@ class Leadership:
                  monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time):
         self.store = store
         self.name = name
-        self.me = me
+        self.me = me  # the replica id (status, metrics)
+        # What this process writes as the holder: the replica id and a nonce of this process's, so
+        # two processes with one replica id never take each other's row for their own.
+        self.holder_id = new_holder(me)
         self.ttl_s = ttl_s
         # Several writes per ttl: a slow or failed write or two does not lose the lease.
         self.renew_s = renew_s if renew_s is not None else ttl_s / 5
         if not 0 < self.renew_s < ttl_s:
             raise ValueError(f"lease renew interval must be in (0, ttl = {ttl_s} s), got {self.renew_s}")
-        self.tracker = LeaseTracker(me, ttl_s)
+        self.tracker = LeaseTracker(self.holder_id, ttl_s)
+        self._twin_warned: str | None = None
         self.on_gain, self.on_lose = on_gain, on_lose
         self.monotonic, self.clock = monotonic, clock
         self.last_error: str | None = None
@@ -112,18 +116,30 @@ class Leadership:
         try:
             row = self.store.read(self.name)
             step = self.tracker.step(row.record, self.monotonic())
+            self._warn_of_a_twin(row.record.holder, step.action)
             if step.write is not None:
                 won = self.store.swap(self.name, row.record, step.write, ttl_ms=int(self.ttl_s * 1000),
                                       now_ms=int(self.clock() * 1000))
                 self.tracker.done(step, won)
                 if won and step.action is Action.ACQUIRE:
-                    log.info("lease %r: %s leads (epoch %d)", self.name, self.me, step.write.epoch)
+                    log.info("lease %r: %s leads (epoch %d)", self.name, self.holder_id, step.write.epoch)
             self.last_error = None
         except Exception as exc:  # the store is away: leadership lapses on its own after ttl
             if self.last_error != str(exc):
                 log.warning("lease %r: could not renew: %s", self.name, exc)
             self.last_error = str(exc)
         self._act(self.leading())
+
+    def _warn_of_a_twin(self, holder: str | None, action: Action) -> None:
+        """A fresh row held by this replica id from another process: two processes share one
+        replica_id (or a previous run of this one stopped without releasing). It is followed as
+        any other holder's; said once per holder."""
+        if action is Action.FOLLOW and holder != self.holder_id and replica_of(holder) == self.me \
+                and holder != self._twin_warned:
+            self._twin_warned = holder
+            log.warning("lease %r: held by %s, another process with this replica_id %r (this one is %s): give"
+                        " each API process its own replica_id; this one waits for that lease to lapse",
+                        self.name, holder, self.me, self.holder_id)
 
     def _act(self, leading: bool) -> None:
         if leading and not self._acting:
@@ -133,7 +149,7 @@ class Leadership:
         elif not leading and self._acting:
             self._acting = False
             self.transitions += 1
-            log.info("lease %r: %s no longer leads", self.name, self.me)
+            log.info("lease %r: %s no longer leads", self.name, self.holder_id)
             self.on_lose()
 
     def holder(self) -> LeaseRow:
