@@ -399,3 +399,22 @@ def test_a_sampler_stopped_mid_round_is_never_two_when_started_again():
     assert [t.name for t in threading.enumerate()].count("lag-sampler") == 1
     sampler.stop()
     assert not any(t.name == "lag-sampler" for t in threading.enumerate())
+
+
+def test_a_sampling_round_that_outlives_the_lease_writes_nothing(parts):
+    """The sampler asks the lease right before each write (sketchboard/leader.py's lead())."""
+    from sketchboard.leader import lead
+
+    _, _, lag_store, sampler, _, _ = parts
+    written, leading = [], {"now": False}
+
+    class Sink:
+        def write(self, samples):
+            written.append(samples)
+
+    sampler.sink = Sink()
+    lead(type("Lease", (), {"leading": lambda self: leading["now"]})(), sampler=sampler)
+    assert sampler.sample_and_store() and written == [] and sampler.rounds == 0
+    leading["now"] = True
+    sampler.sample_and_store()
+    assert len(written) == 1 and sampler.rounds == 1

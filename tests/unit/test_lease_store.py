@@ -127,6 +127,48 @@ def test_a_row_of_the_old_format_is_read_as_its_replica_and_waited_out(store_bac
     assert new.leading() and new.holder().record.epoch == 2
 
 
+def test_a_leader_whose_renewal_blocks_stops_its_work_when_its_lease_lapses(store_backend, pane_store):
+    """A renewal blocked in the store (SQLite's write lock held by a long commit) kept the leader's
+    jobs running past its lease, and the next leader's on_gain could run before its on_lose."""
+    events, lock, unblock = [], threading.Lock(), threading.Event()
+
+    def record(what):
+        def act():
+            with lock:
+                events.append((what, time.monotonic()))
+        return act
+
+    class Blocking(LeaseStore):
+        blocked = False
+
+        def swap(self, *args, **kw):
+            if self.blocked:
+                unblock.wait(10)  # the write waits on the lock
+            return super().swap(*args, **kw)
+
+    a_store = Blocking(store_backend.reopen(pane_store).side_db())
+    a = Leadership(a_store, NAME, "a", ttl_s=0.5, on_gain=record("a gains"), on_lose=record("a loses"))
+    b = Leadership(LeaseStore(store_backend.reopen(pane_store).side_db()), NAME, "b", ttl_s=0.5,
+                   on_gain=record("b gains"), on_lose=record("b loses"))
+    a.start()
+    deadline = time.monotonic() + 10
+    while not a.leading() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b.start()
+    time.sleep(0.3)
+    a_store.blocked = True
+    blocked_at = time.monotonic()
+    while not any(what == "b gains" for what, _ in events) and time.monotonic() < blocked_at + 10:
+        time.sleep(0.01)
+    unblock.set()
+    a.stop()
+    b.stop()
+    order = [what for what, _ in events]
+    assert order[:3] == ["a gains", "a loses", "b gains"], order
+    lost_at = dict((what, at) for what, at in events)["a loses"]
+    assert lost_at - blocked_at < 0.5 + 0.3  # at its lease's lapse (a ttl at most), not when the write returned
+
+
 def test_the_threads_keep_exactly_one_leader_and_fail_over(store_backend, pane_store):
     """Real threads and time.monotonic: a short ttl, three replicas; the leader stops without
     releasing (as a killed process would), another leads within ~1.4 ttl."""
