@@ -418,3 +418,27 @@ def test_a_sampling_round_that_outlives_the_lease_writes_nothing(parts):
     leading["now"] = True
     sampler.sample_and_store()
     assert len(written) == 1 and sampler.rounds == 1
+
+
+def test_a_replica_with_a_clock_ahead_of_the_samplers_judges_samples_on_the_samplers_clock(parts, demo_catalog):
+    """A non-leader whose wall clock is 60 s ahead of the leader's called the leader's fresh samples
+    stale (ERR): staleness is now measured from the newest sample on this replica's monotonic clock."""
+    log, store, lag_store, sampler, leader_monitor, clock = parts
+    mono = FakeClock(500.0)
+    sampler.active = lambda: False  # this replica does not lead: another process's sampler writes
+    ahead = LagMonitor(lag_store, "main", leader_monitor.partitions, window=3, interval_s=1.0,
+                       clock=lambda: clock.now + 60, sampler=sampler, monotonic=mono)
+    sampler.sink.write(sampler.sample())  # the leader's round, on its own clock
+    assert ahead.report().verdict.status == LagStatus.OK
+    for _ in range(5):  # the leader keeps sampling
+        clock.now += 1
+        mono.now += 1
+        sampler.sink.write(sampler.sample())
+        assert ahead.report().verdict.status == LagStatus.OK
+    mono.now += 2.9  # the leader's sampler stops: stale a window after the last new sample was seen
+    assert ahead.report().verdict.status == LagStatus.OK
+    mono.now += 0.2
+    report = ahead.report()
+    assert report.verdict.status == LagStatus.ERR and "sampler is not running" in report.verdict.reason
+    sampler.active = lambda: True  # this replica leads: its own sampler's clock is its own
+    assert ahead.report().verdict.status == LagStatus.ERR  # 60 s ahead of what its sampler wrote: stale
