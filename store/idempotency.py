@@ -19,7 +19,13 @@ setting `idempotency_in_flight_timeout`, which must exceed the log's produce tim
 store's busy timeout (sketchboard/settings.py refuses it otherwise). And every claim carries a
 token of its own (`claim_token`): `complete` and `release` change the row only while it still
 holds their claim, so a first try that finishes after a takeover can neither record its answer
-over the takeover's claim nor free it."""
+over the takeover's claim nor free it.
+
+Ages are judged on one clock: with `store_clock` (as sketchboard/wiring.py opens it) a claim's
+time and the time it is judged at are the store's, read in the claim's transaction (PostgreSQL's
+clock_timestamp(); SQLite's 'now', the clock of the one machine whose local file it is), so API
+replicas whose clocks disagree do not take each other's young claims for abandoned ones. Without
+it (tests), the time the caller passes."""
 
 from __future__ import annotations
 
@@ -47,6 +53,10 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_by_time ON idempotency_keys (claimed
 """
 
 IN_FLIGHT, DONE = "in_flight", "done"
+
+# The store's clock in milliseconds since the epoch, read inside a transaction.
+_NOW_SQLITE = "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+_NOW_POSTGRES = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
 
 
 class Verdict(Enum):
@@ -94,12 +104,14 @@ def decide(existing: KeyRecord | None, fingerprint: str, now_ms: int, *, ttl_ms:
 
 class IdempotencyStore(SideStore):
     def __init__(self, target: str | Path | Db, *, ttl_ms: int = 86_400_000, in_flight_timeout_ms: int = 60_000,
-                 synchronous: str = "NORMAL", busy_timeout_s: float = 30.0):
+                 synchronous: str = "NORMAL", busy_timeout_s: float = 30.0, store_clock: bool = False):
         if ttl_ms <= 0 or in_flight_timeout_ms <= 0:
             raise ValueError(f"idempotency key ttl and in-flight timeout must be positive, got {ttl_ms} and"
                              f" {in_flight_timeout_ms} ms")
         super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.ttl_ms, self.in_flight_timeout_ms = ttl_ms, in_flight_timeout_ms
+        self.store_clock = store_clock
+        self._now_sql = _NOW_SQLITE if isinstance(self._conn, SqliteDb) else _NOW_POSTGRES
         with self._lock:  # a table made before claim tokens (CREATE TABLE IF NOT EXISTS kept it as it was)
             if isinstance(self._conn, SqliteDb):
                 if "claim_token" not in {row[1] for row in self._conn.execute("PRAGMA table_info(idempotency_keys)")}:
@@ -109,9 +121,11 @@ class IdempotencyStore(SideStore):
 
     def claim(self, scope: str, key: str, fingerprint: str, now_ms: int) -> Decision:
         """Take the key for this request (PROCEED, with the claim's token), or say why not. Prunes
-        expired keys."""
+        expired keys. `now_ms` is ignored with `store_clock`: the store's clock is read instead."""
         token = uuid.uuid4().hex
         with self._lock, self._conn.transaction() as conn:
+            if self.store_clock:
+                now_ms = int(conn.execute(self._now_sql).fetchone()[0])
             conn.execute("DELETE FROM idempotency_keys WHERE claimed_ms < ?", (now_ms - self.ttl_ms,))
             inserted = conn.execute(
                 "INSERT INTO idempotency_keys (scope, idem_key, fingerprint, state, claimed_ms, claim_token)"

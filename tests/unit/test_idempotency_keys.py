@@ -111,6 +111,24 @@ def test_a_table_made_before_claim_tokens_gets_the_column(tmp_path):
     keys.close()
 
 
+def test_on_the_stores_clock_a_replica_with_a_clock_ahead_does_not_take_over_a_young_claim(store_backend):
+    """Replica B's wall clock 61 s ahead of A's judged A's claim (still appending) abandoned."""
+    import time
+
+    store = store_backend.create()
+    a = IdempotencyStore(store_backend.side_db(store), store_clock=True)
+    b = IdempotencyStore(store_backend.side_db(store), store_clock=True)
+    now_ms = int(time.time() * 1000)
+    first = a.claim("s", "k", "f", now_ms)
+    assert first.verdict is Verdict.PROCEED
+    assert b.claim("s", "k", "f", now_ms + IN_FLIGHT_TIMEOUT + 1000).verdict is Verdict.IN_PROGRESS
+    assert a.complete("s", "k", 200, ANSWER, first.token)
+    replay = b.claim("s", "k", "f", now_ms + 10 * TTL)  # nor does a clock a ttl ahead expire the answer
+    assert replay.verdict is Verdict.REPLAY and abs(replay.record.claimed_ms - now_ms) < 60_000
+    a.close()
+    b.close()
+
+
 def test_answers_survive_a_restart(store_backend):
     store = store_backend.create()
     first = IdempotencyStore(store.side_db())

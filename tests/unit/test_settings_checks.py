@@ -308,6 +308,7 @@ def test_the_idempotency_takeover_must_outlast_an_append(monkeypatch, tmp_path):
     store = SqlitePaneStore(tmp_path / "store.db")
     keys = open_idempotency_store(settings, store)
     assert keys.in_flight_timeout_ms == 180_000  # the setting reaches the store
+    assert keys.store_clock  # claims judged on the store's clock, whatever each replica's says
     keys.close()
     store.close()
 
