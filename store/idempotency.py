@@ -144,8 +144,8 @@ class IdempotencyStore(SideStore):
                 # Take over what decide() judged abandoned; the claimed_ms condition makes sure
                 # nobody else took it over in between.
                 taken = conn.execute(
-                    "UPDATE idempotency_keys SET fingerprint = ?, state = ?, claimed_ms = ?, status = NULL, answer = NULL,"
-                    " claim_token = ? WHERE scope = ? AND idem_key = ? AND claimed_ms = ?",
+                    "UPDATE idempotency_keys SET fingerprint = ?, state = ?, claimed_ms = ?, status = NULL,"
+                    " answer = NULL, claim_token = ? WHERE scope = ? AND idem_key = ? AND claimed_ms = ?",
                     (fingerprint, IN_FLIGHT, now_ms, token, scope, key,
                      existing.claimed_ms if existing else now_ms)).rowcount
                 if taken != 1:
@@ -169,4 +169,5 @@ class IdempotencyStore(SideStore):
         with self._lock, self._conn.transaction() as conn:
             return conn.execute(
                 "DELETE FROM idempotency_keys WHERE scope = ? AND idem_key = ? AND state = ?"
-                " AND (CAST(? AS TEXT) IS NULL OR claim_token = ?)", (scope, key, IN_FLIGHT, token, token)).rowcount == 1
+                " AND (CAST(? AS TEXT) IS NULL OR claim_token = ?)",
+                (scope, key, IN_FLIGHT, token, token)).rowcount == 1
