@@ -37,8 +37,13 @@ class LoadedRule:
 
 class AlertService:
     def __init__(self, catalog: Catalog, store: SqliteAlertStore, data: AlertData, *,
-                 default_interval_ms: int = 10_000, notifiers: Iterable = (), clock: Callable[[], float] = time.time):
+                 default_interval_ms: int = 10_000, notifiers: Iterable = (), clock: Callable[[], float] = time.time,
+                 active: Callable[[], bool] | None = None):
         self.catalog = catalog
+        # Whether this replica may write evaluations now (it holds the leader lease:
+        # sketchboard/leader.py), asked right before each save; None: always. A lease that lapsed
+        # mid-evaluation (its renewal blocked) must not write over the new leader's.
+        self.active = active
         self.store = store
         self.data = data
         self.default_interval_ms = default_interval_ms
@@ -145,6 +150,8 @@ class AlertService:
                 rule = loaded.rule
                 outcome = evaluate_rule(rule, self.data, self.catalog, now_ms, cursor=self.store.cursor(name))
             result = evaluate(rule, outcome, previous, now_ms)
+            if self.active is not None and not self.active():
+                return result  # no longer the leader: neither saved nor notified (the new leader evaluates)
             self.store.save_evaluation(name, [_instance_json(i) for i in result.instances],
                                        [_transition_json(t) for t in result.transitions], now_ms=now_ms,
                                        cursor=result.cursor)

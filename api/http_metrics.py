@@ -1,5 +1,6 @@
 """HTTP request metrics for /metrics: a pure ASGI middleware timing every HTTP request by
-method, route template (not the raw path: bounded label values) and status code.
+method (the standard ones; any other is "other"), route template (not the raw path: bounded
+label values) and status code.
 
 The registry is process-level (the counts accumulate over the process's life); /metrics
 exposes it next to the values it reads from the store on each scrape.
@@ -22,6 +23,14 @@ REQUEST_SECONDS = Histogram(
 )
 
 UNMATCHED = "<unmatched>"
+# The method is the client's to choose (any token, unauthenticated): a label value per made-up
+# method would make a new series each. RFC 9110's methods and PATCH are kept; others are "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+OTHER_METHOD = "other"
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else OTHER_METHOD
 
 
 class HttpMetricsMiddleware:
@@ -45,7 +54,7 @@ class HttpMetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED
-            REQUEST_SECONDS.labels(scope.get("method", ""), template, str(status["code"])).observe(
+            REQUEST_SECONDS.labels(method_label(scope.get("method", "")), template, str(status["code"])).observe(
                 time.perf_counter() - started)
 
 

@@ -6,18 +6,28 @@ with one, the first request runs and its answer is recorded, a retry of the same
 that answer back (`Idempotent-Replayed: true`), a retry while the first still runs gets 409,
 and the same key on a different request gets 422. Only an answer that wrote something (200) is
 kept: a refused request or a 503 changed nothing, so its key is released and a retry is free to
-do the work."""
+do the work.
+
+Once the work succeeded (the events are in the log) its answer is returned whatever recording
+it does: a failure to record (the store full or away) is logged, counted
+(`sketchboard_idempotency_record_failures_total`) and tried once more, never turned into a 503
+that would tell the client nothing was changed. The key then stays claimed (`in_flight`): a
+retry gets 409 until the in-flight takeover timeout, and after it appends again (the window
+docs/robustness.md names; a stream's event id closes it)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
+from prometheus_client import Counter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from api import http_metrics
 from api.errors import ParamHTTPError
 from store.idempotency import IdempotencyStore, Verdict
 
@@ -27,6 +37,15 @@ HEADER = "Idempotency-Key"
 KEY_PATTERN = r"^[\x21-\x7e]+$"
 KEY_MAX_LENGTH = 255
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+log = logging.getLogger("sketchboard.idempotency")
+
+# Answers that could not be recorded after their work succeeded (process-level, as the HTTP metrics).
+RECORD_FAILURES = Counter("sketchboard_idempotency_record_failures",
+                          "Answers to a request with an Idempotency-Key whose work succeeded but could not be"
+                          " recorded (the key stays claimed until the in-flight timeout)",
+                          registry=http_metrics.REGISTRY)
+RECORD_ATTEMPTS = 2
 
 
 def replayed_header_doc() -> dict:
@@ -71,14 +90,28 @@ async def guarded(store: IdempotencyStore | None, key: str | None, scope: str, r
         raise error
     # Shielded: a client that hangs up mid-request must not leave the key claimed while the
     # append it started still finishes in its thread; the answer is recorded either way.
-    return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, work)))
+    return await asyncio.shield(asyncio.ensure_future(_run_and_record(store, key, scope, decision.token, work)))
 
 
-async def _run_and_record(store: IdempotencyStore, key: str, scope: str, work: Callable[[], Awaitable[dict]]):
+async def _run_and_record(store: IdempotencyStore, key: str, scope: str, token: str | None,
+                          work: Callable[[], Awaitable[dict]]):
+    # `token` is this request's claim: were it taken over meanwhile (a first try slower than the
+    # in-flight timeout), releasing or recording changes nothing of the takeover's claim.
     try:
         answer = await work()
     except Exception:
-        await run_in_threadpool(store.release, scope, key)
+        await run_in_threadpool(store.release, scope, key, token)
         raise
-    await run_in_threadpool(store.complete, scope, key, 200, answer)
+    # The work is done (appended): its answer is the client's whatever recording it does.
+    for attempt in range(1, RECORD_ATTEMPTS + 1):
+        try:
+            if not await run_in_threadpool(store.complete, scope, key, 200, answer, token):
+                log.warning("%s %r (%s): the claim was taken over by a retry while this request ran (slower than"
+                            " the in-flight timeout); its answer is not recorded", HEADER, key, scope)
+            break
+        except Exception as exc:  # the store is full or away: the events are in the log regardless
+            if attempt == RECORD_ATTEMPTS:
+                RECORD_FAILURES.inc()
+                log.warning("%s %r (%s): the work succeeded but its answer could not be recorded (%s); the key"
+                            " stays claimed until the in-flight timeout", HEADER, key, scope, exc)
     return answer

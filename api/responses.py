@@ -113,7 +113,8 @@ class PipelineOut(BaseModel):
                          " (`failing` while they fail and are retried, the newest `message`, `since_ms`, `retries`,"
                          " `total`; null before the pipeline first started)")
     leader: dict | None = Field(None, description="the API replica holding the leader lease (it runs the alert"
-                                " evaluator, webhook notifier and lag sampler): `holder`, `epoch` (+1 at each change"
+                                " evaluator, webhook notifier and lag sampler): `holder` (its replica id),"
+                                " `holder_process` (`<replica id>/<nonce>`: the process), `epoch` (+1 at each change"
                                 " of holder), `renewed_at_ms`, `ttl_ms`, `this_replica`, `leading` (this one);"
                                 " null when not wired")
     definitions: dict | None = Field(None, description="per stream: `configured_version`, `serving_version` (the"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
@@ -17,6 +19,9 @@ from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
 from store.health import query_health
 from store.lag import LagStatus
+from store.lease_rules import replica_of
+
+log = logging.getLogger("sketchboard.metrics")
 
 
 class ReadyOut(BaseModel):
@@ -43,7 +48,9 @@ def leader_status(ctx: ApiContext) -> dict | None:
     if leadership is None:
         return None
     row = leadership.holder()
-    return {"lease": row.name, "holder": row.record.holder, "epoch": row.record.epoch,
+    # `holder` is the replica id, as `this_replica`; `holder_process` adds the holding process's nonce.
+    return {"lease": row.name, "holder": replica_of(row.record.holder), "holder_process": row.record.holder,
+            "epoch": row.record.epoch,
             "acquired_at_ms": row.acquired_at_ms, "renewed_at_ms": row.renewed_at_ms, "ttl_ms": row.ttl_ms,
             "this_replica": leadership.me, "leading": leadership.leading(), "error": leadership.last_error}
 
@@ -141,26 +148,82 @@ def router(ctx: ApiContext) -> APIRouter:
                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         # A fresh registry per scrape: the values are read from the store and log, not kept here.
+        # Each source is read on its own: one that fails (the brokers away) is left out and says
+        # so in sketchboard_scrape_source_up, and the others are still exported.
         registry = CollectorRegistry()
-        status = pipeline_status(ctx)
-        registry.register(_StoredMetrics(ctx, status))
+        registry.register(_Families(scrape_sources(ctx)))
         registry.register(_ProcessRegistry(http_metrics.REGISTRY))
-        in_log = Gauge("sketchboard_log_events", "Events retained in the log", ["stream"], registry=registry)
-        lag = Gauge("sketchboard_lag_events", "Events in the log not yet aggregated", ["stream", "partition"],
-                    registry=registry)
-        watermark = Gauge("sketchboard_watermark_seconds", "Event-time watermark", ["stream"], registry=registry)
-        batches = Gauge("sketchboard_batches_committed", "Micro-batches committed", registry=registry)
-        batches.set(status["batches"])
-        for name, s in status["streams"].items():
-            in_log.labels(name).set(s["events_in_log"])
-            if s["watermark_ms"] is not None:
-                watermark.labels(name).set(s["watermark_ms"] / 1000)
-            for p, part in s["partitions"].items():
-                lag.labels(name, str(p)).set(part["lag_events"])
-        clock_routes.prometheus_gauges(ctx, registry)  # device clock offsets (streams with a sent_time_field)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return r
+
+
+def _pipeline_families(ctx: ApiContext) -> list:
+    """Counters, log and lag in events, watermarks, joins and patterns: the log's offsets and the
+    store's progress (pipeline_status)."""
+    status = pipeline_status(ctx)
+    registry = CollectorRegistry()
+    in_log = Gauge("sketchboard_log_events", "Events retained in the log", ["stream"], registry=registry)
+    lag = Gauge("sketchboard_lag_events", "Events in the log not yet aggregated", ["stream", "partition"],
+                registry=registry)
+    watermark = Gauge("sketchboard_watermark_seconds", "Event-time watermark", ["stream"], registry=registry)
+    batches = Gauge("sketchboard_batches_committed", "Micro-batches committed", registry=registry)
+    batches.set(status["batches"])
+    for name, s in status["streams"].items():
+        in_log.labels(name).set(s["events_in_log"])
+        if s["watermark_ms"] is not None:
+            watermark.labels(name).set(s["watermark_ms"] / 1000)
+        for p, part in s["partitions"].items():
+            lag.labels(name, str(p)).set(part["lag_events"])
+    return [*_StoredMetrics(ctx, status).pipeline(), *registry.collect()]
+
+
+def _clock_families(ctx: ApiContext) -> list:
+    registry = CollectorRegistry()
+    clock_routes.prometheus_gauges(ctx, registry)  # device clock offsets (streams with a sent_time_field)
+    return list(registry.collect())
+
+
+def scrape_sources(ctx: ApiContext) -> list:
+    """Every source's metric families, each read on its own, and `sketchboard_scrape_source_up`
+    (1: read, 0: failed and left out of this scrape)."""
+    stored = _StoredMetrics(ctx, None)
+    sources = [("pipeline", lambda: _pipeline_families(ctx)), ("query", stored._query)]
+    if ctx.lag is not None:
+        sources.append(("lag", stored._lag))
+    if ctx.alerts is not None:
+        sources.append(("alerts", lambda: alert_metrics(ctx.alerts)))
+    if ctx.leadership is not None:
+        sources.append(("leader", stored._leader))
+    if ctx.reprocess is not None:
+        sources.append(("reprocess", lambda: reprocess_routes.reprocess_metrics(ctx.reprocess)))
+    if ctx.cdc:
+        sources.append(("cdc", lambda: cdc_metrics(ctx.cdc)))
+    sources.append(("device_clocks", lambda: _clock_families(ctx)))
+    families = []
+    up = GaugeMetricFamily("sketchboard_scrape_source_up", "1 when this scrape read the source (pipeline: the log"
+                           " and the store's progress; lag, query, alerts, leader, reprocess, cdc, device_clocks),"
+                           " 0 when it failed and its metrics are left out", labels=["source"])
+    for name, collect in sources:
+        try:
+            got = list(collect())
+        except Exception as exc:  # one source away must not take every series with it
+            log.warning("/metrics: %s left out of this scrape: %s: %s", name, type(exc).__name__, exc)
+            up.add_metric([name], 0)
+        else:
+            families.extend(got)
+            up.add_metric([name], 1)
+    return [*families, up]
+
+
+class _Families:
+    """Metric families read before the registry collects them."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
 
 
 class _ProcessRegistry:
@@ -178,12 +241,12 @@ class _StoredMetrics:
     log: the sum of its end offsets, which are never reused), aggregated and dead-lettered;
     lag per partition (events, seconds, status) from the lag monitor; Spark's last batch."""
 
-    def __init__(self, ctx: ApiContext, status: dict):
+    def __init__(self, ctx: ApiContext, status: dict | None):
         self.ctx = ctx
-        self.status = status
+        self.status = status  # pipeline_status(ctx), for pipeline()
 
-    def collect(self):
-        ctx, status = self.ctx, self.status
+    def pipeline(self):
+        status = self.status
         events_in = CounterMetricFamily("sketchboard_events_in", "Events accepted into the log", labels=["stream"])
         aggregated = CounterMetricFamily("sketchboard_events_aggregated", "Events merged into panes",
                                          labels=["stream"])
@@ -215,17 +278,6 @@ class _StoredMetrics:
         yield from (events_in, aggregated, dead, by_reason, duplicates, misses, sessions)
         yield from join_metrics(status["joins"])
         yield from pattern_metrics(status["patterns"])
-        if ctx.lag is not None:
-            yield from self._lag()
-        yield from self._query()
-        if ctx.alerts is not None:
-            yield from alert_metrics(ctx.alerts)
-        if ctx.leadership is not None:
-            yield from self._leader()
-        if ctx.reprocess is not None:
-            yield from reprocess_routes.reprocess_metrics(ctx.reprocess)
-        if ctx.cdc:
-            yield from cdc_metrics(ctx.cdc)
 
     def _leader(self):
         leadership = self.ctx.leadership

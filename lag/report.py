@@ -1,10 +1,20 @@
-"""The current lag picture: stored samples -> `lag.status.evaluate`, with the clock injected."""
+"""The current lag picture: stored samples -> `lag.status.evaluate`, with the clock injected.
+
+Samples are judged on the clock of the replica that wrote them (the leader's sampler), never by
+comparing another machine's wall clock with this one's: on the replica whose sampler writes them,
+its own clock; elsewhere, the newest sample time seen plus the time elapsed on this replica's
+monotonic clock since it was first seen. A replica whose wall clock is ahead of the leader's then
+does not call fresh samples stale (ERR). The price: a replica just started (or whose monitor had
+not read since) counts a stopped sampler's age from its own first look, so it says ERR up to a
+window later than the leader would; and an age is understated by at most the time between two
+reports here (a new sample is noticed when a report reads it)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from lag.model import PipelineLag
 from lag.status import evaluate
@@ -27,6 +37,10 @@ class LagMonitor:
     # The streams each other consumer reads (None: every stream): a reprocessing run is judged
     # on its stream and what it needs, not on streams it never reads (the sampler's `reads`).
     reads: Callable[[str], Collection[str] | None] | None = None
+    monotonic: Callable[[], float] = time.monotonic
+    # Per pipeline: (the newest sample time seen, this replica's monotonic time when it was first seen)
+    _seen: dict[str, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
+    _seen_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -53,8 +67,8 @@ class LagMonitor:
         return wanted if streams is None else [k for k in wanted if k[0] in streams]
 
     def _report(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag:
-        now_ms = int(self.clock() * 1000)
         samples = self.store.recent(pipeline, self.window, wanted)
+        now_ms = self._sampler_now_ms(pipeline, samples)
         return evaluate(pipeline, samples, now_ms=now_ms, window=self.window, window_ms=self.window_ms,
                         partitions=wanted)
 
@@ -82,6 +96,27 @@ class LagMonitor:
                 del report[key]
             out.append({**record, "serving": name == self.pipeline, **report})
         return out
+
+    def _samples_written_here(self) -> bool:
+        """This process's sampler writes the samples (it leads, or runs without a lease)."""
+        if self.sampler is None:
+            return False
+        active = getattr(self.sampler, "active", None)
+        return active is None or bool(active())
+
+    def _sampler_now_ms(self, pipeline: str, samples: Mapping[object, Sequence]) -> int:
+        """Now on the sampler's clock (see the module's doc)."""
+        local = int(self.clock() * 1000)
+        newest = max((s.at_ms for partition in samples.values() for s in partition), default=None)
+        mono = self.monotonic()
+        with self._seen_lock:
+            seen = self._seen.get(pipeline)
+            # Any change is a new round (a new leader's clock may be behind the previous one's).
+            if newest is not None and (seen is None or newest != seen[0]):
+                seen = self._seen[pipeline] = (newest, mono)
+        if self._samples_written_here() or seen is None:
+            return local
+        return seen[0] + int((mono - seen[1]) * 1000)
 
     @property
     def sampler_error(self) -> str | None:

@@ -26,7 +26,8 @@ class LagSampler:
     def __init__(self, source: LagSource, committed: CommittedReader, sink, *, pipeline: str,
                  streams: Sequence[str], interval_s: float = 2.0, clock: Callable[[], float] = time.time,
                  others: Callable[[], Mapping[str, CommittedReader]] | None = None,
-                 reads: Callable[[str], Collection[str] | None] | None = None):
+                 reads: Callable[[str], Collection[str] | None] | None = None,
+                 active: Callable[[], bool] | None = None):
         if interval_s <= 0:
             raise ValueError(f"lag sample interval must be positive, got {interval_s} s")
         self.source = source
@@ -42,6 +43,9 @@ class LagSampler:
         # The streams a consumer reads (None: all of `streams`): a reprocessing run reads its stream
         # and what it needs, and sampled on the others it would show their whole log as its lag.
         self.reads = reads
+        # Whether this replica may write samples now (it holds the leader lease), asked right before
+        # each write; None: always. A round that outlived the lease writes nothing.
+        self.active = active
         self.last_error: str | None = None
         self.rounds = 0
         self._tables: dict[tuple[str, int], OffsetTimeTable] = {}
@@ -74,6 +78,8 @@ class LagSampler:
 
     def sample_and_store(self) -> list[LagSample]:
         samples = self.sample()
+        if self.active is not None and not self.active():
+            return samples
         self.sink.write(samples)
         self.rounds += 1
         return samples
@@ -82,7 +88,9 @@ class LagSampler:
 
     def start(self) -> None:
         if self._thread is not None:
-            return
+            if not self._stop.is_set():
+                return
+            self._thread.join()  # stopped while a round was still running: let it end first
         self._stop.clear()  # started again after stop(): this replica leads again
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
         self._thread.start()
@@ -91,7 +99,8 @@ class LagSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            self._thread = None
+            if not self._thread.is_alive():  # else start() waits for it: never two samplers
+                self._thread = None
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -41,7 +41,12 @@ def build_leadership(settings: Settings, store) -> Leadership:
 
 
 def lead(leadership: Leadership, *, alerts=None, sampler=None) -> Leadership:
-    """Run the alert service and the lag sampler only while this replica leads."""
+    """Run the alert service and the lag sampler only while this replica leads; each also asks
+    the lease right before each write (a round still running when the lease lapsed writes nothing)."""
+    if sampler is not None:
+        sampler.active = leadership.leading
+    if alerts is not None:
+        alerts.active = leadership.leading
 
     def gain() -> None:
         if sampler is not None:

@@ -20,6 +20,8 @@ DEFAULT_STREAMS = REPO_ROOT / "config" / "streams.yaml"
 # The demo's rules, beside the demo's streams file: what alerts_config comes to when neither is set.
 DEFAULT_ALERTS = REPO_ROOT / "config" / "alerts.yaml"
 ALERTS_BESIDE = "alerts.yaml"
+# How long a store or log write waits for SQLite's write lock (store/connection.py open_connection's default).
+STORE_BUSY_TIMEOUT_MS = 30_000
 SETTINGS_FILE_ENV = "SKETCHBOARD_SETTINGS_FILE"
 ENV_PREFIX = "SKETCHBOARD_"
 # SKETCHBOARD_* variables that are not settings, read elsewhere: any other that names no setting
@@ -91,6 +93,11 @@ class Settings(BaseSettings):
     idempotency_key_ttl: DurationMs = Field("24h", ge=60_000, le=30 * 86_400_000,
                                             description="how long the answer to a POST /api/v1/events with an"
                                             " Idempotency-Key is kept for its retries")
+    idempotency_in_flight_timeout: DurationMs = Field(
+        "60s", ge=1000, le=86_400_000, description="a key claimed this long ago whose answer was never recorded is"
+        " taken for abandoned (its process died) and a retry does the work again; must exceed"
+        " kafka_produce_timeout plus the store's 30 s busy timeout, so a first try still appending is never"
+        " taken over")
     token: SecretStr | None = Field(None, description="the token Sketchboard's own clients send (the demo producer"
                                     " of `sketchboard up`/`demo`, bench/ingest_api.py): SKETCHBOARD_TOKEN")
 
@@ -374,6 +381,17 @@ class Settings(BaseSettings):
         from aggregates.cluster import check_log_fits_master
 
         check_log_fits_master(self.spark_master, self.log_backend)  # ClusterConfigError is a ValueError
+        return self
+
+    @model_validator(mode="after")
+    def _in_flight_outlasts_an_append(self) -> Settings:
+        # A first try may wait the produce timeout on the brokers (or the busy timeout on the log's
+        # and the store's write lock): taken over before, its request would be appended twice.
+        least = self.kafka_produce_timeout + STORE_BUSY_TIMEOUT_MS
+        if self.idempotency_in_flight_timeout <= least:
+            raise ValueError(f"idempotency_in_flight_timeout ({self.idempotency_in_flight_timeout} ms) must exceed"
+                             f" kafka_produce_timeout ({self.kafka_produce_timeout} ms) plus the store's busy timeout"
+                             f" ({STORE_BUSY_TIMEOUT_MS} ms): a retry would take over a first try still appending")
         return self
 
     @model_validator(mode="after")

@@ -258,7 +258,9 @@ def open_idempotency_store(settings: Settings, store: PaneStore):
     from store.idempotency import IdempotencyStore
 
     # Beside the panes, as the audit log: kept across restarts, shared by API replicas.
-    return IdempotencyStore(store.side_db(), ttl_ms=settings.idempotency_key_ttl)
+    return IdempotencyStore(store.side_db(), ttl_ms=settings.idempotency_key_ttl,
+                            in_flight_timeout_ms=settings.idempotency_in_flight_timeout,
+                            store_clock=True)  # replicas' clocks may disagree; the store's is one
 
 
 def build_security(settings: Settings, *, reload_every_s: float = 1.0):

@@ -17,8 +17,28 @@ conservatively: a follower restarts its wait, a holder stops leading until its n
 
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass
 from enum import Enum
+
+# A holder is `<replica id>/<nonce>`: the nonce is new in every process, so two processes given
+# the same replica id (a copied SKETCHBOARD_REPLICA_ID, `docker compose up --scale`) are two
+# holders, and a restarted process is a new one. A row written before nonces (a rolling upgrade)
+# holds the replica id alone.
+_NONCE = re.compile(r"/[0-9a-f]{12}\Z")
+
+
+def new_holder(replica: str) -> str:
+    """This process's holder name: its replica id and a nonce of its own."""
+    return f"{replica}/{secrets.token_hex(6)}"
+
+
+def replica_of(holder: str | None) -> str | None:
+    """The replica id of a holder (a row of the old format is its replica id already)."""
+    if holder is None or _NONCE.search(holder) is None:
+        return holder
+    return holder[:-13]
 
 
 @dataclass(frozen=True)

@@ -488,6 +488,9 @@ class CdcFollower:
         server = lsn_to_int(s["server_lsn"]) if s["server_lsn"] else None
         restart = lsn_to_int(s["slot_restart_lsn"]) if s["slot_restart_lsn"] else None
         caught_up = s["caught_up_at_ms"]
+        # Stopped (another replica leads, or shutting down): what the last poll saw is old news, and
+        # a lag counted from it would grow for ever on every former leader. The leader's says it.
+        stopped = s["state"] == "stopped"
         return {
             "stream": self.stream.name,
             "table": self.source.table,
@@ -501,8 +504,9 @@ class CdcFollower:
             "logged_lsn": lsn_to_text(position.lsn) if position else None,
             "server_lsn": s["server_lsn"],
             "slot_confirmed_lsn": s["slot_confirmed_lsn"],
-            "lag_bytes": max(0, server - applied) if server is not None and applied is not None else None,
-            "lag_seconds": None if caught_up is None else max(0.0, (now_ms - caught_up) / 1000),
+            "lag_bytes": max(0, server - applied) if server is not None and applied is not None and not stopped
+            else None,
+            "lag_seconds": None if caught_up is None or stopped else max(0.0, (now_ms - caught_up) / 1000),
             "retained_wal_bytes": max(0, server - restart) if server is not None and restart is not None else None,
             "snapshot_rows": position.snapshot_rows if position else None,
             "snapshot_lsn": lsn_to_text(position.snapshot_lsn) if position else None,

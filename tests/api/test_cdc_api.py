@@ -68,3 +68,35 @@ def test_the_leader_follows_the_source_and_reports_it_and_producers_get_409(logi
         conn.execute("SELECT pg_drop_replication_slot('sketchboard_plans')")
         conn.execute("DROP PUBLICATION sketchboard_plans")
         conn.execute("DROP TABLE plans")
+
+
+def test_a_stopped_follower_exports_no_lag(tmp_path):
+    """A former leader's follower (stopped when the lease was lost) exported a lag counted from
+    its last caught-up poll, growing for ever. The source is never contacted here."""
+    from api.cdc_routes import cdc_metrics
+    from catalog import load_catalog
+    from ingest.cdc.follower import followers_for
+    from ingest.log import SqliteEventLog
+    from tests.support.clock import FakeClock
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(streams("host=db dbname=app user=x")))
+    catalog = load_catalog(config)
+    log = SqliteEventLog(tmp_path / "log.db")
+    for stream in catalog.streams.values():
+        log.ensure_topic(stream)
+    clock = FakeClock()
+    [follower] = followers_for(catalog.streams.values(), log, clock=clock)
+    # As a caught-up round of the leader's follower leaves it.
+    follower._set(state="streaming", caught_up_at_ms=int(clock() * 1000), caught_up_lsn="0/16B3748",
+                  server_lsn="0/16B3748")
+
+    def exported() -> dict:
+        return {family.name: [s.value for s in family.samples] for family in cdc_metrics([follower])}
+
+    assert exported()["sketchboard_cdc_lag_seconds"] == [0.0]
+    follower.stop()  # the lease is lost
+    clock.advance(3600)
+    assert follower.status()["lag_seconds"] is None and follower.status()["lag_bytes"] is None
+    assert exported()["sketchboard_cdc_lag_seconds"] == [] and exported()["sketchboard_cdc_lag_bytes"] == []
+    log.close()

@@ -60,3 +60,27 @@ def test_a_full_store_is_a_503_before_anything_is_appended(http, wired_ctx, now_
     assert appended_before_full == i  # the refused request appended nothing
     wired_ctx.idempotency._conn.conn.execute(f"PRAGMA max_page_count = {pages * 1000}")
     assert http.post(EVENTS, json=orders(now_ms, 1), headers={"Idempotency-Key": "after"}).status_code == 200
+
+
+def test_a_store_full_after_the_append_still_answers_what_was_appended(http, wired_ctx, now_ms):
+    """The key's claim fits, the events are appended, then recording the (large) answer finds
+    the store full: the client gets the append's answer, not a 503 saying nothing changed; the
+    key stays claimed, so a retry at once is a 409 and appends nothing."""
+    from api.idempotency import RECORD_FAILURES
+
+    before = sum(e - s for s, e in offsets(wired_ctx).values())
+    failures = RECORD_FAILURES._value.get()
+    conn = wired_ctx.idempotency._conn.conn
+    pages = fill(conn)
+    # Many rejected events make an answer too large for the pages left; the claim's row fits.
+    body = orders(now_ms, 1) + [{"time": now_ms, "customer_id": "c", "amount": "bad-" + "z" * 50}] * 300
+    first = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k-full"})
+    assert first.status_code == 200, first.text
+    assert first.json()["accepted"] == 1
+    assert sum(e - s for s, e in offsets(wired_ctx).values()) == before + 1
+    assert RECORD_FAILURES._value.get() == failures + 1
+    assert conn.execute("SELECT state FROM idempotency_keys WHERE idem_key = 'k-full'").fetchall() == [("in_flight",)]
+    conn.execute(f"PRAGMA max_page_count = {pages * 1000}")
+    retry = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k-full"})
+    assert retry.status_code == 409
+    assert sum(e - s for s, e in offsets(wired_ctx).values()) == before + 1

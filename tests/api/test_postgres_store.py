@@ -30,6 +30,8 @@ def test_api_serves_from_a_postgres_store(postgres_server, tmp_path, monkeypatch
         now = int(time.time() * 1000)
         events = [{"time": now, "customer_id": f"c{i}", "amount": 1.0} for i in range(5)]
         assert client.post("/api/v1/events", params={"stream": "orders"}, json=events).json()["accepted"] == 5
+        ctx.leadership.tick()  # this replica leads: only the leader's sampler writes samples
+        assert ctx.leadership.leading()
         samples = ctx.lag.sampler.sample_and_store()
         assert sum(s.lag_events for s in samples if s.stream == "orders") == 5
         assert client.get("/api/v1/lag").json()["lag_events"] == 5
@@ -37,4 +39,5 @@ def test_api_serves_from_a_postgres_store(postgres_server, tmp_path, monkeypatch
         r = client.get("/api/v1/query", params={"metric": "new_users", "stat": "first_seen",
                                                 "from": now - 60_000, "to": now, "step": "1m"})
         assert r.status_code == 200, r.text
+        ctx.leadership.stop()
     assert not (tmp_path / "data" / "store.db").exists()

@@ -235,6 +235,41 @@ def test_prometheus_metrics_with_an_empty_log(client, ctx):
     assert len(families["sketchboard_lag_events"]) == partitions(ctx)
 
 
+def test_metrics_without_the_log_still_export_every_other_source(client, ctx, monkeypatch):
+    """The brokers away made /metrics a 503 whole: Prometheus lost every series."""
+    from ingest.log import LogUnavailable
+
+    client.get("/healthz")
+    before = metric_samples(client.get("/metrics").text)
+    assert {s.labels["source"]: s.value for s in before["sketchboard_scrape_source_up"]} == \
+        {"pipeline": 1.0, "query": 1.0, "device_clocks": 1.0}
+
+    def down(stream):
+        raise LogUnavailable("offsets at broker1:9092: KafkaError{code=_TRANSPORT}")
+
+    monkeypatch.setattr(ctx.log, "offsets", down)
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    families = metric_samples(r.text)
+    assert {s.labels["source"]: s.value for s in families["sketchboard_scrape_source_up"]} == \
+        {"pipeline": 0.0, "query": 1.0, "device_clocks": 1.0}
+    assert "sketchboard_log_events" not in families and "sketchboard_events_in" not in families
+    assert families["sketchboard_query_running"] and families["sketchboard_http_request_duration_seconds"]
+
+
+def test_a_made_up_http_method_is_one_other_series_not_one_per_method(client):
+    for i in range(20):
+        client.request(f"X{i}", "/healthz")
+        client.request(f"Y{i}", "/no/such/path")
+    client.request("OPTIONS", "/healthz")
+    families = metric_samples(client.get("/metrics").text)
+    methods = {s.labels["method"] for s in families["sketchboard_http_request_duration_seconds"]}
+    assert {"other", "OPTIONS", "GET"} <= methods and not any(m.startswith(("X", "Y")) for m in methods)
+    counts = {(s.labels["method"], s.labels["route"]): s.value
+              for s in families["sketchboard_http_request_duration_seconds"] if s.name.endswith("_count")}
+    assert counts[("other", "/healthz")] >= 20 and counts[("other", "<unmatched>")] >= 20
+
+
 # -- documentation and the index page ------------------------------------------------
 
 

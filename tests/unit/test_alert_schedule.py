@@ -106,3 +106,24 @@ def test_a_rule_swap_by_a_replica_with_a_slower_clock_reaches_the_leader_s_cache
     other.create({"name": "c_new", "kind": "lag", "stream": "orders", "threshold": 5})
     assert sorted(e.rule for e in service.evaluate_due(T0 + 10_000)) == ["a_keep", "c_new"]
     other.store.close()
+
+
+def test_an_evaluation_that_outlives_the_lease_writes_nothing(service):
+    """The evaluator asks the lease right before each save: one still running when this replica's
+    lease lapsed (its renewal blocked) must not write over, or notify beside, the new leader."""
+    from sketchboard.leader import lead
+
+    seen = []
+    service.notifiers[:] = [type("Seen", (), {"observe": lambda self, b: seen.append(b),
+                                              "close": lambda self, timeout_s=5.0: None})()]
+    service.create({"name": "lagging", "kind": "lag", "stream": "orders", "threshold": 0})
+    leading = {"now": False}
+    leadership = type("Lease", (), {"leading": lambda self: leading["now"]})()
+    lead(leadership, alerts=service)  # as sketchboard/wiring.py attaches it
+    assert service.active is not None
+    [result] = service.evaluate_due(T0)
+    assert result.instances[0].state.value == "firing"  # judged...
+    assert service.store.instances("lagging") == [] and seen == []  # ...but neither saved nor notified
+    leading["now"] = True
+    [result] = service.evaluate_due(T0 + 10_000)
+    assert service.store.instances("lagging")[0]["state"] == "firing" and len(seen) == 1

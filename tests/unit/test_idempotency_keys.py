@@ -86,6 +86,49 @@ def test_an_abandoned_claim_is_taken_over_once(keys):
     assert keys.claim("s", "k", "f", later + 1).verdict is Verdict.IN_PROGRESS
 
 
+def test_a_late_first_try_neither_completes_nor_releases_the_takeovers_claim(keys):
+    first = keys.claim("s", "k", "f", 1000)
+    takeover = keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT)
+    assert takeover.verdict is Verdict.PROCEED and takeover.token != first.token
+    assert keys.release("s", "k", first.token) is False  # the slow first try failed after all
+    assert keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT + 1).verdict is Verdict.IN_PROGRESS
+    assert keys.complete("s", "k", 200, {"late": True}, first.token) is False
+    assert keys.complete("s", "k", 200, ANSWER, takeover.token) is True
+    assert keys.claim("s", "k", "f", 1000 + IN_FLIGHT_TIMEOUT + 2).record.answer == ANSWER
+
+
+def test_a_table_made_before_claim_tokens_gets_the_column(tmp_path):
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        conn.execute("CREATE TABLE idempotency_keys (scope TEXT NOT NULL, idem_key TEXT NOT NULL, fingerprint TEXT"
+                     " NOT NULL, state TEXT NOT NULL, claimed_ms INTEGER NOT NULL, status INTEGER, answer TEXT,"
+                     " PRIMARY KEY (scope, idem_key))")
+        conn.execute("INSERT INTO idempotency_keys VALUES ('s', 'old', 'f', 'in_flight', 1000, NULL, NULL)")
+    keys = IdempotencyStore(tmp_path / "store.db")
+    assert keys.complete("s", "old", 200, ANSWER) is True  # a claim of the old version, no token
+    assert keys.claim("s", "old", "f", 2000).record.answer == ANSWER
+    keys.close()
+
+
+def test_on_the_stores_clock_a_replica_with_a_clock_ahead_does_not_take_over_a_young_claim(store_backend):
+    """Replica B's wall clock 61 s ahead of A's judged A's claim (still appending) abandoned."""
+    import time
+
+    store = store_backend.create()
+    a = IdempotencyStore(store_backend.side_db(store), store_clock=True)
+    b = IdempotencyStore(store_backend.side_db(store), store_clock=True)
+    now_ms = int(time.time() * 1000)
+    first = a.claim("s", "k", "f", now_ms)
+    assert first.verdict is Verdict.PROCEED
+    assert b.claim("s", "k", "f", now_ms + IN_FLIGHT_TIMEOUT + 1000).verdict is Verdict.IN_PROGRESS
+    assert a.complete("s", "k", 200, ANSWER, first.token)
+    replay = b.claim("s", "k", "f", now_ms + 10 * TTL)  # nor does a clock a ttl ahead expire the answer
+    assert replay.verdict is Verdict.REPLAY and abs(replay.record.claimed_ms - now_ms) < 60_000
+    a.close()
+    b.close()
+
+
 def test_answers_survive_a_restart(store_backend):
     store = store_backend.create()
     first = IdempotencyStore(store.side_db())

@@ -368,3 +368,77 @@ def test_retention_prunes_the_samples_of_a_consumer_that_is_gone(store_backend):
     assert lag_store.newest_at_ms("reprocess-orders-0123abcd") is None
     assert [s.at_ms for s in lag_store.series("main", 0, t + 200_000)] == [t + 120_000]
     lag_store.close()
+
+
+def test_a_sampler_stopped_mid_round_is_never_two_when_started_again():
+    """stop() gave up after its join timeout and dropped the thread; start() then ran a second
+    one beside the first (a lease lost and won again while the brokers were slow)."""
+    import threading
+    import time
+
+    release, entered, samplers = threading.Event(), threading.Event(), set()
+
+    class Slow(LagSampler):
+        def sample_and_store(self):
+            samplers.add(threading.get_ident())
+            entered.set()
+            release.wait(5)
+            return []
+
+    sampler = Slow(source=None, committed=None, sink=None, pipeline="main", streams=[], interval_s=0.05)
+    sampler.start()
+    assert entered.wait(5)
+    sampler.stop(timeout_s=0.1)  # the round is still running
+    starter = threading.Thread(target=sampler.start)
+    starter.start()
+    time.sleep(0.2)
+    assert [t.name for t in threading.enumerate()].count("lag-sampler") == 1
+    release.set()  # the slow round ends; start() then runs the new thread
+    starter.join(5)
+    time.sleep(0.2)
+    assert [t.name for t in threading.enumerate()].count("lag-sampler") == 1
+    sampler.stop()
+    assert not any(t.name == "lag-sampler" for t in threading.enumerate())
+
+
+def test_a_sampling_round_that_outlives_the_lease_writes_nothing(parts):
+    """The sampler asks the lease right before each write (sketchboard/leader.py's lead())."""
+    from sketchboard.leader import lead
+
+    _, _, lag_store, sampler, _, _ = parts
+    written, leading = [], {"now": False}
+
+    class Sink:
+        def write(self, samples):
+            written.append(samples)
+
+    sampler.sink = Sink()
+    lead(type("Lease", (), {"leading": lambda self: leading["now"]})(), sampler=sampler)
+    assert sampler.sample_and_store() and written == [] and sampler.rounds == 0
+    leading["now"] = True
+    sampler.sample_and_store()
+    assert len(written) == 1 and sampler.rounds == 1
+
+
+def test_a_replica_with_a_clock_ahead_of_the_samplers_judges_samples_on_the_samplers_clock(parts, demo_catalog):
+    """A non-leader whose wall clock is 60 s ahead of the leader's called the leader's fresh samples
+    stale (ERR): staleness is now measured from the newest sample on this replica's monotonic clock."""
+    log, store, lag_store, sampler, leader_monitor, clock = parts
+    mono = FakeClock(500.0)
+    sampler.active = lambda: False  # this replica does not lead: another process's sampler writes
+    ahead = LagMonitor(lag_store, "main", leader_monitor.partitions, window=3, interval_s=1.0,
+                       clock=lambda: clock.now + 60, sampler=sampler, monotonic=mono)
+    sampler.sink.write(sampler.sample())  # the leader's round, on its own clock
+    assert ahead.report().verdict.status == LagStatus.OK
+    for _ in range(5):  # the leader keeps sampling
+        clock.now += 1
+        mono.now += 1
+        sampler.sink.write(sampler.sample())
+        assert ahead.report().verdict.status == LagStatus.OK
+    mono.now += 2.9  # the leader's sampler stops: stale a window after the last new sample was seen
+    assert ahead.report().verdict.status == LagStatus.OK
+    mono.now += 0.2
+    report = ahead.report()
+    assert report.verdict.status == LagStatus.ERR and "sampler is not running" in report.verdict.reason
+    sampler.active = lambda: True  # this replica leads: its own sampler's clock is its own
+    assert ahead.report().verdict.status == LagStatus.ERR  # 60 s ahead of what its sampler wrote: stale

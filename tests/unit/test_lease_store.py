@@ -11,7 +11,7 @@ import time
 import pytest
 
 from store.lease import Leadership, LeaseStore
-from store.lease_rules import LeaseRecord
+from store.lease_rules import LeaseRecord, replica_of
 from tests.unit.test_store import LATENESS, T0, commit, make_data, partial
 from tests.support.clock import FakeClock
 
@@ -57,7 +57,7 @@ def test_one_replica_leads_and_another_takes_over_after_the_ttl(store_backend, p
     a.tick()
     b.tick()
     assert gained == ["a"] and a.leading() and not b.leading()
-    assert b.holder().record.holder == "a"
+    assert b.holder().record.holder == a.holder_id and replica_of(a.holder_id) == "a"
     for _ in range(5):  # a renews every 2 s: b keeps following
         clock.now += 2
         a.tick()
@@ -71,7 +71,7 @@ def test_one_replica_leads_and_another_takes_over_after_the_ttl(store_backend, p
     b.tick()
     assert b.leading() and gained == ["a", "b"]
     row = b.holder()
-    assert row.record.holder == "b" and row.record.epoch == 2
+    assert row.record.holder == b.holder_id and row.record.epoch == 2
     # a comes back (a stalled process): its lease lapsed, its next round finds b's row and stops its work.
     a.tick()
     assert not a.leading() and lost == ["a"]
@@ -86,6 +86,87 @@ def test_stopping_hands_the_lease_over_at_once(store_backend, pane_store):
     assert a.holder().record.holder is None
     b.tick()
     assert b.leading()
+
+
+def test_two_processes_with_one_replica_id_never_both_lead(store_backend, pane_store, caplog):
+    """A copied SKETCHBOARD_REPLICA_ID: each took the other's row for its own renewal, and both led."""
+    clock = FakeClock(1000.0)
+    a, b = replica(store_backend, pane_store, "api-1", clock), replica(store_backend, pane_store, "api-1", clock)
+    assert a.holder_id != b.holder_id and a.me == b.me == "api-1"
+    with caplog.at_level("WARNING", logger="sketchboard.lease"):
+        for _ in range(10):
+            a.tick()
+            b.tick()
+            clock.now += 0.8
+            assert not (a.leading() and b.leading())
+    assert a.leading() and not b.leading()
+    assert any("another process with this replica_id 'api-1'" in r.getMessage() for r in caplog.records)
+    from types import SimpleNamespace
+
+    from api.status_routes import leader_status
+
+    shown = leader_status(SimpleNamespace(leadership=b))  # GET /api/v1/pipeline's `leader`
+    assert (shown["holder"], shown["holder_process"], shown["this_replica"]) == ("api-1", a.holder_id, "api-1")
+    # a dies: b, the other process, takes over after the ttl as from any other holder.
+    clock.now += 10
+    b.tick()
+    assert b.leading() and b.holder().record.holder == b.holder_id
+
+
+def test_a_row_of_the_old_format_is_read_as_its_replica_and_waited_out(store_backend, pane_store):
+    """A rolling upgrade: a process without nonces holds the row as its bare replica id."""
+    clock = FakeClock(1000.0)
+    old = LeaseStore(store_backend.reopen(pane_store).side_db())
+    assert old.swap(NAME, old.read(NAME).record, LeaseRecord("api-1", 1, 1), ttl_ms=10_000, now_ms=1)
+    new = replica(store_backend, pane_store, "api-1", clock)
+    assert replica_of(new.holder().record.holder) == "api-1"
+    new.tick()
+    assert not new.leading()  # not taken for its own: the old process may still be leading
+    clock.now += 10
+    new.tick()
+    assert new.leading() and new.holder().record.epoch == 2
+
+
+def test_a_leader_whose_renewal_blocks_stops_its_work_when_its_lease_lapses(store_backend, pane_store):
+    """A renewal blocked in the store (SQLite's write lock held by a long commit) kept the leader's
+    jobs running past its lease, and the next leader's on_gain could run before its on_lose."""
+    events, lock, unblock = [], threading.Lock(), threading.Event()
+
+    def record(what):
+        def act():
+            with lock:
+                events.append((what, time.monotonic()))
+        return act
+
+    class Blocking(LeaseStore):
+        blocked = False
+
+        def swap(self, *args, **kw):
+            if self.blocked:
+                unblock.wait(10)  # the write waits on the lock
+            return super().swap(*args, **kw)
+
+    a_store = Blocking(store_backend.reopen(pane_store).side_db())
+    a = Leadership(a_store, NAME, "a", ttl_s=0.5, on_gain=record("a gains"), on_lose=record("a loses"))
+    b = Leadership(LeaseStore(store_backend.reopen(pane_store).side_db()), NAME, "b", ttl_s=0.5,
+                   on_gain=record("b gains"), on_lose=record("b loses"))
+    a.start()
+    deadline = time.monotonic() + 10
+    while not a.leading() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    b.start()
+    time.sleep(0.3)
+    a_store.blocked = True
+    blocked_at = time.monotonic()
+    while not any(what == "b gains" for what, _ in events) and time.monotonic() < blocked_at + 10:
+        time.sleep(0.01)
+    unblock.set()
+    a.stop()
+    b.stop()
+    order = [what for what, _ in events]
+    assert order[:3] == ["a gains", "a loses", "b gains"], order
+    lost_at = dict((what, at) for what, at in events)["a loses"]
+    assert lost_at - blocked_at < 0.5 + 0.3  # at its lease's lapse (a ttl at most), not when the write returned
 
 
 def test_the_threads_keep_exactly_one_leader_and_fail_over(store_backend, pane_store):

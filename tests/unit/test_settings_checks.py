@@ -321,6 +321,24 @@ def test_every_master_url_spark_takes_is_accepted(master, monkeypatch):
     assert Settings().spark_master == master
 
 
+def test_the_idempotency_takeover_must_outlast_an_append(monkeypatch, tmp_path):
+    """A retry taking over a first try still waiting on the brokers appended the request twice."""
+    from sketchboard.wiring import open_idempotency_store
+    from store import SqlitePaneStore
+
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_PRODUCE_TIMEOUT", "2m")
+    with pytest.raises(ValueError, match="idempotency_in_flight_timeout .* must exceed kafka_produce_timeout"):
+        Settings()
+    monkeypatch.setenv("SKETCHBOARD_IDEMPOTENCY_IN_FLIGHT_TIMEOUT", "3m")
+    settings = Settings()
+    store = SqlitePaneStore(tmp_path / "store.db")
+    keys = open_idempotency_store(settings, store)
+    assert keys.in_flight_timeout_ms == 180_000  # the setting reaches the store
+    assert keys.store_clock  # claims judged on the store's clock, whatever each replica's says
+    keys.close()
+    store.close()
+
+
 def test_python_m_sketchboard_is_the_command(tmp_path):
     import subprocess
     import sys
