@@ -128,11 +128,17 @@ def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, 
     (b"port: 9000\n1: 2\n", "line 2: 1 is no setting's name (names are text, e.g. port)"),
 ])
 def test_a_settings_file_that_cannot_be_read_is_one_line(content, problem, tmp_path, monkeypatch, capsys):
+    path, said = check_config_refuses(content, tmp_path, monkeypatch, capsys)
+    assert said == f"sketchboard: {path}: {problem}\n"
+
+
+def check_config_refuses(content: bytes, tmp_path, monkeypatch, capsys) -> tuple[Path, str]:
+    """`check-config` with `content` as the settings file: exit 2; the file and what was said."""
     path = tmp_path / "settings.yaml"
     path.write_bytes(content)
     monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
     assert cli.main(["check-config"]) == 2
-    assert capsys.readouterr().err == f"sketchboard: {path}: {problem}\n"
+    return path, capsys.readouterr().err
 
 
 def test_an_empty_settings_file_is_no_settings(tmp_path, monkeypatch):
@@ -190,11 +196,8 @@ def test_a_misspelt_variable_is_refused_naming_the_closest_setting(monkeypatch, 
     monkeypatch.setenv("sketchboard_port", "9001")  # names are not case-sensitive, as pydantic-settings reads them
     assert Settings().port == 9001
     monkeypatch.delenv("SKETCHBOARD_PARENT_PID")  # cli.main would take the test's process for a child of `up`
-    path = tmp_path / "settings.yaml"
-    path.write_text("prot: 9000\n")
-    monkeypatch.setenv("SKETCHBOARD_SETTINGS_FILE", str(path))
-    assert cli.main(["check-config"]) == 2
-    assert capsys.readouterr().err == f"sketchboard: setting prot ({path}, line 1): no such setting (did you mean port?)\n"
+    path, said = check_config_refuses(b"prot: 9000\n", tmp_path, monkeypatch, capsys)
+    assert said == f"sketchboard: setting prot ({path}, line 1): no such setting (did you mean port?)\n"
 
 
 def test_a_duration_variable_may_be_a_number_of_seconds_as_in_the_file(tmp_path, monkeypatch):
