@@ -6,7 +6,7 @@
 // time axis zooms the whole page.
 
 import { renderQueue } from "./render_queue.js";
-import { PALETTE, cssVar, el, fmtLocal, fmtNum, groupLabel, hexToRgba, nowMs, parseLocal } from "./util.js";
+import { PALETTE, cssVar, el, fmtLocal, fmtNum, groupLabel, hexToRgba, nowMs, parseLocal, plotlyText } from "./util.js";
 import { distribution } from "./heatmap.js";
 
 const PLOTTED = new Set(["line", "area", "bar", "heatmap"]);
@@ -137,11 +137,11 @@ export class LiveChart {
       const color = PALETTE[groups.indexOf(g) % PALETTE.length];
       const ts = [...entry.points.keys()].sort((a, b) => a - b);
       const pts = ts.map((t) => entry.points.get(t));
-      const label = groupLabel(entry.group);
+      const label = groupLabel(entry.group); // a producer's values: text, never Plotly markup
       const trace = {
         type: kind === "bar" ? "bar" : "scatter", x: ts.map(fmtLocal), y: pts.map((p) => p.value),
         customdata: pts.map((p) => this.hoverText(p)),
-        name: multiStat ? `${label} ${entry.stat}` : label, legendgroup: g,
+        name: plotlyText(multiStat ? `${label} ${entry.stat}` : label), legendgroup: g,
         hovertemplate: "<b>%{fullData.name}</b><br>%{x}<br>%{customdata}<extra></extra>",
       };
       if (kind === "bar") {

@@ -39,6 +39,14 @@ export function fmtNum(v) {
   if (v === null || v === undefined) return "–";
   return Math.abs(v) >= 1000 ? Math.round(v).toLocaleString() : String(+v.toPrecision(4));
 }
+// Plotly renders its strings (trace names, hover text, annotations, titles) as pseudo-HTML:
+// <a href>, <b>, <span style> ... An API-derived string (a producer's dimension value, a stream
+// name, the server's reason quoting the URL) goes into Plotly through this, its & < > " as
+// entities, which Plotly shows as the characters themselves (as alerts.js puts API text into
+// the DOM as text nodes).
+// (Plotly decodes &amp; &lt; &gt; and numeric entities, not &quot;.)
+const PLOTLY_ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;" };
+export function plotlyText(text) { return String(text).replace(/[&<>"]/g, (c) => PLOTLY_ENTITIES[c]); }
 export function hexToRgba(hex, a) {
   const n = parseInt(hex.slice(1), 16);
   return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;

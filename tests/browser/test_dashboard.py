@@ -6,6 +6,7 @@ error, keeps its state in the URL, shows corrections and lag from their feeds.""
 from __future__ import annotations
 
 import time
+import urllib.parse
 
 import pytest
 
@@ -213,3 +214,31 @@ def test_the_search_dashboard_shows_the_click_through_rate_of_demo_traffic(live,
     assert 0 <= min(want.values()) and 0 < max(want.values()) <= 1
     page.screenshot(path=str(artifacts / "dashboard-search-ctr.png"), full_page=True)
     assert watch.errors == [] and watch.foreign == []
+
+
+HOSTILE_VALUES = ['<a href="https://evil.example/login">sign in</a>', '<b>bold</b> & <span style="font-size:60px">big</span>']
+
+
+def test_a_producers_dimension_values_show_as_text_in_the_legend(live, watched_page):
+    # Plotly renders trace names as pseudo-HTML: a region of '<a href=...>' drew a link in the
+    # legend and the hover label (was: groupLabel raw as the trace name; util.js plotlyText).
+    server, ctx, feeds = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 60_000 + i * 1000, region=HOSTILE_VALUES[i % 2], user=f"u{i}") for i in range(20)])
+    page, watch = watched_page(server.http, "/?metric=requests&stat=count&group_by=region&range=15m")
+    page.wait_for_function("() => document.querySelectorAll('#chart-main .legend .traces').length === 2", timeout=15_000)
+    legend = page.evaluate("""() => [...document.querySelectorAll('#chart-main .legend .traces')].map((t) => ({
+        text: t.querySelector('text').textContent, links: t.querySelectorAll('a').length,
+        styled: t.querySelectorAll('tspan[style]').length}))""")
+    assert sorted(x["text"] for x in legend) == sorted(HOSTILE_VALUES)
+    assert all(x["links"] == 0 and x["styled"] == 0 for x in legend), legend
+    hover = page.evaluate("""async () => {
+        const gd = document.getElementById('chart-main');
+        Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: 0}]);
+        await new Promise((r) => setTimeout(r, 200));
+        const h = gd.querySelector('.hoverlayer');
+        return {text: h.textContent, links: h.querySelectorAll('a').length,
+                big: [...h.querySelectorAll('tspan[style]')].filter((s) => /60px/.test(s.getAttribute('style'))).length}; }""")
+    assert hover["links"] == 0 and hover["big"] == 0 and any(v in hover["text"] for v in HOSTILE_VALUES), hover
+    assert watch.errors == []
+
