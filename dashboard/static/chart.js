@@ -209,7 +209,8 @@ export class LiveChart {
         line: { width: 0 }, layer: "below" });
     }
     const msg = this.message();
-    if (msg) layout.annotations.push({ text: msg, xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
+    // The server's reason may quote the URL's filter: text, never Plotly markup.
+    if (msg) layout.annotations.push({ text: plotlyText(msg), xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
       font: { color: this.error ? cssVar("--bad") : muted, size: 13 } });
     return layout;
   }

@@ -242,3 +242,15 @@ def test_a_producers_dimension_values_show_as_text_in_the_legend(live, watched_p
     assert hover["links"] == 0 and hover["big"] == 0 and any(v in hover["text"] for v in HOSTILE_VALUES), hover
     assert watch.errors == []
 
+
+def test_the_explorer_filter_in_the_url_shows_as_text_in_the_error(live, watched_page):
+    # The server's reason quotes the filter; the chart's error annotation rendered it as markup.
+    server, ctx, feeds = live
+    bad = "<b>THIS DASHBOARD HAS MOVED</b><br>see evil.example"
+    page, watch = watched_page(server.http, "/?metric=requests&stat=count&range=15m&filter="
+                               + urllib.parse.quote(bad + "=1"))
+    page.wait_for_selector("#chart-main[data-state=error]", timeout=15_000)
+    page.wait_for_selector("#chart-main .annotation text", timeout=5_000)
+    shown = page.evaluate("""() => { const t = document.querySelector('#chart-main .annotation text');
+        return {text: t.textContent, links: t.querySelectorAll('a').length, bold: t.querySelectorAll('tspan[style]').length}; }""")
+    assert bad in shown["text"] and shown["links"] == 0 and shown["bold"] == 0, shown
