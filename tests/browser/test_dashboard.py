@@ -254,3 +254,44 @@ def test_the_explorer_filter_in_the_url_shows_as_text_in_the_error(live, watched
     shown = page.evaluate("""() => { const t = document.querySelector('#chart-main .annotation text');
         return {text: t.textContent, links: t.querySelectorAll('a').length, bold: t.querySelectorAll('tspan[style]').length}; }""")
     assert bad in shown["text"] and shown["links"] == 0 and shown["bold"] == 0, shown
+
+
+WS_RECORDER = """window.__ws = { opened: 0, sent: 0, closes: [] };
+(() => { const Native = window.WebSocket;
+  window.WebSocket = class extends Native {
+    constructor(url, protocols) { super(url, protocols); window.__ws.opened += 1;
+      this.addEventListener("close", (e) => window.__ws.closes.push({ code: e.code, reason: e.reason })); }
+    send(data) { window.__ws.sent += 1; return super.send(data); } }; })();"""
+
+
+def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, browser):
+    # Each range change sent an unsubscribe and a subscribe per panel (32 messages on the
+    # overview): two changes within a second passed the server's 20 messages/s (burst 50) and
+    # the socket was closed with 1008. Now one subscribe per chart under its stable id
+    # (replace-by-id), the changes coalesced into one round.
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 30_000 + i * 500, user=f"u{i}") for i in range(20)])
+    context = browser.new_context(bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(server.http + "/?dashboard=overview&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        panels = page.locator("[data-testid=dash-panel]").count()
+        assert panels >= 10
+        page.wait_for_timeout(3_000)  # the server's message bucket is full again
+        before = page.evaluate("window.__ws.sent")
+        page.focus("#range")
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("ArrowDown")
+        assert page.eval_on_selector("#range", "e => e.value") == "6h"
+        page.wait_for_function("""() => [...window.sketchboard.charts.values()].every((c) => c.result &&
+            c.query.from === 'now-6h' && c.result.end - c.result.start >= 6 * 3600e3 - 60e3)""", timeout=15_000)
+        page.wait_for_timeout(1_500)
+        assert page.evaluate("window.__ws.closes") == []
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "open"
+        assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
+    finally:
+        context.close()
