@@ -46,6 +46,9 @@ window.fetch = async (input, init) => {
   return response;
 };
 
+// Dismissed (Escape): the next refusal asks again.
+$("token-dialog").addEventListener("close", () => { asking = false; });
+
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const value = $("token-input").value.trim();

@@ -193,3 +193,20 @@ def test_a_read_token_sees_the_rules_but_the_editor_shows_the_403_and_an_admin_t
         page.click("#rule-editor-submit")
         rule_row(page, "ops_rule").wait_for(timeout=10_000)
         assert [r.name for r in service.store.rules()] == ["ops_rule"]
+
+
+def test_a_token_dialog_dismissed_with_escape_opens_again_on_the_next_401(secured, browser):
+    # auth.js's `asking` stayed true once the dialog was dismissed: no later 401 asked again.
+    server, ctx, tokens = secured
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/")
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible", timeout=10_000)
+        page.keyboard.press("Escape")
+        dialog.wait_for(state="hidden", timeout=5_000)
+        assert page.evaluate("fetch('/api/v1/metrics').then((r) => r.status)") == 401
+        dialog.wait_for(state="visible", timeout=5_000)
+    finally:
+        context.close()
