@@ -210,3 +210,32 @@ def test_a_token_dialog_dismissed_with_escape_opens_again_on_the_next_401(secure
         dialog.wait_for(state="visible", timeout=5_000)
     finally:
         context.close()
+
+
+def test_a_revoked_token_is_forgotten_and_asked_for_again(secured, browser, tmp_path):
+    # The server closes the page's socket 1008 "token 't_read' was revoked": the page dropped
+    # the reason and retried the revoked token forever. Now it shows the reason, forgets the
+    # token, opens the dialog and waits for it (no retries).
+    from api.security.token_file import revoke_token
+    from tests.browser.test_dashboard import WS_RECORDER
+
+    server, ctx, tokens = secured
+    context = browser.new_context()
+    context.add_init_script(f"sessionStorage.setItem('sketchboard.token', {tokens['read']!r});")
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        revoke_token(tmp_path / "tokens.json", "t_read")
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible", timeout=10_000)
+        assert page.evaluate("sessionStorage.getItem('sketchboard.token')") is None
+        assert "revoked" in page.text_content("#token-reason")
+        assert "revoked" in page.text_content("#status-connection")
+        assert page.evaluate("window.__ws.closes.map((c) => c.code)") == [1008]
+        page.wait_for_timeout(3_000)  # waiting for the dialog: no retry with the revoked token
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "closed"
+    finally:
+        context.close()
