@@ -239,3 +239,24 @@ def test_a_revoked_token_is_forgotten_and_asked_for_again(secured, browser, tmp_
         assert page.get_attribute("#status-connection", "data-state") == "closed"
     finally:
         context.close()
+
+
+def test_the_api_docs_load_nothing_from_another_host_and_run_under_the_csp(live, browser):  # noqa: F811
+    # FastAPI's /docs loaded Swagger UI from cdn.jsdelivr.net (a floating @5, no SRI) with no CSP,
+    # on the origin whose sessionStorage holds the dashboard's token. Now its assets are local
+    # (swagger-ui-bundle) and the page carries the dashboard's CSP.
+    server, ctx, _ = live
+    context = browser.new_context()  # the CSP enforced
+    try:
+        page = context.new_page()
+        page.add_init_script(RECORD_VIOLATIONS)
+        foreign, errors = [], []
+        page.on("request", lambda r: None if r.url.startswith(server.http) else foreign.append(r.url))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        response = page.goto(server.http + "/docs")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        page.wait_for_selector(".swagger-ui .opblock", timeout=15_000)  # Swagger UI drew the API
+        assert page.locator(".swagger-ui .opblock-summary-path[data-path='/api/v1/query']").count() >= 1
+        assert foreign == [] and errors == [] and page.evaluate("window.__csp") == []
+    finally:
+        context.close()
