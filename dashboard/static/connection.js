@@ -1,6 +1,7 @@
 // The one websocket (WS /api/v1/ws): subscriptions survive reconnects (re-sent on open), a
 // socket silent for three heartbeat intervals (the server's setting: the `pong` to the ping
-// sent on open says it) is taken for dead and reopened with a growing back-off. A socket the
+// sent on open says it) is taken for dead and replaced at once; a closed one is reopened with a
+// growing back-off. A socket the
 // server closes with 1008 shows the server's reason; a refused token (revoked, its scope gone,
 // or one now required; or a handshake refused while the tab has a token) is forgotten and asked
 // for again (auth.js), and the socket waits for the dialog rather than retrying.
@@ -26,8 +27,19 @@ export class Connection {
     setInterval(() => {
       const silentFor = Date.now() - this.lastMessage;
       if (this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&
-          silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.ws.close();
+          silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.dead(this.ws);
     }, 1000);
+  }
+
+  // A silent socket is dead: not "live" while the browser's closing handshake with a server
+  // that answers nothing times out (about a minute). Its handlers go, it is closed without
+  // waiting for its onclose, and a new one opens at once.
+  dead(ws) {
+    ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+    try { ws.close(); } catch (e) { /* closing already */ }
+    this.ws = null;
+    setConnState("closed", "no heartbeat · reconnecting");
+    this.connect();
   }
 
   connect() {

@@ -295,3 +295,89 @@ def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, brows
         assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
     finally:
         context.close()
+
+
+class FreezableProxy:
+    """A TCP proxy on loopback in front of the server that can stop forwarding in both
+    directions while keeping its connections open: a server that answers nothing (as a frozen
+    process or a dead network path looks to the browser)."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self.upstream = port
+        self.frozen = threading.Event()
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.http = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                continue
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        src.settimeout(0.2)
+        while not self.stopped.is_set():
+            if self.frozen.is_set():
+                time.sleep(0.1)
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+
+    def close(self):
+        self.stopped.set()
+        for s in [self.listener, *self.sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_silent_socket_is_not_shown_live_and_is_replaced_at_once(live, browser):
+    # The page took a socket silent for 3 heartbeat intervals for dead but called ws.close() and
+    # waited for onclose, which fires only once the closing handshake with a server that answers
+    # nothing times out (about a minute): "live" all along. Now it drops the socket and reconnects.
+    server, ctx, _ = live
+    proxy = FreezableProxy(server.port)
+    context = browser.new_context(bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(proxy.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
+        heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
+        proxy.frozen.set()
+        frozen_at = time.monotonic()
+        page.wait_for_function("() => window.__ws.opened >= 2", timeout=3 * heartbeat_ms + 6_000)
+        assert time.monotonic() - frozen_at < (3 * heartbeat_ms + 5_000) / 1000
+        assert page.get_attribute("#status-connection", "data-state") != "open"
+        proxy.frozen.clear()  # the server answers again: the new socket opens
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    finally:
+        context.close()
+        proxy.close()
