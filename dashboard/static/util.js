@@ -35,9 +35,15 @@ export function inputLocal(ms) { // epoch ms -> a datetime-local input's value (
   return fmtLocal(ms).slice(0, 19).replace(" ", "T");
 }
 export function fmtTime(ms) { const d = new Date(ms); return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`; }
+// Numbers in the browser's locale, 4 significant digits, all through one formatter (1234 and
+// 1.234 must not both print "1.234", as they did in de-DE when only |v| >= 1000 was localized);
+// past 1e15 (or below 1e-6) in scientific notation, not hundreds of digits.
+const NUM = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4 });
+const NUM_SCI = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4, notation: "scientific" });
 export function fmtNum(v) {
   if (v === null || v === undefined) return "–";
-  return Math.abs(v) >= 1000 ? Math.round(v).toLocaleString() : String(+v.toPrecision(4));
+  const a = Math.abs(v);
+  return (a >= 1e15 || (a > 0 && a < 1e-6) ? NUM_SCI : NUM).format(v);
 }
 // Plotly renders its strings (trace names, hover text, annotations, titles) as pseudo-HTML:
 // <a href>, <b>, <span style> ... An API-derived string (a producer's dimension value, a stream

@@ -381,3 +381,24 @@ def test_a_silent_socket_is_not_shown_live_and_is_replaced_at_once(live, browser
     finally:
         context.close()
         proxy.close()
+
+
+@pytest.mark.parametrize("locale, want", [
+    ("en-US", {"1234": "1,234", "1.234": "1.234", "1234567.5": "1,235,000", "big": "1.235E290"}),
+    ("de-DE", {"1234": "1.234", "1.234": "1,234", "1234567.5": "1.235.000", "big": "1,235E290"}),
+])
+def test_numbers_read_the_same_in_every_locale(live, browser, locale, want):
+    # fmtNum localized only |v| >= 1000: in de-DE 1234 and 1.234 both printed "1.234"; 1e290
+    # printed 291 digits.
+    server, ctx, _ = live
+    context = browser.new_context(locale=locale, bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        got = page.evaluate("""async () => { const u = await import('/static/util.js');
+            return {"1234": u.fmtNum(1234), "1.234": u.fmtNum(1.234), "1234567.5": u.fmtNum(1234567.5),
+                    "big": u.fmtNum(1.2345e290)}; }""")
+        assert got == want
+    finally:
+        context.close()
