@@ -27,6 +27,9 @@ export class LiveChart {
     this.plotted = false;
     this.renders = 0;
     this.revision = 0; // a new query: Plotly forgets the user's zoom (uirevision)
+    // A relative range is drawn up to viewEnd, which only slide() moves on (main.js: every second,
+    // or at the dashboard's refresh; none: never), not a push or a redraw.
+    this.viewEnd = null;
     if (typeof IntersectionObserver !== "undefined") {
       // Only the order of the queue's next slice changes: a chart scrolled into view goes first.
       this.observer = new IntersectionObserver((entries) => { for (const e of entries) this.visible = e.isIntersecting; });
@@ -56,6 +59,7 @@ export class LiveChart {
 
   snapshot(result) {
     this.result = result;
+    this.viewEnd = result.end;
     this.error = null;
     this.series.clear();
     for (const s of result.series) this.upsert(s);
@@ -81,9 +85,17 @@ export class LiveChart {
     for (const p of s.points) entry.points.set(p.t, p);
   }
 
+  // The view of a relative range moves on to the server's now (main.js, at the chart's pace).
+  slide() {
+    if (!this.relative || !this.result) return;
+    this.viewEnd = nowMs();
+    this.trim();
+    this.schedule();
+  }
+
   trim() {
     if (!this.relative || !this.result) return;
-    const start = nowMs() - this.spanMs;
+    const start = (this.viewEnd ?? nowMs()) - this.spanMs;
     for (const entry of this.series.values()) {
       for (const t of entry.points.keys()) if (t + this.result.step_ms < start) entry.points.delete(t);
     }
@@ -199,7 +211,7 @@ export class LiveChart {
     };
     if (this.opts.kind === "heatmap") layout.yaxis.rangemode = "normal";
     if (this.result) {
-      const end = this.relative ? nowMs() : this.result.end;
+      const end = this.relative ? (this.viewEnd ?? this.result.end) : this.result.end;
       const start = this.relative ? end - this.spanMs : this.result.start;
       layout.xaxis.range = [fmtLocal(start), fmtLocal(end)];
     }

@@ -61,8 +61,7 @@ function slide() {
     if (!chart.relative || !chart.result || chart.slideEveryMs === null) continue;
     if (chart.slideEveryMs && now - (chart.lastSlide || 0) < chart.slideEveryMs) continue;
     chart.lastSlide = now;
-    chart.trim();
-    chart.schedule();
+    chart.slide();
   }
   page.status.updateLastBatch();
 }

@@ -402,3 +402,28 @@ def test_numbers_read_the_same_in_every_locale(live, browser, locale, want):
         assert got == want
     finally:
         context.close()
+
+
+def test_a_dashboard_without_refresh_keeps_its_time_axis_still_as_points_arrive(live, watched_page):
+    # dashboard.md: `refresh` none, the range stays still (points arrive live either way). Each
+    # render drew the relative range up to the browser's now, and each push moved it.
+    import httpx
+
+    server, ctx, _ = live
+    commit(server, ctx, [ev(int(time.time() * 1000) - 30_000 + i * 1000, user=f"u{i}") for i in range(10)])
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "still", "range": "5m", "refresh": None,
+                   "panels": [{"metric": "requests", "stat": "count", "kind": "line"}]}, timeout=10)
+    assert r.status_code in (200, 201), r.text
+    page, watch = watched_page(server.http, "/?dashboard=still&range=5m")
+    page.wait_for_selector("#panel-chart-0[data-state=live]", timeout=15_000)
+    shown = "() => document.getElementById('panel-chart-0').layout.xaxis.range.join(' .. ')"
+    before = page.evaluate(shown)
+    renders = int(page.get_attribute("#panel-chart-0", "data-renders"))
+    for i in range(2):
+        page.wait_for_timeout(1_500)
+        commit(server, ctx, [ev(int(time.time() * 1000) - 1_000, user=f"v{i}")])
+    page.wait_for_function("(n) => Number(document.getElementById('panel-chart-0').dataset.renders) > n",
+                           arg=renders, timeout=10_000)
+    page.wait_for_timeout(1_000)
+    assert page.evaluate(shown) == before
+    assert watch.errors == []
