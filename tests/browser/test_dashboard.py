@@ -427,3 +427,27 @@ def test_a_dashboard_without_refresh_keeps_its_time_axis_still_as_points_arrive(
     page.wait_for_timeout(1_000)
     assert page.evaluate(shown) == before
     assert watch.errors == []
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "Europe/Berlin", "America/New_York"])
+def test_a_shared_custom_range_url_shows_the_same_window_in_every_time_zone(live, browser, timezone):
+    # The URL held the custom range as zone-less local wall time: one link, another window per
+    # zone. It now holds epoch ms; an old link's local form is still read (as local time).
+    server, ctx, _ = live
+    start, end = 1_796_068_800_000, 1_796_072_400_000  # 2026-11-30 20:00Z .. 21:00Z
+    context = browser.new_context(timezone_id=timezone, bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + f"/?metric=requests&stat=count&range=custom&from={start}&to={end}")
+        page.wait_for_selector("#chart-main[data-state=live]", timeout=15_000)
+        assert page.evaluate("window.sketchboard.charts.get('main').query")["from"] == str(start)
+        assert page.evaluate("window.sketchboard.charts.get('main').query")["to"] == str(end)
+        assert f"from={start}" in page.url and f"to={end}" in page.url
+        page.goto(server.http + "/?metric=requests&stat=count&range=custom&from=2026-11-30T20:00:00&to=2026-11-30T21:00:00")
+        page.wait_for_selector("#chart-main[data-state=live]", timeout=15_000)
+        local = page.evaluate("[new Date('2026-11-30T20:00:00').getTime(), new Date('2026-11-30T21:00:00').getTime()]")
+        query = page.evaluate("window.sketchboard.charts.get('main').query")
+        assert [int(query["from"]), int(query["to"])] == local
+        assert f"from={local[0]}" in page.url  # rewritten as an instant
+    finally:
+        context.close()
