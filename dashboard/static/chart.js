@@ -6,7 +6,7 @@
 // time axis zooms the whole page.
 
 import { renderQueue } from "./render_queue.js";
-import { PALETTE, cssVar, el, fmtLocal, fmtNum, groupLabel, hexToRgba, nowMs, parseLocal, plotlyText } from "./util.js";
+import { PALETTE, cssVar, el, fmtHover, fmtNum, groupLabel, hexToRgba, nowMs, plotlyText, timeTicks } from "./util.js";
 import { distribution } from "./heatmap.js";
 
 const PLOTTED = new Set(["line", "area", "bar", "heatmap"]);
@@ -126,7 +126,7 @@ export class LiveChart {
 
   hoverText(p) {
     const fin = this.isFinal(p);
-    let text = `value: ${p.value === null ? "–" : p.value}<br>count: ${p.count}` +
+    let text = `${fmtHover(p.t)}<br>value: ${p.value === null ? "–" : p.value}<br>count: ${p.count}` +
       `<br>${fin ? "final" : "provisional"} · revision ${p.revision}${p.revision > 1 ? " (corrected)" : ""}`;
     if (p.error) {
       text += `<br>bounds: ${fmtNum(p.error.lower)} … ${fmtNum(p.error.upper)}`;
@@ -151,10 +151,10 @@ export class LiveChart {
       const pts = ts.map((t) => entry.points.get(t));
       const label = groupLabel(entry.group); // a producer's values: text, never Plotly markup
       const trace = {
-        type: kind === "bar" ? "bar" : "scatter", x: ts.map(fmtLocal), y: pts.map((p) => p.value),
+        type: kind === "bar" ? "bar" : "scatter", x: ts, y: pts.map((p) => p.value), // instants (util.js timeTicks)
         customdata: pts.map((p) => this.hoverText(p)),
         name: plotlyText(multiStat ? `${label} ${entry.stat}` : label), legendgroup: g,
-        hovertemplate: "<b>%{fullData.name}</b><br>%{x}<br>%{customdata}<extra></extra>",
+        hovertemplate: "<b>%{fullData.name}</b><br>%{customdata}<extra></extra>",
       };
       if (kind === "bar") {
         trace.marker = { color: pts.map((p) => hexToRgba(color, this.isFinal(p) ? 0.85 : 0.4)) };
@@ -194,8 +194,9 @@ export class LiveChart {
     }
     const steps = [...byT.values()].sort((a, b) => a.t - b.t);
     const d = distribution(steps);
-    return [{ type: "heatmap", x: d.x.map(fmtLocal), y: d.y, z: d.z, colorscale: HEAT, zmin: 0, showscale: false,
-      hovertemplate: "%{x}<br>≈ %{y:.4g}: %{z:.0f} events<extra></extra>" }];
+    const when = d.x.map(fmtHover);
+    return [{ type: "heatmap", x: d.x, y: d.y, z: d.z, colorscale: HEAT, zmin: 0, showscale: false,
+      customdata: d.y.map(() => when), hovertemplate: "%{customdata}<br>≈ %{y:.4g}: %{z:.0f} events<extra></extra>" }];
   }
 
   layout() {
@@ -203,7 +204,10 @@ export class LiveChart {
     const layout = {
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       font: { color: text, size: 11 }, margin: { l: 48, r: 10, t: 8, b: 30 },
-      xaxis: { type: "date", gridcolor: grid, linecolor: grid, color: muted },
+      // Instants on a linear axis, labelled in local time (util.js timeTicks): not a date axis,
+      // whose local wall time folds a DST fall-back hour.
+      xaxis: { type: "linear", gridcolor: grid, linecolor: grid, color: muted, zeroline: false, tickmode: "array",
+        tickvals: [], ticktext: [] },
       yaxis: { gridcolor: grid, linecolor: grid, color: muted, rangemode: "tozero", automargin: true },
       showlegend: this.opts.kind !== "heatmap", legend: { orientation: "h", y: -0.18, font: { size: 10 } },
       hovermode: "closest", uirevision: this.revision, datarevision: this.renders, bargap: 0.1,
@@ -213,11 +217,12 @@ export class LiveChart {
     if (this.result) {
       const end = this.relative ? (this.viewEnd ?? this.result.end) : this.result.end;
       const start = this.relative ? end - this.spanMs : this.result.start;
-      layout.xaxis.range = [fmtLocal(start), fmtLocal(end)];
+      layout.xaxis.range = [start, end];
+      Object.assign(layout.xaxis, timeTicks(start, end));
     }
     for (const c of this.corrections) {
-      layout.shapes.push({ type: "rect", xref: "x", yref: "paper", x0: fmtLocal(c.pane_start_ms),
-        x1: fmtLocal(c.pane_end_ms), y0: 0, y1: 1, fillcolor: cssVar("--correction"), opacity: 0.22,
+      layout.shapes.push({ type: "rect", xref: "x", yref: "paper", x0: c.pane_start_ms,
+        x1: c.pane_end_ms, y0: 0, y1: 1, fillcolor: cssVar("--correction"), opacity: 0.22,
         line: { width: 0 }, layer: "below" });
     }
     const msg = this.message();
@@ -256,7 +261,7 @@ export class LiveChart {
       this.el.on("plotly_relayout", (ev) => { // a drag on the time axis zooms every chart of the page
         const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
         const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
-        if (a !== undefined && b !== undefined && this.opts.onZoom) this.opts.onZoom(parseLocal(a), parseLocal(b));
+        if (a !== undefined && b !== undefined && this.opts.onZoom) this.opts.onZoom(Number(a), Number(b)); // instants
         else if (ev["xaxis.autorange"] && this.opts.onZoomOut) this.opts.onZoomOut();
       });
     }
@@ -284,7 +289,7 @@ export class LiveChart {
       })));
     const traces = entries.map((e, i) => {
       const ts = [...e.points.keys()].sort((a, b) => a - b);
-      return { type: "scatter", mode: "lines", x: ts.map(fmtLocal), y: ts.map((t) => e.points.get(t).value),
+      return { type: "scatter", mode: "lines", x: ts, y: ts.map((t) => e.points.get(t).value),
         line: { color: PALETTE[i % PALETTE.length], width: 1.4 }, fill: "tozeroy",
         fillcolor: hexToRgba(PALETTE[i % PALETTE.length], 0.12), hoverinfo: "skip" };
     });

@@ -451,3 +451,39 @@ def test_a_shared_custom_range_url_shows_the_same_window_in_every_time_zone(live
         assert f"from={local[0]}" in page.url  # rewritten as an instant
     finally:
         context.close()
+
+
+def test_the_two_instants_of_a_dst_fall_back_hour_are_drawn_apart(live, browser):
+    # Charts gave Plotly local wall time ("2026-11-01 01:30:00.000"): in New York the fall-back
+    # night's 01:00-02:00 EDT and 01:00-02:00 EST got the same x, drawn on top of each other.
+    # Now x is the instant (epoch ms) and only the labels are local.
+    server, ctx, _ = live
+    context = browser.new_context(timezone_id="America/New_York", bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        got = page.evaluate("""async () => {
+            const { LiveChart } = await import('/static/chart.js');
+            const host = document.createElement('div');
+            host.style.width = '800px'; host.style.height = '300px';
+            document.body.append(host);
+            const chart = new LiveChart(host, { kind: 'line' });
+            const step = 15 * 60e3, t0 = Date.UTC(2026, 10, 1, 4, 0), end = t0 + 4 * 3600e3;
+            const points = [];
+            for (let t = t0; t < end; t += step) points.push({ t, value: 1, count: 1, final: true, revision: 1 });
+            chart.query = { from: String(t0), to: String(end) };
+            chart.snapshot({ start: t0, end, step_ms: step, window_ms: step, watermark_ms: null, stat: 'count',
+                             stats: ['count'], series: [{ stat: 'count', group: {}, points }] });
+            chart.renderPlot();
+            const xa = host._fullLayout.xaxis, xs = host._fullData[0].x;
+            return { pixels: xs.map((x) => xa.d2p(x)), hover: chart.traces()[0].customdata.map((c) => c.split('<br>')[0]),
+                     ticks: [...host.querySelectorAll('.xtick text')].map((t) => t.textContent) };
+        }""")
+        pixels = got["pixels"]
+        assert len(pixels) == 16 and all(b - a > 5 for a, b in zip(pixels, pixels[1:])), pixels
+        assert len(set(got["hover"])) == 16  # 01:30 EDT and 01:30 EST read apart
+        assert "2026-11-01 01:30:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:30:00 (UTC−05:00)" in got["hover"]
+        assert got["ticks"], got
+    finally:
+        context.close()
