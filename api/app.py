@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import plotly
+import fastapi_offline
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse
@@ -45,6 +46,10 @@ from store.health import query_health
 
 DASHBOARD_DIR = Path(__file__).resolve().parents[1] / "dashboard" / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+# Swagger UI (5.x, which reads OpenAPI 3.1) for /docs, from the installed fastapi-offline
+# package's assets (no CDN).
+SWAGGER_UI_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
+_SWAGGER_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
 _ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml"}
 
 
@@ -86,6 +91,11 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
         " live updates over WS /api/v1/ws (see docs/websocket.md for the protocol).",
         lifespan=lifespan,
         dependencies=[Depends(no_repeated_single_params)],
+        # FastAPI's /docs and /redoc load their scripts from a CDN (cdn.jsdelivr.net, a floating
+        # version, no SRI) with no CSP, on the origin whose sessionStorage holds the dashboard's
+        # token: /docs is served below from local assets under the dashboard's CSP instead.
+        docs_url=None,
+        redoc_url=None,
     )
 
     @app.exception_handler(LogUnavailable)
@@ -136,6 +146,18 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     def plotly_js() -> FileResponse:
         # Served from the installed plotly package: the dashboard works with no internet.
         return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400", **DASHBOARD_HEADERS})
+
+    @app.get("/docs", include_in_schema=False)
+    def api_docs() -> FileResponse:
+        return FileResponse(DASHBOARD_DIR / "docs.html", media_type="text/html",
+                            headers={"Cache-Control": "no-cache", **DASHBOARD_HEADERS})
+
+    @app.get("/static/swagger/{name}", include_in_schema=False)
+    def swagger_asset(name: str) -> FileResponse:
+        if name not in _SWAGGER_ASSETS:
+            raise HTTPException(404, f"no asset {name!r}")
+        return FileResponse(SWAGGER_UI_DIR / name, media_type=_SWAGGER_ASSETS[name],
+                            headers={"Cache-Control": "max-age=86400", **DASHBOARD_HEADERS})
 
     @app.get("/static/{name}", include_in_schema=False)
     def asset(name: str) -> FileResponse:

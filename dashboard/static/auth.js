@@ -20,16 +20,24 @@ function sameOrigin(input) {
 }
 
 let asking = false;
-function ask(refused) {
+const whenDismissed = [];
+// Open the token dialog; refused: the tab's token was refused (reason: the server's, if it said
+// one, e.g. a websocket closed with "token 'ci' was revoked"): it is forgotten, not sent again.
+export function ask(refused, reason) {
+  if (refused) {
+    set(null);
+    $("token-forget").hidden = true;
+    $("token-reason").textContent = `The token was refused (${reason || "unknown or revoked"}). Enter another one.`;
+  }
   if (asking) return;
   asking = true;
   const dialog = $("token-dialog");
-  if (refused) {
-    set(null); // unknown or revoked: do not send it again
-    $("token-reason").textContent = "The token was refused (unknown or revoked). Enter another one.";
-  }
   if (dialog && !dialog.open) dialog.showModal();
 }
+// Whether the dialog is up (the websocket waits for it rather than retrying).
+export function tokenDialogOpen() { return asking; }
+// f() once the dialog is dismissed without a token (Escape).
+export function onDismissed(f) { whenDismissed.push(f); }
 
 const nativeFetch = window.fetch.bind(window);
 window.fetch = async (input, init) => {
@@ -45,6 +53,12 @@ window.fetch = async (input, init) => {
   if (own && response.status === 401) ask(Boolean(token));
   return response;
 };
+
+// Dismissed (Escape): the next refusal asks again.
+$("token-dialog").addEventListener("close", () => {
+  asking = false;
+  for (const f of whenDismissed) f();
+});
 
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();

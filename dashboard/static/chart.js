@@ -6,7 +6,7 @@
 // time axis zooms the whole page.
 
 import { renderQueue } from "./render_queue.js";
-import { PALETTE, cssVar, el, fmtLocal, fmtNum, groupLabel, hexToRgba, nowMs, parseLocal } from "./util.js";
+import { PALETTE, cssVar, el, fmtHover, fmtNum, groupLabel, hexToRgba, nowMs, plotlyText, timeTicks } from "./util.js";
 import { distribution } from "./heatmap.js";
 
 const PLOTTED = new Set(["line", "area", "bar", "heatmap"]);
@@ -27,6 +27,9 @@ export class LiveChart {
     this.plotted = false;
     this.renders = 0;
     this.revision = 0; // a new query: Plotly forgets the user's zoom (uirevision)
+    // A relative range is drawn up to viewEnd, which only slide() moves on (main.js: every second,
+    // or at the dashboard's refresh; none: never), not a push or a redraw.
+    this.viewEnd = null;
     if (typeof IntersectionObserver !== "undefined") {
       // Only the order of the queue's next slice changes: a chart scrolled into view goes first.
       this.observer = new IntersectionObserver((entries) => { for (const e of entries) this.visible = e.isIntersecting; });
@@ -56,6 +59,7 @@ export class LiveChart {
 
   snapshot(result) {
     this.result = result;
+    this.viewEnd = result.end;
     this.error = null;
     this.series.clear();
     for (const s of result.series) this.upsert(s);
@@ -81,9 +85,17 @@ export class LiveChart {
     for (const p of s.points) entry.points.set(p.t, p);
   }
 
+  // The view of a relative range moves on to the server's now (main.js, at the chart's pace).
+  slide() {
+    if (!this.relative || !this.result) return;
+    this.viewEnd = nowMs();
+    this.trim();
+    this.schedule();
+  }
+
   trim() {
     if (!this.relative || !this.result) return;
-    const start = nowMs() - this.spanMs;
+    const start = (this.viewEnd ?? nowMs()) - this.spanMs;
     for (const entry of this.series.values()) {
       for (const t of entry.points.keys()) if (t + this.result.step_ms < start) entry.points.delete(t);
     }
@@ -114,7 +126,7 @@ export class LiveChart {
 
   hoverText(p) {
     const fin = this.isFinal(p);
-    let text = `value: ${p.value === null ? "–" : p.value}<br>count: ${p.count}` +
+    let text = `${fmtHover(p.t)}<br>value: ${p.value === null ? "–" : p.value}<br>count: ${p.count}` +
       `<br>${fin ? "final" : "provisional"} · revision ${p.revision}${p.revision > 1 ? " (corrected)" : ""}`;
     if (p.error) {
       text += `<br>bounds: ${fmtNum(p.error.lower)} … ${fmtNum(p.error.upper)}`;
@@ -137,12 +149,12 @@ export class LiveChart {
       const color = PALETTE[groups.indexOf(g) % PALETTE.length];
       const ts = [...entry.points.keys()].sort((a, b) => a - b);
       const pts = ts.map((t) => entry.points.get(t));
-      const label = groupLabel(entry.group);
+      const label = groupLabel(entry.group); // a producer's values: text, never Plotly markup
       const trace = {
-        type: kind === "bar" ? "bar" : "scatter", x: ts.map(fmtLocal), y: pts.map((p) => p.value),
+        type: kind === "bar" ? "bar" : "scatter", x: ts, y: pts.map((p) => p.value), // instants (util.js timeTicks)
         customdata: pts.map((p) => this.hoverText(p)),
-        name: multiStat ? `${label} ${entry.stat}` : label, legendgroup: g,
-        hovertemplate: "<b>%{fullData.name}</b><br>%{x}<br>%{customdata}<extra></extra>",
+        name: plotlyText(multiStat ? `${label} ${entry.stat}` : label), legendgroup: g,
+        hovertemplate: "<b>%{fullData.name}</b><br>%{customdata}<extra></extra>",
       };
       if (kind === "bar") {
         trace.marker = { color: pts.map((p) => hexToRgba(color, this.isFinal(p) ? 0.85 : 0.4)) };
@@ -182,8 +194,9 @@ export class LiveChart {
     }
     const steps = [...byT.values()].sort((a, b) => a.t - b.t);
     const d = distribution(steps);
-    return [{ type: "heatmap", x: d.x.map(fmtLocal), y: d.y, z: d.z, colorscale: HEAT, zmin: 0, showscale: false,
-      hovertemplate: "%{x}<br>≈ %{y:.4g}: %{z:.0f} events<extra></extra>" }];
+    const when = d.x.map(fmtHover);
+    return [{ type: "heatmap", x: d.x, y: d.y, z: d.z, colorscale: HEAT, zmin: 0, showscale: false,
+      customdata: d.y.map(() => when), hovertemplate: "%{customdata}<br>≈ %{y:.4g}: %{z:.0f} events<extra></extra>" }];
   }
 
   layout() {
@@ -191,7 +204,10 @@ export class LiveChart {
     const layout = {
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
       font: { color: text, size: 11 }, margin: { l: 48, r: 10, t: 8, b: 30 },
-      xaxis: { type: "date", gridcolor: grid, linecolor: grid, color: muted },
+      // Instants on a linear axis, labelled in local time (util.js timeTicks): not a date axis,
+      // whose local wall time folds a DST fall-back hour.
+      xaxis: { type: "linear", gridcolor: grid, linecolor: grid, color: muted, zeroline: false, tickmode: "array",
+        tickvals: [], ticktext: [] },
       yaxis: { gridcolor: grid, linecolor: grid, color: muted, rangemode: "tozero", automargin: true },
       showlegend: this.opts.kind !== "heatmap", legend: { orientation: "h", y: -0.18, font: { size: 10 } },
       hovermode: "closest", uirevision: this.revision, datarevision: this.renders, bargap: 0.1,
@@ -199,17 +215,19 @@ export class LiveChart {
     };
     if (this.opts.kind === "heatmap") layout.yaxis.rangemode = "normal";
     if (this.result) {
-      const end = this.relative ? nowMs() : this.result.end;
+      const end = this.relative ? (this.viewEnd ?? this.result.end) : this.result.end;
       const start = this.relative ? end - this.spanMs : this.result.start;
-      layout.xaxis.range = [fmtLocal(start), fmtLocal(end)];
+      layout.xaxis.range = [start, end];
+      Object.assign(layout.xaxis, timeTicks(start, end));
     }
     for (const c of this.corrections) {
-      layout.shapes.push({ type: "rect", xref: "x", yref: "paper", x0: fmtLocal(c.pane_start_ms),
-        x1: fmtLocal(c.pane_end_ms), y0: 0, y1: 1, fillcolor: cssVar("--correction"), opacity: 0.22,
+      layout.shapes.push({ type: "rect", xref: "x", yref: "paper", x0: c.pane_start_ms,
+        x1: c.pane_end_ms, y0: 0, y1: 1, fillcolor: cssVar("--correction"), opacity: 0.22,
         line: { width: 0 }, layer: "below" });
     }
     const msg = this.message();
-    if (msg) layout.annotations.push({ text: msg, xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
+    // The server's reason may quote the URL's filter: text, never Plotly markup.
+    if (msg) layout.annotations.push({ text: plotlyText(msg), xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false,
       font: { color: this.error ? cssVar("--bad") : muted, size: 13 } });
     return layout;
   }
@@ -243,7 +261,7 @@ export class LiveChart {
       this.el.on("plotly_relayout", (ev) => { // a drag on the time axis zooms every chart of the page
         const a = ev["xaxis.range[0]"] ?? (ev["xaxis.range"] || [])[0];
         const b = ev["xaxis.range[1]"] ?? (ev["xaxis.range"] || [])[1];
-        if (a !== undefined && b !== undefined && this.opts.onZoom) this.opts.onZoom(parseLocal(a), parseLocal(b));
+        if (a !== undefined && b !== undefined && this.opts.onZoom) this.opts.onZoom(Number(a), Number(b)); // instants
         else if (ev["xaxis.autorange"] && this.opts.onZoomOut) this.opts.onZoomOut();
       });
     }
@@ -271,7 +289,7 @@ export class LiveChart {
       })));
     const traces = entries.map((e, i) => {
       const ts = [...e.points.keys()].sort((a, b) => a - b);
-      return { type: "scatter", mode: "lines", x: ts.map(fmtLocal), y: ts.map((t) => e.points.get(t).value),
+      return { type: "scatter", mode: "lines", x: ts, y: ts.map((t) => e.points.get(t).value),
         line: { color: PALETTE[i % PALETTE.length], width: 1.4 }, fill: "tozeroy",
         fillcolor: hexToRgba(PALETTE[i % PALETTE.length], 0.12), hoverinfo: "skip" };
     });

@@ -1,11 +1,16 @@
 // The one websocket (WS /api/v1/ws): subscriptions survive reconnects (re-sent on open), a
 // socket silent for three heartbeat intervals (the server's setting: the `pong` to the ping
-// sent on open says it) is taken for dead and reopened with a growing back-off.
+// sent on open says it) is taken for dead and replaced at once; a closed one is reopened with a
+// growing back-off. A socket the
+// server closes with 1008 shows the server's reason; a refused token (revoked, its scope gone,
+// or one now required; or a handshake refused while the tab has a token) is forgotten and asked
+// for again (auth.js), and the socket waits for the dialog rather than retrying.
 
 import { $, clock } from "./util.js";
-import { protocols } from "./auth.js";
+import { ask, onDismissed, protocols, tokenDialogOpen } from "./auth.js";
 
 const MISSED_HEARTBEATS = 3;
+const TOKEN_REFUSAL = /token/i; // the server's 1008 reasons about tokens (api/security/middleware.py)
 
 export class Connection {
   // onMessage(msg): every message that is not a subscription's (pipeline, lag, correction, alert, ...).
@@ -17,11 +22,24 @@ export class Connection {
     this.ws = null;
     this.lastMessage = 0;
     this.heartbeatMs = null; // unknown until the pong says
+    this.waiting = false; // for the token dialog: reopened once it is dismissed
+    onDismissed(() => { if (this.waiting) { this.waiting = false; this.retry(""); } });
     setInterval(() => {
       const silentFor = Date.now() - this.lastMessage;
       if (this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&
-          silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.ws.close();
+          silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.dead(this.ws);
     }, 1000);
+  }
+
+  // A silent socket is dead: not "live" while the browser's closing handshake with a server
+  // that answers nothing times out (about a minute). Its handlers go, it is closed without
+  // waiting for its onclose, and a new one opens at once.
+  dead(ws) {
+    ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+    try { ws.close(); } catch (e) { /* closing already */ }
+    this.ws = null;
+    setConnState("closed", "no heartbeat · reconnecting");
+    this.connect();
   }
 
   connect() {
@@ -29,7 +47,9 @@ export class Connection {
     // The token, if any, as a websocket subprotocol (auth.js).
     const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`, protocols());
     this.ws = ws;
+    let opened = false;
     ws.onopen = () => {
+      opened = true;
       this.backoff = 500;
       this.lastMessage = Date.now();
       setConnState("open", "live");
@@ -42,14 +62,32 @@ export class Connection {
       try { msg = JSON.parse(ev.data); } catch (e) { return; }
       this.dispatch(msg);
     };
-    ws.onclose = () => {
-      if (this.ws !== ws) return;
-      const wait = this.backoff;
-      this.backoff = Math.min(this.backoff * 2, 10000);
-      setConnState("closed", `disconnected · retrying in ${Math.round(wait / 1000)} s`);
-      setTimeout(() => this.connect(), wait);
-    };
+    ws.onclose = (ev) => { if (this.ws === ws) this.closed(ev, opened); };
     ws.onerror = () => {}; // onclose follows and reconnects
+  }
+
+  async closed(ev, opened) {
+    const reason = ev.code === 1008 && ev.reason ? ev.reason : "";
+    const hadToken = protocols().length > 0;
+    if (reason && TOKEN_REFUSAL.test(reason)) ask(hadToken, reason);
+    else if (!opened && hadToken) {
+      // A refused handshake says no reason (the browser shows 1006): ask the API, whose 401
+      // (auth.js) forgets the token and asks for another; a server that is down answers nothing.
+      try { await fetch("/api/v1/streams", { cache: "no-store" }); } catch (e) { /* down: retry */ }
+    }
+    if (tokenDialogOpen()) {
+      this.waiting = true;
+      setConnState("closed", `${reason ? "closed: " + reason + " · " : "disconnected · "}waiting for a token`, reason);
+      return;
+    }
+    this.retry(reason);
+  }
+
+  retry(reason) {
+    const wait = this.backoff;
+    this.backoff = Math.min(this.backoff * 2, 10000);
+    setConnState("closed", `${reason ? "closed: " + reason : "disconnected"} · retrying in ${Math.round(wait / 1000)} s`, reason);
+    setTimeout(() => this.connect(), wait);
   }
 
   dispatch(msg) {
@@ -85,8 +123,9 @@ export function chartHandler(chart) {
   };
 }
 
-function setConnState(stateName, text) {
+function setConnState(stateName, text, reason) {
   const elem = $("status-connection");
   elem.dataset.state = stateName;
   elem.textContent = text;
+  elem.dataset.reason = reason || "";
 }

@@ -8,7 +8,6 @@ import { LiveChart } from "./chart.js";
 export class Explorer {
   constructor(page) {
     this.page = page; // {metrics, panes, conn, time, charts, onZoom, onZoomOut}
-    this.seq = 0;
     this.chart = new LiveChart($("chart-main"), { onZoom: page.onZoom, onZoomOut: page.onZoomOut });
     page.charts.set("main", this.chart);
     // The form never submits (Enter in the filter box would reload the page); a listener, not an
@@ -49,8 +48,6 @@ export class Explorer {
     $("main-title").replaceChildren(`${metric.name} · ${statText}${v.group_by ? " by " + v.group_by : ""}` +
       `${v.filter ? " · " + v.filter : ""}${metric.unit ? " (" + metric.unit + ")" : ""}`,
     el("small", { class: "reason time-label" }, [this.page.time.describe()]));
-    this.page.conn.unsubscribe(`main-${this.seq}`);
-    this.seq += 1;
     this.chart.opts.band = v.stat === "band";
     this.chart.opts.errorBars = v.stat === "distinct";
     const query = { metric: v.metric, ...this.page.time.query(this.page.panes[metric.stream]) };
@@ -58,7 +55,9 @@ export class Explorer {
     if (v.group_by) query.group_by = [v.group_by];
     if (v.filter) query.filter = splitPairs(v.filter);  // a value may hold commas (util.js PAIR_SEPARATOR)
     this.chart.reset(query);
-    this.page.conn.subscribe(`main-${this.seq}`, query, chartHandler(this.chart));
+    // Under the same id: the server replaces the subscription (docs/websocket.md), one message
+    // rather than an unsubscribe and a subscribe.
+    this.page.conn.subscribe("main", query, chartHandler(this.chart));
     // The same series over REST (one stat there: a band's p99).
     const rest = new URLSearchParams({ metric: v.metric, stat: v.stat === "band" ? "p99" : v.stat,
       from: query.from, to: query.to, step: query.step });

@@ -17,6 +17,7 @@ import { StatusPanels } from "./status.js";
 import { TimeRange } from "./timerange.js";
 
 const page = { metrics: {}, panes: {}, charts: new Map() };
+const RESUBSCRIBE_MS = 150;
 window.sketchboard = page; // for the browser tests and for poking around in the console
 
 async function start() {
@@ -25,7 +26,14 @@ async function start() {
   page.conn = new Connection((msg) => status.handle(msg));
   page.onZoom = (startMs, endMs) => page.time.zoom(startMs, endMs);
   page.onZoomOut = () => page.time.zoomOut();
-  page.time = new TimeRange(() => { page.explorer.apply(); page.dashboards.subscribe(); });
+  // Range changes in quick succession (arrow keys on the range menu, a zoom then a double click)
+  // are coalesced: one resubscribe round once they pause for RESUBSCRIBE_MS, each round one
+  // message per chart (the server closes a socket past ws_message_rate / ws_message_burst).
+  let resubscribe = null;
+  page.time = new TimeRange(() => {
+    clearTimeout(resubscribe);
+    resubscribe = setTimeout(() => { resubscribe = null; page.explorer.apply(); page.dashboards.subscribe(); }, RESUBSCRIBE_MS);
+  });
   const [metrics, streams] = await Promise.all([call("GET", "/api/v1/metrics"), call("GET", "/api/v1/streams")]);
   if (!metrics.ok) throw new Error(`GET /api/v1/metrics: HTTP ${metrics.status}`);
   for (const m of metrics.body.metrics) page.metrics[m.name] = m;
@@ -53,8 +61,7 @@ function slide() {
     if (!chart.relative || !chart.result || chart.slideEveryMs === null) continue;
     if (chart.slideEveryMs && now - (chart.lastSlide || 0) < chart.slideEveryMs) continue;
     chart.lastSlide = now;
-    chart.trim();
-    chart.schedule();
+    chart.slide();
   }
   page.status.updateLastBatch();
 }

@@ -83,8 +83,11 @@ export class Dashboards {
   }
 
   render() {
-    for (const id of this.subs) this.page.conn.unsubscribe(id);
-    this.subs = [];
+    // Panel i subscribes as `panel-<i>` (a new query replaces it, docs/websocket.md): only the
+    // panels the new dashboard lacks are unsubscribed.
+    const count = this.current ? this.current.panels.length : 0;
+    for (const id of this.subs.slice(count)) this.page.conn.unsubscribe(id);
+    this.subs = this.subs.slice(0, count);
     for (const [key, chart] of [...this.page.charts]) {
       if (key.startsWith("panel-")) { chart.dispose(); this.page.charts.delete(key); }
     }
@@ -115,14 +118,15 @@ export class Dashboards {
     for (const f of this.listeners) f(d);
   }
 
-  subscribe() { // (again) over the page's time range
+  // (Again) over the page's time range: one subscribe per panel under its stable id, which
+  // replaces the panel's subscription on the server (no unsubscribe: a range change on a big
+  // dashboard must stay within the server's per-socket message rate).
+  subscribe() {
     if (!this.current) return;
     this.current.panels.forEach((panel, i) => {
       const chart = this.page.charts.get(`panel-${i}`);
       const metric = this.page.metrics[panel.metric];
-      this.seq = (this.seq || 0) + 1;
-      const id = `panel-${this.seq}-${i}`;
-      this.page.conn.unsubscribe(this.subs[i]);
+      const id = `panel-${i}`;
       this.subs[i] = id;
       const query = panelQuery(panel, this.page.time, metric ? this.page.panes[metric.stream] : null);
       chart.reset(query);

@@ -1,7 +1,7 @@
 // The status strip (pipeline rates, last batch, the Spark query's health, lag), the consumer-lag
 // panel and the corrections list, fed by the websocket's topic messages.
 
-import { $, PALETTE, cssVar, fmtLocal, fmtNum, fmtTime, nowMs, clock } from "./util.js";
+import { $, PALETTE, cssVar, fmtLocal, fmtNum, fmtTime, nowMs, clock, plotlyText } from "./util.js";
 
 const LAG_CHART_MS = 1000; // the lag charts are redrawn at most this often (see onLag)
 
@@ -98,8 +98,9 @@ export class StatusPanels {
         if (lag.keys.includes(key)) continue;
         const color = PALETTE[lag.keys.length % PALETTE.length];
         lag.keys.push(key);
-        const trace = { type: "scatter", mode: "lines+markers", marker: { size: 3 }, name: key, x: [], y: [],
-          line: { color, width: 1.5 }, hovertemplate: `${key}<br>%{x}<br>%{y}<extra></extra>` };
+        // The key names a stream and partition from the API: text, never Plotly markup or a template.
+        const trace = { type: "scatter", mode: "lines+markers", marker: { size: 3 }, name: plotlyText(key), x: [], y: [],
+          line: { color, width: 1.5 }, hovertemplate: "%{fullData.name}<br>%{x}<br>%{y}<extra></extra>" };
         Plotly.addTraces("lag-chart-events", trace);
         Plotly.addTraces("lag-chart-seconds", { ...trace });
       }

@@ -34,11 +34,60 @@ export function parseLocal(text) { // Plotly's or a datetime-local input's local
 export function inputLocal(ms) { // epoch ms -> a datetime-local input's value (seconds)
   return fmtLocal(ms).slice(0, 19).replace(" ", "T");
 }
+// A hover's time: local, with the zone's offset, so the two instants of a DST fall-back hour
+// (both 01:30 local) read apart.
+export function fmtHover(ms) {
+  const off = -new Date(ms).getTimezoneOffset();
+  const zone = `UTC${off < 0 ? "−" : "+"}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
+  return `${fmtLocal(ms).slice(0, 19)} (${zone})`;
+}
+// Charts put instants (epoch ms) on a linear x axis, never local date strings (Plotly has no
+// time zones: local wall time folds a DST fall-back hour's two instants onto one x), and label
+// it with these ticks in local time: about `count` of them over [start, end].
+const TICK_STEPS = [1, 2, 5, 10, 15, 30].map((s) => s * 1e3).concat([1, 2, 5, 10, 15, 30].map((m) => m * 60e3),
+  [1, 2, 3, 6, 12].map((h) => h * 3600e3), [1, 2, 7].map((d) => d * 86400e3));
+export function timeTicks(start, end, count = 6) {
+  const span = end - start;
+  if (!(span > 0)) return { tickvals: [], ticktext: [] };
+  const step = TICK_STEPS.find((s) => span / s <= count) || TICK_STEPS[TICK_STEPS.length - 1];
+  const vals = [];
+  if (step >= 86400e3) { // local midnights
+    const d = new Date(start); d.setHours(0, 0, 0, 0);
+    while (d.getTime() < start) d.setDate(d.getDate() + 1);
+    for (; d.getTime() <= end && vals.length < 100; d.setDate(d.getDate() + step / 86400e3)) vals.push(d.getTime());
+  } else { // whole steps of local time (the offset at the start), then step by step in real time
+    const off = -new Date(start).getTimezoneOffset() * 60e3;
+    for (let t = Math.ceil((start + off) / step) * step - off; t <= end && vals.length < 100; t += step) vals.push(t);
+  }
+  let lastDay = null;
+  const text = vals.map((t) => {
+    const s = fmtLocal(t), day = s.slice(0, 10);
+    const time = step >= 86400e3 ? "" : (step < 60e3 ? s.slice(11, 19) : s.slice(11, 16));
+    const label = day !== lastDay ? (time ? `${day.slice(5)} ${time}` : day) : time; // the date once a day
+    lastDay = day;
+    return label;
+  });
+  return { tickvals: vals, ticktext: text };
+}
 export function fmtTime(ms) { const d = new Date(ms); return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`; }
+// Numbers in the browser's locale, 4 significant digits, all through one formatter (1234 and
+// 1.234 must not both print "1.234", as they did in de-DE when only |v| >= 1000 was localized);
+// past 1e15 (or below 1e-6) in scientific notation, not hundreds of digits.
+const NUM = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4 });
+const NUM_SCI = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4, notation: "scientific" });
 export function fmtNum(v) {
   if (v === null || v === undefined) return "–";
-  return Math.abs(v) >= 1000 ? Math.round(v).toLocaleString() : String(+v.toPrecision(4));
+  const a = Math.abs(v);
+  return (a >= 1e15 || (a > 0 && a < 1e-6) ? NUM_SCI : NUM).format(v);
 }
+// Plotly renders its strings (trace names, hover text, annotations, titles) as pseudo-HTML:
+// <a href>, <b>, <span style> ... An API-derived string (a producer's dimension value, a stream
+// name, the server's reason quoting the URL) goes into Plotly through this, its & < > " as
+// entities, which Plotly shows as the characters themselves (as alerts.js puts API text into
+// the DOM as text nodes).
+// (Plotly decodes &amp; &lt; &gt; and numeric entities, not &quot;.)
+const PLOTLY_ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;" };
+export function plotlyText(text) { return String(text).replace(/[&<>"]/g, (c) => PLOTLY_ENTITIES[c]); }
 export function hexToRgba(hex, a) {
   const n = parseInt(hex.slice(1), 16);
   return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;

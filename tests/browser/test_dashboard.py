@@ -6,6 +6,7 @@ error, keeps its state in the URL, shows corrections and lag from their feeds.""
 from __future__ import annotations
 
 import time
+import urllib.parse
 
 import pytest
 
@@ -213,3 +214,276 @@ def test_the_search_dashboard_shows_the_click_through_rate_of_demo_traffic(live,
     assert 0 <= min(want.values()) and 0 < max(want.values()) <= 1
     page.screenshot(path=str(artifacts / "dashboard-search-ctr.png"), full_page=True)
     assert watch.errors == [] and watch.foreign == []
+
+
+HOSTILE_VALUES = ['<a href="https://evil.example/login">sign in</a>', '<b>bold</b> & <span style="font-size:60px">big</span>']
+
+
+def test_a_producers_dimension_values_show_as_text_in_the_legend(live, watched_page):
+    # Plotly renders trace names as pseudo-HTML: a region of '<a href=...>' drew a link in the
+    # legend and the hover label (was: groupLabel raw as the trace name; util.js plotlyText).
+    server, ctx, feeds = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 60_000 + i * 1000, region=HOSTILE_VALUES[i % 2], user=f"u{i}") for i in range(20)])
+    page, watch = watched_page(server.http, "/?metric=requests&stat=count&group_by=region&range=15m")
+    page.wait_for_function("() => document.querySelectorAll('#chart-main .legend .traces').length === 2", timeout=15_000)
+    legend = page.evaluate("""() => [...document.querySelectorAll('#chart-main .legend .traces')].map((t) => ({
+        text: t.querySelector('text').textContent, links: t.querySelectorAll('a').length,
+        styled: t.querySelectorAll('tspan[style]').length}))""")
+    assert sorted(x["text"] for x in legend) == sorted(HOSTILE_VALUES)
+    assert all(x["links"] == 0 and x["styled"] == 0 for x in legend), legend
+    hover = page.evaluate("""async () => {
+        const gd = document.getElementById('chart-main');
+        Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: 0}]);
+        await new Promise((r) => setTimeout(r, 200));
+        const h = gd.querySelector('.hoverlayer');
+        return {text: h.textContent, links: h.querySelectorAll('a').length,
+                big: [...h.querySelectorAll('tspan[style]')].filter((s) => /60px/.test(s.getAttribute('style'))).length}; }""")
+    assert hover["links"] == 0 and hover["big"] == 0 and any(v in hover["text"] for v in HOSTILE_VALUES), hover
+    assert watch.errors == []
+
+
+def test_the_explorer_filter_in_the_url_shows_as_text_in_the_error(live, watched_page):
+    # The server's reason quotes the filter; the chart's error annotation rendered it as markup.
+    server, ctx, feeds = live
+    bad = "<b>THIS DASHBOARD HAS MOVED</b><br>see evil.example"
+    page, watch = watched_page(server.http, "/?metric=requests&stat=count&range=15m&filter="
+                               + urllib.parse.quote(bad + "=1"))
+    page.wait_for_selector("#chart-main[data-state=error]", timeout=15_000)
+    page.wait_for_selector("#chart-main .annotation text", timeout=5_000)
+    shown = page.evaluate("""() => { const t = document.querySelector('#chart-main .annotation text');
+        return {text: t.textContent, links: t.querySelectorAll('a').length, bold: t.querySelectorAll('tspan[style]').length}; }""")
+    assert bad in shown["text"] and shown["links"] == 0 and shown["bold"] == 0, shown
+
+
+WS_RECORDER = """window.__ws = { opened: 0, sent: 0, closes: [] };
+(() => { const Native = window.WebSocket;
+  window.WebSocket = class extends Native {
+    constructor(url, protocols) { super(url, protocols); window.__ws.opened += 1;
+      this.addEventListener("close", (e) => window.__ws.closes.push({ code: e.code, reason: e.reason })); }
+    send(data) { window.__ws.sent += 1; return super.send(data); } }; })();"""
+
+
+def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, browser):
+    # Each range change sent an unsubscribe and a subscribe per panel (32 messages on the
+    # overview): two changes within a second passed the server's 20 messages/s (burst 50) and
+    # the socket was closed with 1008. Now one subscribe per chart under its stable id
+    # (replace-by-id), the changes coalesced into one round.
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 30_000 + i * 500, user=f"u{i}") for i in range(20)])
+    context = browser.new_context(bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(server.http + "/?dashboard=overview&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        panels = page.locator("[data-testid=dash-panel]").count()
+        assert panels >= 10
+        page.wait_for_timeout(3_000)  # the server's message bucket is full again
+        before = page.evaluate("window.__ws.sent")
+        page.focus("#range")
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("ArrowDown")
+        assert page.eval_on_selector("#range", "e => e.value") == "6h"
+        page.wait_for_function("""() => [...window.sketchboard.charts.values()].every((c) => c.result &&
+            c.query.from === 'now-6h' && c.result.end - c.result.start >= 6 * 3600e3 - 60e3)""", timeout=15_000)
+        page.wait_for_timeout(1_500)
+        assert page.evaluate("window.__ws.closes") == []
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "open"
+        assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
+    finally:
+        context.close()
+
+
+class FreezableProxy:
+    """A TCP proxy on loopback in front of the server that can stop forwarding in both
+    directions while keeping its connections open: a server that answers nothing (as a frozen
+    process or a dead network path looks to the browser)."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self.upstream = port
+        self.frozen = threading.Event()
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.http = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                continue
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        src.settimeout(0.2)
+        while not self.stopped.is_set():
+            if self.frozen.is_set():
+                time.sleep(0.1)
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+
+    def close(self):
+        self.stopped.set()
+        for s in [self.listener, *self.sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_silent_socket_is_not_shown_live_and_is_replaced_at_once(live, browser):
+    # The page took a socket silent for 3 heartbeat intervals for dead but called ws.close() and
+    # waited for onclose, which fires only once the closing handshake with a server that answers
+    # nothing times out (about a minute): "live" all along. Now it drops the socket and reconnects.
+    server, ctx, _ = live
+    proxy = FreezableProxy(server.port)
+    context = browser.new_context(bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(proxy.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
+        heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
+        proxy.frozen.set()
+        frozen_at = time.monotonic()
+        page.wait_for_function("() => window.__ws.opened >= 2", timeout=3 * heartbeat_ms + 6_000)
+        assert time.monotonic() - frozen_at < (3 * heartbeat_ms + 5_000) / 1000
+        assert page.get_attribute("#status-connection", "data-state") != "open"
+        proxy.frozen.clear()  # the server answers again: the new socket opens
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    finally:
+        context.close()
+        proxy.close()
+
+
+@pytest.mark.parametrize("locale, want", [
+    ("en-US", {"1234": "1,234", "1.234": "1.234", "1234567.5": "1,235,000", "big": "1.235E290"}),
+    ("de-DE", {"1234": "1.234", "1.234": "1,234", "1234567.5": "1.235.000", "big": "1,235E290"}),
+])
+def test_numbers_read_the_same_in_every_locale(live, browser, locale, want):
+    # fmtNum localized only |v| >= 1000: in de-DE 1234 and 1.234 both printed "1.234"; 1e290
+    # printed 291 digits.
+    server, ctx, _ = live
+    context = browser.new_context(locale=locale, bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        got = page.evaluate("""async () => { const u = await import('/static/util.js');
+            return {"1234": u.fmtNum(1234), "1.234": u.fmtNum(1.234), "1234567.5": u.fmtNum(1234567.5),
+                    "big": u.fmtNum(1.2345e290)}; }""")
+        assert got == want
+    finally:
+        context.close()
+
+
+def test_a_dashboard_without_refresh_keeps_its_time_axis_still_as_points_arrive(live, watched_page):
+    # dashboard.md: `refresh` none, the range stays still (points arrive live either way). Each
+    # render drew the relative range up to the browser's now, and each push moved it.
+    import httpx
+
+    server, ctx, _ = live
+    commit(server, ctx, [ev(int(time.time() * 1000) - 30_000 + i * 1000, user=f"u{i}") for i in range(10)])
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "still", "range": "5m", "refresh": None,
+                   "panels": [{"metric": "requests", "stat": "count", "kind": "line"}]}, timeout=10)
+    assert r.status_code in (200, 201), r.text
+    page, watch = watched_page(server.http, "/?dashboard=still&range=5m")
+    page.wait_for_selector("#panel-chart-0[data-state=live]", timeout=15_000)
+    shown = "() => document.getElementById('panel-chart-0').layout.xaxis.range.join(' .. ')"
+    before = page.evaluate(shown)
+    renders = int(page.get_attribute("#panel-chart-0", "data-renders"))
+    for i in range(2):
+        page.wait_for_timeout(1_500)
+        commit(server, ctx, [ev(int(time.time() * 1000) - 1_000, user=f"v{i}")])
+    page.wait_for_function("(n) => Number(document.getElementById('panel-chart-0').dataset.renders) > n",
+                           arg=renders, timeout=10_000)
+    page.wait_for_timeout(1_000)
+    assert page.evaluate(shown) == before
+    assert watch.errors == []
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "Europe/Berlin", "America/New_York"])
+def test_a_shared_custom_range_url_shows_the_same_window_in_every_time_zone(live, browser, timezone):
+    # The URL held the custom range as zone-less local wall time: one link, another window per
+    # zone. It now holds epoch ms; an old link's local form is still read (as local time).
+    server, ctx, _ = live
+    start, end = 1_796_068_800_000, 1_796_072_400_000  # 2026-11-30 20:00Z .. 21:00Z
+    context = browser.new_context(timezone_id=timezone, bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + f"/?metric=requests&stat=count&range=custom&from={start}&to={end}")
+        page.wait_for_selector("#chart-main[data-state=live]", timeout=15_000)
+        assert page.evaluate("window.sketchboard.charts.get('main').query")["from"] == str(start)
+        assert page.evaluate("window.sketchboard.charts.get('main').query")["to"] == str(end)
+        assert f"from={start}" in page.url and f"to={end}" in page.url
+        page.goto(server.http + "/?metric=requests&stat=count&range=custom&from=2026-11-30T20:00:00&to=2026-11-30T21:00:00")
+        page.wait_for_selector("#chart-main[data-state=live]", timeout=15_000)
+        local = page.evaluate("[new Date('2026-11-30T20:00:00').getTime(), new Date('2026-11-30T21:00:00').getTime()]")
+        query = page.evaluate("window.sketchboard.charts.get('main').query")
+        assert [int(query["from"]), int(query["to"])] == local
+        assert f"from={local[0]}" in page.url  # rewritten as an instant
+    finally:
+        context.close()
+
+
+def test_the_two_instants_of_a_dst_fall_back_hour_are_drawn_apart(live, browser):
+    # Charts gave Plotly local wall time ("2026-11-01 01:30:00.000"): in New York the fall-back
+    # night's 01:00-02:00 EDT and 01:00-02:00 EST got the same x, drawn on top of each other.
+    # Now x is the instant (epoch ms) and only the labels are local.
+    server, ctx, _ = live
+    context = browser.new_context(timezone_id="America/New_York", bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        got = page.evaluate("""async () => {
+            const { LiveChart } = await import('/static/chart.js');
+            const host = document.createElement('div');
+            host.style.width = '800px'; host.style.height = '300px';
+            document.body.append(host);
+            const chart = new LiveChart(host, { kind: 'line' });
+            const step = 15 * 60e3, t0 = Date.UTC(2026, 10, 1, 4, 0), end = t0 + 4 * 3600e3;
+            const points = [];
+            for (let t = t0; t < end; t += step) points.push({ t, value: 1, count: 1, final: true, revision: 1 });
+            chart.query = { from: String(t0), to: String(end) };
+            chart.snapshot({ start: t0, end, step_ms: step, window_ms: step, watermark_ms: null, stat: 'count',
+                             stats: ['count'], series: [{ stat: 'count', group: {}, points }] });
+            chart.renderPlot();
+            const xa = host._fullLayout.xaxis, xs = host._fullData[0].x;
+            return { pixels: xs.map((x) => xa.d2p(x)), hover: chart.traces()[0].customdata.map((c) => c.split('<br>')[0]),
+                     ticks: [...host.querySelectorAll('.xtick text')].map((t) => t.textContent) };
+        }""")
+        pixels = got["pixels"]
+        assert len(pixels) == 16 and all(b - a > 5 for a, b in zip(pixels, pixels[1:])), pixels
+        assert len(set(got["hover"])) == 16  # 01:30 EDT and 01:30 EST read apart
+        assert "2026-11-01 01:30:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:30:00 (UTC−05:00)" in got["hover"]
+        assert got["ticks"], got
+    finally:
+        context.close()

@@ -156,6 +156,9 @@ def test_a_drag_on_one_chart_zooms_every_chart(live, watched_page):
     page.mouse.up()
     page.wait_for_function("document.getElementById('range').value === 'custom'", timeout=5_000)
     assert "range=custom" in page.url and "from=" in page.url and "to=" in page.url
+    # The charts resubscribe once range changes pause (main.js RESUBSCRIBE_MS).
+    page.wait_for_function("[...window.sketchboard.charts.values()].every((c) => !/^now/.test(c.query.from))",
+                           timeout=5_000)
     ranges = page.evaluate("[...window.sketchboard.charts.values()].map((c) => [c.query.from, c.query.to])")
     assert len(ranges) == 3 and len(set(map(tuple, ranges))) == 1, ranges  # the explorer and both panels
     start, end = map(int, ranges[0])
@@ -168,5 +171,5 @@ def test_a_drag_on_one_chart_zooms_every_chart(live, watched_page):
     assert page.evaluate("window.sketchboard.charts.get('panel-1').query.from") == str(start)
     page.mouse.dblclick(box["x"] + box["width"] / 2, y)
     page.wait_for_function("document.getElementById('range').value === '1h'", timeout=5_000)
-    assert page.evaluate("window.sketchboard.charts.get('panel-0').query.from") == "now-1h"
+    page.wait_for_function("window.sketchboard.charts.get('panel-0').query.from === 'now-1h'", timeout=5_000)
     assert watch.errors == []

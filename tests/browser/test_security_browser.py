@@ -193,3 +193,70 @@ def test_a_read_token_sees_the_rules_but_the_editor_shows_the_403_and_an_admin_t
         page.click("#rule-editor-submit")
         rule_row(page, "ops_rule").wait_for(timeout=10_000)
         assert [r.name for r in service.store.rules()] == ["ops_rule"]
+
+
+def test_a_token_dialog_dismissed_with_escape_opens_again_on_the_next_401(secured, browser):
+    # auth.js's `asking` stayed true once the dialog was dismissed: no later 401 asked again.
+    server, ctx, tokens = secured
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/")
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible", timeout=10_000)
+        page.keyboard.press("Escape")
+        dialog.wait_for(state="hidden", timeout=5_000)
+        assert page.evaluate("fetch('/api/v1/metrics').then((r) => r.status)") == 401
+        dialog.wait_for(state="visible", timeout=5_000)
+    finally:
+        context.close()
+
+
+def test_a_revoked_token_is_forgotten_and_asked_for_again(secured, browser, tmp_path):
+    # The server closes the page's socket 1008 "token 't_read' was revoked": the page dropped
+    # the reason and retried the revoked token forever. Now it shows the reason, forgets the
+    # token, opens the dialog and waits for it (no retries).
+    from api.security.token_file import revoke_token
+    from tests.browser.test_dashboard import WS_RECORDER
+
+    server, ctx, tokens = secured
+    context = browser.new_context()
+    context.add_init_script(f"sessionStorage.setItem('sketchboard.token', {tokens['read']!r});")
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        revoke_token(tmp_path / "tokens.json", "t_read")
+        dialog = page.locator("#token-dialog")
+        dialog.wait_for(state="visible", timeout=10_000)
+        assert page.evaluate("sessionStorage.getItem('sketchboard.token')") is None
+        assert "revoked" in page.text_content("#token-reason")
+        assert "revoked" in page.text_content("#status-connection")
+        assert page.evaluate("window.__ws.closes.map((c) => c.code)") == [1008]
+        page.wait_for_timeout(3_000)  # waiting for the dialog: no retry with the revoked token
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "closed"
+    finally:
+        context.close()
+
+
+def test_the_api_docs_load_nothing_from_another_host_and_run_under_the_csp(live, browser):  # noqa: F811
+    # FastAPI's /docs loaded Swagger UI from cdn.jsdelivr.net (a floating @5, no SRI) with no CSP,
+    # on the origin whose sessionStorage holds the dashboard's token. Now its assets are local
+    # (swagger-ui-bundle) and the page carries the dashboard's CSP.
+    server, ctx, _ = live
+    context = browser.new_context()  # the CSP enforced
+    try:
+        page = context.new_page()
+        page.add_init_script(RECORD_VIOLATIONS)
+        foreign, errors = [], []
+        page.on("request", lambda r: None if r.url.startswith(server.http) else foreign.append(r.url))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        response = page.goto(server.http + "/docs")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        page.wait_for_selector(".swagger-ui .opblock", timeout=15_000)  # Swagger UI drew the API
+        assert page.locator(".swagger-ui .opblock-summary-path[data-path='/api/v1/query']").count() >= 1
+        assert foreign == [] and errors == [] and page.evaluate("window.__csp") == []
+    finally:
+        context.close()
