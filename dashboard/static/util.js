@@ -70,15 +70,17 @@ export function timeTicks(start, end, count = 6) {
   return { tickvals: vals, ticktext: text };
 }
 export function fmtTime(ms) { const d = new Date(ms); return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`; }
-// Numbers in the browser's locale, 4 significant digits, all through one formatter (1234 and
-// 1.234 must not both print "1.234", as they did in de-DE when only |v| >= 1000 was localized);
-// past 1e15 (or below 1e-6) in scientific notation, not hundreds of digits.
+// Numbers in the browser's locale, every one through Intl (1234 and 1.234 must not both print
+// "1.234", as they did in de-DE when only |v| >= 1000 was localized): from 1000 whole, every
+// digit (a count of 1 234 567 is not 1 235 000), below it 4 significant digits; past 1e15 (or
+// below 1e-6) in scientific notation, not hundreds of digits.
 const NUM = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4 });
+const NUM_WHOLE = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 });
 const NUM_SCI = new Intl.NumberFormat(undefined, { maximumSignificantDigits: 4, notation: "scientific" });
 export function fmtNum(v) {
   if (v === null || v === undefined) return "–";
   const a = Math.abs(v);
-  return (a >= 1e15 || (a > 0 && a < 1e-6) ? NUM_SCI : NUM).format(v);
+  return (a >= 1e15 || (a > 0 && a < 1e-6) ? NUM_SCI : a >= 1000 ? NUM_WHOLE : NUM).format(v);
 }
 // Plotly renders its strings (trace names, hover text, annotations, titles) as pseudo-HTML:
 // <a href>, <b>, <span style> ... An API-derived string (a producer's dimension value, a stream
