@@ -144,7 +144,10 @@ class Enrichment:
         done = time.perf_counter()
         self.timings = {"changes": collected - started, "versions": read - collected, "frame": made - read,
                         "lookup": done - made, "step": done - started}
-        keep_from = {name: batch_now_ms - max(s.retention for s in self.streams.values()
+        # An accepted event's lookup time (the earlier of its event time and its append time) is at
+        # least now - retention - max_future_skew: an event stamped up to max_future_skew ahead of
+        # its append is accepted while its time is within retention, though its append is older.
+        keep_from = {name: batch_now_ms - max(s.retention + s.max_future_skew for s in self.streams.values()
                                               if any(name in enrichment_tables(self.catalog, d, s.name) for d in s.enrich))
                      for name in self.tables}
         # The kept copy knows which keys have more than one version: the store prunes only those.

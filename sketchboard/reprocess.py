@@ -148,7 +148,7 @@ def seed_table_versions(catalog: Catalog, stream: str, root, out, log=None) -> i
     run's output store, before its first batch. A table's log is compacted (only each key's newest
     record survives), so versions rebuilt from it alone would miss the older rows the live run
     enriched older events with; the versions the serving store kept are exactly those (pruned
-    only behind the streams' retention, where events are dead-lettered anyway). The run's own
+    only behind the streams' retention and max_future_skew, where no accepted event looks up). The run's own
     reading of the table's log adds the same versions again (same log position: kept once).
     Returns how many versions were copied."""
     run = stream_catalog(catalog, stream)  # its other streams' tables too, when it reads a join's

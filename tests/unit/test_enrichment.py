@@ -175,3 +175,57 @@ def test_versions_seeded_from_another_store_are_kept_once_beside_the_batches_own
     assert store_backend.reopen(store).table_versions("users") == [
         ("u1", v1), ("u1", v2), ("u2", TableVersion(T0 + 30, 0, 9, {"plan": "team"}))]
     assert store.table_versions("plans") == [("p1", TableVersion(T0, 0, 0, None))]
+
+
+SKEW_CONFIG = """
+streams:
+  users: {kind: table, key_field: user_id, dimensions: [plan]}
+  http_requests:
+    key_field: user_id
+    dimensions: [method]
+    retention: 1h
+    enrich:
+      - {table: users, by: user_id, columns: [plan]}
+metrics:
+  requests: {stream: http_requests}
+"""
+
+
+def test_pruning_keeps_the_versions_a_future_stamped_event_within_retention_looks_up(tmp_path):
+    """An event stamped up to max_future_skew (5 m) ahead of its append is accepted while its event
+    time is within retention, and is looked up at its append time. Pruning kept only what lookups
+    at now - retention need, so a reprocess (seeded with the store's versions: the table's log is
+    compacted) enriched it with nothing where the live run had found the older row."""
+    import pyarrow as pa
+
+    from aggregates.enrichment import Enrichment
+    from ingest.source_rows import SOURCE_SCHEMA
+    from store import SqlitePaneStore
+
+    t0, minute = 1_700_000_000_000, 60_000
+    catalog = parse_catalog(SKEW_CONFIG)
+    store = SqlitePaneStore(tmp_path / "store.db")
+    enrichment = Enrichment(None, catalog, store)
+
+    def rec(stream, offset, event_time, ingest_time, dims, ids):
+        return dict(stream=stream, partition=0, offset=offset, event_time=event_time, ingest_time=ingest_time,
+                    dims=dims, vals=[], ids=ids, error=None, error_kind=None, sent_time=None, device=None)
+
+    def batch(batch_id, rows, now_ms):
+        out = enrichment.process(pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA), now_ms,
+                                 store.last_batch_id("main"), on_driver=True, streams={r["stream"] for r in rows})
+        commit = BatchCommit("main", batch_id, [], len(rows), batch_now_ms=now_ms, enrichment=out.commit)
+        assert store.commit_batch(commit, lateness_ms={}, now_ms=now_ms).committed
+        enrichment.committed(batch_id, out)
+        return out
+
+    free = rec("users", 0, t0, t0, ["upsert", "free"], ["u1"])
+    late_stamped = rec("http_requests", 0, t0 + 4 * minute, t0 + minute, ["GET", "x"], ["u1"])  # 3 m ahead
+    assert batch(0, [free, late_stamped], t0 + minute + 10).batch.column("dims").to_pylist()[1] == ["GET", "free"]
+    batch(1, [rec("users", 1, t0 + 2 * minute, t0 + 2 * minute, ["upsert", "pro"], ["u1"])], t0 + 2 * minute + 10)
+    # An hour on (t0 + 63 m): the event's time (t0 + 4 m) is still within retention, its lookup
+    # time (t0 + 1 m) is before now - retention (t0 + 3 m), and its version is the free one.
+    batch(2, [rec("users", 2, t0 + 63 * minute, t0 + 63 * minute, ["upsert", "gold"], ["u2"])], t0 + 63 * minute)
+    kept = [(version.valid_from_ms - t0, version.row["plan"]) for key, version in store.table_versions("users")
+            if key == "u1"]
+    assert (0, "free") in kept
