@@ -87,8 +87,13 @@ def test_up_on_kafka_serves_the_topics_with_no_jvm(tmp_path, kafka_broker):
 
 
 def _post_then_query(base: str, proc, tmp_path, before: float, now_ms: int) -> None:
+    # The 500 events in the first 5 s of the current minute (up to 5 s ahead of now: accepted, far
+    # under max_future_skew), so one 1-minute point holds them all: points are aligned to whole
+    # minutes, and events spread over the 5 s before now crossed a minute's end now and then (~8 %
+    # of runs), leaving the distinct users of the point short.
+    minute = now_ms - now_ms % 60_000
     events = [
-        {"time": now_ms - i * 10, "endpoint": "/api/cart", "status": 200, "region": "eu",
+        {"time": minute + i * 10, "endpoint": "/api/cart", "status": 200, "region": "eu",
          "latency_ms": float(i % 100), "user_id": f"u{i % 37}"}
         for i in range(500)
     ]
@@ -99,9 +104,8 @@ def _post_then_query(base: str, proc, tmp_path, before: float, now_ms: int) -> N
 
     # The pipeline (a separate process) picks them up; poll the query API like a user would.
     _wait_for_count(base, proc, tmp_path, before + 500)
-    start = (now_ms - 5_000) // 10_000 * 10_000  # one 1-minute window holds all 500 events
-    q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": start,
-                                                  "to": start + 60_000, "step": "1m"}, timeout=10).json()
+    q = httpx.get(f"{base}/api/v1/query", params={"metric": "requests", "stat": "distinct", "from": minute,
+                                                  "to": minute + 60_000, "step": "1m"}, timeout=10).json()
     assert q["series"][0]["points"][0]["value"] == pytest.approx(37, abs=1)
 
 
