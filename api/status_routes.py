@@ -175,7 +175,7 @@ def _pipeline_families(ctx: ApiContext) -> list:
             watermark.labels(name).set(s["watermark_ms"] / 1000)
         for p, part in s["partitions"].items():
             lag.labels(name, str(p)).set(part["lag_events"])
-    return [*_StoredMetrics(ctx, status).pipeline(), *registry.collect()]
+    return [*_StoredMetrics(ctx).pipeline(status), *registry.collect()]
 
 
 def _clock_families(ctx: ApiContext) -> list:
@@ -187,7 +187,7 @@ def _clock_families(ctx: ApiContext) -> list:
 def scrape_sources(ctx: ApiContext) -> list:
     """Every source's metric families, each read on its own, and `sketchboard_scrape_source_up`
     (1: read, 0: failed and left out of this scrape)."""
-    stored = _StoredMetrics(ctx, None)
+    stored = _StoredMetrics(ctx)
     sources = [("pipeline", lambda: _pipeline_families(ctx)), ("query", stored._query)]
     if ctx.lag is not None:
         sources.append(("lag", stored._lag))
@@ -241,12 +241,11 @@ class _StoredMetrics:
     log: the sum of its end offsets, which are never reused), aggregated and dead-lettered;
     lag per partition (events, seconds, status) from the lag monitor; Spark's last batch."""
 
-    def __init__(self, ctx: ApiContext, status: dict | None):
+    def __init__(self, ctx: ApiContext):
         self.ctx = ctx
-        self.status = status  # pipeline_status(ctx), for pipeline()
 
-    def pipeline(self):
-        status = self.status
+    def pipeline(self, status: dict):
+        """The counters of pipeline_status(ctx)'s `status`."""
         events_in = CounterMetricFamily("sketchboard_events_in", "Events accepted into the log", labels=["stream"])
         aggregated = CounterMetricFamily("sketchboard_events_aggregated", "Events merged into panes",
                                          labels=["stream"])
