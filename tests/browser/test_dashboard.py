@@ -5,6 +5,7 @@ error, keeps its state in the URL, shows corrections and lag from their feeds.""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.parse
 
@@ -264,6 +265,22 @@ WS_RECORDER = """window.__ws = { opened: 0, sent: 0, closes: [] };
     send(data) { window.__ws.sent += 1; return super.send(data); } }; })();"""
 
 
+@contextlib.contextmanager
+def opened_page(browser, url: str, *, record_ws: bool = False, **context_options):
+    """A page of its own browser context (`context_options`: locale, timezone_id, ...) at `url`,
+    its websocket open; with `record_ws`, its sockets counted in window.__ws (WS_RECORDER)."""
+    context = browser.new_context(bypass_csp=True, **context_options)
+    try:
+        page = context.new_page()
+        if record_ws:
+            page.add_init_script(WS_RECORDER)
+        page.goto(url)
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        yield page
+    finally:
+        context.close()
+
+
 def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, browser):
     # Each range change sent an unsubscribe and a subscribe per panel (32 messages on the
     # overview): two changes within a second passed the server's 20 messages/s (burst 50) and
@@ -272,12 +289,7 @@ def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, brows
     server, ctx, _ = live
     now = int(time.time() * 1000)
     commit(server, ctx, [ev(now - 30_000 + i * 500, user=f"u{i}") for i in range(20)])
-    context = browser.new_context(bypass_csp=True)
-    try:
-        page = context.new_page()
-        page.add_init_script(WS_RECORDER)
-        page.goto(server.http + "/?dashboard=overview&range=15m")
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    with opened_page(browser, server.http + "/?dashboard=overview&range=15m", record_ws=True) as page:
         panels = page.locator("[data-testid=dash-panel]").count()
         assert panels >= 10
         page.wait_for_timeout(3_000)  # the server's message bucket is full again
@@ -293,8 +305,6 @@ def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, brows
         assert page.evaluate("window.__ws.opened") == 1
         assert page.get_attribute("#status-connection", "data-state") == "open"
         assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
-    finally:
-        context.close()
 
 
 class FreezableProxy:
@@ -363,23 +373,18 @@ def test_a_silent_socket_is_not_shown_live_and_is_replaced_at_once(live, browser
     # nothing times out (about a minute): "live" all along. Now it drops the socket and reconnects.
     server, ctx, _ = live
     proxy = FreezableProxy(server.port)
-    context = browser.new_context(bypass_csp=True)
     try:
-        page = context.new_page()
-        page.add_init_script(WS_RECORDER)
-        page.goto(proxy.http + "/?metric=requests&stat=count&range=15m")
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
-        page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
-        heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
-        proxy.frozen.set()
-        frozen_at = time.monotonic()
-        page.wait_for_function("() => window.__ws.opened >= 2", timeout=3 * heartbeat_ms + 6_000)
-        assert time.monotonic() - frozen_at < (3 * heartbeat_ms + 5_000) / 1000
-        assert page.get_attribute("#status-connection", "data-state") != "open"
-        proxy.frozen.clear()  # the server answers again: the new socket opens
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        with opened_page(browser, proxy.http + "/?metric=requests&stat=count&range=15m", record_ws=True) as page:
+            page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
+            heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
+            proxy.frozen.set()
+            frozen_at = time.monotonic()
+            page.wait_for_function("() => window.__ws.opened >= 2", timeout=3 * heartbeat_ms + 6_000)
+            assert time.monotonic() - frozen_at < (3 * heartbeat_ms + 5_000) / 1000
+            assert page.get_attribute("#status-connection", "data-state") != "open"
+            proxy.frozen.clear()  # the server answers again: the new socket opens
+            page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
     finally:
-        context.close()
         proxy.close()
 
 
@@ -391,17 +396,11 @@ def test_numbers_read_the_same_in_every_locale(live, browser, locale, want):
     # fmtNum localized only |v| >= 1000: in de-DE 1234 and 1.234 both printed "1.234"; 1e290
     # printed 291 digits.
     server, ctx, _ = live
-    context = browser.new_context(locale=locale, bypass_csp=True)
-    try:
-        page = context.new_page()
-        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    with opened_page(browser, server.http + "/?metric=requests&stat=count&range=15m", locale=locale) as page:
         got = page.evaluate("""async () => { const u = await import('/static/util.js');
             return {"1234": u.fmtNum(1234), "1.234": u.fmtNum(1.234), "1234567.5": u.fmtNum(1234567.5),
                     "big": u.fmtNum(1.2345e290)}; }""")
         assert got == want
-    finally:
-        context.close()
 
 
 def test_a_dashboard_without_refresh_keeps_its_time_axis_still_as_points_arrive(live, watched_page):
@@ -458,11 +457,8 @@ def test_the_two_instants_of_a_dst_fall_back_hour_are_drawn_apart(live, browser)
     # night's 01:00-02:00 EDT and 01:00-02:00 EST got the same x, drawn on top of each other.
     # Now x is the instant (epoch ms) and only the labels are local.
     server, ctx, _ = live
-    context = browser.new_context(timezone_id="America/New_York", bypass_csp=True)
-    try:
-        page = context.new_page()
-        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    with opened_page(browser, server.http + "/?metric=requests&stat=count&range=15m",
+                     timezone_id="America/New_York") as page:
         got = page.evaluate("""async () => {
             const { LiveChart } = await import('/static/chart.js');
             const host = document.createElement('div');
@@ -485,5 +481,3 @@ def test_the_two_instants_of_a_dst_fall_back_hour_are_drawn_apart(live, browser)
         assert len(set(got["hover"])) == 16  # 01:30 EDT and 01:30 EST read apart
         assert "2026-11-01 01:30:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:30:00 (UTC−05:00)" in got["hover"]
         assert got["ticks"], got
-    finally:
-        context.close()
