@@ -306,6 +306,11 @@ class _ShapeState:
             self.groups = {g: last for g, last in self.groups.items() if last >= lo}
 
 
+# How long a snapshot waits for a starting tailer to read where the change feed stands (a store
+# that does not answer by then is waited on no longer: the snapshot's own read reports it).
+TAILER_START_TIMEOUT_S = 10.0
+
+
 @dataclass
 class HubConfig:
     poll_interval_s: float = 0.2
@@ -361,6 +366,9 @@ class Hub:
         self._stop = threading.Event()
         self._token = 0
         self._seq: int | None = None
+        # Set once the tailer has read where the change feed stands: a snapshot computed before that
+        # could see a commit the tailer then takes as its starting point, and never send.
+        self._tailing = threading.Event()
         self._watermarks: dict[str, int] = {}
         self._last_feed_poll = 0.0
         self._signal = None  # the store's commit signal the tailer waits on (None: it polls)
@@ -386,6 +394,7 @@ class Hub:
             return
         self._loop = asyncio.get_running_loop()
         self._stop.clear()
+        self._tailing.clear()
         self._thread = threading.Thread(target=self._run, name="ws-hub-tailer", daemon=True)
         self._thread.start()
         if self.workers is not None:
@@ -446,6 +455,8 @@ class Hub:
         tailer has read no new change: a change the computation did not see is then still ahead of
         the tailer, which sends it to every subscriber registered by then as points. At most
         `snapshot_concurrency` are computed at a time, in the callers' threads."""
+        if self._thread is not None:
+            self._tailing.wait(TAILER_START_TIMEOUT_S)
         watermark = self.store.watermarks().get(query.stream)
         now_ms = self.now_ms()
         key = (query.shape_key(), query.range_at(now_ms), watermark)
@@ -517,6 +528,7 @@ class Hub:
         except Exception:
             log.exception("websocket hub could not read the store; retrying")
             self._seq = None
+        self._tailing.set()
         last_read = time.monotonic()
         try:
             while True:

@@ -753,3 +753,27 @@ def test_windows_sliding_into_a_relative_range_are_pushed_with_their_rows(server
         assert entered <= set(client), sub_id  # the windows that entered, for every group
         event = now_ms - 9 * 60_000 if sub_id == "past" else now_ms + 60_000
         assert rest[("count", (("endpoint", "/api/a"),), event - event % 60_000)]["count"] == 1  # entered, held
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's start, not the store
+def test_a_commit_right_after_the_first_snapshot_is_pushed_while_the_hub_is_still_starting(
+        server, ctx, now_ms, monkeypatch):
+    """The hub's tailer starts in its own thread at the first connection and first sets up the
+    store's commit signal (on PostgreSQL a LISTEN connection). A snapshot computed before the
+    tailer read where the change feed stands, then a commit, used to be taken as the tailer's
+    starting point: the commit's points were never sent (CI saw it in test_replicas)."""
+    real_signal = ctx.store.change_signal
+
+    def slow_signal():
+        time.sleep(1.0)  # a listener slow to connect
+        return real_signal()
+
+    monkeypatch.setattr(ctx.store, "change_signal", slow_signal)
+    with connect(server.ws) as ws:
+        snap = subscribe(ws, "a", metric="requests", stats=["count"], **{"from": "now-5m"}, step="1m")
+        assert snap["type"] == "snapshot"
+        post(server, [ev(now_ms - 90_000)])
+        assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 1
+        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
+        window = (now_ms - 90_000) // 60_000 * 60_000
+        assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
