@@ -368,6 +368,17 @@ def retention_horizons(batch_now_ms: int | None, retention_ms: Mapping[str, int]
     return {stream: batch_now_ms - keep for stream, keep in retention_ms.items()}
 
 
+def with_removed_streams(retention_ms: Mapping[str, int], layouts: Mapping[str, TierLayout]) -> Mapping[str, int]:
+    """The retention of every stream the store keeps tiers for: the configured one, else the one
+    its layout was stored with (a stream since removed from the configuration), so a removed
+    stream's panes, dead letters and first-seen counts go when they would have had it stayed, not
+    never. Only in a retention run (retention_ms given): a commit without one drops nothing."""
+    if not retention_ms:
+        return retention_ms
+    removed = {stream: layout.retention_ms for stream, layout in layouts.items() if stream not in retention_ms}
+    return {**removed, **retention_ms} if removed else retention_ms
+
+
 def change_feed_horizon(batch_now_ms: int | None, retention_ms: Mapping[str, int]) -> int | None:
     """The commit time before which change records are dropped: the longest retention of any
     stream (the feed is shared; its readers tail it, and a record older than that is about a

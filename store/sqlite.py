@@ -34,7 +34,7 @@ from store import event_ids
 from store import joins as join_store
 from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
                                plan_batch, retention_horizons)
-from store.commit_plan import DROP_OLD_CHANGES, bloom_horizons, change_feed_horizon
+from store.commit_plan import DROP_OLD_CHANGES, bloom_horizons, change_feed_horizon, with_removed_streams
 from store.connection import SqliteDb, open_connection, read_snapshot, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
@@ -268,6 +268,7 @@ class SqlitePaneStore(PaneStore):
         stream's retention, first-seen counts no pane or tier row serves; change records older
         than the longest retention."""
         conn = self._conn
+        retention_ms = with_removed_streams(retention_ms, layouts)
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",

@@ -57,6 +57,7 @@ from store.commit_plan import (
     tier_horizons,
     tier_row_after,
     tiers_kept_by_rebuild,
+    with_removed_streams,
 )
 from store.connection import where as where_clause
 from store import view_state
@@ -240,6 +241,7 @@ class PostgresPaneStore(PaneStore):
         if commit.sessions:
             with conn.cursor() as cur:
                 session_store.apply(cur, commit.sessions, "%s")
+        retention_ms = with_removed_streams(retention_ms, layouts)
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
             # Only panes wholly before the horizon: every event they could get is dead-lettered.
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",

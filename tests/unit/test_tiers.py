@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aggregates.eventtime import BEYOND_RETENTION
 from sketches import HllSketch, KllSketch
-from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
+from store import BatchCommit, DeadLetter, PaneData, PanePartial, PaneStore, ValueStats
 from store.planner import Segment, cover, plan_read
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
@@ -345,6 +346,30 @@ def test_each_tier_keeps_its_own_retention(store_backend):
     assert read(PANE, ALL_DIMS) == [] and read(PANE, "") == []
     assert read(MINUTE, ALL_DIMS) == [] and read(MINUTE, "") == []
     assert [r.data.count for r in read(3_600_000, ALL_DIMS)] == [1] and [r.data.count for r in read(3_600_000, "")] == [1]
+    store.close()
+
+
+def test_a_stream_removed_from_the_configuration_goes_at_its_stored_retention(store_backend):
+    """The pipeline's retention run names the configured streams only: a stream removed from the
+    configuration used to keep its panes and dead letters for good. It goes at the retention its
+    stored layout was kept with, as if it had stayed; a configured stream keeps its own."""
+    day = 86_400_000
+    store = store_backend.create()
+    kept, gone = (TierLayout(PANE, keep, ((MINUTE, keep),), ("",)) for keep in (10 * day, 2 * day))
+    store.configure_tiers({"s": kept, "gone": gone}, now_ms=T0)
+    partials = [PanePartial(stream, T0, T0 + PANE, {"a": "x"}, PaneData(count=1)) for stream in ("s", "gone")]
+    dead = [DeadLetter("gone", 0, 7, BEYOND_RETENTION, T0 - 10 * day, T0)]
+    store.commit_batch(BatchCommit("main", 0, partials, 3, {"s": T0, "gone": T0}, {}, dead, {"s": 1, "gone": 2},
+                                   {"gone": {BEYOND_RETENTION: 1}}), lateness_ms={"s": LATENESS, "gone": LATENESS},
+                       now_ms=T0)
+    store.configure_tiers({"s": kept}, now_ms=T0 + day)  # restarted without "gone"
+    now = T0 + 5 * day  # past the removed stream's retention, within the configured one's
+    store.commit_batch(BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now), lateness_ms={"s": LATENESS},
+                       now_ms=now, retention_ms={"s": 10 * day})
+    assert store.read_panes("gone", 0, 2**62) == [] and store.dead_letters(stream="gone") == []
+    assert store.read_tier("gone", MINUTE, ALL_DIMS, 0, 2**62, pane_ms=PANE) == []
+    assert [p.data.count for p in store.read_panes("s", 0, 2**62)] == [1]
+    assert [r.data.count for r in store.read_tier("s", MINUTE, ALL_DIMS, 0, 2**62, pane_ms=PANE)] == [1]
     store.close()
 
 
