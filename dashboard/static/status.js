@@ -1,7 +1,7 @@
 // The status strip (pipeline rates, last batch, the Spark query's health, lag), the consumer-lag
 // panel and the corrections list, fed by the websocket's topic messages.
 
-import { $, PALETTE, cssVar, fmtLocal, fmtNum, fmtTime, nowMs, clock, plotlyText } from "./util.js";
+import { $, PALETTE, cssVar, fmtHover, fmtNum, fmtTime, nowMs, clock, plotlyText, timeTicks } from "./util.js";
 
 const LAG_CHART_MS = 1000; // the lag charts are redrawn at most this often (see onLag)
 
@@ -73,7 +73,7 @@ export class StatusPanels {
       for (const [p, v] of parts) rows.push([`${stream}/${p}`, v.lag_events, v.lag_seconds]);
     }
     if (!rows.length) rows.push([m.pipeline || "total", m.lag_events, m.lag_seconds]);
-    this.lag.pending.push({ x: fmtLocal(m.at_ms || nowMs()), rows });
+    this.lag.pending.push({ x: m.at_ms || nowMs(), rows }); // an instant: see lagLayout
     if (m.consumers) this.lag.consumers = m.consumers;
     if (!this.lag.timer) {
       const wait = Math.max(0, this.lag.drawnAt + LAG_CHART_MS - Date.now());
@@ -100,7 +100,7 @@ export class StatusPanels {
         lag.keys.push(key);
         // The key names a stream and partition from the API: text, never Plotly markup or a template.
         const trace = { type: "scatter", mode: "lines+markers", marker: { size: 3 }, name: plotlyText(key), x: [], y: [],
-          line: { color, width: 1.5 }, hovertemplate: "%{fullData.name}<br>%{x}<br>%{y}<extra></extra>" };
+          customdata: [], line: { color, width: 1.5 }, hovertemplate: "%{fullData.name}<br>%{customdata}<br>%{y}<extra></extra>" };
         Plotly.addTraces("lag-chart-events", trace);
         Plotly.addTraces("lag-chart-seconds", { ...trace });
       }
@@ -114,17 +114,33 @@ export class StatusPanels {
       }
     }
     const idx = lag.keys.map((_, i) => i).filter((i) => xs[i].length);
-    Plotly.extendTraces("lag-chart-events", { x: idx.map((i) => xs[i]), y: idx.map((i) => events[i]) }, idx, 600);
-    Plotly.extendTraces("lag-chart-seconds", { x: idx.map((i) => xs[i]), y: idx.map((i) => seconds[i]) }, idx, 600);
+    const hovers = idx.map((i) => xs[i].map(fmtHover));
+    Plotly.extendTraces("lag-chart-events", { x: idx.map((i) => xs[i]), y: idx.map((i) => events[i]), customdata: hovers },
+      idx, 600);
+    Plotly.extendTraces("lag-chart-seconds", { x: idx.map((i) => xs[i]), y: idx.map((i) => seconds[i]),
+      customdata: hovers }, idx, 600);
+    this.lagTicks();
     $("lag-chart-events").dataset.updates = String(+($("lag-chart-events").dataset.updates || 0) + 1);
     if (lag.consumers) renderConsumers(lag.consumers);
     lag.consumers = null;
+  }
+
+  lagTicks() { // local-time labels over the samples the charts hold now
+    const traces = $("lag-chart-events").data || [];
+    const start = Math.min(...traces.map((t) => (t.x.length ? t.x[0] : Infinity)));
+    const end = Math.max(...traces.map((t) => (t.x.length ? t.x[t.x.length - 1] : -Infinity)));
+    if (!(end >= start)) return;
+    const { tickvals, ticktext } = timeTicks(start, end, 4);
+    const ticks = { "xaxis.tickvals": tickvals, "xaxis.ticktext": ticktext };
+    Plotly.relayout("lag-chart-events", ticks);
+    Plotly.relayout("lag-chart-seconds", ticks);
   }
 
   restyle() { // the theme changed
     if (!this.lag.plotted) return;
     Plotly.relayout("lag-chart-events", lagLayout("lag (events)"));
     Plotly.relayout("lag-chart-seconds", lagLayout("lag (seconds)"));
+    this.lagTicks();
   }
 
   onCorrection(c) {
@@ -175,7 +191,10 @@ function lagLayout(title) {
   return {
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: { color: cssVar("--text"), size: 10 },
     margin: { l: 44, r: 6, t: 18, b: 24 }, title: { text: title, font: { size: 11 }, x: 0, xanchor: "left" },
-    xaxis: { type: "date", gridcolor: grid, color: muted }, yaxis: { gridcolor: grid, color: muted, rangemode: "tozero" },
+    // Instants (epoch ms) on a linear axis, labelled in local time (util.js timeTicks, set by
+    // lagTicks): local date strings on a date axis drew a DST fall-back hour's samples twice over one x.
+    xaxis: { type: "linear", gridcolor: grid, color: muted, zeroline: false, tickmode: "array", tickvals: [], ticktext: [] },
+    yaxis: { gridcolor: grid, color: muted, rangemode: "tozero" },
     showlegend: false, hovermode: "closest", uirevision: "keep",
   };
 }

@@ -481,3 +481,33 @@ def test_the_two_instants_of_a_dst_fall_back_hour_are_drawn_apart(live, browser)
         assert len(set(got["hover"])) == 16  # 01:30 EDT and 01:30 EST read apart
         assert "2026-11-01 01:30:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:30:00 (UTC−05:00)" in got["hover"]
         assert got["ticks"], got
+
+
+def test_the_lag_charts_draw_a_dst_fall_back_hours_samples_apart(live, browser):
+    # The lag charts gave Plotly local wall time too: in New York the samples of the fall-back
+    # night's two 01:00-02:00 hours shared their x. Their x is the sample's instant now.
+    server, ctx, _ = live
+    with opened_page(browser, server.http + "/?metric=requests&stat=count&range=15m",
+                     timezone_id="America/New_York") as page:
+        got = page.evaluate("""async () => {
+            const s = window.sketchboard.status;
+            s.handle = () => {};  // the live feed draws no more
+            await new Promise((r) => setTimeout(r, 1500));  // a draw it had planned is done
+            clearTimeout(s.lag.timer);
+            s.lag = { keys: [], plotted: false, pending: [], timer: null, drawnAt: 0, consumers: null };
+            const t0 = Date.UTC(2026, 10, 1, 5, 0), step = 15 * 60e3;  // 01:00 EDT; 01:00 EST is 4 steps on
+            for (let i = 0; i < 9; i++) {
+              s.onLag({ type: 'lag', status: 'OK', at_ms: t0 + i * step,
+                        streams: { http_requests: { lag_events: i, lag_seconds: i, partitions: {} } } });
+            }
+            clearTimeout(s.lag.timer);
+            s.drawLag();
+            const host = document.getElementById('lag-chart-events');
+            const xa = host._fullLayout.xaxis, trace = host._fullData[0];
+            return { pixels: trace.x.map((x) => xa.d2p(x)), hover: trace.customdata,
+                     ticks: host._fullLayout.xaxis.ticktext };
+        }""")
+        pixels = got["pixels"]
+        assert len(pixels) == 9 and all(b - a > 5 for a, b in zip(pixels, pixels[1:])), pixels
+        assert "2026-11-01 01:00:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:00:00 (UTC−05:00)" in got["hover"]
+        assert len(set(got["hover"])) == 9 and got["ticks"], got
