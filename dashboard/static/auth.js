@@ -20,6 +20,9 @@ function sameOrigin(input) {
 }
 
 let asking = false;
+// Dismissed with Escape: "not now". A later 401 (the alerts panel polls every 15 s) shows the
+// header's "enter token" button instead of opening the dialog over the page again.
+let dismissed = false;
 const whenDismissed = [];
 // Open the token dialog; refused: the tab's token was refused (reason: the server's, if it said
 // one, e.g. a websocket closed with "token 'ci' was revoked"): it is forgotten, not sent again.
@@ -30,6 +33,13 @@ export function ask(refused, reason) {
     $("token-reason").textContent = `The token was refused (${reason || "unknown or revoked"}). Enter another one.`;
   }
   if (asking) return;
+  if (dismissed && !refused) {
+    $("token-enter").hidden = false;
+    return;
+  }
+  openDialog();
+}
+function openDialog() {
   asking = true;
   const dialog = $("token-dialog");
   if (dialog && !dialog.open) dialog.showModal();
@@ -54,11 +64,14 @@ window.fetch = async (input, init) => {
   return response;
 };
 
-// Dismissed (Escape): the next refusal asks again.
+// Dismissed (Escape): asked again only from the header's button (or for a refused token).
 $("token-dialog").addEventListener("close", () => {
   asking = false;
+  dismissed = true;
+  $("token-enter").hidden = false;
   for (const f of whenDismissed) f();
 });
+$("token-enter").addEventListener("click", () => { if (!asking) openDialog(); });
 
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
