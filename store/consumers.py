@@ -136,8 +136,9 @@ class ConsumerRegistry(SideStore):
 
     def consumers(self) -> list[Consumer]:
         with self._lock:
-            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM consumers ORDER BY registered_at_ms, pipeline").fetchall()
-        return [Consumer(*row) for row in rows]
+            rows = self._conn.execute(f"SELECT {_COLUMNS} FROM consumers").fetchall()
+        # Ordered here: ties by name in code-point order on both backends (not PostgreSQL's collation).
+        return sorted((Consumer(*row) for row in rows), key=lambda c: (c.registered_at_ms, c.pipeline))
 
     def offsets(self, pipeline: str) -> dict[str, dict[int, int]]:
         with self._lock:

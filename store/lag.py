@@ -157,11 +157,12 @@ class LagStore(SideStore):
             query += " AND stream = ?"
             args.append(stream)
         with self._lock:
-            rows = self._conn.execute(
-                f"SELECT * FROM ({query} ORDER BY at_ms DESC LIMIT ?) AS newest ORDER BY at_ms, stream, partition",
-                (*args, limit),
-            ).fetchall()
-        return [LagSample(*row) for row in rows]
+            rows = self._conn.execute(f"{query} ORDER BY at_ms DESC LIMIT ?", (*args, limit)).fetchall()
+        # Ordered here, not by the database: a stream's name in code-point order on both backends
+        # (PostgreSQL's default collation is usually linguistic).
+        samples = [LagSample(*row) for row in rows]
+        samples.sort(key=lambda s: (s.at_ms, s.stream, s.partition))
+        return samples
 
 
 

@@ -357,6 +357,25 @@ def test_a_reprocessing_run_is_sampled_and_judged_on_the_streams_it_reads_only(t
         closing.close()
 
 
+def test_series_and_consumers_break_ties_by_name_in_code_point_order_whatever_the_collation(store_backend):
+    """Samples of one round share their instant, consumers may share theirs: the ties followed
+    PostgreSQL's collation (linguistic on a deployment: 'orders' before 'Payments')."""
+    from store.consumers import ConsumerRegistry
+
+    store = store_backend.create(linguistic=True)
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
+    t = int(T0_S * 1000)
+    names = ["orders", "Payments", "_audit", "émails"]
+    lag_store.write([LagSample("main", name, 0, t, 0, 10, 5, t) for name in names])
+    assert [s.stream for s in lag_store.series("main", 0, t + 1)] == sorted(names)
+    registry = ConsumerRegistry(store.side_db())
+    for name in names:
+        registry.register(name, f"ns-{len(name)}-{ord(name[0])}", "earliest", now_ms=t)
+    assert [c.pipeline for c in registry.consumers()] == sorted(names)
+    lag_store.close()
+    registry.close()
+
+
 def test_retention_prunes_the_samples_of_a_consumer_that_is_gone(store_backend):
     """Every write pruned only the pipelines in its round: a dropped reprocessing run's samples
     (its registry entry forgotten, so never sampled again) were kept forever."""
