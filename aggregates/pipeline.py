@@ -12,6 +12,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from aggregates.batch_clock import BatchClock
 from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master
 from aggregates.commit import build_commit, checkpointed_end_offsets, checkpointed_kafka_start, clock_corrected
@@ -109,6 +110,9 @@ class Pipeline(ReportsStoreErrors):
         self.driver_batch_rows = driver_rows_limit(config.driver_batch_rows, master_of(spark),
                                                    config.max_records_per_batch)
         self.clock = clock
+        # What each batch judges retention by: the clock, held at the last commit's instant through
+        # a small step back (aggregates/batch_clock.py).
+        self.batch_clock = BatchClock(clock, lambda: store.progress(config.name).last_commit_ms)
         # The driver's own handle on the log: its end offsets at commit say which partitions
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)
@@ -167,7 +171,7 @@ class Pipeline(ReportsStoreErrors):
             self.follow_patterns()
         # The clock is read once per batch and passed into the job as a literal: every
         # executor judges retention against the same instant.
-        batch_now_ms = int(self.clock() * 1000)
+        batch_now_ms = self.batch_clock.now_ms()
         offsets = self.logged_offsets(batch_id)  # read once: the path, the skipped steps, the commit
         # No DataFrame at all: a batch of the pipeline's own (aggregates/bounded_batches.py), held on the
         # driver whatever its size (one an earlier run logged with a larger max_records_per_batch).
@@ -264,6 +268,8 @@ class Pipeline(ReportsStoreErrors):
                 self.clocks.forget()  # committed or not: the store says which state the next batch starts from
                 self.enrichment.forget()
                 raise
+            if result.committed:
+                self.batch_clock.committed(batch_now_ms)
             if clocks is not None and result.committed:
                 self.clocks.committed(clocks)
             if enriched is not None and result.committed:  # the kept table versions take the batch's
