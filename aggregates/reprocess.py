@@ -30,7 +30,7 @@ from catalog.versions import changed_streams, definition_version, short_version,
 from ingest.log import EventLog, PartitionOffsets
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
+from store.definitions import ACTIVE_STATES, DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
@@ -66,6 +66,25 @@ def run_id(stream: str, version: str, prefix: str = RUN_PREFIX) -> str:
 
 class SwitchRefused(ValueError):
     """The switch or drop cannot be done now (the reason says why)."""
+
+
+class UnknownRun(KeyError):
+    """`sketchboard reprocess STREAM --run ID`: no run with that id, or a run of another stream."""
+
+    def __str__(self) -> str:  # the reason, not KeyError's quoted repr (the CLI prints it)
+        return str(self.args[0])
+
+
+class RunNotResumable(ValueError):
+    """`--run ID` names an output no pipeline reprocesses into (a replaced `previous-*` output)."""
+
+
+def run_going(run_id_: str, stream: str) -> RunGoing:
+    """The refusal of a run (or `--run`) while a run of the stream is going, with how to go on."""
+    return RunGoing(f"reprocessing run {run_id_!r} of stream {stream!r} is still going (its process reports every"
+                    f" {RUN_HEARTBEAT_MS // 1000} s); if that process is gone, the run is marked failed"
+                    f" {RUN_STALE_MS // 60_000} minutes after its last report: then resume it with"
+                    f" `sketchboard reprocess {stream} --run {run_id_}`")
 
 
 class NeedsAlignment(SwitchRefused):
@@ -314,7 +333,7 @@ class ReprocessService:
                 " change the streams configuration first, then reprocess")
         going = [r.id for r in self.runs() if r.stream == stream and r.active]
         if going:
-            raise RunGoing(f"reprocessing run {going[0]!r} of stream {stream!r} is still going")
+            raise run_going(going[0], stream)
         now = self._now_ms()
         offsets = self.log.offsets(stream)
         starts = {p: o.start for p, o in offsets.items()}
@@ -345,6 +364,37 @@ class ReprocessService:
                 self.definitions.set_state(run.id, "failed", self._now_ms(), error=f"could not start: {exc}")
                 raise
         return run
+
+    def resume(self, stream: str, run_id_: str, *, launched: bool = False) -> ReprocessRun:
+        """The run `sketchboard reprocess STREAM --run ID` carries out, checked before any Spark:
+        UnknownRun for an unknown id or a run of another stream; RunNotResumable for an output no
+        pipeline reads into (a `previous-*` output a switch kept: switching back is a switch);
+        RunGoing while it (or another run of the stream) is going in another process, unless
+        `launched` (the API recorded it going and started this process for it: its child) or its
+        process stopped reporting (RUN_STALE_MS: then it is failed, and resumed here). The run is
+        then claimed (`starting`), so a second `--run` of it is refused until this one ends."""
+        run = self.run(run_id_)
+        if run is None:
+            known = ", ".join(r.id for r in self.runs() if r.stream == stream) or "none"
+            raise UnknownRun(f"no reprocessing run {run_id_!r} (runs of stream {stream!r}: {known})")
+        if run.stream != stream:
+            raise UnknownRun(f"run {run.id!r} is a run of stream {run.stream!r}, not of {stream!r}")
+        if run.id.startswith(PREVIOUS_PREFIX) or not is_run_pipeline(run.id):
+            raise RunNotResumable(
+                f"{run.id!r} is the output of {stream!r} that a switch replaced, kept to switch back to: no pipeline"
+                f" reads into it. Switching back is a switch: POST /api/v1/reprocess/{run.id}/switch (admin), or the"
+                " dashboard's Switch button")
+        if launched:
+            return run
+        now = self._now_ms()
+        with self.definitions.lock_runs() as conn:
+            going = conn.execute("SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
+                                 (stream, *ACTIVE_STATES)).fetchone()
+            if going is not None:
+                raise run_going(going[0], stream)
+            conn.execute("UPDATE reprocess_runs SET state = 'starting', error = NULL, updated_at_ms = ? WHERE id = ?",
+                         (now, run.id))
+        return self.definitions.run(run.id)
 
     def runs(self) -> list[ReprocessRun]:
         self.fail_stale()

@@ -217,13 +217,13 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
-    from aggregates.reprocess import DefinitionUnchanged, SwitchRefused, UnknownStream
+    from aggregates.reprocess import DefinitionUnchanged, RunNotResumable, SwitchRefused, UnknownRun, UnknownStream
     from sketchboard.reprocess import run_reprocess
     from store.definitions import RunGoing
 
     try:
-        run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch)
-    except (UnknownStream, DefinitionUnchanged, RunGoing, SwitchRefused) as exc:
+        run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch, launched=args.launched)
+    except (UnknownStream, UnknownRun, RunNotResumable, DefinitionUnchanged, RunGoing, SwitchRefused) as exc:
         # Refused as the API refuses it (404/409), with the reason: not a traceback.
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
@@ -390,7 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
         "reprocess", help="rebuild a stream whose definition changed: a second pipeline reads the log from its earliest"
         " retained offset into a versioned output beside the served one"))
     reprocess.add_argument("stream", help="the stream, with its configured definition")
-    reprocess.add_argument("--run", help="carry out this run, recorded by POST /api/v1/reprocess (the API's child)")
+    reprocess.add_argument("--run", help="carry out or resume this run of the stream: one recorded by POST"
+                           " /api/v1/reprocess (the API's child), or one that failed or caught up (it reads on from"
+                           " its checkpoint); refused while it is going in another process")
+    reprocess.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)  # the API's child: its run is ours
     reprocess.add_argument("--switch", action="store_true",
                            help="once caught up, serve its output (a stream feeding a window join: in step with the"
                                 " serving pipeline, whose commits wait meanwhile)")

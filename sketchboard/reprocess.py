@@ -71,8 +71,9 @@ def child_launcher(settings: Settings, *, switch: bool = False):
 
         env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
                "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
+        # --launched: the API recorded the run going for this child (a `--run` of a going run is refused otherwise)
         child = subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
-                                  *(["--switch"] if switch else [])], env=env)
+                                  "--launched", *(["--switch"] if switch else [])], env=env)
         threading.Thread(target=failed_if_it_dies, args=(settings, run.id, child), name=f"watch-{run.id}",
                          daemon=True).start()
 
@@ -276,11 +277,14 @@ def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun
 
 
 def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None, spark=None,
-                  out: TextIO = sys.stderr, interval_s: float = 1.0, switch: bool = False) -> ReprocessRun:
-    """Start a run of `stream` (or carry out `run_id`, recorded by the API) and process the log up
-    to its end as it was at the start; returns the run as recorded at the end (caught_up, or
-    failed: then the error is raised). `switch`: then switch to its output (in step with the
-    serving pipeline when the stream feeds a window join: `switch_run`)."""
+                  out: TextIO = sys.stderr, interval_s: float = 1.0, switch: bool = False,
+                  launched: bool = False) -> ReprocessRun:
+    """Start a run of `stream` (or carry out or resume `run_id`: recorded by the API, `launched`,
+    or one that failed or caught up) and process the log up to its end as it was at the start;
+    returns the run as recorded at the end (caught_up, or failed: then the error is raised).
+    `switch`: then switch to its output (in step with the serving pipeline when the stream feeds a
+    window join: `switch_run`). What would be refused is refused before Spark starts
+    (ReprocessService.plan, resume)."""
     from aggregates.batch_gate import remove_listeners
     from sketchboard.wiring import build_pipeline, open_catalog, open_log, open_store
 
@@ -288,9 +292,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     root = open_store(settings)
     log = open_log(settings, catalog)
     service = build_reprocess_service(settings, catalog, root, log)
-    run = service.run(run_id) if run_id is not None else service.start(stream)
-    if run is None or run.stream != stream:
-        raise ValueError(f"no reprocessing run {run_id!r} of stream {stream!r}")
+    run = service.resume(stream, run_id, launched=launched) if run_id is not None else service.start(stream)
     print(f"reprocessing {stream!r} with definition {short_version(run.version)} into {run.id!r}: the new output"
           f" is complete from {format_time(run.complete_from_ms)} (older events are gone from the log or older than"
           f" the stream's retention)", file=out, flush=True)

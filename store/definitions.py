@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,9 +163,18 @@ class DefinitionStore(SideStore):
                 "SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
                 (run.stream, *ACTIVE_STATES)).fetchone()
             if going is not None:
-                raise RunGoing(f"reprocessing run {going[0]!r} of stream {run.stream!r} is still going")
+                from aggregates.reprocess import run_going
+
+                raise run_going(going[0], run.stream)
             insert_run(conn, run)
         return run
+
+    @contextmanager
+    def lock_runs(self):
+        """A write transaction over the runs (a check and a claim that no other process can come
+        between: aggregates/reprocess.py ReprocessService.resume)."""
+        with self._lock, self._conn.transaction() as conn:
+            yield conn
 
     def delete_run(self, run_id: str) -> None:
         with self._lock:

@@ -327,7 +327,18 @@ def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_pat
     log.close()
     root.close()
     assert cli.main(["reprocess", "http", *args]) == 2
-    assert "is still going" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is still going" in err and "sketchboard reprocess http --run reprocess-http-" in err
+    # --run: an unknown id, another stream's run, a run going in another process: refused, no traceback.
+    root = open_store(settings)
+    (run,) = DefinitionStore(root.side_db()).runs()
+    root.close()
+    for argv, reason in [(["http", "--run", "bogus"], "no reprocessing run 'bogus'"),
+                         (["orders", "--run", run.id], f"run {run.id!r} is a run of stream 'http', not of 'orders'"),
+                         (["http", "--run", run.id], f"reprocessing run {run.id!r} of stream 'http' is still going")]:
+        assert cli.main(["reprocess", *argv, *args]) == 2
+        err = capsys.readouterr().err
+        assert f"sketchboard: {reason}" in err and "Traceback" not in err
 
 
 @pytest.mark.kafka
@@ -415,3 +426,43 @@ def test_a_child_that_dies_before_recording_why_leaves_its_run_failed_not_starti
     finally:
         log.close()
         root.close()
+
+
+def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
+    """`sketchboard reprocess STREAM --run ID` (ReprocessService.resume): an unknown id or another
+    stream's run is refused as such; a replaced `previous-*` output is refused (nothing reads into
+    it: switching back is a switch); a run going in another process is refused as going, unless this
+    process is the API's child it was launched for; a run that failed or caught up is resumed and
+    claimed, so a second `--run` of it is refused until this one ends."""
+    from aggregates.reprocess import RUN_STALE_MS, RunNotResumable, UnknownRun
+    from store.definitions import insert_run
+
+    now = {"ms": NOW}
+    service.clock = lambda: now["ms"] / 1000
+    run = service.start("http")
+    with pytest.raises(UnknownRun, match="no reprocessing run 'bogus'.*runs of stream 'http': reprocess-http-"):
+        service.resume("http", "bogus")
+    with pytest.raises(UnknownRun, match="is a run of stream 'http', not of 'orders'"):
+        service.resume("orders", run.id)
+    with pytest.raises(RunGoing, match=f"still going.*sketchboard reprocess http --run {run.id}"):
+        service.resume("http", run.id)  # `starting`: a process is starting it
+    service.definitions.set_state(run.id, "running", NOW)
+    with pytest.raises(RunGoing, match="still going"):
+        service.resume("http", run.id)
+    assert service.resume("http", run.id, launched=True).state == "running"  # the API's child
+    now["ms"] = NOW + RUN_STALE_MS + 1  # its process stopped reporting: failed, and resumed here
+    claimed = service.resume("http", run.id)
+    assert claimed.state == "starting" and claimed.error is None and claimed.started_at_ms == NOW
+    with pytest.raises(RunGoing):
+        service.resume("http", run.id)
+    service.definitions.set_state(run.id, "caught_up", now["ms"])
+    assert service.resume("http", run.id).state == "starting"  # a caught-up run reads on
+    service.definitions.set_state(run.id, "caught_up", now["ms"])
+    previous = run_of(id="previous-http-76543210", state="caught_up", version="7654321000")
+    with service.definitions.lock_runs() as conn:
+        insert_run(conn, previous)
+    with pytest.raises(RunNotResumable, match="a switch replaced.*POST /api/v1/reprocess/previous-http-76543210/switch"):
+        service.resume("http", previous.id)
+    with pytest.raises(RunNotResumable):
+        service.resume("http", previous.id, launched=True)
+    assert service.run(previous.id).state == "caught_up"
