@@ -566,10 +566,7 @@ class ReprocessService:
         fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
                          *(f"view {v.name!r}" for v in views),
                          *(f"enrichment of {s!r}" for s in enriched if s in others)])
-        changed = sorted((set(others) - set(enriched)) & set(self.changes()))  # the enriched ones are rebuilt
-        if changed:  # the serving pipeline computes them as stored, the run as configured
-            raise SwitchRefused(f"the definition of {', '.join(map(repr, changed))} (read by {fed} with"
-                                f" {run.stream!r}) changed too: reprocess and switch it first")
+        self.refuse_unswitchable(run.stream, catalog)
         if run.id.startswith(PREVIOUS_PREFIX):  # kept by a switch: no pipeline of its own can go on
             raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds {fed}: their state"
                                 " stopped when it was replaced; to go back, configure the old definition and reprocess")
@@ -578,12 +575,49 @@ class ReprocessService:
         if missing:
             raise SwitchRefused(f"run {run.id!r} did not read {', '.join(map(repr, missing))} (started before runs"
                                 f" rebuilt {fed}): start a new run")
+        # The run built the other streams as they were configured then: the state it moves must be
+        # built with the definitions the serving pipeline computes them with (one of them changed,
+        # or switched, since the run started: its state holds their records the other way).
+        served = self.definitions.definitions()
+        built_otherwise = [f"{s!r} (built with {short_version(read[s].version)}, served with"
+                           f" {short_version(served[s].version)})" for s in others
+                           if s not in enriched and s in served and read[s].version != served[s].version]
+        if built_otherwise:
+            raise SwitchRefused(f"run {run.id!r} read {', '.join(built_otherwise)} with another definition than the"
+                                f" serving pipeline's, for {fed}: start a new run")
         if align is None:
             raise NeedsAlignment(
                 f"stream {run.stream!r} feeds {fed}: its switch holds the serving"
                 " pipeline while the run reads the other stream(s) as far as it has; run it with"
                 f" `sketchboard reprocess {run.stream} --switch` (or turn reprocess_auto_switch on)")
         return self._aligned_switch(run, stored, catalog, patterns, joins, others, align, views, enriched)
+
+    def refuse_unswitchable(self, stream: str, catalog: Catalog | None = None) -> None:
+        """SwitchRefused when a run of `stream` could not be switched because another stream it is
+        read with (a join's, a pattern's over two streams, a view's other table: `capped_streams`)
+        has a changed definition of its own: the serving pipeline computes that one as stored, the
+        run as configured. Checked by the switch, and by `sketchboard reprocess --switch` before its
+        run starts Spark. When each stream's change waits for the other's switch (both streams of a
+        join changed), the way out is one change at a time, which the reason says."""
+        catalog = catalog or self.full_catalog()
+        others = capped_streams(catalog, stream)
+        if not others:
+            return
+        changes = self.changes()
+        changed = sorted((set(others) - set(enriched_streams(catalog, stream))) & set(changes))
+        if not changed:
+            return
+        fed = ", ".join([*(f"join {j.name!r}" for j in aligned_joins(catalog, stream)),
+                         *(f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)),
+                         *(f"view {v.name!r}" for v in aligned_views(catalog, stream))]) or "its dependents"
+        names = ", ".join(map(repr, changed))
+        waits = [s for s in changed if stream in capped_streams(catalog, s)]  # that one's switch waits for this one
+        how = (f"switch one at a time: configure {names} as served (version"
+               f" {', '.join(short_version(changes[s][0]) for s in changed)}) again, reprocess {stream!r} and switch"
+               f" it, then configure {names} as you want and reprocess and switch {'it' if len(changed) == 1 else 'them'}"
+               ) if waits else f"reprocess and switch {names} first"
+        raise SwitchRefused(f"the definition of {names} (read by {fed} with {stream!r}) changed too, and the serving"
+                            f" pipeline computes it as stored: {how}")
 
     def start_switch(self, run_id_: str) -> ReprocessRun:
         """A synchronized switch in the background (the API, after `switch` raised NeedsAlignment):

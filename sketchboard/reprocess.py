@@ -284,7 +284,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     returns the run as recorded at the end (caught_up, or failed: then the error is raised).
     `switch`: then switch to its output (in step with the serving pipeline when the stream feeds a
     window join: `switch_run`). What would be refused is refused before Spark starts
-    (ReprocessService.plan, resume)."""
+    (ReprocessService.plan, resume, refuse_unswitchable)."""
     from aggregates.batch_gate import remove_listeners
     from sketchboard.wiring import build_pipeline, open_catalog, open_log, open_store
 
@@ -292,6 +292,8 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     root = open_store(settings)
     log = open_log(settings, catalog)
     service = build_reprocess_service(settings, catalog, root, log)
+    if switch:  # a switch this run could never make: said now, not after the whole run
+        service.refuse_unswitchable(stream)
     run = service.resume(stream, run_id, launched=launched) if run_id is not None else service.start(stream)
     print(f"reprocessing {stream!r} with definition {short_version(run.version)} into {run.id!r}: the new output"
           f" is complete from {format_time(run.complete_from_ms)} (older events are gone from the log or older than"

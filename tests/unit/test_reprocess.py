@@ -466,3 +466,39 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     with pytest.raises(RunNotResumable):
         service.resume("http", previous.id, launched=True)
     assert service.run(previous.id).state == "caught_up"
+
+
+def test_reprocess_switch_of_a_stream_whose_joins_other_stream_changed_too_is_refused_before_spark(
+        tmp_path, capsys, monkeypatch):
+    """`sketchboard reprocess searches --switch` when `clicks`, the other stream of their join,
+    changed too: the switch could not be made (aggregates/reprocess.py refuse_unswitchable), so it
+    is refused before a run is recorded or Spark starts, saying what to do; exit 2."""
+    import yaml
+
+    import sketchboard.wiring
+    from sketchboard import cli
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_store
+
+    old = {"streams": {"searches": {"key_field": "user", "dimensions": ["query"]},
+                       "clicks": {"key_field": "user", "dimensions": ["button"]}},
+           "joins": [{"name": "search_clicks", "left": {"stream": "searches", "key": "user"},
+                      "right": {"stream": "clicks", "key": "user"}, "within": "5m"}]}
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(old))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    root.close()
+    config.write_text(yaml.safe_dump({**old, "streams": {
+        "searches": {"key_field": "user", "dimensions": ["query", "country"]},
+        "clicks": {"key_field": "user", "dimensions": ["button", "page"]}}}))
+    monkeypatch.setattr(sketchboard.wiring, "build_pipeline", lambda *a, **k: pytest.fail("Spark started"))
+    args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
+    assert cli.main(["reprocess", "searches", "--switch", *args]) == 2
+    err = capsys.readouterr().err
+    assert "sketchboard: the definition of 'clicks' (read by join 'search_clicks' with 'searches') changed too" in err
+    assert "switch one at a time" in err and "Traceback" not in err
+    root = open_store(settings)
+    assert DefinitionStore(root.side_db()).runs() == []
+    root.close()

@@ -467,6 +467,45 @@ def test_a_stream_feeding_a_join_is_switched_in_step_with_the_serving_pipeline(s
         close_fixture(root, log, service)
 
 
+def test_both_streams_of_a_join_changed_are_refused_before_the_run_saying_to_switch_one_at_a_time(settings):
+    """Both streams of a join changed: each one's switch waits for the other's (the serving pipeline
+    computes the other as stored), so neither could ever be switched. The refusal comes before any
+    run (`sketchboard reprocess --switch` asks refuse_unswitchable before Spark) and says the way
+    out: one change at a time. A run that read the other stream with another definition than the
+    one served now (switched since the run started) is refused too, before its final batch."""
+    from catalog.versions import short_version, stream_document
+
+    old, new, root, log, service, run = joined_fixture(settings)
+    both = Catalog(**{**JOINED, "streams": {**JOINED["streams"], "clicks": {"key_field": "user",
+                                                                             "dimensions": ["button", "page"]}}})
+    served_clicks = short_version(definition_version(old.streams["clicks"], old))
+    never = lambda run_, offsets: pytest.fail("no final batch for a refused switch")  # noqa: E731
+    try:
+        service.catalog = both
+        for stream, other in [("http", "clicks"), ("clicks", "http")]:
+            with pytest.raises(SwitchRefused, match=f"the definition of '{other}' .read by join 'http_clicks' with"
+                                                    f" '{stream}'. changed too.*switch one at a time: configure"
+                                                    f" '{other}' as served"):
+                service.refuse_unswitchable(stream)
+        with pytest.raises(SwitchRefused, match=f"configure 'clicks' as served .version {served_clicks}. again,"
+                                                " reprocess 'http' and switch it"):
+            service.switch(run.id, align=never)
+        service.catalog = new  # clicks configured as served again: http's run can be switched
+        service.refuse_unswitchable("http")
+        # clicks switched to its new definition after http's run read it the old way: the run's join
+        # state holds clicks' records as the old definition read them.
+        service.catalog = both
+        clicks = both.streams["clicks"]
+        service.definitions.replace("clicks", definition_version(clicks, both), stream_document(clicks, both), NOW)
+        with pytest.raises(SwitchRefused, match=f"read 'clicks' .built with {served_clicks}, served with"
+                                                f" {short_version(definition_version(clicks, both))}. with another"
+                                                " definition.*start a new run"):
+            service.switch(run.id, align=never)
+        assert service.serving_version("http") == definition_version(old.streams["http"], old)
+    finally:
+        close_fixture(root, log, service)
+
+
 def test_a_synchronized_switch_that_cannot_align_changes_nothing_and_releases_the_hold(settings):
     old, new, root, log, service, run = joined_fixture(settings)
     calls = []
