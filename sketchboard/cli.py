@@ -218,15 +218,32 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
     from aggregates.reprocess import DefinitionUnchanged, RunNotResumable, SwitchRefused, UnknownRun, UnknownStream
-    from sketchboard.reprocess import run_reprocess
+    from sketchboard.reprocess import Interrupted, run_reprocess
     from store.definitions import RunGoing
 
+    def interrupt(signum, frame):
+        # SIGTERM (kill, a service manager) as Ctrl-C: the run is recorded failed and its pipeline
+        # stopped on the way out, not left `running` (refused as going for 5 minutes). A second
+        # signal ends the process at once.
+        signal.signal(signum, signal.SIG_DFL)
+        raise Interrupted(signum)
+
+    before = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch, launched=args.launched)
     except (UnknownStream, UnknownRun, RunNotResumable, DefinitionUnchanged, RunGoing, SwitchRefused) as exc:
         # Refused as the API refuses it (404/409), with the reason: not a traceback.
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        run = exc.run
+        print(f"sketchboard: {exc}" + ("" if run is None else
+              f": run {run.id!r} is recorded failed; resume it with `sketchboard reprocess {run.stream} --run"
+              f" {run.id}`"), file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
     return 0
 
 

@@ -9,6 +9,7 @@ API alike."""
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +28,29 @@ from store.definitions import DefinitionStore, ReprocessRun
 
 logger = logging.getLogger("sketchboard.reprocess")
 BAR_WIDTH = 30
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT during `sketchboard reprocess` (sketchboard/cli.py cmd_reprocess): raised in
+    the main thread like Ctrl-C's KeyboardInterrupt, so the run is recorded failed and its pipeline
+    stopped on the way out. `run`: the run it interrupted, once known."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.run: ReprocessRun | None = None
+
+    def __str__(self) -> str:
+        return f"interrupted ({signal.Signals(self.signum).name})"
+
+
+def failure_text(exc: BaseException, run: ReprocessRun) -> str:
+    """The error a failed run records: a signal's name and how to resume, not "KeyboardInterrupt: "."""
+    if isinstance(exc, KeyboardInterrupt):
+        exc = Interrupted(signal.SIGINT)
+    if isinstance(exc, Interrupted):
+        return f"{exc}: resume it with `sketchboard reprocess {run.stream} --run {run.id}`, or start a new run"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, log, *, launch=None) -> ReprocessService:
@@ -322,7 +346,9 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         reporter.start()
         pipeline.run_until_drained()
     except BaseException as exc:
-        definitions.set_state(run.id, "failed", int(time.time() * 1000), error=f"{type(exc).__name__}: {exc}")
+        definitions.set_state(run.id, "failed", int(time.time() * 1000), error=failure_text(exc, run))
+        if isinstance(exc, Interrupted):
+            exc.run = run
         raise
     finally:
         stop.set()

@@ -468,6 +468,78 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     assert service.run(previous.id).state == "caught_up"
 
 
+def test_sigterm_or_ctrl_c_records_the_run_failed_with_how_to_resume_and_it_resumes(tmp_path, capsys, monkeypatch):
+    """`kill PID` (SIGTERM) of `sketchboard reprocess` is handled as Ctrl-C: the run is recorded
+    failed with a readable reason (not left `running`, refused as going for 5 minutes; not
+    "KeyboardInterrupt: "), one line on stderr says how to resume, exit 128 + the signal. `--run`
+    then resumes it. The pipeline is a stand-in (no Spark): what is pinned is the CLI's handling."""
+    import os
+    import signal
+    import time
+
+    import yaml
+
+    import aggregates.batch_gate
+    import sketchboard.wiring
+    from sketchboard import cli
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_store
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    root.close()
+    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
+                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
+    signals = []
+
+    class Pipeline:  # what run_reprocess uses of aggregates.pipeline.Pipeline
+        spark = progress_recorder = None
+
+        def __init__(self):
+            self.store = self
+
+        def close(self):
+            pass
+
+        def run_until_drained(self):
+            if signals:
+                signum = signals.pop(0)
+                if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+                    pytest.fail(f"{signal.Signals(signum).name} is not handled: it would end pytest too")
+                os.kill(os.getpid(), signum)
+                time.sleep(30)  # interrupted by the handler
+
+    monkeypatch.setattr(sketchboard.wiring, "build_pipeline", lambda *a, **k: Pipeline())
+    monkeypatch.setattr(aggregates.batch_gate, "remove_listeners", lambda *a: None)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    def runs():
+        root = open_store(settings)
+        try:
+            return DefinitionStore(root.side_db()).runs()
+        finally:
+            root.close()
+
+    for signum, name in [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")]:
+        signals.append(signum)
+        started = time.monotonic()
+        assert cli.main(["reprocess", "http", *args]) == 128 + signum
+        assert time.monotonic() - started < 20
+        err = capsys.readouterr().err
+        (run,) = runs()
+        assert f"sketchboard: interrupted ({name}): run {run.id!r} is recorded failed; resume it with" \
+               f" `sketchboard reprocess http --run {run.id}`" in err and "Traceback" not in err
+        assert run.state == "failed" and run.error.startswith(f"interrupted ({name}): resume it with")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # put back
+    assert cli.main(["reprocess", "http", "--run", run.id, *args]) == 0  # resumed from its checkpoint
+    (run,) = runs()
+    assert run.state == "caught_up" and run.error is None
+
+
 def test_reprocess_switch_of_a_stream_whose_joins_other_stream_changed_too_is_refused_before_spark(
         tmp_path, capsys, monkeypatch):
     """`sketchboard reprocess searches --switch` when `clicks`, the other stream of their join,
