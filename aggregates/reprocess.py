@@ -192,13 +192,15 @@ class Progress:
 
 
 def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
-                 reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int]]] | None = None
-                 ) -> Progress:
+                 reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int]]] | None = None,
+                 since: tuple[int, int] | None = None) -> Progress:
     """Offsets done / to do per partition (from where the run started to the log's end when it
     started), the rate since it started and the time left at that rate. Offsets, not events:
     Kafka's offsets may have gaps (a direct producer's invalid records), so 'done' counts records.
     `reads`: the other streams the run reads whole, {stream: (starts, targets, committed)}: their
-    partitions count too (named by stream: then the run's own are as well)."""
+    partitions count too (named by stream: then the run's own are as well).
+    `since`: (when, done then) where the process reading now took over (a resumed run: its
+    checkpoint holds what an earlier process read): the rate counts only what was read since."""
     parts = []
     streams = [(None if not reads else run.stream, run.start_offsets, run.target_offsets, committed),
                *((name, *offsets) for name, offsets in sorted((reads or {}).items()))]
@@ -208,8 +210,10 @@ def run_progress(run: ReprocessRun, committed: Mapping[int, int], now_ms: int,
             reached = min(max(reached_by.get(partition, start), start), target)
             parts.append(PartitionProgress(partition, reached - start, target - start, stream))
     done, to_do = sum(p.done for p in parts), sum(p.to_do for p in parts)
-    elapsed_s = (now_ms - run.started_at_ms) / 1000
-    rate = done / elapsed_s if done and elapsed_s > 0 else None
+    from_ms, done_then = (run.started_at_ms, 0) if since is None else since
+    elapsed_s = (now_ms - from_ms) / 1000
+    read = done - done_then
+    rate = read / elapsed_s if read > 0 and elapsed_s > 0 else None
     eta = 0.0 if done >= to_do else (None if rate is None else (to_do - done) / rate)
     return Progress(tuple(parts), rate, eta)
 
@@ -410,11 +414,12 @@ class ReprocessService:
         for stale in self.definitions.fail_stale(self._now_ms(), RUN_STALE_MS):
             logger.warning("reprocessing run %r: its process stopped reporting; marked failed", stale)
 
-    def progress(self, run: ReprocessRun) -> Progress:
+    def progress(self, run: ReprocessRun, since: tuple[int, int] | None = None) -> Progress:
+        """`since`: (when, offsets done then) where this process took the run over (run_progress)."""
         committed = self.registry.offsets(run.id)
         reads = {name: (starts, targets, committed.get(name, {}))
                  for name, (starts, targets) in self.definitions.run_reads(run.id).items()}
-        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads)
+        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads, since)
 
     # -- versions, switch, drop
 

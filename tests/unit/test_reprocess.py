@@ -428,6 +428,20 @@ def test_a_child_that_dies_before_recording_why_leaves_its_run_failed_not_starti
         root.close()
 
 
+def test_a_resumed_runs_rate_counts_only_what_this_process_read():
+    """A run resumed by another process (its checkpoint holds what an earlier one read): the rate
+    and the ETA count from where this process took over, not the offsets it found done."""
+    run = run_of()  # 400 offsets to do
+    # 300 were read by an earlier process; this one took over at NOW + 60 s and read 50 in 10 s.
+    resumed = run_progress(run, {0: 100, 1: 260}, NOW + 70_000, since=(NOW + 60_000, 300))
+    assert (resumed.done, resumed.to_do) == (350, 400)
+    assert resumed.events_per_s == 5 and resumed.eta_s == 10
+    # Nothing read yet since: no rate, no ETA (not the earlier process's offsets over this one's seconds).
+    start = run_progress(run, {0: 100, 1: 210}, NOW + 60_000, since=(NOW + 60_000, 300))
+    assert start.events_per_s is None and start.eta_s is None
+    assert run_progress(run, {0: 100, 1: 210}, NOW + 61_000, since=(NOW + 60_000, 300)).events_per_s is None
+
+
 def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     """`sketchboard reprocess STREAM --run ID` (ReprocessService.resume): an unknown id or another
     stream's run is refused as such; a replaced `previous-*` output is refused (nothing reads into
