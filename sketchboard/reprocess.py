@@ -28,6 +28,7 @@ from store.definitions import DefinitionStore, ReprocessRun
 
 logger = logging.getLogger("sketchboard.reprocess")
 BAR_WIDTH = 30
+LINE_EVERY_S = 10.0  # progress as whole lines, not a bar, where the output is not a terminal
 
 
 class Interrupted(BaseException):
@@ -51,6 +52,53 @@ def failure_text(exc: BaseException, run: ReprocessRun) -> str:
     if isinstance(exc, Interrupted):
         return f"{exc}: resume it with `sketchboard reprocess {run.stream} --run {run.id}`, or start a new run"
     return f"{type(exc).__name__}: {exc}"
+
+
+class ProgressOutput:
+    """The progress line on `out`. On a terminal, one bar rewritten in place (`\r`), whose line is
+    ended before a log record is written (`filter`, put on the log's handlers while the run goes:
+    the record starts on a line of its own, the next bar on the next line). Elsewhere (a file, a
+    pipe, the API's output) whole lines, one every `every_s` and the last."""
+
+    def __init__(self, out: TextIO, every_s: float = LINE_EVERY_S, clock=time.monotonic):
+        self.out = out
+        isatty = getattr(out, "isatty", None)
+        self.tty = bool(isatty()) if callable(isatty) else False
+        self.every_s = every_s
+        self.clock = clock
+        self._open = False  # a bar without its newline is on the terminal's last line
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def show(self, line: str, *, final: bool = False) -> None:
+        with self._lock:
+            if self.tty:
+                print("\r" + line, end="\n" if final else "", file=self.out, flush=True)
+                self._open = not final
+            elif final or self._last is None or self.clock() - self._last >= self.every_s:
+                print(line, file=self.out, flush=True)
+                self._last = self.clock()
+
+    def end_line(self) -> None:
+        with self._lock:
+            if self._open:
+                print(file=self.out, flush=True)
+                self._open = False
+
+    def filter(self, record: logging.LogRecord) -> bool:  # a logging filter: the bar's line ends first
+        self.end_line()
+        return True
+
+    def __enter__(self) -> "ProgressOutput":
+        if self.tty:
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self)
+        self.end_line()
 
 
 def build_reprocess_service(settings: Settings, catalog: Catalog, root_store, log, *, launch=None) -> ReprocessService:
@@ -302,7 +350,7 @@ def auto_switch(settings: Settings, service: ReprocessService, run: ReprocessRun
 
 def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None, spark=None,
                   out: TextIO = sys.stderr, interval_s: float = 1.0, switch: bool = False,
-                  launched: bool = False) -> ReprocessRun:
+                  launched: bool = False, line_every_s: float = LINE_EVERY_S) -> ReprocessRun:
     """Start a run of `stream` (or carry out or resume `run_id`: recorded by the API, `launched`,
     or one that failed or caught up) and process the log up to its end as it was at the start;
     returns the run as recorded at the end (caught_up, or failed: then the error is raised).
@@ -324,18 +372,20 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
           f" the stream's retention)", file=out, flush=True)
     definitions = service.definitions
     stop = threading.Event()
+    bar = ProgressOutput(out, line_every_s)
     since: list[tuple[int, int]] = []  # (when, offsets done then): this process's rate counts from there
 
     def report() -> None:  # and the heartbeat that tells the run's process is alive (fail_stale)
         beat = 0.0
         while not stop.wait(interval_s):
-            print("\r" + progress_line(run, service.progress(run, since[0] if since else None)), end="", file=out, flush=True)
+            bar.show(progress_line(run, service.progress(run, since[0] if since else None)))
             if time.monotonic() - beat >= RUN_HEARTBEAT_MS / 1000:
                 definitions.heartbeat(run.id, int(time.time() * 1000))
                 beat = time.monotonic()
 
     reporter = threading.Thread(target=report, name="reprocess-progress", daemon=True)
     pipeline = None
+    bar.__enter__()
     try:
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
@@ -357,6 +407,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         stop.set()
         if reporter.is_alive():
             reporter.join()
+        bar.__exit__()
         if pipeline is not None:
             # Off the listener bus before Spark stops, as the serving pipeline's (sketchboard/live.py):
             # left on, the bus's last events reached a Python process on its way out (an ERROR
@@ -365,7 +416,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
             if pipeline.store is not root:
                 pipeline.store.close()
     definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
-    print("\r" + progress_line(run, service.progress(run, since[0] if since else None)), file=out, flush=True)
+    bar.show(progress_line(run, service.progress(run, since[0] if since else None)), final=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
     align = aligner(settings, pipeline.spark, service.full_catalog(), root)

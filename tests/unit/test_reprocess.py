@@ -442,6 +442,44 @@ def test_a_resumed_runs_rate_counts_only_what_this_process_read():
     assert run_progress(run, {0: 100, 1: 210}, NOW + 61_000, since=(NOW + 60_000, 300)).events_per_s is None
 
 
+def test_the_progress_bar_ends_its_line_before_a_log_record_and_a_file_gets_whole_lines():
+    """On a terminal the bar is rewritten in place, and a log record written meanwhile starts on a
+    line of its own (not glued to the bar); a file or pipe gets whole lines, one per interval."""
+    import io
+
+    from sketchboard.reprocess import ProgressOutput
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    handler = logging.StreamHandler(term)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with ProgressOutput(term) as bar:
+            bar.show("[#--] 10%")
+            bar.show("[##-] 20%")
+            logging.getLogger("sketchboard.test").warning("a log line")
+            bar.show("[###] 30%")
+        logging.getLogger("sketchboard.test").warning("after")
+    finally:
+        root.removeHandler(handler)
+    assert term.getvalue() == "\r[#--] 10%\r[##-] 20%\nWARNING a log line\n\r[###] 30%\nWARNING after\n"
+    assert handler.filters == []
+
+    now = {"s": 0.0}
+    file = io.StringIO()
+    with ProgressOutput(file, every_s=10, clock=lambda: now["s"]) as bar:
+        for second in range(25):
+            now["s"] = float(second)
+            bar.show(f"at {second}")
+        bar.show("done", final=True)
+    assert file.getvalue() == "at 0\nat 10\nat 20\ndone\n"
+
+
 def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     """`sketchboard reprocess STREAM --run ID` (ReprocessService.resume): an unknown id or another
     stream's run is refused as such; a replaced `previous-*` output is refused (nothing reads into
