@@ -30,7 +30,8 @@ from catalog.versions import changed_streams, definition_version, short_version,
 from ingest.log import EventLog, PartitionOffsets
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import ACTIVE_STATES, DefinitionStore, ReprocessRun, RunGoing, StoredDefinition, insert_run
+from store.definitions import (ACTIVE_STATES, RUN_HEARTBEAT_MS, RUN_STALE_MS, DefinitionStore, ReprocessRun, RunGoing,
+                               StoredDefinition, insert_run, run_going)
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import ROOT
 from store.namespace_storage import NamespaceStorage
@@ -79,25 +80,11 @@ class RunNotResumable(ValueError):
     """`--run ID` names an output no pipeline reprocesses into (a replaced `previous-*` output)."""
 
 
-def run_going(run_id_: str, stream: str) -> RunGoing:
-    """The refusal of a run (or `--run`) while a run of the stream is going, with how to go on."""
-    return RunGoing(f"reprocessing run {run_id_!r} of stream {stream!r} is still going (its process reports every"
-                    f" {RUN_HEARTBEAT_MS // 1000} s); if that process is gone, the run is marked failed"
-                    f" {RUN_STALE_MS // 60_000} minutes after its last report: then resume it with"
-                    f" `sketchboard reprocess {stream} --run {run_id_}`")
-
-
 class NeedsAlignment(SwitchRefused):
     """The stream feeds a window join: its switch is a synchronized one, which needs a process that
     can run the run's final batch (`sketchboard reprocess STREAM --switch`, or the API's child)."""
 
 
-# A going run's process reports every RUN_HEARTBEAT_MS (sketchboard/reprocess.py); one silent for
-# RUN_STALE_MS is taken for dead and marked failed (a SIGKILL, an out-of-memory kill, its host
-# gone): long enough for a child's JVM to start on a loaded host, short enough not to keep a
-# stream's new runs refused for long.
-RUN_HEARTBEAT_MS = 10_000
-RUN_STALE_MS = 300_000
 
 # How many times a synchronized switch runs the final batch and tries again when the serving
 # pipeline's offsets moved meanwhile (a commit that was under way when the hold was set).

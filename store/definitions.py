@@ -163,8 +163,6 @@ class DefinitionStore(SideStore):
                 "SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
                 (run.stream, *ACTIVE_STATES)).fetchone()
             if going is not None:
-                from aggregates.reprocess import run_going
-
                 raise run_going(going[0], run.stream)
             insert_run(conn, run)
         return run
@@ -287,3 +285,19 @@ def insert_run(conn: Db, run: ReprocessRun) -> None:
 
 class RunGoing(ValueError):
     """A reprocessing run of the stream is already going."""
+
+
+# A going run's process reports every RUN_HEARTBEAT_MS (sketchboard/reprocess.py); one silent for
+# RUN_STALE_MS is taken for dead and marked failed (a SIGKILL, an out-of-memory kill, its host
+# gone): long enough for a child's JVM to start on a loaded host, short enough not to keep a
+# stream's new runs refused for long.
+RUN_HEARTBEAT_MS = 10_000
+RUN_STALE_MS = 300_000
+
+
+def run_going(run_id_: str, stream: str) -> RunGoing:
+    """The refusal of a run (or `--run`) while a run of the stream is going, with how to go on."""
+    return RunGoing(f"reprocessing run {run_id_!r} of stream {stream!r} is still going (its process reports every"
+                    f" {RUN_HEARTBEAT_MS // 1000} s); if that process is gone, the run is marked failed"
+                    f" {RUN_STALE_MS // 60_000} minutes after its last report: then resume it with"
+                    f" `sketchboard reprocess {stream} --run {run_id_}`")
