@@ -57,6 +57,7 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "offsets.topic.num.partitions=1",
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=1",  # one coordinator load: the ready probe covers every id
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
@@ -122,12 +123,24 @@ class KafkaBroker:
             try:
                 # Metadata naming our node means the broker is registered and unfenced.
                 if admin.list_topics(timeout=1).brokers:
+                    self._wait_transactions(deadline)
                     return
             except Exception:  # noqa: BLE001 - not up yet: any error means "ask again"
                 pass
             time.sleep(0.2)
         self.stop(kill=True)
         raise RuntimeError(f"the Kafka broker did not answer within the timeout:\n{self.log_tail()}")
+
+    def _wait_transactions(self, deadline: float) -> None:
+        """A broker serves metadata before its transaction coordinator is ready (the first
+        transactional producer makes its state topic; a restart loads it): a producer's first
+        init_transactions then fails COORDINATOR_LOAD_IN_PROGRESS or NOT_COORDINATOR, under load
+        for longer than a test's short timeouts. One throwaway producer's init waits for it (one
+        partition of transaction state: its coordinator is every transactional id's)."""
+        from confluent_kafka import Producer
+
+        probe = Producer(client_config(self.bootstrap, **{"transactional.id": "tests-broker-ready-probe"}))
+        probe.init_transactions(max(1.0, deadline - time.monotonic()))
 
     def stop(self, *, kill: bool = False, timeout_s: float = 60) -> None:
         """SIGTERM (a controlled shutdown) or SIGKILL (a crash); waits for the process to end."""
