@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -264,6 +266,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise ConfigError("the API requires tokens, so the demo producer needs one: set SKETCHBOARD_TOKEN"
                           " (or `token:` in the settings file) to a token with the ingest scope"
                           " (`sketchboard token create demo --scope ingest`), or pass --no-demo")
+    # Before any child starts: another program on the port would answer our health check (any
+    # 200 on /healthz), and the pipeline and the demo would start against it.
+    _check_port_free(settings.host, settings.port)
     env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir), "SKETCHBOARD_HOST": settings.host,
            "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config),
            parent_death.ENV: str(os.getpid())}  # the children stop when this process dies (even SIGKILLed)
@@ -305,6 +310,25 @@ def cmd_up(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """ConfigError when something listens on host:port already (another `sketchboard up`, or any
+    other program). Bound as the API binds it (SO_REUSEADDR, as uvicorn does: a port a stopped run
+    left in TIME_WAIT is free); an address that cannot be bound for another reason is the API's to report."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return
+    for family, kind, proto, _, address in addresses:
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(f"port {port} is in use on {host}: another program (or another"
+                                      " `sketchboard up`) listens there; stop it, or pass --port") from None
 
 
 def _wait_healthy(base_url: str, child: subprocess.Popen, stopping: threading.Event, timeout_s: float = 60) -> None:
