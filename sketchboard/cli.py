@@ -236,7 +236,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import demo
 
     settings = _settings(args)
-    argv = ["--url", args.url or settings.base_url, "--rate", str(args.rate or settings.demo_rate),
+    rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
+    argv = ["--url", args.url or settings.base_url, "--rate", str(rate),
             "--config", str(settings.streams_config), "--users", str(settings.demo_users),
             "--delayed-fraction", str(settings.demo_delayed_fraction), "--delay-mean", str(settings.demo_delay_mean),
             "--late-fraction", str(settings.demo_late_fraction), "--horizon-fraction", str(settings.demo_horizon_fraction),
@@ -276,7 +277,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
     if not args.no_demo:
         spikes = [arg for spec in args.spike for arg in ("--spike", spec)]
-        parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate), *spikes]))
+        rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
+        parts.append(("demo", [*exe, "demo", "--rate", str(rate), *spikes]))
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
     # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
@@ -357,6 +359,13 @@ def _spike_spec(text: str) -> str:
     return text
 
 
+def _rate(text: str) -> float:
+    """Check a --rate here (a finite number >= 0), so `up --rate -50` fails before anything starts."""
+    from demo.cli import rate_arg  # imported only when --rate is given: numpy is slow to load
+
+    return rate_arg(text)
+
+
 def _pipeline_name(text: str) -> str:
     from store.namespace import check_pipeline_name
 
@@ -396,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = common(sub.add_parser("up", help="run the API, the pipeline and the demo producer together"))
     up.add_argument("--no-demo", action="store_true", help="do not start the demo producer")
-    up.add_argument("--rate", type=float, help="demo events per second")
+    up.add_argument("--rate", type=_rate, help="demo events per second (0: none, the tables' rows only;"
+                    " default: setting demo_rate)")
     _spike_option(up)
     up.set_defaults(func=cmd_up)
     common(sub.add_parser("api", help="run the HTTP API alone")).set_defaults(func=cmd_api)
@@ -421,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     reprocess.set_defaults(func=cmd_reprocess)
     demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
     demo.add_argument("--url", help="API base URL (default from settings)")
-    demo.add_argument("--rate", type=float, help="events per second before the daily shape")
+    demo.add_argument("--rate", type=_rate, help="events per second before the daily shape (0: none, the tables'"
+                      " rows only; default: setting demo_rate)")
     demo.add_argument("--duration", type=float, help="seconds to run (default: until stopped)")
     _spike_option(demo)
     demo.set_defaults(func=cmd_demo)
