@@ -6,7 +6,9 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -100,10 +102,19 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
             f" for {spike.duration_s:g} s",
             file=sys.stderr, flush=True,
         )
+    # Ctrl-C, or SIGTERM (`sketchboard up` stops its children so, right after the Ctrl-C that
+    # reached the whole process group): stop between requests and say what was sent. Killed by
+    # the SIGTERM while unwinding a KeyboardInterrupt, the demo never printed its summary under `up`.
+    stop = threading.Event()
+    handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    before = {signum: signal.signal(signum, lambda signum, frame: stop.set()) for signum in handled}
     try:
-        summary = producer.run(args.duration)
+        summary = producer.run(args.duration, stop=stop)
     except KeyboardInterrupt:
         summary = producer.summary()
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
     print(f"demo: done: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return 0
 

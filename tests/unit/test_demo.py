@@ -385,3 +385,27 @@ def test_producer_stops_on_event(catalog):
     summary = producer.run(stop=stop)  # nothing listens: it must still stop promptly
     assert time.monotonic() - stopping[0] < 2.0
     assert summary["sent"] == 0 and summary["errors"] >= 1
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_the_demo_stopped_by_a_signal_says_what_it_sent(signum):
+    """`sketchboard up` stops its demo with SIGTERM right after the Ctrl-C that reached the whole
+    process group: killed while unwinding its KeyboardInterrupt, the demo never printed its summary."""
+    import signal
+    import subprocess
+    import sys
+
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--url", f"http://127.0.0.1:{_free_port()}",
+                             "--rate", "10", "--users", "10"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = demo.stderr.readline()
+        assert first.startswith("demo: sending"), first
+        time.sleep(0.5)  # retrying: nothing listens on the port
+        demo.send_signal(getattr(signal, signum))
+        _, err = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, err
+    assert "demo: done: {" in err and "Traceback" not in err
