@@ -316,21 +316,29 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _check_port_free(host: str, port: int) -> None:
     """ConfigError when something listens on host:port already (another `sketchboard up`, or any
-    other program). Bound as the API binds it (SO_REUSEADDR, as uvicorn does: a port a stopped run
-    left in TIME_WAIT is free); an address that cannot be bound for another reason is the API's to report."""
+    other program): it accepts a connection, or the port cannot be bound as the API binds it
+    (SO_REUSEADDR, as uvicorn does: a port a stopped run left in TIME_WAIT is free). An address
+    that cannot be bound for another reason is the API's to report."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror:
         return
+    in_use = ConfigError(f"port {port} is in use on {host}: another program (or another `sketchboard up`)"
+                         " listens there; stop it, or pass --port")
     for family, kind, proto, _, address in addresses:
+        # An unspecified address (0.0.0.0, ::) is reached on loopback.
+        target = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address[0], address[0]), *address[1:])
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as client:
+            client.settimeout(1.0)
+            client.connect(target)
+            raise in_use
         with contextlib.suppress(OSError), socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(address)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise ConfigError(f"port {port} is in use on {host}: another program (or another"
-                                      " `sketchboard up`) listens there; stop it, or pass --port") from None
+                    raise in_use from None
 
 
 def _wait_healthy(base_url: str, child: subprocess.Popen, stopping: threading.Event, timeout_s: float = 60) -> None:
