@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +39,9 @@ _state: tuple[Any, Any] | None = None  # in a worker process: its store and poin
 
 def _open(open_state: WorkerState) -> None:
     global _state
+    # Ctrl-C reaches the whole foreground process group, this worker too: the API process stops
+    # the pool (stop()), so a worker's KeyboardInterrupt would only print a traceback per Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state = open_state()
 
 

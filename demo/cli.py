@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,12 +26,24 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "streams.yaml"
 TOKEN_ENV = "SKETCHBOARD_TOKEN"
 
 
+def rate_arg(text: str) -> float:
+    """--rate: HTTP requests/s, a finite number >= 0 (0: no events, the tables' rows only)."""
+    try:
+        rate = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(rate) or rate < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: no events), not {text!r}")
+    return rate
+
+
 def main(argv: list[str] | None = None, token: str | None = None) -> int:
     """`token`: the bearer token to send; default the SKETCHBOARD_TOKEN environment variable
     (not an option: a command line is visible to every user of the machine)."""
     parser = argparse.ArgumentParser(prog="python -m demo", description="Send realistic demo traffic to Sketchboard.")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (default %(default)s)")
-    parser.add_argument("--rate", type=float, default=200.0, help="HTTP requests/s before the daily shape (default %(default)s)")
+    parser.add_argument("--rate", type=rate_arg, default=200.0,
+                        help="HTTP requests/s before the daily shape; 0: no events, the tables' rows only (default %(default)s)")
     parser.add_argument("--duration", type=float, default=None, help="seconds to run (default: until Ctrl-C)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument("--users", type=int, default=USER_POPULATION,
@@ -87,10 +102,19 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
             f" for {spike.duration_s:g} s",
             file=sys.stderr, flush=True,
         )
+    # Ctrl-C, or SIGTERM (`sketchboard up` stops its children so, right after the Ctrl-C that
+    # reached the whole process group): stop between requests and say what was sent. Killed by
+    # the SIGTERM while unwinding a KeyboardInterrupt, the demo never printed its summary under `up`.
+    stop = threading.Event()
+    handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    before = {signum: signal.signal(signum, lambda signum, frame: stop.set()) for signum in handled}
     try:
-        summary = producer.run(args.duration)
+        summary = producer.run(args.duration, stop=stop)
     except KeyboardInterrupt:
         summary = producer.summary()
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
     print(f"demo: done: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return 0
 

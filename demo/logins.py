@@ -14,8 +14,10 @@ Bursts: in each `BURST_SLOT_S` slot of the clock, with `BURST_PROBABILITY`, an a
 tries one user's account with a leaked password list: `BURST_FAILURES` failed logins seconds
 apart, then, for `BURST_SUCCESS_SHARE` of the bursts, a success from the same address (the
 password was in the list: what the pattern finds); the other bursts give up. A burst depends only
-on the seed and its slot (`burst(slot)`), so the same clock gives the same bursts at any rate, and
-`bursts(from_ms, to_ms)` lists the ones a test must see matched.
+on the seed, the run's tag and its slot (`burst(slot)`), so the same clock gives the same bursts at
+any rate, and `bursts(from_ms, to_ms)` lists the ones a test must see matched; the tag (DemoTraffic
+passes the seed's and start time's, as search ids carry) keeps a second producer beside the first
+(a `sketchboard demo` for a spike) from sending the same bursts again, each attempt twice.
 
 `LoginTraffic.due(now_ms)` returns the logins that happened since the last call (at most
 `MAX_CATCHUP_MS` of ordinary ones after a stall) and the retries and burst attempts whose time
@@ -91,16 +93,19 @@ class Logins:
 
 
 class LoginTraffic:
-    """Seeded logins of `users` from `started_ms` on (see the module's doc)."""
+    """Seeded logins of `users` from `started_ms` on (see the module's doc); `run` tags this
+    producer's bursts ("": the seed's alone)."""
 
-    def __init__(self, seed: int, users: Sequence[str], started_ms: int, *, rate_per_s: float = LOGINS_PER_S):
+    def __init__(self, seed: int, users: Sequence[str], started_ms: int, *, rate_per_s: float = LOGINS_PER_S,
+                 run: str = ""):
         self.seed = seed
+        self.run = run
         self.users = list(users)
         self.rate_per_s = rate_per_s
         self._rng = np.random.default_rng([seed, 41])  # its own RNG: the other demo streams draw as before
         self._last_ms = started_ms
         # Bursts from the first whole slot after the start (a burst is never cut in half).
-        self._next_slot = int(started_ms // (BURST_SLOT_S * 1000)) + 1
+        self._next_slot = self._first_slot = int(started_ms // (BURST_SLOT_S * 1000)) + 1
         self._pending: list[tuple[int, int, tuple]] = []  # (time, order, row): a heap
         self._order = 0
 
@@ -110,12 +115,13 @@ class LoginTraffic:
         return len(self._pending)
 
     def burst(self, slot: int) -> Burst | None:
-        """The burst of a slot of the clock, or None; a function of the seed and the slot only."""
-        if unit(self.seed, "stuffing", slot) >= BURST_PROBABILITY:
+        """The burst of a slot of the clock, or None; a function of the seed, the run and the slot only."""
+        tag = ("stuffing", self.run) if self.run else ("stuffing",)
+        if unit(self.seed, *tag, slot) >= BURST_PROBABILITY:
             return None
 
         def u(*what) -> float:  # one draw per named part of the burst
-            return unit(self.seed, "stuffing", slot, *what)
+            return unit(self.seed, *tag, slot, *what)
 
         lo, hi = BURST_FAILURES
         failures = lo + int(u("failures") * (hi - lo + 1))
@@ -130,10 +136,11 @@ class LoginTraffic:
         return Burst(user, ip, client, tuple(times), success)
 
     def bursts(self, from_ms: int, to_ms: int) -> list[Burst]:
-        """The bursts that start in [from_ms, to_ms), in time order (whether drawn yet or not)."""
+        """The bursts that start in [from_ms, to_ms), in time order (whether drawn yet or not); none
+        of the slot the traffic started in, which `due` does not send."""
         slot_ms = BURST_SLOT_S * 1000
         out = []
-        for slot in range(int(from_ms // slot_ms), int(to_ms // slot_ms) + 1):
+        for slot in range(max(int(from_ms // slot_ms), self._first_slot), int(to_ms // slot_ms) + 1):
             b = self.burst(slot)
             if b is not None and from_ms <= b.start_ms < to_ms:
                 out.append(b)

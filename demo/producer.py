@@ -35,6 +35,7 @@ class DemoProducer:
     # The service is busy or still starting; 409: our own earlier try of this body is still
     # being processed (same Idempotency-Key).
     RETRY_STATUSES = frozenset({409, 429, 502, 503, 504})
+    TABLE_PAGE = 1000          # keys per GET of a table's rows (the API's most: api/table_routes.py MAX_PAGE)
 
     def __init__(
         self,
@@ -127,12 +128,23 @@ class DemoProducer:
             first, self._announced = table not in self._announced, self._announced | {table}
             # Only the tables PostgreSQL feeds (not one with a source of its own) go there.
             in_postgres = self.pg_tables is not None and table in self.pg_tables.tables
-            if first and not in_postgres and self._service_holds(client, table):
-                # A second producer (a spike beside `make run`) or a restart on the same data: the
-                # rows are there already. Loading every user again would only make the pipeline
-                # spend a batch of ~50 000 upserts on them, seconds in which no event is aggregated.
-                self._say(f"demo: table {table}: the service holds its rows already; only changes follow")
-                continue
+            if first and not in_postgres:
+                held = self._service_keys(client, table)
+                key = self.traffic.catalog.streams[table].key_field
+                missing = [row for row in rows if str(row[key]) not in held]
+                if not missing:
+                    # A second producer (a spike beside `make run`) or a restart on the same data: the
+                    # rows are there already. Loading every user again would only make the pipeline
+                    # spend a batch of ~50 000 upserts on them, seconds in which no event is aggregated.
+                    self._say(f"demo: table {table}: the service holds its rows already; only changes follow")
+                    continue
+                if len(missing) < len(rows):
+                    # An initial load stopped part way (Ctrl-C during a first `make run`): only the keys
+                    # the service lacks. Every row again would put this run's initial plans over the
+                    # changes an earlier run made since.
+                    self._say(f"demo: table {table}: the service holds {len(rows) - len(missing)} of its"
+                              f" {len(rows)} rows; loading the {len(missing)} missing")
+                rows = missing
             if in_postgres:
                 self._write_rows(table, rows, stop, deadline)
             else:
@@ -143,16 +155,25 @@ class DemoProducer:
                 self._say(f"demo: table {table}: {self.table_rows.get(table, 0)} rows loaded{where};"
                           " changes follow every few seconds")
 
-    def _service_holds(self, client: httpx.Client | None, table: str) -> bool:
-        """Whether GET /api/v1/tables/{table} answers at least one row. Unreachable, not allowed
-        (a token without the read scope) or anything but 200: load the table as on a new service."""
+    def _service_keys(self, client: httpx.Client | None, table: str) -> set[str]:
+        """The keys GET /api/v1/tables/{table} answers, every page of them. Unreachable, not allowed
+        (a token without the read scope) or anything but 200: none (load the table as on a new service)."""
+        keys: set[str] = set()
         if client is None:
-            return False
+            return keys
+        cursor = ""
         try:
-            resp = client.get(f"{TABLES_PATH}/{table}", params={"limit": 1})
-            return resp.status_code == 200 and bool(resp.json().get("rows"))
-        except (httpx.HTTPError, ValueError):
-            return False
+            while True:
+                resp = client.get(f"{TABLES_PATH}/{table}", params={"limit": self.TABLE_PAGE, "cursor": cursor})
+                if resp.status_code != 200:
+                    return set()
+                page = resp.json()
+                keys.update(str(row["key"]) for row in page.get("rows") or [])
+                cursor = page.get("next_cursor")
+                if not cursor:
+                    return keys
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return set()
 
     def _write_rows(self, table: str, rows: list[dict], stop: threading.Event, deadline: float | None) -> None:
         """One transaction of upserts, retried with back-off while the database is unreachable."""

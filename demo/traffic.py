@@ -87,7 +87,7 @@ class DemoTraffic:
         # Logins with credential-stuffing bursts and the checkout funnel (demo/logins.py,
         # demo/checkouts.py), for the demo's patterns: a few events per second of the clock.
         started_ms = round(self.started_s * 1000)
-        self.login_traffic = (LoginTraffic(seed, self._user_ids, started_ms)
+        self.login_traffic = (LoginTraffic(seed, self._user_ids, started_ms, run=run_id(seed, started_ms))
                               if self._has_fields(catalog, "logins", {"user_id", "ip", "outcome"}) else None)
         self.checkout_funnel = (CheckoutFunnel(seed, self._customer_ids, started_ms, run=run_id(seed, started_ms))
                                 if self._has_fields(catalog, "checkouts", {"checkout_id", "stage"}) else None)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -251,7 +253,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import demo
 
     settings = _settings(args)
-    argv = ["--url", args.url or settings.base_url, "--rate", str(args.rate or settings.demo_rate),
+    rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
+    argv = ["--url", args.url or settings.base_url, "--rate", str(rate),
             "--config", str(settings.streams_config), "--users", str(settings.demo_users),
             "--delayed-fraction", str(settings.demo_delayed_fraction), "--delay-mean", str(settings.demo_delay_mean),
             "--late-fraction", str(settings.demo_late_fraction), "--horizon-fraction", str(settings.demo_horizon_fraction),
@@ -281,6 +284,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise ConfigError("the API requires tokens, so the demo producer needs one: set SKETCHBOARD_TOKEN"
                           " (or `token:` in the settings file) to a token with the ingest scope"
                           " (`sketchboard token create demo --scope ingest`), or pass --no-demo")
+    # Before any child starts: another program on the port would answer our health check (any
+    # 200 on /healthz), and the pipeline and the demo would start against it.
+    _check_port_free(settings.host, settings.port)
     env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir), "SKETCHBOARD_HOST": settings.host,
            "SKETCHBOARD_PORT": str(settings.port), "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config),
            parent_death.ENV: str(os.getpid())}  # the children stop when this process dies (even SIGKILLed)
@@ -288,7 +294,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
     if not args.no_demo:
         spikes = [arg for spec in args.spike for arg in ("--spike", spec)]
-        parts.append(("demo", [*exe, "demo", "--rate", str(args.rate or settings.demo_rate), *spikes]))
+        rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
+        parts.append(("demo", [*exe, "demo", "--rate", str(rate), *spikes]))
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
     # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
@@ -324,6 +331,33 @@ def cmd_up(args: argparse.Namespace) -> int:
                 child.wait()
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """ConfigError when something listens on host:port already (another `sketchboard up`, or any
+    other program): it accepts a connection, or the port cannot be bound as the API binds it
+    (SO_REUSEADDR, as uvicorn does: a port a stopped run left in TIME_WAIT is free). An address
+    that cannot be bound for another reason is the API's to report."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return
+    in_use = ConfigError(f"port {port} is in use on {host}: another program (or another `sketchboard up`)"
+                         " listens there; stop it, or pass --port")
+    for family, kind, proto, _, address in addresses:
+        # An unspecified address (0.0.0.0, ::) is reached on loopback.
+        target = ({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address[0], address[0]), *address[1:])
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as client:
+            client.settimeout(1.0)
+            client.connect(target)
+            raise in_use
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise in_use from None
+
+
 def _wait_healthy(base_url: str, child: subprocess.Popen, stopping: threading.Event, timeout_s: float = 60) -> None:
     import httpx
 
@@ -348,6 +382,13 @@ def _spike_spec(text: str) -> str:
 
     parse_spike(text)
     return text
+
+
+def _rate(text: str) -> float:
+    """Check a --rate here (a finite number >= 0), so `up --rate -50` fails before anything starts."""
+    from demo.cli import rate_arg  # imported only when --rate is given: numpy is slow to load
+
+    return rate_arg(text)
 
 
 def _pipeline_name(text: str) -> str:
@@ -389,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = common(sub.add_parser("up", help="run the API, the pipeline and the demo producer together"))
     up.add_argument("--no-demo", action="store_true", help="do not start the demo producer")
-    up.add_argument("--rate", type=float, help="demo events per second")
+    up.add_argument("--rate", type=_rate, help="demo events per second (0: none, the tables' rows only;"
+                    " default: setting demo_rate)")
     _spike_option(up)
     up.set_defaults(func=cmd_up)
     common(sub.add_parser("api", help="run the HTTP API alone")).set_defaults(func=cmd_api)
@@ -417,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     reprocess.set_defaults(func=cmd_reprocess)
     demo = common(sub.add_parser("demo", help="send realistic demo traffic to a running API"))
     demo.add_argument("--url", help="API base URL (default from settings)")
-    demo.add_argument("--rate", type=float, help="events per second before the daily shape")
+    demo.add_argument("--rate", type=_rate, help="events per second before the daily shape (0: none, the tables'"
+                      " rows only; default: setting demo_rate)")
     demo.add_argument("--duration", type=float, help="seconds to run (default: until stopped)")
     _spike_option(demo)
     demo.set_defaults(func=cmd_demo)

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import socket
 import struct
 import threading
@@ -449,6 +450,29 @@ def worker_state(kind: str, where: str):
 
         store = SqlitePaneStore(where)
     return store, PointCache(backing=FinalPoints(store.side_db(), writer=store.side_db()))
+
+
+def no_state():
+    """A snapshot worker's state when the test computes no snapshot (picklable: a module's function)."""
+    return None, None
+
+
+def test_a_snapshot_worker_ignores_ctrl_c_which_the_api_process_stops_it_for(capfd):
+    """Ctrl-C of `make run` reaches the whole process group: each worker printed a KeyboardInterrupt
+    traceback (and died under the API process, which stops the pool itself)."""
+    from api.ws_workers import SnapshotWorkers
+
+    workers = SnapshotWorkers(no_state)
+    workers.start()
+    try:
+        assert workers.wait_ready(120), "the snapshot worker did not start"
+        pid = workers._pool.submit(os.getpid).result(timeout=30)
+        os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert workers._pool.submit(os.getpid).result(timeout=30) == pid  # alive, and still working
+    finally:
+        workers.stop()
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
 
 
 def test_snapshots_computed_in_a_worker_process_equal_the_api_process_ones(ctx, now_ms, store_backend):

@@ -95,6 +95,28 @@ def test_check_config_accepts_the_shipped_config(capsys):
     assert "16 streams, 32 metrics" in capsys.readouterr().out
 
 
+def test_up_refuses_a_port_another_program_listens_on_before_starting_any_child(tmp_path, monkeypatch, capsys):
+    """Another program answering 200 on /healthz was taken for the API, and the pipeline and the demo
+    started against it (a second `make run` on the same port too)."""
+    import socket
+    import subprocess
+
+    import sketchboard.javacheck
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sketchboard.javacheck, "check_java", lambda: None)
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("a child started"))
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        code = cli.main(["up", "--port", str(port), "--data-dir", str(tmp_path / "data"),
+                         "--config", str(Path(cli.__file__).parents[1] / "config" / "streams.yaml")])
+    assert code == 2 and started == []
+    assert f"sketchboard: port {port} is in use on 127.0.0.1" in capsys.readouterr().err
+
+
 def test_help_lists_every_part():
     text = cli.build_parser().format_help()
     for command in ("up", "api", "pipeline", "demo", "check-config"):

@@ -160,7 +160,7 @@ class _Recorder(ThreadingHTTPServer):
         self.fail_first_try = False  # answer 503 to the first post of each key
         self.enough_events = threading.Event()  # set once `events_wanted` event bodies came in
         self.events_wanted: int | None = None
-        self.tables_held: set[str] = set()  # tables whose GET answers a row (loaded before)
+        self.tables_held: dict[str, list[str]] = {}  # table -> the keys its GET answers (loaded before)
         self.gets: list[str] = []
         super().__init__(("127.0.0.1", port), _Handler)
 
@@ -172,9 +172,12 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         self.server.gets.append(url.path)
         name = url.path.removeprefix("/api/v1/tables/")
-        held = name in self.server.tables_held
-        reply = json.dumps({"table": name, "rows": [{"key": "k", "row": {}}] if held else [],
-                            "next_cursor": None}).encode()
+        query = parse_qs(url.query)
+        limit, cursor = int(query.get("limit", ["100"])[0]), query.get("cursor", [""])[0]
+        keys = sorted(k for k in self.server.tables_held.get(name, []) if k > cursor)  # a page, in key order
+        rows = [{"key": k, "row": {}} for k in keys[:limit]]
+        reply = json.dumps({"table": name, "rows": rows,
+                            "next_cursor": rows[-1]["key"] if len(keys) > limit else None}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(reply)))
@@ -268,7 +271,7 @@ def test_a_second_producer_sends_only_the_changes_of_a_table_the_service_holds(c
     """A spike producer beside `make run` (or a restart on the same data) does not load every user
     again: the pipeline would spend a batch of ~50 000 upserts on them while no event is aggregated."""
     server = _serve(_free_port())
-    server.tables_held = {"users"}
+    server.tables_held = {"users": [row["user_id"] for row in DemoTraffic(catalog, seed=1).table_changes()["users"]]}
     try:
         out = io.StringIO()
         producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", DemoTraffic(catalog, seed=1),
@@ -285,6 +288,34 @@ def test_a_second_producer_sends_only_the_changes_of_a_table_the_service_holds(c
     assert [len(body) for body in plans] == [4]  # the plans table was empty: loaded
     assert summary["table_rows"].get("users", 0) == sum(len(body) for body in users)
     assert "demo: table users: the service holds its rows already; only changes follow" in out.getvalue()
+
+
+def test_a_producer_loads_the_rows_an_interrupted_initial_load_left_out(catalog):
+    """Ctrl-C during a first `make run`'s users load left a part of the table: the next producer
+    loads the keys the service lacks (every page of its keys read), not one row taken for all."""
+    initial = DemoTraffic(catalog, seed=1).table_changes()["users"]
+    held = [row["user_id"] for row in initial[: len(initial) // 3]]
+    held_keys = set(held)
+    server = _serve(_free_port())
+    server.tables_held = {"users": held}
+    try:
+        out = io.StringIO()
+        producer = DemoProducer(f"http://127.0.0.1:{server.server_address[1]}", DemoTraffic(catalog, seed=1),
+                                rate=500.0, progress_every_s=0.5, out=out)
+        server.events_wanted = 5
+        producer.run(duration_s=120.0, stop=server.enough_events)
+    finally:
+        server.shutdown()
+        server.server_close()
+    users = [body for path, _, body, _ in server.posts if path == "/api/v1/tables/users"]
+    loaded = [{k: v for k, v in row.items() if k != "time"} for body in users for row in body]
+    missing = [{k: v for k, v in row.items() if k != "time"} for row in initial if row["user_id"] not in held_keys]
+    assert loaded[: len(missing)] == missing  # every missing row, once, then at most the changes due since
+    assert len(loaded) - len(missing) < 500
+    assert (f"demo: table users: the service holds {len(held)} of its {len(initial)} rows;"
+            f" loading the {len(missing)} missing") in out.getvalue()
+    assert f"demo: table users: {len(missing)} rows loaded" in out.getvalue()
+    assert server.gets.count("/api/v1/tables/users") == -(-len(held) // 1000)  # pages of 1000 keys
 
 
 def test_producer_retries_until_the_service_is_up(catalog):
@@ -354,3 +385,27 @@ def test_producer_stops_on_event(catalog):
     summary = producer.run(stop=stop)  # nothing listens: it must still stop promptly
     assert time.monotonic() - stopping[0] < 2.0
     assert summary["sent"] == 0 and summary["errors"] >= 1
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_the_demo_stopped_by_a_signal_says_what_it_sent(signum):
+    """`sketchboard up` stops its demo with SIGTERM right after the Ctrl-C that reached the whole
+    process group: killed while unwinding its KeyboardInterrupt, the demo never printed its summary."""
+    import signal
+    import subprocess
+    import sys
+
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--url", f"http://127.0.0.1:{_free_port()}",
+                             "--rate", "10", "--users", "10"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = demo.stderr.readline()
+        assert first.startswith("demo: sending"), first
+        time.sleep(0.5)  # retrying: nothing listens on the port
+        demo.send_signal(getattr(signal, signum))
+        _, err = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, err
+    assert "demo: done: {" in err and "Traceback" not in err

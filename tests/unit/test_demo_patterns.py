@@ -142,3 +142,17 @@ def test_the_same_clock_gives_the_same_bursts_at_any_tick_and_the_benchmarks_mix
         clock.advance(0.5)
         counts.update({name: len(evs) for name, evs in traffic.generate(50_000).items()})
     assert (counts["logins"] + counts["checkouts"]) / sum(counts.values()) < 0.001
+
+
+def test_a_second_producer_started_later_sends_bursts_of_its_own(catalog):
+    """A `sketchboard demo` beside `make run` (both seed 0) sent every burst of the first again, the
+    same user, address and times: the pattern saw each attempt twice. Its bursts are its own now."""
+    start = FakeClock()()
+    first = DemoTraffic(catalog, seed=0, clock=FakeClock(start)).login_traffic
+    again = DemoTraffic(catalog, seed=0, clock=FakeClock(start)).login_traffic
+    second = DemoTraffic(catalog, seed=0, clock=FakeClock(start + 37)).login_traffic
+    span = (round(start * 1000) + 240_000, round(start * 1000) + 4 * 3_600_000)
+    ours = {(b.user_id, b.ip, b.times_ms) for b in first.bursts(*span)}
+    assert ours and ours == {(b.user_id, b.ip, b.times_ms) for b in again.bursts(*span)}  # still seeded
+    theirs = {(b.user_id, b.ip, b.times_ms) for b in second.bursts(*span)}
+    assert theirs and not ours & theirs

@@ -225,3 +225,20 @@ def test_the_producer_says_once_when_a_spike_starts_and_when_it_ends(catalog):
         "demo: latency spike ended: /api/login",
         "demo: latency spike ended: /api/cart",
     ]
+
+
+def test_a_rate_below_zero_is_refused_by_argparse_and_zero_is_passed_on(monkeypatch, capsys):
+    """`--rate -50` crashed the demo with a traceback (numpy's n < 0); `--rate 0` was taken for
+    unset and 200/s were sent."""
+    for argv in (["demo", "--rate", "-50"], ["up", "--rate", "-50"], ["demo", "--rate", "nan"], ["up", "--rate", "x"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.build_parser().parse_args(argv)
+        assert exit_.value.code == 2
+        assert f"sketchboard {argv[0]}: error: argument --rate" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--rate", "-50", "--duration", "0", "--url", "http://127.0.0.1:9", "--config", str(CONFIG)])
+    assert exit_.value.code == 2 and "must be a number >= 0" in capsys.readouterr().err
+    seen: list[list[str]] = []
+    monkeypatch.setattr(demo, "main", lambda argv, token=None: seen.append(argv) or 0)
+    assert cli.cmd_demo(cli.build_parser().parse_args(["demo", "--rate", "0"])) == 0
+    assert seen[0][seen[0].index("--rate") + 1] == "0.0"
