@@ -33,10 +33,6 @@ OTHER_VARIABLES = frozenset({
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
 
-# The master URLs SparkContext takes (SparkMasterRegex and the cluster managers' prefixes).
-_SPARK_MASTER = re.compile(r"(local|local\[([0-9]+|\*)\]|local\[([0-9]+|\*)\s*,\s*[0-9]+\]"
-                           r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
-                           r"|spark://\S+|yarn|k8s://\S+)\Z", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$", re.ASCII)
 
 
@@ -293,15 +289,17 @@ class Settings(BaseSettings):
     @field_validator("spark_master")
     @classmethod
     def _spark_master(cls, value: str) -> str:
-        # Spark's own forms (SparkContext's master URLs); a typo such as locall[2] failed only when
-        # the pipeline started its session, with Spark's "Could not parse Master URL".
+        # Spark's own forms, as Spark reads them (aggregates/cluster.py master_kind): a typo such as
+        # locall[2], SPARK://h:7077 or spark://h (no port) failed only when the pipeline started its
+        # session, with Spark's "Could not parse Master URL" or "Invalid master URL".
+        from aggregates.cluster import master_kind
+
         text = value.strip()
-        if not _SPARK_MASTER.match(text):
-            raise ValueError(f"{value!r} is no Spark master URL: local, local[N], local[*], local[N,F],"
-                             " spark://host:port, yarn or k8s://host:port")
-        if re.match(r"local\[0+[\],]", text):
-            raise ValueError(f"{value!r}: local mode needs at least one thread (local[1])")
-        return value
+        try:
+            master_kind(text)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is no Spark master URL: {exc}") from None
+        return text
 
     @field_validator("spark_driver_memory")
     @classmethod

@@ -35,6 +35,24 @@ def test_the_embedded_log_is_refused_on_a_cluster_naming_the_fix(master):
     check_log_fits_master(master, "kafka")
 
 
+def test_one_reading_of_the_master_decides_local_mode_everywhere():
+    """is_local_master (the executors share the driver's disk) and driver_rows_limit (every batch on
+    the driver in one local JVM) read the master through master_kind, as Spark does: case-sensitively.
+    They used to differ (one lowercased, the other not), so LOCAL[2] was local to one and a cluster
+    to the other, while Spark refuses it."""
+    from aggregates.cluster import master_kind
+    from aggregates.pipeline import CLUSTER_DRIVER_BATCH_ROWS, driver_rows_limit
+
+    assert [master_kind(m) for m in ("local", "local[3]", "local-cluster[2,1,1024]", "spark://h:7077")] == [
+        "local", "local", "local-cluster", "cluster"]
+    assert driver_rows_limit(None, "local-cluster[2,1,1024]", 10**6) == CLUSTER_DRIVER_BATCH_ROWS
+    for refused in ("LOCAL[2]", "Local", "SPARK://h:7077", "spark://h"):
+        with pytest.raises(ValueError):
+            is_local_master(refused)
+        with pytest.raises(ValueError):
+            driver_rows_limit(None, refused, 10**6)
+
+
 def test_settings_refuse_a_cluster_master_with_the_embedded_log(tmp_path):
     with pytest.raises(ValidationError, match="embedded log is a file on this machine"):
         Settings(data_dir=tmp_path, spark_master="spark://spark-master:7077")
