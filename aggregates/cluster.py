@@ -42,6 +42,61 @@ class ExecutorEnvironmentError(RuntimeError):
     """The executors cannot run the project's Python code (said right after Spark starts)."""
 
 
+class SparkStartError(RuntimeError):
+    """Spark's session did not start: one line with Spark's reason instead of a Py4J traceback."""
+
+
+def spark_start_error(master: str, error: BaseException) -> SparkStartError:
+    """What a failed SparkSession start says: Spark's own message (its first line: the error class
+    and reason, e.g. [INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY] ...), or, when a standalone master never
+    answered (Spark retries for ~60 s, logs "All masters are unresponsive! Giving up.", stops the
+    context, and the session then fails on the stopped context), which master addresses refuse
+    connections."""
+    reason = _first_line(_java_message(error) or str(error)) or type(error).__name__
+    if "stopped SparkContext" in reason:
+        if master.startswith("spark://"):
+            unreachable = _unreachable(master[len("spark://"):].split(","))
+            if unreachable:
+                reason = ("all masters unresponsive (" + "; ".join(unreachable) + "): is a Spark master running"
+                          " there, and can this machine reach it?")
+            else:
+                reason = ("Spark stopped the context while starting it (the master answers: its log and"
+                          " Spark's lines above say why, e.g. \"All masters are unresponsive\")")
+        else:
+            reason = "Spark stopped the context while starting it (Spark's lines above say why)"
+    return SparkStartError(f"could not start Spark on {master}: {reason}")
+
+
+def _java_message(error: BaseException) -> str | None:
+    java = getattr(error, "java_exception", None)  # py4j's Py4JJavaError
+    if java is None:
+        return None
+    try:
+        return java.getMessage() or java.toString()
+    except Exception:  # the JVM is gone too: fall back on Python's text
+        return None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _unreachable(addresses: Iterable[str], timeout_s: float = 3.0) -> list[str]:
+    """'host:port: reason' for each standalone master address nothing answers on (all or none)."""
+    import socket
+
+    failures = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except (OSError, ValueError) as exc:
+            failures.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+        else:
+            return []  # one answers: the masters are not simply absent
+    return failures
+
+
 # The master URLs Spark takes, as it reads them: case-sensitive (SparkMasterRegex in SparkContext,
 # the cluster managers' prefixes in SparkSubmit), every standalone master as host:port
 # (RpcAddress.fromSparkURL: java.net.URI's host and port, nothing else).

@@ -107,3 +107,26 @@ def test_executors_without_the_project_fail_fast_saying_so(tmp_path, demo_catalo
     assert message.startswith("sketchboard: Spark's executors cannot import the project's packages"), message
     assert python in message and "No module named 'catalog'" in message and "PYSPARK_PYTHON" in message, message
     assert store.last_batch_id("main") is None  # nothing ran
+
+
+def test_a_spark_start_that_fails_is_one_line_and_exit_2(tmp_path, demo_catalog, log_backend, store_backend):
+    """A session Spark refuses to start (here: executor options with -Xmx, refused by SparkConf before
+    any master is asked, so no cluster and no ~60 s wait for one) stops the pipeline with one line
+    naming the master and Spark's reason, as the settings' own errors do, not with a Py4J traceback
+    (exit 1). The same path says "all masters unresponsive (host:port: Connection refused)" when no
+    master answers (tests/unit/test_cluster_config.py)."""
+    from tests.procs import free_port
+
+    log = log_backend.new(tmp_path)
+    store = store_backend.create()
+    master = f"spark://127.0.0.1:{free_port()}"
+    settings = cluster_settings(log, store.dsn, master)
+    settings["spark_conf"]["spark.executor.extraJavaOptions"] = "-Xmx1g"
+
+    done = run_pipeline(tmp_path, settings, timeout_s=180)
+
+    assert done.returncode == 2, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-6000:]
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"sketchboard: could not start Spark on {master}: [INVALID_SPARK_CONFIG."), message
+    assert "-Xmx1g" in message, message

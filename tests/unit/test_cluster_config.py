@@ -119,3 +119,37 @@ def test_a_failed_probe_job_is_reported_by_its_cause_not_the_jvm_stack():
     assert "ProcessBuilder" not in message and "PYSPARK_PYTHON" in message
     message = task_failure(Exception(PYTHON_CRASH), "/usr/bin/python3.10")
     assert "PYTHON_VERSION_MISMATCH" in message and "Traceback" not in message and "scala" not in message
+
+
+class _JavaError(Exception):
+    """What py4j raises for a Java exception (Py4JJavaError): the Java exception's message is asked of the JVM."""
+
+    def __init__(self, message: str):
+        super().__init__("An error occurred while calling None.org.apache.spark.sql.classic.SparkSession.\n: ...")
+        self.java_exception = type("JavaException", (), {"getMessage": lambda _self: message})()
+
+
+def test_a_failed_spark_start_is_one_line_with_sparks_reason():
+    """build_spark turns a session that does not start into SparkStartError (the CLI: `sketchboard:
+    <it>`, exit 2) instead of a Py4J traceback: Spark's first line, or for a standalone master
+    nothing answered (Spark gives up after ~60 s and the session fails on the stopped context),
+    the addresses that refuse connections."""
+    from aggregates.cluster import SparkStartError, spark_start_error
+    from tests.procs import free_port
+
+    memory = spark_start_error("spark://m:7077", _JavaError(
+        "[INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY] Insufficient executor memory: Executor memory 314572800 must be at"
+        " least 471859200.\nPlease increase executor memory using ..."))
+    assert isinstance(memory, SparkStartError)
+    assert str(memory) == ("could not start Spark on spark://m:7077: [INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY]"
+                           " Insufficient executor memory: Executor memory 314572800 must be at least 471859200.")
+    port = free_port()
+    stopped = spark_start_error(f"spark://127.0.0.1:{port}", _JavaError(
+        "Cannot call methods on a stopped SparkContext.\nThis stopped SparkContext was created at: ..."))
+    assert str(stopped).startswith(f"could not start Spark on spark://127.0.0.1:{port}: all masters unresponsive"
+                                   f" (127.0.0.1:{port}: Connection refused)"), stopped
+    from pyspark.errors import PySparkRuntimeError
+
+    gateway = spark_start_error("local[2]", PySparkRuntimeError(
+        errorClass="JAVA_GATEWAY_EXITED", messageParameters={}))
+    assert str(gateway).startswith("could not start Spark on local[2]: [JAVA_GATEWAY_EXITED]"), gateway
