@@ -312,6 +312,11 @@ def test_a_kafka_group_template_with_an_unknown_placeholder_is_refused(monkeypat
     ("SPARK_MASTER", "k8s://", "API server's address"),
     ("SPARK_DRIVER_MEMORY", "lots", "no JVM memory size"),
     ("SPARK_DRIVER_MEMORY", "2 g", "no JVM memory size"),
+    # Spark refuses a heap under 450 MiB when its session starts (INVALID_DRIVER_MEMORY, INVALID_EXECUTOR_MEMORY).
+    ("SPARK_DRIVER_MEMORY", "449m", "at least 450m"),
+    ("SPARK_DRIVER_MEMORY", "1024", "at least 450m"),
+    ("SPARK_CONF", '{"spark.executor.memory": "300m"}', "spark.executor.memory: '300m' is less than Spark runs with"),
+    ("SPARK_CONF", '{"spark.driver.memory": "lots"}', "spark.driver.memory: 'lots' is no JVM memory size"),
     ("ALERT_WEBHOOK_URL", "not a url", "http:// or https:// URL"),
     ("HOST", " ", "must not be empty"),
 ])
