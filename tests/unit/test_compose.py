@@ -119,3 +119,52 @@ def test_every_file_the_dockerfile_copies_exists():
     # Every package the project installs is in the image.
     packages = re.findall(r'"(\w+)\*"', (REPO / "pyproject.toml").read_text())
     assert set(packages) <= set(sources), set(packages) - set(sources)
+
+
+_HEALTHCHECK_RUNNER = """
+import json, os, subprocess, sys, time
+spec = json.loads(os.environ["HEALTHCHECK_SPEC"])
+test = spec["test"]
+argv = test[1:] if test[0] == "CMD" else ["/bin/sh", "-c", test[1]]
+check = lambda: subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode
+without = check()
+process = subprocess.Popen([sys.executable, spec["program"], *spec["args"]])
+time.sleep(0.5)
+try:
+    with_process = check()
+finally:
+    process.kill()
+print(json.dumps([without, with_process]))
+"""
+
+
+@pytest.mark.parametrize("service, args", [("pipeline", ["pipeline"]), ("demo", ["demo", "--url", "http://api-1:8000"])])
+def test_a_process_healthcheck_fails_without_the_process(service, args, tmp_path):
+    """The pipeline's and the demo's healthchecks look for their process: they must fail when it is
+    not there. `CMD-SHELL pgrep -f 'sketchboard pipeline'` never did: the shell running it has the
+    pattern in its own command line. The check as docker-compose.yml writes it runs in a PID
+    namespace of its own (as in the container), once with no such process and once beside one whose
+    command line is the container's (`<python> <venv>/bin/sketchboard pipeline`)."""
+    import shutil
+    import sys
+
+    import yaml
+
+    test = yaml.safe_load(COMPOSE_FILE.read_text())["services"][service]["healthcheck"]["test"]
+    if shutil.which(test[1] if test[0] == "CMD" else "sh") is None:
+        pytest.skip(f"{test[1]} is not installed here")
+    probe = subprocess.run(["unshare", "-rpf", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.decode().strip()})")
+    program = tmp_path / "venv" / "bin" / "sketchboard"  # what `sketchboard <command>` runs in the image
+    program.parent.mkdir(parents=True)
+    program.write_text("import time\ntime.sleep(30)\n")
+    runner = tmp_path / "runner.py"  # a command line without the pattern: only the process may match it
+    runner.write_text(_HEALTHCHECK_RUNNER)
+    spec = json.dumps({"test": test, "program": str(program), "args": args})
+    done = subprocess.run(["unshare", "-rpf", "--mount-proc", sys.executable, str(runner)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HEALTHCHECK_SPEC": spec})
+    assert done.returncode == 0, done.stderr
+    without, with_process = json.loads(done.stdout)
+    assert without != 0, f"{service}'s healthcheck {test} passes with no {service} process"
+    assert with_process == 0, f"{service}'s healthcheck {test} fails beside a running {service} process"
