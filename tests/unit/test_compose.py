@@ -31,8 +31,9 @@ def compose_binary() -> str:
     return str(binary)
 
 
-def compose(*args: str, tokens: str | None = TOKENS) -> subprocess.CompletedProcess:
+def compose(*args: str, tokens: str | None = TOKENS, **variables: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKETCHBOARD_", "POSTGRES_", "SPARK_WORKER_"))}
+    env.update(variables)
     if tokens is not None:
         env["SKETCHBOARD_TOKENS"] = tokens
     return subprocess.run([compose_binary(), "-f", str(COMPOSE_FILE), "--profile", "demo", *args],
@@ -168,3 +169,47 @@ def test_a_process_healthcheck_fails_without_the_process(service, args, tmp_path
     without, with_process = json.loads(done.stdout)
     assert without != 0, f"{service}'s healthcheck {test} passes with no {service} process"
     assert with_process == 0, f"{service}'s healthcheck {test} fails beside a running {service} process"
+
+
+@pytest.mark.postgres
+def test_a_database_password_with_url_characters_reaches_postgresql(postgres_server, monkeypatch):
+    """POSTGRES_PASSWORD used to be pasted into the DSN's URL (postgresql://user:<it>@postgres...),
+    which a '/', '@', ':' or '#' in it broke. The DSN names no password; libpq takes PGPASSWORD. Here
+    the resolved file's DSN and PGPASSWORD log in to a real server as a role with such a password,
+    checked by SCRAM (the tests' server trusts every other role)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    password = "p/w@d:1?#%& 'q\"\\$x"
+    done = compose("config", "--format", "json", POSTGRES_PASSWORD=password)
+    assert done.returncode == 0, done.stderr
+    # `config` writes a resolved file, in which a literal '$' is '$$' (what the containers get is '$').
+    services = json.loads(done.stdout.replace("$$", "$"))["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == password
+    role = "pw_check"
+    hba = postgres_server.data / "pg_hba.conf"
+    original = hba.read_text()
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        for name in ("pipeline", "api-1", "api-2", "demo"):
+            env = services[name]["environment"]
+            dsn = env["SKETCHBOARD_POSTGRES_DSN"]
+            assert "password" not in conninfo_to_dict(dsn), name
+            assert env["PGPASSWORD"] == password, name
+            # The service's DSN, pointed at the tests' server and role: only PGPASSWORD gives the password.
+            local = make_conninfo(dsn, host="127.0.0.1", port=postgres_server.port, user=role, dbname="postgres")
+            monkeypatch.setenv("PGPASSWORD", env["PGPASSWORD"])
+            with psycopg.connect(local) as conn:
+                assert conn.execute("SELECT current_user").fetchone()[0] == role
+            monkeypatch.setenv("PGPASSWORD", "wrong")
+            with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+                psycopg.connect(local)
+    finally:
+        hba.write_text(original)
+        with psycopg.connect(postgres_server.dsn(), autocommit=True) as admin:
+            admin.execute("SELECT pg_reload_conf()")
