@@ -42,10 +42,124 @@ class ExecutorEnvironmentError(RuntimeError):
     """The executors cannot run the project's Python code (said right after Spark starts)."""
 
 
+class SparkStartError(RuntimeError):
+    """Spark's session did not start: one line with Spark's reason instead of a Py4J traceback."""
+
+
+def spark_start_error(master: str, error: BaseException) -> SparkStartError:
+    """What a failed SparkSession start says: Spark's own message (its first line: the error class
+    and reason, e.g. [INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY] ...), or, when a standalone master never
+    answered (Spark retries for ~60 s, logs "All masters are unresponsive! Giving up.", stops the
+    context, and the session then fails on the stopped context), which master addresses refuse
+    connections."""
+    reason = _first_line(_java_message(error) or str(error)) or type(error).__name__
+    if "stopped SparkContext" in reason:
+        if master.startswith("spark://"):
+            unreachable = _unreachable(master[len("spark://"):].split(","))
+            if unreachable:
+                reason = ("all masters unresponsive (" + "; ".join(unreachable) + "): is a Spark master running"
+                          " there, and can this machine reach it?")
+            else:
+                reason = ("Spark stopped the context while starting it (the master answers: its log and"
+                          " Spark's lines above say why, e.g. \"All masters are unresponsive\")")
+        else:
+            reason = "Spark stopped the context while starting it (Spark's lines above say why)"
+    return SparkStartError(f"could not start Spark on {master}: {reason}")
+
+
+def _java_message(error: BaseException) -> str | None:
+    java = getattr(error, "java_exception", None)  # py4j's Py4JJavaError
+    if java is None:
+        return None
+    try:
+        return java.getMessage() or java.toString()
+    except Exception:  # the JVM is gone too: fall back on Python's text
+        return None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _unreachable(addresses: Iterable[str], timeout_s: float = 3.0) -> list[str]:
+    """'host:port: reason' for each standalone master address nothing answers on (all or none)."""
+    import socket
+
+    failures = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        except (OSError, ValueError) as exc:
+            failures.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+        else:
+            return []  # one answers: the masters are not simply absent
+    return failures
+
+
+# The master URLs Spark takes, as it reads them: case-sensitive (SparkMasterRegex in SparkContext,
+# the cluster managers' prefixes in SparkSubmit), every standalone master as host:port
+# (RpcAddress.fromSparkURL: java.net.URI's host and port, nothing else).
+_LOCAL = re.compile(r"local(\[([0-9]+|\*)(\s*,\s*[0-9]+)?\])?\Z")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]\Z")
+_HOST_PORT = re.compile(
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]"  # [IPv6]
+    r"|[0-9]{1,3}(?:\.[0-9]{1,3}){3}"  # IPv4
+    r"|(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)*[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.?)"  # a DNS name
+    r":(?P<port>[0-9]{1,5})\Z")
+
+
+def master_kind(master: str) -> str:
+    """How Spark runs `master`: "local" (one JVM on this machine: local, local[N], local[*],
+    local[N,F]), "local-cluster" (local-cluster[W,C,M]: several JVMs, still this machine) or
+    "cluster" (spark://host:port[,host:port...], yarn, k8s://...). ValueError, saying why, for
+    text Spark would refuse when its session starts ("Could not parse Master URL", "Invalid
+    master URL"). Case-sensitive and unstripped, as Spark reads it."""
+    if _LOCAL.match(master):
+        if re.match(r"local\[0+[\],\s]", master):
+            raise ValueError("local mode needs at least one thread (local[1])")
+        return "local"
+    if _LOCAL_CLUSTER.match(master):
+        return "local-cluster"
+    if master == "yarn":
+        return "cluster"
+    if master.startswith("spark://"):
+        for address in master[len("spark://"):].split(","):
+            matched = _HOST_PORT.match(address)
+            if matched and re.fullmatch(r"[0-9.]+", matched["host"]) and max(map(int, matched["host"].split("."))) > 255:
+                matched = None  # not an IPv4 address, and no host name either (its last label is a number)
+            if not matched and "_" in address.rsplit(":", 1)[0]:
+                raise ValueError(f"{address!r}: a host name with '_' is no host to Spark (java.net.URI finds none"
+                                 f" in spark://{address}): use a name without it or the address")
+            if not matched:
+                raise ValueError(f"{address!r} is no master address: each master of spark:// is host:port"
+                                 " (spark://host:7077, or spark://host1:7077,host2:7077 for standby masters)")
+            if not 0 < int(matched["port"]) < 65536:
+                raise ValueError(f"{address!r}: the port must be 1 to 65535")
+        return "cluster"
+    if master.startswith("k8s://"):
+        api = master[len("k8s://"):]
+        scheme = api.split("://", 1)[0].lower() if "://" in api else "https"
+        if not api or scheme not in ("http", "https") or not api.split("://", 1)[-1].strip("/"):
+            raise ValueError("k8s:// is followed by the API server's address: k8s://host:port or"
+                             " k8s://https://host:port")
+        return "cluster"
+    if master != master.strip():
+        raise ValueError("no spaces around it")
+    if master.lower() != master:
+        try:
+            master_kind(master.lower())
+        except ValueError:
+            pass
+        else:
+            raise ValueError(f"Spark reads master URLs case-sensitively: write {master.lower()!r}")
+    raise ValueError("local, local[N], local[*], local[N,F], spark://host:port, yarn or k8s://host:port")
+
+
 def is_local_master(master: str) -> bool:
     """local, local[N], local[*], local[N,F] and local-cluster[...] run every executor on this
     machine (the driver's disk is theirs); anything else (spark://, yarn, k8s://) may not."""
-    return master.strip().lower().startswith("local")
+    return master_kind(master) != "cluster"
 
 
 def check_log_fits_master(master: str, log_backend: str) -> None:

@@ -14,7 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from aggregates.batch_clock import BatchClock
 from aggregates.batch_gate import BatchGate
-from aggregates.cluster import check_log_fits_master
+from aggregates.cluster import check_log_fits_master, master_kind
 from aggregates.commit import build_commit, checkpointed_end_offsets, checkpointed_kafka_start, clock_corrected
 from aggregates.commit_retry import commit_with_retry
 from aggregates.consumers import CommitListener, notify
@@ -94,8 +94,7 @@ def driver_rows_limit(driver_batch_rows: int | None, master: str, max_records_pe
     executors."""
     if driver_batch_rows is not None:
         return driver_batch_rows
-    local = master == "local" or master.startswith("local[")
-    return max_records_per_batch if local else CLUSTER_DRIVER_BATCH_ROWS
+    return max_records_per_batch if master_kind(master) == "local" else CLUSTER_DRIVER_BATCH_ROWS
 
 
 class Pipeline(ReportsStoreErrors):

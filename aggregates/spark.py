@@ -9,9 +9,17 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from aggregates.cluster import ExecutorEnvironmentError, driver_python_env, is_local_master, probe_executors
+from aggregates.cluster import (
+    ExecutorEnvironmentError,
+    driver_python_env,
+    is_local_master,
+    probe_executors,
+    spark_start_error,
+)
 from aggregates.spark_python import use_installed_pyspark
 from ingest.spark_source import SketchboardLogSource
 
@@ -66,7 +74,10 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
     )
     for key, value in extra_conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except (Py4JError, PySparkException) as exc:  # the JVM refused the settings, no master answered, ...
+        raise spark_start_error(master, exc) from exc
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(SketchboardLogSource)
     if not local:

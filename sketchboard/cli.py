@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from aggregates.cluster import ExecutorEnvironmentError
+    from aggregates.cluster import ExecutorEnvironmentError, SparkStartError
     from alerts.rules import RuleError
     from api.security.token_file import TokenFileError
     from dashboard.model import DashboardError
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, JavaError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
-            ExecutorEnvironmentError, DashboardError) as exc:
+            ExecutorEnvironmentError, SparkStartError, DashboardError) as exc:
         for line in str(exc).splitlines() or [""]:  # one problem a line, each said by sketchboard
             print(f"sketchboard: {line}", file=sys.stderr)
         return 2

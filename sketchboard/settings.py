@@ -33,10 +33,11 @@ OTHER_VARIABLES = frozenset({
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
 
-# The master URLs SparkContext takes (SparkMasterRegex and the cluster managers' prefixes).
-_SPARK_MASTER = re.compile(r"(local|local\[([0-9]+|\*)\]|local\[([0-9]+|\*)\s*,\s*[0-9]+\]"
-                           r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
-                           r"|spark://\S+|yarn|k8s://\S+)\Z", re.IGNORECASE)
+# The least heap Spark runs with: UnifiedMemoryManager refuses a driver JVM, or an executor memory
+# setting, under 1.5 x the 300 MiB it reserves (INVALID_DRIVER_MEMORY / INVALID_EXECUTOR_MEMORY,
+# at the session's start, on any master).
+SPARK_MIN_MEMORY_BYTES = 450 * 1024 * 1024
+_JVM_MEMORY = re.compile(r"([1-9][0-9]*)(b|k|kb|m|mb|g|gb|t|tb)?", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$", re.ASCII)
 
 
@@ -50,6 +51,20 @@ def _setting_duration(value: Any) -> int:
 
 
 DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
+
+
+def _spark_memory(value: str) -> int:
+    """Bytes of a Spark/JVM memory size (no unit: bytes, as -Xmx and Spark's memory check read it);
+    ValueError for text that is none, or a size under Spark's least (SPARK_MIN_MEMORY_BYTES)."""
+    matched = _JVM_MEMORY.fullmatch(str(value).strip())
+    if not matched:
+        raise ValueError(f"{value!r} is no JVM memory size: a number and a unit, e.g. 512m or 2g")
+    unit = (matched[2] or "b").lower()[0]
+    size = int(matched[1]) * 1024 ** "bkmgt".index(unit)
+    if size < SPARK_MIN_MEMORY_BYTES:
+        raise ValueError(f"{value!r} is less than Spark runs with: at least 450m (1.5 x the 300 MiB Spark reserves;"
+                         " a number without a unit is bytes)")
+    return size
 
 
 class Settings(BaseSettings):
@@ -293,21 +308,33 @@ class Settings(BaseSettings):
     @field_validator("spark_master")
     @classmethod
     def _spark_master(cls, value: str) -> str:
-        # Spark's own forms (SparkContext's master URLs); a typo such as locall[2] failed only when
-        # the pipeline started its session, with Spark's "Could not parse Master URL".
+        # Spark's own forms, as Spark reads them (aggregates/cluster.py master_kind): a typo such as
+        # locall[2], SPARK://h:7077 or spark://h (no port) failed only when the pipeline started its
+        # session, with Spark's "Could not parse Master URL" or "Invalid master URL".
+        from aggregates.cluster import master_kind
+
         text = value.strip()
-        if not _SPARK_MASTER.match(text):
-            raise ValueError(f"{value!r} is no Spark master URL: local, local[N], local[*], local[N,F],"
-                             " spark://host:port, yarn or k8s://host:port")
-        if re.match(r"local\[0+[\],]", text):
-            raise ValueError(f"{value!r}: local mode needs at least one thread (local[1])")
-        return value
+        try:
+            master_kind(text)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is no Spark master URL: {exc}") from None
+        return text
 
     @field_validator("spark_driver_memory")
     @classmethod
     def _jvm_memory(cls, value: str) -> str:
-        if not re.fullmatch(r"[1-9][0-9]*(b|k|kb|m|mb|g|gb|t|tb)?", value.strip(), re.IGNORECASE):
-            raise ValueError(f"{value!r} is no JVM memory size: a number and a unit, e.g. 512m or 2g")
+        _spark_memory(value)
+        return value
+
+    @field_validator("spark_conf")
+    @classmethod
+    def _spark_conf_memory(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in ("spark.driver.memory", "spark.executor.memory"):
+            if key in value:
+                try:
+                    _spark_memory(value[key])
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
         return value
 
     @field_validator("alert_webhook_url")

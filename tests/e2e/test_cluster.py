@@ -107,3 +107,68 @@ def test_executors_without_the_project_fail_fast_saying_so(tmp_path, demo_catalo
     assert message.startswith("sketchboard: Spark's executors cannot import the project's packages"), message
     assert python in message and "No module named 'catalog'" in message and "PYSPARK_PYTHON" in message, message
     assert store.last_batch_id("main") is None  # nothing ran
+
+
+def test_a_spark_start_that_fails_is_one_line_and_exit_2(tmp_path, demo_catalog, log_backend, store_backend):
+    """A session Spark refuses to start (here: executor options with -Xmx, refused by SparkConf before
+    any master is asked, so no cluster and no ~60 s wait for one) stops the pipeline with one line
+    naming the master and Spark's reason, as the settings' own errors do, not with a Py4J traceback
+    (exit 1). The same path says "all masters unresponsive (host:port: Connection refused)" when no
+    master answers (tests/unit/test_cluster_config.py)."""
+    from tests.procs import free_port
+
+    log = log_backend.new(tmp_path)
+    store = store_backend.create()
+    master = f"spark://127.0.0.1:{free_port()}"
+    settings = cluster_settings(log, store.dsn, master)
+    settings["spark_conf"]["spark.executor.extraJavaOptions"] = "-Xmx1g"
+
+    done = run_pipeline(tmp_path, settings, timeout_s=180)
+
+    assert done.returncode == 2, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-6000:]
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"sketchboard: could not start Spark on {master}: [INVALID_SPARK_CONFIG."), message
+    assert "-Xmx1g" in message, message
+
+
+def test_sigterm_to_the_pipelines_process_group_is_a_clean_stop(tmp_path, demo_catalog, spark_cluster, log_backend,
+                                                                  store_backend):
+    """systemd's default KillMode (control-group) signals every process of the service: the driver's
+    JVM gets the SIGTERM too, and its shutdown hook stops the SparkContext under the query the
+    pipeline is waiting on. That is the stop asked for: exit 0, not a Py4J error (exit 1, or 2 with
+    "Connection refused"), and the next start resumes from the checkpoint, exactly once."""
+    import signal
+
+    log = log_backend.new(tmp_path)
+    store = store_backend.create()
+    events = http_events(3_000, seed=13)
+    append(log, demo_catalog, "http_requests", events)
+    settings = {**cluster_settings(log, store.dsn, spark_cluster.master_url), "driver_batch_rows": 0}
+    settings_file = tmp_path / "sketchboard.yaml"
+    settings_file.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data"), **settings}))
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", "SKETCHBOARD_SETTINGS_FILE": str(settings_file),
+               "SPARK_LOCAL_IP": "127.0.0.1"}
+    output = tmp_path / "pipeline.log"
+    with open(output, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "pipeline"], env=environ, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "running (checkpoints in" not in output.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(2)  # the query under way
+        os.killpg(proc.pid, signal.SIGTERM)  # the driver and its JVM, as systemd stops a service
+        returncode = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = output.read_text()
+    assert returncode == 0, text[-6000:]
+    assert "\nsketchboard: " not in text, text[-3000:]
+
+    done = run_pipeline(tmp_path, settings)  # resumes from the checkpoint
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert_panes_exact(store, events)

@@ -35,6 +35,24 @@ def test_the_embedded_log_is_refused_on_a_cluster_naming_the_fix(master):
     check_log_fits_master(master, "kafka")
 
 
+def test_one_reading_of_the_master_decides_local_mode_everywhere():
+    """is_local_master (the executors share the driver's disk) and driver_rows_limit (every batch on
+    the driver in one local JVM) read the master through master_kind, as Spark does: case-sensitively.
+    They used to differ (one lowercased, the other not), so LOCAL[2] was local to one and a cluster
+    to the other, while Spark refuses it."""
+    from aggregates.cluster import master_kind
+    from aggregates.pipeline import CLUSTER_DRIVER_BATCH_ROWS, driver_rows_limit
+
+    assert [master_kind(m) for m in ("local", "local[3]", "local-cluster[2,1,1024]", "spark://h:7077")] == [
+        "local", "local", "local-cluster", "cluster"]
+    assert driver_rows_limit(None, "local-cluster[2,1,1024]", 10**6) == CLUSTER_DRIVER_BATCH_ROWS
+    for refused in ("LOCAL[2]", "Local", "SPARK://h:7077", "spark://h"):
+        with pytest.raises(ValueError):
+            is_local_master(refused)
+        with pytest.raises(ValueError):
+            driver_rows_limit(None, refused, 10**6)
+
+
 def test_settings_refuse_a_cluster_master_with_the_embedded_log(tmp_path):
     with pytest.raises(ValidationError, match="embedded log is a file on this machine"):
         Settings(data_dir=tmp_path, spark_master="spark://spark-master:7077")
@@ -101,3 +119,37 @@ def test_a_failed_probe_job_is_reported_by_its_cause_not_the_jvm_stack():
     assert "ProcessBuilder" not in message and "PYSPARK_PYTHON" in message
     message = task_failure(Exception(PYTHON_CRASH), "/usr/bin/python3.10")
     assert "PYTHON_VERSION_MISMATCH" in message and "Traceback" not in message and "scala" not in message
+
+
+class _JavaError(Exception):
+    """What py4j raises for a Java exception (Py4JJavaError): the Java exception's message is asked of the JVM."""
+
+    def __init__(self, message: str):
+        super().__init__("An error occurred while calling None.org.apache.spark.sql.classic.SparkSession.\n: ...")
+        self.java_exception = type("JavaException", (), {"getMessage": lambda _self: message})()
+
+
+def test_a_failed_spark_start_is_one_line_with_sparks_reason():
+    """build_spark turns a session that does not start into SparkStartError (the CLI: `sketchboard:
+    <it>`, exit 2) instead of a Py4J traceback: Spark's first line, or for a standalone master
+    nothing answered (Spark gives up after ~60 s and the session fails on the stopped context),
+    the addresses that refuse connections."""
+    from aggregates.cluster import SparkStartError, spark_start_error
+    from tests.procs import free_port
+
+    memory = spark_start_error("spark://m:7077", _JavaError(
+        "[INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY] Insufficient executor memory: Executor memory 314572800 must be at"
+        " least 471859200.\nPlease increase executor memory using ..."))
+    assert isinstance(memory, SparkStartError)
+    assert str(memory) == ("could not start Spark on spark://m:7077: [INVALID_EXECUTOR_MEMORY.CONFIG_MEMORY]"
+                           " Insufficient executor memory: Executor memory 314572800 must be at least 471859200.")
+    port = free_port()
+    stopped = spark_start_error(f"spark://127.0.0.1:{port}", _JavaError(
+        "Cannot call methods on a stopped SparkContext.\nThis stopped SparkContext was created at: ..."))
+    assert str(stopped).startswith(f"could not start Spark on spark://127.0.0.1:{port}: all masters unresponsive"
+                                   f" (127.0.0.1:{port}: Connection refused)"), stopped
+    from pyspark.errors import PySparkRuntimeError
+
+    gateway = spark_start_error("local[2]", PySparkRuntimeError(
+        errorClass="JAVA_GATEWAY_EXITED", messageParameters={}))
+    assert str(gateway).startswith("could not start Spark on local[2]: [JAVA_GATEWAY_EXITED]"), gateway

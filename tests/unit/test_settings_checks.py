@@ -302,8 +302,21 @@ def test_a_kafka_group_template_with_an_unknown_placeholder_is_refused(monkeypat
     ("SPARK_MASTER", "locall[2]", "no Spark master URL"),
     ("SPARK_MASTER", "local[0]", "at least one thread"),
     ("SPARK_MASTER", "spark:/master:7077", "no Spark master URL"),
+    # Spark needs each standalone master as host:port, and reads the URL case-sensitively.
+    ("SPARK_MASTER", "spark://127.0.0.1", "each master of spark:// is host:port"),
+    ("SPARK_MASTER", "spark://a:7077,b", "'b' is no master address"),
+    ("SPARK_MASTER", "spark://master:7077/", "host:port"),
+    ("SPARK_MASTER", "spark://spark_master:7077", "'_' is no host to Spark"),
+    ("SPARK_MASTER", "SPARK://master:7077", "case-sensitively: write 'spark://master:7077'"),
+    ("SPARK_MASTER", "LOCAL[2]", "case-sensitively: write 'local\\[2\\]'"),
+    ("SPARK_MASTER", "k8s://", "API server's address"),
     ("SPARK_DRIVER_MEMORY", "lots", "no JVM memory size"),
     ("SPARK_DRIVER_MEMORY", "2 g", "no JVM memory size"),
+    # Spark refuses a heap under 450 MiB when its session starts (INVALID_DRIVER_MEMORY, INVALID_EXECUTOR_MEMORY).
+    ("SPARK_DRIVER_MEMORY", "449m", "at least 450m"),
+    ("SPARK_DRIVER_MEMORY", "1024", "at least 450m"),
+    ("SPARK_CONF", '{"spark.executor.memory": "300m"}', "spark.executor.memory: '300m' is less than Spark runs with"),
+    ("SPARK_CONF", '{"spark.driver.memory": "lots"}', "spark.driver.memory: 'lots' is no JVM memory size"),
     ("ALERT_WEBHOOK_URL", "not a url", "http:// or https:// URL"),
     ("HOST", " ", "must not be empty"),
 ])
@@ -316,7 +329,8 @@ def test_values_spark_or_a_socket_would_refuse_later_are_refused_at_start(name, 
 
 
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4, 2]", "local-cluster[2, 1, 1024]",
-                                    "spark://spark-master:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://k:6443"])
+                                    "spark://spark-master:7077", "spark://a:7077,b:7077", "spark://10.0.0.5:7077",
+                                    "spark://[::1]:7077", "yarn", "k8s://https://k:6443", "k8s://k:6443"])
 def test_every_master_url_spark_takes_is_accepted(master, monkeypatch):
     monkeypatch.setenv("SKETCHBOARD_SPARK_MASTER", master)
     monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
