@@ -72,6 +72,10 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
             inst = replace(inst, value=sample.value, window_start_ms=sample.window_start_ms,
                            window_end_ms=sample.window_end_ms, revision=sample.revision, reason=sample.reason,
                            details=sample.details or inst.details)
+        elif reading is Reading.FALSE and inst.state is AlertState.FIRING:
+            # Gone, but kept firing (keep_firing_for): its last value stays, as Prometheus keeps it,
+            # so a notice sent meanwhile reads as the one that fired, not "no data".
+            inst = replace(inst, reason="no longer reported by the rule's query; kept firing (keep_firing_for)")
         elif reading is Reading.FALSE:  # the group is gone: nothing to show but that
             inst = replace(inst, value=None, reason="no longer reported by the rule's query")
         # The data's own annotations (a match's events) stay with the instance until it resolves.

@@ -127,6 +127,9 @@ def test_keep_firing_for_holds_a_match_firing_and_a_burst_is_read_in_pages():
         cursor, previous = outcome.cursor, {i.fingerprint: i for i in result.instances}
     assert seen == ["1", "2", "3", "4", "5"] and cursor == 5
     assert {i.labels["match_id"]: i.state for i in previous.values()} == {str(i): AlertState.FIRING for i in range(1, 6)}
+    # Kept firing after their evaluation: each still reads as it fired (its value), not "no data".
+    assert {i.annotations["summary"] for i in previous.values()} == {
+        f"credential stuffing on user{i} (6 events)" for i in range(1, 6)}
     later = evaluate(rule, evaluate_rule(rule, data, CATALOG, T0 + 5 * MIN, cursor=5), previous, T0 + 5 * MIN)
     assert {i.state for i in later.instances} == {AlertState.RESOLVED} and len(later.notices) == 5
     assert {n.status for n in later.notices} == {"resolved"}
