@@ -534,3 +534,24 @@ def test_the_columnar_path_is_warmed_as_the_server_starts_not_by_the_first_reque
         assert warmed == [True]
     # The real warm-up's body goes the columnar way (it would warm nothing if refused).
     assert ingest_routes.columnar_events(ingest_routes.WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1}\n').num_rows == 1
+
+
+def test_a_client_gone_mid_body_is_a_400_not_an_asgi_traceback():
+    """starlette raises ClientDisconnect from the body's stream when the client goes mid-body (a
+    producer stopped with Ctrl-C): it escaped read_capped as an 'Exception in ASGI application'."""
+    import asyncio
+
+    from fastapi import HTTPException
+    from starlette.requests import Request
+
+    from api.bodies import read_capped
+
+    messages = [{"type": "http.request", "body": b'[{"time": 1', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive():
+        return messages.pop(0)
+
+    request = Request({"type": "http", "method": "POST", "path": "/api/v1/events", "headers": []}, receive)
+    with pytest.raises(HTTPException) as raised:
+        asyncio.run(read_capped(request, 1 << 20))
+    assert raised.value.status_code == 400 and "disconnected after 11 bytes" in raised.value.detail
