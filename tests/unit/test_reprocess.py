@@ -36,6 +36,27 @@ def new_catalog() -> Catalog:
     return Catalog(streams=streams, metrics={**OLD["metrics"], "bytes": {"stream": "http", "value": "bytes"}})
 
 
+def served_then_changed(tmp_path, old: dict = OLD, new: dict | None = None):
+    """A data directory whose pipeline served `old` (its definitions pinned as the pipeline records
+    them), its configuration changed to `new` since (default: OLD with http's new declaration):
+    (settings, config file, the root store, open)."""
+    import yaml
+
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import open_catalog, open_store
+
+    if new is None:
+        new = {**OLD, "streams": {**OLD["streams"],
+                                  "http": new_catalog().streams["http"].model_dump(mode="json", exclude_defaults=True)}}
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(old))
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")
+    config.write_text(yaml.safe_dump(new))
+    return settings, config, root
+
+
 def run_of(**changes) -> ReprocessRun:
     base = dict(id="reprocess-http-01234567", stream="http", version="0123456789", definition={"name": "http"},
                 state="starting", error=None, started_at_ms=NOW, updated_at_ms=NOW, complete_from_ms=NOW - DAY,
@@ -297,20 +318,12 @@ def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_pat
     """`sketchboard reprocess STREAM` refuses what POST /api/v1/reprocess answers 404/409 to (an
     unknown or derived stream, an unchanged definition, a run going) before any Spark: exit 2 and
     the reason on stderr."""
-    import yaml
 
     from sketchboard import cli
-    from sketchboard.settings import Settings
     from sketchboard.wiring import open_catalog, open_log, open_store
 
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
-    root = open_store(settings)
-    pin_definitions(root, open_catalog(settings), "main")  # as the pipeline records them
+    settings, config, root = served_then_changed(tmp_path)
     root.close()
-    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
-                                                         .model_dump(mode="json", exclude_defaults=True)}}))
     args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
     assert cli.main(["reprocess", "http", "--data-dir", str(tmp_path / "fresh"), "--config", str(config)]) == 2
     assert "sketchboard: stream 'http' has no served output yet" in capsys.readouterr().err  # no pipeline ran there
@@ -396,19 +409,11 @@ def test_a_child_that_dies_before_recording_why_leaves_its_run_failed_not_starti
     status, so the next POST /api/v1/reprocess of the stream is not refused as going for ever."""
     import time
 
-    import yaml
 
     from sketchboard.reprocess import build_reprocess_service, child_launcher
-    from sketchboard.settings import Settings
-    from sketchboard.wiring import open_catalog, open_log, open_store
+    from sketchboard.wiring import open_catalog, open_log
 
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
-    root = open_store(settings)
-    pin_definitions(root, open_catalog(settings), "main")
-    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
-                                                         .model_dump(mode="json", exclude_defaults=True)}}))
+    settings, config, root = served_then_changed(tmp_path)
     catalog = open_catalog(settings)
     log = open_log(settings, catalog)
     monkeypatch.setenv("SKETCHBOARD_PORT", "not a port")  # the child's settings are invalid: it exits 2 at once
@@ -529,22 +534,14 @@ def test_sigterm_or_ctrl_c_records_the_run_failed_with_how_to_resume_and_it_resu
     import signal
     import time
 
-    import yaml
 
     import aggregates.batch_gate
     import sketchboard.wiring
     from sketchboard import cli
-    from sketchboard.settings import Settings
-    from sketchboard.wiring import open_catalog, open_store
+    from sketchboard.wiring import open_store
 
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
-    root = open_store(settings)
-    pin_definitions(root, open_catalog(settings), "main")
+    settings, config, root = served_then_changed(tmp_path)
     root.close()
-    config.write_text(yaml.safe_dump({**OLD, "streams": {**OLD["streams"], "http": new_catalog().streams["http"]
-                                                         .model_dump(mode="json", exclude_defaults=True)}}))
     args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
     signals = []
 
@@ -597,26 +594,19 @@ def test_reprocess_switch_of_a_stream_whose_joins_other_stream_changed_too_is_re
     """`sketchboard reprocess searches --switch` when `clicks`, the other stream of their join,
     changed too: the switch could not be made (aggregates/reprocess.py refuse_unswitchable), so it
     is refused before a run is recorded or Spark starts, saying what to do; exit 2."""
-    import yaml
 
     import sketchboard.wiring
     from sketchboard import cli
-    from sketchboard.settings import Settings
-    from sketchboard.wiring import open_catalog, open_store
+    from sketchboard.wiring import open_store
 
     old = {"streams": {"searches": {"key_field": "user", "dimensions": ["query"]},
                        "clicks": {"key_field": "user", "dimensions": ["button"]}},
            "joins": [{"name": "search_clicks", "left": {"stream": "searches", "key": "user"},
                       "right": {"stream": "clicks", "key": "user"}, "within": "5m"}]}
-    config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(old))
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None)
-    root = open_store(settings)
-    pin_definitions(root, open_catalog(settings), "main")
-    root.close()
-    config.write_text(yaml.safe_dump({**old, "streams": {
+    settings, config, root = served_then_changed(tmp_path, old, {**old, "streams": {
         "searches": {"key_field": "user", "dimensions": ["query", "country"]},
-        "clicks": {"key_field": "user", "dimensions": ["button", "page"]}}}))
+        "clicks": {"key_field": "user", "dimensions": ["button", "page"]}}})
+    root.close()
     monkeypatch.setattr(sketchboard.wiring, "build_pipeline", lambda *a, **k: pytest.fail("Spark started"))
     args = ["--data-dir", str(settings.data_dir), "--config", str(config)]
     assert cli.main(["reprocess", "searches", "--switch", *args]) == 2
