@@ -487,6 +487,16 @@ def _os_error_text(exc: OSError) -> str:
     return str(exc)
 
 
+def _raised_in_py4j(exc: BaseException) -> bool:
+    """Whether the error came from py4j's socket to the JVM (a frame of the py4j package raised it)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("py4j."):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
     args = build_parser().parse_args(argv)
@@ -511,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sketchboard: {line}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path that is missing, a folder, unreadable: named, with the reason
+        if isinstance(exc, ConnectionError) and _raised_in_py4j(exc):
+            # Not a path: the bridge to Spark's JVM (killed, out of memory, stopped by a signal).
+            print(f"sketchboard: Spark's JVM went away ({exc}); its own lines above say why", file=sys.stderr)
+            return 1
         print(f"sketchboard: {_os_error_text(exc)}", file=sys.stderr)
         return 2
     except ValidationError as exc:

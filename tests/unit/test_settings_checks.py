@@ -103,6 +103,30 @@ def test_an_os_error_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "sketchboard: /etc/sketchboard/rules.yaml: Permission denied\n"
 
 
+def test_a_jvm_gone_is_said_so_not_taken_for_a_path(monkeypatch, capsys):
+    """py4j's socket to a JVM that went away (killed, out of memory) raises ConnectionRefusedError:
+    it was printed as a file error, `sketchboard: [Errno 111] Connection refused`, exit 2."""
+    import socket
+
+    from py4j.clientserver import ClientServer, JavaParameters, PythonParameters
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    bridge = ClientServer(java_parameters=JavaParameters(port=port), python_parameters=PythonParameters(port=0))
+
+    def pipeline(args):
+        bridge.jvm.System.currentTimeMillis()  # no JVM listens there
+
+    monkeypatch.setattr(cli, "cmd_check_config", pipeline)
+    try:
+        assert cli.main(["check-config"]) == 1
+    finally:
+        bridge.shutdown()
+    assert capsys.readouterr().err == ("sketchboard: Spark's JVM went away ([Errno 111] Connection refused); its own"
+                                       " lines above say why\n")
+
+
 def test_an_empty_path_variable_means_none_or_is_refused(tmp_path, monkeypatch, capsys):
     for name in ("ALERTS_CONFIG", "DASHBOARDS_CONFIG", "TOKENS_FILE"):
         monkeypatch.setenv(f"SKETCHBOARD_{name}", "")
