@@ -21,8 +21,8 @@ def retention_pass(ctx: ApiContext, settings: Settings) -> None:
     dropped = ctx.log.apply_retention(ctx.now_ms(), settings.log_retention, settings.log_retention_bytes)
     if dropped:
         log.info("retention dropped %d records", dropped)
-    try:  # a tombstone the pipeline has not read stays (docs/tables.md)
-        read_through = ctx.store.progress(ctx.pipeline_name).end_offsets
+    try:  # a tombstone a pipeline has not read stays (docs/tables.md)
+        read_through = read_by_every_reader(ctx)
     except Exception:  # the store is down: no compaction this round, as nothing is known read
         log.exception("compaction skipped: the pipeline's committed offsets cannot be read")
     else:
@@ -35,6 +35,24 @@ def retention_pass(ctx: ApiContext, settings: Settings) -> None:
                 log.info("reprocess_drop_after: dropped the unused output %r", output)
         except Exception:  # the store is down: try again next time, the log was trimmed all the same
             log.exception("reprocess_drop_after: dropping unused outputs failed")
+
+
+def read_by_every_reader(ctx: ApiContext) -> dict[str, dict[int, int]]:
+    """Per stream and partition, the offset every reader of the log has committed up to: the least
+    of the serving pipeline's and each registered consumer's (named pipelines, reprocessing runs:
+    store/consumers.py, copies written after each of their commits, so never ahead of them). A
+    reader that has read none of a partition stored nothing of it: it does not hold the others back."""
+    through = {stream: dict(parts) for stream, parts in ctx.store.progress(ctx.pipeline_name).end_offsets.items()}
+    registry = ctx.lag.registry if ctx.lag is not None else None  # the log's other consumers (fan-out)
+    if registry is not None:
+        for consumer in registry.consumers():
+            if consumer.pipeline == ctx.pipeline_name:
+                continue
+            for stream, parts in registry.offsets(consumer.pipeline).items():
+                least = through.setdefault(stream, {})
+                for partition, offset in parts.items():
+                    least[partition] = min(least.get(partition, offset), offset)
+    return through
 
 
 def retention_loop(ctx: ApiContext, settings: Settings, stop: threading.Event, interval_s: float = 60.0) -> None:

@@ -122,7 +122,14 @@ def test_a_pass_keeps_a_tombstone_the_pipeline_has_not_read_however_old(tmp_path
         read = BatchCommit(pipeline=ctx.pipeline_name, batch_id=1, partials=[], events_read=1,
                            end_offsets={"users": {p: first + 2}})
         assert ctx.store.commit_batch(read, lateness_ms={}, now_ms=ctx.now_ms()).committed
-        retention_pass(ctx, settings)  # read now: the old tombstone goes, with the row it deleted
+        # A named pipeline (fan-out) that stored the row too and is behind the delete holds it: the
+        # pass looked at the serving pipeline's offsets only, and the audit kept u1 for good.
+        ctx.lag.registry.register("audit", "audit", "earliest", at)
+        ctx.lag.registry.record_commit("audit", 0, at, {"users": {p: first + 1}})
+        retention_pass(ctx, settings)
+        assert [r["op"] for b in ctx.log.read(users, p, first, first + 2) for r in b.to_pylist()] == ["delete"]
+        ctx.lag.registry.record_commit("audit", 1, at, {"users": {p: first + 2}})
+        retention_pass(ctx, settings)  # read by every reader now: the old tombstone goes, with the row it deleted
         assert [r for b in ctx.log.read(users, p, first, first + 2) for r in b.to_pylist()] == []
     finally:
         ctx.leadership.stop()
