@@ -448,7 +448,9 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
 
     # The query's health says running, batch by batch, while no query runs (aggregates/progress.py).
     def run(batch_id: int, start: Offsets, end: Offsets) -> None:
-        with progress.batch(batch_id, records_between(start, end)):
+        # The rows the pipeline read itself where it did (records retention dropped unread, or a
+        # compacted table's gaps, are not in them), else the offset span.
+        with progress.batch(batch_id, lambda: pipeline.rows_read_on_driver.get(batch_id, records_between(start, end))):
             process(own.read(start, end), batch_id)
             write_whole(commits_dir / str(batch_id), _COMMIT)
         purge_before(checkpoint, batch_id - keep)
@@ -471,7 +473,7 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         batch_id = planned[-1] + 1 if planned else 0
         write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
                                                                                  int(time.time() * 1000))))
-        log.info("batch %d with chosen end offsets: %d records", batch_id, records_between(start, end))
+        log.info("batch %d with chosen end offsets: %d offsets", batch_id, records_between(start, end))
         after_start = with_starts(end, starts)
         after = plan(after_start)
         # The rest of the backlog, not the next batch (which an append-time cut may have shortened).

@@ -178,13 +178,14 @@ class OwnRunProgress:
             self.recorder.own_idle(self.run_id)
 
     @contextmanager
-    def batch(self, batch_id: int, rows: int):
+    def batch(self, batch_id: int, rows: int | Callable[[], int]):
+        """`rows`: the batch's input rows, or what says them once it ran (the rows it read)."""
         self.begin()
         started = time.time()
         yield
         if self.recorder is not None:
-            self.recorder.own_batch(self.query_id, self.run_id, batch_id, rows, int(started * 1000),
-                                    int((time.time() - started) * 1000))
+            self.recorder.own_batch(self.query_id, self.run_id, batch_id, rows() if callable(rows) else rows,
+                                    int(started * 1000), int((time.time() - started) * 1000))
 
     def __exit__(self, kind, error, _traceback) -> None:
         if self.run_id is not None:

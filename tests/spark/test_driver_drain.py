@@ -320,3 +320,20 @@ def test_a_batch_an_earlier_run_logged_larger_than_the_batches_now_runs_again_on
         assert logged_batches(checkpoint / "commits") == [0] and pipeline.store.last_batch_id("main") == 0
     finally:
         pipeline.store.close()
+
+
+def test_a_batch_over_records_retention_dropped_counts_the_rows_it_read(small, spark):
+    """A batch's input rows in the query's health were its offset span: records the log's retention
+    dropped before the pipeline read them (or a compacted table's gaps) were counted as read."""
+    tmp_path, config, catalog, log = small
+    log.append("a", 40)
+    pipeline = build_pipeline(settings_for(tmp_path, config, max_records_per_batch=1_000), spark, name="main")
+    pipeline.start = no_query
+    pipeline.run_until_drained()  # batch 0: 40
+    log.append("a", 100)  # then dropped by the log's retention before the pipeline reads them
+    assert log.log.apply_retention(int(time.time() * 1000) + 7_200_000, 3_600_000, 1 << 30) == 140
+    log.append("a", 30)
+    pipeline.run_until_drained()  # batch 1: offsets 40..170, 30 records left there
+    assert counted(pipeline.store, "a") == 70
+    health = query_health(pipeline.health, "main", int(time.time() * 1000))
+    assert health["batch_id"] == 1 and health["num_input_rows"] == 30
