@@ -415,6 +415,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     catalog = catalog or open_catalog(settings)
     root_store = open_store(settings)
     registry = open_consumer_registry(settings, root_store)
+    if starts_over(checkpoint_dir):
+        # Its checkpoint was deleted (docs/scale-out.md, starting a name over): the old record's
+        # offsets and batch id never move back, so they would overstate where it is (its lag shown
+        # caught up while it replays; the log's compaction let a delete go before it read it).
+        registry.forget(name)
     consumer = registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
     if not has_checkpoint(checkpoint_dir) and consumer.started_from != starting:
         logger.info("pipeline %r first started from %s; without a checkpoint it now starts from %s",
@@ -499,6 +504,12 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     health.reserve_store_errors(name)
     pipeline.health = health
     return pipeline
+
+
+def starts_over(checkpoint_dir) -> bool:
+    """Nothing of a checkpoint there: no batch logged, no start pinned (a first start, or one whose
+    checkpoint was deleted)."""
+    return not checkpoint_dir.is_dir() or not any(checkpoint_dir.iterdir())
 
 
 def has_checkpoint(checkpoint_dir) -> bool:

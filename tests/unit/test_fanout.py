@@ -154,3 +154,27 @@ def test_a_failing_group_copy_is_counted_and_never_stops_the_others(tmp_path):
     assert audit.group_commits_failed == 1 and "KafkaException" in audit.group_commit_error
     assert registry.offsets("audit") == {"orders": {0: 3}}
     registry.close()
+
+
+def test_a_name_started_over_gets_a_new_registry_record(tmp_path):
+    """Starting a name over (its checkpoint deleted, docs/scale-out.md) kept the old run's record:
+    its copied offsets and batch id never move back, so the replaying pipeline showed caught up
+    and the log's compaction could drop a delete before it read it. A restart keeps the record."""
+    from sketchboard.wiring import build_pipeline, open_consumer_registry
+
+    settings = Settings(data_dir=tmp_path / "data", alerts_config=None)
+    root = open_store(settings)
+    registry = open_consumer_registry(settings, root)
+    registry.register("audit", "audit", "latest", NOW)
+    registry.record_commit("audit", 59, NOW, {"http_requests": {0: 1_499}})
+    pipeline = build_pipeline(settings, name="audit", starting_offsets="earliest")  # no checkpoint: started over
+    pipeline.store.close()
+    [audit] = [c for c in registry.consumers() if c.pipeline == "audit"]
+    assert (audit.started_from, audit.last_batch_id) == ("earliest", None) and registry.offsets("audit") == {}
+    registry.record_commit("audit", 0, NOW, {"http_requests": {0: 10}})
+    settings.checkpoint_dir_of("audit").mkdir(parents=True, exist_ok=True)
+    (settings.checkpoint_dir_of("audit") / "metadata").write_text("{}")  # a checkpoint now: a restart
+    build_pipeline(settings, name="audit", starting_offsets="latest").store.close()
+    assert registry.offsets("audit") == {"http_requests": {0: 10}}
+    registry.close()
+    root.close()
