@@ -528,7 +528,8 @@ class Hub:
         except Exception:
             log.exception("websocket hub could not read the store; retrying")
             self._seq = None
-        self._tailing.set()
+        if self._seq is not None:  # else once read below (snapshots wait for it, up to their timeout)
+            self._tailing.set()
         last_read = time.monotonic()
         try:
             while True:
@@ -547,6 +548,7 @@ class Hub:
                     if self._seq is None:
                         self._seq = self._last_seq()
                         self._watermarks = self.store.watermarks()
+                        self._tailing.set()
                     if read:
                         last_read = time.monotonic()
                     self.tick(read_changes=read)

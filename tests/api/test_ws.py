@@ -801,3 +801,29 @@ def test_a_commit_right_after_the_first_snapshot_is_pushed_while_the_hub_is_stil
         msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
         window = (now_ms - 90_000) // 60_000 * 60_000
         assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's start, not the store
+def test_a_commit_after_the_first_snapshot_is_pushed_when_the_hubs_first_read_failed(server, ctx, now_ms,
+                                                                                      monkeypatch):
+    """The same race when the tailer's first read of the change feed fails (a store briefly away):
+    snapshots went on at once, and the tailer's next read took the commit after them as its start."""
+    real = ctx.store.changes_since
+    calls = []
+
+    def flaky(seq, limit=1000):
+        calls.append(seq)
+        if len(calls) == 1:
+            raise OSError("the store is away for a moment")
+        if len(calls) == 2:
+            time.sleep(1.0)  # the retry, slow: the test's commit lands meanwhile
+        return real(seq, limit)
+
+    monkeypatch.setattr(ctx.store, "changes_since", flaky)
+    with connect(server.ws) as ws:
+        subscribe(ws, "a", metric="requests", stats=["count"], **{"from": "now-5m"}, step="1m")
+        post(server, [ev(now_ms - 90_000)])
+        assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 1
+        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
+        window = (now_ms - 90_000) // 60_000 * 60_000
+        assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
