@@ -111,7 +111,7 @@ class Pipeline(ReportsStoreErrors):
         self.clock = clock
         # What each batch judges retention by: the clock, held at the last commit's instant through
         # a small step back (aggregates/batch_clock.py).
-        self.batch_clock = BatchClock(clock, lambda: store.progress(config.name).last_commit_ms)
+        self.batch_clock = BatchClock(clock, lambda: store.last_commit_ms(config.name))
         # The driver's own handle on the log: its end offsets at commit say which partitions
         # still have unread records (the per-partition watermarks, store/watermarks.py).
         self.log = log if log is not None else driver_log(config)

@@ -253,6 +253,11 @@ class PaneStore(ABC):
     def last_batch_id(self, pipeline: str) -> int | None: ...
 
     @abstractmethod
+    def last_commit_ms(self, pipeline: str) -> int | None:
+        """When the pipeline's newest batch was committed (the store's `now_ms` of it); None before
+        its first. What a restarted pipeline's batch clock starts from (aggregates/batch_clock.py)."""
+
+    @abstractmethod
     def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
         """Of `ids`, those a committed batch counted for `stream` and the store still remembers
         (store/event_ids.py), with the ingest time of the copy counted."""

@@ -290,6 +290,11 @@ class SqlitePaneStore(PaneStore):
             row = self._conn.execute("SELECT MAX(batch_id) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
         return row[0]
 
+    def last_commit_ms(self, pipeline: str) -> int | None:
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
+        return row[0]
+
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:
         wanted = row_codec.wanted_sketches(with_sketches, value_field, distinct_field)

@@ -297,6 +297,9 @@ class PostgresPaneStore(PaneStore):
     def last_batch_id(self, pipeline: str) -> int | None:
         return self._one("SELECT MAX(batch_id) FROM batches WHERE pipeline = %s", (pipeline,))[0]
 
+    def last_commit_ms(self, pipeline: str) -> int | None:
+        return self._one("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = %s", (pipeline,))[0]
+
     def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return event_ids.lookup(cur, stream, ids, "%s")

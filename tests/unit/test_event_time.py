@@ -345,3 +345,13 @@ def test_a_partition_with_unread_records_holds_the_watermark_and_progress_shows_
                               lateness_ms=LATENESS, now_ms=T0 + 2_000, idle_timeout_ms={"s": 1_000}).committed
     assert store.watermarks() == {"s": T0 + 95_000 - 30_000}
     assert store.progress("main").streams["s"].partitions[1].state == "idle"
+
+
+def test_the_last_commit_time_is_the_newest_batch_s_of_its_pipeline(store):
+    """What a restarted pipeline's batch clock starts from (aggregates/batch_clock.py): one query,
+    not the whole progress() the status page reads."""
+    assert store.last_commit_ms("main") is None
+    store.commit_batch(commit(0, [part(T0)], max_event=T0), lateness_ms=LATENESS, now_ms=T0 + 5)
+    store.commit_batch(commit(1, [], now=T0 + 9), lateness_ms=LATENESS, now_ms=T0 + 9)
+    assert store.last_commit_ms("main") == T0 + 9 == store.progress("main").last_commit_ms
+    assert store.last_commit_ms("other") is None
