@@ -415,10 +415,12 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     catalog = catalog or open_catalog(settings)
     root_store = open_store(settings)
     registry = open_consumer_registry(settings, root_store)
-    if starts_over(checkpoint_dir):
+    if starts_over(checkpoint_dir) and any(c.pipeline == name for c in registry.consumers()):
         # Its checkpoint was deleted (docs/scale-out.md, starting a name over): the old record's
         # offsets and batch id never move back, so they would overstate where it is (its lag shown
         # caught up while it replays; the log's compaction let a delete go before it read it).
+        logger.warning("pipeline %r has no checkpoint in %s: it starts over, and its record in the consumer"
+                       " registry with it", name, checkpoint_dir)
         registry.forget(name)
     consumer = registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
     if not has_checkpoint(checkpoint_dir) and consumer.started_from != starting:
