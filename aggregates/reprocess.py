@@ -375,6 +375,14 @@ class ReprocessService:
                 f"{run.id!r} is the output of {stream!r} that a switch replaced, kept to switch back to: no pipeline"
                 f" reads into it. Switching back is a switch: POST /api/v1/reprocess/{run.id}/switch (admin), or the"
                 " dashboard's Switch button")
+        configured = versioned_streams(self.catalog).get(stream)
+        if configured is not None and definition_version(configured, self.catalog) != run.version:
+            # Its checkpoint would read on with another definition than the one its output was built
+            # with so far, and the output would be labelled with the old version.
+            raise RunNotResumable(
+                f"run {run.id!r} builds version {short_version(run.version)} of {stream!r}, but the configured"
+                f" definition is version {short_version(definition_version(configured, self.catalog))} now: start"
+                f" a new run (`sketchboard reprocess {stream}`) or configure the run's definition again")
         if launched:
             return run
         now = self._now_ms()

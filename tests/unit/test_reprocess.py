@@ -523,6 +523,15 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     with pytest.raises(RunNotResumable):
         service.resume("http", previous.id, launched=True)
     assert service.run(previous.id).state == "caught_up"
+    # A run of a definition no longer configured (the stream's changed again since): its checkpoint
+    # would read on with the new definition under the old version.
+    older = run_of(id="reprocess-http-89abcdef", state="failed", version="89abcdef00")
+    with service.definitions.lock_runs() as conn:
+        insert_run(conn, older)
+    for launched in (False, True):
+        with pytest.raises(RunNotResumable, match="builds version 89abcdef of 'http', but the configured definition"):
+            service.resume("http", older.id, launched=launched)
+    assert service.run(older.id).state == "failed"
 
 
 def test_sigterm_or_ctrl_c_records_the_run_failed_with_how_to_resume_and_it_resumes(tmp_path, capsys, monkeypatch):
