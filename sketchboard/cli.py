@@ -253,8 +253,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import demo
 
     settings = _settings(args)
-    rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
-    argv = ["--url", args.url or settings.base_url, "--rate", str(rate),
+    argv = ["--url", args.url or settings.base_url, "--rate", str(_demo_rate(args, settings)),
             "--config", str(settings.streams_config), "--users", str(settings.demo_users),
             "--delayed-fraction", str(settings.demo_delayed_fraction), "--delay-mean", str(settings.demo_delay_mean),
             "--late-fraction", str(settings.demo_late_fraction), "--horizon-fraction", str(settings.demo_horizon_fraction),
@@ -294,8 +293,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     parts = [("api", [*exe, "api"]), ("pipeline", [*exe, "pipeline"])]
     if not args.no_demo:
         spikes = [arg for spec in args.spike for arg in ("--spike", spec)]
-        rate = settings.demo_rate if args.rate is None else args.rate  # 0 is a rate: no events
-        parts.append(("demo", [*exe, "demo", "--rate", str(rate), *spikes]))
+        parts.append(("demo", [*exe, "demo", "--rate", str(_demo_rate(args, settings)), *spikes]))
     children: dict[str, subprocess.Popen] = {}
     print(f"Sketchboard: {settings.base_url}  (data: {settings.data_dir.resolve()}; Ctrl-C stops)", flush=True)
     # `kill <pid>` (SIGTERM to this process alone, as a service manager sends it) must stop the
@@ -382,6 +380,11 @@ def _spike_spec(text: str) -> str:
 
     parse_spike(text)
     return text
+
+
+def _demo_rate(args: argparse.Namespace, settings) -> float:
+    """--rate, else the demo_rate setting: 0 is a rate (no events), not "unset"."""
+    return settings.demo_rate if args.rate is None else args.rate
 
 
 def _rate(text: str) -> float:
