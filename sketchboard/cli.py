@@ -189,14 +189,34 @@ def cmd_api(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                    ws_max_size=settings.ws_max_message_bytes)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                               ws_max_size=settings.ws_max_message_bytes))
+        _stop_server_on_signals(server)
+        server.run()
+        if not server.started and not server.should_exit:  # as uvicorn.run: it never served
+            return 3
     finally:
         stop.set()
         ctx.leadership.stop()  # stops the leader's work and hands the lease over at once
         if ctx.alerts is not None:
             ctx.alerts.stop()
     return 0
+
+
+def _stop_server_on_signals(server) -> None:
+    """SIGTERM and SIGINT stop the API cleanly, with exit 0 and its `finally` run (the leader lease
+    handed over at once, not waited out by the next replica).
+
+    uvicorn takes both signals while it serves, then, once shut down, puts back the handlers it
+    found and raises the signal again (uvicorn/server.py `capture_signals`): with Python's
+    defaults that killed the process (-15) or raised KeyboardInterrupt past our `finally`. The
+    handlers found are these, which only ask the server to stop, so the signal raised again does
+    nothing more; one that comes before uvicorn serves makes it stop as soon as it has started."""
+    def stop(signum, frame) -> None:
+        server.should_exit = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
