@@ -33,7 +33,7 @@ from store import PaneStore
 from store.definitions import (ACTIVE_STATES, RUN_HEARTBEAT_MS, RUN_STALE_MS, DefinitionStore, ReprocessRun, RunGoing,
                                StoredDefinition, insert_run, run_going)
 from store.pattern_definitions import PatternDefinitionStore
-from store.namespace import ROOT
+from store.namespace import PREVIOUS_PREFIX, ROOT, RUN_PREFIX
 from store.namespace_storage import NamespaceStorage
 from store.switch import NotAligned, Side, SwitchConflict, stream_offsets, switch_stream
 from store.switch import switch_enriched
@@ -41,8 +41,6 @@ from store.table_versions import TableVersion
 
 logger = logging.getLogger("sketchboard.reprocess")
 
-RUN_PREFIX = "reprocess-"
-PREVIOUS_PREFIX = "previous-"  # the output a switch replaced, kept to switch back to (docs/reprocessing.md)
 _STREAM_CHARS = 29  # "reprocess-" + 29 + "-" + 8 = 48, a pipeline name's limit (store/namespace.py)
 
 

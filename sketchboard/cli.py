@@ -222,8 +222,8 @@ def _stop_server_on_signals(server) -> None:
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.javacheck import check_java
     from sketchboard.live import run_pipeline
+    from sketchboard.pipeline_lock import PipelineRunning, hold_pipeline
 
-    check_java()
     settings = _settings(args)
     stopping = threading.Event()
 
@@ -233,8 +233,15 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if not args.once:  # --once: Ctrl-C interrupts the drain as before
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-    # Restarted in process when a switch fences a batch (docs/reprocessing.md#switch).
-    return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once)
+    name = args.name or settings.pipeline_name
+    try:
+        with hold_pipeline(name, settings.checkpoint_dir_of(name)):
+            check_java()
+            # Restarted in process when a switch fences a batch (docs/reprocessing.md#switch).
+            return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once)
+    except PipelineRunning as exc:
+        print(f"sketchboard: {exc}", file=sys.stderr)
+        return 2
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
@@ -415,10 +422,10 @@ def _rate(text: str) -> float:
 
 
 def _pipeline_name(text: str) -> str:
-    from store.namespace import check_pipeline_name
+    from store.namespace import check_user_pipeline_name
 
     try:
-        return check_pipeline_name(text)
+        return check_user_pipeline_name(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

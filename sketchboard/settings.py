@@ -361,6 +361,15 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown placeholder {unknown[0]}: the one placeholder is {{pipeline}}")
         return value
 
+    @field_validator("pipeline_name")
+    @classmethod
+    def _pipeline_name(cls, value: str) -> str:
+        # Imported here: the store package loads its backends (~0.9 s), which commands such as
+        # `token list` never need; this runs only when pipeline_name is set.
+        from store.namespace import check_user_pipeline_name
+
+        return check_user_pipeline_name(value)
+
     @field_validator("replica_id")
     @classmethod
     def _replica_id(cls, value: str | None) -> str | None:

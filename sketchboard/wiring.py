@@ -407,10 +407,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     name = check_pipeline_name(name or settings.pipeline_name)
     starting = starting_offsets or settings.pipeline_start
     checkpoint_dir = settings.checkpoint_dir_of(name)
-    if has_checkpoint(checkpoint_dir):
-        if starting_offsets is not None:
-            logger.info("pipeline %r resumes from its checkpoint (%s): --from %s applies to a first run only",
-                        name, checkpoint_dir, starting_offsets)
+    if not starts_over(checkpoint_dir) and starting_offsets is not None:
+        # A checkpoint with batches, or only the start its first run pinned (a `latest` pipeline
+        # stopped before its first batch still reads from the log's end as it was then).
+        logger.info("pipeline %r resumes from its checkpoint (%s): --from %s applies to a first run only",
+                    name, checkpoint_dir, starting_offsets)
     namespace = store_namespace(settings, name)
     catalog = catalog or open_catalog(settings)
     root_store = open_store(settings)
@@ -422,10 +423,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         logger.warning("pipeline %r has no checkpoint in %s: it starts over, and its record in the consumer"
                        " registry with it", name, checkpoint_dir)
         registry.forget(name)
-    consumer = registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
-    if not has_checkpoint(checkpoint_dir) and consumer.started_from != starting:
-        logger.info("pipeline %r first started from %s; without a checkpoint it now starts from %s",
-                    name, consumer.started_from, starting)
+    registry.register(name, namespace, starting, int(time.time() * 1000))  # refuses a taken namespace
     kafka = None
     extra_conf: dict[str, str] = {}
     if settings.log_backend == "kafka":
@@ -484,10 +482,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         pipeline.pattern_definitions = PatternFollower(catalog, PatternDefinitionStore(store.side_db()))
     if namespace != ROOT:  # the serving pipeline's offsets are read from the root store itself
         pipeline.commit_listeners.append(RegistryCopy(registry, name))
-    if settings.kafka_commit_offsets:
-        from ingest.log.kafka_groups import GroupOffsetCommitter, group_id_for
+    group = consumer_group_of(settings, name)
+    if group is not None:
+        from ingest.log.kafka_groups import GroupOffsetCommitter
 
-        committer = GroupOffsetCommitter(settings.kafka_bootstrap_servers, group_id_for(settings.kafka_group_id, name),
+        committer = GroupOffsetCommitter(settings.kafka_bootstrap_servers, group,
                                          topic_prefix=settings.kafka_topic_prefix, options=settings.kafka_options,
                                          timeout_s=settings.kafka_request_timeout / 1000)
         pipeline.commit_listeners.append(GroupCopy(committer, registry, name))
@@ -508,15 +507,23 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     return pipeline
 
 
+def consumer_group_of(settings: Settings, name: str) -> str | None:
+    """The Kafka consumer group pipeline `name` copies its offsets to (kafka_commit_offsets), if any."""
+    if not settings.kafka_commit_offsets:
+        return None
+    if "{pipeline}" not in settings.kafka_group_id and name != settings.pipeline_name:
+        # One group for every pipeline: each would overwrite the others' offsets in it, and lag
+        # tools would see one consumer jumping back and forth. The group is the serving pipeline's.
+        logger.warning("pipeline %r does not copy its offsets to the Kafka consumer group %r: kafka_group_id has"
+                       " no {pipeline}, so that group holds the serving pipeline's (%r)", name,
+                       settings.kafka_group_id, settings.pipeline_name)
+        return None
+    from ingest.log.kafka_groups import group_id_for
+
+    return group_id_for(settings.kafka_group_id, name)
+
+
 def starts_over(checkpoint_dir) -> bool:
     """Nothing of a checkpoint there: no batch logged, no start pinned (a first start, or one whose
     checkpoint was deleted)."""
     return not checkpoint_dir.is_dir() or not any(checkpoint_dir.iterdir())
-
-
-def has_checkpoint(checkpoint_dir) -> bool:
-    """Whether Spark logged a batch there (then the query resumes from it)."""
-    offsets = checkpoint_dir / "offsets"
-    return offsets.is_dir() and any(offsets.iterdir())
-
-

@@ -23,12 +23,27 @@ from pathlib import Path
 # Pipeline names end up in paths, schema names and Kafka group ids: keep them plain.
 PIPELINE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 ROOT = ""  # the serving pipeline's namespace
+# Reprocessing runs' outputs (docs/reprocessing.md): a run's pipeline and namespace, and the output
+# a switch replaced, kept to switch back to. Not names a user may give a pipeline of their own.
+RUN_PREFIX = "reprocess-"
+PREVIOUS_PREFIX = "previous-"
 
 
 def check_pipeline_name(name: str) -> str:
     if not re.fullmatch(PIPELINE_NAME_PATTERN, name):
         raise ValueError(f"pipeline name {name!r}: use 1 to 48 letters, digits, '_' or '-', starting with a letter"
                          " or digit")
+    return name
+
+
+def check_user_pipeline_name(name: str) -> str:
+    """A name a user gives a pipeline (`pipeline --name`, the setting pipeline_name): not one of
+    the reprocessing runs' names, whose namespaces hold their outputs."""
+    check_pipeline_name(name)
+    for prefix in (RUN_PREFIX, PREVIOUS_PREFIX):
+        if name.startswith(prefix):
+            raise ValueError(f"pipeline name {name!r}: names starting with {prefix!r} are kept for reprocessing"
+                             " runs and their outputs (`sketchboard reprocess`)")
     return name
 
 

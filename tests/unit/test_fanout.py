@@ -178,3 +178,73 @@ def test_a_name_started_over_gets_a_new_registry_record(tmp_path):
     assert registry.offsets("audit") == {"http_requests": {0: 10}}
     registry.close()
     root.close()
+
+
+def test_reprocessing_names_are_not_given_to_pipelines():
+    """`pipeline --name reprocess-...` (or previous-...) wrote into a reprocessing run's namespace:
+    a run's versioned output, or the output a switch kept to switch back to."""
+    for name in ("reprocess-http_requests-0123abcd", "previous-orders-0123abcd"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["pipeline", "--name", name])
+        with pytest.raises(ValidationError, match="kept for reprocessing runs"):
+            Settings(pipeline_name=name)
+    assert build_parser().parse_args(["pipeline", "--name", "reprocessing"]).name == "reprocessing"
+
+
+def test_a_group_template_without_the_name_is_the_serving_pipelines_alone(caplog):
+    from sketchboard.wiring import consumer_group_of
+
+    kafka = {"log_backend": "kafka", "kafka_bootstrap_servers": "localhost:9092", "kafka_commit_offsets": True}
+    shared = Settings(**kafka, kafka_group_id="analytics")
+    assert consumer_group_of(shared, "main") == "analytics"
+    with caplog.at_level("WARNING", logger="sketchboard"):
+        assert consumer_group_of(shared, "audit") is None  # it would overwrite main's offsets there
+    assert "kafka_group_id has no {pipeline}" in caplog.text
+    assert consumer_group_of(Settings(**kafka), "audit") == "sketchboard-audit"
+    assert consumer_group_of(Settings(**{**kafka, "kafka_commit_offsets": False}), "main") is None  # copies off
+
+
+def test_one_process_per_pipeline_name_and_data_directory(tmp_path):
+    """Two `pipeline --name audit` at once drove one checkpoint: both committed until one died on
+    the other's checkpoint files. The second is refused before anything starts."""
+    import os
+    import subprocess
+    import sys
+
+    from sketchboard.pipeline_lock import PipelineRunning, hold_pipeline
+
+    settings = Settings(data_dir=tmp_path / "data")
+    with hold_pipeline("audit", settings.checkpoint_dir_of("audit")):
+        with pytest.raises(PipelineRunning, match=f"already running on this data directory \\(process {os.getpid()}"):
+            with hold_pipeline("audit", settings.checkpoint_dir_of("audit")):
+                pass
+        with hold_pipeline("main", settings.checkpoint_dir_of("main")):  # another name: its own lock
+            pass
+        done = subprocess.run([sys.executable, "-m", "sketchboard.cli", "pipeline", "--name", "audit", "--once",
+                               "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "pipeline 'audit' is already running" in done.stderr and "Traceback" not in done.stderr
+    assert not settings.checkpoint_dir_of("audit").exists()  # the lock is beside it: still a first start
+    with hold_pipeline("audit", settings.checkpoint_dir_of("audit")):  # released with its holder
+        pass
+
+
+def test_a_latest_pipeline_stopped_before_its_first_batch_says_it_resumes_from_its_pinned_start(tmp_path, caplog):
+    """A first run `--from latest` pins the log's end in its checkpoint before any batch; started
+    again with `--from earliest` it still reads from that pinned end, though it logged that it
+    would now start from earliest."""
+    from sketchboard.wiring import build_pipeline, open_consumer_registry
+
+    settings = Settings(data_dir=tmp_path / "data", alerts_config=None)
+    root = open_store(settings)
+    registry = open_consumer_registry(settings, root)
+    registry.register("audit", "audit", "latest", NOW)
+    checkpoint = settings.checkpoint_dir_of("audit")
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "sketchboard-initial-offsets.json").write_text("{}")  # pinned by the first run, no batch yet
+    with caplog.at_level("INFO", logger="sketchboard"):
+        build_pipeline(settings, name="audit", starting_offsets="earliest").store.close()
+    assert "resumes from its checkpoint" in caplog.text and "--from earliest applies to a first run only" in caplog.text
+    assert "now starts from earliest" not in caplog.text
+    registry.close()
+    root.close()
