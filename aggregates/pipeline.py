@@ -25,6 +25,7 @@ from aggregates.duplicates import DuplicateFilter
 from aggregates.enrichment import Enrichment
 from aggregates.firstseen import BloomFeatures
 from aggregates.joins import WindowJoins, with_joins
+from aggregates.log_gaps import unread_by_stream
 from aggregates.partials import (PARTIALS, arrow_partials_table, catalog_layout, dead_letter_reason_column,
                                  partial_aggregates)
 from aggregates.patterns import PatternRunner, with_patterns
@@ -292,6 +293,10 @@ class Pipeline(ReportsStoreErrors):
             (computed - deduped_at) * 1000,
             (done - computed) * 1000,
         )
+        if result.committed and self.config.kafka is None:
+            for stream, n in sorted(unread_by_stream(*offsets, commit.read_by_stream, self.catalog).items()):
+                log.warning("batch %d: %d records of stream %r were dropped by the log's retention (log_retention,"
+                            " log_retention_bytes) before this pipeline read them: skipped", batch_id, n, stream)
         if clocks is not None:
             shifted = clock_corrected(rows)
             biggest = max(clocks.corrections.values(), key=abs, default=0)

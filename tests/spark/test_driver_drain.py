@@ -337,3 +337,31 @@ def test_a_batch_over_records_retention_dropped_counts_the_rows_it_read(small, s
     assert counted(pipeline.store, "a") == 70
     health = query_health(pipeline.health, "main", int(time.time() * 1000))
     assert health["batch_id"] == 1 and health["num_input_rows"] == 30
+
+
+def test_records_retention_dropped_before_the_pipeline_read_them_are_skipped_with_a_warning(small, spark, caplog):
+    """docs/scale-out.md: records a Kafka topic's retention deleted are skipped with a warning, "as
+    the embedded log's retention skips them"; the embedded log skipped them without a word."""
+    tmp_path, config, catalog, log = small
+    pipeline, checkpoint = backlog(small, spark)
+    try:
+        pipeline.run_until_drained()
+        read_to = log.ends()
+        log.append("a", 20)
+        # Logged as the next batch (a crash before it ran), then retention cuts the log under it.
+        lines = (checkpoint / "offsets" / "0").read_text().splitlines()
+        crashed = logged_batches(checkpoint / "offsets")[-1] + 1
+        (checkpoint / "offsets" / str(crashed)).write_text("\n".join(lines[:2] + [offsets_text(log.ends())]))
+        planned_to = log.ends()
+        log.append("a", 6)
+        log.log.apply_retention(int(time.time() * 1000), max_age_ms=10**9, max_bytes_per_partition=1)  # newest only
+        kept = {p: o.start for p, o in log.log.offsets("a").items()}
+        lost = sum(min(planned_to["a"][p], max(kept[p], read_to["a"][p])) - read_to["a"][p] for p in kept)
+        assert lost > 0
+        with caplog.at_level("WARNING", logger="sketchboard.pipeline"):
+            pipeline.run_until_drained()
+        assert f"batch {crashed}: {lost} records of stream 'a' were dropped by the log's retention" in caplog.text
+        assert "stream 'b'" not in caplog.text
+        assert counted(pipeline.store, "a") == 100 + 20 - lost + 6
+    finally:
+        pipeline.store.close()
