@@ -28,7 +28,9 @@ class StreamOut(_Open):
     name: str
     distinct: list[str]
     partitions_offsets: dict[str, OffsetsOut] = Field(description="partition -> retained offsets [start, end)")
-    events_in_log: int
+    events_in_log: int = Field(description="the partitions' retained offsets, end - start summed: the records"
+                               " held, except for a compacted table, where it also counts the offsets compaction"
+                               " emptied (the keys' older versions)")
 
 
 class StreamsOut(BaseModel):
@@ -67,7 +69,8 @@ class StreamProgressOut(BaseModel):
     watermark_held_by_partition: int | None = Field(
         description="the partition whose unread records hold the watermark back, null when none does")
     max_event_ms: int | None
-    events_in_log: int
+    events_in_log: int = Field(description="the partitions' retained offsets, end - start summed (a compacted"
+                               " table's count the offsets compaction emptied too)")
     events_aggregated: int
     events_read: int = Field(description="events_aggregated + events_dead_lettered + duplicates_dropped, always")
     events_dead_lettered: int
