@@ -108,9 +108,11 @@ def serve_on_driver(pipeline, stopping: Callable[[], bool], wait: Callable[[floa
                     away_since = None
                 if ran:
                     last_beat = clock()
-                elif idle_due(last_beat, clock(), idle_every_s):
-                    progress.idle()
-                    last_beat = clock()
+                else:
+                    pipeline.retry_copies()  # a copy of the offsets that failed: no batch will make it
+                    if idle_due(last_beat, clock(), idle_every_s):
+                        progress.idle()
+                        last_beat = clock()
                 next_s = next_trigger_ms(int(triggered * 1000), interval_ms) / 1000 - clock()
                 wait(max(0.0 if ran else IDLE_POLL_S, next_s))
     finally:

@@ -17,7 +17,7 @@ from aggregates.batch_gate import BatchGate
 from aggregates.cluster import check_log_fits_master, master_kind
 from aggregates.commit import build_commit, checkpointed_end_offsets, checkpointed_kafka_start, clock_corrected
 from aggregates.commit_retry import commit_with_retry
-from aggregates.consumers import CommitListener, notify
+from aggregates.consumers import CommitCopies, CommitListener
 from aggregates.device_clocks import DeviceClocks, with_clocks
 from aggregates.driver_batch import rows_at_most, streams_with_rows
 from aggregates.driver_rows import DriverRows
@@ -129,6 +129,7 @@ class Pipeline(ReportsStoreErrors):
         # copies of the offsets for others to see (the consumer registry, a Kafka consumer group).
         # Never the source of truth: a listener's failure is logged and counted, the batch stands.
         self.commit_listeners: list[CommitListener] = []
+        self.copies = CommitCopies(self.commit_listeners)  # a failed copy made again while idle
         self.listener_failures = 0
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
@@ -400,7 +401,12 @@ class Pipeline(ReportsStoreErrors):
         configure_tiers(self.store, catalog, self.clock)
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
-        self.listener_failures += notify(self.commit_listeners, batch_id, end_offsets, at_ms)
+        self.listener_failures += self.copies.notify(batch_id, end_offsets, at_ms)
+
+    def retry_copies(self) -> None:
+        """The copies of the offsets a batch failed to make (a consumer group, the registry),
+        made again: called while no batch runs (aggregates/consumers.py CommitCopies)."""
+        self.copies.retry_due()
 
     def log_end_offsets(self) -> dict[str, dict[int, int]]:
         """The log's end offsets now (per-partition watermarks, event-id pruning). A Kafka broker

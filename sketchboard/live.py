@@ -88,6 +88,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         try:
             while not stopping.is_set() and query.isActive:
                 stopping.wait(1)
+                pipeline.retry_copies()  # the offsets' copies a batch failed to make, while no batch does
             failures = [f for f in (query.exception(),) if f]
         except Exception as exc:  # Spark's JVM gone under a signal to the process group: see _stopped_with_spark
             if not stopping.is_set():

@@ -9,6 +9,8 @@ the caller logs and counts that, the batch stands."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -35,7 +37,10 @@ class GroupOffsetCommitter:
         self.timeout_s = timeout_s
         self.what = f"copying offsets to Kafka consumer group {group_id!r}"  # for the pipeline's log line
         config = {k: v for k, v in (options or {}).items() if k not in ("acks", "enable.idempotence")}
-        self._admin = AdminClient({**config, "bootstrap.servers": bootstrap_servers})
+        # As the log's clients (ingest/log/kafka.py): librdkafka's lines (a broker refusing
+        # connections, twice a second while it is down) to Python logging, not straight to stderr.
+        self._admin = AdminClient({"logger": logging.getLogger("ingest.log.kafka.librdkafka"),
+                                   "reconnect.backoff.max.ms": 1000, **config, "bootstrap.servers": bootstrap_servers})
 
     def commit(self, end_offsets: Mapping[str, Mapping[int, int]]) -> None:
         """Set the group's offsets (next offset to read, per topic partition); KafkaException
@@ -44,9 +49,19 @@ class GroupOffsetCommitter:
                       for stream, parts in sorted(end_offsets.items()) for p, end in sorted(parts.items())]
         if not partitions:
             return
-        futures = self._admin.alter_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(self.group_id, partitions)], request_timeout=self.timeout_s)
-        result = futures[self.group_id].result(timeout=self.timeout_s + 5)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            futures = self._admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(self.group_id, partitions)], request_timeout=self.timeout_s)
+            try:
+                result = futures[self.group_id].result(timeout=self.timeout_s + 5)
+                break
+            except KafkaException as exc:
+                # A coordinator moving or loading its state (a fresh or restarted cluster) says so
+                # with a retriable error: asked again within the timeout, as a consumer's commit is.
+                if not _retriable(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result.topic_partitions or [] if tp.error]
         if failed:
             raise KafkaException(f"group {self.group_id!r} refused offsets: {'; '.join(failed)}")
@@ -61,3 +76,8 @@ class GroupOffsetCommitter:
             if tp.topic.startswith(self.topic_prefix) and tp.offset >= 0:
                 out.setdefault(tp.topic[len(self.topic_prefix):], {})[tp.partition] = tp.offset
         return out
+
+
+def _retriable(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return bool(getattr(error, "retriable", lambda: False)())

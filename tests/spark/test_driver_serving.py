@@ -113,6 +113,17 @@ def test_a_serving_loop_waiting_for_records_beats_until_they_come(small, spark):
     tmp_path, config, catalog, log = small
     pipeline = build_pipeline(settings_for(tmp_path, config, trigger_interval="50 milliseconds"), spark, name="main")
     pipeline.start = no_query
+    # A copy of the offsets (a consumer group's) that fails for its batch: made again while the
+    # loop waits, not left failed until records come (a caught-up pipeline shown lagging).
+    copied, refusals = [], [RuntimeError("the group's coordinator is loading")]
+
+    def group_copy(batch_id, end_offsets, at_ms):
+        if refusals:
+            raise refusals.pop()
+        copied.append(batch_id)
+
+    pipeline.commit_listeners.append(group_copy)
+    pipeline.copies.retry_every_s = 0.1
     stopping = threading.Event()
     thread = threading.Thread(target=serve_on_driver, args=(pipeline, stopping.is_set, stopping.wait),
                               kwargs={"idle_every_s": 0.2})
@@ -124,6 +135,9 @@ def test_a_serving_loop_waiting_for_records_beats_until_they_come(small, spark):
         assert health_of(pipeline)["running"] and health_of(pipeline)["batch_id"] is None  # no batch: none to run
         log.append("a", 10)
         wait_until(lambda: counted(pipeline.store, "a") == 10)
+        batch = pipeline.store.last_batch_id("main")
+        wait_until(lambda: copied == [batch])  # its batch failed it; made while no batch ran
+        assert pipeline.listener_failures == 1
     finally:
         stopping.set()
         thread.join(60)
