@@ -70,7 +70,10 @@ def order_keys_by_code_point(conn: psycopg.Connection) -> None:
     the database's default) changed to it; their indexes are rebuilt. Nothing once done."""
     for table, column in conn.execute(
             "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0"
+            # By name: `current_schema()::regnamespace` reads the name as an unquoted identifier,
+            # folded to lowercase, so a schema with an uppercase letter (`public__Audit`) was not found.
+            " WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+            " AND c.relkind = 'r' AND a.attnum > 0"
             " AND NOT a.attisdropped AND a.atttypid = 'text'::regtype AND a.attname = ANY(%s)"
             " AND a.attcollation <> (SELECT oid FROM pg_collation WHERE collname = 'C'"
             " AND collnamespace = 'pg_catalog'::regnamespace)", (list(CODE_POINT_ORDERED),)).fetchall():
