@@ -7,6 +7,7 @@ dimensions stay JSON text, so both backends hold the same bytes (store/row_codec
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import psycopg
 
@@ -155,11 +156,17 @@ def _number_dims(conn: psycopg.Connection) -> None:
                      " FROM changes")
 
 
-def namespace_dsn(dsn: str, namespace: str) -> str:
+class NamespaceSchema(NamedTuple):
+    dsn: str  # the namespace's: every connection's search_path set to its schema alone
+    schema: str
+    created: bool  # by this call: a first open that fails drops it again (drop_schema_if_empty)
+
+
+def namespace_dsn(dsn: str, namespace: str) -> NamespaceSchema:
     """The DSN of a named pipeline's namespace (store/namespace.py): the schema `<root>__<name>`
     beside the DSN's own schema, created if missing, and every connection's search_path set to
     it alone, so the store's unqualified table names land there (`options` the DSN already has
-    are kept; the last search_path wins)."""
+    are kept; the last search_path wins); with the schema, and whether this call created it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from store.namespace import postgres_schema, quote_ident
@@ -169,7 +176,27 @@ def namespace_dsn(dsn: str, namespace: str) -> str:
         if root is None:
             raise ValueError("the PostgreSQL DSN has no current schema (search_path names no existing schema)")
         schema = postgres_schema(namespace, root)
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+        try:
+            conn.execute(f"CREATE SCHEMA {quote_ident(schema)}")
+            created = True
+        # There already; UniqueViolation when another session created it at the same moment.
+        except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
+            created = False
     options = conninfo_to_dict(dsn).get("options") or ""
     # libpq splits `options` on spaces (pipeline names have none).
-    return make_conninfo(dsn, options=f"{options} -c search_path={quote_ident(schema)}".strip())
+    return NamespaceSchema(make_conninfo(dsn, options=f"{options} -c search_path={quote_ident(schema)}".strip()),
+                           schema, created)
+
+
+def drop_schema_if_empty(dsn: str, schema: str) -> None:
+    """After a failed first open: the schema namespace_dsn created, unless it holds anything (a
+    store another process opened there meanwhile: its tables are made under SCHEMA_LOCK, which
+    this waits for). Left empty, it was listed as a namespace (a reprocessing run's output)."""
+    from store.namespace import quote_ident
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)}")  # RESTRICT: refused unless empty
+    except psycopg.Error:  # not empty, or the database is unreachable: the open's own error says enough
+        pass

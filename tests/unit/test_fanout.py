@@ -188,6 +188,39 @@ def test_any_valid_name_opens_a_store_of_its_own_under_any_root(store_backend, t
                 conn.execute(f"DROP SCHEMA {quote_ident(root_schema)}")
 
 
+@pytest.mark.postgres
+def test_a_failed_first_open_leaves_no_empty_schema(postgres_server, tmp_path, monkeypatch):
+    """The namespace's schema is made before its tables: a first open that failed left it empty,
+    and an empty schema is listed as a namespace (a reprocessing run's output that never opened).
+    A schema that was there before the open (made by hand) is kept."""
+    import psycopg
+
+    from store.postgres import panes
+    from store.postgres.namespaces import PostgresNamespaces
+
+    dsn = postgres_server.fresh_dsn()
+    settings = Settings(data_dir=tmp_path, store_backend="postgres", postgres_dsn=dsn, postgres_pool_size=2)
+    storage = PostgresNamespaces(dsn)
+
+    def failing(conn, where):
+        raise RuntimeError("cannot make the tables")
+    monkeypatch.setattr(panes, "ensure_schema", failing)
+    with pytest.raises(RuntimeError, match="cannot make the tables"):
+        open_store(settings, "Audit")
+    assert not storage.exists("Audit")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0] + "__kept"
+        conn.execute(f"CREATE SCHEMA {schema}")
+    with pytest.raises(RuntimeError):
+        open_store(settings, "kept")
+    assert storage.exists("kept")
+    monkeypatch.undo()
+    open_store(settings, "Audit").close()  # opens once it can
+    assert storage.exists("Audit")
+    for name in ("Audit", "kept"):
+        storage.drop(name)
+
+
 def test_a_failing_group_copy_is_counted_and_never_stops_the_others(tmp_path):
     """A real Kafka admin client with nothing listening: the copy fails (recorded in the registry),
     the registry copy after it still runs, and notify reports one failure instead of raising."""
