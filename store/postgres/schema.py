@@ -6,6 +6,7 @@ dimensions stay JSON text, so both backends hold the same bytes (store/row_codec
 
 from __future__ import annotations
 
+import os
 import re
 from typing import NamedTuple
 
@@ -166,7 +167,8 @@ def namespace_dsn(dsn: str, namespace: str) -> NamespaceSchema:
     """The DSN of a named pipeline's namespace (store/namespace.py): the schema `<root>__<name>`
     beside the DSN's own schema, created if missing, and every connection's search_path set to
     it alone, so the store's unqualified table names land there (`options` the DSN already has
-    are kept; the last search_path wins); with the schema, and whether this call created it."""
+    are kept, or else PGOPTIONS, as libpq would; the last search_path wins); with the schema, and
+    whether this call created it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from store.namespace import postgres_schema, quote_ident
@@ -182,9 +184,12 @@ def namespace_dsn(dsn: str, namespace: str) -> NamespaceSchema:
         # There already; UniqueViolation when another session created it at the same moment.
         except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
             created = False
-    options = conninfo_to_dict(dsn).get("options") or ""
-    # libpq splits `options` on spaces (pipeline names have none).
-    return NamespaceSchema(make_conninfo(dsn, options=f"{options} -c search_path={quote_ident(schema)}".strip()),
+    options = conninfo_to_dict(dsn).get("options")
+    if options is None:  # libpq's default then is PGOPTIONS, which the `options` written here would replace
+        options = os.environ.get("PGOPTIONS", "")
+    # libpq splits `options` on spaces, unless escaped by a backslash (a root schema may have one).
+    search_path = quote_ident(schema).replace("\\", "\\\\").replace(" ", "\\ ")
+    return NamespaceSchema(make_conninfo(dsn, options=f"{options} -c search_path={search_path}".strip()),
                            schema, created)
 
 

@@ -221,6 +221,32 @@ def test_a_failed_first_open_leaves_no_empty_schema(postgres_server, tmp_path, m
         storage.drop(name)
 
 
+@pytest.mark.postgres
+def test_a_namespace_connection_keeps_pgoptions_and_a_root_schema_with_a_space(postgres_server, monkeypatch):
+    """A DSN without `options` takes PGOPTIONS (libpq); the namespace's DSN wrote an `options` of its
+    own, which replaced PGOPTIONS whole: its settings were lost. libpq also splits `options` on
+    spaces: a root schema with one made a search_path the server refused."""
+    import psycopg
+
+    from store.namespace import quote_ident
+    from store.postgres.schema import namespace_dsn
+
+    root_schema = f"My Root {uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {quote_ident(root_schema)}")
+    escaped = quote_ident(root_schema).replace(" ", "\\ ")  # as libpq reads PGOPTIONS too
+    monkeypatch.setenv("PGOPTIONS", f"-c statement_timeout=4321 -c search_path={escaped}")
+    made = namespace_dsn(postgres_server.dsn(), "Audit")
+    try:
+        with psycopg.connect(made.dsn) as conn:
+            assert conn.execute("SELECT current_schema(), current_setting('statement_timeout')").fetchone() == (
+                f"{root_schema}__Audit", "4321ms")
+    finally:
+        with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+            for schema in (made.schema, root_schema):
+                conn.execute(f"DROP SCHEMA {quote_ident(schema)}")
+
+
 def test_a_failing_group_copy_is_counted_and_never_stops_the_others(tmp_path):
     """A real Kafka admin client with nothing listening: the copy fails (recorded in the registry),
     the registry copy after it still runs, and notify reports one failure instead of raising."""
