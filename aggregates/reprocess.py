@@ -812,11 +812,17 @@ class ReprocessService:
         least `max_age_ms` ago (setting reprocess_drop_after); the ids dropped."""
         now, dropped = self._now_ms(), []
         for run in self.runs():
-            if run.active or now - run.updated_at_ms < max_age_ms or self._last_output_of_served_version(run):
+            if run.active or now - run.updated_at_ms < max_age_ms:
                 continue
             try:
+                if self._last_output_of_served_version(run):
+                    continue
                 self.drop(run.id)
             except (KeyError, SwitchRefused):  # gone or switched to meanwhile (another replica)
+                continue
+            except Exception:  # one output that cannot be dropped keeps the others from staying forever
+                logger.exception("reprocess_drop_after: the output %r could not be dropped (tried again next round)",
+                                 run.id)
                 continue
             dropped.append(run.id)
         return dropped

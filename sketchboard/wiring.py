@@ -53,10 +53,17 @@ def open_store(settings: Settings, namespace: str = ROOT) -> PaneStore:
     pipeline's namespace: its own SQLite file, or its own PostgreSQL schema."""
     if settings.store_backend == "postgres":
         from store.postgres import PostgresPaneStore
-        from store.postgres.schema import namespace_dsn
+        from store.postgres.schema import drop_schema_if_empty, namespace_dsn
 
-        dsn = settings.postgres_dsn if namespace == ROOT else namespace_dsn(settings.postgres_dsn, namespace)
-        return PostgresPaneStore(dsn, pool_size=settings.postgres_pool_size if namespace == ROOT else 2)
+        if namespace == ROOT:
+            return PostgresPaneStore(settings.postgres_dsn, pool_size=settings.postgres_pool_size)
+        made = namespace_dsn(settings.postgres_dsn, namespace)
+        try:
+            return PostgresPaneStore(made.dsn, pool_size=2)
+        except Exception:
+            if made.created:  # no empty schema left behind, listed as a namespace that never opened
+                drop_schema_if_empty(settings.postgres_dsn, made.schema)
+            raise
     return SqlitePaneStore(sqlite_store_path(settings.data_dir, namespace), synchronous=settings.log_sync)
 
 

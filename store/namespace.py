@@ -9,7 +9,8 @@ writes into a namespace of its own:
 - any other named pipeline gets `<data_dir>/pipelines/<name>/store.db`, or the PostgreSQL
   schema `<root schema>__<name>` (e.g. `public__audit`) in the same database: the same tables,
   reached by setting the connection's search_path. Named after the root's schema, so two
-  deployments sharing a database under different schemas keep their pipelines apart too.
+  deployments sharing a database under different schemas keep their pipelines apart too; a name
+  longer than PostgreSQL's 63 bytes is shortened with a hash (postgres_schema).
 
 A namespace holds a whole store (panes, tiers, watermarks, dead letters, batch ids and
 offsets), so a namespace is also what a versioned output of a reprocessing run (issue 16)
@@ -17,6 +18,7 @@ will be. Pure: names in, paths and identifiers out."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -56,14 +58,27 @@ def sqlite_store_path(data_dir: Path, namespace: str) -> Path:
     return data_dir / "store.db" if namespace == ROOT else data_dir / "pipelines" / namespace / "store.db"
 
 
+_MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1: it silently cuts a longer name, so two could meet
+_HASH_CHARS = 16
+# Before the hash of a shortened name: a character no pipeline name has, so a shortened name is
+# never `<root>__<name>` of a name that fits (nor of any root: a root's namespace names follow "__").
+_HASHED = "~"
+
+
 def postgres_schema(namespace: str, root_schema: str) -> str:
-    """The schema of a named pipeline's namespace beside the root's schema (the DSN's)."""
+    """The schema of a named pipeline's namespace beside the root's schema (the DSN's):
+    `<root schema>__<name>`; when that is longer than PostgreSQL's 63 bytes (a long root schema,
+    a reprocessing run of a long stream name), its first bytes, `~` and a hash of the whole, so
+    every valid name has a valid schema of its own, the same on every call."""
     if namespace == ROOT:
         return root_schema
     schema = f"{root_schema}__{namespace}"
-    if len(schema.encode()) > 63:  # PostgreSQL would silently cut it: two names could meet
-        raise ValueError(f"schema {schema!r} is longer than PostgreSQL's 63 bytes: use a shorter pipeline name")
-    return schema
+    if len(schema.encode()) <= _MAX_IDENTIFIER:
+        return schema  # the names of before: existing stores keep theirs
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:_HASH_CHARS]
+    keep = _MAX_IDENTIFIER - len(_HASHED) - _HASH_CHARS
+    readable = schema.encode()[:keep].decode(errors="ignore")  # never half a multi-byte character
+    return f"{readable}{_HASHED}{digest}"
 
 
 def quote_ident(name: str) -> str:

@@ -6,7 +6,9 @@ dimensions stay JSON text, so both backends hold the same bytes (store/row_codec
 
 from __future__ import annotations
 
+import os
 import re
+from typing import NamedTuple
 
 import psycopg
 
@@ -70,7 +72,10 @@ def order_keys_by_code_point(conn: psycopg.Connection) -> None:
     the database's default) changed to it; their indexes are rebuilt. Nothing once done."""
     for table, column in conn.execute(
             "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
-            " WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0"
+            # By name: `current_schema()::regnamespace` reads the name as an unquoted identifier,
+            # folded to lowercase, so a schema with an uppercase letter (`public__Audit`) was not found.
+            " WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+            " AND c.relkind = 'r' AND a.attnum > 0"
             " AND NOT a.attisdropped AND a.atttypid = 'text'::regtype AND a.attname = ANY(%s)"
             " AND a.attcollation <> (SELECT oid FROM pg_collation WHERE collname = 'C'"
             " AND collnamespace = 'pg_catalog'::regnamespace)", (list(CODE_POINT_ORDERED),)).fetchall():
@@ -152,11 +157,18 @@ def _number_dims(conn: psycopg.Connection) -> None:
                      " FROM changes")
 
 
-def namespace_dsn(dsn: str, namespace: str) -> str:
+class NamespaceSchema(NamedTuple):
+    dsn: str  # the namespace's: every connection's search_path set to its schema alone
+    schema: str
+    created: bool  # by this call: a first open that fails drops it again (drop_schema_if_empty)
+
+
+def namespace_dsn(dsn: str, namespace: str) -> NamespaceSchema:
     """The DSN of a named pipeline's namespace (store/namespace.py): the schema `<root>__<name>`
     beside the DSN's own schema, created if missing, and every connection's search_path set to
     it alone, so the store's unqualified table names land there (`options` the DSN already has
-    are kept; the last search_path wins)."""
+    are kept, or else PGOPTIONS, as libpq would; the last search_path wins); with the schema, and
+    whether this call created it."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from store.namespace import postgres_schema, quote_ident
@@ -166,7 +178,30 @@ def namespace_dsn(dsn: str, namespace: str) -> str:
         if root is None:
             raise ValueError("the PostgreSQL DSN has no current schema (search_path names no existing schema)")
         schema = postgres_schema(namespace, root)
-        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
-    options = conninfo_to_dict(dsn).get("options") or ""
-    # libpq splits `options` on spaces (pipeline names have none).
-    return make_conninfo(dsn, options=f"{options} -c search_path={quote_ident(schema)}".strip())
+        try:
+            conn.execute(f"CREATE SCHEMA {quote_ident(schema)}")
+            created = True
+        # There already; UniqueViolation when another session created it at the same moment.
+        except (psycopg.errors.DuplicateSchema, psycopg.errors.UniqueViolation):
+            created = False
+    options = conninfo_to_dict(dsn).get("options")
+    if options is None:  # libpq's default then is PGOPTIONS, which the `options` written here would replace
+        options = os.environ.get("PGOPTIONS", "")
+    # libpq splits `options` on spaces, unless escaped by a backslash (a root schema may have one).
+    search_path = quote_ident(schema).replace("\\", "\\\\").replace(" ", "\\ ")
+    return NamespaceSchema(make_conninfo(dsn, options=f"{options} -c search_path={search_path}".strip()),
+                           schema, created)
+
+
+def drop_schema_if_empty(dsn: str, schema: str) -> None:
+    """After a failed first open: the schema namespace_dsn created, unless it holds anything (a
+    store another process opened there meanwhile: its tables are made under SCHEMA_LOCK, which
+    this waits for). Left empty, it was listed as a namespace (a reprocessing run's output)."""
+    from store.namespace import quote_ident
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)}")  # RESTRICT: refused unless empty
+    except psycopg.Error:  # not empty, or the database is unreachable: the open's own error says enough
+        pass

@@ -28,8 +28,13 @@ def test_the_serving_pipeline_keeps_the_root_and_others_get_their_own(tmp_path):
     assert sqlite_store_path(tmp_path, "audit") == tmp_path / "pipelines" / "audit" / "store.db"
     assert postgres_schema(ROOT, "public") == "public"
     assert postgres_schema("audit", "public") == "public__audit"
-    with pytest.raises(ValueError, match="63 bytes"):
-        postgres_schema("a" * 48, "s" * 20)
+    # Too long for PostgreSQL's 63 bytes (it would cut them silently, and two could meet): shortened
+    # with a hash of the whole, the same every time, distinct, and never a name that fits.
+    long = [postgres_schema(name, "s" * 20) for name in ("a" * 48, "a" * 47 + "b", "a" * 47 + "b")]
+    assert long[0] != long[1] == long[2] and all(len(s.encode()) == 63 for s in long)
+    assert long[0].startswith("s" * 20 + "__aaa") and "~" in long[0]
+    assert len(postgres_schema("x", "a" + "é" * 31).encode()) <= 63  # never half a multi-byte character
+    assert postgres_schema("Audit", "Sales") == "Sales__Audit"
     for bad in ("", "../x", "a b", "-x", "x" * 49):
         with pytest.raises(ValueError, match="pipeline name"):
             check_pipeline_name(bad)
@@ -132,6 +137,114 @@ def test_each_namespace_is_a_store_of_its_own(store_backend, tmp_path):
         again.close()
     finally:
         named.close()
+
+
+def test_any_valid_name_opens_a_store_of_its_own_under_any_root(store_backend, tmp_path):
+    """Names with an uppercase letter (`--name Audit`, a run of the stream `PageViews`) could not be
+    opened on PostgreSQL (the schema was looked up lowercased), nor any under a root schema that
+    needs quoting; a name too long for `<root>__<name>`'s 63 bytes could not be opened, listed or
+    dropped. Each opens, keeps its own panes, is found again, exists and is dropped, as on SQLite."""
+    root = store_backend.create()
+    if store_backend.kind == "postgres":
+        import psycopg
+        from psycopg.conninfo import make_conninfo
+
+        from store.namespace import quote_ident
+
+        root_schema = f"Analytics_Production_{uuid.uuid4().hex[:8]}"  # 29 bytes, needs quoting
+        with psycopg.connect(root.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {quote_ident(root_schema)}")
+        dsn = make_conninfo(root.dsn, options=f"-c search_path={quote_ident(root_schema)}")
+        settings = Settings(data_dir=tmp_path, store_backend="postgres", postgres_dsn=dsn, postgres_pool_size=2)
+    else:
+        settings = Settings(data_dir=root.path.parent)
+    from sketchboard.reprocess import reprocess_outputs
+
+    storage = reprocess_outputs(settings).storage
+    names = ["Audit", "audit", "reprocess-PageViews-abababab", "reprocess-checkout_payment_events-9de5e5bb",
+             "a" * 47 + "b", "a" * 47 + "c"]
+    lateness = {"orders": 60_000}
+    try:
+        for i, name in enumerate(names):
+            store = open_store(settings, name)
+            assert store.commit_batch(commit(name, 0, {"orders": {0: i + 1}}), lateness_ms=lateness,
+                                      now_ms=NOW).committed
+            store.close()
+        for i, name in enumerate(names):
+            again = open_store(settings, name)  # a restart finds it, its own panes only
+            assert [p.data.count for p in again.read_panes("orders", 0, 2**62)] == [i + 1]
+            again.close()
+            assert storage.exists(name)
+        with storage.transaction(names) as (_, qualifiers):  # what a switch reaches them by
+            assert len(set(qualifiers.values())) == len(names)
+        for name in names:
+            storage.drop(name)
+            assert not storage.exists(name)
+    finally:
+        for name in names:
+            storage.drop(name)
+        if store_backend.kind == "postgres":
+            with psycopg.connect(root.dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {quote_ident(root_schema)}")
+
+
+@pytest.mark.postgres
+def test_a_failed_first_open_leaves_no_empty_schema(postgres_server, tmp_path, monkeypatch):
+    """The namespace's schema is made before its tables: a first open that failed left it empty,
+    and an empty schema is listed as a namespace (a reprocessing run's output that never opened).
+    A schema that was there before the open (made by hand) is kept."""
+    import psycopg
+
+    from store.postgres import panes
+    from store.postgres.namespaces import PostgresNamespaces
+
+    dsn = postgres_server.fresh_dsn()
+    settings = Settings(data_dir=tmp_path, store_backend="postgres", postgres_dsn=dsn, postgres_pool_size=2)
+    storage = PostgresNamespaces(dsn)
+
+    def failing(conn, where):
+        raise RuntimeError("cannot make the tables")
+    monkeypatch.setattr(panes, "ensure_schema", failing)
+    with pytest.raises(RuntimeError, match="cannot make the tables"):
+        open_store(settings, "Audit")
+    assert not storage.exists("Audit")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0] + "__kept"
+        conn.execute(f"CREATE SCHEMA {schema}")
+    with pytest.raises(RuntimeError):
+        open_store(settings, "kept")
+    assert storage.exists("kept")
+    monkeypatch.undo()
+    open_store(settings, "Audit").close()  # opens once it can
+    assert storage.exists("Audit")
+    for name in ("Audit", "kept"):
+        storage.drop(name)
+
+
+@pytest.mark.postgres
+def test_a_namespace_connection_keeps_pgoptions_and_a_root_schema_with_a_space(postgres_server, monkeypatch):
+    """A DSN without `options` takes PGOPTIONS (libpq); the namespace's DSN wrote an `options` of its
+    own, which replaced PGOPTIONS whole: its settings were lost. libpq also splits `options` on
+    spaces: a root schema with one made a search_path the server refused."""
+    import psycopg
+
+    from store.namespace import quote_ident
+    from store.postgres.schema import namespace_dsn
+
+    root_schema = f"My Root {uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {quote_ident(root_schema)}")
+    escaped = quote_ident(root_schema).replace(" ", "\\ ")  # as libpq reads PGOPTIONS too
+    monkeypatch.setenv("PGOPTIONS", f"-c statement_timeout=4321 -c search_path={escaped}")
+    made = namespace_dsn(postgres_server.dsn(), "Audit")
+    try:
+        with psycopg.connect(made.dsn) as conn:
+            assert conn.execute("SELECT current_schema(), current_setting('statement_timeout')").fetchone() == (
+                f"{root_schema}__Audit", "4321ms")
+    finally:
+        with psycopg.connect(postgres_server.dsn(), autocommit=True) as conn:
+            for schema in (made.schema, root_schema):
+                conn.execute(f"DROP SCHEMA {quote_ident(schema)}")
 
 
 def test_a_failing_group_copy_is_counted_and_never_stops_the_others(tmp_path, capfd):

@@ -985,6 +985,46 @@ def test_the_corrections_feed_does_not_push_the_copies_a_switch_makes_of_a_runs_
         root.close()
 
 
+def test_an_output_that_cannot_be_dropped_does_not_keep_the_others(settings, monkeypatch, caplog):
+    """reprocess_drop_after's sweep stopped at the first output whose drop raised (a run id whose
+    schema PostgreSQL refused): every other unused output stayed, round after round. It is logged
+    and left for the next round; the others go."""
+    both = {"http": {"key_field": "user", "dimensions": ["endpoint"]}, "orders": {"key_field": "user"}}
+    old = Catalog(streams=both)
+    new = Catalog(streams={s: {**d, "dimensions": ["region"]} for s, d in both.items()})
+    root = open_store(settings)
+    pin_definitions(root, old, "main")
+    for i, stream in enumerate(both):
+        root.commit_batch(batch("main", i, {(): 5}, {0: 5}, old, stream=stream),
+                          lateness_ms={"http": 0, "orders": 0}, now_ms=NOW)
+    log = open_log(settings, new)
+    service = build_reprocess_service(settings, new, root, log)
+    runs = [service.start(stream) for stream in both]
+    for run in runs:
+        open_store(settings, run.id).close()
+        service.definitions.set_state(run.id, "failed", 1, error="x")  # long ago
+    storage, drop = service.outputs.storage, service.outputs.storage.drop
+    stuck = runs[0].id
+
+    def failing_drop(namespace):
+        if namespace == stuck:
+            raise RuntimeError("cannot drop it")
+        drop(namespace)
+    monkeypatch.setattr(storage, "drop", failing_drop)
+    try:
+        with caplog.at_level("ERROR", logger="sketchboard.reprocess"):
+            assert service.drop_unused(0) == [runs[1].id]
+        assert f"the output {stuck!r} could not be dropped" in caplog.text
+        assert [r.id for r in service.runs()] == [stuck] and not storage.exists(runs[1].id)
+        monkeypatch.setattr(storage, "drop", drop)
+        assert service.drop_unused(0) == [stuck]  # the next round
+    finally:
+        for r in service.runs():
+            drop(r.id)
+        log.close()
+        root.close()
+
+
 def test_switching_to_a_run_again_leaves_a_copy_of_the_served_version_that_can_be_dropped(settings):
     """Switch to a run, back to the previous output, to the run again: two outputs of the served
     version are kept (previous-http-<new> and the run's), and both drops were refused as "the
