@@ -30,7 +30,7 @@ from catalog.versions import changed_streams, definition_version, short_version,
 from ingest.log import EventLog, PartitionOffsets
 from store.consumers import ConsumerRegistry
 from store import PaneStore
-from store.definitions import (ACTIVE_STATES, RUN_HEARTBEAT_MS, RUN_STALE_MS, DefinitionStore, ReprocessRun, RunGoing,
+from store.definitions import (RUN_HEARTBEAT_MS, RUN_STALE_MS, DefinitionStore, ReprocessRun, RunGoing,
                                StoredDefinition, insert_run, run_going)
 from store.pattern_definitions import PatternDefinitionStore
 from store.namespace import PREVIOUS_PREFIX, ROOT, RUN_PREFIX
@@ -383,15 +383,7 @@ class ReprocessService:
                 f" a new run (`sketchboard reprocess {stream}`) or configure the run's definition again")
         if launched:
             return run
-        now = self._now_ms()
-        with self.definitions.lock_runs() as conn:
-            going = conn.execute("SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
-                                 (stream, *ACTIVE_STATES)).fetchone()
-            if going is not None:
-                raise run_going(going[0], stream)
-            conn.execute("UPDATE reprocess_runs SET state = 'starting', error = NULL, updated_at_ms = ? WHERE id = ?",
-                         (now, run.id))
-        return self.definitions.run(run.id)
+        return self.definitions.claim_run(run.id, stream, self._now_ms())
 
     def runs(self) -> list[ReprocessRun]:
         self.fail_stale()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,23 +155,22 @@ class DefinitionStore(SideStore):
     # -- reprocessing runs (kept in the root)
 
     def start_run(self, run: ReprocessRun) -> ReprocessRun:
-        """Record a new run; ValueError when a run of that stream is going, or the id is taken
+        """Record a new run; RunGoing when a run of that stream is going, or the id is taken
         by one that is (a finished run of the same version is replaced: started again)."""
         with self._lock, self._conn.transaction() as conn:
-            going = conn.execute(
-                "SELECT id FROM reprocess_runs WHERE stream = ? AND state IN (?, ?)",
-                (run.stream, *ACTIVE_STATES)).fetchone()
-            if going is not None:
-                raise run_going(going[0], run.stream)
+            _refuse_going(conn, run.stream)
             insert_run(conn, run)
         return run
 
-    @contextmanager
-    def lock_runs(self):
-        """A write transaction over the runs (a check and a claim that no other process can come
-        between: aggregates/reprocess.py ReprocessService.resume)."""
+    def claim_run(self, run_id: str, stream: str, now_ms: int) -> ReprocessRun:
+        """Mark run `run_id` of `stream` `starting` again (resumed by `sketchboard reprocess
+        --run`): RunGoing when a run of the stream is going, checked and claimed in one
+        transaction, as start_run checks and records, so two processes never both claim it."""
         with self._lock, self._conn.transaction() as conn:
-            yield conn
+            _refuse_going(conn, stream)
+            conn.execute("UPDATE reprocess_runs SET state = 'starting', error = NULL, updated_at_ms = ? WHERE id = ?",
+                         (now_ms, run_id))
+        return self.run(run_id)
 
     def delete_run(self, run_id: str) -> None:
         with self._lock:
@@ -301,3 +299,11 @@ def run_going(run_id_: str, stream: str) -> RunGoing:
                     f" {RUN_HEARTBEAT_MS // 1000} s); if that process is gone, the run is marked failed"
                     f" {RUN_STALE_MS // 60_000} minutes after its last report: then resume it with"
                     f" `sketchboard reprocess {stream} --run {run_id_}`")
+
+
+def _refuse_going(conn, stream: str) -> None:
+    """RunGoing when a run of `stream` is going: inside the transaction that then records or claims one."""
+    going = conn.execute(f"SELECT id FROM reprocess_runs WHERE stream = ? AND state IN"
+                         f" ({', '.join('?' * len(ACTIVE_STATES))})", (stream, *ACTIVE_STATES)).fetchone()
+    if going is not None:
+        raise run_going(going[0], stream)

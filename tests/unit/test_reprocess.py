@@ -492,7 +492,6 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     process is the API's child it was launched for; a run that failed or caught up is resumed and
     claimed, so a second `--run` of it is refused until this one ends."""
     from aggregates.reprocess import RUN_STALE_MS, RunNotResumable, UnknownRun
-    from store.definitions import insert_run
 
     now = {"ms": NOW}
     service.clock = lambda: now["ms"] / 1000
@@ -516,8 +515,7 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     assert service.resume("http", run.id).state == "starting"  # a caught-up run reads on
     service.definitions.set_state(run.id, "caught_up", now["ms"])
     previous = run_of(id="previous-http-76543210", state="caught_up", version="7654321000")
-    with service.definitions.lock_runs() as conn:
-        insert_run(conn, previous)
+    service.definitions.start_run(previous)
     with pytest.raises(RunNotResumable, match="a switch replaced.*POST /api/v1/reprocess/previous-http-76543210/switch"):
         service.resume("http", previous.id)
     with pytest.raises(RunNotResumable):
@@ -526,8 +524,7 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     # A run of a definition no longer configured (the stream's changed again since): its checkpoint
     # would read on with the new definition under the old version.
     older = run_of(id="reprocess-http-89abcdef", state="failed", version="89abcdef00")
-    with service.definitions.lock_runs() as conn:
-        insert_run(conn, older)
+    service.definitions.start_run(older)
     for launched in (False, True):
         with pytest.raises(RunNotResumable, match="builds version 89abcdef of 'http', but the configured definition"):
             service.resume("http", older.id, launched=launched)
