@@ -105,6 +105,12 @@ class Outputs:
     remove_checkpoint: Callable[[str], None]
 
 
+def _fed_text(joins, patterns, views, enriched: Sequence[str] = ()) -> str:
+    """What a stream feeds with another stream, as refusals and requests for a switch name it."""
+    return ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in patterns),
+                      *(f"view {v.name!r}" for v in views), *(f"enrichment of {s!r}" for s in enriched)])
+
+
 def is_run_pipeline(pipeline: str) -> bool:
     return pipeline.startswith(RUN_PREFIX)
 
@@ -553,9 +559,7 @@ class ReprocessService:
             return self._switch(run, stored, catalog, patterns, enriched=enriched)
         # Read from the other streams too (a join's, a pattern's over two streams, a view's other
         # table, an enriched stream read only as far as the serving pipeline has): switched in step.
-        fed = ", ".join([*(f"join {j.name!r}" for j in joins), *(f"pattern {p.name!r}" for p in two_stream),
-                         *(f"view {v.name!r}" for v in views),
-                         *(f"enrichment of {s!r}" for s in enriched if s in others)])
+        fed = _fed_text(joins, two_stream, views, [s for s in enriched if s in others])
         self.refuse_unswitchable(run.stream, catalog)
         if run.id.startswith(PREVIOUS_PREFIX):  # kept by a switch: no pipeline of its own can go on
             raise SwitchRefused(f"{run.id!r} is a replaced output of {run.stream!r}, which feeds {fed}: their state"
@@ -597,9 +601,8 @@ class ReprocessService:
         changed = sorted((set(others) - set(enriched_streams(catalog, stream))) & set(changes))
         if not changed:
             return
-        fed = ", ".join([*(f"join {j.name!r}" for j in aligned_joins(catalog, stream)),
-                         *(f"pattern {p.name!r}" for p in aligned_patterns(catalog, stream)),
-                         *(f"view {v.name!r}" for v in aligned_views(catalog, stream))]) or "its dependents"
+        fed = _fed_text(aligned_joins(catalog, stream), aligned_patterns(catalog, stream),
+                        aligned_views(catalog, stream)) or "its dependents"
         names = ", ".join(map(repr, changed))
         waits = [s for s in changed if stream in capped_streams(catalog, s)]  # that one's switch waits for this one
         how = (f"switch one at a time: configure {names} as served (version"
