@@ -247,7 +247,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
     from aggregates.reprocess import DefinitionUnchanged, RunNotResumable, SwitchRefused, UnknownRun, UnknownStream
-    from sketchboard.reprocess import Interrupted, run_reprocess
+    from sketchboard.reprocess import Interrupted, interrupt as raise_interrupted, run_reprocess
     from store.definitions import RunGoing
 
     def interrupt(signum, frame):
@@ -255,7 +255,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
         # stopped on the way out, not left `running` (refused as going for 5 minutes). A second
         # signal ends the process at once.
         signal.signal(signum, signal.SIG_DFL)
-        raise Interrupted(signum)
+        raise_interrupted(signum)
 
     before = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:

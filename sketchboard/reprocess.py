@@ -45,6 +45,19 @@ class Interrupted(BaseException):
         return f"interrupted ({signal.Signals(self.signum).name})"
 
 
+_deferring = threading.Event()  # set while a run is claimed: a stop signal then waits for its `try`
+_deferred: list[int] = []
+
+
+def interrupt(signum: int) -> None:
+    """The CLI's SIGTERM and SIGINT handler: Interrupted, or, while the run is being claimed,
+    remembered and raised once the claim is made (run_reprocess)."""
+    if _deferring.is_set():
+        _deferred.append(signum)
+        return
+    raise Interrupted(signum)
+
+
 def failure_text(exc: BaseException, run: ReprocessRun) -> str:
     """The error a failed run records: a signal's name and how to resume, not "KeyboardInterrupt: "."""
     if isinstance(exc, KeyboardInterrupt):
@@ -366,10 +379,6 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     service = build_reprocess_service(settings, catalog, root, log)
     if switch:  # a switch this run could never make: said now, not after the whole run
         service.refuse_unswitchable(stream)
-    run = service.resume(stream, run_id, launched=launched) if run_id is not None else service.start(stream)
-    print(f"reprocessing {stream!r} with definition {short_version(run.version)} into {run.id!r}: the new output"
-          f" is complete from {format_time(run.complete_from_ms)} (older events are gone from the log or older than"
-          f" the stream's retention)", file=out, flush=True)
     definitions = service.definitions
     stop = threading.Event()
     bar = ProgressOutput(out, line_every_s)
@@ -385,8 +394,23 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
 
     reporter = threading.Thread(target=report, name="reprocess-progress", daemon=True)
     pipeline = None
-    bar.__enter__()
+    # The claim and the `try` that records a failure are one step for a stop signal: one between
+    # them left the run `starting`, refused as going until it was stale (5 minutes).
+    _deferred.clear()
+    _deferring.set()
     try:
+        run = service.resume(stream, run_id, launched=launched) if run_id is not None else service.start(stream)
+    except BaseException:
+        _deferring.clear()
+        raise
+    try:  # from the claim on: a signal or any failure records the run failed, never left `starting`
+        _deferring.clear()
+        if _deferred:  # came during the claim
+            raise Interrupted(_deferred[0])
+        print(f"reprocessing {stream!r} with definition {short_version(run.version)} into {run.id!r}: the new output"
+              f" is complete from {format_time(run.complete_from_ms)} (older events are gone from the log or older"
+              f" than the stream's retention)", file=out, flush=True)
+        bar.__enter__()
         full = service.full_catalog()
         pipeline = build_pipeline(settings, spark, name=run.id, starting_offsets="earliest",
                                   catalog=stream_catalog(full, stream),

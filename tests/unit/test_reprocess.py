@@ -589,6 +589,22 @@ def test_sigterm_or_ctrl_c_records_the_run_failed_with_how_to_resume_and_it_resu
         assert f"sketchboard: interrupted ({name}): run {run.id!r} is recorded failed; resume it with" \
                f" `sketchboard reprocess http --run {run.id}`" in err and "Traceback" not in err
         assert run.state == "failed" and run.error.startswith(f"interrupted ({name}): resume it with")
+    # A signal while the run is being claimed: it was raised before the run's failure was recorded,
+    # and left the run `starting`, refused as going until it was stale.
+    from aggregates.reprocess import ReprocessService
+
+    start = ReprocessService.start
+
+    def start_then_signal(self, stream):
+        claimed = start(self, stream)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, before the claim has returned
+        return claimed
+
+    monkeypatch.setattr(ReprocessService, "start", start_then_signal)
+    assert cli.main(["reprocess", "http", *args]) == 128 + signal.SIGTERM
+    monkeypatch.setattr(ReprocessService, "start", start)
+    (run,) = runs()
+    assert run.state == "failed" and "SIGTERM" in run.error
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # put back
     assert cli.main(["reprocess", "http", "--run", run.id, *args]) == 0  # resumed from its checkpoint
     (run,) = runs()
