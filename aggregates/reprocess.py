@@ -405,12 +405,18 @@ class ReprocessService:
         for stale in self.definitions.fail_stale(self._now_ms(), RUN_STALE_MS):
             logger.warning("reprocessing run %r: its process stopped reporting; marked failed", stale)
 
-    def progress(self, run: ReprocessRun, since: tuple[int, int] | None = None) -> Progress:
-        """`since`: (when, offsets done then) where this process took the run over (run_progress)."""
+    def progress(self, run: ReprocessRun) -> Progress:
+        """Its rate counts from where the process reading it now took it over (record_resume)."""
         committed = self.registry.offsets(run.id)
         reads = {name: (starts, targets, committed.get(name, {}))
                  for name, (starts, targets) in self.definitions.run_reads(run.id).items()}
-        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads, since)
+        return run_progress(run, committed.get(run.stream, {}), self._now_ms(), reads,
+                            self.definitions.resumed(run.id))
+
+    def record_resume(self, run: ReprocessRun) -> None:
+        """The process reading `run` takes it over now: what its checkpoint holds was read before
+        (by an earlier process, for a resumed run) and is not counted in its rate."""
+        self.definitions.record_resume(run.id, self._now_ms(), self.progress(run).done)
 
     # -- versions, switch, drop
 

@@ -382,12 +382,11 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     definitions = service.definitions
     stop = threading.Event()
     bar = ProgressOutput(out, line_every_s)
-    since: list[tuple[int, int]] = []  # (when, offsets done then): this process's rate counts from there
 
     def report() -> None:  # and the heartbeat that tells the run's process is alive (fail_stale)
         beat = 0.0
         while not stop.wait(interval_s):
-            bar.show(progress_line(run, service.progress(run, since[0] if since else None)))
+            bar.show(progress_line(run, service.progress(run)))
             if time.monotonic() - beat >= RUN_HEARTBEAT_MS / 1000:
                 definitions.heartbeat(run.id, int(time.time() * 1000))
                 beat = time.monotonic()
@@ -418,8 +417,9 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
         if pipeline.store is not root:  # the tables' versions as the live run kept them (docs/tables.md)
             seed_table_versions(full, stream, root, pipeline.store, log)
         definitions.set_state(run.id, "running", int(time.time() * 1000))
-        # A resumed run's checkpoint holds what an earlier process read: not read at this one's rate.
-        since.append((int(service.clock() * 1000), service.progress(run).done))
+        # A resumed run's checkpoint holds what an earlier process read: not read at this one's rate
+        # (here and in GET /api/v1/reprocess).
+        service.record_resume(run)
         reporter.start()
         pipeline.run_until_drained()
     except BaseException as exc:
@@ -440,7 +440,7 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
             if pipeline.store is not root:
                 pipeline.store.close()
     definitions.set_state(run.id, "caught_up", int(time.time() * 1000))
-    bar.show(progress_line(run, service.progress(run, since[0] if since else None)), final=True)
+    bar.show(progress_line(run, service.progress(run)), final=True)
     print(f"{run.id!r} has caught up with the log's end as of its start; its output is in the store's namespace"
           f" {run.id!r}", file=out, flush=True)
     align = aligner(settings, pipeline.spark, service.full_catalog(), root)

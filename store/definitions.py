@@ -59,6 +59,13 @@ CREATE TABLE IF NOT EXISTS reprocess_run_reads (
     target_offsets TEXT NOT NULL,       -- JSON {partition: the log's end when the run started}
     PRIMARY KEY (run_id, stream)
 );
+-- Where the process reading a run now took it over (a resumed run: what its checkpoint held was
+-- read by an earlier process): its rate, in GET /api/v1/reprocess too, counts from there.
+CREATE TABLE IF NOT EXISTS reprocess_run_resumes (
+    run_id TEXT PRIMARY KEY,
+    at_ms INTEGER NOT NULL,
+    done INTEGER NOT NULL               -- offsets done then
+);
 -- The ids a switch gave the copies of a run's corrections it moved into the root (store/switch.py
 -- copied_corrections): the run's history under new ids, not news; the websocket's corrections
 -- feed skips them (api/corrections_routes.py).
@@ -176,6 +183,21 @@ class DefinitionStore(SideStore):
         with self._lock:
             self._conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run_id,))
             self._conn.execute("DELETE FROM reprocess_run_reads WHERE run_id = ?", (run_id,))
+            self._conn.execute("DELETE FROM reprocess_run_resumes WHERE run_id = ?", (run_id,))
+
+    def record_resume(self, run_id: str, at_ms: int, done: int) -> None:
+        """The process reading run `run_id` took it over at `at_ms`, `done` offsets done then."""
+        with self._lock:
+            self._conn.execute("INSERT INTO reprocess_run_resumes (run_id, at_ms, done) VALUES (?, ?, ?)"
+                               " ON CONFLICT (run_id) DO UPDATE SET at_ms = excluded.at_ms, done = excluded.done",
+                               (run_id, at_ms, done))
+
+    def resumed(self, run_id: str) -> tuple[int, int] | None:
+        """(at_ms, done then) of record_resume, if any."""
+        with self._lock:
+            row = self._conn.execute("SELECT at_ms, done FROM reprocess_run_resumes WHERE run_id = ?",
+                                     (run_id,)).fetchone()
+        return None if row is None else (row[0], row[1])
 
     def record_reads(self, run_id: str, reads: Mapping[str, tuple[Mapping[int, int], Mapping[int, int]]]) -> None:
         """The other streams a run reads to the log's end: {stream: (start offsets, target offsets)}."""

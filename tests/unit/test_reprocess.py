@@ -447,6 +447,31 @@ def test_a_resumed_runs_rate_counts_only_what_this_process_read():
     assert run_progress(run, {0: 100, 1: 210}, NOW + 61_000, since=(NOW + 60_000, 300)).events_per_s is None
 
 
+def test_the_apis_rate_of_a_resumed_run_counts_from_where_its_process_took_it_over(service):
+    """GET /api/v1/reprocess counted a resumed run's rate from its first start: what an earlier
+    process read over the time since then, its downtime included (the CLI's bar knew better)."""
+    from ingest.events import EventValidator
+
+    stream = service.catalog.stream("http")
+    validator = EventValidator(stream)
+    service.log.append(stream, [validator.validate({"time": NOW - 1000 * i, "user": f"u{i}", "endpoint": "/",
+                                                    "region": "eu", "latency_ms": 1.0, "bytes": 2.0})
+                                for i in range(40)], NOW - 5000)
+    now = {"ms": NOW}
+    service.clock = lambda: now["ms"] / 1000
+    run = service.start("http")
+    ends = {p: o.end for p, o in service.log.offsets("http").items()}
+    half = {p: end // 2 for p, end in ends.items()}
+    service.registry.record_commit(run.id, 0, NOW, {"http": half})  # read by a first process, which died
+    now["ms"] = NOW + 3_600_000  # resumed an hour later
+    service.record_resume(service.run(run.id))
+    read_since = sum(ends.values()) - sum(half.values())
+    service.registry.record_commit(run.id, 1, now["ms"], {"http": ends})
+    now["ms"] += 10_000
+    assert service.progress(service.run(run.id)).events_per_s == read_since / 10
+    assert service.to_json(service.run(run.id))["progress"]["events_per_s"] == read_since / 10
+
+
 def test_the_progress_bar_ends_its_line_before_a_log_record_and_a_file_gets_whole_lines():
     """On a terminal the bar is rewritten in place, and a log record written meanwhile starts on a
     line of its own (not glued to the bar); a file or pipe gets whole lines, one per interval."""
