@@ -225,6 +225,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from sketchboard.pipeline_lock import PipelineRunning, hold_pipeline
 
     settings = _settings(args)
+    if args.remove:
+        return _remove_pipeline(settings, args)
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -242,6 +244,24 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     except PipelineRunning as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2
+
+
+def _remove_pipeline(settings: Settings, args: argparse.Namespace) -> int:
+    from sketchboard.pipeline_lock import PipelineRunning
+    from sketchboard.pipelines import RemoveRefused, remove_pipeline
+
+    if args.name is None:
+        print("sketchboard: --remove needs the pipeline's --name", file=sys.stderr)
+        return 2
+    try:
+        with _audit_log(settings) as audit:
+            removed = remove_pipeline(settings, args.name)
+            audit("pipeline.remove", args.name, {"removed": removed})
+    except (PipelineRunning, RemoveRefused) as exc:
+        print(f"sketchboard: {exc}", file=sys.stderr)
+        return 2
+    print(f"sketchboard: pipeline {args.name!r} removed: {'; '.join(removed)}", file=sys.stderr)
+    return 0
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
@@ -474,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where a pipeline's first run starts: the earliest retained record (replay) or the log's"
                       " end; only for a first run: a pipeline with a checkpoint resumes from it (default: setting"
                       " pipeline_start, earliest)")
+    pipe.add_argument("--remove", action="store_true",
+                      help="remove the named pipeline (--name): its output, checkpoint and consumer-registry record"
+                      " (its lag); refused while it runs on this data directory")
     pipe.set_defaults(func=cmd_pipeline)
     reprocess = common(sub.add_parser(
         "reprocess", help="rebuild a stream whose definition changed: a second pipeline reads the log from its earliest"

@@ -390,3 +390,44 @@ def test_a_failed_copy_is_made_again_while_no_batch_comes_and_a_newer_batch_repl
     assert copies.retry_due() == 0 and made == [(2, {"a": {0: 9}})]  # only the newest, once
     now[0] = 40
     assert copies.retry_due() == 0 and made == [(2, {"a": {0: 9}})] and registry_made == [1, 2]
+
+
+def test_a_named_pipeline_is_removed_with_its_output_checkpoint_and_registry_record(tmp_path, capsys):
+    """A stopped named pipeline stayed in the consumer registry for good (its lag STOP for ever, the
+    log's compaction held back by it) with no command to remove it."""
+    from sketchboard import cli
+    from sketchboard.pipeline_lock import hold_pipeline
+    from sketchboard.wiring import open_consumer_registry
+    from store.audit import AuditStore
+
+    data = tmp_path / "data"
+    settings = Settings(data_dir=data, alerts_config=None)
+    root = open_store(settings)
+    registry = open_consumer_registry(settings, root)
+    registry.register("audit", "audit", "earliest", NOW)
+    registry.record_commit("audit", 3, NOW, {"orders": {0: 7}})
+    open_store(settings, "audit").close()  # its output
+    settings.checkpoint_dir_of("audit").mkdir(parents=True)
+    (settings.checkpoint_dir_of("audit") / "metadata").write_text("{}")
+    args = ["--data-dir", str(data)]
+
+    assert cli.main(["pipeline", "--remove", *args]) == 2
+    assert "--remove needs the pipeline's --name" in capsys.readouterr().err
+    assert cli.main(["pipeline", "--name", "main", "--remove", *args]) == 2
+    assert "'main' is the serving pipeline" in capsys.readouterr().err
+    assert cli.main(["pipeline", "--name", "nope", "--remove", *args]) == 2
+    assert "no pipeline named 'nope' here (named pipelines: 'audit')" in capsys.readouterr().err
+    with hold_pipeline("audit", settings.checkpoint_dir_of("audit")):  # running
+        assert cli.main(["pipeline", "--name", "audit", "--remove", *args]) == 2
+        assert "pipeline 'audit' is already running" in capsys.readouterr().err
+    assert sqlite_store_path(data, "audit").exists()
+
+    assert cli.main(["pipeline", "--name", "audit", "--remove", *args]) == 0
+    err = capsys.readouterr().err
+    assert "pipeline 'audit' removed: its output (the store's namespace 'audit'); its checkpoint" in err
+    assert not sqlite_store_path(data, "audit").exists() and not settings.checkpoint_dir_of("audit").exists()
+    assert [c.pipeline for c in registry.consumers()] == [] and registry.offsets("audit") == {}
+    audit = AuditStore(root.side_db())
+    assert [(e.action, e.target) for e in audit.entries(limit=5)] == [("pipeline.remove", "audit")]
+    registry.close()
+    root.close()
