@@ -153,7 +153,8 @@ class WebhookNotifier:
                 memory[rule] = memory_from_json(data)
             except (KeyError, TypeError, ValueError) as exc:  # a document from another version
                 log.warning("webhook: ignoring the saved memory of rule %r: %s", rule, exc)
-        self._memory = memory
+        with self._cond:  # the worker changes it under _cond: remembered_rules() reads it
+            self._memory = memory
 
     # -- the scheduler's side --------------------------------------------------------------
 
@@ -163,6 +164,12 @@ class WebhookNotifier:
         with self._cond:
             self._reload = True
             self._cond.notify()
+
+    def remembered_rules(self) -> set[str]:
+        """The rules whose message the receiver was last told something firing for (the alert
+        service resolves those whose rule is gone: a resolution given up on is sent again)."""
+        with self._cond:
+            return set(self._memory)
 
     def observe(self, batch: RuleNotices) -> None:
         """Queue one evaluation's notices for the worker; returns at once. A rule that already
@@ -248,13 +255,13 @@ class WebhookNotifier:
         if not decided.send:
             return
         if self._deliver(client, decided):
-            if decided.remember is None:
-                self._memory.pop(batch.rule, None)
-            else:
-                self._memory[batch.rule] = decided.remember
-            self._save_memory(batch.rule, decided.remember)
             with self._cond:
+                if decided.remember is None:
+                    self._memory.pop(batch.rule, None)
+                else:
+                    self._memory[batch.rule] = decided.remember
                 self._counts["sent"] += 1
+            self._save_memory(batch.rule, decided.remember)
 
     def _save_memory(self, rule: str, memory: GroupMemory | None) -> None:
         if self._memory_store is None:

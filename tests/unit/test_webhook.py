@@ -471,3 +471,63 @@ def test_only_the_lease_holder_notifies_and_a_new_holder_continues_from_the_stor
         b.close()
         assert [body["status"] for body in rx.delivered] == ["firing", "resolved"]
         assert b.stats()["sent"] == 1  # the resolution only
+
+
+class Stalled:
+    """Alert data where the demo's orders stream lags 600 s: a lag rule fires."""
+
+    def lag(self):
+        from alerts.outcome import StreamLagView
+
+        return {"orders": StreamLagView("STALL", "stalled", 600.0)}
+
+
+LAGGING = {"name": "lagging", "kind": "lag", "stream": "orders", "threshold": 60}
+
+
+def test_a_deleted_rules_resolution_given_up_on_is_sent_again(store_backend):
+    """A rule delivered as firing is deleted while the receiver is down: the resolution is given
+    up, but the next evaluation (of other rules) sends it again, since the notifier still
+    remembers the rule as firing at the receiver and the rule is gone; and so does the next
+    process, for a file rule whose removal's resolution was given up at start."""
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from store.alerts import AlertStore
+    from tests.api.conftest import CONFIG
+
+    catalog, clock = load_catalog(CONFIG), [1_800_000_000.0]
+    panes = store_backend.create()
+
+    def service(url: str):
+        store = AlertStore(store_backend.reopen(panes).side_db())
+        hook = notifier(url, memory_store=store, max_attempts=2, clock=lambda: clock[0])
+        return store, hook, AlertService(catalog, store, Stalled(), notifiers=[hook], clock=lambda: clock[0])
+
+    with Receiver() as rx:
+        store, hook, svc = service(rx.url)
+        svc.create(LAGGING)
+        svc.evaluate_due()
+        rx.wait_for(lambda reqs: len(reqs) == 1)
+        rx.fail_next(2, 503)
+        assert svc.delete("lagging")
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        deadline = time.monotonic() + 5
+        while hook.stats()["failed"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock[0] += 10
+        svc.evaluate_due()  # no rule left to evaluate: the resolution goes out all the same
+        rx.wait_for(lambda reqs: len(reqs) == 4)
+        svc.stop()
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved"]
+        assert store.notifier_memory(rx.url) == {}
+
+        # A file rule, removed across a restart while the receiver is down: a later start sends it.
+        for rules, failing in (({"lagging": parse_rule(LAGGING, catalog)}, 0), ({}, 2), ({}, 0)):
+            rx.fail_next(failing, 503)
+            store, hook, svc = service(rx.url)
+            svc.sync_file(rules)
+            clock[0] += 10
+            svc.evaluate_due()
+            svc.stop()
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved", "firing", "resolved"]
+        assert store.notifier_memory(rx.url) == {}
