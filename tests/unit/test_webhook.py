@@ -531,3 +531,36 @@ def test_a_deleted_rules_resolution_given_up_on_is_sent_again(store_backend):
             svc.stop()
         assert [b["status"] for b in rx.delivered] == ["firing", "resolved", "firing", "resolved"]
         assert store.notifier_memory(rx.url) == {}
+
+
+def test_the_api_s_shutdown_flushes_the_queue_before_handing_the_lease_over(store_backend):
+    """sketchboard/cli.py cmd_api ends with leader.stand_down(): a rule deleted just before the
+    shutdown gets its resolution, though a slow answer keeps it queued until the shutdown began
+    (the lease released first, the notifier would count it as standby); then the lease is free."""
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from sketchboard.leader import lead, stand_down
+    from store.alerts import AlertStore
+    from store.lease import Leadership, LeaseStore
+    from tests.api.conftest import CONFIG
+
+    catalog, panes = load_catalog(CONFIG), store_backend.create()
+    store = AlertStore(panes.side_db())
+    leadership = Leadership(LeaseStore(panes.side_db()), "api-leader", "a", ttl_s=2.0)
+    with Receiver() as rx:
+        hook = notifier(rx.url, memory_store=store, active=leadership.leading)
+        svc = AlertService(catalog, store, Stalled(), notifiers=[hook])
+        lead(leadership, alerts=svc)
+        leadership.start()
+        for name in ("a", "b"):
+            svc.create({**LAGGING, "name": name})
+        rx.wait_for(lambda reqs: len(reqs) == 2)
+        rx.delay_next(0.5, n=1)
+        svc.delete("a")  # in flight, slowly
+        svc.delete("b")  # queued behind it
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        stand_down(leadership, alerts=svc)
+        assert sorted((b["groupLabels"]["alertname"], b["status"]) for b in rx.delivered) == [
+            ("a", "firing"), ("a", "resolved"), ("b", "firing"), ("b", "resolved")]
+        assert hook.stats()["standby"] == 0
+    assert not leadership.leading() and leadership.holder().record.holder is None  # handed over at once
