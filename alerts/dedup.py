@@ -115,6 +115,32 @@ def coalesce(older: RuleNotices, newer: RuleNotices) -> RuleNotices:
     return replace(newer, notices=[*newer.notices, *carried])
 
 
+def with_undelivered(batch: RuleNotices, last: GroupMemory | None,
+                     undelivered: Mapping[str, Notice]) -> list[RuleNotices]:
+    """The batches to plan, in order, for `batch`, given the resolved notices of an earlier message
+    that was given up on (`undelivered`, by fingerprint). They go with `batch` for instances it does
+    not report firing, so that a resolution keeps its end time rather than taking this evaluation's
+    (and it wins over a resolved notice of the same instance in `batch`, which is later). An
+    instance that fires as a new incident (another startsAt than the receiver was told, whether its
+    resolution was given up on or coalesced away) is first resolved, in a message of its own (one
+    message holds one status per instance), and then sent as firing by planning `batch`."""
+    firing = {n.fingerprint: n for n in batch.notices if n.status == FIRING}
+    carried = {fp: n for fp, n in undelivered.items() if fp not in firing}
+    merged = batch if not carried else replace(
+        batch, notices=[*(n for n in batch.notices if n.fingerprint not in carried), *carried.values()])
+    known = last.firing if last is not None else {}
+    refired = {fp: n for fp, n in firing.items() if fp in known and known[fp].starts_at_ms != n.starts_at_ms}
+    if batch.silenced or not refired:
+        return [merged]
+    ends = {}
+    for fp, n in refired.items():
+        given_up = undelivered.get(fp)
+        same_incident = given_up is not None and given_up.starts_at_ms == known[fp].starts_at_ms
+        ends[fp] = given_up if same_incident else _vanished(known[fp], n.starts_at_ms)
+    first = replace(merged, notices=[*(n for n in merged.notices if n.fingerprint not in ends), *ends.values()])
+    return [first, merged]
+
+
 def _ended(n: Notice, at_ms: int) -> Notice:
     # A resolved notice should carry its end; if one does not, it ended at this evaluation.
     return n if n.ends_at_ms is not None else replace(n, ends_at_ms=at_ms)

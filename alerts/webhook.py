@@ -23,7 +23,8 @@ from urllib.parse import quote
 
 import httpx
 
-from alerts.dedup import FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, memory_from_json, memory_json, plan
+from alerts.dedup import (FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, memory_from_json, memory_json, plan,
+                          with_undelivered)
 from alerts.states import Notice, RuleNotices
 
 log = logging.getLogger("sketchboard.alerts.webhook")
@@ -138,6 +139,10 @@ class WebhookNotifier:
         # before the restart is delivered as resolved after it, and not delivered twice.
         self._memory_store = memory_store
         self._memory: dict[str, GroupMemory] = {}
+        # Worker thread only: rule -> the resolved notices of its last message given up on, by
+        # fingerprint. Planned again with the rule's next batch, they keep their end time (the
+        # memory, unchanged, would otherwise make up a resolution ending at that batch's time).
+        self._undelivered: dict[str, dict[str, Notice]] = {}
         self._load_memory()
 
         self._thread = threading.Thread(target=self._run, name="alert-webhook", daemon=True)
@@ -248,20 +253,30 @@ class WebhookNotifier:
             with self._cond:
                 self._counts["standby"] += 1
             return
+        undelivered = {} if batch.silenced else self._undelivered.pop(batch.rule, {})
+        for part in with_undelivered(batch, self._memory.get(batch.rule), undelivered):
+            if not self._send(client, part):
+                return  # a new firing is not sent before the resolution that comes first
+
+    def _send(self, client: httpx.Client, batch: RuleNotices) -> bool:
+        """Plan `batch` and deliver it; False when the delivery was given up on."""
         decided = plan(batch, self._memory.get(batch.rule), self._clock(), self._repeat_interval_s)
         if decided.why is Why.DUPLICATE:
             with self._cond:
                 self._counts["deduplicated"] += 1
         if not decided.send:
-            return
-        if self._deliver(client, decided):
-            with self._cond:
-                if decided.remember is None:
-                    self._memory.pop(batch.rule, None)
-                else:
-                    self._memory[batch.rule] = decided.remember
-                self._counts["sent"] += 1
-            self._save_memory(batch.rule, decided.remember)
+            return True
+        if not self._deliver(client, decided):
+            self._undelivered[batch.rule] = {n.fingerprint: n for n in decided.alerts if n.status == RESOLVED}
+            return False
+        with self._cond:
+            if decided.remember is None:
+                self._memory.pop(batch.rule, None)
+            else:
+                self._memory[batch.rule] = decided.remember
+            self._counts["sent"] += 1
+        self._save_memory(batch.rule, decided.remember)
+        return True
 
     def _save_memory(self, rule: str, memory: GroupMemory | None) -> None:
         if self._memory_store is None:

@@ -8,11 +8,12 @@ import json
 import re
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
 
-from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan
+from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan, with_undelivered
 from alerts.rules import parse_rule
 from alerts.states import AlertState, Notice, RuleNotices
 from alerts.webhook import NOT_ENDED, WebhookNotifier, rfc3339
@@ -157,6 +158,20 @@ def test_coalesce_keeps_the_newer_batch_and_older_resolutions():
 # -- the message and the notifier over real HTTP ---------------------------------------------
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def test_a_new_incident_of_a_known_instance_is_resolved_first():
+    """Its resolution coalesced away, an instance fires again with another startsAt: the receiver
+    is told the old incident ended (when the new one began), then that the new one fires."""
+    g = Group()
+    g.evaluate(batch(firing("a"), firing("b")), now=0)
+    parts = with_undelivered(batch(firing("a", starts_at_ms=5_000), firing("b")), g.memory, {})
+    first = g.evaluate(parts[0], now=10)
+    assert sent(first) == [("b", "firing"), ("a", "resolved")] and first.alerts[1].ends_at_ms == 5_000
+    second = g.evaluate(parts[1], now=10)
+    assert second.why is Why.NEW and sent(second) == [("b", "firing"), ("a", "firing")]
+    again = batch(firing("a", starts_at_ms=5_000), firing("b"), at_ms=20_000)
+    assert with_undelivered(again, g.memory, {}) == [again]  # the same incident still firing: as it is
 
 
 class Sleeps(list):
@@ -564,3 +579,24 @@ def test_the_api_s_shutdown_flushes_the_queue_before_handing_the_lease_over(stor
             ("a", "firing"), ("a", "resolved"), ("b", "firing"), ("b", "resolved")]
         assert hook.stats()["standby"] == 0
     assert not leadership.leading() and leadership.holder().record.holder is None  # handed over at once
+
+
+@pytest.mark.parametrize("then_fires_again", [False, True])
+def test_a_resolution_given_up_on_keeps_its_end_and_comes_before_a_new_incident(then_fires_again):
+    """The resolution at 20 s is given up on. The next evaluation sends it with its own end (20 s,
+    not the evaluation's 30 s); and if the instance fires again by then (a new startsAt), the
+    resolution goes first and the new incident after it, not taken for the old one still firing."""
+    with Receiver() as rx:
+        n = notifier(rx.url, max_attempts=2)
+        n.observe(batch(firing("a", starts_at_ms=10_000), at_ms=10_000))
+        rx.wait_for(lambda reqs: len(reqs) == 1)
+        rx.fail_next(2, 503)
+        n.observe(batch(replace(resolved("a", ends_at_ms=20_000), starts_at_ms=10_000), at_ms=20_000))
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        n.observe(batch(*([firing("a", starts_at_ms=30_000)] if then_fires_again else []), at_ms=30_000))
+        n.close()
+        got = [[(a["status"], ms_of(a["startsAt"]), a["endsAt"]) for a in body["alerts"]] for body in rx.delivered]
+    expected = [[("firing", 10_000, NOT_ENDED)], [("resolved", 10_000, rfc3339(20_000))]]
+    if then_fires_again:
+        expected.append([("firing", 30_000, NOT_ENDED)])
+    assert got == expected
