@@ -129,8 +129,9 @@ class WebhookNotifier:
         self._abandoned = False  # close() timed out: stop retrying, send nothing more
         self._counts = {"sent": 0, "failed": 0, "retried": 0, "dropped": 0, "deduplicated": 0, "standby": 0}
         # With several API replicas only the lease holder notifies (sketchboard/leader.py): a replica
-        # that is not (or no longer) the leader drops what it is given, and checks again just before
-        # each delivery, so a replica that lost the lease while a batch waited does not send it.
+        # that is not (or no longer) the leader drops what it is given, and checks again before each
+        # attempt of a delivery and before saving it, so a replica that lost the lease while a batch
+        # waited, or while it backed off, neither sends it nor writes over the new leader's memory.
         self._active = active
         self._reload = False  # reload_memory() asked: the worker reads the store's memory first
         self._last_error: str | None = None
@@ -266,7 +267,12 @@ class WebhookNotifier:
                 self._counts["deduplicated"] += 1
         if not decided.send:
             return True
-        if not self._deliver(client, decided):
+        delivered = self._deliver(client, decided)
+        if delivered is None:  # the lease moved on mid-delivery: the new leader's memory stands
+            with self._cond:
+                self._counts["standby"] += 1
+            return False
+        if not delivered:
             self._undelivered[batch.rule] = {n.fingerprint: n for n in decided.alerts if n.status == RESOLVED}
             return False
         with self._cond:
@@ -286,15 +292,22 @@ class WebhookNotifier:
         except Exception as exc:  # delivered all the same; only a restart would repeat it
             log.warning("webhook: could not save what was delivered for rule %r: %s", rule, exc)
 
-    def _deliver(self, client: httpx.Client, decided: Plan) -> bool:
+    def _deliver(self, client: httpx.Client, decided: Plan) -> bool | None:
+        """True when delivered, False when given up on, None when this replica stopped leading:
+        the lease is asked before every attempt and after the last, since another replica may
+        lead by then, decide from the store's memory and send; a late retry or memory saved here
+        would contradict it (an alert it resolved, or never sent, left firing at the receiver)."""
         body = json.dumps(alertmanager_body(decided.rule, decided.alerts, self._external_url),
                           separators=(",", ":"), allow_nan=False).encode()
         for attempt in range(1, self._max_attempts + 1):
+            if not self._is_active():
+                log.info("webhook: rule %r not sent: this replica no longer leads", decided.rule)
+                return None
             error, retry = self._post(client, body)
             if error is None:
                 log.info("webhook: sent rule %r (%s, %d alert(s))", decided.rule, decided.why.value,
                          len(decided.alerts))
-                return True
+                return True if self._is_active() else None
             if not retry or attempt == self._max_attempts or self._abandoned:
                 break
             delay = min(self._backoff_s * 2 ** (attempt - 1), self._max_backoff_s)

@@ -600,3 +600,33 @@ def test_a_resolution_given_up_on_keeps_its_end_and_comes_before_a_new_incident(
     if then_fires_again:
         expected.append([("firing", 30_000, NOT_ENDED)])
     assert got == expected
+
+
+def test_a_replica_that_loses_the_lease_mid_retry_stops_retrying(store_backend):
+    """Replica a's first attempt fails; while it backs off, b takes the lease and sees the alert
+    resolved (it never heard of it firing: nothing to send). a must not retry (its late firing
+    would never be resolved by anyone) nor write what it remembers into the shared store."""
+    from store.alerts import AlertStore
+
+    panes, leader, backing_off, woken = store_backend.create(), ["a"], threading.Event(), threading.Event()
+
+    def backoff(seconds: float) -> None:
+        backing_off.set()
+        woken.wait(5)
+
+    with Receiver(fail_first=1) as rx:
+        a = notifier(rx.url, memory_store=AlertStore(panes.side_db()), sleep=backoff,
+                     active=lambda: leader[0] == "a")
+        b = notifier(rx.url, memory_store=AlertStore(store_backend.reopen(panes).side_db()),
+                     active=lambda: leader[0] == "b")
+        a.observe(batch(firing("x")))
+        assert backing_off.wait(5)
+        leader[0] = "b"
+        b.reload_memory()
+        b.observe(batch(resolved("x"), at_ms=20_000))
+        b.close()
+        woken.set()
+        a.close()
+        assert [r.status for r in rx.requests] == [503]
+    assert a.stats()["standby"] == 1 and a.stats()["sent"] == 0
+    assert AlertStore(store_backend.reopen(panes).side_db()).notifier_memory(rx.url) == {}
