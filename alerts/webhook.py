@@ -323,8 +323,16 @@ class WebhookNotifier:
 
     def _post(self, client: httpx.Client, body: bytes) -> tuple[str | None, bool]:
         """(None, _) when delivered, else (what went wrong, whether another attempt may help)."""
+        # httpx's timeout bounds each read, not the attempt: a receiver that answers a byte at a time
+        # would hold the worker (and every rule behind it) as long as it likes. The answer's body is
+        # read in chunks against a deadline on the monotonic clock, and dropped with the connection
+        # once it passes (an attempt lasts at most about twice the timeout: one read more).
+        deadline = time.monotonic() + self._timeout_s
         try:
-            response = client.post(self._url, content=body, headers=_HEADERS)
+            with client.stream("POST", self._url, content=body, headers=_HEADERS) as response:
+                for _ in response.iter_raw():
+                    if time.monotonic() >= deadline:
+                        return f"timed out after {self._timeout_s:g} s (the answer was still arriving)", True
         except httpx.TimeoutException as exc:
             return f"timed out after {self._timeout_s:g} s ({type(exc).__name__})", True
         except httpx.TransportError as exc:  # refused, reset, DNS: the receiver may come back

@@ -630,3 +630,20 @@ def test_a_replica_that_loses_the_lease_mid_retry_stops_retrying(store_backend):
         assert [r.status for r in rx.requests] == [503]
     assert a.stats()["standby"] == 1 and a.stats()["sent"] == 0
     assert AlertStore(store_backend.reopen(panes).side_db()).notifier_memory(rx.url) == {}
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_timeout():
+    """Headers at once, then one byte of the body every 0.15 s: every read is well inside the 0.4 s
+    timeout, but the attempt as a whole is not, and the other rules must not wait behind it."""
+    with Receiver() as rx:
+        rx.trickle_next(0.15, n=1)
+        n = notifier(rx.url, timeout_s=0.4)
+        started = time.monotonic()
+        n.observe(batch(firing("a"), rule="slow"))
+        n.observe(batch(firing("a"), rule="other"))
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        took = time.monotonic() - started
+        n.close()
+    assert took < 1.5  # the trickled answer (16 bytes: 2.4 s) was not waited for
+    assert (n.stats()["sent"], n.stats()["retried"]) == (2, 1)
+    assert "timed out after 0.4 s" in n.stats()["last_error"]
