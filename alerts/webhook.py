@@ -90,6 +90,24 @@ def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
     return dict(sorted(shared))
 
 
+def url_problem(url: str) -> str | None:
+    """What makes `url` unusable as the webhook's address, or None. The settings check with this
+    too, so that a URL they accept is one the notifier takes. The URL is never part of the answer:
+    it may carry a password or a token."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "is not a valid URL"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "must be an http:// or https:// URL with a host"
+    if any(c.isspace() for c in url):
+        return "must not contain blanks"
+    if port is not None and not 0 < port < 65536:
+        return "has a port out of range (1-65535)"
+    return None
+
+
 def _retryable(status: int) -> bool:
     return status >= 500 or status == 429
 
@@ -106,9 +124,9 @@ class WebhookNotifier:
                  external_url: str = "http://127.0.0.1:8000/", queue_size: int = 1000,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  memory_store=None, active: Callable[[], bool] | None = None):
-        parsed = httpx.URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"alert webhook url must be an http(s) URL, got {url!r}")
+        problem = url_problem(url)
+        if problem is not None:  # the URL itself is not shown: it may hold a password
+            raise ValueError(f"alert_webhook_url {problem}")
         if max_attempts < 1 or queue_size < 1 or timeout_s <= 0:
             raise ValueError("alert webhook: max_attempts and queue_size must be >= 1, timeout_s > 0")
         self._url = url
