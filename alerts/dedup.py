@@ -121,22 +121,19 @@ def with_undelivered(batch: RuleNotices, last: GroupMemory | None,
     that was given up on (`undelivered`, by fingerprint). They go with `batch` for instances it does
     not report firing, so that a resolution keeps its end time rather than taking this evaluation's
     (and it wins over a resolved notice of the same instance in `batch`, which is later). An
-    instance that fires as a new incident (another startsAt than the receiver was told, whether its
-    resolution was given up on or coalesced away) is first resolved, in a message of its own (one
-    message holds one status per instance), and then sent as firing by planning `batch`."""
+    instance that fires again meanwhile, as a new incident (another startsAt than the resolution's),
+    is first resolved, in a message of its own (one message holds one status per instance), and
+    then sent as firing by planning `batch`. (A startsAt that changes without a resolution, as when
+    a nodata spell turns into firing, stays one incident to the receiver, as before.)"""
     firing = {n.fingerprint: n for n in batch.notices if n.status == FIRING}
     carried = {fp: n for fp, n in undelivered.items() if fp not in firing}
     merged = batch if not carried else replace(
         batch, notices=[*(n for n in batch.notices if n.fingerprint not in carried), *carried.values()])
     known = last.firing if last is not None else {}
-    refired = {fp: n for fp, n in firing.items() if fp in known and known[fp].starts_at_ms != n.starts_at_ms}
-    if batch.silenced or not refired:
+    ends = {fp: n for fp, n in undelivered.items()
+            if fp in firing and fp in known and n.starts_at_ms != firing[fp].starts_at_ms}
+    if batch.silenced or not ends:
         return [merged]
-    ends = {}
-    for fp, n in refired.items():
-        given_up = undelivered.get(fp)
-        same_incident = given_up is not None and given_up.starts_at_ms == known[fp].starts_at_ms
-        ends[fp] = given_up if same_incident else _vanished(known[fp], n.starts_at_ms)
     first = replace(merged, notices=[*(n for n in merged.notices if n.fingerprint not in ends), *ends.values()])
     return [first, merged]
 

@@ -160,18 +160,22 @@ def test_coalesce_keeps_the_newer_batch_and_older_resolutions():
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
-def test_a_new_incident_of_a_known_instance_is_resolved_first():
-    """Its resolution coalesced away, an instance fires again with another startsAt: the receiver
-    is told the old incident ended (when the new one began), then that the new one fires."""
+def test_a_new_incident_after_a_resolution_given_up_on_is_resolved_first():
+    """The resolution of a (ended at 4 s) was given up on and a fires again (startsAt 5 s): the
+    receiver is told the old incident ended, with its own end, then that the new one fires. A
+    startsAt that moves without a resolution (a nodata spell that turned into firing) is no new
+    incident: the group is left as it is."""
     g = Group()
     g.evaluate(batch(firing("a"), firing("b")), now=0)
-    parts = with_undelivered(batch(firing("a", starts_at_ms=5_000), firing("b")), g.memory, {})
+    given_up = {"a": resolved("a", ends_at_ms=4_000)}
+    parts = with_undelivered(batch(firing("a", starts_at_ms=5_000), firing("b")), g.memory, given_up)
     first = g.evaluate(parts[0], now=10)
-    assert sent(first) == [("b", "firing"), ("a", "resolved")] and first.alerts[1].ends_at_ms == 5_000
+    assert sent(first) == [("b", "firing"), ("a", "resolved")] and first.alerts[1].ends_at_ms == 4_000
     second = g.evaluate(parts[1], now=10)
     assert second.why is Why.NEW and sent(second) == [("b", "firing"), ("a", "firing")]
-    again = batch(firing("a", starts_at_ms=5_000), firing("b"), at_ms=20_000)
-    assert with_undelivered(again, g.memory, {}) == [again]  # the same incident still firing: as it is
+    moved = batch(firing("a", starts_at_ms=9_000), firing("b"), at_ms=20_000)
+    assert with_undelivered(moved, g.memory, {}) == [moved]
+    assert g.evaluate(moved, now=20).why is Why.DUPLICATE
 
 
 class Sleeps(list):
