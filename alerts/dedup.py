@@ -115,6 +115,29 @@ def coalesce(older: RuleNotices, newer: RuleNotices) -> RuleNotices:
     return replace(newer, notices=[*newer.notices, *carried])
 
 
+def with_undelivered(batch: RuleNotices, last: GroupMemory | None,
+                     undelivered: Mapping[str, Notice]) -> list[RuleNotices]:
+    """The batches to plan, in order, for `batch`, given the resolved notices of an earlier message
+    that was given up on (`undelivered`, by fingerprint). They go with `batch` for instances it does
+    not report firing, so that a resolution keeps its end time rather than taking this evaluation's
+    (and it wins over a resolved notice of the same instance in `batch`, which is later). An
+    instance that fires again meanwhile, as a new incident (another startsAt than the resolution's),
+    is first resolved, in a message of its own (one message holds one status per instance), and
+    then sent as firing by planning `batch`. (A startsAt that changes without a resolution, as when
+    a nodata spell turns into firing, stays one incident to the receiver, as before.)"""
+    firing = {n.fingerprint: n for n in batch.notices if n.status == FIRING}
+    carried = {fp: n for fp, n in undelivered.items() if fp not in firing}
+    merged = batch if not carried else replace(
+        batch, notices=[*(n for n in batch.notices if n.fingerprint not in carried), *carried.values()])
+    known = last.firing if last is not None else {}
+    ends = {fp: n for fp, n in undelivered.items()
+            if fp in firing and fp in known and n.starts_at_ms != firing[fp].starts_at_ms}
+    if batch.silenced or not ends:
+        return [merged]
+    first = replace(merged, notices=[*(n for n in merged.notices if n.fingerprint not in ends), *ends.values()])
+    return [first, merged]
+
+
 def _ended(n: Notice, at_ms: int) -> Notice:
     # A resolved notice should carry its end; if one does not, it ended at this evaluation.
     return n if n.ends_at_ms is not None else replace(n, ends_at_ms=at_ms)

@@ -54,6 +54,7 @@ class AlertService:
         self._cache: tuple[int, list[LoadedRule]] | None = None
         self._due: dict[str, tuple[int, int]] = {}  # rule -> (its updated_ms, next due time)
         self._firing: dict[str, list[Notice]] = {}  # rule -> notices it last reported as firing
+        self._orphans_due_ms = 0  # when to look next for rules the notifiers remember but that are gone
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -137,6 +138,9 @@ class AlertService:
             self._due[name] = (updated, now // interval * interval + interval)  # aligned, like Prometheus groups
             out.append(self.evaluate_rule(loaded, now))
         self._forget_removed(rules)
+        if now >= self._orphans_due_ms:
+            self._orphans_due_ms = now + self.default_interval_ms
+            self._resolve_orphans(now)
         return out
 
     def evaluate_rule(self, loaded: LoadedRule, now_ms: int) -> Evaluation:
@@ -201,6 +205,7 @@ class AlertService:
                 reload()
         with self._lock:
             self._due.clear()
+            self._orphans_due_ms = 0  # what the previous leader failed to resolve, at once
         self.start(tick_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -250,6 +255,29 @@ class AlertService:
                            n.starts_at_ms, now_ms, n.value) for n in firing]
         self._notify(RuleNotices(name, now_ms, resolved))
         self._due.pop(name, None)
+
+    def _resolve_orphans(self, now_ms: int) -> None:
+        """Resolve again, at each notifier, the rules it remembers delivering as firing but that no
+        longer exist: a deletion's resolution queues one message, and one given up on (the receiver
+        was down) would otherwise never be sent, since no evaluation of the rule comes to retry it.
+        Once per default interval, like an evaluation; the notifier's memory is read before the
+        rules, so a rule created meanwhile is seen as present."""
+        for notifier in self.notifiers:
+            remembered = getattr(notifier, "remembered_rules", None)
+            if remembered is None:
+                continue
+            try:
+                names = remembered()
+                if not names:
+                    continue
+                with self._lock:
+                    present = {stored.name for stored in self.store.rules()}
+                    for name in sorted(names - present):
+                        if self.active is not None and not self.active():
+                            return
+                        notifier.observe(RuleNotices(name, now_ms, []))
+            except Exception as exc:  # one broken notifier must not stop evaluation or the others
+                log.warning("notifier %r failed: %s", notifier, exc)
 
     def _forget_removed(self, rules: list[LoadedRule]) -> None:
         present = {loaded.stored.name for loaded in rules}

@@ -23,7 +23,8 @@ from urllib.parse import quote
 
 import httpx
 
-from alerts.dedup import FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, memory_from_json, memory_json, plan
+from alerts.dedup import (FIRING, RESOLVED, GroupMemory, Plan, Why, coalesce, memory_from_json, memory_json, plan,
+                          with_undelivered)
 from alerts.states import Notice, RuleNotices
 
 log = logging.getLogger("sketchboard.alerts.webhook")
@@ -89,6 +90,24 @@ def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
     return dict(sorted(shared))
 
 
+def url_problem(url: str) -> str | None:
+    """What makes `url` unusable as the webhook's address, or None. The settings check with this
+    too, so that a URL they accept is one the notifier takes. The URL is never part of the answer:
+    it may carry a password or a token."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "is not a valid URL"
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "must be an http:// or https:// URL with a host"
+    if any(c.isspace() for c in url):
+        return "must not contain blanks"
+    if port is not None and not 0 < port < 65536:
+        return "has a port out of range (1-65535)"
+    return None
+
+
 def _retryable(status: int) -> bool:
     return status >= 500 or status == 429
 
@@ -105,9 +124,9 @@ class WebhookNotifier:
                  external_url: str = "http://127.0.0.1:8000/", queue_size: int = 1000,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  memory_store=None, active: Callable[[], bool] | None = None):
-        parsed = httpx.URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"alert webhook url must be an http(s) URL, got {url!r}")
+        problem = url_problem(url)
+        if problem is not None:  # the URL itself is not shown: it may hold a password
+            raise ValueError(f"alert_webhook_url {problem}")
         if max_attempts < 1 or queue_size < 1 or timeout_s <= 0:
             raise ValueError("alert webhook: max_attempts and queue_size must be >= 1, timeout_s > 0")
         self._url = url
@@ -128,8 +147,9 @@ class WebhookNotifier:
         self._abandoned = False  # close() timed out: stop retrying, send nothing more
         self._counts = {"sent": 0, "failed": 0, "retried": 0, "dropped": 0, "deduplicated": 0, "standby": 0}
         # With several API replicas only the lease holder notifies (sketchboard/leader.py): a replica
-        # that is not (or no longer) the leader drops what it is given, and checks again just before
-        # each delivery, so a replica that lost the lease while a batch waited does not send it.
+        # that is not (or no longer) the leader drops what it is given, and checks again before each
+        # attempt of a delivery and before saving it, so a replica that lost the lease while a batch
+        # waited, or while it backed off, neither sends it nor writes over the new leader's memory.
         self._active = active
         self._reload = False  # reload_memory() asked: the worker reads the store's memory first
         self._last_error: str | None = None
@@ -138,6 +158,10 @@ class WebhookNotifier:
         # before the restart is delivered as resolved after it, and not delivered twice.
         self._memory_store = memory_store
         self._memory: dict[str, GroupMemory] = {}
+        # Worker thread only: rule -> the resolved notices of its last message given up on, by
+        # fingerprint. Planned again with the rule's next batch, they keep their end time (the
+        # memory, unchanged, would otherwise make up a resolution ending at that batch's time).
+        self._undelivered: dict[str, dict[str, Notice]] = {}
         self._load_memory()
 
         self._thread = threading.Thread(target=self._run, name="alert-webhook", daemon=True)
@@ -153,7 +177,8 @@ class WebhookNotifier:
                 memory[rule] = memory_from_json(data)
             except (KeyError, TypeError, ValueError) as exc:  # a document from another version
                 log.warning("webhook: ignoring the saved memory of rule %r: %s", rule, exc)
-        self._memory = memory
+        with self._cond:  # the worker changes it under _cond: remembered_rules() reads it
+            self._memory = memory
 
     # -- the scheduler's side --------------------------------------------------------------
 
@@ -163,6 +188,12 @@ class WebhookNotifier:
         with self._cond:
             self._reload = True
             self._cond.notify()
+
+    def remembered_rules(self) -> set[str]:
+        """The rules whose message the receiver was last told something firing for (the alert
+        service resolves those whose rule is gone: a resolution given up on is sent again)."""
+        with self._cond:
+            return set(self._memory)
 
     def observe(self, batch: RuleNotices) -> None:
         """Queue one evaluation's notices for the worker; returns at once. A rule that already
@@ -241,20 +272,35 @@ class WebhookNotifier:
             with self._cond:
                 self._counts["standby"] += 1
             return
+        undelivered = {} if batch.silenced else self._undelivered.pop(batch.rule, {})
+        for part in with_undelivered(batch, self._memory.get(batch.rule), undelivered):
+            if not self._send(client, part):
+                return  # a new firing is not sent before the resolution that comes first
+
+    def _send(self, client: httpx.Client, batch: RuleNotices) -> bool:
+        """Plan `batch` and deliver it; False when the delivery was given up on."""
         decided = plan(batch, self._memory.get(batch.rule), self._clock(), self._repeat_interval_s)
         if decided.why is Why.DUPLICATE:
             with self._cond:
                 self._counts["deduplicated"] += 1
         if not decided.send:
-            return
-        if self._deliver(client, decided):
+            return True
+        delivered = self._deliver(client, decided)
+        if delivered is None:  # the lease moved on mid-delivery: the new leader's memory stands
+            with self._cond:
+                self._counts["standby"] += 1
+            return False
+        if not delivered:
+            self._undelivered[batch.rule] = {n.fingerprint: n for n in decided.alerts if n.status == RESOLVED}
+            return False
+        with self._cond:
             if decided.remember is None:
                 self._memory.pop(batch.rule, None)
             else:
                 self._memory[batch.rule] = decided.remember
-            self._save_memory(batch.rule, decided.remember)
-            with self._cond:
-                self._counts["sent"] += 1
+            self._counts["sent"] += 1
+        self._save_memory(batch.rule, decided.remember)
+        return True
 
     def _save_memory(self, rule: str, memory: GroupMemory | None) -> None:
         if self._memory_store is None:
@@ -264,15 +310,22 @@ class WebhookNotifier:
         except Exception as exc:  # delivered all the same; only a restart would repeat it
             log.warning("webhook: could not save what was delivered for rule %r: %s", rule, exc)
 
-    def _deliver(self, client: httpx.Client, decided: Plan) -> bool:
+    def _deliver(self, client: httpx.Client, decided: Plan) -> bool | None:
+        """True when delivered, False when given up on, None when this replica stopped leading:
+        the lease is asked before every attempt and after the last, since another replica may
+        lead by then, decide from the store's memory and send; a late retry or memory saved here
+        would contradict it (an alert it resolved, or never sent, left firing at the receiver)."""
         body = json.dumps(alertmanager_body(decided.rule, decided.alerts, self._external_url),
                           separators=(",", ":"), allow_nan=False).encode()
         for attempt in range(1, self._max_attempts + 1):
+            if not self._is_active():
+                log.info("webhook: rule %r not sent: this replica no longer leads", decided.rule)
+                return None
             error, retry = self._post(client, body)
             if error is None:
                 log.info("webhook: sent rule %r (%s, %d alert(s))", decided.rule, decided.why.value,
                          len(decided.alerts))
-                return True
+                return True if self._is_active() else None
             if not retry or attempt == self._max_attempts or self._abandoned:
                 break
             delay = min(self._backoff_s * 2 ** (attempt - 1), self._max_backoff_s)
@@ -288,8 +341,16 @@ class WebhookNotifier:
 
     def _post(self, client: httpx.Client, body: bytes) -> tuple[str | None, bool]:
         """(None, _) when delivered, else (what went wrong, whether another attempt may help)."""
+        # httpx's timeout bounds each read, not the attempt: a receiver that answers a byte at a time
+        # would hold the worker (and every rule behind it) as long as it likes. The answer's body is
+        # read in chunks against a deadline on the monotonic clock, and dropped with the connection
+        # once it passes (an attempt lasts at most about twice the timeout: one read more).
+        deadline = time.monotonic() + self._timeout_s
         try:
-            response = client.post(self._url, content=body, headers=_HEADERS)
+            with client.stream("POST", self._url, content=body, headers=_HEADERS) as response:
+                for _ in response.iter_raw():
+                    if time.monotonic() >= deadline:
+                        return f"timed out after {self._timeout_s:g} s (the answer was still arriving)", True
         except httpx.TimeoutException as exc:
             return f"timed out after {self._timeout_s:g} s ({type(exc).__name__})", True
         except httpx.TransportError as exc:  # refused, reset, DNS: the receiver may come back

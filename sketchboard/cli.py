@@ -163,6 +163,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from sketchboard.leader import stand_down
     from sketchboard.retention import retention_loop
     from sketchboard.wiring import build_api
 
@@ -197,9 +198,9 @@ def cmd_api(args: argparse.Namespace) -> int:
             return 3
     finally:
         stop.set()
-        ctx.leadership.stop()  # stops the leader's work and hands the lease over at once
-        if ctx.alerts is not None:
-            ctx.alerts.stop()
+        # The leader's work stops and the webhook flushes its queue before the lease is handed over
+        # (at once): released first, the lease would make the notifier count what is queued as standby.
+        stand_down(ctx.leadership, alerts=ctx.alerts)
     return 0
 
 

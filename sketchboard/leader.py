@@ -62,3 +62,16 @@ def lead(leadership: Leadership, *, alerts=None, sampler=None) -> Leadership:
 
     leadership.on_gain, leadership.on_lose = gain, lose
     return leadership
+
+
+def stand_down(leadership: Leadership, *, alerts=None) -> None:
+    """Shut the leader's work down and hand the lease over, in an order that lets the webhook flush
+    what it has queued: a notifier sends only while this replica leads, so the lease is released
+    last. First the lease thread stops (on_lose pauses the evaluator: nothing new is queued) while
+    the lease, no longer renewed, stays this replica's until its ttl; then the alert service stops,
+    its notifiers flushing meanwhile (what the ttl cuts short is the next leader's to send); then
+    the lease is released so that another replica takes over at once."""
+    leadership.stop(release=False)
+    if alerts is not None:
+        alerts.stop()
+    leadership.stop()

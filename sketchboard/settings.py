@@ -340,8 +340,16 @@ class Settings(BaseSettings):
     @field_validator("alert_webhook_url")
     @classmethod
     def _webhook_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"https?://[^/\s?#]+", value.strip()):
-            raise ValueError("must be an http:// or https:// URL with a host")
+        # The notifier's own check (a URL accepted here and refused there failed only when the API
+        # started, with a traceback); the value is stripped, as a variable's stray blank is no part of it.
+        if value is None:
+            return None
+        from alerts.webhook import url_problem
+
+        value = value.strip()
+        problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("host")

@@ -20,6 +20,9 @@ a thread, recording every POST, and answering as a test scripts it.
 - `rx.delay_next(seconds, n=None)`: wait `seconds` before answering the next n requests
   (None: every request from now on). The request is recorded on arrival, so a client that
   times out still shows up in `requests`.
+- `rx.trickle_next(seconds, n=None)`: answer the next n requests' headers at once, then their
+  body one byte every `seconds` (a receiver that is slow in its answer, never idle long enough
+  for a per-read timeout).
 - `rx.wait_for(predicate, timeout)`: wait until predicate(requests) is truthy and return the
   requests; on timeout an AssertionError that shows what arrived.
 
@@ -60,6 +63,8 @@ class Receiver:
         self._fail_status = 200
         self._delay_s = 0.0
         self._delay_left: int | None = 0
+        self._trickle_s = 0.0
+        self._trickle_left: int | None = 0
         self._closed = threading.Event()  # wakes delayed answers at close
         if fail_first:
             self.fail_next(fail_first, fail_status)
@@ -82,6 +87,18 @@ class Receiver:
     def delay_next(self, seconds: float, n: int | None = None) -> None:
         with self._cond:
             self._delay_s, self._delay_left = seconds, n
+
+    def trickle_next(self, seconds: float, n: int | None = None) -> None:
+        with self._cond:
+            self._trickle_s, self._trickle_left = seconds, n
+
+    def _trickle(self) -> float:
+        with self._cond:
+            if not self._trickle_s or (self._trickle_left is not None and self._trickle_left <= 0):
+                return 0.0
+            if self._trickle_left is not None:
+                self._trickle_left -= 1
+            return self._trickle_s
 
     # -- what arrived ----------------------------------------------------------------------
 
@@ -159,12 +176,21 @@ class Receiver:
                 if delay and receiver._closed.wait(delay):
                     return
                 answer = json.dumps({"status": "ok" if status < 300 else "error"}).encode()
+                trickle = receiver._trickle()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(answer)))
                     self.end_headers()
-                    self.wfile.write(answer)
+                    if trickle:
+                        self.wfile.flush()
+                        for i in range(len(answer)):
+                            if receiver._closed.wait(trickle):
+                                return
+                            self.wfile.write(answer[i:i + 1])
+                            self.wfile.flush()
+                    else:
+                        self.wfile.write(answer)
                 except OSError:  # the client gave up (timed out) while we were delaying
                     self.close_connection = True
 

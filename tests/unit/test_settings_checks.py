@@ -352,6 +352,31 @@ def test_values_spark_or_a_socket_would_refuse_later_are_refused_at_start(name, 
         Settings()
 
 
+@pytest.mark.parametrize("url", ["http://alice:s3cret@", "http://:s3cret@", "http://h\x7f/", "https://exa mple.com/",
+                                 "http://127.0.0.1:99999/", "ftp://h/", "http:///x", " http://hook/", "HTTP://hook/",
+                                 "https://hook.example:8443/path?token=s3cret"])
+def test_the_settings_accept_exactly_the_webhook_urls_the_notifier_takes(url, monkeypatch, capsys):
+    """A URL the settings accepted but the notifier refused stopped the API at start with a
+    traceback that printed it, password included. Now both say the same, neither shows the URL,
+    and `check-config` refuses it as the API would; a stray blank around it is no part of it."""
+    from alerts.webhook import WebhookNotifier
+
+    try:
+        WebhookNotifier(url.strip()).close(0.1)
+        takes = True
+    except ValueError as exc:
+        assert "s3cret" not in str(exc)
+        takes = False
+    monkeypatch.setenv("SKETCHBOARD_ALERT_WEBHOOK_URL", url)
+    if takes:
+        assert Settings().alert_webhook_url == url.strip()
+        return
+    assert cli.main(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sketchboard: setting alert_webhook_url (SKETCHBOARD_ALERT_WEBHOOK_URL): ")
+    assert "s3cret" not in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4, 2]", "local-cluster[2, 1, 1024]",
                                     "spark://spark-master:7077", "spark://a:7077,b:7077", "spark://10.0.0.5:7077",
                                     "spark://[::1]:7077", "yarn", "k8s://https://k:6443", "k8s://k:6443"])

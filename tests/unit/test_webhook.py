@@ -8,11 +8,12 @@ import json
 import re
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
 
-from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan
+from alerts.dedup import GroupMemory, Plan, Why, coalesce, plan, with_undelivered
 from alerts.rules import parse_rule
 from alerts.states import AlertState, Notice, RuleNotices
 from alerts.webhook import NOT_ENDED, WebhookNotifier, rfc3339
@@ -157,6 +158,24 @@ def test_coalesce_keeps_the_newer_batch_and_older_resolutions():
 # -- the message and the notifier over real HTTP ---------------------------------------------
 
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def test_a_new_incident_after_a_resolution_given_up_on_is_resolved_first():
+    """The resolution of a (ended at 4 s) was given up on and a fires again (startsAt 5 s): the
+    receiver is told the old incident ended, with its own end, then that the new one fires. A
+    startsAt that moves without a resolution (a nodata spell that turned into firing) is no new
+    incident: the group is left as it is."""
+    g = Group()
+    g.evaluate(batch(firing("a"), firing("b")), now=0)
+    given_up = {"a": resolved("a", ends_at_ms=4_000)}
+    parts = with_undelivered(batch(firing("a", starts_at_ms=5_000), firing("b")), g.memory, given_up)
+    first = g.evaluate(parts[0], now=10)
+    assert sent(first) == [("b", "firing"), ("a", "resolved")] and first.alerts[1].ends_at_ms == 4_000
+    second = g.evaluate(parts[1], now=10)
+    assert second.why is Why.NEW and sent(second) == [("b", "firing"), ("a", "firing")]
+    moved = batch(firing("a", starts_at_ms=9_000), firing("b"), at_ms=20_000)
+    assert with_undelivered(moved, g.memory, {}) == [moved]
+    assert g.evaluate(moved, now=20).why is Why.DUPLICATE
 
 
 class Sleeps(list):
@@ -471,3 +490,164 @@ def test_only_the_lease_holder_notifies_and_a_new_holder_continues_from_the_stor
         b.close()
         assert [body["status"] for body in rx.delivered] == ["firing", "resolved"]
         assert b.stats()["sent"] == 1  # the resolution only
+
+
+class Stalled:
+    """Alert data where the demo's orders stream lags 600 s: a lag rule fires."""
+
+    def lag(self):
+        from alerts.outcome import StreamLagView
+
+        return {"orders": StreamLagView("STALL", "stalled", 600.0)}
+
+
+LAGGING = {"name": "lagging", "kind": "lag", "stream": "orders", "threshold": 60}
+
+
+def test_a_deleted_rules_resolution_given_up_on_is_sent_again(store_backend):
+    """A rule delivered as firing is deleted while the receiver is down: the resolution is given
+    up, but the next evaluation (of other rules) sends it again, since the notifier still
+    remembers the rule as firing at the receiver and the rule is gone; and so does the next
+    process, for a file rule whose removal's resolution was given up at start."""
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from store.alerts import AlertStore
+    from tests.api.conftest import CONFIG
+
+    catalog, clock = load_catalog(CONFIG), [1_800_000_000.0]
+    panes = store_backend.create()
+
+    def service(url: str):
+        store = AlertStore(store_backend.reopen(panes).side_db())
+        hook = notifier(url, memory_store=store, max_attempts=2, clock=lambda: clock[0])
+        return store, hook, AlertService(catalog, store, Stalled(), notifiers=[hook], clock=lambda: clock[0])
+
+    with Receiver() as rx:
+        store, hook, svc = service(rx.url)
+        svc.create(LAGGING)
+        svc.evaluate_due()
+        rx.wait_for(lambda reqs: len(reqs) == 1)
+        rx.fail_next(2, 503)
+        assert svc.delete("lagging")
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        deadline = time.monotonic() + 5
+        while hook.stats()["failed"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clock[0] += 10
+        svc.evaluate_due()  # no rule left to evaluate: the resolution goes out all the same
+        rx.wait_for(lambda reqs: len(reqs) == 4)
+        svc.stop()
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved"]
+        assert store.notifier_memory(rx.url) == {}
+
+        # A file rule, removed across a restart while the receiver is down: a later start sends it.
+        for rules, failing in (({"lagging": parse_rule(LAGGING, catalog)}, 0), ({}, 2), ({}, 0)):
+            rx.fail_next(failing, 503)
+            store, hook, svc = service(rx.url)
+            svc.sync_file(rules)
+            clock[0] += 10
+            svc.evaluate_due()
+            svc.stop()
+        assert [b["status"] for b in rx.delivered] == ["firing", "resolved", "firing", "resolved"]
+        assert store.notifier_memory(rx.url) == {}
+
+
+def test_the_api_s_shutdown_flushes_the_queue_before_handing_the_lease_over(store_backend):
+    """sketchboard/cli.py cmd_api ends with leader.stand_down(): a rule deleted just before the
+    shutdown gets its resolution, though a slow answer keeps it queued until the shutdown began
+    (the lease released first, the notifier would count it as standby); then the lease is free."""
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from sketchboard.leader import lead, stand_down
+    from store.alerts import AlertStore
+    from store.lease import Leadership, LeaseStore
+    from tests.api.conftest import CONFIG
+
+    catalog, panes = load_catalog(CONFIG), store_backend.create()
+    store = AlertStore(panes.side_db())
+    leadership = Leadership(LeaseStore(panes.side_db()), "api-leader", "a", ttl_s=2.0)
+    with Receiver() as rx:
+        hook = notifier(rx.url, memory_store=store, active=leadership.leading)
+        svc = AlertService(catalog, store, Stalled(), notifiers=[hook])
+        lead(leadership, alerts=svc)
+        leadership.start()
+        for name in ("a", "b"):
+            svc.create({**LAGGING, "name": name})
+        rx.wait_for(lambda reqs: len(reqs) == 2)
+        rx.delay_next(0.5, n=1)
+        svc.delete("a")  # in flight, slowly
+        svc.delete("b")  # queued behind it
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        stand_down(leadership, alerts=svc)
+        assert sorted((b["groupLabels"]["alertname"], b["status"]) for b in rx.delivered) == [
+            ("a", "firing"), ("a", "resolved"), ("b", "firing"), ("b", "resolved")]
+        assert hook.stats()["standby"] == 0
+    assert not leadership.leading() and leadership.holder().record.holder is None  # handed over at once
+
+
+@pytest.mark.parametrize("then_fires_again", [False, True])
+def test_a_resolution_given_up_on_keeps_its_end_and_comes_before_a_new_incident(then_fires_again):
+    """The resolution at 20 s is given up on. The next evaluation sends it with its own end (20 s,
+    not the evaluation's 30 s); and if the instance fires again by then (a new startsAt), the
+    resolution goes first and the new incident after it, not taken for the old one still firing."""
+    with Receiver() as rx:
+        n = notifier(rx.url, max_attempts=2)
+        n.observe(batch(firing("a", starts_at_ms=10_000), at_ms=10_000))
+        rx.wait_for(lambda reqs: len(reqs) == 1)
+        rx.fail_next(2, 503)
+        n.observe(batch(replace(resolved("a", ends_at_ms=20_000), starts_at_ms=10_000), at_ms=20_000))
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        n.observe(batch(*([firing("a", starts_at_ms=30_000)] if then_fires_again else []), at_ms=30_000))
+        n.close()
+        got = [[(a["status"], ms_of(a["startsAt"]), a["endsAt"]) for a in body["alerts"]] for body in rx.delivered]
+    expected = [[("firing", 10_000, NOT_ENDED)], [("resolved", 10_000, rfc3339(20_000))]]
+    if then_fires_again:
+        expected.append([("firing", 30_000, NOT_ENDED)])
+    assert got == expected
+
+
+def test_a_replica_that_loses_the_lease_mid_retry_stops_retrying(store_backend):
+    """Replica a's first attempt fails; while it backs off, b takes the lease and sees the alert
+    resolved (it never heard of it firing: nothing to send). a must not retry (its late firing
+    would never be resolved by anyone) nor write what it remembers into the shared store."""
+    from store.alerts import AlertStore
+
+    panes, leader, backing_off, woken = store_backend.create(), ["a"], threading.Event(), threading.Event()
+
+    def backoff(seconds: float) -> None:
+        backing_off.set()
+        woken.wait(5)
+
+    with Receiver(fail_first=1) as rx:
+        a = notifier(rx.url, memory_store=AlertStore(panes.side_db()), sleep=backoff,
+                     active=lambda: leader[0] == "a")
+        b = notifier(rx.url, memory_store=AlertStore(store_backend.reopen(panes).side_db()),
+                     active=lambda: leader[0] == "b")
+        a.observe(batch(firing("x")))
+        assert backing_off.wait(5)
+        leader[0] = "b"
+        b.reload_memory()
+        b.observe(batch(resolved("x"), at_ms=20_000))
+        b.close()
+        woken.set()
+        a.close()
+        assert [r.status for r in rx.requests] == [503]
+    assert a.stats()["standby"] == 1 and a.stats()["sent"] == 0
+    assert AlertStore(store_backend.reopen(panes).side_db()).notifier_memory(rx.url) == {}
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_timeout():
+    """Headers at once, then one byte of the body every 0.15 s: every read is well inside the 0.4 s
+    timeout, but the attempt as a whole is not, and the other rules must not wait behind it."""
+    with Receiver() as rx:
+        rx.trickle_next(0.15, n=1)
+        n = notifier(rx.url, timeout_s=0.4)
+        started = time.monotonic()
+        n.observe(batch(firing("a"), rule="slow"))
+        n.observe(batch(firing("a"), rule="other"))
+        rx.wait_for(lambda reqs: len(reqs) == 3)
+        took = time.monotonic() - started
+        n.close()
+    assert took < 1.5  # the trickled answer (16 bytes: 2.4 s) was not waited for
+    assert (n.stats()["sent"], n.stats()["retried"]) == (2, 1)
+    assert "timed out after 0.4 s" in n.stats()["last_error"]
