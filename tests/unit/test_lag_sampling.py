@@ -461,3 +461,47 @@ def test_a_replica_with_a_clock_ahead_of_the_samplers_judges_samples_on_the_samp
     assert report.verdict.status == LagStatus.ERR and "sampler is not running" in report.verdict.reason
     sampler.active = lambda: True  # this replica leads: its own sampler's clock is its own
     assert ahead.report().verdict.status == LagStatus.ERR  # 60 s ahead of what its sampler wrote: stale
+
+
+def test_a_pipeline_started_from_the_logs_end_is_caught_up_there_before_its_first_commit(tmp_path, demo_catalog,
+                                                                                           store_backend):
+    """A pipeline started `--from latest` that had read nothing new had no committed offset, so
+    its position was the log's start: the whole log before its start was its lag, and its status
+    STOP. Its pinned start, recorded in the consumer registry, is its position until it commits."""
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+    from store.namespace import ROOT
+
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(demo_catalog.streams["orders"])
+    store = store_backend.create()
+    registry = ConsumerRegistry(store.side_db())
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
+    clock = FakeClock(T0_S)
+    append(log, demo_catalog, 6, int(clock.now * 1000) - 5_000)
+    ends = {"orders": {p: o.end for p, o in log.offsets("orders").items()}}
+    for name, namespace in (("main", ROOT), ("late", "late")):
+        registry.register(name, namespace, "latest", int(clock.now * 1000))
+        registry.record_start(name, ends)
+    registry.record_start("late", {"orders": {0: 0}})  # a pinned start never changes: the first is kept
+    assert registry.starts("late") == ends
+    sampler = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main", registry), lag_store, pipeline="main",
+                         streams=["orders"], interval_s=1.0, clock=clock,
+                         others=lambda: {"late": RegistryCommitted(registry, "late")})
+    monitor = LagMonitor(lag_store, "main", lambda: [("orders", p) for p in log.offsets("orders")], window=3,
+                         interval_s=1.0, clock=clock, sampler=sampler, registry=registry)
+    for _ in range(4):
+        sampler.sample_and_store()
+        clock.now += 1
+    for name in ("main", "late"):
+        report = monitor.report(pipeline=name)
+        assert (report.verdict.status, report.lag_events) == (LagStatus.OK, 0), report.verdict.reason
+    append(log, demo_catalog, 3, int(clock.now * 1000))  # what came after its start is its lag
+    sampler.sample_and_store()
+    assert monitor.report(pipeline="late").lag_events == 3
+    registry.record_commit("late", 0, int(clock.now * 1000), {"orders": {0: 0}})  # a commit takes over
+    assert RegistryCommitted(registry, "late").committed().offsets["orders"][0] == 0
+    registry.forget("late")
+    assert registry.starts("late") == {}
+    for closing in (registry, lag_store, log):
+        closing.close()
