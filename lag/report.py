@@ -58,6 +58,14 @@ class LagMonitor:
         name = pipeline or self.pipeline
         return self._report(name, self._read_by(name, self._partitions(stream)))
 
+    def message(self, stream: str | None = None) -> dict:
+        """The websocket `lag` message, also GET /api/v1/lag's body without its series and
+        consumers: the report, the evaluation window and the sampler's last error."""
+        body = self.report(stream).to_message()
+        body["window"] = {"samples": self.window, "interval_seconds": self.interval_s, "seconds": self.window_ms / 1000}
+        body["sampler_error"] = self.sampler_error
+        return body
+
     def _partitions(self, stream: str | None) -> list[tuple[str, int]]:
         # The log's partitions: on Kafka a request to the brokers, so asked once per answer.
         return [k for k in self.partitions() if stream is None or k[0] == stream]

@@ -128,6 +128,37 @@ def test_lag_feed_sends_one_message_per_round(parts, demo_catalog):
     assert len(feed.poll()) == 1
 
 
+def test_lag_feed_says_err_when_the_sampler_stops(parts, demo_catalog):
+    """The feed sent only on a new round, and a stopped sampler writes none: GET /api/v1/lag and
+    /metrics said ERR while the dashboard (which reads only the feed) kept its last OK."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    feed = LagFeed(monitor)
+    sampler.sample_and_store()
+    (message,) = feed.poll()
+    assert message["status"] == "OK"
+    sent = []
+    for _ in range(20):  # 10 s with no round, looked at every half second
+        clock.now += 0.5
+        sent += feed.poll()
+    assert [m["status"] for m in sent] == ["ERR"]  # once, when it turned ERR (its reason's age changes: not again)
+    assert "the sampler is not running" in sent[0]["reason"]
+    sampler.last_error = "database is locked"  # the sampler's error changed: the feed says so
+    clock.now += 1
+    (message,) = feed.poll()
+    assert (message["status"], message["sampler_error"]) == ("ERR", "database is locked")
+    assert feed.poll() == []
+
+
+def test_lag_feed_message_has_the_rest_bodys_keys_but_the_series(parts, demo_catalog):
+    """docs/lag.md: the websocket message has the same body as GET /api/v1/lag without the series;
+    it lacked `window` and `sampler_error`."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    sampler.sample_and_store()
+    (message,) = LagFeed(monitor).poll()
+    assert message["window"] == {"samples": 3, "interval_seconds": 1.0, "seconds": 3.0}
+    assert "sampler_error" in message and message["sampler_error"] is None
+
+
 def test_sampler_thread_samples_on_its_interval_and_survives_errors(parts, demo_catalog):
     log, store, lag_store, sampler, monitor, clock = parts
     import time
