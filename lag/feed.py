@@ -18,15 +18,16 @@ class LagFeed:
 
     def __init__(self, monitor: LagMonitor):
         self.monitor = monitor
-        self._last_at_ms: int | None = None
+        self._last_round: int | None = None  # the newest round sent (write order: store/lag.py round_seq)
         self._last_verdict: tuple[str, str | None] | None = None  # (status, sampler_error) last sent
         self._last_look: float | None = None  # the monitor's clock at the last report made
 
     def poll(self) -> list[dict]:
-        newest = self.monitor.store.newest_at_ms(self.monitor.pipeline)
+        # A new round by write order, not by time: a new leader's clock may be behind the old one's.
+        newest = self.monitor.store.newest_round(self.monitor.pipeline)
         if newest is None:
             return []
-        new_round = newest != self._last_at_ms
+        new_round = newest != self._last_round
         now = self.monitor.clock()  # (a clock set back looks at once: never a feed stuck until it catches up)
         if not new_round and self._last_look is not None and 0 <= now - self._last_look < self.monitor.interval_s:
             return []
@@ -35,7 +36,7 @@ class LagFeed:
         verdict = (message["status"], message["sampler_error"])
         if not new_round and verdict == self._last_verdict:
             return []
-        self._last_at_ms, self._last_verdict = newest, verdict
+        self._last_round, self._last_verdict = newest, verdict
         if self.monitor.registry is not None:  # fan-out: every consumer of the log, for the lag panel's table
             message["consumers"] = self.monitor.consumers()
         return [message]

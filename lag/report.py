@@ -115,7 +115,9 @@ class LagMonitor:
     def _sampler_now_ms(self, pipeline: str, samples: Mapping[object, Sequence]) -> int:
         """Now on the sampler's clock (see the module's doc)."""
         local = int(self.clock() * 1000)
-        newest = max((s.at_ms for partition in samples.values() for s in partition), default=None)
+        # The newest round's time in write order (a new leader's clock may be behind the previous one's).
+        newest_sample = max((s for partition in samples.values() for s in partition), key=lambda s: s.order, default=None)
+        newest = None if newest_sample is None else newest_sample.at_ms
         mono = self.monotonic()
         with self._seen_lock:
             seen = self._seen.get(pipeline)

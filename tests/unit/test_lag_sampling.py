@@ -536,3 +536,48 @@ def test_a_pipeline_started_from_the_logs_end_is_caught_up_there_before_its_firs
     assert registry.starts("late") == {}
     for closing in (registry, lag_store, log):
         closing.close()
+
+
+def test_rounds_are_ordered_by_write_order_not_by_the_writers_clock(parts, demo_catalog):
+    """After a leader failover to a replica whose clock is behind, the old leader's rounds were
+    the newest by at_ms: lag froze at its numbers, and the feed sent nothing, for as long as the
+    clock gap."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    old_leader = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
+                            streams=["orders"], interval_s=1.0, clock=FakeClock(T0_S + 60))  # its clock 60 s ahead
+    feed = LagFeed(monitor)
+    for _ in range(3):
+        old_leader.sample_and_store()
+        old_leader.clock.now += 1
+    assert len(feed.poll()) == 1
+    append(log, demo_catalog, 40, int(clock.now * 1000))
+    sampler.sample_and_store()  # this replica leads now, its clock 60 s behind
+    report = monitor.report("orders")
+    assert report.lag_events == 40 and report.verdict.status == LagStatus.OK
+    assert lag_store.newest_at_ms("main") == int(clock.now * 1000)
+    (message,) = feed.poll()
+    assert message["lag_events"] == 40
+    clock.now += 1
+    append(log, demo_catalog, 2, int(clock.now * 1000))
+    sampler.sample_and_store()
+    assert [m["lag_events"] for m in feed.poll()] == [42]
+
+
+def test_a_lag_store_from_before_numbered_rounds_is_upgraded(store_backend):
+    """Its samples are kept, as round 0: older than any round written after the upgrade."""
+    store = store_backend.create()
+    db = store.side_db()
+    db.execute("DROP TABLE IF EXISTS lag_samples")  # (a PostgreSQL store may have made today's already)
+    db.create("""CREATE TABLE lag_samples (pipeline TEXT NOT NULL, stream TEXT NOT NULL, partition INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL, log_start INTEGER NOT NULL, log_end INTEGER NOT NULL, committed INTEGER,
+        last_commit_ms INTEGER, lag_events INTEGER NOT NULL, lag_ms INTEGER,
+        PRIMARY KEY (pipeline, stream, partition, at_ms))""")
+    t = int(T0_S * 1000)
+    db.execute("INSERT INTO lag_samples VALUES ('main', 'orders', 0, ?, 0, 10, 5, ?, 5, 0)", (t + 60_000, t))
+    lag_store = LagStore(db, retention_ms=600_000)
+    assert lag_store.newest_round("main") == 0
+    lag_store.write([LagSample("main", "orders", 0, t, 0, 12, 12, t)])  # a writer whose clock is behind
+    assert lag_store.newest_round("main") == 1 and lag_store.newest_at_ms("main") == t
+    assert [(s.at_ms, s.round_seq) for s in lag_store.recent("main", 2)[("orders", 0)]] == [(t + 60_000, 0), (t, 1)]
+    lag_store.close()
+    LagStore(store.side_db()).close()  # opened again: nothing to upgrade
