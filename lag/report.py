@@ -38,6 +38,10 @@ class LagMonitor:
     # on its stream and what it needs, not on streams it never reads (the sampler's `reads`).
     reads: Callable[[str], Collection[str] | None] | None = None
     monotonic: Callable[[], float] = time.monotonic
+    # The serving pipeline's pane store (last_batch_id / last_commit_ms): its batches are committed
+    # there, not copied into the registry, so its row in `consumers` reads them from it. None: from
+    # its samples (the commit time only).
+    pane_store: object | None = None
     # Per pipeline: (the newest sample time seen, this replica's monotonic time when it was first seen)
     _seen: dict[str, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
     _seen_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -95,7 +99,10 @@ class LagMonitor:
                                            "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
                                            "group_commits_failed": 0, "group_commit_error": None}
             lag = self._report(name, read)
-            if record["last_commit_ms"] is None:  # the serving pipeline's: from its samples (the store's)
+            if name == self.pipeline and self.pane_store is not None:  # the serving pipeline's: the store's own
+                record = {**record, "last_batch_id": self.pane_store.last_batch_id(name),
+                          "last_commit_ms": self.pane_store.last_commit_ms(name)}
+            elif record["last_commit_ms"] is None:  # else from its samples (the store's, when sampled)
                 known = [p.latest.last_commit_ms for s in lag.streams.values() for p in s.partitions.values()
                          if p.latest and p.latest.last_commit_ms is not None]
                 record = {**record, "last_commit_ms": max(known, default=None)}

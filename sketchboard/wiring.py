@@ -171,7 +171,8 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
         return [(name, p) for name in catalog.streams for p in source.end_offsets(name)]
 
     return LagMonitor(lag_store, settings.pipeline_name, partitions, window=settings.lag_window,
-                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry, reads=reads)
+                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry, reads=reads,
+                      pane_store=store)
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,

@@ -94,6 +94,7 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     registry.register("audit", "audit", "latest", NOW_MS)
     sampler.others = lambda: {"audit": RegistryCommitted(registry, "audit")}
     ctx.lag.registry = registry
+    ctx.lag.pane_store = ctx.store  # as build_lag_monitor wires it
     post_orders(client, 12, NOW_MS)
     ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
     ctx.store.commit_batch(BatchCommit("main", 0, [], 12, {}, {"orders": ends}), lateness_ms={}, now_ms=ctx.now_ms())
@@ -107,6 +108,8 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     main, audit = body["consumers"]
     assert (main["name"], main["serving"], main["namespace"], main["status"]) == ("main", True, None, "OK")
     assert main["last_commit_ms"] is not None
+    # Its batch id too, from its store (it copies nothing into the registry): it was always null.
+    assert main["last_batch_id"] == 0 and main["last_commit_ms"] == ctx.store.last_commit_ms("main")
     assert (audit["name"], audit["serving"], audit["namespace"], audit["started_from"]) == \
         ("audit", False, "audit", "latest")
     assert audit["lag_events"] == sum(ends.values()) - sum(half.values()) > 0
