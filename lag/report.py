@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lag.model import PipelineLag
+from lag.model import PipelineLag, Verdict
 from lag.status import evaluate
+from store.lag import LagStatus
 
 
 @dataclass
@@ -60,7 +61,10 @@ class LagMonitor:
     def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag:
         """The lag of this pipeline, or of another consumer of the log."""
         name = pipeline or self.pipeline
-        return self._report(name, self._read_by(name, self._partitions(stream)))
+        wanted = self._partitions(stream)
+        read = self._read_by(name, wanted)
+        gone = self._reads_nothing_configured(name, wanted) if stream is None and not read else None
+        return gone or self._report(name, read)
 
     def message(self, stream: str | None = None) -> dict:
         """The websocket `lag` message, also GET /api/v1/lag's body without its series and
@@ -78,6 +82,17 @@ class LagMonitor:
         streams = None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
         return wanted if streams is None else [k for k in wanted if k[0] in streams]
 
+    def _reads_nothing_configured(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag | None:
+        """A reprocessing run none of whose streams is in the configuration any more (its stream
+        removed): listed by GET /api/v1/lag and /metrics alike, ERR with the reason, as long as its
+        registry entry is there (until its output is dropped); None for any other consumer."""
+        streams = None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
+        if streams is None or {s for s, _ in wanted} & set(streams):
+            return None
+        reason = (f"reads {', '.join(sorted(streams))}, no longer in the configuration: nothing to sample"
+                  f" (its output is kept until dropped: POST /api/v1/reprocess/{pipeline}/drop)")
+        return PipelineLag(pipeline, int(self.clock() * 1000), Verdict(LagStatus.ERR, reason))
+
     def _report(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag:
         samples = self.store.recent(pipeline, self.window, wanted)
         now_ms = self._sampler_now_ms(pipeline, samples)
@@ -93,12 +108,12 @@ class LagMonitor:
         out = []
         for name in names:
             read = self._read_by(name, wanted)
-            if wanted and not read:  # asked about a stream this consumer does not read
+            if stream is not None and wanted and not read:  # asked about a stream this consumer does not read
                 continue
             record = records.get(name) or {"name": name, "namespace": None, "started_from": None,
                                            "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
                                            "group_commits_failed": 0, "group_commit_error": None}
-            lag = self._report(name, read)
+            lag = (None if read else self._reads_nothing_configured(name, wanted)) or self._report(name, read)
             if name == self.pipeline and self.pane_store is not None:  # the serving pipeline's: the store's own
                 record = {**record, "last_batch_id": self.pane_store.last_batch_id(name),
                           "last_commit_ms": self.pane_store.last_commit_ms(name)}

@@ -127,6 +127,38 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     registry.close()
 
 
+def test_a_run_whose_stream_was_removed_is_listed_as_err_in_rest_and_metrics_alike(client, ctx, lagged, tmp_path):
+    """GET /api/v1/lag left it out of `consumers` while /metrics reported it ERR: one rule now,
+    listed in both with the reason, until its output is dropped."""
+    from aggregates.reprocess import streams_read
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+    from store.definitions import DefinitionStore
+
+    sampler = lagged
+    registry = ConsumerRegistry(tmp_path / "store.db")
+    definitions = DefinitionStore(tmp_path / "store.db")
+    run = "reprocess-legacy-0123abcd"  # a run of stream 'legacy', since removed from the configuration
+    registry.register("main", "", "earliest", NOW_MS)
+    registry.register(run, run, "earliest", NOW_MS + 1)
+    registry.record_commit(run, 3, NOW_MS, {"legacy": {0: 10}})
+    ctx.lag.registry = registry
+    ctx.lag.reads = sampler.reads = lambda p: streams_read(definitions, registry, p)
+    sampler.others = lambda: {run: RegistryCommitted(registry, run)}
+    sampler.sample_and_store()
+    consumers = {c["name"]: c for c in client.get("/api/v1/lag").json()["consumers"]}
+    assert set(consumers) == {"main", run}
+    assert consumers[run]["status"] == "ERR" and "legacy, no longer in the configuration" in consumers[run]["reason"]
+    assert consumers[run]["last_batch_id"] == 3 and consumers[run]["streams"] == {}
+    assert [c["name"] for c in client.get("/api/v1/lag", params={"stream": "orders"}).json()["consumers"]] == ["main"]
+    metrics = families(client.get("/metrics").text)
+    codes = {s.labels["pipeline"]: s.value for s in metrics["sketchboard_pipeline_lag_status_code"].samples}
+    assert codes[run] == 5
+    assert ctx.lag.report(pipeline=run).verdict.reason == consumers[run]["reason"]
+    registry.close()
+    definitions.close()
+
+
 def test_lag_parameters_are_checked(client, lagged):
     assert client.get("/api/v1/lag", params={"stream": "nope"}).status_code == 404
     r = client.get("/api/v1/lag", params={"from": "yesterday"})
