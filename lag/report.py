@@ -26,7 +26,7 @@ class LagMonitor:
     """Reads the lag store and evaluates the status window. Shared by GET /api/v1/lag,
     /metrics and the websocket `lag` feed, so all three say the same thing."""
 
-    store: object  # store.lag.SqliteLagStore (or anything with recent/series/newest_at_ms)
+    store: object  # store.lag.LagStore (or anything with recent/series/newest_at_ms/newest_round)
     pipeline: str
     partitions: Callable[[], Iterable[tuple[str, int]]]  # the partitions that must be reported
     window: int = 10
