@@ -467,6 +467,8 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         start = with_starts(logged(planned[-1]), starts) if planned else first_start()
         if not planned:
             own.pin_start(start)
+            # Its position until a batch commits: a `latest` start that finds nothing new commits none.
+            pipeline.notify_start(own.pinned_start() or start)
         end = plan(start)
         if end is None:
             break

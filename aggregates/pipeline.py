@@ -131,6 +131,9 @@ class Pipeline(ReportsStoreErrors):
         self.commit_listeners: list[CommitListener] = []
         self.copies = CommitCopies(self.commit_listeners)  # a failed copy made again while idle
         self.listener_failures = 0
+        # Called with where the query starts (batch 0's start) once it is pinned: the consumer
+        # registry's record of it, the pipeline's position for lag until it commits (store/consumers.py).
+        self.start_listeners: list[Callable[[dict[str, dict[int, int]]], None]] = []
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
@@ -345,11 +348,8 @@ class Pipeline(ReportsStoreErrors):
         c = self.config
         if batch_id > 0:
             start = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id - 1)
-        elif c.kafka is None:  # the embedded source pins where the query started
-            start = initial_offsets(c.checkpoint_dir)
-        else:  # Spark's Kafka source logs it in its own file
-            logged = checkpointed_kafka_start(c.checkpoint_dir)
-            start = stream_offsets(logged, topics_of(self.catalog, c.kafka.topic_prefix))
+        else:
+            start = self.pinned_start()
         end = batch_end_offsets(c, self.catalog, c.checkpoint_dir, batch_id)
         new = {s for s, parts in end.items() for p in parts if p not in start.get(s, {})}
         if start and new:  # (no start at all is unknown, not "the log's start": a query may start at its end)
@@ -399,6 +399,26 @@ class Pipeline(ReportsStoreErrors):
         self.catalog = catalog
         self.patterns = PatternRunner(catalog, self.store, kll_k=self.config.kll_k)
         configure_tiers(self.store, catalog, self.clock)
+
+    def pinned_start(self) -> dict[str, dict[int, int]]:
+        """Where the query started (batch 0's start) as its checkpoint keeps it; empty before it is pinned."""
+        c = self.config
+        if c.kafka is None:  # the embedded source pins where the query started
+            return initial_offsets(c.checkpoint_dir)
+        # Spark's Kafka source logs it in its own file
+        return stream_offsets(checkpointed_kafka_start(c.checkpoint_dir), topics_of(self.catalog, c.kafka.topic_prefix))
+
+    def notify_start(self, start: Mapping[str, Mapping[int, int]]) -> None:
+        """Tell the start listeners where the query started (nothing when not pinned yet); one that
+        fails is logged and counted, as a commit listener is: a copy, never the source of truth."""
+        if not start:
+            return
+        for listener in self.start_listeners:
+            try:
+                listener({s: dict(parts) for s, parts in start.items()})
+            except Exception as exc:  # noqa: BLE001 - a copy of the start failed, not the pipeline
+                self.listener_failures += 1
+                log.warning("recording where the query started failed: %s", exc)
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
         self.listener_failures += self.copies.notify(batch_id, end_offsets, at_ms)

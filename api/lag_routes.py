@@ -73,11 +73,8 @@ def router(ctx: ApiContext) -> APIRouter:
             # 'to' = now must include a sample taken at this very millisecond.
             samples = monitor.store.series(monitor.pipeline, start_ms, end_ms + (1 if end_ms == now else 0),
                                            stream=stream, limit=MAX_SAMPLES)
-            body = monitor.report(stream).to_message()
+            body = monitor.message(stream)  # the websocket `lag` message's body (lag/feed.py)
             del body["type"]
-            body["window"] = {"samples": monitor.window, "interval_seconds": monitor.interval_s,
-                              "seconds": monitor.window_ms / 1000}
-            body["sampler_error"] = monitor.sampler_error
             body["consumers"] = monitor.consumers(stream)
             body["series"] = {"from_ms": start_ms, "to_ms": end_ms, "truncated": len(samples) >= MAX_SAMPLES,
                               **series_json(samples)}

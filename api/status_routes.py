@@ -57,13 +57,17 @@ def leader_status(ctx: ApiContext) -> dict | None:
 
 def pipeline_status(ctx: ApiContext) -> dict:
     progress = ctx.store.progress(ctx.pipeline_name)
+    # Before its first commit of a partition, the pipeline is where its first run started (pinned,
+    # recorded in the consumer registry), not at the log's start: as the lag sampler sees it.
+    registry = ctx.lag.registry if ctx.lag is not None else None
+    started = registry.starts(ctx.pipeline_name) if registry is not None else {}
     now = ctx.now_ms()
     streams = {}
     sessioned = [n for n, s in ctx.catalog.streams.items() if s.sessions is not None and not s.derived_from]
     open_sessions = ctx.store.session_sizes() if sessioned else {}
     for name in ctx.catalog.streams:
         offsets = ctx.log.offsets(name)
-        committed = progress.end_offsets.get(name, {})
+        committed = {**started.get(name, {}), **progress.end_offsets.get(name, {})}
         s = progress.streams.get(name)
         lateness = ctx.catalog.streams[name].allowed_lateness
         marks = s.partitions if s else {}

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lag.model import PipelineLag
+from lag.model import PipelineLag, Verdict
 from lag.status import evaluate
+from store.lag import LagStatus
 
 
 @dataclass
@@ -25,7 +26,7 @@ class LagMonitor:
     """Reads the lag store and evaluates the status window. Shared by GET /api/v1/lag,
     /metrics and the websocket `lag` feed, so all three say the same thing."""
 
-    store: object  # store.lag.SqliteLagStore (or anything with recent/series/newest_at_ms)
+    store: object  # store.lag.LagStore (or anything with recent/series/newest_at_ms/newest_round)
     pipeline: str
     partitions: Callable[[], Iterable[tuple[str, int]]]  # the partitions that must be reported
     window: int = 10
@@ -38,6 +39,10 @@ class LagMonitor:
     # on its stream and what it needs, not on streams it never reads (the sampler's `reads`).
     reads: Callable[[str], Collection[str] | None] | None = None
     monotonic: Callable[[], float] = time.monotonic
+    # The serving pipeline's pane store (last_batch_id / last_commit_ms): its batches are committed
+    # there, not copied into the registry, so its row in `consumers` reads them from it. None: from
+    # its samples (the commit time only).
+    pane_store: object | None = None
     # Per pipeline: (the newest sample time seen, this replica's monotonic time when it was first seen)
     _seen: dict[str, tuple[int, float]] = field(default_factory=dict, init=False, repr=False)
     _seen_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -56,7 +61,18 @@ class LagMonitor:
     def report(self, stream: str | None = None, pipeline: str | None = None) -> PipelineLag:
         """The lag of this pipeline, or of another consumer of the log."""
         name = pipeline or self.pipeline
-        return self._report(name, self._read_by(name, self._partitions(stream)))
+        wanted = self._partitions(stream)
+        read = self._read_by(name, wanted)
+        gone = self._reads_nothing_configured(name, wanted) if stream is None and not read else None
+        return gone or self._report(name, read)
+
+    def message(self, stream: str | None = None) -> dict:
+        """The websocket `lag` message, also GET /api/v1/lag's body without its series and
+        consumers: the report, the evaluation window and the sampler's last error."""
+        body = self.report(stream).to_message()
+        body["window"] = {"samples": self.window, "interval_seconds": self.interval_s, "seconds": self.window_ms / 1000}
+        body["sampler_error"] = self.sampler_error
+        return body
 
     def _partitions(self, stream: str | None) -> list[tuple[str, int]]:
         # The log's partitions: on Kafka a request to the brokers, so asked once per answer.
@@ -65,6 +81,17 @@ class LagMonitor:
     def _read_by(self, pipeline: str, wanted: list[tuple[str, int]]) -> list[tuple[str, int]]:
         streams = None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
         return wanted if streams is None else [k for k in wanted if k[0] in streams]
+
+    def _reads_nothing_configured(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag | None:
+        """A reprocessing run none of whose streams is in the configuration any more (its stream
+        removed): listed by GET /api/v1/lag and /metrics alike, ERR with the reason, as long as its
+        registry entry is there (until its output is dropped); None for any other consumer."""
+        streams = None if pipeline == self.pipeline or self.reads is None else self.reads(pipeline)
+        if streams is None or {s for s, _ in wanted} & set(streams):
+            return None
+        reason = (f"reads {', '.join(sorted(streams))}, no longer in the configuration: nothing to sample"
+                  f" (its output is kept until dropped: POST /api/v1/reprocess/{pipeline}/drop)")
+        return PipelineLag(pipeline, int(self.clock() * 1000), Verdict(LagStatus.ERR, reason))
 
     def _report(self, pipeline: str, wanted: list[tuple[str, int]]) -> PipelineLag:
         samples = self.store.recent(pipeline, self.window, wanted)
@@ -81,13 +108,16 @@ class LagMonitor:
         out = []
         for name in names:
             read = self._read_by(name, wanted)
-            if wanted and not read:  # asked about a stream this consumer does not read
+            if stream is not None and wanted and not read:  # asked about a stream this consumer does not read
                 continue
             record = records.get(name) or {"name": name, "namespace": None, "started_from": None,
                                            "registered_at_ms": None, "last_batch_id": None, "last_commit_ms": None,
                                            "group_commits_failed": 0, "group_commit_error": None}
-            lag = self._report(name, read)
-            if record["last_commit_ms"] is None:  # the serving pipeline's: from its samples (the store's)
+            lag = (None if read else self._reads_nothing_configured(name, wanted)) or self._report(name, read)
+            if name == self.pipeline and self.pane_store is not None:  # the serving pipeline's: the store's own
+                record = {**record, "last_batch_id": self.pane_store.last_batch_id(name),
+                          "last_commit_ms": self.pane_store.last_commit_ms(name)}
+            elif record["last_commit_ms"] is None:  # else from its samples (the store's, when sampled)
                 known = [p.latest.last_commit_ms for s in lag.streams.values() for p in s.partitions.values()
                          if p.latest and p.latest.last_commit_ms is not None]
                 record = {**record, "last_commit_ms": max(known, default=None)}
@@ -107,7 +137,9 @@ class LagMonitor:
     def _sampler_now_ms(self, pipeline: str, samples: Mapping[object, Sequence]) -> int:
         """Now on the sampler's clock (see the module's doc)."""
         local = int(self.clock() * 1000)
-        newest = max((s.at_ms for partition in samples.values() for s in partition), default=None)
+        # The newest round's time in write order (a new leader's clock may be behind the previous one's).
+        newest_sample = max((s for partition in samples.values() for s in partition), key=lambda s: s.order, default=None)
+        newest = None if newest_sample is None else newest_sample.at_ms
         mono = self.monotonic()
         with self._seen_lock:
             seen = self._seen.get(pipeline)

@@ -52,16 +52,30 @@ class CommittedReader(Protocol):
     def committed(self) -> Committed: ...
 
 
-class StoreCommitted:
-    """The committed offsets of a pipeline from the pane store (`PaneStore.progress`)."""
+def with_start(committed: Mapping[str, Mapping[int, int]],
+               start: Mapping[str, Mapping[int, int]]) -> dict[str, dict[int, int]]:
+    """Committed offsets, and where a partition has none yet, where the pipeline's first run
+    started (its pinned start): a pipeline started from the log's end that has read nothing new
+    is caught up there, not behind by the whole log before its start."""
+    out = {stream: dict(parts) for stream, parts in start.items()}
+    for stream, parts in committed.items():
+        out.setdefault(stream, {}).update(parts)
+    return out
 
-    def __init__(self, store, pipeline: str):
+
+class StoreCommitted:
+    """The committed offsets of a pipeline from the pane store (`PaneStore.progress`); before it
+    commits a partition, its recorded start there (`registry`: store.consumers.ConsumerRegistry)."""
+
+    def __init__(self, store, pipeline: str, registry=None):
         self.store = store
         self.pipeline = pipeline
+        self.registry = registry
 
     def committed(self) -> Committed:
         progress = self.store.progress(self.pipeline)
-        return Committed(progress.end_offsets, progress.last_commit_ms)
+        start = self.registry.starts(self.pipeline) if self.registry is not None else {}
+        return Committed(with_start(progress.end_offsets, start), progress.last_commit_ms)
 
 
 class OffsetTimeTable:
@@ -107,7 +121,8 @@ class OffsetTimeTable:
 
 class RegistryCommitted:
     """The committed offsets of a named pipeline other than the serving one, as it copies them
-    into the consumer registry after each commit (store/consumers.py)."""
+    into the consumer registry after each commit (store/consumers.py); before it commits a
+    partition, its recorded start there."""
 
     def __init__(self, registry, pipeline: str):
         self.registry = registry
@@ -115,4 +130,4 @@ class RegistryCommitted:
 
     def committed(self) -> Committed:
         last = next((c.last_commit_ms for c in self.registry.consumers() if c.pipeline == self.pipeline), None)
-        return Committed(self.registry.offsets(self.pipeline), last)
+        return Committed(with_start(self.registry.offsets(self.pipeline), self.registry.starts(self.pipeline)), last)

@@ -38,7 +38,7 @@ def evaluate_partition(samples: Sequence[LagSample], *, now_ms: int, window: int
         raise ValueError(f"window must be >= 1 sample and window_ms > 0 (got {window}, {window_ms})")
     if not samples:
         return Verdict(LagStatus.ERR, "no lag samples: the sampler has not run or cannot read the log")
-    w = sorted(samples, key=lambda s: s.at_ms)[-window:]
+    w = sorted(samples, key=lambda s: s.order)[-window:]  # rounds in write order (store/lag.py)
     first, last = w[0], w[-1]
     age = now_ms - last.at_ms
     if age > window_ms:
@@ -101,7 +101,7 @@ def evaluate(pipeline: str, samples: Mapping[tuple[str, int], Sequence[LagSample
     keys = set(samples) | set(partitions)
     by_stream: dict[str, dict[int, PartitionLag]] = {}
     for stream, partition in sorted(keys):
-        window_samples = sorted(samples.get((stream, partition), ()), key=lambda s: s.at_ms)
+        window_samples = sorted(samples.get((stream, partition), ()), key=lambda s: s.order)
         verdict = evaluate_partition(window_samples, now_ms=now_ms, window=window, window_ms=window_ms)
         latest = window_samples[-1] if window_samples else None
         by_stream.setdefault(stream, {})[partition] = PartitionLag(stream, partition, verdict, latest)

@@ -170,7 +170,7 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
         return {c.pipeline: RegistryCommitted(registry, c.pipeline) for c in registry.consumers()
                 if c.pipeline != settings.pipeline_name}
 
-    sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name), lag_store,
+    sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name, registry), lag_store,
                          pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,
                          clock=clock, others=others, reads=reads)
 
@@ -178,7 +178,8 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
         return [(name, p) for name in catalog.streams for p in source.end_offsets(name)]
 
     return LagMonitor(lag_store, settings.pipeline_name, partitions, window=settings.lag_window,
-                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry, reads=reads)
+                      interval_s=interval_s, clock=clock, sampler=sampler, registry=registry, reads=reads,
+                      pane_store=store)
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,
@@ -497,6 +498,10 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
                                          topic_prefix=settings.kafka_topic_prefix, options=settings.kafka_options,
                                          timeout_s=settings.kafka_request_timeout / 1000)
         pipeline.commit_listeners.append(GroupCopy(committer, registry, name))
+    # Where its first run started, once pinned: its position for lag until it commits (a pipeline
+    # started from the log's end that finds nothing new commits no batch on the driver's own path).
+    pipeline.start_listeners.append(lambda start: registry.record_start(name, start))
+    pipeline.notify_start(pipeline.pinned_start())  # pinned by an earlier run (or by Spark's source)
     # A crash between the store's commit and the copies: make them now (the batch is skipped on replay).
     progress = store.progress(name)
     if progress.last_batch_id is not None:

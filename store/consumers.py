@@ -1,5 +1,6 @@
 """The registry of the log's consumers (fan-out): every named pipeline, where its output lives,
-where its first run started, and its committed offsets, in the store's root namespace (beside
+where its first run started (earliest | latest, and the offsets that start was pinned at), and its
+committed offsets, in the store's root namespace (beside
 the serving pipeline's panes), where the API reads them for lag.
 
 Each pipeline's own namespace stays the source of truth: its batch ids and end offsets are
@@ -40,6 +41,16 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
     stream TEXT NOT NULL,
     partition INTEGER NOT NULL,
     end_offset INTEGER NOT NULL,        -- exclusive: the next offset the pipeline reads
+    PRIMARY KEY (pipeline, stream, partition)
+);
+-- Where a pipeline's first run started reading (its pinned start, ingest/spark_source.py): its
+-- position before it commits anything. A table of its own, so a store from before it gains it
+-- by CREATE TABLE IF NOT EXISTS on both backends (no column to add to `consumers`).
+CREATE TABLE IF NOT EXISTS consumer_starts (
+    pipeline TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL,      -- the first offset its first run reads
     PRIMARY KEY (pipeline, stream, partition)
 );
 """
@@ -108,6 +119,7 @@ class ConsumerRegistry(SideStore):
         """The pipeline and its output are gone (a dropped reprocessing output): its record and offsets."""
         with self._lock, self._conn.transaction() as conn:
             conn.execute("DELETE FROM consumer_offsets WHERE pipeline = ?", (pipeline,))
+            conn.execute("DELETE FROM consumer_starts WHERE pipeline = ?", (pipeline,))
             conn.execute("DELETE FROM consumers WHERE pipeline = ?", (pipeline,))
 
     def record_commit(self, pipeline: str, batch_id: int, committed_at_ms: int | None,
@@ -124,6 +136,27 @@ class ConsumerRegistry(SideStore):
                 f"UPDATE consumers SET last_batch_id = {conn.greatest}(COALESCE(last_batch_id, -1), ?),"
                 f" last_commit_ms = {conn.greatest}(COALESCE(last_commit_ms, 0), ?) WHERE pipeline = ?",
                 (batch_id, committed_at_ms or 0, pipeline))
+
+    def record_start(self, pipeline: str, offsets: Mapping[str, Mapping[int, int]]) -> None:
+        """Where the pipeline's first run started (its pinned start): its position until it commits
+        a partition. A pinned start never changes, so the first record of a partition is kept."""
+        rows = [(pipeline, stream, int(p), int(start)) for stream, parts in offsets.items() for p, start in parts.items()]
+        if not rows:
+            return
+        with self._lock, self._conn.transaction() as conn:
+            conn.executemany(
+                "INSERT INTO consumer_starts (pipeline, stream, partition, start_offset) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (pipeline, stream, partition) DO NOTHING", rows)
+
+    def starts(self, pipeline: str) -> dict[str, dict[int, int]]:
+        """The pipeline's recorded start (`record_start`), empty when none was recorded."""
+        with self._lock:
+            rows = self._conn.execute("SELECT stream, partition, start_offset FROM consumer_starts WHERE pipeline = ?",
+                                      (pipeline,)).fetchall()
+        out: dict[str, dict[int, int]] = defaultdict(dict)
+        for stream, partition, start in rows:
+            out[stream][partition] = start
+        return dict(out)
 
     def record_group_commit(self, pipeline: str, error: str | None) -> None:
         """The outcome of a Kafka consumer-group commit: failures are counted, the last one kept."""

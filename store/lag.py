@@ -12,11 +12,11 @@ bounded: every write prunes samples older than the retention.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from store.connection import Db, SideStore
+from store.connection import Db, SideStore, SqliteDb
 
 
 class LagStatus(str, Enum):
@@ -56,6 +56,17 @@ class LagSample:
     committed: int | None
     last_commit_ms: int | None = None
     lag_ms: int | None = None
+    # The round's place in the order rounds were written (the store numbers them; None before):
+    # rounds are ordered by it, not by at_ms, the writer's wall clock, which goes back when the
+    # sampler moves to a replica whose clock is behind the previous leader's.
+    # Not compared: where a sample was stored, not what it measured.
+    round_seq: int | None = field(default=None, compare=False)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Where the sample's round comes: write order, then (samples from before rounds were
+        numbered, or not stored) time."""
+        return (self.round_seq or 0, self.at_ms)
 
     @property
     def position(self) -> int:
@@ -84,15 +95,29 @@ CREATE TABLE IF NOT EXISTS lag_samples (
     last_commit_ms INTEGER,          -- the pipeline's newest batch commit (any partition)
     lag_events INTEGER NOT NULL,
     lag_ms INTEGER,                  -- age of the oldest unprocessed record; NULL: unknown
+    round_seq INTEGER NOT NULL DEFAULT 0,  -- the round's number in write order (0: written before rounds were numbered)
     PRIMARY KEY (pipeline, stream, partition, at_ms)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS lag_samples_by_time ON lag_samples (pipeline, at_ms);
 -- Retention prunes by age alone, every pipeline at once (one whose samples stopped coming, a
 -- dropped reprocessing run, is pruned too): without this index that delete scans every sample.
 CREATE INDEX IF NOT EXISTS lag_samples_by_age ON lag_samples (at_ms);
+-- The number of the last round written: one row, raised in each write's transaction (a row lock
+-- on PostgreSQL: two writers never share a number), on both backends alike.
+CREATE TABLE IF NOT EXISTS lag_rounds (
+    id INTEGER PRIMARY KEY,
+    last_round INTEGER NOT NULL
+);
 """
 
-_COLUMNS = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
+# After the upgrade below (a table from before round_seq gains it first).
+_ROUND_INDEXES = """
+CREATE INDEX IF NOT EXISTS lag_samples_by_round ON lag_samples (pipeline, stream, partition, round_seq);
+CREATE INDEX IF NOT EXISTS lag_samples_newest_round ON lag_samples (pipeline, round_seq);
+"""
+
+_WRITTEN = "pipeline, stream, partition, at_ms, log_start, log_end, committed, last_commit_ms, lag_ms"
+_COLUMNS = f"{_WRITTEN}, round_seq"
 
 
 class LagStore(SideStore):
@@ -102,6 +127,16 @@ class LagStore(SideStore):
             raise ValueError(f"lag sample retention must be positive, got {retention_ms} ms")
         super().__init__(path, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self.retention_ms = retention_ms
+        with self._lock:
+            # A store from before rounds were numbered (CREATE TABLE IF NOT EXISTS kept its table):
+            # its samples get round 0, older than any round written from now on.
+            if isinstance(self._conn, SqliteDb):
+                if "round_seq" not in {row[1] for row in self._conn.execute("PRAGMA table_info(lag_samples)")}:
+                    self._conn.execute("ALTER TABLE lag_samples ADD COLUMN round_seq INTEGER NOT NULL DEFAULT 0")
+            else:
+                self._conn.execute("ALTER TABLE lag_samples ADD COLUMN IF NOT EXISTS round_seq INTEGER NOT NULL DEFAULT 0")
+            self._conn.create(_ROUND_INDEXES)
+            self._conn.execute("INSERT INTO lag_rounds (id, last_round) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
 
     def write(self, samples: Sequence[LagSample]) -> int:
         """Store one round of samples and prune those past the retention; return rows pruned."""
@@ -109,13 +144,16 @@ class LagStore(SideStore):
             return 0
         newest = max(s.at_ms for s in samples)
         with self._lock, self._conn.transaction() as conn:
+            conn.execute("UPDATE lag_rounds SET last_round = last_round + 1 WHERE id = 1")
+            round_seq = conn.execute("SELECT last_round FROM lag_rounds WHERE id = 1").fetchone()[0]
             conn.executemany(
-                f"INSERT INTO lag_samples ({_COLUMNS}, lag_events) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                f"INSERT INTO lag_samples ({_WRITTEN}, lag_events, round_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (pipeline, stream, partition, at_ms) DO UPDATE SET log_start = excluded.log_start,"
                 " log_end = excluded.log_end, committed = excluded.committed,"
-                " last_commit_ms = excluded.last_commit_ms, lag_ms = excluded.lag_ms, lag_events = excluded.lag_events",
+                " last_commit_ms = excluded.last_commit_ms, lag_ms = excluded.lag_ms, lag_events = excluded.lag_events,"
+                " round_seq = excluded.round_seq",
                 [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
-                  s.last_commit_ms, s.lag_ms, s.lag_events) for s in samples],
+                  s.last_commit_ms, s.lag_ms, s.lag_events, round_seq) for s in samples],
             )
             # Every pipeline's, not only this round's: a consumer that is gone has no rounds to prune it.
             pruned = conn.execute("DELETE FROM lag_samples WHERE at_ms < ?", (newest - self.retention_ms,)).rowcount
@@ -124,7 +162,7 @@ class LagStore(SideStore):
     def recent(self, pipeline: str, per_partition: int,
                partitions: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], list[LagSample]]:
         """The newest `per_partition` samples of every partition (or of the given ones), oldest
-        first. Given partitions cost one index range each; without, every stored partition is
+        first, in the order their rounds were written (not by at_ms: see LagSample.round_seq). Given partitions cost one index range each; without, every stored partition is
         found by a scan (slower with a full retention of samples)."""
         with self._lock:
             if partitions is None:
@@ -135,18 +173,28 @@ class LagStore(SideStore):
             for stream, partition in partitions:
                 rows = self._conn.execute(
                     f"SELECT {_COLUMNS} FROM lag_samples WHERE pipeline = ? AND stream = ? AND partition = ?"
-                    " ORDER BY at_ms DESC LIMIT ?",
+                    " ORDER BY round_seq DESC, at_ms DESC LIMIT ?",
                     (pipeline, stream, partition, per_partition),
                 ).fetchall()
                 if rows:
                     out[(stream, partition)] = [LagSample(*row) for row in reversed(rows)]
         return out
 
-    def newest_at_ms(self, pipeline: str) -> int | None:
+    def newest_round(self, pipeline: str) -> int | None:
+        """The number of the pipeline's newest stored round (write order), None without samples;
+        a round written before rounds were numbered is 0."""
         with self._lock:
             return self._conn.execute(
-                "SELECT MAX(at_ms) FROM lag_samples WHERE pipeline = ?", (pipeline,)
+                "SELECT MAX(round_seq) FROM lag_samples WHERE pipeline = ?", (pipeline,)
             ).fetchone()[0]
+
+    def newest_at_ms(self, pipeline: str) -> int | None:
+        """When the pipeline's newest round (in write order) was sampled, on its writer's clock."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT at_ms FROM lag_samples WHERE pipeline = ? ORDER BY round_seq DESC, at_ms DESC LIMIT 1",
+                (pipeline,)).fetchone()
+        return None if row is None else row[0]
 
     def series(self, pipeline: str, from_ms: int, to_ms: int, *, stream: str | None = None,
                limit: int = 100_000) -> list[LagSample]:

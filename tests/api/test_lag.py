@@ -94,6 +94,7 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     registry.register("audit", "audit", "latest", NOW_MS)
     sampler.others = lambda: {"audit": RegistryCommitted(registry, "audit")}
     ctx.lag.registry = registry
+    ctx.lag.pane_store = ctx.store  # as build_lag_monitor wires it
     post_orders(client, 12, NOW_MS)
     ends = {p: o.end for p, o in ctx.log.offsets("orders").items()}
     ctx.store.commit_batch(BatchCommit("main", 0, [], 12, {}, {"orders": ends}), lateness_ms={}, now_ms=ctx.now_ms())
@@ -107,6 +108,8 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
     main, audit = body["consumers"]
     assert (main["name"], main["serving"], main["namespace"], main["status"]) == ("main", True, None, "OK")
     assert main["last_commit_ms"] is not None
+    # Its batch id too, from its store (it copies nothing into the registry): it was always null.
+    assert main["last_batch_id"] == 0 and main["last_commit_ms"] == ctx.store.last_commit_ms("main")
     assert (audit["name"], audit["serving"], audit["namespace"], audit["started_from"]) == \
         ("audit", False, "audit", "latest")
     assert audit["lag_events"] == sum(ends.values()) - sum(half.values()) > 0
@@ -122,6 +125,38 @@ def test_lag_reports_every_consumer_of_the_log(client, ctx, lagged, clock, tmp_p
                for s in metrics["sketchboard_consumer_lag_events"].samples if s.labels["stream"] == "orders"}
     assert lagging == {**{("main", str(p)): 0 for p in ends}, **{("audit", str(p)): ends[p] - half[p] for p in ends}}
     registry.close()
+
+
+def test_a_run_whose_stream_was_removed_is_listed_as_err_in_rest_and_metrics_alike(client, ctx, lagged, tmp_path):
+    """GET /api/v1/lag left it out of `consumers` while /metrics reported it ERR: one rule now,
+    listed in both with the reason, until its output is dropped."""
+    from aggregates.reprocess import streams_read
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+    from store.definitions import DefinitionStore
+
+    sampler = lagged
+    registry = ConsumerRegistry(tmp_path / "store.db")
+    definitions = DefinitionStore(tmp_path / "store.db")
+    run = "reprocess-legacy-0123abcd"  # a run of stream 'legacy', since removed from the configuration
+    registry.register("main", "", "earliest", NOW_MS)
+    registry.register(run, run, "earliest", NOW_MS + 1)
+    registry.record_commit(run, 3, NOW_MS, {"legacy": {0: 10}})
+    ctx.lag.registry = registry
+    ctx.lag.reads = sampler.reads = lambda p: streams_read(definitions, registry, p)
+    sampler.others = lambda: {run: RegistryCommitted(registry, run)}
+    sampler.sample_and_store()
+    consumers = {c["name"]: c for c in client.get("/api/v1/lag").json()["consumers"]}
+    assert set(consumers) == {"main", run}
+    assert consumers[run]["status"] == "ERR" and "legacy, no longer in the configuration" in consumers[run]["reason"]
+    assert consumers[run]["last_batch_id"] == 3 and consumers[run]["streams"] == {}
+    assert [c["name"] for c in client.get("/api/v1/lag", params={"stream": "orders"}).json()["consumers"]] == ["main"]
+    metrics = families(client.get("/metrics").text)
+    codes = {s.labels["pipeline"]: s.value for s in metrics["sketchboard_pipeline_lag_status_code"].samples}
+    assert codes[run] == 5
+    assert ctx.lag.report(pipeline=run).verdict.reason == consumers[run]["reason"]
+    registry.close()
+    definitions.close()
 
 
 def test_lag_parameters_are_checked(client, lagged):

@@ -431,3 +431,40 @@ def test_a_named_pipeline_is_removed_with_its_output_checkpoint_and_registry_rec
     assert [(e.action, e.target) for e in audit.entries(limit=5)] == [("pipeline.remove", "audit")]
     registry.close()
     root.close()
+
+
+@pytest.mark.parametrize("name", ["main", "late"])
+def test_a_pipeline_started_from_the_logs_end_that_finds_nothing_new_is_not_behind(tmp_path, name):
+    """Started `--from latest` after the log held records, and with nothing new to read, it
+    committed no batch: the API showed the whole earlier log as its lag (STOP once the window was
+    full). Its pinned start is recorded in the consumer registry and is its position until it
+    commits, for the sampler and for GET /api/v1/pipeline."""
+    from fastapi.testclient import TestClient
+
+    from sketchboard.wiring import build_api, build_pipeline, open_catalog, open_consumer_registry, open_log
+    from tests.conftest import DEMO_CONFIG
+    from tests.spark.test_fanout import STREAM, append, recent_events
+
+    settings = Settings(data_dir=tmp_path / "data", streams_config=DEMO_CONFIG, alerts_config=None)
+    log = open_log(settings, open_catalog(settings))
+    append(log, open_catalog(settings), recent_events(60, seed=1))
+    ends = {p: o.end for p, o in log.offsets(STREAM).items()}
+    pipeline = build_pipeline(settings, name=name, starting_offsets="latest")
+    pipeline.run_until_drained()
+    assert pipeline.store.progress(name).last_batch_id is None  # nothing new: no batch
+    root = open_store(settings)
+    registry = open_consumer_registry(settings, root)
+    assert registry.starts(name)[STREAM] == ends
+    app, ctx = build_api(settings)
+    ctx.lag.sampler.sample_and_store()
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        consumers = {c["name"]: c for c in client.get("/api/v1/lag", params={"stream": STREAM}).json()["consumers"]}
+        status = client.get("/api/v1/pipeline").json()
+    assert consumers[name]["lag_events"] == 0, consumers[name]["reason"]
+    if name == settings.pipeline_name:
+        assert status["streams"][STREAM]["lag_events"] == 0
+        assert {int(p): v["committed"] for p, v in status["streams"][STREAM]["partitions"].items()} == ends
+    pipeline.store.close()
+    registry.close()
+    root.close()
+    log.close()

@@ -128,6 +128,37 @@ def test_lag_feed_sends_one_message_per_round(parts, demo_catalog):
     assert len(feed.poll()) == 1
 
 
+def test_lag_feed_says_err_when_the_sampler_stops(parts, demo_catalog):
+    """The feed sent only on a new round, and a stopped sampler writes none: GET /api/v1/lag and
+    /metrics said ERR while the dashboard (which reads only the feed) kept its last OK."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    feed = LagFeed(monitor)
+    sampler.sample_and_store()
+    (message,) = feed.poll()
+    assert message["status"] == "OK"
+    sent = []
+    for _ in range(20):  # 10 s with no round, looked at every half second
+        clock.now += 0.5
+        sent += feed.poll()
+    assert [m["status"] for m in sent] == ["ERR"]  # once, when it turned ERR (its reason's age changes: not again)
+    assert "the sampler is not running" in sent[0]["reason"]
+    sampler.last_error = "database is locked"  # the sampler's error changed: the feed says so
+    clock.now += 1
+    (message,) = feed.poll()
+    assert (message["status"], message["sampler_error"]) == ("ERR", "database is locked")
+    assert feed.poll() == []
+
+
+def test_lag_feed_message_has_the_rest_bodys_keys_but_the_series(parts, demo_catalog):
+    """docs/lag.md: the websocket message has the same body as GET /api/v1/lag without the series;
+    it lacked `window` and `sampler_error`."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    sampler.sample_and_store()
+    (message,) = LagFeed(monitor).poll()
+    assert message["window"] == {"samples": 3, "interval_seconds": 1.0, "seconds": 3.0}
+    assert "sampler_error" in message and message["sampler_error"] is None
+
+
 def test_sampler_thread_samples_on_its_interval_and_survives_errors(parts, demo_catalog):
     log, store, lag_store, sampler, monitor, clock = parts
     import time
@@ -461,3 +492,92 @@ def test_a_replica_with_a_clock_ahead_of_the_samplers_judges_samples_on_the_samp
     assert report.verdict.status == LagStatus.ERR and "sampler is not running" in report.verdict.reason
     sampler.active = lambda: True  # this replica leads: its own sampler's clock is its own
     assert ahead.report().verdict.status == LagStatus.ERR  # 60 s ahead of what its sampler wrote: stale
+
+
+def test_a_pipeline_started_from_the_logs_end_is_caught_up_there_before_its_first_commit(tmp_path, demo_catalog,
+                                                                                           store_backend):
+    """A pipeline started `--from latest` that had read nothing new had no committed offset, so
+    its position was the log's start: the whole log before its start was its lag, and its status
+    STOP. Its pinned start, recorded in the consumer registry, is its position until it commits."""
+    from lag.sources import RegistryCommitted
+    from store.consumers import ConsumerRegistry
+    from store.namespace import ROOT
+
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(demo_catalog.streams["orders"])
+    store = store_backend.create()
+    registry = ConsumerRegistry(store.side_db())
+    lag_store = LagStore(store.side_db(), retention_ms=60_000)
+    clock = FakeClock(T0_S)
+    append(log, demo_catalog, 6, int(clock.now * 1000) - 5_000)
+    ends = {"orders": {p: o.end for p, o in log.offsets("orders").items()}}
+    for name, namespace in (("main", ROOT), ("late", "late")):
+        registry.register(name, namespace, "latest", int(clock.now * 1000))
+        registry.record_start(name, ends)
+    registry.record_start("late", {"orders": {0: 0}})  # a pinned start never changes: the first is kept
+    assert registry.starts("late") == ends
+    sampler = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main", registry), lag_store, pipeline="main",
+                         streams=["orders"], interval_s=1.0, clock=clock,
+                         others=lambda: {"late": RegistryCommitted(registry, "late")})
+    monitor = LagMonitor(lag_store, "main", lambda: [("orders", p) for p in log.offsets("orders")], window=3,
+                         interval_s=1.0, clock=clock, sampler=sampler, registry=registry)
+    for _ in range(4):
+        sampler.sample_and_store()
+        clock.now += 1
+    for name in ("main", "late"):
+        report = monitor.report(pipeline=name)
+        assert (report.verdict.status, report.lag_events) == (LagStatus.OK, 0), report.verdict.reason
+    append(log, demo_catalog, 3, int(clock.now * 1000))  # what came after its start is its lag
+    sampler.sample_and_store()
+    assert monitor.report(pipeline="late").lag_events == 3
+    registry.record_commit("late", 0, int(clock.now * 1000), {"orders": {0: 0}})  # a commit takes over
+    assert RegistryCommitted(registry, "late").committed().offsets["orders"][0] == 0
+    registry.forget("late")
+    assert registry.starts("late") == {}
+    for closing in (registry, lag_store, log):
+        closing.close()
+
+
+def test_rounds_are_ordered_by_write_order_not_by_the_writers_clock(parts, demo_catalog):
+    """After a leader failover to a replica whose clock is behind, the old leader's rounds were
+    the newest by at_ms: lag froze at its numbers, and the feed sent nothing, for as long as the
+    clock gap."""
+    log, store, lag_store, sampler, monitor, clock = parts
+    old_leader = LagSampler(EventLogLagSource(log), StoreCommitted(store, "main"), lag_store, pipeline="main",
+                            streams=["orders"], interval_s=1.0, clock=FakeClock(T0_S + 60))  # its clock 60 s ahead
+    feed = LagFeed(monitor)
+    for _ in range(3):
+        old_leader.sample_and_store()
+        old_leader.clock.now += 1
+    assert len(feed.poll()) == 1
+    append(log, demo_catalog, 40, int(clock.now * 1000))
+    sampler.sample_and_store()  # this replica leads now, its clock 60 s behind
+    report = monitor.report("orders")
+    assert report.lag_events == 40 and report.verdict.status == LagStatus.OK
+    assert lag_store.newest_at_ms("main") == int(clock.now * 1000)
+    (message,) = feed.poll()
+    assert message["lag_events"] == 40
+    clock.now += 1
+    append(log, demo_catalog, 2, int(clock.now * 1000))
+    sampler.sample_and_store()
+    assert [m["lag_events"] for m in feed.poll()] == [42]
+
+
+def test_a_lag_store_from_before_numbered_rounds_is_upgraded(store_backend):
+    """Its samples are kept, as round 0: older than any round written after the upgrade."""
+    store = store_backend.create()
+    db = store.side_db()
+    db.execute("DROP TABLE IF EXISTS lag_samples")  # (a PostgreSQL store may have made today's already)
+    db.create("""CREATE TABLE lag_samples (pipeline TEXT NOT NULL, stream TEXT NOT NULL, partition INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL, log_start INTEGER NOT NULL, log_end INTEGER NOT NULL, committed INTEGER,
+        last_commit_ms INTEGER, lag_events INTEGER NOT NULL, lag_ms INTEGER,
+        PRIMARY KEY (pipeline, stream, partition, at_ms))""")
+    t = int(T0_S * 1000)
+    db.execute("INSERT INTO lag_samples VALUES ('main', 'orders', 0, ?, 0, 10, 5, ?, 5, 0)", (t + 60_000, t))
+    lag_store = LagStore(db, retention_ms=600_000)
+    assert lag_store.newest_round("main") == 0
+    lag_store.write([LagSample("main", "orders", 0, t, 0, 12, 12, t)])  # a writer whose clock is behind
+    assert lag_store.newest_round("main") == 1 and lag_store.newest_at_ms("main") == t
+    assert [(s.at_ms, s.round_seq) for s in lag_store.recent("main", 2)[("orders", 0)]] == [(t + 60_000, 0), (t, 1)]
+    lag_store.close()
+    LagStore(store.side_db()).close()  # opened again: nothing to upgrade

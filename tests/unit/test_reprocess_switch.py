@@ -889,6 +889,7 @@ MOVED_OTHERWISE = {
     "stream_definitions": "the version and declaration an output was built with: the run's replace the root's",
     "offset_moves": "what a switch tells the serving pipeline: where to read the stream from",
     "consumer_offsets": "each pipeline's committed offsets as the lag and a run's progress read them",
+    "consumer_starts": "where each pipeline's first run started, its position for lag until it commits: its own",
     "reprocess_runs": "the runs and the outputs kept by switches, by id: not an output's rows",
     "reprocess_run_reads": "the streams a run read and how far: its record, not an output's rows",
     "lag_samples": "each pipeline's lag over time (GET /api/v1/lag): the serving pipeline's stays its own",
