@@ -41,14 +41,20 @@ def read_by_every_reader(ctx: ApiContext) -> dict[str, dict[int, int]]:
     """Per stream and partition, the offset every reader of the log has committed up to: the least
     of the serving pipeline's and each registered consumer's (named pipelines, reprocessing runs:
     store/consumers.py, copies written after each of their commits, so never ahead of them). A
-    reader that has read none of a partition stored nothing of it: it does not hold the others back."""
+    consumer whose copy has not come yet (its first commit's, made just after it, or retried while
+    it fails) is at its recorded start (the registry's `starts`): held back there, not left out,
+    since it may already have stored rows whose deletes it has not read. A reader that has read
+    none of a partition and recorded no start stored nothing of it: it does not hold the others back."""
     through = {stream: dict(parts) for stream, parts in ctx.store.progress(ctx.pipeline_name).end_offsets.items()}
     registry = ctx.lag.registry if ctx.lag is not None else None  # the log's other consumers (fan-out)
     if registry is not None:
         for consumer in registry.consumers():
             if consumer.pipeline == ctx.pipeline_name:
                 continue
+            at = registry.starts(consumer.pipeline)
             for stream, parts in registry.offsets(consumer.pipeline).items():
+                at.setdefault(stream, {}).update(parts)
+            for stream, parts in at.items():
                 least = through.setdefault(stream, {})
                 for partition, offset in parts.items():
                     least[partition] = min(least.get(partition, offset), offset)
