@@ -827,3 +827,21 @@ def test_a_commit_after_the_first_snapshot_is_pushed_when_the_hubs_first_read_fa
         msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
         window = (now_ms - 90_000) // 60_000 * 60_000
         assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
+
+
+@pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's memory, not the store
+def test_a_quiet_store_keeps_a_bounded_number_of_finished_snapshots(ctx, now_ms):
+    """While nothing was committed, every distinct snapshot (a day of minutes: ~115 KB) stayed in
+    the hub for identical subscriptions to come: a dashboard reopened with a sliding range made a
+    new one at every step, and the API's memory grew without bound."""
+    from api.ws_hub import SNAPSHOTS_KEPT, Hub
+
+    hub = Hub(ctx.store, ctx.clock, HubConfig())
+
+    def query(i: int):
+        return resolve_query(QueryIn.model_validate({"metric": "requests", "stat": "count", "from": now_ms - 3_600_000 - i,
+                                                     "to": now_ms - i, "step": "1m"}), ctx.catalog, now_ms, 1000)
+
+    for i in range(3 * SNAPSHOTS_KEPT):
+        hub.snapshot_message("a", query(i))
+    assert len(hub._snapshots) <= SNAPSHOTS_KEPT
