@@ -126,11 +126,15 @@ def parse_duration_param(text: str, param: str) -> int:
         raise BadParam(param, str(exc)) from None
 
 
-def default_step_ms(span_ms: int, pane_ms: int) -> int:
+def default_step_ms(span_ms: int, pane_ms: int, granule_ms: int | None = None) -> int:
+    """The first nice step giving <= TARGET_POINTS points over span_ms that is a multiple of
+    granule_ms (the finest granule still kept over the range: query.model.kept_default_step;
+    default the pane)."""
+    unit = granule_ms or pane_ms
     for step in _NICE_STEPS_MS:
-        if step % pane_ms == 0 and span_ms / step <= TARGET_POINTS:
+        if step % unit == 0 and span_ms / step <= TARGET_POINTS:
             return step
-    return max(pane_ms, -(-span_ms // TARGET_POINTS // pane_ms) * pane_ms)
+    return max(unit, -(-span_ms // TARGET_POINTS // unit) * unit)
 
 
 def is_relative(text: str) -> bool:
