@@ -98,11 +98,13 @@ def usable_granules(layout: TierLayout, pane_ms: int, start_ms: int, step_ms: in
 def finest_kept_granule(layout: TierLayout | None, pane_ms: int, start_ms: int, needed: Iterable[str],
                         now_ms: int) -> int:
     """The finest granule kept from start_ms on with a projection covering `needed`: the smallest
-    step (and bucket) that can answer a range starting there. The pane without tiers, or where
-    nothing is kept from start_ms on (past all retention: no granule is better than another)."""
+    step (and bucket) that can answer a range starting there. A range reaching back past every
+    granule's horizon is measured from the earliest one (nothing is kept before it at any step:
+    plan_read does not count that span missing either). The pane without tiers."""
     if layout is None or layout.pane_ms != pane_ms:
         return pane_ms
     needed = tuple(needed)
+    start_ms = max(start_ms, min(kept_from_ms(layout, g, now_ms) for g in layout.granules_ms()))
     kept = [g for g in layout.granules_ms()
             if kept_from_ms(layout, g, now_ms) <= start_ms
             and any(covers(p, needed) for p in layout.projections_at(g))]

@@ -77,3 +77,13 @@ def test_a_range_the_minutes_still_keep_reads_them(client, aged):
     r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-1d", "to": "now",
                                             "step": "1m"})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("start", ["0", "now-400d", "now-30d"])
+def test_a_range_reaching_past_every_tiers_keep_defaults_to_a_step_that_answers(client, aged, start):
+    """Past every granule's horizon nothing is kept at any step (the stream's retention, answered
+    empty); the rest of the range is answered at the default step, from the hour rows."""
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": start, "to": "now"})
+    assert r.status_code == 200, r.text
+    assert r.json()["step_ms"] % HOUR == 0
+    assert counted(r.json()) == len(OLD)
