@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from alerts.templating import check_template
 from catalog import Catalog, parse_duration_ms
+from catalog.durations import format_duration_ms
 from catalog.model import DurationMs
 from ingest.events import unstorable
 from query import QueryError, resolve_target
@@ -229,9 +230,17 @@ def _check_metric_rule(rule: _OverMetric, catalog: Catalog, where: str) -> None:
             raise RuleError(f"{where}: against: 'previous' or a duration such as 1d or 1w; {exc}") from None
         if offset < rule.window or offset % stream.pane:
             raise RuleError(f"{where}: against: the offset must be at least the window and a multiple of the pane")
-        if offset + rule.window > stream.retention:
-            raise RuleError(f"{where}: against: the baseline window would be older than the stream's retention"
-                            f" ({stream.retention // 86_400_000}d), so it would never have data")
+        # The rule's window ends at the watermark floored to the pane (alerts/kinds.py), the watermark
+        # trailing the clock by allowed_lateness: its baseline starts offset + window + lateness and up
+        # to a pane before the clock, and retention drops panes from clock - retention on.
+        needed = offset + rule.window + stream.allowed_lateness + stream.pane
+        if needed > stream.retention:
+            raise RuleError(f"{where}: against: the baseline window would start up to {format_duration_ms(needed)}"
+                            f" before the clock (against {format_duration_ms(offset)} + window"
+                            f" {format_duration_ms(rule.window)} + the stream's allowed_lateness"
+                            f" {format_duration_ms(stream.allowed_lateness)} + a pane {format_duration_ms(stream.pane)}),"
+                            f" older than the stream's retention ({format_duration_ms(stream.retention)}): its first"
+                            " events would be dropped already; use a shorter window or offset, or a longer retention")
 
 
 def _check_pattern_rule(rule: PatternRule, catalog: Catalog, where: str) -> None:

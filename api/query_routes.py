@@ -126,7 +126,7 @@ def router(ctx: ApiContext) -> APIRouter:
         watermark = store.watermarks().get(q.stream)
         try:
             series = await run_in_threadpool(compute, store, q, lo, hi, watermark_ms=watermark,
-                                              max_points=ctx.query_max_points, cache=cache)
+                                              max_points=ctx.query_max_points, cache=cache, now_ms=now)
         except RollupError as exc:
             raise bad_request(None, str(exc)) from None
         # Built as plain JSON: validating a day of points through the response model cost more than

@@ -25,7 +25,8 @@ def snapshot_result(store: PaneStore, rq: Query, now_ms: int, watermark_ms: int 
     """The body of GET /api/v1/query for this subscription."""
     lo, hi = rq.range_at(now_ms)
     return answer_json(rq, lo, hi, watermark_ms,
-                       compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points, cache=cache))
+                       compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points, cache=cache,
+                               now_ms=now_ms))
 
 
 def windows_containing(pane_start_ms: int, rq: Query, lo: int, hi: int) -> range:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, TypeAdapter, ValidationError
 
 from catalog import Catalog
 from query import Query, QueryError, parse_filters, resolve
@@ -19,6 +19,18 @@ from query.model import MAX_STATS
 
 TOPICS = ("corrections", "lag", "pipeline", "alerts")
 MAX_MESSAGE_BYTES = 64 * 1024
+
+
+def _no_boolean(value: Any) -> Any:
+    """JSON true is not an instant (Python's bool is an int: it read as epoch 1 s, 1970)."""
+    if isinstance(value, bool):
+        raise ValueError("a time is 'now', 'now-15m', an RFC 3339 string or an epoch number, not a boolean")
+    return value
+
+
+# An instant as GET /api/v1/query takes it: a string, or an epoch number (ms or s, fractional too)
+# given to the same parser as its text (catalog.times.parse_instant_ms, through query.resolve).
+Instant = Annotated[StrictInt | StrictFloat | StrictStr, BeforeValidator(_no_boolean)]
 
 
 class QueryIn(BaseModel):
@@ -29,8 +41,8 @@ class QueryIn(BaseModel):
     metric: str
     stat: str | None = None
     stats: list[str] | None = Field(None, max_length=MAX_STATS)
-    from_: str | int = Field("now-1h", alias="from")
-    to: str | int = "now"
+    from_: Instant = Field("now-1h", alias="from")
+    to: Instant = "now"
     step: str | None = None
     window: str | None = None
     group_by: list[str] | str = Field(default_factory=list)

@@ -41,18 +41,41 @@ def parse_event_time_ms(value: Any) -> int:
             raise ValueError("event time must be finite")
         ms = int(value) if abs(value) >= EPOCH_MS_THRESHOLD else int(round(value * 1000))
     elif isinstance(value, str):
-        text = value.strip()
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
-            raise ValueError(f"event time {_shown(value)} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
-        if parsed.tzinfo is None:
-            raise ValueError(f"event time {_shown(value)} has no time zone; add 'Z' or an offset like +01:00")
-        ms = int(round(parsed.timestamp() * 1000))
+        ms = _rfc3339_ms(value)
     else:
         raise ValueError("event time must be epoch ms, epoch seconds or an RFC 3339 string")
     if not 0 <= ms <= MAX_EVENT_TIME_MS:
         raise ValueError(f"event time {_shown(value)} is outside 1970..9999")
+    return ms
+
+
+# A date with no time, with or without a zone: RFC 3339 has no such timestamp, and midnight in which
+# zone is a guess. Told apart from a missing zone, whose fix ('add Z') would not do here.
+_DATE_ONLY = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[Zz]|[+-]\d{2}:?\d{2})?$")
+# The seconds of a leap second (23:59:60 UTC): datetime has no second 60.
+_LEAP_SECOND = re.compile(r"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:)60(?:\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def _rfc3339_ms(value: str) -> int:
+    """An RFC 3339 timestamp with a zone -> epoch ms. RFC 3339 allows 't' and 'z' in lowercase
+    (section 5.6, note); a leap second (23:59:60 UTC) is read as the last millisecond of its
+    minute, 23:59:59.999: datetime and epoch time have no second 60, and the event still sorts
+    before the next minute's (docs/ingest-and-api.md)."""
+    text = value.strip().upper()  # its only letters are T and Z (and the names of no zones)
+    if _DATE_ONLY.match(text):
+        raise ValueError(f"event time {_shown(value)} is a date without a time; add one, e.g. {text[:10]}T00:00:00Z")
+    leap = _LEAP_SECOND.match(text)
+    if leap:
+        text = f"{leap.group(1)}59.999{leap.group(2)}"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"event time {_shown(value)} is not an RFC 3339 timestamp (e.g. 2026-11-21T10:00:00Z)") from None
+    if parsed.tzinfo is None:
+        raise ValueError(f"event time {_shown(value)} has no time zone; add 'Z' or an offset like +01:00")
+    ms = int(round(parsed.timestamp() * 1000))
+    if leap and ms % 86_400_000 != 86_399_999:  # 23:59:59.999 UTC, whatever the offset it was written in
+        raise ValueError(f"event time {_shown(value)} has second 60, a leap second, which is only 23:59:60 UTC")
     return ms
 
 
@@ -126,11 +149,15 @@ def parse_duration_param(text: str, param: str) -> int:
         raise BadParam(param, str(exc)) from None
 
 
-def default_step_ms(span_ms: int, pane_ms: int) -> int:
+def default_step_ms(span_ms: int, pane_ms: int, granule_ms: int | None = None) -> int:
+    """The first nice step giving <= TARGET_POINTS points over span_ms that is a multiple of
+    granule_ms (the finest granule still kept over the range: query.model.kept_default_step;
+    default the pane)."""
+    unit = granule_ms or pane_ms
     for step in _NICE_STEPS_MS:
-        if step % pane_ms == 0 and span_ms / step <= TARGET_POINTS:
+        if step % unit == 0 and span_ms / step <= TARGET_POINTS:
             return step
-    return max(pane_ms, -(-span_ms // TARGET_POINTS // pane_ms) * pane_ms)
+    return max(unit, -(-span_ms // TARGET_POINTS // unit) * unit)
 
 
 def is_relative(text: str) -> bool:

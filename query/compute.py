@@ -32,20 +32,22 @@ class StatSeries:
 
 
 def compute(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int | None, max_points: int,
-            cache: PointCache | None = None) -> list[StatSeries]:
-    """One series per (stat, group) for the windows starting in [lo, hi) (multiples of the step)."""
+            cache: PointCache | None = None, now_ms: int | None = None) -> list[StatSeries]:
+    """One series per (stat, group) for the windows starting in [lo, hi) (multiples of the step);
+    with now_ms, only rows retention still keeps at now_ms are read (store.planner)."""
     out = []
     for stat, quantile in zip(q.stats, q.quantiles):
         if stat in RATIO_STATS:
             out += [StatSeries(stat, s.group, s.points)
-                    for s in ratio_series(store, q, lo, hi, watermark_ms=watermark_ms, max_points=max_points)]
+                    for s in ratio_series(store, q, lo, hi, watermark_ms=watermark_ms, max_points=max_points,
+                                          now_ms=now_ms)]
             continue
         first_seen = stat in FIRST_SEEN_STATS
         series = query_series(
             store, q.stream, q.pane_ms, stat="count" if first_seen else stat, quantile=quantile,
             value_field=q.value_field, distinct_field=q.distinct_field, start_ms=lo, end_ms=hi, step_ms=q.step_ms,
             window_ms=q.window_ms, group_by=q.group_by, filters=dict(q.filters), watermark_ms=watermark_ms,
-            max_points=max_points, cache=cache,
+            max_points=max_points, cache=cache, now_ms=now_ms,
         )
         for s in series:
             points = s.points
@@ -72,7 +74,7 @@ def empty_points(q: Query, i: int, lo: int, hi: int, *, watermark_ms: int | None
 
 
 def ratio_series(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: int | None,
-                 max_points: int) -> list[Series]:
+                 max_points: int, now_ms: int | None = None) -> list[Series]:
     """Stat ratio: per window and group, sum(value) / sum(ratio_of) over the same panes (e.g. a
     click-through rate: clicked / searches); null where the denominator is 0. Final when both
     sums are; the revision is the higher of the two."""
@@ -80,7 +82,7 @@ def ratio_series(store: PaneStore, q: Query, lo: int, hi: int, *, watermark_ms: 
         return query_series(store, q.stream, q.pane_ms, stat="sum", quantile=None, value_field=field,
                             distinct_field=None, start_ms=lo, end_ms=hi, step_ms=q.step_ms, window_ms=q.window_ms,
                             group_by=q.group_by, filters=dict(q.filters), watermark_ms=watermark_ms,
-                            max_points=max_points)
+                            max_points=max_points, now_ms=now_ms)
 
     def key(s: Series) -> tuple:
         return tuple(sorted(s.group.items()))

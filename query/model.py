@@ -14,7 +14,10 @@ from catalog import Catalog, MetricDef
 from catalog.model import FIRST_SEEN_STATS
 from catalog.times import BadParam, default_step_ms, is_relative, parse_duration_param, parse_instant_ms, parse_range_ms
 from ingest.events import unstorable
+from catalog.durations import format_duration_ms
+from store.planner import finest_kept_granule, plan_read
 from store.rollup import align_range
+from store.tiers import TierLayout, layout_for
 
 MAX_STATS = 8
 
@@ -149,15 +152,18 @@ def resolve_target(catalog: Catalog, metric: str, stats: Sequence[str], group_by
 
 
 def over(target: Target, *, step_ms: int, window_ms: int, from_text: str = "", to_text: str = "",
-         relative: bool = False) -> Query:
-    """The target over windows of window_ms every step_ms; QueryError unless both fit the pane."""
+         relative: bool = False, step_given: bool = True) -> Query:
+    """The target over windows of window_ms every step_ms; QueryError unless both fit the pane.
+    step_given: False where step_ms is the default step (messages say so: the user gave none)."""
     pane = target.pane_ms
     if step_ms <= 0 or step_ms % pane:
         raise QueryError("step", f"step must be a positive multiple of the pane ({pane} ms), got {step_ms} ms")
     if window_ms % pane:
         raise QueryError("window", f"window must be a multiple of the pane ({pane} ms), got {window_ms} ms")
     if window_ms < step_ms:
-        raise QueryError("window", f"window must be at least the step ({step_ms} ms), got {window_ms} ms")
+        step_text = (f"the step ({step_ms} ms)" if step_given else
+                     f"the default step for this range ({format_duration_ms(step_ms)}, {step_ms} ms; pass a step)")
+        raise QueryError("window", f"window must be at least {step_text}, got {window_ms} ms")
     return Query(**vars(target), from_text=from_text, to_text=to_text, relative=relative, step_ms=step_ms,
                  window_ms=window_ms)
 
@@ -169,17 +175,60 @@ def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str |
     """The query that GET /api/v1/query's parameters (or a subscription's) ask; QueryError otherwise."""
     target = resolve_target(catalog, metric, stats, group_by, filters)
     from_text, to_text = str(start), str(end)
+    layout = layout_for(catalog.streams[target.stream])
+    needed = (*target.group_by, *(name for name, _ in target.filters))
     try:
         start_ms, end_ms = parse_range_ms(from_text, to_text, now_ms)
-        step_ms = parse_duration_param(step, "step") if step else default_step_ms(max(end_ms - start_ms, 1),
-                                                                                    target.pane_ms)
+        step_ms = parse_duration_param(step, "step") if step else kept_default_step(
+            layout, target.pane_ms, start_ms, end_ms, needed, now_ms)
         window_ms = parse_duration_param(window, "window") if window else step_ms
     except BadParam as exc:
         raise QueryError(exc.param, str(exc)) from None
     q = over(target, step_ms=step_ms, window_ms=window_ms, from_text=from_text, to_text=to_text,
-             relative=is_relative(from_text) or is_relative(to_text))
+             relative=is_relative(from_text) or is_relative(to_text), step_given=bool(step))
     lo, hi = align_range(start_ms, end_ms, step_ms)
     if (hi - lo) // step_ms > max_points:
         raise QueryError("step", f"{(hi - lo) // step_ms} points per series exceed the limit of {max_points};"
                          " use a larger step or a shorter range")
+    check_kept(layout, q, lo, hi, needed, now_ms)
     return q
+
+
+def kept_default_step(layout: TierLayout, pane_ms: int, start_ms: int, end_ms: int, needed: Sequence[str],
+                      now_ms: int) -> int:
+    """The default step for [start_ms, end_ms): a nice step giving about TARGET_POINTS points, never
+    finer than the finest granule retention keeps over the whole range (from the aligned start:
+    flooring the start to a coarser step may reach back past a granule's horizon)."""
+    floor_ms = finest_kept_granule(layout, pane_ms, start_ms, needed, now_ms)
+    while True:
+        step_ms = default_step_ms(max(end_ms - start_ms, 1), pane_ms, floor_ms)
+        lo, _ = align_range(start_ms, end_ms, step_ms)
+        coarser = finest_kept_granule(layout, pane_ms, lo, needed, now_ms)
+        if coarser <= floor_ms:
+            return step_ms
+        floor_ms = coarser
+
+
+def check_kept(layout: TierLayout, q: Query, lo: int, hi: int, needed: Sequence[str], now_ms: int) -> None:
+    """QueryError unless the granules retention still keeps over the windows can answer each of
+    their buckets exactly (store.planner.plan_read's `missing`): past a finer tier's keep its rows
+    are gone, and summing what is left would answer 0, marked final (docs/event-time.md, "Tiers
+    and retention"). Names the smallest step that can answer the range."""
+    n_points = len(range(lo, hi, q.step_ms))
+    span_end = lo + (n_points - 1) * q.step_ms + q.window_ms
+    missing = plan_read(layout, q.pane_ms, lo, span_end, q.step_ms, q.window_ms, n_points, needed, now_ms).missing
+    if not missing:
+        return
+    smallest = finest_kept_granule(layout, q.pane_ms, lo, needed, now_ms)
+    gone_until = format_time_ms(max(end for _, end in missing))
+    raise QueryError("step", f"windows of step {format_duration_ms(q.step_ms)} and window"
+                     f" {format_duration_ms(q.window_ms)} need rows that retention has dropped (the data before"
+                     f" {gone_until} is kept only at {format_duration_ms(smallest)} granularity); the smallest step"
+                     f" that can answer this range is {format_duration_ms(smallest)} (with a window that is a"
+                     " multiple of it)")
+
+
+def format_time_ms(ms: int) -> str:
+    """An instant for a message: RFC 3339, UTC."""
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

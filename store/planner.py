@@ -8,6 +8,11 @@ bucket, and any granule fits inside it: its range is covered by the coarsest row
 finer rows filling the edges (a 1 h window starting at 10:00:10 reads 59 one-minute rows and
 the 10-second panes of its first and last minute).
 
+Each granule is read only where retention still keeps all of its rows (kept_from_ms): a span
+older than a finer granule's `keep` is read from a coarser granule kept there that fits the
+buckets, and what no kept granule can answer exactly is the plan's `missing` (the query
+refuses it: query/model.py; docs/event-time.md, "Tiers and retention").
+
 Each segment reads the narrowest projection kept at its granule that covers the query's
 group-by and filters: at the pane granule only the total is kept besides the panes, so a
 grouped query's pane-granule edges read the panes themselves (few rows: edges are short).
@@ -33,14 +38,51 @@ class Segment:
 @dataclass(frozen=True)
 class ReadPlan:
     segments: tuple[Segment, ...]
+    # Spans no kept granule fitting the buckets can answer (a finer granule's rows there may be
+    # dropped already); spans before every granule's horizon (past all retention) are not listed.
+    missing: tuple[tuple[int, int], ...] = ()
+
+
+def keep_of(layout: TierLayout, granule_ms: int) -> int:
+    """How long rows of a granule are kept: the panes (and pane-granule rows) for the retention."""
+    return dict(layout.granules).get(granule_ms, layout.retention_ms)
+
+
+def kept_from_ms(layout: TierLayout, granule_ms: int, now_ms: int) -> int:
+    """The earliest start from which every row of the granule is surely still kept at now_ms.
+
+    Retention drops a granule's rows ending at or before batch_now - keep
+    (store.commit_plan.tier_horizons, retention_horizons), batch_now being a committed batch's
+    clock: never after the clock a query reads (now_ms), so batch_now - keep <= now_ms - keep. A
+    row straddling now_ms - keep may be gone at a later batch_now already: counted as gone too
+    (conservative), so only rows starting at or after the horizon are read."""
+    horizon = now_ms - keep_of(layout, granule_ms)
+    return horizon + (-horizon) % granule_ms
 
 
 def plan_read(layout: TierLayout | None, pane_ms: int, start_ms: int, span_end_ms: int, step_ms: int,
-              window_ms: int, n_points: int, needed: Iterable[str]) -> ReadPlan:
-    """The rows to read for windows covering [start_ms, span_end_ms), grouped or filtered by `needed`."""
+              window_ms: int, n_points: int, needed: Iterable[str], now_ms: int | None = None) -> ReadPlan:
+    """The rows to read for windows covering [start_ms, span_end_ms), grouped or filtered by `needed`;
+    with now_ms, only rows retention keeps at now_ms (None: every granule read as if kept forever)."""
     if layout is None or layout.pane_ms != pane_ms:
         return ReadPlan((Segment(pane_ms, start_ms, span_end_ms),))
     needed = tuple(needed)
+    granules = usable_granules(layout, pane_ms, start_ms, step_ms, window_ms, n_points, needed)
+    if now_ms is None:
+        return ReadPlan(tuple(replace(seg, proj=granules[seg.granule_ms])
+                              for seg in cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
+    kept = [(g, kept_from_ms(layout, g, now_ms)) for g in sorted(granules, reverse=True)]
+    segments, missing = cover_kept(start_ms, span_end_ms, kept)
+    # Past every granule's horizon nothing is kept at any step: that is the stream's retention, not
+    # a step too fine, so it is not missing.
+    gone = min(kept_from_ms(layout, g, now_ms) for g in layout.granules_ms())
+    missing = [(max(lo, gone), hi) for lo, hi in missing if hi > gone]
+    return ReadPlan(tuple(replace(seg, proj=granules[seg.granule_ms]) for seg in segments), tuple(missing))
+
+
+def usable_granules(layout: TierLayout, pane_ms: int, start_ms: int, step_ms: int, window_ms: int,
+                    n_points: int, needed: tuple[str, ...]) -> dict[int, str]:
+    """The granules whose rows fit the query's buckets, each with its narrowest projection covering `needed`."""
     granules = layout.granules_ms()
     if n_points > 1:
         bucket = math.gcd(step_ms, window_ms)
@@ -50,9 +92,47 @@ def plan_read(layout: TierLayout | None, pane_ms: int, start_ms: int, span_end_m
     # A granule without such a projection (a tier with all_dimensions: false) is left to finer rows.
     proj = {g: min((p for p in layout.projections_at(g) if covers(p, needed)), key=_width, default=None)
             for g in granules}
-    granules = [g for g in granules if proj[g] is not None]
-    return ReadPlan(tuple(replace(seg, proj=proj[seg.granule_ms])
-                          for seg in cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
+    return {g: p for g, p in proj.items() if p is not None}
+
+
+def finest_kept_granule(layout: TierLayout | None, pane_ms: int, start_ms: int, needed: Iterable[str],
+                        now_ms: int) -> int:
+    """The finest granule kept from start_ms on with a projection covering `needed`: the smallest
+    step (and bucket) that can answer a range starting there. A range reaching back past every
+    granule's horizon is measured from the earliest one (nothing is kept before it at any step:
+    plan_read does not count that span missing either). The pane without tiers."""
+    if layout is None or layout.pane_ms != pane_ms:
+        return pane_ms
+    needed = tuple(needed)
+    start_ms = max(start_ms, min(kept_from_ms(layout, g, now_ms) for g in layout.granules_ms()))
+    kept = [g for g in layout.granules_ms()
+            if kept_from_ms(layout, g, now_ms) <= start_ms
+            and any(covers(p, needed) for p in layout.projections_at(g))]
+    return min(kept, default=pane_ms)
+
+
+def cover_kept(start_ms: int, end_ms: int, granules: list[tuple[int, int]]
+               ) -> tuple[list[Segment], list[tuple[int, int]]]:
+    """cover(), each granule only from its kept_from on ((granule, kept_from), coarsest first):
+    the segments, and the spans no granule kept there can cover."""
+    if start_ms >= end_ms:
+        return [], []
+    if not granules:
+        return [], [(start_ms, end_ms)]
+    (g, kept_from), finer = granules[0], granules[1:]
+    lo = max(start_ms, kept_from)
+    lo += (-lo) % g
+    hi = end_ms - end_ms % g
+    if not finer:
+        if lo >= end_ms:
+            return [], [(start_ms, end_ms)]
+        # The finest granule divides both ends (cover's contract), so [lo, end) is whole rows.
+        return [Segment(g, lo, end_ms)], [(start_ms, lo)] if lo > start_ms else []
+    if lo >= hi:
+        return cover_kept(start_ms, end_ms, finer)
+    left, left_missing = cover_kept(start_ms, lo, finer)
+    right, right_missing = cover_kept(hi, end_ms, finer)
+    return [*left, Segment(g, lo, hi), *right], [*left_missing, *right_missing]
 
 
 def cover(start_ms: int, end_ms: int, granules: list[int]) -> list[Segment]:

@@ -21,14 +21,18 @@ from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, Sketch
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
 
 
-def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, query_points=None):
+def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, query_points=None, now_ms=None):
     """(segment, projection, bucket) for each segment to read; nothing for a query rollup refuses.
 
     query_points: the windows of the whole query when [start_ms, end_ms) is a part of it (the
     windows a cache missed). Read with the whole query's granules: a lone window may read any
     granule, and at a tier's keep horizon a coarser row still holds minutes the finer tier dropped,
     so that window would differ from the same window computed with the others (and be cached
-    under the whole plan's fingerprint)."""
+    under the whole plan's fingerprint).
+
+    now_ms: the clock retention is measured against (store.planner.kept_from_ms): no granule is
+    read where its rows may be dropped. Spans nothing kept can answer are read from nowhere: the
+    query refuses those steps before it gets here (query.model.check_kept)."""
     if step_ms <= 0 or window_ms <= 0 or end_ms <= start_ms:
         return []
     n_points = len(window_points(start_ms, end_ms, step_ms))
@@ -36,7 +40,7 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
         return []
     span_end = start_ms + (n_points - 1) * step_ms + window_ms
     granule_points = n_points if query_points is None else query_points
-    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed)
+    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed, now_ms)
     # One window: every row lands in it, whatever bucket; else rollup's buckets of gcd(step, window).
     bucket = span_end - start_ms if n_points == 1 else math.gcd(step_ms, window_ms)
     return [(seg, seg.proj, bucket) for seg in plan.segments]
@@ -68,6 +72,7 @@ def _query_series(
     watermark_ms: int | None = None,
     max_points: int = DEFAULT_MAX_POINTS,
     cache: PointCache | None = None,
+    now_ms: int | None = None,
 ) -> list[Series]:
     """rollup()'s series of `stat` for windows starting in [start_ms, end_ms) every step_ms; with a
     cache, final points of sketch stats whose rows did not change are reused (store/point_cache.py)."""
@@ -75,7 +80,7 @@ def _query_series(
     filters = dict(filters or {})
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
-    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points)
+    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, now_ms=now_ms)
     if stat in _EXACT_STATS:
         # Exact stats are summed by the store per bucket and group: few rows reach Python.
         value = value_field if stat not in ("count", "rate") else None
@@ -95,7 +100,7 @@ def _query_series(
         return [store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
                                        kind=kind, pane_ms=pane_ms)
                 for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points,
-                                          query_points)]
+                                          query_points, now_ms)]
 
     def read_rows(lo: int, hi: int) -> list[SketchRow]:
         return [row for segment in read_segments(lo, hi) for row in segment]

@@ -5,6 +5,8 @@ conditions, and when the answer is NoData or Error instead."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from alerts.kinds import evaluate_rule
 from alerts.outcome import Outcome, StreamLagView, WindowValue
@@ -303,3 +305,39 @@ def test_a_threshold_yaml_reads_as_text_is_a_number_but_a_boolean_is_not(catalog
     assert rule(catalog, kind="threshold", metric="latency", stat="p99", window="1m", threshold="6e1").threshold == 60.0
     with pytest.raises(RuleError, match="threshold"):
         rule(catalog, kind="threshold", metric="latency", stat="p99", window="1m", threshold=True)
+
+
+RETENTION = 8 * DAY  # http_requests in the demo config
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(window_panes=st.integers(1, 7 * DAY // PANE), offset_panes=st.integers(1, 8 * DAY // PANE),
+       into_pane=st.integers(0, PANE - 1))
+def test_a_trend_rule_is_accepted_only_where_its_baseline_lies_within_the_retention(catalog, window_panes,
+                                                                                  offset_panes, into_pane):
+    """The rule's window ends at the watermark (the clock less allowed_lateness at best) floored to
+    the pane, so its baseline starts offset + window + lateness and up to a pane before the clock:
+    accepted, the baseline never reaches back past the retention horizon (clock - retention)
+    where the panes are dropped already; refused with a message saying why otherwise."""
+    window, offset = window_panes * PANE, max(offset_panes * PANE, window_panes * PANE)
+    fields = dict(kind="trend", metric="requests", stat="count", window=f"{window // 1000}s",
+                  against=f"{offset // 1000}s", mode="ratio", threshold=2)
+    clock = NOW + into_pane
+    try:
+        parsed = rule(catalog, **fields)
+    except RuleError as exc:
+        assert offset + window + LATENESS + PANE > RETENTION
+        assert "older than the stream's retention (8d)" in str(exc) and "allowed_lateness 30s" in str(exc)
+        return
+    data = FakeData(watermark=clock - LATENESS)
+    evaluate_rule(parsed, data, catalog, clock)
+    assert min(start for start, _ in data.asked) >= clock - RETENTION
+
+
+def test_a_day_against_a_week_does_not_fit_an_eight_day_retention(catalog):
+    """1d + 1w is the retention exactly, but the window ends lateness and up to a pane before the
+    clock: its baseline's first seconds are dropped already (it read 20 events of 40)."""
+    with pytest.raises(RuleError, match="against: the baseline window would start up to"):
+        rule(catalog, kind="trend", metric="requests", stat="count", window="1d", against="1w", mode="ratio",
+             threshold=2)
+    rule(catalog, kind="trend", metric="requests", stat="count", window="23h", against="1w", mode="ratio", threshold=2)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from aggregates.eventtime import BEYOND_RETENTION
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, PaneStore, ValueStats
-from store.planner import Segment, cover, plan_read
+from store.planner import Segment, cover, kept_from_ms, plan_read
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
 from store.rollup import rollup
@@ -70,12 +70,12 @@ def commit_all(store: PaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: 
         assert store.commit_batch(commit, lateness_ms={"s": LATENESS}, now_ms=now_ms).committed
 
 
-def answer(store, *, stat, start, end, step, window, group_by=(), filters=None, cache=None):
+def answer(store, *, stat, start, end, step, window, group_by=(), filters=None, cache=None, now_ms=None):
     """The query path as the API runs it (planner, tier rows, exact stats summed in SQL)."""
     quantile = 0.9 if stat == "p90" else None
     return query_series(store, "s", PANE, stat=stat, quantile=quantile, value_field="v", distinct_field="u",
                         start_ms=start, end_ms=end, step_ms=step, window_ms=window, group_by=group_by,
-                        filters=filters or {}, watermark_ms=store.watermarks().get("s"), cache=cache)
+                        filters=filters or {}, watermark_ms=store.watermarks().get("s"), cache=cache, now_ms=now_ms)
 
 
 def pane_rollup(store, *, stat, start, end, step, window, group_by=(), filters=None):
@@ -476,3 +476,83 @@ def test_the_catalog_declares_tiers(tmp_path):
     ):
         with pytest.raises(Exception, match=message):
             parse_catalog({"streams": {"s": {"dimensions": ["a", "b"], **bad}}})
+
+
+# Tiers kept for different times: the panes 2 days, the minutes 3, the hours 10.
+DAY = 86_400_000
+KEPT = TierLayout(PANE, 2 * DAY, ((MINUTE, 3 * DAY), (3_600_000, 10 * DAY)), ("", "a"))
+
+
+@st.composite
+def kept_queries(draw):
+    """A query over events of [T0, T0 + 6h) asked at a clock that puts the horizons among them."""
+    now = T0 + 2 * DAY + draw(st.integers(0, 2 * DAY // PANE)) * PANE + draw(st.sampled_from([0, 1, 4_999]))
+    step = draw(st.sampled_from([PANE, MINUTE, 5 * MINUTE, 30 * MINUTE, 60 * MINUTE, 90 * MINUTE, 120 * MINUTE]))
+    window = step * draw(st.sampled_from([1, 1, 2, 3]))
+    start = T0 - 3_600_000 + step * draw(st.integers(0, 8 * 3_600_000 // step))
+    start -= start % step
+    end = start + step * draw(st.integers(1, 30))
+    group_by = draw(st.sampled_from([(), ("a",), ("b",)]))
+    return dict(now=now, start=start, end=end, step=step, window=window, group_by=group_by)
+
+
+def _plan_of(q):
+    n_points = len(range(q["start"], q["end"], q["step"]))
+    span_end = q["start"] + (n_points - 1) * q["step"] + q["window"]
+    plan = plan_read(KEPT, PANE, q["start"], span_end, q["step"], q["window"], n_points, q["group_by"], q["now"])
+    return plan, n_points, span_end
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=kept_queries())
+def test_the_planner_reads_no_granule_past_its_keep(q):
+    """Every segment reads rows retention still keeps (from the granule's horizon at the clock, a row
+    straddling it counted as gone); segments and missing spans tile the range after the horizon of
+    every granule; rows fit the buckets."""
+    plan, n_points, span_end = _plan_of(q)
+    gone = min(kept_from_ms(KEPT, g, q["now"]) for g in KEPT.granules_ms())
+    bucket = math.gcd(q["step"], q["window"])
+    for seg in plan.segments:
+        assert seg.start_ms >= kept_from_ms(KEPT, seg.granule_ms, q["now"]), (seg, q)
+        assert seg.start_ms % seg.granule_ms == 0 and seg.end_ms % seg.granule_ms == 0
+        if n_points > 1:
+            assert bucket % seg.granule_ms == 0
+    spans = sorted([(s.start_ms, s.end_ms) for s in plan.segments] + list(plan.missing))
+    at = max(q["start"], min(gone, span_end))
+    for lo, hi in spans:
+        assert lo == at and hi > lo, (spans, q)
+        at = hi
+    assert at == span_end
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(st.tuples(st.integers(0, 6 * 3_600_000 - 1), st.sampled_from("xy"), st.sampled_from("pq")),
+                       min_size=1, max_size=60),
+       asked=st.lists(kept_queries(), min_size=1, max_size=4))
+def test_past_a_finer_tiers_keep_the_answer_is_the_events_or_refused(store_backend, events, asked):
+    """After retention drops the panes and minutes of old events (the hours kept), a count over
+    them is the events' count at every step the planner answers, and the planner answers the
+    query (no missing span) whenever its step is a multiple of a granule kept over its range:
+    never 0 from rows already dropped."""
+    store = store_at(store_backend, KEPT)
+    commit_all(store, [[(T0 + t, {"a": a, "b": b}, 1.0, "u") for t, a, b in events]])
+    for batch_id, q in enumerate(sorted(asked, key=lambda q: q["now"]), start=1):  # the clock moves forward
+        now = q["now"]
+        store.commit_batch(BatchCommit("main", batch_id, [], 0, {}, {}, batch_now_ms=now - now % PANE),
+                           lateness_ms={"s": LATENESS}, now_ms=now, retention_ms={"s": KEPT.retention_ms})
+        plan, n_points, _ = _plan_of(q)
+        gone = min(kept_from_ms(KEPT, g, now) for g in KEPT.granules_ms())
+        finest = min(g for g in KEPT.granules_ms() if kept_from_ms(KEPT, g, now) <= max(q["start"], gone))
+        if q["step"] % finest == 0 and q["window"] % finest == 0:
+            assert not plan.missing, q
+        if plan.missing:
+            continue
+        counts: dict[int, int] = defaultdict(int)
+        for series in answer(store, stat="count", start=q["start"], end=q["end"], step=q["step"],
+                             window=q["window"], group_by=q["group_by"], now_ms=now):
+            for p in series.points:
+                counts[p.t_ms] += p.count
+        for t in range(q["start"], q["end"], q["step"]):
+            if t >= gone:
+                assert counts.get(t, 0) == sum(1 for e, *_ in events if t <= T0 + e < t + q["window"]), (t, q)
+    store.close()

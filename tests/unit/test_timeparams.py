@@ -80,3 +80,61 @@ def test_a_websocket_subscription_is_bounded_the_same_way(query, fragment):
     with pytest.raises(ProtocolError) as info:
         resolve_query(QueryIn(metric="latency", **query), load_catalog(DEMO_CONFIG), NOW, 11_000)
     assert fragment in info.value.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(epoch=st.one_of(st.integers(0, NOW // 1000 - 1), st.integers(100_000_000_000, NOW - 1),
+                       st.floats(0, NOW // 1000 - 1), st.floats(100_000_000_000, NOW - 1),
+                       st.integers(0, NOW // 1000 - 1).map(lambda s: s + 0.5)))
+def test_a_websocket_epoch_number_is_the_instant_rest_reads_from_its_text(epoch):
+    """A subscription's from/to as a JSON number (ms or s, fractional too) is the instant GET
+    /api/v1/query reads from the same number as text: one parser, catalog.times.parse_instant_ms.
+    (Any range back to 1970 resolves: its default step is one the kept tiers answer.)"""
+    import json
+
+    from api.ws_protocol import parse_message
+    msg = parse_message(json.dumps({"type": "subscribe", "id": "a", "query": {"metric": "latency", "from": epoch}}))
+    q = resolve_query(msg.query, load_catalog(DEMO_CONFIG), NOW, 11_000)
+    rest = parse_instant_ms(json.dumps(epoch), NOW, "from")  # the number as a query string carries it
+    assert parse_instant_ms(q.from_text, NOW, "from") == rest
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_websocket_from_or_to_is_never_a_boolean(value):
+    """JSON true was epoch 1 s (Python's bool is an int): a subscription from 1970."""
+    import json
+
+    from api.ws_protocol import parse_message
+    for field in ("from", "to"):
+        with pytest.raises(ProtocolError, match="not a boolean"):
+            parse_message(json.dumps({"type": "subscribe", "id": "a", "query": {"metric": "latency", field: value}}))
+
+
+@pytest.mark.parametrize("text,ms", [
+    ("2027-01-15t08:00:00z", NOW), ("2027-01-15T08:00:00z", NOW), ("2027-01-15t09:00:00+01:00", NOW),
+    # A leap second is the last millisecond of its minute, in UTC or written in an offset.
+    ("2016-12-31T23:59:60Z", 1_483_228_799_999), ("2016-12-31T23:59:60.5Z", 1_483_228_799_999),
+    ("2017-01-01T00:59:60+01:00", 1_483_228_799_999),
+])
+def test_rfc3339_lowercase_letters_and_leap_seconds_are_times(text, ms):
+    """RFC 3339 allows 't' and 'z' in lowercase and second 60 (a leap second, 23:59:60 UTC)."""
+    assert parse_instant_ms(text, 0, "from") == ms
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("2027-01-15", "is a date without a time; add one, e.g. 2027-01-15T00:00:00Z"),
+    ("2027-01-15Z", "is a date without a time; add one, e.g. 2027-01-15T00:00:00Z"),
+    ("2027-01-15+01:00", "is a date without a time"),
+    ("2016-12-31T22:59:60Z", "a leap second, which is only 23:59:60 UTC"),
+])
+def test_a_date_without_a_time_and_a_leap_second_elsewhere_say_what_is_wrong(text, fragment):
+    with pytest.raises(BadParam, match=fragment):
+        parse_instant_ms(text, NOW, "from")
+
+
+def test_a_window_shorter_than_the_default_step_names_it():
+    """The user gave no step: the message names the default one (and how to choose another)."""
+    from query import QueryError, resolve
+    with pytest.raises(QueryError, match=r"at least the default step for this range \(5m, 300000 ms; pass a step\)"):
+        resolve(load_catalog(DEMO_CONFIG), metric="latency", stats=["count"], start="now-1d", window="1m",
+                now_ms=NOW, max_points=11_000)

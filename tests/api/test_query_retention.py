@@ -1,0 +1,89 @@
+"""Queries over a range past a finer tier's keep: retention has dropped the panes and the minute
+rows of http_requests there (kept 8 d), the hour rows (kept 90 d) hold the events. Every step
+answers the events or is refused naming the smallest step that can, and the default step is
+one that can: never 0 events marked final (docs/event-time.md, "Tiers and retention"). On
+SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import BatchCommit
+from tests.api.conftest import NOW_MS
+from tests.api.test_corrections import STREAM, pane
+
+HOUR, DAY = 3_600_000, 86_400_000
+OLD = [NOW_MS - 8 * DAY - 18 * HOUR + i * 600_000 for i in range(72)]  # one event every 10 min, 12 h
+
+
+@pytest.fixture
+def pane_store(store_backend):
+    """Every test here on SQLite and on PostgreSQL (tests/api/conftest.py)."""
+    return store_backend.create()
+
+
+@pytest.fixture
+def aged(ctx, clock):
+    """The old events committed while they were recent, then a batch at now whose retention run
+    drops their panes and minute rows."""
+    lateness = {name: s.allowed_lateness for name, s in ctx.catalog.streams.items()}
+    clock.now = (NOW_MS - 8 * DAY - 5 * HOUR) / 1000
+    partials = [pane(t, [10.0], ["u"]) for t in OLD]
+    assert ctx.store.commit_batch(BatchCommit("main", 0, partials, len(OLD), max_event_ms={STREAM: OLD[-1]},
+                                              read_by_stream={STREAM: len(OLD)}, dead_by_stream={}),
+                                  lateness_ms=lateness, now_ms=ctx.now_ms()).committed
+    clock.now = NOW_MS / 1000
+    assert ctx.store.commit_batch(BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=NOW_MS),
+                                  lateness_ms=lateness, now_ms=NOW_MS).committed
+    assert ctx.store.read_tier(STREAM, 60_000, "", OLD[0], OLD[-1] + 1, pane_ms=10_000) == []  # dropped
+
+
+def counted(body) -> int:
+    return sum(p["count"] for s in body["series"] for p in s["points"])
+
+
+def in_range(body) -> int:
+    return sum(1 for t in OLD if body["start"] <= t < body["end"])
+
+
+def test_the_default_step_is_one_a_kept_granule_answers(client, aged):
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-9d", "to": "now-8d"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["step_ms"] == HOUR  # 5m for a day's range, but only the hours are kept there
+    assert counted(body) == in_range(body) == len(OLD)
+
+
+@pytest.mark.parametrize("step", ["1h", "2h", "12h"])
+def test_steps_of_a_kept_granule_count_every_event(client, aged, step):
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-9d", "to": "now-8d",
+                                            "step": step})
+    assert r.status_code == 200, r.text
+    assert counted(r.json()) == in_range(r.json()) == len(OLD)
+
+
+@pytest.mark.parametrize("params", [{"step": "5m"}, {"step": "30m"}, {"step": "1h", "window": "90m"},
+                                    {"step": "90m", "to": str(NOW_MS - 8 * DAY - 10 * HOUR - HOUR // 2 + 1),
+                                     "from": str(NOW_MS - 8 * DAY - 10 * HOUR - HOUR // 2)}])
+def test_a_step_finer_than_what_is_kept_is_refused_naming_one_that_answers(client, aged, params):
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-9d", "to": "now-8d",
+                                            **params})
+    assert r.status_code == 400, r.text
+    assert r.json()["param"] == "step"
+    assert "the smallest step that can answer this range is 1h" in r.json()["detail"]
+
+
+def test_a_range_the_minutes_still_keep_reads_them(client, aged):
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-1d", "to": "now",
+                                            "step": "1m"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("start", ["0", "now-400d", "now-30d"])
+def test_a_range_reaching_past_every_tiers_keep_defaults_to_a_step_that_answers(client, aged, start):
+    """Past every granule's horizon nothing is kept at any step (the stream's retention, answered
+    empty); the rest of the range is answered at the default step, from the hour rows."""
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": start, "to": "now"})
+    assert r.status_code == 200, r.text
+    assert r.json()["step_ms"] % HOUR == 0
+    assert counted(r.json()) == len(OLD)
