@@ -525,7 +525,7 @@ def test_the_planner_reads_no_granule_past_its_keep(q):
     assert at == span_end
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=st.lists(st.tuples(st.integers(0, 6 * 3_600_000 - 1), st.sampled_from("xy"), st.sampled_from("pq")),
                        min_size=1, max_size=60),
        asked=st.lists(kept_queries(), min_size=1, max_size=4))
