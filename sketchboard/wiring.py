@@ -316,6 +316,7 @@ def check_exposure(settings: Settings, security=None) -> None:
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
+    from api.served_catalog import ServedCatalog, stored_definitions
     from api.ws_hub import HubConfig
     from sketchboard.leader import build_leadership, lead
     from sketchboard.reprocess import build_reprocess_service, child_launcher
@@ -355,6 +356,9 @@ def build_api(settings: Settings):
         snapshot_workers=snapshot_workers(settings),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
+    # Reads of the root go by the definitions its output was built with (api/served_catalog.py).
+    ctx.served = ServedCatalog(stored_definitions(ctx.reprocess.definitions))
+    ctx.reprocess.switch_listeners.append(lambda stream: ctx.served.refresh())
     ctx.point_warmer = point_warmer(settings, ctx)
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
