@@ -183,10 +183,11 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,
-                        active=None):
+                        active=None, served=None):
     """The alert evaluator (not started: the API process starts it) with the file's rules loaded
     and the webhook notifier when a URL is set; `active()` says whether this replica may notify
-    (it holds the leader lease: sketchboard/leader.py), None: always."""
+    (it holds the leader lease: sketchboard/leader.py), None: always. `served(catalog)`: the
+    catalog rules read the root's output by (api/served_catalog.py); None: `catalog`."""
     import time
 
     from alerts.loader import load_rules_file
@@ -204,9 +205,9 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
             max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
             repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/",
             memory_store=alert_store, active=active))
-    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
+    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor, served=served),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
-                           clock=clock or time.time)
+                           clock=clock or time.time, served=served)
     path = alerts_file(settings)
     if path is not None:
         service.sync_file(load_rules_file(path, catalog))
@@ -329,7 +330,11 @@ def build_api(settings: Settings):
     patterns = build_pattern_definitions(catalog, store)  # the configured patterns and those defined through the API
     # One replica at a time evaluates alerts, notifies and samples lag (sketchboard/leader.py).
     leadership = build_leadership(settings, store)
-    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading)
+    reprocess = build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings))
+    # Reads of the root go by the definitions its output was built with (api/served_catalog.py).
+    served = ServedCatalog(stored_definitions(reprocess.definitions))
+    reprocess.switch_listeners.append(lambda stream: served.refresh())
+    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading, served=served.of)
     lead(leadership, alerts=alerts, sampler=lag.sampler)
     cdc = follow_cdc_sources(settings, catalog, log, leadership)  # change data capture (docs/tables.md)
     ctx = ApiContext(
@@ -349,16 +354,14 @@ def build_api(settings: Settings):
         audit=open_audit_store(settings, store),
         idempotency=open_idempotency_store(settings, store),
         leadership=leadership,
-        reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
+        reprocess=reprocess,
+        served=served,
         cdc=cdc,
         pattern_definitions=patterns,
         point_cache=open_point_cache(catalog, store),
         snapshot_workers=snapshot_workers(settings),
     )
     ctx.reprocess.switch_listeners.append(lambda stream: ctx.point_cache.clear())  # its points were the old rows
-    # Reads of the root go by the definitions its output was built with (api/served_catalog.py).
-    ctx.served = ServedCatalog(stored_definitions(ctx.reprocess.definitions))
-    ctx.reprocess.switch_listeners.append(lambda stream: ctx.served.refresh())
     ctx.point_warmer = point_warmer(settings, ctx)
     hub_config = HubConfig(
         poll_interval_s=settings.ws_poll_interval,
