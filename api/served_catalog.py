@@ -37,8 +37,8 @@ class ServedCatalog:
         self._lock = threading.Lock()
         self._stored: StoredDefinitions | None = None
         self._loaded_at = 0.0
-        # (configured catalog, the pinned definitions it was pinned with, the served catalog)
-        self._built: tuple[Catalog, dict, Catalog] | None = None
+        # (configured catalog, the stored definitions read, the pinned ones, the served catalog)
+        self._built: tuple[Catalog, StoredDefinitions, dict, Catalog] | None = None
 
     def refresh(self) -> None:
         """A switch changed the stored definitions: read them again on next use."""
@@ -48,13 +48,16 @@ class ServedCatalog:
     def of(self, configured: Catalog) -> Catalog:
         """`configured` with each stream whose stored definition differs from it declared as stored."""
         stored = self._stored_definitions()
-        pinned = {name: stored[name] for name in changed_streams(configured, {n: v for n, (v, _) in stored.items()})}
         built = self._built
-        if built is not None and built[0] is configured and built[1] == pinned:
-            return built[2]
-        served = pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
-                                {n: v for n, (v, _) in pinned.items()})
-        self._built = (configured, pinned, served)
+        if built is not None and built[0] is configured and built[1] is stored:  # per query: no hashing
+            return built[3]
+        pinned = {name: stored[name] for name in changed_streams(configured, {n: v for n, (v, _) in stored.items()})}
+        if built is not None and built[0] is configured and built[2] == pinned:
+            served = built[3]
+        else:
+            served = pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
+                                    {n: v for n, (v, _) in pinned.items()})
+        self._built = (configured, stored, pinned, served)
         return served
 
     def _stored_definitions(self) -> StoredDefinitions:
