@@ -38,8 +38,11 @@ class LoadedRule:
 class AlertService:
     def __init__(self, catalog: Catalog, store: SqliteAlertStore, data: AlertData, *,
                  default_interval_ms: int = 10_000, notifiers: Iterable = (), clock: Callable[[], float] = time.time,
-                 active: Callable[[], bool] | None = None):
-        self.catalog = catalog
+                 active: Callable[[], bool] | None = None, served: Callable[[Catalog], Catalog] | None = None):
+        self.catalog = catalog  # rules are checked against it (they outlive a switch)
+        # ... and evaluated against the catalog the served output was built with (api/served_catalog.py):
+        # until a switch, a rule needing what only the configuration has is an Error, not a wrong value.
+        self.served = served
         # Whether this replica may write evaluations now (it holds the leader lease:
         # sketchboard/leader.py), asked right before each save; None: always. A lease that lapsed
         # mid-evaluation (its renewal blocked) must not write over the new leader's.
@@ -152,7 +155,8 @@ class AlertService:
                 outcome = Outcome.failed(f"the rule's definition is no longer valid: {loaded.problem}")
             else:
                 rule = loaded.rule
-                outcome = evaluate_rule(rule, self.data, self.catalog, now_ms, cursor=self.store.cursor(name))
+                catalog = self.catalog if self.served is None else self.served(self.catalog)
+                outcome = evaluate_rule(rule, self.data, catalog, now_ms, cursor=self.store.cursor(name))
             result = evaluate(rule, outcome, previous, now_ms)
             if self.active is not None and not self.active():
                 return result  # no longer the leader: neither saved nor notified (the new leader evaluates)

@@ -4,7 +4,7 @@ only I/O the evaluator reaches."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from alerts.outcome import PatternMatch, StreamLagView, WindowValue
 from catalog import Catalog
@@ -15,8 +15,12 @@ from store.rollup import DEFAULT_MAX_POINTS
 
 
 class StoreAlertData:
-    def __init__(self, catalog: Catalog, store: PaneStore, lag_monitor=None):
+    def __init__(self, catalog: Catalog, store: PaneStore, lag_monitor=None, *,
+                 served: Callable[[Catalog], Catalog] | None = None):
         self.catalog = catalog
+        # The catalog the store's output was built with, from the configured one (api/served_catalog.py):
+        # a window is read as the panes there were computed; None: `catalog`.
+        self.served = served
         self.store = store
         self.lag_monitor = lag_monitor  # lag.report.LagMonitor, or None where lag is not sampled
 
@@ -25,7 +29,8 @@ class StoreAlertData:
 
     def window_values(self, metric: str, stat: str, start_ms: int, end_ms: int,
                       group_by: Sequence[str], filters: Mapping[str, str]) -> list[WindowValue]:
-        target = resolve_target(self.catalog, metric, [stat], group_by, filters)
+        catalog = self.catalog if self.served is None else self.served(self.catalog)
+        target = resolve_target(catalog, metric, [stat], group_by, filters)
         # One point whose window is [start, end): step one pane (the start is pane-aligned), window the
         # span. The caller chose the window by the watermark already: no final flags needed.
         q = over(target, step_ms=target.pane_ms, window_ms=end_ms - start_ms)

@@ -57,6 +57,12 @@ class AlertsView(Protocol):
     store: SqliteAlertStore
     notifiers: list  # alerts.webhook.WebhookNotifier: delivery counters for /metrics
 
+    def served_catalog(self) -> Catalog:
+        """The catalog to read the served output (the root) by: the configured one, with each stream
+        the pipeline still computes as stored declared as stored (docs/reprocessing.md). Ingest
+        goes by `catalog` (new events follow the configuration)."""
+        return self.catalog if self.served is None else self.served.of(self.catalog)
+
     def now_ms(self) -> int: ...
     def rules(self) -> list[LoadedRule]: ...
     def create(self, definition: Mapping) -> StoredRule: ...
@@ -134,10 +140,19 @@ class ApiContext:
     cdc: Any = None
     # Tokens, allowed websocket origins, CORS (api/security/); the default is open, as on loopback.
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # The catalog the served output was built with (api.served_catalog.ServedCatalog): what reads
+    # of the root go by; None: the configured catalog (no stored definitions to follow).
+    served: Any = None
 
     def __post_init__(self) -> None:
         for name, stream in self.catalog.streams.items():
             self.validators.setdefault(name, EventValidator(stream))
+
+    def served_catalog(self) -> Catalog:
+        """The catalog to read the served output (the root) by: the configured one, with each stream
+        the pipeline still computes as stored declared as stored (docs/reprocessing.md). Ingest
+        goes by `catalog` (new events follow the configuration)."""
+        return self.catalog if self.served is None else self.served.of(self.catalog)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -34,12 +34,13 @@ class MembershipAnswer(BaseModel):
 
 
 def membership(ctx: ApiContext, stream_name: str, key: str, start: str, end: str) -> MembershipAnswer:
-    stream = ctx.catalog.streams.get(stream_name)
+    catalog = ctx.served_catalog()  # the filters there were built as stored (docs/reprocessing.md)
+    stream = catalog.streams.get(stream_name)
     if stream is None:
-        raise HTTPException(404, f"unknown stream {stream_name!r}; defined: {', '.join(sorted(ctx.catalog.streams))}")
+        raise HTTPException(404, f"unknown stream {stream_name!r}; defined: {', '.join(sorted(catalog.streams))}")
     decl = stream.membership
     if decl is None:
-        with_it = [n for n, s in ctx.catalog.streams.items() if s.membership]
+        with_it = [n for n, s in catalog.streams.items() if s.membership]
         raise HTTPException(400, f"stream {stream_name!r} declares no membership filters"
                                  f" (streams with them: {', '.join(with_it) or 'none'})")
     if not key:

@@ -110,7 +110,8 @@ def router(ctx: ApiContext) -> APIRouter:
                                     " lists them); default: the served output", max_length=64),
     ) -> Response:
         now = ctx.now_ms()
-        store, catalog, cache = ctx.store, ctx.catalog, ctx.point_cache
+        # The served output is read by the definitions it was built with (api/served_catalog.py).
+        store, catalog, cache = ctx.store, await run_in_threadpool(ctx.served_catalog), ctx.point_cache
         if version is not None:
             store, catalog = await run_in_threadpool(versioned_output, ctx, metric, version)
             cache = None  # its points are keyed without the namespace

@@ -104,7 +104,7 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
                 reason += f" (the subscription previously under id {msg.id!r} has ended)"
             _reply(client, error(reason, msg.id))
 
-        catalog = ctx.catalog
+        catalog = await run_in_threadpool(ctx.served_catalog)  # the served output's (api/served_catalog.py)
         if msg.query.version is not None:
             from api.query_routes import versioned_output
 

@@ -142,6 +142,38 @@ def changed_streams(catalog: Catalog, stored_versions: dict[str, str]) -> dict[s
             if name in stored_versions and stored_versions[name] != version}
 
 
+# The stream fields that do not count in the version (module doc): a pinned stream takes them from
+# the configuration, not from its stored declaration. The stored declaration is recorded once and
+# kept until a switch, so taking them from it would undo a tiers / rollup_group_bys / partitions
+# change made since (applied at once: no reprocessing needed) as soon as another field changed.
+LAYOUT_FIELDS = ("description", "partitions", "partition_idle_timeout", "tiers", "rollup_group_bys")
+
+
+def with_layout(configured: StreamDef, stored_doc: dict) -> dict:
+    """`stored_doc` with the configured stream's LAYOUT_FIELDS. One that does not fit the stored
+    declaration (tiers not a multiple of the stored pane, a group-by over a dimension only the
+    configuration has) keeps its stored value; a group-by that fits is kept on its own."""
+    from catalog.model import StreamDef
+
+    layout = configured.model_dump(mode="json", include=set(LAYOUT_FIELDS))
+    dimensions = set(StreamDef(**stored_doc).dimensions)
+    layout["rollup_group_bys"] = [g for g in layout["rollup_group_bys"] if set(g) <= dimensions]
+    trial = {**stored_doc, **layout}
+    try:
+        StreamDef(**trial)
+        return trial
+    except ValueError:
+        pass
+    doc = dict(stored_doc)
+    for name, value in layout.items():  # field by field: what fits goes in
+        try:
+            StreamDef(**{**doc, name: value})
+        except ValueError:
+            continue
+        doc[name] = value
+    return doc
+
+
 def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict], stored_versions: dict[str, str] | None = None) -> Catalog:
     """`catalog` with each stream named in `stored_docs` declared as stored there: what a pipeline
     computes an existing output with until a switch. Metrics are kept where the stored
@@ -153,8 +185,8 @@ def pinned_catalog(catalog: Catalog, stored_docs: dict[str, dict], stored_versio
 
     if not stored_docs:
         return catalog
-    streams = {name: {k: v for k, v in stored_docs[name].items() if k != ENRICH_VIEWS} if name in stored_docs
-               else stream_document(s) for name, s in versioned_streams(catalog).items()}
+    streams = {name: with_layout(s, {k: v for k, v in stored_docs[name].items() if k != ENRICH_VIEWS})
+               if name in stored_docs else stream_document(s) for name, s in versioned_streams(catalog).items()}
     pinned = {name: StreamDef(**doc) for name, doc in streams.items()}
     # The views a pinned stream's stored definition looked up through, where declared otherwise now
     # (and still over two tables of the catalog): it keeps enriching through them until its switch.

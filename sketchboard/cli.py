@@ -61,7 +61,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         dashboards = load_dashboards_dir(folder, catalog, max_points=settings.query_max_points)
         print(f"{folder}: {len(dashboards)} dashboards - OK")
-    return 0
+    # Against the data already there (sketchboard/config_against_data.py): a shrink stops the API and
+    # the pipeline from starting, so it fails the check; a changed definition is only said.
+    from sketchboard.config_against_data import changed_definitions, partition_shrinks
+
+    for note in changed_definitions(settings, catalog):
+        print(f"note: {note}")
+    shrinks = partition_shrinks(settings, catalog)
+    for error in shrinks:
+        print(f"error: {error}", file=sys.stderr)
+    return 1 if shrinks else 0
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:

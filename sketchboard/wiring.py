@@ -112,8 +112,10 @@ def point_warmer(settings: Settings, ctx):
         return None
 
     def views(now_ms: int):
-        return declared_queries([d.definition for d in ctx.dashboards.dashboards()], ctx.catalog, now_ms=now_ms,
-                                max_points=ctx.query_max_points)
+        # Resolved as the queries they warm for are (api/served_catalog.py): a panel the served output
+        # cannot answer until a switch is skipped, not warmed with points read another way.
+        return declared_queries([d.definition for d in ctx.dashboards.dashboards()], ctx.served_catalog(),
+                                now_ms=now_ms, max_points=ctx.query_max_points)
 
     return PointWarmer(ctx.store, views, interval_s=settings.point_warm_interval, max_points=ctx.query_max_points,
                        cache=ctx.point_cache, workers=ctx.snapshot_workers, clock=ctx.clock,
@@ -183,10 +185,11 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
 
 def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor=None, *, clock=None,
-                        active=None):
+                        active=None, served=None):
     """The alert evaluator (not started: the API process starts it) with the file's rules loaded
     and the webhook notifier when a URL is set; `active()` says whether this replica may notify
-    (it holds the leader lease: sketchboard/leader.py), None: always."""
+    (it holds the leader lease: sketchboard/leader.py), None: always. `served(catalog)`: the
+    catalog rules read the root's output by (api/served_catalog.py); None: `catalog`."""
     import time
 
     from alerts.loader import load_rules_file
@@ -204,9 +207,9 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
             max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
             repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/",
             memory_store=alert_store, active=active))
-    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor),
+    service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor, served=served),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
-                           clock=clock or time.time)
+                           clock=clock or time.time, served=served)
     path = alerts_file(settings)
     if path is not None:
         service.sync_file(load_rules_file(path, catalog))
@@ -316,6 +319,7 @@ def check_exposure(settings: Settings, security=None) -> None:
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
+    from api.served_catalog import ServedCatalog, stored_definitions
     from api.ws_hub import HubConfig
     from sketchboard.leader import build_leadership, lead
     from sketchboard.reprocess import build_reprocess_service, child_launcher
@@ -328,7 +332,11 @@ def build_api(settings: Settings):
     patterns = build_pattern_definitions(catalog, store)  # the configured patterns and those defined through the API
     # One replica at a time evaluates alerts, notifies and samples lag (sketchboard/leader.py).
     leadership = build_leadership(settings, store)
-    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading)
+    reprocess = build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings))
+    # Reads of the root go by the definitions its output was built with (api/served_catalog.py).
+    served = ServedCatalog(stored_definitions(reprocess.definitions))
+    reprocess.switch_listeners.append(lambda stream: served.refresh())
+    alerts = build_alert_service(settings, patterns.catalog, store, lag, active=leadership.leading, served=served.of)
     lead(leadership, alerts=alerts, sampler=lag.sampler)
     cdc = follow_cdc_sources(settings, catalog, log, leadership)  # change data capture (docs/tables.md)
     ctx = ApiContext(
@@ -348,7 +356,8 @@ def build_api(settings: Settings):
         audit=open_audit_store(settings, store),
         idempotency=open_idempotency_store(settings, store),
         leadership=leadership,
-        reprocess=build_reprocess_service(settings, catalog, store, log, launch=child_launcher(settings)),
+        reprocess=reprocess,
+        served=served,
         cdc=cdc,
         pattern_definitions=patterns,
         point_cache=open_point_cache(catalog, store),

@@ -141,8 +141,13 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
             assert not_yet.status_code == 409 and "caught up" in not_yet.json()["detail"]
             ctx.reprocess.definitions.set_state(run["id"], "caught_up", ctx.now_ms())
 
-            assert groups(client) == {"": 3}  # served: the old definition has no region
-            # An alert rule on the stream follows the switch without a restart (it reads the served output).
+            # Served: the old definition, which has no region (the served output has none to group by).
+            unserved = client.get("/api/v1/query", params={"metric": "latency", "from": "now-1h", "group_by": "region"},
+                                  headers=READ)
+            assert unserved.status_code == 400 and "dimensions: endpoint" in unserved.json()["detail"]
+            assert groups(client, group_by="endpoint") == {"": 3}
+            # An alert rule on the stream follows the switch without a restart (it reads the served output,
+            # with the definition it was built with).
             ctx.alerts.create({"name": "by_region", "kind": "threshold", "metric": "latency", "stat": "count",
                                "window": "20m", "group_by": ["region"], "op": ">", "threshold": 0, "stale_after": "2h"})
 
@@ -153,7 +158,7 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
                 (evaluation,) = [e for e in ctx.alerts.evaluate_due(at) if e.rule == "by_region"]
                 return {i.labels.get("region", ""): i.value for i in evaluation.instances if i.state == "firing"}
 
-            assert firing() == {"": 3}
+            assert firing() == {}  # an Error until the switch: the served output has no region to group by
             assert groups(client, version=new_v[:8]) == {"eu": 2, "us": 1}  # the run's output
             unknown = client.get("/api/v1/query", params={"metric": "latency", "version": "deadbeef"}, headers=READ)
             assert unknown.status_code == 404 and unknown.json()["param"] == "version"
@@ -211,6 +216,67 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
         ctx.reprocess.close_outputs()
         for r in ctx.reprocess.runs():
             ctx.reprocess.outputs.storage.drop(r.id)
+        ctx.store.close()
+
+
+def test_the_served_output_is_read_with_the_definition_it_was_built_with(tmp_path, store_backend):
+    """Until a switch the pipeline computes a changed stream as stored, so the API reads its output by
+    the stored declaration, not the configured one: a dimension removed since still groups, a finer
+    pane is refused as a step, membership and first_seen turned on since are not answered from
+    output that has none. Ingest still follows the configuration."""
+    import time
+
+    from store.base import BatchCommit, PanePartial
+    from store.panes import PaneData
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    extra = {}
+    if store_backend.kind == "postgres":
+        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS, **extra)
+    pane = (int(time.time() * 1000) - 600_000) // 10_000 * 10_000
+    old_catalog = open_catalog(settings)
+    root = open_store(settings)
+    pin_definitions(root, old_catalog, "main")
+    root.commit_batch(BatchCommit(
+        pipeline="main", batch_id=0, events_read=3, max_event_ms={"http": pane + 20_000},
+        partials=[PanePartial("http", pane, pane + 10_000, {"endpoint": "/a"}, PaneData(count=3))],
+        end_offsets={"http": {0: 3}}, definition_versions=catalog_versions(old_catalog)), lateness_ms={"http": 0},
+        now_ms=pane)
+    root.close()
+    http = {**OLD["streams"]["http"], "dimensions": [], "pane": "5s", "first_seen": {"field": "user"},
+            "membership": {"field": "user", "bucket": "1h"}}
+    config.write_text(yaml.safe_dump({"streams": {**OLD["streams"], "http": http},
+                                      "metrics": {**OLD["metrics"], "new_users": {"stream": "http", "first_seen": True}}}))
+    app, ctx = build_api(settings)
+
+    def query(**params):
+        return client.get("/api/v1/query", params={"metric": "latency", "stat": "count", "from": "now-1h", **params},
+                          headers=READ)
+
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            grouped = query(group_by="endpoint")
+            assert grouped.status_code == 200, grouped.text
+            assert {s["group"]["endpoint"]: sum(p["count"] for p in s["points"])
+                    for s in grouped.json()["series"]} == {"/a": 3}
+            finer = query(step="5s")
+            assert finer.status_code == 400 and finer.json()["param"] == "step"  # the served panes are 10 s
+            assert query(step="10s").status_code == 200
+            membership = client.get("/api/v1/membership", params={"stream": "http", "key": "u1"}, headers=READ)
+            assert membership.status_code == 400 and "declares no membership" in membership.json()["detail"]
+            assert query(metric="new_users", stat="first_seen").status_code == 404  # no first_seen there yet
+            with client.websocket_connect("/api/v1/ws", headers=READ) as ws:
+                ws.send_json({"type": "subscribe", "id": "e", "query": {"metric": "latency", "stat": "count",
+                                                                        "from": "now-1h", "group_by": "endpoint"}})
+                while (msg := ws.receive_json()).get("id") != "e":
+                    pass
+                assert msg["type"] == "snapshot", msg
+            # Ingest goes by the configuration (new events are checked as configured), reads by the stored one.
+            assert ctx.catalog.streams["http"].membership is not None
+            assert ctx.served_catalog().streams["http"].membership is None
+    finally:
         ctx.store.close()
 
 

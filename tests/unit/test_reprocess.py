@@ -201,6 +201,32 @@ def test_the_pipeline_records_definitions_and_pins_changed_streams(tmp_path, sto
     assert "sketchboard reprocess http" in caplog.text and "'orders'" not in caplog.text
 
 
+def test_a_pinned_stream_keeps_the_tiers_and_partitions_configured_since_it_was_recorded(store_backend):
+    # Tiers, rollup group-bys and partitions do not count in the version: changed alone they apply at
+    # once. A later change that pins the stream must not bring the recorded ones back (the pipeline
+    # would rebuild the tiers to them, deleting the rows of the tiers configured since).
+    store = store_backend.create()
+    http = OLD["streams"]["http"]
+    pin_definitions(store, Catalog(**OLD), "main", clock=lambda: NOW / 1000)
+    layout = {"tiers": [{"every": "1m"}, {"every": "5m"}, {"every": "1h", "keep": "90d"}], "partitions": 8,
+              "rollup_group_bys": [["endpoint"]], "description": "requests"}
+    relaid = Catalog(**{**OLD, "streams": {**OLD["streams"], "http": {**http, **layout}}})
+    assert pin_definitions(store, relaid, "main").streams["http"] == relaid.streams["http"]  # same version: as configured
+    changed = Catalog(**{**OLD, "streams": {**OLD["streams"],
+                                            "http": {**http, **layout, "dimensions": ["endpoint", "region"],
+                                                     "rollup_group_bys": [["endpoint"], ["endpoint", "region"]]}}})
+    pinned = pin_definitions(store, changed, "main").streams["http"]
+    assert pinned.dimensions == ("endpoint",)  # computed as stored until a switch ...
+    assert pinned.tiers == relaid.streams["http"].tiers  # ... laid out as configured
+    assert (pinned.partitions, pinned.description) == (8, "requests")
+    assert pinned.rollup_group_bys == (("endpoint",),)  # the group-by over the new dimension waits for the switch
+    # A tier that does not fit the stored pane keeps the stored tiers; the rest still applies.
+    stored_pane = Catalog(**OLD).streams["http"]
+    still = pin_definitions(store, Catalog(**{**OLD, "streams": {**OLD["streams"], "http": {
+        **http, **layout, "tiers": [{"every": "15s"}], "pane": "5s"}}}), "main").streams["http"]
+    assert (still.pane, still.tiers, still.partitions) == (stored_pane.pane, stored_pane.tiers, 8)
+
+
 @pytest.fixture
 def service(tmp_path, store_backend):
     store = store_backend.create()

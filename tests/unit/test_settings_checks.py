@@ -428,3 +428,39 @@ def test_the_documented_check_config_output_is_the_commands(capsys, monkeypatch)
     assert cli.main(["check-config", "--config", "config/streams.yaml"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert [line for line in shown if line not in printed] == []
+
+
+def test_check_config_fails_on_a_partition_shrink_and_notes_changed_definitions_of_the_data_there(tmp_path, capsys):
+    """A configuration that parses but that the API and the pipeline refuse with the data there (fewer
+    partitions than the log has) fails the check; a stream the pipeline will keep computing as stored
+    is said. Nothing is created where there is no data yet."""
+    import yaml
+
+    from sketchboard.definitions import pin_definitions
+    from sketchboard.wiring import open_catalog, open_log, open_store
+
+    streams = tmp_path / "streams.yaml"
+    old = {"streams": {"http": {"key_field": "user", "dimensions": ["endpoint"], "partitions": 4},
+                       "orders": {"key_field": "customer", "values": ["amount"]}}}
+    streams.write_text(yaml.safe_dump(old))
+    data = tmp_path / "data"
+    args = ["check-config", "--config", str(streams), "--data-dir", str(data)]
+    assert cli.main(args) == 0 and not data.exists()  # no data: nothing to compare, nothing made
+    capsys.readouterr()
+    settings = Settings(data_dir=data, streams_config=streams)
+    catalog = open_catalog(settings)
+    open_log(settings, catalog).close()
+    store = open_store(settings)
+    pin_definitions(store, catalog, "main")
+    store.close()
+    assert cli.main(args) == 0
+    assert "note:" not in capsys.readouterr().out
+
+    new = {"streams": {**old["streams"], "http": {**old["streams"]["http"], "partitions": 2,
+                                                  "dimensions": ["endpoint", "region"]}}}
+    streams.write_text(yaml.safe_dump(new))
+    assert cli.main(args) == 1
+    out, err = capsys.readouterr()
+    assert "error: stream 'http': partitions 2 but the log has 4" in err and "orders" not in err
+    assert "note: stream 'http': definition changed" in out and "sketchboard reprocess http" in out
+    assert "'orders'" not in out

@@ -1,0 +1,79 @@
+"""The catalog the served output was built with: what queries read the root's rows by.
+
+After a configuration change, the pipeline goes on computing a changed stream with the
+declaration the root stored for it, until a reprocessing switch (sketchboard/definitions.py,
+docs/reprocessing.md). The API's configured catalog is right for ingest (new events are checked
+against the configuration) but wrong for reading: a pane, a dimension, membership or first_seen
+the configuration has and the stored output does not would be answered from rows built another
+way. So queries, membership, websocket subscriptions, alerts and dashboards read through the
+catalog pinned as the pipeline pins it (catalog/versions.py pinned_catalog) from the root's
+stored definitions; only read here, never recorded (that is the pipeline's part).
+
+The stored definitions change on a switch: the reprocessing service tells this API's replica at
+once (`refresh`); another replica's switch is seen within `refresh_s`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from catalog import Catalog
+from catalog.versions import changed_streams, pinned_catalog
+
+logger = logging.getLogger("api.served_catalog")
+
+# stream -> (stored version, stored declaration)
+StoredDefinitions = Mapping[str, tuple[str, dict]]
+
+
+class ServedCatalog:
+    def __init__(self, load: Callable[[], StoredDefinitions], *, refresh_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._load = load
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stored: StoredDefinitions | None = None
+        self._loaded_at = 0.0
+        # (configured catalog, the stored definitions read, the pinned ones, the served catalog)
+        self._built: tuple[Catalog, StoredDefinitions, dict, Catalog] | None = None
+
+    def refresh(self) -> None:
+        """A switch changed the stored definitions: read them again on next use."""
+        with self._lock:
+            self._stored = None
+
+    def of(self, configured: Catalog) -> Catalog:
+        """`configured` with each stream whose stored definition differs from it declared as stored."""
+        stored = self._stored_definitions()
+        built = self._built
+        if built is not None and built[0] is configured and built[1] is stored:  # per query: no hashing
+            return built[3]
+        pinned = {name: stored[name] for name in changed_streams(configured, {n: v for n, (v, _) in stored.items()})}
+        if built is not None and built[0] is configured and built[2] == pinned:
+            served = built[3]
+        else:
+            served = pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
+                                    {n: v for n, (v, _) in pinned.items()})
+        self._built = (configured, stored, pinned, served)
+        return served
+
+    def _stored_definitions(self) -> StoredDefinitions:
+        with self._lock:
+            now = self._clock()
+            if self._stored is None or now - self._loaded_at >= self.refresh_s:
+                try:
+                    self._stored = dict(self._load())
+                    self._loaded_at = now
+                except Exception as exc:  # the store away: answer with what was read before (or none)
+                    logger.warning("could not read the stored stream definitions: %s", exc)
+                    if self._stored is None:
+                        return {}
+            return self._stored
+
+
+def stored_definitions(definitions) -> Callable[[], StoredDefinitions]:
+    """The loader over a store.definitions.DefinitionStore (the root's)."""
+    return lambda: {name: (d.version, d.definition) for name, d in definitions.definitions().items()}
