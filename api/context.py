@@ -57,12 +57,6 @@ class AlertsView(Protocol):
     store: SqliteAlertStore
     notifiers: list  # alerts.webhook.WebhookNotifier: delivery counters for /metrics
 
-    def served_catalog(self) -> Catalog:
-        """The catalog to read the served output (the root) by: the configured one, with each stream
-        the pipeline still computes as stored declared as stored (docs/reprocessing.md). Ingest
-        goes by `catalog` (new events follow the configuration)."""
-        return self.catalog if self.served is None else self.served.of(self.catalog)
-
     def now_ms(self) -> int: ...
     def rules(self) -> list[LoadedRule]: ...
     def create(self, definition: Mapping) -> StoredRule: ...
