@@ -430,6 +430,14 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
     def logged(batch_id: int) -> Offsets:
         return batch_end_offsets(config, catalog, checkpoint, batch_id)
 
+    def write(batch_id: int, path: Path, text: str) -> None:
+        # A full disk or an I/O error is waited out as a store commit's is (reported, retried).
+        committer = getattr(pipeline, "committer", None)
+        if committer is None:  # a test's stand-in pipeline
+            write_whole(path, text)
+        else:
+            committer.write_checkpoint(batch_id, lambda: write_whole(path, text))
+
     def first_start() -> Offsets:
         # Where a query with no batch yet starts: as pinned at an earlier start, else as
         # `starting_offsets` says (the log's start, or its end now), pinned for the next one.
@@ -452,7 +460,7 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         # compacted table's gaps, are not in them), else the offset span.
         with progress.batch(batch_id, lambda: pipeline.rows_read_on_driver.get(batch_id, records_between(start, end))):
             process(own.read(start, end), batch_id)
-            write_whole(commits_dir / str(batch_id), _COMMIT)
+            write(batch_id, commits_dir / str(batch_id), _COMMIT)
         purge_before(checkpoint, batch_id - keep)
 
     ran = 0
@@ -473,8 +481,8 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         if end is None:
             break
         batch_id = planned[-1] + 1 if planned else 0
-        write_whole(offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
-                                                                                 int(time.time() * 1000))))
+        write(batch_id, offsets_dir / str(batch_id), own.offsets_text(end, _metadata(offsets_dir, planned,
+                                                                                     int(time.time() * 1000))))
         log.info("batch %d with chosen end offsets: %d offsets", batch_id, records_between(start, end))
         after_start = with_starts(end, starts)
         after = plan(after_start)

@@ -17,7 +17,10 @@ caller says which key the stream has). Plain files: no Spark needed."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -84,9 +87,55 @@ def purge_before(checkpoint_dir: Path, threshold: int) -> None:
             (folder / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum, where Spark wrote the file
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint file that could not be written (nothing of it is left: no half file, no .tmp)."""
+
+    def __init__(self, path: Path, error: OSError):
+        super().__init__(error.errno, f"cannot write checkpoint {path}: {error.strerror or error}")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class CheckpointSpaceError(CheckpointWriteError):
+    """A checkpoint write that failed for a reason that passes (the disk full, an I/O error): the
+    driver's batches retry it with back-off, as a store commit (aggregates/bounded_batches.py)."""
+
+
+# Errors of the disk, not of the checkpoint: the same write can succeed later.
+PASSING_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EDQUOT})
+
+
 def write_whole(path: Path, text: str) -> None:
-    """Written whole or not at all: a crash leaves no half file for Spark to read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Written whole or not at all: a crash leaves no half file for Spark to read. The file is
+    flushed to the disk before it takes its name, and the folder after (else a power loss can leave
+    the name on a 0-byte file: the offset log entry of a committed batch unreadable). A failure
+    raises CheckpointWriteError (CheckpointSpaceError for a full disk or an I/O error) naming the
+    file, with the temporary file removed."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        _fsync_folder(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # none made (no folder), or the same disk failing: the error is the news
+            tmp.unlink(missing_ok=True)
+        kind = CheckpointSpaceError if exc.errno in PASSING_ERRNOS else CheckpointWriteError
+        raise kind(path, exc) from exc
+
+
+def _fsync_folder(folder: Path) -> None:
+    """The folder's entries to the disk (the rename above); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

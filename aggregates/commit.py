@@ -267,16 +267,32 @@ def clock_corrected(rows: Iterable[Mapping[str, Any]] | pa.Table) -> int:
     return sum(r.get("clock_corrected") or 0 for r in rows)
 
 
+class UnreadableOffsets(ValueError):
+    """A batch's entry in the query's offset log is missing or cannot be read (a crash while it
+    was written, a disk that failed): where the batch starts or ends is unknown. Never read as "no
+    offsets", which would start the next batch at the log's start and count everything again."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot read the checkpoint's offset log entry {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 def checkpointed_end_offsets(checkpoint_dir: str | Path, batch_id: int) -> dict[str, dict[int, int]]:
     """The end offsets Spark logged for a batch before running it (its offset log, format
-    'v1' / metadata / one JSON line per source). Empty when unreadable."""
+    'v1' / metadata / one JSON line per source). Raises UnreadableOffsets when the entry is missing
+    or unreadable (aggregates/checkpoint_checks.py repairs the last one from the store at start)."""
     path = Path(checkpoint_dir) / "offsets" / str(batch_id)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
         offsets = json.loads(lines[2])
-    except (OSError, IndexError, ValueError):
-        return {}
-    return {stream: {int(p): int(o) for p, o in parts.items()} for stream, parts in offsets.items()}
+        return {stream: {int(p): int(o) for p, o in parts.items()} for stream, parts in offsets.items()}
+    except OSError as exc:
+        raise UnreadableOffsets(path, exc.strerror or str(exc)) from exc
+    except IndexError as exc:
+        raise UnreadableOffsets(path, "it has no offsets line (empty or cut short)") from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # not JSON, or not {source: {partition: offset}}
+        raise UnreadableOffsets(path, f"its offsets are not readable ({exc})") from exc
 
 
 # Where Spark's Kafka source logs the offsets its query started from, in the query's checkpoint.

@@ -42,6 +42,17 @@ class StoreCommitter:
             wait=self.gate.sleep, report=lambda error, attempt: self._report(commit.batch_id, error, attempt),
             backoff=self.backoff, wait_held=self._wait_held)
 
+    def write_checkpoint(self, batch_id: int, write: Callable[[], None]) -> None:
+        """A checkpoint file of a batch of the driver's own (aggregates/bounded_batches.py), written
+        until it goes through: a full disk or an I/O error (CheckpointSpaceError) is retried with the
+        store commit's back-off and reported as a store error is (health, /metrics), since the
+        pipeline cannot go on without it; any other failure is raised, naming the file."""
+        from aggregates.checkpoint_moves import CheckpointSpaceError
+
+        commit_with_retry(write, wait=self.gate.sleep, backoff=self.backoff, transient=(CheckpointSpaceError,),
+                          report=lambda error, attempt: self._report(batch_id, error, attempt,
+                                                                     what="the checkpoint write"))
+
     def _wait_held(self, seconds: float) -> bool:
         """The back-off of a commit held by a synchronized switch (store/switch.py SwitchHeld), cut
         short as soon as the switch releases the hold (polled every HOLD_POLL_S): the switch delays
@@ -60,16 +71,17 @@ class StoreCommitter:
         finally:
             holds.close()
 
-    def _report(self, batch_id: int, error: BaseException | None, attempt: int) -> None:
+    def _report(self, batch_id: int, error: BaseException | None, attempt: int, *,
+                what: str = "the store commit") -> None:
         """Say that the store commit fails (and is retried), or that it went through again: in
         the log, and in the health store that the API reads, where that can still be written."""
         at_ms = int(self.clock() * 1000)
         if error is None:
-            self.log.warning("%s: batch %d: the store took the commit after %d failed tries", self.pipeline, batch_id,
+            self.log.warning("%s: batch %d: %s went through after %d failed tries", self.pipeline, batch_id, what,
                              attempt)
         else:
-            self.log.warning("%s: batch %d: the store commit failed (try %d), retrying: %s: %s", self.pipeline,
-                             batch_id, attempt + 1, type(error).__name__, error)
+            self.log.warning("%s: batch %d: %s failed (try %d), retrying: %s: %s", self.pipeline,
+                             batch_id, what, attempt + 1, type(error).__name__, error)
         if self.health is None:
             return
         try:

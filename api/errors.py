@@ -100,9 +100,22 @@ async def _storage_unavailable(request: Request, exc: Exception) -> JSONResponse
     """A store that cannot read or write (disk full, I/O error, a lock held past the busy
     timeout, a PostgreSQL server gone): the service is unavailable, the request did not fail on
     its own account. A write is one transaction, so nothing was half-written."""
-    return JSONResponse({"detail": f"the store cannot serve this request now, nothing was changed:"
-                                   f" {type(exc).__name__}: {exc}", "param": None},
+    where = _store_file(request, exc)
+    return JSONResponse({"detail": f"the store{f' ({where})' if where else ''} cannot serve this request now,"
+                                   f" nothing was changed: {type(exc).__name__}: {exc}", "param": None},
                         status_code=503, headers={"Retry-After": "5"})
+
+
+def _store_file(request: Request, exc: Exception) -> str | None:
+    """The SQLite file a store error is about, for whoever must make room: the one the error names
+    (store/connection.py `naming_file`), else the serving store's file; None on PostgreSQL."""
+    if not isinstance(exc, sqlite3.Error):
+        return None
+    path = getattr(exc, "db_path", None)
+    if path is None:
+        ctx = getattr(request.app.state, "ctx", None)
+        path = getattr(getattr(ctx, "store", None), "path", None)
+    return None if path is None else str(path)
 
 
 def install(app) -> None:

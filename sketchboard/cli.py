@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -550,6 +551,13 @@ def _os_error_text(exc: OSError) -> str:
     return str(exc)
 
 
+def _sqlite_error_text(exc: sqlite3.Error) -> str:
+    """'<what>: <file>: <reason>' for a SQLite error (store/connection.py `naming_file` says the file)."""
+    path = getattr(exc, "db_path", None)
+    where = f"{path}: " if path is not None else ""
+    return f"cannot open or write the SQLite file {where}{exc}" if where else f"SQLite: {exc}"
+
+
 def _raised_in_py4j(exc: BaseException) -> bool:
     """Whether the error came from py4j's socket to the JVM (a frame of the py4j package raised it)."""
     tb = exc.__traceback__
@@ -573,13 +581,14 @@ def main(argv: list[str] | None = None) -> int:
     from alerts.rules import RuleError
     from api.security.token_file import TokenFileError
     from dashboard.model import DashboardError
+    from aggregates.checkpoint_checks import CheckpointDisagrees
     from ingest.log import LogUnavailable, TopicMismatch
     from sketchboard.javacheck import JavaError
 
     try:
         return args.func(args)
     except (ConfigError, JavaError, RuleError, TopicMismatch, LogUnavailable, TokenFileError,
-            ExecutorEnvironmentError, SparkStartError, DashboardError) as exc:
+            ExecutorEnvironmentError, SparkStartError, DashboardError, CheckpointDisagrees) as exc:
         for line in str(exc).splitlines() or [""]:  # one problem a line, each said by sketchboard
             print(f"sketchboard: {line}", file=sys.stderr)
         return 2
@@ -592,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ValidationError as exc:
         print(f"sketchboard: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # a SQLite file that cannot be opened or written (a full disk at start)
+        print(f"sketchboard: {_sqlite_error_text(exc)}", file=sys.stderr)
         return 2
 
 

@@ -489,6 +489,11 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
 
         apply_offset_moves(store, name, checkpoint_dir, kafka_prefix=None if kafka is None else kafka.topic_prefix)
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
+    from aggregates.checkpoint_checks import check_checkpoint
+
+    # Before anything is read: an unreadable last offset log entry, a store or a log behind the
+    # checkpoint is repaired from the store or refused (CheckpointDisagrees), never read past.
+    check_checkpoint(pipeline)
     from catalog.versions import catalog_versions
 
     pipeline.definition_versions = catalog_versions(catalog)  # a switch fences its commits (store/switch.py)

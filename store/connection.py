@@ -26,7 +26,12 @@ def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_time
     """Autocommit (transactions are explicit), shareable across threads (callers hold a lock),
     WAL so readers see the last commit while another process writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    with naming_file(path):
+        return _set_up(sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False),
+                       synchronous)
+
+
+def _set_up(conn: sqlite3.Connection, synchronous: str | None) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     # A backfill batch's transaction grows the WAL to the size of what it wrote (hundreds of MiB
     # for 1 M events), and SQLite keeps the file that large for as long as a connection is open:
@@ -37,6 +42,18 @@ def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_time
     # Sums of float parts in SQL, exactly rounded as the pane roll-up's (store/sqlite_tiers.aggregate).
     conn.create_aggregate("exact_sum", 1, ExactSumAggregate)
     return conn
+
+
+@contextmanager
+def naming_file(path: Path) -> Iterator[None]:
+    """A SQLite error raised inside says which file it is about (`db_path`, unless an inner one
+    set it): `sketchboard` prints it with the reason (a full disk at start, sketchboard/cli.py)."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        if getattr(exc, "db_path", None) is None:
+            exc.db_path = Path(path)
+        raise
 
 
 @contextmanager

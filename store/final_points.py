@@ -140,8 +140,9 @@ class FinalPoints(SideStore):
                 if entries is None:
                     return
                 self.save(entries)
-            except Exception:  # noqa: BLE001 - a point not kept is computed again; the query already answered
-                log.warning("could not keep %d final points in the store", len(entries), exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - a point not kept is computed again; the query already answered
+                # One line: on a full disk this comes at every query (the reason says enough).
+                log.warning("could not keep %d final points in the store: %s: %s", len(entries), type(exc).__name__, exc)
             finally:
                 self._queue.task_done()
 

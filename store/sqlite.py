@@ -35,7 +35,7 @@ from store import joins as join_store
 from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
                                plan_batch, retention_horizons)
 from store.commit_plan import DROP_OLD_CHANGES, bloom_horizons, change_feed_horizon, with_removed_streams
-from store.connection import SqliteDb, open_connection, read_snapshot, transaction, where
+from store.connection import SqliteDb, naming_file, open_connection, read_snapshot, transaction, where
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
@@ -60,15 +60,17 @@ class SqlitePaneStore(PaneStore):
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         self._bloom: bloom_store.BloomStore | None = None
-        with self._lock:
-            check_version(self._conn.execute("PRAGMA user_version").fetchone()[0], f"SQLite store {self.path}")
+        with self._lock, naming_file(self.path):
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            check_version(version, f"SQLite store {self.path}")
             self._conn.executescript(PANE_TABLES + EVENT_ID_TABLES + JOIN_TABLES + TABLE_STATE_TABLES
                                      + VIEW_STATE_TABLES + PATTERN_TABLES + session_store.SESSION_TABLES)
             bloom_store.create_schema(self._conn)
             sqlite_tiers.create_schema(self._conn)
             self._migrate()
             sqlite_tiers.create_indexes(self._conn)
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if version != SCHEMA_VERSION:  # written only when it changes: an up-to-date store opens on a full disk
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _migrate(self) -> None:
         """Columns added after a store file may have been created (SQLite: ADD COLUMN only)."""

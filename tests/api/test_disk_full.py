@@ -56,6 +56,7 @@ def test_a_full_store_is_a_503_before_anything_is_appended(http, wired_ctx, now_
         if r.status_code == 503:
             break
     assert r.status_code == 503 and "full" in r.json()["detail"] and r.headers["retry-after"] == "5"
+    assert f"the store ({wired_ctx.store.path})" in r.json()["detail"]  # the file to make room for
     appended_before_full = sum(e - s for s, e in offsets(wired_ctx).values()) - sum(e - s for s, e in before.values())
     assert appended_before_full == i  # the refused request appended nothing
     wired_ctx.idempotency._conn.conn.execute(f"PRAGMA max_page_count = {pages * 1000}")

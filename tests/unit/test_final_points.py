@@ -175,3 +175,20 @@ def test_points_kept_by_an_earlier_way_of_computing_them_are_not_served(store_ba
         assert kept.load(("s", "p100"), T0, T0 + MINUTE) == []
     finally:
         kept.close()
+
+
+def test_points_that_cannot_be_kept_are_one_warning_line(store_backend, caplog):
+    """On a full disk this comes at every query: a traceback each time buried the log."""
+    store = store_backend.create()
+    kept = FinalPoints(store.side_db(), writer=store.side_db())
+    other = store_backend.reopen(store).side_db()
+    try:
+        other.execute("DROP TABLE kept_points")  # any store error that fails the save
+        kept.save_soon([("s", (), T0, (1, 1, 1, 1), Point(T0, 1.0, 1, True, 1, None))])
+        kept.flush()
+        [record] = [r for r in caplog.records if "could not keep" in r.getMessage()]
+        assert record.exc_info is None and record.getMessage().startswith("could not keep 1 final points in the store: ")
+        assert "kept_points" in record.getMessage()  # the reason, in the line
+    finally:
+        kept.close()
+        other.close()
