@@ -90,6 +90,21 @@ def test_reprocess_routes_status_and_metrics_after_a_definition_change(tmp_path)
         ctx.store.close()
 
 
+
+def served_as_old(tmp_path, store_backend):
+    """Settings over a store (either backend) whose streams file declares OLD, the first pane of
+    ten minutes ago, and OLD's catalog."""
+    import time
+
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump(OLD))
+    extra = {}
+    if store_backend.kind == "postgres":
+        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS, **extra)
+    pane = (int(time.time() * 1000) - 600_000) // 10_000 * 10_000
+    return settings, pane, open_catalog(settings)
+
 def test_switch_version_and_drop_routes(tmp_path, store_backend):
     """?version= answers from either output; the switch (admin, audited) makes the run's output the
     served one and keeps the old one queryable; drop refuses the served version. Both store backends."""
@@ -99,13 +114,7 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
     from store.panes import PaneData
 
     config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    extra = {}
-    if store_backend.kind == "postgres":
-        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS, **extra)
-    pane = (int(time.time() * 1000) - 600_000) // 10_000 * 10_000
-    old_catalog = open_catalog(settings)
+    settings, pane, old_catalog = served_as_old(tmp_path, store_backend)
 
     def write(store, pipeline: str, catalog, counts: dict[tuple, int]) -> None:
         dims = catalog.streams["http"].dimensions
@@ -230,13 +239,7 @@ def test_the_served_output_is_read_with_the_definition_it_was_built_with(tmp_pat
     from store.panes import PaneData
 
     config = tmp_path / "streams.yaml"
-    config.write_text(yaml.safe_dump(OLD))
-    extra = {}
-    if store_backend.kind == "postgres":
-        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
-    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None, tokens=TOKENS, **extra)
-    pane = (int(time.time() * 1000) - 600_000) // 10_000 * 10_000
-    old_catalog = open_catalog(settings)
+    settings, pane, old_catalog = served_as_old(tmp_path, store_backend)
     root = open_store(settings)
     pin_definitions(root, old_catalog, "main")
     root.commit_batch(BatchCommit(
