@@ -105,8 +105,10 @@ def finest_kept_granule(layout: TierLayout | None, pane_ms: int, start_ms: int, 
         return pane_ms
     needed = tuple(needed)
     start_ms = max(start_ms, min(kept_from_ms(layout, g, now_ms) for g in layout.granules_ms()))
+    # Kept from within the first row of its own (the range starting at the granule's horizon, not
+    # aligned to it): that sliver is the edge of retention (query.model.check_kept lets it be).
     kept = [g for g in layout.granules_ms()
-            if kept_from_ms(layout, g, now_ms) <= start_ms
+            if kept_from_ms(layout, g, now_ms) < start_ms + g
             and any(covers(p, needed) for p in layout.projections_at(g))]
     return min(kept, default=pane_ms)
 

@@ -87,3 +87,14 @@ def test_a_range_reaching_past_every_tiers_keep_defaults_to_a_step_that_answers(
     assert r.status_code == 200, r.text
     assert r.json()["step_ms"] % HOUR == 0
     assert counted(r.json()) == len(OLD)
+
+
+@pytest.mark.parametrize("step", ["5m", "10m"])
+def test_a_range_as_long_as_the_retention_is_answered_at_the_steps_kept_over_it(client, aged, clock, step):
+    """"Last 8 days" on a stream kept 8 days: its start, floored to the step, falls a little before
+    the minutes' horizon. That sliver of the first bucket is the retention's edge, not a step too
+    fine: the range is answered at 5 m and 10 m (a dashboard at those steps was refused)."""
+    clock.now = (NOW_MS + 37_000) / 1000  # a clock between steps, as a dashboard's is
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-8d", "to": "now",
+                                            "step": step, "group_by": "endpoint"})
+    assert r.status_code == 200, r.text
