@@ -36,14 +36,16 @@ class ServedCatalog:
         self._clock = clock
         self._lock = threading.Lock()
         self._stored: StoredDefinitions | None = None
-        self._loaded_at = 0.0
+        self._loaded_at = float("-inf")
+        self._loading = False
+        self._first = threading.Event()  # the first read is done (failed or not)
         # (configured catalog, the stored definitions read, the pinned ones, the served catalog)
         self._built: tuple[Catalog, StoredDefinitions, dict, Catalog] | None = None
 
     def refresh(self) -> None:
         """A switch changed the stored definitions: read them again on next use."""
         with self._lock:
-            self._stored = None
+            self._loaded_at = float("-inf")
 
     def of(self, configured: Catalog) -> Catalog:
         """`configured` with each stream whose stored definition differs from it declared as stored."""
@@ -61,17 +63,34 @@ class ServedCatalog:
         return served
 
     def _stored_definitions(self) -> StoredDefinitions:
+        """Read again every `refresh_s` by one caller at a time, outside the lock: the others go on
+        with what was read before (a store that is away would otherwise hold every query behind
+        one read waiting out its connection timeout). A read that fails is not tried again for
+        `refresh_s` either; until one succeeds, the configured catalog is served as it is."""
         with self._lock:
             now = self._clock()
-            if self._stored is None or now - self._loaded_at >= self.refresh_s:
-                try:
-                    self._stored = dict(self._load())
-                    self._loaded_at = now
-                except Exception as exc:  # the store away: answer with what was read before (or none)
-                    logger.warning("could not read the stored stream definitions: %s", exc)
-                    if self._stored is None:
-                        return {}
-            return self._stored
+            if now - self._loaded_at < self.refresh_s:  # read (or failed) lately
+                return self._stored or {}
+            if self._loading and self._stored is not None:  # another caller reads it again
+                return self._stored
+            waits = self._loading  # the first read, under way in another caller
+            self._loading = True
+        if waits:
+            self._first.wait(self.refresh_s + 30)
+            with self._lock:
+                return self._stored or {}
+        loaded = None
+        try:
+            loaded = dict(self._load())
+        except Exception as exc:  # the store away: answer with what was read before (or none)
+            logger.warning("could not read the stored stream definitions: %s", exc)
+        with self._lock:
+            self._loading = False
+            self._loaded_at = now
+            if loaded is not None:
+                self._stored = loaded
+            self._first.set()
+            return self._stored or {}
 
 
 def stored_definitions(definitions) -> Callable[[], StoredDefinitions]:

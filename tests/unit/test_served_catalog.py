@@ -52,3 +52,35 @@ def test_a_store_that_cannot_be_read_keeps_the_definitions_read_before():
     assert served.of(new).streams["http"].dimensions == ("endpoint",)
     assert served.of(new).streams["http"].dimensions == ("endpoint",)  # the read failed: as before
     assert ServedCatalog(lambda: (_ for _ in ()).throw(OSError("away"))).of(new) is new  # never read: configured
+
+
+def test_a_store_that_is_away_is_asked_once_per_refresh_and_never_holds_the_others_up():
+    """Every query read the stored definitions under one lock, and a read that failed was tried
+    again at once: with the database away, queries waited one after another, each for a read's
+    timeout."""
+    import threading
+
+    stored = {"http": (definition_version(Catalog(**OLD).streams["http"]), stream_document(Catalog(**OLD).streams["http"]))}
+    now, calls, release = [0.0], [], threading.Event()
+
+    def load():
+        calls.append(now[0])
+        if len(calls) == 1:
+            return stored
+        release.wait(5)  # a read hanging on a database that is away
+        raise OSError("store away")
+
+    served, new = ServedCatalog(load, refresh_s=2.0, clock=lambda: now[0]), Catalog(**NEW)
+    assert served.of(new).streams["http"].dimensions == ("endpoint",)
+    now[0] = 2.0
+    reader = threading.Thread(target=served.of, args=(new,))
+    reader.start()
+    while len(calls) < 2:
+        pass
+    assert served.of(new).streams["http"].dimensions == ("endpoint",)  # not held up by the hanging read
+    release.set()
+    reader.join(5)
+    assert served.of(new).streams["http"].dimensions == ("endpoint",) and len(calls) == 2  # not again at once
+    now[0] = 4.0
+    served.of(new)
+    assert len(calls) == 3
