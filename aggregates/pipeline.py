@@ -134,6 +134,7 @@ class Pipeline(ReportsStoreErrors):
         # Called with where the query starts (batch 0's start) once it is pinned: the consumer
         # registry's record of it, the pipeline's position for lag until it commits (store/consumers.py).
         self.start_listeners: list[Callable[[dict[str, dict[int, int]]], None]] = []
+        self._start_told: dict | None = None
         self.bloom = BloomFeatures(spark, catalog, store.bloom_reader())  # first-seen keys and membership filters
         self.duplicates = DuplicateFilter(spark, catalog, store)  # streams with an event_id_field
         self.clocks = DeviceClocks(spark, catalog, store)  # device clock offsets (streams with a sent_time_field)
@@ -411,14 +412,21 @@ class Pipeline(ReportsStoreErrors):
     def notify_start(self, start: Mapping[str, Mapping[int, int]]) -> None:
         """Tell the start listeners where the query started (nothing when not pinned yet); one that
         fails is logged and counted, as a commit listener is: a copy, never the source of truth."""
-        if not start:
+        start = {s: dict(parts) for s, parts in start.items()}
+        # A pinned start never changes: told once (an idle pipeline before its first batch asks at
+        # every trigger, and each time was a write transaction on the root store).
+        if not start or start == self._start_told:
             return
+        failed = False
         for listener in self.start_listeners:
             try:
-                listener({s: dict(parts) for s, parts in start.items()})
+                listener(start)
             except Exception as exc:  # noqa: BLE001 - a copy of the start failed, not the pipeline
+                failed = True
                 self.listener_failures += 1
                 log.warning("recording where the query started failed: %s", exc)
+        if not failed:  # else told again at the next trigger
+            self._start_told = start
 
     def notify_listeners(self, batch_id: int, end_offsets: Mapping[str, Mapping[int, int]], at_ms: int) -> None:
         self.listener_failures += self.copies.notify(batch_id, end_offsets, at_ms)

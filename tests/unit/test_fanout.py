@@ -468,3 +468,20 @@ def test_a_pipeline_started_from_the_logs_end_that_finds_nothing_new_is_not_behi
     registry.close()
     root.close()
     log.close()
+
+
+def test_a_pinned_start_is_recorded_once_not_at_every_trigger(tmp_path):
+    """An idle pipeline before its first batch told its start at every trigger (10 a second): a
+    write transaction on the root store each time, competing with the API's writes."""
+    from sketchboard.wiring import build_pipeline
+
+    settings = Settings(data_dir=tmp_path / "data", alerts_config=None)
+    pipeline = build_pipeline(settings, name="audit", starting_offsets="latest")
+    told = []
+    pipeline.start_listeners.append(told.append)
+    try:
+        for _ in range(5):
+            pipeline.notify_start({"http_requests": {0: 4, 1: 2}})
+        assert told == [{"http_requests": {0: 4, 1: 2}}]
+    finally:
+        pipeline.store.close()
