@@ -57,8 +57,8 @@ class ServedCatalog:
         if built is not None and built[0] is configured and built[2] == pinned:
             served = built[3]
         else:
-            served = pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
-                                    {n: v for n, (v, _) in pinned.items()})
+            served = with_added_dimensions(pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
+                                                          {n: v for n, (v, _) in pinned.items()}), configured)
         self._built = (configured, stored, pinned, served)
         return served
 
@@ -91,6 +91,23 @@ class ServedCatalog:
                 self._stored = loaded
             self._first.set()
             return self._stored or {}
+
+
+def with_added_dimensions(served: Catalog, configured: Catalog) -> Catalog:
+    """`served` with the dimensions each pinned stream's configuration added since: grouped or
+    filtered by, the stored output answers one group "" (its rows have no value for it) until the
+    switch, as a dimension added to a stream always reads for rows made before it
+    (docs/reprocessing.md); the dashboards and rules written for it keep working meanwhile. A
+    removed dimension stays (the stored output has it), a changed pane or feature goes by the stored."""
+    streams = {}
+    for name, stream in served.streams.items():
+        wanted = configured.streams.get(name)
+        added = () if wanted is None or wanted is stream else tuple(
+            d for d in wanted.dimensions if d not in stream.dimensions and d not in wanted.enriched_dimensions)
+        streams[name] = stream.model_copy(update={"dimensions": (*stream.dimensions, *added)}) if added else stream
+    if all(streams[n] is s for n, s in served.streams.items()):
+        return served
+    return served.model_copy(update={"streams": streams})
 
 
 def stored_definitions(definitions) -> Callable[[], StoredDefinitions]:

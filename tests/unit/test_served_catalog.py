@@ -24,7 +24,9 @@ def test_the_served_catalog_follows_the_stored_definitions_and_a_switch(store_ba
     served = ServedCatalog(stored_definitions(definitions), refresh_s=2.0, clock=lambda: now[0])
     assert served.of(old) is old  # nothing changed: the configured catalog itself
     pinned = served.of(new)
-    assert pinned.streams["http"] == old.streams["http"] and pinned.streams["orders"] == new.streams["orders"]
+    # As stored (its pane, no membership), with the dimension configured since: one group "" until the switch.
+    assert pinned.streams["http"] == old.streams["http"].model_copy(update={"dimensions": ("endpoint", "region")})
+    assert pinned.streams["orders"] == new.streams["orders"]
     assert served.of(new) is pinned  # built once per configured catalog and stored definitions
     assert set(definitions.definitions()) == {"http", "orders"}  # read, nothing recorded
 
@@ -35,7 +37,8 @@ def test_the_served_catalog_follows_the_stored_definitions_and_a_switch(store_ba
     assert served.of(new) is new
     definitions.replace("http", definition_version(old.streams["http"]), stream_document(old.streams["http"]), 2)
     served.refresh()
-    assert served.of(new).streams["http"] == old.streams["http"]
+    assert served.of(new).streams["http"].pane == old.streams["http"].pane
+    assert served.of(new).streams["http"].membership is None
 
 
 def test_a_store_that_cannot_be_read_keeps_the_definitions_read_before():
@@ -49,8 +52,8 @@ def test_a_store_that_cannot_be_read_keeps_the_definitions_read_before():
 
     served = ServedCatalog(load, refresh_s=0)
     new = Catalog(**NEW)
-    assert served.of(new).streams["http"].dimensions == ("endpoint",)
-    assert served.of(new).streams["http"].dimensions == ("endpoint",)  # the read failed: as before
+    assert served.of(new).streams["http"].dimensions == ("endpoint", "region")
+    assert served.of(new).streams["http"].dimensions == ("endpoint", "region")  # the read failed: as before
     assert ServedCatalog(lambda: (_ for _ in ()).throw(OSError("away"))).of(new) is new  # never read: configured
 
 
@@ -71,16 +74,16 @@ def test_a_store_that_is_away_is_asked_once_per_refresh_and_never_holds_the_othe
         raise OSError("store away")
 
     served, new = ServedCatalog(load, refresh_s=2.0, clock=lambda: now[0]), Catalog(**NEW)
-    assert served.of(new).streams["http"].dimensions == ("endpoint",)
+    assert served.of(new).streams["http"].dimensions == ("endpoint", "region")
     now[0] = 2.0
     reader = threading.Thread(target=served.of, args=(new,))
     reader.start()
     while len(calls) < 2:
         pass
-    assert served.of(new).streams["http"].dimensions == ("endpoint",)  # not held up by the hanging read
+    assert served.of(new).streams["http"].dimensions == ("endpoint", "region")  # not held up by the hanging read
     release.set()
     reader.join(5)
-    assert served.of(new).streams["http"].dimensions == ("endpoint",) and len(calls) == 2  # not again at once
+    assert served.of(new).streams["http"].dimensions == ("endpoint", "region") and len(calls) == 2  # not again at once
     now[0] = 4.0
     served.of(new)
     assert len(calls) == 3
