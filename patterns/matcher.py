@@ -200,17 +200,27 @@ class PatternMatcher:
         run whose first event is within `within` of it, or an absence whose deadline it does not
         pass. Fed to a key that holds nothing of the kind, an event starts a run that depends on no
         earlier event (a restart: a replay may start there). Unlike holds(), it does not depend on
-        when the watermark last advanced, so the batch cuts and a replay mark the same restarts."""
+        when the watermark last advanced, so the batch cuts and a replay mark the same restarts:
+        what it reads is what the event is offered to, once the absences due before it are decided
+        (feed() decides them first, advance() may have before), and under skip_past_last each
+        match so decided discards the runs that start at or before its last event."""
         state = self._keys.get(key)
         if state is None:
             return False
-        if any(w.deadline is None or w.deadline >= time for w in state.waiting):
+        waiting, cut = state.waiting, None
+        while not self.plan.no_skip:  # as _decide_absences, without deciding: the runs left behind
+            due = [w for w in waiting if w.deadline is not None and w.deadline < time]
+            if not due:
+                break
+            first = min(due, key=lambda w: (w.deadline, w.preference()))
+            cut = first.taken[-1].order
+            waiting = [w for w in waiting if w is not first and w.start.order > cut]
+        if any(w.deadline is None or w.deadline >= time for w in waiting):
             return True
         within = self.plan.within
-        if within is None:
-            return bool(state.buckets)
-        earliest = time - within
-        return any(run.taken[0].time >= earliest for bucket in state.buckets.values() for run in bucket.values())
+        earliest = None if within is None else time - within
+        return any((cut is None or run.start.order > cut) and (earliest is None or run.taken[0].time >= earliest)
+                   for bucket in state.buckets.values() for run in bucket.values())
 
     # -- input ---------------------------------------------------------------------------------
 

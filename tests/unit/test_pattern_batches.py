@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from aggregates.pattern_batch import history_span_ms, may_take, pattern_watermark, run_pattern_batch
 from catalog.loader import parse_catalog
+from catalog.model import Catalog
 from patterns.events import PatternEvent
 from patterns.matcher import PatternMatcher, run_start_times
 from patterns.plan import compile_pattern
 from store.patterns import BufferedEvent, HistoryEvent, KeyState, PatternLoad
 from tests.support.patterns import EXAMPLES_YAML
-from tests.unit.test_pattern_matcher import matched, oracle, patterns
+from tests.unit.test_pattern_matcher import STREAMS, matched, oracle, patterns
 
 MIN = 60_000
 EXAMPLES = parse_catalog(EXAMPLES_YAML)
@@ -341,6 +342,34 @@ def test_a_quiet_spell_and_the_next_burst_in_one_batch_mark_the_burst_a_restart_
         assert min(h.time_ms for h in store.history.values()) == 40 * MIN
         out = store.batch(plan, [login(8, 44, "failure")], 76 * MIN)  # five failures 40..44, then the success
         assert [[e.offset for e in m.events] for m in out.added] == [[3, 4, 5, 6, 8, 7]]
+
+
+def test_a_run_an_absence_decided_before_an_event_discards_leaves_it_a_restart_whatever_the_cuts():
+    """Under skip_past_last the match an absence decides discards the runs it overlaps (here the
+    one that could take more `t`s): decided by an advance between two batches or by the next
+    event itself (one batch, or a replay), that event is a restart either way. Read before the
+    due absence was decided, the run left behind made it a restart only with the advance between
+    (the seeded run of the property test below: a late event was corrected or only recorded by
+    where the batches cut)."""
+    catalog = Catalog.model_validate({"streams": STREAMS, "patterns": [{
+        "name": "p", "key": "k", "within": "12ms", "after_match": "skip_past_last",
+        "steps": [{"name": "step0", "stream": "s", "contiguity": "next"},
+                  {"name": "step1", "stream": "s", "contiguity": "next"},
+                  {"name": "step2", "stream": "t", "one_or_more": True, "contiguity": "next"}],
+        "not_followed_by": {"name": "absent", "stream": "s", "within": "1ms"}}]})
+    plan = compile_pattern(catalog.patterns[0], catalog)
+
+    def event(offset, time, stream):
+        return PatternEvent(stream, offset % 2, offset, time, "x", {"k": "x", "kind": "a"})
+
+    first = [event(1, 0, "s"), event(3, 0, "s"), event(5, 0, "t")]  # a match, decided at 1 by its absence
+    second = [event(6, 8, "s"), event(8, 8, "s"), event(9, 8, "t")]
+    for cuts in ([(first, 0), ([], 7), (second, 16)], [(first + second, 16)]):
+        store = FakeStore()
+        for events, mark in cuts:
+            store.batch(plan, events, mark)
+        assert [(h.offset, h.restart) for h in sorted(store.history.values(), key=lambda h: h.order)] == [
+            (1, True), (3, False), (5, False), (6, True), (8, False), (9, False)]
 
 
 def test_a_late_event_no_step_might_take_is_recorded_only_neither_kept_nor_replayed():
