@@ -24,7 +24,7 @@ def remove_pipeline(settings: Settings, name: str) -> list[str]:
     from sketchboard.pipeline_lock import hold_pipeline
     from sketchboard.reprocess import reprocess_outputs
     from sketchboard.wiring import open_consumer_registry, open_store, store_namespace
-    from store.namespace import describe
+    from store.namespace import PREVIOUS_PREFIX, RUN_PREFIX, describe
 
     if name == settings.pipeline_name:
         raise RemoveRefused(f"{name!r} is the serving pipeline (setting pipeline_name): the API serves its output")
@@ -40,7 +40,7 @@ def remove_pipeline(settings: Settings, name: str) -> list[str]:
             has_output = storage.exists(namespace)
             if not (known or has_output or checkpoint.exists()):
                 others = ", ".join(repr(c.pipeline) for c in consumers if c.pipeline != settings.pipeline_name
-                                   and not c.pipeline.startswith(("reprocess-", "previous-")))
+                                   and not c.pipeline.startswith((RUN_PREFIX, PREVIOUS_PREFIX)))
                 raise RemoveRefused(f"no pipeline named {name!r} here (named pipelines: {others or 'none'})")
             removed = []
             if has_output:

@@ -796,11 +796,16 @@ def test_a_commit_right_after_the_first_snapshot_is_pushed_while_the_hub_is_stil
     with connect(server.ws) as ws:
         snap = subscribe(ws, "a", metric="requests", stats=["count"], **{"from": "now-5m"}, step="1m")
         assert snap["type"] == "snapshot"
-        post(server, [ev(now_ms - 90_000)])
-        assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 1
-        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
-        window = (now_ms - 90_000) // 60_000 * 60_000
-        assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
+        assert_next_commit_pushed(server, ctx, ws, now_ms)
+
+
+def assert_next_commit_pushed(server, ctx, ws, now_ms) -> None:
+    """An event posted and committed now reaches subscription "a" (requests, count, 1m steps) as points."""
+    post(server, [ev(now_ms - 90_000)])
+    assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 1
+    msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
+    window = (now_ms - 90_000) // 60_000 * 60_000
+    assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
 
 
 @pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's start, not the store
@@ -822,11 +827,7 @@ def test_a_commit_after_the_first_snapshot_is_pushed_when_the_hubs_first_read_fa
     monkeypatch.setattr(ctx.store, "changes_since", flaky)
     with connect(server.ws) as ws:
         subscribe(ws, "a", metric="requests", stats=["count"], **{"from": "now-5m"}, step="1m")
-        post(server, [ev(now_ms - 90_000)])
-        assert drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms) == 1
-        msg = recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a", timeout=5)
-        window = (now_ms - 90_000) // 60_000 * 60_000
-        assert {p["t"]: p["value"] for s in msg["series"] for p in s["points"]}[window] == 1.0
+        assert_next_commit_pushed(server, ctx, ws, now_ms)
 
 
 @pytest.mark.parametrize("store_backend", ["sqlite"], indirect=True)  # the hub's memory, not the store
