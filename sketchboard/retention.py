@@ -9,6 +9,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from lag.sources import with_start
+
 if TYPE_CHECKING:
     from api.context import ApiContext
     from sketchboard.settings import Settings
@@ -51,9 +53,7 @@ def read_by_every_reader(ctx: ApiContext) -> dict[str, dict[int, int]]:
         for consumer in registry.consumers():
             if consumer.pipeline == ctx.pipeline_name:
                 continue
-            at = registry.starts(consumer.pipeline)
-            for stream, parts in registry.offsets(consumer.pipeline).items():
-                at.setdefault(stream, {}).update(parts)
+            at = with_start(registry.offsets(consumer.pipeline), registry.starts(consumer.pipeline))
             for stream, parts in at.items():
                 least = through.setdefault(stream, {})
                 for partition, offset in parts.items():
