@@ -26,6 +26,9 @@ logger = logging.getLogger("api.served_catalog")
 
 # stream -> (stored version, stored declaration)
 StoredDefinitions = Mapping[str, tuple[str, dict]]
+# Before any definition was read: one object, so `of` knows it has built for it already (a new {}
+# each time made every query hash every stream's definition again).
+_NONE: StoredDefinitions = {}
 
 
 class ServedCatalog:
@@ -70,7 +73,7 @@ class ServedCatalog:
         with self._lock:
             now = self._clock()
             if now - self._loaded_at < self.refresh_s:  # read (or failed) lately
-                return self._stored or {}
+                return self._stored if self._stored is not None else _NONE
             if self._loading and self._stored is not None:  # another caller reads it again
                 return self._stored
             waits = self._loading  # the first read, under way in another caller
@@ -78,7 +81,7 @@ class ServedCatalog:
         if waits:
             self._first.wait(self.refresh_s + 30)
             with self._lock:
-                return self._stored or {}
+                return self._stored if self._stored is not None else _NONE
         loaded = None
         try:
             loaded = dict(self._load())
@@ -90,7 +93,7 @@ class ServedCatalog:
             if loaded is not None:
                 self._stored = loaded
             self._first.set()
-            return self._stored or {}
+            return self._stored if self._stored is not None else _NONE
 
 
 def with_added_dimensions(served: Catalog, configured: Catalog) -> Catalog:
