@@ -128,5 +128,15 @@ def _stopped_with_spark(error: BaseException) -> int:
     committed and runs again from the checkpoint at the next start (the store records each batch
     with its id in the commit's transaction), so the exit status is 0."""
     log.warning("stopped; Spark's JVM stopped with the signal too, so the batch under way is not recorded and runs"
-                " again at the next start (%s)", (str(error).strip().splitlines() or [type(error).__name__])[0][:200])
+                " again at the next start (%s)", _first_line(error))
     return 0
+
+
+def _first_line(error: BaseException) -> str:
+    """The error's first line, or its type's name. A Py4JJavaError's text is asked of the JVM, which is
+    gone here: str() then raises a ConnectionError out of py4j (an exit 1 for the stop asked for)."""
+    try:
+        text = str(error)
+    except Exception:
+        text = ""
+    return (text.strip().splitlines() or [type(error).__name__])[0][:200]
