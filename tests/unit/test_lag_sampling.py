@@ -437,6 +437,45 @@ def test_a_round_reads_the_registry_once_and_samples_each_consumer_as_read_alone
         closing.close()
 
 
+def test_consumers_at_one_offset_share_one_ingest_time_lookup(parts, demo_catalog):
+    """Each sample behind the log's end looked up the ingest time at its position (a query on the
+    embedded log), once per consumer: those at one offset share it in a round, with the same lag."""
+    from lag.sources import Committed, EventLogLagSource
+
+    log, store, lag_store, sampler, monitor, clock = parts
+    t0 = int(clock.now * 1000)
+    append(log, demo_catalog, 10, t0 - 5_000)
+    append(log, demo_catalog, 6, t0 - 1_000)
+    ends = {p: o.end for p, o in log.offsets("orders").items()}
+    assert any(end > 2 for end in ends.values())
+    lookups = []
+
+    class Counting(EventLogLagSource):
+        def ingest_time_ms(self, stream, partition, offset):
+            lookups.append((stream, partition, offset))
+            return super().ingest_time_ms(stream, partition, offset)
+
+    class Fixed:
+        def __init__(self, offsets):
+            self.read = Committed({"orders": offsets}, t0)
+
+        def committed(self):
+            return self.read
+
+    sampler.source = Counting(log)
+    at_two = {p: 2 for p in ends}
+    sampler.others = lambda: {"a": Fixed(at_two), "b": Fixed(at_two), "c": Fixed(ends)}
+    samples = [s for s in sampler.sample() if s.stream == "orders"]
+    # main at the log's start, a and b at 2, c caught up: one lookup per partition and offset.
+    assert sorted(lookups) == sorted([("orders", p, 0) for p in ends if ends[p] > 0]
+                                     + [("orders", p, 2) for p in ends if ends[p] > 2])
+    by = {(s.pipeline, s.partition): s for s in samples}
+    for p, end in ends.items():
+        age = {at: t0 - log.ingest_time_ms("orders", p, at) if end > at else 0 for at in (0, 2)}
+        assert by[("a", p)].lag_ms == by[("b", p)].lag_ms == age[2] and by[("main", p)].lag_ms == age[0]
+        assert by[("c", p)].lag_ms == 0
+
+
 def test_series_and_consumers_break_ties_by_name_in_code_point_order_whatever_the_collation(store_backend):
     """Samples of one round share their instant, consumers may share theirs: the ties followed
     PostgreSQL's collation (linguistic on a deployment: 'orders' before 'Payments')."""
