@@ -194,7 +194,8 @@ class ConsumerRegistry(SideStore):
     def all_starts(self) -> dict[str, dict[str, dict[int, int]]]:
         """`starts` of every pipeline that has one recorded: pipeline -> stream -> partition -> start."""
         with self._lock:
-            rows = self._conn.execute("SELECT pipeline, stream, partition, start_offset FROM consumer_starts").fetchall()
+            rows = self._conn.execute(
+                "SELECT pipeline, stream, partition, start_offset FROM consumer_starts").fetchall()
         return _by_pipeline(rows)
 
 
