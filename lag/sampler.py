@@ -65,12 +65,19 @@ class LagSampler:
             for partition, offsets in sorted(self.source.end_offsets(stream).items()):
                 table = self._tables.setdefault((stream, partition), OffsetTimeTable())
                 table.add(offsets.end, now_ms)
+                # The lag in time depends on the partition's committed offset only, not on whose it
+                # is: consumers at one offset (many, with hundreds of runs and named pipelines) share
+                # one computation, and its ingest-time lookup (a query on the embedded log).
+                lag_ms_at: dict[int | None, int | None] = {}
                 for name, c in committed.items():
                     if reading[name] is not None and stream not in reading[name]:
                         continue
-                    sample = LagSample(name, stream, partition, now_ms, offsets.start, offsets.end,
-                                       c.offsets.get(stream, {}).get(partition), c.last_commit_ms)
-                    samples.append(_with_lag_ms(sample, self.source, table, now_ms))
+                    at = c.offsets.get(stream, {}).get(partition)
+                    if at not in lag_ms_at:
+                        lag_ms_at[at] = _lag_ms(LagSample(name, stream, partition, now_ms, offsets.start, offsets.end,
+                                                          at), self.source, table, now_ms)
+                    samples.append(LagSample(name, stream, partition, now_ms, offsets.start, offsets.end, at,
+                                             c.last_commit_ms, lag_ms_at[at]))
         return samples
 
     def _streams_read(self, pipeline: str) -> Collection[str] | None:
@@ -115,12 +122,9 @@ class LagSampler:
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
 
-def _with_lag_ms(sample: LagSample, source: LagSource, table: OffsetTimeTable, now_ms: int) -> LagSample:
+def _lag_ms(sample: LagSample, source: LagSource, table: OffsetTimeTable, now_ms: int) -> int | None:
+    """The sample's lag in time: 0 caught up, else the age of the record at its position."""
     if sample.lag_events == 0:
-        lag_ms: int | None = 0
-    else:
-        written = source.ingest_time_ms(sample.stream, sample.partition, sample.position)
-        lag_ms = max(0, now_ms - written) if written is not None else table.lag_ms(sample.position, sample.log_end,
-                                                                                   now_ms)
-    return LagSample(sample.pipeline, sample.stream, sample.partition, sample.at_ms, sample.log_start,
-                     sample.log_end, sample.committed, sample.last_commit_ms, lag_ms)
+        return 0
+    written = source.ingest_time_ms(sample.stream, sample.partition, sample.position)
+    return max(0, now_ms - written) if written is not None else table.lag_ms(sample.position, sample.log_end, now_ms)

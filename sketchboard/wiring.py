@@ -150,7 +150,7 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
 
     from lag.report import LagMonitor
     from lag.sampler import LagSampler
-    from lag.sources import EventLogLagSource, RegistryCommitted, StoreCommitted
+    from lag.sources import EventLogLagSource, ReadCommitted, StoreCommitted, registry_committed
 
     from aggregates.reprocess import streams_read
     from store.definitions import DefinitionStore
@@ -168,9 +168,10 @@ def build_lag_monitor(settings: Settings, catalog: Catalog, log, store, *, clock
         return streams_read(definitions, registry, pipeline)
 
     def others():
-        # Fan-out: every other named pipeline of the log, from the copies of its offsets.
-        return {c.pipeline: RegistryCommitted(registry, c.pipeline) for c in registry.consumers()
-                if c.pipeline != settings.pipeline_name}
+        # Fan-out: every other named pipeline of the log, from the copies of its offsets (all read
+        # at once, when the sampler asks at the start of its round).
+        return {name: ReadCommitted(committed) for name, committed in registry_committed(registry).items()
+                if name != settings.pipeline_name}
 
     sampler = LagSampler(source, StoreCommitted(store, settings.pipeline_name, registry), lag_store,
                          pipeline=settings.pipeline_name, streams=list(catalog.streams), interval_s=interval_s,

@@ -181,3 +181,26 @@ class ConsumerRegistry(SideStore):
         for stream, partition, end in rows:
             out[stream][partition] = end
         return dict(out)
+
+    # Every pipeline's at once, one query each: the lag sampler reads every consumer's position
+    # every round, and one `offsets` + `starts` per consumer (with 400 of them) was most of a round.
+
+    def all_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
+        """`offsets` of every pipeline that has copied any: pipeline -> stream -> partition -> end."""
+        with self._lock:
+            rows = self._conn.execute("SELECT pipeline, stream, partition, end_offset FROM consumer_offsets").fetchall()
+        return _by_pipeline(rows)
+
+    def all_starts(self) -> dict[str, dict[str, dict[int, int]]]:
+        """`starts` of every pipeline that has one recorded: pipeline -> stream -> partition -> start."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT pipeline, stream, partition, start_offset FROM consumer_starts").fetchall()
+        return _by_pipeline(rows)
+
+
+def _by_pipeline(rows) -> dict[str, dict[str, dict[int, int]]]:
+    out: dict[str, dict[str, dict[int, int]]] = {}
+    for pipeline, stream, partition, offset in rows:
+        out.setdefault(pipeline, {}).setdefault(stream, {})[partition] = offset
+    return out

@@ -155,8 +155,11 @@ class LagStore(SideStore):
                 " log_end = excluded.log_end, committed = excluded.committed,"
                 " last_commit_ms = excluded.last_commit_ms, lag_ms = excluded.lag_ms, lag_events = excluded.lag_events,"
                 " round_seq = excluded.round_seq",
-                [(s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
-                  s.last_commit_ms, s.lag_ms, s.lag_events, round_seq) for s in samples],
+                # In key order (pipeline, stream, partition), not the round's (partition, then
+                # consumer): each insert then lands beside the one before in the key and in the
+                # indexes that start with the pipeline, which halved a round's write at 400 consumers.
+                sorted(((s.pipeline, s.stream, s.partition, s.at_ms, s.log_start, s.log_end, s.committed,
+                         s.last_commit_ms, s.lag_ms, s.lag_events, round_seq) for s in samples), key=_sample_key),
             )
             # Every pipeline's, not only this round's: a consumer that is gone has no rounds to prune it.
             pruned = conn.execute("DELETE FROM lag_samples WHERE at_ms < ?", (newest - self.retention_ms,)).rowcount
@@ -218,3 +221,8 @@ class LagStore(SideStore):
 
 
 SqliteLagStore = LagStore  # the name from before PostgreSQL; the same class on a file path
+
+
+def _sample_key(row: tuple) -> tuple:
+    # The key only: the other columns may be None, which does not compare with a number.
+    return row[:3]
