@@ -29,6 +29,7 @@ ENV_PREFIX = "SKETCHBOARD_"
 OTHER_VARIABLES = frozenset({
     SETTINGS_FILE_ENV,
     "SKETCHBOARD_PARENT_PID",  # sketchboard/parent_death.py: `up` to its children
+    "SKETCHBOARD_REPROCESS_LAUNCH",  # sketchboard/reprocess.py: the API to the run's child, the run's claim
     "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES", "SKETCHBOARD_CHROMIUM",  # the tests'
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
