@@ -18,7 +18,7 @@ import re
 
 from aggregates.batch_gate import STOPPING_MARK, Stopping
 
-# What Spark and Py4J say when the stop, not the batch, ended the query. Spark 4.3's texts:
+# What Spark, its Python workers and Py4J say when the stop, not the batch, ended the query. Spark 4.3's texts:
 # DAGScheduler "Job N cancelled because SparkContext was shut down", SparkContext "SparkContext
 # has been shutdown" / "Cannot call methods on a stopped SparkContext.", MicroBatchExecution's
 # job cancellation "Query <name> was stopped"; Py4J's lost connection to the JVM.
@@ -29,6 +29,10 @@ _STOP_TEXTS = re.compile(
         r"SparkContext has been shutdown",
         r"stopped SparkContext",
         r"Query .* was stopped",
+        # The signal reached the Python workers too (pyspark/daemon.py: a worker takes SIGINT as
+        # KeyboardInterrupt and dies of SIGTERM): the task fails under the batch being waited for.
+        r"KeyboardInterrupt",
+        r"Python worker exited unexpectedly",
         r"Py4JNetworkError",
         r"Answer from Java side is empty",
         r"Error while sending or receiving",

@@ -47,6 +47,8 @@ STOP_CAUSED = [
     StreamingQueryException("java.lang.IllegalStateException: SparkContext has been shutdown"),
     StreamingQueryException("Cannot call methods on a stopped SparkContext."),
     StreamingQueryException("Job 3 cancelled part of cancelled job group: Query main [id = a, runId = b] was stopped"),
+    StreamingQueryException("... org.apache.spark.api.python.PythonException: Traceback ...\nKeyboardInterrupt"),
+    StreamingQueryException("... org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"),
     ConnectionRefusedError(111, "Connection refused"),
     _JavaErrorOfAGoneJvm(),
 ]
