@@ -23,6 +23,12 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger(__name__)
 
 
+# In the text of every failure the stop causes (Stopping; a commit's retry given up on the stop,
+# aggregates/commit_retry.py): Spark hands a batch's Python error back as text, and the pipeline's
+# loop tells the stop's failures from real ones by it (sketchboard/stop_failures.py).
+STOPPING_MARK = "the pipeline is stopping"
+
+
 class Stopping(RuntimeError):
     """A batch that began after the stop was asked for: not processed, replayed at the next start."""
 
@@ -38,7 +44,7 @@ class BatchGate:
         def run(batch, batch_id):
             with self._changed:
                 if self._closed:
-                    raise Stopping(f"batch {batch_id} not processed: the pipeline is stopping")
+                    raise Stopping(f"batch {batch_id} not processed: {STOPPING_MARK}")
                 self._running += 1
             try:
                 return process_batch(batch, batch_id)

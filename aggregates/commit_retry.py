@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import psycopg
 
+from aggregates.batch_gate import STOPPING_MARK
 from store.switch import SwitchHeld
 
 T = TypeVar("T")
@@ -54,6 +55,9 @@ def commit_with_retry(commit: Callable[[], T], *, wait: Callable[[float], bool],
             report(exc, attempt)
             waiter = wait_held if wait_held is not None and isinstance(exc, SwitchHeld) else wait
             if waiter(backoff.delay(attempt)):
+                # Given up on the stop, not on the error: said so in its text, which is all of it
+                # that reaches the pipeline's loop through Spark (sketchboard/stop_failures.py).
+                exc.add_note(f"given up: {STOPPING_MARK}")
                 raise
             attempt += 1
             continue

@@ -360,14 +360,18 @@ class ReprocessService:
                 raise
         return run
 
-    def resume(self, stream: str, run_id_: str, *, launched: bool = False) -> ReprocessRun:
+    def resume(self, stream: str, run_id_: str, *, launched: bool = False,
+               launch_token: str | None = None) -> ReprocessRun:
         """The run `sketchboard reprocess STREAM --run ID` carries out, checked before any Spark:
         UnknownRun for an unknown id or a run of another stream; RunNotResumable for an output no
         pipeline reads into (a `previous-*` output a switch kept: switching back is a switch);
         RunGoing while it (or another run of the stream) is going in another process, unless
         `launched` (the API recorded it going and started this process for it: its child) or its
         process stopped reporting (RUN_STALE_MS: then it is failed, and resumed here). The run is
-        then claimed (`starting`), so a second `--run` of it is refused until this one ends."""
+        then claimed (`starting`), so a second `--run` of it is refused until this one ends.
+        `launched` is checked, not taken on trust: `launch_token` must be the claim the API recorded
+        for its child (store/definitions.py take_launch), else NotLaunched; so a hand-typed
+        `--launched` cannot skip the going-run check and drive one checkpoint from two processes."""
         run = self.run(run_id_)
         if run is None:
             known = ", ".join(r.id for r in self.runs() if r.stream == stream) or "none"
@@ -388,7 +392,7 @@ class ReprocessService:
                 f" definition is version {short_version(definition_version(configured, self.catalog))} now: start"
                 f" a new run (`sketchboard reprocess {stream}`) or configure the run's definition again")
         if launched:
-            return run
+            return self.definitions.take_launch(run.id, launch_token)
         return self.definitions.claim_run(run.id, stream, self._now_ms())
 
     def runs(self) -> list[ReprocessRun]:

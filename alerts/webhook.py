@@ -123,7 +123,7 @@ class WebhookNotifier:
                  max_backoff_s: float = 8.0, repeat_interval_s: float = 4 * 3600,
                  external_url: str = "http://127.0.0.1:8000/", queue_size: int = 1000,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 memory_store=None, active: Callable[[], bool] | None = None):
+                 memory_store=None, active: Callable[[], bool] | None = None, close_timeout_s: float = 5.0):
         problem = url_problem(url)
         if problem is not None:  # the URL itself is not shown: it may hold a password
             raise ValueError(f"alert_webhook_url {problem}")
@@ -137,6 +137,7 @@ class WebhookNotifier:
         self._repeat_interval_s = repeat_interval_s
         self._external_url = external_url
         self._queue_size = queue_size
+        self._close_timeout_s = close_timeout_s  # the shutdown flush's bound (alert_webhook_shutdown_timeout)
         self._clock = clock
         self._sleep = sleep
 
@@ -216,9 +217,13 @@ class WebhookNotifier:
             self._pending[batch.rule] = batch
             self._cond.notify()
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Send what is queued (retries included), then stop the worker, waiting at most
-        `timeout_s`; what is still unsent then is given up and logged."""
+        `timeout_s` (default: the notifier's `close_timeout_s`); what is still unsent then is given
+        up here and logged. Not lost: what was delivered is remembered (in the memory store) only
+        once it was, so the next leader's evaluations plan what this one did not send again."""
+        if timeout_s is None:
+            timeout_s = self._close_timeout_s
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -228,7 +233,8 @@ class WebhookNotifier:
                 self._abandoned = True
                 left = len(self._pending)
                 self._pending.clear()
-            log.warning("webhook: still sending after %.1f s at close; %d queued rule(s) not sent", timeout_s, left)
+            log.warning("webhook: still sending after %.1f s at close; %d queued rule(s) not sent here: not"
+                        " remembered as delivered, they are the next leader's to send", timeout_s, left)
 
     def _is_active(self) -> bool:
         return self._active is None or self._active()

@@ -279,7 +279,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
     """A reprocessing run of one stream (docs/reprocessing.md), with a progress bar on stderr."""
     from aggregates.reprocess import DefinitionUnchanged, RunNotResumable, SwitchRefused, UnknownRun, UnknownStream
     from sketchboard.reprocess import Interrupted, interrupt as raise_interrupted, run_reprocess
-    from store.definitions import RunGoing
+    from store.definitions import NotLaunched, RunGoing
 
     def interrupt(signum, frame):
         # SIGTERM (kill, a service manager) as Ctrl-C: the run is recorded failed and its pipeline
@@ -291,7 +291,8 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
     before = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         run_reprocess(_settings(args), args.stream, run_id=args.run, switch=args.switch, launched=args.launched)
-    except (UnknownStream, UnknownRun, RunNotResumable, DefinitionUnchanged, RunGoing, SwitchRefused) as exc:
+    except (UnknownStream, UnknownRun, RunNotResumable, DefinitionUnchanged, RunGoing, NotLaunched,
+            SwitchRefused) as exc:
         # Refused as the API refuses it (404/409), with the reason: not a traceback.
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2

@@ -66,12 +66,16 @@ def lead(leadership: Leadership, *, alerts=None, sampler=None) -> Leadership:
 
 def stand_down(leadership: Leadership, *, alerts=None) -> None:
     """Shut the leader's work down and hand the lease over, in an order that lets the webhook flush
-    what it has queued: a notifier sends only while this replica leads, so the lease is released
-    last. First the lease thread stops (on_lose pauses the evaluator: nothing new is queued) while
-    the lease, no longer renewed, stays this replica's until its ttl; then the alert service stops,
-    its notifiers flushing meanwhile (what the ttl cuts short is the next leader's to send); then
-    the lease is released so that another replica takes over at once."""
-    leadership.stop(release=False)
+    what it has queued: a notifier sends only while this replica leads, so the lease is kept, and
+    renewed, while it flushes, and released last. First the evaluator stops (nothing new is queued;
+    a lease regained meanwhile starts nothing again); then the alert service stops, its notifiers
+    flushing for at most their shutdown timeout (`alert_webhook_shutdown_timeout`) while the lease
+    thread goes on renewing: a slow receiver is not cut off at the lease's ttl. What the timeout
+    leaves unsent stays unsent in the store's memory of what was delivered, so the next leader
+    sends it. Then the lease thread stops and the lease is released, so that another replica takes
+    over at once. (A lease lost meanwhile, the store away, stops the flush as any loss does: the
+    notifier asks the lease before each attempt.)"""
+    leadership.on_gain = lambda: None  # shutting down: a lease regained during the flush starts nothing
     if alerts is not None:
         alerts.stop()
     leadership.stop()

@@ -7,7 +7,7 @@ batch its source may have split so (a burst while it serves); and start it again
 and Spark session, when a switch fenced one of its batches (docs/reprocessing.md#switch): built again, it applies
 the switch's offset move to its checkpoint and computes the stream with the new definition; and, a few times, when
 a batch failed on the host's load rather than on its data (sketchboard/restarts.py). Any other failure ends the
-loop."""
+loop, with exit status 1: also one that came with a stop but was not caused by it (sketchboard/stop_failures.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import time
 from sketchboard.definitions import switched
 from sketchboard.restarts import RestartBudget, transient
 from sketchboard.settings import Settings
+from sketchboard.stop_failures import caused_by_stop, first_line
 
 log = logging.getLogger("sketchboard")
 
@@ -45,6 +46,15 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             return True
         return False
 
+    def stop_ends(failure) -> int:
+        """Exit status of a failure met while stopping: 0 for the stop's own doing, or for one the
+        loop would have restarted from (replayed at the next start anyway); 1 for a real failure."""
+        if caused_by_stop(failure) or switched(failure) or split_by_spark(failure) or transient(failure) \
+                or isinstance(failure, SparkNeeded):
+            return _stopped_with_spark(failure)
+        log.error("pipeline failed: %s", first_line(failure))
+        return 1
+
     while True:
         if once:
             try:  # on Kafka, a backlog of a pipeline that enriches: cut at one append time first
@@ -65,11 +75,14 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
             else:  # a backlog in batches of our own first (Kafka's, cut at one append time)
                 pipeline.catch_up(stopping.is_set)
         except Exception as exc:  # as a failed batch of the query below
-            if stopping.is_set():  # a batch refused by the closed gate, or a commit that gave a failing store up
+            if stopping.is_set() and caused_by_stop(exc):  # refused by the closed gate, a retry given up on the stop
                 (log.info if isinstance(exc, Stopping) else log.warning)(
                     "stopped; the batch under way is not recorded and runs again at the next start (%s)", exc)
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
                 return 0
+            if stopping.is_set():  # a failure that came with the stop: a real one is not hidden behind it
+                remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                return stop_ends(exc)
             if not restartable(exc):
                 log.error("pipeline failed: %s", exc)
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
@@ -93,9 +106,9 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         except Exception as exc:  # Spark's JVM gone under a signal to the process group: see _stopped_with_spark
             if not stopping.is_set():
                 raise
-            return _stopped_with_spark(exc)
+            return stop_ends(exc)
         if failures and stopping.is_set():
-            return _stopped_with_spark(failures[0])
+            return stop_ends(failures[0])
         running = [(query, pipeline.gate)]
         if failures and not stopping.is_set() and all(restartable(f) for f in failures):
             # A switch fenced a batch computed the old way: start again with the new definition, from
@@ -116,7 +129,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         try:
             stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
         except Exception as exc:
-            return _stopped_with_spark(exc)
+            return stop_ends(exc)
         return 0
 
 
@@ -128,15 +141,5 @@ def _stopped_with_spark(error: BaseException) -> int:
     committed and runs again from the checkpoint at the next start (the store records each batch
     with its id in the commit's transaction), so the exit status is 0."""
     log.warning("stopped; Spark's JVM stopped with the signal too, so the batch under way is not recorded and runs"
-                " again at the next start (%s)", _first_line(error))
+                " again at the next start (%s)", first_line(error))
     return 0
-
-
-def _first_line(error: BaseException) -> str:
-    """The error's first line, or its type's name. A Py4JJavaError's text is asked of the JVM, which is
-    gone here: str() then raises a ConnectionError out of py4j (an exit 1 for the stop asked for)."""
-    try:
-        text = str(error)
-    except Exception:
-        text = ""
-    return (text.strip().splitlines() or [type(error).__name__])[0][:200]

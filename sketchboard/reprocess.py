@@ -9,6 +9,7 @@ API alike."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -147,6 +148,11 @@ def reprocess_outputs(settings: Settings) -> Outputs:
                                                                     ignore_errors=True))
 
 
+# Where the API's child finds its run's claim (store/definitions.py record_launch): in its
+# environment, not its arguments, so it is neither in `ps` nor in a command line copied by hand.
+LAUNCH_TOKEN_ENV = "SKETCHBOARD_REPROCESS_LAUNCH"
+
+
 def child_launcher(settings: Settings, *, switch: bool = False):
     """For the API: start `sketchboard reprocess STREAM --run RUN` (`--switch`: then switch to it)
     as a child process on the same settings (its output goes to this process's; the run's state
@@ -155,14 +161,30 @@ def child_launcher(settings: Settings, *, switch: bool = False):
         import os
 
         env = {**os.environ, "SKETCHBOARD_DATA_DIR": str(settings.data_dir),
-               "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config)}
-        # --launched: the API recorded the run going for this child (a `--run` of a going run is refused otherwise)
+               "SKETCHBOARD_STREAMS_CONFIG": str(settings.streams_config),
+               LAUNCH_TOKEN_ENV: record_launch(settings, run.id)}
+        # --launched: the API recorded the run going for this child, which shows the claim handed to
+        # it (a `--run` of a going run is refused otherwise, and so is a `--launched` without it)
         child = subprocess.Popen([sys.executable, "-m", "sketchboard.cli", "reprocess", run.stream, "--run", run.id,
                                   "--launched", *(["--switch"] if switch else [])], env=env)
         threading.Thread(target=failed_if_it_dies, args=(settings, run.id, child), name=f"watch-{run.id}",
                          daemon=True).start()
 
     return launch
+
+
+def record_launch(settings: Settings, run_id: str) -> str:
+    """The claim of going run `run_id` for the child about to be started (store/definitions.py)."""
+    from sketchboard.wiring import open_store
+
+    store = open_store(settings)
+    try:
+        definitions = DefinitionStore(store.side_db())
+        token = definitions.record_launch(run_id, int(time.time() * 1000))
+        definitions.close()
+        return token
+    finally:
+        store.close()
 
 
 def failed_if_it_dies(settings: Settings, run_id: str, child: subprocess.Popen) -> None:
@@ -398,7 +420,8 @@ def run_reprocess(settings: Settings, stream: str, *, run_id: str | None = None,
     _deferred.clear()
     _deferring.set()
     try:
-        run = service.resume(stream, run_id, launched=launched) if run_id is not None else service.start(stream)
+        run = (service.resume(stream, run_id, launched=launched, launch_token=os.environ.get(LAUNCH_TOKEN_ENV))
+               if run_id is not None else service.start(stream))
     except BaseException:
         _deferring.clear()
         raise

@@ -29,6 +29,7 @@ ENV_PREFIX = "SKETCHBOARD_"
 OTHER_VARIABLES = frozenset({
     SETTINGS_FILE_ENV,
     "SKETCHBOARD_PARENT_PID",  # sketchboard/parent_death.py: `up` to its children
+    "SKETCHBOARD_REPROCESS_LAUNCH",  # sketchboard/reprocess.py: the API to the run's child, the run's claim
     "SKETCHBOARD_SOAK_SECONDS", "SKETCHBOARD_FUZZ_EXAMPLES", "SKETCHBOARD_CHROMIUM",  # the tests'
     "SKETCHBOARD_PORT_1", "SKETCHBOARD_PORT_2",  # docker-compose.yml's published ports
 })
@@ -240,6 +241,9 @@ class Settings(BaseSettings):
     alert_webhook_max_attempts: int = Field(4, ge=1, le=20, description="tries per notification (retries back off)")
     alert_webhook_backoff: DurationMs = Field("500ms", ge=10, description="first retry delay; doubles each retry")
     alert_repeat_interval: DurationMs = Field("4h", ge=1_000, description="re-send a still-firing group this often")
+    alert_webhook_shutdown_timeout: DurationMs = Field(
+        "5s", ge=0, le=600_000, description="at shutdown, how long the webhook may go on sending what is queued"
+                                            " (the leader lease is renewed meanwhile); the rest is the next leader's")
 
     # Demo producer
     demo_rate: float = Field(200.0, ge=0, description="demo events per second before the daily shape")

@@ -207,7 +207,8 @@ def build_alert_service(settings: Settings, catalog: Catalog, store, lag_monitor
             settings.alert_webhook_url, timeout_s=settings.alert_webhook_timeout / 1000,
             max_attempts=settings.alert_webhook_max_attempts, backoff_s=settings.alert_webhook_backoff / 1000,
             repeat_interval_s=settings.alert_repeat_interval / 1000, external_url=settings.base_url + "/",
-            memory_store=alert_store, active=active))
+            memory_store=alert_store, active=active,
+            close_timeout_s=settings.alert_webhook_shutdown_timeout / 1000))
     service = AlertService(catalog, alert_store, StoreAlertData(catalog, store, lag_monitor, served=served),
                            default_interval_ms=settings.alert_eval_interval, notifiers=notifiers,
                            clock=clock or time.time, served=served)

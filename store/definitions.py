@@ -15,6 +15,7 @@ committed offsets are the consumer registry's copies (store/consumers.py).
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,14 @@ CREATE TABLE IF NOT EXISTS reprocess_run_resumes (
     run_id TEXT PRIMARY KEY,
     at_ms INTEGER NOT NULL,
     done INTEGER NOT NULL               -- offsets done then
+);
+-- A run the API launched a child process for (sketchboard/reprocess.py child_launcher): the claim,
+-- a secret handed to that child alone (in its environment), taken once by it (`reprocess --launched`).
+-- A hand-typed `--launched` has none, so it cannot pass for the child and skip the going-run check.
+CREATE TABLE IF NOT EXISTS reprocess_run_launches (
+    run_id TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    at_ms INTEGER NOT NULL
 );
 -- The ids a switch gave the copies of a run's corrections it moved into the root (store/switch.py
 -- copied_corrections): the run's history under new ids, not news; the websocket's corrections
@@ -179,9 +188,38 @@ class DefinitionStore(SideStore):
                          (now_ms, run_id))
         return self.run(run_id)
 
+    def record_launch(self, run_id: str, now_ms: int) -> str:
+        """The API launches a child process for going run `run_id`: a new claim (replacing any
+        earlier one), returned for that child alone to present (`take_launch`)."""
+        token = secrets.token_hex(16)
+        with self._lock:
+            self._conn.execute("INSERT INTO reprocess_run_launches (run_id, token, at_ms) VALUES (?, ?, ?)"
+                               " ON CONFLICT (run_id) DO UPDATE SET token = excluded.token, at_ms = excluded.at_ms",
+                               (run_id, token, now_ms))
+        return token
+
+    def take_launch(self, run_id: str, token: str | None) -> ReprocessRun:
+        """The launched child takes its run: NotLaunched unless `token` is the claim the API
+        recorded for it (record_launch) and the run is still going; the claim is taken once, in the
+        transaction that checks it, so a second `--launched` is refused as a hand-typed one is."""
+        with self._lock, self._conn.transaction() as conn:
+            row = conn.execute("SELECT r.token, u.state FROM reprocess_run_launches r JOIN reprocess_runs u"
+                               " ON u.id = r.run_id WHERE r.run_id = ?", (run_id,)).fetchone()
+            if row is None or token is None or not secrets.compare_digest(row[0], token):
+                raise NotLaunched(
+                    f"reprocessing run {run_id!r} was not launched for this process: `--launched` is for the process"
+                    " the API starts for a run it recorded (it hands that process the run's claim); to resume a"
+                    f" run by hand, leave `--launched` out: `sketchboard reprocess STREAM --run {run_id}`")
+            if row[1] not in ACTIVE_STATES:
+                raise NotLaunched(f"reprocessing run {run_id!r} is {row[1]}, no longer going: its launch is over;"
+                                  f" resume it with `sketchboard reprocess STREAM --run {run_id}`")
+            conn.execute("DELETE FROM reprocess_run_launches WHERE run_id = ?", (run_id,))
+        return self.run(run_id)
+
     def delete_run(self, run_id: str) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM reprocess_runs WHERE id = ?", (run_id,))
+            self._conn.execute("DELETE FROM reprocess_run_launches WHERE run_id = ?", (run_id,))
             self._conn.execute("DELETE FROM reprocess_run_reads WHERE run_id = ?", (run_id,))
             self._conn.execute("DELETE FROM reprocess_run_resumes WHERE run_id = ?", (run_id,))
 
@@ -305,6 +343,10 @@ def insert_run(conn: Db, run: ReprocessRun) -> None:
 
 class RunGoing(ValueError):
     """A reprocessing run of the stream is already going."""
+
+
+class NotLaunched(ValueError):
+    """`sketchboard reprocess --launched` of a run the API did not launch this process for."""
 
 
 # A going run's process reports every RUN_HEARTBEAT_MS (sketchboard/reprocess.py); one silent for

@@ -374,7 +374,9 @@ def test_the_cli_refuses_a_pointless_run_with_its_reason_not_a_traceback(tmp_pat
     root.close()
     for argv, reason in [(["http", "--run", "bogus"], "no reprocessing run 'bogus'"),
                          (["orders", "--run", run.id], f"run {run.id!r} is a run of stream 'http', not of 'orders'"),
-                         (["http", "--run", run.id], f"reprocessing run {run.id!r} of stream 'http' is still going")]:
+                         (["http", "--run", run.id], f"reprocessing run {run.id!r} of stream 'http' is still going"),
+                         (["http", "--run", run.id, "--launched"],  # typed by hand: not the API's child
+                          f"reprocessing run {run.id!r} was not launched for this process")]:
         assert cli.main(["reprocess", *argv, *args]) == 2
         err = capsys.readouterr().err
         assert f"sketchboard: {reason}" in err and "Traceback" not in err
@@ -556,7 +558,8 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
     service.definitions.set_state(run.id, "running", NOW)
     with pytest.raises(RunGoing, match="still going"):
         service.resume("http", run.id)
-    assert service.resume("http", run.id, launched=True).state == "running"  # the API's child
+    token = service.definitions.record_launch(run.id, NOW)  # the API's child, handed its run's claim
+    assert service.resume("http", run.id, launched=True, launch_token=token).state == "running"
     now["ms"] = NOW + RUN_STALE_MS + 1  # its process stopped reporting: failed, and resumed here
     claimed = service.resume("http", run.id)
     assert claimed.state == "starting" and claimed.error is None and claimed.started_at_ms == NOW
@@ -580,6 +583,68 @@ def test_run_ids_given_to_run_are_checked_before_anything_starts(service):
         with pytest.raises(RunNotResumable, match="builds version 89abcdef of 'http', but the configured definition"):
             service.resume("http", older.id, launched=launched)
     assert service.run(older.id).state == "failed"
+
+
+def test_launched_is_checked_a_hand_typed_one_cannot_skip_the_going_run_check(service):
+    """`--launched` skips the going-run check for the API's child only: the API records a claim for
+    the run it launches (store/definitions.py record_launch) and hands it to that child; a
+    `--launched` without it, with another, or a second time (the claim is taken once) is refused
+    (NotLaunched: exit 2), so two processes never drive one run's checkpoint."""
+    from store.definitions import NotLaunched
+
+    run = service.start("http")  # recorded going: its child is starting it
+    with pytest.raises(NotLaunched, match=f"run {run.id!r} was not launched for this process.*leave `--launched` out"):
+        service.resume("http", run.id, launched=True)  # typed by hand
+    token = service.definitions.record_launch(run.id, NOW)
+    with pytest.raises(NotLaunched):
+        service.resume("http", run.id, launched=True, launch_token="0" * 32)  # another claim
+    assert service.resume("http", run.id, launched=True, launch_token=token).id == run.id  # the child
+    with pytest.raises(NotLaunched):
+        service.resume("http", run.id, launched=True, launch_token=token)  # taken: not twice
+    with pytest.raises(RunGoing):
+        service.resume("http", run.id)  # and without --launched, it is going
+    token = service.definitions.record_launch(run.id, NOW)
+    service.definitions.set_state(run.id, "failed", NOW)  # ended before its child took it
+    with pytest.raises(NotLaunched, match="is failed, no longer going"):
+        service.resume("http", run.id, launched=True, launch_token=token)
+    assert service.run(run.id).state == "failed"
+
+
+def test_the_apis_child_is_handed_its_runs_claim(tmp_path, monkeypatch):
+    """The API's real launcher (sketchboard/reprocess.py child_launcher) records the claim and hands
+    it to the child it starts, in its environment (not its arguments): that child's `--launched`
+    is taken; the same command typed by hand (no claim in its environment) is not."""
+    import subprocess
+
+    import sketchboard.reprocess as reprocess
+    from sketchboard.wiring import open_catalog, open_log
+    from store.definitions import NotLaunched
+
+    started = []
+
+    class Child:
+        def __init__(self, argv, env):
+            started.append((argv, env))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    settings, config, root = served_then_changed(tmp_path)
+    catalog = open_catalog(settings)
+    log = open_log(settings, catalog)
+    service = reprocess.build_reprocess_service(settings, catalog, root, log, launch=reprocess.child_launcher(settings))
+    try:
+        run = service.start("http")
+        ((argv, env),) = started
+        assert argv[-3:] == ["--run", run.id, "--launched"]
+        assert all(env[reprocess.LAUNCH_TOKEN_ENV] not in arg for arg in argv)
+        with pytest.raises(NotLaunched):
+            service.resume("http", run.id, launched=True, launch_token=None)  # by hand
+        assert service.resume("http", run.id, launched=True, launch_token=env[reprocess.LAUNCH_TOKEN_ENV]).id == run.id
+    finally:
+        log.close()
+        root.close()
 
 
 def test_sigterm_or_ctrl_c_records_the_run_failed_with_how_to_resume_and_it_resumes(tmp_path, capsys, monkeypatch):

@@ -585,6 +585,83 @@ def test_the_api_s_shutdown_flushes_the_queue_before_handing_the_lease_over(stor
     assert not leadership.leading() and leadership.holder().record.holder is None  # handed over at once
 
 
+def _leading_service(panes, rx_url: str, *, ttl_s: float, close_timeout_s: float, names, replica: str = "a"):
+    """An alert service on store `panes` whose webhook sends while `leadership` leads, with rules
+    `names` firing and delivered as such: (leadership, service, notifier, alert store)."""
+    from alerts.service import AlertService
+    from catalog import load_catalog
+    from sketchboard.leader import lead
+    from store.alerts import AlertStore
+    from store.lease import Leadership, LeaseStore
+    from tests.api.conftest import CONFIG
+
+    store = AlertStore(panes.side_db())
+    leadership = Leadership(LeaseStore(panes.side_db()), "api-leader", replica, ttl_s=ttl_s)
+    hook = notifier(rx_url, memory_store=store, active=leadership.leading, close_timeout_s=close_timeout_s)
+    svc = AlertService(load_catalog(CONFIG), store, Stalled(), notifiers=[hook])
+    lead(leadership, alerts=svc)
+    leadership.start()
+    for name in names:
+        svc.create({**LAGGING, "name": name})
+    return leadership, svc, hook, store
+
+
+def test_the_shutdown_flush_keeps_the_lease_past_its_ttl_for_a_slow_receiver(store_backend):
+    """A receiver that takes 0.4 s per answer, five resolutions queued at shutdown: the flush takes
+    about 2 s, five times the lease's ttl (0.4 s). The lease is renewed while it flushes (bounded by
+    the shutdown timeout, 10 s here), so every resolution is delivered and remembered; none is
+    counted standby (cut at the ttl, the notifier took itself for a replica that no longer leads),
+    and then the lease is handed over at once."""
+    from sketchboard.leader import stand_down
+
+    names = [f"r{i}" for i in range(5)]
+    with Receiver() as rx:
+        leadership, svc, hook, store = _leading_service(store_backend.create(), rx.url, ttl_s=0.4,
+                                                        close_timeout_s=10.0, names=names)
+        rx.wait_for(lambda reqs: len(reqs) == len(names))
+        rx.delay_next(0.4)
+        for name in names:
+            svc.delete(name)  # queued behind one another
+        rx.wait_for(lambda reqs: len(reqs) == len(names) + 1)
+        stand_down(leadership, alerts=svc)
+        resolved = sorted(b["groupLabels"]["alertname"] for b in rx.delivered if b["status"] == "resolved")
+        assert resolved == names
+        assert hook.stats()["standby"] == 0 and store.notifier_memory(rx.url) == {}
+    assert not leadership.leading() and leadership.holder().record.holder is None  # handed over at once
+
+
+def test_what_the_shutdown_timeout_leaves_unsent_is_the_next_leaders_to_send(store_backend):
+    """The flush is bounded by the shutdown timeout (0.6 s here), not held for a receiver that takes
+    0.5 s an answer: the shutdown ends on time, and what was not delivered is not remembered as
+    delivered, so the next leader (another process on the same store) sends it."""
+    from sketchboard.leader import stand_down
+
+    names = [f"r{i}" for i in range(5)]
+    with Receiver() as rx:
+        panes = store_backend.create()
+        leadership, svc, hook, store = _leading_service(panes, rx.url, ttl_s=2.0, close_timeout_s=0.6, names=names)
+        rx.wait_for(lambda reqs: len(reqs) == len(names))
+        rx.delay_next(0.5)
+        for name in names:
+            svc.delete(name)
+        started = time.monotonic()
+        stand_down(leadership, alerts=svc)
+        assert time.monotonic() - started < 3.0
+        assert leadership.holder().record.holder is None
+        sent = {b["groupLabels"]["alertname"] for b in rx.delivered if b["status"] == "resolved"}
+        left = set(store.notifier_memory(rx.url))
+        assert left and left | sent >= set(names)  # some not delivered, and remembered as firing still
+        rx.delay_next(0.0)
+        # The next leader, on the same store: it resolves what the receiver still knows as firing.
+        nxt_leadership, nxt_svc, _, _ = _leading_service(panes, rx.url, ttl_s=2.0, close_timeout_s=5.0, names=[],
+                                                          replica="b")
+        try:
+            rx.wait_for(lambda reqs: {b["groupLabels"]["alertname"] for b in rx.delivered
+                                      if b and b["status"] == "resolved"} >= set(names), timeout=10)
+        finally:
+            stand_down(nxt_leadership, alerts=nxt_svc)
+
+
 @pytest.mark.parametrize("then_fires_again", [False, True])
 def test_a_resolution_given_up_on_keeps_its_end_and_comes_before_a_new_incident(then_fires_again):
     """The resolution at 20 s is given up on. The next evaluation sends it with its own end (20 s,
