@@ -106,7 +106,9 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         except Exception as exc:  # Spark's JVM gone under a signal to the process group: see _stopped_with_spark
             if not stopping.is_set():
                 raise
-            return stop_ends(exc)
+            # A Py4J call of ours (isActive, exception()) failed while stopping: the JVM going with the
+            # signal, whatever its words; a failure of the query itself is read below, not here.
+            return _stopped_with_spark(exc)
         if failures and stopping.is_set():
             return stop_ends(failures[0])
         running = [(query, pipeline.gate)]
@@ -128,8 +130,8 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
         log.info("stopping: letting the running batch commit first")
         try:
             stop_between_batches(pipeline.spark, running, listeners=[pipeline.progress_recorder])
-        except Exception as exc:
-            return stop_ends(exc)
+        except Exception as exc:  # the query was running without a failure when the stop came: its stop
+            return _stopped_with_spark(exc)  # failed on the JVM going too (Py4J's words vary with the moment)
         return 0
 
 

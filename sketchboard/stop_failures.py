@@ -29,6 +29,8 @@ _STOP_TEXTS = re.compile(
         r"SparkContext has been shutdown",
         r"stopped SparkContext",
         r"Query .* was stopped",
+        r"cancellation of all jobs",  # SparkContext.stop cancels the jobs under way
+        r"java\.net\.SocketException",  # a task's socket to a Python worker or the driver, cut by the signal
         # The signal reached the Python workers too (pyspark/daemon.py: a worker takes SIGINT as
         # KeyboardInterrupt and dies of SIGTERM): the task fails under the batch being waited for.
         r"KeyboardInterrupt",
