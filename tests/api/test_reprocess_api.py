@@ -430,3 +430,50 @@ def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path, c
             output.close()
     finally:
         ctx.store.close()
+
+
+def test_streams_and_metrics_list_what_is_served_and_name_the_definition_waiting_for_a_switch(tmp_path, store_backend):
+    """A Grafana or Prometheus user picks dimensions, panes and metrics from /api/v1/streams and
+    /api/v1/metrics: until a switch they list the definition queries answer with (the stored one),
+    not the configured one, and name what the configuration changed and waits for the switch."""
+    from catalog.versions import definition_version
+
+    config = tmp_path / "streams.yaml"
+    settings, pane, old_catalog = served_as_old(tmp_path, store_backend)
+    root = open_store(settings)
+    pin_definitions(root, old_catalog, "main")
+    root.close()
+    http = {**OLD["streams"]["http"], "dimensions": ["region"], "pane": "5s", "first_seen": {"field": "user"}}
+    config.write_text(yaml.safe_dump({"streams": {**OLD["streams"], "http": http},
+                                      "metrics": {**OLD["metrics"], "new_users": {"stream": "http", "first_seen": True}}}))
+    app, ctx = build_api(settings)
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            body = client.get("/api/v1/streams", headers=READ).json()
+            streams = {s["name"]: s for s in body["streams"]}
+            # As served: the stored pane and features; the removed dimension still groups, the added one answers "".
+            assert streams["http"]["pane"] == "10s" and streams["http"]["first_seen"] is None
+            assert streams["http"]["dimensions"] == ["endpoint", "region"]
+            pending = streams["http"]["definition_pending"]
+            assert pending["serving_version"] == definition_version(old_catalog.streams["http"])
+            assert pending["configured_version"] == definition_version(ctx.catalog.streams["http"], ctx.catalog)
+            assert pending["changes"]["pane_ms"] == {"served": 10_000, "configured": 5_000}
+            assert pending["changes"]["dimensions"] == {"served": ["endpoint"], "configured": ["region"]}
+            assert pending["changes"]["first_seen"]["served"] is None and "switch" in pending["note"]
+            assert streams["orders"]["definition_pending"] is None and body["pending_streams"] == []
+
+            body = client.get("/api/v1/metrics", headers=READ).json()
+            metrics = {m["name"]: m for m in body["metrics"]}
+            assert set(metrics) == {"latency"}  # new_users needs first_seen: 404 until the switch
+            assert metrics["latency"]["pane"] == "10s" and metrics["latency"]["dimensions"] == ["endpoint", "region"]
+            assert metrics["latency"]["definition_pending"] == pending
+            assert [(m["name"], m["stream"]) for m in body["pending_metrics"]] == [("new_users", "http")]
+            assert body["pending_metrics"][0]["definition_pending"] == pending
+            # What they list is what queries answer: a 10 s step, the removed dimension, no new_users.
+            answer = client.get("/api/v1/query", params={"metric": "latency", "stat": "count", "step": "10s",
+                                                         "group_by": "endpoint"}, headers=READ)
+            assert answer.status_code == 200, answer.text
+            assert client.get("/api/v1/query", params={"metric": "new_users", "stat": "first_seen"},
+                              headers=READ).status_code == 404
+    finally:
+        ctx.store.close()
