@@ -91,6 +91,27 @@ def test_reprocess_routes_status_and_metrics_after_a_definition_change(tmp_path)
 
 
 
+def received(ws, timeout_s: float = 15.0) -> dict:
+    """The next message of a TestClient websocket for a subscription (topic broadcasts and
+    heartbeats come between), or a failed test after
+    `timeout_s` (its receive waits for ever: in a thread of its own, left behind when it fails)."""
+    import queue
+    import threading
+
+    got: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        while "id" not in (msg := ws.receive_json()):
+            pass
+        got.put(msg)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return got.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no message within {timeout_s} s") from None
+
+
 def served_as_old(tmp_path, store_backend):
     """Settings over a store (either backend) whose streams file declares OLD, the first pane of
     ten minutes ago, and OLD's catalog."""
@@ -177,7 +198,24 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
             assert client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=READ).status_code == 403
             missing = client.post("/api/v1/reprocess/reprocess-x-00000000/switch", headers=ADMIN)
             assert missing.status_code == 404 and missing.json()["param"] == "run_id"
-            switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            # Subscriptions open across the switch are resolved again by it: one following the served
+            # version by name ends (that version is no longer served), the others reload.
+            with client.websocket_connect("/api/v1/ws", headers=READ) as live:
+                query = {"metric": "latency", "stat": "count", "from": "now-1h", "group_by": "region"}
+                live.send_json({"type": "subscribe", "id": "served", "query": query})
+                live.send_json({"type": "subscribe", "id": "pinned", "query": {**query, "group_by": "endpoint",
+                                                                                "version": old_v[:8]}})
+                first = [received(live) for _ in range(2)]
+                assert [(m["type"], m["id"], "live" in m) for m in first] == [("snapshot", "served", False),
+                                                                               ("snapshot", "pinned", False)]
+                switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+                after = {m["id"]: m for m in (received(live) for _ in range(2))}
+            ended = after["pinned"]
+            assert ended["type"] == "error" and "no longer the served output" in ended["reason"], ended
+            reload = after["served"]
+            assert reload["type"] == "snapshot" and reload["reason"] == "switched"
+            assert {s["group"]["region"]: sum(p["count"] for p in s["points"])
+                    for s in reload["result"]["series"]} == {"eu": 2, "us": 1}
             assert switched.status_code == 200, switched.text
             previous = switched.json()["previous"]
             assert previous == f"previous-http-{old_v[:8]}" and switched.json()["serving_version"] == new_v
