@@ -38,8 +38,8 @@ class Findings:
 def check_against_data(settings: Settings, catalog: Catalog) -> Findings:
     """What `check-config` says about `catalog` against the configured log and store."""
     found = Findings()
-    found.notes += changed_definitions(settings, catalog, found)
-    found.errors += partition_shrinks(settings, catalog, found)
+    changed_definitions(settings, catalog, found)
+    log_mismatches(settings, catalog, found)
     return found
 
 
@@ -56,19 +56,20 @@ def _rows(path: Path, sql: str) -> list[tuple]:
         conn.close()
 
 
-def partition_shrinks(settings: Settings, catalog: Catalog, found: Findings | None = None) -> list[str]:
-    """One error per stream configured with fewer partitions than the embedded log has; on Kafka,
-    per topic the API and the pipeline would refuse (its warnings, and a broker out of reach, go
-    to `found.notes`)."""
+def log_mismatches(settings: Settings, catalog: Catalog, found: Findings) -> None:
+    """An error per stream configured with fewer partitions than the embedded log has; on Kafka,
+    per topic the API and the pipeline would refuse (its warnings, and a broker out of reach: notes)."""
     if settings.log_backend == "kafka":
-        return _kafka_topic_errors(settings, catalog, found if found is not None else Findings())
+        _kafka_topics(settings, catalog, found)
+        return
     logged = dict(_rows(settings.log_path, "SELECT stream, partitions FROM topics"))
-    return [f"stream {name!r}: partitions {stream.partitions} but the log has {logged[name]}; a partition count can"
-            f" grow but not shrink (the API and the pipeline refuse to start): configure `partitions: {logged[name]}`"
-            for name, stream in catalog.streams.items() if name in logged and logged[name] > stream.partitions]
+    found.errors += [
+        f"stream {name!r}: partitions {stream.partitions} but the log has {logged[name]}; a partition count can"
+        f" grow but not shrink (the API and the pipeline refuse to start): configure `partitions: {logged[name]}`"
+        for name, stream in catalog.streams.items() if name in logged and logged[name] > stream.partitions]
 
 
-def _kafka_topic_errors(settings: Settings, catalog: Catalog, found: Findings) -> list[str]:
+def _kafka_topics(settings: Settings, catalog: Catalog, found: Findings) -> None:
     from ingest.log import LogUnavailable
     from ingest.log.kafka import KafkaEventLog
     from sketchboard.wiring import json_limits
@@ -80,29 +81,29 @@ def _kafka_topic_errors(settings: Settings, catalog: Catalog, found: Findings) -
         errors, warnings = log.check_topics(catalog.streams.values())
     except LogUnavailable as exc:
         found.notes.append(f"the Kafka topics were not checked: {exc}")
-        return []
+        return
     finally:
         log.close()
+    found.errors += errors
     found.notes += warnings
-    return errors
 
 
-def changed_definitions(settings: Settings, catalog: Catalog, found: Findings | None = None) -> list[str]:
-    """One note per stream whose configured definition differs from its served output's (a
-    PostgreSQL server out of reach: a note saying so, in `found.notes`)."""
+def changed_definitions(settings: Settings, catalog: Catalog, found: Findings) -> None:
+    """A note per stream whose configured definition differs from its served output's (a
+    PostgreSQL server out of reach: a note saying so)."""
     if settings.store_backend == "postgres":
         try:
             rows = _postgres_rows(settings.postgres_dsn, "SELECT stream, version FROM stream_definitions")
         except Exception as exc:  # noqa: BLE001 - psycopg's OperationalError and kin: not reached, not checked
-            if found is not None:
-                found.notes.append(f"the stored stream definitions were not checked: PostgreSQL: {exc}".strip())
-            return []
+            found.notes.append(f"the stored stream definitions were not checked: PostgreSQL: {exc}".strip())
+            return
     else:
         rows = _rows(sqlite_store_path(settings.data_dir, ROOT), "SELECT stream, version FROM stream_definitions")
     stored = dict(rows)
-    return [f"stream {name!r}: definition changed (version {short_version(old)} -> {short_version(new)}); the"
-            f" pipeline keeps computing it as stored until `sketchboard reprocess {name}` and a switch"
-            for name, (old, new) in sorted(changed_streams(catalog, stored).items())]
+    found.notes += [
+        f"stream {name!r}: definition changed (version {short_version(old)} -> {short_version(new)}); the"
+        f" pipeline keeps computing it as stored until `sketchboard reprocess {name}` and a switch"
+        for name, (old, new) in sorted(changed_streams(catalog, stored).items())]
 
 
 def _postgres_rows(dsn: str, sql: str) -> list[tuple]:
