@@ -71,7 +71,11 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     topics = {feed.topic for feed in given}
     registry = FeedRegistry([feed for feed in built_in if feed.topic not in topics] + given)
     hub = Hub(ctx.store, ctx.clock, hub_config or HubConfig(max_points=ctx.query_max_points), list(registry),
-              point_cache=ctx.point_cache, workers=ctx.snapshot_workers)
+              point_cache=ctx.point_cache, workers=ctx.snapshot_workers,
+              # After a switch, subscriptions are resolved again against the served definitions,
+              # read again at once (api/served_catalog.py).
+              resolve=partial(ws_routes.served_query, ctx),
+              on_switch=lambda: ctx.served.refresh() if ctx.served is not None else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

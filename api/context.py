@@ -148,5 +148,10 @@ class ApiContext:
         goes by `catalog` (new events follow the configuration)."""
         return self.catalog if self.served is None else self.served.of(self.catalog)
 
+    def served_with_pending(self) -> tuple[Catalog, Mapping[str, tuple[str, dict]]]:
+        """`served_catalog()`, and the streams whose configured definition waits for a switch:
+        {stream: (the stored version served, its stored declaration)}."""
+        return (self.catalog, {}) if self.served is None else self.served.with_pending(self.catalog)
+
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -58,11 +58,22 @@ class QueryAnswer(BaseModel):
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["query"])
 
-    @r.get("/streams", summary="Streams defined in the configuration, with their log offsets",
+    # Both list what is served (api/served_catalog.py), as queries, alert rules and dashboards read
+    # it: a configuration change waits for its switch (docs/reprocessing.md), so listing it would
+    # offer a pane, dimension or metric the answers do not have yet. What waits is named beside.
+    def served_and_pending() -> tuple:
+        from api.served_catalog import pending_definitions
+
+        served, pinned = ctx.served_with_pending()
+        return served, pending_definitions(ctx.catalog, served, pinned)
+
+    @r.get("/streams", summary="Streams as served (the configuration's, until a switch the stored definition of a"
+           " changed one), with their log offsets and any definition waiting for a switch",
            response_model=None, responses={200: {"model": StreamsOut, "description": "the streams"}})
     def streams() -> dict:
+        served, pending = served_and_pending()
         out = []
-        for stream in ctx.catalog.streams.values():
+        for stream in served.streams.values():
             offsets = ctx.log.offsets(stream.name)
             out.append({
                 **stream.model_dump(mode="json"),
@@ -70,22 +81,30 @@ def router(ctx: ApiContext) -> APIRouter:
                 "distinct": list(stream.distinct_fields),
                 "partitions_offsets": {p: {"start": o.start, "end": o.end} for p, o in offsets.items()},
                 "events_in_log": sum(o.end - o.start for o in offsets.values()),
+                "definition_pending": pending.get(stream.name),
             })
-        return {"streams": out}
+        waiting = [{"name": name, "definition_pending": pending.get(stream.derived_from or name)}
+                   for name, stream in ctx.catalog.streams.items() if name not in served.streams]
+        return {"streams": out, "pending_streams": waiting}
 
-    @r.get("/metrics", summary="Metrics defined in the configuration and the stats each answers",
+    @r.get("/metrics", summary="Metrics as served and the stats each answers (a changed stream's as its served"
+           " output is built, until a switch), with any definition waiting for a switch",
            response_model=None, responses={200: {"model": MetricsOut, "description": "the metrics"}})
     def metrics() -> dict:
+        served, pending = served_and_pending()
         out = []
-        for metric in ctx.catalog.metrics.values():
-            stream = ctx.catalog.streams[metric.stream]
+        for metric in served.metrics.values():
+            stream = served.streams[metric.stream]
             out.append({
                 **metric.model_dump(mode="json"),
                 "stats": list(metric.stats()),
                 "dimensions": list(stream.dimensions),
                 "pane": format_duration_ms(stream.pane),
+                "definition_pending": pending.get(metric.stream),
             })
-        return {"metrics": out}
+        waiting = [{"name": name, "stream": metric.stream, "definition_pending": pending.get(metric.stream)}
+                   for name, metric in ctx.catalog.metrics.items() if name not in served.metrics]
+        return {"metrics": out, "pending_metrics": waiting}
 
     @r.get(
         "/query",

@@ -22,19 +22,42 @@ class OffsetsOut(BaseModel):
     end: int
 
 
+class PendingDefinitionOut(BaseModel):
+    """A configured definition the served output is not built with yet (docs/reprocessing.md)."""
+
+    serving_version: str = Field(description="the definition version the served output is built with")
+    configured_version: str | None = Field(description="the configured definition's version")
+    changes: dict[str, dict] = Field(description="per definition field that differs (catalog/versions.py):"
+                                     " {served, configured}, e.g. pane_ms, dimensions, values, membership")
+    note: str
+
+
 class StreamOut(_Open):
     """The stream's definition (see the configuration) plus its log."""
 
     name: str
     distinct: list[str]
+    definition_pending: PendingDefinitionOut | None = Field(
+        None, description="null: served as configured; else the configured definition waiting for a"
+                          " reprocessing switch (this listing is the served one, as queries answer)")
     partitions_offsets: dict[str, OffsetsOut] = Field(description="partition -> retained offsets [start, end)")
     events_in_log: int = Field(description="the partitions' retained offsets, end - start summed: the records"
                                " held, except for a compacted table, where it also counts the offsets compaction"
                                " emptied (the keys' older versions)")
 
 
+class PendingOut(_Open):
+    """Configured, not served until a switch: queries answer 404 for it meanwhile."""
+
+    name: str
+    definition_pending: PendingDefinitionOut | None
+
+
 class StreamsOut(BaseModel):
     streams: list[StreamOut]
+    pending_streams: list[PendingOut] = Field(
+        description="configured streams the served output has not (a derived stream, sessions, turned on"
+                    " since): listed once its stream's definition is switched")
 
 
 class MetricOut(_Open):
@@ -45,10 +68,16 @@ class MetricOut(_Open):
     stats: list[str]
     dimensions: list[str]
     pane: str
+    definition_pending: PendingDefinitionOut | None = Field(
+        None, description="null: its stream is served as configured; else the configured definition"
+                          " waiting for a reprocessing switch (this listing is the served one, as queries answer)")
 
 
 class MetricsOut(BaseModel):
     metrics: list[MetricOut]
+    pending_metrics: list[PendingOut] = Field(
+        description="configured metrics the served output cannot answer yet (over a field, feature or"
+                    " stream only the configured definition has): 404 until the switch")
 
 
 class PartitionProgressOut(BaseModel):

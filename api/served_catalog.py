@@ -52,10 +52,15 @@ class ServedCatalog:
 
     def of(self, configured: Catalog) -> Catalog:
         """`configured` with each stream whose stored definition differs from it declared as stored."""
+        return self.with_pending(configured)[0]
+
+    def with_pending(self, configured: Catalog) -> tuple[Catalog, StoredDefinitions]:
+        """The served catalog (`of`), and the streams declared as stored in it: {stream: (stored
+        version, stored declaration)}, whose configured definition waits for a switch."""
         stored = self._stored_definitions()
         built = self._built
         if built is not None and built[0] is configured and built[1] is stored:  # per query: no hashing
-            return built[3]
+            return built[3], built[2]
         pinned = {name: stored[name] for name in changed_streams(configured, {n: v for n, (v, _) in stored.items()})}
         if built is not None and built[0] is configured and built[2] == pinned:
             served = built[3]
@@ -63,7 +68,7 @@ class ServedCatalog:
             served = with_added_dimensions(pinned_catalog(configured, {n: doc for n, (_, doc) in pinned.items()},
                                                           {n: v for n, (v, _) in pinned.items()}), configured)
         self._built = (configured, stored, pinned, served)
-        return served
+        return served, pinned
 
     def _stored_definitions(self) -> StoredDefinitions:
         """Read again every `refresh_s` by one caller at a time, outside the lock: the others go on
@@ -116,3 +121,37 @@ def with_added_dimensions(served: Catalog, configured: Catalog) -> Catalog:
 def stored_definitions(definitions) -> Callable[[], StoredDefinitions]:
     """The loader over a store.definitions.DefinitionStore (the root's)."""
     return lambda: {name: (d.version, d.definition) for name, d in definitions.definitions().items()}
+
+
+# Where a pending definition is explained (every listing that names one points there).
+PENDING_NOTE = ("the configuration changed this stream's definition: until a reprocessing switch"
+                " (docs/reprocessing.md) it is listed, queried and alerted on as the served output is built")
+
+
+def pending_definitions(configured: Catalog, served: Catalog,
+                        pinned: StoredDefinitions) -> dict[str, dict]:
+    """{stream: what its configuration changed that the served output does not have yet} for each
+    stream declared as stored in `served` and each stream derived from one: the version served and
+    the configured one, and per field of the definition (catalog/versions.py shaping_definition)
+    that differs, its `served` and `configured` value. A stream not listed is served as configured."""
+    from catalog.versions import catalog_versions, shaping_definition, stored_stream
+
+    versions = catalog_versions(configured)
+    out = {}
+    for name, (version, doc) in pinned.items():
+        if name not in configured.streams:
+            continue
+        was = shaping_definition(stored_stream(doc), served)
+        now = shaping_definition(configured.streams[name], configured)
+        out[name] = {
+            "serving_version": version,
+            "configured_version": versions.get(name),
+            "changes": {field: {"served": was.get(field), "configured": now.get(field)}
+                        for field in sorted(was.keys() | now.keys()) if was.get(field) != now.get(field)},
+            "note": PENDING_NOTE,
+        }
+    for catalog in (configured, served):  # derived streams (sessions): pending with the stream they come from
+        for name, stream in catalog.streams.items():
+            if stream.derived_from in out and name not in out:
+                out[name] = out[stream.derived_from]
+    return out

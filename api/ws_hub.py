@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from api.ws_compute import ALL_GROUPS, affected_windows, changed_points, group_marks, snapshot_result
-from api.ws_protocol import TOPICS
+from api.ws_protocol import TOPICS, error
 from api.ws_workers import SnapshotWorkers
 from query import Query
 from store import PaneStore
@@ -56,6 +56,9 @@ class Subscription:
     query: Query
     token: int  # distinguishes a re-subscription under the same id
     ready: bool = False  # its snapshot is queued: points may follow
+    # The query as the client asked it (api.ws_protocol.QueryIn): resolved again when a switch
+    # changes its stream's served definition (Hub._reloads); None: `query` is kept as it is.
+    request: Any = None
 
 
 class PointsBatch:
@@ -104,6 +107,9 @@ class QueuedMessage:
     # The subscription a message belongs to (a `switched` reload): it waits for that subscription's
     # snapshot, and is dropped with it when it ends.
     sub: Subscription | None = None
+    # The subscription this message ends (a switch left its query unresolvable): nothing queued
+    # for it is sent after the message is delivered.
+    ends: Subscription | None = None
 
     def text(self) -> str:
         return self.encoded if self.encoded is not None else _dumps(self.msg)
@@ -368,8 +374,15 @@ class HubStats:
 class Hub:
     def __init__(self, store: PaneStore, clock: Callable[[], float], config: HubConfig | None = None,
                  feeds: list[Feed] | None = None, point_cache: PointCache | None = None,
-                 workers: SnapshotWorkers | None = None):
+                 workers: SnapshotWorkers | None = None,
+                 resolve: Callable[[Any, int], Query] | None = None, on_switch: Callable[[], None] | None = None):
         self.store = store
+        # A subscription's request resolved against the catalog the served output is built with
+        # now (api/ws_routes.py served_query), after a switch changed it; ValueError with the reason
+        # when it no longer resolves. `on_switch`: called first, so that catalog is read again
+        # (a switch through another replica is otherwise seen only within its refresh interval).
+        self.resolve = resolve
+        self.on_switch = on_switch
         self.workers = workers  # snapshots computed off this process's GIL (api/ws_workers.py)
         self.point_cache = point_cache  # shared with GET /api/v1/query (store/point_cache.py)
         self.clock = clock
@@ -436,7 +449,7 @@ class Hub:
             self._clients.discard(client)
             client.subs.clear()
 
-    def subscribe(self, client: Client, sub_id: str, query: Query) -> Subscription:
+    def subscribe(self, client: Client, sub_id: str, query: Query, request: Any = None) -> Subscription:
         with self._lock:
             old = client.subs.pop(sub_id, None)
             if old is not None:
@@ -444,7 +457,7 @@ class Hub:
             if len(client.subs) >= client.max_subscriptions:
                 raise ValueError(f"a client may hold at most {client.max_subscriptions} subscriptions")
             self._token += 1
-            sub = Subscription(sub_id, query, self._token)
+            sub = Subscription(sub_id, query, self._token, request=request)
             client.subs[sub_id] = sub
         return sub
 
@@ -704,21 +717,52 @@ class Hub:
 
     def _reloads(self, subs, switched: set[str]):
         """A switch replaced these streams' output (docs/reprocessing.md): each subscriber of one
-        gets a whole new snapshot (groups may have come or gone), marked `"reason": "switched"`."""
+        gets a whole new snapshot (groups may have come or gone), marked `"reason": "switched"`,
+        of its query resolved again against the definition served now (a changed pane, tier or
+        dimension would otherwise go on being read as the replaced output's). One that no longer
+        resolves ends, with an error naming why, as a new subscription would be refused."""
         if self.point_cache is not None:
             self.point_cache.clear()  # its fingerprints were of the old rows
-        reloaded = {sub.query.shape_key() for _, sub in subs if sub.query.stream in switched}
+        if self.on_switch is not None:
+            self.on_switch()
+        out = []
+        reloading = []
+        for client, sub in subs:
+            if sub.query.stream not in switched:
+                continue
+            reason = self._resolve_again(sub)
+            if reason is None:
+                reloading.append((client, sub))
+                continue
+            with self._lock:
+                ended = client.subs.get(sub.id) is sub
+                if ended:
+                    del client.subs[sub.id]
+            if ended:  # else unsubscribed or replaced meanwhile: nothing to say
+                out.append((client, QueuedMessage(error(
+                    f"stream {sub.query.stream!r} was switched to another definition and this subscription's"
+                    f" query no longer resolves against it: {reason}; the subscription has ended", sub.id),
+                    False, ends=sub)))
+        reloaded = {sub.query.shape_key() for _, sub in reloading}
         with self._shapes_lock:  # the groups shown were the old rows': the reloads show the new ones
             for key in reloaded:
                 self._shapes.pop(key, None)
-        out = []
-        for client, sub in subs:
-            if sub.query.stream in switched:
-                result = self.snapshot(sub.query)
-                self._shown(sub.query, result["start"], result["end"], group_marks(sub.query, result["series"]))
-                out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
-                                                   "result": result}, False, sub=sub)))
+        for client, sub in reloading:
+            result = self.snapshot(sub.query)
+            self._shown(sub.query, result["start"], result["end"], group_marks(sub.query, result["series"]))
+            out.append((client, QueuedMessage({"type": "snapshot", "id": sub.id, "reason": "switched",
+                                               "result": result}, False, sub=sub)))
         return out
+
+    def _resolve_again(self, sub: Subscription) -> str | None:
+        """`sub.query` resolved again from its request (kept as it is without one); why not, if not."""
+        if self.resolve is None or sub.request is None:
+            return None
+        try:
+            sub.query = self.resolve(sub.request, self.now_ms())
+        except ValueError as exc:  # api.ws_protocol.ProtocolError, with its reason
+            return getattr(exc, "reason", None) or str(exc)
+        return None
 
     def _broadcasts(self):
         out = []
@@ -738,6 +782,8 @@ class Hub:
 
     def _deliver(self, deliveries) -> None:
         for client, item in deliveries:
+            if isinstance(item, QueuedMessage) and item.ends is not None:  # ended by the tailer: drop what it queued
+                client.queue.forget(item.ends)
             if item.sub is not None and client.subs.get(item.sub.id) is not item.sub:
                 continue  # unsubscribed (or replaced) meanwhile
             client.queue.put(item)

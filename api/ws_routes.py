@@ -16,7 +16,9 @@ from api.security.middleware import WS_PROTOCOL, refused_now
 from api.security.policy import websocket_scope
 from api.security.ratelimit import RateLimiter
 from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
-from api.ws_protocol import Ping, ProtocolError, Subscribe, Topics, Unsubscribe, error, parse_message, resolve_query
+from api.ws_protocol import (Ping, ProtocolError, QueryIn, Subscribe, Topics, Unsubscribe, error, parse_message,
+                             resolve_query)
+from query import Query
 from store.rollup import RollupError
 
 log = logging.getLogger("sketchboard.ws")
@@ -72,6 +74,25 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
     return r
 
 
+def served_query(ctx: ApiContext, request: QueryIn, now_ms: int) -> Query:
+    """A live subscription's query resolved again after a switch (Hub.resolve): against the catalog
+    the served output is built with now, or, with `version`, that version's while it is still the
+    served one (another one's output is not followed live: subscribe again for its snapshot).
+    ProtocolError with the reason a new subscription would be refused with."""
+    catalog = ctx.served_catalog()
+    if request.version is not None:
+        from api.query_routes import versioned_output
+
+        try:
+            store, catalog = versioned_output(ctx, request.metric, request.version)
+        except HTTPException as exc:
+            raise ProtocolError(str(exc.detail)) from None
+        if store is not ctx.store:
+            raise ProtocolError(f"version {request.version!r} is no longer the served output (subscribe again"
+                                " for a snapshot of it)")
+    return resolve_query(request, catalog, now_ms, ctx.query_max_points)
+
+
 def _reply(client: Client, msg: dict) -> None:
     client.queue.put(QueuedMessage(msg, droppable=False))
 
@@ -118,7 +139,7 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
                 return
         try:
             query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
-            sub = hub.subscribe(client, msg.id, query)
+            sub = hub.subscribe(client, msg.id, query, request=msg.query)
         except (ProtocolError, ValueError) as exc:
             refuse(getattr(exc, "reason", str(exc)))
             return

@@ -57,12 +57,16 @@ def panel_queries(dashboard: Dashboard, catalog: Catalog, *, now_ms: int, max_po
 
 
 def declared_queries(definitions: Iterable[Mapping[str, Any]], catalog: Catalog, *, now_ms: int,
-                     max_points: int) -> list[Query]:
-    """The panels' queries of these stored dashboard definitions, each distinct shape once."""
+                     max_points: int, checked_against: Catalog | None = None) -> list[Query]:
+    """The panels' queries of these stored dashboard definitions, each distinct shape once, resolved
+    against `catalog`. `checked_against`: the catalog the dashboards are checked against (None:
+    `catalog`); the API's is the configured one while queries read the served one
+    (api/served_catalog.py), so that one panel only the configured definition answers leaves that
+    panel out until the switch, not its whole dashboard."""
     seen: dict[tuple, Query] = {}
     for data in definitions:
         try:
-            dashboard = parse_dashboard(data, catalog)
+            dashboard = parse_dashboard(data, checked_against or catalog)
         except ValueError:  # saved against an older catalog: its panels are checked when it is opened
             continue
         for q in panel_queries(dashboard, catalog, now_ms=now_ms, max_points=max_points):

@@ -62,16 +62,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
         dashboards = load_dashboards_dir(folder, catalog, max_points=settings.query_max_points)
         print(f"{folder}: {len(dashboards)} dashboards - OK")
-    # Against the data already there (sketchboard/config_against_data.py): a shrink stops the API and
-    # the pipeline from starting, so it fails the check; a changed definition is only said.
-    from sketchboard.config_against_data import changed_definitions, partition_shrinks
+    # Against the data already there, in the configured log and store (embedded or Kafka, SQLite or
+    # PostgreSQL: sketchboard/config_against_data.py): a topic or log the API and the pipeline
+    # refuse stops them from starting, so it fails the check; a changed definition is only said.
+    from sketchboard.config_against_data import check_against_data
 
-    for note in changed_definitions(settings, catalog):
+    found = check_against_data(settings, catalog)
+    for note in found.notes:
         print(f"note: {note}")
-    shrinks = partition_shrinks(settings, catalog)
-    for error in shrinks:
+    for error in found.errors:
         print(f"error: {error}", file=sys.stderr)
-    return 1 if shrinks else 0
+    return 1 if found.errors else 0
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:

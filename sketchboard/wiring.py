@@ -114,8 +114,9 @@ def point_warmer(settings: Settings, ctx):
     def views(now_ms: int):
         # Resolved as the queries they warm for are (api/served_catalog.py): a panel the served output
         # cannot answer until a switch is skipped, not warmed with points read another way.
+        # Checked against the configuration, as the dashboards are (dashboard/service.py).
         return declared_queries([d.definition for d in ctx.dashboards.dashboards()], ctx.served_catalog(),
-                                now_ms=now_ms, max_points=ctx.query_max_points)
+                                now_ms=now_ms, max_points=ctx.query_max_points, checked_against=ctx.catalog)
 
     return PointWarmer(ctx.store, views, interval_s=settings.point_warm_interval, max_points=ctx.query_max_points,
                        cache=ctx.point_cache, workers=ctx.snapshot_workers, clock=ctx.clock,

@@ -282,6 +282,30 @@ class KafkaEventLog(EventLog):
                 self.warnings.append(warning)
         self._partitions[stream.name] = partitions
 
+    def check_topics(self, streams: Iterable[StreamDef]) -> tuple[list[str], list[str]]:
+        """Each stream's topic, where there is one, judged as `ensure_topic` judges it, creating
+        nothing (`sketchboard check-config`): (what the API and the pipeline would refuse to
+        start with, warnings). The topics are listed whole: asking a broker for one topic's
+        metadata may create it where the broker auto-creates topics."""
+        try:
+            listed = self._admin.list_topics(timeout=self.timeout_s).topics
+        except KafkaException as exc:
+            raise self._unavailable("could not list the Kafka topics", exc) from None
+        errors: list[str] = []
+        warnings: list[str] = []
+        for stream in streams:
+            topic = self.topic(stream.name)
+            meta = listed.get(topic)
+            if meta is None:  # made as configured when the API or the pipeline starts
+                continue
+            if meta.error is not None:
+                raise LogUnavailable(f"Kafka topic {topic!r} at {self.bootstrap_servers}: {meta.error}")
+            try:
+                warnings += check_topic(topic, stream, len(meta.partitions), self._config(topic).get(TIMESTAMP_TYPE))
+            except TopicMismatch as exc:
+                errors.append(str(exc))
+        return errors, warnings
+
     def _topic_partitions(self, topic: str) -> int | None:
         try:
             meta = self._admin.list_topics(topic=topic, timeout=self.timeout_s).topics.get(topic)

@@ -91,6 +91,27 @@ def test_reprocess_routes_status_and_metrics_after_a_definition_change(tmp_path)
 
 
 
+def received(ws, timeout_s: float = 15.0) -> dict:
+    """The next message of a TestClient websocket for a subscription (topic broadcasts and
+    heartbeats come between), or a failed test after
+    `timeout_s` (its receive waits for ever: in a thread of its own, left behind when it fails)."""
+    import queue
+    import threading
+
+    got: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        while "id" not in (msg := ws.receive_json()):
+            pass
+        got.put(msg)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return got.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no message within {timeout_s} s") from None
+
+
 def served_as_old(tmp_path, store_backend):
     """Settings over a store (either backend) whose streams file declares OLD, the first pane of
     ten minutes ago, and OLD's catalog."""
@@ -177,7 +198,24 @@ def test_switch_version_and_drop_routes(tmp_path, store_backend):
             assert client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=READ).status_code == 403
             missing = client.post("/api/v1/reprocess/reprocess-x-00000000/switch", headers=ADMIN)
             assert missing.status_code == 404 and missing.json()["param"] == "run_id"
-            switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+            # Subscriptions open across the switch are resolved again by it: one following the served
+            # version by name ends (that version is no longer served), the others reload.
+            with client.websocket_connect("/api/v1/ws", headers=READ) as live:
+                query = {"metric": "latency", "stat": "count", "from": "now-1h", "group_by": "region"}
+                live.send_json({"type": "subscribe", "id": "served", "query": query})
+                live.send_json({"type": "subscribe", "id": "pinned", "query": {**query, "group_by": "endpoint",
+                                                                                "version": old_v[:8]}})
+                first = [received(live) for _ in range(2)]
+                assert [(m["type"], m["id"], "live" in m) for m in first] == [("snapshot", "served", False),
+                                                                               ("snapshot", "pinned", False)]
+                switched = client.post(f"/api/v1/reprocess/{run['id']}/switch", headers=ADMIN)
+                after = {m["id"]: m for m in (received(live) for _ in range(2))}
+            ended = after["pinned"]
+            assert ended["type"] == "error" and "no longer the served output" in ended["reason"], ended
+            reload = after["served"]
+            assert reload["type"] == "snapshot" and reload["reason"] == "switched"
+            assert {s["group"]["region"]: sum(p["count"] for p in s["points"])
+                    for s in reload["result"]["series"]} == {"eu": 2, "us": 1}
             assert switched.status_code == 200, switched.text
             previous = switched.json()["previous"]
             assert previous == f"previous-http-{old_v[:8]}" and switched.json()["serving_version"] == new_v
@@ -428,5 +466,52 @@ def test_the_route_starts_the_run_as_a_child_process_that_catches_up(tmp_path, c
             assert counts == {"us": 10, "eu": 20}
         finally:
             output.close()
+    finally:
+        ctx.store.close()
+
+
+def test_streams_and_metrics_list_what_is_served_and_name_the_definition_waiting_for_a_switch(tmp_path, store_backend):
+    """A Grafana or Prometheus user picks dimensions, panes and metrics from /api/v1/streams and
+    /api/v1/metrics: until a switch they list the definition queries answer with (the stored one),
+    not the configured one, and name what the configuration changed and waits for the switch."""
+    from catalog.versions import definition_version
+
+    config = tmp_path / "streams.yaml"
+    settings, pane, old_catalog = served_as_old(tmp_path, store_backend)
+    root = open_store(settings)
+    pin_definitions(root, old_catalog, "main")
+    root.close()
+    http = {**OLD["streams"]["http"], "dimensions": ["region"], "pane": "5s", "first_seen": {"field": "user"}}
+    config.write_text(yaml.safe_dump({"streams": {**OLD["streams"], "http": http},
+                                      "metrics": {**OLD["metrics"], "new_users": {"stream": "http", "first_seen": True}}}))
+    app, ctx = build_api(settings)
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            body = client.get("/api/v1/streams", headers=READ).json()
+            streams = {s["name"]: s for s in body["streams"]}
+            # As served: the stored pane and features; the removed dimension still groups, the added one answers "".
+            assert streams["http"]["pane"] == "10s" and streams["http"]["first_seen"] is None
+            assert streams["http"]["dimensions"] == ["endpoint", "region"]
+            pending = streams["http"]["definition_pending"]
+            assert pending["serving_version"] == definition_version(old_catalog.streams["http"])
+            assert pending["configured_version"] == definition_version(ctx.catalog.streams["http"], ctx.catalog)
+            assert pending["changes"]["pane_ms"] == {"served": 10_000, "configured": 5_000}
+            assert pending["changes"]["dimensions"] == {"served": ["endpoint"], "configured": ["region"]}
+            assert pending["changes"]["first_seen"]["served"] is None and "switch" in pending["note"]
+            assert streams["orders"]["definition_pending"] is None and body["pending_streams"] == []
+
+            body = client.get("/api/v1/metrics", headers=READ).json()
+            metrics = {m["name"]: m for m in body["metrics"]}
+            assert set(metrics) == {"latency"}  # new_users needs first_seen: 404 until the switch
+            assert metrics["latency"]["pane"] == "10s" and metrics["latency"]["dimensions"] == ["endpoint", "region"]
+            assert metrics["latency"]["definition_pending"] == pending
+            assert [(m["name"], m["stream"]) for m in body["pending_metrics"]] == [("new_users", "http")]
+            assert body["pending_metrics"][0]["definition_pending"] == pending
+            # What they list is what queries answer: a 10 s step, the removed dimension, no new_users.
+            answer = client.get("/api/v1/query", params={"metric": "latency", "stat": "count", "step": "10s",
+                                                         "group_by": "endpoint"}, headers=READ)
+            assert answer.status_code == 200, answer.text
+            assert client.get("/api/v1/query", params={"metric": "new_users", "stat": "first_seen"},
+                              headers=READ).status_code == 404
     finally:
         ctx.store.close()

@@ -405,6 +405,45 @@ def test_a_switched_stream_reloads_its_subscribers(server, ctx, now_ms):
         assert sum(p["count"] for s in reload["result"]["series"] for p in s["points"]) >= 1  # the served rows now
 
 
+def test_a_switch_resolves_its_subscriptions_again_against_the_served_definition(server, ctx, now_ms):
+    """Before the switch the served output is built with a stored definition of the stream (a pane
+    of 5 s, a dimension `datacenter` the configuration has removed since): subscriptions resolve
+    against it. The switch serves the configured one: a subscription is resolved again (its reload
+    reads 10 s panes, not the replaced output's 5 s), and one grouped by the removed dimension ends
+    with an error naming why, as a new one would be refused (it kept reading by the old query)."""
+    from api.served_catalog import ServedCatalog
+    from catalog.versions import definition_version, stream_document
+    from store.switch import SWITCHED_REVISION
+
+    configured = ctx.catalog.streams[STREAM]
+    doc = stream_document(configured)
+    stored = {STREAM: ("a-version-before", {**doc, "pane": "5s", "dimensions": [*doc["dimensions"], "datacenter"]})}
+    # Read once an hour: only the hub's own read on the switch can see it in time.
+    ctx.served = ServedCatalog(lambda: dict(stored), refresh_s=3600)
+    hub = server.app.state.hub
+    with connect(server.ws) as ws:
+        assert subscribe(ws, "plain", metric="requests", stat="count", **{"from": "now-10m"}, step="10s")["type"] == "snapshot"
+        assert subscribe(ws, "by_dc", metric="requests", stat="count", **{"from": "now-10m"}, step="10s",
+                         group_by="datacenter")["type"] == "snapshot"
+        assert {s.query.pane_ms for c in hub._clients for s in c.subs.values()} == {5_000}
+
+        stored[STREAM] = (definition_version(configured), stream_document(configured))  # the switch
+        db = ctx.store.side_db()
+        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (STREAM, SWITCHED_REVISION, now_ms))
+        db.close()
+        post(server, [ev(now_ms - 50_000)])  # a commit after it (on PostgreSQL its NOTIFY wakes the hub)
+        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        ended = recv_until(ws, lambda m: m["type"] == "error" and m["id"] == "by_dc")
+        assert "no longer resolves" in ended["reason"] and "datacenter" in ended["reason"], ended
+        reload = recv_until(ws, lambda m: m.get("reason") == "switched" and m["id"] == "plain")
+        assert reload["result"]["metric"] == "requests"
+        subs = [s for c in hub._clients for s in c.subs.values()]
+        assert [(s.id, s.query.pane_ms) for s in subs] == [("plain", 10_000)]
+        ws.send(json.dumps({"type": "unsubscribe", "id": "by_dc"}))
+        assert recv_until(ws, lambda m: m["type"] == "error" and m["id"] == "by_dc")["reason"].startswith("no subscription")
+
+
 def test_identical_subscriptions_share_one_snapshot_until_the_feed_moves(server, ctx, now_ms):
     """Many clients on one view: one snapshot computation (and one JSON encoding) while the hub has
     read no new change; after a commit the next subscriber gets a fresh one with the new rows."""

@@ -464,3 +464,87 @@ def test_check_config_fails_on_a_partition_shrink_and_notes_changed_definitions_
     assert "error: stream 'http': partitions 2 but the log has 4" in err and "orders" not in err
     assert "note: stream 'http': definition changed" in out and "sketchboard reprocess http" in out
     assert "'orders'" not in out
+
+
+def test_check_config_notes_changed_definitions_in_the_configured_store(store_backend, tmp_path, capsys, monkeypatch):
+    """The definitions stored with the served output are read from the configured store, SQLite or
+    PostgreSQL (a PostgreSQL store was not opened: a changed definition went unsaid); a PostgreSQL
+    server out of reach is a note saying what was not checked, not a failed check."""
+    import yaml
+
+    from sketchboard.definitions import pin_definitions
+    from sketchboard.wiring import open_catalog, open_store
+    from tests.procs import free_port
+
+    streams = tmp_path / "streams.yaml"
+    old = {"streams": {"http": {"key_field": "user", "dimensions": ["endpoint"]},
+                       "orders": {"key_field": "customer", "values": ["amount"]}}}
+    streams.write_text(yaml.safe_dump(old))
+    args = ["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]
+    if store_backend.kind == "postgres":
+        store = store_backend.create()
+        monkeypatch.setenv("SKETCHBOARD_STORE_BACKEND", "postgres")
+        monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", store.dsn)
+    else:
+        store = open_store(Settings(data_dir=tmp_path / "data", streams_config=streams))
+    assert cli.main(args) == 0 and "note:" not in capsys.readouterr().out  # nothing stored yet
+    pin_definitions(store, open_catalog(Settings(data_dir=tmp_path / "data", streams_config=streams)), "main")
+    store.close()
+    assert cli.main(args) == 0 and "note:" not in capsys.readouterr().out
+
+    streams.write_text(yaml.safe_dump({"streams": {**old["streams"], "http": {**old["streams"]["http"],
+                                                                             "dimensions": ["endpoint", "region"]}}}))
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "note: stream 'http': definition changed" in out and "sketchboard reprocess http" in out
+    assert "'orders'" not in out
+
+    if store_backend.kind == "postgres":
+        monkeypatch.setenv("SKETCHBOARD_POSTGRES_DSN", f"postgresql://nobody@127.0.0.1:{free_port()}/none")
+        assert cli.main(args) == 0
+        assert "note: the stored stream definitions were not checked: PostgreSQL:" in capsys.readouterr().out
+
+
+@pytest.mark.kafka
+def test_check_config_judges_the_kafka_topics_as_the_api_would_and_creates_none(kafka_broker, tmp_path, capsys,
+                                                                              monkeypatch):
+    """On a Kafka log the topics are judged as the API and the pipeline judge them when they start
+    (a partition count that shrank, or one the topic lacks, stops them: an error), listed, never
+    made; a broker out of reach is a note (the embedded log's check alone ran before)."""
+    import uuid
+
+    import yaml
+    from confluent_kafka.admin import AdminClient
+
+    from ingest.log.kafka import KafkaEventLog
+    from sketchboard.wiring import open_catalog
+    from tests.kafka_broker import client_config
+    from tests.procs import free_port
+
+    prefix = f"checkcfg-{uuid.uuid4().hex[:8]}."
+    streams = tmp_path / "streams.yaml"
+    old = {"streams": {"http": {"key_field": "user", "partitions": 4},
+                       "orders": {"key_field": "customer", "values": ["amount"]}}}
+    streams.write_text(yaml.safe_dump(old))
+    monkeypatch.setenv("SKETCHBOARD_LOG_BACKEND", "kafka")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap)
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_TOPIC_PREFIX", prefix)
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_REPLICATION_FACTOR", "1")
+    args = ["check-config", "--config", str(streams), "--data-dir", str(tmp_path / "data")]
+    log = KafkaEventLog(kafka_broker.bootstrap, topic_prefix=prefix, replication_factor=1)
+    log.ensure_topic(open_catalog(Settings(data_dir=tmp_path / "data", streams_config=streams)).streams["http"])
+    log.close()  # the http topic only
+    assert cli.main(args) == 0
+    capsys.readouterr()
+
+    streams.write_text(yaml.safe_dump({"streams": {**old["streams"], "http": {**old["streams"]["http"], "partitions": 2}}}))
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert f"error: Kafka topic '{prefix}http' has 4 partitions, more than the 2 configured" in err
+    topics = AdminClient(client_config(kafka_broker.bootstrap)).list_topics(timeout=10).topics
+    assert f"{prefix}http" in topics and f"{prefix}orders" not in topics  # judged, none made
+
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("SKETCHBOARD_KAFKA_REQUEST_TIMEOUT", "2s")
+    assert cli.main(args) == 0
+    assert "note: the Kafka topics were not checked:" in capsys.readouterr().out

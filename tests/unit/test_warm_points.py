@@ -236,3 +236,41 @@ def test_the_wired_api_warms_its_dashboards_panels(tmp_path):
     assert any(q.stats == ("p50", "p95", "p99") for q in views)  # the generated dashboard's percentile bands
     _, off = build_api(Settings(data_dir=tmp_path / "off", alerts_config=None, point_warm_interval=0))
     assert off.point_warmer is None
+
+
+def test_the_wired_warmer_resolves_panels_as_the_served_output_is_built(tmp_path, store_backend):
+    """Until a switch the dashboards' panels are answered from the served output, built with the
+    stored definition (api/served_catalog.py): the warmer resolves them the same way, so it keeps
+    the points queries read (10 s panes here, the configuration saying 5 s since), and a panel only
+    the configured definition answers (a first_seen metric turned on since) is left to its query."""
+    import yaml
+
+    from sketchboard.definitions import pin_definitions
+    from sketchboard.settings import Settings
+    from sketchboard.wiring import build_api, open_catalog, open_store
+
+    http = {"key_field": "user", "dimensions": ["endpoint"], "values": ["latency_ms"]}
+    metrics = {"latency": {"stream": "http", "value": "latency_ms"}}
+    config = tmp_path / "streams.yaml"
+    config.write_text(yaml.safe_dump({"streams": {"http": http}, "metrics": metrics}))
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "dashboards" / "http.yaml").write_text(yaml.safe_dump({"title": "HTTP", "panels": [
+        {"title": "p50", "metric": "latency", "stat": "p50"},
+        {"title": "new users", "metric": "new_users", "stat": "first_seen"}]}))
+    extra = {}
+    if store_backend.kind == "postgres":
+        extra = {"store_backend": "postgres", "postgres_dsn": store_backend.create().dsn, "postgres_pool_size": 2}
+    settings = Settings(data_dir=tmp_path / "data", streams_config=config, alerts_config=None,
+                        dashboards_config=tmp_path / "dashboards", **extra)
+    root = open_store(settings)
+    pin_definitions(root, open_catalog(settings), "main")  # the served output is built with a 10 s pane
+    root.close()
+    config.write_text(yaml.safe_dump({"streams": {"http": {**http, "pane": "5s", "first_seen": {"field": "user"}}},
+                                      "metrics": {**metrics, "new_users": {"stream": "http", "first_seen": True}}}))
+    _, ctx = build_api(settings)
+    try:
+        assert ctx.catalog.streams["http"].pane == 5_000 and ctx.served_catalog().streams["http"].pane == 10_000
+        views = ctx.point_warmer.views(T0)
+        assert [(q.metric, q.pane_ms) for q in views] == [("latency", 10_000)]
+    finally:
+        ctx.store.close()
