@@ -688,7 +688,7 @@ class Hub:
             if affected:
                 watermark = watermarks.get(rq.stream)
                 series = changed_points(self.store, rq, affected, watermark, self.config.max_points,
-                                        self.point_cache, groups)
+                                        self.point_cache, groups, now_ms=now_ms)
             else:
                 series = []
             if state is not None:

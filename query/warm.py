@@ -47,7 +47,10 @@ def warm(store: PaneStore, queries: Iterable[Query], *, now_ms: int, watermarks:
         if part is None:
             continue
         lo, hi = part.range_at(now_ms)
-        compute(store, part, lo, hi, watermark_ms=watermarks.get(part.stream), max_points=max_points, cache=cache)
+        # Read as REST reads it at now_ms (only rows retention keeps there): the same plan, so the
+        # same fingerprints, and the points kept are the ones its query would reuse.
+        compute(store, part, lo, hi, watermark_ms=watermarks.get(part.stream), max_points=max_points, cache=cache,
+                now_ms=now_ms)
         done += 1
     if cache.backing is not None:
         cache.backing.flush()  # written before the next warm reads the store again
