@@ -98,3 +98,27 @@ def test_a_range_as_long_as_the_retention_is_answered_at_the_steps_kept_over_it(
     r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-8d", "to": "now",
                                             "step": step, "group_by": "endpoint"})
     assert r.status_code == 200, r.text
+
+
+def test_an_alert_rule_whose_window_retention_dropped_shows_error_not_0(ctx, aged):
+    """A rule whose window lies where only the hour rows are left (a watermark this stale: the
+    pipeline saw no events since): a 5-minute window cannot be cut out of them. REST refuses that
+    step; the rule read the dropped minutes and panes as 0 events, and `count < 1` fired. It is
+    Error now, naming why; a window the hour rows fit reads them, as REST does."""
+    from alerts.kinds import evaluate_rule
+    from alerts.rules import parse_rule
+    from alerts.source import StoreAlertData
+
+    data = StoreAlertData(ctx.catalog, ctx.store)
+    rule = parse_rule({"name": "quiet", "kind": "threshold", "metric": "requests", "stat": "count", "op": "<",
+                       "threshold": 1, "window": "5m", "stale_after": "10d"}, ctx.catalog)
+    outcome = evaluate_rule(rule, data, ctx.catalog, NOW_MS)
+    assert outcome.samples == [] and outcome.error is not None, outcome
+    assert "needs rows retention has dropped" in outcome.error and "1h rows" in outcome.error
+    hour = OLD[0] - OLD[0] % HOUR + HOUR
+    (value,) = data.window_values("requests", "count", hour, hour + 2 * HOUR, (), {}, now_ms=NOW_MS)
+    assert value.value == sum(1 for t in OLD if hour <= t < hour + 2 * HOUR) > 0
+    with pytest.raises(ValueError, match="needs rows retention has dropped"):
+        data.window_values("requests", "count", hour + 10_000, hour + HOUR + 10_000, (), {}, now_ms=NOW_MS)
+    with pytest.raises(ValueError, match="older than the stream keeps any rows"):
+        data.window_values("requests", "count", NOW_MS - 100 * DAY, NOW_MS - 99 * DAY, (), {}, now_ms=NOW_MS)
