@@ -13,6 +13,7 @@ from query.model import format_time_ms
 from store import PaneStore
 from store.panes import matches_filters
 from store.planner import finest_kept_granule, kept_from_ms, plan_read
+from store.retention_clock import retention_now_ms
 from store.rollup import DEFAULT_MAX_POINTS
 from store.tiers import TierLayout, layout_for
 
@@ -37,10 +38,12 @@ class StoreAlertData:
         # One point whose window is [start, end): step one pane (the start is pane-aligned), window the
         # span. The caller chose the window by the watermark already: no final flags needed.
         q = over(target, step_ms=target.pane_ms, window_ms=end_ms - start_ms)
-        check_window_kept(layout_for(catalog.streams[target.stream]), q, start_ms, end_ms, now_ms)
-        # now_ms: only rows retention keeps are read, as REST reads them (the same plan, the same numbers).
+        # Only rows retention keeps are read, as REST reads them (the same plan at the same clock:
+        # the later of now_ms and the newest batch's, store/retention_clock.py).
+        kept_at = retention_now_ms(self.store, now_ms)
+        check_window_kept(layout_for(catalog.streams[target.stream]), q, start_ms, end_ms, kept_at)
         series = compute(self.store, q, start_ms, start_ms + target.pane_ms, watermark_ms=None,
-                         max_points=DEFAULT_MAX_POINTS, now_ms=now_ms)
+                         max_points=DEFAULT_MAX_POINTS, now_ms=kept_at)
         return [WindowValue(s.group, s.points[0].value, s.points[0].revision)
                 for s in series if not group_by or s.points[0].count > 0]
 

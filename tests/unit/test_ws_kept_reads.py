@@ -34,6 +34,6 @@ def test_changed_points_read_the_granules_rest_reads_past_a_tiers_keep(store_bac
     rest = [series_json(s) for s in compute(store, rq, lo, hi, watermark_ms=watermark, max_points=1000, now_ms=now)]
     assert [p["count"] for s in rest for p in s["points"]] == [6] * 6
     # A tick where every window changed (a watermark seen for the first time finalizes them all).
-    pushed = changed_points(store, rq, {t: ALL_GROUPS for t in range(lo, hi, HOUR)}, watermark, 1000, now_ms=now)
+    pushed = changed_points(store, rq, {t: ALL_GROUPS for t in range(lo, hi, HOUR)}, watermark, 1000, kept_at_ms=now)
     assert pushed == rest
     store.close()
