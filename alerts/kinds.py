@@ -83,7 +83,7 @@ def _threshold(rule: ThresholdRule, data: AlertData, catalog: Catalog, now_ms: i
     if isinstance(window, Outcome):
         return window
     start, end = window
-    values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters)
+    values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters, now_ms=now_ms)
     if not values:
         return Outcome.nodata(f"no events in the window ({_span(start, end)})")
     test = COMPARE[rule.op]
@@ -98,8 +98,9 @@ def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> O
         return window
     start, end = window
     offset = against_ms(rule)
-    now_values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters)
-    then_values = data.window_values(rule.metric, rule.stat, start - offset, end - offset, rule.group_by, rule.filters)
+    now_values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters, now_ms=now_ms)
+    then_values = data.window_values(rule.metric, rule.stat, start - offset, end - offset, rule.group_by, rule.filters,
+                                     now_ms=now_ms)
     then = {tuple(sorted(v.group.items())): v for v in then_values}
     # Like PromQL's `x / x offset 1w`: only groups present at both times get a sample.
     pairs = [(v, then[key]) for v in now_values if (key := tuple(sorted(v.group.items()))) in then]

@@ -86,8 +86,10 @@ class AlertData(Protocol):
     def watermark(self, stream: str) -> int | None: ...
 
     def window_values(self, metric: str, stat: str, start_ms: int, end_ms: int,
-                      group_by: Sequence[str], filters: Mapping[str, str]) -> list[WindowValue]:
-        """The stat over the one window [start_ms, end_ms), one value per group with events."""
+                      group_by: Sequence[str], filters: Mapping[str, str], *, now_ms: int) -> list[WindowValue]:
+        """The stat over the one window [start_ms, end_ms), one value per group with events, read
+        from rows retention keeps at now_ms as a REST query is; an error (raised) where retention
+        has dropped rows the window needs."""
 
     def last_seen(self, stream: str, start_ms: int, end_ms: int, group_by: Sequence[str],
                   filters: Mapping[str, str]) -> dict[tuple[str, ...], int]:

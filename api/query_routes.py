@@ -13,6 +13,7 @@ from api.responses import MetricsOut, StreamsOut
 from catalog import format_duration_ms
 from catalog.times import BadParam
 from query import QueryError, answer_text, compute, parse_filters, resolve
+from store.retention_clock import retention_now_ms
 from store.rollup import RollupError
 
 
@@ -134,10 +135,12 @@ def router(ctx: ApiContext) -> APIRouter:
         if version is not None:
             store, catalog = await run_in_threadpool(versioned_output, ctx, metric, version)
             cache = None  # its points are keyed without the namespace
+        # Retention is measured at the later of this clock and the newest batch's (store/retention_clock.py).
+        kept_at = await run_in_threadpool(retention_now_ms, store, now)
         try:
             q = resolve(catalog, metric=metric, stats=[stat], start=start, end=end, step=step, window=window,
                         group_by=group_by, filters=parse_filters(filter), now_ms=now,
-                        max_points=ctx.query_max_points)
+                        max_points=ctx.query_max_points, kept_at_ms=kept_at)
             lo, hi = q.range_at(now)
         except QueryError as exc:
             raise (HTTPException(404, str(exc)) if exc.not_found else bad_request(exc.param, str(exc))) from None
@@ -146,7 +149,7 @@ def router(ctx: ApiContext) -> APIRouter:
         watermark = store.watermarks().get(q.stream)
         try:
             series = await run_in_threadpool(compute, store, q, lo, hi, watermark_ms=watermark,
-                                              max_points=ctx.query_max_points, cache=cache, now_ms=now)
+                                              max_points=ctx.query_max_points, cache=cache, now_ms=kept_at)
         except RollupError as exc:
             raise bad_request(None, str(exc)) from None
         # Built as plain JSON: validating a day of points through the response model cost more than

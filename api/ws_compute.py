@@ -11,13 +11,17 @@ from query import Query, answer_json, compute, series_json
 from query.compute import empty_points, point_json
 from store import PaneStore
 from store.point_cache import PointCache
+from store.retention_clock import retention_now_ms
 
 
 def compute_series(store: PaneStore, rq: Query, lo: int, hi: int, watermark_ms: int | None,
-                   max_points: int, cache: PointCache | None = None) -> list[dict[str, Any]]:
-    """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step)."""
+                   max_points: int, cache: PointCache | None = None, *, kept_at_ms: int) -> list[dict[str, Any]]:
+    """One series per (stat, group) over the windows starting in [lo, hi) (lo, hi multiples of step),
+    reading only rows retention keeps at kept_at_ms (store.retention_clock), as REST and the snapshot
+    do (store.planner): a granule read past its keep answered 0, marked final, where REST reads a
+    coarser one."""
     return [series_json(s) for s in compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points,
-                                            cache=cache)]
+                                            cache=cache, now_ms=kept_at_ms)]
 
 
 def snapshot_result(store: PaneStore, rq: Query, now_ms: int, watermark_ms: int | None,
@@ -26,7 +30,7 @@ def snapshot_result(store: PaneStore, rq: Query, now_ms: int, watermark_ms: int 
     lo, hi = rq.range_at(now_ms)
     return answer_json(rq, lo, hi, watermark_ms,
                        compute(store, rq, lo, hi, watermark_ms=watermark_ms, max_points=max_points, cache=cache,
-                               now_ms=now_ms))
+                               now_ms=retention_now_ms(store, now_ms)))
 
 
 def windows_containing(pane_start_ms: int, rq: Query, lo: int, hi: int) -> range:
@@ -89,8 +93,9 @@ def runs(times: Iterable[int], step_ms: int, max_gap_points: int = 8) -> list[tu
 
 def changed_points(store: PaneStore, rq: Query, affected: dict[int, set | None], watermark_ms: int | None,
                    max_points: int, cache: PointCache | None = None,
-                   groups: Iterable[tuple[str, ...]] = ()) -> list[dict[str, Any]]:
+                   groups: Iterable[tuple[str, ...]] = (), *, kept_at_ms: int) -> list[dict[str, Any]]:
     """Recompute only the affected windows; keep the points of the groups that changed there.
+    kept_at_ms: the clock retention is measured against (compute_series), the tick's.
 
     `groups`: those the subscribers were shown (their snapshots' and points'). A window affected for
     every group (ALL_GROUPS: the watermark passed it) gets a point for each of them, as REST answers
@@ -99,7 +104,7 @@ def changed_points(store: PaneStore, rq: Query, affected: dict[int, set | None],
     groups = list(groups) if rq.group_by else []
     for lo, hi in runs(affected, rq.step_ms):
         seen: set[tuple[str, tuple]] = set()
-        for s in compute_series(store, rq, lo, hi, watermark_ms, max_points, cache):
+        for s in compute_series(store, rq, lo, hi, watermark_ms, max_points, cache, kept_at_ms=kept_at_ms):
             group = tuple(s["group"].get(g, "") for g in rq.group_by)
             seen.add((s["stat"], group))
             points = []

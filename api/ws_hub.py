@@ -30,6 +30,7 @@ from api.ws_workers import SnapshotWorkers
 from query import Query
 from store import PaneStore
 from store.point_cache import PointCache
+from store.retention_clock import retention_now_ms
 from store.switch import SWITCHED_REVISION
 
 log = logging.getLogger("sketchboard.ws")
@@ -674,6 +675,7 @@ class Hub:
                 if state.absent > 1:
                     del self._shapes[key]
         now_ms = self.now_ms()
+        kept_at = None  # the clock retention is measured at (store/retention_clock.py)
         out = []
         for key, members in by_shape.items():
             rq = members[0][1].query
@@ -700,8 +702,10 @@ class Hub:
                 affected[t] = ALL_GROUPS
             if affected:
                 watermark = watermarks.get(rq.stream)
+                if kept_at is None:  # once a tick, and only when a tick computes
+                    kept_at = retention_now_ms(self.store, now_ms)
                 series = changed_points(self.store, rq, affected, watermark, self.config.max_points,
-                                        self.point_cache, groups)
+                                        self.point_cache, groups, kept_at_ms=kept_at)
             else:
                 series = []
             if state is not None:

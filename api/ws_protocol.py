@@ -124,14 +124,14 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int) -> Query:
-    """The subscription's query, resolved like GET /api/v1/query's (query.resolve); ProtocolError
-    with the same reason otherwise."""
+def resolve_query(q: QueryIn, catalog: Catalog, now_ms: int, max_points: int, kept_at_ms: int | None = None) -> Query:
+    """The subscription's query, resolved like GET /api/v1/query's (query.resolve, retention measured
+    at kept_at_ms: store.retention_clock); ProtocolError with the same reason otherwise."""
     try:
         filters = parse_filters(q.filter, q.filters)
         return resolve(catalog, metric=q.metric, stats=[*(q.stats or []), *([q.stat] if q.stat else [])],
                        start=q.from_, end=q.to, step=q.step, window=q.window, group_by=q.group_by, filters=filters,
-                       now_ms=now_ms, max_points=max_points)
+                       now_ms=now_ms, max_points=max_points, kept_at_ms=kept_at_ms)
     except QueryError as exc:
         raise ProtocolError(str(exc)) from None
 

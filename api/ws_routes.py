@@ -19,6 +19,7 @@ from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
 from api.ws_protocol import (Ping, ProtocolError, QueryIn, Subscribe, Topics, Unsubscribe, error, parse_message,
                              resolve_query)
 from query import Query
+from store.retention_clock import retention_now_ms
 from store.rollup import RollupError
 
 log = logging.getLogger("sketchboard.ws")
@@ -90,7 +91,7 @@ def served_query(ctx: ApiContext, request: QueryIn, now_ms: int) -> Query:
         if store is not ctx.store:
             raise ProtocolError(f"version {request.version!r} is no longer the served output (subscribe again"
                                 " for a snapshot of it)")
-    return resolve_query(request, catalog, now_ms, ctx.query_max_points)
+    return resolve_query(request, catalog, now_ms, ctx.query_max_points, retention_now_ms(ctx.store, now_ms))
 
 
 def _reply(client: Client, msg: dict) -> None:
@@ -138,7 +139,9 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
                 await _version_snapshot(client, ctx, hub, msg, store, catalog, refuse)
                 return
         try:
-            query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
+            now = hub.now_ms()
+            kept_at = await run_in_threadpool(retention_now_ms, ctx.store, now)
+            query = resolve_query(msg.query, catalog, now, ctx.query_max_points, kept_at)
             sub = hub.subscribe(client, msg.id, query, request=msg.query)
         except (ProtocolError, ValueError) as exc:
             refuse(getattr(exc, "reason", str(exc)))
@@ -199,7 +202,9 @@ async def _version_snapshot(client, ctx, hub, msg, store, catalog, refuse) -> No
     from api.ws_compute import snapshot_result
 
     try:
-        query = resolve_query(msg.query, catalog, hub.now_ms(), ctx.query_max_points)
+        now = hub.now_ms()
+        kept_at = await run_in_threadpool(retention_now_ms, store, now)
+        query = resolve_query(msg.query, catalog, now, ctx.query_max_points, kept_at)
         result = await run_in_threadpool(lambda: snapshot_result(store, query, hub.now_ms(),
                                                                  store.watermarks().get(query.stream),
                                                                  ctx.query_max_points))

@@ -171,8 +171,11 @@ def over(target: Target, *, step_ms: int, window_ms: int, from_text: str = "", t
 def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str | int = "now-1h",
             end: str | int = "now", step: str | None = None, window: str | None = None,
             group_by: Iterable[str] | str = (), filters: Mapping[str, str] | None = None, now_ms: int,
-            max_points: int) -> Query:
-    """The query that GET /api/v1/query's parameters (or a subscription's) ask; QueryError otherwise."""
+            max_points: int, kept_at_ms: int | None = None) -> Query:
+    """The query that GET /api/v1/query's parameters (or a subscription's) ask; QueryError otherwise.
+    kept_at_ms: the clock retention is measured against (store.retention_clock; default now_ms), the
+    one its rows are then read at."""
+    kept_at = now_ms if kept_at_ms is None else kept_at_ms
     target = resolve_target(catalog, metric, stats, group_by, filters)
     from_text, to_text = str(start), str(end)
     layout = layout_for(catalog.streams[target.stream])
@@ -180,7 +183,7 @@ def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str |
     try:
         start_ms, end_ms = parse_range_ms(from_text, to_text, now_ms)
         step_ms = parse_duration_param(step, "step") if step else kept_default_step(
-            layout, target.pane_ms, start_ms, end_ms, needed, now_ms)
+            layout, target.pane_ms, start_ms, end_ms, needed, kept_at)
         window_ms = parse_duration_param(window, "window") if window else step_ms
     except BadParam as exc:
         raise QueryError(exc.param, str(exc)) from None
@@ -190,7 +193,7 @@ def resolve(catalog: Catalog, *, metric: str, stats: Sequence[str], start: str |
     if (hi - lo) // step_ms > max_points:
         raise QueryError("step", f"{(hi - lo) // step_ms} points per series exceed the limit of {max_points};"
                          " use a larger step or a shorter range")
-    check_kept(layout, q, lo, hi, needed, now_ms)
+    check_kept(layout, q, lo, hi, needed, kept_at)
     return q
 
 

@@ -25,6 +25,7 @@ from query.compute import compute
 from query.model import Query
 from store import PaneStore
 from store.point_cache import PointCache
+from store.retention_clock import retention_now_ms
 
 
 def sketch_part(q: Query) -> Query | None:
@@ -42,12 +43,16 @@ def warm(store: PaneStore, queries: Iterable[Query], *, now_ms: int, watermarks:
     the final points (in its backing store, if it has one); how many queries were computed.
     A query whose points are already kept and unchanged costs its fingerprints' sums only."""
     done = 0
+    kept_at = retention_now_ms(store, now_ms)
     for q in queries:
         part = sketch_part(q)
         if part is None:
             continue
         lo, hi = part.range_at(now_ms)
-        compute(store, part, lo, hi, watermark_ms=watermarks.get(part.stream), max_points=max_points, cache=cache)
+        # Read as REST reads it at now_ms (only rows retention keeps there): the same plan, so the
+        # same fingerprints, and the points kept are the ones its query would reuse.
+        compute(store, part, lo, hi, watermark_ms=watermarks.get(part.stream), max_points=max_points, cache=cache,
+                now_ms=kept_at)
         done += 1
     if cache.backing is not None:
         cache.backing.flush()  # written before the next warm reads the store again

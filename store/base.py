@@ -258,6 +258,11 @@ class PaneStore(ABC):
         its first. What a restarted pipeline's batch clock starts from (aggregates/batch_clock.py)."""
 
     @abstractmethod
+    def newest_commit_ms(self) -> int | None:
+        """The newest committed batch's `committed_at_ms` over every pipeline, None before any: the
+        clock no batch's retention ran after (store/retention_clock.py). A few index probes."""
+
+    @abstractmethod
     def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
         """Of `ids`, those a committed batch counted for `stream` and the store still remembers
         (store/event_ids.py), with the ingest time of the copy counted."""

@@ -53,7 +53,8 @@ def kept_from_ms(layout: TierLayout, granule_ms: int, now_ms: int) -> int:
 
     Retention drops a granule's rows ending at or before batch_now - keep
     (store.commit_plan.tier_horizons, retention_horizons), batch_now being a committed batch's
-    clock: never after the clock a query reads (now_ms), so batch_now - keep <= now_ms - keep. A
+    clock: the callers pass the later of their clock and the newest batch's
+    (store.retention_clock), so batch_now - keep <= now_ms - keep. A
     row straddling now_ms - keep may be gone at a later batch_now already: counted as gone too
     (conservative), so only rows starting at or after the horizon are read."""
     horizon = now_ms - keep_of(layout, granule_ms)

@@ -39,6 +39,7 @@ from store.connection import SqliteDb, naming_file, open_connection, read_snapsh
 from store.dim_sets import CHANGES_SINCE
 from store.device_clocks import device_clock, device_clock_rows
 from store.panes import Pane, dims_key
+from store.retention_clock import NEWEST_COMMIT_SQL
 from store.rollup import BucketStats, SketchRow
 from store.schema_version import SCHEMA_VERSION, check_version
 from store import view_state
@@ -296,6 +297,10 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             row = self._conn.execute("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
         return row[0]
+
+    def newest_commit_ms(self) -> int | None:
+        with self._lock:
+            return self._conn.execute(NEWEST_COMMIT_SQL).fetchone()[0]
 
     def read_panes(self, stream: str, start_ms: int, end_ms: int, *, value_field: str | None = None,
                    distinct_field: str | None = None, with_sketches: bool = False) -> list[Pane]:

@@ -300,6 +300,11 @@ class PostgresPaneStore(PaneStore):
     def last_commit_ms(self, pipeline: str) -> int | None:
         return self._one("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = %s", (pipeline,))[0]
 
+    def newest_commit_ms(self) -> int | None:
+        from store.retention_clock import NEWEST_COMMIT_SQL
+
+        return self._one(NEWEST_COMMIT_SQL)[0]
+
     def seen_event_ids(self, stream: str, ids: Sequence[str]) -> dict[str, int]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return event_ids.lookup(cur, stream, ids, "%s")

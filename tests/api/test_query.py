@@ -638,5 +638,5 @@ def test_an_alert_rule_reads_the_window_rest_answers(ctx, client, with_first_see
     for metric, stat in (("latency", "p90"), ("requests", "distinct"), ("new_users", "first_seen")):
         rest = client.get(URL, params={"metric": metric, "stat": stat, "from": start, "to": start + 1,
                                        "step": "1m"}).json()
-        (value,) = data.window_values(metric, stat, start, end, (), {})
+        (value,) = data.window_values(metric, stat, start, end, (), {}, now_ms=NOW_MS)
         assert value.value == rest["series"][0]["points"][0]["value"], (metric, stat)

@@ -98,3 +98,83 @@ def test_a_range_as_long_as_the_retention_is_answered_at_the_steps_kept_over_it(
     r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": "now-8d", "to": "now",
                                             "step": step, "group_by": "endpoint"})
     assert r.status_code == 200, r.text
+
+
+def test_an_alert_rule_whose_window_retention_dropped_shows_error_not_0(ctx, aged):
+    """A rule whose window lies where only the hour rows are left (a watermark this stale: the
+    pipeline saw no events since): a 5-minute window cannot be cut out of them. REST refuses that
+    step; the rule read the dropped minutes and panes as 0 events, and `count < 1` fired. It is
+    Error now, naming why; a window the hour rows fit reads them, as REST does."""
+    from alerts.kinds import evaluate_rule
+    from alerts.rules import parse_rule
+    from alerts.source import StoreAlertData
+
+    data = StoreAlertData(ctx.catalog, ctx.store)
+    rule = parse_rule({"name": "quiet", "kind": "threshold", "metric": "requests", "stat": "count", "op": "<",
+                       "threshold": 1, "window": "5m", "stale_after": "10d"}, ctx.catalog)
+    outcome = evaluate_rule(rule, data, ctx.catalog, NOW_MS)
+    assert outcome.samples == [] and outcome.error is not None, outcome
+    assert "needs rows retention has dropped" in outcome.error and "1h rows" in outcome.error
+    hour = OLD[0] - OLD[0] % HOUR + HOUR
+    (value,) = data.window_values("requests", "count", hour, hour + 2 * HOUR, (), {}, now_ms=NOW_MS)
+    assert value.value == sum(1 for t in OLD if hour <= t < hour + 2 * HOUR) > 0
+    with pytest.raises(ValueError, match="needs rows retention has dropped"):
+        data.window_values("requests", "count", hour + 10_000, hour + HOUR + 10_000, (), {}, now_ms=NOW_MS)
+    with pytest.raises(ValueError, match="older than the stream keeps any rows"):
+        data.window_values("requests", "count", NOW_MS - 100 * DAY, NOW_MS - 99 * DAY, (), {}, now_ms=NOW_MS)
+
+
+AHEAD = 2 * HOUR  # how far the pipeline's clock runs ahead of the API's
+EDGE = [NOW_MS - 8 * DAY + i * 600_000 for i in range(12)]  # two hours from the panes' horizon at the API's clock
+
+
+@pytest.fixture
+def ahead(ctx, clock):
+    """EDGE's events committed while recent, then a batch of a pipeline whose clock runs AHEAD of
+    the API's: its retention run dropped their panes and minute rows (they end before its clock
+    minus 8 days), which the API's own clock still counts as kept."""
+    lateness = {name: s.allowed_lateness for name, s in ctx.catalog.streams.items()}
+    clock.now = (EDGE[-1] + HOUR) / 1000
+    partials = [pane(t, [10.0], ["u"]) for t in EDGE]
+    assert ctx.store.commit_batch(BatchCommit("main", 0, partials, len(EDGE), max_event_ms={STREAM: EDGE[-1]},
+                                              read_by_stream={STREAM: len(EDGE)}, dead_by_stream={}),
+                                  lateness_ms=lateness, now_ms=ctx.now_ms()).committed
+    assert ctx.store.commit_batch(BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=NOW_MS + AHEAD),
+                                  lateness_ms=lateness, now_ms=NOW_MS + AHEAD).committed
+    clock.now = NOW_MS / 1000  # the API's
+    assert ctx.store.read_tier(STREAM, 60_000, "", EDGE[0], EDGE[-1] + 1, pane_ms=10_000) == []  # dropped
+    assert ctx.store.newest_commit_ms() == NOW_MS + AHEAD
+
+
+def test_retention_is_measured_at_the_newest_batchs_clock_when_the_pipelines_is_ahead(ctx, client, ahead):
+    """The planner measured the minutes' horizon at the API's clock, 2 h behind the pipeline's: it
+    read the minute rows the pipeline had dropped and answered 0 events, final. At the later of the
+    two clocks those windows are refused, naming the step the hour rows answer; that step counts
+    every event, and so does an alert rule's window the hours fit."""
+    from alerts.source import StoreAlertData
+
+    params = {"metric": "requests", "stat": "count", "from": str(EDGE[0]), "to": str(EDGE[0] + 2 * HOUR)}
+    r = client.get("/api/v1/query", params={**params, "step": "5m"})
+    assert r.status_code == 400, r.text
+    assert "the smallest step that can answer this range is 1h" in r.json()["detail"]
+    r = client.get("/api/v1/query", params={**params, "step": "1h"})
+    assert r.status_code == 200, r.text
+    assert counted(r.json()) == len(EDGE)
+    r = client.get("/api/v1/query", params=params)  # the default step is one that answers
+    assert r.status_code == 200 and counted(r.json()) == len(EDGE), r.text
+    data = StoreAlertData(ctx.catalog, ctx.store)
+    with pytest.raises(ValueError, match="needs rows retention has dropped"):
+        data.window_values("requests", "count", EDGE[0], EDGE[0] + 30 * 60_000, (), {}, now_ms=NOW_MS)
+    (value,) = data.window_values("requests", "count", EDGE[0], EDGE[0] + 2 * HOUR, (), {}, now_ms=NOW_MS)
+    assert value.value == len(EDGE)
+
+
+def test_the_newest_commit_is_the_latest_over_every_pipeline(pane_store):
+    """What the retention clock reads: each pipeline's newest batch (its key), the latest of them."""
+    assert pane_store.newest_commit_ms() is None
+    for pipeline, batch_id, at in (("main", 0, 5_000), ("main", 1, 9_000), ("run-b", 0, 7_000), ("a", 3, 2_000)):
+        assert pane_store.commit_batch(BatchCommit(pipeline, batch_id, [], 0, {}, {}), lateness_ms={},
+                                       now_ms=at).committed
+    assert pane_store.newest_commit_ms() == 9_000
+    assert pane_store.commit_batch(BatchCommit("run-b", 1, [], 0, {}, {}), lateness_ms={}, now_ms=12_000).committed
+    assert pane_store.newest_commit_ms() == 12_000

@@ -34,7 +34,7 @@ class FakeData:
             raise self.fail
         return self.wm
 
-    def window_values(self, metric, stat, start_ms, end_ms, group_by, filters):
+    def window_values(self, metric, stat, start_ms, end_ms, group_by, filters, *, now_ms):
         self.asked.append((start_ms, end_ms))
         return self.windows.get((start_ms, end_ms), [])
 

@@ -104,7 +104,7 @@ def test_searches_and_clicks_become_pairs_ctr_latency_and_unmatched_exactly_once
     assert query(store, catalog, "search_clicks_latency", "p50")[()][T0].value in (2 * MIN, MIN, 10 * MIN, 19 * MIN)
     # Alert rules read the same stat through the same query path.
     windows = StoreAlertData(catalog, store).window_values("search_clicks_clicked", "ratio", T0, T0 + 3_600_000,
-                                                           ["query_category"], {})
+                                                           ["query_category"], {}, now_ms=T0 + 3 * 3_600_000)
     assert {w.group["query_category"]: w.value for w in windows if w.group["query_category"]} == {
         "books": 1.0, "toys": 0.5}
     unmatched = query(store, catalog, "search_clicks_unmatched_right", "sum")[()]

@@ -15,9 +15,12 @@ from dashboard.views import auto_step_ms, declared_queries, panel_queries
 from query import Query
 from query.warm import sketch_part, warm
 from sketchboard.settings import DEFAULT_STREAMS
+from store import BatchCommit
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
-from tests.unit.test_tiers import DIMS, LAYOUT, MINUTE, PANE, T0, answer, assert_same, batches, commit_all, pane_rollup, store_at
+from store.tiers import TierLayout
+from tests.unit.test_tiers import (DIMS, LATENESS, LAYOUT, MINUTE, PANE, T0, answer, assert_same, batches, commit_all,
+                                   pane_rollup, store_at)
 
 HOUR = 3_600_000
 
@@ -274,3 +277,28 @@ def test_the_wired_warmer_resolves_panels_as_the_served_output_is_built(tmp_path
         assert [(q.metric, q.pane_ms) for q in views] == [("latency", 10_000)]
     finally:
         ctx.store.close()
+
+
+def test_a_view_past_a_tiers_keep_is_warmed_from_the_rows_its_query_reads(store_backend):
+    """A tier may be kept for less than a finer one (here the hours 3 days, the minutes 10): 5 days
+    on, a view over the old hours is answered from the minute rows. The warm run read the dropped
+    hour rows (nothing): it kept points its query never reuses, so the query computed them all."""
+    day = 86_400_000
+    layout = TierLayout(PANE, 2 * day, ((MINUTE, 10 * day), (HOUR, 3 * day)), ("",))
+    store = store_at(store_backend, layout)
+    commit_all(store, [[(T0 + i * 600_000, {"a": "x"}, float(i), "u") for i in range(36)]])
+    now = T0 + 5 * day
+    assert store.commit_batch(BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now), lateness_ms={"s": LATENESS},
+                              now_ms=now, retention_ms={"s": layout.retention_ms}).committed
+    hours = view("p90", T0, T0 + 6 * HOUR, HOUR, HOUR)
+    kept = FinalPoints(store_backend.side_db(store))
+    try:
+        warm(store, [hours], now_ms=now, watermarks=store.watermarks(), max_points=11_000, cache=PointCache(backing=kept))
+        cache = PointCache(backing=kept)  # a new process's
+        series = answer(store, **asked(hours), cache=cache, now_ms=now)
+        assert [p.count for p in series[0].points] == [6] * 6
+        finals = sum(p.final for p in series[0].points)
+        assert finals == 5 and cache.hits == finals  # no final point computed again (the last hour is not final)
+    finally:
+        kept.close()
+        store.close()
