@@ -383,23 +383,28 @@ def test_queue_bound_coalescing_and_dropped_notice():
     asyncio.run(scenario())
 
 
+def record_switch_then_commit(server, ctx, now_ms) -> None:
+    """A switch's record in the change feed, then a commit after it (on PostgreSQL its NOTIFY wakes the hub)."""
+    from store.switch import SWITCHED_REVISION
+
+    db = ctx.store.side_db()
+    db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
+               " VALUES (?, 0, '{}', ?, -1, 0, ?)", (STREAM, SWITCHED_REVISION, now_ms))
+    db.close()
+    post(server, [ev(now_ms - 50_000)])
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+
+
 def test_a_switched_stream_reloads_its_subscribers(server, ctx, now_ms):
     """A switch (store/switch.py) writes one `switched` record into the change feed: each
     subscriber of the stream gets a whole new snapshot, not points (docs/reprocessing.md)."""
-    from store.switch import SWITCHED_REVISION
-
     with connect(server.ws) as ws:
         subscribe(ws, "a", metric="requests", stat="count", **{"from": "now-10m"}, step="10s")
         subscribe(ws, "other", metric="orders", stat="count", **{"from": "now-10m"}, step="10s")
         post(server, [ev(now_ms - 60_000)])
         drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
         recv_until(ws, lambda m: m["type"] == "points" and m["id"] == "a")
-        db = ctx.store.side_db()
-        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
-                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (STREAM, SWITCHED_REVISION, now_ms))
-        db.close()
-        post(server, [ev(now_ms - 50_000)])  # a commit after it (on PostgreSQL its NOTIFY wakes the hub)
-        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        record_switch_then_commit(server, ctx, now_ms)
         reload = recv_until(ws, lambda m: m["type"] == "snapshot" and m.get("reason") == "switched")
         assert reload["id"] == "a" and reload["result"]["metric"] == "requests"
         assert sum(p["count"] for s in reload["result"]["series"] for p in s["points"]) >= 1  # the served rows now
@@ -413,7 +418,6 @@ def test_a_switch_resolves_its_subscriptions_again_against_the_served_definition
     with an error naming why, as a new one would be refused (it kept reading by the old query)."""
     from api.served_catalog import ServedCatalog
     from catalog.versions import definition_version, stream_document
-    from store.switch import SWITCHED_REVISION
 
     configured = ctx.catalog.streams[STREAM]
     doc = stream_document(configured)
@@ -428,12 +432,7 @@ def test_a_switch_resolves_its_subscriptions_again_against_the_served_definition
         assert {s.query.pane_ms for c in hub._clients for s in c.subs.values()} == {5_000}
 
         stored[STREAM] = (definition_version(configured), stream_document(configured))  # the switch
-        db = ctx.store.side_db()
-        db.execute("INSERT INTO changes (stream, start_ms, dims, revision, batch_id, count_added, at_ms)"
-                   " VALUES (?, 0, '{}', ?, -1, 0, ?)", (STREAM, SWITCHED_REVISION, now_ms))
-        db.close()
-        post(server, [ev(now_ms - 50_000)])  # a commit after it (on PostgreSQL its NOTIFY wakes the hub)
-        drain_log_into_store(ctx.catalog, ctx.log, ctx.store, now_ms)
+        record_switch_then_commit(server, ctx, now_ms)
         ended = recv_until(ws, lambda m: m["type"] == "error" and m["id"] == "by_dc")
         assert "no longer resolves" in ended["reason"] and "datacenter" in ended["reason"], ended
         reload = recv_until(ws, lambda m: m.get("reason") == "switched" and m["id"] == "plain")
