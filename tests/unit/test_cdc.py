@@ -12,7 +12,7 @@ import pytest
 from catalog import ConfigError, parse_catalog
 from catalog.cdc import resolve_dsn
 from catalog.tables import DELETE, UPSERT
-from ingest.cdc.changes import ChangeMapper, live_after, schema_report
+from ingest.cdc.changes import ChangeMapper, live_after, row_after, schema_report
 from ingest.cdc.pgoutput import (
     PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, LogicalMessage, PgoutputError, Relation, Truncate, Update, decode,
     lsn_to_int, lsn_to_text,
@@ -269,18 +269,40 @@ def test_a_text_column_is_a_value_only_when_it_holds_a_json_number(users, text, 
         assert not txn.rejected and txn.events[0].numbers["credit"] == number
 
 
-def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
-    """A key change sends the old key ("K", other columns null) or the old row ("O", FULL): only
-    the old row holds the value an unchanged TOASTed (`u`) column kept."""
+def test_an_unchanged_toasted_column_keeps_the_old_rows_value_or_the_streams(users):
+    """An update leaving a TOASTed (`u`) column unchanged does not carry it: the column kept its
+    value, which the whole old row holds ("O", FULL), else the row the stream holds for the key
+    (the old key, for a row that moved: "K" has null in every other column, never a value)."""
     mapper = ChangeMapper(users, "id")
     moved_with_key = Update(16384, ("u1", None, None, None), "K", ("u9", UNCHANGED, "2", "t"))
     txn = mapper.transaction([decode(BEGIN), decode(RELATION), moved_with_key, decode(COMMIT)], lambda events: set())
-    assert txn.events == [] and len(txn.rejected) == 1  # neither blanked nor dropped: rejected, and why
-    assert txn.rejected[0].startswith("plan: an unchanged TOASTed value the change does not carry")
+    assert txn.events == [] and len(txn.rejected) == 1  # the stream holds no u1: neither blanked nor dropped
+    assert txn.rejected[0].startswith("plan: PostgreSQL keeps its value out of line (TOAST)")
+    assert "the stream holds no row of the key" in txn.rejected[0] and "REPLICA IDENTITY FULL" in txn.rejected[0]
     moved_with_row = Update(16384, ("u1", "pro", "1", "f"), "O", ("u9", UNCHANGED, "2", "t"))
     txn = mapper.transaction([decode(BEGIN), moved_with_row, decode(COMMIT)], lambda events: set())
     assert not txn.rejected
     assert [(e.key, e.strings["op"], e.strings["plan"]) for e in txn.events] == [("u1", DELETE, ""), ("u9", UPSERT, "pro")]
+
+    # DEFAULT identity: no old tuple, or the old key. The stream's row of the key holds the value.
+    label = "p" * 900  # a valid label, out of line once the whole row is over ~2 kB
+    stored = {"u1": {"plan": label, "active": "true", "credit": 1.0}}
+    asked = []
+
+    def stored_row(key, events):
+        asked.append((key, len(events)))
+        return row_after(key, stored.get(key), users, events)
+
+    updated = Update(16384, None, None, ("u1", UNCHANGED, "2", "t"))
+    moved = Update(16384, ("u1", None, None, None), "K", ("u7", UNCHANGED, "3", "t"))
+    unknown = Update(16384, None, None, ("u5", UNCHANGED, "4", "t"))
+    changes = [decode(BEGIN), updated, moved, unknown, decode(COMMIT)]
+    assert mapper.kept_keys(changes) == {"u1", "u5"}  # what the follower reads from the log
+    txn = mapper.transaction(changes, lambda events: set(), stored_row)
+    assert [(e.key, e.strings["op"], e.strings["plan"], e.numbers["credit"]) for e in txn.events] == \
+        [("u1", UPSERT, label, 2.0), ("u1", DELETE, "", None), ("u7", UPSERT, label, 3.0)]
+    assert asked == [("u1", 0), ("u1", 1), ("u5", 3)]  # after the transaction's changes so far
+    assert len(txn.rejected) == 1 and txn.rejected[0].startswith("plan: PostgreSQL keeps its value out of line")
 
 
 def test_an_empty_key_is_a_rejected_change_not_a_row(users):
