@@ -11,7 +11,8 @@ changed or dropped (drop_view) is rebuilt from table_rows by the next batch (agg
 in the same transaction, kept for the view stream's retention; replayed from empty it gives the
 view's rows. A rebuild starts it again (its changes were of another declaration, or were dropped
 with the state). Its order is the store's own: `change_seq`, numbered per view in the writing
-transaction from `view_changelog_ends` (which a rebuild keeps, so positions never go back), not
+transaction from `view_changelog_ends` (which a rebuild keeps, one past it, so positions never go
+back and a cursor from before the rebuild is told it missed it: drop), not
 the pipeline's batch ids: a switch (store/switch.py) writes changes too, between two batches of
 the serving pipeline, and a run's batch ids are not the serving pipeline's. A reader's cursor is
 that number ("17"); a cursor of the older form "batch.seq" is still read, as the position of the
@@ -146,8 +147,13 @@ def definition(cursor, view: str, placeholder: str) -> str | None:
 
 def drop(cursor, view: str, placeholder: str) -> None:
     """Forget a view's state: the next batch rebuilds it from the tables. The changelog's end stays
-    recorded: the rebuilt view's changes come after every position a reader may hold."""
+    recorded, one position past it: the rebuilt view's changes come after every position a reader
+    may hold, and the position skipped (no change has it) tells every cursor from before the
+    rebuild, one at the old end too, that it missed the rebuild (check_continues: a 410), though
+    the rebuild itself writes no change. A view never built (no definition) has no reader to tell."""
     last = last_position(cursor, view, placeholder)
+    if definition(cursor, view, placeholder) is not None:
+        last += 1
     cursor.execute(f"INSERT INTO view_changelog_ends (view_name, last_seq) VALUES ({placeholder}, {placeholder})"
                    " ON CONFLICT (view_name) DO UPDATE SET last_seq = excluded.last_seq", (view, last))
     cursor.execute(f"DELETE FROM view_rows WHERE view_name = {placeholder}", (view,))
@@ -335,7 +341,8 @@ def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) ->
 
 def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int) -> None:
     """Whether the changes read after the cursor at `position` continue it: positions are given one
-    after the other (append_changes), so the first one read must be the next."""
+    after the other (append_changes), so the first one read must be the next (a rebuild skips one
+    (drop): no cursor from before it continues)."""
     if position > last:
         raise CursorPastEnd(f"cursor '{position}' is past the view's last change ({last}): pass a cursor an"
                             " answer gave")
