@@ -9,7 +9,8 @@ booleans true/false, anything else the text as it is; a dimension takes the text
 parsed: ASCII digits, no `_`). An upsert's time is the transaction's
 commit time (the snapshot's: the time it was taken); a change that the table's rules refuse
 (a number column that is not a number, a label over 1024 characters) is rejected with its
-reason, counted and shown by the follower, never dropped silently.
+reason, counted and shown by the follower, never dropped silently. A row moved to another key
+whose new row is refused still leaves its old key: that tombstone is written (NewRowRefused).
 
 An update does not carry a column PostgreSQL keeps out of line (TOAST: it moves the widest
 values out once the whole row is over about 2 kB, so a short label beside wide columns may be
@@ -86,6 +87,15 @@ class Transaction:
     truncated: bool = False
 
 
+class NewRowRefused(ValueError):
+    """A row moved to another key and its new version is refused: the old key's delete (`written`)
+    is still applied, for the source has no row of that key any more; only the new row is rejected."""
+
+    def __init__(self, reason: str, written: list[Event]):
+        super().__init__(reason)
+        self.written = written
+
+
 class ChangeMapper:
     """Turns the rows and messages of the source table into upserts and tombstones of `stream`."""
 
@@ -159,6 +169,9 @@ class ChangeMapper:
                 try:
                     txn.events.extend(self._change(message, time_ms, lambda key: None if stored_row is None
                                                    else stored_row(key, txn.events)))
+                except NewRowRefused as exc:  # the old key's delete stands: the source no longer has it
+                    txn.events.extend(exc.written)
+                    txn.rejected.append(str(exc))
                 except ValueError as exc:
                     txn.rejected.append(str(exc))
             elif isinstance(message, Truncate):
@@ -226,7 +239,13 @@ class ChangeMapper:
             if old_key is not None and old_key != self.key_of(columns, new) and key_problem(old_key) is None:
                 # The row moved to another key. An old key no row can have was never stored: no delete.
                 events.append(tombstone(self.stream, old_key, time_ms))
-        events.append(self.row_event(columns, new, time_ms, kept))
+        try:
+            events.append(self.row_event(columns, new, time_ms, kept))
+        except ValueError as exc:
+            if not events:
+                raise
+            raise NewRowRefused(f"{exc} (the row moved off key {events[0].key!r}: its delete is written)",
+                                events) from None
         return events
 
 

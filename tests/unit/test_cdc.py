@@ -253,6 +253,28 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
 
 
+def test_a_row_moved_to_a_key_whose_new_row_is_refused_is_still_deleted_from_its_old_key(users):
+    """The whole change was rejected, so the old key's row stayed in the stream for good though the
+    source had no row of it any more: its delete is written, only the new row is rejected."""
+    mapper = ChangeMapper(users, "id")
+    relation = decode(RELATION)
+    moved_nan = Update(16384, ("u1", None, None, None), "K", ("u9", "pro", "NaN", "t"))
+    moved_empty = Update(16384, ("u2", None, None, None), "K", ("", "pro", "1", "t"))
+    moved_ok = Update(16384, ("u3", None, None, None), "K", ("u8", "pro", "1", "t"))
+    txn = mapper.transaction([decode(BEGIN), relation, moved_nan, moved_empty, moved_ok, decode(COMMIT)],
+                             lambda events: set())
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u1", DELETE), ("u2", DELETE), ("u3", DELETE),
+                                                             ("u8", UPSERT)]
+    assert txn.rejected == [
+        "credit: value must be a finite number (the row moved off key 'u1': its delete is written)",
+        "user_id: empty key (a row's key is at least one character) (the row moved off key 'u2': its delete is"
+        " written)"]
+    # A refused change that moves no row is rejected whole, as before.
+    txn = mapper.transaction([decode(BEGIN), Update(16384, None, None, ("u4", "pro", "NaN", "t")), decode(COMMIT)],
+                             lambda events: set())
+    assert txn.events == [] and txn.rejected == ["credit: value must be a finite number"]
+
+
 @pytest.mark.parametrize(("text", "number"), [
     ("12", 12.0), ("-1.5e3", -1500.0), ("0.25", 0.25), ("12   ", 12.0),  # char(n) pads with spaces
     ("1_000", None), ("١٢", None), ("１２", None), ("inf", None), ("NaN", None), ("+1", None), ("", None),
@@ -276,7 +298,8 @@ def test_an_unchanged_toasted_column_keeps_the_old_rows_value_or_the_streams(use
     mapper = ChangeMapper(users, "id")
     moved_with_key = Update(16384, ("u1", None, None, None), "K", ("u9", UNCHANGED, "2", "t"))
     txn = mapper.transaction([decode(BEGIN), decode(RELATION), moved_with_key, decode(COMMIT)], lambda events: set())
-    assert txn.events == [] and len(txn.rejected) == 1  # the stream holds no u1: neither blanked nor dropped
+    # The stream holds no u1: u9's row is neither blanked nor dropped, but rejected; u1 is gone all the same.
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u1", DELETE)] and len(txn.rejected) == 1
     assert txn.rejected[0].startswith("plan: PostgreSQL keeps its value out of line (TOAST)")
     assert "the stream holds no row of the key" in txn.rejected[0] and "REPLICA IDENTITY FULL" in txn.rejected[0]
     moved_with_row = Update(16384, ("u1", "pro", "1", "f"), "O", ("u9", UNCHANGED, "2", "t"))
