@@ -312,7 +312,7 @@ class ChangesGone(Exception):
     dropped by a rebuild): reading on would skip them. `last` is the changelog's end when it was
     found: the rows read after it and the changes after it are the view again."""
 
-    def __init__(self, after: int, first_kept: int | None, last: int):
+    def __init__(self, after: int | str, first_kept: int | None, last: int):
         kept = "none is kept" if first_kept is None else f"the oldest kept is {first_kept}"
         super().__init__(f"the changes after cursor '{after}' are gone ({kept}; past the view's retention or"
                          " dropped by a rebuild)")
@@ -332,14 +332,15 @@ def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) ->
     last = last_position(cursor, view, placeholder)
     cursor.execute(changes_query(placeholder), (view, position, limit))
     changes = [to_change(r) for r in cursor.fetchall()]
-    # An empty cursor reads from the oldest change kept; an old "batch.seq" one names no position of
-    # its own to check (its position is that of a change kept at or before it, else 0).
-    if after and parsed.batch is None:
-        check_continues(position, changes, last)
+    # An empty cursor reads from the oldest change kept. An old "batch.seq" one is checked at the
+    # position found for it (a change kept at or before it, else 0): every change up to it is
+    # older, so it continues only when nothing between was pruned or dropped by a rebuild.
+    if after:
+        check_continues(position, changes, last, after if parsed.batch is not None else None)
     return changes
 
 
-def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int) -> None:
+def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int, named: str | None = None) -> None:
     """Whether the changes read after the cursor at `position` continue it: positions are given one
     after the other (append_changes), so the first one read must be the next (a rebuild skips one
     (drop): no cursor from before it continues)."""
@@ -348,7 +349,7 @@ def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int) 
                             " answer gave")
     first = int(changes[0].cursor) if changes else None
     if position < last and first != position + 1:
-        raise ChangesGone(position, first, last)
+        raise ChangesGone(position if named is None else named, first, last)
 
 
 def to_change(found: tuple) -> ViewChangeRow:
