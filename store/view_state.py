@@ -11,7 +11,8 @@ changed or dropped (drop_view) is rebuilt from table_rows by the next batch (agg
 in the same transaction, kept for the view stream's retention; replayed from empty it gives the
 view's rows. A rebuild starts it again (its changes were of another declaration, or were dropped
 with the state). Its order is the store's own: `change_seq`, numbered per view in the writing
-transaction from `view_changelog_ends` (which a rebuild keeps, so positions never go back), not
+transaction from `view_changelog_ends` (which a rebuild keeps, one past it, so positions never go
+back and a cursor from before the rebuild is told it missed it: drop), not
 the pipeline's batch ids: a switch (store/switch.py) writes changes too, between two batches of
 the serving pipeline, and a run's batch ids are not the serving pipeline's. A reader's cursor is
 that number ("17"); a cursor of the older form "batch.seq" is still read, as the position of the
@@ -146,8 +147,13 @@ def definition(cursor, view: str, placeholder: str) -> str | None:
 
 def drop(cursor, view: str, placeholder: str) -> None:
     """Forget a view's state: the next batch rebuilds it from the tables. The changelog's end stays
-    recorded: the rebuilt view's changes come after every position a reader may hold."""
+    recorded, one position past it: the rebuilt view's changes come after every position a reader
+    may hold, and the position skipped (no change has it) tells every cursor from before the
+    rebuild, one at the old end too, that it missed the rebuild (check_continues: a 410), though
+    the rebuild itself writes no change. A view never built (no definition) has no reader to tell."""
     last = last_position(cursor, view, placeholder)
+    if definition(cursor, view, placeholder) is not None:
+        last += 1
     cursor.execute(f"INSERT INTO view_changelog_ends (view_name, last_seq) VALUES ({placeholder}, {placeholder})"
                    " ON CONFLICT (view_name) DO UPDATE SET last_seq = excluded.last_seq", (view, last))
     cursor.execute(f"DELETE FROM view_rows WHERE view_name = {placeholder}", (view,))
@@ -306,7 +312,7 @@ class ChangesGone(Exception):
     dropped by a rebuild): reading on would skip them. `last` is the changelog's end when it was
     found: the rows read after it and the changes after it are the view again."""
 
-    def __init__(self, after: int, first_kept: int | None, last: int):
+    def __init__(self, after: int | str, first_kept: int | None, last: int):
         kept = "none is kept" if first_kept is None else f"the oldest kept is {first_kept}"
         super().__init__(f"the changes after cursor '{after}' are gone ({kept}; past the view's retention or"
                          " dropped by a rebuild)")
@@ -326,22 +332,24 @@ def read_changes(cursor, view: str, after: str, limit: int, placeholder: str) ->
     last = last_position(cursor, view, placeholder)
     cursor.execute(changes_query(placeholder), (view, position, limit))
     changes = [to_change(r) for r in cursor.fetchall()]
-    # An empty cursor reads from the oldest change kept; an old "batch.seq" one names no position of
-    # its own to check (its position is that of a change kept at or before it, else 0).
-    if after and parsed.batch is None:
-        check_continues(position, changes, last)
+    # An empty cursor reads from the oldest change kept. An old "batch.seq" one is checked at the
+    # position found for it (a change kept at or before it, else 0): every change up to it is
+    # older, so it continues only when nothing between was pruned or dropped by a rebuild.
+    if after:
+        check_continues(position, changes, last, after if parsed.batch is not None else None)
     return changes
 
 
-def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int) -> None:
+def check_continues(position: int, changes: Sequence[ViewChangeRow], last: int, named: str | None = None) -> None:
     """Whether the changes read after the cursor at `position` continue it: positions are given one
-    after the other (append_changes), so the first one read must be the next."""
+    after the other (append_changes), so the first one read must be the next (a rebuild skips one
+    (drop): no cursor from before it continues)."""
     if position > last:
         raise CursorPastEnd(f"cursor '{position}' is past the view's last change ({last}): pass a cursor an"
                             " answer gave")
     first = int(changes[0].cursor) if changes else None
     if position < last and first != position + 1:
-        raise ChangesGone(position, first, last)
+        raise ChangesGone(position if named is None else named, first, last)
 
 
 def to_change(found: tuple) -> ViewChangeRow:

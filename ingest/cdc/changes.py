@@ -9,7 +9,15 @@ booleans true/false, anything else the text as it is; a dimension takes the text
 parsed: ASCII digits, no `_`). An upsert's time is the transaction's
 commit time (the snapshot's: the time it was taken); a change that the table's rules refuse
 (a number column that is not a number, a label over 1024 characters) is rejected with its
-reason, counted and shown by the follower, never dropped silently.
+reason, counted and shown by the follower, never dropped silently. A row moved to another key
+whose new row is refused still leaves its old key: that tombstone is written (NewRowRefused).
+
+An update does not carry a column PostgreSQL keeps out of line (TOAST: it moves the widest
+values out once the whole row is over about 2 kB, so a short label beside wide columns may be
+one) when the update leaves it unchanged. The column kept its value: it is taken from the whole
+old row (REPLICA IDENTITY FULL), else from the row the stream holds for the key (`stored_row`,
+which the follower reads from the log), and the change is written as if the source had sent it.
+Only when neither has it is the change rejected, naming REPLICA IDENTITY FULL.
 """
 
 from __future__ import annotations
@@ -79,6 +87,15 @@ class Transaction:
     truncated: bool = False
 
 
+class NewRowRefused(ValueError):
+    """A row moved to another key and its new version is refused: the old key's delete (`written`)
+    is still applied, for the source has no row of that key any more; only the new row is rejected."""
+
+    def __init__(self, reason: str, written: list[Event]):
+        super().__init__(reason)
+        self.written = written
+
+
 class ChangeMapper:
     """Turns the rows and messages of the source table into upserts and tombstones of `stream`."""
 
@@ -89,8 +106,11 @@ class ChangeMapper:
         self.fields = {name for name in (*stream.dimensions, *stream.values) if name != OP_FIELD}
         self.relations: dict[int, Relation] = {}
 
-    def row_event(self, columns: Sequence[Column], values: Sequence, time_ms: int) -> Event:
-        """The upsert of one row (ValueError: why it is refused)."""
+    def row_event(self, columns: Sequence[Column], values: Sequence, time_ms: int,
+                  kept: Mapping | None = None) -> Event:
+        """The upsert of one row (ValueError: why it is refused). `kept`: the row the stream holds
+        for the key (stored_values), whose values fill the columns an update left unchanged
+        TOASTed (None: the stream holds no row for it)."""
         raw: dict = {}
         for column, text in zip(columns, values, strict=True):
             if column.name == self.key_column:
@@ -99,8 +119,13 @@ class ChangeMapper:
                 raw[self.stream.key_field] = text
             elif column.name in self.fields:
                 if text is UNCHANGED:
-                    raise ValueError(f"{column.name}: an unchanged TOASTed value the change does not carry"
-                                     " (over 2 kB: longer than a label may be)")
+                    if kept is None or kept.get(column.name) is None:
+                        raise ValueError(
+                            f"{column.name}: PostgreSQL keeps its value out of line (TOAST) and the update left it"
+                            " unchanged, so the change does not carry it, and the stream holds no row of the key to"
+                            " keep it from: set REPLICA IDENTITY FULL on the table (its updates then carry the old row)")
+                    raw[column.name] = kept[column.name]  # as the stream holds it: validated when written
+                    continue
                 if column.name in self.stream.values:
                     try:
                         value = number_value(text, column.type_oid)
@@ -121,10 +146,13 @@ class ChangeMapper:
                 return None if text is UNCHANGED else text
         return None
 
-    def transaction(self, messages: Iterable, live_keys: Callable[[list[Event]], set[str]]) -> Transaction:
+    def transaction(self, messages: Iterable, live_keys: Callable[[list[Event]], set[str]],
+                    stored_row: Callable[[str, list[Event]], Mapping | None] | None = None) -> Transaction:
         """The changes of one transaction's messages (Begin ... Commit). `live_keys(events)`: the
         keys the table stream holds once `events` (this transaction's so far) are appended,
-        asked only for a Truncate, which deletes each of them."""
+        asked only for a Truncate, which deletes each of them. `stored_row(key, events)`: the
+        row the stream holds for `key` once `events` are appended (stored_values; None: none),
+        asked only for the keys of `kept_keys` (an update leaving a TOASTed column unchanged)."""
         begin: Begin | None = None
         txn = Transaction(end_lsn=0, commit_time_ms=0)
         for message in messages:
@@ -139,7 +167,11 @@ class ChangeMapper:
             elif isinstance(message, (Insert, Update, Delete)):
                 time_ms = begin.commit_time_ms if begin else 0
                 try:
-                    txn.events.extend(self._change(message, time_ms))
+                    txn.events.extend(self._change(message, time_ms, lambda key: None if stored_row is None
+                                                   else stored_row(key, txn.events)))
+                except NewRowRefused as exc:  # the old key's delete stands: the source no longer has it
+                    txn.events.extend(exc.written)
+                    txn.rejected.append(str(exc))
                 except ValueError as exc:
                     txn.rejected.append(str(exc))
             elif isinstance(message, Truncate):
@@ -156,7 +188,33 @@ class ChangeMapper:
             raise ValueError(f"{self.key_column}: {problem}")
         return tombstone(self.stream, key, time_ms)
 
-    def _change(self, message: Insert | Update | Delete, time_ms: int) -> list[Event]:
+    def kept_keys(self, messages: Iterable) -> set[str]:
+        """The keys whose stored row `messages` need: those of the updates that leave a declared
+        column unchanged TOASTed without carrying the whole old row (the old key, for a row that
+        moved: the column kept the old row's value). The follower reads them in one pass."""
+        relations = dict(self.relations)
+        keys: set[str] = set()
+        for message in messages:
+            if isinstance(message, Relation):
+                relations[message.oid] = message
+            elif isinstance(message, Update) and message.old_kind != FULL_OLD_ROW and UNCHANGED in message.new:
+                relation = relations.get(message.oid)
+                if relation is None or not any(v is UNCHANGED and c.name in self.fields
+                                               for c, v in zip(relation.columns, message.new, strict=True)):
+                    continue
+                key = self._kept_key(relation.columns, message)
+                if key is not None:
+                    keys.add(key)
+        return keys
+
+    def _kept_key(self, columns: Sequence[Column], message: Update) -> str | None:
+        """The key whose row holds what `message`'s unchanged columns kept: the old key when it
+        carries one (the row moved), else the row's key."""
+        old_key = self.key_of(columns, message.old) if message.old is not None else None
+        return old_key if old_key is not None else self.key_of(columns, message.new)
+
+    def _change(self, message: Insert | Update | Delete, time_ms: int,
+                stored_row: Callable[[str], Mapping | None] = lambda key: None) -> list[Event]:
         relation = self.relations.get(message.oid)
         if relation is None:
             raise ValueError(f"a change of relation {message.oid} before its Relation message")
@@ -169,14 +227,25 @@ class ChangeMapper:
             return [self._tombstone(key, time_ms)]
         new = message.new
         events = []
+        kept = None
+        if isinstance(message, Update):
+            if message.old is not None and message.old_kind == FULL_OLD_ROW:
+                new = _with_unchanged_from(new, message.old)
+            elif UNCHANGED in new:  # without the old row, the stream's row holds what the columns kept
+                key = self._kept_key(columns, message)
+                kept = None if key is None else stored_row(key)
         if isinstance(message, Update) and message.old is not None:
             old_key = self.key_of(columns, message.old)
-            if message.old_kind == FULL_OLD_ROW:
-                new = _with_unchanged_from(new, message.old)
             if old_key is not None and old_key != self.key_of(columns, new) and key_problem(old_key) is None:
                 # The row moved to another key. An old key no row can have was never stored: no delete.
                 events.append(tombstone(self.stream, old_key, time_ms))
-        events.append(self.row_event(columns, new, time_ms))
+        try:
+            events.append(self.row_event(columns, new, time_ms, kept))
+        except ValueError as exc:
+            if not events:
+                raise
+            raise NewRowRefused(f"{exc} (the row moved off key {events[0].key!r}: its delete is written)",
+                                events) from None
         return events
 
 
@@ -185,6 +254,23 @@ def _with_unchanged_from(new: tuple, old_row: tuple) -> tuple:
     FULL). Only a whole old row may fill them: an old key ("K") has null in every other column,
     and a null there would blank the column instead of rejecting the change."""
     return tuple(o if v is UNCHANGED else v for v, o in zip(new, old_row, strict=True))
+
+
+def stored_values(stream: StreamDef, event: Event) -> dict:
+    """What an upsert of `stream` holds in its declared columns, as a raw row would send them
+    (a dimension's label, a value's number): what an unchanged TOASTed column kept."""
+    row = {name: event.strings.get(name) for name in stream.dimensions if name != OP_FIELD}
+    row.update((name, event.numbers.get(name)) for name in stream.values)
+    return row
+
+
+def row_after(key: str, before: Mapping | None, stream: StreamDef, events: Iterable[Event]) -> Mapping | None:
+    """The row (stored_values) `key` holds after `events`, from the one it held before (None: none)."""
+    row = before
+    for event in events:
+        if event.key == key:
+            row = None if is_tombstone(stream, event) else stored_values(stream, event)
+    return row
 
 
 def live_after(keys: set[str], stream: StreamDef, events: Iterable[Event]) -> set[str]:

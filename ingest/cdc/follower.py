@@ -17,7 +17,9 @@
   get tombstones.
 - Following: `pg_logical_slot_peek_binary_changes` over an ordinary connection (psycopg 3 has no
   streaming replication protocol) returns whole transactions; those that end past the recorded
-  position become upserts and tombstones (ingest/cdc/changes.py), appended in one transaction
+  position become upserts and tombstones (ingest/cdc/changes.py; a declared column an update
+  left unchanged TOASTed keeps the value the stream's row of the key holds, read from the log
+  once per peek for just those keys), appended in one transaction
   of the embedded log together with the new position (EventLog.append_at). Only then is the slot
   advanced (`pg_replication_slot_advance`): a crash in between leaves the slot behind, and the
   next peek's transactions up to the recorded position are skipped. So no change is lost (the
@@ -42,7 +44,7 @@ from psycopg import sql
 from catalog import StreamDef
 from catalog.cdc import publication_name, resolve_dsn, slot_name
 from catalog.tables import DELETE, OP_FIELD
-from ingest.cdc.changes import ChangeMapper, Transaction, live_after, row_digest, schema_report
+from ingest.cdc.changes import ChangeMapper, Transaction, live_after, row_after, row_digest, schema_report, stored_values
 from ingest.cdc.pgoutput import Column, Commit, LogicalMessage, decode, lsn_to_int, lsn_to_text
 from ingest.log.base import EventLog, RecordTooLarge
 from ingest.tables import is_tombstone, tombstone
@@ -311,6 +313,23 @@ class CdcFollower:
                                                {v: columns[v][i] for v in self.stream.values})
         return rows
 
+    def _stream_rows_of(self, keys: set[str]) -> dict:
+        """The row (changes.stored_values) each of `keys` holds in the stream's log, for those that
+        hold one: one pass over the log, keeping only these keys' rows."""
+        rows: dict = {}
+        if not keys:
+            return rows
+        for partition, offsets in self.log.offsets(self.stream.name).items():
+            for batch in self.log.read(self.stream, partition, offsets.start, offsets.end):
+                wanted = [i for i, key in enumerate(batch.column(self.stream.key_field).to_pylist()) if key in keys]
+                for record in batch.take(wanted).to_pylist() if wanted else ():
+                    key = record[self.stream.key_field]
+                    if record[OP_FIELD] == DELETE:
+                        rows.pop(key, None)
+                    else:
+                        rows[key] = stored_values(self.stream, _RecordRow(record))
+        return rows
+
     def _live_keys(self, pending=()) -> set[str]:
         """The keys that hold a row in the stream's log (its newest record is not a tombstone),
         after `pending` events: what a Truncate deletes and a re-snapshot checks."""
@@ -339,8 +358,10 @@ class CdcFollower:
         # transaction read, or a heartbeat outside any (every record before it was decoded in this
         # peek; a transaction still open then commits after it, so it is not skipped).
         confirmable = position.lsn
-        for _lsn, data in rows:
-            message = decode(data)
+        decoded = [decode(data) for _lsn, data in rows]
+        # The rows an update's unchanged TOASTed columns kept, read from the log in one pass.
+        held = self._stream_rows_of(self.mapper.kept_keys(decoded))
+        for message in decoded:
             if isinstance(message, LogicalMessage) and not message.transactional:
                 confirmable = max(confirmable, message.lsn)
                 continue
@@ -348,7 +369,9 @@ class CdcFollower:
             if isinstance(message, Commit):
                 confirmable = max(confirmable, message.end_lsn)
                 if message.end_lsn > position.lsn:  # else: in the log already (the slot was not advanced)
-                    txn = self.mapper.transaction(current, lambda events: self._live_keys([*pending, *events]))
+                    txn = self.mapper.transaction(
+                        current, lambda events: self._live_keys([*pending, *events]),
+                        lambda key, events: row_after(key, held.get(key), self.stream, [*pending, *events]))
                     transactions.append(txn)
                     pending.extend(txn.events)
                 else:
@@ -523,6 +546,13 @@ class CdcFollower:
                                     position.columns if position else self._columns_now, self._columns_now)
             if self._columns_now else None,
         }
+
+
+class _RecordRow:
+    """A log record seen as an Event's columns (strings and numbers), for stored_values."""
+
+    def __init__(self, record: dict):
+        self.strings = self.numbers = record
 
 
 def followers_for(streams, event_log: EventLog, **options) -> list[CdcFollower]:

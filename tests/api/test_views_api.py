@@ -134,3 +134,33 @@ def test_a_cursor_whose_next_changes_are_gone_is_a_410_and_one_past_the_last_a_4
     past = http.get("/api/v1/views/user_plans/changes", params={"cursor": "99"})
     assert past.status_code == 400 and past.json() == {
         "param": "cursor", "detail": "cursor '99' is past the view's last change (3): pass a cursor an answer gave"}
+
+
+def test_a_reader_caught_up_before_a_rebuild_is_told_with_a_410_and_ends_with_the_view(http, view_ctx, now_ms):
+    """A rebuild (here a changed declaration) joins the view again without writing a change. A
+    reader at the old end of the changelog read on with a 200 and never saw the rebuilt rows; it
+    gets the 410, and doing what it says (the rows, then the changes on from the cursor named)
+    ends with the view."""
+    def commit(views: Views, batch_id: int, changes: dict) -> None:
+        done = views.process(changes, batch_now_ms=now_ms)
+        view_ctx.store.commit_batch(with_views(BatchCommit("main", batch_id, [], 0, table_changes=changes), done,
+                                               views.names), lateness_ms={}, now_ms=now_ms)
+
+    inner = Views(parse_catalog(CONFIG.replace("kind: left", "kind: inner")), view_ctx.store)
+    commit(inner, 0, {"users": {"u1": TableChange({"plan_id": "p1", "credit": 1.0}, now_ms, 0, 0, now_ms),
+                                "u2": TableChange({"plan_id": "p9", "credit": 2.0}, now_ms, 0, 1, now_ms)},
+                      "plans": {"p1": TableChange({"tier": "gold"}, now_ms, 0, 0, now_ms)}})
+    page = http.get("/api/v1/views/user_plans/changes").json()
+    held = page["next_cursor"]  # caught up: the changelog's end
+    assert http.get("/api/v1/views/user_plans/changes", params={"cursor": held}).json()["changes"] == []
+    # The declaration becomes a left join: the next batch rebuilds the view (u2 joins, with no plan).
+    commit(Views(view_ctx.catalog, view_ctx.store), 1,
+           {"plans": {"p1": TableChange({"tier": "silver"}, now_ms + 1, 0, 1, now_ms + 1)}})
+    gone = http.get("/api/v1/views/user_plans/changes", params={"cursor": held})
+    assert gone.status_code == 410, gone.text
+    end = gone.json()["detail"].rsplit("cursor '", 1)[1].rstrip("'")
+    replayed = {r["key"]: r["row"] for r in http.get("/api/v1/tables/user_plans").json()["rows"]}
+    for change in http.get("/api/v1/views/user_plans/changes", params={"cursor": end}).json()["changes"]:
+        replayed[change["key"]] = change["new"]
+    assert replayed == {"u1": {"plan_id": "p1", "credit": 1.0, "tier": "silver"},
+                        "u2": {"plan_id": "p9", "credit": 2.0, "tier": None}}

@@ -12,7 +12,7 @@ import pytest
 from catalog import ConfigError, parse_catalog
 from catalog.cdc import resolve_dsn
 from catalog.tables import DELETE, UPSERT
-from ingest.cdc.changes import ChangeMapper, live_after, schema_report
+from ingest.cdc.changes import ChangeMapper, live_after, row_after, schema_report
 from ingest.cdc.pgoutput import (
     PG_EPOCH_MS, UNCHANGED, Begin, Column, Commit, Delete, Insert, LogicalMessage, PgoutputError, Relation, Truncate, Update, decode,
     lsn_to_int, lsn_to_text,
@@ -253,6 +253,28 @@ def test_a_change_the_table_refuses_is_rejected_with_its_reason_not_dropped(user
     assert [(e.key, e.strings["op"]) for e in txn.events] == [("u9", UPSERT)] and not txn.rejected
 
 
+def test_a_row_moved_to_a_key_whose_new_row_is_refused_is_still_deleted_from_its_old_key(users):
+    """The whole change was rejected, so the old key's row stayed in the stream for good though the
+    source had no row of it any more: its delete is written, only the new row is rejected."""
+    mapper = ChangeMapper(users, "id")
+    relation = decode(RELATION)
+    moved_nan = Update(16384, ("u1", None, None, None), "K", ("u9", "pro", "NaN", "t"))
+    moved_empty = Update(16384, ("u2", None, None, None), "K", ("", "pro", "1", "t"))
+    moved_ok = Update(16384, ("u3", None, None, None), "K", ("u8", "pro", "1", "t"))
+    txn = mapper.transaction([decode(BEGIN), relation, moved_nan, moved_empty, moved_ok, decode(COMMIT)],
+                             lambda events: set())
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u1", DELETE), ("u2", DELETE), ("u3", DELETE),
+                                                             ("u8", UPSERT)]
+    assert txn.rejected == [
+        "credit: value must be a finite number (the row moved off key 'u1': its delete is written)",
+        "user_id: empty key (a row's key is at least one character) (the row moved off key 'u2': its delete is"
+        " written)"]
+    # A refused change that moves no row is rejected whole, as before.
+    txn = mapper.transaction([decode(BEGIN), Update(16384, None, None, ("u4", "pro", "NaN", "t")), decode(COMMIT)],
+                             lambda events: set())
+    assert txn.events == [] and txn.rejected == ["credit: value must be a finite number"]
+
+
 @pytest.mark.parametrize(("text", "number"), [
     ("12", 12.0), ("-1.5e3", -1500.0), ("0.25", 0.25), ("12   ", 12.0),  # char(n) pads with spaces
     ("1_000", None), ("١٢", None), ("１２", None), ("inf", None), ("NaN", None), ("+1", None), ("", None),
@@ -269,18 +291,41 @@ def test_a_text_column_is_a_value_only_when_it_holds_a_json_number(users, text, 
         assert not txn.rejected and txn.events[0].numbers["credit"] == number
 
 
-def test_an_unchanged_toasted_column_is_filled_only_from_a_whole_old_row(users):
-    """A key change sends the old key ("K", other columns null) or the old row ("O", FULL): only
-    the old row holds the value an unchanged TOASTed (`u`) column kept."""
+def test_an_unchanged_toasted_column_keeps_the_old_rows_value_or_the_streams(users):
+    """An update leaving a TOASTed (`u`) column unchanged does not carry it: the column kept its
+    value, which the whole old row holds ("O", FULL), else the row the stream holds for the key
+    (the old key, for a row that moved: "K" has null in every other column, never a value)."""
     mapper = ChangeMapper(users, "id")
     moved_with_key = Update(16384, ("u1", None, None, None), "K", ("u9", UNCHANGED, "2", "t"))
     txn = mapper.transaction([decode(BEGIN), decode(RELATION), moved_with_key, decode(COMMIT)], lambda events: set())
-    assert txn.events == [] and len(txn.rejected) == 1  # neither blanked nor dropped: rejected, and why
-    assert txn.rejected[0].startswith("plan: an unchanged TOASTed value the change does not carry")
+    # The stream holds no u1: u9's row is neither blanked nor dropped, but rejected; u1 is gone all the same.
+    assert [(e.key, e.strings["op"]) for e in txn.events] == [("u1", DELETE)] and len(txn.rejected) == 1
+    assert txn.rejected[0].startswith("plan: PostgreSQL keeps its value out of line (TOAST)")
+    assert "the stream holds no row of the key" in txn.rejected[0] and "REPLICA IDENTITY FULL" in txn.rejected[0]
     moved_with_row = Update(16384, ("u1", "pro", "1", "f"), "O", ("u9", UNCHANGED, "2", "t"))
     txn = mapper.transaction([decode(BEGIN), moved_with_row, decode(COMMIT)], lambda events: set())
     assert not txn.rejected
     assert [(e.key, e.strings["op"], e.strings["plan"]) for e in txn.events] == [("u1", DELETE, ""), ("u9", UPSERT, "pro")]
+
+    # DEFAULT identity: no old tuple, or the old key. The stream's row of the key holds the value.
+    label = "p" * 900  # a valid label, out of line once the whole row is over ~2 kB
+    stored = {"u1": {"plan": label, "active": "true", "credit": 1.0}}
+    asked = []
+
+    def stored_row(key, events):
+        asked.append((key, len(events)))
+        return row_after(key, stored.get(key), users, events)
+
+    updated = Update(16384, None, None, ("u1", UNCHANGED, "2", "t"))
+    moved = Update(16384, ("u1", None, None, None), "K", ("u7", UNCHANGED, "3", "t"))
+    unknown = Update(16384, None, None, ("u5", UNCHANGED, "4", "t"))
+    changes = [decode(BEGIN), updated, moved, unknown, decode(COMMIT)]
+    assert mapper.kept_keys(changes) == {"u1", "u5"}  # what the follower reads from the log
+    txn = mapper.transaction(changes, lambda events: set(), stored_row)
+    assert [(e.key, e.strings["op"], e.strings["plan"], e.numbers["credit"]) for e in txn.events] == \
+        [("u1", UPSERT, label, 2.0), ("u1", DELETE, "", None), ("u7", UPSERT, label, 3.0)]
+    assert asked == [("u1", 0), ("u1", 1), ("u5", 3)]  # after the transaction's changes so far
+    assert len(txn.rejected) == 1 and txn.rejected[0].startswith("plan: PostgreSQL keeps its value out of line")
 
 
 def test_an_empty_key_is_a_rejected_change_not_a_row(users):

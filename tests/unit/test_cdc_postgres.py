@@ -9,6 +9,8 @@ a tombstone removing the key."""
 from __future__ import annotations
 
 import os
+import random
+import string
 import subprocess
 import sys
 import textwrap
@@ -239,6 +241,38 @@ def test_truncate_deletes_every_key_and_a_lost_slot_is_resynced_by_a_new_snapsho
     catch_up(follower)
     assert log_table(log, stream) == pg_rows(server, table) == {"r1": {"plan": "x", "active": "false", "credit": 1.0}}
     assert follower.status()["resyncs"] == 1
+
+
+def test_an_update_leaving_a_toasted_label_unchanged_keeps_the_streams_value(server, setup):
+    """PostgreSQL moves the widest values out of line (TOAST) once the whole row is over ~2 kB:
+    here a valid 900-character label beside wide ignored columns. An update of another column
+    (REPLICA IDENTITY DEFAULT) does not carry it; the label kept its value, which the stream's row
+    of the key holds. Only a key the stream holds no row of is rejected, naming the remedy."""
+    table, make = setup
+    rnd = random.Random(7)  # random text: PostgreSQL cannot compress it small enough to keep it inline
+
+    def text(length: int) -> str:
+        return "".join(rnd.choice(string.ascii_letters + string.digits) for _ in range(length))
+
+    label, wide = text(900), [text(800) for _ in range(3)]
+    sql(server, f"ALTER TABLE {table} ADD COLUMN x1 text, ADD COLUMN x2 text",
+        f"INSERT INTO {table} VALUES ('u1', '{label}', 1, true, '{wide[0]}', '{wide[1]}', '{wide[2]}')")
+    stream, log = make()
+    follower = CdcFollower(stream, log, env=ENV)
+    catch_up(follower)
+    sql(server, f"UPDATE {table} SET credit = 2 WHERE id = 'u1'",  # the label stays out of line, unchanged
+        f"INSERT INTO {table} VALUES ('u2', '{label}', 'NaN', true, '{wide[0]}', '{wide[1]}', '{wide[2]}')",
+        f"UPDATE {table} SET credit = 3 WHERE id = 'u2'")  # u2's insert was rejected: no row to keep it from
+    catch_up(follower)
+    status = follower.status()
+    assert log_table(log, stream) == {"u1": {"plan": label, "active": "true", "credit": 2.0}}
+    assert status["rejected"] == 2, status["last_rejection"]  # u2's NaN, then its update
+    assert status["last_rejection"].startswith("plan: PostgreSQL keeps its value out of line (TOAST)")
+    assert "REPLICA IDENTITY FULL" in status["last_rejection"]
+    # With FULL, the update's old row holds the value: u2's row is written whole.
+    sql(server, f"ALTER TABLE {table} REPLICA IDENTITY FULL", f"UPDATE {table} SET credit = 4 WHERE id = 'u2'")
+    catch_up(follower)
+    assert log_table(log, stream) == pg_rows(server, table)
 
 
 def test_a_column_added_to_the_source_is_reported_and_errors_are_reported_not_raised(server, setup, tmp_path):

@@ -219,11 +219,27 @@ def test_a_cursor_whose_next_changes_are_gone_or_past_the_last_is_refused(store_
     assert gone.value.last == 4
     assert [c.cursor for c in store.view_changes("user_plans", after="3")] == ["4"]  # nothing missed
     assert store.view_changes("user_plans", after="4") == []
-    # A rebuild drops them all: a cursor before its end missed changes, one at its end did not.
+    # A rebuild drops them all and rebuilds the rows without writing a change: every cursor from
+    # before it missed the rebuilt rows, one at the old end too (it was read on from unawares).
     store.drop_view("user_plans")
-    with pytest.raises(ChangesGone, match="none is kept"):
-        store.view_changes("user_plans", after="3")
-    assert store.view_changes("user_plans", after="4") == []
+    for before in ("3", "4"):
+        with pytest.raises(ChangesGone, match="none is kept") as gone:
+            store.view_changes("user_plans", after=before)
+        assert gone.value.last == 5
+    commit_batch(store, views, 3, {})  # the rebuild
+    with pytest.raises(ChangesGone, match=r"after cursor '4' are gone \(none is kept"):
+        store.view_changes("user_plans", after="4")
+    assert store.view_changes("user_plans", after="5") == []  # the end the 410 names reads on
+    commit_batch(store, views, 4, {"users": {"u2": TableChange(user, T0, 0, 1, T0)}})
+    with pytest.raises(ChangesGone, match=r"after cursor '4' are gone \(the oldest kept is 6"):
+        store.view_changes("user_plans", after="4")
+    assert [c.cursor for c in store.view_changes("user_plans", after="5")] == ["6"]
+    # A changed declaration's rebuild (no drop_view) too.
+    changed = Views(parse_catalog(YAML.replace("kind: left", "kind: inner")), store)
+    commit_batch(store, changed, 5, {})
+    with pytest.raises(ChangesGone, match=r"after cursor '6' are gone") as gone:
+        store.view_changes("user_plans", after="6")
+    assert gone.value.last == 7 and store.view_changes("user_plans", after="7") == []
 
 
 def changes_per_batch(views: Views, store, rng: random.Random, batches: range) -> list[tuple[int, int, str]]:
@@ -258,9 +274,13 @@ def test_changelog_positions_are_the_stores_own_and_old_batch_seq_cursors_still_
     store.drop_view("user_plans")
     commit_batch(store, views, 15, {})
     more = changes_per_batch(views, store, random.Random(6), range(16, 22))
-    again = store.view_changes("user_plans", after=read[-1].cursor, limit=1000)
-    assert [c.key for c in again] == [key for _, _, key in more] and int(again[0].cursor) > int(read[-1].cursor)
-    assert store.view_changes("user_plans", after=f"{written[-1][0]}.{written[-1][1]}", limit=1000) == again
+    with pytest.raises(ChangesGone):  # a cursor at the old end missed the rebuilt rows
+        store.view_changes("user_plans", after=read[-1].cursor, limit=1000)
+    again = store.view_changes("user_plans", limit=1000)
+    assert [c.key for c in again] == [key for _, _, key in more] and int(again[0].cursor) > int(read[-1].cursor) + 1
+    # So did an old "batch.seq" one (its changes were dropped with the rest: it read on unawares).
+    with pytest.raises(ChangesGone, match=rf"after cursor '{written[-1][0]}.{written[-1][1]}' are gone"):
+        store.view_changes("user_plans", after=f"{written[-1][0]}.{written[-1][1]}", limit=1000)
 
 
 def _to_layout_before_positions(store) -> None:
