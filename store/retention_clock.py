@@ -7,9 +7,10 @@ granule only from `now - keep` on (store/planner.py `kept_from_ms`): sound while
 clock is ahead of the query's. A pipeline on a host whose clock is ahead (or an API whose clock
 lags) drops rows the planner believes kept, and the query sums what is left: 0, marked final.
 So the query's retention clock is the later of its own and the newest batch's
-`committed_at_ms` (the pipeline's clock when the store took the batch, never before the
-`batch_now` it ran retention at: that is read at the batch's start, or held at an earlier
-commit's instant, aggregates/batch_clock.py).
+`committed_at_ms` (the pipeline's clock when the store took the batch, recorded never before the
+`batch_now` it ran retention at: `recorded_commit_ms`; a clock that stepped back is held at an
+earlier commit's instant, aggregates/batch_clock.py, and without that floor the recorded time
+of the batches after a corrected clock forgot how far the one before had dropped rows).
 
 Read cheaply: the batches table is never pruned and has no index on the commit time, so a
 MAX over it scans every batch ever committed. Its key (pipeline, batch_id) finds each
@@ -37,3 +38,9 @@ def retention_now_ms(store: PaneStore, now_ms: int) -> int:
     """The clock retention is measured against for a query asked at now_ms (the API's clock)."""
     committed = store.newest_commit_ms()
     return now_ms if committed is None else max(now_ms, committed)
+
+
+def recorded_commit_ms(now_ms: int, batch_now_ms: int | None) -> int:
+    """A batch's `committed_at_ms`: the store's clock at the commit, but never before the batch's
+    own retention clock (held there when the pipeline's clock stepped back)."""
+    return now_ms if batch_now_ms is None else max(now_ms, batch_now_ms)

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from store.retention_clock import recorded_commit_ms
 from store import bloom as bloom_store
 from store import dim_sets, row_codec, sqlite_tiers
 from store.gc_pause import paused_gc
@@ -169,7 +170,8 @@ class SqlitePaneStore(PaneStore):
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated),
+            (commit.pipeline, commit.batch_id, recorded_commit_ms(now_ms, commit.batch_now_ms), commit.events_read,
+             plan.panes_new, plan.panes_updated),
         )
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from store.retention_clock import recorded_commit_ms
 from store.base import (
     BatchCommit,
     Change,
@@ -261,7 +262,8 @@ class PostgresPaneStore(PaneStore):
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (%s, %s, %s, %s, %s, %s)",
-            (commit.pipeline, commit.batch_id, now_ms, commit.events_read, plan.panes_new, plan.panes_updated))
+            (commit.pipeline, commit.batch_id, recorded_commit_ms(now_ms, commit.batch_now_ms), commit.events_read,
+             plan.panes_new, plan.panes_updated))
         notify_commit(conn, self.channel, last_seq)  # delivered when this transaction commits
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))

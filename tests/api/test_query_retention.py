@@ -178,3 +178,17 @@ def test_the_newest_commit_is_the_latest_over_every_pipeline(pane_store):
     assert pane_store.newest_commit_ms() == 9_000
     assert pane_store.commit_batch(BatchCommit("run-b", 1, [], 0, {}, {}), lateness_ms={}, now_ms=12_000).committed
     assert pane_store.newest_commit_ms() == 12_000
+
+
+def test_a_pipeline_clock_stepped_back_after_running_ahead_keeps_its_retention_clock(ctx, client, ahead):
+    """The ahead clock corrected (an NTP step back of 30 min): the next batch's retention clock is
+    held at the last commit's (aggregates/batch_clock.py) while the store's clock at its commit is
+    the corrected one. Recorded at that, the newest batch forgot how far the one before had
+    dropped rows, and the minutes it dropped were read again: 0 events, final."""
+    lateness = {name: s.allowed_lateness for name, s in ctx.catalog.streams.items()}
+    assert ctx.store.commit_batch(BatchCommit("main", 2, [], 0, {}, {}, batch_now_ms=NOW_MS + AHEAD),
+                                  lateness_ms=lateness, now_ms=NOW_MS + 1_000).committed
+    assert ctx.store.newest_commit_ms() == NOW_MS + AHEAD
+    r = client.get("/api/v1/query", params={"metric": "requests", "stat": "count", "from": str(EDGE[0]),
+                                            "to": str(EDGE[0] + 2 * HOUR), "step": "5m"})
+    assert r.status_code == 400, r.text
