@@ -131,12 +131,15 @@ def router(ctx: ApiContext) -> APIRouter:
     ) -> Response:
         now = ctx.now_ms()
         # The served output is read by the definitions it was built with (api/served_catalog.py).
-        store, catalog, cache = ctx.store, await run_in_threadpool(ctx.served_catalog), ctx.point_cache
-        if version is not None:
+        # Retention is measured at the later of this clock and the newest batch's (store/retention_clock.py),
+        # read in the same trip to a worker thread (one per request: this is the query path's every call).
+        store, cache = ctx.store, ctx.point_cache
+        if version is None:
+            catalog, kept_at = await run_in_threadpool(_served_and_kept, ctx, now)
+        else:
             store, catalog = await run_in_threadpool(versioned_output, ctx, metric, version)
             cache = None  # its points are keyed without the namespace
-        # Retention is measured at the later of this clock and the newest batch's (store/retention_clock.py).
-        kept_at = await run_in_threadpool(retention_now_ms, store, now)
+            kept_at = await run_in_threadpool(retention_now_ms, store, now)
         try:
             q = resolve(catalog, metric=metric, stats=[stat], start=start, end=end, step=step, window=window,
                         group_by=group_by, filters=parse_filters(filter), now_ms=now,
@@ -157,6 +160,11 @@ def router(ctx: ApiContext) -> APIRouter:
         return Response(answer_text(q, lo, hi, watermark, series), media_type="application/json")
 
     return r
+
+
+def _served_and_kept(ctx: ApiContext, now_ms: int):
+    """The served catalog and the retention clock of a query asked at now_ms."""
+    return ctx.served_catalog(), retention_now_ms(ctx.store, now_ms)
 
 
 def versioned_output(ctx: ApiContext, metric: str, version: str):
