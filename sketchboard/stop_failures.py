@@ -30,6 +30,8 @@ _STOP_TEXTS = re.compile(
         r"stopped SparkContext",
         r"Query .* was stopped",
         r"cancellation of all jobs",  # SparkContext.stop cancels the jobs under way
+        r"RpcEnvStoppedException",  # the JVM's RPC environment, stopped by the same shutdown
+        r"RejectedExecutionException",  # a task handed to an executor service the shutdown closed
         r"java\.net\.SocketException",  # a task's socket to a Python worker or the driver, cut by the signal
         # The signal reached the Python workers too (pyspark/daemon.py: a worker takes SIGINT as
         # KeyboardInterrupt and dies of SIGTERM): the task fails under the batch being waited for.

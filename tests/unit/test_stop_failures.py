@@ -49,6 +49,10 @@ STOP_CAUSED = [
     StreamingQueryException("Job 3 cancelled part of cancelled job group: Query main [id = a, runId = b] was stopped"),
     StreamingQueryException("... org.apache.spark.api.python.PythonException: Traceback ...\nKeyboardInterrupt"),
     StreamingQueryException("... org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)"),
+    StreamingQueryException("Job 7 cancelled as part of cancellation of all jobs"),
+    StreamingQueryException("... java.net.SocketException: Connection reset"),
+    StreamingQueryException("... org.apache.spark.rpc.RpcEnvStoppedException: RpcEnv already stopped."),
+    StreamingQueryException("... java.util.concurrent.RejectedExecutionException: Task rejected from pool"),
     ConnectionRefusedError(111, "Connection refused"),
     _JavaErrorOfAGoneJvm(),
 ]
