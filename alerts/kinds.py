@@ -26,7 +26,8 @@ from alerts.rules import (
     TrendRule,
     against_ms,
 )
-from catalog import Catalog, format_duration_ms
+from catalog import Catalog, StreamDef, format_duration_ms
+from catalog.features import watermark_trail_ms
 
 COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
            "==": operator.eq, "!=": operator.ne}
@@ -66,16 +67,31 @@ def metric_window(rule: ThresholdRule | TrendRule, data: AlertData, catalog: Cat
         return Outcome.nodata(f"no events processed yet on stream {stream.name!r}")
     if rule.provisional:
         end = (watermark + lateness) // pane * pane + pane  # the pane holding the newest event
-        expected = now_ms // pane * pane + pane
     else:
         end = watermark // pane * pane
-        expected = (now_ms - lateness) // pane * pane
-    behind = expected - end
+    trail = watermark_trail_ms(catalog, stream.name)
+    behind = expected_window_end(stream, trail, now_ms, provisional=rule.provisional) - end
     if behind > rule.stale_after:
+        # Say the trail was allowed for: "340s behind" must not read as the trail itself.
+        why = (f", past the {format_duration_ms(trail)} by which {stream.name} trails {stream.derived_from}"
+               if trail else "")
         return Outcome.nodata(f"the newest {'window' if rule.provisional else 'final window'} ended"
                               f" {format_duration_ms(behind)} before expected (stale_after"
-                              f" {format_duration_ms(rule.stale_after)}): no traffic, or the pipeline is behind")
+                              f" {format_duration_ms(rule.stale_after)}{why}): no traffic, or the pipeline is behind")
     return end - rule.window, end
+
+
+def expected_window_end(stream: StreamDef, trail_ms: int, now_ms: int, *, provisional: bool) -> int:
+    """Where the newest window a rule reads should end at `now_ms` when the pipeline keeps up:
+    the last final pane boundary (now - allowed lateness), or with `provisional` the end of the
+    pane holding now, each moved back by the stream's structural trail (`watermark_trail_ms`:
+    a sessions stream's rows come only as sessions close). A window further behind than
+    `stale_after` is stale: without the trail every default rule on a sessions metric read
+    `nodata` under healthy traffic, its windows always gap + lateness behind that."""
+    pane = stream.pane
+    if provisional:
+        return (now_ms - trail_ms) // pane * pane + pane
+    return (now_ms - trail_ms - stream.allowed_lateness) // pane * pane
 
 
 def _threshold(rule: ThresholdRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from catalog.durations import DurationMs, format_duration_ms
 from catalog.numbers import Integer
+from catalog.patterns import matches_stream_name
 
 if TYPE_CHECKING:
     from catalog.model import Catalog, MetricDef, StreamDef
@@ -145,6 +146,34 @@ def expand_derived(catalog: Catalog) -> None:
                       description=f"Events per session on {name}"),
         )
         add_derived(catalog, spec, metrics, path=("streams", name, "sessions"), generated_for=f"{name}.sessions")
+
+
+def watermark_trail_ms(catalog: Catalog, stream: str) -> int:
+    """How far `stream`'s watermark trails, by construction, the newest event time of the streams
+    it derives from, beyond its own `allowed_lateness` (0 for a stream read from the log).
+
+    - `<stream>_sessions`: a session is emitted only when it closes, once the base stream's
+      watermark (its newest event - its lateness) passes the session's last event + gap. So its
+      newest session start is at least the base lateness + gap behind the base's newest event,
+      and its watermark (that start - its own lateness) a further lateness + gap behind: under
+      steady traffic a sessions window is final 2 x (lateness + gap) after real time, not just
+      after its own lateness.
+    - `<pattern>_matches`: its watermark is the pattern's, the lowest of its streams' (newest
+      event - lateness), and it declares lateness 0: it trails by the largest of their lateness.
+    - none for the others: a join's rows carry their left event's time and come as it is read
+      (its own lateness holds the sides' and `within`, and its join clock caps it at that), and
+      `<stream>_clocks` and a view's rows come at their source's newest time (within a pane).
+    """
+    spec = catalog.streams[stream]
+    if not spec.derived_from:
+        return 0
+    base = catalog.streams[spec.derived_from]
+    if base.sessions is not None and stream == sessions_stream_name(base.name):
+        return base.allowed_lateness + base.sessions.gap
+    for pattern in catalog.patterns:
+        if stream == matches_stream_name(pattern.name):
+            return max((catalog.streams[s].allowed_lateness for s in pattern.streams if s in catalog.streams), default=0)
+    return 0
 
 
 def check_generated_names(path: tuple, what: str, base: str, names: Iterable[str]) -> None:
