@@ -18,7 +18,7 @@ from alerts.evaluator import Evaluation, Transition, evaluate
 from alerts.kinds import evaluate_rule
 from alerts.machine import Instance
 from alerts.outcome import AlertData, Outcome
-from alerts.rules import Rule, RuleError, parse_rule, rule_json
+from alerts.rules import Rule, RuleError, TrendRule, against_ms, parse_rule, rule_json
 from alerts.states import AlertState, Notice, RuleNotices
 from catalog import Catalog
 from store.alerts import RuleConflict, SqliteAlertStore, StoredRule
@@ -176,9 +176,10 @@ class AlertService:
                  if getattr(loaded.rule, "metric", None) in self.catalog.metrics}
         for event in history:
             rule = rules.get(event["rule"]) if event.get("window_start_ms") is not None else None
-            event["corrections_since"] = None if rule is None else self.data.corrections_after(
-                self.catalog.metrics[rule.metric].stream, event["window_start_ms"], event["window_end_ms"],
-                event["at_ms"], _input_dims(rule, event))
+            event["corrections_since"] = None if rule is None else sum(
+                self.data.corrections_after(self.catalog.metrics[rule.metric].stream, start, end, event["at_ms"],
+                                            _input_dims(rule, event))
+                for start, end in _windows_read(rule, event["window_start_ms"], event["window_end_ms"]))
         return history
 
     # -- the background thread --------------------------------------------------------------
@@ -308,6 +309,15 @@ def _ended(instance: dict, now_ms: int) -> dict:
             "annotations": instance.get("annotations", {}), "from_state": instance["state"], "to_state": "normal",
             "value": None, "at_ms": now_ms, "window_start_ms": None, "window_end_ms": None, "revision": None,
             "reason": "rule deleted"}
+
+
+def _windows_read(rule: Rule, start_ms: int, end_ms: int) -> list[tuple[int, int]]:
+    """The windows a decision on [start_ms, end_ms) read: a trend rule's baseline too, `against`
+    earlier (alerts/kinds.py _trend); a correction there changed the decision's value as much."""
+    if not isinstance(rule, TrendRule):
+        return [(start_ms, end_ms)]
+    offset = against_ms(rule)  # at least the window (alerts/rules.py): the two never overlap
+    return [(start_ms, end_ms), (start_ms - offset, end_ms - offset)]
 
 
 def _input_dims(rule: Rule, event: dict) -> dict[str, str]:

@@ -227,6 +227,42 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
     assert statuses.count(["firing"]) == 2 and statuses.count(["resolved"]) == 1
 
 
+def post_and_commit(api, ctx, clock, events):
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=events).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+
+
+def corrections_since(api, entry) -> int | None:
+    return next(e for e in api.get("/api/v1/alerts").json()["history"] if e["id"] == entry["id"])["corrections_since"]
+
+
+def test_a_trend_decision_counts_corrections_to_its_baseline_window_too(api, ctx, alerts, clock):
+    """A trend rule's decision read two windows, now and `against` earlier: a straggler in the
+    baseline changed its value as much as one in the window now (docs/alerts.md)."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    api.post("/api/v1/alerts/rules", json={
+        "name": "cart_surge", "kind": "trend", "metric": "requests", "stat": "count", "window": "10s",
+        "against": "previous", "mode": "ratio", "op": ">", "threshold": 2, "filters": {"endpoint": "/api/cart"}})
+    post_and_commit(api, ctx, clock, [ev(t0 + i * 100) for i in range(10)]             # baseline: 10
+                    + [ev(t0 + 10_000 + i * 100) for i in range(50)] + [ev(t0 + 50_000, "/")])  # now: 50
+    evaluate_every_rule(alerts)
+    [firing] = api.get("/api/v1/alerts?rule=cart_surge").json()["history"]
+    assert firing["to_state"] == "firing" and (firing["window_start_ms"], firing["window_end_ms"]) == (t0 + 10_000,
+                                                                                                     t0 + 20_000)
+    assert firing["corrections_since"] == 0
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 5_000 + i) for i in range(40)] + [ev(t0 + 5_000, "/")])  # baseline
+    assert corrections_since(api, firing) == 1  # not the other endpoint's
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000)])  # the window now
+    assert corrections_since(api, firing) == 2
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 - 5_000)])  # a correction of a window the decision did not read
+    assert len(ctx.store.corrections(stream="http_requests", start_ms=t0 - 10_000, end_ms=t0)) == 1
+    assert corrections_since(api, firing) == 2
+
+
 def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
     """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
     alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})
