@@ -263,6 +263,34 @@ def test_a_trend_decision_counts_corrections_to_its_baseline_window_too(api, ctx
     assert corrections_since(api, firing) == 2
 
 
+def test_decisions_without_a_sample_count_corrections_to_the_window_they_read(api, ctx, alerts, clock):
+    """A rule without data in an empty window, and a group that left the window, were decided on
+    that window: a straggler filling it is a correction of their input (docs/alerts.md)."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    for name, fields in (("cart_count", {"metric": "requests", "stat": "count", "op": "<", "threshold": 5,
+                                         "filters": {"endpoint": "/api/cart"}}),
+                         ("slow", {"metric": "latency", "stat": "max", "op": ">", "threshold": 500})):
+        api.post("/api/v1/alerts/rules", json={"name": name, "kind": "threshold", "window": "10s",
+                                               "group_by": ["endpoint"], **fields})
+    # [t0+10s, t0+20s) is final: no cart requests there (cart_count: nodata), /api/cart slow (slow fires)
+    post_and_commit(api, ctx, clock, [ev(t0 + 12_000, "/", 900)] + [ev(t0 + 50_000, "/", 10)])
+    evaluate_every_rule(alerts)
+    clock.now += 10  # [t0+20s, t0+30s) is final: / only, fast (slow's group "/" resolves: gone)
+    post_and_commit(api, ctx, clock, [ev(t0 + 22_000, "/api/cart", 10), ev(t0 + 60_000, "/api/cart", 10)])
+    evaluate_every_rule(alerts)
+    history = api.get("/api/v1/alerts").json()["history"]
+    nodata = next(e for e in history if e["rule"] == "cart_count" and e["to_state"] == "nodata")
+    gone = next(e for e in history if e["rule"] == "slow" and e["to_state"] == "resolved")
+    assert (nodata["window_start_ms"], nodata["window_end_ms"], nodata["corrections_since"]) == (t0 + 10_000,
+                                                                                               t0 + 20_000, 0)
+    assert (gone["window_start_ms"], gone["window_end_ms"], gone["corrections_since"]) == (t0 + 20_000,
+                                                                                         t0 + 30_000, 0)
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 12_500, "/api/cart"), ev(t0 + 25_000, "/", 900)])  # stragglers
+    assert (corrections_since(api, nodata), corrections_since(api, gone)) == (1, 1)
+
+
 def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
     """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
     alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})
