@@ -92,8 +92,12 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
         if inst.state.notifies_firing:
             notices.append(_notice(inst, "firing"))
         elif was.notifies_firing:  # resolved by this evaluation; it started when the previous spell did
-            notices.append(replace(_notice(replace(inst, active_since_ms=prev.active_since_ms), "resolved"),
-                                   ends_at_ms=now_ms))
+            shown = replace(inst, active_since_ms=prev.active_since_ms)
+            if sample is None and reading is Reading.FALSE:
+                # Its group is gone: no value to render. The receiver is told what it was told
+                # last, as Prometheus keeps a resolved alert's last firing annotations (not "no data").
+                shown = replace(shown, value=prev.value, annotations=prev.annotations)
+            notices.append(replace(_notice(shown, "resolved"), ends_at_ms=now_ms))
         if inst.state is not AlertState.NORMAL:
             instances.append(inst)
     return Evaluation(rule.name, now_ms, instances, transitions, notices, outcome.cursor)

@@ -221,6 +221,17 @@ def test_a_vanished_group_resolves_on_the_window_the_evaluation_read(catalog):
     assert (resolved.window_start_ms, resolved.window_end_ms, resolved.revision) == (T0 - 50_000, T0 + STEP, None)
 
 
+def test_a_vanished_group_is_resolved_with_the_value_and_annotations_it_fired_with(catalog):
+    """Nothing is left to render {{ $value }} with: the resolved notice keeps the last firing
+    annotations (as Prometheus does), not "no data"; the history says the group is gone."""
+    rule = make_rule(catalog, group_by=["endpoint"], annotations={"summary": "p99 of {{ $labels.endpoint }} is {{ $value }}"})
+    results = run(rule, [Outcome([Sample({"endpoint": "/b"}, 300, True)]), Outcome([Sample({"endpoint": "/a"}, 5, False)])])
+    [resolved] = results[1].notices
+    assert (resolved.status, resolved.value, resolved.annotations) == ("resolved", 300, {"summary": "p99 of /b is 300"})
+    [gone] = results[1].transitions
+    assert gone.value is None and gone.reason == "no longer reported by the rule's query"
+
+
 def test_a_rule_without_data_in_the_window_it_read_names_that_window(catalog):
     """An empty window is no data, but it is the window the decision read (corrections to it count)."""
     rule = make_rule(catalog, group_by=["endpoint"])
