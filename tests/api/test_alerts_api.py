@@ -291,6 +291,33 @@ def test_decisions_without_a_sample_count_corrections_to_the_window_they_read(ap
     assert (corrections_since(api, nodata), corrections_since(api, gone)) == (1, 1)
 
 
+def test_a_decision_counts_the_corrections_to_what_it_read_after_its_rule_is_replaced(api, ctx, alerts, clock):
+    """The entry records what it read (stream, filter and group values, windows): a PUT that
+    changes the filter does not make an older decision count another endpoint's corrections."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    rule = {"name": "cart_slow", "kind": "threshold", "metric": "latency", "stat": "max", "window": "10s",
+            "filters": {"endpoint": "/api/cart"}, "op": ">", "threshold": 500}
+    api.post("/api/v1/alerts/rules", json=rule)
+    feed = AlertsFeed(alerts.store)
+    post_and_commit(api, ctx, clock, [ev(t0 + 10_000, "/api/cart", 900), ev(t0 + 10_000, "/search", 10),
+                                      ev(t0 + 50_000, "/", 10)])
+    evaluate_every_rule(alerts)
+    [firing] = api.get("/api/v1/alerts?rule=cart_slow").json()["history"]
+    assert firing["to_state"] == "firing" and "input" not in firing
+    assert "input" not in feed.poll()[0]["event"]  # what the decision read is not shown, only counted
+    assert api.put("/api/v1/alerts/rules/cart_slow", json={**rule, "filters": {"endpoint": "/search"}}).status_code == 200
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000, "/api/cart", 100)])  # in what the decision read
+    assert corrections_since(api, firing) == 1
+    # an entry saved before the input was recorded is read with the rule as it is now
+    [older] = alerts.with_corrections_since([{k: v for k, v in firing.items() if k != "corrections_since"}])
+    assert older["corrections_since"] == 0
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000, "/search", 100)])  # what the new filter reads, not it
+    assert corrections_since(api, firing) == 1
+
+
 def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
     """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
     alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})
