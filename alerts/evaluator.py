@@ -76,8 +76,10 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
             # Gone, but kept firing (keep_firing_for): its last value stays, as Prometheus keeps it,
             # so a notice sent meanwhile reads as the one that fired, not "no data".
             inst = replace(inst, reason="no longer reported by the rule's query; kept firing (keep_firing_for)")
-        elif reading is Reading.FALSE:  # the group is gone: nothing to show but that
-            inst = replace(inst, value=None, reason="no longer reported by the rule's query")
+        elif reading is Reading.FALSE:  # the group is gone: nothing to show but that, and the window read
+            inst = replace(inst, value=None, window_start_ms=outcome.window_start_ms,
+                           window_end_ms=outcome.window_end_ms, revision=None,
+                           reason="no longer reported by the rule's query")
         # The data's own annotations (a match's events) stay with the instance until it resolves.
         inst = replace(inst, annotations={**inst.details, **render_all(rule.annotations, value=inst.value,
                                                                        labels=labels, rule=rule.name,
@@ -90,8 +92,12 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
         if inst.state.notifies_firing:
             notices.append(_notice(inst, "firing"))
         elif was.notifies_firing:  # resolved by this evaluation; it started when the previous spell did
-            notices.append(replace(_notice(replace(inst, active_since_ms=prev.active_since_ms), "resolved"),
-                                   ends_at_ms=now_ms))
+            shown = replace(inst, active_since_ms=prev.active_since_ms)
+            if sample is None and reading is Reading.FALSE:
+                # Its group is gone: no value to render. The receiver is told what it was told
+                # last, as Prometheus keeps a resolved alert's last firing annotations (not "no data").
+                shown = replace(shown, value=prev.value, annotations=prev.annotations)
+            notices.append(replace(_notice(shown, "resolved"), ends_at_ms=now_ms))
         if inst.state is not AlertState.NORMAL:
             instances.append(inst)
     return Evaluation(rule.name, now_ms, instances, transitions, notices, outcome.cursor)
@@ -104,8 +110,9 @@ def _readings(rule: Rule, outcome: Outcome, previous: dict[str, Instance]):
     if whole is not None:
         reason = outcome.error if outcome.error is not None else outcome.no_data
         watched = {fp: i.labels for fp, i in previous.items() if i.state is not AlertState.RESOLVED}
-        for fp, labels in (watched or _rule_level(rule)).items():
-            out[fp] = (labels, whole, Sample({}, None, None, reason=reason))
+        for fp, labels in (watched or _rule_level(rule)).items():  # an empty window is still the one read
+            out[fp] = (labels, whole, Sample({}, None, None, outcome.window_start_ms, outcome.window_end_ms,
+                                             reason=reason))
     else:
         for sample in outcome.samples:
             labels = {"alertname": rule.name, **_labels(rule, sample.value, sample.group), **sample.group}

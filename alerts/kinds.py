@@ -101,11 +101,11 @@ def _threshold(rule: ThresholdRule, data: AlertData, catalog: Catalog, now_ms: i
     start, end = window
     values = data.window_values(rule.metric, rule.stat, start, end, rule.group_by, rule.filters, now_ms=now_ms)
     if not values:
-        return Outcome.nodata(f"no events in the window ({_span(start, end)})")
+        return Outcome.nodata(f"no events in the window ({_span(start, end)})", window)
     test = COMPARE[rule.op]
     return Outcome([_sample(v, v.value, start, end, None if v.value is None else test(v.value, rule.threshold),
                             None if v.value is not None else f"{rule.stat} is undefined: no values in the window")
-                    for v in values])
+                    for v in values], window_start_ms=start, window_end_ms=end)
 
 
 def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> Outcome:
@@ -122,7 +122,7 @@ def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> O
     pairs = [(v, then[key]) for v in now_values if (key := tuple(sorted(v.group.items()))) in then]
     if not pairs:
         which = "previous window" if rule.against == "previous" else f"window {rule.against} earlier"
-        return Outcome.nodata(f"no groups with data both now ({_span(start, end)}) and in the {which}")
+        return Outcome.nodata(f"no groups with data both now ({_span(start, end)}) and in the {which}", window)
     test = COMPARE[rule.op]
     samples = []
     for current, base in pairs:
@@ -131,7 +131,7 @@ def _trend(rule: TrendRule, data: AlertData, catalog: Catalog, now_ms: int) -> O
         if rule.min_baseline is not None and base.value is not None and base.value < rule.min_baseline:
             condition, reason = False, f"baseline {base.value:g} is below min_baseline {rule.min_baseline:g}"
         samples.append(_sample(current, value, start, end, condition, reason))
-    return Outcome(samples)
+    return Outcome(samples, window_start_ms=start, window_end_ms=end)
 
 
 def _change(mode: str, current: float | None, base: float | None, offset_ms: int) -> tuple[float | None, str | None]:

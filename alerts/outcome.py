@@ -42,10 +42,16 @@ class Outcome:
     no_data: str | None = None
     error: str | None = None
     cursor: int | None = None  # pattern rules: the last match id read (None: unchanged)
+    # The metric window this evaluation read (threshold and trend rules, once they chose one):
+    # what an instance without a sample of its own (its group gone, the whole rule without data)
+    # was decided on, so its history entry names it and counts the corrections to it.
+    window_start_ms: int | None = None
+    window_end_ms: int | None = None
 
     @classmethod
-    def nodata(cls, reason: str) -> Outcome:
-        return cls(no_data=reason)
+    def nodata(cls, reason: str, window: tuple[int, int] | None = None) -> Outcome:
+        start, end = window if window is not None else (None, None)
+        return cls(no_data=reason, window_start_ms=start, window_end_ms=end)
 
     @classmethod
     def failed(cls, reason: str) -> Outcome:

@@ -18,7 +18,7 @@ from alerts.evaluator import Evaluation, Transition, evaluate
 from alerts.kinds import evaluate_rule
 from alerts.machine import Instance
 from alerts.outcome import AlertData, Outcome
-from alerts.rules import Rule, RuleError, parse_rule, rule_json
+from alerts.rules import Rule, RuleError, TrendRule, against_ms, parse_rule, rule_json
 from alerts.states import AlertState, Notice, RuleNotices
 from catalog import Catalog
 from store.alerts import RuleConflict, SqliteAlertStore, StoredRule
@@ -160,8 +160,8 @@ class AlertService:
             result = evaluate(rule, outcome, previous, now_ms)
             if self.active is not None and not self.active():
                 return result  # no longer the leader: neither saved nor notified (the new leader evaluates)
-            self.store.save_evaluation(name, [_instance_json(i) for i in result.instances],
-                                       [_transition_json(t) for t in result.transitions], now_ms=now_ms,
+            history = [_transition_json(t, _input(rule, self.catalog, t)) for t in result.transitions]
+            self.store.save_evaluation(name, [_instance_json(i) for i in result.instances], history, now_ms=now_ms,
                                        cursor=result.cursor)
             silenced = (loaded.stored.silenced_until_ms or 0) > now_ms
             self._notify(RuleNotices(name, now_ms, result.notices, silenced=silenced))
@@ -175,10 +175,16 @@ class AlertService:
         rules = {loaded.stored.name: loaded.rule for loaded in self.rules()
                  if getattr(loaded.rule, "metric", None) in self.catalog.metrics}
         for event in history:
+            # What the decision read, recorded with it: a rule replaced since (another filter,
+            # metric or `against`) does not change which corrections concern an older decision.
+            # Entries from before it was recorded are read with the rule as it is now.
+            read = event.pop("input", None)
             rule = rules.get(event["rule"]) if event.get("window_start_ms") is not None else None
-            event["corrections_since"] = None if rule is None else self.data.corrections_after(
-                self.catalog.metrics[rule.metric].stream, event["window_start_ms"], event["window_end_ms"],
-                event["at_ms"], _input_dims(rule, event))
+            if read is None and rule is not None:
+                read = _input(rule, self.catalog, event)
+            event["corrections_since"] = None if read is None else sum(
+                self.data.corrections_after(read["stream"], start, end, event["at_ms"], read["dims"])
+                for start, end in read["windows"])
         return history
 
     # -- the background thread --------------------------------------------------------------
@@ -299,8 +305,20 @@ def _instance(data: dict) -> Instance:
     return Instance(**{**data, "state": AlertState(data["state"])})
 
 
-def _transition_json(t: Transition) -> dict:
-    return {**asdict(t), "from_state": t.from_state.value, "to_state": t.to_state.value}
+def _transition_json(t: Transition, read: dict | None) -> dict:
+    entry = {**asdict(t), "from_state": t.from_state.value, "to_state": t.to_state.value}
+    return entry if read is None else {**entry, "input": read}
+
+
+def _input(rule: Rule, catalog: Catalog, entry: Transition | dict) -> dict | None:
+    """What a decision on a metric window read: the stream, the dimension values of its panes
+    and the windows (corrections_since counts the corrections to them); None without a window."""
+    get = entry.get if isinstance(entry, dict) else lambda name: getattr(entry, name)
+    metric = catalog.metrics.get(getattr(rule, "metric", None))
+    if metric is None or get("window_start_ms") is None:
+        return None
+    return {"stream": metric.stream, "dims": _input_dims(rule, get("labels") or {}),
+            "windows": [list(w) for w in _windows_read(rule, get("window_start_ms"), get("window_end_ms"))]}
 
 
 def _ended(instance: dict, now_ms: int) -> dict:
@@ -310,10 +328,18 @@ def _ended(instance: dict, now_ms: int) -> dict:
             "reason": "rule deleted"}
 
 
-def _input_dims(rule: Rule, event: dict) -> dict[str, str]:
+def _windows_read(rule: Rule, start_ms: int, end_ms: int) -> list[tuple[int, int]]:
+    """The windows a decision on [start_ms, end_ms) read: a trend rule's baseline too, `against`
+    earlier (alerts/kinds.py _trend); a correction there changed the decision's value as much."""
+    if not isinstance(rule, TrendRule):
+        return [(start_ms, end_ms)]
+    offset = against_ms(rule)  # at least the window (alerts/rules.py): the two never overlap
+    return [(start_ms, end_ms), (start_ms - offset, end_ms - offset)]
+
+
+def _input_dims(rule: Rule, labels: Mapping[str, str]) -> dict[str, str]:
     """The dimension values of the panes an entry's decision read: the rule's filters and the
     entry's group (a correction to another endpoint did not change this entry's window)."""
-    labels = event.get("labels") or {}
     group = {k: labels[k] for k in getattr(rule, "group_by", ()) if k in labels}
     return {**rule.filters, **group}
 

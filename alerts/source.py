@@ -11,7 +11,6 @@ from catalog import Catalog, format_duration_ms
 from query import Query, compute, over, resolve_target
 from query.model import format_time_ms
 from store import PaneStore
-from store.panes import matches_filters
 from store.planner import finest_kept_granule, kept_from_ms, plan_read
 from store.retention_clock import retention_now_ms
 from store.rollup import DEFAULT_MAX_POINTS
@@ -76,8 +75,7 @@ class StoreAlertData:
 
     def corrections_after(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
                           dims: Mapping[str, str] | None = None) -> int:
-        found = self.store.corrections(stream=stream, start_ms=start_ms, end_ms=end_ms, limit=10_000)
-        return sum(1 for c in found if c.at_ms > after_ms and matches_filters(c.dims, dims or {}))
+        return self.store.count_corrections(stream, start_ms, end_ms, after_ms, dims or {})
 
 
 class WindowNotKept(ValueError):

@@ -44,8 +44,10 @@ def rule_out(stored: StoredRule, instances: list[dict]) -> dict:
             "created_ms": stored.created_ms, "updated_ms": stored.updated_ms, "state": worst.value}
 
 
-def event_out(entry) -> dict:
-    return {"id": entry.id, **entry.data}
+def event_out(entry, *, with_input: bool = False) -> dict:
+    """A history entry as the API and the feed show it: without `input` (what the decision read,
+    alerts/service.py), unless asked for, as with_corrections_since is, which takes it out."""
+    return {"id": entry.id, **{k: v for k, v in entry.data.items() if with_input or k != "input"}}
 
 
 def router(service: AlertService) -> APIRouter:
@@ -137,7 +139,8 @@ def router(service: AlertService) -> APIRouter:
         silenced = {loaded.stored.name: (loaded.stored.silenced_until_ms or 0) > now for loaded in service.rules()}
         active = [{**inst, "silenced": silenced.get(inst["rule"], False)}
                   for inst in service.store.instances(rule) if AlertState(inst["state"]).active]
-        history = [event_out(e) for e in service.store.history(rule=rule, after_id=after_id, limit=limit)]
+        history = [event_out(e, with_input=True) for e in service.store.history(rule=rule, after_id=after_id,
+                                                                               limit=limit)]
         service.with_corrections_since(history)  # see docs/alerts.md, "Alerts and corrections"
         return {"active": active, "history": history}
 

@@ -344,6 +344,14 @@ class PaneStore(ABC):
         """Correction records, filtered by stream and by pane start in [start_ms, end_ms)."""
 
     @abstractmethod
+    def count_corrections(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
+                          dims: Mapping[str, str]) -> int:
+        """How many corrections were published after `after_ms` to panes of the stream starting in
+        [start_ms, end_ms) whose dimensions have the values `dims` gives (a dimension a pane lacks
+        reads as "", as store.panes.matches_filters reads it). Counted by the database: a busy
+        window's corrections (tens of thousands, each with its old and new stats) are never read."""
+
+    @abstractmethod
     def max_correction_id(self) -> int:
         """The id of the newest correction record, 0 when there is none."""
 

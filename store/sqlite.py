@@ -447,6 +447,16 @@ class SqlitePaneStore(PaneStore):
             for i, s, ps, pe, d, rf, rt, b, n, at, old, new in rows
         ]
 
+    def count_corrections(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
+                          dims: Mapping[str, str]) -> int:
+        # Each name goes in as a bound, quoted JSON path ($."name"), not spliced into the SQL.
+        tests = "".join(" AND COALESCE(json_extract(dims, ?), '') = ?" for _ in dims)
+        paths = [arg for name, want in dims.items() for arg in (f'$."{name}"', want)]
+        with self._lock:
+            return self._conn.execute(
+                "SELECT COUNT(*) FROM corrections WHERE stream = ? AND pane_start_ms >= ? AND pane_start_ms < ?"
+                " AND at_ms > ?" + tests, (stream, start_ms, end_ms, after_ms, *paths)).fetchone()[0]
+
     def max_correction_id(self) -> int:
         with self._lock:
             return self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM corrections").fetchone()[0]

@@ -411,6 +411,14 @@ class PostgresPaneStore(PaneStore):
         return [Correction(i, s, ps, pe, json.loads(d), rf, rt, b, n, at, json.loads(old), json.loads(new))
                 for i, s, ps, pe, d, rf, rt, b, n, at, old, new in found]
 
+    def count_corrections(self, stream: str, start_ms: int, end_ms: int, after_ms: int,
+                          dims: Mapping[str, str]) -> int:
+        tests = "".join(" AND COALESCE(dims::jsonb ->> %s, '') = %s" for _ in dims)
+        return self._one(
+            "SELECT COUNT(*) FROM corrections WHERE stream = %s AND pane_start_ms >= %s AND pane_start_ms < %s"
+            " AND at_ms > %s" + tests,
+            (stream, start_ms, end_ms, after_ms, *(arg for item in dims.items() for arg in item)))[0]
+
     def max_correction_id(self) -> int:
         return self._one("SELECT COALESCE(MAX(id), 0) FROM corrections")[0]
 

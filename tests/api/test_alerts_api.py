@@ -227,6 +227,97 @@ def test_a_spike_goes_pending_firing_resolved_with_history_feed_and_notices(api,
     assert statuses.count(["firing"]) == 2 and statuses.count(["resolved"]) == 1
 
 
+def post_and_commit(api, ctx, clock, events):
+    assert api.post("/api/v1/events", params={"stream": "http_requests"}, json=events).status_code == 200
+    drain_log_into_store(ctx.catalog, ctx.log, ctx.store, int(clock.now * 1000))
+
+
+def corrections_since(api, entry) -> int | None:
+    return next(e for e in api.get("/api/v1/alerts").json()["history"] if e["id"] == entry["id"])["corrections_since"]
+
+
+def test_a_trend_decision_counts_corrections_to_its_baseline_window_too(api, ctx, alerts, clock):
+    """A trend rule's decision read two windows, now and `against` earlier: a straggler in the
+    baseline changed its value as much as one in the window now (docs/alerts.md)."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    api.post("/api/v1/alerts/rules", json={
+        "name": "cart_surge", "kind": "trend", "metric": "requests", "stat": "count", "window": "10s",
+        "against": "previous", "mode": "ratio", "op": ">", "threshold": 2, "filters": {"endpoint": "/api/cart"}})
+    post_and_commit(api, ctx, clock, [ev(t0 + i * 100) for i in range(10)]             # baseline: 10
+                    + [ev(t0 + 10_000 + i * 100) for i in range(50)] + [ev(t0 + 50_000, "/")])  # now: 50
+    evaluate_every_rule(alerts)
+    [firing] = api.get("/api/v1/alerts?rule=cart_surge").json()["history"]
+    assert firing["to_state"] == "firing" and (firing["window_start_ms"], firing["window_end_ms"]) == (t0 + 10_000,
+                                                                                                     t0 + 20_000)
+    assert firing["corrections_since"] == 0
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 5_000 + i) for i in range(40)] + [ev(t0 + 5_000, "/")])  # baseline
+    assert corrections_since(api, firing) == 1  # not the other endpoint's
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000)])  # the window now
+    assert corrections_since(api, firing) == 2
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 - 5_000)])  # a correction of a window the decision did not read
+    assert len(ctx.store.corrections(stream="http_requests", start_ms=t0 - 10_000, end_ms=t0)) == 1
+    assert corrections_since(api, firing) == 2
+
+
+def test_decisions_without_a_sample_count_corrections_to_the_window_they_read(api, ctx, alerts, clock):
+    """A rule without data in an empty window, and a group that left the window, were decided on
+    that window: a straggler filling it is a correction of their input (docs/alerts.md)."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    for name, fields in (("cart_count", {"metric": "requests", "stat": "count", "op": "<", "threshold": 5,
+                                         "filters": {"endpoint": "/api/cart"}}),
+                         ("slow", {"metric": "latency", "stat": "max", "op": ">", "threshold": 500})):
+        api.post("/api/v1/alerts/rules", json={"name": name, "kind": "threshold", "window": "10s",
+                                               "group_by": ["endpoint"], **fields})
+    # [t0+10s, t0+20s) is final: no cart requests there (cart_count: nodata), /api/cart slow (slow fires)
+    post_and_commit(api, ctx, clock, [ev(t0 + 12_000, "/", 900)] + [ev(t0 + 50_000, "/", 10)])
+    evaluate_every_rule(alerts)
+    clock.now += 10  # [t0+20s, t0+30s) is final: / only, fast (slow's group "/" resolves: gone)
+    post_and_commit(api, ctx, clock, [ev(t0 + 22_000, "/api/cart", 10), ev(t0 + 60_000, "/api/cart", 10)])
+    evaluate_every_rule(alerts)
+    history = api.get("/api/v1/alerts").json()["history"]
+    nodata = next(e for e in history if e["rule"] == "cart_count" and e["to_state"] == "nodata")
+    gone = next(e for e in history if e["rule"] == "slow" and e["to_state"] == "resolved")
+    assert (nodata["window_start_ms"], nodata["window_end_ms"], nodata["corrections_since"]) == (t0 + 10_000,
+                                                                                               t0 + 20_000, 0)
+    assert (gone["window_start_ms"], gone["window_end_ms"], gone["corrections_since"]) == (t0 + 20_000,
+                                                                                         t0 + 30_000, 0)
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 12_500, "/api/cart"), ev(t0 + 25_000, "/", 900)])  # stragglers
+    assert (corrections_since(api, nodata), corrections_since(api, gone)) == (1, 1)
+
+
+def test_a_decision_counts_the_corrections_to_what_it_read_after_its_rule_is_replaced(api, ctx, alerts, clock):
+    """The entry records what it read (stream, filter and group values, windows): a PUT that
+    changes the filter does not make an older decision count another endpoint's corrections."""
+    t0 = int(clock.now * 1000) // 10_000 * 10_000
+    clock.now = (t0 + 55_000) / 1000
+    rule = {"name": "cart_slow", "kind": "threshold", "metric": "latency", "stat": "max", "window": "10s",
+            "filters": {"endpoint": "/api/cart"}, "op": ">", "threshold": 500}
+    api.post("/api/v1/alerts/rules", json=rule)
+    feed = AlertsFeed(alerts.store)
+    post_and_commit(api, ctx, clock, [ev(t0 + 10_000, "/api/cart", 900), ev(t0 + 10_000, "/search", 10),
+                                      ev(t0 + 50_000, "/", 10)])
+    evaluate_every_rule(alerts)
+    [firing] = api.get("/api/v1/alerts?rule=cart_slow").json()["history"]
+    assert firing["to_state"] == "firing" and "input" not in firing
+    assert "input" not in feed.poll()[0]["event"]  # what the decision read is not shown, only counted
+    assert api.put("/api/v1/alerts/rules/cart_slow", json={**rule, "filters": {"endpoint": "/search"}}).status_code == 200
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000, "/api/cart", 100)])  # in what the decision read
+    assert corrections_since(api, firing) == 1
+    # an entry saved before the input was recorded is read with the rule as it is now
+    [older] = alerts.with_corrections_since([{k: v for k, v in firing.items() if k != "corrections_since"}])
+    assert older["corrections_since"] == 0
+    clock.now += 1
+    post_and_commit(api, ctx, clock, [ev(t0 + 15_000, "/search", 100)])  # what the new filter reads, not it
+    assert corrections_since(api, firing) == 1
+
+
 def test_a_pending_period_survives_a_restart_of_the_service(ctx, alerts, clock, tmp_path):
     """Like Prometheus restoring ALERTS_FOR_STATE: a new process goes on counting `for`."""
     alerts.create({"name": "quiet", "kind": "absence", "stream": "orders", "duration": "1m", "for": "30s"})

@@ -179,3 +179,41 @@ def test_corrections_feed_starts_at_the_newest_and_follows(ctx, corrected):
     assert feed.poll() == []
     fresh = CorrectionsFeed(ctx.store, max_per_poll=1)
     assert fresh.poll() == []
+
+
+# The columns a correction row is copied with (a busy window's many corrections, made by SQL).
+COPIED = ("stream, pane_start_ms, pane_end_ms, dims, revision_from, revision_to, pipeline, batch_id, events_added,"
+          " at_ms, old, new")
+
+
+def test_corrections_after_a_decision_are_counted_past_a_busy_window(ctx, clock):
+    """What an alert history entry's `corrections_since` reads (alerts/source.py): corrections to
+    the window's panes with the rule's filter values, published after the decision, counted by the
+    store. A window with more than 10 000 earlier corrections still counts the later ones: they used
+    to be read oldest first, 10 000 at most, and filtered in Python."""
+    from alerts.source import StoreAlertData
+
+    commit_batch(ctx, 0, [pane(T0, [10.0], ["a"])], max_event=T0 + 5_000)
+    commit_batch(ctx, 1, [pane(T0 + 120_000, [1.0], ["c"])], max_event=T0 + 120_000)  # T0's panes are final
+    other = {**DIMS, "endpoint": "/b"}
+    commit_batch(ctx, 2, [PanePartial(STREAM, T0 + 10_000, T0 + 20_000, other, data([1.0], ["u"]))])
+    # 16 384 corrections before the decision: the one committed, doubled by SQL 14 times (committing
+    # that many panes takes half a minute on PostgreSQL)
+    db = ctx.store.side_db()
+    for _ in range(14):
+        db.execute(f"INSERT INTO corrections ({COPIED}) SELECT {COPIED} FROM corrections WHERE batch_id = 2")
+    db.close()
+    decided_ms = ctx.now_ms()
+    clock.now += 1
+    commit_batch(ctx, 3, [pane(T0, [5.0], ["d"]), PanePartial(STREAM, T0, T0 + PANE, other, data([1.0], ["e"])),
+                          pane(T0 + 60_000, [2.0], ["f"])])  # the last one outside the window read
+    count = StoreAlertData(ctx.catalog, ctx.store).corrections_after
+    assert count(STREAM, T0, T0 + 60_000, decided_ms, {"endpoint": "/a"}) == 1
+    assert count(STREAM, T0, T0 + 60_000, decided_ms, {"endpoint": "/a", "region": "eu"}) == 1
+    assert count(STREAM, T0, T0 + 60_000, decided_ms, {"region": "us"}) == 0
+    assert count(STREAM, T0, T0 + 60_000, decided_ms, {}) == 2
+    assert count(STREAM, T0, T0 + 60_000, decided_ms, {"device": ""}) == 2  # a dimension a pane lacks reads as ""
+    assert count(STREAM, T0, T0 + 120_000, decided_ms, {}) == 3
+    assert count("orders", T0, T0 + 120_000, decided_ms, {}) == 0
+    assert count(STREAM, T0, T0 + 60_000, decided_ms - 1, {"endpoint": "/b"}) == 16_384 + 1
+    assert ctx.store.count_corrections(STREAM, T0 + 10_000, T0 + 20_000, decided_ms - 1, other) == 16_384

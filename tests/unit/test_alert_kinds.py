@@ -109,6 +109,24 @@ def test_an_empty_window_is_no_data(catalog):
     assert outcome.no_data and "no events in the window" in outcome.no_data
 
 
+def test_an_outcome_names_the_window_it_read_even_without_samples(catalog):
+    """What an instance without a sample of its own (a group gone, the rule without data) was
+    decided on: its history entry names that window and counts the corrections to it."""
+    final_end = NOW - LATENESS
+    read = (final_end - 60_000, final_end)
+    empty = evaluate_rule(threshold(catalog, group_by=["endpoint"]), FakeData(), catalog, NOW)
+    assert (empty.window_start_ms, empty.window_end_ms) == read
+    some = evaluate_rule(threshold(catalog), FakeData(windows={read: [wv(1.0)]}), catalog, NOW)
+    assert (some.window_start_ms, some.window_end_ms) == read
+    no_baseline = evaluate_rule(trend(catalog, threshold=2), FakeData(windows={read: [wv(1.0)]}), catalog, NOW)
+    assert no_baseline.no_data and (no_baseline.window_start_ms, no_baseline.window_end_ms) == read
+    both = FakeData(windows={read: [wv(3.0)], (read[0] - 60_000, read[0]): [wv(1.0)]})
+    paired = evaluate_rule(trend(catalog, threshold=2), both, catalog, NOW)
+    assert paired.samples and (paired.window_start_ms, paired.window_end_ms) == read
+    unread = evaluate_rule(threshold(catalog), FakeData(watermark=None), catalog, NOW)  # no window chosen
+    assert (unread.window_start_ms, unread.window_end_ms) == (None, None)
+
+
 def test_an_undefined_stat_is_no_data_for_that_instance(catalog):
     end = NOW - LATENESS
     data = FakeData(windows={(end - 60_000, end): [wv(None)]})

@@ -207,6 +207,40 @@ def test_groups_are_instances_and_a_vanished_group_resolves(catalog):
     assert [i.labels["endpoint"] for i in results[2].instances] == ["/a"]  # /b is Normal: not kept
 
 
+def test_a_vanished_group_resolves_on_the_window_the_evaluation_read(catalog):
+    """Its history entry names that window (not the firing's), with no revision: the group has
+    no panes there; corrections_since then counts corrections to the window it was decided on."""
+    rule = make_rule(catalog, group_by=["endpoint"])
+    both = Outcome([Sample({"endpoint": "/a"}, 150.5, True, T0 - 60_000, T0, 2),
+                    Sample({"endpoint": "/b"}, 300, True, T0 - 60_000, T0, 3)], window_start_ms=T0 - 60_000,
+                   window_end_ms=T0)
+    only_a = Outcome([Sample({"endpoint": "/a"}, 150.5, True, T0 - 50_000, T0 + STEP, 1)],
+                     window_start_ms=T0 - 50_000, window_end_ms=T0 + STEP)
+    [resolved] = run(rule, [both, only_a])[1].transitions
+    assert (resolved.labels["endpoint"], resolved.to_state) == ("/b", S.RESOLVED)
+    assert (resolved.window_start_ms, resolved.window_end_ms, resolved.revision) == (T0 - 50_000, T0 + STEP, None)
+
+
+def test_a_vanished_group_is_resolved_with_the_value_and_annotations_it_fired_with(catalog):
+    """Nothing is left to render {{ $value }} with: the resolved notice keeps the last firing
+    annotations (as Prometheus does), not "no data"; the history says the group is gone."""
+    rule = make_rule(catalog, group_by=["endpoint"], annotations={"summary": "p99 of {{ $labels.endpoint }} is {{ $value }}"})
+    results = run(rule, [Outcome([Sample({"endpoint": "/b"}, 300, True)]), Outcome([Sample({"endpoint": "/a"}, 5, False)])])
+    [resolved] = results[1].notices
+    assert (resolved.status, resolved.value, resolved.annotations) == ("resolved", 300, {"summary": "p99 of /b is 300"})
+    [gone] = results[1].transitions
+    assert gone.value is None and gone.reason == "no longer reported by the rule's query"
+
+
+def test_a_rule_without_data_in_the_window_it_read_names_that_window(catalog):
+    """An empty window is no data, but it is the window the decision read (corrections to it count)."""
+    rule = make_rule(catalog, group_by=["endpoint"])
+    [nodata] = run(rule, [Outcome.nodata("no events in the window", (T0 - 60_000, T0))])[0].transitions
+    assert nodata.to_state is S.NODATA and (nodata.window_start_ms, nodata.window_end_ms) == (T0 - 60_000, T0)
+    [unread] = run(rule, [Outcome.nodata("no events processed yet")])[0].transitions
+    assert (unread.window_start_ms, unread.window_end_ms) == (None, None)
+
+
 def test_history_records_each_change_once(catalog):
     rule = make_rule(catalog, **{"for": "10s"})
     results = run(rule, [value(150), value(150), value(150), value(50), value(50)])
