@@ -27,7 +27,7 @@ from alerts.rules import (
     against_ms,
 )
 from catalog import Catalog, StreamDef, format_duration_ms
-from catalog.features import watermark_trail_ms
+from catalog.features import sessions_base, watermark_trail_ms
 
 COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
            "==": operator.eq, "!=": operator.ne}
@@ -69,13 +69,27 @@ def metric_window(rule: ThresholdRule | TrendRule, data: AlertData, catalog: Cat
         end = (watermark + lateness) // pane * pane + pane  # the pane holding the newest event
     else:
         end = watermark // pane * pane
-    trail = watermark_trail_ms(catalog, stream.name)
-    behind = expected_window_end(stream, trail, now_ms, provisional=rule.provisional) - end
-    if behind > rule.stale_after:
+    base = sessions_base(catalog, stream.name)
+    if base is not None and (base_watermark := data.watermark(base.name)) is not None:
+        # A sessions stream's windows come as its sessions close: they trail by the sessions' own
+        # length too (users active for 10 minutes: 10 minutes more), which no trail declared in the
+        # catalog covers. Whether traffic comes and the pipeline keeps up is its base stream's to
+        # say; the newest final sessions window is read wherever it is.
+        if rule.provisional:
+            base_end = (base_watermark + base.allowed_lateness) // base.pane * base.pane + base.pane
+        else:
+            base_end = base_watermark // base.pane * base.pane
+        behind = expected_window_end(base, 0, now_ms, provisional=rule.provisional) - base_end
+        why = f", judged by {base.name}, whose sessions {stream.name} counts as they close"
+    else:
+        trail = watermark_trail_ms(catalog, stream.name)
+        behind = expected_window_end(stream, trail, now_ms, provisional=rule.provisional) - end
         # Say the trail was allowed for: "340s behind" must not read as the trail itself.
         why = (f", past the {format_duration_ms(trail)} by which {stream.name} trails {stream.derived_from}"
                if trail else "")
-        return Outcome.nodata(f"the newest {'window' if rule.provisional else 'final window'} ended"
+    if behind > rule.stale_after:
+        what = f"{base.name}'s newest" if base is not None else "the newest"
+        return Outcome.nodata(f"{what} {'window' if rule.provisional else 'final window'} ended"
                               f" {format_duration_ms(behind)} before expected (stale_after"
                               f" {format_duration_ms(rule.stale_after)}{why}): no traffic, or the pipeline is behind")
     return end - rule.window, end

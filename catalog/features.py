@@ -176,6 +176,15 @@ def watermark_trail_ms(catalog: Catalog, stream: str) -> int:
     return 0
 
 
+def sessions_base(catalog: Catalog, stream: str) -> StreamDef | None:
+    """The stream whose sessions `stream` holds (`<base>_sessions`), None for any other stream."""
+    spec = catalog.streams[stream]
+    base = catalog.streams.get(spec.derived_from) if spec.derived_from else None
+    if base is not None and base.sessions is not None and stream == sessions_stream_name(base.name):
+        return base
+    return None
+
+
 def check_generated_names(path: tuple, what: str, base: str, names: Iterable[str]) -> None:
     """Refuse at the declaration (`path`) a name too long for the stream and metric names it
     generates (`<base>_unmatched_right`, `<base>_session_duration`...), saying which one and how
