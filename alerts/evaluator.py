@@ -77,8 +77,10 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
             # so a notice sent meanwhile reads as the one that fired, not "no data".
             inst = replace(inst, reason="no longer reported by the rule's query; kept firing (keep_firing_for)")
         elif reading is Reading.FALSE:  # the group is gone: nothing to show but that, and the window read
-            inst = replace(inst, value=None, window_start_ms=outcome.window_start_ms,
-                           window_end_ms=outcome.window_end_ms, revision=None,
+            # (kinds without a metric window name none: the instance keeps the one it had)
+            read = outcome.window_start_ms is not None
+            inst = replace(inst, value=None, window_start_ms=outcome.window_start_ms if read else inst.window_start_ms,
+                           window_end_ms=outcome.window_end_ms if read else inst.window_end_ms, revision=None,
                            reason="no longer reported by the rule's query")
         # The data's own annotations (a match's events) stay with the instance until it resolves.
         inst = replace(inst, annotations={**inst.details, **render_all(rule.annotations, value=inst.value,
@@ -94,9 +96,12 @@ def evaluate(rule: Rule, outcome: Outcome, previous: dict[str, Instance], now_ms
         elif was.notifies_firing:  # resolved by this evaluation; it started when the previous spell did
             shown = replace(inst, active_since_ms=prev.active_since_ms)
             if sample is None and reading is Reading.FALSE:
-                # Its group is gone: no value to render. The receiver is told what it was told
-                # last, as Prometheus keeps a resolved alert's last firing annotations (not "no data").
-                shown = replace(shown, value=prev.value, annotations=prev.annotations)
+                # Its group is gone: no value of its own. The receiver is told the value it was told
+                # last, as Prometheus keeps a resolved alert's last value (not "no data"), rendered
+                # as resolved ({{ $state }} must not read "firing" in a resolved notice).
+                shown = replace(shown, value=prev.value, annotations={
+                    **inst.details, **render_all(rule.annotations, value=prev.value, labels=labels, rule=rule.name,
+                                                 state=inst.state.value)})
             notices.append(replace(_notice(shown, "resolved"), ends_at_ms=now_ms))
         if inst.state is not AlertState.NORMAL:
             instances.append(inst)

@@ -232,6 +232,26 @@ def test_a_vanished_group_is_resolved_with_the_value_and_annotations_it_fired_wi
     assert gone.value is None and gone.reason == "no longer reported by the rule's query"
 
 
+def test_a_vanished_groups_resolved_notice_is_rendered_as_resolved(catalog):
+    """{{ $state }} in the resolved notice of a group that is gone reads "resolved", with the value
+    it fired with (it read "firing": the firing notice's annotations were copied)."""
+    rule = make_rule(catalog, group_by=["endpoint"], annotations={"summary": "{{ $labels.endpoint }} is {{ $state }}"
+                                                                             " at {{ $value }}"})
+    results = run(rule, [Outcome([Sample({"endpoint": "/b"}, 300, True)]), Outcome([Sample({"endpoint": "/a"}, 5, False)])])
+    [resolved] = results[1].notices
+    assert (resolved.value, resolved.annotations) == (300, {"summary": "/b is resolved at 300"})
+
+
+def test_a_vanished_group_of_a_rule_without_a_metric_window_keeps_its_window(catalog):
+    """A rule kind whose outcome names no window read (patterns, absence, dead letters, lag): the
+    resolution of a group that is gone keeps the window the instance had, not none."""
+    rule = make_rule(catalog, group_by=["endpoint"])
+    results = run(rule, [Outcome([Sample({"endpoint": "/b"}, 300, True, T0 - 60_000, T0)]),
+                         Outcome([Sample({"endpoint": "/a"}, 5, False)])])
+    gone = [t for t in results[1].transitions if t.labels.get("endpoint") == "/b"]
+    assert [(t.window_start_ms, t.window_end_ms) for t in gone] == [(T0 - 60_000, T0)]
+
+
 def test_a_rule_without_data_in_the_window_it_read_names_that_window(catalog):
     """An empty window is no data, but it is the window the decision read (corrections to it count)."""
     rule = make_rule(catalog, group_by=["endpoint"])
