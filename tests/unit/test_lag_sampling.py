@@ -340,6 +340,15 @@ def _run_record(run_id: str, stream: str, at_ms: int):
                         target_offsets={})
 
 
+def demo_log_and_store(tmp_path, demo_catalog, store_backend):
+    """An embedded log with every demo stream's topic, a store, a clock at T0_S and its now in ms."""
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    for stream in demo_catalog.streams.values():
+        log.ensure_topic(stream)
+    clock = FakeClock(T0_S)
+    return log, store_backend.create(), clock, int(clock.now * 1000)
+
+
 def test_a_reprocessing_run_is_sampled_and_judged_on_the_streams_it_reads_only(tmp_path, demo_catalog,
                                                                                 store_backend):
     """A caught-up run of `orders` (docs/reprocessing.md: it shows in the lag's consumers like any
@@ -351,12 +360,7 @@ def test_a_reprocessing_run_is_sampled_and_judged_on_the_streams_it_reads_only(t
     from store.consumers import ConsumerRegistry
     from store.definitions import DefinitionStore
 
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    for stream in demo_catalog.streams.values():
-        log.ensure_topic(stream)
-    store = store_backend.create()
-    clock = FakeClock(T0_S)
-    now_ms = int(clock.now * 1000)
+    log, store, clock, now_ms = demo_log_and_store(tmp_path, demo_catalog, store_backend)
     append(log, demo_catalog, 6, now_ms)
     logins = demo_catalog.streams["logins"]
     log.append(logins, [EventValidator(logins).validate({"time": now_ms, "user_id": f"u{i}"}) for i in range(4)],
@@ -401,12 +405,7 @@ def test_a_round_reads_the_registry_once_and_samples_each_consumer_as_read_alone
     from store.definitions import DefinitionStore
     from store.namespace import ROOT
 
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    for stream in demo_catalog.streams.values():
-        log.ensure_topic(stream)
-    store = store_backend.create()
-    clock = FakeClock(T0_S)
-    now_ms = int(clock.now * 1000)
+    log, store, clock, now_ms = demo_log_and_store(tmp_path, demo_catalog, store_backend)
     append(log, demo_catalog, 8, now_ms - 3_000)
     append(log, demo_catalog, 4, now_ms - 1_000)
     ends = {p: o.end for p, o in log.offsets("orders").items()}
