@@ -76,8 +76,9 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 pipeline.catch_up(stopping.is_set)
         except Exception as exc:  # as a failed batch of the query below
             if stopping.is_set() and caused_by_stop(exc):  # refused by the closed gate, a retry given up on the stop
-                (log.info if isinstance(exc, Stopping) else log.warning)(
-                    "stopped; the batch under way is not recorded and runs again at the next start (%s)", exc)
+                (log.info if isinstance(exc, Stopping) else log.warning)(  # first_line: str() may ask a gone JVM
+                    "stopped; the batch under way is not recorded and runs again at the next start (%s)",
+                    first_line(exc))
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
                 return 0
             if stopping.is_set():  # a failure that came with the stop: a real one is not hidden behind it
