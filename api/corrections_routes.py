@@ -145,7 +145,7 @@ def router(ctx: ApiContext) -> APIRouter:
         if reason is not None and reason not in DEAD_LETTER_REASONS:
             raise bad_request("reason", f"unknown reason {reason!r}; reasons: {', '.join(DEAD_LETTER_REASONS)}")
         rows = ctx.store.dead_letters(stream=stream, reason=reason, limit=limit)
-        progress = ctx.store.progress(ctx.pipeline_name).streams
+        progress = ctx.store.progress(ctx.pipeline_name, row_counts=False).streams
         counts = {name: dict(s.dead_lettered_by_reason) for name, s in progress.items()
                   if stream is None or name == stream}
         return {

@@ -63,7 +63,7 @@ class PipelineFeed:
         now = time.monotonic()
         if self._last is not None and now - self._last[0] < self.interval_s:
             return []
-        progress = self.store.progress(self.pipeline)
+        progress = self.store.progress(self.pipeline, row_counts=False)  # every second: no scan of the panes
         log_end = lag = 0
         for name in self.catalog.streams:
             committed = progress.end_offsets.get(name, {})

@@ -55,8 +55,10 @@ def leader_status(ctx: ApiContext) -> dict | None:
             "this_replica": leadership.me, "leading": leadership.leading(), "error": leadership.last_error}
 
 
-def pipeline_status(ctx: ApiContext) -> dict:
-    progress = ctx.store.progress(ctx.pipeline_name)
+def pipeline_status(ctx: ApiContext, *, row_counts: bool = True) -> dict:
+    """GET /api/v1/pipeline's answer; `row_counts`: with each stream's panes and corrections counted
+    (a scan of every pane: PaneStore.progress), else those two are null."""
+    progress = ctx.store.progress(ctx.pipeline_name, row_counts=row_counts)
     # Before its first commit of a partition, the pipeline is where its first run started (pinned,
     # recorded in the consumer registry), not at the log's start: as the lag sampler sees it.
     registry = ctx.lag.registry if ctx.lag is not None else None
@@ -97,8 +99,8 @@ def pipeline_status(ctx: ApiContext) -> dict:
                                for d in ctx.catalog.streams[name].enrich} or None),
             # null: the stream declares no sessions (aggregates/session_batch.py)
             "open_sessions": open_sessions.get(name, 0) if name in sessioned else None,
-            "corrections": s.corrections if s else 0,
-            "panes": s.panes if s else 0,
+            "corrections": (s.corrections if s else 0) if row_counts else None,
+            "panes": (s.panes if s else 0) if row_counts else None,
             "lag_events": sum(p["lag_events"] for p in partitions.values()),
             "partitions": partitions,
         }
@@ -165,7 +167,7 @@ def router(ctx: ApiContext) -> APIRouter:
 def _pipeline_families(ctx: ApiContext) -> list:
     """Counters, log and lag in events, watermarks, joins and patterns: the log's offsets and the
     store's progress (pipeline_status)."""
-    status = pipeline_status(ctx)
+    status = pipeline_status(ctx, row_counts=False)  # each scrape: the counts are not exported
     registry = CollectorRegistry()
     in_log = Gauge("sketchboard_log_events", "Events retained in the log", ["stream"], registry=registry)
     lag = Gauge("sketchboard_lag_events", "Events in the log not yet aggregated", ["stream", "partition"],

@@ -73,7 +73,7 @@ class StoreCommitted:
         self.registry = registry
 
     def committed(self) -> Committed:
-        progress = self.store.progress(self.pipeline)
+        progress = self.store.progress(self.pipeline, row_counts=False)
         start = self.registry.starts(self.pipeline) if self.registry is not None else {}
         return Committed(with_start(progress.end_offsets, start), progress.last_commit_ms)
 

@@ -47,7 +47,7 @@ def read_by_every_reader(ctx: ApiContext) -> dict[str, dict[int, int]]:
     it fails) is at its recorded start (the registry's `starts`): held back there, not left out,
     since it may already have stored rows whose deletes it has not read. A reader that has read
     none of a partition and recorded no start stored nothing of it: it does not hold the others back."""
-    through = {stream: dict(parts) for stream, parts in ctx.store.progress(ctx.pipeline_name).end_offsets.items()}
+    through = {stream: dict(parts) for stream, parts in ctx.store.progress(ctx.pipeline_name, row_counts=False).end_offsets.items()}
     registry = ctx.lag.registry if ctx.lag is not None else None  # the log's other consumers (fan-out)
     if registry is not None:
         for consumer in registry.consumers():

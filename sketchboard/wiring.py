@@ -520,7 +520,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     pipeline.start_listeners.append(lambda start: registry.record_start(name, start))
     pipeline.notify_start(pipeline.pinned_start())  # pinned by an earlier run (or by Spark's source)
     # A crash between the store's commit and the copies: make them now (the batch is skipped on replay).
-    progress = store.progress(name)
+    progress = store.progress(name, row_counts=False)
     if progress.last_batch_id is not None:
         pipeline.notify_listeners(progress.last_batch_id, progress.end_offsets,
                                   progress.last_commit_ms or int(time.time() * 1000))

@@ -211,15 +211,20 @@ class StreamProgress:
     watermark_ms: int | None
     max_event_ms: int | None
     events_aggregated: int
-    panes: int
+    panes: int | None  # None: not counted (PaneStore.progress's row_counts)
     events_read: int = 0
     events_dead_lettered: int = 0
     dead_lettered_by_reason: Mapping[str, int] = field(default_factory=dict)
-    corrections: int = 0
+    corrections: int | None = 0  # likewise
     partitions: Mapping[int, PartitionProgress] = field(default_factory=dict)
     held_by_partition: int | None = None  # the partition whose unread records hold the watermark back
     duplicates_dropped: int = 0  # events dropped as copies of an event id counted before (event_id_field)
     enrich_misses: dict[str, int] = field(default_factory=dict)  # per table: events enriched with "" (no row)
+
+
+def counted(counts: Mapping[str, int] | None, stream: str) -> int | None:
+    """A stream's count in `counts` (0 when it has none), None when nothing was counted."""
+    return None if counts is None else counts.get(stream, 0)
 
 
 @dataclass(frozen=True)
@@ -365,7 +370,12 @@ class PaneStore(ABC):
         """Dead letters per stream committed in [start_ms, end_ms) (what alert rules watch)."""
 
     @abstractmethod
-    def progress(self, pipeline: str) -> PipelineProgress: ...
+    def progress(self, pipeline: str, *, row_counts: bool = True) -> PipelineProgress:
+        """The pipeline's counters, offsets and per-stream progress, as one commit left them.
+        `row_counts`: also count each stream's panes and corrections, which reads every pane
+        (~130 ms at a day of 3 M events on SQLite): GET /api/v1/pipeline shows them; what polls
+        progress (the websocket's pipeline feed every second, lag rounds, /metrics scrapes) passes
+        False and gets None for both."""
 
     @abstractmethod
     def table_row(self, stream: str, key: str) -> TableRow | None:

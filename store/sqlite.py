@@ -30,6 +30,7 @@ from store.base import (
     PipelineProgress,
     StoredDeadLetter,
     StreamProgress,
+    counted,
 )
 from store import event_ids
 from store import joins as join_store
@@ -393,42 +394,56 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return event_ids.lookup(self._conn.cursor(), stream, ids, "?")
 
-    def progress(self, pipeline: str) -> PipelineProgress:
-        with self._lock, read_snapshot(self._conn):  # one commit's counters, offsets and progress
-            last_id, last_at, batches, events = self._conn.execute(
-                "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)"
-                " FROM batches WHERE pipeline = ?",
-                (pipeline,),
-            ).fetchone()
-            offsets: dict[str, dict[int, int]] = defaultdict(dict)
-            for stream, partition, end in self._conn.execute(
-                "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = ?", (pipeline,)
-            ):
-                offsets[stream][partition] = end
-            pane_counts = dict(self._conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
-            correction_counts = dict(self._conn.execute(
+    def progress(self, pipeline: str, *, row_counts: bool = True) -> PipelineProgress:
+        if not row_counts:
+            with self._lock, read_snapshot(self._conn):  # one commit's counters, offsets and progress
+                return self._progress(self._conn, pipeline, row_counts=False)
+        # Counting the panes reads every one (~130 ms at a day of 3 M events): on a connection of its
+        # own, so that the queries sharing this store's connection do not wait behind the count.
+        conn = open_connection(self.path, synchronous=None, busy_timeout_s=self._busy_timeout_s)
+        try:
+            with read_snapshot(conn):
+                return self._progress(conn, pipeline, row_counts=True)
+        finally:
+            conn.close()
+
+    def _progress(self, conn, pipeline: str, *, row_counts: bool) -> PipelineProgress:
+        last_id, last_at, batches, events = conn.execute(
+            "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)"
+            " FROM batches WHERE pipeline = ?",
+            (pipeline,),
+        ).fetchone()
+        offsets: dict[str, dict[int, int]] = defaultdict(dict)
+        for stream, partition, end in conn.execute(
+            "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = ?", (pipeline,)
+        ):
+            offsets[stream][partition] = end
+        pane_counts = correction_counts = None
+        if row_counts:
+            pane_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
+            correction_counts = dict(conn.execute(
                 "SELECT stream, COUNT(*) FROM corrections GROUP BY stream").fetchall())
-            by_reason: dict[str, dict[str, int]] = defaultdict(dict)
-            for stream, reason, n in self._conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
-                by_reason[stream][reason] = n
-            duplicates = event_ids.duplicate_counts(self._conn.cursor())
-            misses = table_versions.miss_counts(self._conn.cursor())
-            partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
-            for stream, p, mx, read, end, progress_ms, state in self._conn.execute(
-                "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
-                " FROM partition_watermarks"
-            ):
-                partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
-            streams = {
-                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
-                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
-                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
-                                       misses.get(stream, {}))
-                for stream, wm, mx, agg, read, dead, held_by in self._conn.execute(
-                    "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
-                    " held_by_partition FROM stream_progress"
-                )
-            }
+        by_reason: dict[str, dict[str, int]] = defaultdict(dict)
+        for stream, reason, n in conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
+            by_reason[stream][reason] = n
+        duplicates = event_ids.duplicate_counts(conn.cursor())
+        misses = table_versions.miss_counts(conn.cursor())
+        partitions: dict[str, dict[int, PartitionProgress]] = defaultdict(dict)
+        for stream, p, mx, read, end, progress_ms, state in conn.execute(
+            "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
+            " FROM partition_watermarks"
+        ):
+            partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
+        streams = {
+            stream: StreamProgress(stream, wm, mx, agg, counted(pane_counts, stream), read, dead,
+                                   dict(by_reason.get(stream, {})), counted(correction_counts, stream),
+                                   dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
+                                   misses.get(stream, {}))
+            for stream, wm, mx, agg, read, dead, held_by in conn.execute(
+                "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
+                " held_by_partition FROM stream_progress"
+            )
+        }
         return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)
 
     def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,

@@ -35,6 +35,7 @@ from store.base import (
     PipelineProgress,
     StoredDeadLetter,
     StreamProgress,
+    counted,
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
@@ -367,7 +368,7 @@ class PostgresPaneStore(PaneStore):
     def watermarks(self) -> dict[str, int]:
         return dict(self._all("SELECT stream, watermark_ms FROM stream_progress WHERE watermark_ms IS NOT NULL"))
 
-    def progress(self, pipeline: str) -> PipelineProgress:
+    def progress(self, pipeline: str, *, row_counts: bool = True) -> PipelineProgress:
         with self._pool.connection() as conn, snapshot(conn):  # one snapshot of every table
             last_id, last_at, batches, events = conn.execute(
                 "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)::bigint"
@@ -376,8 +377,11 @@ class PostgresPaneStore(PaneStore):
             for stream, partition, end in conn.execute(
                     "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = %s", (pipeline,)):
                 offsets[stream][partition] = end
-            pane_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
-            correction_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM corrections GROUP BY stream").fetchall())
+            pane_counts = correction_counts = None
+            if row_counts:  # a scan of every pane: asked by GET /api/v1/pipeline only (PaneStore.progress)
+                pane_counts = dict(conn.execute("SELECT stream, COUNT(*) FROM panes GROUP BY stream").fetchall())
+                correction_counts = dict(conn.execute(
+                    "SELECT stream, COUNT(*) FROM corrections GROUP BY stream").fetchall())
             by_reason: dict[str, dict[str, int]] = defaultdict(dict)
             for stream, reason, n in conn.execute("SELECT stream, reason, count FROM dead_letter_counts"):
                 by_reason[stream][reason] = n
@@ -390,8 +394,8 @@ class PostgresPaneStore(PaneStore):
                     " FROM partition_watermarks"):
                 partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
             streams = {
-                stream: StreamProgress(stream, wm, mx, agg, pane_counts.get(stream, 0), read, dead,
-                                       dict(by_reason.get(stream, {})), correction_counts.get(stream, 0),
+                stream: StreamProgress(stream, wm, mx, agg, counted(pane_counts, stream), read, dead,
+                                       dict(by_reason.get(stream, {})), counted(correction_counts, stream),
                                        dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
                                        misses.get(stream, {}))
                 for stream, wm, mx, agg, read, dead, held_by in conn.execute(

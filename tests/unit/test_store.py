@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from store import (
     PaneData,
     PanePartial,
     PaneStore,
+    SqlitePaneStore,
     ValueStats,
     dims_key,
 )
@@ -322,6 +324,33 @@ def test_progress(store: PaneStore) -> None:
     )
     assert store.progress("other").batches == 0
     assert store.progress("other").end_offsets == {}
+
+
+def test_progress_without_row_counts_is_the_same_without_the_pane_and_correction_counts(store: PaneStore) -> None:
+    """What polls progress (the websocket's pipeline feed every second, lag rounds, /metrics
+    scrapes) asks it without the counts of panes and corrections, which read every pane: the
+    same answer, with None for those two."""
+    store.commit_batch(commit(0, [partial(T0, {"e": "/a"}, make_data([1.0])), partial(T0, {"e": "/b"}, make_data([2.0]))],
+                              max_event={"http": T0 + 9_000}, offsets={"http": {0: 2}}),
+                       lateness_ms=LATENESS, now_ms=T0 + 1_000)
+    counted, light = store.progress("main"), store.progress("main", row_counts=False)
+    assert (counted.streams["http"].panes, counted.streams["http"].corrections) == (2, 0)
+    assert light == dataclasses.replace(counted, streams={
+        name: dataclasses.replace(s, panes=None, corrections=None) for name, s in counted.streams.items()})
+
+
+def test_counting_the_panes_leaves_the_sqlite_stores_connection_to_the_queries(tmp_path) -> None:
+    """GET /api/v1/pipeline counts every pane (~130 ms at a day of 3 M events): on a connection
+    of its own, so that the queries sharing the store's connection behind its lock (REST, the
+    websocket hub) do not wait for the count. They did, once a second (the pipeline feed's
+    poll): a cheap query's p99 was 140 ms under 50 websocket clients, 21 ms without."""
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    store.commit_batch(commit(0, [partial(T0, {"e": "/a"}, make_data([1.0]))], max_event={"http": T0 + 9_000},
+                              offsets={"http": {0: 1}}), lateness_ms=LATENESS, now_ms=T0 + 1_000)
+    with ThreadPoolExecutor(1) as pool, store._lock:  # a query holds the store's connection meanwhile
+        counted = pool.submit(store.progress, "main").result(timeout=10)
+    assert (counted.last_batch_id, counted.streams["http"].panes) == (0, 1)
+    store.close()
 
 
 def test_progress_is_what_one_commit_left_while_another_process_commits(store: PaneStore, store_backend,
