@@ -305,11 +305,13 @@ def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: st
     out: list[Series] = []
     for group in sorted(buckets):
         per_group = buckets[group]
+        if stride == width == 1:  # tumbling: each window is one bucket, nothing to merge
+            out.append(Series(group=dict(zip(group_by, group)), points=_tumbling_sketch_points(
+                per_group, kind, stat, quantile, start_ms, end_ms, step_ms, window_ms, watermark_ms)))
+            continue
         for acc in per_group.values():
             _close_bucket(acc, kind)
-        if stride == width == 1:  # tumbling: each window is one bucket, nothing to merge
-            windows = [per_group.get(i) for i in range(n_points)]
-        elif kind == "kll":
+        if kind == "kll":
             windows = _slide_kll(sorted(per_group.items()), n_points, stride, width)
         else:
             windows = _slide(sorted(per_group.items()), n_points, stride, width, combine, absorb)
@@ -319,6 +321,22 @@ def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: st
         ]
         out.append(Series(group=dict(zip(group_by, group)), points=points))
     return out
+
+
+def _tumbling_sketch_points(per_group: dict[int, _Acc], kind: str, stat: str, quantile: float | None, start_ms: int,
+                            end_ms: int, step_ms: int, window_ms: int, watermark_ms: int | None) -> list[Point]:
+    """A tumbling window's points, each bucket's sketch made, asked and let go in turn: a day of
+    1-minute KLLs held at once, with the sorted view each builds for its quantile, was ~25 MB
+    that a query's process faulted in (and glibc gave back) at every cold query, ~40 ms of it."""
+    points = []
+    for i, t in enumerate(window_points(start_ms, end_ms, step_ms)):
+        acc = per_group.get(i)
+        if acc is not None:
+            _close_bucket(acc, kind)
+        points.append(_point(t, acc, stat, kind, quantile, window_ms, watermark_ms))
+        if acc is not None:
+            acc.sketch = None
+    return points
 
 
 def _check(

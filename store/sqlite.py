@@ -329,10 +329,10 @@ class SqlitePaneStore(PaneStore):
     def read_tier_sketch(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                          field: str, kind: str, pane_ms: int | None = None) -> list[SketchRow]:
         table, where, args = self._tier_table(stream, granule_ms, proj, pane_ms)
-        with self._lock:
-            rows = self._conn.execute(row_codec.sketch_rows_select(table, f"{where} AND start_ms >= ? AND start_ms < ?"),
-                                      (*args, start_ms, end_ms)).fetchall()
-        return row_codec.sketch_rows(rows, field, kind)
+        with self._lock:  # each row's sketch taken as the row is read: a day's whole blobs are never all held
+            return row_codec.sketch_rows(self._conn.execute(
+                row_codec.sketch_rows_select(table, f"{where} AND start_ms >= ? AND start_ms < ?"),
+                (*args, start_ms, end_ms)), field, kind)
 
     def aggregate_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *, origin_ms: int,
                        bucket_ms: int, group_by: Sequence[str] = (), filters: Mapping[str, str] | None = None,

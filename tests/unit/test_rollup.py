@@ -421,3 +421,51 @@ def test_sliding_percentiles_equal_the_merge_of_each_windows_panes(events, step_
         assert p.value == (want.value if want else None)
         assert p.error == (ErrorBound("kll", lower=want.lower, upper=want.upper, rank_error=want.rank_error)
                            if want else None)
+
+
+@pytest.mark.parametrize("stat, kind", [("p99", KllSketch), ("distinct", HllSketch)])
+def test_a_tumbling_sketch_rollup_holds_one_buckets_sketch_at_a_time(stat, kind, monkeypatch):
+    """A cold day at 1-minute steps is 1 440 rows, each its bucket's sketch: made, asked for its
+    point and let go one after the other, not all held at once with the sorted views their
+    quantiles build (~25 MB a query faulted in and gave back). The points are the same."""
+    import gc
+    import weakref
+
+    import store.rollup as rollup_module
+    from store.rollup import SketchRow, rollup_sketch_rows
+
+    t0 = 1_700_000_040_000
+    rows = []
+    for i in range(30):
+        sketch = kind()
+        for v in range(50):
+            sketch.update(float(i * 100 + v) if kind is KllSketch else f"u{i}-{v}")
+        rows.append(SketchRow(t0 + i * 60_000, "{}", 50, 1, sketch.to_bytes(), 1))
+    ask = dict(stat=stat, quantile=0.99 if stat == "p99" else None, value_field="v" if stat == "p99" else None,
+               distinct_field="u" if stat == "distinct" else None, start_ms=t0, end_ms=t0 + 30 * 60_000,
+               step_ms=60_000, window_ms=None, pane_ms=10_000)
+    alive: list[weakref.ref] = []
+    most = 0
+
+    def tracking(make):
+        def made(*args):
+            sketch = make(*args)
+            alive.append(weakref.ref(sketch))
+            return sketch
+        return made
+
+    def counting(point):
+        def counted(*args):
+            nonlocal most
+            gc.collect()
+            most = max(most, sum(ref() is not None for ref in alive))
+            return point(*args)
+        return counted
+
+    expected = rollup_sketch_rows(rows, **ask)
+    monkeypatch.setattr(kind, "merge_all", tracking(kind.merge_all))
+    monkeypatch.setattr(kind, "from_bytes", tracking(kind.from_bytes))
+    monkeypatch.setattr(rollup_module, "_point", counting(rollup_module._point))
+    [series] = rollup_sketch_rows(rows, **ask)
+    assert [series] == expected and len(series.points) == 30 and all(p.value for p in series.points)
+    assert len(alive) == 30 and most == 1
