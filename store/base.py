@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -225,6 +225,22 @@ class StreamProgress:
 def counted(counts: Mapping[str, int] | None, stream: str) -> int | None:
     """A stream's count in `counts` (0 when it has none), None when nothing was counted."""
     return None if counts is None else counts.get(stream, 0)
+
+
+def streams_progress(rows: Iterable[tuple], *, pane_counts: Mapping[str, int] | None,
+                     correction_counts: Mapping[str, int] | None, by_reason: Mapping[str, Mapping[str, int]],
+                     partitions: Mapping[str, Mapping[int, PartitionProgress]], duplicates: Mapping[str, int],
+                     misses: Mapping[str, dict[str, int]]) -> dict[str, StreamProgress]:
+    """Each stream's progress from its stream_progress row (stream, watermark, max event, events
+    aggregated, read and dead-lettered, the partition holding it) and the counters read beside it
+    in the same snapshot (both stores' PaneStore.progress)."""
+    return {
+        stream: StreamProgress(stream, wm, mx, agg, counted(pane_counts, stream), read, dead,
+                               dict(by_reason.get(stream, {})), counted(correction_counts, stream),
+                               dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
+                               misses.get(stream, {}))
+        for stream, wm, mx, agg, read, dead, held_by in rows
+    }
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,7 @@ from store.base import (
     PartitionProgress,
     PipelineProgress,
     StoredDeadLetter,
-    StreamProgress,
-    counted,
+    streams_progress,
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
@@ -393,15 +392,12 @@ class PostgresPaneStore(PaneStore):
                     "SELECT stream, partition, max_event_ms, read_offset, log_end_offset, last_progress_ms, state"
                     " FROM partition_watermarks"):
                 partitions[stream][p] = PartitionProgress(PartitionMark(mx, read, end, progress_ms), state)
-            streams = {
-                stream: StreamProgress(stream, wm, mx, agg, counted(pane_counts, stream), read, dead,
-                                       dict(by_reason.get(stream, {})), counted(correction_counts, stream),
-                                       dict(partitions.get(stream, {})), held_by, duplicates.get(stream, 0),
-                                       misses.get(stream, {}))
-                for stream, wm, mx, agg, read, dead, held_by in conn.execute(
+            streams = streams_progress(
+                conn.execute(
                     "SELECT stream, watermark_ms, max_event_ms, events_aggregated, events_read, events_dead_lettered,"
-                    " held_by_partition FROM stream_progress")
-            }
+                    " held_by_partition FROM stream_progress"),
+                pane_counts=pane_counts, correction_counts=correction_counts, by_reason=by_reason, partitions=partitions,
+                duplicates=duplicates, misses=misses)
         return PipelineProgress(pipeline, last_id, last_at, batches, events, dict(offsets), streams)
 
     def corrections(self, *, stream: str | None = None, start_ms: int | None = None, end_ms: int | None = None,
