@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -309,11 +309,11 @@ def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: st
             out.append(Series(group=dict(zip(group_by, group)), points=_tumbling_sketch_points(
                 per_group, kind, stat, quantile, start_ms, end_ms, step_ms, window_ms, watermark_ms)))
             continue
-        for acc in per_group.values():
-            _close_bucket(acc, kind)
-        if kind == "kll":
-            windows = _slide_kll(sorted(per_group.items()), n_points, stride, width)
+        if kind == "kll":  # its buckets closed as the windows reach them, each window's point made as it is
+            windows: Iterable[_Acc | None] = _slide_kll(sorted(per_group.items()), n_points, stride, width)
         else:
+            for acc in per_group.values():
+                _close_bucket(acc, kind)
             windows = _slide(sorted(per_group.items()), n_points, stride, width, combine, absorb)
         points = [
             _point(t, acc, stat, kind, quantile, window_ms, watermark_ms)
@@ -658,15 +658,17 @@ def _range_max(values: np.ndarray, first: np.ndarray, last: np.ndarray) -> np.nd
     return out
 
 
-def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width: int) -> list[_Acc | None]:
-    """_slide for KLL buckets, with the same sketch merges in the same order (so the same answers),
-    less its per-merge objects: the windows' counts and revisions are prefix sums and sliding
-    maxima over the buckets, and the two stacks hold bare sketches. A day's 1 h window at 1-minute
-    steps makes ~4 300 merges; building an accumulator and calling a combiner for each was ~15 %
-    of that query's time."""
+def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width: int) -> Iterator[_Acc | None]:
+    """_slide for KLL buckets (not yet closed), with the same sketch merges in the same order (so
+    the same answers), less its per-merge objects: the windows' counts and revisions are prefix
+    sums and sliding maxima over the buckets, and the two stacks hold bare sketches. A day's 1 h
+    window at 1-minute steps makes ~4 300 merges; building an accumulator and calling a combiner
+    for each was ~15 % of that query's time. A bucket's sketch is made when the window reaches it
+    and the windows are yielded one by one: a day's 1 441 bucket sketches and 1 440 window merges,
+    all held at once with their sorted views, were ~30 MB a cold query faulted in."""
     n_buckets = (n_points - 1) * stride + width
     kept = [(idx, acc) for idx, acc in items if 0 <= idx < n_buckets]  # items: sorted by index
-    sketches = [(idx, acc.sketch) for idx, acc in kept if acc.sketch is not None]
+    sketches = [(idx, acc) for idx, acc in kept if acc.blobs is not None or acc.sketch is not None]
     # Over the buckets that hold rows only, as store/series.py's fingerprints: dense arrays of every
     # bucket cost the window's length (a 36 500-day window over 10 s panes: 315 M buckets, gigabytes).
     at = np.array([idx for idx, _ in kept], dtype=np.int64)
@@ -677,7 +679,6 @@ def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width:
     window_present = (last - first).tolist()
     window_revisions = _range_max(np.array([acc.revision for _, acc in kept], dtype=np.int64), first, last).tolist()
 
-    out: list[_Acc | None] = []
     front: list[tuple[int, KllSketch]] = []  # (index, merge of it and all newer front sketches); oldest last
     back: list[tuple[int, KllSketch]] = []
     back_merged: KllSketch | None = None  # this function's own: merged into in place
@@ -700,14 +701,17 @@ def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width:
                 back_merged = None
             front.pop()
         while j < len(sketches) and sketches[j][0] < hi:  # admit what the window reached
-            back.append(sketches[j])
+            idx, acc = sketches[j]
+            _close_bucket(acc, "kll")
+            admitted, acc.sketch = acc.sketch, None  # held by the stacks only, let go once they drop it
+            back.append((idx, admitted))
             if back_merged is None:
-                back_merged = sketches[j][1].copy()
+                back_merged = admitted.copy()
             else:
-                back_merged.merge_in(sketches[j][1])
+                back_merged.merge_in(admitted)
             j += 1
         if not window_present[i]:
-            out.append(None)
+            yield None
             continue
         top = front[-1][1] if front else None
         if top is None:
@@ -716,8 +720,7 @@ def _slide_kll(items: list[tuple[int, _Acc]], n_points: int, stride: int, width:
             sketch = top
         else:
             sketch = KllSketch.merge_all([top, back_merged])
-        out.append(_Acc(window_counts[i], window_revisions[i], sketch=sketch))
-    return out
+        yield _Acc(window_counts[i], window_revisions[i], sketch=sketch)
 
 
 def _point(

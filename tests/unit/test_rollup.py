@@ -424,7 +424,7 @@ def test_sliding_percentiles_equal_the_merge_of_each_windows_panes(events, step_
 
 
 @pytest.mark.parametrize("stat, kind", [("p99", KllSketch), ("distinct", HllSketch)])
-def test_a_tumbling_sketch_rollup_holds_one_buckets_sketch_at_a_time(stat, kind, monkeypatch):
+def test_a_sketch_rollup_holds_the_sketches_of_a_window_not_of_the_whole_range(stat, kind, monkeypatch):
     """A cold day at 1-minute steps is 1 440 rows, each its bucket's sketch: made, asked for its
     point and let go one after the other, not all held at once with the sorted views their
     quantiles build (~25 MB a query faulted in and gave back). The points are the same."""
@@ -438,9 +438,9 @@ def test_a_tumbling_sketch_rollup_holds_one_buckets_sketch_at_a_time(stat, kind,
     rows = []
     for i in range(30):
         sketch = kind()
-        for v in range(50):
+        for v in range(30):  # a window of 5 rows holds 150 items: under k, no (random) compaction
             sketch.update(float(i * 100 + v) if kind is KllSketch else f"u{i}-{v}")
-        rows.append(SketchRow(t0 + i * 60_000, "{}", 50, 1, sketch.to_bytes(), 1))
+        rows.append(SketchRow(t0 + i * 60_000, "{}", 30, 1, sketch.to_bytes(), 1))
     ask = dict(stat=stat, quantile=0.99 if stat == "p99" else None, value_field="v" if stat == "p99" else None,
                distinct_field="u" if stat == "distinct" else None, start_ms=t0, end_ms=t0 + 30 * 60_000,
                step_ms=60_000, window_ms=None, pane_ms=10_000)
@@ -469,3 +469,13 @@ def test_a_tumbling_sketch_rollup_holds_one_buckets_sketch_at_a_time(stat, kind,
     [series] = rollup_sketch_rows(rows, **ask)
     assert [series] == expected and len(series.points) == 30 and all(p.value for p in series.points)
     assert len(alive) == 30 and most == 1
+    if kind is KllSketch:  # a sliding window of 5 buckets: its buckets' sketches, not the day's, at a point
+        alive.clear()
+        most = 0
+        sliding = {**ask, "window_ms": 5 * 60_000}
+        monkeypatch.undo()
+        expected = rollup_sketch_rows(rows, **sliding)
+        monkeypatch.setattr(kind, "from_bytes", tracking(kind.from_bytes))
+        monkeypatch.setattr(rollup_module, "_point", counting(rollup_module._point))
+        assert rollup_sketch_rows(rows, **sliding) == expected
+        assert len(alive) == 30 and most <= 2 * 5
