@@ -34,6 +34,7 @@ from sketches import DEFAULT_K, KllSketch
 from store import BatchCommit, PaneData, PanePartial, PaneStore, ValueStats
 from store.joins import JoinCommit, JoinEvent
 from store.panes import advance_watermark, pane_start
+from store.commit_plan import partition_clock_ms
 from store.watermarks import advance_stream
 
 LATENCY = "latency_ms"
@@ -230,8 +231,11 @@ def stream_watermarks_after(store: PaneStore, catalog: Catalog, streams: Iterabl
     """Each of `streams`' watermark once this batch is committed, by the rule the store's
     commit applies (store/commit_plan.py): per partition where the commit carries partition
     marks (a partition with unread records holds it back), else its newest event - lateness.
-    (The joins' clock, and what closes sessions: aggregates/session_batch.py.)"""
+    (The joins' clock, and what closes sessions: aggregates/session_batch.py.) Idle partitions
+    are judged at the instant the store's commit judges them (`partition_clock_ms`: the commit's
+    `batch_now_ms`; `now_ms` only for a commit without one), so what closes here is what is stored."""
     before = store.progress(commit.pipeline).streams
+    judged_ms = partition_clock_ms(commit, now_ms)
     out: dict[str, int | None] = {}
     for name in streams:
         stream, stored = catalog.streams[name], before.get(name)
@@ -241,7 +245,7 @@ def stream_watermarks_after(store: PaneStore, catalog: Catalog, streams: Iterabl
             _, after = advance_stream(
                 previous, marks, batch_max_event_ms=commit.partition_max_event_ms[name],
                 read_offsets=commit.end_offsets.get(name, {}), log_end_offsets=commit.log_end_offsets.get(name, {}),
-                lateness_ms=stream.allowed_lateness, now_ms=now_ms,
+                lateness_ms=stream.allowed_lateness, now_ms=judged_ms,
                 idle_timeout_ms=(idle_timeout_ms or {}).get(name, stream.partition_idle_timeout))
             out[name] = after.watermark_ms
         else:

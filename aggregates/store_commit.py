@@ -34,7 +34,10 @@ class StoreCommitter:
                idle_timeout_ms: Mapping[str, int] | None = None,
                membership_bucket_ms: Mapping[str, int] | None = None) -> CommitResult:
         """Commit until the store takes it (or the pipeline stops: the error is raised, the batch is
-        not recorded and Spark replays it at the next start). `now` is read at each try."""
+        not recorded and Spark replays it at the next start). `now` is read at each try: the
+        store's clock at the commit, for when the store took it (committed_at_ms, change and
+        correction times); the watermark's idle partitions are judged at the batch's own
+        `batch_now_ms`, as its sessions and joins judged them (store/commit_plan.py partition_clock_ms)."""
         return commit_with_retry(
             lambda: self.store.commit_batch(commit, lateness_ms=lateness_ms, now_ms=int(self.clock() * 1000),
                                             retention_ms=retention_ms, idle_timeout_ms=idle_timeout_ms,

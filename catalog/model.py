@@ -55,6 +55,10 @@ MIN_DEDUP_WINDOW_MS = 1_000
 
 # How long a partition may go unread before it stops holding the stream's watermark back.
 DEFAULT_PARTITION_IDLE_TIMEOUT_MS = 300_000
+# Below a second even a partition read in the batch being committed is idle by the next one (0:
+# at once): no partition ever holds the watermark, and panes turn final while a partition still
+# holds their events. So 0 is refused, not taken as "off".
+MIN_PARTITION_IDLE_TIMEOUT_MS = 1_000
 
 
 class StreamDef(BaseModel):
@@ -352,6 +356,18 @@ class Catalog(BaseModel):
     def _check_references(self) -> Catalog:
         if not self.streams:
             raise ValueError("at least one stream must be declared")
+        # Checked on the catalog, not on StreamDef: a stream declaration stored before this bound
+        # (catalog/versions.py stored_stream) still parses, and a configured catalog takes its own
+        # partition_idle_timeout (a layout field) in place of the stored one.
+        for name, stream in self.streams.items():
+            if stream.partition_idle_timeout < MIN_PARTITION_IDLE_TIMEOUT_MS:
+                raise CatalogReferenceError(
+                    ("streams", name, "partition_idle_timeout"),
+                    f"must be at least {format_duration_ms(MIN_PARTITION_IDLE_TIMEOUT_MS)}, not"
+                    f" {format_duration_ms(stream.partition_idle_timeout)}: a partition with unread records stops"
+                    " holding the stream's watermark once nothing was read from it for this long, so a shorter"
+                    " timeout leaves out partitions still being read and turns panes final while they hold"
+                    " events for them")
         for name, metric in self.metrics.items():
             stream = self.streams.get(metric.stream)
             if stream is None:

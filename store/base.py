@@ -83,7 +83,8 @@ class BatchCommit:
     dead_letters: Sequence[DeadLetter] = ()
     read_by_stream: Mapping[str, int] = field(default_factory=dict)
     dead_by_stream: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    # The pipeline clock at the start of the batch: panes ending before now - retention are dropped.
+    # The pipeline clock at the start of the batch: panes ending before now - retention are dropped,
+    # and partitions are judged idle at it (store/commit_plan.py partition_clock_ms).
     batch_now_ms: int | None = None
     # Bloom filter bits and first-seen counts (store/bloom.py), saved in the same transaction.
     bloom: BloomCommit | None = None
@@ -268,7 +269,10 @@ class PaneStore(ABC):
         (of membership_bucket_ms per stream) wholly before it and the first-seen counts no kept pane
         or tier row serves any more (store.commit_plan.bloom_horizons). The watermark is per
         partition where the commit carries partition marks (store/watermarks.advance_stream,
-        with idle_timeout_ms per stream, default the catalog's DEFAULT_PARTITION_IDLE_TIMEOUT_MS)."""
+        with idle_timeout_ms per stream, default the catalog's DEFAULT_PARTITION_IDLE_TIMEOUT_MS),
+        idle partitions judged at the commit's batch_now_ms where it has one (else now_ms:
+        store.commit_plan.partition_clock_ms). now_ms, the store's clock at the commit, stamps
+        when the store took the batch (changes, corrections, dead letters, committed_at_ms)."""
 
     @abstractmethod
     def last_batch_id(self, pipeline: str) -> int | None: ...

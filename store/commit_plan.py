@@ -173,14 +173,32 @@ def _fresh_rows(cols: PartialColumns, stored: Mapping[PaneId, object], watermark
     return fresh
 
 
+def partition_clock_ms(commit: BatchCommit, now_ms: int) -> int:
+    """The one instant a batch's partition marks are judged and stamped at (store/watermarks.py:
+    which partitions are idle, and `last_progress_ms` of those it read): the batch's own
+    `batch_now_ms`, or `now_ms` (the store's clock at the commit) for a commit without one.
+
+    Not the commit's clock, for two reasons. The batch's own steps judge the stream's watermark
+    after the batch before it is committed (aggregates/joins.py `stream_watermarks_after`: what
+    closes sessions and is the joins' clock) at `batch_now_ms`; judged at the commit's clock, a
+    batch straddling a partition's idle timeout closed sessions on one watermark and stored
+    another. And `batch_now_ms` is held at the last commit's instant through a step back of the
+    wall clock of up to an hour (aggregates/batch_clock.py), so a progress stamped by an earlier
+    batch is never ahead of it: judged at a wall clock stepped back, a stuck partition that had
+    gone idle was `active` again and held the watermark for as long as the step."""
+    return now_ms if commit.batch_now_ms is None else commit.batch_now_ms
+
+
 def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
                lateness_ms: Mapping[str, int], layouts: Mapping[str, TierLayout], *, now_ms: int = 0,
                idle_timeout_ms: Mapping[str, int] | None = None, keys: Sequence[str] | None = None) -> BatchPlan:
     """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist;
     `keys` are pane_keys(commit) when the caller has them (computed here otherwise).
     The watermark is per partition for streams whose commit carries partition marks
-    (store/watermarks.py: `now_ms` and `idle_timeout_ms` judge idle partitions), else the
-    stream-wide newest event - lateness.
+    (store/watermarks.py: `idle_timeout_ms` judges idle partitions at `partition_clock_ms`, the
+    batch's own instant, not at `now_ms`), else the stream-wide newest event - lateness. (`now_ms`,
+    the store's clock at the commit, stamps what records when the store took the batch: the
+    backends' change, correction and dead-letter times, `committed_at_ms`.)
 
     A pane is final when the watermark stored before this batch is at or past its end (the
     batch's own events never finalize the panes they land in); a merge into a final pane is
@@ -196,6 +214,7 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
     if keys is None:
         keys = pane_keys(commit)
+    judged_ms = partition_clock_ms(commit, now_ms)
 
     def merge(partial: PanePartial, key: str) -> int:
         """The partial merged into its pane as stored or merged so far; its new revision."""
@@ -291,9 +310,9 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
             marks, result = advance_stream(
                 before.watermark_ms, before.partitions, batch_max_event_ms=commit.partition_max_event_ms[stream],
                 read_offsets=commit.end_offsets.get(stream, {}), log_end_offsets=commit.log_end_offsets.get(stream, {}),
-                lateness_ms=lateness_ms.get(stream, 0), now_ms=now_ms, idle_timeout_ms=idle)
+                lateness_ms=lateness_ms.get(stream, 0), now_ms=judged_ms, idle_timeout_ms=idle)
             watermark, held_by = result.watermark_ms, result.held_by
-            partitions = {p: (m, partition_state(m, now_ms=now_ms, idle_timeout_ms=idle)) for p, m in marks.items()}
+            partitions = {p: (m, partition_state(m, now_ms=judged_ms, idle_timeout_ms=idle)) for p, m in marks.items()}
         else:  # a commit without partition marks: the stream-wide rule
             watermark = advance_watermark(before.watermark_ms, max_event, lateness_ms.get(stream, 0))
         if stream in commit.watermark_cap_ms:
@@ -473,6 +492,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
-    "FreshPanes", "column_partials", "pane_ids", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "rebuilt_rows_to_save", "retention_horizons", "tier_horizons",
+    "FreshPanes", "column_partials", "pane_ids", "partition_clock_ms", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "rebuilt_rows_to_save", "retention_horizons", "tier_horizons",
     "tier_row_after", "tiers_kept_by_rebuild",
 ]

@@ -21,6 +21,12 @@ that can still deliver events for it:
   the lateness (what a caught-up stream had before);
 - the result never moves backwards.
 
+`now_ms` is the batch's own instant (store/commit_plan.py `partition_clock_ms`), held through a
+small step back of the wall clock (aggregates/batch_clock.py). A larger step back is taken as
+the right time, and the progress stamps made before it are then ahead of `now_ms`: they are
+stamped `now_ms` again, so a stuck partition counts its idle timeout from the corrected clock
+(it holds the watermark for at most that timeout) rather than for as long as the step.
+
 An unread record that is older than (its own partition's newest merged event - lateness) is
 late in its partition already: the watermark may pass it, as it may pass any late event.
 """
@@ -28,7 +34,7 @@ late in its partition already: the watermark may pass it, as it may pass any lat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 CAUGHT_UP = "caught_up"  # nothing unread: does not hold the watermark
 IDLE = "idle"            # unread records, nothing read for idle_timeout: left out
@@ -42,7 +48,7 @@ class PartitionMark:
     max_event_ms: int | None     # newest event time merged from this partition
     read_offset: int             # next offset to read (the end of the last committed batch)
     log_end_offset: int | None   # the log's end offset seen at that commit (None: unknown)
-    last_progress_ms: int        # pipeline clock when its read offset last moved (or it was first seen)
+    last_progress_ms: int        # the batch's instant when its read offset last moved (or it was first seen)
 
     def watermark_ms(self, lateness_ms: int) -> int | None:
         return None if self.max_event_ms is None else self.max_event_ms - lateness_ms
@@ -112,7 +118,9 @@ def advance_stream(previous_ms: int | None, stored: Mapping[int, PartitionMark],
     """What one committed batch does to a stream's partition marks and watermark (every store
     backend runs this in its commit transaction): the partitions the batch read or the log
     reports advance, the others keep their marks."""
-    marks = dict(stored)
+    # Progress stamped ahead of now (a clock stepped back beyond the batch clock's hold): the idle
+    # timer starts again at now, rather than a negative time since progress keeping it `active`.
+    marks = {p: replace(m, last_progress_ms=now_ms) if m.last_progress_ms > now_ms else m for p, m in stored.items()}
     for partition in set(read_offsets) | set(batch_max_event_ms) | set(log_end_offsets):
         previous = marks.get(partition)
         read = read_offsets.get(partition, previous.read_offset if previous is not None else 0)

@@ -347,6 +347,70 @@ def test_a_partition_with_unread_records_holds_the_watermark_and_progress_shows_
     assert store.progress("main").streams["s"].partitions[1].state == "idle"
 
 
+IDLE_CATALOG = ("streams:\n  s:\n    time_field: ts\n    key_field: k\n    partitions: 2\n"
+                "    allowed_lateness: 30s\n    partition_idle_timeout: 5m\n")
+IDLE_TIMEOUT = {"s": 300_000}
+
+
+def two_partitions(batch_id: int, read: dict, newest: dict, ends: dict, batch_now: int) -> BatchCommit:
+    """A batch of stream s's two partitions, judged at `batch_now` (the pipeline's batch clock)."""
+    partial = part(pane_start(max(newest.values()), PANE))
+    return BatchCommit("main", batch_id, [partial], 1, {"s": max(newest.values())}, {"s": read},
+                       read_by_stream={"s": 1}, partition_max_event_ms={"s": newest}, log_end_offsets={"s": ends},
+                       batch_now_ms=batch_now)
+
+
+def test_a_wall_clock_stepped_back_does_not_make_an_idle_partition_hold_the_watermark_again(store_backend):
+    """Partition 1 is stuck with unread records and goes idle after the timeout; then the host's
+    clock steps back an hour while partition 0 is read on. The batch clock holds the last commit's
+    instant (aggregates/batch_clock.py), and idleness is judged at it: partition 1 stays idle and
+    the watermark follows partition 0 (judged at the wall clock, it was `active` again and held
+    the watermark for the hour). The batch's sessions and joins see the watermark the store keeps."""
+    from aggregates.batch_clock import batch_now_ms
+    from aggregates.joins import stream_watermarks_after
+
+    store, catalog = store_backend.create(), parse_catalog(IDLE_CATALOG)
+    commit_at = dict(lateness_ms=LATENESS, idle_timeout_ms=IDLE_TIMEOUT)
+    assert store.commit_batch(two_partitions(0, {0: 10, 1: 10}, {0: T0, 1: T0}, {0: 10, 1: 50}, T0),
+                              now_ms=T0, **commit_at).committed
+    at_6m = T0 + 360_000
+    assert store.commit_batch(two_partitions(1, {0: 20, 1: 10}, {0: at_6m}, {0: 20, 1: 50}, at_6m),
+                              now_ms=at_6m + 500, **commit_at).committed
+    assert store.watermarks() == {"s": at_6m - 30_000}
+    assert store.progress("main").streams["s"].partitions[1].state == "idle"
+    for i, minutes in enumerate((7, 30, 60), start=2):  # real time goes on; the wall clock is an hour behind it
+        real = T0 + minutes * 60_000
+        wall = real - 3_600_000
+        batch = two_partitions(i, {0: 20 + i, 1: 10}, {0: real}, {0: 20 + i, 1: 50},
+                               batch_now_ms(wall, store.last_commit_ms("main")))
+        seen_by_sessions = stream_watermarks_after(store, catalog, ["s"], batch, now_ms=batch.batch_now_ms)["s"]
+        assert store.commit_batch(batch, now_ms=wall + 500, **commit_at).committed
+        stream = store.progress("main").streams["s"]
+        assert stream.watermark_ms == real - 30_000 == seen_by_sessions, minutes
+        assert stream.held_by_partition is None and stream.partitions[1].state == "idle"
+
+
+def test_sessions_and_joins_close_on_the_watermark_the_store_commits(store_backend):
+    """A batch that starts just before partition 1's idle timeout and commits just after it: the
+    store judges idleness at the batch's instant, as its sessions and joins did before the commit
+    (aggregates/joins.py stream_watermarks_after), so what closed is the watermark stored. Judged
+    at the commit's clock, partition 1 was idle there and the store moved past what sessions saw."""
+    from aggregates.joins import stream_watermarks_after
+
+    store, catalog = store_backend.create(), parse_catalog(IDLE_CATALOG)
+    commit_at = dict(lateness_ms=LATENESS, idle_timeout_ms=IDLE_TIMEOUT)
+    assert store.commit_batch(two_partitions(0, {0: 10, 1: 10}, {0: T0, 1: T0}, {0: 10, 1: 50}, T0),
+                              now_ms=T0, **commit_at).committed
+    batch = two_partitions(1, {0: 20, 1: 10}, {0: T0 + 290_000}, {0: 20, 1: 50}, batch_now=T0 + 299_000)
+    seen_by_sessions = stream_watermarks_after(store, catalog, ["s"], batch, now_ms=batch.batch_now_ms)["s"]
+    assert store.commit_batch(batch, now_ms=T0 + 301_000, **commit_at).committed  # a 2 s batch
+    stream = store.progress("main").streams["s"]
+    assert stream.watermark_ms == seen_by_sessions == T0 - 30_000
+    assert stream.held_by_partition == 1 and stream.partitions[1].state == "active"
+    # The store's clock still records when it took the batch.
+    assert store.last_commit_ms("main") == T0 + 301_000
+
+
 def test_the_last_commit_time_is_the_newest_batch_s_of_its_pipeline(store):
     """What a restarted pipeline's batch clock starts from (aggregates/batch_clock.py): one query,
     not the whole progress() the status page reads."""

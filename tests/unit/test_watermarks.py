@@ -106,3 +106,24 @@ def test_reading_from_a_partition_keeps_it_from_going_idle():
     marks, result = advance_stream(None, marks, batch_max_event_ms={}, read_offsets={0: 2}, log_end_offsets={0: 9},
                                    lateness_ms=LATENESS, now_ms=2 * IDLE_TIMEOUT, idle_timeout_ms=IDLE_TIMEOUT)
     assert result.held_by is None and result.watermark_ms == 200 - LATENESS
+
+
+def test_a_clock_stepped_back_past_the_progress_stamps_counts_the_idle_timeout_from_the_corrected_clock():
+    """A step back larger than the batch clock holds (aggregates/batch_clock.py) is taken as the
+    right time: partition 1's progress, stamped by the clock that ran ahead, is then in the future.
+    Its idle timeout starts again at the corrected clock, so it holds the watermark for at most
+    the timeout (a negative time since progress kept it `active` for as long as the step)."""
+    ahead = 100 * IDLE_TIMEOUT
+    marks, _ = advance_stream(None, {}, batch_max_event_ms={0: 5_000, 1: 4_000}, read_offsets={0: 50, 1: 10},
+                              log_end_offsets={0: 50, 1: 90}, lateness_ms=LATENESS, now_ms=ahead,
+                              idle_timeout_ms=IDLE_TIMEOUT)
+    now = 0  # the clock set back by 100 timeouts; partition 0 is read on, partition 1 is stuck
+    marks, result = advance_stream(4_000 - LATENESS, marks, batch_max_event_ms={0: 6_000}, read_offsets={0: 60, 1: 10},
+                                   log_end_offsets={0: 60, 1: 90}, lateness_ms=LATENESS, now_ms=now,
+                                   idle_timeout_ms=IDLE_TIMEOUT)
+    assert marks[1].last_progress_ms == now and result.held_by == 1
+    marks, result = advance_stream(result.watermark_ms, marks, batch_max_event_ms={0: 7_000},
+                                   read_offsets={0: 70, 1: 10}, log_end_offsets={0: 70, 1: 90}, lateness_ms=LATENESS,
+                                   now_ms=now + IDLE_TIMEOUT, idle_timeout_ms=IDLE_TIMEOUT)
+    assert partition_state(marks[1], now_ms=now + IDLE_TIMEOUT, idle_timeout_ms=IDLE_TIMEOUT) == IDLE
+    assert result.held_by is None and result.watermark_ms == 7_000 - LATENESS
