@@ -51,7 +51,7 @@ def check_checkpoint(pipeline) -> None:
     config, catalog, store = pipeline.config, pipeline.catalog, pipeline.store
     checkpoint = Path(config.checkpoint_dir)
     offsets_dir, commits_dir = checkpoint / "offsets", checkpoint / "commits"
-    progress = store.progress(config.name)
+    progress = store.progress(config.name, row_counts=False)
     stored_last, stored = progress.last_batch_id, progress.end_offsets
     empty_store = stored_last is None
     how = START_OVER.format(checkpoint=checkpoint,

@@ -234,7 +234,7 @@ def stream_watermarks_after(store: PaneStore, catalog: Catalog, streams: Iterabl
     (The joins' clock, and what closes sessions: aggregates/session_batch.py.) Idle partitions
     are judged at the instant the store's commit judges them (`partition_clock_ms`: the commit's
     `batch_now_ms`; `now_ms` only for a commit without one), so what closes here is what is stored."""
-    before = store.progress(commit.pipeline).streams
+    before = store.progress(commit.pipeline, row_counts=False).streams  # every batch: no count of the panes
     judged_ms = partition_clock_ms(commit, now_ms)
     out: dict[str, int | None] = {}
     for name in streams:
