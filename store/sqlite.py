@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from store.retention_clock import recorded_commit_ms
+from store import batch_totals
 from store import bloom as bloom_store
 from store import dim_sets, row_codec, sqlite_tiers
 from store.gc_pause import paused_gc
@@ -167,12 +168,13 @@ class SqlitePaneStore(PaneStore):
         if commit.enrichment is not None:
             table_versions.apply_commit(conn.cursor(), commit.enrichment, commit.batch_id, "?")
         self._prune(commit, retention_ms, membership_bucket_ms, layouts)
+        committed_at_ms = recorded_commit_ms(now_ms, commit.batch_now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (commit.pipeline, commit.batch_id, recorded_commit_ms(now_ms, commit.batch_now_ms), commit.events_read,
-             plan.panes_new, plan.panes_updated),
+            (commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, plan.panes_new, plan.panes_updated),
         )
+        batch_totals.add(conn.cursor(), commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, "?", "MAX")
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))
 
@@ -292,13 +294,11 @@ class SqlitePaneStore(PaneStore):
 
     def last_batch_id(self, pipeline: str) -> int | None:
         with self._lock:
-            row = self._conn.execute("SELECT MAX(batch_id) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
-        return row[0]
+            return batch_totals.read(self._conn.cursor(), pipeline, "?").last_batch_id
 
     def last_commit_ms(self, pipeline: str) -> int | None:
         with self._lock:
-            row = self._conn.execute("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = ?", (pipeline,)).fetchone()
-        return row[0]
+            return batch_totals.read(self._conn.cursor(), pipeline, "?").last_commit_ms
 
     def newest_commit_ms(self) -> int | None:
         with self._lock:
@@ -407,11 +407,7 @@ class SqlitePaneStore(PaneStore):
             conn.close()
 
     def _progress(self, conn, pipeline: str, *, row_counts: bool) -> PipelineProgress:
-        last_id, last_at, batches, events = conn.execute(
-            "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)"
-            " FROM batches WHERE pipeline = ?",
-            (pipeline,),
-        ).fetchone()
+        last_id, last_at, batches, events = batch_totals.read(conn.cursor(), pipeline, "?")
         offsets: dict[str, dict[int, int]] = defaultdict(dict)
         for stream, partition, end in conn.execute(
             "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = ?", (pipeline,)

@@ -61,6 +61,15 @@ CREATE TABLE IF NOT EXISTS batches (
     panes_updated INTEGER NOT NULL,
     PRIMARY KEY (pipeline, batch_id)
 );
+-- Each pipeline's batches summed as they are committed (store/batch_totals.py: progress reads them
+-- every second, where a sum of `batches` scanned every batch ever committed).
+CREATE TABLE IF NOT EXISTS batch_totals (
+    pipeline TEXT PRIMARY KEY,
+    batches INTEGER NOT NULL,       -- batches committed
+    events_read INTEGER NOT NULL,   -- their events_read, summed
+    last_batch_id INTEGER NOT NULL, -- the highest batch id
+    last_commit_ms INTEGER NOT NULL -- the latest committed_at_ms
+);
 CREATE TABLE IF NOT EXISTS stream_progress (
     stream TEXT PRIMARY KEY,
     watermark_ms INTEGER,

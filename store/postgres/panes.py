@@ -38,7 +38,7 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
-from store import dim_sets, event_ids
+from store import batch_totals, dim_sets, event_ids
 from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
@@ -259,11 +259,14 @@ class PostgresPaneStore(PaneStore):
                 for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
                     conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND end_ms <= %s",
                                  (stream, granule, horizon))
+        committed_at_ms = recorded_commit_ms(now_ms, commit.batch_now_ms)
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (%s, %s, %s, %s, %s, %s)",
-            (commit.pipeline, commit.batch_id, recorded_commit_ms(now_ms, commit.batch_now_ms), commit.events_read,
-             plan.panes_new, plan.panes_updated))
+            (commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, plan.panes_new, plan.panes_updated))
+        with conn.cursor() as cur:
+            batch_totals.add(cur, commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, "%s",
+                             "GREATEST")
         notify_commit(conn, self.channel, last_seq)  # delivered when this transaction commits
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))
@@ -297,10 +300,12 @@ class PostgresPaneStore(PaneStore):
             return conn.execute(sql, args).fetchall()
 
     def last_batch_id(self, pipeline: str) -> int | None:
-        return self._one("SELECT MAX(batch_id) FROM batches WHERE pipeline = %s", (pipeline,))[0]
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return batch_totals.read(cur, pipeline, "%s").last_batch_id
 
     def last_commit_ms(self, pipeline: str) -> int | None:
-        return self._one("SELECT MAX(committed_at_ms) FROM batches WHERE pipeline = %s", (pipeline,))[0]
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return batch_totals.read(cur, pipeline, "%s").last_commit_ms
 
     def newest_commit_ms(self) -> int | None:
         from store.retention_clock import NEWEST_COMMIT_SQL
@@ -369,9 +374,8 @@ class PostgresPaneStore(PaneStore):
 
     def progress(self, pipeline: str, *, row_counts: bool = True) -> PipelineProgress:
         with self._pool.connection() as conn, snapshot(conn):  # one snapshot of every table
-            last_id, last_at, batches, events = conn.execute(
-                "SELECT MAX(batch_id), MAX(committed_at_ms), COUNT(*), COALESCE(SUM(events_read), 0)::bigint"
-                " FROM batches WHERE pipeline = %s", (pipeline,)).fetchone()
+            with conn.cursor() as cur:
+                last_id, last_at, batches, events = batch_totals.read(cur, pipeline, "%s")
             offsets: dict[str, dict[int, int]] = defaultdict(dict)
             for stream, partition, end in conn.execute(
                     "SELECT stream, partition, end_offset FROM pipeline_offsets WHERE pipeline = %s", (pipeline,)):

@@ -380,6 +380,52 @@ def test_corrections_since_a_decision_are_counted_from_the_index(tmp_path) -> No
     assert "COVERING INDEX corrections_by_pane_time" in plan, plan
 
 
+def test_the_batches_totals_are_kept_by_each_commit_and_made_once_for_a_store_without_them(store: PaneStore) -> None:
+    """progress's batch count, events read, last batch id and commit time are summed as batches
+    are committed (store/batch_totals.py), not from every batch ever committed at each read (the
+    pipeline feed reads them every second). A store whose batches were committed before the sums
+    existed reads them from its batches, and its next commit makes them from all of them."""
+    def batch(i: int, events: int, now_ms: int) -> None:
+        assert store.commit_batch(commit(i, [partial(T0, {"e": "/a"}, make_data([1.0] * events))],
+                                         max_event={"http": T0 + i}, offsets={"http": {0: i + 1}}),
+                                  lateness_ms=LATENESS, now_ms=now_ms).committed
+
+    def totals(pipeline: str = "main") -> tuple:
+        p = store.progress(pipeline)
+        return (p.last_batch_id, p.last_commit_ms, p.batches, p.events_read,
+                store.last_batch_id(pipeline), store.last_commit_ms(pipeline))
+
+    assert totals() == (None, None, 0, 0, None, None)
+    batch(0, 2, T0 + 5_000)
+    batch(1, 3, T0 + 4_000)  # a clock a second behind: the latest commit time stays the newest
+    assert not store.commit_batch(commit(1, [partial(T0, {"e": "/a"}, make_data([9.0]))]), lateness_ms=LATENESS,
+                                  now_ms=T0 + 9_000).committed  # a replay adds nothing
+    assert totals() == (1, T0 + 5_000, 2, 5, 1, T0 + 5_000)
+    db = store.side_db()
+    db.execute("DELETE FROM batch_totals")  # as a store from before them
+    db.close()
+    assert totals() == (1, T0 + 5_000, 2, 5, 1, T0 + 5_000)
+    batch(2, 4, T0 + 6_000)
+    assert totals() == (2, T0 + 6_000, 3, 9, 2, T0 + 6_000)
+    assert totals("other") == (None, None, 0, 0, None, None)
+
+
+def test_progress_polled_reads_no_table_that_grows_with_the_data(tmp_path) -> None:
+    """What the pipeline feed (every second) and each batch with sessions or a join read of the
+    progress: nothing that scans the batches ever committed or the panes kept (SQLite's statements)."""
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    for i in range(3):
+        store.commit_batch(commit(i, [partial(T0, {"e": "/a"}, make_data([1.0]))], max_event={"http": T0 + i},
+                                  offsets={"http": {0: i + 1}}), lateness_ms=LATENESS, now_ms=T0 + i)
+    asked: list[str] = []
+    store._conn.set_trace_callback(asked.append)
+    progress = store.progress("main", row_counts=False)
+    store._conn.set_trace_callback(None)
+    assert (progress.batches, progress.events_read, progress.last_batch_id) == (3, 3, 2)
+    assert [sql for sql in asked if "FROM batches" in sql or "FROM panes" in sql] == []
+    store.close()
+
+
 def test_progress_is_what_one_commit_left_while_another_process_commits(store: PaneStore, store_backend,
                                                                          monkeypatch) -> None:
     """progress() reads several tables (batches, offsets, the streams' counters): all as one
