@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -43,6 +43,21 @@ DASHBOARD_SCHEMA = inline_defs(Dashboard.model_json_schema(by_alias=True))
 DUPLICATE_SCHEMA = inline_defs(DuplicateIn.model_json_schema())
 
 
+# PUT's body: the definition, and optionally the version edited (what GET showed), so a client
+# may send back what it loaded.
+VERSIONED_SCHEMA = {**DASHBOARD_SCHEMA, "properties": {**DASHBOARD_SCHEMA.get("properties", {}), "updated_ms": {
+    "type": "integer", "minimum": 0, "description": "the version edited (GET's updated_ms): a stale one is refused"
+    " with 409; none: the body overwrites whatever is stored"}}}
+
+
+def version(value: Any, param: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_request(param, f"{param}: the version edited, as GET showed it (an integer), not {value!r}")
+    return value
+
+
 def dashboard_out(stored: StoredDashboard) -> dict:
     return {**stored.definition, "source": stored.source, "created_ms": stored.created_ms,
             "updated_ms": stored.updated_ms}
@@ -57,9 +72,10 @@ def router(service: DashboardService) -> APIRouter:
     def guarded(call, *args):
         return answered(call, *args, invalid=DashboardError, conflict=DashboardConflict)
 
-    def found(stored: StoredDashboard | None, name: str) -> dict:
+    def found(stored: StoredDashboard | None, name: str, versioned: bool = False) -> dict:
         if stored is None:
-            raise HTTPException(404, f"no dashboard named {name!r}")
+            raise HTTPException(404, f"no dashboard named {name!r}"
+                                     + (" (it was deleted since you loaded it)" if versioned else ""))
         return dashboard_out(stored)
 
     @r.get("", summary="Every dashboard (provisioned, saved; the generated one while there is none)",
@@ -82,13 +98,18 @@ def router(service: DashboardService) -> APIRouter:
         return dashboard_out(await run_in_threadpool(guarded, service.create, data))
 
     @r.put("/{name}", summary="Replace a saved dashboard (provisioned ones are read-only)", response_model=None,
+           description="With `updated_ms` (the version GET showed, sent back in the body) the change is refused"
+                       " with 409 when someone else changed the dashboard since (nothing is written); without it"
+                       " the body overwrites whatever is stored (automation that owns the dashboard).",
            responses={200: {"model": DashboardOut, "description": "the dashboard, replaced"},
                       **errors(400, 404, 409, 413, e400="invalid dashboard", e404="no such dashboard",
-                               e409="provisioned from the dashboards folder")},
-           openapi_extra=body_schema(DASHBOARD_SCHEMA, "the dashboard's new definition; its name must be the path's"))
+                               e409="provisioned from the dashboards folder, or changed since the `updated_ms` sent")},
+           openapi_extra=body_schema(VERSIONED_SCHEMA, "the dashboard's new definition; its name must be the path's;"
+                                     " `updated_ms`: the version edited (optional)"))
     async def replace_dashboard(name: str, request: Request) -> dict:
         data = await body(request)
-        return found(await run_in_threadpool(guarded, service.replace, name, data), name)
+        expected = version(data.pop("updated_ms", None), "updated_ms")
+        return found(await run_in_threadpool(guarded, service.replace, name, data, expected), name, expected is not None)
 
     @r.post("/{name}/duplicate", status_code=201, summary="Save a copy of a dashboard under a new name",
             response_model=None,
@@ -109,9 +130,12 @@ def router(service: DashboardService) -> APIRouter:
         return found(await run_in_threadpool(guarded, service.duplicate, name, new_name, title), name)
 
     @r.delete("/{name}", status_code=204, summary="Delete a saved dashboard (provisioned ones are read-only)",
-              responses=errors(404, 409, e404="no such dashboard", e409="provisioned or generated"))
-    async def delete_dashboard(name: str) -> Response:
-        if not await run_in_threadpool(guarded, service.delete, name):
+              responses=errors(404, 409, e404="no such dashboard",
+                               e409="provisioned or generated, or changed since the `updated_ms` sent"))
+    async def delete_dashboard(name: str, updated_ms: int | None = Query(
+            None, ge=0, description="the version (as GET showed it) the caller means to delete: refused with 409"
+                                    " when the dashboard changed since; none: deletes whatever is stored")) -> Response:
+        if not await run_in_threadpool(guarded, service.delete, name, updated_ms):
             raise HTTPException(404, f"no dashboard named {name!r}")
         return Response(status_code=204)
 

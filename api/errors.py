@@ -64,13 +64,15 @@ def optional_range(start: str | None, end: str | None, now_ms: int) -> tuple[int
 
 def answered(call, *args, invalid: type[Exception], conflict: type[Exception]):
     """call(*args) for a resource route (alert rules, dashboards): its refusal of the definition
-    is a 400 naming the field when the error has one (`field`), a conflict a 409."""
+    is a 400 naming the field when the error has one (`field`), a conflict a 409 (naming the field
+    likewise: a dashboard changed since the version sent names `updated_ms`)."""
     try:
         return call(*args)
     except invalid as exc:
         raise bad_request(getattr(exc, "field", None), str(exc)) from None
     except conflict as exc:
-        raise HTTPException(409, str(exc)) from None
+        field = getattr(exc, "field", None)
+        raise (ParamHTTPError(409, field, str(exc)) if field else HTTPException(409, str(exc))) from None
 
 
 async def _render(request: Request, exc: ParamHTTPError) -> JSONResponse:

@@ -47,14 +47,15 @@ class DashboardService:
         dashboard = parse_dashboard(data, self.catalog, max_points=self.max_points)
         return self.store.create(dashboard.name, definition(dashboard), now_ms=self.now_ms())
 
-    def replace(self, name: str, data: Any) -> StoredDashboard | None:
+    def replace(self, name: str, data: Any, expected_ms: int | None = None) -> StoredDashboard | None:
+        """`expected_ms`: the version (`updated_ms`) the writer edited, refused when stale; None overwrites."""
         dashboard = parse_dashboard(data, self.catalog, max_points=self.max_points)
         if dashboard.name != name:
             raise DashboardError("name", f"{dashboard.name!r} is not the path's {name!r} (duplicate to rename)")
         if self.store.dashboard(name) is None and self.dashboard(name) is not None:
             # Saving the generated dashboard keeps it: from then on it is an ordinary saved one.
             return self.store.create(name, definition(dashboard), now_ms=self.now_ms())
-        return self.store.replace(name, definition(dashboard), now_ms=self.now_ms())
+        return self.store.replace(name, definition(dashboard), now_ms=self.now_ms(), expected_ms=expected_ms)
 
     def duplicate(self, name: str, new_name: str, title: str | None) -> StoredDashboard | None:
         """A saved copy (editable) of any dashboard, provisioned and generated ones included."""
@@ -66,9 +67,9 @@ class DashboardService:
             data["title"] = title
         return self.create(data)
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, expected_ms: int | None = None) -> bool:
         if self.store.dashboard(name) is None and self.dashboard(name) is not None:
             raise DashboardConflict(f"dashboard {name!r} is generated from the catalog while there is no other;"
                                     " it goes away by itself once one is saved")
-        return self.store.delete(name)
+        return self.store.delete(name, expected_ms=expected_ms)
 

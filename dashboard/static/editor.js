@@ -1,6 +1,8 @@
 // Building dashboards in the page: new, duplicate, settings (title, range, refresh) and delete
 // for the dashboard; add, edit and remove for its panels. Every change is saved through
-// /api/v1/dashboards, whose 400s name the field at fault. The panel being edited is in the URL
+// /api/v1/dashboards, whose 400s name the field at fault. A change names the version it edited
+// (`updated_ms`): one made elsewhere since is not overwritten, the server's 409 is shown with a
+// button that reloads the dashboard (a 404: it was deleted meanwhile). The panel being edited is in the URL
 // (`edit=<index>` or `edit=new`), so a link opens the editor on it. Choices and placeholders come
 // from GET /api/v1/metrics.
 
@@ -133,6 +135,7 @@ export class Editor {
   async save(definition, within) { // PUT the whole dashboard; the error names the field
     const answer = await call("PUT", `${API}/${encodeURIComponent(definition.name)}`, strip(definition));
     if (!answer.ok) {
+      this.conflict(answer, definition.name);
       const where = answer.body && answer.body.param ? answer.body.param : "";
       this.error(within && where.startsWith(within) ? detailOf(answer.body, answer.status).replace(within + ".", "")
         : detailOf(answer.body, answer.status));
@@ -140,6 +143,13 @@ export class Editor {
     }
     this.dashboards.replaceCurrent(answer.body);
     return true;
+  }
+
+  // A 409 for a stale version, or a 404 (deleted since loaded): the reason, and a reload offered.
+  conflict(answer, name) {
+    if (answer.status === 409 && answer.body && answer.body.param === "updated_ms") {
+      this.dashboards.notice(detailOf(answer.body, answer.status), name);
+    } else if (answer.status === 404) this.dashboards.stale(name, false);
   }
 
   error(text) {
@@ -176,6 +186,7 @@ export class Editor {
     else if (mode === "duplicate") answer = await call("POST", `${API}/${encodeURIComponent(d.name)}/duplicate`, { name, title });
     else answer = await call("PUT", `${API}/${encodeURIComponent(d.name)}`, strip({ ...d, title, ...timing }));
     if (!answer.ok) {
+      if (mode === "settings") this.conflict(answer, d.name);
       $("dashboard-form-error").textContent = detailOf(answer.body, answer.status);
       $("dashboard-form-error").hidden = false;
       return;
@@ -196,14 +207,20 @@ export class Editor {
     }
     button.dataset.armed = "false";
     button.textContent = "delete";
-    const answer = await call("DELETE", `${API}/${encodeURIComponent(d.name)}`);
-    if (!answer.ok) { $("dashboard-source").textContent = detailOf(answer.body, answer.status); return; }
+    const version = d.source === "api" ? `?updated_ms=${d.updated_ms}` : "";
+    const answer = await call("DELETE", `${API}/${encodeURIComponent(d.name)}${version}`);
+    if (!answer.ok) {
+      this.conflict(answer, d.name);
+      $("dashboard-source").textContent = detailOf(answer.body, answer.status);
+      return;
+    }
     await this.dashboards.reload(null, true);
   }
 }
 
-function strip(d) { // what GET adds to a definition
+function strip(d) { // what GET adds to a definition, but its version: the one this change was made to
   const out = { ...d };
-  for (const k of ["source", "created_ms", "updated_ms"]) delete out[k];
+  for (const k of ["source", "created_ms"]) delete out[k];
+  if (d.source !== "api") delete out.updated_ms; // the generated one is saved as new; a provisioned one is refused anyway
   return out;
 }

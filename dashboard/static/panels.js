@@ -1,6 +1,8 @@
 // The dashboard area: the dashboards of GET /api/v1/dashboards (provisioned, saved, or the one
 // generated from the catalog), the chosen one's panels drawn over the page's time range, each
-// one websocket subscription. The chosen dashboard is in the URL (`dashboard=`).
+// one websocket subscription. The chosen dashboard is in the URL (`dashboard=`). Every few
+// seconds the list is asked again: a dashboard changed or deleted elsewhere (the API, another
+// page) is announced with a button that reloads it, as Grafana does, rather than drawn stale.
 
 import { $, BAND, el, call, hasRoute, parseDuration, setUrlParams, urlParams } from "./util.js";
 import { chartHandler } from "./connection.js";
@@ -8,6 +10,7 @@ import { LiveChart } from "./chart.js";
 import { HEATMAP_STATS } from "./heatmap.js";
 
 const API = "/api/v1/dashboards";
+const CHECK_MS = 5000; // how often the shown dashboard's version is compared with the server's
 
 function panelQuery(panel, time, paneMs) {
   const q = { metric: panel.metric, ...time.query(paneMs, panel.step) };
@@ -47,21 +50,55 @@ export class Dashboards {
       return null;
     }
     $("dashboard-select").addEventListener("change", () => this.choose($("dashboard-select").value, true));
+    $("dashboard-notice-reload").addEventListener("click", () => this.reload($("dashboard-notice").dataset.reload || null, true));
     await this.reload(urlParams().get("dashboard"));
+    setInterval(() => this.check(), CHECK_MS);
     return this.current;
   }
 
+  // preferred: the dashboard to show; one that does not exist (a stale link, one deleted) is
+  // said so rather than switched away from silently.
   async reload(preferred, resetTime = false) {
     const answer = await call("GET", API);
     this.list = answer.ok ? answer.body.dashboards : [];
     $("dashboard-select").replaceChildren(...this.list.map((d) =>
       el("option", { value: d.name }, [d.title ? `${d.title} (${d.name})` : d.name])));
-    const name = this.list.some((d) => d.name === preferred) ? preferred : (this.list[0] || {}).name;
+    const found = this.list.some((d) => d.name === preferred);
+    const name = found ? preferred : (this.list[0] || {}).name;
     this.choose(name, resetTime);
+    if (preferred && !found && answer.ok) {
+      this.notice(`There is no dashboard named "${preferred}" (deleted, or a mistyped link)` +
+        (name ? `; showing "${name}" instead.` : "."));
+    }
+  }
+
+  // A message above the panels; reloadName: what its reload button shows (undefined: no button).
+  notice(text, reloadName) {
+    $("dashboard-notice").hidden = !text;
+    $("dashboard-notice-text").textContent = text || "";
+    $("dashboard-notice-reload").hidden = reloadName === undefined;
+    $("dashboard-notice").dataset.reload = reloadName || "";
+  }
+
+  // The shown dashboard changed or deleted elsewhere since it was loaded (or last saved here)?
+  async check() {
+    const shown = this.current;
+    if (!shown || document.hidden || !$("dashboard-notice").hidden) return;
+    const answer = await call("GET", API);
+    if (!answer.ok || this.current !== shown) return; // a save or a switch meanwhile: compare next time
+    const now = answer.body.dashboards.find((d) => d.name === shown.name);
+    if (!now) this.stale(shown.name, false);
+    else if (now.updated_ms !== shown.updated_ms) this.stale(shown.name, true);
+  }
+
+  stale(name, changed) {
+    this.notice(changed ? `Dashboard "${name}" was changed elsewhere since you loaded it: reload it to see (and edit) the current one.`
+      : `Dashboard "${name}" was deleted elsewhere.`, changed ? name : null);
   }
 
   // resetTime: a dashboard chosen from the menu opens with its own default range.
   choose(name, resetTime) {
+    this.notice(null);
     this.current = this.list.find((d) => d.name === name) || null;
     $("dashboard-select").value = name || "";
     setUrlParams({ dashboard: name });

@@ -76,6 +76,40 @@ def test_create_list_get_replace_duplicate_delete(api, clock):
     assert names(api) == ["shop-copy"]
 
 
+def test_a_change_or_delete_of_a_version_someone_else_changed_is_refused_with_409_and_changes_nothing(api, clock):
+    """The page's editor sends back the version it loaded (`updated_ms`): after another writer
+    (automation, another page) changed the dashboard, the page's save must not silently undo it."""
+    loaded = api.post("/api/v1/dashboards", json=BOARD).json()
+    clock.now += 1
+    theirs = api.put("/api/v1/dashboards/shop", json={**BOARD, "title": "Theirs", "updated_ms": loaded["updated_ms"]})
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["updated_ms"] > loaded["updated_ms"]
+
+    clock.now += 1
+    stale = api.put("/api/v1/dashboards/shop", json={**BOARD, "panels": [], "updated_ms": loaded["updated_ms"]})
+    assert stale.status_code == 409 and stale.json()["param"] == "updated_ms"
+    assert "changed by someone else since you loaded it, at" in stale.json()["detail"]
+    refused = api.delete("/api/v1/dashboards/shop", params={"updated_ms": loaded["updated_ms"]})
+    assert refused.status_code == 409 and refused.json()["param"] == "updated_ms"
+    assert api.get("/api/v1/dashboards/shop").json() == theirs.json()
+
+    bad = api.put("/api/v1/dashboards/shop", json={**BOARD, "updated_ms": "yesterday"})
+    assert bad.status_code == 400 and bad.json()["param"] == "updated_ms"
+    assert api.delete("/api/v1/dashboards/shop", params={"updated_ms": theirs.json()["updated_ms"]}).status_code == 204
+    gone = api.put("/api/v1/dashboards/shop", json={**BOARD, "updated_ms": theirs.json()["updated_ms"]})
+    assert gone.status_code == 404 and "deleted since you loaded it" in gone.json()["detail"]
+
+
+def test_a_change_without_a_version_overwrites_whatever_is_stored(api, clock):
+    """Automation that owns a dashboard PUTs it without a version: it keeps overwriting."""
+    api.post("/api/v1/dashboards", json=BOARD)
+    clock.now += 1
+    assert api.put("/api/v1/dashboards/shop", json={**BOARD, "title": "Theirs"}).status_code == 200
+    mine = api.put("/api/v1/dashboards/shop", json={**BOARD, "title": "Mine"})
+    assert mine.status_code == 200 and api.get("/api/v1/dashboards/shop").json()["title"] == "Mine"
+    assert api.delete("/api/v1/dashboards/shop").status_code == 204
+
+
 @pytest.mark.parametrize("change, param, words", [
     ({"panels": [{"metric": "nope"}]}, "panels[0].metric", "unknown metric 'nope'"),
     ({"panels": [{"metric": "requests", "stat": "p99"}]}, "panels[0].stat", "no value field"),

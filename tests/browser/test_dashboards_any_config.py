@@ -2,12 +2,14 @@
 with `site` and `kind` dimensions), in a real headless Chromium against the real app on
 loopback: the dashboard generated from the catalog shows a panel per metric with data; a
 dashboard built in the page's editor comes back, panels, range and the panel being edited, from
-its URL; a drag on one chart zooms every chart."""
+its URL; a drag on one chart zooms every chart; a change made elsewhere (the API) is not
+overwritten by the page's editor, which says so and offers to reload."""
 
 from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from api.app import create_app
@@ -143,6 +145,44 @@ def test_a_dashboard_built_in_the_editor_comes_back_from_its_url(live, watched_p
     again.screenshot(path=str(artifacts / "dashboard-built-in-editor.png"), full_page=True)
     # The browser logs the refused table's 400 itself; nothing else may be logged.
     assert [e for e in watch.errors if "status of 400" not in e] == [] and watch2.errors == []
+
+
+def test_the_editor_does_not_overwrite_a_change_made_elsewhere_and_offers_to_reload(live, watched_page):
+    """Optimistic concurrency: the page edited version v; automation changed the dashboard since
+    (a panel added through the API): the page's save is refused, says why, and its reload button
+    shows the current dashboard; a delete elsewhere and a link to an unknown name are announced."""
+    api = f"{live.http}/api/v1/dashboards"
+    board = {"name": "plant", "title": "Plant", "panels": [
+        {"title": "P-one", "metric": "readings", "stat": "count"},
+        {"title": "P-two", "metric": "reading_value", "stat": "p95"}]}
+    assert httpx.post(api, json=board, timeout=10).status_code == 201
+    page, watch = open_dashboard(watched_page, live, "/?dashboard=plant")
+    assert [p["title"] for p in panels(page)] == ["P-one", "P-two"]
+
+    three = {**board, "panels": [*board["panels"], {"title": "P-three", "metric": "readings", "stat": "count"}]}
+    assert httpx.put(f"{api}/plant", json=three, timeout=10).status_code == 200  # automation: unversioned
+    page.locator("[data-testid=dash-panel][data-index='1'] [data-testid=panel-edit]").click()
+    page.fill("#pe-title", "renamed")
+    page.click("#panel-apply")
+    page.wait_for_selector("#panel-editor-error:not([hidden])", timeout=10_000)
+    assert "changed by someone else since you loaded it" in page.text_content("#panel-editor-error")
+    assert "changed by someone else" in page.text_content("#dashboard-notice-text")
+    stored = httpx.get(f"{api}/plant", timeout=10).json()
+    assert [p["title"] for p in stored["panels"]] == ["P-one", "P-two", "P-three"]  # nothing overwritten
+
+    page.click("#dashboard-notice-reload")
+    page.wait_for_function("document.querySelectorAll('[data-testid=dash-panel]').length === 3", timeout=10_000)
+    assert page.is_hidden("#dashboard-notice")
+
+    assert httpx.delete(f"{api}/plant", timeout=10).status_code == 204
+    page.wait_for_selector("#dashboard-notice:not([hidden])", timeout=15_000)  # the periodic check
+    assert "deleted elsewhere" in page.text_content("#dashboard-notice-text")
+
+    other, watch2 = open_dashboard(watched_page, live, "/?dashboard=nope")
+    other.wait_for_selector("#dashboard-notice:not([hidden])", timeout=10_000)
+    assert 'no dashboard named "nope"' in other.text_content("#dashboard-notice-text")
+    # The browser logs the refused save's 409 itself; nothing else may be logged.
+    assert [e for e in watch.errors if "status of 409" not in e] == [] and watch2.errors == []
 
 
 def test_a_drag_on_one_chart_zooms_every_chart(live, watched_page):
