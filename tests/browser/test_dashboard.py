@@ -511,3 +511,33 @@ def test_the_lag_charts_draw_a_dst_fall_back_hours_samples_apart(live, browser):
         assert len(pixels) == 9 and all(b - a > 5 for a, b in zip(pixels, pixels[1:])), pixels
         assert "2026-11-01 01:00:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:00:00 (UTC−05:00)" in got["hover"]
         assert len(set(got["hover"])) == 9 and got["ticks"], got
+
+
+def test_stat_and_table_panels_show_the_newest_final_step_when_traffic_stops(live, watched_page):
+    # dashboard.md: `stat` the newest value, `table` the groups by their newest value. Every step
+    # without events was passed over, so a final empty step (traffic stopped) showed the value of
+    # ten minutes ago: now only the step still filling is, a final empty one is 0 (a count) or
+    # "no data" (a percentile of no events).
+    import httpx
+
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 600_000 + i * 100, endpoint="/a", latency=900.0, user=f"u{i}") for i in range(50)])
+    commit(server, ctx, [ev(now - 1_000, endpoint="/b", latency=1.0)])  # the stream's clock moves on
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "stopped", "range": "15m", "panels": [
+        {"metric": "requests", "stat": "count", "kind": "stat", "step": "1m", "filters": {"endpoint": "/a"}},
+        {"metric": "latency", "stat": "p99", "kind": "stat", "step": "1m", "filters": {"endpoint": "/a"}},
+        {"metric": "requests", "stat": "count", "kind": "table", "step": "1m", "group_by": ["endpoint"]}]},
+        timeout=10)
+    assert r.status_code in (200, 201), r.text
+    page, watch = watched_page(server.http, "/?dashboard=stopped&range=15m")
+    for i in range(3):
+        page.wait_for_selector(f"#panel-chart-{i}[data-state=live]", timeout=15_000)
+    page.wait_for_selector("#panel-chart-2 [data-testid=top-groups] tr[data-group='/a']", timeout=10_000)
+    stat = "(i) => document.querySelector(`#panel-chart-${i} .stat-value b`).textContent"
+    assert page.evaluate(stat, 0) == "0"
+    assert page.evaluate(stat, 1) == "no data"
+    row = page.evaluate("""() => [...document.querySelectorAll("#panel-chart-2 tr[data-group='/a'] td")]
+        .map((td) => td.textContent)""")
+    assert row == ["/a", "0", "50"]  # newest 0, its peak beside it
+    assert watch.errors == []
