@@ -307,6 +307,33 @@ def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, brows
         assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
 
 
+def test_range_changes_in_a_row_on_a_24_panel_dashboard_are_paced_within_the_servers_limits(live, browser):
+    # A round is 25 messages on the biggest dashboard (24 panels, the explorer, ...): range
+    # changes 400 ms apart, each its own round, passed 20 messages/s (burst 50) and the server
+    # closed the socket with 1008. Now the page paces what it sends by the limits the pong says.
+    import httpx
+
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 60_000 + i * 100, endpoint=f"/e{i % 3}", user=f"u{i}") for i in range(60)])
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "big", "range": "15m", "panels": [
+        {"metric": "requests", "stat": "count", "kind": "line", "group_by": ["endpoint"] if i % 2 else []}
+        for i in range(24)]}, timeout=10)
+    assert r.status_code in (200, 201), r.text
+    with opened_page(browser, server.http + "/?dashboard=big&range=5m", record_ws=True) as page:
+        assert page.locator("[data-testid=dash-panel]").count() == 24
+        page.wait_for_timeout(3_000)  # the server's message bucket is full again
+        for rng in ["15m", "1h", "6h", "24h", "5m", "1h"]:
+            page.select_option("#range", rng)
+            page.wait_for_timeout(400)
+        page.wait_for_function("""() => [...window.sketchboard.charts.values()].every((c) => c.result &&
+            c.query.from === 'now-1h')""", timeout=20_000)
+        page.wait_for_timeout(1_000)
+        assert page.evaluate("window.__ws.closes") == []
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "open"
+
+
 class FreezableProxy:
     """A TCP proxy on loopback in front of the server that can stop forwarding in both
     directions while keeping its connections open: a server that answers nothing (as a frozen
