@@ -106,8 +106,10 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         return
     if isinstance(msg, Ping):
         # The heartbeat interval: the page pings on open and closes a socket silent for a few of them.
+        # The message limits: the page paces what it sends to stay within them (past them it is closed).
         _reply(client, {"type": "pong", "at_ms": hub.now_ms(),
-                        "heartbeat_interval_ms": round(hub.config.heartbeat_interval_s * 1000)})
+                        "heartbeat_interval_ms": round(hub.config.heartbeat_interval_s * 1000),
+                        "message_rate": hub.config.message_rate, "message_burst": hub.config.message_burst})
     elif isinstance(msg, Topics):
         client.topics = set(msg.topics)
         _reply(client, {"type": "topics", "topics": sorted(client.topics)})

@@ -1,4 +1,5 @@
-// API tokens for the dashboard. When the API answers 401, ask for a token and keep it in
+// API tokens for the dashboard. When the API answers 401 (or 403 for a token without the
+// `read` scope), ask for a token and keep it in
 // sessionStorage: this tab only, gone when it closes (a token that outlives the session is one
 // more to leak; localStorage would keep it forever). It goes with every same-origin fetch as
 // `Authorization: Bearer`, and with the websocket as the subprotocol `sketchboard.token.<token>`
@@ -60,9 +61,25 @@ window.fetch = async (input, init) => {
     init.headers = headers;
   }
   const response = await nativeFetch(input, init);
+  // An answer to a token the tab no longer holds (another was typed in while it was on its way)
+  // says nothing about the new one: it must not forget it.
+  if (own && token !== get()) return response;
   if (own && response.status === 401) ask(Boolean(token));
+  else if (own && token && response.status === 403) await lacksRead(response);
   return response;
 };
+
+// A token without the `read` scope (an ingest-only one) can show nothing on this page: it is
+// refused like a revoked one, with the server's reason. A 403 for another scope (a read token
+// saving an alert rule, which needs `admin`) is the place's own error: the page works on.
+async function lacksRead(response) {
+  const challenge = response.headers.get("WWW-Authenticate") || "";
+  if (!/error="insufficient_scope"/.test(challenge) || !/scope="read"/.test(challenge)) return;
+  let detail = "";
+  try { detail = (await response.clone().json()).detail || ""; } catch (e) { /* no JSON body */ }
+  if (!get()) return; // forgotten while the body was read: asked already
+  ask(true, `this token lacks the read scope${detail ? ": " + detail : ""}`);
+}
 
 // Dismissed (Escape): asked again only from the header's button (or for a refused token).
 $("token-dialog").addEventListener("close", () => {

@@ -11,6 +11,7 @@ import { distribution } from "./heatmap.js";
 
 const PLOTTED = new Set(["line", "area", "bar", "heatmap"]);
 const TABLE_ROWS = 10;
+const NO_DATA = "no data"; // a stat whose newest step has no value (a percentile of no events)
 // Viridis, with no events drawn as nothing rather than as the darkest colour.
 const HEAT = [[0, "rgba(0,0,0,0)"], [1e-6, "#440154"], [0.25, "#3b528b"], [0.5, "#21918c"], [0.75, "#5ec962"], [1, "#fde725"]];
 
@@ -267,9 +268,12 @@ export class LiveChart {
     }
   }
 
-  latest(entry) { // the newest point with events (the step now filling has none yet)
+  // The newest step: only the one still filling with no event yet is passed over. A final step
+  // without events is the newest value (0 for a count or a rate; no value for a percentile, which
+  // the stat shows as "no data"), never an older step's value from before the traffic stopped.
+  latest(entry) {
     const ts = [...entry.points.keys()].sort((a, b) => b - a);
-    for (const t of ts) { const p = entry.points.get(t); if (p.count > 0 && p.value !== null && p.value !== undefined) return p; }
+    for (const t of ts) { const p = entry.points.get(t); if (p.count > 0 || this.isFinal(p)) return p; }
     return null;
   }
 
@@ -284,7 +288,8 @@ export class LiveChart {
     this.statEl.replaceChildren(...(msg && !entries.length ? [el("span", { class: "reason" }, [msg])] :
       entries.map((e) => {
         const p = this.latest(e);
-        return el("span", { class: "stat-value" }, [el("b", {}, [fmtNum(p ? p.value : null)]),
+        const v = p ? p.value : null;
+        return el("span", { class: "stat-value" }, [el("b", {}, [v === null || v === undefined ? NO_DATA : fmtNum(v)]),
           entries.length > 1 ? el("small", {}, [groupLabel(e.group)]) : null]);
       })));
     const traces = entries.map((e, i) => {

@@ -10,6 +10,12 @@ import { $, clock } from "./util.js";
 import { ask, onDismissed, protocols, tokenDialogOpen } from "./auth.js";
 
 const MISSED_HEARTBEATS = 3;
+// The server's ws_message_rate / ws_message_burst (docs/websocket.md): its defaults until the
+// pong says the configured ones. The page keeps under them by a margin (the server counts
+// arrivals, which the network may bunch): a socket past them is closed with 1008.
+const DEFAULT_LIMITS = { rate: 20, burst: 50 };
+const RATE_MARGIN = 0.9;
+const BURST_MARGIN = 5;
 const TOKEN_REFUSAL = /token/i; // the server's 1008 reasons about tokens (api/security/middleware.py)
 
 export class Connection {
@@ -23,6 +29,9 @@ export class Connection {
     this.lastMessage = 0;
     this.heartbeatMs = null; // unknown until the pong says
     this.waiting = false; // for the token dialog: reopened once it is dismissed
+    this.pacer = new Pacer((msg) => { // a socket gone meanwhile: its successor re-sends every subscription
+      if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
+    });
     onDismissed(() => { if (this.waiting) { this.waiting = false; this.retry(""); } });
     setInterval(() => {
       const silentFor = Date.now() - this.lastMessage;
@@ -53,6 +62,7 @@ export class Connection {
       this.backoff = 500;
       this.lastMessage = Date.now();
       setConnState("open", "live");
+      this.pacer.reset(); // a new socket: the server's bucket is full, the old queue is re-sent below
       this.send({ type: "ping" });
       for (const [id, s] of this.subs) this.send({ type: "subscribe", id, query: s.query });
     };
@@ -98,10 +108,15 @@ export class Connection {
     }
     if (msg.type === "heartbeat" || msg.type === "pong") clock.skewMs = msg.at_ms - Date.now();
     if (msg.type === "pong" && msg.heartbeat_interval_ms > 0) this.heartbeatMs = msg.heartbeat_interval_ms;
+    if (msg.type === "pong" && msg.message_rate > 0 && msg.message_burst > 0) {
+      this.pacer.limit(msg.message_rate, msg.message_burst);
+    }
     this.onMessage(msg);
   }
 
-  send(msg) { if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg)); }
+  // Paced (Pacer): one range change on the biggest dashboard goes at once, quick changes in a row
+  // wait their turn rather than get the socket closed.
+  send(msg) { if (this.ws && this.ws.readyState === WebSocket.OPEN) this.pacer.send(msg); }
 
   subscribe(id, query, handler) {
     this.subs.set(id, { query, handler });
@@ -112,6 +127,53 @@ export class Connection {
     if (!this.subs.has(id)) return;
     this.subs.delete(id);
     this.send({ type: "unsubscribe", id });
+  }
+}
+
+// A token bucket like the server's, a little smaller: messages go at once while it has tokens,
+// then wait in a queue drained at the allowed rate. A queued subscribe or unsubscribe of an id is
+// replaced in its place by a newer one of that id (only the newest query of a chart matters), so
+// a user flicking through ranges faster than a round drains never grows the queue.
+class Pacer {
+  constructor(sendNow) {
+    this.sendNow = sendNow;
+    this.limit(DEFAULT_LIMITS.rate, DEFAULT_LIMITS.burst);
+    this.reset();
+  }
+
+  limit(rate, burst) {
+    this.rate = rate * RATE_MARGIN / 1000; // per ms
+    this.burst = Math.max(1, burst - BURST_MARGIN);
+    this.tokens = Math.min(this.tokens ?? this.burst, this.burst);
+  }
+
+  reset() {
+    this.queue = [];
+    this.tokens = this.burst;
+    this.at = performance.now();
+    clearTimeout(this.timer);
+    this.timer = null;
+  }
+
+  send(msg) {
+    const same = msg.id !== undefined && msg.id !== null && (msg.type === "subscribe" || msg.type === "unsubscribe")
+      ? this.queue.findIndex((m) => m.id === msg.id && (m.type === "subscribe" || m.type === "unsubscribe")) : -1;
+    if (same >= 0) this.queue[same] = msg;
+    else this.queue.push(msg);
+    this.drain();
+  }
+
+  drain() {
+    const now = performance.now();
+    this.tokens = Math.min(this.burst, this.tokens + (now - this.at) * this.rate);
+    this.at = now;
+    while (this.queue.length && this.tokens >= 1) {
+      this.tokens -= 1;
+      this.sendNow(this.queue.shift());
+    }
+    if (this.queue.length && !this.timer) {
+      this.timer = setTimeout(() => { this.timer = null; this.drain(); }, Math.ceil((1 - this.tokens) / this.rate));
+    }
   }
 }
 

@@ -238,7 +238,10 @@ def test_malformed_messages_get_errors_and_the_socket_stays_usable(server):
         ws.send(b"\x00\x01binary")
         assert "binary frames" in recv_until(ws, lambda m: m["type"] == "error")["reason"]
         ws.send(json.dumps({"type": "ping"}))
-        assert recv_until(ws, lambda m: m["type"] in ("pong", "error"))["type"] == "pong"
+        pong = recv_until(ws, lambda m: m["type"] in ("pong", "error"))
+        assert pong["type"] == "pong"
+        # The message limits, which the page paces its messages by (dashboard/static/connection.js).
+        assert (pong["message_rate"], pong["message_burst"]) == (20.0, 50)
         snap = subscribe(ws, "ok", metric="latency", stat="p99")
         assert snap["type"] == "snapshot"
         ws.send(json.dumps({"type": "unsubscribe", "id": "ok"}))

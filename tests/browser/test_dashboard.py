@@ -307,6 +307,33 @@ def test_quick_range_changes_on_a_big_dashboard_keep_the_socket_open(live, brows
         assert page.evaluate("window.__ws.sent") - before <= panels + 1  # one round: a subscribe per chart
 
 
+def test_range_changes_in_a_row_on_a_24_panel_dashboard_are_paced_within_the_servers_limits(live, browser):
+    # A round is 25 messages on the biggest dashboard (24 panels, the explorer, ...): range
+    # changes 400 ms apart, each its own round, passed 20 messages/s (burst 50) and the server
+    # closed the socket with 1008. Now the page paces what it sends by the limits the pong says.
+    import httpx
+
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 60_000 + i * 100, endpoint=f"/e{i % 3}", user=f"u{i}") for i in range(60)])
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "big", "range": "15m", "panels": [
+        {"metric": "requests", "stat": "count", "kind": "line", "group_by": ["endpoint"] if i % 2 else []}
+        for i in range(24)]}, timeout=10)
+    assert r.status_code in (200, 201), r.text
+    with opened_page(browser, server.http + "/?dashboard=big&range=5m", record_ws=True) as page:
+        assert page.locator("[data-testid=dash-panel]").count() == 24
+        page.wait_for_timeout(3_000)  # the server's message bucket is full again
+        for rng in ["15m", "1h", "6h", "24h", "5m", "1h"]:
+            page.select_option("#range", rng)
+            page.wait_for_timeout(400)
+        page.wait_for_function("""() => [...window.sketchboard.charts.values()].every((c) => c.result &&
+            c.query.from === 'now-1h')""", timeout=20_000)
+        page.wait_for_timeout(1_000)
+        assert page.evaluate("window.__ws.closes") == []
+        assert page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "open"
+
+
 class FreezableProxy:
     """A TCP proxy on loopback in front of the server that can stop forwarding in both
     directions while keeping its connections open: a server that answers nothing (as a frozen
@@ -511,3 +538,33 @@ def test_the_lag_charts_draw_a_dst_fall_back_hours_samples_apart(live, browser):
         assert len(pixels) == 9 and all(b - a > 5 for a, b in zip(pixels, pixels[1:])), pixels
         assert "2026-11-01 01:00:00 (UTC−04:00)" in got["hover"] and "2026-11-01 01:00:00 (UTC−05:00)" in got["hover"]
         assert len(set(got["hover"])) == 9 and got["ticks"], got
+
+
+def test_stat_and_table_panels_show_the_newest_final_step_when_traffic_stops(live, watched_page):
+    # dashboard.md: `stat` the newest value, `table` the groups by their newest value. Every step
+    # without events was passed over, so a final empty step (traffic stopped) showed the value of
+    # ten minutes ago: now only the step still filling is, a final empty one is 0 (a count) or
+    # "no data" (a percentile of no events).
+    import httpx
+
+    server, ctx, _ = live
+    now = int(time.time() * 1000)
+    commit(server, ctx, [ev(now - 600_000 + i * 100, endpoint="/a", latency=900.0, user=f"u{i}") for i in range(50)])
+    commit(server, ctx, [ev(now - 1_000, endpoint="/b", latency=1.0)])  # the stream's clock moves on
+    r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "stopped", "range": "15m", "panels": [
+        {"metric": "requests", "stat": "count", "kind": "stat", "step": "1m", "filters": {"endpoint": "/a"}},
+        {"metric": "latency", "stat": "p99", "kind": "stat", "step": "1m", "filters": {"endpoint": "/a"}},
+        {"metric": "requests", "stat": "count", "kind": "table", "step": "1m", "group_by": ["endpoint"]}]},
+        timeout=10)
+    assert r.status_code in (200, 201), r.text
+    page, watch = watched_page(server.http, "/?dashboard=stopped&range=15m")
+    for i in range(3):
+        page.wait_for_selector(f"#panel-chart-{i}[data-state=live]", timeout=15_000)
+    page.wait_for_selector("#panel-chart-2 [data-testid=top-groups] tr[data-group='/a']", timeout=10_000)
+    stat = "(i) => document.querySelector(`#panel-chart-${i} .stat-value b`).textContent"
+    assert page.evaluate(stat, 0) == "0"
+    assert page.evaluate(stat, 1) == "no data"
+    row = page.evaluate("""() => [...document.querySelectorAll("#panel-chart-2 tr[data-group='/a'] td")]
+        .map((td) => td.textContent)""")
+    assert row == ["/a", "0", "50"]  # newest 0, its peak beside it
+    assert watch.errors == []

@@ -222,6 +222,30 @@ def test_a_token_dialog_dismissed_with_escape_is_opened_again_from_the_header(se
         context.close()
 
 
+def test_a_token_without_the_read_scope_is_refused_with_the_servers_reason(secured, browser):
+    # An ingest-only token got 403 insufficient_scope on every GET: the page stayed on "error:
+    # GET /api/v1/metrics: HTTP 403" with no way to enter another token (only a 401 asked). Now a
+    # 403 for the read scope is a refused token: forgotten, the dialog open with the reason.
+    server, ctx, tokens = secured
+    context = browser.new_context()
+    context.add_init_script(  # the first load only: the reload after the dialog has the token typed in
+        f"if (!sessionStorage.getItem('seeded')) {{ sessionStorage.setItem('seeded', '1');"
+        f" sessionStorage.setItem('sketchboard.token', {tokens['ingest']!r}); }}")
+    try:
+        page = context.new_page()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.locator("#token-dialog").wait_for(state="visible", timeout=10_000)
+        reason = page.text_content("#token-reason")
+        assert "this token lacks the read scope" in reason and "t_ingest" in reason, reason
+        assert page.evaluate("sessionStorage.getItem('sketchboard.token')") is None
+        page.fill("#token-input", tokens["read"])
+        page.click("[data-testid=token-submit]")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        assert page.is_hidden("#token-dialog")
+    finally:
+        context.close()
+
+
 def test_a_revoked_token_is_forgotten_and_asked_for_again(secured, browser, tmp_path):
     # The server closes the page's socket 1008 "token 't_read' was revoked": the page dropped
     # the reason and retried the revoked token forever. Now it shows the reason, forgets the
