@@ -645,7 +645,7 @@ class ReprocessService:
         outputs = self._needs_outputs()
         store = outputs.open_store(run.id)
         try:
-            read = store.progress(run.id).end_offsets
+            read = store.progress(run.id, row_counts=False).end_offsets
         finally:
             store.close()
         return any(read.get(stream, {}).get(p, 0) < at for stream in (run.stream, *enriched)

@@ -22,13 +22,18 @@ from store.exact_sum import ExactSumAggregate
 WAL_LIMIT_BYTES = 64 * 2**20
 
 
-def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_timeout_s: float = 30.0) -> sqlite3.Connection:
+def open_connection(path: Path, *, synchronous: str | None = "NORMAL", busy_timeout_s: float = 30.0,
+                    existing: bool = False) -> sqlite3.Connection:
     """Autocommit (transactions are explicit), shareable across threads (callers hold a lock),
-    WAL so readers see the last commit while another process writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    WAL so readers see the last commit while another process writes. `existing`: another
+    connection to a file that must be there (an error if it is gone: no folder or empty database
+    made in its place)."""
+    if not existing:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    target = f"{path.resolve().as_uri()}?mode=rw" if existing else path
     with naming_file(path):
-        return _set_up(sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False),
-                       synchronous)
+        return _set_up(sqlite3.connect(target, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False,
+                                       uri=existing), synchronous)
 
 
 def _set_up(conn: sqlite3.Connection, synchronous: str | None) -> sqlite3.Connection:

@@ -260,13 +260,13 @@ class PostgresPaneStore(PaneStore):
                     conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND end_ms <= %s",
                                  (stream, granule, horizon))
         committed_at_ms = recorded_commit_ms(now_ms, commit.batch_now_ms)
+        with conn.cursor() as cur:
+            batch_totals.add(cur, commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, "%s",
+                             "GREATEST")
         conn.execute(
             "INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
             " VALUES (%s, %s, %s, %s, %s, %s)",
             (commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, plan.panes_new, plan.panes_updated))
-        with conn.cursor() as cur:
-            batch_totals.add(cur, commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, "%s",
-                             "GREATEST")
         notify_commit(conn, self.channel, last_seq)  # delivered when this transaction commits
         return CommitResult(True, plan.panes_new, plan.panes_updated, first_seq, last_seq, plan.corrections,
                             len(commit.dead_letters))

@@ -351,6 +351,17 @@ def test_counting_the_panes_leaves_the_sqlite_stores_connection_to_the_queries(t
         counted = pool.submit(store.progress, "main").result(timeout=10)
     assert (counted.last_batch_id, counted.streams["http"].panes) == (0, 1)
     store.close()
+    # That connection is to the store's file as it is: gone (a namespace's folder removed), an
+    # error, not an empty database and folder made in its place.
+    import shutil
+    import sqlite3
+
+    gone = SqlitePaneStore(tmp_path / "ns #1" / "store.db", synchronous="OFF")
+    shutil.rmtree(tmp_path / "ns #1")
+    with pytest.raises(sqlite3.OperationalError):
+        gone.progress("main")
+    assert not (tmp_path / "ns #1").exists()
+    gone.close()
 
 
 def test_corrections_since_a_decision_are_counted_from_the_index(tmp_path) -> None:
@@ -384,7 +395,8 @@ def test_the_batches_totals_are_kept_by_each_commit_and_made_once_for_a_store_wi
     """progress's batch count, events read, last batch id and commit time are summed as batches
     are committed (store/batch_totals.py), not from every batch ever committed at each read (the
     pipeline feed reads them every second). A store whose batches were committed before the sums
-    existed reads them from its batches, and its next commit makes them from all of them."""
+    existed, or by a version from before them, reads them from its batches, and its next commit
+    makes them from all of them."""
     def batch(i: int, events: int, now_ms: int) -> None:
         assert store.commit_batch(commit(i, [partial(T0, {"e": "/a"}, make_data([1.0] * events))],
                                          max_event={"http": T0 + i}, offsets={"http": {0: i + 1}}),
@@ -407,6 +419,15 @@ def test_the_batches_totals_are_kept_by_each_commit_and_made_once_for_a_store_wi
     assert totals() == (1, T0 + 5_000, 2, 5, 1, T0 + 5_000)
     batch(2, 4, T0 + 6_000)
     assert totals() == (2, T0 + 6_000, 3, 9, 2, T0 + 6_000)
+    # A Sketchboard from before the totals shares the store (a rolling upgrade): its commit adds a
+    # batch and not the totals, which are then read from the batches, and made again by the next commit.
+    db = store.side_db()
+    db.execute("INSERT INTO batches (pipeline, batch_id, committed_at_ms, events_read, panes_new, panes_updated)"
+               " VALUES ('main', 3, ?, 7, 0, 1)", (T0 + 7_000,))
+    db.close()
+    assert totals() == (3, T0 + 7_000, 4, 16, 3, T0 + 7_000)
+    batch(4, 1, T0 + 8_000)
+    assert totals() == (4, T0 + 8_000, 5, 17, 4, T0 + 8_000)
     assert totals("other") == (None, None, 0, 0, None, None)
 
 
@@ -422,7 +443,8 @@ def test_progress_polled_reads_no_table_that_grows_with_the_data(tmp_path) -> No
     progress = store.progress("main", row_counts=False)
     store._conn.set_trace_callback(None)
     assert (progress.batches, progress.events_read, progress.last_batch_id) == (3, 3, 2)
-    assert [sql for sql in asked if "FROM batches" in sql or "FROM panes" in sql] == []
+    # The newest batch id only (the primary key's last entry), no count or sum over them or the panes.
+    assert [sql for sql in asked if "FROM panes" in sql or "FROM batches" in sql and "SELECT MAX(batch_id)" not in sql] == []
     store.close()
 
 
