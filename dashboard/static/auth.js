@@ -65,19 +65,19 @@ window.fetch = async (input, init) => {
   // says nothing about the new one: it must not forget it.
   if (own && token !== get()) return response;
   if (own && response.status === 401) ask(Boolean(token));
-  else if (own && token && response.status === 403) await lacksRead(response);
+  else if (own && token && response.status === 403) await lacksRead(response, token);
   return response;
 };
 
 // A token without the `read` scope (an ingest-only one) can show nothing on this page: it is
 // refused like a revoked one, with the server's reason. A 403 for another scope (a read token
 // saving an alert rule, which needs `admin`) is the place's own error: the page works on.
-async function lacksRead(response) {
+async function lacksRead(response, token) {
   const challenge = response.headers.get("WWW-Authenticate") || "";
   if (!/error="insufficient_scope"/.test(challenge) || !/scope="read"/.test(challenge)) return;
   let detail = "";
   try { detail = (await response.clone().json()).detail || ""; } catch (e) { /* no JSON body */ }
-  if (!get()) return; // forgotten while the body was read: asked already
+  if (get() !== token) return; // forgotten or replaced while the body was read: not this token's answer now
   ask(true, `this token lacks the read scope${detail ? ": " + detail : ""}`);
 }
 

@@ -221,6 +221,8 @@ export class Editor {
 function strip(d) { // what GET adds to a definition, but its version: the one this change was made to
   const out = { ...d };
   for (const k of ["source", "created_ms"]) delete out[k];
-  if (d.source !== "api") delete out.updated_ms; // the generated one is saved as new; a provisioned one is refused anyway
+  // The generated dashboard's version (0) goes too: saved as new while it is still generated, and
+  // refused (409) once another page saved it first. A provisioned one is refused anyway.
+  if (d.source !== "api" && d.source !== "generated") delete out.updated_ms;
   return out;
 }

@@ -228,3 +228,18 @@ def test_a_configuration_with_more_metrics_than_a_dashboard_holds_gets_generated
         # Saving a page keeps it; from then on the saved one is all there is.
         assert client.put("/api/v1/dashboards/metrics-2", json=second).status_code in (200, 201)
         assert [d["name"] for d in client.get("/api/v1/dashboards").json()["dashboards"]] == ["metrics-2"]
+
+
+def test_two_pages_saving_the_generated_dashboard_with_the_version_they_loaded(api, clock):
+    """The generated dashboard's version is 0 and the page sends it back: the first save keeps it
+    as a saved dashboard, the second page's save of its stale copy is refused (409), not an
+    overwrite of the first's."""
+    generated = api.get("/api/v1/dashboards/metrics").json()
+    assert generated["updated_ms"] == 0
+    body = {k: v for k, v in generated.items() if k not in ("source", "created_ms")}
+    first = api.put("/api/v1/dashboards/metrics", json={**body, "panels": generated["panels"][:2]})
+    assert first.status_code == 200 and first.json()["source"] == "api"
+    clock.now += 1
+    second = api.put("/api/v1/dashboards/metrics", json={**body, "panels": generated["panels"][:3]})
+    assert second.status_code == 409 and second.json()["param"] == "updated_ms"
+    assert len(api.get("/api/v1/dashboards/metrics").json()["panels"]) == 2
