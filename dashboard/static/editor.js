@@ -133,7 +133,7 @@ export class Editor {
   }
 
   async save(definition, within) { // PUT the whole dashboard; the error names the field
-    const answer = await call("PUT", `${API}/${encodeURIComponent(definition.name)}`, strip(definition));
+    const answer = await this.dashboards.saving(() => call("PUT", `${API}/${encodeURIComponent(definition.name)}`, strip(definition)));
     if (!answer.ok) {
       this.conflict(answer, definition.name);
       const where = answer.body && answer.body.param ? answer.body.param : "";
@@ -184,7 +184,7 @@ export class Editor {
     let answer;
     if (mode === "create") answer = await call("POST", API, { name, title, ...timing, panels: [] });
     else if (mode === "duplicate") answer = await call("POST", `${API}/${encodeURIComponent(d.name)}/duplicate`, { name, title });
-    else answer = await call("PUT", `${API}/${encodeURIComponent(d.name)}`, strip({ ...d, title, ...timing }));
+    else answer = await this.dashboards.saving(() => call("PUT", `${API}/${encodeURIComponent(d.name)}`, strip({ ...d, title, ...timing })));
     if (!answer.ok) {
       if (mode === "settings") this.conflict(answer, d.name);
       $("dashboard-form-error").textContent = detailOf(answer.body, answer.status);
@@ -208,7 +208,7 @@ export class Editor {
     button.dataset.armed = "false";
     button.textContent = "delete";
     const version = d.source === "api" ? `?updated_ms=${d.updated_ms}` : "";
-    const answer = await call("DELETE", `${API}/${encodeURIComponent(d.name)}${version}`);
+    const answer = await this.dashboards.saving(() => call("DELETE", `${API}/${encodeURIComponent(d.name)}${version}`));
     if (!answer.ok) {
       this.conflict(answer, d.name);
       $("dashboard-source").textContent = detailOf(answer.body, answer.status);

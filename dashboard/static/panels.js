@@ -80,12 +80,21 @@ export class Dashboards {
     $("dashboard-notice").dataset.reload = reloadName || "";
   }
 
+  // A change this page sends (the editor's saves and deletes): while one is on its way, what the
+  // server holds may already be it, so check() compares nothing (it took this page's own save for
+  // someone else's when its answer came first).
+  async saving(send) {
+    this.inFlight = (this.inFlight || 0) + 1;
+    try { return await send(); } finally { this.inFlight -= 1; }
+  }
+
   // The shown dashboard changed or deleted elsewhere since it was loaded (or last saved here)?
   async check() {
     const shown = this.current;
-    if (!shown || document.hidden || !$("dashboard-notice").hidden) return;
+    if (!shown || document.hidden || !$("dashboard-notice").hidden || this.inFlight) return;
     const answer = await call("GET", API);
-    if (!answer.ok || this.current !== shown) return; // a save or a switch meanwhile: compare next time
+    // A save or a switch meanwhile (or still on its way): compare next time.
+    if (!answer.ok || this.current !== shown || this.inFlight) return;
     const now = answer.body.dashboards.find((d) => d.name === shown.name);
     if (!now) this.stale(shown.name, false);
     else if (now.updated_ms !== shown.updated_ms) this.stale(shown.name, true);
