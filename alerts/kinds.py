@@ -61,25 +61,18 @@ def metric_window(rule: ThresholdRule | TrendRule, data: AlertData, catalog: Cat
                   now_ms: int) -> tuple[int, int] | Outcome:
     """[start, end) of the window the rule reads now, or the NoData outcome saying why there is none."""
     stream = catalog.streams[catalog.metric(rule.metric).stream]
-    pane, lateness = stream.pane, stream.allowed_lateness
     watermark = data.watermark(stream.name)
     if watermark is None:
         return Outcome.nodata(f"no events processed yet on stream {stream.name!r}")
-    if rule.provisional:
-        end = (watermark + lateness) // pane * pane + pane  # the pane holding the newest event
-    else:
-        end = watermark // pane * pane
+    end = newest_window_end(stream, watermark, provisional=rule.provisional)
     base = sessions_base(catalog, stream.name)
     if base is not None and (base_watermark := data.watermark(base.name)) is not None:
         # A sessions stream's windows come as its sessions close: they trail by the sessions' own
         # length too (users active for 10 minutes: 10 minutes more), which no trail declared in the
         # catalog covers. Whether traffic comes and the pipeline keeps up is its base stream's to
         # say; the newest final sessions window is read wherever it is.
-        if rule.provisional:
-            base_end = (base_watermark + base.allowed_lateness) // base.pane * base.pane + base.pane
-        else:
-            base_end = base_watermark // base.pane * base.pane
-        behind = expected_window_end(base, 0, now_ms, provisional=rule.provisional) - base_end
+        behind = (expected_window_end(base, 0, now_ms, provisional=rule.provisional)
+                  - newest_window_end(base, base_watermark, provisional=rule.provisional))
         why = f", judged by {base.name}, whose sessions {stream.name} counts as they close"
     else:
         trail = watermark_trail_ms(catalog, stream.name)
@@ -93,6 +86,15 @@ def metric_window(rule: ThresholdRule | TrendRule, data: AlertData, catalog: Cat
                               f" {format_duration_ms(behind)} before expected (stale_after"
                               f" {format_duration_ms(rule.stale_after)}{why}): no traffic, or the pipeline is behind")
     return end - rule.window, end
+
+
+def newest_window_end(stream: StreamDef, watermark_ms: int, *, provisional: bool) -> int:
+    """Where the newest window a rule can read ends: the last pane boundary the watermark passed
+    (final), or with `provisional` the end of the pane holding the newest event."""
+    pane = stream.pane
+    if provisional:
+        return (watermark_ms + stream.allowed_lateness) // pane * pane + pane
+    return watermark_ms // pane * pane
 
 
 def expected_window_end(stream: StreamDef, trail_ms: int, now_ms: int, *, provisional: bool) -> int:

@@ -164,11 +164,10 @@ def watermark_trail_ms(catalog: Catalog, stream: str) -> int:
       (its own lateness holds the sides' and `within`, and its join clock caps it at that), and
       `<stream>_clocks` and a view's rows come at their source's newest time (within a pane).
     """
-    spec = catalog.streams[stream]
-    if not spec.derived_from:
+    if not catalog.streams[stream].derived_from:
         return 0
-    base = catalog.streams[spec.derived_from]
-    if base.sessions is not None and stream == sessions_stream_name(base.name):
+    base = sessions_base(catalog, stream)
+    if base is not None:
         return base.allowed_lateness + base.sessions.gap
     for pattern in catalog.patterns:
         if stream == matches_stream_name(pattern.name):
