@@ -9,6 +9,10 @@ query of such a view then loads its kept points (a 24 h, 1-minute p99 over a 1 h
 over unchanged views costs their fingerprints' sums: only the windows that became final since,
 or whose rows a straggler or a correction revised, are computed again.
 
+The standard views (query/standard_views.py: each metric's percentiles and distinct counts at
+each tier's granule, and over a 1 h sliding window) are warmed with them, the newly final windows
+at each run, so an undeclared 24 h query's first run loads kept points too.
+
 One replica warms (`active`: the leader's), since the points it keeps are shared in the store.
 """
 
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from query import Query
+from query.standard_views import StandardViews
 from query.warm import warm
 from store.point_cache import PointCache
 
@@ -30,9 +35,10 @@ log = logging.getLogger("sketchboard.warm")
 class PointWarmer:
     def __init__(self, store: Any, views: Callable[[int], list[Query]], *, interval_s: float, max_points: int,
                  cache: PointCache | None = None, workers: Any = None, clock: Callable[[], float] = time.time,
-                 active: Callable[[], bool] = lambda: True):
+                 active: Callable[[], bool] = lambda: True, standard: StandardViews | None = None):
         """`views`: the declared queries at an instant (ms); `workers`: api.ws_workers.SnapshotWorkers
-        (None: computed in this process through `cache`)."""
+        (None: computed in this process through `cache`); `standard`: the standard views warmed
+        with them (None: only the declared ones)."""
         self.store = store
         self.views = views
         self.interval_s = interval_s
@@ -41,6 +47,8 @@ class PointWarmer:
         self.workers = workers
         self.clock = clock
         self.active = active
+        self.standard = standard
+        self._generation = cache.generation if cache is not None else 0
         self.runs = 0  # runs that computed the views (for the status and tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -52,10 +60,17 @@ class PointWarmer:
             return None
         now_ms = int(self.clock() * 1000)
         queries = self.views(now_ms)
-        if not queries:
-            return 0
         watermarks = self.store.watermarks()
         generation = self.cache.generation if self.cache is not None else 0
+        standard = None
+        if self.standard is not None:
+            if generation != self._generation:  # the kept points were cleared (a switch): whole ranges again
+                self.standard.reset()
+                self._generation = generation
+            standard = self.standard.plan(now_ms, watermarks)
+            queries = [*queries, *standard.queries]
+        if not queries:
+            return 0
         if self.workers is not None:
             self.workers.start()  # idempotent; otherwise started by the first websocket subscription
             done = self.workers.warm(queries, now_ms, watermarks, self.max_points, generation)
@@ -66,6 +81,8 @@ class PointWarmer:
             return None
         if done is not None:
             self.runs += 1
+            if standard is not None:
+                self.standard.done(standard)
         return done
 
     def start(self) -> None:

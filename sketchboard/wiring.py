@@ -107,20 +107,25 @@ def point_warmer(settings: Settings, ctx):
     leader replica, in a snapshot worker where there is one; None when point_warm_interval is 0."""
     from api.point_warmer import PointWarmer
     from dashboard.views import declared_queries
+    from query.standard_views import StandardViews
 
-    if not settings.point_warm_interval or ctx.dashboards is None:
+    if not settings.point_warm_interval or (ctx.dashboards is None and not settings.point_warm_standard):
         return None
 
     def views(now_ms: int):
+        if ctx.dashboards is None:
+            return []
         # Resolved as the queries they warm for are (api/served_catalog.py): a panel the served output
         # cannot answer until a switch is skipped, not warmed with points read another way.
         # Checked against the configuration, as the dashboards are (dashboard/service.py).
         return declared_queries([d.definition for d in ctx.dashboards.dashboards()], ctx.served_catalog(),
                                 now_ms=now_ms, max_points=ctx.query_max_points, checked_against=ctx.catalog)
 
+    # Of the served catalog too: a stream computed as stored until a switch is warmed as it is read.
+    standard = StandardViews(ctx.served_catalog, max_points=ctx.query_max_points) if settings.point_warm_standard else None
     return PointWarmer(ctx.store, views, interval_s=settings.point_warm_interval, max_points=ctx.query_max_points,
                        cache=ctx.point_cache, workers=ctx.snapshot_workers, clock=ctx.clock,
-                       active=ctx.leadership.leading)
+                       active=ctx.leadership.leading, standard=standard)
 
 
 def _snapshot_worker(settings: Settings):

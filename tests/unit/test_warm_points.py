@@ -184,20 +184,21 @@ def test_the_warmer_keeps_the_declared_views_points_from_a_worker_process(store_
     workers = SnapshotWorkers(partial(worker_state, store_backend.kind, where))
     leading = [False]
     api_cache = PointCache(backing=kept)
-    warmer = PointWarmer(store, lambda now_ms: [SLIDING], interval_s=60, max_points=11_000,
+    # Five views: handed to the worker in chunks (api/ws_workers.py WARM_CHUNK), their counts summed.
+    warmer = PointWarmer(store, lambda now_ms: [SLIDING] * 5, interval_s=60, max_points=11_000,
                          cache=api_cache, workers=workers, clock=lambda: T0 / 1000, active=lambda: leading[0])
     try:
         assert warmer.run_once() is None  # another replica leads: it warms
         leading[0] = True
         assert warmer.run_once() is None  # it starts the workers; until they are ready it skips
         assert workers.wait_ready(120), "the snapshot worker did not start"
-        assert warmer.run_once() == 1 and warmer.runs == 1
+        assert warmer.run_once() == 5 and warmer.runs == 1
         got, computed = cold(store, kept, SLIDING)
         assert computed == 0 and len(got[0].points) == 120
         assert_same(got, answer(store, **asked(SLIDING)), "p90")
 
         api_cache.clear()  # a switch replaced the stream's rows: the kept points are deleted from the store
-        assert warmer.run_once() == 1  # the worker forgets its own (the generation) and keeps them anew
+        assert warmer.run_once() == 5  # the worker forgets its own (the generation) and keeps them anew
         assert cold(store, kept, SLIDING)[1] == 0
     finally:
         workers.stop()
