@@ -7,6 +7,7 @@ asserts nothing.
     python -m bench.day_of_data --hours 168 --events 3000000 --long-queries   # a week
     python -m bench.day_of_data --only tiers --stores sqlite,postgres          # both store backends
     python -m bench.day_of_data --only tiers --declared   # and with the queries declared (point warmer)
+    python -m bench.day_of_data --only tiers --sliding    # and the table's queries over a 1 h sliding window
 
 With `--stores ...,postgres` the PostgreSQL store runs on a throwaway local server started as
 the tests start theirs (tests/postgres_server.py: Debian's postgresql, fsync off), or on
@@ -62,6 +63,12 @@ QUERIES = [  # (label, query string); `to=now` is the end of the generated data
     ("15m 1m p99 by endpoint", "metric=latency&stat=p99&from=now-15m&step=1m&group_by=endpoint"),
     ("24h 1m p99 1h sliding", "metric=latency&stat=p99&from=now-24h&step=1m&window=1h"),
     ("24h 1m count by endpoint", "metric=requests&stat=count&from=now-24h&step=1m&group_by=endpoint"),
+]
+SLIDING_QUERIES = [  # --sliding: the issue's table again "with a 1 h sliding window"
+    ("24h 1m distinct 1h sliding", "metric=requests&stat=distinct&from=now-24h&step=1m&window=1h"),
+    ("24h 1m count 1h sliding", "metric=requests&stat=count&from=now-24h&step=1m&window=1h"),
+    ("1h 1m p99 1h sliding", "metric=latency&stat=p99&from=now-1h&step=1m&window=1h"),
+    ("15m 1m p99 by endpoint 1h sliding", "metric=latency&stat=p99&from=now-15m&step=1m&group_by=endpoint&window=1h"),
 ]
 LONG_QUERIES = [("7d 1h p99", "metric=latency&stat=p99&from=now-7d&step=1h"),
                 ("7d 1h distinct", "metric=requests&stat=distinct&from=now-7d&step=1h")]
@@ -144,7 +151,7 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     """Fill a store with a day of demo partials, then time `queries` (default: QUERIES, and
     LONG_QUERIES with --long-queries) through the API."""
     if queries is None:
-        queries = QUERIES + (LONG_QUERIES if args.long_queries else [])
+        queries = QUERIES + (SLIDING_QUERIES if args.sliding else []) + (LONG_QUERIES if args.long_queries else [])
     store = open_store(kind, root, dsn)
     store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
     log = SqliteEventLog(root / "log.db", synchronous="OFF")
@@ -434,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=100_000, help="events per committed batch")
     ap.add_argument("--repeat", type=int, default=20, help="runs of each query")
     ap.add_argument("--long-queries", action="store_true", help="also 7 d at 1 h steps (use with --hours 168)")
+    ap.add_argument("--sliding", action="store_true", help="also the table's other queries over a 1 h sliding window")
     ap.add_argument("--only", choices=["tiers", "panes"], help="run one configuration only")
     ap.add_argument("--ws", type=int, default=0, help="then again over HTTP with this many websocket clients"
                     " holding 24 h views updated every second (e.g. 50)")
