@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 
 # Keyed by digests of the shape's and the group's texts: those can be longer than a PostgreSQL
 # B-tree entry holds (~2 700 bytes: a filter value or a group's labels of up to 2 048 bytes each,
-# JSON-escaped), and a point that could not be kept was computed again at every query. The table
-# of before (keyed by the texts) is dropped: it is a cache, whatever it held is computed again.
+# JSON-escaped), and a point that could not be kept was computed again at every query. The tables
+# of before are dropped (final_points: keyed by the texts; kept_points: without expires_ms): a
+# cache, whatever they held is computed again.
 _SCHEMA = """
 DROP TABLE IF EXISTS final_points;
-CREATE TABLE IF NOT EXISTS kept_points (
+DROP TABLE IF EXISTS kept_points;
+CREATE TABLE IF NOT EXISTS points_kept (
     shape_key TEXT NOT NULL,    -- SHA-256 (hex) of the query's shape as JSON: stream, stat, quantile, fields, step,
                                 -- window, group-by, filters
     grp_key TEXT NOT NULL,      -- SHA-256 (hex) of grp
@@ -44,12 +46,16 @@ CREATE TABLE IF NOT EXISTS kept_points (
     last_batch INTEGER NOT NULL,  -- newest batch that changed one,
     revision INTEGER NOT NULL,  -- highest revision
     point TEXT NOT NULL,        -- value, count, revision, error bound as JSON (NaN and infinities kept)
+    expires_ms INTEGER NOT NULL,  -- when retention has dropped every row that could answer the window
     PRIMARY KEY (shape_key, grp_key, t_ms)
 );
 """
 
 _PRUNE_EVERY_MS = 3_600_000
-Entry = tuple[Hashable, tuple, int, tuple, Point]  # (shape, group, t_ms, fingerprint, point)
+_NEVER = 2**62  # expires_ms of a point kept for good (no retention, no keep): fits a BIGINT
+# (shape, group, t_ms, fingerprint, point[, keep_ms]): keep_ms, how long after its window's end rows
+# that answer it are kept (store.planner.answerable_ms); without it, the retention's.
+Entry = tuple
 
 
 class FinalPoints(SideStore):
@@ -60,7 +66,9 @@ class FinalPoints(SideStore):
         super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._writer_conn = writer or self._conn
         self._write_lock = threading.Lock() if writer is not None else self._lock
-        self.retention_ms = retention_ms  # points of windows older than this are deleted as new ones are saved
+        # Points of windows older than this (or than their own keep_ms) are deleted as new ones are
+        # saved; None: none is (the service sets it: sketchboard/wiring.py).
+        self.retention_ms = retention_ms
         self._pruned_ms = -_PRUNE_EVERY_MS  # when they last were
         self._clock = clock
         self._queue: queue.Queue[list[Entry] | None] = queue.Queue()
@@ -71,7 +79,7 @@ class FinalPoints(SideStore):
         """(group, t_ms, fingerprint, point) of the saved points of `shape` with t_ms in [lo_ms, hi_ms)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM kept_points"
+                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM points_kept"
                 " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_shape_key(shape), lo_ms, hi_ms)).fetchall()
         if not rows:
             return []
@@ -84,23 +92,29 @@ class FinalPoints(SideStore):
         """Write these points now (a newer fingerprint replaces an older one)."""
         shapes: dict[Hashable, str] = {}
         rows = []
-        for shape, group, t, fp, p in entries:
+        for shape, group, t, fp, p, *keep in entries:
             if shape not in shapes:
                 shapes[shape] = _shape_key(shape)
             grp = _text(group)
-            rows.append((shapes[shape], _digest(grp), grp, t, *fp, _point_text(p)))
+            keep_ms = keep[0] if keep and keep[0] is not None else self.retention_ms
+            if self.retention_ms is not None and keep_ms is not None:
+                keep_ms = min(keep_ms, self.retention_ms)
+            expires = _NEVER if keep_ms is None else t + keep_ms
+            rows.append((shapes[shape], _digest(grp), grp, t, *fp, _point_text(p), expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
             self._writer_conn.executemany(
-                "INSERT INTO kept_points (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape_key, grp_key, t_ms) DO UPDATE SET"
+                "INSERT INTO points_kept (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point,"
+                " expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape_key, grp_key, t_ms) DO UPDATE SET"
                 " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
-                " revision = excluded.revision, point = excluded.point", rows)
+                " revision = excluded.revision, point = excluded.point, expires_ms = excluded.expires_ms", rows)
             now_ms = int(self._clock() * 1000)
             if self.retention_ms is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
-                # Not at every save: t_ms leads no index, so this reads the whole table.
-                self._writer_conn.execute("DELETE FROM kept_points WHERE t_ms < ?", (now_ms - self.retention_ms,))
+                # Not at every save: expires_ms leads no index, so this reads the whole table. A
+                # 1-minute point is kept as long as the 1-minute rows (8 days shipped), not as long
+                # as the hours (90): a day of the standard views' minutes is ~40 000 points.
+                self._writer_conn.execute("DELETE FROM points_kept WHERE expires_ms < ?", (now_ms,))
                 self._pruned_ms = now_ms
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
@@ -122,7 +136,7 @@ class FinalPoints(SideStore):
         """Forget every saved point (a switch replaced a stream's rows: store/switch.py)."""
         self.flush()
         with self._write_lock, self._writer_conn.transaction():
-            self._writer_conn.execute("DELETE FROM kept_points")
+            self._writer_conn.execute("DELETE FROM points_kept")
 
     def close(self) -> None:
         if self._writer is not None:

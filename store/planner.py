@@ -48,6 +48,16 @@ def keep_of(layout: TierLayout, granule_ms: int) -> int:
     return dict(layout.granules).get(granule_ms, layout.retention_ms)
 
 
+def answerable_ms(layout: TierLayout | None, pane_ms: int, step_ms: int, window_ms: int) -> int | None:
+    """How long after a window's start some granule that can answer it is still kept: the longest
+    keep of the granules dividing its buckets (gcd of step and window), plus the window. A point
+    kept longer is never read again (store/final_points.py). None: no tiers, nothing known."""
+    if layout is None or layout.pane_ms != pane_ms:
+        return None
+    bucket = math.gcd(step_ms, window_ms)
+    return max(keep_of(layout, g) for g in layout.granules_ms() if bucket % g == 0) + window_ms
+
+
 def kept_from_ms(layout: TierLayout, granule_ms: int, now_ms: int) -> int:
     """The earliest start from which every row of the granule is surely still kept at now_ms.
 

@@ -61,8 +61,9 @@ class PointCache:
         """Keep a final point (key: (shape, group, t_ms)); provisional points are not kept."""
         self.put_many([(key, fingerprint, point)])
 
-    def put_many(self, items: Iterable[tuple[Hashable, Fingerprint, Point]]) -> None:
-        """put() of each (key, fingerprint, point), under one hold of the lock."""
+    def put_many(self, items: Iterable[tuple[Hashable, Fingerprint, Point]], *, keep_ms: int | None = None) -> None:
+        """put() of each (key, fingerprint, point), under one hold of the lock. keep_ms: how long
+        after its window's start a point can still be asked (its backing forgets it then)."""
         final = [item for item in items if item[2].final]
         if not final:
             return
@@ -70,7 +71,7 @@ class PointCache:
             for key, fingerprint, point in final:
                 self._keep(key, fingerprint, point)
             if self.backing is not None:
-                self._unsaved.extend((*key, fingerprint, point) for key, fingerprint, point in final)
+                self._unsaved.extend((*key, fingerprint, point, keep_ms) for key, fingerprint, point in final)
 
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> None:
         """The backing's saved points of `shape` with windows starting in [lo_ms, hi_ms), into

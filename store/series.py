@@ -12,7 +12,7 @@ import numpy as np
 
 from store.base import PaneStore
 from store.panes import filtered_group
-from store.planner import plan_read
+from store.planner import answerable_ms, plan_read
 from store.point_cache import PointCache
 from store.gc_pause import paused_gc
 from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, SketchRow, rollup, rollup_buckets,
@@ -141,6 +141,7 @@ def _query_series(
             cache.load(shape, min(missed), max(missed) + step_ms)
             missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
     if missed:
+        keep_ms = answerable_ms(layout, pane_ms, step_ms, window_ms)
         lo, hi = min(missed), max(missed) + step_ms
         computed = {tuple(s.group.get(g, "") for g in group_by): s.points for s in sketch_series(lo, hi, rows)}
         for group in groups:
@@ -155,7 +156,7 @@ def _query_series(
                     points[(group, p.t_ms)] = p
                     new.append(((shape, group, p.t_ms),
                                 fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p))
-            cache.put_many(new)
+            cache.put_many(new, keep_ms=keep_ms)
         cache.save()
     return [Series(group=dict(zip(group_by, group)),
                    points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])

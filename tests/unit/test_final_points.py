@@ -119,8 +119,8 @@ def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_back
 
     def commit_in_progress() -> None:
         with other.transaction():
-            other.execute("LOCK TABLE kept_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
-                          else "DELETE FROM kept_points WHERE t_ms < 0")  # SQLite: the database's write lock
+            other.execute("LOCK TABLE points_kept IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
+                          else "DELETE FROM points_kept WHERE t_ms < 0")  # SQLite: the database's write lock
             held.set()
             release.wait(20)
 
@@ -183,12 +183,55 @@ def test_points_that_cannot_be_kept_are_one_warning_line(store_backend, caplog):
     kept = FinalPoints(store.side_db(), writer=store.side_db())
     other = store_backend.reopen(store).side_db()
     try:
-        other.execute("DROP TABLE kept_points")  # any store error that fails the save
+        other.execute("DROP TABLE points_kept")  # any store error that fails the save
         kept.save_soon([("s", (), T0, (1, 1, 1, 1), Point(T0, 1.0, 1, True, 1, None))])
         kept.flush()
         [record] = [r for r in caplog.records if "could not keep" in r.getMessage()]
         assert record.exc_info is None and record.getMessage().startswith("could not keep 1 final points in the store: ")
-        assert "kept_points" in record.getMessage()  # the reason, in the line
+        assert "points_kept" in record.getMessage()  # the reason, in the line
     finally:
         kept.close()
         other.close()
+
+
+def test_a_point_is_forgotten_when_no_granule_that_answers_it_is_kept(store_backend):
+    """A day of the standard views' 1-minute points is ~40 000 rows: kept as long as the hours
+    (90 days shipped) they were most of the table. Each goes when the rows of every granule that
+    can answer its window are gone (store.planner.answerable_ms)."""
+    from store.planner import answerable_ms
+    from store.tiers import TierLayout
+
+    day = 86_400_000
+    layout = TierLayout(10_000, 2 * day, ((MINUTE, 8 * day), (60 * MINUTE, 90 * day)), ("",))
+    assert answerable_ms(layout, 10_000, MINUTE, MINUTE) == 8 * day + MINUTE
+    assert answerable_ms(layout, 10_000, MINUTE, 60 * MINUTE) == 8 * day + 60 * MINUTE  # minutes, not hours
+    assert answerable_ms(layout, 10_000, 60 * MINUTE, 60 * MINUTE) == 90 * day + 60 * MINUTE
+    assert answerable_ms(layout, 10_000, 90_000, 90_000) == 2 * day + 90_000  # 30 s buckets: the panes only
+    assert answerable_ms(None, 10_000, MINUTE, MINUTE) is None
+
+    now = [T0 / 1000]
+    kept = FinalPoints(store_backend.side_db(), retention_ms=90 * day + 60 * MINUTE, clock=lambda: now[0])
+    point = Point(T0, 1.0, 1, True, 1, None)
+    try:
+        kept.save([("minutes", (), T0, (1, 1, 1, 1), point, answerable_ms(layout, 10_000, MINUTE, MINUTE)),
+                   ("hours", (), T0, (1, 1, 1, 1), point, answerable_ms(layout, 10_000, 60 * MINUTE, 60 * MINUTE)),
+                   ("asked before", (), T0, (1, 1, 1, 1), point)])  # no keep given: the retention's
+        now[0] += (8 * day + 2 * MINUTE) / 1000  # past the minutes' keep; the last pruning was long ago
+        kept.save([("later", (), T0 + 8 * day, (1, 1, 1, 1), point._replace(t_ms=T0 + 8 * day), MINUTE)])
+        assert kept.load("minutes", T0, T0 + 1) == []
+        assert len(kept.load("hours", T0, T0 + 1)) == len(kept.load("asked before", T0, T0 + 1)) == 1
+    finally:
+        kept.close()
+
+
+def test_a_querys_points_are_kept_as_long_as_its_granules(store_backend):
+    store = store_at(store_backend, LAYOUT)
+    commit_all(store, HOUR_OF_EVENTS + LATER)
+    kept = FinalPoints(store_backend.side_db(store))
+    try:
+        answer(store, **QUERY, cache=PointCache(backing=kept))
+        kept.flush()
+        rows = kept._conn.execute("SELECT t_ms, expires_ms FROM points_kept").fetchall()
+        assert len(rows) == 60 and all(expires == t + 7 * 86_400_000 + MINUTE for t, expires in rows)  # LAYOUT: 7 d
+    finally:
+        kept.close()

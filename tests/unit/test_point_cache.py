@@ -43,4 +43,4 @@ def test_batched_calls_do_what_one_at_a_time_calls_do(steps, size):
         assert list(many._entries.items()) == list(one._entries.items())  # same points, same recency
         assert (many.hits, many.misses, len(many)) == (one.hits, one.misses, len(one))
     # What reaches the store: the final points only, each as it was put, in the order put.
-    assert many.backing.saved == [(*key, fp, p) for put, _ in steps for key, fp, p in put if p.final]
+    assert many.backing.saved == [(*key, fp, p, None) for put, _ in steps for key, fp, p in put if p.final]
