@@ -129,17 +129,24 @@ def _query_series(
         prints = _fingerprints([b for segment in segments
                                 for b in _row_sums(segment, plan[0][2], start_ms, group_by, filters)],
                                start_ms, end_ms, step_ms, window_ms)
-        missed = list(window_points(start_ms, end_ms, step_ms))
+        missed = None  # every window with a row, once the empty ones are filled in
     else:
         # Windows whose fingerprint matches a cached point are not read again.
         prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
                                start_ms, end_ms, step_ms, window_ms)
     groups = sorted(prints) if group_by else [()]
+    # Windows without a row are answered here, never cached nor kept: a stream's standard views
+    # (query/standard_views.py) over the day before its first event were ~200 000 kept points.
+    _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, lambda: _empty_points(
+        stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms, pane_ms, watermark_ms))
     if rows is None:
         missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
         if missed and cache.backing is not None:  # saved by another process meanwhile?
             cache.load(shape, min(missed), max(missed) + step_ms)
             missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+    else:
+        missed = sorted({t for group in groups for t in window_points(start_ms, end_ms, step_ms)
+                         if (group, t) not in points})
     if missed:
         keep_ms = answerable_ms(layout, pane_ms, step_ms, window_ms)
         lo, hi = min(missed), max(missed) + step_ms
@@ -164,6 +171,20 @@ def _query_series(
 
 
 _NO_ROWS = (0, 0, 0, 0)
+
+
+def _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, empty_points) -> None:
+    """The windows of each group without a row (fingerprint _NO_ROWS) into `points`, from the one
+    empty series `empty_points()` makes (made only if a window needs it)."""
+    empty = None
+    starts = window_points(start_ms, end_ms, step_ms)
+    for group in groups:
+        fingerprints = prints.get(group)
+        for i, t in enumerate(starts):
+            if fingerprints is None or fingerprints[i] == _NO_ROWS:
+                if empty is None:
+                    empty = empty_points()
+                points[(group, t)] = empty[i]
 
 
 def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points) -> list[int]:

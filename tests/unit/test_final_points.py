@@ -235,3 +235,27 @@ def test_a_querys_points_are_kept_as_long_as_its_granules(store_backend):
         assert len(rows) == 60 and all(expires == t + 7 * 86_400_000 + MINUTE for t, expires in rows)  # LAYOUT: 7 d
     finally:
         kept.close()
+
+
+def test_windows_without_a_row_are_answered_but_never_kept(store_backend):
+    """The hour before the stream's first event, and a gap: their windows are made as asked (equal
+    to what the roll-up makes of no rows), neither computed from sketches nor kept in the store."""
+    store = store_at(store_backend, LAYOUT)
+    gap = [e for e in HOUR_OF_EVENTS[0] if not T0 + 20 * MINUTE <= e[0] < T0 + 30 * MINUTE]
+    commit_all(store, [gap] + LATER)
+    kept = FinalPoints(store_backend.side_db(store))
+    try:
+        for stat, group_by in (("p90", ()), ("distinct", ("a",))):
+            asked = dict(QUERY, stat=stat, start=T0 - 3_600_000, group_by=group_by)
+            plain = answer(store, **asked)
+            cache = PointCache(backing=kept)
+            assert answer(store, **asked, cache=cache) == plain  # cold
+            assert answer(store, **asked, cache=cache) == plain  # warm
+            kept.flush()
+            assert answer(store, **asked, cache=PointCache(backing=kept)) == plain  # a new process's
+            with_rows = sum(p.count > 0 for s in plain for p in s.points)
+            assert with_rows == 50 * len(plain) and sum(len(s.points) for s in plain) == 120 * len(plain)
+            assert len(cache) == with_rows
+        assert kept._conn.execute("SELECT COUNT(*) FROM points_kept").fetchone()[0] == 50 + 100
+    finally:
+        kept.close()
