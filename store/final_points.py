@@ -17,25 +17,24 @@ import hashlib
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-from store.connection import Db, SideStore
+from store.connection import Db, SideStore, SqliteDb
 from store.rollup import ErrorBound, Point
 
 log = logging.getLogger(__name__)
 
 # Keyed by digests of the shape's and the group's texts: those can be longer than a PostgreSQL
 # B-tree entry holds (~2 700 bytes: a filter value or a group's labels of up to 2 048 bytes each,
-# JSON-escaped), and a point that could not be kept was computed again at every query. The tables
-# of before are dropped (final_points: keyed by the texts; kept_points: without expires_ms): a
-# cache, whatever they held is computed again.
+# JSON-escaped), and a point that could not be kept was computed again at every query. The table
+# of before (keyed by the texts) is dropped: it is a cache, whatever it held is computed again.
 _SCHEMA = """
 DROP TABLE IF EXISTS final_points;
-DROP TABLE IF EXISTS kept_points;
-CREATE TABLE IF NOT EXISTS points_kept (
+CREATE TABLE IF NOT EXISTS kept_points (
     shape_key TEXT NOT NULL,    -- SHA-256 (hex) of the query's shape as JSON: stream, stat, quantile, fields, step,
                                 -- window, group-by, filters
     grp_key TEXT NOT NULL,      -- SHA-256 (hex) of grp
@@ -46,13 +45,15 @@ CREATE TABLE IF NOT EXISTS points_kept (
     last_batch INTEGER NOT NULL,  -- newest batch that changed one,
     revision INTEGER NOT NULL,  -- highest revision
     point TEXT NOT NULL,        -- value, count, revision, error bound as JSON (NaN and infinities kept)
-    expires_ms INTEGER NOT NULL,  -- when retention has dropped every row that could answer the window
     PRIMARY KEY (shape_key, grp_key, t_ms)
 );
 """
+# When retention has dropped every row that could answer the window (store.planner.answerable_ms);
+# NULL: kept for the retention (rows written by a version before it, during a rolling upgrade:
+# those replicas still write without it, so the column is added, never the table replaced).
+_EXPIRES = "expires_ms INTEGER"
 
 _PRUNE_EVERY_MS = 3_600_000
-_NEVER = 2**62  # expires_ms of a point kept for good (no retention, no keep): fits a BIGINT
 # (shape, group, t_ms, fingerprint, point[, keep_ms]): keep_ms, how long after its window's end rows
 # that answer it are kept (store.planner.answerable_ms); without it, the retention's.
 Entry = tuple
@@ -64,6 +65,8 @@ class FinalPoints(SideStore):
         """`writer`: a second connection for the writes, so a load never waits behind a write that
         waits for the store's write lock (SQLite: a pipeline commit holds it for seconds)."""
         super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
+        with self._lock:
+            self._add_expires()
         self._writer_conn = writer or self._conn
         self._write_lock = threading.Lock() if writer is not None else self._lock
         # Points of windows older than this (or than their own keep_ms) are deleted as new ones are
@@ -75,11 +78,24 @@ class FinalPoints(SideStore):
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
+    def _add_expires(self) -> None:
+        if isinstance(self._conn, SqliteDb):
+            if "expires_ms" not in {row[1] for row in self._conn.execute("PRAGMA table_info(kept_points)")}:
+                try:
+                    self._conn.execute(f"ALTER TABLE kept_points ADD COLUMN {_EXPIRES}")
+                except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                    if "duplicate column" not in str(exc):
+                        raise
+        # Asked first: ALTER TABLE takes its exclusive lock before it finds the column there.
+        elif self._conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                                " AND table_name = 'kept_points' AND column_name = 'expires_ms'").fetchone() is None:
+            self._conn.create(f"ALTER TABLE kept_points ADD COLUMN IF NOT EXISTS {_EXPIRES}")  # BIGINT there
+
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> list[tuple[tuple, int, tuple, Point]]:
         """(group, t_ms, fingerprint, point) of the saved points of `shape` with t_ms in [lo_ms, hi_ms)."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM points_kept"
+                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point FROM kept_points"
                 " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_shape_key(shape), lo_ms, hi_ms)).fetchall()
         if not rows:
             return []
@@ -99,13 +115,13 @@ class FinalPoints(SideStore):
             keep_ms = keep[0] if keep and keep[0] is not None else self.retention_ms
             if self.retention_ms is not None and keep_ms is not None:
                 keep_ms = min(keep_ms, self.retention_ms)
-            expires = _NEVER if keep_ms is None else t + keep_ms
+            expires = None if keep_ms is None else t + keep_ms
             rows.append((shapes[shape], _digest(grp), grp, t, *fp, _point_text(p), expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
             self._writer_conn.executemany(
-                "INSERT INTO points_kept (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point,"
+                "INSERT INTO kept_points (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point,"
                 " expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape_key, grp_key, t_ms) DO UPDATE SET"
                 " events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
                 " revision = excluded.revision, point = excluded.point, expires_ms = excluded.expires_ms", rows)
@@ -114,7 +130,8 @@ class FinalPoints(SideStore):
                 # Not at every save: expires_ms leads no index, so this reads the whole table. A
                 # 1-minute point is kept as long as the 1-minute rows (8 days shipped), not as long
                 # as the hours (90): a day of the standard views' minutes is ~40 000 points.
-                self._writer_conn.execute("DELETE FROM points_kept WHERE expires_ms < ?", (now_ms,))
+                self._writer_conn.execute("DELETE FROM kept_points WHERE expires_ms < ? OR t_ms < ?",
+                                          (now_ms, now_ms - self.retention_ms))
                 self._pruned_ms = now_ms
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
@@ -136,7 +153,7 @@ class FinalPoints(SideStore):
         """Forget every saved point (a switch replaced a stream's rows: store/switch.py)."""
         self.flush()
         with self._write_lock, self._writer_conn.transaction():
-            self._writer_conn.execute("DELETE FROM points_kept")
+            self._writer_conn.execute("DELETE FROM kept_points")
 
     def close(self) -> None:
         if self._writer is not None:

@@ -119,8 +119,8 @@ def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_back
 
     def commit_in_progress() -> None:
         with other.transaction():
-            other.execute("LOCK TABLE points_kept IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
-                          else "DELETE FROM points_kept WHERE t_ms < 0")  # SQLite: the database's write lock
+            other.execute("LOCK TABLE kept_points IN EXCLUSIVE MODE" if store_backend.kind == "postgres"
+                          else "DELETE FROM kept_points WHERE t_ms < 0")  # SQLite: the database's write lock
             held.set()
             release.wait(20)
 
@@ -160,7 +160,7 @@ def test_retention_is_applied_at_most_once_an_hour(store_backend):
         kept.close()
 
 
-def test_points_kept_by_an_earlier_way_of_computing_them_are_not_served(store_backend, monkeypatch):
+def test_kept_points_by_an_earlier_way_of_computing_them_are_not_served(store_backend, monkeypatch):
     # store/final_points.py POINTS_VERSION: p0/p100 and the ranges near KLL's ends changed (session
     # 59), and a point kept before (its rows unchanged, so its fingerprint too) was served for good.
     from store import final_points
@@ -183,12 +183,12 @@ def test_points_that_cannot_be_kept_are_one_warning_line(store_backend, caplog):
     kept = FinalPoints(store.side_db(), writer=store.side_db())
     other = store_backend.reopen(store).side_db()
     try:
-        other.execute("DROP TABLE points_kept")  # any store error that fails the save
+        other.execute("DROP TABLE kept_points")  # any store error that fails the save
         kept.save_soon([("s", (), T0, (1, 1, 1, 1), Point(T0, 1.0, 1, True, 1, None))])
         kept.flush()
         [record] = [r for r in caplog.records if "could not keep" in r.getMessage()]
         assert record.exc_info is None and record.getMessage().startswith("could not keep 1 final points in the store: ")
-        assert "points_kept" in record.getMessage()  # the reason, in the line
+        assert "kept_points" in record.getMessage()  # the reason, in the line
     finally:
         kept.close()
         other.close()
@@ -231,7 +231,7 @@ def test_a_querys_points_are_kept_as_long_as_its_granules(store_backend):
     try:
         answer(store, **QUERY, cache=PointCache(backing=kept))
         kept.flush()
-        rows = kept._conn.execute("SELECT t_ms, expires_ms FROM points_kept").fetchall()
+        rows = kept._conn.execute("SELECT t_ms, expires_ms FROM kept_points").fetchall()
         assert len(rows) == 60 and all(expires == t + 7 * 86_400_000 + MINUTE for t, expires in rows)  # LAYOUT: 7 d
     finally:
         kept.close()
@@ -256,6 +256,38 @@ def test_windows_without_a_row_are_answered_but_never_kept(store_backend):
             with_rows = sum(p.count > 0 for s in plain for p in s.points)
             assert with_rows == 50 * len(plain) and sum(len(s.points) for s in plain) == 120 * len(plain)
             assert len(cache) == with_rows
-        assert kept._conn.execute("SELECT COUNT(*) FROM points_kept").fetchone()[0] == 50 + 100
+        assert kept._conn.execute("SELECT COUNT(*) FROM kept_points").fetchone()[0] == 50 + 100
     finally:
         kept.close()
+
+
+def test_a_store_kept_by_the_version_before_is_upgraded_in_place(store_backend):
+    """A rolling upgrade: replicas of the version before go on reading and writing kept_points
+    (without expires_ms) beside the new ones; the new version adds the column, never replaces the
+    table, and forgets their rows by the retention."""
+    store = store_backend.create()
+    old = store.side_db()
+    old.create("""DROP TABLE IF EXISTS kept_points; CREATE TABLE kept_points (shape_key TEXT NOT NULL, grp_key TEXT NOT NULL, grp TEXT NOT NULL,
+        t_ms INTEGER NOT NULL, events INTEGER NOT NULL, rows_in INTEGER NOT NULL, last_batch INTEGER NOT NULL,
+        revision INTEGER NOT NULL, point TEXT NOT NULL, PRIMARY KEY (shape_key, grp_key, t_ms))""")
+    from store.final_points import _digest, _shape_key
+
+    def old_write(t: int) -> None:  # what the version before writes
+        old.execute("INSERT INTO kept_points (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision,"
+                    " point) VALUES (?, ?, '[]', ?, 1, 1, 1, 1, '[1.0,1,1,null]')", (_shape_key("old"), _digest("[]"), t))
+
+    old_write(T0)
+    now = [T0 / 1000]
+    kept = FinalPoints(store.side_db(), retention_ms=60 * MINUTE, clock=lambda: now[0])
+    again = FinalPoints(store.side_db())  # a second new replica: the column is there already
+    try:
+        old_write(T0 + MINUTE)  # the old replicas still write after the upgrade
+        assert [t for _, t, _, _ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0, T0 + MINUTE]
+        now[0] += 61 * MINUTE / 1000
+        kept.save([("new", (), T0 + 61 * MINUTE, (1, 1, 1, 1), Point(T0 + 61 * MINUTE, 1.0, 1, True, 1, None), MINUTE)])
+        assert [t for _, t, _, _ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0 + MINUTE]  # past the retention: gone
+        assert len(again.load("new", T0, T0 + 62 * MINUTE)) == 1
+    finally:
+        kept.close()
+        again.close()
+        old.close()
