@@ -215,7 +215,7 @@ class Settings(BaseSettings):
                                        " dashboards' panels ahead of their first query, so their sketch points"
                                        " are kept in the store (0: off)")
     point_warm_standard: bool = Field(True, description="warm the standard views with the dashboards' panels:"
-                                      " each metric's p50/p90/p95/p99 and distinct count at each tier's granule"
+                                      " each metric's p50/p95/p99 and distinct count at each tier's granule"
                                       " and over a 1 h sliding window (query/standard_views.py)")
     ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
                                       " connection (1009)")

@@ -70,9 +70,14 @@ def commit_all(store: PaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: 
         assert store.commit_batch(commit, lateness_ms={"s": LATENESS}, now_ms=now_ms).committed
 
 
+def quantile_of(stat: str) -> float | None:
+    """p90 -> 0.9 (the catalog's rule: catalog.model.MetricDef.check_stat); None for other stats."""
+    return float(stat[1:]) / 100 if stat[:1] == "p" and stat[1:].replace(".", "").isdigit() else None
+
+
 def answer(store, *, stat, start, end, step, window, group_by=(), filters=None, cache=None, now_ms=None):
     """The query path as the API runs it (planner, tier rows, exact stats summed in SQL)."""
-    quantile = 0.9 if stat == "p90" else None
+    quantile = quantile_of(stat)
     return query_series(store, "s", PANE, stat=stat, quantile=quantile, value_field="v", distinct_field="u",
                         start_ms=start, end_ms=end, step_ms=step, window_ms=window, group_by=group_by,
                         filters=filters or {}, watermark_ms=store.watermarks().get("s"), cache=cache, now_ms=now_ms)
@@ -80,7 +85,7 @@ def answer(store, *, stat, start, end, step, window, group_by=(), filters=None, 
 
 def pane_rollup(store, *, stat, start, end, step, window, group_by=(), filters=None):
     """The oracle: every pane of the range read and rolled up in Python, as before tiers existed."""
-    quantile = 0.9 if stat == "p90" else None
+    quantile = quantile_of(stat)
     panes = store.read_panes("s", start, start + ((end - start - 1) // step) * step + window, value_field="v",
                              distinct_field="u", with_sketches=True)
     return rollup(panes, stat=stat, quantile=quantile, value_field="v", distinct_field="u", start_ms=start,
