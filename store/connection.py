@@ -171,6 +171,31 @@ class SideStore:
         with self._lock:
             self._conn.create(schema)
 
+    def add_column(self, table: str, column: str, ddl: str) -> None:
+        """A column a table made by a version before lacks (CREATE TABLE IF NOT EXISTS kept it as it
+        was), added in place: replicas of that version may still be using the table. Asked first:
+        PostgreSQL's ALTER TABLE takes its exclusive lock before it finds the column there, and
+        would queue every read and write behind another replica's long read. Call with the lock held."""
+        if column in columns_of(self._conn, table):
+            return
+        if isinstance(self._conn, SqliteDb):
+            try:
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}")
+            except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                if "duplicate column" not in str(exc):
+                    raise
+        else:
+            self._conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {ddl}")
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def columns_of(db: Db, table: str) -> list[str]:
+    """A table's columns, in order, on either backend."""
+    if isinstance(db, SqliteDb):
+        return [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
+    return [row[0] for row in db.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        " AND table_name = ? ORDER BY ordinal_position", (table,)).fetchall()]

@@ -17,13 +17,12 @@ import hashlib
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-from store.connection import Db, SideStore, SqliteDb
+from store.connection import Db, SideStore
 from store.rollup import ErrorBound, Point
 
 log = logging.getLogger(__name__)
@@ -48,10 +47,10 @@ CREATE TABLE IF NOT EXISTS kept_points (
     PRIMARY KEY (shape_key, grp_key, t_ms)
 );
 """
-# When retention has dropped every row that could answer the window (store.planner.answerable_ms);
-# NULL: kept for the retention (rows written by a version before it, during a rolling upgrade:
-# those replicas still write without it, so the column is added, never the table replaced).
-_EXPIRES = "expires_ms INTEGER"
+# expires_ms (added by FinalPoints, store.connection.SideStore.add_column): when retention has
+# dropped every row that could answer the window (store.planner.answerable_ms); NULL: kept for the
+# retention (rows written by a version before it, during a rolling upgrade: those replicas still
+# write without it, so the column is added, never the table replaced).
 
 _PRUNE_EVERY_MS = 3_600_000
 # (shape, group, t_ms, fingerprint, point[, keep_ms]): keep_ms, how long after its window's end rows
@@ -66,7 +65,7 @@ class FinalPoints(SideStore):
         waits for the store's write lock (SQLite: a pipeline commit holds it for seconds)."""
         super().__init__(target, _SCHEMA, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         with self._lock:
-            self._add_expires()
+            self.add_column("kept_points", "expires_ms", "BIGINT")  # epoch ms: PostgreSQL's INTEGER is 32 bits
         self._writer_conn = writer or self._conn
         self._write_lock = threading.Lock() if writer is not None else self._lock
         # Points of windows older than this (or than their own keep_ms) are deleted as new ones are
@@ -77,19 +76,6 @@ class FinalPoints(SideStore):
         self._queue: queue.Queue[list[Entry] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
-
-    def _add_expires(self) -> None:
-        if isinstance(self._conn, SqliteDb):
-            if "expires_ms" not in {row[1] for row in self._conn.execute("PRAGMA table_info(kept_points)")}:
-                try:
-                    self._conn.execute(f"ALTER TABLE kept_points ADD COLUMN {_EXPIRES}")
-                except sqlite3.OperationalError as exc:  # another process added it meanwhile
-                    if "duplicate column" not in str(exc):
-                        raise
-        # Asked first: ALTER TABLE takes its exclusive lock before it finds the column there.
-        elif self._conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                                " AND table_name = 'kept_points' AND column_name = 'expires_ms'").fetchone() is None:
-            self._conn.create(f"ALTER TABLE kept_points ADD COLUMN IF NOT EXISTS {_EXPIRES}")  # BIGINT there
 
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> list[tuple[tuple, int, tuple, Point]]:
         """(group, t_ms, fingerprint, point) of the saved points of `shape` with t_ms in [lo_ms, hi_ms)."""

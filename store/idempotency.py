@@ -113,11 +113,7 @@ class IdempotencyStore(SideStore):
         self.store_clock = store_clock
         self._now_sql = _NOW_SQLITE if isinstance(self._conn, SqliteDb) else _NOW_POSTGRES
         with self._lock:  # a table made before claim tokens (CREATE TABLE IF NOT EXISTS kept it as it was)
-            if isinstance(self._conn, SqliteDb):
-                if "claim_token" not in {row[1] for row in self._conn.execute("PRAGMA table_info(idempotency_keys)")}:
-                    self._conn.execute("ALTER TABLE idempotency_keys ADD COLUMN claim_token TEXT")
-            else:
-                self._conn.execute("ALTER TABLE idempotency_keys ADD COLUMN IF NOT EXISTS claim_token TEXT")
+            self.add_column("idempotency_keys", "claim_token", "TEXT")
 
     def claim(self, scope: str, key: str, fingerprint: str, now_ms: int) -> Decision:
         """Take the key for this request (PROCEED, with the claim's token), or say why not. Prunes

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from store.connection import Db, SideStore, SqliteDb
+from store.connection import Db, SideStore
 
 
 class LagStatus(str, Enum):
@@ -130,14 +130,7 @@ class LagStore(SideStore):
         with self._lock:
             # A store from before rounds were numbered (CREATE TABLE IF NOT EXISTS kept its table):
             # its samples get round 0, older than any round written from now on.
-            if isinstance(self._conn, SqliteDb):
-                if "round_seq" not in {row[1] for row in self._conn.execute("PRAGMA table_info(lag_samples)")}:
-                    self._conn.execute("ALTER TABLE lag_samples ADD COLUMN round_seq INTEGER NOT NULL DEFAULT 0")
-            # Asked first: ALTER TABLE takes its exclusive lock before it finds the column there, and
-            # would queue every read and write of the samples behind another replica's long read.
-            elif self._conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                                    " AND table_name = 'lag_samples' AND column_name = 'round_seq'").fetchone() is None:
-                self._conn.execute("ALTER TABLE lag_samples ADD COLUMN IF NOT EXISTS round_seq INTEGER NOT NULL DEFAULT 0")
+            self.add_column("lag_samples", "round_seq", "INTEGER NOT NULL DEFAULT 0")
             self._conn.create(_ROUND_INDEXES)
             self._conn.execute("INSERT INTO lag_rounds (id, last_round) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
 

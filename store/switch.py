@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from store.connection import Db, SqliteDb
+from store.connection import Db, SqliteDb, columns_of
 from store.view_state import SWITCH_BATCH, ViewLink, append_changes, switch_changes
 
 # A change-feed record that says "this stream's output was switched": no pane has this revision.
@@ -98,16 +98,8 @@ class Side:
 
 def table_columns(db: Db) -> dict[str, list[str]]:
     """The columns of every table a switch moves, as the root has them (every namespace is made by the same code)."""
-    return {table: _columns(db, table) for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES,
+    return {table: columns_of(db, table) for table in (*STREAM_TABLES, *PATTERN_TABLES, *JOIN_STATE_TABLES,
                                                      *VIEW_STATE_TABLES)}
-
-
-def _columns(db: Db, table: str) -> list[str]:
-    if isinstance(db, SqliteDb):
-        return [row[1] for row in db.execute(f"PRAGMA main.table_info({table})").fetchall()]
-    return [row[0] for row in db.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema()"
-        " AND table_name = ? ORDER BY ordinal_position", (table,)).fetchall()]
 
 
 def copy_stream(db: Db, stream: str, source: Side, target: Side, columns: Mapping[str, list[str]]) -> None:
@@ -313,7 +305,7 @@ def switch_enriched(db: Db, table: str, streams: Mapping[str, str], *, root: Sid
         copy_stream(db, name, source, root, columns)
     record_copied_corrections(db, root, copied_after, now_ms)
     move_keyed(db, ("table_versions",), "stream", table, root=root, source=source, previous=previous,
-               columns={"table_versions": _columns(db, "table_versions")})
+               columns={"table_versions": columns_of(db, "table_versions")})
     for stream in streams:
         offsets = stream_offsets(db, stream, root)
         db.execute("DELETE FROM offset_moves WHERE pipeline = ? AND stream = ?", (root.pipeline, stream))
