@@ -34,19 +34,23 @@ def _scan(cursor: Any, pipeline: str, mark: str) -> Totals:
     return Totals(last_id, last_at, int(batches), int(events))
 
 
-def _newest(cursor: Any, pipeline: str, mark: str) -> int | None:
+def newest(cursor: Any, pipeline: str, mark: str) -> int | None:
+    """The pipeline's newest committed batch id (one lookup in the primary key of `batches`)."""
     cursor.execute(f"SELECT MAX(batch_id) FROM batches WHERE pipeline = {mark}", (pipeline,))
     return cursor.fetchone()[0]
 
 
-def read(cursor: Any, pipeline: str, mark: str) -> Totals:
-    """The pipeline's totals: its row while it names the newest batch, else a scan of its batches."""
+def _trusted(cursor: Any, pipeline: str, mark: str) -> Totals | None:
+    """The pipeline's row while it names its newest batch (module docstring), else None."""
     cursor.execute("SELECT last_batch_id, last_commit_ms, batches, events_read FROM batch_totals"
                    f" WHERE pipeline = {mark}", (pipeline,))
     row = cursor.fetchone()
-    if row is not None and row[0] == _newest(cursor, pipeline, mark):
-        return Totals(*row)
-    return _scan(cursor, pipeline, mark)
+    return Totals(*row) if row is not None and row[0] == newest(cursor, pipeline, mark) else None
+
+
+def read(cursor: Any, pipeline: str, mark: str) -> Totals:
+    """The pipeline's totals: its row while it names the newest batch, else a scan of its batches."""
+    return _trusted(cursor, pipeline, mark) or _scan(cursor, pipeline, mark)
 
 
 def add(cursor: Any, pipeline: str, batch_id: int, committed_at_ms: int, events_read: int, mark: str,
@@ -54,9 +58,7 @@ def add(cursor: Any, pipeline: str, batch_id: int, committed_at_ms: int, events_
     """In a batch's commit transaction, BEFORE its row goes into `batches`: the batch added to its
     pipeline's totals (`greatest`: the two-argument maximum, SQLite's MAX or PostgreSQL's GREATEST),
     the row made again from the batches before it where it is missing or behind them."""
-    cursor.execute(f"SELECT last_batch_id FROM batch_totals WHERE pipeline = {mark}", (pipeline,))
-    row = cursor.fetchone()
-    if row is not None and row[0] == _newest(cursor, pipeline, mark):
+    if _trusted(cursor, pipeline, mark) is not None:
         cursor.execute(f"UPDATE batch_totals SET batches = batches + 1, events_read = events_read + {mark},"
                        f" last_batch_id = {greatest}(last_batch_id, {mark}),"
                        f" last_commit_ms = {greatest}(last_commit_ms, {mark}) WHERE pipeline = {mark}",

@@ -294,7 +294,7 @@ class SqlitePaneStore(PaneStore):
 
     def last_batch_id(self, pipeline: str) -> int | None:
         with self._lock:
-            return batch_totals.read(self._conn.cursor(), pipeline, "?").last_batch_id
+            return batch_totals.newest(self._conn.cursor(), pipeline, "?")
 
     def last_commit_ms(self, pipeline: str) -> int | None:
         with self._lock:

@@ -301,7 +301,7 @@ class PostgresPaneStore(PaneStore):
 
     def last_batch_id(self, pipeline: str) -> int | None:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            return batch_totals.read(cur, pipeline, "%s").last_batch_id
+            return batch_totals.newest(cur, pipeline, "%s")
 
     def last_commit_ms(self, pipeline: str) -> int | None:
         with self._pool.connection() as conn, conn.cursor() as cur:
