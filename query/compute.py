@@ -128,7 +128,7 @@ def answer_text(q: Query, lo: int, hi: int, watermark_ms: int | None, series: li
     and building a dict per point for the generic encoder cost about as much as computing them."""
     head = _dumps(answer_json(q, lo, hi, watermark_ms, []))  # ends with its last key, '"series":[]}'
     body = ",".join('{"stat":' + _dumps(s.stat) + ',"group":' + _dumps(s.group) + ',"points":['
-                    + ",".join(map(_point_text, s.points)) + "]}" for s in series)
+                    + ",".join(map(_kept_point_text, s.points)) + "]}" for s in series)
     return head[:-2] + body + "]}"
 
 
@@ -168,6 +168,31 @@ def _point_text(p: Point) -> str:
                  f'"rank_error":{_number(e.rank_error)},"expected_undercount":{_number(e.expected_undercount)}}}')
     return (f'{{"t":{p.t_ms:d},"value":{_number(p.value, finite=True)},"count":{p.count:d},'
             f'"final":{"true" if p.final else "false"},"revision":{p.revision:d},"error":{error}}}')
+
+
+# The text of final points with events, by the point object: a final point never changes, and the
+# point cache (store/point_cache.py) hands the same object to every query of its window, so a 24 h
+# view asked every second writes the text of its new windows only (a day of percentiles at 1-minute
+# steps was 13 ms of the query's ~33 for the text of its 1 440 points). Keyed by id(): the entry
+# holds its point, so that id cannot be another point's while the entry is here.
+# Windows without events are skipped: answered from a fresh empty series each query (store/series.py
+# _fill_empty), their objects would never be asked again. Emptied when full (no eviction order to
+# keep under the API's threads); a point the cache forgot goes then too.
+_TEXTS: dict[int, tuple[Point, str]] = {}
+_TEXTS_MAX = 100_000
+
+
+def _kept_point_text(p: Point) -> str:
+    if not p.final or not p.count:
+        return _point_text(p)
+    found = _TEXTS.get(id(p))
+    if found is not None:
+        return found[1]
+    text = _point_text(p)
+    if len(_TEXTS) >= _TEXTS_MAX:
+        _TEXTS.clear()
+    _TEXTS[id(p)] = (p, text)
+    return text
 
 
 def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:
