@@ -7,8 +7,6 @@ the first_seen table (store/bloom.py)."""
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +16,7 @@ from query.model import Query
 from store import PaneStore
 from store.bloom import overlay_first_seen
 from store.point_cache import PointCache
+from store.point_text import json_text, point_text
 from store.rollup import Point, Series, rollup
 from store.series import query_series
 
@@ -124,75 +123,11 @@ def series_json(s: StatSeries) -> dict[str, Any]:
 
 def answer_text(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> str:
     """answer_json() as JSON text, the very bytes a JSONResponse renders of it (ensure_ascii off,
-    no spaces), written point by point: a day at 1-minute steps by 8 groups is 11 520 points,
-    and building a dict per point for the generic encoder cost about as much as computing them."""
-    head = _dumps(answer_json(q, lo, hi, watermark_ms, []))  # ends with its last key, '"series":[]}'
-    body = ",".join('{"stat":' + _dumps(s.stat) + ',"group":' + _dumps(s.group) + ',"points":['
-                    + ",".join(map(_kept_point_text, s.points)) + "]}" for s in series)
+    no spaces), written point by point (store/point_text.py)."""
+    head = json_text(answer_json(q, lo, hi, watermark_ms, []))  # ends with its last key, '"series":[]}'
+    body = ",".join('{"stat":' + json_text(s.stat) + ',"group":' + json_text(s.group) + ',"points":['
+                    + ",".join(map(point_text, s.points)) + "]}" for s in series)
     return head[:-2] + body + "]}"
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def _number(x: Any, *, finite: bool = False) -> str:
-    """A number as json.dumps writes it; finite=True: inf and NaN as null (what _finite does)."""
-    if x is None:
-        return "null"
-    if type(x) is float:
-        if math.isfinite(x):
-            return float.__repr__(x)
-        if finite:
-            return "null"
-    elif type(x) is int:  # not bool, which json writes as true/false
-        return int.__repr__(x)
-    return _dumps(x)
-
-
-@functools.lru_cache(maxsize=64)
-def _kind_text(kind: str) -> str:
-    """An error bound's kind as JSON: a handful of names ('kll', 'hll'...), each written once. A
-    json.dumps call builds an encoder each time: ~1.7 us of a percentile point's ~5 us of text
-    (best of 5, timeit), and a day at 1-minute steps is 1 440 points."""
-    return _dumps(kind)
-
-
-def _point_text(p: Point) -> str:
-    e = p.error
-    if e is None:
-        error = "null"
-    else:
-        error = (f'{{"kind":{_kind_text(e.kind)},"lower":{_number(e.lower, finite=True)},'
-                 f'"upper":{_number(e.upper, finite=True)},"relative_error":{_number(e.relative_error)},'
-                 f'"rank_error":{_number(e.rank_error)},"expected_undercount":{_number(e.expected_undercount)}}}')
-    return (f'{{"t":{p.t_ms:d},"value":{_number(p.value, finite=True)},"count":{p.count:d},'
-            f'"final":{"true" if p.final else "false"},"revision":{p.revision:d},"error":{error}}}')
-
-
-# The text of final points with events, by the point object: a final point never changes, and the
-# point cache (store/point_cache.py) hands the same object to every query of its window, so a 24 h
-# view asked every second writes the text of its new windows only (a day of percentiles at 1-minute
-# steps was 13 ms of the query's ~33 for the text of its 1 440 points). Keyed by id(): the entry
-# holds its point, so that id cannot be another point's while the entry is here.
-# Windows without events are skipped: answered from a fresh empty series each query (store/series.py
-# _fill_empty), their objects would never be asked again. Emptied when full (no eviction order to
-# keep under the API's threads); a point the cache forgot goes then too.
-_TEXTS: dict[int, tuple[Point, str]] = {}
-_TEXTS_MAX = 100_000
-
-
-def _kept_point_text(p: Point) -> str:
-    if not p.final or not p.count:
-        return _point_text(p)
-    found = _TEXTS.get(id(p))
-    if found is not None:
-        return found[1]
-    text = _point_text(p)
-    if len(_TEXTS) >= _TEXTS_MAX:
-        _TEXTS.clear()
-    _TEXTS[id(p)] = (p, text)
-    return text
 
 
 def answer_json(q: Query, lo: int, hi: int, watermark_ms: int | None, series: list[StatSeries]) -> dict[str, Any]:

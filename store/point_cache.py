@@ -5,7 +5,8 @@ A point is reused only while its window's fingerprint is unchanged: the events i
 rows under it, the newest batch that changed one of them and their highest revision, as the
 store sums them (PaneStore.aggregate_tier). A straggler merged into a final window changes
 its newest batch, so the corrected window is computed again. Only final points are kept:
-provisional ones change with nearly every batch. Pure: no I/O.
+provisional ones change with nearly every batch. The text the API writes of a kept point is
+written once (store/point_text.py holds it while this cache holds the point). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING
 
+from store.point_text import hold, let_go
 from store.rollup import Point
 
 if TYPE_CHECKING:
@@ -81,9 +83,9 @@ class PointCache:
             return
         saved = self.backing.load(shape, lo_ms, hi_ms)
         with self._lock:
-            for group, t_ms, fingerprint, point in saved:
+            for group, t_ms, fingerprint, point, text in saved:
                 if (shape, group, t_ms) not in self._entries:
-                    self._keep((shape, group, t_ms), fingerprint, point)
+                    self._keep((shape, group, t_ms), fingerprint, point, text)
 
     def holds(self, shape: Hashable) -> bool:
         """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
@@ -99,13 +101,19 @@ class PointCache:
             unsaved, self._unsaved = self._unsaved, []
         self.backing.save_soon(unsaved)
 
-    def _keep(self, key: Hashable, fingerprint: Fingerprint, point: Point) -> None:
-        if key not in self._entries:
+    def _keep(self, key: Hashable, fingerprint: Fingerprint, point: Point, text: str | None = None) -> None:
+        """text: the point as the API writes it, where the backing kept it (store/point_text.py)."""
+        before = self._entries.get(key)
+        if before is None:
             self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
+        elif before[1] is not point:
+            let_go(before[1])
         self._entries[key] = (fingerprint, point)
         self._entries.move_to_end(key)
+        hold(point, text)
         while len(self._entries) > self.max_points:
-            old, _ = self._entries.popitem(last=False)
+            old, (_, gone) = self._entries.popitem(last=False)
+            let_go(gone)
             left = self._per_shape[old[0]] - 1
             if left:
                 self._per_shape[old[0]] = left
@@ -116,6 +124,8 @@ class PointCache:
         """Forget every point (a switch replaced a stream's rows: store/switch.py), those kept
         in the store too; `generation`: another process's cache cleared them (only this memory)."""
         with self._lock:
+            for _, point in self._entries.values():
+                let_go(point)
             self._entries.clear()
             self._per_shape.clear()
             self._unsaved.clear()

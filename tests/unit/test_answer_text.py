@@ -49,15 +49,3 @@ def test_no_series_and_unusual_values():
         assert answer_text(QUERY, 0, 120_000, None, series_list) == rendered(
             answer_json(QUERY, 0, 120_000, None, series_list))
 
-
-def test_a_final_points_text_is_its_own_even_where_another_point_had_its_id():
-    """Final points' text is kept by the point object (query.compute._TEXTS): a point made after
-    one was freed (CPython may give it the same id) is written with its own numbers, and a cached
-    point asked again is written as it was."""
-    kept = StatSeries("p99", {}, [Point(0, 1.5, 3, True, 1, ErrorBound("kll", 1.0, 2.0, 0.01, 0.02, None))])
-    first = answer_text(QUERY, 0, 60_000, None, [kept])
-    assert answer_text(QUERY, 0, 60_000, None, [kept]) == first
-    for i in range(200):  # freed at once: ids are reused
-        other = StatSeries("p99", {}, [Point(0, float(i), 3, True, 1, ErrorBound("kll", 1.0, 2.0))])
-        assert answer_text(QUERY, 0, 60_000, None, [other]) == rendered(answer_json(QUERY, 0, 60_000, None, [other]))
-    assert answer_text(QUERY, 0, 60_000, None, [kept]) == first == rendered(answer_json(QUERY, 0, 60_000, None, [kept]))

@@ -69,8 +69,35 @@ def test_points_keep_every_value_and_bound_exactly(store_backend):
     try:
         kept.save([(("s", "p99"), ("x",), p.t_ms, (1, 2, 3, 4), p) for p in points])
         loaded = kept.load(("s", "p99"), T0, T0 + 3 * MINUTE)
-        assert sorted(loaded) == [(("x",), p.t_ms, (1, 2, 3, 4), p) for p in points]
+        assert [(g, t, fp, p) for g, t, fp, p, _ in sorted(loaded)] == [(("x",), p.t_ms, (1, 2, 3, 4), p) for p in points]
         assert kept.load(("s", "p95"), T0, T0 + 3 * MINUTE) == []  # another shape
+    finally:
+        kept.close()
+
+
+def test_a_new_process_reads_each_kept_points_text_instead_of_writing_it(store_backend, monkeypatch):
+    """The text GET /api/v1/query writes of a point (store/point_text.py) is kept beside it: a new
+    process's point cache loads it with the point, and it is the text the point would be written as."""
+    import store.point_text as point_text_module
+
+    points = [Point(T0, 0.1 + 0.2, 7, True, 3, ErrorBound("kll", -math.inf, math.nan, rank_error=0.0133)),
+              Point(T0 + MINUTE, 1e-7, 2, True, 0, None),
+              Point(T0 + 2 * MINUTE, 1e308, 1, True, 1, ErrorBound("hll", 0.5, 2.5, relative_error=0.01,
+                                                                 expected_undercount=0.25))]
+    written = [point_text_module.format_point(p) for p in points]
+    kept = FinalPoints(store_backend.side_db())
+    try:
+        kept.save([(("s", "p99"), (), p.t_ms, (1, 2, 3, 4), p) for p in points])
+        cache = PointCache(backing=kept)  # a new process's
+        cache.load(("s", "p99"), T0, T0 + 3 * MINUTE)
+        loaded = cache.get_many([((("s", "p99"), (), p.t_ms), (1, 2, 3, 4)) for p in points])
+        assert [point_text_module.format_point(p) for p in loaded] == written  # the point's own text
+
+        def no_formatting(p):
+            raise AssertionError("a kept point's text was written again")
+
+        monkeypatch.setattr(point_text_module, "format_point", no_formatting)
+        assert [point_text_module.point_text(p) for p in loaded] == written
     finally:
         kept.close()
 
@@ -89,7 +116,7 @@ def test_points_of_shapes_and_groups_longer_than_an_index_entry_are_kept(store_b
     point = Point(T0, 1.5, 2, True, 1, None)
     try:
         kept.save([(shape, (long_label,), T0, (1, 2, 3, 4), point)])
-        assert kept.load(shape, T0, T0 + MINUTE) == [((long_label,), T0, (1, 2, 3, 4), point)]
+        assert [row[:4] for row in kept.load(shape, T0, T0 + MINUTE)] == [((long_label,), T0, (1, 2, 3, 4), point)]
     finally:
         kept.close()
 
@@ -100,7 +127,7 @@ def test_clear_and_retention_forget_kept_points(store_backend):
     old, new = (Point(t, 1.0, 1, True, 1, None) for t in (T0, T0 + 6 * MINUTE))
     try:
         kept.save([("s", (), p.t_ms, (1, 1, 1, 1), p) for p in (old, new)])
-        assert [t for _, t, _, _ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
+        assert [t for _, t, *_ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
         cache = PointCache(backing=kept)
         cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones
         assert kept.load("s", T0, now_ms) == []
@@ -132,12 +159,12 @@ def test_a_load_does_not_wait_behind_a_write_that_waits_for_the_store(store_back
         kept.save_soon([("s", (), second.t_ms, (1, 1, 1, 1), second)])  # its writer now waits for the lock
         time.sleep(0.3)
         began = time.monotonic()
-        assert [p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)] == [first]
+        assert [p for _, _, _, p, _ in kept.load("s", T0, T0 + 2 * MINUTE)] == [first]
         assert time.monotonic() - began < 2
         release.set()
         holder.join(10)
         kept.flush()
-        assert sorted(p for *_, p in kept.load("s", T0, T0 + 2 * MINUTE)) == [first, second]
+        assert sorted(p for _, _, _, p, _ in kept.load("s", T0, T0 + 2 * MINUTE)) == [first, second]
     finally:
         release.set()
         kept.close()
@@ -155,7 +182,7 @@ def test_retention_is_applied_at_most_once_an_hour(store_backend):
         assert len(kept.load("s", T0, now[0])) == 2
         now[0] += 31 * MINUTE
         kept.save([("s", (), T0 + 70 * MINUTE, (1, 1, 1, 1), point(T0 + 70 * MINUTE))])
-        assert [t for _, t, _, _ in kept.load("s", T0, now[0])] == [T0 + 70 * MINUTE]
+        assert [t for _, t, *_ in kept.load("s", T0, now[0])] == [T0 + 70 * MINUTE]
     finally:
         kept.close()
 
@@ -282,10 +309,10 @@ def test_a_store_kept_by_the_version_before_is_upgraded_in_place(store_backend):
     again = FinalPoints(store.side_db())  # a second new replica: the column is there already
     try:
         old_write(T0 + MINUTE)  # the old replicas still write after the upgrade
-        assert [t for _, t, _, _ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0, T0 + MINUTE]
+        assert [t for _, t, *_ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0, T0 + MINUTE]
         now[0] += 61 * MINUTE / 1000
         kept.save([("new", (), T0 + 61 * MINUTE, (1, 1, 1, 1), Point(T0 + 61 * MINUTE, 1.0, 1, True, 1, None), MINUTE)])
-        assert [t for _, t, _, _ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0 + MINUTE]  # past the retention: gone
+        assert [t for _, t, *_ in kept.load("old", T0, T0 + 2 * MINUTE)] == [T0 + MINUTE]  # past the retention: gone
         assert len(again.load("new", T0, T0 + 62 * MINUTE)) == 1
     finally:
         kept.close()
