@@ -22,7 +22,8 @@ from store.rollup import Point
 if TYPE_CHECKING:
     from store.final_points import FinalPoints
 
-Fingerprint = tuple[int, int, int, int]  # (events, rows, newest batch, highest revision)
+Fingerprint = tuple[int, int, int, int]
+_SERIES_KEPT = 64  # a day of 1-minute points is 1 440 references each  # (events, rows, newest batch, highest revision)
 
 
 class PointCache:
@@ -34,6 +35,10 @@ class PointCache:
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point) put since the last save()
         self.hits = self.misses = 0
+        # (shape, start, end) -> (validity, {window start: point}) of its final windows, by how
+        # recently asked (store/series.py: reused while the rows under them are unchanged)
+        self._series: OrderedDict[Hashable, tuple[Hashable, dict[int, Point]]] = OrderedDict()
+        self.series_hits = 0
         self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
     def get(self, key: Hashable, fingerprint: Fingerprint) -> Point | None:
@@ -87,6 +92,26 @@ class PointCache:
                 if (shape, group, t_ms) not in self._entries:
                     self._keep((shape, group, t_ms), fingerprint, point, text)
 
+    def final_series(self, key: Hashable, validity: Hashable) -> dict[int, Point] | None:
+        """The final windows' points keep_final_series() kept under `key` with this validity, else
+        None. The points are this cache's: not to be changed."""
+        with self._lock:
+            found = self._series.get(key)
+            if found is None or found[0] != validity:
+                return None
+            self._series.move_to_end(key)
+            self.series_hits += 1
+            return found[1]
+
+    def keep_final_series(self, key: Hashable, validity: Hashable, points: dict[int, Point]) -> None:
+        """Keep a query's final points (window start -> point) while `validity` holds: a few
+        dozen series, the views asked again and again (a dashboard's, the standard views)."""
+        with self._lock:
+            self._series[key] = (validity, points)
+            self._series.move_to_end(key)
+            while len(self._series) > _SERIES_KEPT:
+                self._series.popitem(last=False)
+
     def holds(self, shape: Hashable) -> bool:
         """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
         computes every window from the rows it reads (store.series), fingerprints included."""
@@ -128,6 +153,7 @@ class PointCache:
                 let_go(point)
             self._entries.clear()
             self._per_shape.clear()
+            self._series.clear()
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:
