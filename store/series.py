@@ -81,13 +81,28 @@ def _query_series(
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
     plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, now_ms=now_ms)
+    shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
+             tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)  # rows per layout
     if stat in _EXACT_STATS:
         # Exact stats are summed by the store per bucket and group: few rows reach Python.
         value = value_field if stat not in ("count", "rate") else None
-        return rollup_buckets(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, value),
-                              stat=stat, value_field=value_field, start_ms=start_ms, end_ms=end_ms, step_ms=step_ms,
-                              window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
-                              max_points=max_points)
+
+        def exact_series(lo: int, hi: int, segments) -> list[Series]:
+            return rollup_buckets(_sums(store, stream, pane_ms, segments, lo, group_by, filters, value),
+                                  stat=stat, value_field=value_field, start_ms=lo, end_ms=hi, step_ms=step_ms,
+                                  window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
+                                  max_points=max_points)
+
+        def tail_plan(lo: int) -> list:  # the windows from lo on, read with the whole query's granules
+            return _plan(layout, pane_ms, lo, end_ms, step_ms, window_ms, needed, max_points,
+                         len(window_points(start_ms, end_ms, step_ms)), now_ms)
+
+        if cache is None or group_by or not plan:
+            return exact_series(start_ms, end_ms, plan)
+        validity = _final_validity(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
+                                   watermark_ms)
+        return _exact_reusing_final(cache, (shape, start_ms, end_ms), validity, exact_series, plan, tail_plan,
+                                    start_ms, end_ms, step_ms)
 
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
@@ -113,8 +128,6 @@ def _query_series(
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)
-    shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
-             tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)  # rows per layout
     if not cache.holds(shape) and cache.backing is not None:  # saved by a process before this one?
         cache.load(shape, start_ms, end_ms)
     points: dict[tuple[tuple[str, ...], int], Point] = {}
@@ -186,6 +199,23 @@ def _query_series(
 
 
 _NO_ROWS = (0, 0, 0, 0)
+
+
+def _exact_reusing_final(cache, key, validity, exact_series, plan, tail_plan, start_ms, end_ms,
+                         step_ms) -> list[Series]:
+    """An ungrouped exact stat's series, its final windows reused while `validity` holds
+    (_final_validity): only the provisional windows are summed again, planned with the whole
+    query's granules (tail_plan) as a cache miss's windows are."""
+    reused = None if validity is None else cache.final_series(key, validity)
+    if reused is None:
+        series = exact_series(start_ms, end_ms, plan)
+        final = series[0].points[:validity[0]] if validity is not None else []
+        if final and all(p.final for p in final):
+            cache.keep_final_series(key, validity, {p.t_ms: p for p in final})
+        return series
+    lo = start_ms + validity[0] * step_ms
+    tail = exact_series(lo, end_ms, tail_plan(lo))[0].points if lo < end_ms else []
+    return [Series(group={}, points=[reused[t] for t in window_points(start_ms, lo, step_ms)] + tail)]
 
 
 def _final_validity(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
