@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS kept_points (
 # - text: the point as GET /api/v1/query writes it (store/point_text.py), so that a new API
 #   process's first query of a day of percentiles reads 1 440 texts instead of writing them
 #   (~13 ms); NULL: written when asked.
+# - text_of: the `point` that text was written for. A replica of the version before updates a
+#   row's point (a straggler recomputed it) and leaves text as it was: the text is served only
+#   while the row's point is still the one it was written for.
 
 _PRUNE_EVERY_MS = 3_600_000
 # (shape, group, t_ms, fingerprint, point[, keep_ms]): keep_ms, how long after its window's end rows
@@ -71,6 +74,7 @@ class FinalPoints(SideStore):
         with self._lock:
             self.add_column("kept_points", "expires_ms", "BIGINT")  # epoch ms: PostgreSQL's INTEGER is 32 bits
             self.add_column("kept_points", "text", "TEXT")
+            self.add_column("kept_points", "text_of", "TEXT")
         self._writer_conn = writer or self._conn
         self._write_lock = threading.Lock() if writer is not None else self._lock
         # Points of windows older than this (or than their own keep_ms) are deleted as new ones are
@@ -85,17 +89,18 @@ class FinalPoints(SideStore):
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> list[tuple[tuple, int, tuple, Point, str | None]]:
         """(group, t_ms, fingerprint, point, text) of the saved points of `shape` with t_ms in
         [lo_ms, hi_ms); text: the point as the API writes it (store/point_text.py), None where a
-        version before kept it."""
+        version before kept or last changed the point."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point, text FROM kept_points"
+                "SELECT grp, t_ms, events, rows_in, last_batch, revision, point, text, text_of FROM kept_points"
                 " WHERE shape_key = ? AND t_ms >= ? AND t_ms < ?", (_shape_key(shape), lo_ms, hi_ms)).fetchall()
         if not rows:
             return []
         groups = {text: tuple(json.loads(text)) for text in {row[0] for row in rows}}
         decoded = json.loads("[" + ",".join(row[6] for row in rows) + "]")  # one parse, not one per point
-        return [(groups[grp], t, (events, rows_in, batch, revision), _point(t, fields), text)
-                for (grp, t, events, rows_in, batch, revision, _, text), fields in zip(rows, decoded)]
+        return [(groups[grp], t, (events, rows_in, batch, revision), _point(t, fields),
+                 text if text_of == point else None)
+                for (grp, t, events, rows_in, batch, revision, point, text, text_of), fields in zip(rows, decoded)]
 
     def save(self, entries: Sequence[Entry]) -> None:
         """Write these points now (a newer fingerprint replaces an older one)."""
@@ -109,15 +114,17 @@ class FinalPoints(SideStore):
             if self.retention_ms is not None and keep_ms is not None:
                 keep_ms = min(keep_ms, self.retention_ms)
             expires = None if keep_ms is None else t + keep_ms
-            rows.append((shapes[shape], _digest(grp), grp, t, *fp, _fields_text(p), point_text(p), expires))
+            fields = _fields_text(p)
+            rows.append((shapes[shape], _digest(grp), grp, t, *fp, fields, point_text(p), fields, expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
             self._writer_conn.executemany(
                 "INSERT INTO kept_points (shape_key, grp_key, grp, t_ms, events, rows_in, last_batch, revision, point,"
-                " text, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (shape_key, grp_key, t_ms)"
-                " DO UPDATE SET events = excluded.events, rows_in = excluded.rows_in, last_batch = excluded.last_batch,"
-                " revision = excluded.revision, point = excluded.point, text = excluded.text,"
+                " text, text_of, expires_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (shape_key, grp_key, t_ms) DO UPDATE SET events = excluded.events,"
+                " rows_in = excluded.rows_in, last_batch = excluded.last_batch, revision = excluded.revision,"
+                " point = excluded.point, text = excluded.text, text_of = excluded.text_of,"
                 " expires_ms = excluded.expires_ms", rows)
             now_ms = int(self._clock() * 1000)
             if self.retention_ms is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:

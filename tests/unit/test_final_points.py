@@ -8,6 +8,7 @@ import threading
 import time
 
 from store.final_points import FinalPoints
+from store.point_text import point_text
 from store.point_cache import PointCache
 from store.rollup import ErrorBound, Point
 from tests.unit.test_tiers import LAYOUT, MINUTE, T0, answer, commit_all, pane_rollup, store_at
@@ -100,6 +101,33 @@ def test_a_new_process_reads_each_kept_points_text_instead_of_writing_it(store_b
         assert [point_text_module.point_text(p) for p in loaded] == written
     finally:
         kept.close()
+
+
+def test_a_text_is_not_served_for_a_point_a_replica_of_the_version_before_changed(store_backend):
+    """A rolling upgrade: a replica of the version before recomputes a kept point (a straggler
+    revised its window) and updates the row's point, not its text (it knows no text): a new
+    process must write the new point's text, not serve the old one."""
+    from store.final_points import _digest, _shape_key
+    from store.point_text import format_point
+
+    before = Point(T0, 51.0, 9, True, 1, ErrorBound("kll", 50.0, 52.0, rank_error=0.0133))
+    store = store_backend.create()
+    kept = FinalPoints(store.side_db())
+    old = store.side_db()
+    try:
+        kept.save([(("s", "p90"), (), T0, (9, 1, 1, 1), before)])
+        old.execute("UPDATE kept_points SET events = 29, last_batch = 2, revision = 2,"  # what its save's upsert sets
+                    " point = '[5000.0,29,2,[\"kll\",4999.0,5001.0,null,0.0133,null]]'"
+                    " WHERE shape_key = ? AND grp_key = ? AND t_ms = ?", (_shape_key(("s", "p90")), _digest("[]"), T0))
+        (loaded,) = kept.load(("s", "p90"), T0, T0 + MINUTE)
+        assert loaded[3].value == 5000.0 and loaded[4] is None  # the text written for `before` is not served
+        cache = PointCache(backing=kept)
+        cache.load(("s", "p90"), T0, T0 + MINUTE)
+        (point,) = cache.get_many([((("s", "p90"), (), T0), (29, 1, 2, 2))])
+        assert point_text(point) == format_point(point) != format_point(before)
+    finally:
+        kept.close()
+        old.close()
 
 
 def test_points_of_shapes_and_groups_longer_than_an_index_entry_are_kept(store_backend):
