@@ -22,8 +22,7 @@ from store.rollup import Point
 if TYPE_CHECKING:
     from store.final_points import FinalPoints
 
-Fingerprint = tuple[int, int, int, int]
-_SERIES_KEPT = 64  # a day of 1-minute points is 1 440 references each  # (events, rows, newest batch, highest revision)
+Fingerprint = tuple[int, int, int, int]  # (events, rows, newest batch, highest revision)
 
 
 class PointCache:
@@ -38,6 +37,7 @@ class PointCache:
         # (shape, start, end) -> (validity, {window start: point}) of its final windows, by how
         # recently asked (store/series.py: reused while the rows under them are unchanged)
         self._series: OrderedDict[Hashable, tuple[Hashable, dict[int, Point]]] = OrderedDict()
+        self._series_points = 0
         self.series_hits = 0
         self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
@@ -104,13 +104,22 @@ class PointCache:
             return found[1]
 
     def keep_final_series(self, key: Hashable, validity: Hashable, points: dict[int, Point]) -> None:
-        """Keep a query's final points (window start -> point) while `validity` holds: a few
-        dozen series, the views asked again and again (a dashboard's, the standard views)."""
+        """Keep a query's final points (window start -> point) while `validity` holds, the views
+        asked again and again (a dashboard's, the standard views): at most a quarter of
+        max_points in all, counted apart from the points kept by window (a series holds points
+        those may have let go), the least recently asked let go first."""
+        budget = self.max_points // 4
         with self._lock:
+            gone = self._series.pop(key, None)
+            if gone is not None:
+                self._series_points -= len(gone[1])
+            if len(points) > budget:
+                return
             self._series[key] = (validity, points)
-            self._series.move_to_end(key)
-            while len(self._series) > _SERIES_KEPT:
-                self._series.popitem(last=False)
+            self._series_points += len(points)
+            while self._series_points > budget:
+                _, (_, old) = self._series.popitem(last=False)
+                self._series_points -= len(old)
 
     def holds(self, shape: Hashable) -> bool:
         """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
@@ -154,6 +163,7 @@ class PointCache:
             self._entries.clear()
             self._per_shape.clear()
             self._series.clear()
+            self._series_points = 0
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:
