@@ -112,14 +112,20 @@ class PointCache:
         with self._lock:
             gone = self._series.pop(key, None)
             if gone is not None:
-                self._series_points -= len(gone[1])
+                self._drop_series(gone[1])
             if len(points) > budget:
                 return
             self._series[key] = (validity, points)
             self._series_points += len(points)
+            for point in points.values():
+                hold(point)  # an exact stat's points are kept by no window: their text too
             while self._series_points > budget:
-                _, (_, old) = self._series.popitem(last=False)
-                self._series_points -= len(old)
+                self._drop_series(self._series.popitem(last=False)[1][1])
+
+    def _drop_series(self, points: dict[int, Point]) -> None:
+        self._series_points -= len(points)
+        for point in points.values():
+            let_go(point)
 
     def holds(self, shape: Hashable) -> bool:
         """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
@@ -142,9 +148,10 @@ class PointCache:
             self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
         elif before[1] is not point:
             let_go(before[1])
+        if before is None or before[1] is not point:
+            hold(point, text)
         self._entries[key] = (fingerprint, point)
         self._entries.move_to_end(key)
-        hold(point, text)
         while len(self._entries) > self.max_points:
             old, (_, gone) = self._entries.popitem(last=False)
             let_go(gone)
@@ -160,10 +167,11 @@ class PointCache:
         with self._lock:
             for _, point in self._entries.values():
                 let_go(point)
+            for _, points in self._series.values():
+                self._drop_series(points)
             self._entries.clear()
             self._per_shape.clear()
             self._series.clear()
-            self._series_points = 0
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:

@@ -62,13 +62,15 @@ def format_point(p: Point) -> str:
             f'"final":{"true" if p.final else "false"},"revision":{p.revision:d},"error":{error}}}')
 
 
-# The texts of the points the point caches hold (store/point_cache.py registers each point it
-# keeps and forgets each it lets go), by the point object: a kept point is final and never changes,
-# and its cache hands the same object to every query of its window. Keyed by id(): the entry holds
-# its point, so that id cannot be another point's while the entry is here. Only those: a point
-# computed for one answer (an exact stat's, an empty window's) is never asked again. A text is
-# written at its point's first answer (None until then), or given with it (the store kept it).
-_TEXTS: dict[int, tuple[Point, str | None]] = {}
+# The texts of the points a point cache holds (store/point_cache.py holds each point it keeps, by
+# window or in a kept series, and lets go each it drops), by the point object: a kept point is
+# final and never changes, and its cache hands the same object to every query of its window.
+# Keyed by id(): the entry holds its point, so that id cannot be another point's while the entry
+# is here; it counts its holders (a point may be kept by window and in a series), and goes with
+# the last. Only those: a point computed for one answer (an empty window's, a group's exact stat)
+# is never asked again. A text is written at its point's first answer (None until then), or given
+# with it (the store kept it). Entries: [point, text or None, holders].
+_TEXTS: dict[int, list] = {}
 _lock = threading.Lock()  # a text written by one query thread must not bring back a point let go
 
 
@@ -81,20 +83,27 @@ def point_text(p: Point) -> str:
         return found[1]
     text = format_point(p)
     with _lock:
-        if _TEXTS.get(id(p)) is found:
-            _TEXTS[id(p)] = (p, text)
+        found[1] = text  # an entry let go meanwhile is no longer in _TEXTS: nothing brought back
     return text
 
 
 def hold(p: Point, text: str | None = None) -> None:
-    """A point cache keeps p; text: its point_text where known (kept in the store beside it)."""
+    """A point cache keeps p (once more); text: its point_text where known (kept in the store)."""
     with _lock:
         found = _TEXTS.get(id(p))
-        if found is None or (text is not None and found[1] is None):
-            _TEXTS[id(p)] = (p, text)
+        if found is None:
+            _TEXTS[id(p)] = [p, text, 1]
+        else:
+            found[2] += 1
+            if found[1] is None:
+                found[1] = text
 
 
 def let_go(p: Point) -> None:
-    """A point cache no longer keeps p."""
+    """A point cache no longer keeps p (once)."""
     with _lock:
-        _TEXTS.pop(id(p), None)
+        found = _TEXTS.get(id(p))
+        if found is not None:
+            found[2] -= 1
+            if not found[2]:
+                del _TEXTS[id(p)]
