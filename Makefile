@@ -40,8 +40,9 @@ run: $(STAMP)
 # the log and the store as much as they compute); then the real-process tests one at a time (they
 # time real processes, each with a Spark pipeline of its own: beside other Spark work they time
 # out), with the `serial` ones, which xdist cannot run (items sharing one node id: it would run
-# only one of them). Every run goes on even if one before fails. The last two print their slowest
-# tests (where the suite's time goes). Python caches its bytecode here even where the environment says
+# only one of them). Every run goes on even if one before fails. Each prints its slowest tests
+# (where the suite's time goes; the JVM-free run's list was missing and hid an 80 s test there).
+# Python caches its bytecode here even where the environment says
 # PYTHONDONTWRITEBYTECODE (__pycache__ is git-ignored): without it every worker, `sketchboard` process and
 # Spark Python worker compiled the project anew, and each run's collection rewrote every test's asserts
 # (~20 s a run instead of ~7). Before the Spark runs, a class-data archive of a Spark driver
@@ -51,7 +52,7 @@ PARALLEL := $(NO_JVM) and not serial
 JVM_PARALLEL := (spark or kafka) and not e2e and not serial
 test: $(STAMP) jars
 	@unset PYTHONDONTWRITEBYTECODE; \
-	$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile; fast=$$?; \
+	$(BIN)/python -m pytest -m "$(PARALLEL)" -n 2 --dist loadfile --durations=20; fast=$$?; \
 	$(BIN)/python -m tests.spark_cds || echo "(the Spark drivers start without a class-data archive)"; \
 	$(BIN)/python -m pytest -m "$(JVM_PARALLEL)" -n 2 --dist loadfile --durations=20; jvm=$$?; \
 	$(BIN)/python -m pytest -m "not ($(PARALLEL)) and not ($(JVM_PARALLEL))" --durations=20; slow=$$?; \

@@ -83,7 +83,9 @@ def _by_offset(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: r["offset"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+# 20 examples, as the other property test against Spark (test_validation_fast_path.py): each costs
+# four Spark jobs (~2 s), and 40 were 81 s of `make test`'s in-process Spark run.
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(table=records(), corrections=st.dictionaries(st.tuples(st.sampled_from(["orders", "app"]),
                                                               st.sampled_from(["d1", "d2"])),
