@@ -549,7 +549,8 @@ def test_stat_and_table_panels_show_the_newest_final_step_when_traffic_stops(liv
 
     server, ctx, _ = live
     now = int(time.time() * 1000)
-    commit(server, ctx, [ev(now - 600_000 + i * 100, endpoint="/a", latency=900.0, user=f"u{i}") for i in range(50)])
+    then = (now - 600_000) // 60_000 * 60_000 + 1_000  # the 50 events in one 1-minute step, not across two
+    commit(server, ctx, [ev(then + i * 100, endpoint="/a", latency=900.0, user=f"u{i}") for i in range(50)])
     commit(server, ctx, [ev(now - 1_000, endpoint="/b", latency=1.0)])  # the stream's clock moves on
     r = httpx.post(server.http + "/api/v1/dashboards", json={"name": "stopped", "range": "15m", "panels": [
         {"metric": "requests", "stat": "count", "kind": "stat", "step": "1m", "filters": {"endpoint": "/a"}},
