@@ -81,8 +81,9 @@ def _query_series(
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
     plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, now_ms=now_ms)
-    shape = (stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
-             tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)  # rows per layout
+    shape = None if cache is None else (  # the cache's key of this query's points (rows per layout)
+        stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
+        tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)
     if stat in _EXACT_STATS:
         # Exact stats are summed by the store per bucket and group: few rows reach Python.
         value = value_field if stat not in ("count", "rate") else None
