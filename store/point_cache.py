@@ -143,12 +143,12 @@ class PointCache:
 
     def _keep(self, key: Hashable, fingerprint: Fingerprint, point: Point, text: str | None = None) -> None:
         """text: the point as the API writes it, where the backing kept it (store/point_text.py)."""
-        before = self._entries.get(key)
-        if before is None:
-            self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
-        elif before[1] is not point:
-            let_go(before[1])
-        if before is None or before[1] is not point:
+        replaced = self._entries.get(key, (None, None))[1]
+        if replaced is not point:
+            if replaced is None:
+                self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
+            else:
+                let_go(replaced)
             hold(point, text)
         self._entries[key] = (fingerprint, point)
         self._entries.move_to_end(key)
