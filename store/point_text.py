@@ -71,7 +71,7 @@ def format_point(p: Point) -> str:
 # is never asked again. A text is written at its point's first answer (None until then), or given
 # with it (the store kept it). Entries: [point, text or None, holders].
 _TEXTS: dict[int, list] = {}
-_lock = threading.Lock()  # a text written by one query thread must not bring back a point let go
+_lock = threading.Lock()  # the holders' count, under the API's query threads
 
 
 def point_text(p: Point) -> str:
@@ -81,9 +81,7 @@ def point_text(p: Point) -> str:
         return format_point(p)
     if found[1] is not None:
         return found[1]
-    text = format_point(p)
-    with _lock:
-        found[1] = text  # an entry let go meanwhile is no longer in _TEXTS: nothing brought back
+    found[1] = text = format_point(p)  # an entry let go meanwhile is out of _TEXTS: nothing brought back
     return text
 
 
