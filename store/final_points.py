@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 from store.connection import Db, SideStore
@@ -46,6 +46,15 @@ CREATE TABLE IF NOT EXISTS kept_points (
     revision INTEGER NOT NULL,  -- highest revision
     point TEXT NOT NULL,        -- value, count, revision, error bound as JSON (NaN and infinities kept)
     PRIMARY KEY (shape_key, grp_key, t_ms)
+);
+CREATE TABLE IF NOT EXISTS kept_chunks (
+    shape_key TEXT NOT NULL,    -- as kept_points'
+    t_ms INTEGER NOT NULL,      -- the chunk's first window start (store/series.py CHUNK windows)
+    validity TEXT NOT NULL,     -- the summary of the rows under its windows when they were computed
+    points TEXT NOT NULL,       -- [[window start, value, count, revision, error bound], ...] as JSON
+    texts TEXT NOT NULL,        -- each point as GET /api/v1/query writes it, one a line
+    expires_ms BIGINT,          -- as kept_points'
+    PRIMARY KEY (shape_key, t_ms)
 );
 """
 # Added by FinalPoints (store.connection.SideStore.add_column), never the table replaced: replicas of
@@ -82,7 +91,7 @@ class FinalPoints(SideStore):
         self.retention_ms = retention_ms
         self._pruned_ms = -_PRUNE_EVERY_MS  # when they last were
         self._clock = clock
-        self._queue: queue.Queue[list[Entry] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Callable, list, str] | None] = queue.Queue()
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
@@ -110,10 +119,7 @@ class FinalPoints(SideStore):
             if shape not in shapes:
                 shapes[shape] = _shape_key(shape)
             grp = _text(group)
-            keep_ms = keep[0] if keep and keep[0] is not None else self.retention_ms
-            if self.retention_ms is not None and keep_ms is not None:
-                keep_ms = min(keep_ms, self.retention_ms)
-            expires = None if keep_ms is None else t + keep_ms
+            expires = self._expires(t, keep[0] if keep else None)
             fields = _fields_text(p)
             rows.append((shapes[shape], _digest(grp), grp, t, *fp, fields, point_text(p), fields, expires))
         if not rows:
@@ -131,19 +137,62 @@ class FinalPoints(SideStore):
                 # Not at every save: expires_ms leads no index, so this reads the whole table. A
                 # 1-minute point is kept as long as the 1-minute rows (8 days shipped), not as long
                 # as the hours (90): a day of the standard views' minutes is ~40 000 points.
-                self._writer_conn.execute("DELETE FROM kept_points WHERE expires_ms < ? OR t_ms < ?",
-                                          (now_ms, now_ms - self.retention_ms))
+                for table in ("kept_points", "kept_chunks"):
+                    self._writer_conn.execute(f"DELETE FROM {table} WHERE expires_ms < ? OR t_ms < ?",
+                                              (now_ms, now_ms - self.retention_ms))
                 self._pruned_ms = now_ms
+
+    def _expires(self, t_ms: int, keep_ms: int | None) -> int | None:
+        keep_ms = self.retention_ms if keep_ms is None else keep_ms
+        if self.retention_ms is not None and keep_ms is not None:
+            keep_ms = min(keep_ms, self.retention_ms)
+        return None if keep_ms is None else t_ms + keep_ms
+
+    def load_chunks(self, shape: Hashable, validities: Mapping[int, str]) -> list[tuple[int, dict[int, Point], list[str]]]:
+        """(chunk start, {window start: point}, texts) of the saved chunks of `shape` starting where
+        `validities` says, with the validity it gives (store/point_cache.py keep_chunks)."""
+        if not validities:
+            return []
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT t_ms, validity, points, texts FROM kept_chunks WHERE shape_key = ? AND t_ms >= ? AND t_ms <= ?",
+                (_shape_key(shape), min(validities), max(validities))).fetchall()
+        rows = [row for row in rows if validities.get(row[0]) == row[1]]
+        decoded = json.loads("[" + ",".join(row[2] for row in rows) + "]")  # one parse, not one per chunk
+        return [(c, {fields[0]: _point(fields[0], fields[1:]) for fields in points}, texts.split("\n"))
+                for (c, _, _, texts), points in zip(rows, decoded)]
+
+    def save_chunks(self, chunks: Sequence[tuple]) -> None:
+        """Write these chunks now: (shape, chunk start, validity, {window start: point}, keep_ms)."""
+        rows = []
+        for shape, c, validity, points, keep_ms in chunks:
+            expires = self._expires(c, keep_ms)
+            fields = "[" + ",".join(f"[{t},{_fields_text(p)[1:]}" for t, p in points.items()) + "]"
+            rows.append((_shape_key(shape), c, validity, fields, "\n".join(map(point_text, points.values())), expires))
+        if not rows:
+            return
+        with self._write_lock, self._writer_conn.transaction():
+            self._writer_conn.executemany(
+                "INSERT INTO kept_chunks (shape_key, t_ms, validity, points, texts, expires_ms) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (shape_key, t_ms) DO UPDATE SET validity = excluded.validity, points = excluded.points,"
+                " texts = excluded.texts, expires_ms = excluded.expires_ms", rows)
+
+    def save_chunks_soon(self, chunks: Sequence[tuple]) -> None:
+        """save_chunks() on the writer thread."""
+        self._hand(self.save_chunks, chunks, "chunks of final points")
 
     def save_soon(self, entries: Sequence[Entry]) -> None:
         """save() on the writer thread: the caller (a query) goes on at once."""
+        self._hand(self.save, entries, "final points")
+
+    def _hand(self, write: Callable[[Sequence], None], entries: Sequence, what: str) -> None:
         if not entries:
             return
         with self._start_lock:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, name="final-points-writer", daemon=True)
                 self._writer.start()
-        self._queue.put(list(entries))
+        self._queue.put((write, list(entries), what))
 
     def flush(self) -> None:
         """Wait until everything handed to save_soon() is written (or given up)."""
@@ -155,6 +204,7 @@ class FinalPoints(SideStore):
         self.flush()
         with self._write_lock, self._writer_conn.transaction():
             self._writer_conn.execute("DELETE FROM kept_points")
+            self._writer_conn.execute("DELETE FROM kept_chunks")
 
     def close(self) -> None:
         if self._writer is not None:
@@ -167,14 +217,15 @@ class FinalPoints(SideStore):
 
     def _write_loop(self) -> None:
         while True:
-            entries = self._queue.get()
+            item = self._queue.get()
             try:
-                if entries is None:
+                if item is None:
                     return
-                self.save(entries)
+                write, entries, what = item
+                write(entries)
             except Exception as exc:  # noqa: BLE001 - a point not kept is computed again; the query already answered
                 # One line: on a full disk this comes at every query (the reason says enough).
-                log.warning("could not keep %d final points in the store: %s: %s", len(entries), type(exc).__name__, exc)
+                log.warning("could not keep %d %s in the store: %s: %s", len(entries), what, type(exc).__name__, exc)
             finally:
                 self._queue.task_done()
 

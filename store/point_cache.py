@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING
 
-from store.point_text import hold, let_go
+from store.point_text import hold, hold_many, let_go
 from store.rollup import Point
 
 if TYPE_CHECKING:
@@ -34,11 +34,11 @@ class PointCache:
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point) put since the last save()
         self.hits = self.misses = 0
-        # (shape, start, end) -> (validity, {window start: point}) of its final windows, by how
-        # recently asked (store/series.py: reused while the rows under them are unchanged)
-        self._series: OrderedDict[Hashable, tuple[Hashable, dict[int, Point]]] = OrderedDict()
-        self._series_points = 0
-        self.series_hits = 0
+        # (shape, chunk start) -> (validity, {window start: point}) of a chunk of final windows, by
+        # how recently asked (store/series.py: reused while the rows under them are unchanged)
+        self._chunks: OrderedDict[Hashable, tuple[str, dict[int, Point]]] = OrderedDict()
+        self._chunk_points = 0
+        self.chunk_hits = 0
         self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
 
     def get(self, key: Hashable, fingerprint: Fingerprint) -> Point | None:
@@ -92,38 +92,65 @@ class PointCache:
                 if (shape, group, t_ms) not in self._entries:
                     self._keep((shape, group, t_ms), fingerprint, point, text)
 
-    def final_series(self, key: Hashable, validity: Hashable) -> dict[int, Point] | None:
-        """The final windows' points keep_final_series() kept under `key` with this validity, else
-        None. The points are this cache's: not to be changed."""
+    def final_chunks(self, shape: Hashable, validities: dict[int, str]) -> dict[int, dict[int, Point]]:
+        """The chunks of final windows keep_chunks() kept of `shape` (chunk start -> {window start:
+        point}) whose validity is the one asked (store/series.py _chunk_validities), from memory,
+        else from the backing (a process before this one kept them). The points are this cache's:
+        not to be changed."""
+        found: dict[int, dict[int, Point]] = {}
         with self._lock:
-            found = self._series.get(key)
-            if found is None or found[0] != validity:
-                return None
-            self._series.move_to_end(key)
-            self.series_hits += 1
-            return found[1]
+            for c, validity in validities.items():
+                kept = self._chunks.get((shape, c))
+                if kept is not None and kept[0] == validity:
+                    self._chunks.move_to_end((shape, c))
+                    found[c] = kept[1]
+        missing = [c for c in validities if c not in found]
+        if missing and self.backing is not None:
+            loaded = {c: (points, texts) for c, points, texts
+                      in self.backing.load_chunks(shape, {c: validities[c] for c in missing})}
+            if loaded:
+                with self._lock:
+                    for c, (points, texts) in loaded.items():
+                        self._keep_chunk((shape, c), validities[c], points, texts)
+                found.update((c, points) for c, (points, _) in loaded.items())
+        with self._lock:
+            self.chunk_hits += len(found)
+            # Points reused, not computed (an empty window's is made as asked, never counted)
+            self.hits += sum(p.count > 0 for chunk in found.values() for p in chunk.values())
+        return found
 
-    def keep_final_series(self, key: Hashable, validity: Hashable, points: dict[int, Point]) -> None:
-        """Keep a query's final points (window start -> point) while `validity` holds, the views
-        asked again and again (a dashboard's, the standard views): at most a quarter of
-        max_points in all, counted apart from the points kept by window (a series holds points
-        those may have let go), the least recently asked let go first."""
+    def keep_chunks(self, shape: Hashable, chunks: dict[int, tuple[str, dict[int, Point]]], *,
+                    keep_ms: int | None = None) -> None:
+        """Keep chunks of a view's final windows (chunk start -> (validity, {window start: point}))
+        while their validity holds: the views asked again and again (a dashboard's, the standard
+        views), at most a quarter of max_points in all, counted apart from the points kept by window
+        (a chunk holds points those may have let go), the least recently asked let go first. The
+        backing keeps them too (keep_ms: as for put_many)."""
+        if not chunks:
+            return
+        with self._lock:
+            for c, (validity, points) in chunks.items():
+                self._keep_chunk((shape, c), validity, points)
+        if self.backing is not None:
+            self.backing.save_chunks_soon([(shape, c, validity, points, keep_ms)
+                                           for c, (validity, points) in chunks.items()])
+
+    def _keep_chunk(self, key: Hashable, validity: str, points: dict[int, Point],
+                    texts: list[str] | None = None) -> None:
         budget = self.max_points // 4
-        with self._lock:
-            gone = self._series.pop(key, None)
-            if gone is not None:
-                self._drop_series(gone[1])
-            if len(points) > budget:
-                return
-            self._series[key] = (validity, points)
-            self._series_points += len(points)
-            for point in points.values():
-                hold(point)  # an exact stat's points are kept by no window: their text too
-            while self._series_points > budget:
-                self._drop_series(self._series.popitem(last=False)[1][1])
+        gone = self._chunks.pop(key, None)
+        if gone is not None:
+            self._drop_chunk(gone[1])
+        if len(points) > budget:
+            return
+        self._chunks[key] = (validity, points)
+        self._chunk_points += len(points)
+        hold_many(points.values(), texts)  # an exact stat's points are kept by no window: their texts too
+        while self._chunk_points > budget:
+            self._drop_chunk(self._chunks.popitem(last=False)[1][1])
 
-    def _drop_series(self, points: dict[int, Point]) -> None:
-        self._series_points -= len(points)
+    def _drop_chunk(self, points: dict[int, Point]) -> None:
+        self._chunk_points -= len(points)
         for point in points.values():
             let_go(point)
 
@@ -167,11 +194,11 @@ class PointCache:
         with self._lock:
             for _, point in self._entries.values():
                 let_go(point)
-            for _, points in self._series.values():
-                self._drop_series(points)
+            for _, points in self._chunks.values():
+                self._drop_chunk(points)
             self._entries.clear()
             self._per_shape.clear()
-            self._series.clear()
+            self._chunks.clear()
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:

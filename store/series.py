@@ -73,14 +73,21 @@ def _query_series(
     max_points: int = DEFAULT_MAX_POINTS,
     cache: PointCache | None = None,
     now_ms: int | None = None,
+    plan_points: int | None = None,
+    chunked: bool = True,
 ) -> list[Series]:
     """rollup()'s series of `stat` for windows starting in [start_ms, end_ms) every step_ms; with a
-    cache, final points of sketch stats whose rows did not change are reused (store/point_cache.py)."""
+    cache, final points of sketch stats whose rows did not change are reused (store/point_cache.py),
+    and an ungrouped view's chunks of final windows (_reusing_chunks).
+
+    plan_points: the whole query's windows where [start_ms, end_ms) is a part of it (_plan's
+    query_points); chunked: False for such a part (its query looked for chunks already)."""
     window_ms = step_ms if window_ms is None else window_ms
     filters = dict(filters or {})
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
-    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, now_ms=now_ms)
+    query_points = plan_points or (len(window_points(start_ms, end_ms, step_ms)) if step_ms > 0 else 0)
+    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, plan_points, now_ms)
     shape = None if cache is None else (  # the cache's key of this query's points (rows per layout)
         stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
         tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)
@@ -94,21 +101,19 @@ def _query_series(
                                   window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
                                   max_points=max_points)
 
-        def tail_plan(lo: int) -> list:  # the windows from lo on, read with the whole query's granules
-            return _plan(layout, pane_ms, lo, end_ms, step_ms, window_ms, needed, max_points,
-                         len(window_points(start_ms, end_ms, step_ms)), now_ms)
-
         if cache is None or group_by or not plan:
             return exact_series(start_ms, end_ms, plan)
-        validity = _final_validity(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
-                                   watermark_ms)
-        return _exact_reusing_final(cache, (shape, start_ms, end_ms), validity, exact_series, plan, tail_plan,
-                                    start_ms, end_ms, step_ms)
+        chunks = _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
+                                   watermark_ms) if chunked else {}
+        if not chunks:
+            return exact_series(start_ms, end_ms, plan)
+        # A part's windows are read with the whole query's granules, as a cache miss's are.
+        return _reusing_chunks(cache, shape, chunks, start_ms, end_ms, step_ms, answerable_ms(
+            layout, pane_ms, step_ms, window_ms), lambda lo, hi: exact_series(lo, hi, _plan(
+                layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points, query_points, now_ms))[0].points)
 
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
-
-    query_points = len(window_points(start_ms, end_ms, step_ms)) if step_ms > 0 else 0
 
     def read_segments(lo: int, hi: int) -> list[list[SketchRow]]:
         if not field:  # rollup refuses the query, with its reason
@@ -129,50 +134,51 @@ def _query_series(
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)
+    # Ungrouped: its chunks of final windows as a query of this view kept them, while no row under
+    # them changed (one summed read instead of every window's fingerprint and lookup); a process
+    # before this one may have kept them (the backing), where none of this shape is in memory.
+    chunks = _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
+                               watermark_ms) if chunked and not group_by and (
+        cache.holds(shape) or cache.backing is not None) else {}
+    if chunks:
+        return _reusing_chunks(cache, shape, chunks, start_ms, end_ms, step_ms, answerable_ms(
+            layout, pane_ms, step_ms, window_ms), lambda lo, hi: _query_series(
+                store, stream, pane_ms, stat=stat, quantile=quantile, value_field=value_field,
+                distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms,
+                filters=filters, watermark_ms=watermark_ms, max_points=max_points, cache=cache, now_ms=now_ms,
+                plan_points=query_points, chunked=False)[0].points)
     if not cache.holds(shape) and cache.backing is not None:  # saved by a process before this one?
         cache.load(shape, start_ms, end_ms)
     points: dict[tuple[tuple[str, ...], int], Point] = {}
     rows: list[SketchRow] | None = None
-    # Ungrouped and warm: the final windows as the last warm query of this range answered them,
-    # while no row under them changed (one summed read instead of every window's fingerprint and
-    # lookup). Read before any row is: a row that changes after it makes the next summary differ.
-    series_key = (shape, start_ms, end_ms)
-    validity = None if group_by or not cache.holds(shape) else _final_validity(
-        store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters, watermark_ms)
-    reused = None if validity is None else cache.final_series(series_key, validity)
-    if reused is not None:
-        groups, prints = [()], {}
-        points.update((((), t), p) for t, p in reused.items())
-        missed = [t for t in window_points(start_ms, end_ms, step_ms) if t not in reused]  # provisional
+    if not cache.holds(shape):
+        # Cold: no point of this shape to reuse, so every window is computed from its rows, read
+        # once; their fingerprints are summed from the same rows, not read again as the store's sums.
+        segments = read_segments(start_ms, end_ms)
+        rows = [row for segment in segments for row in segment]
+        # Summed per segment, as the store sums them (_sums): a bucket two tiers' segments share
+        # (a ragged edge) adds their newest batches and revisions, where one cell would take the max.
+        prints = _fingerprints([b for segment in segments
+                                for b in _row_sums(segment, plan[0][2], start_ms, group_by, filters)],
+                               start_ms, end_ms, step_ms, window_ms)
+        missed = None  # every window with a row, once the empty ones are filled in
     else:
-        if not cache.holds(shape):
-            # Cold: no point of this shape to reuse, so every window is computed from its rows, read
-            # once; their fingerprints are summed from the same rows, not read again as the store's sums.
-            segments = read_segments(start_ms, end_ms)
-            rows = [row for segment in segments for row in segment]
-            # Summed per segment, as the store sums them (_sums): a bucket two tiers' segments share
-            # (a ragged edge) adds their newest batches and revisions, where one cell would take the max.
-            prints = _fingerprints([b for segment in segments
-                                    for b in _row_sums(segment, plan[0][2], start_ms, group_by, filters)],
-                                   start_ms, end_ms, step_ms, window_ms)
-            missed = None  # every window with a row, once the empty ones are filled in
-        else:
-            # Windows whose fingerprint matches a cached point are not read again.
-            prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
-                                   start_ms, end_ms, step_ms, window_ms)
-        groups = sorted(prints) if group_by else [()]
-        # Windows without a row are answered here, never cached nor kept: a stream's standard views
-        # (query/standard_views.py) over the day before its first event were ~200 000 kept points.
-        _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, lambda: _empty_points(
-            stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms, pane_ms, watermark_ms))
-        if rows is None:
+        # Windows whose fingerprint matches a cached point are not read again.
+        prints = _fingerprints(_sums(store, stream, pane_ms, plan, start_ms, group_by, filters, None),
+                               start_ms, end_ms, step_ms, window_ms)
+    groups = sorted(prints) if group_by else [()]
+    # Windows without a row are answered here, never cached nor kept: a stream's standard views
+    # (query/standard_views.py) over the day before its first event were ~200 000 kept points.
+    _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, lambda: _empty_points(
+        stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms, pane_ms, watermark_ms))
+    if rows is None:
+        missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+        if missed and cache.backing is not None:  # saved by another process meanwhile?
+            cache.load(shape, min(missed), max(missed) + step_ms)
             missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
-            if missed and cache.backing is not None:  # saved by another process meanwhile?
-                cache.load(shape, min(missed), max(missed) + step_ms)
-                missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
-        else:
-            missed = sorted({t for group in groups for t in window_points(start_ms, end_ms, step_ms)
-                             if (group, t) not in points})
+    else:
+        missed = sorted({t for group in groups for t in window_points(start_ms, end_ms, step_ms)
+                         if (group, t) not in points})
     if missed:
         keep_ms = answerable_ms(layout, pane_ms, step_ms, window_ms)
         lo, hi = min(missed), max(missed) + step_ms
@@ -191,9 +197,6 @@ def _query_series(
                                 fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p))
             cache.put_many(new, keep_ms=keep_ms)
         cache.save()
-    if validity is not None and reused is None and rows is None:  # not cold: points the store's sums checked
-        cache.keep_final_series(series_key, validity,
-                                {t: points[((), t)] for t in window_points(start_ms, end_ms, step_ms)[:validity[0]]})
     return [Series(group=dict(zip(group_by, group)),
                    points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])
             for group in groups]
@@ -202,46 +205,86 @@ def _query_series(
 _NO_ROWS = (0, 0, 0, 0)
 
 
-def _exact_reusing_final(cache, key, validity, exact_series, plan, tail_plan, start_ms, end_ms,
-                         step_ms) -> list[Series]:
-    """An ungrouped exact stat's series, its final windows reused while `validity` holds
-    (_final_validity): only the provisional windows are summed again, planned with the whole
-    query's granules (tail_plan) as a cache miss's windows are."""
-    reused = None if validity is None else cache.final_series(key, validity)
-    if reused is None:
-        series = exact_series(start_ms, end_ms, plan)
-        final = series[0].points[:validity[0]] if validity is not None else []
-        if final and all(p.final for p in final):
-            cache.keep_final_series(key, validity, {p.t_ms: p for p in final})
-        return series
-    lo = start_ms + validity[0] * step_ms
-    tail = exact_series(lo, end_ms, tail_plan(lo))[0].points if lo < end_ms else []
-    return [Series(group={}, points=[reused[t] for t in window_points(start_ms, lo, step_ms)] + tail)]
+# The windows a kept chunk holds: a day of 1-minute windows is 24 chunks, 24 rows in the store.
+# Chunks start at multiples of CHUNK steps (since 1970), so a view whose range moves with the clock
+# finds the chunks of the ranges before it.
+CHUNK = 60
 
 
-def _final_validity(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
-                    watermark_ms) -> tuple | None:
-    """(how many windows are final, a summary of the rows under them), None when none is: the
-    store's sums of each planned segment's rows in the final windows' span as one bucket per
-    dimensions (events, rows, newest batch, highest revision). Any change to those rows changes
-    it: a row written (a straggler, a revision) carries the newest batch id, above every row's
-    before it; a row dropped (retention) lowers the rows. A new plan (another granule readable)
-    reads other segments."""
-    if watermark_ms is None:
-        return None
-    starts = window_points(start_ms, end_ms, step_ms)
-    n_final = max(0, min(len(starts), (watermark_ms - window_ms - start_ms) // step_ms + 1))
-    if not n_final:
-        return None
-    span_end = starts[n_final - 1] + window_ms
-    summary = []
+def _chunk_starts(start_ms, end_ms, step_ms, window_ms, watermark_ms) -> list[int]:
+    """The starts of the chunks whose CHUNK windows are all in the query and final."""
+    if watermark_ms is None or start_ms % step_ms:
+        return []
+    span = CHUNK * step_ms
+    c = -(-start_ms // span) * span
+    out = []
+    while c + (CHUNK - 1) * step_ms < end_ms and c + (CHUNK - 1) * step_ms + window_ms <= watermark_ms:
+        out.append(c)
+        c += span
+    return out
+
+
+def _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
+                      watermark_ms) -> dict[int, str]:
+    """The summary of the rows under each chunk of final windows (_chunk_starts) as text, by chunk
+    start: the store's sums of each planned segment's rows per chunk-long bucket (events, rows,
+    newest batch, highest revision, with the segment's granule and span), over the buckets the
+    chunk's windows reach. Any change to those rows changes it: a row written (a straggler, a
+    revision) carries the newest batch id, above every row's before it; a row dropped (retention)
+    lowers the rows; another plan (another granule readable) reads other segments. A chunk
+    without a row is left out: its windows are answered empty, never kept."""
+    chunks = _chunk_starts(start_ms, end_ms, step_ms, window_ms, watermark_ms)
+    if not chunks:
+        return {}
+    span = CHUNK * step_ms
+    # Buckets that tile chunks: one a chunk where its windows' rows are within it (a window no
+    # longer than the step), else ones that tile the window too, so that the rows past the chunk's
+    # last window that its validity counts are less than a step's (a live batch seldom has one).
+    bucket = span if window_ms <= step_ms else math.gcd(span, window_ms)
+    per_chunk, reach = span // bucket, -(-((CHUNK - 1) * step_ms + window_ms) // bucket)
+    origin, end = chunks[0], chunks[-1] + reach * bucket
+    cells: dict[int, list[tuple]] = {}
     for seg, proj, _ in plan:
-        lo, hi = max(seg.start_ms, start_ms), min(seg.end_ms, span_end)
+        lo, hi = max(seg.start_ms, origin), min(seg.end_ms, end)
         if lo < hi:
-            summary += sorted((seg.granule_ms, proj, lo, hi, b.count, b.rows, b.last_batch, b.revision)
-                              for b in store.aggregate_tier(stream, seg.granule_ms, proj, lo, hi, origin_ms=lo,
-                                                            bucket_ms=hi - lo, filters=filters, pane_ms=pane_ms))
-    return n_final, tuple(summary)
+            for b in store.aggregate_tier(stream, seg.granule_ms, proj, lo, hi, origin_ms=origin, bucket_ms=bucket,
+                                          filters=filters, pane_ms=pane_ms):
+                b_lo = origin + b.bucket * bucket
+                cells.setdefault(b.bucket, []).append((seg.granule_ms, proj, max(lo, b_lo), min(hi, b_lo + bucket),
+                                                       b.count, b.rows, b.last_batch, b.revision))
+    out = {}
+    for i, c in enumerate(chunks):
+        first = i * per_chunk
+        entries = sorted(e for k in range(first, first + reach) for e in cells.get(k, ()))
+        if entries:
+            out[c] = json.dumps(entries, separators=(",", ":"))
+    return out
+
+
+def _reusing_chunks(cache, shape, chunks: dict[int, str], start_ms, end_ms, step_ms, keep_ms,
+                    compute) -> list[Series]:
+    """An ungrouped series whose chunks of final windows are reused while their validity
+    (_chunk_validities) holds; the windows between them computed by `compute(lo, hi)` (their
+    points, windows starting in [lo, hi)), and the chunks computed kept. The validities are read
+    before any row is: a row that changes after that makes the next validity differ."""
+    reused = cache.final_chunks(shape, chunks)
+    points = {t: p for chunk in reused.values() for t, p in chunk.items()}
+    starts = window_points(start_ms, end_ms, step_ms)
+    lo = None
+    for t in (*starts, None):
+        if t is not None and t not in points:
+            lo = t if lo is None else lo
+        elif lo is not None:
+            points.update((p.t_ms, p) for p in compute(lo, t if t is not None else starts[-1] + step_ms))
+            lo = None
+    fresh = {}
+    for c, validity in chunks.items():
+        if c not in reused:
+            chunk = {t: points[t] for t in range(c, c + CHUNK * step_ms, step_ms)}
+            if all(p.final for p in chunk.values()):
+                fresh[c] = (validity, chunk)
+    cache.keep_chunks(shape, fresh, keep_ms=keep_ms)
+    return [Series(group={}, points=[points[t] for t in starts])]
 
 
 def _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, empty_points) -> None:

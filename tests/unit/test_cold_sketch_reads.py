@@ -181,11 +181,11 @@ def test_a_cold_query_reads_each_row_once(store_backend):
     answer(store, **q, cache=cache)
     assert (len(sums), len(reads)) == (0, 1)  # the 1-minute rows, once; no sums read for fingerprints
     answer(store, **q, cache=cache)
-    # Warm: the sums say nothing changed, no row read (one sum for the final windows' summary,
-    # store/series.py _final_validity, one for their fingerprints).
+    # Warm: the sums say nothing changed, no row read (one sum for the final windows' chunk,
+    # store/series.py _chunk_validities, one for their fingerprints).
     assert (len(sums), len(reads)) == (2, 1)
     answer(store, **q, cache=cache)
-    assert (len(sums), len(reads), cache.series_hits) == (3, 1, 1)  # the summary alone: unchanged
+    assert (len(sums), len(reads), cache.chunk_hits) == (3, 1, 1)  # the chunk's summary alone: unchanged
 
 
 def _counting(method, calls):

@@ -33,7 +33,8 @@ def test_a_restarted_process_reads_the_kept_points_instead_of_computing_them(sto
         restarted = answer(again, **QUERY, cache=cache)
         assert restarted == first  # values, counts, revisions and error bounds identical
         assert all(p.final and p.error is not None for p in restarted[0].points)
-        assert cache.hits == 60 and len(cache) == 60  # every point from the store: no sketch read or merged
+        # Every point from the store (the hour: one chunk of final windows): no sketch read or merged
+        assert cache.hits == 60 and cache.chunk_hits == 1
     finally:
         cache.backing.close()
 

@@ -46,26 +46,29 @@ def test_batched_calls_do_what_one_at_a_time_calls_do(steps, size):
     assert many.backing.saved == [(*key, fp, p, None) for put, _ in steps for key, fp, p in put if p.final]
 
 
-def test_final_series_are_kept_within_a_quarter_of_the_caches_points():
-    """A series holds points the cache may have let go (store/series.py reuses them while the rows
+def test_chunks_of_final_windows_are_kept_within_a_quarter_of_the_caches_points():
+    """A chunk holds points the cache may have let go (store/series.py reuses them while the rows
     under them are unchanged): they count against a budget of their own, the oldest asked go first."""
     from store.rollup import Point
 
-    cache = PointCache(max_points=400)  # a budget of 100 points of series
+    cache = PointCache(max_points=400)  # a budget of 100 points of chunks
 
-    def series(n: int) -> dict[int, Point]:
+    def chunk(n: int) -> dict[int, Point]:
         return {t: Point(t, 1.0, 1, True, 1, None) for t in range(n)}
 
-    cache.keep_final_series("a", "v", series(60))
-    cache.keep_final_series("b", "v", series(30))
-    assert cache.final_series("a", "v") is not None  # asked: now the most recent
-    cache.keep_final_series("c", "v", series(30))  # 120 points: "b", the least recently asked, goes
-    assert cache.final_series("b", "v") is None and cache.final_series("c", "v") is not None
-    cache.keep_final_series("a", "v", series(10))  # kept again: counted once
-    cache.keep_final_series("d", "v", series(60))
-    assert [cache.final_series(k, "v") is not None for k in "acd"] == [True, True, True]  # 100 points
-    cache.keep_final_series("e", "v", series(101))  # more than the whole budget: not kept
-    assert cache.final_series("e", "v") is None and cache.final_series("a", "v") is not None
-    assert cache.final_series("a", "other validity") is None
+    def kept(c: int, validity: str = "v") -> bool:
+        return c in cache.final_chunks("view", {c: validity})
+
+    cache.keep_chunks("view", {1: ("v", chunk(60)), 2: ("v", chunk(30))})
+    assert kept(1)  # asked: now the most recent
+    cache.keep_chunks("view", {3: ("v", chunk(30))})  # 120 points: 2, the least recently asked, goes
+    assert not kept(2) and kept(3)
+    cache.keep_chunks("view", {1: ("v", chunk(10))})  # kept again: counted once
+    cache.keep_chunks("view", {4: ("v", chunk(60))})
+    assert [kept(c) for c in (1, 3, 4)] == [True, True, True]  # 100 points
+    cache.keep_chunks("view", {5: ("v", chunk(101))})  # more than the whole budget: not kept
+    assert not kept(5) and kept(1)
+    assert not kept(1, "other validity") and not cache.final_chunks("other view", {1: "v"})
+    assert cache.chunk_hits == 6 and cache.hits == 60 + 30 + (10 + 30 + 60) + 10  # the points reused
     cache.clear()
-    assert cache.final_series("a", "v") is None
+    assert not kept(1)

@@ -72,16 +72,16 @@ def test_a_point_made_where_a_let_go_one_was_is_written_with_its_own_numbers():
         assert point_text(p) == format_point(p)
 
 
-def test_a_kept_series_holds_its_points_texts_with_the_windows_that_hold_them(formatted):
-    """A point kept by window and in a series (store/series.py reuses a view's final windows) keeps
-    its text while either holds it; an exact stat's points, kept in a series only, too."""
-    cache = PointCache(max_points=400)  # series: 100 points at most
+def test_a_kept_chunk_holds_its_points_texts_with_the_windows_that_hold_them(formatted):
+    """A point kept by window and in a chunk (store/series.py reuses a view's final windows) keeps
+    its text while either holds it; an exact stat's points, kept in a chunk only, too."""
+    cache = PointCache(max_points=400)  # chunks: 100 points at most
     by_window = percentile(0, 1.5)
     exact = Point(60_000, 7.0, 7, True, 1, None)
     cache.put(("shape", (), 0), FP, by_window)
-    cache.keep_final_series("view", "v", {0: by_window, 60_000: exact})
+    cache.keep_chunks("view", {0: ("v", {0: by_window, 60_000: exact})})
     assert point_text(exact) == point_text(exact) and formatted == [exact]
-    cache.keep_final_series("other", "v", {t: percentile(t, 2.0) for t in range(100)})  # "view" let go
+    cache.keep_chunks("other", {0: ("v", {t: percentile(t, 2.0) for t in range(100)})})  # "view" let go
     assert id(exact) not in point_text_module._TEXTS
     assert point_text(by_window) == point_text(by_window) and formatted == [exact, by_window]
     cache.clear()
