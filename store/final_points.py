@@ -9,6 +9,9 @@ only while that fingerprint is unchanged, so a correction that revises the rows 
 computed again, wherever it was kept. Writes go through one background thread: a query
 never waits for the store's write lock (a pipeline commit holds it for seconds on SQLite),
 and a point that could not be written is only computed again later.
+
+Chunks of final windows (store/series.py `_reusing_chunks`) are kept here too, one row each with
+their points and texts: a new process's first query of a day of 1-minute windows reads 24 rows.
 """
 
 from __future__ import annotations

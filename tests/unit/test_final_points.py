@@ -100,6 +100,16 @@ def test_a_new_process_reads_each_kept_points_text_instead_of_writing_it(store_b
 
         monkeypatch.setattr(point_text_module, "format_point", no_formatting)
         assert [point_text_module.point_text(p) for p in loaded] == written
+        monkeypatch.undo()
+
+        # A chunk of final windows (store/series.py) keeps its points and their texts the same way.
+        kept.save_chunks([(("s", "p50"), T0, "v", {p.t_ms: p for p in points}, None)])
+        cache = PointCache(backing=kept)
+        assert cache.final_chunks(("s", "p50"), {T0: "another validity"}) == {}  # rows changed since
+        [chunk] = cache.final_chunks(("s", "p50"), {T0: "v"}).values()
+        assert [point_text_module.format_point(p) for p in chunk.values()] == written
+        monkeypatch.setattr(point_text_module, "format_point", no_formatting)
+        assert [point_text_module.point_text(p) for p in chunk.values()] == written
     finally:
         kept.close()
 
@@ -157,9 +167,15 @@ def test_clear_and_retention_forget_kept_points(store_backend):
     try:
         kept.save([("s", (), p.t_ms, (1, 1, 1, 1), p) for p in (old, new)])
         assert [t for _, t, *_ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
+        kept.save_chunks([("s", p.t_ms, "v", {p.t_ms: p}, None) for p in (old, new)])
+        kept.save([])  # nothing to keep: no retention pass either
+        assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [old.t_ms, new.t_ms]
+        kept._pruned_ms -= 3_600_000  # an hour since the last retention pass
+        kept.save([("s", (), new.t_ms, (1, 1, 1, 1), new)])
+        assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [new.t_ms]
         cache = PointCache(backing=kept)
         cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones
-        assert kept.load("s", T0, now_ms) == []
+        assert kept.load("s", T0, now_ms) == [] and kept.load_chunks("s", {new.t_ms: "v"}) == []
     finally:
         kept.close()
 
@@ -289,6 +305,8 @@ def test_a_querys_points_are_kept_as_long_as_its_granules(store_backend):
         kept.flush()
         rows = kept._conn.execute("SELECT t_ms, expires_ms FROM kept_points").fetchall()
         assert len(rows) == 60 and all(expires == t + 7 * 86_400_000 + MINUTE for t, expires in rows)  # LAYOUT: 7 d
+        assert kept._conn.execute("SELECT t_ms, expires_ms FROM kept_chunks").fetchall() == [
+            (T0, T0 + 7 * 86_400_000 + MINUTE)]  # the hour, one chunk, as long as its first window
     finally:
         kept.close()
 
