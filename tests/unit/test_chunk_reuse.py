@@ -1,0 +1,63 @@
+"""Chunks of final windows (store/series.py _reusing_chunks) reused across ranges that move by a
+step, across processes (a new point cache over the chunks kept in the store) and across late
+events that revise the rows under them: every answer equals what no cache computes and the
+pane-level roll-up."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.final_points import FinalPoints
+from store.point_cache import PointCache
+from tests.unit.test_tiers import LAYOUT, MINUTE, PANE, T0, answer, assert_same, batches, commit_all, pane_rollup, store_at
+
+HOUR = 3_600_000
+
+
+@st.composite
+def views(draw) -> dict:
+    step = draw(st.sampled_from([PANE, MINUTE]))  # chunks of 10 minutes, of an hour
+    window = step * draw(st.sampled_from([1, 3, HOUR // step]))  # tumbling, hopping, 1 h sliding
+    if draw(st.booleans()):
+        window += PANE * draw(st.integers(1, 3))  # not a multiple of the step: gcd buckets
+    start = T0 + step * draw(st.integers(-2, HOUR // step))
+    end = start + step * draw(st.integers(60, 200))
+    filters = draw(st.dictionaries(st.sampled_from("abc"), st.sampled_from("xypqrmn"), max_size=1))
+    return dict(stat=draw(st.sampled_from(["p90", "distinct", "count", "avg"])), start=start, end=end, step=step,
+                window=window, filters=filters)
+
+
+def at_t0(batch_list: list[list[tuple]]) -> list[list[tuple]]:
+    return [[(T0 + t, *rest) for t, *rest in events] for events in batch_list]
+
+
+# After the first batches: the watermark past the three hours, so most chunks are final and the
+# next batches are late events that revise them.
+PAST = [[(T0 + 3 * HOUR + 10 * MINUTE, {"a": "x", "b": "p", "c": "m"}, 1.0, "u1")]]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=batches, then=batches, asked=st.lists(views(), min_size=1, max_size=3), restart=st.booleans())
+def test_chunks_reused_across_ranges_processes_and_late_events_equal_what_no_cache_computes(
+        store_backend, first, then, asked, restart):
+    tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
+    kept = FinalPoints(store_backend.side_db(tiered))
+    cache = PointCache(backing=kept)
+    try:
+        for batch_list, offset in ((at_t0(first) + PAST, 0), (at_t0(then), len(first) + 1)):  # `then`: late
+            for store in (tiered, plain):
+                commit_all(store, batch_list, first_id=offset)
+            for q in asked:
+                for moved in (0, q["step"], 0):  # the range a step later, then back
+                    ask = {**q, "start": q["start"] + moved, "end": q["end"] + moved}
+                    got = answer(tiered, **ask, cache=cache)
+                    assert_same(got, pane_rollup(plain, **ask), q["stat"])
+                    assert got == answer(tiered, **ask)  # what no cache computes
+            if restart:  # a new process: nothing in memory, the chunks and points in the store
+                kept.flush()
+                cache = PointCache(backing=kept)
+    finally:
+        kept.close()
+        tiered.close()
+        plain.close()
