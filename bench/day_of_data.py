@@ -198,6 +198,7 @@ def warm_standard_views(catalog: Catalog, store, kept, clock) -> None:
                          clock=clock, standard=StandardViews(lambda: catalog, max_points=11_000))
     t, cpu = time.perf_counter(), time.process_time()
     warmed = warmer.run_once()
+    kept.flush()  # written by then: the service's warmer ran seconds or hours before a new process asks
     print(f"  the point warmer computed {warmed} standard views in {time.perf_counter() - t:.2f} s"
           f" ({time.process_time() - cpu:.2f} s CPU)")
 
