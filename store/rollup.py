@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -314,7 +315,10 @@ def _finish(buckets: dict[tuple[str, ...], dict[int, _Acc]], kind: str, stat: st
         else:
             for acc in per_group.values():
                 _close_bucket(acc, kind)
-            windows = _slide(sorted(per_group.items()), n_points, stride, width, combine, absorb)
+            items = sorted(per_group.items())
+            windows = _slide(items, n_points, stride, width, combine, absorb)
+            if stat in ("sum", "avg"):
+                windows = _with_exact_totals(windows, _exact_window_totals(items, n_points, stride, width))
         points = [
             _point(t, acc, stat, kind, quantile, window_ms, watermark_ms)
             for t, acc in zip(window_points(start_ms, end_ms, step_ms), windows)
@@ -633,6 +637,56 @@ def _slide(
             out.append(absorb(None, back_merged))  # the back's merge goes on changing: the point keeps a copy
         else:
             out.append(combine(top, back_merged))
+    return out
+
+
+# Every finite double is a whole multiple of 2**-1074: scaled by 2**1074, sums of them are
+# Python integers, exact, and a difference of prefix sums is a window's exact sum.
+_FIXED_SHIFT = 1074
+
+
+def _exact_window_totals(items: list[tuple[int, _Acc]], n_points: int, stride: int, width: int) -> list[float | None]:
+    """Each window's sum of its closed buckets' totals, exactly rounded: _slide adds them in an
+    order that depends on where the range starts (its stacks), so the same window asked in
+    another range could differ in its last bits, or by whole units where values cancel (1e16, 1,
+    -1e16: 0.0 where the sum is 1.0), and a window kept from one range (store/series.py's chunks)
+    would differ from the same window computed in another. None where a total is not finite (or
+    the sum is past a double): that window's plain sum stands."""
+    n_buckets = (n_points - 1) * stride + width
+    at: list[int] = []
+    prefix, not_finite = [0], [0]
+    for idx, acc in items:  # sorted by index
+        if not 0 <= idx < n_buckets or not acc.n:
+            continue
+        at.append(idx)
+        if math.isfinite(acc.total):
+            num, den = acc.total.as_integer_ratio()  # den: a power of two, at most 2**1074
+            prefix.append(prefix[-1] + (num << (_FIXED_SHIFT - den.bit_length() + 1)))
+            not_finite.append(not_finite[-1])
+        else:
+            prefix.append(prefix[-1])
+            not_finite.append(not_finite[-1] + 1)
+    out: list[float | None] = []
+    for i in range(n_points):
+        first, last = bisect_left(at, i * stride), bisect_left(at, i * stride + width)
+        if not_finite[last] != not_finite[first]:
+            out.append(None)
+            continue
+        try:
+            out.append((prefix[last] - prefix[first]) / (1 << _FIXED_SHIFT))  # int / int: correctly rounded
+        except OverflowError:
+            out.append(None)
+    return out
+
+
+def _with_exact_totals(windows: Iterable[_Acc | None], totals: list[float | None]) -> list[_Acc | None]:
+    """The windows with their exact totals (_exact_window_totals); new accumulators, since _slide
+    may hand the same one to several windows or a bucket's own."""
+    out: list[_Acc | None] = []
+    for acc, total in zip(windows, totals):
+        if acc is not None and acc.n and total is not None and total != acc.total:
+            acc = _Acc(acc.count, acc.revision, acc.n, total, acc.lo, acc.hi)
+        out.append(acc)
     return out
 
 

@@ -493,3 +493,23 @@ def test_a_sketch_rollup_holds_the_sketches_of_a_window_not_of_the_whole_range(s
         monkeypatch.setattr(rollup_module, "_point", counting(rollup_module._point))
         assert rollup_sketch_rows(rows, **sliding) == expected
         assert len(alive) == 30 and most <= 2 * 5
+
+
+@pytest.mark.parametrize("stat", ["sum", "avg"])
+def test_a_sliding_windows_sum_is_exact_whatever_the_ranges_start(stat):
+    """A window's sum of its buckets does not depend on the order the sliding stacks meet them,
+    so the same window asked in two ranges (a dashboard's moving range, a kept chunk of final
+    windows: store/series.py) is the same number, and it is the exact sum even where values
+    cancel (1e16 + 1 - 1e16 is 1.0)."""
+    from store.rollup import BucketStats, rollup_buckets
+
+    minute = 60_000
+    values = [(1e16, 1.0, -1e16, 0.1, 0.2, 0.3)[m % 6] for m in range(80)]
+    for start in range(6):  # the range starting 0-5 minutes later: other stacks
+        rows = [BucketStats((), m - start, 1, 1, 1, values[m], values[m], values[m], 1, 1) for m in range(start, 80)]
+        [series] = rollup_buckets(rows, stat=stat, value_field="v", start_ms=start * minute, end_ms=70 * minute,
+                                  step_ms=minute, window_ms=4 * minute, pane_ms=10_000)
+        for p in series.points:
+            m = p.t_ms // minute
+            exact = math.fsum(values[m:m + 4])
+            assert p.value == (exact if stat == "sum" else exact / 4), (start, m)

@@ -98,8 +98,10 @@ def assert_same(tiered, panes, stat):
     for a, b in zip(tiered, panes):
         for p, q in zip(a.points, b.points, strict=True):
             assert (p.t_ms, p.count, p.final, p.revision) == (q.t_ms, q.count, q.final, q.revision)
-            if stat == "sum":
-                assert p.value == pytest.approx(q.value, rel=1e-12, abs=1e-9)
+            if stat in ("sum", "avg"):
+                # A tier row's sum is rounded at each merge (a late batch's delta added to it), the
+                # panes' once: the same to the last bits, not always in them. Likewise an average.
+                assert p.value == (None if q.value is None else pytest.approx(q.value, rel=1e-12, abs=1e-9))
             else:
                 # Exact stats are equal; these sketches hold fewer than k items (KLL) and few keys
                 # (HLL coupon mode), where merging in another order gives the same answer.
