@@ -9,7 +9,8 @@ declared paid it. These are the shapes such a first query most likely has: for e
 with a sketch, each coarser tier's granule as the step and window (tumbling: a 1-minute step
 over a day reads one 1-minute row per window), and a 1 h window sliding by the finest of those
 granules, over the last day of 1-minute windows (WARM_POINTS of each granule, within what the
-tier keeps); percentiles p50, p95 and p99, and distinct counts; the total only (a
+tier keeps); percentiles p50, p95 and p99, distinct counts and the count (its chunks of final
+windows: store/series.py); the total only (a
 group-by's first query reads one row per group and window too, but group-bys multiply the
 views). A step that is not a granule (a dashboard's automatic 15 minutes over 24 h) is not one
 of them: a dashboard that shows it declares it (dashboard/views.py).
@@ -56,6 +57,9 @@ def standard_queries(catalog: Catalog, *, now_ms: int, max_points: int, since_ms
         stats = [*(STANDARD_QUANTILES if metric.value else ()), *(("distinct",) if metric.distinct else ())]
         if not stats:
             continue
+        # Its count too: exact, but a new process's first count of a day sums 1 440 buckets (~40 ms
+        # on a slow spell) where the chunks kept of it are 24 rows.
+        stats.append("count")
         if watermarks is not None and metric.stream not in watermarks:
             continue
         layout = layout_for(catalog.streams[metric.stream])

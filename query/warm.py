@@ -28,10 +28,12 @@ from store.point_cache import PointCache
 from store.retention_clock import retention_now_ms
 
 
-def sketch_part(q: Query) -> Query | None:
-    """The query's sketch stats alone (exact stats are summed by the store, nothing to keep);
-    None when it asks none."""
-    keep = [(s, qt) for s, qt in zip(q.stats, q.quantiles) if qt is not None or s == "distinct"]
+def kept_part(q: Query) -> Query | None:
+    """The query's stats whose answers a point cache keeps: its sketch stats (each final window's
+    point), and its exact stats where it is ungrouped (chunks of final windows: store/series.py;
+    a group-by's exact stats are summed by the store at each query, nothing kept). None when it
+    asks none of them."""
+    keep = [(s, qt) for s, qt in zip(q.stats, q.quantiles) if qt is not None or s == "distinct" or not q.group_by]
     if not keep:
         return None
     return replace(q, stats=tuple(s for s, _ in keep), quantiles=tuple(qt for _, qt in keep))
@@ -39,13 +41,14 @@ def sketch_part(q: Query) -> Query | None:
 
 def warm(store: PaneStore, queries: Iterable[Query], *, now_ms: int, watermarks: Mapping[str, int],
          max_points: int, cache: PointCache) -> int:
-    """Compute each query's sketch stats over its range at `now_ms` through `cache`, which keeps
-    the final points (in its backing store, if it has one); how many queries were computed.
+    """Compute each query's kept part (kept_part) over its range at `now_ms` through `cache`, which
+    keeps the final points and chunks (in its backing store, if it has one); how many queries
+    were computed.
     A query whose points are already kept and unchanged costs its fingerprints' sums only."""
     done = 0
     kept_at = retention_now_ms(store, now_ms)
     for q in queries:
-        part = sketch_part(q)
+        part = kept_part(q)
         if part is None:
             continue
         lo, hi = part.range_at(now_ms)

@@ -50,7 +50,7 @@ def shapes(queries):
 def test_each_metric_with_a_sketch_gets_each_tier_granule_and_a_1h_sliding_window():
     assert layout_for(CATALOG.streams["s"]).granules == ((MINUTE, 7 * DAY), (10 * MINUTE, 7 * DAY))
     queries = standard_queries(CATALOG, now_ms=T0, max_points=11_000)
-    stats = (*STANDARD_QUANTILES, "distinct")
+    stats = (*STANDARD_QUANTILES, "distinct", "count")
     # The total only; no view for a metric without a sketch, nor for a stream kept as panes only.
     assert shapes(queries) == [("m", stats, MINUTE, MINUTE, (), ()), ("m", stats, MINUTE, HOUR, (), ()),
                                ("m", stats, 10 * MINUTE, 10 * MINUTE, (), ())]
@@ -64,8 +64,8 @@ def test_the_shipped_configuration_warms_the_issues_day_queries():
     catalog = load_catalog(DEFAULT_STREAMS)
     got = {(q.metric, q.step_ms, q.window_ms): q for q in standard_queries(catalog, now_ms=T0, max_points=11_000)}
     for step, window in ((MINUTE, MINUTE), (MINUTE, HOUR), (HOUR, HOUR)):
-        assert got[("latency", step, window)].stats == STANDARD_QUANTILES
-        assert got[("requests", step, window)].stats == ("distinct",)
+        assert got[("latency", step, window)].stats == (*STANDARD_QUANTILES, "count")
+        assert got[("requests", step, window)].stats == ("distinct", "count")
         assert got[("latency", step, window)].range_at(T0)[0] <= T0 - DAY
     assert got[("latency", HOUR, HOUR)].range_at(T0)[0] <= T0 - 7 * DAY  # the week at 1-hour steps
 
@@ -133,6 +133,11 @@ def test_the_warmer_keeps_standard_views_so_an_undeclared_first_query_computes_n
                     got, computed = _cold(store, kept, ask)
                     assert computed == 0, (q.step_ms, q.window_ms, stat, start)
                     assert_same(got, pane_rollup(plain, **ask), stat)
+                # The count (exact, summed by the store): its chunks of final windows read, not summed.
+                ask = {**asked(q), "stat": "count"}
+                cache = PointCache(backing=kept)
+                assert_same(answer(store, **ask, cache=cache), pane_rollup(plain, **ask), "count")
+                assert cache.chunk_hits >= 1, (q.step_ms, q.window_ms)
 
         later = [[(T0 + i * 20_000, {"a": "x", "b": "p", "c": "m"}, float(i), f"v{i}") for i in range(30)]]
         for s in (store, plain):
