@@ -211,7 +211,7 @@ def as_served(catalog: Catalog, store, log, queries: list[tuple[str, str]], repe
     from store.final_points import FinalPoints
     from store.point_cache import PointCache
 
-    kept = FinalPoints(store.side_db())
+    kept = FinalPoints(store.side_db(), writer=store.side_db())  # as the service wires it (sketchboard/wiring.py)
     kept.clear()
     warm_standard_views(catalog, store, kept, lambda: end_ms / 1000.0)
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0,
@@ -250,7 +250,7 @@ def declared_views(catalog: Catalog, store, log, queries: list[tuple[str, str]],
             {"metric": q["metric"], "stat": q["stat"], "step": q["step"], "window": q.get("window"),
              "group_by": [g for g in q.get("group_by", "").split(",") if g]})
     definitions = [{"name": f"last-{r}", "range": r, "panels": panels} for r, panels in boards.items()]
-    kept = FinalPoints(store.side_db())
+    kept = FinalPoints(store.side_db(), writer=store.side_db())  # as the service wires it (sketchboard/wiring.py)
     kept.clear()  # what the plain runs kept: only the warmer's points now
     warmer = PointWarmer(store, lambda now_ms: declared_queries(definitions, catalog, now_ms=now_ms, max_points=11_000),
                          interval_s=10, max_points=11_000, cache=PointCache(backing=kept), clock=lambda: end_ms / 1000.0)
