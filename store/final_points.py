@@ -135,15 +135,20 @@ class FinalPoints(SideStore):
                 " rows_in = excluded.rows_in, last_batch = excluded.last_batch, revision = excluded.revision,"
                 " point = excluded.point, text = excluded.text, text_of = excluded.text_of,"
                 " expires_ms = excluded.expires_ms", rows)
-            now_ms = int(self._clock() * 1000)
-            if self.retention_ms is not None and now_ms - self._pruned_ms >= _PRUNE_EVERY_MS:
-                # Not at every save: expires_ms leads no index, so this reads the whole table. A
-                # 1-minute point is kept as long as the 1-minute rows (8 days shipped), not as long
-                # as the hours (90): a day of the standard views' minutes is ~40 000 points.
-                for table in ("kept_points", "kept_chunks"):
-                    self._writer_conn.execute(f"DELETE FROM {table} WHERE expires_ms < ? OR t_ms < ?",
-                                              (now_ms, now_ms - self.retention_ms))
-                self._pruned_ms = now_ms
+            self._prune_when_due()
+
+    def _prune_when_due(self) -> None:
+        """Within a write's transaction: what retention and the granules' keep let go, from both
+        tables. Not at every write: expires_ms leads no index, so this reads the whole table. A
+        1-minute point is kept as long as the 1-minute rows (8 days shipped), not as long as the
+        hours (90): a day of the standard views' minutes is ~40 000 points."""
+        now_ms = int(self._clock() * 1000)
+        if self.retention_ms is None or now_ms - self._pruned_ms < _PRUNE_EVERY_MS:
+            return
+        for table in ("kept_points", "kept_chunks"):
+            self._writer_conn.execute(f"DELETE FROM {table} WHERE expires_ms < ? OR t_ms < ?",
+                                      (now_ms, now_ms - self.retention_ms))
+        self._pruned_ms = now_ms
 
     def _expires(self, t_ms: int, keep_ms: int | None) -> int | None:
         keep_ms = self.retention_ms if keep_ms is None else keep_ms
@@ -179,6 +184,7 @@ class FinalPoints(SideStore):
                 "INSERT INTO kept_chunks (shape_key, t_ms, validity, points, texts, expires_ms) VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (shape_key, t_ms) DO UPDATE SET validity = excluded.validity, points = excluded.points,"
                 " texts = excluded.texts, expires_ms = excluded.expires_ms", rows)
+            self._prune_when_due()  # a process may keep only chunks (exact views): they expire too
 
     def save_chunks_soon(self, chunks: Sequence[tuple]) -> None:
         """save_chunks() on the writer thread."""

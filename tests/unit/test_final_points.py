@@ -171,7 +171,7 @@ def test_clear_and_retention_forget_kept_points(store_backend):
         kept.save([])  # nothing to keep: no retention pass either
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [old.t_ms, new.t_ms]
         kept._pruned_ms -= 3_600_000  # an hour since the last retention pass
-        kept.save([("s", (), new.t_ms, (1, 1, 1, 1), new)])
+        kept.save_chunks([("s", new.t_ms, "v", {new.t_ms: new}, None)])  # chunks alone: the pass runs too
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [new.t_ms]
         cache = PointCache(backing=kept)
         cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones
