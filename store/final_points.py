@@ -26,8 +26,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 
 from store.connection import Db, SideStore
+from store.kept_point import Form
 from store.point_text import point_text
-from store.rollup import ErrorBound, Point
+from store.rollup import Point
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ CREATE TABLE IF NOT EXISTS kept_chunks (
 #   while the row's point is still the one it was written for.
 
 _PRUNE_EVERY_MS = 3_600_000
-# (shape, group, t_ms, fingerprint, point[, keep_ms]): keep_ms, how long after its window's end rows
-# that answer it are kept (store.planner.answerable_ms); without it, the retention's.
+# (shape, group, t_ms, fingerprint, point[, keep_ms[, text]]): keep_ms, how long after its window's end
+# rows that answer it are kept (store.planner.answerable_ms), without it the retention's; text, the
+# point's (store/point_text.py) where written already.
 Entry = tuple
 
 
@@ -98,10 +100,11 @@ class FinalPoints(SideStore):
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> list[tuple[tuple, int, tuple, Point, str | None]]:
+    def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> list[tuple[tuple, int, tuple, Form, str | None]]:
         """(group, t_ms, fingerprint, point, text) of the saved points of `shape` with t_ms in
-        [lo_ms, hi_ms); text: the point as the API writes it (store/point_text.py), None where a
-        version before kept or last changed the point."""
+        [lo_ms, hi_ms), each point as the point cache keeps it (store/kept_point.py); text: the point
+        as the API writes it (store/point_text.py), None where a version before kept or last changed
+        the point."""
         with self._lock:
             rows = self._conn.execute(
                 "SELECT grp, t_ms, events, rows_in, last_batch, revision, point, text, text_of FROM kept_points"
@@ -110,7 +113,7 @@ class FinalPoints(SideStore):
             return []
         groups = {text: tuple(json.loads(text)) for text in {row[0] for row in rows}}
         decoded = json.loads("[" + ",".join(row[6] for row in rows) + "]")  # one parse, not one per point
-        return [(groups[grp], t, (events, rows_in, batch, revision), _point(t, fields),
+        return [(groups[grp], t, (events, rows_in, batch, revision), _form(t, fields),
                  text if text_of == point else None)
                 for (grp, t, events, rows_in, batch, revision, point, text, text_of), fields in zip(rows, decoded)]
 
@@ -118,13 +121,14 @@ class FinalPoints(SideStore):
         """Write these points now (a newer fingerprint replaces an older one)."""
         shapes: dict[Hashable, str] = {}
         rows = []
-        for shape, group, t, fp, p, *keep in entries:
+        for shape, group, t, fp, p, *rest in entries:
             if shape not in shapes:
                 shapes[shape] = _shape_key(shape)
             grp = _text(group)
-            expires = self._expires(t, keep[0] if keep else None)
+            expires = self._expires(t, rest[0] if rest else None)
             fields = _fields_text(p)
-            rows.append((shapes[shape], _digest(grp), grp, t, *fp, fields, point_text(p), fields, expires))
+            text = rest[1] if len(rest) > 1 else point_text(p)
+            rows.append((shapes[shape], _digest(grp), grp, t, *fp, fields, text, fields, expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
@@ -156,9 +160,10 @@ class FinalPoints(SideStore):
             keep_ms = min(keep_ms, self.retention_ms)
         return None if keep_ms is None else t_ms + keep_ms
 
-    def load_chunks(self, shape: Hashable, validities: Mapping[int, str]) -> list[tuple[int, dict[int, Point], list[str]]]:
-        """(chunk start, {window start: point}, texts) of the saved chunks of `shape` starting where
-        `validities` says, with the validity it gives (store/point_cache.py keep_chunks)."""
+    def load_chunks(self, shape: Hashable, validities: Mapping[int, str]) -> list[tuple[int, tuple[Form, ...], tuple[str, ...]]]:
+        """(chunk start, its points, their texts) of the saved chunks of `shape` starting where
+        `validities` says, with the validity it gives (store/point_cache.py keep_chunks); the points
+        as the point cache keeps them (store/kept_point.py), in their windows' order."""
         if not validities:
             return []
         with self._lock:
@@ -167,16 +172,17 @@ class FinalPoints(SideStore):
                 (_shape_key(shape), min(validities), max(validities))).fetchall()
         rows = [row for row in rows if validities.get(row[0]) == row[1]]
         decoded = json.loads("[" + ",".join(row[2] for row in rows) + "]")  # one parse, not one per chunk
-        return [(c, {fields[0]: _point(fields[0], fields[1:]) for fields in points}, texts.split("\n"))
+        return [(c, tuple(_form(fields[0], fields[1:]) for fields in points), tuple(texts.split("\n")))
                 for (c, _, _, texts), points in zip(rows, decoded)]
 
     def save_chunks(self, chunks: Sequence[tuple]) -> None:
-        """Write these chunks now: (shape, chunk start, validity, {window start: point}, keep_ms)."""
+        """Write these chunks now: (shape, chunk start, validity, its points in their windows' order,
+        their texts, keep_ms)."""
         rows = []
-        for shape, c, validity, points, keep_ms in chunks:
+        for shape, c, validity, points, texts, keep_ms in chunks:
             expires = self._expires(c, keep_ms)
-            fields = "[" + ",".join(f"[{t},{_fields_text(p)[1:]}" for t, p in points.items()) + "]"
-            rows.append((_shape_key(shape), c, validity, fields, "\n".join(map(point_text, points.values())), expires))
+            fields = "[" + ",".join(f"[{p[0]},{_fields_text(p)[1:]}" for p in points) + "]"
+            rows.append((_shape_key(shape), c, validity, fields, "\n".join(texts), expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
@@ -257,12 +263,13 @@ def _shape_key(shape) -> str:
     return _digest(f"{POINTS_VERSION}:{_text(shape)}")
 
 
-def _fields_text(p: Point) -> str:
-    e = p.error
-    error = None if e is None else [e.kind, e.lower, e.upper, e.relative_error, e.rank_error, e.expected_undercount]
-    return _text([p.value, p.count, p.revision, error])  # json writes floats exactly (repr), NaN and inf too
+def _fields_text(p: Point | Form) -> str:
+    """A point's value, count, revision and error bound (a Point, or its form: the same order)."""
+    e = p[5]
+    return _text([p[1], p[2], p[4], None if e is None else list(e)])  # json writes floats exactly (repr), NaN and inf too
 
 
-def _point(t_ms: int, decoded: list) -> Point:
+def _form(t_ms: int, decoded: list) -> Form:
+    """A kept point (final) as the point cache keeps it (store/kept_point.py)."""
     value, count, revision, error = decoded
-    return Point(t_ms, value, count, True, revision, None if error is None else ErrorBound(*error))
+    return (t_ms, value, count, True, revision, None if error is None else tuple(error))

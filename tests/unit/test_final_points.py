@@ -8,6 +8,7 @@ import threading
 import time
 
 from store.final_points import FinalPoints
+from store.kept_point import form
 from store.point_text import point_text
 from store.point_cache import PointCache
 from store.rollup import ErrorBound, Point
@@ -103,7 +104,7 @@ def test_a_new_process_reads_each_kept_points_text_instead_of_writing_it(store_b
         monkeypatch.undo()
 
         # A chunk of final windows (store/series.py) keeps its points and their texts the same way.
-        kept.save_chunks([(("s", "p50"), T0, "v", {p.t_ms: p for p in points}, None)])
+        kept.save_chunks([(("s", "p50"), T0, "v", tuple(map(form, points)), tuple(written), None)])
         cache = PointCache(backing=kept)
         assert cache.final_chunks(("s", "p50"), {T0: "another validity"}) == {}  # rows changed since
         [chunk] = cache.final_chunks(("s", "p50"), {T0: "v"}).values()
@@ -131,7 +132,7 @@ def test_a_text_is_not_served_for_a_point_a_replica_of_the_version_before_change
                     " point = '[5000.0,29,2,[\"kll\",4999.0,5001.0,null,0.0133,null]]'"
                     " WHERE shape_key = ? AND grp_key = ? AND t_ms = ?", (_shape_key(("s", "p90")), _digest("[]"), T0))
         (loaded,) = kept.load(("s", "p90"), T0, T0 + MINUTE)
-        assert loaded[3].value == 5000.0 and loaded[4] is None  # the text written for `before` is not served
+        assert loaded[3][1] == 5000.0 and loaded[4] is None  # the text written for `before` is not served
         cache = PointCache(backing=kept)
         cache.load(("s", "p90"), T0, T0 + MINUTE)
         (point,) = cache.get_many([((("s", "p90"), (), T0), (29, 1, 2, 2))])
@@ -167,11 +168,11 @@ def test_clear_and_retention_forget_kept_points(store_backend):
     try:
         kept.save([("s", (), p.t_ms, (1, 1, 1, 1), p) for p in (old, new)])
         assert [t for _, t, *_ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
-        kept.save_chunks([("s", p.t_ms, "v", {p.t_ms: p}, None) for p in (old, new)])
+        kept.save_chunks([("s", p.t_ms, "v", (form(p),), (point_text(p),), None) for p in (old, new)])
         kept.save([])  # nothing to keep: no retention pass either
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [old.t_ms, new.t_ms]
         kept._pruned_ms -= 3_600_000  # an hour since the last retention pass
-        kept.save_chunks([("s", new.t_ms, "v", {new.t_ms: new}, None)])  # chunks alone: the pass runs too
+        kept.save_chunks([("s", new.t_ms, "v", (form(new),), (point_text(new),), None)])  # chunks alone: the pass runs too
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [new.t_ms]
         cache = PointCache(backing=kept)
         cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from store.point_cache import PointCache
+from store.point_text import format_point
 from store.rollup import Point
 
 keys = st.sampled_from([("shape", (), t) for t in range(6)])
@@ -42,8 +43,9 @@ def test_batched_calls_do_what_one_at_a_time_calls_do(steps, size):
         assert many.get_many(get) == [one.get(*item) for item in get]
         assert list(many._entries.items()) == list(one._entries.items())  # same points, same recency
         assert (many.hits, many.misses, len(many)) == (one.hits, one.misses, len(one))
-    # What reaches the store: the final points only, each as it was put, in the order put.
-    assert many.backing.saved == [(*key, fp, p, None) for put, _ in steps for key, fp, p in put if p.final]
+    # What reaches the store: the final points only, each as it was put, in the order put, with its text.
+    assert many.backing.saved == [(*key, fp, p, None, format_point(p)) for put, _ in steps for key, fp, p in put
+                                  if p.final]
 
 
 def test_chunks_of_final_windows_are_kept_within_a_quarter_of_the_caches_points():
