@@ -19,7 +19,6 @@ replaces it in the store.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from query.compute import compute
 from query.model import Query
@@ -28,33 +27,19 @@ from store.point_cache import PointCache
 from store.retention_clock import retention_now_ms
 
 
-def kept_part(q: Query) -> Query | None:
-    """The query's stats whose answers a point cache keeps: its sketch stats (each final window's
-    point), and its exact stats where it is ungrouped (chunks of final windows: store/series.py;
-    a group-by's exact stats are summed by the store at each query, nothing kept). None when it
-    asks none of them."""
-    keep = [(s, qt) for s, qt in zip(q.stats, q.quantiles) if qt is not None or s == "distinct" or not q.group_by]
-    if not keep:
-        return None
-    return replace(q, stats=tuple(s for s, _ in keep), quantiles=tuple(qt for _, qt in keep))
-
-
 def warm(store: PaneStore, queries: Iterable[Query], *, now_ms: int, watermarks: Mapping[str, int],
          max_points: int, cache: PointCache) -> int:
-    """Compute each query's kept part (kept_part) over its range at `now_ms` through `cache`, which
-    keeps the final points and chunks (in its backing store, if it has one); how many queries
-    were computed.
+    """Compute each query over its range at `now_ms` through `cache`, which keeps the final points
+    (sketch stats, by window) and the chunks of final windows (every stat, grouped or not:
+    store/series.py), in its backing store too if it has one; how many queries were computed.
     A query whose points are already kept and unchanged costs its fingerprints' sums only."""
     done = 0
     kept_at = retention_now_ms(store, now_ms)
     for q in queries:
-        part = kept_part(q)
-        if part is None:
-            continue
-        lo, hi = part.range_at(now_ms)
+        lo, hi = q.range_at(now_ms)
         # Read as REST reads it at now_ms (only rows retention keeps there): the same plan, so the
         # same fingerprints, and the points kept are the ones its query would reuse.
-        compute(store, part, lo, hi, watermark_ms=watermarks.get(part.stream), max_points=max_points, cache=cache,
+        compute(store, q, lo, hi, watermark_ms=watermarks.get(q.stream), max_points=max_points, cache=cache,
                 now_ms=kept_at)
         done += 1
     if cache.backing is not None:

@@ -160,10 +160,10 @@ class FinalPoints(SideStore):
             keep_ms = min(keep_ms, self.retention_ms)
         return None if keep_ms is None else t_ms + keep_ms
 
-    def load_chunks(self, shape: Hashable, validities: Mapping[int, str]) -> list[tuple[int, tuple[Form, ...], tuple[str, ...]]]:
-        """(chunk start, its points, their texts) of the saved chunks of `shape` starting where
-        `validities` says, with the validity it gives (store/point_cache.py keep_chunks); the points
-        as the point cache keeps them (store/kept_point.py), in their windows' order."""
+    def load_chunks(self, shape: Hashable, validities: Mapping[int, str]) -> list[tuple[int, tuple]]:
+        """(chunk start, its groups) of the saved chunks of `shape` starting where `validities` says,
+        with the validity it gives (store/point_cache.py keep_chunks); a group: (group, its points as
+        the point cache keeps them (store/kept_point.py) in their windows' order, their texts)."""
         if not validities:
             return []
         with self._lock:
@@ -172,17 +172,19 @@ class FinalPoints(SideStore):
                 (_shape_key(shape), min(validities), max(validities))).fetchall()
         rows = [row for row in rows if validities.get(row[0]) == row[1]]
         decoded = json.loads("[" + ",".join(row[2] for row in rows) + "]")  # one parse, not one per chunk
-        return [(c, tuple(_form(fields[0], fields[1:]) for fields in points), tuple(texts.split("\n")))
-                for (c, _, _, texts), points in zip(rows, decoded)]
+        return [(c, _chunk_groups(points, texts)) for (c, _, _, texts), points in zip(rows, decoded)]
 
     def save_chunks(self, chunks: Sequence[tuple]) -> None:
-        """Write these chunks now: (shape, chunk start, validity, its points in their windows' order,
-        their texts, keep_ms)."""
+        """Write these chunks now: (shape, chunk start, validity, its groups as the point cache keeps
+        them (store/point_cache.py ChunkGroups), keep_ms). A point of a group-by's chunk has its
+        group last; an ungrouped chunk's points are as the version before wrote them."""
         rows = []
-        for shape, c, validity, points, texts, keep_ms in chunks:
+        for shape, c, validity, groups, keep_ms in chunks:
             expires = self._expires(c, keep_ms)
-            fields = "[" + ",".join(f"[{p[0]},{_fields_text(p)[1:]}" for p in points) + "]"
-            rows.append((_shape_key(shape), c, validity, fields, "\n".join(texts), expires))
+            fields = "[" + ",".join(f"[{p[0]},{_fields_text(p)[1:-1]}{_group_suffix(group)}]"
+                                    for group, points, _ in groups for p in points) + "]"
+            texts = "\n".join(text for _, _, group_texts in groups for text in group_texts)
+            rows.append((_shape_key(shape), c, validity, fields, texts, expires))
         if not rows:
             return
         with self._write_lock, self._writer_conn.transaction():
@@ -267,6 +269,22 @@ def _fields_text(p: Point | Form) -> str:
     """A point's value, count, revision and error bound (a Point, or its form: the same order)."""
     e = p[5]
     return _text([p[1], p[2], p[4], None if e is None else list(e)])  # json writes floats exactly (repr), NaN and inf too
+
+
+def _group_suffix(group: tuple) -> str:
+    return "," + _text(list(group)) if group else ""
+
+
+def _chunk_groups(points: list[list], texts: str) -> tuple:
+    """A stored chunk's points ([window start, value, count, revision, error bound(, group)], in
+    groups' then windows' order) and texts, as the point cache keeps a chunk's groups."""
+    lines = texts.split("\n") if points else []
+    out: dict[tuple, tuple[list, list]] = {}
+    for fields, text in zip(points, lines):
+        forms, group_texts = out.setdefault(tuple(fields[5]) if len(fields) > 5 else (), ([], []))
+        forms.append(_form(fields[0], fields[1:5]))
+        group_texts.append(text)
+    return tuple((group, tuple(forms), tuple(group_texts)) for group, (forms, group_texts) in out.items())
 
 
 def _form(t_ms: int, decoded: list) -> Form:

@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from store.final_points import FinalPoints
 
 Fingerprint = tuple[int, int, int, int]  # (events, rows, newest batch, highest revision)
+# A kept chunk's groups: (group, its points' forms in their windows' order, their texts) each
+ChunkGroups = tuple[tuple[tuple, tuple[Form, ...], tuple[str, ...]], ...]
+
+
+def _points_in(groups: ChunkGroups) -> int:
+    return sum(len(forms) for _, forms, _ in groups)
 
 
 class PointCache:
@@ -39,9 +45,10 @@ class PointCache:
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point, keep_ms, text) put since the last save()
         self.hits = self.misses = 0
-        # (shape, chunk start) -> (validity, forms of its points, their texts) of a chunk of final
-        # windows, by how recently asked (store/series.py: reused while the rows under them are unchanged)
-        self._chunks: OrderedDict[Hashable, tuple[str, tuple[Form, ...], tuple[str, ...]]] = OrderedDict()
+        # (shape, chunk start) -> (validity, its groups) of a chunk of final windows, by how recently
+        # asked (store/series.py: reused while the rows under them are unchanged); a group: (group,
+        # forms of its points, their texts)
+        self._chunks: OrderedDict[Hashable, tuple[str, ChunkGroups]] = OrderedDict()
         self._chunk_points = 0
         self.chunk_hits = 0
         self.generation = 0  # how many times clear() was called: a worker process's cache follows it (api/ws_workers.py)
@@ -98,62 +105,63 @@ class PointCache:
                 if (shape, group, t_ms) not in self._entries:
                     self._keep((shape, group, t_ms), fingerprint, kept, text)
 
-    def final_chunks(self, shape: Hashable, validities: dict[int, str]) -> dict[int, dict[int, KeptPoint]]:
-        """The chunks of final windows keep_chunks() kept of `shape` (chunk start -> {window start:
-        point}) whose validity is the one asked (store/series.py _chunk_validities), from memory,
-        else from the backing (a process before this one kept them)."""
-        found: dict[int, tuple[tuple[Form, ...], tuple[str, ...]]] = {}
+    def final_chunks(self, shape: Hashable, validities: dict[int, str]) -> dict[int, dict[tuple, dict[int, KeptPoint]]]:
+        """The chunks of final windows keep_chunks() kept of `shape` (chunk start -> {group: {window
+        start: point}}) whose validity is the one asked (store/series.py _chunk_validities), from
+        memory, else from the backing (a process before this one kept them)."""
+        found: dict[int, ChunkGroups] = {}
         with self._lock:
             for c, validity in validities.items():
                 kept = self._chunks.get((shape, c))
                 if kept is not None and kept[0] == validity:
                     self._chunks.move_to_end((shape, c))
-                    found[c] = kept[1:]
+                    found[c] = kept[1]
         missing = [c for c in validities if c not in found]
         if missing and self.backing is not None:
-            loaded = {c: (forms, texts) for c, forms, texts
-                      in self.backing.load_chunks(shape, {c: validities[c] for c in missing})}
+            loaded = dict(self.backing.load_chunks(shape, {c: validities[c] for c in missing}))
             if loaded:
                 with self._lock:
-                    for c, (forms, texts) in loaded.items():
-                        self._keep_chunk((shape, c), validities[c], forms, texts)
+                    for c, groups in loaded.items():
+                        self._keep_chunk((shape, c), validities[c], groups)
                 found.update(loaded)
         with self._lock:
             self.chunk_hits += len(found)
             # Points reused, not computed (an empty window's is made as asked, never counted)
-            self.hits += sum(kept[2] > 0 for forms, _ in found.values() for kept in forms)
-        return {c: {kept[0]: served(kept, text) for kept, text in zip(forms, texts)}
-                for c, (forms, texts) in found.items()}
+            self.hits += sum(kept[2] > 0 for groups in found.values() for _, forms, _ in groups for kept in forms)
+        return {c: {group: {kept[0]: served(kept, text) for kept, text in zip(forms, texts)}
+                    for group, forms, texts in groups}
+                for c, groups in found.items()}
 
-    def keep_chunks(self, shape: Hashable, chunks: dict[int, tuple[str, dict[int, Point]]], *,
+    def keep_chunks(self, shape: Hashable, chunks: dict[int, tuple[str, dict[tuple, dict[int, Point]]]], *,
                     keep_ms: int | None = None) -> None:
-        """Keep chunks of a view's final windows (chunk start -> (validity, {window start: point}))
-        while their validity holds: the views asked again and again (a dashboard's, the standard
-        views), at most a quarter of max_points in all, counted apart from the points kept by window
-        (a chunk holds points those may have let go), the least recently asked let go first. The
-        backing keeps them too (keep_ms: as for put_many)."""
+        """Keep chunks of a view's final windows (chunk start -> (validity, {group: {window start:
+        point}})) while their validity holds: the views asked again and again (a dashboard's, the
+        standard views, a websocket's), at most a quarter of max_points in all, counted apart from
+        the points kept by window (a chunk holds points those may have let go), the least recently
+        asked let go first. The backing keeps them too (keep_ms: as for put_many)."""
         if not chunks:
             return
-        kept = {c: (validity, tuple(map(form, points.values())), tuple(map(point_text, points.values())))
-                for c, (validity, points) in chunks.items()}
+        kept = {c: (validity, tuple((group, tuple(map(form, points.values())), tuple(map(point_text, points.values())))
+                                    for group, points in groups.items()))
+                for c, (validity, groups) in chunks.items()}
         with self._lock:
-            for c, (validity, forms, texts) in kept.items():
-                self._keep_chunk((shape, c), validity, forms, texts)
+            for c, (validity, groups) in kept.items():
+                self._keep_chunk((shape, c), validity, groups)
         if self.backing is not None:
-            self.backing.save_chunks_soon([(shape, c, validity, forms, texts, keep_ms)
-                                           for c, (validity, forms, texts) in kept.items()])
+            self.backing.save_chunks_soon([(shape, c, validity, groups, keep_ms)
+                                           for c, (validity, groups) in kept.items()])
 
-    def _keep_chunk(self, key: Hashable, validity: str, forms: tuple[Form, ...], texts: tuple[str, ...]) -> None:
+    def _keep_chunk(self, key: Hashable, validity: str, groups: ChunkGroups) -> None:
         budget = self.max_points // 4
         gone = self._chunks.pop(key, None)
         if gone is not None:
-            self._chunk_points -= len(gone[1])
-        if len(forms) > budget:
+            self._chunk_points -= _points_in(gone[1])
+        if _points_in(groups) > budget:
             return
-        self._chunks[key] = (validity, forms, texts)
-        self._chunk_points += len(forms)
+        self._chunks[key] = (validity, groups)
+        self._chunk_points += _points_in(groups)
         while self._chunk_points > budget:
-            self._chunk_points -= len(self._chunks.popitem(last=False)[1][1])
+            self._chunk_points -= _points_in(self._chunks.popitem(last=False)[1][1])
 
     def holds(self, shape: Hashable) -> bool:
         """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and

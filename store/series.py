@@ -78,7 +78,7 @@ def _query_series(
 ) -> list[Series]:
     """rollup()'s series of `stat` for windows starting in [start_ms, end_ms) every step_ms; with a
     cache, final points of sketch stats whose rows did not change are reused (store/point_cache.py),
-    and an ungrouped view's chunks of final windows (_reusing_chunks).
+    and a view's chunks of final windows, every group's (_reusing_chunks).
 
     plan_points: the whole query's windows where [start_ms, end_ms) is a part of it (_plan's
     query_points); chunked: False for such a part (its query looked for chunks already)."""
@@ -101,7 +101,7 @@ def _query_series(
                                   window_ms=window_ms, pane_ms=pane_ms, group_by=group_by, watermark_ms=watermark_ms,
                                   max_points=max_points)
 
-        if cache is None or group_by or not plan:
+        if cache is None or not plan:
             return exact_series(start_ms, end_ms, plan)
         chunks = _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
                                    watermark_ms) if chunked else {}
@@ -109,8 +109,10 @@ def _query_series(
             return exact_series(start_ms, end_ms, plan)
         # A part's windows are read with the whole query's granules, as a cache miss's are.
         return _reusing_chunks(cache, shape, chunks, start_ms, end_ms, step_ms, answerable_ms(
-            layout, pane_ms, step_ms, window_ms), lambda lo, hi: exact_series(lo, hi, _plan(
-                layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points, query_points, now_ms))[0].points)
+            layout, pane_ms, step_ms, window_ms), group_by, lambda lo, hi: exact_series(lo, hi, _plan(
+                layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points, query_points, now_ms)),
+            lambda: _empty_points(stat, None, value_field, None, start_ms, end_ms, step_ms, window_ms, pane_ms,
+                                  watermark_ms))
 
     kind = "hll" if stat == "distinct" else "kll"
     field = distinct_field if kind == "hll" else value_field
@@ -134,19 +136,20 @@ def _query_series(
 
     if cache is None or not plan:
         return sketch_series(start_ms, end_ms)
-    # Ungrouped: its chunks of final windows as a query of this view kept them, while no row under
-    # them changed (one summed read instead of every window's fingerprint and lookup); a process
-    # before this one may have kept them (the backing), where none of this shape is in memory.
+    # Its chunks of final windows as a query of this view kept them, while no row under them
+    # changed (one summed read instead of every window's fingerprint and lookup, every group's); a
+    # process before this one may have kept them (the backing), where none of this shape is in memory.
     chunks = _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, window_ms, filters,
-                               watermark_ms) if chunked and not group_by and (
-        cache.holds(shape) or cache.backing is not None) else {}
+                               watermark_ms) if chunked and (cache.holds(shape) or cache.backing is not None) else {}
     if chunks:
         return _reusing_chunks(cache, shape, chunks, start_ms, end_ms, step_ms, answerable_ms(
-            layout, pane_ms, step_ms, window_ms), lambda lo, hi: _query_series(
+            layout, pane_ms, step_ms, window_ms), group_by, lambda lo, hi: _query_series(
                 store, stream, pane_ms, stat=stat, quantile=quantile, value_field=value_field,
                 distinct_field=distinct_field, start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms,
-                filters=filters, watermark_ms=watermark_ms, max_points=max_points, cache=cache, now_ms=now_ms,
-                plan_points=query_points, chunked=False)[0].points)
+                group_by=group_by, filters=filters, watermark_ms=watermark_ms, max_points=max_points, cache=cache,
+                now_ms=now_ms, plan_points=query_points, chunked=False),
+            lambda: _empty_points(stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms,
+                                  pane_ms, watermark_ms))
     if not cache.holds(shape) and cache.backing is not None:  # saved by a process before this one?
         cache.load(shape, start_ms, end_ms)
     points: dict[tuple[tuple[str, ...], int], Point] = {}
@@ -261,30 +264,54 @@ def _chunk_validities(store, stream, pane_ms, plan, start_ms, end_ms, step_ms, w
     return out
 
 
-def _reusing_chunks(cache, shape, chunks: dict[int, str], start_ms, end_ms, step_ms, keep_ms,
-                    compute) -> list[Series]:
-    """An ungrouped series whose chunks of final windows are reused while their validity
-    (_chunk_validities) holds; the windows between them computed by `compute(lo, hi)` (their
-    points, windows starting in [lo, hi)), and the chunks computed kept. The validities are read
-    before any row is: a row that changes after that makes the next validity differ."""
+def _reusing_chunks(cache, shape, chunks: dict[int, str], start_ms, end_ms, step_ms, keep_ms, group_by,
+                    compute, empty_points) -> list[Series]:
+    """A series per group whose chunks of final windows are reused while their validity
+    (_chunk_validities) holds; the windows between them computed by `compute(lo, hi)` (the series
+    of windows starting in [lo, hi)), and the chunks computed kept. A group without a point in a
+    window (no row of it there) gets the window's empty point, as the query without a cache gives
+    it (`empty_points()`: the range's, made only if needed); a kept chunk leaves out the groups
+    whose points there are all empty ones. The validities are read before any row is: a row that
+    changes after that makes the next validity differ."""
     reused = cache.final_chunks(shape, chunks)
-    points = {t: p for chunk in reused.values() for t, p in chunk.items()}
+    points: dict[tuple, dict[int, Point]] = {() : {}} if not group_by else {}  # group -> window start -> point
+    covered: set[int] = set()  # the windows of the chunks reused
+    span = CHUNK * step_ms
+    for c, groups in reused.items():
+        covered.update(range(c, c + span, step_ms))
+        for group, chunk in groups.items():
+            points.setdefault(group, {}).update(chunk)
     starts = window_points(start_ms, end_ms, step_ms)
     lo = None
     for t in (*starts, None):
-        if t is not None and t not in points:
+        if t is not None and t not in covered:
             lo = t if lo is None else lo
         elif lo is not None:
-            points.update((p.t_ms, p) for p in compute(lo, t if t is not None else starts[-1] + step_ms))
+            for s in compute(lo, t if t is not None else starts[-1] + step_ms):
+                points.setdefault(tuple(s.group.get(g, "") for g in group_by), {}).update((p.t_ms, p) for p in s.points)
             lo = None
+    empty = None
+    for group_points in points.values():
+        if len(group_points) < len(starts):
+            if empty is None:
+                empty = empty_points()
+            for i, t in enumerate(starts):
+                if t not in group_points:
+                    group_points[t] = empty[i]
     fresh = {}
     for c, validity in chunks.items():
         if c not in reused:
-            chunk = {t: points[t] for t in range(c, c + CHUNK * step_ms, step_ms)}
-            if all(p.final for p in chunk.values()):
-                fresh[c] = (validity, chunk)
+            window_starts = range(c, c + span, step_ms)
+            if all(group_points[t].final for group_points in points.values() for t in window_starts):
+                if empty is None:
+                    empty = empty_points()
+                blank = [empty[(t - start_ms) // step_ms] for t in window_starts]
+                fresh[c] = (validity, {group: chunk for group, chunk in (
+                    (group, {t: group_points[t] for t in window_starts}) for group, group_points in points.items())
+                    if not group or list(chunk.values()) != blank})
     cache.keep_chunks(shape, fresh, keep_ms=keep_ms)
-    return [Series(group={}, points=[points[t] for t in starts])]
+    return [Series(group=dict(zip(group_by, group)), points=[group_points[t] for t in starts])
+            for group, group_points in sorted(points.items())]
 
 
 def _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, empty_points) -> None:

@@ -1,5 +1,5 @@
-"""Chunks of final windows (store/series.py _reusing_chunks) reused across ranges that move by a
-step, across processes (a new point cache over the chunks kept in the store) and across late
+"""Chunks of final windows (store/series.py _reusing_chunks), ungrouped and per group, reused
+across ranges that move by a step, across processes (a new point cache over the chunks kept in the store) and across late
 events that revise the rows under them: every answer equals what no cache computes and the
 pane-level roll-up."""
 
@@ -24,8 +24,9 @@ def views(draw) -> dict:
     start = T0 + step * draw(st.integers(-2, HOUR // step))
     end = start + step * draw(st.integers(60, 200))
     filters = draw(st.dictionaries(st.sampled_from("abc"), st.sampled_from("xypqrmn"), max_size=1))
+    group_by = draw(st.sampled_from([[], [], ["a"], ["b", "c"]]))  # a group-by's chunks keep each group's points
     return dict(stat=draw(st.sampled_from(["p90", "distinct", "count", "avg"])), start=start, end=end, step=step,
-                window=window, filters=filters)
+                window=window, filters=filters, group_by=group_by)
 
 
 def at_t0(batch_list: list[list[tuple]]) -> list[list[tuple]]:

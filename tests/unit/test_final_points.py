@@ -104,10 +104,10 @@ def test_a_new_process_reads_each_kept_points_text_instead_of_writing_it(store_b
         monkeypatch.undo()
 
         # A chunk of final windows (store/series.py) keeps its points and their texts the same way.
-        kept.save_chunks([(("s", "p50"), T0, "v", tuple(map(form, points)), tuple(written), None)])
+        kept.save_chunks([(("s", "p50"), T0, "v", (((), tuple(map(form, points)), tuple(written)),), None)])
         cache = PointCache(backing=kept)
         assert cache.final_chunks(("s", "p50"), {T0: "another validity"}) == {}  # rows changed since
-        [chunk] = cache.final_chunks(("s", "p50"), {T0: "v"}).values()
+        [[chunk]] = [groups.values() for groups in cache.final_chunks(("s", "p50"), {T0: "v"}).values()]
         assert [point_text_module.format_point(p) for p in chunk.values()] == written
         monkeypatch.setattr(point_text_module, "format_point", no_formatting)
         assert [point_text_module.point_text(p) for p in chunk.values()] == written
@@ -168,11 +168,11 @@ def test_clear_and_retention_forget_kept_points(store_backend):
     try:
         kept.save([("s", (), p.t_ms, (1, 1, 1, 1), p) for p in (old, new)])
         assert [t for _, t, *_ in kept.load("s", T0, now_ms)] == [new.t_ms]  # older than 5 min: gone
-        kept.save_chunks([("s", p.t_ms, "v", (form(p),), (point_text(p),), None) for p in (old, new)])
+        kept.save_chunks([("s", p.t_ms, "v", (((), (form(p),), (point_text(p),)),), None) for p in (old, new)])
         kept.save([])  # nothing to keep: no retention pass either
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [old.t_ms, new.t_ms]
         kept._pruned_ms -= 3_600_000  # an hour since the last retention pass
-        kept.save_chunks([("s", new.t_ms, "v", (form(new),), (point_text(new),), None)])  # chunks alone: the pass runs too
+        kept.save_chunks([("s", new.t_ms, "v", (((), (form(new),), (point_text(new),)),), None)])  # chunks alone: the pass runs too
         assert [c for c, *_ in kept.load_chunks("s", {old.t_ms: "v", new.t_ms: "v"})] == [new.t_ms]
         cache = PointCache(backing=kept)
         cache.clear()  # a switch replaced the stream's rows: kept points are of the old ones

@@ -25,13 +25,17 @@ HOURS = [(T0 + i * 7_000, {"a": "xy"[i % 2], "b": "pqr"[i % 3], "c": "mn"[i % 2]
 
 
 @pytest.mark.parametrize("stat", ["p90", "distinct", "count", "avg"])
-@pytest.mark.parametrize("window, filters", [(MINUTE, {}), (10 * MINUTE, {}), (MINUTE, {"a": "x"})])
-def test_chunks_of_final_windows_are_reused_until_a_row_under_them_changes(store_backend, stat, window, filters):
+@pytest.mark.parametrize("window, filters, group_by", [(MINUTE, {}, []), (10 * MINUTE, {}, []), (MINUTE, {"a": "x"}, []),
+                                                      (MINUTE, {}, ["a"]), (10 * MINUTE, {"b": "q"}, ["a"])])
+def test_chunks_of_final_windows_are_reused_until_a_row_under_them_changes(store_backend, stat, window, filters,
+                                                                          group_by):
     """Sketch stats look for chunks once a query of the view left points in memory (or a process
     before kept them in the store); exact stats (summed by the store, nothing cached per window)
-    from their first query on."""
+    from their first query on. A group-by's chunks hold every group's points (the first group,
+    a = x, is the one the live and late events below are of)."""
     tiered, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
-    q = dict(stat=stat, start=T0 + 5 * MINUTE, end=T0 + 3 * HOUR, step=MINUTE, window=window, filters=filters)
+    q = dict(stat=stat, start=T0 + 5 * MINUTE, end=T0 + 3 * HOUR, step=MINUTE, window=window, filters=filters,
+             group_by=group_by)
     cache = PointCache()
     batches = 0
 

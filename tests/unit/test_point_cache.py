@@ -55,8 +55,8 @@ def test_chunks_of_final_windows_are_kept_within_a_quarter_of_the_caches_points(
 
     cache = PointCache(max_points=400)  # a budget of 100 points of chunks
 
-    def chunk(n: int) -> dict[int, Point]:
-        return {t: Point(t, 1.0, 1, True, 1, None) for t in range(n)}
+    def chunk(n: int) -> dict[tuple, dict[int, Point]]:  # an ungrouped view's: one group, ()
+        return {(): {t: Point(t, 1.0, 1, True, 1, None) for t in range(n)}}
 
     def kept(c: int, validity: str = "v") -> bool:
         return c in cache.final_chunks("view", {c: validity})

@@ -13,7 +13,7 @@ from catalog import load_catalog
 from dashboard.model import Dashboard, Panel, definition
 from dashboard.views import auto_step_ms, declared_queries, panel_queries
 from query import Query
-from query.warm import kept_part, warm
+from query.warm import warm
 from sketchboard.settings import DEFAULT_STREAMS
 from store import BatchCommit
 from store.final_points import FinalPoints
@@ -122,23 +122,23 @@ def test_a_revision_of_a_covered_pane_replaces_the_kept_point(store_backend):
         kept.close()
 
 
-def test_an_ungrouped_exact_view_keeps_its_chunks_and_a_grouped_one_is_not_warmed(store_backend):
-    """An exact stat keeps nothing per window (the store sums it), but an ungrouped view's chunks
-    of final windows are kept (store/series.py): a new process's first query reads them."""
+def test_exact_views_keep_their_chunks_grouped_or_not(store_backend):
+    """An exact stat keeps nothing per window (the store sums it), but a view's chunks of final
+    windows are kept (store/series.py), every group's: a new process's first query reads them."""
     store, plain = store_at(store_backend, LAYOUT), store_at(store_backend, None)
     for s in (store, plain):
         commit_all(s, HOURS)
     kept = FinalPoints(store_backend.side_db(store))
     try:
         grouped = view("count", T0 + HOUR, T0 + 3 * HOUR, MINUTE, 60 * MINUTE, group_by=["a"])
-        assert kept_part(grouped) is None
         exact = view("count", T0 + HOUR, T0 + 3 * HOUR, MINUTE, 60 * MINUTE)
         assert warm(store, [grouped, exact], now_ms=T0, watermarks=store.watermarks(), max_points=11_000,
-                    cache=PointCache(backing=kept)) == 1
-        cache = PointCache(backing=kept)  # a new process's
-        got = answer(store, **asked(exact), cache=cache)
-        assert cache.chunk_hits == 2  # both hours from the store
-        assert_same(got, pane_rollup(plain, **asked(exact)), "count")
+                    cache=PointCache(backing=kept)) == 2
+        for q in (grouped, exact):
+            cache = PointCache(backing=kept)  # a new process's
+            got = answer(store, **asked(q), cache=cache)
+            assert cache.chunk_hits == 2  # both hours from the store
+            assert_same(got, pane_rollup(plain, **asked(q)), "count")
     finally:
         kept.close()
 
@@ -168,7 +168,6 @@ def test_a_dashboards_panels_are_its_declared_views():
         (("p99",), MINUTE, HOUR, "now-1d"),
         (("p1", "p10", "p25", "p50", "p75", "p90", "p99", "count"), MINUTE, MINUTE, "now-1d")]  # as the page asks
     assert queries[-1].group_by == ()  # a heatmap is over all groups
-    assert kept_part(queries[-1]).stats == ("p1", "p10", "p25", "p50", "p75", "p90", "p99", "count")  # ungrouped
     assert len(declared_queries([definition(board)], CATALOG, now_ms=T0, max_points=11_000)) == 3
     stale = {**definition(board), "panels": [{"metric": "gone", "stat": "p99"}]}  # saved under another catalog
     assert declared_queries([stale], CATALOG, now_ms=T0, max_points=11_000) == []
