@@ -133,23 +133,30 @@ class PointCache:
                 for c, groups in found.items()}
 
     def keep_chunks(self, shape: Hashable, chunks: dict[int, tuple[str, dict[tuple, dict[int, Point]]]], *,
-                    keep_ms: int | None = None) -> None:
+                    keep_ms: int | None = None) -> dict[tuple, dict[int, KeptPoint]]:
         """Keep chunks of a view's final windows (chunk start -> (validity, {group: {window start:
         point}})) while their validity holds: the views asked again and again (a dashboard's, the
         standard views, a websocket's), at most a quarter of max_points in all, counted apart from
         the points kept by window (a chunk holds points those may have let go), the least recently
-        asked let go first. The backing keeps them too (keep_ms: as for put_many)."""
-        if not chunks:
-            return
+        asked let go first. The backing keeps them too (keep_ms: as for put_many). Each point's
+        text is written here: the points as kept, with their texts ({group: {window start:
+        point}}, every chunk's), for the query's answer to write them no second time."""
         kept = {c: (validity, tuple((group, tuple(map(form, points.values())), tuple(map(point_text, points.values())))
                                     for group, points in groups.items()))
                 for c, (validity, groups) in chunks.items()}
+        if not kept:
+            return {}
         with self._lock:
             for c, (validity, groups) in kept.items():
                 self._keep_chunk((shape, c), validity, groups)
         if self.backing is not None:
             self.backing.save_chunks_soon([(shape, c, validity, groups, keep_ms)
                                            for c, (validity, groups) in kept.items()])
+        out: dict[tuple, dict[int, KeptPoint]] = {}
+        for _, groups in kept.values():
+            for group, forms, texts in groups:
+                out.setdefault(group, {}).update((f[0], served(f, text)) for f, text in zip(forms, texts))
+        return out
 
     def _keep_chunk(self, key: Hashable, validity: str, groups: ChunkGroups) -> None:
         budget = self.max_points // 4

@@ -309,7 +309,8 @@ def _reusing_chunks(cache, shape, chunks: dict[int, str], start_ms, end_ms, step
                 fresh[c] = (validity, {group: chunk for group, chunk in (
                     (group, {t: group_points[t] for t in window_starts}) for group, group_points in points.items())
                     if not group or list(chunk.values()) != blank})
-    cache.keep_chunks(shape, fresh, keep_ms=keep_ms)
+    for group, kept in cache.keep_chunks(shape, fresh, keep_ms=keep_ms).items():
+        points[group].update(kept)  # the same points, with the texts written as they were kept
     return [Series(group=dict(zip(group_by, group)), points=[group_points[t] for t in starts])
             for group, group_points in sorted(points.items())]
 
