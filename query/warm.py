@@ -19,7 +19,9 @@ replaces it in the store.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
+from catalog.model import RATIO_STATS
 from query.compute import compute
 from query.model import Query
 from store import PaneStore
@@ -27,15 +29,25 @@ from store.point_cache import PointCache
 from store.retention_clock import retention_now_ms
 
 
+def kept_part(q: Query) -> Query | None:
+    """The query's stats whose answers a point cache keeps: all but ratios (each computed from two
+    sums of the store's at every query, nothing kept: query.compute.ratio_series). None when it
+    asks none of them."""
+    keep = [(s, qt) for s, qt in zip(q.stats, q.quantiles) if s not in RATIO_STATS]
+    if not keep:
+        return None
+    return replace(q, stats=tuple(s for s, _ in keep), quantiles=tuple(qt for _, qt in keep))
+
+
 def warm(store: PaneStore, queries: Iterable[Query], *, now_ms: int, watermarks: Mapping[str, int],
          max_points: int, cache: PointCache) -> int:
-    """Compute each query over its range at `now_ms` through `cache`, which keeps the final points
-    (sketch stats, by window) and the chunks of final windows (every stat, grouped or not:
-    store/series.py), in its backing store too if it has one; how many queries were computed.
+    """Compute each query's kept part (kept_part) over its range at `now_ms` through `cache`, which
+    keeps the final points (sketch stats, by window) and the chunks of final windows (grouped or
+    not: store/series.py), in its backing store too if it has one; how many queries were computed.
     A query whose points are already kept and unchanged costs its fingerprints' sums only."""
     done = 0
     kept_at = retention_now_ms(store, now_ms)
-    for q in queries:
+    for q in filter(None, map(kept_part, queries)):
         lo, hi = q.range_at(now_ms)
         # Read as REST reads it at now_ms (only rows retention keeps there): the same plan, so the
         # same fingerprints, and the points kept are the ones its query would reuse.

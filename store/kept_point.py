@@ -6,7 +6,8 @@ tracked for its whole life (CPython stops tracking only exact tuples of untracke
 cache of 200 000 points as Points, with their error bounds and entries, was ~800 000 tracked
 objects and each full pass over them 230-310 ms: a query that came during one waited that long
 (issue 27's bench, its remaining p99 spikes). Kept as exact tuples of ints, floats, strings and
-None, a cache's points are untracked at the collector's first pass over them; a query's points
+None, a cache's points are untracked within the collector's first few passes over them (a tuple
+once the tuples in it are); a query's points
 are made from them as it asks (~0.5-1 us a point), and die with its answer. Pure: no I/O.
 """
 
@@ -22,8 +23,8 @@ _new = tuple.__new__
 
 class KeptPoint(Point):
     """A kept point as a query gets it: a Point with its text, the bytes GET /api/v1/query writes of
-    it (store/point_text.py), written once when the point was kept. Not a field: it compares,
-    unpacks and pickles as the Point it is; a copy made of it (_replace) has no text."""
+    it (store/point_text.py), written once when the point was kept. Not a field: it compares and
+    unpacks as the Point it is (pickled, it keeps its text); a copy made of it (_replace) has none."""
 
     text: str | None = None
 

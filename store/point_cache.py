@@ -31,7 +31,9 @@ ChunkGroups = tuple[tuple[tuple, tuple[Form, ...], tuple[str, ...]], ...]
 
 
 def _points_in(groups: ChunkGroups) -> int:
-    return sum(len(forms) for _, forms, _ in groups)
+    """What a chunk counts against the budget: its points, at least one (a group-by's chunk whose
+    groups were all empty there holds none, and is still an entry to let go)."""
+    return max(1, sum(len(forms) for _, forms, _ in groups))
 
 
 class PointCache:

@@ -303,12 +303,12 @@ def _reusing_chunks(cache, shape, chunks: dict[int, str], start_ms, end_ms, step
         if c not in reused:
             window_starts = range(c, c + span, step_ms)
             if all(group_points[t].final for group_points in points.values() for t in window_starts):
-                if empty is None:
+                if group_by and empty is None:
                     empty = empty_points()
-                blank = [empty[(t - start_ms) // step_ms] for t in window_starts]
+                blank = [empty[(t - start_ms) // step_ms] for t in window_starts] if group_by else None
                 fresh[c] = (validity, {group: chunk for group, chunk in (
                     (group, {t: group_points[t] for t in window_starts}) for group, group_points in points.items())
-                    if not group or list(chunk.values()) != blank})
+                    if not group_by or list(chunk.values()) != blank})
     for group, kept in cache.keep_chunks(shape, fresh, keep_ms=keep_ms).items():
         points[group].update(kept)  # the same points, with the texts written as they were kept
     return [Series(group=dict(zip(group_by, group)), points=[group_points[t] for t in starts])
@@ -419,9 +419,12 @@ def _fingerprints(sums: list[BucketStats], start_ms: int, end_ms: int, step_ms: 
 
 def _empty_points(stat, quantile, value_field, distinct_field, lo, hi, step_ms, window_ms, pane_ms,
                   watermark_ms) -> list[Point]:
+    """The empty points of the windows starting in [lo, hi): as many as the query asked (it was
+    checked against its own limit), not refused at the default limit (query_max_points is
+    configurable)."""
     return rollup([], stat=stat, quantile=quantile, value_field=value_field, distinct_field=distinct_field,
                   start_ms=lo, end_ms=hi, step_ms=step_ms, window_ms=window_ms, pane_ms=pane_ms,
-                  watermark_ms=watermark_ms)[0].points
+                  watermark_ms=watermark_ms, max_points=len(window_points(lo, hi, step_ms)))[0].points
 
 
 __all__ = ["query_series"]

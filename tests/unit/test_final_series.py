@@ -11,7 +11,7 @@ import pytest
 
 from store import BatchCommit
 from store.point_cache import PointCache
-from store.series import CHUNK
+from store.series import CHUNK, query_series
 from store.tiers import TierLayout
 from tests.unit.test_tiers import (LATENESS, LAYOUT, MINUTE, PANE, T0, answer, assert_same, commit_all,
                                    pane_rollup, store_at)
@@ -92,5 +92,26 @@ def test_rows_dropped_by_retention_under_a_chunk_are_not_served_again(store_back
         got = answer(store, **q, cache=cache)
         assert cache.chunk_hits == 1
         assert got == answer(store, **q) and got[0].points[0].count == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("stat, group_by", [("count", []), ("p90", []), ("count", ["a"])])
+def test_a_query_past_the_default_point_limit_keeps_chunks_as_it_answers_without(store_backend, stat, group_by):
+    """query_max_points may be set above the default (11 000): a query of more windows than that
+    kept its chunks through the empty points of the range, made at the default limit, and failed
+    where the same query without a cache answered."""
+    store = store_at(store_backend, LAYOUT)
+    events = [(T0 + i * 600_000, {"a": "xy"[i % 2], "b": "p", "c": "m"}, 1.0, "u") for i in range(210)]
+    commit_all(store, [events + [(T0 + 40 * HOUR, {"a": "x", "b": "p", "c": "m"}, 1.0, "u")]])
+    q = dict(stat=stat, quantile=0.9 if stat == "p90" else None, value_field="v", distinct_field="u", start_ms=T0,
+             end_ms=T0 + 12_000 * PANE, step_ms=PANE, window_ms=PANE, group_by=group_by, filters={},
+             watermark_ms=store.watermarks()["s"], max_points=20_000, now_ms=T0)
+    try:
+        plain = query_series(store, "s", PANE, **q)
+        cache = PointCache()
+        for _ in range(3):  # computed and kept, then reused
+            assert query_series(store, "s", PANE, **q, cache=cache) == plain
+        assert cache.chunk_hits
     finally:
         store.close()

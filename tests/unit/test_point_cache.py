@@ -74,3 +74,13 @@ def test_chunks_of_final_windows_are_kept_within_a_quarter_of_the_caches_points(
     assert cache.chunk_hits == 6 and cache.hits == 60 + 30 + (10 + 30 + 60) + 10  # the points reused
     cache.clear()
     assert not kept(1)
+
+
+def test_a_chunk_without_a_group_counts_in_the_budget():
+    """A group-by's chunk whose groups were all empty there holds no point (store/series.py); it is
+    still an entry, counted as one, so such chunks cannot pile up past the budget."""
+    cache = PointCache(max_points=40)  # a budget of 10
+    for c in range(11):
+        cache.keep_chunks("view", {c: ("v", {})})
+    assert not cache.final_chunks("view", {0: "v"}) and cache.final_chunks("view", {10: "v"}) == {10: {}}
+    assert len(cache._chunks) == 10

@@ -143,6 +143,18 @@ def test_exact_views_keep_their_chunks_grouped_or_not(store_backend):
         kept.close()
 
 
+def test_ratios_are_not_warmed_they_keep_nothing():
+    """A ratio is two sums of the store's at every query (query.compute.ratio_series): computing it
+    ahead would keep nothing, so the warmer leaves it out of a view and skips a view of ratios only."""
+    from dataclasses import replace
+
+    from query.warm import kept_part
+
+    both = replace(view("count", T0, T0 + HOUR, MINUTE, MINUTE), stats=("ratio", "count"), quantiles=(None, None))
+    assert kept_part(both).stats == ("count",)
+    assert kept_part(replace(both, stats=("ratio",), quantiles=(None,))) is None
+
+
 CATALOG = load_catalog(DEFAULT_STREAMS)
 
 
