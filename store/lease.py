@@ -100,7 +100,11 @@ class Leadership:
         self.renew_s = renew_s if renew_s is not None else ttl_s / 5
         if not 0 < self.renew_s < ttl_s:
             raise ValueError(f"lease renew interval must be in (0, ttl = {ttl_s} s), got {self.renew_s}")
-        self.tracker = LeaseTracker(self.holder_id, ttl_s)
+        # Leads until a margin before the ttl is out (a renew interval, at most half the time between
+        # a renewal and the ttl's end, so renewals on time keep it leading without a break): the
+        # watchdog stops the leader's work by then, before any follower may take over, even when its
+        # thread wakes late on a loaded machine (with no margin it woke after the follower's on_gain).
+        self.tracker = LeaseTracker(self.holder_id, ttl_s, margin=min(self.renew_s, (ttl_s - self.renew_s) / 2))
         self._twin_warned: str | None = None
         self.on_gain, self.on_lose = on_gain, on_lose
         self.monotonic, self.clock = monotonic, clock

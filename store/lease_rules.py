@@ -6,10 +6,12 @@ the version, so of two replicas deciding at once only one wins.
 Expiry is judged on each replica's own monotonic clock, never by comparing timestamps from
 different machines (as Kubernetes' leader election does): a follower takes over only when it
 has seen the row unchanged for a whole `ttl`, counted from when *it* first saw that version;
-the holder counts its leadership from *before* its last successful write. The holder's write
-committed before any follower could see it, so the holder stops leading before any follower
-may start: at most one leader at a time, whatever the wall clocks say, as long as clocks
-run at the same rate.
+the holder counts its leadership from *before* its last successful write, and gives it up a
+`margin` before that ttl is out (as Kubernetes' renew deadline comes before its lease
+duration). The holder's write committed before any follower could see it, so the holder stops
+leading before any follower may start: at most one leader at a time, whatever the wall clocks
+say, as long as clocks run at the same rate; the margin is the time the holder's own threads
+have to stop its work (a thread of a loaded machine wakes late) before a follower may start it.
 
 A clock that goes backwards (it should not: callers pass time.monotonic) is met
 conservatively: a follower restarts its wait, a holder stops leading until its next write.
@@ -68,11 +70,14 @@ class LeaseTracker:
     perform `Step.write` as a compare-and-set against the record read, then `done(step, won)`;
     `leading(now)` says whether this replica may act as the leader right now."""
 
-    def __init__(self, me: str, ttl: float):
+    def __init__(self, me: str, ttl: float, margin: float = 0.0):
         if ttl <= 0:
             raise ValueError(f"lease ttl must be positive, got {ttl}")
+        if not 0 <= margin < ttl:
+            raise ValueError(f"lease margin must be in [0, ttl = {ttl}), got {margin}")
         self.me = me
         self.ttl = ttl
+        self.margin = margin  # the holder leads until ttl - margin after its write's start; followers wait ttl
         self.record: LeaseRecord | None = None  # the last record read or written
         self._seen_at: float | None = None  # when this version was first seen (followers' expiry clock)
         self._led_from: float | None = None  # start of the step whose write is the holder's latest
@@ -104,11 +109,11 @@ class LeaseTracker:
             self._led_from = None  # someone else wrote first; the next step reads who
 
     def leading(self, now: float) -> bool:
-        return self._led_from is not None and self._led_from <= now < self._led_from + self.ttl
+        return self._led_from is not None and self._led_from <= now < self._led_from + self.ttl - self.margin
 
     def leader_until(self) -> float | None:
         """Until when this replica leads without another successful write (None: it does not)."""
-        return None if self._led_from is None else self._led_from + self.ttl
+        return None if self._led_from is None else self._led_from + self.ttl - self.margin
 
     def release(self) -> LeaseRecord | None:
         """The row to write (compare-and-set) to hand the lease over at once on shutdown, when mine."""

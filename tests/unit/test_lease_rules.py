@@ -45,6 +45,32 @@ def test_the_holder_renews_and_keeps_its_epoch():
     assert a.leading(11.9) and not a.leading(12.0)
 
 
+def test_the_holder_gives_up_a_margin_before_a_follower_may_take_over():
+    """The time the holder's threads have to stop its work before another replica may start it
+    (a watchdog on a loaded machine wakes late: without it the follower's on_gain came first)."""
+    row, a, b = Row(), LeaseTracker("a", TTL, margin=2.0), LeaseTracker("b", TTL, margin=2.0)
+    row.round(a, 0.0)
+    assert row.round(b, 0.0)[0].action is Action.FOLLOW  # b sees a's row at once
+    assert a.leading(7.9) and not a.leading(8.0) and a.leader_until() == 8.0
+    assert row.round(b, 9.9)[0].action is Action.FOLLOW
+    assert row.round(b, 10.0)[0].action is Action.ACQUIRE  # a whole ttl after it saw the row: 2.0 after a stopped
+    with pytest.raises(ValueError, match="margin"):
+        LeaseTracker("c", TTL, margin=TTL)
+
+
+def test_a_leaderships_margin_keeps_renewals_on_time_leading_without_a_break():
+    from store.lease import Leadership
+
+    assert Leadership(None, "l", "a", ttl_s=10.0).tracker.margin == 2.0  # the renew interval (ttl / 5)
+    assert Leadership(None, "l", "a", ttl_s=10.0, renew_s=9.0).tracker.margin == 0.5  # renewed at 9, led until 9.5
+    row, a = Row(), LeaseTracker("a", TTL, margin=0.5)
+    row.round(a, 0.0)
+    for now in (9.0, 18.0, 27.0):  # renewals every 9 s
+        assert a.leading(now - 0.01)
+        row.round(a, now)
+    assert a.leading(36.4) and not a.leading(36.5)
+
+
 def test_a_follower_waits_a_whole_ttl_from_when_it_saw_the_row_change():
     row, a, b = Row(), LeaseTracker("a", TTL), LeaseTracker("b", TTL)
     row.round(a, 0.0)
