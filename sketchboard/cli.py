@@ -201,8 +201,11 @@ def cmd_api(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
+        # ws_per_message_deflate: off unless asked (docs/benchmarks.md, session 69: deflating each
+        # client's snapshots in the event loop held REST queries up to a second under 50 clients).
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                               ws_max_size=settings.ws_max_message_bytes))
+                                               ws_max_size=settings.ws_max_message_bytes,
+                                               ws_per_message_deflate=settings.ws_compression))
         _stop_server_on_signals(server)
         server.run()
         if not server.started and not server.should_exit:  # as uvicorn.run: it never served

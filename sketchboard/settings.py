@@ -219,6 +219,9 @@ class Settings(BaseSettings):
                                       " and over a 1 h sliding window (query/standard_views.py)")
     ws_max_message_bytes: int = Field(64 * 1024, ge=1024, description="larger websocket frames close the"
                                       " connection (1009)")
+    ws_compression: bool = Field(False, description="offer permessage-deflate to websocket clients: less to send"
+                                 " to a far browser, but every message deflated per connection in the API"
+                                 " process (a 24 h view's snapshot is 0.3-1 MB of JSON)")
     ws_message_rate: float = Field(20.0, gt=0, description="messages per second a websocket client may send"
                                    " (bursts of ws_message_burst); past it the connection is closed (1008)")
     ws_message_burst: int = Field(50, ge=1)

@@ -95,6 +95,19 @@ def test_the_api_refuses_websocket_frames_over_the_limit(service_factory):
         assert closed.value.rcvd.code == 1009  # message too big, refused by the server before buffering it
 
 
+@pytest.mark.parametrize("compression", [False, True])
+def test_websocket_compression_is_offered_only_when_configured(service_factory, compression):
+    """Deflating every message per connection costs the API process's CPU (docs/benchmarks.md,
+    session 69): off by default, `ws_compression` offers permessage-deflate."""
+    from websockets.sync.client import connect
+
+    service = service_factory(**({"ws_compression": True} if compression else {}))
+    service.start_api()
+    with connect(service.base.replace("http", "ws") + "/api/v1/ws", open_timeout=10) as ws:  # the client offers it
+        agreed = ws.response.headers.get("Sec-WebSocket-Extensions") or ""
+    assert ("permessage-deflate" in agreed) is compression
+
+
 def test_a_refused_websocket_gets_its_status_and_leaves_no_false_error_in_the_log(service_factory):
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect
