@@ -24,7 +24,9 @@ def serving(app, port: int | None = None, *, join_s: float = 30.0) -> Iterator[i
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # As the service serves by default (sketchboard/cli.py: websocket compression only with ws_compression)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws_per_message_deflate=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
