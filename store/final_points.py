@@ -182,8 +182,8 @@ class FinalPoints(SideStore):
         for shape, c, validity, groups, keep_ms in chunks:
             expires = self._expires(c, keep_ms)
             # One document: json's encoder called per point was most of the writer's time for a day by endpoint
-            fields = _text([[p[0], p[1], p[2], p[4], None if p[5] is None else list(p[5]), *([list(group)] if group else ())]
-                            for group, points, _ in groups for p in points])
+            fields = _text([[p[0], *_fields(p), *([list(group)] if group else ())] for group, points, _ in groups
+                            for p in points])
             texts = "\n".join(text for _, _, group_texts in groups for text in group_texts)
             rows.append((_shape_key(shape), c, validity, fields, texts, expires))
         if not rows:
@@ -266,10 +266,14 @@ def _shape_key(shape) -> str:
     return _digest(f"{POINTS_VERSION}:{_text(shape)}")
 
 
-def _fields_text(p: Point | Form) -> str:
-    """A point's value, count, revision and error bound (a Point, or its form: the same order)."""
+def _fields(p: Point | Form) -> list:
+    """A point's value, count, revision and error bound as stored (a Point, or its form: the same order)."""
     e = p[5]
-    return _text([p[1], p[2], p[4], None if e is None else list(e)])  # json writes floats exactly (repr), NaN and inf too
+    return [p[1], p[2], p[4], None if e is None else list(e)]
+
+
+def _fields_text(p: Point | Form) -> str:
+    return _text(_fields(p))  # json writes floats exactly (repr), NaN and inf too
 
 
 def _chunk_groups(points: list[list], texts: str) -> tuple:
