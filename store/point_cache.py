@@ -4,10 +4,17 @@ a 24 h percentile every second recomputes only the windows whose rows changed.
 A point is reused only while its window's fingerprint is unchanged: the events in it, the
 rows under it, the newest batch that changed one of them and their highest revision, as the
 store sums them (PaneStore.aggregate_tier). A straggler merged into a final window changes
-its newest batch, so the corrected window is computed again. Only final points are kept:
-provisional ones change with nearly every batch. The text the API writes of a kept point is
-written once, when it is kept, and kept beside it. Points are kept as plain tuples, out of the
-garbage collector's reach, and handed out as KeptPoints with their texts (store/kept_point.py).
+its newest batch, so the corrected window is computed again. Only final points are kept for
+long (and by the store): provisional ones change with nearly every batch. The text the API
+writes of a kept point is written once, when it is kept, and kept beside it. Points are kept as
+plain tuples, out of the garbage collector's reach, and handed out as KeptPoints with their texts
+(store/kept_point.py).
+
+Provisional points (windows the watermark has not passed) are kept apart, in memory only, each with
+its fingerprint and the watermark it was computed under: reused while both are unchanged, which
+is until the next batch that reaches them (or moves the watermark). A 24 h view with a 1 h
+sliding window has 60 of them, each a merge of up to an hour of sketches, computed again at every
+query and by every viewer between two batches before.
 Pure: no I/O.
 """
 
@@ -46,7 +53,11 @@ class PointCache:
         self._per_shape: dict[Hashable, int] = {}  # shape -> points kept of it (a key is (shape, group, t_ms))
         self._lock = threading.Lock()  # the API computes queries in a thread pool
         self._unsaved: list = []  # (shape, group, t_ms, fingerprint, point, keep_ms, text) put since the last save()
-        self.hits = self.misses = 0
+        self.hits = self.misses = 0  # final points found / not found (a miss may be a provisional hit)
+        # key -> (fingerprint, watermark, point's form, its text) of provisional points, by how recently
+        # kept or asked; at most max_points // 8, never saved (they change with the next batch)
+        self._provisional: OrderedDict[Hashable, tuple[Fingerprint, int, Form, str]] = OrderedDict()
+        self.provisional_hits = 0
         # (shape, chunk start) -> (validity, its groups) of a chunk of final windows, by how recently
         # asked (store/series.py: reused while the rows under them are unchanged); a group: (group,
         # forms of its points, their texts)
@@ -59,40 +70,64 @@ class PointCache:
         """The point kept under `key` while its window's fingerprint is unchanged, else None."""
         return self.get_many([(key, fingerprint)])[0]
 
-    def get_many(self, wanted: Iterable[tuple[Hashable, Fingerprint]]) -> list[KeptPoint | None]:
+    def get_many(self, wanted: Iterable[tuple[Hashable, Fingerprint]], *,
+                 watermark_ms: int | None = None) -> list[KeptPoint | None]:
         """get() of each (key, fingerprint), under one hold of the lock: a day of 1-minute points
-        is 1 440 of them a query."""
-        found: list[tuple[Form, str] | None] = []
+        is 1 440 of them a query. With watermark_ms, a key without a final point gets the
+        provisional one put_many() kept under the same fingerprint and watermark."""
+        found: list[tuple | None] = []
         with self._lock:
-            entries = self._entries
+            entries, provisional = self._entries, self._provisional
+            misses = 0
             for key, fingerprint in wanted:
                 entry = entries.get(key)
-                if entry is None or entry[0] != fingerprint:
-                    found.append(None)
+                if entry is not None and entry[0] == fingerprint:
+                    entries.move_to_end(key)
+                    found.append((entry[1], entry[2]))
                     continue
-                entries.move_to_end(key)
-                found.append(entry)
-            hits = len(found) - found.count(None)
-            self.hits += hits
-            self.misses += len(found) - hits
-        return [None if entry is None else served(entry[1], entry[2]) for entry in found]
+                misses += 1
+                entry = provisional.get(key) if watermark_ms is not None and provisional else None
+                if entry is not None and entry[0] == fingerprint and entry[1] == watermark_ms:
+                    provisional.move_to_end(key)
+                    found.append((entry[2], entry[3]))
+                    self.provisional_hits += 1
+                else:
+                    found.append(None)
+            self.hits += len(found) - misses
+            self.misses += misses
+        return [None if entry is None else served(*entry) for entry in found]
 
     def put(self, key: Hashable, fingerprint: Fingerprint, point: Point) -> None:
         """Keep a final point (key: (shape, group, t_ms)); provisional points are not kept."""
         self.put_many([(key, fingerprint, point)])
 
-    def put_many(self, items: Iterable[tuple[Hashable, Fingerprint, Point]], *, keep_ms: int | None = None) -> None:
+    def put_many(self, items: Iterable[tuple[Hashable, Fingerprint, Point]], *, keep_ms: int | None = None,
+                 watermark_ms: int | None = None) -> None:
         """put() of each (key, fingerprint, point), under one hold of the lock. keep_ms: how long
         after its window's start a point can still be asked (its backing forgets it then). Each
-        point's text is written here (outside the lock), once: every query of its window reads it."""
-        final = [(key, fingerprint, point, point_text(point)) for key, fingerprint, point in items if point.final]
-        if not final:
+        point's text is written here (outside the lock), once: every query of its window reads it.
+        watermark_ms: the watermark the points were computed under; with it, the provisional ones
+        are kept too, in memory only, for get_many() under the same watermark."""
+        final, provisional = [], []
+        for key, fingerprint, point in items:
+            if point.final:
+                final.append((key, fingerprint, point, point_text(point)))
+            elif watermark_ms is not None:
+                provisional.append((key, (fingerprint, watermark_ms, form(point), point_text(point))))
+        if not final and not provisional:
             return
         with self._lock:
             for key, fingerprint, point, text in final:
                 self._keep(key, fingerprint, form(point), text)
+                self._provisional.pop(key, None)
             if self.backing is not None:
                 self._unsaved.extend((*key, fingerprint, point, keep_ms, text) for key, fingerprint, point, text in final)
+            kept = self._provisional
+            for key, entry in provisional:
+                kept[key] = entry
+                kept.move_to_end(key)
+            while len(kept) > self.max_points // 8:
+                kept.popitem(last=False)
 
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> None:
         """The backing's saved points of `shape` with windows starting in [lo_ms, hi_ms), into
@@ -207,6 +242,7 @@ class PointCache:
             self._per_shape.clear()
             self._chunks.clear()
             self._chunk_points = 0
+            self._provisional.clear()
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:

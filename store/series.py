@@ -175,10 +175,10 @@ def _query_series(
     _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, lambda: _empty_points(
         stat, quantile, value_field, distinct_field, start_ms, end_ms, step_ms, window_ms, pane_ms, watermark_ms))
     if rows is None:
-        missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+        missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points, watermark_ms)
         if missed and cache.backing is not None:  # saved by another process meanwhile?
             cache.load(shape, min(missed), max(missed) + step_ms)
-            missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points)
+            missed = _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points, watermark_ms)
     else:
         missed = sorted({t for group in groups for t in window_points(start_ms, end_ms, step_ms)
                          if (group, t) not in points})
@@ -198,7 +198,7 @@ def _query_series(
                     points[(group, p.t_ms)] = p
                     new.append(((shape, group, p.t_ms),
                                 fingerprints[(p.t_ms - start_ms) // step_ms] if fingerprints else _NO_ROWS, p))
-            cache.put_many(new, keep_ms=keep_ms)
+            cache.put_many(new, keep_ms=keep_ms, watermark_ms=watermark_ms)
         cache.save()
     return [Series(group=dict(zip(group_by, group)),
                    points=[points[(group, t)] for t in window_points(start_ms, end_ms, step_ms)])
@@ -329,14 +329,16 @@ def _fill_empty(points, groups, prints, start_ms, end_ms, step_ms, empty_points)
                 points[(group, t)] = empty[i]
 
 
-def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points) -> list[int]:
-    """Cached points with an unchanged fingerprint into `points`; the window starts missed."""
+def _lookup(cache, shape, groups, prints, start_ms, end_ms, step_ms, points, watermark_ms) -> list[int]:
+    """Cached points with an unchanged fingerprint into `points` (final ones, and provisional ones
+    computed under this watermark); the window starts missed."""
     missed = []
     starts = window_points(start_ms, end_ms, step_ms)
     for group in groups:
         fingerprints = prints.get(group) or [_NO_ROWS] * len(starts)
         asked = [t for t in starts if (group, t) not in points]
-        found = cache.get_many([((shape, group, t), fingerprints[(t - start_ms) // step_ms]) for t in asked])
+        found = cache.get_many([((shape, group, t), fingerprints[(t - start_ms) // step_ms]) for t in asked],
+                               watermark_ms=watermark_ms)
         for t, point in zip(asked, found):
             if point is None:
                 missed.append(t)

@@ -29,6 +29,9 @@ class Backing:
     def save_soon(self, entries) -> None:
         self.saved.extend(entries)
 
+    def clear(self) -> None:
+        self.saved.clear()
+
 
 @settings(max_examples=200, deadline=None)
 @given(steps=st.lists(st.tuples(puts, gets), max_size=4), size=st.integers(1, 5))
@@ -84,3 +87,30 @@ def test_a_chunk_without_a_group_counts_in_the_budget():
         cache.keep_chunks("view", {c: ("v", {})})
     assert not cache.final_chunks("view", {0: "v"}) and cache.final_chunks("view", {10: "v"}) == {10: {}}
     assert len(cache._chunks) == 10
+
+
+def test_a_provisional_point_is_reused_only_under_its_fingerprint_and_watermark():
+    """Windows the watermark has not passed are kept in memory only, each for the fingerprint and
+    the watermark it was computed under: the same rows and the same watermark give the same point,
+    anything else is computed again. Never handed to the store; a final point of the window
+    replaces it; clear() forgets it; at most an eighth of max_points, the least recent going."""
+    cache = PointCache(max_points=16, backing=Backing())
+    live = Point(5, 2.0, 3, False, 1, None)
+    cache.put_many([(("view", (), 5), (3, 1, 7, 1), live)], watermark_ms=100)
+    cache.save()
+    assert cache.backing.saved == []
+    assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=100) == [live]
+    assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=100)[0].text == format_point(live)
+    assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=110) == [None]  # the watermark moved
+    assert cache.get_many([(("view", (), 5), (4, 1, 8, 1))], watermark_ms=100) == [None]  # a batch reached it
+    assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))]) == [None]  # a caller without a watermark
+    assert (cache.hits, cache.misses, cache.provisional_hits, len(cache)) == (0, 5, 2, 0)
+    cache.put_many([(("view", (), 5), (3, 1, 7, 1), live)])  # no watermark given: not kept
+    final = live._replace(final=True)
+    cache.put_many([(("view", (), 5), (4, 1, 8, 1), final)], watermark_ms=120)
+    assert not cache._provisional
+    assert cache.get_many([(("view", (), 5), (4, 1, 8, 1))], watermark_ms=120) == [final]
+    cache.put_many([(("view", (), t), (1, 1, 1, 0), live._replace(t_ms=t)) for t in range(3)], watermark_ms=100)
+    assert [t for _, _, t in cache._provisional] == [1, 2]  # 16 // 8
+    cache.clear()
+    assert not cache._provisional
