@@ -356,7 +356,8 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
         if workers:
             ctx.snapshot_workers = SnapshotWorkers(partial(_worker_state, kind, where), workers)
         spawn = multiprocessing.get_context("spawn")
-        stop, received, committed = spawn.Event(), spawn.Value("i", 0), spawn.Value("i", 0)
+        stop, received, committed, snapshots = (spawn.Event(), spawn.Value("i", 0), spawn.Value("i", 0),
+                                                spawn.Value("i", 0))
         label = f"(+{args.ws} ws, {workers} workers)"
         app = create_app(ctx)
         new_process_start()
@@ -368,16 +369,26 @@ def under_websocket_load(catalog: Catalog, store, log, args, end_ms: int) -> dic
             # their snapshots, a writer in their process committed a batch every 2-3 s, not every second.
             loads = [spawn.Process(target=_websocket_load, args=(role, port, args.ws, args.ws_rate, kind, where,
                                                                  end_ms, started, stop, received, committed,
+                                                                 snapshots,
                                                                  10**6 * (run_no + 1)),
                                    daemon=True)  # new batch ids each run: a batch id seen before is skipped
                      for role in ("clients", "writer")]
             for load in loads:
                 load.start()
             load_started = time.time()
-            time.sleep(5)  # snapshots sent, a few live updates
+            # Measured while the views are held and updated: once every client has its snapshot (the
+            # subscriptions' first computation and sending, ~0.3-1 MB of JSON each, a burst of its
+            # own) and a few updates after it. A fixed 5 s wait measured that burst in some runs only.
+            deadline = time.time() + 120
+            while snapshots.value < args.ws and time.time() < deadline:
+                time.sleep(0.05)
+            snapshot_s = time.time() - load_started
+            time.sleep(3)
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
                 out.update({f"{name} {label}": times for name, times in timed_queries(http, QUERIES, args.repeat).items()})
             seconds = time.time() - load_started  # the load processes' start (their imports) included
+            print(f"  {label}: every client had its snapshot {snapshot_s:.1f} s after the load started"
+                  f" ({snapshots.value} of {args.ws}); REST queries timed from 3 s later")
             stop.set()
             for load in loads:
                 load.join(30)
@@ -407,7 +418,7 @@ def _open(kind: str, where: str):
 
 
 def _websocket_load(role: str, port: int, clients: int, rate: int, kind: str, where: str, end_ms: int,
-                    started: float, stop, received, committed, first_batch: int) -> None:
+                    started: float, stop, received, committed, snapshots, first_batch: int) -> None:
     """In a load process, until `stop` is set: `clients` websocket clients on WS_SHAPES (role
     "clients"), or a writer committing `rate` current demo events every second ("writer")."""
     import threading
@@ -423,9 +434,11 @@ def _websocket_load(role: str, port: int, clients: int, rate: int, kind: str, wh
             ws.send(json.dumps({"type": "subscribe", "id": "v", "query": WS_SHAPES[i % len(WS_SHAPES)]}))
             while not stop.is_set():
                 try:
-                    if json.loads(ws.recv(timeout=0.5)).get("type") in ("snapshot", "points"):
+                    got = json.loads(ws.recv(timeout=0.5)).get("type")
+                    if got in ("snapshot", "points"):
                         with lock:
                             received.value += 1
+                            snapshots.value += got == "snapshot"
                 except TimeoutError:
                     pass
 
