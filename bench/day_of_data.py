@@ -8,6 +8,7 @@ asserts nothing.
     python -m bench.day_of_data --only tiers --stores sqlite,postgres          # both store backends
     python -m bench.day_of_data --only tiers --declared   # and with the queries declared (point warmer)
     python -m bench.day_of_data --only tiers --sliding    # and the table's queries over a 1 h sliding window
+    python -m bench.day_of_data --only tiers --through-api   # the day POSTed to a clean service, its pipeline drains it
 
 With `--stores ...,postgres` the PostgreSQL store runs on a throwaway local server started as
 the tests start theirs (tests/postgres_server.py: Debian's postgresql, fsync off), or on
@@ -152,11 +153,16 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     LONG_QUERIES with --long-queries) through the API."""
     if queries is None:
         queries = QUERIES + (SLIDING_QUERIES if args.sliding else []) + (LONG_QUERIES if args.long_queries else [])
+    if args.through_api:  # a clean service fed through its API and drained by its pipeline, then the same queries
+        from bench.day_backfill import backfill_through_service
+
+        backfill_through_service(root, DEFAULT_STREAMS, args.events, args.hours, end_ms)
     store = open_store(kind, root, dsn)
     store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
     log = SqliteEventLog(root / "log.db", synchronous="OFF")
     commit_s, commit_cpu_s, events, rows = 0.0, 0.0, 0, 0
-    for batch_id, partials in enumerate(demo_partials(catalog, args.events, args.hours, end_ms, args.batch)):
+    for batch_id, partials in enumerate(() if args.through_api else
+                                        demo_partials(catalog, args.events, args.hours, end_ms, args.batch)):
         n = sum(p.data.count for p in partials)
         commit = BatchCommit("main", batch_id, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
                              read_by_stream={STREAM: n})
@@ -165,11 +171,12 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
         commit_s += time.perf_counter() - t
         commit_cpu_s += time.process_time() - cpu  # this process's CPU: what a loaded machine leaves comparable
         events, rows = events + n, rows + len(partials)
-    batches = batch_id + 1
-    print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
-          f" = {events / commit_s:,.0f} events/s, {commit_s / batches * 1000:.0f} ms per batch of {args.batch};"
-          f" CPU {commit_cpu_s:.1f} s = {events / commit_cpu_s:,.0f} events per CPU-second;"
-          f" store size {store_size_mib(store, root):.0f} MiB")
+    if not args.through_api:
+        batches = batch_id + 1
+        print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
+              f" = {events / commit_s:,.0f} events/s, {commit_s / batches * 1000:.0f} ms per batch of {args.batch};"
+              f" CPU {commit_cpu_s:.1f} s = {events / commit_cpu_s:,.0f} events per CPU-second;"
+              f" store size {store_size_mib(store, root):.0f} MiB")
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
     # First with nothing computed ahead: each query's first run merges its sketches.
     out = {name + " [nothing kept]": times for name, times in over_http(ctx, queries, args.repeat).items()}
@@ -491,10 +498,16 @@ def main(argv: list[str] | None = None) -> None:
                     " run the load once per value (e.g. 0,1: in the API process, then in one worker)")
     ap.add_argument("--declared", action="store_true", help="then again with the queries declared as dashboard"
                     " panels, computed ahead by the point warmer and asked by a new API process")
+    ap.add_argument("--through-api", action="store_true", help="backfill as a new user does: a clean service on the"
+                    " shipped configuration fed the events through POST /api/v1/events, drained by its pipeline"
+                    " (bench/day_backfill.py; SQLite, tiers as shipped)")
     ap.add_argument("--stores", default="sqlite", help="store backends to run, comma-separated: sqlite,postgres")
     ap.add_argument("--postgres-dsn", help="run the postgres store here instead of on a throwaway local server")
     args = ap.parse_args(argv)
     kinds = args.stores.split(",")
+    if args.through_api and (args.only != "tiers" or kinds != ["sqlite"]):
+        ap.error("--through-api runs the shipped configuration on its embedded store: use it with --only tiers"
+                 " (and the default --stores sqlite)")
     server = None
     if "postgres" in kinds and not args.postgres_dsn:
         from tests.postgres_server import PostgresServer
