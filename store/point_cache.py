@@ -37,6 +37,15 @@ Fingerprint = tuple[int, int, int, int]  # (events, rows, newest batch, highest 
 ChunkGroups = tuple[tuple[tuple, tuple[Form, ...], tuple[str, ...]], ...]
 
 
+def _count(per_shape: dict[Hashable, int], shape: Hashable, change: int) -> None:
+    """Add `change` to a shape's count of points, forgetting the shape at 0."""
+    left = per_shape.get(shape, 0) + change
+    if left:
+        per_shape[shape] = left
+    else:
+        per_shape.pop(shape, None)
+
+
 def _points_in(groups: ChunkGroups) -> int:
     """What a chunk counts against the budget: its points, at least one (a group-by's chunk whose
     groups were all empty there holds none, and is still an entry to let go)."""
@@ -57,6 +66,7 @@ class PointCache:
         # key -> (fingerprint, watermark, point's form, its text) of provisional points, by how recently
         # kept or asked; at most max_points // 8, never saved (they change with the next batch)
         self._provisional: OrderedDict[Hashable, tuple[Fingerprint, int, Form, str]] = OrderedDict()
+        self._provisional_per_shape: dict[Hashable, int] = {}  # shape -> provisional points kept of it
         self.provisional_hits = 0
         # (shape, chunk start) -> (validity, its groups) of a chunk of final windows, by how recently
         # asked (store/series.py: reused while the rows under them are unchanged); a group: (group,
@@ -119,15 +129,16 @@ class PointCache:
         with self._lock:
             for key, fingerprint, point, text in final:
                 self._keep(key, fingerprint, form(point), text)
-                self._provisional.pop(key, None)
             if self.backing is not None:
                 self._unsaved.extend((*key, fingerprint, point, keep_ms, text) for key, fingerprint, point, text in final)
             kept = self._provisional
             for key, entry in provisional:
+                if key not in kept:
+                    _count(self._provisional_per_shape, key[0], 1)
                 kept[key] = entry
                 kept.move_to_end(key)
             while len(kept) > self.max_points // 8:
-                kept.popitem(last=False)
+                _count(self._provisional_per_shape, kept.popitem(last=False)[0][0], -1)
 
     def load(self, shape: Hashable, lo_ms: int, hi_ms: int) -> None:
         """The backing's saved points of `shape` with windows starting in [lo_ms, hi_ms), into
@@ -208,10 +219,12 @@ class PointCache:
             self._chunk_points -= _points_in(self._chunks.popitem(last=False)[1][1])
 
     def holds(self, shape: Hashable) -> bool:
-        """Whether any point of `shape` is in memory: where none is, a query has nothing to reuse and
-        computes every window from the rows it reads (store.series), fingerprints included."""
+        """Whether any point of `shape` is in memory, final or provisional: where none is, a query has
+        nothing to reuse and computes every window from the rows it reads (store.series),
+        fingerprints included. (A view whose windows are all provisional, a 1 h range of a 1 h
+        window, holds only provisional ones.)"""
         with self._lock:
-            return self._per_shape.get(shape, 0) > 0
+            return self._per_shape.get(shape, 0) > 0 or self._provisional_per_shape.get(shape, 0) > 0
 
     def save(self) -> None:
         """Hand the points put since the last save to the backing (written in the background)."""
@@ -223,16 +236,13 @@ class PointCache:
 
     def _keep(self, key: Hashable, fingerprint: Fingerprint, kept: Form, text: str) -> None:
         if key not in self._entries:
-            self._per_shape[key[0]] = self._per_shape.get(key[0], 0) + 1
+            _count(self._per_shape, key[0], 1)
         self._entries[key] = (fingerprint, kept, text)
         self._entries.move_to_end(key)
+        if self._provisional.pop(key, None) is not None:  # its window is final now (put, or loaded from the store)
+            _count(self._provisional_per_shape, key[0], -1)
         while len(self._entries) > self.max_points:
-            old = self._entries.popitem(last=False)[0]
-            left = self._per_shape[old[0]] - 1
-            if left:
-                self._per_shape[old[0]] = left
-            else:
-                del self._per_shape[old[0]]
+            _count(self._per_shape, self._entries.popitem(last=False)[0][0], -1)
 
     def clear(self, *, generation: int | None = None) -> None:
         """Forget every point (a switch replaced a stream's rows: store/switch.py), those kept
@@ -243,6 +253,7 @@ class PointCache:
             self._chunks.clear()
             self._chunk_points = 0
             self._provisional.clear()
+            self._provisional_per_shape.clear()
             self._unsaved.clear()
             self.generation = self.generation + 1 if generation is None else generation
         if self.backing is not None and generation is None:

@@ -99,6 +99,7 @@ def test_a_provisional_point_is_reused_only_under_its_fingerprint_and_watermark(
     cache.put_many([(("view", (), 5), (3, 1, 7, 1), live)], watermark_ms=100)
     cache.save()
     assert cache.backing.saved == []
+    assert cache.holds("view") and not cache.holds("other view")  # a view of provisional windows only is held
     assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=100) == [live]
     assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=100)[0].text == format_point(live)
     assert cache.get_many([(("view", (), 5), (3, 1, 7, 1))], watermark_ms=110) == [None]  # the watermark moved
@@ -110,7 +111,11 @@ def test_a_provisional_point_is_reused_only_under_its_fingerprint_and_watermark(
     cache.put_many([(("view", (), 5), (4, 1, 8, 1), final)], watermark_ms=120)
     assert not cache._provisional
     assert cache.get_many([(("view", (), 5), (4, 1, 8, 1))], watermark_ms=120) == [final]
-    cache.put_many([(("view", (), t), (1, 1, 1, 0), live._replace(t_ms=t)) for t in range(3)], watermark_ms=100)
+    cache.put_many([(("other view", (), t), (1, 1, 1, 0), live._replace(t_ms=t)) for t in range(3)],
+                   watermark_ms=100)
     assert [t for _, _, t in cache._provisional] == [1, 2]  # 16 // 8
+    assert cache._provisional_per_shape == {"other view": 2}
+    cache.put_many([(("other view", (), 1), (1, 1, 1, 0), final._replace(t_ms=1))])  # final now: not provisional
+    assert cache._provisional_per_shape == {"other view": 1}
     cache.clear()
-    assert not cache._provisional
+    assert not cache._provisional and not cache.holds("other view")

@@ -60,3 +60,20 @@ def test_provisional_windows_are_reused_until_a_batch_reaches_them_or_moves_the_
         assert reused == 0 and all(p.final for s in got for p in s.points)
     finally:
         store.close()
+
+
+def test_a_view_whose_windows_are_all_provisional_reuses_them(store_backend):
+    """A 1 h range of a 1 h window sliding by the minute: every window ends past the watermark, so
+    the cache holds no final point of the view; its provisional ones are reused all the same."""
+    store = store_at(store_backend, LAYOUT)
+    try:
+        commit_all(store, [EVENTS[::3]])  # fewer than a KLL's k (200) in a window: its merges are exact
+        end = LAST - LAST % MINUTE + MINUTE
+        q = dict(stat="p90", start=end - HOUR, end=end, step=MINUTE, window=HOUR)
+        cache = PointCache()
+        first = answer(store, **q, cache=cache)
+        assert not any(p.final for s in first for p in s.points)
+        assert answer(store, **q, cache=cache) == first == answer(store, **q)
+        assert cache.provisional_hits == sum(p.count > 0 for s in first for p in s.points) == 60
+    finally:
+        store.close()
