@@ -15,30 +15,27 @@ dead-lettered, by reason, is printed.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from bench.drain import drain_timed
-from bench.ingest_api import run_bench
+from bench.ingest_api import ndjson_body, run_bench
 from bench.serve import free_port, serving
+from bench.throughput import BACKFILL_STREAM as STREAM
+from bench.throughput import spread_in_order
 from catalog import Catalog
 from demo import DemoTraffic
-
-STREAM = "http_requests"
 
 
 def day_bodies(catalog: Catalog, events: int, hours: float, end_ms: int, batch: int) -> list[tuple[int, bytes]]:
     """NDJSON bodies of `batch` events each, the i-th event at end - hours + i * hours / events."""
     traffic = DemoTraffic(catalog, seed=5)
     time_field = catalog.streams[STREAM].time_field
-    span_ms = int(hours * 3_600_000)
     bodies, made = [], 0
     while made < events:
-        chunk = traffic.generate_stream(STREAM, min(batch, events - made))
-        for i, event in enumerate(chunk, start=made):
-            event[time_field] = end_ms - span_ms + i * span_ms // events
-        bodies.append((len(chunk), "\n".join(json.dumps(e, separators=(",", ":")) for e in chunk).encode()))
+        chunk = spread_in_order(traffic.generate_stream(STREAM, min(batch, events - made)), time_field, made, events,
+                                end_ms, hours)
+        bodies.append((len(chunk), ndjson_body(chunk)))
         made += len(chunk)
     return bodies
 

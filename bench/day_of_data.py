@@ -160,23 +160,8 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     store = open_store(kind, root, dsn)
     store.configure_tiers(catalog_layouts(catalog), now_ms=end_ms)
     log = SqliteEventLog(root / "log.db", synchronous="OFF")
-    commit_s, commit_cpu_s, events, rows = 0.0, 0.0, 0, 0
-    for batch_id, partials in enumerate(() if args.through_api else
-                                        demo_partials(catalog, args.events, args.hours, end_ms, args.batch)):
-        n = sum(p.data.count for p in partials)
-        commit = BatchCommit("main", batch_id, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
-                             read_by_stream={STREAM: n})
-        t, cpu = time.perf_counter(), time.process_time()
-        store.commit_batch(commit, lateness_ms={STREAM: 30_000}, now_ms=end_ms)
-        commit_s += time.perf_counter() - t
-        commit_cpu_s += time.process_time() - cpu  # this process's CPU: what a loaded machine leaves comparable
-        events, rows = events + n, rows + len(partials)
     if not args.through_api:
-        batches = batch_id + 1
-        print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
-              f" = {events / commit_s:,.0f} events/s, {commit_s / batches * 1000:.0f} ms per batch of {args.batch};"
-              f" CPU {commit_cpu_s:.1f} s = {events / commit_cpu_s:,.0f} events per CPU-second;"
-              f" store size {store_size_mib(store, root):.0f} MiB")
+        commit_day(label, catalog, store, root, args, end_ms)
     ctx = ApiContext(catalog=catalog, log=log, store=store, clock=lambda: end_ms / 1000.0)
     # First with nothing computed ahead: each query's first run merges its sketches.
     out = {name + " [nothing kept]": times for name, times in over_http(ctx, queries, args.repeat).items()}
@@ -190,6 +175,25 @@ def run(label: str, catalog: Catalog, root: Path, args, end_ms: int, kind: str =
     store.close()
     log.close()
     return out
+
+
+def commit_day(label: str, catalog: Catalog, store, root: Path, args, end_ms: int) -> None:
+    """The day's demo partials committed to the store in batches of `--batch` events, as a pipeline
+    backfilling the log would; prints the commit's rate and the store's size."""
+    commit_s, commit_cpu_s, events, rows, batches = 0.0, 0.0, 0, 0, 0
+    for batch_id, partials in enumerate(demo_partials(catalog, args.events, args.hours, end_ms, args.batch)):
+        n = sum(p.data.count for p in partials)
+        commit = BatchCommit("main", batch_id, partials, n, {STREAM: max(p.end_ms for p in partials) - 1}, {},
+                             read_by_stream={STREAM: n})
+        t, cpu = time.perf_counter(), time.process_time()
+        store.commit_batch(commit, lateness_ms={STREAM: 30_000}, now_ms=end_ms)
+        commit_s += time.perf_counter() - t
+        commit_cpu_s += time.process_time() - cpu  # this process's CPU: what a loaded machine leaves comparable
+        events, rows, batches = events + n, rows + len(partials), batches + 1
+    print(f"[{label}] {events} events -> {rows} pane partials; store commit {commit_s:.1f} s"
+          f" = {events / commit_s:,.0f} events/s, {commit_s / batches * 1000:.0f} ms per batch of {args.batch};"
+          f" CPU {commit_cpu_s:.1f} s = {events / commit_cpu_s:,.0f} events per CPU-second;"
+          f" store size {store_size_mib(store, root):.0f} MiB")
 
 
 def warm_standard_views(catalog: Catalog, store, kept, clock) -> None:

@@ -67,12 +67,17 @@ def prepare_bodies(traffic: DemoTraffic, stream: str, events: int, batch: int,
         if not chunk:  # the demo's clicks come only after searches: bench.search_clicks makes both
             raise SystemExit(f"bench.ingest_api: the demo makes no {stream} events by themselves; pick another stream")
         if body_format == "ndjson":
-            body = "\n".join(json.dumps(event, separators=(",", ":")) for event in chunk).encode()
+            body = ndjson_body(chunk)
         else:
             body = json.dumps(chunk, separators=(",", ":")).encode()
         bodies.append((len(chunk), body))
         left -= len(chunk)
     return bodies
+
+
+def ndjson_body(events: list[dict]) -> bytes:
+    """A POST /api/v1/events body of these events, one JSON document a line."""
+    return "\n".join(json.dumps(event, separators=(",", ":")) for event in events).encode()
 
 
 def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrency: int,

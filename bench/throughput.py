@@ -73,9 +73,9 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: floa
         if spread_hours is None:
             generated = traffic.generate(min(chunk, events - done))
         else:
-            generated = {BACKFILL_STREAM: _spread(traffic.generate_stream(BACKFILL_STREAM, min(chunk, events - done)),
-                                                  catalog.streams[BACKFILL_STREAM].time_field,
-                                                  done, events, end_ms, spread_hours)}
+            raws = traffic.generate_stream(BACKFILL_STREAM, min(chunk, events - done))
+            generated = {BACKFILL_STREAM: spread_in_order(raws, catalog.streams[BACKFILL_STREAM].time_field, done,
+                                                          events, end_ms, spread_hours)}
         for name, raws in generated.items():
             if catalog.streams[name].event_id_field:
                 for raw in raws:
@@ -94,7 +94,7 @@ def fill_log(log, catalog, events: int, chunk: int = 50_000, *, duplicates: floa
 BACKFILL_STREAM = "http_requests"  # the day-of-data shape: issue 27's run fed this stream only
 
 
-def _spread(raws: list[dict], time_field: str, done: int, events: int, end_ms: int, hours: float) -> list[dict]:
+def spread_in_order(raws: list[dict], time_field: str, done: int, events: int, end_ms: int, hours: float) -> list[dict]:
     """The i-th of `events` events at end - hours + i * (hours / events): in time order, as a
     backfill of a day's events reads them, so none is late."""
     span_ms = int(hours * 3_600_000)
