@@ -138,12 +138,12 @@ class BloomFeatures:
         h2), on the driver: the positions, the first-seen test and the bits to add are numpy over
         whole columns (no Python per key). Rows without hashes (a session key no filter reads) are skipped."""
         keys = keys.filter(pc.is_valid(keys["h1"]))
-        stream = np.asarray(keys.column("stream").to_pylist(), dtype=object)
+        stream = keys.column("stream")
         tag, bucket, first_ms, h1, h2 = (keys.column(c).to_numpy() for c in ("tag", "bucket", "first_ms", "h1", "h2"))
         updates: list[FilterUpdate] = []
         first_seen: list[FirstSeenPartial] = []
         for (name, t), (m, k, seed) in sorted(shapes.items()):
-            mask = (stream == name) & (tag == t)
+            mask = pc.fill_null(pc.equal(stream, name), False).to_numpy(zero_copy_only=False) & (tag == t)
             if not mask.any():
                 continue
             pos = positions(h1[mask], h2[mask], m, k)
@@ -179,7 +179,10 @@ def chunks_of(pos: np.ndarray, m: int) -> dict[int, bytes]:
     bits = np.zeros(n_chunks * CHUNK_BITS, dtype=bool)
     bits[flat] = True
     packed = np.packbits(bits, bitorder="little").reshape(n_chunks, CHUNK_BITS // 8)
-    return {int(c): packed[c].tobytes() for c in np.unique(flat // CHUNK_BITS)}
+    # A count per chunk rather than np.unique of the chunk numbers: a batch's ~350 000 positions
+    # (50 000 keys, k = 7) sorted took 12 of the 20 ms this function cost a batch.
+    touched = np.flatnonzero(np.bincount(flat // CHUNK_BITS, minlength=n_chunks))
+    return {int(c): packed[c].tobytes() for c in touched.tolist()}
 
 
 __all__ = ["BloomFeatures", "BloomPlan", "chunks_of", "hash_columns"]  # hash_columns: kept importable from here

@@ -89,7 +89,16 @@ def positions(h1: np.ndarray, h2: np.ndarray, m: int, k: int) -> np.ndarray:
     """Bit positions, shape (n, k), from the two hashes by double hashing."""
     a = np.mod(np.asarray(h1, dtype=np.int64), m)
     b = 1 + np.mod(np.asarray(h2, dtype=np.int64), m - 1)
-    return np.mod(a[:, None] + np.arange(k, dtype=np.int64)[None, :] * b[:, None], m)
+    # (a + i*b) mod m step by step: 0 <= a < m and 1 <= b < m, so each step adds b and takes m
+    # off at most once; no division per position (a batch's 350 000 took 9 ms by np.mod).
+    out = np.empty((len(a), k), np.int64)
+    at = a.copy()
+    for i in range(k):
+        out[:, i] = at
+        if i + 1 < k:
+            at += b
+            at -= m * (at >= m)
+    return out
 
 
 @dataclass(frozen=True)

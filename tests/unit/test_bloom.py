@@ -12,9 +12,12 @@ from sketches.bloom import (
     BloomFilter,
     BloomFormatError,
     BloomShapeError,
+    CHUNK_BITS,
     optimal_shape,
+    positions,
     undercount_bound,
 )
+from aggregates.firstseen import chunks_of
 
 keys = st.lists(st.text(max_size=40), max_size=300)
 seeds = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -132,3 +135,36 @@ def test_undercount_bound_of_a_large_batch_is_the_poisson_tail(lam, expected):
     all the positives). The expected figures: the smallest c with P(Poisson(lam) > c) <= 1e-6,
     summed in log space."""
     assert undercount_bound(1_000_000, 500_000, lam / 1e6) == expected
+
+
+int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(h=st.lists(st.tuples(int64s, int64s), max_size=60), m=st.integers(8, 2**32).map(lambda m: m * 8),
+       k=st.integers(1, 32))
+def test_positions_are_the_double_hashing_formula(h, m, k):
+    """(pmod(h1, m) + i * (1 + pmod(h2, m - 1))) mod m for i < k, as the module doc (and Spark's side)
+    says, whichever way `positions` computes it; extreme hashes and filter sizes included."""
+    h1 = np.array([a for a, _ in h], np.int64)
+    h2 = np.array([b for _, b in h], np.int64)
+    got = positions(h1, h2, m, k)
+    assert got.shape == (len(h), k) and got.dtype == np.int64
+    for row, (a, b) in zip(got.tolist(), h, strict=True):
+        assert row == [(a % m + i * (1 + b % (m - 1))) % m for i in range(k)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(added=keys, seed=seeds, capacity=st.integers(1, 200_000))
+def test_chunks_of_are_the_chunks_a_filter_of_those_keys_changes(added, seed, capacity):
+    """The chunks a batch's positions touch, each as that chunk's bits: or-ed into an empty filter,
+    they make the filter that added the keys one by one; untouched chunks are left out."""
+    bloom = BloomFilter.for_capacity(capacity, 0.01, seed=seed)
+    bloom.add_many(added)
+    chunks = chunks_of(bloom.positions(added), bloom.m) if added else {}
+    rebuilt = BloomFilter(bloom.m, bloom.k, bloom.seed)
+    for i, bits in chunks.items():
+        rebuilt.or_chunk(i, bits[:len(bloom.chunk(i))])
+    assert rebuilt == bloom
+    assert sorted(chunks) == [i for i in range(bloom.chunks) if any(bloom.chunk(i))]
+    assert list(chunks) == sorted(chunks) and all(len(b) == CHUNK_BITS // 8 for b in chunks.values())
