@@ -208,7 +208,7 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Arr
             if item is None:
                 out[a] = out[b] = pa.nulls(agg.num_rows, pa.int64())
             else:
-                h1, h2 = hashes(distinct.to_pylist(), item.seed)
+                h1, h2 = hashes(distinct, item.seed)
                 out[a], out[b] = pa.array(h1).take(at), pa.array(h2).take(at)
         parts.append(pa.table(out).cast(SLOT_SCHEMA))
     if not parts:

@@ -29,7 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import xxhash
+
+from sketches.xxh64 import xxh64_of_strings
 
 __all__ = [
     "BloomFilter", "BloomFormatError", "BloomShapeError", "CHUNK_BITS", "CHUNK_BYTES", "SALT2", "derived_seeds",
@@ -76,12 +79,14 @@ def derived_seeds(seed: int) -> tuple[int, int]:
     return s1, s2
 
 
-def hashes(keys: Sequence[str], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(h1, h2) as signed int64 arrays, equal to Spark's xxhash64 of the keys with the two seeds."""
+def hashes(keys: Sequence[str] | pa.Array | pa.ChunkedArray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(h1, h2) as signed int64 arrays, equal to Spark's xxhash64 of the keys with the two seeds
+    (a batch's keys as Arrow strings are hashed without a Python string each: sketches/xxh64.py)."""
     s1, s2 = derived_seeds(seed)
-    encoded = [k.encode("utf-8") for k in keys]
-    h1 = np.fromiter((xxhash.xxh64_intdigest(b, s1) for b in encoded), dtype=np.uint64, count=len(encoded))
-    h2 = np.fromiter((xxhash.xxh64_intdigest(b, s2) for b in encoded), dtype=np.uint64, count=len(encoded))
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    strings = keys if isinstance(keys, pa.Array) else pa.array(list(keys), pa.string())
+    h1, h2 = xxh64_of_strings(strings.cast(pa.string()), (s1, s2))
     return h1.view(np.int64), h2.view(np.int64)
 
 
