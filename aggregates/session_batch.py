@@ -73,20 +73,21 @@ def session_partials(closed: Iterable[Session], stream: str, key_field: str, pan
     n = len(sessions)
     if n == 0:
         return []
-    first = np.array(sessions.first_ms, np.int64)
+    table = sessions.table
+    first = table["first_ms"].to_numpy()
     panes = first - np.mod(first, pane_ms)  # store.panes.pane_start: floor, also before 1970
     order = np.argsort(panes, kind="stable")
     sorted_panes = panes[order]
     starts = np.flatnonzero(np.concatenate(([True], sorted_panes[1:] != sorted_panes[:-1])))
     ends = np.append(starts[1:], n)
-    durations = np.array(sessions.last_ms, np.int64) - first
+    durations = table["last_ms"].to_numpy() - first
     every = np.ones(n, bool)
     values = {}
-    for i, (name, xs) in enumerate(zip(SESSION_VALUES, (durations, np.array(sessions.events, np.int64)),
+    for i, (name, xs) in enumerate(zip(SESSION_VALUES, (durations, table["events"].to_numpy()),
                                        strict=True)):
         cols = value_stats_per_group(i, xs[order].astype(np.float64), every, starts, ends, kll_k)
         values[name] = zip(*(cols[f"{c}_{i}"].to_pylist() for c in ("n", "sum", "min", "max", "kll")), strict=True)
-    hlls = hlls_per_group(pa.array(sessions.keys, pa.string()), order, starts, ends, lg_k).to_pylist()
+    hlls = hlls_per_group(table["session_key"].combine_chunks(), order, starts, ends, lg_k).to_pylist()
     stats = zip(*(values[name] for name in SESSION_VALUES), strict=True)
     out = []
     for start, count, per_value, hll in zip(sorted_panes[starts].tolist(), (ends - starts).tolist(), stats, hlls,
@@ -101,7 +102,7 @@ def session_partials(closed: Iterable[Session], stream: str, key_field: str, pan
 def runs_of(runs: pa.Table, stream: str) -> SessionColumns:
     """One stream's rows of the batch's runs table, as columns (no object per run)."""
     mine = runs.filter(pc.equal(runs["stream"], stream))
-    return SessionColumns(*(mine[c].to_pylist() for c in ("key", "first_ms", "last_ms", "events")))
+    return SessionColumns.of_table(mine.select(["key", "first_ms", "last_ms", "events"]))
 
 
 def as_columns(sessions) -> SessionColumns:
@@ -161,21 +162,20 @@ class SessionWindows:
             stream, derived = self.catalog.streams[name], self.catalog.streams[sessions_stream_name(name)]
             gap, watermark = stream.sessions.gap, marks.get(name)
             batch_runs = runs_of(runs, name)
-            stored = self.store.session_state(name, batch_runs.keys, due_through(gap, watermark))
+            stored = self.store.session_state(name, batch_runs.table["session_key"], due_through(gap, watermark))
             outcome = session_batch_columns(name, gap, as_columns(stored), batch_runs, watermark)
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.
             closed = as_columns(outcome.closed)
-            kept = np.flatnonzero(np.array(closed.first_ms, np.int64) >= now_ms - derived.retention)
+            starts = closed.table["first_ms"].to_numpy()
+            kept = np.flatnonzero(starts >= now_ms - derived.retention)
             if len(kept) < len(closed):
-                closed = SessionColumns([closed.keys[i] for i in kept.tolist()],
-                                        *(np.array(c, np.int64)[kept].tolist()
-                                          for c in (closed.first_ms, closed.last_ms, closed.events)))
+                closed, starts = SessionColumns.of_table(closed.table.take(pa.array(kept, pa.int64()))), starts[kept]
             out.partials.extend(session_partials(closed, derived.name, stream.sessions.key, derived.pane,
                                                  lg_k=self.lg_k, kll_k=self.kll_k))
             out.commits.append(outcome.commit)
             if len(closed):
-                out.max_event_ms[derived.name] = max(closed.first_ms)
+                out.max_event_ms[derived.name] = int(starts.max())
             out = replace(out, runs=out.runs + len(batch_runs), closed=out.closed + len(closed),
                           opened=out.opened + len(outcome.commit.kept))
         return out

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.sessions import Session, SessionColumns, SessionCommit
+from store.sessions import BODY_SCHEMA, Session, SessionColumns, SessionCommit, as_table
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,9 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
     maximum per key); per session its first event, latest last event and summed events. A stored
     session alone in its merged session and still open is unchanged (neither removed nor kept)."""
     n_stored = len(stored)
-    keys = pa.array([*stored.keys, *runs.keys], pa.string())
-    first = np.array([*stored.first_ms, *runs.first_ms], np.int64)
-    last = np.array([*stored.last_ms, *runs.last_ms], np.int64)
+    both = pa.concat_tables([as_table(stored), as_table(runs)]).combine_chunks()
+    keys = both.column(0).combine_chunks()
+    first, last = both.column(1).to_numpy(), both.column(2).to_numpy()
     n = len(keys)
     if n == 0:
         return SessionOutcome([], SessionCommit(stream, SessionColumns(), SessionColumns()))
@@ -108,7 +108,7 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
     span = int(last.max()) - int(first.min()) + 1
     if span * n >= 2**62:
         return session_batch(stream, gap_ms, list(stored), list(runs), watermark_ms)
-    events = np.array([*stored.events, *runs.events], np.int64)
+    events = both.column(3).to_numpy()
     order = pc.sort_indices(pa.table({"k": keys, "f": first, "l": last}),
                             sort_keys=[("k", "ascending"), ("f", "ascending"), ("l", "ascending")]).to_numpy()
     keys, first, last, events = keys.take(order), first[order], last[order], events[order]
@@ -125,7 +125,7 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
     heads = np.flatnonzero(starts_session)
     s_first, s_last = first[heads], np.maximum.reduceat(last, heads)
     s_events, size = np.add.reduceat(events, heads), np.diff(np.append(heads, n))
-    s_keys = keys.take(pa.array(heads)).to_pylist()
+    s_keys = keys.take(pa.array(heads))
     closed = (s_last + gap_ms <= watermark_ms) if watermark_ms is not None else np.zeros(len(heads), bool)
     unchanged = (size == 1) & from_store[heads] & ~closed
     # stored rows that leave: every one but the unchanged (each session index per row: cumsum - 1)
@@ -134,12 +134,10 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
 
     def pick(mask_rows, at) -> SessionColumns:
         idx = np.flatnonzero(mask_rows)
-        return SessionColumns([at[0][i] for i in idx], at[1][idx].tolist(), at[2][idx].tolist(), at[3][idx].tolist())
+        return SessionColumns.of_table(pa.table([at[0].take(pa.array(idx, pa.int64())), at[1][idx], at[2][idx],
+                                                 at[3][idx]], schema=BODY_SCHEMA))
 
-    by_session = (s_keys, s_first, s_last, s_events)
-    closed_out = pick(closed, by_session)
-    kept = pick(~closed & ~unchanged, by_session)
-    gone_idx = np.flatnonzero(gone)
-    removed = SessionColumns(keys.take(pa.array(gone_idx, pa.int64())).to_pylist(), first[gone_idx].tolist(),
-                             last[gone_idx].tolist(), events[gone_idx].tolist())
+    closed_out = pick(closed, (s_keys, s_first, s_last, s_events))
+    kept = pick(~closed & ~unchanged, (s_keys, s_first, s_last, s_events))
+    removed = pick(gone, (keys, first, last, events))
     return SessionOutcome(closed_out, SessionCommit(stream, removed, kept))

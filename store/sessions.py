@@ -97,18 +97,62 @@ class SessionColumns(Sequence[Session]):
     """Sessions held as four columns: what the batch path reads, decides and writes without an
     object per key (tens of thousands of open sessions per batch: building, hashing and sorting
     a dataclass per key cost more than the store's own work). It reads as a sequence of Session
-    in its given order, and equals any sequence of the same sessions in that order."""
+    in its given order, and equals any sequence of the same sessions in that order.
 
-    __slots__ = ("keys", "first_ms", "last_ms", "events")
+    Held as Python lists, or as an Arrow table of BODY_SCHEMA (`of_table`): the batch path reads
+    the runs and the stored sessions as Arrow, decides over arrays and writes Arrow, so a batch's
+    ~50 000 sessions are never turned into lists and back (`table`); the lists are made on first
+    read, for the code that reads sessions one by one."""
+
+    __slots__ = ("_lists", "_table")
 
     def __init__(self, keys: Sequence[str] = (), first_ms: Sequence[int] = (), last_ms: Sequence[int] = (),
                  events: Sequence[int] = ()):
-        self.keys, self.first_ms, self.last_ms, self.events = list(keys), list(first_ms), list(last_ms), list(events)
-        if not len(self.keys) == len(self.first_ms) == len(self.last_ms) == len(self.events):
+        lists = (list(keys), list(first_ms), list(last_ms), list(events))
+        if not len(lists[0]) == len(lists[1]) == len(lists[2]) == len(lists[3]):
             raise ValueError("session columns of different lengths")
+        self._lists, self._table = lists, None
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> SessionColumns:
+        """The sessions of a table whose four columns are BODY_SCHEMA's (key, first, last, events, in
+        that order, whatever their names)."""
+        out = cls.__new__(cls)
+        out._lists, out._table = None, table.rename_columns(BODY_SCHEMA.names).cast(BODY_SCHEMA)
+        return out
+
+    @property
+    def table(self) -> pa.Table:
+        """The sessions as a table of BODY_SCHEMA, in their order."""
+        if self._table is None:
+            keys, first, last, events = self._lists
+            self._table = pa.table([pa.array(keys, pa.string()), pa.array(first, pa.int64()),
+                                    pa.array(last, pa.int64()), pa.array(events, pa.int64())], schema=BODY_SCHEMA)
+        return self._table
+
+    def _columns(self) -> tuple[list, list, list, list]:
+        if self._lists is None:
+            self._lists = tuple(column.to_pylist() for column in self._table.columns)
+        return self._lists
+
+    @property
+    def keys(self) -> list[str]:
+        return self._columns()[0]
+
+    @property
+    def first_ms(self) -> list[int]:
+        return self._columns()[1]
+
+    @property
+    def last_ms(self) -> list[int]:
+        return self._columns()[2]
+
+    @property
+    def events(self) -> list[int]:
+        return self._columns()[3]
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self._lists[0]) if self._lists is not None else self._table.num_rows
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -162,10 +206,10 @@ def buckets_of(keys: pa.Array, buckets: int) -> np.ndarray:
 
 
 def as_table(sessions: Sequence[Session]) -> pa.Table:
-    keys, first, last, events = ((sessions.keys, sessions.first_ms, sessions.last_ms, sessions.events)
-                                 if isinstance(sessions, SessionColumns) else
-                                 ([s.key for s in sessions], [s.first_ms for s in sessions],
-                                  [s.last_ms for s in sessions], [s.events for s in sessions]))
+    if isinstance(sessions, SessionColumns):
+        return sessions.table
+    keys, first, last, events = ([s.key for s in sessions], [s.first_ms for s in sessions],
+                                 [s.last_ms for s in sessions], [s.events for s in sessions])
     return pa.table([pa.array(keys, pa.string()), pa.array(first, pa.int64()), pa.array(last, pa.int64()),
                      pa.array(events, pa.int64())], schema=BODY_SCHEMA)
 
@@ -224,23 +268,31 @@ def _in_order(table: pa.Table) -> SessionColumns:
     """(key, first) order: code point order of the keys, which is their UTF-8 bytes' order, as
     Python sorts them (the lookup's contract, whatever the database's collation)."""
     order = pc.sort_indices(table, sort_keys=[("session_key", "ascending"), ("first_ms", "ascending")])
-    table = table.take(order)
-    return SessionColumns(*(table[c].to_pylist() for c in BODY_SCHEMA.names))
+    return SessionColumns.of_table(table.take(order))
 
 
-def lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, placeholder: str) -> SessionColumns:
-    """The open sessions of `stream` with a key among `keys`, and every one whose last event is at
-    or before `due_through_ms` (they close now, whatever their key); in (key, first) order."""
+def lookup(cursor, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray, due_through_ms: int | None,
+           placeholder: str) -> SessionColumns:
+    """The open sessions of `stream` with a key among `keys` (a batch's: Arrow strings), and every
+    one whose last event is at or before `due_through_ms` (they close now, whatever their key);
+    in (key, first) order."""
     layout = _layout(cursor, stream, placeholder)
     if layout is None:
-        return _row_lookup(cursor, stream, keys, due_through_ms, placeholder)
+        return _row_lookup(cursor, stream, keys.to_pylist() if isinstance(keys, pa.ChunkedArray | pa.Array) else keys,
+                           due_through_ms, placeholder)
     # Only the buckets of those keys and the buckets holding a due session.
-    wanted = pc.unique(pa.array(keys, pa.string())) if len(keys) else pa.array([], pa.string())
+    wanted = pc.unique(_strings(keys)) if len(keys) else pa.array([], pa.string())
     table, _ = _bodies(cursor, stream, placeholder, np.unique(buckets_of(wanted, layout[0])).tolist(), due_through_ms)
     found = pc.is_in(table["session_key"], value_set=wanted)
     if due_through_ms is not None:
         found = pc.or_(found, pc.less_equal(table["last_ms"], due_through_ms))
     return _in_order(table.filter(found))
+
+
+def _strings(keys: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(keys, pa.ChunkedArray):
+        return keys.combine_chunks().cast(pa.string())
+    return keys.cast(pa.string()) if isinstance(keys, pa.Array) else pa.array(keys, pa.string())
 
 
 def _row_lookup(cursor, stream: str, keys: Sequence[str], due_through_ms: int | None, q: str) -> SessionColumns:
