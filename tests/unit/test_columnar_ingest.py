@@ -171,6 +171,26 @@ def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
     assert columnar_events(STREAM, body) is None
 
 
+@pytest.mark.parametrize("label, taken", [
+    ("a" * 1024, True), ("a" * 1025, False),  # a label's characters: at most 1 024
+    ("é" * 1024, True), ("é" * 1025, False),  # 2 048 bytes pass, one character more does not
+    ("€" * 682, True), ("€" * 683, False),  # 2 046 bytes pass, 2 049 do not (683 characters would)
+    ("𝄞" * 512, True), ("𝄞" * 512 + "a", False),  # 2 048 bytes, then one more
+    ("a\x00", False), ("\x00" + "é" * 600, False),  # a NUL, on its own and past the byte count
+], ids=lambda v: v if isinstance(v, bool) else f"{len(v)} chars {len(v.encode())} bytes")
+@pytest.mark.parametrize("field", ["site", "device"])
+def test_labels_at_the_character_and_byte_limits_are_decided_as_the_per_event_path_does(label, taken, field):
+    """The columnar path counts a label's characters only where its bytes could be too many, and
+    searches for a NUL only in a body that holds one: each label here is taken, or left to the
+    per-event path that refuses it, exactly as that path decides."""
+    events = [{"time": T0, "device": "d", "site": "s"}, {"time": T0 + 1, "device": "e", field: label}]
+    for body, content_type in ((ndjson(events), "application/x-ndjson"), (json.dumps(events).encode(), "application/json")):
+        columns = assert_same_as_per_event(body, content_type)
+        assert (columns is not None) == taken
+        if not taken:
+            assert per_event(body, content_type, STREAM)[1], "the per-event path refuses it"
+
+
 def test_tighter_json_bounds_than_the_validator_turn_the_columnar_path_off():
     assert limits_allow(JsonLimits())
     assert not limits_allow(JsonLimits(max_string_chars=100))
