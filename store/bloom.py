@@ -13,6 +13,7 @@ the filter bits and first-seen counts are saved exactly once with the panes and 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -107,18 +108,21 @@ def apply_bloom_commit(conn: sqlite3.Connection, bloom: BloomCommit, batch_id: i
             " AND seed = ?", shape,
         ).fetchone()
         bits_set = row[0] if row else 0
+        old = dict(conn.execute(
+            "SELECT chunk, data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
+            " AND seed = ? AND chunk IN (SELECT value FROM json_each(?))", (*shape, json.dumps(list(update.chunks))),
+        ).fetchall())
+        merged = []
         for index, incoming in update.chunks.items():
-            old_row = conn.execute(
-                "SELECT data FROM bloom_chunks WHERE stream = ? AND kind = ? AND bucket_ms = ? AND m = ? AND k = ?"
-                " AND seed = ? AND chunk = ?", (*shape, index),
-            ).fetchone()
-            merged, added = merge_chunk(update, index, incoming, None if old_row is None else old_row[0])
+            data, added = merge_chunk(update, index, incoming, old.get(index))
             bits_set += added
-            conn.execute(
-                "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk) DO UPDATE SET data = excluded.data",
-                (*shape, index, merged),
-            )
+            merged.append((*shape, index, data))
+        # One read and one write of the chunks (~350 a batch of the demo), as PostgreSQL's does: a
+        # statement each cost ~30 ms a batch.
+        conn.executemany(
+            "INSERT INTO bloom_chunks (stream, kind, bucket_ms, m, k, seed, chunk, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (stream, kind, bucket_ms, m, k, seed, chunk) DO UPDATE SET data = excluded.data", merged,
+        )
         conn.execute(
             "INSERT INTO bloom_filters (stream, kind, bucket_ms, m, k, seed, bits_set, updated_batch, updated_at_ms)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (stream, kind, bucket_ms, m, k, seed) DO UPDATE SET"
