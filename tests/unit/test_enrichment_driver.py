@@ -57,10 +57,12 @@ def columns(evs):
     return stream, ids, dims, [e for _, _, e, _ in evs], [g for _, _, _, g in evs]
 
 
-def fetcher(tables: dict[str, dict[str, list[TableVersion]]], asked: list):
+def fetcher(tables: dict[str, dict[str, list[TableVersion]]], asked: list, *, more: bool = False):
+    """`more`: every key's versions, also of keys not asked for (as the kept versions' `with_batch`
+    gives a batch's new versions whatever keys it asked)."""
     def fetch(table: str, keys: set[str]):
         asked.append((table, set(keys)))
-        return {k: v for k, v in tables[table].items() if k in keys}
+        return {k: v for k, v in tables[table].items() if more or k in keys}
     return fetch
 
 
@@ -140,18 +142,19 @@ def as_table(stream, ids, dims, event_time, ingest_time) -> pa.Table:
 
 @settings(max_examples=300, deadline=None)
 @given(users_rows, plans_rows, events, st.sampled_from(["table", "inner", "left"]), st.sampled_from(["plan", None]),
-       st.booleans(), st.integers(0, 2))
+       st.booleans(), st.integers(0, 2), st.booleans())
 # A left row whose foreign key is null names no right row: no right key is asked for.
 @example(users=[("k1", 0, {"user_id": "k1", "plan": None, "country": "FR"})], plans=[], evs=[("s", "k1", 0, None)],
-         kind="inner", fk="plan", twice=False, cut=0)
+         kind="inner", fk="plan", twice=False, cut=0, more=False)
 # A table sliced past its start, with a row of no dims (its lists' offsets and null bitmap sliced).
 @example(users=[("k1", 0, {"user_id": "k1", "plan": "pro", "country": "FR"})], plans=[],
          evs=[("s", "k1", 0, None), ("other", "k1", None, None), ("s", "k2", 0, None), ("other", "k1", 1, 1)],
-         kind="table", fk=None, twice=False, cut=1)
-def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plans, evs, kind, fk, twice, cut):
+         kind="table", fk=None, twice=False, cut=1, more=False)
+def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plans, evs, kind, fk, twice, cut, more):
     """`enrich_table` (numpy over a key's events when it has one version, `as_of` per event
     otherwise) against `enrich`: the same dims, misses and keys asked for; two lookups in a row
-    (the second reads the first's dims) when `twice`; over a table sliced `cut` rows past its start."""
+    (the second reads the first's dims) when `twice`; over a table sliced `cut` rows past its start;
+    with `more`, its fetch giving versions of keys not asked for too."""
     tables = {"users": versions(users, KEYS), "plans": versions(plans, PLANS + KEYS)}
     lookup = TABLE if kind == "table" else view_lookup(kind, fk)
     lookups = [lookup, replace(lookup, miss="_miss_s_1")] if twice else [lookup]
@@ -160,7 +163,7 @@ def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plan
     want_dims, want_misses = enrich(*cols, lookups, fetcher(tables, asked_rows))
     before = (["other"] * cut, [["x", "k1"]] * cut, [None, ["/z", "old", "old"]][:cut], [0] * cut, [0] * cut)
     whole = as_table(*[b + list(c) for b, c in zip(before, cols, strict=True)])
-    got_dims, got_misses = enrich_table(whole.slice(cut), lookups, fetcher(tables, asked_table))
+    got_dims, got_misses = enrich_table(whole.slice(cut), lookups, fetcher(tables, asked_table, more=more))
     assert got_dims.to_pylist() == want_dims
     assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
     assert asked_table == asked_rows
