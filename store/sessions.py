@@ -135,21 +135,11 @@ class SessionColumns(Sequence[Session]):
             self._lists = tuple(column.to_pylist() for column in self._table.columns)
         return self._lists
 
-    @property
-    def keys(self) -> list[str]:
-        return self._columns()[0]
-
-    @property
-    def first_ms(self) -> list[int]:
-        return self._columns()[1]
-
-    @property
-    def last_ms(self) -> list[int]:
-        return self._columns()[2]
-
-    @property
-    def events(self) -> list[int]:
-        return self._columns()[3]
+    # The four columns as lists (made from the table on first read).
+    keys = property(lambda self: self._columns()[0])
+    first_ms = property(lambda self: self._columns()[1])
+    last_ms = property(lambda self: self._columns()[2])
+    events = property(lambda self: self._columns()[3])
 
     def __len__(self) -> int:
         return len(self._lists[0]) if self._lists is not None else self._table.num_rows
