@@ -3,7 +3,8 @@
 Hashing: XXH64 with two seeds derived from the filter's seed, exactly as Spark's built-in
 `xxhash64(seed_as_bigint, key)` computes it (Spark chains: the hash of the first argument,
 seeded with 42, seeds the hash of the UTF-8 key). So `xxhash64(lit(seed), key)` on the
-executors and `xxhash.xxh64_intdigest(key, derived_seed)` here give the same 64-bit values,
+executors and XXH64 of the key with the derived seed here (`hashes`: sketches/xxh64.py over a
+batch's keys, the `xxhash` library for the seeds and long keys) give the same 64-bit values,
 and the k positions follow by double hashing (Kirsch-Mitzenmacher):
 
     a = pmod(h1, m), b = 1 + pmod(h2, m - 1), position_i = (a + i * b) mod m,  i = 0..k-1

@@ -74,7 +74,8 @@ def xxh64_of_strings(strings: pa.Array, seeds: tuple[int, ...]) -> list[np.ndarr
 
 
 def _of_length(matrix: np.ndarray, length: int, seed: int) -> np.ndarray:
-    """XXH64 of the rows of `matrix`, each a string of `length` bytes zero-padded to a multiple of 8."""
+    """XXH64 of the rows of `matrix`, each a string's `length` bytes then whatever follows them up to
+    a multiple of 8 (the next string's bytes, zeros after the last): no step reads past `length`."""
     n = len(matrix)
     lanes = matrix.view("<u8").astype(np.uint64, copy=False)
     at = 0  # the next byte to read

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 
 from store.bloom import BloomCommit, BloomReader
 from store.connection import Db
@@ -460,8 +461,10 @@ class PaneStore(ABC):
         """Every window join's state size and counters."""
 
     @abstractmethod
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[Session]:
-        """A stream's open sessions with a key among `keys` or a last event at or before `due_through_ms`."""
+    def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
+                      due_through_ms: int | None) -> Sequence[Session]:
+        """A stream's open sessions with a key among `keys` or a last event at or before `due_through_ms`
+        (the pipeline's batches hand their keys over as Arrow strings: store/sessions.py `lookup`)."""
 
     @abstractmethod
     def session_sizes(self) -> dict[str, int]:

@@ -102,7 +102,8 @@ class SessionColumns(Sequence[Session]):
     Held as Python lists, or as an Arrow table of BODY_SCHEMA (`of_table`): the batch path reads
     the runs and the stored sessions as Arrow, decides over arrays and writes Arrow, so a batch's
     ~50 000 sessions are never turned into lists and back (`table`); the lists are made on first
-    read, for the code that reads sessions one by one."""
+    read, for the code that reads sessions one by one. Read-only once made: the lists and the table
+    are two views of the same sessions, and neither follows changes made to the other."""
 
     __slots__ = ("_lists", "_table")
 

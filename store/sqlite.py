@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import pyarrow as pa
+
 from store.retention_clock import recorded_commit_ms
 from store import batch_totals
 from store import bloom as bloom_store
@@ -497,7 +499,8 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             return join_store.sizes(self._conn.cursor())
 
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[session_store.Session]:
+    def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
+                      due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._lock:
             return session_store.lookup(self._conn.cursor(), stream, keys, due_through_ms, "?")
 

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
+import pyarrow as pa
 from psycopg_pool import ConnectionPool
 
 from store.retention_clock import recorded_commit_ms
@@ -450,7 +451,8 @@ class PostgresPaneStore(PaneStore):
         with self._pool.connection() as conn, conn.cursor() as cur:
             return join_store.sizes(cur)
 
-    def session_state(self, stream: str, keys: Sequence[str], due_through_ms: int | None) -> Sequence[session_store.Session]:
+    def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
+                      due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return session_store.lookup(cur, stream, keys, due_through_ms, "%s")
 

@@ -4,13 +4,14 @@ held as rows or in buckets by the density of the batches, the buckets' count fol
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import BatchCommit
 from store import sessions as session_store
-from store.sessions import Session, SessionCommit
+from store.sessions import Session, SessionColumns, SessionCommit
 
 T0 = 1_700_000_000_000
 
@@ -146,7 +147,25 @@ sessions = st.builds(Session, keys, st.integers(0, 5), st.integers(0, 9), st.int
 changes = st.tuples(st.sampled_from(["web", "app"]), st.lists(sessions, max_size=12),
                     st.lists(st.tuples(keys, st.integers(0, 5)), max_size=6))
 steps = st.lists(st.tuples(st.lists(changes, min_size=1, max_size=3), st.lists(keys, max_size=4),
-                           st.none() | st.integers(-1, 9)), min_size=1, max_size=6)
+                           st.none() | st.integers(-1, 9), st.sampled_from(["list", "arrow", "chunks"])),
+                 min_size=1, max_size=6)
+
+
+def as_given(sessions: list[Session], form: str):
+    """Sessions as a batch may hand them over: a list, or columns of an Arrow table (the pipeline's)."""
+    if form == "list":
+        return sessions
+    table = session_store.as_table(sessions)
+    return SessionColumns.of_table(table if form == "arrow" else pa.concat_tables([table.slice(0, 1), table.slice(1)]))
+
+
+def keys_given(asked: list[str], form: str):
+    """A lookup's keys as a batch may hand them over: a list, an Arrow array, or one in chunks."""
+    if form == "list":
+        return asked
+    if form == "arrow":
+        return pa.array(asked, pa.string())
+    return pa.chunked_array([asked[:1], asked[1:]], pa.string())
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -158,23 +177,24 @@ def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_w
     stream in a batch, applied in order), each lookup by key and due time answers its sessions in
     (key, first) order and the counts agree, through moves between rows and buckets and bucket
     counts grown and shrunk (a session kept twice: the last one); a stream's sessions are in one
-    layout at a time, and its bucket rows add up to its count."""
+    layout at a time, and its bucket rows add up to its count. Sessions and keys handed over as lists
+    or as Arrow columns (in one chunk or more), as the pipeline's batches hand them."""
     small_buckets(monkeypatch, dense_floor=2, dense_share=3, sparse_share=6)
     store = store_backend.create()
     model: dict[str, dict[tuple[str, int], Session]] = {"web": {}, "app": {}}
-    for batch_id, (changed, asked, due) in enumerate(steps):
+    for batch_id, (changed, asked, due, form) in enumerate(steps):
         commits = []
         for stream, kept, removed in changed:
             held = model[stream]
             gone = [held.get((k, f), Session(k, f, f, 1)) for k, f in removed]
-            commits.append(SessionCommit(stream, removed=gone, kept=kept))
+            commits.append(SessionCommit(stream, removed=as_given(gone, form), kept=as_given(kept, form)))
             for s in gone:
                 held.pop((s.key, s.first_ms), None)
             held.update({(s.key, s.first_ms): s for s in kept})
         assert store.commit_batch(commit(batch_id, *commits), lateness_ms={}, now_ms=T0).committed
         for stream, held in model.items():
             expected = sorted(s for s in held.values() if s.key in asked or (due is not None and s.last_ms <= due))
-            assert list(store.session_state(stream, asked, due)) == expected
+            assert list(store.session_state(stream, keys_given(asked, form), due)) == expected
         assert store.session_sizes() == {stream: len(held) for stream, held in model.items() if held}
         found = store_backend.tables(store, ["session_open", "session_buckets", "session_streams"])
         as_rows = {r[0] for r in found["session_open"]}
