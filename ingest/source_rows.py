@@ -142,7 +142,7 @@ def error_rows(stream: str, partition: int | pa.Array, offsets: pa.Array, errors
                                              type=_list(pa.float64()))
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(np.full(n, stream, dtype=object), pa.string()),
+            pa.repeat(pa.scalar(stream, pa.string()), n),
             _partitions(partition, n),
             offsets.cast(pa.int64()),
             pa.nulls(n, pa.int64()),
@@ -151,7 +151,7 @@ def error_rows(stream: str, partition: int | pa.Array, offsets: pa.Array, errors
             empty_doubles,
             empty_strings,
             pa.array([e[:MAX_ERROR_CHARS] for e in errors], pa.string()),
-            pa.array(np.full(n, kind, dtype=object), pa.string()),
+            pa.repeat(pa.scalar(kind, pa.string()), n),
             pa.nulls(n, pa.int64()),
             pa.nulls(n, pa.string()),
         ],
