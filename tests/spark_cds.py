@@ -65,8 +65,10 @@ def make(timeout_s: float = 600) -> Path:
     catalog = load_catalog(REPO / "config" / "streams.yaml")
     with tempfile.TemporaryDirectory(prefix="spark-cds-") as tmp:
         root = Path(tmp)
+        # driver_batch_rows 0: every batch through Spark's query, so the JVM starts (on the
+        # embedded log the pipeline's own batches need none, and a driver never started dumps no archive).
         (root / "sketchboard.yaml").write_text(yaml.safe_dump({"data_dir": str(root / "data"),
-                                                                "spark_driver_memory": "1g"}))
+                                                                "spark_driver_memory": "1g", "driver_batch_rows": 0}))
         stream = catalog.stream("http_requests")
         log = SqliteEventLog(root / "data" / "log.db")
         for s in catalog.streams.values():
