@@ -73,7 +73,7 @@ finally:
 """
 
 
-def fill_log(path: Path, events: int, request: int = 10_000) -> None:
+def append_as_api(path: Path, events: int, request: int = 10_000) -> None:
     """The side by side's events appended as the API's columnar path appends a request's."""
     from bench.side_by_side import STREAM, generate
     from catalog import load_catalog
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sketchboard-batch-cost-") as tmp:
         log_path = Path(tmp) / "log.db"
         print(f"appending {args.events:,} http_requests events to an embedded log ...", flush=True)
-        fill_log(log_path, args.events)
+        append_as_api(log_path, args.events)
         runs: dict[str, list[dict]] = {name: [] for name, _ in checkouts}
         for repeat in range(args.repeat):
             for size in sizes:

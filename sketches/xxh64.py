@@ -24,6 +24,7 @@ FEW_PER_LENGTH = 16  # a length this rare is hashed by the library: the array st
 _P1, _P2, _P3, _P4, _P5 = (np.uint64(p) for p in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
                                                    0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
 _MASK = (1 << 64) - 1
+_ZERO = np.uint64(0)  # an accumulator of 0 (XXH64's round of a lane alone), broadcast
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
@@ -57,7 +58,7 @@ def xxh64_of_strings(strings: pa.Array, seeds: tuple[int, ...]) -> list[np.ndarr
         if length > LONG_KEY:
             by_library.append(np.flatnonzero(lengths > LONG_KEY))
             continue
-        rows = np.flatnonzero(lengths == length) if len(per_length) > 1 else np.arange(n)
+        rows = np.flatnonzero(lengths == length)
         if len(rows) < FEW_PER_LENGTH:
             by_library.append(rows)
             continue
@@ -87,12 +88,12 @@ def _of_length(matrix: np.ndarray, length: int, seed: int) -> np.ndarray:
             at += 32
         h = _rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)
         for i in range(4):
-            h = (h ^ _round(np.zeros(n, np.uint64), v[i])) * _P1 + _P4
+            h = (h ^ _round(_ZERO, v[i])) * _P1 + _P4
     else:
         h = np.full(n, (seed + int(_P5)) & _MASK, np.uint64)
     h = h + np.uint64(length)
     while at + 8 <= length:
-        h = _rotl(h ^ _round(np.zeros(n, np.uint64), lanes[:, at // 8]), 27) * _P1 + _P4
+        h = _rotl(h ^ _round(_ZERO, lanes[:, at // 8]), 27) * _P1 + _P4
         at += 8
     if at + 4 <= length:
         word = matrix[:, at:at + 4].copy().view("<u4")[:, 0].astype(np.uint64)

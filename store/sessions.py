@@ -197,12 +197,10 @@ def buckets_of(keys: pa.Array, buckets: int) -> np.ndarray:
 
 
 def as_table(sessions: Sequence[Session]) -> pa.Table:
-    if isinstance(sessions, SessionColumns):
-        return sessions.table
-    keys, first, last, events = ([s.key for s in sessions], [s.first_ms for s in sessions],
-                                 [s.last_ms for s in sessions], [s.events for s in sessions])
-    return pa.table([pa.array(keys, pa.string()), pa.array(first, pa.int64()), pa.array(last, pa.int64()),
-                     pa.array(events, pa.int64())], schema=BODY_SCHEMA)
+    if not isinstance(sessions, SessionColumns):
+        sessions = SessionColumns([s.key for s in sessions], [s.first_ms for s in sessions],
+                                  [s.last_ms for s in sessions], [s.events for s in sessions])
+    return sessions.table
 
 
 def _decoded(rows: Sequence[tuple[int, bytes]]) -> tuple[pa.Table, np.ndarray]:
