@@ -41,8 +41,11 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
     span_end = start_ms + (n_points - 1) * step_ms + window_ms
     granule_points = n_points if query_points is None else query_points
     plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed, now_ms)
-    # One window: every row lands in it, whatever bucket; else rollup's buckets of gcd(step, window).
-    bucket = span_end - start_ms if n_points == 1 else math.gcd(step_ms, window_ms)
+    # A one-window query: every row lands in it, whatever bucket; else rollup's buckets of
+    # gcd(step, window), also for a part of a query that is one window (the one before a kept
+    # chunk): its sum is then added up by the same buckets as where the whole query computes it,
+    # not by the dimensions' sums over the window, which round apart in the last bits.
+    bucket = span_end - start_ms if granule_points == 1 else math.gcd(step_ms, window_ms)
     return [(seg, seg.proj, bucket) for seg in plan.segments]
 
 
