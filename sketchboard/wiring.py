@@ -496,6 +496,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         from sketchboard.definitions import apply_offset_moves
 
         apply_offset_moves(store, name, checkpoint_dir, kafka_prefix=None if kafka is None else kafka.topic_prefix)
+    store.checkpoint_apart()  # its batches' commits leave SQLite's log checkpoints to a thread of their own
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
     from aggregates.checkpoint_checks import check_checkpoint
 

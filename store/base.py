@@ -510,5 +510,10 @@ class PaneStore(ABC):
         default, SQLite): the hub polls the change feed on its interval."""
         return None
 
+    def checkpoint_apart(self) -> None:
+        """Keep the storage's housekeeping of committed writes out of the batches' commits, where
+        the backend does it in them (SQLite's write-ahead log checkpoints: store/wal_checkpoints.py);
+        what a pipeline's store asks. PostgreSQL checkpoints in its own processes: nothing to do."""
+
     @abstractmethod
     def close(self) -> None: ...

@@ -55,6 +55,7 @@ from store import patterns as pattern_store
 from store.patterns import PATTERN_TABLES
 from store import sessions as session_store
 from store.tiers import ALL_DIMS, TierLayout
+from store.wal_checkpoints import BackgroundCheckpoints
 from store.watermarks import PartitionMark
 
 
@@ -65,6 +66,7 @@ class SqlitePaneStore(PaneStore):
         self._conn = open_connection(self.path, synchronous=synchronous, busy_timeout_s=busy_timeout_s)
         self._lock = threading.Lock()
         self._bloom: bloom_store.BloomStore | None = None
+        self._checkpoints: BackgroundCheckpoints | None = None  # checkpoint_apart's
         with self._lock, naming_file(self.path):
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             check_version(version, f"SQLite store {self.path}")
@@ -123,6 +125,8 @@ class SqlitePaneStore(PaneStore):
                 result = self._commit_locked(commit, lateness_ms, now_ms, retention_ms or {}, idle_timeout_ms or {},
                                              membership_bucket_ms or {})
                 conn.execute("ROLLBACK" if not result.committed else "COMMIT")
+                if result.committed and self._checkpoints is not None:
+                    self._checkpoints.committed()
             except BaseException:
                 # SQLITE_FULL or an I/O error may have rolled back already (a ROLLBACK would then
                 # hide the real error); a COMMIT that failed is rolled back here.
@@ -597,8 +601,24 @@ class SqlitePaneStore(PaneStore):
                 self._bloom = bloom_store.BloomStore(self.path)
             return self._bloom
 
+    @property
+    def checkpoints_apart(self) -> BackgroundCheckpoints | None:
+        """The thread checkpointing this store's log, once `checkpoint_apart` started it."""
+        return self._checkpoints
+
+    def checkpoint_apart(self) -> None:
+        """The write-ahead log copied into the file by a thread of its own, not by the commits
+        (store/wal_checkpoints.py): a pipeline's store, whose batches' commits then return sooner."""
+        with self._lock:
+            if self._checkpoints is None:
+                self._checkpoints = BackgroundCheckpoints(self.path, busy_timeout_s=self._busy_timeout_s)
+                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+
     def close(self) -> None:
         with self._lock:
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+                self._checkpoints = None
             self._conn.close()
             if self._bloom is not None:
                 self._bloom.close()
