@@ -116,11 +116,16 @@ class KeptVersions:
                    new: Sequence[tuple[str, TableVersion]]) -> dict[str, list[TableVersion]]:
         """The versions of `keys` with a batch's `new` ones merged in, as `by_key(stored + new)`: the
         kept lists as they are (in by_key's order already) for the keys the batch did not change,
-        only the changed keys merged (a 20 000-event batch asks for ~10 000 keys)."""
+        only the changed keys merged (a 20 000-event batch asks for ~10 000 keys). Walked from the
+        smaller side: the table's keys where it holds fewer than the batch asks for (a demo batch
+        asks for ~50 000 users; none held: 24 -> 17 ms a batch with _Versions.at's walk)."""
         kept = self.versions[table]
         changed = {k for k, _ in new}
-        out = {k: vs for k in keys if k not in changed and (vs := kept.get(k))}
         keys = keys if isinstance(keys, (set, frozenset)) else set(keys)
+        if len(kept) < len(keys):  # walked from the smaller side: a batch's ~50 000 keys, a table holding few
+            out = {k: vs for k, vs in kept.items() if vs and k in keys and k not in changed}
+        else:
+            out = {k: vs for k in keys if k not in changed and (vs := kept.get(k))}
         out.update(by_key([*((k, v) for k in changed & keys for v in kept.get(k, ())), *new]))
         return out
 
