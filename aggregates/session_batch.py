@@ -162,8 +162,7 @@ class SessionWindows:
             stream, derived = self.catalog.streams[name], self.catalog.streams[sessions_stream_name(name)]
             gap, watermark = stream.sessions.gap, marks.get(name)
             batch_runs = runs_of(runs, name)
-            stored = self.store.session_state(name, batch_runs.table["session_key"], due_through(gap, watermark),
-                                              ordered=False)  # sorted with the runs below
+            stored = self.store.session_state(name, batch_runs.table["session_key"], due_through(gap, watermark))
             outcome = session_batch_columns(name, gap, as_columns(stored), batch_runs, watermark)
             # A session older than the derived stream's retention comes from events the panes
             # dead-letter as beyond_retention already: not counted as a session either.

@@ -462,10 +462,9 @@ class PaneStore(ABC):
 
     @abstractmethod
     def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
-                      due_through_ms: int | None, *, ordered: bool = True) -> Sequence[Session]:
+                      due_through_ms: int | None) -> Sequence[Session]:
         """A stream's open sessions with a key among `keys` or a last event at or before `due_through_ms`
-        (the pipeline's batches hand their keys over as Arrow strings: store/sessions.py `lookup`), in
-        (key, first) order; `ordered=False`: in any order (the pipeline's batch sorts them with its runs)."""
+        (the pipeline's batches hand their keys over as Arrow strings: store/sessions.py `lookup`)."""
 
     @abstractmethod
     def session_sizes(self) -> dict[str, int]:

@@ -261,11 +261,10 @@ def _in_order(table: pa.Table) -> SessionColumns:
 
 
 def lookup(cursor, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray, due_through_ms: int | None,
-           placeholder: str, *, ordered: bool = True) -> SessionColumns:
+           placeholder: str) -> SessionColumns:
     """The open sessions of `stream` with a key among `keys` (a batch's: Arrow strings), and every
     one whose last event is at or before `due_through_ms` (they close now, whatever their key);
-    in (key, first) order, or (`ordered=False`) as read: the pipeline's batch sorts them with its
-    runs anyway (aggregates/session_window.py), and a demo batch's ~50 000 cost ~17 ms to sort here."""
+    in (key, first) order."""
     layout = _layout(cursor, stream, placeholder)
     if layout is None:
         return _row_lookup(cursor, stream, keys.to_pylist() if isinstance(keys, pa.ChunkedArray | pa.Array) else keys,
@@ -276,8 +275,7 @@ def lookup(cursor, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray
     found = pc.is_in(table["session_key"], value_set=wanted)
     if due_through_ms is not None:
         found = pc.or_(found, pc.less_equal(table["last_ms"], due_through_ms))
-    found = table.filter(found)
-    return _in_order(found) if ordered else SessionColumns.of_table(found)
+    return _in_order(table.filter(found))
 
 
 def _strings(keys: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array:

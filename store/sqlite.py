@@ -504,9 +504,9 @@ class SqlitePaneStore(PaneStore):
             return join_store.sizes(self._conn.cursor())
 
     def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
-                      due_through_ms: int | None, *, ordered: bool = True) -> Sequence[session_store.Session]:
+                      due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._lock:
-            return session_store.lookup(self._conn.cursor(), stream, keys, due_through_ms, "?", ordered=ordered)
+            return session_store.lookup(self._conn.cursor(), stream, keys, due_through_ms, "?")
 
     def session_sizes(self) -> dict[str, int]:
         with self._lock:

@@ -452,9 +452,9 @@ class PostgresPaneStore(PaneStore):
             return join_store.sizes(cur)
 
     def session_state(self, stream: str, keys: Sequence[str] | pa.Array | pa.ChunkedArray,
-                      due_through_ms: int | None, *, ordered: bool = True) -> Sequence[session_store.Session]:
+                      due_through_ms: int | None) -> Sequence[session_store.Session]:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            return session_store.lookup(cur, stream, keys, due_through_ms, "%s", ordered=ordered)
+            return session_store.lookup(cur, stream, keys, due_through_ms, "%s")
 
     def session_sizes(self) -> dict[str, int]:
         with self._pool.connection() as conn, conn.cursor() as cur:

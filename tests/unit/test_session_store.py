@@ -175,7 +175,7 @@ def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_w
     """Against a plain map from (stream, key, first) to the session: whatever batches keep and
     remove (sessions not stored among them, a grown one removed and kept, two changes of one
     stream in a batch, applied in order), each lookup by key and due time answers its sessions in
-    (key, first) order (or, asked unordered, the same sessions) and the counts agree, through moves between rows and buckets and bucket
+    (key, first) order and the counts agree, through moves between rows and buckets and bucket
     counts grown and shrunk (a session kept twice: the last one); a stream's sessions are in one
     layout at a time, and its bucket rows add up to its count. Sessions and keys handed over as lists
     or as Arrow columns (in one chunk or more), as the pipeline's batches hand them."""
@@ -195,8 +195,6 @@ def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_w
         for stream, held in model.items():
             expected = sorted(s for s in held.values() if s.key in asked or (due is not None and s.last_ms <= due))
             assert list(store.session_state(stream, keys_given(asked, form), due)) == expected
-            # Unordered (the pipeline's batches sort them with their runs): the same sessions.
-            assert sorted(store.session_state(stream, keys_given(asked, form), due, ordered=False)) == expected
         assert store.session_sizes() == {stream: len(held) for stream, held in model.items() if held}
         found = store_backend.tables(store, ["session_open", "session_buckets", "session_streams"])
         as_rows = {r[0] for r in found["session_open"]}
