@@ -9,6 +9,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline
 from store import SqlitePaneStore
@@ -51,41 +53,39 @@ def test_batches_commit_without_checkpoints_and_reach_the_file_through_the_threa
         reopened.close()
 
 
-def test_a_large_write_outside_a_batch_is_checkpointed_on_the_threads_own_beat(tmp_path):
+@pytest.fixture
+def beside(tmp_path):
+    """A writer with SQLite's own checkpoints off, a `scratch (value)` table, and a checkpoint
+    thread on a 50 ms beat."""
     path = tmp_path / "db.sqlite"
     writer = open_connection(path)
     writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE scratch (blob BLOB)")
+    writer.execute("CREATE TABLE scratch (value)")
     checkpoints = BackgroundCheckpoints(path, min_interval_s=0.05)
-    try:
-        writer.execute("BEGIN")  # one transaction of twice SQLite's threshold (a tier rebuild's chunk)
-        writer.executemany("INSERT INTO scratch VALUES (?)", [(b"x" * 4_000,) for _ in range(2 * LOG_BYTES // 4_000)])
-        writer.execute("COMMIT")
-        deadline = time.monotonic() + 30
-        while checkpoints.checkpoints == 0 and time.monotonic() < deadline:  # no commit told it: its beat
-            time.sleep(0.05)
-        assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 2 * LOG_BYTES // 4_000
-    finally:
-        checkpoints.close()
-        writer.close()
+    yield path, writer, checkpoints
+    checkpoints.close()
+    writer.close()
 
 
-def test_small_writes_outside_a_batch_are_left_to_the_next_batch(tmp_path):
-    path = tmp_path / "db.sqlite"
-    writer = open_connection(path)
-    writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE scratch (n INTEGER)")
-    checkpoints = BackgroundCheckpoints(path, min_interval_s=0.05)
-    try:
-        writer.execute("INSERT INTO scratch VALUES (1)")
-        time.sleep(0.3)  # several beats: fewer pages than SQLite would checkpoint at
-        assert checkpoints.checkpoints == 0
-        checkpoints.committed()
-        assert checkpoints.wait_idle(30) and checkpoints.checkpoints == 1
-        assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 1
-    finally:
-        checkpoints.close()
-        writer.close()
+def test_a_large_write_outside_a_batch_is_checkpointed_on_the_threads_own_beat(beside, tmp_path):
+    path, writer, checkpoints = beside
+    writer.execute("BEGIN")  # one transaction of twice SQLite's threshold (a tier rebuild's chunk)
+    writer.executemany("INSERT INTO scratch VALUES (?)", [(b"x" * 4_000,) for _ in range(2 * LOG_BYTES // 4_000)])
+    writer.execute("COMMIT")
+    deadline = time.monotonic() + 30
+    while checkpoints.checkpoints == 0 and time.monotonic() < deadline:  # no commit told it: its beat
+        time.sleep(0.05)
+    assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 2 * LOG_BYTES // 4_000
+
+
+def test_small_writes_outside_a_batch_are_left_to_the_next_batch(beside, tmp_path):
+    path, writer, checkpoints = beside
+    writer.execute("INSERT INTO scratch VALUES (1)")
+    time.sleep(0.3)  # several beats: fewer pages than SQLite would checkpoint at
+    assert checkpoints.checkpoints == 0
+    checkpoints.committed()
+    assert checkpoints.wait_idle(30) and checkpoints.checkpoints == 1
+    assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 1
 
 
 def test_the_pipelines_store_checkpoints_apart(tmp_path):
