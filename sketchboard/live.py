@@ -65,6 +65,7 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
                 if switched(exc):
                     log.warning("a stream's output was switched to another definition: restarting the pipeline")
                 remove_listeners(pipeline.spark, [pipeline.progress_recorder])
+                pipeline.store.close()  # as the serving loop's restarts do: its connection and checkpoint thread
                 pipeline = build_pipeline(settings, pipeline.spark, name=name, starting_offsets=start)
                 continue
             remove_listeners(pipeline.spark, [pipeline.progress_recorder])  # nothing left to deliver at exit

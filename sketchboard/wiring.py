@@ -496,7 +496,6 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
         from sketchboard.definitions import apply_offset_moves
 
         apply_offset_moves(store, name, checkpoint_dir, kafka_prefix=None if kafka is None else kafka.topic_prefix)
-    store.checkpoint_apart()  # its batches' commits leave SQLite's log checkpoints to a thread of their own
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
     from aggregates.checkpoint_checks import check_checkpoint
 
@@ -539,6 +538,9 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     # Failed store commits are retried and reported there (aggregates/commit_retry.py).
     health.reserve_store_errors(name)
     pipeline.health = health
+    # Last, once nothing above can raise: its batches' commits leave SQLite's log checkpoints to a
+    # thread of their own (store/wal_checkpoints.py), stopped when the store closes.
+    store.checkpoint_apart()
     return pipeline
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -55,7 +56,7 @@ from store import patterns as pattern_store
 from store.patterns import PATTERN_TABLES
 from store import sessions as session_store
 from store.tiers import ALL_DIMS, TierLayout
-from store.wal_checkpoints import BackgroundCheckpoints
+from store.wal_checkpoints import SAFETY_NET_PAGES, BackgroundCheckpoints
 from store.watermarks import PartitionMark
 
 
@@ -608,16 +609,18 @@ class SqlitePaneStore(PaneStore):
 
     def checkpoint_apart(self) -> None:
         """The write-ahead log copied into the file by a thread of its own, not by the commits
-        (store/wal_checkpoints.py): a pipeline's store, whose batches' commits then return sooner."""
+        (store/wal_checkpoints.py): a pipeline's store, whose batches' commits then return sooner.
+        The thread stops when the store closes, or is collected unclosed (a pipeline rebuilt)."""
         with self._lock:
             if self._checkpoints is None:
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {SAFETY_NET_PAGES}")
                 self._checkpoints = BackgroundCheckpoints(self.path, busy_timeout_s=self._busy_timeout_s)
-                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+                self._stop_checkpoints = weakref.finalize(self, self._checkpoints.close)
 
     def close(self) -> None:
         with self._lock:
             if self._checkpoints is not None:
-                self._checkpoints.close()
+                self._stop_checkpoints()
                 self._checkpoints = None
             self._conn.close()
             if self._bloom is not None:

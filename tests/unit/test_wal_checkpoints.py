@@ -1,9 +1,12 @@
 """A pipeline's SQLite store leaves its write-ahead log's checkpoints to a thread of their own
 (store/wal_checkpoints.py): its batches' commits run none, and what they wrote still reaches the
-database file, as does a large write outside a batch; closing stops the thread with nothing lost."""
+database file, as does a write outside a batch; with batches back to back the log still starts
+over instead of growing; closing (or dropping the store unclosed) stops the thread."""
 
 from __future__ import annotations
 
+import gc
+import os
 import shutil
 import sqlite3
 import time
@@ -15,7 +18,7 @@ from sketchboard.settings import Settings
 from sketchboard.wiring import build_pipeline
 from store import SqlitePaneStore
 from store.connection import open_connection
-from store.wal_checkpoints import LOG_BYTES, BackgroundCheckpoints
+from store.wal_checkpoints import SAFETY_NET_PAGES, BackgroundCheckpoints
 from tests.unit.test_tiers import LAYOUT, T0, commit_all
 
 EVENTS = [[(T0 + i * 7_000, {"a": "xy"[i % 2], "b": "pqr"[i % 3], "c": "mn"[i % 2]}, i * 0.5, f"u{i % 9}")
@@ -37,7 +40,8 @@ def test_batches_commit_without_checkpoints_and_reach_the_file_through_the_threa
         store.configure_tiers({"s": LAYOUT}, now_ms=T0)
         store.checkpoint_apart()
         store.checkpoint_apart()  # once: one thread
-        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0  # none in a commit
+        # None in a commit, but for a log at its size limit (the thread cannot keep up): a safety net.
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == SAFETY_NET_PAGES
         commit_all(store, EVENTS)
         assert store.checkpoints_apart.wait_idle(30)
         assert store.checkpoints_apart.checkpoints >= 1
@@ -61,38 +65,65 @@ def beside(tmp_path):
     writer = open_connection(path)
     writer.execute("PRAGMA wal_autocheckpoint = 0")
     writer.execute("CREATE TABLE scratch (value)")
-    checkpoints = BackgroundCheckpoints(path, min_interval_s=0.05)
+    checkpoints = BackgroundCheckpoints(path, beat_s=0.05)
     yield path, writer, checkpoints
     checkpoints.close()
     writer.close()
 
 
-def test_a_large_write_outside_a_batch_is_checkpointed_on_the_threads_own_beat(beside, tmp_path):
+def wait_for(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_write_outside_a_batch_is_checkpointed_on_the_beat_and_an_idle_file_is_left_alone(beside, tmp_path):
     path, writer, checkpoints = beside
-    writer.execute("BEGIN")  # one transaction of twice SQLite's threshold (a tier rebuild's chunk)
-    writer.executemany("INSERT INTO scratch VALUES (?)", [(b"x" * 4_000,) for _ in range(2 * LOG_BYTES // 4_000)])
+    assert wait_for(lambda: checkpoints.checkpoints >= 1)  # the first beat: nothing copied yet
+    before = checkpoints.checkpoints
+    writer.execute("BEGIN")  # no batch told it: another write on the file (a tier rebuild's chunk)
+    writer.executemany("INSERT INTO scratch VALUES (?)", [(b"x" * 4_000,) for _ in range(500)])
     writer.execute("COMMIT")
-    deadline = time.monotonic() + 30
-    while checkpoints.checkpoints == 0 and time.monotonic() < deadline:  # no commit told it: its beat
-        time.sleep(0.05)
-    assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 2 * LOG_BYTES // 4_000
+    assert wait_for(lambda: checkpoints.checkpoints > before)  # counted once done: the file is whole to copy
+    assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 500
+    done = checkpoints.checkpoints
+    time.sleep(0.5)  # ten beats, nothing written: no checkpoint
+    assert checkpoints.checkpoints == done
 
 
-def test_small_writes_outside_a_batch_are_left_to_the_next_batch(beside, tmp_path):
+def test_the_log_starts_over_with_batches_back_to_back(beside):
+    """The log restarts from its beginning only when a write begins after all of it was copied: so
+    each batch's commit is checkpointed right away, not on a beat that may fall inside the next
+    batch's transaction (then the log grows by a batch a commit)."""
     path, writer, checkpoints = beside
-    writer.execute("INSERT INTO scratch VALUES (1)")
-    time.sleep(0.3)  # several beats: fewer pages than SQLite would checkpoint at
-    assert checkpoints.checkpoints == 0
-    checkpoints.committed()
-    assert checkpoints.wait_idle(30) and checkpoints.checkpoints == 1
-    assert in_file_alone(path, tmp_path, "SELECT COUNT(*) FROM scratch") == 1
+    checkpoints.beat_s = 10.0  # the beat out of the way: commits alone
+    blob = b"x" * 4_000
+    sizes = []
+    for _ in range(12):
+        writer.execute("BEGIN IMMEDIATE")
+        writer.executemany("INSERT INTO scratch VALUES (?)", [(blob,) for _ in range(125)])  # ~0.5 MB
+        writer.execute("COMMIT")
+        checkpoints.committed()
+        assert checkpoints.wait_idle(5)  # the next batch's read and compute outlast the checkpoint
+        sizes.append(os.path.getsize(f"{path}-wal"))
+    assert max(sizes) < 2 * 125 * 4_200, sizes  # one batch's frames, never two
+
+
+def test_a_store_dropped_unclosed_stops_its_thread(tmp_path):
+    store = SqlitePaneStore(tmp_path / "store.db")
+    store.checkpoint_apart()
+    thread = store.checkpoints_apart._thread
+    del store
+    gc.collect()
+    assert wait_for(lambda: not thread.is_alive(), 10)
 
 
 def test_the_pipelines_store_checkpoints_apart(tmp_path):
     pipeline = build_pipeline(Settings(data_dir=tmp_path, log_backend="embedded", store_backend="sqlite"))
     try:
         assert pipeline.store.checkpoints_apart is not None
-        assert pipeline.store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert pipeline.store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == SAFETY_NET_PAGES
     finally:
         pipeline.store.close()
         pipeline.log.close()
