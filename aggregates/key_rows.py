@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 
 from aggregates.driver_batch import arrow_on_driver, no_records
 from aggregates.driver_rules import list_get
+from ingest.source_rows import repeated_text
 from sketches.bloom import SALT2, hashes
 
 TAG_FIRST_SEEN = 0
@@ -271,23 +272,16 @@ class KeyRows:
             starts[1:] = (key_ix[1:] != key_ix[:-1]) | (first[1:] - last[:-1] >= g.sessions.gap)
             heads = np.flatnonzero(starts)
             ends = np.append(heads[1:], len(first)) - 1
-            parts.append(pa.table({"stream": _repeated(g.stream, len(heads)),
+            parts.append(pa.table({"stream": repeated_text(g.stream, len(heads)),
                                    "key": keys.dictionary.take(pa.array(key_ix[heads])),
                                    "first_ms": first[heads], "last_ms": last[ends],
                                    "events": np.add.reduceat(events, heads)}))
         return pa.concat_tables(parts) if parts else _empty_runs()
 
 
-def _repeated(text: str, n: int) -> pa.Array:
-    """`text` n times as Arrow strings: one kernel, where an object array of n references converted
-    cost ~100 times more (100 000 rows: 26 against 0.3 ms; a batch of the demo makes three such
-    columns of ~50 000 rows)."""
-    return pa.repeat(pa.scalar(text, pa.string()), n)
-
-
 def _bloom_part(stream: str, tag: int, bucket, first_ms, h1, h2) -> pa.Table:
     n = len(first_ms)
-    return pa.table({"stream": _repeated(stream, n),
+    return pa.table({"stream": repeated_text(stream, n),
                      "tag": pa.array(np.full(n, tag, np.int32)), "bucket": bucket, "first_ms": first_ms,
                      "h1": h1, "h2": h2}, schema=BLOOM_ROW_SCHEMA)
 
