@@ -74,8 +74,10 @@ class BackgroundCheckpoints:
                     return
                 covering = self._commits
             try:
-                if covering > self._covered or self._written_since():
-                    self._checkpoint()
+                # The file's data_version moves with every write another connection commits.
+                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+                if covering > self._covered or version != self._copied_version:
+                    self._checkpoint(version)
             except Exception as exc:  # a full disk, an I/O error: tried again on the next beat
                 self._copied_version = None
                 log.warning("checkpointing the store's write-ahead log failed (%s): tried again in %.0f s", exc,
@@ -84,12 +86,7 @@ class BackgroundCheckpoints:
                 self._covered = covering
                 self._changed.notify_all()
 
-    def _written_since(self) -> bool:
-        """Whether a write reached the file since the last checkpoint that copied all of its log."""
-        return self._conn.execute("PRAGMA data_version").fetchone()[0] != self._copied_version
-
-    def _checkpoint(self) -> None:
-        version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+    def _checkpoint(self, version: int) -> None:
         busy, in_log, copied = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         # All copied: nothing to do until the next write. Else (a reader in the way) again next beat.
         self._copied_version = version if not busy and in_log == copied else None
