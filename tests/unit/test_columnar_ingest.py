@@ -165,6 +165,7 @@ def test_plain_valid_bodies_take_the_columnar_path(events, array):
     b'{"time": 1795000000000, "device": "d", "site": "\\ud800"}',
     b'{"time": 1795000000000, "device": "d", "site": "a\\u0000b"}',  # a NUL: the per-event path refuses it
     b'{"time": 1795000000000, "device": "d\\u0000"}',
+    b'{"time": 1795000000000, "device": "d", "site": "a\x00b"}',  # a raw NUL: malformed JSON
     ('{"time": 1795000000000, "device": "%s"}' % ("中" * 700)).encode(),  # 2 100 bytes: over a label's
 ], ids=lambda b: b[:40].decode("utf-8", "replace"))
 def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
@@ -177,6 +178,7 @@ def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
     ("€" * 682, True), ("€" * 683, False),  # 2 046 bytes pass, 2 049 do not (683 characters would)
     ("𝄞" * 512, True), ("𝄞" * 512 + "a", False),  # 2 048 bytes, then one more
     ("a\x00", False), ("\x00" + "é" * 600, False),  # a NUL, on its own and past the byte count
+    ("a\\u0000b", True),  # the text of an escape, not a NUL: the body's bytes hold `\\u0000`
 ], ids=lambda v: v if isinstance(v, bool) else f"{len(v)} chars {len(v.encode())} bytes")
 @pytest.mark.parametrize("field", ["site", "device"])
 def test_labels_at_the_character_and_byte_limits_are_decided_as_the_per_event_path_does(label, taken, field):
