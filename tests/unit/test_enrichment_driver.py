@@ -50,10 +50,12 @@ events = st.lists(st.tuples(st.sampled_from(["s", "s", "other", None]), st.one_o
                             st.one_of(some, some, st.none()), st.one_of(some, some, st.none())), min_size=1, max_size=10)
 
 
-def columns(evs):
+def columns(evs, held: str | None = "old"):
+    """`held`: what the rows' enriched slots hold before the lookup ("": dimensions the events do
+    not carry, None: null items)."""
     stream = [s for s, _, _, _ in evs]
     ids = [None if k is None and i % 3 == 0 else ["x", k] for i, (_, k, _, _) in enumerate(evs)]
-    dims = [None if i % 4 == 3 else ["/a", "old", "old"] for i in range(len(evs))]
+    dims = [None if i % 4 == 3 else ["/a", held, held] for i in range(len(evs))]
     return stream, ids, dims, [e for _, _, e, _ in evs], [g for _, _, _, g in evs]
 
 
@@ -142,23 +144,33 @@ def as_table(stream, ids, dims, event_time, ingest_time) -> pa.Table:
 
 @settings(max_examples=300, deadline=None)
 @given(users_rows, plans_rows, events, st.sampled_from(["table", "inner", "left"]), st.sampled_from(["plan", None]),
-       st.booleans(), st.integers(0, 2), st.booleans())
+       st.booleans(), st.integers(0, 2), st.booleans(), st.sampled_from(["old", "", None]))
 # A left row whose foreign key is null names no right row: no right key is asked for.
 @example(users=[("k1", 0, {"user_id": "k1", "plan": None, "country": "FR"})], plans=[], evs=[("s", "k1", 0, None)],
-         kind="inner", fk="plan", twice=False, cut=0, more=False)
+         kind="inner", fk="plan", twice=False, cut=0, more=False, held="old")
 # A table sliced past its start, with a row of no dims (its lists' offsets and null bitmap sliced).
 @example(users=[("k1", 0, {"user_id": "k1", "plan": "pro", "country": "FR"})], plans=[],
          evs=[("s", "k1", 0, None), ("other", "k1", None, None), ("s", "k2", 0, None), ("other", "k1", 1, 1)],
-         kind="table", fk=None, twice=False, cut=1, more=False)
-def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plans, evs, kind, fk, twice, cut, more):
+         kind="table", fk=None, twice=False, cut=1, more=False, held="old")
+# A table holding none of the events' keys, whose enriched slots are "" already: the lists are kept
+# as they are; with null items there instead, they are rebuilt (a null is not MISSING).
+@example(users=[("k3", 0, {"user_id": "k3", "plan": "pro", "country": "FR"})], plans=[],
+         evs=[("s", "k1", 0, None), ("s", "k2", 5, 5), ("other", "k1", 1, 1)],
+         kind="left", fk="plan", twice=False, cut=1, more=False, held="")
+@example(users=[("k3", 0, {"user_id": "k3", "plan": "pro", "country": "FR"})], plans=[],
+         evs=[("s", "k1", 0, None), ("s", "k2", 5, 5), ("other", "k1", 1, 1)],
+         kind="left", fk="plan", twice=False, cut=1, more=False, held=None)
+def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plans, evs, kind, fk, twice, cut, more,
+                                                                      held):
     """`enrich_table` (numpy over a key's events when it has one version, `as_of` per event
     otherwise) against `enrich`: the same dims, misses and keys asked for; two lookups in a row
     (the second reads the first's dims) when `twice`; over a table sliced `cut` rows past its start;
-    with `more`, its fetch giving versions of keys not asked for too."""
+    with `more`, its fetch giving versions of keys not asked for too; with the enriched slots
+    holding `held` before the lookup."""
     tables = {"users": versions(users, KEYS), "plans": versions(plans, PLANS + KEYS)}
     lookup = TABLE if kind == "table" else view_lookup(kind, fk)
     lookups = [lookup, replace(lookup, miss="_miss_s_1")] if twice else [lookup]
-    cols = columns(evs)
+    cols = columns(evs, held)
     asked_rows, asked_table = [], []
     want_dims, want_misses = enrich(*cols, lookups, fetcher(tables, asked_rows))
     before = (["other"] * cut, [["x", "k1"]] * cut, [None, ["/z", "old", "old"]][:cut], [0] * cut, [0] * cut)
