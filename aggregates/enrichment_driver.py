@@ -329,14 +329,12 @@ def _already_missing(items: pa.Array, starts: np.ndarray, rows: np.ndarray, repl
     holding none of the batch's keys. Then the lists stay as they are, where rebuilding them costs
     a take of every item (~0.13 s for 1 M events of 7 dims). Read from the offsets alone: an
     item's byte length, a text's, and no null item (a null is not MISSING)."""
-    if items.null_count:
-        return False
+    if items.null_count or any(pc.binary_length(picked.texts).to_numpy(zero_copy_only=False).any()
+                               for picked in replaced.values()):
+        return False  # a null item, or a version found with a value (then it is most likely some row's)
     offsets = np.frombuffer(items.buffers()[1], np.int32)[items.offset:items.offset + len(items) + 1]
-    for j, picked in replaced.items():
-        new_lengths = pc.binary_length(picked.texts).to_numpy(zero_copy_only=False)
-        if new_lengths[picked.index[rows]].any() or (offsets[starts + j + 1] - offsets[starts + j]).any():
-            return False
-    return True
+    lengths = np.diff(offsets)
+    return not any(lengths[starts + j].any() for j in replaced)
 
 
 def _lists(slots: list[pa.Array], n: int) -> pa.Array:
