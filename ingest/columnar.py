@@ -146,7 +146,8 @@ def _validated(stream: StreamDef, fields: dict[str, pa.Array | pa.ChunkedArray],
             return None  # the per-event path refuses it, saying why
         # Characters are counted only where the bytes could be too many: a label has at most as
         # many characters as bytes.
-        if widest is not None and widest > MAX_STRING_LENGTH and pc.max(pc.utf8_length(column)).as_py() > MAX_STRING_LENGTH:
+        if widest is not None and widest > MAX_STRING_LENGTH \
+                and pc.max(pc.utf8_length(column)).as_py() > MAX_STRING_LENGTH:
             return None
         if search_nul and pc.any(pc.match_substring(column, NUL)).as_py():
             return None  # likewise
