@@ -179,3 +179,23 @@ def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plan
     assert got_dims.to_pylist() == want_dims
     assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
     assert asked_table == asked_rows
+
+
+def test_dims_whose_items_start_past_their_buffers_start_are_read_where_they_are():
+    """The lists' items as a slice of a longer array (its offsets counted from the slice): the check
+    that keeps unchanged lists as they are reads each item's length there, not from the array's
+    start (empty items, which would pass the check), and the result is the row-by-row one's whether
+    the items are "" (kept) or not (rebuilt)."""
+    tables = {"users": by_key([("k3", TableVersion(0, 0, 0, {"user_id": "k3", "plan": "pro", "country": "FR"}))])}
+    for held in ("", "old"):
+        stream, ids, dims, event_time, ingest_time = columns([("s", "k1", 0, 1), ("s", "k2", 5, 5), ("other", "k1", 1, 1)],
+                                                             held)
+        items = pa.array([""] * 6 + [item for row in dims if row is not None for item in row], pa.string())
+        offsets = pa.array([0, 3, 6, 9], pa.int32())  # no row of `columns` is a null list here
+        sliced = pa.ListArray.from_arrays(offsets, items.slice(6), type=SOURCE_SCHEMA.field("dims").type)
+        assert sliced.values.offset == 6 and sliced.to_pylist() == dims
+        batch = as_table(stream, ids, dims, event_time, ingest_time).set_column(2, "dims", sliced)
+        want_dims, want_misses = enrich(stream, ids, dims, event_time, ingest_time, [TABLE], fetcher(tables, []))
+        got_dims, got_misses = enrich_table(batch, [TABLE], fetcher(tables, []))
+        assert got_dims.to_pylist() == want_dims and all(d[1:] == [MISSING, MISSING] for d in want_dims[:2])
+        assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
