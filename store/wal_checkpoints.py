@@ -14,7 +14,9 @@ to the log's size limit (a safety net: SAFETY_NET_PAGES) and runs the checkpoint
   grow on batch after batch (the review's probe: 0.5 -> 18 MB over 35 batches with a 1 s beat);
 - once a `beat_s`, when anything was written to the file since the last complete checkpoint
   (`PRAGMA data_version`: other writes on the connection, a tier rebuild's, the side stores'), and
-  again after one that could not copy everything (a reader in the way).
+  again after one that could not copy everything (a reader in the way). A write transaction that
+  starts the copied log over moves data_version before it commits: that beat copies nothing and
+  the commit is copied on the next one.
 
 Nothing depends on when a checkpoint runs: a commit is durable in the log (as SQLite's
 `synchronous` says), a reader sees it either way, and a file opened after a crash replays its log.
