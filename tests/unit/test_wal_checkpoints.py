@@ -82,9 +82,10 @@ def test_a_write_outside_a_batch_is_checkpointed_on_the_beat_and_an_idle_file_is
     path, writer, checkpoints = beside
     assert wait_for(lambda: checkpoints.checkpoints >= 1)  # the first beat: nothing copied yet
     before = checkpoints.checkpoints
+    writer.execute("PRAGMA cache_size = 100")  # pages spill into the log before the commit
     writer.execute("BEGIN")  # no batch told it: another write on the file (a tier rebuild's chunk)
     writer.executemany("INSERT INTO scratch VALUES (?)", [(b"x" * 4_000,) for _ in range(500)])
-    # Its first pages restarted the fully copied log, which moves data_version before the commit:
+    # Its first spilled pages restarted the fully copied log, which moves data_version before the commit:
     # a beat inside the transaction checkpoints nothing (what CI once met as a race). The commit
     # still reaches the file, on a later beat.
     assert wait_for(lambda: checkpoints.checkpoints > before)
