@@ -20,6 +20,7 @@ import pytest
 from catalog import StreamDef
 from ingest.events import Event, EventValidator
 from ingest.log import EventLog, PartitionOffsets, SqliteEventLog
+from ingest.log.sqlite import PAGE_SIZE
 from ingest.log.records import (
     EVENT_TIME,
     EXTRA,
@@ -582,6 +583,35 @@ def test_a_log_written_before_reads_on_with_new_segments(tmp_path: Path) -> None
     read = sum(batch.num_rows for p, o in log.offsets(STREAM.name).items() for batch in log.read(STREAM, p, o.start, o.end))
     assert read == 80
     log.close()
+
+
+def test_a_new_log_file_has_large_pages_and_one_made_before_keeps_its_own(tmp_path: Path) -> None:
+    """A segment is a blob of hundreds of KB at line rate: a new file gets PAGE_SIZE pages (fewer
+    write-ahead log frames an append); a file made with SQLite's default 4 KiB pages (an older
+    log) keeps them, and reads and appends as before."""
+    new = SqliteEventLog(tmp_path / "new.db")
+    new.ensure_topic(STREAM)
+    older_path = tmp_path / "older.db"
+    with sqlite3.connect(older_path) as conn:
+        conn.execute("PRAGMA page_size = 4096")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE made_before (x)")
+    older = SqliteEventLog(older_path)
+    older.ensure_topic(STREAM)
+    for log in (new, older):
+        log.append(STREAM, make_events(STREAM, 0, 3_000), T0)
+    older.close()
+    older = SqliteEventLog(older_path)  # opened again: still its own pages
+    older.append(STREAM, make_events(STREAM, 3_000, 40), T0)
+    sizes = {}
+    for name, log in (("new", new), ("older", older)):
+        read = sum(batch.num_rows for p, o in log.offsets(STREAM.name).items()
+                   for batch in log.read(STREAM, p, o.start, o.end))
+        sizes[name] = log._conn.execute("PRAGMA page_size").fetchone()[0]
+        log.close()
+        assert read == {"new": 3_000, "older": 3_040}[name]
+    assert sizes == {"new": PAGE_SIZE, "older": 4096}
+    assert PAGE_SIZE > 4096
 
 
 def test_an_extra_field_declared_later_reads_as_null_where_no_label_could_hold_it() -> None:
