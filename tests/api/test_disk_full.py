@@ -4,6 +4,8 @@ real log (or store) file full. The API answers 503 with the reason, nothing is h
 
 from __future__ import annotations
 
+import random
+
 import httpx
 import pytest
 
@@ -15,6 +17,13 @@ EVENTS = "/api/v1/events?stream=orders"
 
 def orders(now_ms: int, n: int) -> list[dict]:
     return [{"time": now_ms - i, "customer_id": f"customer-{i:06d}-" + "x" * 20, "amount": 1.5} for i in range(n)]
+
+
+def incompressible_orders(now_ms: int, n: int) -> list[dict]:
+    """Orders with random ids: the segments they make are larger than one of the log's 16 KiB pages
+    (LZ4 cannot shrink them), so room left in the pages the file has cannot take them."""
+    rng = random.Random(7)
+    return [{"time": now_ms - i, "customer_id": rng.randbytes(40).hex(), "amount": 1.5} for i in range(n)]
 
 
 def offsets(ctx) -> dict:
@@ -37,15 +46,15 @@ def http(wired_ctx):
 def test_a_full_log_is_a_503_that_writes_nothing_and_the_retry_goes_through(http, wired_ctx, now_ms):
     before = offsets(wired_ctx)
     pages = fill(wired_ctx.log._conn)  # the log's own connection: where appends are written
-    body = orders(now_ms, 500)
+    body = incompressible_orders(now_ms, 400)  # ~56 KB of JSON, under the test API's 64 KiB
     full = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k1"})
     assert full.status_code == 503, full.text
     assert "cannot write" in full.json()["detail"] and "full" in full.json()["detail"]
     assert offsets(wired_ctx) == before
     wired_ctx.log._conn.execute(f"PRAGMA max_page_count = {pages * 1000}")  # space is back
     again = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k1"})  # the 503 freed the key
-    assert again.status_code == 200 and again.json()["accepted"] == 500
-    assert sum(end - start for start, end in offsets(wired_ctx).values()) == 500
+    assert again.status_code == 200 and again.json()["accepted"] == 400
+    assert sum(end - start for start, end in offsets(wired_ctx).values()) == 400
 
 
 def test_a_full_store_is_a_503_before_anything_is_appended(http, wired_ctx, now_ms):
