@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from api.bodies import MalformedLine, columnar_body, parse_events
 from catalog.loader import parse_catalog
-from ingest.columnar import columnar_events, limits_allow
+from ingest.columnar import columnar_events, limits_allow, object_lines
 from ingest.events import EventValidator
 from ingest.json_limits import JsonLimits, violation
 from ingest.log.records import columns_to_batch, events_to_batch
@@ -149,6 +149,36 @@ def test_plain_valid_bodies_take_the_columnar_path(events, array):
         (ndjson(events), "application/x-ndjson")
     columns = assert_same_as_per_event(body, content_type)
     assert columns is not None and columns.num_rows == len(events)
+
+
+def lines_walked(body: bytes) -> int | None:
+    """object_lines as the per-event reader splits a body: on \\n alone, blank lines skipped."""
+    count = 0
+    for line in body.split(b"\n"):
+        start = line.lstrip()[:1]
+        if start == b"{":
+            count += 1
+        elif start:
+            return None
+    return count
+
+
+@settings(max_examples=600, deadline=None)
+@given(pieces=st.lists(st.sampled_from([b"{", b"}", b"\n", b"\n{", b"{}\n", b" ", b"\r", b"\t", b"\x0b", b"\x0c",
+                                        b"[", b"x", b"\"\n\"", b"\xc2\xa0"]), max_size=12))
+def test_object_lines_counts_as_the_line_walk_does(pieces):
+    # Bodies from compact NDJSON (every line its brace: the counted case) to blank lines, CRLF,
+    # indented or non-object lines and a newline inside a string (which the reader then refuses).
+    body = b"".join(pieces)
+    assert object_lines(body) == lines_walked(body)
+
+
+@pytest.mark.parametrize("body, lines", [
+    (b"{}", 1), (b"{}\n", 1), (b"{}\n{}", 2), (b"{}\r\n{}\r\n", 2), (b"{}\n\n{}", 2), (b" {}\n{}", 2),
+    (b"{}\n \n", 1), (b"{}\nnull", None), (b"\n", 0), (b"", 0),
+])
+def test_object_lines_examples(body, lines):
+    assert object_lines(body) == lines
 
 
 @pytest.mark.parametrize("body", [
