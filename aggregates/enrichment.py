@@ -258,8 +258,13 @@ class Enrichment:
                 return {k: versions[table][k] for k in keys if k in versions[table]}
             return self.kept.with_batch(table, keys, new.get(table, ()))
 
+        def singles(table: str):
+            if versions is not None:
+                return None
+            return self.kept.singles(table, (key for key, _ in new.get(table, ())))
+
         rows = batch.combine_chunks()
-        dims, misses = enrich_table(rows, lookups, fetch)
+        dims, misses = enrich_table(rows, lookups, fetch, singles)
         at = rows.schema.get_field_index("dims")
         rows = rows.set_column(at, rows.schema.field(at), dims)
         for lookup in lookups:

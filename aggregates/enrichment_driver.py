@@ -24,7 +24,7 @@ one); an inner view's columns are "" unless both had a row, a left view keeps th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,11 +36,18 @@ from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
 from ingest.source_rows import interleave
-from store.table_versions import TableVersion, as_of
+from store.table_versions import SingleVersions, TableVersion, as_of
 
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
 
 Fetch = Callable[[str, set[str]], Mapping[str, Sequence[TableVersion]]]  # (table, keys) -> versions by key
+# table -> its single-version keys as columns and which of them not to take from there (their
+# versions are `fetch`ed as any other key's), or None (store.table_versions.KeptVersions.singles)
+Singles = Callable[[str], tuple[SingleVersions, Collection[str]] | None]
+
+# A batch asking for fewer distinct keys walks them all: finding them among a table's singles hashes
+# every one of the table's keys (~2-3 ms for 50 000), a dict lookup each of ~100 keys next to nothing.
+SINGLES_FROM_KEYS = 2_000
 
 
 @dataclass(frozen=True)
@@ -155,13 +162,16 @@ def enrich(stream: list[str | None], ids: list, dims: list, event_time: list, in
     return dims, misses
 
 
-def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) -> tuple[pa.Array, dict[str, pa.Array]]:
+def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
+                 singles: Singles | None = None) -> tuple[pa.Array, dict[str, pa.Array]]:
     """What `enrich` gives, over the batch's Arrow rows (columns stream, ids, dims, event_time,
     ingest_time) by whole columns: `dims` with the enriched slots set and each lookup's miss flags.
     A key with one version (most of a table's: a row changes seldom) is looked up by numpy over all
     its events at once; only the events of keys with several versions pick theirs with `as_of` one by
     one. The versions asked from `fetch` are the same keys `enrich` asks for (tests/unit/
-    test_enrichment_driver.py checks the two agree with Hypothesis)."""
+    test_enrichment_driver.py checks the two agree with Hypothesis). With `singles`, a large batch's
+    keys that a table's single-version columns hold take their version from there, and only the
+    others are asked from `fetch`."""
     rows = rows.combine_chunks()
     n = rows.num_rows
     stream = _column(rows, "stream")
@@ -172,7 +182,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) 
     for lookup in lookups:
         mine = pc.fill_null(pc.equal(stream, lookup.stream), False).to_numpy(zero_copy_only=False)
         keys = pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
-        left = _Versions.at(keys, at, at_valid, fetch, lookup.table)
+        left = _Versions.at(keys, at, at_valid, fetch, lookup.table, singles)
         found = left.found()
         values: dict[str, _Picked] = {}
         if lookup.right is None:
@@ -188,7 +198,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) 
                 fk = left.column(lookup.foreign_key, found)
                 names_row = pc.and_(pa.array(found), pc.not_equal(fk, MISSING))
                 right_keys = pc.if_else(names_row, fk, pa.nulls(n, pa.string()))
-            right = _Versions.at(right_keys, at, at_valid, fetch, lookup.right)
+            right = _Versions.at(right_keys, at, at_valid, fetch, lookup.right, singles)
             right_found = right.found()
             row = found & (right_found | lookup.left_kind)
             for c in lookup.columns:
@@ -205,13 +215,16 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch) 
 
 
 class _Versions:
-    """Each event's version of one table at its lookup time: an index into `rows` (-1: none)."""
+    """Each event's version of one table at its lookup time: an index (-1: none) into the table's
+    single-version rows when they were used (`held`), then into `rows`."""
 
-    def __init__(self, rows: list[Mapping | None], chosen: np.ndarray):
-        self.rows, self.chosen = rows, chosen
+    def __init__(self, rows: list[Mapping | None], chosen: np.ndarray, held: SingleVersions | None = None):
+        self.rows, self.chosen, self.held = rows, chosen, held
+        self.base = 0 if held is None else len(held.rows)
 
     @classmethod
-    def at(cls, keys: pa.Array, at: np.ndarray, at_valid: np.ndarray, fetch: Fetch, table: str) -> _Versions:
+    def at(cls, keys: pa.Array, at: np.ndarray, at_valid: np.ndarray, fetch: Fetch, table: str,
+           singles: Singles | None = None) -> _Versions:
         if keys.null_count == len(keys):
             # No row has a key (no event of the lookup's stream names one, or a view's right side
             # when no left row was found): nothing is looked up, and `enrich` asks for no key either.
@@ -221,24 +234,39 @@ class _Versions:
         # each row's index among them (null: no key), where unique and index_in took two.
         encoded = pc.dictionary_encode(one_chunk(keys))
         names = encoded.dictionary.to_pylist()
-        versions = fetch(table, set(names))
         where = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-        rows: list[Mapping | None] = []
         single_from = np.full(len(names), np.iinfo(np.int64).max, np.int64)  # never valid: no version
         single_row = np.full(len(names), -1, np.int64)
         several = np.zeros(len(names), bool)
-        if 2 * len(versions) < len(names):
+        offered = singles(table) if singles is not None and len(names) >= SINGLES_FROM_KEYS else None
+        held = None if offered is None else offered[0]
+        asked = np.ones(len(names), bool)
+        if held is not None:
+            # The keys the single-version columns hold (and may be taken from) found all at once.
+            position = pc.index_in(encoded.dictionary, value_set=held.keys)
+            if offered[1]:
+                changed = pc.is_in(encoded.dictionary, value_set=pa.array(list(offered[1]), pa.string()))
+                position = pc.if_else(changed, pa.scalar(None, position.type), position)
+            position = pc.fill_null(position, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+            taken = position >= 0
+            single_from[taken] = held.valid_from_ms[position[taken]]
+            single_row[taken] = position[taken]
+            asked = ~taken
+        rows: list[Mapping | None] = []
+        base = 0 if held is None else len(held.rows)  # `rows` come after the columns' rows
+        versions = fetch(table, {names[j] for j in np.flatnonzero(asked).tolist()} if held is not None else set(names))
+        if 2 * len(versions) < int(asked.sum()):
             # Walked by the keys the table holds where they are few of the batch's (a batch's ~50 000
             # users, a table holding none or some), each found among the batch's by Arrow's hash;
             # a key `fetch` gave that was not asked for is in none.
-            held = list(versions)
-            at_name = pc.index_in(pa.array(held, pa.string()), value_set=encoded.dictionary).to_pylist()
-            walk = ((j, versions[key]) for key, j in zip(held, at_name) if j is not None)
+            fetched = list(versions)
+            at_name = pc.index_in(pa.array(fetched, pa.string()), value_set=encoded.dictionary).to_pylist()
+            walk = ((j, versions[key]) for key, j in zip(fetched, at_name) if j is not None and asked[j])
         else:
-            walk = ((j, versions.get(key, ())) for j, key in enumerate(names))
+            walk = ((j, versions.get(names[j], ())) for j in np.flatnonzero(asked).tolist())
         for j, vs in walk:
             if len(vs) == 1:
-                single_from[j], single_row[j] = vs[0].valid_from_ms, len(rows)
+                single_from[j], single_row[j] = vs[0].valid_from_ms, base + len(rows)
                 rows.append(vs[0].row)
             elif len(vs) > 1:
                 several[j] = True
@@ -251,12 +279,15 @@ class _Versions:
         for i in np.nonzero(looked & several[slot])[0] if len(names) else ():
             row = as_of(versions[names[slot[i]]], int(at[i]))
             if row is not None:
-                chosen[i] = len(rows)
+                chosen[i] = base + len(rows)
                 rows.append(row)
-        return cls(rows, chosen)
+        return cls(rows, chosen, held)
 
     def found(self) -> np.ndarray:
         present = np.array([r is not None for r in self.rows] + [False], bool)  # index -1: the appended False
+        if self.held is not None:
+            present = np.concatenate([_held(self.held, "present", lambda rows: np.array(
+                [r is not None for r in rows], bool)), present])
         return present[self.chosen]
 
     def column(self, name: str, where: np.ndarray) -> pa.Array:
@@ -266,7 +297,18 @@ class _Versions:
     def picked(self, name: str, where: np.ndarray) -> _Picked:
         """`column`, not yet taken: the versions' texts and each row's index into them."""
         texts = pa.array([text(r.get(name)) if r is not None else MISSING for r in self.rows] + [MISSING], pa.string())
-        return _Picked(texts, np.where(where, self.chosen, len(self.rows)))
+        if self.held is not None:
+            texts = pa.concat_arrays([_held(self.held, f"texts {name}", lambda rows: pa.array(
+                [text(r.get(name)) if r is not None else MISSING for r in rows], pa.string())), texts])
+        return _Picked(texts, np.where(where, self.chosen, self.base + len(self.rows)))
+
+
+def _held(held: SingleVersions, what: str, make: Callable[[list], object]):
+    """Something made from the single-version rows, once for as long as they are kept (a column's
+    texts: ~10 ms for a full demo table, where a batch's lookup takes ~2 from there)."""
+    if what not in held.derived:
+        held.derived[what] = make(held.rows)
+    return held.derived[what]
 
 
 @dataclass(frozen=True, eq=False)

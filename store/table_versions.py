@@ -15,8 +15,11 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 DDL = """
 -- Versions of changelog tables' rows, for enrichment (store/table_versions.py).
@@ -78,6 +81,32 @@ def prunable(versions: Sequence[TableVersion], keep_from_ms: int) -> list[TableV
     return [v for v in versions[:i - 1] if v.valid_from_ms < versions[i - 1].valid_from_ms]
 
 
+@dataclass(eq=False)
+class SingleVersions:
+    """A table's keys that had exactly one kept version when it was made, as columns: for such a
+    key `KeptVersions.with_batch` gives that one version, so a batch's lookup can find its keys
+    all at once by Arrow's hash instead of one dict lookup per key (aggregates/enrichment_driver.py;
+    a demo batch asks for ~30 000-50 000 users of a full table). Made once and kept across batches:
+    `KeptVersions.singles` says which of its keys have changed since (not to be taken from it).
+    `derived` memoizes what a user computes from `rows` (a column's texts), for as long as it lives."""
+
+    keys: pa.Array  # strings
+    valid_from_ms: np.ndarray  # int64, per key
+    rows: list[Mapping[str, Any] | None]  # per key; None: deleted from valid_from_ms on
+    derived: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kept: Mapping[str, Sequence[TableVersion]]) -> SingleVersions:
+        singles = [(key, vs[0]) for key, vs in kept.items() if len(vs) == 1]
+        return cls(pa.array([k for k, _ in singles], pa.string()),
+                   np.array([v.valid_from_ms for _, v in singles], np.int64), [v.row for _, v in singles])
+
+
+# The single-version columns are made again once this share of their keys has changed since: a demo
+# table changes a few keys a batch, so they last for many batches.
+SINGLES_STALE_SHARE = 8
+
+
 class KeptVersions:
     """The enriching tables' versions as the store holds them after a pipeline's last committed
     batch, kept on the driver across batches (aggregates/enrichment.py) instead of read whole from
@@ -90,13 +119,17 @@ class KeptVersions:
     batch commits, `committed` applies its versions and pruning as the store's transaction did
     (`apply`: a stored position is kept; `prune`), so the copy stays equal to the store."""
 
-    def __init__(self, load: Callable[[str], list[tuple[str, TableVersion]]], tables: Iterable[str]):
+    def __init__(self, load: Callable[[str], list[tuple[str, TableVersion]]], tables: Iterable[str], *,
+                 singles_stale_share: int = SINGLES_STALE_SHARE):
         self.load = load
+        self.singles_stale_share = singles_stale_share
         self.tables = tuple(tables)
         self.versions: dict[str, dict[str, list[TableVersion]]] = {}
         self._multi: dict[str, set[str]] = {}  # keys with 2+ versions: the only ones pruning can shorten
         self._as_of: tuple[int | None] | None = None  # (batch id,) when loaded; None: to be read
         self.loads = 0  # how many times read whole from the store
+        self._singles: dict[str, SingleVersions] = {}  # per table, made when first asked for
+        self._stale: dict[str, set[str]] = {}  # per table, the keys changed since its singles were made
 
     def as_of_store(self, last_batch_id: int | None) -> bool:
         """Make the copy the store's after `last_batch_id`; True when it had to be read again."""
@@ -104,6 +137,7 @@ class KeptVersions:
             return False
         self.versions = {t: by_key(self.load(t)) for t in self.tables}
         self._multi = {t: {k for k, vs in kept.items() if len(vs) > 1} for t, kept in self.versions.items()}
+        self._singles, self._stale = {}, {}
         self._as_of = (last_batch_id,)
         self.loads += 1
         return True
@@ -128,6 +162,16 @@ class KeptVersions:
             out = {k: vs for k in keys if k not in changed and (vs := kept.get(k))}
         out.update(by_key([*((k, v) for k in changed & keys for v in kept.get(k, ())), *new]))
         return out
+
+    def singles(self, table: str, changed: Iterable[str] = ()) -> tuple[SingleVersions, frozenset[str]]:
+        """The table's single-version keys as columns, and the keys of them not to be taken from
+        there: those changed since they were made, and `changed` (a batch's new versions' keys,
+        which `with_batch` merges). Every other key of them has that one version in the copy."""
+        made = self._singles.get(table)
+        if made is None:
+            made = self._singles[table] = SingleVersions.of(self.versions[table])
+            self._stale[table] = set()
+        return made, frozenset(self._stale[table]).union(changed)
 
     def prune_candidates(self, table: str, new: Iterable[tuple[str, TableVersion]]) -> set[str]:
         """The keys of `table` that can have two versions or more once the batch's `new` ones are in:
@@ -158,6 +202,11 @@ class KeptVersions:
                     if len(kept[key]) < 2:
                         multi.discard(key)
             changed[table] = touched
+            if table in self._singles:
+                stale = self._stale[table]
+                stale |= touched
+                if len(stale) * self.singles_stale_share > len(self._singles[table].keys):
+                    del self._singles[table], self._stale[table]  # made again when next asked for
         self._as_of = (batch_id,)
         return changed
 

@@ -7,17 +7,19 @@ tests/spark/test_enrichment*.py's (pandas as of the event time, on small batches
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest.mock import patch
 
 import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from aggregates import enrichment_driver
 from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, enrich_table, lookup_time, plan
 from aggregates.view_join import ViewShape, joined_as_of
 from catalog import load_catalog
 from ingest.source_rows import SOURCE_SCHEMA
 from sketchboard.settings import DEFAULT_STREAMS
-from store.table_versions import TableVersion, as_of, by_key
+from store.table_versions import SingleVersions, TableVersion, as_of, by_key
 
 KEYS = ["k1", "k2", "k3"]
 PLANS = ["free", "pro", "gone"]
@@ -179,6 +181,44 @@ def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plan
     assert got_dims.to_pylist() == want_dims
     assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
     assert asked_table == asked_rows
+
+
+# Half the time one change a key, so most keys have one version (the columns' case).
+one_each = st.one_of(users_rows, users_rows.map(lambda rows: list({key: (key, at, row) for key, at, row in rows}.values())))
+
+
+@settings(max_examples=300, deadline=None)
+@given(one_each, plans_rows, events, st.sampled_from(["table", "inner", "left"]), st.sampled_from(["plan", None]),
+       st.booleans(), st.sets(st.sampled_from(KEYS + PLANS)), st.sets(st.sampled_from(KEYS + PLANS)))
+# A key that got its one version after the columns were made, and one changed since: both looked up
+# among the versions `fetch` gives, after the columns' rows.
+@example(users=[("k1", 0, {"user_id": "k1", "plan": "pro", "country": "FR"}),
+                ("k2", 0, {"user_id": "k2", "plan": "free", "country": "DE"})],
+         plans=[], evs=[("s", "k2", 5, 5), ("s", "k1", 5, 5)], kind="table", fk=None, more=False, unheld={"k2"},
+         excluded=set())
+@example(users=[("k1", 0, {"user_id": "k1", "plan": "pro", "country": "FR"}),
+                ("k2", 0, {"user_id": "k2", "plan": "free", "country": "DE"})],
+         plans=[], evs=[("s", "k2", 5, 5), ("s", "k1", 5, 5)], kind="table", fk=None, more=True, unheld=set(),
+         excluded={"k2"})
+def test_keys_taken_from_the_single_version_columns_give_what_the_row_by_row_lookup_gives(users, plans, evs, kind, fk,
+                                                                                          more, unheld, excluded):
+    """`enrich_table` with each table's single-version keys as columns (less the `unheld` ones: keys
+    that got their one version after the columns were made) and some of them `excluded` (changed
+    since, or by the batch): the same dims and misses as `enrich`, and `fetch` asked for exactly the
+    keys the columns may not answer for."""
+    tables = {"users": versions(users, KEYS), "plans": versions(plans, PLANS + KEYS)}
+    held = {t: SingleVersions.of({k: vs for k, vs in kept.items() if k not in unheld}) for t, kept in tables.items()}
+    takeable = {t: set(h.keys.to_pylist()) - excluded for t, h in held.items()}
+    lookup = TABLE if kind == "table" else view_lookup(kind, fk)
+    cols = columns(evs)
+    asked_rows, asked_table = [], []
+    want_dims, want_misses = enrich(*cols, [lookup], fetcher(tables, asked_rows))
+    with patch.object(enrichment_driver, "SINGLES_FROM_KEYS", 0):  # every batch, however few its keys
+        got_dims, got_misses = enrich_table(as_table(*cols), [lookup], fetcher(tables, asked_table, more=more),
+                                            lambda table: (held[table], excluded))
+    assert got_dims.to_pylist() == want_dims
+    assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
+    assert asked_table == [(t, keys - takeable[t]) for t, keys in asked_rows]
 
 
 def test_dims_whose_items_start_past_their_buffers_start_are_read_where_they_are():
