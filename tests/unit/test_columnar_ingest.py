@@ -153,14 +153,8 @@ def test_plain_valid_bodies_take_the_columnar_path(events, array):
 
 def lines_walked(body: bytes) -> int | None:
     """object_lines as the per-event reader splits a body: on \\n alone, blank lines skipped."""
-    count = 0
-    for line in body.split(b"\n"):
-        start = line.lstrip()[:1]
-        if start == b"{":
-            count += 1
-        elif start:
-            return None
-    return count
+    starts = [first for line in body.split(b"\n") if (first := line.lstrip()[:1])]
+    return len(starts) if all(first == b"{" for first in starts) else None
 
 
 @settings(max_examples=600, deadline=None)
