@@ -258,10 +258,10 @@ class Enrichment:
                 return {k: versions[table][k] for k in keys if k in versions[table]}
             return self.kept.with_batch(table, keys, new.get(table, ()))
 
-        def singles(table: str):
+        def singles(table: str, asked: int):
             if versions is not None:
                 return None
-            return self.kept.singles(table, (key for key, _ in new.get(table, ())))
+            return self.kept.singles(table, (key for key, _ in new.get(table, ())), asked=asked)
 
         rows = batch.combine_chunks()
         dims, misses = enrich_table(rows, lookups, fetch, singles)

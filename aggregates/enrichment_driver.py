@@ -41,13 +41,10 @@ from store.table_versions import SingleVersions, TableVersion, as_of
 MISSING = ""  # an enriched dimension's value when the key has no row at the event's time
 
 Fetch = Callable[[str, set[str]], Mapping[str, Sequence[TableVersion]]]  # (table, keys) -> versions by key
-# table -> its single-version keys as columns and which of them not to take from there (their
-# versions are `fetch`ed as any other key's), or None (store.table_versions.KeptVersions.singles)
-Singles = Callable[[str], tuple[SingleVersions, Collection[str]] | None]
-
-# A batch asking for fewer distinct keys walks them all: finding them among a table's singles hashes
-# every one of the table's keys (~2-3 ms for 50 000), a dict lookup each of ~100 keys next to nothing.
-SINGLES_FROM_KEYS = 2_000
+# (table, how many distinct keys the batch asks for) -> the table's single-version keys as columns
+# and which of them not to take from there (their versions are `fetch`ed as any other key's), or
+# None: every key fetched (store.table_versions.KeptVersions.singles decides)
+Singles = Callable[[str, int], tuple[SingleVersions, Collection[str]] | None]
 
 
 @dataclass(frozen=True)
@@ -169,9 +166,9 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
     A key with one version (most of a table's: a row changes seldom) is looked up by numpy over all
     its events at once; only the events of keys with several versions pick theirs with `as_of` one by
     one. The versions asked from `fetch` are the same keys `enrich` asks for (tests/unit/
-    test_enrichment_driver.py checks the two agree with Hypothesis). With `singles`, a large batch's
-    keys that a table's single-version columns hold take their version from there, and only the
-    others are asked from `fetch`."""
+    test_enrichment_driver.py checks the two agree with Hypothesis). With `singles`, the keys that a table's
+    single-version columns hold (where it offers them: a large batch) take their version from there,
+    and only the others are asked from `fetch`."""
     rows = rows.combine_chunks()
     n = rows.num_rows
     stream = _column(rows, "stream")
@@ -238,7 +235,7 @@ class _Versions:
         single_from = np.full(len(names), np.iinfo(np.int64).max, np.int64)  # never valid: no version
         single_row = np.full(len(names), -1, np.int64)
         several = np.zeros(len(names), bool)
-        offered = singles(table) if singles is not None and len(names) >= SINGLES_FROM_KEYS else None
+        offered = None if singles is None else singles(table, len(names))
         held = None if offered is None else offered[0]
         asked = np.ones(len(names), bool)
         if held is not None:

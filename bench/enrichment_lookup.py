@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             def fetch(table: str, keys: set[str]):
                 return kept.with_batch(table, keys, ())
 
-            def singles(table: str):
-                return kept.singles(table)
+            def singles(table: str, asked: int):
+                return kept.singles(table, asked=asked)
 
             def timed(way) -> tuple[float, tuple]:
                 started = time.process_time()

@@ -102,9 +102,19 @@ class SingleVersions:
                    np.array([v.valid_from_ms for _, v in singles], np.int64), [v.row for _, v in singles])
 
 
-# The single-version columns are made again once this share of their keys has changed since: a demo
-# table changes a few keys a batch, so they last for many batches.
+# When a batch's lookup takes keys from the single-version columns (KeptVersions.singles):
+# - it asks for this many distinct keys or more: finding fewer among the columns costs more than a
+#   dict lookup each (the columns' keys are hashed again every time: ~2-3 ms for 50 000);
+SINGLES_FROM_KEYS = 2_000
+# - the table holds at most this many keys per key asked: a table far larger than its batches'
+#   keys would be hashed whole for each batch, and made into columns, for a few lookups;
+SINGLES_TABLE_PER_KEY = 4
+# - made again once 1 / SINGLES_STALE_SHARE of their keys has changed since (a demo table changes a
+#   few keys a batch: they last for many batches), but not for SINGLES_REST_BATCHES batches after
+#   that: a table changing that fast is looked up in the dicts meanwhile, so making the columns
+#   (~1.6 us a key) is paid at most once in that many batches.
 SINGLES_STALE_SHARE = 8
+SINGLES_REST_BATCHES = 8
 
 
 class KeptVersions:
@@ -120,9 +130,9 @@ class KeptVersions:
     (`apply`: a stored position is kept; `prune`), so the copy stays equal to the store."""
 
     def __init__(self, load: Callable[[str], list[tuple[str, TableVersion]]], tables: Iterable[str], *,
-                 singles_stale_share: int = SINGLES_STALE_SHARE):
+                 singles_stale_share: int = SINGLES_STALE_SHARE, singles_rest_batches: int = SINGLES_REST_BATCHES):
         self.load = load
-        self.singles_stale_share = singles_stale_share
+        self.singles_stale_share, self.singles_rest_batches = singles_stale_share, singles_rest_batches
         self.tables = tuple(tables)
         self.versions: dict[str, dict[str, list[TableVersion]]] = {}
         self._multi: dict[str, set[str]] = {}  # keys with 2+ versions: the only ones pruning can shorten
@@ -130,6 +140,7 @@ class KeptVersions:
         self.loads = 0  # how many times read whole from the store
         self._singles: dict[str, SingleVersions] = {}  # per table, made when first asked for
         self._stale: dict[str, set[str]] = {}  # per table, the keys changed since its singles were made
+        self._resting: dict[str, int] = {}  # per table, batches to wait before its singles are made again
 
     def as_of_store(self, last_batch_id: int | None) -> bool:
         """Make the copy the store's after `last_batch_id`; True when it had to be read again."""
@@ -163,10 +174,16 @@ class KeptVersions:
         out.update(by_key([*((k, v) for k in changed & keys for v in kept.get(k, ())), *new]))
         return out
 
-    def singles(self, table: str, changed: Iterable[str] = ()) -> tuple[SingleVersions, frozenset[str]]:
-        """The table's single-version keys as columns, and the keys of them not to be taken from
-        there: those changed since they were made, and `changed` (a batch's new versions' keys,
-        which `with_batch` merges). Every other key of them has that one version in the copy."""
+    def singles(self, table: str, changed: Iterable[str] = (), *,
+                asked: int) -> tuple[SingleVersions, frozenset[str]] | None:
+        """For a batch asking for `asked` distinct keys of `table`: the table's single-version keys
+        as columns, and the keys of them not to be taken from there (those changed since they were
+        made, and `changed`: the batch's new versions' keys, which `with_batch` merges); every other
+        key of them has that one version in the copy. None where the batch is better served by the
+        dicts (the constants above)."""
+        if asked < SINGLES_FROM_KEYS or len(self.versions[table]) > SINGLES_TABLE_PER_KEY * asked \
+                or self._resting.get(table, 0) > 0:
+            return None
         made = self._singles.get(table)
         if made is None:
             made = self._singles[table] = SingleVersions.of(self.versions[table])
@@ -202,11 +219,14 @@ class KeptVersions:
                     if len(kept[key]) < 2:
                         multi.discard(key)
             changed[table] = touched
+            if self._resting.get(table, 0) > 0:
+                self._resting[table] -= 1
             if table in self._singles:
                 stale = self._stale[table]
                 stale |= touched
                 if len(stale) * self.singles_stale_share > len(self._singles[table].keys):
-                    del self._singles[table], self._stale[table]  # made again when next asked for
+                    del self._singles[table], self._stale[table]  # made again when next asked for,
+                    self._resting[table] = self.singles_rest_batches  # but not before this many batches
         self._as_of = (batch_id,)
         return changed
 

@@ -17,7 +17,6 @@ import pytest
 from py4j.java_gateway import GatewayClient
 from py4j.protocol import MEMORY_COMMAND_NAME, MEMORY_DEL_SUBCOMMAND_NAME
 
-from aggregates import enrichment_driver
 from aggregates.driver_batch import arrow_on_driver
 from aggregates.driver_rows import DriverRows
 from aggregates.partials import arrow_input, dead_letter_reason_column, merged_records
@@ -29,6 +28,7 @@ from ingest.events import EventValidator
 from ingest.tables import TableRowValidator
 from sketches import HllSketch, KllSketch
 from sketchboard.settings import DEFAULT_STREAMS
+from store import table_versions
 from store.health import HealthStore
 from tests.log_backends import ON_THE_EMBEDDED_STACK
 from tests.spark.events import T0
@@ -112,10 +112,11 @@ def test_a_small_batch_on_the_driver_commits_what_the_persisted_path_does_in_few
 
     monkeypatch.setattr(GatewayClient, "send_command", counting)
     # Enrichment takes its single-version keys from the kept columns in every batch, not only in
-    # batches of 2 000 users or more, so the pipeline's way there is the one compared here. (Which
+    # batches of 2 000 users or more of a table at most 4 times that, so the pipeline's way there is the one compared here. (Which
     # keys the columns may answer for as the table changes: tests/unit/test_enrichment_kept.py and
     # test_enrichment_driver.py.)
-    monkeypatch.setattr(enrichment_driver, "SINGLES_FROM_KEYS", 0)
+    monkeypatch.setattr(table_versions, "SINGLES_FROM_KEYS", 0)
+    monkeypatch.setattr(table_versions, "SINGLES_TABLE_PER_KEY", 10**9)
 
     # The batch collected once (aggregates/driver_rows.py): each projection a step reads is what that
     # step's own collect of the batch gave (same rows in the same order, same schema).

@@ -7,13 +7,11 @@ tests/spark/test_enrichment*.py's (pandas as of the event time, on small batches
 from __future__ import annotations
 
 from dataclasses import replace
-from unittest.mock import patch
 
 import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from aggregates import enrichment_driver
 from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, enrich_table, lookup_time, plan
 from aggregates.view_join import ViewShape, joined_as_of
 from catalog import load_catalog
@@ -213,9 +211,8 @@ def test_keys_taken_from_the_single_version_columns_give_what_the_row_by_row_loo
     cols = columns(evs)
     asked_rows, asked_table = [], []
     want_dims, want_misses = enrich(*cols, [lookup], fetcher(tables, asked_rows))
-    with patch.object(enrichment_driver, "SINGLES_FROM_KEYS", 0):  # every batch, however few its keys
-        got_dims, got_misses = enrich_table(as_table(*cols), [lookup], fetcher(tables, asked_table, more=more),
-                                            lambda table: (held[table], excluded))
+    got_dims, got_misses = enrich_table(as_table(*cols), [lookup], fetcher(tables, asked_table, more=more),
+                                        lambda table, asked: (held[table], excluded))
     assert got_dims.to_pylist() == want_dims
     assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
     assert asked_table == [(t, keys - takeable[t]) for t, keys in asked_rows]

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from store import SqlitePaneStore
 from store.base import BatchCommit
-from store.table_versions import EnrichmentCommit, KeptVersions, SingleVersions, TableVersion, by_key
+from store.table_versions import (SINGLES_FROM_KEYS, SINGLES_REST_BATCHES, SINGLES_TABLE_PER_KEY, EnrichmentCommit,
+                                  KeptVersions, SingleVersions, TableVersion, by_key)
 
 T0 = 1_700_000_000_000
 
@@ -66,7 +67,8 @@ def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_t
             merged = by_key([*store.table_versions("users"), *new])
             assert kept.with_batch("users", keys, new) == {k: vs for k, vs in merged.items() if k in keys}
             # From the second batch on: made from an empty copy, the columns would hold nothing to check.
-            held, excluded = kept.singles("users", (k for k, _ in new)) if batch_id else (SingleVersions.of({}), ())
+            offered = kept.singles("users", (k for k, _ in new), asked=SINGLES_FROM_KEYS) if batch_id else None
+            held, excluded = offered or (SingleVersions.of({}), ())  # None: resting after going stale
             for key, valid_from, row in zip(held.keys.to_pylist(), held.valid_from_ms.tolist(), held.rows):
                 if key not in excluded:
                     [version] = merged[key]
@@ -94,12 +96,12 @@ def test_a_copy_not_as_of_the_stores_last_batch_is_read_again(store_backend):
     kept = KeptVersions(store.table_versions, ["users"])
     assert kept.as_of_store(store.last_batch_id("main")) and kept.versions["users"] == {"u1": [v1]}
     assert not kept.as_of_store(store.last_batch_id("main"))  # kept: not read again
-    assert kept.singles("users")[0].keys.to_pylist() == ["u1"]  # u1's one version, as columns
+    assert kept.singles("users", asked=SINGLES_FROM_KEYS)[0].keys.to_pylist() == ["u1"]  # u1's one version, as columns
     # Another process of the pipeline (a restart, a takeover) commits batch 1: the copy is as of 0.
     other = store_backend.reopen(store)
     other.commit_batch(commit(1, [("u1", v2)]), lateness_ms={}, now_ms=T0)
     assert kept.as_of_store(store.last_batch_id("main")) and kept.versions["users"] == {"u1": [v1, v2]}
-    assert kept.singles("users")[0].keys.to_pylist() == []  # made again from the copy read again: u1 has two
+    assert kept.singles("users", asked=SINGLES_FROM_KEYS)[0].keys.to_pylist() == []  # made again from the copy read again: u1 has two
     assert kept.loads == 2
     # A commit that failed midway: whether the store has the batch is unknown, the copy is read again.
     kept.forget()
@@ -112,3 +114,23 @@ def test_a_copy_not_as_of_the_stores_last_batch_is_read_again(store_backend):
     assert kept.committed(2, done.enrichment) == {"users": {"u1", "u2"}}  # u1: its first version pruned
     assert not kept.as_of_store(store.last_batch_id("main"))
     assert kept.versions["users"] == stored(store_backend.reopen(store)) == {"u1": [v2], "u2": [v1]}
+
+
+def test_the_single_version_columns_are_offered_to_large_batches_of_a_table_not_far_larger_nor_fast_changing():
+    users = [(f"u{i}", TableVersion(T0, 0, i, {"plan": "free"})) for i in range(4 * SINGLES_FROM_KEYS)]
+    kept = KeptVersions(lambda table: users, ["users"])
+    kept.as_of_store(None)
+    assert kept.singles("users", asked=SINGLES_FROM_KEYS - 1) is None  # a few keys: a dict lookup each
+    assert kept.singles("users", asked=len(users) // SINGLES_TABLE_PER_KEY - 1) is None  # the table far larger
+    held, excluded = kept.singles("users", asked=SINGLES_FROM_KEYS * 4 // SINGLES_TABLE_PER_KEY)
+    assert len(held.keys) == len(users) and not excluded
+    # An eighth of the keys changed by one batch: the columns go, and are not made again for the
+    # next SINGLES_REST_BATCHES batches (a table changing that fast is looked up in the dicts).
+    changes = [(key, TableVersion(T0 + 1, 0, len(users) + i, {"plan": "pro"}))
+               for i, (key, _) in enumerate(users[:len(users) // 8 + 1])]
+    kept.committed(1, EnrichmentCommit({"users": changes}, {}, {}))
+    for batch_id in range(2, 2 + SINGLES_REST_BATCHES):
+        assert kept.singles("users", asked=len(users)) is None
+        kept.committed(batch_id, EnrichmentCommit({}, {}, {}))
+    held, excluded = kept.singles("users", asked=len(users))
+    assert len(held.keys) == len(users) - len(changes) and not excluded  # the changed keys have two versions now
