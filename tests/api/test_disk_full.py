@@ -46,7 +46,7 @@ def http(wired_ctx):
 def test_a_full_log_is_a_503_that_writes_nothing_and_the_retry_goes_through(http, wired_ctx, now_ms):
     before = offsets(wired_ctx)
     pages = fill(wired_ctx.log._conn)  # the log's own connection: where appends are written
-    body = incompressible_orders(now_ms, 400)  # ~56 KB of JSON, under the test API's 64 KiB
+    body = incompressible_orders(now_ms, 400)  # ~53 KB of JSON, under the test API's 64 KiB
     full = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k1"})
     assert full.status_code == 503, full.text
     assert "cannot write" in full.json()["detail"] and "full" in full.json()["detail"]
@@ -55,6 +55,11 @@ def test_a_full_log_is_a_503_that_writes_nothing_and_the_retry_goes_through(http
     again = http.post(EVENTS, json=body, headers={"Idempotency-Key": "k1"})  # the 503 freed the key
     assert again.status_code == 200 and again.json()["accepted"] == 400
     assert sum(end - start for start, end in offsets(wired_ctx).values()) == 400
+    # What made the first append need a new page: a segment larger than a page (were pages to grow
+    # past it, the room left in the file's pages could take the append, and this test would not
+    # test a full log).
+    page = wired_ctx.log._conn.execute("PRAGMA page_size").fetchone()[0]
+    assert max(size for (size,) in wired_ctx.log._conn.execute("SELECT bytes FROM segments WHERE stream = 'orders'")) > page
 
 
 def test_a_full_store_is_a_503_before_anything_is_appended(http, wired_ctx, now_ms):
