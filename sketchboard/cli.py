@@ -171,6 +171,23 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def server_config(app, settings: Settings):
+    """How uvicorn serves the API.
+
+    http="h11" whatever is installed: h11 refuses a request whose headers are still unfinished past
+    ~16 KiB (uvicorn's h11_max_incomplete_event_size), where uvicorn's httptools protocol, which it
+    picks by default when the package is there (`uvicorn[standard]`), buffers headers of any size, so
+    anyone reaching the port could make the API hold as much as they send (session 75's review; its
+    C parser saved ~0.1-0.25 s of the event loop's CPU for 2 M events, docs/benchmarks.md).
+    ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
+    ws_per_message_deflate: off unless asked (docs/benchmarks.md, session 69: deflating each
+    client's snapshots in the event loop held REST queries up to a second under 50 clients)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", http="h11",
+                          ws_max_size=settings.ws_max_message_bytes, ws_per_message_deflate=settings.ws_compression)
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -200,12 +217,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         # scanned the whole heap each time: 50-150 ms pauses in query times (docs/benchmarks.md).
         gc.collect()
         gc.freeze()
-        # ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
-        # ws_per_message_deflate: off unless asked (docs/benchmarks.md, session 69: deflating each
-        # client's snapshots in the event loop held REST queries up to a second under 50 clients).
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                               ws_max_size=settings.ws_max_message_bytes,
-                                               ws_per_message_deflate=settings.ws_compression))
+        server = uvicorn.Server(server_config(app, settings))
         _stop_server_on_signals(server)
         server.run()
         if not server.started and not server.should_exit:  # as uvicorn.run: it never served

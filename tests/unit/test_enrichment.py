@@ -191,15 +191,27 @@ metrics:
 """
 
 
+def committed_on_driver(enrichment, store, batch_id: int, rows: list[dict], now_ms: int):
+    """`rows` (source rows) enriched as a batch held on the driver, committed, and the kept
+    versions told: what the pipeline does with each batch."""
+    import pyarrow as pa
+
+    from ingest.source_rows import SOURCE_SCHEMA
+
+    out = enrichment.process(pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA), now_ms,
+                             store.last_batch_id("main"), on_driver=True, streams={r["stream"] for r in rows})
+    commit = BatchCommit("main", batch_id, [], len(rows), batch_now_ms=now_ms, enrichment=out.commit)
+    assert store.commit_batch(commit, lateness_ms={}, now_ms=now_ms).committed
+    enrichment.committed(batch_id, out)
+    return out
+
+
 def test_pruning_keeps_the_versions_a_future_stamped_event_within_retention_looks_up(tmp_path):
     """An event stamped up to max_future_skew (5 m) ahead of its append is accepted while its event
     time is within retention, and is looked up at its append time. Pruning kept only what lookups
     at now - retention need, so a reprocess (seeded with the store's versions: the table's log is
     compacted) enriched it with nothing where the live run had found the older row."""
-    import pyarrow as pa
-
     from aggregates.enrichment import Enrichment
-    from ingest.source_rows import SOURCE_SCHEMA
     from store import SqlitePaneStore
 
     t0, minute = 1_700_000_000_000, 60_000
@@ -212,12 +224,7 @@ def test_pruning_keeps_the_versions_a_future_stamped_event_within_retention_look
                     dims=dims, vals=[], ids=ids, error=None, error_kind=None, sent_time=None, device=None)
 
     def batch(batch_id, rows, now_ms):
-        out = enrichment.process(pa.Table.from_pylist(rows, schema=SOURCE_SCHEMA), now_ms,
-                                 store.last_batch_id("main"), on_driver=True, streams={r["stream"] for r in rows})
-        commit = BatchCommit("main", batch_id, [], len(rows), batch_now_ms=now_ms, enrichment=out.commit)
-        assert store.commit_batch(commit, lateness_ms={}, now_ms=now_ms).committed
-        enrichment.committed(batch_id, out)
-        return out
+        return committed_on_driver(enrichment, store, batch_id, rows, now_ms)
 
     free = rec("users", 0, t0, t0, ["upsert", "free"], ["u1"])
     late_stamped = rec("http_requests", 0, t0 + 4 * minute, t0 + minute, ["GET", "x"], ["u1"])  # 3 m ahead
@@ -229,3 +236,35 @@ def test_pruning_keeps_the_versions_a_future_stamped_event_within_retention_look
     kept = [(version.valid_from_ms - t0, version.row["plan"]) for key, version in store.table_versions("users")
             if key == "u1"]
     assert (0, "free") in kept
+
+
+def test_a_key_the_batch_changes_is_looked_up_with_its_new_version_not_the_kept_columns(tmp_path, monkeypatch):
+    """The kept single-version columns hold u1's first row; a later batch changes u1 and has an event
+    after the change: it gets the batch's new row (the batch's changed keys are not taken from the
+    columns, aggregates/enrichment.py), and the next batch's event too (u1 went stale there)."""
+    from aggregates.enrichment import Enrichment
+    from store import SqlitePaneStore, table_versions
+
+    monkeypatch.setattr(table_versions, "SINGLES_FROM_KEYS", 0)  # the columns for batches of any size
+    monkeypatch.setattr(table_versions, "SINGLES_TABLE_PER_KEY", 10**9)
+    t0, minute = 1_700_000_000_000, 60_000
+    catalog = parse_catalog(SKEW_CONFIG)
+    store = SqlitePaneStore(tmp_path / "store.db")
+    enrichment = Enrichment(None, catalog, store)
+
+    def rec(stream, offset, at, dims, ids):
+        return dict(stream=stream, partition=0, offset=offset, event_time=at, ingest_time=at,
+                    dims=dims, vals=[], ids=ids, error=None, error_kind=None, sent_time=None, device=None)
+
+    def plans(batch_id, rows, now_ms):
+        out = committed_on_driver(enrichment, store, batch_id, rows, now_ms)
+        return [dims[1] for stream, dims in zip(out.batch.column("stream").to_pylist(),
+                                                 out.batch.column("dims").to_pylist()) if stream == "http_requests"]
+
+    assert plans(0, [rec("users", 0, t0, ["upsert", "free"], ["u1"])], t0 + 10) == []
+    assert plans(1, [rec("http_requests", 0, t0 + minute, ["GET", ""], ["u1"])], t0 + minute + 10) == ["free"]
+    held, _ = enrichment.kept.singles("users", asked=1)
+    assert held.keys.to_pylist() == ["u1"]  # the columns were made, holding u1's free row
+    assert plans(2, [rec("users", 1, t0 + 2 * minute, ["upsert", "pro"], ["u1"]),
+                     rec("http_requests", 1, t0 + 3 * minute, ["GET", ""], ["u1"])], t0 + 3 * minute + 10) == ["pro"]
+    assert plans(3, [rec("http_requests", 2, t0 + 4 * minute, ["GET", ""], ["u1"])], t0 + 4 * minute + 10) == ["pro"]
