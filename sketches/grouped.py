@@ -38,7 +38,7 @@ def merged_hlls(blobs: pa.Array, starts: np.ndarray, lg_k: int) -> pa.Array:
     """Per group (rows starts[g] to starts[g + 1] of `blobs`, HLL sketch bytes of `lg_k`) the bytes
     of the union of its rows'."""
     return _merged(blobs, starts, lambda offsets, data, rows: _list_hlls(offsets, data, rows, lg_k),
-                   lambda parts: HllSketch.merge_all(parts, lg_k).to_bytes())
+                   lambda parts: HllSketch.merged_bytes(parts, lg_k))
 
 
 def _merged(blobs: pa.Array, starts: np.ndarray, direct: Callable, merge: Callable) -> pa.Array:

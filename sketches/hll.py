@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import datasketches as ds
 
+from sketches.hll_dense import merged_dense_bytes
+
 DEFAULT_LG_K = 12  # 4096 buckets: ~1.62 % relative standard error
 
 
@@ -29,6 +31,22 @@ class HllSketch:
 
     @classmethod
     def merge_all(cls, parts: Iterable[bytes | HllSketch], lg_k: int = DEFAULT_LG_K) -> HllSketch:
+        parts = list(parts)
+        if not any(isinstance(part, HllSketch) for part in parts):
+            dense = merged_dense_bytes(parts, lg_k)  # HLL-mode parts: their buckets' maximum in numpy
+            if dense is not None:
+                return cls(_sketch=ds.hll_sketch.deserialize(dense))
+        return cls._union(parts, lg_k)
+
+    @classmethod
+    def merged_bytes(cls, parts: Iterable[bytes], lg_k: int = DEFAULT_LG_K) -> bytes:
+        """merge_all(parts).to_bytes(), without a sketch object where numpy merges them."""
+        parts = list(parts)
+        dense = merged_dense_bytes(parts, lg_k)
+        return dense if dense is not None else cls._union(parts, lg_k).to_bytes()
+
+    @classmethod
+    def _union(cls, parts: list[bytes | HllSketch], lg_k: int) -> HllSketch:
         union = ds.hll_union(lg_k)
         for part in parts:
             union.update(part._sketch if isinstance(part, HllSketch) else ds.hll_sketch.deserialize(bytes(part)))

@@ -361,7 +361,7 @@ def _merge_hll(blobs: list) -> bytes | None:
     if len(parts) <= 1:
         return parts[0] if parts else None
     merged = merged_list_bytes(parts, DEFAULT_LG_K)  # a handful of users: their coupons, without repeats
-    return merged if merged is not None else HllSketch.merge_all(parts).to_bytes()
+    return merged if merged is not None else HllSketch.merged_bytes(parts)
 
 
 def _emit(level: _Level, out: dict[TierKey, TierDelta]) -> None:
