@@ -106,8 +106,13 @@ def read_total(base: str) -> int:
     return httpx.get(f"{base}/api/v1/pipeline", timeout=30).json()["events_read"]
 
 
+POLL_S = 0.05  # between two asks of the pipeline's progress (each ~13 ms of the API's, on the core the tail leaves idle)
+
+
 def wait_read(base: str, target: int, timeout_s: float, say_every_s: float = 10.0) -> float:
-    """Until the pipeline has read `target` events in all; returns when (perf_counter)."""
+    """Until the pipeline has read `target` events in all; returns when (perf_counter). The end to
+    end is late by up to POLL_S and one ask: with 0.2 s between asks it came out ~0.1 s long on
+    average, ~2 % of a 5-6 s run."""
     deadline, said = time.monotonic() + timeout_s, time.monotonic()
     while time.monotonic() < deadline:
         done = read_total(base)
@@ -116,7 +121,7 @@ def wait_read(base: str, target: int, timeout_s: float, say_every_s: float = 10.
         if time.monotonic() - said >= say_every_s:
             print(f"  sketchboard: {done:,} / {target:,} events read by the pipeline", flush=True)
             said = time.monotonic()
-        time.sleep(0.2)
+        time.sleep(POLL_S)
     raise SystemExit(f"the pipeline read {read_total(base):,} of {target:,} events in {timeout_s:.0f} s")
 
 
