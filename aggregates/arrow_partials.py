@@ -19,9 +19,6 @@ a per-group computation written the obvious way.
 
 from __future__ import annotations
 
-import functools
-
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sketches import grouped, kll_exact
+from sketches.hll_coupons import coupons_of_strings
 
 
 # The fields of a dead record, as Spark's F.struct in aggregates.partials names and types them.
@@ -321,8 +319,8 @@ def _list_hlls(dictionary: pa.Array, group_of: np.ndarray, items: np.ndarray, gr
     kept where it first comes, as DataSketches keeps it."""
     needed = np.unique(items)
     coupon_of = np.zeros(len(dictionary), np.uint32)
-    # Each distinct item hashed once; 0 for an item DataSketches ignores (the empty string).
-    coupon_of[needed] = [_coupon(item, lg_k) for item in dictionary.take(needed).to_pylist()]
+    # Each distinct item hashed once, all at once; 0 for an item DataSketches ignores (the empty string).
+    coupon_of[needed] = coupons_of_strings(dictionary.take(pa.array(needed, pa.int64())).cast(pa.string()))
     coupons = coupon_of[items]
     hashed = coupons != 0
     group_of, coupons = group_of[hashed], coupons[hashed]
@@ -341,19 +339,6 @@ def _list_hlls(dictionary: pa.Array, group_of: np.ndarray, items: np.ndarray, gr
     return pa.Array.from_buffers(pa.binary(), groups, [None, pa.py_buffer(np.arange(0, (groups + 1) * width, width,
                                                                                      dtype=np.int32)),
                                                        pa.py_buffer(np.ascontiguousarray(out))])
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def _coupon(item: str, lg_k: int) -> int:
-    """The coupon DataSketches' HLL keeps for `item` (0 for an item it ignores). Kept for the
-    items seen last (a live stream's batches name the same users, endpoints and sessions again and
-    again): one sketch made, updated and serialized per item was 6 % of a 15 000-event batch."""
-    from datasketches import hll_sketch, tgt_hll_type
-
-    sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
-    sketch.update(item)
-    blob = sketch.serialize_updatable()
-    return struct.unpack_from("<I", blob, 8)[0] if blob[6] else 0
 
 
 def _codes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
