@@ -423,3 +423,24 @@ def test_the_groups_sort_of_many_groups_is_the_stable_sort():
     order, starts, ends = _sorted_runs(composite)
     assert order.tolist() == np.argsort(composite, kind="stable").tolist()
     assert len(starts) == len(np.unique(composite)) and ends[-1] == len(composite)
+
+
+def test_groups_of_many_users_are_datasketches_updates_in_row_order():
+    """Groups past a few hundred distinct users (sketches/hll_build.py replays the rest of their
+    updates in numpy): the bytes of DataSketches fed each group's items in row order, repeats and
+    the empty string included."""
+    layout = Layout(values=1, distincts=1, partitions=2, kll_k=200, lg_k=12)
+    rows, items = [], {}
+    for g, (count, step) in enumerate(((3_000, 1), (1_500, 7), (700, 3), (400, 1))):
+        group = [f"u{(i * step) % 2_500:05d}" for i in range(count)] + ["", "u00001"]
+        items[g] = group
+        rows += [{"stream": "a", "dead_reason": None, "pane_start": 10 * g, "dims": [], "event_time": i,
+                  "partition": i % 2, "vals": [1.0], "ids": [item], "clock_correction": None, "dead_record": None}
+                 for i, item in enumerate(group)]
+    out = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout)
+    got = dict(zip(out.column("pane_start").to_pylist(), out.column("hll_0").to_pylist(), strict=True))
+    for g, group in items.items():
+        sketch = hll_sketch(layout.lg_k, tgt_hll_type.HLL_8)
+        for item in group:
+            sketch.update(item)
+        assert got[10 * g] == sketch.serialize_updatable(), g
