@@ -22,6 +22,8 @@ import struct
 import numpy as np
 import pyarrow as pa
 
+from sketches.by_length import by_length
+
 SEED = 9001  # DataSketches' HLL update seed
 LONG_KEY = 64  # bytes; longer strings (few: keys are ids) are hashed by DataSketches
 FEW_PER_LENGTH = 16  # a length this rare is hashed by DataSketches: the array steps cost more
@@ -46,35 +48,15 @@ def _fmix(k: np.ndarray) -> np.ndarray:
 
 def coupons_of_strings(strings: pa.Array) -> np.ndarray:
     """Each string's coupon (uint32; 0 for the empty string, which DataSketches ignores). No nulls."""
-    if strings.type != pa.string():
-        raise TypeError(f"items to hash are strings, not {strings.type}")
-    if strings.null_count:
-        raise ValueError("items to hash hold a null")
-    n = len(strings)
-    out = np.zeros(n, np.uint32)
-    if not n:
-        return out
-    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset:strings.offset + n + 1].astype(np.int64)
-    data = strings.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    padded = np.concatenate([data[:int(offsets[-1])], np.zeros(LONG_KEY + 16, np.uint8)])
-    per_length = np.bincount(np.minimum(lengths, LONG_KEY + 1))
-    one_by_one = []
-    for length in np.flatnonzero(per_length).tolist():
-        if length == 0:
-            continue  # coupon 0
-        rows = np.flatnonzero(lengths == length) if length <= LONG_KEY else np.flatnonzero(lengths > LONG_KEY)
-        if length > LONG_KEY or len(rows) < FEW_PER_LENGTH:
-            one_by_one.append(rows)
-            continue
-        width = -(-length // 16) * 16
-        matrix = padded[starts[rows, None] + np.arange(width)]
-        matrix[:, length:] = 0  # the tail's lanes read zeros past the string, as the reference's switch does
-        out[rows] = _coupons(_murmur3(matrix, length))
-    for rows in one_by_one:
+    found = by_length(strings, LONG_KEY + 16, "items")
+    out = np.zeros(len(found.lengths), np.uint32)
+    for length, rows, matrix in found.groups(LONG_KEY, FEW_PER_LENGTH, 16):
+        if length:  # the empty string's coupon is 0
+            matrix[:, length:] = 0  # the tail's lanes read zeros past the string, as the reference's switch does
+            out[rows] = _coupons(_murmur3(matrix, length))
+    for rows in found.one_by_one:
         for i in rows.tolist():
-            out[i] = library_coupon(padded[starts[i]:starts[i] + lengths[i]].tobytes().decode("utf-8"))
+            out[i] = library_coupon(found.key(i).decode("utf-8"))
     return out
 
 

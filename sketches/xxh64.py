@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from sketches.by_length import by_length
+
 LONG_KEY = 64  # bytes; longer strings (few: keys are ids) are hashed by the library
 FEW_PER_LENGTH = 16  # a length this rare is hashed by the library: the array steps cost more
 
@@ -37,38 +39,15 @@ def _round(acc: np.ndarray, lane: np.ndarray) -> np.ndarray:
 
 def xxh64_of_strings(strings: pa.Array, seeds: tuple[int, ...]) -> list[np.ndarray]:
     """XXH64 of each string's UTF-8 bytes, per seed (uint64, one per string; no nulls)."""
-    if strings.type != pa.string():
-        raise TypeError(f"keys to hash are strings, not {strings.type}")
-    if strings.null_count:
-        raise ValueError("keys to hash hold a null")
-    n = len(strings)
-    out = [np.zeros(n, np.uint64) for _ in seeds]
-    if not n:
-        return out
-    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset:strings.offset + n + 1].astype(np.int64)
-    data = strings.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    # A row is `length` rounded up to 8 bytes wide (so it reads as 64-bit lanes): zeros to take from
-    # past the last string.
-    padded = np.concatenate([data[:int(offsets[-1])], np.zeros(LONG_KEY + 8, np.uint8)])
-    per_length = np.bincount(np.minimum(lengths, LONG_KEY + 1))
-    by_library = []
-    for length in np.flatnonzero(per_length).tolist():
-        if length > LONG_KEY:
-            by_library.append(np.flatnonzero(lengths > LONG_KEY))
-            continue
-        rows = np.flatnonzero(lengths == length)
-        if len(rows) < FEW_PER_LENGTH:
-            by_library.append(rows)
-            continue
-        width = -(-length // 8) * 8 or 8
-        matrix = padded[starts[rows, None] + np.arange(width)]  # past `length`: bytes no step reads
+    # A row is `length` rounded up to 8 bytes wide (so it reads as 64-bit lanes).
+    found = by_length(strings, LONG_KEY + 8, "keys")
+    out = [np.zeros(len(found.lengths), np.uint64) for _ in seeds]
+    for length, rows, matrix in found.groups(LONG_KEY, FEW_PER_LENGTH, 8):  # past `length`: bytes no step reads
         for out_, seed in zip(out, seeds, strict=True):
             out_[rows] = _of_length(matrix, length, seed & _MASK)
-    for rows in by_library:
+    for rows in found.one_by_one:
         for i in rows.tolist():
-            key = padded[starts[i]:starts[i] + lengths[i]].tobytes()
+            key = found.key(i)
             for out_, seed in zip(out, seeds, strict=True):
                 out_[i] = xxhash.xxh64_intdigest(key, seed & _MASK)
     return out
