@@ -36,17 +36,19 @@ class HllSketch:
             dense = merged_dense_bytes(parts, lg_k)  # HLL-mode parts: their buckets' maximum in numpy
             if dense is not None:
                 return cls(_sketch=ds.hll_sketch.deserialize(dense))
-        return cls._union(parts, lg_k)
+        return cls.library_union(parts, lg_k)
 
     @classmethod
     def merged_bytes(cls, parts: Iterable[bytes], lg_k: int = DEFAULT_LG_K) -> bytes:
         """merge_all(parts).to_bytes(), without a sketch object where numpy merges them."""
         parts = list(parts)
         dense = merged_dense_bytes(parts, lg_k)
-        return dense if dense is not None else cls._union(parts, lg_k).to_bytes()
+        return dense if dense is not None else cls.library_union(parts, lg_k).to_bytes()
 
     @classmethod
-    def _union(cls, parts: list[bytes | HllSketch], lg_k: int) -> HllSketch:
+    def library_union(cls, parts: Iterable[bytes | HllSketch], lg_k: int = DEFAULT_LG_K) -> HllSketch:
+        """The union through DataSketches alone: what merge_all gives, and what the numpy union is
+        pinned to (tests)."""
         union = ds.hll_union(lg_k)
         for part in parts:
             union.update(part._sketch if isinstance(part, HllSketch) else ds.hll_sketch.deserialize(bytes(part)))

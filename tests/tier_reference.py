@@ -50,7 +50,8 @@ def _merged(kind, blobs: list[bytes]) -> bytes | None:
         return None
     if len(blobs) == 1:
         return blobs[0]
-    return kind.merge_all(blobs).to_bytes()
+    # HLLs through DataSketches alone: the reference the numpy union (sketches/hll_dense.py) is pinned to.
+    return (HllSketch.library_union(blobs) if kind is HllSketch else kind.merge_all(blobs)).to_bytes()
 
 
 # One row of a level while deltas are derived: (start, dims, dims_key(dims), data, revision).

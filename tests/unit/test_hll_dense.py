@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sketches import HllSketch
 from sketches.hll_dense import dense_registers, merged_dense_bytes
 
-LG_K = 8  # 256 buckets: HLL mode from ~200 distinct items, so examples stay small
+LG_K = 10  # 1 024 buckets, the least the numpy union takes: HLL mode from 97 distinct items, so examples stay small
 
 
 def _sketch(first: int, count: int, step: int, *, lg_k: int = LG_K, target=ds.tgt_hll_type.HLL_8,
@@ -26,7 +26,7 @@ def _sketch(first: int, count: int, step: int, *, lg_k: int = LG_K, target=ds.tg
     return sketch.serialize_updatable() if updatable else sketch.serialize_compact()
 
 
-def _union(parts: list[bytes], lg_k: int = LG_K) -> bytes:
+def _union(parts: list, lg_k: int = LG_K) -> bytes:
     union = ds.hll_union(lg_k)
     for part in parts:
         union.update(ds.hll_sketch.deserialize(part))
@@ -69,6 +69,36 @@ def test_the_union_is_datasketches_to_the_byte(parts):
 
 def test_the_modes_are_what_the_examples_say():
     assert _sketch(0, 5, 1)[7] & 3 == 0 and _sketch(0, 15, 1)[7] & 3 == 1 and _sketch(0, 300, 1)[7] & 3 == 2
+
+
+@pytest.mark.parametrize("lg_k", [11, 14, 17, 21])
+def test_every_size_of_sketch(lg_k):
+    """Larger lg_k than the examples', up to DataSketches' largest; bytes, bytearray and memoryview."""
+    count = 3 * (1 << max(lg_k - 3, 3)) // 4 * 21 // 20  # past the promotion to HLL mode, coupon collisions and all
+    parts = [_sketch(0, count, 1, lg_k=lg_k), _sketch(7, count, 3, lg_k=lg_k, updatable=True)]
+    parts.append(_union(parts, lg_k))
+    assert all(_mode(p) == 2 for p in parts)
+    for kind in (bytes, bytearray, memoryview):
+        got = merged_dense_bytes([kind(p) for p in parts], lg_k)
+        assert got is not None and got == _union(parts, lg_k)
+
+
+def test_small_sketches_are_left_to_datasketches():
+    """Below lg_k 10 DataSketches' whole union costs less than numpy's fixed steps."""
+    parts = [_sketch(0, 2_000, 1, lg_k=9), _sketch(3, 2_000, 2, lg_k=9)]
+    assert parts[0][7] & 3 == 2 and merged_dense_bytes(parts, 9) is None
+    assert HllSketch.merged_bytes(parts, 9) == _union(parts, 9)
+
+
+def test_a_part_with_every_bucket_0_is_left_to_datasketches():
+    """DataSketches skips such a part as empty (the union is then a copy of the other, HIP
+    estimate and all): forged bytes, as the library writes an empty sketch in LIST mode."""
+    part = _sketch(0, 2_000, 1)
+    empty = bytearray(part)
+    empty[40:] = bytes(1 << LG_K)
+    struct.pack_into("<dddi", empty, 8, 0.0, float(1 << LG_K), 0.0, 1 << LG_K)
+    assert merged_dense_bytes([bytes(empty), part], LG_K) is None
+    assert HllSketch.merged_bytes([bytes(empty), part], LG_K) == _union([bytes(empty), part])
 
 
 def test_the_demo_size_merges_in_numpy():
@@ -129,7 +159,8 @@ def test_a_bucket_of_32_or_more_is_left_to_datasketches():
 
 
 def test_a_header_it_does_not_know_is_left_to_datasketches():
-    for at, value in ((5, 8 | 2), (7, 2), (6, 1), (0, 2)):  # read only; HLL_4's mode; a current minimum; LIST's preamble
+    for at, value in ((5, 8 | 2), (5, 8 | 32), (7, 2), (6, 1), (0, 2)):
+        # read only; full size; HLL_4's mode; a current minimum; LIST's preamble
         part = bytearray(_sketch(0, 2_000, 1))
         part[at] = value
         assert dense_registers(bytes(part), LG_K) is None, (at, value)
