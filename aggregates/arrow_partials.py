@@ -278,11 +278,12 @@ def _slot_codes(begins: np.ndarray, lengths: np.ndarray, j: int, codes: np.ndarr
 def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k: int) -> pa.Array:
     """Per group (rows from starts[g], in order) the HLL of its rows' items (`item_code` into
     `dictionary`, -1: none): LIST-mode bytes written for every group of fewer than 8 distinct
-    items at once, DataSketches fed each distinct item in row order for the others (a repeat changes
+    items at once, the others' DataSketches updates of each distinct item in row order (a repeat changes
     neither the coupons, the registers nor the HIP estimate: the same bytes). A group of 8 items or
     more whose coupons are fewer (a collision, the empty string DataSketches ignores) gets from
     DataSketches the LIST bytes written here, so which way it goes changes no byte; deciding by
-    items needs the coupons of the small groups' items only (~300 of a batch's ~54 000)."""
+    items needs the coupons of the small groups' items only (~300 of a batch's ~54 000). Past HLL
+    mode a large group's updates are replayed from its coupons (sketches/hll_build.py): the same bytes."""
     groups = len(starts)
     present = item_code >= 0
     group_of = np.repeat(np.arange(groups), _group_sum(present.astype(np.int64), starts))

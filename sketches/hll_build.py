@@ -10,7 +10,7 @@ the current minimum (0 for HLL_8). So DataSketches is fed the items until its sk
 mode (the LIST and SET modes before it, and the promotion, which sets the HIP accumulator to the
 set's estimate, stay its own), and the rest are its coupons (sketches/hll_coupons.py) replayed:
 which updates raise a bucket by a running maximum per bucket, KxQ0 before each raise by a
-cumulative sum (exact: multiples of 2^-31 below 2^13), and the HIP accumulator by a cumulative sum
+cumulative sum (exact: multiples of 2^-31 below 2^22, up to lg_k 21), and the HIP accumulator by a cumulative sum
 in the updates' order, one addition after another as DataSketches makes them. A bucket of 32 or more
 (KxQ1's terms) leaves the rest to DataSketches too. tests/unit/test_hll_build.py pins the bytes
 to DataSketches' own updates."""

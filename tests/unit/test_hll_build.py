@@ -54,3 +54,19 @@ def test_a_demo_sized_group_is_replayed_in_numpy(monkeypatch):
     items = [f"u{i:05d}" for i in range(0, 45_000, 3)]
     assert _built(items, 12) == _library(items, 12)
     assert len(replayed) == 1 and replayed[0] is not None
+
+
+def test_a_bucket_of_32_or_more_is_left_to_datasketches():
+    """Its term would belong to KxQ1 (a real item reaches it about once in 2^31: forged coupons)."""
+    import numpy as np
+
+    from sketches.hll_build import _replayed
+
+    sketch = hll_sketch(12, tgt_hll_type.HLL_8)
+    for i in range(1_000):
+        sketch.update(f"a{i}")
+    blob = sketch.serialize_updatable()
+    ordinary = [(1 << 26) | i for i in range(300)]
+    assert _replayed(blob, np.array([(31 << 26) | 5] + ordinary, np.uint32), 12) is not None
+    for value in (32, 63):
+        assert _replayed(blob, np.array([(value << 26) | 5] + ordinary, np.uint32), 12) is None
