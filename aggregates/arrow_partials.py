@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sketches import grouped, kll_exact
-from sketches.hll_build import MIN_REPLAYED, promotion_guess, updated_hll_bytes
+from sketches.hll_build import replays, updated_hll_bytes
 from sketches.hll_coupons import coupons_of_strings
 
 
@@ -305,7 +305,7 @@ def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k:
         strings = dictionary.take(pa.array(fed_items, pa.int64())).cast(pa.string())
         # Past its first few hundred users a group's sketch is replayed from the coupons: hashed once
         # for all of the batch's distinct items, where any group is that large.
-        large = distinct[fed_groups].max() >= promotion_guess(lg_k) + MIN_REPLAYED
+        large = replays(distinct[fed_groups].max(), lg_k)
         coupon_of = coupons_of_strings(dictionary.cast(pa.string())) if large else None
         for g, begin, end in zip(fed_groups.tolist(), begins, ends.tolist()):
             coupons = coupon_of[fed_items[begin:end]] if coupon_of is not None else None

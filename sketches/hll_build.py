@@ -17,7 +17,6 @@ to DataSketches' own updates."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,17 +24,20 @@ import pyarrow as pa
 from datasketches import hll_sketch, tgt_hll_type
 
 from sketches.hll_coupons import KEY_BITS
+from sketches.hll_dense import HLL_HEAD, HLL_MODE_HLL8, HLL_PRE_INTS, INVERSE_POWERS
 
 MIN_REPLAYED = 256  # items after the HLL mode worth replaying (fewer: the numpy steps cost more than the calls)
-_HEAD = struct.Struct("<BBBBBBBBdddii")  # preamble ints .. mode; HIP accumulator, KxQ0, KxQ1; at cur min, aux count
-_HLL_HLL8 = 2 | (2 << 2)  # current mode HLL | target type HLL_8
-_INVERSE_POWERS = np.ldexp(1.0, -np.arange(64))
 
 
 def promotion_guess(lg_k: int) -> int:
     """Items after which a sketch of distinct items is in HLL mode, collisions apart: a coupon set
     promotes once it would hold more than 3/4 of 2^(lg_k - 3) coupons (385 at lg_k 12)."""
     return max(8, 3 * (1 << max(lg_k - 3, 3)) // 4 + 1)
+
+
+def replays(items: int, lg_k: int) -> bool:
+    """Whether a sketch of this many distinct items would have some replayed (and so needs their coupons)."""
+    return items >= promotion_guess(lg_k) + MIN_REPLAYED
 
 
 def updated_hll_bytes(items: pa.Array | Sequence[str], coupons: np.ndarray | None, lg_k: int) -> bytes:
@@ -56,10 +58,10 @@ def updated_hll_bytes(items: pa.Array | Sequence[str], coupons: np.ndarray | Non
         return sketch.serialize_updatable()
     fed = feed(0, promotion_guess(lg_k))
     blob = sketch.serialize_updatable()
-    while blob[7] != _HLL_HLL8 and n - fed >= MIN_REPLAYED:  # not in HLL mode yet (a collision): a few more
+    while blob[7] != HLL_MODE_HLL8 and n - fed >= MIN_REPLAYED:  # not in HLL mode yet (a collision): a few more
         fed = feed(fed, fed + 32)
         blob = sketch.serialize_updatable()
-    replayed = _replayed(blob, coupons[fed:], lg_k) if n - fed >= MIN_REPLAYED and blob[7] == _HLL_HLL8 else None
+    replayed = _replayed(blob, coupons[fed:], lg_k) if n - fed >= MIN_REPLAYED and blob[7] == HLL_MODE_HLL8 else None
     if replayed is None:
         feed(fed, n)
         return sketch.serialize_updatable()
@@ -70,10 +72,12 @@ def _replayed(blob: bytes, coupons: np.ndarray, lg_k: int) -> bytes | None:
     """An HLL_8 sketch's updatable bytes after the updates of `coupons`, in order; None where a
     bucket would reach 32 or more (or held KxQ1 already)."""
     k = 1 << lg_k
-    pre, ser, family, _, _, flags, cur_min, mode, hip, kxq0, kxq1, at_min, aux = _HEAD.unpack_from(blob)
-    if len(blob) != _HEAD.size + k or (pre, flags, cur_min, mode, aux) != (10, 0, 0, _HLL_HLL8, 0) or kxq1 != 0.0:
+    head = HLL_HEAD.unpack_from(blob)
+    pre, _, _, _, _, flags, cur_min, mode, hip, kxq0, kxq1, at_min, aux = head
+    if len(blob) != HLL_HEAD.size + k \
+            or (pre, flags, cur_min, mode, aux, kxq1) != (HLL_PRE_INTS, 0, 0, HLL_MODE_HLL8, 0, 0.0):
         return None
-    buckets = np.frombuffer(blob, np.uint8, k, _HEAD.size).copy()
+    buckets = np.frombuffer(blob, np.uint8, k, HLL_HEAD.size).copy()
     coupons = coupons[coupons != 0]  # the empty string's: DataSketches ignores it
     slot = (coupons & np.uint32(k - 1)).astype(np.int64)
     value = (coupons >> np.uint32(KEY_BITS)).astype(np.int64)
@@ -94,10 +98,10 @@ def _replayed(blob: bytes, coupons: np.ndarray, lg_k: int) -> bytes | None:
     old[order] = old_sorted
     raised = np.flatnonzero(value > old)  # in the updates' order
     old, new = old[raised], value[raised]
-    moves = _INVERSE_POWERS[new] - _INVERSE_POWERS[old]
+    moves = INVERSE_POWERS[new] - INVERSE_POWERS[old]
     kxq_before = kxq0 + np.concatenate(([0.0], np.cumsum(moves)[:-1])) if len(moves) else moves
     hip = float(np.cumsum(np.concatenate(([hip], k / kxq_before)))[-1])  # one addition after another
     kxq0 = float(kxq0 + moves.sum()) if len(moves) else kxq0
     np.maximum.at(buckets, slot[raised], new.astype(np.uint8))
     at_min -= int(np.count_nonzero(old == 0))
-    return blob[:8] + struct.pack("<dddii", hip, kxq0, 0.0, at_min, 0) + buckets.tobytes()
+    return HLL_HEAD.pack(*head[:8], hip, kxq0, 0.0, at_min, 0) + buckets.tobytes()

@@ -29,34 +29,37 @@ from collections.abc import Sequence
 
 import numpy as np
 
-_HEAD = struct.Struct("<BBBBBBBBdddii")  # preamble ints .. mode; HIP accumulator, KxQ0, KxQ1; at cur min, aux count
-_PRE_INTS, _SER_VER, _FAMILY = 10, 1, 7
-_HLL_HLL8 = 2 | (2 << 2)  # current mode HLL (2) | target type HLL_8 (2) << 2
+# An HLL-mode sketch's header (sketches/hll_build.py reads and writes it too): preamble ints .. mode;
+# HIP accumulator, KxQ0, KxQ1; the count at the current minimum, the auxiliary entries.
+HLL_HEAD = struct.Struct("<BBBBBBBBdddii")
+HLL_PRE_INTS, _SER_VER, _FAMILY = 10, 1, 7
+HLL_MODE_HLL8 = 2 | (2 << 2)  # current mode HLL (2) | target type HLL_8 (2) << 2
 _EMPTY, _COMPACT, _OUT_OF_ORDER = 4, 8, 16
 _FLAGS_READ = _COMPACT | _OUT_OF_ORDER  # flags a part may carry (not: big endian, read only, empty, full size)
 MIN_LG_K = 10  # below, DataSketches' union is the faster
-_INVERSE_POWERS = np.ldexp(1.0, -np.arange(32))  # 2^-v for a bucket value v below 32 (KxQ0's terms)
+INVERSE_POWERS = np.ldexp(1.0, -np.arange(32))  # 2^-v for a bucket value v below 32 (KxQ0's terms)
 
 
 def dense_registers(blob: bytes | bytearray | memoryview, lg_k: int) -> np.ndarray | None:
     """The buckets of an HLL-mode HLL_8 sketch of `lg_k` (a view of the bytes, not a copy); None
     when the bytes are anything else."""
     k = 1 << lg_k
-    if len(blob) != _HEAD.size + k:
+    if len(blob) != HLL_HEAD.size + k:
         return None
-    pre, ser, family, blob_lg_k, _, flags, cur_min, mode, _, _, _, _, aux = _HEAD.unpack_from(blob)
-    if (pre, ser, family, blob_lg_k, mode, cur_min, aux) != (_PRE_INTS, _SER_VER, _FAMILY, lg_k, _HLL_HLL8, 0, 0):
+    pre, ser, family, blob_lg_k, _, flags, cur_min, mode, _, _, _, _, aux = HLL_HEAD.unpack_from(blob)
+    expected = (HLL_PRE_INTS, _SER_VER, _FAMILY, lg_k, HLL_MODE_HLL8, 0, 0)
+    if (pre, ser, family, blob_lg_k, mode, cur_min, aux) != expected:
         return None
     if flags & ~_FLAGS_READ:
         return None
-    return np.frombuffer(blob, np.uint8, k, _HEAD.size)
+    return np.frombuffer(blob, np.uint8, k, HLL_HEAD.size)
 
 
 def merged_dense_bytes(blobs: Sequence[bytes | bytearray | memoryview], lg_k: int) -> bytes | None:
     """The compact bytes of DataSketches' union of `blobs` into an HLL_8 sketch of `lg_k`, where
     there are two parts or more and each is an HLL-mode HLL_8 sketch of `lg_k` with a bucket above
     0 (and lg_k is at least MIN_LG_K); else None (the module's docstring says why)."""
-    if len(blobs) < 2 or lg_k < MIN_LG_K or any(len(blob) < 8 or blob[0] != _PRE_INTS for blob in blobs):
+    if len(blobs) < 2 or lg_k < MIN_LG_K or any(len(blob) < 8 or blob[0] != HLL_PRE_INTS for blob in blobs):
         return None  # by the preamble byte alone: a batch's small groups' sketches are in LIST or SET mode
     parts = []
     for blob in blobs:
@@ -68,6 +71,6 @@ def merged_dense_bytes(blobs: Sequence[bytes | bytearray | memoryview], lg_k: in
     counts = np.bincount(merged, minlength=32)
     if len(counts) > 32:
         return None  # a bucket of 32 or more: rare, DataSketches' to merge
-    kxq0 = float(counts @ _INVERSE_POWERS)
-    return _HEAD.pack(_PRE_INTS, _SER_VER, _FAMILY, lg_k, 0, _COMPACT | _OUT_OF_ORDER, 0, _HLL_HLL8,
+    kxq0 = float(counts @ INVERSE_POWERS)
+    return HLL_HEAD.pack(HLL_PRE_INTS, _SER_VER, _FAMILY, lg_k, 0, _COMPACT | _OUT_OF_ORDER, 0, HLL_MODE_HLL8,
                       0.0, kxq0, 0.0, int(counts[0]), 0) + merged.tobytes()
