@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from catalog import ConfigError
 from sketchboard import parent_death
+from sketchboard.allocators import keep_freed_memory
 from sketchboard.settings import Settings
 from sketchboard.settings_errors import load_settings
 
@@ -586,12 +587,16 @@ def _raised_in_py4j(exc: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First: mimalloc reads its setting when pyarrow is loaded (sketchboard/allocators.py).
+    allocators = keep_freed_memory()
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if allocators:
+        logging.getLogger("sketchboard").debug("allocators keep freed memory: %s", "; ".join(allocators))
     for noisy in ("httpx", "py4j"):  # one line per request / per callback drowns the pipeline's own lines
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from aggregates.cluster import ExecutorEnvironmentError, SparkStartError

@@ -1,0 +1,77 @@
+"""The memory allocators of a Sketchboard process told to keep freed memory for the next batch.
+
+A pipeline batch and an API request allocate and free arrays of megabytes again and again (a
+batch's columns, its sort orders, a request's parsed columns and encoded segment). By default both
+allocators give freed memory back to the kernel at once: glibc trims its heap when more than twice
+the last large block is free at its top and maps anything above its threshold on its own, and Arrow's
+mimalloc decommits freed memory 1 s after it is freed. The next batch then takes the same pages
+again as page faults, each one a kernel entry and a page zeroed. In issue 28's end to end (2 M events
+POSTed and aggregated, docs/benchmarks.md session 77) the pipeline took ~90 000 minor faults and
+the API ~45 000, and the kernel's share of their CPU was ~20 % and ~13 %.
+
+So each process keeps what it freed:
+- Arrow's mimalloc purges freed memory after 5 s instead of 1 s (`MIMALLOC_PURGE_DELAY`): an idle
+  service still gives it back, a busy one reuses it. mimalloc reads it when Arrow is loaded, so it
+  is put in the environment before any import of pyarrow (and the children inherit it).
+- glibc maps blocks on their own only from 32 MiB (its own ceiling for the threshold it otherwise
+  raises as blocks are freed) and trims its heaps past 512 MiB free: through `mallopt`, since glibc
+  read its `MALLOC_*_` variables at its first allocation, long before this runs.
+
+A value the environment already sets is left alone: `MIMALLOC_PURGE_DELAY`, and glibc's
+`MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` (either one set keeps both of glibc's as the
+environment made them). Elsewhere than glibc on Linux nothing is changed but mimalloc's delay.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+from collections.abc import Callable, MutableMapping
+
+log = logging.getLogger("sketchboard")
+
+MIMALLOC_PURGE_DELAY_MS = 5_000
+GLIBC_MMAP_THRESHOLD = 32 << 20
+GLIBC_TRIM_THRESHOLD = 512 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+_GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def keep_freed_memory(environ: MutableMapping[str, str] = os.environ,
+                      mallopt: Callable[[int, int], int] | None = None) -> list[str]:
+    """Apply the settings above to this process (and, through `environ`, to its children); returns
+    what was set, for the log. `mallopt`: glibc's, found here where None."""
+    done = []
+    if "MIMALLOC_PURGE_DELAY" not in environ:
+        environ["MIMALLOC_PURGE_DELAY"] = str(MIMALLOC_PURGE_DELAY_MS)
+        done.append(f"MIMALLOC_PURGE_DELAY={MIMALLOC_PURGE_DELAY_MS}")
+    if any(name in environ for name in _GLIBC_VARIABLES):
+        return done
+    mallopt = mallopt or _glibc_mallopt()
+    if mallopt is None:
+        return done
+    # Both or neither: the trim threshold alone would fix the mmap threshold at its 128 KiB default
+    # (any explicit setting stops glibc raising it), and every block above it would fault afresh.
+    if mallopt(_M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD) == 1:
+        done.append(f"glibc mmap threshold {GLIBC_MMAP_THRESHOLD >> 20} MiB, trim threshold {GLIBC_TRIM_THRESHOLD >> 20} MiB")
+    else:
+        log.warning("glibc's mallopt refused the thresholds: freed memory is given back as glibc decides")
+    return done
+
+
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
+__all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "keep_freed_memory"]
