@@ -25,10 +25,8 @@ environment made them). Elsewhere than glibc on Linux nothing is changed but mim
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
-import platform
 from collections.abc import Callable, MutableMapping
 
 log = logging.getLogger("sketchboard")
@@ -63,11 +61,15 @@ def keep_freed_memory(environ: MutableMapping[str, str] = os.environ,
 
 
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    try:  # glibc answers with its name and version; musl and other systems have no such name
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return None
+    except (ValueError, OSError, AttributeError):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols, glibc's among them: ctypes.util.find_library would run
+        # `ldconfig -p` at every start of a command.
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
