@@ -79,7 +79,10 @@ def columns_to_batch(stream: StreamDef, columns: pa.Table, ingest_time_ms: int |
 
 
 def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    # A ChunkedArray's combine_chunks copies even one chunk (~24 ms for 1 M strings); one is taken as it is.
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
 
 
 def encode_segment(batch: pa.RecordBatch) -> bytes:

@@ -44,8 +44,9 @@ def row_strategies(values: int, distincts: int) -> dict:
     return {
         "n": st.integers(0, 60),
         "reason": st.sampled_from([None, None, None, "invalid", "beyond_retention"]),
-        # ("x\x1fy", "z") and ("x", "y\x1fz") join into one string with _groups' separator: told apart all the same
-        "dims": st.sampled_from([("x",), ("x", None), ("y", "z"), (), None, ("x\x1fy", "z"), ("x", "y\x1fz")]),
+        # ("xy", "z") and ("x", "yz") hold the same bytes end to end, ("",) and () too: told apart all the same
+        "dims": st.sampled_from([("x",), ("x", None), ("y", "z"), (), None, ("xy", "z"), ("x", "yz"), ("",),
+                                 ("x\x1fy", "z"), ("x", "y\x1fz")]),
         "pool": st.sampled_from(range(len(IDS_POOLS))),
         "partition": st.integers(0, 2), "offset": st.integers(0, 10**6), "maybe_int": maybe_int,
         "ingest_time": st.integers(0, 10**6), "error": st.none() | st.just("bad"),
@@ -423,6 +424,59 @@ def test_the_groups_sort_of_many_groups_is_the_stable_sort():
     order, starts, ends = _sorted_runs(composite)
     assert order.tolist() == np.argsort(composite, kind="stable").tolist()
     assert len(starts) == len(np.unique(composite)) and ends[-1] == len(composite)
+
+
+DIMS_ITEMS = st.sampled_from(["", "a", "ab", "b", "ba", "\x1f", "a\x1fb", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.none() | st.lists(DIMS_ITEMS, max_size=4), min_size=1, max_size=40),
+       null_item=st.booleans(), cut=st.integers(0, 5), split=st.integers(0, 40))
+def test_the_dims_keys_are_equal_exactly_where_the_lists_are(rows, null_item, cut, split):
+    """_groups' keys of the dims (read in place over the list's buffers, or slot by slot where an
+    item is null): two rows' keys equal exactly when their lists do, for lists whose items run
+    together into the same bytes, empty strings and empty lists, null lists, a column that is a
+    slice of a longer one (its offsets start past 0) and one in two chunks."""
+    import numpy as np
+
+    from aggregates.arrow_partials import _dims_keys
+
+    rows = [None, ["a"]] * (cut // 2) + rows
+    if null_item:
+        rows.append(["a", None])
+    column = pa.array(rows, STRINGS).slice(cut)
+    if 0 < split < len(column):
+        column = pa.chunked_array([column.slice(0, split), column.slice(split)])
+    values = column.to_pylist()
+    keys = _dims_keys(column)
+    assert all(len(k) == len(values) for k in keys)
+    per_row = [tuple(int(k[i]) for k in keys) for i in range(len(values))]
+    for i in range(len(values)):
+        for j in range(len(values)):
+            assert (per_row[i] == per_row[j]) == (values[i] == values[j]), (values[i], values[j])
+    assert np.asarray(keys[0]).tolist() == [-1 if v is None else len(v) for v in values]
+
+
+def test_the_dims_keys_are_read_in_place_unless_an_item_is_null():
+    """Without a null item the keys are the length and two codes of binary arrays sharing the
+    column's buffers (the one hash per row that replaced a joined copy of the items); a null item
+    anywhere takes the slot-by-slot keys."""
+    from aggregates.arrow_partials import _dims_in_place, _dims_keys
+
+    column = pa.array([["ab", "c"], ["a", "bc"], None, [], [""]], STRINGS)
+    joined, shapes = _dims_in_place(column)
+    assert joined.to_pylist() == [b"abc", b"abc", b"", b"", b""]
+    assert joined.buffers()[2].address == column.values.buffers()[2].address  # no copy of the items
+    assert shapes.to_pylist() == [bytes([2, 1]), bytes([1, 2]), b"", b"", bytes([0])]
+    assert len(_dims_keys(column)) == 3
+    with_null = pa.array([["ab", None], ["a"]], STRINGS)
+    assert _dims_in_place(with_null) is None
+    items_sliced = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), pa.array(["x", "ab", "c", "d"]).slice(1))
+    assert [keys.to_pylist() for keys in _dims_in_place(items_sliced)] == [[b"abc", b"d"], [bytes([2, 1]), bytes([1])]]
+    long_items = pa.array([["x" * 300, "y"], ["x", "y" * 300]], STRINGS)  # lengths past a byte: 4 bytes each
+    assert _dims_in_place(long_items)[1].to_pylist() == [
+        (300).to_bytes(4, "little") + (1).to_bytes(4, "little"), (1).to_bytes(4, "little") + (300).to_bytes(4, "little")]
+    assert len(set(zip(*(k.tolist() for k in _dims_keys(long_items))))) == 2
 
 
 def test_groups_of_many_users_are_datasketches_updates_in_row_order():
