@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.log.records import one_chunk
 from sketches import grouped, kll_exact
 from sketches.hll_build import replays, updated_hll_bytes
 from sketches.hll_coupons import coupons_of_strings
@@ -144,7 +145,7 @@ def _dims_keys(column) -> list[np.ndarray]:
     first (pc.binary_join), a batch of 700 000 rows took ~110 ms instead of ~60, and a code per item
     and a key per slot ~3 times that. A null item (an empty string's bytes and length both) is told
     apart only item by item: then, and for any other layout of the lists, a code per slot."""
-    column = _array(column)
+    column = one_chunk(column)
     lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     in_place = _dims_in_place(column)
     if in_place is not None:
@@ -157,11 +158,11 @@ def _dims_keys(column) -> list[np.ndarray]:
 
 def _dims_in_place(column: pa.Array) -> tuple[pa.Array, pa.Array] | None:
     """Per row of a list<string> column, its items' bytes end to end and its items' lengths (a
-    byte each where every item is shorter than 256 bytes, else 4), both binary arrays sharing the column's buffers (only the rows' offsets are new);
-    None where an item is null or the layout is another (large offsets, another item type)."""
+    byte each where every item is shorter than 256 bytes, else 4), both binary arrays sharing the
+    column's buffers (only the rows' offsets are new); None where an item is null or the layout is
+    another (large offsets, another item type)."""
     items = column.values
-    if (column.type.id != pa.list_(pa.string()).id or items.type != pa.string() or items.null_count
-            or len(items) >= 1 << 29):
+    if not pa.types.is_list(column.type) or items.type != pa.string() or items.null_count or len(items) >= 1 << 29:
         return None
     n = len(column)
     rows = np.frombuffer(column.buffers()[1], np.int32, n + 1, column.offset * 4)
@@ -170,9 +171,10 @@ def _dims_in_place(column: pa.Array) -> tuple[pa.Array, pa.Array] | None:
     item_lengths = np.diff(item_offsets)
     joined = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(np.ascontiguousarray(item_offsets[rows])), data])
     if item_lengths.max(initial=0) < 256:  # a byte a length: shorter strings to hash (19.5 -> 13.6 ms a 700 000 rows)
-        shapes = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(rows), pa.py_buffer(item_lengths.astype(np.uint8))])
+        shape_offsets, item_lengths = rows, item_lengths.astype(np.uint8)
     else:
-        shapes = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(rows * np.int32(4)), pa.py_buffer(item_lengths)])
+        shape_offsets = rows * np.int32(4)
+    shapes = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(shape_offsets), pa.py_buffer(item_lengths)])
     return joined, shapes
 
 
@@ -370,7 +372,7 @@ def _ints(column) -> tuple[np.ndarray, np.ndarray]:
 def _list_slots(column, width: int | None = None) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """A list column's lengths (-1: a null list), its items flattened, and per row and slot the
     item's index into them (-1 past the row's end: Spark's get() is null there)."""
-    column = _array(column)
+    column = one_chunk(column)
     lengths = pc.list_value_length(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(column)
     starts = np.concatenate(([0], np.cumsum(np.maximum(lengths, 0))[:-1])).astype(np.int64) if len(lengths) \
@@ -388,7 +390,7 @@ def _sorted_list_rows(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     where i < its length. Two arrays of the rows, not a (rows, width) index matrix whose rows were
     gathered per slot: with the slots no row reaches skipped, a 1 M-row batch's value slots
     took 200-230 ms instead of ~390 ms."""
-    column = _array(column)
+    column = one_chunk(column)
     lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     begins = np.cumsum(lengths) - lengths
     return begins[order], lengths[order], pc.list_flatten(column)
@@ -427,7 +429,7 @@ def _fixed_lists(columns: list[pa.Array], n: int, value_type: pa.DataType) -> pa
 
 def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
     """Per group its rows' non-null dead records, in the group's row order (collect_list)."""
-    column = _array(column)
+    column = one_chunk(column)
     column = column.cast(DEAD_RECORD)
     valid = column.is_valid().to_numpy(zero_copy_only=False)[order]
     kept = order[valid]
@@ -448,7 +450,7 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
     order, starts, _ = _groups(table)
     if len(starts) == table.num_rows:  # no group of several parts: nothing to merge
         return table
-    cols = {name: _array(table[name]) for name in table.column_names}
+    cols = {name: one_chunk(table[name]) for name in table.column_names}
     take = pa.array(order[starts], pa.int64())
     out: dict[str, pa.Array] = {name: cols[name].take(take) for name in ("stream", "dead_reason", "pane_start", "dims")}
     out["count"] = pa.array(_group_sum(_ints(cols["count"])[0][order], starts), pa.int64())
@@ -474,12 +476,6 @@ def merge_partials(table: pa.Table, layout: Layout) -> pa.Table:
     for j in range(layout.distincts):
         out[f"hll_{j}"] = grouped.merged_hlls(cols[f"hll_{j}"].take(sort), starts, layout.lg_k)
     return pa.table(out, schema=table.schema)
-
-
-def _array(column) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    return column
 
 
 def _sorted_ints(column, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

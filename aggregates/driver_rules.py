@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from aggregates.clock_offsets import DEFAULT_BUCKET_MS
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
 from catalog import Catalog
+from ingest.log.records import one_chunk
 
 DEAD_RECORD_FIELDS = ("partition", "offset", "event_time", "ingest_time", "error", "dims", "raw_event_time",
                       "clock_correction")
@@ -197,12 +198,5 @@ def _true(condition: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(condition, False).to_numpy(zero_copy_only=False)
 
 
-def one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A column as one Arrow array (the numpy and take steps here want one chunk)."""
-    if isinstance(column, pa.ChunkedArray):
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    return column
-
-
-__all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "one_chunk", "per_stream_values", "stream_is",
+__all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "per_stream_values", "stream_is",
            "with_clock_columns"]

@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aggregates.driver_rules import list_get, one_chunk
+from aggregates.driver_rules import list_get
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
+from ingest.log.records import one_chunk
 from ingest.source_rows import interleave
 from store.table_versions import SingleVersions, TableVersion, as_of
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog import StreamDef
-from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET
+from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET, one_chunk
 
 UNPARSEABLE = "unparseable"
 INVALID = "invalid"
@@ -86,13 +86,6 @@ def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
-def _whole(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    # A ChunkedArray's combine_chunks copies even one chunk (~24 ms for 1 M strings); one is taken as it is.
-    if isinstance(column, pa.ChunkedArray):
-        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    return column
-
-
 def _partitions(partition: int | pa.Array, n: int) -> pa.Array:
     if isinstance(partition, pa.Array):
         return partition.cast(pa.int32())
@@ -105,7 +98,7 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array,
     uniform schema; `partition` is one for all rows, or one per row (an array). A table's chunks
     (a batch's segments, read one by one) become one batch."""
     n = batch.num_rows
-    event_time, ingest_time = _whole(batch.column(EVENT_TIME)), _whole(batch.column(INGEST_TIME))
+    event_time, ingest_time = one_chunk(batch.column(EVENT_TIME)), one_chunk(batch.column(INGEST_TIME))
     if event_time.null_count or ingest_time.null_count:
         error = pc.if_else(
             pc.is_null(event_time), pa.scalar(MISSING_EVENT_TIME),
@@ -118,7 +111,7 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array,
         [
             repeated_text(stream.name, n),
             _partitions(partition, n),
-            _whole(batch.column(OFFSET)),
+            one_chunk(batch.column(OFFSET)),
             event_time,
             ingest_time,
             interleave([batch.column(d) for d in stream.dimensions], n, pa.string(), fill=""),
@@ -126,7 +119,7 @@ def to_source_batch(stream: StreamDef, partition: int | pa.Array,
             interleave([batch.column(f) for f in stream.source_ids], n, pa.string()),
             error,
             kind,
-            _whole(batch.column(stream.sent_time_field)) if stream.sent_time_field else pa.nulls(n, pa.int64()),
+            one_chunk(batch.column(stream.sent_time_field)) if stream.sent_time_field else pa.nulls(n, pa.int64()),
             _device(batch.column(stream.device_key_field)) if stream.sent_time_field else pa.nulls(n, pa.string()),
         ],
         schema=SOURCE_SCHEMA,
@@ -137,7 +130,7 @@ def _device(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     """The device whose clock stamped the record: null where the event names none. A missing
     dimension is stored as "" (ingest/events.py), and "" as a device would make every event
     without one a single device, whose offset the smallest among them corrects them all by."""
-    column = _whole(column)
+    column = one_chunk(column)
     return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
 
 

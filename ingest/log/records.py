@@ -69,17 +69,18 @@ def columns_to_batch(stream: StreamDef, columns: pa.Table, ingest_time_ms: int |
     ingest = (ingest_time_ms.cast(pa.int64()) if isinstance(ingest_time_ms, pa.Array)
               else pa.array(np.full(n, ingest_time_ms, dtype=np.int64)))
     arrays: list[pa.Array] = [
-        _array(columns.column(stream.time_field)),
+        one_chunk(columns.column(stream.time_field)),
         ingest,
     ]
-    arrays += [_array(columns.column(name)) for name in stream.string_fields]
-    arrays += [_array(columns.column(name)) for name in stream.values]
+    arrays += [one_chunk(columns.column(name)) for name in stream.string_fields]
+    arrays += [one_chunk(columns.column(name)) for name in stream.values]
     arrays.append(pa.nulls(n, pa.string()))
     return pa.RecordBatch.from_arrays(arrays, schema=segment_schema(stream))
 
 
-def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    # A ChunkedArray's combine_chunks copies even one chunk (~24 ms for 1 M strings); one is taken as it is.
+def one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one Arrow array: a ChunkedArray's combine_chunks copies even a single chunk
+    (~24 ms for 1 M strings), so one chunk is taken as it is."""
     if isinstance(column, pa.ChunkedArray):
         return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     return column
