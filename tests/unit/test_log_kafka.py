@@ -9,6 +9,7 @@ import json
 import logging
 import time
 import uuid
+import warnings
 
 import pytest
 from hypothesis import given, settings
@@ -444,7 +445,19 @@ def test_concurrent_appends_each_get_their_own_acknowledgements(open_log) -> Non
     with ThreadPoolExecutor(4) as pool:
         counts = [c for result in pool.map(appends, range(4)) for c in result]
     assert counts == [50] * 80
-    assert sum(o.end for o in log.offsets("clicks").values()) == 4000
+    # Every acknowledged record is in the log. Once (a whole CI run, session 77) the partitions'
+    # ends read right after the last ack summed to 3999; 40 rounds under full CPU load did not
+    # show it again. Whether the broker's answer lagged or a record was lost is told apart
+    # here: a lag passes once the read catches up and is reported; a loss fails.
+    ends = [sum(o.end for o in log.offsets("clicks").values())]
+    deadline = time.monotonic() + 10
+    while ends[-1] < 4000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        ends.append(sum(o.end for o in log.offsets("clicks").values()))
+    assert ends[-1] == 4000, f"acknowledged records missing from the log: ends read {ends}"
+    if len(ends) > 1:
+        warnings.warn(f"the partitions' ends lagged the acknowledgements: read {ends[:3]}..{ends[-1]}"
+                      f" over {len(ends)} reads")
 
 
 @pytest.mark.kafka
