@@ -4,6 +4,7 @@ event times on the driver, against a brute-force sessionization (Hypothesis)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,3 +80,62 @@ def test_key_rows_of_the_kept_records_picked_by_position_are_those_of_the_kept_r
     picked = key_rows_on_driver(records, KEY_ITEMS, keep=keep)
     filtered = key_rows_on_driver(records.filter(keep), KEY_ITEMS)
     assert picked.slots.equals(filtered.slots) and picked.groups == filtered.groups
+
+
+slot_keys = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "é", "ключ", "🙂", "a "]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(slot_keys, st.integers(-10_000, 10_000)), max_size=60),
+       st.sampled_from([0, 1, 7, 1000, 30_000]), st.sampled_from([None, 0, 1 << 40]))
+def test_slot_stats_are_each_key_and_slots_min_max_and_count_in_key_then_slot_order(rows, slot_ms, dense_limit):
+    """Per (key, slot) of the rows with a key (not null, not ""): the earliest and latest time
+    and the count, keys in byte order (UTF-8's is the code points'), whichever way it is computed
+    (the dense table: 1 << 40 cells allowed; sorting: none)."""
+    from aggregates.key_rows import slot_stats
+
+    keys = pa.array([k for k, _ in rows], pa.string())
+    times = np.array([t for _, t in rows], np.int64)
+    want: dict[tuple[str, int], list[int]] = {}
+    for k, t in rows:
+        if k:
+            want.setdefault((k, t - t % slot_ms if slot_ms else 0), []).append(t)
+    got = slot_stats(keys, times, slot_ms, dense_limit=dense_limit)
+    if not want:
+        assert got is None
+        return
+    distinct, key_at, slot, first, last, events = got
+    assert distinct.to_pylist() == sorted({k for k, _ in want})
+    assert list(zip(distinct.take(pa.array(key_at)).to_pylist(), slot.tolist(), first.tolist(), last.tolist(),
+                    events.tolist(), strict=True)) == \
+        [(k, s, min(ts), max(ts), len(ts)) for (k, s), ts in sorted(want.items())]
+
+
+@settings(max_examples=100, deadline=None)
+@given(records_rows)
+def test_key_rows_on_driver_are_each_groups_keys_slots_and_hashes(rows):
+    """The rows of every group (stream, key field) against a brute-force count, in (group, key,
+    slot) order, with the key's hashes for each Bloom item's seed and nulls where the group has
+    none."""
+    from sketches.bloom import hashes
+
+    records = pa.table({"stream": pa.array([r[0] for r in rows], pa.string()),
+                        "event_time": pa.array([r[2] for r in rows], pa.int64()),
+                        "dims": pa.array([r[3] for r in rows], pa.list_(pa.string())),
+                        "ids": pa.array([r[4] for r in rows], pa.list_(pa.string()))})
+    got = key_rows_on_driver(records, KEY_ITEMS).slots.to_pylist()
+    groups = [("a", "ids", 0, 20, 7, 9), ("b", "dims", 1, 30, None, None)]  # stream, source, slot_ms, seeds
+    want = []
+    for gid, (stream, column, index, slot_ms, seed, mseed) in enumerate(groups):
+        cells: dict[tuple[str, int], list[int]] = {}
+        for r in rows:
+            lists = r[3] if column == "dims" else r[4]
+            key = lists[index] if r[0] == stream and lists is not None and len(lists) > index else None
+            if key:
+                cells.setdefault((key, r[2] - r[2] % slot_ms), []).append(r[2])
+        for (key, slot), ts in sorted(cells.items()):
+            h = [int(x[0]) for x in hashes([key], seed)] if seed is not None else [None, None]
+            mh = [int(x[0]) for x in hashes([key], mseed)] if mseed is not None else [None, None]
+            want.append({"group": gid, "key": key, "slot": slot, "first_ms": min(ts), "last_ms": max(ts),
+                         "events": len(ts), "h1": h[0], "h2": h[1], "mh1": mh[0], "mh2": mh[1]})
+    assert got == want
