@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aggregates.batch_ids import BatchIds
 from ingest.log.records import one_chunk
 from sketches import grouped, kll_exact
 from sketches.hll_build import replays, updated_hll_bytes
@@ -66,12 +67,14 @@ class Layout:
         return ", ".join(cols)
 
 
-def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
+def group_partials(table: pa.Table, layout: Layout, ids: BatchIds | None = None) -> pa.Table:
     """One row per (stream, dead_reason, pane_start, dims) group of `table`'s rows (columns stream,
     dead_reason, pane_start, dims, event_time, partition, vals, ids, clock_correction and
     dead_record, the last null for a good row) with Spark's partial aggregates: count, newest event
     time overall and per partition slot, the dead records (an empty list for a good group),
-    records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL."""
+    records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL.
+    `ids`: `table`'s ids already encoded (aggregates/batch_ids.py; the same rows in the same order),
+    not hashed again here."""
     table = table.combine_chunks()
     order, starts, ends = _groups(table)
     first = order[starts]
@@ -109,7 +112,9 @@ def group_partials(table: pa.Table, layout: Layout) -> pa.Table:
         valid = has & flat_valid[at]
         out.update(value_stats_per_group(i, np.where(valid, flat_values[at], 0.0), valid, starts, ends, layout.kll_k))
     begins, lengths, ids_flat = _sorted_list_rows(table["ids"], order)
-    dictionary, codes = _encoded(ids_flat)
+    if ids is not None and ids.rows != table.num_rows:
+        raise ValueError(f"the encoded ids are of {ids.rows} rows, the table has {table.num_rows}")
+    dictionary, codes = _encoded(ids_flat) if ids is None else (ids.dictionary, ids.codes)
     for j in range(layout.distincts):
         out[f"hll_{j}"] = _hlls(dictionary, _slot_codes(begins, lengths, j, codes), starts, layout.lg_k)
     return pa.table(out)

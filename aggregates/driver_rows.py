@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import no_records
 from aggregates.driver_rules import keyed
 from aggregates.partials import ARROW_INPUT_COLUMNS
@@ -24,9 +25,18 @@ from catalog import Catalog
 
 
 class DriverRows:
-    def __init__(self, batch: pa.Table, catalog: Catalog, batch_now_ms: int):
-        """`batch`: the batch's rows on the driver (Arrow), keyed at the first use."""
+    def __init__(self, batch: pa.Table, catalog: Catalog, batch_now_ms: int, ids: BatchIds | None = None):
+        """`batch`: the batch's rows on the driver (Arrow), keyed at the first use. `ids`: its ids
+        already encoded (by the enrichment, which reads them first), else encoded at the first use."""
         self.batch, self.catalog, self.batch_now_ms = batch, catalog, batch_now_ms
+        if ids is not None:
+            self.__dict__["ids"] = ids  # the cached_property's value
+
+    @functools.cached_property
+    def ids(self) -> BatchIds:
+        """The rows' ids hashed once for the partials, the key rows and the enrichment
+        (aggregates/batch_ids.py): `table` keeps the batch's rows in their order."""
+        return BatchIds.of(self.table.column("ids"))
 
     @functools.cached_property
     def table(self) -> pa.Table:

@@ -40,6 +40,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import among
 from aggregates.driver_rows import DriverRows
 from aggregates.driver_rules import list_get, stream_is
@@ -121,11 +122,11 @@ class Enrichment:
             self.drop_bases()  # made from a copy that was not the store's
         read = time.perf_counter()
         if not enriching:  # no enriched stream has records: nothing to look up, the batch as it is
-            out, miss_columns = batch, []
+            out, miss_columns, ids = batch, [], None
             made = read
         elif on_driver:  # looked up in Python over the batch's rows (aggregates/enrichment_driver.py)
             made = read
-            out, miss_columns = self.enrich_on_driver(batch, new, versions, enriching)
+            out, miss_columns, ids = self.enrich_on_driver(batch, new, versions, enriching)
         else:
             if versions is not None:
                 frames = {name: self.versions_frame(self.tables[name], versions[name]) for name in self.tables}
@@ -134,8 +135,8 @@ class Enrichment:
             made = time.perf_counter()
             stages, miss_columns = per_catalog(self.catalog, f"enrichment stages {enriching}",
                                                lambda: self.stages(enriching))
-            out = self.run_stages(batch, stages, frames).persist()
-        rows = DriverRows(out, self.catalog, batch_now_ms) if on_driver else None
+            out, ids = self.run_stages(batch, stages, frames).persist(), None
+        rows = DriverRows(out, self.catalog, batch_now_ms, ids=ids) if on_driver else None
         misses = self.count_misses(out, miss_columns, batch_now_ms, rows=rows)
         if on_driver:
             out_batch = out.drop_columns([m for _, m in miss_columns])
@@ -245,9 +246,9 @@ class Enrichment:
 
     def enrich_on_driver(self, batch: pa.Table, new: dict[str, list[tuple[str, TableVersion]]],
                          versions: dict[str, dict[str, list[TableVersion]]] | None,
-                         enriching: list[str]) -> tuple[pa.Table, list[tuple[tuple[str, str], str]]]:
+                         enriching: list[str]) -> tuple[pa.Table, list[tuple[tuple[str, str], str]], BatchIds]:
         """`batch` (an Arrow table on the driver) enriched in Python (aggregates/enrichment_driver.py),
-        with its miss flag columns;
+        with its miss flag columns, and its ids encoded (for the steps after it: DriverRows);
         the versions of the keys it looks up from the driver's copy and the batch's `new` ones
         (or from `versions`, read from the store)."""
         lookups = per_catalog(self.catalog, f"driver lookups {enriching}",
@@ -264,12 +265,13 @@ class Enrichment:
             return self.kept.singles(table, (key for key, _ in new.get(table, ())), asked=asked)
 
         rows = batch.combine_chunks()
-        dims, misses = enrich_table(rows, lookups, fetch, singles)
+        ids = BatchIds.of(rows.column("ids"))
+        dims, misses = enrich_table(rows, lookups, fetch, singles, encoded_ids=ids)
         at = rows.schema.get_field_index("dims")
         rows = rows.set_column(at, rows.schema.field(at), dims)
         for lookup in lookups:
             rows = rows.append_column(lookup.miss, misses[lookup.miss])
-        return rows, [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups]
+        return rows, [((lookup.stream, lookup.declared), lookup.miss) for lookup in lookups], ids
 
     def committed(self, batch_id: int, enriched: Enriched) -> None:
         """Batch `batch_id` is in the store: the kept versions take its changes and pruning."""

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aggregates.batch_ids import BatchIds
 from aggregates.driver_rules import list_get
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
@@ -161,7 +162,7 @@ def enrich(stream: list[str | None], ids: list, dims: list, event_time: list, in
 
 
 def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
-                 singles: Singles | None = None) -> tuple[pa.Array, dict[str, pa.Array]]:
+                 singles: Singles | None = None, encoded_ids: BatchIds | None = None) -> tuple[pa.Array, dict[str, pa.Array]]:
     """What `enrich` gives, over the batch's Arrow rows (columns stream, ids, dims, event_time,
     ingest_time) by whole columns: `dims` with the enriched slots set and each lookup's miss flags.
     A key with one version (most of a table's: a row changes seldom) is looked up by numpy over all
@@ -169,18 +170,26 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
     one. The versions asked from `fetch` are the same keys `enrich` asks for (tests/unit/
     test_enrichment_driver.py checks the two agree with Hypothesis). With `singles`, the keys that a table's
     single-version columns hold (where it offers them: a large batch) take their version from there,
-    and only the others are asked from `fetch`."""
+    and only the others are asked from `fetch`. `encoded_ids`: `rows`' ids already encoded
+    (aggregates/batch_ids.py; the same rows in the same order): the keys are taken by code."""
     rows = rows.combine_chunks()
     n = rows.num_rows
     stream = _column(rows, "stream")
-    ids = _column(rows, "ids")
+    ids, encoded = _column(rows, "ids"), encoded_ids
+    if encoded is not None and encoded.rows != n:
+        raise ValueError(f"the encoded ids are of {encoded.rows} rows, the batch has {n}")
     dims = _column(rows, "dims")
     at, at_valid = _lookup_times(_column(rows, "event_time"), _column(rows, "ingest_time"))
     misses: dict[str, pa.Array] = {}
     for lookup in lookups:
         mine = pc.fill_null(pc.equal(stream, lookup.stream), False).to_numpy(zero_copy_only=False)
-        keys = pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
-        left = _Versions.at(keys, at, at_valid, fetch, lookup.table, singles)
+        if encoded is not None:
+            keys = None  # made from the codes only if a right side reads the same keys
+            code = np.where(mine, encoded.slot(lookup.key_index), -1)
+            left = _Versions.of_codes(*encoded.used(code), at, at_valid, fetch, lookup.table, singles)
+        else:
+            keys = pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
+            left = _Versions.at(keys, at, at_valid, fetch, lookup.table, singles)
         found = left.found()
         values: dict[str, _Picked] = {}
         if lookup.right is None:
@@ -189,7 +198,8 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
             complete = found
         else:
             if lookup.foreign_key is None:
-                right_keys = keys
+                right_keys = keys if keys is not None else pc.if_else(
+                    pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
             elif not found.any():  # no left row: none names a right one (nor holds a foreign key to take)
                 right_keys = pa.nulls(n, pa.string())
             else:  # the foreign key the left row holds, as its string column ("" names no row)
@@ -231,8 +241,18 @@ class _Versions:
         # One hash pass gives the distinct keys (in order of first appearance, as pc.unique) and
         # each row's index among them (null: no key), where unique and index_in took two.
         encoded = pc.dictionary_encode(one_chunk(keys))
-        names = encoded.dictionary.to_pylist()
         where = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+        return cls.of_codes(encoded.dictionary, where, at, at_valid, fetch, table, singles)
+
+    @classmethod
+    def of_codes(cls, dictionary: pa.Array, where: np.ndarray, at: np.ndarray, at_valid: np.ndarray, fetch: Fetch,
+                 table: str, singles: Singles | None = None) -> _Versions:
+        """`at` of keys given as each row's index `where` into `dictionary`, the distinct keys
+        (each one some row's; -1: no key)."""
+        if not len(dictionary):
+            fetch(table, set())
+            return cls([], np.full(len(where), -1, np.int64))
+        names = dictionary.to_pylist()
         single_from = np.full(len(names), np.iinfo(np.int64).max, np.int64)  # never valid: no version
         single_row = np.full(len(names), -1, np.int64)
         several = np.zeros(len(names), bool)
@@ -241,9 +261,9 @@ class _Versions:
         asked = np.ones(len(names), bool)
         if held is not None:
             # The keys the single-version columns hold (and may be taken from) found all at once.
-            position = pc.index_in(encoded.dictionary, value_set=held.keys)
+            position = pc.index_in(dictionary, value_set=held.keys)
             if offered[1]:
-                changed = pc.is_in(encoded.dictionary, value_set=pa.array(list(offered[1]), pa.string()))
+                changed = pc.is_in(dictionary, value_set=pa.array(list(offered[1]), pa.string()))
                 position = pc.if_else(changed, pa.scalar(None, position.type), position)
             position = pc.fill_null(position, -1).to_numpy(zero_copy_only=False).astype(np.int64)
             taken = position >= 0
@@ -258,7 +278,7 @@ class _Versions:
             # users, a table holding none or some), each found among the batch's by Arrow's hash;
             # a key `fetch` gave that was not asked for is in none.
             fetched = list(versions)
-            at_name = pc.index_in(pa.array(fetched, pa.string()), value_set=encoded.dictionary).to_pylist()
+            at_name = pc.index_in(pa.array(fetched, pa.string()), value_set=dictionary).to_pylist()
             walk = ((j, versions[key]) for key, j in zip(fetched, at_name) if j is not None and asked[j])
         else:
             walk = ((j, versions.get(names[j], ())) for j in np.flatnonzero(asked).tolist())
@@ -268,7 +288,7 @@ class _Versions:
                 rows.append(vs[0].row)
             elif len(vs) > 1:
                 several[j] = True
-        chosen = np.full(len(keys), -1, np.int64)
+        chosen = np.full(len(where), -1, np.int64)
         looked = (where >= 0) & at_valid
         slot = np.where(looked, where, 0)
         one = looked & ~several[slot] if len(names) else looked

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import arrow_on_driver, no_records
 from aggregates.driver_rules import list_get
 from ingest.source_rows import repeated_text
@@ -169,14 +170,17 @@ def key_records(batch: DataFrame, items: Sequence[KeyItem]) -> pa.Table:
     return arrow_on_driver(batch.where(F.col("stream").isin(streams)).select(*KEY_RECORD_COLUMNS))
 
 
-def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Array | pa.ChunkedArray | None = None) -> KeyRows:
+def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Array | pa.ChunkedArray | None = None,
+                       ids: BatchIds | None = None) -> KeyRows:
     """What `key_rows` computes, without its Spark job: from the batch's records (KEY_RECORD_COLUMNS;
     merged ones, so every event time is set) already on the driver, per (group, key, slot) the
     earliest and latest event time and the count, numpy and Arrow over whole columns, and the hashes
     of each distinct key with `sketches.bloom.hashes`, equal to Spark's xxhash64 with the same seeds
     (tests/spark/test_firstseen.py pins the rows equal to the job's). Rows sorted by group, key, slot.
     `keep`: which of `records` to read (true; the batch's merged ones), None: all. A group's rows are
-    picked by position from whole columns: its key out of the list column, no list copied."""
+    picked by position from whole columns: its key out of the list column, no list copied.
+    `ids`: `records`' ids already encoded (aggregates/batch_ids.py; the same rows in the same
+    order): a key read from them is taken by its code, not hashed again."""
     groups = key_groups(items)
     parts = []
     streams = records["stream"]
@@ -190,9 +194,10 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Arr
         if len(at) == 0:
             continue
         column, index = g.source
-        # F.get: null past the end of the array; the key cast to string (the arrays hold strings)
-        keys = list_get(records[column], index, at).cast(pa.string())
-        stats = slot_stats(keys, times[at], g.slot_ms)
+        if column == "ids" and ids is not None:
+            stats = slot_stats_of_codes(ids.dictionary, ids.slot(index, at), times[at], g.slot_ms)
+        else:  # F.get: null past the end of the array; the key cast to string (the arrays hold strings)
+            stats = slot_stats(list_get(records[column], index, at).cast(pa.string()), times[at], g.slot_ms)
         if stats is None:
             continue
         distinct, key_at, slot, first_ms, last_ms, events = stats
@@ -231,9 +236,14 @@ def slot_stats(keys: pa.Array, times: np.ndarray, slot_ms: int, *, dense_limit: 
     hashed again (unique, index_in) and sorted by string: 110-160 ms against ~60 for 700 000
     events of ~50 000 users (docs/benchmarks.md, session 78)."""
     encoded = pc.dictionary_encode(keys)
-    dictionary = encoded.dictionary
     code = encoded.indices.to_numpy(zero_copy_only=False) if encoded.indices.null_count == 0 else \
         pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    return slot_stats_of_codes(encoded.dictionary, code, times, slot_ms, dense_limit=dense_limit)
+
+
+def slot_stats_of_codes(dictionary: pa.Array, code: np.ndarray, times: np.ndarray, slot_ms: int, *,
+                        dense_limit: int | None = None):
+    """`slot_stats` of keys given as each row's `code` into `dictionary` (-1: null)."""
     order = pc.sort_indices(dictionary).to_numpy()  # the keys in byte order
     rank = np.empty(len(order), np.int64)
     rank[order] = np.arange(len(order))

@@ -217,6 +217,7 @@ class Pipeline(ReportsStoreErrors):
                 # the partials, the commit's plan and the joins (aggregates/side_step.py). The rows'
                 # lazy columns are made first, here, so the two threads never race to make them.
                 driver_rows.good  # noqa: B018 - made now (and `table` with it)
+                driver_rows.ids  # noqa: B018 - and the ids' encoding, which both threads read
                 keyed_later = side_step(bloom_and_runs, None, self.bloom, self.sessions, streams=present,
                                         rows=driver_rows)
             if self.patterns.enabled:  # after the clock step too: patterns match in corrected event time
@@ -332,7 +333,8 @@ class Pipeline(ReportsStoreErrors):
         if on_driver:
             from aggregates.arrow_partials import group_partials
 
-            return group_partials(driver_rows.arrow_input(), catalog_layout(self.catalog, c.lg_k, c.kll_k))
+            return group_partials(driver_rows.arrow_input(), catalog_layout(self.catalog, c.lg_k, c.kll_k),
+                                  ids=driver_rows.ids)
         if c.partials == "spark":
             rows = partial_aggregates(batch, self.catalog, batch_now_ms=batch_now_ms, lg_k=c.lg_k, kll_k=c.kll_k)
             with paused_gc():  # a Row and a dict per group (aggregates/commit.py)

@@ -191,7 +191,7 @@ def bloom_and_runs(merged: DataFrame | None, bloom: BloomFeatures, sessions: Ses
     plan = bloom.plan(streams) if bloom.enabled else None
     items = [*(plan.items if plan else ()), *(sessions.items(streams) if sessions.enabled else ())]
     if rows is not None:  # the batch's rows as they are, its merged ones picked by position (no copy)
-        keyed = key_rows_on_driver(rows.table.select(KEY_RECORD_COLUMNS), items, keep=rows.good)
+        keyed = key_rows_on_driver(rows.table.select(KEY_RECORD_COLUMNS), items, keep=rows.good, ids=rows.ids)
     else:
         keyed = key_rows(merged, items)
     return (bloom.commit(keyed, plan) if plan else None, sessions.runs_of_rows(keyed) if sessions.enabled else None)

@@ -15,6 +15,7 @@ from datasketches import hll_sketch, kll_doubles_sketch, tgt_hll_type
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregates.batch_ids import BatchIds
 from aggregates.arrow_partials import DEAD_RECORD, Layout, group_partials, merge_partials
 from sketches import HllSketch, KllSketch
 
@@ -126,7 +127,13 @@ def check(rows: list[dict], layout: Layout, partitions: list[int] | None = None)
     """`partitions`: each row's input partition (None: one): each partition grouped on its own,
     then their partials merged (merge_partials), as the map-side path does."""
     if partitions is None:
-        got = group_partials(pa.Table.from_pylist(rows, schema=INPUT), layout).to_pylist()
+        table = pa.Table.from_pylist(rows, schema=INPUT)
+        got = group_partials(table, layout).to_pylist()
+        # The ids encoded once for the batch's steps (aggregates/batch_ids.py): the same partials
+        # (a KLL past k compacts at random: not the same bytes twice, whatever the ids).
+        given_ids = group_partials(table, layout, ids=BatchIds.of(table.column("ids"))).to_pylist()
+        assert [{k: v for k, v in r.items() if not k.startswith("kll")} for r in given_ids] == \
+            [{k: v for k, v in r.items() if not k.startswith("kll")} for r in got]
     else:
         got = merge_partials(map_side(rows, partitions, layout), layout).to_pylist()
     want = expected(rows, layout)

@@ -12,6 +12,7 @@ import pyarrow as pa
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from aggregates.batch_ids import BatchIds
 from aggregates.enrichment_driver import MISSING, DriverLookup, enrich, enrich_table, lookup_time, plan
 from aggregates.view_join import ViewShape, joined_as_of
 from catalog import load_catalog
@@ -175,10 +176,13 @@ def test_the_whole_column_lookup_gives_what_the_row_by_row_one_gives(users, plan
     want_dims, want_misses = enrich(*cols, lookups, fetcher(tables, asked_rows))
     before = (["other"] * cut, [["x", "k1"]] * cut, [None, ["/z", "old", "old"]][:cut], [0] * cut, [0] * cut)
     whole = as_table(*[b + list(c) for b, c in zip(before, cols, strict=True)])
-    got_dims, got_misses = enrich_table(whole.slice(cut), lookups, fetcher(tables, asked_table, more=more))
-    assert got_dims.to_pylist() == want_dims
-    assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
-    assert asked_table == asked_rows
+    for encoded in (None, BatchIds.of(whole.slice(cut).column("ids"))):  # the ids hashed here, or given
+        asked_table = []
+        got_dims, got_misses = enrich_table(whole.slice(cut), lookups, fetcher(tables, asked_table, more=more),
+                                            encoded_ids=encoded)
+        assert got_dims.to_pylist() == want_dims
+        assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
+        assert asked_table == asked_rows
 
 
 # Half the time one change a key, so most keys have one version (the columns' case).
@@ -211,11 +215,13 @@ def test_keys_taken_from_the_single_version_columns_give_what_the_row_by_row_loo
     cols = columns(evs)
     asked_rows, asked_table = [], []
     want_dims, want_misses = enrich(*cols, [lookup], fetcher(tables, asked_rows))
-    got_dims, got_misses = enrich_table(as_table(*cols), [lookup], fetcher(tables, asked_table, more=more),
-                                        lambda table, asked: (held[table], excluded))
-    assert got_dims.to_pylist() == want_dims
-    assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
-    assert asked_table == [(t, keys - takeable[t]) for t, keys in asked_rows]
+    for encoded in (None, BatchIds.of(as_table(*cols).column("ids"))):
+        asked_table = []
+        got_dims, got_misses = enrich_table(as_table(*cols), [lookup], fetcher(tables, asked_table, more=more),
+                                            lambda table, asked: (held[table], excluded), encoded_ids=encoded)
+        assert got_dims.to_pylist() == want_dims
+        assert {m: a.to_pylist() for m, a in got_misses.items()} == want_misses
+        assert asked_table == [(t, keys - takeable[t]) for t, keys in asked_rows]
 
 
 def test_dims_whose_items_start_past_their_buffers_start_are_read_where_they_are():

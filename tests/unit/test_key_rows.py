@@ -9,6 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregates.batch_ids import BatchIds
 from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, TAG_SESSIONS, KeyItem, key_rows_on_driver, runs_from_times
 from tests.unit.test_session_window import sessionize
 
@@ -80,6 +81,9 @@ def test_key_rows_of_the_kept_records_picked_by_position_are_those_of_the_kept_r
     picked = key_rows_on_driver(records, KEY_ITEMS, keep=keep)
     filtered = key_rows_on_driver(records.filter(keep), KEY_ITEMS)
     assert picked.slots.equals(filtered.slots) and picked.groups == filtered.groups
+    # The ids encoded once for the batch's steps (aggregates/batch_ids.py): the same rows.
+    encoded = key_rows_on_driver(records, KEY_ITEMS, keep=keep, ids=BatchIds.of(records.column("ids")))
+    assert encoded.slots.equals(picked.slots)
 
 
 slot_keys = st.one_of(st.none(), st.sampled_from(["", "a", "b", "ab", "é", "ключ", "🙂", "a "]))
@@ -124,6 +128,7 @@ def test_key_rows_on_driver_are_each_groups_keys_slots_and_hashes(rows):
                         "dims": pa.array([r[3] for r in rows], pa.list_(pa.string())),
                         "ids": pa.array([r[4] for r in rows], pa.list_(pa.string()))})
     got = key_rows_on_driver(records, KEY_ITEMS).slots.to_pylist()
+    assert key_rows_on_driver(records, KEY_ITEMS, ids=BatchIds.of(records.column("ids"))).slots.to_pylist() == got
     groups = [("a", "ids", 0, 20, 7, 9), ("b", "dims", 1, 30, None, None)]  # stream, source, slot_ms, seeds
     want = []
     for gid, (stream, column, index, slot_ms, seed, mseed) in enumerate(groups):
