@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import arrow_on_driver, no_records
 from aggregates.driver_rules import list_get
+from ingest.log.records import one_chunk
 from ingest.source_rows import repeated_text
 from sketches.bloom import SALT2, hashes
 
@@ -212,9 +213,9 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Arr
                 out[a], out[b] = h1[key_at], h2[key_at]
         parts.append(pa.table(out).cast(SLOT_SCHEMA))
     if not parts:
-        return KeyRows(SLOT_SCHEMA.empty_table(), groups)
+        return KeyRows(SLOT_SCHEMA.empty_table(), groups, ordered=True)
     # Each part is in (key, slot) order and the groups come in id order: the rows are sorted.
-    return KeyRows(pa.concat_tables(parts), groups)
+    return KeyRows(pa.concat_tables(parts), groups, ordered=True)
 
 
 # A dense (key x slot) table is used while it has at most this many cells per row (and at least
@@ -291,9 +292,13 @@ def slot_stats_of_codes(dictionary: pa.Array, code: np.ndarray, times: np.ndarra
 @dataclass(frozen=True)
 class KeyRows:
     """The per-key job's slots (SLOT_SCHEMA) and the groups they belong to; what each feature
-    reads of them, derived on the driver over whole columns."""
+    reads of them, derived on the driver over whole columns. `ordered`: the slots are sorted by
+    (group, key, slot), as `key_rows_on_driver` makes them (Spark's job gives them in any order):
+    a key's slots are then one run, in time order, and its first-seen row, membership buckets and
+    sessions' runs are cut from the runs, with no group-by hashing the keys again."""
     slots: pa.Table
     groups: list[KeyGroup]
+    ordered: bool = False
 
     def _of(self, group: KeyGroup) -> pa.Table:
         return self.slots.filter(pc.equal(self.slots["group"], group.id))
@@ -307,15 +312,30 @@ class KeyRows:
             if g.first_seen is None and g.membership is None:
                 continue
             rows = self._of(g)
+            new_key = _new_keys(rows) if self.ordered else None
             if g.first_seen is not None:
                 if g.slot_ms == 0:  # already one row a key
                     first_ms, h1, h2 = rows["first_ms"], rows["h1"], rows["h2"]
+                elif new_key is not None:  # a key's slots are one run: its first row's hashes, their earliest time
+                    heads = np.flatnonzero(new_key)
+                    first_ms = _reduced(np.minimum, rows["first_ms"], heads)
+                    h1, h2 = (rows[c].take(pa.array(heads)) for c in ("h1", "h2"))
                 else:  # h1/h2 are the key's, the same in each of its slots
                     per_key = rows.group_by("key", use_threads=False).aggregate(
                         [("first_ms", "min"), ("h1", "min"), ("h2", "min")])
                     first_ms, h1, h2 = per_key["first_ms_min"], per_key["h1_min"], per_key["h2_min"]
                 parts.append(_bloom_part(g.stream, TAG_FIRST_SEEN, np.zeros(len(first_ms), np.int64), first_ms, h1, h2))
-            if g.membership is not None:
+            if g.membership is not None and new_key is not None:
+                # A key's slots in time order: each bucket's slots are one run within it.
+                slot = rows["slot"].to_numpy(zero_copy_only=False)
+                bucket = slot - np.mod(slot, g.membership.bucket_ms)
+                starts = new_key.copy()
+                starts[1:] |= bucket[1:] != bucket[:-1]
+                heads = np.flatnonzero(starts)
+                parts.append(_bloom_part(g.stream, TAG_MEMBERSHIP, bucket[heads],
+                                         _reduced(np.minimum, rows["first_ms"], heads),
+                                         rows["mh1"].take(pa.array(heads)), rows["mh2"].take(pa.array(heads))))
+            elif g.membership is not None:
                 slot = rows["slot"].to_numpy(zero_copy_only=False)
                 bucket = pa.array(slot - np.mod(slot, g.membership.bucket_ms))
                 per_bucket = pa.table({"key": rows["key"], "bucket": bucket, "first_ms": rows["first_ms"],
@@ -333,20 +353,40 @@ class KeyRows:
             rows = self._of(g) if g.sessions is not None else None
             if rows is None or rows.num_rows == 0:
                 continue
-            keys = pc.dictionary_encode(rows["key"]).combine_chunks()
-            key_ix = keys.indices.to_numpy(zero_copy_only=False)
             first, last, events = (rows[c].to_numpy(zero_copy_only=False) for c in ("first_ms", "last_ms", "events"))
-            order = np.lexsort((first, key_ix))
-            key_ix, first, last, events = key_ix[order], first[order], last[order], events[order]
-            starts = np.ones(len(first), bool)
-            starts[1:] = (key_ix[1:] != key_ix[:-1]) | (first[1:] - last[:-1] >= g.sessions.gap)
+            if self.ordered:  # each key's slots one run, in time order already
+                starts = _new_keys(rows)
+                key_text = one_chunk(rows["key"])
+            else:
+                keys = pc.dictionary_encode(rows["key"]).combine_chunks()
+                key_ix = keys.indices.to_numpy(zero_copy_only=False)
+                order = np.lexsort((first, key_ix))
+                key_ix, first, last, events = key_ix[order], first[order], last[order], events[order]
+                starts = np.ones(len(first), bool)
+                starts[1:] = key_ix[1:] != key_ix[:-1]
+                key_text = keys.dictionary.take(pa.array(key_ix))
+            starts[1:] |= first[1:] - last[:-1] >= g.sessions.gap
             heads = np.flatnonzero(starts)
             ends = np.append(heads[1:], len(first)) - 1
             parts.append(pa.table({"stream": repeated_text(g.stream, len(heads)),
-                                   "key": keys.dictionary.take(pa.array(key_ix[heads])),
+                                   "key": key_text.take(pa.array(heads)),
                                    "first_ms": first[heads], "last_ms": last[ends],
                                    "events": np.add.reduceat(events, heads)}))
         return pa.concat_tables(parts) if parts else _empty_runs()
+
+
+def _new_keys(rows: pa.Table) -> np.ndarray:
+    """Per row of sorted slots, whether its key differs from the row before's (the first: true)."""
+    keys = one_chunk(rows["key"])
+    out = np.ones(len(keys), bool)
+    if len(keys) > 1:
+        out[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+    return out
+
+
+def _reduced(ufunc, column, heads: np.ndarray) -> np.ndarray:
+    values = one_chunk(column).to_numpy(zero_copy_only=False)
+    return ufunc.reduceat(values, heads) if len(heads) else values[:0]
 
 
 def _bloom_part(stream: str, tag: int, bucket, first_ms, h1, h2) -> pa.Table:

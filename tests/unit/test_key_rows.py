@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aggregates.batch_ids import BatchIds
@@ -144,3 +144,28 @@ def test_key_rows_on_driver_are_each_groups_keys_slots_and_hashes(rows):
             want.append({"group": gid, "key": key, "slot": slot, "first_ms": min(ts), "last_ms": max(ts),
                          "events": len(ts), "h1": h[0], "h2": h[1], "mh1": mh[0], "mh2": mh[1]})
     assert got == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(records_rows, st.sampled_from([5, 20, 60]), st.sampled_from([1, 30, 100]))
+# A key's events in two buckets and two sessions, another key's in one.
+@example(rows=[("a", True, 0, [], ["x"]), ("a", True, 150, [], ["x"]), ("a", True, 7, [], ["y"])], bucket_ms=20, gap=30)
+def test_sorted_slots_give_the_bloom_rows_and_runs_the_group_by_gives(rows, bucket_ms, gap):
+    """`key_rows_on_driver` gives its slots sorted (`ordered`): the first-seen rows, membership
+    buckets and sessions' runs cut from each key's run of slots are the rows (in the same order)
+    that the group-by and sort over slots in any order (Spark's job) give."""
+    from dataclasses import replace as replaced
+
+    items = [KeyItem("a", TAG_FIRST_SEEN, "user", key=None, seed=7, source=("ids", 0)),
+             KeyItem("a", TAG_MEMBERSHIP, "user", key=None, seed=9, bucket_ms=bucket_ms, source=("ids", 0)),
+             KeyItem("a", TAG_SESSIONS, "user", key=None, gap=gap, times=True, source=("ids", 0)),
+             KeyItem("b", TAG_SESSIONS, "region", key=None, gap=gap, times=True, source=("dims", 1))]
+    records = pa.table({"stream": pa.array([r[0] for r in rows], pa.string()),
+                        "event_time": pa.array([r[2] for r in rows], pa.int64()),
+                        "dims": pa.array([r[3] for r in rows], pa.list_(pa.string())),
+                        "ids": pa.array([r[4] for r in rows], pa.list_(pa.string()))})
+    ordered = key_rows_on_driver(records, items)
+    assert ordered.ordered
+    anyhow = replaced(ordered, ordered=False)
+    assert ordered.bloom_rows().equals(anyhow.bloom_rows())
+    assert ordered.runs().equals(anyhow.runs())
