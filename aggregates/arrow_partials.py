@@ -362,10 +362,25 @@ def _list_hlls(dictionary: pa.Array, group_of: np.ndarray, items: np.ndarray, gr
 
 def _codes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A code per row, equal exactly when the values are (nulls one code of their own)."""
+    if _one_value(column):
+        # A batch's stream (most batches read one), its dead reason (null but for dead letters):
+        # one comparison a row, where the encoding hashed each (700 000 stream names: ~3 against ~14 ms).
+        return np.zeros(len(column), np.int64)
     encoded = pc.dictionary_encode(column, null_encoding="encode")
     if isinstance(encoded, pa.ChunkedArray):
         encoded = encoded.combine_chunks()
     return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _one_value(column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether every row holds the same value (all null counts as one), by a check that gives up
+    at once on a column whose first and last rows differ."""
+    n, nulls = len(column), column.null_count
+    if n == 0 or nulls == n:
+        return True
+    if nulls or column[0] != column[n - 1]:
+        return False
+    return pc.all(pc.equal(column, column[0])).as_py()
 
 
 def _ints(column) -> tuple[np.ndarray, np.ndarray]:

@@ -505,3 +505,18 @@ def test_groups_of_many_users_are_datasketches_updates_in_row_order():
         for item in group:
             sketch.update(item)
         assert got[10 * g] == sketch.serialize_updatable(), g
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", ""])), max_size=12), st.integers(0, 12))
+def test_codes_are_equal_exactly_where_the_values_are(values, cut):
+    """`_codes` (the group keys' columns: a batch's one stream and all-null dead reasons take the
+    one-value shortcut), over plain and chunked columns."""
+    from aggregates.arrow_partials import _codes
+
+    column = pa.array(values, pa.string())
+    for c in (column, pa.chunked_array([column.slice(0, cut), column.slice(cut)], pa.string())):
+        codes = _codes(c).tolist()
+        assert len(codes) == len(values)
+        assert all((codes[i] == codes[j]) == (values[i] == values[j])
+                   for i in range(len(values)) for j in range(len(values)))
