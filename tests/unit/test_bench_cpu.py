@@ -54,3 +54,16 @@ def test_a_child_touching_fresh_memory_shows_its_faults_and_its_cpu_split():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_side_by_sides_rounds_print_each_ratio_and_their_median():
+    """The ratio is to the plain job's warm run (the bar's); its cold run is printed beside it."""
+    from bench.side_by_side import rounds_table
+
+    one = rounds_table([(100_000.0, 150_000.0, 60_000.0)])
+    assert "| 100,000 |" in one and "| 60,000 |" in one and "| 150,000 |" in one
+    assert "ratio Sketchboard / plain: 1.50 x (bar: 2 x; to the cold run: 2.50 x)" in one
+    three = rounds_table([(100_000.0, 150_000.0, 50_000.0), (200_000.0, 420_000.0, 100_000.0),
+                          (100_000.0, 190_000.0, 95_000.0)])
+    assert "| 2 | 200,000 | 100,000 | 420,000 | 2.10 x (4.20 x) |" in three
+    assert "median ratio Sketchboard / plain over 3 rounds: 1.90 x (from 1.50 to 2.10; bar: 2 x)" in three
