@@ -74,7 +74,7 @@ def group_partials(table: pa.Table, layout: Layout, ids: BatchIds | None = None)
     time overall and per partition slot, the dead records (an empty list for a good group),
     records whose clock was corrected, per value slot n/sum/min/max/KLL, per distinct slot an HLL.
     `ids`: `table`'s ids already encoded (aggregates/batch_ids.py; the same rows in the same order),
-    not hashed again here."""
+    not hashed again here; encoded here when None."""
     table = table.combine_chunks()
     order, starts, ends = _groups(table)
     first = order[starts]
@@ -111,12 +111,13 @@ def group_partials(table: pa.Table, layout: Layout, ids: BatchIds | None = None)
         has, at = _slot_at(begins, lengths, i, len(flat_values))
         valid = has & flat_valid[at]
         out.update(value_stats_per_group(i, np.where(valid, flat_values[at], 0.0), valid, starts, ends, layout.kll_k))
-    begins, lengths, ids_flat = _sorted_list_rows(table["ids"], order)
-    if ids is not None and ids.rows != table.num_rows:
+    if ids is None:
+        ids = BatchIds.of(table["ids"])
+    elif ids.rows != table.num_rows:
         raise ValueError(f"the encoded ids are of {ids.rows} rows, the table has {table.num_rows}")
-    dictionary, codes = _encoded(ids_flat) if ids is None else (ids.dictionary, ids.codes)
+    begins, lengths = ids.begins[order], ids.lengths[order]
     for j in range(layout.distincts):
-        out[f"hll_{j}"] = _hlls(dictionary, _slot_codes(begins, lengths, j, codes), starts, layout.lg_k)
+        out[f"hll_{j}"] = _hlls(ids.dictionary, _slot_codes(begins, lengths, j, ids.codes), starts, layout.lg_k)
     return pa.table(out)
 
 
@@ -277,8 +278,8 @@ def hlls_per_group(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np
 
 
 def _encoded(flat: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """`flat`'s distinct strings and each item's code among them (-1: null): done once for all of
-    a batch's distinct slots, which share their items (~60 ms a slot for a 1 M-event batch)."""
+    """`flat`'s distinct strings and each item's code among them (-1: null): the sessions' keys
+    (`hlls_per_group`); a batch's ids lists are encoded once by aggregates/batch_ids.py."""
     if not len(flat):
         return pa.array([], pa.string()), np.zeros(0, np.int64)
     encoded = flat.dictionary_encode()

@@ -183,12 +183,15 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
     misses: dict[str, pa.Array] = {}
     for lookup in lookups:
         mine = pc.fill_null(pc.equal(stream, lookup.stream), False).to_numpy(zero_copy_only=False)
-        if encoded is not None:
-            keys = None  # made from the codes only if a right side reads the same keys
+
+        def string_keys(mine=mine, lookup=lookup) -> pa.Array:  # each row's key, null where it has none
+            return pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
+
+        keys = None if encoded is not None else string_keys()  # by code: strings only if a right side reads them
+        if keys is None:
             code = np.where(mine, encoded.slot(lookup.key_index), -1)
             left = _Versions.of_codes(*encoded.used(code), at, at_valid, fetch, lookup.table, singles)
         else:
-            keys = pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
             left = _Versions.at(keys, at, at_valid, fetch, lookup.table, singles)
         found = left.found()
         values: dict[str, _Picked] = {}
@@ -198,8 +201,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
             complete = found
         else:
             if lookup.foreign_key is None:
-                right_keys = keys if keys is not None else pc.if_else(
-                    pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
+                right_keys = keys if keys is not None else string_keys()
             elif not found.any():  # no left row: none names a right one (nor holds a foreign key to take)
                 right_keys = pa.nulls(n, pa.string())
             else:  # the foreign key the left row holds, as its string column ("" names no row)

@@ -237,8 +237,7 @@ def slot_stats(keys: pa.Array, times: np.ndarray, slot_ms: int, *, dense_limit: 
     hashed again (unique, index_in) and sorted by string: 110-160 ms against ~60 for 700 000
     events of ~50 000 users (docs/benchmarks.md, session 78)."""
     encoded = pc.dictionary_encode(keys)
-    code = encoded.indices.to_numpy(zero_copy_only=False) if encoded.indices.null_count == 0 else \
-        pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+    code = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
     return slot_stats_of_codes(encoded.dictionary, code, times, slot_ms, dense_limit=dense_limit)
 
 
