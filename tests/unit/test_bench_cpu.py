@@ -67,3 +67,18 @@ def test_the_side_by_sides_rounds_print_each_ratio_and_their_median():
                           (100_000.0, 190_000.0, 95_000.0)])
     assert "| 2 | 200,000 | 100,000 | 420,000 | 2.10 x (4.20 x) |" in three
     assert "median ratio Sketchboard / plain over 3 rounds: 1.90 x (from 1.50 to 2.10; bar: 2 x)" in three
+
+
+def test_the_side_by_sides_like_for_like_config_declares_the_events_and_nothing_optional():
+    """bench/configs/same_aggregates.yaml: every generated field declared (an undeclared one sends a
+    body down the per-event path), the plain job's 1-minute window, none of the features it lacks."""
+    from bench.side_by_side import SAME_AGGREGATES, STREAM, generate
+    from catalog import load_catalog
+
+    catalog = load_catalog(SAME_AGGREGATES)
+    assert list(catalog.streams) == [STREAM]
+    stream = catalog.stream(STREAM)
+    declared = {stream.time_field, *stream.string_fields, *stream.values}
+    assert {field for event in generate(500, 500)[0] for field in event} == declared
+    assert stream.pane == 60_000 and stream.tiers == ()
+    assert (stream.first_seen, stream.membership, stream.sessions, stream.enrich) == (None, None, None, ())
