@@ -70,6 +70,7 @@ test-fast: $(STAMP) jars
 bench: $(STAMP)
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.day_of_data --events 100000 --repeat 10
+	$(BIN)/python -m bench.side_by_side --events 500000 --batch 10000
 
 clean:
 	rm -rf $(VENV) data build *.egg-info $(JARS)
