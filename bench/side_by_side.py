@@ -45,7 +45,7 @@ import httpx
 from bench.cpu import Usage, child_by_command, tree_usage
 from bench.freshness import Service
 from bench.ingest_api import run_bench
-from catalog import load_catalog
+from catalog import ConfigError, load_catalog
 from demo import DEFAULT_CONFIG, DemoTraffic
 
 STREAM = "http_requests"
@@ -248,6 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be 1 or more")
+    if args.config is not None:  # said now, not after the plain job's run
+        try:
+            streams = load_catalog(args.config).streams
+        except (OSError, ConfigError) as exc:
+            parser.error(f"--config {args.config}: {exc}")
+        if STREAM not in streams:
+            parser.error(f"--config {args.config}: no stream {STREAM!r}, which the events are POSTed to")
 
     lateness_s = load_catalog(DEFAULT_CONFIG).stream(STREAM).allowed_lateness // 1000
     with tempfile.TemporaryDirectory(prefix="sketchboard-side-by-side-") as tmp:

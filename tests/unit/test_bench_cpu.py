@@ -82,3 +82,14 @@ def test_the_side_by_sides_like_for_like_config_declares_the_events_and_nothing_
     assert {field for event in generate(500, 500)[0] for field in event} == declared
     assert stream.pane == 60_000 and stream.tiers == ()
     assert (stream.first_seen, stream.membership, stream.sessions, stream.enrich) == (None, None, None, ())
+
+
+def test_the_side_by_side_refuses_a_config_it_cannot_post_to_before_it_runs_anything(tmp_path, capsys):
+    from bench.side_by_side import main
+
+    other = tmp_path / "other.yaml"
+    other.write_text("streams:\n  readings:\n    time_field: t\nmetrics: {}\n")
+    for config, reason in ((tmp_path / "missing.yaml", "cannot read"), (other, "no stream 'http_requests'")):
+        with pytest.raises(SystemExit) as stopped:
+            main(["--config", str(config)])
+        assert stopped.value.code == 2 and reason in capsys.readouterr().err
