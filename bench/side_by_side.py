@@ -222,8 +222,8 @@ def rounds_table(rounds: list[tuple[float, float, float]]) -> str:
                 f" {plain:,.0f} |\n| the same, the fresh JVM's first query | {cold:,.0f} |"
                 f"\n| Sketchboard, POST -> every event aggregated | {ours:,.0f} |\n\nratio Sketchboard / plain:"
                 f" {ours / plain:.2f} x (bar: 2 x; to the cold run: {ours / cold:.2f} x)")
-    # Round 1's first run is the fresh JVM's; a later round's first run is in a JVM warm from round 1.
-    lines = ["", "| round | plain job warm, events/s | its first run | Sketchboard, events/s | ratio (to the first) |",
+    # Round 1's first query is the fresh JVM's; a later round's is in a JVM warm from round 1.
+    lines = ["", "| round | plain job warm, events/s | its first query | Sketchboard, events/s | ratio (to the first) |",
              "| --- | --- | --- | --- | --- |"]
     lines += [f"| {i} | {plain:,.0f} | {cold:,.0f} | {ours:,.0f} | {ours / plain:.2f} x ({ours / cold:.2f} x) |"
               for i, (plain, ours, cold) in enumerate(rounds, 1)]
@@ -269,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}plain Structured Streaming job over {files} NDJSON files ...", flush=True)
             cold_s, plain_s = plain_job(root / "files", root / "warm-files", root / f"plain-{r}", lateness_s)
             plain = args.events / plain_s
-            # Only round 1's first run is in a fresh JVM: pyspark keeps its JVM when a session stops.
+            # Only round 1's first query is in a fresh JVM: pyspark keeps its JVM when a session stops.
             first = "in the fresh JVM" if r == 0 else "of this round's session (the JVM is warm from round 1)"
             print(f"  plain job: {args.events:,} events in {plain_s:.1f} s = {plain:,.0f} events/s (warm; its first"
-                  f" run {first}: {cold_s:.1f} s = {args.events / cold_s:,.0f} events/s)", flush=True)
+                  f" query {first}: {cold_s:.1f} s = {args.events / cold_s:,.0f} events/s)", flush=True)
             configured = "the shipped configuration" if args.config is None else args.config
             print(f"{label}sketchboard up --no-demo ({configured}), POST -> every event read by the pipeline ...",
                   flush=True)
