@@ -187,11 +187,12 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
         def string_keys(mine=mine, lookup=lookup) -> pa.Array:  # each row's key, null where it has none
             return pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
 
-        keys = None if encoded is not None else string_keys()  # by code: strings only if a right side reads them
-        if keys is None:
+        if encoded is not None:  # by code: the keys as strings only if a right side reads them
+            keys = None
             code = np.where(mine, encoded.slot(lookup.key_index), -1)
             left = _Versions.of_codes(*encoded.used(code), at, at_valid, fetch, lookup.table, singles)
         else:
+            keys = string_keys()
             left = _Versions.at(keys, at, at_valid, fetch, lookup.table, singles)
         found = left.found()
         values: dict[str, _Picked] = {}
@@ -235,11 +236,6 @@ class _Versions:
     @classmethod
     def at(cls, keys: pa.Array, at: np.ndarray, at_valid: np.ndarray, fetch: Fetch, table: str,
            singles: Singles | None = None) -> _Versions:
-        if keys.null_count == len(keys):
-            # No row has a key (no event of the lookup's stream names one, or a view's right side
-            # when no left row was found): nothing is looked up, and `enrich` asks for no key either.
-            fetch(table, set())
-            return cls([], np.full(len(keys), -1, np.int64))
         # One hash pass gives the distinct keys (in order of first appearance, as pc.unique) and
         # each row's index among them (null: no key), where unique and index_in took two.
         encoded = pc.dictionary_encode(one_chunk(keys))
@@ -252,6 +248,8 @@ class _Versions:
         """`at` of keys given as each row's index `where` into `dictionary`, the distinct keys
         (each one some row's; -1: no key)."""
         if not len(dictionary):
+            # No row has a key (no event of the lookup's stream names one, or a view's right side
+            # when no left row was found): nothing is looked up, and `enrich` asks for no key either.
             fetch(table, set())
             return cls([], np.full(len(where), -1, np.int64))
         names = dictionary.to_pylist()
