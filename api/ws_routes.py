@@ -1,12 +1,18 @@
 """WS /api/v1/ws: subscribe to queries and topics, receive snapshots, changed points,
-corrections, lag and pipeline status. One reader loop and one sender task per connection;
-the hub (api/ws_hub.py) does the tailing and the per-client queueing."""
+corrections, lag and pipeline status. Per connection: one reader loop, one sender task and one
+snapshot task; the hub (api/ws_hub.py) does the tailing and the per-client queueing.
+
+The reader never waits for a snapshot: it counts each message against the client's rate limit
+as it comes. When it waited, a slow run of snapshots (a 24-panel dashboard's 24-hour range on a
+busy machine) held back the messages sent meanwhile, and they were then counted all at once: a
+page keeping well within the limit was closed with 1008 for the server's own slowness."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, HTTPException, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
@@ -39,6 +45,8 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
         messages = RateLimiter(hub.config.message_rate, hub.config.message_burst, max_keys=1)
         sender = asyncio.create_task(_send_loop(websocket, client, hub))
         watcher = asyncio.create_task(_token_watch(websocket, client, ctx, hub))
+        snapshots = SnapshotJobs()
+        computer = asyncio.create_task(snapshots.run(client))
         try:
             while True:
                 receive = asyncio.ensure_future(websocket.receive())
@@ -64,9 +72,9 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                 if text is None:
                     _reply(client, error("binary frames are not accepted: send JSON text frames"))
                     continue
-                await _handle(text, client, hub, ctx)
+                await _handle(text, client, hub, ctx, snapshots)
         finally:
-            for task in (watcher, sender):
+            for task in (computer, watcher, sender):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
@@ -98,7 +106,39 @@ def _reply(client: Client, msg: dict) -> None:
     client.queue.put(QueuedMessage(msg, droppable=False))
 
 
-async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
+class SnapshotJobs:
+    """A connection's snapshots to compute, one at a time, oldest first, apart from its reader.
+    Keyed by subscription id: a newer subscribe of an id replaces its waiting job (only the newest
+    query of an id is answered), so at most one job per id waits, whatever the client sends."""
+
+    def __init__(self):
+        self._jobs: dict[str, Callable[[], Awaitable[None]]] = {}
+        self._ready = asyncio.Event()
+
+    def add(self, sub_id: str, job: Callable[[], Awaitable[None]]) -> None:
+        self._jobs.pop(sub_id, None)  # to the end: after the jobs of subscriptions sent before it
+        self._jobs[sub_id] = job
+        self._ready.set()
+
+    def drop(self, sub_id: str) -> None:
+        self._jobs.pop(sub_id, None)
+
+    async def run(self, client: Client) -> None:
+        while True:
+            await self._ready.wait()
+            if not self._jobs:
+                self._ready.clear()
+                continue
+            sub_id = next(iter(self._jobs))
+            job = self._jobs.pop(sub_id)
+            try:
+                await job()
+            except Exception:  # one failed snapshot is answered with an error, the connection stays
+                log.exception("snapshot of subscription %r failed", sub_id)
+                _reply(client, error("its snapshot could not be computed (the server's log says why)", sub_id))
+
+
+async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext, snapshots: SnapshotJobs) -> None:
     try:
         msg = parse_message(text)
     except ProtocolError as exc:
@@ -114,6 +154,7 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         client.topics = set(msg.topics)
         _reply(client, {"type": "topics", "topics": sorted(client.topics)})
     elif isinstance(msg, Unsubscribe):
+        snapshots.drop(msg.id)
         if hub.unsubscribe(client, msg.id):
             _reply(client, {"type": "unsubscribed", "id": msg.id})
         else:
@@ -121,6 +162,7 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
     elif isinstance(msg, Subscribe):
         # A subscribe for an id in use replaces that subscription: the old one ends here, before the
         # new one is checked, so a refused one leaves no subscription under the id (the error says so).
+        snapshots.drop(msg.id)
         replaced = hub.unsubscribe(client, msg.id)
 
         def refuse(reason: str) -> None:
@@ -138,7 +180,7 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
                 refuse(str(exc.detail))
                 return
             if store is not ctx.store:  # an output not served: a snapshot of it, no live points
-                await _version_snapshot(client, ctx, hub, msg, store, catalog, refuse)
+                snapshots.add(msg.id, lambda: _version_snapshot(client, ctx, hub, msg, store, catalog, refuse))
                 return
         try:
             now = hub.now_ms()
@@ -148,16 +190,28 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext) -> None:
         except (ProtocolError, ValueError) as exc:
             refuse(getattr(exc, "reason", str(exc)))
             return
-        try:
-            message = await run_in_threadpool(hub.snapshot_message, msg.id, query)
-        except RollupError as exc:
-            hub.unsubscribe(client, msg.id)
-            refuse(str(exc))
-            return
-        if client.subs.get(msg.id) is not sub:
-            return  # unsubscribed or replaced while the snapshot was computed
-        client.queue.put(message)
-        client.queue.release(sub)
+        snapshots.add(msg.id, lambda: _live_snapshot(client, hub, msg.id, query, sub, refuse))
+
+
+async def _live_snapshot(client: Client, hub: Hub, sub_id: str, query: Query, sub, refuse) -> None:
+    if client.subs.get(sub_id) is not sub:
+        return  # unsubscribed or replaced before its turn
+    try:
+        message = await run_in_threadpool(hub.snapshot_message, sub_id, query)
+    except Exception as exc:
+        # The reader goes on meanwhile: the id may hold a newer subscription by now, which stays.
+        if client.subs.get(sub_id) is sub:
+            hub.unsubscribe(client, sub_id)
+            if isinstance(exc, RollupError):
+                refuse(str(exc))
+            else:
+                log.exception("snapshot of subscription %r failed", sub_id)
+                refuse("its snapshot could not be computed (the server's log says why)")
+        return
+    if client.subs.get(sub_id) is not sub:
+        return  # unsubscribed or replaced while the snapshot was computed
+    client.queue.put(message)
+    client.queue.release(sub)
 
 
 async def _send_loop(websocket: WebSocket, client: Client, hub: Hub) -> None:
