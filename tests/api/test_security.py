@@ -345,6 +345,28 @@ def test_messages_sent_within_the_rate_while_snapshots_are_slow_do_not_close_the
         assert [m["type"] for m in answers].count("pong") == 16
 
 
+def test_a_snapshot_that_fails_answers_an_error_for_its_id_and_the_socket_stays(ctx, monkeypatch):
+    from api.ws_hub import Hub
+
+    compute = Hub.snapshot_message
+
+    def failing_for_bad(self, sub_id, query):
+        if sub_id == "bad":
+            raise RuntimeError("a bug")
+        return compute(self, sub_id, query)
+
+    monkeypatch.setattr(Hub, "snapshot_message", failing_for_bad)
+    query = {"metric": "requests", "stat": "count", "from": "now-5m", "step": "10s"}
+    with Server(create_app(ctx)) as server, connect(server.ws, open_timeout=5) as ws:
+        ws.send(json.dumps({"type": "subscribe", "id": "bad", "query": query}))
+        failed = recv_until(ws, lambda m: m["type"] in ("snapshot", "error"))
+        assert failed["type"] == "error" and failed["id"] == "bad" and "could not be computed" in failed["reason"]
+        ws.send(json.dumps({"type": "unsubscribe", "id": "bad"}))  # the failure ended it
+        assert recv_until(ws, lambda m: m["type"] in ("unsubscribed", "error"))["type"] == "error"
+        ws.send(json.dumps({"type": "subscribe", "id": "good", "query": query}))
+        assert recv_until(ws, lambda m: m["type"] in ("snapshot", "error"))["type"] == "snapshot"
+
+
 def test_a_websocket_client_holds_at_most_max_subscriptions(ctx):
     from api.ws_hub import HubConfig
 
