@@ -113,15 +113,24 @@ class SnapshotJobs:
 
     def __init__(self):
         self._jobs: dict[str, Callable[[], Awaitable[None]]] = {}
+        self._versions: set[str] = set()
         self._ready = asyncio.Event()
 
-    def add(self, sub_id: str, job: Callable[[], Awaitable[None]]) -> None:
-        self._jobs.pop(sub_id, None)  # to the end: after the jobs of subscriptions sent before it
+    def add(self, sub_id: str, job: Callable[[], Awaitable[None]], *, version: bool = False) -> None:
+        self.drop(sub_id)  # and to the end: after the jobs of subscriptions sent before it
         self._jobs[sub_id] = job
+        if version:
+            self._versions.add(sub_id)
         self._ready.set()
 
     def drop(self, sub_id: str) -> None:
         self._jobs.pop(sub_id, None)
+        self._versions.discard(sub_id)
+
+    def versions_waiting(self) -> int:
+        """Snapshots of outputs not served that wait (a live one waits only for a subscription,
+        which max_subscriptions bounds)."""
+        return len(self._versions)
 
     async def run(self, client: Client) -> None:
         while True:
@@ -131,6 +140,7 @@ class SnapshotJobs:
                 continue
             sub_id = next(iter(self._jobs))
             job = self._jobs.pop(sub_id)
+            self._versions.discard(sub_id)
             try:
                 await job()
             except Exception:  # one failed snapshot is answered with an error, the connection stays
@@ -180,7 +190,12 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext, snapshot
                 refuse(str(exc.detail))
                 return
             if store is not ctx.store:  # an output not served: a snapshot of it, no live points
-                snapshots.add(msg.id, lambda: _version_snapshot(client, ctx, hub, msg, store, catalog, refuse))
+                if snapshots.versions_waiting() >= client.max_subscriptions:
+                    # Not a subscription, so not bounded by max_subscriptions: bounded here instead.
+                    refuse(f"at most {client.max_subscriptions} snapshots of other versions may wait at once")
+                    return
+                snapshots.add(msg.id, lambda: _version_snapshot(client, ctx, hub, msg, store, catalog, refuse),
+                              version=True)
                 return
         try:
             now = hub.now_ms()
