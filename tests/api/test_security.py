@@ -319,9 +319,10 @@ def test_a_websocket_client_over_its_message_rate_is_closed(ctx):
 
 def test_messages_sent_within_the_rate_while_snapshots_are_slow_do_not_close_the_socket(ctx, monkeypatch):
     """The limit counts messages as they come. When the reader waited for each snapshot, pings sent
-    at 8/s (limit 10/s, burst 10) behind five 0.4 s snapshots were held back and then counted at
+    at 5/s (limit 10/s, burst 10) behind eight 0.4 s snapshots were held back and then counted at
     once: the socket was closed 1008 for the server's own slowness (a 24-panel dashboard's range
-    changes on a busy machine)."""
+    changes on a busy machine). Half the rate: a stall of the server's loop under a second is not
+    taken for a burst."""
     from api.ws_hub import Hub, HubConfig
 
     compute = Hub.snapshot_message
@@ -334,14 +335,14 @@ def test_messages_sent_within_the_rate_while_snapshots_are_slow_do_not_close_the
     app = create_app(ctx, hub_config=HubConfig(message_rate=10, message_burst=10))
     query = {"metric": "requests", "stat": "count", "from": "now-5m", "step": "10s"}
     with Server(app) as server, connect(server.ws, open_timeout=5) as ws:
-        for i in range(5):
+        for i in range(8):
             ws.send(json.dumps({"type": "subscribe", "id": f"s{i}", "query": query}))
         for _ in range(16):
-            time.sleep(1 / 8)
+            time.sleep(1 / 5)
             ws.send(json.dumps({"type": "ping"}))
         answers = [recv_until(ws, lambda m: m["type"] in ("snapshot", "pong", "error"), timeout=10)
-                   for _ in range(21)]
-        assert sorted(m["id"] for m in answers if m["type"] == "snapshot") == [f"s{i}" for i in range(5)]
+                   for _ in range(24)]
+        assert sorted(m["id"] for m in answers if m["type"] == "snapshot") == [f"s{i}" for i in range(8)]
         assert [m["type"] for m in answers].count("pong") == 16
 
 
