@@ -10,6 +10,8 @@ import { $, clock } from "./util.js";
 import { ask, onDismissed, protocols, tokenDialogOpen } from "./auth.js";
 
 const MISSED_HEARTBEATS = 3;
+const CHECK_MS = 1000; // how often the page checks its socket's silence
+const LATE_CHECK_MS = 1000; // a check this much later than due: the page itself was held up
 // The server's ws_message_rate / ws_message_burst (docs/websocket.md): its defaults until the
 // pong says the configured ones. The page keeps under them by a margin (the server counts
 // arrivals, which the network may bunch): a socket past them is closed with 1008.
@@ -33,11 +35,18 @@ export class Connection {
       if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
     });
     onDismissed(() => { if (this.waiting) { this.waiting = false; this.retry(""); } });
+    this.lastCheck = Date.now();
     setInterval(() => {
-      const silentFor = Date.now() - this.lastMessage;
-      if (this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&
+      const now = Date.now();
+      // A check this late means the page (or the whole machine: a laptop's sleep, a busy VM) was
+      // held up: the server may have had no chance to send meanwhile, or what it sent is still
+      // unread. The silence it sees is then not the socket's: the next check, on time, judges.
+      const late = now - this.lastCheck > CHECK_MS + LATE_CHECK_MS;
+      this.lastCheck = now;
+      const silentFor = now - this.lastMessage;
+      if (!late && this.heartbeatMs && this.ws && this.ws.readyState === WebSocket.OPEN &&
           silentFor > MISSED_HEARTBEATS * this.heartbeatMs + 2000) this.dead(this.ws);
-    }, 1000);
+    }, CHECK_MS);
   }
 
   // A silent socket is dead: not "live" while the browser's closing handshake with a server

@@ -415,6 +415,30 @@ def test_a_silent_socket_is_not_shown_live_and_is_replaced_at_once(live, browser
         proxy.close()
 
 
+def test_a_page_held_up_with_its_clock_running_does_not_take_its_socket_for_dead(live, browser):
+    # After the machine was held up (a laptop's sleep, a VM without CPU for seconds), the page's
+    # silence check ran first and saw no message for longer than 3 heartbeat intervals while the
+    # server had had no chance to send: it closed a live socket (1005, CI's 24-panel dashboard
+    # test). A late check now leaves the judgement to the next one. Playwright's clock jumps the
+    # page's time ahead, firing the check once, late, as such a hold-up does.
+    server, ctx, _ = live
+    context = browser.new_context(bypass_csp=True)
+    try:
+        page = context.new_page()
+        page.add_init_script(WS_RECORDER)
+        page.clock.install()
+        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
+        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+        page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
+        heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
+        page.clock.fast_forward(3 * heartbeat_ms + 4_000)
+        page.wait_for_timeout(2_500)  # checks on time after it, heartbeats coming
+        assert page.evaluate("window.__ws.closes") == [] and page.evaluate("window.__ws.opened") == 1
+        assert page.get_attribute("#status-connection", "data-state") == "open"
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("locale, want", [
     ("en-US", {"1234": "1,234", "1.234": "1.234", "1234567.5": "1,234,568", "big": "1.235E290"}),
     ("de-DE", {"1234": "1.234", "1.234": "1,234", "1234567.5": "1.234.568", "big": "1,235E290"}),
