@@ -21,7 +21,7 @@ from api.context import ApiContext
 from api.security.middleware import WS_PROTOCOL, refused_now
 from api.security.policy import websocket_scope
 from api.security.ratelimit import RateLimiter
-from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage
+from api.ws_hub import Client, Hub, QueueClosed, QueuedMessage, Subscription
 from api.ws_protocol import (Ping, ProtocolError, QueryIn, Subscribe, Topics, Unsubscribe, error, parse_message,
                              resolve_query)
 from query import Query
@@ -112,25 +112,21 @@ class SnapshotJobs:
     query of an id is answered), so at most one job per id waits, whatever the client sends."""
 
     def __init__(self):
-        self._jobs: dict[str, Callable[[], Awaitable[None]]] = {}
-        self._versions: set[str] = set()
+        self._jobs: dict[str, tuple[Callable[[], Awaitable[None]], bool]] = {}  # id -> (job, of a version)
         self._ready = asyncio.Event()
 
     def add(self, sub_id: str, job: Callable[[], Awaitable[None]], *, version: bool = False) -> None:
         self.drop(sub_id)  # and to the end: after the jobs of subscriptions sent before it
-        self._jobs[sub_id] = job
-        if version:
-            self._versions.add(sub_id)
+        self._jobs[sub_id] = (job, version)
         self._ready.set()
 
     def drop(self, sub_id: str) -> None:
         self._jobs.pop(sub_id, None)
-        self._versions.discard(sub_id)
 
     def versions_waiting(self) -> int:
         """Snapshots of outputs not served that wait (a live one waits only for a subscription,
         which max_subscriptions bounds)."""
-        return len(self._versions)
+        return sum(version for _, version in self._jobs.values())
 
     async def run(self, client: Client) -> None:
         while True:
@@ -139,8 +135,7 @@ class SnapshotJobs:
                 self._ready.clear()
                 continue
             sub_id = next(iter(self._jobs))
-            job = self._jobs.pop(sub_id)
-            self._versions.discard(sub_id)
+            job, _ = self._jobs.pop(sub_id)
             try:
                 await job()
             except Exception:  # one failed snapshot is answered with an error, the connection stays
@@ -205,14 +200,15 @@ async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext, snapshot
         except (ProtocolError, ValueError) as exc:
             refuse(getattr(exc, "reason", str(exc)))
             return
-        snapshots.add(msg.id, lambda: _live_snapshot(client, hub, msg.id, query, sub, refuse))
+        snapshots.add(msg.id, lambda: _live_snapshot(client, hub, sub, refuse))
 
 
-async def _live_snapshot(client: Client, hub: Hub, sub_id: str, query: Query, sub, refuse) -> None:
+async def _live_snapshot(client: Client, hub: Hub, sub: Subscription, refuse) -> None:
+    sub_id = sub.id
     if client.subs.get(sub_id) is not sub:
         return  # unsubscribed or replaced before its turn
     try:
-        message = await run_in_threadpool(hub.snapshot_message, sub_id, query)
+        message = await run_in_threadpool(hub.snapshot_message, sub_id, sub.query)
     except Exception as exc:
         # The reader goes on meanwhile: the id may hold a newer subscription by now, which stays.
         if client.subs.get(sub_id) is sub:
