@@ -266,14 +266,17 @@ WS_RECORDER = """window.__ws = { opened: 0, sent: 0, closes: [] };
 
 
 @contextlib.contextmanager
-def opened_page(browser, url: str, *, record_ws: bool = False, **context_options):
+def opened_page(browser, url: str, *, record_ws: bool = False, page_clock: bool = False, **context_options):
     """A page of its own browser context (`context_options`: locale, timezone_id, ...) at `url`,
-    its websocket open; with `record_ws`, its sockets counted in window.__ws (WS_RECORDER)."""
+    its websocket open; with `record_ws`, its sockets counted in window.__ws (WS_RECORDER); with
+    `page_clock`, Playwright's clock installed before it loads (page.clock can then jump its time)."""
     context = browser.new_context(bypass_csp=True, **context_options)
     try:
         page = context.new_page()
         if record_ws:
             page.add_init_script(WS_RECORDER)
+        if page_clock:
+            page.clock.install()
         page.goto(url)
         page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
         yield page
@@ -422,21 +425,14 @@ def test_a_page_held_up_with_its_clock_running_does_not_take_its_socket_for_dead
     # test). A late check now leaves the judgement to the next one. Playwright's clock jumps the
     # page's time ahead, firing the check once, late, as such a hold-up does.
     server, ctx, _ = live
-    context = browser.new_context(bypass_csp=True)
-    try:
-        page = context.new_page()
-        page.add_init_script(WS_RECORDER)
-        page.clock.install()
-        page.goto(server.http + "/?metric=requests&stat=count&range=15m")
-        page.wait_for_selector("#status-connection[data-state=open]", timeout=15_000)
+    url = server.http + "/?metric=requests&stat=count&range=15m"
+    with opened_page(browser, url, record_ws=True, page_clock=True) as page:
         page.wait_for_function("() => window.sketchboard.conn.heartbeatMs > 0", timeout=5_000)
         heartbeat_ms = page.evaluate("window.sketchboard.conn.heartbeatMs")
         page.clock.fast_forward(3 * heartbeat_ms + 4_000)
         page.wait_for_timeout(2_500)  # checks on time after it, heartbeats coming
         assert page.evaluate("window.__ws.closes") == [] and page.evaluate("window.__ws.opened") == 1
         assert page.get_attribute("#status-connection", "data-state") == "open"
-    finally:
-        context.close()
 
 
 @pytest.mark.parametrize("locale, want", [
