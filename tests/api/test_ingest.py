@@ -539,12 +539,11 @@ def test_the_columnar_path_is_warmed_as_the_server_starts_not_by_the_first_reque
 def test_a_client_gone_mid_body_is_a_400_not_an_asgi_traceback():
     """starlette raises ClientDisconnect from the body's stream when the client goes mid-body (a
     producer stopped with Ctrl-C): it escaped read_capped as an 'Exception in ASGI application'."""
-    import asyncio
-
     from fastapi import HTTPException
     from starlette.requests import Request
 
     from api.bodies import read_capped
+    from tests.support.loops import run_on_own_loop
 
     messages = [{"type": "http.request", "body": b'[{"time": 1', "more_body": True}, {"type": "http.disconnect"}]
 
@@ -553,5 +552,5 @@ def test_a_client_gone_mid_body_is_a_400_not_an_asgi_traceback():
 
     request = Request({"type": "http", "method": "POST", "path": "/api/v1/events", "headers": []}, receive)
     with pytest.raises(HTTPException) as raised:
-        asyncio.run(read_capped(request, 1 << 20))
+        run_on_own_loop(read_capped(request, 1 << 20))
     assert raised.value.status_code == 400 and "disconnected after 11 bytes" in raised.value.detail

@@ -5,7 +5,6 @@ never reads stays within its queue bound."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -25,6 +24,7 @@ from api.ws_hub import ClientQueue, HubConfig, PointsBatch, QueuedMessage, Queue
 from api.ws_protocol import QueryIn, resolve_query
 from tests.api.conftest import NOW_MS
 from tests.api.test_ws_support import drain_log_into_store
+from tests.support.loops import run_on_own_loop
 
 STREAM = "http_requests"
 
@@ -383,7 +383,7 @@ def test_queue_bound_coalescing_and_dropped_notice():
         assert json.loads(await q.get(0.01))["type"] == "snapshot"
         assert json.loads(await q.get(0.01))["type"] == "points"
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def record_switch_then_commit(server, ctx, now_ms) -> None:
@@ -678,7 +678,7 @@ def test_a_switched_reload_is_tied_to_its_subscription(ctx, now_ms):
         first, second = json.loads(await queue.get(0.01)), json.loads(await queue.get(0.01))
         assert (first.get("reason"), second["reason"]) == (None, "switched")
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_coalescing_keeps_points_after_a_reload_of_their_subscription():
@@ -707,7 +707,7 @@ def test_coalescing_keeps_points_after_a_reload_of_their_subscription():
                 value = (m["series"] if m["type"] == "points" else m["result"]["series"])[0]["points"][0]["value"]
         assert value == 6.0  # the newest value computed, not the reload's
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_points_are_never_evicted_and_a_client_too_slow_for_its_replies_is_closed():
@@ -746,7 +746,7 @@ def test_points_are_never_evicted_and_a_client_too_slow_for_its_replies_is_close
         with pytest.raises(QueueClosed, match="too slow"):
             await q.get(0.01)
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def client_view(snapshot: dict, messages: list[dict], sub_id: str) -> dict:

@@ -4,17 +4,10 @@ of an id replaces its waiting job, a dropped one never runs, and what waits stay
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 from api.ws_hub import Client
 from api.ws_routes import SnapshotJobs
-
-
-def run(coroutine):
-    """On a loop of its own, in a thread: a browser test in the same worker process (Playwright's
-    sync API) may leave an event loop running in this one, where asyncio.run() refuses."""
-    with ThreadPoolExecutor(1) as thread:
-        return thread.submit(asyncio.run, coroutine).result()
+from tests.support.loops import run_on_own_loop
 
 
 def test_jobs_run_oldest_first_a_replaced_id_once_at_its_new_place_and_a_dropped_one_never():
@@ -41,7 +34,7 @@ def test_jobs_run_oldest_first_a_replaced_id_once_at_its_new_place_and_a_dropped
         runner.cancel()
         return ran
 
-    assert run(scenario()) == ["b", "a2", "d"]
+    assert run_on_own_loop(scenario()) == ["b", "a2", "d"]
 
 
 def test_a_job_that_raises_is_answered_with_an_error_and_the_next_runs():
@@ -61,7 +54,7 @@ def test_a_job_that_raises_is_answered_with_an_error_and_the_next_runs():
         runner.cancel()
         return [item.msg for item in client.queue.items], ran
 
-    replies, ran = run(scenario())
+    replies, ran = run_on_own_loop(scenario())
     assert ran == ["fine"]
     assert [(r["type"], r["id"]) for r in replies] == [("error", "x")]
     assert "could not be computed" in replies[0]["reason"]
