@@ -27,13 +27,18 @@ warm-up batch of 2 000 other events through its own query or service:
 
 Prints both rates and their ratio, and where the service's CPU went (its API's and pipeline's
 processes, read from /proc, during the POSTs and after them, with each one's user and system time
-and minor page faults); asserts nothing. Run it with nothing else on the machine.
+and minor page faults). Each round also prints the bar's arithmetic in CPU: what the warm plain job
+spent an event, what Sketchboard's end to end spent (its clients, API, pipeline and the rest of the
+service), and what 2x the plain job leaves an event on the cores both share. Asserts nothing. Run it
+with nothing else on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -85,10 +90,11 @@ def write_files(chunks: list[list[dict]], folder: Path, per_file: int = 100_000)
     return files
 
 
-def plain_job(folder: Path, warm_folder: Path, work: Path, lateness_s: int) -> tuple[float, float]:
+def plain_job(folder: Path, warm_folder: Path, work: Path, lateness_s: int) -> tuple[float, float, float | None]:
     """Seconds the plain Structured Streaming job takes over every file in `folder`, twice: in the
-    fresh JVM's first query (cold), then in a second query (warm). Each query first reads the files
-    of `warm_folder` (its warm-up batch, as Sketchboard's half gets one), then the timed files are
+    fresh JVM's first query (cold), then in a second query (warm); and the CPU seconds of the warm
+    one (this process and its JVM, from /proc; None elsewhere). Each query first reads the files of
+    `warm_folder` (its warm-up batch, as Sketchboard's half gets one), then the timed files are
     renamed into its source folder and timed until the query has processed all of them."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -98,7 +104,7 @@ def plain_job(folder: Path, warm_folder: Path, work: Path, lateness_s: int) -> t
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
-    def run(name: str) -> float:
+    def run(name: str) -> tuple[float, float | None]:
         source = work / f"{name}-source"
         source.mkdir(parents=True)
         for file in warm_folder.iterdir():
@@ -119,23 +125,27 @@ def plain_job(folder: Path, warm_folder: Path, work: Path, lateness_s: int) -> t
             for file in folder.iterdir():
                 shutil.copy(file, source / f".{file.name}")
             hidden = sorted(source.glob(".*"))
+            cpu_before = tree_usage()  # nothing but this process and its JVM runs: no service yet
             started = time.perf_counter()
             for file in hidden:
                 file.rename(source / file.name[1:])
             query.processAllAvailable()
             took = time.perf_counter() - started
+            cpu_after = tree_usage()
         finally:
             query.stop()
         if query.exception() is not None:
             raise SystemExit(f"the plain job failed: {query.exception()}")
         shutil.rmtree(source, ignore_errors=True)
-        return took
+        return took, None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before).cpu
 
     try:
         # The fresh JVM's first query compiles its generated code and runs before the JIT has
         # compiled Jackson and the aggregation: a long-running job pays that once, so the bar is
         # against the second query (session 78 found the first 1.5-2x slower for 2 M events).
-        return run("cold"), run("warm")
+        cold_s, _ = run("cold")
+        warm_s, warm_cpu_s = run("warm")
+        return cold_s, warm_s, warm_cpu_s
     finally:
         spark.stop()
 
@@ -163,10 +173,11 @@ def wait_read(base: str, target: int, timeout_s: float, say_every_s: float = 10.
     raise SystemExit(f"the pipeline read {read_total(base):,} of {target:,} events in {timeout_s:.0f} s")
 
 
-def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: int,
-                           timeout_s: float, config: Path | None = None) -> tuple[float, float, str | None]:
+def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: int, timeout_s: float,
+                           config: Path | None = None) -> tuple[float, float, str | None, dict[str, float] | None]:
     """(seconds from the first POST to every event read, seconds the POSTs alone took, where the
-    service's CPU went: its API and pipeline processes', read from /proc, None elsewhere)."""
+    service's CPU went: its API and pipeline processes', read from /proc, and the CPU seconds of the
+    whole end to end by part (`spent_by_part`); both None elsewhere)."""
     root.mkdir(parents=True, exist_ok=True)
     service = Service(root, {} if config is None else {"SKETCHBOARD_STREAMS_CONFIG": str(config)})
     try:
@@ -178,9 +189,14 @@ def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: in
         events = sum(n for n, _ in bodies)
         # The pipeline's tree: its read-ahead worker's CPU is the pipeline's too.
         pids = {name: child_by_command(service.proc.pid, name) for name in ("api", "pipeline")}
+        pids["service"] = service.proc.pid  # `up` and every process it started
 
         def cpu() -> dict[str, Usage | None]:
-            return {name: None if pid is None else tree_usage(pid) for name, pid in pids.items()}
+            used = {name: None if pid is None else tree_usage(pid) for name, pid in pids.items()}
+            # The clients' threads (and the progress asks) are this process's own; its idle JVM
+            # from the plain job is a live child, so RUSAGE_SELF leaves it out.
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            return {**used, "clients": Usage(own.ru_utime, own.ru_stime, own.ru_minflt)}
 
         at_start = cpu()
         started = time.perf_counter()
@@ -190,7 +206,9 @@ def sketchboard_end_to_end(root: Path, chunks: list[list[dict]], concurrency: in
         if result.accepted != events:
             raise SystemExit(f"the API accepted {result.accepted:,} of {events:,} events ({result.first_problem})")
         done = wait_read(service.base, before + events, timeout_s)
-        return done - started, posted, cpu_split(at_start, at_posted, cpu(), events)
+        at_done = cpu()
+        return (done - started, posted, cpu_split(at_start, at_posted, at_done, events),
+                spent_by_part(at_start, at_done))
     finally:
         service.stop()
 
@@ -210,6 +228,43 @@ def cpu_split(start: dict, posted: dict, done: dict, events: int) -> str | None:
                      f" ({both.cpu / events * 1e6:.1f} us an event; user {both.user:.1f} s, system"
                      f" {both.system:.1f} s, {both.minor_faults:,} minor faults)")
     return "CPU: " + "; ".join(parts)
+
+
+def spent_by_part(start: dict[str, Usage | None], done: dict[str, Usage | None]) -> dict[str, float] | None:
+    """CPU seconds of the end to end by part: the clients, the API, the pipeline and the rest of the
+    service (`up` and its other processes); None where /proc could not be read."""
+    if any(v is None for d in (start, done) for v in d.values()):
+        return None
+    used = {name: (done[name] - start[name]).cpu for name in ("clients", "api", "pipeline", "service")}
+    used["rest"] = max(0.0, used.pop("service") - used["api"] - used["pipeline"])
+    return used
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity), which both halves share."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def budget_line(events: int, cores: int, plain_s: float, plain_cpu_s: float | None,
+                spent: dict[str, float] | None, ratio: float = 2.0) -> str:
+    """What the bar asks in CPU, beside what each half spent, in microseconds an event. At `ratio`
+    x the plain job, Sketchboard's end to end may last the plain job's time over `ratio`, on the
+    same `cores`: that is all the CPU its clients, API and pipeline may use together. This is the
+    bar's arithmetic (docs/benchmarks.md, session 79), printed by each run."""
+    budget_us = cores * plain_s / ratio / events * 1e6
+    parts = []
+    if plain_cpu_s is not None:
+        parts.append(f"the plain job (warm) {plain_cpu_s / events * 1e6:.1f} us")
+    if spent is not None:
+        total = sum(spent.values())
+        split = ", ".join(f"{name} {seconds / events * 1e6:.1f}" for name, seconds in spent.items())
+        parts.append(f"Sketchboard {total / events * 1e6:.1f} us ({split})")
+    line = f"CPU an event: {'; '.join(parts)}. " if parts else ""
+    line += f"{ratio:g} x the plain job on {cores} core{'s' if cores != 1 else ''} leaves {budget_us:.1f} us an event"
+    if spent is not None:
+        total_us = sum(spent.values()) / events * 1e6
+        line += f" for all of Sketchboard's; this run spent {total_us / budget_us:.1f} x that"
+    return line
 
 
 def rounds_table(rounds: list[tuple[float, float, float]]) -> str:
@@ -267,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeat):
             label = f"[{r + 1}/{args.repeat}] " if args.repeat > 1 else ""
             print(f"{label}plain Structured Streaming job over {files} NDJSON files ...", flush=True)
-            cold_s, plain_s = plain_job(root / "files", root / "warm-files", root / f"plain-{r}", lateness_s)
+            cold_s, plain_s, plain_cpu_s = plain_job(root / "files", root / "warm-files", root / f"plain-{r}",
+                                                     lateness_s)
             plain = args.events / plain_s
             # Only round 1's first query is in a fresh JVM: pyspark keeps its JVM when a session stops.
             first = "in the fresh JVM" if r == 0 else "of this round's session (the JVM is warm from round 1)"
@@ -276,15 +332,16 @@ def main(argv: list[str] | None = None) -> int:
             configured = "the shipped configuration" if args.config is None else args.config
             print(f"{label}sketchboard up --no-demo ({configured}), POST -> every event read by the pipeline ...",
                   flush=True)
-            e2e_s, post_s, split = sketchboard_end_to_end(root / f"sketchboard-{r}", chunks, args.concurrency,
-                                                          args.timeout, args.config)
+            e2e_s, post_s, split, spent = sketchboard_end_to_end(root / f"sketchboard-{r}", chunks,
+                                                                 args.concurrency, args.timeout, args.config)
             shutil.rmtree(root / f"sketchboard-{r}", ignore_errors=True)  # its log: ~100 MB a round
             ours = args.events / e2e_s
             print(f"  sketchboard: {args.events:,} events in {e2e_s:.1f} s = {ours:,.0f} events/s end to end"
                   f" (the POSTs alone: {post_s:.1f} s = {args.events / post_s:,.0f} events/s)", flush=True)
             if split:
                 print(f"  {split}", flush=True)
-                rounds.append((plain, ours, args.events / cold_s))
+            print(f"  {budget_line(args.events, available_cores(), plain_s, plain_cpu_s, spent)}", flush=True)
+            rounds.append((plain, ours, args.events / cold_s))
     print(rounds_table(rounds))
     return 0
 

@@ -93,3 +93,27 @@ def test_the_side_by_side_refuses_a_config_it_cannot_post_to_before_it_runs_anyt
         with pytest.raises(SystemExit) as stopped:
             main(["--config", str(config)])
         assert stopped.value.code == 2 and reason in capsys.readouterr().err
+
+
+def test_the_side_by_side_prints_the_bars_cpu_budget_beside_what_each_half_spent():
+    """2x a plain job of 3.6 s for 2 M events on 2 cores: Sketchboard may take 1.8 s, so 3.6 s of CPU,
+    1.8 us an event for its clients, API and pipeline together."""
+    from bench.side_by_side import budget_line
+
+    spent = {"clients": 0.4, "api": 5.6, "pipeline": 4.0, "rest": 0.2}
+    line = budget_line(2_000_000, 2, 3.6, 5.8, spent)
+    assert line == ("CPU an event: the plain job (warm) 2.9 us; Sketchboard 5.1 us (clients 0.2, api 2.8,"
+                    " pipeline 2.0, rest 0.1). 2 x the plain job on 2 cores leaves 1.8 us an event for all of"
+                    " Sketchboard's; this run spent 2.8 x that")
+    # Without /proc the budget alone, which needs only the wall times.
+    assert budget_line(1_000_000, 1, 2.0, None, None) == "2 x the plain job on 1 core leaves 1.0 us an event"
+
+
+def test_the_side_by_sides_cpu_by_part_takes_the_api_and_pipeline_out_of_the_services_tree():
+    from bench.cpu import Usage
+    from bench.side_by_side import spent_by_part
+
+    start = {"api": Usage(1.0, 0.0), "pipeline": Usage(2.0, 0.5), "service": Usage(3.6, 0.5), "clients": Usage(0.1, 0.0)}
+    done = {"api": Usage(4.0, 0.5), "pipeline": Usage(4.0, 1.0), "service": Usage(9.0, 1.6), "clients": Usage(0.4, 0.1)}
+    assert spent_by_part(start, done) == pytest.approx({"clients": 0.4, "api": 3.5, "pipeline": 2.5, "rest": 0.5})
+    assert spent_by_part({**start, "api": None}, done) is None
