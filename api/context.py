@@ -99,6 +99,9 @@ class ApiContext:
     max_body_bytes: int = 10 * 1024 * 1024
     max_events_per_request: int = 100_000
     columnar_ingest: bool = True  # ingest/columnar.py for plain, valid bodies
+    # Request bodies parsed, checked and appended at once (api/ingest_routes.py); None: as many as
+    # anyio's worker threads allow.
+    ingest_slots: int | None = None
     query_max_points: int = 11_000
     clock: Callable[[], float] = time.time
     validators: dict[str, EventValidator] = field(default_factory=dict)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
+import anyio
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from api.bodies import MalformedLine, columnar_body, few_events, parse_events, read_capped
 from api.context import ApiContext
@@ -129,6 +131,18 @@ def warm_columnar_path() -> None:
 
 def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["ingest"])
+    # A body's work runs in a worker thread, at most `ingest_slots` at once. Arrow's reader and
+    # kernels, LZ4 and SQLite release the GIL dozens of times a request: with more runnable threads
+    # than cores they pass it back and forth, which cost ~20 % more CPU a request and 10-30 % fewer
+    # events/s for 1 000-event bodies from 4 clients on two cores (docs/benchmarks.md, session 81).
+    slots: list[anyio.CapacityLimiter] = []  # made in the app's event loop, on the first request
+
+    async def in_worker(fn, *args):
+        if ctx.ingest_slots is None:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+        if not slots:
+            slots.append(anyio.CapacityLimiter(ctx.ingest_slots))
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=slots[0])
 
     @r.post(
         "/events",
@@ -185,12 +199,12 @@ def router(ctx: ApiContext) -> APIRouter:
         # Anything else, or anything it cannot tell, takes the per-event path below with its reasons;
         # so does a body of a few events, which it takes faster (`few_events`).
         if ctx.columnar_ingest and not few_events(body):
-            answer = await run_in_threadpool(ingest_columns, stream, body, content_type, rate_key)
+            answer = await in_worker(ingest_columns, stream, body, content_type, rate_key)
             if answer is not None:
                 return answer
         # In a worker thread too: a body the columnar path declined may hold 100 000 events (seconds
         # of parsing and validating, which would hold up every other request on the event loop).
-        return await run_in_threadpool(ingest_events, stream, atomic, body, content_type, rate_key)
+        return await in_worker(ingest_events, stream, atomic, body, content_type, rate_key)
 
     def ingest_events(stream: str, atomic: bool, body: bytes, content_type: str, rate_key: str) -> dict:
         """The per-event path: each event validated on its own, the bad ones rejected with their

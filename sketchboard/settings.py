@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # Bodies whose events are all valid and plain are parsed and checked as Arrow columns
     # (ingest/columnar.py); off: every body takes the per-event validator (same answers, slower).
     columnar_ingest: bool = True
+    ingest_threads: int = Field(0, ge=0, description="request bodies parsed, checked and appended at once; more"
+                                " wait their turn (0: one per core on the embedded log, no bound on Kafka, where"
+                                " an append waits for the brokers' acknowledgements)")
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
     # Security (docs/security.md)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from catalog import Catalog, ConfigError, load_catalog
 from ingest.log import EventLog, SqliteEventLog
@@ -324,6 +325,17 @@ def check_exposure(settings: Settings, security=None) -> None:
         raise ConfigError(problem)
 
 
+def ingest_slots(settings: Settings) -> int | None:
+    """How many request bodies the API parses, checks and appends at once: `ingest_threads`; by
+    default one per core this process may run on, and no bound on Kafka, where a request's thread
+    mostly waits for the brokers' acknowledgements and a bound would only queue requests."""
+    if settings.ingest_threads:
+        return settings.ingest_threads
+    if settings.log_backend == "kafka":
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
@@ -355,6 +367,7 @@ def build_api(settings: Settings):
         max_body_bytes=settings.max_body_bytes,
         max_events_per_request=settings.max_events_per_request,
         columnar_ingest=settings.columnar_ingest,
+        ingest_slots=ingest_slots(settings),
         query_max_points=settings.query_max_points,
         lag=lag,
         health=open_health_store(settings, store),
