@@ -133,16 +133,13 @@ def router(ctx: ApiContext) -> APIRouter:
     r = APIRouter(prefix="/api/v1", tags=["ingest"])
     # A body's work runs in a worker thread, at most `ingest_slots` at once. Arrow's reader and
     # kernels, LZ4 and SQLite release the GIL dozens of times a request: with more runnable threads
-    # than cores they pass it back and forth, which cost ~20 % more CPU a request and 10-30 % fewer
-    # events/s for 1 000-event bodies from 4 clients on two cores (docs/benchmarks.md, session 81).
-    slots: list[anyio.CapacityLimiter] = []  # made in the app's event loop, on the first request
+    # than cores they pass it back and forth. Unbounded, 1 000-event bodies from 4 clients on two
+    # cores took 10-26 % more of the API's CPU a request (docs/benchmarks.md, session 81).
+    # None: anyio's default limiter, which every worker-thread trip of the app shares.
+    slots = None if ctx.ingest_slots is None else anyio.CapacityLimiter(ctx.ingest_slots)
 
     async def in_worker(fn, *args):
-        if ctx.ingest_slots is None:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args))
-        if not slots:
-            slots.append(anyio.CapacityLimiter(ctx.ingest_slots))
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=slots[0])
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=slots)
 
     @r.post(
         "/events",
