@@ -17,6 +17,7 @@ ran; tests/unit/test_columnar_ingest.py checks that, property-based.
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -146,36 +147,59 @@ def _may_hold_nul(body: bytes) -> bool:
 
 def _validated(stream: StreamDef, fields: dict[str, pa.Array | pa.ChunkedArray], rows: int, *,
                search_nul: bool) -> pa.Table | None:
+    # Each check runs once over all the labels, and once over all the values: a kernel call costs
+    # tens of microseconds whatever its length, and releases the GIL, which the other requests'
+    # threads then take (docs/benchmarks.md, session 81).
     columns: dict[str, pa.Array] = {}
     time_ms = _event_time_ms(_column(fields, rows, stream.time_field, pa.int64()))
     if time_ms is None:
         return None
     columns[stream.time_field] = time_ms
+    labels = {}
     for name in stream.string_fields:
         column = _column(fields, rows, name, pa.string())
         if column is None or (name in (stream.key_field, stream.event_id_field) and column.null_count):
             return None  # a key or an event id must be there: the per-event path says which
-        widest = pc.max(pc.binary_length(column)).as_py()  # None when all are null
+        labels[name] = column
+    if labels:
+        every_label = pa.chunked_array(list(labels.values()), pa.string())
+        widest = pc.max(pc.binary_length(every_label)).as_py()  # None when all are null
         if widest is not None and widest > MAX_LABEL_BYTES:
             return None  # the per-event path refuses it, saying why
         # Characters are counted only where the bytes could be too many: a label has at most as
         # many characters as bytes.
         if widest is not None and widest > MAX_STRING_LENGTH \
-                and pc.max(pc.utf8_length(column)).as_py() > MAX_STRING_LENGTH:
+                and pc.max(pc.utf8_length(every_label)).as_py() > MAX_STRING_LENGTH:
             return None
-        if search_nul and pc.any(pc.match_substring(column, NUL)).as_py():
+        if search_nul and pc.any(pc.match_substring(every_label, NUL)).as_py():
             return None  # likewise
-        columns[name] = pc.fill_null(column, "") if name in stream.dimensions else column
+    for name, column in labels.items():
+        columns[name] = pc.fill_null(column, "") if name in stream.dimensions and column.null_count else column
+    numbers = {}
     for name in stream.values:
         column = _column(fields, rows, name, pa.float64())
         if column is None:
             return None
-        if len(column) - column.null_count and not pc.all(pc.is_finite(column)).as_py():
-            return None  # NaN or Infinity: the per-event path names the field
-        if (pc.max(pc.abs(column)).as_py() or 0) >= BIG_NUMBER:
-            return None  # maybe an integer literal past max_int_digits, which Arrow read as a double
-        columns[name] = column
+        numbers[name] = column
+    if numbers and not _plain_numbers(pa.chunked_array(list(numbers.values()), pa.float64())):
+        return None
+    columns.update(numbers)
     return pa.table(columns)
+
+
+def _plain_numbers(values: pa.ChunkedArray) -> bool:
+    """No NaN or Infinity (the per-event path names the field) and none at or past BIG_NUMBER in
+    magnitude (maybe an integer literal past max_int_digits, which Arrow read as a double). Two
+    kernel calls: min_max skips NaN, but a NaN makes the sum NaN; an infinity shows in min_max; and
+    finite values under BIG_NUMBER cannot add up to an overflow (BIG_NUMBER x any row count here is
+    far below a double's range)."""
+    extremes = pc.min_max(values)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    if low is None:
+        return True  # every value null
+    if not (-BIG_NUMBER < low and high < BIG_NUMBER):
+        return False  # also the infinities
+    return math.isfinite(pc.sum(values).as_py())
 
 
 def _column(fields: dict[str, pa.Array], rows: int, name: str, want: pa.DataType) -> pa.Array | None:
@@ -201,6 +225,10 @@ def _event_time_ms(times: pa.Array | None) -> pa.Array | None:
     if times is None or times.null_count:
         return None
     values = times
+    extremes = pc.min_max(values)
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    if low is not None and low >= EPOCH_MS_THRESHOLD and high <= MAX_EVENT_TIME_MS:
+        return values  # the common case, every time in ms already: one kernel call, not six
     try:  # checked arithmetic: abs(-2^63) would wrap around into the valid range
         is_ms = pc.greater_equal(pc.abs_checked(values), EPOCH_MS_THRESHOLD)
         ms = pc.if_else(is_ms, values, pc.multiply_checked(values, 1000))
