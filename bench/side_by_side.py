@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import statistics
@@ -52,6 +51,7 @@ from bench.freshness import Service
 from bench.ingest_api import run_bench
 from catalog import ConfigError, load_catalog
 from demo import DEFAULT_CONFIG, DemoTraffic
+from sketchboard.wiring import available_cores
 
 STREAM = "http_requests"
 WARM_UP_EVENTS, WARM_UP_SEED = 2_000, 5  # each half's warm-up batch, before its clock starts
@@ -238,11 +238,6 @@ def spent_by_part(start: dict[str, Usage | None], done: dict[str, Usage | None])
     used = {name: (done[name] - start[name]).cpu for name in ("clients", "api", "pipeline", "service")}
     used["rest"] = max(0.0, used.pop("service") - used["api"] - used["pipeline"])
     return used
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity), which both halves share."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def budget_line(events: int, cores: int, plain_s: float, plain_cpu_s: float | None,

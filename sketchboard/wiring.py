@@ -325,6 +325,12 @@ def check_exposure(settings: Settings, security=None) -> None:
         raise ConfigError(problem)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or taskset's limit), not
+    the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def ingest_slots(settings: Settings) -> int | None:
     """How many request bodies the API parses, checks and appends at once: `ingest_threads`; by
     default one per core this process may run on, and no bound on Kafka, where a request's thread
@@ -333,7 +339,7 @@ def ingest_slots(settings: Settings) -> int | None:
         return settings.ingest_threads
     if settings.log_backend == "kafka":
         return None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return available_cores()
 
 
 def build_api(settings: Settings):

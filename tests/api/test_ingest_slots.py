@@ -17,7 +17,7 @@ import pytest
 from api.app import create_app
 from ingest.log import SqliteEventLog
 from sketchboard.settings import Settings
-from sketchboard.wiring import ingest_slots
+from sketchboard.wiring import available_cores, ingest_slots
 from tests.api.test_ws import Server
 
 STREAM = "http_requests"
@@ -91,8 +91,7 @@ def test_without_slots_the_bodies_run_side_by_side(ctx, counting, now_ms):
 
 
 def test_a_service_gets_a_slot_per_core_on_the_embedded_log_and_none_on_kafka(tmp_path):
-    cores = len(os.sched_getaffinity(0))
-    assert ingest_slots(Settings(data_dir=tmp_path)) == cores
+    assert ingest_slots(Settings(data_dir=tmp_path)) == available_cores() == len(os.sched_getaffinity(0))
     assert ingest_slots(Settings(data_dir=tmp_path, ingest_threads=3)) == 3
     kafka = dict(data_dir=tmp_path, log_backend="kafka", kafka_bootstrap_servers="127.0.0.1:9092")
     assert ingest_slots(Settings(**kafka)) is None
