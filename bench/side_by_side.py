@@ -247,18 +247,17 @@ def budget_line(events: int, cores: int, plain_s: float, plain_cpu_s: float | No
     same `cores`: that is all the CPU its clients, API and pipeline may use together. This is the
     bar's arithmetic (docs/benchmarks.md, session 79), printed by each run."""
     budget_us = cores * plain_s / ratio / events * 1e6
+    spent_us = None if spent is None else sum(spent.values()) / events * 1e6
     parts = []
     if plain_cpu_s is not None:
         parts.append(f"the plain job (warm) {plain_cpu_s / events * 1e6:.1f} us")
     if spent is not None:
-        total = sum(spent.values())
         split = ", ".join(f"{name} {seconds / events * 1e6:.1f}" for name, seconds in spent.items())
-        parts.append(f"Sketchboard {total / events * 1e6:.1f} us ({split})")
+        parts.append(f"Sketchboard {spent_us:.1f} us ({split})")
     line = f"CPU an event: {'; '.join(parts)}. " if parts else ""
     line += f"{ratio:g} x the plain job on {cores} core{'s' if cores != 1 else ''} leaves {budget_us:.1f} us an event"
-    if spent is not None:
-        total_us = sum(spent.values()) / events * 1e6
-        line += f" for all of Sketchboard's; this run spent {total_us / budget_us:.1f} x that"
+    if spent_us is not None:
+        line += f" for all of Sketchboard's; this run spent {spent_us / budget_us:.1f} x that"
     return line
 
 

@@ -193,13 +193,19 @@ def _plain_numbers(values: pa.ChunkedArray) -> bool:
     kernel calls: min_max skips NaN, but a NaN makes the sum NaN; an infinity shows in min_max; and
     finite values under BIG_NUMBER cannot add up to an overflow (BIG_NUMBER x any row count here is
     far below a double's range)."""
-    extremes = pc.min_max(values)
-    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    low, high = _extremes(values)
     if low is None:
         return True  # every value null
     if not (-BIG_NUMBER < low and high < BIG_NUMBER):
         return False  # also the infinities
     return math.isfinite(pc.sum(values).as_py())
+
+
+def _extremes(values: pa.Array | pa.ChunkedArray) -> tuple:
+    """(min, max) of the values in one kernel call, nulls (and a float's NaN) skipped; (None, None)
+    when none is left."""
+    extremes = pc.min_max(values)
+    return extremes["min"].as_py(), extremes["max"].as_py()
 
 
 def _column(fields: dict[str, pa.Array], rows: int, name: str, want: pa.DataType) -> pa.Array | None:
@@ -225,8 +231,7 @@ def _event_time_ms(times: pa.Array | None) -> pa.Array | None:
     if times is None or times.null_count:
         return None
     values = times
-    extremes = pc.min_max(values)
-    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    low, high = _extremes(values)
     if low is not None and low >= EPOCH_MS_THRESHOLD and high <= MAX_EVENT_TIME_MS:
         return values  # the common case, every time in ms already: one kernel call, not six
     try:  # checked arithmetic: abs(-2^63) would wrap around into the valid range
