@@ -49,7 +49,7 @@ def _query_params(dependant: object) -> list:
     return out
 
 
-def no_repeated_single_params(connection: HTTPConnection) -> None:
+async def no_repeated_single_params(connection: HTTPConnection) -> None:
     if connection.scope.get("type") != "http":
         return  # a websocket's handshake parameters are read by its own route
     query = connection.query_params
