@@ -81,9 +81,13 @@ def create_app(ctx: ApiContext, *, feeds: Iterable = (), hub_config: HubConfig |
     async def lifespan(app: FastAPI):
         if ctx.columnar_ingest:  # before the first request, not during it
             await run_in_threadpool(ingest_routes.warm_columnar_path)
+        if ctx.ingest_workers is not None:
+            await ctx.ingest_workers.start()
         if ctx.point_warmer is not None:
             ctx.point_warmer.start()
         yield
+        if ctx.ingest_workers is not None:
+            await ctx.ingest_workers.stop()
         if ctx.point_warmer is not None:
             ctx.point_warmer.stop()  # before the hub stops the workers it may be waiting on
         hub.stop()

@@ -102,6 +102,8 @@ class ApiContext:
     # Request bodies parsed, checked and appended at once (api/ingest_routes.py); None: as many as
     # anyio's worker threads allow.
     ingest_slots: int | None = None
+    # The columnar path in worker processes (api.ingest_workers.IngestWorkers); None: in threads here.
+    ingest_workers: Any = None
     query_max_points: int = 11_000
     clock: Callable[[], float] = time.time
     validators: dict[str, EventValidator] = field(default_factory=dict)

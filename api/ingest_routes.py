@@ -83,6 +83,10 @@ def too_large(exc: RecordTooLarge, index: int) -> HTTPException:
                                "rejected": [{"index": index, "reason": exc.reason}]})
 
 
+def unavailable(exc: LogUnavailable) -> HTTPException:
+    return HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}")
+
+
 def rate_key(request: Request) -> str:
     """Whom a request's events are charged to: the key its requests are charged to (its token,
     or its address when open; api/security/middleware.py)."""
@@ -196,12 +200,32 @@ def router(ctx: ApiContext) -> APIRouter:
         # Anything else, or anything it cannot tell, takes the per-event path below with its reasons;
         # so does a body of a few events, which it takes faster (`few_events`).
         if ctx.columnar_ingest and not few_events(body):
+            if ctx.ingest_workers is not None:  # in a worker process (api/ingest_workers.py), when one is ready
+                answer = await in_process(stream, body, content_type, rate_key)
+                if answer is not None:
+                    return answer
             answer = await in_worker(ingest_columns, stream, body, content_type, rate_key)
             if answer is not None:
                 return answer
         # In a worker thread too: a body the columnar path declined may hold 100 000 events (seconds
         # of parsing and validating, which would hold up every other request on the event loop).
         return await in_worker(ingest_events, stream, atomic, body, content_type, rate_key)
+
+    async def in_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
+        def admit(rows: int) -> int:
+            check_count(rate_key, rows)
+            return ctx.now_ms()
+
+        try:
+            done = await ctx.ingest_workers.ingest(ctx.catalog.streams[stream], body, content_type, admit)
+        except LogUnavailable as exc:
+            raise unavailable(exc) from None
+        except RecordTooLarge as exc:
+            raise too_large(exc, exc.index) from None
+        if done is None:
+            return None
+        rows, now, ranges = done
+        return answer_body(stream, rows, [], now, ranges)
 
     def ingest_events(stream: str, atomic: bool, body: bytes, content_type: str, rate_key: str) -> dict:
         """The per-event path: each event validated on its own, the bad ones rejected with their
@@ -255,7 +279,7 @@ def router(ctx: ApiContext) -> APIRouter:
         try:
             result = write(ctx.catalog.streams[stream], events, now)
         except LogUnavailable as exc:
-            raise HTTPException(503, f"the log did not take the events, none is reported accepted: {exc}") from None
+            raise unavailable(exc) from None
         except RecordTooLarge as exc:  # never storable: not a 503 to retry, and the request's index
             raise too_large(exc, exc.index if where is None else where[exc.index]) from None
         return answer_body(stream, count, answer_rejected, now, result.ranges)

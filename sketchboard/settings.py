@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     ingest_threads: int = Field(0, ge=0, description="request bodies parsed, checked and appended at once; more"
                                 " wait their turn (0: one per core on the embedded log, no bound on Kafka, where"
                                 " an append waits for the brokers' acknowledgements)")
+    ingest_processes: int = Field(0, ge=0, le=64, description="worker processes that parse, check and append"
+                                  " request bodies to the embedded log off the API process's GIL (0: threads of"
+                                  " the API process; docs/ingest-and-api.md)")
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
     # Security (docs/security.md)
@@ -428,6 +431,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _group_commit_needs_kafka(self) -> Settings:
+        if self.ingest_processes and self.log_backend != "embedded":
+            raise ValueError("ingest_processes append to the embedded log; on Kafka the API's threads wait for the"
+                             " brokers' acknowledgements (set ingest_threads instead)")
         if self.kafka_commit_offsets and self.log_backend != "kafka":
             raise ValueError("kafka_commit_offsets copies offsets to a Kafka consumer group: it needs log_backend"
                              " kafka")

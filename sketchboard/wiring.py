@@ -342,6 +342,16 @@ def ingest_slots(settings: Settings) -> int | None:
     return available_cores()
 
 
+def ingest_workers(settings: Settings, limits):
+    """The API's ingest worker processes (api/ingest_workers.py), or None: `ingest_processes`.
+    `limits`: the JSON bounds of the API's security settings, which the workers check too."""
+    if not settings.ingest_processes:
+        return None
+    from api.ingest_workers import IngestWorkers
+
+    return IngestWorkers(settings.log_path, settings.log_sync, limits, settings.ingest_processes)
+
+
 def build_api(settings: Settings):
     from api.app import create_app
     from api.context import ApiContext
@@ -374,6 +384,7 @@ def build_api(settings: Settings):
         max_events_per_request=settings.max_events_per_request,
         columnar_ingest=settings.columnar_ingest,
         ingest_slots=ingest_slots(settings),
+        ingest_workers=ingest_workers(settings, security.json_limits),
         query_max_points=settings.query_max_points,
         lag=lag,
         health=open_health_store(settings, store),

@@ -1,0 +1,298 @@
+"""The ingest API's columnar path in worker processes, off the API process's GIL.
+
+A 1 000-event body costs ~4 ms of parsing, checking and appending (ingest/columnar.py, the log's
+append_columns). In the API process that work runs in threads beside the event loop, and they
+share one GIL: Arrow's kernels and SQLite release it dozens of times a body, so the threads and
+the loop pass it back and forth, and the process does not get past ~1.1-1.3 cores however many
+requests wait (docs/benchmarks.md, session 82). A worker process has its own interpreter and its
+own connection to the embedded log (SQLite: an append is a `BEGIN IMMEDIATE` transaction, so
+processes take turns on the file as threads do), and the event loop only moves the body down a
+socket and the answer back.
+
+The API process keeps everything else: HTTP, tokens, rate limits, idempotency, the per-event
+path. A body goes to a worker in two steps, so the rate limit is charged before anything is
+written, as in the API process:
+
+    API -> worker   ("parse", stream, body, content type)
+    worker -> API   ("count", rows)  | ("declined",): the per-event path decides
+    API -> worker   ("append", ingest time) | ("drop",): over a limit, answered 413/429
+    worker -> API   ("appended", ranges) | ("unavailable", reason) | ("too_large", index, reason, written)
+
+Until a worker is ready (a fresh interpreter imports Arrow: a second or two), the body is
+handled in the API process as before. A worker that dies is replaced; if it dies before its
+append, the API process handles the body itself (nothing was written); after, the request is
+answered 503 (the append may or may not have committed, as with a lost Kafka acknowledgement).
+A worker exits when its socket closes, so it ends with the API process, even a killed one.
+
+Frames are a 4-byte length and a pickle: both ends are this module, in processes this one started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from catalog import StreamDef
+from ingest.json_limits import JsonLimits
+from ingest.log import LogUnavailable, RecordTooLarge
+
+log = logging.getLogger("sketchboard.api")
+
+_LENGTH = struct.Struct("!I")
+
+
+class _Worker:
+    def __init__(self, process: subprocess.Popen, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.process = process
+        self.reader = reader
+        self.writer = writer
+
+    async def send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.writer.write(_LENGTH.pack(len(data)))
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def receive(self) -> tuple:
+        size = _LENGTH.unpack(await self.reader.readexactly(_LENGTH.size))[0]
+        return pickle.loads(await self.reader.readexactly(size))
+
+    def close(self) -> None:
+        self.writer.close()  # the worker reads the end of its socket and exits
+
+
+class IngestWorkers:
+    """`processes` worker processes appending to the embedded log at `log_path`."""
+
+    def __init__(self, log_path: Path, log_sync: str, limits: JsonLimits, processes: int):
+        self._hello = {"log_path": str(Path(log_path).resolve()), "log_sync": log_sync, "limits": limits}
+        self.processes = processes
+        self._idle: asyncio.Queue[_Worker] | None = None
+        self._all: set[_Worker] = set()
+        self._starting: set[asyncio.Task] = set()
+        self._stopped = False
+        self.handled = 0  # bodies the workers appended (tests and benchmarks read it)
+
+    @property
+    def ready(self) -> int:
+        """Workers started and not stopped (busy or idle)."""
+        return len(self._all)
+
+    async def start(self) -> None:
+        """Start the workers in the background: the API serves meanwhile, in its own process."""
+        self._stopped = False
+        self._idle = asyncio.Queue()
+        for _ in range(self.processes):
+            self._spawn_later()
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.ready < self.processes:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def _spawn_later(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._spawn())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _spawn(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "api.ingest_workers", str(theirs.fileno())],
+                                       pass_fds=[theirs.fileno()], env=_worker_environment())
+        except OSError:
+            ours.close()
+            log.exception("an ingest worker process did not start; bodies are handled in the API process")
+            return
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2 ** 31 - 1)
+        worker = _Worker(process, reader, writer)
+        try:
+            await worker.send(("hello", self._hello))
+            answer = await worker.receive()
+            if answer[0] != "ready":
+                raise RuntimeError(f"unexpected first message {answer[0]!r}")
+        except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, pickle.UnpicklingError):
+            worker.close()
+            log.exception("an ingest worker process did not start; bodies are handled in the API process")
+            return
+        if self._stopped:
+            worker.close()
+            return
+        self._all.add(worker)
+        self._idle.put_nowait(worker)
+
+    def _discard(self, worker: _Worker) -> None:
+        """A worker whose conversation broke off: stopped, and another started in its place."""
+        self._all.discard(worker)
+        worker.close()
+        worker.process.kill()  # one that still runs is in an unknown state
+        try:
+            worker.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not self._stopped:
+            self._spawn_later()
+
+    async def ingest(self, stream: StreamDef, body: bytes, content_type: str,
+                     admit: Callable[[int], int]) -> tuple[int, int, dict[int, tuple[int | None, int]]] | None:
+        """The body parsed, checked and appended by a worker: (rows appended, their ingest time,
+        the log's ranges), or None where the API process must handle it (no worker ready, or the
+        columnar path declined the body: the per-event path decides). `admit(rows)` runs before
+        the append: it raises to refuse it (413, 429; nothing is written), else gives the ingest
+        time to stamp. Raises LogUnavailable and RecordTooLarge as the log's append does."""
+        if self._idle is None or not self._all:
+            return None
+        worker = await self._idle.get()
+        appending = False
+        try:
+            await worker.send(("parse", stream, body, content_type))
+            answer = await worker.receive()
+            if answer[0] != "count":
+                self._idle.put_nowait(worker)
+                return None  # declined, or failed: the API process decides, as it did before workers
+            try:
+                ingest_time_ms = admit(answer[1])
+            except BaseException:
+                await worker.send(("drop",))
+                self._idle.put_nowait(worker)
+                raise
+            appending = True
+            await worker.send(("append", ingest_time_ms))
+            answer = await worker.receive()
+        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
+            self._discard(worker)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.error("an ingest worker process exited (%s); another is started", exc)
+            if appending:
+                raise LogUnavailable("the worker appending the events exited; the append may or may not have"
+                                     " been committed") from None
+            return None
+        self._idle.put_nowait(worker)
+        kind = answer[0]
+        if kind == "appended":
+            self.handled += 1
+            return answer[1], ingest_time_ms, answer[2]
+        if kind == "unavailable":
+            raise LogUnavailable(answer[1])
+        if kind == "too_large":
+            raise RecordTooLarge(answer[1], answer[2], answer[3])
+        raise LogUnavailable(f"the ingest worker answered {kind!r}")
+
+    async def stop(self) -> None:
+        self._stopped = True
+        for task in list(self._starting):
+            task.cancel()
+        for worker in list(self._all):
+            worker.close()
+        for worker in list(self._all):
+            try:
+                await asyncio.to_thread(worker.process.wait, 10)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+        self._all.clear()
+        self._idle = None
+
+
+def _worker_environment() -> dict[str, str]:
+    """This process's environment, with the project on the path: the worker imports it as this
+    process does, whatever the working directory."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+# -- in the worker process ---------------------------------------------------------------------
+
+
+def _read(sock: socket.socket) -> tuple | None:
+    """The next message, or None at the end of the socket (the API process closed it or died)."""
+    head = _read_exactly(sock, _LENGTH.size)
+    if head is None:
+        return None
+    data = _read_exactly(sock, _LENGTH.unpack(head)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            return None
+        got += n
+    return bytes(buffer)
+
+
+def _write(sock: socket.socket, message: tuple) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def serve(sock: socket.socket) -> None:
+    """A worker's loop: one body at a time, until the socket ends."""
+    from api.bodies import columnar_body
+    from api.ingest_routes import warm_columnar_path
+    from ingest.log import SqliteEventLog
+
+    hello = _read(sock)
+    if hello is None:
+        return
+    settings = hello[1]
+    event_log = SqliteEventLog(settings["log_path"], synchronous=settings["log_sync"])
+    limits = settings["limits"]
+    warm_columnar_path()
+    _write(sock, ("ready", os.getpid()))
+    while (message := _read(sock)) is not None:
+        _, stream, body, content_type = message
+        try:
+            columns = columnar_body(stream, body, content_type, limits)
+        except Exception as exc:  # never expected: the API process handles the body, and says what fails
+            _write(sock, ("failed", repr(exc)))
+            continue
+        if columns is None:
+            _write(sock, ("declined",))
+            continue
+        _write(sock, ("count", columns.num_rows))
+        go = _read(sock)
+        if go is None:
+            break
+        if go[0] != "append":
+            continue
+        try:
+            result = event_log.append_columns(stream, columns, go[1])
+        except LogUnavailable as exc:
+            _write(sock, ("unavailable", str(exc)))
+        except RecordTooLarge as exc:
+            _write(sock, ("too_large", exc.index, exc.reason, exc.written))
+        else:
+            _write(sock, ("appended", columns.num_rows, result.ranges))
+    event_log.close()
+
+
+def main(argv: list[str]) -> None:
+    # Ctrl-C reaches the whole foreground process group: the API process stops its workers by
+    # closing their sockets, so a worker's KeyboardInterrupt would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(socket.socket(fileno=int(argv[0])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,153 @@
+"""The ingest API's columnar path in worker processes (api/ingest_workers.py), over real HTTP on
+loopback, real worker processes and the real SQLite log: the events they append are the ones the
+API process appends itself, a body they decline gets the per-event answer, a refusal (413, 429)
+writes nothing, a worker that dies is replaced without a request lost, and the workers end with
+the app."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.ingest_workers import IngestWorkers
+from api.security.ratelimit import RateLimiter
+from sketchboard.settings import Settings
+from tests.api.test_ws import Server
+from tests.support.clock import FakeClock
+
+STREAM = "http_requests"
+EVENTS = "/api/v1/events"
+
+
+def events(now_ms: int, n: int, first: int = 0) -> list[dict]:
+    """Plain, valid events: a body of 200 takes the columnar path."""
+    return [{"time": now_ms - i, "user_id": f"u{i % 37}", "endpoint": "/cart", "method": "GET", "status": "200",
+             "region": "eu", "latency_ms": 12.5 + i, "response_bytes": 512} for i in range(first, first + n)]
+
+
+@pytest.fixture
+def workers(ctx):
+    return IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 2)
+
+
+def started(server_ctx, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server_ctx.ingest_workers.ready < server_ctx.ingest_workers.processes:
+        assert time.monotonic() < deadline, "the ingest workers did not start"
+        time.sleep(0.05)
+
+
+def stored(ctx) -> list[dict]:
+    """Every event of the stream in the log, in partition and offset order, without its ingest time."""
+    out = []
+    stream = ctx.catalog.stream(STREAM)
+    for partition, offsets in sorted(ctx.log.offsets(STREAM).items()):
+        for batch in ctx.log.read(stream, partition, offsets.start, offsets.end):
+            out += [{k: v for k, v in row.items() if k != "__ingest_time"} for row in batch.to_pylist()]
+    return out
+
+
+def test_the_workers_append_what_the_api_process_appends(ctx, workers, now_ms, tmp_path):
+    from tests.api.conftest import context
+
+    bodies = [events(now_ms, 200, first=k * 200) for k in range(6)]
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        answers = [http.post(EVENTS, params={"stream": STREAM}, json=body) for body in bodies]
+        ndjson = "\n".join(json.dumps(e) for e in events(now_ms, 300, first=5000))
+        answers.append(http.post(EVENTS, params={"stream": STREAM}, content=ndjson,
+                                 headers={"content-type": "application/x-ndjson"}))
+    assert [a.status_code for a in answers] == [200] * 7
+    assert workers.handled == 7  # every body went to a worker
+    assert [a.json()["accepted"] for a in answers] == [200] * 6 + [300]
+    assert [a.json()["rejected"] for a in answers] == [[]] * 7
+
+    # The same bodies appended by the API process itself, into another log.
+    (tmp_path / "alone").mkdir()
+    with context(tmp_path / "alone", ctx.clock, ctx.catalog) as alone, \
+            Server(create_app(alone)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        again = [http.post(EVENTS, params={"stream": STREAM}, json=body) for body in bodies]
+        again.append(http.post(EVENTS, params={"stream": STREAM}, content=ndjson,
+                               headers={"content-type": "application/x-ndjson"}))
+        assert [a.json()["partitions"] for a in again] == [a.json()["partitions"] for a in answers]
+        assert stored(alone) == stored(ctx)
+    assert len(stored(ctx)) == 1500
+
+
+def test_a_body_the_workers_decline_gets_the_per_event_answer(ctx, workers, now_ms):
+    body = events(now_ms, 200)
+    body[7]["latency_ms"] = "slow"
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        answer = http.post(EVENTS, params={"stream": STREAM}, json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == 199
+    assert [r["index"] for r in answer.json()["rejected"]] == [7]
+    assert "latency_ms" in answer.json()["rejected"][0]["reason"]
+    assert workers.handled == 0
+    assert len(stored(ctx)) == 199
+
+
+@pytest.mark.parametrize("refusal", ["413", "429"])
+def test_a_refused_body_writes_nothing_and_the_worker_serves_on(ctx, workers, now_ms, refusal):
+    if refusal == "413":
+        served = replace(ctx, ingest_workers=workers, max_events_per_request=150)
+    else:
+        limit = RateLimiter(250, 250, clock=FakeClock(0.0))  # the first body fits, the second does not
+        served = replace(ctx, ingest_workers=workers, security=replace(ctx.security, event_limit=limit))
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        first = http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 140))
+        refused = http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=500))
+        # Both workers asked again: each still answers.
+        after = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 100, first=1000 + 100 * k))
+                 for k in range(2)] if refusal == "413" else []
+    assert first.status_code == 200
+    assert refused.status_code == int(refusal), refused.text
+    assert ("exceed the limit of 150 per request" if refusal == "413" else "over 250 events/s") in refused.text
+    assert [a.status_code for a in after] == [200] * len(after)
+    assert len(stored(ctx)) == 140 + 100 * len(after)  # nothing of the refused body
+
+
+def test_a_worker_that_dies_is_replaced_and_no_request_is_lost(ctx, workers, now_ms):
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        pids = {w.process.pid for w in workers._all}
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        # Each dead worker's next body is handled by the API process; new workers take over.
+        answers = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=200 * k))
+                   for k in range(4)]
+        started(served)
+        assert {w.process.pid for w in workers._all}.isdisjoint(pids)
+        later = http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=5000))
+    assert [a.status_code for a in answers + [later]] == [200] * 5
+    assert sum(a.json()["accepted"] for a in answers + [later]) == 1000
+    assert len(stored(ctx)) == 1000
+    assert workers.handled >= 1  # the last one at least went to a new worker
+
+
+def test_the_workers_end_with_the_app(ctx, workers, now_ms):
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)):
+        started(served)
+        processes = [w.process for w in workers._all]
+    assert len(processes) == 2
+    assert all(p.poll() is not None for p in processes)
+
+
+def test_ingest_processes_append_to_the_embedded_log_only(tmp_path):
+    assert Settings(data_dir=tmp_path, ingest_processes=2).ingest_processes == 2
+    with pytest.raises(ValueError, match="ingest_processes append to the embedded log"):
+        Settings(data_dir=tmp_path, ingest_processes=2, log_backend="kafka", kafka_bootstrap_servers="b:9092")
