@@ -13,7 +13,8 @@
    broker at `--kafka-bootstrap`, or else a local one started from jars/kafka-broker (`make jars`,
    the test suite's tests/kafka_broker.py).
 3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
-   with bench.ingest_api (concurrent clients), reporting accepted events/s. With `--log both`
+   with bench.ingest_api (concurrent clients, in a process of their own unless `--api-clients
+   thread`), reporting accepted events/s; `--ingest-processes N` sets the API's ingest_processes. With `--log both`
    (or kafka) the API runs once per log: appending to the embedded log, then producing into
    Kafka (idempotent producer, acks=all, answered once the broker acknowledged every event).
 A table at the end puts each log's figures side by side. `--kafka-jvm-validation` turns the
@@ -29,9 +30,11 @@ the store's size. Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench.drain import drain_timed
@@ -205,11 +208,32 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
         print(f"log -> store, sustained: embedded {e:,.0f} events/s, Kafka {k:,.0f} events/s ({k / e:.2f} x)", flush=True)
 
 
+def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str):
+    """bench.ingest_api's clients: in a process of their own (`clients="process"`), as any client of a
+    service is, or in threads of this one, where they share the GIL with the API's event loop."""
+    from bench.ingest_api import run_bench
+
+    if clients == "thread":
+        return run_bench(url, "http_requests", bodies, concurrency, body_format)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(int).result()  # its imports done before the bodies are handed over
+        return pool.submit(run_bench, url, "http_requests", bodies, concurrency, body_format).result()
+
+
+def wait_for_ingest_workers(ctx, timeout_s: float = 60.0) -> None:
+    """The ingest worker processes started (api/ingest_workers.py), so none of the timed bodies is
+    handled in the API process while they import."""
+    workers = ctx.ingest_workers
+    deadline = time.monotonic() + timeout_s
+    while workers is not None and workers.ready < workers.processes and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
               figures: dict | None = None, *, batch: int = 1000, columnar: bool = True,
-              body_format: str = "json") -> None:
+              body_format: str = "json", clients: str = "process", ingest_processes: int | None = None) -> None:
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
-    from bench.ingest_api import prepare_bodies, run_bench
+    from bench.ingest_api import prepare_bodies
     from sketchboard.settings import Settings
     from sketchboard.wiring import build_api
 
@@ -219,17 +243,21 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
         "log_backend": "kafka", "kafka_bootstrap_servers": kafka_bootstrap, "kafka_replication_factor": 1,
         "kafka_topic_prefix": f"benchapi{int(time.time())}."}
     settings = Settings(data_dir=root / f"api-{'kafka' if kafka_bootstrap else 'embedded'}-{columnar}-{body_format}", port=port,
-                        streams_config=DEFAULT_STREAMS, columnar_ingest=columnar, **log_settings)
+                        streams_config=DEFAULT_STREAMS, columnar_ingest=columnar, **log_settings,
+                        **({} if ingest_processes is None else {"ingest_processes": ingest_processes}))
     app, ctx = build_api(settings)
     bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, batch, body_format)
     with serving(app, port, join_s=10):
-        result = run_bench(f"http://127.0.0.1:{port}", "http_requests", bodies, concurrency, body_format)
+        wait_for_ingest_workers(ctx)
+        result = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
     rate = result.accepted / result.seconds
     path = "columnar" if columnar else "per-event"
     print(f"ingest API -> {what} ({path} validation, {body_format}): {result.accepted:,} events accepted in"
-          f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch}, {concurrency} clients, p50 {result.percentile_ms(0.5):.0f} ms,"
+          f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch}, {concurrency} clients"
+          f" in {'their own process' if clients == 'process' else 'threads of the API process'},"
+          f" {settings.ingest_processes} ingest processes, p50 {result.percentile_ms(0.5):.0f} ms,"
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
           + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
           + ")", flush=True)
@@ -282,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-batch", type=int, default=1000, help="events per API request")
     parser.add_argument("--api-format", choices=("json", "ndjson", "both"), default="json",
                         help="request bodies: JSON arrays, NDJSON, or both one after the other")
+    parser.add_argument("--api-clients", choices=("process", "thread"), default="process",
+                        help="the API's clients in a process of their own (as any client of a service), or in threads"
+                             " of the process serving the API (sharing its GIL: the figures before session 82)")
+    parser.add_argument("--ingest-processes", type=int,
+                        help="the API's ingest_processes setting (default: the setting's, 0: threads of the API process)")
     parser.add_argument("--api-compare", action="store_true",
                         help="post the same events with columnar_ingest off, then on (side by side in one run)")
     args = parser.parse_args(argv)
@@ -311,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                     for columnar in ((False, True) if args.api_compare else (True,)):
                         bench_api(root, catalog, args.api_events, args.concurrency,
                                   kafka_bootstrap if name == "kafka" else None, figures[name],
-                                  batch=args.api_batch, columnar=columnar, body_format=body_format)
+                                  batch=args.api_batch, columnar=columnar, body_format=body_format,
+                                  clients=args.api_clients, ingest_processes=args.ingest_processes)
         print_table(figures)
     finally:
         if broker is not None:
