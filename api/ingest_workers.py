@@ -76,7 +76,7 @@ class IngestWorkers:
     def __init__(self, log_path: Path, log_sync: str, limits: JsonLimits, processes: int):
         self._hello = {"log_path": str(Path(log_path).resolve()), "log_sync": log_sync, "limits": limits}
         self.processes = processes
-        self._idle: asyncio.Queue[_Worker] | None = None
+        self._idle: asyncio.Queue[_Worker | None] | None = None
         self._all: set[_Worker] = set()
         self._starting: set[asyncio.Task] = set()
         self._stopped = False
@@ -94,14 +94,6 @@ class IngestWorkers:
         for _ in range(self.processes):
             self._spawn_later()
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while self.ready < self.processes:
-            if asyncio.get_running_loop().time() > deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
-
     def _spawn_later(self) -> None:
         task = asyncio.get_running_loop().create_task(self._spawn())
         self._starting.add(task)
@@ -115,6 +107,7 @@ class IngestWorkers:
         except OSError:
             ours.close()
             log.exception("an ingest worker process did not start; bodies are handled in the API process")
+            self._release_waiters()
             return
         finally:
             theirs.close()
@@ -127,13 +120,21 @@ class IngestWorkers:
                 raise RuntimeError(f"unexpected first message {answer[0]!r}")
         except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, pickle.UnpicklingError):
             worker.close()
+            worker.process.kill()
             log.exception("an ingest worker process did not start; bodies are handled in the API process")
+            self._release_waiters()
             return
         if self._stopped:
             worker.close()
             return
         self._all.add(worker)
         self._idle.put_nowait(worker)
+
+    def _release_waiters(self) -> None:
+        """After a worker failed to start: with none left or coming, the requests waiting for one
+        are handled in the API process (the None passes from waiter to waiter)."""
+        if not self._all and len(self._starting) <= 1 and self._idle is not None:  # only the failed one
+            self._idle.put_nowait(None)
 
     def _discard(self, worker: _Worker) -> None:
         """A worker whose conversation broke off: stopped, and another started in its place."""
@@ -157,6 +158,9 @@ class IngestWorkers:
         if self._idle is None or not self._all:
             return None
         worker = await self._idle.get()
+        if worker is None:  # none left (_release_waiters): the next waiter learns it too
+            self._idle.put_nowait(None)
+            return None
         appending = False
         try:
             await worker.send(("parse", stream, body, content_type))
@@ -166,9 +170,13 @@ class IngestWorkers:
                 return None  # declined, or failed: the API process decides, as it did before workers
             try:
                 ingest_time_ms = admit(answer[1])
-            except BaseException:
-                await worker.send(("drop",))
-                self._idle.put_nowait(worker)
+            except BaseException:  # refused (413, 429): the worker forgets the body
+                try:
+                    await worker.send(("drop",))
+                except OSError:
+                    self._discard(worker)
+                else:
+                    self._idle.put_nowait(worker)
                 raise
             appending = True
             await worker.send(("append", ingest_time_ms))

@@ -138,6 +138,22 @@ def test_a_worker_that_dies_is_replaced_and_no_request_is_lost(ctx, workers, now
     assert workers.handled >= 1  # the last one at least went to a new worker
 
 
+def test_workers_that_cannot_start_leave_the_bodies_to_the_api_process(ctx, now_ms, tmp_path):
+    (tmp_path / "file").write_text("")
+    broken = IngestWorkers(tmp_path / "file" / "log.db", "OFF", ctx.security.json_limits, 2)  # no such folder
+    served = replace(ctx, ingest_workers=broken)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        deadline = time.monotonic() + 60
+        while broken._starting:  # both tried, and failed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        answers = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=200 * k))
+                   for k in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3
+    assert broken.ready == 0 and broken.handled == 0
+    assert len(stored(ctx)) == 600
+
+
 def test_the_workers_end_with_the_app(ctx, workers, now_ms):
     served = replace(ctx, ingest_workers=workers)
     with Server(create_app(served)):
