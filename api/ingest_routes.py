@@ -216,8 +216,12 @@ def router(ctx: ApiContext) -> APIRouter:
             check_count(rate_key, rows)
             return ctx.now_ms()
 
+        # Without an events rate limit, a body within max_events_per_request needs no word from here
+        # before its append: the worker appends it in one step.
+        admitted = ctx.max_events_per_request if ctx.security.event_limit is None else -1
         try:
-            done = await ctx.ingest_workers.ingest(ctx.catalog.streams[stream], body, content_type, admit)
+            done = await ctx.ingest_workers.ingest(ctx.catalog.streams[stream], body, content_type, admit,
+                                                   admitted=admitted, now_ms=ctx.now_ms)
         except LogUnavailable as exc:
             raise unavailable(exc) from None
         except RecordTooLarge as exc:

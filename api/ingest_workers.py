@@ -10,13 +10,17 @@ processes take turns on the file as threads do), and the event loop only moves t
 socket and the answer back.
 
 The API process keeps everything else: HTTP, tokens, rate limits, idempotency, the per-event
-path. A body goes to a worker in two steps, so the rate limit is charged before anything is
-written, as in the API process:
+path. Where an events rate limit is set, a body goes to a worker in two steps, so the limit is charged
+before anything is written, as in the API process:
 
-    API -> worker   ("parse", stream, body, content type)
+    API -> worker   ("parse", stream, body, content type, -1, None)
     worker -> API   ("count", rows)  | ("declined",): the per-event path decides
     API -> worker   ("append", ingest time) | ("drop",): over a limit, answered 413/429
-    worker -> API   ("appended", ranges) | ("unavailable", reason) | ("too_large", index, reason, written)
+    worker -> API   ("appended", rows, ranges) | ("unavailable", reason) | ("too_large", index, reason, written)
+
+Without one, the API admits up to `max_events_per_request` rows unasked, and a body within it
+is appended in one step (a round trip less): ("parse", stream, body, content type, admitted rows,
+ingest time), answered "appended" (or "count" for a body over them, then as above).
 
 Until a worker is ready (a fresh interpreter imports Arrow: a second or two), the body is
 handled in the API process as before. A worker that dies is replaced; if it dies before its
@@ -148,26 +152,33 @@ class IngestWorkers:
         if not self._stopped:
             self._spawn_later()
 
-    async def ingest(self, stream: StreamDef, body: bytes, content_type: str,
-                     admit: Callable[[int], int]) -> tuple[int, int, dict[int, tuple[int | None, int]]] | None:
+    async def ingest(self, stream: StreamDef, body: bytes, content_type: str, admit: Callable[[int], int], *,
+                     admitted: int = -1, now_ms: Callable[[], int] | None = None,
+                     ) -> tuple[int, int, dict[int, tuple[int | None, int]]] | None:
         """The body parsed, checked and appended by a worker: (rows appended, their ingest time,
         the log's ranges), or None where the API process must handle it (no worker ready, or the
         columnar path declined the body: the per-event path decides). `admit(rows)` runs before
         the append: it raises to refuse it (413, 429; nothing is written), else gives the ingest
-        time to stamp. Raises LogUnavailable and RecordTooLarge as the log's append does."""
-        if self._idle is None or not self._all:
-            return None
-        worker = await self._idle.get()
-        if worker is None:  # none left (_release_waiters): the next waiter learns it too
-            self._idle.put_nowait(None)
+        time to stamp. A body of at most `admitted` rows (with `now_ms`, the ingest time) is
+        appended without asking. Raises LogUnavailable and RecordTooLarge as the log's append does."""
+        worker = await self._idle_worker()
+        if worker is None:
             return None
         appending = False
+        ingest_time_ms = now_ms() if admitted >= 0 else None
         try:
-            await worker.send(("parse", stream, body, content_type))
+            await worker.send(("parse", stream, body, content_type, admitted, ingest_time_ms))
+            appending = admitted >= 0  # from here the worker may append unasked
             answer = await worker.receive()
-            if answer[0] != "count":
+            if answer[0] not in ("count", "appended"):
                 self._idle.put_nowait(worker)
                 return None  # declined, or failed: the API process decides, as it did before workers
+        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
+            return self._lost(worker, exc, appending)
+        if answer[0] == "appended":
+            self._idle.put_nowait(worker)
+            return self._appended(answer, ingest_time_ms)
+        try:
             try:
                 ingest_time_ms = admit(answer[1])
             except BaseException:  # refused (413, 429): the worker forgets the body
@@ -182,15 +193,39 @@ class IngestWorkers:
             await worker.send(("append", ingest_time_ms))
             answer = await worker.receive()
         except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
-            self._discard(worker)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            log.error("an ingest worker process exited (%s); another is started", exc)
-            if appending:
-                raise LogUnavailable("the worker appending the events exited; the append may or may not have"
-                                     " been committed") from None
-            return None
+            return self._lost(worker, exc, appending)
         self._idle.put_nowait(worker)
+        return self._appended(answer, ingest_time_ms)
+
+    async def _idle_worker(self) -> _Worker | None:
+        """The next idle worker (waiting for one while all are busy) that has not died meanwhile; None
+        when there is none left (_release_waiters) or none yet."""
+        while self._idle is not None and self._all:
+            worker = await self._idle.get()
+            if worker is None:  # the next waiter learns it too
+                self._idle.put_nowait(None)
+                return None
+            # One that died while idle is found before it is handed a body: otherwise, sent a body
+            # it may append unasked, its death would make the request a 503.
+            if worker.process.poll() is None and not worker.reader.at_eof():
+                return worker
+            log.error("an ingest worker process exited while idle (%s); another is started", worker.process.returncode)
+            self._discard(worker)
+        return None
+
+    def _lost(self, worker: _Worker, exc: BaseException, appending: bool) -> None:
+        """A worker whose conversation broke off: None (the API process handles the body) before its
+        append, LogUnavailable during it (the append may or may not have committed)."""
+        self._discard(worker)
+        if isinstance(exc, asyncio.CancelledError):
+            raise exc
+        log.error("an ingest worker process exited (%s); another is started", exc)
+        if appending:
+            raise LogUnavailable("the worker appending the events exited; the append may or may not have"
+                                 " been committed") from None
+        return None
+
+    def _appended(self, answer: tuple, ingest_time_ms: int) -> tuple[int, int, dict[int, tuple[int | None, int]]]:
         kind = answer[0]
         if kind == "appended":
             self.handled += 1
@@ -269,7 +304,7 @@ def serve(sock: socket.socket) -> None:
     warm_columnar_path()
     _write(sock, ("ready", os.getpid()))
     while (message := _read(sock)) is not None:
-        _, stream, body, content_type = message
+        _, stream, body, content_type, admitted, ingest_time_ms = message
         try:
             columns = columnar_body(stream, body, content_type, limits)
         except Exception as exc:  # never expected: the API process handles the body, and says what fails
@@ -278,14 +313,16 @@ def serve(sock: socket.socket) -> None:
         if columns is None:
             _write(sock, ("declined",))
             continue
-        _write(sock, ("count", columns.num_rows))
-        go = _read(sock)
-        if go is None:
-            break
-        if go[0] != "append":
-            continue
+        if columns.num_rows > admitted:
+            _write(sock, ("count", columns.num_rows))
+            go = _read(sock)
+            if go is None:
+                break
+            if go[0] != "append":
+                continue
+            ingest_time_ms = go[1]
         try:
-            result = event_log.append_columns(stream, columns, go[1])
+            result = event_log.append_columns(stream, columns, ingest_time_ms)
         except LogUnavailable as exc:
             _write(sock, ("unavailable", str(exc)))
         except RecordTooLarge as exc:
