@@ -201,7 +201,7 @@ def router(ctx: ApiContext) -> APIRouter:
         # so does a body of a few events, which it takes faster (`few_events`).
         if ctx.columnar_ingest and not few_events(body):
             if ctx.ingest_workers is not None:  # in a worker process (api/ingest_workers.py), when one is ready
-                answer = await in_process(stream, body, content_type, rate_key)
+                answer = await in_ingest_process(stream, body, content_type, rate_key)
                 if answer is not None:
                     return answer
             answer = await in_worker(ingest_columns, stream, body, content_type, rate_key)
@@ -211,7 +211,8 @@ def router(ctx: ApiContext) -> APIRouter:
         # of parsing and validating, which would hold up every other request on the event loop).
         return await in_worker(ingest_events, stream, atomic, body, content_type, rate_key)
 
-    async def in_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
+    async def in_ingest_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
+        """The columnar path in a worker process; None where the API process must handle the body."""
         def admit(rows: int) -> int:
             check_count(rate_key, rows)
             return ctx.now_ms()

@@ -28,7 +28,8 @@ append, the API process handles the body itself (nothing was written); after, th
 answered 503 (the append may or may not have committed, as with a lost Kafka acknowledgement).
 A worker exits when its socket closes, so it ends with the API process, even a killed one.
 
-Frames are a 4-byte length and a pickle: both ends are this module, in processes this one started.
+Frames are a 4-byte length and a pickle: both ends are ours (the worker is api/ingest_worker.py),
+in processes this one started.
 """
 
 from __future__ import annotations
@@ -37,21 +38,18 @@ import asyncio
 import logging
 import os
 import pickle
-import signal
 import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from api.ingest_worker import LENGTH
 from catalog import StreamDef
 from ingest.json_limits import JsonLimits
 from ingest.log import LogUnavailable, RecordTooLarge
 
 log = logging.getLogger("sketchboard.api")
-
-_LENGTH = struct.Struct("!I")
 
 
 class _Worker:
@@ -62,12 +60,12 @@ class _Worker:
 
     async def send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.writer.write(_LENGTH.pack(len(data)))
+        self.writer.write(LENGTH.pack(len(data)))
         self.writer.write(data)
         await self.writer.drain()
 
     async def receive(self) -> tuple:
-        size = _LENGTH.unpack(await self.reader.readexactly(_LENGTH.size))[0]
+        size = LENGTH.unpack(await self.reader.readexactly(LENGTH.size))[0]
         return pickle.loads(await self.reader.readexactly(size))
 
     def close(self) -> None:
@@ -91,6 +89,15 @@ class IngestWorkers:
         """Workers started and not stopped (busy or idle)."""
         return len(self._all)
 
+    @property
+    def starting(self) -> int:
+        """Workers being started."""
+        return len(self._starting)
+
+    def running(self) -> list[subprocess.Popen]:
+        """The processes of the workers started and not stopped."""
+        return [worker.process for worker in self._all]
+
     async def start(self) -> None:
         """Start the workers in the background: the API serves meanwhile, in its own process."""
         self._stopped = False
@@ -106,7 +113,7 @@ class IngestWorkers:
     async def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen([sys.executable, "-m", "api.ingest_workers", str(theirs.fileno())],
+            process = subprocess.Popen([sys.executable, "-m", "api.ingest_worker", str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()], env=_worker_environment())
         except OSError:
             ours.close()
@@ -115,16 +122,24 @@ class IngestWorkers:
             return
         finally:
             theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2 ** 31 - 1)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2 ** 31 - 1)
+        except BaseException:
+            ours.close()
+            process.kill()
+            raise
         worker = _Worker(process, reader, writer)
         try:
             await worker.send(("hello", self._hello))
             answer = await worker.receive()
             if answer[0] != "ready":
                 raise RuntimeError(f"unexpected first message {answer[0]!r}")
-        except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, pickle.UnpicklingError):
+        except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, pickle.UnpicklingError,
+                asyncio.CancelledError) as exc:
             worker.close()
-            worker.process.kill()
+            process.kill()
+            if isinstance(exc, asyncio.CancelledError):  # stopped while it started
+                raise
             log.exception("an ingest worker process did not start; bodies are handled in the API process")
             self._release_waiters()
             return
@@ -258,86 +273,3 @@ def _worker_environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
-
-
-# -- in the worker process ---------------------------------------------------------------------
-
-
-def _read(sock: socket.socket) -> tuple | None:
-    """The next message, or None at the end of the socket (the API process closed it or died)."""
-    head = _read_exactly(sock, _LENGTH.size)
-    if head is None:
-        return None
-    data = _read_exactly(sock, _LENGTH.unpack(head)[0])
-    return None if data is None else pickle.loads(data)
-
-
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if not n:
-            return None
-        got += n
-    return bytes(buffer)
-
-
-def _write(sock: socket.socket, message: tuple) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def serve(sock: socket.socket) -> None:
-    """A worker's loop: one body at a time, until the socket ends."""
-    from api.bodies import columnar_body
-    from api.ingest_routes import warm_columnar_path
-    from ingest.log import SqliteEventLog
-
-    hello = _read(sock)
-    if hello is None:
-        return
-    settings = hello[1]
-    event_log = SqliteEventLog(settings["log_path"], synchronous=settings["log_sync"])
-    limits = settings["limits"]
-    warm_columnar_path()
-    _write(sock, ("ready", os.getpid()))
-    while (message := _read(sock)) is not None:
-        _, stream, body, content_type, admitted, ingest_time_ms = message
-        try:
-            columns = columnar_body(stream, body, content_type, limits)
-        except Exception as exc:  # never expected: the API process handles the body, and says what fails
-            _write(sock, ("failed", repr(exc)))
-            continue
-        if columns is None:
-            _write(sock, ("declined",))
-            continue
-        if columns.num_rows > admitted:
-            _write(sock, ("count", columns.num_rows))
-            go = _read(sock)
-            if go is None:
-                break
-            if go[0] != "append":
-                continue
-            ingest_time_ms = go[1]
-        try:
-            result = event_log.append_columns(stream, columns, ingest_time_ms)
-        except LogUnavailable as exc:
-            _write(sock, ("unavailable", str(exc)))
-        except RecordTooLarge as exc:
-            _write(sock, ("too_large", exc.index, exc.reason, exc.written))
-        else:
-            _write(sock, ("appended", columns.num_rows, result.ranges))
-    event_log.close()
-
-
-def main(argv: list[str]) -> None:
-    # Ctrl-C reaches the whole foreground process group: the API process stops its workers by
-    # closing their sockets, so a worker's KeyboardInterrupt would only print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(socket.socket(fileno=int(argv[0])))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -122,7 +122,7 @@ def test_a_worker_that_dies_is_replaced_and_no_request_is_lost(ctx, workers, now
     served = replace(ctx, ingest_workers=workers)
     with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
         started(served)
-        pids = {w.process.pid for w in workers._all}
+        pids = {p.pid for p in workers.running()}
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
@@ -130,7 +130,7 @@ def test_a_worker_that_dies_is_replaced_and_no_request_is_lost(ctx, workers, now
         answers = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=200 * k))
                    for k in range(4)]
         started(served)
-        assert {w.process.pid for w in workers._all}.isdisjoint(pids)
+        assert {p.pid for p in workers.running()}.isdisjoint(pids)
         later = http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=5000))
     assert [a.status_code for a in answers + [later]] == [200] * 5
     assert sum(a.json()["accepted"] for a in answers + [later]) == 1000
@@ -144,7 +144,7 @@ def test_workers_that_cannot_start_leave_the_bodies_to_the_api_process(ctx, now_
     served = replace(ctx, ingest_workers=broken)
     with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
         deadline = time.monotonic() + 60
-        while broken._starting:  # both tried, and failed
+        while broken.starting:  # both tried, and failed
             assert time.monotonic() < deadline
             time.sleep(0.05)
         answers = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=200 * k))
@@ -158,7 +158,7 @@ def test_the_workers_end_with_the_app(ctx, workers, now_ms):
     served = replace(ctx, ingest_workers=workers)
     with Server(create_app(served)):
         started(served)
-        processes = [w.process for w in workers._all]
+        processes = workers.running()
     assert len(processes) == 2
     assert all(p.poll() is not None for p in processes)
 
