@@ -39,8 +39,8 @@ run: $(STAMP)
 # Kafka tests over two workers too (each with its own SparkSession and broker: they wait on py4j,
 # the log and the store as much as they compute); then the real-process tests one at a time (they
 # time real processes, each with a Spark pipeline of its own: beside other Spark work they time
-# out), with the `serial` ones, which xdist cannot run (items sharing one node id: it would run
-# only one of them). Every run goes on even if one before fails. Each prints its slowest tests
+# out), with any marked `serial` (none today: tests/conftest.py refuses items that share a node id,
+# which xdist would not all run). Every run goes on even if one before fails. Each prints its slowest tests
 # (where the suite's time goes; the JVM-free run's list was missing and hid an 80 s test there).
 # Python caches its bytecode here even where the environment says
 # PYTHONDONTWRITEBYTECODE (__pycache__ is git-ignored): without it every worker, `sketchboard` process and

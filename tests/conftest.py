@@ -143,6 +143,15 @@ def log_backend(request):
     return make_backend(request)
 
 
+def every_id_once(items) -> None:
+    """Collection fails on two items with one node id: xdist tells items apart by it and runs only one
+    of them, with a green exit (older schemathesis gave every operation of the fuzz test one id)."""
+    seen: set[str] = set()
+    twice = sorted({item.nodeid for item in items if item.nodeid in seen or seen.add(item.nodeid)})
+    if twice:
+        raise pytest.UsageError(f"items share a node id (xdist would run only one of each): {twice[:5]}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """The real-process lag scenario costs a Spark start-up (two, with the restart): when its
@@ -158,6 +167,7 @@ def pytest_collection_modifyitems(config, items):
         callspec = getattr(item, "callspec", None)
         return callspec is None or callspec.params.get("log_backend", "embedded") == "embedded"
 
+    every_id_once(items)
     if any(runs(item) for item in items):
         skip = pytest.mark.skip(reason=f"the same scenario runs in {BROWSER_TEST} (tests/browser), with the dashboard")
         for item in items:

@@ -195,9 +195,8 @@ def state_before(state):
     return StateBefore(state)
 
 
-# One item per operation, all with the same node id: under xdist only one of them would run
-# (make test runs `serial` tests in its one-process run).
-@pytest.mark.serial
+# One item per operation and backend, each with its own node id (schemathesis 4.32; tests/conftest.py
+# fails the collection should two share one), so they run under xdist with the JVM-free tests.
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_from_the_openapi_document(case, fuzzed_app, state_before):
