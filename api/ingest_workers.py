@@ -75,7 +75,10 @@ class _Worker:
 class IngestWorkers:
     """`processes` worker processes appending to the embedded log at `log_path`."""
 
-    def __init__(self, log_path: Path, log_sync: str, limits: JsonLimits, processes: int):
+    def __init__(self, log_path: Path, log_sync: str, limits: JsonLimits, processes: int, *,
+                 environment: dict[str, str] | None = None):
+        """`environment`: variables a worker gets beside this process's (the allocators' settings)."""
+        self._environment = environment or {}
         self._hello = {"log_path": str(Path(log_path).resolve()), "log_sync": log_sync, "limits": limits}
         self.processes = processes
         self._idle: asyncio.Queue[_Worker | None] | None = None
@@ -114,7 +117,8 @@ class IngestWorkers:
         ours, theirs = socket.socketpair()
         try:
             process = subprocess.Popen([sys.executable, "-m", "api.ingest_worker", str(theirs.fileno())],
-                                       pass_fds=[theirs.fileno()], env=_worker_environment())
+                                       pass_fds=[theirs.fileno()],
+                                       env=_worker_environment(self._environment))
         except OSError:
             ours.close()
             log.exception("an ingest worker process did not start; bodies are handled in the API process")
@@ -266,10 +270,10 @@ class IngestWorkers:
         self._idle = None
 
 
-def _worker_environment() -> dict[str, str]:
-    """This process's environment, with the project on the path: the worker imports it as this
-    process does, whatever the working directory."""
+def _worker_environment(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment and `extra`, with the project on the path: the worker imports it
+    as this process does, whatever the working directory."""
     root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
+    env = {**os.environ, **extra}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env

@@ -60,6 +60,18 @@ def keep_freed_memory(environ: MutableMapping[str, str] = os.environ,
     return done
 
 
+def child_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """The same settings for a child process started with a fresh interpreter that does not call
+    keep_freed_memory (the API's ingest workers): as the environment variables mimalloc and glibc
+    read when the child starts. What the environment sets already is left to it."""
+    out = {}
+    if "MIMALLOC_PURGE_DELAY" not in environ:
+        out["MIMALLOC_PURGE_DELAY"] = str(MIMALLOC_PURGE_DELAY_MS)
+    if not any(name in environ for name in _GLIBC_VARIABLES):
+        out.update({"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)})
+    return out
+
+
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
     try:  # glibc answers with its name and version; musl and other systems have no such name
         if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
@@ -76,4 +88,5 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
     return mallopt
 
 
-__all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "keep_freed_memory"]
+__all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "child_environment",
+           "keep_freed_memory"]

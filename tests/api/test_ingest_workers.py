@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,7 +35,7 @@ def events(now_ms: int, n: int, first: int = 0) -> list[dict]:
 
 @pytest.fixture
 def workers(ctx):
-    return IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 2)
+    return IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 2, environment={"SKETCHBOARD_MARK": "worker"})
 
 
 def started(server_ctx, timeout_s: float = 60) -> None:
@@ -159,6 +160,8 @@ def test_the_workers_end_with_the_app(ctx, workers, now_ms):
     with Server(create_app(served)):
         started(served)
         processes = workers.running()
+        for process in processes:  # the environment the wiring gives them (the allocators' settings)
+            assert b"SKETCHBOARD_MARK=worker" in Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
     assert len(processes) == 2
     assert all(p.poll() is not None for p in processes)
 

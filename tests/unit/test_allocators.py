@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sketchboard.allocators import (GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD, MIMALLOC_PURGE_DELAY_MS,
-                                    keep_freed_memory)
+                                    child_environment, keep_freed_memory)
 
 ROOT = Path(__file__).resolve().parents[2]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -89,3 +89,16 @@ def test_glibc_keeps_freed_blocks_for_the_next_round():
     # faults a round here); kept, a round after the first takes the same pages without a fault.
     assert faults("default") > 1000
     assert faults("keep") < 200
+
+
+def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
+    assert child_environment({"MALLOC_MMAP_THRESHOLD_": "1"}) == {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS)}
+    assert child_environment({"MIMALLOC_PURGE_DELAY": "10"}) == {
+        "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+    if not GLIBC:
+        return
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MIMALLOC_"))}
+    faults = int(subprocess.run([sys.executable, "-c", ROUNDS, "default"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=120, check=True,
+                                env={**clean, **child_environment(clean), "PYTHONPATH": str(ROOT)}).stdout)
+    assert faults < 200  # glibc read the thresholds from the environment, as keep_freed_memory sets them
