@@ -200,7 +200,7 @@ def router(ctx: ApiContext) -> APIRouter:
         # Anything else, or anything it cannot tell, takes the per-event path below with its reasons;
         # so does a body of a few events, which it takes faster (`few_events`).
         if ctx.columnar_ingest and not few_events(body):
-            if ctx.ingest_workers is not None:  # in a worker process (api/ingest_workers.py), when one is ready
+            if ctx.ingest_workers is not None and ctx.ingest_workers.takes(body):  # api/ingest_workers.py
                 answer = await in_ingest_process(stream, body, content_type, rate_key)
                 if answer is not None:
                     return answer

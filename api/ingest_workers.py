@@ -72,6 +72,14 @@ class _Worker:
         self.writer.close()  # the worker reads the end of its socket and exits
 
 
+# Bodies up to this size go to a worker. A larger one spends its time in Arrow's kernels over long
+# columns, which release the GIL for most of it, so threads of the API process already run them side
+# by side; moving 1.3 MB down a socket and back out of a pickle then cost more than the GIL did:
+# 10 000-event bodies ran at 410 000-480 000 events/s through workers against 490 000-550 000 in
+# threads, where 1 000-event bodies (~130 KB) ran faster through them (docs/benchmarks.md, session 82).
+BODY_BYTES_MAX = 512 * 1024
+
+
 class IngestWorkers:
     """`processes` worker processes appending to the embedded log at `log_path`."""
 
@@ -86,6 +94,11 @@ class IngestWorkers:
         self._starting: set[asyncio.Task] = set()
         self._stopped = False
         self.handled = 0  # bodies the workers appended (tests and benchmarks read it)
+
+    @staticmethod
+    def takes(body: bytes) -> bool:
+        """Whether a body goes to a worker (BODY_BYTES_MAX)."""
+        return len(body) <= BODY_BYTES_MAX
 
     @property
     def ready(self) -> int:

@@ -83,6 +83,21 @@ def test_the_workers_append_what_the_api_process_appends(ctx, workers, now_ms, t
     assert len(stored(ctx)) == 1500
 
 
+def test_a_body_over_the_workers_size_is_handled_in_the_api_process(ctx, workers, now_ms, monkeypatch):
+    import api.ingest_workers
+
+    small, large = events(now_ms, 200), events(now_ms, 200, first=1000)
+    monkeypatch.setattr(api.ingest_workers, "BODY_BYTES_MAX", len(json.dumps(small)) + 100)
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        answers = [http.post(EVENTS, params={"stream": STREAM}, content=json.dumps(body),
+                             headers={"content-type": "application/json"}) for body in (small, large + large[:20])]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert workers.handled == 1  # the small one
+    assert len(stored(ctx)) == 420
+
+
 def test_a_body_the_workers_decline_gets_the_per_event_answer(ctx, workers, now_ms):
     body = events(now_ms, 200)
     body[7]["latency_ms"] = "slow"
