@@ -13,6 +13,7 @@ from api.bodies import MalformedLine, columnar_body, few_events, parse_events, r
 from api.context import ApiContext
 from api.errors import ParamHTTPError, errors
 from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, fingerprint, guarded, key_scope, replayed_header_doc
+from api.ingest_workers import DECLINED
 from catalog import StreamDef
 from ingest.columnar import columnar_events
 from ingest.json_limits import violation
@@ -200,19 +201,20 @@ def router(ctx: ApiContext) -> APIRouter:
         # Anything else, or anything it cannot tell, takes the per-event path below with its reasons;
         # so does a body of a few events, which it takes faster (`few_events`).
         if ctx.columnar_ingest and not few_events(body):
+            answer = None
             if ctx.ingest_workers is not None and ctx.ingest_workers.takes(body):  # api/ingest_workers.py
                 answer = await in_ingest_process(stream, body, content_type, rate_key)
-                if answer is not None:
-                    return answer
-            answer = await in_worker(ingest_columns, stream, body, content_type, rate_key)
-            if answer is not None:
+            if answer is None:  # no worker took it
+                answer = await in_worker(ingest_columns, stream, body, content_type, rate_key)
+            if answer is not None and answer is not DECLINED:
                 return answer
         # In a worker thread too: a body the columnar path declined may hold 100 000 events (seconds
         # of parsing and validating, which would hold up every other request on the event loop).
         return await in_worker(ingest_events, stream, atomic, body, content_type, rate_key)
 
-    async def in_ingest_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | None:
-        """The columnar path in a worker process; None where the API process must handle the body."""
+    async def in_ingest_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | str | None:
+        """The columnar path in a worker process: the answer, DECLINED (the per-event path decides),
+        or None where no worker took the body."""
         def admit(rows: int) -> int:
             check_count(rate_key, rows)
             return ctx.now_ms()
@@ -227,8 +229,8 @@ def router(ctx: ApiContext) -> APIRouter:
             raise unavailable(exc) from None
         except RecordTooLarge as exc:
             raise too_large(exc, exc.index) from None
-        if done is None:
-            return None
+        if done is None or done is DECLINED:
+            return done
         rows, now, ranges = done
         return answer_body(stream, rows, [], now, ranges)
 

@@ -79,6 +79,8 @@ class _Worker:
 # threads, where 1 000-event bodies (~130 KB) ran faster through them (docs/benchmarks.md, session 82).
 BODY_BYTES_MAX = 512 * 1024
 
+DECLINED = "declined"  # IngestWorkers.ingest: the columnar path declined the body
+
 
 class IngestWorkers:
     """`processes` worker processes appending to the embedded log at `log_path`."""
@@ -186,10 +188,10 @@ class IngestWorkers:
 
     async def ingest(self, stream: StreamDef, body: bytes, content_type: str, admit: Callable[[int], int], *,
                      admitted: int = -1, now_ms: Callable[[], int] | None = None,
-                     ) -> tuple[int, int, dict[int, tuple[int | None, int]]] | None:
+                     ) -> tuple[int, int, dict[int, tuple[int | None, int]]] | str | None:
         """The body parsed, checked and appended by a worker: (rows appended, their ingest time,
-        the log's ranges), or None where the API process must handle it (no worker ready, or the
-        columnar path declined the body: the per-event path decides). `admit(rows)` runs before
+        the log's ranges); DECLINED where the columnar path declined it (the per-event path
+        decides), or None where the API process must handle it (no worker ready, or it died). `admit(rows)` runs before
         the append: it raises to refuse it (413, 429; nothing is written), else gives the ingest
         time to stamp. A body of at most `admitted` rows (with `now_ms`, the ingest time) is
         appended without asking. Raises LogUnavailable and RecordTooLarge as the log's append does."""
@@ -204,7 +206,7 @@ class IngestWorkers:
             answer = await worker.receive()
             if answer[0] not in ("count", "appended"):
                 self._idle.put_nowait(worker)
-                return None  # declined, or failed: the API process decides, as it did before workers
+                return DECLINED  # or failed, which the per-event path explains if it can
         except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
             return self._lost(worker, exc, appending)
         if answer[0] == "appended":

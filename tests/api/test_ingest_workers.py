@@ -98,7 +98,11 @@ def test_a_body_over_the_workers_size_is_handled_in_the_api_process(ctx, workers
     assert len(stored(ctx)) == 420
 
 
-def test_a_body_the_workers_decline_gets_the_per_event_answer(ctx, workers, now_ms):
+def test_a_body_the_workers_decline_gets_the_per_event_answer(ctx, workers, now_ms, monkeypatch):
+    import api.ingest_routes
+
+    parsed_here = []
+    monkeypatch.setattr(api.ingest_routes, "columnar_body", lambda *a: parsed_here.append(1))
     body = events(now_ms, 200)
     body[7]["latency_ms"] = "slow"
     served = replace(ctx, ingest_workers=workers)
@@ -110,6 +114,7 @@ def test_a_body_the_workers_decline_gets_the_per_event_answer(ctx, workers, now_
     assert [r["index"] for r in answer.json()["rejected"]] == [7]
     assert "latency_ms" in answer.json()["rejected"][0]["reason"]
     assert workers.handled == 0
+    assert parsed_here == []  # not parsed as columns again in the API process
     assert len(stored(ctx)) == 199
 
 
