@@ -23,9 +23,10 @@ is appended in one step (a round trip less): ("parse", stream, body, content typ
 ingest time), answered "appended" (or "count" for a body over them, then as above).
 
 Until a worker is ready (a fresh interpreter imports Arrow: a second or two), the body is
-handled in the API process as before. A worker that dies is replaced; if it dies before its
-append, the API process handles the body itself (nothing was written); after, the request is
-answered 503 (the append may or may not have committed, as with a lost Kafka acknowledgement).
+handled in the API process as before. A worker that dies is replaced. One found dead before it
+is handed a body, or that dies before it may append (two steps: before the API's "append"), leaves
+the body to the API process (nothing was written); one that dies once it may append makes the
+request a 503 (the append may or may not have committed, as with a lost Kafka acknowledgement).
 A worker exits when its socket closes, so it ends with the API process, even a killed one.
 
 Frames are a 4-byte length and a pickle: both ends are ours (the worker is api/ingest_worker.py),
@@ -145,7 +146,7 @@ class IngestWorkers:
             reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2 ** 31 - 1)
         except BaseException:
             ours.close()
-            process.kill()
+            _kill(process)
             raise
         worker = _Worker(process, reader, writer)
         try:
@@ -156,7 +157,7 @@ class IngestWorkers:
         except (OSError, EOFError, asyncio.IncompleteReadError, RuntimeError, pickle.UnpicklingError,
                 asyncio.CancelledError) as exc:
             worker.close()
-            process.kill()
+            _kill(process)
             if isinstance(exc, asyncio.CancelledError):  # stopped while it started
                 raise
             log.exception("an ingest worker process did not start; bodies are handled in the API process")
@@ -178,11 +179,7 @@ class IngestWorkers:
         """A worker whose conversation broke off: stopped, and another started in its place."""
         self._all.discard(worker)
         worker.close()
-        worker.process.kill()  # one that still runs is in an unknown state
-        try:
-            worker.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        _kill(worker.process)  # one that still runs is in an unknown state
         if not self._stopped:
             self._spawn_later()
 
@@ -283,6 +280,15 @@ class IngestWorkers:
                 worker.process.kill()
         self._all.clear()
         self._idle = None
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Killed and reaped (a few milliseconds after SIGKILL)."""
+    process.kill()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _worker_environment(extra: dict[str, str]) -> dict[str, str]:
