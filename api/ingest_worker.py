@@ -7,7 +7,6 @@ closed it, or died). The conversation is described in api/ingest_workers.py.
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import socket
@@ -58,12 +57,12 @@ def serve(sock: socket.socket) -> None:
     event_log = SqliteEventLog(settings["log_path"], synchronous=settings["log_sync"])
     limits = settings["limits"]
     warm_columnar_path()
-    _write(sock, ("ready", os.getpid()))
+    _write(sock, ("ready",))
     while (message := _read(sock)) is not None:
         _, stream, body, content_type, admitted, ingest_time_ms = message
         try:
             columns = columnar_body(stream, body, content_type, limits)
-        except Exception as exc:  # never expected: the API process handles the body, and says what fails
+        except Exception as exc:  # never expected: the API process logs it and takes the per-event path
             _write(sock, ("failed", repr(exc)))
             continue
         if columns is None:

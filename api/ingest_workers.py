@@ -203,7 +203,9 @@ class IngestWorkers:
             answer = await worker.receive()
             if answer[0] not in ("count", "appended"):
                 self._idle.put_nowait(worker)
-                return DECLINED  # or failed, which the per-event path explains if it can
+                if answer[0] == "failed":  # not expected: said here, since the worker's error stays there
+                    log.error("an ingest worker's columnar parse failed (%s); the per-event path decides", answer[1])
+                return DECLINED  # the per-event path explains what it can
         except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
             return self._lost(worker, exc, appending)
         if answer[0] == "appended":
