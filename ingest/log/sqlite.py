@@ -186,44 +186,45 @@ class SqliteEventLog(EventLog):
     def _append_encoded(self, stream: StreamDef, encoded: dict[int, list[tuple[int, bytes]]],
                         ingest_time_ms: int, position: tuple[str, str, str | None] | None = None) -> AppendResult:
         ranges: dict[int, tuple[int, int]] = {}
+        segments: list[tuple] = []
         with self._lock, _transaction(self._conn):
             if position is not None:
                 self._record_position(*position, ingest_time_ms)
-            for partition, segments in sorted(encoded.items()):
-                row = self._conn.execute(
-                    "SELECT next_offset FROM partitions WHERE stream = ? AND partition = ?",
-                    (stream.name, partition),
-                ).fetchone()
-                if row is None:
+            heads = self._partition_heads(stream.name)
+            for partition, parts in sorted(encoded.items()):
+                if partition not in heads:
                     raise KeyError(f"stream {stream.name!r} has no partition {partition} in the log")
-                offset = first = row[0]
-                at = self._monotone_ingest_ms(stream.name, partition, ingest_time_ms)
-                for count, data in segments:
+                offset = first = heads[partition][0]
+                # The append time of records appended now: never before the partition's last
+                # append's. Two POSTs read the clock before they take the log (or the clock steps
+                # back): the later append would otherwise carry the earlier time, and what orders
+                # by append time (a table key's newest change, batches cut at one append time)
+                # would disagree with the log's order.
+                last = heads[partition][1]
+                at = ingest_time_ms if last is None else max(ingest_time_ms, last)
+                for count, data in parts:
                     if at != ingest_time_ms:
                         data = restamped_segment(data, at)
-                    self._conn.execute(
-                        "INSERT INTO segments (stream, partition, base_offset, record_count, max_ingest_ms, bytes, data)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (stream.name, partition, offset, count, at, len(data), data),
-                    )
+                    segments.append((stream.name, partition, offset, count, at, len(data), data))
                     offset += count
-                self._conn.execute(
-                    "UPDATE partitions SET next_offset = ? WHERE stream = ? AND partition = ?",
-                    (offset, stream.name, partition),
-                )
                 ranges[partition] = (first, offset - first)
+            # One statement each for all the partitions' segments and offsets: the statements a
+            # partition at a time were ~0.4 ms of a 1 000-event append in 4 partitions.
+            self._conn.executemany(
+                "INSERT INTO segments (stream, partition, base_offset, record_count, max_ingest_ms, bytes, data)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)", segments)
+            self._conn.executemany(
+                "UPDATE partitions SET next_offset = ? WHERE stream = ? AND partition = ?",
+                [(first + n, stream.name, p) for p, (first, n) in ranges.items()])
         return AppendResult(ranges)
 
-    def _monotone_ingest_ms(self, stream: str, partition: int, ingest_time_ms: int) -> int:
-        """The append time of records appended now to a partition: never before its last append's.
-        Two POSTs read the clock before they take the log (or the clock steps back): the later
-        append would otherwise carry the earlier time, and what orders by append time (a table
-        key's newest change, batches cut at one append time) would disagree with the log's order."""
-        row = self._conn.execute(
-            "SELECT max_ingest_ms FROM segments WHERE stream = ? AND partition = ? ORDER BY base_offset DESC LIMIT 1",
-            (stream, partition),
-        ).fetchone()
-        return ingest_time_ms if row is None or row[0] is None else max(ingest_time_ms, row[0])
+    def _partition_heads(self, stream: str) -> dict[int, tuple[int, int | None]]:
+        """Per partition of `stream`: its next offset and its last segment's append time (None
+        when it has none), in one statement."""
+        return {p: (next_offset, last) for p, next_offset, last in self._conn.execute(
+            "SELECT p.partition, p.next_offset, (SELECT s.max_ingest_ms FROM segments s WHERE s.stream = p.stream"
+            " AND s.partition = p.partition ORDER BY s.base_offset DESC LIMIT 1) FROM partitions p WHERE p.stream = ?",
+            (stream,))}
 
     def _record_position(self, source: str, position: str, expected: str | None, now_ms: int) -> None:
         row = self._conn.execute("SELECT position FROM source_positions WHERE source = ?", (source,)).fetchone()
