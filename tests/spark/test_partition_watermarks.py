@@ -131,7 +131,8 @@ def test_steady_and_catch_up_give_the_same_panes(runs):
     panes = stored_panes(steady.root)
     assert sum(c for c, *_ in panes.values()) == EVENTS, accounts(steady.root)
     caught_up = stored_panes(catch_up.root)
-    differ = {k: (panes.get(k), caught_up.get(k)) for k in panes.keys() | caught_up.keys() if panes.get(k) != caught_up.get(k)}
+    differ = {k: (panes.get(k), caught_up.get(k)) for k in panes.keys() | caught_up.keys()
+              if panes.get(k) != caught_up.get(k)}
     assert not differ, (f"(pane, dims): (steady, catch-up) {differ}; steady {accounts(steady.root)};"
                         f" catch-up {accounts(catch_up.root)}")
 
