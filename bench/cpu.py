@@ -50,6 +50,13 @@ def _stat(pid: str) -> tuple[int, float] | None:
     return None if found is None else (found[0], found[1].cpu)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of one live process (with its reaped children's); None once it is
+    gone, or without /proc."""
+    found = _stat(str(pid))
+    return None if found is None else found[1]
+
+
 def _pids() -> list[str]:
     """The live processes' ids, as /proc names them."""
     return [p for p in os.listdir("/proc") if p.isdigit()]

@@ -14,7 +14,9 @@
    the test suite's tests/kafka_broker.py).
 3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
    with bench.ingest_api (concurrent clients, in a process of their own unless `--api-clients
-   thread`), reporting accepted events/s; `--ingest-processes N` sets the API's ingest_processes. With `--log both`
+   thread`), reporting accepted events/s, and the CPU a request took by part (the API process, its
+   ingest workers, the clients' process) beside what issue 28's bar (250 000 events/s) leaves a
+   request on these cores; `--ingest-processes N` sets the API's ingest_processes. With `--log both`
    (or kafka) the API runs once per log: appending to the embedded log, then producing into
    Kafka (idempotent producer, acks=all, answered once the broker acknowledged every event).
 A table at the end puts each log's figures side by side. `--kafka-jvm-validation` turns the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -44,6 +47,7 @@ from demo import DemoTraffic
 from ingest.events import EventValidator
 from ingest.log import SqliteEventLog
 from sketchboard.settings import DEFAULT_STREAMS
+from sketchboard.wiring import available_cores
 from store import SqlitePaneStore
 
 
@@ -208,16 +212,54 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
         print(f"log -> store, sustained: embedded {e:,.0f} events/s, Kafka {k:,.0f} events/s ({k / e:.2f} x)", flush=True)
 
 
+INGEST_BAR = 250_000  # events/s: issue 28's ingest bar, whose CPU budget a run prints
+
+
+def own_cpu_s() -> float:
+    """This process's own user + system CPU seconds, without its children's (reaped or not)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def clients_timed(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str):
+    """bench.ingest_api's clients, and the CPU seconds of the process they ran in (theirs alone)."""
+    from bench.ingest_api import run_bench
+
+    before = own_cpu_s()
+    result = run_bench(url, "http_requests", bodies, concurrency, body_format)
+    return result, own_cpu_s() - before
+
+
 def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str):
     """bench.ingest_api's clients: in a process of their own (`clients="process"`), as any client of a
-    service is, or in threads of this one, where they share the GIL with the API's event loop."""
+    service is, or in threads of this one, where they share the GIL with the API's event loop.
+    Returns their result and their CPU seconds (None in threads: counted with the API process's)."""
     from bench.ingest_api import run_bench
 
     if clients == "thread":
-        return run_bench(url, "http_requests", bodies, concurrency, body_format)
+        return run_bench(url, "http_requests", bodies, concurrency, body_format), None
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         pool.submit(int).result()  # its imports done before the bodies are handed over
-        return pool.submit(run_bench, url, "http_requests", bodies, concurrency, body_format).result()
+        return pool.submit(clients_timed, url, bodies, concurrency, body_format).result()
+
+
+def request_budget_line(batch: int, cores: int, spent_ms: dict[str, float], rate: float = INGEST_BAR) -> str:
+    """What `rate` events/s in requests of `batch` events asks in CPU a request, on `cores` that
+    clients and server share, beside what each part spent (ms a request): the ingest bar's
+    arithmetic (docs/benchmarks.md, sessions 81-83), printed by each run."""
+    budget_ms = cores * 1000 * batch / rate
+    total = sum(spent_ms.values())
+    split = ", ".join(f"{name} {ms:.2f}" for name, ms in spent_ms.items())
+    return (f"CPU a request: {total:.2f} ms ({split}). {rate:,.0f} events/s in requests of {batch:,} on {cores}"
+            f" core{'s' if cores != 1 else ''} leaves {budget_ms:.2f} ms a request for all of them; this run spent"
+            f" {total / budget_ms:.2f} x that")
+
+
+def processes_cpu_s(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each live process of `pids` (the ingest workers)."""
+    from bench.cpu import process_cpu_seconds
+
+    return {pid: cpu for pid in pids if (cpu := process_cpu_seconds(pid)) is not None}
 
 
 def wait_for_ingest_workers(ctx, timeout_s: float = 60.0) -> None:
@@ -249,7 +291,11 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     bodies = prepare_bodies(DemoTraffic(catalog, seed=3), "http_requests", events, batch, body_format)
     with serving(app, port, join_s=10):
         wait_for_ingest_workers(ctx)
-        result = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients)
+        workers = [p.pid for p in ctx.ingest_workers.running()] if ctx.ingest_workers is not None else []
+        api_before, workers_before = own_cpu_s(), processes_cpu_s(workers)
+        result, clients_cpu_s = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients)
+        api_cpu_s = own_cpu_s() - api_before
+        workers_after = processes_cpu_s(workers)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
     rate = result.accepted / result.seconds
@@ -261,6 +307,16 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
           + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
           + ")", flush=True)
+    if result.requests and Path("/proc/self/stat").exists():
+        # Workers that ended meanwhile are left out (their CPU is gone with them); none does in a clean run.
+        spent = {"API process" if clients_cpu_s is not None else "API process and its client threads":
+                 api_cpu_s / result.requests * 1000}
+        if workers:
+            spent["ingest workers"] = sum(workers_after[p] - workers_before[p] for p in workers_after
+                                          if p in workers_before) / result.requests * 1000
+        if clients_cpu_s is not None:
+            spent["clients"] = clients_cpu_s / result.requests * 1000
+        print(f"  {request_budget_line(batch, available_cores(), spent)}", flush=True)
     if figures is not None:
         if columnar:  # the table shows the shipped path; --api-compare prints the other in its line above
             figures.update({"api": rate, "api_p50": result.percentile_ms(0.5), "api_p99": result.percentile_ms(0.99)})

@@ -109,6 +109,35 @@ def test_the_side_by_side_prints_the_bars_cpu_budget_beside_what_each_half_spent
     assert budget_line(1_000_000, 1, 2.0, None, None) == "2 x the plain job on 1 core leaves 1.0 us an event"
 
 
+def test_the_ingest_benchmark_prints_the_bars_cpu_budget_a_request_beside_each_parts():
+    """250 000 events/s in 1 000-event requests is 250 requests a second: on 2 cores, 8 ms of CPU a
+    request for clients and server together (10 000-event requests: 80 ms)."""
+    from bench.throughput import request_budget_line
+
+    line = request_budget_line(1000, 2, {"API process": 1.5, "ingest workers": 5.5, "clients": 2.0})
+    assert line == ("CPU a request: 9.00 ms (API process 1.50, ingest workers 5.50, clients 2.00). 250,000 events/s"
+                    " in requests of 1,000 on 2 cores leaves 8.00 ms a request for all of them; this run spent"
+                    " 1.12 x that")
+    assert "leaves 80.00 ms a request" in request_budget_line(10_000, 2, {"API process": 1.0})
+    assert "on 1 core leaves 4.00 ms" in request_budget_line(1000, 1, {"API process": 1.0})
+
+
+def test_a_processs_own_cpu_is_read_while_it_lives_and_none_once_it_is_gone():
+    """What the ingest benchmark reads its ingest workers' CPU with (one process each, not a tree)."""
+    from bench.cpu import process_cpu_seconds
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.2: pass\nprint('ok', flush=True)\ntime.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ok"
+        assert process_cpu_seconds(child.pid) >= 0.2
+    finally:
+        child.kill()
+        child.wait()
+    assert process_cpu_seconds(child.pid) is None
+
+
 def test_the_side_by_sides_cpu_by_part_takes_the_api_and_pipeline_out_of_the_services_tree():
     from bench.cpu import Usage
     from bench.side_by_side import spent_by_part
