@@ -37,6 +37,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -221,26 +222,39 @@ def own_cpu_s() -> float:
     return times.user + times.system
 
 
-def clients_timed(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str):
-    """bench.ingest_api's clients, and the CPU seconds of the process they ran in (theirs alone)."""
+_HELD: list[tuple[int, bytes]] = []  # in the clients' process: the bodies it was handed, to post
+
+
+def hold_bodies(bodies: list[tuple[int, bytes]]) -> None:
+    _HELD[:] = bodies
+
+
+def clients_timed(url: str, concurrency: int, body_format: str):
+    """bench.ingest_api's clients posting the bodies held, and the CPU seconds of the process they ran
+    in (theirs alone)."""
     from bench.ingest_api import run_bench
 
     before = own_cpu_s()
-    result = run_bench(url, "http_requests", bodies, concurrency, body_format)
+    result = run_bench(url, "http_requests", _HELD, concurrency, body_format)
     return result, own_cpu_s() - before
 
 
-def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str):
+def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str,
+                started: Callable[[], None] = lambda: None):
     """bench.ingest_api's clients: in a process of their own (`clients="process"`), as any client of a
     service is, or in threads of this one, where they share the GIL with the API's event loop.
-    Returns their result and their CPU seconds (None in threads: counted with the API process's)."""
+    `started` is called just before the first body is sent (the bodies already handed to the clients'
+    process: their pickling is not the API's CPU). Returns the clients' result and their CPU seconds
+    (None in threads: counted with the API process's)."""
     from bench.ingest_api import run_bench
 
     if clients == "thread":
+        started()
         return run_bench(url, "http_requests", bodies, concurrency, body_format), None
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(int).result()  # its imports done before the bodies are handed over
-        return pool.submit(clients_timed, url, bodies, concurrency, body_format).result()
+        pool.submit(hold_bodies, bodies).result()  # its imports done and the bodies there first
+        started()
+        return pool.submit(clients_timed, url, concurrency, body_format).result()
 
 
 def request_budget_line(batch: int, cores: int, spent_ms: dict[str, float], rate: float = INGEST_BAR) -> str:
@@ -292,10 +306,15 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     with serving(app, port, join_s=10):
         wait_for_ingest_workers(ctx)
         workers = [p.pid for p in ctx.ingest_workers.running()] if ctx.ingest_workers is not None else []
-        api_before, workers_before = own_cpu_s(), processes_cpu_s(workers)
-        result, clients_cpu_s = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients)
-        api_cpu_s = own_cpu_s() - api_before
-        workers_after = processes_cpu_s(workers)
+        before: dict[str, object] = {}
+
+        def started() -> None:
+            before.update(api=own_cpu_s(), workers=processes_cpu_s(workers))
+
+        result, clients_cpu_s = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients,
+                                            started)
+        api_cpu_s = own_cpu_s() - before["api"]
+        workers_before, workers_after = before["workers"], processes_cpu_s(workers)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
     rate = result.accepted / result.seconds
