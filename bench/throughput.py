@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import shutil
 import tempfile
 import time
@@ -216,12 +215,6 @@ def bench_pipelines(root: Path, catalog, events: int, batch_records: int, logs: 
 INGEST_BAR = 250_000  # events/s: issue 28's ingest bar, whose CPU budget a run prints
 
 
-def own_cpu_s() -> float:
-    """This process's own user + system CPU seconds, without its children's (reaped or not)."""
-    times = os.times()
-    return times.user + times.system
-
-
 _HELD: list[tuple[int, bytes]] = []  # in the clients' process: the bodies it was handed, to post
 
 
@@ -234,9 +227,9 @@ def clients_timed(url: str, concurrency: int, body_format: str):
     in (theirs alone)."""
     from bench.ingest_api import run_bench
 
-    before = own_cpu_s()
+    before = time.process_time()
     result = run_bench(url, "http_requests", _HELD, concurrency, body_format)
-    return result, own_cpu_s() - before
+    return result, time.process_time() - before
 
 
 def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str,
@@ -309,11 +302,11 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
         before: dict[str, object] = {}
 
         def started() -> None:
-            before.update(api=own_cpu_s(), workers=processes_cpu_s(workers))
+            before.update(api=time.process_time(), workers=processes_cpu_s(workers))
 
         result, clients_cpu_s = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients,
                                             started)
-        api_cpu_s = own_cpu_s() - before["api"]
+        api_cpu_s = time.process_time() - before["api"]
         workers_before, workers_after = before["workers"], processes_cpu_s(workers)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
     ctx.log.close()
