@@ -88,6 +88,15 @@ class EventLog(ABC):
         write columns as they are (the embedded log) does so."""
         return self.append(stream, events_from_columns(stream, columns), ingest_time_ms)
 
+    def append_column_groups(self, stream: StreamDef, tables: Sequence[pa.Table],
+                             ingest_time_ms: int) -> list[AppendResult]:
+        """`append_columns` of each table, one after another, at one ingest time: each table's
+        result, with the same partitions and offsets. The ingest workers append the bodies that
+        waited for them this way (a group commit). This default appends them one at a time (a
+        failure leaves the ones before it written); the embedded log writes all or none, in one
+        transaction."""
+        return [self.append_columns(stream, table, ingest_time_ms) for table in tables]
+
     @abstractmethod
     def offsets(self, stream: str) -> Mapping[int, PartitionOffsets]:
         """Start and end offsets of each partition of a stream."""

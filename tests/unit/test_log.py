@@ -537,6 +537,64 @@ def test_append_columns_writes_what_append_writes(backend: Backend, keyed: bool)
             assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+def test_append_column_groups_writes_what_appends_one_after_another_write(backend: Backend, keyed: bool) -> None:
+    """The ingest workers' group commit: several bodies' columns appended at once give each body
+    the ranges, and the log the records, of appending them one after another (an empty body
+    among them included)."""
+    from ingest.columnar import columnar_events
+
+    def stream(name: str) -> StreamDef:
+        return StreamDef(name=name, key_field="user" if keyed else None, dimensions=("page",),
+                         distinct=None if keyed else ("user",), values=("ms",), partitions=3)
+
+    one_by_one, grouped = stream("one_by_one"), stream("grouped")
+    log, other = backend.open(), backend.open()  # a round-robin counter each, both starting at 0
+    for s in (one_by_one, grouped):
+        log.ensure_topic(s)
+    bodies = []
+    for size in (7, 40, 1, 25):
+        raws = [{"time": T0 + i, "user": f"u{(i * size) % 13}", "page": f"/p{i % 3}", "ms": i * 0.5}
+                for i in range(size)]
+        bodies.append(columnar_events(one_by_one, "\n".join(json.dumps(r) for r in raws).encode()))
+    bodies.insert(2, bodies[0].slice(0, 0))
+    separately = [log.append_columns(one_by_one, table, T0 + 500) for table in bodies]
+    together = other.append_column_groups(grouped, bodies, T0 + 500)
+    assert [r.ranges for r in together] == [r.ranges for r in separately]
+    assert together[2].ranges == {} and sum(r.count for r in together) == 73
+    for p in range(3):
+        end = log.offsets("one_by_one")[p].end
+        assert log.offsets("grouped")[p].end == end
+        if end:
+            a, b = read_table(log, one_by_one, p, 0, end), read_table(log, grouped, p, 0, end)
+            assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))
+
+
+@embedded_only
+def test_append_column_groups_writes_all_or_nothing(backend: Backend) -> None:
+    """The embedded log appends a group in one transaction: a partition it cannot write leaves
+    every body of the group unwritten, not the ones before it."""
+    from ingest.columnar import columnar_events
+
+    log = backend.open()
+    log.ensure_topic(STREAM)
+    wider = StreamDef(name=STREAM.name, key_field="user", dimensions=("page",), values=("ms",),
+                      partitions=STREAM.partitions + 8)  # partitions the log does not have
+
+    def body(users: list[str]) -> pa.Table:
+        lines = (json.dumps({"time": T0, "user": user, "page": "/a", "ms": 1.0}) for user in users)
+        return columnar_events(wider, "\n".join(lines).encode())
+
+    users = [f"u{i}" for i in range(60)]
+    fits = body([u for u in users if partition_for(u, wider.partitions) < STREAM.partitions])
+    does_not = body([u for u in users if partition_for(u, wider.partitions) >= STREAM.partitions])
+    with pytest.raises(KeyError):
+        log.append_column_groups(wider, [fits, does_not], T0)
+    assert sum(o.end for o in log.offsets(STREAM.name).values()) == 0
+    log.append_column_groups(wider, [fits], T0)  # the first alone fits
+    assert sum(o.end for o in log.offsets(STREAM.name).values()) == fits.num_rows
+
+
 def _per_buffer_lz4_segment(batch: pa.RecordBatch) -> bytes:
     """A segment as the log wrote them before one LZ4 frame: Arrow's IPC compression per buffer."""
     sink = pa.BufferOutputStream()
