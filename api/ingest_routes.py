@@ -215,9 +215,8 @@ def router(ctx: ApiContext) -> APIRouter:
     async def in_ingest_process(stream: str, body: bytes, content_type: str, rate_key: str) -> dict | str | None:
         """The columnar path in a worker process: the answer, DECLINED (the per-event path decides),
         or None where no worker took the body."""
-        def admit(rows: int) -> int:
+        def admit(rows: int) -> None:
             check_count(rate_key, rows)
-            return ctx.now_ms()
 
         # Without an events rate limit, a body within max_events_per_request needs no word from here
         # before its append: the worker appends it in one step.
@@ -227,8 +226,6 @@ def router(ctx: ApiContext) -> APIRouter:
                                                    admitted=admitted, now_ms=ctx.now_ms)
         except LogUnavailable as exc:
             raise unavailable(exc) from None
-        except RecordTooLarge as exc:
-            raise too_large(exc, exc.index) from None
         if done is None or done is DECLINED:
             return done
         rows, now, ranges = done

@@ -1,6 +1,6 @@
 """An ingest worker process (api/ingest_workers.py starts it): parses, checks and appends the
-bodies the API process sends down its socket, one at a time, until the socket ends (the API process
-closed it, or died). The conversation is described in api/ingest_workers.py.
+bodies the API process sends down its socket, a group at a time, until the socket ends (the API
+process closed it, or died). The conversation is described in api/ingest_workers.py.
 
     python -m api.ingest_worker FD
 """
@@ -13,7 +13,9 @@ import socket
 import struct
 import sys
 
-from ingest.log import LogUnavailable, RecordTooLarge
+import pyarrow as pa
+
+from ingest.log import LogUnavailable
 
 LENGTH = struct.Struct("!I")  # a frame: its length, then a pickle
 
@@ -45,8 +47,7 @@ def _write(sock: socket.socket, message: tuple) -> None:
 
 
 def serve(sock: socket.socket) -> None:
-    """A worker's loop: one body at a time, until the socket ends."""
-    from api.bodies import columnar_body
+    """A worker's loop: one group of bodies at a time, until the socket ends."""
     from api.ingest_routes import warm_columnar_path
     from ingest.log import SqliteEventLog
 
@@ -59,32 +60,58 @@ def serve(sock: socket.socket) -> None:
     warm_columnar_path()
     _write(sock, ("ready",))
     while (message := _read(sock)) is not None:
-        _, stream, body, content_type, admitted, ingest_time_ms = message
+        _, stream, items, ingest_time_ms = message
+        if not _group(sock, event_log, limits, stream, items, ingest_time_ms):
+            break
+    event_log.close()
+
+
+def _group(sock: socket.socket, event_log, limits, stream, items: list[tuple[bytes, str, int]],
+           ingest_time_ms: int) -> bool:
+    """A group (api/ingest_workers.py): each body parsed and checked on its own; those within their
+    admitted rows appended together at once, the others held until the API process says which of
+    them to append. False when the socket ended meanwhile."""
+    from api.bodies import columnar_body
+
+    answers: list[tuple] = [("declined",)] * len(items)
+    now: dict[int, pa.Table] = {}  # appended unasked
+    held: list[pa.Table] = []  # the API process decides
+    for index, (body, content_type, admitted) in enumerate(items):
         try:
             columns = columnar_body(stream, body, content_type, limits)
         except Exception as exc:  # never expected: the API process logs it and takes the per-event path
-            _write(sock, ("failed", repr(exc)))
+            answers[index] = ("failed", repr(exc))
             continue
         if columns is None:
-            _write(sock, ("declined",))
             continue
         if columns.num_rows > admitted:
-            _write(sock, ("count", columns.num_rows))
-            go = _read(sock)
-            if go is None:
-                break
-            if go[0] != "append":
-                continue
-            ingest_time_ms = go[1]
-        try:
-            result = event_log.append_columns(stream, columns, ingest_time_ms)
-        except LogUnavailable as exc:
-            _write(sock, ("unavailable", str(exc)))
-        except RecordTooLarge as exc:
-            _write(sock, ("too_large", exc.index, exc.reason, exc.written))
+            answers[index] = ("count", columns.num_rows)
+            held.append(columns)
         else:
-            _write(sock, ("appended", columns.num_rows, result.ranges))
-    event_log.close()
+            now[index] = columns
+    for index, answer in zip(now, _append(event_log, stream, list(now.values()), ingest_time_ms)):
+        answers[index] = answer
+    _write(sock, ("group", answers))
+    if not held:
+        return True
+    go = _read(sock)
+    if go is None:
+        return False
+    _, ingest_time_ms, indices = go
+    _write(sock, ("group", _append(event_log, stream, [held[index] for index in indices], ingest_time_ms)))
+    return True
+
+
+def _append(event_log, stream, tables: list[pa.Table], ingest_time_ms: int) -> list[tuple]:
+    """The tables appended together (`append_column_groups`: one transaction, one segment a
+    partition): ("appended", rows, ranges) for each, or ("unavailable", why) for all."""
+    if not tables:
+        return []
+    try:
+        results = event_log.append_column_groups(stream, tables, ingest_time_ms)
+    except LogUnavailable as exc:
+        return [("unavailable", str(exc))] * len(tables)
+    return [("appended", table.num_rows, result.ranges) for table, result in zip(tables, results, strict=True)]
 
 
 def main(argv: list[str]) -> None:

@@ -10,24 +10,33 @@ processes take turns on the file as threads do), and the event loop only moves t
 socket and the answer back.
 
 The API process keeps everything else: HTTP, tokens, rate limits, idempotency, the per-event
-path. Where an events rate limit is set, a body goes to a worker in two steps, so the limit is charged
-before anything is written, as in the API process:
+path. Bodies go to the workers in groups: the bodies of a stream that waited while every worker
+was busy go to the next idle one together, at most GROUP_BODIES_MAX, and it appends them in one
+transaction, one segment a partition (a group commit: what an append costs is mostly the same
+whatever its size). Each body is still parsed and checked on its own and gets its own answer:
 
-    API -> worker   ("parse", stream, body, content type, -1, None)
-    worker -> API   ("count", rows)  | ("declined",): the per-event path decides
-    API -> worker   ("append", ingest time) | ("drop",): over a limit, answered 413/429
-    worker -> API   ("appended", rows, ranges) | ("unavailable", reason) | ("too_large", index, reason, written)
+    API -> worker   ("group", stream, [(body, content type, admitted rows), ...], ingest time)
+    worker -> API   ("group", [per body: ("appended", rows, ranges) | ("declined",) | ("failed", why)
+                               | ("unavailable", why) | ("count", rows)])
 
-Without one, the API admits up to `max_events_per_request` rows unasked, and a body within it
-is appended in one step (a round trip less): ("parse", stream, body, content type, admitted rows,
-ingest time), answered "appended" (or "count" for a body over them, then as above).
+A body within its admitted rows is appended unasked, with the others of the group so admitted. One
+over them is held ("count"): the API process charges its rows to the events rate limit (429) and
+checks `max_events_per_request` (413), as it does for a body it appends itself, so a refused body
+writes nothing; then it says which of the held bodies to append:
+
+    API -> worker   ("append", ingest time, [indices among the held bodies])
+    worker -> API   ("group", [per body appended: ("appended", rows, ranges) | ("unavailable", why)])
+
+Without an events rate limit a body of up to `max_events_per_request` rows is admitted (one round
+trip); with one, none is (every body is charged first).
 
 Until a worker is ready (a fresh interpreter imports Arrow: a second or two), the body is
 handled in the API process as before. A worker that dies is replaced. One found dead before it
-is handed a body, or that dies before it may append (two steps: before the API's "append"), leaves
-the body to the API process (nothing was written); one that dies once it may append makes the
-request a 503 (the append may or may not have committed, as with a lost Kafka acknowledgement).
-A worker exits when its socket closes, so it ends with the API process, even a killed one.
+is handed a group, or that dies before it may append a body (a held one: before the API's
+"append"), leaves the body to the API process (nothing was written); one that dies once it may
+append makes the request a 503 (the append may or may not have committed, as with a lost Kafka
+acknowledgement). A worker exits when its socket closes, so it ends with the API process, even a
+killed one.
 
 Frames are a 4-byte length and a pickle: both ends are ours (the worker is api/ingest_worker.py),
 in processes this one started.
@@ -42,13 +51,15 @@ import pickle
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from api.ingest_worker import LENGTH
 from catalog import StreamDef
 from ingest.json_limits import JsonLimits
-from ingest.log import LogUnavailable, RecordTooLarge
+from ingest.log import LogUnavailable
 
 log = logging.getLogger("sketchboard.api")
 
@@ -82,6 +93,12 @@ BODY_BYTES_MAX = 512 * 1024
 
 DECLINED = "declined"  # IngestWorkers.ingest: the columnar path declined the body
 
+# Bodies of a stream that waited for a worker go to it together, at most this many, and are appended
+# in one transaction (a group commit). An append's transaction and segments, the reader's and the
+# checks' calls cost about the same for 1 000 events as for 8 000: a 1 000-event body took 4.1 ms of
+# a worker's CPU in groups of 8 against 5.6 alone (docs/benchmarks.md, session 84).
+GROUP_BODIES_MAX = 8
+
 
 class IngestWorkers:
     """`processes` worker processes appending to the embedded log at `log_path`."""
@@ -96,6 +113,10 @@ class IngestWorkers:
         self._all: set[_Worker] = set()
         self._starting: set[asyncio.Task] = set()
         self._stopped = False
+        self._waiting: deque[_Waiting] = deque()  # bodies for the dispatcher, in their order
+        self._wake: asyncio.Event | None = None  # set when a body starts waiting
+        self._dispatcher: asyncio.Task | None = None
+        self._groups: set[asyncio.Task] = set()  # the groups' conversations under way
         self.handled = 0  # bodies the workers appended (tests and benchmarks read it)
 
     @staticmethod
@@ -107,6 +128,16 @@ class IngestWorkers:
     def ready(self) -> int:
         """Workers started and not stopped (busy or idle)."""
         return len(self._all)
+
+    @property
+    def waiting(self) -> int:
+        """Bodies waiting for an idle worker."""
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> int:
+        """Groups of bodies handed to a worker and not yet answered."""
+        return len(self._groups)
 
     @property
     def starting(self) -> int:
@@ -121,6 +152,8 @@ class IngestWorkers:
         """Start the workers in the background: the API serves meanwhile, in its own process."""
         self._stopped = False
         self._idle = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
         for _ in range(self.processes):
             self._spawn_later()
 
@@ -183,52 +216,107 @@ class IngestWorkers:
         if not self._stopped:
             self._spawn_later()
 
-    async def ingest(self, stream: StreamDef, body: bytes, content_type: str, admit: Callable[[int], int], *,
-                     admitted: int = -1, now_ms: Callable[[], int] | None = None,
+    async def ingest(self, stream: StreamDef, body: bytes, content_type: str, admit: Callable[[int], object], *,
+                     admitted: int = -1, now_ms: Callable[[], int],
                      ) -> tuple[int, int, dict[int, tuple[int | None, int]]] | str | None:
         """The body parsed, checked and appended by a worker: (rows appended, their ingest time,
         the log's ranges); DECLINED where the columnar path declined it (the per-event path
-        decides), or None where the API process must handle it (no worker ready, or it died). `admit(rows)` runs before
-        the append: it raises to refuse it (413, 429; nothing is written), else gives the ingest
-        time to stamp. A body of at most `admitted` rows (with `now_ms`, the ingest time) is
-        appended without asking. Raises LogUnavailable and RecordTooLarge as the log's append does."""
-        worker = await self._idle_worker()
-        if worker is None:
-            return None
-        appending = False
-        ingest_time_ms = now_ms() if admitted >= 0 else None
-        try:
-            await worker.send(("parse", stream, body, content_type, admitted, ingest_time_ms))
-            appending = admitted >= 0  # from here the worker may append unasked
-            answer = await worker.receive()
-            if answer[0] not in ("count", "appended"):
-                self._idle.put_nowait(worker)
-                if answer[0] == "failed":  # not expected: said here, since the worker's error stays there
-                    log.error("an ingest worker's columnar parse failed (%s); the per-event path decides", answer[1])
-                return DECLINED  # the per-event path explains what it can
-        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
-            return self._lost(worker, exc, appending)
-        if answer[0] == "appended":
-            self._idle.put_nowait(worker)
-            return self._appended(answer, ingest_time_ms)
-        try:
-            try:
-                ingest_time_ms = admit(answer[1])
-            except BaseException:  # refused (413, 429): the worker forgets the body
-                try:
-                    await worker.send(("drop",))
-                except OSError:
-                    self._discard(worker)
-                else:
+        decides), or None where the API process must handle it (no worker ready, or it died
+        before it could append). A body of at most `admitted` rows is appended unasked; above,
+        `admit(rows)` runs first and raises to refuse it (413, 429: nothing is written). `now_ms`
+        gives the ingest time. Raises LogUnavailable as the log's append does.
+
+        The body waits for the dispatcher, which hands it to the next idle worker with the other
+        bodies of its stream waiting by then (`_run_group`)."""
+        if self._idle is None or not self._all:
+            return None  # none ready yet, or none left
+        waiting = _Waiting(stream, body, content_type, admitted, admit, now_ms,
+                           asyncio.get_running_loop().create_future())
+        self._waiting.append(waiting)
+        self._wake.set()
+        return await waiting.answer
+
+    async def _dispatch(self) -> None:
+        """Hands the waiting bodies to the workers as they become idle, a group at a time."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting:
+                worker = await self._idle_worker()
+                if worker is None:  # none left: the API process handles every waiting body
+                    while self._waiting:
+                        _settle(self._waiting.popleft().answer, None)
+                    break
+                group = self._next_group()
+                if not group:  # their requests went away meanwhile
                     self._idle.put_nowait(worker)
-                raise
-            appending = True
-            await worker.send(("append", ingest_time_ms))
-            answer = await worker.receive()
-        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError, asyncio.CancelledError) as exc:
-            return self._lost(worker, exc, appending)
+                    break
+                task = asyncio.get_running_loop().create_task(self._run_group(worker, group))
+                self._groups.add(task)
+                task.add_done_callback(self._groups.discard)
+
+    def _next_group(self) -> list[_Waiting]:
+        """The first waiting body and, up to GROUP_BODIES_MAX, the ones of its stream behind it."""
+        group: list[_Waiting] = []
+        others: list[_Waiting] = []
+        while self._waiting and len(group) < GROUP_BODIES_MAX:
+            waiting = self._waiting.popleft()
+            if waiting.answer.done():  # its request was cancelled
+                continue
+            if group and waiting.stream.name != group[0].stream.name:
+                others.append(waiting)
+            else:
+                group.append(waiting)
+        self._waiting.extendleft(reversed(others))  # they keep their turn
+        return group
+
+    async def _run_group(self, worker: _Worker, group: list[_Waiting]) -> None:
+        """One group's conversation (the module's docstring): the bodies go in one message, those
+        admitted are appended together, each answered on its own."""
+        maybe_written: list[_Waiting] = []  # handed over with leave to append
+        try:
+            ingest_time_ms = group[0].now_ms()
+            await worker.send(("group", group[0].stream, [(w.body, w.content_type, w.admitted) for w in group],
+                               ingest_time_ms))
+            maybe_written = [w for w in group if w.admitted >= 0]
+            answers = (await worker.receive())[1]
+            held = [(waiting, answer[1]) for waiting, answer in zip(group, answers, strict=True)
+                    if answer[0] == "count"]
+            self._settle_group(group, answers, ingest_time_ms)
+            if held:
+                go = [index for index, (waiting, rows) in enumerate(held) if _admitted(waiting, rows)]
+                ingest_time_ms = group[0].now_ms()
+                await worker.send(("append", ingest_time_ms, go))
+                maybe_written = [held[index][0] for index in go]
+                answers = (await worker.receive())[1]
+                self._settle_group(maybe_written, answers, ingest_time_ms)
+        except BaseException as exc:  # the conversation broke off (the worker died, the app stops)
+            self._discard(worker)
+            for waiting in group:  # those it could not have appended go to the API process
+                _settle(waiting.answer, error=_lost_append() if waiting in maybe_written else None)
+            if isinstance(exc, (OSError, EOFError, asyncio.IncompleteReadError, pickle.UnpicklingError)):
+                log.error("an ingest worker process exited (%s); another is started", exc)
+                return
+            if isinstance(exc, Exception):  # not expected: a bug here, not a request's fault
+                log.exception("an ingest worker's conversation failed; another worker is started")
+                return
+            raise  # cancelled
         self._idle.put_nowait(worker)
-        return self._appended(answer, ingest_time_ms)
+
+    def _settle_group(self, group: list[_Waiting], answers: list[tuple], ingest_time_ms: int) -> None:
+        for waiting, answer in zip(group, answers, strict=True):
+            kind = answer[0]
+            if kind == "count":
+                continue  # held: admitted or refused next
+            if kind == "appended":
+                self.handled += 1
+                _settle(waiting.answer, (answer[1], ingest_time_ms, answer[2]))
+            elif kind == "unavailable":
+                _settle(waiting.answer, error=LogUnavailable(answer[1]))
+            else:
+                if kind == "failed":  # not expected: said here, since the worker's error stays there
+                    log.error("an ingest worker's columnar parse failed (%s); the per-event path decides", answer[1])
+                _settle(waiting.answer, DECLINED)  # the per-event path explains what it can
 
     async def _idle_worker(self) -> _Worker | None:
         """The next idle worker (waiting for one while all are busy) that has not died meanwhile; None
@@ -246,33 +334,15 @@ class IngestWorkers:
             self._discard(worker)
         return None
 
-    def _lost(self, worker: _Worker, exc: BaseException, appending: bool) -> None:
-        """A worker whose conversation broke off: None (the API process handles the body) before its
-        append, LogUnavailable during it (the append may or may not have committed)."""
-        self._discard(worker)
-        if isinstance(exc, asyncio.CancelledError):
-            raise exc
-        log.error("an ingest worker process exited (%s); another is started", exc)
-        if appending:
-            raise LogUnavailable("the worker appending the events exited; the append may or may not have"
-                                 " been committed") from None
-        return None
-
-    def _appended(self, answer: tuple, ingest_time_ms: int) -> tuple[int, int, dict[int, tuple[int | None, int]]]:
-        kind = answer[0]
-        if kind == "appended":
-            self.handled += 1
-            return answer[1], ingest_time_ms, answer[2]
-        if kind == "unavailable":
-            raise LogUnavailable(answer[1])
-        if kind == "too_large":
-            raise RecordTooLarge(answer[1], answer[2], answer[3])
-        raise LogUnavailable(f"the ingest worker answered {kind!r}")
-
     async def stop(self) -> None:
         self._stopped = True
         for task in list(self._starting):
             task.cancel()
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            self._dispatcher = None
+        while self._waiting:  # not handed to a worker: the API process handles them
+            _settle(self._waiting.popleft().answer, None)
         for worker in list(self._all):
             worker.close()
         for worker in list(self._all):
@@ -282,6 +352,45 @@ class IngestWorkers:
                 worker.process.kill()
         self._all.clear()
         self._idle = None
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A body waiting for the dispatcher (`IngestWorkers.ingest`); `answer` is its request's."""
+
+    stream: StreamDef
+    body: bytes
+    content_type: str
+    admitted: int
+    admit: Callable[[int], object]
+    now_ms: Callable[[], int]
+    answer: asyncio.Future
+
+
+def _admitted(waiting: _Waiting, rows: int) -> bool:
+    """Whether `waiting.admit` lets its rows in; its refusal (413, 429) is its request's answer."""
+    if waiting.answer.done():
+        return False  # its request went away: nothing to answer, nothing to write
+    try:
+        waiting.admit(rows)
+    except BaseException as exc:  # the request's own error (413, 429), raised there
+        waiting.answer.set_exception(exc)
+        return False
+    return True
+
+
+def _settle(answer: asyncio.Future, result=None, *, error: BaseException | None = None) -> None:
+    """A waiting body's answer, unless its request went away (cancelled) meanwhile."""
+    if answer.done():
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(result)
+
+
+def _lost_append() -> LogUnavailable:
+    return LogUnavailable("the worker appending the events exited; the append may or may not have been committed")
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -19,6 +19,7 @@ import pytest
 from api.app import create_app
 from api.ingest_workers import IngestWorkers
 from api.security.ratelimit import RateLimiter
+from ingest.log.records import EVENT_TIME
 from sketchboard.settings import Settings
 from tests.api.test_ws import Server
 from tests.support.clock import FakeClock
@@ -81,6 +82,105 @@ def test_the_workers_append_what_the_api_process_appends(ctx, workers, now_ms, t
         assert [a.json()["partitions"] for a in again] == [a.json()["partitions"] for a in answers]
         assert stored(alone) == stored(ctx)
     assert len(stored(ctx)) == 1500
+
+
+def events_limit(ctx, limited: bool):
+    """The context with an events rate limit that every test body fits (every body is charged
+    before its append: the group's second step), or with none (appended unasked)."""
+    limit = RateLimiter(100_000, 100_000, clock=FakeClock(0.0)) if limited else None
+    return replace(ctx, security=replace(ctx.security, event_limit=limit))
+
+
+LIMITS = pytest.mark.parametrize("limited", [False, True], ids=["no-events-limit", "events-limit"])
+
+
+def held(served, bodies: list, then: int = signal.SIGCONT) -> list[httpx.Response]:
+    """`bodies` POSTed to a server whose one worker is stopped (SIGSTOP) with the first of them in
+    hand, the others waiting behind it; then the worker gets `then` (SIGCONT: it goes on; SIGKILL).
+    The answers, in the bodies' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    one = served.ingest_workers
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        worker = one.running()[0]
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                posts = [pool.submit(http.post, EVENTS, params={"stream": STREAM}, json=bodies[0])]
+                wait_until(lambda: one.busy == 1)
+                posts += [pool.submit(http.post, EVENTS, params={"stream": STREAM}, json=body) for body in bodies[1:]]
+                wait_until(lambda: one.waiting == len(bodies) - 1)
+                os.kill(worker.pid, then)
+                return [post.result() for post in posts]
+        finally:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGCONT)
+
+
+@LIMITS
+def test_bodies_that_wait_for_a_worker_are_appended_together_each_with_its_own_answer(ctx, now_ms, limited):
+    """The group commit: bodies that waited while the one worker was busy go to it together and
+    are appended in one transaction, one segment a partition; each answer's ranges hold exactly
+    that body's events."""
+    import sqlite3
+
+    one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
+    bodies = [events(now_ms, 200, first=1000 * k) for k in range(6)]
+    answers = held(replace(events_limit(ctx, limited), ingest_workers=one), bodies)
+    assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+    assert one.handled == 6
+    partitions = ctx.catalog.stream(STREAM).partitions
+    with sqlite3.connect(ctx.log.path) as conn:
+        segments = conn.execute("SELECT count(*) FROM segments WHERE stream = ?", (STREAM,)).fetchone()[0]
+    assert segments <= 2 * partitions  # the first body's, then the five others' together
+    stream = ctx.catalog.stream(STREAM)
+    got = []
+    for answer in answers:
+        read = []
+        for partition, (first, count) in answer.json()["partitions"].items():
+            for batch in ctx.log.read(stream, int(partition), first, first + count):
+                read += [(row[EVENT_TIME], row["user_id"]) for row in batch.to_pylist()]
+        got.append(sorted(read))
+    assert got == [sorted((e["time"], e["user_id"]) for e in body) for body in bodies]
+    assert len({a.json()["ingest_time_ms"] for a in answers[1:]}) == 1  # one ingest time a group
+
+
+@LIMITS
+def test_a_group_answers_each_body_on_its_own(ctx, now_ms, limited):
+    """In one group: a body with an invalid event gets the per-event answer, one over
+    max_events_per_request a 413, and the others are appended."""
+    one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
+    invalid = events(now_ms, 200, first=1000)
+    invalid[3]["latency_ms"] = "slow"
+    bodies = [events(now_ms, 200), invalid, events(now_ms, 300, first=2000), events(now_ms, 200, first=3000)]
+    answers = held(replace(events_limit(ctx, limited), ingest_workers=one, max_events_per_request=250), bodies)
+    assert [a.status_code for a in answers] == [200, 200, 413, 200], [a.text for a in answers]
+    assert [r["index"] for r in answers[1].json()["rejected"]] == [3]
+    assert "exceed the limit of 250 per request" in answers[2].text
+    assert one.handled == 2  # the first and the last
+    assert len(stored(ctx)) == 200 + 199 + 200
+
+
+@LIMITS
+def test_a_worker_killed_with_a_group_in_hand_answers_503_for_it_and_the_waiting_bodies_go_on(ctx, now_ms, limited):
+    """The first body was handed to the worker. Admitted unasked, it may have been appended: 503,
+    as a lost Kafka acknowledgement. Held for the API's word, it was not: the API process appends
+    it. The bodies waiting behind it were not handed over, and are appended elsewhere."""
+    one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
+    bodies = [events(now_ms, 200, first=1000 * k) for k in range(4)]
+    answers = held(replace(events_limit(ctx, limited), ingest_workers=one), bodies, then=signal.SIGKILL)
+    assert [a.status_code for a in answers] == [200 if limited else 503, 200, 200, 200], [a.text for a in answers]
+    if not limited:
+        assert "may or may not have been committed" in answers[0].text
+    assert len(stored(ctx)) == (800 if limited else 600)
+
+
+def wait_until(condition, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_a_body_over_the_workers_size_is_handled_in_the_api_process(ctx, workers, now_ms, monkeypatch):
