@@ -21,11 +21,14 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from bench.http_wire import WireClient
 from catalog import ConfigError, load_catalog
 from demo import DEFAULT_CONFIG, INGEST_PATH, DemoTraffic
 
@@ -80,22 +83,27 @@ def ndjson_body(events: list[dict]) -> bytes:
     return "\n".join(json.dumps(event, separators=(",", ":")) for event in events).encode()
 
 
+CLIENTS = ("httpx", "wire")
+
+
 def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrency: int,
-              body_format: str = "json") -> BenchResult:
-    """Post every body once from `concurrency` threads; time from first send to last answer."""
+              body_format: str = "json", client: str = "httpx") -> BenchResult:
+    """Post every body once from `concurrency` threads; time from first send to last answer.
+    `client`: httpx (a client as an application would use), or `wire` (each request written whole
+    on a keep-alive socket, as a load generator such as wrk does: bench/http_wire.py)."""
     work: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
     for item in bodies:
         work.put(item)
     result = BenchResult()
     lock = threading.Lock()  # guards result: workers merge their tallies at the end
+    headers = {"content-type": content_type(body_format)}
+    token = os.environ.get("SKETCHBOARD_TOKEN")  # a service that requires tokens: one with the ingest scope
+    if token:
+        headers["authorization"] = f"Bearer {token}"
 
     def worker() -> None:
         local = BenchResult()
-        headers = {"content-type": content_type(body_format)}
-        token = os.environ.get("SKETCHBOARD_TOKEN")  # a service that requires tokens: one with the ingest scope
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        with httpx.Client(base_url=url.rstrip("/"), timeout=30.0) as client:
+        with _poster(client, url, stream, headers) as post:
             while True:
                 try:
                     count, body = work.get_nowait()
@@ -104,19 +112,20 @@ def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrenc
                 local.events += count
                 started = time.perf_counter()
                 try:
-                    resp = client.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
-                except httpx.TransportError as exc:
+                    status, content = post(body)
+                except (httpx.TransportError, OSError) as exc:
                     local.failed_requests += 1
                     local.first_problem = local.first_problem or f"{type(exc).__name__}: {exc}"
                     continue
                 local.latencies_s.append(time.perf_counter() - started)
                 local.requests += 1
-                local.statuses[resp.status_code] += 1
-                if resp.status_code != 200:
+                local.statuses[status] += 1
+                if status != 200:
                     local.failed_requests += 1
-                    local.first_problem = local.first_problem or f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    text = content[:200].decode(errors="replace")
+                    local.first_problem = local.first_problem or f"HTTP {status}: {text}"
                     continue
-                answer = resp.json()
+                answer = json.loads(content)
                 rejected = answer.get("rejected") or []
                 local.accepted += int(answer.get("accepted", count - len(rejected)))
                 local.rejected += len(rejected)
@@ -142,6 +151,22 @@ def run_bench(url: str, stream: str, bodies: list[tuple[int, bytes]], concurrenc
     return result
 
 
+@contextmanager
+def _poster(client: str, url: str, stream: str,
+            headers: dict[str, str]) -> Iterator[Callable[[bytes], tuple[int, bytes]]]:
+    """A function posting a body to the ingest route on one keep-alive connection: (status, answer)."""
+    if client == "wire":
+        with WireClient(url) as wire:
+            head = wire.request_head("POST", f"{INGEST_PATH}?stream={stream}", headers)
+            yield lambda body: wire.send(head(len(body)), body)
+        return
+    with httpx.Client(base_url=url.rstrip("/"), timeout=30.0) as http:
+        def post(body: bytes) -> tuple[int, bytes]:
+            resp = http.post(INGEST_PATH, params={"stream": stream}, content=body, headers=headers)
+            return resp.status_code, resp.content
+        yield post
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest_api", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -149,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1_000, help="events per request")
     parser.add_argument("--concurrency", type=int, default=4, help="parallel connections")
     parser.add_argument("--format", choices=("json", "ndjson"), default="json", help="JSON arrays or NDJSON bodies")
+    parser.add_argument("--client", choices=CLIENTS, default="httpx",
+                        help="httpx, or requests written whole on the socket as a load generator does (wire)")
     parser.add_argument("--stream", default="http_requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -168,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         f" in {time.perf_counter() - prep:.1f} s; posting to {args.url} with concurrency {args.concurrency}",
         flush=True,
     )
-    r = run_bench(args.url, args.stream, bodies, args.concurrency, args.format)
+    r = run_bench(args.url, args.stream, bodies, args.concurrency, args.format, args.client)
     secs = max(r.seconds, 1e-9)
     print(f"total events     {r.events}")
     print(f"accepted         {r.accepted}")

@@ -14,11 +14,12 @@
    the test suite's tests/kafka_broker.py).
 3. Starts the API in this process (uvicorn on a free loopback port) and posts demo events
    with bench.ingest_api (concurrent clients, in a process of their own unless `--api-clients
-   thread`), reporting accepted events/s, and the CPU a request took by part (the API process, its
-   ingest workers, the clients' process) beside what issue 28's bar (250 000 events/s) leaves a
-   request on these cores; `--ingest-processes N` sets the API's ingest_processes. With `--log both`
-   (or kafka) the API runs once per log: appending to the embedded log, then producing into
-   Kafka (idempotent producer, acks=all, answered once the broker acknowledged every event).
+   thread`; httpx, or requests written whole on the socket with `--api-client wire`), reporting
+   accepted events/s, and the CPU a request took by part (the API process, its ingest workers,
+   the clients' process) beside what issue 28's bar (250 000 events/s) leaves a request on these
+   cores; `--ingest-processes N` sets the API's ingest_processes. With `--log both` (or kafka)
+   the API runs once per log: appending to the embedded log, then producing into Kafka
+   (idempotent producer, acks=all, answered once the broker acknowledged every event).
 A table at the end puts each log's figures side by side. `--kafka-jvm-validation` turns the
 Kafka source's JVM fast path on (ingest/kafka_fast_path.py; off by default, where every record
 goes through the API's validator in Python). `--event-ids` declares `event_id_field: request_id`
@@ -41,6 +42,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench.drain import drain_timed
+from bench.ingest_api import CLIENTS
 from bench.serve import free_port, serving
 from catalog import load_catalog
 from demo import DemoTraffic
@@ -222,18 +224,18 @@ def hold_bodies(bodies: list[tuple[int, bytes]]) -> None:
     _HELD[:] = bodies
 
 
-def clients_timed(url: str, concurrency: int, body_format: str):
+def clients_timed(url: str, concurrency: int, body_format: str, client: str = "httpx"):
     """bench.ingest_api's clients posting the bodies held, and the CPU seconds of the process they ran
     in (theirs alone)."""
     from bench.ingest_api import run_bench
 
     before = time.process_time()
-    result = run_bench(url, "http_requests", _HELD, concurrency, body_format)
+    result = run_bench(url, "http_requests", _HELD, concurrency, body_format, client)
     return result, time.process_time() - before
 
 
 def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, body_format: str, clients: str,
-                started: Callable[[], None] = lambda: None):
+                started: Callable[[], None] = lambda: None, client: str = "httpx"):
     """bench.ingest_api's clients: in a process of their own (`clients="process"`), as any client of a
     service is, or in threads of this one, where they share the GIL with the API's event loop.
     `started` is called just before the first body is sent (the bodies already handed to the clients'
@@ -243,11 +245,11 @@ def post_bodies(url: str, bodies: list[tuple[int, bytes]], concurrency: int, bod
 
     if clients == "thread":
         started()
-        return run_bench(url, "http_requests", bodies, concurrency, body_format), None
+        return run_bench(url, "http_requests", bodies, concurrency, body_format, client), None
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         pool.submit(hold_bodies, bodies).result()  # its imports done and the bodies there first
         started()
-        return pool.submit(clients_timed, url, concurrency, body_format).result()
+        return pool.submit(clients_timed, url, concurrency, body_format, client).result()
 
 
 def request_budget_line(batch: int, cores: int, spent_ms: dict[str, float], rate: float = INGEST_BAR) -> str:
@@ -280,7 +282,8 @@ def wait_for_ingest_workers(ctx, timeout_s: float = 60.0) -> None:
 
 def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
               figures: dict | None = None, *, batch: int = 1000, columnar: bool = True,
-              body_format: str = "json", clients: str = "process", ingest_processes: int | None = None) -> None:
+              body_format: str = "json", clients: str = "process", ingest_processes: int | None = None,
+              client: str = "httpx") -> None:
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
     from bench.ingest_api import prepare_bodies
     from sketchboard.settings import Settings
@@ -305,7 +308,7 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
             before.update(api=time.process_time(), workers=processes_cpu_s(workers))
 
         result, clients_cpu_s = post_bodies(f"http://127.0.0.1:{port}", bodies, concurrency, body_format, clients,
-                                            started)
+                                            started, client)
         api_cpu_s = time.process_time() - before["api"]
         workers_before, workers_after = before["workers"], processes_cpu_s(workers)
     written = sum(o.end - o.start for o in ctx.log.offsets("http_requests").values())
@@ -313,7 +316,8 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     rate = result.accepted / result.seconds
     path = "columnar" if columnar else "per-event"
     print(f"ingest API -> {what} ({path} validation, {body_format}): {result.accepted:,} events accepted in"
-          f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch}, {concurrency} clients"
+          f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch},"
+          f" {concurrency} {client} clients"
           f" in {'their own process' if clients == 'process' else 'threads of the API process'},"
           f" {settings.ingest_processes} ingest processes, p50 {result.percentile_ms(0.5):.0f} ms,"
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
@@ -381,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-clients", choices=("process", "thread"), default="process",
                         help="the API's clients in a process of their own (as any client of a service), or in threads"
                              " of the process serving the API (sharing its GIL: the figures before session 82)")
+    parser.add_argument("--api-client", choices=CLIENTS, default="httpx",
+                        help="the clients' HTTP: httpx (as an application posts), or each request written whole on"
+                             " its socket (wire: bench/http_wire.py, as a load generator such as wrk does)")
     parser.add_argument("--ingest-processes", type=int,
                         help="the API's ingest_processes setting (default: the setting's, 0: threads of the API process)")
     parser.add_argument("--api-compare", action="store_true",
@@ -413,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                         bench_api(root, catalog, args.api_events, args.concurrency,
                                   kafka_bootstrap if name == "kafka" else None, figures[name],
                                   batch=args.api_batch, columnar=columnar, body_format=body_format,
-                                  clients=args.api_clients, ingest_processes=args.ingest_processes)
+                                  clients=args.api_clients, ingest_processes=args.ingest_processes,
+                                  client=args.api_client)
         print_table(figures)
     finally:
         if broker is not None:
