@@ -18,8 +18,9 @@ STREAM = "http_requests"
 
 
 def body(now_ms: int, n: int, first: int = 0) -> bytes:
-    return json.dumps([{"time": now_ms - i, "user_id": f"u{i}", "endpoint": "/cart", "method": "GET", "status": "200",
-                        "region": "eu", "latency_ms": 1.5, "response_bytes": 10} for i in range(first, first + n)]).encode()
+    return json.dumps([{"time": now_ms - i, "user_id": f"u{i}", "endpoint": "/cart", "method": "GET",
+                        "status": "200", "region": "eu", "latency_ms": 1.5, "response_bytes": 10}
+                       for i in range(first, first + n)]).encode()
 
 
 def test_the_wire_client_reads_what_httpx_reads(ctx, now_ms):
