@@ -39,6 +39,27 @@ class RateLimiter:
             self._put(key, tokens - cost, now)
             return 0.0
 
+    def reserve(self, key: str, cost: float) -> bool:
+        """Charge `cost` if the bucket holds that many tokens now (no debt, unlike `take`): what a
+        caller that learns the true cost later sets aside, then gives back the difference with
+        `refund`. False, and nothing charged, when it does not."""
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.pop(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            enough = tokens >= cost
+            self._put(key, tokens - cost if enough else tokens, now)
+            return enough
+
+    def refund(self, key: str, cost: float) -> None:
+        """Give back `cost` of a reservation (never above the burst)."""
+        if cost <= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.pop(key, (self.burst, now))
+            self._put(key, min(self.burst, tokens + (now - at) * self.rate + cost), now)
+
     def _put(self, key: str, tokens: float, now: float) -> None:
         self._buckets[key] = (tokens, now)  # most recently used last
         while len(self._buckets) > self._max_keys:

@@ -84,14 +84,26 @@ def test_the_workers_append_what_the_api_process_appends(ctx, workers, now_ms, t
     assert len(stored(ctx)) == 1500
 
 
-def events_limit(ctx, limited: bool):
-    """The context with an events rate limit that every test body fits (every body is charged
-    before its append: the group's second step), or with none (appended unasked)."""
-    limit = RateLimiter(100_000, 100_000, clock=FakeClock(0.0)) if limited else None
-    return replace(ctx, security=replace(ctx.security, event_limit=limit))
+MODES = pytest.mark.parametrize("mode", ["no-events-limit", "events-reserved", "events-counted"])
 
 
-LIMITS = pytest.mark.parametrize("limited", [False, True], ids=["no-events-limit", "events-limit"])
+def in_mode(ctx, mode: str, workers: IngestWorkers):
+    """The context serving `workers`, at most 250 events a request, and an events rate limit every
+    test body fits or none. With the limit, a body's events are set aside from the bucket (its
+    opening braces: no fewer than its events) and it is appended unasked (`events-reserved`); but
+    where they are more than 250, it is counted first and charged exactly (`events-counted`: the
+    group's second step). `bodies` gives the events of that mode."""
+    limit = None if mode == "no-events-limit" else RateLimiter(100_000, 100_000, clock=FakeClock(0.0))
+    return replace(ctx, ingest_workers=workers, max_events_per_request=250,
+                   security=replace(ctx.security, event_limit=limit))
+
+
+def bodies(mode: str, *bodies: list[dict]) -> list[list[dict]]:
+    """The bodies, with two braces in every event's endpoint in `events-counted` (an upper bound on
+    its events of twice as many, over the 250 a request that in_mode allows)."""
+    if mode != "events-counted":
+        return list(bodies)
+    return [[{**event, "endpoint": "/cart/{id}"} for event in body] for body in bodies]
 
 
 def held(served, bodies: list, then: int = signal.SIGCONT) -> list[httpx.Response]:
@@ -118,16 +130,16 @@ def held(served, bodies: list, then: int = signal.SIGCONT) -> list[httpx.Respons
                 os.kill(worker.pid, signal.SIGCONT)
 
 
-@LIMITS
-def test_bodies_that_wait_for_a_worker_are_appended_together_each_with_its_own_answer(ctx, now_ms, limited):
+@MODES
+def test_bodies_that_wait_for_a_worker_are_appended_together_each_with_its_own_answer(ctx, now_ms, mode):
     """The group commit: bodies that waited while the one worker was busy go to it together and
     are appended in one transaction, one segment a partition; each answer's ranges hold exactly
     that body's events."""
     import sqlite3
 
     one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
-    bodies = [events(now_ms, 200, first=1000 * k) for k in range(6)]
-    answers = held(replace(events_limit(ctx, limited), ingest_workers=one), bodies)
+    sent = bodies(mode, *(events(now_ms, 200, first=1000 * k) for k in range(6)))
+    answers = held(in_mode(ctx, mode, one), sent)
     assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
     assert one.handled == 6
     partitions = ctx.catalog.stream(STREAM).partitions
@@ -142,19 +154,19 @@ def test_bodies_that_wait_for_a_worker_are_appended_together_each_with_its_own_a
             for batch in ctx.log.read(stream, int(partition), first, first + count):
                 read += [(row[EVENT_TIME], row["user_id"]) for row in batch.to_pylist()]
         got.append(sorted(read))
-    assert got == [sorted((e["time"], e["user_id"]) for e in body) for body in bodies]
+    assert got == [sorted((e["time"], e["user_id"]) for e in body) for body in sent]
     assert len({a.json()["ingest_time_ms"] for a in answers[1:]}) == 1  # one ingest time a group
 
 
-@LIMITS
-def test_a_group_answers_each_body_on_its_own(ctx, now_ms, limited):
+@MODES
+def test_a_group_answers_each_body_on_its_own(ctx, now_ms, mode):
     """In one group: a body with an invalid event gets the per-event answer, one over
     max_events_per_request a 413, and the others are appended."""
     one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
     invalid = events(now_ms, 200, first=1000)
     invalid[3]["latency_ms"] = "slow"
-    bodies = [events(now_ms, 200), invalid, events(now_ms, 300, first=2000), events(now_ms, 200, first=3000)]
-    answers = held(replace(events_limit(ctx, limited), ingest_workers=one, max_events_per_request=250), bodies)
+    sent = bodies(mode, events(now_ms, 200), invalid, events(now_ms, 300, first=2000), events(now_ms, 200, first=3000))
+    answers = held(in_mode(ctx, mode, one), sent)
     assert [a.status_code for a in answers] == [200, 200, 413, 200], [a.text for a in answers]
     assert [r["index"] for r in answers[1].json()["rejected"]] == [3]
     assert "exceed the limit of 250 per request" in answers[2].text
@@ -162,18 +174,32 @@ def test_a_group_answers_each_body_on_its_own(ctx, now_ms, limited):
     assert len(stored(ctx)) == 200 + 199 + 200
 
 
-@LIMITS
-def test_a_worker_killed_with_a_group_in_hand_answers_503_for_it_and_the_waiting_bodies_go_on(ctx, now_ms, limited):
+@MODES
+def test_a_worker_killed_with_a_group_in_hand_answers_503_for_it_and_the_waiting_bodies_go_on(ctx, now_ms, mode):
     """The first body was handed to the worker. Admitted unasked, it may have been appended: 503,
     as a lost Kafka acknowledgement. Held for the API's word, it was not: the API process appends
     it. The bodies waiting behind it were not handed over, and are appended elsewhere."""
     one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
-    bodies = [events(now_ms, 200, first=1000 * k) for k in range(4)]
-    answers = held(replace(events_limit(ctx, limited), ingest_workers=one), bodies, then=signal.SIGKILL)
-    assert [a.status_code for a in answers] == [200 if limited else 503, 200, 200, 200], [a.text for a in answers]
-    if not limited:
+    sent = bodies(mode, *(events(now_ms, 200, first=1000 * k) for k in range(4)))
+    answers = held(in_mode(ctx, mode, one), sent, then=signal.SIGKILL)
+    counted = mode == "events-counted"
+    assert [a.status_code for a in answers] == [200 if counted else 503, 200, 200, 200], [a.text for a in answers]
+    if not counted:
         assert "may or may not have been committed" in answers[0].text
-    assert len(stored(ctx)) == (800 if limited else 600)
+    assert len(stored(ctx)) == (800 if counted else 600)
+
+
+def test_a_body_appended_unasked_is_charged_its_events_not_its_braces(ctx, now_ms, workers):
+    """The events set aside for a body (its opening braces: here twice its events) come back but
+    for the events appended, which the bucket is charged exactly."""
+    limit = RateLimiter(1000, 1000, clock=FakeClock(0.0))
+    served = replace(ctx, ingest_workers=workers, security=replace(ctx.security, event_limit=limit))
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        answer = http.post(EVENTS, params={"stream": STREAM}, json=bodies("events-counted", events(now_ms, 200))[0])
+    assert answer.status_code == 200 and answer.json()["accepted"] == 200
+    assert workers.handled == 1
+    assert limit.take("addr:127.0.0.1", 800) == 0 and limit.take("addr:127.0.0.1", 1) > 0
 
 
 def wait_until(condition, timeout_s: float = 30) -> None:

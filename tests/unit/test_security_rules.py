@@ -200,6 +200,22 @@ def test_a_cost_above_the_burst_passes_on_a_full_bucket_and_leaves_a_debt():
     assert limiter.take("k", 5) == 0
 
 
+def test_a_reservation_is_charged_only_when_the_tokens_are_there_and_its_refund_comes_back():
+    from api.security.ratelimit import RateLimiter
+
+    clock = FakeClock(0.0)
+    limiter = RateLimiter(rate=10, burst=100, clock=clock)
+    assert limiter.reserve("k", 80)  # 20 left
+    assert not limiter.reserve("k", 30)  # nothing charged: no debt, unlike take
+    assert limiter.take("k", 20) == 0 and limiter.take("k", 1) > 0
+    limiter.refund("k", 50)  # the reservation's unused part
+    assert limiter.take("k", 50) == 0 and limiter.take("k", 1) > 0
+    clock.now = 100.0
+    limiter.refund("k", 500)
+    assert limiter.reserve("k", 100) and not limiter.reserve("k", 1)  # never above the burst
+    assert not limiter.reserve("other", 101) and limiter.reserve("other", 100)
+
+
 def test_the_limiter_forgets_the_least_recently_seen_keys():
     from api.security.ratelimit import RateLimiter
 
