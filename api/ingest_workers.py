@@ -237,23 +237,34 @@ class IngestWorkers:
         return await waiting.answer
 
     async def _dispatch(self) -> None:
-        """Hands the waiting bodies to the workers as they become idle, a group at a time."""
+        """Hands the waiting bodies to the workers as they become idle, a group at a time. It must
+        outlive any failure: the requests waiting on it would wait for ever."""
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._waiting:
-                worker = await self._idle_worker()
-                if worker is None:  # none left: the API process handles every waiting body
-                    while self._waiting:
-                        _settle(self._waiting.popleft().answer, None)
-                    break
-                group = self._next_group()
-                if not group:  # their requests went away meanwhile
-                    self._idle.put_nowait(worker)
-                    break
-                task = asyncio.get_running_loop().create_task(self._run_group(worker, group))
-                self._groups.add(task)
-                task.add_done_callback(self._groups.discard)
+            try:
+                await self._hand_out()
+            except Exception:  # not expected: the waiting bodies go to the API process
+                log.exception("the ingest workers' dispatcher failed; the bodies waiting are handled here")
+                while self._waiting:
+                    _settle(self._waiting.popleft().answer, None)
+
+    async def _hand_out(self) -> None:
+        """Every waiting body handed to an idle worker (waiting for one), or to the API process
+        when none is left."""
+        while self._waiting:
+            worker = await self._idle_worker()
+            if worker is None:  # none left: the API process handles every waiting body
+                while self._waiting:
+                    _settle(self._waiting.popleft().answer, None)
+                return
+            group = self._next_group()
+            if not group:  # their requests went away meanwhile
+                self._idle.put_nowait(worker)
+                return
+            task = asyncio.get_running_loop().create_task(self._run_group(worker, group))
+            self._groups.add(task)
+            task.add_done_callback(self._groups.discard)
 
     def _next_group(self) -> list[_Waiting]:
         """The first waiting body and, up to GROUP_BODIES_MAX, the ones of its stream behind it."""

@@ -189,6 +189,28 @@ def test_a_worker_killed_with_a_group_in_hand_answers_503_for_it_and_the_waiting
     assert len(stored(ctx)) == (800 if counted else 600)
 
 
+def test_the_dispatcher_outlives_a_failure_and_its_bodies_are_handled_in_the_api_process(ctx, now_ms, workers,
+                                                                                        monkeypatch):
+    failures = []
+    real = IngestWorkers._next_group
+
+    def fails_once(self):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("a bug")
+        return real(self)
+
+    monkeypatch.setattr(IngestWorkers, "_next_group", fails_once)
+    served = replace(ctx, ingest_workers=workers)
+    with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+        started(served)
+        answers = [http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=1000 * k))
+                   for k in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert failures == [1] and workers.handled == 1  # the first in the API process, the second in a worker
+    assert len(stored(ctx)) == 400
+
+
 def test_a_body_appended_unasked_is_charged_its_events_not_its_braces(ctx, now_ms, workers):
     """The events set aside for a body (its opening braces: here twice its events) come back but
     for the events appended, which the bucket is charged exactly."""
