@@ -27,8 +27,10 @@ writes nothing; then it says which of the held bodies to append:
     API -> worker   ("append", ingest time, [indices among the held bodies])
     worker -> API   ("group", [per body appended: ("appended", rows, ranges) | ("unavailable", why)])
 
-Without an events rate limit a body of up to `max_events_per_request` rows is admitted (one round
-trip); with one, none is (every body is charged first).
+The API process says how many rows each body is admitted (api/ingest_routes.py): without an events
+rate limit, `max_events_per_request`; with one, the events it could set aside from the caller's
+bucket for the body (its opening braces, no fewer than its events), else none (the body is counted
+and charged first). So a body mostly takes one round trip.
 
 Until a worker is ready (a fresh interpreter imports Arrow: a second or two), the body is
 handled in the API process as before. A worker that dies is replaced. One found dead before it
