@@ -120,6 +120,7 @@ class IngestWorkers:
         self._dispatcher: asyncio.Task | None = None
         self._groups: set[asyncio.Task] = set()  # the groups' conversations under way
         self.handled = 0  # bodies the workers appended (tests and benchmarks read it)
+        self.groups = 0  # groups of bodies handed to them (bodies a group: benchmarks print it)
 
     @staticmethod
     def takes(body: bytes) -> bool:
@@ -264,6 +265,7 @@ class IngestWorkers:
             if not group:  # their requests went away meanwhile
                 self._idle.put_nowait(worker)
                 return
+            self.groups += 1
             task = asyncio.get_running_loop().create_task(self._run_group(worker, group))
             self._groups.add(task)
             task.add_done_callback(self._groups.discard)

@@ -271,6 +271,14 @@ def processes_cpu_s(pids: list[int]) -> dict[int, float]:
     return {pid: cpu for pid in pids if (cpu := process_cpu_seconds(pid)) is not None}
 
 
+def group_sizes(workers) -> str:
+    """How the ingest workers took the bodies, " (N bodies in M groups)" (their group commit), or
+    nothing without them."""
+    if workers is None or not workers.groups:
+        return ""
+    return f" ({workers.handled:,} bodies in {workers.groups:,} groups)"
+
+
 def wait_for_ingest_workers(ctx, timeout_s: float = 60.0) -> None:
     """The ingest worker processes started (api/ingest_workers.py), so none of the timed bodies is
     handled in the API process while they import."""
@@ -319,7 +327,8 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
           f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch},"
           f" {concurrency} {client} clients"
           f" in {'their own process' if clients == 'process' else 'threads of the API process'},"
-          f" {settings.ingest_processes} ingest processes, p50 {result.percentile_ms(0.5):.0f} ms,"
+          f" {settings.ingest_processes} ingest processes{group_sizes(ctx.ingest_workers)},"
+          f" p50 {result.percentile_ms(0.5):.0f} ms,"
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
           + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
           + ")", flush=True)

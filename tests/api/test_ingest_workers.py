@@ -141,7 +141,7 @@ def test_bodies_that_wait_for_a_worker_are_appended_together_each_with_its_own_a
     sent = bodies(mode, *(events(now_ms, 200, first=1000 * k) for k in range(6)))
     answers = held(in_mode(ctx, mode, one), sent)
     assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
-    assert one.handled == 6
+    assert (one.handled, one.groups) == (6, 2)
     partitions = ctx.catalog.stream(STREAM).partitions
     with sqlite3.connect(ctx.log.path) as conn:
         segments = conn.execute("SELECT count(*) FROM segments WHERE stream = ?", (STREAM,)).fetchone()[0]

@@ -146,3 +146,13 @@ def test_the_side_by_sides_cpu_by_part_takes_the_api_and_pipeline_out_of_the_ser
     done = {"api": Usage(4.0, 0.5), "pipeline": Usage(4.0, 1.0), "service": Usage(9.0, 1.6), "clients": Usage(0.4, 0.1)}
     assert spent_by_part(start, done) == pytest.approx({"clients": 0.4, "api": 3.5, "pipeline": 2.5, "rest": 0.5})
     assert spent_by_part({**start, "api": None}, done) is None
+
+
+def test_the_ingest_benchmark_says_how_many_groups_the_workers_took_the_bodies_in():
+    from types import SimpleNamespace
+
+    from bench.throughput import group_sizes
+
+    assert group_sizes(SimpleNamespace(handled=1200, groups=820)) == " (1,200 bodies in 820 groups)"
+    assert group_sizes(SimpleNamespace(handled=0, groups=0)) == ""
+    assert group_sizes(None) == ""
