@@ -512,14 +512,7 @@ def test_append_columns_writes_what_append_writes(backend: Backend, keyed: bool)
     into events; the embedded log writes them as they are)."""
     from ingest.columnar import columnar_events
 
-    def stream(name: str) -> StreamDef:
-        return StreamDef(name=name, key_field="user" if keyed else None, dimensions=("page",),
-                         distinct=None if keyed else ("user",), values=("ms",), partitions=3)
-
-    rows, columns_stream = stream("rows"), stream("columns")
-    log, other = backend.open(), backend.open()  # a round-robin counter each, both starting at 0
-    for s in (rows, columns_stream):
-        log.ensure_topic(s)
+    rows, columns_stream, log, other = two_streams(backend, keyed, "rows", "columns")
     raws = [{"time": T0 + i, "user": f"u{i % 11}", **({"page": f"/p{i % 3}"} if i % 4 else {}), "ms": i * 1.5}
             for i in range(200)]
     body = "\n".join(json.dumps(r) for r in raws).encode()
@@ -529,11 +522,30 @@ def test_append_columns_writes_what_append_writes(backend: Backend, keyed: bool)
     by_rows = log.append(rows, [validator.validate(r) for r in raws], T0 + 500)
     by_columns = other.append_columns(columns_stream, columns, T0 + 500)
     assert by_columns.ranges == by_rows.ranges
-    for p in range(3):
-        end = log.offsets("rows")[p].end
-        assert log.offsets("columns")[p].end == end
+    assert_same_records(log, rows, columns_stream)
+
+
+def two_streams(backend: Backend, keyed: bool, first: str, second: str):
+    """Two streams alike in 3 partitions (keyed by user, or keyless), their topics made, and two
+    handles on the log, each with its own round-robin counter starting at 0."""
+    def stream(name: str) -> StreamDef:
+        return StreamDef(name=name, key_field="user" if keyed else None, dimensions=("page",),
+                         distinct=None if keyed else ("user",), values=("ms",), partitions=3)
+
+    one, two = stream(first), stream(second)
+    log, other = backend.open(), backend.open()
+    for s in (one, two):
+        log.ensure_topic(s)
+    return one, two, log, other
+
+
+def assert_same_records(log: EventLog, one: StreamDef, two: StreamDef) -> None:
+    """Both streams hold the same records at the same offsets, ingest times aside."""
+    for p in range(one.partitions):
+        end = log.offsets(one.name)[p].end
+        assert log.offsets(two.name)[p].end == end
         if end:
-            a, b = read_table(log, rows, p, 0, end), read_table(log, columns_stream, p, 0, end)
+            a, b = read_table(log, one, p, 0, end), read_table(log, two, p, 0, end)
             assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))
 
 
@@ -544,14 +556,7 @@ def test_append_column_groups_writes_what_appends_one_after_another_write(backen
     among them included)."""
     from ingest.columnar import columnar_events
 
-    def stream(name: str) -> StreamDef:
-        return StreamDef(name=name, key_field="user" if keyed else None, dimensions=("page",),
-                         distinct=None if keyed else ("user",), values=("ms",), partitions=3)
-
-    one_by_one, grouped = stream("one_by_one"), stream("grouped")
-    log, other = backend.open(), backend.open()  # a round-robin counter each, both starting at 0
-    for s in (one_by_one, grouped):
-        log.ensure_topic(s)
+    one_by_one, grouped, log, other = two_streams(backend, keyed, "one_by_one", "grouped")
     bodies = []
     for size in (7, 40, 1, 25):
         raws = [{"time": T0 + i, "user": f"u{(i * size) % 13}", "page": f"/p{i % 3}", "ms": i * 0.5}
@@ -562,12 +567,7 @@ def test_append_column_groups_writes_what_appends_one_after_another_write(backen
     together = other.append_column_groups(grouped, bodies, T0 + 500)
     assert [r.ranges for r in together] == [r.ranges for r in separately]
     assert together[2].ranges == {} and sum(r.count for r in together) == 73
-    for p in range(3):
-        end = log.offsets("one_by_one")[p].end
-        assert log.offsets("grouped")[p].end == end
-        if end:
-            a, b = read_table(log, one_by_one, p, 0, end), read_table(log, grouped, p, 0, end)
-            assert b.drop_columns([INGEST_TIME]).equals(a.drop_columns([INGEST_TIME]))
+    assert_same_records(log, one_by_one, grouped)
 
 
 @embedded_only
