@@ -2,8 +2,10 @@
 
 Events come from DemoTraffic and are serialised to JSON bodies before the clock starts,
 so the number measures the service (parse, validate, append to the log), not this
-client. `concurrency` threads, each with its own httpx.Client (keep-alive), post the
-bodies from a shared queue.
+client. `concurrency` threads, each with its own keep-alive connection, post the bodies from
+a shared queue: through an httpx.Client (the default), or with `--client wire` each request
+written whole on its socket (bench/http_wire.py), as a load generator such as wrk does, which
+costs a tenth of httpx's CPU a request.
 
     python -m bench.ingest_api --url http://127.0.0.1:8000 --events 200000 --batch 1000 --concurrency 4
 
