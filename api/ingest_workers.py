@@ -121,6 +121,7 @@ class IngestWorkers:
         self._groups: set[asyncio.Task] = set()  # the groups' conversations under way
         self.handled = 0  # bodies the workers appended (tests and benchmarks read it)
         self.groups = 0  # groups of bodies handed to them (bodies a group: benchmarks print it)
+        self.replaced = 0  # workers whose conversation broke off, and another started in their place
 
     @staticmethod
     def takes(body: bytes) -> bool:
@@ -217,6 +218,7 @@ class IngestWorkers:
         worker.close()
         _kill(worker.process)  # one that still runs is in an unknown state
         if not self._stopped:
+            self.replaced += 1
             self._spawn_later()
 
     async def ingest(self, stream: StreamDef, body: bytes, content_type: str, admit: Callable[[int], object], *,

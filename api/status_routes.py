@@ -15,6 +15,7 @@ from api.join_status import join_metrics, join_status
 from api.pattern_status import pattern_metrics, pattern_status
 from api.alert_routes import alert_metrics
 from api.cdc_routes import cdc_metrics
+from api.ingest_metrics import ingest_worker_metrics
 from api.context import ApiContext
 from api.responses import HealthOut, PipelineOut
 from store.health import query_health
@@ -205,11 +206,13 @@ def scrape_sources(ctx: ApiContext) -> list:
         sources.append(("reprocess", lambda: reprocess_routes.reprocess_metrics(ctx.reprocess)))
     if ctx.cdc:
         sources.append(("cdc", lambda: cdc_metrics(ctx.cdc)))
+    if ctx.ingest_workers is not None:
+        sources.append(("ingest_workers", lambda: ingest_worker_metrics(ctx.ingest_workers)))
     sources.append(("device_clocks", lambda: _clock_families(ctx)))
     families = []
     up = GaugeMetricFamily("sketchboard_scrape_source_up", "1 when this scrape read the source (pipeline: the log"
-                           " and the store's progress; lag, query, alerts, leader, reprocess, cdc, device_clocks),"
-                           " 0 when it failed and its metrics are left out", labels=["source"])
+                           " and the store's progress; lag, query, alerts, leader, reprocess, cdc, ingest_workers,"
+                           " device_clocks), 0 when it failed and its metrics are left out", labels=["source"])
     for name, collect in sources:
         try:
             got = list(collect())
