@@ -295,7 +295,7 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
     from bench.ingest_api import prepare_bodies
     from sketchboard.settings import Settings
-    from sketchboard.wiring import build_api
+    from sketchboard.wiring import build_api, ingest_process_count
 
     port = free_port()
     what = "embedded log" if kafka_bootstrap is None else "Kafka"
@@ -327,7 +327,7 @@ def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstra
           f" {result.seconds:.1f} s = {rate:,.0f} events/s ({result.requests} requests of {batch},"
           f" {concurrency} {client} clients"
           f" in {'their own process' if clients == 'process' else 'threads of the API process'},"
-          f" {settings.ingest_processes} ingest processes{group_sizes(ctx.ingest_workers)},"
+          f" {ingest_process_count(settings)} ingest processes{group_sizes(ctx.ingest_workers)},"
           f" p50 {result.percentile_ms(0.5):.0f} ms,"
           f" p99 {result.percentile_ms(0.99):.0f} ms; {written:,} in the log"
           + (f"; failed requests {result.failed_requests}: {result.first_problem}" if result.failed_requests else "")
@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the clients' HTTP: httpx (as an application posts), or each request written whole on"
                              " its socket (wire: bench/http_wire.py, as a load generator such as wrk does)")
     parser.add_argument("--ingest-processes", type=int,
-                        help="the API's ingest_processes setting (default: the setting's, 0: threads of the API process)")
+                        help="the API's ingest_processes setting (default: the setting's, auto; 0: threads of the"
+                             " API process)")
     parser.add_argument("--api-compare", action="store_true",
                         help="post the same events with columnar_ingest off, then on (side by side in one run)")
     args = parser.parse_args(argv)

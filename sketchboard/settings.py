@@ -53,6 +53,24 @@ def _setting_duration(value: Any) -> int:
 
 DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
 
+INGEST_PROCESSES_MAX = 64
+
+
+def _processes_or_auto(value: Any) -> int | str:
+    """`ingest_processes`: a whole number of processes from 0 to INGEST_PROCESSES_MAX (as text too, from
+    the environment), or "auto"; anything else refused with one reason rather than one per union branch."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    number = value.strip() if isinstance(value, str) else value
+    if isinstance(number, str) and re.fullmatch(r"\d+", number, re.ASCII):
+        number = int(number)
+    if isinstance(number, int) and not isinstance(number, bool) and 0 <= number <= INGEST_PROCESSES_MAX:
+        return number
+    raise ValueError(f"a number of worker processes from 0 to {INGEST_PROCESSES_MAX}, or auto; got {value!r}")
+
+
+ProcessesOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_processes_or_auto)]
+
 
 def _spark_memory(value: str) -> int:
     """Bytes of a Spark/JVM memory size (no unit: bytes, as -Xmx and Spark's memory check read it);
@@ -88,9 +106,10 @@ class Settings(BaseSettings):
     ingest_threads: int = Field(0, ge=0, description="request bodies parsed, checked and appended at once; more"
                                 " wait their turn (0: one per core on the embedded log, no bound on Kafka, where"
                                 " an append waits for the brokers' acknowledgements)")
-    ingest_processes: int = Field(0, ge=0, le=64, description="worker processes that parse, check and append"
-                                  " request bodies to the embedded log off the API process's GIL (0: threads of"
-                                  " the API process; docs/ingest-and-api.md)")
+    ingest_processes: ProcessesOrAuto = Field(
+        "auto", description="worker processes that parse, check and append request bodies to the embedded log off"
+        " the API process's GIL (0: threads of the API process; auto: one more than the cores, at most 4, on the"
+        " embedded log, 0 on Kafka; docs/ingest-and-api.md)")
     query_max_points: int = Field(11_000, ge=10, description="points per series a query may return")
 
     # Security (docs/security.md)
@@ -431,7 +450,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _group_commit_needs_kafka(self) -> Settings:
-        if self.ingest_processes and self.log_backend != "embedded":
+        if self.ingest_processes not in (0, "auto") and self.log_backend != "embedded":
             raise ValueError("ingest_processes append to the embedded log; on Kafka the API's threads wait for the"
                              " brokers' acknowledgements (set ingest_threads instead)")
         if self.kafka_commit_offsets and self.log_backend != "kafka":

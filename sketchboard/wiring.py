@@ -342,17 +342,37 @@ def ingest_slots(settings: Settings) -> int | None:
     return available_cores()
 
 
+# `ingest_processes: auto`'s ceiling. The API process's event loop takes ~1.2-1.5 ms of each 1 000-event
+# request (HTTP, tokens, the body down a socket) against a worker's ~3.5-4.5, so past ~4 workers it is
+# the one that waits, whatever the cores (docs/benchmarks.md, sessions 84-85).
+AUTO_INGEST_PROCESSES_MAX = 4
+
+
+def ingest_process_count(settings: Settings) -> int:
+    """How many ingest worker processes the API starts: `ingest_processes`, or for `auto` one more
+    than the cores this process may run on, at most AUTO_INGEST_PROCESSES_MAX, on the embedded log
+    (the extra one takes the body that would wait while the others' answers cross the API process:
+    3 workers beat 2 on 2 cores, docs/benchmarks.md session 84), and none on Kafka, where an append
+    waits for the brokers and the API's threads do that wait."""
+    if settings.ingest_processes != "auto":
+        return settings.ingest_processes
+    if settings.log_backend != "embedded":
+        return 0
+    return min(available_cores() + 1, AUTO_INGEST_PROCESSES_MAX)
+
+
 def ingest_workers(settings: Settings, limits):
-    """The API's ingest worker processes (api/ingest_workers.py), or None: `ingest_processes`.
+    """The API's ingest worker processes (api/ingest_workers.py), or None: ingest_process_count.
     `limits`: the JSON bounds of the API's security settings, which the workers check too."""
-    if not settings.ingest_processes:
+    processes = ingest_process_count(settings)
+    if not processes:
         return None
     from api.ingest_workers import IngestWorkers
     from sketchboard.allocators import child_environment
 
     # A 10 000-event body's work in a worker whose allocators give freed memory back at once ran
     # 10-20 % slower than in the API process's threads (docs/benchmarks.md, session 82).
-    return IngestWorkers(settings.log_path, settings.log_sync, limits, settings.ingest_processes,
+    return IngestWorkers(settings.log_path, settings.log_sync, limits, processes,
                          environment=child_environment())
 
 

@@ -28,6 +28,13 @@ if "SPARK_SUBMIT_OPTS" not in os.environ:
 
     os.environ["SPARK_SUBMIT_OPTS"] = driver_opts()
 
+# The APIs tests build in this process run their ingest in threads (`ingest_processes` 0) unless a
+# test sets it: `auto`, the default, would start a worker process per core + 1 for each of the
+# suite's many APIs (~1 s of CPU each to start). The services tests/procs.py starts as real
+# processes drop this and run with the default, as `make run` does; tests/api/test_ingest_workers.py
+# tests the workers themselves.
+os.environ.setdefault("SKETCHBOARD_INGEST_PROCESSES", "0")
+
 from catalog import Catalog, load_catalog
 from tests.support.teardown import reported_if_slow
 

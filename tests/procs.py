@@ -42,6 +42,13 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 60) -> None:
         proc.wait()
 
 
+def service_environment() -> dict[str, str]:
+    """This environment for a real `sketchboard` process, less the suite's own
+    SKETCHBOARD_INGEST_PROCESSES (tests/conftest.py): a real service runs with the default, ingest
+    worker processes on the embedded log, as `make run` does."""
+    return {k: v for k, v in os.environ.items() if k != "SKETCHBOARD_INGEST_PROCESSES"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,7 +65,8 @@ class Service:
         # first is then 2 000 rows for the pipeline to catch up on, not 50 000 (a minute of a test).
         self.settings_file.write_text(yaml.safe_dump(
             {"data_dir": str(root / "data"), "host": "127.0.0.1", "port": self.port, "demo_users": 2_000, **settings}))
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "SKETCHBOARD_SETTINGS_FILE": str(self.settings_file)}
+        self.env = {**service_environment(), "PYTHONUNBUFFERED": "1",
+                    "SKETCHBOARD_SETTINGS_FILE": str(self.settings_file)}
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: dict[str, object] = {}
         self.http = httpx.Client(base_url=self.base, timeout=10)

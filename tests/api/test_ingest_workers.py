@@ -301,10 +301,19 @@ def test_a_worker_that_dies_is_replaced_and_no_request_is_lost(ctx, workers, now
         started(served)
         assert {p.pid for p in workers.running()}.isdisjoint(pids)
         later = http.post(EVENTS, params={"stream": STREAM}, json=events(now_ms, 200, first=5000))
+        scraped = http.get("/metrics").text
     assert [a.status_code for a in answers + [later]] == [200] * 5
     assert sum(a.json()["accepted"] for a in answers + [later]) == 1000
     assert len(stored(ctx)) == 1000
     assert workers.handled >= 1  # the last one at least went to a new worker
+    # What an operator sees of it on /metrics.
+    assert 'sketchboard_scrape_source_up{source="ingest_workers"} 1.0' in scraped
+    for line in ("sketchboard_ingest_workers_configured 2.0", "sketchboard_ingest_workers_ready 2.0",
+                 "sketchboard_ingest_workers_replaced_total 2.0", "sketchboard_ingest_bodies_waiting 0.0",
+                 "sketchboard_ingest_worker_groups_in_progress 0.0",
+                 f"sketchboard_ingest_worker_bodies_appended_total {workers.handled:.1f}",
+                 f"sketchboard_ingest_worker_groups_total {workers.groups:.1f}"):
+        assert line in scraped.splitlines(), line
 
 
 def test_workers_that_cannot_start_leave_the_bodies_to_the_api_process(ctx, now_ms, tmp_path):
@@ -338,3 +347,37 @@ def test_ingest_processes_append_to_the_embedded_log_only(tmp_path):
     assert Settings(data_dir=tmp_path, ingest_processes=2).ingest_processes == 2
     with pytest.raises(ValueError, match="ingest_processes append to the embedded log"):
         Settings(data_dir=tmp_path, ingest_processes=2, log_backend="kafka", kafka_bootstrap_servers="b:9092")
+
+
+KAFKA = {"log_backend": "kafka", "kafka_bootstrap_servers": "b:9092"}
+
+
+@pytest.mark.parametrize(("cores", "log", "expected"), [
+    (1, {}, 2), (2, {}, 3), (3, {}, 4), (16, {}, 4),  # one more than the cores, at most 4
+    (2, KAFKA, 0),  # on Kafka the API's threads wait for the brokers' acknowledgements
+])
+def test_ingest_processes_auto_is_one_more_than_the_cores_at_most_four_on_the_embedded_log(
+        tmp_path, monkeypatch, cores, log, expected):
+    from sketchboard import wiring
+
+    monkeypatch.delenv("SKETCHBOARD_INGEST_PROCESSES")  # the suite's own 0 (tests/conftest.py)
+    monkeypatch.setattr(wiring, "available_cores", lambda: cores)
+    settings = Settings(data_dir=tmp_path, **log)
+    assert settings.ingest_processes == "auto"  # the default
+    assert wiring.ingest_process_count(settings) == expected
+    assert wiring.ingest_process_count(Settings(data_dir=tmp_path, ingest_processes=1)) == 1  # as set
+    assert wiring.ingest_process_count(Settings(data_dir=tmp_path, ingest_processes=0, **log)) == 0
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("3", 3), ("0", 0)])
+def test_ingest_processes_from_the_environment(tmp_path, monkeypatch, value, expected):
+    monkeypatch.setenv("SKETCHBOARD_INGEST_PROCESSES", value)
+    assert Settings(data_dir=tmp_path).ingest_processes == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "65", "many", "2.5"])
+def test_an_ingest_processes_neither_a_count_nor_auto_is_refused_with_its_reason(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("SKETCHBOARD_INGEST_PROCESSES", value)
+    with pytest.raises(ValueError, match="ingest_processes") as refused:
+        Settings(data_dir=tmp_path)
+    assert "auto" in str(refused.value)  # the other form it may take

@@ -4,7 +4,6 @@ Chromium showing them, then the next ones, without a reload."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import free_port, stop_group
+from tests.procs import free_port, service_environment, stop_group
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -26,7 +25,7 @@ def service(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "sketchboard.cli", "up", "--no-demo", "--port", str(port),
              "--data-dir", str(tmp_path / "data")],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT,
+            env={**service_environment(), "PYTHONUNBUFFERED": "1"}, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"

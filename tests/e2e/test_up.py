@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.procs import alive, free_port, stop_group
+from tests.procs import alive, free_port, service_environment, stop_group
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ def _up(tmp_path, settings: dict[str, str] | None = None):
     """`sketchboard up --no-demo` on a free port, answering /healthz: yields (base, proc, its folder).
     `settings`: SKETCHBOARD_* variables (another log backend's)."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(settings or {})}
+    env = {**service_environment(), "PYTHONUNBUFFERED": "1", **(settings or {})}
     log_file = open(tmp_path / "up.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sketchboard.cli", "up", "--no-demo", "--port", str(port), "--data-dir",
@@ -72,6 +72,9 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
     # (aggregates/spark.py LazySpark, aggregates/driver_serving.py).
     tree = _tree(proc.pid)
     assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
+    # The ingest worker processes of `ingest_processes: auto`, under the API: one more than the cores,
+    # at most 4 (sketchboard/wiring.py); they took the body above.
+    assert len(_ingest_workers(proc.pid)) == min(len(os.sched_getaffinity(0)) + 1, 4)
 
 
 @pytest.mark.kafka
@@ -84,6 +87,20 @@ def test_up_on_kafka_serves_the_topics_with_no_jvm(tmp_path, kafka_broker):
         _post_then_query(base, proc, folder, 0, int(time.time() * 1000))
         tree = _tree(proc.pid)
         assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
+        assert _ingest_workers(proc.pid) == []  # `auto` on Kafka: the API's threads wait for the brokers
+
+
+def _ingest_workers(pid: int) -> list[int]:
+    """The ingest worker processes in `pid`'s tree (api/ingest_worker.py)."""
+    found = []
+    for child in _tree(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if b"api.ingest_worker" in f.read().split(b"\0"):
+                    found.append(child)
+        except OSError:
+            continue
+    return found
 
 
 def _post_then_query(base: str, proc, tmp_path, before: float, now_ms: int) -> None:
@@ -170,11 +187,15 @@ def test_sigkill_to_up_alone_stops_its_children(own_up):
 
 
 def _started_children(pid: int) -> list[int]:
+    """`up`'s children (api and pipeline, --no-demo) and theirs: the API's ingest workers among them."""
     deadline = time.monotonic() + 30
     while len(children := _children(pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)  # the pipeline starts right after the API answers
-    assert len(children) == 2  # api and pipeline (--no-demo)
-    return children
+    assert len(children) == 2
+    while not _ingest_workers(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)  # started in the background once the API serves
+    assert _ingest_workers(pid)
+    return _tree(pid)
 
 
 def _assert_gone(children: list[int], when: str) -> None:

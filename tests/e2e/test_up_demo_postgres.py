@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from demo.pg_tables import SCHEMA
-from tests.procs import free_port, stop_group
+from tests.procs import free_port, service_environment, stop_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -85,7 +85,7 @@ def test_up_with_the_demo_tables_in_postgres_follows_them_and_counts_requests_pe
     base = f"http://127.0.0.1:{port}"
     # A demo shop of 2 000 users, as tests/procs.py gives every real-process test: the shipped
     # 50 000 rows are a snapshot, a first batch and a table read to wait for, showing nothing more.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SKETCHBOARD_DEMO_POSTGRES_DSN": demo_database,
+    env = {**service_environment(), "PYTHONUNBUFFERED": "1", "SKETCHBOARD_DEMO_POSTGRES_DSN": demo_database,
            "SKETCHBOARD_DEMO_RATE": "40", "SKETCHBOARD_DEMO_USERS": "2000"}
     log_file = tmp_path / "up.log"
     with open(log_file, "w") as out:
