@@ -205,7 +205,9 @@ def cmd_api(args: argparse.Namespace) -> int:
     # Lag is sampled and alerts are evaluated in the API process (they matter most while the pipeline
     # is down), by one replica at a time: the one holding the leader lease (sketchboard/leader.py).
     ctx.leadership.start()
-    log.info("API on %s (data in %s)", settings.base_url, settings.data_dir.resolve())
+    workers = ctx.ingest_workers  # started once it serves (api/app.py)
+    log.info("API on %s (data in %s; %s)", settings.base_url, settings.data_dir.resolve(),
+             f"ingest in {workers.processes} worker processes" if workers is not None else "ingest in threads")
     try:
         # uvicorn's websockets-sansio protocol (its default) logs this error after any handshake
         # refused with an HTTP answer (the security middleware's 401/403), though the client got

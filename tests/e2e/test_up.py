@@ -74,7 +74,9 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
     assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
     # The ingest worker processes of `ingest_processes: auto`, under the API: one more than the cores,
     # at most 4 (sketchboard/wiring.py); they took the body above.
-    assert len(_ingest_workers(proc.pid)) == min(len(os.sched_getaffinity(0)) + 1, 4)
+    workers = min(len(os.sched_getaffinity(0)) + 1, 4)
+    assert len(_ingest_workers(proc.pid)) == workers
+    assert f"; ingest in {workers} worker processes)" in (tmp_path / "up.log").read_text()  # as the API says
 
 
 @pytest.mark.kafka
@@ -88,6 +90,7 @@ def test_up_on_kafka_serves_the_topics_with_no_jvm(tmp_path, kafka_broker):
         tree = _tree(proc.pid)
         assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
         assert _ingest_workers(proc.pid) == []  # `auto` on Kafka: the API's threads wait for the brokers
+        assert "; ingest in threads)" in (folder / "up.log").read_text()
 
 
 def _ingest_workers(pid: int) -> list[int]:
