@@ -290,7 +290,7 @@ def wait_for_ingest_workers(ctx, timeout_s: float = 60.0) -> None:
 
 def bench_api(root: Path, catalog, events: int, concurrency: int, kafka_bootstrap: str | None = None,
               figures: dict | None = None, *, batch: int = 1000, columnar: bool = True,
-              body_format: str = "json", clients: str = "process", ingest_processes: int | None = None,
+              body_format: str = "json", clients: str = "process", ingest_processes: int | str | None = None,
               client: str = "httpx") -> None:
     """POST /api/v1/events into the embedded log, or into Kafka topics when kafka_bootstrap is set."""
     from bench.ingest_api import prepare_bodies
@@ -397,9 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-client", choices=CLIENTS, default="httpx",
                         help="the clients' HTTP: httpx (as an application posts), or each request written whole on"
                              " its socket (wire: bench/http_wire.py, as a load generator such as wrk does)")
-    parser.add_argument("--ingest-processes", type=int,
-                        help="the API's ingest_processes setting (default: the setting's, auto; 0: threads of the"
-                             " API process)")
+    parser.add_argument("--ingest-processes",
+                        help="the API's ingest_processes setting, a number or auto (default: the setting's, auto; 0:"
+                             " threads of the API process)")
     parser.add_argument("--api-compare", action="store_true",
                         help="post the same events with columnar_ingest off, then on (side by side in one run)")
     args = parser.parse_args(argv)
