@@ -360,7 +360,7 @@ def test_ingest_processes_auto_is_one_more_than_the_cores_at_most_four_on_the_em
         tmp_path, monkeypatch, cores, log, expected):
     from sketchboard import wiring
 
-    monkeypatch.delenv("SKETCHBOARD_INGEST_PROCESSES")  # the suite's own 0 (tests/conftest.py)
+    monkeypatch.delenv("SKETCHBOARD_INGEST_PROCESSES", raising=False)  # the suite's own 0 (tests/conftest.py)
     monkeypatch.setattr(wiring, "available_cores", lambda: cores)
     settings = Settings(data_dir=tmp_path, **log)
     assert settings.ingest_processes == "auto"  # the default
