@@ -360,6 +360,16 @@ def print_table(figures: dict[str, dict]) -> None:
               f" | {cell(row, 'api')}{latency} |", flush=True)
 
 
+def ingest_processes_argument(text: str) -> int | str:
+    """`--ingest-processes`: what the setting takes (a number or auto), refused here with its reason."""
+    from sketchboard.settings import processes_or_auto
+
+    try:
+        return processes_or_auto(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=2_000_000, help="events in the log for the pipeline run")
@@ -397,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-client", choices=CLIENTS, default="httpx",
                         help="the clients' HTTP: httpx (as an application posts), or each request written whole on"
                              " its socket (wire: bench/http_wire.py, as a load generator such as wrk does)")
-    parser.add_argument("--ingest-processes",
+    parser.add_argument("--ingest-processes", type=ingest_processes_argument,
                         help="the API's ingest_processes setting, a number or auto (default: the setting's, auto; 0:"
                              " threads of the API process)")
     parser.add_argument("--api-compare", action="store_true",

@@ -56,7 +56,7 @@ DurationMs = Annotated[int, BeforeValidator(_setting_duration)]
 INGEST_PROCESSES_MAX = 64
 
 
-def _processes_or_auto(value: Any) -> int | str:
+def processes_or_auto(value: Any) -> int | str:
     """`ingest_processes`: a whole number of processes from 0 to INGEST_PROCESSES_MAX (as text too, from
     the environment), or "auto"; anything else refused with one reason rather than one per union branch."""
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -69,7 +69,7 @@ def _processes_or_auto(value: Any) -> int | str:
     raise ValueError(f"a number of worker processes from 0 to {INGEST_PROCESSES_MAX}, or auto; got {value!r}")
 
 
-ProcessesOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_processes_or_auto)]
+ProcessesOrAuto = Annotated[int | Literal["auto"], BeforeValidator(processes_or_auto)]
 
 
 def _spark_memory(value: str) -> int:
@@ -449,7 +449,7 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _group_commit_needs_kafka(self) -> Settings:
+    def _log_backend_specific_settings(self) -> Settings:
         if self.ingest_processes not in (0, "auto") and self.log_backend != "embedded":
             raise ValueError("ingest_processes append to the embedded log; on Kafka the API's threads wait for the"
                              " brokers' acknowledgements (set ingest_threads instead)")

@@ -156,3 +156,13 @@ def test_the_ingest_benchmark_says_how_many_groups_the_workers_took_the_bodies_i
     assert group_sizes(SimpleNamespace(handled=1200, groups=820)) == " (1,200 bodies in 820 groups)"
     assert group_sizes(SimpleNamespace(handled=0, groups=0)) == ""
     assert group_sizes(None) == ""
+
+
+def test_the_benchmarks_ingest_processes_takes_what_the_setting_takes(capsys):
+    from bench.throughput import ingest_processes_argument, main
+
+    assert ingest_processes_argument("auto") == "auto"
+    assert ingest_processes_argument("3") == 3
+    with pytest.raises(SystemExit):
+        main(["--ingest-processes", "many"])
+    assert "--ingest-processes: a number of worker processes from 0 to 64, or auto; got 'many'" in capsys.readouterr().err
