@@ -165,4 +165,5 @@ def test_the_benchmarks_ingest_processes_takes_what_the_setting_takes(capsys):
     assert ingest_processes_argument("3") == 3
     with pytest.raises(SystemExit):
         main(["--ingest-processes", "many"])
-    assert "--ingest-processes: a number of worker processes from 0 to 64, or auto; got 'many'" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "--ingest-processes: a number of worker processes from 0 to 64, or auto; got 'many'" in refused
