@@ -16,6 +16,8 @@ import time
 import httpx
 import pytest
 
+from sketchboard.settings import Settings
+from sketchboard.wiring import ingest_process_count
 from tests.procs import alive, free_port, service_environment, stop_group
 
 pytestmark = pytest.mark.e2e
@@ -72,9 +74,9 @@ def test_post_events_then_query_their_metrics_a_few_seconds_later(shared_up):
     # (aggregates/spark.py LazySpark, aggregates/driver_serving.py).
     tree = _tree(proc.pid)
     assert [p for p in tree if _name(p) == "java"] == [], [_name(p) for p in tree]
-    # The ingest worker processes of `ingest_processes: auto`, under the API: one more than the cores,
-    # at most 4 (sketchboard/wiring.py); they took the body above.
-    workers = min(len(os.sched_getaffinity(0)) + 1, 4)
+    # The ingest worker processes of `ingest_processes: auto`, under the API, as the wiring resolves it
+    # (its rule: tests/api/test_ingest_workers.py); they took the body above.
+    workers = ingest_process_count(Settings(data_dir=tmp_path, ingest_processes="auto"))
     assert len(_ingest_workers(proc.pid)) == workers
     assert f"; ingest in {workers} worker processes)" in (tmp_path / "up.log").read_text()  # as the API says
 
