@@ -90,15 +90,17 @@ def few_events(body: bytes) -> bool:
     return len(body) <= SMALL_BODY_BYTES and body.count(b"{") <= SMALL_BODY_OBJECTS
 
 
-def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: JsonLimits) -> pa.Table | None:
+def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: JsonLimits, *,
+                  reader: str = "arrow") -> pa.Table | None:
     """The body's events as validated columns when every one of them is valid and plain
     (ingest/columnar.py), else None: `parse_events` and the per-event validator then decide,
-    with their reasons. Runs in a worker thread: Arrow's reader releases the GIL."""
+    with their reasons. `reader`: Arrow's, which releases the GIL (the API process's threads), or
+    msgspec's (an ingest worker process, where nothing else waits for the GIL)."""
     if not limits_allow(limits):
         return None
     head = body.removeprefix(b"\xef\xbb\xbf").lstrip()
     ndjson = read_as_ndjson(content_type, head.startswith(b"["))
-    return columnar_events(stream, body.removeprefix(b"\xef\xbb\xbf"), ndjson=ndjson)
+    return columnar_events(stream, body.removeprefix(b"\xef\xbb\xbf"), ndjson=ndjson, reader=reader)
 
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from ingest.log import LogUnavailable
 
 LENGTH = struct.Struct("!I")  # a frame: its length, then a pickle
 
+WORKER_READER = "msgspec"  # what reads a body into columns here (ingest/columnar.py READERS)
+
 
 def _read(sock: socket.socket) -> tuple | None:
     """The next message, or None at the end of the socket (the API process closed it or died)."""
@@ -57,7 +59,7 @@ def serve(sock: socket.socket) -> None:
     settings = hello[1]
     event_log = SqliteEventLog(settings["log_path"], synchronous=settings["log_sync"])
     limits = settings["limits"]
-    warm_columnar_path()
+    warm_columnar_path(WORKER_READER)
     _write(sock, ("ready",))
     while (message := _read(sock)) is not None:
         _, stream, items, ingest_time_ms = message
@@ -78,7 +80,9 @@ def _group(sock: socket.socket, event_log, limits, stream, items: list[tuple[byt
     held: list[pa.Table] = []  # the API process decides
     for index, (body, content_type, admitted) in enumerate(items):
         try:
-            columns = columnar_body(stream, body, content_type, limits)
+            # msgspec's decoder: it holds the GIL, which no other thread here wants, and reads a
+            # 1 000-event body ~0.5-0.9 ms faster than Arrow's (ingest/columnar_msgspec.py).
+            columns = columnar_body(stream, body, content_type, limits, reader=WORKER_READER)
         except Exception as exc:  # never expected: the API process logs it and takes the per-event path
             answers[index] = ("failed", repr(exc))
             continue

@@ -2,8 +2,9 @@
 
 The per-event validator (ingest/events.py) costs a pydantic model per event and explains every
 reason an event is refused. Most bodies have nothing to refuse: every line an object with the
-stream's declared fields, of the declared JSON types. For those, Arrow's JSON reader (C++,
-multi-threaded) parses the body straight into the log's segment columns and the rules are
+stream's declared fields, of the declared JSON types. For those, Arrow's JSON reader (C++; it
+releases the GIL) parses the body straight into the log's segment columns, or in the ingest
+worker processes msgspec's typed decoder does (ingest/columnar_msgspec.py), and the rules are
 checked on whole columns.
 
 This path only ever says "all of these events are valid, here they are" or "I cannot tell"
@@ -26,6 +27,7 @@ import pyarrow.json as pj
 
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
+from ingest.columnar_msgspec import msgspec_fields
 from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH, NUL
 from ingest.json_limits import JsonLimits
 
@@ -69,19 +71,24 @@ def object_lines(body: bytes) -> int | None:
     return count
 
 
-def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True) -> pa.Table | None:
+READERS = ("arrow", "msgspec")  # what reads a body into columns (columnar_events)
+
+
+def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, reader: str = "arrow") -> pa.Table | None:
     """The body's events (NDJSON, or a JSON array with `ndjson=False`) as columns named like the
     stream's fields — the event time in epoch ms, labels with missing dimensions as "" — or None
-    when the per-event path must decide."""
+    when the per-event path must decide. `reader`: Arrow's JSON reader, which releases the GIL
+    (threads), or msgspec's decoder, faster but holding it (processes: ingest/columnar_msgspec.py).
+    Either takes only bodies the per-event path accepts whole, into the same columns."""
     try:
-        return _columnar_events(stream, body, ndjson)
+        return _columnar_events(stream, body, ndjson, reader)
     except pa.ArrowException:
         # Arrow 26 fails on some shapes it produced itself (combining a list<null> or a struct
         # with no fields): never an answer of its own, the per-event path decides.
         return None
 
 
-def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool) -> pa.Table | None:
+def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool, reader: str) -> pa.Table | None:
     if stream.sent_time_field:
         return None  # a second time field, by the device's clock: not read as columns yet
     if not body.strip():
@@ -97,6 +104,12 @@ def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool) -> pa.Table |
         stripped = body.strip()
         if not (stripped.startswith(b"[") and stripped.endswith(b"]")):
             return None  # the wrapper below must hold one array and nothing else
+    if reader == "msgspec":
+        read = msgspec_fields(stream, body, ndjson, lines)
+        if read is None:
+            return None
+        fields, rows = read
+        return _validated(stream, fields, rows, search_nul=_may_hold_nul(body))
     try:
         # Types inferred, then checked: measured twice as fast here as an explicit schema, and a
         # value of another JSON type than its column's is an error either way. One thread: the

@@ -2,8 +2,9 @@
 
 Property: whatever body the columnar path takes, the per-event path (api/bodies.parse_events,
 the stream's EventValidator and the JSON bounds) accepts every event of it, and both give the
-same segment batch. Whatever the columnar path leaves (None) is decided by the per-event path
-as before, so the API's answers cannot depend on which one ran. And it does take the plain
+same segment batch, with either reader (Arrow's, msgspec's: ingest/columnar.py READERS).
+Whatever the columnar path leaves (None) is decided by the per-event path as before, so the
+API's answers cannot depend on which one ran. And it does take the plain
 bodies producers send, NDJSON and JSON arrays, or it would be dead weight.
 """
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from api.bodies import MalformedLine, columnar_body, parse_events
 from catalog.loader import parse_catalog
-from ingest.columnar import _plain_numbers, columnar_events, limits_allow, object_lines
+from ingest.columnar import READERS, _plain_numbers, columnar_events, limits_allow, object_lines
 from ingest.events import EventValidator
 from ingest.json_limits import JsonLimits, violation
 from ingest.log.records import columns_to_batch, events_to_batch
@@ -120,8 +121,8 @@ def per_event(body: bytes, content_type: str, stream=STREAM) -> tuple[list, list
     return accepted, rejected
 
 
-def assert_same_as_per_event(body: bytes, content_type: str, stream=STREAM):
-    columns = columnar_body(stream, body, content_type, LIMITS)
+def assert_same_as_per_event(body: bytes, content_type: str, stream=STREAM, reader: str = "arrow"):
+    columns = columnar_body(stream, body, content_type, LIMITS, reader=reader)
     if columns is None:
         return None
     accepted, rejected = per_event(body, content_type, stream)
@@ -130,25 +131,28 @@ def assert_same_as_per_event(body: bytes, content_type: str, stream=STREAM):
     return columns
 
 
+@pytest.mark.parametrize("reader", READERS)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(any_event, min_size=1, max_size=8), blank=st.booleans(), two=st.booleans(), broken=st.booleans())
-def test_an_ndjson_body_taken_as_columns_is_one_the_per_event_path_accepts_whole(events, blank, two, broken):
+def test_an_ndjson_body_taken_as_columns_is_one_the_per_event_path_accepts_whole(reader, events, blank, two, broken):
     assert_same_as_per_event(ndjson(events, blank_lines=blank, two_on_a_line=two, broken=broken),
-                             "application/x-ndjson")
+                             "application/x-ndjson", reader=reader)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(any_event, min_size=0, max_size=8))
-def test_a_json_array_taken_as_columns_is_one_the_per_event_path_accepts_whole(events):
-    assert_same_as_per_event(json.dumps(events).encode(), "application/json")
+def test_a_json_array_taken_as_columns_is_one_the_per_event_path_accepts_whole(reader, events):
+    assert_same_as_per_event(json.dumps(events).encode(), "application/json", reader=reader)
 
 
+@pytest.mark.parametrize("reader", READERS)
 @settings(max_examples=150, deadline=None)
 @given(events=st.lists(clean_event, min_size=1, max_size=30), array=st.booleans())
-def test_plain_valid_bodies_take_the_columnar_path(events, array):
+def test_plain_valid_bodies_take_the_columnar_path(reader, events, array):
     body, content_type = (json.dumps(events).encode(), "application/json") if array else \
         (ndjson(events), "application/x-ndjson")
-    columns = assert_same_as_per_event(body, content_type)
+    columns = assert_same_as_per_event(body, content_type, reader=reader)
     assert columns is not None and columns.num_rows == len(events)
 
 
@@ -179,7 +183,6 @@ def test_object_lines_examples(body, lines):
 @pytest.mark.parametrize("body", [
     b'{"time": 1795000000000, "device": "d", "site": "a\xff"}',  # not UTF-8: the 400 is the per-event path's
     b'{"time": 1795000000000, "device": "d"} {"time": 1795000000000, "device": "e"}',  # two on a line
-    b'{"time": 1795000000000, "device": "d", "device": "e"}',  # a name twice
     b'{"time": 1795000000000, "device": "d", "temp": NaN}',
     b'{"time": 1795000000000, "device": "d", "temp": 1e999}',
     b'{"time": 1795000000000, "device": "d", "temp": 1' + b"0" * 45 + b'}',  # past max_int_digits, read as 1e45
@@ -192,9 +195,29 @@ def test_object_lines_examples(body, lines):
     b'{"time": 1795000000000, "device": "d\\u0000"}',
     b'{"time": 1795000000000, "device": "d", "site": "a\x00b"}',  # a raw NUL: malformed JSON
     ('{"time": 1795000000000, "device": "%s"}' % ("中" * 700)).encode(),  # 2 100 bytes: over a label's
+    b'{"time": 18446744073709551615, "device": "d"}',  # past int64
+    # A newline inside a string is malformed JSON: msgspec's reader joins the lines with commas,
+    # which must not make one line's string swallow the next line's brace.
+    b'{"time": 1795000000000, "device": "x\n{"}, {"time": 1795000000000, "device": "y"}',
+    # Two lines joined into one event: an array of objects across them.
+    b'{"time": 1795000000000, "device": "d", "kind": [{"x": 1}\n{"y": 2}]}',
+    b'{"time": 1795000000000, "device": "d"}\n{"time": 1795000000000, "device": "e"\n}',
 ], ids=lambda b: b[:40].decode("utf-8", "replace"))
-def test_what_the_columnar_path_leaves_to_the_per_event_one(body):
-    assert columnar_events(STREAM, body) is None
+@pytest.mark.parametrize("reader", READERS)
+def test_what_the_columnar_path_leaves_to_the_per_event_one(body, reader):
+    assert columnar_events(STREAM, body, reader=reader) is None
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_name_twice_is_left_or_read_as_the_per_event_path_reads_it(reader):
+    """Arrow's reader refuses a name twice in an object; msgspec's keeps the last value, as the
+    per-event path's json.loads does, so it takes the body into the same batch."""
+    body = b'{"time": 1795000000000, "device": "d", "device": "e"}'
+    columns = assert_same_as_per_event(body, "application/x-ndjson", reader=reader)
+    if reader == "arrow":
+        assert columns is None
+    else:
+        assert columns.column("device").to_pylist() == ["e"]
 
 
 @pytest.mark.parametrize("columns, plain", [
@@ -222,13 +245,14 @@ def test_the_value_columns_checks_run_once_over_every_column(columns, plain):
     ("a\\u0000b", True),  # the text of an escape, not a NUL: the body's bytes hold `\\u0000`
 ], ids=lambda v: v if isinstance(v, bool) else f"{len(v)} chars {len(v.encode())} bytes")
 @pytest.mark.parametrize("field", ["site", "device"])
-def test_labels_at_the_character_and_byte_limits_are_decided_as_the_per_event_path_does(label, taken, field):
+@pytest.mark.parametrize("reader", READERS)
+def test_labels_at_the_character_and_byte_limits_are_decided_as_the_per_event_path_does(label, taken, field, reader):
     """The columnar path counts a label's characters only where its bytes could be too many, and
     searches for a NUL only in a body that holds one: each label here is taken, or left to the
     per-event path that refuses it, exactly as that path decides."""
     events = [{"time": T0, "device": "d", "site": "s"}, {"time": T0 + 1, "device": "e", field: label}]
     for body, content_type in ((ndjson(events), "application/x-ndjson"), (json.dumps(events).encode(), "application/json")):
-        columns = assert_same_as_per_event(body, content_type)
+        columns = assert_same_as_per_event(body, content_type, reader=reader)
         assert (columns is not None) == taken
         if not taken:
             assert per_event(body, content_type, STREAM)[1], "the per-event path refuses it"
@@ -243,9 +267,10 @@ def test_tighter_json_bounds_than_the_validator_turn_the_columnar_path_off():
     assert columnar_body(STREAM, body, "application/x-ndjson", JsonLimits()) is not None
 
 
-def test_seconds_become_milliseconds_and_big_integers_round_like_python():
+@pytest.mark.parametrize("reader", READERS)
+def test_seconds_become_milliseconds_and_big_integers_round_like_python(reader):
     body = ndjson([{"time": 1_795_000_000, "device": "d", "temp": 2**60 + 1}])
-    columns = assert_same_as_per_event(body, "application/x-ndjson")
+    columns = assert_same_as_per_event(body, "application/x-ndjson", reader=reader)
     assert columns.column("time").to_pylist() == [1_795_000_000_000]
     assert columns.column("temp").to_pylist() == [float(2**60 + 1)]
     assert not math.isnan(columns.column("temp")[0].as_py())
@@ -256,12 +281,13 @@ order = st.fixed_dictionaries({"time": st.integers(T0, T0 + 10**7)},
                                         "country": clean_labels, "amount": st.floats(0, 1e4)})
 
 
+@pytest.mark.parametrize("reader", READERS)
 @settings(max_examples=200, deadline=None)
 @given(orders=st.lists(order, min_size=1, max_size=8), array=st.booleans())
-def test_an_event_id_is_required_on_both_paths(orders, array):
+def test_an_event_id_is_required_on_both_paths(reader, orders, array):
     body, content_type = (json.dumps(orders).encode(), "application/json") if array else \
         (ndjson(orders), "application/x-ndjson")
-    columns = assert_same_as_per_event(body, content_type, ORDERS)
+    columns = assert_same_as_per_event(body, content_type, ORDERS, reader=reader)
     if all(isinstance(o.get("request_id"), str) for o in orders):
         assert columns is not None
 
@@ -278,4 +304,5 @@ metrics:
   taps: {stream: taps}
 """)
     body = ndjson([{"time": T0, "device": "d"}, {"time": T0, "device": "e", "sent": T0 + 5}])
-    assert columnar_events(catalog.streams["taps"], body) is None
+    for reader in READERS:
+        assert columnar_events(catalog.streams["taps"], body, reader=reader) is None
