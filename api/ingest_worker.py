@@ -61,9 +61,12 @@ def serve(sock: socket.socket) -> None:
     limits = settings["limits"]
     warm_columnar_path(WORKER_READER)
     _write(sock, ("ready",))
+    streams = {}  # the definitions the API process sent, by name: each comes once, or again when changed
     while (message := _read(sock)) is not None:
-        _, stream, items, ingest_time_ms = message
-        if not _group(sock, event_log, limits, stream, items, ingest_time_ms):
+        _, name, definition, items, ingest_time_ms = message
+        if definition is not None:
+            streams[name] = definition
+        if not _group(sock, event_log, limits, streams[name], items, ingest_time_ms):
             break
     event_log.close()
 

@@ -6,6 +6,7 @@ the app."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -341,6 +342,44 @@ def test_the_workers_end_with_the_app(ctx, workers, now_ms):
             assert b"SKETCHBOARD_MARK=worker" in Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
     assert len(processes) == 2
     assert all(p.poll() is not None for p in processes)
+
+
+def test_a_stream_definition_goes_to_a_worker_once_and_again_when_it_changes(ctx, now_ms, monkeypatch):
+    """Not pickled with every group: sent with the first, and again when the catalog's definition
+    is another object (here with one more value field, which the first refuses as undeclared)."""
+    from api import ingest_workers
+
+    first = ctx.catalog.stream(STREAM)
+    changed = first.model_copy(update={"values": (*first.values, "cost")})
+    body = json.dumps([{**event, "cost": 1.5} for event in events(now_ms, 200)]).encode()
+    sent = []  # per group: whether its message carried the definition
+    send = ingest_workers._Worker.send
+
+    async def recording(worker, message):
+        if message[0] == "group":
+            sent.append(message[2] is not None)
+        await send(worker, message)
+
+    monkeypatch.setattr(ingest_workers._Worker, "send", recording)
+    one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
+
+    async def run() -> list:
+        await one.start()
+        try:
+            while one.ready < 1:
+                await asyncio.sleep(0.05)
+            answers = []
+            for stream in (first, first, first, changed, changed):
+                answers.append(await one.ingest(stream, body, "application/json", lambda rows: None,
+                                                admitted=10_000, now_ms=lambda: now_ms))
+            return answers
+        finally:
+            await one.stop()
+
+    answers = asyncio.run(run())
+    assert sent == [True, False, False, True, False]
+    assert answers[:3] == [ingest_workers.DECLINED] * 3  # "cost" is undeclared there
+    assert [answer[0] for answer in answers[3:]] == [200, 200]  # the worker reads by the changed one
 
 
 def test_ingest_processes_append_to_the_embedded_log_only(tmp_path):
