@@ -31,16 +31,18 @@ def _read(sock: socket.socket) -> tuple | None:
     return None if data is None else pickle.loads(data)
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytearray | None:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if not n:
-            return None
-        got += n
-    return buffer
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    """`size` bytes, or None at the end of the socket. MSG_WAITALL: mostly one call, into the bytes
+    object it returns (no copy into another)."""
+    data = sock.recv(size, socket.MSG_WAITALL) if size else b""
+    if len(data) == size:
+        return data
+    parts, got = [data], len(data)
+    while data and got < size:  # cut short by a signal
+        data = sock.recv(size - got, socket.MSG_WAITALL)
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts) if got == size else None
 
 
 def _write(sock: socket.socket, message: tuple) -> None:
@@ -63,10 +65,16 @@ def serve(sock: socket.socket) -> None:
     _write(sock, ("ready",))
     streams = {}  # the definitions the API process sent, by name: each comes once, or again when changed
     while (message := _read(sock)) is not None:
-        _, name, definition, items, ingest_time_ms = message
+        _, name, definition, sizes, ingest_time_ms = message
         if definition is not None:
             streams[name] = definition
-        if not _group(sock, event_log, limits, streams[name], items, ingest_time_ms):
+        items = []
+        for size, content_type, admitted in sizes:  # the bodies follow the message
+            body = _read_exactly(sock, size)
+            if body is None:
+                break
+            items.append((body, content_type, admitted))
+        if len(items) < len(sizes) or not _group(sock, event_log, limits, streams[name], items, ingest_time_ms):
             break
     event_log.close()
 

@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +20,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from api.ingest_workers import IngestWorkers
+from api.ingest_workers import BODY_BYTES_MAX, IngestWorkers
 from api.security.ratelimit import RateLimiter
 from ingest.log.records import EVENT_TIME
 from sketchboard.settings import Settings
@@ -61,28 +63,32 @@ def test_the_workers_append_what_the_api_process_appends(ctx, workers, now_ms, t
     from tests.api.conftest import context
 
     bodies = [events(now_ms, 200, first=k * 200) for k in range(6)]
-    served = replace(ctx, ingest_workers=workers)
+    served = replace(ctx, ingest_workers=workers, max_body_bytes=BODY_BYTES_MAX)
     with Server(create_app(served)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
         started(served)
         answers = [http.post(EVENTS, params={"stream": STREAM}, json=body) for body in bodies]
-        ndjson = "\n".join(json.dumps(e) for e in events(now_ms, 300, first=5000))
+        # Over what the socket to a worker holds at once (~208 KiB): the worker reads it in parts.
+        ndjson = "\n".join(json.dumps({**e, "endpoint": f"/cart/{'x' * 200}"})
+                           for e in events(now_ms, 1000, first=5000))
+        assert 256 * 1024 < len(ndjson) <= BODY_BYTES_MAX
         answers.append(http.post(EVENTS, params={"stream": STREAM}, content=ndjson,
                                  headers={"content-type": "application/x-ndjson"}))
     assert [a.status_code for a in answers] == [200] * 7
     assert workers.handled == 7  # every body went to a worker
-    assert [a.json()["accepted"] for a in answers] == [200] * 6 + [300]
+    assert [a.json()["accepted"] for a in answers] == [200] * 6 + [1000]
     assert [a.json()["rejected"] for a in answers] == [[]] * 7
 
     # The same bodies appended by the API process itself, into another log.
     (tmp_path / "alone").mkdir()
     with context(tmp_path / "alone", ctx.clock, ctx.catalog) as alone, \
-            Server(create_app(alone)) as server, httpx.Client(base_url=server.http, timeout=30) as http:
+            Server(create_app(replace(alone, max_body_bytes=BODY_BYTES_MAX))) as server, \
+            httpx.Client(base_url=server.http, timeout=30) as http:
         again = [http.post(EVENTS, params={"stream": STREAM}, json=body) for body in bodies]
         again.append(http.post(EVENTS, params={"stream": STREAM}, content=ndjson,
                                headers={"content-type": "application/x-ndjson"}))
         assert [a.json()["partitions"] for a in again] == [a.json()["partitions"] for a in answers]
         assert stored(alone) == stored(ctx)
-    assert len(stored(ctx)) == 1500
+    assert len(stored(ctx)) == 2200
 
 
 MODES = pytest.mark.parametrize("mode", ["no-events-limit", "events-reserved", "events-counted"])
@@ -355,10 +361,10 @@ def test_a_stream_definition_goes_to_a_worker_once_and_again_when_it_changes(ctx
     sent = []  # per group: whether its message carried the definition
     send = ingest_workers._Worker.send
 
-    async def recording(worker, message):
+    async def recording(worker, message, payloads=()):
         if message[0] == "group":
             sent.append(message[2] is not None)
-        await send(worker, message)
+        await send(worker, message, payloads)
 
     monkeypatch.setattr(ingest_workers._Worker, "send", recording)
     one = IngestWorkers(ctx.log.path, "OFF", ctx.security.json_limits, 1)
@@ -380,6 +386,34 @@ def test_a_stream_definition_goes_to_a_worker_once_and_again_when_it_changes(ctx
     assert sent == [True, False, False, True, False]
     assert answers[:3] == [ingest_workers.DECLINED] * 3  # "cost" is undeclared there
     assert [answer[0] for answer in answers[3:]] == [200, 200]  # the worker reads by the changed one
+
+
+def test_a_worker_reads_a_body_cut_short_by_a_signal_and_none_when_the_socket_ends_midway():
+    """The bodies follow their frame as they are; the worker reads each with MSG_WAITALL, which
+    a signal cuts short after part of it (the rest is read on), and the end of the socket too."""
+    from api.ingest_worker import _read_exactly
+
+    ours, theirs = socket.socketpair()
+    body = os.urandom(600_000)
+
+    def send() -> None:
+        ours.sendall(body[:250_000])
+        time.sleep(0.3)  # the alarm goes off meanwhile, with part of the body read
+        ours.sendall(body[250_000:] + b"tail")
+        ours.close()
+
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        assert _read_exactly(theirs, len(body)) == body
+        assert _read_exactly(theirs, 10) is None  # 4 bytes, then the end
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sender.join()
+        theirs.close()
 
 
 def test_ingest_processes_append_to_the_embedded_log_only(tmp_path):
