@@ -80,6 +80,8 @@ def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, read
     when the per-event path must decide. `reader`: Arrow's JSON reader, which releases the GIL
     (threads), or msgspec's decoder, faster but holding it (processes: ingest/columnar_msgspec.py).
     Either takes only bodies the per-event path accepts whole, into the same columns."""
+    if reader not in READERS:
+        raise ValueError(f"reader {reader!r} is not one of {', '.join(READERS)}")
     try:
         return _columnar_events(stream, body, ndjson, reader)
     except pa.ArrowException:

@@ -30,41 +30,39 @@ def msgspec_fields(stream: StreamDef, body: bytes, ndjson: bool, lines: int | No
     array), or None when the per-event path must decide: the decode failed, the event count is
     not the line count, no event, or a value past what a column holds (an integer past int64)."""
     if ndjson:
-        text = body[:-1] if body.endswith(b"\n") else body
-        text = b"".join((b"[", text.replace(b"\n", b"\n,"), b"]"))
+        text = body.replace(b"\n", b"\n,")
+        end = len(text) - 1 if body.endswith(b"\n") else len(text)  # no comma after the last line
+        text = b"".join((b"[", memoryview(text)[:end], b"]"))
     else:
         text = body
-    names, decoder = _decoder(stream.time_field, tuple(stream.string_fields), tuple(stream.values))
+    columns, decoder = _decoder(stream.time_field, tuple(stream.string_fields), tuple(stream.values))
     try:
         events = decoder.decode(text)
     except msgspec.MsgspecError:  # malformed JSON, or a value of another type than its field's
         return None
     if not events or (ndjson and len(events) != lines):
         return None
-    types = _types(stream)
     try:
-        fields = {name: pa.array(list(map(operator.attrgetter(attribute), events)), types[name])
-                  for attribute, name in names}
+        fields = {name: pa.array(list(map(operator.attrgetter(attribute), events)), kind)
+                  for attribute, name, kind in columns}
     except (OverflowError, pa.ArrowException):  # an integer past int64, a string that is no UTF-8
         return None
     return fields, len(events)
 
 
-def _types(stream: StreamDef) -> dict[str, pa.DataType]:
-    return {stream.time_field: pa.int64(), **{name: pa.string() for name in stream.string_fields},
-            **{name: pa.float64() for name in stream.values}}
-
-
 @lru_cache(maxsize=64)
 def _decoder(time_field: str, labels: tuple[str, ...], values: tuple[str, ...]):
-    """((attribute, field name) pairs, a decoder of a JSON array of the stream's events). The
-    attributes are f0, f1, ...: a field's name need not be a Python identifier. The time field is
-    required; a label or a value may be missing or null."""
-    names = (time_field, *labels, *values)
-    attributes = [f"f{index}" for index in range(len(names))]
+    """((attribute, field name, column type) triples, a decoder of a JSON array of the stream's
+    events). The attributes are f0, f1, ...: a field's name need not be a Python identifier. The
+    time field is required; a label or a value may be missing or null."""
+    fields = [(time_field, int, pa.int64())] + [(name, str | None, pa.string()) for name in labels] \
+        + [(name, float | None, pa.float64()) for name in values]
+    attributes = [f"f{index}" for index in range(len(fields))]
     event = msgspec.defstruct(
         "Event",
-        [(attributes[0], int)] + [(attribute, str | None, None) for attribute in attributes[1:1 + len(labels)]]
-        + [(attribute, float | None, None) for attribute in attributes[1 + len(labels):]],
-        rename=dict(zip(attributes, names, strict=True)), forbid_unknown_fields=True, gc=False)
-    return list(zip(attributes, names, strict=True)), msgspec.json.Decoder(list[event])
+        [(attribute, kind) if index == 0 else (attribute, kind, None)
+         for index, (attribute, (_, kind, _)) in enumerate(zip(attributes, fields, strict=True))],
+        rename={attribute: name for attribute, (name, _, _) in zip(attributes, fields, strict=True)},
+        forbid_unknown_fields=True, gc=False)
+    columns = [(attribute, name, column) for attribute, (name, _, column) in zip(attributes, fields, strict=True)]
+    return columns, msgspec.json.Decoder(list[event])

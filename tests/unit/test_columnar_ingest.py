@@ -306,3 +306,8 @@ metrics:
     body = ndjson([{"time": T0, "device": "d"}, {"time": T0, "device": "e", "sent": T0 + 5}])
     for reader in READERS:
         assert columnar_events(catalog.streams["taps"], body, reader=reader) is None
+
+
+def test_a_reader_neither_arrow_nor_msgspec_is_refused():
+    with pytest.raises(ValueError, match="reader 'simdjson' is not one of arrow, msgspec"):
+        columnar_events(STREAM, b'{"time": 1795000000000, "device": "d"}', reader="simdjson")
