@@ -10,8 +10,14 @@ posts demo `http_requests` traffic at --rate events/s for --duration seconds, an
   figure that adds up to what the service costs the machine), and RSS summed (counts shared
   pages, e.g. the Python interpreter's, once per process: an upper bound);
 - the JVM's share (the Spark driver; `java` processes of the tree) and the Python processes';
+- the PSS of each role of the tree (`up`, `api`, `pipeline`, `ingest worker`s summed, `java`,
+  `other`), so a growth can be placed in a process;
 - the pipeline's lag (events appended and not yet aggregated), so a growing figure can be told
   apart from a pipeline falling behind (which holds more in memory by design).
+
+The growth it reports is the median of the last fifth of the samples against the median of the
+fifth that ends at half time: the tree's PSS moves by ~5 % from one minute to the next (a batch,
+a compaction), so one sample against another says little.
 
     python -m bench.memory --rate 20000 --duration 3600 --sample 60    # the bar's run
     python -m bench.memory --rate 20000 --duration 600 --sample 30     # a short form
@@ -67,23 +73,54 @@ def rollup(text: str) -> dict[str, int]:
     return out
 
 
-def tree_memory(pid: int) -> dict[str, int]:
-    """PSS and RSS of the tree, and the JVM's PSS, in bytes."""
-    total = {"pss": 0, "rss": 0, "jvm_pss": 0, "processes": 0}
+ROLES = ("up", "api", "pipeline", "ingest worker", "java", "other")
+
+
+def role_of(name: str, argv: list[str]) -> str:
+    """Which part of the service a process is, from its name and command line: a
+    `python -m sketchboard.cli <command>` child is its command, the API's ingest worker
+    processes one role together, the JVM (Spark's driver, when the pipeline runs on Spark)
+    `java`."""
+    if name == "java":
+        return "java"
+    if "api.ingest_worker" in argv:
+        return "ingest worker"
+    if "sketchboard.cli" in argv:
+        command = argv[argv.index("sketchboard.cli") + 1:argv.index("sketchboard.cli") + 2]
+        if command and command[0] in ROLES:
+            return command[0]
+    return "other"
+
+
+def tree_memory(pid: int) -> dict:
+    """PSS and RSS of the tree, the JVM's PSS, and PSS by role (`ROLES`), in bytes."""
+    total: dict = {"pss": 0, "rss": 0, "jvm_pss": 0, "processes": 0, "roles": dict.fromkeys(ROLES, 0)}
     for p in children_of(pid):
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
                 mem = rollup(f.read())
             with open(f"/proc/{p}/comm") as f:
                 name = f.read().strip()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
         except OSError:  # exited meanwhile
             continue
         total["pss"] += mem.get("Pss", 0)
         total["rss"] += mem.get("Rss", 0)
         total["processes"] += 1
+        total["roles"][role_of(name, argv)] += mem.get("Pss", 0)
         if name == "java":
             total["jvm_pss"] += mem.get("Pss", 0)
     return total
+
+
+def growth(values: list[float]) -> float:
+    """The median of the last fifth of `values` against the median of the fifth that ends at
+    half time, as a fraction (0.1 is +10 %): robust to one sample's spike."""
+    fifth = max(1, len(values) // 5)
+    middle = len(values) // 2
+    before = values[max(0, middle - fifth):middle] or values[:1]
+    return statistics.median(values[-fifth:]) / max(statistics.median(before), 1) - 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         producer.start()
         started = time.monotonic()
         samples = []
-        print("memory:  minute  PSS GiB  JVM GiB  RSS GiB  accepted ev/s  lag events", flush=True)
+        roles = "  ".join(f"{role:>13}" for role in ROLES)
+        print(f"memory:  minute  PSS GiB  JVM GiB  RSS GiB  accepted ev/s  lag events  {roles} (PSS MiB)", flush=True)
         while (elapsed := time.monotonic() - started) < args.duration:
             time.sleep(min(args.sample, max(0.0, args.duration - elapsed)))
             mem = tree_memory(service.proc.pid)
@@ -117,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
             rate = producer.accepted / max(time.monotonic() - started, 1e-9)
             samples.append(mem)
             print(f"memory: {(time.monotonic() - started) / 60:7.1f}  {mem['pss'] / GIB:7.2f}  {mem['jvm_pss'] / GIB:7.2f}"
-                  f"  {mem['rss'] / GIB:7.2f}  {rate:13.0f}  {lag}", flush=True)
+                  f"  {mem['rss'] / GIB:7.2f}  {rate:13.0f}  {lag!s:>10}  "
+                  + "  ".join(f"{mem['roles'][role] / 2 ** 20:13.0f}" for role in ROLES), flush=True)
         achieved = producer.stop()
         pss = [s["pss"] for s in samples]
         half = pss[len(pss) // 2:] or pss
         print(f"memory: {args.duration / 60:.0f} min at {achieved:.0f} events/s accepted ({producer.errors} failed"
               f" requests): PSS last {pss[-1] / GIB:.2f} GiB, max {max(pss) / GIB:.2f} GiB, median of the second half"
-              f" {statistics.median(half) / GIB:.2f} GiB; growth over the second half"
-              f" {(half[-1] - half[0]) / max(half[0], 1) * 100:+.1f} %")
+              f" {statistics.median(half) / GIB:.2f} GiB; growth over the second half (last fifth's median"
+              f" against the fifth before half time) {growth(pss) * 100:+.1f} %, by role: "
+              + ", ".join(f"{role} {growth([s['roles'][role] for s in samples]) * 100:+.1f} %" for role in ROLES
+                          if samples[-1]["roles"][role]))
     finally:
         service.stop()
         if holder:
