@@ -102,10 +102,14 @@ def encode_segment(batch: pa.RecordBatch) -> bytes:
 def restamped_segment(data: bytes, ingest_time_ms: int) -> bytes:
     """A segment whose records all carry `ingest_time_ms` as their ingest time (the log's
     append time, which it keeps monotone per partition: ingest/log/sqlite.py)."""
-    batch = decode_segment(data)
+    return encode_segment(with_ingest_time(decode_segment(data), ingest_time_ms))
+
+
+def with_ingest_time(batch: pa.RecordBatch, ingest_time_ms: int) -> pa.RecordBatch:
+    """The batch with every record's ingest time `ingest_time_ms` (its other columns shared)."""
     at = batch.schema.get_field_index(INGEST_TIME)
-    stamped = pa.array(np.full(batch.num_rows, ingest_time_ms, np.int64), batch.schema.field(at).type)
-    return encode_segment(batch.set_column(at, batch.schema.field(at), stamped))
+    times = pa.array(np.full(batch.num_rows, ingest_time_ms, np.int64), batch.schema.field(at).type)
+    return batch.set_column(at, batch.schema.field(at), times)
 
 
 def decode_segment(data: bytes) -> pa.RecordBatch:

@@ -26,7 +26,7 @@ from ingest.log.base import (
 from ingest.log import sqlite_compaction as compaction
 from ingest.log.records import (
     OFFSET, columns_to_batch, decode_segment, encode_segment, events_to_batch, project, restamped_segment,
-    with_offsets,
+    with_ingest_time, with_offsets,
 )
 from ingest.partitioner import assign_partitions, assign_partitions_columnar
 
@@ -186,24 +186,43 @@ class SqliteEventLog(EventLog):
         # One take into partition order, then a zero-copy slice per partition (a take per
         # partition was a kernel call per column and partition: ~0.5 ms of a 1 000-event request).
         by_partition = batch.take(pa.array(order)) if stream.partitions > 1 else batch
+        stamps = self._append_times(stream.name, ingest_time_ms)
         for partition in range(stream.partitions):
             lo, hi = int(bounds[partition]), int(bounds[partition + 1])
             if hi == lo:
                 continue
             part = by_partition.slice(lo, hi - lo)
+            if stamps.get(partition, ingest_time_ms) != ingest_time_ms:
+                part = with_ingest_time(part, stamps[partition])
             encoded[partition] = [
                 (min(MAX_SEGMENT_RECORDS, part.num_rows - start),
                  encode_segment(part.slice(start, MAX_SEGMENT_RECORDS)))
                 for start in range(0, part.num_rows, MAX_SEGMENT_RECORDS)
             ]
         try:
-            result = self._append_encoded(stream, encoded, ingest_time_ms)
+            result = self._append_encoded(stream, encoded, ingest_time_ms, stamped=stamps)
         except sqlite3.OperationalError as exc:
             raise LogUnavailable(f"the embedded log ({self.path}) cannot write, nothing was appended: {exc}") from exc
         return [result] if len(pieces) == 1 else _split_ranges(result, targets, pieces, stream.partitions)
 
+    def _append_times(self, stream: str, ingest_time_ms: int) -> dict[int, int]:
+        """The append time each partition's records would carry if appended now (see
+        `_append_encoded`), read before they are encoded. With several writers (the ingest worker
+        processes) another one has often appended at a later time meanwhile: a segment encoded
+        with the earlier time was decoded and encoded again in the transaction, ~4 % of a worker
+        (docs/benchmarks.md, session 87). A guess overtaken before the transaction still is."""
+        try:
+            with self._lock:
+                heads = self._partition_heads(stream)
+        except sqlite3.OperationalError:
+            return {}  # a guess only: the transaction reads them again, and says what is wrong
+        return {p: ingest_time_ms if last is None else max(ingest_time_ms, last) for p, (_, last) in heads.items()}
+
     def _append_encoded(self, stream: StreamDef, encoded: dict[int, list[tuple[int, bytes]]],
-                        ingest_time_ms: int, position: tuple[str, str, str | None] | None = None) -> AppendResult:
+                        ingest_time_ms: int, position: tuple[str, str, str | None] | None = None,
+                        stamped: Mapping[int, int] | None = None) -> AppendResult:
+        """The encoded segments by partition written in one transaction. `stamped`: the append
+        time a partition's segments already carry, when not `ingest_time_ms`."""
         ranges: dict[int, tuple[int, int]] = {}
         segments: list[tuple] = []
         with self._lock, _transaction(self._conn):
@@ -222,7 +241,7 @@ class SqliteEventLog(EventLog):
                 last = heads[partition][1]
                 at = ingest_time_ms if last is None else max(ingest_time_ms, last)
                 for count, data in parts:
-                    if at != ingest_time_ms:
+                    if at != (stamped or {}).get(partition, ingest_time_ms):
                         data = restamped_segment(data, at)
                     segments.append((stream.name, partition, offset, count, at, len(data), data))
                     offset += count

@@ -681,3 +681,38 @@ def test_an_extra_field_declared_later_reads_as_null_where_no_label_could_hold_i
     batch = events_to_batch(STREAM, old, T0)
     newer = STREAM.model_copy(update={"dimensions": (*STREAM.dimensions, "region")})
     assert project(batch, newer).column("region").to_pylist() == ["eu", "", "", "", "7"]
+
+
+@embedded_only
+@pytest.mark.parametrize("overtaken", [False, True], ids=["guessed", "overtaken"])
+def test_an_append_behind_a_later_one_is_encoded_with_that_time_or_restamped_if_overtaken(
+        backend: Backend, overtaken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several writers (the ingest worker processes) append with times read before they took the
+    log: a partition's records never carry a time before its last append's. The log reads that
+    time before encoding, so a segment is encoded once; only another append between that read
+    and the transaction makes it re-stamp the encoded segment (or the times would go back)."""
+    from ingest.columnar import columnar_events
+    import ingest.log.sqlite as sqlite_log
+
+    log, other = backend.open(), backend.open()
+    log.ensure_topic(STREAM)
+    lines = [json.dumps({"time": T0, "user": f"u{i}", "page": "/a", "ms": 1.0}) for i in range(40)]
+    body = columnar_events(STREAM, "\n".join(lines).encode())
+    log.append_column_groups(STREAM, [body], T0 + 100)
+    restamped, restamp = [], sqlite_log.restamped_segment
+    monkeypatch.setattr(sqlite_log, "restamped_segment", lambda data, at: restamped.append(at) or restamp(data, at))
+    if overtaken:  # another writer appends at a later time after the guess, before the transaction
+        guess = log._append_times
+
+        def guessed_then_overtaken(stream, ingest_time_ms):
+            stamps = guess(stream, ingest_time_ms)
+            other.append_column_groups(STREAM, [body], T0 + 300)
+            return stamps
+        monkeypatch.setattr(log, "_append_times", guessed_then_overtaken)
+    (result,) = log.append_column_groups(STREAM, [body], T0 + 50)  # read the clock before the one above
+    latest = T0 + 300 if overtaken else T0 + 100
+    for partition, (first, count) in result.ranges.items():
+        times = [t for b in log.read(STREAM, partition, first, first + count) for t in b.column(INGEST_TIME).to_pylist()]
+        assert times == [latest] * count
+        assert log.ingest_time_ms(STREAM.name, partition, first) == latest
+    assert restamped == ([latest] * len(result.ranges) if overtaken else [])
