@@ -42,8 +42,9 @@ KIB = 1024
 GIB = 1024 ** 3
 
 
-def children_of(pid: int) -> list[int]:
-    """The process and all its descendants (by /proc/*/stat parent ids)."""
+def children_of(pid: int) -> list[tuple[int, int]]:
+    """(process, its parent) for the process and all its descendants (by /proc/*/stat parent
+    ids), each parent before its children."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -55,11 +56,11 @@ def children_of(pid: int) -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
         parents.setdefault(ppid, []).append(int(entry))
-    tree, todo = [], [pid]
+    tree, todo = [], [(pid, 0)]
     while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(parents.get(p, []))
+        p, parent = todo.pop(0)
+        tree.append((p, parent))
+        todo.extend((child, p) for child in parents.get(p, []))
     return tree
 
 
@@ -73,14 +74,15 @@ def rollup(text: str) -> dict[str, int]:
     return out
 
 
-ROLES = ("up", "api", "pipeline", "ingest worker", "java", "other")
+ROLES = ("up", "api", "api pool", "pipeline", "pipeline pool", "ingest worker", "java", "other")
 
 
-def role_of(name: str, argv: list[str]) -> str:
+def role_of(name: str, argv: list[str], parent_role: str = "other") -> str:
     """Which part of the service a process is, from its name and command line: a
     `python -m sketchboard.cli <command>` child is its command, the API's ingest worker
     processes one role together, the JVM (Spark's driver, when the pipeline runs on Spark)
-    `java`."""
+    `java`, and the processes a multiprocessing pool of the API's or the pipeline's starts
+    (the websocket queries', the read-ahead's, and their resource tracker) its `pool`."""
     if name == "java":
         return "java"
     if "api.ingest_worker" in argv:
@@ -89,13 +91,16 @@ def role_of(name: str, argv: list[str]) -> str:
         command = argv[argv.index("sketchboard.cli") + 1:argv.index("sketchboard.cli") + 2]
         if command and command[0] in ROLES:
             return command[0]
+    if any(word.startswith("from multiprocessing.") for word in argv) and f"{parent_role} pool" in ROLES:
+        return f"{parent_role} pool"
     return "other"
 
 
 def tree_memory(pid: int) -> dict:
     """PSS and RSS of the tree, the JVM's PSS, and PSS by role (`ROLES`), in bytes."""
     total: dict = {"pss": 0, "rss": 0, "jvm_pss": 0, "processes": 0, "roles": dict.fromkeys(ROLES, 0)}
-    for p in children_of(pid):
+    roles: dict[int, str] = {}
+    for p, parent in children_of(pid):
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
                 mem = rollup(f.read())
@@ -108,7 +113,8 @@ def tree_memory(pid: int) -> dict:
         total["pss"] += mem.get("Pss", 0)
         total["rss"] += mem.get("Rss", 0)
         total["processes"] += 1
-        total["roles"][role_of(name, argv)] += mem.get("Pss", 0)
+        roles[p] = role_of(name, argv, roles.get(parent, "other"))
+        total["roles"][roles[p]] += mem.get("Pss", 0)
         if name == "java":
             total["jvm_pss"] += mem.get("Pss", 0)
     return total

@@ -22,6 +22,11 @@ def test_each_process_of_the_service_has_its_role():
     assert role_of("python", python + ["reprocess", "http"]) == "other"  # no role of its own
     assert role_of("python", python) == "other"  # no command at all
     assert role_of("sh", [""]) == "other"
+    spawned = [sys.executable, "-B", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+               "--multiprocessing-fork"]
+    assert role_of("python", spawned, parent_role="api") == "api pool"  # the websocket queries' pool
+    assert role_of("python", spawned, parent_role="pipeline") == "pipeline pool"  # the read-ahead
+    assert role_of("python", spawned) == "other"
 
 
 def test_growth_is_median_against_median_so_one_spike_is_not_a_trend():
