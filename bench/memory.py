@@ -10,8 +10,8 @@ posts demo `http_requests` traffic at --rate events/s for --duration seconds, an
   figure that adds up to what the service costs the machine), and RSS summed (counts shared
   pages, e.g. the Python interpreter's, once per process: an upper bound);
 - the JVM's share (the Spark driver; `java` processes of the tree) and the Python processes';
-- the PSS of each role of the tree (`up`, `api`, `pipeline`, `ingest worker`s summed, `java`,
-  `other`), so a growth can be placed in a process;
+- the PSS of each role of the tree (`up`, `api`, `api pool`, `pipeline`, `pipeline pool`,
+  `ingest worker`s summed, `java`, `other`: `role_of`), so a growth can be placed in a process;
 - the pipeline's lag (events appended and not yet aggregated), so a growing figure can be told
   apart from a pipeline falling behind (which holds more in memory by design).
 
