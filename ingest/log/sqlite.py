@@ -216,7 +216,7 @@ class SqliteEventLog(EventLog):
                 heads = self._partition_heads(stream)
         except sqlite3.OperationalError:
             return {}  # a guess only: the transaction reads them again, and says what is wrong
-        return {p: ingest_time_ms if last is None else max(ingest_time_ms, last) for p, (_, last) in heads.items()}
+        return {p: _append_time(ingest_time_ms, last) for p, (_, last) in heads.items()}
 
     def _append_encoded(self, stream: StreamDef, encoded: dict[int, list[tuple[int, bytes]]],
                         ingest_time_ms: int, position: tuple[str, str, str | None] | None = None,
@@ -238,10 +238,10 @@ class SqliteEventLog(EventLog):
                 # back): the later append would otherwise carry the earlier time, and what orders
                 # by append time (a table key's newest change, batches cut at one append time)
                 # would disagree with the log's order.
-                last = heads[partition][1]
-                at = ingest_time_ms if last is None else max(ingest_time_ms, last)
+                at = _append_time(ingest_time_ms, heads[partition][1])
+                carried = (stamped or {}).get(partition, ingest_time_ms)
                 for count, data in parts:
-                    if at != (stamped or {}).get(partition, ingest_time_ms):
+                    if at != carried:
                         data = restamped_segment(data, at)
                     segments.append((stream.name, partition, offset, count, at, len(data), data))
                     offset += count
@@ -431,6 +431,12 @@ class _transaction:
 def _chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def _append_time(ingest_time_ms: int, last: int | None) -> int:
+    """The append time of records appended now to a partition whose last append's was `last`
+    (None: none yet): never before it (`_append_encoded` says why)."""
+    return ingest_time_ms if last is None else max(ingest_time_ms, last)
 
 
 def _split_ranges(result: AppendResult, targets: np.ndarray, pieces: list[int], partitions: int) -> list[AppendResult]:
