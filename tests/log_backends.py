@@ -215,3 +215,12 @@ ON_BOTH_LOGS = pytest.mark.parametrize(("log_backend", "store_backend"), [
 # a minute or two of the suite and test nothing new.
 ON_THE_EMBEDDED_STACK = pytest.mark.parametrize(("log_backend", "store_backend"), [("embedded", "sqlite")],
                                                 indirect=True, scope="module", ids=["embedded"])
+
+
+def partition_weights(path: Path) -> dict[tuple[str, int], tuple[int | None, int]]:
+    """Per partition of an embedded log file: (the weight the log keeps, the bytes its segments hold)
+    (ingest/log/sqlite.py BYTES_COLUMN)."""
+    with sqlite3.connect(path) as conn:
+        return {(stream, p): (kept, summed) for stream, p, kept, summed in conn.execute(
+            "SELECT p.stream, p.partition, p.bytes, (SELECT COALESCE(SUM(s.bytes), 0) FROM segments s"
+            " WHERE s.stream = p.stream AND s.partition = p.partition) FROM partitions p")}

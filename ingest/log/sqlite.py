@@ -41,6 +41,14 @@ MAX_SEGMENT_RECORDS = 20_000
 # `python -m bench.log_pages` (docs/benchmarks.md, session 74).
 PAGE_SIZE = 16_384
 
+# A partition's `bytes`: what retention by size weighs, read from one row. Summing the segments
+# instead read every segment of every partition once a minute, under the log's write lock: ~300 ms
+# at 14 minutes of 20 000 events/s, and growing with the log until the size cap (1 GiB a partition),
+# while every append waited (docs/benchmarks.md, session 88). Appends add to it, retention and
+# compaction take off what they drop. NULL where a log made before the column has not yet been
+# weighed: the first retention pass sums its segments once.
+BYTES_COLUMN = "bytes"
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (
     stream TEXT PRIMARY KEY,
@@ -52,6 +60,8 @@ CREATE TABLE IF NOT EXISTS partitions (
     partition INTEGER NOT NULL,
     start_offset INTEGER NOT NULL DEFAULT 0,
     next_offset INTEGER NOT NULL DEFAULT 0,
+    -- The bytes of the partition's segments, kept by every write (BYTES_COLUMN).
+    bytes INTEGER,
     PRIMARY KEY (stream, partition)
 );
 CREATE TABLE IF NOT EXISTS segments (
@@ -94,6 +104,10 @@ class SqliteEventLog(EventLog):
         self._round_robin = 0
         with self._lock:
             self._conn.executescript(_SCHEMA)
+            if BYTES_COLUMN not in _columns(self._conn, "partitions"):
+                with _transaction(self._conn):  # another process may add it first: look again under the lock
+                    if BYTES_COLUMN not in _columns(self._conn, "partitions"):
+                        self._conn.execute(f"ALTER TABLE partitions ADD COLUMN {BYTES_COLUMN} INTEGER")
 
     # -- topics -------------------------------------------------------------------------
 
@@ -111,7 +125,7 @@ class SqliteEventLog(EventLog):
                 (stream.name, stream.partitions),
             )
             self._conn.executemany(
-                "INSERT OR IGNORE INTO partitions (stream, partition) VALUES (?, ?)",
+                "INSERT OR IGNORE INTO partitions (stream, partition, bytes) VALUES (?, ?, 0)",
                 [(stream.name, p) for p in range(stream.partitions)],
             )
             compaction.register(self._conn, stream)
@@ -224,6 +238,7 @@ class SqliteEventLog(EventLog):
         """The encoded segments by partition written in one transaction. `stamped`: the append
         time a partition's segments already carry, when not `ingest_time_ms`."""
         ranges: dict[int, tuple[int, int]] = {}
+        sizes: dict[int, int] = {}
         segments: list[tuple] = []
         with self._lock, _transaction(self._conn):
             if position is not None:
@@ -244,6 +259,7 @@ class SqliteEventLog(EventLog):
                     if at != carried:
                         data = restamped_segment(data, at)
                     segments.append((stream.name, partition, offset, count, at, len(data), data))
+                    sizes[partition] = sizes.get(partition, 0) + len(data)
                     offset += count
                 ranges[partition] = (first, offset - first)
             # One statement each for all the partitions' segments and offsets: the statements a
@@ -252,8 +268,8 @@ class SqliteEventLog(EventLog):
                 "INSERT INTO segments (stream, partition, base_offset, record_count, max_ingest_ms, bytes, data)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)", segments)
             self._conn.executemany(
-                "UPDATE partitions SET next_offset = ? WHERE stream = ? AND partition = ?",
-                [(first + n, stream.name, p) for p, (first, n) in ranges.items()])
+                "UPDATE partitions SET next_offset = ?, bytes = bytes + ? WHERE stream = ? AND partition = ?",
+                [(first + n, sizes.get(p, 0), stream.name, p) for p, (first, n) in ranges.items()])
         return AppendResult(ranges)
 
     def _partition_heads(self, stream: str) -> dict[int, tuple[int, int | None]]:
@@ -365,35 +381,27 @@ class SqliteEventLog(EventLog):
         dropped = 0
         with self._lock, _transaction(self._conn):
             # A table's partitions are compacted, never cut by age or size: its old rows are its state.
-            parts = self._conn.execute("SELECT stream, partition FROM partitions"
+            parts = self._conn.execute("SELECT stream, partition, bytes FROM partitions"
                                        " WHERE stream NOT IN (SELECT stream FROM compacted_topics)").fetchall()
-            for stream, partition in parts:
-                rows = self._conn.execute(
-                    "SELECT base_offset, record_count, max_ingest_ms, bytes FROM segments"
-                    " WHERE stream = ? AND partition = ? ORDER BY base_offset DESC",
-                    (stream, partition),
-                ).fetchall()
-                kept_bytes, cut = 0, None
-                for i, (base, count, max_ingest, size) in enumerate(rows):
-                    kept_bytes += size
-                    too_big = kept_bytes > max_bytes_per_partition and i > 0  # the newest segment stays
-                    if max_ingest < now_ms - max_age_ms or too_big:
-                        cut = base + count  # everything below this offset goes
-                        break
+            for stream, partition, total in parts:
+                if total is None:  # a log made before the column: weighed once (BYTES_COLUMN)
+                    total = self._conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM segments"
+                                               " WHERE stream = ? AND partition = ?", (stream, partition)).fetchone()[0]
+                    self._conn.execute("UPDATE partitions SET bytes = ? WHERE stream = ? AND partition = ?",
+                                       (total, stream, partition))
+                cut, records, size = _retention_cut(self._conn, stream, partition, total, now_ms - max_age_ms,
+                                                    max_bytes_per_partition)
                 if cut is None:
                     continue
-                dropped += self._conn.execute(
-                    "SELECT COALESCE(SUM(record_count), 0) FROM segments"
-                    " WHERE stream = ? AND partition = ? AND base_offset < ?",
-                    (stream, partition, cut),
-                ).fetchone()[0]
+                dropped += records
                 self._conn.execute(
                     "DELETE FROM segments WHERE stream = ? AND partition = ? AND base_offset < ?",
                     (stream, partition, cut),
                 )
                 self._conn.execute(
-                    "UPDATE partitions SET start_offset = MAX(start_offset, ?) WHERE stream = ? AND partition = ?",
-                    (cut, stream, partition),
+                    "UPDATE partitions SET start_offset = MAX(start_offset, ?), bytes = bytes - ?"
+                    " WHERE stream = ? AND partition = ?",
+                    (cut, size, stream, partition),
                 )
         return dropped
 
@@ -426,6 +434,36 @@ class _transaction:
         # After SQLITE_FULL or an I/O error SQLite may have rolled the transaction back already.
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
+
+
+def _retention_cut(conn: sqlite3.Connection, stream: str, partition: int, total_bytes: int, oldest_kept_ms: int,
+                   max_bytes: int) -> tuple[int | None, int, int]:
+    """(the offset below which a partition's segments go, their records, their bytes), or (None, 0, 0)
+    when none goes. A segment goes when it was appended before `oldest_kept_ms`, or when it and the
+    newer ones weigh more than `max_bytes` (the newest one stays whatever its size).
+
+    Read from the oldest segment on, and only as far as the first that stays: a partition's append
+    times never go back (`_append_time`), so the segments before a young one are the only ones that
+    can be too old. A pass once a minute reads what it drops and one segment more, not the whole
+    partition (BYTES_COLUMN)."""
+    newest = conn.execute("SELECT MAX(base_offset) FROM segments WHERE stream = ? AND partition = ?",
+                          (stream, partition)).fetchone()[0]
+    cut, records, size = None, 0, 0
+    oldest_first = conn.execute("SELECT base_offset, record_count, max_ingest_ms, bytes FROM segments"
+                                " WHERE stream = ? AND partition = ? ORDER BY base_offset", (stream, partition))
+    try:
+        for base, count, appended_ms, segment_bytes in oldest_first:
+            too_big = total_bytes - size > max_bytes and base != newest
+            if appended_ms >= oldest_kept_ms and not too_big:
+                break
+            cut, records, size = base + count, records + count, size + segment_bytes
+    finally:
+        oldest_first.close()  # read no further: the rest stays
+    return cut, records, size
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:

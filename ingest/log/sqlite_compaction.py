@@ -86,6 +86,9 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
                     log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
                                       " AND base_offset = ?", (data, len(data), stream, partition, base))
                     dropped += before - decode_segment(data).num_rows
+                # the partition's weight (ingest/log/sqlite.py BYTES_COLUMN)
+                log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
+                                  (size - (0 if data is None else len(data)), stream, partition))
     return dropped
 
 

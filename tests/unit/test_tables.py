@@ -17,6 +17,7 @@ from ingest.log.compaction import Change, offsets_to_drop
 from ingest.log.kafka import topic_config
 from ingest.log.records import event_to_json, json_to_event
 from ingest.tables import TableRowValidator, is_tombstone, record_event, record_value, tombstone
+from tests.log_backends import partition_weights
 
 T0 = 1_700_000_000_000
 CONFIG = """
@@ -288,6 +289,8 @@ def test_compaction_keeps_offsets_and_the_table_and_drops_old_tombstones(tmp_pat
     log.append(users, [v.validate({"user_id": "u20", "plan": "new"}, T0)], T0 + 30)
     assert log.compact(T0 + 10 + 3_600_001) == 1
     assert table_of(log, users)["u20"] == ("new", None)
+    # what retention by size would weigh: the segments' bytes after the rewrites and deletes
+    assert all(kept == summed for kept, summed in partition_weights(tmp_path / "log.db").values())
     log.close()
 
 
