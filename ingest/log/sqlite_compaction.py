@@ -71,6 +71,7 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
             kept = kept.filter(pa.array(keep)).append_column(OFFSET, pa.array(offsets[keep], pa.int64()))
             rewrites.append((base, size, encode_segment(kept)))
         with log._lock, _transaction(log._conn):
+            shrunk = 0  # bytes the partition lost: its weight (ingest/log/sqlite.py BYTES_COLUMN)
             for base, size, data in rewrites:
                 row = log._conn.execute(
                     "SELECT record_count, bytes, data FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
@@ -86,9 +87,9 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
                     log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
                                       " AND base_offset = ?", (data, len(data), stream, partition, base))
                     dropped += before - decode_segment(data).num_rows
-                # the partition's weight (ingest/log/sqlite.py BYTES_COLUMN)
-                log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
-                                  (size - (0 if data is None else len(data)), stream, partition))
+                shrunk += size - (0 if data is None else len(data))
+            log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
+                              (shrunk, stream, partition))
     return dropped
 
 
