@@ -6,6 +6,12 @@ keeps its base offset and offset span, its remaining records carry their offsets
 `__offset` column (read by SqliteEventLog.read), and a segment left empty is deleted. Appends
 only add segments above the partition's end, so they never wait on the decoding; a segment that
 changed meanwhile (retention, another pass) is left for the next pass.
+
+A partition a pass found nothing to drop in is not read again until something can have changed
+that (SqliteEventLog._compaction_quiet): a write to it (its offsets or weight move), the readers'
+committed offset, the table's settings, or the time its first read tombstone outlives its
+retention (compaction.next_drop_ms). Reading and decoding every segment of every table each
+minute grows with the table's history, as the retention pass's full reads did (session 88).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import pyarrow as pa
 
 from catalog import StreamDef
 from catalog.tables import DELETE, OP_FIELD, tombstone_retention_ms
-from ingest.log.compaction import Change, offsets_to_drop
+from ingest.log.compaction import Change, next_drop_ms, offsets_to_drop
 from ingest.log.records import INGEST_TIME, OFFSET, decode_segment, encode_segment
 
 if TYPE_CHECKING:
@@ -48,15 +54,24 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
             " JOIN partitions p ON p.stream = t.stream ORDER BY t.stream, p.partition").fetchall()
     dropped = 0
     for stream, key_field, retention_ms, partition in tables:
+        through = (read_through or {}).get(stream, {}).get(partition)
         with log._lock:
+            # Read before the segments, so that a write between the two reads makes it differ next time.
+            state = (key_field, retention_ms, through) + log._conn.execute(
+                "SELECT start_offset, next_offset, bytes FROM partitions WHERE stream = ? AND partition = ?",
+                (stream, partition)).fetchone()
+            quiet = log._compaction_quiet.get((stream, partition))
+            if quiet is not None and quiet[0] == state and (quiet[1] is None or now_ms < quiet[1]):
+                continue
             segments = log._conn.execute(
                 "SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ? AND partition = ?"
                 " ORDER BY base_offset", (stream, partition)).fetchall()
         decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
         changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
-        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms,
-                               read_through=(read_through or {}).get(stream, {}).get(partition))
+        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms, read_through=through)
         if not drop:
+            log._compaction_quiet[(stream, partition)] = (
+                state, next_drop_ms(changes, tombstone_retention_ms=retention_ms, read_through=through))
             continue
         rewrites = []  # (base, old size, new data or None)
         for base, _, size, batch in decoded:

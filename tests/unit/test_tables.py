@@ -13,7 +13,7 @@ from catalog import Catalog, parse_catalog
 from catalog.tables import DELETE, UPSERT
 from ingest.kafka_source import RECORD_SCHEMA, RecordConverter
 from ingest.log import SqliteEventLog
-from ingest.log.compaction import Change, offsets_to_drop
+from ingest.log.compaction import Change, next_drop_ms, offsets_to_drop
 from ingest.log.kafka import topic_config
 from ingest.log.records import event_to_json, json_to_event
 from ingest.tables import TableRowValidator, is_tombstone, record_event, record_value, tombstone
@@ -230,6 +230,23 @@ def test_a_compacted_partition_replays_to_the_same_table(raw, now, retention):
     assert offsets_to_drop(kept, now_ms=now, tombstone_retention_ms=retention) == set()
 
 
+@settings(max_examples=300, deadline=None)
+@given(changes_strategy, st.integers(0, 150), st.integers(0, 100), st.none() | st.integers(0, 60))
+def test_a_partition_with_nothing_to_drop_has_nothing_until_its_next_drop_time(raw, now, retention, read_through):
+    """What lets the embedded log skip a table partition nothing was written to: after a pass,
+    the same changes and read offset give nothing to drop before next_drop_ms and something from it on."""
+    changes = as_changes(raw)
+    drop = offsets_to_drop(changes, now_ms=now, tombstone_retention_ms=retention, read_through=read_through)
+    kept = [c for c in changes if c.offset not in drop]
+    due = next_drop_ms(kept, tombstone_retention_ms=retention, read_through=read_through)
+    assert due is None or due > now
+    for later in range(now, now + 250, 7):
+        again = offsets_to_drop(kept, now_ms=later, tombstone_retention_ms=retention, read_through=read_through)
+        assert bool(again) == (due is not None and later >= due), (later, due, again)
+    if due is not None:
+        assert offsets_to_drop(kept, now_ms=due, tombstone_retention_ms=retention, read_through=read_through)
+
+
 # -- the embedded log's compaction pass ----------------------------------------------------------
 
 
@@ -352,6 +369,53 @@ def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_w
                                     **{f"u{k}": ("late", None) for k in range(5, 8)}, "u8": ("p0", None),
                                     "u9": ("p0", None)}
     assert log.compact(T0 + 10) == 0
+    log.close()
+
+
+def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_changed(tmp_path, monkeypatch):
+    """The API process compacts once a minute: decoding every segment of every table each time
+    grows with the tables' history. A partition a pass found nothing to drop in is read again on
+    a write to it (from any process), a move of the readers' offset, or once its first read
+    tombstone outlives its retention; not before."""
+    import ingest.log.sqlite_compaction as pass_module
+
+    decoded = [0]
+    decode = pass_module.decode_segment
+
+    def counting(data):
+        decoded[0] += 1
+        return decode(data)
+
+    monkeypatch.setattr(pass_module, "decode_segment", counting)
+
+    def compact(at, through=None):  # (records dropped, segments decoded)
+        decoded[0] = 0
+        return log.compact(at, through), decoded[0]
+
+    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    v = TableRowValidator(users)
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    log.append(users, [tombstone(users, "u5", T0 + 2)], T0 + 2)                                          # 15
+    read = {"users": {0: 16}}
+    # decoded: the 3 segments read, then the one rewritten (its row checked again, its new data)
+    assert compact(T0 + 10, read) == (6, 3 + 2)  # u0-u4's first rows, u5's row under its tombstone
+    assert compact(T0 + 10, read) == (0, 3)  # nothing: remembered
+    assert compact(T0 + 20, read) == (0, 0)
+    due = T0 + 2 + 3_600_000 + 1  # the tombstone's hour is over (tombstone_retention: 1h)
+    assert compact(due - 1, read) == (0, 0)
+    assert compact(due, read) == (1, 3 + 1)  # a pass when the tombstone may go, without any write
+    assert compact(due, read) == (0, 2)
+    assert compact(due, read) == (0, 0)
+    assert compact(due, None) == (0, 2)  # the readers' offsets moved: read again
+    assert compact(due, None) == (0, 0)
+    other = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # another process's append
+    other.append(users, [v.validate({"user_id": "u1", "plan": "p2"}, T0)], T0 + 3)                     # 16
+    other.close()
+    assert compact(due) == (1, 3 + 2)  # u1's p1 row goes
+    assert table_of(log, users)["u1"] == ("p2", None) and "u5" not in table_of(log, users)
     log.close()
 
 
