@@ -47,8 +47,8 @@ def offsets_to_drop(changes: Iterable[Change], *, now_ms: int, tombstone_retenti
 
 def next_drop_ms(changes: Iterable[Change], *, tombstone_retention_ms: int,
                  read_through: int | None = None) -> int | None:
-    """For `changes` a pass has just found nothing to drop in (so each keyed record is its key's
-    newest): the first time a pass over the same changes and `read_through` drops one, which is
+    """For `changes` a pass finds nothing to drop in (what a pass kept: each keyed record is its
+    key's newest): the first time a pass over the same changes and `read_through` drops one, which is
     when the first tombstone the readers have read (offsets_to_drop) outlives its retention. None:
     never, until a record is appended or `read_through` moves (a tombstone at or past it waits)."""
     due = [c.ingest_time_ms + tombstone_retention_ms + 1 for c in changes

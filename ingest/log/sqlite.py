@@ -103,7 +103,7 @@ class SqliteEventLog(EventLog):
         self._lock = threading.Lock()
         self._round_robin = 0
         # {(stream, partition): (its state, when a pass may next drop)} of table partitions a
-        # compaction pass found nothing to drop in: skipped until either changes (sqlite_compaction.py)
+        # compaction pass left nothing to drop in: skipped until either changes (sqlite_compaction.py)
         self._compaction_quiet: dict[tuple[str, int], tuple[tuple, int | None]] = {}
         with self._lock:
             self._conn.executescript(_SCHEMA)

@@ -7,7 +7,7 @@ keeps its base offset and offset span, its remaining records carry their offsets
 only add segments above the partition's end, so they never wait on the decoding; a segment that
 changed meanwhile (retention, another pass) is left for the next pass.
 
-A partition a pass found nothing to drop in is not read again until something can have changed
+A partition a pass left nothing to drop in is not read again until something can have changed
 that (SqliteEventLog._compaction_quiet): a write to it (its offsets or weight move), the readers'
 committed offset, the table's settings, or the time its first read tombstone outlives its
 retention (compaction.next_drop_ms). Reading and decoding every segment of every table each
@@ -57,9 +57,8 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
         through = (read_through or {}).get(stream, {}).get(partition)
         with log._lock:
             # Read before the segments, so that a write between the two reads makes it differ next time.
-            state = (key_field, retention_ms, through) + log._conn.execute(
-                "SELECT start_offset, next_offset, bytes FROM partitions WHERE stream = ? AND partition = ?",
-                (stream, partition)).fetchone()
+            position = _position(log, stream, partition)
+            state = (key_field, retention_ms, through, *position)
             quiet = log._compaction_quiet.get((stream, partition))
             if quiet is not None and quiet[0] == state and (quiet[1] is None or now_ms < quiet[1]):
                 continue
@@ -73,39 +72,59 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
             log._compaction_quiet[(stream, partition)] = (
                 state, next_drop_ms(changes, tombstone_retention_ms=retention_ms, read_through=through))
             continue
-        rewrites = []  # (base, old size, new data or None)
+        dropping = np.sort(np.fromiter(drop, dtype=np.int64, count=len(drop)))
+        rewrites = []  # (base, old size, records before, new data or None, records after)
         for base, _, size, batch in decoded:
             offsets = _offsets(base, batch)
-            keep = ~np.isin(offsets, np.fromiter(drop, dtype=np.int64, count=len(drop)))
+            keep = ~_among(offsets, dropping)
             if keep.all():
                 continue
             if not keep.any():
-                rewrites.append((base, size, None))
+                rewrites.append((base, size, batch.num_rows, None, 0))
                 continue
             kept = batch.drop_columns([OFFSET]) if OFFSET in batch.schema.names else batch
             kept = kept.filter(pa.array(keep)).append_column(OFFSET, pa.array(offsets[keep], pa.int64()))
-            rewrites.append((base, size, encode_segment(kept)))
+            rewrites.append((base, size, batch.num_rows, encode_segment(kept), kept.num_rows))
         with log._lock, _transaction(log._conn):
-            shrunk = 0  # bytes the partition lost: its weight (ingest/log/sqlite.py BYTES_COLUMN)
-            for base, size, data in rewrites:
+            shrunk, skipped = 0, False  # bytes the partition lost: its weight (ingest/log/sqlite.py BYTES_COLUMN)
+            for base, size, before, data, after in rewrites:
                 row = log._conn.execute(
-                    "SELECT record_count, bytes, data FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
+                    "SELECT bytes FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
                     (stream, partition, base)).fetchone()
-                if row is None or row[1] != size:
+                if row is None or row[0] != size:  # a rewrite always shrinks a segment: same size, same records
+                    skipped = True
                     continue  # changed since it was read: the next pass sees it again
-                before = decode_segment(row[2]).num_rows
                 if data is None:
                     log._conn.execute("DELETE FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
                                       (stream, partition, base))
-                    dropped += before
                 else:
                     log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
                                       " AND base_offset = ?", (data, len(data), stream, partition, base))
-                    dropped += before - decode_segment(data).num_rows
+                dropped += before - after
                 shrunk += size - (0 if data is None else len(data))
             log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
                               (shrunk, stream, partition))
+            after_pass = _position(log, stream, partition)
+            # Nothing appended meanwhile and every rewrite made: what is left is the kept changes.
+            if not skipped and after_pass[:2] == position[:2]:
+                kept_changes = [c for c in changes if c.offset not in drop]
+                log._compaction_quiet[(stream, partition)] = (
+                    (key_field, retention_ms, through, *after_pass),
+                    next_drop_ms(kept_changes, tombstone_retention_ms=retention_ms, read_through=through))
     return dropped
+
+
+def _position(log: SqliteEventLog, stream: str, partition: int) -> tuple[int, int, int | None]:
+    """(start offset, end offset, weight): what any write to the partition moves."""
+    return log._conn.execute("SELECT start_offset, next_offset, bytes FROM partitions"
+                             " WHERE stream = ? AND partition = ?", (stream, partition)).fetchone()
+
+
+def _among(offsets: np.ndarray, sorted_drop: np.ndarray) -> np.ndarray:
+    """Which of `offsets` are in `sorted_drop`: one binary search each (np.isin sorts its second
+    argument again on every call, once per segment of a partition)."""
+    at = np.minimum(np.searchsorted(sorted_drop, offsets), len(sorted_drop) - 1)
+    return sorted_drop[at] == offsets
 
 
 def _offsets(base: int, batch: pa.RecordBatch) -> np.ndarray:

@@ -400,22 +400,46 @@ def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_chang
     log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
     log.append(users, [tombstone(users, "u5", T0 + 2)], T0 + 2)                                          # 15
     read = {"users": {0: 16}}
-    # decoded: the 3 segments read, then the one rewritten (its row checked again, its new data)
-    assert compact(T0 + 10, read) == (6, 3 + 2)  # u0-u4's first rows, u5's row under its tombstone
-    assert compact(T0 + 10, read) == (0, 3)  # nothing: remembered
+    assert compact(T0 + 10, read) == (6, 3)  # u0-u4's first rows, u5's row under its tombstone
+    assert compact(T0 + 10, read) == (0, 0)  # what it left has nothing more to drop: remembered
     assert compact(T0 + 20, read) == (0, 0)
     due = T0 + 2 + 3_600_000 + 1  # the tombstone's hour is over (tombstone_retention: 1h)
     assert compact(due - 1, read) == (0, 0)
-    assert compact(due, read) == (1, 3 + 1)  # a pass when the tombstone may go, without any write
-    assert compact(due, read) == (0, 2)
+    assert compact(due, read) == (1, 3)  # a pass when the tombstone may go, without any write
     assert compact(due, read) == (0, 0)
     assert compact(due, None) == (0, 2)  # the readers' offsets moved: read again
     assert compact(due, None) == (0, 0)
     other = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # another process's append
     other.append(users, [v.validate({"user_id": "u1", "plan": "p2"}, T0)], T0 + 3)                     # 16
     other.close()
-    assert compact(due) == (1, 3 + 2)  # u1's p1 row goes
+    assert compact(due) == (1, 3)  # u1's p1 row goes
     assert table_of(log, users)["u1"] == ("p2", None) and "u5" not in table_of(log, users)
+    log.close()
+
+
+def test_an_append_during_a_pass_that_drops_is_read_by_the_next_pass(tmp_path, monkeypatch):
+    """A pass remembers what it left as having nothing to drop only if nothing was written to the
+    partition while it decided: an append made meanwhile may supersede a row it kept."""
+    import ingest.log.sqlite_compaction as pass_module
+
+    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    v = TableRowValidator(users)
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    decide, appended = pass_module.offsets_to_drop, []
+
+    def deciding(changes, **kwargs):
+        if not appended:
+            appended.append(log.append(users, [v.validate({"user_id": "u5", "plan": "p2"}, T0)], T0 + 2))  # 15
+        return decide(changes, **kwargs)
+
+    monkeypatch.setattr(pass_module, "offsets_to_drop", deciding)
+    assert log.compact(T0 + 10) == 5  # u0-u4's first rows; it never saw offset 15
+    assert log.compact(T0 + 10) == 1  # u5's first row, superseded meanwhile
+    assert table_of(log, users)["u5"] == ("p2", None)
+    assert all_offsets(log, users) == {0: [6, 7, 8, 9, *range(10, 16)]}
     log.close()
 
 
