@@ -411,6 +411,16 @@ def change_feed_horizon(batch_now_ms: int | None, retention_ms: Mapping[str, int
 DROP_OLD_CHANGES = "DELETE FROM changes WHERE seq < (SELECT seq FROM changes WHERE at_ms >= %s ORDER BY seq LIMIT 1)"
 
 
+def tier_rows_to_drop(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, str, int, int]]:
+    """(granule, projection, last start, horizon) per tier of a layout: its rows ending at or before
+    the horizon (its own retention) are dropped. A tier row spans one granule, so they are the rows
+    starting at or before horizon - granule: a range of the rows' key (stream, granule, projection,
+    start). Asked by `end_ms` alone, each batch's commit read every row of the granule, of every
+    projection over all the time kept (a day of minute rows: ~200 000), to drop a few."""
+    return sorted((t.granule_ms, t.proj, batch_now_ms - t.keep_ms - t.granule_ms, batch_now_ms - t.keep_ms)
+                  for t in layout.tiers())
+
+
 def tier_horizons(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, int]]:
     """(granule, horizon) per granule of a layout: its rows ending at or before the horizon
     (its own retention) are dropped."""
@@ -493,5 +503,6 @@ def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, Tie
 __all__: Sequence[str] = [
     "BatchPlan", "CorrectionRecord", "PaneId", "PaneWrite", "StoredPane", "StreamState", "StreamUpdate",
     "FreshPanes", "column_partials", "pane_ids", "partition_clock_ms", "pane_rows", "pane_keys", "plan_batch", "rebuild_chunks", "rebuilt_rows", "rebuilt_rows_to_save", "retention_horizons", "tier_horizons",
+    "tier_rows_to_drop",
     "tier_row_after", "tiers_kept_by_rebuild",
 ]

@@ -20,7 +20,7 @@ import pyarrow as pa
 from store.retention_clock import recorded_commit_ms
 from store import batch_totals
 from store import bloom as bloom_store
-from store import dim_sets, row_codec, sqlite_tiers
+from store import dim_sets, row_codec, sqlite_tiers, tier_retention
 from store.gc_pause import paused_gc
 from store.base import (
     BatchCommit,
@@ -295,7 +295,7 @@ class SqlitePaneStore(PaneStore):
             conn.execute(DROP_OLD_CHANGES.replace("%s", "?"), (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
-                sqlite_tiers.drop_expired(conn, stream, layout, commit.batch_now_ms)
+                tier_retention.drop_expired(conn, "?", stream, layout, commit.batch_now_ms)
 
     # -- reading ------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Callable
 
 from store import dim_sets, dims_migration, row_codec
-from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt_rows_to_save, tier_horizons,
+from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt_rows_to_save,
                                tier_row_after, tiers_kept_by_rebuild)
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
@@ -67,13 +67,6 @@ def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey,
     save_many(conn, "tier_rows", TIER_KEY,
               ((keys[key], key.start_ms + key.granule_ms, row.data, row.revision) for key, row in after),
               now_ms, batch_id)
-
-
-def drop_expired(conn: sqlite3.Connection, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
-    """Per tier, the rows wholly before batch_now - keep (the tier's own retention)."""
-    for granule, horizon in tier_horizons(layout, batch_now_ms):
-        conn.execute("DELETE FROM tier_rows WHERE stream = ? AND granule_ms = ? AND end_ms <= ?",
-                     (stream, granule, horizon))
 
 
 def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
@@ -234,7 +227,7 @@ def number_dims(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
-__all__ = ["ALL_DIMS", "SUMS_INDEX", "apply_deltas", "create_indexes", "create_schema", "drop_expired",
+__all__ = ["ALL_DIMS", "SUMS_INDEX", "apply_deltas", "create_indexes", "create_schema",
            "fold_old_sketch_tables", "load_many", "number_dims", "read_rows", "rebuild", "save_many", "save_rows",
            "stored_layouts"]
 

@@ -39,7 +39,7 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
-from store import batch_totals, dim_sets, event_ids
+from store import batch_totals, dim_sets, event_ids, tier_retention
 from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
@@ -56,7 +56,6 @@ from store.commit_plan import (
     rebuilt_rows,
     rebuilt_rows_to_save,
     retention_horizons,
-    tier_horizons,
     tier_row_after,
     tiers_kept_by_rebuild,
     with_removed_streams,
@@ -257,9 +256,7 @@ class PostgresPaneStore(PaneStore):
             conn.execute(DROP_OLD_CHANGES, (feed_horizon,))
         if commit.batch_now_ms is not None:
             for stream, layout in layouts.items():
-                for granule, horizon in tier_horizons(layout, commit.batch_now_ms):
-                    conn.execute("DELETE FROM tier_rows WHERE stream = %s AND granule_ms = %s AND end_ms <= %s",
-                                 (stream, granule, horizon))
+                tier_retention.drop_expired(conn, "%s", stream, layout, commit.batch_now_ms)
         committed_at_ms = recorded_commit_ms(now_ms, commit.batch_now_ms)
         with conn.cursor() as cur:
             batch_totals.add(cur, commit.pipeline, commit.batch_id, committed_at_ms, commit.events_read, "%s",

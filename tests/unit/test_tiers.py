@@ -356,6 +356,60 @@ def test_each_tier_keeps_its_own_retention(store_backend):
     store.close()
 
 
+def test_a_tier_row_goes_when_it_ends_at_its_tiers_horizon_not_before(store_backend):
+    """Per tier and projection, the rows ending at or before batch_now - keep go; one ending a
+    pane later stays (the drop is asked as a range of the rows' start: store/tier_retention.py)."""
+    day = 86_400_000
+    layout = TierLayout(PANE, day, ((MINUTE, day), (10 * MINUTE, 2 * day)), ("", "a"))
+    store = store_at(store_backend, layout)
+    commit_all(store, [[(T0 + m * MINUTE + 5_000, {"a": "x", "b": "y"}, 1.0, "u") for m in range(30)]])
+    now = T0 + day + 20 * MINUTE  # the minute rows ending by T0 + 20m go; the 10-minute rows all stay
+    batch = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=now)
+    store.commit_batch(batch, lateness_ms={"s": LATENESS}, now_ms=now, retention_ms={"s": 3 * day})
+    for proj in (ALL_DIMS, "", "a"):
+        minutes = store.read_tier("s", MINUTE, proj, 0, 2**62, pane_ms=PANE)
+        assert [r.end_ms for r in minutes] == [T0 + m * MINUTE for m in range(21, 31)], proj
+        assert len(store.read_tier("s", 10 * MINUTE, proj, 0, 2**62, pane_ms=PANE)) == 3, proj
+    store.close()
+
+
+def test_a_commits_tier_retention_reads_what_it_drops_not_every_row_kept(tmp_path):
+    """Every batch's commit drops what its tiers no longer keep. Asked by end time alone, it read
+    every row of a granule, of every projection and over all the time kept (a day of minute rows
+    of a few thousand dimension combinations: ~200 000, each in its own page for its sketches),
+    to drop the few a batch frees. SQLite's virtual-machine steps, counted, not timed."""
+    from store import SqlitePaneStore, tier_retention
+
+    day = 86_400_000
+    layout = TierLayout(PANE, day, ((MINUTE, day),), ("",))
+    steps = {}
+    for minutes in (20, 1_000):
+        store = SqlitePaneStore(tmp_path / f"{minutes}.db", synchronous="OFF")
+        store.configure_tiers({"s": layout}, now_ms=T0)
+        conn = store._conn
+        dims_id = 0
+        conn.executemany(  # rows as kept: a tier row spans its granule; sketches of a few kilobytes
+            "INSERT INTO tier_rows (stream, granule_ms, proj, start_ms, dims_id, end_ms, count, stats, revision,"
+            " updated_at_ms, last_batch, sketches) VALUES ('s', ?, ?, ?, ?, ?, 1, '{}', 0, 0, 0, zeroblob(3000))",
+            [(MINUTE, proj, T0 + m * MINUTE, dims_id, T0 + (m + 1) * MINUTE) for m in range(minutes)
+             for proj in (ALL_DIMS, "")])
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0  # go on
+
+        conn.set_progress_handler(count, 10)
+        try:
+            tier_retention.drop_expired(conn, "?", "s", layout, T0 + day)  # nothing is a day old yet
+        finally:
+            conn.set_progress_handler(None, 10)
+        steps[minutes] = counted[0]
+        assert conn.execute("SELECT COUNT(*) FROM tier_rows").fetchone()[0] == 2 * minutes
+        store.close()
+    assert steps[1_000] <= 2 * steps[20] + 2, steps  # 50 times the rows, the same work
+
+
 def test_a_stream_removed_from_the_configuration_goes_at_its_stored_retention(store_backend):
     """The pipeline's retention run names the configured streams only: a stream removed from the
     configuration used to keep its panes and dead letters for good. It goes at the retention its
