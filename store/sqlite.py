@@ -20,7 +20,7 @@ import pyarrow as pa
 from store.retention_clock import recorded_commit_ms
 from store import batch_totals
 from store import bloom as bloom_store
-from store import dim_sets, row_codec, sqlite_tiers, tier_retention
+from store import dead_letter_counts, dim_sets, row_codec, sqlite_tiers, tier_retention
 from store.gc_pause import paused_gc
 from store.base import (
     BatchCommit,
@@ -587,9 +587,8 @@ class SqlitePaneStore(PaneStore):
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
         with self._lock:
-            return dict(self._conn.execute(
-                "SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= ? AND at_ms < ? GROUP BY stream",
-                (start_ms, end_ms)).fetchall())
+            return dead_letter_counts.counts(self._conn.execute(
+                dead_letter_counts.DEAD_LETTER_COUNTS.replace("%s", "?"), (start_ms, end_ms)).fetchall())
 
     def side_db(self) -> SqliteDb:
         # A connection of its own to the file, set up as the panes' is.

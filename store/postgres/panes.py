@@ -39,7 +39,7 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
-from store import batch_totals, dim_sets, event_ids, tier_retention
+from store import batch_totals, dead_letter_counts, dim_sets, event_ids, tier_retention
 from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
@@ -523,8 +523,7 @@ class PostgresPaneStore(PaneStore):
             return view_state.read_changes(cur, view, after, limit, "%s")
 
     def dead_letter_counts(self, start_ms: int, end_ms: int) -> dict[str, int]:
-        return dict(self._all("SELECT stream, COUNT(*) FROM dead_letters WHERE at_ms >= %s AND at_ms < %s"
-                              " GROUP BY stream", (start_ms, end_ms)))
+        return dead_letter_counts.counts(self._all(dead_letter_counts.DEAD_LETTER_COUNTS, (start_ms, end_ms)))
 
     def side_db(self) -> PostgresDb:
         return PostgresDb(self._pool)
