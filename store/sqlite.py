@@ -110,6 +110,7 @@ class SqlitePaneStore(PaneStore):
             self._conn.execute("ALTER TABLE view_changes ADD COLUMN change_seq INTEGER")
             view_state.fill_positions(self._conn.cursor())
         self._conn.execute(view_state.CHANGE_SEQ_INDEX)
+        self._conn.execute(view_state.COMMITTED_AT_INDEX)
         sqlite_tiers.fold_old_sketch_tables(self._conn)  # sketches one row per (field, kind): now a column
         sqlite_tiers.number_dims(self._conn)  # dimensions as text in every row: now numbered
 

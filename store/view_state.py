@@ -69,6 +69,12 @@ CREATE TABLE IF NOT EXISTS view_changelog_ends (
 # Made after the store's upgrade (store/sqlite.py _migrate, store/postgres/schema.py): a store made before
 # change_seq has view_changes without it until then.
 CHANGE_SEQ_INDEX = "CREATE INDEX IF NOT EXISTS view_changes_by_seq ON view_changes (view_name, change_seq)"
+# What a commit's retention of the changelog (apply) drops by: without it each commit that edits a
+# view read every change the view keeps (its retention: 7 days by default; a plan's price change
+# rewrites the row of every user on it) to find the few past the horizon. Made at open like the
+# one above, so a store made before gets it too.
+COMMITTED_AT_INDEX = ("CREATE INDEX IF NOT EXISTS view_changes_by_commit_time"
+                      " ON view_changes (view_name, committed_at_ms)")
 # The batch id of the changes a switch writes (store/switch.py): a change of no batch of the pipeline.
 SWITCH_BATCH = -1
 

@@ -110,6 +110,7 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
             with conn.cursor() as cur:
                 view_state.fill_positions(cur)
         conn.execute(view_state.CHANGE_SEQ_INDEX)
+        conn.execute(view_state.COMMITTED_AT_INDEX)
         order_keys_by_code_point(conn)
         _fold_old_sketch_tables(conn)
         _number_dims(conn)
