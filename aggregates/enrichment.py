@@ -151,9 +151,9 @@ class Enrichment:
         keep_from = {name: batch_now_ms - max(s.retention + s.max_future_skew for s in self.streams.values()
                                               if any(name in enrichment_tables(self.catalog, d, s.name) for d in s.enrich))
                      for name in self.tables}
-        # The kept copy knows which keys have more than one version: the store prunes only those.
+        # The kept copy knows which keys pruning shortens at keep_from: the store prunes only those.
         prune_keys = None if self.kept is None else {
-            name: self.kept.prune_candidates(name, new.get(name, ())) for name in self.tables}
+            name: self.kept.prune_candidates(name, new.get(name, ()), keep_from[name]) for name in self.tables}
         return Enriched(out_batch, None if on_driver else out,
                         EnrichmentCommit({name: [(k, v) for k, v in pairs] for name, pairs in new.items()},
                                          keep_from, misses, prune_keys), rows)

@@ -81,6 +81,14 @@ def prunable(versions: Sequence[TableVersion], keep_from_ms: int) -> list[TableV
     return [v for v in versions[:i - 1] if v.valid_from_ms < versions[i - 1].valid_from_ms]
 
 
+def prunable_from_ms(versions: Sequence[TableVersion]) -> int | None:
+    """The first `keep_from_ms` at which `prunable(versions, keep_from_ms)` is not empty: the first
+    time after the key's first version's (versions sorted by `order`). None: never (one version,
+    or all from the same millisecond), until another version comes."""
+    first = versions[0].valid_from_ms if versions else None
+    return next((v.valid_from_ms for v in versions if v.valid_from_ms > first), None)
+
+
 @dataclass(eq=False)
 class SingleVersions:
     """A table's keys that had exactly one kept version when it was made, as columns: for such a
@@ -135,7 +143,11 @@ class KeptVersions:
         self.singles_stale_share, self.singles_rest_batches = singles_stale_share, singles_rest_batches
         self.tables = tuple(tables)
         self.versions: dict[str, dict[str, list[TableVersion]]] = {}
-        self._multi: dict[str, set[str]] = {}  # keys with 2+ versions: the only ones pruning can shorten
+        # Per table, {key: prunable_from_ms} of the keys pruning can shorten at some horizon: each
+        # batch names the store only those whose time has come, not every key with two versions
+        # (versions are kept for retention + skew, so after days nearly every key has several, and
+        # the store's prune costs a correlated subquery per version of each key named).
+        self._prunable_from: dict[str, dict[str, int]] = {}
         self._as_of: tuple[int | None] | None = None  # (batch id,) when loaded; None: to be read
         self.loads = 0  # how many times read whole from the store
         self._singles: dict[str, SingleVersions] = {}  # per table, made when first asked for
@@ -147,7 +159,8 @@ class KeptVersions:
         if self._as_of == (last_batch_id,):
             return False
         self.versions = {t: by_key(self.load(t)) for t in self.tables}
-        self._multi = {t: {k for k, vs in kept.items() if len(vs) > 1} for t, kept in self.versions.items()}
+        self._prunable_from = {t: {k: at for k, vs in kept.items() if (at := prunable_from_ms(vs)) is not None}
+                               for t, kept in self.versions.items()}
         self._singles, self._stale = {}, {}
         self._as_of = (last_batch_id,)
         self.loads += 1
@@ -190,34 +203,42 @@ class KeptVersions:
             self._stale[table] = set()
         return made, frozenset(self._stale[table]).union(changed)
 
-    def prune_candidates(self, table: str, new: Iterable[tuple[str, TableVersion]]) -> set[str]:
-        """The keys of `table` that can have two versions or more once the batch's `new` ones are in:
-        the only ones pruning can shorten (the copy must be as of the store)."""
-        return self._multi[table] | {key for key, _ in new}
+    def prune_candidates(self, table: str, new: Iterable[tuple[str, TableVersion]],
+                         keep_from_ms: int | None) -> set[str]:
+        """The keys of `table` that pruning at `keep_from_ms` (None: none) shortens once the batch's
+        `new` versions are in: the only ones the store need look at (the copy must be as of the store)."""
+        if keep_from_ms is None:
+            return set()
+        new = list(new)
+        kept, changed = self.versions[table], {key for key, _ in new}
+        due = {key for key, at in self._prunable_from[table].items() if at <= keep_from_ms and key not in changed}
+        for key, versions in by_key([*((k, v) for k in changed for v in kept.get(k, ())), *new]).items():
+            at = prunable_from_ms(versions)  # a new version may come before the kept ones' times
+            if at is not None and at <= keep_from_ms:
+                due.add(key)
+        return due
 
     def committed(self, batch_id: int, commit: EnrichmentCommit) -> dict[str, set[str]]:
         """Apply batch `batch_id`'s versions and pruning, committed to the store since the copy's
         batch; per table the keys whose versions changed."""
         changed: dict[str, set[str]] = {}
         for table in self.tables:
-            kept, multi, touched = self.versions[table], self._multi[table], set()
+            kept, due, touched = self.versions[table], self._prunable_from[table], set()
             for key, v in commit.versions.get(table, ()):
                 vs = kept.setdefault(key, [])
                 if any((o.partition, o.offset) == (v.partition, v.offset) for o in vs):
                     continue  # stored already: the store keeps it as it is
                 bisect.insort(vs, v, key=lambda o: o.order)
                 touched.add(key)
-                if len(vs) > 1:
-                    multi.add(key)
+            for key in touched:
+                _set_prunable_from(due, key, kept[key])
             keep_from = commit.keep_from_ms.get(table)
             if keep_from is not None:
-                for key in list(multi):
+                for key in [key for key, at in due.items() if at <= keep_from]:
                     dropped = len(prunable(kept[key], keep_from))  # a prefix of the key's versions
-                    if dropped:
-                        kept[key] = kept[key][dropped:]
-                        touched.add(key)
-                    if len(kept[key]) < 2:
-                        multi.discard(key)
+                    kept[key] = kept[key][dropped:]
+                    touched.add(key)
+                    _set_prunable_from(due, key, kept[key])
             changed[table] = touched
             if self._resting.get(table, 0) > 0:
                 self._resting[table] -= 1
@@ -229,6 +250,14 @@ class KeptVersions:
                     self._resting[table] = self.singles_rest_batches  # but not before this many batches
         self._as_of = (batch_id,)
         return changed
+
+
+def _set_prunable_from(due: dict[str, int], key: str, versions: Sequence[TableVersion]) -> None:
+    at = prunable_from_ms(versions)
+    if at is None:
+        due.pop(key, None)
+    else:
+        due[key] = at
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -321,8 +350,8 @@ class EnrichmentCommit:
     """What a batch's enrichment writes in its transaction: the tables' new versions (per table,
     (key, version) pairs), per table the instant from which lookups must stay answerable (older
     versions are pruned), and the misses per (stream, table). `prune_keys`: per table the only keys
-    pruning can shorten, those with two versions or more after the batch
-    (KeptVersions.prune_candidates); a table not in it (or None) has every key looked at."""
+    pruning at its instant shortens (KeptVersions.prune_candidates); a table not in it (or None)
+    has every key looked at."""
 
     versions: Mapping[str, Sequence[tuple[str, TableVersion]]]
     keep_from_ms: Mapping[str, int]

@@ -74,8 +74,9 @@ def test_kept_versions_equal_the_stores_after_every_batch_and_merge_a_batch_as_t
                     [version] = merged[key]
                     assert (version.valid_from_ms, version.row) == (valid_from, row)
             before = stored(store)
-            done = commit(batch_id, new, None if horizon is None else at - horizon,
-                          kept.prune_candidates("users", new) if name_keys else None)
+            keep_from = None if horizon is None else at - horizon
+            named = kept.prune_candidates("users", new, keep_from) if name_keys else None
+            done = commit(batch_id, new, keep_from, named)
             assert store.commit_batch(done, lateness_ms={}, now_ms=T0).committed
             changed = kept.committed(batch_id, done.enrichment)
             after = stored(store)
@@ -108,8 +109,8 @@ def test_a_copy_not_as_of_the_stores_last_batch_is_read_again(store_backend):
     assert kept.as_of_store(store.last_batch_id("main")) and kept.loads == 3
     # Its own committed batch keeps it as of that batch, pruned as the store pruned (naming the keys
     # pruning can shorten, as the pipeline does: u1 has two versions).
-    done = commit(2, [("u2", v1)], keep_from=T0 + 10, prune_keys=kept.prune_candidates("users", [("u2", v1)]))
-    assert done.enrichment.prune_keys == {"users": {"u1", "u2"}}
+    done = commit(2, [("u2", v1)], keep_from=T0 + 10, prune_keys=kept.prune_candidates("users", [("u2", v1)], T0 + 10))
+    assert done.enrichment.prune_keys == {"users": {"u1"}}  # u2's one version: nothing to prune
     store.commit_batch(done, lateness_ms={}, now_ms=T0)
     assert kept.committed(2, done.enrichment) == {"users": {"u1", "u2"}}  # u1: its first version pruned
     assert not kept.as_of_store(store.last_batch_id("main"))
@@ -134,3 +135,33 @@ def test_the_single_version_columns_are_offered_to_large_batches_of_a_table_not_
         kept.committed(batch_id, EnrichmentCommit({}, {}, {}))
     held, excluded = kept.singles("users", asked=len(users))
     assert len(held.keys) == len(users) - len(changes) and not excluded  # the changed keys have two versions now
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 20), max_size=8), st.integers(-2, 25))
+def test_a_keys_versions_are_prunable_from_the_first_time_after_its_first(times, keep_from):
+    from store.table_versions import prunable, prunable_from_ms
+
+    versions = by_key([("u", TableVersion(T0 + t, 0, i)) for i, t in enumerate(times)]).get("u", [])
+    at = prunable_from_ms(versions)
+    assert bool(prunable(versions, T0 + keep_from)) == (at is not None and T0 + keep_from >= at)
+
+
+def test_a_batch_names_the_store_only_the_keys_pruning_shortens_now():
+    """Versions are kept for retention + skew (8 days in the demo), so after a while nearly every
+    key has several; naming every such key to the store each batch made its prune look at all of
+    their versions with a correlated subquery each (quadratic in a key's versions), to drop a few."""
+    users = [(f"u{i}", TableVersion(T0 + step, 0, 2 * i + step // 100, {"plan": "free"}))
+             for i in range(1_000) for step in (0, 100)]
+    kept = KeptVersions(lambda table: users, ["users"])
+    kept.as_of_store(None)
+    assert kept.prune_candidates("users", [], T0 + 99) == set()  # every key has two versions, none prunable yet
+    assert kept.prune_candidates("users", [], None) == set()
+    assert len(kept.prune_candidates("users", [], T0 + 100)) == 1_000
+    early = TableVersion(T0 + 10, 1, 0, {"plan": "pro"})  # a new version before u7's second
+    assert kept.prune_candidates("users", [("u7", early)], T0 + 50) == {"u7"}
+    # Committed, the copy prunes what the store pruned and names nothing more until the next time.
+    kept.committed(0, EnrichmentCommit({"users": [("u7", early)]}, {"users": T0 + 50}, {}, {"users": {"u7"}}))
+    assert kept.versions["users"]["u7"] == [early, users[15][1]]
+    assert kept.prune_candidates("users", [], T0 + 99) == set()
+    assert kept.prune_candidates("users", [], T0 + 100) == {f"u{i}" for i in range(1_000)}
