@@ -17,6 +17,7 @@ from sketches import HllSketch, KllSketch
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, SqlitePaneStore, ValueStats, pane_start
 from store.panes import advance_watermark, is_final, merge_all, next_revision
 from store.schema_version import SCHEMA_VERSION, StoreVersionError
+from tests.sqlite_steps import counted_steps
 
 PANE = 10_000
 T0 = 1_700_000_000_000
@@ -239,18 +240,8 @@ def test_dead_letter_counts_read_the_span_not_every_dead_letter_kept(tmp_path):
             "INSERT INTO dead_letters (pipeline, batch_id, stream, partition, \"offset\", reason, at_ms)"
             " VALUES ('main', 0, ?, 0, ?, 'future_skew', ?)",
             [(stream, i, i) for stream in ("s", "t") for i in range(kept)])  # one a ms, long before the span
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0  # go on
-
-        conn.set_progress_handler(count, 10)
-        try:
-            assert store.dead_letter_counts(kept - 5, kept + 10_000) == {"s": 5, "t": 5}
-        finally:
-            conn.set_progress_handler(None, 10)
-        steps[kept] = counted[0]
+        counts, steps[kept] = counted_steps(conn, lambda: store.dead_letter_counts(kept - 5, kept + 10_000))
+        assert counts == {"s": 5, "t": 5}
         store.close()
     assert steps[2_000] <= 2 * steps[20] + 2, steps  # 100 times the dead letters, the same work
 

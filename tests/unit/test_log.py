@@ -34,6 +34,7 @@ from ingest.log.records import (
 )
 from ingest.partitioner import partition_for
 from tests.log_backends import partition_weights
+from tests.sqlite_steps import counted_steps
 
 T0 = 1_700_000_000_000
 STREAM = StreamDef(name="clicks", key_field="user", dimensions=("page",), values=("ms",), partitions=4)
@@ -435,18 +436,8 @@ def test_retention_applies_per_partition_and_stream(tmp_path: Path) -> None:
 def retention_steps(log: SqliteEventLog, now_ms: int, max_age_ms: int, max_bytes: int) -> tuple[int, int]:
     """(records dropped, SQLite virtual-machine steps a retention pass took, in tens): what it
     read, counted, not timed."""
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 1
-        return 0  # go on
-
-    log._conn.set_progress_handler(count, 10)
-    try:
-        dropped = log.apply_retention(now_ms, max_age_ms=max_age_ms, max_bytes_per_partition=max_bytes)
-    finally:
-        log._conn.set_progress_handler(None, 10)
-    return dropped, steps[0]
+    return counted_steps(log._conn, lambda: log.apply_retention(now_ms, max_age_ms=max_age_ms,
+                                                                max_bytes_per_partition=max_bytes))
 
 
 def test_retention_reads_what_it_drops_not_the_whole_partition(tmp_path: Path) -> None:

@@ -328,6 +328,17 @@ def test_retention_by_age_spares_tables_and_an_event_stream_is_not_compacted(tmp
 
 
 
+def users_log_of_two_appends(tmp_path):
+    """(the one-partition users table, its log, its row validator): u0-u9 on p0 at offsets 0-9,
+    then u0-u4 on p1 at 10-14 (superseding 0-4)."""
+    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
+    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
+    log.ensure_topic(users)
+    v = TableRowValidator(users)
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
+    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    return users, log, v
+
 def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_waits_for_the_next_pass(
         tmp_path, monkeypatch):
     """The pass decides what goes without the log's lock (docs/tables.md "Log compaction"): an
@@ -339,12 +350,7 @@ def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_w
 
     import ingest.log.sqlite_compaction as pass_module
 
-    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    log.ensure_topic(users)
-    v = TableRowValidator(users)
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    users, log, v = users_log_of_two_appends(tmp_path)
     decide, nested = pass_module.offsets_to_drop, []
 
     def deciding(changes, **kwargs):
@@ -392,12 +398,7 @@ def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_chang
         decoded[0] = 0
         return log.compact(at, through), decoded[0]
 
-    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    log.ensure_topic(users)
-    v = TableRowValidator(users)
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    users, log, v = users_log_of_two_appends(tmp_path)
     log.append(users, [tombstone(users, "u5", T0 + 2)], T0 + 2)                                          # 15
     read = {"users": {0: 16}}
     assert compact(T0 + 10, read) == (6, 3)  # u0-u4's first rows, u5's row under its tombstone
@@ -422,12 +423,7 @@ def test_an_append_during_a_pass_that_drops_is_read_by_the_next_pass(tmp_path, m
     partition while it decided: an append made meanwhile may supersede a row it kept."""
     import ingest.log.sqlite_compaction as pass_module
 
-    users = parse_catalog(CONFIG.replace("partitions: 2", "partitions: 1")).streams["users"]
-    log = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")
-    log.ensure_topic(users)
-    v = TableRowValidator(users)
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p0"}, T0) for k in range(10)], T0)     # 0-9
-    log.append(users, [v.validate({"user_id": f"u{k}", "plan": "p1"}, T0) for k in range(5)], T0 + 1)  # 10-14
+    users, log, v = users_log_of_two_appends(tmp_path)
     decide, appended = pass_module.offsets_to_drop, []
 
     def deciding(changes, **kwargs):

@@ -24,6 +24,7 @@ from store.point_cache import PointCache
 from store.rollup import rollup
 from store.series import query_series
 from store.tiers import ALL_DIMS, TierLayout, layout_for, tier_deltas
+from tests.sqlite_steps import counted_steps
 from tests.tier_checks import assert_tiers_match_panes
 
 PANE = 10_000
@@ -393,18 +394,8 @@ def test_a_commits_tier_retention_reads_what_it_drops_not_every_row_kept(tmp_pat
             " updated_at_ms, last_batch, sketches) VALUES ('s', ?, ?, ?, ?, ?, 1, '{}', 0, 0, 0, zeroblob(3000))",
             [(MINUTE, proj, T0 + m * MINUTE, dims_id, T0 + (m + 1) * MINUTE) for m in range(minutes)
              for proj in (ALL_DIMS, "")])
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0  # go on
-
-        conn.set_progress_handler(count, 10)
-        try:
-            tier_retention.drop_expired(conn, "?", "s", layout, T0 + day)  # nothing is a day old yet
-        finally:
-            conn.set_progress_handler(None, 10)
-        steps[minutes] = counted[0]
+        # nothing is a day old yet
+        steps[minutes] = counted_steps(conn, lambda: tier_retention.drop_expired(conn, "?", "s", layout, T0 + day))[1]
         assert conn.execute("SELECT COUNT(*) FROM tier_rows").fetchone()[0] == 2 * minutes
         store.close()
     assert steps[1_000] <= 2 * steps[20] + 2, steps  # 50 times the rows, the same work

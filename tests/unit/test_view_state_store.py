@@ -15,6 +15,7 @@ from catalog import parse_catalog
 from store.base import BatchCommit
 from store.table_state import TableChange
 from store.view_state import ChangesGone, CursorPastEnd
+from tests.sqlite_steps import counted_steps
 
 T0 = 1_700_000_000_000
 YAML = """
@@ -374,18 +375,9 @@ def test_a_commits_changelog_retention_reads_what_it_drops_not_every_change_kept
             " log_partition, log_offset, committed_at_ms, change_seq)"
             " VALUES ('v', ?, 0, 'k', NULL, '{}', 0, 0, ?, ?, ?)",
             [(i, i, T0 + i, i + 1) for i in range(kept)])
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0  # go on
-
-        conn.set_progress_handler(count, 10)
-        try:  # the oldest change is a day inside the retention: nothing to drop
-            apply(conn.cursor(), [ViewCommit("v", "{}", retention_ms=86_400_000)], kept, T0, "?")
-        finally:
-            conn.set_progress_handler(None, 10)
-        steps[kept] = counted[0]
+        # the oldest change is a day inside the retention: nothing to drop
+        steps[kept] = counted_steps(conn, lambda: apply(conn.cursor(), [ViewCommit("v", "{}", retention_ms=86_400_000)],
+                                                        kept, T0, "?"))[1]
         assert conn.execute("SELECT COUNT(*) FROM view_changes").fetchone()[0] == kept
         store.close()
     assert steps[2_000] <= 2 * steps[20] + 2, steps  # 100 times the changes, the same work
