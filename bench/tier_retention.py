@@ -1,13 +1,16 @@
-"""A batch commit's tier retention on a store holding a day of minute rows (issue 28, session 89).
+"""A batch commit's tier retention on a store holding days of the demo's tier rows (issue 28, session 89).
 
-    python -m bench.tier_retention [--combos 140] [--hours 24] [--repeat 5]
+    python -m bench.tier_retention [--days 1] [--repeat 5]
+    python -m bench.tier_retention --days 8    # the minute rows' retention: the steady state
 
 Every batch's commit drops the tier rows its tiers no longer keep (store/tier_retention.py), in
-the commit's write transaction. Builds a SQLite store keeping minute rows for a day under the
-demo's http_requests layout shape: `--combos` rows of all dimensions and a total per minute over
-`--hours`, each with ~3 KB of sketches (what a minute row of the demo holds). Then prints, side
-by side in one run, the median time of `--repeat` drops with nothing to drop (every batch but the
-first of a minute) and with one minute to drop (the first batch of each minute):
+the commit's write transaction. Builds a SQLite store holding `--days` (each tier at most its own
+retention) of the shipped `http_requests` layout (config/streams.yaml: the pane-granule total,
+minute rows of the group-bys kept 8 days, hour rows of all dimensions and the group-bys kept 90
+days), each tier and projection with as many rows a granule as the demo's traffic has distinct
+values of it (counted on 20 000 generated events), each row with ~3 KB of sketches. Then prints,
+side by side in one run, the median time of `--repeat` drops with nothing to drop (what most
+batches find):
 
 - the statement as it is (a range of the rows' key: stream, granule, projection, start);
 - the statement before session 89 (by end time alone), run on the same store as the base.
@@ -23,13 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from catalog import load_catalog
+from demo import DEFAULT_CONFIG, DemoTraffic
 from store import SqlitePaneStore, tier_retention
 from store.commit_plan import tier_horizons
-from store.tiers import ALL_DIMS, TierLayout
+from store.tiers import TierLayout, layout_for, project
 
-T0 = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
-MINUTE, HOUR, DAY = 60_000, 3_600_000, 86_400_000
-LAYOUT = TierLayout(10_000, DAY, ((MINUTE, DAY), (HOUR, 90 * DAY)), ("",))
+STREAM = "http_requests"
+NOW = 1_700_000_000_000 - 1_700_000_000_000 % 3_600_000
+DAY = 86_400_000
 
 
 def by_end_time(conn, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
@@ -43,12 +48,12 @@ def as_kept(conn, stream: str, layout: TierLayout, batch_now_ms: int) -> None:
     tier_retention.drop_expired(conn, "?", stream, layout, batch_now_ms)
 
 
-def timed(conn, drop, now_ms: int) -> float:
+def timed(conn, layout: TierLayout, drop, now_ms: int) -> float:
     """One drop inside a transaction rolled back, so that every run sees the same store."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         started = time.perf_counter()
-        drop(conn, "s", LAYOUT, now_ms)
+        drop(conn, STREAM, layout, now_ms)
         return (time.perf_counter() - started) * 1000
     finally:
         conn.execute("ROLLBACK")
@@ -56,33 +61,43 @@ def timed(conn, drop, now_ms: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--combos", type=int, default=140, help="all-dimension rows a minute")
-    parser.add_argument("--hours", type=int, default=24)
+    parser.add_argument("--days", type=float, default=1.0)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
+    catalog = load_catalog(DEFAULT_CONFIG)
+    stream = catalog.streams[STREAM]
+    layout = layout_for(stream)
+    sample = DemoTraffic(catalog, seed=89).generate_stream(STREAM, 20_000)
+    rows_a_granule = {t.proj: len({tuple(sorted(project({d: str(e.get(d, "")) for d in stream.dimensions},
+                                                         t.proj).items())) for e in sample})
+                      for t in layout.tiers()}
     with tempfile.TemporaryDirectory(prefix="sketchboard-tier-retention-") as tmp:
         store = SqlitePaneStore(Path(tmp) / "store.db", synchronous="OFF")
-        store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+        store.configure_tiers({STREAM: layout}, now_ms=NOW)
         conn = store._conn  # the store's own connection: the commit runs the drop on it
-        started = time.perf_counter()
-        minutes = args.hours * 60
-        for m in range(minutes):
+        started, built = time.perf_counter(), []
+        for tier in layout.tiers():
+            span = min(tier.keep_ms, int(args.days * DAY))
+            starts = range(NOW - span, NOW, tier.granule_ms)
             conn.execute("BEGIN")
             conn.executemany(
                 "INSERT INTO tier_rows (stream, granule_ms, proj, start_ms, dims_id, end_ms, count, stats, revision,"
-                " updated_at_ms, last_batch, sketches) VALUES ('s', ?, ?, ?, ?, ?, 1, '{}', 0, 0, 0, zeroblob(3000))",
-                [(MINUTE, proj, T0 + m * MINUTE, dims, T0 + (m + 1) * MINUTE)
-                 for proj, combos in ((ALL_DIMS, args.combos), ("", 1)) for dims in range(combos)])
+                " updated_at_ms, last_batch, sketches) VALUES (?, ?, ?, ?, ?, ?, 1, '{}', 0, 0, 0, zeroblob(3000))",
+                ((STREAM, tier.granule_ms, tier.proj, start, dims, start + tier.granule_ms)
+                 for start in starts for dims in range(rows_a_granule[tier.proj])))
             conn.execute("COMMIT")
+            built.append(f"{tier.granule_ms // 1000} s x {tier.proj or 'total'}:"
+                         f" {len(starts) * rows_a_granule[tier.proj]:,}")
         rows = conn.execute("SELECT COUNT(*) FROM tier_rows").fetchone()[0]
-        print(f"store: {rows:,} minute rows over {args.hours} h ({args.combos} combinations + the total a minute),"
+        print(f"store: {rows:,} tier rows of {args.days:g} days ({'; '.join(built)}),"
               f" built in {time.perf_counter() - started:.0f} s", flush=True)
-        cases = (("nothing to drop", T0 + DAY), ("one minute to drop", T0 + DAY + MINUTE))
-        for name, now in cases:
-            for label, drop in (("by end time (before)", by_end_time), ("by start range (now)", as_kept)):
-                runs = [timed(conn, drop, now) for _ in range(args.repeat)]
-                print(f"{name:>18}, {label}: median {statistics.median(runs):.2f} ms"
-                      f" ({', '.join(f'{ms:.2f}' for ms in runs)})", flush=True)
+        # Each tier's oldest row ends a granule after NOW - span: at NOW nothing is past its
+        # retention, as for every batch between two granules' ends (dropping a granule's rows
+        # adds their own deletes to both statements alike).
+        for label, drop in (("by end time (before)", by_end_time), ("by start range (now)", as_kept)):
+            runs = [timed(conn, layout, drop, NOW) for _ in range(args.repeat)]
+            print(f"a commit's tier retention, nothing to drop, {label}: median {statistics.median(runs):.2f} ms"
+                  f" ({', '.join(f'{ms:.2f}' for ms in runs)})", flush=True)
         store.close()
     return 0
 
