@@ -416,7 +416,8 @@ def tier_rows_to_drop(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, 
     the horizon (its own retention) are dropped. A tier row spans one granule, so they are the rows
     starting at or before horizon - granule: a range of the rows' key (stream, granule, projection,
     start). Asked by `end_ms` alone, each batch's commit read every row of the granule, of every
-    projection over all the time kept (a day of minute rows: ~200 000), to drop a few."""
+    projection over all the time kept, to drop a few: the demo's ~300 000 rows of 8 days, ~0.6 s a
+    commit (python -m bench.tier_retention --days 8)."""
     return sorted((t.granule_ms, t.proj, batch_now_ms - t.keep_ms - t.granule_ms, batch_now_ms - t.keep_ms)
                   for t in layout.tiers())
 
