@@ -234,11 +234,13 @@ class KeptVersions:
                 _set_prunable_from(due, key, kept[key])
             keep_from = commit.keep_from_ms.get(table)
             if keep_from is not None:
-                for key in [key for key, at in due.items() if at <= keep_from]:
-                    dropped = len(prunable(kept[key], keep_from))  # a prefix of the key's versions
-                    kept[key] = kept[key][dropped:]
-                    touched.add(key)
-                    _set_prunable_from(due, key, kept[key])
+                named = (commit.prune_keys or {}).get(table)  # prune_candidates' answer: no second walk
+                for key in [key for key, at in due.items() if at <= keep_from] if named is None else named:
+                    dropped = len(prunable(kept.get(key, ()), keep_from))  # a prefix of the key's versions
+                    if dropped:
+                        kept[key] = kept[key][dropped:]
+                        touched.add(key)
+                        _set_prunable_from(due, key, kept[key])
             changed[table] = touched
             if self._resting.get(table, 0) > 0:
                 self._resting[table] -= 1
