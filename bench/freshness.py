@@ -16,6 +16,17 @@ Starts `sketchboard up --no-demo` on a free loopback port with a fresh data dire
 
     python -m bench.freshness --rate 20000 --duration 60 --levels 50,100,200,400,800
     python -m bench.freshness --skip-ramp --duration 30 --log kafka   # the log on Kafka topics
+    python -m bench.freshness --skip-ramp --duration 600 --aged-days 8 --aged-events 2400000
+
+`--aged-days D` first gives the service a store D days old, as a long-running one has: a service on
+the same data folder is sent `--aged-events` demo http_requests events spread in order over the D
+days before now (bench/day_backfill.py: POST /api/v1/events, then its pipeline drains the log), so
+the run's commits write into, and retention drops from, D days of panes and tier rows. The
+default 8 days is the stream's retention: every batch of the run then finds the oldest minute of
+panes and minute rows due.
+
+After the freshness phase the service log's micro-batches of the phase are summed up: events, the
+whole batch and its store commit (median / p90 / max), as aggregates/pipeline.py logs each batch.
 
 `--log kafka` runs the service on Kafka: the broker at `--kafka-bootstrap`, or else a local one
 started from jars/kafka-broker (`make jars`, the test suite's tests/kafka_broker.py).
@@ -29,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -39,6 +51,7 @@ import tempfile
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -60,6 +73,33 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+# aggregates/pipeline.py's line for each micro-batch
+BATCH_LINE = re.compile(r"batch (\d+): (\d+) events -> .* in (\d+) ms \(read .*, store commit (\d+) ms\)")
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: int
+    events: int
+    ms: float
+    commit_ms: float
+
+
+def parse_batches(text: str) -> list[Batch]:
+    return [Batch(int(m[1]), int(m[2]), float(m[3]), float(m[4])) for m in BATCH_LINE.finditer(text)]
+
+
+def report_batches(batches: list[Batch]) -> None:
+    if not batches:
+        print("micro-batches: none logged in the phase (see the service log)")
+        return
+    print(f"micro-batches: {len(batches)} in the phase, events median {pct([b.events for b in batches], .5):,.0f};"
+          f" whole batch median / p90 / max {pct([b.ms for b in batches], .5):.0f} /"
+          f" {pct([b.ms for b in batches], .9):.0f} / {max(b.ms for b in batches):.0f} ms;"
+          f" its store commit {pct([b.commit_ms for b in batches], .5):.0f} /"
+          f" {pct([b.commit_ms for b in batches], .9):.0f} / {max(b.commit_ms for b in batches):.0f} ms")
 
 
 class Service:
@@ -95,6 +135,16 @@ class Service:
                 return
             time.sleep(0.5)
         raise SystemExit("the pipeline committed nothing in time")
+
+    def logged_bytes(self) -> int:
+        self.log.flush()
+        return Path(self.log.name).stat().st_size
+
+    def batches_since(self, offset: int) -> list[Batch]:
+        """The micro-batches the pipeline logged after `offset` bytes of the service log."""
+        with open(self.log.name, "rb") as f:
+            f.seek(offset)
+            return parse_batches(f.read().decode(errors="replace"))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -197,6 +247,7 @@ def freshness(service: Service, args) -> None:
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     ready.wait(30)
+    logged_from = service.logged_bytes()
     producer = Producer(service.base, args.rate, args.batch, args.producers)
     producer.start()
     time.sleep(args.duration)
@@ -205,6 +256,7 @@ def freshness(service: Service, args) -> None:
     stop.set()
     thread.join(5)
 
+    report_batches(service.batches_since(logged_from))
     latencies, missing = [], 0
     j = 0
     for accepted_at, cumulative in producer.posts:  # in response order; cumulative grows
@@ -278,6 +330,20 @@ async def ramp(service: Service, args) -> None:
           f" (p99 delivery <= 1 s, no errors)")
 
 
+def age_store(data_dir: Path, days: float, events: int) -> None:
+    """`events` demo events over the `days` before now, through a service on `data_dir` and its pipeline."""
+    from bench.day_backfill import backfill_through_service
+
+    # A minute short of the days: the oldest events then still fall inside the stream's retention
+    # when they are aggregated a few minutes later (older ones would be dead-lettered as expired).
+    hours = days * 24 - 1 / 60
+    print(f"ageing the store: {events:,} events over the {hours:.2f} h before now", flush=True)
+    started = time.perf_counter()
+    backfill_through_service(data_dir, DEFAULT_CONFIG, events, hours, int(time.time() * 1000))
+    size = sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file()) / 2**30
+    print(f"aged in {time.perf_counter() - started:.0f} s; the data folder holds {size:.2f} GiB", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=float, default=20_000, help="events/s posted in the freshness phase")
@@ -298,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, default=None,
                    help="run in this directory and keep it (the service's log and data) instead of a temporary one")
     p.add_argument("--log", choices=("embedded", "kafka"), default="embedded", help="the service's log backend")
+    p.add_argument("--aged-days", type=float, default=0,
+                   help="first backfill this many days before now into the service's store (embedded log only)")
+    p.add_argument("--aged-events", type=int, default=2_400_000, help="events of that backfill, spread over the days")
     p.add_argument("--kafka-bootstrap", help="with --log kafka: a broker to use (default: start a local one)")
     args = p.parse_args(argv)
+    if args.aged_days and args.log != "embedded":
+        p.error("--aged-days ages the embedded log's service (bench/day_backfill.py); run it without --log kafka")
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many sockets, here and in the service
@@ -320,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             env.update({"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                         "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1",
                         "SKETCHBOARD_KAFKA_TOPIC_PREFIX": f"fresh{int(time.time())}."})
+        if args.aged_days:
+            age_store(Path(tmp) / "data", args.aged_days, args.aged_events)
         try:
             service = Service(Path(tmp), env)
         except BaseException:
