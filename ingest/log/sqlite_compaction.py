@@ -12,6 +12,14 @@ that (SqliteEventLog._compaction_quiet): a write to it (its offsets or weight mo
 committed offset, the table's settings, or the time its first read tombstone outlives its
 retention (compaction.next_drop_ms). Reading and decoding every segment of every table each
 minute grows with the table's history, as the retention pass's full reads did (session 88).
+
+A partition written to is not read whole either (SqliteEventLog._compaction_kept): a pass that
+completes (every rewrite made, nothing appended meanwhile) leaves what it kept (compaction.KeptKeys:
+each key's newest offset, its tombstones), and the next pass decodes only the segments appended
+since and those holding the records they supersede, deciding as a pass over every record would
+(the property tests/unit/test_tables.py checks). It reads everything again when the partition
+was not only appended to since: its start moved, or it weighs less than what was kept plus what
+was appended (another pass took bytes away).
 """
 
 from __future__ import annotations
@@ -25,11 +33,15 @@ import pyarrow as pa
 
 from catalog import StreamDef
 from catalog.tables import DELETE, OP_FIELD, tombstone_retention_ms
-from ingest.log.compaction import Change, next_drop_ms, offsets_to_drop
+from ingest.log.compaction import Change, KeptKeys, offsets_to_drop
 from ingest.log.records import INGEST_TIME, OFFSET, decode_segment, encode_segment
 
 if TYPE_CHECKING:
     from ingest.log.sqlite import SqliteEventLog
+
+# Keys of one partition whose newest offsets a log keeps between passes (~100 bytes each in
+# Python): a table with more is compacted by full passes, reading every segment.
+KEPT_KEYS_LIMIT = 1_000_000
 
 
 def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
@@ -46,8 +58,6 @@ def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
 def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping[int, int]] | None = None) -> int:
     """One pass over every compacted partition; returns the records dropped. `read_through`: the
     pipeline's committed offsets ({stream: {partition: offset}}): tombstones it has not read stay."""
-    from ingest.log.sqlite import _transaction
-
     with log._lock:
         tables = log._conn.execute(
             "SELECT t.stream, t.key_field, t.tombstone_retention_ms, p.partition FROM compacted_topics t"
@@ -55,63 +65,119 @@ def compact(log: SqliteEventLog, now_ms: int, read_through: Mapping[str, Mapping
     dropped = 0
     for stream, key_field, retention_ms, partition in tables:
         through = (read_through or {}).get(stream, {}).get(partition)
-        with log._lock:
-            # Read before the segments, so that a write between the two reads makes it differ next time.
-            position = _position(log, stream, partition)
-            state = (key_field, retention_ms, through, *position)
-            quiet = log._compaction_quiet.get((stream, partition))
-            if quiet is not None and quiet[0] == state and (quiet[1] is None or now_ms < quiet[1]):
-                continue
-            segments = log._conn.execute(
-                "SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ? AND partition = ?"
-                " ORDER BY base_offset", (stream, partition)).fetchall()
-        decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
-        changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
-        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms, read_through=through)
-        if not drop:
-            log._compaction_quiet[(stream, partition)] = (
-                state, next_drop_ms(changes, tombstone_retention_ms=retention_ms, read_through=through))
-            continue
-        dropping = np.sort(np.fromiter(drop, dtype=np.int64, count=len(drop)))
-        rewrites = []  # (base, old size, records before, new data or None, records after)
-        for base, _, size, batch in decoded:
-            offsets = _offsets(base, batch)
-            keep = ~_among(offsets, dropping)
-            if keep.all():
-                continue
-            if not keep.any():
-                rewrites.append((base, size, batch.num_rows, None, 0))
-                continue
-            kept = batch.drop_columns([OFFSET]) if OFFSET in batch.schema.names else batch
-            kept = kept.filter(pa.array(keep)).append_column(OFFSET, pa.array(offsets[keep], pa.int64()))
-            rewrites.append((base, size, batch.num_rows, encode_segment(kept), kept.num_rows))
-        with log._lock, _transaction(log._conn):
-            shrunk, skipped = 0, False  # bytes the partition lost: its weight (ingest/log/sqlite.py BYTES_COLUMN)
-            for base, size, before, data, after in rewrites:
-                row = log._conn.execute(
-                    "SELECT bytes FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
-                    (stream, partition, base)).fetchone()
-                if row is None or row[0] != size:  # a rewrite always shrinks a segment: same size, same records
-                    skipped = True
-                    continue  # changed since it was read: the next pass sees it again
-                if data is None:
-                    log._conn.execute("DELETE FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
-                                      (stream, partition, base))
-                else:
-                    log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
-                                      " AND base_offset = ?", (data, len(data), stream, partition, base))
-                dropped += before - after
-                shrunk += size - (0 if data is None else len(data))
-            log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
-                              (shrunk, stream, partition))
-            after_pass = _position(log, stream, partition)
-            # Nothing appended meanwhile and every rewrite made: what is left is the kept changes.
-            if not skipped and after_pass[:2] == position[:2]:
-                kept_changes = [c for c in changes if c.offset not in drop]
-                log._compaction_quiet[(stream, partition)] = (
-                    (key_field, retention_ms, through, *after_pass),
-                    next_drop_ms(kept_changes, tombstone_retention_ms=retention_ms, read_through=through))
+        dropped += _compact_partition(log, stream, partition, key_field, retention_ms, through, now_ms)
     return dropped
+
+
+def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_field: str, retention_ms: int,
+                       through: int | None, now_ms: int) -> int:
+    from ingest.log.sqlite import _transaction
+
+    where = (stream, partition)
+    with log._lock:
+        # Read before the segments, so that a write between the two reads makes it differ next time.
+        position = _position(log, stream, partition)
+        state = (key_field, retention_ms, through, *position)
+        quiet = log._compaction_quiet.get(where)
+        if quiet is not None and quiet[0] == state and (quiet[1] is None or now_ms < quiet[1]):
+            return 0
+        # Taken out: put back only by a pass that completes (a failed one leaves a full pass next).
+        remembered = log._compaction_kept.pop(where, None)
+        kept = remembered[3] if _only_appended_since(remembered, key_field, position) else None
+        segments = _segments_from(log, stream, partition, kept.end_offset if kept is not None else None)
+        if kept is not None and remembered[2] + sum(size for _, _, size, _ in segments) != position[2]:
+            kept = None  # some bytes went meanwhile: another pass's (its own or another process's)
+            segments = _segments_from(log, stream, partition, None)
+    decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
+    changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
+    if kept is None:  # a full pass
+        drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms, read_through=through)
+        kept = KeptKeys.of((c for c in changes if c.offset not in drop), position[1])
+    else:  # the records appended since the last complete pass, against what it kept
+        kept_below = kept.end_offset
+        drop = kept.drop_with(changes, position[1], now_ms=now_ms, tombstone_retention_ms=retention_ms,
+                              read_through=through)
+        decoded += _segments_holding(log, stream, partition, sorted(o for o in drop if o < kept_below))
+    if not drop:
+        log._compaction_quiet[where] = (
+            state, kept.next_drop_ms(tombstone_retention_ms=retention_ms, read_through=through))
+        _keep(log, where, key_field, position, kept)
+        return 0
+    dropping = np.sort(np.fromiter(drop, dtype=np.int64, count=len(drop)))
+    rewrites = []  # (base, old size, records before, new data or None, records after)
+    for base, _, size, batch in decoded:
+        offsets = _offsets(base, batch)
+        keep = ~_among(offsets, dropping)
+        if keep.all():
+            continue
+        if not keep.any():
+            rewrites.append((base, size, batch.num_rows, None, 0))
+            continue
+        survivors = batch.drop_columns([OFFSET]) if OFFSET in batch.schema.names else batch
+        survivors = survivors.filter(pa.array(keep)).append_column(OFFSET, pa.array(offsets[keep], pa.int64()))
+        rewrites.append((base, size, batch.num_rows, encode_segment(survivors), survivors.num_rows))
+    dropped = 0
+    with log._lock, _transaction(log._conn):
+        shrunk, skipped = 0, False  # bytes the partition lost: its weight (ingest/log/sqlite.py BYTES_COLUMN)
+        for base, size, before, data, after in rewrites:
+            row = log._conn.execute(
+                "SELECT bytes FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
+                (stream, partition, base)).fetchone()
+            if row is None or row[0] != size:  # a rewrite always shrinks a segment: same size, same records
+                skipped = True
+                continue  # changed since it was read: the next pass sees it again
+            if data is None:
+                log._conn.execute("DELETE FROM segments WHERE stream = ? AND partition = ? AND base_offset = ?",
+                                  (stream, partition, base))
+            else:
+                log._conn.execute("UPDATE segments SET data = ?, bytes = ? WHERE stream = ? AND partition = ?"
+                                  " AND base_offset = ?", (data, len(data), stream, partition, base))
+            dropped += before - after
+            shrunk += size - (0 if data is None else len(data))
+        log._conn.execute("UPDATE partitions SET bytes = bytes - ? WHERE stream = ? AND partition = ?",
+                          (shrunk, stream, partition))
+        after_pass = _position(log, stream, partition)
+        # Nothing appended meanwhile and every rewrite made: what is left is what `kept` says.
+        if not skipped and after_pass[:2] == position[:2]:
+            log._compaction_quiet[where] = (
+                (key_field, retention_ms, through, *after_pass),
+                kept.next_drop_ms(tombstone_retention_ms=retention_ms, read_through=through))
+            _keep(log, where, key_field, after_pass, kept)
+    return dropped
+
+
+def _only_appended_since(remembered, key_field: str, position) -> bool:
+    """Whether the last complete pass's KeptKeys (remembered with the key field, the start offset
+    and the weight it left) may stand for the partition's records below its end: the same key
+    field and start, and (checked with the segments appended since) the weight it left."""
+    return (remembered is not None and position[2] is not None and remembered[0] == key_field
+            and remembered[1] == position[0] and remembered[3].end_offset <= position[1])
+
+
+def _keep(log: SqliteEventLog, where: tuple[str, int], key_field: str, position, kept: KeptKeys) -> None:
+    """Remember what a complete pass kept, unless it is more keys than the log keeps in memory."""
+    if position[2] is not None and len(kept.newest) <= KEPT_KEYS_LIMIT:
+        log._compaction_kept[where] = (key_field, position[0], position[2], kept)
+
+
+def _segments_from(log: SqliteEventLog, stream: str, partition: int, base: int | None) -> list[tuple]:
+    """(base offset, records, bytes, data) of the partition's segments from `base` on (None: all)."""
+    return log._conn.execute(
+        "SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ? AND partition = ?"
+        " AND base_offset >= ? ORDER BY base_offset", (stream, partition, -1 if base is None else base)).fetchall()
+
+
+def _segments_holding(log: SqliteEventLog, stream: str, partition: int, offsets: list[int]) -> list[tuple]:
+    """The segments holding `offsets`, decoded: (base offset, records, bytes, batch). A segment
+    holds the offsets from its base to the next one's (a rewrite keeps its base)."""
+    with log._lock:
+        bases = {log._conn.execute("SELECT MAX(base_offset) FROM segments WHERE stream = ? AND partition = ?"
+                                   " AND base_offset <= ?", (stream, partition, offset)).fetchone()[0]
+                 for offset in offsets}
+        rows = [log._conn.execute("SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ?"
+                                  " AND partition = ? AND base_offset = ?", (stream, partition, base)).fetchone()
+                for base in sorted(b for b in bases if b is not None)]
+    return [(base, count, size, decode_segment(data)) for base, count, size, data in (r for r in rows if r)]
 
 
 def _position(log: SqliteEventLog, stream: str, partition: int) -> tuple[int, int, int | None]:

@@ -13,7 +13,7 @@ from catalog import Catalog, parse_catalog
 from catalog.tables import DELETE, UPSERT
 from ingest.kafka_source import RECORD_SCHEMA, RecordConverter
 from ingest.log import SqliteEventLog
-from ingest.log.compaction import Change, next_drop_ms, offsets_to_drop
+from ingest.log.compaction import Change, KeptKeys, next_drop_ms, offsets_to_drop
 from ingest.log.kafka import topic_config
 from ingest.log.records import event_to_json, json_to_event
 from ingest.tables import TableRowValidator, is_tombstone, record_event, record_value, tombstone
@@ -247,6 +247,32 @@ def test_a_partition_with_nothing_to_drop_has_nothing_until_its_next_drop_time(r
         assert offsets_to_drop(kept, now_ms=due, tombstone_retention_ms=retention, read_through=read_through)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(changes_strategy, st.integers(0, 40), st.none() | st.integers(0, 200)), min_size=1,
+                max_size=5), st.integers(0, 100))
+def test_a_pass_over_what_was_appended_since_drops_what_a_pass_over_everything_drops(passes, retention):
+    """KeptKeys: a pass that reads only the records appended since the last complete pass, with
+    the newest offset of each key that pass kept, drops what offsets_to_drop over every record
+    left drops, pass after pass, and next_drop_ms is the same."""
+    held: list[Change] = []  # what the full passes have left
+    kept, offset, now = None, 0, 0
+    for raw, later, read_through in passes:
+        appended = [Change(offset + i, key, dead, now + at) for i, (key, dead, at) in enumerate(raw)]
+        offset += len(raw) + 1
+        now += later
+        held += appended
+        drop = offsets_to_drop(held, now_ms=now, tombstone_retention_ms=retention, read_through=read_through)
+        if kept is None:
+            kept = KeptKeys.of([c for c in held if c.offset not in drop], offset)
+        else:
+            assert kept.drop_with(appended, offset, now_ms=now, tombstone_retention_ms=retention,
+                                  read_through=read_through) == drop
+        held = [c for c in held if c.offset not in drop]
+        assert kept == KeptKeys.of(held, offset)
+        assert kept.next_drop_ms(tombstone_retention_ms=retention, read_through=read_through) \
+            == next_drop_ms(held, tombstone_retention_ms=retention, read_through=read_through)
+
+
 # -- the embedded log's compaction pass ----------------------------------------------------------
 
 
@@ -380,9 +406,10 @@ def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_w
 
 def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_changed(tmp_path, monkeypatch):
     """The API process compacts once a minute: decoding every segment of every table each time
-    grows with the tables' history. A partition a pass found nothing to drop in is read again on
-    a write to it (from any process), a move of the readers' offset, or once its first read
-    tombstone outlives its retention; not before."""
+    grows with the tables' history. A partition a pass found nothing to drop in is looked at again
+    on a write to it (from any process), a move of the readers' offset, or once its first read
+    tombstone outlives its retention; not before. And then only the segments appended since the
+    last complete pass are read, with those holding what they supersede."""
     import ingest.log.sqlite_compaction as pass_module
 
     decoded = [0]
@@ -406,16 +433,70 @@ def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_chang
     assert compact(T0 + 20, read) == (0, 0)
     due = T0 + 2 + 3_600_000 + 1  # the tombstone's hour is over (tombstone_retention: 1h)
     assert compact(due - 1, read) == (0, 0)
-    assert compact(due, read) == (1, 3)  # a pass when the tombstone may go, without any write
+    # A pass when the tombstone may go, without any write: what the first pass kept says where it
+    # is, and only its segment is read (and rewritten).
+    assert compact(due, read) == (1, 1)
     assert compact(due, read) == (0, 0)
-    assert compact(due, None) == (0, 2)  # the readers' offsets moved: read again
+    assert compact(due, None) == (0, 0)  # the readers' offsets moved: nothing appended to read
     assert compact(due, None) == (0, 0)
     other = SqliteEventLog(tmp_path / "log.db", synchronous="OFF")  # another process's append
     other.append(users, [v.validate({"user_id": "u1", "plan": "p2"}, T0)], T0 + 3)                     # 16
     other.close()
-    assert compact(due) == (1, 3)  # u1's p1 row goes
+    assert compact(due) == (1, 2)  # u1's p1 row goes: the appended segment and the one holding it
     assert table_of(log, users)["u1"] == ("p2", None) and "u5" not in table_of(log, users)
     log.close()
+
+
+# One step on both logs: ("append", keys, tombstone or not, by another process or not, ms later),
+# ("compact", ms later, read through the end or not, by another process or not)
+log_steps = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.lists(st.integers(0, 6), min_size=1, max_size=6), st.booleans(), st.booleans(),
+              st.integers(0, 2_000_000)),
+    st.tuples(st.just("compact"), st.integers(0, 2_000_000), st.booleans(), st.booleans())), min_size=1, max_size=14)
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_steps)
+def test_a_log_compacting_what_was_appended_since_keeps_what_full_passes_keep(steps):
+    """The embedded log's passes that read only the segments appended since the last complete one
+    (and those holding what they supersede) leave the same records, pass for pass, as passes that
+    read every segment: through appends and passes of another process (another connection to the
+    file), tombstones outliving their hour and the readers' offsets moving."""
+    import tempfile
+    from pathlib import Path
+
+    users = parse_catalog(CONFIG).streams["users"]
+    v = TableRowValidator(users)
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [SqliteEventLog(Path(tmp) / f"{name}.db", synchronous="OFF") for name in ("kept", "full")]
+        for log in logs:
+            log.ensure_topic(users)
+        now = T0
+        for step in steps:
+            if step[0] == "append":
+                _, keys, dead, elsewhere, later = step
+                now += later
+                rows = [tombstone(users, f"u{k}", now) if dead and i % 2 else
+                        v.validate({"user_id": f"u{k}", "plan": f"p{now}"}, now) for i, k in enumerate(keys)]
+            else:
+                _, later, read_all, elsewhere = step
+                now += later
+            dropped = []
+            for log in logs:
+                target = SqliteEventLog(log.path, synchronous="OFF") if elsewhere else log
+                if step[0] == "append":
+                    target.append(users, rows, now)
+                else:
+                    if log is logs[1]:
+                        log._compaction_kept.clear()  # every pass of this one reads every segment
+                    through = {"users": {p: o.end for p, o in log.offsets("users").items()}} if read_all else None
+                    dropped.append(target.compact(now, through))
+                if elsewhere:
+                    target.close()
+            assert len(set(dropped)) <= 1, (step, dropped)
+            assert all_offsets(logs[0], users) == all_offsets(logs[1], users), step
+        for log in logs:
+            log.close()
 
 
 def test_an_append_during_a_pass_that_drops_is_read_by_the_next_pass(tmp_path, monkeypatch):
