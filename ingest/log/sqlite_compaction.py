@@ -168,16 +168,23 @@ def _segments_from(log: SqliteEventLog, stream: str, partition: int, base: int |
 
 
 def _segments_holding(log: SqliteEventLog, stream: str, partition: int, offsets: list[int]) -> list[tuple]:
-    """The segments holding `offsets`, decoded: (base offset, records, bytes, batch). A segment
-    holds the offsets from its base to the next one's (a rewrite keeps its base)."""
+    """The segments holding the sorted `offsets`, decoded: (base offset, records, bytes, batch). A
+    segment holds the offsets from its base to the next one's (a rewrite keeps its base), so each
+    segment costs two index lookups, whatever the number of its offsets asked for."""
+    where = "FROM segments WHERE stream = ? AND partition = ? AND base_offset"
+    rows, i = [], 0
     with log._lock:
-        bases = {log._conn.execute("SELECT MAX(base_offset) FROM segments WHERE stream = ? AND partition = ?"
-                                   " AND base_offset <= ?", (stream, partition, offset)).fetchone()[0]
-                 for offset in offsets}
-        rows = [log._conn.execute("SELECT base_offset, record_count, bytes, data FROM segments WHERE stream = ?"
-                                  " AND partition = ? AND base_offset = ?", (stream, partition, base)).fetchone()
-                for base in sorted(b for b in bases if b is not None)]
-    return [(base, count, size, decode_segment(data)) for base, count, size, data in (r for r in rows if r)]
+        while i < len(offsets):
+            offset = offsets[i]
+            row = log._conn.execute(f"SELECT base_offset, record_count, bytes, data {where} <= ?"
+                                    " ORDER BY base_offset DESC LIMIT 1", (stream, partition, offset)).fetchone()
+            following = log._conn.execute(f"SELECT MIN(base_offset) {where} > ?", (stream, partition, offset)
+                                          ).fetchone()[0]
+            if row is not None:
+                rows.append(row)
+            while i < len(offsets) and (following is None or offsets[i] < following):
+                i += 1
+    return [(base, count, size, decode_segment(data)) for base, count, size, data in rows]
 
 
 def _position(log: SqliteEventLog, stream: str, partition: int) -> tuple[int, int, int | None]:
