@@ -39,9 +39,10 @@ from ingest.log.records import INGEST_TIME, OFFSET, decode_segment, encode_segme
 if TYPE_CHECKING:
     from ingest.log.sqlite import SqliteEventLog
 
-# Keys of one partition whose newest offsets a log keeps between passes (~100 bytes each in
-# Python): a table with more is compacted by full passes, reading every segment.
-KEPT_KEYS_LIMIT = 1_000_000
+# Keys whose newest offsets a log keeps between passes, over all its table partitions (~130 bytes
+# a key in Python: ~260 MB at most): a partition that would go past it is compacted by full
+# passes, reading every segment, as every pass did before session 90.
+KEPT_KEYS_LIMIT = 2_000_000
 
 
 def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
@@ -155,8 +156,9 @@ def _only_appended_since(remembered, key_field: str, position) -> bool:
 
 
 def _keep(log: SqliteEventLog, where: tuple[str, int], key_field: str, position, kept: KeptKeys) -> None:
-    """Remember what a complete pass kept, unless it is more keys than the log keeps in memory."""
-    if position[2] is not None and len(kept.newest) <= KEPT_KEYS_LIMIT:
+    """Remember what a complete pass kept, unless that takes the log past the keys it keeps in memory."""
+    others = sum(len(k.newest) for at, (_, _, _, k) in log._compaction_kept.items() if at != where)
+    if position[2] is not None and others + len(kept.newest) <= KEPT_KEYS_LIMIT:
         log._compaction_kept[where] = (key_field, position[0], position[2], kept)
 
 

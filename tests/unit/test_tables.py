@@ -499,6 +499,31 @@ def test_a_log_compacting_what_was_appended_since_keeps_what_full_passes_keep(st
             log.close()
 
 
+@pytest.mark.parametrize("limit, decoded_after_an_append", [(10, 2), (9, 3)])
+def test_a_log_keeps_the_keys_of_its_last_pass_only_up_to_its_limit(tmp_path, monkeypatch, limit,
+                                                                     decoded_after_an_append):
+    """What a complete pass kept costs memory per key: past KEPT_KEYS_LIMIT (over all the log's
+    table partitions) the next pass reads every segment again, as before."""
+    import ingest.log.sqlite_compaction as pass_module
+
+    monkeypatch.setattr(pass_module, "KEPT_KEYS_LIMIT", limit)
+    decoded = [0]
+    decode = pass_module.decode_segment
+
+    def counting(data):
+        decoded[0] += 1
+        return decode(data)
+
+    monkeypatch.setattr(pass_module, "decode_segment", counting)
+    users, log, v = users_log_of_two_appends(tmp_path)  # 10 keys
+    assert log.compact(T0 + 10) == 5
+    log.append(users, [v.validate({"user_id": "u7", "plan": "p2"}, T0)], T0 + 2)  # 15, supersedes 7
+    decoded[0] = 0
+    assert log.compact(T0 + 10) == 1
+    assert decoded[0] == decoded_after_an_append  # (the new segment and 7's) or all three
+    log.close()
+
+
 def test_an_append_during_a_pass_that_drops_is_read_by_the_next_pass(tmp_path, monkeypatch):
     """A pass remembers what it left as having nothing to drop only if nothing was written to the
     partition while it decided: an append made meanwhile may supersede a row it kept."""
