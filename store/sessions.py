@@ -24,10 +24,12 @@ session 56):
   50 000 sessions all touched ~125 ms in buckets, ~610 ms as rows; but 1 000 keys of 500 000
   sessions ~145-220 ms in buckets, ~45-58 ms as rows.
 
-A commit touching more than 1/DENSE_SHARE of a stream's sessions (and at least DENSE_FLOOR
-keys) moves its rows into buckets; one touching fewer than 1/SPARSE_SHARE of them moves them back
-(the gap between the two keeps a stream near the edge from moving every batch). Each move is one
-rewrite of the stream's sessions in the batch's transaction.
+A stream moves to the other layout once what that layout would have saved its batches pays for
+the move (store/session_layout.py: estimated costs, a ski rental per stream and process), not on
+one batch's share of keys: micro-batches of a steady rate vary several-fold in size and moved a
+stream back and forth. A batch of a stream held as rows touching fewer than DENSE_FLOOR keys is
+written as rows without that reckoning. Each move is one rewrite of the stream's sessions in the
+batch's transaction.
 
 Pure, apart from `lookup`, `apply` and `sizes`, which take a DB-API cursor and the backend's
 placeholder.
@@ -44,6 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sketches.crc32 import crc32_of_strings
+from store.session_layout import LayoutChooser
 
 SESSION_TABLES = """
 CREATE TABLE IF NOT EXISTS session_open (
@@ -77,9 +80,8 @@ BODY_SCHEMA = pa.schema([("session_key", pa.string()), ("first_ms", pa.int64()),
                          ("events", pa.int64())])
 MIN_BUCKETS = 16
 BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a batch rewrites ~this many per key it touches
-DENSE_SHARE = 12  # a batch touching more than 1/12 of a stream's sessions' keys puts them in buckets
-DENSE_FLOOR = 2_000  # ... if it touches at least this many keys (fewer: rows, whatever the stream holds)
-SPARSE_SHARE = 48  # a batch touching fewer than 1/48 of a stream's bucketed sessions puts them back in rows
+DENSE_FLOOR = 2_000  # a batch of a stream held as rows touching fewer keys: rows, whatever the stream holds
+ROWS_WIN_PAST = 64  # sessions held per key touched past which rows cost less than buckets (session_layout)
 
 
 @dataclass(frozen=True, order=True)
@@ -318,10 +320,13 @@ def _merged(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
     return pa.concat_tables([_staying(old, kept, removed).select(BODY_SCHEMA.names), kept]).combine_chunks()
 
 
-def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
-    """Save each stream's batch changes in the layout its density asks for (the module doc); the
-    caller owns the transaction."""
+def apply(cursor, commits: Sequence[SessionCommit], placeholder: str, chooser: LayoutChooser | None = None) -> None:
+    """Save each stream's batch changes in its layout, moving it to the other one when `chooser`
+    says (store/session_layout.py: a store keeps one for its process; None: one for this call,
+    which moves a stream only when this batch alone pays for the move). The caller owns the
+    transaction."""
     q = placeholder
+    chooser = LayoutChooser() if chooser is None else chooser
     for c in commits:
         if not len(c.kept) and not len(c.removed):
             continue
@@ -333,18 +338,21 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str) -> None:
         keys = pa.concat_arrays([kept["session_key"].combine_chunks(), removed["session_key"].combine_chunks()])
         touched = len(pc.unique(keys))
         if layout is None:
-            held = _row_count(cursor, c.stream, q, touched * DENSE_SHARE + 1) if touched >= DENSE_FLOOR else None
-            if held is None or touched * DENSE_SHARE <= held:
+            # Counted no further than where the buckets can no longer win (their cost per session
+            # held times this many sessions a key is more than a row's).
+            held = _row_count(cursor, c.stream, q, touched * ROWS_WIN_PAST + 1)
+            if not chooser.should_move(c.stream, in_buckets=False, touched=touched, held=held,
+                                       buckets=bucket_count(held)):
                 _row_apply(cursor, c, q)
                 continue
-            # Dense: the stream's rows move into buckets, with this batch's changes.
+            # The stream's rows move into buckets, with this batch's changes.
             sessions = _merged(_rows_of(cursor, c.stream, q), kept, removed)
             cursor.execute(f"DELETE FROM session_open WHERE stream = {q}", (c.stream,))
             _spread(cursor, c.stream, sessions, q)
             continue
         buckets, stored = layout
-        if touched * SPARSE_SHARE < stored:
-            # Sparse: the stream's buckets move back into rows, with this batch's changes.
+        if chooser.should_move(c.stream, in_buckets=True, touched=touched, held=stored, buckets=buckets):
+            # The stream's buckets move back into rows, with this batch's changes.
             old, _ = _bodies(cursor, c.stream, q, None)
             _drop_buckets(cursor, c.stream, q)
             _insert_rows(cursor, c.stream, _merged(old, kept, removed), q)

@@ -23,6 +23,7 @@ from store.base import BatchCommit, PanePartial
 from store.definitions import DefinitionStore
 from store.namespace import ROOT
 from store.panes import PaneData
+from store import session_layout
 from store import sessions as session_store
 from store.sessions import Session, SessionCommit
 from store.table_versions import EnrichmentCommit
@@ -262,9 +263,10 @@ def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings,
     they are switched with it, in the same transaction, and kept with the replaced output; the open
     sessions as rows or in buckets (store/sessions.py), and back to a kept output written before
     the buckets' tables existed."""
-    if layout == "buckets":  # every batch dense: the sessions in buckets
+    if layout == "buckets":  # rows dear, moves free: every batch puts the sessions in buckets
         monkeypatch.setattr(session_store, "DENSE_FLOOR", 1)
-        monkeypatch.setattr(session_store, "DENSE_SHARE", 1)
+        monkeypatch.setattr(session_layout, "ROW_US", 1e6)
+        monkeypatch.setattr(session_layout, "MOVE_SESSION_US", 0.0)
     old, new = Catalog(**OLD_DERIVING), Catalog(**NEW_DERIVING)
     commit = dict(lateness_ms={"http": 0, "orders": 0, "http_sessions": 0, "http_clocks": 0}, now_ms=NOW)
     root = open_store(settings)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import BatchCommit
+from store import session_layout
 from store import sessions as session_store
 from store.sessions import Session, SessionColumns, SessionCommit
 
@@ -71,14 +72,18 @@ def test_open_sessions_are_read_in_code_point_order_of_their_keys_and_written_in
     assert store.session_sizes() == {"web": len(keys) + len(many) - 1000}
 
 
-def small_buckets(monkeypatch, *, dense_floor: int = 1, dense_share: int = 1, sparse_share: int = 10**9) -> None:
-    """Buckets of a few sessions, so that a test's few sessions grow and shrink their count; by
-    default every batch puts a stream in buckets and none takes it back to rows."""
+def small_buckets(monkeypatch, *, dense_floor: int = 1, row_us: float = 1e6, move_us: float = 0.0,
+                  bucket_session_us: float = 0.35, bucket_key_us: float = 3.0) -> None:
+    """Buckets of a few sessions, so that a test's few sessions grow and shrink their count, and
+    the layout's costs (store/session_layout.py) as given: by default a row costs so much and a
+    move so little that every batch puts a stream in buckets and none takes it back to rows."""
     monkeypatch.setattr(session_store, "BUCKET_SESSIONS", 2)
     monkeypatch.setattr(session_store, "MIN_BUCKETS", 2)
     monkeypatch.setattr(session_store, "DENSE_FLOOR", dense_floor)
-    monkeypatch.setattr(session_store, "DENSE_SHARE", dense_share)
-    monkeypatch.setattr(session_store, "SPARSE_SHARE", sparse_share)
+    monkeypatch.setattr(session_layout, "ROW_US", row_us)
+    monkeypatch.setattr(session_layout, "MOVE_SESSION_US", move_us)
+    monkeypatch.setattr(session_layout, "BUCKET_SESSION_US", bucket_session_us)
+    monkeypatch.setattr(session_layout, "BUCKET_KEY_US", bucket_key_us)
 
 
 def bucket_rows(store_backend, store) -> list[tuple]:
@@ -112,9 +117,10 @@ def test_a_streams_buckets_grow_and_shrink_with_its_open_sessions(store_backend,
 def test_a_streams_sessions_move_to_buckets_on_a_dense_batch_and_back_to_rows_on_a_sparse_one(store_backend,
                                                                                               monkeypatch):
     """A batch touching a large share of a stream's sessions (and enough keys) moves them into
-    buckets, one touching a small share moves them back to rows; the answers are the same either
-    way, and another stream's sessions stay where they are."""
-    small_buckets(monkeypatch, dense_floor=4, dense_share=2, sparse_share=4)
+    buckets, one touching a small share moves them back to rows (each move free here, so one
+    batch's savings pay for it); the answers are the same either way, and another stream's
+    sessions stay where they are. (A row costs 1, a session of a touched bucket 1.)"""
+    small_buckets(monkeypatch, dense_floor=4, row_us=1.0, bucket_session_us=1.0, bucket_key_us=0.0)
     store = store_backend.create()
     ten = [Session(f"k{i}", T0 + i, T0 + i, 1) for i in range(10)]
     other = [Session("u1", T0, T0, 1)]  # a stream with one key a batch: rows, always
@@ -140,6 +146,52 @@ def test_a_streams_sessions_move_to_buckets_on_a_dense_batch_and_back_to_rows_on
     assert layout() == (["app"], ["web"], ["web"])  # 6 keys of 10: dense, buckets again
     assert store.session_state("web", [s.key for s in ten], T0 + 100) == state[6:]
     assert store.session_sizes() == {"web": 4, "app": 1}
+
+
+def test_batches_alternating_in_size_do_not_move_a_streams_sessions_back_and_forth(store_backend, monkeypatch):
+    """Micro-batches of a steady rate vary several-fold in size. A rule on each batch's share of
+    keys alone (before session 90) moved the sessions to buckets on each large batch and back to
+    rows on each small one, every move a rewrite of them all. Now (store/session_layout.py, with
+    its measured costs) they move once what the other layout would have saved pays for a move:
+    here into buckets with the first batch (a backfill's, 2 000 new sessions) and never back, since
+    the small batches' savings in rows are eaten by each large batch's in buckets."""
+    monkeypatch.setattr(session_store, "DENSE_FLOOR", 1)
+    store = store_backend.create()
+    held = {f"u{i:04d}": Session(f"u{i:04d}", T0, T0, 1) for i in range(2_000)}
+    assert store.commit_batch(commit(0, SessionCommit("web", kept=list(held.values()))), lateness_ms={},
+                              now_ms=T0).committed
+    layouts = []
+    for batch_id in range(1, 13):
+        keys = sorted(held)[(batch_id * 97) % 1_500:][:400 if batch_id % 2 else 30]
+        grown = [Session(k, T0, T0 + batch_id, held[k].events + 1) for k in keys]
+        assert store.commit_batch(commit(batch_id, SessionCommit("web", removed=[held[k] for k in keys], kept=grown)),
+                                  lateness_ms={}, now_ms=T0).committed
+        held.update((s.key, s) for s in grown)
+        layouts.append("buckets" if store_backend.tables(store, ["session_streams"])["session_streams"] else "rows")
+    assert layouts == ["buckets"] * 12
+    assert store.session_state("web", sorted(held), None) == sorted(held.values())
+
+
+def test_a_store_reckons_a_streams_layout_over_its_batches_not_each_batch_alone(store_backend, monkeypatch):
+    """The store keeps its chooser from commit to commit: a stream held in buckets whose batches
+    each touch one key (where rows cost less, but by less than a move) goes back to rows after the
+    batch whose savings, summed, pass the move's cost; not never, as one batch's would decide."""
+    small_buckets(monkeypatch, row_us=1.0, bucket_session_us=1.0, bucket_key_us=0.0, move_us=0.025)
+    store = store_backend.create()
+    held = [Session(f"k{i:02d}", T0, T0, 1) for i in range(20)]
+    assert store.commit_batch(commit(0, SessionCommit("web", kept=held)), lateness_ms={}, now_ms=T0).committed
+    assert store_backend.tables(store, ["session_streams"])["session_streams"]  # buckets, with the first batch
+    saving = session_layout.buckets_cost_us(1, 20, session_store.bucket_count(20)) - session_layout.rows_cost_us(1)
+    due = next(n for n in range(1, 100) if n * saving > session_layout.move_cost_us(20))
+    assert due > 1
+    for batch_id in range(1, due + 1):
+        assert store_backend.tables(store, ["session_streams"])["session_streams"], batch_id  # still buckets
+        grown = Session(held[batch_id].key, T0, T0 + batch_id, 2)
+        assert store.commit_batch(commit(batch_id, SessionCommit("web", removed=[held[batch_id]], kept=[grown])),
+                                  lateness_ms={}, now_ms=T0).committed
+        held[batch_id] = grown
+    assert not store_backend.tables(store, ["session_streams"])["session_streams"]  # rows
+    assert store.session_state("web", [s.key for s in held], None) == sorted(held)
 
 
 keys = st.sampled_from(["a", "b", "é", "😀", "a b", "", "k1", "k2", "k3", "k4", "k5", "k" * 80])
@@ -179,7 +231,8 @@ def test_the_state_holds_what_each_batch_leaves_as_a_session_per_key_and_first_w
     counts grown and shrunk (a session kept twice: the last one); a stream's sessions are in one
     layout at a time, and its bucket rows add up to its count. Sessions and keys handed over as lists
     or as Arrow columns (in one chunk or more), as the pipeline's batches hand them."""
-    small_buckets(monkeypatch, dense_floor=2, dense_share=3, sparse_share=6)
+    # Moves free, rows and bucketed sessions alike: each batch moves a stream to the layout it costs less in.
+    small_buckets(monkeypatch, dense_floor=2, row_us=1.0, bucket_session_us=1.0, bucket_key_us=0.0)
     store = store_backend.create()
     model: dict[str, dict[tuple[str, int], Session]] = {"web": {}, "app": {}}
     for batch_id, (changed, asked, due, form) in enumerate(steps):

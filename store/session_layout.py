@@ -1,0 +1,67 @@
+"""When a stream's open sessions move between the two layouts of store/sessions.py (rows, buckets). Pure.
+
+Each layout's cost for a batch is estimated from what it touches and what the stream holds; a
+move costs a rewrite of every session held. A batch's own verdict is not enough: at 20 000
+events/s the micro-batches range from ~1 000 to ~8 000 events, and a rule on one batch's share
+of keys (as before session 90: buckets past 1/12 of the sessions touched, rows again under 1/48)
+moved 50 000 sessions one way on a large batch and back on the next small one, ~200-230 ms
+each, and the slow batch made the next one large again.
+
+So a stream keeps, per process, what the other layout would have saved it so far (`savings`:
+each batch adds its layout's cost less the other's, never below zero), and moves once that pays
+for the move: as a ski rental, never more than about twice what the best fixed choice would
+have cost. A batch touching most of many sessions (a backfill's) saves more than a move at
+once; a stream whose batches straddle the edge stays where it is; a rate that changes for good
+moves it within a few batches. Nothing depends on the choice but time: both layouts hold the
+same sessions, and a restart begins again from zero.
+
+The costs are microseconds measured on the 2-core development machine with the SQLite store
+(docs/benchmarks.md, session 90: 50 000 and 200 000 sessions held, 100 to 20 000 keys a batch);
+PostgreSQL's differ in scale more than in shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ROW_US = 20.0  # rows: a touched key's delete and upsert (B-tree work in the table and its index)
+BUCKET_SESSION_US = 0.35  # buckets: a session held in a touched bucket, decoded, merged and encoded again
+BUCKET_KEY_US = 3.0  # buckets: a touched key's own share (its bucket, the merge, the sort)
+MOVE_SESSION_US = 4.5  # a move: every session held read in one layout and written in the other
+
+
+def rows_cost_us(touched: int) -> float:
+    return touched * ROW_US
+
+
+def buckets_cost_us(touched: int, held: int, buckets: int) -> float:
+    """A batch's keys fall in ~buckets * (1 - e^(-touched / buckets)) buckets, each rewritten whole."""
+    if buckets <= 0 or held <= 0:
+        return touched * BUCKET_KEY_US
+    share = -math.expm1(-touched / buckets)
+    return held * share * BUCKET_SESSION_US + touched * BUCKET_KEY_US
+
+
+def move_cost_us(held: int) -> float:
+    return held * MOVE_SESSION_US
+
+
+@dataclass
+class LayoutChooser:
+    """Per stream, what the other layout would have saved since the stream's last move (us)."""
+
+    savings: dict[str, float] = field(default_factory=dict)
+
+    def should_move(self, stream: str, *, in_buckets: bool, touched: int, held: int, buckets: int) -> bool:
+        """After a batch touching `touched` keys of a stream holding `held` sessions (in `buckets`
+        buckets, or as many as it would get): True when the stream should move to the other
+        layout now (its savings then start again from zero)."""
+        rows, spread = rows_cost_us(touched), buckets_cost_us(touched, held, buckets)
+        here, there = (spread, rows) if in_buckets else (rows, spread)
+        saved = max(0.0, self.savings.get(stream, 0.0) + here - there)
+        if saved > move_cost_us(held):
+            self.savings.pop(stream, None)
+            return True
+        self.savings[stream] = saved
+        return False
