@@ -404,12 +404,8 @@ def test_an_append_during_a_pass_does_not_wait_and_a_segment_changed_meanwhile_w
     log.close()
 
 
-def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_changed(tmp_path, monkeypatch):
-    """The API process compacts once a minute: decoding every segment of every table each time
-    grows with the tables' history. A partition a pass found nothing to drop in is looked at again
-    on a write to it (from any process), a move of the readers' offset, or once its first read
-    tombstone outlives its retention; not before. And then only the segments appended since the
-    last complete pass are read, with those holding what they supersede."""
+def counted_decodes(monkeypatch) -> list[int]:
+    """[segments a compaction pass has decoded so far], counted from now on (reset it to zero at will)."""
     import ingest.log.sqlite_compaction as pass_module
 
     decoded = [0]
@@ -420,6 +416,16 @@ def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_chang
         return decode(data)
 
     monkeypatch.setattr(pass_module, "decode_segment", counting)
+    return decoded
+
+
+def test_a_pass_reads_a_table_partition_again_only_once_something_may_have_changed(tmp_path, monkeypatch):
+    """The API process compacts once a minute: decoding every segment of every table each time
+    grows with the tables' history. A partition a pass found nothing to drop in is looked at again
+    on a write to it (from any process), a move of the readers' offset, or once its first read
+    tombstone outlives its retention; not before. And then only the segments appended since the
+    last complete pass are read, with those holding what they supersede."""
+    decoded = counted_decodes(monkeypatch)
 
     def compact(at, through=None):  # (records dropped, segments decoded)
         decoded[0] = 0
@@ -507,14 +513,7 @@ def test_a_log_keeps_the_keys_of_its_last_pass_only_up_to_its_limit(tmp_path, mo
     import ingest.log.sqlite_compaction as pass_module
 
     monkeypatch.setattr(pass_module, "KEPT_KEYS_LIMIT", limit)
-    decoded = [0]
-    decode = pass_module.decode_segment
-
-    def counting(data):
-        decoded[0] += 1
-        return decode(data)
-
-    monkeypatch.setattr(pass_module, "decode_segment", counting)
+    decoded = counted_decodes(monkeypatch)
     users, log, v = users_log_of_two_appends(tmp_path)  # 10 keys
     assert log.compact(T0 + 10) == 5
     log.append(users, [v.validate({"user_id": "u7", "plan": "p2"}, T0)], T0 + 2)  # 15, supersedes 7
