@@ -27,8 +27,8 @@ session 56):
 A stream moves to the other layout once what that layout would have saved its batches pays for
 the move (store/session_layout.py: estimated costs, a ski rental per stream and process), not on
 one batch's share of keys: micro-batches of a steady rate vary several-fold in size and moved a
-stream back and forth. A batch of a stream held as rows touching fewer than DENSE_FLOOR keys is
-written as rows without that reckoning. Each move is one rewrite of the stream's sessions in the
+stream back and forth. A batch of fewer than DENSE_FLOOR session changes of a stream held as rows
+is written as rows without that reckoning. Each move is one rewrite of the stream's sessions in the
 batch's transaction.
 
 Pure, apart from `lookup`, `apply` and `sizes`, which take a DB-API cursor and the backend's
@@ -80,8 +80,10 @@ BODY_SCHEMA = pa.schema([("session_key", pa.string()), ("first_ms", pa.int64()),
                          ("events", pa.int64())])
 MIN_BUCKETS = 16
 BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a batch rewrites ~this many per key it touches
-DENSE_FLOOR = 2_000  # a batch of a stream held as rows touching fewer keys: rows, whatever the stream holds
-ROWS_WIN_PAST = 64  # sessions held per key touched past which rows cost less than buckets (session_layout)
+DENSE_FLOOR = 2_000  # a batch of fewer session changes, of a stream held as rows: rows, with no reckoning
+# Sessions held per key a batch touches past which rows cost less than buckets whatever the batch
+# (session_layout's costs: 64 x 0.35 + 3 us > 20 us a key): a stream's rows are counted no further.
+ROWS_WIN_PAST = 64
 
 
 @dataclass(frozen=True, order=True)
@@ -338,8 +340,6 @@ def apply(cursor, commits: Sequence[SessionCommit], placeholder: str, chooser: L
         keys = pa.concat_arrays([kept["session_key"].combine_chunks(), removed["session_key"].combine_chunks()])
         touched = len(pc.unique(keys))
         if layout is None:
-            # Counted no further than where the buckets can no longer win (their cost per session
-            # held times this many sessions a key is more than a row's).
             held = _row_count(cursor, c.stream, q, touched * ROWS_WIN_PAST + 1)
             if not chooser.should_move(c.stream, in_buckets=False, touched=touched, held=held,
                                        buckets=bucket_count(held)):
