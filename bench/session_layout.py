@@ -1,4 +1,4 @@
-"""A stream's open sessions through batches of a steady rate: when they move between rows and buckets (issue 28, session 90).
+"""A stream's open sessions through a steady rate's batches: their moves between rows and buckets (issue 28).
 
     python -m bench.session_layout [--held 50000] [--busy 400] [--quiet 60] [--repeat 2]
 
@@ -54,8 +54,8 @@ def run(chooser: LayoutChooser, held: int, phases: list[tuple[str, list[int]]], 
         store._session_layouts = chooser
         sessions = {f"user-{i:06d}": Session(f"user-{i:06d}", T0, T0 + 1, 1) for i in range(held)}
         keys = list(sessions)
-        store.commit_batch(BatchCommit("main", 0, [], 0, sessions=[SessionCommit("http", kept=list(sessions.values()))]),
-                           lateness_ms={}, now_ms=T0)
+        first = BatchCommit("main", 0, [], 0, sessions=[SessionCommit("http", kept=list(sessions.values()))])
+        store.commit_batch(first, lateness_ms={}, now_ms=T0)
         batch_id, now = 0, T0
         for name, sizes in phases:
             times, moves = [], 0
