@@ -90,7 +90,7 @@ class Stores:
             return conn.execute("SELECT 1 FROM session_streams WHERE stream = 'http'").fetchone() is not None
 
         def close() -> None:
-            if conn is not store._conn:
+            if self.server is not None:
                 conn.close()
             store.close()
 

@@ -82,7 +82,8 @@ MIN_BUCKETS = 16
 BUCKET_SESSIONS = 512  # sessions a bucket is sized to hold: a batch rewrites ~this many per key it touches
 DENSE_FLOOR = 2_000  # a batch of fewer session changes, of a stream held as rows: rows, with no reckoning
 # Sessions held per key a batch touches past which rows cost less than buckets whatever the batch
-# (session_layout's costs: 64 x 0.35 + 3 us > 20 us a key): a stream's rows are counted no further.
+# (session_layout's costs, both backends': 64 x 0.35 + 3 us > 20 us a key, 64 x 1 + 3 > 30): a
+# stream's rows are counted no further.
 ROWS_WIN_PAST = 64
 
 

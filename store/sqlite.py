@@ -49,6 +49,7 @@ from store.rollup import BucketStats, SketchRow
 from store.schema_version import SCHEMA_VERSION, check_version
 from store import view_state
 from store import table_state, table_versions
+from store import session_layout
 from store.session_layout import LayoutChooser
 from store.switch import check_definitions
 from store.tables import EVENT_ID_TABLES, JOIN_TABLES, PANE_TABLES, TABLE_STATE_TABLES
@@ -69,7 +70,7 @@ class SqlitePaneStore(PaneStore):
         self._lock = threading.Lock()
         self._bloom: bloom_store.BloomStore | None = None
         self._checkpoints: BackgroundCheckpoints | None = None  # checkpoint_apart's
-        self._session_layouts = LayoutChooser()  # this process's reckoning of each stream's session layout
+        self._session_layouts = LayoutChooser(session_layout.SQLITE)  # this process's reckoning of each stream's session layout
         with self._lock, naming_file(self.path):
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             check_version(version, f"SQLite store {self.path}")

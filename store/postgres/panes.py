@@ -71,6 +71,7 @@ from store.postgres.notify import ChangeListener, channel_for, notify_commit
 from store.bloom import drop_expired as drop_expired_bloom
 from store.postgres.bloom import PostgresBloomReader, apply_bloom_commit
 from store.postgres.schema import COMMIT_LOCK, SCHEMA_LOCK, ensure_schema
+from store import session_layout
 from store.session_layout import LayoutChooser
 from store.switch import check_definitions
 from store.rollup import BucketStats, SketchRow
@@ -98,7 +99,7 @@ class PostgresPaneStore(PaneStore):
     def __init__(self, dsn: str, *, pool_size: int = 8):
         self.dsn = dsn
         self._pool = open_pool(dsn, max_size=pool_size)
-        self._session_layouts = LayoutChooser()  # this process's reckoning of each stream's session layout
+        self._session_layouts = LayoutChooser(session_layout.POSTGRES)  # this process's reckoning of each stream's session layout
         with self._pool.connection() as conn:
             ensure_schema(conn, "the PostgreSQL store")
             # Commits NOTIFY this channel: API replicas on this schema wake on it (store/postgres/notify.py).

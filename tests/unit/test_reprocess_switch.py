@@ -265,8 +265,10 @@ def test_a_switch_moves_the_streams_sessions_and_device_clocks_with_it(settings,
     the buckets' tables existed."""
     if layout == "buckets":  # rows dear, moves free: every batch puts the sessions in buckets
         monkeypatch.setattr(session_store, "DENSE_FLOOR", 1)
-        monkeypatch.setattr(session_layout, "ROW_US", 1e6)
-        monkeypatch.setattr(session_layout, "MOVE_SESSION_US", 0.0)
+        dear_rows = session_layout.LayoutCosts(row_us=1e6, bucket_session_us=0.35, bucket_key_us=3.0,
+                                               move_session_us=0.0)
+        monkeypatch.setattr(session_layout, "SQLITE", dear_rows)
+        monkeypatch.setattr(session_layout, "POSTGRES", dear_rows)
     old, new = Catalog(**OLD_DERIVING), Catalog(**NEW_DERIVING)
     commit = dict(lateness_ms={"http": 0, "orders": 0, "http_sessions": 0, "http_clocks": 0}, now_ms=NOW)
     root = open_store(settings)

@@ -80,10 +80,10 @@ def small_buckets(monkeypatch, *, dense_floor: int = 1, row_us: float = 1e6, mov
     monkeypatch.setattr(session_store, "BUCKET_SESSIONS", 2)
     monkeypatch.setattr(session_store, "MIN_BUCKETS", 2)
     monkeypatch.setattr(session_store, "DENSE_FLOOR", dense_floor)
-    monkeypatch.setattr(session_layout, "ROW_US", row_us)
-    monkeypatch.setattr(session_layout, "MOVE_SESSION_US", move_us)
-    monkeypatch.setattr(session_layout, "BUCKET_SESSION_US", bucket_session_us)
-    monkeypatch.setattr(session_layout, "BUCKET_KEY_US", bucket_key_us)
+    costs = session_layout.LayoutCosts(row_us=row_us, bucket_session_us=bucket_session_us,
+                                       bucket_key_us=bucket_key_us, move_session_us=move_us)
+    monkeypatch.setattr(session_layout, "SQLITE", costs)  # what the stores made after this take
+    monkeypatch.setattr(session_layout, "POSTGRES", costs)
 
 
 def bucket_rows(store_backend, store) -> list[tuple]:
@@ -181,8 +181,9 @@ def test_a_store_reckons_a_streams_layout_over_its_batches_not_each_batch_alone(
     held = [Session(f"k{i:02d}", T0, T0, 1) for i in range(20)]
     assert store.commit_batch(commit(0, SessionCommit("web", kept=held)), lateness_ms={}, now_ms=T0).committed
     assert store_backend.tables(store, ["session_streams"])["session_streams"]  # buckets, with the first batch
-    saving = session_layout.buckets_cost_us(1, 20, session_store.bucket_count(20)) - session_layout.rows_cost_us(1)
-    due = next(n for n in range(1, 100) if n * saving > session_layout.move_cost_us(20))
+    costs = session_layout.SQLITE  # the test's, on either backend
+    saving = costs.buckets(1, 20, session_store.bucket_count(20)) - costs.rows(1)
+    due = next(n for n in range(1, 100) if n * saving > costs.move(20))
     assert due > 1
     for batch_id in range(1, due + 1):
         assert store_backend.tables(store, ["session_streams"])["session_streams"], batch_id  # still buckets
