@@ -13,7 +13,8 @@ on a fresh store with the same sessions and batches:
 
 - `per batch`: the rule before session 90, each batch deciding alone (into buckets when it
   touches more than a twelfth of the sessions and 2 000 keys, back to rows below a 48th);
-- `reckoned`: store/session_layout.py's, the other layout's savings summed until they pay for a move.
+- `reckoned`: store/session_layout.py's, the other layout's savings summed until they pay for a move
+  (the backend's costs, as its store takes them).
 
 Prints, per phase, the commits' median / p90 / max and total, and the moves. `--costs` instead
 forces each layout on 50 000 and 200 000 sessions held and prints the median commit by keys a
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 from store import BatchCommit, SqlitePaneStore
+from store import session_layout
 from store.session_layout import LayoutChooser
 from store.sessions import Session, SessionCommit
 
@@ -178,7 +180,8 @@ def side_by_side(stores: Stores, args) -> None:
               (f"the demo's rate ({args.quiet} batches of {QUIET_KEYS} keys)", [QUIET_KEYS] * args.quiet)]
     print(f"{args.held:,} open sessions held", flush=True)
     for repeat in range(args.repeat):
-        for label, chooser in (("per batch", PerBatchRule()), ("reckoned", LayoutChooser())):
+        costs = session_layout.POSTGRES if stores.backend == "postgres" else session_layout.SQLITE
+        for label, chooser in (("per batch", PerBatchRule()), ("reckoned", LayoutChooser(costs))):
             for name, times, moves, ends in run(stores, chooser, args.held, phases, seed=repeat):
                 ordered = sorted(times)
                 print(f"  {label:<9} {name}: median {statistics.median(times):.1f} ms, p90"
