@@ -9,8 +9,8 @@ each, and the slow batch made the next one large again.
 
 So a stream keeps, per process, what the other layout would have saved it so far (`savings`:
 each batch adds its layout's cost less the other's, never below zero), and moves once that pays
-for the move: as a ski rental, never more than about twice what the best fixed choice would
-have cost. A batch touching most of many sessions (a backfill's) saves more than a move at
+for the move, as in a ski rental: a move is made only once staying has already cost as much as
+it. A batch touching most of many sessions (a backfill's) saves more than a move at
 once; a stream whose batches straddle the edge stays where it is; a rate that changes for good
 moves it within a few batches. Nothing depends on the choice but time: both layouts hold the
 same sessions, and a restart begins again from zero.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
 
 @dataclass(frozen=True)
 class LayoutCosts:

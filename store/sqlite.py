@@ -70,7 +70,7 @@ class SqlitePaneStore(PaneStore):
         self._lock = threading.Lock()
         self._bloom: bloom_store.BloomStore | None = None
         self._checkpoints: BackgroundCheckpoints | None = None  # checkpoint_apart's
-        self._session_layouts = LayoutChooser(session_layout.SQLITE)  # this process's reckoning of each stream's session layout
+        self._session_layouts = LayoutChooser(session_layout.SQLITE)  # each stream's session layout, reckoned
         with self._lock, naming_file(self.path):
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             check_version(version, f"SQLite store {self.path}")

@@ -99,7 +99,7 @@ class PostgresPaneStore(PaneStore):
     def __init__(self, dsn: str, *, pool_size: int = 8):
         self.dsn = dsn
         self._pool = open_pool(dsn, max_size=pool_size)
-        self._session_layouts = LayoutChooser(session_layout.POSTGRES)  # this process's reckoning of each stream's session layout
+        self._session_layouts = LayoutChooser(session_layout.POSTGRES)  # each stream's session layout, reckoned
         with self._pool.connection() as conn:
             ensure_schema(conn, "the PostgreSQL store")
             # Commits NOTIFY this channel: API replicas on this schema wake on it (store/postgres/notify.py).
