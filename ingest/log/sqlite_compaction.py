@@ -93,8 +93,12 @@ def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_fie
     changes = [change for base, _, _, batch in decoded for change in _changes(base, batch, key_field)]
     if kept is None:  # a full pass
         drop = offsets_to_drop(changes, now_ms=now_ms, tombstone_retention_ms=retention_ms, read_through=through)
-        kept = KeptKeys.of((c for c in changes if c.offset not in drop), position[1])
+        survivors = [c for c in changes if c.offset not in drop]
+        # Past the limit only the tombstones (for next_drop_ms), not a dict of every key to be dropped.
+        keepable = _room_for(log, where, len(survivors))
+        kept = KeptKeys.of(survivors if keepable else [c for c in survivors if c.tombstone], position[1])
     else:  # the records appended since the last complete pass, against what it kept
+        keepable = True
         kept_below = kept.end_offset
         drop = kept.drop_with(changes, position[1], now_ms=now_ms, tombstone_retention_ms=retention_ms,
                               read_through=through)
@@ -102,7 +106,8 @@ def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_fie
     if not drop:
         log._compaction_quiet[where] = (
             state, kept.next_drop_ms(tombstone_retention_ms=retention_ms, read_through=through))
-        _keep(log, where, key_field, position, kept)
+        if keepable:
+            _keep(log, where, key_field, position, kept)
         return 0
     dropping = np.sort(np.fromiter(drop, dtype=np.int64, count=len(drop)))
     rewrites = []  # (base, old size, records before, new data or None, records after)
@@ -143,7 +148,8 @@ def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_fie
             log._compaction_quiet[where] = (
                 (key_field, retention_ms, through, *after_pass),
                 kept.next_drop_ms(tombstone_retention_ms=retention_ms, read_through=through))
-            _keep(log, where, key_field, after_pass, kept)
+            if keepable:
+                _keep(log, where, key_field, after_pass, kept)
     return dropped
 
 
@@ -155,10 +161,15 @@ def _only_appended_since(remembered, key_field: str, position) -> bool:
             and remembered[1] == position[0] and remembered[3].end_offset <= position[1])
 
 
+def _room_for(log: SqliteEventLog, where: tuple[str, int], keys: int) -> bool:
+    """Whether the log may keep `keys` more for `where`, beside what it keeps for its other partitions."""
+    others = sum(len(k.newest) for at, (_, _, _, k) in log._compaction_kept.items() if at != where)
+    return others + keys <= KEPT_KEYS_LIMIT
+
+
 def _keep(log: SqliteEventLog, where: tuple[str, int], key_field: str, position, kept: KeptKeys) -> None:
     """Remember what a complete pass kept, unless that takes the log past the keys it keeps in memory."""
-    others = sum(len(k.newest) for at, (_, _, _, k) in log._compaction_kept.items() if at != where)
-    if position[2] is not None and others + len(kept.newest) <= KEPT_KEYS_LIMIT:
+    if position[2] is not None and _room_for(log, where, len(kept.newest)):
         log._compaction_kept[where] = (key_field, position[0], position[2], kept)
 
 
