@@ -105,9 +105,9 @@ class SqliteEventLog(EventLog):
         # {(stream, partition): (its state, when a pass may next drop)} of table partitions a
         # compaction pass left nothing to drop in: skipped until either changes (sqlite_compaction.py)
         self._compaction_quiet: dict[tuple[str, int], tuple[tuple, int | None]] = {}
-        # {(stream, partition): (key field, start offset, weight, KeptKeys)}: what the last complete
-        # pass kept, so that the next one reads only the segments appended since (sqlite_compaction.py)
-        self._compaction_kept: dict[tuple[str, int], tuple] = {}
+        # {(stream, partition): what the last complete pass kept}, so that the next one reads only
+        # the segments appended since (sqlite_compaction.py)
+        self._compaction_kept: dict[tuple[str, int], compaction.LastPass] = {}
         with self._lock:
             self._conn.executescript(_SCHEMA)
             if BYTES_COLUMN not in _columns(self._conn, "partitions"):

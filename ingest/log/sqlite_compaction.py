@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +44,17 @@ if TYPE_CHECKING:
 # a key in Python: ~260 MB at most): a partition that would go past it is compacted by full
 # passes, reading every segment, as every pass did before session 90.
 KEPT_KEYS_LIMIT = 2_000_000
+
+
+@dataclass(frozen=True)
+class LastPass:
+    """What a table partition's last complete pass left (SqliteEventLog._compaction_kept): the key
+    field it was compacted by, the partition's start offset and weight after it, and what it kept."""
+
+    key_field: str
+    start_offset: int
+    weight: int
+    kept: KeptKeys
 
 
 def register(conn: sqlite3.Connection, stream: StreamDef) -> None:
@@ -83,10 +95,10 @@ def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_fie
         if quiet is not None and quiet[0] == state and (quiet[1] is None or now_ms < quiet[1]):
             return 0
         # Taken out: put back only by a pass that completes (a failed one leaves a full pass next).
-        remembered = log._compaction_kept.pop(where, None)
-        kept = remembered[3] if _only_appended_since(remembered, key_field, position) else None
+        last = log._compaction_kept.pop(where, None)
+        kept = last.kept if _only_appended_since(last, key_field, position) else None
         segments = _segments_from(log, stream, partition, kept.end_offset if kept is not None else None)
-        if kept is not None and remembered[2] + sum(size for _, _, size, _ in segments) != position[2]:
+        if kept is not None and last.weight + sum(size for _, _, size, _ in segments) != position[2]:
             kept = None  # some bytes went meanwhile: another pass's (its own or another process's)
             segments = _segments_from(log, stream, partition, None)
     decoded = [(base, count, size, decode_segment(data)) for base, count, size, data in segments]
@@ -153,24 +165,23 @@ def _compact_partition(log: SqliteEventLog, stream: str, partition: int, key_fie
     return dropped
 
 
-def _only_appended_since(remembered, key_field: str, position) -> bool:
-    """Whether the last complete pass's KeptKeys (remembered with the key field, the start offset
-    and the weight it left) may stand for the partition's records below its end: the same key
-    field and start, and (checked with the segments appended since) the weight it left."""
-    return (remembered is not None and position[2] is not None and remembered[0] == key_field
-            and remembered[1] == position[0] and remembered[3].end_offset <= position[1])
+def _only_appended_since(last: LastPass | None, key_field: str, position) -> bool:
+    """Whether the last complete pass's KeptKeys may stand for the partition's records below its
+    end: the same key field and start, and (checked with the segments appended since) the weight it left."""
+    return (last is not None and position[2] is not None and last.key_field == key_field
+            and last.start_offset == position[0] and last.kept.end_offset <= position[1])
 
 
 def _room_for(log: SqliteEventLog, where: tuple[str, int], keys: int) -> bool:
     """Whether the log may keep `keys` more for `where`, beside what it keeps for its other partitions."""
-    others = sum(len(k.newest) for at, (_, _, _, k) in log._compaction_kept.items() if at != where)
+    others = sum(len(last.kept.newest) for at, last in log._compaction_kept.items() if at != where)
     return others + keys <= KEPT_KEYS_LIMIT
 
 
 def _keep(log: SqliteEventLog, where: tuple[str, int], key_field: str, position, kept: KeptKeys) -> None:
     """Remember what a complete pass kept, unless that takes the log past the keys it keeps in memory."""
     if position[2] is not None and _room_for(log, where, len(kept.newest)):
-        log._compaction_kept[where] = (key_field, position[0], position[2], kept)
+        log._compaction_kept[where] = LastPass(key_field, position[0], position[2], kept)
 
 
 def _segments_from(log: SqliteEventLog, stream: str, partition: int, base: int | None) -> list[tuple]:
