@@ -323,13 +323,11 @@ def _merged(old: pa.Table, kept: pa.Table, removed: pa.Table) -> pa.Table:
     return pa.concat_tables([_staying(old, kept, removed).select(BODY_SCHEMA.names), kept]).combine_chunks()
 
 
-def apply(cursor, commits: Sequence[SessionCommit], placeholder: str, chooser: LayoutChooser | None = None) -> None:
+def apply(cursor, commits: Sequence[SessionCommit], placeholder: str, chooser: LayoutChooser) -> None:
     """Save each stream's batch changes in its layout, moving it to the other one when `chooser`
-    says (store/session_layout.py: a store keeps one for its process; None: one for this call,
-    which moves a stream only when this batch alone pays for the move). The caller owns the
-    transaction."""
+    says (store/session_layout.py: a store keeps one for its process, with its backend's costs).
+    The caller owns the transaction."""
     q = placeholder
-    chooser = LayoutChooser() if chooser is None else chooser
     for c in commits:
         if not len(c.kept) and not len(c.removed):
             continue
