@@ -17,6 +17,7 @@ Starts `sketchboard up --no-demo` on a free loopback port with a fresh data dire
     python -m bench.freshness --rate 20000 --duration 60 --levels 50,100,200,400,800
     python -m bench.freshness --skip-ramp --duration 30 --log kafka   # the log on Kafka topics
     python -m bench.freshness --skip-ramp --duration 600 --aged-days 8 --aged-events 2400000
+    python -m bench.freshness --skip-ramp --duration 300 --mix      # the demo's other streams and tables too
 
 `--aged-days D` first gives the service a store D days old, as a long-running one has: a service on
 the same data folder is sent `--aged-events` demo http_requests events spread in order over the D
@@ -27,6 +28,14 @@ panes and minute rows due.
 
 After the freshness phase the service log's micro-batches of the phase are summed up: events, the
 whole batch and its store commit (median / p90 / max), as aggregates/pipeline.py logs each batch.
+
+`--tables` first loads the demo's tables, every user and plan, as `make run` does, and posts their
+changes every few seconds during the run: the requests are then enriched with the user's plan,
+country and tier (without it every request's are "", and a batch touches far fewer panes).
+`--mix` posts the demo's whole traffic: the tables, and beside each body of requests the other
+streams drawn for as many requests (about 0.25 mobile_app screen views, 0.05 searches, 0.035
+clicks and 0.02 orders a request), logins and checkouts by the clock. The freshness is still the
+requests'.
 
 `--log kafka` runs the service on Kafka: the broker at `--kafka-bootstrap`, or else a local one
 started from jars/kafka-broker (`make jars`, the test suite's tests/kafka_broker.py).
@@ -60,6 +69,7 @@ from catalog import load_catalog
 from demo import DEFAULT_CONFIG, DemoTraffic
 
 STREAM = "http_requests"
+BY_CLOCK = ("logins", "checkouts")  # DemoTraffic draws these by the clock since its last call, not per request
 
 
 def free_port() -> int:
@@ -158,10 +168,20 @@ class Service:
 
 class Producer:
     """Posts demo http_requests events at `rate`/s from `threads` threads; records, per POST,
-    (response time, events accepted in total so far)."""
+    (response time, events accepted in total so far).
 
-    def __init__(self, base: str, rate: float, batch: int, threads: int):
+    With `mix`, each thread also posts, beside each body of requests, the demo's other streams drawn
+    for as many requests (DemoTraffic.generate: orders, mobile_app, searches, clicks), and the first
+    thread the streams drawn by the clock (logins, checkouts: drawn by each thread, they would come
+    `threads` times as often). With `tables` (a DemoTraffic that has made the initial load), the
+    first thread also posts the table changes due. Only the requests are counted: the freshness
+    measured is theirs."""
+
+    def __init__(self, base: str, rate: float, batch: int, threads: int, mix: bool = False,
+                 tables: DemoTraffic | None = None):
         self.base, self.rate, self.batch, self.threads = base, rate, batch, threads
+        self.mix, self.tables = mix, tables
+        self.others: dict[str, int] = {}  # with mix: events of the other streams and tables accepted
         self.catalog = load_catalog(DEFAULT_CONFIG)
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
@@ -187,7 +207,14 @@ class Producer:
                 if delay > 0:
                     time.sleep(delay)
                 next_at = max(next_at + interval, time.monotonic() - 1.0)  # no unbounded catch-up
-                body = json.dumps(traffic.generate_stream(STREAM, self.batch))
+                if self.mix:
+                    drawn = traffic.generate(self.batch)
+                    body = json.dumps(drawn.pop(STREAM))
+                else:
+                    drawn = {}
+                    body = json.dumps(traffic.generate_stream(STREAM, self.batch))
+                if self.mix or self.tables is not None:
+                    self._post_others(client, index, drawn)
                 t0 = time.monotonic()
                 try:
                     r = client.post(f"{self.base}/api/v1/events", params={"stream": STREAM}, content=body,
@@ -204,6 +231,25 @@ class Producer:
                     self.posts.append((time.time(), self.accepted))
                     self.request_s.append(t1 - t0)
 
+    def _post_others(self, client: httpx.Client, index: int, drawn: dict[str, list[dict]]) -> None:
+        posts = [(f"{self.base}/api/v1/events", {"stream": name}, name, events) for name, events in drawn.items()
+                 if events and (index == 0 or name not in BY_CLOCK)]
+        if index == 0 and self.tables is not None:
+            posts += [(f"{self.base}/api/v1/tables/{name}", {}, name, rows)
+                      for name, rows in self.tables.table_changes().items()]
+        for url, params, name, events in posts:
+            try:
+                r = client.post(url, params=params, content=json.dumps(events),
+                                headers={"content-type": "application/json"})
+            except httpx.HTTPError:
+                self.errors += 1
+                continue
+            if r.status_code != 200:
+                self.errors += 1
+                continue
+            with self.lock:
+                self.others[name] = self.others.get(name, 0) + len(events)
+
     def stop(self) -> float:
         self.stop_event.set()
         for w in self.workers:
@@ -211,7 +257,7 @@ class Producer:
         return self.accepted / (time.monotonic() - self.started)
 
 
-def freshness(service: Service, args) -> None:
+def freshness(service: Service, args, tables: DemoTraffic | None = None) -> None:
     from websockets.sync.client import connect
 
     start_ms = int(time.time() * 1000)
@@ -248,7 +294,7 @@ def freshness(service: Service, args) -> None:
     thread.start()
     ready.wait(30)
     logged_from = service.logged_bytes()
-    producer = Producer(service.base, args.rate, args.batch, args.producers)
+    producer = Producer(service.base, args.rate, args.batch, args.producers, mix=args.mix, tables=tables)
     producer.start()
     time.sleep(args.duration)
     achieved = producer.stop()
@@ -274,6 +320,10 @@ def freshness(service: Service, args) -> None:
     print(f"freshness: accepted -> pushed on the websocket: p50 {pct(latencies, .5):.2f} s,"
           f" p95 {pct(latencies, .95):.2f} s, p99 {pct(latencies, .99):.2f} s, max {max(latencies or [0]):.2f} s"
           f" ({missing} POSTs never seen pushed within {args.drain:.0f} s after the run)")
+    if producer.others:
+        seconds = time.monotonic() - producer.started
+        print("freshness: beside the requests, accepted " + ", ".join(
+            f"{name} {n:,} ({n / seconds:,.0f}/s)" for name, n in sorted(producer.others.items())))
 
 
 async def _client(url: str, query: dict, box: dict, updates: list, errors: list, stop: asyncio.Event, idx: int):
@@ -330,6 +380,19 @@ async def ramp(service: Service, args) -> None:
           f" (p99 delivery <= 1 s, no errors)")
 
 
+def load_tables(service: Service) -> DemoTraffic:
+    """The demo's initial table rows (every user, every plan), posted and aggregated; returns the
+    DemoTraffic that drew them, whose table_changes() then gives the changes due (demo/users.py)."""
+    tables = DemoTraffic(load_catalog(DEFAULT_CONFIG), seed=1_000)
+    for name, rows in tables.table_changes().items():
+        for i in range(0, len(rows), 10_000):
+            r = httpx.post(f"{service.base}/api/v1/tables/{name}", json=rows[i:i + 10_000], timeout=60)
+            r.raise_for_status()
+        print(f"table {name}: {len(rows):,} rows loaded", flush=True)
+    service.wait_pipeline()
+    return tables
+
+
 def age_store(data_dir: Path, days: float, events: int) -> None:
     """`events` demo events over the `days` before now, through a service on `data_dir` and its pipeline."""
     from bench.day_backfill import backfill_through_service
@@ -364,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, default=None,
                    help="run in this directory and keep it (the service's log and data) instead of a temporary one")
     p.add_argument("--log", choices=("embedded", "kafka"), default="embedded", help="the service's log backend")
+    p.add_argument("--mix", action="store_true",
+                   help="also post the demo's other streams, in its proportions per request, and its tables (--tables)")
+    p.add_argument("--tables", action="store_true",
+                   help="load the demo's users and plans before the run and post their changes during it")
     p.add_argument("--aged-days", type=float, default=0,
                    help="first backfill this many days before now into the service's store (embedded log only)")
     p.add_argument("--aged-events", type=int, default=2_400_000, help="events of that backfill, spread over the days")
@@ -402,13 +469,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"service on {service.base}; warming the pipeline up", flush=True)
             traffic = DemoTraffic(load_catalog(DEFAULT_CONFIG))
+            tables = load_tables(service) if args.mix or args.tables else None
             # --warmup batches before the run: the first is the JVM's; a small batch's first on the
             # driver path builds the catalog's expressions once (~1-2 s on a loaded machine).
             for _ in range(args.warmup):
                 httpx.post(f"{service.base}/api/v1/events", params={"stream": STREAM},
                            json=traffic.generate_stream(STREAM, 100), timeout=10)
                 service.wait_pipeline()
-            freshness(service, args)
+            freshness(service, args, tables)
             if not args.skip_ramp:
                 producer = Producer(service.base, args.ramp_rate, min(args.batch, 500), 1)
                 producer.start()
