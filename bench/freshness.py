@@ -69,7 +69,6 @@ from catalog import load_catalog
 from demo import DEFAULT_CONFIG, DemoTraffic
 
 STREAM = "http_requests"
-BY_CLOCK = ("logins", "checkouts")  # DemoTraffic draws these by the clock since its last call, not per request
 
 
 def free_port() -> int:
@@ -170,12 +169,11 @@ class Producer:
     """Posts demo http_requests events at `rate`/s from `threads` threads; records, per POST,
     (response time, events accepted in total so far).
 
-    With `mix`, each thread also posts, beside each body of requests, the demo's other streams drawn
-    for as many requests (DemoTraffic.generate: orders, mobile_app, searches, clicks), and the first
-    thread the streams drawn by the clock (logins, checkouts: drawn by each thread, they would come
-    `threads` times as often). With `tables` (a DemoTraffic that has made the initial load), the
-    first thread also posts the table changes due. Only the requests are counted: the freshness
-    measured is theirs."""
+    With `mix`, the first thread also posts, beside each body of its requests, the demo's other
+    streams drawn for every thread's requests (DemoTraffic.generate: orders, mobile_app, searches,
+    clicks, and logins and checkouts by the clock), all from its one DemoTraffic; with `tables` (a
+    DemoTraffic that has made the initial load), the table changes due. Only the requests are
+    counted: the freshness measured is theirs."""
 
     def __init__(self, base: str, rate: float, batch: int, threads: int, mix: bool = False,
                  tables: DemoTraffic | None = None):
@@ -207,14 +205,12 @@ class Producer:
                 if delay > 0:
                     time.sleep(delay)
                 next_at = max(next_at + interval, time.monotonic() - 1.0)  # no unbounded catch-up
-                if self.mix:
-                    drawn = traffic.generate(self.batch)
-                    body = json.dumps(drawn.pop(STREAM))
-                else:
-                    drawn = {}
-                    body = json.dumps(traffic.generate_stream(STREAM, self.batch))
-                if self.mix or self.tables is not None:
-                    self._post_others(client, index, drawn)
+                body = json.dumps(traffic.generate_stream(STREAM, self.batch))
+                if index == 0 and (self.mix or self.tables is not None):
+                    # What every thread's requests bring, from this one thread's traffic: one device fleet
+                    # (a device id in several fleets would have several clocks), one search model.
+                    self._post_others(client, traffic.generate(self.batch * self.threads, skip={STREAM})
+                                      if self.mix else {})
                 t0 = time.monotonic()
                 try:
                     r = client.post(f"{self.base}/api/v1/events", params={"stream": STREAM}, content=body,
@@ -231,10 +227,10 @@ class Producer:
                     self.posts.append((time.time(), self.accepted))
                     self.request_s.append(t1 - t0)
 
-    def _post_others(self, client: httpx.Client, index: int, drawn: dict[str, list[dict]]) -> None:
+    def _post_others(self, client: httpx.Client, drawn: dict[str, list[dict]]) -> None:
         posts = [(f"{self.base}/api/v1/events", {"stream": name}, name, events) for name, events in drawn.items()
-                 if events and (index == 0 or name not in BY_CLOCK)]
-        if index == 0 and self.tables is not None:
+                 if events]
+        if self.tables is not None:
             posts += [(f"{self.base}/api/v1/tables/{name}", {}, name, rows)
                       for name, rows in self.tables.table_changes().items()]
         for url, params, name, events in posts:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -122,8 +122,10 @@ class DemoTraffic:
 
     # -- events -------------------------------------------------------------------------
 
-    def generate(self, n: int) -> dict[str, list[dict]]:
-        """Events per stream for n HTTP requests' worth of traffic.
+    def generate(self, n: int, skip: Collection[str] = ()) -> dict[str, list[dict]]:
+        """Events per stream for n HTTP requests' worth of traffic, but none of the streams in `skip`
+        (a load generator drawing the requests in several threads draws the rest in one: one
+        device fleet, one search model, as one demo has).
 
         http_requests gets n events, orders ~ORDER_RATIO * n, mobile_app ~MOBILE_RATIO * n (plus
         the offline backlogs that come back), searches ~SEARCH_RATIO * n, clicks those on earlier
@@ -137,6 +139,8 @@ class DemoTraffic:
             if self.catalog.streams[name].derived_from:  # e.g. <stream>_sessions: made by the pipeline
                 continue
             if self.catalog.streams[name].kind == "table":  # rows, not events: table_changes()
+                continue
+            if name in skip:
                 continue
             if name == "searches":  # its own RNG: the other streams' draws are what they were before it
                 count = self.search_clicks.count(n, SEARCH_RATIO)

@@ -101,6 +101,14 @@ def test_same_seed_same_events(catalog):
     assert a == b and a != c
 
 
+def test_streams_skipped_are_not_drawn_and_the_rest_keep_their_shares(catalog):
+    traffic = DemoTraffic(catalog, seed=3, clock=FakeClock(NOW))
+    drawn = traffic.generate(20_000, skip={"http_requests"})
+    assert "http_requests" not in drawn
+    assert 0.2 < len(drawn["mobile_app"]) / 20_000 < 0.3  # MOBILE_RATIO of the requests it stands for
+    assert 0.01 < len(drawn["orders"]) / 20_000 < 0.03  # ORDER_RATIO
+
+
 def test_rate_at_stays_in_range_with_a_daily_shape_and_bursts(catalog):
     traffic = DemoTraffic(catalog, seed=1)
     day = 1_699_920_000.0  # a UTC midnight
