@@ -282,9 +282,9 @@ class SqlitePaneStore(PaneStore):
 
     def _prune(self, commit: BatchCommit, retention_ms: Mapping[str, int], membership_bucket_ms: Mapping[str, int],
                layouts: Mapping[str, TierLayout]) -> None:
-        """Panes (with their sketches), dead letters, membership buckets and tier rows past their
-        stream's retention, first-seen counts no pane or tier row serves; change records older
-        than the longest retention."""
+        """Panes (with their sketches and corrections), dead letters, membership buckets and tier
+        rows past their stream's retention, first-seen counts no pane or tier row serves; change
+        records older than the longest retention."""
         conn = self._conn
         retention_ms = with_removed_streams(retention_ms, layouts)
         for stream, horizon in retention_horizons(commit.batch_now_ms, retention_ms).items():
@@ -292,6 +292,10 @@ class SqlitePaneStore(PaneStore):
             conn.execute("DELETE FROM panes WHERE stream = ? AND start_ms < ? AND end_ms <= ?",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = ? AND at_ms < ?", (stream, horizon))
+            # A dropped pane's corrections go with it (a range of corrections_by_pane_time): kept, a
+            # stream with stragglers grew the table by ~140 rows a second at 20 000 events/s of the demo.
+            conn.execute("DELETE FROM corrections WHERE stream = ? AND pane_start_ms < ? AND pane_end_ms <= ?",
+                         (stream, horizon, horizon))
         bloom_store.drop_expired(conn.cursor(), bloom_horizons(commit.batch_now_ms, retention_ms, membership_bucket_ms,
                                                                layouts), "?")
         feed_horizon = change_feed_horizon(commit.batch_now_ms, retention_ms)

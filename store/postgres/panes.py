@@ -251,6 +251,10 @@ class PostgresPaneStore(PaneStore):
             conn.execute("DELETE FROM panes WHERE stream = %s AND start_ms < %s AND end_ms <= %s",
                          (stream, horizon, horizon))
             conn.execute("DELETE FROM dead_letters WHERE stream = %s AND at_ms < %s", (stream, horizon))
+            # A dropped pane's corrections go with it (a range of corrections_by_pane_time): kept, a
+            # stream with stragglers grew the table by ~140 rows a second at 20 000 events/s of the demo.
+            conn.execute("DELETE FROM corrections WHERE stream = %s AND pane_start_ms < %s AND pane_end_ms <= %s",
+                         (stream, horizon, horizon))
         with conn.cursor() as cur:
             drop_expired_bloom(cur, bloom_horizons(commit.batch_now_ms, retention_ms, membership_bucket_ms, layouts),
                                "%s")
