@@ -271,6 +271,20 @@ def test_a_panes_corrections_are_dropped_with_it_past_retention(store):
     assert [p.key.start_ms for p in store.read_panes("s", 0, 2**62)] == [T0 + 20_000]
 
 
+def test_a_retention_commit_drops_a_bounded_number_of_corrections_and_the_next_ones_the_rest(store, monkeypatch):
+    for module in ("store.sqlite", "store.postgres.panes"):  # as a store from before holds its every correction
+        monkeypatch.setattr(f"{module}.CORRECTIONS_DROPPED_PER_COMMIT", 2)
+    starts = [T0, T0 + 20_000, T0 + 40_000]
+    store.commit_batch(commit(0, [part(s) for s in starts], max_event=T0 + 90_000), lateness_ms=LATENESS, now_ms=1)
+    store.commit_batch(commit(1, [part(s) for s in starts], max_event=T0 + 90_000), lateness_ms=LATENESS, now_ms=2)
+    assert len(store.corrections()) == 3
+    day = 86_400_000
+    store.commit_batch(commit(2, [], now=T0 + day + 60_000), lateness_ms=LATENESS, now_ms=3, retention_ms={"s": day})
+    assert len(store.corrections()) == 1 and store.read_panes("s", 0, 2**62) == []
+    store.commit_batch(commit(3, [], now=T0 + day + 61_000), lateness_ms=LATENESS, now_ms=4, retention_ms={"s": day})
+    assert store.corrections() == []
+
+
 def test_the_retention_run_reads_the_corrections_due_not_every_correction_kept(tmp_path):
     """Each commit of a retention run looks for corrections past the horizon: a range of the index
     by pane, not a walk over the ~140 a second a stream with stragglers keeps (counted, not timed)."""
