@@ -414,6 +414,10 @@ DROP_OLD_CHANGES = "DELETE FROM changes WHERE seq < (SELECT seq FROM changes WHE
 # at 20 000 events/s of the demo's traffic (~100 a commit), and a store from before session 91 kept
 # them all. Deleting 10 000 of a million took 0.15 s on SQLite here, all of them 2.3 s.
 CORRECTIONS_DROPPED_PER_COMMIT = 2_000
+# The corrections of a stream's panes dropped by retention (start before the horizon, ending at or
+# before it, as the panes' own DELETE), a range of corrections_by_pane_time: stream, horizon twice, limit.
+DROP_DUE_CORRECTIONS = ("DELETE FROM corrections WHERE id IN (SELECT id FROM corrections WHERE stream = %s"
+                        " AND pane_start_ms < %s AND pane_end_ms <= %s LIMIT %s)")
 
 
 def tier_rows_to_drop(layout: TierLayout, batch_now_ms: int) -> list[tuple[int, str, int, int]]:
