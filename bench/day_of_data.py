@@ -96,11 +96,11 @@ def demo_partials(catalog: Catalog, events: int, hours: float, end_ms: int, batc
             pending[(t - t % stream.pane, dims)].append(e)
         made += n
         if sum(len(v) for v in pending.values()) >= batch or made >= events:
-            yield [_partial(stream, start, dims, group) for (start, dims), group in pending.items()]
+            yield [pane_partial(stream, start, dims, group) for (start, dims), group in pending.items()]
             pending.clear()
 
 
-def _partial(stream, start: int, dims: tuple, group: list[dict]) -> PanePartial:
+def pane_partial(stream, start: int, dims: tuple, group: list[dict]) -> PanePartial:
     values = {}
     for name in stream.values:
         xs = np.array([float(e[name]) for e in group if e.get(name) is not None])
@@ -468,7 +468,7 @@ def _websocket_load(role: str, port: int, clients: int, rate: int, kind: str, wh
             for e in traffic.generate_stream(STREAM, rate):
                 t = now_ms - int(np.random.default_rng(batch_id).integers(0, 2_000))
                 groups[(t - t % stream.pane, tuple(str(e.get(d, "")) for d in stream.dimensions))].append(e)
-            partials = [_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
+            partials = [pane_partial(stream, start, dims, g) for (start, dims), g in groups.items()]
             own.commit_batch(BatchCommit("live", batch_id, partials, rate, {STREAM: now_ms}, {},
                                          read_by_stream={STREAM: rate}), lateness_ms={STREAM: 30_000}, now_ms=now_ms)
             batch_id += 1

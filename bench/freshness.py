@@ -18,6 +18,7 @@ Starts `sketchboard up --no-demo` on a free loopback port with a fresh data dire
     python -m bench.freshness --skip-ramp --duration 30 --log kafka   # the log on Kafka topics
     python -m bench.freshness --skip-ramp --duration 600 --aged-days 8 --aged-events 2400000
     python -m bench.freshness --skip-ramp --duration 300 --mix      # the demo's other streams and tables too
+    python -m bench.freshness --skip-ramp --duration 150 --tables --store postgres   # the store on PostgreSQL
 
 `--aged-days D` first gives the service a store D days old, as a long-running one has: a service on
 the same data folder is sent `--aged-events` demo http_requests events spread in order over the D
@@ -431,9 +432,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="first backfill this many days before now into the service's store (embedded log only)")
     p.add_argument("--aged-events", type=int, default=2_400_000, help="events of that backfill, spread over the days")
     p.add_argument("--kafka-bootstrap", help="with --log kafka: a broker to use (default: start a local one)")
+    p.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                   help="the service's store; postgres: a throwaway local server started as the tests start theirs"
+                        " (tests/postgres_server.py, without fsync)")
     args = p.parse_args(argv)
-    if args.aged_days and args.log != "embedded":
-        p.error("--aged-days ages the embedded log's service (bench/day_backfill.py); run it without --log kafka")
+    if args.aged_days and (args.log != "embedded" or args.store != "sqlite"):
+        p.error("--aged-days ages the embedded log's and store's service (bench/day_backfill.py); run it without"
+                " --log kafka and --store postgres")
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # many sockets, here and in the service
@@ -454,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
             env.update({"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                         "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1",
                         "SKETCHBOARD_KAFKA_TOPIC_PREFIX": f"fresh{int(time.time())}."})
+        server = None
+        if args.store == "postgres":
+            from tests.postgres_server import PostgresServer
+
+            server = PostgresServer()
+            server.start()
+            env.update({"SKETCHBOARD_STORE_BACKEND": "postgres", "SKETCHBOARD_POSTGRES_DSN": server.dsn()})
         if args.aged_days:
             age_store(Path(tmp) / "data", args.aged_days, args.aged_events)
         try:
@@ -461,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException:
             if broker is not None:
                 broker.stop()
+            if server is not None:
+                server.stop()
             raise
         try:
             print(f"service on {service.base}; warming the pipeline up", flush=True)
@@ -484,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             service.stop()
             if broker is not None:
                 broker.stop()
+            if server is not None:
+                server.stop()
     return 0
 
 

@@ -1,0 +1,171 @@
+"""Micro-batch commits at a steady rate into a store, SQLite or PostgreSQL, each step timed (issue 28's
+freshness: the commit is most of a batch, and on PostgreSQL several times SQLite's).
+
+    python -m bench.steady_commits [--rate 20000] [--batch 7000] [--seconds 60] [--stores sqlite,postgres]
+
+Demo `http_requests` events (demo/traffic.py, seeded) stamped in order at `--rate` events/s,
+enriched as the demo's tables enrich them (each user's plan and country from demo/users.py, the
+plan's tier from demo/plans.py: seven dimensions, ~1 000 combinations a batch), aggregated into
+10 s pane partials as the executors would (bench/day_of_data.py), `--batch` events a micro-batch
+(a batch of the 20 000 events/s freshness run with the demo's tables: ~7 000). Each store in
+`--stores` (in turn, `--repeat` times) commits the same batches into fresh storage with the
+shipped tiers, the pipeline's clock at each batch's newest event; PostgreSQL is a throwaway local
+server started as the tests start theirs (tests/postgres_server.py: no fsync, so the figures are
+the commit's work, not the disk's).
+
+Prints per run the commit's median / p90 / max past the first tenth of the batches (a steady
+state) and their total, then the wall time of each of the commit's steps summed over the run
+(the store's functions timed around their calls). Run it with nothing else on the machine;
+figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from bench.day_of_data import STREAM, pane_partial
+from catalog import load_catalog
+from demo.plans import PLANS
+from demo.traffic import DemoTraffic
+from sketchboard.settings import DEFAULT_STREAMS
+from store import BatchCommit, SqlitePaneStore
+from store.tiers import catalog_layouts
+
+START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000 + 600_000  # ten minutes into an hour
+
+
+def batches(rate: int, batch: int, seconds: float, seed: int = 1) -> list[tuple[list, int, int]]:
+    """(pane partials, events, newest event time) per micro-batch."""
+    catalog = load_catalog(DEFAULT_STREAMS)
+    stream = catalog.stream(STREAM)
+    clock_s = [START_MS / 1000]
+    traffic = DemoTraffic(catalog, seed=seed, clock=lambda: clock_s[0])
+    users = {row["user_id"]: row for row in traffic.user_table.initial(START_MS)}
+    out = []
+    total = int(rate * seconds)
+    for made in range(0, total, batch):
+        n = min(batch, total - made)
+        times = START_MS + (np.arange(made, made + n) * 1000 // rate)
+        clock_s[0] = int(times[-1]) / 1000
+        groups: dict[tuple, list[dict]] = defaultdict(list)
+        for event, t in zip(traffic.generate_stream(STREAM, n), times.tolist()):
+            user = users.get(event.get("user_id"))
+            plan = user["plan"] if user else ""
+            event = {**event, "plan": plan, "country": user["country"] if user else "",
+                     "tier": PLANS[plan][0] if plan else ""}
+            dims = tuple(str(event.get(d, "")) for d in stream.dimensions)
+            groups[(t - t % stream.pane, dims)].append(event)
+        out.append(([pane_partial(stream, start, dims, group) for (start, dims), group in groups.items()], n,
+                    int(times[-1])))
+    return out
+
+
+def timed_steps(backend: str) -> dict[str, float]:
+    """Wrap the commit's steps of `backend`'s store to add up their wall time in the returned dict."""
+    out: dict[str, float] = {}
+
+    def wrap(owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                out[label] = out.get(label, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    if backend == "postgres":
+        import store.postgres.panes as panes
+        import store.postgres.rows as rows
+
+        steps = [(panes, "plan_batch", "the plan"), (rows, "load", "rows' load (panes and tier rows)"),
+                 (rows, "save_rows", "rows' save (panes and tier rows)"), (rows, "copy_rows", "change records"),
+                 (panes, "_apply_deltas", "tier rows' load, merge and save"),
+                 (panes, "apply_bloom_commit", "Bloom bits"), (panes.tier_retention, "drop_expired", "tier retention"),
+                 (panes.PostgresPaneStore, "_prune", "retention, in all")]
+    else:
+        import store.sqlite as sqlite
+        import store.sqlite_tiers as sqlite_tiers
+
+        steps = [(sqlite, "plan_batch", "the plan"), (sqlite_tiers, "load_many", "rows' load (panes and tier rows)"),
+                 (sqlite_tiers, "save_rows", "rows' save (panes and tier rows)"),
+                 (sqlite_tiers, "apply_deltas", "tier rows' load, merge and save"),
+                 (sqlite.SqlitePaneStore, "_prune", "retention, in all")]
+    for owner, name, label in steps:
+        if hasattr(owner, name):
+            wrap(owner, name, label)
+    return out
+
+
+def run(made: list[tuple[list, int, int]], store) -> list[float]:
+    catalog = load_catalog(DEFAULT_STREAMS)
+    stream = catalog.stream(STREAM)
+    store.configure_tiers(catalog_layouts(catalog), now_ms=START_MS)
+    times = []
+    for batch_id, (partials, events, newest) in enumerate(made):
+        commit = BatchCommit("main", batch_id, partials, events, {STREAM: newest}, {}, batch_now_ms=newest)
+        started = time.perf_counter()
+        store.commit_batch(commit, lateness_ms={STREAM: stream.allowed_lateness}, now_ms=newest,
+                           retention_ms={STREAM: stream.retention})
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=20_000, help="events/s of event time")
+    parser.add_argument("--batch", type=int, default=7_000, help="events a micro-batch")
+    parser.add_argument("--seconds", type=float, default=60.0, help="seconds of events")
+    parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    backends = args.stores.split(",")
+
+    started = time.perf_counter()
+    made = batches(args.rate, args.batch, args.seconds)
+    partials = [len(p) for p, _, _ in made]
+    print(f"{len(made)} micro-batches of {args.batch:,} events ({args.rate:,} events/s, {args.seconds:.0f} s);"
+          f" pane partials a batch median {statistics.median(partials):,.0f}"
+          f" (made in {time.perf_counter() - started:.0f} s)", flush=True)
+    with ExitStack() as stack:
+        server = None
+        if "postgres" in backends:
+            from tests.postgres_server import PostgresServer
+
+            server = PostgresServer()
+            server.start()
+            stack.callback(server.stop)
+        steps = {backend: timed_steps(backend) for backend in dict.fromkeys(backends)}
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        for k in range(args.repeat):
+            for backend in backends:
+                steps[backend].clear()
+                if backend == "postgres":
+                    from store.postgres import PostgresPaneStore
+
+                    store = PostgresPaneStore(server.fresh_dsn(), pool_size=2)
+                else:
+                    store = SqlitePaneStore(folder / f"store{k}.db")
+                try:
+                    times = run(made, store)
+                finally:
+                    store.close()
+                ms = sorted(t * 1000 for t in times[len(made) // 10:])
+                print(f"{backend:>8}: commit median {statistics.median(ms):6.1f} ms, p90 {ms[int(len(ms) * 0.9)]:6.1f},"
+                      f" max {ms[-1]:6.1f}; total {sum(times):5.1f} s", flush=True)
+                for label, seconds in sorted(steps[backend].items(), key=lambda item: -item[1]):
+                    print(f"          {label:<40} {seconds:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
