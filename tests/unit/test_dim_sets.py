@@ -150,3 +150,26 @@ def test_combinations_past_an_index_entrys_size_are_numbered_once(store_backend)
     numbered = store_backend.tables(store, ("dim_sets",))["dim_sets"]  # the tiers' projections too
     assert len(numbered) == len({text for _, _, text in numbered}) and {dims_key(d) for d in combos} <= {
         text for _, _, text in numbered}
+
+
+def test_combinations_with_quotes_backslashes_and_braces_are_numbered_once(store_backend):
+    """PostgreSQL looks a batch's texts up as one text array sent in binary (store/dim_sets.py):
+    JSON texts full of quotes, and labels with backslashes, braces, commas and non-ASCII (what an
+    array literal in text format escapes), come back the same and keep their number batch after batch."""
+    from tests.unit.test_commit_bulk import PANE, _pane
+
+    combos = [{"a": 'say "hi", {x}', "b": "1"}, {"a": "back\\slash\\\\", "b": "NULL"}, {"a": "ünï ☃ {}", "b": ","},
+              {"a": "", "b": " "}]
+    store = store_backend.create()
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    for batch_id in range(3):  # the later batches find the first one's numbers
+        partials = [PanePartial("s", T0 + batch_id * PANE, T0 + (batch_id + 1) * PANE, dims,
+                                _pane(dims, [1.0], ["u1"])) for dims in combos]
+        store.commit_batch(BatchCommit("main", batch_id, partials, len(partials), {"s": T0 + batch_id * PANE}, {}),
+                           lateness_ms={"s": 0}, now_ms=T0)
+    panes = store.read_panes("s", -2**62, 2**62)
+    assert sorted(p.key.dims for p in panes) == sorted([dims_key(d) for d in combos] * 3)
+    numbered = store_backend.tables(store, ("dim_sets",))["dim_sets"]  # the tiers' projections too
+    texts = [text for _, _, text in numbered]
+    assert len(texts) == len(set(texts)) and {dims_key(d) for d in combos} <= set(texts)
+    assert all(r.data.count == 3 for r in store.read_tier("s", 600_000, "*", -2**62, 2**62, pane_ms=PANE))
