@@ -91,8 +91,7 @@ def timed_steps(backend: str) -> dict[str, float]:
         steps = [(panes, "plan_batch", "the plan"), (rows, "load", "rows' load (panes and tier rows)"),
                  (rows, "save_rows", "rows' save (panes and tier rows)"), (rows, "copy_rows", "change records"),
                  (panes, "_apply_deltas", "tier rows' load, merge and save"),
-                 (panes, "apply_bloom_commit", "Bloom bits"), (panes.tier_retention, "drop_expired", "tier retention"),
-                 (panes.PostgresPaneStore, "_prune", "retention, in all")]
+                 (panes, "apply_bloom_commit", "Bloom bits"), (panes, "_prune", "retention, in all")]
     else:
         import store.sqlite as sqlite
         import store.sqlite_tiers as sqlite_tiers
