@@ -142,11 +142,12 @@ def _fold_old_sketch_tables(conn: psycopg.Connection) -> None:
         conn.execute(f"DROP TABLE {sketch_table}")
 
 
-# The columns of the rows every commit rewrites (a batch's ~1 000 panes and as many tier rows, each
-# with a few kilobytes of sketches), compressed with lz4 rather than PostgreSQL's default pglz: the
-# upsert of a batch's tier rows took 5.4 s of a 20 s run compressing with pglz, 2.2 s with lz4
-# (bench.steady_commits, session 92); their loads decompress faster too.
-LZ4_COLUMNS = (("panes", "sketches"), ("tier_rows", "sketches"))
+# The columns of the rows every commit rewrites, compressed with lz4 rather than PostgreSQL's default
+# pglz (session 92): a batch's ~1 000 panes and as many tier rows, each with a few kilobytes of
+# sketches (the upsert of a batch's tier rows took 5.4 s of a 20 s run of bench.steady_commits with
+# pglz, 2.2 s with lz4), and the ~350 chunks of 4 KiB of the demo's first-seen and membership filters
+# (~200 ms a commit with pglz, 60-70 ms with lz4). Their loads decompress faster too.
+LZ4_COLUMNS = (("panes", "sketches"), ("tier_rows", "sketches"), ("bloom_chunks", "data"))
 
 
 def _compress_sketches_with_lz4(conn: psycopg.Connection) -> None:

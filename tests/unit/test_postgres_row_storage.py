@@ -1,6 +1,6 @@
-"""How the PostgreSQL store keeps the rows every commit rewrites (store/postgres/schema.py
-LZ4_COLUMNS): their sketches compressed with lz4, set when a store is opened; values a store
-wrote before with pglz read as they did, beside the new ones."""
+"""How the PostgreSQL store keeps what every commit rewrites (store/postgres/schema.py
+LZ4_COLUMNS: the panes' and tier rows' sketches, the Bloom filters' chunks): compressed with lz4,
+set when a store is opened; values a store wrote before with pglz read as they did, beside the new ones."""
 
 from __future__ import annotations
 
