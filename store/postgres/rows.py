@@ -94,10 +94,11 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
     columns = ", ".join(key_columns)
     staged = f"keys_{table}"
     copy_rows(conn, staged, key_columns, keys)
-    with conn.cursor() as cur:
-        # One round trip: the join, and the staged keys dropped (a second load in this transaction starts empty).
-        cur.execute(f"SELECT {columns}, count, stats, revision, sketches FROM {table} JOIN {staged} USING ({columns});"
-                    f" DELETE FROM {staged}")
+    # One round trip: the join, and the staged keys dropped (a second load in this transaction starts
+    # empty). Its rows in binary: the sketches as they are, where text would send each byte as two hex digits.
+    with conn.pipeline(), conn.cursor(binary=True) as cur:
+        cur.execute(f"SELECT {columns}, count, stats, revision, sketches FROM {table} JOIN {staged} USING ({columns})")
+        conn.execute(f"DELETE FROM {staged}")
         return {by_number[tuple(key)]: StoredPane(row_codec.load_data(count, stats, blob), revision)
                 for *key, count, stats, revision, blob in cur.fetchall()}
 
