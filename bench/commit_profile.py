@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.day_of_data import STREAM, demo_partials
+from bench.step_timer import wrap_timed
 from catalog import load_catalog
 from sketchboard.settings import DEFAULT_STREAMS
 from store import BatchCommit, SqlitePaneStore
@@ -96,18 +97,6 @@ def _timed_steps() -> dict[str, float]:
 
     out: dict[str, float] = {}
 
-    def wrap(owner, name: str, label: str) -> None:
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            start = time.process_time()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                out[label] = out.get(label, 0.0) + time.process_time() - start
-
-        setattr(owner, name, timed)
-
     for owner, name, label in [
         (sqlite, "pane_keys", "the partials' dimension texts"),
         (sqlite, "pane_rows", ". pane rows encoded"),
@@ -121,7 +110,7 @@ def _timed_steps() -> dict[str, float]:
         (sqlite.SqlitePaneStore, "_write_panes", "writing pane rows and changes"),
         (sqlite_tiers, "apply_deltas", "tier rows' merge and write"),
     ]:
-        wrap(owner, name, label)
+        wrap_timed(owner, name, label, out, time.process_time)
     return out
 
 

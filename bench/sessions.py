@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.cpu import tree_cpu_seconds
+from bench.step_timer import wrap_timed
 from bench.drain import drain_timed
 from bench.throughput import fill_log
 from catalog import Catalog, load_catalog
@@ -122,17 +123,7 @@ def part_timers(pipeline, store) -> Iterator[dict[str, float]]:
     restore: list[tuple[object, str, object]] = []
 
     def wrap(owner, attr: str, label: str) -> None:
-        fn = getattr(owner, attr)
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label] += time.perf_counter() - started
-
-        restore.append((owner, attr, fn))
-        setattr(owner, attr, timed)
+        restore.append((owner, attr, wrap_timed(owner, attr, label, spent)))
 
     sessions = pipeline.sessions
     if hasattr(pipeline_module, "bloom_and_runs"):

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.day_of_data import STREAM, pane_partial
+from bench.step_timer import wrap_timed
 from catalog import load_catalog
 from demo.plans import PLANS
 from demo.traffic import DemoTraffic
@@ -71,19 +72,6 @@ def batches(rate: int, batch: int, seconds: float, seed: int = 1) -> list[tuple[
 def timed_steps(backend: str) -> dict[str, float]:
     """Wrap the commit's steps of `backend`'s store to add up their wall time in the returned dict."""
     out: dict[str, float] = {}
-
-    def wrap(owner, name: str, label: str) -> None:
-        inner = getattr(owner, name)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                out[label] = out.get(label, 0.0) + time.perf_counter() - start
-
-        setattr(owner, name, timed)
-
     if backend == "postgres":
         import store.postgres.panes as panes
         import store.postgres.rows as rows
@@ -102,7 +90,7 @@ def timed_steps(backend: str) -> dict[str, float]:
                  (sqlite.SqlitePaneStore, "_prune", "retention, in all")]
     for owner, name, label in steps:
         if hasattr(owner, name):
-            wrap(owner, name, label)
+            wrap_timed(owner, name, label, out)
     return out
 
 

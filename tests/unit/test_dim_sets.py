@@ -13,7 +13,7 @@ from store import dims_migration
 from store.panes import dims_key
 from store.tables import TEXT_DIMS_TABLES, table_ddl
 from tests.tier_checks import assert_tiers_match_panes
-from tests.unit.test_commit_bulk import LAYOUT, T0, _partials
+from tests.unit.test_commit_bulk import LAYOUT, PANE, T0, _pane, _partials
 
 
 def to_text_dims(store, kind: str, tables=tuple(dims_migration.TABLES)) -> None:
@@ -129,8 +129,6 @@ def test_combinations_past_an_index_entrys_size_are_numbered_once(store_backend)
     replay. Indexed by a hash index there, it is numbered once and read back whole."""
     import random
 
-    from tests.unit.test_commit_bulk import PANE, _pane
-
     rng = random.Random(57)
     cjk = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(1024))  # ~3 072 bytes of UTF-8
     ascii_ = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789/") for _ in range(1024)) for _ in range(3)]
@@ -139,37 +137,32 @@ def test_combinations_past_an_index_entrys_size_are_numbered_once(store_backend)
     # A store of before held the unique index on the text: opening it again drops it on PostgreSQL.
     store.side_db().execute("CREATE UNIQUE INDEX IF NOT EXISTS dim_sets_by_text ON dim_sets (stream, dims)")
     store = store_backend.reopen(store)
+    _commit_numbered_once(store_backend, store, combos, batches=2)
+
+
+def _commit_numbered_once(store_backend, store, combos: list[dict], batches: int) -> None:
+    """A pane of each combination in each of `batches` batches (the later ones find the first
+    one's numbers): every pane reads back its combination, and each text is numbered once."""
     store.configure_tiers({"s": LAYOUT}, now_ms=T0)
-    for batch_id in range(2):  # the second batch finds the first one's numbers
+    for batch_id in range(batches):
         partials = [PanePartial("s", T0 + batch_id * PANE, T0 + (batch_id + 1) * PANE, dims,
                                 _pane(dims, [1.0], ["u1"])) for dims in combos]
         store.commit_batch(BatchCommit("main", batch_id, partials, len(partials), {"s": T0 + batch_id * PANE}, {}),
                            lateness_ms={"s": 0}, now_ms=T0)
     panes = store.read_panes("s", -2**62, 2**62)
-    assert sorted(p.key.dims for p in panes) == sorted([dims_key(d) for d in combos] * 2)
-    numbered = store_backend.tables(store, ("dim_sets",))["dim_sets"]  # the tiers' projections too
-    assert len(numbered) == len({text for _, _, text in numbered}) and {dims_key(d) for d in combos} <= {
-        text for _, _, text in numbered}
+    assert sorted(p.key.dims for p in panes) == sorted([dims_key(d) for d in combos] * batches)
+    texts = [text for _, _, text in store_backend.tables(store, ("dim_sets",))["dim_sets"]]  # the tiers' too
+    assert len(texts) == len(set(texts)) and {dims_key(d) for d in combos} <= set(texts)
 
 
 def test_combinations_with_quotes_backslashes_and_braces_are_numbered_once(store_backend):
     """PostgreSQL looks a batch's texts up as one text array sent in binary (store/dim_sets.py):
     JSON texts full of quotes, and labels with backslashes, braces, commas and non-ASCII (what an
     array literal in text format escapes), come back the same and keep their number batch after batch."""
-    from tests.unit.test_commit_bulk import PANE, _pane
-
     combos = [{"a": 'say "hi", {x}', "b": "1"}, {"a": "back\\slash\\\\", "b": "NULL"}, {"a": "ünï ☃ {}", "b": ","},
               {"a": "", "b": " "}]
     store = store_backend.create()
-    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
-    for batch_id in range(3):  # the later batches find the first one's numbers
-        partials = [PanePartial("s", T0 + batch_id * PANE, T0 + (batch_id + 1) * PANE, dims,
-                                _pane(dims, [1.0], ["u1"])) for dims in combos]
-        store.commit_batch(BatchCommit("main", batch_id, partials, len(partials), {"s": T0 + batch_id * PANE}, {}),
-                           lateness_ms={"s": 0}, now_ms=T0)
-    panes = store.read_panes("s", -2**62, 2**62)
-    assert sorted(p.key.dims for p in panes) == sorted([dims_key(d) for d in combos] * 3)
-    numbered = store_backend.tables(store, ("dim_sets",))["dim_sets"]  # the tiers' projections too
-    texts = [text for _, _, text in numbered]
-    assert len(texts) == len(set(texts)) and {dims_key(d) for d in combos} <= set(texts)
-    assert all(r.data.count == 3 for r in store.read_tier("s", 600_000, "*", -2**62, 2**62, pane_ms=PANE))
+    _commit_numbered_once(store_backend, store, combos, batches=3)
+    ten_minutes = store.read_tier("s", 600_000, "*", -2**62, 2**62, pane_ms=LAYOUT.pane_ms)
+    assert sorted(r.key.dims for r in ten_minutes) == sorted(dims_key(d) for d in combos)
+    assert all(r.data.count == 3 for r in ten_minutes)
