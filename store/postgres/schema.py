@@ -116,8 +116,8 @@ def ensure_schema(conn: psycopg.Connection, where: str) -> None:
         conn.execute(view_state.COMMITTED_AT_INDEX)
         order_keys_by_code_point(conn)
         _fold_old_sketch_tables(conn)
-        _compress_sketches_with_lz4(conn)
         _number_dims(conn)
+        _compress_sketches_with_lz4(conn)  # after the migrations, which may make the tables anew
         conn.execute("INSERT INTO store_meta (key, value) VALUES ('schema_version', %s)"
                      " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 
