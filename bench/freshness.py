@@ -60,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -445,9 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     env = {"SKETCHBOARD_TRIGGER_INTERVAL": args.trigger} if args.trigger else {}
     if args.driver_rows is not None:
         env["SKETCHBOARD_DRIVER_BATCH_ROWS"] = str(args.driver_rows)
-    with (nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="sketchboard-freshness-")) as tmp:
+    with ExitStack() as stack:  # what it started, stopped in reverse order: the service, the database, the broker
+        tmp = (str(args.keep) if args.keep
+               else stack.enter_context(tempfile.TemporaryDirectory(prefix="sketchboard-freshness-")))
         Path(tmp).mkdir(parents=True, exist_ok=True)
-        broker = None
         if args.log == "kafka":
             bootstrap = args.kafka_bootstrap
             if bootstrap is None:
@@ -455,51 +456,39 @@ def main(argv: list[str] | None = None) -> int:
 
                 broker = KafkaBroker(Path(tmp) / "broker", heap="1g")
                 broker.start()
+                stack.callback(broker.stop)
                 bootstrap = broker.bootstrap
             env.update({"SKETCHBOARD_LOG_BACKEND": "kafka", "SKETCHBOARD_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                         "SKETCHBOARD_KAFKA_REPLICATION_FACTOR": "1",
                         "SKETCHBOARD_KAFKA_TOPIC_PREFIX": f"fresh{int(time.time())}."})
-        server = None
         if args.store == "postgres":
             from tests.postgres_server import PostgresServer
 
             server = PostgresServer()
             server.start()
+            stack.callback(server.stop)
             env.update({"SKETCHBOARD_STORE_BACKEND": "postgres", "SKETCHBOARD_POSTGRES_DSN": server.dsn()})
         if args.aged_days:
             age_store(Path(tmp) / "data", args.aged_days, args.aged_events)
-        try:
-            service = Service(Path(tmp), env)
-        except BaseException:
-            if broker is not None:
-                broker.stop()
-            if server is not None:
-                server.stop()
-            raise
-        try:
-            print(f"service on {service.base}; warming the pipeline up", flush=True)
-            traffic = DemoTraffic(load_catalog(DEFAULT_CONFIG))
-            tables = load_tables(service) if args.mix or args.tables else None
-            # --warmup batches before the run: the first is the JVM's; a small batch's first on the
-            # driver path builds the catalog's expressions once (~1-2 s on a loaded machine).
-            for _ in range(args.warmup):
-                httpx.post(f"{service.base}/api/v1/events", params={"stream": STREAM},
-                           json=traffic.generate_stream(STREAM, 100), timeout=10)
-                service.wait_pipeline()
-            freshness(service, args, tables)
-            if not args.skip_ramp:
-                producer = Producer(service.base, args.ramp_rate, min(args.batch, 500), 1)
-                producer.start()
-                try:
-                    asyncio.run(ramp(service, args))
-                finally:
-                    producer.stop()
-        finally:
-            service.stop()
-            if broker is not None:
-                broker.stop()
-            if server is not None:
-                server.stop()
+        service = Service(Path(tmp), env)
+        stack.callback(service.stop)
+        print(f"service on {service.base}; warming the pipeline up", flush=True)
+        traffic = DemoTraffic(load_catalog(DEFAULT_CONFIG))
+        tables = load_tables(service) if args.mix or args.tables else None
+        # --warmup batches before the run: the first is the JVM's; a small batch's first on the
+        # driver path builds the catalog's expressions once (~1-2 s on a loaded machine).
+        for _ in range(args.warmup):
+            httpx.post(f"{service.base}/api/v1/events", params={"stream": STREAM},
+                       json=traffic.generate_stream(STREAM, 100), timeout=10)
+            service.wait_pipeline()
+        freshness(service, args, tables)
+        if not args.skip_ramp:
+            producer = Producer(service.base, args.ramp_rate, min(args.batch, 500), 1)
+            producer.start()
+            try:
+                asyncio.run(ramp(service, args))
+            finally:
+                producer.stop()
     return 0
 
 

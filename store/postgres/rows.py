@@ -33,10 +33,9 @@ _ROW = ("end_ms", "count", "stats", "revision", "updated_at_ms", "last_batch", "
 # goes in binary, where each value must come in its column's own type. In text format every byte of
 # a batch's sketches went as two hex digits, parsed back by the server: a commit's COPY of its ~1 000
 # tier rows took ~90 ms (bench.steady_commits, session 92), ~60 ms in binary.
-_COPY_TYPES = {"stream": "text", "proj": "text", "stats": "text", "sketches": "bytea",
-               **{c: "int8" for c in ("start_ms", "dims_id", "granule_ms", "end_ms", "count", "revision",
-                                      "updated_at_ms", "last_batch", "batch_id", "count_added", "at_ms",
-                                      "correction_id")}}
+_COPY_TYPES = {**_TYPES, "stats": "text", "sketches": "bytea",
+               **{c: "bigint" for c in ("end_ms", "count", "revision", "updated_at_ms", "last_batch", "batch_id",
+                                        "count_added", "at_ms", "correction_id")}}
 
 
 def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> None:

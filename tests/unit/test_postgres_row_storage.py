@@ -13,6 +13,7 @@ from store import BatchCommit, PanePartial
 from store.postgres import PostgresPaneStore
 from store.postgres.schema import LZ4_COLUMNS
 from tests.unit.test_commit_bulk import LAYOUT, PANE, T0, _pane
+from tests.unit.test_dim_sets import _everything  # panes, tier rows, sums, newest panes, change feed
 
 pytestmark = pytest.mark.postgres
 
@@ -44,16 +45,9 @@ def _commit(store, batch_id: int) -> None:
                                    {"s": T0 + batch_id * PANE}, {}), lateness_ms={"s": 0}, now_ms=T0)
 
 
-def _everything(store) -> tuple:
-    panes = store.read_panes("s", -2**62, 2**62, value_field="v", distinct_field="u", with_sketches=True)
-    tiers = [store.read_tier("s", t.granule_ms, t.proj, -2**62, 2**62, value_field="v", distinct_field="u",
-                             with_sketches=True, pane_ms=LAYOUT.pane_ms) for t in LAYOUT.tiers()]
-    return sorted(panes, key=repr), [sorted(rows, key=repr) for rows in tiers]
-
-
 def _exact(store) -> list:
-    """_everything's rows without their KLLs, which a merge that compacts draws at random."""
-    panes, tiers = _everything(store)
+    """The panes and tier rows without their KLLs, which a merge that compacts draws at random."""
+    panes, tiers = _everything(store)[:2]
     return [(p.key, p.end_ms, p.data.count, {f: (v.n, v.sum, v.min, v.max) for f, v in p.data.values.items()},
              p.data.distincts) for p in [*panes, *(row for rows in tiers for row in rows)]]
 
