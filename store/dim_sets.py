@@ -7,12 +7,15 @@ Numbers are per stream, 1, 2, ... in the order combinations first come, given ou
 commit's transaction (commits are serialized by the backends, so the highest number read is
 still the highest when the new ones are written). Per stream because a switch (store/switch.py)
 moves a stream's rows between namespaces wholesale: its dim_sets rows go with them, so the
-numbers keep their meaning there. Nothing is cached across transactions: a switch may give a
-stream another numbering. Readers join dim_sets to get the text back."""
+numbers keep their meaning there. Nothing is kept across transactions (a switch may give a
+stream another numbering); within a batch's commit (`kept`), a text is looked up once, though the
+commit numbers its texts twice per table, to load the rows it merges into and to save them.
+Readers join dim_sets to get the text back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 CHUNK = 500  # texts per lookup: under SQLite's 999 bound variables of old builds
 # PostgreSQL's B-tree entries hold at most ~2 700 bytes, and a combination's text can be longer
@@ -30,17 +33,31 @@ _BY_ARRAY = ("SELECT d.dims, d.id FROM unnest(%b::text[]) AS w(dims)"
              " JOIN dim_sets d ON d.stream = %s AND d.dims = w.dims")
 
 
+# id(connection) -> stream -> text -> number, for the connections inside `kept` (by id: SQLite's
+# connections take no weak references, and each entry goes when its `kept` ends).
+_KEPT: dict[int, dict[str, dict[str, int]]] = {}
+
+
+@contextmanager
+def kept(connection) -> Iterator[None]:
+    """Within: the numbers `ids` reads or gives out on `connection` (or a cursor of it) are kept and
+    not looked up again. Around one transaction at most, with no savepoint rolled back inside it
+    (a number given out there would be kept after the row that holds it is gone): a commit's."""
+    _KEPT[id(connection)] = {}
+    try:
+        yield
+    finally:
+        del _KEPT[id(connection)]
+
+
 def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
     """The numbers of these dimension texts in `stream`, new ones given out (and written)."""
-    wanted = list(dict.fromkeys(texts))
-    found: dict[str, int] = {}
-    if p == "%s":  # psycopg's placeholder: PostgreSQL
-        lookups = [(_BY_ARRAY, (wanted, stream))] if wanted else []
-    else:
-        lookups = [(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN ({', '.join([p] * len(chunk))})",
-                    (stream, *chunk)) for chunk in (wanted[i:i + CHUNK] for i in range(0, len(wanted), CHUNK))]
-    for sql, args in lookups:
-        found.update(cursor.execute(sql, args).fetchall())
+    kept_by_stream = _KEPT.get(id(getattr(cursor, "connection", cursor)))  # a cursor's, or the connection itself
+    known = {} if kept_by_stream is None else kept_by_stream.setdefault(stream, {})
+    unique = dict.fromkeys(texts)
+    found = {text: known[text] for text in unique if text in known}
+    wanted = [text for text in unique if text not in found]
+    found.update(_stored(cursor, p, stream, wanted))
     missing = [text for text in wanted if text not in found]
     if missing:
         top = cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM dim_sets WHERE stream = {p}", (stream,)).fetchone()[0]
@@ -48,7 +65,18 @@ def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
         cursor.executemany(f"INSERT INTO dim_sets (stream, id, dims) VALUES ({p}, {p}, {p})",
                            [(stream, number, text) for text, number in new.items()])
         found.update(new)
+    known.update(found)
     return found
+
+
+def _stored(cursor, p: str, stream: str, texts: list[str]) -> dict[str, int]:
+    """The numbers `stream` has for these texts (absent: none yet), read from dim_sets."""
+    if p == "%s":  # psycopg's placeholder: PostgreSQL
+        lookups = [(_BY_ARRAY, (texts, stream))] if texts else []
+    else:
+        lookups = [(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN ({', '.join([p] * len(chunk))})",
+                    (stream, *chunk)) for chunk in (texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK))]
+    return {text: number for sql, args in lookups for text, number in cursor.execute(sql, args).fetchall()}
 
 
 def numbered(cursor, p: str, keys: Iterable[tuple]) -> dict[tuple, tuple]:

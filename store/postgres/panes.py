@@ -116,7 +116,7 @@ class PostgresPaneStore(PaneStore):
         # store/gc_pause.py: the collector is about half a backfill commit's CPU otherwise.
         with paused_gc(), self._pool.connection() as conn:
             rows.ensure_staging(conn)  # before the transaction: a rollback does not take them away
-            with conn.transaction():
+            with conn.transaction(), dim_sets.kept(conn):  # each dimension text looked up once
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMMIT_LOCK,))
                 if conn.execute("SELECT 1 FROM batches WHERE pipeline = %s AND batch_id = %s",
                                 (commit.pipeline, commit.batch_id)).fetchone():
