@@ -364,6 +364,18 @@ def test_counting_the_panes_leaves_the_sqlite_stores_connection_to_the_queries(t
     gone.close()
 
 
+def test_the_sqlite_stores_connection_caches_a_live_batchs_pages(tmp_path) -> None:
+    """The connection commits write through keeps PAGE_CACHE_KIB of pages, not SQLite's 2 000 KiB:
+    a live batch's ~1 000 panes and tier rows outgrew that, and were read again between the load and
+    the save (store/sqlite.py)."""
+    from store.sqlite import PAGE_CACHE_KIB
+
+    store = SqlitePaneStore(tmp_path / "store.db", synchronous="OFF")
+    assert store._conn.execute("PRAGMA cache_size").fetchone()[0] == -PAGE_CACHE_KIB
+    assert PAGE_CACHE_KIB >= 16 * 1024
+    store.close()
+
+
 def test_corrections_since_a_decision_are_counted_from_the_index(tmp_path) -> None:
     """An alert's `corrections_since` counts a window's corrections published after its decision
     (PaneStore.count_corrections): from the index by pane and time alone, not from the rows with
