@@ -1,7 +1,7 @@
 """Micro-batch commits at a steady rate into a store, SQLite or PostgreSQL, each step timed (issue 28's
 freshness: the commit is most of a batch, and on PostgreSQL several times SQLite's).
 
-    python -m bench.steady_commits [--rate 20000] [--batch 7000] [--seconds 60] [--stores sqlite,postgres]
+    python -m bench.steady_commits [--rate 20000] [--batch 7000] [--seconds 60] [--stores sqlite,postgres] [--mix]
 
 Demo `http_requests` events (demo/traffic.py, seeded) stamped in order at `--rate` events/s,
 enriched as the demo's tables enrich them (each user's plan and country from demo/users.py, the
@@ -12,6 +12,13 @@ plan's tier from demo/plans.py: seven dimensions, ~1 000 combinations a batch), 
 shipped tiers, the pipeline's clock at each batch's newest event; PostgreSQL is a throwaway local
 server started as the tests start theirs (tests/postgres_server.py: no fsync, so the figures are
 the commit's work, not the disk's).
+
+`--mix` adds, to each batch, the demo's other streams drawn for its requests as `make run` draws
+them (DemoTraffic.generate: ~0.25 mobile_app screen views a request, 0.05 searches, clicks on them,
+0.02 orders; a batch of the 15 000 requests/s freshness run with `--mix`: ~12 000 events). Their
+events are stamped over the batch's time like the requests: their own panes and tier rows, not the
+offline backlogs' corrections of older panes, nor the Bloom filters, sessions and enrichment
+versions a live batch commits too.
 
 Prints per run the commit's median / p90 / max past the first tenth of the batches (a steady
 state) and their total, then the wall time of each of the commit's steps summed over the run
@@ -43,8 +50,9 @@ from store.tiers import catalog_layouts
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000 + 600_000  # ten minutes into an hour
 
 
-def batches(rate: int, batch: int, seconds: float, seed: int = 1) -> list[tuple[list, int, int]]:
-    """(pane partials, events, newest event time) per micro-batch."""
+def batches(rate: int, batch: int, seconds: float, seed: int = 1, mix: bool = False) -> list[tuple[list, int, int]]:
+    """(pane partials, events, newest event time) per micro-batch; `rate` and `batch` count the
+    requests, `mix` adds the other streams' events."""
     catalog = load_catalog(DEFAULT_STREAMS)
     stream = catalog.stream(STREAM)
     clock_s = [START_MS / 1000]
@@ -64,9 +72,23 @@ def batches(rate: int, batch: int, seconds: float, seed: int = 1) -> list[tuple[
                      "tier": PLANS[plan][0] if plan else ""}
             dims = tuple(str(event.get(d, "")) for d in stream.dimensions)
             groups[(t - t % stream.pane, dims)].append(event)
-        out.append(([pane_partial(stream, start, dims, group) for (start, dims), group in groups.items()], n,
-                    int(times[-1])))
+        partials = [pane_partial(stream, start, dims, group) for (start, dims), group in groups.items()]
+        if mix:
+            for name, events in traffic.generate(n, skip={STREAM}).items():
+                partials.extend(_stamped_partials(catalog.stream(name), events, times))
+                n += len(events)
+        out.append((partials, n, int(times[-1])))
     return out
+
+
+def _stamped_partials(stream, events: list[dict], times: np.ndarray) -> list:
+    """`events` of another stream stamped evenly over the batch's request times, as pane partials."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    if not events:
+        return []
+    for event, t in zip(events, times[np.linspace(0, len(times) - 1, len(events)).astype(int)].tolist()):
+        groups[(t - t % stream.pane, tuple(str(event.get(d, "")) for d in stream.dimensions))].append(event)
+    return [pane_partial(stream, start, dims, group) for (start, dims), group in groups.items()]
 
 
 def timed_steps(backend: str) -> dict[str, float]:
@@ -96,14 +118,15 @@ def timed_steps(backend: str) -> dict[str, float]:
 
 def run(made: list[tuple[list, int, int]], store) -> list[float]:
     catalog = load_catalog(DEFAULT_STREAMS)
-    stream = catalog.stream(STREAM)
     store.configure_tiers(catalog_layouts(catalog), now_ms=START_MS)
     times = []
     for batch_id, (partials, events, newest) in enumerate(made):
-        commit = BatchCommit("main", batch_id, partials, events, {STREAM: newest}, {}, batch_now_ms=newest)
+        streams = [catalog.stream(name) for name in dict.fromkeys(p.stream for p in partials)]
+        commit = BatchCommit("main", batch_id, partials, events, {s.name: newest for s in streams}, {},
+                             batch_now_ms=newest)
         started = time.perf_counter()
-        store.commit_batch(commit, lateness_ms={STREAM: stream.allowed_lateness}, now_ms=newest,
-                           retention_ms={STREAM: stream.retention})
+        store.commit_batch(commit, lateness_ms={s.name: s.allowed_lateness for s in streams}, now_ms=newest,
+                           retention_ms={s.name: s.retention for s in streams})
         times.append(time.perf_counter() - started)
     return times
 
@@ -115,13 +138,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds of events")
     parser.add_argument("--stores", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--mix", action="store_true", help="the demo's other streams beside the requests")
     args = parser.parse_args()
     backends = args.stores.split(",")
 
     started = time.perf_counter()
-    made = batches(args.rate, args.batch, args.seconds)
+    made = batches(args.rate, args.batch, args.seconds, mix=args.mix)
     partials = [len(p) for p, _, _ in made]
-    print(f"{len(made)} micro-batches of {args.batch:,} events ({args.rate:,} events/s, {args.seconds:.0f} s);"
+    print(f"{len(made)} micro-batches of {args.batch:,} requests ({args.rate:,} a second, {args.seconds:.0f} s)"
+          f"{f', {statistics.median(n for _, n, _ in made):,.0f} events in all' if args.mix else ''};"
           f" pane partials a batch median {statistics.median(partials):,.0f}"
           f" (made in {time.perf_counter() - started:.0f} s)", flush=True)
     with ExitStack() as stack:
