@@ -95,7 +95,7 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
     """The stored rows (with all their sketches) among `keys` (the dimensions' text last);
     missing keys are absent."""
     with conn.cursor() as cur:
-        keys = in_stored_spans(cur, "%s", table, key_columns, keys)  # none, for a backfill into new time
+        keys = in_stored_spans(cur, "%s", table, key_columns, keys, _TYPES)  # none, for a backfill into new time
     if not keys:
         return {}
     ensure_staging(conn)

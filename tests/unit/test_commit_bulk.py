@@ -11,7 +11,7 @@ import sqlite3
 from collections import defaultdict
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sketches import HllSketch, KllSketch
@@ -210,19 +210,38 @@ def test_a_file_with_the_old_rowid_sketch_tables_still_commits_and_reads(tmp_pat
     store.close()
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.fixture
+def spans_table(store_backend):
+    """A table t keyed like the panes on the backend's database, and how to call in_stored_spans
+    there (PostgreSQL's probes go in one statement, with the key columns' types: store/postgres/rows.py)."""
+    store = store_backend.create()
+    if store_backend.kind == "postgres":
+        import psycopg
+
+        from store.postgres.rows import _TYPES
+
+        conn = psycopg.connect(store.dsn, autocommit=True)
+        placeholder, types = "%s", _TYPES
+    else:
+        conn, placeholder, types = sqlite3.connect(":memory:"), "?", None
+    conn.execute("CREATE TABLE t (stream TEXT, start_ms BIGINT, dims_id BIGINT, PRIMARY KEY (stream, start_ms, dims_id))")
+    yield conn, placeholder, types
+    conn.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from("st"), st.integers(0, 40)), max_size=25, unique=True),
        st.lists(st.tuples(st.sampled_from("stu"), st.integers(0, 40)), max_size=25))
-def test_the_keys_that_may_be_stored_hold_every_stored_one_in_order(stored, asked):
+def test_the_keys_that_may_be_stored_hold_every_stored_one_in_order(spans_table, stored, asked):
     # Whatever is stored and asked: every asked key that is stored is kept, in the keys' order,
     # and none outside the stored rows' first and last start within the asked span per stream.
     from store.stored_spans import in_stored_spans
 
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE t (stream TEXT, start_ms INTEGER, dims_id INTEGER, PRIMARY KEY (stream, start_ms, dims_id))")
-    conn.executemany("INSERT INTO t VALUES (?, ?, 0)", stored)
+    conn, p, types = spans_table
+    conn.execute("DELETE FROM t")
+    conn.cursor().executemany(f"INSERT INTO t VALUES ({p}, {p}, 0)", stored)
     keys = [(s, start, 0) for s, start in asked]
-    kept = in_stored_spans(conn.cursor(), "?", "t", ("stream", "start_ms", "dims_id"), keys)
+    kept = in_stored_spans(conn.cursor(), p, "t", ("stream", "start_ms", "dims_id"), keys, types)
     assert [k for k in keys if k in kept] == kept  # a subsequence, in order
     assert {k for k in keys if k[:2] in set(stored)} <= set(kept)
     for s in "stu":
