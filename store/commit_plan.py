@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -377,6 +377,26 @@ def tier_row_after(stored: StoredPane | None, delta: TierDelta) -> StoredPane:
     if stored is None:
         return StoredPane(delta.data, delta.revision)
     return StoredPane(stored.data.merge(delta.data), max(stored.revision, delta.revision))
+
+
+def tier_row_keys(deltas: Mapping[str, Mapping[TierKey, TierDelta]]) -> dict[tuple[str, TierKey], tuple]:
+    """Every stream's tier deltas -> their rows' keys as the stores take them (stream, granule,
+    projection, start, dimensions' text): one load and one save for all the streams of a batch,
+    not a round of statements per stream (six streams in the demo)."""
+    return {(stream, key): (stream, key.granule_ms, key.proj, key.start_ms, key.dims)
+            for stream, by_key in deltas.items() for key in by_key}
+
+
+def merged_tier_rows(deltas: Mapping[str, Mapping[TierKey, TierDelta]], keys: Mapping[tuple[str, TierKey], tuple],
+                     stored: Mapping[tuple, StoredPane]) -> Iterator[tuple[tuple, int, PaneData, int]]:
+    """The tier rows a batch writes, stream by stream: each delta merged into its `stored` row
+    (by its key in `keys`: tier_row_keys), as the stores' save takes them (key, end, data,
+    revision). A generator: a backfill's rows are encoded one by one, not all held merged."""
+    for stream, by_key in deltas.items():
+        for key, delta in by_key.items():
+            row_key = keys[(stream, key)]
+            row = tier_row_after(stored.get(row_key), delta)
+            yield row_key, key.start_ms + key.granule_ms, row.data, row.revision
 
 
 def retention_horizons(batch_now_ms: int | None, retention_ms: Mapping[str, int]) -> dict[str, int]:

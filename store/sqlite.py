@@ -170,8 +170,8 @@ class SqlitePaneStore(PaneStore):
                           now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys)
         first_seq, last_seq = self._write_panes(commit, plan, now_ms)
         # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
-        for stream, deltas in plan.tier_deltas.items():
-            sqlite_tiers.apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+        if plan.tier_deltas:
+            sqlite_tiers.apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
         self._write_dead_letters(commit, plan, now_ms)
         self._write_progress(commit, plan)
         if commit.bloom is not None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from store import dim_sets, dims_migration, row_codec
 from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt_rows_to_save,
-                               tier_row_after, tiers_kept_by_rebuild)
+                               merged_tier_rows, tier_row_keys, tiers_kept_by_rebuild)
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.stored_spans import in_stored_spans
@@ -57,16 +57,13 @@ def stored_layouts(conn: sqlite3.Connection) -> dict[str, TierLayout]:
     return {stream: TierLayout.from_json(text) for stream, text in conn.execute("SELECT stream, layout FROM tier_layouts")}
 
 
-def apply_deltas(conn: sqlite3.Connection, stream: str, deltas: Mapping[TierKey, TierDelta], now_ms: int,
+def apply_deltas(conn: sqlite3.Connection, deltas: Mapping[str, Mapping[TierKey, TierDelta]], now_ms: int,
                  batch_id: int) -> None:
-    """Merge each delta into its stored tier row (creating it when new): one bulk load of the
-    rows that exist, one bulk save."""
-    keys = {key: (stream, key.granule_ms, key.proj, key.start_ms, key.dims) for key in deltas}
+    """Merge each stream's deltas into their stored tier rows (creating those that are new): one
+    bulk load of the rows that exist, one bulk save, for every stream."""
+    keys = tier_row_keys(deltas)
     stored = load_many(conn, "tier_rows", TIER_KEY, list(keys.values()))
-    after = ((key, tier_row_after(stored.get(keys[key]), delta)) for key, delta in deltas.items())
-    save_many(conn, "tier_rows", TIER_KEY,
-              ((keys[key], key.start_ms + key.granule_ms, row.data, row.revision) for key, row in after),
-              now_ms, batch_id)
+    save_many(conn, "tier_rows", TIER_KEY, merged_tier_rows(deltas, keys, stored), now_ms, batch_id)
 
 
 def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,

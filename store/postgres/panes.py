@@ -50,6 +50,7 @@ from store.commit_plan import (
     StreamState,
     bloom_horizons,
     change_feed_horizon,
+    merged_tier_rows,
     pane_ids,
     pane_keys,
     pane_rows,
@@ -58,7 +59,7 @@ from store.commit_plan import (
     rebuilt_rows,
     rebuilt_rows_to_save,
     retention_horizons,
-    tier_row_after,
+    tier_row_keys,
     tiers_kept_by_rebuild,
     with_removed_streams,
 )
@@ -170,8 +171,8 @@ class PostgresPaneStore(PaneStore):
                 # back after this (a lock timeout, a refused value) leaves a gap before the next batch's.
                 last_seq = cur.execute("SELECT currval(pg_get_serial_sequence('changes', 'seq'))").fetchone()[0]
                 first_seq = last_seq - len(changes) + 1
-            for stream, deltas in plan.tier_deltas.items():
-                _apply_deltas(conn, stream, deltas, now_ms, commit.batch_id)
+            if plan.tier_deltas:
+                _apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
             if plan.dead_counts:
                 cur.executemany(
                     "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (%s, %s, %s)"
@@ -576,15 +577,13 @@ def _prune(conn: psycopg.Connection, commit: BatchCommit, retention_ms: Mapping[
                 tier_retention.drop_expired(conn, "%s", stream, layout, commit.batch_now_ms)
 
 
-def _apply_deltas(conn: psycopg.Connection, stream: str, deltas: Mapping[TierKey, TierDelta], now_ms: int,
+def _apply_deltas(conn: psycopg.Connection, deltas: Mapping[str, Mapping[TierKey, TierDelta]], now_ms: int,
                   batch_id: int) -> None:
-    """Merge each delta into its stored tier row (creating it when new): one load, one save."""
-    keys = {key: (stream, key.granule_ms, key.proj, key.start_ms, key.dims) for key in deltas}
+    """Merge each stream's deltas into their stored tier rows (creating those that are new): one
+    load, one save, for every stream."""
+    keys = tier_row_keys(deltas)
     stored = rows.load(conn, "tier_rows", rows.TIER_KEY, list(keys.values()))
-    after = {key: tier_row_after(stored.get(keys[key]), delta) for key, delta in deltas.items()}
-    rows.save(conn, "tier_rows", rows.TIER_KEY,
-              [(keys[key], key.start_ms + key.granule_ms, row.data, row.revision) for key, row in after.items()],
-              now_ms, batch_id)
+    rows.save(conn, "tier_rows", rows.TIER_KEY, merged_tier_rows(deltas, keys, stored), now_ms, batch_id)
 
 
 def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, now_ms: int,
