@@ -14,7 +14,7 @@ Readers join dim_sets to get the text back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 CHUNK = 500  # texts per lookup: under SQLite's 999 bound variables of old builds
@@ -25,12 +25,13 @@ CHUNK = 500  # texts per lookup: under SQLite's 999 bound variables of old build
 # table small enough to scan: md5 of every row).
 
 
-# PostgreSQL: the texts as one array parameter sent in binary (%b), joined to the table. As an IN
+# PostgreSQL: the streams and texts as two array parameters sent in binary (%b), joined to the
+# table, every stream of a batch in one statement (the demo's six streams took one each). As an IN
 # list of parameters (SQLite's way) each lookup of a batch's ~1 000 texts was ~20 ms of a commit
 # (one statement per count of texts, planned each time); as a text array in text format, psycopg
 # escapes every quote of every JSON text in Python (~30 ms); in binary, 2-3 ms.
-_BY_ARRAY = ("SELECT d.dims, d.id FROM unnest(%b::text[]) AS w(dims)"
-             " JOIN dim_sets d ON d.stream = %s AND d.dims = w.dims")
+_BY_ARRAY = ("SELECT d.stream, d.dims, d.id FROM unnest(%b::text[], %b::text[]) AS w(stream, dims)"
+             " JOIN dim_sets d ON d.stream = w.stream AND d.dims = w.dims")
 
 
 # id(connection) -> stream -> text -> number, for the connections inside `kept` (by id: SQLite's
@@ -50,33 +51,43 @@ def kept(connection) -> Iterator[None]:
         del _KEPT[id(connection)]
 
 
-def ids(cursor, p: str, stream: str, texts: Iterable[str]) -> dict[str, int]:
-    """The numbers of these dimension texts in `stream`, new ones given out (and written)."""
+def ids(cursor, p: str, texts: Mapping[str, Iterable[str]]) -> dict[str, dict[str, int]]:
+    """Per stream, the numbers of these dimension texts, new ones given out (and written)."""
     kept_by_stream = _KEPT.get(id(getattr(cursor, "connection", cursor)))  # a cursor's, or the connection itself
-    known = {} if kept_by_stream is None else kept_by_stream.setdefault(stream, {})
-    unique = dict.fromkeys(texts)
-    found = {text: known[text] for text in unique if text in known}
-    wanted = [text for text in unique if text not in found]
-    found.update(_stored(cursor, p, stream, wanted))
-    missing = [text for text in wanted if text not in found]
-    if missing:
-        top = cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM dim_sets WHERE stream = {p}", (stream,)).fetchone()[0]
-        new = {text: int(top) + 1 + i for i, text in enumerate(missing)}
-        cursor.executemany(f"INSERT INTO dim_sets (stream, id, dims) VALUES ({p}, {p}, {p})",
-                           [(stream, number, text) for text, number in new.items()])
-        found.update(new)
-    known.update(found)
+    found: dict[str, dict[str, int]] = {}
+    wanted: dict[str, list[str]] = {}
+    for stream, of_stream in texts.items():
+        known = {} if kept_by_stream is None else kept_by_stream.get(stream, {})
+        unique = dict.fromkeys(of_stream)
+        found[stream] = {text: known[text] for text in unique if text in known}
+        wanted[stream] = [text for text in unique if text not in found[stream]]
+    for stream, text, number in _stored(cursor, p, wanted):
+        found[stream][text] = number
+    for stream, of_stream in wanted.items():
+        missing = [text for text in of_stream if text not in found[stream]]
+        if missing:
+            top = cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM dim_sets WHERE stream = {p}",
+                                 (stream,)).fetchone()[0]
+            new = {text: int(top) + 1 + i for i, text in enumerate(missing)}
+            cursor.executemany(f"INSERT INTO dim_sets (stream, id, dims) VALUES ({p}, {p}, {p})",
+                               [(stream, number, text) for text, number in new.items()])
+            found[stream].update(new)
+        if kept_by_stream is not None:
+            kept_by_stream.setdefault(stream, {}).update(found[stream])
     return found
 
 
-def _stored(cursor, p: str, stream: str, texts: list[str]) -> dict[str, int]:
-    """The numbers `stream` has for these texts (absent: none yet), read from dim_sets."""
+def _stored(cursor, p: str, texts: Mapping[str, list[str]]) -> list[tuple[str, str, int]]:
+    """(stream, text, number) of those of these texts each stream has numbered, read from dim_sets."""
     if p == "%s":  # psycopg's placeholder: PostgreSQL
-        lookups = [(_BY_ARRAY, (texts, stream))] if texts else []
-    else:
-        lookups = [(f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN ({', '.join([p] * len(chunk))})",
-                    (stream, *chunk)) for chunk in (texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK))]
-    return {text: number for sql, args in lookups for text, number in cursor.execute(sql, args).fetchall()}
+        streams = [stream for stream, of_stream in texts.items() for _ in of_stream]
+        wanted = [text for of_stream in texts.values() for text in of_stream]
+        return cursor.execute(_BY_ARRAY, (streams, wanted)).fetchall() if wanted else []
+    return [(stream, text, number) for stream, of_stream in texts.items()
+            for chunk in (of_stream[i:i + CHUNK] for i in range(0, len(of_stream), CHUNK))
+            for text, number in cursor.execute(
+                f"SELECT dims, id FROM dim_sets WHERE stream = {p} AND dims IN ({', '.join([p] * len(chunk))})",
+                (stream, *chunk)).fetchall()]
 
 
 def numbered(cursor, p: str, keys: Iterable[tuple]) -> dict[tuple, tuple]:
@@ -85,7 +96,7 @@ def numbered(cursor, p: str, keys: Iterable[tuple]) -> dict[tuple, tuple]:
     texts: dict[str, list[str]] = {}
     for key in keys:
         texts.setdefault(key[0], []).append(key[-1])
-    by_stream = {stream: ids(cursor, p, stream, found) for stream, found in texts.items()}
+    by_stream = ids(cursor, p, texts)
     return {key: (*key[:-1], by_stream[key[0]][key[-1]]) for key in keys}
 
 
