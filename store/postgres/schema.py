@@ -146,8 +146,11 @@ def _fold_old_sketch_tables(conn: psycopg.Connection) -> None:
 # pglz (session 92): a batch's ~1 000 panes and as many tier rows, each with a few kilobytes of
 # sketches (the upsert of a batch's tier rows took 5.4 s of a 20 s run of bench.steady_commits with
 # pglz, 2.2 s with lz4), and the ~350 chunks of 4 KiB of the demo's first-seen and membership filters
-# (~200 ms a commit with pglz, 60-70 ms with lz4). Their loads decompress faster too.
-LZ4_COLUMNS = (("panes", "sketches"), ("tier_rows", "sketches"), ("bloom_chunks", "data"))
+# (~200 ms a commit with pglz, 60-70 ms with lz4), and the open sessions' buckets, an Arrow body of
+# ~24 KB each, most of them rewritten by every commit of the demo's traffic (the upsert of 80 of them
+# 51 ms with pglz, 10 ms with lz4; session 93). Their loads decompress faster too. Every BYTEA column
+# of the store is one of these.
+LZ4_COLUMNS = (("panes", "sketches"), ("tier_rows", "sketches"), ("bloom_chunks", "data"), ("session_buckets", "body"))
 
 
 def _compress_sketches_with_lz4(conn: psycopg.Connection) -> None:

@@ -56,6 +56,10 @@ def test_a_new_store_compresses_its_rows_sketches_with_lz4(postgres_server):
     store = PostgresPaneStore(postgres_server.fresh_dsn(), pool_size=1)
     try:
         assert set(_compression(store.dsn).values()) == {"l"}
+        with psycopg.connect(store.dsn) as conn:  # every BYTEA column: the open sessions' bodies too
+            binary = conn.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                  " WHERE table_schema = current_schema() AND data_type = 'bytea'").fetchall()
+        assert sorted(binary) == sorted(LZ4_COLUMNS)
     finally:
         store.close()
 
