@@ -1,5 +1,5 @@
 """Micro-batch commits at a steady rate into a store, SQLite or PostgreSQL, each step timed (issue 28's
-freshness: the commit is most of a batch, and on PostgreSQL several times SQLite's).
+freshness: the commit is most of a batch, and on PostgreSQL more than SQLite's).
 
     python -m bench.steady_commits [--rate 20000] [--batch 7000] [--seconds 60] [--stores sqlite,postgres] [--mix]
 

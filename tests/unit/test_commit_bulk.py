@@ -253,7 +253,8 @@ def spans_table(store_backend):
         placeholder, types = "%s", _TYPES
     else:
         conn, placeholder, types = sqlite3.connect(":memory:"), "?", None
-    conn.execute("CREATE TABLE t (stream TEXT, start_ms BIGINT, dims_id BIGINT, PRIMARY KEY (stream, start_ms, dims_id))")
+    conn.execute("CREATE TABLE t (stream TEXT, start_ms BIGINT, dims_id BIGINT,"
+                 " PRIMARY KEY (stream, start_ms, dims_id))")
     yield conn, placeholder, types
     conn.close()
 

@@ -113,8 +113,8 @@ def test_the_staging_tables_do_not_grow_commit_after_commit(postgres_server):
         for batch_id in range(16):
             _commit(store, batch_id)
             with store._pool.connection() as conn:
-                sizes.append(conn.execute("SELECT sum(pg_total_relation_size(name::regclass))::bigint FROM unnest(%s::text[])"
-                                          " AS t(name)", (list(_STAGING),)).fetchone()[0])
+                sizes.append(conn.execute("SELECT sum(pg_total_relation_size(name::regclass))::bigint"
+                                          " FROM unnest(%s::text[]) AS t(name)", (list(_STAGING),)).fetchone()[0])
         assert sizes[-1] <= 1.5 * sizes[3], sizes
     finally:
         store.close()
