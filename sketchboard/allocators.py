@@ -13,13 +13,19 @@ So each process keeps what it freed:
 - Arrow's mimalloc purges freed memory after 5 s instead of 1 s (`MIMALLOC_PURGE_DELAY`): an idle
   service still gives it back, a busy one reuses it. mimalloc reads it when Arrow is loaded, so it
   is put in the environment before any import of pyarrow (and the children inherit it).
+- mimalloc's arenas without transparent huge pages (`MIMALLOC_ALLOW_THP=0`): by default mimalloc
+  lets the kernel back its arenas (1 GiB reserved, committed at once) with 2 MiB pages, and a page
+  its purge gave back comes again as a whole huge page zeroed, however little of it is used. In
+  the end to end the pipeline spent 2.9-3.6 s of system time, most of it zeroing such pages, of its
+  ~5 s CPU for 2 M events; without them 0.2-0.4 s, and the end to end went from 330 000-350 000 to
+  555 000-575 000 events/s (docs/benchmarks.md, session 94). Same place, same reason: the environment.
 - glibc maps blocks on their own only from 32 MiB (its own ceiling for the threshold it otherwise
   raises as blocks are freed) and trims its heaps past 512 MiB free: through `mallopt`, since glibc
   read its `MALLOC_*_` variables at its first allocation, long before this runs.
 
-A value the environment already sets is left alone: `MIMALLOC_PURGE_DELAY`, and glibc's
+A value the environment already sets is left alone: each of mimalloc's two, and glibc's
 `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` (either one set keeps both of glibc's as the
-environment made them). Elsewhere than glibc on Linux nothing is changed but mimalloc's delay.
+environment made them). Elsewhere than glibc on Linux nothing is changed but mimalloc's settings.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from collections.abc import Callable, MutableMapping
 log = logging.getLogger("sketchboard")
 
 MIMALLOC_PURGE_DELAY_MS = 5_000
+# mimalloc's options (read from the environment as Arrow loads it) and the values set where unset.
+MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "0"}
 GLIBC_MMAP_THRESHOLD = 32 << 20
 GLIBC_TRIM_THRESHOLD = 512 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
@@ -43,9 +51,10 @@ def keep_freed_memory(environ: MutableMapping[str, str] = os.environ,
     """Apply the settings above to this process (and, through `environ`, to its children); returns
     what was set, for the log. `mallopt`: glibc's, found here where None."""
     done = []
-    if "MIMALLOC_PURGE_DELAY" not in environ:
-        environ["MIMALLOC_PURGE_DELAY"] = str(MIMALLOC_PURGE_DELAY_MS)
-        done.append(f"MIMALLOC_PURGE_DELAY={MIMALLOC_PURGE_DELAY_MS}")
+    for name, value in MIMALLOC_SETTINGS.items():
+        if name not in environ:
+            environ[name] = value
+            done.append(f"{name}={value}")
     if any(name in environ for name in _GLIBC_VARIABLES):
         return done
     mallopt = mallopt or _glibc_mallopt()
@@ -64,9 +73,7 @@ def child_environment(environ: MutableMapping[str, str] = os.environ) -> dict[st
     """The same settings for a child process started with a fresh interpreter that does not call
     keep_freed_memory (the API's ingest workers): as the environment variables mimalloc and glibc
     read when the child starts. What the environment sets already is left to it."""
-    out = {}
-    if "MIMALLOC_PURGE_DELAY" not in environ:
-        out["MIMALLOC_PURGE_DELAY"] = str(MIMALLOC_PURGE_DELAY_MS)
+    out = {name: value for name, value in MIMALLOC_SETTINGS.items() if name not in environ}
     if not any(name in environ for name in _GLIBC_VARIABLES):
         out.update({"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)})
     return out
@@ -88,5 +95,5 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
     return mallopt
 
 
-__all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "child_environment",
-           "keep_freed_memory"]
+__all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "MIMALLOC_SETTINGS",
+           "child_environment", "keep_freed_memory"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sketchboard.allocators import (GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD, MIMALLOC_PURGE_DELAY_MS,
-                                    child_environment, keep_freed_memory)
+                                    MIMALLOC_SETTINGS, child_environment, keep_freed_memory)
 
 ROOT = Path(__file__).resolve().parents[2]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -32,33 +32,41 @@ class Mallopt:
 def test_both_allocators_are_told_where_nothing_was_set():
     environ, mallopt = {}, Mallopt()
     done = keep_freed_memory(environ, mallopt)
-    assert environ == {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS)}
+    assert environ == {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "0"}
     # The mmap threshold first: set alone, the trim threshold would pin it at glibc's 128 KiB.
     assert mallopt.calls == [(-3, GLIBC_MMAP_THRESHOLD), (-1, GLIBC_TRIM_THRESHOLD)]
-    assert len(done) == 2
+    assert len(done) == 3
 
 
 def test_what_the_environment_sets_is_kept():
-    environ, mallopt = {"MIMALLOC_PURGE_DELAY": "10", "MALLOC_TRIM_THRESHOLD_": "1000"}, Mallopt()
+    given = {"MIMALLOC_PURGE_DELAY": "10", "MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000"}
+    environ, mallopt = dict(given), Mallopt()
     assert keep_freed_memory(environ, mallopt) == []
-    assert environ == {"MIMALLOC_PURGE_DELAY": "10", "MALLOC_TRIM_THRESHOLD_": "1000"}
+    assert environ == given
     assert mallopt.calls == []
 
 
+def test_each_of_mimallocs_settings_is_set_where_the_environment_leaves_it():
+    environ = {"MIMALLOC_PURGE_DELAY": "10", "MALLOC_TRIM_THRESHOLD_": "1000"}
+    assert keep_freed_memory(environ, Mallopt()) == ["MIMALLOC_ALLOW_THP=0"]
+    assert environ["MIMALLOC_PURGE_DELAY"] == "10" and environ["MIMALLOC_ALLOW_THP"] == "0"
+
+
 def test_a_refused_threshold_is_not_reported_as_set(caplog):
-    environ, mallopt = {"MIMALLOC_PURGE_DELAY": "10"}, Mallopt(answer=0)
+    environ, mallopt = {"MIMALLOC_PURGE_DELAY": "10", "MIMALLOC_ALLOW_THP": "1"}, Mallopt(answer=0)
     assert keep_freed_memory(environ, mallopt) == []
     assert mallopt.calls == [(-3, GLIBC_MMAP_THRESHOLD)]  # the trim threshold not tried alone
     assert "refused" in caplog.text
 
 
-def test_the_command_line_sets_mimallocs_delay_before_arrow_loads():
+def test_the_command_line_sets_mimallocs_options_before_arrow_loads():
     # MIMALLOC_VERBOSE: Arrow's mimalloc prints its options as it starts.
     out = subprocess.run([sys.executable, "-m", "sketchboard.cli", "check-config"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**{k: v for k, v in os.environ.items()
                                                          if not k.startswith("MIMALLOC_")}, "MIMALLOC_VERBOSE": "1"})
     assert out.returncode == 0, out.stderr
     assert f"option 'purge_delay': {MIMALLOC_PURGE_DELAY_MS}" in out.stderr + out.stdout
+    assert "option 'allow_thp': 0" in out.stderr + out.stdout
 
 
 ROUNDS = """
@@ -92,9 +100,10 @@ def test_glibc_keeps_freed_blocks_for_the_next_round():
 
 
 def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
-    assert child_environment({"MALLOC_MMAP_THRESHOLD_": "1"}) == {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS)}
+    assert child_environment({"MALLOC_MMAP_THRESHOLD_": "1"}) == MIMALLOC_SETTINGS
     assert child_environment({"MIMALLOC_PURGE_DELAY": "10"}) == {
-        "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+        "MIMALLOC_ALLOW_THP": "0", "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
+        "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
     if not GLIBC:
         return
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MIMALLOC_"))}
@@ -102,3 +111,32 @@ def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
                                 timeout=120, check=True,
                                 env={**clean, **child_environment(clean), "PYTHONPATH": str(ROOT)}).stdout)
     assert faults < 200  # glibc read the thresholds from the environment, as keep_freed_memory sets them
+
+
+HUGE_PAGES = """
+import sys
+if sys.argv[-1] == "keep":
+    from sketchboard.allocators import keep_freed_memory
+    keep_freed_memory()
+import numpy as np
+import pyarrow as pa
+buffer = pa.allocate_buffer(160 << 20)  # from Arrow's default pool, mimalloc
+np.frombuffer(buffer, dtype=np.uint8)[:] = 1
+print(next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")))
+"""
+
+
+def test_arrows_allocator_takes_no_transparent_huge_pages():
+    def huge_kib(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", HUGE_PAGES, mode], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120, check=True, env={**{k: v for k, v in os.environ.items()
+                                                                   if not k.startswith("MIMALLOC_")},
+                                                                "PYTHONPATH": str(ROOT)}).stdout)
+
+    if not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("no /proc/self/smaps_rollup to read huge pages from")
+    if huge_kib("default") == 0:
+        pytest.skip("this kernel gives mimalloc no transparent huge pages anyway (THP off)")
+    # Each 2 MiB page that mimalloc's purge gave back came again zeroed whole: most of the
+    # pipeline's CPU in issue 28's end to end (sketchboard/allocators.py).
+    assert huge_kib("keep") == 0
