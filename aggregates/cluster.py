@@ -176,21 +176,23 @@ def executor_python(conf: Mapping[str, str], environ: Mapping[str, str], default
     return conf.get(PYTHON_CONF) or environ.get("PYSPARK_PYTHON") or default
 
 
-def probe_task(modules: Iterable[str]) -> Callable[[object], dict]:
-    """The function one executor task runs: import `modules`, report the interpreter and the
-    first failure. A closure on purpose: cloudpickle ships it by value, so an executor that
-    cannot import this module (the very thing probed) can still run it and say so."""
-    names = list(modules)
+def probe_task(modules: Iterable[str], variables: Iterable[str] = ()) -> Callable[[object], dict]:
+    """The function one executor task runs: import `modules`, report the interpreter, the values
+    of the environment `variables` there (None: unset) and the first failure. A closure on purpose:
+    cloudpickle ships it by value, so an executor that cannot import this module (the very thing
+    probed) can still run it and say so."""
+    names, asked = list(modules), list(variables)
 
     def probe(_):
         import importlib
+        import os
         import platform
         import socket
         import sys
         import traceback
 
         report = {"python": sys.executable, "version": platform.python_version(), "host": socket.gethostname(),
-                  "module": None, "error": None}
+                  "environment": {name: os.environ.get(name) for name in asked}, "module": None, "error": None}
         for name in names:
             try:
                 importlib.import_module(name)
@@ -228,11 +230,13 @@ def task_failure(error: BaseException, python: str) -> str:
             " dependencies installed, at that path on every worker, of the driver's Python version")
 
 
-def probe_executors(spark, *, timeout_s: float = 180.0, modules: Iterable[str] = EXECUTOR_MODULES) -> dict:
-    """Run one task on the cluster that imports the project's packages; its report when all
-    import, else ExecutorEnvironmentError. A cluster that gives the job no executor within
-    `timeout_s` (no worker has the cores or memory asked for) is an error too: Spark itself
-    would wait forever, logging "Initial job has not accepted any resources"."""
+def probe_executors(spark, *, timeout_s: float = 180.0, modules: Iterable[str] = EXECUTOR_MODULES,
+                    variables: Iterable[str] = ()) -> dict:
+    """Run one task on the cluster that imports the project's packages (and reads the environment
+    `variables` there); its report when all import, else ExecutorEnvironmentError. A cluster that
+    gives the job no executor within `timeout_s` (no worker has the cores or memory asked for) is
+    an error too: Spark itself would wait forever, logging "Initial job has not accepted any
+    resources"."""
     import platform
 
     sc = spark.sparkContext
@@ -243,7 +247,7 @@ def probe_executors(spark, *, timeout_s: float = 180.0, modules: Iterable[str] =
     def run() -> None:
         sc.setJobGroup(group, "Sketchboard start-up probe: can executors import the project?", True)
         try:
-            outcome["reports"] = sc.parallelize([0], 1).map(probe_task(modules)).collect()
+            outcome["reports"] = sc.parallelize([0], 1).map(probe_task(modules, variables)).collect()
         except Exception as exc:  # noqa: BLE001 - reported below with the executor's side of it
             outcome["error"] = exc
 

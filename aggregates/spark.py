@@ -82,13 +82,29 @@ def build_spark(master: str = "local[2]", *, app_name: str = "sketchboard-pipeli
     spark.dataSource.register(SketchboardLogSource)
     if not local:
         try:
-            report = probe_executors(spark, timeout_s=probe_timeout_s)
+            report = probe_executors(spark, timeout_s=probe_timeout_s, variables=executor_variables(extra_conf))
         except ExecutorEnvironmentError:
             spark.stop()  # fail fast: no half-started pipeline holding the cluster's cores
             raise
-        log.info("Spark master %s: executors run Python %s (%s) on %s and import the project", master,
-                 report["python"], report["version"], report["host"])
+        log.info("Spark master %s: executors run Python %s (%s) on %s and import the project%s", master,
+                 report["python"], report["version"], report["host"], _environment_text(report["environment"]))
     return spark
+
+
+EXECUTOR_ENV = "spark.executorEnv."
+
+
+def executor_variables(conf: Mapping[str, str]) -> list[str]:
+    """The environment variables `conf` sets for executors (spark.executorEnv.NAME)."""
+    return sorted(key[len(EXECUTOR_ENV):] for key in conf if key.startswith(EXECUTOR_ENV))
+
+
+def _environment_text(values: Mapping[str, str | None]) -> str:
+    """The start-up log's account of the variables set for executors, as the probe found them there."""
+    if not values:
+        return ""
+    return "; their environment: " + ", ".join(f"{name}={'(unset)' if value is None else value}"
+                                               for name, value in sorted(values.items()))
 
 
 def kafka_connector_conf(jars_dir: Path, packages: str | None = None) -> dict[str, str]:

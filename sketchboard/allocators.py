@@ -44,6 +44,8 @@ GLIBC_MMAP_THRESHOLD = 32 << 20
 GLIBC_TRIM_THRESHOLD = 512 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+# The thresholds as the environment variables glibc reads when a process starts.
+_GLIBC_SETTINGS = dict(zip(_GLIBC_VARIABLES, (str(GLIBC_MMAP_THRESHOLD), str(GLIBC_TRIM_THRESHOLD)), strict=True))
 
 
 def keep_freed_memory(environ: MutableMapping[str, str] = os.environ,
@@ -75,8 +77,17 @@ def child_environment(environ: MutableMapping[str, str] = os.environ) -> dict[st
     read when the child starts. What the environment sets already is left to it."""
     out = {name: value for name, value in MIMALLOC_SETTINGS.items() if name not in environ}
     if not any(name in environ for name in _GLIBC_VARIABLES):
-        out.update({"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)})
+        out.update(_GLIBC_SETTINGS)
     return out
+
+
+def remote_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """The same settings for processes on other machines, which inherit nothing from this one (a
+    Spark cluster's executors and their Python workers, through `spark.executorEnv.*`): every
+    variable as this process's environment sets it, else as set here."""
+    out = {name: environ.get(name, value) for name, value in MIMALLOC_SETTINGS.items()}
+    glibc = {name: environ[name] for name in _GLIBC_VARIABLES if name in environ}
+    return {**out, **(glibc or _GLIBC_SETTINGS)}
 
 
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
@@ -96,4 +107,4 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
 
 
 __all__ = ["GLIBC_MMAP_THRESHOLD", "GLIBC_TRIM_THRESHOLD", "MIMALLOC_PURGE_DELAY_MS", "MIMALLOC_SETTINGS",
-           "child_environment", "keep_freed_memory"]
+           "child_environment", "keep_freed_memory", "remote_environment"]

@@ -470,6 +470,20 @@ def follow_cdc_sources(settings: Settings, catalog: Catalog, log, leadership) ->
     return followers
 
 
+def executor_allocators(master: str) -> dict[str, str]:
+    """On a cluster master, the allocators' settings of this process (sketchboard/allocators.py)
+    for Spark's executors, which inherit nothing from it: their Python workers compute the
+    partials with Arrow as the driver does. A local master's executors are this process's JVM and
+    its children, which inherit them. spark_conf, applied after, can set each otherwise."""
+    from aggregates.cluster import is_local_master
+    from aggregates.spark import EXECUTOR_ENV
+    from sketchboard.allocators import remote_environment
+
+    if is_local_master(master):
+        return {}
+    return {EXECUTOR_ENV + name: value for name, value in remote_environment().items()}
+
+
 def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, starting_offsets: str | None = None,
                    catalog: Catalog | None = None, end_offsets: dict[str, dict[int, int]] | None = None):
     """The pipeline `name` (default: the serving pipeline, settings.pipeline_name), reading from
@@ -518,7 +532,7 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
     # log's end offsets at each commit (per-partition watermarks).
     event_log = open_log(settings, catalog)
     if spark is None:
-        conf = {**extra_conf, **settings.spark_conf}
+        conf = {**extra_conf, **executor_allocators(settings.spark_master), **settings.spark_conf}
 
         def start_spark():
             return build_spark(settings.spark_master, driver_memory=settings.spark_driver_memory, extra_conf=conf)

@@ -80,6 +80,8 @@ def test_pipeline_on_a_standalone_cluster_is_exact(tmp_path, demo_catalog, spark
 
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}\n{spark_cluster.log_tail()}"
     assert "executors run Python" in done.stderr, done.stderr[-3000:]  # the start-up probe ran on the worker
+    # The driver's allocator settings reached the executors, which inherit nothing from it (sketchboard/allocators.py).
+    assert "MIMALLOC_ALLOW_THP=0" in done.stderr, done.stderr[-3000:]
     assert_panes_exact(store, events)
     progress = store.progress("main")
     assert progress.events_read == len(events)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sketchboard.allocators import (GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD, MIMALLOC_PURGE_DELAY_MS,
-                                    MIMALLOC_SETTINGS, child_environment, keep_freed_memory)
+                                    MIMALLOC_SETTINGS, child_environment, keep_freed_memory, remote_environment)
 
 ROOT = Path(__file__).resolve().parents[2]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -140,3 +140,16 @@ def test_arrows_allocator_takes_no_transparent_huge_pages():
     # Each 2 MiB page that mimalloc's purge gave back came again zeroed whole: most of the
     # pipeline's CPU in issue 28's end to end (sketchboard/allocators.py).
     assert huge_kib("keep") == 0
+
+
+def test_a_remote_process_gets_every_setting_as_this_process_runs_with_it():
+    glibc = {"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+    assert remote_environment({}) == {**MIMALLOC_SETTINGS, **glibc}
+    # After keep_freed_memory: mimalloc's in the environment, glibc's through mallopt; the same for a remote one.
+    environ: dict[str, str] = {}
+    keep_freed_memory(environ, Mallopt())
+    assert remote_environment(environ) == {**MIMALLOC_SETTINGS, **glibc}
+    # What the environment sets wins, glibc's two as a pair.
+    assert remote_environment({"MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000"}) == {
+        "MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "1",
+        "MALLOC_TRIM_THRESHOLD_": "1000"}

@@ -153,3 +153,30 @@ def test_a_failed_spark_start_is_one_line_with_sparks_reason():
     gateway = spark_start_error("local[2]", PySparkRuntimeError(
         errorClass="JAVA_GATEWAY_EXITED", messageParameters={}))
     assert str(gateway).startswith("could not start Spark on local[2]: [JAVA_GATEWAY_EXITED]"), gateway
+
+
+def test_the_probe_reports_the_environment_asked_for_and_the_start_up_log_names_it(monkeypatch):
+    from aggregates.spark import _environment_text, executor_variables
+
+    monkeypatch.setenv("SKETCHBOARD_PROBED", "7")
+    monkeypatch.delenv("SKETCHBOARD_NOT_SET", raising=False)
+    conf = {"spark.executorEnv.SKETCHBOARD_PROBED": "7", "spark.executorEnv.SKETCHBOARD_NOT_SET": "1",
+            "spark.executor.memory": "1g"}
+    asked = executor_variables(conf)
+    assert asked == ["SKETCHBOARD_NOT_SET", "SKETCHBOARD_PROBED"]
+    report = probe_task(["json"], asked)(0)
+    assert report["environment"] == {"SKETCHBOARD_NOT_SET": None, "SKETCHBOARD_PROBED": "7"}
+    assert _environment_text(report["environment"]) == (
+        "; their environment: SKETCHBOARD_NOT_SET=(unset), SKETCHBOARD_PROBED=7")
+    assert _environment_text({}) == ""
+
+
+def test_a_cluster_masters_executors_get_the_allocators_settings(monkeypatch):
+    from sketchboard.allocators import remote_environment
+    from sketchboard.wiring import executor_allocators
+
+    monkeypatch.delenv("MIMALLOC_ALLOW_THP", raising=False)
+    assert executor_allocators("local[2]") == {}  # the JVM and its Python workers inherit this process's
+    conf = executor_allocators("spark://spark-master:7077")
+    assert conf == {f"spark.executorEnv.{name}": value for name, value in remote_environment().items()}
+    assert conf["spark.executorEnv.MIMALLOC_ALLOW_THP"] == "0"
