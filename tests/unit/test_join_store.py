@@ -49,3 +49,43 @@ def test_a_failed_commit_saves_no_join_state(store_backend):
     with pytest.raises(ValueError):
         store.commit_batch(bad, lateness_ms={}, now_ms=T0)
     assert store.join_sizes() == {} and list(store.join_state("sc", ["s1"], None).lefts) == []
+
+
+def test_a_right_event_both_of_a_key_and_expiring_is_read_once(store_backend):
+    store = store_backend.create()
+    rights = [JoinEvent(T0 + 1, 0, 7, "s1"), JoinEvent(T0 + 2, 0, 8, "s2"), JoinEvent(T0 + 50, 0, 9, "s1")]
+    assert store.commit_batch(commit(0, JoinCommit("sc", T0, None, rights=rights)), lateness_ms={}, now_ms=T0).committed
+    assert list(store.join_state("sc", ["s1"], T0 + 2).rights) == rights  # s1's both, and s2's as it expires
+    assert list(store.join_state("sc", ["s1"], None).rights) == [rights[0], rights[2]]
+    assert list(store.join_state("sc", [], T0 + 1).rights) == [rights[0]]
+    clock_alone = store.join_state("sc", [], None)
+    assert clock_alone.clock_ms == T0 and not clock_alone.lefts and not clock_alone.rights
+
+
+def test_a_lookup_reads_the_keys_and_the_expiring_events_not_every_event_of_the_join(tmp_path):
+    """SQLite's work, counted in its virtual machine's steps: a lookup of a few keys, or of the
+    join's clock alone, must not grow with the right events the join keeps (a `key IN (...) OR
+    time_ms <= ?` read them all through the index on the join's name)."""
+    from store import SqlitePaneStore
+
+    def steps(store, keys, through) -> int:
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        store._conn.set_progress_handler(count, 100)
+        try:
+            store.join_state("sc", keys, through)
+        finally:
+            store._conn.set_progress_handler(None, 100)
+        return counted[0]
+
+    store = SqlitePaneStore(tmp_path / "store.db")
+    few = steps(store, ["s1"], T0 + 1)
+    rights = [JoinEvent(T0 + 10 + i, 0, i, f"s{i % 5_000}") for i in range(20_000)]
+    assert store.commit_batch(commit(0, JoinCommit("sc", T0, None, rights=rights)), lateness_ms={}, now_ms=T0).committed
+    assert steps(store, ["s1"], T0 + 1) < few + 50  # four events of s1, none expiring
+    assert steps(store, [], None) < few + 50  # the clock alone
+    store.close()
