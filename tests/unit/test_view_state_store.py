@@ -381,3 +381,24 @@ def test_a_commits_changelog_retention_reads_what_it_drops_not_every_change_kept
         assert conn.execute("SELECT COUNT(*) FROM view_changes").fetchone()[0] == kept
         store.close()
     assert steps[2_000] <= 2 * steps[20] + 2, steps  # 100 times the changes, the same work
+
+
+def test_a_lookup_reads_the_keys_entries_not_every_entry_of_the_view(tmp_path):
+    """A batch's lookup of a few left and right keys: as one WHERE with `left_key IN (...) OR
+    right_key IN (...)`, SQLite read every entry of the view (the demo's users view: ~50 000).
+    SQLite's virtual-machine steps, counted, not timed."""
+    from store import SqlitePaneStore
+
+    steps, found = {}, {}
+    for kept in (20, 5_000):
+        store = SqlitePaneStore(tmp_path / f"{kept}.db", synchronous="OFF")
+        conn = store._conn
+        conn.executemany(
+            "INSERT INTO view_rows (view_name, left_key, right_key, row_json, event_time_ms, log_partition, log_offset,"
+            " batch_id, updated_at_ms) VALUES ('v', ?, ?, '{}', 0, 0, ?, 0, 0)",
+            [(f"u{i}", f"p{i % 4}" if i else "p9", i) for i in range(kept)])
+        found[kept], steps[kept] = counted_steps(conn, lambda: store.view_links("v", ["u1", "u2"], ["p9"]))
+        store.close()
+    assert {link.left_key for link in found[5_000]} == {"u0", "u1", "u2"}
+    assert found[5_000] == found[20]
+    assert steps[5_000] <= 2 * steps[20] + 2, steps  # 250 times the entries, the same work
