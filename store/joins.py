@@ -116,8 +116,8 @@ def lookup(cursor, join: str, keys: Sequence[str], expire_through_ms: int | None
         lefts = [JoinEvent(t, p, o, k, tuple(json.loads(d)), bool(m)) for t, p, o, k, d, m in cursor.fetchall()]
     # The right events of the keys, and those expiring: two indexed reads in one UNION (which
     # reads an event that is both once). As one `key IN (...) OR time_ms <= ?`, SQLite read every
-    # right event of the join through the index on its name alone: ~45 ms a batch with 200 000 of
-    # them kept, and as much to read no key at all (the join's clock alone).
+    # right event of the join through the index on its name alone, even to read no key at all (the
+    # join's clock): 31 ms with ~230 000 of them kept, 95 ms with ~690 000 (docs/benchmarks.md, session 94).
     parts, args = [], []
     columns = "SELECT time_ms, log_partition, log_offset, join_key, matched FROM join_right"
     if keys:

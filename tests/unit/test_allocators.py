@@ -85,13 +85,18 @@ print(max(faults_of_a_round() for _ in range(3)))
 """
 
 
+def printed_number(script: str, mode: str, unset: str) -> int:
+    """The number a fresh interpreter running `script` with `mode` prints, with no variable
+    starting with `unset` in its environment (the allocators' defaults)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(unset)}, "PYTHONPATH": str(ROOT)}
+    return int(subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, check=True, env=env).stdout)
+
+
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_glibc_keeps_freed_blocks_for_the_next_round():
     def faults(mode: str) -> int:
-        return int(subprocess.run([sys.executable, "-c", ROUNDS, mode], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=120, check=True, env={**{k: v for k, v in os.environ.items()
-                                                                   if not k.startswith("MALLOC_")},
-                                                                "PYTHONPATH": str(ROOT)}).stdout)
+        return printed_number(ROUNDS, mode, "MALLOC_")
 
     # By default glibc trims the 80 MiB freed at its heap's top and faults them in again (~5 000
     # faults a round here); kept, a round after the first takes the same pages without a fault.
@@ -128,10 +133,7 @@ print(next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if l
 
 def test_arrows_allocator_takes_no_transparent_huge_pages():
     def huge_kib(mode: str) -> int:
-        return int(subprocess.run([sys.executable, "-c", HUGE_PAGES, mode], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=120, check=True, env={**{k: v for k, v in os.environ.items()
-                                                                   if not k.startswith("MIMALLOC_")},
-                                                                "PYTHONPATH": str(ROOT)}).stdout)
+        return printed_number(HUGE_PAGES, mode, "MIMALLOC_")
 
     if not Path("/proc/self/smaps_rollup").exists():
         pytest.skip("no /proc/self/smaps_rollup to read huge pages from")
