@@ -84,10 +84,9 @@ def child_environment(environ: MutableMapping[str, str] = os.environ) -> dict[st
 def remote_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """The same settings for processes on other machines, which inherit nothing from this one (a
     Spark cluster's executors and their Python workers, through `spark.executorEnv.*`): every
-    variable as this process's environment sets it, else as set here."""
-    out = {name: environ.get(name, value) for name, value in MIMALLOC_SETTINGS.items()}
-    glibc = {name: environ[name] for name in _GLIBC_VARIABLES if name in environ}
-    return {**out, **(glibc or _GLIBC_SETTINGS)}
+    variable as this process's environment sets it, else as child_environment sets it."""
+    given = {name: environ[name] for name in (*MIMALLOC_SETTINGS, *_GLIBC_VARIABLES) if name in environ}
+    return {**given, **child_environment(environ)}
 
 
 def _glibc_mallopt() -> Callable[[int, int], int] | None:

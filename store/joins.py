@@ -119,12 +119,12 @@ def lookup(cursor, join: str, keys: Sequence[str], expire_through_ms: int | None
     # right event of the join through the index on its name alone, even to read no key at all (the
     # join's clock): 31 ms with ~230 000 of them kept, 95 ms with ~690 000 (docs/benchmarks.md, session 94).
     parts, args = [], []
-    columns = "SELECT time_ms, log_partition, log_offset, join_key, matched FROM join_right"
+    select = "SELECT time_ms, log_partition, log_offset, join_key, matched FROM join_right"
     if keys:
-        parts.append(f"{columns} WHERE join_name = {q} AND {in_keys}")
+        parts.append(f"{select} WHERE join_name = {q} AND {in_keys}")
         args += [join, key_arg]
     if expire_through_ms is not None:
-        parts.append(f"{columns} WHERE join_name = {q} AND time_ms <= {q}")
+        parts.append(f"{select} WHERE join_name = {q} AND time_ms <= {q}")
         args += [join, expire_through_ms]
     if parts:
         cursor.execute(" UNION ".join(parts), args)
