@@ -93,6 +93,8 @@ def _stamped_partials(stream, events: list[dict], times: np.ndarray) -> list:
 
 def timed_steps(backend: str) -> dict[str, float]:
     """Wrap the commit's steps of `backend`'s store to add up their wall time in the returned dict."""
+    import store.tier_fold_store as tier_fold_store
+
     out: dict[str, float] = {}
     if backend == "postgres":
         import store.postgres.panes as panes
@@ -101,6 +103,7 @@ def timed_steps(backend: str) -> dict[str, float]:
         steps = [(panes, "plan_batch", "the plan"), (rows, "load", "rows' load (panes and tier rows)"),
                  (rows, "save_rows", "rows' save (panes and tier rows)"), (rows, "copy_rows", "change records"),
                  (panes, "_apply_deltas", "tier rows' load, merge and save"),
+                 (tier_fold_store, "fold", "the fold: passed panes read, rolled up"),
                  (panes, "apply_bloom_commit", "Bloom bits"), (panes, "_prune", "retention, in all")]
     else:
         import store.sqlite as sqlite
@@ -109,6 +112,7 @@ def timed_steps(backend: str) -> dict[str, float]:
         steps = [(sqlite, "plan_batch", "the plan"), (sqlite_tiers, "load_many", "rows' load (panes and tier rows)"),
                  (sqlite_tiers, "save_rows", "rows' save (panes and tier rows)"),
                  (sqlite_tiers, "apply_deltas", "tier rows' load, merge and save"),
+                 (tier_fold_store, "fold", "the fold: passed panes read, rolled up"),
                  (sqlite.SqlitePaneStore, "_prune", "retention, in all")]
     for owner, name, label in steps:
         if hasattr(owner, name):
@@ -175,6 +179,11 @@ def main() -> None:
                 ms = sorted(t * 1000 for t in times[len(made) // 10:])
                 print(f"{backend:>8}: commit median {statistics.median(ms):6.1f} ms, p90 {ms[int(len(ms) * 0.9)]:6.1f},"
                       f" max {ms[-1]:6.1f}; total {sum(times):5.1f} s", flush=True)
+                # Whether the commit grows as the run's rows do (the tier rows of the hour fill up).
+                quarters = [statistics.median(times[i * len(times) // 4:(i + 1) * len(times) // 4]) * 1000
+                            for i in range(4)] if len(times) >= 4 else []
+                if quarters:
+                    print(f"          commit median by quarter of the run: {' / '.join(f'{q:.1f}' for q in quarters)} ms")
                 for label, seconds in sorted(steps[backend].items(), key=lambda item: -item[1]):
                     print(f"          {label:<40} {seconds:6.2f} s")
 

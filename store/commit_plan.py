@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalog.model import DEFAULT_PARTITION_IDLE_TIMEOUT_MS
-from store import row_codec
+from store import row_codec, tier_folds
 from store.base import BatchCommit, PanePartial
 from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is_final, next_revision
 from store.partial_columns import PartialColumns
@@ -191,7 +191,8 @@ def partition_clock_ms(commit: BatchCommit, now_ms: int) -> int:
 
 def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
                lateness_ms: Mapping[str, int], layouts: Mapping[str, TierLayout], *, now_ms: int = 0,
-               idle_timeout_ms: Mapping[str, int] | None = None, keys: Sequence[str] | None = None) -> BatchPlan:
+               idle_timeout_ms: Mapping[str, int] | None = None, keys: Sequence[str] | None = None,
+               folds: Mapping[str, int] | None = None) -> BatchPlan:
     """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist;
     `keys` are pane_keys(commit) when the caller has them (computed here otherwise).
     The watermark is per partition for streams whose commit carries partition marks
@@ -203,7 +204,10 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     A pane is final when the watermark stored before this batch is at or past its end (the
     batch's own events never finalize the panes they land in); a merge into a final pane is
     a correction and raises its revision (store.panes.next_revision). Two partials of one pane
-    in a batch merge in turn, as two batches would."""
+    in a batch merge in turn, as two batches would.
+
+    `folds`: each stream's fold point as stored (store/tier_folds.py): its folded tiers' deltas
+    are of its partials before the point only."""
     # The stored panes, then as merged so far in this batch: (data, revision) (no object per partial).
     current = {pane_id: (pane.data, pane.revision) for pane_id, pane in stored.items()}
     writes: list[PaneWrite] = []
@@ -212,6 +216,7 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     aggregated: dict[str, int] = defaultdict(int)
     tier_input: dict[str, list] = defaultdict(list)  # per stream: (start, dims, key, batch's data, new revision)
     watermarks = {stream: state.watermark_ms for stream, state in streams_before.items()}
+    folds = folds or {}
     if keys is None:
         keys = pane_keys(commit)
     judged_ms = partition_clock_ms(commit, now_ms)
@@ -268,13 +273,13 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
                 tier_input[stream].extend((p.start_ms, p.dims, row_keys[i], p.data, revisions[i])
                                           for i, p in enumerate(column_partials(cols, range(len(cols)))))
             else:
-                deltas[stream] = tier_deltas_of_columns(cols, revisions, layouts[stream])
+                deltas[stream] = _column_deltas(cols, revisions, layouts[stream], folds.get(stream))
     for partial, key in zip(commit.partials, keys, strict=True):
         revision = merge(partial, key)
         if partial.stream in layouts:
             tier_input[partial.stream].append((partial.start_ms, partial.dims, key, partial.data, revision))
     for stream, rows in tier_input.items():
-        deltas[stream] = tier_deltas(rows, layouts[stream])
+        deltas[stream] = _row_deltas(rows, layouts[stream], folds.get(stream))
     # Per stream in the order the batch first has it (the order the stores write the tier rows in).
     deltas = {stream: deltas[stream] for stream in dict.fromkeys([*commit.partial_columns,
                                                                   *(p.stream for p in commit.partials)])
@@ -327,6 +332,31 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
         updates.append(StreamUpdate(stream, watermark, newest, aggregated.get(stream, 0), read,
                                     dead_total.get(stream, 0), held_by, partitions))
     return BatchPlan(writes, new, updated, deltas, updates, dead_counts, fresh_blocks)
+
+
+def _column_deltas(cols: PartialColumns, revisions: list[int], layout: TierLayout,
+                   folded_ms: int | None) -> dict[TierKey, TierDelta]:
+    """The tier deltas of a stream's partial columns: the folded granules' of the rows before the point."""
+    coarse = tier_folds.folded(layout, folded_ms)
+    if not coarse:
+        return tier_deltas_of_columns(cols, revisions, layout)
+    out = tier_deltas_of_columns(cols, revisions, layout, tier_folds.unfolded(layout))
+    early = [i for i, start in enumerate(cols.start) if start < folded_ms]
+    if early:
+        out.update(tier_deltas_of_columns(cols.take(early), [revisions[i] for i in early], layout, coarse))
+    return out
+
+
+def _row_deltas(rows: list[tuple], layout: TierLayout, folded_ms: int | None) -> dict[TierKey, TierDelta]:
+    """_column_deltas of pane rows (start, dims, key, data, revision)."""
+    coarse = tier_folds.folded(layout, folded_ms)
+    if not coarse:
+        return tier_deltas(rows, layout)
+    out = tier_deltas(rows, layout, tier_folds.unfolded(layout))
+    early = [row for row in rows if row[0] < folded_ms]
+    if early:
+        out.update(tier_deltas(early, layout, coarse))
+    return out
 
 
 def pane_rows(plan: BatchPlan) -> list[tuple]:

@@ -13,6 +13,9 @@ older than a finer granule's `keep` is read from a coarser granule kept there th
 buckets, and what no kept granule can answer exactly is the plan's `missing` (the query
 refuses it: query/model.py; docs/event-time.md, "Tiers and retention").
 
+A folded granule (store/tier_folds.py: the demo's 1 h) is read only for rows ending by the
+stream's fold point: the hour under way is read from finer rows.
+
 Each segment reads the narrowest projection kept at its granule that covers the query's
 group-by and filters: at the pane granule only the total is kept besides the panes, so a
 grouped query's pane-granule edges read the panes themselves (few rows: edges are short).
@@ -24,6 +27,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from store import tier_folds
 from store.tiers import ALL_DIMS, TierLayout, covers
 
 
@@ -72,17 +76,24 @@ def kept_from_ms(layout: TierLayout, granule_ms: int, now_ms: int) -> int:
 
 
 def plan_read(layout: TierLayout | None, pane_ms: int, start_ms: int, span_end_ms: int, step_ms: int,
-              window_ms: int, n_points: int, needed: Iterable[str], now_ms: int | None = None) -> ReadPlan:
+              window_ms: int, n_points: int, needed: Iterable[str], now_ms: int | None = None,
+              folded_ms: int | None = None) -> ReadPlan:
     """The rows to read for windows covering [start_ms, span_end_ms), grouped or filtered by `needed`;
-    with now_ms, only rows retention keeps at now_ms (None: every granule read as if kept forever)."""
+    with now_ms, only rows retention keeps at now_ms (None: every granule read as if kept forever).
+    folded_ms: the stream's fold point (store/tier_folds.py): a folded granule's rows are read only
+    where they end by it, finer rows answer after (None: every row holds all its panes)."""
     if layout is None or layout.pane_ms != pane_ms:
         return ReadPlan((Segment(pane_ms, start_ms, span_end_ms),))
     needed = tuple(needed)
     granules = usable_granules(layout, pane_ms, start_ms, step_ms, window_ms, n_points, needed)
+    folded = set(tier_folds.folded(layout, folded_ms))
     if now_ms is None:
-        return ReadPlan(tuple(replace(seg, proj=granules[seg.granule_ms])
-                              for seg in cover(start_ms, span_end_ms, sorted(granules, reverse=True))))
-    kept = [(g, kept_from_ms(layout, g, now_ms)) for g in sorted(granules, reverse=True)]
+        segments = (cover(start_ms, span_end_ms, sorted(granules, reverse=True)) if not folded else
+                    cover_kept(start_ms, span_end_ms, [(g, None, folded_ms if g in folded else None)
+                                                       for g in sorted(granules, reverse=True)])[0])
+        return ReadPlan(tuple(replace(seg, proj=granules[seg.granule_ms]) for seg in segments))
+    kept = [(g, kept_from_ms(layout, g, now_ms), folded_ms if g in folded else None)
+            for g in sorted(granules, reverse=True)]
     segments, missing = cover_kept(start_ms, span_end_ms, kept)
     # Past every granule's horizon nothing is kept at any step: that is the stream's retention, not
     # a step too fine, so it is not missing.
@@ -124,18 +135,25 @@ def finest_kept_granule(layout: TierLayout | None, pane_ms: int, start_ms: int, 
     return min(kept, default=pane_ms)
 
 
-def cover_kept(start_ms: int, end_ms: int, granules: list[tuple[int, int]]
+def cover_kept(start_ms: int, end_ms: int, granules: list[tuple[int, int | None, int | None]]
                ) -> tuple[list[Segment], list[tuple[int, int]]]:
-    """cover(), each granule only from its kept_from on ((granule, kept_from), coarsest first):
-    the segments, and the spans no granule kept there can cover."""
+    """cover(), each granule only from its kept_from on and, where it is folded, only for rows
+    ending by its fold point ((granule, kept_from, folded_ms), coarsest first; None: no bound):
+    the segments, and the spans no granule kept there can cover.
+
+    The row a fold point falls in holds some of its panes only, and a fold may add more between a
+    query's reads: it is never read, finer rows answer for it. A row ending by the point never
+    takes a fold's panes (only stragglers', as every row does), so reading it is safe whenever."""
     if start_ms >= end_ms:
         return [], []
     if not granules:
         return [], [(start_ms, end_ms)]
-    (g, kept_from), finer = granules[0], granules[1:]
-    lo = max(start_ms, kept_from)
+    (g, kept_from, folded_ms), finer = granules[0], granules[1:]
+    lo = start_ms if kept_from is None else max(start_ms, kept_from)
     lo += (-lo) % g
     hi = end_ms - end_ms % g
+    if folded_ms is not None:
+        hi = min(hi, folded_ms - folded_ms % g)
     if not finer:
         if lo >= end_ms:
             return [], [(start_ms, end_ms)]

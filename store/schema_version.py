@@ -9,7 +9,9 @@ from __future__ import annotations
 #    carry user_version 0 and are upgraded by adding the columns they lack).
 # 2: a stream's open sessions may be held in buckets (store/sessions.py: session_buckets,
 #    session_streams), where a Sketchboard knowing only version 1 would read none of them.
-SCHEMA_VERSION = 2
+# 3: a stream's coarser tiers are folded (store/tier_folds.py: tier_folds): their rows lack the panes
+#    after the fold point, which a Sketchboard knowing only version 2 would never merge into them.
+SCHEMA_VERSION = 3
 
 
 class StoreVersionError(RuntimeError):

@@ -21,7 +21,8 @@ from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, Sketch
 _EXACT_STATS = ("count", "rate", "sum", "avg", "min", "max")
 
 
-def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, query_points=None, now_ms=None):
+def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, query_points=None, now_ms=None,
+          folded_ms=None):
     """(segment, projection, bucket) for each segment to read; nothing for a query rollup refuses.
 
     query_points: the windows of the whole query when [start_ms, end_ms) is a part of it (the
@@ -40,7 +41,8 @@ def _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_poi
         return []
     span_end = start_ms + (n_points - 1) * step_ms + window_ms
     granule_points = n_points if query_points is None else query_points
-    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed, now_ms)
+    plan = plan_read(layout, pane_ms, start_ms, span_end, step_ms, window_ms, granule_points, needed, now_ms,
+                     folded_ms)
     # A one-window query: every row lands in it, whatever bucket; else rollup's buckets of
     # gcd(step, window), also for a part of a query that is one window (the one before a kept
     # chunk): its sum is then added up by the same buckets as where the whole query computes it,
@@ -89,8 +91,12 @@ def _query_series(
     filters = dict(filters or {})
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
+    # The coarser tiers' fold point (store/tier_folds.py), read with the layout: their rows
+    # ending by it are complete, whatever a fold adds while the query reads.
+    folded_ms = store.tier_fold_point(stream) if layout is not None else None
     query_points = plan_points or (len(window_points(start_ms, end_ms, step_ms)) if step_ms > 0 else 0)
-    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, plan_points, now_ms)
+    plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, plan_points, now_ms,
+                 folded_ms)
     shape = None if cache is None else (  # the cache's key of this query's points (rows per layout)
         stream, stat, quantile, value_field, distinct_field, step_ms, window_ms, tuple(group_by),
         tuple(sorted(filters.items())), layout.to_json() if layout is not None else None)
@@ -113,7 +119,7 @@ def _query_series(
         # A part's windows are read with the whole query's granules, as a cache miss's are.
         return _reusing_chunks(cache, shape, chunks, start_ms, end_ms, step_ms, answerable_ms(
             layout, pane_ms, step_ms, window_ms), group_by, lambda lo, hi: exact_series(lo, hi, _plan(
-                layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points, query_points, now_ms)),
+                layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points, query_points, now_ms, folded_ms)),
             lambda: _empty_points(stat, None, value_field, None, start_ms, end_ms, step_ms, window_ms, pane_ms,
                                   watermark_ms))
 
@@ -126,7 +132,7 @@ def _query_series(
         return [store.read_tier_sketch(stream, seg.granule_ms, proj, seg.start_ms, seg.end_ms, field=field,
                                        kind=kind, pane_ms=pane_ms)
                 for seg, proj, _ in _plan(layout, pane_ms, lo, hi, step_ms, window_ms, needed, max_points,
-                                          query_points, now_ms)]
+                                          query_points, now_ms, folded_ms)]
 
     def read_rows(lo: int, hi: int) -> list[SketchRow]:
         return [row for segment in read_segments(lo, hi) for row in segment]

@@ -20,7 +20,7 @@ import pyarrow as pa
 from store.retention_clock import recorded_commit_ms
 from store import batch_totals
 from store import bloom as bloom_store
-from store import dead_letter_counts, dim_sets, row_codec, sqlite_tiers, tier_retention
+from store import dead_letter_counts, dim_sets, row_codec, sqlite_tiers, tier_fold_store, tier_retention
 from store.gc_pause import paused_gc
 from store.base import (
     BatchCommit,
@@ -166,12 +166,23 @@ class SqlitePaneStore(PaneStore):
         check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
         layouts = sqlite_tiers.stored_layouts(conn)
         keys = pane_keys(commit)  # each partial's dimension text, once for the load and the plan
+        points = tier_fold_store.stored_points(conn.cursor())
         plan = plan_batch(commit, self._stored_panes(commit, keys), self._stream_states(), lateness_ms, layouts,
-                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys)
+                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys, folds=points)
         first_seq, last_seq = self._write_panes(commit, plan, now_ms)
-        # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
+        # The tier rows covering the merged panes, in the same transaction (store/tiers.py), and
+        # the coarser tiers' panes the streams' time passed (store/tier_folds.py).
         if plan.tier_deltas:
             sqlite_tiers.apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
+        folded, moved = tier_fold_store.fold(
+            conn.cursor(), "?", plan.streams, layouts, points, lateness_ms,
+            lambda stream, lo, hi: sqlite_tiers.read_rows(conn, "panes", "stream = ?", (stream,), lo, hi, None,
+                                                          stream=stream),
+            clock_ms=commit.batch_now_ms)
+        if folded:
+            sqlite_tiers.apply_deltas(conn, folded, now_ms, commit.batch_id)
+        if moved:
+            tier_fold_store.save_points(conn.cursor(), "?", moved)
         self._write_dead_letters(commit, plan, now_ms)
         self._write_progress(commit, plan)
         if commit.bloom is not None:
@@ -342,6 +353,10 @@ class SqlitePaneStore(PaneStore):
         with self._lock:
             row = self._conn.execute("SELECT layout FROM tier_layouts WHERE stream = ?", (stream,)).fetchone()
         return None if row is None else TierLayout.from_json(row[0])
+
+    def tier_fold_point(self, stream: str) -> int | None:
+        with self._lock:
+            return tier_fold_store.stored_point(self._conn.cursor(), "?", stream)
 
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,

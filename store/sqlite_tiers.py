@@ -18,6 +18,7 @@ from store.commit_plan import (StoredPane, rebuild_chunks, rebuilt_rows, rebuilt
 from store.panes import Pane, PaneData
 from store.rollup import BucketStats
 from store.stored_spans import in_stored_spans
+from store import tier_fold_store
 from store.tier_rebuild import drop_rows_to_rebuild
 from store.connection import transaction
 from store.tables import OLD_SKETCH_TABLES, TEXT_DIMS_TABLES, TIER_TABLES, table_ddl
@@ -92,6 +93,7 @@ def rebuild(conn: sqlite3.Connection, stream: str, layout: TierLayout | None, re
     many there are."""
     old = stored_layouts(conn).get(stream)
     conn.execute("DELETE FROM tier_layouts WHERE stream = ?", (stream,))
+    tier_fold_store.forget(conn.cursor(), "?", stream)  # rolled up from every pane: none is left to fold
     if layout is None:
         conn.execute("DELETE FROM tier_rows WHERE stream = ?", (stream,))
         return 0

@@ -36,7 +36,7 @@ SWITCHED_REVISION = -1
 # Every table whose rows belong to one stream (column `stream`): what a switch moves.
 STREAM_TABLES = (
     "panes", "stream_progress", "dead_letter_counts", "dead_letters", "corrections",  # panes, tier rows: with sketches
-    "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "bloom_filters",
+    "partition_watermarks", "device_clocks", "tier_layouts", "tier_rows", "tier_folds", "bloom_filters",
     "bloom_chunks", "first_seen", "seen_event_ids", "event_id_partitions", "duplicate_counts", "table_rows",
     "enrich_misses",  # the stream's events enriched with "" (per table): a counter of its output
     "session_open", "session_buckets", "session_streams",  # its open sessions (rows or buckets): the state its `<stream>_sessions` output goes on from

@@ -160,6 +160,11 @@ CREATE TABLE IF NOT EXISTS tier_layouts (
     stream TEXT PRIMARY KEY,
     layout TEXT NOT NULL            -- TierLayout.to_json(): what tier_rows holds for the stream
 );
+-- The coarser tiers' fold point (store/tier_folds.py): their rows hold the panes starting before it.
+CREATE TABLE IF NOT EXISTS tier_folds (
+    stream TEXT PRIMARY KEY,
+    folded_ms BIGINT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tier_rows (
     stream TEXT NOT NULL,
     granule_ms INTEGER NOT NULL,

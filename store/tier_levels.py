@@ -23,7 +23,7 @@ holding the same items (the same bytes where no compaction happens)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 import numpy as np
 
@@ -156,25 +156,28 @@ class _Level:
         return len(self.start)
 
 
-def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey, TierDelta]:
+def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
+                granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
     data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
-    a third item when the caller has it."""
-    return _deltas(_root(pane_rows, layout.pane_ms), layout)
+    a third item when the caller has it. `granules`: only the tiers of these (None: every tier)."""
+    return _deltas(_root(pane_rows, layout.pane_ms), layout, granules)
 
 
-def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], layout: TierLayout) -> dict[TierKey, TierDelta]:
+def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], layout: TierLayout,
+                           granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
     """tier_deltas of a stream's partials given as columns (store/partial_columns.py), with each
     row's pane revision after the merge: the same deltas, without reading each partial's objects
     back into columns."""
-    return _deltas(_root_of_columns(columns, revisions, layout.pane_ms), layout)
+    return _deltas(_root_of_columns(columns, revisions, layout.pane_ms), layout, granules)
 
 
-def _deltas(root: _Level, layout: TierLayout) -> dict[TierKey, TierDelta]:
+def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
     levels = [root]
     out: dict[TierKey, TierDelta] = {}
+    tiers = [t for t in layout.tiers() if granules is None or t.granule_ms in granules]
     # Coarse granules and wide projections first would waste work: finest first, all dims first.
-    for tier in sorted(layout.tiers(), key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
+    for tier in sorted(tiers, key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
         sources = [lv for lv in levels if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
         level = _group(min(sources, key=len), tier.granule_ms, tier.proj)
         levels.append(level)

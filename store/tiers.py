@@ -18,7 +18,7 @@ store/tier_levels.py), merged into the stored rows with the batch id.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from store.panes import PaneData
@@ -79,6 +79,11 @@ class TierLayout:
                 out.append(Tier(every, ALL_DIMS, keep))
             out += [Tier(every, p, keep) for p in self.group_bys]
         return out
+
+    def folded_granules(self) -> tuple[int, ...]:
+        """The granules coarser than the first tier: their rows are brought up to date as the
+        stream's time passes its panes, not by every batch (store/tier_folds.py)."""
+        return tuple(every for every, _ in self.granules[1:])
 
     def granules_ms(self) -> list[int]:
         """Every granule a query may read, finest (the pane) first."""
@@ -141,13 +146,15 @@ class TierDelta:
     revision: int
 
 
-def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout) -> dict[TierKey, TierDelta]:
+def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
+                granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
     data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
-    a third item when the caller has it. Computed column-wise (store/tier_levels.py)."""
+    a third item when the caller has it; `granules`: only the tiers of these (None: every tier).
+    Computed column-wise (store/tier_levels.py)."""
     from store.tier_levels import tier_deltas as columnar  # it builds on this module's types
 
-    return columnar(pane_rows, layout)
+    return columnar(pane_rows, layout, granules)
 
 
 def narrower(proj: str, source: str) -> bool:

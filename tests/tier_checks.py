@@ -1,5 +1,6 @@
 """A check shared by the store and pipeline tests: every tier row a store keeps equals the
-roll-up of the panes it covers (exact stats, revision), and no tier row is missing or extra."""
+roll-up of the panes it covers (exact stats, revision), and no tier row is missing or extra. The
+rows of the folded tiers cover the panes before the stream's fold point (store/tier_folds.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ def assert_tiers_match_panes(store: PaneStore, stream: str) -> int:
     """Returns the number of tier rows checked (the caller can insist on some)."""
     layout = store.tier_layout(stream)
     assert layout is not None, f"the store keeps no tiers for {stream!r}"
-    panes = store.read_panes(stream, -2**62, 2**62)
-    expected = tier_deltas([(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes], layout)
+    panes = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in store.read_panes(stream, -2**62, 2**62)]
+    folded_ms = store.tier_fold_point(stream)
+    if folded_ms is None:
+        expected = tier_deltas(panes, layout)
+    else:
+        coarse = set(layout.folded_granules())
+        expected = tier_deltas(panes, layout, set(layout.granules_ms()) - coarse)
+        before = [p for p in panes if p[0] < folded_ms]
+        if before:
+            expected.update(tier_deltas(before, layout, coarse))
     stored = {}
     for tier in layout.tiers():
         for row in store.read_tier(stream, tier.granule_ms, tier.proj, -2**62, 2**62, pane_ms=layout.pane_ms):

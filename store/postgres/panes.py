@@ -39,7 +39,7 @@ from store.base import (
 )
 from store.bloom import BloomReader
 from store.gc_pause import paused_gc
-from store import batch_totals, dead_letter_counts, dim_sets, event_ids, tier_retention
+from store import batch_totals, dead_letter_counts, dim_sets, event_ids, tier_fold_store, tier_retention
 from store import joins as join_store
 from store import patterns as pattern_store
 from store import sessions as session_store
@@ -140,8 +140,10 @@ class PostgresPaneStore(PaneStore):
         keys = pane_keys(commit)  # each partial's dimension text, once for the load and the plan
         stored = rows.load(conn, "panes", rows.PANE_KEY, pane_ids(commit, keys))
         layouts = _layouts(conn)
+        with conn.cursor() as cur:
+            points = tier_fold_store.stored_points(cur)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
-                          idle_timeout_ms=idle_timeout_ms, keys=keys)
+                          idle_timeout_ms=idle_timeout_ms, keys=keys, folds=points)
         written = pane_rows(plan)
         stored_keys = rows.save_rows(conn, "panes", rows.PANE_KEY,
                                      [((stream, start, key), end, count, text, revision, blob)
@@ -173,6 +175,15 @@ class PostgresPaneStore(PaneStore):
                 first_seq = last_seq - len(changes) + 1
             if plan.tier_deltas:
                 _apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
+            # The coarser tiers' panes the streams' time passed (store/tier_folds.py).
+            folded, moved = tier_fold_store.fold(
+                cur, "%s", plan.streams, layouts, points, lateness_ms,
+                lambda stream, lo, hi: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None, stream=stream),
+                clock_ms=commit.batch_now_ms)
+            if folded:
+                _apply_deltas(conn, folded, now_ms, commit.batch_id)
+            if moved:
+                tier_fold_store.save_points(cur, "%s", moved)
             if plan.dead_counts:
                 cur.executemany(
                     "INSERT INTO dead_letter_counts (stream, reason, count) VALUES (%s, %s, %s)"
@@ -317,6 +328,10 @@ class PostgresPaneStore(PaneStore):
     def tier_layout(self, stream: str) -> TierLayout | None:
         row = self._one("SELECT layout FROM tier_layouts WHERE stream = %s", (stream,))
         return None if row is None else TierLayout.from_json(row[0])
+
+    def tier_fold_point(self, stream: str) -> int | None:
+        with self._pool.connection() as conn, conn.cursor() as cur:
+            return tier_fold_store.stored_point(cur, "%s", stream)
 
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
@@ -593,6 +608,8 @@ def _rebuild(conn: psycopg.Connection, stream: str, layout: TierLayout | None, n
     panes' retention: store.commit_plan.tiers_kept_by_rebuild)."""
     old = _layouts(conn).get(stream)
     conn.execute("DELETE FROM tier_layouts WHERE stream = %s", (stream,))
+    with conn.cursor() as cur:  # rolled up from every pane: none is left to fold (store/tier_folds.py)
+        tier_fold_store.forget(cur, "%s", stream)
     if layout is None:
         conn.execute("DELETE FROM tier_rows WHERE stream = %s", (stream,))
         return

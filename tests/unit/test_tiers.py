@@ -236,6 +236,52 @@ def test_a_straggler_revises_its_tier_rows_and_is_a_correction(store_backend):
     store.close()
 
 
+def test_the_coarser_tiers_rows_take_the_panes_the_streams_time_passes_not_every_batch(store_backend):
+    """store/tier_folds.py: LAYOUT's 10 m rows hold the panes before the fold point; a batch of
+    later panes leaves them as they are, the point moving past panes merges those once."""
+    store = store_at(store_backend, LAYOUT)
+    at = {"a": "x", "b": "p", "c": "m"}
+
+    def ten_minutes() -> tuple[int, int]:
+        (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+        return row.data.count, row.last_batch
+
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")]])
+    assert store.tier_fold_point("s") == T0 + PANE  # a first commit: past every pane merged
+    commit_all(store, [[(T0 + 20_000, at, 2.0, "u2"), (T0 + 25_000, at, 3.0, "u3")]], first_id=1)
+    assert store.tier_fold_point("s") == T0 + PANE  # newest event less the lateness: before the point
+    assert ten_minutes() == (1, 0)  # not written: its panes after the point wait
+    commit_all(store, [[(T0 + 2 * MINUTE, at, 4.0, "u4")]], first_id=2)
+    assert store.tier_fold_point("s") == T0 + 90_000  # 2 min less the lateness
+    assert ten_minutes() == (3, 2)  # the panes at 20 s folded in, the new one after the point not
+    commit_all(store, [[(T0 + 15_000, at, 5.0, "u5")]], first_id=3)  # a straggler before the point: merged
+    assert ten_minutes() == (4, 3)
+    assert_tiers_match_panes(store, "s")
+    hour = answer(store, stat="count", start=T0, end=T0 + 10 * MINUTE, step=10 * MINUTE, window=10 * MINUTE)
+    assert hour[0].points[0].count == 5  # the 10 m row under way is not read: finer rows answer
+    store.close()
+
+
+def test_tiers_rebuilt_from_the_panes_fold_on_from_past_every_pane(store_backend):
+    """A rebuild merges every pane into the rows: the stream has no point until its next commit,
+    which sets it past every stored pane (nothing folded twice)."""
+    store = store_at(store_backend, None)
+    at = {"a": "x", "b": "p", "c": "m"}
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1"), (T0 + 8 * MINUTE, at, 2.0, "u2")]])
+    store.configure_tiers({"s": LAYOUT}, now_ms=T0)
+    assert store.tier_fold_point("s") is None
+    commit_all(store, [[(T0 + 3 * MINUTE, at, 3.0, "u3")]], first_id=1)
+    assert store.tier_fold_point("s") == T0 + 8 * MINUTE + PANE
+    commit_all(store, [[(T0 + 9 * MINUTE, at, 4.0, "u4")], [(T0 + 12 * MINUTE, at, 5.0, "u5")]], first_id=2)
+    assert store.tier_fold_point("s") == T0 + 11 * MINUTE + 30_000
+    assert_tiers_match_panes(store, "s")
+    (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+    assert row.data.count == 4
+    store.configure_tiers({"s": None}, now_ms=T0)
+    assert store.tier_fold_point("s") is None
+    store.close()
+
+
 def test_sums_past_a_double_neither_fail_the_commit_nor_the_reads(store_backend):
     """Values from before ingest bounded them (ingest/events.py MAX_ABS_VALUE), in the log or the
     store: two 1e308 in one tier row made math.fsum raise, failing the batch at every replay (and a
@@ -300,6 +346,22 @@ def test_the_planner_reads_the_coarsest_rows_that_fit():
     assert plan_read(LAYOUT, PANE, T0, T0 + MINUTE, 30_000, 30_000, 2, ()).segments == (
         Segment(PANE, T0, T0 + MINUTE, ""),)
     assert plan_read(None, PANE, T0, T0 + MINUTE, MINUTE, MINUTE, 1, ()).segments == (Segment(PANE, T0, T0 + MINUTE),)
+
+
+def test_a_folded_granule_is_read_only_for_rows_ending_by_the_fold_point():
+    """The 10 m row the fold point falls in lacks its later panes (store/tier_folds.py): finer
+    rows answer from its start, and later 10 m rows are not read either."""
+    point = T0 + 5 * 3_600_000 + 25 * MINUTE + PANE
+    plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, (), folded_ms=point)
+    assert plan.segments == (Segment(10 * MINUTE, T0, T0 + 5 * 3_600_000 + 20 * MINUTE, ""),
+                             Segment(MINUTE, T0 + 5 * 3_600_000 + 20 * MINUTE, T0 + 86_400_000, ""))
+    plan = plan_read(LAYOUT, PANE, T0, T0 + 86_400_000, 3_600_000, 3_600_000, 24, (), now_ms=T0 + 86_400_000,
+                     folded_ms=point)
+    assert plan.segments[0] == Segment(10 * MINUTE, T0, T0 + 5 * 3_600_000 + 20 * MINUTE, "")
+    # Before the first 10 m row ends, none is read; a 1 m tier is never folded.
+    assert plan_read(LAYOUT, PANE, T0, T0 + 3_600_000, 3_600_000, 3_600_000, 1, (), folded_ms=T0 + 9 * MINUTE
+                     ).segments == (Segment(MINUTE, T0, T0 + 3_600_000, ""),)
+    assert LAYOUT.folded_granules() == (10 * MINUTE,)
 
 
 def test_the_pane_granule_keeps_only_the_total_so_grouped_edges_read_the_panes():
