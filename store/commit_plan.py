@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -336,26 +336,30 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
 
 def _column_deltas(cols: PartialColumns, revisions: list[int], layout: TierLayout,
                    folded_ms: int | None) -> dict[TierKey, TierDelta]:
-    """The tier deltas of a stream's partial columns: the folded granules' of the rows before the point."""
-    coarse = tier_folds.folded(layout, folded_ms)
-    if not coarse:
-        return tier_deltas_of_columns(cols, revisions, layout)
-    out = tier_deltas_of_columns(cols, revisions, layout, tier_folds.unfolded(layout))
-    early = [i for i, start in enumerate(cols.start) if start < folded_ms]
-    if early:
-        out.update(tier_deltas_of_columns(cols.take(early), [revisions[i] for i in early], layout, coarse))
-    return out
+    """The tier deltas of a stream's partial columns (_split_deltas)."""
+    return _split_deltas(layout, folded_ms, cols.start, lambda rows, granules: tier_deltas_of_columns(
+        cols if rows is None else cols.take(rows), revisions if rows is None else [revisions[i] for i in rows],
+        layout, granules))
 
 
 def _row_deltas(rows: list[tuple], layout: TierLayout, folded_ms: int | None) -> dict[TierKey, TierDelta]:
-    """_column_deltas of pane rows (start, dims, key, data, revision)."""
+    """The tier deltas of pane rows (start, dims, key, data, revision) (_split_deltas)."""
+    return _split_deltas(layout, folded_ms, [row[0] for row in rows], lambda some, granules: tier_deltas(
+        rows if some is None else [rows[i] for i in some], layout, granules))
+
+
+def _split_deltas(layout: TierLayout, folded_ms: int | None, starts: Sequence[int],
+                  deltas_of: Callable[[list[int] | None, Container[int] | None], dict[TierKey, TierDelta]]
+                  ) -> dict[TierKey, TierDelta]:
+    """Every tier's deltas of a stream's partials (`deltas_of(rows or None for all, granules or None
+    for all)`), the folded granules' of the partials before the point only (store/tier_folds.py)."""
     coarse = tier_folds.folded(layout, folded_ms)
     if not coarse:
-        return tier_deltas(rows, layout)
-    out = tier_deltas(rows, layout, tier_folds.unfolded(layout))
-    early = [row for row in rows if row[0] < folded_ms]
-    if early:
-        out.update(tier_deltas(early, layout, coarse))
+        return deltas_of(None, None)
+    out = deltas_of(None, tier_folds.unfolded(layout))
+    early = [i for i, start in enumerate(starts) if start < folded_ms]
+    if early:  # stragglers and corrections: the other granules' keys, disjoint from these
+        out.update(deltas_of(early, coarse))
     return out
 
 

@@ -14,9 +14,9 @@ which the store keeps beside them (`tier_folds`, in the batch's transaction):
 
 Why: the demo's hour row of each dimension combination was rewritten by every batch with one of
 its events, about once a second at 20 000 events/s, and its sketches grow over the hour (twenty
-minutes in: 3.4 KB on average and up to 14 KB, a pane's 1 KB): the commit grew with the hour, its
-median 276 ms in the first minute of a run to 700 ms after five (docs/development.md). Folded,
-a row is written once a pane of time.
+minutes in: 3.4 KB on average and up to 14 KB, a pane's 1 KB). Folded, a row is written once a
+pane of time: `python -m bench.steady_commits --stores sqlite --mix --seconds 300`, commit median
+277 -> 132 ms (docs/benchmarks.md, "Session 95").
 
 A stream without events moves its point by the pipeline's clock, so a row whose hour has passed
 is read again once the first tier's rows under it are gone (foldable: they are kept longer than

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from aggregates.eventtime import BEYOND_RETENTION
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, PaneStore, ValueStats
+from store import tier_folds
 from store.planner import Segment, cover, kept_from_ms, plan_read
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
@@ -282,6 +283,38 @@ def test_tiers_rebuilt_from_the_panes_fold_on_from_past_every_pane(store_backend
     store.close()
 
 
+def test_a_stream_without_events_moves_its_point_by_the_batch_clock(store_backend):
+    """Else a stream gone quiet kept the hour row it stopped in unread for good, and once the finer
+    rows under it went past their keep that hour would be answered from nothing."""
+    store = store_at(store_backend, LAYOUT)
+    at = {"a": "x", "b": "p", "c": "m"}
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1"), (T0 + 25_000, at, 2.0, "u2")]])
+    assert store.tier_fold_point("s") == T0 + 30_000
+    quiet = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=T0 + 12 * MINUTE + 3_000)
+    assert store.commit_batch(quiet, lateness_ms={"s": LATENESS}, now_ms=T0 + 12 * MINUTE).committed
+    assert store.tier_fold_point("s") == T0 + 11 * MINUTE + 30_000
+    assert_tiers_match_panes(store, "s")
+    (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+    assert row.data.count == 2
+    store.close()
+
+
+def test_a_stream_no_longer_foldable_has_every_pane_merged_into_its_rows(store_backend):
+    """A lateness raised past what the first tier's keep allows (store/tier_folds.py foldable): the
+    panes after the point go into the rows and the point goes, so the planner reads them all again."""
+    store = store_at(store_backend, LAYOUT)
+    at = {"a": "x", "b": "p", "c": "m"}
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")], [(T0 + 40_000, at, 2.0, "u2")]])
+    assert store.tier_fold_point("s") == T0 + PANE
+    late = BatchCommit("main", 2, events_to_partials([(T0 + 50_000, at, 3.0, "u3")]), 1, {"s": T0 + 50_000}, {})
+    assert store.commit_batch(late, lateness_ms={"s": RETENTION}, now_ms=T0).committed
+    assert store.tier_fold_point("s") is None
+    assert_tiers_match_panes(store, "s")
+    (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+    assert row.data.count == 3
+    store.close()
+
+
 def test_sums_past_a_double_neither_fail_the_commit_nor_the_reads(store_backend):
     """Values from before ingest bounded them (ingest/events.py MAX_ABS_VALUE), in the log or the
     store: two 1e308 in one tier row made math.fsum raise, failing the batch at every replay (and a
@@ -362,6 +395,19 @@ def test_a_folded_granule_is_read_only_for_rows_ending_by_the_fold_point():
     assert plan_read(LAYOUT, PANE, T0, T0 + 3_600_000, 3_600_000, 3_600_000, 1, (), folded_ms=T0 + 9 * MINUTE
                      ).segments == (Segment(MINUTE, T0, T0 + 3_600_000, ""),)
     assert LAYOUT.folded_granules() == (10 * MINUTE,)
+
+
+def test_a_stream_is_folded_where_its_first_tier_outlives_a_row_under_way():
+    assert tier_folds.foldable(LAYOUT, LATENESS)
+    assert not tier_folds.foldable(LAYOUT, None)  # no longer configured
+    assert not tier_folds.foldable(LAYOUT, RETENTION)
+    short = TierLayout(PANE, 30 * MINUTE, ((MINUTE, 30 * MINUTE), (3_600_000, 86_400_000)), ("",))
+    assert not tier_folds.foldable(short, LATENESS)  # hour rows under way outlive the minutes under them
+    assert not tier_folds.foldable(TierLayout(PANE, RETENTION, ((MINUTE, RETENTION),), ("",)), LATENESS)
+    # The point: the newest event less the lateness, on a pane boundary, never back.
+    assert tier_folds.fold_point(LAYOUT, T0, T0 + 95_000, LATENESS) == T0 + 60_000
+    assert tier_folds.fold_point(LAYOUT, T0 + 60_000, T0 + 95_000, LATENESS) is None
+    assert tier_folds.fold_point(LAYOUT, T0, None, LATENESS) is None
 
 
 def test_the_pane_granule_keeps_only_the_total_so_grouped_edges_read_the_panes():
