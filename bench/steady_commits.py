@@ -183,7 +183,8 @@ def main() -> None:
                 quarters = [statistics.median(times[i * len(times) // 4:(i + 1) * len(times) // 4]) * 1000
                             for i in range(4)] if len(times) >= 4 else []
                 if quarters:
-                    print(f"          commit median by quarter of the run: {' / '.join(f'{q:.1f}' for q in quarters)} ms")
+                    by_quarter = " / ".join(f"{q:.1f}" for q in quarters)
+                    print(f"          commit median by quarter of the run: {by_quarter} ms")
                 for label, seconds in sorted(steps[backend].items(), key=lambda item: -item[1]):
                     print(f"          {label:<40} {seconds:6.2f} s")
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from store import tier_folds
 from store.tiers import TierDelta, TierKey, TierLayout
 
+
 def stored_points(cursor) -> dict[str, int]:
     """Every stream's fold point (a stream without one has every stored pane in its rows)."""
     return dict(cursor.execute("SELECT stream, folded_ms FROM tier_folds").fetchall())
