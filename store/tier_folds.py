@@ -18,12 +18,13 @@ minutes in: 3.4 KB on average and up to 14 KB, a pane's 1 KB). Folded, a row is 
 pane of time: `python -m bench.steady_commits --stores sqlite --mix --seconds 300`, commit median
 277 -> 132 ms (docs/benchmarks.md, "Session 95").
 
-A stream without events moves its point by the pipeline's clock, so a row whose hour has passed
-is read again once the first tier's rows under it are gone (foldable: they are kept longer than
-a row is under way). Queries read a folded granule's rows only where they end by the point (store/planner.py): the
-row the point falls in lacks its later panes, and finer rows answer for it. A stream without a
-point (a store from before, tiers just rebuilt from the panes) has every stored pane in its rows:
-its next commit merges as before and sets the point past every pane it holds (first_fold_point).
+Queries read a folded granule's rows only where they end by the point (store/planner.py): the
+row the point falls in lacks its later panes, and finer rows answer for it. So the first tier's
+rows must outlive a row under way (foldable), and a stream without events moves its point by the
+pipeline's clock: a quiet stream's last hour is read from its row again before the minutes under
+it go. A stream without a point (a store from before, tiers just rebuilt from the panes) has
+every stored pane in its rows: its next commit merges as before and sets the point past every
+pane it holds (first_fold_point).
 """
 
 from __future__ import annotations
