@@ -28,7 +28,7 @@ from store.panes import EMPTY_SUMMARY, PaneData, advance_watermark, dims_key, is
 from store.partial_columns import PartialColumns
 from store.row_columns import encode_columns
 from store.tier_levels import tier_deltas_of_columns
-from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
+from store.tiers import TierDelta, TierKey, TierLayout, stored_pane_deltas, tier_deltas
 from store.watermarks import PartitionMark, advance_stream, partition_state
 
 # A pane as the store identifies it: (stream, start_ms, dims_key).
@@ -560,8 +560,7 @@ def rebuilt_rows_to_save(deltas: Mapping[TierKey, TierDelta], kept: set[tuple[in
 def rebuilt_rows(panes: Iterable, layout: TierLayout) -> tuple[dict[TierKey, TierDelta], int]:
     """The tier rows rolled up from stored panes (store.panes.Pane), and the newest batch among them."""
     panes = list(panes)
-    rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
-    return tier_deltas(rows, layout), max((p.last_batch for p in panes), default=0)
+    return stored_pane_deltas(panes, layout), max((p.last_batch for p in panes), default=0)
 
 
 __all__: Sequence[str] = [

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from store.tiers import TierDelta, TierKey, TierLayout, tier_deltas
+from store.tiers import TierDelta, TierKey, TierLayout, stored_pane_deltas
 
 
 def foldable(layout: TierLayout, lateness_ms: int | None) -> bool:
@@ -79,5 +79,4 @@ def first_fold_point(layout: TierLayout, newest_pane_start_ms: int | None) -> in
 
 def fold_deltas(panes: Iterable, layout: TierLayout) -> dict[TierKey, TierDelta]:
     """The folded granules' deltas of stored panes (store.panes.Pane) as the point passes them."""
-    rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
-    return tier_deltas(rows, layout, frozenset(layout.folded_granules())) if rows else {}
+    return stored_pane_deltas(panes, layout, frozenset(layout.folded_granules()))

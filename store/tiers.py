@@ -157,6 +157,13 @@ def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
     return columnar(pane_rows, layout, granules)
 
 
+def stored_pane_deltas(panes: Iterable, layout: TierLayout,
+                       granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
+    """tier_deltas of stored panes (store.panes.Pane) as a whole: a rebuild's rows, a fold's."""
+    rows = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in panes]
+    return tier_deltas(rows, layout, granules) if rows else {}
+
+
 def narrower(proj: str, source: str) -> bool:
     """Whether rows of `proj` can be made from rows of `source`."""
     if source == ALL_DIMS:
