@@ -103,7 +103,7 @@ def timed_steps(backend: str) -> dict[str, float]:
         steps = [(panes, "plan_batch", "the plan"), (rows, "load", "rows' load (panes and tier rows)"),
                  (rows, "save_rows", "rows' save (panes and tier rows)"), (rows, "copy_rows", "change records"),
                  (panes, "_apply_deltas", "tier rows' load, merge and save"),
-                 (tier_fold_store, "fold", "the fold: passed panes read, rolled up"),
+                 (tier_fold_store, "plan_fold", "the fold: passed panes read, rolled up"),
                  (panes, "apply_bloom_commit", "Bloom bits"), (panes, "_prune", "retention, in all")]
     else:
         import store.sqlite as sqlite
@@ -112,7 +112,7 @@ def timed_steps(backend: str) -> dict[str, float]:
         steps = [(sqlite, "plan_batch", "the plan"), (sqlite_tiers, "load_many", "rows' load (panes and tier rows)"),
                  (sqlite_tiers, "save_rows", "rows' save (panes and tier rows)"),
                  (sqlite_tiers, "apply_deltas", "tier rows' load, merge and save"),
-                 (tier_fold_store, "fold", "the fold: passed panes read, rolled up"),
+                 (tier_fold_store, "plan_fold", "the fold: passed panes read, rolled up"),
                  (sqlite.SqlitePaneStore, "_prune", "retention, in all")]
     for owner, name, label in steps:
         if hasattr(owner, name):

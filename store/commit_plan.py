@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -206,8 +207,8 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     a correction and raises its revision (store.panes.next_revision). Two partials of one pane
     in a batch merge in turn, as two batches would.
 
-    `folds`: each stream's fold point as stored (store/tier_folds.py): its folded tiers' deltas
-    are of its partials before the point only."""
+    `folds`: where each stream's partials split (store/tier_fold_store.py Fold.split, its fold point
+    after the batch): its folded tiers' deltas are of its partials before it only."""
     # The stored panes, then as merged so far in this batch: (data, revision) (no object per partial).
     current = {pane_id: (pane.data, pane.revision) for pane_id, pane in stored.items()}
     writes: list[PaneWrite] = []
@@ -294,10 +295,7 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
                 dead_total[stream] += n
     updates = []
     duplicates = dict(commit.event_ids.duplicates) if commit.event_ids is not None else {}
-    names = (set(aggregated) | set(commit.max_event_ms) | set(commit.read_by_stream) | set(dead_total)
-             | set(commit.partition_max_event_ms) | {s for s, n in duplicates.items() if n}
-             | {s for s in commit.watermark_cap_ms if streams_before.get(s, StreamState()).max_event_ms is not None})
-    for stream in sorted(names):
+    for stream in sorted(batch_streams(commit, streams_before)):
         done = aggregated.get(stream, 0) + dead_total.get(stream, 0) + duplicates.get(stream, 0)
         read = commit.read_by_stream.get(stream, done)
         if read != done:
@@ -308,7 +306,7 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
             )
         before = streams_before.get(stream, StreamState())
         max_event = commit.max_event_ms.get(stream)
-        newest = max((t for t in (before.max_event_ms, max_event) if t is not None), default=None)
+        newest = newest_event_ms(commit, streams_before, stream)
         held_by, partitions = None, {}
         if stream in commit.partition_max_event_ms:
             idle = (idle_timeout_ms or {}).get(stream, DEFAULT_PARTITION_IDLE_TIMEOUT_MS)
@@ -334,33 +332,45 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     return BatchPlan(writes, new, updated, deltas, updates, dead_counts, fresh_blocks)
 
 
+def batch_streams(commit: BatchCommit, streams_before: Mapping[str, StreamState]) -> set[str]:
+    """The streams a batch updates (a StreamUpdate each): those it aggregated, read, dead-lettered
+    or dropped duplicates of, or saw an event time or a watermark cap for."""
+    dead = {stream for stream, reasons in commit.dead_by_stream.items() if any(reasons.values())}
+    duplicates = commit.event_ids.duplicates if commit.event_ids is not None else {}
+    return (set(map(attrgetter("stream"), commit.partials))
+            | {stream for stream, cols in commit.partial_columns.items() if len(cols)}
+            | set(commit.max_event_ms) | set(commit.read_by_stream) | dead | set(commit.partition_max_event_ms)
+            | {s for s, n in duplicates.items() if n}
+            | {s for s in commit.watermark_cap_ms if streams_before.get(s, StreamState()).max_event_ms is not None})
+
+
+def batch_newest(commit: BatchCommit, streams_before: Mapping[str, StreamState]) -> dict[str, int | None]:
+    """Each stream the batch updates, by its newest event time after it (store/tier_fold_store.py)."""
+    return {stream: newest_event_ms(commit, streams_before, stream) for stream in batch_streams(commit, streams_before)}
+
+
+def newest_event_ms(commit: BatchCommit, streams_before: Mapping[str, StreamState], stream: str) -> int | None:
+    """A stream's newest event time after the batch: as stored before it or the batch's own."""
+    before = streams_before.get(stream, StreamState()).max_event_ms
+    return max((t for t in (before, commit.max_event_ms.get(stream)) if t is not None), default=None)
+
+
 def _column_deltas(cols: PartialColumns, revisions: list[int], layout: TierLayout,
                    folded_ms: int | None) -> dict[TierKey, TierDelta]:
-    """The tier deltas of a stream's partial columns (_split_deltas)."""
-    return _split_deltas(layout, folded_ms, cols.start, lambda rows, granules: tier_deltas_of_columns(
-        cols if rows is None else cols.take(rows), revisions if rows is None else [revisions[i] for i in rows],
-        layout, granules))
+    """The tier deltas of a stream's partial columns (_split)."""
+    return tier_deltas_of_columns(cols, revisions, layout, split=_split(layout, folded_ms))
 
 
 def _row_deltas(rows: list[tuple], layout: TierLayout, folded_ms: int | None) -> dict[TierKey, TierDelta]:
-    """The tier deltas of pane rows (start, dims, key, data, revision) (_split_deltas)."""
-    return _split_deltas(layout, folded_ms, [row[0] for row in rows], lambda some, granules: tier_deltas(
-        rows if some is None else [rows[i] for i in some], layout, granules))
+    """The tier deltas of pane rows (start, dims, key, data, revision) (_split)."""
+    return tier_deltas(rows, layout, split=_split(layout, folded_ms))
 
 
-def _split_deltas(layout: TierLayout, folded_ms: int | None, starts: Sequence[int],
-                  deltas_of: Callable[[list[int] | None, Container[int] | None], dict[TierKey, TierDelta]]
-                  ) -> dict[TierKey, TierDelta]:
-    """Every tier's deltas of a stream's partials (`deltas_of(rows or None for all, granules or None
-    for all)`), the folded granules' of the partials before the point only (store/tier_folds.py)."""
+def _split(layout: TierLayout, folded_ms: int | None) -> tuple[tuple[int, ...], int] | None:
+    """Every tier takes a stream's partials, its folded tiers only those before the point (stragglers,
+    corrections, a backlog: store/tier_folds.py)."""
     coarse = tier_folds.folded(layout, folded_ms)
-    if not coarse:
-        return deltas_of(None, None)
-    out = deltas_of(None, tier_folds.unfolded(layout))
-    early = [i for i, start in enumerate(starts) if start < folded_ms]
-    if early:  # stragglers and corrections: the other granules' keys, disjoint from these
-        out.update(deltas_of(early, coarse))
-    return out
+    return (coarse, folded_ms) if coarse else None
 
 
 def pane_rows(plan: BatchPlan) -> list[tuple]:

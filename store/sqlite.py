@@ -37,8 +37,8 @@ from store.base import (
 )
 from store import event_ids
 from store import joins as join_store
-from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, pane_ids, pane_keys, pane_rows,
-                               plan_batch, retention_horizons)
+from store.commit_plan import (BatchPlan, PaneId, StoredPane, StreamState, batch_newest, pane_ids, pane_keys,
+                               pane_rows, plan_batch, retention_horizons)
 from store.commit_plan import (CORRECTIONS_DROPPED_PER_COMMIT, DROP_DUE_CORRECTIONS, DROP_OLD_CHANGES, bloom_horizons,
                                change_feed_horizon, with_removed_streams)
 from store.connection import SqliteDb, naming_file, open_connection, read_snapshot, transaction, where
@@ -166,21 +166,22 @@ class SqlitePaneStore(PaneStore):
         check_definitions(conn, commit.definition_versions, commit.pipeline)  # fenced by a switch (store/switch.py)
         layouts = sqlite_tiers.stored_layouts(conn)
         keys = pane_keys(commit)  # each partial's dimension text, once for the load and the plan
-        points = tier_fold_store.stored_points(conn.cursor())
-        plan = plan_batch(commit, self._stored_panes(commit, keys), self._stream_states(), lateness_ms, layouts,
-                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys, folds=points)
-        first_seq, last_seq = self._write_panes(commit, plan, now_ms)
-        # The tier rows covering the merged panes, in the same transaction (store/tiers.py), and
-        # the coarser tiers' panes the streams' time passed (store/tier_folds.py).
-        if plan.tier_deltas:
-            sqlite_tiers.apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
-        folded, moved = tier_fold_store.fold(
-            conn.cursor(), "?", plan.streams, layouts, points, lateness_ms,
+        streams_before = self._stream_states()
+        # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
+        fold = tier_fold_store.plan_fold(
+            batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(conn.cursor()), lateness_ms,
             lambda stream, lo, hi: sqlite_tiers.read_rows(conn, "panes", "stream = ?", (stream,), lo, hi, None,
                                                           stream=stream),
             clock_ms=commit.batch_now_ms)
-        if folded:
-            sqlite_tiers.apply_deltas(conn, folded, now_ms, commit.batch_id)
+        plan = plan_batch(commit, self._stored_panes(commit, keys), streams_before, lateness_ms, layouts,
+                          now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys, folds=fold.split)
+        first_seq, last_seq = self._write_panes(commit, plan, now_ms)
+        # The tier rows covering the merged panes, in the same transaction (store/tiers.py).
+        if plan.tier_deltas:
+            sqlite_tiers.apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
+        if fold.deltas:
+            sqlite_tiers.apply_deltas(conn, fold.deltas, now_ms, commit.batch_id)
+        moved = {**fold.moved, **tier_fold_store.first_points(conn.cursor(), "?", fold.unset, layouts)}
         if moved:
             tier_fold_store.save_points(conn.cursor(), "?", moved)
         self._write_dead_letters(commit, plan, now_ms)

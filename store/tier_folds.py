@@ -9,8 +9,8 @@ which the store keeps beside them (`tier_folds`, in the batch's transaction):
 - a batch merges into those rows only its partials of panes before the point (stragglers,
   corrections, a backlog sent late), as before;
 - when the stream's newest event less its allowed lateness passes more panes, the batch moves
-  the point there (a pane boundary) and merges those panes, as stored after the batch's own
-  merges, into the rows once (fold_deltas).
+  the point there (a pane boundary) and merges those panes into the rows once: as stored before
+  the batch (fold_deltas), its own partials of them with its other deltas (store/tier_fold_store.py).
 
 Why: the demo's hour row of each dimension combination was rewritten by every batch with one of
 its events, about once a second at 20 000 events/s, and its sketches grow over the hour (twenty

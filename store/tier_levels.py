@@ -156,31 +156,51 @@ class _Level:
         return len(self.start)
 
 
+# (granules, point): the tiers of these granules take only the rows of panes starting before the
+# point (a folded tier's, store/tier_folds.py: the batch's partials before the stream's fold point).
+Split = tuple[Container[int], int]
+
+
 def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
-                granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
+                granules: Container[int] | None = None, split: Split | None = None) -> dict[TierKey, TierDelta]:
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
     data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
-    a third item when the caller has it. `granules`: only the tiers of these (None: every tier)."""
-    return _deltas(_root(pane_rows, layout.pane_ms), layout, granules)
+    a third item when the caller has it. `granules`: only the tiers of these (None: every tier);
+    `split`: see Split."""
+    return _deltas(_root(pane_rows, layout.pane_ms), layout, granules, split)
 
 
 def tier_deltas_of_columns(columns: PartialColumns, revisions: Sequence[int], layout: TierLayout,
-                           granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
+                           granules: Container[int] | None = None, split: Split | None = None
+                           ) -> dict[TierKey, TierDelta]:
     """tier_deltas of a stream's partials given as columns (store/partial_columns.py), with each
     row's pane revision after the merge: the same deltas, without reading each partial's objects
     back into columns."""
-    return _deltas(_root_of_columns(columns, revisions, layout.pane_ms), layout, granules)
+    return _deltas(_root_of_columns(columns, revisions, layout.pane_ms), layout, granules, split)
 
 
-def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
-    levels = [root]
+def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = None,
+            split: Split | None = None) -> dict[TierKey, TierDelta]:
+    # A split's tiers are made of the root's rows before its point and of levels made of those:
+    # one root for both (building a second root of the early rows cost a backlog's commit ~8 %).
+    levels, early_levels = [root], []
+    early = np.flatnonzero(root.start < split[1]) if split is not None else None
     out: dict[TierKey, TierDelta] = {}
     tiers = [t for t in layout.tiers() if granules is None or t.granule_ms in granules]
     # Coarse granules and wide projections first would waste work: finest first, all dims first.
     for tier in sorted(tiers, key=lambda t: (t.granule_ms, t.proj != ALL_DIMS, -len(t.proj))):
-        sources = [lv for lv in levels if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
-        level = _group(min(sources, key=len), tier.granule_ms, tier.proj)
-        levels.append(level)
+        split_here = split is not None and tier.granule_ms in split[0]
+        if split_here and not len(early):
+            continue
+        if split_here and len(early) == len(root):
+            split_here = False  # every row is before the point: the levels of all rows serve
+        pool = early_levels if split_here else levels
+        sources = [(lv, None) for lv in pool if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
+        if split_here:
+            sources.append((root, early))
+        src, rows = min(sources, key=lambda s: len(s[0]) if s[1] is None else len(s[1]))
+        level = _group(src, tier.granule_ms, tier.proj, rows)
+        pool.append(level)
         _emit(level, out)
     return out
 
@@ -286,8 +306,8 @@ def _root_of_columns(cols: PartialColumns, revisions: Sequence[int], pane_ms: in
                   fields, distincts)
 
 
-def _group(src: _Level, granule: int, proj: str) -> _Level:
-    """The rows of tier (granule, proj) made from the rows of `src`."""
+def _group(src: _Level, granule: int, proj: str, rows: np.ndarray | None = None) -> _Level:
+    """The rows of tier (granule, proj) made from the rows of `src` (`rows`: only these, ascending)."""
     if proj == ALL_DIMS or proj == src.proj:
         combo, dims, keys = src.combo, src.dims, src.keys
     else:  # few distinct combinations: each projected (and its key encoded) once
@@ -304,7 +324,9 @@ def _group(src: _Level, granule: int, proj: str) -> _Level:
             mapping.append(c)
         combo = np.asarray(mapping, np.int64)[src.combo]
     start = src.start - np.mod(src.start, granule)
-    order = _by_start_and_combo(start, combo, granule)  # stable: a group's parts keep their order in `src`
+    # Stable: a group's parts keep their order in `src`.
+    order = (_by_start_and_combo(start, combo, granule) if rows is None
+             else rows[_by_start_and_combo(start[rows], combo[rows], granule)])
     s_start, s_combo = start[order], combo[order]
     if len(order):
         breaks = np.flatnonzero((s_start[1:] != s_start[:-1]) | (s_combo[1:] != s_combo[:-1])) + 1

@@ -146,15 +146,16 @@ class TierDelta:
     revision: int
 
 
-def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
-                granules: Container[int] | None = None) -> dict[TierKey, TierDelta]:
+def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout, granules: Container[int] | None = None,
+                split: tuple[Container[int], int] | None = None) -> dict[TierKey, TierDelta]:
     """Every tier row a batch touches, with its delta: from pane rows (start, dims, the batch's
     data for the pane, the pane's revision after the merge), optionally with dims_key(dims) as
-    a third item when the caller has it; `granules`: only the tiers of these (None: every tier).
+    a third item when the caller has it; `granules`: only the tiers of these (None: every tier);
+    `split` (granules, point): those tiers of the rows of panes before the point only.
     Computed column-wise (store/tier_levels.py)."""
     from store.tier_levels import tier_deltas as columnar  # it builds on this module's types
 
-    return columnar(pane_rows, layout, granules)
+    return columnar(pane_rows, layout, granules, split)
 
 
 def stored_pane_deltas(panes: Iterable, layout: TierLayout,

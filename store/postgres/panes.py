@@ -48,6 +48,7 @@ from store.commit_plan import (
     DROP_DUE_CORRECTIONS,
     DROP_OLD_CHANGES,
     StreamState,
+    batch_newest,
     bloom_horizons,
     change_feed_horizon,
     merged_tier_rows,
@@ -141,9 +142,13 @@ class PostgresPaneStore(PaneStore):
         stored = rows.load(conn, "panes", rows.PANE_KEY, pane_ids(commit, keys))
         layouts = _layouts(conn)
         with conn.cursor() as cur:
-            points = tier_fold_store.stored_points(cur)
+            # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
+            fold = tier_fold_store.plan_fold(
+                batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(cur), lateness_ms,
+                lambda stream, lo, hi: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None, stream=stream),
+                clock_ms=commit.batch_now_ms)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
-                          idle_timeout_ms=idle_timeout_ms, keys=keys, folds=points)
+                          idle_timeout_ms=idle_timeout_ms, keys=keys, folds=fold.split)
         written = pane_rows(plan)
         stored_keys = rows.save_rows(conn, "panes", rows.PANE_KEY,
                                      [((stream, start, key), end, count, text, revision, blob)
@@ -175,13 +180,9 @@ class PostgresPaneStore(PaneStore):
                 first_seq = last_seq - len(changes) + 1
             if plan.tier_deltas:
                 _apply_deltas(conn, plan.tier_deltas, now_ms, commit.batch_id)
-            # The coarser tiers' panes the streams' time passed (store/tier_folds.py).
-            folded, moved = tier_fold_store.fold(
-                cur, "%s", plan.streams, layouts, points, lateness_ms,
-                lambda stream, lo, hi: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None, stream=stream),
-                clock_ms=commit.batch_now_ms)
-            if folded:
-                _apply_deltas(conn, folded, now_ms, commit.batch_id)
+            if fold.deltas:
+                _apply_deltas(conn, fold.deltas, now_ms, commit.batch_id)
+            moved = {**fold.moved, **tier_fold_store.first_points(cur, "%s", fold.unset, layouts)}
             if moved:
                 tier_fold_store.save_points(cur, "%s", moved)
             if plan.dead_counts:

@@ -61,8 +61,10 @@ def _sorted_items(blob: bytes | None):
 @given(pane_rows)
 def test_column_wise_deltas_equal_the_row_wise_ones(rows):
     panes = [(start, dims, _pane(v, w, users, bounds), revision) for start, dims, v, w, users, bounds, revision in rows]
-    got = tier_deltas(panes, LAYOUT)
-    want = tier_deltas_by_row(panes, LAYOUT)
+    _assert_same(tier_deltas(panes, LAYOUT), tier_deltas_by_row(panes, LAYOUT))
+
+
+def _assert_same(got: dict, want: dict) -> None:
     assert set(got) == set(want)
     for key, w in want.items():
         g = got[key]
@@ -76,6 +78,20 @@ def test_column_wise_deltas_equal_the_row_wise_ones(rows):
         for name, blob in w.data.distincts.items():
             assert (HllSketch.from_bytes(g.data.distincts[name]).estimate()
                     == HllSketch.from_bytes(blob).estimate()), (key, name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pane_rows, st.integers(-30, 400).map(lambda i: T0 + i * PANE))
+def test_a_split_tier_takes_the_rows_before_the_point_the_others_every_row(rows, point):
+    """A folded tier's deltas (store/tier_folds.py: the partials before the fold point) made in the
+    same pass as the other tiers', from one root."""
+    panes = [(start, dims, _pane(v, w, users, bounds), revision) for start, dims, v, w, users, bounds, revision in rows]
+    got = tier_deltas(panes, LAYOUT, split=((3_600_000,), point))
+    want = tier_deltas_by_row(panes, LAYOUT)
+    want = {key: w for key, w in want.items() if key.granule_ms != 3_600_000}
+    want.update((key, w) for key, w in tier_deltas_by_row([p for p in panes if p[0] < point], LAYOUT).items()
+                if key.granule_ms == 3_600_000)
+    _assert_same(got, want)
 
 
 def test_no_rows_no_deltas():

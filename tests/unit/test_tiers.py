@@ -263,6 +263,26 @@ def test_the_coarser_tiers_rows_take_the_panes_the_streams_time_passes_not_every
     store.close()
 
 
+def test_a_batch_that_moves_the_point_brings_each_passed_event_into_the_rows_once(store_backend):
+    """The fold is decided before the batch writes (store/tier_fold_store.py plan_fold): the panes the
+    point passes reach the 10 m row as stored before the batch, the batch's own partials of them
+    through its plan. Each event once, whether its pane was stored before, merged into, or new."""
+    store = store_at(store_backend, LAYOUT)
+    at = {"a": "x", "b": "p", "c": "m"}
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")], [(T0 + 20_000, at, 2.0, "u2"), (T0 + 40_000, at, 3.0, "u3")]])
+    assert store.tier_fold_point("s") == T0 + PANE
+    # Into the stored pane at 20 s, a new pane at 50 s (both passed by the point this batch moves),
+    # and a pane after the new point.
+    commit_all(store, [[(T0 + 25_000, at, 4.0, "u4"), (T0 + 50_000, at, 5.0, "u5"), (T0 + 4 * MINUTE, at, 6.0, "u6")]],
+               first_id=2)
+    assert store.tier_fold_point("s") == T0 + 3 * MINUTE + 30_000
+    (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+    assert row.data.count == 5  # 5, 20, 25, 40 and 50 s; the event at 4 min waits for the point
+    assert row.data.values["v"].sum == 15.0
+    assert_tiers_match_panes(store, "s")
+    store.close()
+
+
 def test_tiers_rebuilt_from_the_panes_fold_on_from_past_every_pane(store_backend):
     """A rebuild merges every pane into the rows: the stream has no point until its next commit,
     which sets it past every stored pane (nothing folded twice)."""
