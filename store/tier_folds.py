@@ -51,11 +51,6 @@ def folded(layout: TierLayout, folded_ms: int | None) -> tuple[int, ...]:
     return () if folded_ms is None else layout.folded_granules()
 
 
-def unfolded(layout: TierLayout) -> frozenset[int]:
-    """The granules every batch merges all its partials into: the pane's and the first tier's."""
-    return frozenset(layout.granules_ms()) - frozenset(layout.folded_granules())
-
-
 def fold_point(layout: TierLayout, folded_ms: int, newest_ms: int | None, lateness_ms: int) -> int | None:
     """Where the stream's point moves after a batch: its newest event (or, for a stream without
     events in the batch, the pipeline's clock) less the allowed lateness, on a pane boundary (the
