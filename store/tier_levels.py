@@ -195,9 +195,9 @@ def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = 
         if split_here and len(early) == len(root):
             split_here = False  # every row is before the point: the levels of all rows serve
         pool = early_levels if split_here else levels
-        sources = [(lv, None) for lv in pool if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
-        if split_here:
-            sources.append((root, early))
+        # The root first, as in `levels`: of sources as small, the first is taken (a sum's rounding).
+        sources = [(root, early)] if split_here else []
+        sources += [(lv, None) for lv in pool if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
         src, rows = min(sources, key=lambda s: len(s[0]) if s[1] is None else len(s[1]))
         level = _group(src, tier.granule_ms, tier.proj, rows)
         pool.append(level)
