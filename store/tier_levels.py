@@ -192,11 +192,11 @@ def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = 
         split_here = split is not None and tier.granule_ms in split[0]
         if split_here and not len(early):
             continue
-        if split_here and len(early) == len(root):
-            split_here = False  # every row is before the point: the levels of all rows serve
         pool = early_levels if split_here else levels
         # The root first, as in `levels`: of sources as small, the first is taken (a sum's rounding).
-        sources = [(root, early)] if split_here else []
+        # Also when every row is early, a split tier comes from the root or its own levels, never
+        # from a finer tier's: the same rows, and the same roundings, as a pass over the early rows.
+        sources = [(root, None if len(early) == len(root) else early)] if split_here else []
         sources += [(lv, None) for lv in pool if tier.granule_ms % lv.granule == 0 and narrower(tier.proj, lv.proj)]
         src, rows = min(sources, key=lambda s: len(s[0]) if s[1] is None else len(s[1]))
         level = _group(src, tier.granule_ms, tier.proj, rows)

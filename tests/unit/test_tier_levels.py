@@ -10,7 +10,7 @@ import math
 import operator
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sketches import HllSketch, KllSketch
@@ -84,15 +84,21 @@ def _assert_same(got: dict, want: dict, sums=operator.eq) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(pane_rows, st.integers(-30, 400).map(lambda i: T0 + i * PANE))
+# Every row early: the hour from the panes (1e16 + 2), not from the minutes' rounded sums (1e16 + 1 -> 1e16).
+@example([(T0, {}, [1e16], [], [], True, 1), (T0 + PANE, {}, [1.0], [], [], True, 1),
+          (T0 + 60_000, {}, [1.0], [], [], True, 1)], T0 + HOUR)
 def test_a_split_tier_takes_the_rows_before_the_point_the_others_every_row(rows, point):
     """A folded tier's deltas (store/tier_folds.py: the partials before the fold point) made in the
-    same pass as the other tiers', from one root: the row-wise reference's rows of the early panes
-    for the folded granule, of every pane for the others."""
+    same pass as the other tiers', from one root: exactly what a pass over the early panes makes for
+    the folded granule, and a pass over every pane for the others; and the row-wise reference's rows."""
     panes = [(start, dims, _pane(v, w, users, bounds), revision) for start, dims, v, w, users, bounds, revision in rows]
     early = [p for p in panes if p[0] < point]
     got = tier_deltas(panes, LAYOUT, split=((HOUR,), point))
-    # The reference makes an hour from the minutes, the split from the early panes or levels of them:
-    # sums of other roundings (the last bit), the rest the same.
+    two_passes = tier_deltas(panes, LAYOUT, {PANE, 60_000})
+    two_passes.update(tier_deltas(early, LAYOUT, {HOUR}))
+    _assert_same(got, two_passes)
+    # The reference makes an hour from the minutes, the split from the early panes or hour levels of
+    # them: sums of other roundings (the last bit), the rest the same.
     want = {key: w for key, w in tier_deltas_by_row(panes, LAYOUT).items() if key.granule_ms != HOUR}
     want.update((key, w) for key, w in tier_deltas_by_row(early, LAYOUT).items() if key.granule_ms == HOUR)
     _assert_same(got, want, sums=lambda a, b: math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9))
