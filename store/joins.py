@@ -13,8 +13,9 @@ which take a DB-API cursor and the backend's placeholder.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -132,25 +133,30 @@ def lookup(cursor, join: str, keys: Sequence[str], expire_through_ms: int | None
     return JoinState(clock, sorted(lefts), sorted(rights))
 
 
-def apply(cursor, commits: Sequence[JoinCommit], placeholder: str) -> None:
-    """Save each join's batch changes, then drop what expired; the caller owns the transaction."""
+# The kept events' columns, and what makes one event (a row again for it keeps the last `matched`).
+LEFT_COLUMNS = ("join_name", "join_key", "time_ms", "log_partition", "log_offset", "dims", "matched")
+RIGHT_COLUMNS = ("join_name", "join_key", "time_ms", "log_partition", "log_offset", "matched")
+EVENT_KEY = ("join_name", "log_partition", "log_offset")
+
+# Upserts rows (`columns` of `table`, keyed by EVENT_KEY, `matched` replaced on a conflict) in one
+# go; the store gives its bulk path (PostgreSQL: COPY, store/postgres/rows.py `upsert`).
+Upsert = Callable[[str, Sequence[str], Sequence[tuple]], None]
+
+
+def apply(cursor, commits: Sequence[JoinCommit], placeholder: str, upsert: Upsert | None = None) -> None:
+    """Save each join's batch changes, then drop what expired; the caller owns the transaction.
+    `upsert`: how the events are written (None: an executemany on `cursor`)."""
     q = placeholder
+    save = upsert or functools.partial(_upsert_each, cursor, q)
     for c in commits:
         if c.lefts:
             # Each distinct dims tuple encoded once (a batch's left events share a few).
             dims_json = {d: json.dumps(list(d)) for d in {e.dims for e in c.lefts}}
-            cursor.executemany(
-                f"INSERT INTO join_left (join_name, join_key, time_ms, log_partition, log_offset, dims, matched)"
-                f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}) ON CONFLICT (join_name, log_partition, log_offset)"
-                " DO UPDATE SET matched = excluded.matched",
-                [(c.join, e.key, e.time_ms, e.partition, e.offset, dims_json[e.dims], int(e.matched))
-                 for e in c.lefts])
+            save("join_left", LEFT_COLUMNS, [(c.join, e.key, e.time_ms, e.partition, e.offset, dims_json[e.dims],
+                                              int(e.matched)) for e in c.lefts])
         if c.rights:
-            cursor.executemany(
-                f"INSERT INTO join_right (join_name, join_key, time_ms, log_partition, log_offset, matched)"
-                f" VALUES ({q}, {q}, {q}, {q}, {q}, {q}) ON CONFLICT (join_name, log_partition, log_offset)"
-                " DO UPDATE SET matched = excluded.matched",
-                [(c.join, e.key, e.time_ms, e.partition, e.offset, int(e.matched)) for e in c.rights])
+            save("join_right", RIGHT_COLUMNS,
+                 [(c.join, e.key, e.time_ms, e.partition, e.offset, int(e.matched)) for e in c.rights])
         if c.expire_through_ms is not None:
             for table in ("join_left", "join_right"):
                 cursor.execute(f"DELETE FROM {table} WHERE join_name = {q} AND time_ms <= {q}",
@@ -161,6 +167,11 @@ def apply(cursor, commits: Sequence[JoinCommit], placeholder: str) -> None:
             " pairs = join_progress.pairs + excluded.pairs,"
             " unmatched_right = join_progress.unmatched_right + excluded.unmatched_right",
             (c.join, c.clock_ms, c.pairs, c.unmatched_right))
+
+
+def _upsert_each(cursor, q: str, table: str, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    cursor.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join([q] * len(columns))})"
+                       f" ON CONFLICT ({', '.join(EVENT_KEY)}) DO UPDATE SET matched = excluded.matched", rows)
 
 
 def sizes(cursor) -> dict[str, JoinSizes]:

@@ -253,7 +253,8 @@ class PostgresPaneStore(PaneStore):
                                 log_end_offsets=commit.log_end_offsets, placeholder="%s")
         if commit.joins:
             with conn.cursor() as cur:
-                join_store.apply(cur, commit.joins, "%s")
+                join_store.apply(cur, commit.joins, "%s", upsert=lambda table, columns, events: rows.upsert(
+                    conn, table, columns, join_store.EVENT_KEY, ("matched",), events))
         if commit.patterns:
             with conn.cursor() as cur:
                 pattern_store.apply(cur, commit.patterns, commit.batch_id, now_ms, "%s")

@@ -43,6 +43,22 @@ def test_join_state_is_saved_with_the_batch_once_and_read_by_key_and_expiry(stor
                                                  unmatched_right=1)
 
 
+def test_an_event_named_twice_in_a_commit_keeps_its_last_row(store_backend):
+    """A batch's events are written in bulk (PostgreSQL: COPY, then one INSERT ... ON CONFLICT,
+    which may not touch a row twice): an event the commit names twice, new then matched, is kept
+    once, as its last row says, and the other events beside it all."""
+    store = store_backend.create()
+    lefts = [JoinEvent(T0 + i, i % 2, i, f"s{i}", ("books",)) for i in range(300)]
+    lefts.append(JoinEvent(T0 + 7, 1, 7, "s7", ("books",), True))
+    rights = [JoinEvent(T0 + 1, 0, 1, "s1"), JoinEvent(T0 + 1, 0, 1, "s1", (), True)]
+    join = JoinCommit("sc", T0, None, lefts=lefts, rights=rights, pairs=1)
+    assert store.commit_batch(commit(0, join), lateness_ms={}, now_ms=T0).committed
+    state = store.join_state("sc", ["s1", "s7", "s8"], None)
+    assert list(state.lefts) == [lefts[1], lefts[-1], lefts[8]]
+    assert list(state.rights) == [rights[-1]]
+    assert store.join_sizes()["sc"] == JoinSizes(T0, left_rows=300, right_rows=1, pending_right=0, pairs=1)
+
+
 def test_a_failed_commit_saves_no_join_state(store_backend):
     store = store_backend.create()
     bad = BatchCommit(pipeline="main", batch_id=0, partials=[], events_read=0, read_by_stream={"x": 3},
