@@ -150,7 +150,7 @@ def main() -> None:
     made = batches(args.rate, args.batch, args.seconds, mix=args.mix)
     partials = [len(p) for p, _, _ in made]
     print(f"{len(made)} micro-batches of {args.batch:,} requests ({args.rate:,} a second, {args.seconds:.0f} s)"
-          f"{f', {statistics.median(n for _, n, _ in made):,.0f} events in all' if args.mix else ''};"
+          f"{f', {statistics.median(n for _, n, _ in made):,.0f} events a batch in all (median)' if args.mix else ''};"
           f" pane partials a batch median {statistics.median(partials):,.0f}"
           f" (made in {time.perf_counter() - started:.0f} s)", flush=True)
     with ExitStack() as stack:
