@@ -22,7 +22,8 @@ versions a live batch commits too.
 
 Prints per run the commit's median / p90 / max past the first tenth of the batches (a steady
 state) and their total, then the wall time of each of the commit's steps summed over the run
-(the store's functions timed around their calls). Run it with nothing else on the machine;
+(the store's functions timed around their calls: a step called within another is counted in both,
+so they add up to more than the total). Run it with nothing else on the machine;
 figures are printed, never asserted.
 """
 
@@ -101,7 +102,8 @@ def timed_steps(backend: str) -> dict[str, float]:
         import store.postgres.rows as rows
 
         steps = [(panes, "plan_batch", "the plan"), (rows, "load", "rows' load (panes and tier rows)"),
-                 (rows, "save_rows", "rows' save (panes and tier rows)"), (rows, "copy_rows", "change records"),
+                 (rows, "save_rows", "rows' save (panes and tier rows)"),
+                 (rows, "copy_rows", "COPY, in all (change records; within loads, saves)"),
                  (panes, "_apply_deltas", "tier rows' load, merge and save"),
                  (tier_fold_store, "plan_fold", "the fold: passed panes read, rolled up"),
                  (panes, "apply_bloom_commit", "Bloom bits"), (panes, "_prune", "retention, in all")]
