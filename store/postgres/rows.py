@@ -59,14 +59,15 @@ _STAGING = {  # temporary table -> its definition; one set per pooled connection
 _STAGED_AS_THEY_COME = [f"ALTER TABLE staged_{t} ALTER COLUMN sketches SET STORAGE EXTERNAL"
                         for t in ("panes", "tier_rows")]
 _staged_on: weakref.WeakSet = weakref.WeakSet()  # connections that have them
-_emptied_on: weakref.WeakSet = weakref.WeakSet()  # connections whose tables have dead rows since their VACUUM
+# Per connection, its tables that have dead rows since their VACUUM (only those are vacuumed: a
+# commit without window joins leaves their staging tables alone).
+_emptied_on: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Autovacuum never visits a session's temporary tables, so the rows each use deletes stayed in
 # them: after 58 commits of bench.steady_commits --mix, 218 MB in staged_tier_rows, and every
 # upsert's scan of it grew slower (a stream's tier rows 7 ms a statement in the first quarter, 25
 # ms in the last; the commit's median 457 ms). Vacuumed before each writer's transaction: 3-4 ms,
 # the tables stay at a few hundred KB, the median was 262 ms. (TRUNCATE in each use instead: 289
 # ms, new files for every table at each use.)
-_VACUUM = f"VACUUM {', '.join(_STAGING)}"
 
 
 def ensure_staging(conn: psycopg.Connection) -> None:
@@ -87,10 +88,14 @@ def ensure_staging(conn: psycopg.Connection) -> None:
                                   for name, definition in _STAGING.items()), *_STAGED_AS_THEY_COME]))
         if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:  # no transaction to undo them
             _staged_on.add(conn)
-    elif (conn in _emptied_on and conn.autocommit
+    elif (_emptied_on.get(conn) and conn.autocommit
           and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):  # VACUUM runs in none
-        conn.execute(_VACUUM)
-        _emptied_on.discard(conn)
+        conn.execute(f"VACUUM {', '.join(sorted(_emptied_on.pop(conn)))}")
+
+
+def _emptied(conn: psycopg.Connection, table: str) -> None:
+    """`table` (a staging table) will have dead rows once this use empties it."""
+    _emptied_on.setdefault(conn, set()).add(table)
 
 
 def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], keys: Sequence[tuple]) -> dict[tuple, StoredPane]:
@@ -107,7 +112,7 @@ def load(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...], key
     columns = ", ".join(key_columns)
     staged = f"keys_{table}"
     copy_rows(conn, staged, key_columns, keys)
-    _emptied_on.add(conn)
+    _emptied(conn, staged)
     # One round trip: the join, and the staged keys dropped (a second load in this transaction starts
     # empty). Its rows in binary: the sketches as they are, where text would send each byte as two hex digits.
     with conn.pipeline(), conn.cursor(binary=True) as cur:
@@ -138,7 +143,7 @@ def save_rows(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...]
         number = dim_sets.numbered(cur, "%s", latest)
     columns = ", ".join(key_columns)
     staged = f"staged_{table}"
-    _emptied_on.add(conn)
+    _emptied(conn, staged)
     copy_rows(conn, staged, (*key_columns, *_ROW),
               ((*number[key], end, count, text, revision, now_ms, batch_id, blob)
                for key, end, count, text, revision, blob in latest.values()))
@@ -163,7 +168,7 @@ def upsert(conn: psycopg.Connection, table: str, columns: Sequence[str], key: Se
         return
     ensure_staging(conn)
     staged = f"staged_{table}"
-    _emptied_on.add(conn)
+    _emptied(conn, staged)
     copy_rows(conn, staged, columns, latest)
     names = ", ".join(columns)
     conn.execute(  # one round trip: the upsert, and the staging emptied for the next use in this transaction

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from store import BatchCommit, PanePartial
+from store.joins import JoinCommit, JoinEvent
 from store.postgres import PostgresPaneStore
 from store.postgres.schema import LZ4_COLUMNS
 from tests.unit.test_commit_bulk import LAYOUT, PANE, T0, _pane
@@ -39,10 +40,17 @@ def _partials(batch_id: int) -> tuple[PanePartial, ...]:
     return tuple(partials)
 
 
-def _commit(store, batch_id: int) -> None:
+def _commit(store, batch_id: int, joins: tuple = ()) -> None:
     partials = list(_partials(batch_id))
     store.commit_batch(BatchCommit("main", batch_id, partials, sum(p.data.count for p in partials),
-                                   {"s": T0 + batch_id * PANE}, {}), lateness_ms={"s": 0}, now_ms=T0)
+                                   {"s": T0 + batch_id * PANE}, {}, joins=list(joins)), lateness_ms={"s": 0}, now_ms=T0)
+
+
+def _join(batch_id: int, events: int = 2_000) -> JoinCommit:
+    """A batch's window-join events (each batch its own offsets), those of earlier batches expired."""
+    at = T0 + batch_id * PANE
+    made = [JoinEvent(at, 0, batch_id * events + i, f"k{i}", ("x",)) for i in range(events)]
+    return JoinCommit("j", at, at - 1, lefts=made, rights=[e._replace(dims=()) for e in made])
 
 
 def _exact(store) -> list:
@@ -111,7 +119,7 @@ def test_the_staging_tables_do_not_grow_commit_after_commit(postgres_server):
         store.configure_tiers({"s": LAYOUT}, now_ms=T0)
         sizes = []
         for batch_id in range(16):
-            _commit(store, batch_id)
+            _commit(store, batch_id, [_join(batch_id)])  # the window joins' events go through staging too
             with store._pool.connection() as conn:
                 sizes.append(conn.execute("SELECT sum(pg_total_relation_size(name::regclass))::bigint"
                                           " FROM unnest(%s::text[]) AS t(name)", (list(_STAGING),)).fetchone()[0])
