@@ -37,7 +37,10 @@ _COPY_TYPES = {**_TYPES, "stats": "text", "sketches": "bytea",
                **{c: "bigint" for c in ("end_ms", "count", "revision", "updated_at_ms", "last_batch", "batch_id",
                                         "count_added", "at_ms", "correction_id", "time_ms", "log_partition",
                                         "log_offset", "matched")},
-               "join_name": "text", "join_key": "text", "dims": "text"}
+               "join_name": "text", "join_key": "text", "dims": "text", "id": "bigint", "pipeline": "text",
+               **{c: "bigint" for c in ("pane_start_ms", "pane_end_ms", "revision_from", "revision_to",
+                                        "events_added")},
+               "old": "text", "new": "text"}
 
 
 def copy_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence]) -> None:

@@ -4,6 +4,7 @@ Property tests (Hypothesis) for the watermark, pane assignment and merge order."
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 
@@ -183,6 +184,24 @@ def test_corrections_filters_and_cursor(store):
     assert store.corrections(stream="other") == []
     assert [c.id for c in store.corrections(after_id=everything[0].id, limit=1)] == [everything[1].id]
     assert store.max_correction_id() == everything[-1].id
+
+
+def test_each_change_names_its_own_correction_when_a_batch_corrects_many_panes(store):
+    """A batch's corrections are saved together (PostgreSQL: their ids taken at once, then one COPY):
+    each change of a corrected pane names its own correction, also for a pane two of the batch's
+    partials correct in turn, and the ids follow the batch's writes."""
+    store.commit_batch(commit(0, [part(T0 + 200_000)], max_event=T0 + 200_000), lateness_ms=LATENESS, now_ms=1)
+    late = [part(T0 + i * PANE, dims={"d": f"x{i % 3}"}) for i in range(12)] + [part(T0 + PANE, dims={"d": "x1"})]
+    result = store.commit_batch(commit(1, late), lateness_ms=LATENESS, now_ms=2)
+    assert result.corrections == 13
+    by_id = {c.id: c for c in store.corrections()}
+    changes = [ch for ch in store.changes_since(0) if ch.batch_id == 1]
+    assert len(changes) == 13 and [ch.correction_id for ch in changes] == sorted(by_id)
+    for ch in changes:
+        c = by_id[ch.correction_id]
+        assert (c.pane_start_ms, dict(c.dims), c.revision_to) == (ch.start_ms, json.loads(ch.dims), ch.revision)
+    twice = [by_id[ch.correction_id] for ch in changes if ch.start_ms == T0 + PANE]
+    assert [(c.revision_from, c.revision_to, c.new["count"]) for c in twice] == [(1, 2, 1), (2, 3, 2)]
 
 
 def test_replayed_batch_records_no_second_correction(store):
