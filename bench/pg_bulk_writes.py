@@ -33,7 +33,8 @@ from store.commit_plan import CorrectionRecord
 from store.joins import JoinCommit, JoinEvent
 
 T0 = 1_700_000_000_000
-SUMMARY = {"count": 3, "values": {"latency_ms": {"n": 3, "sum": 61.5, "min": 12.0, "max": 30.5}}, "distinct": {"u": 3.0}}
+SUMMARY = {"count": 3, "values": {"latency_ms": {"n": 3, "sum": 61.5, "min": 12.0, "max": 30.5}},
+           "distinct": {"u": 3.0}}
 
 
 def events(count: int, first_offset: int, dims: tuple = ()) -> list[JoinEvent]:
