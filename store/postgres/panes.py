@@ -550,9 +550,9 @@ class PostgresPaneStore(PaneStore):
 def _save_corrections(conn: psycopg.Connection, cur: psycopg.Cursor, corrected: Sequence[tuple], commit: BatchCommit,
                       now_ms: int) -> list[int]:
     """The ids of the batch's corrections (pane_rows' rows with one), saved: the ids taken from the
-    table's sequence in one round trip, then one COPY. An INSERT ... RETURNING
-    each took a round trip a correction: the demo's whole traffic on PostgreSQL corrects ~100 panes
-    a batch (mobile_app's late events; p90 ~260). Ids in the rows' order, as one INSERT after the
+    table's sequence in one round trip, then one COPY. An INSERT ... RETURNING each took a round trip
+    a correction, and the demo's whole traffic on PostgreSQL corrects ~100 panes a batch (mobile_app's
+    late events; p90 ~260; bench.pg_bulk_writes). Ids in the rows' order, as one INSERT after the
     other gave them (commits hold COMMIT_LOCK: nothing else takes ids meanwhile)."""
     if not corrected:
         return []
