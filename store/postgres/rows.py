@@ -144,17 +144,9 @@ def save_rows(conn: psycopg.Connection, table: str, key_columns: tuple[str, ...]
     ensure_staging(conn)
     with conn.cursor() as cur:
         number = dim_sets.numbered(cur, "%s", latest)
-    columns = ", ".join(key_columns)
-    staged = f"staged_{table}"
-    _emptied(conn, staged)
-    copy_rows(conn, staged, (*key_columns, *_ROW),
-              ((*number[key], end, count, text, revision, now_ms, batch_id, blob)
-               for key, end, count, text, revision, blob in latest.values()))
-    updates = ", ".join(f"{c} = excluded.{c}" for c in _ROW)
-    conn.execute(  # one round trip: the upsert, and the staging emptied for a second save in this transaction
-        f"INSERT INTO {table} ({columns}, {', '.join(_ROW)}) SELECT {columns}, {', '.join(_ROW)} FROM {staged}"
-        f" ON CONFLICT ({columns}) DO UPDATE SET {updates};"
-        f" DELETE FROM {staged}")
+    _upsert_unique(conn, table, (*key_columns, *_ROW), key_columns, _ROW,
+                   ((*number[key], end, count, text, revision, now_ms, batch_id, blob)
+                    for key, end, count, text, revision, blob in latest.values()))
     return number
 
 
@@ -167,12 +159,17 @@ def upsert(conn: psycopg.Connection, table: str, columns: Sequence[str], key: Se
     INSERT may not touch a row twice)."""
     at = [columns.index(c) for c in key]
     latest = list({tuple(row[i] for i in at): row for row in rows}.values())
-    if not latest:
-        return
-    ensure_staging(conn)
+    if latest:
+        ensure_staging(conn)
+        _upsert_unique(conn, table, columns, key, updates, latest)
+
+
+def _upsert_unique(conn: psycopg.Connection, table: str, columns: Sequence[str], key: Sequence[str],
+                   updates: Sequence[str], rows: Iterable[Sequence]) -> None:
+    """upsert of rows with distinct keys (save_rows' and upsert's common part)."""
     staged = f"staged_{table}"
     _emptied(conn, staged)
-    copy_rows(conn, staged, columns, latest)
+    copy_rows(conn, staged, columns, rows)
     names = ", ".join(columns)
     conn.execute(  # one round trip: the upsert, and the staging emptied for the next use in this transaction
         f"INSERT INTO {table} ({names}) SELECT {names} FROM {staged} ON CONFLICT ({', '.join(key)})"
