@@ -311,9 +311,9 @@ class PaneStore(ABC):
         """The roll-up tiers the store keeps for a stream (store/tiers.py), None when only panes."""
 
     @abstractmethod
-    def tier_fold_point(self, stream: str) -> int | None:
-        """The stream's fold point (store/tier_folds.py): its folded tiers' rows hold the panes
-        starting before it; None: every row holds all its panes."""
+    def tier_fold_clock(self, stream: str) -> int | None:
+        """The stream's fold clock (store/tier_folds.py): its folded tiers' rows hold the panes
+        starting before their shard's point (shard_points); None: every row holds all its panes."""
 
     @abstractmethod
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,

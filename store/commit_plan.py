@@ -193,7 +193,7 @@ def partition_clock_ms(commit: BatchCommit, now_ms: int) -> int:
 def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams_before: Mapping[str, StreamState],
                lateness_ms: Mapping[str, int], layouts: Mapping[str, TierLayout], *, now_ms: int = 0,
                idle_timeout_ms: Mapping[str, int] | None = None, keys: Sequence[str] | None = None,
-               folds: Mapping[str, int] | None = None) -> BatchPlan:
+               folds: Mapping[str, tuple[int, ...]] | None = None) -> BatchPlan:
     """Everything the batch writes. `stored` holds the panes of pane_ids(commit) that exist;
     `keys` are pane_keys(commit) when the caller has them (computed here otherwise).
     The watermark is per partition for streams whose commit carries partition marks
@@ -207,8 +207,9 @@ def plan_batch(commit: BatchCommit, stored: Mapping[PaneId, StoredPane], streams
     a correction and raises its revision (store.panes.next_revision). Two partials of one pane
     in a batch merge in turn, as two batches would.
 
-    `folds`: where each stream's partials split (store/tier_fold_store.py Fold.split, its fold point
-    after the batch): its folded tiers' deltas are of its partials before it only."""
+    `folds`: where each stream's partials split (store/tier_fold_store.py Fold.split, each shard's
+    fold point after the batch): its folded tiers' deltas are of its partials before their shard's
+    point only."""
     # The stored panes, then as merged so far in this batch: (data, revision) (no object per partial).
     current = {pane_id: (pane.data, pane.revision) for pane_id, pane in stored.items()}
     writes: list[PaneWrite] = []
@@ -356,21 +357,21 @@ def newest_event_ms(commit: BatchCommit, streams_before: Mapping[str, StreamStat
 
 
 def _column_deltas(cols: PartialColumns, revisions: list[int], layout: TierLayout,
-                   folded_ms: int | None) -> dict[TierKey, TierDelta]:
+                   points: tuple[int, ...] | None) -> dict[TierKey, TierDelta]:
     """The tier deltas of a stream's partial columns (_split)."""
-    return tier_deltas_of_columns(cols, revisions, layout, split=_split(layout, folded_ms))
+    return tier_deltas_of_columns(cols, revisions, layout, split=_split(layout, points))
 
 
-def _row_deltas(rows: list[tuple], layout: TierLayout, folded_ms: int | None) -> dict[TierKey, TierDelta]:
+def _row_deltas(rows: list[tuple], layout: TierLayout, points: tuple[int, ...] | None) -> dict[TierKey, TierDelta]:
     """The tier deltas of pane rows (start, dims, key, data, revision) (_split)."""
-    return tier_deltas(rows, layout, split=_split(layout, folded_ms))
+    return tier_deltas(rows, layout, split=_split(layout, points))
 
 
-def _split(layout: TierLayout, folded_ms: int | None) -> tuple[tuple[int, ...], int] | None:
-    """Every tier takes a stream's partials, its folded tiers only those before the point (stragglers,
-    corrections, a backlog: store/tier_folds.py)."""
-    coarse = tier_folds.folded(layout, folded_ms)
-    return (coarse, folded_ms) if coarse else None
+def _split(layout: TierLayout, points: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Every tier takes a stream's partials, its folded tiers only those before their shard's point
+    (stragglers, corrections, a backlog: store/tier_folds.py)."""
+    coarse = tier_folds.folded(layout, None if points is None else min(points))
+    return (coarse, points) if coarse else None
 
 
 def pane_rows(plan: BatchPlan) -> list[tuple]:

@@ -15,6 +15,7 @@ from store.panes import filtered_group
 from store.planner import answerable_ms, plan_read
 from store.point_cache import PointCache
 from store.gc_pause import paused_gc
+from store import tier_folds
 from store.rollup import (DEFAULT_MAX_POINTS, BucketStats, Point, Series, SketchRow, rollup, rollup_buckets,
                            rollup_sketch_rows, window_points)
 
@@ -92,8 +93,9 @@ def _query_series(
     needed = (*group_by, *filters)
     layout = store.tier_layout(stream)  # read once: the cached path plans twice
     # The coarser tiers' fold point (store/tier_folds.py), read with the layout: their rows
-    # ending by it are complete, whatever a fold adds while the query reads.
-    folded_ms = store.tier_fold_point(stream) if layout is not None else None
+    # ending by the last shard's are complete, whatever a fold adds while the query reads.
+    clock = store.tier_fold_clock(stream) if layout is not None else None
+    folded_ms = None if clock is None else tier_folds.complete_point(layout, clock)
     query_points = plan_points or (len(window_points(start_ms, end_ms, step_ms)) if step_ms > 0 else 0)
     plan = _plan(layout, pane_ms, start_ms, end_ms, step_ms, window_ms, needed, max_points, plan_points, now_ms,
                  folded_ms)

@@ -170,8 +170,8 @@ class SqlitePaneStore(PaneStore):
         # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
         fold = tier_fold_store.plan_fold(
             batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(conn.cursor()), lateness_ms,
-            lambda stream, lo, hi: sqlite_tiers.read_rows(conn, "panes", "stream = ?", (stream,), lo, hi, None,
-                                                          stream=stream),
+            lambda stream, lo, hi, keep: sqlite_tiers.read_rows(conn, "panes", "stream = ?", (stream,), lo, hi, None,
+                                                                stream=stream, keep=keep),
             clock_ms=commit.batch_now_ms)
         plan = plan_batch(commit, self._stored_panes(commit, keys), streams_before, lateness_ms, layouts,
                           now_ms=now_ms, idle_timeout_ms=idle_timeout_ms, keys=keys, folds=fold.split)
@@ -355,7 +355,7 @@ class SqlitePaneStore(PaneStore):
             row = self._conn.execute("SELECT layout FROM tier_layouts WHERE stream = ?", (stream,)).fetchone()
         return None if row is None else TierLayout.from_json(row[0])
 
-    def tier_fold_point(self, stream: str) -> int | None:
+    def tier_fold_clock(self, stream: str) -> int | None:
         with self._lock:
             return tier_fold_store.stored_point(self._conn.cursor(), "?", stream)
 

@@ -68,10 +68,12 @@ def apply_deltas(conn: sqlite3.Connection, deltas: Mapping[str, Mapping[TierKey,
 
 
 def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
-              sketches: Sequence[tuple[str, str]] | None, *, stats: bool = True, stream: str = "") -> list[Pane]:
+              sketches: Sequence[tuple[str, str]] | None, *, stats: bool = True, stream: str = "",
+              keep: Callable[[int, str], bool] | None = None) -> list[Pane]:
     """Rows of `table` (panes or tier_rows) matching `where` that start in [start_ms, end_ms), as
     Panes with the sketches asked for ((field, kind) pairs; None: every sketch of every field). stats=False skips the exact stats
-    (what a percentile or distinct query does not need): value fields then hold only their KLL."""
+    (what a percentile or distinct query does not need): value fields then hold only their KLL.
+    `keep(start, dims text)`: only the rows it takes are decoded (a fold's shard, store/tier_folds.py)."""
     span = f"{where} AND start_ms >= ? AND start_ms < ?"
     args = (*args, start_ms, end_ms)
     rows = conn.execute(
@@ -80,6 +82,8 @@ def read_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple, sta
                                    f" AS stats, revision, updated_at_ms, last_batch,"
                                    f" {row_codec.sketches_column(sketches)} AS sketches FROM {table} WHERE {span}")
         + " ORDER BY t.start_ms", args)
+    if keep is not None:
+        rows = [row for row in rows if keep(row[0], row[1])]
     return row_codec.assemble(stream, rows, sketches)
 
 

@@ -11,7 +11,8 @@ from store.tiers import TierDelta, TierKey, TierLayout
 
 
 def stored_points(cursor) -> dict[str, int]:
-    """Every stream's fold point (a stream without one has every stored pane in its rows)."""
+    """Every stream's fold clock (store/tier_folds.py shard_points; a stream without one has every
+    stored pane in its rows)."""
     return dict(cursor.execute("SELECT stream, folded_ms FROM tier_folds").fetchall())
 
 
@@ -24,29 +25,30 @@ def stored_point(cursor, p: str, stream: str) -> int | None:
 class Fold:
     """A commit's fold, decided before it writes its panes (plan_fold)."""
 
-    # Per stream with a point after the batch: where its partials split (plan_batch's `folds`).
-    # The folded tiers take its partials before it, including those of the panes the point passes.
-    split: dict[str, int]
+    # Per stream with a point after the batch: each shard's, where its partials split (plan_batch's
+    # `folds`). The folded tiers take its partials before them, including those of the panes passed.
+    split: dict[str, tuple[int, ...]]
     # Per stream: the folded tiers' deltas of the panes the point passes, as stored before the batch.
     deltas: dict[str, dict[TierKey, TierDelta]]
-    # Per stream whose point moves: where (None: no longer folded).
+    # Per stream whose fold clock moves: where (None: no longer folded).
     moved: dict[str, int | None]
     # The foldable streams without a point: it goes past their newest pane once written (first_points).
     unset: tuple[str, ...]
 
 
 def plan_fold(newest: Mapping[str, int | None], layouts: Mapping[str, TierLayout], points: Mapping[str, int],
-              lateness_ms: Mapping[str, int], read_panes: Callable[[str, int, int], Sequence],
+              lateness_ms: Mapping[str, int], read_panes: Callable[..., Sequence],
               clock_ms: int | None = None) -> Fold:
-    """Per stream whose point moves (`newest`: the streams the batch updates, by their newest event
-    after it; the other streams with a point, by `clock_ms`, the batch's clock), where it moves
-    and the panes it passes (`read_panes(stream, from, to)`, read before the batch writes).
+    """Per stream whose fold clock moves (`newest`: the streams the batch updates, by their newest
+    event after it; the other streams with a clock, by `clock_ms`, the batch's clock), where it
+    moves and the panes its shards' points pass (`read_panes(stream, from, to, keep)`: the stored
+    panes starting in [from, to) that keep(start, dims text) takes, read before the batch writes).
 
     Why before: the batch's partials of those panes reach the folded rows through the plan (split at
-    the new point), and the panes as stored before it through these deltas; together exactly the
+    the new points), and the panes as stored before it through these deltas; together exactly the
     panes as they are after the batch. Reading them after the write made a backlog's batch decode
     every pane it had just written: `python -m bench.day_of_data`'s commit 5.8 -> 8.2 s."""
-    split: dict[str, int] = {}
+    split: dict[str, tuple[int, ...]] = {}
     deltas: dict[str, dict[TierKey, TierDelta]] = {}
     moved: dict[str, int | None] = {}
     unset = []
@@ -55,19 +57,23 @@ def plan_fold(newest: Mapping[str, int | None], layouts: Mapping[str, TierLayout
         if layout is None:
             continue
         if not tier_folds.foldable(layout, lateness_ms.get(stream)):
-            if point is not None:  # its lateness or tiers changed: the rows take every pane after the point
-                deltas[stream] = tier_folds.fold_deltas(read_panes(stream, point, 2**62), layout)
+            if point is not None:  # its lateness or tiers changed: the rows take every pane after the points
+                before = tier_folds.shard_points(layout, point)
+                deltas[stream] = tier_folds.fold_deltas(
+                    read_panes(stream, min(before), 2**62, tier_folds.after(before)), layout)
                 moved[stream] = None
             continue
         if point is None:  # every pane so far is in the rows: the point goes past them
             unset.append(stream)
             continue
         latest = newest.get(stream)
-        to = tier_folds.fold_point(layout, point, clock_ms if latest is None else latest, lateness_ms[stream])
-        split[stream] = point if to is None else to
+        to = tier_folds.fold_clock(layout, point, clock_ms if latest is None else latest, lateness_ms[stream])
+        before = tier_folds.shard_points(layout, point)
+        split[stream] = before if to is None else tier_folds.shard_points(layout, to)
         if to is None:
             continue
-        deltas[stream] = tier_folds.fold_deltas(read_panes(stream, point, to), layout)
+        deltas[stream] = tier_folds.fold_deltas(
+            read_panes(stream, min(before), max(split[stream]), tier_folds.passed(before, split[stream])), layout)
         moved[stream] = to
     return Fold(split, {stream: d for stream, d in deltas.items() if d}, moved, tuple(unset))
 

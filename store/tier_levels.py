@@ -34,6 +34,7 @@ from sketches.kll_sorted import sorted_level_zero
 from store.exact_sum import exact_sum
 from store.panes import PaneData, ValueStats, dims_key
 from store.partial_columns import PartialColumns
+from store.tier_folds import shard
 from store.tiers import ALL_DIMS, TierDelta, TierKey, TierLayout, narrower, project
 
 
@@ -157,8 +158,9 @@ class _Level:
 
 
 # (granules, point): the tiers of these granules take only the rows of panes starting before the
-# point (a folded tier's, store/tier_folds.py: the batch's partials before the stream's fold point).
-Split = tuple[Container[int], int]
+# point (a folded tier's, store/tier_folds.py: the batch's partials before the stream's fold point),
+# one for every row or one per shard of dimension combinations (each row its shard's).
+Split = tuple[Container[int], int | tuple[int, ...]]
 
 
 def tier_deltas(pane_rows: Iterable[tuple], layout: TierLayout,
@@ -184,7 +186,7 @@ def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = 
     # A split's tiers are made of the root's rows before its point and of levels made of those:
     # one root for both (building a second root of the early rows cost a backlog's commit ~8 %).
     levels, early_levels = [root], []
-    early = np.flatnonzero(root.start < split[1]) if split is not None else None
+    early = np.flatnonzero(root.start < _row_points(root, split[1])) if split is not None else None
     out: dict[TierKey, TierDelta] = {}
     tiers = [t for t in layout.tiers() if granules is None or t.granule_ms in granules]
     # Coarse granules and wide projections first would waste work: finest first, all dims first.
@@ -203,6 +205,14 @@ def _deltas(root: _Level, layout: TierLayout, granules: Container[int] | None = 
         pool.append(level)
         _emit(level, out)
     return out
+
+
+def _row_points(root: _Level, points: int | tuple[int, ...]) -> int | np.ndarray:
+    """Each root row's fold point: one for all, or its combination's shard's (store/tier_folds.py)."""
+    if isinstance(points, int):
+        return points
+    by_combo = np.asarray([points[shard(key)] for key in root.keys], np.int64)
+    return by_combo[root.combo] if len(by_combo) else np.zeros(0, np.int64)
 
 
 def _root(pane_rows: Iterable[tuple], pane_ms: int) -> _Level:

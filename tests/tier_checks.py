@@ -1,12 +1,13 @@
 """A check shared by the store and pipeline tests: every tier row a store keeps equals the
 roll-up of the panes it covers (exact stats, revision), and no tier row is missing or extra. The
-rows of the folded tiers cover the panes before the stream's fold point (store/tier_folds.py)."""
+rows of the folded tiers cover the panes before their shard's fold point (store/tier_folds.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from store import PaneStore
+from store import PaneStore, tier_folds
+from store.panes import dims_key
 from store.tiers import tier_deltas
 
 
@@ -15,13 +16,14 @@ def assert_tiers_match_panes(store: PaneStore, stream: str) -> int:
     layout = store.tier_layout(stream)
     assert layout is not None, f"the store keeps no tiers for {stream!r}"
     panes = [(p.key.start_ms, p.key.dims_dict(), p.data, p.revision) for p in store.read_panes(stream, -2**62, 2**62)]
-    folded_ms = store.tier_fold_point(stream)
-    if folded_ms is None:
+    clock = store.tier_fold_clock(stream)
+    if clock is None:
         expected = tier_deltas(panes, layout)
     else:
         coarse = set(layout.folded_granules())
         expected = tier_deltas(panes, layout, set(layout.granules_ms()) - coarse)
-        before = [p for p in panes if p[0] < folded_ms]
+        points = tier_folds.shard_points(layout, clock)  # each pane before its shard's point
+        before = [p for p in panes if p[0] < points[tier_folds.shard(dims_key(p[1]))]]
         if before:
             expected.update(tier_deltas(before, layout, coarse))
     stored = {}

@@ -145,7 +145,8 @@ class PostgresPaneStore(PaneStore):
             # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
             fold = tier_fold_store.plan_fold(
                 batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(cur), lateness_ms,
-                lambda stream, lo, hi: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None, stream=stream),
+                lambda stream, lo, hi, keep: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None,
+                                                       stream=stream, keep=keep),
                 clock_ms=commit.batch_now_ms)
         plan = plan_batch(commit, stored, streams_before, lateness_ms, layouts, now_ms=now_ms,
                           idle_timeout_ms=idle_timeout_ms, keys=keys, folds=fold.split)
@@ -327,7 +328,7 @@ class PostgresPaneStore(PaneStore):
         row = self._one("SELECT layout FROM tier_layouts WHERE stream = %s", (stream,))
         return None if row is None else TierLayout.from_json(row[0])
 
-    def tier_fold_point(self, stream: str) -> int | None:
+    def tier_fold_clock(self, stream: str) -> int | None:
         with self._pool.connection() as conn, conn.cursor() as cur:
             return tier_fold_store.stored_point(cur, "%s", stream)
 

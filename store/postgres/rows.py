@@ -11,7 +11,7 @@ round trips whatever its size. Measured on a first backfill batch of 28 000 pane
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import psycopg
 
@@ -177,9 +177,11 @@ def _upsert_unique(conn: psycopg.Connection, table: str, columns: Sequence[str],
 
 
 def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms: int, end_ms: int,
-         sketches: Sequence[tuple[str, str]] | None, *, stats: bool = True, stream: str = "") -> list[Pane]:
+         sketches: Sequence[tuple[str, str]] | None, *, stats: bool = True, stream: str = "",
+         keep: Callable[[int, str], bool] | None = None) -> list[Pane]:
     """Rows of `table` matching `where` that start in [start_ms, end_ms), as Panes with the
-    sketches asked for ((field, kind) pairs; None: all); stats=False leaves the exact stats out."""
+    sketches asked for ((field, kind) pairs; None: all); stats=False leaves the exact stats out.
+    `keep(start, dims text)`: only the rows it takes are decoded (a fold's shard, store/tier_folds.py)."""
     span = f"{where} AND start_ms >= %s AND start_ms < %s"
     args = (*args, start_ms, end_ms)
     rows = conn.execute(
@@ -188,6 +190,8 @@ def read(conn: psycopg.Connection, table: str, where: str, args: tuple, start_ms
                                    f" AS stats, revision, updated_at_ms, last_batch,"
                                    f" {row_codec.sketches_column(sketches)} AS sketches FROM {table} WHERE {span}")
         + " ORDER BY t.start_ms", args).fetchall()
+    if keep is not None:
+        rows = [row for row in rows if keep(row[0], row[1])]
     return row_codec.assemble(stream, rows, sketches)
 
 

@@ -18,6 +18,7 @@ from sketches.hll_list import list_coupons, merged_list_bytes
 from sketches.kll_exact import exact_items, merged_bytes
 from store import PaneData, ValueStats
 from store.panes import dims_key
+from store.tier_folds import SHARDS, shard
 from store.tiers import TierLayout, project, tier_deltas
 from tests.tier_reference import tier_deltas_by_row
 
@@ -102,6 +103,20 @@ def test_a_split_tier_takes_the_rows_before_the_point_the_others_every_row(rows,
     want = {key: w for key, w in tier_deltas_by_row(panes, LAYOUT).items() if key.granule_ms != HOUR}
     want.update((key, w) for key, w in tier_deltas_by_row(early, LAYOUT).items() if key.granule_ms == HOUR)
     _assert_same(got, want, sums=lambda a, b: math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9))
+
+
+@settings(max_examples=40, deadline=None)
+@given(pane_rows, st.lists(st.integers(-30, 400).map(lambda i: T0 + i * PANE), min_size=SHARDS, max_size=SHARDS))
+def test_a_split_tier_takes_each_combinations_rows_before_its_shards_point(rows, points):
+    """The shards' points (store/tier_folds.py): each row is early by its combination's shard's
+    point; the one pass is exactly the two passes over those early rows and over every row."""
+    panes = [(start, dims, _pane(v, w, users, bounds), revision) for start, dims, v, w, users, bounds, revision in rows]
+    early = [p for p in panes if p[0] < points[shard(dims_key(p[1]))]]
+    got = tier_deltas(panes, LAYOUT, split=((HOUR,), tuple(points)))
+    two_passes = tier_deltas(panes, LAYOUT, {PANE, 60_000})
+    if early:
+        two_passes.update(tier_deltas(early, LAYOUT, {HOUR}))
+    _assert_same(got, two_passes)
 
 
 def test_no_rows_no_deltas():

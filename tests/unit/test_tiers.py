@@ -19,6 +19,7 @@ from aggregates.eventtime import BEYOND_RETENTION
 from sketches import HllSketch, KllSketch
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, PaneStore, ValueStats
 from store import tier_folds
+from store.panes import dims_key
 from store.planner import Segment, cover, kept_from_ms, plan_read
 from store.final_points import FinalPoints
 from store.point_cache import PointCache
@@ -61,6 +62,12 @@ def events_to_partials(events: Sequence[tuple[int, dict, float, str]]) -> list[P
                                                      kll.to_bytes())}, {"u": hll.to_bytes()})
         out.append(PanePartial("s", start, start + PANE, dict(dims), data))
     return out
+
+
+def point(store: PaneStore) -> int | None:
+    """The point every shard of "s" has passed (store/tier_folds.py complete_point)."""
+    clock = store.tier_fold_clock("s")
+    return None if clock is None else tier_folds.complete_point(LAYOUT, clock)
 
 
 def commit_all(store: PaneStore, batches: Sequence[Sequence[tuple]], *, now_ms: int = T0,
@@ -248,12 +255,14 @@ def test_the_coarser_tiers_rows_take_the_panes_the_streams_time_passes_not_every
         return row.data.count, row.last_batch
 
     commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")]])
-    assert store.tier_fold_point("s") == T0 + PANE  # a first commit: past every pane merged
+    assert point(store) == T0 + PANE  # a first commit: past every pane merged
     commit_all(store, [[(T0 + 20_000, at, 2.0, "u2"), (T0 + 25_000, at, 3.0, "u3")]], first_id=1)
-    assert store.tier_fold_point("s") == T0 + PANE  # newest event less the lateness: before the point
+    assert point(store) == T0 + PANE  # newest event less the lateness: before the point
     assert ten_minutes() == (1, 0)  # not written: its panes after the point wait
     commit_all(store, [[(T0 + 2 * MINUTE, at, 4.0, "u4")]], first_id=2)
-    assert store.tier_fold_point("s") == T0 + 90_000  # 2 min less the lateness
+    # 2 min less the lateness: the first shard's point; the others' a pane before it
+    assert point(store) == T0 + 80_000
+    assert tier_folds.shard_points(LAYOUT, store.tier_fold_clock("s")) == (T0 + 90_000,) + (T0 + 80_000,) * 7
     assert ten_minutes() == (3, 2)  # the panes at 20 s folded in, the new one after the point not
     commit_all(store, [[(T0 + 15_000, at, 5.0, "u5")]], first_id=3)  # a straggler before the point: merged
     assert ten_minutes() == (4, 3)
@@ -270,15 +279,46 @@ def test_a_batch_that_moves_the_point_brings_each_passed_event_into_the_rows_onc
     store = store_at(store_backend, LAYOUT)
     at = {"a": "x", "b": "p", "c": "m"}
     commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")], [(T0 + 20_000, at, 2.0, "u2"), (T0 + 40_000, at, 3.0, "u3")]])
-    assert store.tier_fold_point("s") == T0 + PANE
+    assert point(store) == T0 + PANE
     # Into the stored pane at 20 s, a new pane at 50 s (both passed by the point this batch moves),
     # and a pane after the new point.
     commit_all(store, [[(T0 + 25_000, at, 4.0, "u4"), (T0 + 50_000, at, 5.0, "u5"), (T0 + 4 * MINUTE, at, 6.0, "u6")]],
                first_id=2)
-    assert store.tier_fold_point("s") == T0 + 3 * MINUTE + 30_000
+    assert point(store) == T0 + 3 * MINUTE + 20_000
     (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
     assert row.data.count == 5  # 5, 20, 25, 40 and 50 s; the event at 4 min waits for the point
     assert row.data.values["v"].sum == 15.0
+    assert_tiers_match_panes(store, "s")
+    store.close()
+
+
+def test_each_shard_of_combinations_folds_a_pane_at_its_own_point(store_backend):
+    """store/tier_folds.py shards: a batch that moves the fold clock part of a pane folds the passed
+    pane for the combinations of the shards whose points pass it, and for no other (with one point,
+    every combination's row took it in the same batch)."""
+    store = store_at(store_backend, LAYOUT)
+    combos = [{"a": f"x{i}", "b": "p", "c": "m"} for i in range(40)]
+    commit_all(store, [[(T0 + 5_000, at, 1.0, "u1") for at in combos]])
+    assert point(store) == T0 + PANE
+    commit_all(store, [[(T0 + 15_000, at, 2.0, "u2") for at in combos]], first_id=1)
+    # The clock moves 5 s past T0 + 10 s: shards 0-3 (ahead of it by 8.75 down to 5 s) pass the
+    # pane at 10 s, shards 4-7 (3.75 s down to 0) do not.
+    commit_all(store, [[(T0 + 53_750, combos[0], 3.0, "u3")]], first_id=2)
+    assert store.tier_fold_clock("s") == T0 + 15_000
+    assert point(store) == T0 + PANE
+    counts = {row.key.dims: row.data.count
+              for row in store.read_tier("s", 10 * MINUTE, ALL_DIMS, T0, T0 + 1, pane_ms=PANE)}
+    moved = {dims_key(at) for at in combos if tier_folds.shard(dims_key(at)) <= 3}
+    assert 0 < len(moved) < len(combos)
+    assert counts == {dims_key(at): 2 if dims_key(at) in moved else 1 for at in combos}
+    (total,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
+    assert total.data.count == len(combos) + len(moved)  # the group-by rows take each shard's part
+    assert_tiers_match_panes(store, "s")
+    # The rest of the pane's shards pass it later; each combination's row then holds both panes once.
+    commit_all(store, [[(T0 + 60_000, combos[0], 4.0, "u4")]], first_id=3)
+    assert point(store) == T0 + 20_000
+    assert {row.key.dims: row.data.count for row in store.read_tier("s", 10 * MINUTE, ALL_DIMS, T0, T0 + 1,
+                                                                    pane_ms=PANE)} == {dims_key(at): 2 for at in combos}
     assert_tiers_match_panes(store, "s")
     store.close()
 
@@ -290,16 +330,16 @@ def test_tiers_rebuilt_from_the_panes_fold_on_from_past_every_pane(store_backend
     at = {"a": "x", "b": "p", "c": "m"}
     commit_all(store, [[(T0 + 5_000, at, 1.0, "u1"), (T0 + 8 * MINUTE, at, 2.0, "u2")]])
     store.configure_tiers({"s": LAYOUT}, now_ms=T0)
-    assert store.tier_fold_point("s") is None
+    assert store.tier_fold_clock("s") is None
     commit_all(store, [[(T0 + 3 * MINUTE, at, 3.0, "u3")]], first_id=1)
-    assert store.tier_fold_point("s") == T0 + 8 * MINUTE + PANE
+    assert point(store) == T0 + 8 * MINUTE + PANE
     commit_all(store, [[(T0 + 9 * MINUTE, at, 4.0, "u4")], [(T0 + 12 * MINUTE, at, 5.0, "u5")]], first_id=2)
-    assert store.tier_fold_point("s") == T0 + 11 * MINUTE + 30_000
+    assert point(store) == T0 + 11 * MINUTE + 20_000
     assert_tiers_match_panes(store, "s")
     (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
     assert row.data.count == 4
     store.configure_tiers({"s": None}, now_ms=T0)
-    assert store.tier_fold_point("s") is None
+    assert store.tier_fold_clock("s") is None
     store.close()
 
 
@@ -309,10 +349,10 @@ def test_a_stream_without_events_moves_its_point_by_the_batch_clock(store_backen
     store = store_at(store_backend, LAYOUT)
     at = {"a": "x", "b": "p", "c": "m"}
     commit_all(store, [[(T0 + 5_000, at, 1.0, "u1"), (T0 + 25_000, at, 2.0, "u2")]])
-    assert store.tier_fold_point("s") == T0 + 30_000
+    assert point(store) == T0 + 30_000
     quiet = BatchCommit("main", 1, [], 0, {}, {}, batch_now_ms=T0 + 12 * MINUTE + 3_000)
     assert store.commit_batch(quiet, lateness_ms={"s": LATENESS}, now_ms=T0 + 12 * MINUTE).committed
-    assert store.tier_fold_point("s") == T0 + 11 * MINUTE + 30_000
+    assert point(store) == T0 + 11 * MINUTE + 20_000
     assert_tiers_match_panes(store, "s")
     (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
     assert row.data.count == 2
@@ -325,10 +365,10 @@ def test_a_stream_no_longer_foldable_has_every_pane_merged_into_its_rows(store_b
     store = store_at(store_backend, LAYOUT)
     at = {"a": "x", "b": "p", "c": "m"}
     commit_all(store, [[(T0 + 5_000, at, 1.0, "u1")], [(T0 + 40_000, at, 2.0, "u2")]])
-    assert store.tier_fold_point("s") == T0 + PANE
+    assert point(store) == T0 + PANE
     late = BatchCommit("main", 2, events_to_partials([(T0 + 50_000, at, 3.0, "u3")]), 1, {"s": T0 + 50_000}, {})
     assert store.commit_batch(late, lateness_ms={"s": RETENTION}, now_ms=T0).committed
-    assert store.tier_fold_point("s") is None
+    assert store.tier_fold_clock("s") is None
     assert_tiers_match_panes(store, "s")
     (row,) = store.read_tier("s", 10 * MINUTE, "", T0, T0 + 1, pane_ms=PANE)
     assert row.data.count == 3
@@ -424,10 +464,16 @@ def test_a_stream_is_folded_where_its_first_tier_outlives_a_row_under_way():
     short = TierLayout(PANE, 30 * MINUTE, ((MINUTE, 30 * MINUTE), (3_600_000, 86_400_000)), ("",))
     assert not tier_folds.foldable(short, LATENESS)  # hour rows under way outlive the minutes under them
     assert not tier_folds.foldable(TierLayout(PANE, RETENTION, ((MINUTE, RETENTION),), ("",)), LATENESS)
-    # The point: the newest event less the lateness, on a pane boundary, never back.
-    assert tier_folds.fold_point(LAYOUT, T0, T0 + 95_000, LATENESS) == T0 + 60_000
-    assert tier_folds.fold_point(LAYOUT, T0 + 60_000, T0 + 95_000, LATENESS) is None
-    assert tier_folds.fold_point(LAYOUT, T0, None, LATENESS) is None
+    # The clock: the newest event less the lateness and the shards' spread, never back; the first
+    # shard's point is the newest event less the lateness on a pane boundary, the last's a pane before.
+    assert tier_folds.fold_clock(LAYOUT, T0, T0 + 95_000, LATENESS) == T0 + 56_250
+    assert tier_folds.shard_points(LAYOUT, T0 + 56_250) == (T0 + 60_000,) * 5 + (T0 + 50_000,) * 3
+    assert tier_folds.complete_point(LAYOUT, T0 + 56_250) == T0 + 50_000
+    assert tier_folds.fold_clock(LAYOUT, T0 + 60_000, T0 + 95_000, LATENESS) is None
+    assert tier_folds.fold_clock(LAYOUT, T0 + 56_250, T0 + 95_500, LATENESS) is None  # no shard's point moves
+    assert tier_folds.fold_clock(LAYOUT, T0, None, LATENESS) is None
+    # A point stored before shards (on a pane boundary) is every shard's.
+    assert tier_folds.shard_points(LAYOUT, T0 + 60_000) == (T0 + 60_000,) * tier_folds.SHARDS
 
 
 def test_the_pane_granule_keeps_only_the_total_so_grouped_edges_read_the_panes():
