@@ -20,8 +20,9 @@ events are stamped over the batch's time like the requests: their own panes and 
 offline backlogs' corrections of older panes, nor the Bloom filters, sessions and enrichment
 versions a live batch commits too.
 
-Prints per run the commit's median / p90 / max past the first tenth of the batches (a steady
-state) and their total, then the wall time of each of the commit's steps summed over the run
+Prints per run the commit's median / p90 / p99 / max past the first tenth of the batches (a steady
+state; the p99 is where the batches that fold the coarser tiers show, store/tier_folds.py) and their
+total, then the wall time of each of the commit's steps summed over the run
 (the store's functions timed around their calls: a step called within another is counted in both,
 so they add up to more than the total). Run it with nothing else on the machine;
 figures are printed, never asserted.
@@ -180,7 +181,7 @@ def main() -> None:
                     store.close()
                 ms = sorted(t * 1000 for t in times[len(made) // 10:])
                 print(f"{backend:>8}: commit median {statistics.median(ms):6.1f} ms, p90 {ms[int(len(ms) * 0.9)]:6.1f},"
-                      f" max {ms[-1]:6.1f}; total {sum(times):5.1f} s", flush=True)
+                      f" p99 {ms[int(len(ms) * 0.99)]:6.1f}, max {ms[-1]:6.1f}; total {sum(times):5.1f} s", flush=True)
                 # Whether the commit grows as the run's rows do (the tier rows of the hour fill up).
                 quarters = [statistics.median(times[i * len(times) // 4:(i + 1) * len(times) // 4]) * 1000
                             for i in range(4)] if len(times) >= 4 else []
