@@ -370,7 +370,7 @@ def _row_deltas(rows: list[tuple], layout: TierLayout, points: tuple[int, ...] |
 def _split(layout: TierLayout, points: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """Every tier takes a stream's partials, its folded tiers only those before their shard's point
     (stragglers, corrections, a backlog: store/tier_folds.py)."""
-    coarse = tier_folds.folded(layout, None if points is None else min(points))
+    coarse = tier_folds.folded(layout, points)
     return (coarse, points) if coarse else None
 
 

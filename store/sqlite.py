@@ -169,7 +169,7 @@ class SqlitePaneStore(PaneStore):
         streams_before = self._stream_states()
         # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
         fold = tier_fold_store.plan_fold(
-            batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(conn.cursor()), lateness_ms,
+            batch_newest(commit, streams_before), layouts, tier_fold_store.stored_clocks(conn.cursor()), lateness_ms,
             lambda stream, lo, hi, keep: sqlite_tiers.read_rows(conn, "panes", "stream = ?", (stream,), lo, hi, None,
                                                                 stream=stream, keep=keep),
             clock_ms=commit.batch_now_ms)
@@ -357,7 +357,7 @@ class SqlitePaneStore(PaneStore):
 
     def tier_fold_clock(self, stream: str) -> int | None:
         with self._lock:
-            return tier_fold_store.stored_point(self._conn.cursor(), "?", stream)
+            return tier_fold_store.stored_clock(self._conn.cursor(), "?", stream)
 
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,

@@ -10,13 +10,14 @@ from store import tier_folds
 from store.tiers import TierDelta, TierKey, TierLayout
 
 
-def stored_points(cursor) -> dict[str, int]:
+def stored_clocks(cursor) -> dict[str, int]:
     """Every stream's fold clock (store/tier_folds.py shard_points; a stream without one has every
     stored pane in its rows)."""
     return dict(cursor.execute("SELECT stream, folded_ms FROM tier_folds").fetchall())
 
 
-def stored_point(cursor, p: str, stream: str) -> int | None:
+def stored_clock(cursor, p: str, stream: str) -> int | None:
+    """A stream's fold clock (None: every stored pane is in its rows)."""
     row = cursor.execute(f"SELECT folded_ms FROM tier_folds WHERE stream = {p}", (stream,)).fetchone()
     return None if row is None else row[0]
 
@@ -36,13 +37,14 @@ class Fold:
     unset: tuple[str, ...]
 
 
-def plan_fold(newest: Mapping[str, int | None], layouts: Mapping[str, TierLayout], points: Mapping[str, int],
+def plan_fold(newest: Mapping[str, int | None], layouts: Mapping[str, TierLayout], clocks: Mapping[str, int],
               lateness_ms: Mapping[str, int], read_panes: Callable[..., Sequence],
               clock_ms: int | None = None) -> Fold:
     """Per stream whose fold clock moves (`newest`: the streams the batch updates, by their newest
-    event after it; the other streams with a clock, by `clock_ms`, the batch's clock), where it
-    moves and the panes its shards' points pass (`read_panes(stream, from, to, keep)`: the stored
-    panes starting in [from, to) that keep(start, dims text) takes, read before the batch writes).
+    event after it; the other streams with a fold clock in `clocks` (stored_clocks), by `clock_ms`,
+    the batch's clock), where it moves and the panes its shards' points pass (`read_panes(stream,
+    from, to, keep)`: the stored panes starting in [from, to) that keep(start, dims text) takes,
+    read before the batch writes).
 
     Why before: the batch's partials of those panes reach the folded rows through the plan (split at
     the new points), and the panes as stored before it through these deltas; together exactly the
@@ -52,23 +54,23 @@ def plan_fold(newest: Mapping[str, int | None], layouts: Mapping[str, TierLayout
     deltas: dict[str, dict[TierKey, TierDelta]] = {}
     moved: dict[str, int | None] = {}
     unset = []
-    for stream in sorted(newest.keys() | points.keys()):
-        layout, point = layouts.get(stream), points.get(stream)
+    for stream in sorted(newest.keys() | clocks.keys()):
+        layout, stored = layouts.get(stream), clocks.get(stream)
         if layout is None:
             continue
         if not tier_folds.foldable(layout, lateness_ms.get(stream)):
-            if point is not None:  # its lateness or tiers changed: the rows take every pane after the points
-                before = tier_folds.shard_points(layout, point)
+            if stored is not None:  # its lateness or tiers changed: the rows take every pane after the points
+                before = tier_folds.shard_points(layout, stored)
                 deltas[stream] = tier_folds.fold_deltas(
                     read_panes(stream, min(before), 2**62, tier_folds.after(before)), layout)
                 moved[stream] = None
             continue
-        if point is None:  # every pane so far is in the rows: the point goes past them
+        if stored is None:  # every pane so far is in the rows: the point goes past them
             unset.append(stream)
             continue
         latest = newest.get(stream)
-        to = tier_folds.fold_clock(layout, point, clock_ms if latest is None else latest, lateness_ms[stream])
-        before = tier_folds.shard_points(layout, point)
+        to = tier_folds.fold_clock(layout, stored, clock_ms if latest is None else latest, lateness_ms[stream])
+        before = tier_folds.shard_points(layout, stored)
         split[stream] = before if to is None else tier_folds.shard_points(layout, to)
         if to is None:
             continue

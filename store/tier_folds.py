@@ -58,9 +58,10 @@ def foldable(layout: TierLayout, lateness_ms: int | None) -> bool:
     return layout.granules[0][1] >= lateness_ms + 2 * layout.pane_ms + 2 * max(coarse)  # a pane: the shards' spread
 
 
-def folded(layout: TierLayout, folded_ms: int | None) -> tuple[int, ...]:
-    """The granules a batch merges only its partials before `folded_ms` into (none without a point)."""
-    return () if folded_ms is None else layout.folded_granules()
+def folded(layout: TierLayout, point: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    """The granules a batch merges only its partials before `point` into (one, or each shard's;
+    none without a point)."""
+    return () if point is None else layout.folded_granules()
 
 
 SHARDS = 8  # groups of dimension combinations folded at their own points (the module's docstring)

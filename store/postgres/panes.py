@@ -144,7 +144,7 @@ class PostgresPaneStore(PaneStore):
         with conn.cursor() as cur:
             # The coarser tiers' panes the streams' time passes (store/tier_fold_store.py), read before the write.
             fold = tier_fold_store.plan_fold(
-                batch_newest(commit, streams_before), layouts, tier_fold_store.stored_points(cur), lateness_ms,
+                batch_newest(commit, streams_before), layouts, tier_fold_store.stored_clocks(cur), lateness_ms,
                 lambda stream, lo, hi, keep: rows.read(conn, "panes", "stream = %s", (stream,), lo, hi, None,
                                                        stream=stream, keep=keep),
                 clock_ms=commit.batch_now_ms)
@@ -330,7 +330,7 @@ class PostgresPaneStore(PaneStore):
 
     def tier_fold_clock(self, stream: str) -> int | None:
         with self._pool.connection() as conn, conn.cursor() as cur:
-            return tier_fold_store.stored_point(cur, "%s", stream)
+            return tier_fold_store.stored_clock(cur, "%s", stream)
 
     def read_tier(self, stream: str, granule_ms: int, proj: str, start_ms: int, end_ms: int, *,
                   value_field: str | None = None, distinct_field: str | None = None,
