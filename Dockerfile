@@ -45,5 +45,8 @@ COPY config config
 COPY --from=jars /build/jars jars
 # Editable: the default streams and alerts files are found next to the code (config/).
 RUN pip install --no-cache-dir -q --no-deps -e .
+# The ingest API's JSON scanner compiled once into Numba's cache (ingest/__pycache__), not by every
+# container's API and ingest workers as they start (~5 s each).
+RUN python -c "from api.ingest_routes import warm_columnar_path; warm_columnar_path()"
 EXPOSE 8000
 CMD ["sketchboard", "api"]

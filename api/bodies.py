@@ -91,11 +91,11 @@ def few_events(body: bytes) -> bool:
 
 
 def columnar_body(stream: StreamDef, body: bytes, content_type: str, limits: JsonLimits, *,
-                  reader: str = "arrow") -> pa.Table | None:
+                  reader: str = "scan") -> pa.Table | None:
     """The body's events as validated columns when every one of them is valid and plain
     (ingest/columnar.py), else None: `parse_events` and the per-event validator then decide,
-    with their reasons. `reader`: Arrow's, which releases the GIL (the API process's threads), or
-    msgspec's (an ingest worker process, where nothing else waits for the GIL)."""
+    with their reasons. `reader`: one of ingest/columnar.py READERS; our scanner (then Arrow's
+    reader) releases the GIL, so it serves the API process's threads and the worker processes."""
     if not limits_allow(limits):
         return None
     head = body.removeprefix(b"\xef\xbb\xbf").lstrip()

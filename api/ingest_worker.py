@@ -19,7 +19,9 @@ from ingest.log import LogUnavailable
 
 LENGTH = struct.Struct("!I")  # a frame: its length, then a pickle
 
-WORKER_READER = "msgspec"  # what reads a body into columns here (ingest/columnar.py READERS)
+# What reads a body into columns here (ingest/columnar.py READERS): our scanner, ~2x msgspec's reader
+# into columns (docs/benchmarks.md, session 99), then Arrow's for what it leaves.
+WORKER_READER = "scan"
 
 
 def _read(sock: socket.socket) -> tuple | None:

@@ -28,6 +28,7 @@ import pyarrow.json as pj
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
 from ingest.columnar_msgspec import msgspec_fields
+from ingest.columnar_scan import scanned_fields
 from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH, NUL
 from ingest.json_limits import JsonLimits
 
@@ -71,15 +72,18 @@ def object_lines(body: bytes) -> int | None:
     return count
 
 
-READERS = ("arrow", "msgspec")  # what reads a body into columns (columnar_events)
+# What reads a body into columns (columnar_events). "scan": our own scanner of the plainest JSON
+# (ingest/columnar_scan.py), and Arrow's reader for what it leaves.
+READERS = ("scan", "arrow", "msgspec")
 
 
 def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, reader: str = "arrow") -> pa.Table | None:
     """The body's events (NDJSON, or a JSON array with `ndjson=False`) as columns named like the
     stream's fields — the event time in epoch ms, labels with missing dimensions as "" — or None
-    when the per-event path must decide. `reader`: Arrow's JSON reader, which releases the GIL
-    (threads), or msgspec's decoder, faster but holding it (processes: ingest/columnar_msgspec.py).
-    Either takes only bodies the per-event path accepts whole, into the same columns."""
+    when the per-event path must decide. `reader`: our scanner, then Arrow's reader for what it
+    leaves ("scan"); Arrow's JSON reader alone, which releases the GIL (threads); or msgspec's
+    decoder, faster but holding it (processes: ingest/columnar_msgspec.py). Each takes only
+    bodies the per-event path accepts whole, into the same columns."""
     if reader not in READERS:
         raise ValueError(f"reader {reader!r} is not one of {', '.join(READERS)}")
     try:
@@ -99,6 +103,12 @@ def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool, reader: str) 
         body.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    if reader == "scan":
+        scanned = scanned_fields(stream, body, ndjson)
+        if scanned is not None:
+            # A NUL is a control character or an escape in JSON, both of which the scanner leaves.
+            return _validated(stream, *scanned, search_nul=False)
+        reader = "arrow"
     lines = object_lines(body) if ndjson else None
     if ndjson and not lines:
         return None

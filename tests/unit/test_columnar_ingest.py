@@ -2,7 +2,7 @@
 
 Property: whatever body the columnar path takes, the per-event path (api/bodies.parse_events,
 the stream's EventValidator and the JSON bounds) accepts every event of it, and both give the
-same segment batch, with either reader (Arrow's, msgspec's: ingest/columnar.py READERS).
+same segment batch, with each reader (our scanner, Arrow's, msgspec's: ingest/columnar.py READERS).
 Whatever the columnar path leaves (None) is decided by the per-event path as before, so the
 API's answers cannot depend on which one ran. And it does take the plain
 bodies producers send, NDJSON and JSON arrays, or it would be dead weight.
@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from api.bodies import MalformedLine, columnar_body, parse_events
 from catalog.loader import parse_catalog
-from ingest.columnar import READERS, _plain_numbers, columnar_events, limits_allow, object_lines
+from ingest.columnar import READERS, _plain_numbers, _validated, columnar_events, limits_allow, object_lines
+from ingest.columnar_scan import scanned_fields
 from ingest.events import EventValidator
 from ingest.json_limits import JsonLimits, violation
 from ingest.log.records import columns_to_batch, events_to_batch
@@ -156,6 +157,136 @@ def test_plain_valid_bodies_take_the_columnar_path(reader, events, array):
     assert columns is not None and columns.num_rows == len(events)
 
 
+# Our scanner (ingest/columnar_scan.py) on its own, before Arrow's reader takes what it leaves: JSON
+# text written token by token, as producers other than Python's json module write it: raw UTF-8,
+# any key order, whitespace anywhere, numbers in every form JSON has, and what JSON does not allow.
+WHITESPACE = st.sampled_from(["", "", "", " ", "\t", "\r", "  "])
+valid_number = st.one_of(
+    st.integers(-10**6, 10**6).map(str), st.integers(-10**20, 10**20).map(str),
+    st.floats(-1e6, 1e6).map(repr), st.floats(-1e-3, 1e-3).map(repr),  # Python's: 1e-05, 0.30000000000000004
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.tuples(st.sampled_from(["", "-"]), st.sampled_from(["0", "7", "12", "1795000000", "1795000000000"]),
+              st.sampled_from(["", ".5", ".25", ".0001", ".123456789012345678901"]),
+              st.sampled_from(["", "e3", "E+2", "e-7", "e400", "E-400", "e22", "e-22", "e23", "e-23"])).map("".join))
+invalid_number = st.sampled_from(["-", "+1", ".5", "1.", "01", "-01", "1e", "1e+", "1.5.2", "0x10", "Infinity", "NaN",
+                                  "true", "nul", "[]", "{}", '"12"'])
+# Labels as producers write them when not escaping (no quote, backslash or control character), and any text.
+raw_labels = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters='"\\'), max_size=6)
+raw_label = raw_labels.map(lambda t: json.dumps(t, ensure_ascii=False))
+valid_label = st.one_of(raw_label, raw_label, raw_label, raw_label, st.just("null"),
+                        st.text(max_size=6).map(lambda t: json.dumps(t, ensure_ascii=False)),  # escapes where needed
+                        st.text(max_size=6).map(json.dumps))  # and of everything past ASCII
+invalid_label = st.sampled_from(['"a\x01b"', '"tab\there"', '"a', "12", "true", "[]"])
+label_text = st.one_of(valid_label, invalid_label)
+number_text = st.one_of(valid_number, st.just("null"), invalid_number)
+VALID_TEXTS = {"time": st.integers(T0, T0 + 10**7).map(str),
+               "device": raw_label,
+               "site": valid_label, "kind": valid_label, "user": valid_label,
+               "temp": st.one_of(valid_number, st.just("null")), "bytes": st.one_of(valid_number, st.just("null"))}
+OTHER_TEXTS = {"time": st.one_of(valid_number, invalid_number), "device": st.one_of(valid_label, invalid_label)}
+rarely = st.sampled_from([False] * 19 + [True])
+
+
+@st.composite
+def event_text(draw, newlines: bool):
+    """An object of the stream's fields in any order; now and then one of them missing, written
+    otherwise (a value JSON has, or not), doubled, or an undeclared one."""
+    names = draw(st.permutations(list(VALID_TEXTS)))
+    texts = {name: draw(VALID_TEXTS[name]) for name in names}
+    if draw(rarely):
+        names = names[:draw(st.integers(0, len(names)))]
+    if draw(rarely):
+        flawed = draw(st.sampled_from(list(VALID_TEXTS)))
+        texts[flawed] = draw(OTHER_TEXTS.get(flawed, st.one_of(number_text, label_text)))
+    if draw(rarely):
+        names.insert(draw(st.integers(0, len(names))), draw(st.sampled_from(["extra", *VALID_TEXTS])))
+    space = st.one_of(WHITESPACE, st.just("\n")) if newlines or draw(rarely) else WHITESPACE
+    pairs = [f'{draw(space)}"{name}"{draw(space)}:{draw(space)}{texts.get(name, "0")}{draw(space)}' for name in names]
+    return "{" + ",".join(pairs) + "}"
+
+
+@st.composite
+def body_text(draw) -> tuple[bytes, bool]:
+    array = draw(st.booleans())
+    events = draw(st.lists(event_text(array), min_size=1, max_size=6))
+    if array:
+        space = st.one_of(WHITESPACE, st.just("\n"))
+        return ("[" + ",".join(f"{draw(space)}{e}{draw(space)}" for e in events) + "]").encode(), False
+    ends = st.sampled_from(["\n"] * 6 + ["\r\n", "\n\n", " \n", "\n  \n", " "])  # " ": two objects on a line
+    text = "".join(e + draw(ends) for e in events)
+    return (text if draw(st.booleans()) else text.rstrip()).encode(), True
+
+
+def scanned(body: bytes, ndjson: bool, stream=STREAM) -> pa.Table | None:
+    """What our scanner alone makes of a body (no Arrow reader after it), checked as columnar_events does."""
+    read = scanned_fields(stream, body, ndjson)
+    return None if read is None else _validated(stream, *read, search_nul=False)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=body_text())
+def test_a_body_our_scanner_takes_is_one_the_per_event_path_accepts_whole_into_the_same_batch(body):
+    text, ndjson_body = body
+    columns = scanned(text, ndjson_body)
+    if columns is None:
+        return
+    content_type = "application/x-ndjson" if ndjson_body else "application/json"
+    accepted, rejected = per_event(text, content_type)
+    assert rejected == [], f"the scanner took a body the per-event path rejects in part: {text[:300]!r}"
+    assert columns_to_batch(STREAM, columns, INGEST_MS).equals(events_to_batch(STREAM, accepted, INGEST_MS))
+
+
+RAW_VALUES = {**CLEAN_VALUES, "device": raw_labels, "site": raw_labels, "kind": st.one_of(raw_labels, st.none()),
+              "user": st.one_of(raw_labels, st.none()),
+              "temp": st.one_of(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6).map(lambda v: v * 1e-9),
+                                st.integers(-10**6, 10**6), st.none())}
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=st.lists(events_from(RAW_VALUES, ("time", "device")), min_size=1, max_size=30), array=st.booleans(),
+       compact=st.booleans())
+def test_our_scanner_itself_takes_the_plain_bodies_producers_send(events, array, compact):
+    """Not left to Arrow's reader: raw UTF-8 labels, every double Python writes (17 digits, exponents)."""
+    separators = (",", ":") if compact else (", ", ": ")
+    if array:
+        body, content_type = json.dumps(events, ensure_ascii=False, separators=separators).encode(), "application/json"
+    else:
+        body = "\n".join(json.dumps(e, ensure_ascii=False, separators=separators) for e in events).encode()
+        content_type = "application/x-ndjson"
+    columns = scanned(body, not array)
+    assert columns is not None and columns.num_rows == len(events)
+    accepted, rejected = per_event(body, content_type)
+    assert rejected == []
+    assert columns_to_batch(STREAM, columns, INGEST_MS).equals(events_to_batch(STREAM, accepted, INGEST_MS))
+
+
+@pytest.mark.parametrize("text, value", [
+    ("0.1", 0.1), ("-0", 0.0), ("-0.0", -0.0), ("1e18", 1e18), ("3e-23", 3e-23),
+    ("9007199254740993", 9007199254740992.0),
+    ("0.30000000000000004", 0.30000000000000004), ("123456789012345678", 123456789012345678.0),
+    ("1.5E+2", 150.0), ("2.5e-3", 0.0025), ("4.9e-324", 5e-324), ("1.123456789012345678901", 1.1234567890123457),
+])
+def test_our_scanner_reads_a_number_as_pythons_float_does(text, value):
+    columns = scanned(f'{{"time": {T0}, "device": "d", "temp": {text}}}'.encode(), True)
+    assert columns is not None
+    read = columns.column("temp")[0].as_py()
+    assert read == value and math.copysign(1, read) == math.copysign(1, value)
+
+
+@pytest.mark.parametrize("text", [
+    '{"time": 1795000000000, "device": "d\\u00e9"}',  # an escape: Arrow's reader decodes it
+    '{"time": 1795000000000.0, "device": "d"}',  # a time with a fraction
+    '{"time": 1795000000000, "device": "d", "temp": 1' + "0" * 19 + "}",  # an integer of 20 digits
+    '{"time": 1795000000000, "device": "d", "device": "e"}',
+    '{"time": 1795000000000, "device": "d", "note": "x"}',
+    '{}', '[]', '{"time": 1795000000000, "device": "d"}\n{"time": 1795000000000,\n"device": "e"}',
+    '{"time": 1795000000000, "device": "d", "temp": 01}', '{"time": 1795000000000, "device": "d", "temp": -01.5}',
+    '{"time": 1795000000000, "device": "d"]', '[{"time": 1795000000000, "device": "d"]]',  # malformed
+])
+def test_what_our_scanner_leaves_to_the_next_reader(text):
+    assert scanned_fields(STREAM, text.encode(), not text.startswith("[")) is None
+
+
 def lines_walked(body: bytes) -> int | None:
     """object_lines as the per-event reader splits a body: on \\n alone, blank lines skipped."""
     starts = [first for line in body.split(b"\n") if (first := line.lstrip()[:1])]
@@ -210,11 +341,12 @@ def test_what_the_columnar_path_leaves_to_the_per_event_one(body, reader):
 
 @pytest.mark.parametrize("reader", READERS)
 def test_a_name_twice_is_left_or_read_as_the_per_event_path_reads_it(reader):
-    """Arrow's reader refuses a name twice in an object; msgspec's keeps the last value, as the
-    per-event path's json.loads does, so it takes the body into the same batch."""
+    """Arrow's reader refuses a name twice in an object (and our scanner leaves it to Arrow's);
+    msgspec's keeps the last value, as the per-event path's json.loads does, so it takes the body
+    into the same batch."""
     body = b'{"time": 1795000000000, "device": "d", "device": "e"}'
     columns = assert_same_as_per_event(body, "application/x-ndjson", reader=reader)
-    if reader == "arrow":
+    if reader in ("scan", "arrow"):
         assert columns is None
     else:
         assert columns.column("device").to_pylist() == ["e"]
@@ -308,6 +440,6 @@ metrics:
         assert columnar_events(catalog.streams["taps"], body, reader=reader) is None
 
 
-def test_a_reader_neither_arrow_nor_msgspec_is_refused():
-    with pytest.raises(ValueError, match="reader 'simdjson' is not one of arrow, msgspec"):
+def test_a_reader_not_among_the_readers_is_refused():
+    with pytest.raises(ValueError, match="reader 'simdjson' is not one of scan, arrow, msgspec"):
         columnar_events(STREAM, b'{"time": 1795000000000, "device": "d"}', reader="simdjson")

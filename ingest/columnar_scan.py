@@ -1,0 +1,350 @@
+"""A body's events read into columns by a scanner of our own, compiled by Numba, for
+ingest/columnar.py. Pure.
+
+Why our own: the end to end (issue 28) spends more on the parse than on anything else of the
+API's, and every library tried reads a 10 000-event body at 0.6-1.4 us an event on this machine
+(Arrow's reader, msgspec into columns, Polars, DuckDB, arro3: docs/benchmarks.md). A reader that
+knows the stream's fields reads one flat object per event in a single pass, at ~0.3 us, straight
+into the columns' buffers. It releases the GIL (`nogil`), so it runs in the API's threads as well
+as in the ingest worker processes.
+
+It reads only the plainest JSON, and says None for anything else, which the next reader then
+decides (Arrow's; then the per-event path): objects of declared fields, each at most once, in any
+order; labels as strings without an escape or a control character (UTF-8 is checked for the
+whole body beforehand); the time as an integer of at most 18 digits; values as any JSON number
+(an integer of at most 18 digits) as Python's float() makes it: here where that is exact to
+compute (Clinger's fast path: a mantissa of at most 2**53 and a power of ten of at most 22, so
+one multiplication or division rounds once), else by float() of its text (the 17 digits that
+Python and JavaScript write for most doubles); nulls; JSON whitespace between tokens (not a
+newline inside an NDJSON line). Whether a value is
+allowed (the label limits, the time's range, the value's magnitude) is checked on the columns
+afterwards (ingest/columnar.py `_validated`), as for the other readers.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+TIME, LABEL, VALUE = 0, 1, 2  # a field's kind, as the kernel reads it
+
+# Bytes at which a string's scan stops: its closing quote, a backslash (an escape: left to the next
+# reader) and the control characters (malformed inside a JSON string).
+_STOPS = np.zeros(256, np.uint8)
+_STOPS[:0x20] = 1
+_STOPS[ord('"')] = 1
+_STOPS[ord("\\")] = 1
+_POWERS = np.array([10.0 ** i for i in range(23)])  # exact doubles
+_EXACT_MANTISSA = 2 ** 53
+_MAX_DIGITS = 18  # an integer of at most 18 digits fits an int64
+
+_SPACE, _TAB, _CR, _NEWLINE = 0x20, 0x09, 0x0D, 0x0A
+_QUOTE, _COLON, _COMMA, _MINUS, _DOT = ord('"'), ord(":"), ord(","), ord("-"), ord(".")
+_OPEN, _CLOSE, _OPEN_ARRAY, _CLOSE_ARRAY = ord("{"), ord("}"), ord("["), ord("]")
+_ZERO, _NINE, _PLUS, _E, _BIG_E = ord("0"), ord("9"), ord("+"), ord("e"), ord("E")
+_N, _U, _L = ord("n"), ord("u"), ord("l")
+
+# The small helpers are inlined into the scan by Numba itself (`inline="always"`): 0.40 -> 0.35 us
+# an event for the side by side's bodies, where LLVM left them as calls.
+
+@njit(nogil=True, cache=True, inline="always")
+def _space(c, newline):
+    return c == _SPACE or c == _TAB or c == _CR or (newline and c == _NEWLINE)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _skip(data, pos, n, newline):
+    while pos < n and _space(data[pos], newline):
+        pos += 1
+    return pos
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _expected(data, start, n, names, name_ends, field):
+    """`field` if its name and the closing quote are at data[start:], else -1: events mostly keep
+    one order, so the field after the last one is tried first, without finding the quote."""
+    if field >= name_ends.shape[0]:
+        return -1
+    first = 0 if field == 0 else name_ends[field - 1]
+    length = name_ends[field] - first
+    if start + length >= n or data[start + length] != _QUOTE:
+        return -1
+    for j in range(length):
+        if data[start + j] != names[first + j]:
+            return -1
+    return field
+
+
+@njit(nogil=True, cache=True)
+def _field(data, start, length, names, name_ends):
+    """The field whose name is data[start:start + length]; -1 for an undeclared name."""
+    first = 0
+    for index in range(name_ends.shape[0]):
+        if name_ends[index] - first == length:
+            same = True
+            for j in range(length):
+                if data[start + j] != names[first + j]:
+                    same = False
+                    break
+            if same:
+                return index
+        first = name_ends[index]
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends):
+    """The events of `data` (NDJSON, or a JSON array when `array`) into per-field rows: `present`
+    1 where the event has a non-null value; a time in `numbers`, a value in `values`, a label as
+    its bytes data[numbers:ends]. Returns the event count, or -1 where the next reader decides."""
+    n = data.shape[0]
+    fields = kinds.shape[0]
+    capacity = present.shape[1]
+    seen = np.zeros(fields, np.uint8)
+    newline = array  # between an NDJSON line's tokens, a newline would end the line
+    pos = _skip(data, 0, n, True)
+    if array:
+        if pos >= n or data[pos] != _OPEN_ARRAY:
+            return -1
+        pos = _skip(data, pos + 1, n, True)
+    rows = 0
+    while True:
+        if pos >= n or data[pos] != _OPEN or rows >= capacity:
+            return -1
+        pos += 1
+        for field in range(fields):
+            seen[field] = 0
+            present[field, rows] = 0
+        last = -1
+        while True:  # a field: "name": value, then a comma or the closing brace
+            pos = _skip(data, pos, n, newline)
+            if pos >= n or data[pos] != _QUOTE:
+                return -1  # also an empty object: the next reader decides
+            start = pos + 1
+            field = _expected(data, start, n, names, name_ends, last + 1)
+            if field >= 0:
+                pos = name_ends[field] - (0 if field == 0 else name_ends[field - 1]) + start
+            else:
+                pos = start
+                while pos < n and _STOPS[data[pos]] == 0:
+                    pos += 1
+                if pos >= n or data[pos] != _QUOTE:
+                    return -1
+                field = _field(data, start, pos - start, names, name_ends)
+            if field < 0 or seen[field]:
+                return -1  # undeclared, or a name twice (the readers differ on which value wins)
+            seen[field] = 1
+            last = field
+            pos = _skip(data, pos + 1, n, newline)
+            if pos >= n or data[pos] != _COLON:
+                return -1
+            pos = _skip(data, pos + 1, n, newline)
+            if pos >= n:
+                return -1
+            c = data[pos]
+            kind = kinds[field]
+            if c == _N:
+                if pos + 4 > n or data[pos + 1] != _U or data[pos + 2] != _L or data[pos + 3] != _L:
+                    return -1
+                pos += 4
+            elif kind == LABEL:
+                if c != _QUOTE:
+                    return -1
+                start = pos + 1
+                pos = start
+                while pos < n and _STOPS[data[pos]] == 0:
+                    pos += 1
+                if pos >= n or data[pos] != _QUOTE:
+                    return -1
+                numbers[field, rows] = start
+                ends[field, rows] = pos
+                present[field, rows] = 1
+                pos += 1
+            else:
+                pos = _number(data, pos, n, kind, numbers, values, present, ends, field, rows)
+                if pos < 0:
+                    return -1
+            pos = _skip(data, pos, n, newline)
+            if pos >= n:
+                return -1
+            c = data[pos]
+            pos += 1
+            if c == _CLOSE:
+                break
+            if c != _COMMA:
+                return -1
+        rows += 1
+        if array:
+            pos = _skip(data, pos, n, True)
+            if pos >= n:
+                return -1
+            c = data[pos]
+            if c == _CLOSE_ARRAY:
+                return rows if _skip(data, pos + 1, n, True) == n else -1
+            if c != _COMMA:
+                return -1
+            pos = _skip(data, pos + 1, n, True)
+        else:
+            pos = _skip(data, pos, n, False)
+            if pos < n and data[pos] != _NEWLINE:
+                return -1  # a second object, or anything else, on the line
+            pos = _skip(data, pos, n, True)
+            if pos >= n:
+                return rows
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
+    """A JSON number at `pos`: a time (an integer) into numbers[field, row]; a value, as Python's
+    float() makes it, into values[field, row], or where that is not exact to compute here, its
+    text's span into numbers/ends with present 2 (scanned_fields converts it). The position after
+    it, or -1 where the next reader decides (a time with a fraction, an exponent or too many
+    digits; an integer value of more than 18 digits, which is past the values' range anyway;
+    anything malformed)."""
+    start = pos
+    negative = data[pos] == _MINUS
+    if negative:
+        pos += 1
+    if pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+        return -1
+    mantissa = 0
+    digits = 0
+    if data[pos] == _ZERO:
+        pos += 1  # a digit after a leading zero is left where the number ends: not a comma, so malformed
+    else:
+        while pos < n and _ZERO <= data[pos] <= _NINE:
+            if digits < _MAX_DIGITS:
+                mantissa = mantissa * 10 + (data[pos] - _ZERO)
+            digits += 1
+            pos += 1
+    fraction = 0
+    literal_integer = True  # no fraction, no exponent: an int in Python
+    if pos < n and data[pos] == _DOT:
+        literal_integer = False
+        pos += 1
+        if kind == TIME or pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+            return -1
+        while pos < n and _ZERO <= data[pos] <= _NINE:
+            if digits < _MAX_DIGITS:
+                mantissa = mantissa * 10 + (data[pos] - _ZERO)
+                fraction += 1
+            digits += 1
+            pos += 1
+    exponent = 0
+    if pos < n and (data[pos] == _E or data[pos] == _BIG_E):
+        if kind == TIME:
+            return -1
+        pos += 1
+        minus = pos < n and data[pos] == _MINUS
+        if pos < n and (data[pos] == _MINUS or data[pos] == _PLUS):
+            pos += 1
+        if pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+            return -1
+        while pos < n and _ZERO <= data[pos] <= _NINE:
+            if exponent < 100_000:
+                exponent = exponent * 10 + (data[pos] - _ZERO)
+            pos += 1
+        if minus:
+            exponent = -exponent
+        literal_integer = False
+    if digits > _MAX_DIGITS and (kind == TIME or literal_integer):
+        return -1
+    if kind == TIME:
+        numbers[field, row] = -mantissa if negative else mantissa
+        present[field, row] = 1
+        return pos
+    if literal_integer:
+        # Python makes it an int, then the validator a float: rounded once, as here.
+        values[field, row] = float(-mantissa if negative else mantissa)
+        present[field, row] = 1
+        return pos
+    power = exponent - fraction
+    if digits <= _MAX_DIGITS and mantissa <= _EXACT_MANTISSA and -22 <= power <= 22:
+        value = float(mantissa) * _POWERS[power] if power >= 0 else float(mantissa) / _POWERS[-power]
+        values[field, row] = -value if negative else value
+        present[field, row] = 1
+    else:
+        numbers[field, row] = start
+        ends[field, row] = pos
+        present[field, row] = 2
+    return pos
+
+
+@njit(nogil=True, cache=True)
+def _gather(data, starts, ends, present, rows):
+    """A label column's Arrow buffers: int32 offsets and the bytes (empty for a missing label)."""
+    offsets = np.zeros(rows + 1, np.int32)
+    total = 0
+    for row in range(rows):
+        if present[row]:
+            total += ends[row] - starts[row]
+        offsets[row + 1] = total
+    out = np.empty(total, np.uint8)
+    at = 0
+    for row in range(rows):
+        if present[row]:
+            for i in range(starts[row], ends[row]):
+                out[at] = data[i]
+                at += 1
+    return offsets, out
+
+
+@lru_cache(maxsize=256)
+def _plan(time_field: str, labels: tuple[str, ...], values: tuple[str, ...]):
+    """A stream's fields for the kernel: the names (one byte string and where each ends), the kinds."""
+    names = (time_field, *labels, *values)
+    encoded = [name.encode("utf-8") for name in names]
+    blob = np.frombuffer(b"".join(encoded), np.uint8)
+    name_ends = np.cumsum([len(name) for name in encoded], dtype=np.int64)
+    kinds = np.array([TIME] + [LABEL] * len(labels) + [VALUE] * len(values), np.int8)
+    return names, blob, name_ends, kinds
+
+
+def _convert_hard(body: bytes, starts: np.ndarray, ends: np.ndarray, values: np.ndarray, present: np.ndarray) -> None:
+    """The values the kernel could not compute exactly (present 2: more digits than a double
+    holds, or a large power of ten), by Python's float() of their text, as json.loads does."""
+    hard = np.flatnonzero(present == 2)
+    for row in hard.tolist():
+        values[row] = float(body[starts[row]:ends[row]])
+    if len(hard):
+        present[hard] = 1
+
+
+def scanned_fields(stream, body: bytes, ndjson: bool) -> tuple[dict[str, pa.Array], int] | None:
+    """(the declared fields' columns, rows) of a body (NDJSON, or a JSON array), or None where the
+    next reader must decide. A label offsets into at most 2 GiB of a body's bytes (int32)."""
+    if len(body) >= 2 ** 31:
+        return None
+    names, blob, name_ends, kinds = _plan(stream.time_field, tuple(stream.string_fields), tuple(stream.values))
+    data = np.frombuffer(body, np.uint8)
+    capacity = int(np.count_nonzero(data == _OPEN))  # at least the events: each opens with a brace
+    fields = len(names)
+    numbers = np.empty((fields, capacity), np.int64)
+    values = np.empty((fields, capacity), np.float64)
+    present = np.empty((fields, capacity), np.uint8)
+    ends = np.empty((fields, capacity), np.int64)
+    rows = _scan(data, not ndjson, blob, name_ends, kinds, numbers, values, present, ends)
+    if rows <= 0:
+        return None
+    columns = {}
+    for field, name in enumerate(names):
+        mask = present[field, :rows]
+        if kinds[field] == VALUE:
+            _convert_hard(body, numbers[field], ends[field], values[field], mask)
+        missing = rows - int(np.count_nonzero(mask))
+        if missing == rows:
+            continue  # no event has it: as a reader that never saw the name
+        validity = pa.py_buffer(np.packbits(mask, bitorder="little")) if missing else None
+        if kinds[field] == LABEL:
+            offsets, text = _gather(data, numbers[field], ends[field], mask, rows)
+            columns[name] = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text),
+                                                        validity, missing)
+        else:
+            kind, source = (pa.int64(), numbers) if kinds[field] == TIME else (pa.float64(), values)
+            buffer = pa.py_buffer(np.ascontiguousarray(source[field, :rows]))
+            columns[name] = pa.Array.from_buffers(kind, rows, [validity, buffer], missing)
+    return columns, rows
+
