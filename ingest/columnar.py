@@ -77,7 +77,7 @@ def object_lines(body: bytes) -> int | None:
 READERS = ("scan", "arrow", "msgspec")
 
 
-def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, reader: str = "arrow") -> pa.Table | None:
+def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, reader: str = "scan") -> pa.Table | None:
     """The body's events (NDJSON, or a JSON array with `ndjson=False`) as columns named like the
     stream's fields — the event time in epoch ms, labels with missing dimensions as "" — or None
     when the per-event path must decide. `reader`: our scanner, then Arrow's reader for what it
