@@ -99,16 +99,16 @@ def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool, reader: str) 
         return None  # a second time field, by the device's clock: not read as columns yet
     if not body.strip():
         return None
-    try:  # Arrow's reader does not check that strings are UTF-8 (measured: 1 ms per 2 MB)
-        body.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
     if reader == "scan":
-        scanned = scanned_fields(stream, body, ndjson)
+        scanned = scanned_fields(stream, body, ndjson)  # it checks the labels' UTF-8 itself
         if scanned is not None:
             # A NUL is a control character or an escape in JSON, both of which the scanner leaves.
             return _validated(stream, *scanned, search_nul=False)
         reader = "arrow"
+    try:  # Arrow's reader does not check that strings are UTF-8 (measured: 1 ms per 2 MB)
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
     lines = object_lines(body) if ndjson else None
     if ndjson and not lines:
         return None

@@ -10,15 +10,15 @@ as in the ingest worker processes.
 
 It reads only the plainest JSON, and says None for anything else, which the next reader then
 decides (Arrow's; then the per-event path): objects of declared fields, each at most once, in any
-order; labels as strings without an escape or a control character (UTF-8 is checked for the
-whole body beforehand); the time as an integer of at most 18 digits; values as any JSON number
-(an integer of at most 18 digits) as Python's float() makes it: here where that is exact to
-compute (Clinger's fast path: a mantissa of at most 2**53 and a power of ten of at most 22, so
-one multiplication or division rounds once), else by float() of its text (the 17 digits that
-Python and JavaScript write for most doubles); nulls; JSON whitespace between tokens (not a
-newline inside an NDJSON line). Whether a value is
-allowed (the label limits, the time's range, the value's magnitude) is checked on the columns
-afterwards (ingest/columnar.py `_validated`), as for the other readers.
+order; labels as strings of UTF-8 (checked here as Python's strict decoder does; anything past
+ASCII outside a label is malformed) without an escape or a control character; the time as an
+integer of at most 18 digits; values as any JSON number (an integer of at most 18 digits) as
+Python's float() makes it: here where that is exact to compute (Clinger's fast path: a mantissa
+of at most 2**53 and a power of ten of at most 22, so one multiplication or division rounds
+once), else by float() of its text (the 17 digits that Python and JavaScript write for most
+doubles); nulls; JSON whitespace between tokens (not a newline inside an NDJSON line). Whether a
+value is allowed (the label limits, the time's range, the value's magnitude) is checked on the
+columns afterwards (ingest/columnar.py `_validated`), as for the other readers.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ from numba import njit
 
 TIME, LABEL, VALUE = 0, 1, 2  # a field's kind, as the kernel reads it
 
-# Bytes at which a string's scan stops: its closing quote, a backslash (an escape: left to the next
-# reader) and the control characters (malformed inside a JSON string).
+# Bytes at which a name's scan stops: its closing quote, a backslash (an escape: left to the next
+# reader) and the control characters (malformed inside a JSON string). A label's scan stops at
+# every byte past ASCII too, to check its UTF-8 sequence (`_utf8`).
 _STOPS = np.zeros(256, np.uint8)
 _STOPS[:0x20] = 1
 _STOPS[ord('"')] = 1
 _STOPS[ord("\\")] = 1
+_LABEL_STOPS = _STOPS.copy()
+_LABEL_STOPS[0x80:] = 1
 _POWERS = np.array([10.0 ** i for i in range(23)])  # exact doubles
 _EXACT_MANTISSA = 2 ** 53
 _MAX_DIGITS = 18  # an integer of at most 18 digits fits an int64
@@ -60,6 +63,39 @@ def _skip(data, pos, n, newline):
     while pos < n and _space(data[pos], newline):
         pos += 1
     return pos
+
+
+@njit(nogil=True, cache=True)
+def _utf8(data, pos, n):
+    """The position after the UTF-8 sequence starting at data[pos] (a byte past ASCII), or -1 where
+    it is not one Python's strict decoder takes (a stray continuation, an overlong form, a
+    surrogate, past U+10FFFF, cut short)."""
+    lead = data[pos]
+    low, high = 0x80, 0xBF  # the first continuation byte's range
+    if 0xC2 <= lead <= 0xDF:
+        more = 1
+    elif 0xE0 <= lead <= 0xEF:
+        more = 2
+        if lead == 0xE0:
+            low = 0xA0  # not overlong
+        elif lead == 0xED:
+            high = 0x9F  # not a surrogate
+    elif 0xF0 <= lead <= 0xF4:
+        more = 3
+        if lead == 0xF0:
+            low = 0x90
+        elif lead == 0xF4:
+            high = 0x8F  # not past U+10FFFF
+    else:
+        return -1
+    if pos + more >= n:
+        return -1
+    if data[pos + 1] < low or data[pos + 1] > high:
+        return -1
+    for k in range(2, more + 1):
+        if data[pos + k] < 0x80 or data[pos + k] > 0xBF:
+            return -1
+    return pos + more + 1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -155,8 +191,14 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends):
                     return -1
                 start = pos + 1
                 pos = start
-                while pos < n and _STOPS[data[pos]] == 0:
-                    pos += 1
+                while True:
+                    while pos < n and _LABEL_STOPS[data[pos]] == 0:
+                        pos += 1
+                    if pos >= n or data[pos] < 0x80:
+                        break
+                    pos = _utf8(data, pos, n)
+                    if pos < 0:
+                        return -1
                 if pos >= n or data[pos] != _QUOTE:
                     return -1
                 numbers[field, rows] = start

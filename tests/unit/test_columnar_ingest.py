@@ -260,6 +260,42 @@ def test_our_scanner_itself_takes_the_plain_bodies_producers_send(events, array,
     assert columns_to_batch(STREAM, columns, INGEST_MS).equals(events_to_batch(STREAM, accepted, INGEST_MS))
 
 
+@settings(max_examples=2000, deadline=None)
+@given(raw=st.one_of(
+    st.binary(max_size=8), st.text(max_size=4).map(lambda t: t.encode("utf-8", "surrogatepass")),
+    # bytes at the edges of UTF-8's ranges: leads, continuations, what is neither
+    st.lists(st.sampled_from([0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
+                              0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF]), max_size=8).map(bytes)))
+def test_our_scanner_takes_a_labels_bytes_exactly_where_pythons_strict_utf8_decoder_does(raw):
+    """It checks UTF-8 itself (overlong forms, surrogates, past U+10FFFF, cut short), where the
+    other readers' path decodes the whole body first."""
+    assert_label_bytes_read_as_python_decodes(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b"\xc2\x80", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xee\x80\x80", b"\xf0\x90\x80\x80",
+    b"\xf4\x8f\xbf\xbf",  # the edges of what is UTF-8
+    b"\xc0\x80", b"\xc1\xbf", b"\xe0\x9f\xbf", b"\xf0\x8f\xbf\xbf",  # overlong
+    b"\xed\xa0\x80", b"\xed\xbf\xbf",  # surrogates
+    b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xf7\xbf\xbf\xbf", b"\xff",  # past U+10FFFF
+    b"\x80", b"\xe2\x82", b"a\xe2\x82\xac\xac",  # a stray continuation, cut short
+], ids=lambda raw: raw.hex())
+def test_our_scanner_takes_the_edges_of_utf8_as_pythons_decoder_does(raw):
+    assert_label_bytes_read_as_python_decodes(raw)
+
+
+def assert_label_bytes_read_as_python_decodes(raw: bytes) -> None:
+    raw = bytes(b for b in raw if b >= 0x20 and b not in b'"\\')
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    columns = scanned(b'{"time": %d, "device": "' % T0 + raw + b'"}', True)
+    assert (columns is not None) == (text is not None)
+    if columns is not None:
+        assert columns.column("device").to_pylist() == [text]
+
+
 @pytest.mark.parametrize("text, value", [
     ("0.1", 0.1), ("-0", 0.0), ("-0.0", -0.0), ("1e18", 1e18), ("3e-23", 3e-23),
     ("9007199254740993", 9007199254740992.0),
