@@ -317,7 +317,7 @@ def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
 
 @njit(nogil=True, cache=True)
 def _gather(data, starts, ends, present, rows):
-    """A label column's Arrow buffers: int32 offsets and the bytes (empty for a missing label)."""
+    """A label column's Arrow buffers: int32 offsets and the bytes ("" for a missing label)."""
     offsets = np.zeros(rows + 1, np.int32)
     total = 0
     for row in range(rows):
@@ -361,6 +361,9 @@ def scanned_fields(stream, body: bytes, ndjson: bool) -> tuple[dict[str, pa.Arra
     if len(body) >= 2 ** 31:
         return None
     names, blob, name_ends, kinds = _plan(stream.time_field, tuple(stream.string_fields), tuple(stream.values))
+    # A dimension missing or null is "" in the columns (ingest/columnar.py): written so here, where
+    # a fill_null per column cost ~20 us a body. Not the key (it may be a dimension), which must be there.
+    blanks = set(stream.dimensions) - {stream.key_field}
     data = np.frombuffer(body, np.uint8)
     capacity = int(np.count_nonzero(data == _OPEN))  # at least the events: each opens with a brace
     fields = len(names)
@@ -376,7 +379,7 @@ def scanned_fields(stream, body: bytes, ndjson: bool) -> tuple[dict[str, pa.Arra
         mask = present[field, :rows]
         if kinds[field] == VALUE:
             _convert_hard(body, numbers[field], ends[field], values[field], mask)
-        missing = rows - int(np.count_nonzero(mask))
+        missing = 0 if name in blanks else rows - int(np.count_nonzero(mask))
         if missing == rows:
             continue  # no event has it: as a reader that never saw the name
         validity = pa.py_buffer(np.packbits(mask, bitorder="little")) if missing else None
