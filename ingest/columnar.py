@@ -28,7 +28,6 @@ import pyarrow.json as pj
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
 from ingest.columnar_msgspec import msgspec_fields
-from ingest.columnar_scan import scanned_fields
 from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH, NUL
 from ingest.json_limits import JsonLimits
 
@@ -100,6 +99,9 @@ def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool, reader: str) 
     if not body.strip():
         return None
     if reader == "scan":
+        # Imported here: Numba adds ~80 MB to a process (~120 MB with the kernels loaded), which
+        # only the processes that read bodies need (the API, its workers, a Kafka source).
+        from ingest.columnar_scan import scanned_fields
         scanned = scanned_fields(stream, body, ndjson)  # it checks the labels' UTF-8 itself
         if scanned is not None:
             # A NUL is a control character or an escape in JSON, both of which the scanner leaves.
