@@ -346,7 +346,8 @@ def test_our_scanner_reads_a_number_as_pythons_float_does(text, value):
     '{}', '[]', '{"time": 1795000000000, "device": "d"}\n{"time": 1795000000000,\n"device": "e"}',
     '{"time": 1795000000000, "device": "d", "temp": 01}', '{"time": 1795000000000, "device": "d", "temp": -01.5}',
     '{"time": 1795000000000, "device": "d"]', '[{"time": 1795000000000, "device": "d"]]',  # malformed
-    '{"time": 1795000000000, "device": "a\tb"}', '{"time": 1795000000000, "device": "a\x01b"}',  # raw control characters
+    '{"time": 1795000000000, "device": "a\tb"}',  # raw control characters
+    '{"time": 1795000000000, "device": "a\x01b"}',
     '{"time": 1795000000000, "device": "d"} {"time": 1795000000000, "device": "e"}',  # two objects on a line
     '{"time": 1795000000000, "device": "d"}\r{"time": 1795000000000, "device": "e"}',
 ])
