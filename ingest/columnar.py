@@ -2,10 +2,11 @@
 
 The per-event validator (ingest/events.py) costs a pydantic model per event and explains every
 reason an event is refused. Most bodies have nothing to refuse: every line an object with the
-stream's declared fields, of the declared JSON types. For those, Arrow's JSON reader (C++; it
-releases the GIL) parses the body straight into the log's segment columns, or in the ingest
-worker processes msgspec's typed decoder does (ingest/columnar_msgspec.py), and the rules are
-checked on whole columns.
+stream's declared fields, of the declared JSON types. For those, our own scanner (compiled by
+Numba; it releases the GIL: ingest/columnar_scan.py) reads the body straight into the log's
+segment columns, Arrow's JSON reader (C++, also without the GIL) reads what the scanner leaves,
+and the rules are checked on whole columns. msgspec's typed decoder (ingest/columnar_msgspec.py)
+is a reader too, which the ingest workers used until the scanner.
 
 This path only ever says "all of these events are valid, here they are" or "I cannot tell"
 (None): whatever it cannot decide exactly as the per-event rules would — a string where a number
