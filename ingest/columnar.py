@@ -5,8 +5,7 @@ reason an event is refused. Most bodies have nothing to refuse: every line an ob
 stream's declared fields, of the declared JSON types. For those, our own scanner (compiled by
 Numba; it releases the GIL: ingest/columnar_scan.py) reads the body straight into the log's
 segment columns, Arrow's JSON reader (C++, also without the GIL) reads what the scanner leaves,
-and the rules are checked on whole columns. msgspec's typed decoder (ingest/columnar_msgspec.py)
-is a reader too, which the ingest workers used until the scanner.
+and the rules are checked on whole columns.
 
 This path only ever says "all of these events are valid, here they are" or "I cannot tell"
 (None): whatever it cannot decide exactly as the per-event rules would — a string where a number
@@ -28,7 +27,6 @@ import pyarrow.json as pj
 
 from catalog import StreamDef
 from catalog.times import EPOCH_MS_THRESHOLD, MAX_EVENT_TIME_MS
-from ingest.columnar_msgspec import msgspec_fields
 from ingest.events import MAX_LABEL_BYTES, MAX_STRING_LENGTH, NUL
 from ingest.json_limits import JsonLimits
 
@@ -74,16 +72,16 @@ def object_lines(body: bytes) -> int | None:
 
 # What reads a body into columns (columnar_events). "scan": our own scanner of the plainest JSON
 # (ingest/columnar_scan.py), and Arrow's reader for what it leaves.
-READERS = ("scan", "arrow", "msgspec")
+READERS = ("scan", "arrow")
 
 
 def columnar_events(stream: StreamDef, body: bytes, *, ndjson: bool = True, reader: str = "scan") -> pa.Table | None:
     """The body's events (NDJSON, or a JSON array with `ndjson=False`) as columns named like the
     stream's fields — the event time in epoch ms, labels with missing dimensions as "" — or None
     when the per-event path must decide. `reader`: our scanner, then Arrow's reader for what it
-    leaves ("scan"); Arrow's JSON reader alone, which releases the GIL (threads); or msgspec's
-    decoder, faster but holding it (processes: ingest/columnar_msgspec.py). Each takes only
-    bodies the per-event path accepts whole, into the same columns."""
+    leaves ("scan"); or Arrow's JSON reader alone. Both release the GIL, and take only bodies the
+    per-event path accepts whole, into the same columns. (msgspec's typed decoder was the ingest
+    workers' reader until session 99: the scanner reads a body in half its time.)"""
     if reader not in READERS:
         raise ValueError(f"reader {reader!r} is not one of {', '.join(READERS)}")
     try:
@@ -119,12 +117,6 @@ def _columnar_events(stream: StreamDef, body: bytes, ndjson: bool, reader: str) 
         stripped = body.strip()
         if not (stripped.startswith(b"[") and stripped.endswith(b"]")):
             return None  # the wrapper below must hold one array and nothing else
-    if reader == "msgspec":
-        read = msgspec_fields(stream, body, ndjson, lines)
-        if read is None:
-            return None
-        fields, rows = read
-        return _validated(stream, fields, rows, search_nul=_may_hold_nul(body))
     try:
         # Types inferred, then checked: measured twice as fast here as an explicit schema, and a
         # value of another JSON type than its column's is an error either way. One thread: the
