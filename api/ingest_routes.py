@@ -125,14 +125,14 @@ class AnswerResponse(JSONResponse):
 WARM_STREAM = StreamDef(name="warm_up", time_field="t", key_field="k", dimensions=("k",), values=("v",))
 
 
-def warm_columnar_path(reader: str = "scan") -> None:
+def warm_columnar_path() -> None:
     """Run the columnar reader and checks once, in a worker thread, as the server starts (the
     app's lifespan): their first call imports pandas (pyarrow.compute looks for it) and the
     first trip to a worker thread imports anyio's backend, 0.3-1 s that the first client
     waited (a benchmark of 200 requests counted it); and our scanner's kernels are loaded from
     Numba's cache (~0.2 s), or compiled where there is none yet (~5 s, once per checkout)."""
-    columnar_events(WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1.5}\n', reader=reader)
-    columnar_events(WARM_STREAM, b'[{"t": 1700000000000, "k": "a", "v": 1.5}]', ndjson=False, reader=reader)
+    columnar_events(WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1.5}\n')
+    columnar_events(WARM_STREAM, b'[{"t": 1700000000000, "k": "a", "v": 1.5}]', ndjson=False)
 
 
 def router(ctx: ApiContext) -> APIRouter:

@@ -19,10 +19,6 @@ from ingest.log import LogUnavailable
 
 LENGTH = struct.Struct("!I")  # a frame: its length, then a pickle
 
-# What reads a body into columns here (ingest/columnar.py READERS): our scanner, then Arrow's reader
-# for what it leaves; until session 99 msgspec's decoder, which the scanner reads a body in half the
-# time of (docs/benchmarks.md).
-WORKER_READER = "scan"
 
 
 def _read(sock: socket.socket) -> tuple | None:
@@ -64,7 +60,7 @@ def serve(sock: socket.socket) -> None:
     settings = hello[1]
     event_log = SqliteEventLog(settings["log_path"], synchronous=settings["log_sync"])
     limits = settings["limits"]
-    warm_columnar_path(WORKER_READER)
+    warm_columnar_path()
     _write(sock, ("ready",))
     streams = {}  # the definitions the API process sent, by name: each comes once, or again when changed
     while (message := _read(sock)) is not None:
@@ -94,7 +90,8 @@ def _group(sock: socket.socket, event_log, limits, stream, items: list[tuple[byt
     held: list[pa.Table] = []  # the API process decides
     for index, (body, content_type, admitted) in enumerate(items):
         try:
-            columns = columnar_body(stream, body, content_type, limits, reader=WORKER_READER)
+            # The API process's reader (our scanner, then Arrow's), until session 99 msgspec's here.
+            columns = columnar_body(stream, body, content_type, limits)
         except Exception as exc:  # never expected: the API process logs it and takes the per-event path
             answers[index] = ("failed", repr(exc))
             continue

@@ -99,6 +99,15 @@ def _utf8(data, pos, n):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _named(data, start, names, first, length):
+    """Whether data[start:start + length] is the declared name at names[first:first + length]."""
+    for j in range(length):
+        if data[start + j] != names[first + j]:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _expected(data, start, n, names, name_ends, field):
     """`field` if its name and the closing quote are at data[start:], else -1: events mostly keep
     one order, so the field after the last one is tried first, without finding the quote."""
@@ -108,10 +117,7 @@ def _expected(data, start, n, names, name_ends, field):
     length = name_ends[field] - first
     if start + length >= n or data[start + length] != _QUOTE:
         return -1
-    for j in range(length):
-        if data[start + j] != names[first + j]:
-            return -1
-    return field
+    return field if _named(data, start, names, first, length) else -1
 
 
 @njit(nogil=True, cache=True)
@@ -119,14 +125,8 @@ def _field(data, start, length, names, name_ends):
     """The field whose name is data[start:start + length]; -1 for an undeclared name."""
     first = 0
     for index in range(name_ends.shape[0]):
-        if name_ends[index] - first == length:
-            same = True
-            for j in range(length):
-                if data[start + j] != names[first + j]:
-                    same = False
-                    break
-            if same:
-                return index
+        if name_ends[index] - first == length and _named(data, start, names, first, length):
+            return index
         first = name_ends[index]
     return -1
 
