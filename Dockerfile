@@ -48,5 +48,7 @@ RUN pip install --no-cache-dir -q --no-deps -e .
 # The ingest API's JSON scanner compiled once into Numba's cache (ingest/__pycache__), not by every
 # container's API and ingest workers as they start (~5 s each).
 RUN python -c "from api.ingest_routes import warm_columnar_path; warm_columnar_path()"
+# The partials' HLL replay likewise (sketches/__pycache__), for the pipeline's first batches.
+RUN python -c "from sketches.hll_build import warm; warm(12)"
 EXPOSE 8000
 CMD ["sketchboard", "api"]

@@ -19,7 +19,9 @@ a per-group computation written the obvious way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+import functools
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +30,7 @@ import pyarrow.compute as pc
 from aggregates.batch_ids import BatchIds
 from ingest.log.records import one_chunk
 from sketches import grouped, kll_exact
-from sketches.hll_build import replays, updated_hll_bytes
+from sketches.hll_build import promoted_hll_bytes, promotion, updated_hll_bytes
 from sketches.hll_coupons import coupons_of_strings
 
 
@@ -116,8 +118,10 @@ def group_partials(table: pa.Table, layout: Layout, ids: BatchIds | None = None)
     elif ids.rows != table.num_rows:
         raise ValueError(f"the encoded ids are of {ids.rows} rows, the table has {table.num_rows}")
     begins, lengths = ids.begins[order], ids.lengths[order]
+    coupon_of = _coupons_once(ids.dictionary)
     for j in range(layout.distincts):
-        out[f"hll_{j}"] = _hlls(ids.dictionary, _slot_codes(begins, lengths, j, ids.codes), starts, layout.lg_k)
+        out[f"hll_{j}"] = _hlls(ids.dictionary, _slot_codes(begins, lengths, j, ids.codes), starts, layout.lg_k,
+                                coupon_of)
     return pa.table(out)
 
 
@@ -274,7 +278,13 @@ def hlls_per_group(flat: pa.Array, idx: np.ndarray, starts: np.ndarray, ends: np
     """Per group, the HLL of the items at `idx` (-1: none) into `flat`, in the group's row order."""
     dictionary, codes = _encoded(flat)
     item_code = np.where(idx >= 0, codes[np.maximum(idx, 0)], -1) if len(codes) else np.full(len(idx), -1)
-    return _hlls(dictionary, item_code, starts, lg_k)
+    return _hlls(dictionary, item_code, starts, lg_k, _coupons_once(dictionary))
+
+
+def _coupons_once(dictionary: pa.Array) -> Callable[[], np.ndarray]:
+    """Every item of `dictionary`'s coupon, hashed at the first call only: where a group is large
+    enough to need them, and once for all of a batch's distinct slots."""
+    return functools.cache(lambda: coupons_of_strings(dictionary.cast(pa.string())))
 
 
 def _encoded(flat: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -294,27 +304,46 @@ def _slot_codes(begins: np.ndarray, lengths: np.ndarray, j: int, codes: np.ndarr
     return np.where(has, codes[at], -1)
 
 
-def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k: int) -> pa.Array:
+def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k: int,
+          coupon_of: Callable[[], np.ndarray]) -> pa.Array:
     """Per group (rows from starts[g], in order) the HLL of its rows' items (`item_code` into
-    `dictionary`, -1: none): LIST-mode bytes written for every group of fewer than 8 distinct
-    items at once, the others' DataSketches updates of each distinct item in row order (a repeat changes
-    neither the coupons, the registers nor the HIP estimate: the same bytes). A group of 8 items or
-    more whose coupons are fewer (a collision, the empty string DataSketches ignores) gets from
-    DataSketches the LIST bytes written here, so which way it goes changes no byte; deciding by
-    items needs the coupons of the small groups' items only (~300 of a batch's ~54 000). Past HLL
-    mode a large group's updates are replayed from its coupons (sketches/hll_build.py): the same bytes."""
+    `dictionary`, -1: none; `coupon_of()`: every dictionary item's coupon). A group with rows enough
+    to reach HLL mode is built from its coupons in one compiled pass for all of them
+    (sketches/hll_build.py `promoted_hll_bytes`); the others, and any such group whose sketch stays
+    below HLL mode, from their distinct items: LIST-mode bytes written for every group of fewer than
+    8 at once, DataSketches updates of each distinct item in row order for the rest (a repeat
+    changes neither the coupons, the registers nor the HIP estimate: the same bytes). A group of 8
+    items or more whose coupons are fewer (a collision, the empty string DataSketches ignores) gets
+    from DataSketches the LIST bytes written here, so which way it goes changes no byte; deciding by
+    items needs the coupons of the small groups' items only."""
     groups = len(starts)
     present = item_code >= 0
     group_of = np.repeat(np.arange(groups), _group_sum(present.astype(np.int64), starts))
     items = item_code[present]
+    per_group = np.bincount(group_of, minlength=groups)
+    built: dict[int, bytes] = {}
+    candidates = np.flatnonzero(per_group >= promotion(lg_k)[0])
+    if len(candidates):
+        ends = np.cumsum(per_group)
+        begins = ends - per_group
+        blobs = promoted_hll_bytes(coupon_of()[items], begins[candidates], ends[candidates], lg_k)
+        built = {g: blob for g, blob in zip(candidates.tolist(), blobs) if blob is not None}
+        if built:  # their rows are done: the rest of the groups' rows go on below
+            rest = np.ones(groups, bool)
+            rest[list(built)] = False
+            group_of, items = group_of[rest[group_of]], items[rest[group_of]]
     kept = grouped.first_comings(group_of, items)
     group_of, items = group_of[kept], items[kept]  # each group's distinct items, in row order
     distinct = np.bincount(group_of, minlength=groups)
     fed = distinct >= _HLL_SLOTS
     listed = ~fed[group_of]
     blobs = _list_hlls(dictionary, group_of[listed], items[listed], groups, lg_k)
+    if not fed.any() and not built:
+        return blobs
+    out = blobs.to_pylist()
+    for g, blob in built.items():
+        out[g] = blob
     if fed.any():
-        out = blobs.to_pylist()
         fed_groups = np.flatnonzero(fed)
         fed_items = items[~listed]  # group after group, each group's in row order
         ends = np.cumsum(distinct[fed_groups])
@@ -322,15 +351,9 @@ def _hlls(dictionary: pa.Array, item_code: np.ndarray, starts: np.ndarray, lg_k:
         # The fed groups' strings made by Arrow in one take, sliced per group (a take call a group
         # cost ~20 % more), turned into Python strings only where DataSketches is fed them.
         strings = dictionary.take(pa.array(fed_items, pa.int64())).cast(pa.string())
-        # Past its first few hundred users a group's sketch is replayed from the coupons: hashed once
-        # for all of the batch's distinct items, where any group is that large.
-        large = replays(distinct[fed_groups].max(), lg_k)
-        coupon_of = coupons_of_strings(dictionary.cast(pa.string())) if large else None
         for g, begin, end in zip(fed_groups.tolist(), begins, ends.tolist()):
-            coupons = coupon_of[fed_items[begin:end]] if coupon_of is not None else None
-            out[g] = updated_hll_bytes(strings.slice(begin, end - begin), coupons, lg_k)
-        blobs = pa.array(out, pa.binary())
-    return blobs
+            out[g] = updated_hll_bytes(strings.slice(begin, end - begin), None, lg_k)
+    return pa.array(out, pa.binary())
 
 
 def _list_hlls(dictionary: pa.Array, group_of: np.ndarray, items: np.ndarray, groups: int, lg_k: int) -> pa.Array:

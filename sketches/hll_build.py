@@ -1,107 +1,183 @@
-"""An HLL_8 sketch updated with many items, in order, mostly without one DataSketches call per item.
+"""HLL_8 sketches updated with many items, in order, without one DataSketches call per item.
 
 `hll_sketch(lg_k, HLL_8)` updated item by item costs ~140 ns an item here, nearly all of it the
-call; a batch's partials update ~150 groups' sketches with ~240 000 distinct users in all (a batch
-of 500 000 events: docs/benchmarks.md, session 76). Once a sketch is in HLL mode (at lg_k 12 from
-its 385th distinct coupon), an update is simple enough to replay in numpy: the coupon's bucket
-takes its value when that is higher, and each such raise first adds k / (KxQ0 + KxQ1) to the HIP
-accumulator, then moves KxQ0 (or KxQ1) by 2^-new - 2^-old; a bucket leaving 0 lowers the count at
-the current minimum (0 for HLL_8). So DataSketches is fed the items until its sketch is in HLL
-mode (the LIST and SET modes before it, and the promotion, which sets the HIP accumulator to the
-set's estimate, stay its own), and the rest are its coupons (sketches/hll_coupons.py) replayed:
-which updates raise a bucket by a running maximum per bucket, KxQ0 before each raise by a
-cumulative sum (exact: multiples of 2^-31 below 2^22, up to lg_k 21), and the HIP accumulator by a cumulative sum
-in the updates' order, one addition after another as DataSketches makes them. A bucket of 32 or more
-(KxQ1's terms) leaves the rest to DataSketches too. tests/unit/test_hll_build.py pins the bytes
-to DataSketches' own updates."""
+call; a batch's partials update a few hundred groups' sketches with hundreds of thousands of users
+in all. What DataSketches does with them is simple enough to redo from their coupons
+(sketches/hll_coupons.py), compiled by Numba, for every group of a batch in one call
+(`promoted_hll_bytes`):
+
+- Below HLL mode a sketch holds its distinct coupons (a LIST, then a SET). It leaves them for HLL
+  mode when it holds a fixed number of them, found once per lg_k from DataSketches itself
+  (`promotion`: 385 at lg_k 12). The buckets it then holds are the maximum per bucket over those
+  coupons, whatever their order; KxQ0 the sum of 2^-value over the buckets (exact in any order:
+  multiples of 2^-31 below 2^22, up to lg_k 21); the count at the minimum the buckets at 0; and the
+  HIP accumulator the coupon set's estimate, which depends on their number alone, so it is the same
+  for every sketch of that lg_k and is read from DataSketches' own promoted sketch.
+- Each later coupon raises its bucket when its value is higher, and each raise first adds
+  k / KxQ0 to the HIP accumulator, then moves KxQ0 by 2^-new - 2^-old; a bucket leaving 0 lowers
+  the count at the minimum. That is replayed one coupon after another, in the items' order, as
+  DataSketches makes it (a repeat raises nothing: it changes no byte).
+
+A group whose sketch stays below HLL mode, or reaches a bucket of 32 or more (KxQ1's terms: a
+chance of 2^-31 an item), is left to DataSketches (`updated_hll_bytes` feeds it the items).
+tests/unit/test_hll_build.py pins the bytes to DataSketches' own updates."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 from datasketches import hll_sketch, tgt_hll_type
+from numba import njit
 
-from sketches.hll_coupons import KEY_BITS
-from sketches.hll_dense import HLL_HEAD, HLL_MODE_HLL8, HLL_PRE_INTS, INVERSE_POWERS
+from sketches.hll_coupons import KEY_BITS, coupons_of_strings
+from sketches.hll_dense import HLL_HEAD, HLL_MODE_HLL8, INVERSE_POWERS
 
-MIN_REPLAYED = 256  # items after the HLL mode worth replaying (fewer: the numpy steps cost more than the calls)
+NOT_PROMOTED, BUCKET_OF_32 = -1, -2  # a group's state, where it is no count at the minimum
 
 
 def promotion_guess(lg_k: int) -> int:
-    """Items after which a sketch of distinct items is in HLL mode, collisions apart: a coupon set
-    promotes once it would hold more than 3/4 of 2^(lg_k - 3) coupons (385 at lg_k 12)."""
-    return max(8, 3 * (1 << max(lg_k - 3, 3)) // 4 + 1)
+    """Distinct coupons after which a sketch is in HLL mode: below lg_k 8 its LIST of 8 goes straight
+    to HLL mode; from 8 a coupon set promotes once it would hold more than 3/4 of 2^(lg_k - 3)
+    coupons (385 at lg_k 12)."""
+    return 8 if lg_k < 8 else 3 * (1 << (lg_k - 3)) // 4 + 1
 
 
-def replays(items: int, lg_k: int) -> bool:
-    """Whether a sketch of this many distinct items would have some replayed (and so needs their coupons)."""
-    return items >= promotion_guess(lg_k) + MIN_REPLAYED
+@functools.cache
+def promotion(lg_k: int) -> tuple[int, bytes]:
+    """How many distinct coupons put DataSketches' HLL_8 sketch of `lg_k` in HLL mode, and its
+    updatable bytes right then (their header and HIP accumulator are every such sketch's): found by
+    feeding it items of distinct coupons, all of them below 32."""
+    guess = promotion_guess(lg_k)
+    names = pa.array([f"promotion-{i}" for i in range(2 * guess + 64)], pa.string())
+    coupons = coupons_of_strings(names)
+    _, first = np.unique(coupons, return_index=True)
+    usable = [i for i in sorted(first.tolist()) if coupons[i] != 0 and coupons[i] >> KEY_BITS < 32]
+    sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
+    for count, i in enumerate(usable, start=1):
+        sketch.update(names[i].as_py())
+        if count >= guess - 1:
+            blob = sketch.serialize_updatable()
+            if blob[7] == HLL_MODE_HLL8:
+                if count < guess:
+                    raise AssertionError(f"HLL mode before {guess} distinct coupons at lg_k {lg_k}")
+                return count, blob
+    raise AssertionError(f"no HLL mode after {len(usable)} distinct coupons at lg_k {lg_k}")
+
+
+def promoted_hll_bytes(coupons: np.ndarray, starts: np.ndarray, ends: np.ndarray, lg_k: int) -> list[bytes | None]:
+    """Per group, the updatable bytes of `hll_sketch(lg_k, HLL_8)` updated with the items whose
+    coupons are coupons[starts[g]:ends[g]], in that order (0: an item DataSketches ignores, the
+    empty string); None where that sketch stays below HLL mode or reaches a bucket of 32 or more."""
+    groups = len(starts)
+    promote_at, blob = promotion(lg_k)
+    head = HLL_HEAD.unpack_from(blob)
+    if groups == 0:
+        return []
+    buckets = np.zeros((groups, 1 << lg_k), np.uint8)
+    hip_kxq0 = np.zeros((groups, 2), np.float64)
+    at_min = np.zeros(groups, np.int64)
+    _replay(np.ascontiguousarray(coupons, np.uint32), np.asarray(starts, np.int64), np.asarray(ends, np.int64),
+            lg_k, promote_at, head[8], INVERSE_POWERS, buckets, hip_kxq0, at_min)
+    return [None if at_min[g] < 0 else
+            HLL_HEAD.pack(*head[:8], hip_kxq0[g, 0], hip_kxq0[g, 1], 0.0, int(at_min[g]), 0) + buckets[g].tobytes()
+            for g in range(groups)]
+
+
+@njit(nogil=True, cache=True)
+def _replay(coupons, starts, ends, lg_k, promote_at, promoted_hip, inverse_powers, buckets, hip_kxq0, at_min):
+    """Each group's sketch as DataSketches updates it: its distinct coupons gathered until there are
+    `promote_at` (an open-addressing set), their buckets' maximum, then the rest replayed one by one.
+    at_min[g] is NOT_PROMOTED or BUCKET_OF_32 where the group is left to DataSketches."""
+    k = 1 << lg_k
+    mask = k - 1
+    size = 16
+    while size < 2 * promote_at:
+        size <<= 1
+    seen = np.zeros(size, np.int64)
+    for g in range(len(starts)):
+        seen[:] = 0
+        row = buckets[g]
+        count = 0
+        i, end = starts[g], ends[g]
+        while i < end and count < promote_at:
+            coupon = np.int64(coupons[i])
+            i += 1
+            if coupon == 0:
+                continue
+            h = coupon & (size - 1)  # a coupon's low bits are a hash's
+            while seen[h] != 0 and seen[h] != coupon:
+                h = (h + 1) & (size - 1)
+            if seen[h] == coupon:
+                continue
+            seen[h] = coupon
+            count += 1
+            slot, value = coupon & mask, coupon >> KEY_BITS
+            if value > row[slot]:
+                row[slot] = value
+        if count < promote_at:
+            at_min[g] = NOT_PROMOTED
+            continue
+        kxq0, zeros, big = 0.0, 0, False
+        for slot in range(k):
+            value = row[slot]
+            if value >= 32:
+                big = True
+            else:
+                kxq0 += inverse_powers[value]
+            if value == 0:
+                zeros += 1
+        hip = promoted_hip
+        while i < end and not big:
+            coupon = np.int64(coupons[i])
+            i += 1
+            if coupon == 0:
+                continue
+            slot, value = coupon & mask, coupon >> KEY_BITS
+            old = row[slot]
+            if value > old:
+                if value >= 32:
+                    big = True
+                    break
+                hip += k / kxq0  # before KxQ0 moves, as DataSketches adds it
+                kxq0 -= inverse_powers[old]
+                kxq0 += inverse_powers[value]
+                row[slot] = value
+                if old == 0:
+                    zeros -= 1
+        if big:
+            at_min[g] = BUCKET_OF_32
+            continue
+        hip_kxq0[g, 0] = hip
+        hip_kxq0[g, 1] = kxq0
+        at_min[g] = zeros
+
+
+def warm(lg_k: int) -> None:
+    """Found and loaded before the first batch needs them: the promotion of `lg_k` (from DataSketches)
+    and the compiled replay (from Numba's cache in sketches/__pycache__, ~0.3 s; compiled there
+    first where it is not, ~1.5 s)."""
+    at = promotion(lg_k)[0]
+    promoted_hll_bytes(np.arange(1, at + 1, dtype=np.uint32) | np.uint32(1 << KEY_BITS), np.array([0]),
+                       np.array([at]), lg_k)
 
 
 def updated_hll_bytes(items: pa.Array | Sequence[str], coupons: np.ndarray | None, lg_k: int) -> bytes:
     """The bytes (serialize_updatable) of `hll_sketch(lg_k, HLL_8)` updated with `items` (strings)
     in order; `coupons[i]` is items[i]'s coupon (sketches/hll_coupons.py; None: every item is fed
     to DataSketches)."""
-    sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
     n = len(items)
-
-    def feed(lo: int, hi: int) -> int:
-        hi = min(n, hi)
-        for item in (items.slice(lo, hi - lo).to_pylist() if isinstance(items, pa.Array) else items[lo:hi]):
-            sketch.update(item)
-        return hi
-
-    if coupons is None:
-        feed(0, n)
-        return sketch.serialize_updatable()
-    fed = feed(0, promotion_guess(lg_k))
-    blob = sketch.serialize_updatable()
-    while blob[7] != HLL_MODE_HLL8 and n - fed >= MIN_REPLAYED:  # not in HLL mode yet (a collision): a few more
-        fed = feed(fed, fed + 32)
-        blob = sketch.serialize_updatable()
-    replayed = _replayed(blob, coupons[fed:], lg_k) if n - fed >= MIN_REPLAYED and blob[7] == HLL_MODE_HLL8 else None
-    if replayed is None:
-        feed(fed, n)
-        return sketch.serialize_updatable()
-    return replayed
+    if coupons is not None and n >= promotion(lg_k)[0]:
+        blob = promoted_hll_bytes(coupons, np.array([0]), np.array([n]), lg_k)[0]
+        if blob is not None:
+            return blob
+    sketch = hll_sketch(lg_k, tgt_hll_type.HLL_8)
+    for item in (items.to_pylist() if isinstance(items, pa.Array) else items):
+        sketch.update(item)
+    return sketch.serialize_updatable()
 
 
-def _replayed(blob: bytes, coupons: np.ndarray, lg_k: int) -> bytes | None:
-    """An HLL_8 sketch's updatable bytes after the updates of `coupons`, in order; None where a
-    bucket would reach 32 or more (or held KxQ1 already)."""
-    k = 1 << lg_k
-    head = HLL_HEAD.unpack_from(blob)
-    pre, _, _, _, _, flags, cur_min, mode, hip, kxq0, kxq1, at_min, aux = head
-    if len(blob) != HLL_HEAD.size + k \
-            or (pre, flags, cur_min, mode, aux, kxq1) != (HLL_PRE_INTS, 0, 0, HLL_MODE_HLL8, 0, 0.0):
-        return None
-    buckets = np.frombuffer(blob, np.uint8, k, HLL_HEAD.size).copy()
-    coupons = coupons[coupons != 0]  # the empty string's: DataSketches ignores it
-    slot = (coupons & np.uint32(k - 1)).astype(np.int64)
-    value = (coupons >> np.uint32(KEY_BITS)).astype(np.int64)
-    if len(value) and (int(value.max()) >= 32 or int(buckets.max()) >= 32):
-        return None
-    # Each update's bucket value before it: the stored one, or the highest an earlier update of
-    # the same bucket wrote (a running maximum over the updates sorted stably by bucket).
-    # Stable, by radix on 16-bit buckets (lg_k up to 16): ~10 times a sort of int64s.
-    order = np.argsort(slot.astype(np.uint16) if lg_k <= 16 else slot, kind="stable")
-    s, v = slot[order], value[order]
-    running = np.maximum.accumulate(s * 64 + v)
-    before_in_bucket = np.zeros(len(s), np.int64)
-    if len(s) > 1:
-        same = s[1:] == s[:-1]
-        before_in_bucket[1:] = np.where(same, running[:-1] - s[1:] * 64, 0)
-    old_sorted = np.maximum(buckets[s].astype(np.int64), before_in_bucket)
-    old = np.empty_like(old_sorted)
-    old[order] = old_sorted
-    raised = np.flatnonzero(value > old)  # in the updates' order
-    old, new = old[raised], value[raised]
-    moves = INVERSE_POWERS[new] - INVERSE_POWERS[old]
-    kxq_before = kxq0 + np.concatenate(([0.0], np.cumsum(moves)[:-1])) if len(moves) else moves
-    hip = float(np.cumsum(np.concatenate(([hip], k / kxq_before)))[-1])  # one addition after another
-    kxq0 = float(kxq0 + moves.sum()) if len(moves) else kxq0
-    np.maximum.at(buckets, slot[raised], new.astype(np.uint8))
-    at_min -= int(np.count_nonzero(old == 0))
-    return HLL_HEAD.pack(*head[:8], hip, kxq0, 0.0, at_min, 0) + buckets.tobytes()
+__all__ = ["BUCKET_OF_32", "NOT_PROMOTED", "promoted_hll_bytes", "promotion", "promotion_guess",
+           "updated_hll_bytes", "warm"]
