@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sketchboard.allocators import (GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD, MIMALLOC_PURGE_DELAY_MS,
-                                    MIMALLOC_SETTINGS, child_environment, keep_freed_memory, remote_environment)
+from sketchboard.allocators import (GLIBC_ARENA_MAX, GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD,
+                                    MIMALLOC_PURGE_DELAY_MS, MIMALLOC_SETTINGS, child_environment, keep_freed_memory,
+                                    remote_environment)
 
 ROOT = Path(__file__).resolve().parents[2]
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -33,13 +34,14 @@ def test_both_allocators_are_told_where_nothing_was_set():
     environ, mallopt = {}, Mallopt()
     done = keep_freed_memory(environ, mallopt)
     assert environ == {"MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "0"}
-    # The mmap threshold first: set alone, the trim threshold would pin it at glibc's 128 KiB.
-    assert mallopt.calls == [(-3, GLIBC_MMAP_THRESHOLD), (-1, GLIBC_TRIM_THRESHOLD)]
-    assert len(done) == 3
+    # One arena; then the mmap threshold first: set alone, the trim threshold would pin it at glibc's 128 KiB.
+    assert mallopt.calls == [(-8, GLIBC_ARENA_MAX), (-3, GLIBC_MMAP_THRESHOLD), (-1, GLIBC_TRIM_THRESHOLD)]
+    assert len(done) == 4
 
 
 def test_what_the_environment_sets_is_kept():
-    given = {"MIMALLOC_PURGE_DELAY": "10", "MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000"}
+    given = {"MIMALLOC_PURGE_DELAY": "10", "MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000",
+             "MALLOC_ARENA_MAX": "4"}
     environ, mallopt = dict(given), Mallopt()
     assert keep_freed_memory(environ, mallopt) == []
     assert environ == given
@@ -47,7 +49,7 @@ def test_what_the_environment_sets_is_kept():
 
 
 def test_each_of_mimallocs_settings_is_set_where_the_environment_leaves_it():
-    environ = {"MIMALLOC_PURGE_DELAY": "10", "MALLOC_TRIM_THRESHOLD_": "1000"}
+    environ = {"MIMALLOC_PURGE_DELAY": "10", "MALLOC_TRIM_THRESHOLD_": "1000", "MALLOC_ARENA_MAX": "4"}
     assert keep_freed_memory(environ, Mallopt()) == ["MIMALLOC_ALLOW_THP=0"]
     assert environ["MIMALLOC_PURGE_DELAY"] == "10" and environ["MIMALLOC_ALLOW_THP"] == "0"
 
@@ -55,8 +57,8 @@ def test_each_of_mimallocs_settings_is_set_where_the_environment_leaves_it():
 def test_a_refused_threshold_is_not_reported_as_set(caplog):
     environ, mallopt = {"MIMALLOC_PURGE_DELAY": "10", "MIMALLOC_ALLOW_THP": "1"}, Mallopt(answer=0)
     assert keep_freed_memory(environ, mallopt) == []
-    assert mallopt.calls == [(-3, GLIBC_MMAP_THRESHOLD)]  # the trim threshold not tried alone
-    assert "refused" in caplog.text
+    assert mallopt.calls == [(-8, GLIBC_ARENA_MAX), (-3, GLIBC_MMAP_THRESHOLD)]  # the trim threshold not tried alone
+    assert "refused the arenas" in caplog.text and "refused the thresholds" in caplog.text
 
 
 def test_the_command_line_sets_mimallocs_options_before_arrow_loads():
@@ -104,11 +106,49 @@ def test_glibc_keeps_freed_blocks_for_the_next_round():
     assert faults("keep") < 200
 
 
+THREAD_ROUNDS = """
+import resource, sys, threading
+import numpy as np
+if sys.argv[-1] == "keep":
+    from sketchboard.allocators import keep_freed_memory
+    keep_freed_memory()
+def faults_of_a_round():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [np.ones(3 << 20) for _ in range(6)]  # 6 blocks of 24 MiB, freed together
+    del blocks
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+out = []
+def rounds():
+    faults_of_a_round()
+    out.append(max(faults_of_a_round() for _ in range(3)))
+thread = threading.Thread(target=rounds)
+thread.start()
+thread.join()
+print(out[0])
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
+def test_a_thread_keeps_its_freed_blocks_too():
+    """Blocks of 24 MiB (below the mmap threshold, so from an arena) freed and taken again by a
+    thread: in a thread's own arena of 64 MiB heaps an emptied heap is unmapped and faulted in again."""
+    def faults(mode: str) -> int:
+        return printed_number(THREAD_ROUNDS, mode, "MALLOC_")
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    thresholds_only = int(subprocess.run(
+        [sys.executable, "-c", THREAD_ROUNDS, "default"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        check=True, env={**clean, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
+                         "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}).stdout)
+    assert thresholds_only > 500
+    assert faults("keep") < 100
+
+
 def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
-    assert child_environment({"MALLOC_MMAP_THRESHOLD_": "1"}) == MIMALLOC_SETTINGS
+    assert child_environment({"MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_ARENA_MAX": "4"}) == MIMALLOC_SETTINGS
     assert child_environment({"MIMALLOC_PURGE_DELAY": "10"}) == {
-        "MIMALLOC_ALLOW_THP": "0", "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
-        "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+        "MIMALLOC_ALLOW_THP": "0", "MALLOC_ARENA_MAX": str(GLIBC_ARENA_MAX),
+        "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
     if not GLIBC:
         return
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MIMALLOC_"))}
@@ -145,13 +185,15 @@ def test_arrows_allocator_takes_no_transparent_huge_pages():
 
 
 def test_a_remote_process_gets_every_setting_as_this_process_runs_with_it():
-    glibc = {"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+    glibc = {"MALLOC_ARENA_MAX": str(GLIBC_ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
+             "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
     assert remote_environment({}) == {**MIMALLOC_SETTINGS, **glibc}
     # After keep_freed_memory: mimalloc's in the environment, glibc's through mallopt; the same for a remote one.
     environ: dict[str, str] = {}
     keep_freed_memory(environ, Mallopt())
     assert remote_environment(environ) == {**MIMALLOC_SETTINGS, **glibc}
     # What the environment sets wins, glibc's two as a pair.
-    assert remote_environment({"MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000"}) == {
-        "MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "1",
+    given = {"MIMALLOC_ALLOW_THP": "1", "MALLOC_TRIM_THRESHOLD_": "1000", "MALLOC_ARENA_MAX": "4"}
+    assert remote_environment(given) == {
+        "MIMALLOC_PURGE_DELAY": str(MIMALLOC_PURGE_DELAY_MS), "MIMALLOC_ALLOW_THP": "1", "MALLOC_ARENA_MAX": "4",
         "MALLOC_TRIM_THRESHOLD_": "1000"}
