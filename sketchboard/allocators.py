@@ -26,11 +26,12 @@ So each process keeps what it freed:
   is made of heaps of at most 64 MiB, mapped apart, and a heap that a batch's arrays of tens of
   MiB leave empty is unmapped, then faulted in again by the next batch (here: 24 MiB blocks freed
   and taken again by a thread, ~1 000 faults a round; none in the main arena). The API's requests
-  and the pipeline's Bloom and sessions step run in threads. In issue 28's end to end (4 M events)
-  the pipeline took 106 000-143 000 minor faults and 0.6-1.0 s of system time with one arena,
-  against 179 000-195 000 and 1.1-1.6 s with glibc's default (three alternated pairs,
-  docs/benchmarks.md session 100). The GIL serialises most allocations anyway, so one lock costs
-  little.
+  and the pipeline's Bloom and sessions step run in threads. In issue 28's end to end (4 M events,
+  three alternated pairs with `MALLOC_ARENA_MAX=1` and a 256 MiB top pad in the environment) the
+  pipeline took 106 000-143 000 minor faults and 0.6-1.0 s of system time, against 179 000-195 000
+  and 1.1-1.6 s without; as shipped the faults follow the batches past 32 MiB arrays more than the
+  arenas (docs/benchmarks.md session 100). The GIL serialises most allocations anyway, so one
+  lock costs little.
 
 A value the environment already sets is left alone: each of mimalloc's two, glibc's
 `MALLOC_ARENA_MAX`, and its `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` (either one set
