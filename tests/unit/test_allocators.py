@@ -71,34 +71,48 @@ def test_the_command_line_sets_mimallocs_options_before_arrow_loads():
     assert "option 'allow_thp': 0" in out.stderr + out.stdout
 
 
+# Rounds of numpy blocks freed together and taken again; argv: mode, MiB a block, blocks, "main" or "thread".
 ROUNDS = """
-import resource, sys
+import resource, sys, threading
 import numpy as np
-if sys.argv[-1] == "keep":
+mode, mib, count, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if mode == "keep":
     from sketchboard.allocators import keep_freed_memory
     keep_freed_memory()
 def faults_of_a_round():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [np.ones(1 << 20) for _ in range(10)]  # 10 blocks of 8 MiB, freed together
+    blocks = [np.ones(mib << 17) for _ in range(count)]
     del blocks
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-faults_of_a_round()
-print(max(faults_of_a_round() for _ in range(3)))
+out = []
+def rounds():
+    faults_of_a_round()
+    out.append(max(faults_of_a_round() for _ in range(3)))
+if where == "thread":
+    thread = threading.Thread(target=rounds)
+    thread.start()
+    thread.join()
+else:
+    rounds()
+print(out[0])
 """
+MAIN_ROUNDS = ["8", "10", "main"]  # 10 blocks of 8 MiB in the main thread
+THREAD_ROUNDS = ["24", "6", "thread"]  # 6 blocks of 24 MiB in a thread
 
 
-def printed_number(script: str, mode: str, unset: str) -> int:
-    """The number a fresh interpreter running `script` with `mode` prints, with no variable
-    starting with `unset` in its environment (the allocators' defaults)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(unset)}, "PYTHONPATH": str(ROOT)}
-    return int(subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True,
+def printed_number(script: str, mode: str, unset: str | tuple[str, ...], *args: str,
+                   given: dict[str, str] | None = None) -> int:
+    """The number a fresh interpreter running `script` with `mode` (and `args`) prints, with no
+    variable starting with `unset` in its environment (the allocators' defaults) but those `given`."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(unset)}, **(given or {}), "PYTHONPATH": str(ROOT)}
+    return int(subprocess.run([sys.executable, "-c", script, mode, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120, check=True, env=env).stdout)
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_glibc_keeps_freed_blocks_for_the_next_round():
     def faults(mode: str) -> int:
-        return printed_number(ROUNDS, mode, "MALLOC_")
+        return printed_number(ROUNDS, mode, "MALLOC_", *MAIN_ROUNDS)
 
     # By default glibc trims the 80 MiB freed at its heap's top and faults them in again (~5 000
     # faults a round here); kept, a round after the first takes the same pages without a fault.
@@ -106,42 +120,14 @@ def test_glibc_keeps_freed_blocks_for_the_next_round():
     assert faults("keep") < 200
 
 
-THREAD_ROUNDS = """
-import resource, sys, threading
-import numpy as np
-if sys.argv[-1] == "keep":
-    from sketchboard.allocators import keep_freed_memory
-    keep_freed_memory()
-def faults_of_a_round():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    blocks = [np.ones(3 << 20) for _ in range(6)]  # 6 blocks of 24 MiB, freed together
-    del blocks
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-out = []
-def rounds():
-    faults_of_a_round()
-    out.append(max(faults_of_a_round() for _ in range(3)))
-thread = threading.Thread(target=rounds)
-thread.start()
-thread.join()
-print(out[0])
-"""
-
-
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_a_thread_keeps_its_freed_blocks_too():
     """Blocks of 24 MiB (below the mmap threshold, so from an arena) freed and taken again by a
     thread: in a thread's own arena of 64 MiB heaps an emptied heap is unmapped and faulted in again."""
-    def faults(mode: str) -> int:
-        return printed_number(THREAD_ROUNDS, mode, "MALLOC_")
-
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    thresholds_only = int(subprocess.run(
-        [sys.executable, "-c", THREAD_ROUNDS, "default"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        check=True, env={**clean, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
-                         "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}).stdout)
-    assert thresholds_only > 500
-    assert faults("keep") < 100
+    thresholds = {"MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
+                  "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
+    assert printed_number(ROUNDS, "default", "MALLOC_", *THREAD_ROUNDS, given=thresholds) > 500
+    assert printed_number(ROUNDS, "keep", "MALLOC_", *THREAD_ROUNDS) < 100
 
 
 def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
@@ -151,11 +137,11 @@ def test_a_child_given_the_child_environment_keeps_what_it_frees_as_well():
         "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD)}
     if not GLIBC:
         return
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MIMALLOC_"))}
-    faults = int(subprocess.run([sys.executable, "-c", ROUNDS, "default"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=120, check=True,
-                                env={**clean, **child_environment(clean), "PYTHONPATH": str(ROOT)}).stdout)
-    assert faults < 200  # glibc read the thresholds from the environment, as keep_freed_memory sets them
+    unset = ("MALLOC_", "MIMALLOC_")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(unset)}
+    # glibc read the thresholds and the arenas from the environment, as keep_freed_memory sets them
+    assert printed_number(ROUNDS, "default", unset, *MAIN_ROUNDS, given=child_environment(clean)) < 200
+    assert printed_number(ROUNDS, "default", unset, *THREAD_ROUNDS, given=child_environment(clean)) < 100
 
 
 HUGE_PAGES = """
