@@ -19,9 +19,9 @@ a per-group computation written the obvious way.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-import functools
 
 import numpy as np
 import pyarrow as pa
