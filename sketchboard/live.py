@@ -31,10 +31,8 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     from aggregates.driver_serving import serve_on_driver
     from aggregates.spark import SparkNeeded
     from sketchboard.wiring import build_pipeline
-    from sketches.hll_build import warm as warm_hll_replay
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
-    warm_hll_replay(pipeline.config.lg_k)  # not in the first large batch's time
     budget = RestartBudget()
 
     def restartable(failure) -> bool:

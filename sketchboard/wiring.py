@@ -565,6 +565,9 @@ def build_pipeline(settings: Settings, spark=None, *, name: str | None = None, s
 
         apply_offset_moves(store, name, checkpoint_dir, kafka_prefix=None if kafka is None else kafka.topic_prefix)
     pipeline = Pipeline(spark, catalog, store, config, log=event_log)
+    from sketches.hll_build import warm as warm_hll_replay
+
+    warm_hll_replay(config.lg_k)  # its kernel loaded now, not in the first large batch's time
     from aggregates.checkpoint_checks import check_checkpoint
 
     # Before anything is read: an unreadable last offset log entry, a store or a log behind the
