@@ -102,7 +102,10 @@ class KllSketch:
             lower = s.get_min_value()
         if high_rank >= 1.0:
             upper = s.get_max_value()
-        return value, lower, upper, eps
+        # 0.0 and -0.0 compare equal, so which of them the sorted view holds first depends on the
+        # order the sketch was merged in (a cached chunk's against the whole range's): + 0.0 makes
+        # either 0.0, and every other value stays as it is.
+        return value + 0.0, lower + 0.0, upper + 0.0, eps
 
     def rank(self, value: float) -> float:
         return self._sketch.get_rank(float(value))

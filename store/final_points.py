@@ -254,8 +254,9 @@ def _text(obj) -> str:
 
 # Part of every shape's key: raised when the way a kept point is computed changes, so that points
 # computed before are never served again (they age out with the retention). 2: KLL's p0 and p100
-# are the exact min and max, and a range reaching an end holds it (sketches/kll.py).
-POINTS_VERSION = 2
+# are the exact min and max, and a range reaching an end holds it (sketches/kll.py). 3: a KLL's
+# -0.0 is answered 0.0, whichever order its sketches were merged in.
+POINTS_VERSION = 3
 
 
 def _digest(text: str) -> str:

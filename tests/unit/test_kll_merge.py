@@ -76,3 +76,12 @@ def test_p0_and_p100_are_the_exact_min_and_max_and_a_range_reaching_an_end_holds
     for q in (0.001, 0.5, 0.999):
         est = s.quantile(q)
         assert est.lower <= est.value <= est.upper
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
+def test_a_zero_is_answered_with_one_sign_whichever_order_its_parts_were_merged_in(q):
+    # 0.0 and -0.0 compare equal: the sorted view held whichever a merge met first, and a chunk
+    # cached apart answered 0.0 where the whole range answered -0.0 (tests/unit/test_chunk_reuse.py).
+    answers = {KllSketch.merge_all([sketch_of(a), sketch_of(b)]).quantile_bounds(q)
+               for a, b in [([0.0], [-0.0, -0.0]), ([-0.0, -0.0], [0.0]), ([-0.0], [-0.0])]}
+    assert [str(v) for answer in answers for v in answer[:3]] == ["0.0"] * 3
