@@ -2,10 +2,12 @@
 corrections, lag and pipeline status. Per connection: one reader loop, one sender task and one
 snapshot task; the hub (api/ws_hub.py) does the tailing and the per-client queueing.
 
-The reader never waits for a snapshot: it counts each message against the client's rate limit
-as it comes. When it waited, a slow run of snapshots (a 24-panel dashboard's 24-hour range on a
-busy machine) held back the messages sent meanwhile, and they were then counted all at once: a
-page keeping well within the limit was closed with 1008 for the server's own slowness."""
+The reader counts each message against the client's rate limit as it comes, and waits neither
+for a snapshot nor for a message's handling (the handler task takes them from a bounded inbox in
+order). When it waited, a slow run of snapshots, or subscribes each waiting on the thread pool
+behind them (a 24-panel dashboard's range changes on a busy machine), held back the messages sent
+meanwhile, and they were then counted all at once: a page keeping well within the limit was closed
+with 1008 for the server's own slowness."""
 
 from __future__ import annotations
 
@@ -47,14 +49,14 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
         watcher = asyncio.create_task(_token_watch(websocket, client, ctx, hub))
         snapshots = SnapshotJobs()
         computer = asyncio.create_task(snapshots.run(client))
+        # Bounded: a handler that far behind makes the reader wait (and the messages then wait
+        # in the socket), rather than hold every message a client sends in memory.
+        inbox: asyncio.Queue[str] = asyncio.Queue(maxsize=2 * hub.config.message_burst)
+        handler = asyncio.create_task(_handle_inbox(inbox, client, hub, ctx, snapshots))
         try:
             while True:
                 receive = asyncio.ensure_future(websocket.receive())
-                done, _ = await asyncio.wait({receive, sender}, return_when=asyncio.FIRST_COMPLETED)
-                if sender in done:  # the sender gave up (client gone or too slow): stop reading too
-                    receive.cancel()
-                    with contextlib.suppress(BaseException):
-                        await receive
+                if not await _unless_ended(receive, sender, handler):
                     break
                 try:
                     message = receive.result()
@@ -72,9 +74,10 @@ def router(ctx: ApiContext, hub: Hub) -> APIRouter:
                 if text is None:
                     _reply(client, error("binary frames are not accepted: send JSON text frames"))
                     continue
-                await _handle(text, client, hub, ctx, snapshots)
+                if not await _unless_ended(asyncio.ensure_future(inbox.put(text)), sender, handler):
+                    break
         finally:
-            for task in (computer, watcher, sender):
+            for task in (handler, computer, watcher, sender):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
@@ -141,6 +144,29 @@ class SnapshotJobs:
             except Exception:  # one failed snapshot is answered with an error, the connection stays
                 log.exception("snapshot of subscription %r failed", sub_id)
                 _reply(client, error("its snapshot could not be computed (the server's log says why)", sub_id))
+
+
+async def _unless_ended(step: asyncio.Future, sender: asyncio.Task, handler: asyncio.Task) -> bool:
+    """True once `step` (a read, a put into the inbox) is done; False, with `step` cancelled, when
+    the sender gave up first (the client gone or too slow). The handler's exception, if it failed,
+    is raised here, as when the reader handled each message itself."""
+    done, _ = await asyncio.wait({step, sender, handler}, return_when=asyncio.FIRST_COMPLETED)
+    if step in done and not handler.done():
+        return True
+    step.cancel()
+    with contextlib.suppress(BaseException):
+        await step
+    if handler.done():
+        handler.result()
+    return False
+
+
+async def _handle_inbox(inbox: asyncio.Queue[str], client: Client, hub: Hub, ctx: ApiContext,
+                        snapshots: SnapshotJobs) -> None:
+    """The connection's messages handled one at a time, in the order they came."""
+    while True:
+        text = await inbox.get()
+        await _handle(text, client, hub, ctx, snapshots)
 
 
 async def _handle(text: str, client: Client, hub: Hub, ctx: ApiContext, snapshots: SnapshotJobs) -> None:

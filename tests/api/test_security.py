@@ -346,6 +346,41 @@ def test_messages_sent_within_the_rate_while_snapshots_are_slow_do_not_close_the
         assert [m["type"] for m in answers].count("pong") == 16
 
 
+def test_messages_sent_within_the_limits_while_a_subscribe_is_slow_to_handle_do_not_close_the_socket(
+        ctx, monkeypatch):
+    """The limit counts messages as they come, not as the server gets round to handling them. When
+    the reader handled each message itself, a subscribe waiting a second on the thread pool (behind
+    a 24-panel dashboard's snapshots on a busy machine, as CI met) held back the pings sent
+    meanwhile: the bucket refilled no further than full while they waited, they were counted at
+    once, and a page within the limits was closed 1008."""
+    from api.context import ApiContext
+    from api.ws_hub import HubConfig
+
+    served = ApiContext.served_catalog
+    calls = []
+
+    def slow_first(self):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return served(self)
+
+    monkeypatch.setattr(ApiContext, "served_catalog", slow_first)
+    app = create_app(ctx, hub_config=HubConfig(message_rate=10, message_burst=10))
+    query = {"metric": "requests", "stat": "count", "from": "now-5m", "step": "10s"}
+    with Server(app) as server, connect(server.ws, open_timeout=5) as ws:
+        ws.send(json.dumps({"type": "subscribe", "id": "slow", "query": query}))
+        for _ in range(7):  # 8 of the burst of 10 at once
+            ws.send(json.dumps({"type": "ping"}))
+        for _ in range(8):  # then half the rate
+            time.sleep(1 / 5)
+            ws.send(json.dumps({"type": "ping"}))
+        answers = [recv_until(ws, lambda m: m["type"] in ("snapshot", "pong", "error"), timeout=10)
+                   for _ in range(16)]
+        assert [m["type"] for m in answers].count("pong") == 15
+        assert [m.get("id") for m in answers if m["type"] != "pong"] == ["slow"]
+
+
 def test_a_snapshot_that_fails_answers_an_error_for_its_id_and_the_socket_stays(ctx, monkeypatch):
     from api.ws_hub import Hub
 
