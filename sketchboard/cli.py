@@ -270,7 +270,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         with hold_pipeline(name, settings.checkpoint_dir_of(name)):
             check_java()
             # Restarted in process when a switch fences a batch (docs/reprocessing.md#switch).
-            return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once)
+            return run_pipeline(settings, stopping, name=args.name, start=args.start, once=args.once,
+                                freeze_start_up=True)
     except PipelineRunning as exc:
         print(f"sketchboard: {exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ loop, with exit status 1: also one that came with a stop but was not caused by i
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -24,8 +25,9 @@ log = logging.getLogger("sketchboard")
 
 
 def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | None = None, start: str | None = None,
-                 once: bool = False, spark=None) -> int:
-    """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch."""
+                 once: bool = False, spark=None, freeze_start_up: bool = False) -> int:
+    """0 when stopped (or, with `once`, drained); 1 when a query failed for another reason than a switch.
+    `freeze_start_up`: the process is the pipeline's own (`sketchboard pipeline`), see below."""
     from aggregates.batch_gate import Stopping, remove_listeners, stop_between_batches
     from aggregates.bounded_batches import drains_on_driver, split_by_spark
     from aggregates.driver_serving import serve_on_driver
@@ -33,6 +35,13 @@ def run_pipeline(settings: Settings, stopping: threading.Event, *, name: str | N
     from sketchboard.wiring import build_pipeline
 
     pipeline = build_pipeline(settings, spark, name=name, starting_offsets=start)
+    if freeze_start_up:
+        # What start-up loaded (modules, Spark's gateway, the catalog, the kernels) is moved out of
+        # the collector's reach, as the API process does (sketchboard/cli.py): the collections that
+        # run between batches scanned it all each time, ~4 % of the pipeline's CPU in the end to end
+        # (docs/benchmarks.md, session 101). Not where the caller's process has more of its own.
+        gc.collect()
+        gc.freeze()
     budget = RestartBudget()
 
     def restartable(failure) -> bool:

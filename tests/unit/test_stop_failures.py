@@ -4,6 +4,7 @@ are stand-ins, their failures the texts Spark and Py4J give."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import sqlite3
 import threading
@@ -114,13 +115,35 @@ class _Pipeline:
         pass
 
 
-def _run_stopped_with(monkeypatch, failure) -> int:
+def _run_stopped_with(monkeypatch, failure, **options) -> int:
     stopping = threading.Event()
     monkeypatch.setattr(wiring, "build_pipeline", lambda *a, **k: _Pipeline(failure, stopping))
     monkeypatch.setattr(bounded_batches, "drains_on_driver", lambda pipeline: False)
     monkeypatch.setattr(batch_gate, "remove_listeners", lambda *a, **k: None)
     monkeypatch.setattr(batch_gate, "stop_between_batches", lambda *a, **k: True)
-    return run_pipeline(settings=None, stopping=stopping)
+    return run_pipeline(settings=None, stopping=stopping, **options)
+
+
+def test_the_pipelines_own_process_moves_what_start_up_built_out_of_the_collectors_reach(monkeypatch):
+    # The collections between batches scanned every module, Spark's gateway and the catalog each time.
+    built = []
+
+    def build(*a, **k):
+        built.append(_Pipeline(None, stopping))
+        return built[-1]
+
+    stopping = threading.Event()
+    monkeypatch.setattr(wiring, "build_pipeline", build)
+    monkeypatch.setattr(bounded_batches, "drains_on_driver", lambda pipeline: False)
+    monkeypatch.setattr(batch_gate, "remove_listeners", lambda *a, **k: None)
+    try:
+        assert run_pipeline(settings=None, stopping=stopping, freeze_start_up=True) == 0
+        assert gc.get_freeze_count() > 0
+        assert not any(o is built[0] for o in gc.get_objects())  # the permanent generation's are not listed
+    finally:
+        gc.unfreeze()  # the test process's objects back where they were
+    assert run_pipeline(settings=None, stopping=stopping) == 0  # a caller's own process: nothing frozen
+    assert gc.get_freeze_count() == 0 and any(o is built[1] for o in gc.get_objects())
 
 
 @pytest.mark.parametrize("failure", REAL, ids=lambda e: type(e).__name__)
