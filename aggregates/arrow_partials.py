@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggregates.batch_ids import BatchIds
-from ingest.log.records import one_chunk
+from ingest.log.records import bools, one_chunk
 from sketches import grouped, kll_exact
 from sketches.hll_build import promoted_hll_bytes, promotion, updated_hll_bytes
 from sketches.hll_coupons import coupons_of_strings
@@ -97,11 +97,11 @@ def group_partials(table: pa.Table, layout: Layout, ids: BatchIds | None = None)
                      for k in range(layout.partitions)]
     out["partition_max_event_time"] = _fixed_lists(per_partition, len(starts), pa.int64())
     out["dead_records"] = _dead_records(table["dead_record"], order, starts)
-    out["clock_corrected"] = pa.array(_group_sum(table["clock_correction"].is_valid().to_numpy(
-        zero_copy_only=False)[order].astype(np.int64), starts), pa.int64())
+    out["clock_corrected"] = pa.array(_group_sum(bools(table["clock_correction"].is_valid())[order].astype(np.int64),
+                                                 starts), pa.int64())
     begins, lengths, vals_flat = _sorted_list_rows(table["vals"], order)
     flat_values = vals_flat.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-    flat_valid = vals_flat.is_valid().to_numpy(zero_copy_only=False)
+    flat_valid = bools(vals_flat.is_valid())
     groups = len(starts)
     for i in range(layout.values):
         if not (lengths > i).any():
@@ -409,7 +409,7 @@ def _one_value(column: pa.Array | pa.ChunkedArray) -> bool:
 
 def _ints(column) -> tuple[np.ndarray, np.ndarray]:
     """An integer column's values (0 where null) and validity."""
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    valid = bools(column.is_valid())
     return column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), valid
 
 
@@ -475,7 +475,7 @@ def _dead_records(column, order: np.ndarray, starts: np.ndarray) -> pa.Array:
     """Per group its rows' non-null dead records, in the group's row order (collect_list)."""
     column = one_chunk(column)
     column = column.cast(DEAD_RECORD)
-    valid = column.is_valid().to_numpy(zero_copy_only=False)[order]
+    valid = bools(column.is_valid())[order]
     kept = order[valid]
     counts = _group_sum(valid.astype(np.int64), starts)
     offsets = pa.array(np.concatenate(([0], np.cumsum(counts))).astype(np.int32))

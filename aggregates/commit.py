@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from catalog import Catalog
 from ingest.events import storable
+from ingest.log.records import bools
 from store import BatchCommit, DeadLetter, PaneData, PanePartial, ValueStats
 from store.event_ids import EventIdCommit
 from store.gc_pause import paused_gc
@@ -247,7 +248,7 @@ def table_partition_max_events(table: pa.Table, catalog: Catalog,
         return out
     flat = pc.list_flatten(lists)
     times = flat.fill_null(np.iinfo(np.int64).min).to_numpy(zero_copy_only=False).reshape(-1, width)
-    present = flat.is_valid().to_numpy(zero_copy_only=False).reshape(-1, width)
+    present = bools(flat.is_valid()).reshape(-1, width)
     streams_of = good["stream"].to_numpy(zero_copy_only=False)
     for stream in catalog.streams:
         mine = streams_of == stream

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from aggregates.clock_offsets import DEFAULT_BUCKET_MS
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
 from catalog import Catalog
-from ingest.log.records import one_chunk
+from ingest.log.records import bools, one_chunk
 
 DEAD_RECORD_FIELDS = ("partition", "offset", "event_time", "ingest_time", "error", "dims", "raw_event_time",
                       "clock_correction")
@@ -86,17 +86,16 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
         codes = np.array([label(v) for v in encoded.dictionary.to_pylist()], np.int64)
         code[hit] = codes[encoded.indices.to_numpy(zero_copy_only=False)]
 
-    has_error = error.is_valid().to_numpy(zero_copy_only=False)
+    has_error = bools(error.is_valid())
     rule(has_error, pc.fill_null(one_chunk(records.column("error_kind")), UNPARSEABLE))
-    rule(~(event_time.is_valid().to_numpy(zero_copy_only=False) & ingest_time.is_valid().to_numpy(zero_copy_only=False)),
+    rule(~(bools(event_time.is_valid()) & bools(ingest_time.is_valid())),
          UNPARSEABLE)
     with_ids = [s for s in catalog.streams.values() if s.event_id_field]
     if with_ids:
         missing = np.zeros(n, dtype=bool)
         for s in with_ids:
             of_stream = stream_is(stream, [s.name]).to_numpy(zero_copy_only=False)
-            no_id = list_get(records.column("ids"), s.source_ids.index(s.event_id_field)).is_null().to_numpy(
-                zero_copy_only=False)
+            no_id = bools(list_get(records.column("ids"), s.source_ids.index(s.event_id_field)).is_null())
             missing |= of_stream & no_id
         rule(missing, MISSING_EVENT_ID)
     retention = per_stream_values(stream, {name: s.retention for name, s in catalog.streams.items()})
@@ -124,8 +123,8 @@ def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
     times = pc.fill_null(event_time, 0).to_numpy(zero_copy_only=False)
     panes = pc.fill_null(pane_ms, 1).to_numpy(zero_copy_only=False)
     start = pa.array(times - np.mod(times, panes), pa.int64(),
-                     mask=~(good.to_numpy(zero_copy_only=False) & event_time.is_valid().to_numpy(zero_copy_only=False)
-                            & pane_ms.is_valid().to_numpy(zero_copy_only=False)))
+                     mask=~(bools(good) & bools(event_time.is_valid())
+                            & bools(pane_ms.is_valid())))
     dims = one_chunk(records.column("dims"))
     fields = [records.schema.field(f) for f in DEAD_RECORD_FIELDS]
     if reason.null_count == len(reason):
@@ -190,12 +189,12 @@ def corrected(records: pa.Table, corrections: Mapping[tuple[str, str], int]) -> 
 def _pmod(values: pa.Array | pa.ChunkedArray, divisor: int) -> pa.Array:
     array = one_chunk(values)
     numbers = pc.fill_null(array, 0).to_numpy(zero_copy_only=False)
-    return pa.array(np.mod(numbers, divisor), pa.int64(), mask=array.is_null().to_numpy(zero_copy_only=False))
+    return pa.array(np.mod(numbers, divisor), pa.int64(), mask=bools(array.is_null()))
 
 
 def _true(condition: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A condition as numpy booleans, null as false (Spark's `when` takes a null as not matched)."""
-    return pc.fill_null(condition, False).to_numpy(zero_copy_only=False)
+    return bools(pc.fill_null(condition, False))
 
 
 __all__ = ["clock_samples", "corrected", "dead_reasons", "keyed", "list_get", "per_stream_values", "stream_is",

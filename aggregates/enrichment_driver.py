@@ -36,7 +36,7 @@ from aggregates.driver_rules import list_get
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
-from ingest.log.records import one_chunk
+from ingest.log.records import bools, one_chunk
 from ingest.source_rows import interleave
 from store.table_versions import SingleVersions, TableVersion, as_of
 
@@ -182,7 +182,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
     at, at_valid = _lookup_times(_column(rows, "event_time"), _column(rows, "ingest_time"))
     misses: dict[str, pa.Array] = {}
     for lookup in lookups:
-        mine = pc.fill_null(pc.equal(stream, lookup.stream), False).to_numpy(zero_copy_only=False)
+        mine = bools(pc.fill_null(pc.equal(stream, lookup.stream), False))
 
         def string_keys(mine=mine, lookup=lookup) -> pa.Array:  # each row's key, null where it has none
             return pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))
@@ -342,8 +342,8 @@ class _Picked:
 
 def _lookup_times(event_time: pa.Array, ingest_time: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """`lookup_time` of every row, as numpy (and whether there is one)."""
-    e_valid = event_time.is_valid().to_numpy(zero_copy_only=False)
-    g_valid = ingest_time.is_valid().to_numpy(zero_copy_only=False)
+    e_valid = bools(event_time.is_valid())
+    g_valid = bools(ingest_time.is_valid())
     e = pc.fill_null(event_time, 0).to_numpy(zero_copy_only=False)
     g = pc.fill_null(ingest_time, 0).to_numpy(zero_copy_only=False)
     at = np.where(e_valid & g_valid, np.minimum(e, g), np.where(e_valid, e, g))

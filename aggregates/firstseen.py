@@ -39,6 +39,7 @@ from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows
 from aggregates.spark import LazyColumn
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
+from ingest.log.records import bools
 from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
 from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FilterUpdate, FirstSeenPartial
 
@@ -143,7 +144,7 @@ class BloomFeatures:
         updates: list[FilterUpdate] = []
         first_seen: list[FirstSeenPartial] = []
         for (name, t), (m, k, seed) in sorted(shapes.items()):
-            mask = pc.fill_null(pc.equal(stream, name), False).to_numpy(zero_copy_only=False) & (tag == t)
+            mask = bools(pc.fill_null(pc.equal(stream, name), False)) & (tag == t)
             if not mask.any():
                 continue
             pos = positions(h1[mask], h2[mask], m, k)

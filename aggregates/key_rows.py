@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import arrow_on_driver, no_records
 from aggregates.driver_rules import list_get
-from ingest.log.records import one_chunk
+from ingest.log.records import bools, one_chunk
 from ingest.source_rows import repeated_text
 from sketches.bloom import SALT2, hashes
 
@@ -185,12 +185,12 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Arr
     groups = key_groups(items)
     parts = []
     streams = records["stream"]
-    keep_rows = None if keep is None else pc.fill_null(keep, False).to_numpy(zero_copy_only=False)
+    keep_rows = None if keep is None else bools(pc.fill_null(keep, False))
     # (a record not kept may have no event time: 0 there, never read)
     times = (pc.fill_null(records["event_time"], 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
              if groups else None)
     for g in groups:
-        mine = pc.fill_null(pc.equal(streams, g.stream), False).to_numpy(zero_copy_only=False)
+        mine = bools(pc.fill_null(pc.equal(streams, g.stream), False))
         at = np.flatnonzero(mine if keep_rows is None else mine & keep_rows)
         if len(at) == 0:
             continue
@@ -247,7 +247,7 @@ def slot_stats_of_codes(dictionary: pa.Array, code: np.ndarray, times: np.ndarra
     order = pc.sort_indices(dictionary).to_numpy()  # the keys in byte order
     rank = np.empty(len(order), np.int64)
     rank[order] = np.arange(len(order))
-    empty = pc.equal(dictionary, "").to_numpy(zero_copy_only=False)
+    empty = bools(pc.equal(dictionary, ""))
     set_ = code >= 0
     set_[set_] = ~empty[code[set_]]
     if not set_.any():
@@ -379,7 +379,7 @@ def _new_keys(rows: pa.Table) -> np.ndarray:
     keys = one_chunk(rows["key"])
     out = np.ones(len(keys), bool)
     if len(keys) > 1:
-        out[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+        out[1:] = bools(pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)))
     return out
 
 

@@ -36,6 +36,7 @@ from catalog import Catalog
 from catalog.model import StreamDef
 from catalog.defined_patterns import deleted_patterns, pattern_definition_id
 from catalog.patterns import LATE_DIMENSION, Condition, PatternDef, matches_stream_name
+from ingest.log.records import bools
 from patterns.events import Match, PatternEvent
 from patterns.plan import Plan, compile_pattern, holds_alone
 from sketches import DEFAULT_K
@@ -85,7 +86,7 @@ def slot_array(column: pa.ChunkedArray | pa.Array, i: int) -> pa.Array:
     per slot rather than every row's list turned into Python."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     offsets = arr.offsets.to_numpy()
-    present = (np.diff(offsets) > i) & arr.is_valid().to_numpy(zero_copy_only=False)
+    present = (np.diff(offsets) > i) & bools(arr.is_valid())
     if not present.any():
         return pa.nulls(len(arr), arr.type.value_type)
     taken = arr.values.take(pa.array(np.where(present, offsets[:-1] + i, 0)))

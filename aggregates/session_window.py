@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.log.records import bools
 from store.sessions import BODY_SCHEMA, Session, SessionColumns, SessionCommit, as_table
 
 
@@ -115,7 +116,7 @@ def session_batch_columns(stream: str, gap_ms: int, stored: SessionColumns, runs
     from_store = order < n_stored
     new_key = np.ones(n, bool)
     if n > 1:
-        new_key[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
+        new_key[1:] = bools(pc.not_equal(keys[1:], keys[:-1]))
     key_rank = np.cumsum(new_key) - 1
     base = int(first.min())
     shifted = key_rank * span + (last - base)  # a later key's values exceed every earlier key's

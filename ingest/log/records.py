@@ -86,6 +86,21 @@ def one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column
 
 
+def bools(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A boolean column without nulls as numpy booleans, unpacked from its bitmap by numpy: Arrow's
+    `to_numpy(zero_copy_only=False)` converts bit by bit, ~1.2 ms a million rows against ~0.06,
+    and a batch makes a few dozen such masks (~2 % of the pipeline's CPU in the end to end). A
+    column with nulls is converted as Arrow converts it (an object array: the caller's choice)."""
+    array = one_chunk(column)
+    if array.null_count or not pa.types.is_boolean(array.type):
+        return array.to_numpy(zero_copy_only=False)
+    n = len(array)
+    if n == 0:
+        return np.zeros(0, bool)
+    bits = np.frombuffer(array.buffers()[1], np.uint8)
+    return np.unpackbits(bits, count=array.offset + n, bitorder="little")[array.offset:].view(bool)
+
+
 _LZ4_FRAME = pa.Codec("lz4")  # Arrow's "lz4" codec writes the LZ4 frame format
 
 
