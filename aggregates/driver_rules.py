@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from aggregates.clock_offsets import DEFAULT_BUCKET_MS
 from aggregates.eventtime import BEYOND_RETENTION, FUTURE_SKEW, MISSING_EVENT_ID, UNPARSEABLE
+from aggregates.stream_codes import per_stream_values, stream_rows
 from catalog import Catalog
 from ingest.log.records import bools, one_chunk
 
@@ -43,16 +44,9 @@ def list_get(lists: pa.Array | pa.ChunkedArray, index: int, rows: np.ndarray | N
     return lists.values.take(where)
 
 
-def per_stream_values(streams: pa.Array, values: Mapping[str, int]) -> pa.Array:
-    """Each row's stream's constant (int64), null for a stream not in `values`: Spark's CASE."""
-    names = list(values)
-    at = pc.index_in(streams, value_set=pa.array(names, pa.string()))
-    return pa.array(np.array([values[n] for n in names], np.int64)).take(at) if names else pa.nulls(len(streams), pa.int64())
-
-
 def stream_is(streams: pa.Array, names: Iterable[str]) -> pa.Array:
     """Whether each row's stream is one of `names` (false, never null)."""
-    return pc.fill_null(pc.is_in(streams, value_set=pa.array(list(names), pa.string())), False)
+    return pa.array(stream_rows(streams, names), pa.bool_())
 
 
 def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Array:
@@ -94,7 +88,7 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
     if with_ids:
         missing = np.zeros(n, dtype=bool)
         for s in with_ids:
-            of_stream = stream_is(stream, [s.name]).to_numpy(zero_copy_only=False)
+            of_stream = stream_rows(stream, [s.name])
             no_id = bools(list_get(records.column("ids"), s.source_ids.index(s.event_id_field)).is_null())
             missing |= of_stream & no_id
         rule(missing, MISSING_EVENT_ID)

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from aggregates.batch_ids import BatchIds
 from aggregates.driver_rules import list_get
+from aggregates.stream_codes import stream_rows
 from catalog import Catalog, StreamDef
 from catalog.enrichment import enrichment_view
 from catalog.tables import row_columns
@@ -182,7 +183,7 @@ def enrich_table(rows: pa.Table, lookups: Sequence[DriverLookup], fetch: Fetch,
     at, at_valid = _lookup_times(_column(rows, "event_time"), _column(rows, "ingest_time"))
     misses: dict[str, pa.Array] = {}
     for lookup in lookups:
-        mine = bools(pc.fill_null(pc.equal(stream, lookup.stream), False))
+        mine = stream_rows(stream, [lookup.stream])
 
         def string_keys(mine=mine, lookup=lookup) -> pa.Array:  # each row's key, null where it has none
             return pc.if_else(pa.array(mine), list_get(ids, lookup.key_index), pa.nulls(n, pa.string()))

@@ -37,9 +37,9 @@ from pyspark.sql import functions as F
 from aggregates.driver_batch import among
 from aggregates.key_rows import TAG_FIRST_SEEN, TAG_MEMBERSHIP, KeyItem, KeyRows, hash_columns, key_rows
 from aggregates.spark import LazyColumn
+from aggregates.stream_codes import stream_rows
 from catalog import Catalog, StreamDef
 from catalog.features import base_streams, source_field
-from ingest.log.records import bools
 from sketches.bloom import CHUNK_BITS, BloomFilter, optimal_shape, positions, undercount_bound
 from store.bloom import FIRST_SEEN, MEMBERSHIP, BloomCommit, BloomReader, FilterUpdate, FirstSeenPartial
 
@@ -144,7 +144,7 @@ class BloomFeatures:
         updates: list[FilterUpdate] = []
         first_seen: list[FirstSeenPartial] = []
         for (name, t), (m, k, seed) in sorted(shapes.items()):
-            mask = bools(pc.fill_null(pc.equal(stream, name), False)) & (tag == t)
+            mask = stream_rows(stream, [name]) & (tag == t)
             if not mask.any():
                 continue
             pos = positions(h1[mask], h2[mask], m, k)

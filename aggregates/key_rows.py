@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 from aggregates.batch_ids import BatchIds
 from aggregates.driver_batch import arrow_on_driver, no_records
 from aggregates.driver_rules import list_get
+from aggregates.stream_codes import stream_rows
 from ingest.log.records import bools, one_chunk
 from ingest.source_rows import repeated_text
 from sketches.bloom import SALT2, hashes
@@ -190,7 +191,7 @@ def key_rows_on_driver(records: pa.Table, items: Sequence[KeyItem], keep: pa.Arr
     times = (pc.fill_null(records["event_time"], 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
              if groups else None)
     for g in groups:
-        mine = bools(pc.fill_null(pc.equal(streams, g.stream), False))
+        mine = stream_rows(streams, [g.stream])
         at = np.flatnonzero(mine if keep_rows is None else mine & keep_rows)
         if len(at) == 0:
             continue

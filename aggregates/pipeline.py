@@ -35,6 +35,7 @@ from aggregates.spark import SparkNeeded, master_of, start_for_missing_context
 from aggregates.tables import TableChanges
 from aggregates.views import Views, with_views
 from aggregates.store_commit import ReportsStoreErrors, StoreCommitter
+from aggregates.stream_codes import forget_stream_codes
 from catalog import Catalog
 from ingest.kafka_source import KafkaSourceConfig, read_kafka, read_kafka_rows, stream_offsets, topics_of
 from ingest.log import EventLog, LogUnavailable, SqliteEventLog
@@ -163,6 +164,8 @@ class Pipeline(ReportsStoreErrors):
                 if not start_for_missing_context(self.spark, exc):
                     raise
                 raise SparkNeeded(f"batch {batch_id} needed Spark's session, now started: it runs again") from exc
+            finally:
+                forget_stream_codes()  # the batch's stream columns are not held past it
 
     def _process_batch(self, batch: DataFrame, batch_id: int) -> CommitResult:
         started = time.perf_counter()
