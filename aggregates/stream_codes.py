@@ -35,6 +35,9 @@ def _identity(array: pa.Array) -> tuple:
 def stream_codes(streams: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str | None]]:
     """Each row's stream as an index into the batch's distinct streams (a null stream as None)."""
     global _kept
+    # A column of several chunks is put together anew at each call (new buffers each time): it is
+    # answered, not kept, where it would push the batch's own column out.
+    keep = not isinstance(streams, pa.ChunkedArray) or streams.num_chunks <= 1
     array = one_chunk(streams)
     identity = _identity(array)
     kept = _kept
@@ -47,7 +50,9 @@ def stream_codes(streams: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[
         encoded = pc.dictionary_encode(array, null_encoding="encode")
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         names = encoded.dictionary.to_pylist()
-    _kept = ((identity, array, codes, names), *kept[:KEPT - 1])
+    codes.flags.writeable = False  # shared with every later caller: none may change it
+    if keep:
+        _kept = ((identity, array, codes, names), *kept[:KEPT - 1])
     return codes, names
 
 

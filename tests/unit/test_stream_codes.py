@@ -54,6 +54,9 @@ def test_a_column_kept_is_held_so_its_buffers_are_never_another_ones():
     second = pa.array(["b", "a"] * 1000)
     assert stream_rows(second, ["a"])[:2].tolist() == [False, True]
     assert len(stream_codes._kept) == 2
+    two_chunks = pa.chunked_array([pa.array(["a"]), pa.array(["b"])])
+    assert stream_rows(two_chunks, ["b"]).tolist() == [False, True]
+    assert len(stream_codes._kept) == 2  # put together anew at each call: not kept
     for i in range(stream_codes.KEPT + 2):  # a few columns at most
         stream_rows(pa.array([f"s{i}"] * 10), ["s0"])
     assert len(stream_codes._kept) == stream_codes.KEPT
