@@ -82,8 +82,7 @@ def dead_reasons(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.A
 
     has_error = bools(error.is_valid())
     rule(has_error, pc.fill_null(one_chunk(records.column("error_kind")), UNPARSEABLE))
-    rule(~(bools(event_time.is_valid()) & bools(ingest_time.is_valid())),
-         UNPARSEABLE)
+    rule(~(bools(event_time.is_valid()) & bools(ingest_time.is_valid())), UNPARSEABLE)
     with_ids = [s for s in catalog.streams.values() if s.event_id_field]
     if with_ids:
         missing = np.zeros(n, dtype=bool)
@@ -117,8 +116,7 @@ def keyed(records: pa.Table, catalog: Catalog, batch_now_ms: int) -> pa.Table:
     times = pc.fill_null(event_time, 0).to_numpy(zero_copy_only=False)
     panes = pc.fill_null(pane_ms, 1).to_numpy(zero_copy_only=False)
     start = pa.array(times - np.mod(times, panes), pa.int64(),
-                     mask=~(bools(good) & bools(event_time.is_valid())
-                            & bools(pane_ms.is_valid())))
+                     mask=~(bools(good) & bools(event_time.is_valid()) & bools(pane_ms.is_valid())))
     dims = one_chunk(records.column("dims"))
     fields = [records.schema.field(f) for f in DEAD_RECORD_FIELDS]
     if reason.null_count == len(reason):
