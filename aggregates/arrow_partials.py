@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aggregates.batch_ids import BatchIds
-from aggregates.stream_codes import one_value, stream_codes
+from aggregates.stream_codes import value_codes
 from ingest.log.records import bools, one_chunk
 from sketches import grouped, kll_exact
 from sketches.hll_build import promoted_hll_bytes, promotion, updated_hll_bytes
@@ -132,8 +132,7 @@ def _groups(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = table.num_rows
     if not n:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # The stream's codes as the batch's rules made them (aggregates/stream_codes.py), the same column
-    keys = [stream_codes(table["stream"])[0].astype(np.int64), _codes(table["dead_reason"])]
+    keys = [_codes(table["stream"]), _codes(table["dead_reason"])]
     pane, pane_valid = _ints(table["pane_start"])
     keys += [np.where(pane_valid, pane, 0), pane_valid]
     keys += _dims_keys(table["dims"])
@@ -388,14 +387,7 @@ def _list_hlls(dictionary: pa.Array, group_of: np.ndarray, items: np.ndarray, gr
 
 def _codes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A code per row, equal exactly when the values are (nulls one code of their own)."""
-    if one_value(column):
-        # A batch's stream (most batches read one), its dead reason (null but for dead letters):
-        # one comparison a row, where the encoding hashed each (700 000 stream names: ~3 against ~14 ms).
-        return np.zeros(len(column), np.int64)
-    encoded = pc.dictionary_encode(column, null_encoding="encode")
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.combine_chunks()
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return value_codes(column)[0].astype(np.int64)
 
 
 def _ints(column) -> tuple[np.ndarray, np.ndarray]:
