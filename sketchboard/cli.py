@@ -175,17 +175,19 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def server_config(app, settings: Settings):
     """How uvicorn serves the API.
 
-    http="h11" whatever is installed: h11 refuses a request whose headers are still unfinished past
-    ~16 KiB (uvicorn's h11_max_incomplete_event_size), where uvicorn's httptools protocol, which it
-    picks by default when the package is there (`uvicorn[standard]`), buffers headers of any size, so
-    anyone reaching the port could make the API hold as much as they send (session 75's review; its
-    C parser saved ~0.1-0.25 s of the event loop's CPU for 2 M events, docs/benchmarks.md).
+    http: uvicorn's httptools protocol (llhttp, C) with a cap of our own on a request's headers
+    (sketchboard/http_protocol.py): h11, kept until session 102 for its 16 KiB cap, read a
+    10 000-event body with ~40 % more of the event loop's CPU. loop: uvloop. The two took the API's
+    CPU an event from ~1.3-1.45 to ~1.13-1.15 us under 10 000-event POSTs (docs/benchmarks.md).
     ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
     ws_per_message_deflate: off unless asked (docs/benchmarks.md, session 69: deflating each
     client's snapshots in the event loop held REST queries up to a second under 50 clients)."""
     import uvicorn
 
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", http="h11",
+    from sketchboard.http_protocol import HeaderCappedHttpToolsProtocol
+
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                          http=HeaderCappedHttpToolsProtocol, loop="uvloop",
                           ws_max_size=settings.ws_max_message_bytes, ws_per_message_deflate=settings.ws_compression)
 
 
