@@ -147,6 +147,10 @@ def project(batch: pa.RecordBatch, stream: StreamDef) -> pa.RecordBatch:
     """Conform a stored segment to the stream's current definition (missing fields -> null,
     missing dimensions -> "", undeclared columns dropped)."""
     schema = segment_schema(stream)
+    if batch.schema.equals(schema):
+        # Written under the stream's current definition, as nearly every segment is: nothing to
+        # conform. Rebuilt field by field it cost ~45 us a segment (~15 ms of a 500 000-event read).
+        return batch
     n = batch.num_rows
     names = set(batch.schema.names)
     extras: list[dict] | None = None

@@ -540,6 +540,13 @@ def test_project_directly() -> None:
     assert project(stored, fewer).schema.names == [EVENT_TIME, INGEST_TIME, "ms", EXTRA]
 
 
+def test_a_segment_written_under_the_current_definition_is_read_as_it_is() -> None:
+    stored = decode_segment(encode_segment(events_to_batch(STREAM, make_events(STREAM, 0, 5), T0)))
+    assert project(stored, STREAM) is stored  # nothing rebuilt
+    newer = StreamDef(name="clicks", key_field="user", dimensions=("page", "country"), values=("ms", "cost"))
+    assert project(stored, newer) is not stored
+
+
 def test_value_field_becoming_a_dimension_reads_as_text() -> None:
     as_value = StreamDef(name="s", values=("x",))
     as_dim = StreamDef(name="s", dimensions=("x",))
