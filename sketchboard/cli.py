@@ -177,8 +177,8 @@ def server_config(app, settings: Settings):
 
     http: uvicorn's httptools protocol (llhttp, C) with a cap of our own on a request's headers
     (sketchboard/http_protocol.py): h11, kept until session 102 for its 16 KiB cap, read a
-    10 000-event body with ~40 % more of the event loop's CPU. loop: uvloop. The two took the API's
-    CPU an event from ~1.3-1.45 to ~1.13-1.15 us under 10 000-event POSTs (docs/benchmarks.md).
+    10 000-event body with ~45 % more of the event loop's CPU. loop: uvloop. The two took the API's
+    CPU an event from 1.30-1.35 to 1.22-1.28 us under 10 000-event POSTs (docs/benchmarks.md).
     ws_max_size: a bigger frame is refused by the server before it is buffered (1009).
     ws_per_message_deflate: off unless asked (docs/benchmarks.md, session 69: deflating each
     client's snapshots in the event loop held REST queries up to a second under 50 clients)."""
