@@ -22,6 +22,7 @@ from websockets.sync.client import connect
 from api.app import create_app
 from api.ws_hub import ClientQueue, HubConfig, PointsBatch, QueuedMessage, QueuedPoints, Subscription
 from api.ws_protocol import QueryIn, resolve_query
+from sketchboard.http_protocol import HeaderCappedHttpToolsProtocol
 from tests.api.conftest import NOW_MS
 from tests.api.test_ws_support import drain_log_into_store
 from tests.support.loops import run_on_own_loop
@@ -44,7 +45,9 @@ class Server:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.sock = sock
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # The service's HTTP protocol and loop (sketchboard/cli.py `server_config`)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                    http=HeaderCappedHttpToolsProtocol, loop="uvloop"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
 
     def __enter__(self):
