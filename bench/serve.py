@@ -23,14 +23,13 @@ def serving(app, port: int | None = None, *, join_s: float = 30.0) -> Iterator[i
     tailer stops before the caller closes the store); yields the port."""
     import uvicorn
 
-    from sketchboard.http_protocol import HeaderCappedHttpToolsProtocol
+    from sketchboard.http_protocol import served_as_the_api
 
     port = port or free_port()
     # As the service serves by default (sketchboard/cli.py `server_config`: its HTTP protocol and
     # loop; websocket compression only with ws_compression)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           http=HeaderCappedHttpToolsProtocol, loop="uvloop",
-                                           ws_per_message_deflate=False))
+                                           ws_per_message_deflate=False, **served_as_the_api()))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

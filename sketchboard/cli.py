@@ -184,10 +184,9 @@ def server_config(app, settings: Settings):
     client's snapshots in the event loop held REST queries up to a second under 50 clients)."""
     import uvicorn
 
-    from sketchboard.http_protocol import HeaderCappedHttpToolsProtocol
+    from sketchboard.http_protocol import served_as_the_api
 
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                          http=HeaderCappedHttpToolsProtocol, loop="uvloop",
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", **served_as_the_api(),
                           ws_max_size=settings.ws_max_message_bytes, ws_per_message_deflate=settings.ws_compression)
 
 

@@ -74,3 +74,9 @@ class HeaderCappedHttpToolsProtocol(HttpToolsProtocol):
                         b"connection: close\r\n", b"\r\n", message])
         self.transport.write(b"".join(content))
         self.transport.close()
+
+
+def served_as_the_api() -> dict:
+    """uvicorn.Config's protocol options as the API serves (sketchboard.cli `server_config`), for
+    every server that should behave as it does (the benchmarks', the websocket tests')."""
+    return {"http": HeaderCappedHttpToolsProtocol, "loop": "uvloop"}

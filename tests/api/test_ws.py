@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 from api.app import create_app
 from api.ws_hub import ClientQueue, HubConfig, PointsBatch, QueuedMessage, QueuedPoints, Subscription
 from api.ws_protocol import QueryIn, resolve_query
-from sketchboard.http_protocol import HeaderCappedHttpToolsProtocol
+from sketchboard.http_protocol import served_as_the_api
 from tests.api.conftest import NOW_MS
 from tests.api.test_ws_support import drain_log_into_store
 from tests.support.loops import run_on_own_loop
@@ -46,8 +46,7 @@ class Server:
         self.port = sock.getsockname()[1]
         self.sock = sock
         # The service's HTTP protocol and loop (sketchboard/cli.py `server_config`)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    http=HeaderCappedHttpToolsProtocol, loop="uvloop"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **served_as_the_api()))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
 
     def __enter__(self):
