@@ -30,6 +30,7 @@ RUN python -m venv /opt/venv \
     && python -c "import subprocess, sys, tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; subprocess.check_call([sys.executable, '-m', 'pip', 'install', '--no-cache-dir', '-q', '-c', 'requirements.lock', *deps])"
 COPY catalog catalog
 COPY sketches sketches
+COPY stopping stopping
 COPY ingest ingest
 COPY store store
 COPY patterns patterns

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from demo.spikes import SPIKE_SYNTAX, parse_spike
 from demo.stragglers import Stragglers
 from demo.shapes import USER_POPULATION
 from demo.traffic import DemoTraffic
+from stopping.signals import stop_on_signals
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "config" / "streams.yaml"
 
@@ -106,15 +106,13 @@ def main(argv: list[str] | None = None, token: str | None = None) -> int:
     # reached the whole process group): stop between requests and say what was sent. Killed by
     # the SIGTERM while unwinding a KeyboardInterrupt, the demo never printed its summary under `up`.
     stop = threading.Event()
-    handled = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
-    before = {signum: signal.signal(signum, lambda signum, frame: stop.set()) for signum in handled}
+    put_back = stop_on_signals(stop) if threading.current_thread() is threading.main_thread() else lambda: None
     try:
         summary = producer.run(args.duration, stop=stop)
     except KeyboardInterrupt:
         summary = producer.summary()
     finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        put_back()
     print(f"demo: done: {json.dumps(summary)}", file=sys.stderr, flush=True)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import faulthandler
 import gc
 import logging
 import os
@@ -24,6 +25,7 @@ from sketchboard import parent_death
 from sketchboard.allocators import keep_freed_memory
 from sketchboard.settings import Settings
 from sketchboard.settings_errors import load_settings
+from stopping.signals import stop_on_signals
 
 log = logging.getLogger("sketchboard")
 
@@ -259,13 +261,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     if args.remove:
         return _remove_pipeline(settings, args)
     stopping = threading.Event()
-
-    def on_signal(signum, frame):
-        stopping.set()
-
     if not args.once:  # --once: Ctrl-C interrupts the drain as before
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop_on_signals(stopping)
     name = args.name or settings.pipeline_name
     try:
         with hold_pipeline(name, settings.checkpoint_dir_of(name)):
@@ -380,8 +377,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # children too, not orphan them. The handler only sets a flag: raising from it could interrupt
     # Popen between fork and its return, leaving a started child that this process never learns of.
     stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stopping.set())
+    stop_on_signals(stopping)
     try:
         for name, command in parts:
             if stopping.is_set():
@@ -594,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     # First: mimalloc reads its setting when pyarrow is loaded (sketchboard/allocators.py).
     allocators = keep_freed_memory()
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
+    # `kill -USR1 <pid>` prints every thread's Python stack to stderr, as jstack does for a JVM:
+    # for a process that hangs (docs/robustness.md).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

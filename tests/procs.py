@@ -107,7 +107,13 @@ class Service:
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            # Where it hangs, for the failing test's output: its threads' stacks (sketchboard/cli.py
+            # registers SIGUSR1 with faulthandler) and the end of its log.
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
             os.killpg(proc.pid, signal.SIGKILL)
+            print(f"{name} did not stop within {timeout_s} s of SIGTERM; its log's end, with its threads' stacks:\n"
+                  f"{self.log_tail(name, 30_000)}", file=sys.stderr)
             return proc.wait()
 
     def get(self, path: str, **params) -> dict:

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("aggregates", "lag", "alerts", "dashboard"),  # dashboard: the dashboards resource; its static/ page talks HTTP
     ("query",),  # one resolved query, computed against the store
     ("ingest", "store", "patterns"),  # patterns: the pure matcher, below the pipeline, alerts and api that use it
-    ("catalog", "sketches"),
+    ("catalog", "sketches", "stopping"),  # stopping: a stop asked for by a signal, for every process of ours
 )
 
 

@@ -1,0 +1,1 @@
+"""How our processes stop: a stop asked for by a signal, made safe to observe from any thread."""
