@@ -1,0 +1,80 @@
+"""Our scanner's field names (ingest/columnar_scan.py `_named`, `_expected`, `_field`), compared
+8 bytes at a time, with the last word's bytes past the name masked off, and byte by byte where
+fewer than 8 bytes are left in the body: against Python's own comparison, for names of every
+length around the word's (the streams of the other tests have names under 8 bytes)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog.loader import parse_catalog
+from ingest.columnar_scan import _expected, _field, _plan, scanned_fields
+
+names_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\'), min_size=1, max_size=26)
+
+
+@st.composite
+def a_name_among(draw, names: list[str]) -> bytes:
+    """A declared name, one byte off from one, cut short or run on, or any other."""
+    name = draw(st.sampled_from(names)).encode()
+    how = draw(st.sampled_from(["same", "one byte off", "shorter", "longer", "other"]))
+    if how == "one byte off":
+        at = draw(st.integers(0, len(name) - 1))
+        return name[:at] + bytes([name[at] ^ draw(st.integers(1, 255))]) + name[at + 1:]
+    if how == "shorter":
+        return name[:draw(st.integers(0, len(name) - 1))]
+    if how == "longer":
+        return name + draw(st.binary(min_size=1, max_size=9))
+    if how == "other":
+        return draw(names_text).encode()
+    return name
+
+
+@settings(max_examples=800, deadline=None)
+@given(data=st.data(), names=st.lists(names_text, min_size=1, max_size=6, unique=True),
+       before=st.binary(max_size=9), after=st.binary(max_size=12))
+def test_a_name_is_found_as_python_compares_it_whatever_its_length_and_place(data, names, before, after):
+    candidate = data.draw(a_name_among(names))
+    _, blob, name_ends, _ = _plan(names[0], tuple(names[1:]), ())
+    body = np.frombuffer(before + candidate + after, np.uint8)  # `after` empty: the name ends the body
+    start, length = len(before), len(candidate)
+    encoded = [name.encode() for name in names]
+    want = encoded.index(candidate) if candidate in encoded else -1
+    assert _field(body, start, length, blob, name_ends) == want
+    for field, name in enumerate(encoded):  # the name and its closing quote, where the scan expects `field`
+        quoted = body[start:start + len(name) + 1].tobytes() == name + b'"'
+        assert _expected(body, start, len(body), blob, name_ends, field) == (field if quoted else -1)
+
+
+LONG = parse_catalog("""
+streams:
+  long_names:
+    time_field: observed_at_in_milliseconds
+    dimensions: [region_of_the_datacenter, k, endpoint]
+    values: [latency_in_milliseconds, response_bytes_sent_to_the_client]
+    partitions: 1
+""").streams["long_names"]
+
+
+@given(events=st.lists(st.fixed_dictionaries({
+    "observed_at_in_milliseconds": st.integers(1_795_000_000_000, 1_795_000_100_000),
+    "region_of_the_datacenter": st.sampled_from(["eu", "us-west", "ap-south-1"]),
+    "k": st.text("ab z", max_size=3), "endpoint": st.sampled_from(["/", "/api/cart"]),
+    "latency_in_milliseconds": st.floats(0, 1e4), "response_bytes_sent_to_the_client": st.integers(0, 10**9)}),
+    min_size=1, max_size=20), order=st.permutations(range(6)), array=st.booleans())
+def test_events_with_long_names_in_any_order_are_read_whole(events, order, array):
+    keys = list(events[0])
+    shuffled = [{keys[i]: e[keys[i]] for i in order} for e in events]
+    body = json.dumps(shuffled, separators=(",", ":")) if array else "\n".join(
+        json.dumps(e, separators=(",", ":")) for e in shuffled)
+    read = scanned_fields(LONG, body.encode(), not array)
+    assert read is not None
+    columns, rows = read
+    assert rows == len(events)
+    assert {name: column.to_pylist() for name, column in columns.items()} == {
+        name: [float(e[name]) if name.startswith(("latency", "response")) else e[name] for e in events]
+        for name in keys}
