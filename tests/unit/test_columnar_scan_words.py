@@ -1,7 +1,8 @@
-"""Our scanner's field names (ingest/columnar_scan.py `_named`, `_expected`, `_field`), compared
-8 bytes at a time, with the last word's bytes past the name masked off, and byte by byte where
-fewer than 8 bytes are left in the body: against Python's own comparison, for names of every
-length around the word's (the streams of the other tests have names under 8 bytes)."""
+"""What our scanner (ingest/columnar_scan.py) reads 8 bytes at a time, against byte-by-byte
+references: field names (`_named`, `_expected`, `_field`; the last word's bytes past the name
+masked off, byte by byte where fewer than 8 bytes are left), for names of every length around the
+word's (the streams of the other tests have names under 8 bytes); and a label's plain run
+(`_plain_until`), with its stops at every place in a word."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.loader import parse_catalog
-from ingest.columnar_scan import _expected, _field, _plan, scanned_fields
+from ingest.columnar_scan import _LABEL_STOPS, _expected, _field, _plain_until, _plan, scanned_fields
 
 names_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\'), min_size=1, max_size=26)
 
@@ -78,3 +79,17 @@ def test_events_with_long_names_in_any_order_are_read_whole(events, order, array
     assert {name: column.to_pylist() for name, column in columns.items()} == {
         name: [float(e[name]) if name.startswith(("latency", "response")) else e[name] for e in events]
         for name in keys}
+
+
+# Mostly plain ASCII, with each kind of stop: a quote, a backslash, control characters (0x00, 0x1F)
+# and bytes past ASCII (0x80, 0xFF); and the plain bytes next to them (0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7F).
+label_bytes = st.lists(st.one_of(st.integers(0x20, 0x7E), st.sampled_from(
+    [0x22, 0x5C, 0x00, 0x1F, 0x80, 0xFF, 0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7F])), max_size=40).map(bytes)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=label_bytes, start=st.integers(0, 40))
+def test_a_labels_plain_run_ends_at_the_first_stop_as_a_byte_by_byte_walk_finds_it(text, start):
+    start = min(start, len(text))
+    want = next((i for i in range(start, len(text)) if _LABEL_STOPS[text[i]]), len(text))
+    assert _plain_until(np.frombuffer(text, np.uint8), start, len(text)) == want
