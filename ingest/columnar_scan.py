@@ -62,6 +62,17 @@ _N, _U, _L = ord("n"), ord("u"), ord("l")
 # caller passes every array, `seen` too.
 _NO_REFCOUNTS = {"nogil": True, "cache": True, "_nrt": False}
 
+@intrinsic
+def _byte(typingctx, array, at):
+    """array[at] for an `at` known to be in [0, len): what Numba's indexing adds for a negative
+    index (a compare and a conditional move a read) was ~17 % of the scan, whose every read is of
+    a position it has checked (173 -> 144 ns an event)."""
+    def codegen(context, builder, signature, args):
+        view = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load(builder.gep(view.data, [args[1]]))
+    return array.dtype(array, at), codegen
+
+
 @njit(**_NO_REFCOUNTS, inline="always")
 def _space(c, newline):
     return c == _SPACE or c == _TAB or c == _CR or (newline and c == _NEWLINE)
@@ -69,7 +80,7 @@ def _space(c, newline):
 
 @njit(**_NO_REFCOUNTS, inline="always")
 def _skip(data, pos, n, newline):
-    while pos < n and _space(data[pos], newline):
+    while pos < n and _space(_byte(data, pos), newline):
         pos += 1
     return pos
 
@@ -79,7 +90,7 @@ def _utf8(data, pos, n):
     """The position after the UTF-8 sequence starting at data[pos] (a byte past ASCII), or -1 where
     it is not one Python's strict decoder takes (a stray continuation, an overlong form, a
     surrogate, past U+10FFFF, cut short)."""
-    lead = data[pos]
+    lead = _byte(data, pos)
     low, high = 0x80, 0xBF  # the first continuation byte's range
     if 0xC2 <= lead <= 0xDF:
         more = 1
@@ -99,10 +110,10 @@ def _utf8(data, pos, n):
         return -1
     if pos + more >= n:
         return -1
-    if data[pos + 1] < low or data[pos + 1] > high:
+    if _byte(data, pos + 1) < low or _byte(data, pos + 1) > high:
         return -1
     for k in range(2, more + 1):
-        if data[pos + k] < 0x80 or data[pos + k] > 0xBF:
+        if _byte(data, pos + k) < 0x80 or _byte(data, pos + k) > 0xBF:
             return -1
     return pos + more + 1
 
@@ -148,7 +159,7 @@ def _plain_until(data, pos, n):
         if flags != 0:
             return pos + _first_flagged(flags)
         pos += 8
-    while pos < n and _LABEL_STOPS[data[pos]] == 0:
+    while pos < n and _LABEL_STOPS[_byte(data, pos)] == 0:
         pos += 1
     return pos
 
@@ -168,7 +179,7 @@ def _named(data, start, names, first, length):
         keep = (np.uint64(1) << np.uint64(8 * (length - j))) - np.uint64(1)
         return ((_word(data, start + j) ^ _word(names, first + j)) & keep) == 0
     for k in range(j, length):
-        if data[start + k] != names[first + k]:
+        if _byte(data, start + k) != names[first + k]:
             return False
     return True
 
@@ -181,7 +192,7 @@ def _expected(data, start, n, names, name_ends, field):
         return -1
     first = 0 if field == 0 else name_ends[field - 1]
     length = name_ends[field] - first
-    if start + length >= n or data[start + length] != _QUOTE:
+    if start + length >= n or _byte(data, start + length) != _QUOTE:
         return -1
     return field if _named(data, start, names, first, length) else -1
 
@@ -209,12 +220,12 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
     newline = array  # between an NDJSON line's tokens, a newline would end the line
     pos = _skip(data, 0, n, True)
     if array:
-        if pos >= n or data[pos] != _OPEN_ARRAY:
+        if pos >= n or _byte(data, pos) != _OPEN_ARRAY:
             return -1
         pos = _skip(data, pos + 1, n, True)
     rows = 0
     while True:
-        if pos >= n or data[pos] != _OPEN or rows >= capacity:
+        if pos >= n or _byte(data, pos) != _OPEN or rows >= capacity:
             return -1
         pos += 1
         for field in range(fields):
@@ -223,7 +234,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
         last = -1
         while True:  # a field: "name": value, then a comma or the closing brace
             pos = _skip(data, pos, n, newline)
-            if pos >= n or data[pos] != _QUOTE:
+            if pos >= n or _byte(data, pos) != _QUOTE:
                 return -1  # also an empty object: the next reader decides
             start = pos + 1
             field = _expected(data, start, n, names, name_ends, last + 1)
@@ -231,9 +242,9 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
                 pos = name_ends[field] - (0 if field == 0 else name_ends[field - 1]) + start
             else:
                 pos = start
-                while pos < n and _STOPS[data[pos]] == 0:
+                while pos < n and _STOPS[_byte(data, pos)] == 0:
                     pos += 1
-                if pos >= n or data[pos] != _QUOTE:
+                if pos >= n or _byte(data, pos) != _QUOTE:
                     return -1
                 field = _field(data, start, pos - start, names, name_ends)
             if field < 0 or seen[field]:
@@ -241,15 +252,16 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             seen[field] = 1
             last = field
             pos = _skip(data, pos + 1, n, newline)
-            if pos >= n or data[pos] != _COLON:
+            if pos >= n or _byte(data, pos) != _COLON:
                 return -1
             pos = _skip(data, pos + 1, n, newline)
             if pos >= n:
                 return -1
-            c = data[pos]
+            c = _byte(data, pos)
             kind = kinds[field]
             if c == _N:
-                if pos + 4 > n or data[pos + 1] != _U or data[pos + 2] != _L or data[pos + 3] != _L:
+                if (pos + 4 > n or _byte(data, pos + 1) != _U or _byte(data, pos + 2) != _L
+                        or _byte(data, pos + 3) != _L):
                     return -1
                 pos += 4
             elif kind == LABEL:
@@ -259,12 +271,12 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
                 pos = start
                 while True:
                     pos = _plain_until(data, pos, n)
-                    if pos >= n or data[pos] < 0x80:
+                    if pos >= n or _byte(data, pos) < 0x80:
                         break
                     pos = _utf8(data, pos, n)
                     if pos < 0:
                         return -1
-                if pos >= n or data[pos] != _QUOTE:
+                if pos >= n or _byte(data, pos) != _QUOTE:
                     return -1
                 numbers[field, rows] = start
                 ends[field, rows] = pos
@@ -277,7 +289,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos, n, newline)
             if pos >= n:
                 return -1
-            c = data[pos]
+            c = _byte(data, pos)
             pos += 1
             if c == _CLOSE:
                 break
@@ -288,7 +300,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos, n, True)
             if pos >= n:
                 return -1
-            c = data[pos]
+            c = _byte(data, pos)
             if c == _CLOSE_ARRAY:
                 return rows if _skip(data, pos + 1, n, True) == n else -1
             if c != _COMMA:
@@ -296,7 +308,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos + 1, n, True)
         else:
             pos = _skip(data, pos, n, False)
-            if pos < n and data[pos] != _NEWLINE:
+            if pos < n and _byte(data, pos) != _NEWLINE:
                 return -1  # a second object, or anything else, on the line
             pos = _skip(data, pos, n, True)
             if pos >= n:
@@ -312,47 +324,47 @@ def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
     digits; an integer value of more than 18 digits, which is past the values' range anyway;
     anything malformed)."""
     start = pos
-    negative = data[pos] == _MINUS
+    negative = _byte(data, pos) == _MINUS
     if negative:
         pos += 1
-    if pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+    if pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
         return -1
     mantissa = 0
     digits = 0
-    if data[pos] == _ZERO:
+    if _byte(data, pos) == _ZERO:
         pos += 1  # a digit after a leading zero is left where the number ends: not a comma, so malformed
     else:
-        while pos < n and _ZERO <= data[pos] <= _NINE:
+        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
             if digits < _MAX_DIGITS:
-                mantissa = mantissa * 10 + (data[pos] - _ZERO)
+                mantissa = mantissa * 10 + (_byte(data, pos) - _ZERO)
             digits += 1
             pos += 1
     fraction = 0
     literal_integer = True  # no fraction, no exponent: an int in Python
-    if pos < n and data[pos] == _DOT:
+    if pos < n and _byte(data, pos) == _DOT:
         literal_integer = False
         pos += 1
-        if kind == TIME or pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+        if kind == TIME or pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
             return -1
-        while pos < n and _ZERO <= data[pos] <= _NINE:
+        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
             if digits < _MAX_DIGITS:
-                mantissa = mantissa * 10 + (data[pos] - _ZERO)
+                mantissa = mantissa * 10 + (_byte(data, pos) - _ZERO)
                 fraction += 1
             digits += 1
             pos += 1
     exponent = 0
-    if pos < n and (data[pos] == _E or data[pos] == _BIG_E):
+    if pos < n and (_byte(data, pos) == _E or _byte(data, pos) == _BIG_E):
         if kind == TIME:
             return -1
         pos += 1
-        minus = pos < n and data[pos] == _MINUS
-        if pos < n and (data[pos] == _MINUS or data[pos] == _PLUS):
+        minus = pos < n and _byte(data, pos) == _MINUS
+        if pos < n and (_byte(data, pos) == _MINUS or _byte(data, pos) == _PLUS):
             pos += 1
-        if pos >= n or data[pos] < _ZERO or data[pos] > _NINE:
+        if pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
             return -1
-        while pos < n and _ZERO <= data[pos] <= _NINE:
+        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
             if exponent < 100_000:
-                exponent = exponent * 10 + (data[pos] - _ZERO)
+                exponent = exponent * 10 + (_byte(data, pos) - _ZERO)
             pos += 1
         if minus:
             exponent = -exponent
@@ -394,7 +406,7 @@ def _gather(data, starts, ends, present, rows):
     for row in range(rows):
         if present[row]:
             for i in range(starts[row], ends[row]):
-                out[at] = data[i]
+                out[at] = _byte(data, i)
                 at += 1
     return offsets, out
 
