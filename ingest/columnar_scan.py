@@ -392,22 +392,44 @@ def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
     return pos
 
 
+@intrinsic
+def _put_word(typingctx, array, at, word):
+    """array[at:at + 8] = the 8 bytes of `word` (little-endian), written unaligned (the caller
+    knows there is room)."""
+    def codegen(context, builder, signature, args):
+        view = context.make_array(signature.args[0])(context, builder, args[0])
+        pointer = builder.bitcast(builder.gep(view.data, [args[1]]), ir.IntType(64).as_pointer())
+        builder.store(args[2], pointer, align=1)
+        return context.get_dummy_value()
+    return types.none(array, at, word), codegen
+
+
 @njit(nogil=True, cache=True)
 def _gather(data, starts, ends, present, rows):
-    """A label column's Arrow buffers: int32 offsets and the bytes ("" for a missing label)."""
+    """A label column's Arrow buffers: int32 offsets and the bytes ("" for a missing label), the
+    latter with 8 bytes of room past its end. Labels are copied 8 bytes at a time: a word's bytes
+    past a label's end are overwritten by the next label's (43 -> ~15 ns an event for the side by
+    side's five labels, where a byte at a time cost more per label than per byte)."""
+    n = data.shape[0]
     offsets = np.zeros(rows + 1, np.int32)
     total = 0
     for row in range(rows):
-        if present[row]:
-            total += ends[row] - starts[row]
+        if _byte(present, row):
+            total += _byte(ends, row) - _byte(starts, row)
         offsets[row + 1] = total
-    out = np.empty(total, np.uint8)
+    out = np.empty(total + 8, np.uint8)
     at = 0
     for row in range(rows):
-        if present[row]:
-            for i in range(starts[row], ends[row]):
+        if _byte(present, row):
+            i, end = _byte(starts, row), _byte(ends, row)
+            while i + 8 <= end or (i < end and i + 8 <= n):
+                _put_word(out, at, _word(data, i))
+                at += min(8, end - i)
+                i += 8
+            while i < end:  # the body's last bytes: fewer than 8 are left to read
                 out[at] = _byte(data, i)
                 at += 1
+                i += 1
     return offsets, out
 
 
@@ -462,7 +484,7 @@ def scanned_fields(stream, body: bytes, ndjson: bool) -> tuple[dict[str, pa.Arra
         validity = pa.py_buffer(np.packbits(mask, bitorder="little")) if missing else None
         if kinds[field] == LABEL:
             offsets, text = _gather(data, numbers[field], ends[field], mask, rows)
-            columns[name] = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text),
+            columns[name] = pa.StringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text[:-8]),
                                                         validity, missing)
         else:
             kind, source = (pa.int64(), numbers) if kinds[field] == TIME else (pa.float64(), values)

@@ -1,8 +1,9 @@
 """What our scanner (ingest/columnar_scan.py) reads 8 bytes at a time, against byte-by-byte
 references: field names (`_named`, `_expected`, `_field`; the last word's bytes past the name
 masked off, byte by byte where fewer than 8 bytes are left), for names of every length around the
-word's (the streams of the other tests have names under 8 bytes); and a label's plain run
-(`_plain_until`), with its stops at every place in a word."""
+word's (the streams of the other tests have names under 8 bytes); a label's plain run
+(`_plain_until`), with its stops at every place in a word; and labels' bytes gathered into a column
+(`_gather`), up to the body's last byte."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.loader import parse_catalog
-from ingest.columnar_scan import _LABEL_STOPS, _expected, _field, _plain_until, _plan, scanned_fields
+from ingest.columnar_scan import _LABEL_STOPS, _expected, _field, _gather, _plain_until, _plan, scanned_fields
 
 names_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\'), min_size=1, max_size=26)
 
@@ -93,3 +94,16 @@ def test_a_labels_plain_run_ends_at_the_first_stop_as_a_byte_by_byte_walk_finds_
     start = min(start, len(text))
     want = next((i for i in range(start, len(text)) if _LABEL_STOPS[text[i]]), len(text))
     assert _plain_until(np.frombuffer(text, np.uint8), start, len(text)) == want
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data(), body=st.binary(min_size=1, max_size=60))
+def test_labels_are_gathered_whole_wherever_they_end_in_the_body(data, body):
+    spans = data.draw(st.lists(st.tuples(st.integers(0, len(body)), st.integers(0, 20), st.booleans()), max_size=12))
+    starts = np.array([start for start, _, _ in spans], np.int64)
+    ends = np.array([min(len(body), start + length) for start, length, _ in spans], np.int64)
+    present = np.array([there for _, _, there in spans], np.uint8)
+    offsets, text = _gather(np.frombuffer(body, np.uint8), starts, ends, present, len(spans))
+    labels = [body[start:end] if there else b"" for start, end, there in zip(starts, ends, present)]
+    assert offsets.tolist() == [sum(map(len, labels[:i])) for i in range(len(labels) + 1)]
+    assert text[:-8].tobytes() == b"".join(labels) and len(text) == offsets[-1] + 8
