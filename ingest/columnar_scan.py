@@ -62,11 +62,12 @@ _N, _U, _L = ord("n"), ord("u"), ord("l")
 # caller passes every array, `seen` too.
 _NO_REFCOUNTS = {"nogil": True, "cache": True, "_nrt": False}
 
+
 @intrinsic
-def _byte(typingctx, array, at):
-    """array[at] for an `at` known to be in [0, len): what Numba's indexing adds for a negative
-    index (a compare and a conditional move a read) was ~17 % of the scan, whose every read is of
-    a position it has checked (173 -> 144 ns an event)."""
+def _item(typingctx, array, at):
+    """array[at] for an `at` known to be in [0, len) of a 1-d array: what Numba's indexing adds for
+    a negative index (a compare and a conditional move a read) was ~17 % of the scan, whose every
+    read is of a position it has checked (173 -> 144 ns an event)."""
     def codegen(context, builder, signature, args):
         view = context.make_array(signature.args[0])(context, builder, args[0])
         return builder.load(builder.gep(view.data, [args[1]]))
@@ -80,7 +81,7 @@ def _space(c, newline):
 
 @njit(**_NO_REFCOUNTS, inline="always")
 def _skip(data, pos, n, newline):
-    while pos < n and _space(_byte(data, pos), newline):
+    while pos < n and _space(_item(data, pos), newline):
         pos += 1
     return pos
 
@@ -90,7 +91,7 @@ def _utf8(data, pos, n):
     """The position after the UTF-8 sequence starting at data[pos] (a byte past ASCII), or -1 where
     it is not one Python's strict decoder takes (a stray continuation, an overlong form, a
     surrogate, past U+10FFFF, cut short)."""
-    lead = _byte(data, pos)
+    lead = _item(data, pos)
     low, high = 0x80, 0xBF  # the first continuation byte's range
     if 0xC2 <= lead <= 0xDF:
         more = 1
@@ -110,10 +111,10 @@ def _utf8(data, pos, n):
         return -1
     if pos + more >= n:
         return -1
-    if _byte(data, pos + 1) < low or _byte(data, pos + 1) > high:
+    if _item(data, pos + 1) < low or _item(data, pos + 1) > high:
         return -1
     for k in range(2, more + 1):
-        if _byte(data, pos + k) < 0x80 or _byte(data, pos + k) > 0xBF:
+        if _item(data, pos + k) < 0x80 or _item(data, pos + k) > 0xBF:
             return -1
     return pos + more + 1
 
@@ -159,7 +160,7 @@ def _plain_until(data, pos, n):
         if flags != 0:
             return pos + _first_flagged(flags)
         pos += 8
-    while pos < n and _LABEL_STOPS[_byte(data, pos)] == 0:
+    while pos < n and _LABEL_STOPS[_item(data, pos)] == 0:
         pos += 1
     return pos
 
@@ -179,7 +180,7 @@ def _named(data, start, names, first, length):
         keep = (np.uint64(1) << np.uint64(8 * (length - j))) - np.uint64(1)
         return ((_word(data, start + j) ^ _word(names, first + j)) & keep) == 0
     for k in range(j, length):
-        if _byte(data, start + k) != names[first + k]:
+        if _item(data, start + k) != names[first + k]:
             return False
     return True
 
@@ -192,7 +193,7 @@ def _expected(data, start, n, names, name_ends, field):
         return -1
     first = 0 if field == 0 else name_ends[field - 1]
     length = name_ends[field] - first
-    if start + length >= n or _byte(data, start + length) != _QUOTE:
+    if start + length >= n or _item(data, start + length) != _QUOTE:
         return -1
     return field if _named(data, start, names, first, length) else -1
 
@@ -220,12 +221,12 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
     newline = array  # between an NDJSON line's tokens, a newline would end the line
     pos = _skip(data, 0, n, True)
     if array:
-        if pos >= n or _byte(data, pos) != _OPEN_ARRAY:
+        if pos >= n or _item(data, pos) != _OPEN_ARRAY:
             return -1
         pos = _skip(data, pos + 1, n, True)
     rows = 0
     while True:
-        if pos >= n or _byte(data, pos) != _OPEN or rows >= capacity:
+        if pos >= n or _item(data, pos) != _OPEN or rows >= capacity:
             return -1
         pos += 1
         for field in range(fields):
@@ -234,7 +235,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
         last = -1
         while True:  # a field: "name": value, then a comma or the closing brace
             pos = _skip(data, pos, n, newline)
-            if pos >= n or _byte(data, pos) != _QUOTE:
+            if pos >= n or _item(data, pos) != _QUOTE:
                 return -1  # also an empty object: the next reader decides
             start = pos + 1
             field = _expected(data, start, n, names, name_ends, last + 1)
@@ -242,9 +243,9 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
                 pos = name_ends[field] - (0 if field == 0 else name_ends[field - 1]) + start
             else:
                 pos = start
-                while pos < n and _STOPS[_byte(data, pos)] == 0:
+                while pos < n and _STOPS[_item(data, pos)] == 0:
                     pos += 1
-                if pos >= n or _byte(data, pos) != _QUOTE:
+                if pos >= n or _item(data, pos) != _QUOTE:
                     return -1
                 field = _field(data, start, pos - start, names, name_ends)
             if field < 0 or seen[field]:
@@ -252,16 +253,16 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             seen[field] = 1
             last = field
             pos = _skip(data, pos + 1, n, newline)
-            if pos >= n or _byte(data, pos) != _COLON:
+            if pos >= n or _item(data, pos) != _COLON:
                 return -1
             pos = _skip(data, pos + 1, n, newline)
             if pos >= n:
                 return -1
-            c = _byte(data, pos)
+            c = _item(data, pos)
             kind = kinds[field]
             if c == _N:
-                if (pos + 4 > n or _byte(data, pos + 1) != _U or _byte(data, pos + 2) != _L
-                        or _byte(data, pos + 3) != _L):
+                if (pos + 4 > n or _item(data, pos + 1) != _U or _item(data, pos + 2) != _L
+                        or _item(data, pos + 3) != _L):
                     return -1
                 pos += 4
             elif kind == LABEL:
@@ -271,12 +272,12 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
                 pos = start
                 while True:
                     pos = _plain_until(data, pos, n)
-                    if pos >= n or _byte(data, pos) < 0x80:
+                    if pos >= n or _item(data, pos) < 0x80:
                         break
                     pos = _utf8(data, pos, n)
                     if pos < 0:
                         return -1
-                if pos >= n or _byte(data, pos) != _QUOTE:
+                if pos >= n or _item(data, pos) != _QUOTE:
                     return -1
                 numbers[field, rows] = start
                 ends[field, rows] = pos
@@ -289,7 +290,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos, n, newline)
             if pos >= n:
                 return -1
-            c = _byte(data, pos)
+            c = _item(data, pos)
             pos += 1
             if c == _CLOSE:
                 break
@@ -300,7 +301,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos, n, True)
             if pos >= n:
                 return -1
-            c = _byte(data, pos)
+            c = _item(data, pos)
             if c == _CLOSE_ARRAY:
                 return rows if _skip(data, pos + 1, n, True) == n else -1
             if c != _COMMA:
@@ -308,7 +309,7 @@ def _scan(data, array, names, name_ends, kinds, numbers, values, present, ends, 
             pos = _skip(data, pos + 1, n, True)
         else:
             pos = _skip(data, pos, n, False)
-            if pos < n and _byte(data, pos) != _NEWLINE:
+            if pos < n and _item(data, pos) != _NEWLINE:
                 return -1  # a second object, or anything else, on the line
             pos = _skip(data, pos, n, True)
             if pos >= n:
@@ -324,47 +325,47 @@ def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
     digits; an integer value of more than 18 digits, which is past the values' range anyway;
     anything malformed)."""
     start = pos
-    negative = _byte(data, pos) == _MINUS
+    negative = _item(data, pos) == _MINUS
     if negative:
         pos += 1
-    if pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
+    if pos >= n or _item(data, pos) < _ZERO or _item(data, pos) > _NINE:
         return -1
     mantissa = 0
     digits = 0
-    if _byte(data, pos) == _ZERO:
+    if _item(data, pos) == _ZERO:
         pos += 1  # a digit after a leading zero is left where the number ends: not a comma, so malformed
     else:
-        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
+        while pos < n and _ZERO <= _item(data, pos) <= _NINE:
             if digits < _MAX_DIGITS:
-                mantissa = mantissa * 10 + (_byte(data, pos) - _ZERO)
+                mantissa = mantissa * 10 + (_item(data, pos) - _ZERO)
             digits += 1
             pos += 1
     fraction = 0
     literal_integer = True  # no fraction, no exponent: an int in Python
-    if pos < n and _byte(data, pos) == _DOT:
+    if pos < n and _item(data, pos) == _DOT:
         literal_integer = False
         pos += 1
-        if kind == TIME or pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
+        if kind == TIME or pos >= n or _item(data, pos) < _ZERO or _item(data, pos) > _NINE:
             return -1
-        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
+        while pos < n and _ZERO <= _item(data, pos) <= _NINE:
             if digits < _MAX_DIGITS:
-                mantissa = mantissa * 10 + (_byte(data, pos) - _ZERO)
+                mantissa = mantissa * 10 + (_item(data, pos) - _ZERO)
                 fraction += 1
             digits += 1
             pos += 1
     exponent = 0
-    if pos < n and (_byte(data, pos) == _E or _byte(data, pos) == _BIG_E):
+    if pos < n and (_item(data, pos) == _E or _item(data, pos) == _BIG_E):
         if kind == TIME:
             return -1
         pos += 1
-        minus = pos < n and _byte(data, pos) == _MINUS
-        if pos < n and (_byte(data, pos) == _MINUS or _byte(data, pos) == _PLUS):
+        minus = pos < n and _item(data, pos) == _MINUS
+        if pos < n and (_item(data, pos) == _MINUS or _item(data, pos) == _PLUS):
             pos += 1
-        if pos >= n or _byte(data, pos) < _ZERO or _byte(data, pos) > _NINE:
+        if pos >= n or _item(data, pos) < _ZERO or _item(data, pos) > _NINE:
             return -1
-        while pos < n and _ZERO <= _byte(data, pos) <= _NINE:
+        while pos < n and _ZERO <= _item(data, pos) <= _NINE:
             if exponent < 100_000:
-                exponent = exponent * 10 + (_byte(data, pos) - _ZERO)
+                exponent = exponent * 10 + (_item(data, pos) - _ZERO)
             pos += 1
         if minus:
             exponent = -exponent
@@ -414,20 +415,20 @@ def _gather(data, starts, ends, present, rows):
     offsets = np.zeros(rows + 1, np.int32)
     total = 0
     for row in range(rows):
-        if _byte(present, row):
-            total += _byte(ends, row) - _byte(starts, row)
+        if _item(present, row):
+            total += _item(ends, row) - _item(starts, row)
         offsets[row + 1] = total
     out = np.empty(total + 8, np.uint8)
     at = 0
     for row in range(rows):
-        if _byte(present, row):
-            i, end = _byte(starts, row), _byte(ends, row)
+        if _item(present, row):
+            i, end = _item(starts, row), _item(ends, row)
             while i + 8 <= end or (i < end and i + 8 <= n):
                 _put_word(out, at, _word(data, i))
                 at += min(8, end - i)
                 i += 8
             while i < end:  # the body's last bytes: fewer than 8 are left to read
-                out[at] = _byte(data, i)
+                out[at] = _item(data, i)
                 at += 1
                 i += 1
     return offsets, out
