@@ -586,13 +586,21 @@ def _raised_in_py4j(exc: BaseException) -> bool:
     return False
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack to stderr, as jstack does for a JVM:
+    for a process that hangs (docs/robustness.md). Not where stderr is no file (`main` called
+    with stderr captured in memory, as by tests): faulthandler writes to a file descriptor."""
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both of the last two
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     # First: mimalloc reads its setting when pyarrow is loaded (sketchboard/allocators.py).
     allocators = keep_freed_memory()
     parent_death.die_with_parent()  # started by `sketchboard up`: stop when it dies
-    # `kill -USR1 <pid>` prints every thread's Python stack to stderr, as jstack does for a JVM:
-    # for a process that hangs (docs/robustness.md).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stacks_on_sigusr1()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
