@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import anyio
+import pyarrow as pa
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -16,6 +17,7 @@ from api.idempotency import HEADER, KEY_MAX_LENGTH, KEY_PATTERN, fingerprint, gu
 from api.ingest_workers import DECLINED
 from catalog import StreamDef
 from ingest.columnar import columnar_events
+from ingest.partitioner import assign_partitions_columnar
 from ingest.json_limits import violation
 from api.security.middleware import Denied, charge
 from api.security.ratelimit import client_key
@@ -129,10 +131,12 @@ def warm_columnar_path() -> None:
     """Run the columnar reader and checks once, in a worker thread, as the server starts (the
     app's lifespan): their first call imports pandas (pyarrow.compute looks for it) and the
     first trip to a worker thread imports anyio's backend, 0.3-1 s that the first client
-    waited (a benchmark of 200 requests counted it); and our scanner's kernels are loaded from
-    Numba's cache (~0.2 s), or compiled where there is none yet (~5 s, once per checkout)."""
+    waited (a benchmark of 200 requests counted it); and our scanner's kernels and the partitions'
+    hash are loaded from Numba's cache (~0.2 s), or compiled where there is none yet (~5 s, once
+    per checkout)."""
     columnar_events(WARM_STREAM, b'{"t": 1700000000000, "k": "a", "v": 1.5}\n')
     columnar_events(WARM_STREAM, b'[{"t": 1700000000000, "k": "a", "v": 1.5}]', ndjson=False)
+    assign_partitions_columnar(pa.array(["a"]), 1, 1, 0)
 
 
 def router(ctx: ApiContext) -> APIRouter:

@@ -6,7 +6,6 @@ import zlib
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sketches.crc32 import crc32_of_strings
 
@@ -34,20 +33,17 @@ def assign_partitions(keys: list[str | None], partitions: int, round_robin: int)
 
 def assign_partitions_columnar(keys: pa.Array | None, rows: int, partitions: int,
                                round_robin: int) -> tuple[np.ndarray, int]:
-    """`assign_partitions` for a column of keys (None: a keyless stream), same answers: crc32
-    computed once per distinct key, keyless rows numbered on from the round-robin counter."""
+    """`assign_partitions` for a column of keys (None: a keyless stream), same answers: the crc32 of
+    every key as it comes (one compiled pass: cheaper than finding the distinct keys first),
+    keyless rows numbered on from the round-robin counter."""
     if keys is None:
         turns = np.arange(round_robin + 1, round_robin + 1 + rows, dtype=np.int64)
         return turns % partitions, round_robin + rows
-    encoded = pc.dictionary_encode(keys)
-    per_key = crc32_of_strings(encoded.dictionary).astype(np.int64) % partitions
-    indices = encoded.indices.to_numpy(zero_copy_only=False)
-    if encoded.indices.null_count == 0:
-        return per_key[indices] if len(per_key) else np.zeros(rows, dtype=np.int64), round_robin
+    out = (crc32_of_strings(keys) % np.uint32(partitions)).astype(np.int64)
+    if keys.null_count == 0:
+        return out, round_robin
     # Keyless rows among keyed ones (a key that may be null): round-robin in row order.
-    out = np.empty(rows, dtype=np.int64)
-    null = encoded.indices.is_null().to_numpy(zero_copy_only=False)
-    out[~null] = per_key[indices[~null].astype(np.int64)]
+    null = keys.is_null().to_numpy(zero_copy_only=False)
     turns = np.arange(round_robin + 1, round_robin + 1 + int(null.sum()), dtype=np.int64)
     out[null] = turns % partitions
     return out, round_robin + int(null.sum())

@@ -201,7 +201,9 @@ class SqliteEventLog(EventLog):
             targets, self._round_robin = assign_partitions_columnar(keys, batch.num_rows, stream.partitions,
                                                                      self._round_robin)
         encoded: dict[int, list[tuple[int, bytes]]] = {}
-        order = np.argsort(targets, kind="stable")  # rows of a partition keep their order
+        # Rows of a partition keep their order. As bytes (a stream has at most 256 partitions, catalog/model.py)
+        # numpy sorts them stably by radix: ~33 against ~130 us for 10 000 rows as int64s (docs/benchmarks.md).
+        order = np.argsort(targets.astype(np.uint8), kind="stable")
         bounds = np.searchsorted(targets[order], np.arange(stream.partitions + 1))
         # One take into partition order, then a zero-copy slice per partition (a take per
         # partition was a kernel call per column and partition: ~0.5 ms of a 1 000-event request).
