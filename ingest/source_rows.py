@@ -109,14 +109,11 @@ def _interleaved_strings(flat: pa.Array, n: int, width: int) -> pa.Array:
     data = flat.buffers()[2]
     data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
     valid = bools(flat.is_valid()).view(np.uint8) if flat.null_count else np.ones(len(flat), np.uint8)
-    # In buffers of Arrow's pool, as a take's would be: the batch's other columns' allocator (mimalloc),
-    # which keeps freed memory for the next batch (sketchboard/allocators.py).
-    offsets_buffer = pa.allocate_buffer((n * width + 1) * 4)
+    out_offsets = np.empty(n * width + 1, np.int32)
     # Room for every string of `flat` (nulls give theirs up) and the last word's 8 bytes.
-    data_buffer = pa.allocate_buffer(int(offsets[-1]) - int(offsets[0]) + 8)
-    size = _interleave(offsets, data, valid, n, width, np.frombuffer(offsets_buffer, np.int32),
-                       np.frombuffer(data_buffer, np.uint8))
-    return pa.Array.from_buffers(pa.string(), n * width, [None, offsets_buffer, data_buffer.slice(0, size)])
+    out = np.empty(int(offsets[-1]) - int(offsets[0]) + 8, np.uint8)
+    size = _interleave(offsets, data, valid, n, width, out_offsets, out)
+    return pa.Array.from_buffers(pa.string(), n * width, [None, pa.py_buffer(out_offsets), pa.py_buffer(out[:size])])
 
 
 @njit(**NO_REFCOUNTS)
