@@ -17,11 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
 
 from catalog import StreamDef
 from ingest.log.records import EVENT_TIME, INGEST_TIME, OFFSET, bools, one_chunk
-from ingest.numba_memory import NO_REFCOUNTS, item, put_word, word
 
 UNPARSEABLE = "unparseable"
 INVALID = "invalid"
@@ -71,11 +69,6 @@ def interleave(columns: list[pa.Array | pa.ChunkedArray], n: int, value_type: pa
         return pa.ListArray.from_arrays(offsets, pa.array([], value_type), type=_list(value_type))
     if pa.types.is_floating(value_type) and fill is None:
         return pa.ListArray.from_arrays(offsets, _interleaved_numbers(columns, n, value_type), type=_list(value_type))
-    chunks = [chunk for c in columns for chunk in _chunks(c)]
-    if value_type == pa.string() and fill in ("", None) and all(chunk.type == pa.string() for chunk in chunks):
-        flat = pa.concat_arrays(chunks) if chunks else pa.array([], pa.string())
-        if fill == "" or not flat.null_count:
-            return pa.ListArray.from_arrays(offsets, _interleaved_strings(flat, n, width), type=_list(value_type))
     flat = pa.concat_arrays([chunk for c in columns for chunk in _chunks(c.cast(value_type))])
     order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
     values = flat.take(pa.array(order))
@@ -98,49 +91,6 @@ def _interleaved_numbers(columns: list[pa.Array | pa.ChunkedArray], n: int, valu
             valid[:, j] = bools(column.is_valid())
             nulls += column.null_count
     return pa.array(out.ravel(), value_type, mask=~valid.ravel() if nulls else None)
-
-
-def _interleaved_strings(flat: pa.Array, n: int, width: int) -> pa.Array:
-    """The strings of `width` columns of `n` rows, one after the other in `flat`, row by row (a
-    null as ""): one compiled pass copying each string 8 bytes at a time, where Arrow's take over
-    an index array of rows x columns made for it cost twice as much (a million events' four
-    dimensions: ~69 -> ~32 ms, docs/benchmarks.md session 104)."""
-    offsets = np.frombuffer(flat.buffers()[1], np.int32, len(flat) + 1, flat.offset * 4)
-    data = flat.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    valid = bools(flat.is_valid()).view(np.uint8) if flat.null_count else np.ones(len(flat), np.uint8)
-    out_offsets = np.empty(n * width + 1, np.int32)
-    # Room for every string of `flat` (nulls give theirs up) and the last word's 8 bytes.
-    out = np.empty(int(offsets[-1]) - int(offsets[0]) + 8, np.uint8)
-    size = _interleave(offsets, data, valid, n, width, out_offsets, out)
-    return pa.Array.from_buffers(pa.string(), n * width, [None, pa.py_buffer(out_offsets), pa.py_buffer(out[:size])])
-
-
-@njit(**NO_REFCOUNTS)
-def _interleave(offsets, data, valid, n, width, out_offsets, out):
-    """Row i's string of column j is flat[j * n + i] (its bytes data[offsets[..]:offsets[.. + 1]]);
-    written as out's string i * width + j. A word read past a string's end is written over by the
-    next string's; the last 7 bytes of `data` are read a byte at a time. Returns the bytes written."""
-    size = len(data)
-    at = 0
-    out_offsets[0] = 0
-    slot = 0
-    for row in range(n):
-        for column in range(width):
-            source = column * n + row
-            if item(valid, source):
-                i, end = item(offsets, source), item(offsets, source + 1)
-                while i + 8 <= end or (i < end and i + 8 <= size):
-                    put_word(out, at, word(data, i))
-                    at += min(8, end - i)
-                    i += 8
-                while i < end:
-                    out[at] = item(data, i)
-                    at += 1
-                    i += 1
-            slot += 1
-            out_offsets[slot] = at
-    return at
 
 
 def repeated_text(text: str, n: int) -> pa.Array:
