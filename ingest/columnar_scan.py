@@ -27,15 +27,9 @@ from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
-
-# Unchecked reads and writes, and kernels without reference counts (ingest/numba_memory.py: why and
-# what each saved here).
-from ingest.numba_memory import NO_REFCOUNTS as _NO_REFCOUNTS
-from ingest.numba_memory import first_flagged as _first_flagged
-from ingest.numba_memory import item as _item
-from ingest.numba_memory import put_word as _put_word
-from ingest.numba_memory import word as _word
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 TIME, LABEL, VALUE = 0, 1, 2  # a field's kind, as the kernel reads it
 
@@ -60,6 +54,32 @@ _N, _U, _L = ord("n"), ord("u"), ord("l")
 
 # The small helpers are inlined into the scan by Numba itself (`inline="always"`): 0.40 -> 0.35 us
 # an event for the side by side's bodies, where LLVM left them as calls.
+#
+# The scan and what it calls run without Numba's reference counting (`_nrt=False`, Numba's own flag
+# for code that allocates nothing): every array handed to an inlined helper was counted up and down
+# again with an atomic instruction, and those were 37 % of the scan's time (perf: `lock incq` and
+# `lock decq` in NRT_incref/NRT_decref). ~330 -> ~240 ns an event. So nothing here allocates: the
+# caller passes every array, `seen` too.
+_NO_REFCOUNTS = {"nogil": True, "cache": True, "_nrt": False}
+
+
+_WORD_POINTER = ir.IntType(64).as_pointer()
+
+
+def _address(context, builder, signature, args):
+    """In an intrinsic's code: a pointer to array[at], its first two arguments (a 1-d array)."""
+    view = context.make_array(signature.args[0])(context, builder, args[0])
+    return builder.gep(view.data, [args[1]])
+
+
+@intrinsic
+def _item(typingctx, array, at):
+    """array[at] for an `at` known to be in [0, len) of a 1-d array: what Numba's indexing adds for
+    a negative index (a compare and a conditional move a read) was ~17 % of the scan, whose every
+    read is of a position it has checked (173 -> 144 ns an event)."""
+    def codegen(context, builder, signature, args):
+        return builder.load(_address(context, builder, signature, args))
+    return array.dtype(array, at), codegen
 
 
 @njit(**_NO_REFCOUNTS, inline="always")
@@ -105,6 +125,23 @@ def _utf8(data, pos, n):
         if _item(data, pos + k) < 0x80 or _item(data, pos + k) > 0xBF:
             return -1
     return pos + more + 1
+
+
+@intrinsic
+def _word(typingctx, array, at):
+    """The 8 bytes array[at:at + 8] as one little-endian uint64, read unaligned (the caller knows
+    they are there)."""
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.bitcast(_address(context, builder, signature, args), _WORD_POINTER), align=1)
+    return types.uint64(array, at), codegen
+
+
+@intrinsic
+def _first_flagged(typingctx, flags):
+    """The index of the lowest byte of `flags` (not 0) whose high bit is set, as an int64."""
+    def codegen(context, builder, signature, args):
+        return builder.lshr(builder.cttz(args[0], ir.Constant(ir.IntType(1), 0)), ir.Constant(ir.IntType(64), 3))
+    return types.int64(types.uint64), codegen
 
 
 _ONES = np.uint64(0x0101010101010101)
@@ -360,6 +397,16 @@ def _number(data, pos, n, kind, numbers, values, present, ends, field, row):
         ends[field, row] = pos
         present[field, row] = 2
     return pos
+
+
+@intrinsic
+def _put_word(typingctx, array, at, word):
+    """array[at:at + 8] = the 8 bytes of `word` (little-endian), written unaligned (the caller
+    knows there is room)."""
+    def codegen(context, builder, signature, args):
+        builder.store(args[2], builder.bitcast(_address(context, builder, signature, args), _WORD_POINTER), align=1)
+        return context.get_dummy_value()
+    return types.none(array, at, word), codegen
 
 
 @njit(nogil=True, cache=True)
