@@ -48,8 +48,8 @@ def sliced(values: list, skip: list) -> pa.Array:
        st.sampled_from([None, ""]), st.lists(texts, max_size=3))
 def test_texts_are_interleaved_row_by_row_nulls_kept_or_filled(data, n, width, cuts, fill, skip):
     columns = [data.draw(st.lists(texts, min_size=n, max_size=n)) for _ in range(width)]
-    arrays = [chunked(c, pa.string(), cuts) if j % 3 == 1 else sliced(c, skip) if j % 3 == 2 else pa.array(c, pa.string())
-              for j, c in enumerate(columns)]
+    arrays = [chunked(c, pa.string(), cuts) if j % 3 == 1 else sliced(c, skip) if j % 3 == 2
+              else pa.array(c, pa.string()) for j, c in enumerate(columns)]
     got = interleave(arrays, n, pa.string(), fill=fill)
     expected = reference(columns, n, pa.string(), fill)
     assert got.to_pylist() == expected.to_pylist()
