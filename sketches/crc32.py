@@ -16,10 +16,10 @@ _CRC_TABLE = np.array([zlib.crc32(bytes([b]), 0xFFFFFFFF) ^ 0xFFFFFFFF for b in 
 
 def crc32_of_strings(strings: pa.Array) -> np.ndarray:
     """`zlib.crc32` of each string's UTF-8 bytes (uint32; a null's is that of whatever bytes its slot
-    spans, meaningless: callers set their nulls apart). One compiled pass over the strings' own buffers, a table step a byte: a
-    request's partitions for 10 000 demo events (~9 000 distinct users) took ~0.6 ms to hash the
-    distinct keys a byte position at a time in numpy (after ~0.25 ms to find them), ~0.1 ms
-    every key as it comes here (docs/benchmarks.md, session 104)."""
+    spans, meaningless: callers set their nulls apart). One compiled pass over the strings' own
+    buffers, a table step a byte: a request's partitions for 10 000 demo events (~9 000 distinct
+    users) took ~0.6 ms to hash the distinct keys a byte position at a time in numpy (after ~0.25 ms
+    to find them), ~0.1 ms every key as it comes here (docs/benchmarks.md, session 104)."""
     if strings.type != pa.string():
         raise TypeError(f"keys to hash are strings, not {strings.type}")
     n = len(strings)
@@ -33,7 +33,7 @@ def crc32_of_strings(strings: pa.Array) -> np.ndarray:
     return out
 
 
-@njit(nogil=True, cache=True, _nrt=False)  # allocates nothing: no reference counts (ingest/columnar_scan.py)
+@njit(nogil=True, cache=True, _nrt=False)  # allocates nothing: no reference counts (docs/development.md)
 def _crc32_each(offsets, data, table, out):
     for i in range(len(out)):
         crc = np.uint32(0xFFFFFFFF)
