@@ -12,12 +12,21 @@ which this process maps without copying.
 Nothing depends on it: a range it was not asked for, or one whose read failed in the worker (a
 worker that died, a log it cannot open), is read here as before, and any error it raises is the
 one this process meets reading it itself. The rows are the same either way (one function, an
-exact IPC round trip)."""
+exact IPC round trip).
+
+Nor does a batch wait for a read the worker has not begun. The worker is started on the first
+backlog of more than a batch, and a spawned Python importing Arrow and the log takes ~0.5 s on an
+idle core here, longer beside a busy API: the batch before is often done sooner. So a range asked
+of a worker that has not started yet, or that is still busy with a read the pipeline gave up on
+(the one before, for that reason), is read here instead, and the worker's copy is thrown away when
+it ends. In issue 28's end to end, the last batch otherwise waited up to 1.3 s for the worker, for
+rows it reads itself in ~0.2 s (docs/benchmarks.md, session 105)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib
 import logging
 import multiprocessing
 import os
@@ -49,10 +58,11 @@ def _folder() -> str:
     return tempfile.gettempdir()
 
 
-def _worker_start(parent: int) -> None:
+def _worker_start(parent: int, started) -> None:
     """The worker dies with the pipeline's process, even one killed with SIGKILL (Linux: the kernel
     sends it SIGKILL then, `prctl(PR_SET_PDEATHSIG)`): it would otherwise wait on its task queue
-    for ever, since it holds that queue's write end itself."""
+    for ever, since it holds that queue's write end itself. Then it imports what a read needs and
+    sets `started`: from then on a read asked of it is worth waiting for."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
@@ -60,6 +70,9 @@ def _worker_start(parent: int) -> None:
         pass
     if os.getppid() != parent:  # the parent died before the prctl
         os._exit(0)
+    for module in ("catalog", "ingest.log", "ingest.spark_source"):  # what `_read_to_file` imports
+        importlib.import_module(module)
+    started.set()
 
 
 def _remove_orphans(folder: str) -> None:
@@ -109,6 +122,13 @@ def _read_to_file(log_path: str, catalog_json: str, start: Offsets, end: Offsets
     return path
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:  # never written (a read cancelled, or failed), or removed already
+        pass
+
+
 def _key(start: Offsets, end: Offsets) -> tuple:
     return tuple(sorted((s, int(p), int(start.get(s, {}).get(p, 0)), int(o)) for s, parts in end.items()
                         for p, o in parts.items()))
@@ -124,6 +144,9 @@ class ReadAhead:
         self.pool: ProcessPoolExecutor | None = None
         self.pending: dict[tuple, tuple[object, Future, str]] = {}
         self.taken = 0  # batches whose rows came from the worker
+        self.not_begun = 0  # batches read here: the worker had not started, or was busy with a read given up
+        self.started = None  # set by the worker once it can read (an Event of its process context)
+        self.given_up: list[Future] = []  # reads the pipeline made itself, which the worker may still be making
         self.failed = False  # a read or a start failed: the rest is read in the pipeline, not tried again
 
     def ask(self, catalog, start: Offsets, end: Offsets) -> None:
@@ -136,8 +159,10 @@ class ReadAhead:
         try:  # never fails the batch: whatever goes wrong here, the pipeline reads the range itself
             if self.pool is None:
                 _remove_orphans(folder)
-                self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_worker_start, initargs=(os.getpid(),))
+                context = multiprocessing.get_context("spawn")
+                self.started = context.Event()
+                self.pool = ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_worker_start,
+                                                initargs=(os.getpid(), self.started))
             future = self.pool.submit(_read_to_file, self.log_path, catalog.model_dump_json(), start, end, path)
         except Exception as exc:  # no process to start, a broken pool: read here
             log.warning("reading ahead failed (%s): batches are read in the pipeline's process", exc)
@@ -152,6 +177,14 @@ class ReadAhead:
         if asked is None:
             return None
         asked_catalog, future, path = asked
+        self.given_up = [f for f in self.given_up if not f.done()]
+        if not future.done() and (not self.started.is_set() or self.given_up):
+            # Not begun (the worker starting, or still on a read given up): read here (the module doc).
+            future.cancel()
+            future.add_done_callback(lambda _, path=path: _unlink(path))
+            self.given_up.append(future)
+            self.not_begun += 1
+            return None
         try:
             future.result()
             if asked_catalog is not catalog:
@@ -163,8 +196,7 @@ class ReadAhead:
             self.failed = True
             return None
         finally:
-            if os.path.exists(path):
-                os.unlink(path)
+            _unlink(path)
         self.taken += 1
         return table
 
@@ -175,8 +207,7 @@ class ReadAhead:
                 future.result()
             except BaseException:  # cancelled, or failed: nothing to hand over
                 pass
-            if os.path.exists(path):
-                os.unlink(path)
+            _unlink(path)
         self.pending.clear()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)

@@ -77,10 +77,14 @@ def settings_for(tmp_path: Path, config: Path, **kwargs) -> Settings:
 
 def read_ahead_taken(monkeypatch) -> list[int]:
     """How many rows each batch's read-ahead handed over (aggregates/read_ahead.py); 0 where the
-    pipeline read the batch itself."""
+    pipeline read the batch itself. Each take first waits for the worker to have started (a batch
+    otherwise reads itself what a worker still starting was asked: how soon it starts is the
+    machine's, not what these tests are about)."""
     taken, take = [], ReadAhead.take
 
     def counting(self, catalog, start, end):
+        if self.started is not None:
+            assert self.started.wait(60), "the read-ahead worker did not start"
         rows = take(self, catalog, start, end)
         taken.append(0 if rows is None else rows.num_rows)
         return rows
