@@ -379,7 +379,10 @@ class Pipeline(ReportsStoreErrors):
             # Read by a catch-up's worker while the batch before ran, if it was (aggregates/read_ahead.py).
             records = self.read_ahead.take(self.catalog, *offsets) if self.read_ahead is not None else None
             if records is None:
+                began = time.perf_counter()
                 records = read_batch(self.log, self.catalog, *offsets)
+                if self.read_ahead is not None:  # how long a worker's read is worth waiting for
+                    self.read_ahead.read_here(records.num_rows, time.perf_counter() - began)
         self.rows_read_on_driver[batch_id] = records.num_rows
         for old in [b for b in self.rows_read_on_driver if b < batch_id - 100]:  # the listener's reach
             del self.rows_read_on_driver[old]

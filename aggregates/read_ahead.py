@@ -18,9 +18,12 @@ Nor does a batch wait for a read the worker has not begun. The worker is started
 backlog of more than a batch, and a spawned Python importing Arrow and the log takes ~0.5 s on an
 idle core here, longer beside a busy API: the batch before is often done sooner. So a range asked
 of a worker that has not started yet, or that is still busy with a read the pipeline gave up on
-(the one before, for that reason), is read here instead, and the worker's copy is thrown away when
-it ends. In issue 28's end to end, the last batch otherwise waited up to 1.3 s for the worker, for
-rows it reads itself in ~0.2 s (docs/benchmarks.md, session 105)."""
+(the one before, for that reason), is read here at once; a read begun is waited for no longer than
+reading it here would take (the pipeline's own last read, per record: `read_here`), since a worker
+beside a busy API may read slower than the pipeline itself. The worker's copy of a range given up
+is thrown away when its read ends. In issue 28's end to end, the last batches otherwise waited up
+to 1.3 s for the worker, for rows the pipeline reads itself in ~0.2-0.5 s (docs/benchmarks.md,
+session 105)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import os
 import signal
 import tempfile
 import uuid
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 
 import pyarrow as pa
 
@@ -43,6 +46,7 @@ Offsets = dict[str, dict[int, int]]
 
 _WORKER: dict = {}  # in the worker process: its log and catalog, opened once
 _PREFIX = "sketchboard-read-ahead-"  # then the pipeline process's pid, a dash, a random name
+OWN_PACE_S = 0.5e-6  # seconds a record the pipeline takes to read a range itself, until it has read one
 SHM_NEEDED = 2 * 2**30  # a batch of 1 M events is a few hundred MiB of rows: shared memory only with room to spare
 
 
@@ -144,9 +148,10 @@ class ReadAhead:
         self.pool: ProcessPoolExecutor | None = None
         self.pending: dict[tuple, tuple[object, Future, str]] = {}
         self.taken = 0  # batches whose rows came from the worker
-        self.not_begun = 0  # batches read here: the worker had not started, or was busy with a read given up
+        self.given_up_count = 0  # batches read here after all: the worker had not begun them, or was slower
         self.started = None  # set by the worker once it can read (an Event of its process context)
         self.given_up: list[Future] = []  # reads the pipeline made itself, which the worker may still be making
+        self.own_pace_s = OWN_PACE_S  # seconds a record of the pipeline's own last read (`read_here`)
         self.failed = False  # a read or a start failed: the rest is read in the pipeline, not tried again
 
     def ask(self, catalog, start: Offsets, end: Offsets) -> None:
@@ -170,21 +175,32 @@ class ReadAhead:
             return
         self.pending[key] = (catalog, future, path)
 
+    def read_here(self, records: int, seconds: float) -> None:
+        """The pipeline read `records` itself in `seconds`: how long a read begun in the worker is
+        worth waiting for."""
+        if records > 0:
+            self.own_pace_s = seconds / records
+
     def take(self, catalog, start: Offsets, end: Offsets) -> pa.Table | None:
         """The rows of [start, end) read by the worker, or None: not asked for, asked with another
-        catalog (a pattern defined since: its stream is read too), or its read failed."""
-        asked = self.pending.pop(_key(start, end), None)
+        catalog (a pattern defined since: its stream is read too), its read failed, or not done as
+        soon as the pipeline reads it itself (the module doc)."""
+        key = _key(start, end)
+        asked = self.pending.pop(key, None)
         if asked is None:
             return None
         asked_catalog, future, path = asked
         self.given_up = [f for f in self.given_up if not f.done()]
-        if not future.done() and (not self.started.is_set() or self.given_up):
-            # Not begun (the worker starting, or still on a read given up): read here (the module doc).
-            future.cancel()
-            future.add_done_callback(lambda _, path=path: _unlink(path))
-            self.given_up.append(future)
-            self.not_begun += 1
-            return None
+        if not future.done():
+            # Not begun (the worker starting, or still on a read given up): read here at once.
+            begun = self.started.is_set() and not self.given_up
+            records = sum(hi - lo for _, _, lo, hi in key)
+            if not begun or not wait([future], timeout=records * self.own_pace_s).done:
+                future.cancel()
+                future.add_done_callback(lambda _, path=path: _unlink(path))
+                self.given_up.append(future)
+                self.given_up_count += 1
+                return None
         try:
             future.result()
             if asked_catalog is not catalog:

@@ -77,14 +77,15 @@ def settings_for(tmp_path: Path, config: Path, **kwargs) -> Settings:
 
 def read_ahead_taken(monkeypatch) -> list[int]:
     """How many rows each batch's read-ahead handed over (aggregates/read_ahead.py); 0 where the
-    pipeline read the batch itself. Each take first waits for the worker to have started (a batch
-    otherwise reads itself what a worker still starting was asked: how soon it starts is the
-    machine's, not what these tests are about)."""
+    pipeline read the batch itself. Each take first waits for the worker to have started, and
+    waits for its read as long as it takes (a batch otherwise reads itself what the worker has not
+    read as soon: how soon is the machine's, not what these tests are about)."""
     taken, take = [], ReadAhead.take
 
     def counting(self, catalog, start, end):
         if self.started is not None:
             assert self.started.wait(60), "the read-ahead worker did not start"
+        self.own_pace_s = 60.0
         rows = take(self, catalog, start, end)
         taken.append(0 if rows is None else rows.num_rows)
         return rows

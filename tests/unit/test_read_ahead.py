@@ -1,7 +1,8 @@
 """The embedded log's next batch read in a worker process (aggregates/read_ahead.py): the rows it
 hands over are the ones the pipeline would read itself; a range not asked for, asked with
-another catalog, or asked of a worker not started yet, is left to the pipeline; no file outlives
-its take, its reader, or a pipeline process killed with SIGKILL, and neither does the worker."""
+another catalog, or not read by the worker as soon as the pipeline reads it itself, is left to
+the pipeline; no file outlives its take, its reader, or a pipeline process killed with SIGKILL,
+and neither does the worker."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_the_rows_read_ahead_are_the_ones_read_here_and_only_a_range_asked_for_i
     try:
         ahead.ask(catalog, zero, half)
         ahead.ask(catalog, half, ends)
-        assert ahead.started.wait(60)  # a started worker's reads are waited for
+        assert ahead.started.wait(60)  # a started worker's reads are waited for,
+        ahead.read_here(1, 60.0)  # as long as the pipeline would take to read them itself
         assert ahead.take(catalog, zero, ends) is None  # never asked for
         first = ahead.take(catalog, zero, half)
         assert first is not None and first.equals(read_batch(log, catalog, zero, half))
@@ -75,32 +77,41 @@ def test_the_rows_read_ahead_are_the_ones_read_here_and_only_a_range_asked_for_i
     assert files(tmp_path) == []  # an asked range never taken: removed with its reader
 
 
-def test_a_batch_never_waits_for_a_read_the_worker_has_not_begun(log, catalog, tmp_path, monkeypatch):
+def test_a_batch_waits_for_the_worker_no_longer_than_reading_itself_would_take(log, catalog, tmp_path, monkeypatch):
     """Taken at once after the first ask, the worker is still starting (a spawned Python importing
     Arrow: hundreds of milliseconds at best): the pipeline reads that range itself, and the
     worker's copy is thrown away. So is a range asked while the worker is still busy with a read
-    given up. Once started and free, the worker's reads are waited for and handed over."""
+    given up, and one begun that is not done within the time the pipeline's own last read took
+    for as many records. Otherwise the worker's read is waited for and handed over."""
     monkeypatch.setattr(read_ahead, "_folder", lambda: str(tmp_path))
     ends = {"http_requests": {p: o.end for p, o in log.offsets("http_requests").items()}}
     half = {"http_requests": {p: o // 2 for p, o in ends["http_requests"].items()}}
     zero = {"http_requests": {p: 0 for p in ends["http_requests"]}}
     ahead = ReadAhead(tmp_path / "log.db")
+
+    def worker_through() -> None:  # with every read given up
+        wait(ahead.given_up, timeout=60)
+
     try:
         ahead.ask(catalog, zero, half)
-        assert ahead.take(catalog, zero, half) is None and not ahead.started.is_set()
-        assert ahead.not_begun == 1 and ahead.taken == 0 and not ahead.failed and ahead.pending == {}
+        assert ahead.take(catalog, zero, half) is None and not ahead.started.is_set()  # starting
+        assert ahead.given_up_count == 1 and ahead.taken == 0 and not ahead.failed and ahead.pending == {}
         assert ahead.started.wait(60)
         busy = Future()  # a read given up that the worker would still be making
         ahead.given_up.append(busy)
         ahead.ask(catalog, half, ends)
-        assert ahead.take(catalog, half, ends) is None and ahead.not_begun == 2
+        assert ahead.take(catalog, half, ends) is None and ahead.given_up_count == 2  # busy
         busy.set_result(None)
-        ahead.given_up[:] = [f for f in ahead.given_up if f is not busy]
-        wait(ahead.given_up, timeout=60)  # the worker through with what was given up
+        worker_through()
+        ahead.read_here(1_000_000, 0.001)  # the pipeline reads a nanosecond a record: no worker keeps up
+        ahead.ask(catalog, half, ends)
+        assert ahead.take(catalog, half, ends) is None and ahead.given_up_count == 3  # begun, not done in time
+        worker_through()
+        ahead.read_here(100, 60.0)  # as slow as a reader can be
         ahead.ask(catalog, half, ends)
         second = ahead.take(catalog, half, ends)
         assert second is not None and second.equals(read_batch(log, catalog, half, ends))
-        assert ahead.taken == 1 and ahead.not_begun == 2
+        assert ahead.taken == 1 and ahead.given_up_count == 3
         assert files(tmp_path) == []  # the given-up ranges' files too, removed when their reads ended
     finally:
         ahead.close()
