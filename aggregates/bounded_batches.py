@@ -269,7 +269,8 @@ class OwnBatches:
     pin_start: Callable[[Offsets], None]  # batch 0's start, where the pipeline (logged_offsets) and Spark read it
     pinned_start: Callable[[], Offsets]  # a start pinned already (a query started and logged nothing), else {}
     read: Callable[[Offsets, Offsets], object]  # a batch's records as process_batch takes them
-    ask: Callable[[Offsets, Offsets], None] = lambda start, end: None  # the next batch, to read ahead where it can
+    # The next batch and the records left from its start, to read ahead where it can.
+    ask: Callable[[Offsets, Offsets, int], None] = lambda start, end, left: None
     close: Callable[[], None] = lambda: None
 
 
@@ -323,7 +324,7 @@ def embedded_batches(pipeline) -> OwnBatches:
 
     return OwnBatches(lambda end, metadata: "\n".join(["v1", metadata, offsets_text(end)]), pin_start,
                       lambda: initial_offsets(checkpoint), lambda start, end: None,
-                      lambda start, end: ahead.ask(pipeline.catalog, start, end), close)
+                      lambda start, end, left: ahead.ask(pipeline.catalog, start, end, left), close)
 
 
 def drains_on_driver(pipeline) -> bool:
@@ -487,10 +488,10 @@ def _drain(pipeline, caps: Mapping[str, Mapping[int, int]], stopping: Callable[[
         after_start = with_starts(end, starts)
         after = plan(after_start)
         # The rest of the backlog, not the next batch (which an append-time cut may have shortened).
-        rest = follow_rest and after is not None and is_remainder(
-            records_between(after_start, capped_targets(after_start, available, caps)), config.max_records_per_batch)
+        left = records_between(after_start, capped_targets(after_start, available, caps)) if after is not None else 0
+        rest = follow_rest and after is not None and is_remainder(left, config.max_records_per_batch)
         if after is not None and not rest:  # read while this one runs
-            own.ask(after_start, after)
+            own.ask(after_start, after, left)
         run(batch_id, start, end)
         ran += 1
         if rest:  # planned again with what the log holds now: one batch with what came meanwhile

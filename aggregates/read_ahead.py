@@ -14,9 +14,13 @@ worker that died, a log it cannot open), is read here as before, and any error i
 one this process meets reading it itself. The rows are the same either way (one function, an
 exact IPC round trip).
 
-Nor does a batch wait for a read the worker has not begun. The worker is started on the first
-backlog of more than a batch, and a spawned Python importing Arrow and the log takes ~0.5 s on an
-idle core here, longer beside a busy API: the batch before is often done sooner. So a range asked
+The worker is started for a backlog of more than the batch running and two more (`WORTH_STARTING`):
+a spawned Python importing Arrow and the log takes ~0.5 s of a core here (longer beside a busy
+API) and ~100 MB, more than the read of the one batch it could read for a shorter backlog (~0.3 s
+for 1 M events). Once started, it reads every next batch of a backlog.
+
+Nor does a batch wait for a read the worker has not begun: the batch before is often done sooner
+than the worker starts. So a range asked
 of a worker that has not started yet, or that is still busy with a read the pipeline gave up on
 (the one before, for that reason), is read here at once; a read begun is waited for no longer than
 reading it here would take (the pipeline's own last read, per record: `read_here`), since a worker
@@ -46,6 +50,7 @@ Offsets = dict[str, dict[int, int]]
 
 _WORKER: dict = {}  # in the worker process: its log and catalog, opened once
 _PREFIX = "sketchboard-read-ahead-"  # then the pipeline process's pid, a dash, a random name
+WORTH_STARTING = 2  # a worker is started for a backlog of at least this many batches after the running one
 OWN_PACE_S = 0.5e-6  # seconds a record the pipeline takes to read a range itself, until it has read one
 SHM_NEEDED = 2 * 2**30  # a batch of 1 M events is a few hundred MiB of rows: shared memory only with room to spare
 
@@ -138,6 +143,11 @@ def _key(start: Offsets, end: Offsets) -> tuple:
                         for p, o in parts.items()))
 
 
+def _records(key: tuple) -> int:
+    """The records of a range given as its `_key`."""
+    return sum(max(0, hi - lo) for _, _, lo, hi in key)
+
+
 class ReadAhead:
     """One worker process reading the next range while the current batch runs; `take` gives a
     range's rows if it was asked for, with the same catalog, and read, else None (the caller reads
@@ -154,11 +164,15 @@ class ReadAhead:
         self.own_pace_s = OWN_PACE_S  # seconds a record of the pipeline's own last read (`read_here`)
         self.failed = False  # a read or a start failed: the rest is read in the pipeline, not tried again
 
-    def ask(self, catalog, start: Offsets, end: Offsets) -> None:
-        """Start reading [start, end) of `catalog`'s streams in the worker (started on the first ask)."""
+    def ask(self, catalog, start: Offsets, end: Offsets, left: int | None = None) -> None:
+        """Start reading [start, end) of `catalog`'s streams in the worker, started on the first ask
+        with `left` (the records of the backlog from `start` on; None: as many as it takes) at
+        least WORTH_STARTING times the range's."""
         key = _key(start, end)
         if key in self.pending or self.failed:
             return
+        if self.pool is None and left is not None and left < WORTH_STARTING * _records(key):
+            return  # a short backlog: read in the pipeline, as soon as a worker would start
         folder = _folder()
         path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.arrow")
         try:  # never fails the batch: whatever goes wrong here, the pipeline reads the range itself
@@ -194,8 +208,7 @@ class ReadAhead:
         if not future.done():
             # Not begun (the worker starting, or still on a read given up): read here at once.
             begun = self.started.is_set() and not self.given_up
-            records = sum(hi - lo for _, _, lo, hi in key)
-            if not begun or not wait([future], timeout=records * self.own_pace_s).done:
+            if not begun or not wait([future], timeout=_records(key) * self.own_pace_s).done:
                 future.cancel()
                 future.add_done_callback(lambda _, path=path: _unlink(path))
                 self.given_up.append(future)

@@ -118,6 +118,28 @@ def test_a_batch_waits_for_the_worker_no_longer_than_reading_itself_would_take(l
     assert files(tmp_path) == []
 
 
+def test_a_worker_is_started_for_a_backlog_of_more_than_the_asked_range_and_as_many_again(log, catalog, tmp_path,
+                                                                                          monkeypatch):
+    """Starting a worker costs more than the one read it could make for a short backlog; once
+    started, it reads every range asked, however short the backlog."""
+    monkeypatch.setattr(read_ahead, "_folder", lambda: str(tmp_path))
+    ends = {"http_requests": {p: o.end for p, o in log.offsets("http_requests").items()}}
+    half = {"http_requests": {p: o // 2 for p, o in ends["http_requests"].items()}}
+    zero = {"http_requests": {p: 0 for p in ends["http_requests"]}}
+    records = sum(half["http_requests"].values())
+    ahead = ReadAhead(tmp_path / "log.db")
+    try:
+        ahead.ask(catalog, zero, half, left=2 * records - 1)
+        assert ahead.pool is None and ahead.pending == {} and ahead.take(catalog, zero, half) is None
+        ahead.ask(catalog, zero, half, left=2 * records)
+        assert ahead.pool is not None and len(ahead.pending) == 1
+        ahead.ask(catalog, half, ends, left=1)  # started: a rest too
+        assert len(ahead.pending) == 2 and not ahead.failed
+    finally:
+        ahead.close()
+    assert files(tmp_path) == []
+
+
 def test_files_of_a_killed_pipeline_process_are_removed_and_its_worker_dies_with_it(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
