@@ -18,7 +18,7 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
 - a log that cannot be read (a Kafka broker away) waited out, trying again every second, as
   Spark's Kafka source waits it out;
 - on the embedded log, one read-ahead worker (aggregates/read_ahead.py) for the whole loop, started
-  on the first backlog of more than one batch, not per trigger.
+  on the first backlog of two batches more than the one running, not per trigger.
 
 One thing Spark's AvailableNow does not: where what is left of a drain's backlog after the running
 batch is a rest (less than a full batch), that rest is planned when the running batch

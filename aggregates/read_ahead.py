@@ -14,20 +14,20 @@ worker that died, a log it cannot open), is read here as before, and any error i
 one this process meets reading it itself. The rows are the same either way (one function, an
 exact IPC round trip).
 
-The worker is started for a backlog of more than the batch running and two more (`WORTH_STARTING`):
-a spawned Python importing Arrow and the log takes ~0.5 s of a core here (longer beside a busy
-API) and ~100 MB, more than the read of the one batch it could read for a shorter backlog (~0.3 s
-for 1 M events). Once started, it reads every next batch of a backlog.
+The worker is started for a backlog of at least two batches after the one running
+(`WORTH_STARTING`): a spawned Python importing Arrow and the log takes ~0.5 s of a core here
+(longer beside a busy API) and ~160 MB resident (~70 MB of its own), more than the read of the one
+batch it could read ahead of a shorter backlog (~0.3 s for 1 M events). Once started, it reads
+every next batch of a backlog.
 
 Nor does a batch wait for a read the worker has not begun: the batch before is often done sooner
-than the worker starts. So a range asked
-of a worker that has not started yet, or that is still busy with a read the pipeline gave up on
-(the one before, for that reason), is read here at once; a read begun is waited for no longer than
-reading it here would take (the pipeline's own last read, per record: `read_here`), since a worker
-beside a busy API may read slower than the pipeline itself. The worker's copy of a range given up
-is thrown away when its read ends. In issue 28's end to end, the last batches otherwise waited up
-to 1.3 s for the worker, for rows the pipeline reads itself in ~0.2-0.5 s (docs/benchmarks.md,
-session 105)."""
+than the worker starts. A range asked of a worker that has not started yet, or that is still busy
+with a read the pipeline gave up on (the one before, for that reason), is read here at once; a
+read begun is waited for no longer than reading it here would take (the pipeline's own last read,
+per record: `read_here`), since a worker beside a busy API may read slower than the pipeline
+itself. The worker's copy of a range given up is thrown away when its read ends. In issue 28's end
+to end, the last batches otherwise waited up to 1.3 s for the worker, for rows the pipeline reads
+itself in ~0.1-0.5 s (docs/benchmarks.md, session 105)."""
 
 from __future__ import annotations
 
@@ -206,7 +206,8 @@ class ReadAhead:
         asked_catalog, future, path = asked
         self.given_up = [f for f in self.given_up if not f.done()]
         if not future.done():
-            # Not begun (the worker starting, or still on a read given up): read here at once.
+            # Not begun (the worker starting, or still on a read given up): read here at once;
+            # begun: waited for as long as the pipeline's own read would take, then read here.
             begun = self.started.is_set() and not self.given_up
             if not begun or not wait([future], timeout=_records(key) * self.own_pace_s).done:
                 future.cancel()
