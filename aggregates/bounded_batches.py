@@ -60,7 +60,8 @@ from ingest.append_cut import Cut, catalog_cut
 from ingest.kafka_offset_json import spark_offsets_json
 from ingest.log import SqliteEventLog
 from ingest.log.kafka import topic_name
-from ingest.spark_source import INITIAL_OFFSETS_FILE, initial_offsets, offsets_text, pin_offsets, plan_end_offsets
+from ingest.spark_source import (INITIAL_OFFSETS_FILE, initial_offsets, offsets_text, pin_offsets, plan_end_offsets,
+                                 records_between)
 
 log = logging.getLogger("sketchboard.pipeline")
 
@@ -96,10 +97,6 @@ def next_batch(start: Mapping[str, Mapping[int, int]], targets: Mapping[str, Map
     if records_between(start, end) == 0:
         return None
     return end
-
-
-def records_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:
-    return sum(max(0, hi - start.get(s, {}).get(p, 0)) for s, parts in end.items() for p, hi in parts.items())
 
 
 def partitions_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib
 import logging
 import multiprocessing
 import os
@@ -41,8 +40,13 @@ import signal
 import tempfile
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from pathlib import Path
 
 import pyarrow as pa
+
+from catalog import Catalog
+from ingest.log import SqliteEventLog
+from ingest.spark_source import read_batch, records_between
 
 log = logging.getLogger("sketchboard.pipeline")
 
@@ -70,8 +74,8 @@ def _folder() -> str:
 def _worker_start(parent: int, started) -> None:
     """The worker dies with the pipeline's process, even one killed with SIGKILL (Linux: the kernel
     sends it SIGKILL then, `prctl(PR_SET_PDEATHSIG)`): it would otherwise wait on its task queue
-    for ever, since it holds that queue's write end itself. Then it imports what a read needs and
-    sets `started`: from then on a read asked of it is worth waiting for."""
+    for ever, since it holds that queue's write end itself. Then it sets `started`: it has imported
+    this module, so what a read needs, and from then on a read asked of it is worth waiting for."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
@@ -79,8 +83,6 @@ def _worker_start(parent: int, started) -> None:
         pass
     if os.getppid() != parent:  # the parent died before the prctl
         os._exit(0)
-    for module in ("catalog", "ingest.log", "ingest.spark_source"):  # what `_read_to_file` imports
-        importlib.import_module(module)
     started.set()
 
 
@@ -111,10 +113,6 @@ def _alive(pid: int) -> bool:
 
 def _read_to_file(log_path: str, catalog_json: str, start: Offsets, end: Offsets, path: str) -> str:
     """In the worker: the range's source rows (`read_batch`) written to `path` as an Arrow IPC file."""
-    from catalog import Catalog
-    from ingest.log import SqliteEventLog
-    from ingest.spark_source import read_batch
-
     if _WORKER.get("key") != (log_path, catalog_json):
         if _WORKER.get("log") is not None:
             _WORKER["log"].close()
@@ -125,27 +123,15 @@ def _read_to_file(log_path: str, catalog_json: str, start: Offsets, end: Offsets
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
     except BaseException:
-        if os.path.exists(path):
-            os.unlink(path)
+        Path(path).unlink(missing_ok=True)
         raise
     return path
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:  # never written (a read cancelled, or failed), or removed already
-        pass
 
 
 def _key(start: Offsets, end: Offsets) -> tuple:
     return tuple(sorted((s, int(p), int(start.get(s, {}).get(p, 0)), int(o)) for s, parts in end.items()
                         for p, o in parts.items()))
 
-
-def _records(key: tuple) -> int:
-    """The records of a range given as its `_key`."""
-    return sum(max(0, hi - lo) for _, _, lo, hi in key)
 
 
 class ReadAhead:
@@ -171,7 +157,7 @@ class ReadAhead:
         key = _key(start, end)
         if key in self.pending or self.failed:
             return
-        if self.pool is None and left is not None and left < WORTH_STARTING * _records(key):
+        if self.pool is None and left is not None and left < WORTH_STARTING * records_between(start, end):
             return  # a short backlog: read in the pipeline, as soon as a worker would start
         folder = _folder()
         path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}.arrow")
@@ -209,9 +195,9 @@ class ReadAhead:
             # Not begun (the worker starting, or still on a read given up): read here at once;
             # begun: waited for as long as the pipeline's own read would take, then read here.
             begun = self.started.is_set() and not self.given_up
-            if not begun or not wait([future], timeout=_records(key) * self.own_pace_s).done:
+            if not begun or not wait([future], timeout=records_between(start, end) * self.own_pace_s).done:
                 future.cancel()
-                future.add_done_callback(lambda _, path=path: _unlink(path))
+                future.add_done_callback(lambda _, path=path: Path(path).unlink(missing_ok=True))
                 self.given_up.append(future)
                 self.given_up_count += 1
                 return None
@@ -226,7 +212,7 @@ class ReadAhead:
             self.failed = True
             return None
         finally:
-            _unlink(path)
+            Path(path).unlink(missing_ok=True)
         self.taken += 1
         return table
 
@@ -237,7 +223,7 @@ class ReadAhead:
                 future.result()
             except BaseException:  # cancelled, or failed: nothing to hand over
                 pass
-            _unlink(path)
+            Path(path).unlink(missing_ok=True)
         self.pending.clear()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +157,11 @@ def read_batch(log: SqliteEventLog, catalog: Catalog, start: dict, end: dict) ->
                 out.append(batch)
     convert_run()
     return pa.Table.from_batches(out, schema=SOURCE_SCHEMA).combine_chunks()
+
+
+def records_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:
+    """The records from `start` to `end` (a partition missing from `start`: from offset 0)."""
+    return sum(max(0, hi - start.get(s, {}).get(p, 0)) for s, parts in end.items() for p, hi in parts.items())
 
 
 def plan_end_offsets(start: Offsets, available: Offsets, max_rows: int | None) -> Offsets:

@@ -85,7 +85,7 @@ def read_ahead_taken(monkeypatch) -> list[int]:
     def counting(self, catalog, start, end):
         if self.started is not None:
             assert self.started.wait(60), "the read-ahead worker did not start"
-        self.own_pace_s = 60.0
+        self.read_here(1, 60.0)
         rows = take(self, catalog, start, end)
         taken.append(0 if rows is None else rows.num_rows)
         return rows
