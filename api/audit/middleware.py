@@ -22,7 +22,6 @@ class AuditMiddleware:
             await self.app(scope, receive, send)
             return
         body = bytearray()
-        status = {"code": None}
 
         async def receive_copy():
             message = await receive()
@@ -30,16 +29,16 @@ class AuditMiddleware:
                 body.extend(message.get("body", b""))
             return message
 
-        async def send_status(message):
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
+        async def record_then_send(message):
+            # Recorded before the status goes out: a client that saw its change answered finds it in
+            # the log, and changes sent one after another are logged in the order they were answered.
+            if message["type"] == "http.response.start" and 200 <= message["status"] < 300:
+                token = scope.get("state", {}).get("token")
+                client = scope.get("client")
+                await run_in_threadpool(
+                    self.store.record, int(self.clock() * 1000), actor(token.name if token else None),
+                    f"{scope['method']} {scope['path']}", target=scope["path"],
+                    client=client[0] if client else None, status=message["status"], detail=detail(bytes(body)))
             await send(message)
 
-        await self.app(scope, receive_copy, send_status)
-        if status["code"] is not None and 200 <= status["code"] < 300:
-            token = scope.get("state", {}).get("token")
-            client = scope.get("client")
-            await run_in_threadpool(
-                self.store.record, int(self.clock() * 1000), actor(token.name if token else None),
-                f"{scope['method']} {scope['path']}", target=scope["path"], client=client[0] if client else None,
-                status=status["code"], detail=detail(bytes(body)))
+        await self.app(scope, receive_copy, record_then_send)

@@ -300,6 +300,24 @@ def test_changes_are_audited_with_the_tokens_name_and_only_admins_read_the_log(s
     assert [e["action"] for e in tail["entries"]][0] == "POST /api/v1/alerts/rules/r1/silence"  # oldest first
 
 
+
+def test_a_change_answered_is_already_in_the_audit_log(wired_ctx, tokens, monkeypatch):
+    """The entry was written after the answer went out: a client that posted a rule and then a
+    silence at once saw them logged in either order (CI, session 105). A slow write shows it."""
+    record = type(wired_ctx.audit).record
+
+    def slow_record(self, *args, **kwargs):
+        time.sleep(0.3)
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(wired_ctx.audit), "record", slow_record)
+    secure(wired_ctx, tokens)
+    admin = auth(tokens["admin"])
+    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
+        assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
+        assert [e["action"] for e in http.get("/api/v1/audit", headers=admin).json()["entries"]] == [
+            "POST /api/v1/alerts/rules"]
+
 def test_a_websocket_client_over_its_message_rate_is_closed(ctx):
     from websockets.exceptions import ConnectionClosed
 
