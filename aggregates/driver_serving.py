@@ -22,8 +22,9 @@ Kafka log), resumes after them. Around it, what Spark's query gave for free:
 
 One thing Spark's AvailableNow does not: where what is left of a drain's backlog after the running
 batch is a rest (less than a full batch), that rest is planned when the running batch
-ends, so the records that came meanwhile join it (`follow_rest`, once per drain) rather than
-making one more batch after it (bounded_batches.py `is_remainder`).
+ends, so the records that came meanwhile join it (`follow_rest`) rather than making one more
+batch after it (bounded_batches.py `is_remainder`). The first rest is planned again within the
+drain; at a later one the drain ends, and the next drain plans it with what came meanwhile.
 
 Nothing here needs Spark: the pipeline's session is a LazySpark (aggregates/spark.py), and its JVM
 is never started while the loop serves.
