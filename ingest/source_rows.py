@@ -70,7 +70,11 @@ def interleave(columns: list[pa.Array | pa.ChunkedArray], n: int, value_type: pa
     if pa.types.is_floating(value_type) and fill is None:
         return pa.ListArray.from_arrays(offsets, _interleaved_numbers(columns, n, value_type), type=_list(value_type))
     flat = pa.concat_arrays([chunk for c in columns for chunk in _chunks(c.cast(value_type))])
-    order = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()
+    # int32 where the items fit (always, but past 2^31): a 1 M-event batch's 7 dimensions make 28 MB
+    # of indices, not 56. Past 32 MiB glibc maps an array on its own and unmaps it when freed, so each
+    # batch faulted all of it in again (sketchboard/allocators.py); below, its heap keeps the pages.
+    index = np.int32 if n * width < 2**31 else np.int64
+    order = (np.arange(n, dtype=index)[:, None] + (np.arange(width, dtype=index) * index(n))[None, :]).ravel()
     values = flat.take(pa.array(order))
     if fill is not None and values.null_count:
         values = values.fill_null(fill)
