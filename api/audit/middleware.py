@@ -6,11 +6,14 @@ It sits inside the security middleware, which puts the caller's token in the sco
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from starlette.concurrency import run_in_threadpool
 
 from api.audit.entries import MAX_DETAIL_BYTES, actor, audited, detail
+
+log = logging.getLogger("sketchboard.api")
 
 
 class AuditMiddleware:
@@ -35,10 +38,16 @@ class AuditMiddleware:
             if message["type"] == "http.response.start" and 200 <= message["status"] < 300:
                 token = scope.get("state", {}).get("token")
                 client = scope.get("client")
-                await run_in_threadpool(
-                    self.store.record, int(self.clock() * 1000), actor(token.name if token else None),
-                    f"{scope['method']} {scope['path']}", target=scope["path"],
-                    client=client[0] if client else None, status=message["status"], detail=detail(bytes(body)))
+                try:
+                    await run_in_threadpool(
+                        self.store.record, int(self.clock() * 1000), actor(token.name if token else None),
+                        f"{scope['method']} {scope['path']}", target=scope["path"],
+                        client=client[0] if client else None, status=message["status"], detail=detail(bytes(body)))
+                except Exception:
+                    # The change is made: its answer still goes out (a 500 would have the client retry
+                    # a change already made), and the lost entry is said loudly here.
+                    log.exception("the audit log could not record %s %s (answered %d)", scope["method"],
+                                  scope["path"], message["status"])
             await send(message)
 
         await self.app(scope, receive_copy, record_then_send)
