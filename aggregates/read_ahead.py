@@ -133,7 +133,6 @@ def _key(start: Offsets, end: Offsets) -> tuple:
                         for p, o in parts.items()))
 
 
-
 class ReadAhead:
     """One worker process reading the next range while the current batch runs; `take` gives a
     range's rows if it was asked for, with the same catalog, and read, else None (the caller reads

@@ -301,7 +301,7 @@ def test_changes_are_audited_with_the_tokens_name_and_only_admins_read_the_log(s
     assert [e["action"] for e in tail["entries"]][0] == "POST /api/v1/alerts/rules/r1/silence"  # oldest first
 
 
-def test_a_change_answered_is_already_in_the_audit_log(wired_ctx, tokens, monkeypatch):
+def test_a_change_answered_is_already_in_the_audit_log(server, wired_ctx, tokens, monkeypatch):
     """The entry was written after the answer went out: a client that posted a rule and then a
     silence at once saw them logged in either order (CI, session 105). A slow write shows it."""
     record = type(wired_ctx.audit).record
@@ -311,27 +311,23 @@ def test_a_change_answered_is_already_in_the_audit_log(wired_ctx, tokens, monkey
         return record(self, *args, **kwargs)
 
     monkeypatch.setattr(type(wired_ctx.audit), "record", slow_record)
-    secure(wired_ctx, tokens)
-    admin = auth(tokens["admin"])
-    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
-        assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
-        assert [e["action"] for e in http.get("/api/v1/audit", headers=admin).json()["entries"]] == [
-            "POST /api/v1/alerts/rules"]
+    http, admin = server.client, auth(tokens["admin"])
+    assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
+    assert [e["action"] for e in http.get("/api/v1/audit", headers=admin).json()["entries"]] == [
+        "POST /api/v1/alerts/rules"]
 
 
-def test_a_change_the_audit_log_cannot_record_is_still_answered_and_the_loss_logged(wired_ctx, tokens, monkeypatch,
-                                                                                   caplog):
+def test_a_change_the_audit_log_cannot_record_is_still_answered_and_the_loss_logged(server, wired_ctx, tokens,
+                                                                                   monkeypatch, caplog):
     """The entry is written before the answer: a failing write must not turn a change already made
     into a 500 (the client would make it again); it is logged instead."""
     def failing_record(self, *args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(type(wired_ctx.audit), "record", failing_record)
-    secure(wired_ctx, tokens)
-    admin = auth(tokens["admin"])
-    with Server(create_app(wired_ctx)) as s, httpx.Client(base_url=s.http, timeout=10) as http:
-        assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
-        assert [r["name"] for r in http.get("/api/v1/alerts/rules", headers=admin).json()["rules"]] == ["r1"]
+    http, admin = server.client, auth(tokens["admin"])
+    assert http.post("/api/v1/alerts/rules", json=RULE, headers=admin).status_code == 201
+    assert [r["name"] for r in http.get("/api/v1/alerts/rules", headers=admin).json()["rules"]] == ["r1"]
     assert any("the audit log could not record POST /api/v1/alerts/rules (answered 201)" in r.getMessage()
                for r in caplog.records)
 
